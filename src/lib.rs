@@ -1,0 +1,40 @@
+//! talon: a node service for replicated SPDK block volumes on Kubernetes and
+//! Talos Linux.
+//!
+//! # Layout
+//! - [`runtime`]: the controller-resource runtime (after Talos's COSI): resources,
+//!   the state store (the `config` namespace persisted in redb), controllers and
+//!   their supervision.
+//! - [`resources`]: the typed resource specs, one file per subsystem.
+//! - [`controllers`]: the controllers, one file per controller, one folder per
+//!   subsystem (the same nouns as `resources`).
+//! - [`api`]: the JSON-RPC admin API (jsonrpsee) on a Unix socket and an optional
+//!   token-guarded TCP listener; API types and wire error codes live here only.
+//! - [`client`]: the admin API client that the CLI and the tests share.
+//! - [`cli`]: the `talon` command line, a thin layer over [`client`] and the
+//!   library code that works without a daemon (`doctor`, `host`).
+//! - [`host`]: host access through one root handle: hugepages, kernel modules,
+//!   PCI devices and driver binding, OS detection, `doctor` and Talos patches.
+//! - [`ns`]: running closures and programs inside another process's namespaces.
+//! - [`spdk`]: the V2 engine: spdk_tgt supervision and its JSON-RPC client.
+//! - [`tgt`]: the V1 engine: tgtd supervision and file-backed iSCSI LUNs.
+//! - [`attach`]: host frontends: kernel NVMe/TCP initiator and iSCSI fallback.
+//! - [`names`]: validated names (volumes, NQNs, IQNs) that reach the kernel or SPDK.
+//! - [`serve`]: `talon serve`, wiring the runtime, controllers and API together.
+
+pub mod api;
+pub mod attach;
+pub mod cli;
+pub mod client;
+pub mod controllers;
+pub mod host;
+pub mod names;
+pub mod ns;
+pub mod resources;
+pub mod runtime;
+pub mod serve;
+pub mod spdk;
+pub mod tgt;
+
+/// The version stamped at build time (`git describe` when available).
+pub const VERSION: &str = env!("TALON_VERSION");
