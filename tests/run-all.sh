@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Runs every test of talon on a fresh Debian 12 machine: installs what the tests
+# need (Debian packages listed in tests/apt-packages.txt, cargo-nextest if absent),
+# then runs the whole suite, the QEMU guest tests included.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+	mapfile -t pkgs < <(grep -Ev '^\s*(#|$)' tests/apt-packages.txt)
+	missing=()
+	for p in "${pkgs[@]}"; do
+		dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+	done
+	if [ ${#missing[@]} -gt 0 ]; then
+		echo "run-all: installing ${missing[*]}"
+		apt-get update -qq
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+	fi
+else
+	echo "run-all: not root or no apt-get: not installing test packages; tests that need them will skip"
+fi
+command -v cargo-nextest >/dev/null || cargo install --locked cargo-nextest
+
+cargo build --workspace --all-targets
+cargo nextest run --workspace --no-fail-fast "$@"
