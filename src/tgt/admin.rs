@@ -114,10 +114,19 @@ impl ChapUser {
     /// Validates a CHAP user name.
     pub fn parse(value: &str) -> Result<Self, AdminError> {
         if value.is_empty() || value.len() > 64 {
-            return Err(AdminError::InvalidChap { what: "user", reason: format!("{value:?} must have 1 to 64 characters") });
+            return Err(AdminError::InvalidChap {
+                what: "user",
+                reason: format!("{value:?} must have 1 to 64 characters"),
+            });
         }
-        if let Some(c) = value.chars().find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | ':' | '_'))) {
-            return Err(AdminError::InvalidChap { what: "user", reason: format!("character {c:?} in {value:?} is not allowed") });
+        if let Some(c) = value
+            .chars()
+            .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | ':' | '_')))
+        {
+            return Err(AdminError::InvalidChap {
+                what: "user",
+                reason: format!("character {c:?} in {value:?} is not allowed"),
+            });
         }
         Ok(Self(value.to_string()))
     }
@@ -290,7 +299,10 @@ impl TgtAdm {
     /// A client of the tgtd whose control socket base path is `socket` (tgtd
     /// appends ".0"), running `tgtadm` from PATH.
     pub fn new(socket: impl Into<PathBuf>) -> Self {
-        Self { program: PathBuf::from("tgtadm"), socket: socket.into() }
+        Self {
+            program: PathBuf::from("tgtadm"),
+            socket: socket.into(),
+        }
     }
 
     /// Uses another tgtadm binary.
@@ -312,7 +324,10 @@ impl TgtAdm {
             .args(&args)
             .stdin(Stdio::null())
             .output()
-            .map_err(|source| AdminError::Spawn { program: self.program.clone(), source })?;
+            .map_err(|source| AdminError::Spawn {
+                program: self.program.clone(),
+                source,
+            })?;
         if out.status.success() {
             return Ok(String::from_utf8_lossy(&out.stdout).into_owned());
         }
@@ -323,17 +338,27 @@ impl TgtAdm {
         if message.is_empty() {
             message = format!("exited with {}", out.status);
         }
-        Err(AdminError::Failed { action: action(), message })
+        Err(AdminError::Failed {
+            action: action(),
+            message,
+        })
     }
 
     /// Whether tgtd answers on the control socket.
     pub fn ping(&self) -> Result<(), AdminError> {
-        self.run(|| "show the system".into(), args(&["--op", "show", "--mode", "system"])).map(drop)
+        self.run(
+            || "show the system".into(),
+            args(&["--op", "show", "--mode", "system"]),
+        )
+        .map(drop)
     }
 
     /// Every target with its LUNs, sessions, accounts and ACL.
     pub fn show(&self) -> Result<Vec<TargetInfo>, AdminError> {
-        let out = self.run(|| "show the targets".into(), args(&["--op", "show", "--mode", "target"]))?;
+        let out = self.run(
+            || "show the targets".into(),
+            args(&["--op", "show", "--mode", "target"]),
+        )?;
         parse_show(&out)
     }
 
@@ -346,11 +371,17 @@ impl TgtAdm {
     pub fn new_target(&self, iqn: &Iqn) -> Result<Tid, AdminError> {
         let targets = self.show()?;
         if let Some(t) = targets.iter().find(|t| t.name == iqn.as_str()) {
-            return Err(AdminError::TargetExists { iqn: iqn.clone(), tid: t.tid });
+            return Err(AdminError::TargetExists {
+                iqn: iqn.clone(),
+                tid: t.tid,
+            });
         }
         let tid = (1..=MAX_TID)
             .find(|tid| targets.iter().all(|t| t.tid != *tid))
-            .ok_or_else(|| AdminError::NoFreeTid { iqn: iqn.clone(), max: MAX_TID })?;
+            .ok_or_else(|| AdminError::NoFreeTid {
+                iqn: iqn.clone(),
+                max: MAX_TID,
+            })?;
         self.new_target_with_tid(tid, iqn)?;
         Ok(tid)
     }
@@ -384,7 +415,11 @@ impl TgtAdm {
         a.push(path.as_os_str().into());
         a.push("--bstype".into());
         a.push("rdwr".into());
-        self.run(|| format!("add LUN {lun} backed by {} to target {tid}", path.display()), a).map(drop)
+        self.run(
+            || format!("add LUN {lun} backed by {} to target {tid}", path.display()),
+            a,
+        )
+        .map(drop)
     }
 
     /// Removes a LUN (tgtd refuses while commands are in flight).
@@ -393,7 +428,8 @@ impl TgtAdm {
         a.push(tid.to_string().into());
         a.push("--lun".into());
         a.push(lun.to_string().into());
-        self.run(|| format!("delete LUN {lun} of target {tid}"), a).map(drop)
+        self.run(|| format!("delete LUN {lun} of target {tid}"), a)
+            .map(drop)
     }
 
     /// Makes tgtd read the size of a LUN's backing file again: removes and
@@ -412,7 +448,8 @@ impl TgtAdm {
         let mut a = args(&["--op", "bind", "--mode", "target", "--tid"]);
         a.push(tid.to_string().into());
         a.extend(acl.args());
-        self.run(|| format!("allow initiator {acl} on target {tid}"), a).map(drop)
+        self.run(|| format!("allow initiator {acl} on target {tid}"), a)
+            .map(drop)
     }
 
     /// Removes an ACL entry.
@@ -420,7 +457,8 @@ impl TgtAdm {
         let mut a = args(&["--op", "unbind", "--mode", "target", "--tid"]);
         a.push(tid.to_string().into());
         a.extend(acl.args());
-        self.run(|| format!("remove initiator {acl} from target {tid}"), a).map(drop)
+        self.run(|| format!("remove initiator {acl} from target {tid}"), a)
+            .map(drop)
     }
 
     /// Creates a CHAP account (global in tgtd).
@@ -441,8 +479,16 @@ impl TgtAdm {
 
     /// The CHAP accounts tgtd knows.
     pub fn accounts(&self) -> Result<Vec<String>, AdminError> {
-        let out = self.run(|| "show the CHAP accounts".into(), args(&["--op", "show", "--mode", "account"]))?;
-        Ok(out.lines().skip_while(|l| !l.starts_with("Account list")).skip(1).map(|l| l.trim().to_string()).collect())
+        let out = self.run(
+            || "show the CHAP accounts".into(),
+            args(&["--op", "show", "--mode", "account"]),
+        )?;
+        Ok(out
+            .lines()
+            .skip_while(|l| !l.starts_with("Account list"))
+            .skip(1)
+            .map(|l| l.trim().to_string())
+            .collect())
     }
 
     /// Binds an account to a target: incoming (the initiator authenticates), or
@@ -455,7 +501,8 @@ impl TgtAdm {
         if outgoing {
             a.push("--outgoing".into());
         }
-        self.run(|| format!("bind CHAP account {user} to target {tid}"), a).map(drop)
+        self.run(|| format!("bind CHAP account {user} to target {tid}"), a)
+            .map(drop)
     }
 
     /// Unbinds an account from a target.
@@ -467,12 +514,17 @@ impl TgtAdm {
         if outgoing {
             a.push("--outgoing".into());
         }
-        self.run(|| format!("unbind CHAP account {user} from target {tid}"), a).map(drop)
+        self.run(|| format!("unbind CHAP account {user} from target {tid}"), a)
+            .map(drop)
     }
 
     /// Asks tgtd to exit (it refuses while targets exist; tgtd ignores SIGTERM).
     pub fn delete_system(&self) -> Result<(), AdminError> {
-        self.run(|| "shut tgtd down".into(), args(&["--op", "delete", "--mode", "system"])).map(drop)
+        self.run(
+            || "shut tgtd down".into(),
+            args(&["--op", "delete", "--mode", "system"]),
+        )
+        .map(drop)
     }
 }
 
@@ -493,7 +545,9 @@ enum Section {
 
 /// Parses the output of `tgtadm --op show --mode target`.
 pub fn parse_show(out: &str) -> Result<Vec<TargetInfo>, AdminError> {
-    let bad = |line: &str| AdminError::ParseShow { line: line.to_string() };
+    let bad = |line: &str| AdminError::ParseShow {
+        line: line.to_string(),
+    };
     let mut targets: Vec<TargetInfo> = Vec::new();
     let mut section = Section::None;
     for raw in out.lines() {
@@ -538,10 +592,17 @@ pub fn parse_show(out: &str) -> Result<Vec<TargetInfo>, AdminError> {
                     }
                     (Section::Nexus, Some(("Connection", v))) => {
                         let n = t.nexuses.last_mut().ok_or_else(|| bad(raw))?;
-                        n.connections.push(Connection { cid: v.parse().map_err(|_| bad(raw))?, address: String::new() });
+                        n.connections.push(Connection {
+                            cid: v.parse().map_err(|_| bad(raw))?,
+                            address: String::new(),
+                        });
                     }
                     (Section::Nexus, Some(("IP Address", v))) => {
-                        let c = t.nexuses.last_mut().and_then(|n| n.connections.last_mut()).ok_or_else(|| bad(raw))?;
+                        let c = t
+                            .nexuses
+                            .last_mut()
+                            .and_then(|n| n.connections.last_mut())
+                            .ok_or_else(|| bad(raw))?;
                         c.address = v.to_string();
                     }
                     (Section::Nexus, _) => {}
@@ -661,10 +722,19 @@ Target 2: iqn.2025-01.io.talon:b
     fn parses_show_output_of_tgtd_1_0_85() {
         let t = parse_show(SHOW).expect("parse");
         assert_eq!(t.len(), 2);
-        assert_eq!((t[0].tid, t[0].name.as_str(), t[0].state.as_str()), (1, "iqn.2025-01.io.talon:a", "ready"));
+        assert_eq!(
+            (t[0].tid, t[0].name.as_str(), t[0].state.as_str()),
+            (1, "iqn.2025-01.io.talon:a", "ready")
+        );
         assert_eq!(t[0].nexuses.len(), 1);
         assert_eq!(t[0].nexuses[0].initiator, "iqn.2010-11.libiscsi:iscsi-perf");
-        assert_eq!(t[0].nexuses[0].connections, vec![Connection { cid: 0, address: "127.0.0.1".into() }]);
+        assert_eq!(
+            t[0].nexuses[0].connections,
+            vec![Connection {
+                cid: 0,
+                address: "127.0.0.1".into()
+            }]
+        );
         let l1 = t[0].lun(1).expect("lun 1");
         assert_eq!((l1.size_mb, l1.block_size, l1.kind.as_str()), (67, 512, "disk"));
         assert_eq!(l1.backing_path.as_deref(), Some(Path::new("/tmp/tgtx/a.img")));
@@ -678,7 +748,10 @@ Target 2: iqn.2025-01.io.talon:b
     #[test]
     fn rejects_garbage() {
         assert!(matches!(parse_show("hello\n"), Err(AdminError::ParseShow { .. })));
-        assert!(matches!(parse_show("Target x: iqn.a\n"), Err(AdminError::ParseShow { .. })));
+        assert!(matches!(
+            parse_show("Target x: iqn.a\n"),
+            Err(AdminError::ParseShow { .. })
+        ));
     }
 
     #[test]
@@ -697,7 +770,10 @@ Target 2: iqn.2025-01.io.talon:b
     #[test]
     fn acl_arguments() {
         let a = InitiatorAcl::Address("127.0.0.1".parse().expect("ip"));
-        assert_eq!(a.args(), [OsString::from("--initiator-address"), OsString::from("127.0.0.1")]);
+        assert_eq!(
+            a.args(),
+            [OsString::from("--initiator-address"), OsString::from("127.0.0.1")]
+        );
         let s = InitiatorAcl::subnet("10.0.0.0".parse().expect("ip"), 8).expect("subnet");
         assert_eq!(s.to_string(), "10.0.0.0/8");
         assert!(InitiatorAcl::subnet("10.0.0.0".parse().expect("ip"), 33).is_err());

@@ -50,11 +50,31 @@ pub enum DaemonError {
         source: io::Error,
     },
     #[error("tgtd (pid {pid}) exited while starting ({status}); its log {log} ends with: {tail}")]
-    ExitedEarly { pid: u32, status: String, log: PathBuf, tail: String },
+    ExitedEarly {
+        pid: u32,
+        status: String,
+        log: PathBuf,
+        tail: String,
+    },
     #[error("tgtd (pid {pid}) did not answer on {socket} within {waited:?}; see {log}")]
-    NotReady { pid: u32, socket: PathBuf, waited: Duration, log: PathBuf },
+    NotReady {
+        pid: u32,
+        socket: PathBuf,
+        waited: Duration,
+        log: PathBuf,
+    },
     #[error("tgtd (pid {pid}) listens on {found} instead of only {portal}; it was stopped")]
-    WrongPortal { pid: u32, portal: SocketAddr, found: String },
+    WrongPortal {
+        pid: u32,
+        portal: SocketAddr,
+        found: String,
+    },
+    #[error("the running tgtd (pid {pid}) listens on {found}, not only on {portal}; it was left running")]
+    AdoptWrongPortal {
+        pid: u32,
+        portal: SocketAddr,
+        found: String,
+    },
     #[error("tgtd (pid {pid}) does not listen on {portal}")]
     NotListening { pid: u32, portal: SocketAddr },
     #[error("cannot read the sockets of tgtd (pid {pid}) at {path}")]
@@ -158,19 +178,31 @@ impl Tgtd {
     /// the control socket; verifies its portal (an adopted tgtd listening
     /// elsewhere is an error, and is left running: talon did not start it).
     pub fn adopt(cfg: TgtdConfig) -> Result<Option<Self>, DaemonError> {
-        let Ok(text) = fs::read_to_string(cfg.pid_path()) else { return Ok(None) };
-        let Ok(pid) = text.trim().parse::<u32>() else { return Ok(None) };
-        let comm = cfg.host.path(&format!("/proc/{pid}/comm"));
-        if fs::read_to_string(comm).map(|c| c.trim() != "tgtd").unwrap_or(true) {
+        let Ok(text) = fs::read_to_string(cfg.pid_path()) else {
+            return Ok(None);
+        };
+        let Ok(pid) = text.trim().parse::<u32>() else {
+            return Ok(None);
+        };
+        if !is_live_tgtd(&cfg.host, pid) {
             return Ok(None);
         }
         if cfg.admin().ping().is_err() {
             return Ok(None);
         }
-        let t = Self { cfg, pid, child: None };
+        let t = Self {
+            cfg,
+            pid,
+            child: None,
+        };
         let found = t.listening()?;
         if found != [t.cfg.portal] {
-            return Err(wrong_portal(pid, t.cfg.portal, &found));
+            let found = found.iter().map(|a| a.to_string()).collect::<Vec<_>>().join(", ");
+            return Err(DaemonError::AdoptWrongPortal {
+                pid,
+                portal: t.cfg.portal,
+                found,
+            });
         }
         tracing::info!(pid, portal = %t.cfg.portal, "adopted a running tgtd");
         Ok(Some(t))
@@ -179,15 +211,23 @@ impl Tgtd {
     /// Starts tgtd, waits until it answers and checks that it listens on the
     /// portal only; otherwise stops it and fails.
     pub fn start(cfg: TgtdConfig) -> Result<Self, DaemonError> {
-        fs::create_dir_all(&cfg.run_dir)
-            .map_err(|source| DaemonError::RunDir { path: cfg.run_dir.clone(), source })?;
+        fs::create_dir_all(&cfg.run_dir).map_err(|source| DaemonError::RunDir {
+            path: cfg.run_dir.clone(),
+            source,
+        })?;
         let log_path = cfg.log_path();
         let log = OpenOptions::new()
             .create(true)
             .append(true)
             .open(&log_path)
-            .map_err(|source| DaemonError::RunDir { path: log_path.clone(), source })?;
-        let log2 = log.try_clone().map_err(|source| DaemonError::RunDir { path: log_path.clone(), source })?;
+            .map_err(|source| DaemonError::RunDir {
+                path: log_path.clone(),
+                source,
+            })?;
+        let log2 = log.try_clone().map_err(|source| DaemonError::RunDir {
+            path: log_path.clone(),
+            source,
+        })?;
         let child = Command::new(&cfg.program)
             .arg("-f")
             .arg("--iscsi")
@@ -199,9 +239,16 @@ impl Tgtd {
             // its own process group: a terminal's Ctrl-C to talon does not reach tgtd
             .process_group(0)
             .spawn()
-            .map_err(|source| DaemonError::Spawn { program: cfg.program.clone(), source })?;
+            .map_err(|source| DaemonError::Spawn {
+                program: cfg.program.clone(),
+                source,
+            })?;
         let pid = child.id();
-        let mut t = Self { cfg, pid, child: Some(child) };
+        let mut t = Self {
+            cfg,
+            pid,
+            child: Some(child),
+        };
         if let Err(e) = t.wait_ready() {
             t.kill_and_reap();
             return Err(e);
@@ -221,7 +268,10 @@ impl Tgtd {
         let pid_path = t.cfg.pid_path();
         if let Err(source) = fs::write(&pid_path, format!("{pid}\n")) {
             t.stop_quietly();
-            return Err(DaemonError::PidFile { path: pid_path, source });
+            return Err(DaemonError::PidFile {
+                path: pid_path,
+                source,
+            });
         }
         tracing::info!(pid, portal = %t.cfg.portal, "started tgtd");
         Ok(t)
@@ -241,8 +291,12 @@ impl Tgtd {
                     tail: log_tail(&self.cfg.log_path()),
                 });
             }
-            // ready once it answers and its listening sockets exist
-            if admin.ping().is_ok() && self.listening().map(|l| !l.is_empty()).unwrap_or(false) {
+            if admin.ping().is_ok() {
+                // its portals may appear a moment after the control socket
+                let settle = Instant::now() + Duration::from_secs(1);
+                while Instant::now() < settle && self.listening().map(|l| l.is_empty()).unwrap_or(true) {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
                 return Ok(());
             }
             if start.elapsed() > self.cfg.start_timeout {
@@ -288,8 +342,7 @@ impl Tgtd {
         if let Some(child) = self.child.as_mut() {
             return matches!(child.try_wait(), Ok(None));
         }
-        let comm = self.cfg.host.path(&format!("/proc/{}/comm", self.pid));
-        fs::read_to_string(comm).map(|c| c.trim() == "tgtd").unwrap_or(false)
+        is_live_tgtd(&self.cfg.host, self.pid)
     }
 
     /// The TCP addresses tgtd listens on, read from `/proc/<pid>/fd` and
@@ -324,7 +377,10 @@ impl Tgtd {
             tracing::warn!(pid, "tgtd did not exit; sending SIGKILL");
             self.kill_and_reap();
             if self.is_alive() {
-                return Err(DaemonError::Kill { pid, source: nix::Error::EBUSY });
+                return Err(DaemonError::Kill {
+                    pid,
+                    source: nix::Error::EBUSY,
+                });
             }
         }
         self.remove_pid_file();
@@ -362,6 +418,20 @@ impl Tgtd {
     }
 }
 
+/// Whether `pid` is a tgtd that has not exited (a zombie has exited).
+fn is_live_tgtd(host: &HostRoot, pid: u32) -> bool {
+    let Ok(stat) = fs::read_to_string(host.path(format!("/proc/{pid}/stat"))) else {
+        return false;
+    };
+    // "<pid> (<comm>) <state> ..."; comm may contain spaces and parentheses
+    let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else {
+        return false;
+    };
+    let comm = &stat[open + 1..close];
+    let state = stat[close + 1..].split_whitespace().next().unwrap_or("");
+    comm == "tgtd" && !matches!(state, "Z" | "X" | "x")
+}
+
 fn wrong_portal(pid: u32, portal: SocketAddr, found: &[SocketAddr]) -> DaemonError {
     if found.is_empty() {
         return DaemonError::NotListening { pid, portal };
@@ -380,7 +450,7 @@ fn log_tail(path: &Path) -> String {
 /// descriptors, matched with LISTEN rows of its network namespace's
 /// `/proc/<pid>/net/tcp` and `tcp6`.
 pub fn listening_sockets(host: &HostRoot, pid: u32) -> Result<Vec<SocketAddr>, DaemonError> {
-    let fd_dir = host.path(&format!("/proc/{pid}/fd"));
+    let fd_dir = host.path(format!("/proc/{pid}/fd"));
     let read_err = |path: &Path| {
         let path = path.to_path_buf();
         move |source| DaemonError::ReadSockets { pid, path, source }
@@ -389,21 +459,28 @@ pub fn listening_sockets(host: &HostRoot, pid: u32) -> Result<Vec<SocketAddr>, D
     for entry in fs::read_dir(&fd_dir).map_err(read_err(&fd_dir))? {
         let Ok(entry) = entry else { continue };
         if let Ok(target) = fs::read_link(entry.path())
-            && let Some(inode) =
-                target.to_str().and_then(|s| s.strip_prefix("socket:[")).and_then(|s| s.strip_suffix(']'))
+            && let Some(inode) = target
+                .to_str()
+                .and_then(|s| s.strip_prefix("socket:["))
+                .and_then(|s| s.strip_suffix(']'))
         {
             inodes.insert(inode.to_string());
         }
     }
     let mut found = Vec::new();
     for table in ["tcp", "tcp6"] {
-        let path = host.path(&format!("/proc/{pid}/net/{table}"));
+        let path = host.path(format!("/proc/{pid}/net/{table}"));
         let text = match fs::read_to_string(&path) {
             Ok(t) => t,
             Err(e) if e.kind() == io::ErrorKind::NotFound => continue, // no IPv6
             Err(e) => return Err(read_err(&path)(e)),
         };
-        found.extend(parse_proc_net_tcp(&text).into_iter().filter(|(_, i)| inodes.contains(i)).map(|(a, _)| a));
+        found.extend(
+            parse_proc_net_tcp(&text)
+                .into_iter()
+                .filter(|(_, i)| inodes.contains(i))
+                .map(|(a, _)| a),
+        );
     }
     found.sort();
     found.dedup();
@@ -419,8 +496,12 @@ pub fn parse_proc_net_tcp(text: &str) -> Vec<(SocketAddr, String)> {
         if f.len() < 10 || f[3] != "0A" {
             continue;
         }
-        let Some((addr, port)) = f[1].split_once(':') else { continue };
-        let Ok(port) = u16::from_str_radix(port, 16) else { continue };
+        let Some((addr, port)) = f[1].split_once(':') else {
+            continue;
+        };
+        let Ok(port) = u16::from_str_radix(port, 16) else {
+            continue;
+        };
         let ip = match addr.len() {
             8 => match u32::from_str_radix(addr, 16) {
                 Ok(w) => IpAddr::V4(Ipv4Addr::from(w.to_ne_bytes())),
@@ -473,7 +554,10 @@ mod tests {
    0: 00000000000000000000000001000000:0CBC 00000000000000000000000000000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 77 1 0000000000000000 100 0 0 10 0
 ";
         if cfg!(target_endian = "little") {
-            assert_eq!(parse_proc_net_tcp(v6), vec![("[::1]:3260".parse().expect("addr"), "77".to_string())]);
+            assert_eq!(
+                parse_proc_net_tcp(v6),
+                vec![("[::1]:3260".parse().expect("addr"), "77".to_string())]
+            );
         }
     }
 
@@ -494,20 +578,51 @@ mod tests {
         fs::write(dir.path().join("proc/7/net/tcp"), table).expect("tcp");
         let found = listening_sockets(&host, 7).expect("sockets");
         if cfg!(target_endian = "little") {
-            assert_eq!(found, vec!["127.0.0.1:13999".parse::<SocketAddr>().expect("addr")]);
+            assert_eq!(
+                found,
+                vec!["127.0.0.1:13999".parse::<SocketAddr>().expect("addr")]
+            );
         }
         let err = listening_sockets(&host, 8).expect_err("no such pid");
         assert!(err.to_string().contains("pid 8"), "{err}");
     }
 
     #[test]
+    fn zombies_and_other_programs_are_not_live_tgtds() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let host = HostRoot::new(dir.path());
+        for (pid, stat) in [
+            (1, "1 (tgtd) S 0 1"),
+            (2, "2 (tgtd) Z 0 2"),
+            (3, "3 (a (tgtd)) S 1"),
+        ] {
+            fs::create_dir_all(dir.path().join(format!("proc/{pid}"))).expect("dir");
+            fs::write(dir.path().join(format!("proc/{pid}/stat")), stat).expect("stat");
+        }
+        assert!(is_live_tgtd(&host, 1));
+        assert!(!is_live_tgtd(&host, 2), "zombie");
+        assert!(!is_live_tgtd(&host, 3), "other program");
+        assert!(!is_live_tgtd(&host, 4), "gone");
+    }
+
+    #[test]
     fn wrong_portal_names_every_address() {
         let p: SocketAddr = "127.0.0.1:3260".parse().expect("addr");
-        let e = wrong_portal(9, p, &["0.0.0.0:3260".parse().expect("a"), "[::]:3260".parse().expect("a")]);
+        let e = wrong_portal(
+            9,
+            p,
+            &[
+                "0.0.0.0:3260".parse().expect("a"),
+                "[::]:3260".parse().expect("a"),
+            ],
+        );
         assert_eq!(
             e.to_string(),
             "tgtd (pid 9) listens on 0.0.0.0:3260, [::]:3260 instead of only 127.0.0.1:3260; it was stopped"
         );
-        assert!(matches!(wrong_portal(9, p, &[]), DaemonError::NotListening { .. }));
+        assert!(matches!(
+            wrong_portal(9, p, &[]),
+            DaemonError::NotListening { .. }
+        ));
     }
 }

@@ -39,15 +39,27 @@ pub const BLOCK_SIZE: u64 = 512;
 #[derive(Debug, thiserror::Error)]
 pub enum VolumeError {
     #[error("invalid size {size} for volume {volume}: {reason}")]
-    InvalidSize { volume: ObjectName, size: u64, reason: String },
+    InvalidSize {
+        volume: ObjectName,
+        size: u64,
+        reason: String,
+    },
     #[error("volume {volume} already exists at {path}")]
     Exists { volume: ObjectName, path: PathBuf },
     #[error("volume {volume} does not exist (no {path})")]
     NotFound { volume: ObjectName, path: PathBuf },
     #[error("snapshot {snapshot} of volume {volume} already exists at {path}")]
-    SnapshotExists { volume: ObjectName, snapshot: ObjectName, path: PathBuf },
+    SnapshotExists {
+        volume: ObjectName,
+        snapshot: ObjectName,
+        path: PathBuf,
+    },
     #[error("snapshot {snapshot} of volume {volume} does not exist (no {path})")]
-    SnapshotNotFound { volume: ObjectName, snapshot: ObjectName, path: PathBuf },
+    SnapshotNotFound {
+        volume: ObjectName,
+        snapshot: ObjectName,
+        path: PathBuf,
+    },
     #[error("cannot create {path}")]
     Create {
         path: PathBuf,
@@ -87,7 +99,11 @@ pub enum VolumeError {
         source: io::Error,
     },
     #[error("cannot {action} volume {volume}: initiators are logged in: {sessions}")]
-    InUse { action: &'static str, volume: ObjectName, sessions: String },
+    InUse {
+        action: &'static str,
+        volume: ObjectName,
+        sessions: String,
+    },
     #[error("cannot {action} volume {volume} through tgtd")]
     Admin {
         action: &'static str,
@@ -96,7 +112,13 @@ pub enum VolumeError {
         source: AdminError,
     },
     #[error("cannot export volume {volume}: target {iqn} (tid {tid}) serves {found:?} as LUN 1, not {path}")]
-    ExportConflict { volume: ObjectName, iqn: Iqn, tid: Tid, found: Option<PathBuf>, path: PathBuf },
+    ExportConflict {
+        volume: ObjectName,
+        iqn: Iqn,
+        tid: Tid,
+        found: Option<PathBuf>,
+        path: PathBuf,
+    },
 }
 
 /// Incoming CHAP credentials of a target (the initiator authenticates).
@@ -176,7 +198,9 @@ pub struct V1Store {
 impl V1Store {
     /// The store under `<data_dir>/v1`.
     pub fn new(data_dir: impl AsRef<Path>) -> Self {
-        Self { root: data_dir.as_ref().join("v1") }
+        Self {
+            root: data_dir.as_ref().join("v1"),
+        }
     }
 
     /// The directory of volume files.
@@ -209,27 +233,48 @@ impl V1Store {
         } else {
             return Ok(());
         };
-        Err(VolumeError::InvalidSize { volume: volume.clone(), size, reason })
+        Err(VolumeError::InvalidSize {
+            volume: volume.clone(),
+            size,
+            reason,
+        })
     }
 
     /// Creates a sparse volume file of `size` bytes.
     pub fn create(&self, name: &ObjectName, size: u64) -> Result<VolumeInfo, VolumeError> {
         Self::check_size(name, size)?;
         let dir = self.volumes_dir();
-        fs::create_dir_all(&dir).map_err(|source| VolumeError::Create { path: dir.clone(), source })?;
-        let path = self.volume_path(name);
-        let file = OpenOptions::new().write(true).create_new(true).open(&path).map_err(|source| {
-            if source.kind() == io::ErrorKind::AlreadyExists {
-                VolumeError::Exists { volume: name.clone(), path: path.clone() }
-            } else {
-                VolumeError::Create { path: path.clone(), source }
-            }
+        fs::create_dir_all(&dir).map_err(|source| VolumeError::Create {
+            path: dir.clone(),
+            source,
         })?;
+        let path = self.volume_path(name);
+        let file = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&path)
+            .map_err(|source| {
+                if source.kind() == io::ErrorKind::AlreadyExists {
+                    VolumeError::Exists {
+                        volume: name.clone(),
+                        path: path.clone(),
+                    }
+                } else {
+                    VolumeError::Create {
+                        path: path.clone(),
+                        source,
+                    }
+                }
+            })?;
         let result = file
             .set_len(size)
             .and_then(|()| file.sync_all())
             .and_then(|()| sync_dir(&dir))
-            .map_err(|source| VolumeError::Resize { path: path.clone(), size, source });
+            .map_err(|source| VolumeError::Resize {
+                path: path.clone(),
+                size,
+                source,
+            });
         if let Err(e) = result {
             let _ = fs::remove_file(&path);
             return Err(e);
@@ -242,12 +287,23 @@ impl V1Store {
         let path = self.volume_path(name);
         let meta = fs::metadata(&path).map_err(|source| {
             if source.kind() == io::ErrorKind::NotFound {
-                VolumeError::NotFound { volume: name.clone(), path: path.clone() }
+                VolumeError::NotFound {
+                    volume: name.clone(),
+                    path: path.clone(),
+                }
             } else {
-                VolumeError::Stat { path: path.clone(), source }
+                VolumeError::Stat {
+                    path: path.clone(),
+                    source,
+                }
             }
         })?;
-        Ok(VolumeInfo { name: name.clone(), path, size: meta.len(), allocated: meta.blocks() * 512 })
+        Ok(VolumeInfo {
+            name: name.clone(),
+            path,
+            size: meta.len(),
+            allocated: meta.blocks() * 512,
+        })
     }
 
     /// Every volume, sorted by name (files with names that are not volume names
@@ -258,7 +314,9 @@ impl V1Store {
         for name in img_names(&dir)? {
             match ObjectName::parse("volume", &name) {
                 Ok(v) => out.push(self.info(&v)?),
-                Err(e) => tracing::warn!(path = %dir.display(), error = %e, "skipping a file that is not a volume"),
+                Err(e) => {
+                    tracing::warn!(path = %dir.display(), error = %e, "skipping a file that is not a volume")
+                }
             }
         }
         out.sort_by(|a, b| a.name.cmp(&b.name));
@@ -272,13 +330,19 @@ impl V1Store {
         Ok(admin
             .show()?
             .into_iter()
-            .filter(|t| t.luns.iter().any(|l| l.backing_path.as_deref() == Some(path.as_path())))
+            .filter(|t| {
+                t.luns
+                    .iter()
+                    .any(|l| l.backing_path.as_deref() == Some(path.as_path()))
+            })
             .collect())
     }
 
     /// The sessions logged in to targets serving the volume.
     pub fn sessions(&self, admin: &TgtAdm, name: &ObjectName) -> Result<Vec<Nexus>, VolumeError> {
-        let targets = self.serving_targets(admin, name).map_err(admin_err("inspect", name))?;
+        let targets = self
+            .serving_targets(admin, name)
+            .map_err(admin_err("inspect", name))?;
         Ok(targets.into_iter().flat_map(|t| t.nexuses).collect())
     }
 
@@ -288,28 +352,50 @@ impl V1Store {
         name: &ObjectName,
         targets: &[TargetInfo],
     ) -> Result<(), VolumeError> {
-        let sessions: Vec<String> =
-            targets.iter().flat_map(|t| t.nexuses.iter().map(|n| format!("{n} on {}", t.name))).collect();
+        let sessions: Vec<String> = targets
+            .iter()
+            .flat_map(|t| t.nexuses.iter().map(|n| format!("{n} on {}", t.name)))
+            .collect();
         if sessions.is_empty() {
             return Ok(());
         }
-        Err(VolumeError::InUse { action, volume: name.clone(), sessions: sessions.join(", ") })
+        Err(VolumeError::InUse {
+            action,
+            volume: name.clone(),
+            sessions: sessions.join(", "),
+        })
     }
 
     /// Exports a volume as LUN 1 of target `Iqn::for_volume(name)`, with the
     /// given ACL and CHAP. Idempotent: an existing target is brought to the
     /// wanted ACL. A failure while creating a new target removes it again.
-    pub fn export(&self, admin: &TgtAdm, name: &ObjectName, opts: &ExportOptions) -> Result<Export, VolumeError> {
+    pub fn export(
+        &self,
+        admin: &TgtAdm,
+        name: &ObjectName,
+        opts: &ExportOptions,
+    ) -> Result<Export, VolumeError> {
         let path = self.info(name)?.path;
         let iqn = Iqn::for_volume(name);
         let existing = admin.find_target(&iqn).map_err(admin_err("export", name))?;
         if let Some(t) = existing {
             let found = t.lun(VOLUME_LUN).and_then(|l| l.backing_path.clone());
             if found.as_deref() != Some(path.as_path()) {
-                return Err(VolumeError::ExportConflict { volume: name.clone(), iqn, tid: t.tid, found, path });
+                return Err(VolumeError::ExportConflict {
+                    volume: name.clone(),
+                    iqn,
+                    tid: t.tid,
+                    found,
+                    path,
+                });
             }
             sync_acl(admin, &t, opts).map_err(admin_err("export", name))?;
-            return Ok(Export { volume: name.clone(), iqn, tid: t.tid, lun: VOLUME_LUN });
+            return Ok(Export {
+                volume: name.clone(),
+                iqn,
+                tid: t.tid,
+                lun: VOLUME_LUN,
+            });
         }
         let tid = admin.new_target(&iqn).map_err(admin_err("export", name))?;
         let setup = || -> Result<(), AdminError> {
@@ -328,25 +414,38 @@ impl V1Store {
             }
             return Err(admin_err("export", name)(e));
         }
-        Ok(Export { volume: name.clone(), iqn, tid, lun: VOLUME_LUN })
+        Ok(Export {
+            volume: name.clone(),
+            iqn,
+            tid,
+            lun: VOLUME_LUN,
+        })
     }
 
     /// Stops serving a volume (every target serving its file). Without `force`
     /// it refuses while initiators are logged in, naming them.
     pub fn unexport(&self, admin: &TgtAdm, name: &ObjectName, force: bool) -> Result<(), VolumeError> {
-        let targets = self.serving_targets(admin, name).map_err(admin_err("unexport", name))?;
+        let targets = self
+            .serving_targets(admin, name)
+            .map_err(admin_err("unexport", name))?;
         if !force {
             self.refuse_if_in_use("unexport", name, &targets)?;
         }
         for t in &targets {
-            admin.delete_target(t.tid, force).map_err(admin_err("unexport", name))?;
+            admin
+                .delete_target(t.tid, force)
+                .map_err(admin_err("unexport", name))?;
         }
         Ok(())
     }
 
     /// Exports every volume on disk (after a restart of tgtd or talon), with the
     /// options `opts_for` gives each. Continues past failures and reports them.
-    pub fn reexport_all(&self, admin: &TgtAdm, opts_for: impl Fn(&ObjectName) -> ExportOptions) -> ReexportReport {
+    pub fn reexport_all(
+        &self,
+        admin: &TgtAdm,
+        opts_for: impl Fn(&ObjectName) -> ExportOptions,
+    ) -> ReexportReport {
         let mut report = ReexportReport::default();
         let volumes = match self.list() {
             Ok(v) => v,
@@ -369,7 +468,10 @@ impl V1Store {
     pub fn delete(&self, admin: &TgtAdm, name: &ObjectName) -> Result<(), VolumeError> {
         let info = self.info(name)?;
         self.unexport(admin, name, false)?;
-        fs::remove_file(&info.path).map_err(|source| VolumeError::Remove { path: info.path.clone(), source })?;
+        fs::remove_file(&info.path).map_err(|source| VolumeError::Remove {
+            path: info.path.clone(),
+            source,
+        })?;
         let snaps = self.snapshots_dir(name);
         match fs::remove_dir_all(&snaps) {
             Ok(()) => {}
@@ -383,7 +485,12 @@ impl V1Store {
     /// Grows a volume to `new_size` bytes and makes tgtd serve the new size.
     /// Refused while initiators are logged in (tgtd cannot resize a LUN in
     /// place); on a tgtd failure the file is shrunk back.
-    pub fn expand(&self, admin: &TgtAdm, name: &ObjectName, new_size: u64) -> Result<VolumeInfo, VolumeError> {
+    pub fn expand(
+        &self,
+        admin: &TgtAdm,
+        name: &ObjectName,
+        new_size: u64,
+    ) -> Result<VolumeInfo, VolumeError> {
         Self::check_size(name, new_size)?;
         let info = self.info(name)?;
         if new_size < info.size {
@@ -396,16 +503,25 @@ impl V1Store {
         if new_size == info.size {
             return Ok(info);
         }
-        let targets = self.serving_targets(admin, name).map_err(admin_err("expand", name))?;
+        let targets = self
+            .serving_targets(admin, name)
+            .map_err(admin_err("expand", name))?;
         self.refuse_if_in_use("expand", name, &targets)?;
         let resize = |size| {
             let f = OpenOptions::new().write(true).open(&info.path)?;
             f.set_len(size)?;
             f.sync_all()
         };
-        resize(new_size).map_err(|source| VolumeError::Resize { path: info.path.clone(), size: new_size, source })?;
+        resize(new_size).map_err(|source| VolumeError::Resize {
+            path: info.path.clone(),
+            size: new_size,
+            source,
+        })?;
         for t in &targets {
-            let lun = t.luns.iter().find(|l| l.backing_path.as_deref() == Some(info.path.as_path()));
+            let lun = t
+                .luns
+                .iter()
+                .find(|l| l.backing_path.as_deref() == Some(info.path.as_path()));
             let Some(lun) = lun else { continue };
             if let Err(e) = admin.reopen_lun(t.tid, lun.lun, &info.path) {
                 if let Err(undo) = resize(info.size) {
@@ -422,12 +538,17 @@ impl V1Store {
     pub fn snapshot(&self, volume: &ObjectName, snapshot: &ObjectName) -> Result<SnapshotInfo, VolumeError> {
         let src = self.info(volume)?.path;
         let dir = self.snapshots_dir(volume);
-        fs::create_dir_all(&dir).map_err(|source| VolumeError::Create { path: dir.clone(), source })?;
+        fs::create_dir_all(&dir).map_err(|source| VolumeError::Create {
+            path: dir.clone(),
+            source,
+        })?;
         let dst = self.snapshot_path(volume, snapshot);
         reflink_new(&src, &dst).map_err(|e| match e {
-            ReflinkFail::Exists => {
-                VolumeError::SnapshotExists { volume: volume.clone(), snapshot: snapshot.clone(), path: dst.clone() }
-            }
+            ReflinkFail::Exists => VolumeError::SnapshotExists {
+                volume: volume.clone(),
+                snapshot: snapshot.clone(),
+                path: dst.clone(),
+            },
             other => other.into_error(&self.root, &src, &dst),
         })?;
         let _ = sync_dir(&dir);
@@ -435,16 +556,32 @@ impl V1Store {
     }
 
     /// A snapshot's details.
-    pub fn snapshot_info(&self, volume: &ObjectName, snapshot: &ObjectName) -> Result<SnapshotInfo, VolumeError> {
+    pub fn snapshot_info(
+        &self,
+        volume: &ObjectName,
+        snapshot: &ObjectName,
+    ) -> Result<SnapshotInfo, VolumeError> {
         let path = self.snapshot_path(volume, snapshot);
         let meta = fs::metadata(&path).map_err(|source| {
             if source.kind() == io::ErrorKind::NotFound {
-                VolumeError::SnapshotNotFound { volume: volume.clone(), snapshot: snapshot.clone(), path: path.clone() }
+                VolumeError::SnapshotNotFound {
+                    volume: volume.clone(),
+                    snapshot: snapshot.clone(),
+                    path: path.clone(),
+                }
             } else {
-                VolumeError::Stat { path: path.clone(), source }
+                VolumeError::Stat {
+                    path: path.clone(),
+                    source,
+                }
             }
         })?;
-        Ok(SnapshotInfo { volume: volume.clone(), name: snapshot.clone(), path, size: meta.len() })
+        Ok(SnapshotInfo {
+            volume: volume.clone(),
+            name: snapshot.clone(),
+            path,
+            size: meta.len(),
+        })
     }
 
     /// A volume's snapshots, sorted by name.
@@ -475,7 +612,10 @@ impl V1Store {
         let src = self.snapshot_info(volume, snapshot)?.path;
         let dst = self.volume_path(new);
         reflink_new(&src, &dst).map_err(|e| match e {
-            ReflinkFail::Exists => VolumeError::Exists { volume: new.clone(), path: dst.clone() },
+            ReflinkFail::Exists => VolumeError::Exists {
+                volume: new.clone(),
+                path: dst.clone(),
+            },
             other => other.into_error(&self.root, &src, &dst),
         })?;
         let _ = sync_dir(&self.volumes_dir());
@@ -483,8 +623,15 @@ impl V1Store {
     }
 }
 
-fn admin_err<'a>(action: &'static str, volume: &'a ObjectName) -> impl FnOnce(AdminError) -> VolumeError + 'a {
-    move |source| VolumeError::Admin { action, volume: volume.clone(), source }
+fn admin_err<'a>(
+    action: &'static str,
+    volume: &'a ObjectName,
+) -> impl FnOnce(AdminError) -> VolumeError + 'a {
+    move |source| VolumeError::Admin {
+        action,
+        volume: volume.clone(),
+        source,
+    }
 }
 
 /// Brings a target's ACL and CHAP to `opts`.
@@ -498,7 +645,9 @@ fn sync_acl(admin: &TgtAdm, t: &TargetInfo, opts: &ExportOptions) -> Result<(), 
         if opts.initiators.iter().all(|a| a.to_string() != *shown) {
             match parse_acl(shown) {
                 Some(acl) => admin.unbind(t.tid, &acl)?,
-                None => tracing::warn!(tid = t.tid, entry = %shown, "leaving an ACL entry talon cannot parse"),
+                None => {
+                    tracing::warn!(tid = t.tid, entry = %shown, "leaving an ACL entry talon cannot parse")
+                }
             }
         }
     }
@@ -543,11 +692,19 @@ fn img_names(dir: &Path) -> Result<Vec<String>, VolumeError> {
     let entries = match fs::read_dir(dir) {
         Ok(e) => e,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(source) => return Err(VolumeError::Stat { path: dir.to_path_buf(), source }),
+        Err(source) => {
+            return Err(VolumeError::Stat {
+                path: dir.to_path_buf(),
+                source,
+            });
+        }
     };
     let mut out = Vec::new();
     for entry in entries {
-        let entry = entry.map_err(|source| VolumeError::Stat { path: dir.to_path_buf(), source })?;
+        let entry = entry.map_err(|source| VolumeError::Stat {
+            path: dir.to_path_buf(),
+            source,
+        })?;
         if let Some(stem) = entry.file_name().to_str().and_then(|n| n.strip_suffix(".img")) {
             out.push(stem.to_string());
         }
@@ -572,29 +729,54 @@ impl ReflinkFail {
                 path: dst.to_path_buf(),
                 source: io::Error::from(io::ErrorKind::AlreadyExists),
             },
-            Self::Create(source) => VolumeError::Create { path: dst.to_path_buf(), source },
-            Self::Clone(source) if is_no_reflink(&source) => VolumeError::NoReflink { path: root.to_path_buf(), source },
-            Self::Clone(source) => VolumeError::Reflink { from: src.to_path_buf(), to: dst.to_path_buf(), source },
+            Self::Create(source) => VolumeError::Create {
+                path: dst.to_path_buf(),
+                source,
+            },
+            Self::Clone(source) if is_no_reflink(&source) => VolumeError::NoReflink {
+                path: root.to_path_buf(),
+                source,
+            },
+            Self::Clone(source) => VolumeError::Reflink {
+                from: src.to_path_buf(),
+                to: dst.to_path_buf(),
+                source,
+            },
         }
     }
 }
 
 /// The errno values with which FICLONE says "not on this filesystem".
 fn is_no_reflink(e: &io::Error) -> bool {
-    matches!(e.raw_os_error(), Some(libc::EOPNOTSUPP | libc::EXDEV | libc::EINVAL | libc::ENOTTY))
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EOPNOTSUPP | libc::EXDEV | libc::EINVAL | libc::ENOTTY)
+    )
 }
 
 /// Creates `dst` (must not exist) sharing `src`'s extents; removes `dst` again
 /// on failure.
 fn reflink_new(src: &Path, dst: &Path) -> Result<(), ReflinkFail> {
     let from = File::open(src).map_err(ReflinkFail::Create)?;
-    let to = OpenOptions::new().write(true).create_new(true).open(dst).map_err(|e| {
-        if e.kind() == io::ErrorKind::AlreadyExists { ReflinkFail::Exists } else { ReflinkFail::Create(e) }
-    })?;
+    let to = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(dst)
+        .map_err(|e| {
+            if e.kind() == io::ErrorKind::AlreadyExists {
+                ReflinkFail::Exists
+            } else {
+                ReflinkFail::Create(e)
+            }
+        })?;
     // SAFETY: FICLONE takes the source descriptor as its integer argument; both
     // descriptors are open for the duration of the call (owned by `from`/`to`).
     let rc = unsafe { libc::ioctl(to.as_raw_fd(), libc::FICLONE, from.as_raw_fd()) };
-    let result = if rc == 0 { to.sync_all().map_err(ReflinkFail::Create) } else { Err(ReflinkFail::Clone(io::Error::last_os_error())) };
+    let result = if rc == 0 {
+        to.sync_all().map_err(ReflinkFail::Create)
+    } else {
+        Err(ReflinkFail::Clone(io::Error::last_os_error()))
+    };
     if result.is_err() {
         drop(to);
         let _ = fs::remove_file(dst);
@@ -619,7 +801,12 @@ mod tests {
         assert!(b.allocated < 1 << 20, "sparse: {} bytes allocated", b.allocated);
         store.create(&name("a"), 4096).expect("create a");
         fs::write(store.volumes_dir().join("Not_A_Name.img"), b"").expect("junk");
-        let names: Vec<String> = store.list().expect("list").into_iter().map(|v| v.name.to_string()).collect();
+        let names: Vec<String> = store
+            .list()
+            .expect("list")
+            .into_iter()
+            .map(|v| v.name.to_string())
+            .collect();
         assert_eq!(names, ["a", "b"]);
         let e = store.create(&name("a"), 4096).expect_err("exists");
         assert!(e.to_string().starts_with("volume a already exists at "), "{e}");
@@ -645,7 +832,9 @@ mod tests {
         };
         let store = V1Store::new(dir.path());
         store.create(&name("v"), 1 << 20).expect("create");
-        let e = store.snapshot(&name("v"), &name("s1")).expect_err("tmpfs has no reflink");
+        let e = store
+            .snapshot(&name("v"), &name("s1"))
+            .expect_err("tmpfs has no reflink");
         assert_eq!(
             e.to_string(),
             format!(
@@ -653,7 +842,10 @@ mod tests {
                 dir.path().join("v1").display()
             )
         );
-        assert!(!store.snapshot_path(&name("v"), &name("s1")).exists(), "no half-made snapshot");
+        assert!(
+            !store.snapshot_path(&name("v"), &name("s1")).exists(),
+            "no half-made snapshot"
+        );
         let e = store.snapshot(&name("nope"), &name("s1")).expect_err("no volume");
         assert!(e.to_string().starts_with("volume nope does not exist"), "{e}");
     }
@@ -663,7 +855,10 @@ mod tests {
         for acl in [
             InitiatorAcl::All,
             InitiatorAcl::Address("10.1.2.3".parse().expect("ip")),
-            InitiatorAcl::Subnet { address: "10.0.0.0".parse().expect("ip"), prefix: 8 },
+            InitiatorAcl::Subnet {
+                address: "10.0.0.0".parse().expect("ip"),
+                prefix: 8,
+            },
             InitiatorAcl::Name(Iqn::parse("iqn.2025-01.io.example:h").expect("iqn")),
         ] {
             assert_eq!(parse_acl(&acl.to_string()), Some(acl));
