@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 
-use super::admin::{AdminError, IPC_SOCKET_ENV, TgtAdm};
+use super::admin::{IPC_SOCKET_ENV, TgtAdm};
 use crate::host::HostRoot;
 
 /// The default iSCSI port.
@@ -84,18 +84,8 @@ pub enum DaemonError {
         #[source]
         source: io::Error,
     },
-    #[error("cannot stop tgtd (pid {pid})")]
-    Stop {
-        pid: u32,
-        #[source]
-        source: AdminError,
-    },
-    #[error("cannot kill tgtd (pid {pid})")]
-    Kill {
-        pid: u32,
-        #[source]
-        source: nix::Error,
-    },
+    #[error("tgtd (pid {pid}) still runs after delete system and SIGKILL")]
+    StillRunning { pid: u32 },
     #[error("cannot write tgtd's pid file {path}")]
     PidFile {
         path: PathBuf,
@@ -377,10 +367,7 @@ impl Tgtd {
             tracing::warn!(pid, "tgtd did not exit; sending SIGKILL");
             self.kill_and_reap();
             if self.is_alive() {
-                return Err(DaemonError::Kill {
-                    pid,
-                    source: nix::Error::EBUSY,
-                });
+                return Err(DaemonError::StillRunning { pid });
             }
         }
         self.remove_pid_file();
