@@ -33,11 +33,16 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         eprintln!("SKIP iscsi_perf: needs root (tgtd)");
         return Ok(());
     }
-    if Command::new("iscsi-perf").arg("-?").output().is_err() || Command::new("tgtd").arg("-h").output().is_err() {
+    if Command::new("iscsi-perf").arg("-?").output().is_err()
+        || Command::new("tgtd").arg("-h").output().is_err()
+    {
         eprintln!("SKIP iscsi_perf: needs tgtd and iscsi-perf (apt-get install tgt libiscsi-bin)");
         return Ok(());
     }
-    let seconds: u32 = std::env::var("ISCSI_PERF_SECONDS").ok().and_then(|s| s.parse().ok()).unwrap_or(5);
+    let seconds: u32 = std::env::var("ISCSI_PERF_SECONDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(5);
     let data = tempfile::tempdir()?;
     let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
     let portal: SocketAddr = format!("127.0.0.1:{port}").parse()?;
@@ -47,7 +52,15 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let rows = result?;
 
     let mut table = Table::new();
-    table.set_header(["engine", "workload", "block", "queue depth", "seconds", "IOPS", "MiB/s"]);
+    table.set_header([
+        "engine",
+        "workload",
+        "block",
+        "queue depth",
+        "seconds",
+        "IOPS",
+        "MiB/s",
+    ]);
     for (workload, qd, iops) in rows {
         table.add_row([
             "V1 (tgtd, loopback)".to_string(),
@@ -79,13 +92,19 @@ fn measure(
         f.write_all(&chunk)?;
     }
     f.sync_all()?;
-    let opts = ExportOptions { initiators: vec![InitiatorAcl::Address("127.0.0.1".parse()?)], chap: None };
+    let opts = ExportOptions {
+        initiators: vec![InitiatorAcl::Address("127.0.0.1".parse()?)],
+        chap: None,
+    };
     store.export(&tgtd.admin(), &vol, &opts)?;
     let url = format!("iscsi://{portal}/{}/1", Iqn::for_volume(&vol));
     let mut rows = Vec::new();
-    for (workload, random, qd) in
-        [("sequential read", false, 1), ("random read", true, 1), ("sequential read", false, 32), ("random read", true, 32)]
-    {
+    for (workload, random, qd) in [
+        ("sequential read", false, 1),
+        ("random read", true, 1),
+        ("sequential read", false, 32),
+        ("random read", true, 32),
+    ] {
         let mut cmd = Command::new("iscsi-perf");
         cmd.args(["-b", "8", "-m", &qd.to_string(), "-t", &seconds.to_string()]);
         if random {
@@ -93,7 +112,8 @@ fn measure(
         }
         let out = cmd.arg(&url).output()?;
         let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
-        let iops = last_average(&text).ok_or_else(|| format!("no 'iops average' in iscsi-perf output: {text}"))?;
+        let iops =
+            last_average(&text).ok_or_else(|| format!("no 'iops average' in iscsi-perf output: {text}"))?;
         rows.push((workload, qd, iops));
     }
     Ok(rows)
@@ -101,5 +121,11 @@ fn measure(
 
 /// The last "iops average N" of iscsi-perf's progress lines.
 fn last_average(text: &str) -> Option<u64> {
-    text.rsplit("iops average ").next().filter(|_| text.contains("iops average "))?.split_whitespace().next()?.parse().ok()
+    text.rsplit("iops average ")
+        .next()
+        .filter(|_| text.contains("iops average "))?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
 }
