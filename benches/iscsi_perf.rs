@@ -16,6 +16,9 @@ use std::net::{SocketAddr, TcpListener};
 use std::process::Command;
 
 use comfy_table::Table;
+
+/// (workload, queue depth, IOPS)
+type Row = (&'static str, u32, u64);
 use talon::names::{Iqn, ObjectName};
 use talon::tgt::{ExportOptions, InitiatorAcl, Tgtd, TgtdConfig, V1Store};
 
@@ -81,7 +84,7 @@ fn measure(
     data: &std::path::Path,
     portal: SocketAddr,
     seconds: u32,
-) -> Result<Vec<(&'static str, u32, u64)>, Box<dyn std::error::Error>> {
+) -> Result<Vec<Row>, Box<dyn std::error::Error>> {
     let store = V1Store::new(data);
     let vol = ObjectName::parse("volume", "perf")?;
     let info = store.create(&vol, SIZE)?;

@@ -148,10 +148,11 @@ impl Controller for TgtdController {
                 tracing::warn!(pid = t.pid(), "tgtd died; starting it again");
                 inner.tgtd = None;
                 inner.restarts += 1;
-            } else if t.portal() != cfg.portal {
-                if let Some(t) = inner.tgtd.take() {
-                    tokio::task::spawn_blocking(move || t.stop()).await??;
-                }
+            } else if t.portal() != cfg.portal
+                && let Some(t) = inner.tgtd.take()
+            {
+                // the portal changed: stop it; it starts again below on the new one
+                tokio::task::spawn_blocking(move || t.stop()).await??;
             }
         }
         if inner.version.is_none() {
