@@ -4,9 +4,14 @@
 //! ```text
 //!   V1Store::create (256 MiB, filled) ──export──> tgtd 127.0.0.1:<free port>
 //!        iscsi-perf -b 8 [-r] -m QD -t SECONDS iscsi://127.0.0.1:PORT/IQN/1
+//!        libiscsi WRITE16 4 KiB, QD 1, for SECONDS
 //! ```
 //!
-//! `iscsi-perf` only reads (READ16), so this measures the read path; the file
+//! The measured programs are C (tgtd, libiscsi), so `--profile dev` gives the
+//! same numbers as a release build and saves a long compile.
+//!
+//! `iscsi-perf` only reads (READ16); a last row measures synchronous 4 KiB
+//! random WRITE16 through libiscsi itself (the tests' dlopen client). The file
 //! sits in the page cache, so the number is tgtd's and the iSCSI stack's cost,
 //! not the disk's. Run as root: `cargo bench --bench iscsi_perf`
 //! (ISCSI_PERF_SECONDS=5 by default).
@@ -16,6 +21,10 @@ use std::net::{SocketAddr, TcpListener};
 use std::process::Command;
 
 use comfy_table::Table;
+
+#[path = "../tests/tgt_common/mod.rs"]
+#[allow(dead_code, clippy::all)]
+mod tgt_common;
 
 /// (workload, queue depth, IOPS)
 type Row = (&'static str, u32, u64);
@@ -118,6 +127,28 @@ fn measure(
         let iops =
             last_average(&text).ok_or_else(|| format!("no 'iops average' in iscsi-perf output: {text}"))?;
         rows.push((workload, qd, iops));
+    }
+    // iscsi-perf only reads: writes go through libiscsi's WRITE16, synchronous (QD 1)
+    if let Ok(lib) = tgt_common::Libiscsi::load() {
+        let session = lib.connect(
+            &portal.to_string(),
+            Iqn::for_volume(&vol).as_str(),
+            "iqn.2025-01.io.talon:bench",
+            None,
+        )?;
+        let block = vec![0x5au8; 4096];
+        let blocks = SIZE / 4096;
+        let (start, mut n, mut lba) = (std::time::Instant::now(), 0u64, 0u64);
+        while start.elapsed().as_secs() < u64::from(seconds) {
+            // a cheap LCG walk over the volume's 4 KiB blocks
+            lba = (lba
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407))
+                % blocks;
+            session.write(lba * 8, &block)?;
+            n += 1;
+        }
+        rows.push(("random write (libiscsi)", 1, n / u64::from(seconds.max(1))));
     }
     Ok(rows)
 }
