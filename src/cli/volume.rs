@@ -88,6 +88,39 @@ pub enum VolumeCommand {
         /// Name.
         name: String,
     },
+    /// Wait until a volume is exported, then print how an initiator reaches it.
+    Wait {
+        /// Name.
+        name: String,
+        /// Give up after this many seconds.
+        #[arg(long, default_value_t = 120)]
+        timeout: u64,
+    },
+}
+
+/// How an initiator reaches an export, as commands to paste.
+pub fn connect_help(name: &str, export: &Value) -> String {
+    let s = |k: &str| {
+        export
+            .get(k)
+            .map(|x| x.as_str().map(String::from).unwrap_or_else(|| x.to_string()))
+            .unwrap_or_default()
+    };
+    let (transport, addr, port, target) = (s("transport"), s("address"), s("port"), s("name"));
+    let lun = export.get("lun").and_then(Value::as_u64).unwrap_or(1);
+    match transport.as_str() {
+        "iscsi" => format!(
+            "volume {name} is served over iSCSI at {addr}:{port}\n  target: {target}  LUN {lun}\n  \
+             libiscsi:  iscsi-inq iscsi://{addr}:{port}/{target}/{lun}\n  \
+             open-iscsi: iscsiadm -m discovery -t sendtargets -p {addr}:{port} && iscsiadm -m node -T {target} -p {addr}:{port} --login\n  \
+             talon:     talon volume attach {name}   (-> /dev/talon/{name})"
+        ),
+        _ => format!(
+            "volume {name} is served over NVMe/TCP at {addr}:{port}\n  subsystem: {target}\n  \
+             nvme-cli: nvme connect -t tcp -a {addr} -s {port} -n {target}\n  \
+             talon:    talon volume attach {name}   (-> /dev/talon/{name})"
+        ),
+    }
 }
 
 /// `talon snapshot`.
@@ -207,6 +240,33 @@ pub async fn run_volume(c: &Client, cmd: VolumeCommand) -> Result<(), CliError> 
             c.call("volume_attach", json!({"name": name, "frontend": frontend, "wait": true})).await?
         }
         VolumeCommand::Detach { name } => c.call("volume_detach", json!({"name": name, "wait": true})).await?,
+        VolumeCommand::Wait { name, timeout } => {
+            let mut sub = c.watch(Some("EngineStatus"), true).await?;
+            let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(timeout);
+            loop {
+                let v: Value = c.call("volume_get", json!({"name": name})).await?;
+                let state = v.pointer("/engine/state").and_then(Value::as_str).unwrap_or("pending");
+                match state {
+                    "ready" | "degraded" => {
+                        for e in v.pointer("/engine/exports").and_then(Value::as_array).into_iter().flatten() {
+                            println!("{}", connect_help(&name, e));
+                        }
+                        return Ok(());
+                    }
+                    "failed" => {
+                        let msg = v.pointer("/engine/message").and_then(Value::as_str).unwrap_or("");
+                        return Err(format!("volume {name} failed: {msg}").into());
+                    }
+                    _ => {}
+                }
+                tokio::select! {
+                    _ = sub.next() => {}
+                    _ = tokio::time::sleep_until(deadline) => {
+                        return Err(format!("volume {name} is not exported after {timeout} s (state {state}); see `talon get enginestatus {name}` and `talon get controllers`").into());
+                    }
+                }
+            }
+        }
     };
     print_value(&v, Format::Yaml)
 }
