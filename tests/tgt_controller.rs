@@ -145,9 +145,6 @@ async fn desired_volume_is_served_grown_restored_and_deleted() {
             None,
         )
         .expect("login");
-    state
-        .destroy("config", "Snapshot", "cv1@s1", "")
-        .expect("delete snapshot");
     state.destroy("config", "Volume", "cv1", "").expect("delete");
     let deleting = eventually("delete waits", WAIT, || async {
         engine_status(&state, "cv1").filter(|s| s.state == ObjectState::Deleting)
@@ -168,6 +165,14 @@ async fn desired_volume_is_served_grown_restored_and_deleted() {
     })
     .await;
     assert!(!data.path().join("v1/volumes/cv1.img").exists(), "file removed");
+    // a snapshot that outlived its volume can still be deleted (the finalizer is released)
+    state
+        .destroy("config", "Snapshot", "cv1@s1", "")
+        .expect("delete snapshot");
+    eventually("cv1@s1 gone", WAIT, || async {
+        state.get("config", "Snapshot", "cv1@s1").is_none().then_some(())
+    })
+    .await;
     eventually("statuses gone and tgtd stopped", WAIT, || async {
         (engine_status(&state, "cv1").is_none()
             && state.get("engine", "TargetStatus", TGTD_STATUS_ID).is_none())

@@ -283,31 +283,32 @@ impl Controller for V1VolumeController {
         let volumes: Vec<_> = ctx
             .list::<Volume>()?
             .into_iter()
-            .filter(|v| serves_v1(&v.spec, &node, self.selection))
+            // ours: served by V1, or still held by our finalizer (to finish a delete)
+            .filter(|v| {
+                serves_v1(&v.spec, &node, self.selection) || v.metadata.finalizers.contains(self.name())
+            })
             .collect();
         let mine: std::collections::BTreeSet<String> = volumes.iter().map(|v| v.id().to_string()).collect();
         let snapshots: Vec<_> = ctx
             .list::<Snapshot>()?
             .into_iter()
-            .filter(|s| mine.contains(&s.spec.volume))
+            .filter(|s| mine.contains(&s.spec.volume) || s.metadata.finalizers.contains(self.name()))
             .collect();
-        if volumes.is_empty() {
+        if volumes.is_empty() && snapshots.is_empty() {
             return Ok(Requeue::OnInputChange);
         }
         let tgtd_ready = ctx
             .get::<TargetStatus>(TGTD_STATUS_ID)?
             .is_some_and(|t| t.spec.engine == Engine::V1 && t.spec.state == ObjectState::Ready);
-        if !tgtd_ready {
-            for v in &volumes {
+        let mut vol_jobs = Vec::new();
+        for v in volumes {
+            if !tgtd_ready {
+                // volumes wait for tgtd; snapshots (files only) go on below
                 let mut s = failed("waiting for tgtd", volume_path_str(&self.store, v.id()));
                 s.state = ObjectState::Creating;
                 ctx.apply(v.id(), s)?;
+                continue;
             }
-            return Ok(Requeue::After(Duration::from_secs(2)));
-        }
-
-        let mut vol_jobs = Vec::new();
-        for v in volumes {
             let deleting = v.metadata.phase == Phase::TearingDown;
             if !deleting {
                 ctx.add_finalizer::<Volume>(v.id())?;
@@ -368,7 +369,11 @@ impl Controller for V1VolumeController {
             }
         }
         // poll: sessions logging out unblock pending expands and deletes
-        Ok(Requeue::After(Duration::from_secs(5)))
+        Ok(Requeue::After(Duration::from_secs(if tgtd_ready {
+            5
+        } else {
+            2
+        })))
     }
 }
 
