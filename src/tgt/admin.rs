@@ -67,8 +67,8 @@ pub enum InitiatorAcl {
 }
 
 impl InitiatorAcl {
-    /// The ACL entry as tgtd shows it under "ACL information" (for addresses) or
-    /// "Initiator names"... tgtd shows both lists under the ACL heading.
+    /// The entry as tgtd lists it under "ACL information" (tgtd 1.0.85 lists
+    /// addresses, subnets, `ALL` and initiator names there alike).
     fn to_tgt(&self) -> String {
         match self {
             Self::All => "ALL".to_string(),
