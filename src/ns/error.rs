@@ -45,6 +45,17 @@ pub enum NsError {
         source: io::Error,
     },
 
+    #[error(
+        "not permitted to open {path} of {target}: needs ptrace read access (CAP_SYS_PTRACE, and a superset of its capabilities)"
+    )]
+    OpenDenied {
+        ns: &'static str,
+        path: PathBuf,
+        target: String,
+        #[source]
+        source: io::Error,
+    },
+
     #[error("cannot unshare the file-system attributes of the worker thread for {target}")]
     UnshareFs {
         target: String,
@@ -168,7 +179,7 @@ pub enum NsError {
 impl NsError {
     /// Whether the error is a missing privilege (EPERM on setns).
     pub fn is_permission_denied(&self) -> bool {
-        matches!(self, Self::EnterDenied { .. })
+        matches!(self, Self::EnterDenied { .. } | Self::OpenDenied { .. })
     }
 
     /// Whether the target process (or the named process) does not exist.

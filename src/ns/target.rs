@@ -451,11 +451,12 @@ fn open_pid(
         ) {
             Ok(fd) => fd,
             Err(e) if is_gone(e) => return Err(OpenFailure::Vanished(path)),
-            Err(Errno::EACCES) | Err(Errno::EPERM) => {
-                return Err(OpenFailure::Other(NsError::EnterDenied {
+            Err(e @ (Errno::EACCES | Errno::EPERM)) => {
+                return Err(OpenFailure::Other(NsError::OpenDenied {
                     ns: kind.name(),
+                    path,
                     target: label.to_string(),
-                    source: io::Error::from(Errno::EACCES),
+                    source: e.into(),
                 }));
             }
             Err(e) => {
