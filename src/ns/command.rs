@@ -9,7 +9,7 @@
 //! ```
 
 use std::ffi::{CStr, CString, OsStr, OsString};
-use std::io::{self, Read, Write};
+use std::io::{self, Read};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
@@ -471,30 +471,25 @@ impl ChildIo<'_> {
             if stdin_ready {
                 self.feed_stdin();
             }
-            if out_ready && let Some(fd) = &self.stdout {
-                if !drain(fd, &mut self.out)? {
-                    self.stdout = None;
-                }
+            if out_ready
+                && let Some(fd) = &self.stdout
+                && !drain(fd, &mut self.out)?
+            {
+                self.stdout = None;
             }
-            if err_ready && let Some(fd) = &self.stderr {
-                if !drain(fd, &mut self.err)? {
-                    self.stderr = None;
-                }
+            if err_ready
+                && let Some(fd) = &self.stderr
+                && !drain(fd, &mut self.err)?
+            {
+                self.stderr = None;
             }
         }
     }
 
     fn feed_stdin(&mut self) {
-        let Some(fd) = &self.stdin else { return };
-        let mut file = std::fs::File::from(match fd.try_clone() {
-            Ok(f) => f,
-            Err(_) => {
-                self.stdin = None;
-                return;
-            }
-        });
         loop {
-            match file.write(self.stdin_data) {
+            let Some(fd) = &self.stdin else { return };
+            match nix::unistd::write(fd, self.stdin_data) {
                 Ok(n) => {
                     self.stdin_data = &self.stdin_data[n..];
                     if self.stdin_data.is_empty() {
@@ -502,8 +497,8 @@ impl ChildIo<'_> {
                         return;
                     }
                 }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(Errno::EAGAIN) => return,
+                Err(Errno::EINTR) => continue,
                 // EPIPE and friends: the program does not want (more) input.
                 Err(_) => {
                     self.stdin = None;
@@ -554,6 +549,12 @@ mod tests {
             .output(&HostRoot::real(), &me(), Namespaces::NET)
             .expect("output");
         assert_eq!(out.stdout.len(), 1_000_000);
+        let out = NsCommand::new("wc")
+            .arg("-c")
+            .stdin_bytes(vec![b'x'; 1_000_000])
+            .output(&HostRoot::real(), &me(), Namespaces::NET)
+            .expect("wc");
+        assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "1000000");
 
         let err = NsCommand::new("sleep")
             .arg("30")
