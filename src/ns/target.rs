@@ -567,7 +567,8 @@ pub fn find_process(root: &HostRoot, name: &str) -> Result<u32, NsError> {
         path: proc_dir.clone(),
         source,
     })?;
-    let own = std::process::id();
+    // Skip ourselves (a talon named like its target), when /proc is in our pid namespace.
+    let own = if root.is_real() { std::process::id() } else { 0 };
     let mut best: Option<(u64, u32)> = None;
     for entry in rd {
         let Ok(entry) = entry else { continue };
