@@ -6,6 +6,7 @@
 //!   talon get / node / rpc ──> client::Client ──UDS──> daemon
 //! ```
 
+pub mod ns;
 pub mod output;
 pub mod volume;
 
@@ -62,6 +63,8 @@ pub enum Command {
     /// Disks: add, list, remove.
     #[command(subcommand)]
     Disk(volume::DiskCommand),
+    /// Host operations that need no daemon.
+    Host(HostArgs),
     /// Call any API method with JSON params (for operators and scripts).
     Rpc {
         /// Method name, e.g. `node_info`.
@@ -93,6 +96,24 @@ pub struct ServeArgs {
     /// Where the host's / is (when talon runs in a container with the host mounted).
     #[arg(long, default_value = "/")]
     pub host_root: PathBuf,
+}
+
+/// `talon host`.
+#[derive(Debug, clap::Args)]
+pub struct HostArgs {
+    /// Where the host's / is (when talon runs in a container with the host mounted).
+    #[arg(long, global = true, default_value = "/")]
+    pub host_root: PathBuf,
+    #[command(subcommand)]
+    pub command: HostCommand,
+}
+
+/// `talon host ...`.
+#[derive(Debug, Subcommand)]
+pub enum HostCommand {
+    /// Run programs and read files inside another process's namespaces.
+    #[command(flatten)]
+    Ns(ns::HostNsCommand),
 }
 
 /// `talon get`.
@@ -190,6 +211,12 @@ async fn run(cli: Cli) -> Result<ExitCode, CliError> {
             volume::run_snapshot(&Client::connect_unix(&cli.socket).await?, cmd).await?
         }
         Command::Disk(cmd) => volume::run_disk(&Client::connect_unix(&cli.socket).await?, cmd).await?,
+        Command::Host(h) => {
+            let root = crate::host::HostRoot::new(&h.host_root);
+            match h.command {
+                HostCommand::Ns(cmd) => return tokio::task::block_in_place(|| ns::run(cmd, &root)).map_err(|e| e.to_string().into()),
+            }
+        }
         Command::Rpc { method, params } => {
             let params: serde_json::Value =
                 serde_json::from_str(&params).map_err(|e| format!("params are not JSON: {e}"))?;
