@@ -32,15 +32,25 @@ fn vm_guest_steps() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     if out.status.code() == Some(77) {
-        let reason = stdout.lines().find(|l| l.starts_with("SKIP")).unwrap_or("SKIP vm-tests: run.sh exit 77");
+        let reason = stdout
+            .lines()
+            .find(|l| l.starts_with("SKIP"))
+            .unwrap_or("SKIP vm-tests: run.sh exit 77");
         eprintln!("SKIP vm_guest_steps: {reason}");
         return;
     }
     println!("{stdout}");
     eprintln!("{stderr}");
     let summary = stdout.lines().rev().find(|l| l.starts_with("vm-tests:"));
-    assert!(out.status.success(), "vm guest tests failed: {}", summary.unwrap_or("no summary line"));
+    assert!(
+        out.status.success(),
+        "vm guest tests failed: {}",
+        summary.unwrap_or("no summary line")
+    );
     let summary = summary.expect("run.sh prints a vm-tests summary line");
     assert!(summary.ends_with(" 0 failed"), "{summary}");
-    assert!(!summary.starts_with("vm-tests: 0 passed"), "no step ran: {summary}");
+    assert!(
+        !summary.starts_with("vm-tests: 0 passed"),
+        "no step ran: {summary}"
+    );
 }

@@ -31,7 +31,10 @@ impl DevNum {
     /// Parses a sysfs `dev` attribute (`"259:3"`).
     pub fn parse(s: &str) -> Option<Self> {
         let (a, b) = s.trim().split_once(':')?;
-        Some(Self { major: a.parse().ok()?, minor: b.parse().ok()? })
+        Some(Self {
+            major: a.parse().ok()?,
+            minor: b.parse().ok()?,
+        })
     }
 }
 
@@ -48,7 +51,12 @@ pub fn stable_path(volume: &ObjectName) -> PathBuf {
 
 /// Creates (or atomically replaces) `/dev/talon/<volume>` as a block node for `dev`.
 /// `device` names the kernel device for the error message.
-pub fn create(root: &HostRoot, volume: &ObjectName, device: &str, dev: DevNum) -> Result<PathBuf, AttachError> {
+pub fn create(
+    root: &HostRoot,
+    volume: &ObjectName,
+    device: &str,
+    dev: DevNum,
+) -> Result<PathBuf, AttachError> {
     let host_path = stable_path(volume);
     let path = root.path(&host_path);
     let dir = root.path(DEV_DIR);
@@ -65,8 +73,13 @@ pub fn create(root: &HostRoot, volume: &ObjectName, device: &str, dev: DevNum) -
     }
     let tmp = dir.join(format!(".{volume}.tmp"));
     let _ = fs::remove_file(&tmp);
-    mknod(&tmp, SFlag::S_IFBLK, Mode::from_bits_truncate(0o660), makedev(dev.major, dev.minor))
-        .map_err(|e| err(e.into()))?;
+    mknod(
+        &tmp,
+        SFlag::S_IFBLK,
+        Mode::from_bits_truncate(0o660),
+        makedev(dev.major, dev.minor),
+    )
+    .map_err(|e| err(e.into()))?;
     if let Err(e) = fs::rename(&tmp, &path) {
         let _ = fs::remove_file(&tmp);
         return Err(err(e));
@@ -79,12 +92,16 @@ pub fn create(root: &HostRoot, volume: &ObjectName, device: &str, dev: DevNum) -
 pub fn current(root: &HostRoot, volume: &ObjectName) -> Result<Option<DevNum>, AttachError> {
     let host_path = stable_path(volume);
     match fs::symlink_metadata(root.path(&host_path)) {
-        Ok(m) if m.file_type().is_block_device() => {
-            Ok(Some(DevNum { major: major(m.rdev()), minor: minor(m.rdev()) }))
-        }
+        Ok(m) if m.file_type().is_block_device() => Ok(Some(DevNum {
+            major: major(m.rdev()),
+            minor: minor(m.rdev()),
+        })),
         Ok(_) => Err(AttachError::ForeignDevicePath { path: host_path }),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(source) => Err(AttachError::RemoveDevicePath { path: host_path, source }),
+        Err(source) => Err(AttachError::RemoveDevicePath {
+            path: host_path,
+            source,
+        }),
     }
 }
 
@@ -97,7 +114,10 @@ pub fn remove(root: &HostRoot, volume: &ObjectName) -> Result<(), AttachError> {
     match fs::remove_file(root.path(&host_path)) {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-        Err(source) => Err(AttachError::RemoveDevicePath { path: host_path, source }),
+        Err(source) => Err(AttachError::RemoveDevicePath {
+            path: host_path,
+            source,
+        }),
     }
 }
 

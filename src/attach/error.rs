@@ -47,16 +47,31 @@ pub enum AttachError {
     },
 
     #[error("connecting to {nqn} at {addr} did not finish within {waited:?} (target unreachable?)")]
-    ConnectTimedOut { nqn: String, addr: String, waited: Duration },
+    ConnectTimedOut {
+        nqn: String,
+        addr: String,
+        waited: Duration,
+    },
 
     #[error("the kernel answered the connect to {nqn} with {reply:?}, not instance=N,cntlid=M")]
     ConnectReply { nqn: String, reply: String },
 
     #[error("controller {controller} for {nqn} went away while attaching (state {state})")]
-    ControllerVanished { controller: String, nqn: String, state: String },
+    ControllerVanished {
+        controller: String,
+        nqn: String,
+        state: String,
+    },
 
-    #[error("controller {controller} for {nqn} shows no namespace {nsid} after {waited:?}; it was disconnected")]
-    NamespaceNotFound { controller: String, nqn: String, nsid: u32, waited: Duration },
+    #[error(
+        "controller {controller} for {nqn} shows no namespace {nsid} after {waited:?}; it was disconnected"
+    )]
+    NamespaceNotFound {
+        controller: String,
+        nqn: String,
+        nsid: u32,
+        waited: Duration,
+    },
 
     #[error("cannot delete controller {controller}")]
     DeleteController {
@@ -106,8 +121,12 @@ impl AttachError {
             Some(libc::EHOSTUNREACH) | Some(libc::ENETUNREACH) => ": no route to the target",
             Some(libc::ETIMEDOUT) => ": the target did not answer",
             Some(libc::EALREADY) => ": a controller with these options already exists",
-            Some(libc::EINVAL) => ": the kernel rejected the options or the subsystem NQN is unknown to the target",
-            Some(libc::EIO) => ": the target refused the connect (unknown subsystem NQN or host not allowed?)",
+            Some(libc::EINVAL) => {
+                ": the kernel rejected the options or the subsystem NQN is unknown to the target"
+            }
+            Some(libc::EIO) => {
+                ": the target refused the connect (unknown subsystem NQN or host not allowed?)"
+            }
             _ => "",
         }
     }

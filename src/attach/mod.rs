@@ -6,7 +6,7 @@
 //! ```
 //! - [`nvme_tcp`]: the kernel NVMe/TCP initiator, driven through `/dev/nvme-fabrics` and sysfs.
 //! - [`devpath`]: the stable path `/dev/talon/<volume>`.
-//! - [`error`]: [`AttachError`].
+//! - [`error`]: the module's error type, `AttachError`.
 
 pub mod devpath;
 pub mod error;

@@ -99,7 +99,10 @@ impl ConnectOptions {
     fn validate(&self) -> Result<(), AttachError> {
         let bad = |option, reason: String| Err(AttachError::InvalidOption { option, reason });
         if !(1..=MAX_IO_QUEUES).contains(&self.nr_io_queues) {
-            return bad("nr_io_queues", format!("{} is not in 1..={MAX_IO_QUEUES}", self.nr_io_queues));
+            return bad(
+                "nr_io_queues",
+                format!("{} is not in 1..={MAX_IO_QUEUES}", self.nr_io_queues),
+            );
         }
         if self.reconnect_delay == 0 {
             return bad("reconnect_delay", "must be at least 1 second".into());
@@ -107,10 +110,16 @@ impl ConnectOptions {
         if let Some(t) = self.ctrl_loss_tmo
             && t < self.reconnect_delay
         {
-            return bad("ctrl_loss_tmo", format!("{t} s is shorter than reconnect_delay {} s", self.reconnect_delay));
+            return bad(
+                "ctrl_loss_tmo",
+                format!("{t} s is shorter than reconnect_delay {} s", self.reconnect_delay),
+            );
         }
         if !(1..=255).contains(&self.keep_alive_tmo) {
-            return bad("keep_alive_tmo", format!("{} is not in 1..=255", self.keep_alive_tmo));
+            return bad(
+                "keep_alive_tmo",
+                format!("{} is not in 1..=255", self.keep_alive_tmo),
+            );
         }
         if self.nsid == 0 || self.nsid == u32::MAX {
             return bad("nsid", format!("{} is not a namespace ID", self.nsid));
@@ -133,8 +142,10 @@ impl HostIdentity {
         if let Some(nqn) = root.read_attr_opt("/etc/nvme/hostnqn")?
             && !nqn.is_empty()
         {
-            let hostnqn = Nqn::parse(&nqn)
-                .map_err(|source| AttachError::InvalidHostNqn { path: "/etc/nvme/hostnqn".into(), source })?;
+            let hostnqn = Nqn::parse(&nqn).map_err(|source| AttachError::InvalidHostNqn {
+                path: "/etc/nvme/hostnqn".into(),
+                source,
+            })?;
             let hostid = match root.read_attr_opt("/etc/nvme/hostid")? {
                 Some(id) if !id.is_empty() => parse_hostid(Path::new("/etc/nvme/hostid"), &id)?,
                 // nvme-cli derives the host ID from a uuid-style host NQN
@@ -149,17 +160,29 @@ impl HostIdentity {
         let nqn_path = dir.join("hostnqn");
         let id_path = dir.join("hostid");
         if let (Ok(nqn), Ok(id)) = (fs::read_to_string(&nqn_path), fs::read_to_string(&id_path)) {
-            let hostnqn = Nqn::parse(nqn.trim())
-                .map_err(|source| AttachError::InvalidHostNqn { path: nqn_path.clone(), source })?;
-            return Ok(Self { hostnqn, hostid: parse_hostid(&id_path, &id)? });
+            let hostnqn = Nqn::parse(nqn.trim()).map_err(|source| AttachError::InvalidHostNqn {
+                path: nqn_path.clone(),
+                source,
+            })?;
+            return Ok(Self {
+                hostnqn,
+                hostid: parse_hostid(&id_path, &id)?,
+            });
         }
         let hostid = uuid::Uuid::new_v4();
-        let hostnqn = Nqn::parse(&format!("nqn.2014-08.org.nvmexpress:uuid:{hostid}"))
-            .map_err(|source| AttachError::InvalidHostNqn { path: nqn_path.clone(), source })?;
+        let hostnqn = Nqn::parse(&format!("nqn.2014-08.org.nvmexpress:uuid:{hostid}")).map_err(|source| {
+            AttachError::InvalidHostNqn {
+                path: nqn_path.clone(),
+                source,
+            }
+        })?;
         let store = |path: &Path, value: &str| {
             fs::create_dir_all(&dir)
                 .and_then(|()| write_atomic(path, value))
-                .map_err(|source| AttachError::StoreHostIdentity { path: path.to_path_buf(), source })
+                .map_err(|source| AttachError::StoreHostIdentity {
+                    path: path.to_path_buf(),
+                    source,
+                })
         };
         store(&id_path, &format!("{hostid}\n"))?;
         store(&nqn_path, &format!("{hostnqn}\n"))?;
@@ -168,8 +191,10 @@ impl HostIdentity {
 }
 
 fn parse_hostid(path: &Path, s: &str) -> Result<uuid::Uuid, AttachError> {
-    uuid::Uuid::parse_str(s.trim())
-        .map_err(|_| AttachError::InvalidHostId { path: path.to_path_buf(), value: s.trim().to_string() })
+    uuid::Uuid::parse_str(s.trim()).map_err(|_| AttachError::InvalidHostId {
+        path: path.to_path_buf(),
+        value: s.trim().to_string(),
+    })
 }
 
 fn write_atomic(path: &Path, value: &str) -> std::io::Result<()> {
@@ -188,8 +213,14 @@ pub fn option_string(
     opts.validate()?;
     let mut s = format!(
         "transport=tcp,traddr={},trsvcid={},nqn={},hostnqn={},hostid={},nr_io_queues={},reconnect_delay={},keep_alive_tmo={}",
-        target.traddr, target.trsvcid, target.nqn, host.hostnqn, host.hostid, opts.nr_io_queues,
-        opts.reconnect_delay, opts.keep_alive_tmo,
+        target.traddr,
+        target.trsvcid,
+        target.nqn,
+        host.hostnqn,
+        host.hostid,
+        opts.nr_io_queues,
+        opts.reconnect_delay,
+        opts.keep_alive_tmo,
     );
     match opts.ctrl_loss_tmo {
         Some(t) => s.push_str(&format!(",ctrl_loss_tmo={t}")),
@@ -209,7 +240,10 @@ impl ConnectReply {
     /// Parses `instance=N,cntlid=M`.
     pub fn parse(reply: &str) -> Option<Self> {
         let kv = parse_kv(reply);
-        Some(Self { instance: kv.get("instance")?.parse().ok()?, cntlid: kv.get("cntlid")?.parse().ok()? })
+        Some(Self {
+            instance: kv.get("instance")?.parse().ok()?,
+            cntlid: kv.get("cntlid")?.parse().ok()?,
+        })
     }
 
     /// The controller's name, `nvmeN`.
@@ -219,7 +253,11 @@ impl ConnectReply {
 }
 
 fn parse_kv(s: &str) -> BTreeMap<&str, &str> {
-    s.trim().split(',').filter_map(|kv| kv.split_once('=')).map(|(k, v)| (k.trim(), v.trim())).collect()
+    s.trim()
+        .split(',')
+        .filter_map(|kv| kv.split_once('='))
+        .map(|(k, v)| (k.trim(), v.trim()))
+        .collect()
 }
 
 /// Writes `options` to `/dev/nvme-fabrics` and returns the kernel's one-line reply. This is the
@@ -272,7 +310,8 @@ impl Controller {
 }
 
 fn is_ctrl_name(n: &str) -> bool {
-    n.strip_prefix("nvme").is_some_and(|d| !d.is_empty() && d.bytes().all(|b| b.is_ascii_digit()))
+    n.strip_prefix("nvme")
+        .is_some_and(|d| !d.is_empty() && d.bytes().all(|b| b.is_ascii_digit()))
 }
 
 /// Reads one controller, `None` when it is gone.
@@ -281,9 +320,8 @@ pub fn read_controller(root: &HostRoot, name: &str) -> Result<Option<Controller>
     let Some(state) = root.read_attr_opt(dir.join("state"))? else {
         return Ok(None);
     };
-    let attr = |a: &str| -> Result<String, AttachError> {
-        Ok(root.read_attr_opt(dir.join(a))?.unwrap_or_default())
-    };
+    let attr =
+        |a: &str| -> Result<String, AttachError> { Ok(root.read_attr_opt(dir.join(a))?.unwrap_or_default()) };
     Ok(Some(Controller {
         name: name.to_string(),
         transport: attr("transport")?,
@@ -358,7 +396,10 @@ struct Backoff {
 
 impl Backoff {
     fn new(bound: Duration) -> Self {
-        Self { next: Duration::from_millis(2), deadline: Instant::now() + bound }
+        Self {
+            next: Duration::from_millis(2),
+            deadline: Instant::now() + bound,
+        }
     }
     /// Sleeps once; false when the bound is reached.
     fn wait(&mut self) -> bool {
@@ -421,16 +462,26 @@ pub fn wait_namespace(
 /// Disconnects a controller with `delete_controller` and waits (bounded) until it is gone.
 /// A controller that is already gone is fine.
 pub fn delete_controller(root: &HostRoot, ctrl: &str, bound: Duration) -> Result<(), AttachError> {
-    let attr = PathBuf::from("/sys/class/nvme").join(ctrl).join("delete_controller");
+    let attr = PathBuf::from("/sys/class/nvme")
+        .join(ctrl)
+        .join("delete_controller");
     match root.write_str(&attr, "1") {
         Ok(()) => {}
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-        Err(source) => return Err(AttachError::DeleteController { controller: ctrl.into(), source }),
+        Err(source) => {
+            return Err(AttachError::DeleteController {
+                controller: ctrl.into(),
+                source,
+            });
+        }
     }
     let mut backoff = Backoff::new(bound);
     while root.exists(PathBuf::from("/sys/class/nvme").join(ctrl).join("state")) {
         if !backoff.wait() {
-            return Err(AttachError::DeleteTimedOut { controller: ctrl.into(), waited: bound });
+            return Err(AttachError::DeleteTimedOut {
+                controller: ctrl.into(),
+                waited: bound,
+            });
         }
     }
     Ok(())
@@ -460,9 +511,18 @@ pub struct VolumeLock {
 /// of one volume cannot interleave.
 pub fn lock_volume(data_dir: &Path, volume: &ObjectName) -> Result<VolumeLock, AttachError> {
     let path = data_dir.join("locks").join(format!("attach-{volume}.lock"));
-    let err = |source| AttachError::Lock { volume: volume.to_string(), path: path.clone(), source };
+    let err = |source| AttachError::Lock {
+        volume: volume.to_string(),
+        path: path.clone(),
+        source,
+    };
     fs::create_dir_all(data_dir.join("locks")).map_err(err)?;
-    let file = fs::OpenOptions::new().create(true).truncate(false).write(true).open(&path).map_err(err)?;
+    let file = fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(err)?;
     file.lock().map_err(err)?;
     Ok(VolumeLock { _file: file })
 }
@@ -492,7 +552,9 @@ pub fn attach_with(
     opts.validate()?;
     let _lock = lock_volume(data_dir, volume)?;
     let nqn = &target.nqn;
-    let live = list_controllers(root)?.into_iter().find(|c| c.matches(target) && c.state == "live");
+    let live = list_controllers(root)?
+        .into_iter()
+        .find(|c| c.matches(target) && c.state == "live");
     let (controller, reused) = match live {
         Some(c) => {
             tracing::info!(controller = %c.name, %nqn, "reusing the live controller");
@@ -514,7 +576,13 @@ pub fn attach_with(
     let (device, dev) =
         wait_namespace(root, &controller, nqn, opts.nsid, opts.namespace_timeout).map_err(undo)?;
     let stable_path = devpath::create(root, volume, &device, dev).map_err(undo)?;
-    Ok(Attached { controller, device, dev, stable_path, reused })
+    Ok(Attached {
+        controller,
+        device,
+        dev,
+        stable_path,
+        reused,
+    })
 }
 
 /// Runs `connect` on a thread and waits at most `bound`. A connect that finishes after the
@@ -550,18 +618,32 @@ fn connect_bounded(
             // the result may have been sent just before the flag was set
             match rx.try_recv() {
                 Ok(res) => res,
-                Err(_) => return Err(AttachError::ConnectTimedOut { nqn, addr: target.addr(), waited: bound }),
+                Err(_) => {
+                    return Err(AttachError::ConnectTimedOut {
+                        nqn,
+                        addr: target.addr(),
+                        waited: bound,
+                    });
+                }
             }
         }
     };
     let reply = match res {
         Ok(r) => r,
         Err(FabricsError::Open(source)) => {
-            return Err(AttachError::OpenFabrics { path: FABRICS_DEV.into(), source });
+            return Err(AttachError::OpenFabrics {
+                path: FABRICS_DEV.into(),
+                source,
+            });
         }
         Err(FabricsError::Write(source)) => {
             let hint = AttachError::connect_hint(&source);
-            return Err(AttachError::Connect { nqn, addr: target.addr(), hint, source });
+            return Err(AttachError::Connect {
+                nqn,
+                addr: target.addr(),
+                hint,
+                source,
+            });
         }
     };
     match ConnectReply::parse(&reply) {
@@ -595,7 +677,11 @@ fn controllers_of_block(root: &HostRoot, blk: &str) -> Result<Vec<String>, Attac
     }
     if parent.starts_with("nvme-subsys") {
         let dir = PathBuf::from("/sys/class/nvme-subsystem").join(&parent);
-        return Ok(root.list_dir(dir)?.into_iter().filter(|n| is_ctrl_name(n)).collect());
+        return Ok(root
+            .list_dir(dir)?
+            .into_iter()
+            .filter(|n| is_ctrl_name(n))
+            .collect());
     }
     Ok(Vec::new())
 }
@@ -618,18 +704,27 @@ pub fn detach(
     }
     let all = list_controllers(root)?;
     if let Some(nqn) = nqn {
-        names.extend(all.iter().filter(|c| c.subsysnqn == nqn.as_str()).map(|c| c.name.clone()));
+        names.extend(
+            all.iter()
+                .filter(|c| c.subsysnqn == nqn.as_str())
+                .map(|c| c.name.clone()),
+        );
     }
     names.sort();
     names.dedup();
-    let tcp: Vec<String> =
-        names.into_iter().filter(|n| all.iter().any(|c| &c.name == n && c.transport == "tcp")).collect();
+    let tcp: Vec<String> = names
+        .into_iter()
+        .filter(|n| all.iter().any(|c| &c.name == n && c.transport == "tcp"))
+        .collect();
     let removed_path = devpath::current(root, volume)?.is_some();
     devpath::remove(root, volume)?;
     for c in &tcp {
         delete_controller(root, c, Duration::from_secs(10))?;
     }
-    Ok(Detached { controllers: tcp, removed_path })
+    Ok(Detached {
+        controllers: tcp,
+        removed_path,
+    })
 }
 
 #[cfg(test)]
@@ -660,32 +755,63 @@ mod tests {
         assert_eq!(
             keys,
             [
-                "ctrl_loss_tmo", "hostid", "hostnqn", "keep_alive_tmo", "nqn", "nr_io_queues", "reconnect_delay",
-                "traddr", "transport", "trsvcid"
+                "ctrl_loss_tmo",
+                "hostid",
+                "hostnqn",
+                "keep_alive_tmo",
+                "nqn",
+                "nr_io_queues",
+                "reconnect_delay",
+                "traddr",
+                "transport",
+                "trsvcid"
             ]
         );
         assert_eq!(s.split(',').count(), 10, "{s}");
         assert_eq!(kv["nr_io_queues"], "4");
         assert_eq!(kv["nqn"], "nqn.2025-01.io.talon:vol:v1");
-        let v6 = NvmeTcpTarget { traddr: "fd00::1".parse().expect("ip"), ..target() };
+        let v6 = NvmeTcpTarget {
+            traddr: "fd00::1".parse().expect("ip"),
+            ..target()
+        };
         let s = option_string(&v6, &host(), &ConnectOptions::default()).expect("options");
         assert!(s.contains(",traddr=fd00::1,"), "{s}");
     }
 
     #[test]
     fn options_are_bounded() {
-        let bad = ConnectOptions { nr_io_queues: 127, ..Default::default() };
+        let bad = ConnectOptions {
+            nr_io_queues: 127,
+            ..Default::default()
+        };
         let err = option_string(&target(), &host(), &bad).expect_err("127 queues");
         assert!(err.to_string().contains("nr_io_queues"), "{err}");
-        let bad = ConnectOptions { ctrl_loss_tmo: Some(1), reconnect_delay: 5, ..Default::default() };
+        let bad = ConnectOptions {
+            ctrl_loss_tmo: Some(1),
+            reconnect_delay: 5,
+            ..Default::default()
+        };
         assert!(option_string(&target(), &host(), &bad).is_err());
-        let inf = ConnectOptions { ctrl_loss_tmo: None, ..Default::default() };
-        assert!(option_string(&target(), &host(), &inf).expect("ok").ends_with(",ctrl_loss_tmo=-1"));
+        let inf = ConnectOptions {
+            ctrl_loss_tmo: None,
+            ..Default::default()
+        };
+        assert!(
+            option_string(&target(), &host(), &inf)
+                .expect("ok")
+                .ends_with(",ctrl_loss_tmo=-1")
+        );
     }
 
     #[test]
     fn parses_replies() {
-        assert_eq!(ConnectReply::parse("instance=3,cntlid=1\n"), Some(ConnectReply { instance: 3, cntlid: 1 }));
+        assert_eq!(
+            ConnectReply::parse("instance=3,cntlid=1\n"),
+            Some(ConnectReply {
+                instance: 3,
+                cntlid: 1
+            })
+        );
         assert_eq!(ConnectReply::parse("instance=x"), None);
         assert_eq!(ConnectReply::parse(""), None);
         assert_eq!(parse_ns_name("nvme0c1n2"), Some((0, Some(1), 2)));

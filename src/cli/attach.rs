@@ -114,7 +114,9 @@ pub fn run_attach(args: AttachArgs) -> Result<(), Box<dyn std::error::Error>> {
     let nqn = parse_nqn(a.nqn.as_deref(), &volume)?;
     let ctrl_loss_tmo = match a.ctrl_loss_tmo {
         -1 => None,
-        t => Some(u32::try_from(t).map_err(|_| format!("invalid --ctrl-loss-tmo {t}: use -1 or 0..=4294967295"))?),
+        t => Some(
+            u32::try_from(t).map_err(|_| format!("invalid --ctrl-loss-tmo {t}: use -1 or 0..=4294967295"))?,
+        ),
     };
     let opts = ConnectOptions {
         nr_io_queues: a.nr_io_queues,
@@ -125,7 +127,11 @@ pub fn run_attach(args: AttachArgs) -> Result<(), Box<dyn std::error::Error>> {
         connect_timeout: Duration::from_secs(a.connect_timeout),
         namespace_timeout: Duration::from_secs(a.namespace_timeout),
     };
-    let target = NvmeTcpTarget { traddr: a.traddr, trsvcid: a.trsvcid, nqn };
+    let target = NvmeTcpTarget {
+        traddr: a.traddr,
+        trsvcid: a.trsvcid,
+        nqn,
+    };
     let at = nvme_tcp::attach(&HostRoot::real(), &a.data_dir, &volume, &target, &opts)?;
     println!(
         "device=/dev/{} path={} controller={} reused={}",
@@ -143,6 +149,10 @@ pub fn run_detach(args: DetachArgs) -> Result<(), Box<dyn std::error::Error>> {
     let volume = ObjectName::parse("volume", &a.volume)?;
     let nqn = a.nqn.as_deref().map(Nqn::parse).transpose()?;
     let d = nvme_tcp::detach(&HostRoot::real(), &a.data_dir, &volume, nqn.as_ref())?;
-    println!("controllers={} removed_path={}", d.controllers.join(","), d.removed_path);
+    println!(
+        "controllers={} removed_path={}",
+        d.controllers.join(","),
+        d.removed_path
+    );
     Ok(())
 }
