@@ -90,6 +90,23 @@ echo "rc=$rc after $(el $T)s; tcp controllers: [$(ctrls)]"
 check [ $rc != 0 ]
 check [ -z "$(ctrls)" ]
 
+echo "--- a target that accepts TCP but never answers the ICReq: bounded by --connect-timeout"
+# stdin from a fifo held open by this shell: nc keeps the connection open and silent
+mkfifo /tmp/nc.in
+exec 5<>/tmp/nc.in
+nc -l -p 4998 </tmp/nc.in >/tmp/nc.out 2>&1 &
+NC=$!
+sleep 0.2
+T=$(up)
+talon attach nvme-tcp --volume hang --traddr 127.0.0.1 --trsvcid 4998 --nqn $NQN --connect-timeout 2 2>&1 | tee /tmp/hang.err
+echo "after $(el $T)s; ICReq bytes the listener got: $(wc -c </tmp/nc.out)"
+grep -q 'did not finish within' /tmp/hang.err || { echo "FAILED: no timeout error"; fail=1; }
+kill $NC 2>/dev/null; wait $NC 2>/dev/null; exec 5>&-
+i=0; while [ -n "$(ctrls)" ] && [ $i -lt 50 ]; do sleep 0.1; i=$((i+1)); done
+echo "tcp controllers: [$(ctrls)]"
+check [ -z "$(ctrls)" ]
+check [ ! -e /dev/talon/hang ]
+
 echo "--- option injection through the volume name is refused"
 talon attach nvme-tcp --volume 'x,traddr=1.2.3.4' --traddr 127.0.0.1 --trsvcid $PORT --nqn $NQN; rc=$?
 check [ $rc != 0 ]
