@@ -100,7 +100,7 @@ pub struct NvmeTcpDetachArgs {
     pub data_dir: PathBuf,
 }
 
-fn parse_nqn(nqn: Option<&str>, volume: &ObjectName) -> Result<Nqn, Box<dyn std::error::Error>> {
+fn parse_nqn(nqn: Option<&str>, volume: &ObjectName) -> Result<Nqn, super::CliError> {
     Ok(match nqn {
         Some(n) => Nqn::parse(n)?,
         None => Nqn::for_volume(volume),
@@ -108,7 +108,7 @@ fn parse_nqn(nqn: Option<&str>, volume: &ObjectName) -> Result<Nqn, Box<dyn std:
 }
 
 /// Runs `talon attach`.
-pub fn run_attach(args: AttachArgs) -> Result<(), Box<dyn std::error::Error>> {
+pub fn run_attach(args: AttachArgs) -> Result<(), super::CliError> {
     let AttachFrontend::NvmeTcp(a) = args.frontend;
     let volume = ObjectName::parse("volume", &a.volume)?;
     let nqn = parse_nqn(a.nqn.as_deref(), &volume)?;
@@ -144,7 +144,7 @@ pub fn run_attach(args: AttachArgs) -> Result<(), Box<dyn std::error::Error>> {
 }
 
 /// Runs `talon detach`.
-pub fn run_detach(args: DetachArgs) -> Result<(), Box<dyn std::error::Error>> {
+pub fn run_detach(args: DetachArgs) -> Result<(), super::CliError> {
     let DetachFrontend::NvmeTcp(a) = args.frontend;
     let volume = ObjectName::parse("volume", &a.volume)?;
     let nqn = a.nqn.as_deref().map(Nqn::parse).transpose()?;
