@@ -82,7 +82,8 @@ T_ALL=$(now)
 
 # ------------------------------------------------------------------ steps
 if [ -z "$STEPS" ]; then
-	STEPS=$(cd "$STEPS_DIR" && ls -- *.sh | sed 's/\.sh$//' | paste -sd, -)
+	# every step, modules first (it checks what all others rely on), then by name
+	STEPS=$(cd "$STEPS_DIR" && ls -- *.sh | sed 's/\.sh$//' | awk '$0=="modules"{print; next} {r[++n]=$0} END{for(i=1;i<=n;i++) print r[i]}' | paste -sd, -)
 fi
 IFS=, read -r -a STEP_LIST <<<"$STEPS"
 for s in "${STEP_LIST[@]}"; do
@@ -242,7 +243,12 @@ cp "$ROOT/usr/sbin/nvme" "$STAGE/usr/sbin/"
 cp "$ROOT/sbin/iscsiadm" "$ROOT/sbin/iscsid" "$ROOT/sbin/iscsi-iname" "$STAGE/sbin/"
 cp "$ROOT/etc/iscsi/iscsid.conf" "$STAGE/etc/iscsi/"
 cp "$ROOT/usr/bin/fio" "$STAGE/usr/bin/"
-cp "$TALON_BIN" "$STAGE/usr/bin/talon"
+# without debug info (a debug build is >100 MB; the guest loads the initramfs at TCG speed)
+if command -v objcopy >/dev/null; then
+	objcopy --strip-debug "$TALON_BIN" "$STAGE/usr/bin/talon"
+else
+	cp "$TALON_BIN" "$STAGE/usr/bin/talon"
+fi
 # shared libraries: the extracted tree first, then the host (talon links against the host's glibc)
 for b in "${BINS[@]}" "$TALON_BIN"; do
 	LD_LIBRARY_PATH=$HOSTLIBS ldd "$b" | awk '/=> \//{print $1, $3} /^\t\/lib64/{print "INTERP", $1}'
