@@ -40,6 +40,13 @@ fn vm_guest_steps() {
         return;
     }
     println!("{stdout}");
+    for skip in stdout
+        .lines()
+        .filter_map(|l| l.strip_prefix("vm: step "))
+        .filter(|l| l.contains(" SKIP: "))
+    {
+        eprintln!("SKIP vm_guest_steps/{skip}");
+    }
     eprintln!("{stderr}");
     let summary = stdout.lines().rev().find(|l| l.starts_with("vm-tests:"));
     assert!(

@@ -35,7 +35,9 @@
 #   the guest and `pid <PID>` for each process the harness must stop at exit. The check phase sees
 #   the guest log in $TALON_VM_GUEST_LOG; its exit status counts as step "<name>.host".
 #   Host-side tgtd: `tgtd` of the host (package tgt, tests/apt-packages.txt). SPDK: the hooks look
-#   at TALON_SPDK_DIR themselves and print "skip <reason>" on stdout to skip the step.
+#   at TALON_SPDK_DIR themselves; a setup that prints "skip <reason>" (and exits 0) skips the step:
+#   it is not run, not counted, and reported as "step <name> SKIP: <reason>".
+#   Helpers to source from hooks: $TALON_VM_HOST_LIB/tgtd.sh, $TALON_VM_HOST_LIB/spdk.sh.
 #
 # Env knobs:
 #   TALON_VM_CACHE=/var/cache/talon-vm   downloaded .debs and the extracted tree (reused across runs)
@@ -278,15 +280,13 @@ echo "root:x:0:0:root:/root:/bin/sh" >"$STAGE/etc/passwd"
 echo "root:x:0:" >"$STAGE/etc/group"
 cp "$HERE/guest/init" "$STAGE/init"
 chmod +x "$STAGE/init"
+: >"$STAGE/steps/order"
 for s in "${STEP_LIST[@]}"; do
-	if [ -n "${STEP_SKIP[$s]:-}" ]; then
-		printf '#!/bin/sh\necho "SKIP %s: %s"\nexit 0\n' "$s" "${STEP_SKIP[$s]}" >"$STAGE/steps/$s.sh"
-	else
-		cp "$STEPS_DIR/$s.sh" "$STAGE/steps/$s.sh"
-	fi
+	[ -n "${STEP_SKIP[$s]:-}" ] && continue
+	cp "$STEPS_DIR/$s.sh" "$STAGE/steps/$s.sh"
 	chmod +x "$STAGE/steps/$s.sh"
+	echo "$s" >>"$STAGE/steps/order"
 done
-printf '%s\n' "${STEP_LIST[@]}" >"$STAGE/steps/order"
 {
 	echo "export TALON_HOST_ADDR=10.0.2.2"
 	echo "export TALON_NVME_SERIAL=talon-test-1"
@@ -340,7 +340,11 @@ say "qemu exit $QRC (124 = timeout after ${TIMEOUT}s); wall $(elapsed "$T_BOOT" 
 PASS=0
 FAIL=0
 export TALON_VM_GUEST_LOG=$LOG
+SKIPPED=0
 for s in "${STEP_LIST[@]}"; do
+	if [ -n "${STEP_SKIP[$s]:-}" ]; then
+		SKIPPED=$((SKIPPED + 1)); say "step $s SKIP: ${STEP_SKIP[$s]}"; continue
+	fi
 	r=$(grep -m1 -E "@@ STEP $s (PASS|FAIL)" "$LOG" | sed 's/^[0-9.]* @@ STEP //' || true)
 	if [ -z "$r" ]; then r="$s FAIL (no result: guest crashed or timed out)"; fi
 	case "$r" in *" PASS"*) PASS=$((PASS + 1)) ;; *) FAIL=$((FAIL + 1)) ;; esac
@@ -360,5 +364,6 @@ if [ "$FAIL" != 0 ]; then
 	tail -80 "$LOG" | cut -d' ' -f2-
 fi
 say "timings: packages ${T_PKG}s, initramfs ${T_BUILD}s, total $(elapsed "$T_ALL" "$(now)")s"
+[ "$SKIPPED" = 0 ] || say "$SKIPPED step(s) skipped (see the SKIP lines)"
 echo "vm-tests: $PASS passed, $FAIL failed" | tee -a "$SUMMARY"
 [ "$FAIL" = 0 ] || exit 1
