@@ -75,7 +75,10 @@ fn delete_double(root: &HostRoot) -> std::thread::JoinHandle<()> {
             for c in list_controllers(&root).expect("list") {
                 let p = root.path(format!("/sys/class/nvme/{}/delete_controller", c.name));
                 if fs::read_to_string(&p).map(|s| s.trim() == "1").unwrap_or(false) {
-                    fs::remove_dir_all(root.path(format!("/sys/class/nvme/{}", c.name))).expect("rm");
+                    // gone at once, like the kernel's device removal
+                    let gone = root.path(format!("/sys/class/nvme/.gone-{}", c.name));
+                    fs::rename(root.path(format!("/sys/class/nvme/{}", c.name)), &gone).expect("rename");
+                    fs::remove_dir_all(gone).expect("rm");
                 }
             }
             std::thread::sleep(Duration::from_millis(2));
@@ -294,4 +297,92 @@ fn host_identity_comes_from_etc_nvme_when_present() {
     assert!(err.to_string().contains("/etc/nvme/hostnqn"), "{err}");
     drop(dir);
     let _ = nvme_tcp::FABRICS_DEV;
+}
+
+/// `frontend.AttachController` on an in-memory runtime and a fixture host: Attachment +
+/// EngineStatus(nvme-tcp export) -> AttachmentStatus attached; delete -> detach, finalizer
+/// released, status gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attach_controller_attaches_and_detaches() {
+    use std::collections::BTreeMap;
+    use talon::controllers::Deps;
+    use talon::controllers::frontend::attach::AttachController;
+    use talon::resources::frontend::{AttachState, Attachment, AttachmentStatus};
+    use talon::runtime::testing::{TestRuntime, eventually};
+
+    if !nix::unistd::Uid::effective().is_root() {
+        eprintln!("SKIP attach_controller_attaches_and_detaches: /dev/talon nodes need mknod (root)");
+        return;
+    }
+    let (_d, root, data) = setup();
+    let deps = Deps {
+        host: root.clone(),
+        data_dir: data.clone(),
+        run_dir: data.join("run"),
+    };
+    let ctl = AttachController::with_connector(deps, ConnectOptions::default(), fake_kernel_connect);
+    let rt = TestRuntime::with(ctl).expect("runtime");
+    let st = rt.state.clone();
+    st.create(
+        "config",
+        "Attachment",
+        "v1",
+        "",
+        serde_json::json!({}),
+        BTreeMap::new(),
+    )
+    .expect("attachment");
+    let waiting = eventually("status attaching", Duration::from_secs(10), || {
+        let st = st.clone();
+        async move { st.get_typed::<AttachmentStatus>("v1").ok().flatten() }
+    })
+    .await;
+    assert_eq!(waiting.spec.state, AttachState::Attaching, "{:?}", waiting.spec);
+    let engine = serde_json::json!({
+        "engine": "v2", "state": "ready", "sizeBytes": 1u64 << 30, "device": "lvs/v1", "replicas": [],
+        "exports": [{"transport": "nvme-tcp", "address": "10.0.2.2", "port": 4420, "name": NQN, "lun": 1}],
+        "message": ""
+    });
+    st.create(
+        "engine",
+        "EngineStatus",
+        "v1",
+        "test.Engine",
+        engine,
+        BTreeMap::new(),
+    )
+    .expect("engine");
+    let attached = eventually("status attached", Duration::from_secs(10), || {
+        let st = st.clone();
+        async move {
+            st.get_typed::<AttachmentStatus>("v1")
+                .ok()
+                .flatten()
+                .filter(|s| s.spec.state == AttachState::Attached)
+        }
+    })
+    .await;
+    assert_eq!(attached.spec.device, "/dev/nvme2n1");
+    assert_eq!(attached.spec.path, "/dev/talon/v1");
+    assert_eq!(attached.spec.controller, "nvme3");
+    assert!(root.path("/dev/talon/v1").exists());
+
+    let _kernel = delete_double(&root);
+    st.destroy("config", "Attachment", "v1", "").expect("delete");
+    eventually("attachment and status gone", Duration::from_secs(10), || {
+        let st = st.clone();
+        async move {
+            (st.get_typed::<Attachment>("v1").ok()?.is_none()
+                && st.get_typed::<AttachmentStatus>("v1").ok()?.is_none())
+            .then_some(())
+        }
+    })
+    .await;
+    assert!(
+        !root.exists("/sys/class/nvme/nvme3"),
+        "controller not disconnected"
+    );
+    assert!(!root.path("/dev/talon/v1").exists());
+    assert!(root.exists("/sys/class/nvme/nvme0/state"));
+    rt.stop().await;
 }
