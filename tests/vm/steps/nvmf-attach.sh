@@ -46,6 +46,7 @@ check [ -n "$Q" ]
 check [ "$(stat -c %t:%T /dev/talon/$VOL)" = "$(stat -c %t:%T $DEV)" ]
 check [ "$(cat /sys/class/nvme/$CTRL/subsysnqn)" = $NQN ]
 echo "controller address: $(cat /sys/class/nvme/$CTRL/address) state $(cat /sys/class/nvme/$CTRL/state)"
+echo "namespace devices under $CTRL (nvmeXcYnZ = native multipath path): $(ls /sys/class/nvme/$CTRL | grep '^nvme' | tr '\n' ' ')"
 dmesg | grep -E 'nvme|nvmet' | tail -4
 
 echo "--- data through /dev/talon/$VOL, read back from the ramdisk"
@@ -113,6 +114,20 @@ check [ $rc != 0 ]
 talon attach nvme-tcp --volume x --traddr 127.0.0.1 --trsvcid $PORT --nqn "$NQN,nr_io_queues=128"; rc=$?
 check [ $rc != 0 ]
 check [ -z "$(ctrls)" ]
+
+echo "--- target goes away while attached: detach still disconnects, bounded"
+talon attach nvme-tcp --volume gv2 --traddr 127.0.0.1 --trsvcid $PORT --nqn $NQN --ctrl-loss-tmo 30 || fail=1
+C2=$(ctrls | head -1)
+rm $P/subsystems/$NQN
+i=0; while [ "$(cat /sys/class/nvme/$C2/state 2>/dev/null)" = live ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i+1)); done
+echo "controller $C2 state after the port went away: $(cat /sys/class/nvme/$C2/state 2>/dev/null)"
+T=$(up)
+talon detach nvme-tcp --volume gv2; rc=$?
+echo "detach rc=$rc after $(el $T)s; tcp controllers: [$(ctrls)]"
+check [ $rc = 0 ]
+check [ -z "$(ctrls)" ]
+check [ ! -e /dev/talon/gv2 ]
+ln -s $S $P/subsystems/$NQN
 
 echo "--- target vanishes during attach: namespace disabled, attach times out and disconnects"
 echo 0 >$S/namespaces/1/enable
