@@ -804,6 +804,19 @@ mod tests {
     }
 
     #[test]
+    fn a_volume_lock_excludes_a_second_holder() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let v1 = ObjectName::parse("volume", "v1").expect("name");
+        let held = lock_volume(dir.path(), &v1).expect("lock");
+        let other = fs::File::open(dir.path().join("locks/attach-v1.lock")).expect("open");
+        assert!(other.try_lock().is_err(), "a second attach of v1 must wait");
+        let v2 = ObjectName::parse("volume", "v2").expect("name");
+        drop(lock_volume(dir.path(), &v2).expect("another volume is independent"));
+        drop(held);
+        other.try_lock().expect("free after the holder is gone");
+    }
+
+    #[test]
     fn parses_replies() {
         assert_eq!(
             ConnectReply::parse("instance=3,cntlid=1\n"),

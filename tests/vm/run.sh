@@ -110,7 +110,12 @@ QEMU_PID=""
 cleanup() {
 	local rc=$?
 	set +e
-	[ -n "$QEMU_PID" ] && kill -0 "$QEMU_PID" 2>/dev/null && kill -9 "$QEMU_PID" 2>/dev/null
+	if [ -n "$QEMU_PID" ] && kill -0 "$QEMU_PID" 2>/dev/null; then
+		# QEMU_PID is timeout(1), which passes SIGTERM on to QEMU
+		kill "$QEMU_PID" 2>/dev/null
+		for _ in $(seq 30); do kill -0 "$QEMU_PID" 2>/dev/null || break; sleep 0.1; done
+		kill -0 "$QEMU_PID" 2>/dev/null && kill -9 "$QEMU_PID" 2>/dev/null
+	fi
 	for c in "${HOST_CLEANUPS[@]}"; do (cd "$HOSTDIR" && bash "$c" cleanup >>"$HOSTDIR/hooks.log" 2>&1); done
 	for p in "${HOST_PIDS[@]}"; do
 		if kill -0 "$p" 2>/dev/null; then
