@@ -18,7 +18,7 @@
 //!  /sys/block/<ns>/dev "259:3" ──> devpath::create ──> /dev/talon/<volume>
 //!
 //!  detach: /dev/talon/<volume> ─ rdev ─> /sys/dev/block/M:m ─> <ns>/device ─> nvmeN | nvme-subsysS/nvme*
-//!          (+ every tcp controller of --nqn) ──> delete_controller, wait until gone; unlink the node
+//!          (+ every tcp controller of --nqn) ──> delete_controller, wait until gone; then unlink the node
 //! ```
 //!
 //! Every host path goes through [`HostRoot`], so the logic runs on fixture trees; the one call that
@@ -716,11 +716,12 @@ pub fn detach(
         .into_iter()
         .filter(|n| all.iter().any(|c| &c.name == n && c.transport == "tcp"))
         .collect();
-    let removed_path = devpath::current(root, volume)?.is_some();
-    devpath::remove(root, volume)?;
+    // controllers first, the node last: a detach that fails half-way finds them again through it
     for c in &tcp {
         delete_controller(root, c, Duration::from_secs(10))?;
     }
+    let removed_path = devpath::current(root, volume)?.is_some();
+    devpath::remove(root, volume)?;
     Ok(Detached {
         controllers: tcp,
         removed_path,
