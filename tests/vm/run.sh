@@ -208,6 +208,7 @@ else
 	say "dpkg -x + depmod + vmlinux: $(elapsed "$T1" "$(now)")s, tree $(du -sh "$ROOT" | cut -f1)"
 fi
 flock -u 9
+exec 9>&-
 HOSTLIBS=$ROOT/usr/lib/x86_64-linux-gnu:$ROOT/lib/x86_64-linux-gnu:$ROOT/usr/lib/x86_64-linux-gnu/ceph
 T_PKG=$(elapsed "$T0" "$(now)")
 
