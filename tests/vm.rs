@@ -36,16 +36,18 @@ fn vm_guest_steps() {
             .lines()
             .find(|l| l.starts_with("SKIP"))
             .unwrap_or("SKIP vm-tests: run.sh exit 77");
-        eprintln!("SKIP vm_guest_steps: {reason}");
+        eprintln!(
+            "SKIP vm_guest_steps: {}",
+            reason.trim_start_matches("SKIP vm-tests: ")
+        );
         return;
     }
     println!("{stdout}");
-    for skip in stdout
+    for (step, reason) in stdout
         .lines()
-        .filter_map(|l| l.strip_prefix("vm: step "))
-        .filter(|l| l.contains(" SKIP: "))
+        .filter_map(|l| l.strip_prefix("vm: step ")?.split_once(" SKIP: "))
     {
-        eprintln!("SKIP vm_guest_steps/{skip}");
+        eprintln!("SKIP vm_guest_steps/{step}: {reason}");
     }
     eprintln!("{stderr}");
     let summary = stdout.lines().rev().find(|l| l.starts_with("vm-tests:"));
