@@ -8,6 +8,7 @@
 
 pub mod attach;
 pub mod output;
+pub mod volume;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -53,6 +54,15 @@ pub enum Command {
     /// This node.
     #[command(subcommand)]
     Node(NodeCommand),
+    /// Volumes: create, get, list, delete, expand, clone, revert, attach, detach.
+    #[command(subcommand)]
+    Volume(volume::VolumeCommand),
+    /// Snapshots: create, list, delete.
+    #[command(subcommand)]
+    Snapshot(volume::SnapshotCommand),
+    /// Disks: add, list, remove.
+    #[command(subcommand)]
+    Disk(volume::DiskCommand),
     /// Attach a volume on this host without the daemon (wip/attach: temporary wiring).
     Attach(attach::AttachArgs),
     /// Detach a volume from this host without the daemon.
@@ -182,6 +192,11 @@ async fn run(cli: Cli) -> Result<ExitCode, CliError> {
             let c = Client::connect_unix(&cli.socket).await?;
             print_value(&serde_json::to_value(c.node_info().await?)?, output)?;
         }
+        Command::Volume(cmd) => volume::run_volume(&Client::connect_unix(&cli.socket).await?, cmd).await?,
+        Command::Snapshot(cmd) => {
+            volume::run_snapshot(&Client::connect_unix(&cli.socket).await?, cmd).await?
+        }
+        Command::Disk(cmd) => volume::run_disk(&Client::connect_unix(&cli.socket).await?, cmd).await?,
         Command::Rpc { method, params } => {
             let params: serde_json::Value =
                 serde_json::from_str(&params).map_err(|e| format!("params are not JSON: {e}"))?;
