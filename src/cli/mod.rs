@@ -6,6 +6,7 @@
 //!   talon get / node / rpc ──> client::Client ──UDS──> daemon
 //! ```
 
+pub mod attach;
 pub mod ns;
 pub mod output;
 pub mod volume;
@@ -65,6 +66,10 @@ pub enum Command {
     Disk(volume::DiskCommand),
     /// Host operations that need no daemon.
     Host(HostArgs),
+    /// Attach a volume on this host without the daemon (operators, guest tests).
+    Attach(attach::AttachArgs),
+    /// Detach a volume from this host without the daemon.
+    Detach(attach::DetachArgs),
     /// Call any API method with JSON params (for operators and scripts).
     Rpc {
         /// Method name, e.g. `node_info`.
@@ -202,6 +207,8 @@ async fn run(cli: Cli) -> Result<ExitCode, CliError> {
             crate::serve::serve(opts, shutdown_signal()).await?;
         }
         Command::Get(a) => get(&cli.socket, a).await?,
+        Command::Attach(a) => attach::run_attach(a)?,
+        Command::Detach(a) => attach::run_detach(a)?,
         Command::Node(NodeCommand::Info { output }) => {
             let c = Client::connect_unix(&cli.socket).await?;
             print_value(&serde_json::to_value(c.node_info().await?)?, output)?;
@@ -214,7 +221,10 @@ async fn run(cli: Cli) -> Result<ExitCode, CliError> {
         Command::Host(h) => {
             let root = crate::host::HostRoot::new(&h.host_root);
             match h.command {
-                HostCommand::Ns(cmd) => return tokio::task::block_in_place(|| ns::run(cmd, &root)).map_err(|e| e.to_string().into()),
+                HostCommand::Ns(cmd) => {
+                    return tokio::task::block_in_place(|| ns::run(cmd, &root))
+                        .map_err(|e| e.to_string().into());
+                }
             }
         }
         Command::Rpc { method, params } => {

@@ -2,6 +2,7 @@
 //! one controller per file.
 
 pub mod engine;
+pub mod frontend;
 
 use std::path::PathBuf;
 
@@ -22,5 +23,6 @@ pub struct Deps {
 /// Registers every controller.
 pub fn register_all(rt: &mut Runtime, deps: &Deps) -> Result<(), RuntimeError> {
     engine::v1::register(rt, deps)?;
+    rt.register(frontend::attach::AttachController::new(deps.clone()))?;
     Ok(())
 }
