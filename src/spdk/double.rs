@@ -168,6 +168,8 @@ struct Subsys {
     hosts: Vec<String>,
     listeners: Vec<super::rpc::ListenAddress>,
     namespaces: Vec<Ns>,
+    /// Host controllers connected by NVMe/TCP attaches: (cntlid, hostnqn, hostid).
+    controllers: Vec<(u32, String, String)>,
 }
 
 #[derive(Debug, Clone)]
@@ -187,6 +189,8 @@ struct Ctrlr {
     name: String,
     trid: Value,
     bdevs: Vec<String>,
+    /// The remote subsystem's controller id, for the detach.
+    cntlid: Option<u32>,
 }
 
 #[derive(Debug, Clone)]
@@ -218,6 +222,8 @@ struct State {
     malloc_counter: u32,
     faults: Vec<Armed>,
     calls: HashMap<String, u64>,
+    /// This target's host id (its host NQN is derived from it).
+    host_id: String,
 }
 
 /// Every double in the process, for NVMe/TCP attach across doubles.
@@ -243,14 +249,18 @@ pub struct SpdkDouble {
 
 impl Drop for SpdkDouble {
     fn drop(&mut self) {
-        self.stop();
+        if let Some(s) = lock(&self.server).take() {
+            let _ = s.shutdown.send(true);
+            s.task.abort();
+            let _ = std::fs::remove_file(&self.socket);
+        }
     }
 }
 
 impl SpdkDouble {
     /// Starts a double listening on `socket` (replacing a stale socket file).
     pub async fn start(socket: impl Into<PathBuf>) -> io::Result<SpdkDouble> {
-        let state = Arc::new(Mutex::new(State::default()));
+        let state = Arc::new(Mutex::new(State { host_id: new_uuid(), ..State::default() }));
         {
             let mut fabric = lock(&FABRIC);
             fabric.retain(|w| w.strong_count() > 0);
@@ -276,20 +286,29 @@ impl SpdkDouble {
         &self.socket
     }
 
-    /// Stops listening and drops every connection (the target died). The
-    /// state stays until [`SpdkDouble::restart`].
-    pub fn stop(&self) {
-        if let Some(s) = lock(&self.server).take() {
+    /// Stops listening and closes every connection, returning once they are
+    /// closed (the target died). The state stays until [`SpdkDouble::restart`].
+    pub async fn stop(&self) {
+        let server = lock(&self.server).take();
+        if let Some(s) = server {
             let _ = s.shutdown.send(true);
-            s.task.abort();
+            let _ = s.task.await;
             let _ = std::fs::remove_file(&self.socket);
         }
+    }
+
+    /// Starts listening again after [`SpdkDouble::stop`], state unchanged.
+    pub fn resume(&self) -> io::Result<()> {
+        if lock(&self.server).is_some() {
+            return Ok(());
+        }
+        self.listen()
     }
 
     /// A target restart: connections drop, in-memory objects vanish, lvstores
     /// on AIO files wait for their file to be attached again.
     pub async fn restart(&self) -> io::Result<()> {
-        self.stop();
+        self.stop().await;
         {
             let mut s = lock(&self.state);
             let mut on_disk = std::mem::take(&mut s.on_disk);
@@ -307,7 +326,8 @@ impl SpdkDouble {
             }
             let pci = std::mem::take(&mut s.pci);
             let faults = std::mem::take(&mut s.faults);
-            *s = State { on_disk, pci, faults, ..State::default() };
+            let host_id = std::mem::take(&mut s.host_id);
+            *s = State { on_disk, pci, faults, host_id, ..State::default() };
         }
         self.listen()
     }
@@ -358,7 +378,10 @@ async fn accept_loop(listener: UnixListener, state: Arc<Mutex<State>>, shutdown:
                 Ok((s, _)) => { conns.spawn(serve_conn(s, state.clone(), shutdown.clone())); }
                 Err(err) => { tracing::warn!(%err, "SpdkDouble accept failed"); return; }
             },
-            _ = sd.changed() => return,
+            _ = sd.changed() => {
+                conns.shutdown().await;
+                return;
+            }
         }
     }
 }
@@ -479,21 +502,46 @@ async fn handle_request(state: &Arc<Mutex<State>>, req: Value) -> Outcome {
     })
 }
 
+fn fabric() -> Vec<Arc<Mutex<State>>> {
+    lock(&FABRIC).iter().filter_map(Weak::upgrade).collect()
+}
+
+fn listens(sub: &Subsys, traddr: &str, trsvcid: &str) -> bool {
+    sub.listeners.iter().any(|l| l.traddr == traddr && l.trsvcid.as_deref() == Some(trsvcid))
+}
+
 /// What an NVMe/TCP attach finds on the fabric: the namespaces of a
-/// subsystem listening at the address.
-fn fabric_lookup(traddr: &str, trsvcid: &str, nqn: &str) -> Option<Vec<Ns>> {
-    let doubles: Vec<_> = lock(&FABRIC).iter().filter_map(Weak::upgrade).collect();
-    for d in doubles {
-        let s = lock(&d);
-        for sub in &s.subsystems {
-            if sub.nqn == nqn
-                && sub.listeners.iter().any(|l| l.traddr == traddr && l.trsvcid.as_deref() == Some(trsvcid))
-            {
-                return Some(sub.namespaces.clone());
+/// subsystem listening at the address, and the controller id the subsystem
+/// gave this host.
+fn fabric_connect(traddr: &str, trsvcid: &str, nqn: &str, host_id: &str) -> Option<(Vec<Ns>, u32)> {
+    for d in fabric() {
+        let mut s = lock(&d);
+        for sub in &mut s.subsystems {
+            if sub.nqn == nqn && listens(sub, traddr, trsvcid) {
+                let cntlid = sub.controllers.iter().map(|c| c.0).max().unwrap_or(0) + 1;
+                let hostnqn = format!("nqn.2014-08.org.nvmexpress:uuid:{host_id}");
+                sub.controllers.push((cntlid, hostnqn, host_id.to_owned()));
+                return Some((sub.namespaces.clone(), cntlid));
             }
         }
     }
     None
+}
+
+fn fabric_disconnect(trid: &Value, cntlid: u32) {
+    let (Some(traddr), Some(trsvcid), Some(nqn)) =
+        (trid["traddr"].as_str(), trid["trsvcid"].as_str(), trid["subnqn"].as_str())
+    else {
+        return;
+    };
+    for d in fabric() {
+        let mut s = lock(&d);
+        for sub in &mut s.subsystems {
+            if sub.nqn == nqn && listens(sub, traddr, trsvcid) {
+                sub.controllers.retain(|c| c.0 != cntlid);
+            }
+        }
+    }
 }
 
 fn execute(state: &Arc<Mutex<State>>, method: &str, params: &Option<Value>) -> RpcResult {
@@ -501,12 +549,26 @@ fn execute(state: &Arc<Mutex<State>>, method: &str, params: &Option<Value>) -> R
     // double's lock, so two doubles attaching to each other cannot deadlock.
     if method == "bdev_nvme_attach_controller" {
         let p: AttachController = decode(params)?;
+        let host_id = {
+            let s = lock(state);
+            s.check_ctrlr_name(&p)?;
+            s.host_id.clone()
+        };
         let remote = if p.trtype.eq_ignore_ascii_case("tcp") {
-            fabric_lookup(&p.traddr, p.trsvcid.as_deref().unwrap_or("4420"), p.subnqn.as_deref().unwrap_or(""))
+            let port = p.trsvcid.as_deref().unwrap_or("4420");
+            fabric_connect(&p.traddr, port, p.subnqn.as_deref().unwrap_or(""), &host_id)
         } else {
             None
         };
         return lock(state).attach(p, remote);
+    }
+    if method == "bdev_nvme_detach_controller" {
+        let p: ByName = decode(params)?;
+        let c = lock(state).detach(&p.name)?;
+        if let Some(cntlid) = c.cntlid {
+            fabric_disconnect(&c.trid, cntlid);
+        }
+        return Ok(json!(true));
     }
     lock(state).call(method, params)
 }
@@ -1240,27 +1302,15 @@ impl State {
             }
             "nvmf_subsystem_get_controllers" => {
                 let p: ByNqn = decode(params)?;
-                self.subsys(&p.nqn)?;
-                Ok(json!([]))
-            }
-            "bdev_nvme_detach_controller" => {
-                let p: ByName = decode(params)?;
-                let Some(ci) = self.ctrlrs.iter().position(|c| c.name == p.name) else { return e(ENODEV) };
-                let c = self.ctrlrs.remove(ci);
-                for b in c.bdevs {
-                    // A raid loses the member (degraded), as on a hot remove.
-                    for r in &mut self.raids {
-                        for s in &mut r.slots {
-                            if s.as_deref() == Some(&b) {
-                                *s = None;
-                            }
-                        }
-                    }
-                    if let Some(i) = self.find(&b) {
-                        self.remove_bdev(i);
-                    }
-                }
-                Ok(json!(true))
+                let si = self.subsys(&p.nqn)?;
+                Ok(Value::Array(
+                    self.subsystems[si]
+                        .controllers
+                        .iter()
+                        .map(|(cntlid, hostnqn, hostid)| json!({"cntlid": cntlid, "cntrltype": "io",
+                            "hostnqn": hostnqn, "hostid": hostid, "num_io_qpairs": 1}))
+                        .collect(),
+                ))
             }
             "bdev_nvme_get_controllers" => {
                 let p: GetControllers = decode(params)?;
@@ -1332,18 +1382,40 @@ impl State {
         self.subsystems.iter().position(|s| s.nqn == nqn).ok_or((INVALID_PARAMS.0, INVALID_PARAMS.1.into()))
     }
 
-    fn attach(&mut self, p: AttachController, remote: Option<Vec<Ns>>) -> RpcResult {
-        let trid = json!({
-            "trtype": if p.trtype.eq_ignore_ascii_case("pcie") { "PCIe" } else { "TCP" },
-            "adrfam": p.adrfam.as_ref().map(|a| if a.eq_ignore_ascii_case("ipv6") { "IPv6" } else { "IPv4" }),
-            "traddr": p.traddr, "trsvcid": p.trsvcid, "subnqn": p.subnqn,
-        });
+    fn check_ctrlr_name(&self, p: &AttachController) -> Result<(), (i64, String)> {
         if let Some(c) = self.ctrlrs.iter().find(|c| c.name == p.name) {
-            if c.trid == trid {
+            if c.trid == trid_of(p) {
                 return fail(-114, format!("A controller named {} already exists with the specified network path", p.name));
             }
             return fail(-17, format!("A controller named {} already exists and multipath is disabled", p.name));
         }
+        Ok(())
+    }
+
+    fn detach(&mut self, name: &str) -> Result<Ctrlr, (i64, String)> {
+        let Some(ci) = self.ctrlrs.iter().position(|c| c.name == name) else { return e(ENODEV) };
+        let c = self.ctrlrs.remove(ci);
+        for b in &c.bdevs {
+            // A raid loses the member (degraded), as on a hot remove.
+            for r in &mut self.raids {
+                for s in &mut r.slots {
+                    if s.as_deref() == Some(b) {
+                        *s = None;
+                    }
+                }
+            }
+            if let Some(i) = self.find(b) {
+                self.remove_bdev(i);
+            }
+        }
+        Ok(c)
+    }
+
+    fn attach(&mut self, p: AttachController, remote: Option<(Vec<Ns>, u32)>) -> RpcResult {
+        self.check_ctrlr_name(&p)?;
+        let trid = trid_of(&p);
+        let cntlid = remote.as_ref().map(|r| r.1);
+        let remote = remote.map(|r| r.0);
         let namespaces: Vec<(u32, String, u64, u32, bool)> = if p.trtype.eq_ignore_ascii_case("pcie") {
             let Some(d) = self.pci.get(&p.traddr) else { return e(ENODEV) };
             vec![(1, new_uuid(), d.num_blocks, d.block_size, false)]
@@ -1372,9 +1444,17 @@ impl State {
             });
             created.push(name);
         }
-        self.ctrlrs.push(Ctrlr { name: p.name.clone(), trid, bdevs: created.clone() });
+        self.ctrlrs.push(Ctrlr { name: p.name.clone(), trid, bdevs: created.clone(), cntlid });
         Ok(json!(created))
     }
+}
+
+fn trid_of(p: &AttachController) -> Value {
+    json!({
+        "trtype": if p.trtype.eq_ignore_ascii_case("pcie") { "PCIe" } else { "TCP" },
+        "adrfam": p.adrfam.as_ref().map(|a| if a.eq_ignore_ascii_case("ipv6") { "IPv6" } else { "IPv4" }),
+        "traddr": p.traddr, "trsvcid": p.trsvcid, "subnqn": p.subnqn,
+    })
 }
 
 fn unreachable_lvol() -> LvolInfo {
