@@ -394,6 +394,56 @@ pub struct LvolStoreRef {
     pub uuid: String,
 }
 
+/// `bdev_lvol_start_shallow_copy` params: copies the clusters allocated in
+/// the lvol itself (not its parents) onto another bdev.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StartShallowCopy {
+    /// The source lvol (read-only: a snapshot).
+    pub src_lvol_name: String,
+    /// The destination bdev.
+    pub dst_bdev_name: String,
+}
+
+/// `bdev_lvol_start_shallow_copy` result.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShallowCopyStarted {
+    /// The id to poll with `bdev_lvol_check_shallow_copy`.
+    pub operation_id: u32,
+}
+
+/// `bdev_lvol_check_shallow_copy` params.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CheckShallowCopy {
+    /// The operation id.
+    pub operation_id: u32,
+}
+
+/// `bdev_lvol_check_shallow_copy` result.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShallowCopyStatus {
+    /// "in progress", "complete" or "error".
+    pub state: String,
+    /// Clusters copied so far.
+    pub copied_clusters: u64,
+    /// Clusters to copy.
+    pub total_clusters: u64,
+    /// The error text when `state` is "error".
+    #[serde(default)]
+    pub error: Option<String>,
+}
+
+/// `bdev_lvol_set_parent` params.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LvolSetParent {
+    /// The lvol.
+    pub lvol_name: String,
+    /// Its new parent snapshot.
+    pub parent_name: String,
+}
+
 // --------------------------------------------------------------------- raid
 
 /// RAID levels talon uses.
@@ -1069,6 +1119,12 @@ impl SpdkClient {
         bdev_lvol_delete(ByName) -> bool);
     rpc!(/// Lists lvols.
         bdev_lvol_get_lvols(GetLvols) -> Vec<Lvol>);
+    rpc!(/// Starts a shallow copy of an lvol onto a bdev (long timeout).
+        bdev_lvol_start_shallow_copy(StartShallowCopy) -> ShallowCopyStarted);
+    rpc!(/// Progress of a shallow copy.
+        bdev_lvol_check_shallow_copy(CheckShallowCopy) -> ShallowCopyStatus);
+    rpc!(/// Makes a snapshot the parent of an lvol.
+        bdev_lvol_set_parent(LvolSetParent) -> bool);
     rpc!(/// Creates a raid bdev.
         bdev_raid_create(RaidCreate) -> bool);
     rpc!(/// Deletes a raid bdev (releases its members).
