@@ -30,17 +30,29 @@ async fn pipelined(c: &SpdkClient) {
 
 fn bench_target(cr: &mut Criterion, rt: &tokio::runtime::Runtime, name: &str, client: &SpdkClient) {
     let mut g = cr.benchmark_group(format!("spdk_client/{name}"));
-    g.sample_size(10).measurement_time(Duration::from_secs(8)).warm_up_time(Duration::from_secs(1));
-    g.bench_function(format!("sequential_{CALLS}"), |b| b.to_async(rt).iter(|| sequential(client)));
-    g.bench_function(format!("pipelined_{CALLS}"), |b| b.to_async(rt).iter(|| pipelined(client)));
+    g.sample_size(10)
+        .measurement_time(Duration::from_secs(8))
+        .warm_up_time(Duration::from_secs(1));
+    g.bench_function(format!("sequential_{CALLS}"), |b| {
+        b.to_async(rt).iter(|| sequential(client))
+    });
+    g.bench_function(format!("pipelined_{CALLS}"), |b| {
+        b.to_async(rt).iter(|| pipelined(client))
+    });
     g.finish();
 }
 
 fn benches(cr: &mut Criterion) {
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
     let dir = tempfile::tempdir().expect("tempdir");
 
-    let double = rt.block_on(SpdkDouble::start(dir.path().join("double.sock"))).expect("double");
+    let double = rt
+        .block_on(SpdkDouble::start(dir.path().join("double.sock")))
+        .expect("double");
     let client = SpdkClient::new(double.socket());
     bench_target(cr, &rt, "double", &client);
 

@@ -36,7 +36,11 @@ fn shared_dir() -> PathBuf {
     }
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
     let near = root.join("../shared/spdk");
-    if near.exists() { near } else { root.join("../../shared/spdk") }
+    if near.exists() {
+        near
+    } else {
+        root.join("../../shared/spdk")
+    }
 }
 
 /// The error kind talon must give each recorded error (0-based line numbers).
@@ -103,18 +107,30 @@ async fn replay_peer(listener: UnixListener, slot: Arc<Mutex<Slot>>) {
 
 /// Calls the typed method for `method` if talon has one and `params` fit
 /// its params struct: `Some(result as JSON)`; `None` when not expressible.
-async fn call_typed(c: &SpdkClient, method: &str, params: &Option<Value>) -> Option<Result<Value, ClientError>> {
+async fn call_typed(
+    c: &SpdkClient,
+    method: &str,
+    params: &Option<Value>,
+) -> Option<Result<Value, ClientError>> {
     let p = params.clone().unwrap_or_else(|| json!({}));
     macro_rules! t {
         ($m:ident, $P:ty) => {{
             let typed: $P = serde_json::from_value(p).ok()?;
-            Some(c.$m(&typed).await.map(|r| serde_json::to_value(r).expect("result to json")))
+            Some(
+                c.$m(&typed)
+                    .await
+                    .map(|r| serde_json::to_value(r).expect("result to json")),
+            )
         }};
         ($m:ident) => {{
             if params.is_some() {
                 return None;
             }
-            Some(c.$m().await.map(|r| serde_json::to_value(r).expect("result to json")))
+            Some(
+                c.$m()
+                    .await
+                    .map(|r| serde_json::to_value(r).expect("result to json")),
+            )
         }};
     }
     match method {
@@ -178,7 +194,10 @@ async fn call_typed(c: &SpdkClient, method: &str, params: &Option<Value>) -> Opt
 async fn replay_recorded_transcript() {
     let dir = shared_dir();
     let Ok(text) = std::fs::read_to_string(dir.join("transcript-v26.05.jsonl")) else {
-        eprintln!("SKIP replay_recorded_transcript: {} has no transcript", dir.display());
+        eprintln!(
+            "SKIP replay_recorded_transcript: {} has no transcript",
+            dir.display()
+        );
         return;
     };
     let methods: Vec<String> =
@@ -188,7 +207,10 @@ async fn replay_recorded_transcript() {
     let tmp = tempfile::tempdir().expect("tempdir");
     let sock = tmp.path().join("replay.sock");
     let slot = Arc::new(Mutex::new(Slot::default()));
-    tokio::spawn(replay_peer(UnixListener::bind(&sock).expect("bind"), slot.clone()));
+    tokio::spawn(replay_peer(
+        UnixListener::bind(&sock).expect("bind"),
+        slot.clone(),
+    ));
     let client = SpdkClient::new(&sock);
 
     let (mut total, mut typed_req, mut ok_resp, mut err_resp, mut untyped) = (0, 0, 0, 0, 0);
@@ -199,12 +221,16 @@ async fn replay_recorded_transcript() {
         let method = rec["method"].as_str().expect("method").to_owned();
         let params = rec["request"].get("params").cloned().filter(|p| !p.is_null());
         let mut response = rec["response"].clone();
-        let summarized = rec.get("response_summarized").and_then(Value::as_bool).unwrap_or(false);
+        let summarized = rec
+            .get("response_summarized")
+            .and_then(Value::as_bool)
+            .unwrap_or(false);
         let mut expect_len = None;
         if summarized {
             // Only the count was recorded: answer that many real method names.
             let n = response["result_count"].as_u64().expect("result_count") as usize;
-            response = json!({"jsonrpc": "2.0", "id": 0, "result": methods.iter().take(n).collect::<Vec<_>>()});
+            response =
+                json!({"jsonrpc": "2.0", "id": 0, "result": methods.iter().take(n).collect::<Vec<_>>()});
             expect_len = Some(n);
         }
         slot.lock().expect("slot").reply = Some(response.clone());
@@ -244,7 +270,10 @@ async fn replay_recorded_transcript() {
                 err_resp += 1;
                 let want = expected_kind(line);
                 if want.is_none() || e.kind() != want {
-                    failures.push(format!("line {line} {method}: kind {:?}, expected {want:?} ({e})", e.kind()));
+                    failures.push(format!(
+                        "line {line} {method}: kind {:?}, expected {want:?} ({e})",
+                        e.kind()
+                    ));
                 }
             }
         }

@@ -6,7 +6,9 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use talon::spdk::rpc::{ByName, MallocCreate};
-use talon::spdk::target::{Memory, Origin, Target, TargetConfig, TargetError, TargetEvent, supervise, wait_ready};
+use talon::spdk::target::{
+    Memory, Origin, Target, TargetConfig, TargetError, TargetEvent, supervise, wait_ready,
+};
 use talon::spdk::{SpdkClient, SpdkDouble};
 use tokio::sync::{mpsc, oneshot};
 
@@ -24,7 +26,9 @@ async fn readiness_waits_for_a_target_that_appears_later() {
     let client = SpdkClient::new(&sock);
     assert!(client.spdk_get_version().await.is_err(), "nothing listens yet");
     tx.send(()).expect("go");
-    let v = wait_ready(&client, None, Duration::from_secs(30)).await.expect("ready");
+    let v = wait_ready(&client, None, Duration::from_secs(30))
+        .await
+        .expect("ready");
     assert!(v.version.starts_with("SPDK v26.05"));
     drop(starter.await.expect("double"));
 }
@@ -33,7 +37,9 @@ async fn readiness_waits_for_a_target_that_appears_later() {
 async fn readiness_times_out_with_the_socket_named() {
     let dir = tempfile::tempdir().expect("tempdir");
     let client = SpdkClient::new(dir.path().join("none.sock"));
-    let e = wait_ready(&client, None, Duration::from_millis(200)).await.expect_err("no target");
+    let e = wait_ready(&client, None, Duration::from_millis(200))
+        .await
+        .expect_err("no target");
     assert!(matches!(e, TargetError::NotReady { .. }));
     assert!(e.to_string().contains("none.sock"), "{e}");
 }
@@ -55,7 +61,11 @@ async fn start_adopts_a_target_already_answering() {
 #[tokio::test]
 async fn spawn_reports_a_process_that_exits_before_answering() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let Some(false_bin) = ["/bin/false", "/usr/bin/false"].iter().map(PathBuf::from).find(|p| p.exists()) else {
+    let Some(false_bin) = ["/bin/false", "/usr/bin/false"]
+        .iter()
+        .map(PathBuf::from)
+        .find(|p| p.exists())
+    else {
         eprintln!("SKIP spawn_reports_a_process_that_exits_before_answering: no false(1)");
         return;
     };
@@ -80,7 +90,10 @@ async fn supervise_adopts_then_sees_the_exit_and_adopts_again() {
     assert!(matches!(rx.recv().await, Some(TargetEvent::Adopted { .. })));
     d.stop().await;
     assert!(matches!(rx.recv().await, Some(TargetEvent::Exited { .. })));
-    assert!(matches!(rx.recv().await, Some(TargetEvent::Restarting { attempt: 1, .. })));
+    assert!(matches!(
+        rx.recv().await,
+        Some(TargetEvent::Restarting { attempt: 1, .. })
+    ));
     // No binary and nothing to adopt: the start fails, and is retried.
     assert!(matches!(rx.recv().await, Some(TargetEvent::StartFailed { .. })));
     d.resume().expect("resume");
@@ -106,7 +119,10 @@ async fn real_spdk_tgt_life_cycle() {
         return;
     };
     if !spdk_dir.join("build/bin/spdk_tgt").exists() {
-        eprintln!("SKIP real_spdk_tgt_life_cycle: no build/bin/spdk_tgt under {}", spdk_dir.display());
+        eprintln!(
+            "SKIP real_spdk_tgt_life_cycle: no build/bin/spdk_tgt under {}",
+            spdk_dir.display()
+        );
         return;
     }
     let dir = tempfile::tempdir().expect("tempdir");
@@ -118,9 +134,14 @@ async fn real_spdk_tgt_life_cycle() {
     assert_eq!(t.origin(), Origin::Spawned);
     assert!(t.version().version.starts_with("SPDK v"), "{:?}", t.version());
     let c = t.client().clone();
-    c.bdev_malloc_create(&MallocCreate { name: Some("M".into()), num_blocks: 256, block_size: 4096, uuid: None })
-        .await
-        .expect("malloc");
+    c.bdev_malloc_create(&MallocCreate {
+        name: Some("M".into()),
+        num_blocks: 256,
+        block_size: 4096,
+        uuid: None,
+    })
+    .await
+    .expect("malloc");
     c.bdev_malloc_delete(&ByName::new("M")).await.expect("delete");
     let status = t.stop(cfg.stop_grace).await.expect("stop");
     eprintln!("spdk_tgt stopped: {status}");
@@ -131,8 +152,11 @@ async fn real_spdk_tgt_life_cycle() {
     let sup = tokio::spawn(supervise(cfg.clone(), tx, async move {
         let _ = stop_rx.await;
     }));
-    let Some(TargetEvent::Started { pid: Some(pid), .. }) = rx.recv().await else { panic!("not started") };
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL).expect("kill -9");
+    let Some(TargetEvent::Started { pid: Some(pid), .. }) = rx.recv().await else {
+        panic!("not started")
+    };
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL)
+        .expect("kill -9");
     assert!(matches!(rx.recv().await, Some(TargetEvent::Exited { .. })));
     assert!(matches!(rx.recv().await, Some(TargetEvent::Restarting { .. })));
     assert!(matches!(rx.recv().await, Some(TargetEvent::Started { .. })));

@@ -155,7 +155,10 @@ pub struct Timeouts {
 
 impl Default for Timeouts {
     fn default() -> Self {
-        Timeouts { default: Duration::from_secs(30), long: Duration::from_secs(600) }
+        Timeouts {
+            default: Duration::from_secs(30),
+            long: Duration::from_secs(600),
+        }
     }
 }
 
@@ -172,7 +175,11 @@ impl Timeouts {
 
     /// The timeout for one method.
     pub fn for_method(&self, method: &str) -> Duration {
-        if Self::LONG_METHODS.contains(&method) { self.long } else { self.default }
+        if Self::LONG_METHODS.contains(&method) {
+            self.long
+        } else {
+            self.default
+        }
     }
 }
 
@@ -307,7 +314,8 @@ impl SpdkClient {
         P: Serialize + ?Sized,
         R: DeserializeOwned,
     {
-        self.call_with_timeout(method, params, self.inner.timeouts.for_method(method)).await
+        self.call_with_timeout(method, params, self.inner.timeouts.for_method(method))
+            .await
     }
 
     /// Like [`SpdkClient::call`] with an explicit timeout.
@@ -322,15 +330,19 @@ impl SpdkClient {
         R: DeserializeOwned,
     {
         let params = match params {
-            Some(p) => Some(serde_json::to_value(p).map_err(|source| ClientError::EncodeParams {
-                method: method.to_owned(),
-                source,
-            })?),
+            Some(p) => Some(
+                serde_json::to_value(p).map_err(|source| ClientError::EncodeParams {
+                    method: method.to_owned(),
+                    source,
+                })?,
+            ),
             None => None,
         };
         let value = self.call_value(method, params, timeout).await?;
-        serde_json::from_value(value)
-            .map_err(|source| ClientError::DecodeResult { method: method.to_owned(), source })
+        serde_json::from_value(value).map_err(|source| ClientError::DecodeResult {
+            method: method.to_owned(),
+            source,
+        })
     }
 
     /// The untyped call: `params` is sent as is (omitted when `None`).
@@ -348,8 +360,10 @@ impl SpdkClient {
         if let Some(p) = params {
             req.insert("params".into(), p);
         }
-        let bytes = serde_json::to_vec(&Value::Object(req))
-            .map_err(|source| ClientError::EncodeParams { method: method.to_owned(), source })?;
+        let bytes = serde_json::to_vec(&Value::Object(req)).map_err(|source| ClientError::EncodeParams {
+            method: method.to_owned(),
+            source,
+        })?;
 
         let mut attempt = 0;
         let (conn, rx) = loop {
@@ -388,17 +402,24 @@ impl SpdkClient {
         let reply = match tokio::time::timeout(timeout, rx).await {
             Err(_) => {
                 conn.unregister(id);
-                return Err(ClientError::Timeout { method: method.to_owned(), timeout });
+                return Err(ClientError::Timeout {
+                    method: method.to_owned(),
+                    timeout,
+                });
             }
             Ok(Err(_)) => Err(Failure::Lost("the reader stopped".into())),
             Ok(Ok(reply)) => reply,
         };
         reply.map_err(|f| match f {
             Failure::Rpc { code, message } => ClientError::Rpc(SpdkError::new(method, code, message)),
-            Failure::Lost(reason) => ClientError::ConnectionLost { method: method.to_owned(), reason },
-            Failure::Malformed(detail) => {
-                ClientError::MalformedReply { method: method.to_owned(), detail }
-            }
+            Failure::Lost(reason) => ClientError::ConnectionLost {
+                method: method.to_owned(),
+                reason,
+            },
+            Failure::Malformed(detail) => ClientError::MalformedReply {
+                method: method.to_owned(),
+                detail,
+            },
         })
     }
 
@@ -417,12 +438,19 @@ impl SpdkClient {
         }
         let stream = UnixStream::connect(&self.inner.path)
             .await
-            .map_err(|source| ClientError::Connect { path: self.inner.path.clone(), source })?;
+            .map_err(|source| ClientError::Connect {
+                path: self.inner.path.clone(),
+                source,
+            })?;
         self.inner.connects.fetch_add(1, Ordering::Relaxed);
         let (r, w) = stream.into_split();
         let pending = Arc::new(Mutex::new(Pending::default()));
         let reader = tokio::spawn(read_replies(r, pending.clone()));
-        let conn = Arc::new(Conn { writer: tokio::sync::Mutex::new(w), pending, reader });
+        let conn = Arc::new(Conn {
+            writer: tokio::sync::Mutex::new(w),
+            pending,
+            reader,
+        });
         *slot = Some(conn.clone());
         Ok(conn)
     }
@@ -455,11 +483,17 @@ async fn read_replies(mut r: OwnedReadHalf, pending: Arc<Mutex<Pending>>) {
             let rest = &buf[..];
             let mut p = lock(&pending);
             if rest.iter().any(|b| !b.is_ascii_whitespace()) {
-                let detail = format!("the connection closed in the middle of a reply ({} bytes)", rest.len());
+                let detail = format!(
+                    "the connection closed in the middle of a reply ({} bytes)",
+                    rest.len()
+                );
                 let d2 = detail.clone();
                 p.fail_all(move || Failure::Malformed(d2.clone()), detail);
             } else {
-                p.fail_all(|| Failure::Lost("the target closed the connection".into()), "eof".into());
+                p.fail_all(
+                    || Failure::Lost("the target closed the connection".into()),
+                    "eof".into(),
+                );
             }
             return;
         }
@@ -603,17 +637,16 @@ mod tests {
             }
             let mut out = Vec::new();
             for id in h.iter().rev() {
-                out.extend_from_slice(format!("{{\"jsonrpc\":\"2.0\",\"id\":{id},\"result\":{id}}}\n").as_bytes());
+                out.extend_from_slice(
+                    format!("{{\"jsonrpc\":\"2.0\",\"id\":{id},\"result\":{id}}}\n").as_bytes(),
+                );
             }
             h.clear();
             Some((out, false))
         })
         .await;
         let c = SpdkClient::new(&sock);
-        let (a, b) = tokio::join!(
-            c.call::<Value, u64>("a", None),
-            c.call::<Value, u64>("b", None)
-        );
+        let (a, b) = tokio::join!(c.call::<Value, u64>("a", None), c.call::<Value, u64>("b", None));
         let (a, b) = (a.expect("a"), b.expect("b"));
         assert_ne!(a, b);
         assert_eq!(c.connects(), 1);
@@ -625,7 +658,10 @@ mod tests {
         let sock = dir.path().join("s.sock");
         let _srv = scripted(&sock, |id, _| {
             // A pretty-printed reply with no trailing newline.
-            Some((format!("{{\n \"jsonrpc\": \"2.0\",\n \"id\": {id},\n \"result\": [1, 2]\n}}").into_bytes(), false))
+            Some((
+                format!("{{\n \"jsonrpc\": \"2.0\",\n \"id\": {id},\n \"result\": [1, 2]\n}}").into_bytes(),
+                false,
+            ))
         })
         .await;
         let c = SpdkClient::new(&sock);
@@ -643,7 +679,10 @@ mod tests {
             } else if v["method"] == "cut" {
                 Some((format!("{{\"jsonrpc\":\"2.0\",\"id\":{id}").into_bytes(), true))
             } else {
-                Some((format!("{{\"jsonrpc\":\"2.0\",\"id\":{id},\"result\":true}}\n").into_bytes(), false))
+                Some((
+                    format!("{{\"jsonrpc\":\"2.0\",\"id\":{id},\"result\":true}}\n").into_bytes(),
+                    false,
+                ))
             }
         })
         .await;
@@ -675,7 +714,10 @@ mod tests {
             if v["method"] == "slow" {
                 Some((Vec::new(), false))
             } else {
-                Some((format!("{{\"jsonrpc\":\"2.0\",\"id\":{id},\"result\":1}}\n").into_bytes(), false))
+                Some((
+                    format!("{{\"jsonrpc\":\"2.0\",\"id\":{id},\"result\":1}}\n").into_bytes(),
+                    false,
+                ))
             }
         })
         .await;

@@ -56,12 +56,11 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use super::rpc::{
-    AddNamespace, AioCreate, AttachController, ByName, ByNqn, ByTag, CreateInitiatorGroup,
-    CreatePortalGroup, CreateSubsystem, CreateTargetNode, CreateTransport, DeleteTargetNode,
-    GetBdevs, GetControllers, GetIostat, GetLvols, GetRaids, GetSubsystems, GetTransports,
-    LvolClone, LvolCreate, LvolResize, LvolSnapshot, LvstoreCreate, LvstoreSelector, MallocCreate,
-    RaidAddBaseBdev, RaidCategory, RaidCreate, RaidLevel, RemoveNamespace, SubsystemHostParams,
-    SubsystemListener,
+    AddNamespace, AioCreate, AttachController, ByName, ByNqn, ByTag, CreateInitiatorGroup, CreatePortalGroup,
+    CreateSubsystem, CreateTargetNode, CreateTransport, DeleteTargetNode, GetBdevs, GetControllers,
+    GetIostat, GetLvols, GetRaids, GetSubsystems, GetTransports, LvolClone, LvolCreate, LvolResize,
+    LvolSnapshot, LvstoreCreate, LvstoreSelector, MallocCreate, RaidAddBaseBdev, RaidCategory, RaidCreate,
+    RaidLevel, RemoveNamespace, SubsystemHostParams, SubsystemListener,
 };
 
 /// A fault to inject into one call.
@@ -260,13 +259,20 @@ impl Drop for SpdkDouble {
 impl SpdkDouble {
     /// Starts a double listening on `socket` (replacing a stale socket file).
     pub async fn start(socket: impl Into<PathBuf>) -> io::Result<SpdkDouble> {
-        let state = Arc::new(Mutex::new(State { host_id: new_uuid(), ..State::default() }));
+        let state = Arc::new(Mutex::new(State {
+            host_id: new_uuid(),
+            ..State::default()
+        }));
         {
             let mut fabric = lock(&FABRIC);
             fabric.retain(|w| w.strong_count() > 0);
             fabric.push(Arc::downgrade(&state));
         }
-        let d = SpdkDouble { socket: socket.into(), state, server: Mutex::new(None) };
+        let d = SpdkDouble {
+            socket: socket.into(),
+            state,
+            server: Mutex::new(None),
+        };
         d.listen()?;
         Ok(d)
     }
@@ -313,33 +319,61 @@ impl SpdkDouble {
             let mut s = lock(&self.state);
             let mut on_disk = std::mem::take(&mut s.on_disk);
             for lvs in &s.lvstores {
-                let Some(base) = s.bdevs.iter().find(|b| b.name == lvs.base_bdev) else { continue };
+                let Some(base) = s.bdevs.iter().find(|b| b.name == lvs.base_bdev) else {
+                    continue;
+                };
                 if let BdevKind::Aio { filename } = &base.kind {
                     let lvols = s
                         .bdevs
                         .iter()
                         .filter(|b| matches!(&b.kind, BdevKind::Lvol(l) if l.lvs_uuid == lvs.uuid))
-                        .map(|b| Bdev { claimed_by: None, ..b.clone() })
+                        .map(|b| Bdev {
+                            claimed_by: None,
+                            ..b.clone()
+                        })
                         .collect();
-                    on_disk.insert(filename.clone(), OnDisk { lvs: lvs.clone(), lvols });
+                    on_disk.insert(
+                        filename.clone(),
+                        OnDisk {
+                            lvs: lvs.clone(),
+                            lvols,
+                        },
+                    );
                 }
             }
             let pci = std::mem::take(&mut s.pci);
             let faults = std::mem::take(&mut s.faults);
             let host_id = std::mem::take(&mut s.host_id);
-            *s = State { on_disk, pci, faults, host_id, ..State::default() };
+            *s = State {
+                on_disk,
+                pci,
+                faults,
+                host_id,
+                ..State::default()
+            };
         }
         self.listen()
     }
 
     /// Injects `fault` into the `nth` next call of `method` (1 = the next one).
     pub fn inject(&self, method: &str, nth: u32, fault: Fault) {
-        lock(&self.state).faults.push(Armed { method: method.to_owned(), remaining: nth.max(1), fault });
+        lock(&self.state).faults.push(Armed {
+            method: method.to_owned(),
+            remaining: nth.max(1),
+            fault,
+        });
     }
 
     /// Makes the `nth` next call of `method` fail with `code`/`message`.
     pub fn fail_nth(&self, method: &str, nth: u32, code: i64, message: &str) {
-        self.inject(method, nth, Fault::Error { code, message: message.to_owned() });
+        self.inject(
+            method,
+            nth,
+            Fault::Error {
+                code,
+                message: message.to_owned(),
+            },
+        );
     }
 
     /// Drops the connection on the `nth` next call of `method`, before running it.
@@ -355,7 +389,13 @@ impl SpdkDouble {
     /// Adds a local NVMe device that `bdev_nvme_attach_controller` with
     /// trtype PCIe can attach at `bdf`.
     pub fn add_pcie_nvme(&self, bdf: &str, num_blocks: u64, block_size: u32) {
-        lock(&self.state).pci.insert(bdf.to_owned(), PciNvme { num_blocks, block_size });
+        lock(&self.state).pci.insert(
+            bdf.to_owned(),
+            PciNvme {
+                num_blocks,
+                block_size,
+            },
+        );
     }
 
     /// Names of every bdev (for leftover checks in tests).
@@ -365,7 +405,11 @@ impl SpdkDouble {
 
     /// NQNs of every subsystem except discovery.
     pub fn subsystem_nqns(&self) -> Vec<String> {
-        lock(&self.state).subsystems.iter().map(|s| s.nqn.clone()).collect()
+        lock(&self.state)
+            .subsystems
+            .iter()
+            .map(|s| s.nqn.clone())
+            .collect()
     }
 }
 
@@ -426,7 +470,11 @@ async fn serve_conn(stream: UnixStream, state: Arc<Mutex<State>>, mut shutdown: 
                             Outcome::Drop => return,
                         }
                     }
-                    if answers.is_empty() { None } else { Some(Value::Array(answers)) }
+                    if answers.is_empty() {
+                        None
+                    } else {
+                        Some(Value::Array(answers))
+                    }
                 }
                 other => match handle_request(&state, other).await {
                     Outcome::Reply(v) => Some(v),
@@ -456,7 +504,9 @@ fn invalid_request() -> Outcome {
 }
 
 async fn handle_request(state: &Arc<Mutex<State>>, req: Value) -> Outcome {
-    let Value::Object(obj) = req else { return invalid_request() };
+    let Value::Object(obj) = req else {
+        return invalid_request();
+    };
     if obj.get("jsonrpc").is_some_and(|v| v != "2.0") {
         return invalid_request();
     }
@@ -507,7 +557,9 @@ fn fabric() -> Vec<Arc<Mutex<State>>> {
 }
 
 fn listens(sub: &Subsys, traddr: &str, trsvcid: &str) -> bool {
-    sub.listeners.iter().any(|l| l.traddr == traddr && l.trsvcid.as_deref() == Some(trsvcid))
+    sub.listeners
+        .iter()
+        .any(|l| l.traddr == traddr && l.trsvcid.as_deref() == Some(trsvcid))
 }
 
 /// What an NVMe/TCP attach finds on the fabric: the namespaces of a
@@ -529,9 +581,11 @@ fn fabric_connect(traddr: &str, trsvcid: &str, nqn: &str, host_id: &str) -> Opti
 }
 
 fn fabric_disconnect(trid: &Value, cntlid: u32) {
-    let (Some(traddr), Some(trsvcid), Some(nqn)) =
-        (trid["traddr"].as_str(), trid["trsvcid"].as_str(), trid["subnqn"].as_str())
-    else {
+    let (Some(traddr), Some(trsvcid), Some(nqn)) = (
+        trid["traddr"].as_str(),
+        trid["trsvcid"].as_str(),
+        trid["subnqn"].as_str(),
+    ) else {
         return;
     };
     for d in fabric() {
@@ -583,7 +637,9 @@ fn nguid_of(uuid: &str) -> String {
 
 impl State {
     fn find(&self, name: &str) -> Option<usize> {
-        self.bdevs.iter().position(|b| b.name == name || b.aliases.iter().any(|a| a == name))
+        self.bdevs
+            .iter()
+            .position(|b| b.name == name || b.aliases.iter().any(|a| a == name))
     }
 
     fn name_taken(&self, name: &str) -> bool {
@@ -617,7 +673,12 @@ impl State {
                     lv["base_snapshot"] = json!(bs);
                 }
                 if l.snapshot {
-                    lv["clones"] = json!(self.clones_of(&b.name).iter().map(|c| self.lvol_name(c)).collect::<Vec<_>>());
+                    lv["clones"] = json!(
+                        self.clones_of(&b.name)
+                            .iter()
+                            .map(|c| self.lvol_name(c))
+                            .collect::<Vec<_>>()
+                    );
                 }
                 ("Logical Volume", json!({ "lvol": lv }))
             }
@@ -651,8 +712,15 @@ impl State {
     }
 
     fn raid_json(&self, name: &str) -> Value {
-        let Some(r) = self.raids.iter().find(|r| r.name == name) else { return json!({}) };
-        let uuid = self.bdevs.iter().find(|b| b.name == name).map(|b| b.uuid.clone()).unwrap_or_default();
+        let Some(r) = self.raids.iter().find(|r| r.name == name) else {
+            return json!({});
+        };
+        let uuid = self
+            .bdevs
+            .iter()
+            .find(|b| b.name == name)
+            .map(|b| b.uuid.clone())
+            .unwrap_or_default();
         let operational = r.slots.iter().filter(|s| s.is_some()).count();
         let state = if operational == 0 { "offline" } else { "online" };
         let level = serde_json::to_value(r.level).unwrap_or(Value::Null);
@@ -679,7 +747,8 @@ impl State {
         self.lvstores
             .iter()
             .position(|l| {
-                sel.uuid.as_ref().is_none_or(|u| &l.uuid == u) && sel.lvs_name.as_ref().is_none_or(|n| &l.name == n)
+                sel.uuid.as_ref().is_none_or(|u| &l.uuid == u)
+                    && sel.lvs_name.as_ref().is_none_or(|n| &l.name == n)
             })
             .ok_or((ENODEV.0, ENODEV.1.to_owned()))
     }
@@ -693,7 +762,10 @@ impl State {
                 _ => None,
             })
             .sum();
-        let block_size = self.find(&l.base_bdev).map(|i| self.bdevs[i].block_size).unwrap_or(4096);
+        let block_size = self
+            .find(&l.base_bdev)
+            .map(|i| self.bdevs[i].block_size)
+            .unwrap_or(4096);
         json!({
             "uuid": l.uuid, "name": l.name, "base_bdev": l.base_bdev,
             "total_data_clusters": l.total_clusters, "free_clusters": l.total_clusters.saturating_sub(used),
@@ -758,12 +830,16 @@ impl State {
                         Some(i) => Ok(json!([self.bdev_json(&self.bdevs[i])])),
                         None => e(ENODEV),
                     },
-                    None => Ok(Value::Array(self.bdevs.iter().map(|b| self.bdev_json(b)).collect())),
+                    None => Ok(Value::Array(
+                        self.bdevs.iter().map(|b| self.bdev_json(b)).collect(),
+                    )),
                 }
             }
             "bdev_examine" => {
                 let p: ByName = decode(params)?;
-                self.find(&p.name).map(|_| json!(true)).ok_or((ENODEV.0, ENODEV.1.into()))
+                self.find(&p.name)
+                    .map(|_| json!(true))
+                    .ok_or((ENODEV.0, ENODEV.1.into()))
             }
             "bdev_get_iostat" => {
                 let p: GetIostat = decode(params)?;
@@ -780,9 +856,11 @@ impl State {
                 };
                 let bdevs: Vec<Value> = names
                     .iter()
-                    .map(|n| json!({"name": n, "bytes_read": 0, "num_read_ops": 0, "bytes_written": 0,
+                    .map(|n| {
+                        json!({"name": n, "bytes_read": 0, "num_read_ops": 0, "bytes_written": 0,
                         "num_write_ops": 0, "bytes_unmapped": 0, "num_unmap_ops": 0,
-                        "read_latency_ticks": 0, "write_latency_ticks": 0, "io_error": {}}))
+                        "read_latency_ticks": 0, "write_latency_ticks": 0, "io_error": {}})
+                    })
                     .collect();
                 Ok(json!({"tick_rate": 1_000_000_000u64, "ticks": 0, "bdevs": bdevs}))
             }
@@ -791,7 +869,7 @@ impl State {
                     return fail(-32603, "spdk_json_decode_object failed");
                 }
                 let p: MallocCreate = decode(params)?;
-                if p.block_size == 0 || p.block_size % 512 != 0 || p.num_blocks == 0 {
+                if p.block_size == 0 || !p.block_size.is_multiple_of(512) || p.num_blocks == 0 {
                     return fail(-22, "Invalid argument");
                 }
                 let name = match p.name {
@@ -807,8 +885,13 @@ impl State {
                 }
                 let uuid = p.uuid.unwrap_or_else(new_uuid);
                 self.bdevs.push(Bdev {
-                    name: name.clone(), aliases: vec![uuid.clone()], uuid, block_size: p.block_size,
-                    num_blocks: p.num_blocks, claimed_by: None, kind: BdevKind::Malloc,
+                    name: name.clone(),
+                    aliases: vec![uuid.clone()],
+                    uuid,
+                    block_size: p.block_size,
+                    num_blocks: p.num_blocks,
+                    claimed_by: None,
+                    kind: BdevKind::Malloc,
                 });
                 Ok(json!(name))
             }
@@ -816,8 +899,12 @@ impl State {
                 let p: ByName = decode(params)?;
                 let want_aio = method == "bdev_aio_delete";
                 let i = match self.find(&p.name) {
-                    Some(i) if matches!(self.bdevs[i].kind, BdevKind::Aio { .. }) == want_aio
-                        && matches!(self.bdevs[i].kind, BdevKind::Aio { .. } | BdevKind::Malloc) => i,
+                    Some(i)
+                        if matches!(self.bdevs[i].kind, BdevKind::Aio { .. }) == want_aio
+                            && matches!(self.bdevs[i].kind, BdevKind::Aio { .. } | BdevKind::Malloc) =>
+                    {
+                        i
+                    }
                     _ => return e(ENODEV),
                 };
                 if self.bdevs[i].claimed_by.is_some() {
@@ -836,15 +923,22 @@ impl State {
                     return e(EEXIST);
                 }
                 let bs = p.block_size.unwrap_or(512);
-                if bs == 0 || bs % 512 != 0 {
+                if bs == 0 || !bs.is_multiple_of(512) {
                     return fail(-22, "Invalid argument");
                 }
-                let filename = std::fs::canonicalize(&p.filename).unwrap_or_else(|_| PathBuf::from(&p.filename));
+                let filename =
+                    std::fs::canonicalize(&p.filename).unwrap_or_else(|_| PathBuf::from(&p.filename));
                 let uuid = new_uuid();
                 self.bdevs.push(Bdev {
-                    name: p.name.clone(), aliases: vec![uuid.clone()], uuid, block_size: bs,
-                    num_blocks: meta.len() / u64::from(bs), claimed_by: None,
-                    kind: BdevKind::Aio { filename: filename.clone() },
+                    name: p.name.clone(),
+                    aliases: vec![uuid.clone()],
+                    uuid,
+                    block_size: bs,
+                    num_blocks: meta.len() / u64::from(bs),
+                    claimed_by: None,
+                    kind: BdevKind::Aio {
+                        filename: filename.clone(),
+                    },
                 });
                 // Examine: an lvstore written on this file comes back.
                 if let Some(d) = self.on_disk.remove(&filename) {
@@ -875,15 +969,20 @@ impl State {
                 let uuid = new_uuid();
                 self.bdevs[i].claimed_by = Some(format!("lvstore {}", p.lvs_name));
                 self.lvstores.push(Lvs {
-                    uuid: uuid.clone(), name: p.lvs_name, base_bdev: self.bdevs[i].name.clone(),
-                    cluster_size: cluster, total_clusters: size / cluster - 1,
+                    uuid: uuid.clone(),
+                    name: p.lvs_name,
+                    base_bdev: self.bdevs[i].name.clone(),
+                    cluster_size: cluster,
+                    total_clusters: size / cluster - 1,
                 });
                 Ok(json!(uuid))
             }
             "bdev_lvol_get_lvstores" => {
                 let p: LvstoreSelector = decode(params)?;
                 if p.uuid.is_none() && p.lvs_name.is_none() {
-                    return Ok(Value::Array(self.lvstores.iter().map(|l| self.lvs_json(l)).collect()));
+                    return Ok(Value::Array(
+                        self.lvstores.iter().map(|l| self.lvs_json(l)).collect(),
+                    ));
                 }
                 let i = self.lvs_by(&p)?;
                 Ok(json!([self.lvs_json(&self.lvstores[i])]))
@@ -910,7 +1009,10 @@ impl State {
             }
             "bdev_lvol_create" => {
                 let p: LvolCreate = decode(params)?;
-                let sel = LvstoreSelector { uuid: p.uuid.clone(), lvs_name: p.lvs_name.clone() };
+                let sel = LvstoreSelector {
+                    uuid: p.uuid.clone(),
+                    lvs_name: p.lvs_name.clone(),
+                };
                 if sel.uuid.is_none() && sel.lvs_name.is_none() {
                     return fail(-32602, "Invalid parameters");
                 }
@@ -925,13 +1027,24 @@ impl State {
                 if !thin && clusters > self.free_clusters(&lvs.uuid) {
                     return fail(-32602, "No space left on device");
                 }
-                let bs = self.find(&lvs.base_bdev).map(|i| self.bdevs[i].block_size).unwrap_or(4096);
+                let bs = self
+                    .find(&lvs.base_bdev)
+                    .map(|i| self.bdevs[i].block_size)
+                    .unwrap_or(4096);
                 let uuid = new_uuid();
                 self.bdevs.push(Bdev {
-                    name: uuid.clone(), aliases: vec![alias], uuid: uuid.clone(), block_size: bs,
-                    num_blocks: clusters * lvs.cluster_size / u64::from(bs), claimed_by: None,
+                    name: uuid.clone(),
+                    aliases: vec![alias],
+                    uuid: uuid.clone(),
+                    block_size: bs,
+                    num_blocks: clusters * lvs.cluster_size / u64::from(bs),
+                    claimed_by: None,
                     kind: BdevKind::Lvol(LvolInfo {
-                        lvs_uuid: lvs.uuid, name: p.lvol_name, thin, snapshot: false, parent: None,
+                        lvs_uuid: lvs.uuid,
+                        name: p.lvol_name,
+                        thin,
+                        snapshot: false,
+                        parent: None,
                         allocated: if thin { 0 } else { clusters },
                     }),
                 });
@@ -953,10 +1066,17 @@ impl State {
                 let uuid = new_uuid();
                 let src = self.bdevs[i].clone();
                 self.bdevs.push(Bdev {
-                    name: uuid.clone(), aliases: vec![alias], uuid: uuid.clone(), claimed_by: None,
+                    name: uuid.clone(),
+                    aliases: vec![alias],
+                    uuid: uuid.clone(),
+                    claimed_by: None,
                     kind: BdevKind::Lvol(LvolInfo {
-                        name: p.snapshot_name, snapshot: true, parent: info.parent.clone(),
-                        allocated: info.allocated, thin: info.thin, lvs_uuid: info.lvs_uuid,
+                        name: p.snapshot_name,
+                        snapshot: true,
+                        parent: info.parent.clone(),
+                        allocated: info.allocated,
+                        thin: info.thin,
+                        lvs_uuid: info.lvs_uuid,
                     }),
                     ..src
                 });
@@ -985,10 +1105,17 @@ impl State {
                 let uuid = new_uuid();
                 let src = self.bdevs[i].clone();
                 self.bdevs.push(Bdev {
-                    name: uuid.clone(), aliases: vec![alias], uuid: uuid.clone(), claimed_by: None,
+                    name: uuid.clone(),
+                    aliases: vec![alias],
+                    uuid: uuid.clone(),
+                    claimed_by: None,
                     kind: BdevKind::Lvol(LvolInfo {
-                        name: p.clone_name, snapshot: false, parent: Some(src.name.clone()), allocated: 0,
-                        thin: true, lvs_uuid: info.lvs_uuid,
+                        name: p.clone_name,
+                        snapshot: false,
+                        parent: Some(src.name.clone()),
+                        allocated: 0,
+                        thin: true,
+                        lvs_uuid: info.lvs_uuid,
                     }),
                     ..src
                 });
@@ -1002,7 +1129,10 @@ impl State {
                     return e(ENODEV);
                 };
                 let clusters = (p.size_in_mib << 20).div_ceil(lvs.cluster_size);
-                if !info.thin && clusters > info.allocated && clusters - info.allocated > self.free_clusters(&lvs.uuid) {
+                if !info.thin
+                    && clusters > info.allocated
+                    && clusters - info.allocated > self.free_clusters(&lvs.uuid)
+                {
                     return fail(-32602, "No space left on device");
                 }
                 let bs = u64::from(self.bdevs[i].block_size);
@@ -1036,7 +1166,10 @@ impl State {
             }
             "bdev_lvol_get_lvols" => {
                 let p: GetLvols = decode(params)?;
-                let sel = LvstoreSelector { uuid: p.lvs_uuid, lvs_name: p.lvs_name };
+                let sel = LvstoreSelector {
+                    uuid: p.lvs_uuid,
+                    lvs_name: p.lvs_name,
+                };
                 let only = if sel.uuid.is_some() || sel.lvs_name.is_some() {
                     Some(self.lvstores[self.lvs_by(&sel)?].uuid.clone())
                 } else {
@@ -1048,7 +1181,11 @@ impl State {
                     if only.as_ref().is_some_and(|u| u != &l.lvs_uuid) {
                         continue;
                     }
-                    let lvs_name = self.lvstores.iter().find(|s| s.uuid == l.lvs_uuid).map(|s| s.name.clone());
+                    let lvs_name = self
+                        .lvstores
+                        .iter()
+                        .find(|s| s.uuid == l.lvs_uuid)
+                        .map(|s| s.name.clone());
                     out.push(json!({
                         "alias": b.aliases.first(), "uuid": b.uuid, "name": l.name,
                         "is_thin_provisioned": l.thin, "is_snapshot": l.snapshot, "is_clone": l.parent.is_some(),
@@ -1086,7 +1223,11 @@ impl State {
                 let bs = self.bdevs[idx[0]].block_size;
                 let min = idx.iter().map(|&i| self.bdevs[i].num_blocks).min().unwrap_or(0);
                 let sum: u64 = idx.iter().map(|&i| self.bdevs[i].num_blocks).sum();
-                let num_blocks = if p.raid_level == RaidLevel::Raid1 { min } else { sum };
+                let num_blocks = if p.raid_level == RaidLevel::Raid1 {
+                    min
+                } else {
+                    sum
+                };
                 let mut slots = Vec::new();
                 for &i in &idx {
                     self.bdevs[i].claimed_by = Some(format!("raid {}", p.name));
@@ -1094,17 +1235,27 @@ impl State {
                 }
                 let uuid = p.uuid.clone().unwrap_or_else(new_uuid);
                 self.raids.push(Raid {
-                    name: p.name.clone(), level: p.raid_level, strip_size_kb: p.strip_size_kb.unwrap_or(0), slots,
+                    name: p.name.clone(),
+                    level: p.raid_level,
+                    strip_size_kb: p.strip_size_kb.unwrap_or(0),
+                    slots,
                 });
                 self.bdevs.push(Bdev {
-                    name: p.name, aliases: vec![uuid.clone()], uuid, block_size: bs, num_blocks,
-                    claimed_by: None, kind: BdevKind::Raid,
+                    name: p.name,
+                    aliases: vec![uuid.clone()],
+                    uuid,
+                    block_size: bs,
+                    num_blocks,
+                    claimed_by: None,
+                    kind: BdevKind::Raid,
                 });
                 Ok(json!(true))
             }
             "bdev_raid_delete" => {
                 let p: ByName = decode(params)?;
-                let Some(ri) = self.raids.iter().position(|r| r.name == p.name) else { return e(ENODEV) };
+                let Some(ri) = self.raids.iter().position(|r| r.name == p.name) else {
+                    return e(ENODEV);
+                };
                 let raid = self.raids.remove(ri);
                 for m in raid.slots.iter().flatten() {
                     if let Some(i) = self.find(m) {
@@ -1132,7 +1283,11 @@ impl State {
             }
             "bdev_raid_add_base_bdev" => {
                 let p: RaidAddBaseBdev = decode(params)?;
-                let ri = self.raids.iter().position(|r| r.name == p.raid_bdev).ok_or((ENODEV.0, ENODEV.1.into()))?;
+                let ri = self
+                    .raids
+                    .iter()
+                    .position(|r| r.name == p.raid_bdev)
+                    .ok_or((ENODEV.0, ENODEV.1.into()))?;
                 let bi = self.find(&p.base_bdev).ok_or((ENODEV.0, ENODEV.1.into()))?;
                 if self.bdevs[bi].claimed_by.is_some() {
                     return fail(-1, "Operation not permitted");
@@ -1148,7 +1303,11 @@ impl State {
                 let p: ByName = decode(params)?;
                 let bi = self.find(&p.name).ok_or((ENODEV.0, ENODEV.1.into()))?;
                 let name = self.bdevs[bi].name.clone();
-                let Some(ri) = self.raids.iter().position(|r| r.slots.iter().any(|s| s.as_deref() == Some(&name))) else {
+                let Some(ri) = self
+                    .raids
+                    .iter()
+                    .position(|r| r.slots.iter().any(|s| s.as_deref() == Some(&name)))
+                else {
                     return e(ENODEV);
                 };
                 for s in &mut self.raids[ri].slots {
@@ -1177,8 +1336,10 @@ impl State {
                     self.transports
                         .iter()
                         .filter(|t| p.trtype.as_ref().is_none_or(|w| w.eq_ignore_ascii_case(t)))
-                        .map(|t| json!({"trtype": t, "max_queue_depth": 128, "max_io_qpairs_per_ctrlr": 127,
-                            "in_capsule_data_size": 4096, "max_io_size": 131072}))
+                        .map(|t| {
+                            json!({"trtype": t, "max_queue_depth": 128, "max_io_qpairs_per_ctrlr": 127,
+                            "in_capsule_data_size": 4096, "max_io_size": 131072})
+                        })
                         .collect(),
                 ))
             }
@@ -1206,8 +1367,10 @@ impl State {
             }
             "nvmf_get_subsystems" => {
                 let p: GetSubsystems = decode(params)?;
-                let mut out = vec![json!({"nqn": "nqn.2014-08.org.nvmexpress.discovery", "subtype": "Discovery",
-                    "listen_addresses": [], "allow_any_host": true, "hosts": []})];
+                let mut out = vec![
+                    json!({"nqn": "nqn.2014-08.org.nvmexpress.discovery", "subtype": "Discovery",
+                    "listen_addresses": [], "allow_any_host": true, "hosts": []}),
+                ];
                 for s in &self.subsystems {
                     out.push(json!({
                         "nqn": s.nqn, "subtype": "NVMe", "listen_addresses": s.listeners,
@@ -1221,7 +1384,11 @@ impl State {
                 match p.nqn {
                     Some(nqn) => {
                         let one: Vec<Value> = out.into_iter().filter(|s| s["nqn"] == nqn.as_str()).collect();
-                        if one.is_empty() { e(INVALID_PARAMS) } else { Ok(Value::Array(one)) }
+                        if one.is_empty() {
+                            e(INVALID_PARAMS)
+                        } else {
+                            Ok(Value::Array(one))
+                        }
                     }
                     None => Ok(Value::Array(out)),
                 }
@@ -1229,13 +1396,19 @@ impl State {
             "nvmf_subsystem_add_ns" => {
                 let p: AddNamespace = decode(params)?;
                 let si = self.subsys(&p.nqn)?;
-                let bi = self.find(&p.namespace.bdev_name).ok_or((INVALID_PARAMS.0, INVALID_PARAMS.1.into()))?;
+                let bi = self
+                    .find(&p.namespace.bdev_name)
+                    .ok_or((INVALID_PARAMS.0, INVALID_PARAMS.1.into()))?;
                 let b = self.bdevs[bi].clone();
                 let sub = &mut self.subsystems[si];
                 let nsid = match p.namespace.nsid {
-                    Some(n) if n == 0 || sub.namespaces.iter().any(|x| x.nsid == n) => return e(INVALID_PARAMS),
+                    Some(n) if n == 0 || sub.namespaces.iter().any(|x| x.nsid == n) => {
+                        return e(INVALID_PARAMS);
+                    }
                     Some(n) => n,
-                    None => (1..).find(|n| !sub.namespaces.iter().any(|x| x.nsid == *n)).unwrap_or(1),
+                    None => (1..)
+                        .find(|n| !sub.namespaces.iter().any(|x| x.nsid == *n))
+                        .unwrap_or(1),
                 };
                 let derived_nguid = p.namespace.nguid.is_none();
                 sub.namespaces.push(Ns {
@@ -1307,8 +1480,10 @@ impl State {
                     self.subsystems[si]
                         .controllers
                         .iter()
-                        .map(|(cntlid, hostnqn, hostid)| json!({"cntlid": cntlid, "cntrltype": "io",
-                            "hostnqn": hostnqn, "hostid": hostid, "num_io_qpairs": 1}))
+                        .map(|(cntlid, hostnqn, hostid)| {
+                            json!({"cntlid": cntlid, "cntrltype": "io",
+                            "hostnqn": hostnqn, "hostid": hostid, "num_io_qpairs": 1})
+                        })
                         .collect(),
                 ))
             }
@@ -1330,13 +1505,22 @@ impl State {
                 if self.portal_groups.contains_key(&p.tag) {
                     return e(INVALID_PARAMS);
                 }
-                self.portal_groups.insert(p.tag, json!({"tag": p.tag, "portals": p.portals, "private": false}));
+                self.portal_groups.insert(
+                    p.tag,
+                    json!({"tag": p.tag, "portals": p.portals, "private": false}),
+                );
                 Ok(json!(true))
             }
             "iscsi_delete_portal_group" | "iscsi_delete_initiator_group" => {
                 let p: ByTag = decode(params)?;
-                let map = if method.contains("portal") { &mut self.portal_groups } else { &mut self.initiator_groups };
-                map.remove(&p.tag).map(|_| json!(true)).ok_or((INVALID_PARAMS.0, INVALID_PARAMS.1.into()))
+                let map = if method.contains("portal") {
+                    &mut self.portal_groups
+                } else {
+                    &mut self.initiator_groups
+                };
+                map.remove(&p.tag)
+                    .map(|_| json!(true))
+                    .ok_or((INVALID_PARAMS.0, INVALID_PARAMS.1.into()))
             }
             "iscsi_get_portal_groups" => Ok(Value::Array(self.portal_groups.values().cloned().collect())),
             "iscsi_create_initiator_group" => {
@@ -1344,20 +1528,28 @@ impl State {
                 if self.initiator_groups.contains_key(&p.tag) {
                     return e(INVALID_PARAMS);
                 }
-                self.initiator_groups
-                    .insert(p.tag, json!({"tag": p.tag, "initiators": p.initiators, "netmasks": p.netmasks}));
+                self.initiator_groups.insert(
+                    p.tag,
+                    json!({"tag": p.tag, "initiators": p.initiators, "netmasks": p.netmasks}),
+                );
                 Ok(json!(true))
             }
-            "iscsi_get_initiator_groups" => Ok(Value::Array(self.initiator_groups.values().cloned().collect())),
+            "iscsi_get_initiator_groups" => {
+                Ok(Value::Array(self.initiator_groups.values().cloned().collect()))
+            }
             "iscsi_create_target_node" => {
                 let p: CreateTargetNode = decode(params)?;
-                let name =
-                    if p.name.starts_with("iqn.") { p.name.clone() } else { format!("iqn.2016-06.io.spdk:{}", p.name) };
+                let name = if p.name.starts_with("iqn.") {
+                    p.name.clone()
+                } else {
+                    format!("iqn.2016-06.io.spdk:{}", p.name)
+                };
                 let ok = !self.target_nodes.contains_key(&name)
                     && p.luns.iter().all(|l| self.find(&l.bdev_name).is_some())
-                    && p.pg_ig_maps
-                        .iter()
-                        .all(|m| self.portal_groups.contains_key(&m.pg_tag) && self.initiator_groups.contains_key(&m.ig_tag));
+                    && p.pg_ig_maps.iter().all(|m| {
+                        self.portal_groups.contains_key(&m.pg_tag)
+                            && self.initiator_groups.contains_key(&m.ig_tag)
+                    });
                 if !ok {
                     return e(INVALID_PARAMS);
                 }
@@ -1371,7 +1563,10 @@ impl State {
             }
             "iscsi_delete_target_node" => {
                 let p: DeleteTargetNode = decode(params)?;
-                self.target_nodes.remove(&p.name).map(|_| json!(true)).ok_or((INVALID_PARAMS.0, INVALID_PARAMS.1.into()))
+                self.target_nodes
+                    .remove(&p.name)
+                    .map(|_| json!(true))
+                    .ok_or((INVALID_PARAMS.0, INVALID_PARAMS.1.into()))
             }
             "iscsi_get_target_nodes" => Ok(Value::Array(self.target_nodes.values().cloned().collect())),
             _ => fail(-32601, "Method not found"),
@@ -1379,21 +1574,38 @@ impl State {
     }
 
     fn subsys(&self, nqn: &str) -> Result<usize, (i64, String)> {
-        self.subsystems.iter().position(|s| s.nqn == nqn).ok_or((INVALID_PARAMS.0, INVALID_PARAMS.1.into()))
+        self.subsystems
+            .iter()
+            .position(|s| s.nqn == nqn)
+            .ok_or((INVALID_PARAMS.0, INVALID_PARAMS.1.into()))
     }
 
     fn check_ctrlr_name(&self, p: &AttachController) -> Result<(), (i64, String)> {
         if let Some(c) = self.ctrlrs.iter().find(|c| c.name == p.name) {
             if c.trid == trid_of(p) {
-                return fail(-114, format!("A controller named {} already exists with the specified network path", p.name));
+                return fail(
+                    -114,
+                    format!(
+                        "A controller named {} already exists with the specified network path",
+                        p.name
+                    ),
+                );
             }
-            return fail(-17, format!("A controller named {} already exists and multipath is disabled", p.name));
+            return fail(
+                -17,
+                format!(
+                    "A controller named {} already exists and multipath is disabled",
+                    p.name
+                ),
+            );
         }
         Ok(())
     }
 
     fn detach(&mut self, name: &str) -> Result<Ctrlr, (i64, String)> {
-        let Some(ci) = self.ctrlrs.iter().position(|c| c.name == name) else { return e(ENODEV) };
+        let Some(ci) = self.ctrlrs.iter().position(|c| c.name == name) else {
+            return e(ENODEV);
+        };
         let c = self.ctrlrs.remove(ci);
         for b in &c.bdevs {
             // A raid loses the member (degraded), as on a hot remove.
@@ -1417,14 +1629,20 @@ impl State {
         let cntlid = remote.as_ref().map(|r| r.1);
         let remote = remote.map(|r| r.0);
         let namespaces: Vec<(u32, String, u64, u32, bool)> = if p.trtype.eq_ignore_ascii_case("pcie") {
-            let Some(d) = self.pci.get(&p.traddr) else { return e(ENODEV) };
+            let Some(d) = self.pci.get(&p.traddr) else {
+                return e(ENODEV);
+            };
             vec![(1, new_uuid(), d.num_blocks, d.block_size, false)]
         } else {
-            let Some(nss) = remote else { return fail(-5, "Input/output error") };
+            let Some(nss) = remote else {
+                return fail(-5, "Input/output error");
+            };
             nss.into_iter()
                 .map(|n| {
                     // The bdev takes its UUID from the NGUID.
-                    let u = uuid::Uuid::parse_str(&n.nguid).map(|u| u.hyphenated().to_string()).unwrap_or(n.uuid);
+                    let u = uuid::Uuid::parse_str(&n.nguid)
+                        .map(|u| u.hyphenated().to_string())
+                        .unwrap_or(n.uuid);
                     (n.nsid, u, n.num_blocks, n.block_size, n.derived_nguid)
                 })
                 .collect()
@@ -1439,12 +1657,24 @@ impl State {
                 continue;
             }
             self.bdevs.push(Bdev {
-                name: name.clone(), aliases: vec![uuid.clone()], uuid, block_size, num_blocks, claimed_by: None,
-                kind: BdevKind::Nvme { ctrlr: p.name.clone() },
+                name: name.clone(),
+                aliases: vec![uuid.clone()],
+                uuid,
+                block_size,
+                num_blocks,
+                claimed_by: None,
+                kind: BdevKind::Nvme {
+                    ctrlr: p.name.clone(),
+                },
             });
             created.push(name);
         }
-        self.ctrlrs.push(Ctrlr { name: p.name.clone(), trid, bdevs: created.clone(), cntlid });
+        self.ctrlrs.push(Ctrlr {
+            name: p.name.clone(),
+            trid,
+            bdevs: created.clone(),
+            cntlid,
+        });
         Ok(json!(created))
     }
 }
@@ -1459,22 +1689,65 @@ fn trid_of(p: &AttachController) -> Value {
 
 fn unreachable_lvol() -> LvolInfo {
     // Only called after `State::lvol` checked the kind.
-    LvolInfo { lvs_uuid: String::new(), name: String::new(), thin: true, snapshot: false, parent: None, allocated: 0 }
+    LvolInfo {
+        lvs_uuid: String::new(),
+        name: String::new(),
+        thin: true,
+        snapshot: false,
+        parent: None,
+        allocated: 0,
+    }
 }
 
 /// The methods the double implements (its `rpc_get_methods`).
 pub const METHODS: &[&str] = &[
-    "spdk_get_version", "rpc_get_methods", "framework_wait_init", "bdev_wait_for_examine", "bdev_examine",
-    "bdev_get_bdevs", "bdev_get_iostat", "bdev_malloc_create", "bdev_malloc_delete", "bdev_aio_create",
-    "bdev_aio_delete", "bdev_lvol_create_lvstore", "bdev_lvol_get_lvstores", "bdev_lvol_delete_lvstore",
-    "bdev_lvol_create", "bdev_lvol_snapshot", "bdev_lvol_clone", "bdev_lvol_resize", "bdev_lvol_delete",
-    "bdev_lvol_get_lvols", "bdev_raid_create", "bdev_raid_delete", "bdev_raid_get_bdevs",
-    "bdev_raid_add_base_bdev", "bdev_raid_remove_base_bdev", "nvmf_create_transport", "nvmf_get_transports",
-    "nvmf_create_subsystem", "nvmf_delete_subsystem", "nvmf_get_subsystems", "nvmf_subsystem_add_ns",
-    "nvmf_subsystem_remove_ns", "nvmf_subsystem_add_listener", "nvmf_subsystem_remove_listener",
-    "nvmf_subsystem_add_host", "nvmf_subsystem_remove_host", "nvmf_subsystem_get_controllers",
-    "bdev_nvme_attach_controller", "bdev_nvme_detach_controller", "bdev_nvme_get_controllers",
-    "iscsi_create_portal_group", "iscsi_delete_portal_group", "iscsi_get_portal_groups",
-    "iscsi_create_initiator_group", "iscsi_delete_initiator_group", "iscsi_get_initiator_groups",
-    "iscsi_create_target_node", "iscsi_delete_target_node", "iscsi_get_target_nodes",
+    "spdk_get_version",
+    "rpc_get_methods",
+    "framework_wait_init",
+    "bdev_wait_for_examine",
+    "bdev_examine",
+    "bdev_get_bdevs",
+    "bdev_get_iostat",
+    "bdev_malloc_create",
+    "bdev_malloc_delete",
+    "bdev_aio_create",
+    "bdev_aio_delete",
+    "bdev_lvol_create_lvstore",
+    "bdev_lvol_get_lvstores",
+    "bdev_lvol_delete_lvstore",
+    "bdev_lvol_create",
+    "bdev_lvol_snapshot",
+    "bdev_lvol_clone",
+    "bdev_lvol_resize",
+    "bdev_lvol_delete",
+    "bdev_lvol_get_lvols",
+    "bdev_raid_create",
+    "bdev_raid_delete",
+    "bdev_raid_get_bdevs",
+    "bdev_raid_add_base_bdev",
+    "bdev_raid_remove_base_bdev",
+    "nvmf_create_transport",
+    "nvmf_get_transports",
+    "nvmf_create_subsystem",
+    "nvmf_delete_subsystem",
+    "nvmf_get_subsystems",
+    "nvmf_subsystem_add_ns",
+    "nvmf_subsystem_remove_ns",
+    "nvmf_subsystem_add_listener",
+    "nvmf_subsystem_remove_listener",
+    "nvmf_subsystem_add_host",
+    "nvmf_subsystem_remove_host",
+    "nvmf_subsystem_get_controllers",
+    "bdev_nvme_attach_controller",
+    "bdev_nvme_detach_controller",
+    "bdev_nvme_get_controllers",
+    "iscsi_create_portal_group",
+    "iscsi_delete_portal_group",
+    "iscsi_get_portal_groups",
+    "iscsi_create_initiator_group",
+    "iscsi_delete_initiator_group",
+    "iscsi_get_initiator_groups",
+    "iscsi_create_target_node",
+    "iscsi_delete_target_node",
+    "iscsi_get_target_nodes",
 ];

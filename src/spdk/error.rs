@@ -185,7 +185,12 @@ impl SpdkError {
     pub fn new(method: impl Into<String>, code: i64, message: impl Into<String>) -> Self {
         let message = message.into();
         let kind = ErrorKind::classify(code, &message);
-        SpdkError { method: method.into(), code, message, kind }
+        SpdkError {
+            method: method.into(),
+            code,
+            message,
+            kind,
+        }
     }
 }
 
@@ -197,19 +202,35 @@ mod tests {
     fn classifies_recorded_errors() {
         let cases = [
             (-17, "File exists", ErrorKind::AlreadyExists),
-            (-17, "Failed to create RAID bdev Raid1: File exists", ErrorKind::AlreadyExists),
+            (
+                -17,
+                "Failed to create RAID bdev Raid1: File exists",
+                ErrorKind::AlreadyExists,
+            ),
             (-19, "No such device", ErrorKind::NotFound),
             (-2, "No such file or directory", ErrorKind::NotFound),
             (-1, "Operation not permitted", ErrorKind::Busy),
             (-32603, "Operation not permitted", ErrorKind::Busy),
-            (-114, "A controller named Nvme0 already exists with the specified network path", ErrorKind::AlreadyExists),
-            (-114, "Operation already in progress", ErrorKind::AlreadyInProgress),
+            (
+                -114,
+                "A controller named Nvme0 already exists with the specified network path",
+                ErrorKind::AlreadyExists,
+            ),
+            (
+                -114,
+                "Operation already in progress",
+                ErrorKind::AlreadyInProgress,
+            ),
             (-22, "Invalid argument", ErrorKind::InvalidArgument),
             (-32602, "Invalid argument", ErrorKind::InvalidArgument),
             (-32602, "No space left on device", ErrorKind::NoSpace),
             (-32602, "Invalid parameters", ErrorKind::InvalidParams),
             (-32602, "Invalid transport type 'FOO'", ErrorKind::InvalidArgument),
-            (-32603, "Transport type 'TCP' already exists", ErrorKind::AlreadyExists),
+            (
+                -32603,
+                "Transport type 'TCP' already exists",
+                ErrorKind::AlreadyExists,
+            ),
             (-32603, "Unable to create subsystem x", ErrorKind::Internal),
             (-32603, "spdk_json_decode_object failed", ErrorKind::InvalidParams),
             (-32700, "spdk_json_decode_object failed", ErrorKind::InvalidParams),
@@ -226,6 +247,9 @@ mod tests {
     #[test]
     fn display_names_method_and_kind() {
         let e = SpdkError::new("bdev_get_bdevs", -19, "No such device");
-        assert_eq!(e.to_string(), "SPDK bdev_get_bdevs failed (not found): code -19, \"No such device\"");
+        assert_eq!(
+            e.to_string(),
+            "SPDK bdev_get_bdevs failed (not found): code -19, \"No such device\""
+        );
     }
 }

@@ -259,7 +259,10 @@ pub struct LvstoreSelector {
 impl LvstoreSelector {
     /// By name.
     pub fn name(lvs: impl Into<String>) -> Self {
-        LvstoreSelector { uuid: None, lvs_name: Some(lvs.into()) }
+        LvstoreSelector {
+            uuid: None,
+            lvs_name: Some(lvs.into()),
+        }
     }
 }
 
@@ -570,7 +573,12 @@ pub struct CreateTransport {
 impl CreateTransport {
     /// The TCP transport with SPDK defaults.
     pub fn tcp() -> Self {
-        CreateTransport { trtype: "TCP".into(), max_queue_depth: None, in_capsule_data_size: None, max_io_size: None }
+        CreateTransport {
+            trtype: "TCP".into(),
+            max_queue_depth: None,
+            in_capsule_data_size: None,
+            max_io_size: None,
+        }
     }
 }
 
@@ -828,7 +836,12 @@ pub struct AttachController {
 
 impl AttachController {
     /// An NVMe/TCP attach of `subnqn` at `addr:port`.
-    pub fn tcp(name: impl Into<String>, addr: std::net::IpAddr, port: u16, subnqn: impl Into<String>) -> Self {
+    pub fn tcp(
+        name: impl Into<String>,
+        addr: std::net::IpAddr,
+        port: u16,
+        subnqn: impl Into<String>,
+    ) -> Self {
         AttachController {
             name: name.into(),
             trtype: "tcp".into(),
@@ -1067,16 +1080,22 @@ impl SpdkClient {
         method: &str,
         params: &P,
     ) -> Result<R, ClientError> {
-        let value = serde_json::to_value(params)
-            .map_err(|source| ClientError::EncodeParams { method: method.to_owned(), source })?;
+        let value = serde_json::to_value(params).map_err(|source| ClientError::EncodeParams {
+            method: method.to_owned(),
+            source,
+        })?;
         let params = match value {
             Value::Null => None,
             Value::Object(m) if m.is_empty() => None,
             v => Some(v),
         };
-        let v = self.call_value(method, params, self.timeouts().for_method(method)).await?;
-        serde_json::from_value(v)
-            .map_err(|source| ClientError::DecodeResult { method: method.to_owned(), source })
+        let v = self
+            .call_value(method, params, self.timeouts().for_method(method))
+            .await?;
+        serde_json::from_value(v).map_err(|source| ClientError::DecodeResult {
+            method: method.to_owned(),
+            source,
+        })
     }
 
     rpc!(/// The target's version; also the readiness probe.
@@ -1187,7 +1206,13 @@ impl SpdkClient {
 
     /// One bdev by name or alias, `None` when SPDK says it does not exist.
     pub async fn bdev(&self, name: &str) -> Result<Option<Bdev>, ClientError> {
-        match self.bdev_get_bdevs(&GetBdevs { name: Some(name.to_owned()), timeout: None }).await {
+        match self
+            .bdev_get_bdevs(&GetBdevs {
+                name: Some(name.to_owned()),
+                timeout: None,
+            })
+            .await
+        {
             Ok(mut v) => Ok(v.pop()),
             Err(e) if e.is(super::ErrorKind::NotFound) => Ok(None),
             Err(e) => Err(e),

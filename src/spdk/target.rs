@@ -169,7 +169,10 @@ impl TargetConfig {
     /// The `-s` value in MiB.
     pub fn mem_size_mib(&self) -> u64 {
         match self.memory {
-            Memory::Hugepages { mem_size_mib: Some(m) } | Memory::NoHuge { mem_size_mib: m } => m,
+            Memory::Hugepages {
+                mem_size_mib: Some(m),
+            }
+            | Memory::NoHuge { mem_size_mib: m } => m,
             Memory::Hugepages { mem_size_mib: None } => mem_size_mib_for(self.exported_volumes),
         }
     }
@@ -224,7 +227,13 @@ pub fn find_spdk_tgt(
         }
         searched.push(c.display().to_string());
     }
-    Err(TargetError::NotFound { searched: if searched.is_empty() { "nothing".into() } else { searched.join(", ") } })
+    Err(TargetError::NotFound {
+        searched: if searched.is_empty() {
+            "nothing".into()
+        } else {
+            searched.join(", ")
+        },
+    })
 }
 
 fn is_executable(p: &Path) -> bool {
@@ -245,7 +254,11 @@ pub struct Backoff {
 impl Backoff {
     /// A backoff starting at `base`, capped at `max`.
     pub fn new(base: Duration, max: Duration) -> Self {
-        Backoff { base, max, attempt: 0 }
+        Backoff {
+            base,
+            max,
+            attempt: 0,
+        }
     }
 
     /// The next delay.
@@ -278,7 +291,10 @@ pub async fn wait_ready(
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
         let probe = Duration::from_secs(2).min(left.max(Duration::from_millis(1)));
-        let last = match client.call_with_timeout::<(), Version>("spdk_get_version", None, probe).await {
+        let last = match client
+            .call_with_timeout::<(), Version>("spdk_get_version", None, probe)
+            .await
+        {
             Ok(v) => return Ok(v),
             Err(e) => e,
         };
@@ -292,7 +308,11 @@ pub async fn wait_ready(
             });
         }
         if Instant::now() >= deadline {
-            return Err(TargetError::NotReady { socket: client.socket().to_path_buf(), timeout, last: Some(last) });
+            return Err(TargetError::NotReady {
+                socket: client.socket().to_path_buf(),
+                timeout,
+                last: Some(last),
+            });
         }
         tokio::time::sleep(backoff.next_delay().min(left)).await;
     }
@@ -327,10 +347,18 @@ impl Target {
     /// Adopts a target already answering on `socket`; `None` if none answers.
     pub async fn adopt(socket: &Path) -> Option<Target> {
         let client = SpdkClient::new(socket);
-        let version =
-            client.call_with_timeout::<(), Version>("spdk_get_version", None, Duration::from_secs(2)).await.ok()?;
+        let version = client
+            .call_with_timeout::<(), Version>("spdk_get_version", None, Duration::from_secs(2))
+            .await
+            .ok()?;
         let pid = socket_peer_pid(socket).await;
-        Some(Target { client, origin: Origin::Adopted, pid, child: None, version })
+        Some(Target {
+            client,
+            origin: Origin::Adopted,
+            pid,
+            child: None,
+            version,
+        })
     }
 
     /// Adopts a target on the config's socket, or spawns one and waits until
@@ -346,9 +374,15 @@ impl Target {
     /// Spawns spdk_tgt (never adopts) and waits until it answers.
     pub async fn spawn(cfg: &TargetConfig) -> Result<Target, TargetError> {
         let path_var = std::env::var_os("PATH");
-        let bin = find_spdk_tgt(cfg.spdk_tgt.as_deref(), cfg.spdk_dir.as_deref(), path_var.as_deref())?;
-        std::fs::create_dir_all(&cfg.run_dir)
-            .map_err(|source| TargetError::RunDir { path: cfg.run_dir.clone(), source })?;
+        let bin = find_spdk_tgt(
+            cfg.spdk_tgt.as_deref(),
+            cfg.spdk_dir.as_deref(),
+            path_var.as_deref(),
+        )?;
+        std::fs::create_dir_all(&cfg.run_dir).map_err(|source| TargetError::RunDir {
+            path: cfg.run_dir.clone(),
+            source,
+        })?;
         let socket = cfg.socket();
         // A socket file nobody answers on is stale (a crashed target).
         let _ = std::fs::remove_file(&socket);
@@ -357,12 +391,21 @@ impl Target {
             .stdin(std::process::Stdio::null())
             .kill_on_drop(false)
             .spawn()
-            .map_err(|source| TargetError::Spawn { path: bin.clone(), source })?;
+            .map_err(|source| TargetError::Spawn {
+                path: bin.clone(),
+                source,
+            })?;
         let pid = child.id().and_then(|p| i32::try_from(p).ok());
         tracing::info!(?pid, bin = %bin.display(), "spawned spdk_tgt");
         let client = SpdkClient::new(&socket);
         match wait_ready(&client, Some(&mut child), cfg.ready_timeout).await {
-            Ok(version) => Ok(Target { client, origin: Origin::Spawned, pid, child: Some(child), version }),
+            Ok(version) => Ok(Target {
+                client,
+                origin: Origin::Spawned,
+                pid,
+                child: Some(child),
+                version,
+            }),
             Err(e) => {
                 let _ = child.start_kill();
                 let _ = child.wait().await;
@@ -401,7 +444,10 @@ impl Target {
     pub async fn wait_exit(&mut self) -> Result<String, TargetError> {
         if let Some(c) = self.child.as_mut() {
             let pid = c.id().unwrap_or(0);
-            let status = c.wait().await.map_err(|source| TargetError::Wait { pid, source })?;
+            let status = c
+                .wait()
+                .await
+                .map_err(|source| TargetError::Wait { pid, source })?;
             return Ok(status.to_string());
         }
         loop {
@@ -422,23 +468,36 @@ impl Target {
     /// Returns how it ended.
     pub async fn stop(mut self, grace: Duration) -> Result<String, TargetError> {
         self.client.disconnect().await;
-        let Some(pid) = self.pid else { return Ok("unknown pid: not signalled".into()) };
+        let Some(pid) = self.pid else {
+            return Ok("unknown pid: not signalled".into());
+        };
         if u32::try_from(pid).ok() == Some(std::process::id()) {
             // An in-process target (spdk-embedded, or a test double).
             return Ok("in-process target: not signalled".into());
         }
         let signal = |s: Signal| match kill(Pid::from_raw(pid), s) {
             Ok(()) | Err(nix::Error::ESRCH) => Ok(()),
-            Err(source) => Err(TargetError::Signal { pid, signal: s, source }),
+            Err(source) => Err(TargetError::Signal {
+                pid,
+                signal: s,
+                source,
+            }),
         };
         signal(Signal::SIGINT)?;
         if let Some(mut c) = self.child.take() {
             let upid = c.id().unwrap_or(0);
             match tokio::time::timeout(grace, c.wait()).await {
-                Ok(r) => return r.map(|s| s.to_string()).map_err(|source| TargetError::Wait { pid: upid, source }),
+                Ok(r) => {
+                    return r
+                        .map(|s| s.to_string())
+                        .map_err(|source| TargetError::Wait { pid: upid, source });
+                }
                 Err(_) => {
                     signal(Signal::SIGKILL)?;
-                    let s = c.wait().await.map_err(|source| TargetError::Wait { pid: upid, source })?;
+                    let s = c
+                        .wait()
+                        .await
+                        .map_err(|source| TargetError::Wait { pid: upid, source })?;
                     return Ok(format!("{s} (killed after {grace:?})"));
                 }
             }
@@ -547,11 +606,18 @@ pub async fn supervise(
                 }
             }
             Err(e) => {
-                let _ = events.send(TargetEvent::StartFailed { error: e.to_string() }).await;
+                let _ = events
+                    .send(TargetEvent::StartFailed { error: e.to_string() })
+                    .await;
             }
         }
         let after = backoff.next_delay();
-        let _ = events.send(TargetEvent::Restarting { attempt: backoff.attempts(), after }).await;
+        let _ = events
+            .send(TargetEvent::Restarting {
+                attempt: backoff.attempts(),
+                after,
+            })
+            .await;
         tokio::select! {
             _ = tokio::time::sleep(after) => {}
             _ = &mut shutdown => return,
@@ -567,7 +633,11 @@ mod tests {
     fn argv_for_hugepages_and_volumes() {
         let mut c = TargetConfig::new("/run/talon");
         c.exported_volumes = 4;
-        let a: Vec<String> = c.argv().iter().map(|s| s.to_string_lossy().into_owned()).collect();
+        let a: Vec<String> = c
+            .argv()
+            .iter()
+            .map(|s| s.to_string_lossy().into_owned())
+            .collect();
         assert_eq!(a, ["-m", "0x1", "-s", "684", "-u", "-r", "/run/talon/spdk.sock"]);
     }
 
@@ -578,8 +648,24 @@ mod tests {
         c.pci_disks = true;
         c.interrupt_mode = true;
         c.cpumask = "0x3".into();
-        let a: Vec<String> = c.argv().iter().map(|s| s.to_string_lossy().into_owned()).collect();
-        assert_eq!(a, ["-m", "0x3", "--no-huge", "-s", "1024", "-r", "/run/talon/spdk.sock", "--interrupt-mode"]);
+        let a: Vec<String> = c
+            .argv()
+            .iter()
+            .map(|s| s.to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(
+            a,
+            [
+                "-m",
+                "0x3",
+                "--no-huge",
+                "-s",
+                "1024",
+                "-r",
+                "/run/talon/spdk.sock",
+                "--interrupt-mode"
+            ]
+        );
     }
 
     #[test]
@@ -601,14 +687,24 @@ mod tests {
         let in_dir = d.path().join("spdk/build/bin/spdk_tgt");
         let in_path = d.path().join("bin/spdk_tgt");
         let path_var = std::env::join_paths([d.path().join("nope"), d.path().join("bin")]).expect("join");
-        let e = find_spdk_tgt(Some(&explicit), Some(&d.path().join("spdk")), Some(&path_var)).expect_err("none");
+        let e =
+            find_spdk_tgt(Some(&explicit), Some(&d.path().join("spdk")), Some(&path_var)).expect_err("none");
         assert!(e.to_string().contains("spdk_tgt was not found"), "{e}");
         mk(&in_path);
-        assert_eq!(find_spdk_tgt(Some(&explicit), Some(&d.path().join("spdk")), Some(&path_var)).expect("p"), in_path);
+        assert_eq!(
+            find_spdk_tgt(Some(&explicit), Some(&d.path().join("spdk")), Some(&path_var)).expect("p"),
+            in_path
+        );
         mk(&in_dir);
-        assert_eq!(find_spdk_tgt(Some(&explicit), Some(&d.path().join("spdk")), Some(&path_var)).expect("d"), in_dir);
+        assert_eq!(
+            find_spdk_tgt(Some(&explicit), Some(&d.path().join("spdk")), Some(&path_var)).expect("d"),
+            in_dir
+        );
         mk(&explicit);
-        assert_eq!(find_spdk_tgt(Some(&explicit), Some(&d.path().join("spdk")), Some(&path_var)).expect("e"), explicit);
+        assert_eq!(
+            find_spdk_tgt(Some(&explicit), Some(&d.path().join("spdk")), Some(&path_var)).expect("e"),
+            explicit
+        );
     }
 
     #[test]
