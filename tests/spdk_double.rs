@@ -46,20 +46,28 @@ fn sparse_file(dir: &std::path::Path, name: &str, size: u64) -> PathBuf {
     p
 }
 
-#[tokio::test]
-async fn transcript_replays_identically_against_the_double() {
-    let Ok(text) = std::fs::read_to_string(facts_dir().join("transcript-v26.05.jsonl")) else {
-        eprintln!(
-            "SKIP transcript_replays_identically_against_the_double: no transcript at {}",
-            facts_dir().display()
-        );
-        return;
-    };
-    let (dir, _d, c) = double().await;
-    let aio = sparse_file(dir.path(), "aio0.img", 64 << 20);
+/// A free TCP port on 127.0.0.1 (bound to port 0, then released).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port()
+}
+
+/// Replays every recorded call through `c` and returns the differences from
+/// the recorded outcomes (same code and message for errors; same shape, and
+/// the same value unless it is a generated UUID, for results). The AIO file
+/// and the TCP ports are moved to a temp dir and free ports.
+async fn replay_against(c: &SpdkClient, transcript: &str, dir: &std::path::Path) -> (Vec<String>, usize) {
+    let aio = sparse_file(dir, "aio0.img", 64 << 20);
+    let ports: Vec<(String, String)> = ["4420", "4421", "3260", "3261"]
+        .iter()
+        .map(|p| (p.to_string(), free_port().to_string()))
+        .collect();
     let mut failures = Vec::new();
-    let (mut compared, mut errors) = (0, 0);
-    for (line, text) in text.lines().enumerate() {
+    let mut errors = 0;
+    for (line, text) in transcript.lines().enumerate() {
         let rec: Value = serde_json::from_str(text).expect("line");
         let method = rec["method"].as_str().expect("method");
         let mut params = rec["request"].get("params").cloned().filter(|p| !p.is_null());
@@ -74,12 +82,18 @@ async fn transcript_replays_identically_against_the_double() {
             *f = json!(if name == "aio0.img" {
                 aio.clone()
             } else {
-                dir.path().join(name)
+                dir.join(name)
             });
+        }
+        if let Some(p) = params.as_mut() {
+            let mut text = p.to_string();
+            for (from, to) in &ports {
+                text = text.replace(&format!("\"{from}\""), &format!("\"{to}\""));
+            }
+            *p = serde_json::from_str(&text).expect("params");
         }
         let got = c.call_value(method, params, T).await;
         let resp = &rec["response"];
-        compared += 1;
         match (resp.get("error"), got) {
             (Some(want), Err(ClientError::Rpc(e))) => {
                 errors += 1;
@@ -111,13 +125,65 @@ async fn transcript_replays_identically_against_the_double() {
             }
         }
     }
-    eprintln!("double: {compared} recorded calls replayed, {errors} errors with identical code and message");
+    (failures, errors)
+}
+
+#[tokio::test]
+async fn transcript_replays_identically_against_the_double() {
+    let Ok(text) = std::fs::read_to_string(facts_dir().join("transcript-v26.05.jsonl")) else {
+        eprintln!(
+            "SKIP transcript_replays_identically_against_the_double: no transcript at {}",
+            facts_dir().display()
+        );
+        return;
+    };
+    let (dir, _d, c) = double().await;
+    let (failures, errors) = replay_against(&c, &text, dir.path()).await;
+    eprintln!(
+        "double: {} recorded calls replayed, {errors} errors with identical code and message",
+        text.lines().count()
+    );
     assert!(
         failures.is_empty(),
         "the double differs from spdk_tgt:\n{}",
         failures.join("\n")
     );
     assert_eq!(errors, 41);
+}
+
+/// The same replay against a real spdk_tgt: checks the recording, the
+/// client and the double's reference at once.
+#[tokio::test]
+async fn transcript_replays_identically_against_real_spdk_tgt() {
+    let Ok(text) = std::fs::read_to_string(facts_dir().join("transcript-v26.05.jsonl")) else {
+        eprintln!("SKIP transcript_replays_identically_against_real_spdk_tgt: no transcript");
+        return;
+    };
+    let Some(spdk_dir) = std::env::var_os("TALON_SPDK_DIR").map(PathBuf::from) else {
+        eprintln!("SKIP transcript_replays_identically_against_real_spdk_tgt: TALON_SPDK_DIR is not set");
+        return;
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut cfg = talon::spdk::target::TargetConfig::new(dir.path().join("run"));
+    cfg.spdk_dir = Some(spdk_dir);
+    // The recording used hugepages; with --no-huge, 1024 MiB runs out (-12)
+    // at the fourth malloc bdev.
+    cfg.memory = talon::spdk::target::Memory::NoHuge { mem_size_mib: 2048 };
+    let t = talon::spdk::target::Target::spawn(&cfg)
+        .await
+        .expect("spawn spdk_tgt");
+    let c = t.client().clone();
+    let (failures, errors) = replay_against(&c, &text, dir.path()).await;
+    let stopped = t.stop(cfg.stop_grace).await;
+    eprintln!(
+        "spdk_tgt: {} recorded calls replayed, {errors} errors; stop: {stopped:?}",
+        text.lines().count()
+    );
+    assert!(
+        failures.is_empty(),
+        "spdk_tgt differs from its recording:\n{}",
+        failures.join("\n")
+    );
 }
 
 #[tokio::test]
