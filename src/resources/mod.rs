@@ -1,1 +1,102 @@
-//! (filled in by its issue)
+//! Resource spec types, one file per subsystem (the same nouns as
+//! [`crate::controllers`]).
+//!
+//! | namespace | types |
+//! |---|---|
+//! | `config` | NodeConfig, Disk, Volume, Snapshot (persisted) |
+//! | `host` | HugepagesStatus, KernelModuleStatus, PciDevice, HostCapabilities |
+//! | `engine` | TargetStatus, DiskStatus, ReplicaStatus, EngineStatus |
+//! | `frontend` | AttachmentStatus |
+
+pub mod config;
+pub mod engine;
+pub mod frontend;
+
+use crate::runtime::TypeRegistry;
+
+/// Registers every resource type with its table columns.
+pub fn register_types(reg: &mut TypeRegistry) {
+    reg.register::<config::NodeConfig>(
+        "Node-wide settings",
+        &[
+            ("ENGINE", "/engine"),
+            ("LISTEN", "/listenAddress"),
+            ("NVMF-PORT", "/nvmfPort"),
+        ],
+    );
+    reg.register::<config::Disk>(
+        "A disk that holds replicas",
+        &[("PATH", "/path"), ("PCI", "/pci"), ("SIZE", "/sizeBytes")],
+    );
+    reg.register::<config::Volume>(
+        "A replicated block volume",
+        &[
+            ("SIZE", "/sizeBytes"),
+            ("REPLICAS", "/replicas"),
+            ("ENGINE", "/engine"),
+            ("FRONTEND", "/frontend"),
+        ],
+    );
+    reg.register::<config::Snapshot>("A snapshot of a volume", &[("VOLUME", "/volume")]);
+    reg.register::<frontend::Attachment>(
+        "A request to attach a volume on this host",
+        &[("FRONTEND", "/frontend")],
+    );
+    reg.register::<engine::TargetStatus>(
+        "A target process (spdk_tgt or tgtd)",
+        &[
+            ("ENGINE", "/engine"),
+            ("STATE", "/state"),
+            ("PID", "/pid"),
+            ("VERSION", "/version"),
+            ("RESTARTS", "/restarts"),
+        ],
+    );
+    reg.register::<engine::DiskStatus>(
+        "A disk as the engine sees it",
+        &[
+            ("STATE", "/state"),
+            ("BDEV", "/bdev"),
+            ("TOTAL", "/totalBytes"),
+            ("FREE", "/freeBytes"),
+        ],
+    );
+    reg.register::<engine::ReplicaStatus>(
+        "A replica of a volume",
+        &[
+            ("VOLUME", "/volume"),
+            ("DISK", "/disk"),
+            ("STATE", "/state"),
+            ("SIZE", "/sizeBytes"),
+        ],
+    );
+    reg.register::<engine::EngineStatus>(
+        "The engine of a volume and its exports",
+        &[
+            ("ENGINE", "/engine"),
+            ("STATE", "/state"),
+            ("SIZE", "/sizeBytes"),
+            ("EXPORT", "/exports/0/name"),
+        ],
+    );
+    reg.register::<engine::SnapshotStatus>(
+        "A snapshot as the engine holds it",
+        &[("VOLUME", "/volume"), ("ENGINE", "/engine"), ("STATE", "/state")],
+    );
+    reg.register::<frontend::AttachmentStatus>(
+        "A volume attached on this host",
+        &[
+            ("TRANSPORT", "/transport"),
+            ("STATE", "/state"),
+            ("DEVICE", "/device"),
+            ("PATH", "/path"),
+        ],
+    );
+}
+
+/// A registry with every type.
+pub fn registry() -> TypeRegistry {
+    let mut r = TypeRegistry::new();
+    register_types(&mut r);
+    r
+}
