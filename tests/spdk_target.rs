@@ -155,11 +155,16 @@ async fn real_spdk_tgt_life_cycle() {
     let Some(TargetEvent::Started { pid: Some(pid), .. }) = rx.recv().await else {
         panic!("not started")
     };
+    // A client held across the crash reconnects on its own.
+    let held = SpdkClient::new(cfg.socket());
+    held.spdk_get_version().await.expect("before the crash");
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL)
         .expect("kill -9");
     assert!(matches!(rx.recv().await, Some(TargetEvent::Exited { .. })));
     assert!(matches!(rx.recv().await, Some(TargetEvent::Restarting { .. })));
     assert!(matches!(rx.recv().await, Some(TargetEvent::Started { .. })));
+    held.spdk_get_version().await.expect("after the restart");
+    assert_eq!(held.connects(), 2);
     stop_tx.send(()).expect("shutdown");
     assert!(matches!(rx.recv().await, Some(TargetEvent::Stopped { .. })));
     sup.await.expect("supervisor");
