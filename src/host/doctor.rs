@@ -10,12 +10,12 @@
 //!
 //! The doctor only reads; it never loads modules, allocates hugepages or binds.
 
+use super::HostRoot;
 use super::hugepages::{self, PageSize};
 use super::modules::{self, ModuleState};
 use super::os::{self, OsRelease};
 use super::pci;
 use super::talos::{self, Schematic, TalosNeeds, TalosVersion};
-use super::HostRoot;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
@@ -128,7 +128,10 @@ impl Report {
             }
         }
         if let Some(t) = &self.talos {
-            out.push_str(&format!("\n# Talos v{} machine-config patch (talosctl patch mc --patch @talon.yaml)\n", t.version));
+            out.push_str(&format!(
+                "\n# Talos v{} machine-config patch (talosctl patch mc --patch @talon.yaml)\n",
+                t.version
+            ));
             out.push_str(&t.machine_config_yaml);
             out.push_str("\n# Image Factory schematic\n");
             out.push_str(&talos::schematic_yaml(&t.schematic).unwrap_or_default());
@@ -145,7 +148,12 @@ impl Report {
 }
 
 fn check(name: impl Into<String>, status: Status, measured: impl Into<String>, fix: Option<String>) -> Check {
-    Check { name: name.into(), status, measured: measured.into(), fix }
+    Check {
+        name: name.into(),
+        status,
+        measured: measured.into(),
+        fix,
+    }
 }
 
 /// Runs every check; never changes the host.
@@ -158,21 +166,36 @@ pub fn run(root: &HostRoot, opts: &DoctorOptions) -> Result<Report, DoctorError>
             Some(o)
         }
         Err(e) => {
-            checks.push(check("os", Status::Warn, e.to_string(), Some("pass --for talos|generic".into())));
+            checks.push(check(
+                "os",
+                Status::Warn,
+                e.to_string(),
+                Some("pass --for talos|generic".into()),
+            ));
             None
         }
     };
     let on_talos = os.as_ref().is_some_and(OsRelease::is_talos);
-    let target = opts.target.unwrap_or(if on_talos { Target::Talos } else { Target::Generic });
+    let target = opts
+        .target
+        .unwrap_or(if on_talos { Target::Talos } else { Target::Generic });
     let talos_target = target == Target::Talos;
-    let mut needs = TalosNeeds { data_path: opts.data_path.clone(), ..TalosNeeds::default() };
+    let mut needs = TalosNeeds {
+        data_path: opts.data_path.clone(),
+        ..TalosNeeds::default()
+    };
 
     // Hugepages.
-    let want_mib = opts.hugepages_mib.unwrap_or_else(|| hugepages::spdk_sizing_mib(opts.volumes));
+    let want_mib = opts
+        .hugepages_mib
+        .unwrap_or_else(|| hugepages::spdk_sizing_mib(opts.volumes));
     let want_pages = want_mib.div_ceil(PageSize::Size2M.mib());
     let sizing = match opts.hugepages_mib {
         Some(_) => format!("{want_mib} MiB asked"),
-        None => format!("{want_mib} MiB for {} volumes (512 MiB + 43 MiB each)", opts.volumes),
+        None => format!(
+            "{want_mib} MiB for {} volumes (512 MiB + 43 MiB each)",
+            opts.volumes
+        ),
     };
     let hp_fix = if talos_target {
         format!("machine-config sysctl vm.nr_hugepages: \"{want_pages}\" (patch below)")
@@ -181,7 +204,11 @@ pub fn run(root: &HostRoot, opts: &DoctorOptions) -> Result<Report, DoctorError>
     };
     match hugepages::totals(root, PageSize::Size2M) {
         Ok(t) => {
-            let measured = format!("{} MiB total, {} MiB free of 2M pages; need {sizing}", t.total_mib(), t.free_mib());
+            let measured = format!(
+                "{} MiB total, {} MiB free of 2M pages; need {sizing}",
+                t.total_mib(),
+                t.free_mib()
+            );
             let status = if t.total >= want_pages && t.free > 0 {
                 Status::Pass
             } else if t.total > 0 {
@@ -192,9 +219,17 @@ pub fn run(root: &HostRoot, opts: &DoctorOptions) -> Result<Report, DoctorError>
             if status != Status::Pass {
                 needs.nr_hugepages = Some(want_pages);
             }
-            checks.push(check("hugepages-2M", status, measured, (status != Status::Pass).then_some(hp_fix)));
+            checks.push(check(
+                "hugepages-2M",
+                status,
+                measured,
+                (status != Status::Pass).then_some(hp_fix),
+            ));
             if let Ok(per_node) = hugepages::pools(root) {
-                for p in per_node.iter().filter(|p| p.size == PageSize::Size2M && p.node.is_some()) {
+                for p in per_node
+                    .iter()
+                    .filter(|p| p.size == PageSize::Size2M && p.node.is_some())
+                {
                     let n = p.node.unwrap_or_default();
                     checks.push(check(
                         format!("hugepages-2M-node{n}"),
@@ -214,7 +249,13 @@ pub fn run(root: &HostRoot, opts: &DoctorOptions) -> Result<Report, DoctorError>
         Ok(m) if !m.is_empty() => checks.push(check(
             "hugetlbfs",
             Status::Pass,
-            format!("mounted at {}", m.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ")),
+            format!(
+                "mounted at {}",
+                m.iter()
+                    .map(|p| p.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
             None,
         )),
         Ok(_) => checks.push(check(
@@ -237,12 +278,20 @@ pub fn run(root: &HostRoot, opts: &DoctorOptions) -> Result<Report, DoctorError>
             }
         };
         let c = match modules::module_state(root, m) {
-            Ok(s @ (ModuleState::Loaded | ModuleState::Builtin)) => {
-                check(format!("module {m}"), Status::Pass, format!("{s:?}").to_lowercase(), None)
-            }
+            Ok(s @ (ModuleState::Loaded | ModuleState::Builtin)) => check(
+                format!("module {m}"),
+                Status::Pass,
+                format!("{s:?}").to_lowercase(),
+                None,
+            ),
             Ok(ModuleState::Available) => {
                 needs.modules.push(m.to_string());
-                check(format!("module {m}"), Status::Warn, "installed, not loaded", Some(fix("run")))
+                check(
+                    format!("module {m}"),
+                    Status::Warn,
+                    "installed, not loaded",
+                    Some(fix("run")),
+                )
             }
             Ok(ModuleState::Missing) => {
                 needs.modules.push(m.to_string());
@@ -252,7 +301,12 @@ pub fn run(root: &HostRoot, opts: &DoctorOptions) -> Result<Report, DoctorError>
                     "iscsi_tcp" => "needed for the iSCSI fallback",
                     _ => "needed to attach volumes over NVMe/TCP",
                 };
-                check(format!("module {m}"), status, format!("not installed ({why})"), Some(fix("install the kernel module package, then")))
+                check(
+                    format!("module {m}"),
+                    status,
+                    format!("not installed ({why})"),
+                    Some(fix("install the kernel module package, then")),
+                )
             }
             Err(e) => check(format!("module {m}"), Status::Warn, e.to_string(), None),
         };
@@ -260,7 +314,9 @@ pub fn run(root: &HostRoot, opts: &DoctorOptions) -> Result<Report, DoctorError>
     }
     if talos_target && !on_talos {
         // The measured modules are this host's, not the Talos node's: ask for all.
-        needs.modules = ["nvme_tcp", "vfio_pci", "uio_pci_generic"].map(String::from).to_vec();
+        needs.modules = ["nvme_tcp", "vfio_pci", "uio_pci_generic"]
+            .map(String::from)
+            .to_vec();
     }
 
     // IOMMU and disks.
@@ -282,7 +338,14 @@ pub fn run(root: &HostRoot, opts: &DoctorOptions) -> Result<Report, DoctorError>
                 "none (volumes can still be file- or malloc-backed)".to_string()
             } else {
                 all.iter()
-                    .map(|d| format!("{} ({}, {})", d.bdf, d.serial.as_deref().unwrap_or("?"), d.driver.as_deref().unwrap_or("unbound")))
+                    .map(|d| {
+                        format!(
+                            "{} ({}, {})",
+                            d.bdf,
+                            d.serial.as_deref().unwrap_or("?"),
+                            d.driver.as_deref().unwrap_or("unbound")
+                        )
+                    })
                     .collect::<Vec<_>>()
                     .join(", ")
             },
@@ -295,19 +358,34 @@ pub fn run(root: &HostRoot, opts: &DoctorOptions) -> Result<Report, DoctorError>
         let dev = match pci::select(root, sel) {
             Ok(d) => d,
             Err(e) => {
-                checks.push(check(name, Status::Fail, e.to_string(), Some("list disks with `talon host pci list`".into())));
+                checks.push(check(
+                    name,
+                    Status::Fail,
+                    e.to_string(),
+                    Some("list disks with `talon host pci list`".into()),
+                ));
                 continue;
             }
         };
         let driver = dev.driver.clone().unwrap_or_else(|| "unbound".into());
         if matches!(dev.driver.as_deref(), Some("vfio-pci" | "uio_pci_generic")) {
             needs.disks.push((dev.bdf.to_string(), driver.clone()));
-            checks.push(check(name, Status::Pass, format!("{} on {driver}", dev.bdf), None));
+            checks.push(check(
+                name,
+                Status::Pass,
+                format!("{} on {driver}", dev.bdf),
+                None,
+            ));
             continue;
         }
         match pci::in_use(root, &dev) {
             Ok(Some(reason)) => {
-                checks.push(check(name, Status::Fail, format!("{} in use: {reason}", dev.bdf), Some("choose another disk, or wipe this one after moving its data".into())));
+                checks.push(check(
+                    name,
+                    Status::Fail,
+                    format!("{} in use: {reason}", dev.bdf),
+                    Some("choose another disk, or wipe this one after moving its data".into()),
+                ));
                 continue;
             }
             Err(e) => {
@@ -330,7 +408,12 @@ pub fn run(root: &HostRoot, opts: &DoctorOptions) -> Result<Report, DoctorError>
                 } else {
                     format!("talon host pci bind {} --driver {d}", dev.bdf)
                 };
-                checks.push(check(name, Status::Warn, format!("{} on {driver}, free", dev.bdf), Some(fix)));
+                checks.push(check(
+                    name,
+                    Status::Warn,
+                    format!("{} on {driver}, free", dev.bdf),
+                    Some(fix),
+                ));
             }
             Err(e) => checks.push(check(name, Status::Fail, e.to_string(), None)),
         }
@@ -355,5 +438,10 @@ pub fn run(root: &HostRoot, opts: &DoctorOptions) -> Result<Report, DoctorError>
     } else {
         None
     };
-    Ok(Report { os, target, checks, talos })
+    Ok(Report {
+        os,
+        target,
+        checks,
+        talos,
+    })
 }

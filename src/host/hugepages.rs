@@ -49,7 +49,13 @@ pub enum HugepagesError {
         "the kernel allocated only {got} of {asked} {size} hugepages{} (memory fragmented or too small); restored the previous value {previous}",
         node_suffix(*.node)
     )]
-    Shortfall { size: PageSize, node: Option<u32>, asked: u64, got: u64, previous: u64 },
+    Shortfall {
+        size: PageSize,
+        node: Option<u32>,
+        asked: u64,
+        got: u64,
+        previous: u64,
+    },
     #[error("unknown hugepage size {0:?} (expected 2M or 1G)")]
     ParseSize(String),
     #[error("cannot read the mount table")]
@@ -75,7 +81,9 @@ fn node_suffix(node: Option<u32>) -> String {
 }
 
 /// A hugepage size.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, schemars::JsonSchema)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, schemars::JsonSchema,
+)]
 pub enum PageSize {
     /// 2 MiB pages (`hugepages-2048kB`), what SPDK uses.
     #[serde(rename = "2M")]
@@ -178,8 +186,14 @@ fn pool_dir(size: PageSize, node: Option<u32>) -> String {
 fn read_counter(root: &HostRoot, path: &str) -> Result<u64, HugepagesError> {
     let value = root
         .read_attr(path)
-        .map_err(|source| HugepagesError::ReadCounter { path: path.to_string(), source })?;
-    value.parse().map_err(|_| HugepagesError::ParseCounter { path: path.to_string(), value })
+        .map_err(|source| HugepagesError::ReadCounter {
+            path: path.to_string(),
+            source,
+        })?;
+    value.parse().map_err(|_| HugepagesError::ParseCounter {
+        path: path.to_string(),
+        value,
+    })
 }
 
 /// Reads one pool. `node = None` reads the global pool.
@@ -225,7 +239,12 @@ pub fn totals(root: &HostRoot, size: PageSize) -> Result<HugepagePool, Hugepages
     if root.exists(pool_dir(size, None)) {
         return read_pool(root, size, None);
     }
-    let mut sum = HugepagePool { size, node: None, total: 0, free: 0 };
+    let mut sum = HugepagePool {
+        size,
+        node: None,
+        total: 0,
+        free: 0,
+    };
     let all = pools(root)?;
     if !all.iter().any(|p| p.size == size) {
         return Err(HugepagesError::NoSuchSize { size });
@@ -259,7 +278,12 @@ pub fn set_pages(
     let path = format!("{}/nr_hugepages", pool_dir(size, node));
     let write = |v: u64| {
         root.write_str(&path, &v.to_string())
-            .map_err(|source| HugepagesError::WriteCounter { size, node, asked: v, source })
+            .map_err(|source| HugepagesError::WriteCounter {
+                size,
+                node,
+                asked: v,
+                source,
+            })
     };
     write(count)?;
     let got = read_pool(root, size, node)?.total;
@@ -269,9 +293,20 @@ pub fn set_pages(
         if let Err(e) = restored {
             tracing::warn!(error = %e, "could not restore the previous hugepage count");
         }
-        return Err(HugepagesError::Shortfall { size, node, asked: count, got, previous: before.total });
+        return Err(HugepagesError::Shortfall {
+            size,
+            node,
+            asked: count,
+            got,
+            previous: before.total,
+        });
     }
-    Ok(SetOutcome { size, node, previous: before.total, now: got })
+    Ok(SetOutcome {
+        size,
+        node,
+        previous: before.total,
+        now: got,
+    })
 }
 
 /// The kernel's default hugepage size (`Hugepagesize:` in /proc/meminfo).
@@ -286,7 +321,9 @@ pub fn default_size(root: &HostRoot) -> Option<PageSize> {
 
 /// The hugetlbfs mount points listed in /proc/mounts.
 pub fn hugetlbfs_mounts(root: &HostRoot) -> Result<Vec<PathBuf>, HugepagesError> {
-    let mounts = root.read_string("/proc/mounts").map_err(HugepagesError::ReadMounts)?;
+    let mounts = root
+        .read_string("/proc/mounts")
+        .map_err(HugepagesError::ReadMounts)?;
     Ok(mounts
         .lines()
         .filter_map(|l| {
@@ -304,10 +341,7 @@ pub(crate) fn unescape_mount(s: &str) -> String {
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;
     while i < b.len() {
-        if b[i] == b'\\'
-            && i + 3 < b.len()
-            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
-        {
+        if b[i] == b'\\' && i + 3 < b.len() && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c)) {
             let v = (b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0');
             out.push(v);
             i += 4;
@@ -337,7 +371,10 @@ pub fn ensure_hugetlbfs(root: &HostRoot) -> Result<MountOutcome, HugepagesError>
     if !root.is_real() {
         return Err(HugepagesError::MountNotLocal { path });
     }
-    std::fs::create_dir_all(&path).map_err(|source| HugepagesError::Mount { path: path.clone(), source })?;
+    std::fs::create_dir_all(&path).map_err(|source| HugepagesError::Mount {
+        path: path.clone(),
+        source,
+    })?;
     nix::mount::mount(
         Some("hugetlbfs"),
         &path,
@@ -345,7 +382,10 @@ pub fn ensure_hugetlbfs(root: &HostRoot) -> Result<MountOutcome, HugepagesError>
         nix::mount::MsFlags::MS_NOSUID | nix::mount::MsFlags::MS_NODEV,
         Some("pagesize=2M"),
     )
-    .map_err(|e| HugepagesError::Mount { path: path.clone(), source: e.into() })?;
+    .map_err(|e| HugepagesError::Mount {
+        path: path.clone(),
+        source: e.into(),
+    })?;
     Ok(MountOutcome::Mounted(path))
 }
 
@@ -371,7 +411,11 @@ pub fn prove_usable(root: &HostRoot, size: PageSize) -> Result<(), HugepagesErro
     for (i, b) in page.iter_mut().enumerate().step_by(4096) {
         *b = (i / 4096) as u8 ^ 0xa5;
     }
-    let ok = page.iter().enumerate().step_by(4096).all(|(i, b)| *b == (i / 4096) as u8 ^ 0xa5);
+    let ok = page
+        .iter()
+        .enumerate()
+        .step_by(4096)
+        .all(|(i, b)| *b == (i / 4096) as u8 ^ 0xa5);
     // SAFETY: `p` came from hugepage_rs::alloc with this same layout; `page` is
     // not used after this point.
     unsafe { hugepage_rs::dealloc(p, layout) };
@@ -404,14 +448,42 @@ mod tests {
     fn reads_numa_pools_and_sums_them() {
         let d = tempfile::tempdir().expect("tempdir");
         let root = HostRoot::new(d.path());
-        pool(&root, "/sys/devices/system/node/node0/hugepages/hugepages-2048kB", 100, 90);
-        pool(&root, "/sys/devices/system/node/node1/hugepages/hugepages-2048kB", 50, 50);
-        pool(&root, "/sys/devices/system/node/node0/hugepages/hugepages-1048576kB", 1, 1);
-        pool(&root, "/sys/devices/system/node/node1/hugepages/hugepages-1048576kB", 0, 0);
+        pool(
+            &root,
+            "/sys/devices/system/node/node0/hugepages/hugepages-2048kB",
+            100,
+            90,
+        );
+        pool(
+            &root,
+            "/sys/devices/system/node/node1/hugepages/hugepages-2048kB",
+            50,
+            50,
+        );
+        pool(
+            &root,
+            "/sys/devices/system/node/node0/hugepages/hugepages-1048576kB",
+            1,
+            1,
+        );
+        pool(
+            &root,
+            "/sys/devices/system/node/node1/hugepages/hugepages-1048576kB",
+            0,
+            0,
+        );
         assert_eq!(numa_nodes(&root), vec![0, 1]);
         let all = pools(&root).expect("pools");
         assert_eq!(all.len(), 4);
-        assert_eq!(all[0], HugepagePool { size: PageSize::Size2M, node: Some(0), total: 100, free: 90 });
+        assert_eq!(
+            all[0],
+            HugepagePool {
+                size: PageSize::Size2M,
+                node: Some(0),
+                total: 100,
+                free: 90
+            }
+        );
         let t = totals(&root, PageSize::Size2M).expect("totals");
         assert_eq!((t.total, t.free, t.free_mib()), (150, 140, 280));
         let err = read_pool(&root, PageSize::Size2M, Some(7)).expect_err("no node 7");
@@ -425,11 +497,22 @@ mod tests {
         pool(&root, "/sys/kernel/mm/hugepages/hugepages-2048kB", 4, 4);
         assert!(numa_nodes(&root).is_empty());
         let all = pools(&root).expect("pools");
-        assert_eq!(all, vec![HugepagePool { size: PageSize::Size2M, node: None, total: 4, free: 4 }]);
+        assert_eq!(
+            all,
+            vec![HugepagePool {
+                size: PageSize::Size2M,
+                node: None,
+                total: 4,
+                free: 4
+            }]
+        );
         // A fixture file reads back what was written: the set "succeeds".
         let out = set_pages(&root, PageSize::Size2M, None, 8).expect("set");
         assert_eq!((out.previous, out.now), (4, 8));
-        assert!(matches!(set_pages(&root, PageSize::Size1G, None, 1), Err(HugepagesError::NoSuchSize { .. })));
+        assert!(matches!(
+            set_pages(&root, PageSize::Size1G, None, 1),
+            Err(HugepagesError::NoSuchSize { .. })
+        ));
     }
 
     #[test]
@@ -446,9 +529,15 @@ mod tests {
         fs::create_dir_all(root.path("/proc")).expect("mkdir");
         fs::write(root.path("/proc/mounts"), "proc /proc proc rw 0 0\n").expect("w");
         assert!(hugetlbfs_mounts(&root).expect("m").is_empty());
-        assert!(matches!(ensure_hugetlbfs(&root), Err(HugepagesError::MountNotLocal { .. })));
-        fs::write(root.path("/proc/mounts"), "hugetlbfs /dev/hugepages hugetlbfs rw,relatime,pagesize=2M 0 0\n")
-            .expect("w");
+        assert!(matches!(
+            ensure_hugetlbfs(&root),
+            Err(HugepagesError::MountNotLocal { .. })
+        ));
+        fs::write(
+            root.path("/proc/mounts"),
+            "hugetlbfs /dev/hugepages hugetlbfs rw,relatime,pagesize=2M 0 0\n",
+        )
+        .expect("w");
         assert_eq!(
             ensure_hugetlbfs(&root).expect("mounted"),
             MountOutcome::AlreadyMounted(PathBuf::from("/dev/hugepages"))

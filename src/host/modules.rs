@@ -18,7 +18,13 @@ use serde::{Deserialize, Serialize};
 use std::process::Command;
 
 /// The modules talon's data paths use.
-pub const TALON_MODULES: &[&str] = &["nvme_tcp", "nvme_fabrics", "vfio_pci", "uio_pci_generic", "iscsi_tcp"];
+pub const TALON_MODULES: &[&str] = &[
+    "nvme_tcp",
+    "nvme_fabrics",
+    "vfio_pci",
+    "uio_pci_generic",
+    "iscsi_tcp",
+];
 
 /// Errors of module inspection and loading.
 #[derive(Debug, thiserror::Error)]
@@ -31,7 +37,9 @@ pub enum ModuleError {
         #[source]
         source: HostIoError,
     },
-    #[error("cannot load kernel module {module}: the host root {root} is not the real / (modprobe runs only on the real host)")]
+    #[error(
+        "cannot load kernel module {module}: the host root {root} is not the real / (modprobe runs only on the real host)"
+    )]
     LoadNotLocal { module: String, root: String },
     #[error("cannot run modprobe for kernel module {module}")]
     SpawnModprobe {
@@ -70,7 +78,9 @@ impl ModuleState {
 pub fn kernel_name(name: &str) -> Result<String, ModuleError> {
     let ok = !name.is_empty()
         && name.len() <= 56
-        && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-');
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-');
     if !ok {
         return Err(ModuleError::InvalidName(name.to_string()));
     }
@@ -85,24 +95,38 @@ pub fn kernel_release(root: &HostRoot) -> Result<String, HostIoError> {
 /// The state of one module.
 pub fn module_state(root: &HostRoot, name: &str) -> Result<ModuleState, ModuleError> {
     let module = kernel_name(name)?;
-    let inspect = |source| ModuleError::Inspect { module: module.clone(), source };
+    let inspect = |source| ModuleError::Inspect {
+        module: module.clone(),
+        source,
+    };
     let proc_modules = root.read_string("/proc/modules").map_err(inspect)?;
-    if proc_modules.lines().any(|l| l.split_whitespace().next() == Some(module.as_str())) {
+    if proc_modules
+        .lines()
+        .any(|l| l.split_whitespace().next() == Some(module.as_str()))
+    {
         return Ok(ModuleState::Loaded);
     }
     let release = kernel_release(root).map_err(inspect)?;
     let dir = format!("/lib/modules/{release}");
-    if let Some(builtin) = root.read_attr_opt(format!("{dir}/modules.builtin")).map_err(inspect)?
+    if let Some(builtin) = root
+        .read_attr_opt(format!("{dir}/modules.builtin"))
+        .map_err(inspect)?
         && builtin.lines().any(|l| path_module_name(l) == module)
     {
         return Ok(ModuleState::Builtin);
     }
     // A built-in module with parameters has /sys/module/<m> but no initstate.
-    if root.exists(format!("/sys/module/{module}")) && !root.exists(format!("/sys/module/{module}/initstate")) {
+    if root.exists(format!("/sys/module/{module}")) && !root.exists(format!("/sys/module/{module}/initstate"))
+    {
         return Ok(ModuleState::Builtin);
     }
-    if let Some(dep) = root.read_attr_opt(format!("{dir}/modules.dep")).map_err(inspect)?
-        && dep.lines().filter_map(|l| l.split(':').next()).any(|p| path_module_name(p) == module)
+    if let Some(dep) = root
+        .read_attr_opt(format!("{dir}/modules.dep"))
+        .map_err(inspect)?
+        && dep
+            .lines()
+            .filter_map(|l| l.split(':').next())
+            .any(|p| path_module_name(p) == module)
     {
         return Ok(ModuleState::Available);
     }
@@ -125,13 +149,19 @@ pub fn ensure_loaded(root: &HostRoot, name: &str) -> Result<ModuleState, ModuleE
         return Ok(state);
     }
     if !root.is_real() {
-        return Err(ModuleError::LoadNotLocal { module, root: root.prefix().display().to_string() });
+        return Err(ModuleError::LoadNotLocal {
+            module,
+            root: root.prefix().display().to_string(),
+        });
     }
     let out = Command::new("modprobe")
         .arg("--")
         .arg(&module)
         .output()
-        .map_err(|source| ModuleError::SpawnModprobe { module: module.clone(), source })?;
+        .map_err(|source| ModuleError::SpawnModprobe {
+            module: module.clone(),
+            source,
+        })?;
     if !out.status.success() {
         let stderr = String::from_utf8_lossy(&out.stderr).trim().to_string();
         return Err(ModuleError::Modprobe { module, stderr });
@@ -153,11 +183,17 @@ mod tests {
         let root = HostRoot::new(dir.path());
         fs::create_dir_all(root.path("/proc/sys/kernel")).expect("mkdir");
         fs::write(root.path("/proc/sys/kernel/osrelease"), "6.1.0-test\n").expect("w");
-        fs::write(root.path("/proc/modules"), "nvme_tcp 45056 0 - Live 0x0\nnvme_fabrics 32768 1 nvme_tcp, Live 0x0\n")
-            .expect("w");
+        fs::write(
+            root.path("/proc/modules"),
+            "nvme_tcp 45056 0 - Live 0x0\nnvme_fabrics 32768 1 nvme_tcp, Live 0x0\n",
+        )
+        .expect("w");
         fs::create_dir_all(root.path("/lib/modules/6.1.0-test")).expect("mkdir");
-        fs::write(root.path("/lib/modules/6.1.0-test/modules.builtin"), "kernel/drivers/vfio/pci/vfio-pci.ko\n")
-            .expect("w");
+        fs::write(
+            root.path("/lib/modules/6.1.0-test/modules.builtin"),
+            "kernel/drivers/vfio/pci/vfio-pci.ko\n",
+        )
+        .expect("w");
         fs::write(
             root.path("/lib/modules/6.1.0-test/modules.dep"),
             "kernel/drivers/uio/uio_pci_generic.ko.xz: kernel/drivers/uio/uio.ko.xz\n",
@@ -171,16 +207,25 @@ mod tests {
         let (_d, root) = fixture();
         assert_eq!(module_state(&root, "nvme-tcp").expect("s"), ModuleState::Loaded);
         assert_eq!(module_state(&root, "vfio_pci").expect("s"), ModuleState::Builtin);
-        assert_eq!(module_state(&root, "uio_pci_generic").expect("s"), ModuleState::Available);
+        assert_eq!(
+            module_state(&root, "uio_pci_generic").expect("s"),
+            ModuleState::Available
+        );
         assert_eq!(module_state(&root, "iscsi_tcp").expect("s"), ModuleState::Missing);
     }
 
     #[test]
     fn rejects_bad_names_and_refuses_to_load_on_a_fixture() {
         let (_d, root) = fixture();
-        assert!(matches!(module_state(&root, "../etc"), Err(ModuleError::InvalidName(_))));
+        assert!(matches!(
+            module_state(&root, "../etc"),
+            Err(ModuleError::InvalidName(_))
+        ));
         let err = ensure_loaded(&root, "iscsi_tcp").expect_err("fixture");
         assert!(err.to_string().contains("iscsi_tcp"), "{err}");
-        assert_eq!(ensure_loaded(&root, "nvme_tcp").expect("present"), ModuleState::Loaded);
+        assert_eq!(
+            ensure_loaded(&root, "nvme_tcp").expect("present"),
+            ModuleState::Loaded
+        );
     }
 }

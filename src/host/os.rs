@@ -44,7 +44,9 @@ pub fn parse_os_release(text: &str) -> OsRelease {
         if line.starts_with('#') {
             continue;
         }
-        let Some((key, raw)) = line.split_once('=') else { continue };
+        let Some((key, raw)) = line.split_once('=') else {
+            continue;
+        };
         let value = unquote(raw.trim());
         match key.trim() {
             "ID" => out.id = value.to_ascii_lowercase(),
@@ -87,7 +89,9 @@ mod tests {
 
     #[test]
     fn parses_talos_and_debian() {
-        let t = parse_os_release("NAME=\"Talos\"\nID=talos\nVERSION_ID=v1.13.0\nPRETTY_NAME=\"Talos (v1.13.0)\"\n");
+        let t = parse_os_release(
+            "NAME=\"Talos\"\nID=talos\nVERSION_ID=v1.13.0\nPRETTY_NAME=\"Talos (v1.13.0)\"\n",
+        );
         assert!(t.is_talos());
         assert_eq!(t.version_id.as_deref(), Some("v1.13.0"));
         assert_eq!(t.pretty_name.as_deref(), Some("Talos (v1.13.0)"));

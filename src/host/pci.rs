@@ -36,7 +36,9 @@ const PROBE_WAIT: Duration = Duration::from_secs(10);
 pub enum PciError {
     #[error("malformed PCI address {0:?} (expected dddd:bb:dd.f, e.g. 0000:01:00.0)")]
     MalformedBdf(String),
-    #[error("{0:?} is a /dev name; select a disk by PCI address, serial or model (device names change across boots)")]
+    #[error(
+        "{0:?} is a /dev name; select a disk by PCI address, serial or model (device names change across boots)"
+    )]
     DevName(String),
     #[error("no PCI device {0} on this host")]
     UnknownDevice(String),
@@ -64,7 +66,11 @@ pub enum PciError {
         source: std::io::Error,
     },
     #[error("cannot bind {bdf} to {driver}: {reason}")]
-    NoDriver { bdf: String, driver: String, reason: String },
+    NoDriver {
+        bdf: String,
+        driver: String,
+        reason: String,
+    },
     #[error("cannot bind {bdf} to vfio-pci: {reason}")]
     VfioNotViable { bdf: String, reason: String },
     #[error("cannot bind {bdf} to a user-space driver: {reason}")]
@@ -77,7 +83,9 @@ pub enum PciError {
         #[source]
         source: Box<PciError>,
     },
-    #[error("cannot rebind {bdf} to {to}, and putting it back on {from} failed too ({rollback}); check the device by hand")]
+    #[error(
+        "cannot rebind {bdf} to {to}, and putting it back on {from} failed too ({rollback}); check the device by hand"
+    )]
     RebindRollback {
         bdf: String,
         to: String,
@@ -97,7 +105,9 @@ pub enum PciError {
 }
 
 /// A validated PCI address, `dddd:bb:dd.f`, lower-case.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, schemars::JsonSchema)]
+#[derive(
+    Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, schemars::JsonSchema,
+)]
 #[serde(try_from = "String", into = "String")]
 pub struct Bdf(String);
 
@@ -106,7 +116,11 @@ impl Bdf {
     pub fn parse(s: &str) -> Result<Self, PciError> {
         let bad = || PciError::MalformedBdf(s.to_string());
         let lower = s.trim().to_ascii_lowercase();
-        let full = if lower.matches(':').count() == 1 { format!("0000:{lower}") } else { lower };
+        let full = if lower.matches(':').count() == 1 {
+            format!("0000:{lower}")
+        } else {
+            lower
+        };
         let (rest, func) = full.rsplit_once('.').ok_or_else(bad)?;
         let parts: Vec<&str> = rest.split(':').collect();
         let hex = |p: &str, n: usize| p.len() == n && p.bytes().all(|b| b.is_ascii_hexdigit());
@@ -143,7 +157,9 @@ impl fmt::Display for Bdf {
 }
 
 /// A user-space PCI driver talon binds NVMe disks to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema, clap::ValueEnum)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema, clap::ValueEnum,
+)]
 pub enum UserspaceDriver {
     #[serde(rename = "vfio-pci")]
     #[value(name = "vfio-pci")]
@@ -210,7 +226,10 @@ pub struct IommuPeer {
 }
 
 fn inspect_err(bdf: &str) -> impl Fn(HostIoError) -> PciError + '_ {
-    move |source| PciError::Inspect { bdf: bdf.to_string(), source }
+    move |source| PciError::Inspect {
+        bdf: bdf.to_string(),
+        source,
+    }
 }
 
 /// Reads one PCI device.
@@ -222,12 +241,21 @@ pub fn read_device(root: &HostRoot, bdf: &Bdf) -> Result<PciDevice, PciError> {
     }
     let e = inspect_err(b);
     let attr = |n: &str| root.read_attr(format!("{dir}/{n}")).map_err(&e);
-    let numa_node = root.read_attr_opt(format!("{dir}/numa_node")).map_err(&e)?.and_then(|s| s.parse().ok());
+    let numa_node = root
+        .read_attr_opt(format!("{dir}/numa_node"))
+        .map_err(&e)?
+        .and_then(|s| s.parse().ok());
     let driver = root.link_name(format!("{dir}/driver")).map_err(&e)?;
-    let iommu_group = root.link_name(format!("{dir}/iommu_group")).map_err(&e)?.and_then(|g| g.parse::<u32>().ok());
+    let iommu_group = root
+        .link_name(format!("{dir}/iommu_group"))
+        .map_err(&e)?
+        .and_then(|g| g.parse::<u32>().ok());
     let mut iommu_peers = Vec::new();
     if let Some(g) = iommu_group {
-        for m in root.list_dir(format!("/sys/kernel/iommu_groups/{g}/devices")).map_err(&e)? {
+        for m in root
+            .list_dir(format!("/sys/kernel/iommu_groups/{g}/devices"))
+            .map_err(&e)?
+        {
             if m != b {
                 let driver = root.link_name(format!("{DEVICES}/{m}/driver")).map_err(&e)?;
                 iommu_peers.push(IommuPeer { bdf: m, driver });
@@ -263,7 +291,11 @@ pub fn read_device(root: &HostRoot, bdf: &Bdf) -> Result<PciDevice, PciError> {
     }
     let mut size = 0u64;
     for ns in &dev.block_devices {
-        let sectors: u64 = root.read_attr(format!("/sys/block/{ns}/size")).map_err(&e)?.parse().unwrap_or(0);
+        let sectors: u64 = root
+            .read_attr(format!("/sys/block/{ns}/size"))
+            .map_err(&e)?
+            .parse()
+            .unwrap_or(0);
         size += sectors * 512;
     }
     if !dev.block_devices.is_empty() {
@@ -274,9 +306,16 @@ pub fn read_device(root: &HostRoot, bdf: &Bdf) -> Result<PciDevice, PciError> {
 
 /// `nvme0n1` (not `nvme0c0n1`, `ng0n1` or partitions).
 fn is_namespace_name(s: &str) -> bool {
-    let Some(rest) = s.strip_prefix("nvme") else { return false };
-    let Some((c, n)) = rest.split_once('n') else { return false };
-    !c.is_empty() && c.bytes().all(|b| b.is_ascii_digit()) && !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit())
+    let Some(rest) = s.strip_prefix("nvme") else {
+        return false;
+    };
+    let Some((c, n)) = rest.split_once('n') else {
+        return false;
+    };
+    !c.is_empty()
+        && c.bytes().all(|b| b.is_ascii_digit())
+        && !n.is_empty()
+        && n.bytes().all(|b| b.is_ascii_digit())
 }
 
 /// Every PCI device of class NVMe, sorted by address.
@@ -289,7 +328,9 @@ pub fn list_nvme(root: &HostRoot) -> Result<Vec<PciDevice>, PciError> {
     };
     for name in names {
         let Ok(bdf) = Bdf::parse(&name) else { continue };
-        let class = root.read_attr(format!("{DEVICES}/{name}/class")).map_err(inspect_err(&name))?;
+        let class = root
+            .read_attr(format!("{DEVICES}/{name}/class"))
+            .map_err(inspect_err(&name))?;
         if class == NVME_CLASS {
             out.push(read_device(root, &bdf)?);
         }
@@ -305,7 +346,10 @@ pub fn select(root: &HostRoot, selector: &str) -> Result<PciDevice, PciError> {
     if let Ok(bdf) = Bdf::parse(selector) {
         let dev = read_device(root, &bdf)?;
         if dev.class != NVME_CLASS {
-            return Err(PciError::NotNvme { bdf: bdf.to_string(), class: dev.class });
+            return Err(PciError::NotNvme {
+                bdf: bdf.to_string(),
+                class: dev.class,
+            });
         }
         return Ok(dev);
     }
@@ -314,13 +358,19 @@ pub fn select(root: &HostRoot, selector: &str) -> Result<PciDevice, PciError> {
     }
     let all = list_nvme(root)?;
     for key in [|d: &PciDevice| d.serial.clone(), |d: &PciDevice| d.model.clone()] {
-        let hits: Vec<&PciDevice> = all.iter().filter(|d| key(d).as_deref() == Some(selector)).collect();
+        let hits: Vec<&PciDevice> = all
+            .iter()
+            .filter(|d| key(d).as_deref() == Some(selector))
+            .collect();
         match hits.len() {
             0 => continue,
             1 => return Ok(hits[0].clone()),
             _ => {
                 let bdfs = hits.iter().map(|d| d.bdf.as_str()).collect::<Vec<_>>().join(", ");
-                return Err(PciError::Ambiguous { selector: selector.to_string(), bdfs });
+                return Err(PciError::Ambiguous {
+                    selector: selector.to_string(),
+                    bdfs,
+                });
             }
         }
     }
@@ -340,7 +390,9 @@ pub fn iommu_active(root: &HostRoot) -> bool {
 /// Why vfio-pci cannot take the device, or `None` when it can.
 pub fn vfio_blocker(root: &HostRoot, dev: &PciDevice) -> Option<String> {
     if !iommu_active(root) {
-        return Some("no IOMMU is active (enable VT-d/AMD-Vi and intel_iommu=on or amd_iommu=on)".to_string());
+        return Some(
+            "no IOMMU is active (enable VT-d/AMD-Vi and intel_iommu=on or amd_iommu=on)".to_string(),
+        );
     }
     let Some(group) = dev.iommu_group else {
         return Some("the device has no IOMMU group".to_string());
@@ -354,7 +406,10 @@ pub fn vfio_blocker(root: &HostRoot, dev: &PciDevice) -> Option<String> {
     if busy.is_empty() {
         None
     } else {
-        Some(format!("IOMMU group {group} is not viable: {} must be unbound or on vfio-pci", busy.join(", ")))
+        Some(format!(
+            "IOMMU group {group} is not viable: {} must be unbound or on vfio-pci",
+            busy.join(", ")
+        ))
     }
 }
 
@@ -370,7 +425,9 @@ pub fn choose_driver(root: &HostRoot, dev: &PciDevice) -> Result<UserspaceDriver
     let vfio = vfio_blocker(root, dev);
     let usable = |d: UserspaceDriver| {
         driver_registered(root, d.sysfs_name())
-            || modules::module_state(root, d.module()).map(|s| s != modules::ModuleState::Missing).unwrap_or(false)
+            || modules::module_state(root, d.module())
+                .map(|s| s != modules::ModuleState::Missing)
+                .unwrap_or(false)
     };
     if vfio.is_none() && usable(UserspaceDriver::VfioPci) {
         return Ok(UserspaceDriver::VfioPci);
@@ -401,19 +458,30 @@ pub fn in_use(root: &HostRoot, dev: &PciDevice) -> Result<Option<String>, PciErr
             }
         }
         for node in &nodes {
-            let sys = if node == ns { format!("/sys/block/{ns}") } else { format!("/sys/block/{ns}/{node}") };
+            let sys = if node == ns {
+                format!("/sys/block/{ns}")
+            } else {
+                format!("/sys/block/{ns}/{node}")
+            };
             let majmin = root.read_attr_opt(format!("{sys}/dev")).map_err(&e)?;
-            if let Some(target) = mounted_at(mountinfo.as_deref(), mounts.as_deref(), node, majmin.as_deref()) {
+            if let Some(target) = mounted_at(mountinfo.as_deref(), mounts.as_deref(), node, majmin.as_deref())
+            {
                 return Ok(Some(format!("/dev/{node} is mounted at {target}")));
             }
             if let Ok(holders) = root.list_dir(format!("{sys}/holders"))
                 && !holders.is_empty()
             {
-                return Ok(Some(format!("/dev/{node} is held by {} (device-mapper, md or similar)", holders.join(", "))));
+                return Ok(Some(format!(
+                    "/dev/{node} is held by {} (device-mapper, md or similar)",
+                    holders.join(", ")
+                )));
             }
         }
         if nodes.len() > 1 {
-            return Ok(Some(format!("/dev/{ns} has partitions ({})", nodes[1..].join(", "))));
+            return Ok(Some(format!(
+                "/dev/{ns} has partitions ({})",
+                nodes[1..].join(", ")
+            )));
         }
         if let Some(sig) = signature(root, b, ns)? {
             return Ok(Some(format!("/dev/{ns} carries {sig}")));
@@ -422,12 +490,19 @@ pub fn in_use(root: &HostRoot, dev: &PciDevice) -> Result<Option<String>, PciErr
     Ok(None)
 }
 
-fn mounted_at(mountinfo: Option<&str>, mounts: Option<&str>, node: &str, majmin: Option<&str>) -> Option<String> {
+fn mounted_at(
+    mountinfo: Option<&str>,
+    mounts: Option<&str>,
+    node: &str,
+    majmin: Option<&str>,
+) -> Option<String> {
     let dev_path = format!("/dev/{node}");
     if let Some(mi) = mountinfo {
         for line in mi.lines() {
             let f: Vec<&str> = line.split_whitespace().collect();
-            let Some(sep) = f.iter().position(|x| *x == "-") else { continue };
+            let Some(sep) = f.iter().position(|x| *x == "-") else {
+                continue;
+            };
             let by_num = majmin.is_some_and(|m| f.get(2) == Some(&m));
             let by_src = f.get(sep + 2).is_some_and(|s| *s == dev_path);
             if by_num || by_src {
@@ -454,7 +529,11 @@ pub fn signature(root: &HostRoot, bdf: &str, ns: &str) -> Result<Option<&'static
     let mut buf = Vec::with_capacity(69 * 1024);
     std::fs::File::open(&path)
         .and_then(|f| f.take(69 * 1024).read_to_end(&mut buf))
-        .map_err(|source| PciError::ReadSignature { bdf: bdf.to_string(), dev: dev.clone(), source })?;
+        .map_err(|source| PciError::ReadSignature {
+            bdf: bdf.to_string(),
+            dev: dev.clone(),
+            source,
+        })?;
     Ok(detect_signature(&buf))
 }
 
@@ -520,15 +599,23 @@ pub fn bind(root: &HostRoot, selector: &str, opts: BindOptions) -> Result<BindOu
     };
     let to = driver.sysfs_name();
     if dev.driver.as_deref() == Some(to) {
-        return Ok(BindOutcome { bdf: dev.bdf, from: dev.driver, to: to.to_string(), changed: false });
+        return Ok(BindOutcome {
+            bdf: dev.bdf,
+            from: dev.driver,
+            to: to.to_string(),
+            changed: false,
+        });
     }
     if let Some(reason) = in_use(root, &dev)? {
         return Err(PciError::InUse { bdf, reason });
     }
     if !driver_registered(root, to) {
         if opts.load_module {
-            modules::ensure_loaded(root, driver.module())
-                .map_err(|e| PciError::NoDriver { bdf: bdf.clone(), driver: to.to_string(), reason: e.to_string() })?;
+            modules::ensure_loaded(root, driver.module()).map_err(|e| PciError::NoDriver {
+                bdf: bdf.clone(),
+                driver: to.to_string(),
+                reason: e.to_string(),
+            })?;
         }
         if !driver_registered(root, to) {
             return Err(PciError::NoDriver {
@@ -539,14 +626,24 @@ pub fn bind(root: &HostRoot, selector: &str, opts: BindOptions) -> Result<BindOu
         }
     }
     rebind(root, &dev.bdf, dev.driver.as_deref(), to)?;
-    Ok(BindOutcome { bdf: dev.bdf, from: dev.driver, to: to.to_string(), changed: true })
+    Ok(BindOutcome {
+        bdf: dev.bdf,
+        from: dev.driver,
+        to: to.to_string(),
+        changed: true,
+    })
 }
 
 /// Gives a device back to the kernel's nvme driver.
 pub fn unbind(root: &HostRoot, selector: &str) -> Result<BindOutcome, PciError> {
     let dev = select(root, selector)?;
     if dev.driver.as_deref() == Some("nvme") {
-        return Ok(BindOutcome { bdf: dev.bdf, from: dev.driver, to: "nvme".to_string(), changed: false });
+        return Ok(BindOutcome {
+            bdf: dev.bdf,
+            from: dev.driver,
+            to: "nvme".to_string(),
+            changed: false,
+        });
     }
     if !driver_registered(root, "nvme") {
         return Err(PciError::NoDriver {
@@ -556,7 +653,12 @@ pub fn unbind(root: &HostRoot, selector: &str) -> Result<BindOutcome, PciError> 
         });
     }
     rebind(root, &dev.bdf, dev.driver.as_deref(), "nvme")?;
-    Ok(BindOutcome { bdf: dev.bdf, from: dev.driver, to: "nvme".to_string(), changed: true })
+    Ok(BindOutcome {
+        bdf: dev.bdf,
+        from: dev.driver,
+        to: "nvme".to_string(),
+        changed: true,
+    })
 }
 
 /// Moves a device from `from` (or unbound) to `to`; on failure puts it back.
@@ -570,7 +672,12 @@ fn rebind(root: &HostRoot, bdf: &Bdf, from: Option<&str>, to: &str) -> Result<()
                 None => unbind_current(root, bdf).and_then(|()| clear_override(root, bdf)),
             };
             match rollback {
-                Ok(()) => Err(PciError::Rebind { bdf: bdf.to_string(), to: to.to_string(), restored, source: Box::new(err) }),
+                Ok(()) => Err(PciError::Rebind {
+                    bdf: bdf.to_string(),
+                    to: to.to_string(),
+                    restored,
+                    source: Box::new(err),
+                }),
                 Err(r) => Err(PciError::RebindRollback {
                     bdf: bdf.to_string(),
                     to: to.to_string(),
@@ -584,7 +691,11 @@ fn rebind(root: &HostRoot, bdf: &Bdf, from: Option<&str>, to: &str) -> Result<()
 }
 
 fn sysfs_write(root: &HostRoot, bdf: &Bdf, path: &str, value: &str) -> Result<(), PciError> {
-    root.write_str(path, value).map_err(|source| PciError::SysfsWrite { bdf: bdf.to_string(), source })
+    root.write_str(path, value)
+        .map_err(|source| PciError::SysfsWrite {
+            bdf: bdf.to_string(),
+            source,
+        })
 }
 
 fn clear_override(root: &HostRoot, bdf: &Bdf) -> Result<(), PciError> {
@@ -593,7 +704,11 @@ fn clear_override(root: &HostRoot, bdf: &Bdf) -> Result<(), PciError> {
 
 fn unbind_current(root: &HostRoot, bdf: &Bdf) -> Result<(), PciError> {
     let link = format!("{DEVICES}/{bdf}/driver");
-    if root.link_name(&link).map_err(inspect_err(bdf.as_str()))?.is_some() {
+    if root
+        .link_name(&link)
+        .map_err(inspect_err(bdf.as_str()))?
+        .is_some()
+    {
         sysfs_write(root, bdf, &format!("{link}/unbind"), bdf.as_str())?;
     }
     Ok(())
@@ -638,7 +753,15 @@ mod tests {
     fn parses_bdfs() {
         assert_eq!(Bdf::parse("0000:01:00.0").expect("ok").as_str(), "0000:01:00.0");
         assert_eq!(Bdf::parse("AF:1F.7").expect("short").as_str(), "0000:af:1f.7");
-        for bad in ["", "0000:01:00", "0000:01:00.8", "0000:01:20.0", "zz:00.0", "0000:001:00.0", "0000:01:00.0/x"] {
+        for bad in [
+            "",
+            "0000:01:00",
+            "0000:01:00.8",
+            "0000:01:20.0",
+            "zz:00.0",
+            "0000:001:00.0",
+            "0000:01:00.0/x",
+        ] {
             assert!(matches!(Bdf::parse(bad), Err(PciError::MalformedBdf(_))), "{bad}");
         }
     }
@@ -666,7 +789,10 @@ mod tests {
         let mut b = vec![0u8; 1024];
         b[510] = 0x55;
         b[511] = 0xaa;
-        assert_eq!(detect_signature(&b), Some("an MBR partition table or boot sector"));
+        assert_eq!(
+            detect_signature(&b),
+            Some("an MBR partition table or boot sector")
+        );
     }
 
     #[test]

@@ -34,7 +34,9 @@ pub enum TalosError {
 }
 
 /// The Talos machine-config shape to generate.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, clap::ValueEnum, schemars::JsonSchema)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, clap::ValueEnum, schemars::JsonSchema,
+)]
 pub enum TalosVersion {
     /// v1.10 to v1.13: one `v1alpha1` document carries sysctls, modules, kubelet mounts.
     #[default]
@@ -191,7 +193,10 @@ pub fn schematic() -> Schematic {
     Schematic {
         customization: Customization {
             system_extensions: SystemExtensions {
-                official_extensions: vec!["siderolabs/iscsi-tools".into(), "siderolabs/util-linux-tools".into()],
+                official_extensions: vec![
+                    "siderolabs/iscsi-tools".into(),
+                    "siderolabs/util-linux-tools".into(),
+                ],
             },
         },
     }
@@ -201,7 +206,12 @@ pub fn schematic() -> Schematic {
 pub fn namespace_labels() -> BTreeMap<String, String> {
     ["enforce", "audit", "warn"]
         .into_iter()
-        .map(|m| (format!("pod-security.kubernetes.io/{m}"), "privileged".to_string()))
+        .map(|m| {
+            (
+                format!("pod-security.kubernetes.io/{m}"),
+                "privileged".to_string(),
+            )
+        })
         .collect()
 }
 
@@ -231,7 +241,11 @@ pub fn documents(version: TalosVersion, needs: &TalosNeeds) -> Vec<TalosDocument
             }
             if !needs.modules.is_empty() {
                 machine.kernel = Some(KernelPatch {
-                    modules: needs.modules.iter().map(|m| KernelModule { name: m.clone() }).collect(),
+                    modules: needs
+                        .modules
+                        .iter()
+                        .map(|m| KernelModule { name: m.clone() })
+                        .collect(),
                 });
             }
             machine.kubelet = Some(KubeletPatch {
@@ -280,7 +294,10 @@ pub fn notes(version: TalosVersion, data_path: &str) -> Vec<String> {
 pub fn to_yaml(docs: &[TalosDocument]) -> Result<String, TalosError> {
     let mut out = String::new();
     for d in docs {
-        let y = serde_yaml_ng::to_string(d).map_err(|source| TalosError::Render { kind: d.kind().to_string(), source })?;
+        let y = serde_yaml_ng::to_string(d).map_err(|source| TalosError::Render {
+            kind: d.kind().to_string(),
+            source,
+        })?;
         out.push_str("---\n");
         out.push_str(&y);
     }
@@ -289,13 +306,21 @@ pub fn to_yaml(docs: &[TalosDocument]) -> Result<String, TalosError> {
 
 /// Renders a schematic as YAML.
 pub fn schematic_yaml(s: &Schematic) -> Result<String, TalosError> {
-    serde_yaml_ng::to_string(s).map_err(|source| TalosError::Render { kind: "schematic".into(), source })
+    serde_yaml_ng::to_string(s).map_err(|source| TalosError::Render {
+        kind: "schematic".into(),
+        source,
+    })
 }
 
 /// The documents as JSON values (for `-o json` and for schema checks).
 pub fn to_json(docs: &[TalosDocument]) -> Result<Vec<serde_json::Value>, TalosError> {
     docs.iter()
-        .map(|d| serde_json::to_value(d).map_err(|source| TalosError::RenderJson { kind: d.kind().to_string(), source }))
+        .map(|d| {
+            serde_json::to_value(d).map_err(|source| TalosError::RenderJson {
+                kind: d.kind().to_string(),
+                source,
+            })
+        })
         .collect()
 }
 
@@ -317,8 +342,14 @@ mod tests {
         let docs = documents(TalosVersion::V1_13, &needs());
         assert_eq!(docs.len(), 2);
         let y = to_yaml(&docs).expect("yaml");
-        assert!(y.contains("vm.nr_hugepages: '512'") || y.contains("vm.nr_hugepages: \"512\""), "{y}");
-        assert!(y.contains("rshared") && y.contains("extraMounts") && y.contains("kind: PCIDriverRebindConfig"), "{y}");
+        assert!(
+            y.contains("vm.nr_hugepages: '512'") || y.contains("vm.nr_hugepages: \"512\""),
+            "{y}"
+        );
+        assert!(
+            y.contains("rshared") && y.contains("extraMounts") && y.contains("kind: PCIDriverRebindConfig"),
+            "{y}"
+        );
         assert_eq!(y.matches("---\n").count(), 2);
     }
 
@@ -326,9 +357,24 @@ mod tests {
     fn v1_15_splits_documents() {
         let docs = documents(TalosVersion::V1_15, &needs());
         let kinds: Vec<&str> = docs.iter().map(TalosDocument::kind).collect();
-        assert_eq!(kinds, vec!["SysctlConfig", "KernelModuleConfig", "KernelModuleConfig", "PCIDriverRebindConfig"]);
-        assert!(notes(TalosVersion::V1_15, "/var/lib/talon").iter().any(|n| n.contains("--preserve")));
+        assert_eq!(
+            kinds,
+            vec![
+                "SysctlConfig",
+                "KernelModuleConfig",
+                "KernelModuleConfig",
+                "PCIDriverRebindConfig"
+            ]
+        );
+        assert!(
+            notes(TalosVersion::V1_15, "/var/lib/talon")
+                .iter()
+                .any(|n| n.contains("--preserve"))
+        );
         let s = schematic_yaml(&schematic()).expect("yaml");
-        assert!(s.contains("siderolabs/iscsi-tools") && s.contains("officialExtensions"), "{s}");
+        assert!(
+            s.contains("siderolabs/iscsi-tools") && s.contains("officialExtensions"),
+            "{s}"
+        );
     }
 }
