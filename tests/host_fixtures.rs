@@ -143,6 +143,19 @@ fn inventory_reads_every_field() {
 }
 
 #[test]
+fn inventory_finds_namespaces_of_a_multipath_subsystem() {
+    let f = Fixture::new();
+    let d = format!("/sys/bus/pci/devices/{BDF}/nvme/nvme0");
+    fs::remove_dir_all(f.root.path(format!("{d}/nvme0n1"))).expect("rm");
+    f.mkdir(&format!("{d}/nvme0c0n1"));
+    f.mkdir("/sys/class/nvme-subsystem/nvme-subsys0/nvme0");
+    f.mkdir("/sys/class/nvme-subsystem/nvme-subsys0/nvme0n1");
+    let dev = pci::select(&f.root, "talon-test-1").expect("dev");
+    assert_eq!(dev.block_devices, vec!["nvme0n1".to_string()]);
+    assert_eq!(dev.size_bytes, Some(256 << 20));
+}
+
+#[test]
 fn selects_by_bdf_serial_model_never_dev_name() {
     let f = Fixture::new();
     assert_eq!(pci::select(&f.root, BDF).expect("bdf").bdf.as_str(), BDF);

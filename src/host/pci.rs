@@ -282,9 +282,30 @@ pub fn read_device(root: &HostRoot, bdf: &Bdf) -> Result<PciDevice, PciError> {
             let cdir = format!("{dir}/nvme/{ctrl}");
             dev.model = root.read_attr_opt(format!("{cdir}/model")).map_err(&e)?;
             dev.serial = root.read_attr_opt(format!("{cdir}/serial")).map_err(&e)?;
+            let mut multipath = false;
             for ns in root.list_dir(&cdir).map_err(&e)? {
                 if is_namespace_name(&ns) && root.exists(format!("/sys/block/{ns}")) {
                     dev.block_devices.push(ns);
+                } else if is_path_name(&ns) {
+                    multipath = true;
+                }
+            }
+            // Native NVMe multipath: the controller holds hidden nvmeXcYnZ paths;
+            // the block devices live in the subsystem next to the controller.
+            if multipath {
+                for sub in root.list_dir("/sys/class/nvme-subsystem").unwrap_or_default() {
+                    let sdir = format!("/sys/class/nvme-subsystem/{sub}");
+                    let entries = root.list_dir(&sdir).unwrap_or_default();
+                    if entries.contains(&ctrl) {
+                        for ns in entries {
+                            if is_namespace_name(&ns)
+                                && root.exists(format!("/sys/block/{ns}"))
+                                && !dev.block_devices.contains(&ns)
+                            {
+                                dev.block_devices.push(ns);
+                            }
+                        }
+                    }
                 }
             }
         }
@@ -316,6 +337,22 @@ fn is_namespace_name(s: &str) -> bool {
         && c.bytes().all(|b| b.is_ascii_digit())
         && !n.is_empty()
         && n.bytes().all(|b| b.is_ascii_digit())
+}
+
+/// `nvme0c0n1`: a hidden multipath path device.
+fn is_path_name(s: &str) -> bool {
+    let Some(rest) = s.strip_prefix("nvme") else {
+        return false;
+    };
+    let Some((a, rest)) = rest.split_once('c') else {
+        return false;
+    };
+    let Some((b, c)) = rest.split_once('n') else {
+        return false;
+    };
+    [a, b, c]
+        .iter()
+        .all(|p| !p.is_empty() && p.bytes().all(|x| x.is_ascii_digit()))
 }
 
 /// Every PCI device of class NVMe, sorted by address.
@@ -802,5 +839,7 @@ mod tests {
         assert!(!is_namespace_name("nvme0c0n1"));
         assert!(!is_namespace_name("nvme0n1p1"));
         assert!(!is_namespace_name("nvme0"));
+        assert!(is_path_name("nvme0c0n1"));
+        assert!(!is_path_name("nvme0n1"));
     }
 }
