@@ -1,1 +1,323 @@
-//! `talon serve`.
+//! `talon serve`: the node daemon.
+//!
+//! ```text
+//!   data dir ──flock talon.lock──> State::open(state.redb) ──> config file applied (desired state)
+//!        └──> Runtime (controllers::register_all) ──start──┐
+//!   API: bind_unix(socket 0600) [+ TCP with token] ────────┼──> serve until SIGINT/SIGTERM
+//!   shutdown: stop API (socket removed) ──> stop controllers ──> close store ──> release lock
+//! ```
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::io::Write;
+use std::net::SocketAddr;
+use std::os::unix::fs::DirBuilderExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use serde::Deserialize;
+
+use crate::api::types::{EngineAvailability, NodeInfo};
+use crate::api::{ApiBuilder, ApiContext};
+use crate::controllers::{self, Deps};
+use crate::host::HostRoot;
+use crate::names::ObjectName;
+use crate::resources::config::{Disk, NodeConfig, Volume};
+use crate::runtime::{Runtime, Spec, State, StateError};
+
+/// Options of `talon serve`.
+#[derive(Debug, Clone)]
+pub struct ServeOptions {
+    /// The data directory (state store, V1 volume files, identity).
+    pub data_dir: PathBuf,
+    /// A YAML file of desired state applied at start.
+    pub config: Option<PathBuf>,
+    /// The API's Unix socket.
+    pub socket: PathBuf,
+    /// Optional TCP listener (requires `token_file`).
+    pub listen_tcp: Option<SocketAddr>,
+    /// File holding the bearer token for the TCP listener.
+    pub token_file: Option<PathBuf>,
+    /// Directory for the sockets of spdk_tgt and tgtd.
+    pub run_dir: PathBuf,
+    /// The host's root (`/`, or where the host's / is mounted in a container).
+    pub host_root: PathBuf,
+}
+
+/// Why the daemon could not start or stop cleanly.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error("cannot create the data directory {path}")]
+    DataDir {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("data directory {path} is in use by another talon (pid {holder})")]
+    DataDirLocked { path: PathBuf, holder: String },
+    #[error("cannot lock {path}")]
+    Lock {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    State(#[from] StateError),
+    #[error("config file {path} cannot be read")]
+    ConfigRead {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("config file {path} is invalid: {message}")]
+    ConfigInvalid { path: PathBuf, message: String },
+    #[error(transparent)]
+    Runtime(#[from] crate::runtime::RuntimeError),
+    #[error(transparent)]
+    Api(#[from] crate::api::server::ServeError),
+    #[error("--listen-tcp needs --token-file")]
+    TokenMissing,
+    #[error("token file {path} cannot be read or is empty")]
+    Token { path: PathBuf, source: Option<std::io::Error> },
+    #[error("cannot listen on {addr}")]
+    TcpBind {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// The desired state a config file may carry.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ConfigFile {
+    /// Node settings.
+    #[serde(default)]
+    pub node: Option<NodeConfig>,
+    /// Disks by name.
+    #[serde(default)]
+    pub disks: BTreeMap<String, Disk>,
+    /// Volumes by name.
+    #[serde(default)]
+    pub volumes: BTreeMap<String, Volume>,
+}
+
+/// The exclusive lock on a data directory, held while the daemon runs.
+#[derive(Debug)]
+pub struct DataDirLock {
+    _flock: nix::fcntl::Flock<std::fs::File>,
+}
+
+/// Takes the data directory's lock, recording our pid; refuses with the
+/// holder's pid when another talon has it.
+pub fn lock_data_dir(dir: &Path) -> Result<DataDirLock, ServeError> {
+    let path = dir.join("talon.lock");
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&path)
+        .map_err(|source| ServeError::Lock { path: path.clone(), source })?;
+    match nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock) {
+        Ok(mut flock) => {
+            let _ = flock.set_len(0);
+            let _ = writeln!(&mut *flock, "{}", std::process::id());
+            Ok(DataDirLock { _flock: flock })
+        }
+        Err((_, nix::errno::Errno::EWOULDBLOCK)) => {
+            let holder = std::fs::read_to_string(&path).unwrap_or_default().trim().to_string();
+            Err(ServeError::DataDirLocked { path: dir.to_path_buf(), holder })
+        }
+        Err((_, e)) => Err(ServeError::Lock { path, source: e.into() }),
+    }
+}
+
+/// Applies a config file's desired state to the store (as the user), creating
+/// or updating what it names and leaving everything else alone.
+pub fn apply_config_file(state: &State, path: &Path) -> Result<(), ServeError> {
+    let text =
+        std::fs::read_to_string(path).map_err(|source| ServeError::ConfigRead { path: path.to_path_buf(), source })?;
+    let invalid = |message: String| ServeError::ConfigInvalid { path: path.to_path_buf(), message };
+    let de = serde_yaml_ng::Deserializer::from_str(&text);
+    let cfg: ConfigFile = serde_path_to_error::deserialize(de).map_err(|e| invalid(e.to_string()))?;
+    if let Some(node) = cfg.node {
+        upsert(state, "node", &node)?;
+    }
+    for (name, disk) in &cfg.disks {
+        ObjectName::parse("disk", name).map_err(|e| invalid(e.to_string()))?;
+        upsert(state, name, disk)?;
+    }
+    for (name, vol) in &cfg.volumes {
+        ObjectName::parse("volume", name).map_err(|e| invalid(e.to_string()))?;
+        upsert(state, name, vol)?;
+    }
+    Ok(())
+}
+
+/// Creates or replaces a user-owned resource.
+pub fn upsert<S: Spec>(state: &State, id: &str, spec: &S) -> Result<(), StateError> {
+    match state.get_typed::<S>(id)? {
+        Some(_) => state.update_typed(id, "", None, spec).map(drop),
+        None => state.create_typed(id, "", spec).map(drop),
+    }
+}
+
+/// Finds a program on PATH.
+pub fn which(program: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path).map(|d| d.join(program)).find(|p| p.is_file())
+}
+
+/// Where spdk_tgt is, if anywhere: `$TALON_SPDK_DIR/build/bin/spdk_tgt`, then PATH.
+pub fn find_spdk_tgt() -> Option<PathBuf> {
+    if let Some(dir) = std::env::var_os("TALON_SPDK_DIR") {
+        let p = Path::new(&dir).join("build/bin/spdk_tgt");
+        if p.is_file() {
+            return Some(p);
+        }
+    }
+    which("spdk_tgt")
+}
+
+/// The engines this node can run, and why not.
+pub fn detect_engines() -> Vec<EngineAvailability> {
+    let v2 = match find_spdk_tgt() {
+        Some(p) => EngineAvailability { engine: "v2".into(), available: true, detail: p.display().to_string() },
+        None => EngineAvailability {
+            engine: "v2".into(),
+            available: false,
+            detail: "spdk_tgt not found (set TALON_SPDK_DIR or put spdk_tgt on PATH)".into(),
+        },
+    };
+    let v1 = match which("tgtd") {
+        Some(p) => EngineAvailability { engine: "v1".into(), available: true, detail: p.display().to_string() },
+        None => EngineAvailability {
+            engine: "v1".into(),
+            available: false,
+            detail: "tgtd not found (Debian package `tgt`)".into(),
+        },
+    };
+    vec![v2, v1]
+}
+
+fn os_release(host: &HostRoot) -> (String, String) {
+    let text = host.read_string("/etc/os-release").unwrap_or_default();
+    let mut id = String::from("unknown");
+    let mut name = String::new();
+    for line in text.lines() {
+        if let Some((k, v)) = line.split_once('=') {
+            let v = v.trim().trim_matches('"').to_string();
+            match k.trim() {
+                "ID" => id = v,
+                "PRETTY_NAME" => name = v,
+                _ => {}
+            }
+        }
+    }
+    (id, name)
+}
+
+/// Builds `node_info` for this process.
+pub fn node_info_fn(host: HostRoot, data_dir: PathBuf) -> Arc<dyn Fn() -> NodeInfo + Send + Sync> {
+    let engines = detect_engines();
+    Arc::new(move || {
+        let (os_id, os_name) = os_release(&host);
+        NodeInfo {
+            version: crate::VERSION.to_string(),
+            hostname: nix::unistd::gethostname().map(|h| h.to_string_lossy().into_owned()).unwrap_or_default(),
+            kernel: nix::sys::utsname::uname().map(|u| u.release().to_string_lossy().into_owned()).unwrap_or_default(),
+            os_id,
+            os_name,
+            data_dir: data_dir.display().to_string(),
+            engines: engines.clone(),
+        }
+    })
+}
+
+/// Runs the daemon until `shutdown` completes.
+pub async fn serve(opts: ServeOptions, shutdown: impl Future<Output = ()> + Send) -> Result<(), ServeError> {
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(&opts.data_dir)
+        .map_err(|source| ServeError::DataDir { path: opts.data_dir.clone(), source })?;
+    let data_dir = std::fs::canonicalize(&opts.data_dir)
+        .map_err(|source| ServeError::DataDir { path: opts.data_dir.clone(), source })?;
+    let _lock = lock_data_dir(&data_dir)?;
+    let state = State::open(&data_dir.join("state.redb"))?;
+    if state.get_typed::<NodeConfig>("node")?.is_none() {
+        state.create_typed("node", "", &NodeConfig::default())?;
+    }
+    if let Some(cfg) = &opts.config {
+        apply_config_file(&state, cfg)?;
+    }
+
+    let token = match (&opts.listen_tcp, &opts.token_file) {
+        (None, _) => None,
+        (Some(_), None) => return Err(ServeError::TokenMissing),
+        (Some(_), Some(p)) => {
+            let t = std::fs::read_to_string(p)
+                .map_err(|e| ServeError::Token { path: p.clone(), source: Some(e) })?
+                .trim()
+                .to_string();
+            if t.is_empty() {
+                return Err(ServeError::Token { path: p.clone(), source: None });
+            }
+            Some(Arc::<str>::from(t))
+        }
+    };
+    let unix = crate::api::server::bind_unix(&opts.socket)?;
+    let tcp = match opts.listen_tcp {
+        Some(addr) => {
+            Some(tokio::net::TcpListener::bind(addr).await.map_err(|source| ServeError::TcpBind { addr, source })?)
+        }
+        None => None,
+    };
+
+    let host = HostRoot::new(&opts.host_root);
+    let deps = Deps { host: host.clone(), data_dir: data_dir.clone(), run_dir: opts.run_dir.clone() };
+    let mut rt = Runtime::new(state.clone());
+    controllers::register_all(&mut rt, &deps)?;
+    let registry = crate::resources::registry();
+    let ctx = ApiContext {
+        state: state.clone(),
+        registry: Arc::new(registry),
+        statuses: rt.statuses(),
+        node_info: node_info_fn(host, data_dir.clone()),
+    };
+    let mut api = ApiBuilder::new(ctx);
+    crate::api::register_core(&mut api);
+    let methods = api.build();
+    let runtime = rt.start();
+    tracing::info!(version = crate::VERSION, data_dir = %data_dir.display(), socket = %opts.socket.display(), "talon serving");
+
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|s| *s).await;
+    };
+    let unix_task = tokio::spawn(crate::api::server::serve_unix(
+        unix,
+        opts.socket.clone(),
+        methods.clone(),
+        stopped(stop_rx.clone()),
+    ));
+    let tcp_task = match (tcp, token) {
+        (Some(l), Some(token)) => {
+            tracing::info!(addr = ?opts.listen_tcp, "API also on TCP (bearer token required)");
+            Some(tokio::spawn(crate::api::server::serve_tcp(l, token, methods, stopped(stop_rx.clone()))))
+        }
+        _ => None,
+    };
+    shutdown.await;
+    tracing::info!("shutting down");
+    let _ = stop_tx.send(true);
+    let _ = unix_task.await;
+    if let Some(t) = tcp_task {
+        let _ = t.await;
+    }
+    runtime.shutdown().await;
+    drop(state);
+    tracing::info!("stopped");
+    Ok(())
+}

@@ -1,6 +1,238 @@
-//! The `talon` command line.
+//! The `talon` command line: `serve` runs the daemon; the other verbs are thin
+//! clients of [`crate::client`] or call host library code directly.
+//!
+//! ```text
+//!   talon serve ──> serve::serve(opts, SIGINT|SIGTERM)
+//!   talon get / node / rpc ──> client::Client ──UDS──> daemon
+//! ```
+
+pub mod output;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand, ValueEnum};
+
+use crate::client::{Client, DEFAULT_SOCKET};
+use output::{Format, print_value};
+
+/// Boxed error for CLI commands.
+pub type CliError = Box<dyn std::error::Error + Send + Sync>;
+
+/// talon: replicated SPDK block volumes for Kubernetes and Talos Linux.
+#[derive(Debug, Parser)]
+#[command(name = "talon", version = crate::VERSION, about, propagate_version = true)]
+pub struct Cli {
+    /// The daemon's API socket.
+    #[arg(long, global = true, env = "TALON_SOCKET", default_value = DEFAULT_SOCKET)]
+    pub socket: PathBuf,
+    /// Log format.
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Human)]
+    pub log_format: LogFormat,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Log output format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Human,
+    /// One JSON object per line.
+    Json,
+}
+
+/// The verbs.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the node daemon.
+    Serve(ServeArgs),
+    /// Show resources: `get types`, `get controllers`, `get <type> [id]`.
+    Get(GetArgs),
+    /// This node.
+    #[command(subcommand)]
+    Node(NodeCommand),
+    /// Call any API method with JSON params (for operators and scripts).
+    Rpc {
+        /// Method name, e.g. `node_info`.
+        method: String,
+        /// Named params as a JSON object.
+        #[arg(default_value = "{}")]
+        params: String,
+    },
+}
+
+/// `talon serve`.
+#[derive(Debug, clap::Args)]
+pub struct ServeArgs {
+    /// Data directory: persisted state, V1 volume files, identity.
+    #[arg(long, env = "TALON_DATA_DIR", default_value = "/var/lib/talon")]
+    pub data_dir: PathBuf,
+    /// YAML file of desired state (node, disks, volumes) applied at start.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Also serve the API on this TCP address (needs --token-file).
+    #[arg(long)]
+    pub listen_tcp: Option<std::net::SocketAddr>,
+    /// File holding the bearer token required on the TCP listener.
+    #[arg(long)]
+    pub token_file: Option<PathBuf>,
+    /// Directory for the sockets of spdk_tgt and tgtd.
+    #[arg(long, default_value = "/run/talon")]
+    pub run_dir: PathBuf,
+    /// Where the host's / is (when talon runs in a container with the host mounted).
+    #[arg(long, default_value = "/")]
+    pub host_root: PathBuf,
+}
+
+/// `talon get`.
+#[derive(Debug, clap::Args)]
+pub struct GetArgs {
+    /// `types`, `controllers`, or a resource type (e.g. `volume`).
+    pub what: String,
+    /// A resource id.
+    pub id: Option<String>,
+    /// Output format.
+    #[arg(short, long, value_enum, default_value_t = Format::Table)]
+    pub output: Format,
+    /// Keep streaming changes.
+    #[arg(short, long)]
+    pub watch: bool,
+}
+
+/// `talon node`.
+#[derive(Debug, Subcommand)]
+pub enum NodeCommand {
+    /// Version, host, kernel, OS and engines.
+    Info {
+        /// Output format.
+        #[arg(short, long, value_enum, default_value_t = Format::Yaml)]
+        output: Format,
+    },
+}
+
+fn init_logging(format: LogFormat) {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_env("TALON_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let _ = match format {
+        LogFormat::Human => builder.try_init(),
+        LogFormat::Json => builder.json().try_init(),
+    };
+}
 
 /// Entry point of the `talon` binary.
-pub fn main() -> std::process::ExitCode {
-    std::process::ExitCode::SUCCESS
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging(cli.log_format);
+    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match rt.block_on(run(cli)) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {}", crate::runtime::runner::error_chain(e.as_ref()));
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut int), Ok(mut term)) = (signal(SignalKind::interrupt()), signal(SignalKind::terminate())) else {
+        tracing::error!("cannot install signal handlers; stop with SIGKILL");
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = int.recv() => tracing::info!("SIGINT"),
+        _ = term.recv() => tracing::info!("SIGTERM"),
+    }
+}
+
+async fn run(cli: Cli) -> Result<ExitCode, CliError> {
+    match cli.command {
+        Command::Serve(a) => {
+            let opts = crate::serve::ServeOptions {
+                data_dir: a.data_dir,
+                config: a.config,
+                socket: cli.socket,
+                listen_tcp: a.listen_tcp,
+                token_file: a.token_file,
+                run_dir: a.run_dir,
+                host_root: a.host_root,
+            };
+            crate::serve::serve(opts, shutdown_signal()).await?;
+        }
+        Command::Get(a) => get(&cli.socket, a).await?,
+        Command::Node(NodeCommand::Info { output }) => {
+            let c = Client::connect_unix(&cli.socket).await?;
+            print_value(&serde_json::to_value(c.node_info().await?)?, output)?;
+        }
+        Command::Rpc { method, params } => {
+            let params: serde_json::Value =
+                serde_json::from_str(&params).map_err(|e| format!("params are not JSON: {e}"))?;
+            let c = Client::connect_unix(&cli.socket).await?;
+            let v: serde_json::Value = c.call(&method, params).await?;
+            print_value(&v, Format::Json)?;
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn get(socket: &std::path::Path, a: GetArgs) -> Result<(), CliError> {
+    let c = Client::connect_unix(socket).await?;
+    match a.what.as_str() {
+        "types" | "type" => {
+            let types = c.types().await?;
+            if a.output == Format::Table {
+                output::print_types(&types);
+            } else {
+                print_value(&serde_json::to_value(types)?, a.output)?;
+            }
+        }
+        "controllers" | "controller" => {
+            let cs = c.controllers().await?;
+            if a.output == Format::Table {
+                output::print_controllers(&cs);
+            } else {
+                print_value(&serde_json::to_value(cs)?, a.output)?;
+            }
+        }
+        what => {
+            let types = c.types().await?;
+            let info = types
+                .iter()
+                .find(|t| {
+                    let (tl, w) = (t.type_.to_ascii_lowercase(), what.to_ascii_lowercase());
+                    tl == w || format!("{tl}s") == w || format!("{tl}es") == w
+                })
+                .cloned();
+            let items = match &a.id {
+                Some(id) => vec![c.get(what, id).await?],
+                None => c.list(what).await?,
+            };
+            if a.output == Format::Table {
+                output::print_resources(&items, info.as_ref());
+            } else if a.id.is_some() {
+                print_value(&serde_json::to_value(&items[0])?, a.output)?;
+            } else {
+                print_value(&serde_json::to_value(&items)?, a.output)?;
+            }
+            if a.watch {
+                let mut sub = c.watch(Some(what), false).await?;
+                while let Some(ev) = sub.next().await {
+                    let ev = ev.map_err(|e| format!("watch ended: {e}"))?;
+                    if a.id.as_ref().is_some_and(|id| id != &ev.resource.metadata.id) {
+                        continue;
+                    }
+                    output::print_event(&ev, a.output, info.as_ref())?;
+                }
+            }
+        }
+    }
+    Ok(())
 }

@@ -1,1 +1,23 @@
-//! (filled in by its issue)
+//! Controllers, one folder per subsystem (the same nouns as [`crate::resources`]),
+//! one controller per file.
+
+use std::path::PathBuf;
+
+use crate::host::HostRoot;
+use crate::runtime::{Runtime, RuntimeError};
+
+/// What controllers need from the daemon's configuration.
+#[derive(Debug, Clone)]
+pub struct Deps {
+    /// Host access.
+    pub host: HostRoot,
+    /// The data directory (persisted state, V1 volume files, host NQN).
+    pub data_dir: PathBuf,
+    /// The run directory (sockets of spdk_tgt and tgtd).
+    pub run_dir: PathBuf,
+}
+
+/// Registers every controller.
+pub fn register_all(_rt: &mut Runtime, _deps: &Deps) -> Result<(), RuntimeError> {
+    Ok(())
+}

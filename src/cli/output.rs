@@ -1,0 +1,117 @@
+//! Rendering for the CLI: tables (comfy-table), YAML and JSON.
+
+use comfy_table::presets::NOTHING;
+use comfy_table::{ContentArrangement, Table};
+use serde_json::Value;
+
+use crate::runtime::{ControllerStatus, Event, Resource, TypeInfo};
+
+/// Output format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Format {
+    /// Aligned columns.
+    Table,
+    /// YAML.
+    Yaml,
+    /// JSON (pretty).
+    Json,
+}
+
+/// Prints any value as YAML or JSON (tables fall back to YAML).
+pub fn print_value(v: &Value, f: Format) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    match f {
+        Format::Json => println!("{}", serde_json::to_string_pretty(v)?),
+        Format::Yaml | Format::Table => print!("{}", serde_yaml_ng::to_string(v)?),
+    }
+    Ok(())
+}
+
+fn table() -> Table {
+    let mut t = Table::new();
+    t.load_preset(NOTHING).set_content_arrangement(ContentArrangement::Disabled);
+    t
+}
+
+fn cell(v: Option<&Value>) -> String {
+    match v {
+        None | Some(Value::Null) => String::new(),
+        Some(Value::String(s)) => s.clone(),
+        Some(Value::Array(a)) => a.iter().map(|x| cell(Some(x))).collect::<Vec<_>>().join(","),
+        Some(other) => other.to_string(),
+    }
+}
+
+/// `talon get types`.
+pub fn print_types(types: &[TypeInfo]) {
+    let mut t = table();
+    t.set_header(vec!["NAMESPACE", "TYPE", "PERSISTED", "DESCRIPTION"]);
+    for ti in types {
+        t.add_row(vec![ti.namespace.clone(), ti.type_.clone(), ti.persisted.to_string(), ti.description.clone()]);
+    }
+    println!("{t}");
+}
+
+/// `talon get controllers`.
+pub fn print_controllers(cs: &[ControllerStatus]) {
+    let mut t = table();
+    t.set_header(vec!["NAME", "INPUTS", "OUTPUTS", "STATE", "RESTARTS", "LAST ERROR"]);
+    for c in cs {
+        let ins: Vec<String> = c.inputs.iter().map(|i| i.type_.clone()).collect();
+        let outs: Vec<String> = c.outputs.iter().map(|o| o.type_.clone()).collect();
+        t.add_row(vec![
+            c.name.clone(),
+            ins.join(","),
+            outs.join(","),
+            serde_json::to_value(c.state).map(|v| cell(Some(&v))).unwrap_or_default(),
+            c.restarts.to_string(),
+            c.last_error.clone().unwrap_or_default(),
+        ]);
+    }
+    println!("{t}");
+}
+
+fn resource_row(r: &Resource, info: Option<&TypeInfo>) -> Vec<String> {
+    let m = &r.metadata;
+    let mut row = vec![m.namespace.clone(), m.type_.clone(), m.id.clone(), m.version.to_string()];
+    if let Some(info) = info {
+        for c in &info.columns {
+            row.push(cell(r.spec.pointer(&c.pointer)));
+        }
+    }
+    row
+}
+
+fn resource_header(info: Option<&TypeInfo>) -> Vec<String> {
+    let mut h: Vec<String> = ["NAMESPACE", "TYPE", "ID", "VERSION"].iter().map(|s| s.to_string()).collect();
+    if let Some(info) = info {
+        h.extend(info.columns.iter().map(|c| c.name.clone()));
+    }
+    h
+}
+
+/// `talon get <type>` as a table.
+pub fn print_resources(items: &[Resource], info: Option<&TypeInfo>) {
+    let mut t = table();
+    t.set_header(resource_header(info));
+    for r in items {
+        t.add_row(resource_row(r, info));
+    }
+    println!("{t}");
+}
+
+/// One watch event.
+pub fn print_event(
+    ev: &Event,
+    f: Format,
+    info: Option<&TypeInfo>,
+) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    match f {
+        Format::Table => {
+            let kind = serde_json::to_value(ev.kind).map(|v| cell(Some(&v))).unwrap_or_default();
+            println!("{kind:<9} {}", resource_row(&ev.resource, info).join("  "));
+        }
+        Format::Json => println!("{}", serde_json::to_string(ev)?),
+        Format::Yaml => print!("---\n{}", serde_yaml_ng::to_string(ev)?),
+    }
+    Ok(())
+}
