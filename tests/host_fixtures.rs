@@ -238,7 +238,7 @@ fn chooses_vfio_when_group_viable_else_uio_else_explains() {
     let f = Fixture::new();
     fs::remove_dir_all(f.root.path("/sys/class/iommu")).expect("rm");
     fs::remove_dir_all(f.root.path("/sys/kernel/iommu_groups")).expect("rm");
-    fs::remove_file(f.root.path(&format!("/sys/bus/pci/devices/{BDF}/iommu_group"))).expect("rm");
+    fs::remove_file(f.root.path(format!("/sys/bus/pci/devices/{BDF}/iommu_group"))).expect("rm");
     let dev = pci::select(&f.root, BDF).expect("dev");
     assert!(
         pci::vfio_blocker(&f.root, &dev)
@@ -335,9 +335,7 @@ fn failed_probe_rolls_back_to_the_original_driver() {
 fn refused_sysfs_write_and_missing_driver_leave_state_unchanged() {
     let f = Fixture::new();
     // driver_override as a directory: every write to it fails, like a refusing sysfs.
-    let ov = f
-        .root
-        .path(&format!("/sys/bus/pci/devices/{BDF}/driver_override"));
+    let ov = f.root.path(format!("/sys/bus/pci/devices/{BDF}/driver_override"));
     fs::remove_file(&ov).expect("rm");
     fs::create_dir(&ov).expect("mkdir");
     let e = pci::bind(&f.root, BDF, BindOptions::default()).expect_err("refused");
@@ -520,7 +518,12 @@ fn doctor_talos_host_prints_patch_for_what_is_missing() {
     };
     let r = doctor::run(&f.root, &opts).expect("doctor");
     assert_eq!(r.target, Target::Talos);
-    assert!(r.checks.iter().any(|c| c.name == "hugepages-2M-node1"));
+    let hp = r
+        .checks
+        .iter()
+        .find(|c| c.name == "hugepages-2M")
+        .expect("hugepages check");
+    assert!(hp.measured.contains("node1: 0/0 MiB free"), "{hp:?}");
     let t = r.talos.as_ref().expect("talos advice");
     let y = &t.machine_config_yaml;
     assert!(y.contains("vm.nr_hugepages: '512'"), "{y}");

@@ -40,7 +40,7 @@ pub struct DoctorArgs {
 }
 
 /// Runs `talon doctor`; fails when a check fails.
-pub fn run(args: DoctorArgs) -> Result<(), Box<dyn std::error::Error>> {
+pub fn run(args: DoctorArgs) -> Result<(), crate::cli::CliError> {
     let root = HostRoot::new(&args.host_root);
     let opts = DoctorOptions {
         target: args.target,

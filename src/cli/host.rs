@@ -82,7 +82,7 @@ fn print<T: serde::Serialize>(
     output: Output,
     value: &T,
     text: impl FnOnce() -> String,
-) -> Result<(), Box<dyn std::error::Error>> {
+) -> Result<(), crate::cli::CliError> {
     match output {
         Output::Text => print!("{}", text()),
         Output::Json => println!("{}", serde_json::to_string_pretty(value)?),
@@ -92,7 +92,7 @@ fn print<T: serde::Serialize>(
 }
 
 /// Runs `talon host ...`.
-pub fn run(args: HostArgs) -> Result<(), Box<dyn std::error::Error>> {
+pub fn run(args: HostArgs) -> Result<(), crate::cli::CliError> {
     let root = HostRoot::new(&args.host_root);
     match args.command {
         HostCommand::Hugepages(h) => run_hugepages(&root, args.output, h),
@@ -100,11 +100,7 @@ pub fn run(args: HostArgs) -> Result<(), Box<dyn std::error::Error>> {
     }
 }
 
-fn run_hugepages(
-    root: &HostRoot,
-    output: Output,
-    h: HugepagesArgs,
-) -> Result<(), Box<dyn std::error::Error>> {
+fn run_hugepages(root: &HostRoot, output: Output, h: HugepagesArgs) -> Result<(), crate::cli::CliError> {
     if let Some(n) = h.set {
         let on_talos = os::detect(root).map(|o| o.is_talos()).unwrap_or(false);
         let out = hugepages::set_pages(root, h.size, h.node, n)?;
@@ -156,7 +152,7 @@ fn node_text(node: Option<u32>) -> String {
     node.map(|n| format!(" on node {n}")).unwrap_or_default()
 }
 
-fn run_pci(root: &HostRoot, output: Output, cmd: PciCommand) -> Result<(), Box<dyn std::error::Error>> {
+fn run_pci(root: &HostRoot, output: Output, cmd: PciCommand) -> Result<(), crate::cli::CliError> {
     match cmd {
         PciCommand::List => {
             let devs = pci::list_nvme(root)?;

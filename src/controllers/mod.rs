@@ -1,6 +1,8 @@
 //! Controllers, one folder per subsystem (the same nouns as [`crate::resources`]),
 //! one controller per file.
 
+pub mod host;
+
 use std::path::PathBuf;
 
 use crate::host::HostRoot;
@@ -18,6 +20,7 @@ pub struct Deps {
 }
 
 /// Registers every controller.
-pub fn register_all(_rt: &mut Runtime, _deps: &Deps) -> Result<(), RuntimeError> {
+pub fn register_all(rt: &mut Runtime, deps: &Deps) -> Result<(), RuntimeError> {
+    host::register(rt, &deps.host, host::POLL)?;
     Ok(())
 }

@@ -147,6 +147,18 @@ impl Report {
     }
 }
 
+/// An error with its sources, joined with ": ".
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}
+
 fn check(name: impl Into<String>, status: Status, measured: impl Into<String>, fix: Option<String>) -> Check {
     Check {
         name: name.into(),
@@ -169,7 +181,7 @@ pub fn run(root: &HostRoot, opts: &DoctorOptions) -> Result<Report, DoctorError>
             checks.push(check(
                 "os",
                 Status::Warn,
-                e.to_string(),
+                chain(&e),
                 Some("pass --for talos|generic".into()),
             ));
             None
@@ -204,8 +216,26 @@ pub fn run(root: &HostRoot, opts: &DoctorOptions) -> Result<Report, DoctorError>
     };
     match hugepages::totals(root, PageSize::Size2M) {
         Ok(t) => {
+            let per_node: Vec<String> = hugepages::pools(root)
+                .unwrap_or_default()
+                .iter()
+                .filter(|p| p.size == PageSize::Size2M)
+                .filter_map(|p| {
+                    Some(format!(
+                        "node{}: {}/{} MiB free",
+                        p.node?,
+                        p.free_mib(),
+                        p.total_mib()
+                    ))
+                })
+                .collect();
+            let nodes = if per_node.is_empty() {
+                String::new()
+            } else {
+                format!(" ({})", per_node.join(", "))
+            };
             let measured = format!(
-                "{} MiB total, {} MiB free of 2M pages; need {sizing}",
+                "{} MiB total, {} MiB free of 2M pages{nodes}; need {sizing}",
                 t.total_mib(),
                 t.free_mib()
             );
@@ -225,24 +255,10 @@ pub fn run(root: &HostRoot, opts: &DoctorOptions) -> Result<Report, DoctorError>
                 measured,
                 (status != Status::Pass).then_some(hp_fix),
             ));
-            if let Ok(per_node) = hugepages::pools(root) {
-                for p in per_node
-                    .iter()
-                    .filter(|p| p.size == PageSize::Size2M && p.node.is_some())
-                {
-                    let n = p.node.unwrap_or_default();
-                    checks.push(check(
-                        format!("hugepages-2M-node{n}"),
-                        Status::Pass,
-                        format!("{} MiB total, {} MiB free", p.total_mib(), p.free_mib()),
-                        None,
-                    ));
-                }
-            }
         }
         Err(e) => {
             needs.nr_hugepages = Some(want_pages);
-            checks.push(check("hugepages-2M", Status::Fail, e.to_string(), Some(hp_fix)));
+            checks.push(check("hugepages-2M", Status::Fail, chain(&e), Some(hp_fix)));
         }
     }
     match hugepages::hugetlbfs_mounts(root) {
@@ -264,7 +280,7 @@ pub fn run(root: &HostRoot, opts: &DoctorOptions) -> Result<Report, DoctorError>
             "no hugetlbfs mounted",
             Some("talon host hugepages --set N mounts it at /dev/hugepages (spdk_tgt needs one)".into()),
         )),
-        Err(e) => checks.push(check("hugetlbfs", Status::Warn, e.to_string(), None)),
+        Err(e) => checks.push(check("hugetlbfs", Status::Warn, chain(&e), None)),
     }
 
     // Kernel modules.
@@ -308,7 +324,7 @@ pub fn run(root: &HostRoot, opts: &DoctorOptions) -> Result<Report, DoctorError>
                     Some(fix("install the kernel module package, then")),
                 )
             }
-            Err(e) => check(format!("module {m}"), Status::Warn, e.to_string(), None),
+            Err(e) => check(format!("module {m}"), Status::Warn, chain(&e), None),
         };
         checks.push(c);
     }
@@ -351,7 +367,7 @@ pub fn run(root: &HostRoot, opts: &DoctorOptions) -> Result<Report, DoctorError>
             },
             None,
         )),
-        Err(e) => checks.push(check("nvme-devices", Status::Warn, e.to_string(), None)),
+        Err(e) => checks.push(check("nvme-devices", Status::Warn, chain(&e), None)),
     }
     for sel in &opts.disks {
         let name = format!("disk {sel}");
@@ -361,7 +377,7 @@ pub fn run(root: &HostRoot, opts: &DoctorOptions) -> Result<Report, DoctorError>
                 checks.push(check(
                     name,
                     Status::Fail,
-                    e.to_string(),
+                    chain(&e),
                     Some("list disks with `talon host pci list`".into()),
                 ));
                 continue;
@@ -389,7 +405,7 @@ pub fn run(root: &HostRoot, opts: &DoctorOptions) -> Result<Report, DoctorError>
                 continue;
             }
             Err(e) => {
-                checks.push(check(name, Status::Fail, e.to_string(), None));
+                checks.push(check(name, Status::Fail, chain(&e), None));
                 continue;
             }
             Ok(None) => {}
@@ -415,7 +431,7 @@ pub fn run(root: &HostRoot, opts: &DoctorOptions) -> Result<Report, DoctorError>
                     Some(fix),
                 ));
             }
-            Err(e) => checks.push(check(name, Status::Fail, e.to_string(), None)),
+            Err(e) => checks.push(check(name, Status::Fail, chain(&e), None)),
         }
     }
 

@@ -99,7 +99,11 @@ pub fn module_state(root: &HostRoot, name: &str) -> Result<ModuleState, ModuleEr
         module: module.clone(),
         source,
     };
-    let proc_modules = root.read_string("/proc/modules").map_err(inspect)?;
+    // No /proc/modules: a kernel without module support; only built-ins count.
+    let proc_modules = root
+        .read_attr_opt("/proc/modules")
+        .map_err(inspect)?
+        .unwrap_or_default();
     if proc_modules
         .lines()
         .any(|l| l.split_whitespace().next() == Some(module.as_str()))
@@ -212,6 +216,14 @@ mod tests {
             ModuleState::Available
         );
         assert_eq!(module_state(&root, "iscsi_tcp").expect("s"), ModuleState::Missing);
+    }
+
+    #[test]
+    fn a_kernel_without_module_support_has_only_builtins() {
+        let (_d, root) = fixture();
+        fs::remove_file(root.path("/proc/modules")).expect("rm");
+        assert_eq!(module_state(&root, "vfio_pci").expect("s"), ModuleState::Builtin);
+        assert_eq!(module_state(&root, "nvme_tcp").expect("s"), ModuleState::Missing);
     }
 
     #[test]

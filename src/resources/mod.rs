@@ -9,6 +9,7 @@
 //! | `frontend` | AttachmentStatus |
 
 pub mod config;
+pub mod host;
 
 use crate::runtime::TypeRegistry;
 
@@ -27,6 +28,7 @@ pub fn register_types(reg: &mut TypeRegistry) {
         &[("SIZE", "/sizeBytes"), ("REPLICAS", "/replicas"), ("ENGINE", "/engine"), ("FRONTEND", "/frontend")],
     );
     reg.register::<config::Snapshot>("A snapshot of a volume", &[("VOLUME", "/volume")]);
+    host::register_types(reg);
 }
 
 /// A registry with every type.
