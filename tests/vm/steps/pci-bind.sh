@@ -36,6 +36,7 @@ NS=$(ns)
 
 # Refusal 1: a mounted file system.
 mkdir -p /mnt/pci-bind
+modprobe ext4 2>/dev/null || modprobe ext2 2>/dev/null || true # the guest needs ext4 (mounts ext2) for this check
 if mke2fs -q /dev/$NS >/dev/null 2>&1 && mount -t ext2 /dev/$NS /mnt/pci-bind; then
 	out=$(talon host pci bind $SERIAL --driver uio_pci_generic 2>&1); rc=$?
 	echo "$out"
