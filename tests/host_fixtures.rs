@@ -315,6 +315,39 @@ fn refuses_a_device_in_use() {
 }
 
 #[test]
+fn refuses_swap_and_a_device_held_open_by_a_userspace_driver() {
+    let f = Fixture::new();
+    f.write(
+        "/proc/swaps",
+        "Filename Type Size Used Priority\n/dev/nvme0n1 partition 262140 0 -2\n",
+    );
+    bind_refused(&f, "active swap");
+
+    let f = Fixture::new();
+    f.set_driver(BDF, Some("vfio-pci"));
+    f.write("/proc/4242/comm", "spdk_tgt\n");
+    f.mkdir("/proc/4242/fd");
+    f.link("/proc/4242/fd/7", "/dev/vfio/5");
+    let e = pci::unbind(&f.root, BDF).expect_err("held open");
+    assert!(
+        matches!(e, PciError::InUse { .. }) && e.to_string().contains("spdk_tgt (pid 4242)"),
+        "{e}"
+    );
+    let e = pci::bind(
+        &f.root,
+        BDF,
+        BindOptions {
+            driver: Some(UserspaceDriver::UioPciGeneric),
+            load_module: false,
+        },
+    )
+    .expect_err("held open");
+    assert!(e.to_string().contains("spdk_tgt (pid 4242)"), "{e}");
+    assert_eq!(f.driver(BDF).as_deref(), Some("vfio-pci"));
+    assert_eq!(f.attr("/sys/bus/pci/drivers_probe"), "");
+}
+
+#[test]
 fn failed_probe_rolls_back_to_the_original_driver() {
     // The fixture tree is no kernel: the driver link never moves, so the
     // verification fails and the rollback must leave the device on nvme.

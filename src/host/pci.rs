@@ -4,8 +4,9 @@
 //!   /sys/bus/pci/devices/<bdf>/{vendor,device,class,numa_node,driver,iommu_group}
 //!         └─ nvme/nvmeX/{model,serial,nvmeXnY}   /sys/block/nvmeXnY/{size,dev,holders,<parts>}
 //!                              │
-//!   select (BDF | serial | model) ──> PciDevice ──> in_use? (mounts, holders, partitions,
-//!                              │                              signatures in the first sectors)
+//!   select (BDF | serial | model) ──> PciDevice ──> in_use? (mounts, swap, holders, partitions,
+//!                              │                     signatures in the first sectors; or a process
+//!                              │                     holding /dev/vfio/<group> or /dev/uioN open)
 //!                              ▼
 //!   rebind: driver_override=<to> ─> <bdf>/driver/unbind ─> drivers_probe ─> driver == <to>?
 //!             │ any failure: driver_override=<from>, drivers_probe, verify <from>   (rollback)
@@ -56,7 +57,7 @@ pub enum PciError {
     },
     #[error("cannot list PCI devices")]
     List(#[source] HostIoError),
-    #[error("refusing to bind {bdf}: {reason}")]
+    #[error("refusing to rebind {bdf}: {reason}")]
     InUse { bdf: String, reason: String },
     #[error("cannot read the first sectors of {dev} (of {bdf}) to check for data")]
     ReadSignature {
@@ -487,6 +488,7 @@ pub fn in_use(root: &HostRoot, dev: &PciDevice) -> Result<Option<String>, PciErr
     let e = inspect_err(b);
     let mountinfo = root.read_string("/proc/self/mountinfo").ok();
     let mounts = root.read_string("/proc/mounts").ok();
+    let swaps = root.read_string("/proc/swaps").unwrap_or_default();
     for ns in &dev.block_devices {
         let mut nodes = vec![ns.clone()];
         for entry in root.list_dir(format!("/sys/block/{ns}")).map_err(&e)? {
@@ -501,6 +503,13 @@ pub fn in_use(root: &HostRoot, dev: &PciDevice) -> Result<Option<String>, PciErr
                 format!("/sys/block/{ns}/{node}")
             };
             let majmin = root.read_attr_opt(format!("{sys}/dev")).map_err(&e)?;
+            if swaps
+                .lines()
+                .skip(1)
+                .any(|l| l.split_whitespace().next() == Some(format!("/dev/{node}").as_str()))
+            {
+                return Ok(Some(format!("/dev/{node} is active swap")));
+            }
             if let Some(target) = mounted_at(mountinfo.as_deref(), mounts.as_deref(), node, majmin.as_deref())
             {
                 return Ok(Some(format!("/dev/{node} is mounted at {target}")));
@@ -601,6 +610,70 @@ pub fn detect_signature(buf: &[u8]) -> Option<&'static str> {
     None
 }
 
+/// Processes that hold the device's user-space driver node open
+/// (`/dev/vfio/<group>`, `/dev/vfio/devices/vfioN`, `/dev/uioN`), as `comm (pid N)`.
+/// Unbinding under them would block in the kernel until they let go.
+pub fn userspace_users(root: &HostRoot, dev: &PciDevice) -> Vec<String> {
+    let b = dev.bdf.as_str();
+    let mut nodes: Vec<std::path::PathBuf> = Vec::new();
+    match dev.driver.as_deref() {
+        Some("vfio-pci") => {
+            if let Some(g) = dev.iommu_group {
+                nodes.push(format!("/dev/vfio/{g}").into());
+            }
+            for v in root
+                .list_dir(format!("{DEVICES}/{b}/vfio-dev"))
+                .unwrap_or_default()
+            {
+                nodes.push(format!("/dev/vfio/devices/{v}").into());
+            }
+        }
+        Some("uio_pci_generic") => {
+            for u in root.list_dir(format!("{DEVICES}/{b}/uio")).unwrap_or_default() {
+                nodes.push(format!("/dev/{u}").into());
+            }
+        }
+        _ => {}
+    }
+    let mut users = Vec::new();
+    if nodes.is_empty() {
+        return users;
+    }
+    // Our own process may hold it through an inherited descriptor; that is the caller's.
+    let me = root.is_real().then(|| std::process::id().to_string());
+    let pids = root.list_dir("/proc").unwrap_or_default();
+    for pid in pids
+        .iter()
+        .filter(|p| p.bytes().all(|c| c.is_ascii_digit()) && Some(*p) != me.as_ref())
+    {
+        for fd in root.list_dir(format!("/proc/{pid}/fd")).unwrap_or_default() {
+            if let Ok(target) = root.read_link(format!("/proc/{pid}/fd/{fd}"))
+                && nodes.contains(&target)
+            {
+                let comm = root.read_attr(format!("/proc/{pid}/comm")).unwrap_or_default();
+                users.push(format!("{comm} (pid {pid})"));
+                break;
+            }
+        }
+    }
+    users
+}
+
+fn refuse_if_opened(root: &HostRoot, dev: &PciDevice) -> Result<(), PciError> {
+    let users = userspace_users(root, dev);
+    if users.is_empty() {
+        return Ok(());
+    }
+    Err(PciError::InUse {
+        bdf: dev.bdf.to_string(),
+        reason: format!(
+            "opened through {} by {}; stop it first",
+            dev.driver.as_deref().unwrap_or("its driver"),
+            users.join(", ")
+        ),
+    })
+}
+
 /// What a bind or unbind did.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct BindOutcome {
@@ -646,6 +719,7 @@ pub fn bind(root: &HostRoot, selector: &str, opts: BindOptions) -> Result<BindOu
     if let Some(reason) = in_use(root, &dev)? {
         return Err(PciError::InUse { bdf, reason });
     }
+    refuse_if_opened(root, &dev)?;
     if !driver_registered(root, to) {
         if opts.load_module {
             modules::ensure_loaded(root, driver.module()).map_err(|e| PciError::NoDriver {
@@ -682,6 +756,7 @@ pub fn unbind(root: &HostRoot, selector: &str) -> Result<BindOutcome, PciError> 
             changed: false,
         });
     }
+    refuse_if_opened(root, &dev)?;
     if !driver_registered(root, "nvme") {
         return Err(PciError::NoDriver {
             bdf: dev.bdf.to_string(),

@@ -66,6 +66,17 @@ expect_driver uio_pci_generic
 talon host pci bind $BDF --driver vfio-pci || bad "bind vfio-pci"
 expect_driver vfio-pci
 ls /dev/vfio/ | grep -q '^[0-9]' && ok "vfio group node $(ls /dev/vfio | grep '^[0-9]')" || bad "no /dev/vfio/<group>"
+# A process holding the vfio group open: unbind must refuse (the kernel would block).
+G=$(basename "$(readlink /sys/bus/pci/devices/$BDF/iommu_group)")
+if exec 3<>/dev/vfio/$G; then
+	out=$(talon host pci unbind $BDF 2>&1); rc=$?
+	echo "$out"
+	[ $rc -ne 0 ] && echo "$out" | grep -q "opened through vfio-pci by sh" && ok "unbind refused while /dev/vfio/$G is open" || bad "unbind of an opened vfio device not refused"
+	exec 3>&-
+	expect_driver vfio-pci
+else
+	bad "cannot open /dev/vfio/$G"
+fi
 talon host pci unbind $BDF || bad "unbind"
 expect_driver nvme
 i=0
