@@ -17,7 +17,17 @@ mod bindings {
     use std::path::PathBuf;
 
     /// The SPDK libraries talon links when it runs the target in-process.
-    const LIBS: &[&str] = &["spdk_event", "spdk_event_bdev", "spdk_event_nvmf", "spdk_bdev", "spdk_jsonrpc", "spdk_rpc", "spdk_log", "spdk_util", "spdk_env_dpdk"];
+    const LIBS: &[&str] = &[
+        "spdk_event",
+        "spdk_event_bdev",
+        "spdk_event_nvmf",
+        "spdk_bdev",
+        "spdk_jsonrpc",
+        "spdk_rpc",
+        "spdk_log",
+        "spdk_util",
+        "spdk_env_dpdk",
+    ];
 
     pub fn generate() {
         let mut includes: Vec<PathBuf> = Vec::new();

@@ -31,7 +31,11 @@ pub struct InvalidName {
 }
 
 fn invalid(what: &'static str, value: &str, reason: impl Into<String>) -> InvalidName {
-    InvalidName { what, value: value.to_string(), reason: reason.into() }
+    InvalidName {
+        what,
+        value: value.to_string(),
+        reason: reason.into(),
+    }
 }
 
 /// The name of a volume, disk, snapshot or node: a DNS label, `[a-z0-9-]`, 1 to
@@ -47,10 +51,21 @@ impl ObjectName {
             return Err(invalid(what, value, "a name must not be empty"));
         }
         if value.len() > MAX_NAME_LEN {
-            return Err(invalid(what, value, format!("longer than {MAX_NAME_LEN} characters")));
+            return Err(invalid(
+                what,
+                value,
+                format!("longer than {MAX_NAME_LEN} characters"),
+            ));
         }
-        if let Some(c) = value.chars().find(|c| !(c.is_ascii_lowercase() || c.is_ascii_digit() || *c == '-')) {
-            return Err(invalid(what, value, format!("character {c:?} is not allowed (use a-z, 0-9 and '-')")));
+        if let Some(c) = value
+            .chars()
+            .find(|c| !(c.is_ascii_lowercase() || c.is_ascii_digit() || *c == '-'))
+        {
+            return Err(invalid(
+                what,
+                value,
+                format!("character {c:?} is not allowed (use a-z, 0-9 and '-')"),
+            ));
         }
         if value.starts_with('-') || value.ends_with('-') {
             return Err(invalid(what, value, "must start and end with a letter or digit"));
@@ -92,7 +107,10 @@ fn check_option_safe(what: &'static str, value: &str, max: usize) -> Result<(), 
     if value.len() > max {
         return Err(invalid(what, value, format!("longer than {max} bytes")));
     }
-    if let Some(c) = value.chars().find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | ':' | '_'))) {
+    if let Some(c) = value
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | ':' | '_')))
+    {
         return Err(invalid(what, value, format!("character {c:?} is not allowed")));
     }
     Ok(())
@@ -233,6 +251,9 @@ mod tests {
     fn volume_uuid_is_stable() {
         let v = ObjectName::parse("volume", "v1").expect("name");
         assert_eq!(volume_uuid(&v), volume_uuid(&v));
-        assert_ne!(volume_uuid(&v), volume_uuid(&ObjectName::parse("volume", "v2").expect("name")));
+        assert_ne!(
+            volume_uuid(&v),
+            volume_uuid(&ObjectName::parse("volume", "v2").expect("name"))
+        );
     }
 }

@@ -78,7 +78,10 @@ pub enum ServeError {
     #[error("--listen-tcp needs --token-file")]
     TokenMissing,
     #[error("token file {path} cannot be read or is empty")]
-    Token { path: PathBuf, source: Option<std::io::Error> },
+    Token {
+        path: PathBuf,
+        source: Option<std::io::Error>,
+    },
     #[error("cannot listen on {addr}")]
     TcpBind {
         addr: SocketAddr,
@@ -118,7 +121,10 @@ pub fn lock_data_dir(dir: &Path) -> Result<DataDirLock, ServeError> {
         .create(true)
         .truncate(false)
         .open(&path)
-        .map_err(|source| ServeError::Lock { path: path.clone(), source })?;
+        .map_err(|source| ServeError::Lock {
+            path: path.clone(),
+            source,
+        })?;
     match nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock) {
         Ok(mut flock) => {
             let _ = flock.set_len(0);
@@ -126,19 +132,33 @@ pub fn lock_data_dir(dir: &Path) -> Result<DataDirLock, ServeError> {
             Ok(DataDirLock { _flock: flock })
         }
         Err((_, nix::errno::Errno::EWOULDBLOCK)) => {
-            let holder = std::fs::read_to_string(&path).unwrap_or_default().trim().to_string();
-            Err(ServeError::DataDirLocked { path: dir.to_path_buf(), holder })
+            let holder = std::fs::read_to_string(&path)
+                .unwrap_or_default()
+                .trim()
+                .to_string();
+            Err(ServeError::DataDirLocked {
+                path: dir.to_path_buf(),
+                holder,
+            })
         }
-        Err((_, e)) => Err(ServeError::Lock { path, source: e.into() }),
+        Err((_, e)) => Err(ServeError::Lock {
+            path,
+            source: e.into(),
+        }),
     }
 }
 
 /// Applies a config file's desired state to the store (as the user), creating
 /// or updating what it names and leaving everything else alone.
 pub fn apply_config_file(state: &State, path: &Path) -> Result<(), ServeError> {
-    let text =
-        std::fs::read_to_string(path).map_err(|source| ServeError::ConfigRead { path: path.to_path_buf(), source })?;
-    let invalid = |message: String| ServeError::ConfigInvalid { path: path.to_path_buf(), message };
+    let text = std::fs::read_to_string(path).map_err(|source| ServeError::ConfigRead {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let invalid = |message: String| ServeError::ConfigInvalid {
+        path: path.to_path_buf(),
+        message,
+    };
     let de = serde_yaml_ng::Deserializer::from_str(&text);
     let cfg: ConfigFile = serde_path_to_error::deserialize(de).map_err(|e| invalid(e.to_string()))?;
     if let Some(node) = cfg.node {
@@ -166,7 +186,9 @@ pub fn upsert<S: Spec>(state: &State, id: &str, spec: &S) -> Result<(), StateErr
 /// Finds a program on PATH.
 pub fn which(program: &str) -> Option<PathBuf> {
     let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path).map(|d| d.join(program)).find(|p| p.is_file())
+    std::env::split_paths(&path)
+        .map(|d| d.join(program))
+        .find(|p| p.is_file())
 }
 
 /// Where spdk_tgt is, if anywhere: `$TALON_SPDK_DIR/build/bin/spdk_tgt`, then PATH.
@@ -183,7 +205,11 @@ pub fn find_spdk_tgt() -> Option<PathBuf> {
 /// The engines this node can run, and why not.
 pub fn detect_engines() -> Vec<EngineAvailability> {
     let v2 = match find_spdk_tgt() {
-        Some(p) => EngineAvailability { engine: "v2".into(), available: true, detail: p.display().to_string() },
+        Some(p) => EngineAvailability {
+            engine: "v2".into(),
+            available: true,
+            detail: p.display().to_string(),
+        },
         None => EngineAvailability {
             engine: "v2".into(),
             available: false,
@@ -191,7 +217,11 @@ pub fn detect_engines() -> Vec<EngineAvailability> {
         },
     };
     let v1 = match which("tgtd") {
-        Some(p) => EngineAvailability { engine: "v1".into(), available: true, detail: p.display().to_string() },
+        Some(p) => EngineAvailability {
+            engine: "v1".into(),
+            available: true,
+            detail: p.display().to_string(),
+        },
         None => EngineAvailability {
             engine: "v1".into(),
             available: false,
@@ -225,8 +255,12 @@ pub fn node_info_fn(host: HostRoot, data_dir: PathBuf) -> Arc<dyn Fn() -> NodeIn
         let (os_id, os_name) = os_release(&host);
         NodeInfo {
             version: crate::VERSION.to_string(),
-            hostname: nix::unistd::gethostname().map(|h| h.to_string_lossy().into_owned()).unwrap_or_default(),
-            kernel: nix::sys::utsname::uname().map(|u| u.release().to_string_lossy().into_owned()).unwrap_or_default(),
+            hostname: nix::unistd::gethostname()
+                .map(|h| h.to_string_lossy().into_owned())
+                .unwrap_or_default(),
+            kernel: nix::sys::utsname::uname()
+                .map(|u| u.release().to_string_lossy().into_owned())
+                .unwrap_or_default(),
             os_id,
             os_name,
             data_dir: data_dir.display().to_string(),
@@ -241,9 +275,14 @@ pub async fn serve(opts: ServeOptions, shutdown: impl Future<Output = ()> + Send
         .recursive(true)
         .mode(0o700)
         .create(&opts.data_dir)
-        .map_err(|source| ServeError::DataDir { path: opts.data_dir.clone(), source })?;
-    let data_dir = std::fs::canonicalize(&opts.data_dir)
-        .map_err(|source| ServeError::DataDir { path: opts.data_dir.clone(), source })?;
+        .map_err(|source| ServeError::DataDir {
+            path: opts.data_dir.clone(),
+            source,
+        })?;
+    let data_dir = std::fs::canonicalize(&opts.data_dir).map_err(|source| ServeError::DataDir {
+        path: opts.data_dir.clone(),
+        source,
+    })?;
     let _lock = lock_data_dir(&data_dir)?;
     let state = State::open(&data_dir.join("state.redb"))?;
     if state.get_typed::<NodeConfig>("node")?.is_none() {
@@ -258,25 +297,37 @@ pub async fn serve(opts: ServeOptions, shutdown: impl Future<Output = ()> + Send
         (Some(_), None) => return Err(ServeError::TokenMissing),
         (Some(_), Some(p)) => {
             let t = std::fs::read_to_string(p)
-                .map_err(|e| ServeError::Token { path: p.clone(), source: Some(e) })?
+                .map_err(|e| ServeError::Token {
+                    path: p.clone(),
+                    source: Some(e),
+                })?
                 .trim()
                 .to_string();
             if t.is_empty() {
-                return Err(ServeError::Token { path: p.clone(), source: None });
+                return Err(ServeError::Token {
+                    path: p.clone(),
+                    source: None,
+                });
             }
             Some(Arc::<str>::from(t))
         }
     };
     let unix = crate::api::server::bind_unix(&opts.socket)?;
     let tcp = match opts.listen_tcp {
-        Some(addr) => {
-            Some(tokio::net::TcpListener::bind(addr).await.map_err(|source| ServeError::TcpBind { addr, source })?)
-        }
+        Some(addr) => Some(
+            tokio::net::TcpListener::bind(addr)
+                .await
+                .map_err(|source| ServeError::TcpBind { addr, source })?,
+        ),
         None => None,
     };
 
     let host = HostRoot::new(&opts.host_root);
-    let deps = Deps { host: host.clone(), data_dir: data_dir.clone(), run_dir: opts.run_dir.clone() };
+    let deps = Deps {
+        host: host.clone(),
+        data_dir: data_dir.clone(),
+        run_dir: opts.run_dir.clone(),
+    };
     let mut rt = Runtime::new(state.clone());
     controllers::register_all(&mut rt, &deps)?;
     let registry = crate::resources::registry();
@@ -288,6 +339,7 @@ pub async fn serve(opts: ServeOptions, shutdown: impl Future<Output = ()> + Send
     };
     let mut api = ApiBuilder::new(ctx);
     crate::api::register_core(&mut api);
+    crate::api::volume::register(&mut api);
     let methods = api.build();
     let runtime = rt.start();
     tracing::info!(version = crate::VERSION, data_dir = %data_dir.display(), socket = %opts.socket.display(), "talon serving");
@@ -305,7 +357,12 @@ pub async fn serve(opts: ServeOptions, shutdown: impl Future<Output = ()> + Send
     let tcp_task = match (tcp, token) {
         (Some(l), Some(token)) => {
             tracing::info!(addr = ?opts.listen_tcp, "API also on TCP (bearer token required)");
-            Some(tokio::spawn(crate::api::server::serve_tcp(l, token, methods, stopped(stop_rx.clone()))))
+            Some(tokio::spawn(crate::api::server::serve_tcp(
+                l,
+                token,
+                methods,
+                stopped(stop_rx.clone()),
+            )))
         }
         _ => None,
     };

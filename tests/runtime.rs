@@ -7,7 +7,8 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use talon::runtime::testing::{TestRuntime, eventually};
 use talon::runtime::{
-    Controller, ControllerError, ControllerState, Input, Output, ReconcileContext, Requeue, RuntimeError, Spec,
+    Controller, ControllerError, ControllerState, Input, Output, ReconcileContext, Requeue, RuntimeError,
+    Spec,
 };
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -101,10 +102,17 @@ async fn a_chain_of_two_controllers_converges_and_tracks_outputs() {
     assert_eq!(out.metadata.owner, "test.SecondController");
     // Removing the input removes the outputs it produced, through both controllers.
     st.destroy("config", "Want", "a", "").expect("destroy");
-    eventually("out/a removed by output tracking", Duration::from_secs(10), || {
-        let st = st.clone();
-        async move { (st.get_typed::<Out>("a").ok()?.is_none() && st.get_typed::<Mid>("a").ok()?.is_none()).then_some(()) }
-    })
+    eventually(
+        "out/a removed by output tracking",
+        Duration::from_secs(10),
+        || {
+            let st = st.clone();
+            async move {
+                (st.get_typed::<Out>("a").ok()?.is_none() && st.get_typed::<Mid>("a").ok()?.is_none())
+                    .then_some(())
+            }
+        },
+    )
     .await;
     assert!(st.get_typed::<Out>("b").expect("get").is_some());
     rt.stop().await;
@@ -177,7 +185,10 @@ async fn failures_and_panics_restart_with_backoff_and_reset_after_success() {
         async move { st.get_typed::<Out>("ok").ok()?.map(|_| ()) }
     })
     .await;
-    assert!(st.get_typed::<Mid>("x").expect("get").is_none(), "the undeclared write must not land");
+    assert!(
+        st.get_typed::<Mid>("x").expect("get").is_none(),
+        "the undeclared write must not land"
+    );
     let statuses = rt.statuses();
     let s = eventually("status idle", Duration::from_secs(5), || {
         let statuses = statuses.clone();

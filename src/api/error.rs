@@ -84,7 +84,10 @@ pub struct ApiError {
 impl ApiError {
     /// An error of a kind.
     pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
-        Self { kind, message: message.into() }
+        Self {
+            kind,
+            message: message.into(),
+        }
     }
 
     /// Invalid params.
@@ -105,7 +108,11 @@ impl ApiError {
 
 impl From<ApiError> for ErrorObjectOwned {
     fn from(e: ApiError) -> Self {
-        ErrorObjectOwned::owned(e.kind.code(), e.message, Some(serde_json::json!({ "kind": e.kind })))
+        ErrorObjectOwned::owned(
+            e.kind.code(),
+            e.message,
+            Some(serde_json::json!({ "kind": e.kind })),
+        )
     }
 }
 

@@ -14,6 +14,7 @@
 pub mod error;
 pub mod server;
 pub mod types;
+pub mod volume;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -54,7 +55,10 @@ impl ApiContext {
     pub fn resolve_type(&self, name: &str) -> Result<&TypeInfo, ApiError> {
         self.registry.lookup(name).ok_or_else(|| {
             let known: Vec<String> = self.registry.all().into_iter().map(|t| t.type_).collect();
-            ApiError::not_found(format!("resource type {name:?} is unknown (known: {})", known.join(", ")))
+            ApiError::not_found(format!(
+                "resource type {name:?} is unknown (known: {})",
+                known.join(", ")
+            ))
         })
     }
 }
@@ -80,9 +84,15 @@ pub struct ApiBuilder {
 pub fn parse_params<P: DeserializeOwned>(params: &Params) -> Result<P, ApiError> {
     let raw = params.as_str().unwrap_or("{}");
     let trimmed = raw.trim();
-    let raw = if trimmed == "[]" || trimmed.is_empty() { "{}" } else { raw };
+    let raw = if trimmed == "[]" || trimmed.is_empty() {
+        "{}"
+    } else {
+        raw
+    };
     if raw.trim_start().starts_with('[') {
-        return Err(ApiError::invalid("invalid params: pass params as an object of named fields"));
+        return Err(ApiError::invalid(
+            "invalid params: pass params as an object of named fields",
+        ));
     }
     let de = &mut serde_json::Deserializer::from_str(raw);
     serde_path_to_error::deserialize(de).map_err(|e| {
@@ -102,12 +112,20 @@ fn schema_of<T: schemars::JsonSchema>() -> Value {
 impl ApiBuilder {
     /// An empty API over a context.
     pub fn new(ctx: ApiContext) -> Self {
-        Self { module: RpcModule::new(ctx), docs: Vec::new() }
+        Self {
+            module: RpcModule::new(ctx),
+            docs: Vec::new(),
+        }
     }
 
     /// Registers an async method with named params `P` and result `R`.
-    pub fn method<P, R, F, Fut>(&mut self, name: &'static str, summary: &'static str, errors: &[ErrorKind], f: F)
-    where
+    pub fn method<P, R, F, Fut>(
+        &mut self,
+        name: &'static str,
+        summary: &'static str,
+        errors: &[ErrorKind],
+        f: F,
+    ) where
         P: DeserializeOwned + schemars::JsonSchema + Send + 'static,
         R: Serialize + schemars::JsonSchema + Send + 'static,
         F: Fn(P, Arc<ApiContext>) -> Fut + Clone + Send + Sync + 'static,
@@ -154,8 +172,11 @@ impl ApiBuilder {
                             .collect()
                     })
                     .unwrap_or_default();
-                let errors: Vec<Value> =
-                    d.errors.iter().map(|k| json!({"code": k.code(), "message": k.title()})).collect();
+                let errors: Vec<Value> = d
+                    .errors
+                    .iter()
+                    .map(|k| json!({"code": k.code(), "message": k.title()}))
+                    .collect();
                 json!({
                     "name": d.name,
                     "summary": d.summary,
@@ -183,7 +204,9 @@ impl ApiBuilder {
             errors: vec![],
         });
         let doc = Self::openrpc(&self.docs);
-        let res = self.module.register_method("rpc.discover", move |_, _, _| doc.clone());
+        let res = self
+            .module
+            .register_method("rpc.discover", move |_, _, _| doc.clone());
         if let Err(e) = res {
             tracing::error!(error = %e, "cannot register rpc.discover");
         }
@@ -193,12 +216,18 @@ impl ApiBuilder {
 
 /// Registers the core methods: node, resources, controllers, watch.
 pub fn register_core(api: &mut ApiBuilder) {
-    api.method("node_info", "Version, host, kernel, OS and engine availability of this node.", &[], |_: NoParams, ctx: Arc<ApiContext>| async move {
-        Ok((ctx.node_info)())
-    });
-    api.method("resource_types", "Every resource type: namespace, description, columns, schema.", &[], |_: NoParams, ctx: Arc<ApiContext>| async move {
-        Ok(ctx.registry.all())
-    });
+    api.method(
+        "node_info",
+        "Version, host, kernel, OS and engine availability of this node.",
+        &[],
+        |_: NoParams, ctx: Arc<ApiContext>| async move { Ok((ctx.node_info)()) },
+    );
+    api.method(
+        "resource_types",
+        "Every resource type: namespace, description, columns, schema.",
+        &[],
+        |_: NoParams, ctx: Arc<ApiContext>| async move { Ok(ctx.registry.all()) },
+    );
     api.method(
         "resource_list",
         "Every resource of a type.",
@@ -219,10 +248,15 @@ pub fn register_core(api: &mut ApiBuilder) {
                 .ok_or_else(|| ApiError::not_found(format!("{} {:?} not found", t.type_, p.id)))
         },
     );
-    api.method("controller_list", "Every controller: inputs, outputs, state, restarts.", &[], |_: NoParams, ctx: Arc<ApiContext>| async move {
-        let s = ctx.statuses.read().unwrap_or_else(|p| p.into_inner());
-        Ok(s.values().cloned().collect::<Vec<ControllerStatus>>())
-    });
+    api.method(
+        "controller_list",
+        "Every controller: inputs, outputs, state, restarts.",
+        &[],
+        |_: NoParams, ctx: Arc<ApiContext>| async move {
+            let s = ctx.statuses.read().unwrap_or_else(|p| p.into_inner());
+            Ok(s.values().cloned().collect::<Vec<ControllerStatus>>())
+        },
+    );
     register_watch(api);
 }
 
@@ -246,19 +280,28 @@ fn register_watch(api: &mut ApiBuilder) {
                     return;
                 }
             };
-            let (snapshot, mut rx) = ctx.state.watch(filter.as_ref().map(|(n, t)| (n.as_str(), t.as_str())));
+            let (snapshot, mut rx) = ctx
+                .state
+                .watch(filter.as_ref().map(|(n, t)| (n.as_str(), t.as_str())));
             let Ok(sink) = pending.accept().await else { return };
             let to_msg = |ev: &Event| serde_json::value::to_raw_value(ev);
             if p.bootstrap.unwrap_or(true) {
                 for r in snapshot {
-                    let Ok(msg) = to_msg(&Event { kind: EventKind::Created, resource: r }) else { return };
+                    let Ok(msg) = to_msg(&Event {
+                        kind: EventKind::Created,
+                        resource: r,
+                    }) else {
+                        return;
+                    };
                     if sink.send(msg).await.is_err() {
                         return;
                     }
                 }
             }
             let matches = |r: &Resource| {
-                filter.as_ref().is_none_or(|(n, t)| &r.metadata.namespace == n && &r.metadata.type_ == t)
+                filter
+                    .as_ref()
+                    .is_none_or(|(n, t)| &r.metadata.namespace == n && &r.metadata.type_ == t)
             };
             loop {
                 tokio::select! {

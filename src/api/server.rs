@@ -12,11 +12,13 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 use jsonrpsee::Methods;
-use jsonrpsee::server::{HttpBody, HttpRequest, HttpResponse, ServerConfig, serve_with_graceful_shutdown, stop_channel};
-use tokio::net::{TcpListener, UnixListener};
+use jsonrpsee::server::{
+    HttpBody, HttpRequest, HttpResponse, ServerConfig, serve_with_graceful_shutdown, stop_channel,
+};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use tokio::net::{TcpListener, UnixListener};
 
 use tower::Service;
 
@@ -52,31 +54,53 @@ pub fn bind_unix(path: &Path) -> Result<UnixListener, ServeError> {
             .recursive(true)
             .mode(0o700)
             .create(dir)
-            .map_err(|source| ServeError::SocketDir { path: dir.to_path_buf(), source })?;
+            .map_err(|source| ServeError::SocketDir {
+                path: dir.to_path_buf(),
+                source,
+            })?;
     }
     if path.exists() {
         if std::os::unix::net::UnixStream::connect(path).is_ok() {
-            return Err(ServeError::SocketInUse { path: path.to_path_buf() });
+            return Err(ServeError::SocketInUse {
+                path: path.to_path_buf(),
+            });
         }
         let _ = std::fs::remove_file(path);
     }
-    let l = UnixListener::bind(path).map_err(|source| ServeError::Bind { path: path.to_path_buf(), source })?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
-        .map_err(|source| ServeError::Bind { path: path.to_path_buf(), source })?;
+    let l = UnixListener::bind(path).map_err(|source| ServeError::Bind {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(|source| {
+        ServeError::Bind {
+            path: path.to_path_buf(),
+            source,
+        }
+    })?;
     Ok(l)
 }
 
 use std::os::unix::fs::DirBuilderExt;
 
 fn config() -> ServerConfig {
-    ServerConfig::builder().max_connections(256).max_subscriptions_per_connection(64).build()
+    ServerConfig::builder()
+        .max_connections(256)
+        .max_subscriptions_per_connection(64)
+        .build()
 }
 
 /// Serves `methods` on a Unix listener until `shutdown` completes; then stops
 /// accepting, lets open calls finish, and removes the socket file.
-pub async fn serve_unix(listener: UnixListener, path: PathBuf, methods: Methods, shutdown: impl Future<Output = ()>) {
+pub async fn serve_unix(
+    listener: UnixListener,
+    path: PathBuf,
+    methods: Methods,
+    shutdown: impl Future<Output = ()>,
+) {
     let (stop_handle, server_handle) = stop_channel();
-    let builder = jsonrpsee::server::Server::builder().set_config(config()).to_service_builder();
+    let builder = jsonrpsee::server::Server::builder()
+        .set_config(config())
+        .to_service_builder();
     tokio::pin!(shutdown);
     loop {
         tokio::select! {
@@ -103,19 +127,37 @@ pub async fn serve_unix(listener: UnixListener, path: PathBuf, methods: Methods,
 }
 
 fn bearer_ok(req: &HttpRequest<hyper::body::Incoming>, token: &str) -> bool {
-    let Some(v) = req.headers().get(http::header::AUTHORIZATION).and_then(|v| v.to_str().ok()) else {
+    let Some(v) = req
+        .headers()
+        .get(http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+    else {
         return false;
     };
-    let Some(given) = v.strip_prefix("Bearer ") else { return false };
+    let Some(given) = v.strip_prefix("Bearer ") else {
+        return false;
+    };
     // Constant-time in the token's length: no early exit on the first mismatch.
-    given.len() == token.len() && given.bytes().zip(token.bytes()).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0
+    given.len() == token.len()
+        && given
+            .bytes()
+            .zip(token.bytes())
+            .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+            == 0
 }
 
 /// Serves `methods` on TCP, refusing (HTTP 401) every request, WebSocket
 /// upgrades included, that lacks `Authorization: Bearer <token>`.
-pub async fn serve_tcp(listener: TcpListener, token: Arc<str>, methods: Methods, shutdown: impl Future<Output = ()>) {
+pub async fn serve_tcp(
+    listener: TcpListener,
+    token: Arc<str>,
+    methods: Methods,
+    shutdown: impl Future<Output = ()>,
+) {
     let (stop_handle, server_handle) = stop_channel();
-    let builder = jsonrpsee::server::Server::builder().set_config(config()).to_service_builder();
+    let builder = jsonrpsee::server::Server::builder()
+        .set_config(config())
+        .to_service_builder();
     tokio::pin!(shutdown);
     loop {
         tokio::select! {
@@ -152,7 +194,10 @@ struct BearerAuth<S> {
 
 impl<S> Service<HttpRequest<hyper::body::Incoming>> for BearerAuth<S>
 where
-    S: Service<HttpRequest<hyper::body::Incoming>, Response = HttpResponse, Error = BoxError> + Clone + Send + 'static,
+    S: Service<HttpRequest<hyper::body::Incoming>, Response = HttpResponse, Error = BoxError>
+        + Clone
+        + Send
+        + 'static,
     S::Future: Send + 'static,
 {
     type Response = HttpResponse;

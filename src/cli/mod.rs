@@ -114,7 +114,9 @@ pub enum NodeCommand {
 fn init_logging(format: LogFormat) {
     use tracing_subscriber::EnvFilter;
     let filter = EnvFilter::try_from_env("TALON_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
     let _ = match format {
         LogFormat::Human => builder.try_init(),
         LogFormat::Json => builder.json().try_init(),
@@ -143,7 +145,8 @@ pub fn main() -> ExitCode {
 
 async fn shutdown_signal() {
     use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut int), Ok(mut term)) = (signal(SignalKind::interrupt()), signal(SignalKind::terminate())) else {
+    let (Ok(mut int), Ok(mut term)) = (signal(SignalKind::interrupt()), signal(SignalKind::terminate()))
+    else {
         tracing::error!("cannot install signal handlers; stop with SIGKILL");
         return std::future::pending().await;
     };

@@ -28,7 +28,8 @@ pub fn print_value(v: &Value, f: Format) -> Result<(), Box<dyn std::error::Error
 
 fn table() -> Table {
     let mut t = Table::new();
-    t.load_preset(NOTHING).set_content_arrangement(ContentArrangement::Disabled);
+    t.load_preset(NOTHING)
+        .set_content_arrangement(ContentArrangement::Disabled);
     t
 }
 
@@ -46,7 +47,12 @@ pub fn print_types(types: &[TypeInfo]) {
     let mut t = table();
     t.set_header(vec!["NAMESPACE", "TYPE", "PERSISTED", "DESCRIPTION"]);
     for ti in types {
-        t.add_row(vec![ti.namespace.clone(), ti.type_.clone(), ti.persisted.to_string(), ti.description.clone()]);
+        t.add_row(vec![
+            ti.namespace.clone(),
+            ti.type_.clone(),
+            ti.persisted.to_string(),
+            ti.description.clone(),
+        ]);
     }
     println!("{t}");
 }
@@ -54,7 +60,14 @@ pub fn print_types(types: &[TypeInfo]) {
 /// `talon get controllers`.
 pub fn print_controllers(cs: &[ControllerStatus]) {
     let mut t = table();
-    t.set_header(vec!["NAME", "INPUTS", "OUTPUTS", "STATE", "RESTARTS", "LAST ERROR"]);
+    t.set_header(vec![
+        "NAME",
+        "INPUTS",
+        "OUTPUTS",
+        "STATE",
+        "RESTARTS",
+        "LAST ERROR",
+    ]);
     for c in cs {
         let ins: Vec<String> = c.inputs.iter().map(|i| i.type_.clone()).collect();
         let outs: Vec<String> = c.outputs.iter().map(|o| o.type_.clone()).collect();
@@ -62,7 +75,9 @@ pub fn print_controllers(cs: &[ControllerStatus]) {
             c.name.clone(),
             ins.join(","),
             outs.join(","),
-            serde_json::to_value(c.state).map(|v| cell(Some(&v))).unwrap_or_default(),
+            serde_json::to_value(c.state)
+                .map(|v| cell(Some(&v)))
+                .unwrap_or_default(),
             c.restarts.to_string(),
             c.last_error.clone().unwrap_or_default(),
         ]);
@@ -72,7 +87,12 @@ pub fn print_controllers(cs: &[ControllerStatus]) {
 
 fn resource_row(r: &Resource, info: Option<&TypeInfo>) -> Vec<String> {
     let m = &r.metadata;
-    let mut row = vec![m.namespace.clone(), m.type_.clone(), m.id.clone(), m.version.to_string()];
+    let mut row = vec![
+        m.namespace.clone(),
+        m.type_.clone(),
+        m.id.clone(),
+        m.version.to_string(),
+    ];
     if let Some(info) = info {
         for c in &info.columns {
             row.push(cell(r.spec.pointer(&c.pointer)));
@@ -82,7 +102,10 @@ fn resource_row(r: &Resource, info: Option<&TypeInfo>) -> Vec<String> {
 }
 
 fn resource_header(info: Option<&TypeInfo>) -> Vec<String> {
-    let mut h: Vec<String> = ["NAMESPACE", "TYPE", "ID", "VERSION"].iter().map(|s| s.to_string()).collect();
+    let mut h: Vec<String> = ["NAMESPACE", "TYPE", "ID", "VERSION"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
     if let Some(info) = info {
         h.extend(info.columns.iter().map(|c| c.name.clone()));
     }
@@ -107,7 +130,9 @@ pub fn print_event(
 ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     match f {
         Format::Table => {
-            let kind = serde_json::to_value(ev.kind).map(|v| cell(Some(&v))).unwrap_or_default();
+            let kind = serde_json::to_value(ev.kind)
+                .map(|v| cell(Some(&v)))
+                .unwrap_or_default();
             println!("{kind:<9} {}", resource_row(&ev.resource, info).join("  "));
         }
         Format::Json => println!("{}", serde_json::to_string(ev)?),

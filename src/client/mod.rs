@@ -80,7 +80,9 @@ pub struct Client {
 }
 
 fn builder() -> ClientBuilder {
-    ClientBuilder::default().request_timeout(Duration::from_secs(300)).max_buffer_capacity_per_subscription(4096)
+    ClientBuilder::default()
+        .request_timeout(Duration::from_secs(300))
+        .max_buffer_capacity_per_subscription(4096)
 }
 
 impl Client {
@@ -88,20 +90,31 @@ impl Client {
     pub async fn connect_unix(path: &Path) -> Result<Self, ClientError> {
         let stream = tokio::net::UnixStream::connect(path)
             .await
-            .map_err(|source| ClientError::Connect { path: path.to_path_buf(), source })?;
+            .map_err(|source| ClientError::Connect {
+                path: path.to_path_buf(),
+                source,
+            })?;
         let url = Url::parse("ws://localhost/").map_err(|e| ClientError::Transport(e.to_string()))?;
         let (tx, rx) = WsTransportClientBuilder::default()
             .build_with_stream(url, stream)
             .await
-            .map_err(|e| ClientError::Handshake { endpoint: path.display().to_string(), message: e.to_string() })?;
-        Ok(Self { inner: builder().build_with_tokio(tx, rx) })
+            .map_err(|e| ClientError::Handshake {
+                endpoint: path.display().to_string(),
+                message: e.to_string(),
+            })?;
+        Ok(Self {
+            inner: builder().build_with_tokio(tx, rx),
+        })
     }
 
     /// Connects to the daemon's TCP listener with a bearer token.
     pub async fn connect_tcp(addr: &str, token: &str) -> Result<Self, ClientError> {
         let stream = tokio::net::TcpStream::connect(addr)
             .await
-            .map_err(|source| ClientError::Connect { path: PathBuf::from(addr), source })?;
+            .map_err(|source| ClientError::Connect {
+                path: PathBuf::from(addr),
+                source,
+            })?;
         let url = Url::parse(&format!("ws://{addr}/")).map_err(|e| ClientError::Transport(e.to_string()))?;
         let mut headers = http::HeaderMap::new();
         let value = http::HeaderValue::from_str(&format!("Bearer {token}"))
@@ -111,13 +124,25 @@ impl Client {
             .set_headers(headers)
             .build_with_stream(url, stream)
             .await
-            .map_err(|e| ClientError::Handshake { endpoint: addr.to_string(), message: e.to_string() })?;
-        Ok(Self { inner: builder().build_with_tokio(tx, rx) })
+            .map_err(|e| ClientError::Handshake {
+                endpoint: addr.to_string(),
+                message: e.to_string(),
+            })?;
+        Ok(Self {
+            inner: builder().build_with_tokio(tx, rx),
+        })
     }
 
     /// Calls a method with named params and decodes the result.
-    pub async fn call<P: Serialize, R: DeserializeOwned>(&self, method: &str, params: P) -> Result<R, ClientError> {
-        let v: Value = self.inner.request(method, Named(serde_json::to_value(params)?)).await?;
+    pub async fn call<P: Serialize, R: DeserializeOwned>(
+        &self,
+        method: &str,
+        params: P,
+    ) -> Result<R, ClientError> {
+        let v: Value = self
+            .inner
+            .request(method, Named(serde_json::to_value(params)?))
+            .await?;
         Ok(serde_json::from_value(v)?)
     }
 
@@ -138,18 +163,27 @@ impl Client {
 
     /// `resource_list`.
     pub async fn list(&self, type_: &str) -> Result<Vec<Resource>, ClientError> {
-        self.call("resource_list", serde_json::json!({ "type": type_ })).await
+        self.call("resource_list", serde_json::json!({ "type": type_ }))
+            .await
     }
 
     /// `resource_get`.
     pub async fn get(&self, type_: &str, id: &str) -> Result<Resource, ClientError> {
-        self.call("resource_get", serde_json::json!({ "type": type_, "id": id })).await
+        self.call("resource_get", serde_json::json!({ "type": type_, "id": id }))
+            .await
     }
 
     /// `resource_watch`: a stream of events (existing resources first when `bootstrap`).
-    pub async fn watch(&self, type_: Option<&str>, bootstrap: bool) -> Result<Subscription<Event>, ClientError> {
+    pub async fn watch(
+        &self,
+        type_: Option<&str>,
+        bootstrap: bool,
+    ) -> Result<Subscription<Event>, ClientError> {
         let params = serde_json::json!({ "type": type_, "bootstrap": bootstrap });
-        Ok(self.inner.subscribe("resource_watch", Named(params), "resource_unwatch").await?)
+        Ok(self
+            .inner
+            .subscribe("resource_watch", Named(params), "resource_unwatch")
+            .await?)
     }
 
     /// `rpc.discover`.

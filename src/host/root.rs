@@ -68,13 +68,17 @@ impl Default for HostRoot {
 impl HostRoot {
     /// The real host root, `/`.
     pub fn real() -> Self {
-        Self { prefix: PathBuf::from("/") }
+        Self {
+            prefix: PathBuf::from("/"),
+        }
     }
 
     /// A root at `prefix` (a fixture tree, or the host's `/` seen from a container
     /// at e.g. `/host`).
     pub fn new(prefix: impl Into<PathBuf>) -> Self {
-        Self { prefix: prefix.into() }
+        Self {
+            prefix: prefix.into(),
+        }
     }
 
     /// Whether this is the real `/`.
@@ -125,7 +129,11 @@ impl HostRoot {
             .truncate(!self.is_real())
             .open(&path)
             .and_then(|mut f| f.write_all(value.as_bytes()));
-        res.map_err(|source| HostIoError::Write { path, value: value.to_string(), source })
+        res.map_err(|source| HostIoError::Write {
+            path,
+            value: value.to_string(),
+            source,
+        })
     }
 
     /// Whether a host path exists.
@@ -136,10 +144,16 @@ impl HostRoot {
     /// The names of the entries of a directory, sorted.
     pub fn list_dir(&self, host_path: impl AsRef<Path>) -> Result<Vec<String>, HostIoError> {
         let path = self.path(host_path);
-        let rd = fs::read_dir(&path).map_err(|source| HostIoError::ReadDir { path: path.clone(), source })?;
+        let rd = fs::read_dir(&path).map_err(|source| HostIoError::ReadDir {
+            path: path.clone(),
+            source,
+        })?;
         let mut names = Vec::new();
         for entry in rd {
-            let entry = entry.map_err(|source| HostIoError::ReadDir { path: path.clone(), source })?;
+            let entry = entry.map_err(|source| HostIoError::ReadDir {
+                path: path.clone(),
+                source,
+            })?;
             names.push(entry.file_name().to_string_lossy().into_owned());
         }
         names.sort();
@@ -179,6 +193,9 @@ mod tests {
         assert!(err.to_string().contains("/proc/missing"), "{err}");
         root.write_str("/sys/module/nvme/refcnt", "4").expect("write");
         assert_eq!(root.read_attr("/sys/module/nvme/refcnt").expect("read"), "4");
-        assert_eq!(root.list_dir("/sys/module").expect("ls"), vec!["nvme".to_string()]);
+        assert_eq!(
+            root.list_dir("/sys/module").expect("ls"),
+            vec!["nvme".to_string()]
+        );
     }
 }

@@ -123,9 +123,20 @@ pub struct Volume {
     /// The disks to place replicas on (any disk when empty).
     #[serde(default)]
     pub disks: Vec<String>,
-    /// Create as a clone of this snapshot.
+    /// Create as a clone of this snapshot (`<volume>@<name>`).
     #[serde(default)]
     pub from_snapshot: Option<String>,
+    /// Revert the volume's data to this snapshot (`<volume>@<name>`); the engine
+    /// does it once per change of `revertGeneration`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revert_to: Option<String>,
+    /// Bumped by every `volume_revert`.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub revert_generation: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 fn default_replicas() -> u32 {
@@ -137,12 +148,19 @@ impl Spec for Volume {
     const NAMESPACE: &'static str = "config";
 }
 
-/// A snapshot of a volume (id `<volume>.<name>`... see the engine for layout).
+/// A snapshot of a volume (id `<volume>@<name>`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct Snapshot {
     /// The volume it is a snapshot of.
     pub volume: String,
+    /// The snapshot's name within the volume.
+    pub name: String,
+}
+
+/// The id of a snapshot resource.
+pub fn snapshot_id(volume: &str, name: &str) -> String {
+    format!("{volume}@{name}")
 }
 
 impl Spec for Snapshot {

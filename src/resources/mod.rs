@@ -9,6 +9,8 @@
 //! | `frontend` | AttachmentStatus |
 
 pub mod config;
+pub mod engine;
+pub mod frontend;
 pub mod host;
 
 use crate::runtime::TypeRegistry;
@@ -17,7 +19,11 @@ use crate::runtime::TypeRegistry;
 pub fn register_types(reg: &mut TypeRegistry) {
     reg.register::<config::NodeConfig>(
         "Node-wide settings",
-        &[("ENGINE", "/engine"), ("LISTEN", "/listenAddress"), ("NVMF-PORT", "/nvmfPort")],
+        &[
+            ("ENGINE", "/engine"),
+            ("LISTEN", "/listenAddress"),
+            ("NVMF-PORT", "/nvmfPort"),
+        ],
     );
     reg.register::<config::Disk>(
         "A disk that holds replicas",
@@ -25,9 +31,68 @@ pub fn register_types(reg: &mut TypeRegistry) {
     );
     reg.register::<config::Volume>(
         "A replicated block volume",
-        &[("SIZE", "/sizeBytes"), ("REPLICAS", "/replicas"), ("ENGINE", "/engine"), ("FRONTEND", "/frontend")],
+        &[
+            ("SIZE", "/sizeBytes"),
+            ("REPLICAS", "/replicas"),
+            ("ENGINE", "/engine"),
+            ("FRONTEND", "/frontend"),
+        ],
     );
     reg.register::<config::Snapshot>("A snapshot of a volume", &[("VOLUME", "/volume")]);
+    reg.register::<frontend::Attachment>(
+        "A request to attach a volume on this host",
+        &[("FRONTEND", "/frontend")],
+    );
+    reg.register::<engine::TargetStatus>(
+        "A target process (spdk_tgt or tgtd)",
+        &[
+            ("ENGINE", "/engine"),
+            ("STATE", "/state"),
+            ("PID", "/pid"),
+            ("VERSION", "/version"),
+            ("RESTARTS", "/restarts"),
+        ],
+    );
+    reg.register::<engine::DiskStatus>(
+        "A disk as the engine sees it",
+        &[
+            ("STATE", "/state"),
+            ("BDEV", "/bdev"),
+            ("TOTAL", "/totalBytes"),
+            ("FREE", "/freeBytes"),
+        ],
+    );
+    reg.register::<engine::ReplicaStatus>(
+        "A replica of a volume",
+        &[
+            ("VOLUME", "/volume"),
+            ("DISK", "/disk"),
+            ("STATE", "/state"),
+            ("SIZE", "/sizeBytes"),
+        ],
+    );
+    reg.register::<engine::EngineStatus>(
+        "The engine of a volume and its exports",
+        &[
+            ("ENGINE", "/engine"),
+            ("STATE", "/state"),
+            ("SIZE", "/sizeBytes"),
+            ("EXPORT", "/exports/0/name"),
+        ],
+    );
+    reg.register::<engine::SnapshotStatus>(
+        "A snapshot as the engine holds it",
+        &[("VOLUME", "/volume"), ("ENGINE", "/engine"), ("STATE", "/state")],
+    );
+    reg.register::<frontend::AttachmentStatus>(
+        "A volume attached on this host",
+        &[
+            ("TRANSPORT", "/transport"),
+            ("STATE", "/state"),
+            ("DEVICE", "/device"),
+            ("PATH", "/path"),
+        ],
+    );
     host::register_types(reg);
 }
 

@@ -31,7 +31,10 @@ pub struct Input {
 impl Input {
     /// The input of a spec type.
     pub fn of<S: Spec>() -> Self {
-        Self { namespace: S::NAMESPACE.to_string(), type_: S::TYPE.to_string() }
+        Self {
+            namespace: S::NAMESPACE.to_string(),
+            type_: S::TYPE.to_string(),
+        }
     }
 }
 
@@ -60,12 +63,20 @@ pub struct Output {
 impl Output {
     /// Exclusive ownership of a spec type.
     pub fn exclusive<S: Spec>() -> Self {
-        Self { namespace: S::NAMESPACE.to_string(), type_: S::TYPE.to_string(), kind: OutputKind::Exclusive }
+        Self {
+            namespace: S::NAMESPACE.to_string(),
+            type_: S::TYPE.to_string(),
+            kind: OutputKind::Exclusive,
+        }
     }
 
     /// Shared ownership of a spec type.
     pub fn shared<S: Spec>() -> Self {
-        Self { namespace: S::NAMESPACE.to_string(), type_: S::TYPE.to_string(), kind: OutputKind::Shared }
+        Self {
+            namespace: S::NAMESPACE.to_string(),
+            type_: S::TYPE.to_string(),
+            kind: OutputKind::Shared,
+        }
     }
 }
 
@@ -114,7 +125,13 @@ pub struct ReconcileContext {
 
 impl ReconcileContext {
     pub(crate) fn new(state: State, name: &'static str, inputs: Vec<Input>, outputs: Vec<Output>) -> Self {
-        Self { state, name, inputs, outputs, applied: BTreeSet::new() }
+        Self {
+            state,
+            name,
+            inputs,
+            outputs,
+            applied: BTreeSet::new(),
+        }
     }
 
     /// The controller's name (the owner of what it writes).
@@ -128,18 +145,32 @@ impl ReconcileContext {
     }
 
     fn check_output<S: Spec>(&self) -> Result<(), ContextError> {
-        if self.outputs.iter().any(|o| o.type_ == S::TYPE && o.namespace == S::NAMESPACE) {
+        if self
+            .outputs
+            .iter()
+            .any(|o| o.type_ == S::TYPE && o.namespace == S::NAMESPACE)
+        {
             Ok(())
         } else {
-            Err(ContextError::UndeclaredOutput { controller: self.name.to_string(), type_: S::TYPE.to_string() })
+            Err(ContextError::UndeclaredOutput {
+                controller: self.name.to_string(),
+                type_: S::TYPE.to_string(),
+            })
         }
     }
 
     fn check_input<S: Spec>(&self) -> Result<(), ContextError> {
-        if self.inputs.iter().any(|o| o.type_ == S::TYPE && o.namespace == S::NAMESPACE) {
+        if self
+            .inputs
+            .iter()
+            .any(|o| o.type_ == S::TYPE && o.namespace == S::NAMESPACE)
+        {
             Ok(())
         } else {
-            Err(ContextError::UndeclaredInput { controller: self.name.to_string(), type_: S::TYPE.to_string() })
+            Err(ContextError::UndeclaredInput {
+                controller: self.name.to_string(),
+                type_: S::TYPE.to_string(),
+            })
         }
     }
 
@@ -165,10 +196,12 @@ impl ReconcileContext {
         })?;
         match self.state.get(S::NAMESPACE, S::TYPE, id) {
             Some(_) => {
-                self.state.update(S::NAMESPACE, S::TYPE, id, self.name, None, |r| r.spec = value)?;
+                self.state
+                    .update(S::NAMESPACE, S::TYPE, id, self.name, None, |r| r.spec = value)?;
             }
             None => {
-                self.state.create(S::NAMESPACE, S::TYPE, id, self.name, value, Default::default())?;
+                self.state
+                    .create(S::NAMESPACE, S::TYPE, id, self.name, value, Default::default())?;
             }
         }
         Ok(())
@@ -201,7 +234,9 @@ impl ReconcileContext {
     /// Releases an input resource held by [`Self::add_finalizer`].
     pub fn remove_finalizer<S: Spec>(&self, id: &str) -> Result<(), ContextError> {
         self.check_input::<S>()?;
-        Ok(self.state.remove_finalizer(S::NAMESPACE, S::TYPE, id, self.name)?)
+        Ok(self
+            .state
+            .remove_finalizer(S::NAMESPACE, S::TYPE, id, self.name)?)
     }
 
     /// After a clean reconcile: destroys outputs this controller owns that the

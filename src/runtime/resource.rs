@@ -89,7 +89,9 @@ pub struct Resource {
 }
 
 /// A typed spec. Each spec type names its resource type and namespace.
-pub trait Spec: Serialize + DeserializeOwned + Clone + PartialEq + Send + Sync + std::fmt::Debug + 'static {
+pub trait Spec:
+    Serialize + DeserializeOwned + Clone + PartialEq + Send + Sync + std::fmt::Debug + 'static
+{
     /// The resource type name, e.g. `Volume`.
     const TYPE: &'static str;
     /// The namespace: `config`, `host`, `engine` or `frontend`.
@@ -108,7 +110,10 @@ pub struct Typed<S> {
 impl<S: Spec> Typed<S> {
     /// Decodes a stored resource.
     pub fn from_resource(r: Resource) -> Result<Self, serde_json::Error> {
-        Ok(Self { spec: serde_json::from_value(r.spec)?, metadata: r.metadata })
+        Ok(Self {
+            spec: serde_json::from_value(r.spec)?,
+            metadata: r.metadata,
+        })
     }
 
     /// The resource id.
@@ -172,7 +177,10 @@ impl TypeRegistry {
                 persisted: S::NAMESPACE == PERSISTED_NAMESPACE,
                 columns: columns
                     .iter()
-                    .map(|(n, p)| Column { name: n.to_string(), pointer: p.to_string() })
+                    .map(|(n, p)| Column {
+                        name: n.to_string(),
+                        pointer: p.to_string(),
+                    })
                     .collect(),
                 schema,
             },

@@ -33,7 +33,11 @@ pub const BACKOFF_MAX: Duration = Duration::from_secs(30);
 #[derive(Debug, thiserror::Error)]
 pub enum RuntimeError {
     #[error("controller {controller} wants {type_} exclusively, but {owner} already owns it")]
-    OwnerConflict { controller: String, type_: String, owner: String },
+    OwnerConflict {
+        controller: String,
+        type_: String,
+        owner: String,
+    },
     #[error("controller {0} is registered twice")]
     DuplicateController(String),
 }
@@ -88,7 +92,9 @@ pub struct Runtime {
 
 impl std::fmt::Debug for Runtime {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Runtime").field("controllers", &self.controllers.len()).finish()
+        f.debug_struct("Runtime")
+            .field("controllers", &self.controllers.len())
+            .finish()
     }
 }
 
@@ -103,7 +109,12 @@ pub struct RuntimeHandle {
 impl Runtime {
     /// A runtime over a state store.
     pub fn new(state: State) -> Self {
-        Self { state, controllers: Vec::new(), owners: BTreeMap::new(), statuses: Statuses::default() }
+        Self {
+            state,
+            controllers: Vec::new(),
+            owners: BTreeMap::new(),
+            statuses: Statuses::default(),
+        }
     }
 
     /// The state store.
@@ -135,7 +146,8 @@ impl Runtime {
             }
         }
         for o in &outputs {
-            self.owners.insert((o.namespace.clone(), o.type_.clone()), (name.clone(), o.kind));
+            self.owners
+                .insert((o.namespace.clone(), o.type_.clone()), (name.clone(), o.kind));
         }
         let status = ControllerStatus {
             name: name.clone(),
@@ -147,7 +159,10 @@ impl Runtime {
             last_error: None,
             last_reconcile: None,
         };
-        self.statuses.write().unwrap_or_else(|p| p.into_inner()).insert(name, status);
+        self.statuses
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(name, status);
         self.controllers.push(Arc::new(c));
         Ok(())
     }
@@ -160,7 +175,11 @@ impl Runtime {
             let (state, statuses, stop_rx) = (self.state.clone(), self.statuses.clone(), stop_rx.clone());
             tasks.spawn(run_controller(c, state, statuses, stop_rx));
         }
-        RuntimeHandle { stop, tasks, statuses: self.statuses }
+        RuntimeHandle {
+            stop,
+            tasks,
+            statuses: self.statuses,
+        }
     }
 
     /// Runs until `shutdown` completes, then stops every controller.
@@ -192,7 +211,9 @@ fn set_status(statuses: &Statuses, name: &str, f: impl FnOnce(&mut ControllerSta
 
 fn relevant(inputs: &[Input], ev: &Event) -> bool {
     let m = &ev.resource.metadata;
-    inputs.iter().any(|i| i.namespace == m.namespace && i.type_ == m.type_)
+    inputs
+        .iter()
+        .any(|i| i.namespace == m.namespace && i.type_ == m.type_)
 }
 
 /// Waits for an event on one of the inputs (or a lag, which may hide one).
@@ -208,12 +229,7 @@ async fn next_relevant(rx: &mut broadcast::Receiver<Event>, inputs: &[Input]) {
 }
 
 fn drain(rx: &mut broadcast::Receiver<Event>) {
-    loop {
-        match rx.try_recv() {
-            Ok(_) | Err(broadcast::error::TryRecvError::Lagged(_)) => continue,
-            Err(_) => break,
-        }
-    }
+    while let Ok(_) | Err(broadcast::error::TryRecvError::Lagged(_)) = rx.try_recv() {}
 }
 
 fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
@@ -232,7 +248,12 @@ enum Wait {
     Deadline(Instant),
 }
 
-async fn run_controller(c: Arc<dyn Controller>, state: State, statuses: Statuses, mut stop: watch::Receiver<bool>) {
+async fn run_controller(
+    c: Arc<dyn Controller>,
+    state: State,
+    statuses: Statuses,
+    mut stop: watch::Receiver<bool>,
+) {
     let name = c.name();
     let (inputs, outputs) = (c.inputs(), c.outputs());
     let (_, mut rx) = state.watch(None);

@@ -31,9 +31,19 @@ pub enum StateError {
     #[error("{type_} {id:?} already exists")]
     AlreadyExists { type_: String, id: String },
     #[error("{type_} {id:?} is at version {actual}, not {expected}")]
-    Conflict { type_: String, id: String, expected: u64, actual: u64 },
+    Conflict {
+        type_: String,
+        id: String,
+        expected: u64,
+        actual: u64,
+    },
     #[error("{type_} {id:?} is owned by {owner:?}, not {writer:?}")]
-    NotOwner { type_: String, id: String, owner: String, writer: String },
+    NotOwner {
+        type_: String,
+        id: String,
+        owner: String,
+        writer: String,
+    },
     #[error("spec of {type_} {id:?} does not decode")]
     Decode {
         type_: String,
@@ -104,7 +114,9 @@ pub struct State {
 
 impl std::fmt::Debug for State {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("State").field("persisted", &self.inner.db.is_some()).finish()
+        f.debug_struct("State")
+            .field("persisted", &self.inner.db.is_some())
+            .finish()
     }
 }
 
@@ -117,7 +129,11 @@ fn db_key(ty: &str, id: &str) -> String {
 }
 
 fn persist_err(ty: &str, id: &str, e: impl Into<redb::Error>) -> StateError {
-    StateError::Persist { type_: ty.to_string(), id: id.to_string(), source: Box::new(e.into()) }
+    StateError::Persist {
+        type_: ty.to_string(),
+        id: id.to_string(),
+        source: Box::new(e.into()),
+    }
 }
 
 impl State {
@@ -130,8 +146,13 @@ impl State {
     /// namespace.
     pub fn open(path: &Path) -> Result<Self, StateError> {
         let open_err = |e: redb::Error| match e {
-            redb::Error::DatabaseAlreadyOpen => StateError::Locked { path: path.to_path_buf() },
-            e => StateError::Open { path: path.to_path_buf(), source: Box::new(e) },
+            redb::Error::DatabaseAlreadyOpen => StateError::Locked {
+                path: path.to_path_buf(),
+            },
+            e => StateError::Open {
+                path: path.to_path_buf(),
+                source: Box::new(e),
+            },
         };
         let db = redb::Database::create(path).map_err(|e| open_err(e.into()))?;
         let mut mem = BTreeMap::new();
@@ -146,7 +167,9 @@ impl State {
                                 let m = &r.metadata;
                                 mem.insert(key(&m.namespace, &m.type_, &m.id), r);
                             }
-                            Err(e) => tracing::error!(key = k.value(), error = %e, "skipping undecodable stored resource"),
+                            Err(e) => {
+                                tracing::error!(key = k.value(), error = %e, "skipping undecodable stored resource")
+                            }
                         }
                     }
                 }
@@ -159,16 +182,28 @@ impl State {
 
     fn with_db(db: Option<redb::Database>, mem: BTreeMap<Key, Resource>) -> Self {
         let (events, _) = broadcast::channel(4096);
-        Self { inner: Arc::new(Inner { mem: RwLock::new(mem), db, events }) }
+        Self {
+            inner: Arc::new(Inner {
+                mem: RwLock::new(mem),
+                db,
+                events,
+            }),
+        }
     }
 
     fn persisted(&self, ns: &str) -> Option<&redb::Database> {
-        if ns == PERSISTED_NAMESPACE { self.inner.db.as_ref() } else { None }
+        if ns == PERSISTED_NAMESPACE {
+            self.inner.db.as_ref()
+        } else {
+            None
+        }
     }
 
     fn write_db(&self, r: &Resource) -> Result<(), StateError> {
         let m = &r.metadata;
-        let Some(db) = self.persisted(&m.namespace) else { return Ok(()) };
+        let Some(db) = self.persisted(&m.namespace) else {
+            return Ok(());
+        };
         let bytes = serde_json::to_vec(r).map_err(|source| StateError::Decode {
             type_: m.type_.clone(),
             id: m.id.clone(),
@@ -176,7 +211,9 @@ impl State {
         })?;
         let txn = db.begin_write().map_err(|e| persist_err(&m.type_, &m.id, e))?;
         {
-            let mut t = txn.open_table(RESOURCES).map_err(|e| persist_err(&m.type_, &m.id, e))?;
+            let mut t = txn
+                .open_table(RESOURCES)
+                .map_err(|e| persist_err(&m.type_, &m.id, e))?;
             t.insert(db_key(&m.type_, &m.id).as_str(), bytes.as_slice())
                 .map_err(|e| persist_err(&m.type_, &m.id, e))?;
         }
@@ -184,11 +221,16 @@ impl State {
     }
 
     fn remove_db(&self, m: &Metadata) -> Result<(), StateError> {
-        let Some(db) = self.persisted(&m.namespace) else { return Ok(()) };
+        let Some(db) = self.persisted(&m.namespace) else {
+            return Ok(());
+        };
         let txn = db.begin_write().map_err(|e| persist_err(&m.type_, &m.id, e))?;
         {
-            let mut t = txn.open_table(RESOURCES).map_err(|e| persist_err(&m.type_, &m.id, e))?;
-            t.remove(db_key(&m.type_, &m.id).as_str()).map_err(|e| persist_err(&m.type_, &m.id, e))?;
+            let mut t = txn
+                .open_table(RESOURCES)
+                .map_err(|e| persist_err(&m.type_, &m.id, e))?;
+            t.remove(db_key(&m.type_, &m.id).as_str())
+                .map_err(|e| persist_err(&m.type_, &m.id, e))?;
         }
         txn.commit().map_err(|e| persist_err(&m.type_, &m.id, e))
     }
@@ -249,7 +291,10 @@ impl State {
         let mut mem = self.lock_write();
         let k = key(ns, ty, id);
         if mem.contains_key(&k) {
-            return Err(StateError::AlreadyExists { type_: ty.to_string(), id: id.to_string() });
+            return Err(StateError::AlreadyExists {
+                type_: ty.to_string(),
+                id: id.to_string(),
+            });
         }
         let mut metadata = Metadata::new(ns, ty, id, owner);
         metadata.labels = labels;
@@ -288,7 +333,10 @@ impl State {
         let mut mem = self.lock_write();
         let k = key(ns, ty, id);
         let Some(cur) = mem.get(&k) else {
-            return Err(StateError::NotFound { type_: ty.to_string(), id: id.to_string() });
+            return Err(StateError::NotFound {
+                type_: ty.to_string(),
+                id: id.to_string(),
+            });
         };
         if let Some(w) = writer
             && cur.metadata.owner != w
@@ -346,7 +394,10 @@ impl State {
         let mut mem = self.lock_write();
         let k = key(ns, ty, id);
         let Some(cur) = mem.get(&k) else {
-            return Err(StateError::NotFound { type_: ty.to_string(), id: id.to_string() });
+            return Err(StateError::NotFound {
+                type_: ty.to_string(),
+                id: id.to_string(),
+            });
         };
         if cur.metadata.owner != writer {
             return Err(StateError::NotOwner {
@@ -358,7 +409,9 @@ impl State {
         }
         if !cur.metadata.finalizers.is_empty() {
             drop(mem);
-            self.update(ns, ty, id, writer, None, |r| r.metadata.phase = Phase::TearingDown)?;
+            self.update(ns, ty, id, writer, None, |r| {
+                r.metadata.phase = Phase::TearingDown
+            })?;
             return Ok(Destroyed::TearingDown);
         }
         let gone = cur.clone();
@@ -391,18 +444,24 @@ impl State {
 
     /// One typed resource.
     pub fn get_typed<S: Spec>(&self, id: &str) -> Result<Option<Typed<S>>, StateError> {
-        self.get(S::NAMESPACE, S::TYPE, id).map(|r| decode::<S>(r)).transpose()
+        self.get(S::NAMESPACE, S::TYPE, id)
+            .map(|r| decode::<S>(r))
+            .transpose()
     }
 
     /// Every typed resource of a type.
     pub fn list_typed<S: Spec>(&self) -> Result<Vec<Typed<S>>, StateError> {
-        self.list(S::NAMESPACE, S::TYPE).into_iter().map(decode::<S>).collect()
+        self.list(S::NAMESPACE, S::TYPE)
+            .into_iter()
+            .map(decode::<S>)
+            .collect()
     }
 
     /// Creates a typed resource.
     pub fn create_typed<S: Spec>(&self, id: &str, owner: &str, spec: &S) -> Result<Typed<S>, StateError> {
         let v = encode(S::TYPE, id, spec)?;
-        self.create(S::NAMESPACE, S::TYPE, id, owner, v, BTreeMap::new()).and_then(decode::<S>)
+        self.create(S::NAMESPACE, S::TYPE, id, owner, v, BTreeMap::new())
+            .and_then(decode::<S>)
     }
 
     /// Replaces the spec of a typed resource.
@@ -414,8 +473,10 @@ impl State {
         spec: &S,
     ) -> Result<Typed<S>, StateError> {
         let v = encode(S::TYPE, id, spec)?;
-        self.update(S::NAMESPACE, S::TYPE, id, writer, expected_version, |r| r.spec = v)
-            .and_then(decode::<S>)
+        self.update(S::NAMESPACE, S::TYPE, id, writer, expected_version, |r| {
+            r.spec = v
+        })
+        .and_then(decode::<S>)
     }
 }
 
@@ -429,7 +490,11 @@ fn encode<S: Spec>(ty: &str, id: &str, spec: &S) -> Result<Value, StateError> {
 
 fn decode<S: Spec>(r: Resource) -> Result<Typed<S>, StateError> {
     let (ty, id) = (r.metadata.type_.clone(), r.metadata.id.clone());
-    Typed::from_resource(r).map_err(|source| StateError::Decode { type_: ty, id, source })
+    Typed::from_resource(r).map_err(|source| StateError::Decode {
+        type_: ty,
+        id,
+        source,
+    })
 }
 
 #[cfg(test)]
@@ -443,9 +508,14 @@ mod tests {
         let path = dir.path().join("state.redb");
         {
             let s = State::open(&path).expect("open");
-            s.create("config", "Volume", "v1", "", json!({"size": 1}), BTreeMap::new()).expect("create");
-            s.create("engine", "EngineStatus", "v1", "c", json!({}), BTreeMap::new()).expect("create");
-            s.update("config", "Volume", "v1", "", None, |r| r.spec = json!({"size": 2})).expect("update");
+            s.create("config", "Volume", "v1", "", json!({"size": 1}), BTreeMap::new())
+                .expect("create");
+            s.create("engine", "EngineStatus", "v1", "c", json!({}), BTreeMap::new())
+                .expect("create");
+            s.update("config", "Volume", "v1", "", None, |r| {
+                r.spec = json!({"size": 2})
+            })
+            .expect("update");
         }
         let s = State::open(&path).expect("reopen");
         let v = s.get("config", "Volume", "v1").expect("persisted");
@@ -465,13 +535,20 @@ mod tests {
     #[test]
     fn owner_version_and_noop_rules() {
         let s = State::in_memory();
-        s.create("engine", "T", "a", "ctl", json!(1), BTreeMap::new()).expect("create");
-        let err = s.update("engine", "T", "a", "other", None, |r| r.spec = json!(2)).expect_err("owner");
+        s.create("engine", "T", "a", "ctl", json!(1), BTreeMap::new())
+            .expect("create");
+        let err = s
+            .update("engine", "T", "a", "other", None, |r| r.spec = json!(2))
+            .expect_err("owner");
         assert!(err.to_string().contains("owned by \"ctl\""), "{err}");
-        let err = s.update("engine", "T", "a", "ctl", Some(7), |r| r.spec = json!(2)).expect_err("version");
+        let err = s
+            .update("engine", "T", "a", "ctl", Some(7), |r| r.spec = json!(2))
+            .expect_err("version");
         assert!(matches!(err, StateError::Conflict { actual: 1, .. }));
         let (_, mut rx) = s.watch(None);
-        let same = s.update("engine", "T", "a", "ctl", None, |r| r.spec = json!(1)).expect("noop");
+        let same = s
+            .update("engine", "T", "a", "ctl", None, |r| r.spec = json!(1))
+            .expect("noop");
         assert_eq!(same.metadata.version, 1);
         assert!(rx.try_recv().is_err(), "a no-op update emits nothing");
     }
@@ -479,12 +556,17 @@ mod tests {
     #[test]
     fn finalizers_hold_a_destroy_until_released() {
         let s = State::in_memory();
-        s.create("config", "Volume", "v", "", json!({}), BTreeMap::new()).expect("create");
+        s.create("config", "Volume", "v", "", json!({}), BTreeMap::new())
+            .expect("create");
         s.add_finalizer("config", "Volume", "v", "engine").expect("fin");
-        assert_eq!(s.destroy("config", "Volume", "v", "").expect("destroy"), Destroyed::TearingDown);
+        assert_eq!(
+            s.destroy("config", "Volume", "v", "").expect("destroy"),
+            Destroyed::TearingDown
+        );
         let r = s.get("config", "Volume", "v").expect("still there");
         assert_eq!(r.metadata.phase, Phase::TearingDown);
-        s.remove_finalizer("config", "Volume", "v", "engine").expect("release");
+        s.remove_finalizer("config", "Volume", "v", "engine")
+            .expect("release");
         assert!(s.get("config", "Volume", "v").is_none());
     }
 }

@@ -18,7 +18,9 @@ pub struct TestRuntime {
 
 impl TestRuntime {
     /// Starts a runtime on an in-memory store; `register` adds the controllers.
-    pub fn start(register: impl FnOnce(&mut Runtime) -> Result<(), RuntimeError>) -> Result<Self, RuntimeError> {
+    pub fn start(
+        register: impl FnOnce(&mut Runtime) -> Result<(), RuntimeError>,
+    ) -> Result<Self, RuntimeError> {
         Self::start_on(State::in_memory(), register)
     }
 
@@ -30,7 +32,11 @@ impl TestRuntime {
         let mut rt = Runtime::new(state.clone());
         register(&mut rt)?;
         let statuses = rt.statuses();
-        Ok(Self { state, handle: Some(rt.start()), statuses })
+        Ok(Self {
+            state,
+            handle: Some(rt.start()),
+            statuses,
+        })
     }
 
     /// Starts a runtime with one controller.

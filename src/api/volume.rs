@@ -1,0 +1,864 @@
+//! Volume, snapshot, disk and attachment methods. They validate names, write
+//! desired state (`config` resources) and, when asked, wait for the engine's or
+//! frontend's status; the controllers do the work.
+//!
+//! ```text
+//!   volume_create ──validate──> Volume (config, persisted) ──> engine controller ──> EngineStatus
+//!        └─ wait=true: watch EngineStatus/<name> until ready or failed (bounded)
+//! ```
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use super::error::{ApiError, ErrorKind};
+use super::{ApiBuilder, ApiContext};
+use crate::names::ObjectName;
+use crate::resources::config::{Disk, EngineKind, FrontendKind, Snapshot, Volume, snapshot_id};
+use crate::resources::engine::{EngineStatus, ObjectState, ReplicaStatus, SnapshotStatus};
+use crate::resources::frontend::{AttachState, Attachment, AttachmentStatus};
+use crate::runtime::{Destroyed, Phase, Spec, State, Typed};
+
+/// Parses a size: bytes, or a number with a binary (`KiB`, `MiB`, `GiB`, `TiB`,
+/// or `K`/`M`/`G`/`T`) or decimal (`KB`, `MB`, `GB`, `TB`) unit.
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: f64 = num
+        .parse()
+        .map_err(|_| format!("size {s:?} does not start with a number"))?;
+    let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "ki" | "kib" => 1 << 10,
+        "m" | "mi" | "mib" => 1 << 20,
+        "g" | "gi" | "gib" => 1 << 30,
+        "t" | "ti" | "tib" => 1 << 40,
+        "kb" => 1_000,
+        "mb" => 1_000_000,
+        "gb" => 1_000_000_000,
+        "tb" => 1_000_000_000_000,
+        u => return Err(format!("size {s:?} has an unknown unit {u:?}")),
+    };
+    let bytes = n * mult as f64;
+    if !(1.0..=(u64::MAX as f64)).contains(&bytes) {
+        return Err(format!("size {s:?} is out of range"));
+    }
+    Ok(bytes as u64)
+}
+
+/// A size given as bytes (`sizeBytes`) or as text (`size: "10GiB"`).
+fn size_of(size_bytes: Option<u64>, size: &Option<String>, what: &str) -> Result<u64, ApiError> {
+    match (size_bytes, size) {
+        (Some(b), None) if b > 0 => Ok(b),
+        (None, Some(s)) => parse_size(s).map_err(|e| ApiError::invalid(format!("{what}: {e}"))),
+        (Some(_), Some(_)) => Err(ApiError::invalid(format!(
+            "{what}: give sizeBytes or size, not both"
+        ))),
+        _ => Err(ApiError::invalid(format!(
+            "{what}: a size is required (sizeBytes or size)"
+        ))),
+    }
+}
+
+/// How long a `wait` may take.
+fn wait_timeout(timeout_seconds: Option<u64>) -> Duration {
+    Duration::from_secs(timeout_seconds.unwrap_or(120))
+}
+
+/// `volume_create` params.
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct VolumeCreateParams {
+    /// Volume name: `[a-z0-9-]`, at most 63 characters.
+    pub name: String,
+    /// Size in bytes.
+    #[serde(default)]
+    pub size_bytes: Option<u64>,
+    /// Size with a unit, e.g. `10GiB`.
+    #[serde(default)]
+    pub size: Option<String>,
+    /// Number of replicas (default 1; V1 supports 1).
+    #[serde(default)]
+    pub replicas: Option<u32>,
+    /// Engine (default: the node's choice).
+    #[serde(default)]
+    pub engine: Option<EngineKind>,
+    /// Frontend for attaching.
+    #[serde(default)]
+    pub frontend: Option<FrontendKind>,
+    /// Disks to place replicas on.
+    #[serde(default)]
+    pub disks: Vec<String>,
+    /// Create as a clone of this snapshot (`<volume>@<snapshot>`).
+    #[serde(default)]
+    pub from_snapshot: Option<String>,
+    /// Wait until the operation is done (or failed).
+    #[serde(default)]
+    pub wait: bool,
+    /// How long to wait, in seconds (default 120).
+    #[serde(default)]
+    pub timeout_seconds: Option<u64>,
+}
+
+/// Params naming a volume.
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct NameParams {
+    /// The name.
+    pub name: String,
+    /// Wait until the operation is done (or failed).
+    #[serde(default)]
+    pub wait: bool,
+    /// How long to wait, in seconds (default 120).
+    #[serde(default)]
+    pub timeout_seconds: Option<u64>,
+}
+
+/// `volume_expand` params.
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ExpandParams {
+    /// The volume.
+    pub name: String,
+    /// Size in bytes.
+    #[serde(default)]
+    pub size_bytes: Option<u64>,
+    /// Size with a unit, e.g. `10GiB`.
+    #[serde(default)]
+    pub size: Option<String>,
+    /// Wait until the operation is done (or failed).
+    #[serde(default)]
+    pub wait: bool,
+    /// How long to wait, in seconds (default 120).
+    #[serde(default)]
+    pub timeout_seconds: Option<u64>,
+}
+
+/// `snapshot_create` / `snapshot_delete` / `volume_revert` params.
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct SnapshotParams {
+    /// The volume.
+    pub volume: String,
+    /// The snapshot's name.
+    pub name: String,
+    /// Wait until the operation is done (or failed).
+    #[serde(default)]
+    pub wait: bool,
+    /// How long to wait, in seconds (default 120).
+    #[serde(default)]
+    pub timeout_seconds: Option<u64>,
+}
+
+/// `volume_clone` params.
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct CloneParams {
+    /// The new volume's name.
+    pub name: String,
+    /// The source volume.
+    pub volume: String,
+    /// The source snapshot.
+    pub snapshot: String,
+    /// Wait until the operation is done (or failed).
+    #[serde(default)]
+    pub wait: bool,
+    /// How long to wait, in seconds (default 120).
+    #[serde(default)]
+    pub timeout_seconds: Option<u64>,
+}
+
+/// `snapshot_list` params.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct SnapshotListParams {
+    /// Only snapshots of this volume.
+    #[serde(default)]
+    pub volume: Option<String>,
+}
+
+/// `disk_add` params.
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct DiskAddParams {
+    /// Disk name.
+    pub name: String,
+    /// A file (created sparse with the size) or block device.
+    #[serde(default)]
+    pub path: Option<String>,
+    /// An NVMe PCI device by BDF or serial.
+    #[serde(default)]
+    pub pci: Option<String>,
+    /// Size in bytes.
+    #[serde(default)]
+    pub size_bytes: Option<u64>,
+    /// Size with a unit, e.g. `10GiB`.
+    #[serde(default)]
+    pub size: Option<String>,
+    /// lvstore cluster size in MiB (default 1).
+    #[serde(default)]
+    pub cluster_mib: Option<u32>,
+}
+
+/// `volume_attach` params.
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct AttachParams {
+    /// The volume.
+    pub name: String,
+    /// Frontend override.
+    #[serde(default)]
+    pub frontend: Option<FrontendKind>,
+    /// Wait until the operation is done (or failed).
+    #[serde(default)]
+    pub wait: bool,
+    /// How long to wait, in seconds (default 120).
+    #[serde(default)]
+    pub timeout_seconds: Option<u64>,
+}
+
+/// A volume with everything known about it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct VolumeView {
+    /// The name.
+    pub name: String,
+    /// Desired state.
+    pub spec: Volume,
+    /// `running` or `tearing-down`.
+    pub phase: Phase,
+    /// The engine's status, once it has seen the volume.
+    pub engine: Option<EngineStatus>,
+    /// Replicas.
+    pub replicas: Vec<ReplicaStatus>,
+    /// The attachment on this host, if any.
+    pub attachment: Option<AttachmentStatus>,
+}
+
+/// A snapshot with its engine status.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SnapshotView {
+    /// `<volume>@<name>`.
+    pub id: String,
+    /// Desired state.
+    pub spec: Snapshot,
+    /// Phase.
+    pub phase: Phase,
+    /// The engine's status.
+    pub status: Option<SnapshotStatus>,
+}
+
+/// A disk with its engine status.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DiskView {
+    /// The name.
+    pub name: String,
+    /// Desired state.
+    pub spec: Disk,
+    /// Phase.
+    pub phase: Phase,
+    /// The engine's status.
+    pub status: Option<crate::resources::engine::DiskStatus>,
+}
+
+/// What a delete did.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DeleteResult {
+    /// The object.
+    pub name: String,
+    /// Gone now.
+    pub deleted: bool,
+    /// Still being torn down by the engine.
+    pub tearing_down: bool,
+}
+
+fn volume_name(s: &str) -> Result<ObjectName, ApiError> {
+    Ok(ObjectName::parse("volume", s)?)
+}
+
+fn get_volume(state: &State, name: &str) -> Result<Typed<Volume>, ApiError> {
+    state
+        .get_typed::<Volume>(name)?
+        .ok_or_else(|| ApiError::not_found(format!("volume {name:?} not found")))
+}
+
+fn view(state: &State, v: Typed<Volume>) -> Result<VolumeView, ApiError> {
+    let name = v.metadata.id.clone();
+    let replicas = state
+        .list_typed::<ReplicaStatus>()?
+        .into_iter()
+        .filter(|r| r.spec.volume == name)
+        .map(|r| r.spec)
+        .collect();
+    Ok(VolumeView {
+        engine: state.get_typed::<EngineStatus>(&name)?.map(|e| e.spec),
+        attachment: state.get_typed::<AttachmentStatus>(&name)?.map(|a| a.spec),
+        replicas,
+        phase: v.metadata.phase,
+        spec: v.spec,
+        name,
+    })
+}
+
+/// Waits (event-driven) until `done` says yes or no for resource `S/id`, or the
+/// timeout passes. `done` returns `Some(Ok)` when finished, `Some(Err)` on failure.
+async fn wait_for<S: Spec>(
+    state: &State,
+    id: &str,
+    timeout: Duration,
+    what: &str,
+    done: impl Fn(Option<&S>) -> Option<Result<(), String>>,
+) -> Result<(), ApiError> {
+    let (_, mut rx) = state.watch(Some((S::NAMESPACE, S::TYPE)));
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        let cur = state.get_typed::<S>(id)?;
+        match done(cur.as_ref().map(|t| &t.spec)) {
+            Some(Ok(())) => return Ok(()),
+            Some(Err(msg)) => {
+                return Err(ApiError::new(
+                    ErrorKind::FailedPrecondition,
+                    format!("{what} failed: {msg}"),
+                ));
+            }
+            None => {}
+        }
+        tokio::select! {
+            _ = rx.recv() => {}
+            _ = tokio::time::sleep_until(deadline) => {
+                return Err(ApiError::new(
+                    ErrorKind::Unavailable,
+                    format!("{what} did not finish within {timeout:?} (it goes on in the background; see `talon get {} {id}`)", S::TYPE),
+                ));
+            }
+        }
+    }
+}
+
+fn engine_ready(size: u64) -> impl Fn(Option<&EngineStatus>) -> Option<Result<(), String>> {
+    move |e| match e {
+        Some(e) if e.state == ObjectState::Failed => Some(Err(e.message.clone())),
+        Some(e) if matches!(e.state, ObjectState::Ready | ObjectState::Degraded) && e.size_bytes >= size => {
+            Some(Ok(()))
+        }
+        _ => None,
+    }
+}
+
+fn wait_gone<S: Spec>(s: Option<&S>) -> Option<Result<(), String>> {
+    s.is_none().then_some(Ok(()))
+}
+
+/// Registers the volume, snapshot, disk and attachment methods.
+pub fn register(api: &mut ApiBuilder) {
+    use ErrorKind::*;
+    api.method(
+        "volume_create",
+        "Create a volume (desired state); with wait, return once the engine exports it.",
+        &[AlreadyExists, NotFound, FailedPrecondition, Unavailable],
+        |p: VolumeCreateParams, ctx: Arc<ApiContext>| async move {
+            let name = volume_name(&p.name)?;
+            let size_bytes = size_of(p.size_bytes, &p.size, &format!("volume {name}"))?;
+            let replicas = p.replicas.unwrap_or(1);
+            if !(1..=3).contains(&replicas) {
+                return Err(ApiError::invalid(format!(
+                    "volume {name}: replicas must be 1 to 3, not {replicas}"
+                )));
+            }
+            for d in &p.disks {
+                ObjectName::parse("disk", d)?;
+                if ctx.state.get_typed::<Disk>(d)?.is_none() {
+                    return Err(ApiError::not_found(format!(
+                        "volume {name}: disk {d:?} not found"
+                    )));
+                }
+            }
+            if let Some(s) = &p.from_snapshot
+                && ctx.state.get_typed::<Snapshot>(s)?.is_none()
+            {
+                return Err(ApiError::not_found(format!(
+                    "volume {name}: snapshot {s:?} not found"
+                )));
+            }
+            let spec = Volume {
+                size_bytes,
+                replicas,
+                engine: p.engine.unwrap_or_default(),
+                frontend: p.frontend.unwrap_or_default(),
+                disks: p.disks,
+                from_snapshot: p.from_snapshot,
+                revert_to: None,
+                revert_generation: 0,
+            };
+            let created = ctx
+                .state
+                .create_typed(name.as_str(), "", &spec)
+                .map_err(|e| match e {
+                    crate::runtime::StateError::AlreadyExists { .. } => {
+                        ApiError::new(AlreadyExists, format!("volume {name:?} already exists"))
+                    }
+                    e => e.into(),
+                })?;
+            if p.wait {
+                wait_for(
+                    &ctx.state,
+                    name.as_str(),
+                    wait_timeout(p.timeout_seconds),
+                    &format!("creating volume {name}"),
+                    engine_ready(size_bytes),
+                )
+                .await?;
+            }
+            view(
+                &ctx.state,
+                ctx.state.get_typed::<Volume>(name.as_str())?.unwrap_or(created),
+            )
+        },
+    );
+    api.method("volume_get", "A volume with its engine, replicas and attachment.", &[NotFound], |p: NameParams, ctx: Arc<ApiContext>| async move {
+        view(&ctx.state, get_volume(&ctx.state, &p.name)?)
+    });
+    api.method(
+        "volume_list",
+        "Every volume.",
+        &[],
+        |_: super::types::NoParams, ctx: Arc<ApiContext>| async move {
+            ctx.state
+                .list_typed::<Volume>()?
+                .into_iter()
+                .map(|v| view(&ctx.state, v))
+                .collect::<Result<Vec<_>, _>>()
+        },
+    );
+    api.method(
+        "volume_delete",
+        "Delete a volume: the engine removes its objects, then the definition goes.",
+        &[NotFound, FailedPrecondition],
+        |p: NameParams, ctx: Arc<ApiContext>| async move {
+            let v = get_volume(&ctx.state, &p.name)?;
+            if ctx.state.get_typed::<Attachment>(&p.name)?.is_some() {
+                return Err(ApiError::new(
+                    FailedPrecondition,
+                    format!("volume {:?} is attached on this host; detach it first", p.name),
+                ));
+            }
+            let clones: Vec<String> = ctx
+                .state
+                .list_typed::<Snapshot>()?
+                .into_iter()
+                .filter(|s| s.spec.volume == p.name)
+                .map(|s| s.metadata.id)
+                .collect();
+            if !clones.is_empty() {
+                return Err(ApiError::new(
+                    FailedPrecondition,
+                    format!(
+                        "volume {:?} has snapshots ({}); delete them first",
+                        p.name,
+                        clones.join(", ")
+                    ),
+                ));
+            }
+            let d = ctx
+                .state
+                .destroy(Volume::NAMESPACE, Volume::TYPE, &v.metadata.id, "")?;
+            let mut res = DeleteResult {
+                name: p.name.clone(),
+                deleted: d == Destroyed::Gone,
+                tearing_down: d == Destroyed::TearingDown,
+            };
+            if p.wait && res.tearing_down {
+                wait_for::<Volume>(
+                    &ctx.state,
+                    &p.name,
+                    wait_timeout(p.timeout_seconds),
+                    &format!("deleting volume {}", p.name),
+                    wait_gone,
+                )
+                .await?;
+                res = DeleteResult {
+                    name: p.name,
+                    deleted: true,
+                    tearing_down: false,
+                };
+            }
+            Ok(res)
+        },
+    );
+    api.method(
+        "volume_expand",
+        "Grow a volume: every replica, then the engine and its export.",
+        &[NotFound, FailedPrecondition],
+        |p: ExpandParams, ctx: Arc<ApiContext>| async move {
+            let v = get_volume(&ctx.state, &p.name)?;
+            let size = size_of(p.size_bytes, &p.size, &format!("volume {}", p.name))?;
+            if size < v.spec.size_bytes {
+                return Err(ApiError::new(
+                    FailedPrecondition,
+                    format!(
+                        "volume {:?} is {} bytes; it can only grow, not shrink to {size}",
+                        p.name, v.spec.size_bytes
+                    ),
+                ));
+            }
+            let mut spec = v.spec.clone();
+            spec.size_bytes = size;
+            ctx.state
+                .update_typed(&p.name, "", Some(v.metadata.version), &spec)?;
+            if p.wait {
+                wait_for(
+                    &ctx.state,
+                    &p.name,
+                    wait_timeout(p.timeout_seconds),
+                    &format!("expanding volume {}", p.name),
+                    engine_ready(size),
+                )
+                .await?;
+            }
+            view(&ctx.state, get_volume(&ctx.state, &p.name)?)
+        },
+    );
+    api.method(
+        "snapshot_create",
+        "Snapshot a volume (all replicas, consistently).",
+        &[NotFound, AlreadyExists, FailedPrecondition],
+        |p: SnapshotParams, ctx: Arc<ApiContext>| async move {
+            get_volume(&ctx.state, &p.volume)?;
+            ObjectName::parse("snapshot", &p.name)?;
+            let id = snapshot_id(&p.volume, &p.name);
+            let spec = Snapshot {
+                volume: p.volume.clone(),
+                name: p.name.clone(),
+            };
+            ctx.state.create_typed(&id, "", &spec).map_err(|e| match e {
+                crate::runtime::StateError::AlreadyExists { .. } => {
+                    ApiError::new(AlreadyExists, format!("snapshot {id:?} already exists"))
+                }
+                e => e.into(),
+            })?;
+            if p.wait {
+                wait_for::<SnapshotStatus>(
+                    &ctx.state,
+                    &id,
+                    wait_timeout(p.timeout_seconds),
+                    &format!("snapshot {id}"),
+                    |s| match s {
+                        Some(s) if s.state == ObjectState::Failed => Some(Err(s.message.clone())),
+                        Some(s) if s.state == ObjectState::Ready => Some(Ok(())),
+                        _ => None,
+                    },
+                )
+                .await?;
+            }
+            snapshot_view(&ctx.state, &id)
+        },
+    );
+    api.method(
+        "snapshot_list",
+        "Snapshots, of one volume or all.",
+        &[],
+        |p: SnapshotListParams, ctx: Arc<ApiContext>| async move {
+            let mut out = Vec::new();
+            for s in ctx.state.list_typed::<Snapshot>()? {
+                if p.volume.as_ref().is_none_or(|v| v == &s.spec.volume) {
+                    out.push(snapshot_view(&ctx.state, s.id())?);
+                }
+            }
+            Ok(out)
+        },
+    );
+    api.method(
+        "snapshot_delete",
+        "Delete a snapshot (refused while clones depend on it).",
+        &[NotFound, FailedPrecondition],
+        |p: SnapshotParams, ctx: Arc<ApiContext>| async move {
+            let id = snapshot_id(&p.volume, &p.name);
+            if ctx.state.get_typed::<Snapshot>(&id)?.is_none() {
+                return Err(ApiError::not_found(format!("snapshot {id:?} not found")));
+            }
+            let clones: Vec<String> = ctx
+                .state
+                .list_typed::<Volume>()?
+                .into_iter()
+                .filter(|v| v.spec.from_snapshot.as_deref() == Some(id.as_str()))
+                .map(|v| v.metadata.id)
+                .collect();
+            if !clones.is_empty() {
+                return Err(ApiError::new(
+                    FailedPrecondition,
+                    format!(
+                        "snapshot {id:?} has clones ({}); delete them first",
+                        clones.join(", ")
+                    ),
+                ));
+            }
+            let d = ctx.state.destroy(Snapshot::NAMESPACE, Snapshot::TYPE, &id, "")?;
+            if p.wait && d == Destroyed::TearingDown {
+                wait_for::<Snapshot>(
+                    &ctx.state,
+                    &id,
+                    wait_timeout(p.timeout_seconds),
+                    &format!("deleting snapshot {id}"),
+                    wait_gone,
+                )
+                .await?;
+            }
+            Ok(DeleteResult {
+                name: id,
+                deleted: true,
+                tearing_down: false,
+            })
+        },
+    );
+    api.method(
+        "volume_clone",
+        "Create a volume from a snapshot.",
+        &[NotFound, AlreadyExists],
+        |p: CloneParams, ctx: Arc<ApiContext>| async move {
+            let name = volume_name(&p.name)?;
+            let src = get_volume(&ctx.state, &p.volume)?;
+            let sid = snapshot_id(&p.volume, &p.snapshot);
+            if ctx.state.get_typed::<Snapshot>(&sid)?.is_none() {
+                return Err(ApiError::not_found(format!("snapshot {sid:?} not found")));
+            }
+            let spec = Volume {
+                from_snapshot: Some(sid),
+                revert_to: None,
+                revert_generation: 0,
+                ..src.spec
+            };
+            ctx.state
+                .create_typed(name.as_str(), "", &spec)
+                .map_err(|e| match e {
+                    crate::runtime::StateError::AlreadyExists { .. } => {
+                        ApiError::new(AlreadyExists, format!("volume {name:?} already exists"))
+                    }
+                    e => e.into(),
+                })?;
+            if p.wait {
+                wait_for(
+                    &ctx.state,
+                    name.as_str(),
+                    wait_timeout(p.timeout_seconds),
+                    &format!("cloning into volume {name}"),
+                    engine_ready(spec.size_bytes),
+                )
+                .await?;
+            }
+            view(&ctx.state, get_volume(&ctx.state, name.as_str())?)
+        },
+    );
+    api.method(
+        "volume_revert",
+        "Revert a volume's data to one of its snapshots (the volume must be detached).",
+        &[NotFound, FailedPrecondition],
+        |p: SnapshotParams, ctx: Arc<ApiContext>| async move {
+            let v = get_volume(&ctx.state, &p.volume)?;
+            let sid = snapshot_id(&p.volume, &p.name);
+            if ctx.state.get_typed::<Snapshot>(&sid)?.is_none() {
+                return Err(ApiError::not_found(format!("snapshot {sid:?} not found")));
+            }
+            if ctx.state.get_typed::<Attachment>(&p.volume)?.is_some() {
+                return Err(ApiError::new(
+                    FailedPrecondition,
+                    format!("volume {:?} is attached; detach it before a revert", p.volume),
+                ));
+            }
+            let mut spec = v.spec.clone();
+            spec.revert_to = Some(sid);
+            spec.revert_generation += 1;
+            ctx.state
+                .update_typed(&p.volume, "", Some(v.metadata.version), &spec)?;
+            view(&ctx.state, get_volume(&ctx.state, &p.volume)?)
+        },
+    );
+    api.method(
+        "disk_add",
+        "Add a disk for replicas: a file/block device, or an NVMe PCI device.",
+        &[AlreadyExists],
+        |p: DiskAddParams, ctx: Arc<ApiContext>| async move {
+            let name = ObjectName::parse("disk", &p.name)?;
+            let size_bytes = if p.size_bytes.is_some() || p.size.is_some() {
+                Some(size_of(p.size_bytes, &p.size, &format!("disk {name}"))?)
+            } else {
+                None
+            };
+            match (&p.path, &p.pci) {
+                (Some(path), None) if path.starts_with('/') => {}
+                (Some(path), None) => {
+                    return Err(ApiError::invalid(format!(
+                        "disk {name}: path {path:?} must be absolute"
+                    )));
+                }
+                (None, Some(_)) => {}
+                _ => {
+                    return Err(ApiError::invalid(format!(
+                        "disk {name}: give exactly one of path or pci"
+                    )));
+                }
+            }
+            let spec = Disk {
+                path: p.path,
+                pci: p.pci,
+                size_bytes,
+                cluster_mib: p.cluster_mib.unwrap_or(1),
+            };
+            ctx.state
+                .create_typed(name.as_str(), "", &spec)
+                .map_err(|e| match e {
+                    crate::runtime::StateError::AlreadyExists { .. } => {
+                        ApiError::new(AlreadyExists, format!("disk {name:?} already exists"))
+                    }
+                    e => e.into(),
+                })?;
+            disk_view(&ctx.state, name.as_str())
+        },
+    );
+    api.method(
+        "disk_list",
+        "Every disk with its engine status.",
+        &[],
+        |_: super::types::NoParams, ctx: Arc<ApiContext>| async move {
+            ctx.state
+                .list_typed::<Disk>()?
+                .into_iter()
+                .map(|d| disk_view(&ctx.state, d.id()))
+                .collect::<Result<Vec<_>, _>>()
+        },
+    );
+    api.method(
+        "disk_remove",
+        "Remove a disk (refused while replicas live on it).",
+        &[NotFound, FailedPrecondition],
+        |p: NameParams, ctx: Arc<ApiContext>| async move {
+            if ctx.state.get_typed::<Disk>(&p.name)?.is_none() {
+                return Err(ApiError::not_found(format!("disk {:?} not found", p.name)));
+            }
+            let on: Vec<String> = ctx
+                .state
+                .list_typed::<ReplicaStatus>()?
+                .into_iter()
+                .filter(|r| r.spec.disk == p.name)
+                .map(|r| r.metadata.id)
+                .collect();
+            if !on.is_empty() {
+                return Err(ApiError::new(
+                    FailedPrecondition,
+                    format!(
+                        "disk {:?} holds replicas ({}); delete their volumes first",
+                        p.name,
+                        on.join(", ")
+                    ),
+                ));
+            }
+            let d = ctx.state.destroy(Disk::NAMESPACE, Disk::TYPE, &p.name, "")?;
+            Ok(DeleteResult {
+                name: p.name,
+                deleted: d == Destroyed::Gone,
+                tearing_down: d == Destroyed::TearingDown,
+            })
+        },
+    );
+    api.method(
+        "volume_attach",
+        "Attach a volume on this host (NVMe/TCP, else iSCSI): /dev/talon/<name>.",
+        &[NotFound, FailedPrecondition, Unavailable],
+        |p: AttachParams, ctx: Arc<ApiContext>| async move {
+            get_volume(&ctx.state, &p.name)?;
+            let spec = Attachment {
+                frontend: p.frontend.unwrap_or_default(),
+            };
+            crate::serve::upsert(&ctx.state, &p.name, &spec)?;
+            if p.wait {
+                wait_for::<AttachmentStatus>(
+                    &ctx.state,
+                    &p.name,
+                    wait_timeout(p.timeout_seconds),
+                    &format!("attaching volume {}", p.name),
+                    |a| match a {
+                        Some(a) if a.state == AttachState::Failed => Some(Err(a.message.clone())),
+                        Some(a) if a.state == AttachState::Attached => Some(Ok(())),
+                        _ => None,
+                    },
+                )
+                .await?;
+            }
+            view(&ctx.state, get_volume(&ctx.state, &p.name)?)
+        },
+    );
+    api.method(
+        "volume_detach",
+        "Detach a volume from this host.",
+        &[NotFound],
+        |p: NameParams, ctx: Arc<ApiContext>| async move {
+            if ctx.state.get_typed::<Attachment>(&p.name)?.is_none() {
+                return Err(ApiError::not_found(format!(
+                    "volume {:?} is not attached on this host",
+                    p.name
+                )));
+            }
+            ctx.state
+                .destroy(Attachment::NAMESPACE, Attachment::TYPE, &p.name, "")?;
+            if p.wait {
+                wait_for::<AttachmentStatus>(
+                    &ctx.state,
+                    &p.name,
+                    wait_timeout(p.timeout_seconds),
+                    &format!("detaching volume {}", p.name),
+                    wait_gone,
+                )
+                .await?;
+            }
+            view(&ctx.state, get_volume(&ctx.state, &p.name)?)
+        },
+    );
+}
+
+fn snapshot_view(state: &State, id: &str) -> Result<SnapshotView, ApiError> {
+    let s = state
+        .get_typed::<Snapshot>(id)?
+        .ok_or_else(|| ApiError::not_found(format!("snapshot {id:?} not found")))?;
+    Ok(SnapshotView {
+        id: id.to_string(),
+        status: state.get_typed::<SnapshotStatus>(id)?.map(|x| x.spec),
+        phase: s.metadata.phase,
+        spec: s.spec,
+    })
+}
+
+fn disk_view(state: &State, name: &str) -> Result<DiskView, ApiError> {
+    let d = state
+        .get_typed::<Disk>(name)?
+        .ok_or_else(|| ApiError::not_found(format!("disk {name:?} not found")))?;
+    Ok(DiskView {
+        name: name.to_string(),
+        status: state
+            .get_typed::<crate::resources::engine::DiskStatus>(name)?
+            .map(|x| x.spec),
+        phase: d.metadata.phase,
+        spec: d.spec,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_size;
+
+    #[test]
+    fn sizes_parse_with_units() {
+        assert_eq!(parse_size("10GiB"), Ok(10 << 30));
+        assert_eq!(parse_size("512M"), Ok(512 << 20));
+        assert_eq!(parse_size("1GB"), Ok(1_000_000_000));
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert!(parse_size("ten").is_err());
+        assert!(parse_size("1XB").is_err());
+        assert!(parse_size("0").is_err());
+    }
+}

@@ -1,0 +1,177 @@
+//! Observed state of the data engines (V2: spdk_tgt; V1: tgtd), written by the
+//! engine controllers from what the targets report.
+
+use serde::{Deserialize, Serialize};
+
+use crate::runtime::Spec;
+
+/// Which engine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Engine {
+    /// SPDK.
+    V2,
+    /// tgtd.
+    V1,
+}
+
+/// Lifecycle of an engine object.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum ObjectState {
+    /// Being created.
+    Creating,
+    /// Serving.
+    Ready,
+    /// Serving with fewer replicas than asked.
+    Degraded,
+    /// Not serving; `message` says why.
+    Failed,
+    /// Being removed.
+    Deleting,
+}
+
+/// A target process (`spdk` or `tgtd`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct TargetStatus {
+    /// Which engine it serves.
+    pub engine: Engine,
+    /// Ready once it answers on its control socket.
+    pub state: ObjectState,
+    /// Its pid, when talon started or adopted it.
+    pub pid: Option<u32>,
+    /// Its control socket.
+    pub socket: String,
+    /// Its version.
+    pub version: String,
+    /// Restarts since talon started.
+    pub restarts: u32,
+    /// What went wrong, or what it is doing.
+    pub message: String,
+}
+
+impl Spec for TargetStatus {
+    const TYPE: &'static str = "TargetStatus";
+    const NAMESPACE: &'static str = "engine";
+}
+
+/// A disk as the engine sees it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct DiskStatus {
+    /// Which engine.
+    pub engine: Engine,
+    /// Ready once its lvstore is loaded or created.
+    pub state: ObjectState,
+    /// The base bdev name.
+    pub bdev: String,
+    /// The lvstore name and UUID.
+    pub lvstore: String,
+    /// The lvstore UUID.
+    pub lvstore_uuid: String,
+    /// Capacity in bytes.
+    pub total_bytes: u64,
+    /// Free bytes.
+    pub free_bytes: u64,
+    /// Cluster size in bytes.
+    pub cluster_bytes: u64,
+    /// What went wrong.
+    pub message: String,
+}
+
+impl Spec for DiskStatus {
+    const TYPE: &'static str = "DiskStatus";
+    const NAMESPACE: &'static str = "engine";
+}
+
+/// One replica of a volume (id `<volume>-r<N>`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ReplicaStatus {
+    /// The volume.
+    pub volume: String,
+    /// The disk it lives on.
+    pub disk: String,
+    /// The lvol bdev (UUID) and alias.
+    pub bdev: String,
+    /// `lvstore/lvol` alias.
+    pub alias: String,
+    /// Size in bytes.
+    pub size_bytes: u64,
+    /// Allocated bytes (thin provisioning).
+    pub allocated_bytes: u64,
+    /// State.
+    pub state: ObjectState,
+    /// What went wrong.
+    pub message: String,
+}
+
+impl Spec for ReplicaStatus {
+    const TYPE: &'static str = "ReplicaStatus";
+    const NAMESPACE: &'static str = "engine";
+}
+
+/// How a volume is exported.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct Export {
+    /// `nvme-tcp` or `iscsi`.
+    pub transport: String,
+    /// Listen address.
+    pub address: String,
+    /// Port.
+    pub port: u16,
+    /// Subsystem NQN (NVMe/TCP) or target IQN (iSCSI).
+    pub name: String,
+    /// LUN (iSCSI) or namespace id (NVMe).
+    pub lun: u32,
+}
+
+/// The engine of a volume (id = volume name).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct EngineStatus {
+    /// Which engine serves it.
+    pub engine: Engine,
+    /// State.
+    pub state: ObjectState,
+    /// Size in bytes as served.
+    pub size_bytes: u64,
+    /// The bdev (V2) or backing file (V1) the export serves.
+    pub device: String,
+    /// Replica ids in the engine.
+    pub replicas: Vec<String>,
+    /// Exports (NVMe/TCP and/or iSCSI).
+    pub exports: Vec<Export>,
+    /// What went wrong, or what it is doing.
+    pub message: String,
+}
+
+impl Spec for EngineStatus {
+    const TYPE: &'static str = "EngineStatus";
+    const NAMESPACE: &'static str = "engine";
+}
+
+/// A snapshot as the engine holds it (id = snapshot id).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct SnapshotStatus {
+    /// The volume.
+    pub volume: String,
+    /// Which engine.
+    pub engine: Engine,
+    /// State.
+    pub state: ObjectState,
+    /// Snapshot bdevs (V2) or reflinked file (V1).
+    pub objects: Vec<String>,
+    /// When it was taken (RFC 3339).
+    pub created: String,
+    /// What went wrong.
+    pub message: String,
+}
+
+impl Spec for SnapshotStatus {
+    const TYPE: &'static str = "SnapshotStatus";
+    const NAMESPACE: &'static str = "engine";
+}

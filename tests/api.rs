@@ -1,0 +1,418 @@
+//! Admin API process tests (tier 3): a real daemon on a temp Unix socket.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use talon::api::ErrorKind;
+use talon::client::{Client, ClientError};
+use talon::runtime::EventKind;
+use talon::serve::{ServeOptions, serve};
+
+struct Daemon {
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<Result<(), talon::serve::ServeError>>,
+    socket: PathBuf,
+}
+
+fn opts(dir: &Path) -> ServeOptions {
+    ServeOptions {
+        data_dir: dir.join("data"),
+        config: None,
+        socket: dir.join("run/talon.sock"),
+        listen_tcp: None,
+        token_file: None,
+        run_dir: dir.join("run"),
+        host_root: PathBuf::from("/"),
+    }
+}
+
+async fn start(o: ServeOptions) -> Daemon {
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let socket = o.socket.clone();
+    let task = tokio::spawn(serve(o, async move {
+        let _ = rx.await;
+    }));
+    for _ in 0..200 {
+        if socket.exists() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    Daemon {
+        stop: Some(tx),
+        task,
+        socket,
+    }
+}
+
+impl Daemon {
+    async fn client(&self) -> Client {
+        Client::connect_unix(&self.socket).await.expect("connect")
+    }
+    async fn stop(mut self) {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+        self.task.await.expect("join").expect("clean stop");
+        assert!(!self.socket.exists(), "the socket is removed on shutdown");
+    }
+}
+
+fn rpc_kind(e: &ClientError) -> Option<ErrorKind> {
+    match e {
+        ClientError::Rpc { kind, .. } => *kind,
+        _ => None,
+    }
+}
+
+#[tokio::test]
+async fn node_info_discover_and_errors_that_name_the_field() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = start(opts(dir.path())).await;
+    let mode = std::fs::metadata(&d.socket).expect("socket").permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600, "the API socket is owner-only");
+    let c = d.client().await;
+
+    let info = c.node_info().await.expect("node_info");
+    assert_eq!(info.version, talon::VERSION);
+    assert!(!info.kernel.is_empty() && !info.hostname.is_empty());
+    assert!(info.engines.iter().any(|e| e.engine == "v1") && info.engines.iter().any(|e| e.engine == "v2"));
+
+    let doc = c.discover().await.expect("rpc.discover");
+    let names: Vec<&str> = doc["methods"]
+        .as_array()
+        .expect("methods")
+        .iter()
+        .filter_map(|m| m["name"].as_str())
+        .collect();
+    for m in [
+        "node_info",
+        "resource_list",
+        "resource_get",
+        "resource_watch",
+        "rpc.discover",
+        "volume_create",
+        "volume_delete",
+        "snapshot_create",
+        "disk_add",
+        "volume_attach",
+    ] {
+        assert!(names.contains(&m), "rpc.discover lacks {m}: {names:?}");
+    }
+    let create = doc["methods"]
+        .as_array()
+        .expect("methods")
+        .iter()
+        .find(|m| m["name"] == "volume_create")
+        .expect("volume_create");
+    assert!(
+        create["params"]
+            .as_array()
+            .expect("params")
+            .iter()
+            .any(|p| p["name"] == "name" && p["required"] == true)
+    );
+    assert!(
+        create["errors"]
+            .as_array()
+            .expect("errors")
+            .iter()
+            .any(|e| e["code"] == -32002)
+    );
+
+    // Unknown method, unknown field, wrong type: clear errors, and the daemon keeps serving.
+    let e = c
+        .call::<_, Value>("no_such_method", json!({}))
+        .await
+        .expect_err("unknown method");
+    assert!(matches!(e, ClientError::Rpc { code: -32601, .. }), "{e}");
+    let e = c
+        .call::<_, Value>("resource_list", json!({"type": "Volume", "colour": 1}))
+        .await
+        .expect_err("unknown field");
+    assert_eq!(rpc_kind(&e), Some(ErrorKind::InvalidParams));
+    assert!(e.to_string().contains("colour"), "{e}");
+    let e = c
+        .call::<_, Value>("volume_create", json!({"name": "v", "sizeBytes": "big"}))
+        .await
+        .expect_err("wrong type");
+    assert!(e.to_string().contains("sizeBytes"), "{e}");
+    let e = c
+        .call::<_, Value>("volume_create", json!({"name": "Bad_Name", "size": "1GiB"}))
+        .await
+        .expect_err("bad name");
+    assert_eq!(rpc_kind(&e), Some(ErrorKind::InvalidParams));
+    assert!(e.to_string().contains("Bad_Name"), "{e}");
+    let e = c.get("Volume", "ghost").await.expect_err("missing");
+    assert_eq!(rpc_kind(&e), Some(ErrorKind::NotFound));
+    assert!(e.to_string().contains("ghost"), "{e}");
+    let e = c.list("Gadget").await.expect_err("unknown type");
+    assert!(e.to_string().contains("Gadget"), "{e}");
+    c.node_info().await.expect("still serving");
+    d.stop().await;
+}
+
+#[tokio::test]
+async fn watch_streams_create_update_destroy_and_state_survives_restart() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = start(opts(dir.path())).await;
+    let c = d.client().await;
+    let mut sub = c.watch(Some("volume"), true).await.expect("watch");
+    let _: Value = c
+        .call("volume_create", json!({"name": "v1", "size": "1GiB"}))
+        .await
+        .expect("create");
+    let _: Value = c
+        .call("volume_expand", json!({"name": "v1", "size": "2GiB"}))
+        .await
+        .expect("expand");
+    let _: Value = c
+        .call("volume_create", json!({"name": "v2", "sizeBytes": 4096}))
+        .await
+        .expect("create");
+    let _: Value = c
+        .call("volume_delete", json!({"name": "v2"}))
+        .await
+        .expect("delete");
+    let e = c
+        .call::<_, Value>("volume_create", json!({"name": "v1", "size": "1GiB"}))
+        .await
+        .expect_err("dup");
+    assert_eq!(rpc_kind(&e), Some(ErrorKind::AlreadyExists));
+    let e = c
+        .call::<_, Value>("volume_expand", json!({"name": "v1", "size": "1GiB"}))
+        .await
+        .expect_err("shrink");
+    assert_eq!(rpc_kind(&e), Some(ErrorKind::FailedPrecondition));
+    let mut seen = Vec::new();
+    while seen.len() < 4 {
+        let ev = tokio::time::timeout(Duration::from_secs(10), sub.next())
+            .await
+            .expect("event in time")
+            .expect("open")
+            .expect("decodes");
+        seen.push((
+            ev.kind,
+            ev.resource.metadata.id.clone(),
+            ev.resource.spec["sizeBytes"].as_u64(),
+        ));
+    }
+    assert_eq!(
+        seen,
+        vec![
+            (EventKind::Created, "v1".into(), Some(1 << 30)),
+            (EventKind::Updated, "v1".into(), Some(2 << 30)),
+            (EventKind::Created, "v2".into(), Some(4096)),
+            (EventKind::Destroyed, "v2".into(), Some(4096)),
+        ]
+    );
+    drop(sub);
+    drop(c);
+    d.stop().await;
+
+    let d = start(opts(dir.path())).await;
+    let c = d.client().await;
+    let v = c.get("volume", "v1").await.expect("persisted across restart");
+    assert_eq!(v.spec["sizeBytes"], json!(2u64 << 30));
+    assert_eq!(v.metadata.version, 2);
+    assert!(c.get("volume", "v2").await.is_err());
+    d.stop().await;
+}
+
+#[tokio::test]
+async fn a_second_daemon_on_the_same_data_dir_is_refused_and_bad_sockets_fail_clearly() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = start(opts(dir.path())).await;
+    let mut o = opts(dir.path());
+    o.socket = dir.path().join("other.sock");
+    let err = serve(o, async {}).await.expect_err("locked");
+    let msg = err.to_string();
+    assert!(
+        msg.contains("in use by another talon") && msg.contains(&std::process::id().to_string()),
+        "{msg}"
+    );
+    d.stop().await;
+
+    let mut o = opts(dir.path());
+    o.socket = PathBuf::from("/proc/talon-nonexistent/x.sock");
+    let err = serve(o, async {}).await.expect_err("bad socket dir");
+    assert!(err.to_string().contains("/proc/talon-nonexistent"), "{err}");
+}
+
+#[tokio::test]
+async fn tcp_listener_refuses_calls_without_the_token() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port();
+    let token_file = dir.path().join("token");
+    std::fs::write(&token_file, "s3cret-token\n").expect("token");
+    let mut o = opts(dir.path());
+    o.listen_tcp = Some(format!("127.0.0.1:{port}").parse().expect("addr"));
+    o.token_file = Some(token_file);
+    let d = start(o).await;
+    let addr = format!("127.0.0.1:{port}");
+    let mut ok = None;
+    for _ in 0..100 {
+        match Client::connect_tcp(&addr, "s3cret-token").await {
+            Ok(c) => {
+                ok = Some(c);
+                break;
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+        }
+    }
+    let c = ok.expect("connect with token");
+    c.node_info().await.expect("authorized call");
+    let e = Client::connect_tcp(&addr, "wrong")
+        .await
+        .expect_err("wrong token refused");
+    assert!(e.to_string().contains("401"), "{e}");
+    // A plain HTTP JSON-RPC POST without the header gets 401 too.
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(&addr).await.expect("tcp");
+    let body = r#"{"jsonrpc":"2.0","id":1,"method":"node_info","params":{}}"#;
+    let req = format!(
+        "POST / HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(req.as_bytes()).await.expect("write");
+    let mut buf = vec![0u8; 256];
+    let n = s.read(&mut buf).await.expect("read");
+    assert!(
+        String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 401"),
+        "{}",
+        String::from_utf8_lossy(&buf[..n])
+    );
+    drop(c);
+    d.stop().await;
+}
+
+fn spawn_daemon(dir: &Path) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_talon"))
+        .args(["--socket"])
+        .arg(dir.join("run/talon.sock"))
+        .args(["serve", "--data-dir"])
+        .arg(dir.join("data"))
+        .arg("--run-dir")
+        .arg(dir.join("run"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn talon")
+}
+
+async fn connect_retry(socket: &Path) -> Client {
+    for _ in 0..300 {
+        if let Ok(c) = Client::connect_unix(socket).await {
+            return c;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("daemon did not come up on {}", socket.display());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_during_writes_loses_no_acknowledged_write() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let socket = dir.path().join("run/talon.sock");
+    let mut acked: Vec<String> = Vec::new();
+    for round in 0..3u64 {
+        let mut child = spawn_daemon(dir.path());
+        let c = connect_retry(&socket).await;
+        // Every volume acknowledged so far is there, whole.
+        for name in &acked {
+            let v = c
+                .get("Volume", name)
+                .await
+                .unwrap_or_else(|e| panic!("acknowledged {name} lost: {e}"));
+            assert_eq!(v.spec["sizeBytes"], json!(1u64 << 20), "{name}");
+        }
+        // Write in a loop and kill -9 at a moment that varies by round.
+        let killer = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(30 + 40 * round)).await;
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(child.id() as i32),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+            let _ = child.wait();
+        });
+        for i in 0.. {
+            let name = format!("r{round}-v{i}");
+            match c
+                .call::<_, Value>("volume_create", json!({"name": name, "sizeBytes": 1u64 << 20}))
+                .await
+            {
+                Ok(_) => acked.push(name),
+                Err(_) => break,
+            }
+        }
+        killer.await.expect("killer");
+        let _ = std::fs::remove_file(&socket);
+    }
+    assert!(acked.len() > 3, "some writes were acknowledged ({})", acked.len());
+    let mut child = spawn_daemon(dir.path());
+    let c = connect_retry(&socket).await;
+    let all = c.list("Volume").await.expect("list");
+    for name in &acked {
+        assert!(
+            all.iter().any(|r| &r.metadata.id == name),
+            "acknowledged {name} lost"
+        );
+    }
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    );
+    let status = child.wait().expect("wait");
+    assert!(status.success(), "clean exit on SIGTERM: {status}");
+    assert!(!socket.exists(), "socket removed on SIGTERM");
+}
+
+#[test]
+fn cli_get_types_and_controllers_against_a_running_daemon() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut child = spawn_daemon(dir.path());
+    let socket = dir.path().join("run/talon.sock");
+    let rt = tokio::runtime::Runtime::new().expect("rt");
+    rt.block_on(connect_retry(&socket));
+    let run = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_talon"))
+            .env("TALON_SOCKET", &socket)
+            .args(args)
+            .output()
+            .expect("run");
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (ok, out, err) = run(&["get", "types"]);
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("Volume") && out.contains("EngineStatus") && out.contains("config"),
+        "{out}"
+    );
+    let (ok, out, err) = run(&["get", "controllers"]);
+    assert!(ok, "{err}");
+    assert!(out.contains("NAME") && out.contains("RESTARTS"), "{out}");
+    let (ok, out, _) = run(&["get", "nodeconfig", "node", "-o", "json"]);
+    assert!(ok);
+    let v: Value = serde_json::from_str(&out).expect("json");
+    assert_eq!(v["metadata"]["id"], "node");
+    let (ok, _, err) = run(&["get", "volume", "nope"]);
+    assert!(!ok && err.contains("\"nope\" not found"), "{err}");
+    let (ok, _, err) = run(&["--socket", "/nonexistent/talon.sock", "node", "info"]);
+    assert!(!ok && err.contains("/nonexistent/talon.sock"), "{err}");
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGINT,
+    );
+    assert!(child.wait().expect("wait").success());
+}
