@@ -258,7 +258,12 @@ pub fn run(root: &HostRoot, opts: &DoctorOptions) -> Result<Report, DoctorError>
         }
         Err(e) => {
             needs.nr_hugepages = Some(want_pages);
-            checks.push(check("hugepages-2M", Status::Fail, chain(&e), Some(hp_fix)));
+            checks.push(check(
+                "hugepages-2M",
+                Status::Fail,
+                format!("{}; need {sizing}", chain(&e)),
+                Some(hp_fix),
+            ));
         }
     }
     match hugepages::hugetlbfs_mounts(root) {
@@ -460,4 +465,47 @@ pub fn run(root: &HostRoot, opts: &DoctorOptions) -> Result<Report, DoctorError>
         checks,
         talos,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_empty_root_fails_clearly_and_renders_in_every_format() {
+        let d = tempfile::tempdir().expect("tempdir");
+        let root = HostRoot::new(d.path());
+        let opts = DoctorOptions {
+            target: Some(Target::Talos),
+            volumes: 2,
+            ..Default::default()
+        };
+        let r = run(&root, &opts).expect("doctor");
+        assert_eq!(r.checks[0].name, "os");
+        assert_eq!(r.checks[0].status, Status::Warn);
+        assert!(r.checks[0].measured.contains("os-release"), "{:?}", r.checks[0]);
+        assert_eq!(r.worst(), Status::Fail);
+        let hp = r
+            .checks
+            .iter()
+            .find(|c| c.name == "hugepages-2M")
+            .expect("hugepages");
+        assert!(hp.measured.contains("598 MiB for 2 volumes"), "{hp:?}");
+        let t = r.talos.as_ref().expect("talos");
+        assert!(
+            t.machine_config_yaml.contains("vm.nr_hugepages: '299'"),
+            "{}",
+            t.machine_config_yaml
+        );
+        let text = r.to_text();
+        assert!(
+            text.contains("WARNING: `talosctl upgrade` without `--preserve`"),
+            "{text}"
+        );
+        let json = serde_json::to_value(&r).expect("json");
+        assert_eq!(json["target"], "talos");
+        assert_eq!(json["checks"][0]["status"], "warn");
+        let yaml = serde_yaml_ng::to_string(&r).expect("yaml");
+        assert!(yaml.contains("machine_config_yaml"), "{yaml}");
+    }
 }

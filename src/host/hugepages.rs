@@ -60,7 +60,7 @@ pub enum HugepagesError {
     ParseSize(String),
     #[error("cannot read the mount table")]
     ReadMounts(#[source] HostIoError),
-    #[error("cannot mount hugetlbfs at {path}: the host root is not the real / ")]
+    #[error("cannot mount hugetlbfs at {path}: the host root is not the real /")]
     MountNotLocal { path: PathBuf },
     #[error("cannot mount hugetlbfs at {path}")]
     Mount {
