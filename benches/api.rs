@@ -122,13 +122,15 @@ async fn runtime_chain() -> Duration {
     let st = rt.state.clone();
     let ids = 100u64;
     for i in 0..ids {
-        st.create_typed(&format!("r{i}"), "", &A { n: 0 }).expect("create");
+        st.create_typed(&format!("r{i}"), "", &A { n: 0 })
+            .expect("create");
     }
     let t = Instant::now();
     let updates = 10_000u64;
     for u in 1..=updates / ids {
         for i in 0..ids {
-            st.update_typed(&format!("r{i}"), "", None, &A { n: u }).expect("update");
+            st.update_typed(&format!("r{i}"), "", None, &A { n: u })
+                .expect("update");
         }
     }
     let last = updates / ids;
@@ -150,13 +152,23 @@ fn proc_stat(pid: u32) -> Option<(u64, u64)> {
     let f: Vec<&str> = rest.split_whitespace().collect();
     let ticks = f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?;
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let rss_kb = status.lines().find(|l| l.starts_with("VmRSS:"))?.split_whitespace().nth(1)?.parse().ok()?;
+    let rss_kb = status
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()?;
     Some((ticks, rss_kb))
 }
 
 fn idle(secs: u64) -> Option<(f64, f64)> {
     let exe = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/release/talon");
-    let exe = if exe.exists() { exe } else { Path::new(env!("CARGO_MANIFEST_DIR")).join("target/debug/talon") };
+    let exe = if exe.exists() {
+        exe
+    } else {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("target/debug/talon")
+    };
     if !exe.exists() {
         return None;
     }
@@ -183,17 +195,25 @@ fn idle(secs: u64) -> Option<(f64, f64)> {
 }
 
 fn main() {
-    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("tokio");
     let (p50, p99, n) = rt.block_on(api_round_trip());
     let chain = rt.block_on(runtime_chain());
-    let secs = std::env::var("TALON_BENCH_IDLE_SECS").ok().and_then(|s| s.parse().ok()).unwrap_or(30);
+    let secs = std::env::var("TALON_BENCH_IDLE_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(30);
     let idle = idle(secs);
     println!("| benchmark | result | aim |");
     println!("|---|---|---|");
     println!("| API round trip node_info over UDS ({n} calls) | p50 {p50:?}, p99 {p99:?} | p50 < 200 µs |");
     println!("| 10,000 updates through 2 controllers until quiescent | {chain:?} | < 1 s |");
     match idle {
-        Some((rss, cpu)) => println!("| daemon idle {secs} s | RSS {rss:.1} MiB, CPU {cpu:.2} % | < 30 MB, ~0 % |"),
+        Some((rss, cpu)) => {
+            println!("| daemon idle {secs} s | RSS {rss:.1} MiB, CPU {cpu:.2} % | < 30 MB, ~0 % |")
+        }
         None => println!("| daemon idle | skipped: build the talon binary first | |"),
     }
 }

@@ -149,8 +149,9 @@ pub fn lock_data_dir(dir: &Path) -> Result<DataDirLock, ServeError> {
 }
 
 /// Applies a config file's desired state to the store (as the user), creating
-/// or updating what it names and leaving everything else alone.
-pub fn apply_config_file(state: &State, path: &Path) -> Result<(), ServeError> {
+/// or updating what it names and leaving everything else alone. Relative disk
+/// paths are taken relative to `data_dir`.
+pub fn apply_config_file(state: &State, path: &Path, data_dir: &Path) -> Result<(), ServeError> {
     let text = std::fs::read_to_string(path).map_err(|source| ServeError::ConfigRead {
         path: path.to_path_buf(),
         source,
@@ -166,7 +167,13 @@ pub fn apply_config_file(state: &State, path: &Path) -> Result<(), ServeError> {
     }
     for (name, disk) in &cfg.disks {
         ObjectName::parse("disk", name).map_err(|e| invalid(e.to_string()))?;
-        upsert(state, name, disk)?;
+        let mut disk = disk.clone();
+        if let Some(p) = &disk.path
+            && !p.starts_with('/')
+        {
+            disk.path = Some(data_dir.join(p).display().to_string());
+        }
+        upsert(state, name, &disk)?;
     }
     for (name, vol) in &cfg.volumes {
         ObjectName::parse("volume", name).map_err(|e| invalid(e.to_string()))?;
@@ -289,7 +296,7 @@ pub async fn serve(opts: ServeOptions, shutdown: impl Future<Output = ()> + Send
         state.create_typed("node", "", &NodeConfig::default())?;
     }
     if let Some(cfg) = &opts.config {
-        apply_config_file(&state, cfg)?;
+        apply_config_file(&state, cfg, &data_dir)?;
     }
 
     let token = match (&opts.listen_tcp, &opts.token_file) {

@@ -6,7 +6,10 @@
 //!   talon get / node / rpc ──> client::Client ──UDS──> daemon
 //! ```
 
+pub mod attach;
+pub mod ns;
 pub mod output;
+pub mod volume;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -52,6 +55,21 @@ pub enum Command {
     /// This node.
     #[command(subcommand)]
     Node(NodeCommand),
+    /// Volumes: create, get, list, delete, expand, clone, revert, attach, detach.
+    #[command(subcommand)]
+    Volume(volume::VolumeCommand),
+    /// Snapshots: create, list, delete.
+    #[command(subcommand)]
+    Snapshot(volume::SnapshotCommand),
+    /// Disks: add, list, remove.
+    #[command(subcommand)]
+    Disk(volume::DiskCommand),
+    /// Host operations that need no daemon.
+    Host(HostArgs),
+    /// Attach a volume on this host without the daemon (operators, guest tests).
+    Attach(attach::AttachArgs),
+    /// Detach a volume from this host without the daemon.
+    Detach(attach::DetachArgs),
     /// Call any API method with JSON params (for operators and scripts).
     Rpc {
         /// Method name, e.g. `node_info`.
@@ -83,6 +101,24 @@ pub struct ServeArgs {
     /// Where the host's / is (when talon runs in a container with the host mounted).
     #[arg(long, default_value = "/")]
     pub host_root: PathBuf,
+}
+
+/// `talon host`.
+#[derive(Debug, clap::Args)]
+pub struct HostArgs {
+    /// Where the host's / is (when talon runs in a container with the host mounted).
+    #[arg(long, global = true, default_value = "/")]
+    pub host_root: PathBuf,
+    #[command(subcommand)]
+    pub command: HostCommand,
+}
+
+/// `talon host ...`.
+#[derive(Debug, Subcommand)]
+pub enum HostCommand {
+    /// Run programs and read files inside another process's namespaces.
+    #[command(flatten)]
+    Ns(ns::HostNsCommand),
 }
 
 /// `talon get`.
@@ -171,9 +207,25 @@ async fn run(cli: Cli) -> Result<ExitCode, CliError> {
             crate::serve::serve(opts, shutdown_signal()).await?;
         }
         Command::Get(a) => get(&cli.socket, a).await?,
+        Command::Attach(a) => attach::run_attach(a)?,
+        Command::Detach(a) => attach::run_detach(a)?,
         Command::Node(NodeCommand::Info { output }) => {
             let c = Client::connect_unix(&cli.socket).await?;
             print_value(&serde_json::to_value(c.node_info().await?)?, output)?;
+        }
+        Command::Volume(cmd) => volume::run_volume(&Client::connect_unix(&cli.socket).await?, cmd).await?,
+        Command::Snapshot(cmd) => {
+            volume::run_snapshot(&Client::connect_unix(&cli.socket).await?, cmd).await?
+        }
+        Command::Disk(cmd) => volume::run_disk(&Client::connect_unix(&cli.socket).await?, cmd).await?,
+        Command::Host(h) => {
+            let root = crate::host::HostRoot::new(&h.host_root);
+            match h.command {
+                HostCommand::Ns(cmd) => {
+                    return tokio::task::block_in_place(|| ns::run(cmd, &root))
+                        .map_err(|e| e.to_string().into());
+                }
+            }
         }
         Command::Rpc { method, params } => {
             let params: serde_json::Value =

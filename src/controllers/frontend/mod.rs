@@ -1,0 +1,3 @@
+//! Frontend controllers: volumes attached on this host.
+
+pub mod attach;

@@ -1,0 +1,22 @@
+#!/bin/sh
+# talon attaches a volume exported by SPDK's NVMe/TCP target on the host (guest 10.0.2.2 = host
+# 127.0.0.1), writes 2 MiB at offset 1 MiB through /dev/talon/<vol> (the host hook checks them in
+# SPDK's backing file), detaches and leaves no controller. Skipped by the harness without SPDK.
+# vm-timeout: 90
+set -u
+VOL=hostspdk
+export TALON_DATA_DIR=/tmp/talon-data
+ctrls() { for c in /sys/class/nvme/nvme*; do [ "$(cat $c/transport 2>/dev/null)" = tcp ] && basename $c; done; }
+fail=0
+talon attach nvme-tcp --volume $VOL --traddr "$TALON_HOST_ADDR" --trsvcid "$TALON_HOST_SPDK_NVMF_PORT" \
+	--nqn "$TALON_HOST_SPDK_NQN" || exit 1
+dd if=/dev/urandom of=/tmp/p bs=1M count=2 2>/dev/null
+dd if=/tmp/p of=/dev/talon/$VOL bs=1M seek=1 count=2 oflag=direct 2>/dev/null || fail=1
+A=$(md5sum </tmp/p | cut -c1-32)
+B=$(dd if=/dev/talon/$VOL bs=1M skip=1 count=2 iflag=direct 2>/dev/null | md5sum | cut -c1-32)
+echo "SPDK_MD5=$A read-back=$B"
+[ "$A" = "$B" ] || fail=1
+talon detach nvme-tcp --volume $VOL || fail=1
+[ -z "$(ctrls)" ] || { echo "controllers left: $(ctrls)"; fail=1; }
+[ ! -e /dev/talon/$VOL ] || fail=1
+exit $fail
