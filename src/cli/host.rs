@@ -19,15 +19,12 @@ pub enum Output {
     Yaml,
 }
 
-/// `talon host`.
+/// `talon host` (standalone form; the main CLI may flatten [`HostCommand`] into its own).
 #[derive(Debug, clap::Args)]
 pub struct HostArgs {
     /// The host's root directory (e.g. /host inside a container).
     #[arg(long, global = true, default_value = "/")]
     pub host_root: PathBuf,
-    /// Output format.
-    #[arg(short = 'o', long, global = true, value_enum, default_value_t = Output::Text)]
-    pub output: Output,
     #[command(subcommand)]
     pub command: HostCommand,
 }
@@ -37,11 +34,8 @@ pub struct HostArgs {
 pub enum HostCommand {
     /// Show hugepage pools, or set one (verified; the previous value is kept on a shortfall).
     Hugepages(HugepagesArgs),
-    /// NVMe PCI devices.
-    Pci {
-        #[command(subcommand)]
-        command: PciCommand,
-    },
+    /// NVMe PCI devices: list, bind to a user-space driver, give back to nvme.
+    Pci(PciArgs),
 }
 
 /// `talon host hugepages`.
@@ -56,6 +50,19 @@ pub struct HugepagesArgs {
     /// Page size: 2M or 1G.
     #[arg(long, default_value = "2M")]
     pub size: PageSize,
+    /// Output format.
+    #[arg(short = 'o', long, value_enum, default_value_t = Output::Text)]
+    pub output: Output,
+}
+
+/// `talon host pci`.
+#[derive(Debug, clap::Args)]
+pub struct PciArgs {
+    /// Output format.
+    #[arg(short = 'o', long, global = true, value_enum, default_value_t = Output::Text)]
+    pub output: Output,
+    #[command(subcommand)]
+    pub command: PciCommand,
 }
 
 /// `talon host pci ...`.
@@ -93,10 +100,14 @@ fn print<T: serde::Serialize>(
 
 /// Runs `talon host ...`.
 pub fn run(args: HostArgs) -> Result<(), crate::cli::CliError> {
-    let root = HostRoot::new(&args.host_root);
-    match args.command {
-        HostCommand::Hugepages(h) => run_hugepages(&root, args.output, h),
-        HostCommand::Pci { command } => run_pci(&root, args.output, command),
+    run_command(&HostRoot::new(&args.host_root), args.command)
+}
+
+/// Runs one `talon host` subcommand on `root`.
+pub fn run_command(root: &HostRoot, command: HostCommand) -> Result<(), crate::cli::CliError> {
+    match command {
+        HostCommand::Hugepages(h) => run_hugepages(root, h.output, h),
+        HostCommand::Pci(p) => run_pci(root, p.output, p.command),
     }
 }
 
