@@ -3,6 +3,7 @@
 
 pub mod engine;
 pub mod frontend;
+pub mod host;
 
 use std::path::PathBuf;
 
@@ -24,5 +25,6 @@ pub struct Deps {
 pub fn register_all(rt: &mut Runtime, deps: &Deps) -> Result<(), RuntimeError> {
     engine::v1::register(rt, deps)?;
     rt.register(frontend::attach::AttachController::new(deps.clone()))?;
+    host::register(rt, &deps.host, host::POLL)?;
     Ok(())
 }
