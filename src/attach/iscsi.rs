@@ -213,9 +213,21 @@ impl Iscsiadm for NsIscsiadm {
         Ok(AdmOutput {
             code: crate::ns::exit_code(&out.status),
             stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-            stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+            stderr: summarize_stderr(&String::from_utf8_lossy(&out.stderr)),
         })
     }
+}
+
+/// iscsiadm's stderr for a message: distinct lines (it repeats each retry), the last three, joined.
+pub fn summarize_stderr(s: &str) -> String {
+    let mut lines: Vec<&str> = Vec::new();
+    for l in s.lines().map(str::trim).filter(|l| !l.is_empty()) {
+        if !lines.contains(&l) {
+            lines.push(l);
+        }
+    }
+    let skip = lines.len().saturating_sub(3);
+    lines[skip..].join("; ")
 }
 
 /// The portal as iscsiadm takes it: `1.2.3.4:3260`, `[fd00::1]:3260`.
@@ -761,6 +773,16 @@ mod tests {
         assert_eq!(got[0].0, Some("127.0.0.1:3260".parse().expect("addr")));
         assert_eq!(got[0].1, "iqn.2025-01.io.talon:v1");
         assert_eq!(got[1].0, Some("[fd00::1]:3260".parse().expect("addr")));
+    }
+
+    #[test]
+    fn stderr_is_deduplicated_and_short() {
+        let e = "iscsiadm: refused\niscsiadm: refused\niscsiadm: refused\niscsiadm: retries exceeded\niscsiadm: PDU timed out\n";
+        assert_eq!(
+            summarize_stderr(e),
+            "iscsiadm: refused; iscsiadm: retries exceeded; iscsiadm: PDU timed out"
+        );
+        assert_eq!(summarize_stderr(""), "");
     }
 
     #[test]

@@ -48,7 +48,10 @@ H iscsiadm -m session >/tmp/o 2>&1 && bad "iscsiadm works on the host: the test 
 echo "iscsiadm on the host: $(cat /tmp/o)"
 # state as iscsid's namespace sees it
 ext() { nsenter -t "$ISCSID" -m -u -i "$@"; }
-nodes() { ext ls /var/lib/iscsi/nodes 2>/dev/null; }
+# node records: /etc/iscsi/nodes (Debian's build) or /var/lib/iscsi/nodes (upstream default)
+NODEDIRS="/etc/iscsi/nodes /var/lib/iscsi/nodes"
+nodes() { ext sh -c "ls $NODEDIRS 2>/dev/null" | grep '^iqn'; }
+host_nodes() { sh -c "ls $NODEDIRS 2>/dev/null" | grep '^iqn'; }
 sessions() { ls /sys/class/iscsi_session 2>/dev/null; }
 clean() { # $1: what was tried
 	[ -z "$(sessions)" ] || bad "$1 left a session: $(sessions)"
@@ -84,12 +87,15 @@ cat /tmp/a1 /tmp/a2
 [ "$(sessions | wc -l)" = 1 ] || bad "expected one session, have: $(sessions)"
 SD=$(sed -n 's/.*device=\/dev\/\([a-z]*\) .*/\1/p' /tmp/a1)
 SESSION=$(sed -n 's/.*session=\(session[0-9]*\).*/\1/p' /tmp/a1)
-echo "device $SD session $SESSION; node records in iscsid's namespace: $(nodes); in the host's: $(ls /var/lib/iscsi/nodes 2>/dev/null)"
+echo "device $SD session $SESSION; node records in iscsid's namespace: [$(nodes)]; in the host's: [$(host_nodes)]"
 [ -b /dev/talon/$V ] || bad "/dev/talon/$V is not a block device"
 [ "$(stat -c %t:%T /dev/talon/$V)" = "$(stat -c %t:%T /dev/$SD)" ] || bad "/dev/talon/$V is not /dev/$SD"
 nodes | grep -qxF "$IQN" || bad "no node record for $IQN in iscsid's namespace"
-ext ls "/var/lib/iscsi/nodes/$IQN" | grep -q "^$TALON_HOST_ADDR,$TALON_HOST_ISCSI_ATTACH_PORT" || bad "the node record is not for the reachable portal $P"
-[ -z "$(ls /var/lib/iscsi/nodes 2>/dev/null)" ] || bad "node records leaked into the host's /var/lib/iscsi"
+PORTALS=$(ext sh -c "ls -d /etc/iscsi/nodes/$IQN/* /var/lib/iscsi/nodes/$IQN/* 2>/dev/null")
+echo "node record portals: $PORTALS"
+echo "$PORTALS" | grep -q "/$TALON_HOST_ADDR,$TALON_HOST_ISCSI_ATTACH_PORT" || bad "the node record is not for the reachable portal $P"
+echo "$PORTALS" | grep -q "/127.0.0.1," && bad "a node record for tgtd's own bind address (what SendTargets names) was stored"
+[ -z "$(host_nodes)" ] || bad "node records leaked into the host's /etc/iscsi or /var/lib/iscsi"
 M=$(dd if=/dev/talon/$V bs=512 count=1 2>/dev/null | head -c 25)
 echo "first bytes: $M"
 [ "$M" = TALON-ISCSI-ATTACH-MARKER ] || bad "marker not read through /dev/talon/$V"
