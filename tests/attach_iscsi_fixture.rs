@@ -104,7 +104,10 @@ impl IscsiKernelDouble {
 
     fn remove_session(&self, n: u32) {
         let _ = fs::remove_dir_all(self.root.path(format!("/sys/class/iscsi_session/session{n}")));
-        let _ = fs::remove_dir_all(self.root.path(format!("/sys/class/iscsi_connection/connection{n}:0")));
+        let _ = fs::remove_dir_all(
+            self.root
+                .path(format!("/sys/class/iscsi_connection/connection{n}:0")),
+        );
     }
 
     fn sessions_of(&self, iqn: &str, portal: &str) -> Vec<u32> {
@@ -121,7 +124,11 @@ fn out(code: i32, stdout: &str) -> Result<AdmOutput, NsError> {
     Ok(AdmOutput {
         code,
         stdout: stdout.into(),
-        stderr: if code == 0 { String::new() } else { format!("iscsiadm double: exit {code}") },
+        stderr: if code == 0 {
+            String::new()
+        } else {
+            format!("iscsiadm double: exit {code}")
+        },
     })
 }
 
@@ -131,7 +138,16 @@ impl Iscsiadm for IscsiKernelDouble {
         self.state.lock().expect("lock").calls.push(a.join(" "));
         let opt = |k: &str| a.iter().position(|x| *x == k).and_then(|i| a.get(i + 1)).copied();
         match a.as_slice() {
-            ["-m", "discovery", "-t", "sendtargets", "-p", _, "-o", "nonpersistent"] => {
+            [
+                "-m",
+                "discovery",
+                "-t",
+                "sendtargets",
+                "-p",
+                _,
+                "-o",
+                "nonpersistent",
+            ] => {
                 if self.discovery_hangs {
                     return Err(NsError::CommandTimeout {
                         program: "iscsiadm".into(),
@@ -184,9 +200,7 @@ impl Iscsiadm for IscsiKernelDouble {
             }
             ["-m", "session", "-r", n, "--logout"] => {
                 let n: u32 = n.parse().expect("sid");
-                let there = self
-                    .root
-                    .exists(format!("/sys/class/iscsi_session/session{n}"));
+                let there = self.root.exists(format!("/sys/class/iscsi_session/session{n}"));
                 self.remove_session(n);
                 out(if there { 0 } else { 21 }, "")
             }
@@ -242,7 +256,10 @@ fn attach_reuse_and_detach_on_a_fixture_tree() {
     let (_d, root) = setup();
     let k = IscsiKernelDouble::new(&root);
     let at = attach(&root, &vol("v1"), &target(IQN), &opts(), &k).expect("attach");
-    assert_eq!((at.session.as_str(), at.device.as_str(), at.reused), ("session1", "sda", false));
+    assert_eq!(
+        (at.session.as_str(), at.device.as_str(), at.reused),
+        ("session1", "sda", false)
+    );
     assert_eq!(at.stable_path, std::path::PathBuf::from("/dev/talon/v1"));
     // SendTargets named 127.0.0.1 (tgtd's bind address): the node is made for the portal we reach
     assert_eq!(k.nodes(), BTreeSet::from([(IQN.to_string(), PORTAL.to_string())]));
@@ -250,7 +267,11 @@ fn attach_reuse_and_detach_on_a_fixture_tree() {
         k.calls()[0],
         format!("-m discovery -t sendtargets -p {PORTAL} -o nonpersistent")
     );
-    assert!(k.calls().iter().any(|c| c == &format!("-m node -T {IQN} -p {PORTAL} --login")));
+    assert!(
+        k.calls()
+            .iter()
+            .any(|c| c == &format!("-m node -T {IQN} -p {PORTAL} --login"))
+    );
 
     let n = k.calls().len();
     let again = attach(&root, &vol("v1"), &target(IQN), &opts(), &k).expect("re-attach");
@@ -263,7 +284,14 @@ fn attach_reuse_and_detach_on_a_fixture_tree() {
     assert!(list_sessions(&root).expect("sessions").is_empty());
     assert!(k.nodes().is_empty(), "node record left: {:?}", k.nodes());
     assert!(!root.path("/dev/talon/v1").exists());
-    let d = detach(&root, &vol("v1"), Some(&Iqn::parse(IQN).expect("iqn")), &opts(), &k).expect("twice");
+    let d = detach(
+        &root,
+        &vol("v1"),
+        Some(&Iqn::parse(IQN).expect("iqn")),
+        &opts(),
+        &k,
+    )
+    .expect("twice");
     assert!(d.sessions.is_empty() && !d.removed_path);
 }
 
@@ -271,10 +299,20 @@ fn attach_reuse_and_detach_on_a_fixture_tree() {
 fn wrong_iqn_is_named_and_leaves_nothing() {
     let (_d, root) = setup();
     let k = IscsiKernelDouble::new(&root);
-    let err = attach(&root, &vol("v1"), &target("iqn.2025-01.io.talon:nope"), &opts(), &k).expect_err("wrong iqn");
+    let err = attach(
+        &root,
+        &vol("v1"),
+        &target("iqn.2025-01.io.talon:nope"),
+        &opts(),
+        &k,
+    )
+    .expect_err("wrong iqn");
     assert!(matches!(err, IscsiError::NotOffered { .. }), "{err:?}");
     let msg = err.to_string();
-    assert!(msg.contains("iqn.2025-01.io.talon:nope") && msg.contains(PORTAL) && msg.contains(IQN), "{msg}");
+    assert!(
+        msg.contains("iqn.2025-01.io.talon:nope") && msg.contains(PORTAL) && msg.contains(IQN),
+        "{msg}"
+    );
     assert!(k.nodes().is_empty());
     assert!(list_sessions(&root).expect("sessions").is_empty());
 }
@@ -285,9 +323,15 @@ fn missing_lun_logs_out_and_deletes_the_node() {
     let mut k = IscsiKernelDouble::new(&root);
     k.lun_present = false;
     let err = attach(&root, &vol("v1"), &target(IQN), &opts(), &k).expect_err("no disk");
-    assert!(matches!(err, IscsiError::DeviceNotFound { lun: 1, .. }), "{err:?}");
+    assert!(
+        matches!(err, IscsiError::DeviceNotFound { lun: 1, .. }),
+        "{err:?}"
+    );
     assert!(err.to_string().contains("session1"), "{err}");
-    assert!(list_sessions(&root).expect("sessions").is_empty(), "still logged in");
+    assert!(
+        list_sessions(&root).expect("sessions").is_empty(),
+        "still logged in"
+    );
     assert!(k.nodes().is_empty(), "node record left");
     assert!(!root.path("/dev/talon/v1").exists());
 }
@@ -299,7 +343,10 @@ fn failed_login_is_named_and_leaves_no_node() {
     k.login_code = 24;
     let err = attach(&root, &vol("v1"), &target(IQN), &opts(), &k).expect_err("login");
     assert!(matches!(err, IscsiError::Login { code: 24, .. }), "{err:?}");
-    assert!(err.to_string().contains(IQN) && err.to_string().contains(PORTAL), "{err}");
+    assert!(
+        err.to_string().contains(IQN) && err.to_string().contains(PORTAL),
+        "{err}"
+    );
     assert!(k.nodes().is_empty());
 }
 
@@ -309,7 +356,10 @@ fn hung_discovery_is_a_timeout_naming_the_portal() {
     let mut k = IscsiKernelDouble::new(&root);
     k.discovery_hangs = true;
     let err = attach(&root, &vol("v1"), &target(IQN), &opts(), &k).expect_err("hang");
-    assert!(matches!(err, IscsiError::TimedOut { op: "discovery", .. }), "{err:?}");
+    assert!(
+        matches!(err, IscsiError::TimedOut { op: "discovery", .. }),
+        "{err:?}"
+    );
     assert!(err.to_string().contains(PORTAL), "{err}");
     assert_eq!(k.calls().len(), 1, "nothing after a failed discovery");
 }
@@ -319,10 +369,15 @@ fn finds_the_lun_disk_under_the_session() {
     let (_d, root) = setup();
     let k = IscsiKernelDouble::new(&root);
     k.make_session(3, IQN, PORTAL);
-    assert_eq!(find_lun_device(&root, "session3", 1).expect("find").as_deref(), Some("sdc"));
+    assert_eq!(
+        find_lun_device(&root, "session3", 1).expect("find").as_deref(),
+        Some("sdc")
+    );
     assert_eq!(find_lun_device(&root, "session3", 2).expect("find"), None);
     assert_eq!(find_lun_device(&root, "session9", 1).expect("find"), None);
-    let s = iscsi::find_session(&root, &target(IQN)).expect("find").expect("session");
+    let s = iscsi::find_session(&root, &target(IQN))
+        .expect("find")
+        .expect("session");
     assert_eq!(s.name, "session3");
     assert_eq!(s.portal, Some(PORTAL.parse().expect("portal")));
 }
@@ -340,7 +395,9 @@ async fn attach_controller_attaches_v1_volumes_through_iscsi() {
     use talon::runtime::testing::{TestRuntime, eventually};
 
     if !is_root() {
-        eprintln!("SKIP attach_controller_attaches_v1_volumes_through_iscsi: /dev/talon nodes need mknod (root)");
+        eprintln!(
+            "SKIP attach_controller_attaches_v1_volumes_through_iscsi: /dev/talon nodes need mknod (root)"
+        );
         return;
     }
     let (d, root) = setup();
@@ -366,10 +423,24 @@ async fn attach_controller_attaches_v1_volumes_through_iscsi() {
             "message": ""
         })
     };
-    st.create("engine", "EngineStatus", "v1", "test.Engine", engine(IQN), BTreeMap::new())
-        .expect("engine");
-    st.create("config", "Attachment", "v1", "", serde_json::json!({}), BTreeMap::new())
-        .expect("attachment");
+    st.create(
+        "engine",
+        "EngineStatus",
+        "v1",
+        "test.Engine",
+        engine(IQN),
+        BTreeMap::new(),
+    )
+    .expect("engine");
+    st.create(
+        "config",
+        "Attachment",
+        "v1",
+        "",
+        serde_json::json!({}),
+        BTreeMap::new(),
+    )
+    .expect("attachment");
     let attached = eventually("status attached", Duration::from_secs(10), || {
         let st = st.clone();
         async move {
@@ -405,8 +476,15 @@ async fn attach_controller_attaches_v1_volumes_through_iscsi() {
         BTreeMap::new(),
     )
     .expect("engine v2");
-    st.create("config", "Attachment", "v2", "", serde_json::json!({}), BTreeMap::new())
-        .expect("attachment v2");
+    st.create(
+        "config",
+        "Attachment",
+        "v2",
+        "",
+        serde_json::json!({}),
+        BTreeMap::new(),
+    )
+    .expect("attachment v2");
     let failed = eventually("v2 failed", Duration::from_secs(10), || {
         let st = st.clone();
         async move {
@@ -433,7 +511,10 @@ async fn attach_controller_attaches_v1_volumes_through_iscsi() {
         }
     })
     .await;
-    assert!(list_sessions(&root).expect("sessions").is_empty(), "session not logged out");
+    assert!(
+        list_sessions(&root).expect("sessions").is_empty(),
+        "session not logged out"
+    );
     assert!(k.nodes().is_empty(), "node record left: {:?}", k.nodes());
     assert!(!root.path("/dev/talon/v1").exists());
     rt.stop().await;

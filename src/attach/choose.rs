@@ -74,7 +74,14 @@ pub struct HostFrontends {
 
 /// Directories searched for `iscsiadm` in the host's file system (Talos extensions live under
 /// /usr/local).
-pub const ISCSIADM_DIRS: &[&str] = &["/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin"];
+pub const ISCSIADM_DIRS: &[&str] = &[
+    "/usr/local/sbin",
+    "/usr/local/bin",
+    "/usr/sbin",
+    "/usr/bin",
+    "/sbin",
+    "/bin",
+];
 
 impl HostFrontends {
     /// Looks at the host through `root`.
@@ -114,7 +121,9 @@ pub fn nvme_tcp_available(root: &HostRoot) -> bool {
         return false;
     };
     text.lines().any(|l| {
-        let Some((module, _)) = l.split_once(':') else { return false };
+        let Some((module, _)) = l.split_once(':') else {
+            return false;
+        };
         let file = module.rsplit('/').next().unwrap_or(module);
         ["nvme-tcp.ko", "nvme_tcp.ko"]
             .iter()
@@ -238,20 +247,46 @@ mod tests {
         };
         let v2 = [export("nvme-tcp"), export("iscsi")];
         let v1 = [export("iscsi")];
-        assert_eq!(choose("v", both, FrontendKind::Auto, &v2).expect("auto").0, Transport::NvmeTcp);
-        assert_eq!(choose("v", both, FrontendKind::Auto, &v1).expect("v1").0, Transport::Iscsi);
+        assert_eq!(
+            choose("v", both, FrontendKind::Auto, &v2).expect("auto").0,
+            Transport::NvmeTcp
+        );
+        assert_eq!(
+            choose("v", both, FrontendKind::Auto, &v1).expect("v1").0,
+            Transport::Iscsi
+        );
         let iscsi_only = HostFrontends {
             nvme_tcp: false,
             iscsi: true,
         };
-        assert_eq!(choose("v", iscsi_only, FrontendKind::Auto, &v2).expect("fallback").0, Transport::Iscsi);
-        assert_eq!(choose("v", both, FrontendKind::Iscsi, &v2).expect("override").0, Transport::Iscsi);
+        assert_eq!(
+            choose("v", iscsi_only, FrontendKind::Auto, &v2)
+                .expect("fallback")
+                .0,
+            Transport::Iscsi
+        );
+        assert_eq!(
+            choose("v", both, FrontendKind::Iscsi, &v2).expect("override").0,
+            Transport::Iscsi
+        );
         let err = choose("v", both, FrontendKind::NvmeTcp, &v1).expect_err("not exported");
-        assert!(err.to_string().contains("volume v asks for the nvme-tcp"), "{err}");
+        assert!(
+            err.to_string().contains("volume v asks for the nvme-tcp"),
+            "{err}"
+        );
         let none = HostFrontends::default();
         let err = choose("v", none, FrontendKind::Auto, &v2).expect_err("nothing");
-        assert!(err.to_string().contains("no usable frontend for volume v"), "{err}");
-        assert_eq!(effective(FrontendKind::Auto, FrontendKind::Iscsi), FrontendKind::Iscsi);
-        assert_eq!(effective(FrontendKind::NvmeTcp, FrontendKind::Iscsi), FrontendKind::NvmeTcp);
+        assert!(
+            err.to_string().contains("no usable frontend for volume v"),
+            "{err}"
+        );
+        assert_eq!(
+            effective(FrontendKind::Auto, FrontendKind::Iscsi),
+            FrontendKind::Iscsi
+        );
+        assert_eq!(
+            effective(FrontendKind::NvmeTcp, FrontendKind::Iscsi),
+            FrontendKind::NvmeTcp
+        );
     }
 }

@@ -106,7 +106,7 @@ pub enum AttachError {
         volume: String,
         path: PathBuf,
         #[source]
-        source: crate::ns::NsError,
+        source: Box<crate::ns::NsError>,
     },
 
     #[error("reading the NVMe state of the host failed")]

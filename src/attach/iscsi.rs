@@ -88,7 +88,7 @@ pub enum IscsiError {
     Run {
         args: String,
         #[source]
-        source: NsError,
+        source: Box<NsError>,
     },
 
     #[error("iscsiadm {op} for {iqn} at {portal} did not finish within {waited:?} (portal unreachable?)")]
@@ -133,7 +133,9 @@ pub enum IscsiError {
     #[error("iscsiadm logged in to {iqn} at {portal} but no session shows in /sys/class/iscsi_session")]
     SessionNotFound { iqn: String, portal: String },
 
-    #[error("{session} of {iqn} at {portal} shows no block device for LUN {lun} after {waited:?}; logged out")]
+    #[error(
+        "{session} of {iqn} at {portal} shows no block device for LUN {lun} after {waited:?}; logged out"
+    )]
     DeviceNotFound {
         session: String,
         iqn: String,
@@ -257,7 +259,7 @@ fn adm(
         }),
         Err(source) => Err(IscsiError::Run {
             args: a.join(" "),
-            source,
+            source: Box::new(source),
         }),
     }
 }
@@ -290,7 +292,9 @@ fn session_number(name: &str) -> Option<u32> {
 
 /// Reads one session, `None` when it is gone.
 pub fn read_session(root: &HostRoot, name: &str) -> Result<Option<Session>, IscsiError> {
-    let Some(n) = session_number(name) else { return Ok(None) };
+    let Some(n) = session_number(name) else {
+        return Ok(None);
+    };
     let dir = PathBuf::from("/sys/class/iscsi_session").join(name);
     let Some(targetname) = root.read_attr_opt(dir.join("targetname"))? else {
         return Ok(None);
@@ -351,7 +355,9 @@ pub fn find_session(root: &HostRoot, target: &IscsiTarget) -> Result<Option<Sess
 /// The block device of LUN `lun` of a session, when it is there:
 /// `/sys/class/iscsi_session/<session>/device/target*/H:C:T:<lun>/block/<sdX>`.
 pub fn find_lun_device(root: &HostRoot, session: &str, lun: u32) -> Result<Option<String>, IscsiError> {
-    let dev = PathBuf::from("/sys/class/iscsi_session").join(session).join("device");
+    let dev = PathBuf::from("/sys/class/iscsi_session")
+        .join(session)
+        .join("device");
     let ls = |p: &PathBuf| -> Result<Vec<String>, IscsiError> {
         match root.list_dir(p) {
             Ok(v) => Ok(v),
@@ -447,7 +453,16 @@ fn discover(iscsiadm: &dyn Iscsiadm, target: &IscsiTarget, opts: &IscsiOptions) 
         iscsiadm,
         "discovery",
         target,
-        args(&["-m", "discovery", "-t", "sendtargets", "-p", &p, "-o", "nonpersistent"]),
+        args(&[
+            "-m",
+            "discovery",
+            "-t",
+            "sendtargets",
+            "-p",
+            &p,
+            "-o",
+            "nonpersistent",
+        ]),
         opts.discovery_timeout,
     )?;
     if out.code != 0 {
@@ -470,11 +485,7 @@ fn discover(iscsiadm: &dyn Iscsiadm, target: &IscsiTarget, opts: &IscsiOptions) 
         None => Err(IscsiError::NotOffered {
             iqn: target.iqn.to_string(),
             portal: p,
-            offered: offered
-                .into_iter()
-                .map(|(_, n)| n)
-                .collect::<Vec<_>>()
-                .join(", "),
+            offered: offered.into_iter().map(|(_, n)| n).collect::<Vec<_>>().join(", "),
         }),
     }
 }
@@ -486,12 +497,32 @@ fn create_node(iscsiadm: &dyn Iscsiadm, target: &IscsiTarget, opts: &IscsiOption
     let steps: [Vec<String>; 3] = [
         args(&["-m", "node", "-o", "new", "-T", &iqn, "-p", &p]),
         args(&[
-            "-m", "node", "-T", &iqn, "-p", &p, "-o", "update", "-n",
-            "node.conn[0].timeo.login_timeout", "-v", &attempt,
+            "-m",
+            "node",
+            "-T",
+            &iqn,
+            "-p",
+            &p,
+            "-o",
+            "update",
+            "-n",
+            "node.conn[0].timeo.login_timeout",
+            "-v",
+            &attempt,
         ]),
         args(&[
-            "-m", "node", "-T", &iqn, "-p", &p, "-o", "update", "-n",
-            "node.session.initial_login_retry_max", "-v", "2",
+            "-m",
+            "node",
+            "-T",
+            &iqn,
+            "-p",
+            &p,
+            "-o",
+            "update",
+            "-n",
+            "node.session.initial_login_retry_max",
+            "-v",
+            "2",
         ]),
     ];
     for a in steps {
@@ -510,7 +541,11 @@ fn create_node(iscsiadm: &dyn Iscsiadm, target: &IscsiTarget, opts: &IscsiOption
 
 /// Logs out of `target` at its portal and deletes its node record; both "nothing there" answers
 /// are fine. Used to roll back a failed attach.
-fn logout_and_delete(iscsiadm: &dyn Iscsiadm, target: &IscsiTarget, opts: &IscsiOptions) -> Result<(), IscsiError> {
+fn logout_and_delete(
+    iscsiadm: &dyn Iscsiadm,
+    target: &IscsiTarget,
+    opts: &IscsiOptions,
+) -> Result<(), IscsiError> {
     let (iqn, p) = (target.iqn.to_string(), portal_arg(&target.portal));
     let out = adm(
         iscsiadm,
@@ -767,7 +802,8 @@ mod tests {
 
     #[test]
     fn parses_sendtargets_lines() {
-        let out = "127.0.0.1:3260,1 iqn.2025-01.io.talon:v1\n[fd00::1]:3260,1 iqn.2025-01.io.talon:v2\nbogus\n";
+        let out =
+            "127.0.0.1:3260,1 iqn.2025-01.io.talon:v1\n[fd00::1]:3260,1 iqn.2025-01.io.talon:v2\nbogus\n";
         let got = parse_sendtargets(out);
         assert_eq!(got.len(), 2);
         assert_eq!(got[0].0, Some("127.0.0.1:3260".parse().expect("addr")));
@@ -803,6 +839,9 @@ mod tests {
         .expect("link");
         let got = session_of_dev(&root, DevNum { major: 8, minor: 16 }).expect("read");
         assert_eq!(got.as_deref(), Some("session7"));
-        assert_eq!(session_of_dev(&root, DevNum { major: 8, minor: 0 }).expect("read"), None);
+        assert_eq!(
+            session_of_dev(&root, DevNum { major: 8, minor: 0 }).expect("read"),
+            None
+        );
     }
 }

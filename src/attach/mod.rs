@@ -54,12 +54,16 @@ pub fn lock_volume(root: &HostRoot, volume: &ObjectName) -> Result<VolumeLock, A
 }
 
 /// [`lock_volume`] with another bound on the wait.
-pub fn lock_volume_for(root: &HostRoot, volume: &ObjectName, timeout: Duration) -> Result<VolumeLock, AttachError> {
+pub fn lock_volume_for(
+    root: &HostRoot,
+    volume: &ObjectName,
+    timeout: Duration,
+) -> Result<VolumeLock, AttachError> {
     let host_path = lock_path(volume);
     let err = |source| AttachError::LockVolume {
         volume: volume.to_string(),
         path: host_path.clone(),
-        source,
+        source: Box::new(source),
     };
     let host_ns = if root.is_real() {
         match TargetNamespaces::open(root, &Target::Host, Namespaces::MNT) {
@@ -102,7 +106,10 @@ mod tests {
         assert!(root.exists("/run/talon/locks/v1.lock"));
         let err = lock_volume_for(&root, &v, Duration::from_millis(50)).expect_err("busy");
         let msg = err.to_string();
-        assert!(msg.contains("v1") && msg.contains("/run/talon/locks/v1.lock"), "{msg}");
+        assert!(
+            msg.contains("v1") && msg.contains("/run/talon/locks/v1.lock"),
+            "{msg}"
+        );
         let other = ObjectName::parse("volume", "v2").expect("name");
         lock_volume_for(&root, &other, Duration::from_millis(50)).expect("other volume is free");
         drop(held);

@@ -42,19 +42,29 @@ pub struct AttachController {
 impl AttachController {
     /// The controller on the real kernel initiator.
     pub fn new(deps: Deps) -> Self {
-        Self::with_connector(deps, ConnectOptions::default(), nvme_tcp::fabrics_connect)
-    }
-
-    /// The controller with another connector and options (tests on fixture trees).
-    pub fn with_connector(deps: Deps, opts: ConnectOptions, connect: Connector) -> Self {
         let iscsiadm = std::sync::Arc::new(NsIscsiadm::new(deps.host.clone()));
         Self {
             deps,
-            opts,
-            connect,
+            opts: ConnectOptions::default(),
+            connect: nvme_tcp::fabrics_connect,
             iscsiadm,
             iscsi_opts: IscsiOptions::default(),
             host_frontends: None,
+        }
+    }
+
+    /// The controller with another connector and options (tests on fixture trees). The injected
+    /// connector is the host's NVMe/TCP initiator, so the host is not probed: it counts as
+    /// having nvme_tcp and no iSCSI (see [`with_iscsi`](Self::with_iscsi)).
+    pub fn with_connector(deps: Deps, opts: ConnectOptions, connect: Connector) -> Self {
+        Self {
+            opts,
+            connect,
+            host_frontends: Some(HostFrontends {
+                nvme_tcp: true,
+                iscsi: false,
+            }),
+            ..Self::new(deps)
         }
     }
 
@@ -184,7 +194,10 @@ impl Controller for AttachController {
             let engine = ctx.get::<EngineStatus>(&id)?;
             let exports = match &engine {
                 None => {
-                    ctx.apply(&id, status(AttachState::Attaching, "waiting for the volume's engine"))?;
+                    ctx.apply(
+                        &id,
+                        status(AttachState::Attaching, "waiting for the volume's engine"),
+                    )?;
                     continue;
                 }
                 Some(e) if !matches!(e.spec.state, ObjectState::Ready | ObjectState::Degraded) => {
@@ -193,7 +206,10 @@ impl Controller for AttachController {
                     continue;
                 }
                 Some(e) if e.spec.exports.is_empty() => {
-                    ctx.apply(&id, status(AttachState::Attaching, "waiting for the engine's exports"))?;
+                    ctx.apply(
+                        &id,
+                        status(AttachState::Attaching, "waiting for the engine's exports"),
+                    )?;
                     continue;
                 }
                 Some(e) => e.spec.exports.clone(),
@@ -228,9 +244,10 @@ impl Controller for AttachController {
                 let (adm, iopts) = (self.iscsiadm.clone(), self.iscsi_opts.clone());
                 // an attached volume comes through here again on every input change: attach finds
                 // the logged-in session and the existing node, and runs no iscsiadm
-                let res =
-                    tokio::task::spawn_blocking(move || iscsi::attach(&root, &volume, &target, &iopts, &*adm))
-                        .await?;
+                let res = tokio::task::spawn_blocking(move || {
+                    iscsi::attach(&root, &volume, &target, &iopts, &*adm)
+                })
+                .await?;
                 match res {
                     Ok(at) => ctx.apply(
                         &id,
