@@ -197,7 +197,8 @@ impl NsIscsiadm {
         match crate::ns::find_process(&self.root, "iscsid") {
             Ok(pid) => {
                 tracing::debug!(pid, "running iscsiadm in the namespaces of iscsid");
-                Target::Pid(pid)
+                // by name: re-resolved should iscsid restart while its namespaces are opened
+                Target::Process("iscsid".into())
             }
             Err(e) => {
                 tracing::debug!(error = %e, "no iscsid process: running iscsiadm in the host namespaces");
