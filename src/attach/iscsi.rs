@@ -605,10 +605,13 @@ pub fn attach(
         });
     }
     let _lock = super::lock_volume(root, volume)?;
-    let live = find_session(root, target)?.filter(|s| s.state == LOGGED_IN);
+    let existing = find_session(root, target)?;
+    // a session that was there before (even one the kernel is recovering) is never logged out here
+    let owned = existing.is_none();
+    let live = existing.filter(|s| s.state == LOGGED_IN);
     let reused = live.is_some();
     let undo = |e: IscsiError| -> IscsiError {
-        if !reused && let Err(u) = logout_and_delete(iscsiadm, target, opts) {
+        if owned && let Err(u) = logout_and_delete(iscsiadm, target, opts) {
             tracing::error!(iqn = %target.iqn, portal = %target.portal, error = %u,
                 "cannot log out after a failed attach");
         }
