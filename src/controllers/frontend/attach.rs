@@ -219,6 +219,17 @@ impl Controller for AttachController {
                 .map(|v| v.spec.frontend)
                 .unwrap_or(FrontendKind::Auto);
             let wanted = choose::effective(a.spec.frontend, volume_frontend);
+            // an attached volume stays on its transport while `auto` (a module unloaded later
+            // must not start a second attach through the other frontend)
+            let current = ctx
+                .get::<AttachmentStatus>(&id)?
+                .filter(|s| s.spec.state == AttachState::Attached)
+                .map(|s| s.spec.transport);
+            let wanted = match (wanted, current.as_deref()) {
+                (FrontendKind::Auto, Some("nvme-tcp")) => FrontendKind::NvmeTcp,
+                (FrontendKind::Auto, Some("iscsi")) => FrontendKind::Iscsi,
+                (w, _) => w,
+            };
             let host = match self.host_frontends {
                 Some(h) => h,
                 None => {
