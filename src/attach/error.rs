@@ -102,11 +102,11 @@ pub enum AttachError {
     ForeignDevicePath { path: PathBuf },
 
     #[error("cannot take the attach lock {path} of volume {volume}")]
-    Lock {
+    LockVolume {
         volume: String,
         path: PathBuf,
         #[source]
-        source: std::io::Error,
+        source: Box<crate::ns::NsError>,
     },
 
     #[error("reading the NVMe state of the host failed")]

@@ -501,32 +501,6 @@ pub struct Attached {
     pub reused: bool,
 }
 
-/// A held per-volume attach lock (released on drop).
-#[derive(Debug)]
-pub struct VolumeLock {
-    _file: fs::File,
-}
-
-/// Takes the attach lock of `volume` under `<data_dir>/locks/`, so that two attaches or detaches
-/// of one volume cannot interleave.
-pub fn lock_volume(data_dir: &Path, volume: &ObjectName) -> Result<VolumeLock, AttachError> {
-    let path = data_dir.join("locks").join(format!("attach-{volume}.lock"));
-    let err = |source| AttachError::Lock {
-        volume: volume.to_string(),
-        path: path.clone(),
-        source,
-    };
-    fs::create_dir_all(data_dir.join("locks")).map_err(err)?;
-    let file = fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(&path)
-        .map_err(err)?;
-    file.lock().map_err(err)?;
-    Ok(VolumeLock { _file: file })
-}
-
 /// Attaches `volume` from `target` on a real host (see [`attach_with`]).
 pub fn attach(
     root: &HostRoot,
@@ -550,7 +524,7 @@ pub fn attach_with(
     connect: Connector,
 ) -> Result<Attached, AttachError> {
     opts.validate()?;
-    let _lock = lock_volume(data_dir, volume)?;
+    let _lock = super::lock_volume(root, volume)?;
     let nqn = &target.nqn;
     let live = list_controllers(root)?
         .into_iter()
@@ -688,14 +662,15 @@ fn controllers_of_block(root: &HostRoot, blk: &str) -> Result<Vec<String>, Attac
 
 /// Detaches `volume`: disconnects the TCP controllers behind `/dev/talon/<volume>` and, when
 /// `nqn` is given, every TCP controller of that subsystem (cleans up after a lost node), then
-/// removes the node. Idempotent. PCIe controllers are never touched.
+/// removes the node. Idempotent. PCIe controllers are never touched. (`_data_dir` is kept for
+/// callers; the attach lock lives in the host's /run now, see [`super::lock_volume`].)
 pub fn detach(
     root: &HostRoot,
-    data_dir: &Path,
+    _data_dir: &Path,
     volume: &ObjectName,
     nqn: Option<&Nqn>,
 ) -> Result<Detached, AttachError> {
-    let _lock = lock_volume(data_dir, volume)?;
+    let _lock = super::lock_volume(root, volume)?;
     let mut names = Vec::new();
     if let Some(dev) = devpath::current(root, volume)?
         && let Some(blk) = root.link_name(format!("/sys/dev/block/{dev}"))?
@@ -802,19 +777,6 @@ mod tests {
                 .expect("ok")
                 .ends_with(",ctrl_loss_tmo=-1")
         );
-    }
-
-    #[test]
-    fn a_volume_lock_excludes_a_second_holder() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let v1 = ObjectName::parse("volume", "v1").expect("name");
-        let held = lock_volume(dir.path(), &v1).expect("lock");
-        let other = fs::File::open(dir.path().join("locks/attach-v1.lock")).expect("open");
-        assert!(other.try_lock().is_err(), "a second attach of v1 must wait");
-        let v2 = ObjectName::parse("volume", "v2").expect("name");
-        drop(lock_volume(dir.path(), &v2).expect("another volume is independent"));
-        drop(held);
-        other.try_lock().expect("free after the holder is gone");
     }
 
     #[test]

@@ -4,15 +4,19 @@
 //!   talon attach nvme-tcp --volume v --traddr IP --trsvcid P --nqn N ──> attach::nvme_tcp::attach
 //!        prints "device=/dev/nvme1n1 path=/dev/talon/v controller=nvme1 reused=false"
 //!   talon detach nvme-tcp --volume v [--nqn N] ──> attach::nvme_tcp::detach
+//!   talon attach iscsi --volume v --portal IP:PORT --iqn IQN [--lun N] ──> attach::iscsi::attach_host
+//!        prints "device=/dev/sdb path=/dev/talon/v session=session1 reused=false"
+//!   talon detach iscsi --volume v [--iqn IQN] ──> attach::iscsi::detach_host
 //! ```
 
 use std::net::IpAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::attach::iscsi::{self, IscsiOptions, IscsiTarget};
 use crate::attach::nvme_tcp::{self, ConnectOptions, NvmeTcpTarget};
 use crate::host::HostRoot;
-use crate::names::{Nqn, ObjectName};
+use crate::names::{Iqn, Nqn, ObjectName};
 
 /// The default data directory.
 pub const DEFAULT_DATA_DIR: &str = "/var/lib/talon";
@@ -29,6 +33,34 @@ pub struct AttachArgs {
 pub enum AttachFrontend {
     /// Connect through the kernel NVMe/TCP initiator and create /dev/talon/<volume>.
     NvmeTcp(NvmeTcpAttachArgs),
+    /// Log in through iscsiadm inside iscsid's namespaces and create /dev/talon/<volume>.
+    Iscsi(IscsiAttachArgs),
+}
+
+/// `talon attach iscsi`.
+#[derive(Debug, clap::Args)]
+pub struct IscsiAttachArgs {
+    /// The volume name (a DNS label); names /dev/talon/<volume>.
+    #[arg(long)]
+    pub volume: String,
+    /// The portal as this host reaches it, `IP:PORT` (`[IPv6]:PORT`).
+    #[arg(long)]
+    pub portal: std::net::SocketAddr,
+    /// The target IQN (default: talon's IQN of the volume).
+    #[arg(long)]
+    pub iqn: Option<String>,
+    /// The LUN of the volume.
+    #[arg(long, default_value_t = 1)]
+    pub lun: u32,
+    /// Bound on SendTargets discovery, in seconds.
+    #[arg(long, default_value_t = 15)]
+    pub discovery_timeout: u64,
+    /// Bound on the login, in seconds.
+    #[arg(long, default_value_t = 30)]
+    pub login_timeout: u64,
+    /// Bound on the wait for the block device, in seconds.
+    #[arg(long, default_value_t = 15)]
+    pub device_timeout: u64,
 }
 
 /// `talon attach nvme-tcp`.
@@ -84,6 +116,22 @@ pub struct DetachArgs {
 pub enum DetachFrontend {
     /// Disconnect the NVMe/TCP controllers of a volume and remove /dev/talon/<volume>.
     NvmeTcp(NvmeTcpDetachArgs),
+    /// Log out of the iSCSI session of a volume, delete its node record, remove /dev/talon/<volume>.
+    Iscsi(IscsiDetachArgs),
+}
+
+/// `talon detach iscsi`.
+#[derive(Debug, clap::Args)]
+pub struct IscsiDetachArgs {
+    /// The volume name.
+    #[arg(long)]
+    pub volume: String,
+    /// Also log out of every session of this target IQN (and delete its node records).
+    #[arg(long)]
+    pub iqn: Option<String>,
+    /// Bound on logout and node delete, in seconds.
+    #[arg(long, default_value_t = 20)]
+    pub logout_timeout: u64,
 }
 
 /// `talon detach nvme-tcp`.
@@ -109,7 +157,10 @@ fn parse_nqn(nqn: Option<&str>, volume: &ObjectName) -> Result<Nqn, super::CliEr
 
 /// Runs `talon attach`.
 pub fn run_attach(args: AttachArgs) -> Result<(), super::CliError> {
-    let AttachFrontend::NvmeTcp(a) = args.frontend;
+    let a = match args.frontend {
+        AttachFrontend::NvmeTcp(a) => a,
+        AttachFrontend::Iscsi(a) => return run_attach_iscsi(a),
+    };
     let volume = ObjectName::parse("volume", &a.volume)?;
     let nqn = parse_nqn(a.nqn.as_deref(), &volume)?;
     let ctrl_loss_tmo = match a.ctrl_loss_tmo {
@@ -145,13 +196,60 @@ pub fn run_attach(args: AttachArgs) -> Result<(), super::CliError> {
 
 /// Runs `talon detach`.
 pub fn run_detach(args: DetachArgs) -> Result<(), super::CliError> {
-    let DetachFrontend::NvmeTcp(a) = args.frontend;
+    let a = match args.frontend {
+        DetachFrontend::NvmeTcp(a) => a,
+        DetachFrontend::Iscsi(a) => return run_detach_iscsi(a),
+    };
     let volume = ObjectName::parse("volume", &a.volume)?;
     let nqn = a.nqn.as_deref().map(Nqn::parse).transpose()?;
     let d = nvme_tcp::detach(&HostRoot::real(), &a.data_dir, &volume, nqn.as_ref())?;
     println!(
         "controllers={} removed_path={}",
         d.controllers.join(","),
+        d.removed_path
+    );
+    Ok(())
+}
+
+fn run_attach_iscsi(a: IscsiAttachArgs) -> Result<(), super::CliError> {
+    let volume = ObjectName::parse("volume", &a.volume)?;
+    let iqn = match a.iqn.as_deref() {
+        Some(i) => Iqn::parse(i)?,
+        None => Iqn::for_volume(&volume),
+    };
+    let opts = IscsiOptions {
+        discovery_timeout: Duration::from_secs(a.discovery_timeout),
+        login_timeout: Duration::from_secs(a.login_timeout),
+        device_timeout: Duration::from_secs(a.device_timeout),
+        ..IscsiOptions::default()
+    };
+    let target = IscsiTarget {
+        portal: a.portal,
+        iqn,
+        lun: a.lun,
+    };
+    let at = iscsi::attach_host(&HostRoot::real(), &volume, &target, &opts)?;
+    println!(
+        "device=/dev/{} path={} session={} reused={}",
+        at.device,
+        at.stable_path.display(),
+        at.session,
+        at.reused
+    );
+    Ok(())
+}
+
+fn run_detach_iscsi(a: IscsiDetachArgs) -> Result<(), super::CliError> {
+    let volume = ObjectName::parse("volume", &a.volume)?;
+    let iqn = a.iqn.as_deref().map(Iqn::parse).transpose()?;
+    let opts = IscsiOptions {
+        logout_timeout: Duration::from_secs(a.logout_timeout),
+        ..IscsiOptions::default()
+    };
+    let d = iscsi::detach_host(&HostRoot::real(), &volume, iqn.as_ref(), &opts)?;
+    println!(
+        "sessions={} removed_path={}",
+        d.sessions.join(","),
         d.removed_path
     );
     Ok(())

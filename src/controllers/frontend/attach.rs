@@ -1,23 +1,28 @@
 //! `frontend.AttachController`: attaches the volumes asked for on this host through the kernel
-//! NVMe/TCP initiator and reports `AttachmentStatus`.
+//! NVMe/TCP initiator or, as the fallback, the kernel iSCSI initiator, and reports
+//! `AttachmentStatus`.
 //!
 //! ```text
-//!   config/Attachment(v) ─┬─ running ──> finalizer; EngineStatus(v).exports[nvme-tcp]
-//!   engine/EngineStatus(v)┘                 ── nvme_tcp::attach (blocking thread) ──> frontend/AttachmentStatus(v)
-//!                           tearing-down ──> nvme_tcp::detach ──> remove finalizer (status goes by output tracking)
+//!   config/Attachment(v) ─┬─ running ──> finalizer; choose(host probe, Attachment/Volume frontend,
+//!   config/Volume(v)      │                                 EngineStatus(v).exports)
+//!   engine/EngineStatus(v)┘     ├─ nvme-tcp ── nvme_tcp::attach (blocking thread) ─┐
+//!                               └─ iscsi ───── iscsi::attach (iscsiadm in iscsid's ns) ┴─> frontend/AttachmentStatus(v)
+//!                           tearing-down ──> detach by the status' transport ──> remove finalizer
+//!                                            (the status goes by output tracking)
 //! ```
 //!
-//! Until the namespace core lands, the host is reached through the `HostRoot` of the daemon
-//! (`--host-root`), not by entering the host's mount namespace. iSCSI exports are reported as
-//! failed (the iSCSI frontend is not written yet).
+//! The host is reached through the `HostRoot` of the daemon (`--host-root`); iscsiadm runs in
+//! iscsid's namespaces and the per-volume lock lives in the host mount namespace.
 
 use std::net::IpAddr;
 use std::time::Duration;
 
+use crate::attach::choose::{self, HostFrontends, Transport};
+use crate::attach::iscsi::{self, IscsiOptions, IscsiTarget, NsIscsiadm, SharedIscsiadm};
 use crate::attach::nvme_tcp::{self, ConnectOptions, Connector, NvmeTcpTarget};
 use crate::controllers::Deps;
-use crate::names::{Nqn, ObjectName};
-use crate::resources::config::FrontendKind;
+use crate::names::{Iqn, Nqn, ObjectName};
+use crate::resources::config::{FrontendKind, Volume};
 use crate::resources::engine::{EngineStatus, Export, ObjectState};
 use crate::resources::frontend::{AttachState, Attachment, AttachmentStatus};
 use crate::runtime::{Controller, ControllerError, Input, Output, Phase, ReconcileContext, Requeue};
@@ -28,21 +33,47 @@ pub struct AttachController {
     deps: Deps,
     opts: ConnectOptions,
     connect: Connector,
+    iscsiadm: SharedIscsiadm,
+    iscsi_opts: IscsiOptions,
+    /// Fixed host capabilities (tests); `None` probes the host on every reconcile.
+    host_frontends: Option<HostFrontends>,
 }
 
 impl AttachController {
     /// The controller on the real kernel initiator.
     pub fn new(deps: Deps) -> Self {
+        let iscsiadm = std::sync::Arc::new(NsIscsiadm::new(deps.host.clone()));
         Self {
             deps,
             opts: ConnectOptions::default(),
             connect: nvme_tcp::fabrics_connect,
+            iscsiadm,
+            iscsi_opts: IscsiOptions::default(),
+            host_frontends: None,
         }
     }
 
-    /// The controller with another connector and options (tests on fixture trees).
+    /// The controller with another connector and options (tests on fixture trees). The injected
+    /// connector is the host's NVMe/TCP initiator, so the host is not probed: it counts as
+    /// having nvme_tcp and no iSCSI (see [`with_iscsi`](Self::with_iscsi)).
     pub fn with_connector(deps: Deps, opts: ConnectOptions, connect: Connector) -> Self {
-        Self { deps, opts, connect }
+        Self {
+            opts,
+            connect,
+            host_frontends: Some(HostFrontends {
+                nvme_tcp: true,
+                iscsi: false,
+            }),
+            ..Self::new(deps)
+        }
+    }
+
+    /// Uses another iscsiadm, iSCSI bounds and fixed host capabilities (tests on fixture trees).
+    pub fn with_iscsi(mut self, iscsiadm: SharedIscsiadm, opts: IscsiOptions, host: HostFrontends) -> Self {
+        self.iscsiadm = iscsiadm;
+        self.iscsi_opts = opts;
+        self.host_frontends = Some(host);
+        self
     }
 }
 
@@ -57,28 +88,40 @@ fn status(state: AttachState, message: impl Into<String>) -> AttachmentStatus {
     }
 }
 
-/// The NVMe/TCP target of an export; an unspecified listen address means this host.
-fn nvme_target(e: &Export) -> Result<(NvmeTcpTarget, u32), String> {
-    let mut traddr: IpAddr = e
+/// The address of an export; an unspecified listen address means this host.
+fn export_addr(e: &Export) -> Result<IpAddr, String> {
+    let addr: IpAddr = e
         .address
         .parse()
         .map_err(|_| format!("export address {:?} is not an IP address", e.address))?;
-    if traddr.is_unspecified() {
-        traddr = if traddr.is_ipv4() {
-            IpAddr::from([127, 0, 0, 1])
-        } else {
-            IpAddr::from([0u16, 0, 0, 0, 0, 0, 0, 1])
-        };
-    }
+    Ok(match addr {
+        a if !a.is_unspecified() => a,
+        IpAddr::V4(_) => IpAddr::from([127, 0, 0, 1]),
+        IpAddr::V6(_) => IpAddr::from([0u16, 0, 0, 0, 0, 0, 0, 1]),
+    })
+}
+
+/// The NVMe/TCP target of an export and the namespace id.
+fn nvme_target(e: &Export) -> Result<(NvmeTcpTarget, u32), String> {
     let nqn = Nqn::parse(&e.name).map_err(|err| err.to_string())?;
     Ok((
         NvmeTcpTarget {
-            traddr,
+            traddr: export_addr(e)?,
             trsvcid: e.port,
             nqn,
         },
         e.lun.max(1),
     ))
+}
+
+/// The iSCSI target of an export; an unspecified listen address means this host.
+fn iscsi_target(e: &Export) -> Result<IscsiTarget, String> {
+    let iqn = Iqn::parse(&e.name).map_err(|err| err.to_string())?;
+    Ok(IscsiTarget {
+        portal: std::net::SocketAddr::new(export_addr(e)?, e.port),
+        iqn,
+        lun: e.lun,
+    })
 }
 
 #[async_trait::async_trait]
@@ -88,7 +131,11 @@ impl Controller for AttachController {
     }
 
     fn inputs(&self) -> Vec<Input> {
-        vec![Input::of::<Attachment>(), Input::of::<EngineStatus>()]
+        vec![
+            Input::of::<Attachment>(),
+            Input::of::<Volume>(),
+            Input::of::<EngineStatus>(),
+        ]
     }
 
     fn outputs(&self) -> Vec<Output> {
@@ -109,49 +156,132 @@ impl Controller for AttachController {
             let (root, data_dir) = (self.deps.host.clone(), self.deps.data_dir.clone());
             if a.metadata.phase == Phase::TearingDown {
                 let vol = volume.clone();
-                // the export's NQN too: cleans up a controller even when /dev/talon/<volume> is gone
-                let nqn = ctx.get::<EngineStatus>(&id)?.and_then(|e| {
-                    e.spec
-                        .exports
-                        .iter()
-                        .find(|x| x.transport == "nvme-tcp")
-                        .and_then(|x| Nqn::parse(&x.name).ok())
-                });
-                tokio::task::spawn_blocking(move || nvme_tcp::detach(&root, &data_dir, &vol, nqn.as_ref()))
-                    .await??;
+                let engine = ctx.get::<EngineStatus>(&id)?;
+                let export = |t: &str| {
+                    engine
+                        .as_ref()
+                        .and_then(|e| e.spec.exports.iter().find(|x| x.transport == t).cloned())
+                };
+                // the export's NQN/IQN too: cleans up even when /dev/talon/<volume> is gone
+                let nqn = export("nvme-tcp").and_then(|x| Nqn::parse(&x.name).ok());
+                let iqn = export("iscsi").and_then(|x| Iqn::parse(&x.name).ok());
+                let was = ctx
+                    .get::<AttachmentStatus>(&id)?
+                    .map(|s| s.spec.transport)
+                    .unwrap_or_default();
+                let (adm, iopts) = (self.iscsiadm.clone(), self.iscsi_opts.clone());
+                tokio::task::spawn_blocking(move || -> Result<(), ControllerError> {
+                    let iscsi_sessions = match &iqn {
+                        Some(iqn) => iscsi::list_sessions(&root)?
+                            .iter()
+                            .any(|s| s.targetname == iqn.as_str()),
+                        None => false,
+                    };
+                    if was == "iscsi" || iscsi_sessions {
+                        iscsi::detach(&root, &vol, iqn.as_ref(), &iopts, &*adm)?;
+                    }
+                    if was != "iscsi" {
+                        nvme_tcp::detach(&root, &data_dir, &vol, nqn.as_ref())?;
+                    }
+                    Ok(())
+                })
+                .await??;
                 tracing::info!(volume = %id, "detached");
                 ctx.remove_finalizer::<Attachment>(&id)?;
                 continue;
             }
             ctx.add_finalizer::<Attachment>(&id)?;
-            if a.spec.frontend == FrontendKind::Iscsi {
-                ctx.apply(
-                    &id,
-                    status(AttachState::Failed, "the iSCSI frontend is not implemented yet"),
-                )?;
+            let engine = ctx.get::<EngineStatus>(&id)?;
+            let exports = match &engine {
+                None => {
+                    ctx.apply(
+                        &id,
+                        status(AttachState::Attaching, "waiting for the volume's engine"),
+                    )?;
+                    continue;
+                }
+                Some(e) if !matches!(e.spec.state, ObjectState::Ready | ObjectState::Degraded) => {
+                    let msg = format!("waiting for the engine (state {:?})", e.spec.state);
+                    ctx.apply(&id, status(AttachState::Attaching, msg))?;
+                    continue;
+                }
+                Some(e) if e.spec.exports.is_empty() => {
+                    ctx.apply(
+                        &id,
+                        status(AttachState::Attaching, "waiting for the engine's exports"),
+                    )?;
+                    continue;
+                }
+                Some(e) => e.spec.exports.clone(),
+            };
+            let volume_frontend = ctx
+                .get::<Volume>(&id)?
+                .map(|v| v.spec.frontend)
+                .unwrap_or(FrontendKind::Auto);
+            let wanted = choose::effective(a.spec.frontend, volume_frontend);
+            // an attached volume stays on its transport while `auto` (a module unloaded later
+            // must not start a second attach through the other frontend)
+            let current = ctx
+                .get::<AttachmentStatus>(&id)?
+                .filter(|s| s.spec.state == AttachState::Attached)
+                .map(|s| s.spec.transport);
+            let wanted = match (wanted, current.as_deref()) {
+                (FrontendKind::Auto, Some("nvme-tcp")) => FrontendKind::NvmeTcp,
+                (FrontendKind::Auto, Some("iscsi")) => FrontendKind::Iscsi,
+                (w, _) => w,
+            };
+            let host = match self.host_frontends {
+                Some(h) => h,
+                None => {
+                    let r = root.clone();
+                    tokio::task::spawn_blocking(move || HostFrontends::probe(&r)).await?
+                }
+            };
+            let (transport, export) = match choose::choose(&id, host, wanted, &exports) {
+                Ok(c) => c,
+                Err(e) => {
+                    ctx.apply(&id, status(AttachState::Failed, e.to_string()))?;
+                    continue;
+                }
+            };
+            if transport == Transport::Iscsi {
+                let target = match iscsi_target(&export) {
+                    Ok(t) => t,
+                    Err(msg) => {
+                        ctx.apply(&id, status(AttachState::Failed, msg))?;
+                        continue;
+                    }
+                };
+                let (adm, iopts) = (self.iscsiadm.clone(), self.iscsi_opts.clone());
+                // an attached volume comes through here again on every input change: attach finds
+                // the logged-in session and the existing node, and runs no iscsiadm
+                let res = tokio::task::spawn_blocking(move || {
+                    iscsi::attach(&root, &volume, &target, &iopts, &*adm)
+                })
+                .await?;
+                match res {
+                    Ok(at) => ctx.apply(
+                        &id,
+                        AttachmentStatus {
+                            transport: Transport::Iscsi.to_string(),
+                            device: format!("/dev/{}", at.device),
+                            path: at.stable_path.display().to_string(),
+                            controller: at.session,
+                            state: AttachState::Attached,
+                            message: String::new(),
+                        },
+                    )?,
+                    Err(e) => {
+                        tracing::warn!(volume = %id, error = %e, "iSCSI attach failed");
+                        ctx.apply(
+                            &id,
+                            status(AttachState::Failed, crate::runtime::runner::error_chain(&e)),
+                        )?;
+                        requeue = Requeue::After(Duration::from_secs(10));
+                    }
+                }
                 continue;
             }
-            let engine = ctx.get::<EngineStatus>(&id)?;
-            let export = engine.as_ref().and_then(|e| {
-                matches!(e.spec.state, ObjectState::Ready | ObjectState::Degraded)
-                    .then(|| e.spec.exports.iter().find(|x| x.transport == "nvme-tcp").cloned())
-                    .flatten()
-            });
-            let Some(export) = export else {
-                let msg = match engine {
-                    None => "waiting for the volume's engine".to_string(),
-                    Some(e) if e.spec.exports.iter().any(|x| x.transport == "iscsi") => {
-                        "the volume is exported over iSCSI only; the iSCSI frontend is not implemented yet"
-                            .into()
-                    }
-                    Some(e) => format!(
-                        "waiting for the engine's NVMe/TCP export (engine {:?})",
-                        e.spec.state
-                    ),
-                };
-                ctx.apply(&id, status(AttachState::Attaching, msg))?;
-                continue;
-            };
             let (target, nsid) = match nvme_target(&export) {
                 Ok(t) => t,
                 Err(msg) => {
