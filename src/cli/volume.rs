@@ -262,7 +262,14 @@ pub async fn run_volume(c: &Client, cmd: VolumeCommand) -> Result<(), CliError> 
                 tokio::select! {
                     _ = sub.next() => {}
                     _ = tokio::time::sleep_until(deadline) => {
-                        return Err(format!("volume {name} is not exported after {timeout} s (state {state}); see `talon get enginestatus {name}` and `talon get controllers`").into());
+                        let msg = v.pointer("/engine/message").and_then(Value::as_str).unwrap_or("");
+                        let mut why = if msg.is_empty() { String::new() } else { format!(": {msg}") };
+                        // A target that failed is the usual reason; name it.
+                        let targets: Vec<crate::runtime::Resource> = c.list("TargetStatus").await.unwrap_or_default();
+                        for t in targets.iter().filter(|t| t.spec["state"] == "failed") {
+                            why.push_str(&format!("; target {} failed: {}", t.metadata.id, t.spec["message"].as_str().unwrap_or("")));
+                        }
+                        return Err(format!("volume {name} is not exported after {timeout} s (state {state}){why}; see `talon get enginestatus {name}` and `talon get controllers`").into());
                     }
                 }
             }
