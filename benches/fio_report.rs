@@ -41,7 +41,11 @@ fn sample(fio: &Value) -> Result<Sample, String> {
     }
     let (r, w) = (&job["read"], &job["write"]);
     let f = |v: &Value| v.as_f64().unwrap_or(0.0);
-    let dom = if f(&r["total_ios"]) >= f(&w["total_ios"]) { r } else { w };
+    let dom = if f(&r["total_ios"]) >= f(&w["total_ios"]) {
+        r
+    } else {
+        w
+    };
     let pct = |p: &str| f(&dom["clat_ns"]["percentile"][p]) / 1000.0;
     Ok(Sample {
         iops: f(&r["iops"]) + f(&w["iops"]),
@@ -58,16 +62,19 @@ fn read_results(path: &Path, into: &mut Results, labels: &mut Vec<String>) -> Re
     let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
     let mut n = 0;
     for (i, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
-        let rec: Value =
-            serde_json::from_str(line).map_err(|e| format!("{} line {}: not JSON: {e}", path.display(), i + 1))?;
+        let rec: Value = serde_json::from_str(line)
+            .map_err(|e| format!("{} line {}: not JSON: {e}", path.display(), i + 1))?;
         let (Some(label), Some(job)) = (rec["label"].as_str(), rec["job"].as_str()) else {
             return Err(format!("{} line {}: no label or job", path.display(), i + 1).into());
         };
-        let s = sample(&rec["fio"]).map_err(|e| format!("{} line {} ({job}, {label}): {e}", path.display(), i + 1))?;
+        let s = sample(&rec["fio"])
+            .map_err(|e| format!("{} line {} ({job}, {label}): {e}", path.display(), i + 1))?;
         if !labels.iter().any(|l| l == label) {
             labels.push(label.to_string());
         }
-        into.entry((job.to_string(), label.to_string())).or_default().push(s);
+        into.entry((job.to_string(), label.to_string()))
+            .or_default()
+            .push(s);
         n += 1;
     }
     Ok(n)
@@ -76,7 +83,12 @@ fn read_results(path: &Path, into: &mut Results, labels: &mut Vec<String>) -> Re
 fn mean(v: &[Sample]) -> Sample {
     let n = v.len().max(1) as f64;
     let sum = |g: fn(&Sample) -> f64| v.iter().map(g).sum::<f64>() / n;
-    Sample { iops: sum(|s| s.iops), mib_s: sum(|s| s.mib_s), p50_us: sum(|s| s.p50_us), p99_us: sum(|s| s.p99_us) }
+    Sample {
+        iops: sum(|s| s.iops),
+        mib_s: sum(|s| s.mib_s),
+        p50_us: sum(|s| s.p50_us),
+        p99_us: sum(|s| s.p99_us),
+    }
 }
 
 fn table(res: &Results) -> String {
@@ -118,7 +130,11 @@ fn chart(res: &Results, labels: &[String], out: &Path) -> Result<(), Box<dyn Err
         .x_labels(jobs.len() * 2 + 1)
         .x_label_formatter(&|x| {
             let i = x.floor() as usize;
-            if (x - i as f64 - 0.5).abs() < 0.01 { jobs.get(i).map(|j| j.to_string()).unwrap_or_default() } else { String::new() }
+            if (x - i as f64 - 0.5).abs() < 0.01 {
+                jobs.get(i).map(|j| j.to_string()).unwrap_or_default()
+            } else {
+                String::new()
+            }
         })
         .y_desc("IOPS")
         .draw()?;
@@ -139,7 +155,10 @@ fn chart(res: &Results, labels: &[String], out: &Path) -> Result<(), Box<dyn Err
             .label(label.as_str())
             .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 10, y + 5)], color.filled()));
     }
-    c.configure_series_labels().background_style(WHITE.mix(0.8)).border_style(BLACK).draw()?;
+    c.configure_series_labels()
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .draw()?;
     root.present()?;
     Ok(())
 }

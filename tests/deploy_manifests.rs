@@ -96,9 +96,16 @@ fn kubernetes_objects_match_their_schema() {
         .args(&files)
         .output()
         .expect("run kubernetes-validate");
-    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(out.status.success(), "kubernetes-validate failed:\n{text}");
-    let passed = text.lines().filter(|l| l.contains(" passed for resource ")).count();
+    let passed = text
+        .lines()
+        .filter(|l| l.contains(" passed for resource "))
+        .count();
     let objects: usize = files.iter().map(|f| documents(f).len()).sum();
     assert_eq!(passed, objects, "every object is validated:\n{text}");
 
@@ -107,9 +114,16 @@ fn kubernetes_objects_match_their_schema() {
     let bad = dir.path().join("daemonset.yaml");
     let text = std::fs::read_to_string(repo().join("deploy/kubernetes/daemonset.yaml")).expect("read");
     std::fs::write(&bad, text.replacen("hostPID: true", "hostPid: true", 1)).expect("write");
-    let out = Command::new(&bin).arg("--strict").arg(&bad).output().expect("run kubernetes-validate");
+    let out = Command::new(&bin)
+        .arg("--strict")
+        .arg(&bad)
+        .output()
+        .expect("run kubernetes-validate");
     assert!(!out.status.success(), "a misspelt field passed validation");
-    assert!(String::from_utf8_lossy(&out.stdout).contains("hostPid"), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("hostPid"),
+        "{out:?}"
+    );
 }
 
 #[test]
@@ -128,11 +142,19 @@ fn kustomization_lists_every_manifest() {
     files.sort();
     let mut sorted = listed.clone();
     sorted.sort();
-    assert_eq!(sorted, files, "kustomization.yaml resources vs files in deploy/kubernetes");
+    assert_eq!(
+        sorted, files,
+        "kustomization.yaml resources vs files in deploy/kubernetes"
+    );
     for f in kubernetes_files() {
         for d in documents(&f) {
             if d["kind"] != "Namespace" {
-                assert_eq!(d["metadata"]["namespace"], k[0]["namespace"], "{}: namespace", f.display());
+                assert_eq!(
+                    d["metadata"]["namespace"],
+                    k[0]["namespace"],
+                    "{}: namespace",
+                    f.display()
+                );
             }
         }
     }
@@ -169,11 +191,15 @@ fn mounts(ds: &Value) -> BTreeMap<String, (Option<String>, bool, Option<String>)
 }
 
 /// The host path mounted at `path` (or at a parent of it) at the same place in the container.
-fn host_mount_of(mounts: &BTreeMap<String, (Option<String>, bool, Option<String>)>, path: &str) -> Option<String> {
+fn host_mount_of(
+    mounts: &BTreeMap<String, (Option<String>, bool, Option<String>)>,
+    path: &str,
+) -> Option<String> {
     mounts
         .iter()
         .filter(|(mp, (host, _, _))| {
-            host.as_deref() == Some(mp.as_str()) && (path == mp.as_str() || path.starts_with(&format!("{mp}/")))
+            host.as_deref() == Some(mp.as_str())
+                && (path == mp.as_str() || path.starts_with(&format!("{mp}/")))
         })
         .map(|(mp, _)| mp.clone())
         .max_by_key(|mp| mp.len())
@@ -184,34 +210,78 @@ fn daemonset_mounts_what_talon_opens() {
     let ds = daemonset();
     let spec = &ds["spec"]["template"]["spec"];
     let c = &spec["containers"][0];
-    assert_eq!(spec["hostPID"], true, "hostPID: the namespace switch reads /proc/<pid>/ns of host processes");
-    assert_eq!(spec["hostNetwork"], true, "hostNetwork: NVMe-oF/iSCSI portals on the node's addresses");
+    assert_eq!(
+        spec["hostPID"], true,
+        "hostPID: the namespace switch reads /proc/<pid>/ns of host processes"
+    );
+    assert_eq!(
+        spec["hostNetwork"], true,
+        "hostNetwork: NVMe-oF/iSCSI portals on the node's addresses"
+    );
     assert_eq!(c["securityContext"]["privileged"], true);
     let m = mounts(&ds);
 
     // The daemon's own paths, as the real CLI parses the container's command line.
-    let mut argv: Vec<String> = c["command"].as_array().expect("command").iter().map(|a| str_of(a).into()).collect();
-    argv.extend(c["args"].as_array().expect("args").iter().map(|a| str_of(a).to_string()));
-    let cli = talon::cli::Cli::try_parse_from(&argv).unwrap_or_else(|e| panic!("talon rejects {argv:?}: {e}"));
+    let mut argv: Vec<String> = c["command"]
+        .as_array()
+        .expect("command")
+        .iter()
+        .map(|a| str_of(a).into())
+        .collect();
+    argv.extend(
+        c["args"]
+            .as_array()
+            .expect("args")
+            .iter()
+            .map(|a| str_of(a).to_string()),
+    );
+    let cli =
+        talon::cli::Cli::try_parse_from(&argv).unwrap_or_else(|e| panic!("talon rejects {argv:?}: {e}"));
     let talon::cli::Command::Serve(serve) = &cli.command else {
         panic!("the container does not run `talon serve`: {argv:?}")
     };
     let data = serve.data_dir.to_str().expect("utf-8");
-    let (host, ro, prop) = m.get(data).unwrap_or_else(|| panic!("data dir {data} is not mounted"));
-    assert_eq!(host.as_deref(), Some(data), "data dir is the same path on the host");
+    let (host, ro, prop) = m
+        .get(data)
+        .unwrap_or_else(|| panic!("data dir {data} is not mounted"));
+    assert_eq!(
+        host.as_deref(),
+        Some(data),
+        "data dir is the same path on the host"
+    );
     assert!(!ro, "data dir is writable");
-    assert_eq!(prop.as_deref(), Some("Bidirectional"), "data dir propagates mounts both ways (rshared)");
-    assert_eq!(serve.host_root, Path::new("/"), "the host's /dev and /sys are mounted at their own paths");
+    assert_eq!(
+        prop.as_deref(),
+        Some("Bidirectional"),
+        "data dir propagates mounts both ways (rshared)"
+    );
+    assert_eq!(
+        serve.host_root,
+        Path::new("/"),
+        "the host's /dev and /sys are mounted at their own paths"
+    );
     for (what, p) in [
         ("run dir", serve.run_dir.clone()),
         ("API socket", cli.socket.clone()),
-        ("default API socket (talon CLI on the node)", PathBuf::from(talon::client::DEFAULT_SOCKET)),
-        ("NVMe-oF fabrics device", PathBuf::from(talon::attach::nvme_tcp::FABRICS_DEV)),
+        (
+            "default API socket (talon CLI on the node)",
+            PathBuf::from(talon::client::DEFAULT_SOCKET),
+        ),
+        (
+            "NVMe-oF fabrics device",
+            PathBuf::from(talon::attach::nvme_tcp::FABRICS_DEV),
+        ),
         ("/dev/talon links", PathBuf::from(talon::attach::devpath::DEV_DIR)),
-        ("data dir of `talon attach`", PathBuf::from(talon::cli::attach::DEFAULT_DATA_DIR)),
+        (
+            "data dir of `talon attach`",
+            PathBuf::from(talon::cli::attach::DEFAULT_DATA_DIR),
+        ),
     ] {
         let p = p.to_str().expect("utf-8").to_string();
-        assert!(host_mount_of(&m, &p).is_some(), "{what} {p} is not on a host mount: {m:?}");
+        assert!(
+            host_mount_of(&m, &p).is_some(),
+            "{what} {p} is not on a host mount: {m:?}"
+        );
     }
     for probe in ["startupProbe", "livenessProbe", "readinessProbe"] {
         let cmd: Vec<String> = c[probe]["exec"]["command"]
@@ -220,23 +290,37 @@ fn daemonset_mounts_what_talon_opens() {
             .iter()
             .map(|a| str_of(a).to_string())
             .collect();
-        let pc = talon::cli::Cli::try_parse_from(&cmd).unwrap_or_else(|e| panic!("{probe}: talon rejects {cmd:?}: {e}"));
-        assert!(matches!(pc.command, talon::cli::Command::Node(_)), "{probe} runs `talon node info`");
+        let pc = talon::cli::Cli::try_parse_from(&cmd)
+            .unwrap_or_else(|e| panic!("{probe}: talon rejects {cmd:?}: {e}"));
+        assert!(
+            matches!(pc.command, talon::cli::Command::Node(_)),
+            "{probe} runs `talon node info`"
+        );
         assert_eq!(pc.socket, cli.socket, "{probe} asks the daemon's socket");
     }
 
     // Hugepages: a HugePages-2Mi volume and equal request and limit.
-    let hp = spec["volumes"].as_array().expect("volumes").iter().find(|v| v["emptyDir"]["medium"] == "HugePages-2Mi");
+    let hp = spec["volumes"]
+        .as_array()
+        .expect("volumes")
+        .iter()
+        .find(|v| v["emptyDir"]["medium"] == "HugePages-2Mi");
     assert!(hp.is_some(), "a HugePages-2Mi emptyDir volume");
     let res = &c["resources"];
     assert!(res["limits"]["hugepages-2Mi"].is_string(), "hugepages-2Mi limit");
-    assert_eq!(res["limits"]["hugepages-2Mi"], res["requests"]["hugepages-2Mi"], "hugepage requests equal limits");
+    assert_eq!(
+        res["limits"]["hugepages-2Mi"], res["requests"]["hugepages-2Mi"],
+        "hugepage requests equal limits"
+    );
     let (_, ro, _) = m.get("/lib/modules").expect("/lib/modules is mounted");
     assert!(ro, "/lib/modules is read-only");
 
     // Every absolute host path in talon's code is reachable in the pod.
     let allowed: BTreeMap<&str, &str> = [
-        ("/etc/nvme/hostnqn", "container-local on purpose: without it talon keeps its NVMe host identity under the data dir"),
+        (
+            "/etc/nvme/hostnqn",
+            "container-local on purpose: without it talon keeps its NVMe host identity under the data dir",
+        ),
         ("/etc/nvme/hostid", "as /etc/nvme/hostnqn"),
         ("/usr/lib/os-release", "fallback when /etc/os-release is missing"),
         ("/proc/thread-self/ns/", "talon's own namespaces"),
@@ -252,11 +336,23 @@ fn daemonset_mounts_what_talon_opens() {
         } else {
             host_mount_of(&m, lit.trim_end_matches('/')).is_some()
         };
-        assert!(ok, "{file} opens {lit}, which the DaemonSet does not mount from the host (mounts: {m:?})");
+        assert!(
+            ok,
+            "{file} opens {lit}, which the DaemonSet does not mount from the host (mounts: {m:?})"
+        );
         checked.push(lit);
     }
-    for must in ["/dev/nvme-fabrics", "/sys/class/nvme", "/var/lib/talon", "/run/talon", "/etc/os-release"] {
-        assert!(checked.iter().any(|l| l == must), "the source scan found {must}: {checked:?}");
+    for must in [
+        "/dev/nvme-fabrics",
+        "/sys/class/nvme",
+        "/var/lib/talon",
+        "/run/talon",
+        "/etc/os-release",
+    ] {
+        assert!(
+            checked.iter().any(|l| l == must),
+            "the source scan found {must}: {checked:?}"
+        );
     }
 }
 
@@ -297,5 +393,8 @@ fn rs_files(dir: &Path, out: &mut Vec<PathBuf>) {
 
 fn which(prog: &str) -> Result<PathBuf, ()> {
     let path = std::env::var_os("PATH").ok_or(())?;
-    std::env::split_paths(&path).map(|d| d.join(prog)).find(|p| p.is_file()).ok_or(())
+    std::env::split_paths(&path)
+        .map(|d| d.join(prog))
+        .find(|p| p.is_file())
+        .ok_or(())
 }

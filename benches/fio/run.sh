@@ -77,7 +77,7 @@ rc=0
 for job in $(echo "$JOBS" | tr ',' ' '); do
 	f=$HERE/jobs/$job.fio
 	[ -f "$f" ] || { echo "run.sh: no job file $f" >&2; rc=1; continue; }
-	if ! "$FIO" --output-format=json --output="$TMP/$job.json" "$f" 2>"$TMP/$job.err"; then
+	if ! "$FIO" --eta=never --output-format=json --output="$TMP/$job.json" "$f" 2>"$TMP/$job.err"; then
 		echo "run.sh: fio $job failed on $DEVICE:" >&2; cat "$TMP/$job.err" >&2; rc=1; continue
 	fi
 	# fio may print notes before the JSON object: keep from the first "{" line on
