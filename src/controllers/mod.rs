@@ -1,7 +1,9 @@
 //! Controllers, one folder per subsystem (the same nouns as [`crate::resources`]),
 //! one controller per file.
 
+pub mod engine;
 pub mod frontend;
+pub mod host;
 
 use std::path::PathBuf;
 
@@ -21,6 +23,8 @@ pub struct Deps {
 
 /// Registers every controller.
 pub fn register_all(rt: &mut Runtime, deps: &Deps) -> Result<(), RuntimeError> {
+    engine::v1::register(rt, deps)?;
     rt.register(frontend::attach::AttachController::new(deps.clone()))?;
+    host::register(rt, &deps.host, host::POLL)?;
     Ok(())
 }

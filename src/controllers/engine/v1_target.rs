@@ -1,0 +1,181 @@
+//! `engine.TgtdController`: runs tgtd while any volume is served by the V1
+//! engine, restarts it when it dies, and reports it as `TargetStatus` `tgtd`.
+//!
+//! ```text
+//!   NodeConfig (listenAddress, iscsiPort) ─┐
+//!   Volume (engine v1 / auto→v1) ──────────┴─> reconcile ──> Tgtd::start_or_adopt / stop
+//!                                                   │          (portal verified, own control socket)
+//!                                                   └──> TargetStatus "tgtd" {state, pid, restarts, ...}
+//!   every 2 s: is tgtd alive? no -> restarts += 1, start again (the volume controller re-exports)
+//! ```
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use tokio::sync::Mutex;
+
+use super::v1_volume::{V1Selection, serves_v1};
+use crate::resources::config::{NodeConfig, Volume};
+use crate::resources::engine::{Engine, ObjectState, TargetStatus};
+use crate::runtime::{Controller, ControllerError, Input, Output, ReconcileContext, Requeue};
+use crate::tgt::{Tgtd, TgtdConfig};
+
+/// The id of tgtd's `TargetStatus`.
+pub const TGTD_STATUS_ID: &str = "tgtd";
+
+#[derive(Debug, Default)]
+struct Inner {
+    tgtd: Option<Tgtd>,
+    restarts: u32,
+    version: Option<String>,
+}
+
+/// Supervises tgtd for the V1 engine. When the controller is dropped (a clean
+/// stop of talon) its tgtd, started or adopted, is stopped; after a crash of
+/// talon tgtd keeps serving and the next talon adopts it.
+#[derive(Debug)]
+pub struct TgtdController {
+    template: TgtdConfig,
+    selection: V1Selection,
+    inner: Mutex<Inner>,
+}
+
+impl TgtdController {
+    /// tgtd with its control socket, pid file and log under `run_dir`
+    /// (`<run_dir>/tgtd/socket.0`, ...).
+    pub fn new(run_dir: impl Into<PathBuf>, selection: V1Selection) -> Self {
+        let portal = SocketAddr::from(([127, 0, 0, 1], crate::tgt::daemon::ISCSI_PORT));
+        Self::with_config(TgtdConfig::new(run_dir.into().join("tgtd"), portal), selection)
+    }
+
+    /// With explicit tgtd settings (the portal is replaced by NodeConfig's).
+    pub fn with_config(template: TgtdConfig, selection: V1Selection) -> Self {
+        Self {
+            template,
+            selection,
+            inner: Mutex::new(Inner::default()),
+        }
+    }
+
+    /// The tgtd settings (control socket and friends), portal aside.
+    pub fn config(&self) -> &TgtdConfig {
+        &self.template
+    }
+}
+
+fn status(
+    state: ObjectState,
+    pid: Option<u32>,
+    cfg: &TgtdConfig,
+    inner: &Inner,
+    message: String,
+) -> TargetStatus {
+    TargetStatus {
+        engine: Engine::V1,
+        state,
+        pid,
+        socket: cfg.socket().display().to_string(),
+        version: inner.version.clone().unwrap_or_default(),
+        restarts: inner.restarts,
+        message,
+    }
+}
+
+fn tgtd_version(program: &std::path::Path) -> Option<String> {
+    let out = std::process::Command::new(program).arg("-V").output().ok()?;
+    let v = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    (!v.is_empty()).then_some(v)
+}
+
+impl Drop for TgtdController {
+    fn drop(&mut self) {
+        let inner = self.inner.get_mut();
+        if let Some(t) = inner.tgtd.take()
+            && let Err(e) = t.stop()
+        {
+            tracing::warn!(error = %e, "cannot stop tgtd");
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl Controller for TgtdController {
+    fn name(&self) -> &'static str {
+        "engine.TgtdController"
+    }
+
+    fn inputs(&self) -> Vec<Input> {
+        vec![Input::of::<NodeConfig>(), Input::of::<Volume>()]
+    }
+
+    fn outputs(&self) -> Vec<Output> {
+        vec![Output::shared::<TargetStatus>()]
+    }
+
+    async fn reconcile(&self, ctx: &mut ReconcileContext) -> Result<Requeue, ControllerError> {
+        let node = ctx.get::<NodeConfig>("node")?.map(|n| n.spec).unwrap_or_default();
+        let needed = ctx
+            .list::<Volume>()?
+            .iter()
+            .any(|v| serves_v1(&v.spec, &node, self.selection));
+        let mut inner = self.inner.lock().await;
+
+        if !needed {
+            // nothing to serve: no tgtd (it could hold the iSCSI port another target wants)
+            if let Some(t) = inner.tgtd.take() {
+                tokio::task::spawn_blocking(move || t.stop()).await??;
+            }
+            return Ok(Requeue::OnInputChange);
+        }
+
+        let mut cfg = self.template.clone();
+        let ip: IpAddr = match node.listen_address.parse() {
+            Ok(ip) => ip,
+            Err(_) => {
+                let msg = format!("listenAddress {:?} is not an IP address", node.listen_address);
+                ctx.apply(
+                    TGTD_STATUS_ID,
+                    status(ObjectState::Failed, None, &cfg, &inner, msg),
+                )?;
+                return Ok(Requeue::OnInputChange);
+            }
+        };
+        cfg.portal = SocketAddr::new(ip, node.iscsi_port);
+
+        if let Some(t) = inner.tgtd.as_mut() {
+            if !t.is_alive() {
+                tracing::warn!(pid = t.pid(), "tgtd died; starting it again");
+                inner.tgtd = None;
+                inner.restarts += 1;
+            } else if t.portal() != cfg.portal
+                && let Some(t) = inner.tgtd.take()
+            {
+                // the portal changed: stop it; it starts again below on the new one
+                tokio::task::spawn_blocking(move || t.stop()).await??;
+            }
+        }
+        if inner.version.is_none() {
+            let program = cfg.program.clone();
+            inner.version = tokio::task::spawn_blocking(move || tgtd_version(&program)).await?;
+        }
+        if inner.tgtd.is_none() {
+            let start_cfg = cfg.clone();
+            match tokio::task::spawn_blocking(move || Tgtd::start_or_adopt(start_cfg)).await? {
+                Ok(t) => inner.tgtd = Some(t),
+                Err(e) => {
+                    let msg = crate::runtime::runner::error_chain(&e);
+                    ctx.apply(
+                        TGTD_STATUS_ID,
+                        status(ObjectState::Failed, None, &cfg, &inner, msg),
+                    )?;
+                    return Ok(Requeue::After(Duration::from_secs(5)));
+                }
+            }
+        }
+        let pid = inner.tgtd.as_ref().map(Tgtd::pid);
+        let msg = format!("serving iSCSI on {}", cfg.portal);
+        ctx.apply(TGTD_STATUS_ID, status(ObjectState::Ready, pid, &cfg, &inner, msg))?;
+        Ok(Requeue::After(Duration::from_secs(2)))
+    }
+}

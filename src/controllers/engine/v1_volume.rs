@@ -1,0 +1,455 @@
+//! `engine.V1VolumeController`: makes every V1 volume a sparse file exported by
+//! tgtd, and every snapshot of one a reflinked file; reports `EngineStatus` and
+//! `SnapshotStatus`.
+//!
+//! ```text
+//!   Volume, Snapshot (config) ─┐                       ┌─> V1Store: create / clone / expand / delete
+//!   NodeConfig (ACL, portal) ──┼─> plan (owned jobs) ──┤   snapshot / delete_snapshot
+//!   TargetStatus "tgtd" ───────┘   spawn_blocking      └─> TgtAdm: export (idempotent; again after
+//!                                        │                          every tgtd restart)
+//!                                        v
+//!                         EngineStatus <volume>, SnapshotStatus <volume>@<name>
+//! ```
+//!
+//! Deletion: the controller holds a finalizer on each V1 `Volume` and
+//! `Snapshot`; a delete waits (state `deleting`, message naming the sessions)
+//! until no initiator is logged in, then removes target, file and snapshots.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use super::v1_target::TGTD_STATUS_ID;
+use crate::names::{Iqn, ObjectName};
+use crate::resources::config::{EngineKind, NodeConfig, Snapshot, Volume};
+use crate::resources::engine::{Engine, EngineStatus, Export, ObjectState, SnapshotStatus, TargetStatus};
+use crate::runtime::{Controller, ControllerError, Input, Output, Phase, ReconcileContext, Requeue};
+use crate::tgt::volume::{VOLUME_LUN, VolumeError};
+use crate::tgt::{ExportOptions, InitiatorAcl, TgtAdm, V1Store};
+
+/// Which volumes the V1 engine takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum V1Selection {
+    /// Only volumes (or a node) that name `v1`.
+    Explicit,
+    /// Also `auto` volumes on an `auto` node (this host has no usable SPDK).
+    AlsoAuto,
+}
+
+/// Whether the V1 engine serves `volume` on a node configured as `node`.
+pub fn serves_v1(volume: &Volume, node: &NodeConfig, selection: V1Selection) -> bool {
+    match (volume.engine, node.engine) {
+        (EngineKind::V1, _) | (EngineKind::Auto, EngineKind::V1) => true,
+        (EngineKind::Auto, EngineKind::Auto) => selection == V1Selection::AlsoAuto,
+        _ => false,
+    }
+}
+
+/// The iSCSI ACL from the node's allowed hosts: the IQNs among them by name;
+/// no IQN at all allows any initiator (the portal is loopback by default).
+pub fn export_options(node: &NodeConfig) -> ExportOptions {
+    let names: Vec<InitiatorAcl> = node
+        .allowed_hosts
+        .iter()
+        .filter_map(|h| Iqn::parse(h).ok())
+        .map(InitiatorAcl::Name)
+        .collect();
+    let initiators = if names.is_empty() {
+        vec![InitiatorAcl::All]
+    } else {
+        names
+    };
+    ExportOptions {
+        initiators,
+        chap: None,
+    }
+}
+
+/// Serves V1 volumes through tgtd.
+#[derive(Debug)]
+pub struct V1VolumeController {
+    store: V1Store,
+    admin: TgtAdm,
+    selection: V1Selection,
+}
+
+impl V1VolumeController {
+    /// Volumes under `<data_dir>/v1`, tgtd's control socket from `admin`.
+    pub fn new(data_dir: impl Into<PathBuf>, admin: TgtAdm, selection: V1Selection) -> Self {
+        Self {
+            store: V1Store::new(data_dir.into()),
+            admin,
+            selection,
+        }
+    }
+}
+
+struct VolumeJob {
+    id: String,
+    spec: Volume,
+    deleting: bool,
+}
+
+struct SnapshotJob {
+    id: String,
+    spec: Snapshot,
+    deleting: bool,
+}
+
+enum Outcome<S> {
+    Status(S),
+    Deleted,
+}
+
+struct Plan {
+    store: V1Store,
+    admin: TgtAdm,
+    opts: ExportOptions,
+    address: String,
+    port: u16,
+}
+
+fn failed(engine_msg: impl Into<String>, device: String) -> EngineStatus {
+    EngineStatus {
+        engine: Engine::V1,
+        state: ObjectState::Failed,
+        size_bytes: 0,
+        device,
+        replicas: Vec::new(),
+        exports: Vec::new(),
+        message: engine_msg.into(),
+    }
+}
+
+fn error_text(e: &VolumeError) -> String {
+    crate::runtime::runner::error_chain(e)
+}
+
+impl Plan {
+    fn volume(&self, job: &VolumeJob) -> Outcome<EngineStatus> {
+        let name = match ObjectName::parse("volume", &job.id) {
+            Ok(n) => n,
+            Err(e) => return Outcome::Status(failed(e.to_string(), String::new())),
+        };
+        let device = self.store.volume_path(&name).display().to_string();
+        if job.deleting {
+            return match self.store.delete(&self.admin, &name) {
+                Ok(()) | Err(VolumeError::NotFound { .. }) => Outcome::Deleted,
+                Err(e) => Outcome::Status(EngineStatus {
+                    state: ObjectState::Deleting,
+                    ..failed(error_text(&e), device)
+                }),
+            };
+        }
+        let mut message = String::new();
+        let info = match self.store.info(&name) {
+            Ok(info) => info,
+            Err(VolumeError::NotFound { .. }) => {
+                let made = match &job.spec.from_snapshot {
+                    Some(source) => match parse_snapshot_id(source) {
+                        Ok((v, s)) => self.store.clone_snapshot(&v, &s, &name),
+                        Err(msg) => return Outcome::Status(failed(msg, device)),
+                    },
+                    None => self.store.create(&name, job.spec.size_bytes),
+                };
+                match made {
+                    Ok(info) => info,
+                    Err(e) => return Outcome::Status(failed(error_text(&e), device)),
+                }
+            }
+            Err(e) => return Outcome::Status(failed(error_text(&e), device)),
+        };
+        let mut size = info.size;
+        if job.spec.size_bytes > info.size {
+            match self.store.expand(&self.admin, &name, job.spec.size_bytes) {
+                Ok(grown) => size = grown.size,
+                Err(e) => {
+                    message = format!(
+                        "expand to {} bytes waits: {}",
+                        job.spec.size_bytes,
+                        error_text(&e)
+                    )
+                }
+            }
+        } else if job.spec.size_bytes < info.size {
+            message = format!("volumes do not shrink: serving {} bytes", info.size);
+        }
+        if job.spec.revert_to.is_some() {
+            message = "revert is not supported by the V1 engine".to_string();
+        }
+        match self.store.export(&self.admin, &name, &self.opts) {
+            Ok(export) => Outcome::Status(EngineStatus {
+                engine: Engine::V1,
+                state: ObjectState::Ready,
+                size_bytes: size,
+                device,
+                replicas: Vec::new(),
+                exports: vec![Export {
+                    transport: "iscsi".to_string(),
+                    address: self.address.clone(),
+                    port: self.port,
+                    name: export.iqn.to_string(),
+                    lun: VOLUME_LUN as u32,
+                }],
+                message,
+            }),
+            Err(e) => Outcome::Status(EngineStatus {
+                size_bytes: size,
+                ..failed(error_text(&e), device)
+            }),
+        }
+    }
+
+    fn snapshot(&self, job: &SnapshotJob) -> Outcome<SnapshotStatus> {
+        let status = |state, objects, created, message| SnapshotStatus {
+            volume: job.spec.volume.clone(),
+            engine: Engine::V1,
+            state,
+            objects,
+            created,
+            message,
+        };
+        let names = ObjectName::parse("volume", &job.spec.volume)
+            .and_then(|v| Ok((v, ObjectName::parse("snapshot", &job.spec.name)?)));
+        let (volume, snap) = match names {
+            Ok(n) => n,
+            Err(e) => {
+                return Outcome::Status(status(ObjectState::Failed, vec![], String::new(), e.to_string()));
+            }
+        };
+        if job.deleting {
+            return match self.store.delete_snapshot(&volume, &snap) {
+                Ok(()) | Err(VolumeError::SnapshotNotFound { .. }) => Outcome::Deleted,
+                Err(e) => Outcome::Status(status(
+                    ObjectState::Deleting,
+                    vec![],
+                    String::new(),
+                    error_text(&e),
+                )),
+            };
+        }
+        let info = match self.store.snapshot_info(&volume, &snap) {
+            Ok(info) => Ok(info),
+            Err(VolumeError::SnapshotNotFound { .. }) => self.store.snapshot(&volume, &snap),
+            Err(e) => Err(e),
+        };
+        match info {
+            Ok(info) => {
+                let created = std::fs::metadata(&info.path)
+                    .and_then(|m| m.modified())
+                    .map(|t| humantime::format_rfc3339_seconds(t).to_string())
+                    .unwrap_or_default();
+                let path = info.path.display().to_string();
+                Outcome::Status(status(ObjectState::Ready, vec![path], created, String::new()))
+            }
+            Err(e) => Outcome::Status(status(ObjectState::Failed, vec![], String::new(), error_text(&e))),
+        }
+    }
+}
+
+/// Splits `<volume>@<snapshot>`.
+fn parse_snapshot_id(id: &str) -> Result<(ObjectName, ObjectName), String> {
+    let (v, s) = id
+        .split_once('@')
+        .ok_or_else(|| format!("fromSnapshot {id:?} is not <volume>@<snapshot>"))?;
+    let v = ObjectName::parse("volume", v).map_err(|e| e.to_string())?;
+    let s = ObjectName::parse("snapshot", s).map_err(|e| e.to_string())?;
+    Ok((v, s))
+}
+
+#[async_trait::async_trait]
+impl Controller for V1VolumeController {
+    fn name(&self) -> &'static str {
+        "engine.V1VolumeController"
+    }
+
+    fn inputs(&self) -> Vec<Input> {
+        vec![
+            Input::of::<NodeConfig>(),
+            Input::of::<Volume>(),
+            Input::of::<Snapshot>(),
+            Input::of::<TargetStatus>(),
+        ]
+    }
+
+    fn outputs(&self) -> Vec<Output> {
+        vec![
+            Output::shared::<EngineStatus>(),
+            Output::shared::<SnapshotStatus>(),
+        ]
+    }
+
+    async fn reconcile(&self, ctx: &mut ReconcileContext) -> Result<Requeue, ControllerError> {
+        let node = ctx.get::<NodeConfig>("node")?.map(|n| n.spec).unwrap_or_default();
+        let volumes: Vec<_> = ctx
+            .list::<Volume>()?
+            .into_iter()
+            // ours: served by V1, or still held by our finalizer (to finish a delete)
+            .filter(|v| {
+                serves_v1(&v.spec, &node, self.selection) || v.metadata.finalizers.contains(self.name())
+            })
+            .collect();
+        let mine: std::collections::BTreeSet<String> = volumes.iter().map(|v| v.id().to_string()).collect();
+        let snapshots: Vec<_> = ctx
+            .list::<Snapshot>()?
+            .into_iter()
+            .filter(|s| mine.contains(&s.spec.volume) || s.metadata.finalizers.contains(self.name()))
+            .collect();
+        if volumes.is_empty() && snapshots.is_empty() {
+            return Ok(Requeue::OnInputChange);
+        }
+        let tgtd_ready = ctx
+            .get::<TargetStatus>(TGTD_STATUS_ID)?
+            .is_some_and(|t| t.spec.engine == Engine::V1 && t.spec.state == ObjectState::Ready);
+        let mut vol_jobs = Vec::new();
+        for v in volumes {
+            if !tgtd_ready {
+                // volumes wait for tgtd; snapshots (files only) go on below
+                let mut s = failed("waiting for tgtd", volume_path_str(&self.store, v.id()));
+                s.state = ObjectState::Creating;
+                ctx.apply(v.id(), s)?;
+                continue;
+            }
+            let deleting = v.metadata.phase == Phase::TearingDown;
+            if !deleting {
+                ctx.add_finalizer::<Volume>(v.id())?;
+            }
+            vol_jobs.push(VolumeJob {
+                id: v.id().to_string(),
+                spec: v.spec,
+                deleting,
+            });
+        }
+        let mut snap_jobs = Vec::new();
+        for s in snapshots {
+            let deleting = s.metadata.phase == Phase::TearingDown;
+            if !deleting {
+                ctx.add_finalizer::<Snapshot>(s.id())?;
+            }
+            snap_jobs.push(SnapshotJob {
+                id: s.id().to_string(),
+                spec: s.spec,
+                deleting,
+            });
+        }
+        let plan = Plan {
+            store: self.store.clone(),
+            admin: self.admin.clone(),
+            opts: export_options(&node),
+            address: node.listen_address.clone(),
+            port: node.iscsi_port,
+        };
+        // tgtadm and file operations block: run them off the async workers.
+        let (vol_out, snap_out) = tokio::task::spawn_blocking(move || {
+            let mut vol_out = Vec::new();
+            let mut snap_out = Vec::new();
+            // live volumes first (a snapshot needs its volume), then snapshots, then deletions
+            for j in vol_jobs.iter().filter(|j| !j.deleting) {
+                vol_out.push((j.id.clone(), plan.volume(j)));
+            }
+            for j in &snap_jobs {
+                snap_out.push((j.id.clone(), plan.snapshot(j)));
+            }
+            for j in vol_jobs.iter().filter(|j| j.deleting) {
+                vol_out.push((j.id.clone(), plan.volume(j)));
+            }
+            (vol_out, snap_out)
+        })
+        .await?;
+
+        for (id, out) in snap_out {
+            match out {
+                Outcome::Status(s) => ctx.apply(&id, s)?,
+                Outcome::Deleted => ctx.remove_finalizer::<Snapshot>(&id)?,
+            }
+        }
+        for (id, out) in vol_out {
+            match out {
+                Outcome::Status(s) => ctx.apply(&id, s)?,
+                Outcome::Deleted => ctx.remove_finalizer::<Volume>(&id)?,
+            }
+        }
+        // poll: sessions logging out unblock pending expands and deletes
+        Ok(Requeue::After(Duration::from_secs(if tgtd_ready {
+            5
+        } else {
+            2
+        })))
+    }
+}
+
+fn volume_path_str(store: &V1Store, id: &str) -> String {
+    ObjectName::parse("volume", id)
+        .map(|n| store.volume_path(&n).display().to_string())
+        .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn vol(engine: EngineKind) -> Volume {
+        serde_json::from_value(serde_json::json!({"sizeBytes": 4096, "engine": engine})).expect("volume")
+    }
+
+    #[test]
+    fn selection_follows_volume_then_node_then_host() {
+        let node = |engine| NodeConfig {
+            engine,
+            ..NodeConfig::default()
+        };
+        assert!(serves_v1(
+            &vol(EngineKind::V1),
+            &node(EngineKind::V2),
+            V1Selection::Explicit
+        ));
+        assert!(!serves_v1(
+            &vol(EngineKind::V2),
+            &node(EngineKind::V1),
+            V1Selection::AlsoAuto
+        ));
+        assert!(serves_v1(
+            &vol(EngineKind::Auto),
+            &node(EngineKind::V1),
+            V1Selection::Explicit
+        ));
+        assert!(!serves_v1(
+            &vol(EngineKind::Auto),
+            &node(EngineKind::Auto),
+            V1Selection::Explicit
+        ));
+        assert!(serves_v1(
+            &vol(EngineKind::Auto),
+            &node(EngineKind::Auto),
+            V1Selection::AlsoAuto
+        ));
+        assert!(!serves_v1(
+            &vol(EngineKind::Auto),
+            &node(EngineKind::V2),
+            V1Selection::AlsoAuto
+        ));
+    }
+
+    #[test]
+    fn acl_from_allowed_hosts() {
+        let mut node = NodeConfig::default();
+        assert_eq!(export_options(&node).initiators, vec![InitiatorAcl::All]);
+        node.allowed_hosts = vec![
+            "nqn.2014-08.org.nvmexpress:uuid:1".into(),
+            "iqn.2025-01.io.example:h".into(),
+        ];
+        assert_eq!(
+            export_options(&node).initiators,
+            vec![InitiatorAcl::Name(
+                Iqn::parse("iqn.2025-01.io.example:h").expect("iqn")
+            )]
+        );
+    }
+
+    #[test]
+    fn snapshot_ids() {
+        let (v, s) = parse_snapshot_id("vol-1@s1").expect("id");
+        assert_eq!((v.as_str(), s.as_str()), ("vol-1", "s1"));
+        assert!(parse_snapshot_id("vol-1").is_err());
+        assert!(parse_snapshot_id("vol-1@S").is_err());
+    }
+}

@@ -1,0 +1,718 @@
+//! spdk_tgt supervision as a library: find the binary, build its argv, spawn
+//! it or adopt one already answering on the socket, wait for readiness,
+//! stop it, and a restart-with-backoff loop that reports [`TargetEvent`]s.
+//!
+//! ```text
+//!  TargetConfig ──find_spdk_tgt──> /…/spdk_tgt ──argv()──> spawn ─┐
+//!        │                                                        v
+//!        └── socket answers spdk_get_version? ── yes ──> adopt   wait_ready (spdk_get_version,
+//!                                                          │      backoff, child exit checked)
+//!                                                          v              │
+//!  supervise(): Started/Adopted ─> wait for exit ─> Exited ─> Restarting(after backoff) ─┘
+//!               shutdown ─> stop: SIGINT, grace period, SIGKILL ─> Stopped
+//! ```
+//!
+//! Memory: `-s` is 512 MiB + 43 MiB per exported volume unless set; with
+//! `--no-huge` the same `-s` is taken from ordinary memory (development).
+//! `-u` (no PCI) unless PCI NVMe disks are configured. The RPC socket lives
+//! under the run dir.
+
+use std::ffi::{OsStr, OsString};
+use std::io;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use tokio::process::{Child, Command};
+use tokio::sync::mpsc;
+
+use super::client::{ClientError, SpdkClient};
+use super::rpc::Version;
+
+/// Errors of target supervision.
+#[derive(Debug, thiserror::Error)]
+pub enum TargetError {
+    /// No spdk_tgt binary was found.
+    #[error("spdk_tgt was not found (looked at: {searched})")]
+    NotFound {
+        /// The places looked at.
+        searched: String,
+    },
+    /// The run dir could not be created.
+    #[error("Creating the run dir {path} failed")]
+    RunDir {
+        /// The run dir.
+        path: PathBuf,
+        /// The error.
+        #[source]
+        source: io::Error,
+    },
+    /// The process could not be started.
+    #[error("Starting {path} failed")]
+    Spawn {
+        /// The binary.
+        path: PathBuf,
+        /// The error.
+        #[source]
+        source: io::Error,
+    },
+    /// The process exited before it answered on its socket.
+    #[error("spdk_tgt (pid {pid}) exited with {status} before answering on {socket}")]
+    ExitedEarly {
+        /// Its pid.
+        pid: u32,
+        /// Its exit status.
+        status: String,
+        /// The socket.
+        socket: PathBuf,
+    },
+    /// No answer within the readiness timeout.
+    #[error("spdk_tgt did not answer on {socket} within {timeout:?}")]
+    NotReady {
+        /// The socket.
+        socket: PathBuf,
+        /// The timeout.
+        timeout: Duration,
+        /// The last probe error.
+        #[source]
+        last: Option<ClientError>,
+    },
+    /// A signal could not be sent.
+    #[error("Signalling spdk_tgt pid {pid} with {signal} failed")]
+    Signal {
+        /// The pid.
+        pid: i32,
+        /// The signal.
+        signal: Signal,
+        /// The error.
+        #[source]
+        source: nix::Error,
+    },
+    /// Waiting for the process failed.
+    #[error("Waiting for spdk_tgt pid {pid} failed")]
+    Wait {
+        /// The pid.
+        pid: u32,
+        /// The error.
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// Where SPDK's memory comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Memory {
+    /// Hugepages; `mem_size_mib` None sizes it from the number of volumes.
+    Hugepages {
+        /// `-s` in MiB.
+        mem_size_mib: Option<u64>,
+    },
+    /// `--no-huge -s N` (development and tests).
+    NoHuge {
+        /// `-s` in MiB.
+        mem_size_mib: u64,
+    },
+}
+
+/// How to run spdk_tgt.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TargetConfig {
+    /// An explicit binary (`--spdk-tgt PATH`); searched for when None.
+    pub spdk_tgt: Option<PathBuf>,
+    /// `$TALON_SPDK_DIR`: its `build/bin/spdk_tgt` is the second choice.
+    pub spdk_dir: Option<PathBuf>,
+    /// The run dir; the RPC socket is `<run_dir>/spdk.sock`.
+    pub run_dir: PathBuf,
+    /// `-m` cpumask, e.g. "0x1".
+    pub cpumask: String,
+    /// Memory.
+    pub memory: Memory,
+    /// Volumes exported (sizes hugepage memory).
+    pub exported_volumes: u32,
+    /// PCI NVMe disks are configured (otherwise `-u`).
+    pub pci_disks: bool,
+    /// `--interrupt-mode` (no busy polling).
+    pub interrupt_mode: bool,
+    /// More arguments, appended as given.
+    pub extra_args: Vec<OsString>,
+    /// How long to wait for the first answer.
+    pub ready_timeout: Duration,
+    /// SIGINT to SIGKILL grace period.
+    pub stop_grace: Duration,
+}
+
+impl TargetConfig {
+    /// Defaults: core 0, hugepages sized from volumes, no PCI, 60 s readiness,
+    /// 10 s grace (SPDK takes 1-2.5 s to stop on SIGINT).
+    pub fn new(run_dir: impl Into<PathBuf>) -> Self {
+        TargetConfig {
+            spdk_tgt: None,
+            spdk_dir: std::env::var_os("TALON_SPDK_DIR").map(PathBuf::from),
+            run_dir: run_dir.into(),
+            cpumask: "0x1".into(),
+            memory: Memory::Hugepages { mem_size_mib: None },
+            exported_volumes: 0,
+            pci_disks: false,
+            interrupt_mode: false,
+            extra_args: Vec::new(),
+            ready_timeout: Duration::from_secs(60),
+            stop_grace: Duration::from_secs(10),
+        }
+    }
+
+    /// The RPC socket.
+    pub fn socket(&self) -> PathBuf {
+        self.run_dir.join("spdk.sock")
+    }
+
+    /// The `-s` value in MiB.
+    pub fn mem_size_mib(&self) -> u64 {
+        match self.memory {
+            Memory::Hugepages {
+                mem_size_mib: Some(m),
+            }
+            | Memory::NoHuge { mem_size_mib: m } => m,
+            Memory::Hugepages { mem_size_mib: None } => mem_size_mib_for(self.exported_volumes),
+        }
+    }
+
+    /// The arguments after the binary.
+    pub fn argv(&self) -> Vec<OsString> {
+        let mut a: Vec<OsString> = vec!["-m".into(), self.cpumask.clone().into()];
+        if matches!(self.memory, Memory::NoHuge { .. }) {
+            a.push("--no-huge".into());
+        }
+        a.push("-s".into());
+        a.push(self.mem_size_mib().to_string().into());
+        if !self.pci_disks {
+            a.push("-u".into());
+        }
+        a.push("-r".into());
+        a.push(self.socket().into_os_string());
+        if self.interrupt_mode {
+            a.push("--interrupt-mode".into());
+        }
+        a.extend(self.extra_args.iter().cloned());
+        a
+    }
+}
+
+/// SPDK memory for `volumes` exported volumes: 512 MiB + 43 MiB each.
+pub fn mem_size_mib_for(volumes: u32) -> u64 {
+    512 + 43 * u64::from(volumes)
+}
+
+/// Finds spdk_tgt: the explicit path, then `<spdk_dir>/build/bin/spdk_tgt`,
+/// then each directory of `path_var`.
+pub fn find_spdk_tgt(
+    explicit: Option<&Path>,
+    spdk_dir: Option<&Path>,
+    path_var: Option<&OsStr>,
+) -> Result<PathBuf, TargetError> {
+    let mut searched = Vec::new();
+    let mut candidates = Vec::new();
+    if let Some(p) = explicit {
+        candidates.push(p.to_path_buf());
+    }
+    if let Some(d) = spdk_dir {
+        candidates.push(d.join("build/bin/spdk_tgt"));
+    }
+    if let Some(path) = path_var {
+        candidates.extend(std::env::split_paths(path).map(|d| d.join("spdk_tgt")));
+    }
+    for c in candidates {
+        if is_executable(&c) {
+            return Ok(c);
+        }
+        searched.push(c.display().to_string());
+    }
+    Err(TargetError::NotFound {
+        searched: if searched.is_empty() {
+            "nothing".into()
+        } else {
+            searched.join(", ")
+        },
+    })
+}
+
+fn is_executable(p: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+}
+
+/// Exponential backoff: `base * 2^n` capped at `max`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Backoff {
+    /// The first delay.
+    pub base: Duration,
+    /// The cap.
+    pub max: Duration,
+    attempt: u32,
+}
+
+impl Backoff {
+    /// A backoff starting at `base`, capped at `max`.
+    pub fn new(base: Duration, max: Duration) -> Self {
+        Backoff {
+            base,
+            max,
+            attempt: 0,
+        }
+    }
+
+    /// The next delay.
+    pub fn next_delay(&mut self) -> Duration {
+        let d = self.base.saturating_mul(1u32 << self.attempt.min(20));
+        self.attempt = self.attempt.saturating_add(1);
+        d.min(self.max)
+    }
+
+    /// Attempts so far.
+    pub fn attempts(&self) -> u32 {
+        self.attempt
+    }
+
+    /// Back to the first delay.
+    pub fn reset(&mut self) {
+        self.attempt = 0;
+    }
+}
+
+/// Waits until `client` answers `spdk_get_version`, probing with backoff
+/// (5 ms doubling to 250 ms); fails at once if `child` exits.
+pub async fn wait_ready(
+    client: &SpdkClient,
+    mut child: Option<&mut Child>,
+    timeout: Duration,
+) -> Result<Version, TargetError> {
+    let deadline = Instant::now() + timeout;
+    let mut backoff = Backoff::new(Duration::from_millis(5), Duration::from_millis(250));
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let probe = Duration::from_secs(2).min(left.max(Duration::from_millis(1)));
+        let last = match client
+            .call_with_timeout::<(), Version>("spdk_get_version", None, probe)
+            .await
+        {
+            Ok(v) => return Ok(v),
+            Err(e) => e,
+        };
+        if let Some(c) = child.as_deref_mut()
+            && let Ok(Some(status)) = c.try_wait()
+        {
+            return Err(TargetError::ExitedEarly {
+                pid: c.id().unwrap_or(0),
+                status: status.to_string(),
+                socket: client.socket().to_path_buf(),
+            });
+        }
+        if Instant::now() >= deadline {
+            return Err(TargetError::NotReady {
+                socket: client.socket().to_path_buf(),
+                timeout,
+                last: Some(last),
+            });
+        }
+        tokio::time::sleep(backoff.next_delay().min(left)).await;
+    }
+}
+
+/// How talon came to hold the target.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Origin {
+    /// talon started it.
+    Spawned,
+    /// It was already answering on the socket.
+    Adopted,
+}
+
+/// A running spdk_tgt.
+#[derive(Debug)]
+pub struct Target {
+    client: SpdkClient,
+    origin: Origin,
+    pid: Option<i32>,
+    child: Option<Child>,
+    version: Version,
+}
+
+/// The pid of the process listening on a Unix socket (SO_PEERCRED).
+async fn socket_peer_pid(socket: &Path) -> Option<i32> {
+    let s = tokio::net::UnixStream::connect(socket).await.ok()?;
+    s.peer_cred().ok()?.pid()
+}
+
+impl Target {
+    /// Adopts a target already answering on `socket`; `None` if none answers.
+    pub async fn adopt(socket: &Path) -> Option<Target> {
+        let client = SpdkClient::new(socket);
+        let version = client
+            .call_with_timeout::<(), Version>("spdk_get_version", None, Duration::from_secs(2))
+            .await
+            .ok()?;
+        let pid = socket_peer_pid(socket).await;
+        Some(Target {
+            client,
+            origin: Origin::Adopted,
+            pid,
+            child: None,
+            version,
+        })
+    }
+
+    /// Adopts a target on the config's socket, or spawns one and waits until
+    /// it answers.
+    pub async fn start(cfg: &TargetConfig) -> Result<Target, TargetError> {
+        if let Some(t) = Self::adopt(&cfg.socket()).await {
+            tracing::info!(pid = ?t.pid, version = %t.version.version, "adopted a running spdk_tgt");
+            return Ok(t);
+        }
+        Self::spawn(cfg).await
+    }
+
+    /// Spawns spdk_tgt (never adopts) and waits until it answers.
+    pub async fn spawn(cfg: &TargetConfig) -> Result<Target, TargetError> {
+        let path_var = std::env::var_os("PATH");
+        let bin = find_spdk_tgt(
+            cfg.spdk_tgt.as_deref(),
+            cfg.spdk_dir.as_deref(),
+            path_var.as_deref(),
+        )?;
+        std::fs::create_dir_all(&cfg.run_dir).map_err(|source| TargetError::RunDir {
+            path: cfg.run_dir.clone(),
+            source,
+        })?;
+        let socket = cfg.socket();
+        // A socket file nobody answers on is stale (a crashed target).
+        let _ = std::fs::remove_file(&socket);
+        let mut child = Command::new(&bin)
+            .args(cfg.argv())
+            .stdin(std::process::Stdio::null())
+            .kill_on_drop(false)
+            .spawn()
+            .map_err(|source| TargetError::Spawn {
+                path: bin.clone(),
+                source,
+            })?;
+        let pid = child.id().and_then(|p| i32::try_from(p).ok());
+        tracing::info!(?pid, bin = %bin.display(), "spawned spdk_tgt");
+        let client = SpdkClient::new(&socket);
+        match wait_ready(&client, Some(&mut child), cfg.ready_timeout).await {
+            Ok(version) => Ok(Target {
+                client,
+                origin: Origin::Spawned,
+                pid,
+                child: Some(child),
+                version,
+            }),
+            Err(e) => {
+                let _ = child.start_kill();
+                let _ = child.wait().await;
+                Err(e)
+            }
+        }
+    }
+
+    /// The client on its socket.
+    pub fn client(&self) -> &SpdkClient {
+        &self.client
+    }
+
+    /// Spawned or adopted.
+    pub fn origin(&self) -> Origin {
+        self.origin
+    }
+
+    /// The process id, when known.
+    pub fn pid(&self) -> Option<i32> {
+        self.pid
+    }
+
+    /// The version it answered at readiness.
+    pub fn version(&self) -> &Version {
+        &self.version
+    }
+
+    /// Lets go of the target without stopping it.
+    pub fn release(mut self) {
+        self.child.take();
+    }
+
+    /// Waits until the target exits: the child's status for a spawned
+    /// target; for an adopted one, until its socket stops answering.
+    pub async fn wait_exit(&mut self) -> Result<String, TargetError> {
+        if let Some(c) = self.child.as_mut() {
+            let pid = c.id().unwrap_or(0);
+            let status = c
+                .wait()
+                .await
+                .map_err(|source| TargetError::Wait { pid, source })?;
+            return Ok(status.to_string());
+        }
+        loop {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            let probe = self
+                .client
+                .call_with_timeout::<(), Version>("spdk_get_version", None, Duration::from_secs(5))
+                .await;
+            if let Err(e) = probe
+                && e.is_transport()
+            {
+                return Ok(format!("stopped answering: {e}"));
+            }
+        }
+    }
+
+    /// Stops it: SIGINT, then SIGKILL if it has not exited after `grace`.
+    /// Returns how it ended.
+    pub async fn stop(mut self, grace: Duration) -> Result<String, TargetError> {
+        self.client.disconnect().await;
+        let Some(pid) = self.pid else {
+            return Ok("unknown pid: not signalled".into());
+        };
+        if u32::try_from(pid).ok() == Some(std::process::id()) {
+            // An in-process target (spdk-embedded, or a test double).
+            return Ok("in-process target: not signalled".into());
+        }
+        let signal = |s: Signal| match kill(Pid::from_raw(pid), s) {
+            Ok(()) | Err(nix::Error::ESRCH) => Ok(()),
+            Err(source) => Err(TargetError::Signal {
+                pid,
+                signal: s,
+                source,
+            }),
+        };
+        signal(Signal::SIGINT)?;
+        if let Some(mut c) = self.child.take() {
+            let upid = c.id().unwrap_or(0);
+            match tokio::time::timeout(grace, c.wait()).await {
+                Ok(r) => {
+                    return r
+                        .map(|s| s.to_string())
+                        .map_err(|source| TargetError::Wait { pid: upid, source });
+                }
+                Err(_) => {
+                    signal(Signal::SIGKILL)?;
+                    let s = c
+                        .wait()
+                        .await
+                        .map_err(|source| TargetError::Wait { pid: upid, source })?;
+                    return Ok(format!("{s} (killed after {grace:?})"));
+                }
+            }
+        }
+        // Adopted: not our child; watch the pid disappear.
+        let deadline = Instant::now() + grace;
+        let mut backoff = Backoff::new(Duration::from_millis(5), Duration::from_millis(200));
+        while kill(Pid::from_raw(pid), None).is_ok() {
+            if Instant::now() >= deadline {
+                signal(Signal::SIGKILL)?;
+                return Ok(format!("killed after {grace:?}"));
+            }
+            tokio::time::sleep(backoff.next_delay()).await;
+        }
+        Ok("exited".into())
+    }
+}
+
+/// What the supervision loop reports; the controller reconciles SPDK
+/// objects back after `Started` following an `Exited`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TargetEvent {
+    /// talon started the target and it answered.
+    Started {
+        /// Its pid.
+        pid: Option<i32>,
+        /// Its version string.
+        version: String,
+    },
+    /// A running target was adopted.
+    Adopted {
+        /// Its pid.
+        pid: Option<i32>,
+        /// Its version string.
+        version: String,
+    },
+    /// The target exited or stopped answering.
+    Exited {
+        /// How.
+        status: String,
+    },
+    /// A start failed.
+    StartFailed {
+        /// Why.
+        error: String,
+    },
+    /// The next start comes after this delay.
+    Restarting {
+        /// 1 for the first restart.
+        attempt: u32,
+        /// The delay.
+        after: Duration,
+    },
+    /// Stopped on shutdown.
+    Stopped {
+        /// How it ended.
+        status: String,
+    },
+}
+
+/// Runs the target until `shutdown` completes: adopt or start it, restart it
+/// with backoff (100 ms doubling to 30 s, reset after a minute of uptime)
+/// whenever it exits or fails to start, and stop it on shutdown. Events go
+/// to `events`; a closed receiver does not stop the loop.
+pub async fn supervise(
+    cfg: TargetConfig,
+    events: mpsc::Sender<TargetEvent>,
+    shutdown: impl std::future::Future<Output = ()>,
+) {
+    tokio::pin!(shutdown);
+    let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(30));
+    loop {
+        let started = tokio::select! {
+            r = Target::start(&cfg) => r,
+            _ = &mut shutdown => return,
+        };
+        match started {
+            Ok(mut t) => {
+                let (pid, version) = (t.pid(), t.version().version.clone());
+                let ev = match t.origin() {
+                    Origin::Spawned => TargetEvent::Started { pid, version },
+                    Origin::Adopted => TargetEvent::Adopted { pid, version },
+                };
+                let _ = events.send(ev).await;
+                let up = Instant::now();
+                let ended = tokio::select! {
+                    r = t.wait_exit() => Some(r),
+                    _ = &mut shutdown => None,
+                };
+                match ended {
+                    None => {
+                        let status = match t.stop(cfg.stop_grace).await {
+                            Ok(s) => s,
+                            Err(e) => e.to_string(),
+                        };
+                        let _ = events.send(TargetEvent::Stopped { status }).await;
+                        return;
+                    }
+                    Some(r) => {
+                        let status = r.unwrap_or_else(|e| e.to_string());
+                        let _ = events.send(TargetEvent::Exited { status }).await;
+                        if up.elapsed() > Duration::from_secs(60) {
+                            backoff.reset();
+                        }
+                    }
+                }
+            }
+            Err(e) => {
+                let _ = events
+                    .send(TargetEvent::StartFailed { error: e.to_string() })
+                    .await;
+            }
+        }
+        let after = backoff.next_delay();
+        let _ = events
+            .send(TargetEvent::Restarting {
+                attempt: backoff.attempts(),
+                after,
+            })
+            .await;
+        tokio::select! {
+            _ = tokio::time::sleep(after) => {}
+            _ = &mut shutdown => return,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn argv_for_hugepages_and_volumes() {
+        let mut c = TargetConfig::new("/run/talon");
+        c.exported_volumes = 4;
+        let a: Vec<String> = c
+            .argv()
+            .iter()
+            .map(|s| s.to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(a, ["-m", "0x1", "-s", "684", "-u", "-r", "/run/talon/spdk.sock"]);
+    }
+
+    #[test]
+    fn argv_for_no_huge_pci_interrupt() {
+        let mut c = TargetConfig::new("/run/talon");
+        c.memory = Memory::NoHuge { mem_size_mib: 1024 };
+        c.pci_disks = true;
+        c.interrupt_mode = true;
+        c.cpumask = "0x3".into();
+        let a: Vec<String> = c
+            .argv()
+            .iter()
+            .map(|s| s.to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(
+            a,
+            [
+                "-m",
+                "0x3",
+                "--no-huge",
+                "-s",
+                "1024",
+                "-r",
+                "/run/talon/spdk.sock",
+                "--interrupt-mode"
+            ]
+        );
+    }
+
+    #[test]
+    fn mem_size_grows_per_volume() {
+        assert_eq!(mem_size_mib_for(0), 512);
+        assert_eq!(mem_size_mib_for(10), 942);
+    }
+
+    #[test]
+    fn finds_in_order_explicit_dir_path() {
+        use std::os::unix::fs::PermissionsExt;
+        let d = tempfile::tempdir().expect("tempdir");
+        let mk = |p: &Path| {
+            std::fs::create_dir_all(p.parent().expect("parent")).expect("mkdir");
+            std::fs::write(p, "#!/bin/sh\n").expect("write");
+            std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        };
+        let explicit = d.path().join("x/spdk_tgt");
+        let in_dir = d.path().join("spdk/build/bin/spdk_tgt");
+        let in_path = d.path().join("bin/spdk_tgt");
+        let path_var = std::env::join_paths([d.path().join("nope"), d.path().join("bin")]).expect("join");
+        let e =
+            find_spdk_tgt(Some(&explicit), Some(&d.path().join("spdk")), Some(&path_var)).expect_err("none");
+        assert!(e.to_string().contains("spdk_tgt was not found"), "{e}");
+        mk(&in_path);
+        assert_eq!(
+            find_spdk_tgt(Some(&explicit), Some(&d.path().join("spdk")), Some(&path_var)).expect("p"),
+            in_path
+        );
+        mk(&in_dir);
+        assert_eq!(
+            find_spdk_tgt(Some(&explicit), Some(&d.path().join("spdk")), Some(&path_var)).expect("d"),
+            in_dir
+        );
+        mk(&explicit);
+        assert_eq!(
+            find_spdk_tgt(Some(&explicit), Some(&d.path().join("spdk")), Some(&path_var)).expect("e"),
+            explicit
+        );
+    }
+
+    #[test]
+    fn backoff_doubles_and_caps() {
+        let mut b = Backoff::new(Duration::from_millis(100), Duration::from_secs(1));
+        let v: Vec<u128> = (0..6).map(|_| b.next_delay().as_millis()).collect();
+        assert_eq!(v, [100, 200, 400, 800, 1000, 1000]);
+        b.reset();
+        assert_eq!(b.next_delay(), Duration::from_millis(100));
+    }
+}

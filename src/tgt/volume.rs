@@ -1,0 +1,867 @@
+//! V1 volumes: sparse files under the data dir, exported by tgtd as iSCSI LUNs.
+//!
+//! ```text
+//!   <data_dir>/v1/volumes/<name>.img ──export──> tgtd target iqn.2025-01.io.talon:<name>, LUN 1
+//!        │         ▲                               (ACL: initiator addresses/names, optional CHAP)
+//!        │ FICLONE │ FICLONE (clone)
+//!        v         │
+//!   <data_dir>/v1/snapshots/<name>/<snapshot>.img
+//! ```
+//!
+//! - create: a sparse file (`set_len`), fsynced with its directory.
+//! - delete: refused while an initiator is logged in (the error names the
+//!   sessions); otherwise every target serving the file is removed first, then
+//!   the file and the volume's snapshots.
+//! - expand: grows the file, then removes and re-adds the LUN so tgtd reads
+//!   the new size (tgtd has no online resize); refused while sessions are
+//!   logged in, because an I/O arriving between the removal and the re-add
+//!   would fail. Initiators see the new size with READ CAPACITY.
+//! - snapshot / clone: reflinks (FICLONE); filesystems without reflink get a
+//!   clear error and nothing is left behind.
+//! - export / reexport_all: idempotent; after a restart of tgtd or talon every
+//!   volume file is served again.
+
+use std::fs::{self, File, OpenOptions};
+use std::io;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+use super::admin::{AdminError, ChapSecret, ChapUser, InitiatorAcl, Nexus, TargetInfo, TgtAdm, Tid};
+use crate::names::{Iqn, ObjectName};
+
+/// The LUN a volume is served as (LUN 0 is tgtd's controller).
+pub const VOLUME_LUN: u64 = 1;
+/// Volume sizes are multiples of this (the LUN's logical block size).
+pub const BLOCK_SIZE: u64 = 512;
+
+/// An error of a V1 volume operation.
+#[derive(Debug, thiserror::Error)]
+pub enum VolumeError {
+    #[error("invalid size {size} for volume {volume}: {reason}")]
+    InvalidSize {
+        volume: ObjectName,
+        size: u64,
+        reason: String,
+    },
+    #[error("volume {volume} already exists at {path}")]
+    Exists { volume: ObjectName, path: PathBuf },
+    #[error("volume {volume} does not exist (no {path})")]
+    NotFound { volume: ObjectName, path: PathBuf },
+    #[error("snapshot {snapshot} of volume {volume} already exists at {path}")]
+    SnapshotExists {
+        volume: ObjectName,
+        snapshot: ObjectName,
+        path: PathBuf,
+    },
+    #[error("snapshot {snapshot} of volume {volume} does not exist (no {path})")]
+    SnapshotNotFound {
+        volume: ObjectName,
+        snapshot: ObjectName,
+        path: PathBuf,
+    },
+    #[error("cannot create {path}")]
+    Create {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("cannot resize {path} to {size} bytes")]
+    Resize {
+        path: PathBuf,
+        size: u64,
+        #[source]
+        source: io::Error,
+    },
+    #[error("cannot remove {path}")]
+    Remove {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("cannot read {path}")]
+    Stat {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("filesystem at {path} does not support reflink (use XFS with reflink=1 or btrfs)")]
+    NoReflink {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("cannot reflink {from} to {to}")]
+    Reflink {
+        from: PathBuf,
+        to: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("cannot {action} volume {volume}: initiators are logged in: {sessions}")]
+    InUse {
+        action: &'static str,
+        volume: ObjectName,
+        sessions: String,
+    },
+    #[error("cannot {action} volume {volume} through tgtd")]
+    Admin {
+        action: &'static str,
+        volume: ObjectName,
+        #[source]
+        source: AdminError,
+    },
+    #[error("cannot export volume {volume}: target {iqn} (tid {tid}) serves {found:?} as LUN 1, not {path}")]
+    ExportConflict {
+        volume: ObjectName,
+        iqn: Iqn,
+        tid: Tid,
+        found: Option<PathBuf>,
+        path: PathBuf,
+    },
+}
+
+/// Incoming CHAP credentials of a target (the initiator authenticates).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ChapCredentials {
+    /// The user name (a tgtd account, global to the daemon).
+    pub user: ChapUser,
+    /// The secret.
+    pub secret: ChapSecret,
+}
+
+/// Who may reach an exported volume.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ExportOptions {
+    /// Allowed initiators; empty allows nobody (tgtd's default).
+    pub initiators: Vec<InitiatorAcl>,
+    /// Optional CHAP.
+    pub chap: Option<ChapCredentials>,
+}
+
+/// A volume served by tgtd.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Export {
+    /// The volume.
+    pub volume: ObjectName,
+    /// Its target name.
+    pub iqn: Iqn,
+    /// Its tgtd target id.
+    pub tid: Tid,
+    /// Its LUN ([`VOLUME_LUN`]).
+    pub lun: u64,
+}
+
+/// A V1 volume on disk.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VolumeInfo {
+    /// The volume's name.
+    pub name: ObjectName,
+    /// Its backing file.
+    pub path: PathBuf,
+    /// Its size in bytes.
+    pub size: u64,
+    /// Bytes allocated on disk (sparse files use less than `size`).
+    pub allocated: u64,
+}
+
+/// A snapshot of a V1 volume.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SnapshotInfo {
+    /// The volume.
+    pub volume: ObjectName,
+    /// The snapshot's name.
+    pub name: ObjectName,
+    /// Its file.
+    pub path: PathBuf,
+    /// Its size in bytes.
+    pub size: u64,
+}
+
+/// The result of [`V1Store::reexport_all`]: what is served and what failed.
+#[derive(Debug, Default)]
+pub struct ReexportReport {
+    /// Volumes served.
+    pub exported: Vec<Export>,
+    /// Volumes that could not be exported, with the reason.
+    pub failed: Vec<(ObjectName, VolumeError)>,
+    /// Set when the volume directory could not be read at all.
+    pub list_error: Option<VolumeError>,
+}
+
+/// The V1 volumes of one data dir.
+#[derive(Debug, Clone)]
+pub struct V1Store {
+    root: PathBuf,
+}
+
+impl V1Store {
+    /// The store under `<data_dir>/v1`.
+    pub fn new(data_dir: impl AsRef<Path>) -> Self {
+        Self {
+            root: data_dir.as_ref().join("v1"),
+        }
+    }
+
+    /// The directory of volume files.
+    pub fn volumes_dir(&self) -> PathBuf {
+        self.root.join("volumes")
+    }
+
+    /// A volume's backing file.
+    pub fn volume_path(&self, name: &ObjectName) -> PathBuf {
+        self.volumes_dir().join(format!("{name}.img"))
+    }
+
+    /// The directory of a volume's snapshots.
+    pub fn snapshots_dir(&self, volume: &ObjectName) -> PathBuf {
+        self.root.join("snapshots").join(volume.as_str())
+    }
+
+    /// A snapshot's file.
+    pub fn snapshot_path(&self, volume: &ObjectName, snapshot: &ObjectName) -> PathBuf {
+        self.snapshots_dir(volume).join(format!("{snapshot}.img"))
+    }
+
+    fn check_size(volume: &ObjectName, size: u64) -> Result<(), VolumeError> {
+        let reason = if size == 0 {
+            "a volume must not be empty".to_string()
+        } else if !size.is_multiple_of(BLOCK_SIZE) {
+            format!("not a multiple of the {BLOCK_SIZE}-byte block size")
+        } else if size > i64::MAX as u64 {
+            "too large".to_string()
+        } else {
+            return Ok(());
+        };
+        Err(VolumeError::InvalidSize {
+            volume: volume.clone(),
+            size,
+            reason,
+        })
+    }
+
+    /// Creates a sparse volume file of `size` bytes.
+    pub fn create(&self, name: &ObjectName, size: u64) -> Result<VolumeInfo, VolumeError> {
+        Self::check_size(name, size)?;
+        let dir = self.volumes_dir();
+        fs::create_dir_all(&dir).map_err(|source| VolumeError::Create {
+            path: dir.clone(),
+            source,
+        })?;
+        let path = self.volume_path(name);
+        let file = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&path)
+            .map_err(|source| {
+                if source.kind() == io::ErrorKind::AlreadyExists {
+                    VolumeError::Exists {
+                        volume: name.clone(),
+                        path: path.clone(),
+                    }
+                } else {
+                    VolumeError::Create {
+                        path: path.clone(),
+                        source,
+                    }
+                }
+            })?;
+        let result = file
+            .set_len(size)
+            .and_then(|()| file.sync_all())
+            .and_then(|()| sync_dir(&dir))
+            .map_err(|source| VolumeError::Resize {
+                path: path.clone(),
+                size,
+                source,
+            });
+        if let Err(e) = result {
+            let _ = fs::remove_file(&path);
+            return Err(e);
+        }
+        self.info(name)
+    }
+
+    /// A volume's size and allocation.
+    pub fn info(&self, name: &ObjectName) -> Result<VolumeInfo, VolumeError> {
+        let path = self.volume_path(name);
+        let meta = fs::metadata(&path).map_err(|source| {
+            if source.kind() == io::ErrorKind::NotFound {
+                VolumeError::NotFound {
+                    volume: name.clone(),
+                    path: path.clone(),
+                }
+            } else {
+                VolumeError::Stat {
+                    path: path.clone(),
+                    source,
+                }
+            }
+        })?;
+        Ok(VolumeInfo {
+            name: name.clone(),
+            path,
+            size: meta.len(),
+            allocated: meta.blocks() * 512,
+        })
+    }
+
+    /// Every volume, sorted by name (files with names that are not volume names
+    /// are skipped).
+    pub fn list(&self) -> Result<Vec<VolumeInfo>, VolumeError> {
+        let dir = self.volumes_dir();
+        let mut out = Vec::new();
+        for name in img_names(&dir)? {
+            match ObjectName::parse("volume", &name) {
+                Ok(v) => out.push(self.info(&v)?),
+                Err(e) => {
+                    tracing::warn!(path = %dir.display(), error = %e, "skipping a file that is not a volume")
+                }
+            }
+        }
+        out.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(out)
+    }
+
+    /// The targets of tgtd serving this volume's file (by backing path, so a
+    /// target made by another name counts too).
+    fn serving_targets(&self, admin: &TgtAdm, name: &ObjectName) -> Result<Vec<TargetInfo>, AdminError> {
+        let path = self.volume_path(name);
+        Ok(admin
+            .show()?
+            .into_iter()
+            .filter(|t| {
+                t.luns
+                    .iter()
+                    .any(|l| l.backing_path.as_deref() == Some(path.as_path()))
+            })
+            .collect())
+    }
+
+    /// The sessions logged in to targets serving the volume.
+    pub fn sessions(&self, admin: &TgtAdm, name: &ObjectName) -> Result<Vec<Nexus>, VolumeError> {
+        let targets = self
+            .serving_targets(admin, name)
+            .map_err(admin_err("inspect", name))?;
+        Ok(targets.into_iter().flat_map(|t| t.nexuses).collect())
+    }
+
+    fn refuse_if_in_use(
+        &self,
+        action: &'static str,
+        name: &ObjectName,
+        targets: &[TargetInfo],
+    ) -> Result<(), VolumeError> {
+        let sessions: Vec<String> = targets
+            .iter()
+            .flat_map(|t| t.nexuses.iter().map(|n| format!("{n} on {}", t.name)))
+            .collect();
+        if sessions.is_empty() {
+            return Ok(());
+        }
+        Err(VolumeError::InUse {
+            action,
+            volume: name.clone(),
+            sessions: sessions.join(", "),
+        })
+    }
+
+    /// Exports a volume as LUN 1 of target `Iqn::for_volume(name)`, with the
+    /// given ACL and CHAP. Idempotent: an existing target is brought to the
+    /// wanted ACL. A failure while creating a new target removes it again.
+    pub fn export(
+        &self,
+        admin: &TgtAdm,
+        name: &ObjectName,
+        opts: &ExportOptions,
+    ) -> Result<Export, VolumeError> {
+        let path = self.info(name)?.path;
+        let iqn = Iqn::for_volume(name);
+        let existing = admin.find_target(&iqn).map_err(admin_err("export", name))?;
+        if let Some(t) = existing {
+            let found = t.lun(VOLUME_LUN).and_then(|l| l.backing_path.clone());
+            if found.as_deref() != Some(path.as_path()) {
+                return Err(VolumeError::ExportConflict {
+                    volume: name.clone(),
+                    iqn,
+                    tid: t.tid,
+                    found,
+                    path,
+                });
+            }
+            sync_acl(admin, &t, opts).map_err(admin_err("export", name))?;
+            return Ok(Export {
+                volume: name.clone(),
+                iqn,
+                tid: t.tid,
+                lun: VOLUME_LUN,
+            });
+        }
+        let tid = admin.new_target(&iqn).map_err(admin_err("export", name))?;
+        let setup = || -> Result<(), AdminError> {
+            admin.new_lun(tid, VOLUME_LUN, &path)?;
+            for acl in &opts.initiators {
+                admin.bind(tid, acl)?;
+            }
+            if let Some(chap) = &opts.chap {
+                set_chap(admin, tid, chap)?;
+            }
+            Ok(())
+        };
+        if let Err(e) = setup() {
+            if let Err(undo) = admin.delete_target(tid, true) {
+                tracing::warn!(tid, %iqn, error = %undo, "cannot remove a half-made target");
+            }
+            return Err(admin_err("export", name)(e));
+        }
+        Ok(Export {
+            volume: name.clone(),
+            iqn,
+            tid,
+            lun: VOLUME_LUN,
+        })
+    }
+
+    /// Stops serving a volume (every target serving its file). Without `force`
+    /// it refuses while initiators are logged in, naming them.
+    pub fn unexport(&self, admin: &TgtAdm, name: &ObjectName, force: bool) -> Result<(), VolumeError> {
+        let targets = self
+            .serving_targets(admin, name)
+            .map_err(admin_err("unexport", name))?;
+        if !force {
+            self.refuse_if_in_use("unexport", name, &targets)?;
+        }
+        for t in &targets {
+            admin
+                .delete_target(t.tid, force)
+                .map_err(admin_err("unexport", name))?;
+        }
+        Ok(())
+    }
+
+    /// Exports every volume on disk (after a restart of tgtd or talon), with the
+    /// options `opts_for` gives each. Continues past failures and reports them.
+    pub fn reexport_all(
+        &self,
+        admin: &TgtAdm,
+        opts_for: impl Fn(&ObjectName) -> ExportOptions,
+    ) -> ReexportReport {
+        let mut report = ReexportReport::default();
+        let volumes = match self.list() {
+            Ok(v) => v,
+            Err(e) => {
+                report.list_error = Some(e);
+                return report;
+            }
+        };
+        for v in volumes {
+            match self.export(admin, &v.name, &opts_for(&v.name)) {
+                Ok(e) => report.exported.push(e),
+                Err(e) => report.failed.push((v.name, e)),
+            }
+        }
+        report
+    }
+
+    /// Deletes a volume: refuses while initiators are logged in (naming them),
+    /// removes every target serving its file, then the file and its snapshots.
+    pub fn delete(&self, admin: &TgtAdm, name: &ObjectName) -> Result<(), VolumeError> {
+        let info = self.info(name)?;
+        self.unexport(admin, name, false)?;
+        fs::remove_file(&info.path).map_err(|source| VolumeError::Remove {
+            path: info.path.clone(),
+            source,
+        })?;
+        let snaps = self.snapshots_dir(name);
+        match fs::remove_dir_all(&snaps) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(source) => return Err(VolumeError::Remove { path: snaps, source }),
+        }
+        let _ = sync_dir(&self.volumes_dir());
+        Ok(())
+    }
+
+    /// Grows a volume to `new_size` bytes and makes tgtd serve the new size.
+    /// Refused while initiators are logged in (tgtd cannot resize a LUN in
+    /// place); on a tgtd failure the file is shrunk back.
+    pub fn expand(
+        &self,
+        admin: &TgtAdm,
+        name: &ObjectName,
+        new_size: u64,
+    ) -> Result<VolumeInfo, VolumeError> {
+        Self::check_size(name, new_size)?;
+        let info = self.info(name)?;
+        if new_size < info.size {
+            return Err(VolumeError::InvalidSize {
+                volume: name.clone(),
+                size: new_size,
+                reason: format!("smaller than the current {} bytes (volumes only grow)", info.size),
+            });
+        }
+        if new_size == info.size {
+            return Ok(info);
+        }
+        let targets = self
+            .serving_targets(admin, name)
+            .map_err(admin_err("expand", name))?;
+        self.refuse_if_in_use("expand", name, &targets)?;
+        let resize = |size| {
+            let f = OpenOptions::new().write(true).open(&info.path)?;
+            f.set_len(size)?;
+            f.sync_all()
+        };
+        resize(new_size).map_err(|source| VolumeError::Resize {
+            path: info.path.clone(),
+            size: new_size,
+            source,
+        })?;
+        for t in &targets {
+            let lun = t
+                .luns
+                .iter()
+                .find(|l| l.backing_path.as_deref() == Some(info.path.as_path()));
+            let Some(lun) = lun else { continue };
+            if let Err(e) = admin.reopen_lun(t.tid, lun.lun, &info.path) {
+                if let Err(undo) = resize(info.size) {
+                    tracing::warn!(path = %info.path.display(), error = %undo, "cannot shrink back after a failed expand");
+                }
+                return Err(admin_err("expand", name)(e));
+            }
+        }
+        self.info(name)
+    }
+
+    /// Takes a snapshot by reflink (crash-consistent: XFS and btrfs flush the
+    /// source's dirty pages before sharing its extents).
+    pub fn snapshot(&self, volume: &ObjectName, snapshot: &ObjectName) -> Result<SnapshotInfo, VolumeError> {
+        let src = self.info(volume)?.path;
+        let dir = self.snapshots_dir(volume);
+        fs::create_dir_all(&dir).map_err(|source| VolumeError::Create {
+            path: dir.clone(),
+            source,
+        })?;
+        let dst = self.snapshot_path(volume, snapshot);
+        reflink_new(&src, &dst).map_err(|e| match e {
+            ReflinkFail::Exists => VolumeError::SnapshotExists {
+                volume: volume.clone(),
+                snapshot: snapshot.clone(),
+                path: dst.clone(),
+            },
+            other => other.into_error(&self.root, &src, &dst),
+        })?;
+        let _ = sync_dir(&dir);
+        self.snapshot_info(volume, snapshot)
+    }
+
+    /// A snapshot's details.
+    pub fn snapshot_info(
+        &self,
+        volume: &ObjectName,
+        snapshot: &ObjectName,
+    ) -> Result<SnapshotInfo, VolumeError> {
+        let path = self.snapshot_path(volume, snapshot);
+        let meta = fs::metadata(&path).map_err(|source| {
+            if source.kind() == io::ErrorKind::NotFound {
+                VolumeError::SnapshotNotFound {
+                    volume: volume.clone(),
+                    snapshot: snapshot.clone(),
+                    path: path.clone(),
+                }
+            } else {
+                VolumeError::Stat {
+                    path: path.clone(),
+                    source,
+                }
+            }
+        })?;
+        Ok(SnapshotInfo {
+            volume: volume.clone(),
+            name: snapshot.clone(),
+            path,
+            size: meta.len(),
+        })
+    }
+
+    /// A volume's snapshots, sorted by name.
+    pub fn list_snapshots(&self, volume: &ObjectName) -> Result<Vec<SnapshotInfo>, VolumeError> {
+        let mut out = Vec::new();
+        for name in img_names(&self.snapshots_dir(volume))? {
+            if let Ok(s) = ObjectName::parse("snapshot", &name) {
+                out.push(self.snapshot_info(volume, &s)?);
+            }
+        }
+        out.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(out)
+    }
+
+    /// Deletes a snapshot (volumes cloned from it keep their data).
+    pub fn delete_snapshot(&self, volume: &ObjectName, snapshot: &ObjectName) -> Result<(), VolumeError> {
+        let path = self.snapshot_info(volume, snapshot)?.path;
+        fs::remove_file(&path).map_err(|source| VolumeError::Remove { path, source })
+    }
+
+    /// Creates volume `new` from a snapshot by reflink.
+    pub fn clone_snapshot(
+        &self,
+        volume: &ObjectName,
+        snapshot: &ObjectName,
+        new: &ObjectName,
+    ) -> Result<VolumeInfo, VolumeError> {
+        let src = self.snapshot_info(volume, snapshot)?.path;
+        let dst = self.volume_path(new);
+        reflink_new(&src, &dst).map_err(|e| match e {
+            ReflinkFail::Exists => VolumeError::Exists {
+                volume: new.clone(),
+                path: dst.clone(),
+            },
+            other => other.into_error(&self.root, &src, &dst),
+        })?;
+        let _ = sync_dir(&self.volumes_dir());
+        self.info(new)
+    }
+}
+
+fn admin_err<'a>(
+    action: &'static str,
+    volume: &'a ObjectName,
+) -> impl FnOnce(AdminError) -> VolumeError + 'a {
+    move |source| VolumeError::Admin {
+        action,
+        volume: volume.clone(),
+        source,
+    }
+}
+
+/// Brings a target's ACL and CHAP to `opts`.
+fn sync_acl(admin: &TgtAdm, t: &TargetInfo, opts: &ExportOptions) -> Result<(), AdminError> {
+    for acl in &opts.initiators {
+        if !t.acl.contains(&acl.to_string()) {
+            admin.bind(t.tid, acl)?;
+        }
+    }
+    for shown in &t.acl {
+        if opts.initiators.iter().all(|a| a.to_string() != *shown) {
+            match parse_acl(shown) {
+                Some(acl) => admin.unbind(t.tid, &acl)?,
+                None => {
+                    tracing::warn!(tid = t.tid, entry = %shown, "leaving an ACL entry talon cannot parse")
+                }
+            }
+        }
+    }
+    if let Some(chap) = &opts.chap {
+        set_chap(admin, t.tid, chap)?;
+    }
+    for shown in &t.accounts {
+        let wanted = opts.chap.as_ref().is_some_and(|c| c.user.as_str() == shown);
+        if !wanted && let Ok(user) = ChapUser::parse(shown.trim_end_matches(" (outgoing)")) {
+            admin.unbind_account(t.tid, &user, shown.ends_with(" (outgoing)"))?;
+        }
+    }
+    Ok(())
+}
+
+/// An ACL entry as tgtd shows it, back as an [`InitiatorAcl`].
+fn parse_acl(shown: &str) -> Option<InitiatorAcl> {
+    if shown == "ALL" {
+        return Some(InitiatorAcl::All);
+    }
+    if let Ok(a) = shown.parse() {
+        return Some(InitiatorAcl::Address(a));
+    }
+    if let Some((a, p)) = shown.split_once('/')
+        && let (Ok(address), Ok(prefix)) = (a.parse(), p.parse())
+    {
+        return Some(InitiatorAcl::Subnet { address, prefix });
+    }
+    Iqn::parse(shown).ok().map(InitiatorAcl::Name)
+}
+
+/// (Re)creates the CHAP account with this secret and binds it to the target.
+fn set_chap(admin: &TgtAdm, tid: Tid, chap: &ChapCredentials) -> Result<(), AdminError> {
+    if admin.accounts()?.iter().any(|a| a == chap.user.as_str()) {
+        admin.delete_account(&chap.user)?;
+    }
+    admin.new_account(&chap.user, &chap.secret)?;
+    admin.bind_account(tid, &chap.user, false)
+}
+
+fn img_names(dir: &Path) -> Result<Vec<String>, VolumeError> {
+    let entries = match fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(source) => {
+            return Err(VolumeError::Stat {
+                path: dir.to_path_buf(),
+                source,
+            });
+        }
+    };
+    let mut out = Vec::new();
+    for entry in entries {
+        let entry = entry.map_err(|source| VolumeError::Stat {
+            path: dir.to_path_buf(),
+            source,
+        })?;
+        if let Some(stem) = entry.file_name().to_str().and_then(|n| n.strip_suffix(".img")) {
+            out.push(stem.to_string());
+        }
+    }
+    Ok(out)
+}
+
+fn sync_dir(dir: &Path) -> io::Result<()> {
+    File::open(dir)?.sync_all()
+}
+
+enum ReflinkFail {
+    Exists,
+    Create(io::Error),
+    Clone(io::Error),
+}
+
+impl ReflinkFail {
+    fn into_error(self, root: &Path, src: &Path, dst: &Path) -> VolumeError {
+        match self {
+            Self::Exists => VolumeError::Create {
+                path: dst.to_path_buf(),
+                source: io::Error::from(io::ErrorKind::AlreadyExists),
+            },
+            Self::Create(source) => VolumeError::Create {
+                path: dst.to_path_buf(),
+                source,
+            },
+            Self::Clone(source) if is_no_reflink(&source) => VolumeError::NoReflink {
+                path: root.to_path_buf(),
+                source,
+            },
+            Self::Clone(source) => VolumeError::Reflink {
+                from: src.to_path_buf(),
+                to: dst.to_path_buf(),
+                source,
+            },
+        }
+    }
+}
+
+/// The errno values with which FICLONE says "not on this filesystem".
+fn is_no_reflink(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EOPNOTSUPP | libc::EXDEV | libc::EINVAL | libc::ENOTTY)
+    )
+}
+
+/// Creates `dst` (must not exist) sharing `src`'s extents; removes `dst` again
+/// on failure.
+fn reflink_new(src: &Path, dst: &Path) -> Result<(), ReflinkFail> {
+    let from = File::open(src).map_err(ReflinkFail::Create)?;
+    let to = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(dst)
+        .map_err(|e| {
+            if e.kind() == io::ErrorKind::AlreadyExists {
+                ReflinkFail::Exists
+            } else {
+                ReflinkFail::Create(e)
+            }
+        })?;
+    // SAFETY: FICLONE takes the source descriptor as its integer argument; both
+    // descriptors are open for the duration of the call (owned by `from`/`to`).
+    let rc = unsafe { libc::ioctl(to.as_raw_fd(), libc::FICLONE, from.as_raw_fd()) };
+    let result = if rc == 0 {
+        to.sync_all().map_err(ReflinkFail::Create)
+    } else {
+        Err(ReflinkFail::Clone(io::Error::last_os_error()))
+    };
+    if result.is_err() {
+        drop(to);
+        let _ = fs::remove_file(dst);
+    }
+    result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn name(s: &str) -> ObjectName {
+        ObjectName::parse("volume", s).expect("name")
+    }
+
+    #[test]
+    fn create_is_sparse_and_list_sorts() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = V1Store::new(dir.path());
+        let b = store.create(&name("b"), 1 << 30).expect("create b");
+        assert_eq!(b.size, 1 << 30);
+        assert!(b.allocated < 1 << 20, "sparse: {} bytes allocated", b.allocated);
+        store.create(&name("a"), 4096).expect("create a");
+        fs::write(store.volumes_dir().join("Not_A_Name.img"), b"").expect("junk");
+        let names: Vec<String> = store
+            .list()
+            .expect("list")
+            .into_iter()
+            .map(|v| v.name.to_string())
+            .collect();
+        assert_eq!(names, ["a", "b"]);
+        let e = store.create(&name("a"), 4096).expect_err("exists");
+        assert!(e.to_string().starts_with("volume a already exists at "), "{e}");
+    }
+
+    #[test]
+    fn sizes_are_checked() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = V1Store::new(dir.path());
+        for (size, why) in [(0, "must not be empty"), (1000, "multiple of the 512-byte")] {
+            let e = store.create(&name("v"), size).expect_err("bad size");
+            assert!(e.to_string().contains(why), "{e}");
+        }
+        assert!(!store.volume_path(&name("v")).exists(), "nothing left behind");
+    }
+
+    #[test]
+    fn reflink_on_a_filesystem_without_it_is_a_clear_error() {
+        // /dev/shm is tmpfs: no FICLONE.
+        let Ok(dir) = tempfile::tempdir_in("/dev/shm") else {
+            eprintln!("SKIP reflink_on_a_filesystem_without_it_is_a_clear_error: no /dev/shm");
+            return;
+        };
+        let store = V1Store::new(dir.path());
+        store.create(&name("v"), 1 << 20).expect("create");
+        let e = store
+            .snapshot(&name("v"), &name("s1"))
+            .expect_err("tmpfs has no reflink");
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "filesystem at {} does not support reflink (use XFS with reflink=1 or btrfs)",
+                dir.path().join("v1").display()
+            )
+        );
+        assert!(
+            !store.snapshot_path(&name("v"), &name("s1")).exists(),
+            "no half-made snapshot"
+        );
+        let e = store.snapshot(&name("nope"), &name("s1")).expect_err("no volume");
+        assert!(e.to_string().starts_with("volume nope does not exist"), "{e}");
+    }
+
+    #[test]
+    fn acl_entries_round_trip() {
+        for acl in [
+            InitiatorAcl::All,
+            InitiatorAcl::Address("10.1.2.3".parse().expect("ip")),
+            InitiatorAcl::Subnet {
+                address: "10.0.0.0".parse().expect("ip"),
+                prefix: 8,
+            },
+            InitiatorAcl::Name(Iqn::parse("iqn.2025-01.io.example:h").expect("iqn")),
+        ] {
+            assert_eq!(parse_acl(&acl.to_string()), Some(acl));
+        }
+    }
+}

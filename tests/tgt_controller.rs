@@ -1,0 +1,183 @@
+//! The V1 engine controllers on an in-memory runtime, against a real tgtd and
+//! real libiscsi initiators: a desired `Volume` becomes a served LUN, grows,
+//! comes back after tgtd dies, and is deleted once nobody is logged in.
+
+mod tgt_common;
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use serde_json::json;
+use talon::controllers::engine::v1_target::{TGTD_STATUS_ID, TgtdController};
+use talon::controllers::engine::v1_volume::{V1Selection, V1VolumeController};
+use talon::resources::config::{NodeConfig, Snapshot, Volume};
+use talon::resources::engine::{EngineStatus, ObjectState, SnapshotStatus, TargetStatus};
+use talon::runtime::State;
+use talon::runtime::testing::{TestRuntime, eventually};
+use talon::tgt::{Tgtd, TgtdConfig};
+use tgt_common::{Libiscsi, read_capacity, ready};
+
+const WAIT: Duration = Duration::from_secs(30);
+
+fn engine_status(state: &State, id: &str) -> Option<EngineStatus> {
+    state.get_typed::<EngineStatus>(id).ok().flatten().map(|t| t.spec)
+}
+
+fn volume(size: u64) -> Volume {
+    serde_json::from_value(json!({"sizeBytes": size, "engine": "v1"})).expect("volume")
+}
+
+/// Stops a tgtd the controller may have left behind if the test fails midway.
+struct Cleanup(TgtdConfig);
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        if let Ok(Some(t)) = Tgtd::adopt(self.0.clone()) {
+            let _ = t.stop();
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn desired_volume_is_served_grown_restored_and_deleted() {
+    if !ready("desired_volume_is_served_grown_restored_and_deleted") {
+        return;
+    }
+    let data = tempfile::tempdir().expect("data dir");
+    let port = tgt_common::free_port();
+    let portal: SocketAddr = format!("127.0.0.1:{port}").parse().expect("portal");
+    let tgtd_cfg = TgtdConfig::new(data.path().join("run/tgtd"), portal);
+    let _cleanup = Cleanup(tgtd_cfg.clone());
+    let admin = tgtd_cfg.admin();
+    let (cfg2, data_dir) = (tgtd_cfg.clone(), data.path().to_path_buf());
+    let rt = TestRuntime::start(move |rt| {
+        rt.register(TgtdController::with_config(cfg2, V1Selection::Explicit))?;
+        rt.register(V1VolumeController::new(data_dir, admin, V1Selection::Explicit))
+    })
+    .expect("runtime");
+    let state = rt.state.clone();
+    let node = NodeConfig {
+        iscsi_port: port,
+        ..NodeConfig::default()
+    };
+    state.create_typed("node", "", &node).expect("node config");
+    state.create_typed("cv1", "", &volume(16 << 20)).expect("volume");
+
+    let ready_status = eventually("cv1 served", WAIT, || async {
+        engine_status(&state, "cv1").filter(|s| s.state == ObjectState::Ready)
+    })
+    .await;
+    let export = &ready_status.exports[0];
+    assert_eq!(
+        (export.transport.as_str(), export.port, export.lun),
+        ("iscsi", port, 1)
+    );
+    assert_eq!(export.name, "iqn.2025-01.io.talon:cv1");
+    let url = format!("iscsi://{portal}/{}/1", export.name);
+    assert_eq!(read_capacity(&url), 16 << 20);
+    assert!(data.path().join("v1/volumes/cv1.img").exists());
+
+    // grow
+    state
+        .update_typed("cv1", "", None, &volume(32 << 20))
+        .expect("grow");
+    eventually("cv1 grown", WAIT, || async {
+        engine_status(&state, "cv1").filter(|s| s.size_bytes == 32 << 20)
+    })
+    .await;
+    assert_eq!(read_capacity(&url), 32 << 20, "initiator sees the new size");
+
+    // a snapshot on a filesystem without reflink fails clearly
+    let snap: Snapshot = serde_json::from_value(json!({"volume": "cv1", "name": "s1"})).expect("snapshot");
+    state.create_typed("cv1@s1", "", &snap).expect("snapshot");
+    let s = eventually("snapshot status", WAIT, || async {
+        state
+            .get_typed::<SnapshotStatus>("cv1@s1")
+            .ok()
+            .flatten()
+            .map(|t| t.spec)
+    })
+    .await;
+    if s.state == ObjectState::Failed {
+        assert!(s.message.contains("does not support reflink"), "{}", s.message);
+    }
+
+    // tgtd dies: the controller starts another and the volume is served again
+    let first = eventually("tgtd status", WAIT, || async {
+        state
+            .get_typed::<TargetStatus>(TGTD_STATUS_ID)
+            .ok()
+            .flatten()
+            .and_then(|t| t.spec.pid)
+    })
+    .await;
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(first as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .expect("kill tgtd");
+    let restarted = eventually("tgtd restarted", WAIT, || async {
+        state
+            .get_typed::<TargetStatus>(TGTD_STATUS_ID)
+            .ok()
+            .flatten()
+            .map(|t| t.spec)
+            .filter(|t| t.restarts == 1 && t.state == ObjectState::Ready && t.pid != Some(first))
+    })
+    .await;
+    assert!(restarted.version.starts_with("1."), "{restarted:?}");
+    eventually("cv1 re-exported", WAIT, || async {
+        let out = std::process::Command::new("iscsi-readcapacity16")
+            .arg(&url)
+            .output()
+            .ok()?;
+        out.status.success().then_some(())
+    })
+    .await;
+
+    // delete waits for the initiator to log out, then removes everything
+    let lib = Libiscsi::load().expect("libiscsi");
+    let session = lib
+        .connect(
+            &portal.to_string(),
+            &export.name,
+            "iqn.2025-01.io.talon.test:c",
+            None,
+        )
+        .expect("login");
+    state.destroy("config", "Volume", "cv1", "").expect("delete");
+    let deleting = eventually("delete waits", WAIT, || async {
+        engine_status(&state, "cv1").filter(|s| s.state == ObjectState::Deleting)
+    })
+    .await;
+    assert!(
+        deleting.message.contains("iqn.2025-01.io.talon.test:c"),
+        "{}",
+        deleting.message
+    );
+    assert!(
+        data.path().join("v1/volumes/cv1.img").exists(),
+        "data kept while logged in"
+    );
+    drop(session);
+    eventually("cv1 gone", WAIT, || async {
+        state.get("config", "Volume", "cv1").is_none().then_some(())
+    })
+    .await;
+    assert!(!data.path().join("v1/volumes/cv1.img").exists(), "file removed");
+    // a snapshot that outlived its volume can still be deleted (the finalizer is released)
+    state
+        .destroy("config", "Snapshot", "cv1@s1", "")
+        .expect("delete snapshot");
+    eventually("cv1@s1 gone", WAIT, || async {
+        state.get("config", "Snapshot", "cv1@s1").is_none().then_some(())
+    })
+    .await;
+    eventually("statuses gone and tgtd stopped", WAIT, || async {
+        (engine_status(&state, "cv1").is_none()
+            && state.get("engine", "TargetStatus", TGTD_STATUS_ID).is_none())
+        .then_some(())
+    })
+    .await;
+    rt.stop().await;
+}
