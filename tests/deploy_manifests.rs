@@ -398,3 +398,47 @@ fn which(prog: &str) -> Result<PathBuf, ()> {
         .find(|p| p.is_file())
         .ok_or(())
 }
+
+#[test]
+fn containerfile_runtime_holds_talon_and_tgt_only() {
+    let text = std::fs::read_to_string(repo().join("deploy/Containerfile")).expect("deploy/Containerfile");
+    let code: Vec<&str> = text
+        .lines()
+        .filter(|l| !l.trim_start().starts_with('#'))
+        .collect();
+    let froms: Vec<&str> = code.iter().filter(|l| l.starts_with("FROM ")).copied().collect();
+    assert_eq!(froms.len(), 2, "a builder and a runtime stage: {froms:?}");
+    assert!(
+        froms[0].contains("rust:1-bookworm") && froms[0].ends_with(" AS build"),
+        "{}",
+        froms[0]
+    );
+    assert!(froms[1].contains("debian:bookworm-slim"), "{}", froms[1]);
+    // The packages of the runtime stage: exactly tgt (tgtd, the V1 engine's target).
+    let joined = code.join("\n").replace("\\\n", " ");
+    let installs: Vec<Vec<&str>> = joined
+        .lines()
+        .filter_map(|l| l.split("apt-get install").nth(1))
+        .map(|rest| {
+            rest.split("&&")
+                .next()
+                .unwrap_or("")
+                .split_whitespace()
+                .filter(|w| !w.starts_with('-'))
+                .collect()
+        })
+        .collect();
+    assert_eq!(installs, [["tgt"]], "runtime packages");
+    // The binary lands where the DaemonSet runs it.
+    let ds = daemonset();
+    let cmd = str_of(&ds["spec"]["template"]["spec"]["containers"][0]["command"][0]);
+    assert!(
+        code.iter()
+            .any(|l| l.starts_with("COPY --from=build ") && l.ends_with(&format!(" {cmd}"))),
+        "the runtime stage copies talon to {cmd}"
+    );
+    assert!(
+        code.iter().any(|l| l.contains("--locked")),
+        "the build uses Cargo.lock"
+    );
+}
