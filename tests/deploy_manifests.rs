@@ -1,0 +1,444 @@
+//! Checks of the deployment manifests under `deploy/`.
+//!
+//! ```text
+//!   deploy/**/*.yaml ── serde_yaml_ng (multi-doc) ── every document parses
+//!   deploy/kubernetes/*.yaml ── kubernetes-validate --strict (schemas of Kubernetes 1.37)
+//!   daemonset.yaml: container args ── talon::cli::Cli::try_parse_from ── data dir, run dir, socket
+//!                   host paths in src/**/*.rs (string literals) ──┴── each mounted (or allowed, with the reason)
+//! ```
+//!
+//! The schema validation needs the PyPI package `kubernetes-validate` (tests/pip-packages.txt);
+//! without it that test prints `SKIP` and returns.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use clap::Parser;
+use serde_json::Value;
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn yaml_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    let mut entries: Vec<_> = std::fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("read_dir {}: {e}", dir.display()))
+        .map(|e| e.expect("dir entry").path())
+        .collect();
+    entries.sort();
+    for p in entries {
+        if p.is_dir() {
+            yaml_files(&p, out);
+        } else if matches!(p.extension().and_then(|e| e.to_str()), Some("yaml" | "yml")) {
+            out.push(p);
+        }
+    }
+}
+
+/// Every document of a multi-document YAML file, as JSON values.
+fn documents(path: &Path) -> Vec<Value> {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
+    serde_yaml_ng::Deserializer::from_str(&text)
+        .map(|d| {
+            <Value as serde::Deserialize>::deserialize(d)
+                .unwrap_or_else(|e| panic!("{} does not parse as YAML: {e}", path.display()))
+        })
+        .filter(|v| !v.is_null())
+        .collect()
+}
+
+/// The Kubernetes manifests: deploy/kubernetes/*.yaml except the kustomization.
+fn kubernetes_files() -> Vec<PathBuf> {
+    let mut files = Vec::new();
+    yaml_files(&repo().join("deploy/kubernetes"), &mut files);
+    files.retain(|p| p.file_name().is_some_and(|n| n != "kustomization.yaml"));
+    assert!(!files.is_empty(), "no manifests under deploy/kubernetes");
+    files
+}
+
+fn daemonset() -> Value {
+    let docs = documents(&repo().join("deploy/kubernetes/daemonset.yaml"));
+    docs.into_iter()
+        .find(|d| d["kind"] == "DaemonSet")
+        .expect("daemonset.yaml holds a DaemonSet")
+}
+
+fn str_of(v: &Value) -> &str {
+    v.as_str().unwrap_or_else(|| panic!("expected a string, got {v}"))
+}
+
+#[test]
+fn every_yaml_under_deploy_parses() {
+    let mut files = Vec::new();
+    yaml_files(&repo().join("deploy"), &mut files);
+    assert!(files.len() >= 4, "expected the deploy manifests, found {files:?}");
+    for f in &files {
+        let docs = documents(f);
+        assert!(!docs.is_empty(), "{} has no document", f.display());
+        for d in &docs {
+            assert!(d.is_object(), "{}: a document is not a mapping: {d}", f.display());
+        }
+    }
+}
+
+#[test]
+fn kubernetes_objects_match_their_schema() {
+    let Ok(bin) = which("kubernetes-validate") else {
+        eprintln!(
+            "SKIP kubernetes_objects_match_their_schema: kubernetes-validate is not installed (pip install -r tests/pip-packages.txt)"
+        );
+        return;
+    };
+    let files = kubernetes_files();
+    let out = Command::new(&bin)
+        .args(["--strict", "--kubernetes-version", "1.37.0"])
+        .args(&files)
+        .output()
+        .expect("run kubernetes-validate");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "kubernetes-validate failed:\n{text}");
+    let passed = text
+        .lines()
+        .filter(|l| l.contains(" passed for resource "))
+        .count();
+    let objects: usize = files.iter().map(|f| documents(f).len()).sum();
+    assert_eq!(passed, objects, "every object is validated:\n{text}");
+
+    // The validator really is strict: a misspelt field in a copy of the DaemonSet fails.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let bad = dir.path().join("daemonset.yaml");
+    let text = std::fs::read_to_string(repo().join("deploy/kubernetes/daemonset.yaml")).expect("read");
+    std::fs::write(&bad, text.replacen("hostPID: true", "hostPid: true", 1)).expect("write");
+    let out = Command::new(&bin)
+        .arg("--strict")
+        .arg(&bad)
+        .output()
+        .expect("run kubernetes-validate");
+    assert!(!out.status.success(), "a misspelt field passed validation");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("hostPid"),
+        "{out:?}"
+    );
+}
+
+#[test]
+fn kustomization_lists_every_manifest() {
+    let k = documents(&repo().join("deploy/kubernetes/kustomization.yaml"));
+    let listed: Vec<&str> = k[0]["resources"]
+        .as_array()
+        .expect("resources")
+        .iter()
+        .map(str_of)
+        .collect();
+    let mut files: Vec<String> = kubernetes_files()
+        .iter()
+        .map(|p| p.file_name().expect("name").to_string_lossy().into_owned())
+        .collect();
+    files.sort();
+    let mut sorted = listed.clone();
+    sorted.sort();
+    assert_eq!(
+        sorted, files,
+        "kustomization.yaml resources vs files in deploy/kubernetes"
+    );
+    for f in kubernetes_files() {
+        for d in documents(&f) {
+            if d["kind"] != "Namespace" {
+                assert_eq!(
+                    d["metadata"]["namespace"],
+                    k[0]["namespace"],
+                    "{}: namespace",
+                    f.display()
+                );
+            }
+        }
+    }
+}
+
+/// mountPath -> (host path, readOnly, mountPropagation) of the talon container.
+fn mounts(ds: &Value) -> BTreeMap<String, (Option<String>, bool, Option<String>)> {
+    let spec = &ds["spec"]["template"]["spec"];
+    let volumes: BTreeMap<&str, &Value> = spec["volumes"]
+        .as_array()
+        .expect("volumes")
+        .iter()
+        .map(|v| (str_of(&v["name"]), v))
+        .collect();
+    spec["containers"][0]["volumeMounts"]
+        .as_array()
+        .expect("volumeMounts")
+        .iter()
+        .map(|m| {
+            let vol = volumes
+                .get(str_of(&m["name"]))
+                .unwrap_or_else(|| panic!("mount {m} names no volume"));
+            let host = vol["hostPath"]["path"].as_str().map(String::from);
+            (
+                str_of(&m["mountPath"]).to_string(),
+                (
+                    host,
+                    m["readOnly"].as_bool().unwrap_or(false),
+                    m["mountPropagation"].as_str().map(String::from),
+                ),
+            )
+        })
+        .collect()
+}
+
+/// The host path mounted at `path` (or at a parent of it) at the same place in the container.
+fn host_mount_of(
+    mounts: &BTreeMap<String, (Option<String>, bool, Option<String>)>,
+    path: &str,
+) -> Option<String> {
+    mounts
+        .iter()
+        .filter(|(mp, (host, _, _))| {
+            host.as_deref() == Some(mp.as_str())
+                && (path == mp.as_str() || path.starts_with(&format!("{mp}/")))
+        })
+        .map(|(mp, _)| mp.clone())
+        .max_by_key(|mp| mp.len())
+}
+
+#[test]
+fn daemonset_mounts_what_talon_opens() {
+    let ds = daemonset();
+    let spec = &ds["spec"]["template"]["spec"];
+    let c = &spec["containers"][0];
+    assert_eq!(
+        spec["hostPID"], true,
+        "hostPID: the namespace switch reads /proc/<pid>/ns of host processes"
+    );
+    assert_eq!(
+        spec["hostNetwork"], true,
+        "hostNetwork: NVMe-oF/iSCSI portals on the node's addresses"
+    );
+    assert_eq!(c["securityContext"]["privileged"], true);
+    let m = mounts(&ds);
+
+    // The daemon's own paths, as the real CLI parses the container's command line.
+    let mut argv: Vec<String> = c["command"]
+        .as_array()
+        .expect("command")
+        .iter()
+        .map(|a| str_of(a).into())
+        .collect();
+    argv.extend(
+        c["args"]
+            .as_array()
+            .expect("args")
+            .iter()
+            .map(|a| str_of(a).to_string()),
+    );
+    let cli =
+        talon::cli::Cli::try_parse_from(&argv).unwrap_or_else(|e| panic!("talon rejects {argv:?}: {e}"));
+    let talon::cli::Command::Serve(serve) = &cli.command else {
+        panic!("the container does not run `talon serve`: {argv:?}")
+    };
+    let data = serve.data_dir.to_str().expect("utf-8");
+    let (host, ro, prop) = m
+        .get(data)
+        .unwrap_or_else(|| panic!("data dir {data} is not mounted"));
+    assert_eq!(
+        host.as_deref(),
+        Some(data),
+        "data dir is the same path on the host"
+    );
+    assert!(!ro, "data dir is writable");
+    assert_eq!(
+        prop.as_deref(),
+        Some("Bidirectional"),
+        "data dir propagates mounts both ways (rshared)"
+    );
+    assert_eq!(
+        serve.host_root,
+        Path::new("/"),
+        "the host's /dev and /sys are mounted at their own paths"
+    );
+    for (what, p) in [
+        ("run dir", serve.run_dir.clone()),
+        ("API socket", cli.socket.clone()),
+        (
+            "default API socket (talon CLI on the node)",
+            PathBuf::from(talon::client::DEFAULT_SOCKET),
+        ),
+        (
+            "NVMe-oF fabrics device",
+            PathBuf::from(talon::attach::nvme_tcp::FABRICS_DEV),
+        ),
+        ("/dev/talon links", PathBuf::from(talon::attach::devpath::DEV_DIR)),
+        (
+            "data dir of `talon attach`",
+            PathBuf::from(talon::cli::attach::DEFAULT_DATA_DIR),
+        ),
+    ] {
+        let p = p.to_str().expect("utf-8").to_string();
+        assert!(
+            host_mount_of(&m, &p).is_some(),
+            "{what} {p} is not on a host mount: {m:?}"
+        );
+    }
+    for probe in ["startupProbe", "livenessProbe", "readinessProbe"] {
+        let cmd: Vec<String> = c[probe]["exec"]["command"]
+            .as_array()
+            .unwrap_or_else(|| panic!("{probe} is an exec probe"))
+            .iter()
+            .map(|a| str_of(a).to_string())
+            .collect();
+        let pc = talon::cli::Cli::try_parse_from(&cmd)
+            .unwrap_or_else(|e| panic!("{probe}: talon rejects {cmd:?}: {e}"));
+        assert!(
+            matches!(pc.command, talon::cli::Command::Node(_)),
+            "{probe} runs `talon node info`"
+        );
+        assert_eq!(pc.socket, cli.socket, "{probe} asks the daemon's socket");
+    }
+
+    // Hugepages: a HugePages-2Mi volume and equal request and limit.
+    let hp = spec["volumes"]
+        .as_array()
+        .expect("volumes")
+        .iter()
+        .find(|v| v["emptyDir"]["medium"] == "HugePages-2Mi");
+    assert!(hp.is_some(), "a HugePages-2Mi emptyDir volume");
+    let res = &c["resources"];
+    assert!(res["limits"]["hugepages-2Mi"].is_string(), "hugepages-2Mi limit");
+    assert_eq!(
+        res["limits"]["hugepages-2Mi"], res["requests"]["hugepages-2Mi"],
+        "hugepage requests equal limits"
+    );
+    let (_, ro, _) = m.get("/lib/modules").expect("/lib/modules is mounted");
+    assert!(ro, "/lib/modules is read-only");
+
+    // Every absolute host path in talon's code is reachable in the pod.
+    let allowed: BTreeMap<&str, &str> = [
+        (
+            "/etc/nvme/hostnqn",
+            "container-local on purpose: without it talon keeps its NVMe host identity under the data dir",
+        ),
+        ("/etc/nvme/hostid", "as /etc/nvme/hostnqn"),
+        ("/usr/lib/os-release", "fallback when /etc/os-release is missing"),
+        ("/proc/thread-self/ns/", "talon's own namespaces"),
+    ]
+    .into();
+    let mut checked = Vec::new();
+    for (file, lit) in host_path_literals() {
+        if allowed.contains_key(lit.as_str()) {
+            continue;
+        }
+        let ok = if lit.starts_with("/proc/") || lit == "/proc" {
+            spec["hostPID"] == true
+        } else {
+            host_mount_of(&m, lit.trim_end_matches('/')).is_some()
+        };
+        assert!(
+            ok,
+            "{file} opens {lit}, which the DaemonSet does not mount from the host (mounts: {m:?})"
+        );
+        checked.push(lit);
+    }
+    for must in [
+        "/dev/nvme-fabrics",
+        "/sys/class/nvme",
+        "/var/lib/talon",
+        "/run/talon",
+        "/etc/os-release",
+    ] {
+        assert!(
+            checked.iter().any(|l| l == must),
+            "the source scan found {must}: {checked:?}"
+        );
+    }
+}
+
+/// Absolute paths under /dev, /sys, /proc, /run, /var, /etc, /lib in string literals of the
+/// non-test code of src/ (everything before a file's first `#[cfg(test)]`), cut at the first `{`.
+fn host_path_literals() -> Vec<(String, String)> {
+    let mut files = Vec::new();
+    rs_files(&repo().join("src"), &mut files);
+    let mut out = Vec::new();
+    for f in files {
+        let text = std::fs::read_to_string(&f).expect("read source");
+        let code = text.split("#[cfg(test)]").next().unwrap_or("");
+        let name = f.strip_prefix(repo()).unwrap_or(&f).display().to_string();
+        for piece in code.split('"').skip(1).step_by(2) {
+            let lit = piece.split('{').next().unwrap_or("");
+            if ["/dev", "/sys", "/proc", "/run", "/var", "/etc", "/lib"]
+                .iter()
+                .any(|p| lit == *p || lit.starts_with(&format!("{p}/")))
+                && !lit.contains(' ')
+            {
+                out.push((name.clone(), lit.to_string()));
+            }
+        }
+    }
+    out
+}
+
+fn rs_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    for e in std::fs::read_dir(dir).expect("read_dir src") {
+        let p = e.expect("entry").path();
+        if p.is_dir() {
+            rs_files(&p, out);
+        } else if p.extension().is_some_and(|e| e == "rs") {
+            out.push(p);
+        }
+    }
+}
+
+fn which(prog: &str) -> Result<PathBuf, ()> {
+    let path = std::env::var_os("PATH").ok_or(())?;
+    std::env::split_paths(&path)
+        .map(|d| d.join(prog))
+        .find(|p| p.is_file())
+        .ok_or(())
+}
+
+#[test]
+fn containerfile_runtime_holds_talon_and_tgt_only() {
+    let text = std::fs::read_to_string(repo().join("deploy/Containerfile")).expect("deploy/Containerfile");
+    let code: Vec<&str> = text
+        .lines()
+        .filter(|l| !l.trim_start().starts_with('#'))
+        .collect();
+    let froms: Vec<&str> = code.iter().filter(|l| l.starts_with("FROM ")).copied().collect();
+    assert_eq!(froms.len(), 2, "a builder and a runtime stage: {froms:?}");
+    assert!(
+        froms[0].contains("rust:1-bookworm") && froms[0].ends_with(" AS build"),
+        "{}",
+        froms[0]
+    );
+    assert!(froms[1].contains("debian:bookworm-slim"), "{}", froms[1]);
+    // The packages of the runtime stage: exactly tgt (tgtd, the V1 engine's target).
+    let joined = code.join("\n").replace("\\\n", " ");
+    let installs: Vec<Vec<&str>> = joined
+        .lines()
+        .filter_map(|l| l.split("apt-get install").nth(1))
+        .map(|rest| {
+            rest.split("&&")
+                .next()
+                .unwrap_or("")
+                .split_whitespace()
+                .filter(|w| !w.starts_with('-'))
+                .collect()
+        })
+        .collect();
+    assert_eq!(installs, [["tgt"]], "runtime packages");
+    // The binary lands where the DaemonSet runs it.
+    let ds = daemonset();
+    let cmd = str_of(&ds["spec"]["template"]["spec"]["containers"][0]["command"][0]);
+    assert!(
+        code.iter()
+            .any(|l| l.starts_with("COPY --from=build ") && l.ends_with(&format!(" {cmd}"))),
+        "the runtime stage copies talon to {cmd}"
+    );
+    assert!(
+        code.iter().any(|l| l.contains("--locked")),
+        "the build uses Cargo.lock"
+    );
+}
