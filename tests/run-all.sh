@@ -21,5 +21,16 @@ else
 fi
 command -v cargo-nextest >/dev/null || cargo install --locked cargo-nextest
 
+# Python tools the tests use (tests/pip-packages.txt), in a venv inside target/.
+VENV=target/test-venv
+if [ ! -x "$VENV/bin/kubernetes-validate" ]; then
+	if python3 -m venv "$VENV" && "$VENV/bin/pip" install -q -r tests/pip-packages.txt; then
+		echo "run-all: installed tests/pip-packages.txt into $VENV"
+	else
+		echo "run-all: could not install tests/pip-packages.txt; the tests that need it will skip"
+	fi
+fi
+export PATH="$PWD/$VENV/bin:$PATH"
+
 cargo build --workspace --all-targets
 cargo nextest run --workspace --no-fail-fast "$@"
