@@ -89,11 +89,35 @@ fn config() -> ServerConfig {
         .build()
 }
 
-/// Serves `methods` on a Unix listener until `shutdown` completes; then stops
-/// accepting, lets open calls finish, and removes the socket file.
-pub async fn serve_unix(
-    listener: UnixListener,
-    path: PathBuf,
+/// A listener the API can serve on.
+trait ApiListener: Send + 'static {
+    type Stream: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static;
+    /// The next connection, and who is on the other end (for logs).
+    fn accept_conn(&self) -> impl Future<Output = std::io::Result<(Self::Stream, String)>> + Send;
+}
+
+impl ApiListener for UnixListener {
+    type Stream = tokio::net::UnixStream;
+    async fn accept_conn(&self) -> std::io::Result<(Self::Stream, String)> {
+        let (s, _) = self.accept().await?;
+        Ok((s, "unix socket".to_string()))
+    }
+}
+
+impl ApiListener for TcpListener {
+    type Stream = tokio::net::TcpStream;
+    async fn accept_conn(&self) -> std::io::Result<(Self::Stream, String)> {
+        let (s, peer) = self.accept().await?;
+        Ok((s, peer.to_string()))
+    }
+}
+
+/// The accept loop shared by every listener: one jsonrpsee service per
+/// connection, behind the bearer-token guard when `token` is set; on shutdown,
+/// stop accepting and let open calls finish.
+async fn serve_listener(
+    listener: impl ApiListener,
+    token: Option<Arc<str>>,
     methods: Methods,
     shutdown: impl Future<Output = ()>,
 ) {
@@ -104,9 +128,10 @@ pub async fn serve_unix(
     tokio::pin!(shutdown);
     loop {
         tokio::select! {
-            conn = listener.accept() => match conn {
-                Ok((stream, _)) => {
-                    let svc = builder.clone().build(methods.clone(), stop_handle.clone());
+            conn = listener.accept_conn() => match conn {
+                Ok((stream, peer)) => {
+                    let inner = builder.clone().build(methods.clone(), stop_handle.clone());
+                    let svc = BearerAuth { inner, token: token.clone(), peer };
                     let stopped = stop_handle.clone().shutdown();
                     tokio::spawn(async move {
                         if let Err(e) = serve_with_graceful_shutdown(stream, svc, stopped).await {
@@ -123,6 +148,17 @@ pub async fn serve_unix(
         }
     }
     let _ = server_handle.stop();
+}
+
+/// Serves `methods` on a Unix listener until `shutdown` completes; then stops
+/// accepting, lets open calls finish, and removes the socket file.
+pub async fn serve_unix(
+    listener: UnixListener,
+    path: PathBuf,
+    methods: Methods,
+    shutdown: impl Future<Output = ()>,
+) {
+    serve_listener(listener, None, methods, shutdown).await;
     let _ = std::fs::remove_file(&path);
 }
 
@@ -154,42 +190,17 @@ pub async fn serve_tcp(
     methods: Methods,
     shutdown: impl Future<Output = ()>,
 ) {
-    let (stop_handle, server_handle) = stop_channel();
-    let builder = jsonrpsee::server::Server::builder()
-        .set_config(config())
-        .to_service_builder();
-    tokio::pin!(shutdown);
-    loop {
-        tokio::select! {
-            conn = listener.accept() => match conn {
-                Ok((stream, peer)) => {
-                    let svc = builder.clone().build(methods.clone(), stop_handle.clone());
-                    let guarded = BearerAuth { inner: svc, token: token.clone(), peer };
-                    let stopped = stop_handle.clone().shutdown();
-                    tokio::spawn(async move {
-                        if let Err(e) = serve_with_graceful_shutdown(stream, guarded, stopped).await {
-                            tracing::debug!(error = %e, "API connection ended with an error");
-                        }
-                    });
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, "API accept failed");
-                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-                }
-            },
-            _ = &mut shutdown => break,
-        }
-    }
-    let _ = server_handle.stop();
+    serve_listener(listener, Some(token), methods, shutdown).await;
 }
 
-/// Wraps the API service: a request without the bearer token gets HTTP 401 and
-/// never reaches the JSON-RPC layer.
+/// Wraps the API service: with a token, a request without it gets HTTP 401 and
+/// never reaches the JSON-RPC layer; without one (the 0600 Unix socket), every
+/// request passes.
 #[derive(Clone)]
 struct BearerAuth<S> {
     inner: S,
-    token: Arc<str>,
-    peer: std::net::SocketAddr,
+    token: Option<Arc<str>>,
+    peer: String,
 }
 
 impl<S> Service<HttpRequest<hyper::body::Incoming>> for BearerAuth<S>
@@ -209,13 +220,14 @@ where
     }
 
     fn call(&mut self, req: HttpRequest<hyper::body::Incoming>) -> Self::Future {
-        if bearer_ok(&req, &self.token) {
-            Box::pin(self.inner.call(req))
-        } else {
-            tracing::warn!(peer = %self.peer, "API request without a valid bearer token refused");
-            let mut resp = HttpResponse::new(HttpBody::from("talon: missing or wrong bearer token\n"));
-            *resp.status_mut() = http::StatusCode::UNAUTHORIZED;
-            Box::pin(async move { Ok(resp) })
+        match &self.token {
+            Some(token) if !bearer_ok(&req, token) => {
+                tracing::warn!(peer = %self.peer, "API request without a valid bearer token refused");
+                let mut resp = HttpResponse::new(HttpBody::from("talon: missing or wrong bearer token\n"));
+                *resp.status_mut() = http::StatusCode::UNAUTHORIZED;
+                Box::pin(async move { Ok(resp) })
+            }
+            _ => Box::pin(self.inner.call(req)),
         }
     }
 }

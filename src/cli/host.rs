@@ -8,7 +8,6 @@
 use crate::host::hugepages::{self, PageSize};
 use crate::host::pci::{self, BindOptions, UserspaceDriver};
 use crate::host::{HostRoot, os};
-use std::path::PathBuf;
 
 /// Output format of the listing commands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
@@ -17,16 +16,6 @@ pub enum Output {
     Text,
     Json,
     Yaml,
-}
-
-/// `talon host` (standalone form; the main CLI may flatten [`HostCommand`] into its own).
-#[derive(Debug, clap::Args)]
-pub struct HostArgs {
-    /// The host's root directory (e.g. /host inside a container).
-    #[arg(long, global = true, default_value = "/")]
-    pub host_root: PathBuf,
-    #[command(subcommand)]
-    pub command: HostCommand,
 }
 
 /// The `talon host` subcommands.
@@ -96,11 +85,6 @@ fn print<T: serde::Serialize>(
         Output::Yaml => print!("{}", serde_yaml_ng::to_string(value)?),
     }
     Ok(())
-}
-
-/// Runs `talon host ...`.
-pub fn run(args: HostArgs) -> Result<(), crate::cli::CliError> {
-    run_command(&HostRoot::new(&args.host_root), args.command)
 }
 
 /// Runs one `talon host` subcommand on `root`.
