@@ -239,20 +239,10 @@ pub fn detect_engines() -> Vec<EngineAvailability> {
 }
 
 fn os_release(host: &HostRoot) -> (String, String) {
-    let text = host.read_string("/etc/os-release").unwrap_or_default();
-    let mut id = String::from("unknown");
-    let mut name = String::new();
-    for line in text.lines() {
-        if let Some((k, v)) = line.split_once('=') {
-            let v = v.trim().trim_matches('"').to_string();
-            match k.trim() {
-                "ID" => id = v,
-                "PRETTY_NAME" => name = v,
-                _ => {}
-            }
-        }
+    match crate::host::os::detect(host) {
+        Ok(os) => (os.id, os.pretty_name.unwrap_or_default()),
+        Err(_) => ("unknown".to_string(), String::new()),
     }
-    (id, name)
 }
 
 /// Builds `node_info` for this process.

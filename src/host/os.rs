@@ -38,41 +38,34 @@ impl OsRelease {
 
 /// Parses os-release text (`KEY=value`, values optionally quoted).
 pub fn parse_os_release(text: &str) -> OsRelease {
-    let mut out = OsRelease::default();
-    for line in text.lines() {
-        let line = line.trim();
-        if line.starts_with('#') {
-            continue;
-        }
-        let Some((key, raw)) = line.split_once('=') else {
-            continue;
-        };
-        let value = unquote(raw.trim());
-        match key.trim() {
-            "ID" => out.id = value.to_ascii_lowercase(),
-            "VERSION_ID" => out.version_id = Some(value),
-            "PRETTY_NAME" => out.pretty_name = Some(value),
-            _ => {}
-        }
+    // One parser for the whole project: the namespace core's (quoting, escapes, defaults).
+    let full = crate::ns::OsRelease::parse(text);
+    OsRelease {
+        id: full.id.to_ascii_lowercase(),
+        version_id: full.version_id,
+        pretty_name: full.fields.get("PRETTY_NAME").cloned(),
     }
-    if out.id.is_empty() {
-        // os-release(5): ID defaults to "linux".
-        out.id = "linux".to_string();
-    }
-    out
-}
-
-fn unquote(v: &str) -> String {
-    let stripped = v
-        .strip_prefix('"')
-        .and_then(|s| s.strip_suffix('"'))
-        .or_else(|| v.strip_prefix('\'').and_then(|s| s.strip_suffix('\'')))
-        .unwrap_or(v);
-    stripped.replace("\\\"", "\"").replace("\\\\", "\\")
 }
 
 /// Reads `/etc/os-release` (falling back to `/usr/lib/os-release`) through `root`.
+/// On the real root the file is read inside the host's mount namespace (pid 1),
+/// so a containerized talon sees the node's OS, not its image's; where that
+/// namespace cannot be entered (no privilege) it falls back to the root handle.
 pub fn detect(root: &HostRoot) -> Result<OsRelease, OsError> {
+    if root.is_real() {
+        match crate::ns::os_release(root, &crate::ns::Target::Host) {
+            Ok(full) => {
+                return Ok(OsRelease {
+                    id: full.id.to_ascii_lowercase(),
+                    version_id: full.version_id,
+                    pretty_name: full.fields.get("PRETTY_NAME").cloned(),
+                });
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "host mount namespace not readable; reading os-release through the root handle")
+            }
+        }
+    }
     match root.read_string("/etc/os-release") {
         Ok(t) => Ok(parse_os_release(&t)),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => root
