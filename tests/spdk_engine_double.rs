@@ -68,11 +68,14 @@ async fn lvstore_names(c: &SpdkClient) -> Vec<String> {
 #[tokio::test]
 async fn disk_is_created_then_imported_after_a_target_restart() {
     let d = tempfile::tempdir().expect("tempdir");
-    let double = SpdkDouble::start(d.path().join("spdk.sock")).await.expect("double");
+    let double = SpdkDouble::start(d.path().join("spdk.sock"))
+        .await
+        .expect("double");
     let rt = start(d.path(), State::in_memory());
     let st = rt.state.clone();
     let img = d.path().join("disks/d1.img");
-    st.create_typed("d1", "", &file_disk(&img, Some(64 << 20))).expect("disk");
+    st.create_typed("d1", "", &file_disk(&img, Some(64 << 20)))
+        .expect("disk");
 
     let s = status(&st, "d1", ObjectState::Ready).await;
     assert_eq!(s.bdev, "talon-disk-d1");
@@ -80,15 +83,26 @@ async fn disk_is_created_then_imported_after_a_target_restart() {
     assert_eq!(s.cluster_bytes, 1 << 20);
     assert!(s.total_bytes > 0 && s.free_bytes <= s.total_bytes, "{s:?}");
     assert_eq!(std::fs::metadata(&img).expect("sparse file").len(), 64 << 20);
-    let t = st.get_typed::<TargetStatus>(SPDK_STATUS_ID).expect("get").expect("target").spec;
+    let t = st
+        .get_typed::<TargetStatus>(SPDK_STATUS_ID)
+        .expect("get")
+        .expect("target")
+        .spec;
     assert_eq!(t.state, ObjectState::Ready);
-    assert_eq!(t.pid, Some(std::process::id()), "the in-process double is adopted");
+    assert_eq!(
+        t.pid,
+        Some(std::process::id()),
+        "the in-process double is adopted"
+    );
     assert_eq!(double.calls("bdev_lvol_create_lvstore"), 1);
 
     // the target restarts: objects vanish; the lvstore waits in the file
     double.restart().await.expect("restart");
     eventually("talon-disk-d1 attached again", WAIT, || async {
-        double.bdev_names().contains(&"talon-disk-d1".to_owned()).then_some(())
+        double
+            .bdev_names()
+            .contains(&"talon-disk-d1".to_owned())
+            .then_some(())
     })
     .await;
     let again = status(&st, "d1", ObjectState::Ready).await;
@@ -102,21 +116,33 @@ async fn disk_is_created_then_imported_after_a_target_restart() {
 #[tokio::test]
 async fn failed_lvstore_create_rolls_back_the_aio_bdev_and_file() {
     let d = tempfile::tempdir().expect("tempdir");
-    let double = SpdkDouble::start(d.path().join("spdk.sock")).await.expect("double");
+    let double = SpdkDouble::start(d.path().join("spdk.sock"))
+        .await
+        .expect("double");
     double.fail_nth("bdev_lvol_create_lvstore", 1, -5, "Input/output error");
     let rt = start(d.path(), State::in_memory());
     let st = rt.state.clone();
     let img = d.path().join("d1.img");
-    st.create_typed("d1", "", &file_disk(&img, Some(32 << 20))).expect("disk");
+    st.create_typed("d1", "", &file_disk(&img, Some(32 << 20)))
+        .expect("disk");
 
     let failed = status(&st, "d1", ObjectState::Failed).await;
     assert!(
-        failed.message.contains("bdev_lvol_create_lvstore talon-d1 on talon-disk-d1 failed"),
+        failed
+            .message
+            .contains("bdev_lvol_create_lvstore talon-d1 on talon-disk-d1 failed"),
         "{}",
         failed.message
     );
-    assert_eq!(double.calls("bdev_aio_delete"), 1, "the aio bdev made by the failed reconcile is deleted");
-    assert!(!img.exists(), "the sparse file made by the failed reconcile is removed");
+    assert_eq!(
+        double.calls("bdev_aio_delete"),
+        1,
+        "the aio bdev made by the failed reconcile is deleted"
+    );
+    assert!(
+        !img.exists(),
+        "the sparse file made by the failed reconcile is removed"
+    );
     // the retry succeeds from scratch
     let ok = status(&st, "d1", ObjectState::Ready).await;
     assert!(!ok.lvstore_uuid.is_empty());
@@ -128,13 +154,19 @@ async fn failed_lvstore_create_rolls_back_the_aio_bdev_and_file() {
 #[tokio::test]
 async fn bad_disks_fail_with_a_clear_message() {
     let d = tempfile::tempdir().expect("tempdir");
-    let double = SpdkDouble::start(d.path().join("spdk.sock")).await.expect("double");
+    let double = SpdkDouble::start(d.path().join("spdk.sock"))
+        .await
+        .expect("double");
     let rt = start(d.path(), State::in_memory());
     let st = rt.state.clone();
     st.create_typed("nofile", "", &file_disk(&d.path().join("missing.img"), None))
         .expect("disk");
-    st.create_typed("nodev", "", &file_disk(Path::new("/dev/talon-no-such-device"), Some(1 << 30)))
-        .expect("disk");
+    st.create_typed(
+        "nodev",
+        "",
+        &file_disk(Path::new("/dev/talon-no-such-device"), Some(1 << 30)),
+    )
+    .expect("disk");
     let pci = Disk {
         path: None,
         pci: Some("S4EVNF0M123456".into()),
@@ -146,7 +178,10 @@ async fn bad_disks_fail_with_a_clear_message() {
     let m = status(&st, "nofile", ObjectState::Failed).await.message;
     assert!(m.contains("does not exist and no sizeBytes is given"), "{m}");
     let m = status(&st, "nodev", ObjectState::Failed).await.message;
-    assert!(m.contains("block device /dev/talon-no-such-device does not exist"), "{m}");
+    assert!(
+        m.contains("block device /dev/talon-no-such-device does not exist"),
+        "{m}"
+    );
     let m = status(&st, "serial", ObjectState::Failed).await.message;
     assert!(m.contains("is not a PCI address"), "{m}");
     assert!(!Path::new("/dev/talon-no-such-device").exists());
@@ -157,7 +192,9 @@ async fn bad_disks_fail_with_a_clear_message() {
 #[tokio::test]
 async fn pci_disk_attaches_an_nvme_controller() {
     let d = tempfile::tempdir().expect("tempdir");
-    let double = SpdkDouble::start(d.path().join("spdk.sock")).await.expect("double");
+    let double = SpdkDouble::start(d.path().join("spdk.sock"))
+        .await
+        .expect("double");
     double.add_pcie_nvme("0000:00:04.0", 262144, 4096);
     let rt = start(d.path(), State::in_memory());
     let st = rt.state.clone();
@@ -177,12 +214,15 @@ async fn pci_disk_attaches_an_nvme_controller() {
 #[tokio::test]
 async fn disk_delete_waits_for_lvols_then_removes_lvstore_and_bdev() {
     let d = tempfile::tempdir().expect("tempdir");
-    let double = SpdkDouble::start(d.path().join("spdk.sock")).await.expect("double");
+    let double = SpdkDouble::start(d.path().join("spdk.sock"))
+        .await
+        .expect("double");
     let c = SpdkClient::new(double.socket());
     let rt = start(d.path(), State::in_memory());
     let st = rt.state.clone();
     let img = d.path().join("d1.img");
-    st.create_typed("d1", "", &file_disk(&img, Some(64 << 20))).expect("disk");
+    st.create_typed("d1", "", &file_disk(&img, Some(64 << 20)))
+        .expect("disk");
     status(&st, "d1", ObjectState::Ready).await;
     c.bdev_lvol_create(&LvolCreate::thin("talon-d1", "vol1-r0", 8))
         .await
@@ -190,8 +230,16 @@ async fn disk_delete_waits_for_lvols_then_removes_lvstore_and_bdev() {
 
     st.destroy("config", "Disk", "d1", "").expect("delete");
     let s = status(&st, "d1", ObjectState::Deleting).await;
-    assert!(s.message.contains("still holds lvols of talon in lvstore talon-d1: vol1-r0"), "{}", s.message);
-    assert!(st.get_typed::<Disk>("d1").expect("get").is_some(), "held by the finalizer");
+    assert!(
+        s.message
+            .contains("still holds lvols of talon in lvstore talon-d1: vol1-r0"),
+        "{}",
+        s.message
+    );
+    assert!(
+        st.get_typed::<Disk>("d1").expect("get").is_some(),
+        "held by the finalizer"
+    );
 
     c.bdev_lvol_delete(&talon::spdk::rpc::ByName::new("talon-d1/vol1-r0"))
         .await
@@ -206,7 +254,10 @@ async fn disk_delete_waits_for_lvols_then_removes_lvstore_and_bdev() {
     assert!(img.exists(), "talon never deletes a disk file");
     // no disk and no volume left: the target is let go and its status removed
     eventually("TargetStatus spdk removed", WAIT, || async {
-        st.get_typed::<TargetStatus>(SPDK_STATUS_ID).expect("get").is_none().then_some(())
+        st.get_typed::<TargetStatus>(SPDK_STATUS_ID)
+            .expect("get")
+            .is_none()
+            .then_some(())
     })
     .await;
     rt.stop().await;
@@ -215,11 +266,20 @@ async fn disk_delete_waits_for_lvols_then_removes_lvstore_and_bdev() {
 #[tokio::test]
 async fn orphans_removed_only_when_empty_and_owned() {
     let d = tempfile::tempdir().expect("tempdir");
-    let double = SpdkDouble::start(d.path().join("spdk.sock")).await.expect("double");
+    let double = SpdkDouble::start(d.path().join("spdk.sock"))
+        .await
+        .expect("double");
     let c = SpdkClient::new(double.socket());
-    for (name, file) in [("talon-disk-x", "x.img"), ("talon-disk-y", "y.img"), ("talon-disk-z", "z.img")] {
+    for (name, file) in [
+        ("talon-disk-x", "x.img"),
+        ("talon-disk-y", "y.img"),
+        ("talon-disk-z", "z.img"),
+    ] {
         let f = d.path().join(file);
-        std::fs::File::create(&f).expect("file").set_len(32 << 20).expect("size");
+        std::fs::File::create(&f)
+            .expect("file")
+            .set_len(32 << 20)
+            .expect("size");
         c.bdev_aio_create(&AioCreate {
             filename: f.display().to_string(),
             name: name.into(),
@@ -236,9 +296,15 @@ async fn orphans_removed_only_when_empty_and_owned() {
         cluster_sz: Some(1 << 20),
         clear_method: None,
     };
-    c.bdev_lvol_create_lvstore(&lvs("talon-disk-x", "talon-x")).await.expect("lvs x");
-    c.bdev_lvol_create_lvstore(&lvs("talon-disk-y", "talon-y")).await.expect("lvs y");
-    c.bdev_lvol_create(&LvolCreate::thin("talon-y", "v-r0", 4)).await.expect("lvol");
+    c.bdev_lvol_create_lvstore(&lvs("talon-disk-x", "talon-x"))
+        .await
+        .expect("lvs x");
+    c.bdev_lvol_create_lvstore(&lvs("talon-disk-y", "talon-y"))
+        .await
+        .expect("lvs y");
+    c.bdev_lvol_create(&LvolCreate::thin("talon-y", "v-r0", 4))
+        .await
+        .expect("lvol");
     c.bdev_malloc_create(&MallocCreate {
         name: Some("foreign0".into()),
         num_blocks: 8192,
@@ -247,7 +313,9 @@ async fn orphans_removed_only_when_empty_and_owned() {
     })
     .await
     .expect("malloc");
-    c.bdev_lvol_create_lvstore(&lvs("foreign0", "talon-foreign")).await.expect("lvs f");
+    c.bdev_lvol_create_lvstore(&lvs("foreign0", "talon-foreign"))
+        .await
+        .expect("lvs f");
     c.bdev_malloc_create(&MallocCreate {
         name: Some("foreign1".into()),
         num_blocks: 8192,
@@ -256,7 +324,9 @@ async fn orphans_removed_only_when_empty_and_owned() {
     })
     .await
     .expect("malloc");
-    c.bdev_lvol_create_lvstore(&lvs("foreign1", "theirs")).await.expect("lvs t");
+    c.bdev_lvol_create_lvstore(&lvs("foreign1", "theirs"))
+        .await
+        .expect("lvs t");
 
     let rt = start(d.path(), State::in_memory());
     let st = rt.state.clone();

@@ -28,7 +28,10 @@ pub fn register_all(rt: &mut Runtime, deps: &Deps) -> Result<(), RuntimeError> {
     let selection = EngineSelection::detect(&deps.spdk);
     tracing::info!(v2_available = selection.v2_available, reason = %selection.reason, "engine selection");
     engine::v1::register(rt, deps, &selection)?;
-    let target = engine::spdk_target::SpdkTargetController::new(deps.spdk.target_config(&deps.run_dir), selection.clone());
+    let target = engine::spdk_target::SpdkTargetController::new(
+        deps.spdk.target_config(&deps.run_dir),
+        selection.clone(),
+    );
     rt.register(target)?;
     rt.register(engine::spdk_disk::SpdkDiskController::new(&deps.run_dir))?;
     rt.register(frontend::attach::AttachController::new(deps.clone()))?;

@@ -260,7 +260,11 @@ mod tests {
         opts.spdk_tgt = Some(bin.clone());
         let s = EngineSelection::detect_on(&opts, &root);
         assert!(!s.v2_available);
-        assert!(s.reason.contains("only 200 MiB of hugepages are free"), "{}", s.reason);
+        assert!(
+            s.reason.contains("only 200 MiB of hugepages are free"),
+            "{}",
+            s.reason
+        );
 
         opts.no_huge = true;
         let s = EngineSelection::detect_on(&opts, &root);

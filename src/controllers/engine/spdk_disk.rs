@@ -28,13 +28,17 @@ use crate::names::ObjectName;
 use crate::resources::config::Disk;
 use crate::resources::engine::{DiskStatus, Engine, ObjectState, TargetStatus};
 use crate::runtime::{Controller, ControllerError, Input, Output, Phase, ReconcileContext, Requeue};
-use crate::spdk::rpc::{AioCreate, AttachController, ByName, GetControllers, GetLvols, Lvstore, LvstoreCreate, LvstoreSelector};
+use crate::spdk::rpc::{
+    AioCreate, AttachController, ByName, GetControllers, GetLvols, Lvstore, LvstoreCreate, LvstoreSelector,
+};
 use crate::spdk::{ClientError, ErrorKind, SpdkClient};
 
 use super::spdk_target::SPDK_STATUS_ID;
 
 /// Prefix of talon's base bdevs (and NVMe controller names).
 pub const DISK_BDEV_PREFIX: &str = "talon-disk-";
+/// Block size of a file disk's aio bdev.
+pub const FILE_BLOCK_SIZE: u32 = 4096;
 /// Prefix of talon's lvstores.
 pub const LVSTORE_PREFIX: &str = "talon-";
 
@@ -84,7 +88,9 @@ pub enum DiskError {
         source: std::io::Error,
     },
     /// `pci` is not a PCI address.
-    #[error("Disk {disk}: pci {pci:?} is not a PCI address (dddd:bb:dd.f); lookup by serial is not supported")]
+    #[error(
+        "Disk {disk}: pci {pci:?} is not a PCI address (dddd:bb:dd.f); lookup by serial is not supported"
+    )]
     Bdf {
         /// The disk.
         disk: String,
@@ -202,7 +208,11 @@ impl SpdkDiskController {
     }
 
     async fn lvstore(&self, disk: &str, name: &str) -> Result<Option<Lvstore>, DiskError> {
-        match self.client.bdev_lvol_get_lvstores(&LvstoreSelector::name(name)).await {
+        match self
+            .client
+            .bdev_lvol_get_lvstores(&LvstoreSelector::name(name))
+            .await
+        {
             Ok(mut v) => Ok(v.pop()),
             Err(e) if e.is(ErrorKind::NotFound) => Ok(None),
             Err(e) => Err(rpc(disk, format!("bdev_lvol_get_lvstores {name}"))(e)),
@@ -259,10 +269,13 @@ impl SpdkDiskController {
                         }
                     }
                 }
+                // SPDK detects the block size of a block device, not of a
+                // regular file ("Block size could not be auto-detected")
+                let is_file = std::fs::metadata(&path).is_ok_and(|m| m.is_file());
                 let params = AioCreate {
                     filename: path.display().to_string(),
                     name: n.base.clone(),
-                    block_size: None,
+                    block_size: is_file.then_some(FILE_BLOCK_SIZE),
                     readonly: false,
                     fallocate: false,
                 };
@@ -283,13 +296,14 @@ impl SpdkDiskController {
                 self.client
                     .bdev_nvme_attach_controller(&params)
                     .await
-                    .map_err(rpc(&n.disk, format!("bdev_nvme_attach_controller {} {pci}", n.base)))?;
+                    .map_err(rpc(
+                        &n.disk,
+                        format!("bdev_nvme_attach_controller {} {pci}", n.base),
+                    ))?;
                 created.bdev = true;
             }
             _ => {
-                return Err(DiskError::Backing {
-                    disk: n.disk.clone(),
-                });
+                return Err(DiskError::Backing { disk: n.disk.clone() });
             }
         }
         Ok(())
@@ -334,7 +348,12 @@ impl SpdkDiskController {
         }
     }
 
-    async fn ensure_inner(&self, n: &Names, spec: &Disk, created: &mut Created) -> Result<Lvstore, DiskError> {
+    async fn ensure_inner(
+        &self,
+        n: &Names,
+        spec: &Disk,
+        created: &mut Created,
+    ) -> Result<Lvstore, DiskError> {
         self.ensure_base(n, spec, created).await?;
         // an lvstore on the bdev is imported by examine: wait for it, then look
         self.client
@@ -358,10 +377,10 @@ impl SpdkDiskController {
             cluster_sz: Some(spec.cluster_mib.max(1).saturating_mul(1 << 20)),
             clear_method: None,
         };
-        self.client
-            .bdev_lvol_create_lvstore(&params)
-            .await
-            .map_err(rpc(&n.disk, format!("bdev_lvol_create_lvstore {} on {}", n.lvstore, n.bdev)))?;
+        self.client.bdev_lvol_create_lvstore(&params).await.map_err(rpc(
+            &n.disk,
+            format!("bdev_lvol_create_lvstore {} on {}", n.lvstore, n.bdev),
+        ))?;
         tracing::info!(disk = %n.disk, lvstore = %n.lvstore, "lvstore created");
         self.lvstore(&n.disk, &n.lvstore)
             .await?
@@ -440,7 +459,11 @@ impl SpdkDiskController {
             let Some(disk) = b.name.strip_prefix(DISK_BDEV_PREFIX) else {
                 continue;
             };
-            if b.product_name != "AIO disk" || wanted.contains(disk) || claimed_bases.contains(&b.name) || b.claimed {
+            if b.product_name != "AIO disk"
+                || wanted.contains(disk)
+                || claimed_bases.contains(&b.name)
+                || b.claimed
+            {
                 continue;
             }
             tracing::info!(bdev = %b.name, "removing orphan aio bdev");
@@ -469,7 +492,10 @@ fn create_sparse(path: &Path, size: u64) -> std::io::Result<()> {
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir)?;
     }
-    let f = std::fs::OpenOptions::new().write(true).create_new(true).open(path)?;
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(path)?;
     f.set_len(size)
 }
 
@@ -528,7 +554,10 @@ impl Controller for SpdkDiskController {
                 } else {
                     ObjectState::Creating
                 };
-                ctx.apply(d.id(), disk_status(&n, state, None, format!("waiting for spdk_tgt: {why}")))?;
+                ctx.apply(
+                    d.id(),
+                    disk_status(&n, state, None, format!("waiting for spdk_tgt: {why}")),
+                )?;
             }
             return Ok(Requeue::OnInputChange);
         }
@@ -541,7 +570,10 @@ impl Controller for SpdkDiskController {
                 Ok(n) => n,
                 Err(e) => {
                     let msg = crate::runtime::runner::error_chain(&e);
-                    ctx.apply(d.id(), disk_status(&fallback_names(d.id()), ObjectState::Failed, None, msg))?;
+                    ctx.apply(
+                        d.id(),
+                        disk_status(&fallback_names(d.id()), ObjectState::Failed, None, msg),
+                    )?;
                     if d.metadata.phase == Phase::TearingDown {
                         ctx.remove_finalizer::<Disk>(d.id())?;
                     }
@@ -610,10 +642,16 @@ mod tests {
     fn names_follow_the_contract() {
         let file: Disk = serde_json::from_value(serde_json::json!({"path": "/x"})).expect("disk");
         let n = names("d1", &file).expect("names");
-        assert_eq!((n.base.as_str(), n.bdev.as_str(), n.lvstore.as_str()), ("talon-disk-d1", "talon-disk-d1", "talon-d1"));
+        assert_eq!(
+            (n.base.as_str(), n.bdev.as_str(), n.lvstore.as_str()),
+            ("talon-disk-d1", "talon-disk-d1", "talon-d1")
+        );
         let pci: Disk = serde_json::from_value(serde_json::json!({"pci": "0000:00:04.0"})).expect("disk");
         let n = names("d2", &pci).expect("names");
-        assert_eq!((n.base.as_str(), n.bdev.as_str()), ("talon-disk-d2", "talon-disk-d2n1"));
+        assert_eq!(
+            (n.base.as_str(), n.bdev.as_str()),
+            ("talon-disk-d2", "talon-disk-d2n1")
+        );
         assert!(names("Bad_Name", &file).is_err());
     }
 }

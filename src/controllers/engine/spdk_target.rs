@@ -156,7 +156,11 @@ impl Controller for SpdkTargetController {
     }
 
     fn inputs(&self) -> Vec<Input> {
-        vec![Input::of::<NodeConfig>(), Input::of::<Disk>(), Input::of::<Volume>()]
+        vec![
+            Input::of::<NodeConfig>(),
+            Input::of::<Disk>(),
+            Input::of::<Volume>(),
+        ]
     }
 
     fn outputs(&self) -> Vec<Output> {

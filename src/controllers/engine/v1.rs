@@ -55,8 +55,14 @@ mod tests {
 
     #[test]
     fn v1_takes_auto_only_without_v2_or_when_pinned() {
-        assert_eq!(v1_selection(&EngineSelection::fixed(false, "")), V1Selection::AlsoAuto);
-        assert_eq!(v1_selection(&EngineSelection::fixed(true, "")), V1Selection::Explicit);
+        assert_eq!(
+            v1_selection(&EngineSelection::fixed(false, "")),
+            V1Selection::AlsoAuto
+        );
+        assert_eq!(
+            v1_selection(&EngineSelection::fixed(true, "")),
+            V1Selection::Explicit
+        );
         let pinned = EngineSelection {
             default_engine: EngineKind::V1,
             ..EngineSelection::fixed(true, "")
