@@ -19,16 +19,21 @@ use talon::spdk::{SpdkClient, SpdkDouble};
 const WAIT: Duration = Duration::from_secs(30);
 
 fn start(run_dir: &Path, state: State) -> TestRuntime {
+    start_with(
+        run_dir,
+        state,
+        EngineSelection::fixed(true, "SpdkDouble (test double)"),
+    )
+}
+
+fn start_with(run_dir: &Path, state: State, selection: EngineSelection) -> TestRuntime {
     let mut cfg = talon::spdk::target::TargetConfig::new(run_dir);
     // never spawn a real one here: only the double on the socket is adopted
     cfg.spdk_tgt = Some(run_dir.join("no-spdk_tgt"));
     cfg.spdk_dir = None;
     let run = run_dir.to_path_buf();
     TestRuntime::start_on(state, move |rt| {
-        rt.register(SpdkTargetController::new(
-            cfg,
-            EngineSelection::fixed(true, "SpdkDouble (test double)"),
-        ))?;
+        rt.register(SpdkTargetController::new(cfg, selection))?;
         rt.register(SpdkDiskController::new(&run))
     })
     .expect("runtime")
@@ -119,12 +124,14 @@ async fn failed_lvstore_create_rolls_back_the_aio_bdev_and_file() {
     let double = SpdkDouble::start(d.path().join("spdk.sock"))
         .await
         .expect("double");
+    // the first two lvstore creates fail
     double.fail_nth("bdev_lvol_create_lvstore", 1, -5, "Input/output error");
+    double.fail_nth("bdev_lvol_create_lvstore", 2, -5, "Input/output error");
     let rt = start(d.path(), State::in_memory());
     let st = rt.state.clone();
     let img = d.path().join("d1.img");
-    st.create_typed("d1", "", &file_disk(&img, Some(32 << 20)))
-        .expect("disk");
+    let disk = file_disk(&img, Some(32 << 20));
+    st.create_typed("d1", "", &disk).expect("disk");
 
     let failed = status(&st, "d1", ObjectState::Failed).await;
     assert!(
@@ -134,20 +141,31 @@ async fn failed_lvstore_create_rolls_back_the_aio_bdev_and_file() {
         "{}",
         failed.message
     );
+    eventually("two failed attempts", WAIT, || async {
+        (double.calls("bdev_lvol_create_lvstore") >= 2).then_some(())
+    })
+    .await;
+    // no reconcile runs after stop: what the failed ones made is gone
+    rt.stop().await;
+    assert_eq!(double.calls("bdev_lvol_create_lvstore"), 2);
     assert_eq!(
         double.calls("bdev_aio_delete"),
-        1,
-        "the aio bdev made by the failed reconcile is deleted"
+        2,
+        "each failed reconcile deletes the aio bdev it made"
     );
+    assert!(double.bdev_names().is_empty(), "{:?}", double.bdev_names());
     assert!(
         !img.exists(),
         "the sparse file made by the failed reconcile is removed"
     );
-    // the retry succeeds from scratch
+
+    // a new attempt succeeds from scratch
+    let rt = start(d.path(), st.clone());
     let ok = status(&st, "d1", ObjectState::Ready).await;
     assert!(!ok.lvstore_uuid.is_empty());
-    assert_eq!(double.calls("bdev_lvol_create_lvstore"), 2);
-    assert_eq!(double.calls("bdev_aio_create"), 2);
+    assert_eq!(double.calls("bdev_lvol_create_lvstore"), 3);
+    assert_eq!(double.calls("bdev_aio_create"), 3);
+    assert!(img.exists());
     rt.stop().await;
 }
 
@@ -355,5 +373,41 @@ async fn orphans_removed_only_when_empty_and_owned() {
     for want in ["talon-disk-y", "talon-disk-d1", "foreign0", "foreign1"] {
         assert!(b.contains(&want.to_owned()), "{want} missing from {b:?}");
     }
+    rt.stop().await;
+}
+
+#[tokio::test]
+async fn without_v2_the_target_reports_why_and_disks_wait() {
+    let d = tempfile::tempdir().expect("tempdir");
+    let double = SpdkDouble::start(d.path().join("spdk.sock"))
+        .await
+        .expect("double");
+    let rt = start_with(
+        d.path(),
+        State::in_memory(),
+        EngineSelection::fixed(false, "spdk_tgt was not found (looked at: nothing)"),
+    );
+    let st = rt.state.clone();
+    st.create_typed("d1", "", &file_disk(&d.path().join("d1.img"), Some(32 << 20)))
+        .expect("disk");
+    let t = eventually("TargetStatus spdk failed", WAIT, || async {
+        st.get_typed::<TargetStatus>(SPDK_STATUS_ID)
+            .expect("get")
+            .map(|t| t.spec)
+            .filter(|t| t.state == ObjectState::Failed)
+    })
+    .await;
+    assert!(
+        t.message
+            .contains("the V2 engine is not available: spdk_tgt was not found"),
+        "{}",
+        t.message
+    );
+    let s = status(&st, "d1", ObjectState::Creating).await;
+    assert!(s.message.contains("waiting for spdk_tgt"), "{}", s.message);
+    assert!(double.bdev_names().is_empty());
+    // never held: a delete is immediate
+    st.destroy("config", "Disk", "d1", "").expect("delete");
+    assert!(st.get_typed::<Disk>("d1").expect("get").is_none());
     rt.stop().await;
 }

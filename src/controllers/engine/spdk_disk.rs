@@ -538,11 +538,6 @@ impl Controller for SpdkDiskController {
 
     async fn reconcile(&self, ctx: &mut ReconcileContext) -> Result<Requeue, ControllerError> {
         let disks = ctx.list::<Disk>()?;
-        for d in &disks {
-            if d.metadata.phase == Phase::Running {
-                ctx.add_finalizer::<Disk>(d.id())?;
-            }
-        }
         let target = ctx.get::<TargetStatus>(SPDK_STATUS_ID)?.map(|t| t.spec);
         let ready = target.as_ref().is_some_and(|t| t.state == ObjectState::Ready);
         if !ready {
@@ -562,6 +557,13 @@ impl Controller for SpdkDiskController {
             return Ok(Requeue::OnInputChange);
         }
 
+        // held from the first time SPDK objects may be made for it (a node
+        // without V2 never holds a Disk: deleting it there is immediate)
+        for d in &disks {
+            if d.metadata.phase == Phase::Running {
+                ctx.add_finalizer::<Disk>(d.id())?;
+            }
+        }
         let mut retry = false;
         let mut wanted = BTreeSet::new();
         for d in &disks {
