@@ -7,6 +7,8 @@
 //! ```
 
 pub mod attach;
+pub mod doctor;
+pub mod host;
 pub mod ns;
 pub mod output;
 pub mod volume;
@@ -64,6 +66,8 @@ pub enum Command {
     /// Disks: add, list, remove.
     #[command(subcommand)]
     Disk(volume::DiskCommand),
+    /// What this host lacks for V2 volumes, and the Talos patch that fixes it (no daemon needed).
+    Doctor(doctor::DoctorArgs),
     /// Host operations that need no daemon.
     Host(HostArgs),
     /// Attach a volume on this host without the daemon (operators, guest tests).
@@ -158,6 +162,9 @@ pub enum HostCommand {
     /// Run programs and read files inside another process's namespaces.
     #[command(flatten)]
     Ns(ns::HostNsCommand),
+    /// Hugepages and NVMe PCI devices.
+    #[command(flatten)]
+    Prep(host::HostCommand),
 }
 
 /// `talon get`.
@@ -266,6 +273,7 @@ async fn run(cli: Cli) -> Result<ExitCode, CliError> {
             volume::run_snapshot(&Client::connect_unix(&cli.socket).await?, cmd).await?
         }
         Command::Disk(cmd) => volume::run_disk(&Client::connect_unix(&cli.socket).await?, cmd).await?,
+        Command::Doctor(a) => tokio::task::block_in_place(|| doctor::run(a))?,
         Command::Host(h) => {
             let root = crate::host::HostRoot::new(&h.host_root);
             match h.command {
@@ -273,6 +281,7 @@ async fn run(cli: Cli) -> Result<ExitCode, CliError> {
                     return tokio::task::block_in_place(|| ns::run(cmd, &root))
                         .map_err(|e| e.to_string().into());
                 }
+                HostCommand::Prep(cmd) => tokio::task::block_in_place(|| host::run_command(&root, cmd))?,
             }
         }
         Command::Rpc { method, params } => {

@@ -3,6 +3,7 @@
 
 pub mod engine;
 pub mod frontend;
+pub mod host;
 
 use std::path::PathBuf;
 
@@ -35,5 +36,6 @@ pub fn register_all(rt: &mut Runtime, deps: &Deps) -> Result<(), RuntimeError> {
     rt.register(target)?;
     rt.register(engine::spdk_disk::SpdkDiskController::new(&deps.run_dir))?;
     rt.register(frontend::attach::AttachController::new(deps.clone()))?;
+    host::register(rt, &deps.host, host::POLL)?;
     Ok(())
 }

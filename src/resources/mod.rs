@@ -11,6 +11,7 @@
 pub mod config;
 pub mod engine;
 pub mod frontend;
+pub mod host;
 
 use crate::runtime::TypeRegistry;
 
@@ -92,6 +93,7 @@ pub fn register_types(reg: &mut TypeRegistry) {
             ("PATH", "/path"),
         ],
     );
+    host::register_types(reg);
 }
 
 /// A registry with every type.

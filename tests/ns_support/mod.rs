@@ -119,9 +119,20 @@ impl NsHelper {
                     ready_dir,
                     pid_ns,
                 };
-                if pid_ns {
-                    helper.pid = talon::ns::find_process(&talon::host::HostRoot::real(), &helper.name)
-                        .map_err(|e| e.to_string())?;
+                // The ready file is written just before `exec -a NAME`: wait until the
+                // process really carries its name, so lookups by name cannot race it.
+                let named = Instant::now();
+                loop {
+                    match talon::ns::find_process(&talon::host::HostRoot::real(), &helper.name) {
+                        Ok(pid) => {
+                            if pid_ns {
+                                helper.pid = pid;
+                            }
+                            break;
+                        }
+                        Err(e) if named.elapsed() > Duration::from_secs(20) => return Err(e.to_string()),
+                        Err(_) => std::thread::sleep(Duration::from_millis(5)),
+                    }
                 }
                 return Ok(helper);
             }

@@ -271,7 +271,7 @@ printf '/lib/x86_64-linux-gnu\n/usr/lib/x86_64-linux-gnu\n' >"$STAGE/etc/ld.so.c
 ldconfig -r "$STAGE"
 MODS="nvme-core nvme nvme-fabrics nvme-tcp nvmet nvmet-tcp vfio vfio-pci vfio_iommu_type1 uio uio_pci_generic
       iscsi_tcp libiscsi libiscsi_tcp scsi_transport_iscsi sd_mod virtio_pci virtio_net brd loop configfs
-      crc32c_generic dm-mod"
+      crc32c_generic dm-mod ext4"
 for m in $MODS; do
 	LD_LIBRARY_PATH=$HOSTLIBS "$ROOT/.tools/modprobe" -d "$ROOT" -S "$KVER" --show-depends "$m" | awk '$1=="insmod"{print $2}'
 done | sort -u | while read -r ko; do
