@@ -34,7 +34,7 @@ fn start_with(run_dir: &Path, state: State, selection: EngineSelection) -> TestR
     let run = run_dir.to_path_buf();
     TestRuntime::start_on(state, move |rt| {
         rt.register(SpdkTargetController::new(cfg, selection))?;
-        rt.register(SpdkDiskController::new(&run))
+        rt.register(SpdkDiskController::new(&run, talon::host::HostRoot::new(&run)))
     })
     .expect("runtime")
 }
@@ -201,7 +201,10 @@ async fn bad_disks_fail_with_a_clear_message() {
         "{m}"
     );
     let m = status(&st, "serial", ObjectState::Failed).await.message;
-    assert!(m.contains("is not a PCI address"), "{m}");
+    assert!(
+        m.contains("pci \"S4EVNF0M123456\" does not resolve to an NVMe device"),
+        "{m}"
+    );
     assert!(!Path::new("/dev/talon-no-such-device").exists());
     assert!(double.bdev_names().is_empty(), "{:?}", double.bdev_names());
     rt.stop().await;

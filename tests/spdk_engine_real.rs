@@ -37,7 +37,7 @@ fn start(run_dir: &Path, spdk_dir: &Path, state: State) -> TestRuntime {
     let run = run_dir.to_path_buf();
     TestRuntime::start_on(state, move |rt| {
         rt.register(SpdkTargetController::new(cfg, selection))?;
-        rt.register(SpdkDiskController::new(&run))
+        rt.register(SpdkDiskController::new(&run, talon::host::HostRoot::new(&run)))
     })
     .expect("runtime")
 }

@@ -34,7 +34,10 @@ pub fn register_all(rt: &mut Runtime, deps: &Deps) -> Result<(), RuntimeError> {
         selection.clone(),
     );
     rt.register(target)?;
-    rt.register(engine::spdk_disk::SpdkDiskController::new(&deps.run_dir))?;
+    rt.register(engine::spdk_disk::SpdkDiskController::new(
+        &deps.run_dir,
+        deps.host.clone(),
+    ))?;
     rt.register(frontend::attach::AttachController::new(deps.clone()))?;
     host::register(rt, &deps.host, host::POLL)?;
     Ok(())

@@ -5,7 +5,8 @@
 //!   Disk <d> (config) ──┐
 //!   TargetStatus spdk ──┴─> reconcile ─┬─ path: file (created sparse with sizeBytes) or block device
 //!                                      │        └─> bdev_aio_create "talon-disk-<d>"
-//!                                      ├─ pci (BDF): bdev_nvme_attach_controller "talon-disk-<d>"
+//!                                      ├─ pci (BDF, or serial/model via host sysfs):
+//!                                      │        bdev_nvme_attach_controller "talon-disk-<d>"
 //!                                      │        └─> bdev "talon-disk-<d>n1"
 //!                                      ├─ bdev_wait_for_examine ─> lvstore "talon-<d>" imported?
 //!                                      │        no ─> bdev_lvol_create_lvstore (cluster clusterMib)
@@ -24,6 +25,7 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use crate::host::HostRoot;
 use crate::names::ObjectName;
 use crate::resources::config::Disk;
 use crate::resources::engine::{DiskStatus, Engine, ObjectState, TargetStatus};
@@ -87,15 +89,16 @@ pub enum DiskError {
         #[source]
         source: std::io::Error,
     },
-    /// `pci` is not a PCI address.
-    #[error(
-        "Disk {disk}: pci {pci:?} is not a PCI address (dddd:bb:dd.f); lookup by serial is not supported"
-    )]
-    Bdf {
+    /// `pci` names no NVMe device of this host (by PCI address, serial or model).
+    #[error("Disk {disk}: pci {pci:?} does not resolve to an NVMe device")]
+    Pci {
         /// The disk.
         disk: String,
         /// The value.
         pci: String,
+        /// Why.
+        #[source]
+        source: crate::host::pci::PciError,
     },
     /// The lvstore exists on another bdev than the disk's.
     #[error("Disk {disk}: lvstore {lvstore} exists on bdev {found}, not on {expected}")]
@@ -194,17 +197,19 @@ struct Created {
 #[derive(Debug)]
 pub struct SpdkDiskController {
     client: SpdkClient,
+    host: HostRoot,
 }
 
 impl SpdkDiskController {
-    /// Talks to the target on `<run_dir>/spdk.sock`.
-    pub fn new(run_dir: impl AsRef<Path>) -> Self {
-        Self::with_client(SpdkClient::new(run_dir.as_ref().join("spdk.sock")))
+    /// Talks to the target on `<run_dir>/spdk.sock`; NVMe serials are
+    /// resolved through `host`'s sysfs.
+    pub fn new(run_dir: impl AsRef<Path>, host: HostRoot) -> Self {
+        Self::with_client(SpdkClient::new(run_dir.as_ref().join("spdk.sock")), host)
     }
 
     /// Talks to the target through `client`.
-    pub fn with_client(client: SpdkClient) -> Self {
-        SpdkDiskController { client }
+    pub fn with_client(client: SpdkClient, host: HostRoot) -> Self {
+        SpdkDiskController { client, host }
     }
 
     async fn lvstore(&self, disk: &str, name: &str) -> Result<Option<Lvstore>, DiskError> {
@@ -286,12 +291,21 @@ impl SpdkDiskController {
                 }
             }
             (None, Some(pci)) => {
-                if !is_bdf(pci) {
-                    return Err(DiskError::Bdf {
-                        disk: n.disk.clone(),
-                        pci: pci.clone(),
-                    });
-                }
+                // a PCI address as given (SPDK reports a missing one); a serial
+                // or model resolved through the host's sysfs
+                let pci = if is_bdf(pci) {
+                    pci.clone()
+                } else {
+                    crate::host::pci::select(&self.host, pci)
+                        .map_err(|source| DiskError::Pci {
+                            disk: n.disk.clone(),
+                            pci: pci.clone(),
+                            source,
+                        })?
+                        .bdf
+                        .as_str()
+                        .to_owned()
+                };
                 let params = AttachController::pcie(n.base.clone(), pci.clone());
                 self.client
                     .bdev_nvme_attach_controller(&params)
