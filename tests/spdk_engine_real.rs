@@ -27,13 +27,13 @@ fn start(run_dir: &Path, spdk_dir: &Path, state: State) -> TestRuntime {
         path_var: None,
         no_huge: true,
         no_huge_mem_mib: 1024,
+        // other jobs may run SPDK on core 0
+        extra_args: vec!["--disable-cpumask-locks".into()],
         ..SpdkOptions::default()
     };
     let selection = EngineSelection::detect(&opts);
     assert!(selection.v2_available, "{}", selection.reason);
-    let mut cfg = opts.target_config(run_dir);
-    // other jobs may run SPDK on core 0
-    cfg.extra_args.push("--disable-cpumask-locks".into());
+    let cfg = opts.target_config(run_dir);
     let run = run_dir.to_path_buf();
     TestRuntime::start_on(state, move |rt| {
         rt.register(SpdkTargetController::new(cfg, selection))?;

@@ -41,6 +41,8 @@ pub struct SpdkOptions {
     pub interrupt_mode: bool,
     /// `--engine`: the node default for `auto` volumes on an `auto` node.
     pub engine: EngineKind,
+    /// More spdk_tgt arguments (tests: `--disable-cpumask-locks`).
+    pub extra_args: Vec<OsString>,
 }
 
 impl Default for SpdkOptions {
@@ -54,6 +56,7 @@ impl Default for SpdkOptions {
             no_huge_mem_mib: 2048,
             interrupt_mode: false,
             engine: EngineKind::Auto,
+            extra_args: Vec::new(),
         }
     }
 }
@@ -66,6 +69,7 @@ impl SpdkOptions {
         c.spdk_dir = self.spdk_dir.clone();
         c.cpumask = self.cpumask.clone();
         c.interrupt_mode = self.interrupt_mode;
+        c.extra_args = self.extra_args.clone();
         c.memory = if self.no_huge {
             Memory::NoHuge {
                 mem_size_mib: self.no_huge_mem_mib,
