@@ -98,7 +98,7 @@ pub enum DiskError {
         pci: String,
         /// Why.
         #[source]
-        source: crate::host::pci::PciError,
+        source: Box<crate::host::pci::PciError>,
     },
     /// The lvstore exists on another bdev than the disk's.
     #[error("Disk {disk}: lvstore {lvstore} exists on bdev {found}, not on {expected}")]
@@ -300,7 +300,7 @@ impl SpdkDiskController {
                         .map_err(|source| DiskError::Pci {
                             disk: n.disk.clone(),
                             pci: pci.clone(),
-                            source,
+                            source: Box::new(source),
                         })?
                         .bdf
                         .as_str()
