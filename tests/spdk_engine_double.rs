@@ -414,3 +414,52 @@ async fn without_v2_the_target_reports_why_and_disks_wait() {
     assert!(st.get_typed::<Disk>("d1").expect("get").is_none());
     rt.stop().await;
 }
+
+#[tokio::test]
+async fn a_dead_target_is_counted_retried_with_backoff_and_readopted() {
+    let d = tempfile::tempdir().expect("tempdir");
+    let double = SpdkDouble::start(d.path().join("spdk.sock"))
+        .await
+        .expect("double");
+    let rt = start(d.path(), State::in_memory());
+    let st = rt.state.clone();
+    st.create_typed("d1", "", &file_disk(&d.path().join("d1.img"), Some(32 << 20)))
+        .expect("disk");
+    let s1 = status(&st, "d1", ObjectState::Ready).await;
+
+    // the target dies (stays down): restarts counted, starts fail (no spdk_tgt here)
+    double.stop().await;
+    let failed = eventually("TargetStatus failed to start again", WAIT, || async {
+        st.get_typed::<TargetStatus>(SPDK_STATUS_ID)
+            .expect("get")
+            .map(|t| t.spec)
+            .filter(|t| t.state == ObjectState::Failed && t.restarts == 1)
+    })
+    .await;
+    assert!(
+        failed.message.contains("spdk_tgt was not found"),
+        "{}",
+        failed.message
+    );
+    assert!(failed.message.contains("next attempt in"), "{}", failed.message);
+    let waiting = status(&st, "d1", ObjectState::Creating).await;
+    assert!(
+        waiting.message.contains("waiting for spdk_tgt"),
+        "{}",
+        waiting.message
+    );
+
+    // it answers again (state kept, as after a stall): adopted, disk ready again
+    double.resume().expect("resume");
+    let t = eventually("TargetStatus ready again", WAIT, || async {
+        st.get_typed::<TargetStatus>(SPDK_STATUS_ID)
+            .expect("get")
+            .map(|t| t.spec)
+            .filter(|t| t.state == ObjectState::Ready)
+    })
+    .await;
+    assert_eq!(t.restarts, 1);
+    let s2 = status(&st, "d1", ObjectState::Ready).await;
+    assert_eq!(s2.lvstore_uuid, s1.lvstore_uuid);
+    rt.stop().await;
+}

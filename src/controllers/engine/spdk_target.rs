@@ -9,8 +9,8 @@
 //!                                   │                     -u unless a Disk has `pci`
 //!                                   └──> TargetStatus "spdk" {state, pid, version, restarts, ...}
 //!   every second: spdk_get_version answers? no -> restarts += 1, start again after backoff
-//!   (100 ms doubling to 30 s); the disk and volume controllers watch TargetStatus and
-//!   reconcile their objects back.
+//!   (100 ms doubling to 30 s, back to 100 ms after a minute of uptime); the disk and
+//!   volume controllers watch TargetStatus and reconcile their objects back.
 //! ```
 //!
 //! Shutdown: like the V1 engine's tgtd, a clean stop of talon (the controller
@@ -21,7 +21,7 @@
 //! adopts it. `-s` is decided when the target starts; more volumes later do
 //! not restart a running target.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use nix::sys::signal::{Signal, kill};
 use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
@@ -44,7 +44,14 @@ struct Inner {
     target: Option<Target>,
     restarts: u32,
     backoff: Backoff,
+    /// When the held target was started or adopted.
+    up_since: Option<Instant>,
+    /// No start before this (backoff after a crash or a failed start).
+    next_start: Option<Instant>,
 }
+
+/// Uptime after which a crash restarts the backoff from its first delay.
+const STABLE_UPTIME: Duration = Duration::from_secs(60);
 
 /// Supervises spdk_tgt for the V2 engine (see the module docs).
 #[derive(Debug)]
@@ -65,6 +72,8 @@ impl SpdkTargetController {
                 target: None,
                 restarts: 0,
                 backoff: Backoff::new(Duration::from_millis(100), Duration::from_secs(30)),
+                up_since: None,
+                next_start: None,
             }),
         }
     }
@@ -200,8 +209,24 @@ impl Controller for SpdkTargetController {
             tracing::warn!(pid = ?t.pid(), "spdk_tgt stopped answering; starting it again");
             inner.target = None;
             inner.restarts += 1;
+            if inner.up_since.take().is_some_and(|u| u.elapsed() > STABLE_UPTIME) {
+                inner.backoff.reset();
+            }
+            let delay = inner.backoff.next_delay();
+            inner.next_start = Some(Instant::now() + delay);
         }
         if inner.target.is_none() {
+            if let Some(at) = inner.next_start {
+                let left = at.saturating_duration_since(Instant::now());
+                if !left.is_zero() {
+                    let msg = format!("restarting in {left:?} (restart {})", inner.restarts);
+                    ctx.apply(
+                        SPDK_STATUS_ID,
+                        status(&self.template, &inner, ObjectState::Creating, msg),
+                    )?;
+                    return Ok(Requeue::After(left));
+                }
+            }
             let mut cfg = self.template.clone();
             cfg.exported_volumes = u32::try_from(v2_volumes).unwrap_or(u32::MAX);
             cfg.pci_disks = disks.iter().any(|d| d.spec.pci.is_some());
@@ -209,9 +234,12 @@ impl Controller for SpdkTargetController {
                 Ok(t) => {
                     tracing::info!(pid = ?t.pid(), origin = ?t.origin(), version = %t.version().version, "spdk_tgt ready");
                     inner.target = Some(t);
+                    inner.up_since = Some(Instant::now());
+                    inner.next_start = None;
                 }
                 Err(e) => {
                     let after = inner.backoff.next_delay();
+                    inner.next_start = Some(Instant::now() + after);
                     let msg = format!(
                         "{} (next attempt in {after:?})",
                         crate::runtime::runner::error_chain(&e)
@@ -224,7 +252,6 @@ impl Controller for SpdkTargetController {
                 }
             }
         }
-        inner.backoff.reset();
         let origin = inner.target.as_ref().map(Target::origin);
         let msg = match origin {
             Some(Origin::Adopted) => format!("adopted on {}", self.template.socket().display()),
