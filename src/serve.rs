@@ -325,7 +325,11 @@ pub async fn serve(opts: ServeOptions, shutdown: impl Future<Output = ()> + Send
         run_dir: opts.run_dir.clone(),
         spdk: opts.spdk.clone(),
     };
-    let selection = EngineSelection::detect_on(&opts.spdk, &host);
+    let selection = EngineSelection::detect_with_socket(
+        &opts.spdk,
+        &host,
+        &opts.spdk.target_config(&opts.run_dir).socket(),
+    );
     let mut rt = Runtime::new(state.clone());
     controllers::register_all(&mut rt, &deps)?;
     let registry = crate::resources::registry();

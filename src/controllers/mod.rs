@@ -26,7 +26,8 @@ pub struct Deps {
 
 /// Registers every controller.
 pub fn register_all(rt: &mut Runtime, deps: &Deps) -> Result<(), RuntimeError> {
-    let selection = EngineSelection::detect(&deps.spdk);
+    let socket = deps.spdk.target_config(&deps.run_dir).socket();
+    let selection = EngineSelection::detect_with_socket(&deps.spdk, &deps.host, &socket);
     tracing::info!(v2_available = selection.v2_available, reason = %selection.reason, "engine selection");
     engine::v1::register(rt, deps, &selection)?;
     let target = engine::spdk_target::SpdkTargetController::new(

@@ -15,7 +15,7 @@
 //! gives them.
 
 use std::ffi::OsString;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use crate::host::HostRoot;
 use crate::resources::config::{EngineKind, NodeConfig, Volume};
@@ -119,6 +119,19 @@ impl EngineSelection {
     /// Detects on the real host.
     pub fn detect(opts: &SpdkOptions) -> EngineSelection {
         Self::detect_on(opts, &HostRoot::real())
+    }
+
+    /// Like [`Self::detect_on`], but a target already listening on `socket`
+    /// (left running by a talon that crashed; it holds the hugepages) makes
+    /// V2 available too: the target controller adopts it.
+    pub fn detect_with_socket(opts: &SpdkOptions, host: &HostRoot, socket: &Path) -> EngineSelection {
+        let mut s = Self::detect_on(opts, host);
+        if !s.v2_available && s.spdk_tgt.is_some() && std::os::unix::net::UnixStream::connect(socket).is_ok()
+        {
+            s.v2_available = true;
+            s.reason = format!("spdk_tgt already listening on {} (adopted)", socket.display());
+        }
+        s
     }
 
     /// Detects with `/sys` read through `host` (fixture trees in tests).
@@ -274,6 +287,14 @@ mod tests {
         let s = EngineSelection::detect_on(&opts, &root);
         assert!(s.v2_available, "{}", s.reason);
         assert!(s.reason.contains("--no-huge"), "{}", s.reason);
+
+        // a target already listening holds the hugepages: adopted
+        opts.no_huge = false;
+        let sock = _d.path().join("spdk.sock");
+        let _l = std::os::unix::net::UnixListener::bind(&sock).expect("bind");
+        let s = EngineSelection::detect_with_socket(&opts, &root, &sock);
+        assert!(s.v2_available, "{}", s.reason);
+        assert!(s.reason.contains("already listening"), "{}", s.reason);
 
         let (_d2, root2, bin2) = fixture(512);
         opts.no_huge = false;
