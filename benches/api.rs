@@ -85,6 +85,7 @@ async fn api_round_trip() -> (Duration, Duration, usize) {
         token_file: None,
         run_dir: dir.path().join("run"),
         host_root: "/".into(),
+        spdk: Default::default(),
     };
     let socket = opts.socket.clone();
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();

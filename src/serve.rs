@@ -19,6 +19,7 @@ use serde::Deserialize;
 
 use crate::api::types::{EngineAvailability, NodeInfo};
 use crate::api::{ApiBuilder, ApiContext};
+use crate::controllers::engine::selection::{EngineSelection, SpdkOptions};
 use crate::controllers::{self, Deps};
 use crate::host::HostRoot;
 use crate::names::ObjectName;
@@ -42,6 +43,8 @@ pub struct ServeOptions {
     pub run_dir: PathBuf,
     /// The host's root (`/`, or where the host's / is mounted in a container).
     pub host_root: PathBuf,
+    /// How SPDK is found and run, and the node's default engine.
+    pub spdk: SpdkOptions,
 }
 
 /// Why the daemon could not start or stop cleanly.
@@ -198,30 +201,12 @@ pub fn which(program: &str) -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
-/// Where spdk_tgt is, if anywhere: `$TALON_SPDK_DIR/build/bin/spdk_tgt`, then PATH.
-pub fn find_spdk_tgt() -> Option<PathBuf> {
-    if let Some(dir) = std::env::var_os("TALON_SPDK_DIR") {
-        let p = Path::new(&dir).join("build/bin/spdk_tgt");
-        if p.is_file() {
-            return Some(p);
-        }
-    }
-    which("spdk_tgt")
-}
-
-/// The engines this node can run, and why not.
-pub fn detect_engines() -> Vec<EngineAvailability> {
-    let v2 = match find_spdk_tgt() {
-        Some(p) => EngineAvailability {
-            engine: "v2".into(),
-            available: true,
-            detail: p.display().to_string(),
-        },
-        None => EngineAvailability {
-            engine: "v2".into(),
-            available: false,
-            detail: "spdk_tgt not found (set TALON_SPDK_DIR or put spdk_tgt on PATH)".into(),
-        },
+/// The engines this node can run, and why not (V2 from [`EngineSelection`]).
+pub fn detect_engines(selection: &EngineSelection) -> Vec<EngineAvailability> {
+    let v2 = EngineAvailability {
+        engine: "v2".into(),
+        available: selection.v2_available,
+        detail: selection.reason.clone(),
     };
     let v1 = match which("tgtd") {
         Some(p) => EngineAvailability {
@@ -246,8 +231,12 @@ fn os_release(host: &HostRoot) -> (String, String) {
 }
 
 /// Builds `node_info` for this process.
-pub fn node_info_fn(host: HostRoot, data_dir: PathBuf) -> Arc<dyn Fn() -> NodeInfo + Send + Sync> {
-    let engines = detect_engines();
+pub fn node_info_fn(
+    host: HostRoot,
+    data_dir: PathBuf,
+    selection: &EngineSelection,
+) -> Arc<dyn Fn() -> NodeInfo + Send + Sync> {
+    let engines = detect_engines(selection);
     Arc::new(move || {
         let (os_id, os_name) = os_release(&host);
         NodeInfo {
@@ -324,7 +313,13 @@ pub async fn serve(opts: ServeOptions, shutdown: impl Future<Output = ()> + Send
         host: host.clone(),
         data_dir: data_dir.clone(),
         run_dir: opts.run_dir.clone(),
+        spdk: opts.spdk.clone(),
     };
+    let selection = EngineSelection::detect_with_socket(
+        &opts.spdk,
+        &host,
+        &opts.spdk.target_config(&opts.run_dir).socket(),
+    );
     let mut rt = Runtime::new(state.clone());
     controllers::register_all(&mut rt, &deps)?;
     let registry = crate::resources::registry();
@@ -332,7 +327,7 @@ pub async fn serve(opts: ServeOptions, shutdown: impl Future<Output = ()> + Send
         state: state.clone(),
         registry: Arc::new(registry),
         statuses: rt.statuses(),
-        node_info: node_info_fn(host, data_dir.clone()),
+        node_info: node_info_fn(host, data_dir.clone(), &selection),
     };
     let mut api = ApiBuilder::new(ctx);
     crate::api::register_core(&mut api);

@@ -26,6 +26,7 @@ fn opts(dir: &Path) -> ServeOptions {
         token_file: None,
         run_dir: dir.join("run"),
         host_root: PathBuf::from("/"),
+        spdk: Default::default(),
     }
 }
 

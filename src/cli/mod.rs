@@ -105,6 +105,45 @@ pub struct ServeArgs {
     /// Where the host's / is (when talon runs in a container with the host mounted).
     #[arg(long, default_value = "/")]
     pub host_root: PathBuf,
+    /// The spdk_tgt binary (else $TALON_SPDK_DIR/build/bin/spdk_tgt, else PATH).
+    #[arg(long)]
+    pub spdk_tgt: Option<PathBuf>,
+    /// spdk_tgt's core mask.
+    #[arg(long, default_value = "0x1")]
+    pub spdk_cpumask: String,
+    /// Run spdk_tgt without hugepages (`--no-huge -s N`; development only).
+    #[arg(long)]
+    pub no_huge: bool,
+    /// Memory in MiB for spdk_tgt with --no-huge.
+    #[arg(long, default_value_t = 2048, requires = "no_huge")]
+    pub no_huge_mem_mib: u64,
+    /// Run spdk_tgt in interrupt mode (no busy polling).
+    #[arg(long)]
+    pub interrupt_mode: bool,
+    /// The node's default engine for `auto` volumes on an `auto` node.
+    #[arg(long, value_enum, default_value_t = EngineArg::Auto)]
+    pub engine: EngineArg,
+}
+
+/// `talon serve --engine`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum EngineArg {
+    /// V2 when SPDK is usable, else V1.
+    Auto,
+    /// tgtd/iSCSI.
+    V1,
+    /// SPDK.
+    V2,
+}
+
+impl From<EngineArg> for crate::resources::config::EngineKind {
+    fn from(e: EngineArg) -> Self {
+        match e {
+            EngineArg::Auto => Self::Auto,
+            EngineArg::V1 => Self::V1,
+            EngineArg::V2 => Self::V2,
+        }
+    }
 }
 
 /// `talon host`.
@@ -210,6 +249,15 @@ async fn run(cli: Cli) -> Result<ExitCode, CliError> {
                 token_file: a.token_file,
                 run_dir: a.run_dir,
                 host_root: a.host_root,
+                spdk: crate::controllers::engine::selection::SpdkOptions {
+                    spdk_tgt: a.spdk_tgt,
+                    cpumask: a.spdk_cpumask,
+                    no_huge: a.no_huge,
+                    no_huge_mem_mib: a.no_huge_mem_mib,
+                    interrupt_mode: a.interrupt_mode,
+                    engine: a.engine.into(),
+                    ..Default::default()
+                },
             };
             crate::serve::serve(opts, shutdown_signal()).await?;
         }

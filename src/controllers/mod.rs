@@ -7,6 +7,7 @@ pub mod host;
 
 use std::path::PathBuf;
 
+use crate::controllers::engine::selection::{EngineSelection, SpdkOptions};
 use crate::host::HostRoot;
 use crate::runtime::{Runtime, RuntimeError};
 
@@ -19,11 +20,25 @@ pub struct Deps {
     pub data_dir: PathBuf,
     /// The run directory (sockets of spdk_tgt and tgtd).
     pub run_dir: PathBuf,
+    /// How SPDK is found and run (`talon serve` flags).
+    pub spdk: SpdkOptions,
 }
 
 /// Registers every controller.
 pub fn register_all(rt: &mut Runtime, deps: &Deps) -> Result<(), RuntimeError> {
-    engine::v1::register(rt, deps)?;
+    let socket = deps.spdk.target_config(&deps.run_dir).socket();
+    let selection = EngineSelection::detect_with_socket(&deps.spdk, &deps.host, &socket);
+    tracing::info!(v2_available = selection.v2_available, reason = %selection.reason, "engine selection");
+    engine::v1::register(rt, deps, &selection)?;
+    let target = engine::spdk_target::SpdkTargetController::new(
+        deps.spdk.target_config(&deps.run_dir),
+        selection.clone(),
+    );
+    rt.register(target)?;
+    rt.register(engine::spdk_disk::SpdkDiskController::new(
+        &deps.run_dir,
+        deps.host.clone(),
+    ))?;
     rt.register(frontend::attach::AttachController::new(deps.clone()))?;
     host::register(rt, &deps.host, host::POLL)?;
     Ok(())

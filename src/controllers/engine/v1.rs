@@ -1,33 +1,72 @@
 //! Registration of the V1 engine's controllers.
 //!
 //! ```text
-//!   register(rt, deps) ──> engine.TgtdController      (tgtd under <run_dir>/tgtd)
-//!                     └──> engine.V1VolumeController  (files under <data_dir>/v1)
+//!   register(rt, deps, selection) ──> engine.TgtdController      (tgtd under <run_dir>/tgtd)
+//!                                └──> engine.V1VolumeController  (files under <data_dir>/v1)
 //! ```
 
+use super::selection::EngineSelection;
 use super::v1_target::TgtdController;
 use super::v1_volume::{V1Selection, V1VolumeController};
 use crate::controllers::Deps;
+use crate::resources::config::{EngineKind, NodeConfig, Volume};
+use crate::resources::engine::Engine;
 use crate::runtime::{Runtime, RuntimeError};
 
-/// How `auto` volumes are treated until engine selection from
-/// `HostCapabilities` exists: V1 takes them when this host has no `spdk_tgt`
-/// on PATH and talon was built without the embedded SPDK.
-pub fn default_selection() -> V1Selection {
-    let spdk_on_path = std::env::var_os("PATH")
-        .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join("spdk_tgt").is_file()));
-    if spdk_on_path || cfg!(feature = "spdk-embedded") {
-        V1Selection::Explicit
-    } else {
+/// What V1 claims under `selection`: explicit V1 volumes (or volumes on a V1
+/// node) always; `auto` volumes on an `auto` node when
+/// [`EngineSelection::engine_for`] gives them to V1 (no usable SPDK, or
+/// `--engine v1`). Exact: `serves_v1` differs from `engine_for == V1` only in
+/// that auto/auto case.
+pub fn v1_selection(selection: &EngineSelection) -> V1Selection {
+    let auto_vol = Volume {
+        size_bytes: 0,
+        replicas: 1,
+        engine: EngineKind::Auto,
+        frontend: Default::default(),
+        disks: Vec::new(),
+        from_snapshot: None,
+        revert_to: None,
+        revert_generation: 0,
+    };
+    let auto_node = NodeConfig {
+        engine: EngineKind::Auto,
+        ..NodeConfig::default()
+    };
+    if selection.engine_for(&auto_vol, &auto_node) == Engine::V1 {
         V1Selection::AlsoAuto
+    } else {
+        V1Selection::Explicit
     }
 }
 
 /// Registers the V1 engine's controllers.
-pub fn register(rt: &mut Runtime, deps: &Deps) -> Result<(), RuntimeError> {
-    let selection = default_selection();
+pub fn register(rt: &mut Runtime, deps: &Deps, selection: &EngineSelection) -> Result<(), RuntimeError> {
+    let selection = v1_selection(selection);
     let target = TgtdController::new(&deps.run_dir, selection);
     let admin = target.config().admin();
     rt.register(target)?;
     rt.register(V1VolumeController::new(&deps.data_dir, admin, selection))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn v1_takes_auto_only_without_v2_or_when_pinned() {
+        assert_eq!(
+            v1_selection(&EngineSelection::fixed(false, "")),
+            V1Selection::AlsoAuto
+        );
+        assert_eq!(
+            v1_selection(&EngineSelection::fixed(true, "")),
+            V1Selection::Explicit
+        );
+        let pinned = EngineSelection {
+            default_engine: EngineKind::V1,
+            ..EngineSelection::fixed(true, "")
+        };
+        assert_eq!(v1_selection(&pinned), V1Selection::AlsoAuto);
+    }
 }

@@ -1,0 +1,266 @@
+//! `engine.SpdkTargetController`: runs spdk_tgt while the V2 engine has work
+//! (any `Disk`, or any volume [`EngineSelection::engine_for`] gives V2),
+//! restarts it with backoff when it dies, and reports it as `TargetStatus` `spdk`.
+//!
+//! ```text
+//!   NodeConfig, Disk, Volume ──> reconcile ──needed?──> Target::start (adopt a target answering on
+//!        (selection: V2?)           │                     <run_dir>/spdk.sock, else spawn + wait for
+//!                                   │                     spdk_get_version), -s 512 + 43/volume MiB,
+//!                                   │                     -u unless a Disk has `pci`
+//!                                   └──> TargetStatus "spdk" {state, pid, version, restarts, ...}
+//!   every second: spdk_get_version answers? no -> restarts += 1, start again after backoff
+//!   (100 ms doubling to 30 s, back to 100 ms after a minute of uptime); the disk and
+//!   volume controllers watch TargetStatus and reconcile their objects back.
+//! ```
+//!
+//! Shutdown: like the V1 engine's tgtd, a clean stop of talon (the controller
+//! is dropped) stops the target it started or adopted: SIGINT, then SIGKILL
+//! after the grace period (10 s). A clean stop is a drain of the node; leaving
+//! a target behind would keep hugepages and ports held with nobody supervising
+//! it. After a crash of talon the target keeps serving and the next talon
+//! adopts it. `-s` is decided when the target starts; more volumes later do
+//! not restart a running target.
+
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{Signal, kill};
+use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
+use nix::unistd::Pid;
+use tokio::sync::Mutex;
+
+use super::selection::EngineSelection;
+use crate::resources::config::{Disk, NodeConfig, Volume};
+use crate::resources::engine::{Engine, ObjectState, TargetStatus};
+use crate::runtime::{Controller, ControllerError, Input, Output, ReconcileContext, Requeue};
+use crate::spdk::ClientError;
+use crate::spdk::rpc::Version;
+use crate::spdk::target::{Backoff, Origin, Target, TargetConfig};
+
+/// The id of spdk_tgt's `TargetStatus`.
+pub const SPDK_STATUS_ID: &str = "spdk";
+
+#[derive(Debug)]
+struct Inner {
+    target: Option<Target>,
+    restarts: u32,
+    backoff: Backoff,
+    /// When the held target was started or adopted.
+    up_since: Option<Instant>,
+    /// No start before this (backoff after a crash or a failed start).
+    next_start: Option<Instant>,
+}
+
+/// Uptime after which a crash restarts the backoff from its first delay.
+const STABLE_UPTIME: Duration = Duration::from_secs(60);
+
+/// Supervises spdk_tgt for the V2 engine (see the module docs).
+#[derive(Debug)]
+pub struct SpdkTargetController {
+    template: TargetConfig,
+    selection: EngineSelection,
+    inner: Mutex<Inner>,
+}
+
+impl SpdkTargetController {
+    /// With the target settings (`<run_dir>/spdk.sock`, cpumask, memory)
+    /// and this node's engine selection.
+    pub fn new(template: TargetConfig, selection: EngineSelection) -> Self {
+        SpdkTargetController {
+            template,
+            selection,
+            inner: Mutex::new(Inner {
+                target: None,
+                restarts: 0,
+                backoff: Backoff::new(Duration::from_millis(100), Duration::from_secs(30)),
+                up_since: None,
+                next_start: None,
+            }),
+        }
+    }
+
+    /// The target settings.
+    pub fn config(&self) -> &TargetConfig {
+        &self.template
+    }
+}
+
+fn pid_alive(pid: Option<i32>) -> bool {
+    pid.is_some_and(|p| kill(Pid::from_raw(p), None).is_ok())
+}
+
+/// Whether the target still answers; a slow answer from a live process counts.
+async fn answers(t: &Target) -> bool {
+    match t
+        .client()
+        .call_with_timeout::<(), Version>("spdk_get_version", None, Duration::from_secs(5))
+        .await
+    {
+        Ok(_) => true,
+        Err(ClientError::Timeout { .. }) => pid_alive(t.pid()),
+        Err(e) => !e.is_transport(),
+    }
+}
+
+/// Stops a target synchronously (for `Drop`): SIGINT, wait up to `grace`, SIGKILL.
+fn stop_blocking(t: Target, grace: Duration) {
+    let (pid, origin) = (t.pid(), t.origin());
+    drop(t);
+    let Some(pid) = pid else { return };
+    if u32::try_from(pid).ok() == Some(std::process::id()) {
+        return; // an in-process target (a test double, spdk-embedded)
+    }
+    let p = Pid::from_raw(pid);
+    let gone = || match origin {
+        // our child: reap it (a zombie would still answer kill(0))
+        Origin::Spawned => match waitpid(p, Some(WaitPidFlag::WNOHANG)) {
+            Ok(WaitStatus::StillAlive) => false,
+            Ok(_) => true,
+            Err(_) => kill(p, None).is_err(),
+        },
+        Origin::Adopted => kill(p, None).is_err(),
+    };
+    if kill(p, Signal::SIGINT).is_err() {
+        return;
+    }
+    let deadline = std::time::Instant::now() + grace;
+    while std::time::Instant::now() < deadline {
+        if gone() {
+            tracing::info!(pid, "spdk_tgt stopped");
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    tracing::warn!(pid, ?grace, "spdk_tgt did not stop on SIGINT; killing it");
+    let _ = kill(p, Signal::SIGKILL);
+    if origin == Origin::Spawned {
+        let _ = waitpid(p, None);
+    }
+}
+
+impl Drop for SpdkTargetController {
+    fn drop(&mut self) {
+        if let Some(t) = self.inner.get_mut().target.take() {
+            stop_blocking(t, self.template.stop_grace);
+        }
+    }
+}
+
+fn status(cfg: &TargetConfig, inner: &Inner, state: ObjectState, message: String) -> TargetStatus {
+    let t = inner.target.as_ref();
+    TargetStatus {
+        engine: Engine::V2,
+        state,
+        pid: t.and_then(Target::pid).and_then(|p| u32::try_from(p).ok()),
+        socket: cfg.socket().display().to_string(),
+        version: t.map(|t| t.version().version.clone()).unwrap_or_default(),
+        restarts: inner.restarts,
+        message,
+    }
+}
+
+#[async_trait::async_trait]
+impl Controller for SpdkTargetController {
+    fn name(&self) -> &'static str {
+        "engine.SpdkTargetController"
+    }
+
+    fn inputs(&self) -> Vec<Input> {
+        vec![
+            Input::of::<NodeConfig>(),
+            Input::of::<Disk>(),
+            Input::of::<Volume>(),
+        ]
+    }
+
+    fn outputs(&self) -> Vec<Output> {
+        vec![Output::shared::<TargetStatus>()]
+    }
+
+    async fn reconcile(&self, ctx: &mut ReconcileContext) -> Result<Requeue, ControllerError> {
+        let node = ctx.get::<NodeConfig>("node")?.map(|n| n.spec).unwrap_or_default();
+        let disks = ctx.list::<Disk>()?;
+        let v2_volumes = ctx
+            .list::<Volume>()?
+            .iter()
+            .filter(|v| self.selection.engine_for(&v.spec, &node) == Engine::V2)
+            .count();
+        let mut inner = self.inner.lock().await;
+
+        if disks.is_empty() && v2_volumes == 0 {
+            // no V2 work: no target (its hugepages and ports are free for others)
+            if let Some(t) = inner.target.take() {
+                let status = t.stop(self.template.stop_grace).await?;
+                tracing::info!(%status, "stopped spdk_tgt: no disks and no V2 volumes");
+            }
+            return Ok(Requeue::OnInputChange);
+        }
+        if !self.selection.v2_available {
+            let msg = format!("the V2 engine is not available: {}", self.selection.reason);
+            ctx.apply(
+                SPDK_STATUS_ID,
+                status(&self.template, &inner, ObjectState::Failed, msg),
+            )?;
+            return Ok(Requeue::OnInputChange);
+        }
+
+        if let Some(t) = inner.target.as_ref()
+            && !answers(t).await
+        {
+            tracing::warn!(pid = ?t.pid(), "spdk_tgt stopped answering; starting it again");
+            inner.target = None;
+            inner.restarts += 1;
+            if inner.up_since.take().is_some_and(|u| u.elapsed() > STABLE_UPTIME) {
+                inner.backoff.reset();
+            }
+            let delay = inner.backoff.next_delay();
+            inner.next_start = Some(Instant::now() + delay);
+        }
+        if inner.target.is_none() {
+            if let Some(at) = inner.next_start {
+                let left = at.saturating_duration_since(Instant::now());
+                if !left.is_zero() {
+                    let msg = format!("restarting in {left:?} (restart {})", inner.restarts);
+                    ctx.apply(
+                        SPDK_STATUS_ID,
+                        status(&self.template, &inner, ObjectState::Creating, msg),
+                    )?;
+                    return Ok(Requeue::After(left));
+                }
+            }
+            let mut cfg = self.template.clone();
+            cfg.exported_volumes = u32::try_from(v2_volumes).unwrap_or(u32::MAX);
+            cfg.pci_disks = disks.iter().any(|d| d.spec.pci.is_some());
+            match Target::start(&cfg).await {
+                Ok(t) => {
+                    tracing::info!(pid = ?t.pid(), origin = ?t.origin(), version = %t.version().version, "spdk_tgt ready");
+                    inner.target = Some(t);
+                    inner.up_since = Some(Instant::now());
+                    inner.next_start = None;
+                }
+                Err(e) => {
+                    let after = inner.backoff.next_delay();
+                    inner.next_start = Some(Instant::now() + after);
+                    let msg = format!(
+                        "{} (next attempt in {after:?})",
+                        crate::runtime::runner::error_chain(&e)
+                    );
+                    ctx.apply(
+                        SPDK_STATUS_ID,
+                        status(&self.template, &inner, ObjectState::Failed, msg),
+                    )?;
+                    return Ok(Requeue::After(after));
+                }
+            }
+        }
+        let origin = inner.target.as_ref().map(Target::origin);
+        let msg = match origin {
+            Some(Origin::Adopted) => format!("adopted on {}", self.template.socket().display()),
+            _ => format!("serving on {}", self.template.socket().display()),
+        };
+        ctx.apply(
+            SPDK_STATUS_ID,
+            status(&self.template, &inner, ObjectState::Ready, msg),
+        )?;
+        Ok(Requeue::After(Duration::from_secs(1)))
+    }
+}

@@ -1,0 +1,172 @@
+//! `talon serve` wiring of the V2 engine: the serve flags, `node_info`'s
+//! engine availability from `EngineSelection`, and (with `TALON_SPDK_DIR`)
+//! a daemon started with `--no-huge` that brings a config-file disk up on a
+//! real spdk_tgt and stops it on a clean shutdown.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use clap::Parser;
+use talon::cli::{Cli, Command};
+use talon::client::Client;
+use talon::controllers::engine::selection::SpdkOptions;
+use talon::resources::config::EngineKind;
+use talon::serve::{ServeOptions, serve};
+
+fn opts(dir: &Path, spdk: SpdkOptions) -> ServeOptions {
+    ServeOptions {
+        data_dir: dir.join("data"),
+        config: None,
+        socket: dir.join("run/talon.sock"),
+        listen_tcp: None,
+        token_file: None,
+        run_dir: dir.join("run"),
+        host_root: PathBuf::from("/"),
+        spdk,
+    }
+}
+
+struct Daemon {
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<Result<(), talon::serve::ServeError>>,
+    client: Client,
+}
+
+async fn start(o: ServeOptions) -> Daemon {
+    let (stop, rx) = tokio::sync::oneshot::channel::<()>();
+    let socket = o.socket.clone();
+    let task = tokio::spawn(serve(o, async move {
+        let _ = rx.await;
+    }));
+    let client = talon::runtime::testing::eventually("the API socket", Duration::from_secs(30), || async {
+        Client::connect_unix(&socket).await.ok()
+    })
+    .await;
+    Daemon { stop, task, client }
+}
+
+impl Daemon {
+    async fn stop(self) {
+        let _ = self.stop.send(());
+        self.task.await.expect("join").expect("clean stop");
+    }
+}
+
+#[test]
+fn serve_flags_parse_into_spdk_options() {
+    let cli = Cli::try_parse_from([
+        "talon",
+        "serve",
+        "--spdk-tgt",
+        "/opt/spdk/build/bin/spdk_tgt",
+        "--spdk-cpumask",
+        "0x6",
+        "--no-huge",
+        "--interrupt-mode",
+        "--engine",
+        "v1",
+    ])
+    .expect("parse");
+    let Command::Serve(a) = cli.command else {
+        panic!("not serve")
+    };
+    assert_eq!(
+        a.spdk_tgt.as_deref(),
+        Some(Path::new("/opt/spdk/build/bin/spdk_tgt"))
+    );
+    assert_eq!(a.spdk_cpumask, "0x6");
+    assert!(a.no_huge && a.interrupt_mode);
+    assert_eq!(EngineKind::from(a.engine), EngineKind::V1);
+    let cli = Cli::try_parse_from(["talon", "serve"]).expect("parse");
+    let Command::Serve(a) = cli.command else {
+        panic!("not serve")
+    };
+    assert_eq!(a.spdk_cpumask, "0x1");
+    assert!(!a.no_huge);
+    assert_eq!(EngineKind::from(a.engine), EngineKind::Auto);
+    assert!(Cli::try_parse_from(["talon", "serve", "--engine", "v3"]).is_err());
+}
+
+#[tokio::test]
+async fn node_info_reports_v2_from_engine_selection() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    // not found anywhere
+    let missing = SpdkOptions {
+        spdk_tgt: Some(dir.path().join("nowhere/spdk_tgt")),
+        spdk_dir: None,
+        path_var: None,
+        ..SpdkOptions::default()
+    };
+    let d = start(opts(dir.path(), missing)).await;
+    let info = d.client.node_info().await.expect("node_info");
+    let v2 = info.engines.iter().find(|e| e.engine == "v2").expect("v2");
+    assert!(!v2.available);
+    assert!(v2.detail.contains("spdk_tgt was not found"), "{}", v2.detail);
+    d.stop().await;
+
+    // an executable (never run: no disk, no V2 volume) with --no-huge
+    let bin = dir.path().join("bin/spdk_tgt");
+    std::fs::create_dir_all(bin.parent().expect("parent")).expect("mkdir");
+    std::fs::write(&bin, "#!/bin/sh\nexit 1\n").expect("write");
+    std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let found = SpdkOptions {
+        spdk_tgt: Some(bin.clone()),
+        spdk_dir: None,
+        path_var: None,
+        no_huge: true,
+        ..SpdkOptions::default()
+    };
+    let d = start(opts(dir.path(), found)).await;
+    let info = d.client.node_info().await.expect("node_info");
+    let v2 = info.engines.iter().find(|e| e.engine == "v2").expect("v2");
+    assert!(v2.available, "{}", v2.detail);
+    assert!(v2.detail.contains("--no-huge"), "{}", v2.detail);
+    assert!(v2.detail.contains(&bin.display().to_string()), "{}", v2.detail);
+    d.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_spdk_serve_brings_a_config_disk_up() {
+    let Some(spdk_dir) = std::env::var_os("TALON_SPDK_DIR").map(PathBuf::from) else {
+        eprintln!("SKIP real_spdk_serve_brings_a_config_disk_up: TALON_SPDK_DIR not set");
+        return;
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cfg = dir.path().join("talon.yaml");
+    std::fs::write(
+        &cfg,
+        "disks:\n  d1:\n    path: disks/d1.img\n    sizeBytes: 134217728\n",
+    )
+    .expect("config");
+    let mut o = opts(
+        dir.path(),
+        SpdkOptions {
+            spdk_tgt: None,
+            spdk_dir: Some(spdk_dir),
+            path_var: None,
+            no_huge: true,
+            no_huge_mem_mib: 1024,
+            // other jobs may run SPDK on core 0
+            extra_args: vec!["--disable-cpumask-locks".into()],
+            ..SpdkOptions::default()
+        },
+    );
+    o.config = Some(cfg);
+    let d = start(o).await;
+    let disk =
+        talon::runtime::testing::eventually("DiskStatus d1 ready", Duration::from_secs(90), || async {
+            let r = d.client.get("DiskStatus", "d1").await.ok()?;
+            (r.spec["state"] == "ready").then_some(r.spec)
+        })
+        .await;
+    assert_eq!(disk["lvstore"], "talon-d1");
+    let t = d.client.get("TargetStatus", "spdk").await.expect("TargetStatus");
+    let pid = t.spec["pid"].as_u64().expect("pid");
+    assert_eq!(t.spec["engine"], "v2");
+    d.stop().await;
+    assert!(
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), None).is_err(),
+        "spdk_tgt {pid} still runs after a clean stop of talon"
+    );
+}
