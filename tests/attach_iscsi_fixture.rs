@@ -406,6 +406,7 @@ async fn attach_controller_attaches_v1_volumes_through_iscsi() {
         host: root.clone(),
         data_dir: d.path().join("data"),
         run_dir: d.path().join("run"),
+        spdk: Default::default(),
     };
     // a host without nvme_tcp, with iscsid: auto picks iSCSI
     let host = HostFrontends {
