@@ -3,3 +3,4 @@
 pub mod v1;
 pub mod v1_target;
 pub mod v1_volume;
+pub mod spdk_volume;
