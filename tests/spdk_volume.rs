@@ -271,7 +271,7 @@ async fn a_failed_step_rolls_back_everything_it_created() {
         ("nvmf_subsystem_add_ns", 1),
         ("nvmf_subsystem_add_listener", 1),
         ("nvmf_subsystem_add_host", 1),
-        ("bdev_get_bdevs", 4),
+        ("bdev_get_bdevs", 2),
     ];
     for (method, nth) in steps {
         double.fail_nth(method, nth, -5, "Input/output error");

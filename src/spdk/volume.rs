@@ -691,15 +691,17 @@ impl VolumeOps {
                 }
                 None => (new_bdevs.get(&alias).cloned().unwrap_or_default(), 0),
             };
+            let cluster = inv.lvstore(disk).map(|s| s.cluster_size.max(1)).unwrap_or(MIB);
             let size = match inv.bdev_size(&bdev) {
                 Some(s) => s,
-                None => self
-                    .client
-                    .bdev(&bdev)
-                    .await
-                    .map_err(rpc(vol, format!("looking up replica {alias}")))?
-                    .map(|b| b.size_bytes())
-                    .unwrap_or(0),
+                // just made: a clone has its snapshot's size, a new lvol whole clusters
+                None => match source {
+                    Some((sv, ss)) => inv
+                        .find_lvol(&naming::snapshot_lvol(sv, *k, ss))
+                        .and_then(|l| inv.bdev_size(&l.uuid))
+                        .unwrap_or(0),
+                    None => (size_mib * MIB).div_ceil(cluster) * cluster,
+                },
             };
             replicas.push(ReplicaInfo {
                 k: *k,
@@ -714,6 +716,7 @@ impl VolumeOps {
 
         // grow replicas that are smaller than asked (expand), then the engine follows
         let wanted = size_mib * MIB;
+        let grew = replicas.iter().any(|r| r.size_bytes < wanted);
         let grow: Vec<_> = replicas.iter().filter(|r| r.size_bytes < wanted).collect();
         if !grow.is_empty() {
             try_join_all(grow.iter().map(|r| async {
@@ -814,17 +817,23 @@ impl VolumeOps {
                 .map_err(rpc(vol, format!("disallowing host {h} on {nqn}")))?;
         }
 
-        // the size the host sees
-        let size_bytes = match self
-            .client
-            .bdev(&device)
-            .await
-            .map_err(rpc(vol, format!("looking up {device}")))?
-        {
-            Some(b) => b.size_bytes(),
-            None => 0,
-        };
+        // the size the host sees: looked up only when it may differ from the replicas'
         let min_replica = replicas.iter().map(|r| r.size_bytes).min().unwrap_or(0);
+        let size_bytes = if replicas.len() > 1 && (grew || inv.raid(&device).is_none()) {
+            match self
+                .client
+                .bdev(&device)
+                .await
+                .map_err(rpc(vol, format!("looking up {device}")))?
+            {
+                Some(b) => b.size_bytes(),
+                None => 0,
+            }
+        } else if replicas.len() > 1 {
+            inv.bdev_size(&device).unwrap_or(min_replica)
+        } else {
+            min_replica
+        };
         if replicas.len() > 1 && size_bytes < min_replica {
             return Err(VolumeError::RaidDidNotGrow {
                 volume: vol.to_owned(),
