@@ -10,7 +10,7 @@
 //!    built by hand (replica exported over NVMe/TCP, attached back with an
 //!    explicit NGUID, raid1 with a removed placeholder, exported again), and
 //!    (d) the alternative 1-replica engine talon did not choose (raid1 of the
-//!    local lvol + a removed bdev_null placeholder).
+//!    local lvol + a removed placeholder).
 //!
 //! ```text
 //!   spdk_tgt core 0 ── malloc "talon-disk-bench" ── lvstore talon-bench ── lvols
@@ -23,12 +23,11 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use serde_json::json;
 use talon::names::ObjectName;
 use talon::spdk::SpdkClient;
 use talon::spdk::rpc::{
-    AddNamespace, ByName, CreateSubsystem, CreateTransport, ListenAddress, LvolCreate, LvstoreCreate, MallocCreate,
-    RaidCreate, RaidLevel, SubsystemListener,
+    AddNamespace, ByName, CreateSubsystem, CreateTransport, ListenAddress, LvolCreate, LvstoreCreate,
+    MallocCreate, RaidCreate, RaidLevel, SubsystemListener,
 };
 use talon::spdk::target::{Memory, Target, TargetConfig};
 use talon::spdk::volume::{ExportSpec, Inventory, VolumeOps, VolumePlan};
@@ -59,7 +58,10 @@ fn plan(name: &str, replicas: usize, port: u16) -> VolumePlan {
 
 async fn control_plane(ops: &VolumeOps, port: u16) {
     println!("\ncontrol plane: volume create -> exported (VolumeOps::ensure), 100 volumes each");
-    println!("{:<34} {:>9} {:>9} {:>11}", "mode", "p50 ms", "p99 ms", "total ms");
+    println!(
+        "{:<34} {:>9} {:>9} {:>11}",
+        "mode", "p50 ms", "p99 ms", "total ms"
+    );
     for (label, replicas, inflight) in [
         ("1 replica, one at a time", 1, 1),
         ("1 replica, 16 in flight", 1, 16),
@@ -103,10 +105,24 @@ async fn control_plane(ops: &VolumeOps, port: u16) {
 
 fn perf(spdk: &Path, port: u16, nqn: &str, pattern: &str, secs: u32) -> f64 {
     let out = std::process::Command::new(spdk.join("build/bin/spdk_nvme_perf"))
-        .args(["--no-huge", "-s", "512", "-c", "0x2", "-q", "32", "-o", "4096", "-w", pattern])
+        .args([
+            "--no-huge",
+            "-s",
+            "512",
+            "-c",
+            "0x2",
+            "-q",
+            "32",
+            "-o",
+            "4096",
+            "-w",
+            pattern,
+        ])
         .args(["-t", &secs.to_string()])
         .arg("-r")
-        .arg(format!("trtype:TCP adrfam:IPv4 traddr:127.0.0.1 trsvcid:{port} subnqn:{nqn}"))
+        .arg(format!(
+            "trtype:TCP adrfam:IPv4 traddr:127.0.0.1 trsvcid:{port} subnqn:{nqn}"
+        ))
         .output()
         .expect("spdk_nvme_perf");
     let text = String::from_utf8_lossy(&out.stdout);
@@ -129,7 +145,9 @@ async fn export(c: &SpdkClient, nqn: &str, bdev: &str, id: uuid::Uuid, port: u16
     })
     .await
     .expect("subsystem");
-    c.nvmf_subsystem_add_ns(&AddNamespace::with_id(nqn, bdev, id)).await.expect("ns");
+    c.nvmf_subsystem_add_ns(&AddNamespace::with_id(nqn, bdev, id))
+        .await
+        .expect("ns");
     c.nvmf_subsystem_add_listener(&SubsystemListener {
         nqn: nqn.into(),
         listen_address: ListenAddress::tcp([127, 0, 0, 1].into(), port),
@@ -141,13 +159,16 @@ async fn export(c: &SpdkClient, nqn: &str, bdev: &str, id: uuid::Uuid, port: u16
 /// raid1 over `member` + a bdev_null placeholder that is then removed.
 async fn one_member_raid1(c: &SpdkClient, name: &str, member: &str, blocks: u64) {
     let null = format!("{name}-null");
-    let _: String = c
-        .typed(
-            "bdev_null_create",
-            &json!({"name": null, "num_blocks": blocks, "block_size": 4096}),
-        )
-        .await
-        .expect("null");
+    // a malloc placeholder (removed before any I/O): bdev_null_create refused
+    // our params with "spdk_json_decode_object failed" in this run
+    c.bdev_malloc_create(&MallocCreate {
+        name: Some(null.clone()),
+        num_blocks: blocks,
+        block_size: 4096,
+        uuid: None,
+    })
+    .await
+    .expect("placeholder");
     c.bdev_raid_create(&RaidCreate {
         name: name.into(),
         raid_level: RaidLevel::Raid1,
@@ -158,8 +179,12 @@ async fn one_member_raid1(c: &SpdkClient, name: &str, member: &str, blocks: u64)
     })
     .await
     .expect("raid1");
-    c.bdev_raid_remove_base_bdev(&ByName::new(&null)).await.expect("remove placeholder");
-    let _: bool = c.typed("bdev_null_delete", &ByName::new(&null)).await.expect("null delete");
+    c.bdev_raid_remove_base_bdev(&ByName::new(&null))
+        .await
+        .expect("remove placeholder");
+    c.bdev_malloc_delete(&ByName::new(&null))
+        .await
+        .expect("placeholder delete");
 }
 
 async fn data_path(spdk: &Path, ops: &VolumeOps, port: u16, rounds: usize, secs: u32) {
@@ -171,7 +196,14 @@ async fn data_path(spdk: &Path, ops: &VolumeOps, port: u16, rounds: usize, secs:
         .bdev_lvol_create(&LvolCreate::thin("talon-bench", "bare", size_mib))
         .await
         .expect("bare lvol");
-    export(c, "nqn.2016-06.io.spdk:bench-bare", &bare, uuid::Uuid::new_v4(), port).await;
+    export(
+        c,
+        "nqn.2016-06.io.spdk:bench-bare",
+        &bare,
+        uuid::Uuid::new_v4(),
+        port,
+    )
+    .await;
     // (b) talon 1-replica volume
     let inv = Inventory::load(c).await.expect("inventory");
     let mut p = plan("dp", 1, port);
@@ -183,33 +215,75 @@ async fn data_path(spdk: &Path, ops: &VolumeOps, port: u16, rounds: usize, secs:
         .await
         .expect("lh lvol");
     let vol = ObjectName::parse("volume", "lh").expect("n");
-    let rnqn = ops.export_replica(&vol, "r0", &lh, [127, 0, 0, 1].into(), port).await.expect("export replica");
+    let rnqn = ops
+        .export_replica(&vol, "r0", &lh, [127, 0, 0, 1].into(), port)
+        .await
+        .expect("export replica");
     let nvme = ops
         .attach_replica("lh", "lhr0", [127, 0, 0, 1].into(), port, &rnqn)
         .await
         .expect("attach replica");
     one_member_raid1(c, "lh-raid", &nvme, blocks).await;
-    export(c, "nqn.2016-06.io.spdk:bench-lh", "lh-raid", uuid::Uuid::new_v4(), port).await;
+    export(
+        c,
+        "nqn.2016-06.io.spdk:bench-lh",
+        "lh-raid",
+        uuid::Uuid::new_v4(),
+        port,
+    )
+    .await;
     // (d) raid1 of the local lvol with a removed placeholder
     let r1 = c
         .bdev_lvol_create(&LvolCreate::thin("talon-bench", "r1m", size_mib))
         .await
         .expect("r1 lvol");
     one_member_raid1(c, "r1m-raid", &r1, blocks).await;
-    export(c, "nqn.2016-06.io.spdk:bench-r1m", "r1m-raid", uuid::Uuid::new_v4(), port).await;
+    export(
+        c,
+        "nqn.2016-06.io.spdk:bench-r1m",
+        "r1m-raid",
+        uuid::Uuid::new_v4(),
+        port,
+    )
+    .await;
 
     let topo = [
-        ("(a) bare lvol export", "nqn.2016-06.io.spdk:bench-bare".to_string()),
+        (
+            "(a) bare lvol export",
+            "nqn.2016-06.io.spdk:bench-bare".to_string(),
+        ),
         ("(b) talon 1-replica volume", info.nqn.clone()),
-        ("(c) Longhorn-style (TCP hop+raid1)", "nqn.2016-06.io.spdk:bench-lh".to_string()),
-        ("(d) raid1 1 member + placeholder", "nqn.2016-06.io.spdk:bench-r1m".to_string()),
+        (
+            "(c) Longhorn-style (TCP hop+raid1)",
+            "nqn.2016-06.io.spdk:bench-lh".to_string(),
+        ),
+        (
+            "(d) raid1 1 member + placeholder",
+            "nqn.2016-06.io.spdk:bench-r1m".to_string(),
+        ),
     ];
     // fill once so randread reads allocated clusters and randwrite does not measure allocation
     for (_, nqn) in &topo {
         let _ = std::process::Command::new(spdk.join("build/bin/spdk_nvme_perf"))
-            .args(["--no-huge", "-s", "512", "-c", "0x2", "-q", "32", "-o", "131072", "-w", "write", "-t", "3"])
+            .args([
+                "--no-huge",
+                "-s",
+                "512",
+                "-c",
+                "0x2",
+                "-q",
+                "32",
+                "-o",
+                "131072",
+                "-w",
+                "write",
+                "-t",
+                "3",
+            ])
             .arg("-r")
-            .arg(format!("trtype:TCP adrfam:IPv4 traddr:127.0.0.1 trsvcid:{port} subnqn:{nqn}"))
+            .arg(format!(
+                "trtype:TCP adrfam:IPv4 traddr:127.0.0.1 trsvcid:{port} subnqn:{nqn}"
+            ))
             .output();
     }
     let mut res: Vec<[Vec<f64>; 2]> = topo.iter().map(|_| [Vec::new(), Vec::new()]).collect();
@@ -220,8 +294,13 @@ async fn data_path(spdk: &Path, ops: &VolumeOps, port: u16, rounds: usize, secs:
             }
         }
     }
-    println!("\ndata path: 4 KiB QD32 spdk_nvme_perf over NVMe/TCP loopback, {rounds} interleaved rounds of {secs} s, median IOPS");
-    println!("{:<36} {:>10} {:>7} {:>10} {:>7}", "topology", "randread", "vs a", "randwrite", "vs a");
+    println!(
+        "\ndata path: 4 KiB QD32 spdk_nvme_perf over NVMe/TCP loopback, {rounds} interleaved rounds of {secs} s, median IOPS"
+    );
+    println!(
+        "{:<36} {:>10} {:>7} {:>10} {:>7}",
+        "topology", "randread", "vs a", "randwrite", "vs a"
+    );
     let med = |v: &Vec<f64>| {
         let mut v = v.clone();
         pct(&mut v, 0.5)
@@ -284,7 +363,10 @@ fn main() {
             control_plane(&ops, port).await;
         }
         if only.as_deref().is_none_or(|o| o == "data") {
-            let rounds = std::env::var("ROUNDS").ok().and_then(|r| r.parse().ok()).unwrap_or(3);
+            let rounds = std::env::var("ROUNDS")
+                .ok()
+                .and_then(|r| r.parse().ok())
+                .unwrap_or(3);
             data_path(&spdk, &ops, port, rounds, 3).await;
         }
         t.stop(Duration::from_secs(5)).await.expect("stop");

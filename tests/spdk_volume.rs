@@ -13,7 +13,9 @@ use serde_json::json;
 use talon::controllers::engine::spdk_volume::{SPDK_STATUS_ID, SpdkVolumeController};
 use talon::names::ObjectName;
 use talon::resources::config::{Disk, NodeConfig, Snapshot, Volume};
-use talon::resources::engine::{Engine, EngineStatus, ObjectState, ReplicaStatus, SnapshotStatus, TargetStatus};
+use talon::resources::engine::{
+    Engine, EngineStatus, ObjectState, ReplicaStatus, SnapshotStatus, TargetStatus,
+};
 use talon::runtime::State;
 use talon::runtime::testing::{TestRuntime, eventually};
 use talon::spdk::rpc::{AioCreate, ByName, CreateSubsystem, LvolCreate, LvstoreCreate, MallocCreate};
@@ -76,16 +78,23 @@ struct Setup {
 
 async fn setup(disks: &[&str]) -> Setup {
     let dir = tempfile::tempdir().expect("tempdir");
-    let double = SpdkDouble::start(dir.path().join("spdk.sock")).await.expect("double");
+    let double = SpdkDouble::start(dir.path().join("spdk.sock"))
+        .await
+        .expect("double");
     let client = SpdkClient::new(double.socket());
     for d in disks {
         add_disk(&client, dir.path(), d, true).await;
     }
     let c2 = client.clone();
-    let rt = TestRuntime::start(move |rt| rt.register(SpdkVolumeController::new(c2, false))).expect("runtime");
+    let rt =
+        TestRuntime::start(move |rt| rt.register(SpdkVolumeController::new(c2, false))).expect("runtime");
     let state = rt.state.clone();
-    state.create_typed("node", "", &NodeConfig::default()).expect("node");
-    state.create_typed(SPDK_STATUS_ID, "", &target_status(0)).expect("target");
+    state
+        .create_typed("node", "", &NodeConfig::default())
+        .expect("node");
+    state
+        .create_typed(SPDK_STATUS_ID, "", &target_status(0))
+        .expect("target");
     for d in disks {
         let disk: Disk = serde_json::from_value(json!({"path": format!("/x/{d}.img")})).expect("disk");
         state.create_typed(d, "", &disk).expect("disk");
@@ -150,16 +159,36 @@ async fn volumes_export_expand_snapshot_clone_revert_and_delete_leaving_nothing(
     assert_eq!(two.size_bytes, 64 * MIB);
     assert_eq!(two.device, "talon-raid-two");
     assert_eq!(one.exports[0].name, "nqn.2025-01.io.talon:vol:one");
-    assert_eq!((one.exports[0].transport.as_str(), one.exports[0].lun), ("nvme-tcp", 1));
+    assert_eq!(
+        (one.exports[0].transport.as_str(), one.exports[0].lun),
+        ("nvme-tcp", 1)
+    );
     // two replicas on distinct disks
-    let r0 = state.get_typed::<ReplicaStatus>("two-r0").expect("get").expect("r0").spec;
-    let r1 = state.get_typed::<ReplicaStatus>("two-r1").expect("get").expect("r1").spec;
+    let r0 = state
+        .get_typed::<ReplicaStatus>("two-r0")
+        .expect("get")
+        .expect("r0")
+        .spec;
+    let r1 = state
+        .get_typed::<ReplicaStatus>("two-r1")
+        .expect("get")
+        .expect("r1")
+        .spec;
     assert_ne!(r0.disk, r1.disk);
-    let sub = s.client.subsystem("nqn.2025-01.io.talon:vol:two").await.expect("ls").expect("sub");
+    let sub = s
+        .client
+        .subsystem("nqn.2025-01.io.talon:vol:two")
+        .await
+        .expect("ls")
+        .expect("sub");
     assert_eq!(sub.namespaces[0].bdev_name, "talon-raid-two");
     assert_eq!(
         sub.namespaces[0].uuid.as_deref(),
-        Some(talon::names::volume_uuid(&ObjectName::parse("volume", "two").expect("n")).to_string().as_str())
+        Some(
+            talon::names::volume_uuid(&ObjectName::parse("volume", "two").expect("n"))
+                .to_string()
+                .as_str()
+        )
     );
 
     // expand (the 1-replica volume: SpdkDouble's raid does not follow grown
@@ -171,7 +200,11 @@ async fn volumes_export_expand_snapshot_clone_revert_and_delete_leaving_nothing(
         engine(state, "one").filter(|e| e.size_bytes == 128 * MIB)
     })
     .await;
-    let r = state.get_typed::<ReplicaStatus>("one-r0").expect("get").expect("r").spec;
+    let r = state
+        .get_typed::<ReplicaStatus>("one-r0")
+        .expect("get")
+        .expect("r")
+        .spec;
     assert_eq!(r.size_bytes, 128 * MIB);
 
     // snapshot, clone, revert
@@ -259,7 +292,9 @@ fn plan(name: &str, replicas: usize) -> VolumePlan {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_step_rolls_back_everything_it_created() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let double = SpdkDouble::start(dir.path().join("spdk.sock")).await.expect("double");
+    let double = SpdkDouble::start(dir.path().join("spdk.sock"))
+        .await
+        .expect("double");
     let c = SpdkClient::new(double.socket());
     add_disk(&c, dir.path(), "d1", true).await;
     add_disk(&c, dir.path(), "d2", true).await;
@@ -278,7 +313,11 @@ async fn a_failed_step_rolls_back_everything_it_created() {
         let inv = Inventory::load(&c).await.expect("inv");
         let err = ops.ensure(&inv, &plan("rb", 2)).await.expect_err(method);
         assert!(err.to_string().contains("volume rb"), "{err}");
-        assert_eq!(talon_objects(&c).await, Vec::<String>::new(), "leftovers after failing {method}");
+        assert_eq!(
+            talon_objects(&c).await,
+            Vec::<String>::new(),
+            "leftovers after failing {method}"
+        );
     }
     // and with no fault it works, twice (idempotent)
     for _ in 0..2 {
@@ -293,7 +332,11 @@ async fn a_failed_step_rolls_back_everything_it_created() {
     let sn = ObjectName::parse("snapshot", "s").expect("n");
     ops.snapshot(&inv, &v, &sn).await.expect_err("snapshot fails");
     let inv = Inventory::load(&c).await.expect("inv");
-    assert!(inv.lvols.keys().all(|a| !a.contains(".s.")), "{:?}", inv.lvols.keys());
+    assert!(
+        inv.lvols.keys().all(|a| !a.contains(".s.")),
+        "{:?}",
+        inv.lvols.keys()
+    );
     ops.delete(&inv, &v).await.expect("delete");
     assert_eq!(talon_objects(&c).await, Vec::<String>::new());
 }
@@ -301,7 +344,9 @@ async fn a_failed_step_rolls_back_everything_it_created() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn orphans_go_and_foreign_objects_stay() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let double = SpdkDouble::start(dir.path().join("spdk.sock")).await.expect("double");
+    let double = SpdkDouble::start(dir.path().join("spdk.sock"))
+        .await
+        .expect("double");
     let c = SpdkClient::new(double.socket());
     add_disk(&c, dir.path(), "d1", true).await;
     add_disk(&c, dir.path(), "d2", true).await;
@@ -318,7 +363,9 @@ async fn orphans_go_and_foreign_objects_stay() {
     })
     .await
     .expect("malloc");
-    c.bdev_lvol_create(&LvolCreate::thin("talon-d1", "userlvol", 4)).await.expect("lvol");
+    c.bdev_lvol_create(&LvolCreate::thin("talon-d1", "userlvol", 4))
+        .await
+        .expect("lvol");
     c.nvmf_create_subsystem(&CreateSubsystem {
         nqn: "nqn.2016-06.io.spdk:cnode1".into(),
         allow_any_host: Some(true),
@@ -331,15 +378,22 @@ async fn orphans_go_and_foreign_objects_stay() {
     .expect("subsystem");
 
     let c2 = c.clone();
-    let rt = TestRuntime::start(move |rt| rt.register(SpdkVolumeController::new(c2, false))).expect("runtime");
+    let rt =
+        TestRuntime::start(move |rt| rt.register(SpdkVolumeController::new(c2, false))).expect("runtime");
     let state = rt.state.clone();
-    state.create_typed("node", "", &NodeConfig::default()).expect("node");
-    state.create_typed(SPDK_STATUS_ID, "", &target_status(0)).expect("target");
+    state
+        .create_typed("node", "", &NodeConfig::default())
+        .expect("node");
+    state
+        .create_typed(SPDK_STATUS_ID, "", &target_status(0))
+        .expect("target");
     for d in ["d1", "d2"] {
         let disk: Disk = serde_json::from_value(json!({"path": "/x"})).expect("disk");
         state.create_typed(d, "", &disk).expect("disk");
     }
-    state.create_typed("keep", "", &volume(16 * MIB, 1)).expect("keep");
+    state
+        .create_typed("keep", "", &volume(16 * MIB, 1))
+        .expect("keep");
     ready(&state, "keep", "keep ready").await;
     eventually("orphans removed", WAIT, || async {
         let objs = talon_objects(&c).await;
@@ -348,8 +402,15 @@ async fn orphans_go_and_foreign_objects_stay() {
     .await;
     assert!(double.bdev_names().contains(&"foreign0".to_string()));
     assert!(c.bdev("talon-d1/userlvol").await.expect("get").is_some());
-    assert!(double.subsystem_nqns().contains(&"nqn.2016-06.io.spdk:cnode1".to_string()));
-    assert!(c.bdev("talon-d1/keep-r0").await.expect("get").is_some() || c.bdev("talon-d2/keep-r0").await.expect("get").is_some());
+    assert!(
+        double
+            .subsystem_nqns()
+            .contains(&"nqn.2016-06.io.spdk:cnode1".to_string())
+    );
+    assert!(
+        c.bdev("talon-d1/keep-r0").await.expect("get").is_some()
+            || c.bdev("talon-d2/keep-r0").await.expect("get").is_some()
+    );
     rt.stop().await;
     drop(dir);
 }
@@ -381,7 +442,11 @@ async fn volumes_come_back_after_a_target_restart() {
         .await;
         assert!(s.client.bdev("talon-raid-b").await.expect("get").is_some());
         let inv = Inventory::load(&s.client).await.expect("inv");
-        assert_eq!(inv.lvols.keys().filter(|a| a.contains("/b-r")).count(), 2, "no replica made twice");
+        assert_eq!(
+            inv.lvols.keys().filter(|a| a.contains("/b-r")).count(),
+            2,
+            "no replica made twice"
+        );
     }
     let _ = s.client.bdev_malloc_delete(&ByName::new("none")).await;
     s.rt.stop().await;

@@ -96,14 +96,17 @@ fn target_status(restarts: u32) -> TargetStatus {
 
 fn runtime(c: &SpdkClient, disks: &[&str], port: u16) -> TestRuntime {
     let c2 = c.clone();
-    let rt = TestRuntime::start(move |rt| rt.register(SpdkVolumeController::new(c2, false))).expect("runtime");
+    let rt =
+        TestRuntime::start(move |rt| rt.register(SpdkVolumeController::new(c2, false))).expect("runtime");
     let state = rt.state.clone();
     let node = NodeConfig {
         nvmf_port: port,
         ..NodeConfig::default()
     };
     state.create_typed("node", "", &node).expect("node");
-    state.create_typed(SPDK_STATUS_ID, "", &target_status(0)).expect("target");
+    state
+        .create_typed(SPDK_STATUS_ID, "", &target_status(0))
+        .expect("target");
     for d in disks {
         let disk: Disk = serde_json::from_value(json!({"path": format!("/x/{d}.img")})).expect("disk");
         state.create_typed(d, "", &disk).expect("disk");
@@ -129,7 +132,18 @@ async fn ready(state: &State, id: &str) -> EngineStatus {
 /// Runs spdk_nvme_perf (a few seconds) against an export; returns its output.
 fn perf(spdk: &Path, port: u16, nqn: &str, pattern: &str, secs: u32) -> String {
     let out = std::process::Command::new(spdk.join("build/bin/spdk_nvme_perf"))
-        .args(["--no-huge", "-s", "512", "-c", "0x2", "-q", "32", "-o", "4096", "-w"])
+        .args([
+            "--no-huge",
+            "-s",
+            "512",
+            "-c",
+            "0x2",
+            "-q",
+            "32",
+            "-o",
+            "4096",
+            "-w",
+        ])
         .args(pattern.split_whitespace())
         .args(["-t", &secs.to_string()])
         .arg("-r")
@@ -161,12 +175,22 @@ fn total_iops(out: &str) -> f64 {
 /// same target, read the bdev, detach.
 async fn host_size(c: &SpdkClient, port: u16, nqn: &str) -> u64 {
     let names = c
-        .bdev_nvme_attach_controller(&AttachController::tcp("hostview", [127, 0, 0, 1].into(), port, nqn))
+        .bdev_nvme_attach_controller(&AttachController::tcp(
+            "hostview",
+            [127, 0, 0, 1].into(),
+            port,
+            nqn,
+        ))
         .await
         .expect("attach");
-    let name = names.first().cloned().expect("a bdev registered (explicit NGUID)");
+    let name = names
+        .first()
+        .cloned()
+        .expect("a bdev registered (explicit NGUID)");
     let size = c.bdev(&name).await.expect("get").expect("bdev").size_bytes();
-    c.bdev_nvme_detach_controller(&ByName::new("hostview")).await.expect("detach");
+    c.bdev_nvme_detach_controller(&ByName::new("hostview"))
+        .await
+        .expect("detach");
     size
 }
 
@@ -243,7 +267,9 @@ async fn real_spdk_volume_life_cycle() {
     })
     .await;
     assert_eq!(snap.spec.objects.len(), 2, "{:?}", snap.spec);
-    state.update_typed("two", "", None, &volume(128 * MIB, 2)).expect("expand");
+    state
+        .update_typed("two", "", None, &volume(128 * MIB, 2))
+        .expect("expand");
     let grown = eventually("two grown", WAIT, || async {
         engine(&state, "two").filter(|e| e.size_bytes == 128 * MIB)
     })
@@ -256,7 +282,9 @@ async fn real_spdk_volume_life_cycle() {
     assert!(total_iops(&perf(&spdk, port, &copy.exports[0].name, "randread", 1)) > 0.0);
 
     // snapshot delete is refused while the clone exists, with a clear message
-    state.destroy("config", "Snapshot", "two@s1", "").expect("destroy");
+    state
+        .destroy("config", "Snapshot", "two@s1", "")
+        .expect("destroy");
     let held = eventually("snapshot delete held", WAIT, || async {
         state
             .get_typed::<SnapshotStatus>("two@s1")
@@ -271,7 +299,8 @@ async fn real_spdk_volume_life_cycle() {
         state.destroy("config", "Volume", v, "").expect("destroy");
     }
     eventually("all deleted", WAIT, || async {
-        (state.list("config", "Volume").is_empty() && state.list("config", "Snapshot").is_empty()).then_some(())
+        (state.list("config", "Volume").is_empty() && state.list("config", "Snapshot").is_empty())
+            .then_some(())
     })
     .await;
     assert_eq!(leftovers(&c).await, Vec::<String>::new());
@@ -310,7 +339,8 @@ async fn real_spdk_kill9_during_20_creates() {
     }
     tokio::time::sleep(Duration::from_millis(15)).await; // let the controller start on them
     let pid = t.pid().expect("pid");
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL).expect("kill -9");
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL)
+        .expect("kill -9");
     let _ = t.wait_exit().await;
     let acked: Vec<&String> = names
         .iter()
@@ -345,9 +375,19 @@ async fn real_spdk_kill9_during_20_creates() {
     let inv = Inventory::load(&c).await.expect("inv");
     for (i, n) in names.iter().enumerate() {
         let nqn = format!("{}:vol:{n}", talon::names::NQN_PREFIX);
-        let sub = inv.subsystem(&nqn).unwrap_or_else(|| panic!("{n} exported again"));
+        let sub = inv
+            .subsystem(&nqn)
+            .unwrap_or_else(|| panic!("{n} exported again"));
         assert_eq!(sub.namespaces.len(), 1);
-        let heads = inv.lvols.keys().filter(|a| a.split('/').nth(1).is_some_and(|l| l.starts_with(&format!("{n}-r")))).count();
+        let heads = inv
+            .lvols
+            .keys()
+            .filter(|a| {
+                a.split('/')
+                    .nth(1)
+                    .is_some_and(|l| l.starts_with(&format!("{n}-r")))
+            })
+            .count();
         assert_eq!(heads, 1 + i % 2, "{n}: replicas {:?}", inv.lvols.keys());
         if i % 2 == 1 {
             assert!(inv.raid(&format!("talon-raid-{n}")).is_some());

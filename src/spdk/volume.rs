@@ -34,10 +34,10 @@ use serde_json::json;
 use super::client::{ClientError, SpdkClient};
 use super::error::ErrorKind;
 use super::rpc::{
-    AddNamespace, AttachController, Bdev, ByName, ByNqn, CreateSubsystem, CreateTransport, GetBdevs, GetLvols,
-    GetRaids, GetSubsystems, GetTransports, ListenAddress, Lvol, LvolClone, LvolCreate, LvolResize, LvolSnapshot,
-    Lvstore, LvstoreSelector, RaidBdev, RaidCategory, RaidCreate, RaidLevel, RemoveNamespace, Subsystem,
-    SubsystemHostParams, SubsystemListener,
+    AddNamespace, AttachController, Bdev, ByName, ByNqn, CreateSubsystem, CreateTransport, GetBdevs,
+    GetLvols, GetRaids, GetSubsystems, GetTransports, ListenAddress, Lvol, LvolClone, LvolCreate, LvolResize,
+    LvolSnapshot, Lvstore, LvstoreSelector, RaidBdev, RaidCategory, RaidCreate, RaidLevel, RemoveNamespace,
+    Subsystem, SubsystemHostParams, SubsystemListener,
 };
 use crate::names::{NQN_PREFIX, Nqn, ObjectName, volume_uuid};
 
@@ -82,7 +82,9 @@ pub enum VolumeError {
         lvol: String,
     },
     /// SPDK refuses to delete a snapshot that has clones.
-    #[error("snapshot {snapshot}: SPDK refuses to delete it while volumes cloned from it exist; delete those first")]
+    #[error(
+        "snapshot {snapshot}: SPDK refuses to delete it while volumes cloned from it exist; delete those first"
+    )]
     SnapshotHasClones {
         /// `<vol>@<snap>`.
         snapshot: String,
@@ -265,7 +267,11 @@ pub struct Inventory {
 impl Inventory {
     /// Lists the target.
     pub async fn load(client: &SpdkClient) -> Result<Inventory, ClientError> {
-        let (p1, p2, p3) = (LvstoreSelector::default(), GetLvols::default(), GetBdevs::default());
+        let (p1, p2, p3) = (
+            LvstoreSelector::default(),
+            GetLvols::default(),
+            GetBdevs::default(),
+        );
         let p4 = GetRaids {
             category: RaidCategory::All,
         };
@@ -571,10 +577,7 @@ impl VolumeOps {
                 to_place.push(k);
             }
         }
-        let source = match &plan.from_snapshot {
-            Some((sv, ss)) => Some((sv.as_str(), ss.as_str())),
-            None => None,
-        };
+        let source = plan.from_snapshot.as_ref().map(|(sv, ss)| (sv.as_str(), ss.as_str()));
         for k in to_place {
             let disk = if let Some((sv, ss)) = source {
                 // a clone lives in the lvstore of its snapshot
@@ -726,7 +729,10 @@ impl VolumeOps {
                         size_in_mib: size_mib,
                     })
                     .await
-                    .map_err(rpc(vol, format!("resizing replica {} to {size_mib} MiB", r.alias)))
+                    .map_err(rpc(
+                        vol,
+                        format!("resizing replica {} to {size_mib} MiB", r.alias),
+                    ))
             }))
             .await?;
             for r in &mut replicas {
@@ -792,7 +798,10 @@ impl VolumeOps {
                     listen_address: listen.clone(),
                 })
                 .await
-                .map_err(rpc(vol, format!("listening on {}:{}", listen.traddr, plan.export.port)))?;
+                .map_err(rpc(
+                    vol,
+                    format!("listening on {}:{}", listen.traddr, plan.export.port),
+                ))?;
             made.push(Made::Listener(nqn.as_str().to_owned(), listen));
         }
         let have: BTreeSet<&str> = sub
@@ -843,7 +852,12 @@ impl VolumeOps {
             });
         }
         if size_bytes > 0 && plan.size_bytes < size_bytes.saturating_sub(MIB) {
-            tracing::info!(volume = vol, served = size_bytes, asked = plan.size_bytes, "volumes do not shrink");
+            tracing::info!(
+                volume = vol,
+                served = size_bytes,
+                asked = plan.size_bytes,
+                "volumes do not shrink"
+            );
         }
         Ok(VolumeInfo {
             device,
@@ -875,9 +889,12 @@ impl VolumeOps {
         }
         let null = format!("{NULL_PREFIX}{v}");
         if inv.bdevs.contains_key(&null) {
-            ignore_missing(self.client.typed::<_, bool>("bdev_null_delete", &ByName::new(&null)))
-                .await
-                .map_err(rpc(v, format!("deleting placeholder {null}")))?;
+            ignore_missing(
+                self.client
+                    .typed::<_, bool>("bdev_null_delete", &ByName::new(&null)),
+            )
+            .await
+            .map_err(rpc(v, format!("deleting placeholder {null}")))?;
         }
         let heads: Vec<&Lvol> = inv
             .lvols
@@ -1002,7 +1019,10 @@ impl VolumeOps {
             match ignore_missing(self.client.bdev_lvol_delete(&ByName::new(&l.alias))).await {
                 Ok(()) => {}
                 Err(e) if e.is(ErrorKind::Busy) => {
-                    return Err(VolumeError::SnapshotHasClones { snapshot: id, source: e });
+                    return Err(VolumeError::SnapshotHasClones {
+                        snapshot: id,
+                        source: e,
+                    });
                 }
                 Err(e) => return Err(rpc(&id, format!("deleting snapshot lvol {}", l.alias))(e)),
             }
@@ -1029,7 +1049,9 @@ impl VolumeOps {
             .values()
             .filter(|l| l.lvs.name.starts_with(LVS_PREFIX))
             .filter_map(|l| match parse_lvol(&l.name) {
-                Some(LvolRole::Snapshot { volume, k, snap: s }) if volume == v && s == snap.as_str() => Some((k, l)),
+                Some(LvolRole::Snapshot { volume, k, snap: s }) if volume == v && s == snap.as_str() => {
+                    Some((k, l))
+                }
                 _ => None,
             })
             .collect();
@@ -1072,14 +1094,21 @@ impl VolumeOps {
         }
         let lvs = &snaps[0].1.lvs.name;
         let marker = naming::revert_marker(v, generation);
-        match self.client.bdev_lvol_create(&LvolCreate::thin(lvs, &marker, 1)).await {
+        match self
+            .client
+            .bdev_lvol_create(&LvolCreate::thin(lvs, &marker, 1))
+            .await
+        {
             Ok(_) => {}
             Err(e) if e.is(ErrorKind::AlreadyExists) => {}
             Err(e) => return Err(rpc(&id, format!("recording revert marker {lvs}/{marker}"))(e)),
         }
         // older markers go
         for l in inv.lvols.values() {
-            if let Some(LvolRole::RevertMarker { volume, generation: g }) = parse_lvol(&l.name)
+            if let Some(LvolRole::RevertMarker {
+                volume,
+                generation: g,
+            }) = parse_lvol(&l.name)
                 && volume == v
                 && g < generation
             {
@@ -1096,9 +1125,13 @@ impl VolumeOps {
         let mut errors = Vec::new();
         for o in orphans {
             let r = match &o {
-                Owned::Subsystem(n) => ignore_missing(self.client.nvmf_delete_subsystem(&ByNqn { nqn: n.clone() })).await,
+                Owned::Subsystem(n) => {
+                    ignore_missing(self.client.nvmf_delete_subsystem(&ByNqn { nqn: n.clone() })).await
+                }
                 Owned::Raid(n) => ignore_missing(self.client.bdev_raid_delete(&ByName::new(n))).await,
-                Owned::Null(n) => ignore_missing(self.client.typed::<_, bool>("bdev_null_delete", &ByName::new(n))).await,
+                Owned::Null(n) => {
+                    ignore_missing(self.client.typed::<_, bool>("bdev_null_delete", &ByName::new(n))).await
+                }
                 Owned::Lvol(a) => ignore_missing(self.client.bdev_lvol_delete(&ByName::new(a))).await,
             };
             match r {
@@ -1132,7 +1165,13 @@ impl VolumeOps {
                 Err(e) if e.is(ErrorKind::AlreadyExists) => {}
                 Err(e) => return Err(rpc(v, "creating the TCP transport")(e)),
             }
-            if self.client.subsystem(nqn.as_str()).await.map_err(rpc(v, "listing subsystems"))?.is_some() {
+            if self
+                .client
+                .subsystem(nqn.as_str())
+                .await
+                .map_err(rpc(v, "listing subsystems"))?
+                .is_some()
+            {
                 return Ok(());
             }
             self.client
@@ -1193,7 +1232,10 @@ impl VolumeOps {
         match bdevs.into_iter().next() {
             Some(b) => Ok(b),
             None => {
-                let _ = self.client.bdev_nvme_detach_controller(&ByName::new(controller)).await;
+                let _ = self
+                    .client
+                    .bdev_nvme_detach_controller(&ByName::new(controller))
+                    .await;
                 Err(VolumeError::AttachedNoBdev {
                     volume: vol.to_owned(),
                     nqn: nqn.to_owned(),
@@ -1231,7 +1273,9 @@ pub fn applied_revert(inv: &Inventory, vol: &str) -> u64 {
         .unwrap_or(0)
 }
 
-async fn ignore_missing<T>(f: impl std::future::Future<Output = Result<T, ClientError>>) -> Result<(), ClientError> {
+async fn ignore_missing<T>(
+    f: impl std::future::Future<Output = Result<T, ClientError>>,
+) -> Result<(), ClientError> {
     match f.await {
         Ok(_) => Ok(()),
         Err(e) if e.is(ErrorKind::NotFound) => Ok(()),

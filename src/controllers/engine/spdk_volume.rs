@@ -34,7 +34,8 @@ use crate::resources::engine::{
 use crate::runtime::{Controller, ControllerError, Input, Output, Phase, ReconcileContext, Requeue};
 use crate::spdk::SpdkClient;
 use crate::spdk::volume::{
-    ExportSpec, Inventory, VolumeError, VolumeInfo, VolumeOps, VolumePlan, applied_revert, naming, replica_heads,
+    ExportSpec, Inventory, VolumeError, VolumeInfo, VolumeOps, VolumePlan, applied_revert, naming,
+    replica_heads,
 };
 
 /// The TargetStatus id of spdk_tgt.
@@ -86,7 +87,12 @@ fn engine_status(state: ObjectState, message: impl Into<String>) -> EngineStatus
     }
 }
 
-fn snap_status(volume: &str, state: ObjectState, objects: Vec<String>, message: impl Into<String>) -> SnapshotStatus {
+fn snap_status(
+    volume: &str,
+    state: ObjectState,
+    objects: Vec<String>,
+    message: impl Into<String>,
+) -> SnapshotStatus {
     SnapshotStatus {
         volume: volume.to_owned(),
         engine: Engine::V2,
@@ -124,7 +130,13 @@ impl SpdkVolumeController {
             Ok(n) => n,
             Err(e) => return (engine_status(ObjectState::Failed, e.to_string()), vec![]),
         };
-        let from_snapshot = match job.spec.from_snapshot.as_deref().map(split_snapshot_id).transpose() {
+        let from_snapshot = match job
+            .spec
+            .from_snapshot
+            .as_deref()
+            .map(split_snapshot_id)
+            .transpose()
+        {
             Ok(f) => f,
             Err(m) => return (engine_status(ObjectState::Failed, m), vec![]),
         };
@@ -138,7 +150,11 @@ impl SpdkVolumeController {
                 Ok(s) => s,
                 Err(e) => return (engine_status(ObjectState::Failed, e.to_string()), vec![]),
             };
-            if let Err(e) = self.ops.revert(inv, &name, &snap, job.spec.revert_generation).await {
+            if let Err(e) = self
+                .ops
+                .revert(inv, &name, &snap, job.spec.revert_generation)
+                .await
+            {
                 return (engine_status(ObjectState::Failed, err_text(&e)), vec![]);
             }
             match Inventory::load(self.ops.client()).await {
@@ -173,7 +189,11 @@ fn status_of(
 ) -> (EngineStatus, Vec<(String, ReplicaStatus)>) {
     let degraded = info.replicas.len() < info.wanted;
     if degraded {
-        let waiting: Vec<String> = info.waiting.iter().map(|(k, d)| format!("r{k} on disk {d}")).collect();
+        let waiting: Vec<String> = info
+            .waiting
+            .iter()
+            .map(|(k, d)| format!("r{k} on disk {d}"))
+            .collect();
         message = format!(
             "{} of {} replicas online; waiting for {}",
             info.replicas.len(),
@@ -253,7 +273,9 @@ impl Controller for SpdkVolumeController {
         let all_volumes = ctx.list::<Volume>()?;
         let volumes: Vec<_> = all_volumes
             .iter()
-            .filter(|v| serves_v2(&v.spec, &node, self.claims_auto) || v.metadata.finalizers.contains(self.name()))
+            .filter(|v| {
+                serves_v2(&v.spec, &node, self.claims_auto) || v.metadata.finalizers.contains(self.name())
+            })
             .cloned()
             .collect();
         let mine: BTreeSet<String> = volumes.iter().map(|v| v.id().to_string()).collect();
@@ -267,7 +289,10 @@ impl Controller for SpdkVolumeController {
             .is_some_and(|t| t.spec.engine == Engine::V2 && t.spec.state == ObjectState::Ready);
         if !target_ready {
             for v in volumes.iter().filter(|v| v.metadata.phase != Phase::TearingDown) {
-                ctx.apply(v.id(), engine_status(ObjectState::Creating, "waiting for spdk_tgt"))?;
+                ctx.apply(
+                    v.id(),
+                    engine_status(ObjectState::Creating, "waiting for spdk_tgt"),
+                )?;
             }
             // keep what we reported about replicas and snapshots until the target is back
             for r in ctx.list::<ReplicaStatus>()? {
@@ -289,7 +314,10 @@ impl Controller for SpdkVolumeController {
                         v.id(),
                         engine_status(
                             ObjectState::Failed,
-                            format!("NodeConfig listenAddress {:?} is not an IP address", node.listen_address),
+                            format!(
+                                "NodeConfig listenAddress {:?} is not an IP address",
+                                node.listen_address
+                            ),
                         ),
                     )?;
                 }
@@ -306,7 +334,11 @@ impl Controller for SpdkVolumeController {
                 .cloned()
                 .collect(),
         };
-        let disks: BTreeSet<String> = ctx.list::<Disk>()?.into_iter().map(|d| d.id().to_string()).collect();
+        let disks: BTreeSet<String> = ctx
+            .list::<Disk>()?
+            .into_iter()
+            .map(|d| d.id().to_string())
+            .collect();
         let previous_replicas: Vec<_> = ctx.list::<ReplicaStatus>()?;
 
         let mut inv = Inventory::load(self.ops.client()).await?;
@@ -323,7 +355,11 @@ impl Controller for SpdkVolumeController {
             .filter(|v| v.metadata.phase != Phase::TearingDown)
             .map(|v| v.id().to_string())
             .collect();
-        let known_snaps: BTreeSet<String> = ctx.list::<Snapshot>()?.iter().map(|s| s.id().to_string()).collect();
+        let known_snaps: BTreeSet<String> = ctx
+            .list::<Snapshot>()?
+            .iter()
+            .map(|s| s.id().to_string())
+            .collect();
         let orphans = inv.orphans(
             |v| live_vols.contains(v) || all_volumes.iter().any(|x| x.id() == v),
             |v, s| known_snaps.contains(&format!("{v}@{s}")),
@@ -417,7 +453,13 @@ impl Controller for SpdkVolumeController {
             };
             let existing: Vec<String> = replica_heads(&inv, vol.as_str())
                 .iter()
-                .map(|(k, l)| format!("{}/{}", l.lvs.name, naming::snapshot_lvol(vol.as_str(), *k, snap.as_str())))
+                .map(|(k, l)| {
+                    format!(
+                        "{}/{}",
+                        l.lvs.name,
+                        naming::snapshot_lvol(vol.as_str(), *k, snap.as_str())
+                    )
+                })
                 .filter(|a| inv.lvols.contains_key(a))
                 .collect();
             let live_volume = live_vols.contains(vol.as_str());
@@ -426,11 +468,19 @@ impl Controller for SpdkVolumeController {
                 let kept: Vec<String> = inv
                     .lvols
                     .values()
-                    .filter(|l| l.name.starts_with(&format!("{}-r", vol.as_str())) && l.name.ends_with(&format!(".s.{snap}")))
+                    .filter(|l| {
+                        l.name.starts_with(&format!("{}-r", vol.as_str()))
+                            && l.name.ends_with(&format!(".s.{snap}"))
+                    })
                     .map(|l| l.alias.clone())
                     .collect();
                 if kept.is_empty() {
-                    snap_status(&s.spec.volume, ObjectState::Failed, vec![], format!("volume {vol} does not exist"))
+                    snap_status(
+                        &s.spec.volume,
+                        ObjectState::Failed,
+                        vec![],
+                        format!("volume {vol} does not exist"),
+                    )
                 } else {
                     snap_status(&s.spec.volume, ObjectState::Ready, kept, "")
                 }
@@ -451,7 +501,9 @@ impl Controller for SpdkVolumeController {
                 .get::<SnapshotStatus>(s.id())?
                 .map(|p| p.spec.created)
                 .filter(|c| !c.is_empty())
-                .unwrap_or_else(|| humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string());
+                .unwrap_or_else(|| {
+                    humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string()
+                });
             snap_out.push((s.id().to_string(), st));
         }
 
