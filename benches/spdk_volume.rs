@@ -126,6 +126,13 @@ fn perf(spdk: &Path, port: u16, nqn: &str, pattern: &str, secs: u32) -> f64 {
         .output()
         .expect("spdk_nvme_perf");
     let text = String::from_utf8_lossy(&out.stdout);
+    if !text.contains("Total") {
+        eprintln!(
+            "spdk_nvme_perf on {nqn} reported no total: {}\n{}",
+            text,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
     text.lines()
         .find(|l| l.trim_start().starts_with("Total"))
         .and_then(|l| l.split(':').nth(1))
