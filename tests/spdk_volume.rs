@@ -451,3 +451,54 @@ async fn volumes_come_back_after_a_target_restart() {
     let _ = s.client.bdev_malloc_delete(&ByName::new("none")).await;
     s.rt.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_exported_on_one_target_joins_a_raid1_on_another() {
+    // two SpdkDoubles share a fabric in this process (TEST DOUBLE: no data moves)
+    let dir = tempfile::tempdir().expect("tempdir");
+    let a = SpdkDouble::start(dir.path().join("a.sock")).await.expect("a");
+    let b = SpdkDouble::start(dir.path().join("b.sock")).await.expect("b");
+    let (ca, cb) = (SpdkClient::new(a.socket()), SpdkClient::new(b.socket()));
+    add_disk(&ca, dir.path(), "da", true).await;
+    add_disk(&cb, dir.path(), "db", true).await;
+    let remote = ca
+        .bdev_lvol_create(&LvolCreate::thin("talon-da", "rv-r1", 32))
+        .await
+        .expect("lvol a");
+    let local = cb
+        .bdev_lvol_create(&LvolCreate::thin("talon-db", "rv-r0", 32))
+        .await
+        .expect("lvol b");
+    let vol = ObjectName::parse("volume", "rv").expect("n");
+    let (oa, ob) = (VolumeOps::new(ca.clone()), VolumeOps::new(cb.clone()));
+    let nqn = oa
+        .export_replica(&vol, "r1", &remote, [127, 0, 0, 1].into(), 4430)
+        .await
+        .expect("export replica");
+    // idempotent
+    assert_eq!(
+        oa.export_replica(&vol, "r1", &remote, [127, 0, 0, 1].into(), 4430)
+            .await
+            .expect("again"),
+        nqn
+    );
+    let bdev = ob
+        .attach_replica("rv", "talon-rv-r1", [127, 0, 0, 1].into(), 4430, &nqn)
+        .await
+        .expect("attach");
+    assert_eq!(
+        cb.bdev(&bdev).await.expect("get").expect("bdev").size_bytes(),
+        32 * MIB
+    );
+    cb.bdev_raid_create(&talon::spdk::rpc::RaidCreate {
+        name: "talon-raid-rv".into(),
+        raid_level: talon::spdk::rpc::RaidLevel::Raid1,
+        base_bdevs: vec![local, bdev],
+        strip_size_kb: None,
+        uuid: None,
+        superblock: Some(false),
+    })
+    .await
+    .expect("raid1 over local + remote");
+    assert!(cb.bdev("talon-raid-rv").await.expect("get").is_some());
+}
