@@ -39,6 +39,10 @@ pub fn register_all(rt: &mut Runtime, deps: &Deps) -> Result<(), RuntimeError> {
         &deps.run_dir,
         deps.host.clone(),
     ))?;
+    rt.register(engine::spdk_volume::SpdkVolumeController::new(
+        crate::spdk::SpdkClient::new(socket),
+        selection.auto_engine() == crate::resources::engine::Engine::V2,
+    ))?;
     rt.register(frontend::attach::AttachController::new(deps.clone()))?;
     host::register(rt, &deps.host, host::POLL)?;
     Ok(())

@@ -19,3 +19,4 @@ pub mod target;
 pub use client::{ClientError, SpdkClient, Timeouts};
 pub use double::SpdkDouble;
 pub use error::{ErrorKind, SpdkError};
+pub mod volume;

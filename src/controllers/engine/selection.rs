@@ -196,6 +196,18 @@ impl EngineSelection {
         }
     }
 
+    /// The engine of an `auto` volume on an `auto` node: the one case the
+    /// volume controllers need decided here (explicit choices they read
+    /// themselves).
+    pub fn auto_engine(&self) -> Engine {
+        match self.default_engine {
+            EngineKind::V1 => Engine::V1,
+            EngineKind::V2 => Engine::V2,
+            EngineKind::Auto if self.v2_available => Engine::V2,
+            EngineKind::Auto => Engine::V1,
+        }
+    }
+
     /// The engine that serves `volume` on a node configured as `node`: an
     /// explicit volume engine wins, then the node's, then `--engine`, then V2
     /// when available, else V1.

@@ -9,7 +9,6 @@ use super::selection::EngineSelection;
 use super::v1_target::TgtdController;
 use super::v1_volume::{V1Selection, V1VolumeController};
 use crate::controllers::Deps;
-use crate::resources::config::{EngineKind, NodeConfig, Volume};
 use crate::resources::engine::Engine;
 use crate::runtime::{Runtime, RuntimeError};
 
@@ -19,21 +18,7 @@ use crate::runtime::{Runtime, RuntimeError};
 /// `--engine v1`). Exact: `serves_v1` differs from `engine_for == V1` only in
 /// that auto/auto case.
 pub fn v1_selection(selection: &EngineSelection) -> V1Selection {
-    let auto_vol = Volume {
-        size_bytes: 0,
-        replicas: 1,
-        engine: EngineKind::Auto,
-        frontend: Default::default(),
-        disks: Vec::new(),
-        from_snapshot: None,
-        revert_to: None,
-        revert_generation: 0,
-    };
-    let auto_node = NodeConfig {
-        engine: EngineKind::Auto,
-        ..NodeConfig::default()
-    };
-    if selection.engine_for(&auto_vol, &auto_node) == Engine::V1 {
+    if selection.auto_engine() == Engine::V1 {
         V1Selection::AlsoAuto
     } else {
         V1Selection::Explicit
@@ -52,6 +37,7 @@ pub fn register(rt: &mut Runtime, deps: &Deps, selection: &EngineSelection) -> R
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::resources::config::EngineKind;
 
     #[test]
     fn v1_takes_auto_only_without_v2_or_when_pinned() {

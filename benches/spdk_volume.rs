@@ -1,0 +1,381 @@
+//! V2 volume benchmarks against a real spdk_tgt (`TALON_SPDK_DIR`), printed
+//! as tables (`cargo bench --bench spdk_volume`):
+//!
+//! 1. control plane: `VolumeOps::ensure` from nothing to exported (lvol(s),
+//!    raid1 when 2 replicas, subsystem, namespace, listener), p50/p99 over
+//!    100 volumes, one at a time and 16 in flight on one client;
+//! 2. data path: 4 KiB randread / randwrite QD32 with spdk_nvme_perf over
+//!    NVMe/TCP loopback, interleaved rounds over (a) a bare lvol exported
+//!    directly, (b) a talon 1-replica volume, (c) the Longhorn-style topology
+//!    built by hand (replica exported over NVMe/TCP, attached back with an
+//!    explicit NGUID, raid1 with a removed placeholder, exported again), and
+//!    (d) the alternative 1-replica engine talon did not choose (raid1 of the
+//!    local lvol + a removed placeholder).
+//!
+//! ```text
+//!   spdk_tgt core 0 ── malloc "talon-disk-bench" ── lvstore talon-bench ── lvols
+//!        ^ NVMe/TCP 127.0.0.1
+//!   spdk_nvme_perf core 1
+//! ```
+//! The machine is shared and noisy: compare within one run.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use talon::names::ObjectName;
+use talon::spdk::SpdkClient;
+use talon::spdk::rpc::{
+    AddNamespace, ByName, CreateSubsystem, CreateTransport, ListenAddress, LvolCreate, LvstoreCreate,
+    MallocCreate, RaidCreate, RaidLevel, SubsystemListener,
+};
+use talon::spdk::target::{Memory, Target, TargetConfig};
+use talon::spdk::volume::{ExportSpec, Inventory, VolumeOps, VolumePlan};
+
+const MIB: u64 = 1 << 20;
+
+fn pct(v: &mut [f64], p: f64) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    let i = ((v.len() as f64 - 1.0) * p).round() as usize;
+    v[i.min(v.len() - 1)]
+}
+
+fn plan(name: &str, replicas: usize, port: u16) -> VolumePlan {
+    VolumePlan {
+        name: ObjectName::parse("volume", name).expect("name"),
+        size_bytes: 64 * MIB,
+        replicas,
+        disks: vec![],
+        placed: Default::default(),
+        from_snapshot: None,
+        export: ExportSpec {
+            address: [127, 0, 0, 1].into(),
+            port,
+            hosts: vec![],
+        },
+    }
+}
+
+async fn control_plane(ops: &VolumeOps, port: u16) {
+    println!("\ncontrol plane: volume create -> exported (VolumeOps::ensure), 100 volumes each");
+    println!(
+        "{:<34} {:>9} {:>9} {:>11}",
+        "mode", "p50 ms", "p99 ms", "total ms"
+    );
+    for (label, replicas, inflight) in [
+        ("1 replica, one at a time", 1, 1),
+        ("1 replica, 16 in flight", 1, 16),
+        ("2 replicas (raid1), one at a time", 2, 1),
+        ("2 replicas (raid1), 16 in flight", 2, 16),
+    ] {
+        let inv = Inventory::load(ops.client()).await.expect("inventory");
+        let t0 = Instant::now();
+        let mut lat: Vec<f64> = futures::stream::iter(0..100)
+            .map(|i| {
+                let inv = &inv;
+                async move {
+                    let p = plan(&format!("cp{replicas}x{inflight}-{i}"), replicas, port);
+                    let t = Instant::now();
+                    ops.ensure(inv, &p).await.expect("ensure");
+                    t.elapsed().as_secs_f64() * 1e3
+                }
+            })
+            .buffer_unordered(inflight)
+            .collect()
+            .await;
+        let total = t0.elapsed().as_secs_f64() * 1e3;
+        println!(
+            "{label:<34} {:>9.1} {:>9.1} {:>11.0}",
+            pct(&mut lat, 0.5),
+            pct(&mut lat, 0.99),
+            total
+        );
+        let inv = Inventory::load(ops.client()).await.expect("inventory");
+        futures::stream::iter(0..100)
+            .for_each_concurrent(16, |i| {
+                let inv = &inv;
+                async move {
+                    let n = ObjectName::parse("volume", &format!("cp{replicas}x{inflight}-{i}")).expect("n");
+                    ops.delete(inv, &n).await.expect("delete");
+                }
+            })
+            .await;
+    }
+}
+
+fn perf(spdk: &Path, port: u16, nqn: &str, pattern: &str, secs: u32) -> f64 {
+    let out = std::process::Command::new(spdk.join("build/bin/spdk_nvme_perf"))
+        .args([
+            "--no-huge",
+            "-s",
+            "512",
+            "-c",
+            "0x2",
+            "-q",
+            "32",
+            "-o",
+            "4096",
+            "-w",
+            pattern,
+        ])
+        .args(["-t", &secs.to_string()])
+        .arg("-r")
+        .arg(format!(
+            "trtype:TCP adrfam:IPv4 traddr:127.0.0.1 trsvcid:{port} subnqn:{nqn}"
+        ))
+        .output()
+        .expect("spdk_nvme_perf");
+    let text = String::from_utf8_lossy(&out.stdout);
+    if !text.contains("Total") {
+        eprintln!(
+            "spdk_nvme_perf on {nqn} reported no total: {}\n{}",
+            text,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    text.lines()
+        .find(|l| l.trim_start().starts_with("Total"))
+        .and_then(|l| l.split(':').nth(1))
+        .and_then(|r| r.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0.0)
+}
+
+async fn export(c: &SpdkClient, nqn: &str, bdev: &str, id: uuid::Uuid, port: u16) {
+    c.nvmf_create_subsystem(&CreateSubsystem {
+        nqn: nqn.into(),
+        allow_any_host: Some(true),
+        serial_number: None,
+        model_number: None,
+        max_namespaces: Some(1),
+        ana_reporting: None,
+    })
+    .await
+    .expect("subsystem");
+    c.nvmf_subsystem_add_ns(&AddNamespace::with_id(nqn, bdev, id))
+        .await
+        .expect("ns");
+    c.nvmf_subsystem_add_listener(&SubsystemListener {
+        nqn: nqn.into(),
+        listen_address: ListenAddress::tcp([127, 0, 0, 1].into(), port),
+    })
+    .await
+    .expect("listener");
+}
+
+/// raid1 over `member` + a bdev_null placeholder that is then removed.
+async fn one_member_raid1(c: &SpdkClient, name: &str, member: &str, blocks: u64) {
+    let null = format!("{name}-null");
+    // a malloc placeholder (removed before any I/O): bdev_null_create refused
+    // our params with "spdk_json_decode_object failed" in this run
+    c.bdev_malloc_create(&MallocCreate {
+        name: Some(null.clone()),
+        num_blocks: blocks,
+        block_size: 4096,
+        uuid: None,
+    })
+    .await
+    .expect("placeholder");
+    c.bdev_raid_create(&RaidCreate {
+        name: name.into(),
+        raid_level: RaidLevel::Raid1,
+        base_bdevs: vec![member.into(), null.clone()],
+        strip_size_kb: None,
+        uuid: None,
+        superblock: Some(false),
+    })
+    .await
+    .expect("raid1");
+    c.bdev_raid_remove_base_bdev(&ByName::new(&null))
+        .await
+        .expect("remove placeholder");
+    c.bdev_malloc_delete(&ByName::new(&null))
+        .await
+        .expect("placeholder delete");
+}
+
+async fn data_path(spdk: &Path, ops: &VolumeOps, port: u16, rounds: usize, secs: u32) {
+    let c = ops.client();
+    let size_mib = 512;
+    let blocks = size_mib * MIB / 4096;
+    // (a) bare lvol
+    let bare = c
+        .bdev_lvol_create(&LvolCreate::thin("talon-bench", "bare", size_mib))
+        .await
+        .expect("bare lvol");
+    export(
+        c,
+        "nqn.2016-06.io.spdk:bench-bare",
+        &bare,
+        uuid::Uuid::new_v4(),
+        port,
+    )
+    .await;
+    // (b) talon 1-replica volume
+    let inv = Inventory::load(c).await.expect("inventory");
+    let mut p = plan("dp", 1, port);
+    p.size_bytes = size_mib * MIB;
+    let info = ops.ensure(&inv, &p).await.expect("talon volume");
+    // (c) Longhorn-style: replica over NVMe/TCP loopback, attached back, raid1, exported again
+    let lh = c
+        .bdev_lvol_create(&LvolCreate::thin("talon-bench", "lh-r0", size_mib))
+        .await
+        .expect("lh lvol");
+    let vol = ObjectName::parse("volume", "lh").expect("n");
+    let rnqn = ops
+        .export_replica(&vol, "r0", &lh, [127, 0, 0, 1].into(), port)
+        .await
+        .expect("export replica");
+    let nvme = ops
+        .attach_replica("lh", "lhr0", [127, 0, 0, 1].into(), port, &rnqn)
+        .await
+        .expect("attach replica");
+    one_member_raid1(c, "lh-raid", &nvme, blocks).await;
+    export(
+        c,
+        "nqn.2016-06.io.spdk:bench-lh",
+        "lh-raid",
+        uuid::Uuid::new_v4(),
+        port,
+    )
+    .await;
+    // (d) raid1 of the local lvol with a removed placeholder
+    let r1 = c
+        .bdev_lvol_create(&LvolCreate::thin("talon-bench", "r1m", size_mib))
+        .await
+        .expect("r1 lvol");
+    one_member_raid1(c, "r1m-raid", &r1, blocks).await;
+    export(
+        c,
+        "nqn.2016-06.io.spdk:bench-r1m",
+        "r1m-raid",
+        uuid::Uuid::new_v4(),
+        port,
+    )
+    .await;
+
+    let topo = [
+        (
+            "(a) bare lvol export",
+            "nqn.2016-06.io.spdk:bench-bare".to_string(),
+        ),
+        ("(b) talon 1-replica volume", info.nqn.clone()),
+        (
+            "(c) Longhorn-style (TCP hop+raid1)",
+            "nqn.2016-06.io.spdk:bench-lh".to_string(),
+        ),
+        (
+            "(d) raid1 1 member + placeholder",
+            "nqn.2016-06.io.spdk:bench-r1m".to_string(),
+        ),
+    ];
+    // fill once so randread reads allocated clusters and randwrite does not measure allocation
+    for (_, nqn) in &topo {
+        let _ = std::process::Command::new(spdk.join("build/bin/spdk_nvme_perf"))
+            .args([
+                "--no-huge",
+                "-s",
+                "512",
+                "-c",
+                "0x2",
+                "-q",
+                "32",
+                "-o",
+                "131072",
+                "-w",
+                "write",
+                "-t",
+                "3",
+            ])
+            .arg("-r")
+            .arg(format!(
+                "trtype:TCP adrfam:IPv4 traddr:127.0.0.1 trsvcid:{port} subnqn:{nqn}"
+            ))
+            .output();
+    }
+    let mut res: Vec<[Vec<f64>; 2]> = topo.iter().map(|_| [Vec::new(), Vec::new()]).collect();
+    for _ in 0..rounds {
+        for (w, pattern) in ["randread", "randwrite"].iter().enumerate() {
+            for (i, (_, nqn)) in topo.iter().enumerate() {
+                res[i][w].push(perf(spdk, port, nqn, pattern, secs));
+            }
+        }
+    }
+    println!(
+        "\ndata path: 4 KiB QD32 spdk_nvme_perf over NVMe/TCP loopback, {rounds} interleaved rounds of {secs} s, median IOPS"
+    );
+    println!(
+        "{:<36} {:>10} {:>7} {:>10} {:>7}",
+        "topology", "randread", "vs a", "randwrite", "vs a"
+    );
+    let med = |v: &Vec<f64>| {
+        let mut v = v.clone();
+        pct(&mut v, 0.5)
+    };
+    let (ar, aw) = (med(&res[0][0]), med(&res[0][1]));
+    for (i, (label, _)) in topo.iter().enumerate() {
+        let (r, w) = (med(&res[i][0]), med(&res[i][1]));
+        println!(
+            "{label:<36} {r:>10.0} {:>7.2} {w:>10.0} {:>7.2}",
+            r / ar.max(1.0),
+            w / aw.max(1.0)
+        );
+    }
+}
+
+fn main() {
+    let Some(spdk) = std::env::var_os("TALON_SPDK_DIR").map(PathBuf::from) else {
+        eprintln!("SKIP spdk_volume bench: TALON_SPDK_DIR not set");
+        return;
+    };
+    let only = std::env::args().skip(1).find(|a| !a.starts_with('-'));
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .expect("tokio");
+    rt.block_on(async {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut cfg = TargetConfig::new(dir.path());
+        cfg.spdk_dir = Some(spdk.clone());
+        cfg.memory = Memory::NoHuge { mem_size_mib: 4096 };
+        cfg.cpumask = "0x1".into();
+        cfg.extra_args = vec!["--disable-cpumask-locks".into()];
+        cfg.ready_timeout = Duration::from_secs(60);
+        let t = Target::start(&cfg).await.expect("spdk_tgt");
+        let c = t.client().clone();
+        c.bdev_malloc_create(&MallocCreate {
+            name: Some("talon-disk-bench".into()),
+            num_blocks: 2048 * MIB / 4096,
+            block_size: 4096,
+            uuid: None,
+        })
+        .await
+        .expect("malloc");
+        c.bdev_lvol_create_lvstore(&LvstoreCreate {
+            bdev_name: "talon-disk-bench".into(),
+            lvs_name: "talon-bench".into(),
+            cluster_sz: Some(MIB as u32),
+            clear_method: None,
+        })
+        .await
+        .expect("lvstore");
+        let _ = c.nvmf_create_transport(&CreateTransport::tcp()).await;
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .expect("port");
+        let ops = VolumeOps::new(c.clone());
+        if only.as_deref().is_none_or(|o| o == "control") {
+            control_plane(&ops, port).await;
+        }
+        if only.as_deref().is_none_or(|o| o == "data") {
+            let rounds = std::env::var("ROUNDS")
+                .ok()
+                .and_then(|r| r.parse().ok())
+                .unwrap_or(3);
+            data_path(&spdk, &ops, port, rounds, 3).await;
+        }
+        t.stop(Duration::from_secs(5)).await.expect("stop");
+    });
+}

@@ -1,0 +1,587 @@
+//! `engine.SpdkVolumeController`: realizes V2 `Volume`s and their `Snapshot`s
+//! in spdk_tgt through [`VolumeOps`], and reports `EngineStatus`,
+//! `SnapshotStatus` and `ReplicaStatus`.
+//!
+//! ```text
+//!   Volume, Snapshot, Disk (config) ─┐
+//!   NodeConfig (listener, hosts) ────┼─> Inventory::load ─> orphans removed (talon names only)
+//!   TargetStatus "spdk" (restarts) ──┘        │
+//!                                             v
+//!        plain volumes ─> snapshots ─> clones / reverts ─> deletions (volumes, then snapshots)
+//!              (VolumeOps::ensure, concurrently)                     │
+//!                                             v                      v
+//!        EngineStatus <vol>, ReplicaStatus <vol>-r<k>,     finalizers released
+//!        SnapshotStatus <vol>@<snap>
+//! ```
+//!
+//! Every reconcile compares the whole target with the desired state, so a
+//! target restart (TargetStatus changes) is repaired by the same path that
+//! creates: lvols come back with their lvstore, the raid and export are made
+//! again. Only local replicas are placed by this controller; the library has
+//! the remote-replica calls ([`VolumeOps::export_replica`], `attach_replica`).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+use std::time::Duration;
+
+use futures::StreamExt;
+
+use crate::names::ObjectName;
+use crate::resources::config::{Disk, EngineKind, NodeConfig, Snapshot, Volume};
+use crate::resources::engine::{
+    Engine, EngineStatus, Export, ObjectState, ReplicaStatus, SnapshotStatus, TargetStatus,
+};
+use crate::runtime::{Controller, ControllerError, Input, Output, Phase, ReconcileContext, Requeue};
+use crate::spdk::SpdkClient;
+use crate::spdk::volume::{
+    ExportSpec, Inventory, VolumeError, VolumeInfo, VolumeOps, VolumePlan, applied_revert, naming,
+    replica_heads,
+};
+
+/// The TargetStatus id of spdk_tgt.
+pub const SPDK_STATUS_ID: &str = "spdk";
+/// Volumes realized concurrently in one reconcile.
+const CONCURRENCY: usize = 16;
+
+/// Whether the V2 engine serves `volume` on `node` (explicit v2 wins; auto
+/// follows the node, and an auto node when this controller claims auto).
+pub fn serves_v2(volume: &Volume, node: &NodeConfig, claims_auto: bool) -> bool {
+    match (volume.engine, node.engine) {
+        (EngineKind::V2, _) | (EngineKind::Auto, EngineKind::V2) => true,
+        (EngineKind::Auto, EngineKind::Auto) => claims_auto,
+        _ => false,
+    }
+}
+
+/// Serves V2 volumes in spdk_tgt.
+#[derive(Debug)]
+pub struct SpdkVolumeController {
+    ops: VolumeOps,
+    claims_auto: bool,
+}
+
+impl SpdkVolumeController {
+    /// A controller driving the target behind `client`; `selection_claims_auto`:
+    /// whether `auto` volumes on an `auto` node are V2 here (SPDK usable).
+    pub fn new(client: SpdkClient, selection_claims_auto: bool) -> Self {
+        Self {
+            ops: VolumeOps::new(client),
+            claims_auto: selection_claims_auto,
+        }
+    }
+}
+
+fn err_text(e: &VolumeError) -> String {
+    crate::runtime::runner::error_chain(e)
+}
+
+fn engine_status(state: ObjectState, message: impl Into<String>) -> EngineStatus {
+    EngineStatus {
+        engine: Engine::V2,
+        state,
+        size_bytes: 0,
+        device: String::new(),
+        replicas: Vec::new(),
+        exports: Vec::new(),
+        message: message.into(),
+    }
+}
+
+fn snap_status(
+    volume: &str,
+    state: ObjectState,
+    objects: Vec<String>,
+    message: impl Into<String>,
+) -> SnapshotStatus {
+    SnapshotStatus {
+        volume: volume.to_owned(),
+        engine: Engine::V2,
+        state,
+        objects,
+        created: String::new(),
+        message: message.into(),
+    }
+}
+
+fn split_snapshot_id(id: &str) -> Result<(ObjectName, ObjectName), String> {
+    let (v, s) = id
+        .split_once('@')
+        .ok_or_else(|| format!("snapshot {id:?} is not <volume>@<snapshot>"))?;
+    Ok((
+        ObjectName::parse("volume", v).map_err(|e| e.to_string())?,
+        ObjectName::parse("snapshot", s).map_err(|e| e.to_string())?,
+    ))
+}
+
+struct Job {
+    id: String,
+    spec: Volume,
+    placed: BTreeMap<usize, String>,
+}
+
+impl SpdkVolumeController {
+    async fn realize(
+        &self,
+        inv: &Inventory,
+        job: &Job,
+        export: &ExportSpec,
+    ) -> (EngineStatus, Vec<(String, ReplicaStatus)>) {
+        let name = match ObjectName::parse("volume", &job.id) {
+            Ok(n) => n,
+            Err(e) => return (engine_status(ObjectState::Failed, e.to_string()), vec![]),
+        };
+        let from_snapshot = match job
+            .spec
+            .from_snapshot
+            .as_deref()
+            .map(split_snapshot_id)
+            .transpose()
+        {
+            Ok(f) => f,
+            Err(m) => return (engine_status(ObjectState::Failed, m), vec![]),
+        };
+        let mut message = String::new();
+        // revert: once per generation, recorded in SPDK with the data
+        let mut reloaded = None;
+        if let Some(target) = &job.spec.revert_to
+            && job.spec.revert_generation > applied_revert(inv, &job.id)
+        {
+            let snap = match ObjectName::parse("snapshot", target.rsplit('@').next().unwrap_or(target)) {
+                Ok(s) => s,
+                Err(e) => return (engine_status(ObjectState::Failed, e.to_string()), vec![]),
+            };
+            if let Err(e) = self
+                .ops
+                .revert(inv, &name, &snap, job.spec.revert_generation)
+                .await
+            {
+                return (engine_status(ObjectState::Failed, err_text(&e)), vec![]);
+            }
+            match Inventory::load(self.ops.client()).await {
+                Ok(i) => reloaded = Some(i),
+                Err(e) => return (engine_status(ObjectState::Failed, e.to_string()), vec![]),
+            }
+            message = format!("reverted to {target} (generation {})", job.spec.revert_generation);
+        }
+        let inv = reloaded.as_ref().unwrap_or(inv);
+        let plan = VolumePlan {
+            name: name.clone(),
+            size_bytes: job.spec.size_bytes,
+            replicas: job.spec.replicas.max(1) as usize,
+            disks: job.spec.disks.clone(),
+            placed: job.placed.clone(),
+            from_snapshot,
+            export: export.clone(),
+        };
+        match self.ops.ensure(inv, &plan).await {
+            Ok(info) => status_of(&job.id, &job.spec, info, export, message),
+            Err(e) => (engine_status(ObjectState::Failed, err_text(&e)), vec![]),
+        }
+    }
+}
+
+fn status_of(
+    id: &str,
+    spec: &Volume,
+    info: VolumeInfo,
+    export: &ExportSpec,
+    mut message: String,
+) -> (EngineStatus, Vec<(String, ReplicaStatus)>) {
+    let degraded = info.replicas.len() < info.wanted;
+    if degraded {
+        let waiting: Vec<String> = info
+            .waiting
+            .iter()
+            .map(|(k, d)| format!("r{k} on disk {d}"))
+            .collect();
+        message = format!(
+            "{} of {} replicas online; waiting for {}",
+            info.replicas.len(),
+            info.wanted,
+            waiting.join(", ")
+        );
+    } else if info.size_bytes > spec.size_bytes.div_ceil(1 << 20) * (1 << 20) && message.is_empty() {
+        message = format!("volumes do not shrink: serving {} bytes", info.size_bytes);
+    }
+    let replicas = info
+        .replicas
+        .iter()
+        .map(|r| {
+            (
+                r.name.clone(),
+                ReplicaStatus {
+                    volume: id.to_owned(),
+                    disk: r.disk.clone(),
+                    bdev: r.bdev.clone(),
+                    alias: r.alias.clone(),
+                    size_bytes: r.size_bytes,
+                    allocated_bytes: r.allocated_bytes,
+                    state: ObjectState::Ready,
+                    message: String::new(),
+                },
+            )
+        })
+        .collect();
+    let status = EngineStatus {
+        engine: Engine::V2,
+        state: if degraded {
+            ObjectState::Degraded
+        } else {
+            ObjectState::Ready
+        },
+        size_bytes: info.size_bytes,
+        device: info.device,
+        replicas: info.replicas.iter().map(|r| r.name.clone()).collect(),
+        exports: vec![Export {
+            transport: "nvme-tcp".into(),
+            address: export.address.to_string(),
+            port: export.port,
+            name: info.nqn,
+            lun: crate::spdk::volume::NSID,
+        }],
+        message,
+    };
+    (status, replicas)
+}
+
+#[async_trait::async_trait]
+impl Controller for SpdkVolumeController {
+    fn name(&self) -> &'static str {
+        "engine.SpdkVolumeController"
+    }
+
+    fn inputs(&self) -> Vec<Input> {
+        vec![
+            Input::of::<NodeConfig>(),
+            Input::of::<Volume>(),
+            Input::of::<Snapshot>(),
+            Input::of::<Disk>(),
+            Input::of::<TargetStatus>(),
+        ]
+    }
+
+    fn outputs(&self) -> Vec<Output> {
+        vec![
+            Output::shared::<EngineStatus>(),
+            Output::shared::<SnapshotStatus>(),
+            Output::exclusive::<ReplicaStatus>(),
+        ]
+    }
+
+    async fn reconcile(&self, ctx: &mut ReconcileContext) -> Result<Requeue, ControllerError> {
+        let node = ctx.get::<NodeConfig>("node")?.map(|n| n.spec).unwrap_or_default();
+        let all_volumes = ctx.list::<Volume>()?;
+        let volumes: Vec<_> = all_volumes
+            .iter()
+            .filter(|v| {
+                serves_v2(&v.spec, &node, self.claims_auto) || v.metadata.finalizers.contains(self.name())
+            })
+            .cloned()
+            .collect();
+        let mine: BTreeSet<String> = volumes.iter().map(|v| v.id().to_string()).collect();
+        let snapshots: Vec<_> = ctx
+            .list::<Snapshot>()?
+            .into_iter()
+            .filter(|s| mine.contains(&s.spec.volume) || s.metadata.finalizers.contains(self.name()))
+            .collect();
+        let target_ready = ctx
+            .get::<TargetStatus>(SPDK_STATUS_ID)?
+            .is_some_and(|t| t.spec.engine == Engine::V2 && t.spec.state == ObjectState::Ready);
+        if !target_ready {
+            for v in volumes.iter().filter(|v| v.metadata.phase != Phase::TearingDown) {
+                ctx.apply(
+                    v.id(),
+                    engine_status(ObjectState::Creating, "waiting for spdk_tgt"),
+                )?;
+            }
+            // keep what we reported about replicas and snapshots until the target is back
+            for r in ctx.list::<ReplicaStatus>()? {
+                let id = r.id().to_string();
+                ctx.apply(&id, r.spec)?;
+            }
+            for s in &snapshots {
+                if let Some(cur) = ctx.get::<SnapshotStatus>(s.id())? {
+                    ctx.apply(s.id(), cur.spec)?;
+                }
+            }
+            return Ok(Requeue::After(Duration::from_secs(2)));
+        }
+        let address: IpAddr = match node.listen_address.parse() {
+            Ok(a) => a,
+            Err(_) => {
+                for v in &volumes {
+                    ctx.apply(
+                        v.id(),
+                        engine_status(
+                            ObjectState::Failed,
+                            format!(
+                                "NodeConfig listenAddress {:?} is not an IP address",
+                                node.listen_address
+                            ),
+                        ),
+                    )?;
+                }
+                return Ok(Requeue::OnInputChange);
+            }
+        };
+        let export = ExportSpec {
+            address,
+            port: node.nvmf_port,
+            hosts: node
+                .allowed_hosts
+                .iter()
+                .filter(|h| h.starts_with("nqn."))
+                .cloned()
+                .collect(),
+        };
+        let disks: BTreeSet<String> = ctx
+            .list::<Disk>()?
+            .into_iter()
+            .map(|d| d.id().to_string())
+            .collect();
+        let previous_replicas: Vec<_> = ctx.list::<ReplicaStatus>()?;
+
+        let mut inv = Inventory::load(self.ops.client()).await?;
+        // only lvstores of configured disks are usable
+        inv.lvstores.retain(|l| {
+            l.name
+                .strip_prefix(crate::spdk::volume::LVS_PREFIX)
+                .is_none_or(|d| disks.contains(d))
+        });
+
+        // orphans: talon-named objects with no desired resource (any engine's volume counts)
+        let live_vols: BTreeSet<String> = all_volumes
+            .iter()
+            .filter(|v| v.metadata.phase != Phase::TearingDown)
+            .map(|v| v.id().to_string())
+            .collect();
+        let known_snaps: BTreeSet<String> = ctx
+            .list::<Snapshot>()?
+            .iter()
+            .map(|s| s.id().to_string())
+            .collect();
+        let orphans = inv.orphans(
+            |v| live_vols.contains(v) || all_volumes.iter().any(|x| x.id() == v),
+            |v, s| known_snaps.contains(&format!("{v}@{s}")),
+        );
+        if !orphans.is_empty() {
+            let (removed, errors) = self.ops.remove_orphans(orphans).await;
+            for r in &removed {
+                tracing::info!(object = ?r, "removed orphaned SPDK object");
+            }
+            for e in errors {
+                tracing::warn!("{e}");
+            }
+            inv = Inventory::load(self.ops.client()).await?;
+            inv.lvstores.retain(|l| {
+                l.name
+                    .strip_prefix(crate::spdk::volume::LVS_PREFIX)
+                    .is_none_or(|d| disks.contains(d))
+            });
+        }
+
+        // finalizers and jobs
+        let mut live = Vec::new();
+        let mut deleting = Vec::new();
+        for v in &volumes {
+            if v.metadata.phase == Phase::TearingDown {
+                deleting.push(v.id().to_string());
+                continue;
+            }
+            ctx.add_finalizer::<Volume>(v.id())?;
+            let placed = previous_replicas
+                .iter()
+                .filter(|r| r.spec.volume == v.id())
+                .filter_map(|r| {
+                    let k = r.id().rsplit_once("-r")?.1.parse().ok()?;
+                    Some((k, r.spec.disk.clone()))
+                })
+                .collect();
+            live.push(Job {
+                id: v.id().to_string(),
+                spec: v.spec.clone(),
+                placed,
+            });
+        }
+        let (plain, derived): (Vec<Job>, Vec<Job>) = live
+            .into_iter()
+            .partition(|j| j.spec.from_snapshot.is_none() && j.spec.revert_to.is_none());
+
+        let mut statuses: Vec<(String, EngineStatus, Vec<(String, ReplicaStatus)>)> = Vec::new();
+        let run = |jobs: Vec<Job>, inv: Inventory| {
+            let export = export.clone();
+            async move {
+                futures::stream::iter(jobs)
+                    .map(|j| {
+                        let (inv, export) = (&inv, &export);
+                        async move {
+                            let (e, r) = self.realize(inv, &j, export).await;
+                            (j.id, e, r)
+                        }
+                    })
+                    .buffer_unordered(CONCURRENCY)
+                    .collect::<Vec<_>>()
+                    .await
+            }
+        };
+        statuses.extend(run(plain, inv.clone()).await);
+
+        // snapshots of live volumes
+        let mut snap_out: Vec<(String, SnapshotStatus)> = Vec::new();
+        let mut snap_deleting = Vec::new();
+        if !snapshots.is_empty() {
+            inv = Inventory::load(self.ops.client()).await?;
+        }
+        for s in &snapshots {
+            if s.metadata.phase == Phase::TearingDown {
+                snap_deleting.push(s.clone());
+                continue;
+            }
+            ctx.add_finalizer::<Snapshot>(s.id())?;
+            let (vol, snap) = match (
+                ObjectName::parse("volume", &s.spec.volume),
+                ObjectName::parse("snapshot", &s.spec.name),
+            ) {
+                (Ok(v), Ok(n)) => (v, n),
+                (Err(e), _) | (_, Err(e)) => {
+                    snap_out.push((
+                        s.id().to_string(),
+                        snap_status(&s.spec.volume, ObjectState::Failed, vec![], e.to_string()),
+                    ));
+                    continue;
+                }
+            };
+            let existing: Vec<String> = replica_heads(&inv, vol.as_str())
+                .iter()
+                .map(|(k, l)| {
+                    format!(
+                        "{}/{}",
+                        l.lvs.name,
+                        naming::snapshot_lvol(vol.as_str(), *k, snap.as_str())
+                    )
+                })
+                .filter(|a| inv.lvols.contains_key(a))
+                .collect();
+            let live_volume = live_vols.contains(vol.as_str());
+            let st = if !live_volume {
+                // volume gone: what was taken stays until the snapshot is deleted
+                let kept: Vec<String> = inv
+                    .lvols
+                    .values()
+                    .filter(|l| {
+                        l.name.starts_with(&format!("{}-r", vol.as_str()))
+                            && l.name.ends_with(&format!(".s.{snap}"))
+                    })
+                    .map(|l| l.alias.clone())
+                    .collect();
+                if kept.is_empty() {
+                    snap_status(
+                        &s.spec.volume,
+                        ObjectState::Failed,
+                        vec![],
+                        format!("volume {vol} does not exist"),
+                    )
+                } else {
+                    snap_status(&s.spec.volume, ObjectState::Ready, kept, "")
+                }
+            } else {
+                let prev = ctx.get::<SnapshotStatus>(s.id())?.map(|p| p.spec);
+                let taken_before = prev.as_ref().is_some_and(|p| p.state == ObjectState::Ready);
+                if taken_before && !existing.is_empty() {
+                    snap_status(&s.spec.volume, ObjectState::Ready, existing, "")
+                } else {
+                    match self.ops.snapshot(&inv, &vol, &snap).await {
+                        Ok(objects) => snap_status(&s.spec.volume, ObjectState::Ready, objects, ""),
+                        Err(e) => snap_status(&s.spec.volume, ObjectState::Failed, vec![], err_text(&e)),
+                    }
+                }
+            };
+            let mut st = st;
+            st.created = ctx
+                .get::<SnapshotStatus>(s.id())?
+                .map(|p| p.spec.created)
+                .filter(|c| !c.is_empty())
+                .unwrap_or_else(|| {
+                    humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string()
+                });
+            snap_out.push((s.id().to_string(), st));
+        }
+
+        // clones and reverts need the snapshots
+        if !derived.is_empty() {
+            inv = Inventory::load(self.ops.client()).await?;
+            statuses.extend(run(derived, inv.clone()).await);
+        }
+
+        for (id, st) in snap_out {
+            ctx.apply(&id, st)?;
+        }
+        for (id, status, replicas) in statuses {
+            ctx.apply(&id, status)?;
+            for (rid, r) in replicas {
+                ctx.apply(&rid, r)?;
+            }
+        }
+
+        // deletions: volumes first (their heads may be clones of snapshots), then snapshots
+        if !deleting.is_empty() || !snap_deleting.is_empty() {
+            inv = Inventory::load(self.ops.client()).await?;
+        }
+        let mut deleted_vols = Vec::new();
+        for id in &deleting {
+            let r = match ObjectName::parse("volume", id) {
+                Ok(n) => self.ops.delete(&inv, &n).await.map_err(|e| err_text(&e)),
+                Err(e) => Err(e.to_string()),
+            };
+            match r {
+                Ok(()) => deleted_vols.push(id.clone()),
+                Err(m) => ctx.apply(id, engine_status(ObjectState::Deleting, m))?,
+            }
+        }
+        if !deleted_vols.is_empty() && !snap_deleting.is_empty() {
+            inv = Inventory::load(self.ops.client()).await?;
+        }
+        for s in &snap_deleting {
+            match self.ops.delete_snapshot(&inv, &s.spec.volume, &s.spec.name).await {
+                Ok(()) => ctx.remove_finalizer::<Snapshot>(s.id())?,
+                Err(e) => ctx.apply(
+                    s.id(),
+                    snap_status(&s.spec.volume, ObjectState::Deleting, vec![], err_text(&e)),
+                )?,
+            }
+        }
+        for id in deleted_vols {
+            ctx.remove_finalizer::<Volume>(&id)?;
+        }
+        // replica statuses of volumes that are not live are not re-applied: the runtime drops them
+        Ok(Requeue::After(Duration::from_secs(10)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn vol(engine: EngineKind) -> Volume {
+        serde_json::from_value(serde_json::json!({"sizeBytes": 4096, "engine": engine})).expect("volume")
+    }
+
+    #[test]
+    fn selection() {
+        let node = |engine| NodeConfig {
+            engine,
+            ..NodeConfig::default()
+        };
+        assert!(serves_v2(&vol(EngineKind::V2), &node(EngineKind::V1), false));
+        assert!(!serves_v2(&vol(EngineKind::V1), &node(EngineKind::V2), true));
+        assert!(serves_v2(&vol(EngineKind::Auto), &node(EngineKind::V2), false));
+        assert!(!serves_v2(&vol(EngineKind::Auto), &node(EngineKind::Auto), false));
+        assert!(serves_v2(&vol(EngineKind::Auto), &node(EngineKind::Auto), true));
+    }
+
+    #[test]
+    fn snapshot_ids_split() {
+        assert!(split_snapshot_id("v@s").is_ok());
+        assert!(split_snapshot_id("v").is_err());
+    }
+}

@@ -1,0 +1,403 @@
+//! `engine.SpdkVolumeController` against a real spdk_tgt (`TALON_SPDK_DIR`):
+//! volumes with 1 and 2 local replicas exported over NVMe/TCP on 127.0.0.1,
+//! I/O through SPDK's own initiator (spdk_nvme_perf), snapshot, expand (the
+//! size a host sees, read through an NVMe/TCP attach), clone, delete with no
+//! leftovers; and `kill -9` of spdk_tgt in the middle of 20 creates.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde_json::json;
+use talon::controllers::engine::spdk_volume::{SPDK_STATUS_ID, SpdkVolumeController};
+use talon::resources::config::{Disk, NodeConfig, Snapshot, Volume};
+use talon::resources::engine::{Engine, EngineStatus, ObjectState, SnapshotStatus, TargetStatus};
+use talon::runtime::State;
+use talon::runtime::testing::{TestRuntime, eventually};
+use talon::spdk::SpdkClient;
+use talon::spdk::rpc::{AioCreate, AttachController, ByName, GetBdevs, LvstoreCreate};
+use talon::spdk::target::{Memory, Target, TargetConfig};
+use talon::spdk::volume::Inventory;
+
+const WAIT: Duration = Duration::from_secs(90);
+const MIB: u64 = 1 << 20;
+
+fn spdk_dir(test: &str) -> Option<PathBuf> {
+    let Some(d) = std::env::var_os("TALON_SPDK_DIR").map(PathBuf::from) else {
+        eprintln!("SKIP {test}: TALON_SPDK_DIR not set");
+        return None;
+    };
+    if !d.join("build/bin/spdk_tgt").exists() {
+        eprintln!("SKIP {test}: no build/bin/spdk_tgt under {}", d.display());
+        return None;
+    }
+    Some(d)
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("free port")
+}
+
+fn target_cfg(dir: &Path, spdk: &Path) -> TargetConfig {
+    let mut cfg = TargetConfig::new(dir.join("run"));
+    cfg.spdk_dir = Some(spdk.to_path_buf());
+    cfg.memory = Memory::NoHuge { mem_size_mib: 2048 };
+    cfg.cpumask = "0x1".into();
+    cfg.extra_args = vec!["--disable-cpumask-locks".into()];
+    cfg
+}
+
+/// Attaches the disk files by contract names; the lvstore is made only when
+/// `create` (after a restart it is imported by examine).
+async fn attach_disks(c: &SpdkClient, dir: &Path, disks: &[&str], create: bool) {
+    for d in disks {
+        let file = dir.join(format!("{d}.img"));
+        if !file.exists() {
+            std::fs::File::create(&file)
+                .and_then(|f| f.set_len(1024 * MIB))
+                .expect("disk file");
+        }
+        c.bdev_aio_create(&AioCreate {
+            filename: file.display().to_string(),
+            name: format!("talon-disk-{d}"),
+            block_size: Some(4096),
+            readonly: false,
+            fallocate: false,
+        })
+        .await
+        .expect("aio");
+        if create {
+            c.bdev_lvol_create_lvstore(&LvstoreCreate {
+                bdev_name: format!("talon-disk-{d}"),
+                lvs_name: format!("talon-{d}"),
+                cluster_sz: Some(MIB as u32),
+                clear_method: None,
+            })
+            .await
+            .expect("lvstore");
+        }
+    }
+    c.bdev_wait_for_examine().await.expect("examine");
+}
+
+fn target_status(restarts: u32) -> TargetStatus {
+    TargetStatus {
+        engine: Engine::V2,
+        state: ObjectState::Ready,
+        pid: None,
+        socket: String::new(),
+        version: "v26.05".into(),
+        restarts,
+        message: String::new(),
+    }
+}
+
+fn runtime(c: &SpdkClient, disks: &[&str], port: u16) -> TestRuntime {
+    let c2 = c.clone();
+    let rt =
+        TestRuntime::start(move |rt| rt.register(SpdkVolumeController::new(c2, false))).expect("runtime");
+    let state = rt.state.clone();
+    let node = NodeConfig {
+        nvmf_port: port,
+        ..NodeConfig::default()
+    };
+    state.create_typed("node", "", &node).expect("node");
+    state
+        .create_typed(SPDK_STATUS_ID, "", &target_status(0))
+        .expect("target");
+    for d in disks {
+        let disk: Disk = serde_json::from_value(json!({"path": format!("/x/{d}.img")})).expect("disk");
+        state.create_typed(d, "", &disk).expect("disk");
+    }
+    rt
+}
+
+fn volume(size: u64, replicas: u32) -> Volume {
+    serde_json::from_value(json!({"sizeBytes": size, "replicas": replicas, "engine": "v2"})).expect("volume")
+}
+
+fn engine(state: &State, id: &str) -> Option<EngineStatus> {
+    state.get_typed::<EngineStatus>(id).ok().flatten().map(|t| t.spec)
+}
+
+async fn ready(state: &State, id: &str) -> EngineStatus {
+    eventually(&format!("{id} ready"), WAIT, || async {
+        engine(state, id).filter(|s| s.state == ObjectState::Ready)
+    })
+    .await
+}
+
+/// Runs spdk_nvme_perf (a few seconds) against an export; returns its output.
+fn perf(spdk: &Path, port: u16, nqn: &str, pattern: &str, secs: u32) -> String {
+    let out = std::process::Command::new(spdk.join("build/bin/spdk_nvme_perf"))
+        .args([
+            "--no-huge",
+            "-s",
+            "512",
+            "-c",
+            "0x2",
+            "-q",
+            "32",
+            "-o",
+            "4096",
+            "-w",
+        ])
+        .args(pattern.split_whitespace())
+        .args(["-t", &secs.to_string()])
+        .arg("-r")
+        .arg(format!(
+            "trtype:TCP adrfam:IPv4 traddr:127.0.0.1 trsvcid:{port} subnqn:{nqn}"
+        ))
+        .output()
+        .expect("spdk_nvme_perf");
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        out.status.success(),
+        "spdk_nvme_perf failed: {text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    text
+}
+
+/// IOPS from the perf "Total" line.
+fn total_iops(out: &str) -> f64 {
+    out.lines()
+        .find(|l| l.trim_start().starts_with("Total"))
+        .and_then(|l| l.split(':').nth(1))
+        .and_then(|r| r.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// The namespace size a host sees: attach the export over NVMe/TCP inside the
+/// same target, read the bdev, detach.
+async fn host_size(c: &SpdkClient, port: u16, nqn: &str) -> u64 {
+    let names = c
+        .bdev_nvme_attach_controller(&AttachController::tcp(
+            "hostview",
+            [127, 0, 0, 1].into(),
+            port,
+            nqn,
+        ))
+        .await
+        .expect("attach");
+    let name = names
+        .first()
+        .cloned()
+        .expect("a bdev registered (explicit NGUID)");
+    let size = c.bdev(&name).await.expect("get").expect("bdev").size_bytes();
+    c.bdev_nvme_detach_controller(&ByName::new("hostview"))
+        .await
+        .expect("detach");
+    size
+}
+
+async fn leftovers(c: &SpdkClient) -> Vec<String> {
+    let inv = Inventory::load(c).await.expect("inventory");
+    let mut out: Vec<String> = inv
+        .bdevs
+        .values()
+        .filter(|b| !b.name.starts_with("talon-disk-"))
+        .map(|b| format!("bdev {} {:?}", b.name, b.aliases))
+        .collect();
+    out.extend(
+        inv.subsystems
+            .iter()
+            .filter(|s| s.subtype != "Discovery")
+            .map(|s| format!("subsystem {}", s.nqn)),
+    );
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_spdk_volume_life_cycle() {
+    let Some(spdk) = spdk_dir("real_spdk_volume_life_cycle") else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cfg = target_cfg(dir.path(), &spdk);
+    let t = Target::start(&cfg).await.expect("spdk_tgt");
+    let c = t.client().clone();
+    attach_disks(&c, dir.path(), &["d1", "d2"], true).await;
+    let port = free_port();
+    let rt = runtime(&c, &["d1", "d2"], port);
+    let state = rt.state.clone();
+
+    state.create_typed("one", "", &volume(64 * MIB, 1)).expect("one");
+    state.create_typed("two", "", &volume(64 * MIB, 2)).expect("two");
+    let one = ready(&state, "one").await;
+    let two = ready(&state, "two").await;
+    assert_eq!(two.device, "talon-raid-two");
+    for st in [&one, &two] {
+        let out = perf(&spdk, port, &st.exports[0].name, "randrw -M 50", 2);
+        let iops = total_iops(&out);
+        eprintln!("{}: randrw QD32 {iops:.0} IOPS", st.exports[0].name);
+        assert!(iops > 0.0, "{out}");
+    }
+    // replicas hold data now
+    let written = eventually("allocation reported", WAIT, || async {
+        state
+            .get_typed::<talon::resources::engine::ReplicaStatus>("two-r1")
+            .ok()
+            .flatten()
+            .filter(|r| r.spec.allocated_bytes > 0)
+    })
+    .await;
+    assert!(written.spec.allocated_bytes <= 64 * MIB);
+
+    // snapshot (paused subsystem), expand the raid1, clone
+    state
+        .create_typed(
+            "two@s1",
+            "",
+            &Snapshot {
+                volume: "two".into(),
+                name: "s1".into(),
+            },
+        )
+        .expect("snapshot");
+    let snap = eventually("snapshot", WAIT, || async {
+        state
+            .get_typed::<SnapshotStatus>("two@s1")
+            .ok()
+            .flatten()
+            .filter(|s| s.spec.state == ObjectState::Ready)
+    })
+    .await;
+    assert_eq!(snap.spec.objects.len(), 2, "{:?}", snap.spec);
+    state
+        .update_typed("two", "", None, &volume(128 * MIB, 2))
+        .expect("expand");
+    let grown = eventually("two grown", WAIT, || async {
+        engine(&state, "two").filter(|e| e.size_bytes == 128 * MIB)
+    })
+    .await;
+    assert_eq!(host_size(&c, port, &grown.exports[0].name).await, 128 * MIB);
+    let mut clone = volume(64 * MIB, 2);
+    clone.from_snapshot = Some("two@s1".into());
+    state.create_typed("copy", "", &clone).expect("clone");
+    let copy = ready(&state, "copy").await;
+    assert!(total_iops(&perf(&spdk, port, &copy.exports[0].name, "randread", 1)) > 0.0);
+
+    // snapshot delete is refused while the clone exists, with a clear message
+    state
+        .destroy("config", "Snapshot", "two@s1", "")
+        .expect("destroy");
+    let held = eventually("snapshot delete held", WAIT, || async {
+        state
+            .get_typed::<SnapshotStatus>("two@s1")
+            .ok()
+            .flatten()
+            .filter(|s| s.spec.state == ObjectState::Deleting)
+    })
+    .await;
+    assert!(held.spec.message.contains("cloned"), "{}", held.spec.message);
+
+    for v in ["copy", "two", "one"] {
+        state.destroy("config", "Volume", v, "").expect("destroy");
+    }
+    eventually("all deleted", WAIT, || async {
+        (state.list("config", "Volume").is_empty() && state.list("config", "Snapshot").is_empty())
+            .then_some(())
+    })
+    .await;
+    assert_eq!(leftovers(&c).await, Vec::<String>::new());
+    rt.stop().await;
+    t.stop(Duration::from_secs(5)).await.expect("stop");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_spdk_kill9_during_20_creates() {
+    let Some(spdk) = spdk_dir("real_spdk_kill9_during_20_creates") else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cfg = target_cfg(dir.path(), &spdk);
+    let mut t = Target::start(&cfg).await.expect("spdk_tgt");
+    let c = SpdkClient::new(cfg.socket());
+    attach_disks(&c, dir.path(), &["d1", "d2"], true).await;
+    let port = free_port();
+    let rt = runtime(&c, &["d1", "d2"], port);
+    let state = rt.state.clone();
+    let names: Vec<String> = (0..20).map(|i| format!("k{i}")).collect();
+    let create = |i: usize| {
+        state
+            .create_typed(&names[i], "", &volume(16 * MIB, 1 + (i % 2) as u32))
+            .expect("volume");
+    };
+    // the first 10 are acknowledged (Ready); kill -9 right after asking for the other 10
+    for i in 0..10 {
+        create(i);
+    }
+    for n in &names[..10] {
+        ready(&state, n).await;
+    }
+    for i in 10..20 {
+        create(i);
+    }
+    tokio::time::sleep(Duration::from_millis(15)).await; // let the controller start on them
+    let pid = t.pid().expect("pid");
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL)
+        .expect("kill -9");
+    let _ = t.wait_exit().await;
+    let acked: Vec<&String> = names
+        .iter()
+        .filter(|n| engine(&state, n).is_some_and(|e| e.state == ObjectState::Ready))
+        .collect();
+    eprintln!("killed spdk_tgt with {} of 20 acknowledged", acked.len());
+
+    let t = Target::start(&cfg).await.expect("restart");
+    attach_disks(&c, dir.path(), &["d1", "d2"], false).await;
+    let inv = Inventory::load(&c).await.expect("inv");
+    eprintln!(
+        "after restart: {} lvols came back, {} subsystems, {} raids",
+        inv.lvols.len(),
+        inv.subsystems.len(),
+        inv.raids.len()
+    );
+    state
+        .update_typed(SPDK_STATUS_ID, "", None, &target_status(1))
+        .expect("restarts");
+    // the outcome in SPDK, not the (stale) statuses
+    eventually("all 20 exported again", WAIT, || async {
+        let inv = Inventory::load(&c).await.ok()?;
+        names
+            .iter()
+            .all(|n| {
+                inv.subsystem(&format!("{}:vol:{n}", talon::names::NQN_PREFIX))
+                    .is_some_and(|s| s.namespaces.len() == 1 && !s.listen_addresses.is_empty())
+            })
+            .then_some(())
+    })
+    .await;
+    let inv = Inventory::load(&c).await.expect("inv");
+    for (i, n) in names.iter().enumerate() {
+        let nqn = format!("{}:vol:{n}", talon::names::NQN_PREFIX);
+        let sub = inv
+            .subsystem(&nqn)
+            .unwrap_or_else(|| panic!("{n} exported again"));
+        assert_eq!(sub.namespaces.len(), 1);
+        let heads = inv
+            .lvols
+            .keys()
+            .filter(|a| {
+                a.split('/')
+                    .nth(1)
+                    .is_some_and(|l| l.starts_with(&format!("{n}-r")))
+            })
+            .count();
+        assert_eq!(heads, 1 + i % 2, "{n}: replicas {:?}", inv.lvols.keys());
+        if i % 2 == 1 {
+            assert!(inv.raid(&format!("talon-raid-{n}")).is_some());
+        }
+    }
+    // nothing half-made: every talon raid and lvol belongs to one of the volumes
+    assert_eq!(inv.raids.len(), 10);
+    assert_eq!(inv.lvols.len(), 30, "{:?}", inv.lvols.keys());
+    let bdevs = c.bdev_get_bdevs(&GetBdevs::default()).await.expect("bdevs");
+    assert_eq!(bdevs.len(), 2 + 30 + 10);
+    rt.stop().await;
+    t.stop(Duration::from_secs(5)).await.expect("stop");
+}
