@@ -215,7 +215,7 @@ T_PKG=$(elapsed "$T0" "$(now)")
 # ------------------------------------------------------------------ 2. host hooks (setup)
 GUEST_ENV=$BUILD/env
 : >"$GUEST_ENV"
-export TALON_VM_FREE_PORT=$HOSTDIR/free-port TALON_VM_ROOT=$ROOT TALON_VM_HOSTLIBS=$HOSTLIBS TALON_VM_HOST_LIB=$HERE/host
+export TALON_VM_TALON_BIN=$TALON_BIN TALON_VM_FREE_PORT=$HOSTDIR/free-port TALON_VM_ROOT=$ROOT TALON_VM_HOSTLIBS=$HOSTLIBS TALON_VM_HOST_LIB=$HERE/host
 declare -A STEP_SKIP=()
 for s in "${STEP_LIST[@]}"; do
 	h=$STEPS_DIR/$s.host

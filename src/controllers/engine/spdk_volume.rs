@@ -29,7 +29,7 @@ use futures::StreamExt;
 use crate::names::ObjectName;
 use crate::resources::config::{Disk, EngineKind, NodeConfig, Snapshot, Volume};
 use crate::resources::engine::{
-    Engine, EngineStatus, Export, ObjectState, ReplicaStatus, SnapshotStatus, TargetStatus,
+    DiskStatus, Engine, EngineStatus, Export, ObjectState, ReplicaStatus, SnapshotStatus, TargetStatus,
 };
 use crate::runtime::{Controller, ControllerError, Input, Output, Phase, ReconcileContext, Requeue};
 use crate::spdk::SpdkClient;
@@ -175,6 +175,12 @@ impl SpdkVolumeController {
         };
         match self.ops.ensure(inv, &plan).await {
             Ok(info) => status_of(&job.id, &job.spec, info, export, message),
+            // A disk whose lvstore is not there yet (being created or imported) is a
+            // wait, not a failure: DiskStatus is an input, so this runs again when it is.
+            Err(e @ VolumeError::NoDisk { .. }) => (
+                engine_status(ObjectState::Creating, format!("waiting for a disk: {e}")),
+                vec![],
+            ),
             Err(e) => (engine_status(ObjectState::Failed, err_text(&e)), vec![]),
         }
     }
@@ -256,6 +262,7 @@ impl Controller for SpdkVolumeController {
             Input::of::<Volume>(),
             Input::of::<Snapshot>(),
             Input::of::<Disk>(),
+            Input::of::<DiskStatus>(),
             Input::of::<TargetStatus>(),
         ]
     }

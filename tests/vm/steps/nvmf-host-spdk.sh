@@ -1,7 +1,7 @@
 #!/bin/sh
-# talon attaches a volume exported by SPDK's NVMe/TCP target on the host (guest 10.0.2.2 = host
-# 127.0.0.1), writes 2 MiB at offset 1 MiB through /dev/talon/<vol> (the host hook checks them in
-# SPDK's backing file), detaches and leaves no controller. Skipped by the harness without SPDK.
+# talon attaches a volume exported by talon's V2 engine (SPDK) on the host (guest 10.0.2.2 = host
+# 127.0.0.1), writes 2 MiB at offset 1 MiB through /dev/talon/<vol>, reads them back (O_DIRECT) and
+# compares, detaches and leaves no controller. Skipped by the harness without SPDK.
 # vm-timeout: 90
 set -u
 VOL=hostspdk
