@@ -37,7 +37,7 @@
 #   Host-side tgtd: `tgtd` of the host (package tgt, tests/apt-packages.txt). SPDK: the hooks look
 #   at TALON_SPDK_DIR themselves; a setup that prints "skip <reason>" (and exits 0) skips the step:
 #   it is not run, not counted, and reported as "step <name> SKIP: <reason>".
-#   Helpers to source from hooks: $TALON_VM_HOST_LIB/tgtd.sh, $TALON_VM_HOST_LIB/spdk.sh.
+#   Helpers to source from hooks: $TALON_VM_HOST_LIB/tgtd.sh; $TALON_VM_TALON_BIN is the talon binary.
 #
 # Env knobs:
 #   TALON_VM_CACHE=/var/cache/talon-vm   downloaded .debs and the extracted tree (reused across runs)
