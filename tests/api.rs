@@ -318,9 +318,31 @@ async fn connect_retry(socket: &Path) -> Client {
     panic!("daemon did not come up on {}", socket.display());
 }
 
+/// A daemon killed with -9 leaves its tgtd running on purpose (the next talon
+/// adopts it); the test stops whatever tgtd is left under its run dir, even
+/// when it fails, so nothing outlives it.
+struct TgtdReaper(PathBuf);
+
+impl Drop for TgtdReaper {
+    fn drop(&mut self) {
+        let Ok(pid) = std::fs::read_to_string(self.0.join("run/tgtd/tgtd.pid")) else {
+            return;
+        };
+        let Ok(pid) = pid.trim().parse::<i32>() else {
+            return;
+        };
+        let is_tgtd = std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim() == "tgtd");
+        if is_tgtd {
+            let _ =
+                nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_9_during_writes_loses_no_acknowledged_write() {
     let dir = tempfile::tempdir().expect("tempdir");
+    let _reaper = TgtdReaper(dir.path().to_path_buf());
     let socket = dir.path().join("run/talon.sock");
     let mut acked: Vec<String> = Vec::new();
     for round in 0..3u64 {
