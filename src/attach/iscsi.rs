@@ -27,8 +27,9 @@
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Component, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use super::Backoff;
 use super::devpath::{self, DevNum};
 use super::error::AttachError;
 use crate::host::{HostIoError, HostRoot};
@@ -379,30 +380,6 @@ pub fn find_lun_device(root: &HostRoot, session: &str, lun: u32) -> Result<Optio
         }
     }
     Ok(None)
-}
-
-/// Short exponential backoff: 2 ms doubling to 50 ms, until the bound.
-struct Backoff {
-    next: Duration,
-    deadline: Instant,
-}
-
-impl Backoff {
-    fn new(bound: Duration) -> Self {
-        Self {
-            next: Duration::from_millis(2),
-            deadline: Instant::now() + bound,
-        }
-    }
-    fn wait(&mut self) -> bool {
-        let now = Instant::now();
-        if now >= self.deadline {
-            return false;
-        }
-        std::thread::sleep(self.next.min(self.deadline - now));
-        self.next = (self.next * 2).min(Duration::from_millis(50));
-        true
-    }
 }
 
 /// Waits for the LUN's block device (sysfs and its /dev node).

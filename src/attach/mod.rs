@@ -93,6 +93,35 @@ pub fn lock_volume_for(
     Ok(VolumeLock { _lock: lock })
 }
 
+/// Short exponential backoff for waits on the kernel (a namespace or a SCSI
+/// disk appearing): 2 ms doubling to 50 ms, until the bound. Never a fixed
+/// one-second sleep.
+pub(crate) struct Backoff {
+    next: std::time::Duration,
+    deadline: std::time::Instant,
+}
+
+impl Backoff {
+    /// A backoff that gives up after `bound`.
+    pub(crate) fn new(bound: std::time::Duration) -> Self {
+        Self {
+            next: std::time::Duration::from_millis(2),
+            deadline: std::time::Instant::now() + bound,
+        }
+    }
+
+    /// Sleeps once; false when the bound is reached.
+    pub(crate) fn wait(&mut self) -> bool {
+        let now = std::time::Instant::now();
+        if now >= self.deadline {
+            return false;
+        }
+        std::thread::sleep(self.next.min(self.deadline - now));
+        self.next = (self.next * 2).min(std::time::Duration::from_millis(50));
+        true
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

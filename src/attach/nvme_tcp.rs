@@ -32,8 +32,9 @@ use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use super::Backoff;
 use super::devpath::{self, DevNum};
 use super::error::AttachError;
 use crate::host::HostRoot;
@@ -385,31 +386,6 @@ fn parse_ns_name(n: &str) -> Option<(u32, Option<u32>, u32)> {
     match head.split_once('c') {
         Some((x, c)) => Some((x.parse().ok()?, Some(c.parse().ok()?), y)),
         None => Some((head.parse().ok()?, None, y)),
-    }
-}
-
-/// Short exponential backoff: 2 ms doubling to 50 ms, until `deadline`.
-struct Backoff {
-    next: Duration,
-    deadline: Instant,
-}
-
-impl Backoff {
-    fn new(bound: Duration) -> Self {
-        Self {
-            next: Duration::from_millis(2),
-            deadline: Instant::now() + bound,
-        }
-    }
-    /// Sleeps once; false when the bound is reached.
-    fn wait(&mut self) -> bool {
-        let now = Instant::now();
-        if now >= self.deadline {
-            return false;
-        }
-        std::thread::sleep(self.next.min(self.deadline - now));
-        self.next = (self.next * 2).min(Duration::from_millis(50));
-        true
     }
 }
 
