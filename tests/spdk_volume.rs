@@ -433,14 +433,18 @@ async fn volumes_come_back_after_a_target_restart() {
         state
             .update_typed(SPDK_STATUS_ID, "", None, &target_status(round))
             .expect("restarts");
-        eventually("exports back", WAIT, || async {
+        // Wait for the end state, not an intermediate one: a reconcile that ran
+        // while only one disk was back exports `b` degraded first, then rebuilds
+        // its raid1 once both members are there.
+        eventually("exports and raid back", WAIT, || async {
             let n = s.double.subsystem_nqns();
-            (n.contains(&"nqn.2025-01.io.talon:vol:a".to_string())
+            let raid = s.client.bdev("talon-raid-b").await.ok().flatten().is_some();
+            (raid
+                && n.contains(&"nqn.2025-01.io.talon:vol:a".to_string())
                 && n.contains(&"nqn.2025-01.io.talon:vol:b".to_string()))
             .then_some(())
         })
         .await;
-        assert!(s.client.bdev("talon-raid-b").await.expect("get").is_some());
         let inv = Inventory::load(&s.client).await.expect("inv");
         assert_eq!(
             inv.lvols.keys().filter(|a| a.contains("/b-r")).count(),
