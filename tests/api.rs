@@ -183,6 +183,7 @@ async fn watch_streams_create_update_destroy_and_state_survives_restart() {
         .await
         .expect_err("dup");
     assert_eq!(rpc_kind(&e), Some(ErrorKind::AlreadyExists));
+    assert!(e.to_string().contains("volume \"v1\" already exists"), "{e}");
     let e = c
         .call::<_, Value>("volume_expand", json!({"name": "v1", "size": "1GiB"}))
         .await

@@ -279,6 +279,18 @@ pub struct DeleteResult {
     pub tearing_down: bool,
 }
 
+/// A create that found the object already there, said in the API's words
+/// (`volume "v1" already exists`); any other store error maps as usual.
+fn exists_as(what: &str, id: &dyn std::fmt::Display, e: crate::runtime::StateError) -> ApiError {
+    match e {
+        crate::runtime::StateError::AlreadyExists { .. } => ApiError::new(
+            ErrorKind::AlreadyExists,
+            format!("{what} {:?} already exists", id.to_string()),
+        ),
+        e => e.into(),
+    }
+}
+
 fn volume_name(s: &str) -> Result<ObjectName, ApiError> {
     Ok(ObjectName::parse("volume", s)?)
 }
@@ -400,12 +412,7 @@ pub fn register(api: &mut ApiBuilder) {
             let created = ctx
                 .state
                 .create_typed(name.as_str(), "", &spec)
-                .map_err(|e| match e {
-                    crate::runtime::StateError::AlreadyExists { .. } => {
-                        ApiError::new(AlreadyExists, format!("volume {name:?} already exists"))
-                    }
-                    e => e.into(),
-                })?;
+                .map_err(|e| exists_as("volume", &name, e))?;
             if p.wait {
                 wait_for(
                     &ctx.state,
@@ -537,12 +544,9 @@ pub fn register(api: &mut ApiBuilder) {
                 volume: p.volume.clone(),
                 name: p.name.clone(),
             };
-            ctx.state.create_typed(&id, "", &spec).map_err(|e| match e {
-                crate::runtime::StateError::AlreadyExists { .. } => {
-                    ApiError::new(AlreadyExists, format!("snapshot {id:?} already exists"))
-                }
-                e => e.into(),
-            })?;
+            ctx.state
+                .create_typed(&id, "", &spec)
+                .map_err(|e| exists_as("snapshot", &id, e))?;
             if p.wait {
                 wait_for::<SnapshotStatus>(
                     &ctx.state,
@@ -636,12 +640,7 @@ pub fn register(api: &mut ApiBuilder) {
             };
             ctx.state
                 .create_typed(name.as_str(), "", &spec)
-                .map_err(|e| match e {
-                    crate::runtime::StateError::AlreadyExists { .. } => {
-                        ApiError::new(AlreadyExists, format!("volume {name:?} already exists"))
-                    }
-                    e => e.into(),
-                })?;
+                .map_err(|e| exists_as("volume", &name, e))?;
             if p.wait {
                 wait_for(
                     &ctx.state,
@@ -712,12 +711,7 @@ pub fn register(api: &mut ApiBuilder) {
             };
             ctx.state
                 .create_typed(name.as_str(), "", &spec)
-                .map_err(|e| match e {
-                    crate::runtime::StateError::AlreadyExists { .. } => {
-                        ApiError::new(AlreadyExists, format!("disk {name:?} already exists"))
-                    }
-                    e => e.into(),
-                })?;
+                .map_err(|e| exists_as("disk", &name, e))?;
             disk_view(&ctx.state, name.as_str())
         },
     );
