@@ -53,6 +53,7 @@ fn plan(name: &str, replicas: usize, port: u16) -> VolumePlan {
             port,
             hosts: vec![],
         },
+        in_sync: None,
     }
 }
 

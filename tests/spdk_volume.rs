@@ -286,6 +286,7 @@ fn plan(name: &str, replicas: usize) -> VolumePlan {
             port: 4420,
             hosts: vec!["nqn.2014-08.org.nvmexpress:uuid:host1".into()],
         },
+        in_sync: None,
     }
 }
 
@@ -330,7 +331,7 @@ async fn a_failed_step_rolls_back_everything_it_created() {
     let inv = Inventory::load(&c).await.expect("inv");
     let v = ObjectName::parse("volume", "rb").expect("n");
     let sn = ObjectName::parse("snapshot", "s").expect("n");
-    ops.snapshot(&inv, &v, &sn).await.expect_err("snapshot fails");
+    ops.snapshot(&inv, &v, &sn, None).await.expect_err("snapshot fails");
     let inv = Inventory::load(&c).await.expect("inv");
     assert!(
         inv.lvols.keys().all(|a| !a.contains(".s.")),

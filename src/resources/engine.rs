@@ -29,6 +29,10 @@ pub enum ObjectState {
     Failed,
     /// Being removed.
     Deleting,
+    /// A replica being filled from one that is up to date.
+    Rebuilding,
+    /// A replica that missed writes; it is rebuilt before it serves again.
+    Stale,
 }
 
 /// A target process (`spdk` or `tgtd`).
@@ -110,6 +114,26 @@ pub struct ReplicaStatus {
 impl Spec for ReplicaStatus {
     const TYPE: &'static str = "ReplicaStatus";
     const NAMESPACE: &'static str = "engine";
+}
+
+/// Which replicas of a V2 volume hold its newest data (id: the volume).
+/// Persisted (namespace `ledger`): after a restart of talon or spdk_tgt a
+/// replica that missed writes is rebuilt from one that did not, and is never
+/// served on its own.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ReplicaLedger {
+    /// Replica indices (k of `<volume>-r<k>`) that are up to date.
+    pub in_sync: Vec<u32>,
+    /// When the set last changed (RFC 3339).
+    pub changed: String,
+    /// Why it last changed.
+    pub reason: String,
+}
+
+impl Spec for ReplicaLedger {
+    const TYPE: &'static str = "ReplicaLedger";
+    const NAMESPACE: &'static str = "ledger";
 }
 
 /// How a volume is exported.

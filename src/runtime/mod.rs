@@ -2,6 +2,7 @@
 //!
 //! ```text
 //!   API / config file ──> State["config"] (redb) ──events──> controllers ──> State["host"|"engine"|"frontend"]
+//!                                                                  └──> State["ledger"] (redb)
 //!                                                               │
 //!                                                        sysfs, SPDK, tgtd, kernel initiators
 //! ```

@@ -156,8 +156,15 @@ pub struct TypeRegistry {
     types: BTreeMap<String, TypeInfo>,
 }
 
-/// The namespace persisted in the embedded store.
-pub const PERSISTED_NAMESPACE: &str = "config";
+/// The namespaces persisted in the embedded store: desired state (`config`)
+/// and the few facts controllers must not lose with a restart (`ledger`, e.g.
+/// which replicas of a volume hold its newest data).
+pub const PERSISTED_NAMESPACES: &[&str] = &["config", "ledger"];
+
+/// Whether resources of namespace `ns` are persisted.
+pub fn is_persisted(ns: &str) -> bool {
+    PERSISTED_NAMESPACES.contains(&ns)
+}
 
 impl TypeRegistry {
     /// An empty registry.
@@ -174,7 +181,7 @@ impl TypeRegistry {
                 type_: S::TYPE.to_string(),
                 namespace: S::NAMESPACE.to_string(),
                 description: description.to_string(),
-                persisted: S::NAMESPACE == PERSISTED_NAMESPACE,
+                persisted: is_persisted(S::NAMESPACE),
                 columns: columns
                     .iter()
                     .map(|(n, p)| Column {

@@ -19,7 +19,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tokio::sync::broadcast;
 
-use super::resource::{Metadata, PERSISTED_NAMESPACE, Phase, Resource, Spec, Typed, now_rfc3339};
+use super::resource::{Metadata, Phase, Resource, Spec, Typed, now_rfc3339};
 
 const RESOURCES: TableDefinition<&str, &[u8]> = TableDefinition::new("resources");
 
@@ -192,7 +192,7 @@ impl State {
     }
 
     fn persisted(&self, ns: &str) -> Option<&redb::Database> {
-        if ns == PERSISTED_NAMESPACE {
+        if super::resource::is_persisted(ns) {
             self.inner.db.as_ref()
         } else {
             None

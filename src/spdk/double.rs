@@ -33,7 +33,9 @@
 //! Simplifications (not recorded, documented here): deleting a claimed bdev
 //! is refused with -16 where SPDK would hot-remove it; a raid member that does
 //! not exist is refused with -19 where SPDK would leave the raid
-//! "configuring"; rebuilds finish at once. NVMe/TCP attach finds subsystems
+//! "configuring"; a rebuild (a member added to an online raid1) takes
+//! [`SpdkDouble::set_rebuild_time`] (zero by default: done at once) and
+//! copies nothing. NVMe/TCP attach finds subsystems
 //! of every `SpdkDouble` in the process (a fabric shared by the doubles) by
 //! listener address and NQN; PCIe controllers are those added with
 //! [`SpdkDouble::add_pcie_nvme`].
@@ -46,7 +48,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, Weak};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
@@ -59,7 +61,7 @@ use super::rpc::{
     AddNamespace, AioCreate, AttachController, ByName, ByNqn, ByTag, CreateInitiatorGroup, CreatePortalGroup,
     CreateSubsystem, CreateTargetNode, CreateTransport, DeleteTargetNode, GetBdevs, GetControllers,
     GetIostat, GetLvols, GetRaids, GetSubsystems, GetTransports, LvolClone, LvolCreate, LvolResize,
-    LvolSnapshot, LvstoreCreate, LvstoreSelector, MallocCreate, RaidAddBaseBdev, RaidCategory, RaidCreate,
+    LvolSnapshot, LvstoreCreate, LvstoreSelector, MallocCreate, NullCreate, RaidAddBaseBdev, RaidCategory, RaidCreate,
     RaidLevel, RemoveNamespace, SubsystemHostParams, SubsystemListener,
 };
 
@@ -117,6 +119,7 @@ enum BdevKind {
     Lvol(LvolInfo),
     Raid,
     Nvme { ctrlr: String },
+    Null,
 }
 
 #[derive(Debug, Clone)]
@@ -156,6 +159,15 @@ struct Raid {
     level: RaidLevel,
     strip_size_kb: u32,
     slots: Vec<Option<String>>,
+    /// A rebuild into a member: (member, started, finishes).
+    rebuild: Option<(String, Instant, Instant)>,
+}
+
+impl Raid {
+    /// The rebuild running now, if any.
+    fn rebuilding(&self) -> Option<&(String, Instant, Instant)> {
+        self.rebuild.as_ref().filter(|r| Instant::now() < r.2)
+    }
 }
 
 #[derive(Debug, Clone, Default)]
@@ -223,6 +235,8 @@ struct State {
     calls: HashMap<String, u64>,
     /// This target's host id (its host NQN is derived from it).
     host_id: String,
+    /// How long a raid1 rebuild takes (zero: done at once).
+    rebuild_time: Duration,
 }
 
 /// Every double in the process, for NVMe/TCP attach across doubles.
@@ -344,15 +358,57 @@ impl SpdkDouble {
             let pci = std::mem::take(&mut s.pci);
             let faults = std::mem::take(&mut s.faults);
             let host_id = std::mem::take(&mut s.host_id);
+            let rebuild_time = s.rebuild_time;
             *s = State {
                 on_disk,
                 pci,
                 faults,
                 host_id,
+                rebuild_time,
                 ..State::default()
             };
         }
         self.listen()
+    }
+
+    /// How long a raid1 rebuild takes from now on (zero: done at once).
+    pub fn set_rebuild_time(&self, d: Duration) {
+        lock(&self.state).rebuild_time = d;
+    }
+
+    /// Pulls the AIO disk `bdev` as a failing device would go: its lvstore
+    /// unloads (and comes back when the same file is attached again), its
+    /// lvols vanish, raids lose them as members (degraded) and namespaces on
+    /// them go. Returns false when there is no such AIO bdev.
+    pub fn hot_remove(&self, bdev: &str) -> bool {
+        let mut s = lock(&self.state);
+        let Some(i) = s.find(bdev) else { return false };
+        let BdevKind::Aio { filename } = s.bdevs[i].kind.clone() else {
+            return false;
+        };
+        let name = s.bdevs[i].name.clone();
+        if let Some(li) = s.lvstores.iter().position(|l| l.base_bdev == name) {
+            let lvs = s.lvstores.remove(li);
+            let lvols: Vec<Bdev> = s
+                .bdevs
+                .iter()
+                .filter(|b| matches!(&b.kind, BdevKind::Lvol(l) if l.lvs_uuid == lvs.uuid))
+                .map(|b| Bdev {
+                    claimed_by: None,
+                    ..b.clone()
+                })
+                .collect();
+            for l in &lvols {
+                if let Some(j) = s.find(&l.name) {
+                    s.remove_bdev(j);
+                }
+            }
+            s.on_disk.insert(filename, OnDisk { lvs, lvols });
+        }
+        if let Some(j) = s.find(&name) {
+            s.remove_bdev(j);
+        }
+        true
     }
 
     /// Injects `fault` into the `nth` next call of `method` (1 = the next one).
@@ -683,6 +739,7 @@ impl State {
                 ("Logical Volume", json!({ "lvol": lv }))
             }
             BdevKind::Raid => ("Raid Volume", json!({"raid": self.raid_json(&b.name)})),
+            BdevKind::Null => ("Null disk", json!({})),
             BdevKind::Nvme { ctrlr } => ("NVMe disk", json!({"nvme": [{"ctrlr": ctrlr}]})),
         };
         let mut v = json!({
@@ -735,12 +792,19 @@ impl State {
                 None => json!({"name": null, "uuid": null, "is_configured": false, "data_offset": 0, "data_size": 0}),
             })
             .collect();
-        json!({
+        let mut out = json!({
             "name": r.name, "uuid": uuid, "strip_size_kb": r.strip_size_kb, "state": state,
             "raid_level": level, "superblock": false, "num_base_bdevs": r.slots.len(),
             "num_base_bdevs_discovered": operational, "num_base_bdevs_operational": operational,
             "base_bdevs_list": list,
-        })
+        });
+        if let Some((target, start, end)) = r.rebuilding() {
+            let blocks = self.find(&r.name).map(|i| self.bdevs[i].num_blocks).unwrap_or(0);
+            let done = start.elapsed().as_secs_f64() / (*end - *start).as_secs_f64();
+            out["process"] = json!({"type": "rebuild", "target": target,
+                "progress": {"blocks": (blocks as f64 * done) as u64, "percent": (done * 100.0) as u32}});
+        }
+        out
     }
 
     fn lvs_by(&self, sel: &LvstoreSelector) -> Result<usize, (i64, String)> {
@@ -813,6 +877,14 @@ impl State {
         let b = self.bdevs.remove(i);
         for s in &mut self.subsystems {
             s.namespaces.retain(|n| n.bdev != b.name);
+        }
+        // a raid loses the member (degraded), as on a hot remove
+        for r in &mut self.raids {
+            for s in r.slots.iter_mut() {
+                if s.as_deref() == Some(b.name.as_str()) {
+                    *s = None;
+                }
+            }
         }
         b
     }
@@ -1195,6 +1267,37 @@ impl State {
                 }
                 Ok(Value::Array(out))
             }
+            "bdev_null_create" => {
+                let p: NullCreate = decode(params)?;
+                if self.name_taken(&p.name) {
+                    return e(EEXIST);
+                }
+                if p.block_size == 0 || !p.block_size.is_multiple_of(512) || p.num_blocks == 0 {
+                    return fail(-22, "Invalid argument");
+                }
+                let uuid = new_uuid();
+                self.bdevs.push(Bdev {
+                    name: p.name.clone(),
+                    aliases: vec![uuid.clone()],
+                    uuid,
+                    block_size: p.block_size,
+                    num_blocks: p.num_blocks,
+                    claimed_by: None,
+                    kind: BdevKind::Null,
+                });
+                Ok(json!(p.name))
+            }
+            "bdev_null_delete" => {
+                let p: ByName = decode(params)?;
+                match self.find(&p.name) {
+                    // a raid member is hot-removed from its raid, as SPDK does
+                    Some(i) if matches!(self.bdevs[i].kind, BdevKind::Null) => {
+                        self.remove_bdev(i);
+                        Ok(json!(true))
+                    }
+                    _ => e(ENODEV),
+                }
+            }
             "bdev_raid_create" => {
                 if let Some(level) = params.as_ref().and_then(|p| p.get("raid_level"))
                     && serde_json::from_value::<RaidLevel>(level.clone()).is_err()
@@ -1239,6 +1342,7 @@ impl State {
                     level: p.raid_level,
                     strip_size_kb: p.strip_size_kb.unwrap_or(0),
                     slots,
+                    rebuild: None,
                 });
                 self.bdevs.push(Bdev {
                     name: p.name,
@@ -1289,14 +1393,19 @@ impl State {
                     .position(|r| r.name == p.raid_bdev)
                     .ok_or((ENODEV.0, ENODEV.1.into()))?;
                 let bi = self.find(&p.base_bdev).ok_or((ENODEV.0, ENODEV.1.into()))?;
-                if self.bdevs[bi].claimed_by.is_some() {
+                if self.bdevs[bi].claimed_by.is_some() || self.raids[ri].rebuilding().is_some() {
                     return fail(-1, "Operation not permitted");
                 }
                 let Some(slot) = self.raids[ri].slots.iter().position(Option::is_none) else {
                     return fail(-22, "Invalid argument");
                 };
+                let online = self.raids[ri].slots.iter().any(Option::is_some);
                 self.raids[ri].slots[slot] = Some(self.bdevs[bi].name.clone());
                 self.bdevs[bi].claimed_by = Some(format!("raid {}", p.raid_bdev));
+                if online && !self.rebuild_time.is_zero() {
+                    let now = Instant::now();
+                    self.raids[ri].rebuild = Some((p.base_bdev.clone(), now, now + self.rebuild_time));
+                }
                 Ok(json!(true))
             }
             "bdev_raid_remove_base_bdev" => {
@@ -1721,6 +1830,8 @@ pub const METHODS: &[&str] = &[
     "bdev_lvol_resize",
     "bdev_lvol_delete",
     "bdev_lvol_get_lvols",
+    "bdev_null_create",
+    "bdev_null_delete",
     "bdev_raid_create",
     "bdev_raid_delete",
     "bdev_raid_get_bdevs",

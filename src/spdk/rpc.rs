@@ -525,6 +525,30 @@ pub struct RaidBdev {
     /// The slots.
     #[serde(default)]
     pub base_bdevs_list: Vec<RaidBaseBdev>,
+    /// A background process (a rebuild) while one runs.
+    #[serde(default)]
+    pub process: Option<RaidProcess>,
+}
+
+/// A raid's background process, as `bdev_raid_get_bdevs` reports it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RaidProcess {
+    /// "rebuild".
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// The member being written (the bdev name it was added by).
+    pub target: String,
+    /// How far it is.
+    pub progress: RaidProgress,
+}
+
+/// Progress of a raid process.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RaidProgress {
+    /// Blocks done.
+    pub blocks: u64,
+    /// Percent done.
+    pub percent: u32,
 }
 
 /// One raid slot; `name` is absent for an empty slot.
@@ -549,6 +573,18 @@ pub struct RaidAddBaseBdev {
     pub raid_bdev: String,
     /// The bdev to add (a rebuild starts).
     pub base_bdev: String,
+}
+
+/// `bdev_null_create` params (a placeholder that reads zeros and drops writes).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NullCreate {
+    /// The bdev name.
+    pub name: String,
+    /// Size in blocks.
+    pub num_blocks: u64,
+    /// Block size in bytes.
+    pub block_size: u32,
 }
 
 // --------------------------------------------------------------------- nvmf
@@ -1154,6 +1190,10 @@ impl SpdkClient {
         bdev_raid_add_base_bdev(RaidAddBaseBdev) -> bool);
     rpc!(/// Removes a member bdev from its raid (a raid1 stays online, degraded).
         bdev_raid_remove_base_bdev(ByName) -> bool);
+    rpc!(/// Creates a null bdev (returns its name).
+        bdev_null_create(NullCreate) -> String);
+    rpc!(/// Deletes a null bdev.
+        bdev_null_delete(ByName) -> bool);
     rpc!(/// Creates an nvmf transport.
         nvmf_create_transport(CreateTransport) -> bool);
     rpc!(/// Lists nvmf transports.

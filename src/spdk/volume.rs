@@ -36,7 +36,8 @@ use super::error::ErrorKind;
 use super::rpc::{
     AddNamespace, AttachController, Bdev, ByName, ByNqn, CreateSubsystem, CreateTransport, GetBdevs,
     GetLvols, GetRaids, GetSubsystems, GetTransports, ListenAddress, Lvol, LvolClone, LvolCreate, LvolResize,
-    LvolSnapshot, Lvstore, LvstoreSelector, RaidBdev, RaidCategory, RaidCreate, RaidLevel, RemoveNamespace,
+    LvolSnapshot, Lvstore, LvstoreSelector, NullCreate, RaidAddBaseBdev, RaidBdev, RaidCategory, RaidCreate,
+    RaidLevel, RemoveNamespace,
     Subsystem, SubsystemHostParams, SubsystemListener,
 };
 use crate::names::{NQN_PREFIX, Nqn, ObjectName, volume_uuid};
@@ -130,6 +131,18 @@ pub enum VolumeError {
         volume: String,
         /// The subsystem.
         nqn: String,
+    },
+    /// Every replica present missed writes; the up-to-date ones are away.
+    #[error(
+        "volume {volume}: no up-to-date replica is present (waiting for {waiting:?}; {stale:?} missed writes and are never served alone)"
+    )]
+    NoCurrentReplica {
+        /// The volume.
+        volume: String,
+        /// Up-to-date replicas that are away.
+        waiting: Vec<String>,
+        /// Replicas present but behind.
+        stale: Vec<String>,
     },
     /// A name built from the volume is not acceptable to SPDK.
     #[error("volume {volume}: lvol name {lvol:?} is longer than SPDK's 63 characters")]
@@ -235,6 +248,27 @@ pub fn parse_lvol(name: &str) -> Option<LvolRole> {
             k,
         },
     })
+}
+
+fn no_current(plan: &VolumePlan, present: &[ReplicaInfo]) -> VolumeError {
+    let vol = plan.name.as_str();
+    let here: BTreeSet<usize> = present.iter().map(|r| r.k).collect();
+    let waiting = match &plan.in_sync {
+        Some(s) => s
+            .iter()
+            .filter(|k| !here.contains(k) || plan.placed.contains_key(k))
+            .map(|k| match plan.placed.get(k) {
+                Some(d) => format!("{} on disk {d}", naming::replica(vol, *k)),
+                None => naming::replica(vol, *k),
+            })
+            .collect(),
+        None => Vec::new(),
+    };
+    VolumeError::NoCurrentReplica {
+        volume: vol.to_owned(),
+        waiting,
+        stale: present.iter().map(|r| r.name.clone()).collect(),
+    }
 }
 
 fn check_len(volume: &str, lvol: &str) -> Result<(), VolumeError> {
@@ -434,6 +468,11 @@ pub struct VolumePlan {
     pub from_snapshot: Option<(ObjectName, ObjectName)>,
     /// The export.
     pub export: ExportSpec,
+    /// The replicas last known to hold the newest data (the persisted
+    /// [`crate::resources::engine::ReplicaLedger`]); `None` when nothing was
+    /// recorded yet: then replicas that exist are trusted, and new ones only
+    /// when the whole volume is new.
+    pub in_sync: Option<BTreeSet<usize>>,
 }
 
 /// One replica as it is.
@@ -470,11 +509,26 @@ pub struct VolumeInfo {
     pub wanted: usize,
     /// Replicas waited for (disk not back yet).
     pub waiting: Vec<(usize, String)>,
+    /// Replicas that hold the newest data (the engine serves from these).
+    pub in_sync: BTreeSet<usize>,
+    /// The replica being rebuilt and how far it is (percent).
+    pub rebuilding: Option<(usize, u32)>,
+    /// Replicas present but behind, waiting for their turn to be rebuilt.
+    pub stale: Vec<usize>,
+}
+
+/// How the engine's replicas stand after [`VolumeOps::ensure`].
+#[derive(Debug, Default)]
+struct SyncState {
+    in_sync: BTreeSet<usize>,
+    rebuilding: Option<(usize, u32)>,
+    stale: Vec<usize>,
 }
 
 #[derive(Debug)]
 enum Made {
     Lvol(String),
+    Null(String),
     Raid(String),
     Subsystem(String),
     Namespace(String),
@@ -502,6 +556,7 @@ impl VolumeOps {
         for m in made.into_iter().rev() {
             let r = match &m {
                 Made::Lvol(a) => self.client.bdev_lvol_delete(&ByName::new(a)).await.map(|_| ()),
+                Made::Null(n) => ignore_missing(self.client.bdev_null_delete(&ByName::new(n))).await,
                 Made::Raid(n) => self.client.bdev_raid_delete(&ByName::new(n)).await.map(|_| ()),
                 Made::Subsystem(n) => self
                     .client
@@ -743,27 +798,29 @@ impl VolumeOps {
             }
         }
 
-        // engine: the lvol itself, or raid1 over the replicas
-        let device = if replicas.len() == 1 {
-            replicas[0].bdev.clone()
-        } else {
-            let raid = naming::raid(vol);
-            if inv.raid(&raid).is_none() {
-                self.client
-                    .bdev_raid_create(&RaidCreate {
-                        name: raid.clone(),
-                        raid_level: RaidLevel::Raid1,
-                        base_bdevs: replicas.iter().map(|r| r.bdev.clone()).collect(),
-                        strip_size_kb: None,
-                        uuid: None,
-                        superblock: Some(false),
-                    })
-                    .await
-                    .map_err(rpc(vol, format!("creating raid1 {raid}")))?;
-                made.push(Made::Raid(raid.clone()));
-            }
-            raid
+        // engine: the lvol itself (one replica), or raid1 over the replicas that
+        // are up to date, with the others rebuilt into it one at a time
+        let created: BTreeSet<usize> = placement.iter().filter(|p| !p.2).map(|p| p.0).collect();
+        let fresh = placement.iter().all(|p| !p.2);
+        let trusted = |k: usize| match &plan.in_sync {
+            Some(s) => s.contains(&k) && !created.contains(&k),
+            None => fresh || !created.contains(&k),
         };
+        let (device, sync) = if plan.replicas <= 1 {
+            match replicas.first() {
+                Some(r) if trusted(r.k) => (
+                    r.bdev.clone(),
+                    SyncState {
+                        in_sync: BTreeSet::from([r.k]),
+                        ..SyncState::default()
+                    },
+                ),
+                _ => return Err(no_current(plan, &replicas)),
+            }
+        } else {
+            self.ensure_raid(inv, plan, &replicas, &trusted, made).await?
+        };
+        let is_raid = device == naming::raid(vol);
 
         // export: namespace, listener, hosts
         let sub = inv.subsystem(nqn.as_str());
@@ -831,7 +888,7 @@ impl VolumeOps {
 
         // the size the host sees: looked up only when it may differ from the replicas'
         let min_replica = replicas.iter().map(|r| r.size_bytes).min().unwrap_or(0);
-        let size_bytes = if replicas.len() > 1 && (grew || inv.raid(&device).is_none()) {
+        let size_bytes = if is_raid && (grew || inv.raid(&device).is_none()) {
             match self
                 .client
                 .bdev(&device)
@@ -841,12 +898,12 @@ impl VolumeOps {
                 Some(b) => b.size_bytes(),
                 None => 0,
             }
-        } else if replicas.len() > 1 {
+        } else if is_raid {
             inv.bdev_size(&device).unwrap_or(min_replica)
         } else {
             min_replica
         };
-        if replicas.len() > 1 && size_bytes < min_replica {
+        if is_raid && size_bytes < min_replica {
             return Err(VolumeError::RaidDidNotGrow {
                 volume: vol.to_owned(),
                 raid: device,
@@ -869,7 +926,157 @@ impl VolumeOps {
             replicas,
             wanted: plan.replicas,
             waiting,
+            in_sync: sync.in_sync,
+            rebuilding: sync.rebuilding,
+            stale: sync.stale,
         })
+    }
+
+    /// The raid1 of a volume with two or more replicas: made from the
+    /// replicas that are up to date (empty slots, through short-lived
+    /// `bdev_null` placeholders, for the others), then each replica that is
+    /// behind is added to it, which makes SPDK rebuild it from the others;
+    /// one rebuild at a time. A raid that exists is only completed.
+    async fn ensure_raid(
+        &self,
+        inv: &Inventory,
+        plan: &VolumePlan,
+        replicas: &[ReplicaInfo],
+        trusted: &(dyn Fn(usize) -> bool + Sync),
+        made: &mut Vec<Made>,
+    ) -> Result<(String, SyncState), VolumeError> {
+        let vol = plan.name.as_str();
+        let raid = naming::raid(vol);
+        let k_of = |member: &str| {
+            replicas
+                .iter()
+                .find(|r| r.bdev == member || r.alias == member)
+                .map(|r| r.k)
+        };
+        let mut sync = SyncState::default();
+        let existing = inv.raid(&raid).filter(|r| {
+            r.base_bdevs_list
+                .iter()
+                .any(|b| b.is_configured && b.name.as_deref().is_some_and(|n| k_of(n).is_some()))
+        });
+        match existing {
+            Some(r) => {
+                // a placeholder left by an interrupted call: out before anything reads it
+                for b in &r.base_bdevs_list {
+                    if let Some(n) = b.name.as_deref().filter(|n| n.starts_with(NULL_PREFIX)) {
+                        ignore_missing(self.client.bdev_raid_remove_base_bdev(&ByName::new(n)))
+                            .await
+                            .map_err(rpc(vol, format!("removing placeholder {n} from {raid}")))?;
+                    }
+                }
+                let target = r.process.as_ref().and_then(|p| Some((k_of(&p.target)?, p.progress.percent)));
+                sync.rebuilding = target;
+                sync.in_sync = r
+                    .base_bdevs_list
+                    .iter()
+                    .filter(|b| b.is_configured)
+                    .filter_map(|b| k_of(b.name.as_deref()?))
+                    .filter(|k| target.is_none_or(|(t, _)| t != *k))
+                    .collect();
+            }
+            None => {
+                if let Some(r) = inv.raid(&raid) {
+                    // no replica of ours serves in it any more: made again below
+                    ignore_missing(self.client.bdev_raid_delete(&ByName::new(&r.name)))
+                        .await
+                        .map_err(rpc(vol, format!("deleting raid {raid} that lost every replica")))?;
+                }
+                let good: Vec<&ReplicaInfo> = replicas.iter().filter(|r| trusted(r.k)).collect();
+                let Some(first) = good.first() else {
+                    return Err(no_current(plan, replicas));
+                };
+                let (block_size, num_blocks) = match inv.bdevs.get(&first.bdev) {
+                    Some(b) => (b.block_size, b.num_blocks),
+                    None => match self
+                        .client
+                        .bdev(&first.bdev)
+                        .await
+                        .map_err(rpc(vol, format!("looking up replica {}", first.alias)))?
+                    {
+                        Some(b) => (b.block_size, b.num_blocks),
+                        None => (4096, first.size_bytes / 4096),
+                    },
+                };
+                let mut members = Vec::new();
+                let mut nulls = Vec::new();
+                for k in 0..plan.replicas {
+                    match good.iter().find(|r| r.k == k) {
+                        Some(r) => members.push(r.bdev.clone()),
+                        None => {
+                            let n = format!("{NULL_PREFIX}{}", naming::replica(vol, k));
+                            if !inv.bdevs.contains_key(&n) {
+                                self.client
+                                    .bdev_null_create(&NullCreate {
+                                        name: n.clone(),
+                                        num_blocks,
+                                        block_size,
+                                    })
+                                    .await
+                                    .map_err(rpc(vol, format!("creating placeholder {n}")))?;
+                            }
+                            made.push(Made::Null(n.clone()));
+                            members.push(n.clone());
+                            nulls.push(n);
+                        }
+                    }
+                }
+                self.client
+                    .bdev_raid_create(&RaidCreate {
+                        name: raid.clone(),
+                        raid_level: RaidLevel::Raid1,
+                        base_bdevs: members,
+                        strip_size_kb: None,
+                        uuid: None,
+                        superblock: Some(false),
+                    })
+                    .await
+                    .map_err(rpc(vol, format!("creating raid1 {raid}")))?;
+                made.push(Made::Raid(raid.clone()));
+                for n in &nulls {
+                    self.client
+                        .bdev_raid_remove_base_bdev(&ByName::new(n))
+                        .await
+                        .map_err(rpc(vol, format!("emptying the slot of placeholder {n} in {raid}")))?;
+                    ignore_missing(self.client.bdev_null_delete(&ByName::new(n)))
+                        .await
+                        .map_err(rpc(vol, format!("deleting placeholder {n}")))?;
+                }
+                sync.in_sync = good.iter().map(|r| r.k).collect();
+            }
+        }
+        // replicas that are behind join one at a time; SPDK rebuilds each from the others
+        let behind: Vec<&ReplicaInfo> = replicas
+            .iter()
+            .filter(|r| !sync.in_sync.contains(&r.k) && sync.rebuilding.is_none_or(|(t, _)| t != r.k))
+            .collect();
+        let mut behind = behind.into_iter();
+        if sync.rebuilding.is_none()
+            && let Some(r) = behind.next()
+        {
+            match self
+                .client
+                .bdev_raid_add_base_bdev(&RaidAddBaseBdev {
+                    raid_bdev: raid.clone(),
+                    base_bdev: r.bdev.clone(),
+                })
+                .await
+            {
+                Ok(_) => {
+                    tracing::info!(volume = vol, replica = %r.name, "rebuilding replica from the up-to-date ones");
+                    sync.rebuilding = Some((r.k, 0));
+                }
+                // another process runs (SPDK allows one): the next reconcile adds it
+                Err(e) if e.is(ErrorKind::Busy) => sync.stale.push(r.k),
+                Err(e) => return Err(rpc(vol, format!("adding replica {} to {raid} to rebuild it", r.alias))(e)),
+            }
+        }
+        sync.stale.extend(behind.map(|r| r.k));
+        Ok((raid, sync))
     }
 
     /// Deletes the volume's export, engine and replica heads (and revert
@@ -919,18 +1126,22 @@ impl VolumeOps {
         Ok(())
     }
 
-    /// Snapshots every replica of a volume with the subsystem paused (when
-    /// it exists), always resuming; rolls back the snapshots it made on error.
+    /// Snapshots every up-to-date replica of a volume (`in_sync`; `None`:
+    /// every replica) with the subsystem paused (when it exists), always
+    /// resuming; rolls back the snapshots it made on error. A replica that is
+    /// behind or being rebuilt gets none: its copy would not be the volume's.
     /// Returns the snapshot lvol aliases.
     pub async fn snapshot(
         &self,
         inv: &Inventory,
         vol: &ObjectName,
         snap: &ObjectName,
+        in_sync: Option<&BTreeSet<usize>>,
     ) -> Result<Vec<String>, VolumeError> {
         let v = vol.as_str();
         let id = format!("{v}@{snap}");
-        let heads = replica_heads(inv, v);
+        let mut heads = replica_heads(inv, v);
+        heads.retain(|(k, _)| in_sync.is_none_or(|s| s.contains(k)));
         let mut done = Vec::new();
         let mut todo = Vec::new();
         for (k, l) in &heads {
@@ -1035,16 +1246,18 @@ impl VolumeOps {
 
     /// Reverts every replica to snapshot `snap`: the export and engine go
     /// away, each head is deleted and made again as a clone of its snapshot,
-    /// and the marker `<vol>.rev.<generation>` records it. Idempotent: run
-    /// again after a failure, it finishes the missing replicas. The caller
-    /// then calls [`VolumeOps::ensure`] to export again.
+    /// and the marker `<vol>.rev.<generation>` records it. A replica with no
+    /// such snapshot (it was behind when it was taken) loses its head: it is
+    /// made again empty and rebuilt. Idempotent: run again after a failure, it
+    /// finishes the missing replicas. Returns the replicas now up to date; the
+    /// caller then calls [`VolumeOps::ensure`] with them to export again.
     pub async fn revert(
         &self,
         inv: &Inventory,
         vol: &ObjectName,
         snap: &ObjectName,
         generation: u64,
-    ) -> Result<(), VolumeError> {
+    ) -> Result<BTreeSet<usize>, VolumeError> {
         let v = vol.as_str();
         let id = format!("{v}@{snap}");
         let snaps: Vec<(usize, &Lvol)> = inv
@@ -1078,6 +1291,13 @@ impl VolumeOps {
             ignore_missing(self.client.bdev_raid_delete(&ByName::new(&raid)))
                 .await
                 .map_err(rpc(&id, format!("deleting raid {raid} for revert")))?;
+        }
+        for (k, l) in replica_heads(inv, v) {
+            if !snaps.iter().any(|(sk, _)| *sk == k) {
+                ignore_missing(self.client.bdev_lvol_delete(&ByName::new(&l.alias)))
+                    .await
+                    .map_err(rpc(&id, format!("deleting head {} that has no {snap}", l.alias)))?;
+            }
         }
         for (k, s) in &snaps {
             let head = naming::replica(v, *k);
@@ -1118,7 +1338,7 @@ impl VolumeOps {
                 let _ = self.client.bdev_lvol_delete(&ByName::new(&l.alias)).await;
             }
         }
-        Ok(())
+        Ok(snaps.iter().map(|(k, _)| *k).collect())
     }
 
     /// Deletes owned orphans; failures are logged and returned as text (the

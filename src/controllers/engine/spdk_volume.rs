@@ -29,7 +29,8 @@ use futures::StreamExt;
 use crate::names::ObjectName;
 use crate::resources::config::{Disk, EngineKind, NodeConfig, Snapshot, Volume};
 use crate::resources::engine::{
-    DiskStatus, Engine, EngineStatus, Export, ObjectState, ReplicaStatus, SnapshotStatus, TargetStatus,
+    DiskStatus, Engine, EngineStatus, Export, ObjectState, ReplicaLedger, ReplicaStatus, SnapshotStatus,
+    TargetStatus,
 };
 use crate::runtime::{Controller, ControllerError, Input, Output, Phase, ReconcileContext, Requeue};
 use crate::spdk::SpdkClient;
@@ -117,6 +118,29 @@ struct Job {
     id: String,
     spec: Volume,
     placed: BTreeMap<usize, String>,
+    /// From the volume's ledger.
+    in_sync: Option<BTreeSet<usize>>,
+}
+
+/// What realizing one volume gave.
+struct Realized {
+    status: EngineStatus,
+    replicas: Vec<(String, ReplicaStatus)>,
+    /// The replicas now up to date, when the engine stands (for the ledger).
+    in_sync: Option<BTreeSet<usize>>,
+    /// A rebuild runs (poll for its progress).
+    rebuilding: bool,
+}
+
+impl Realized {
+    fn failed(state: ObjectState, message: impl Into<String>) -> Self {
+        Self {
+            status: engine_status(state, message),
+            replicas: Vec::new(),
+            in_sync: None,
+            rebuilding: false,
+        }
+    }
 }
 
 impl SpdkVolumeController {
@@ -125,10 +149,10 @@ impl SpdkVolumeController {
         inv: &Inventory,
         job: &Job,
         export: &ExportSpec,
-    ) -> (EngineStatus, Vec<(String, ReplicaStatus)>) {
+    ) -> Realized {
         let name = match ObjectName::parse("volume", &job.id) {
             Ok(n) => n,
-            Err(e) => return (engine_status(ObjectState::Failed, e.to_string()), vec![]),
+            Err(e) => return Realized::failed(ObjectState::Failed, e.to_string()),
         };
         let from_snapshot = match job
             .spec
@@ -138,9 +162,10 @@ impl SpdkVolumeController {
             .transpose()
         {
             Ok(f) => f,
-            Err(m) => return (engine_status(ObjectState::Failed, m), vec![]),
+            Err(m) => return Realized::failed(ObjectState::Failed, m),
         };
         let mut message = String::new();
+        let mut in_sync = job.in_sync.clone();
         // revert: once per generation, recorded in SPDK with the data
         let mut reloaded = None;
         if let Some(target) = &job.spec.revert_to
@@ -148,18 +173,19 @@ impl SpdkVolumeController {
         {
             let snap = match ObjectName::parse("snapshot", target.rsplit('@').next().unwrap_or(target)) {
                 Ok(s) => s,
-                Err(e) => return (engine_status(ObjectState::Failed, e.to_string()), vec![]),
+                Err(e) => return Realized::failed(ObjectState::Failed, e.to_string()),
             };
-            if let Err(e) = self
+            match self
                 .ops
                 .revert(inv, &name, &snap, job.spec.revert_generation)
                 .await
             {
-                return (engine_status(ObjectState::Failed, err_text(&e)), vec![]);
+                Ok(reverted) => in_sync = Some(reverted),
+                Err(e) => return Realized::failed(ObjectState::Failed, err_text(&e)),
             }
             match Inventory::load(self.ops.client()).await {
                 Ok(i) => reloaded = Some(i),
-                Err(e) => return (engine_status(ObjectState::Failed, e.to_string()), vec![]),
+                Err(e) => return Realized::failed(ObjectState::Failed, e.to_string()),
             }
             message = format!("reverted to {target} (generation {})", job.spec.revert_generation);
         }
@@ -172,16 +198,26 @@ impl SpdkVolumeController {
             placed: job.placed.clone(),
             from_snapshot,
             export: export.clone(),
+            in_sync,
         };
         match self.ops.ensure(inv, &plan).await {
-            Ok(info) => status_of(&job.id, &job.spec, info, export, message),
+            Ok(info) => {
+                let in_sync = Some(info.in_sync.clone());
+                let rebuilding = info.rebuilding.is_some();
+                let (status, replicas) = status_of(&job.id, &job.spec, info, export, message);
+                Realized {
+                    status,
+                    replicas,
+                    in_sync,
+                    rebuilding,
+                }
+            }
             // A disk whose lvstore is not there yet (being created or imported) is a
             // wait, not a failure: DiskStatus is an input, so this runs again when it is.
-            Err(e @ VolumeError::NoDisk { .. }) => (
-                engine_status(ObjectState::Creating, format!("waiting for a disk: {e}")),
-                vec![],
-            ),
-            Err(e) => (engine_status(ObjectState::Failed, err_text(&e)), vec![]),
+            Err(e @ VolumeError::NoDisk { .. }) => {
+                Realized::failed(ObjectState::Creating, format!("waiting for a disk: {e}"))
+            }
+            Err(e) => Realized::failed(ObjectState::Failed, err_text(&e)),
         }
     }
 }
@@ -193,18 +229,29 @@ fn status_of(
     export: &ExportSpec,
     mut message: String,
 ) -> (EngineStatus, Vec<(String, ReplicaStatus)>) {
-    let degraded = info.replicas.len() < info.wanted;
+    let degraded = info.in_sync.len() < info.wanted;
     if degraded {
-        let waiting: Vec<String> = info
-            .waiting
-            .iter()
-            .map(|(k, d)| format!("r{k} on disk {d}"))
-            .collect();
+        let mut parts = Vec::new();
+        if let Some((k, pct)) = info.rebuilding {
+            parts.push(format!("rebuilding r{k} ({pct}%)"));
+        }
+        if !info.stale.is_empty() {
+            let s: Vec<String> = info.stale.iter().map(|k| format!("r{k}")).collect();
+            parts.push(format!("{} behind, rebuilt next", s.join(", ")));
+        }
+        if !info.waiting.is_empty() {
+            let w: Vec<String> = info
+                .waiting
+                .iter()
+                .map(|(k, d)| format!("r{k} on disk {d}"))
+                .collect();
+            parts.push(format!("waiting for {}", w.join(", ")));
+        }
         message = format!(
-            "{} of {} replicas online; waiting for {}",
-            info.replicas.len(),
+            "{} of {} replicas up to date; {}",
+            info.in_sync.len(),
             info.wanted,
-            waiting.join(", ")
+            parts.join("; ")
         );
     } else if info.size_bytes > spec.size_bytes.div_ceil(1 << 20) * (1 << 20) && message.is_empty() {
         message = format!("volumes do not shrink: serving {} bytes", info.size_bytes);
@@ -222,8 +269,18 @@ fn status_of(
                     alias: r.alias.clone(),
                     size_bytes: r.size_bytes,
                     allocated_bytes: r.allocated_bytes,
-                    state: ObjectState::Ready,
-                    message: String::new(),
+                    state: if info.in_sync.contains(&r.k) {
+                        ObjectState::Ready
+                    } else if info.rebuilding.is_some_and(|(k, _)| k == r.k) {
+                        ObjectState::Rebuilding
+                    } else {
+                        ObjectState::Stale
+                    },
+                    message: match info.rebuilding {
+                        Some((k, pct)) if k == r.k => format!("{pct}% rebuilt"),
+                        _ if !info.in_sync.contains(&r.k) => "missed writes; rebuilt when its turn comes".into(),
+                        _ => String::new(),
+                    },
                 },
             )
         })
@@ -272,6 +329,7 @@ impl Controller for SpdkVolumeController {
             Output::shared::<EngineStatus>(),
             Output::shared::<SnapshotStatus>(),
             Output::exclusive::<ReplicaStatus>(),
+            Output::exclusive::<ReplicaLedger>(),
         ]
     }
 
@@ -291,6 +349,14 @@ impl Controller for SpdkVolumeController {
             .into_iter()
             .filter(|s| mine.contains(&s.spec.volume) || s.metadata.finalizers.contains(self.name()))
             .collect();
+        // the ledgers outlive every reconcile until their volume is gone
+        let mut ledgers: BTreeMap<String, ReplicaLedger> = BTreeMap::new();
+        for l in ctx.list::<ReplicaLedger>()? {
+            if all_volumes.iter().any(|v| v.id() == l.id()) {
+                ctx.apply(l.id(), l.spec.clone())?;
+                ledgers.insert(l.id().to_string(), l.spec);
+            }
+        }
         let target_ready = ctx
             .get::<TargetStatus>(SPDK_STATUS_ID)?
             .is_some_and(|t| t.spec.engine == Engine::V2 && t.spec.state == ObjectState::Ready);
@@ -408,13 +474,16 @@ impl Controller for SpdkVolumeController {
                 id: v.id().to_string(),
                 spec: v.spec.clone(),
                 placed,
+                in_sync: ledgers
+                    .get(v.id())
+                    .map(|l| l.in_sync.iter().map(|k| *k as usize).collect()),
             });
         }
         let (plain, derived): (Vec<Job>, Vec<Job>) = live
             .into_iter()
             .partition(|j| j.spec.from_snapshot.is_none() && j.spec.revert_to.is_none());
 
-        let mut statuses: Vec<(String, EngineStatus, Vec<(String, ReplicaStatus)>)> = Vec::new();
+        let mut statuses: Vec<(String, Realized)> = Vec::new();
         let run = |jobs: Vec<Job>, inv: Inventory| {
             let export = export.clone();
             async move {
@@ -422,8 +491,8 @@ impl Controller for SpdkVolumeController {
                     .map(|j| {
                         let (inv, export) = (&inv, &export);
                         async move {
-                            let (e, r) = self.realize(inv, &j, export).await;
-                            (j.id, e, r)
+                            let r = self.realize(inv, &j, export).await;
+                            (j.id, r)
                         }
                     })
                     .buffer_unordered(CONCURRENCY)
@@ -497,7 +566,16 @@ impl Controller for SpdkVolumeController {
                 if taken_before && !existing.is_empty() {
                     snap_status(&s.spec.volume, ObjectState::Ready, existing, "")
                 } else {
-                    match self.ops.snapshot(&inv, &vol, &snap).await {
+                    let in_sync = statuses
+                        .iter()
+                        .find(|(id, _)| id == vol.as_str())
+                        .and_then(|(_, r)| r.in_sync.clone())
+                        .or_else(|| {
+                            ledgers
+                                .get(vol.as_str())
+                                .map(|l| l.in_sync.iter().map(|k| *k as usize).collect())
+                        });
+                    match self.ops.snapshot(&inv, &vol, &snap, in_sync.as_ref()).await {
                         Ok(objects) => snap_status(&s.spec.volume, ObjectState::Ready, objects, ""),
                         Err(e) => snap_status(&s.spec.volume, ObjectState::Failed, vec![], err_text(&e)),
                     }
@@ -523,10 +601,28 @@ impl Controller for SpdkVolumeController {
         for (id, st) in snap_out {
             ctx.apply(&id, st)?;
         }
-        for (id, status, replicas) in statuses {
-            ctx.apply(&id, status)?;
-            for (rid, r) in replicas {
-                ctx.apply(&rid, r)?;
+        let mut rebuilding = false;
+        for (id, r) in statuses {
+            rebuilding |= r.rebuilding;
+            ctx.apply(&id, r.status)?;
+            for (rid, rs) in r.replicas {
+                ctx.apply(&rid, rs)?;
+            }
+            if let Some(now) = r.in_sync {
+                let now: Vec<u32> = now.iter().map(|k| *k as u32).collect();
+                let before = ledgers.get(&id);
+                if before.is_none_or(|b| b.in_sync != now) {
+                    let reason = ledger_reason(before.map(|b| b.in_sync.as_slice()), &now);
+                    tracing::info!(volume = %id, in_sync = ?now, %reason, "replica ledger");
+                    ctx.apply(
+                        &id,
+                        ReplicaLedger {
+                            in_sync: now,
+                            changed: humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
+                            reason,
+                        },
+                    )?;
+                }
             }
         }
 
@@ -561,7 +657,26 @@ impl Controller for SpdkVolumeController {
             ctx.remove_finalizer::<Volume>(&id)?;
         }
         // replica statuses of volumes that are not live are not re-applied: the runtime drops them
-        Ok(Requeue::After(Duration::from_secs(10)))
+        Ok(Requeue::After(if rebuilding {
+            Duration::from_secs(1)
+        } else {
+            Duration::from_secs(10)
+        }))
+    }
+}
+
+/// Why the up-to-date set changed, in words.
+fn ledger_reason(before: Option<&[u32]>, now: &[u32]) -> String {
+    let Some(before) = before else {
+        return "first record".into();
+    };
+    let names = |ks: Vec<&u32>| ks.iter().map(|k| format!("r{k}")).collect::<Vec<_>>().join(", ");
+    let left = names(before.iter().filter(|k| !now.contains(k)).collect());
+    let joined = names(now.iter().filter(|k| !before.contains(k)).collect());
+    match (left.is_empty(), joined.is_empty()) {
+        (false, true) => format!("{left} left the engine (missed writes from then on)"),
+        (true, false) => format!("{joined} rebuilt and back in the engine"),
+        _ => format!("{left} left; {joined} rebuilt"),
     }
 }
 
