@@ -331,7 +331,9 @@ async fn a_failed_step_rolls_back_everything_it_created() {
     let inv = Inventory::load(&c).await.expect("inv");
     let v = ObjectName::parse("volume", "rb").expect("n");
     let sn = ObjectName::parse("snapshot", "s").expect("n");
-    ops.snapshot(&inv, &v, &sn, None).await.expect_err("snapshot fails");
+    ops.snapshot(&inv, &v, &sn, None)
+        .await
+        .expect_err("snapshot fails");
     let inv = Inventory::load(&c).await.expect("inv");
     assert!(
         inv.lvols.keys().all(|a| !a.contains(".s.")),

@@ -33,6 +33,19 @@ fn spdk_dir(test: &str) -> Option<PathBuf> {
     Some(d)
 }
 
+/// Kills a spawned spdk_tgt when a test ends early (a failed assert): a
+/// Target is meant to outlive its holder (talon adopts it after a restart).
+struct Reaper(Option<i32>);
+
+impl Drop for Reaper {
+    fn drop(&mut self) {
+        if let Some(pid) = self.0 {
+            let _ =
+                nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
+        }
+    }
+}
+
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
@@ -219,6 +232,7 @@ async fn real_spdk_volume_life_cycle() {
     let dir = tempfile::tempdir().expect("tempdir");
     let cfg = target_cfg(dir.path(), &spdk);
     let t = Target::start(&cfg).await.expect("spdk_tgt");
+    let _reap = Reaper(t.pid());
     let c = t.client().clone();
     attach_disks(&c, dir.path(), &["d1", "d2"], true).await;
     let port = free_port();
@@ -316,6 +330,7 @@ async fn real_spdk_kill9_during_20_creates() {
     let dir = tempfile::tempdir().expect("tempdir");
     let cfg = target_cfg(dir.path(), &spdk);
     let mut t = Target::start(&cfg).await.expect("spdk_tgt");
+    let _reap = Reaper(t.pid());
     let c = SpdkClient::new(cfg.socket());
     attach_disks(&c, dir.path(), &["d1", "d2"], true).await;
     let port = free_port();
@@ -349,6 +364,7 @@ async fn real_spdk_kill9_during_20_creates() {
     eprintln!("killed spdk_tgt with {} of 20 acknowledged", acked.len());
 
     let t = Target::start(&cfg).await.expect("restart");
+    let _reap = Reaper(t.pid());
     attach_disks(&c, dir.path(), &["d1", "d2"], false).await;
     let inv = Inventory::load(&c).await.expect("inv");
     eprintln!(
@@ -398,6 +414,183 @@ async fn real_spdk_kill9_during_20_creates() {
     assert_eq!(inv.lvols.len(), 30, "{:?}", inv.lvols.keys());
     let bdevs = c.bdev_get_bdevs(&GetBdevs::default()).await.expect("bdevs");
     assert_eq!(bdevs.len(), 2 + 30 + 10);
+    rt.stop().await;
+    t.stop(Duration::from_secs(5)).await.expect("stop");
+}
+
+/// Writes `data` at offset 0 of an export, or reads `len` bytes back, through
+/// SPDK's own NVMe/TCP initiator (`spdk_dd` with a JSON config that attaches
+/// the export): the data path the test checks, with no kernel initiator.
+fn dd(spdk: &Path, dir: &Path, port: u16, nqn: &str, write: Option<&[u8]>, len: usize) -> Vec<u8> {
+    let conf = dir.join("dd.json");
+    let cfg = json!({"subsystems": [{"subsystem": "bdev", "config": [{
+        "method": "bdev_nvme_attach_controller",
+        "params": {"name": "dd", "trtype": "tcp", "adrfam": "ipv4", "traddr": "127.0.0.1",
+                   "trsvcid": port.to_string(), "subnqn": nqn}}]}]});
+    std::fs::write(&conf, cfg.to_string()).expect("dd config");
+    let file = dir.join("dd.bin");
+    let mut cmd = std::process::Command::new(spdk.join("build/bin/spdk_dd"));
+    cmd.args([
+        "--no-huge",
+        "-s",
+        "512",
+        "--disable-cpumask-locks",
+        "-c",
+        "0x2",
+        "-r",
+    ])
+    .arg(dir.join("dd.sock"))
+    .arg("--json")
+    .arg(&conf)
+    .args(["--bs", "65536"]);
+    match write {
+        Some(data) => {
+            std::fs::write(&file, data).expect("pattern");
+            cmd.arg("--if").arg(&file).args(["--ob", "ddn1"]);
+        }
+        None => {
+            cmd.args(["--ib", "ddn1", "--of"])
+                .arg(&file)
+                .args(["--count", &(len / 65536).to_string()]);
+        }
+    }
+    let out = cmd.output().expect("spdk_dd");
+    assert!(
+        out.status.success(),
+        "spdk_dd on {nqn} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    std::fs::read(&file).expect("dd file")
+}
+
+fn pattern(seed: u8, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u32).wrapping_mul(2_654_435_761).to_le_bytes()[(i % 4)] ^ seed)
+        .collect()
+}
+
+fn ledger(state: &State, id: &str) -> Option<Vec<u32>> {
+    state
+        .get_typed::<talon::resources::engine::ReplicaLedger>(id)
+        .ok()
+        .flatten()
+        .map(|l| l.spec.in_sync)
+}
+
+/// A replica that misses writes (its disk went away) is rebuilt from the one
+/// that did not when it comes back; after a restart of spdk_tgt the ledger
+/// keeps the stale copy from being served alone. Data is checked end to end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_spdk_replica_that_missed_writes_is_rebuilt() {
+    let test = "real_spdk_replica_that_missed_writes_is_rebuilt";
+    let Some(spdk) = spdk_dir(test) else {
+        return;
+    };
+    if !spdk.join("build/bin/spdk_dd").exists() {
+        eprintln!("SKIP {test}: no build/bin/spdk_dd under {}", spdk.display());
+        return;
+    }
+    const LEN: usize = 8 << 20;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cfg = target_cfg(dir.path(), &spdk);
+    let t = Target::start(&cfg).await.expect("spdk_tgt");
+    let _reap = Reaper(t.pid());
+    let c = SpdkClient::new(cfg.socket());
+    attach_disks(&c, dir.path(), &["d1", "d2"], true).await;
+    let port = free_port();
+    let rt = runtime(&c, &["d1", "d2"], port);
+    let state = rt.state.clone();
+    state.create_typed("m", "", &volume(32 * MIB, 2)).expect("m");
+    let nqn = ready(&state, "m").await.exports[0].name.clone();
+    let replica_disk = |k: u32| {
+        state
+            .get_typed::<talon::resources::engine::ReplicaStatus>(&format!("m-r{k}"))
+            .ok()
+            .flatten()
+            .map(|r| r.spec.disk)
+            .expect("replica status")
+    };
+    let (d0, d1) = (replica_disk(0), replica_disk(1));
+    assert_ne!(d0, d1, "replicas on distinct disks");
+    assert_eq!(ledger(&state, "m"), Some(vec![0, 1]));
+
+    let a = pattern(0xa5, LEN);
+    dd(&spdk, dir.path(), port, &nqn, Some(&a), LEN);
+    // r1's disk goes away; the volume keeps serving and takes new writes
+    c.bdev_aio_delete(&ByName::new(format!("talon-disk-{d1}")))
+        .await
+        .expect("pull r1's disk");
+    eventually("r1 out of the ledger", WAIT, || async {
+        (ledger(&state, "m") == Some(vec![0])).then_some(())
+    })
+    .await;
+    assert_eq!(engine(&state, "m").map(|e| e.state), Some(ObjectState::Degraded));
+    let away = state
+        .get_typed::<talon::resources::engine::ReplicaStatus>("m-r1")
+        .ok()
+        .flatten()
+        .expect("the away replica is still reported");
+    assert_eq!(
+        (away.spec.state, away.spec.disk.as_str()),
+        (ObjectState::Stale, d1.as_str())
+    );
+    let b = pattern(0x3c, LEN);
+    dd(&spdk, dir.path(), port, &nqn, Some(&b), LEN);
+
+    // r1 comes back behind; it is rebuilt, then it alone must hold b
+    attach_disks(&c, dir.path(), &[&d1], false).await;
+    eventually("r1 rebuilt", WAIT, || async {
+        (ledger(&state, "m") == Some(vec![0, 1])).then_some(())
+    })
+    .await;
+    ready(&state, "m").await;
+    c.bdev_aio_delete(&ByName::new(format!("talon-disk-{d0}")))
+        .await
+        .expect("pull r0's disk");
+    assert!(
+        dd(&spdk, dir.path(), port, &nqn, None, LEN) == b,
+        "r1 serves what r0 had"
+    );
+    eventually("r0 out of the ledger", WAIT, || async {
+        (ledger(&state, "m") == Some(vec![1])).then_some(())
+    })
+    .await;
+
+    // spdk_tgt restarts with only the stale r0 present: not served
+    t.stop(Duration::from_secs(5)).await.expect("stop");
+    let t = Target::start(&cfg).await.expect("restart");
+    let _reap = Reaper(t.pid());
+    attach_disks(&c, dir.path(), &[&d0], false).await;
+    state
+        .update_typed(SPDK_STATUS_ID, "", None, &target_status(1))
+        .expect("restarts");
+    let held = eventually("m held back", WAIT, || async {
+        engine(&state, "m").filter(|e| e.state == ObjectState::Failed)
+    })
+    .await;
+    assert!(held.message.contains("no up-to-date replica"), "{}", held.message);
+    let inv = Inventory::load(&c).await.expect("inv");
+    assert!(
+        inv.subsystem(&nqn).is_none(),
+        "a stale replica alone is not exported"
+    );
+    assert!(inv.raids.is_empty() && !inv.bdevs.keys().any(|b| b.starts_with("talon-null-")));
+
+    // the up-to-date r1 returns: served again, r0 rebuilt from it
+    attach_disks(&c, dir.path(), &[&d1], false).await;
+    eventually("both up to date", WAIT, || async {
+        (ledger(&state, "m") == Some(vec![0, 1])).then_some(())
+    })
+    .await;
+    ready(&state, "m").await;
+    c.bdev_aio_delete(&ByName::new(format!("talon-disk-{d1}")))
+        .await
+        .expect("pull r1's disk");
+    assert!(
+        dd(&spdk, dir.path(), port, &nqn, None, LEN) == b,
+        "rebuilt r0 serves b"
+    );
+
     rt.stop().await;
     t.stop(Duration::from_secs(5)).await.expect("stop");
 }

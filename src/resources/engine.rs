@@ -125,6 +125,10 @@ impl Spec for ReplicaStatus {
 pub struct ReplicaLedger {
     /// Replica indices (k of `<volume>-r<k>`) that are up to date.
     pub in_sync: Vec<u32>,
+    /// The disk of each replica (index k), so that a replica whose disk is
+    /// away is waited for, not made again elsewhere.
+    #[serde(default)]
+    pub disks: Vec<String>,
     /// When the set last changed (RFC 3339).
     pub changed: String,
     /// Why it last changed.

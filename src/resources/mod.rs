@@ -73,7 +73,11 @@ pub fn register_types(reg: &mut TypeRegistry) {
     );
     reg.register::<engine::ReplicaLedger>(
         "Which replicas of a volume are up to date (persisted)",
-        &[("IN-SYNC", "/inSync"), ("CHANGED", "/changed"), ("REASON", "/reason")],
+        &[
+            ("IN-SYNC", "/inSync"),
+            ("CHANGED", "/changed"),
+            ("REASON", "/reason"),
+        ],
     );
     reg.register::<engine::EngineStatus>(
         "The engine of a volume and its exports",

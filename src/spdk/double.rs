@@ -61,8 +61,8 @@ use super::rpc::{
     AddNamespace, AioCreate, AttachController, ByName, ByNqn, ByTag, CreateInitiatorGroup, CreatePortalGroup,
     CreateSubsystem, CreateTargetNode, CreateTransport, DeleteTargetNode, GetBdevs, GetControllers,
     GetIostat, GetLvols, GetRaids, GetSubsystems, GetTransports, LvolClone, LvolCreate, LvolResize,
-    LvolSnapshot, LvstoreCreate, LvstoreSelector, MallocCreate, NullCreate, RaidAddBaseBdev, RaidCategory, RaidCreate,
-    RaidLevel, RemoveNamespace, SubsystemHostParams, SubsystemListener,
+    LvolSnapshot, LvstoreCreate, LvstoreSelector, MallocCreate, NullCreate, RaidAddBaseBdev, RaidCategory,
+    RaidCreate, RaidLevel, RemoveNamespace, SubsystemHostParams, SubsystemListener,
 };
 
 /// A fault to inject into one call.

@@ -37,8 +37,7 @@ use super::rpc::{
     AddNamespace, AttachController, Bdev, ByName, ByNqn, CreateSubsystem, CreateTransport, GetBdevs,
     GetLvols, GetRaids, GetSubsystems, GetTransports, ListenAddress, Lvol, LvolClone, LvolCreate, LvolResize,
     LvolSnapshot, Lvstore, LvstoreSelector, NullCreate, RaidAddBaseBdev, RaidBdev, RaidCategory, RaidCreate,
-    RaidLevel, RemoveNamespace,
-    Subsystem, SubsystemHostParams, SubsystemListener,
+    RaidLevel, RemoveNamespace, Subsystem, SubsystemHostParams, SubsystemListener,
 };
 use crate::names::{NQN_PREFIX, Nqn, ObjectName, volume_uuid};
 
@@ -969,7 +968,10 @@ impl VolumeOps {
                             .map_err(rpc(vol, format!("removing placeholder {n} from {raid}")))?;
                     }
                 }
-                let target = r.process.as_ref().and_then(|p| Some((k_of(&p.target)?, p.progress.percent)));
+                let target = r
+                    .process
+                    .as_ref()
+                    .and_then(|p| Some((k_of(&p.target)?, p.progress.percent)));
                 sync.rebuilding = target;
                 sync.in_sync = r
                     .base_bdevs_list
@@ -1041,7 +1043,10 @@ impl VolumeOps {
                     self.client
                         .bdev_raid_remove_base_bdev(&ByName::new(n))
                         .await
-                        .map_err(rpc(vol, format!("emptying the slot of placeholder {n} in {raid}")))?;
+                        .map_err(rpc(
+                            vol,
+                            format!("emptying the slot of placeholder {n} in {raid}"),
+                        ))?;
                     ignore_missing(self.client.bdev_null_delete(&ByName::new(n)))
                         .await
                         .map_err(rpc(vol, format!("deleting placeholder {n}")))?;
@@ -1072,7 +1077,12 @@ impl VolumeOps {
                 }
                 // another process runs (SPDK allows one): the next reconcile adds it
                 Err(e) if e.is(ErrorKind::Busy) => sync.stale.push(r.k),
-                Err(e) => return Err(rpc(vol, format!("adding replica {} to {raid} to rebuild it", r.alias))(e)),
+                Err(e) => {
+                    return Err(rpc(
+                        vol,
+                        format!("adding replica {} to {raid} to rebuild it", r.alias),
+                    )(e));
+                }
             }
         }
         sync.stale.extend(behind.map(|r| r.k));

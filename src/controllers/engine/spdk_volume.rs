@@ -128,6 +128,8 @@ struct Realized {
     replicas: Vec<(String, ReplicaStatus)>,
     /// The replicas now up to date, when the engine stands (for the ledger).
     in_sync: Option<BTreeSet<usize>>,
+    /// Where each replica lives (placed or waited for).
+    disks: BTreeMap<usize, String>,
     /// A rebuild runs (poll for its progress).
     rebuilding: bool,
 }
@@ -138,18 +140,14 @@ impl Realized {
             status: engine_status(state, message),
             replicas: Vec::new(),
             in_sync: None,
+            disks: BTreeMap::new(),
             rebuilding: false,
         }
     }
 }
 
 impl SpdkVolumeController {
-    async fn realize(
-        &self,
-        inv: &Inventory,
-        job: &Job,
-        export: &ExportSpec,
-    ) -> Realized {
+    async fn realize(&self, inv: &Inventory, job: &Job, export: &ExportSpec) -> Realized {
         let name = match ObjectName::parse("volume", &job.id) {
             Ok(n) => n,
             Err(e) => return Realized::failed(ObjectState::Failed, e.to_string()),
@@ -204,11 +202,18 @@ impl SpdkVolumeController {
             Ok(info) => {
                 let in_sync = Some(info.in_sync.clone());
                 let rebuilding = info.rebuilding.is_some();
+                let disks = info
+                    .replicas
+                    .iter()
+                    .map(|r| (r.k, r.disk.clone()))
+                    .chain(info.waiting.iter().cloned())
+                    .collect();
                 let (status, replicas) = status_of(&job.id, &job.spec, info, export, message);
                 Realized {
                     status,
                     replicas,
                     in_sync,
+                    disks,
                     rebuilding,
                 }
             }
@@ -278,12 +283,29 @@ fn status_of(
                     },
                     message: match info.rebuilding {
                         Some((k, pct)) if k == r.k => format!("{pct}% rebuilt"),
-                        _ if !info.in_sync.contains(&r.k) => "missed writes; rebuilt when its turn comes".into(),
+                        _ if !info.in_sync.contains(&r.k) => {
+                            "missed writes; rebuilt when its turn comes".into()
+                        }
                         _ => String::new(),
                     },
                 },
             )
         })
+        .chain(info.waiting.iter().map(|(k, d)| {
+            (
+                crate::spdk::volume::naming::replica(id, *k),
+                ReplicaStatus {
+                    volume: id.to_owned(),
+                    disk: d.clone(),
+                    bdev: String::new(),
+                    alias: String::new(),
+                    size_bytes: 0,
+                    allocated_bytes: 0,
+                    state: ObjectState::Stale,
+                    message: format!("disk {d} is away; rebuilt when it is back"),
+                },
+            )
+        }))
         .collect();
     let status = EngineStatus {
         engine: Engine::V2,
@@ -462,7 +484,7 @@ impl Controller for SpdkVolumeController {
                 continue;
             }
             ctx.add_finalizer::<Volume>(v.id())?;
-            let placed = previous_replicas
+            let placed: BTreeMap<usize, String> = previous_replicas
                 .iter()
                 .filter(|r| r.spec.volume == v.id())
                 .filter_map(|r| {
@@ -470,6 +492,12 @@ impl Controller for SpdkVolumeController {
                     Some((k, r.spec.disk.clone()))
                 })
                 .collect();
+            let mut placed = placed;
+            if let Some(l) = ledgers.get(v.id()) {
+                for (k, d) in l.disks.iter().enumerate().filter(|(_, d)| !d.is_empty()) {
+                    placed.insert(k, d.clone());
+                }
+            }
             live.push(Job {
                 id: v.id().to_string(),
                 spec: v.spec.clone(),
@@ -610,15 +638,27 @@ impl Controller for SpdkVolumeController {
             }
             if let Some(now) = r.in_sync {
                 let now: Vec<u32> = now.iter().map(|k| *k as u32).collect();
+                let len = r.disks.keys().max().map_or(0, |m| m + 1);
+                let disks: Vec<String> = (0..len)
+                    .map(|k| r.disks.get(&k).cloned().unwrap_or_default())
+                    .collect();
                 let before = ledgers.get(&id);
-                if before.is_none_or(|b| b.in_sync != now) {
-                    let reason = ledger_reason(before.map(|b| b.in_sync.as_slice()), &now);
+                if before.is_none_or(|b| b.in_sync != now || b.disks != disks) {
+                    let reason = match before {
+                        Some(b) if b.in_sync == now => b.reason.clone(),
+                        _ => ledger_reason(before.map(|b| b.in_sync.as_slice()), &now),
+                    };
                     tracing::info!(volume = %id, in_sync = ?now, %reason, "replica ledger");
+                    let changed = match before {
+                        Some(b) if b.in_sync == now => b.changed.clone(),
+                        _ => humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
+                    };
                     ctx.apply(
                         &id,
                         ReplicaLedger {
                             in_sync: now,
-                            changed: humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
+                            disks,
+                            changed,
                             reason,
                         },
                     )?;
@@ -657,8 +697,14 @@ impl Controller for SpdkVolumeController {
             ctx.remove_finalizer::<Volume>(&id)?;
         }
         // replica statuses of volumes that are not live are not re-applied: the runtime drops them
+        // SPDK tells nobody when a raid loses a member: poll, quickly while a
+        // rebuild runs, and often enough with raids that the ledger learns of a
+        // replica that left before a restart could trust it again
+        let raids = volumes.iter().any(|v| v.spec.replicas > 1);
         Ok(Requeue::After(if rebuilding {
             Duration::from_secs(1)
+        } else if raids {
+            Duration::from_secs(2)
         } else {
             Duration::from_secs(10)
         }))
