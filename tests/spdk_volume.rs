@@ -509,3 +509,94 @@ async fn a_replica_exported_on_one_target_joins_a_raid1_on_another() {
     .expect("raid1 over local + remote");
     assert!(cb.bdev("talon-raid-rv").await.expect("get").is_some());
 }
+
+fn ledger(state: &State, id: &str) -> Option<(Vec<u32>, Vec<String>)> {
+    state
+        .get_typed::<talon::resources::engine::ReplicaLedger>(id)
+        .ok()
+        .flatten()
+        .map(|l| (l.spec.in_sync, l.spec.disks))
+}
+
+fn replica(state: &State, id: &str) -> Option<ReplicaStatus> {
+    state.get_typed::<ReplicaStatus>(id).ok().flatten().map(|r| r.spec)
+}
+
+/// The ledger flow against the double (the same with data checked end to
+/// end is `real_spdk_replica_that_missed_writes_is_rebuilt`): a replica whose
+/// disk goes away is waited for where it was, rebuilt when it is back, and
+/// after a target restart a stale replica alone is not served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_that_missed_writes_is_rebuilt_never_served_alone() {
+    let s = setup(&["d1", "d2"]).await;
+    s.double.set_rebuild_time(Duration::from_millis(600));
+    let state = &s.state;
+    state.create_typed("m", "", &volume(16 * MIB, 2)).expect("m");
+    ready(state, "m", "m").await;
+    let (sync, disks) = ledger(state, "m").expect("ledger");
+    assert_eq!(sync, vec![0, 1]);
+    let (d0, d1) = (disks[0].clone(), disks[1].clone());
+    assert_ne!(d0, d1);
+
+    // r1's disk goes: degraded, r1 reported stale where it was, not made again elsewhere
+    assert!(s.double.hot_remove(&format!("talon-disk-{d1}")));
+    eventually("r1 out of the ledger", WAIT, || async {
+        ledger(state, "m").filter(|l| l.0 == vec![0])
+    })
+    .await;
+    let away = replica(state, "m-r1").expect("r1 still reported");
+    assert_eq!((away.state, away.disk.as_str()), (ObjectState::Stale, d1.as_str()));
+    assert_eq!(engine(state, "m").map(|e| e.state), Some(ObjectState::Degraded));
+    let inv = Inventory::load(&s.client).await.expect("inv");
+    assert_eq!(inv.lvols.keys().filter(|a| a.contains("/m-r")).count(), 1, "{:?}", inv.lvols.keys());
+
+    // back: rebuilt (seen rebuilding), then both up to date
+    add_disk(&s.client, s.dir.path(), &d1, false).await;
+    eventually("r1 rebuilding", WAIT, || async {
+        replica(state, "m-r1").filter(|r| r.state == ObjectState::Rebuilding)
+    })
+    .await;
+    eventually("r1 rebuilt", WAIT, || async {
+        ledger(state, "m").filter(|l| l.0 == vec![0, 1])
+    })
+    .await;
+    ready(state, "m", "m ready again").await;
+
+    // r0's disk goes, then the target restarts with only r0 (stale) back
+    assert!(s.double.hot_remove(&format!("talon-disk-{d0}")));
+    eventually("r0 out of the ledger", WAIT, || async {
+        ledger(state, "m").filter(|l| l.0 == vec![1])
+    })
+    .await;
+    s.double.restart().await.expect("restart");
+    add_disk(&s.client, s.dir.path(), &d0, false).await;
+    state
+        .update_typed(SPDK_STATUS_ID, "", None, &target_status(1))
+        .expect("restarts");
+    let held = eventually("m held back", WAIT, || async {
+        engine(state, "m").filter(|e| e.state == ObjectState::Failed)
+    })
+    .await;
+    assert!(
+        held.message.contains("no up-to-date replica") && held.message.contains("m-r0"),
+        "{}",
+        held.message
+    );
+    assert!(s.double.subsystem_nqns().is_empty(), "nothing exported");
+    assert!(
+        !s.double.bdev_names().iter().any(|b| b.starts_with("talon-raid-") || b.starts_with("talon-null-")),
+        "{:?}",
+        s.double.bdev_names()
+    );
+
+    // r1 returns: the raid is made from it alone, r0 rebuilt into it
+    add_disk(&s.client, s.dir.path(), &d1, false).await;
+    eventually("both up to date", WAIT, || async {
+        ledger(state, "m").filter(|l| l.0 == vec![0, 1])
+    })
+    .await;
+    ready(state, "m", "m served again").await;
+    assert!(s.double.calls("bdev_null_create") >= 1, "placeholder for the empty slot");
+    assert!(!s.double.bdev_names().iter().any(|b| b.starts_with("talon-null-")));
+    s.rt.stop().await;
+}

@@ -465,7 +465,7 @@ fn dd(spdk: &Path, dir: &Path, port: u16, nqn: &str, write: Option<&[u8]>, len: 
 
 fn pattern(seed: u8, len: usize) -> Vec<u8> {
     (0..len)
-        .map(|i| (i as u32).wrapping_mul(2_654_435_761).to_le_bytes()[(i % 4)] ^ seed)
+        .map(|i| (i as u32).wrapping_mul(2_654_435_761).to_le_bytes()[i % 4] ^ seed)
         .collect()
 }
 

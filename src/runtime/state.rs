@@ -503,7 +503,7 @@ mod tests {
     use serde_json::json;
 
     #[test]
-    fn config_namespace_survives_reopen_and_others_do_not() {
+    fn config_and_ledger_survive_reopen_and_others_do_not() {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("state.redb");
         {
@@ -511,6 +511,8 @@ mod tests {
             s.create("config", "Volume", "v1", "", json!({"size": 1}), BTreeMap::new())
                 .expect("create");
             s.create("engine", "EngineStatus", "v1", "c", json!({}), BTreeMap::new())
+                .expect("create");
+            s.create("ledger", "ReplicaLedger", "v1", "c", json!({"inSync": [0]}), BTreeMap::new())
                 .expect("create");
             s.update("config", "Volume", "v1", "", None, |r| {
                 r.spec = json!({"size": 2})
@@ -522,6 +524,8 @@ mod tests {
         assert_eq!(v.spec, json!({"size": 2}));
         assert_eq!(v.metadata.version, 2);
         assert!(s.get("engine", "EngineStatus", "v1").is_none());
+        let l = s.get("ledger", "ReplicaLedger", "v1").expect("ledger persisted");
+        assert_eq!((l.spec, l.metadata.owner.as_str()), (json!({"inSync": [0]}), "c"));
     }
 
     #[test]
