@@ -54,6 +54,7 @@ fn plan(name: &str, replicas: usize, port: u16) -> VolumePlan {
             hosts: vec![],
         },
         in_sync: None,
+        remote: vec![],
     }
 }
 

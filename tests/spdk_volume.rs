@@ -287,6 +287,7 @@ fn plan(name: &str, replicas: usize) -> VolumePlan {
             hosts: vec!["nqn.2014-08.org.nvmexpress:uuid:host1".into()],
         },
         in_sync: None,
+        remote: vec![],
     }
 }
 
@@ -519,7 +520,11 @@ fn ledger(state: &State, id: &str) -> Option<(Vec<u32>, Vec<String>)> {
 }
 
 fn replica(state: &State, id: &str) -> Option<ReplicaStatus> {
-    state.get_typed::<ReplicaStatus>(id).ok().flatten().map(|r| r.spec)
+    state
+        .get_typed::<ReplicaStatus>(id)
+        .ok()
+        .flatten()
+        .map(|r| r.spec)
 }
 
 /// The ledger flow against the double (the same with data checked end to
@@ -545,10 +550,18 @@ async fn a_replica_that_missed_writes_is_rebuilt_never_served_alone() {
     })
     .await;
     let away = replica(state, "m-r1").expect("r1 still reported");
-    assert_eq!((away.state, away.disk.as_str()), (ObjectState::Stale, d1.as_str()));
+    assert_eq!(
+        (away.state, away.disk.as_str()),
+        (ObjectState::Stale, d1.as_str())
+    );
     assert_eq!(engine(state, "m").map(|e| e.state), Some(ObjectState::Degraded));
     let inv = Inventory::load(&s.client).await.expect("inv");
-    assert_eq!(inv.lvols.keys().filter(|a| a.contains("/m-r")).count(), 1, "{:?}", inv.lvols.keys());
+    assert_eq!(
+        inv.lvols.keys().filter(|a| a.contains("/m-r")).count(),
+        1,
+        "{:?}",
+        inv.lvols.keys()
+    );
 
     // back: rebuilt (seen rebuilding), then both up to date
     add_disk(&s.client, s.dir.path(), &d1, false).await;
@@ -584,7 +597,10 @@ async fn a_replica_that_missed_writes_is_rebuilt_never_served_alone() {
     );
     assert!(s.double.subsystem_nqns().is_empty(), "nothing exported");
     assert!(
-        !s.double.bdev_names().iter().any(|b| b.starts_with("talon-raid-") || b.starts_with("talon-null-")),
+        !s.double
+            .bdev_names()
+            .iter()
+            .any(|b| b.starts_with("talon-raid-") || b.starts_with("talon-null-")),
         "{:?}",
         s.double.bdev_names()
     );
@@ -596,7 +612,10 @@ async fn a_replica_that_missed_writes_is_rebuilt_never_served_alone() {
     })
     .await;
     ready(state, "m", "m served again").await;
-    assert!(s.double.calls("bdev_null_create") >= 1, "placeholder for the empty slot");
+    assert!(
+        s.double.calls("bdev_null_create") >= 1,
+        "placeholder for the empty slot"
+    );
     assert!(!s.double.bdev_names().iter().any(|b| b.starts_with("talon-null-")));
     s.rt.stop().await;
 }

@@ -15,7 +15,9 @@ use serde::{Deserialize, Serialize};
 use super::error::{ApiError, ErrorKind};
 use super::{ApiBuilder, ApiContext};
 use crate::names::ObjectName;
-use crate::resources::config::{Disk, EngineKind, FrontendKind, Snapshot, Volume, snapshot_id};
+use crate::resources::config::{
+    Disk, EngineKind, FrontendKind, RemoteReplica, Snapshot, Volume, snapshot_id,
+};
 use crate::resources::engine::{EngineStatus, ObjectState, ReplicaStatus, SnapshotStatus};
 use crate::resources::frontend::{AttachState, Attachment, AttachmentStatus};
 use crate::runtime::{Destroyed, Phase, Spec, State, Typed};
@@ -96,6 +98,12 @@ pub struct VolumeCreateParams {
     /// Create as a clone of this snapshot (`<volume>@<snapshot>`).
     #[serde(default)]
     pub from_snapshot: Option<String>,
+    /// Replicas kept by other talon nodes (V2), attached into this node's raid1.
+    #[serde(default)]
+    pub remote_replicas: Vec<RemoteReplica>,
+    /// Only keep replica k here for an engine on another node (V2).
+    #[serde(default)]
+    pub serve_replica: Option<u32>,
     /// Wait until the operation is done (or failed).
     #[serde(default)]
     pub wait: bool,
@@ -392,6 +400,29 @@ pub fn register(api: &mut ApiBuilder) {
                     )));
                 }
             }
+            for r in &p.remote_replicas {
+                if r.address.parse::<std::net::IpAddr>().is_err() || r.port == 0 {
+                    return Err(ApiError::invalid(format!(
+                        "volume {name}: remote replica {:?}:{} is not an IP address and port",
+                        r.address, r.port
+                    )));
+                }
+            }
+            if let Some(k) = p.serve_replica
+                && (!p.remote_replicas.is_empty() || replicas != 1 || k > 8)
+            {
+                return Err(ApiError::invalid(format!(
+                    "volume {name}: serveReplica {k} keeps one replica (0 to 8) for an engine elsewhere; \
+                     it takes neither remoteReplicas nor replicas other than 1"
+                )));
+            }
+            if replicas as usize + p.remote_replicas.len() > 3 {
+                return Err(ApiError::invalid(format!(
+                    "volume {name}: at most 3 replicas in all, not {} local + {} remote",
+                    replicas,
+                    p.remote_replicas.len()
+                )));
+            }
             if let Some(s) = &p.from_snapshot
                 && ctx.state.get_typed::<Snapshot>(s)?.is_none()
             {
@@ -408,6 +439,8 @@ pub fn register(api: &mut ApiBuilder) {
                 from_snapshot: p.from_snapshot,
                 revert_to: None,
                 revert_generation: 0,
+                remote_replicas: p.remote_replicas,
+                serve_replica: p.serve_replica,
             };
             let created = ctx
                 .state

@@ -133,6 +133,27 @@ pub struct Volume {
     /// Bumped by every `volume_revert`.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub revert_generation: u64,
+    /// Replicas kept by other talon nodes (V2): replica `replicas + i` is the
+    /// one that node `remoteReplicas[i]` serves (see `serveReplica`), attached
+    /// over NVMe/TCP into this node's raid1.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub remote_replicas: Vec<RemoteReplica>,
+    /// This node only keeps replica `k` of a volume whose engine runs on
+    /// another node (V2): lvol `<volume>-r<k>` exported as
+    /// `<prefix>:replica:<volume>:r<k>` on the node's listener, no engine.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub serve_replica: Option<u32>,
+}
+
+/// Where another talon node serves a replica (its NVMe/TCP listener).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct RemoteReplica {
+    /// The node's listen address (an IP address).
+    pub address: String,
+    /// The node's NVMe/TCP port.
+    #[serde(default = "default_nvmf_port")]
+    pub port: u16,
 }
 
 fn is_zero(n: &u64) -> bool {

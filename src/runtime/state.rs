@@ -512,8 +512,15 @@ mod tests {
                 .expect("create");
             s.create("engine", "EngineStatus", "v1", "c", json!({}), BTreeMap::new())
                 .expect("create");
-            s.create("ledger", "ReplicaLedger", "v1", "c", json!({"inSync": [0]}), BTreeMap::new())
-                .expect("create");
+            s.create(
+                "ledger",
+                "ReplicaLedger",
+                "v1",
+                "c",
+                json!({"inSync": [0]}),
+                BTreeMap::new(),
+            )
+            .expect("create");
             s.update("config", "Volume", "v1", "", None, |r| {
                 r.spec = json!({"size": 2})
             })

@@ -35,9 +35,9 @@ use super::client::{ClientError, SpdkClient};
 use super::error::ErrorKind;
 use super::rpc::{
     AddNamespace, AttachController, Bdev, ByName, ByNqn, CreateSubsystem, CreateTransport, GetBdevs,
-    GetLvols, GetRaids, GetSubsystems, GetTransports, ListenAddress, Lvol, LvolClone, LvolCreate, LvolResize,
-    LvolSnapshot, Lvstore, LvstoreSelector, NullCreate, RaidAddBaseBdev, RaidBdev, RaidCategory, RaidCreate,
-    RaidLevel, RemoveNamespace, Subsystem, SubsystemHostParams, SubsystemListener,
+    GetControllers, GetLvols, GetRaids, GetSubsystems, GetTransports, ListenAddress, Lvol, LvolClone,
+    LvolCreate, LvolResize, LvolSnapshot, Lvstore, LvstoreSelector, NullCreate, RaidAddBaseBdev, RaidBdev,
+    RaidCategory, RaidCreate, RaidLevel, RemoveNamespace, Subsystem, SubsystemHostParams, SubsystemListener,
 };
 use crate::names::{NQN_PREFIX, Nqn, ObjectName, volume_uuid};
 
@@ -47,6 +47,9 @@ pub const LVS_PREFIX: &str = "talon-";
 pub const RAID_PREFIX: &str = "talon-raid-";
 /// Prefix of talon's placeholder null bdevs.
 pub const NULL_PREFIX: &str = "talon-null-";
+/// Prefix of the NVMe controllers that attach remote replicas
+/// (`talon-remote-<vol>-r<k>`, bdev `talon-remote-<vol>-r<k>n1`).
+pub const REMOTE_PREFIX: &str = "talon-remote-";
 /// The namespace id of every export.
 pub const NSID: u32 = 1;
 const MIB: u64 = 1 << 20;
@@ -295,6 +298,8 @@ pub struct Inventory {
     pub subsystems: Vec<Subsystem>,
     /// Whether the TCP transport exists.
     pub tcp_transport: bool,
+    /// NVMe bdev controllers by name (remote replicas are `talon-remote-*`).
+    pub controllers: Vec<String>,
 }
 
 impl Inventory {
@@ -309,13 +314,15 @@ impl Inventory {
             category: RaidCategory::All,
         };
         let (p5, p6) = (GetSubsystems::default(), GetTransports::default());
-        let (lvs, lvols, bdevs, raids, subs, tr) = tokio::try_join!(
+        let p7 = GetControllers::default();
+        let (lvs, lvols, bdevs, raids, subs, tr, ctrlrs) = tokio::try_join!(
             client.bdev_lvol_get_lvstores(&p1),
             client.bdev_lvol_get_lvols(&p2),
             client.bdev_get_bdevs(&p3),
             client.bdev_raid_get_bdevs(&p4),
             client.nvmf_get_subsystems(&p5),
             client.nvmf_get_transports(&p6),
+            client.bdev_nvme_get_controllers(&p7),
         )?;
         Ok(Inventory {
             lvstores: lvs,
@@ -324,6 +331,7 @@ impl Inventory {
             raids,
             subsystems: subs,
             tcp_transport: tr.iter().any(|t| t.trtype.eq_ignore_ascii_case("tcp")),
+            controllers: ctrlrs.into_iter().map(|c| c.name).collect(),
         })
     }
 
@@ -373,6 +381,7 @@ impl Inventory {
         &self,
         keep_volume: impl Fn(&str) -> bool,
         keep_snapshot: impl Fn(&str, &str) -> bool,
+        keep_remote: impl Fn(&str, usize) -> bool,
     ) -> Vec<Owned> {
         let mut out = Vec::new();
         let vol_prefix = format!("{NQN_PREFIX}:vol:");
@@ -393,6 +402,13 @@ impl Inventory {
                 && !keep_volume(v)
             {
                 out.push(Owned::Raid(r.name.clone()));
+            }
+        }
+        for c in &self.controllers {
+            if let Some(Some(LvolRole::Replica { volume, k })) = c.strip_prefix(REMOTE_PREFIX).map(parse_lvol)
+                && !keep_remote(&volume, k)
+            {
+                out.push(Owned::Remote(c.clone()));
             }
         }
         for b in self.bdevs.values() {
@@ -436,6 +452,8 @@ pub enum Owned {
     Null(String),
     /// An lvol by alias.
     Lvol(String),
+    /// An NVMe controller attaching a remote replica.
+    Remote(String),
 }
 
 /// Where and how a volume is exported.
@@ -472,6 +490,9 @@ pub struct VolumePlan {
     /// recorded yet: then replicas that exist are trusted, and new ones only
     /// when the whole volume is new.
     pub in_sync: Option<BTreeSet<usize>>,
+    /// Replicas kept by other talon nodes: replica `replicas + i` is served
+    /// at `remote[i]` (address, NVMe/TCP port).
+    pub remote: Vec<(IpAddr, u16)>,
 }
 
 /// One replica as it is.
@@ -774,10 +795,62 @@ impl VolumeOps {
             });
         }
 
-        // grow replicas that are smaller than asked (expand), then the engine follows
+        // remote replicas: attached over NVMe/TCP from the nodes that serve them;
+        // one that does not answer is waited for like a disk that is away
+        for (i, (addr, port)) in plan.remote.iter().enumerate() {
+            let k = plan.replicas + i;
+            let name = naming::replica(vol, k);
+            let ctrl = format!("{REMOTE_PREFIX}{name}");
+            let nqn =
+                Nqn::for_replica(&plan.name, &format!("r{k}")).map_err(|source| VolumeError::BadName {
+                    volume: vol.to_owned(),
+                    source,
+                })?;
+            let bdev = format!("{ctrl}n1");
+            let size = match inv.bdevs.get(&bdev) {
+                Some(b) => Some(b.size_bytes()),
+                None => {
+                    if inv.controllers.contains(&ctrl) {
+                        // a controller whose namespace is gone: attach it afresh
+                        let _ = ignore_missing(self.client.bdev_nvme_detach_controller(&ByName::new(&ctrl)))
+                            .await;
+                    }
+                    match self.attach_replica(vol, &ctrl, *addr, *port, nqn.as_str()).await {
+                        Ok(b) => self
+                            .client
+                            .bdev(&b)
+                            .await
+                            .map_err(rpc(vol, format!("looking up remote replica {b}")))?
+                            .map(|b| b.size_bytes()),
+                        Err(e) => {
+                            tracing::warn!(volume = vol, replica = %name, error = %crate::runtime::runner::error_chain(&e), "remote replica not reachable");
+                            None
+                        }
+                    }
+                }
+            };
+            match size {
+                Some(size_bytes) => replicas.push(ReplicaInfo {
+                    k,
+                    name,
+                    disk: format!("{addr}:{port}"),
+                    bdev,
+                    alias: nqn.as_str().to_owned(),
+                    size_bytes,
+                    allocated_bytes: 0,
+                }),
+                None => waiting.push((k, format!("{addr}:{port}"))),
+            }
+        }
+
+        // grow local replicas that are smaller than asked (expand), then the engine
+        // follows; a remote replica grows on its own node
         let wanted = size_mib * MIB;
         let grew = replicas.iter().any(|r| r.size_bytes < wanted);
-        let grow: Vec<_> = replicas.iter().filter(|r| r.size_bytes < wanted).collect();
+        let grow: Vec<_> = replicas
+            .iter()
+            .filter(|r| r.size_bytes < wanted && r.k < plan.replicas)
+            .collect();
         if !grow.is_empty() {
             try_join_all(grow.iter().map(|r| async {
                 self.client
@@ -792,7 +865,7 @@ impl VolumeOps {
                     ))
             }))
             .await?;
-            for r in &mut replicas {
+            for r in replicas.iter_mut().filter(|r| r.k < plan.replicas) {
                 r.size_bytes = r.size_bytes.max(wanted);
             }
         }
@@ -805,7 +878,7 @@ impl VolumeOps {
             Some(s) => s.contains(&k) && !created.contains(&k),
             None => fresh || !created.contains(&k),
         };
-        let (device, sync) = if plan.replicas <= 1 {
+        let (device, sync) = if plan.replicas + plan.remote.len() <= 1 {
             match replicas.first() {
                 Some(r) if trusted(r.k) => (
                     r.bdev.clone(),
@@ -822,68 +895,16 @@ impl VolumeOps {
         let is_raid = device == naming::raid(vol);
 
         // export: namespace, listener, hosts
-        let sub = inv.subsystem(nqn.as_str());
-        let ns = sub.and_then(|s| s.namespaces.iter().find(|n| n.nsid == NSID));
-        if let Some(ns) = ns
-            && ns.bdev_name != device
-        {
-            self.client
-                .nvmf_subsystem_remove_ns(&RemoveNamespace {
-                    nqn: nqn.as_str().to_owned(),
-                    nsid: NSID,
-                })
-                .await
-                .map_err(rpc(vol, format!("replacing the namespace of {nqn}")))?;
-        }
-        if ns.is_none_or(|ns| ns.bdev_name != device) {
-            let mut p = AddNamespace::with_id(nqn.as_str(), &device, volume_uuid(&plan.name));
-            p.namespace.nsid = Some(NSID);
-            self.client
-                .nvmf_subsystem_add_ns(&p)
-                .await
-                .map_err(rpc(vol, format!("adding bdev {device} to {nqn}")))?;
-            made.push(Made::Namespace(nqn.as_str().to_owned()));
-        }
-        let listen = ListenAddress::tcp(plan.export.address, plan.export.port);
-        let has_listener = sub.is_some_and(|s| {
-            s.listen_addresses
-                .iter()
-                .any(|l| l.traddr == listen.traddr && l.trsvcid == listen.trsvcid)
-        });
-        if !has_listener {
-            self.client
-                .nvmf_subsystem_add_listener(&SubsystemListener {
-                    nqn: nqn.as_str().to_owned(),
-                    listen_address: listen.clone(),
-                })
-                .await
-                .map_err(rpc(
-                    vol,
-                    format!("listening on {}:{}", listen.traddr, plan.export.port),
-                ))?;
-            made.push(Made::Listener(nqn.as_str().to_owned(), listen));
-        }
-        let have: BTreeSet<&str> = sub
-            .map(|s| s.hosts.iter().map(|h| h.nqn.as_str()).collect())
-            .unwrap_or_default();
-        for h in plan.export.hosts.iter().filter(|h| !have.contains(h.as_str())) {
-            self.client
-                .nvmf_subsystem_add_host(&SubsystemHostParams {
-                    nqn: nqn.as_str().to_owned(),
-                    host: h.clone(),
-                })
-                .await
-                .map_err(rpc(vol, format!("allowing host {h} on {nqn}")))?;
-        }
-        for h in have.iter().filter(|h| !plan.export.hosts.iter().any(|x| x == *h)) {
-            self.client
-                .nvmf_subsystem_remove_host(&SubsystemHostParams {
-                    nqn: nqn.as_str().to_owned(),
-                    host: (*h).to_owned(),
-                })
-                .await
-                .map_err(rpc(vol, format!("disallowing host {h} on {nqn}")))?;
-        }
+        self.export_ns(
+            inv,
+            vol,
+            &nqn,
+            &device,
+            volume_uuid(&plan.name),
+            &plan.export,
+            made,
+        )
+        .await?;
 
         // the size the host sees: looked up only when it may differ from the replicas'
         let min_replica = replicas.iter().map(|r| r.size_bytes).min().unwrap_or(0);
@@ -923,12 +944,90 @@ impl VolumeOps {
             size_bytes,
             nqn: nqn.as_str().to_owned(),
             replicas,
-            wanted: plan.replicas,
+            wanted: plan.replicas + plan.remote.len(),
             waiting,
             in_sync: sync.in_sync,
             rebuilding: sync.rebuilding,
             stale: sync.stale,
         })
+    }
+
+    /// Puts `device` as namespace 1 of the existing subsystem `nqn` (replacing
+    /// another bdev there), with its listener and exactly the allowed hosts.
+    #[allow(clippy::too_many_arguments)]
+    async fn export_ns(
+        &self,
+        inv: &Inventory,
+        vol: &str,
+        nqn: &Nqn,
+        device: &str,
+        id: uuid::Uuid,
+        export: &ExportSpec,
+        made: &mut Vec<Made>,
+    ) -> Result<(), VolumeError> {
+        let sub = inv.subsystem(nqn.as_str());
+        let ns = sub.and_then(|s| s.namespaces.iter().find(|n| n.nsid == NSID));
+        if let Some(ns) = ns
+            && ns.bdev_name != *device
+        {
+            self.client
+                .nvmf_subsystem_remove_ns(&RemoveNamespace {
+                    nqn: nqn.as_str().to_owned(),
+                    nsid: NSID,
+                })
+                .await
+                .map_err(rpc(vol, format!("replacing the namespace of {nqn}")))?;
+        }
+        if ns.is_none_or(|ns| ns.bdev_name != *device) {
+            let mut p = AddNamespace::with_id(nqn.as_str(), device, id);
+            p.namespace.nsid = Some(NSID);
+            self.client
+                .nvmf_subsystem_add_ns(&p)
+                .await
+                .map_err(rpc(vol, format!("adding bdev {device} to {nqn}")))?;
+            made.push(Made::Namespace(nqn.as_str().to_owned()));
+        }
+        let listen = ListenAddress::tcp(export.address, export.port);
+        let has_listener = sub.is_some_and(|s| {
+            s.listen_addresses
+                .iter()
+                .any(|l| l.traddr == listen.traddr && l.trsvcid == listen.trsvcid)
+        });
+        if !has_listener {
+            self.client
+                .nvmf_subsystem_add_listener(&SubsystemListener {
+                    nqn: nqn.as_str().to_owned(),
+                    listen_address: listen.clone(),
+                })
+                .await
+                .map_err(rpc(
+                    vol,
+                    format!("listening on {}:{}", listen.traddr, export.port),
+                ))?;
+            made.push(Made::Listener(nqn.as_str().to_owned(), listen));
+        }
+        let have: BTreeSet<&str> = sub
+            .map(|s| s.hosts.iter().map(|h| h.nqn.as_str()).collect())
+            .unwrap_or_default();
+        for h in export.hosts.iter().filter(|h| !have.contains(h.as_str())) {
+            self.client
+                .nvmf_subsystem_add_host(&SubsystemHostParams {
+                    nqn: nqn.as_str().to_owned(),
+                    host: h.clone(),
+                })
+                .await
+                .map_err(rpc(vol, format!("allowing host {h} on {nqn}")))?;
+        }
+        for h in have.iter().filter(|h| !export.hosts.iter().any(|x| x == *h)) {
+            self.client
+                .nvmf_subsystem_remove_host(&SubsystemHostParams {
+                    nqn: nqn.as_str().to_owned(),
+                    host: (*h).to_owned(),
+                })
+                .await
+                .map_err(rpc(vol, format!("disallowing host {h} on {nqn}")))?;
+        }
+        Ok(())
     }
 
     /// The raid1 of a volume with two or more replicas: made from the
@@ -1006,7 +1105,7 @@ impl VolumeOps {
                 };
                 let mut members = Vec::new();
                 let mut nulls = Vec::new();
-                for k in 0..plan.replicas {
+                for k in 0..plan.replicas + plan.remote.len() {
                     match good.iter().find(|r| r.k == k) {
                         Some(r) => members.push(r.bdev.clone()),
                         None => {
@@ -1089,6 +1188,126 @@ impl VolumeOps {
         Ok((raid, sync))
     }
 
+    /// Keeps replica `k` of a volume whose engine runs on another node: the
+    /// thin lvol `<vol>-r<k>` (made on the disk with the most free space, or
+    /// waited for on the disk it was placed on), grown to the size, and
+    /// exported as `Nqn::for_replica(vol, "r<k>")` with an NGUID/UUID derived
+    /// from the replica, on the node's listener, to the allowed hosts. Rolls
+    /// back what it made when a step fails.
+    pub async fn ensure_served(
+        &self,
+        inv: &Inventory,
+        plan: &VolumePlan,
+        k: usize,
+    ) -> Result<VolumeInfo, VolumeError> {
+        let mut made = Vec::new();
+        match self.ensure_served_inner(inv, plan, k, &mut made).await {
+            Ok(i) => Ok(i),
+            Err(e) => {
+                self.undo(made).await;
+                Err(e)
+            }
+        }
+    }
+
+    async fn ensure_served_inner(
+        &self,
+        inv: &Inventory,
+        plan: &VolumePlan,
+        k: usize,
+        made: &mut Vec<Made>,
+    ) -> Result<VolumeInfo, VolumeError> {
+        let vol = plan.name.as_str();
+        let name = naming::replica(vol, k);
+        check_len(vol, &name)?;
+        let size_mib = plan.size_bytes.div_ceil(MIB).max(1);
+        let nqn = Nqn::for_replica(&plan.name, &format!("r{k}")).map_err(|source| VolumeError::BadName {
+            volume: vol.to_owned(),
+            source,
+        })?;
+        let mut info = VolumeInfo {
+            device: String::new(),
+            size_bytes: 0,
+            nqn: nqn.as_str().to_owned(),
+            replicas: Vec::new(),
+            wanted: 1,
+            waiting: Vec::new(),
+            in_sync: BTreeSet::new(),
+            rebuilding: None,
+            stale: Vec::new(),
+        };
+        let (disk, alias, bdev, size, allocated) = match inv.find_lvol(&name) {
+            Some(l) => {
+                let disk = l.lvs.name.trim_start_matches(LVS_PREFIX).to_owned();
+                let cs = inv.lvstore(&disk).map(|s| s.cluster_size).unwrap_or(MIB);
+                let size = inv.bdev_size(&l.uuid).unwrap_or(0);
+                (
+                    disk,
+                    l.alias.clone(),
+                    l.uuid.clone(),
+                    size,
+                    l.num_allocated_clusters * cs,
+                )
+            }
+            None => {
+                if let Some(d) = plan.placed.get(&k)
+                    && inv.lvstore(d).is_none()
+                {
+                    info.waiting.push((k, d.clone()));
+                    return Ok(info);
+                }
+                let Some((disk, _)) = inv
+                    .disks()
+                    .into_iter()
+                    .filter(|(d, _)| plan.disks.is_empty() || plan.disks.contains(d))
+                    .max_by_key(|(_, free)| *free)
+                else {
+                    return Err(VolumeError::NoDisk {
+                        volume: vol.to_owned(),
+                        allowed: plan.disks.clone(),
+                    });
+                };
+                let lvs = naming::lvstore(&disk);
+                let uuid = self
+                    .client
+                    .bdev_lvol_create(&LvolCreate::thin(&lvs, &name, size_mib))
+                    .await
+                    .map_err(rpc(vol, format!("creating replica lvol {lvs}/{name}")))?;
+                let alias = format!("{lvs}/{name}");
+                made.push(Made::Lvol(alias.clone()));
+                (disk, alias, uuid, size_mib * MIB, 0)
+            }
+        };
+        let size = if size < size_mib * MIB {
+            self.client
+                .bdev_lvol_resize(&LvolResize {
+                    name: alias.clone(),
+                    size_in_mib: size_mib,
+                })
+                .await
+                .map_err(rpc(vol, format!("resizing replica {alias} to {size_mib} MiB")))?;
+            size_mib * MIB
+        } else {
+            size
+        };
+        let id = uuid::Uuid::new_v5(&volume_uuid(&plan.name), format!("r{k}").as_bytes());
+        self.export_replica_in(inv, vol, &nqn, &bdev, id, &plan.export, made)
+            .await?;
+        info.device = bdev.clone();
+        info.size_bytes = size;
+        info.in_sync.insert(k);
+        info.replicas.push(ReplicaInfo {
+            k,
+            name,
+            disk,
+            bdev,
+            alias,
+            size_bytes: size,
+            allocated_bytes: allocated,
+        });
+        Ok(info)
+    }
+
     /// Deletes the volume's export, engine and replica heads (and revert
     /// markers); absent objects are fine. Snapshots stay (their own resources).
     pub async fn delete(&self, inv: &Inventory, vol: &ObjectName) -> Result<(), VolumeError> {
@@ -1106,6 +1325,21 @@ impl VolumeOps {
             ignore_missing(self.client.bdev_raid_delete(&ByName::new(&raid)))
                 .await
                 .map_err(rpc(v, format!("deleting raid {raid}")))?;
+        }
+        for c in inv
+            .controllers
+            .iter()
+            .filter(|c| matches!(c.strip_prefix(REMOTE_PREFIX).and_then(parse_lvol), Some(LvolRole::Replica { volume, .. }) if volume == v))
+        {
+            ignore_missing(self.client.bdev_nvme_detach_controller(&ByName::new(c)))
+                .await
+                .map_err(rpc(v, format!("detaching remote replica {c}")))?;
+        }
+        let served = format!("{NQN_PREFIX}:replica:{v}:");
+        for sub in inv.subsystems.iter().filter(|s| s.nqn.starts_with(&served)) {
+            ignore_missing(self.client.nvmf_delete_subsystem(&ByNqn { nqn: sub.nqn.clone() }))
+                .await
+                .map_err(rpc(v, format!("deleting replica export {}", sub.nqn)))?;
         }
         let null = format!("{NULL_PREFIX}{v}");
         if inv.bdevs.contains_key(&null) {
@@ -1366,6 +1600,9 @@ impl VolumeOps {
                     ignore_missing(self.client.typed::<_, bool>("bdev_null_delete", &ByName::new(n))).await
                 }
                 Owned::Lvol(a) => ignore_missing(self.client.bdev_lvol_delete(&ByName::new(a))).await,
+                Owned::Remote(c) => {
+                    ignore_missing(self.client.bdev_nvme_detach_controller(&ByName::new(c))).await
+                }
             };
             match r {
                 Ok(()) => removed.push(o),
@@ -1375,9 +1612,10 @@ impl VolumeOps {
         (removed, errors)
     }
 
-    /// Exports replica `alias` (an lvol) of `vol` to a remote engine: subsystem
-    /// `Nqn::for_replica`, namespace with explicit NGUID/UUID derived from the
-    /// replica (so an attach inside the same target registers a bdev).
+    /// Exports replica `replica` (bdev `bdev`, an lvol) of `vol` to a remote
+    /// engine: subsystem `Nqn::for_replica`, namespace with explicit
+    /// NGUID/UUID derived from the replica (so an attach inside the same
+    /// target registers a bdev), any host. Idempotent; rolls back on error.
     pub async fn export_replica(
         &self,
         vol: &ObjectName,
@@ -1391,56 +1629,62 @@ impl VolumeOps {
             volume: v.to_owned(),
             source,
         })?;
+        let inv = Inventory::load(&self.client)
+            .await
+            .map_err(rpc(v, "listing the target"))?;
+        let export = ExportSpec {
+            address,
+            port,
+            hosts: Vec::new(),
+        };
+        let id = uuid::Uuid::new_v5(&volume_uuid(vol), replica.as_bytes());
         let mut made = Vec::new();
-        let r: Result<(), VolumeError> = async {
-            match self.client.nvmf_create_transport(&CreateTransport::tcp()).await {
-                Ok(_) => {}
-                Err(e) if e.is(ErrorKind::AlreadyExists) => {}
-                Err(e) => return Err(rpc(v, "creating the TCP transport")(e)),
-            }
-            if self
-                .client
-                .subsystem(nqn.as_str())
-                .await
-                .map_err(rpc(v, "listing subsystems"))?
-                .is_some()
-            {
-                return Ok(());
-            }
-            self.client
-                .nvmf_create_subsystem(&CreateSubsystem {
-                    nqn: nqn.as_str().to_owned(),
-                    allow_any_host: Some(true),
-                    serial_number: None,
-                    model_number: Some("talon-replica".into()),
-                    max_namespaces: Some(1),
-                    ana_reporting: None,
-                })
-                .await
-                .map_err(rpc(v, format!("creating subsystem {nqn}")))?;
-            made.push(Made::Subsystem(nqn.as_str().to_owned()));
-            let id = uuid::Uuid::new_v5(&volume_uuid(vol), replica.as_bytes());
-            self.client
-                .nvmf_subsystem_add_ns(&AddNamespace::with_id(nqn.as_str(), bdev, id))
-                .await
-                .map_err(rpc(v, format!("adding {bdev} to {nqn}")))?;
-            self.client
-                .nvmf_subsystem_add_listener(&SubsystemListener {
-                    nqn: nqn.as_str().to_owned(),
-                    listen_address: ListenAddress::tcp(address, port),
-                })
-                .await
-                .map_err(rpc(v, format!("listening on {address}:{port}")))?;
-            Ok(())
-        }
-        .await;
-        match r {
+        match self
+            .export_replica_in(&inv, v, &nqn, bdev, id, &export, &mut made)
+            .await
+        {
             Ok(()) => Ok(nqn.as_str().to_owned()),
             Err(e) => {
                 self.undo(made).await;
                 Err(e)
             }
         }
+    }
+
+    /// The TCP transport, the replica subsystem `nqn` and its namespace.
+    #[allow(clippy::too_many_arguments)]
+    async fn export_replica_in(
+        &self,
+        inv: &Inventory,
+        vol: &str,
+        nqn: &Nqn,
+        bdev: &str,
+        id: uuid::Uuid,
+        export: &ExportSpec,
+        made: &mut Vec<Made>,
+    ) -> Result<(), VolumeError> {
+        if !inv.tcp_transport {
+            match self.client.nvmf_create_transport(&CreateTransport::tcp()).await {
+                Ok(_) => {}
+                Err(e) if e.is(ErrorKind::AlreadyExists) => {}
+                Err(e) => return Err(rpc(vol, "creating the TCP transport")(e)),
+            }
+        }
+        if inv.subsystem(nqn.as_str()).is_none() {
+            self.client
+                .nvmf_create_subsystem(&CreateSubsystem {
+                    nqn: nqn.as_str().to_owned(),
+                    allow_any_host: Some(export.hosts.is_empty()),
+                    serial_number: None,
+                    model_number: Some("talon-replica".into()),
+                    max_namespaces: Some(1),
+                    ana_reporting: None,
+                })
+                .await
+                .map_err(rpc(vol, format!("creating subsystem {nqn}")))?;
+            made.push(Made::Subsystem(nqn.as_str().to_owned()));
+        }
+        self.export_ns(inv, vol, nqn, bdev, id, export, made).await
     }
 
     /// Attaches a remote replica exported by [`VolumeOps::export_replica`];

@@ -17,8 +17,11 @@
 //! Every reconcile compares the whole target with the desired state, so a
 //! target restart (TargetStatus changes) is repaired by the same path that
 //! creates: lvols come back with their lvstore, the raid and export are made
-//! again. Only local replicas are placed by this controller; the library has
-//! the remote-replica calls ([`VolumeOps::export_replica`], `attach_replica`).
+//! again. A volume's replicas are local lvols (placed here on distinct disks)
+//! and `remoteReplicas` served by other talon nodes (a Volume there with
+//! `serveReplica: k` keeps and exports replica k), attached over NVMe/TCP
+//! into this node's raid1. The persisted `ReplicaLedger` says which replicas
+//! are up to date; the others are rebuilt before they count.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
@@ -188,6 +191,18 @@ impl SpdkVolumeController {
             message = format!("reverted to {target} (generation {})", job.spec.revert_generation);
         }
         let inv = reloaded.as_ref().unwrap_or(inv);
+        let mut remote = Vec::new();
+        for r in &job.spec.remote_replicas {
+            match r.address.parse::<IpAddr>() {
+                Ok(a) => remote.push((a, r.port)),
+                Err(_) => {
+                    return Realized::failed(
+                        ObjectState::Failed,
+                        format!("remote replica address {:?} is not an IP address", r.address),
+                    );
+                }
+            }
+        }
         let plan = VolumePlan {
             name: name.clone(),
             size_bytes: job.spec.size_bytes,
@@ -197,10 +212,16 @@ impl SpdkVolumeController {
             from_snapshot,
             export: export.clone(),
             in_sync,
+            remote,
         };
-        match self.ops.ensure(inv, &plan).await {
+        let done = match job.spec.serve_replica {
+            Some(k) => self.ops.ensure_served(inv, &plan, k as usize).await,
+            None => self.ops.ensure(inv, &plan).await,
+        };
+        match done {
             Ok(info) => {
-                let in_sync = Some(info.in_sync.clone());
+                // a served replica's engine (and ledger) is on another node
+                let in_sync = job.spec.serve_replica.is_none().then(|| info.in_sync.clone());
                 let rebuilding = info.rebuilding.is_some();
                 let disks = info
                     .replicas
@@ -458,6 +479,14 @@ impl Controller for SpdkVolumeController {
         let orphans = inv.orphans(
             |v| live_vols.contains(v) || all_volumes.iter().any(|x| x.id() == v),
             |v, s| known_snaps.contains(&format!("{v}@{s}")),
+            |v, k| {
+                all_volumes.iter().any(|x| {
+                    x.id() == v
+                        && x.metadata.phase != Phase::TearingDown
+                        && (x.spec.replicas as usize..x.spec.replicas as usize + x.spec.remote_replicas.len())
+                            .contains(&k)
+                })
+            },
         );
         if !orphans.is_empty() {
             let (removed, errors) = self.ops.remove_orphans(orphans).await;
@@ -700,7 +729,9 @@ impl Controller for SpdkVolumeController {
         // SPDK tells nobody when a raid loses a member: poll, quickly while a
         // rebuild runs, and often enough with raids that the ledger learns of a
         // replica that left before a restart could trust it again
-        let raids = volumes.iter().any(|v| v.spec.replicas > 1);
+        let raids = volumes
+            .iter()
+            .any(|v| v.spec.replicas as usize + v.spec.remote_replicas.len() > 1);
         Ok(Requeue::After(if rebuilding {
             Duration::from_secs(1)
         } else if raids {
