@@ -619,3 +619,96 @@ async fn a_replica_that_missed_writes_is_rebuilt_never_served_alone() {
     assert!(!s.double.bdev_names().iter().any(|b| b.starts_with("talon-null-")));
     s.rt.stop().await;
 }
+
+/// A second talon node: its own double (target), runtime and disk, with a
+/// listener on `port`.
+async fn node(disk: &str, port: u16) -> Setup {
+    let s = setup(&[disk]).await;
+    s.state
+        .update_typed(
+            "node",
+            "",
+            None,
+            &NodeConfig {
+                nvmf_port: port,
+                ..NodeConfig::default()
+            },
+        )
+        .expect("node port");
+    s
+}
+
+/// Two talon nodes against two doubles sharing one fabric: node B serves
+/// replica 1 of `rv` (`serveReplica`), node A's engine has a local replica 0
+/// and attaches B's over NVMe/TCP into its raid1; the ledger counts both.
+/// When B's target restarts (the remote replica goes away and comes back),
+/// A waits, then rebuilds it. Deleting on A detaches the remote replica.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_remote_replica_served_by_another_node_joins_the_raid1() {
+    let a = node("da", 4431).await;
+    let b = node("db", 4432).await;
+    a.double.set_rebuild_time(Duration::from_millis(300));
+    let mut served = volume(16 * MIB, 1);
+    served.serve_replica = Some(1);
+    b.state.create_typed("rv", "", &served).expect("served");
+    let exported = ready(&b.state, "rv", "replica served on B").await;
+    assert_eq!(exported.exports[0].name, "nqn.2025-01.io.talon:replica:rv:r1");
+    assert_eq!(exported.exports[0].port, 4432);
+
+    let mut engine_vol = volume(16 * MIB, 1);
+    engine_vol.remote_replicas = vec![talon::resources::config::RemoteReplica {
+        address: "127.0.0.1".into(),
+        port: 4432,
+    }];
+    a.state.create_typed("rv", "", &engine_vol).expect("engine");
+    let st = ready(&a.state, "rv", "engine on A").await;
+    assert_eq!(st.device, "talon-raid-rv");
+    assert_eq!(st.replicas, vec!["rv-r0", "rv-r1"]);
+    assert_eq!(ledger(&a.state, "rv").map(|l| l.0), Some(vec![0, 1]));
+    let raid = a.client.bdev("talon-raid-rv").await.expect("get").expect("raid");
+    assert_eq!(raid.size_bytes(), 16 * MIB);
+    let r1 = replica(&a.state, "rv-r1").expect("remote replica status");
+    assert_eq!(
+        (r1.bdev.as_str(), r1.disk.as_str()),
+        ("talon-remote-rv-r1n1", "127.0.0.1:4432")
+    );
+
+    // B's target restarts: A's remote replica goes (as a lost NVMe path does)
+    b.double.restart().await.expect("restart B");
+    a.client
+        .bdev_nvme_detach_controller(&ByName::new("talon-remote-rv-r1"))
+        .await
+        .expect("path lost");
+    eventually("r1 out of A's ledger", WAIT, || async {
+        ledger(&a.state, "rv").filter(|l| l.0 == vec![0])
+    })
+    .await;
+    assert_eq!(
+        engine(&a.state, "rv").map(|e| e.state),
+        Some(ObjectState::Degraded)
+    );
+    add_disk(&b.client, b.dir.path(), "db", false).await;
+    b.state
+        .update_typed(SPDK_STATUS_ID, "", None, &target_status(1))
+        .expect("B restarts");
+    eventually("r1 rebuilt from r0", WAIT, || async {
+        ledger(&a.state, "rv").filter(|l| l.0 == vec![0, 1])
+    })
+    .await;
+    assert!(a.double.calls("bdev_raid_add_base_bdev") >= 1);
+
+    delete_and_wait::<Volume>(&a.state, "rv").await;
+    let inv = Inventory::load(&a.client).await.expect("inv");
+    assert!(inv.controllers.is_empty(), "{:?}", inv.controllers);
+    assert_eq!(talon_objects(&a.client).await, Vec::<String>::new());
+    // B keeps its replica until it is deleted there
+    assert!(
+        b.double
+            .subsystem_nqns()
+            .contains(&"nqn.2025-01.io.talon:replica:rv:r1".to_string())
+    );
+    delete_and_wait::<Volume>(&b.state, "rv").await;
+    assert_eq!(talon_objects(&b.client).await, Vec::<String>::new());
+    a.rt.stop().await;
+    b.rt.stop().await;
+}

@@ -594,3 +594,78 @@ async fn real_spdk_replica_that_missed_writes_is_rebuilt() {
     rt.stop().await;
     t.stop(Duration::from_secs(5)).await.expect("stop");
 }
+
+/// Two spdk_tgt processes as two talon nodes: B keeps replica 1 of `rv` and
+/// exports it; A's engine has replica 0 locally and attaches B's over
+/// NVMe/TCP into its raid1. Data written to A's export is read back from B's
+/// replica export directly: the remote copy holds it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_spdk_remote_replica_on_another_target() {
+    let test = "real_spdk_remote_replica_on_another_target";
+    let Some(spdk) = spdk_dir(test) else {
+        return;
+    };
+    if !spdk.join("build/bin/spdk_dd").exists() {
+        eprintln!("SKIP {test}: no build/bin/spdk_dd under {}", spdk.display());
+        return;
+    }
+    const LEN: usize = 4 << 20;
+    let (da, db) = (
+        tempfile::tempdir().expect("tempdir"),
+        tempfile::tempdir().expect("tempdir"),
+    );
+    let (cfg_a, cfg_b) = (target_cfg(da.path(), &spdk), target_cfg(db.path(), &spdk));
+    let ta = Target::start(&cfg_a).await.expect("spdk_tgt A");
+    let _reap_a = Reaper(ta.pid());
+    let tb = Target::start(&cfg_b).await.expect("spdk_tgt B");
+    let _reap_b = Reaper(tb.pid());
+    let (ca, cb) = (SpdkClient::new(cfg_a.socket()), SpdkClient::new(cfg_b.socket()));
+    attach_disks(&ca, da.path(), &["da"], true).await;
+    attach_disks(&cb, db.path(), &["db"], true).await;
+    let (pa, pb) = (free_port(), free_port());
+    let (rta, rtb) = (runtime(&ca, &["da"], pa), runtime(&cb, &["db"], pb));
+
+    let mut served = volume(32 * MIB, 1);
+    served.serve_replica = Some(1);
+    rtb.state.create_typed("rv", "", &served).expect("served");
+    let replica_nqn = ready(&rtb.state, "rv").await.exports[0].name.clone();
+    let mut engine_vol = volume(32 * MIB, 1);
+    engine_vol.remote_replicas = vec![talon::resources::config::RemoteReplica {
+        address: "127.0.0.1".into(),
+        port: pb,
+    }];
+    rta.state.create_typed("rv", "", &engine_vol).expect("engine");
+    let st = ready(&rta.state, "rv").await;
+    assert_eq!(st.device, "talon-raid-rv");
+    assert_eq!(ledger(&rta.state, "rv"), Some(vec![0, 1]));
+
+    let data = pattern(0x5a, LEN);
+    dd(&spdk, da.path(), pa, &st.exports[0].name, Some(&data), LEN);
+    assert!(
+        dd(&spdk, db.path(), pb, &replica_nqn, None, LEN) == data,
+        "B's replica holds what was written through A"
+    );
+    let out = perf(&spdk, pa, &st.exports[0].name, "randrw -M 50", 1);
+    assert!(total_iops(&out) > 0.0, "{out}");
+
+    rta.state
+        .destroy("config", "Volume", "rv", "")
+        .expect("delete on A");
+    eventually("A clean", WAIT, || async {
+        rta.state.list("config", "Volume").is_empty().then_some(())
+    })
+    .await;
+    assert_eq!(leftovers(&ca).await, Vec::<String>::new());
+    rtb.state
+        .destroy("config", "Volume", "rv", "")
+        .expect("delete on B");
+    eventually("B clean", WAIT, || async {
+        rtb.state.list("config", "Volume").is_empty().then_some(())
+    })
+    .await;
+    assert_eq!(leftovers(&cb).await, Vec::<String>::new());
+    rta.stop().await;
+    rtb.stop().await;
+    ta.stop(Duration::from_secs(5)).await.expect("stop A");
+    tb.stop(Duration::from_secs(5)).await.expect("stop B");
+}
