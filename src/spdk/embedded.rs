@@ -244,11 +244,6 @@ impl Embedded {
         }
     }
 
-    /// The RPC socket.
-    pub fn socket(&self) -> &std::path::Path {
-        &self.socket
-    }
-
     /// Waits until the framework stops by itself; returns how.
     pub async fn wait_exit(&mut self) -> String {
         match self.done.wait_for(Option::is_some).await {
@@ -261,9 +256,11 @@ impl Embedded {
     pub async fn stop(mut self) -> String {
         let thread = self.thread.take();
         let (start, grace) = (self.start_timeout, self.stop_grace);
-        tokio::task::spawn_blocking(move || stop_thread(thread, start, grace))
+        let status = tokio::task::spawn_blocking(move || stop_thread(thread, start, grace))
             .await
-            .unwrap_or_else(|e| format!("stopping the in-process SPDK framework panicked: {e}"))
+            .unwrap_or_else(|e| format!("stopping the in-process SPDK framework panicked: {e}"));
+        tracing::info!(%status, socket = %self.socket.display(), "in-process SPDK framework stopped");
+        status
     }
 }
 
@@ -271,7 +268,7 @@ impl Drop for Embedded {
     fn drop(&mut self) {
         if self.thread.is_some() {
             let status = stop_thread(self.thread.take(), self.start_timeout, self.stop_grace);
-            tracing::info!(%status, "in-process SPDK framework stopped");
+            tracing::info!(%status, socket = %self.socket.display(), "in-process SPDK framework stopped");
         }
     }
 }

@@ -829,6 +829,24 @@ mod tests {
         );
     }
 
+    #[cfg(not(feature = "spdk-embedded"))]
+    #[tokio::test]
+    async fn embedded_without_the_feature_is_a_permanent_failure() {
+        let d = tempfile::tempdir().expect("tempdir");
+        let mut c = TargetConfig::new(d.path());
+        c.embedded = true;
+        let e = Target::start(&c).await.expect_err("no feature");
+        assert!(matches!(e, TargetError::EmbeddedNotBuilt), "{e}");
+        assert!(e.is_permanent());
+        assert!(e.to_string().contains("--features spdk-embedded"), "{e}");
+        // supervise reports it once and gives up instead of retrying
+        let (tx, mut rx) = mpsc::channel(8);
+        supervise(c, tx, std::future::pending()).await;
+        let ev = rx.recv().await.expect("an event");
+        assert!(matches!(ev, TargetEvent::StartFailed { .. }), "{ev:?}");
+        assert!(rx.recv().await.is_none(), "no restart after a permanent failure");
+    }
+
     #[test]
     fn backoff_doubles_and_caps() {
         let mut b = Backoff::new(Duration::from_millis(100), Duration::from_secs(1));

@@ -311,6 +311,25 @@ mod tests {
         assert!(s.v2_available, "{}", s.reason);
         assert!(s.reason.contains("already listening"), "{}", s.reason);
 
+        // in-process: no binary needed, but a build with the feature
+        let embedded = SpdkOptions {
+            embedded: true,
+            no_huge: true,
+            ..opts.clone()
+        };
+        let s = EngineSelection::detect_on(&embedded, &root);
+        assert_eq!(s.v2_available, cfg!(feature = "spdk-embedded"), "{}", s.reason);
+        assert_eq!(s.spdk_tgt, None);
+        if cfg!(feature = "spdk-embedded") {
+            assert!(s.reason.starts_with("in-process SPDK"), "{}", s.reason);
+        } else {
+            assert!(
+                s.reason.contains("built without the spdk-embedded feature"),
+                "{}",
+                s.reason
+            );
+        }
+
         let (_d2, root2, bin2) = fixture(512);
         opts.no_huge = false;
         opts.spdk_tgt = Some(bin2);
