@@ -1,5 +1,4 @@
 /* The SPDK headers talon's in-process target uses (spdk-sys `bindings` feature). */
 #include <spdk/event.h>
-#include <spdk/rpc.h>
 #include <spdk/log.h>
 #include <spdk/version.h>

@@ -91,6 +91,8 @@ pub enum ServeError {
         #[source]
         source: std::io::Error,
     },
+    #[error(transparent)]
+    Target(#[from] crate::spdk::target::TargetError),
 }
 
 /// The desired state a config file may carry.
@@ -257,6 +259,9 @@ pub fn node_info_fn(
 
 /// Runs the daemon until `shutdown` completes.
 pub async fn serve(opts: ServeOptions, shutdown: impl Future<Output = ()> + Send) -> Result<(), ServeError> {
+    if opts.spdk.embedded && !cfg!(feature = "spdk-embedded") {
+        return Err(crate::spdk::target::TargetError::EmbeddedNotBuilt.into());
+    }
     std::fs::DirBuilder::new()
         .recursive(true)
         .mode(0o700)

@@ -132,8 +132,11 @@ pub enum EngineArg {
     Auto,
     /// tgtd/iSCSI.
     V1,
-    /// SPDK.
+    /// SPDK (spdk_tgt, spawned or adopted).
     V2,
+    /// SPDK in-process: talon runs the SPDK framework itself (needs a talon
+    /// built with `--features spdk-embedded`).
+    SpdkEmbedded,
 }
 
 impl From<EngineArg> for crate::resources::config::EngineKind {
@@ -141,7 +144,7 @@ impl From<EngineArg> for crate::resources::config::EngineKind {
         match e {
             EngineArg::Auto => Self::Auto,
             EngineArg::V1 => Self::V1,
-            EngineArg::V2 => Self::V2,
+            EngineArg::V2 | EngineArg::SpdkEmbedded => Self::V2,
         }
     }
 }
@@ -256,6 +259,7 @@ async fn run(cli: Cli) -> Result<ExitCode, CliError> {
                     no_huge_mem_mib: a.no_huge_mem_mib,
                     interrupt_mode: a.interrupt_mode,
                     engine: a.engine.into(),
+                    embedded: a.engine == EngineArg::SpdkEmbedded,
                     ..Default::default()
                 },
             };

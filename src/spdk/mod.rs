@@ -7,11 +7,14 @@
 //!   SpdkClient (client.rs) ──Unix socket──> spdk_tgt  (supervised by target.rs)
 //!          │                           └──> SpdkDouble (double.rs, tests only
 //!          v                                stand-in that keeps SPDK's semantics)
-//!   SpdkError / ErrorKind (error.rs)
+//!   SpdkError / ErrorKind (error.rs)       spdk_tgt spawned, adopted, or in-process
+//!                                          (embedded.rs, `spdk-embedded` feature)
 //! ```
 
 pub mod client;
 pub mod double;
+#[cfg(feature = "spdk-embedded")]
+pub mod embedded;
 pub mod error;
 pub mod rpc;
 pub mod target;

@@ -10,6 +10,8 @@
 //!                                                          v              │
 //!  supervise(): Started/Adopted ─> wait for exit ─> Exited ─> Restarting(after backoff) ─┘
 //!               shutdown ─> stop: SIGINT, grace period, SIGKILL ─> Stopped
+//!  TargetConfig.embedded (spdk-embedded feature) ──> embedded::Embedded: the framework on a
+//!               thread of talon, same socket, same wait_ready; never restarted in-process
 //! ```
 //!
 //! Memory: `-s` is 512 MiB + 43 MiB per exported volume unless set; with
@@ -78,6 +80,62 @@ pub enum TargetError {
         #[source]
         last: Option<ClientError>,
     },
+    /// An in-process target was asked for, but this build has no SPDK.
+    #[error(
+        "this talon was built without the spdk-embedded feature; rebuild with --features spdk-embedded \
+         or use --engine v2"
+    )]
+    EmbeddedNotBuilt,
+    /// The in-process framework already ran in this process.
+    #[error(
+        "the in-process SPDK target on {socket} already ran in this talon ({how}); DPDK cannot be \
+         initialized twice in one process, so it is not restarted: restart talon"
+    )]
+    EmbeddedAlreadyRan {
+        /// The socket.
+        socket: PathBuf,
+        /// How it ended.
+        how: String,
+    },
+    /// A setting has no in-process form (or holds a NUL byte).
+    #[error("the in-process SPDK target cannot take the {name} {value:?}")]
+    EmbeddedOption {
+        /// Which setting.
+        name: &'static str,
+        /// Its value.
+        value: String,
+    },
+    /// The reactor thread could not be started.
+    #[error("Starting the SPDK reactor thread for {socket} failed")]
+    EmbeddedThread {
+        /// The socket.
+        socket: PathBuf,
+        /// The error.
+        #[source]
+        source: io::Error,
+    },
+    /// The in-process framework stopped before it answered.
+    #[error(
+        "the in-process SPDK target for {socket} stopped before answering (spdk_app_start returned {rc}; \
+         SPDK's log on stderr says why)"
+    )]
+    EmbeddedExited {
+        /// The socket.
+        socket: PathBuf,
+        /// `spdk_app_start`'s result.
+        rc: i32,
+    },
+    /// Another target answers on the socket an in-process one needs.
+    #[error(
+        "another SPDK target (pid {pid:?}) already answers on {socket}; stop it, or run with --engine v2 \
+         to adopt it"
+    )]
+    SocketInUse {
+        /// The socket.
+        socket: PathBuf,
+        /// Its pid, when known.
+        pid: Option<i32>,
+    },
     /// A signal could not be sent.
     #[error("Signalling spdk_tgt pid {pid} with {signal} failed")]
     Signal {
@@ -98,6 +156,19 @@ pub enum TargetError {
         #[source]
         source: io::Error,
     },
+}
+
+impl TargetError {
+    /// Whether trying again cannot help (an in-process target that already
+    /// ran, or a build without one): report it, do not retry.
+    pub fn is_permanent(&self) -> bool {
+        matches!(
+            self,
+            TargetError::EmbeddedNotBuilt
+                | TargetError::EmbeddedAlreadyRan { .. }
+                | TargetError::EmbeddedOption { .. }
+        )
+    }
 }
 
 /// Where SPDK's memory comes from.
@@ -140,6 +211,9 @@ pub struct TargetConfig {
     pub ready_timeout: Duration,
     /// SIGINT to SIGKILL grace period.
     pub stop_grace: Duration,
+    /// Run the SPDK framework in-process (`--engine spdk-embedded`) instead
+    /// of spawning spdk_tgt.
+    pub embedded: bool,
 }
 
 impl TargetConfig {
@@ -158,6 +232,7 @@ impl TargetConfig {
             extra_args: Vec::new(),
             ready_timeout: Duration::from_secs(60),
             stop_grace: Duration::from_secs(10),
+            embedded: false,
         }
     }
 
@@ -325,6 +400,8 @@ pub enum Origin {
     Spawned,
     /// It was already answering on the socket.
     Adopted,
+    /// The SPDK framework runs in talon (`--engine spdk-embedded`).
+    Embedded,
 }
 
 /// A running spdk_tgt.
@@ -335,6 +412,8 @@ pub struct Target {
     pid: Option<i32>,
     child: Option<Child>,
     version: Version,
+    #[cfg(feature = "spdk-embedded")]
+    embedded: Option<super::embedded::Embedded>,
 }
 
 /// The pid of the process listening on a Unix socket (SO_PEERCRED).
@@ -358,17 +437,41 @@ impl Target {
             pid,
             child: None,
             version,
+            #[cfg(feature = "spdk-embedded")]
+            embedded: None,
         })
     }
 
     /// Adopts a target on the config's socket, or spawns one and waits until
-    /// it answers.
+    /// it answers; with `cfg.embedded`, starts the framework in-process
+    /// instead (never adopts).
     pub async fn start(cfg: &TargetConfig) -> Result<Target, TargetError> {
+        if cfg.embedded {
+            return Self::start_embedded(cfg).await;
+        }
         if let Some(t) = Self::adopt(&cfg.socket()).await {
             tracing::info!(pid = ?t.pid, version = %t.version.version, "adopted a running spdk_tgt");
             return Ok(t);
         }
         Self::spawn(cfg).await
+    }
+
+    #[cfg(feature = "spdk-embedded")]
+    async fn start_embedded(cfg: &TargetConfig) -> Result<Target, TargetError> {
+        let (embedded, version) = super::embedded::Embedded::start(cfg).await?;
+        Ok(Target {
+            client: SpdkClient::new(cfg.socket()),
+            origin: Origin::Embedded,
+            pid: i32::try_from(std::process::id()).ok(),
+            child: None,
+            version,
+            embedded: Some(embedded),
+        })
+    }
+
+    #[cfg(not(feature = "spdk-embedded"))]
+    async fn start_embedded(_cfg: &TargetConfig) -> Result<Target, TargetError> {
+        Err(TargetError::EmbeddedNotBuilt)
     }
 
     /// Spawns spdk_tgt (never adopts) and waits until it answers.
@@ -405,6 +508,8 @@ impl Target {
                 pid,
                 child: Some(child),
                 version,
+                #[cfg(feature = "spdk-embedded")]
+                embedded: None,
             }),
             Err(e) => {
                 let _ = child.start_kill();
@@ -434,14 +539,23 @@ impl Target {
         &self.version
     }
 
-    /// Lets go of the target without stopping it.
+    /// Lets go of the target without stopping it (an in-process one runs
+    /// until talon exits).
     pub fn release(mut self) {
         self.child.take();
+        #[cfg(feature = "spdk-embedded")]
+        if let Some(e) = self.embedded.take() {
+            std::mem::forget(e);
+        }
     }
 
     /// Waits until the target exits: the child's status for a spawned
     /// target; for an adopted one, until its socket stops answering.
     pub async fn wait_exit(&mut self) -> Result<String, TargetError> {
+        #[cfg(feature = "spdk-embedded")]
+        if let Some(e) = self.embedded.as_mut() {
+            return Ok(e.wait_exit().await);
+        }
         if let Some(c) = self.child.as_mut() {
             let pid = c.id().unwrap_or(0);
             let status = c
@@ -468,6 +582,10 @@ impl Target {
     /// Returns how it ended.
     pub async fn stop(mut self, grace: Duration) -> Result<String, TargetError> {
         self.client.disconnect().await;
+        #[cfg(feature = "spdk-embedded")]
+        if let Some(e) = self.embedded.take() {
+            return Ok(e.stop().await);
+        }
         let Some(pid) = self.pid else {
             return Ok("unknown pid: not signalled".into());
         };
@@ -578,7 +696,7 @@ pub async fn supervise(
             Ok(mut t) => {
                 let (pid, version) = (t.pid(), t.version().version.clone());
                 let ev = match t.origin() {
-                    Origin::Spawned => TargetEvent::Started { pid, version },
+                    Origin::Spawned | Origin::Embedded => TargetEvent::Started { pid, version },
                     Origin::Adopted => TargetEvent::Adopted { pid, version },
                 };
                 let _ = events.send(ev).await;
@@ -606,9 +724,13 @@ pub async fn supervise(
                 }
             }
             Err(e) => {
+                let permanent = e.is_permanent();
                 let _ = events
                     .send(TargetEvent::StartFailed { error: e.to_string() })
                     .await;
+                if permanent {
+                    return;
+                }
             }
         }
         let after = backoff.next_delay();
@@ -705,6 +827,24 @@ mod tests {
             find_spdk_tgt(Some(&explicit), Some(&d.path().join("spdk")), Some(&path_var)).expect("e"),
             explicit
         );
+    }
+
+    #[cfg(not(feature = "spdk-embedded"))]
+    #[tokio::test]
+    async fn embedded_without_the_feature_is_a_permanent_failure() {
+        let d = tempfile::tempdir().expect("tempdir");
+        let mut c = TargetConfig::new(d.path());
+        c.embedded = true;
+        let e = Target::start(&c).await.expect_err("no feature");
+        assert!(matches!(e, TargetError::EmbeddedNotBuilt), "{e}");
+        assert!(e.is_permanent());
+        assert!(e.to_string().contains("--features spdk-embedded"), "{e}");
+        // supervise reports it once and gives up instead of retrying
+        let (tx, mut rx) = mpsc::channel(8);
+        supervise(c, tx, std::future::pending()).await;
+        let ev = rx.recv().await.expect("an event");
+        assert!(matches!(ev, TargetEvent::StartFailed { .. }), "{ev:?}");
+        assert!(rx.recv().await.is_none(), "no restart after a permanent failure");
     }
 
     #[test]

@@ -4,6 +4,7 @@
 //! ```text
 //!   SpdkOptions (--spdk-tgt, --no-huge, --engine) ─┐
 //!   find_spdk_tgt (explicit, TALON_SPDK_DIR, PATH) ┼─> detect ─> EngineSelection { v2_available, reason }
+//!     or in-process (--engine spdk-embedded)       │                  │
 //!   /sys/kernel/mm/hugepages/*/free_hugepages ─────┘                  │
 //!                                                                     v
 //!   Volume.engine / NodeConfig.engine / --engine ──> engine_for ──> Engine::V1 | Engine::V2
@@ -43,6 +44,8 @@ pub struct SpdkOptions {
     pub engine: EngineKind,
     /// More spdk_tgt arguments (tests: `--disable-cpumask-locks`).
     pub extra_args: Vec<OsString>,
+    /// `--engine spdk-embedded`: SPDK in-process instead of spdk_tgt.
+    pub embedded: bool,
 }
 
 impl Default for SpdkOptions {
@@ -57,6 +60,7 @@ impl Default for SpdkOptions {
             interrupt_mode: false,
             engine: EngineKind::Auto,
             extra_args: Vec::new(),
+            embedded: false,
         }
     }
 }
@@ -70,6 +74,7 @@ impl SpdkOptions {
         c.cpumask = self.cpumask.clone();
         c.interrupt_mode = self.interrupt_mode;
         c.extra_args = self.extra_args.clone();
+        c.embedded = self.embedded;
         c.memory = if self.no_huge {
             Memory::NoHuge {
                 mem_size_mib: self.no_huge_mem_mib,
@@ -136,44 +141,42 @@ impl EngineSelection {
 
     /// Detects with `/sys` read through `host` (fixture trees in tests).
     pub fn detect_on(opts: &SpdkOptions, host: &HostRoot) -> EngineSelection {
-        let found = find_spdk_tgt(
-            opts.spdk_tgt.as_deref(),
-            opts.spdk_dir.as_deref(),
-            opts.path_var.as_deref(),
-        );
+        // what would run SPDK: (its description, the binary)
+        let found = if opts.embedded {
+            if cfg!(feature = "spdk-embedded") {
+                Ok(("in-process SPDK (spdk-embedded)".to_string(), None))
+            } else {
+                Err(crate::spdk::target::TargetError::EmbeddedNotBuilt.to_string())
+            }
+        } else {
+            find_spdk_tgt(
+                opts.spdk_tgt.as_deref(),
+                opts.spdk_dir.as_deref(),
+                opts.path_var.as_deref(),
+            )
+            .map(|bin| (bin.display().to_string(), Some(bin)))
+            .map_err(|e| format!("{e}; set --spdk-tgt or TALON_SPDK_DIR, or put spdk_tgt on PATH"))
+        };
         let (v2_available, reason, spdk_tgt) = match found {
-            Err(e) => (
-                false,
-                format!("{e}; set --spdk-tgt or TALON_SPDK_DIR, or put spdk_tgt on PATH"),
-                None,
-            ),
-            Ok(bin) if opts.no_huge => (
+            Err(e) => (false, e, None),
+            Ok((what, bin)) if opts.no_huge => (
                 true,
-                format!(
-                    "{} with --no-huge -s {} (development)",
-                    bin.display(),
-                    opts.no_huge_mem_mib
-                ),
-                Some(bin),
+                format!("{what} with --no-huge -s {} (development)", opts.no_huge_mem_mib),
+                bin,
             ),
-            Ok(bin) => {
+            Ok((what, bin)) => {
                 let need = mem_size_mib_for(0);
                 let free = free_hugepages_mib(host);
                 if free >= need {
-                    (
-                        true,
-                        format!("{} with {free} MiB of free hugepages", bin.display()),
-                        Some(bin),
-                    )
+                    (true, format!("{what} with {free} MiB of free hugepages"), bin)
                 } else {
                     (
                         false,
                         format!(
-                            "{} found, but only {free} MiB of hugepages are free and spdk_tgt needs {need} MiB \
-                             (reserve hugepages, or run with --no-huge for development)",
-                            bin.display()
+                            "{what} found, but only {free} MiB of hugepages are free and SPDK needs {need} MiB \
+                             (reserve hugepages, or run with --no-huge for development)"
                         ),
-                        Some(bin),
+                        bin,
                     )
                 }
             }
@@ -307,6 +310,25 @@ mod tests {
         let s = EngineSelection::detect_with_socket(&opts, &root, &sock);
         assert!(s.v2_available, "{}", s.reason);
         assert!(s.reason.contains("already listening"), "{}", s.reason);
+
+        // in-process: no binary needed, but a build with the feature
+        let embedded = SpdkOptions {
+            embedded: true,
+            no_huge: true,
+            ..opts.clone()
+        };
+        let s = EngineSelection::detect_on(&embedded, &root);
+        assert_eq!(s.v2_available, cfg!(feature = "spdk-embedded"), "{}", s.reason);
+        assert_eq!(s.spdk_tgt, None);
+        if cfg!(feature = "spdk-embedded") {
+            assert!(s.reason.starts_with("in-process SPDK"), "{}", s.reason);
+        } else {
+            assert!(
+                s.reason.contains("built without the spdk-embedded feature"),
+                "{}",
+                s.reason
+            );
+        }
 
         let (_d2, root2, bin2) = fixture(512);
         opts.no_huge = false;

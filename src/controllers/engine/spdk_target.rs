@@ -20,6 +20,11 @@
 //! it. After a crash of talon the target keeps serving and the next talon
 //! adopts it. `-s` is decided when the target starts; more volumes later do
 //! not restart a running target.
+//!
+//! In-process (`--engine spdk-embedded`): the same, except that the target is
+//! the SPDK framework on a thread of talon (pid = talon's), it is kept while
+//! talon runs even without V2 work, and when it dies it is not restarted (DPDK
+//! initializes once per process): `TargetStatus` goes `failed` saying so.
 
 use std::time::{Duration, Instant};
 
@@ -117,7 +122,7 @@ fn stop_blocking(t: Target, grace: Duration) {
             Ok(_) => true,
             Err(_) => kill(p, None).is_err(),
         },
-        Origin::Adopted => kill(p, None).is_err(),
+        Origin::Adopted | Origin::Embedded => kill(p, None).is_err(),
     };
     if kill(p, Signal::SIGINT).is_err() {
         return;
@@ -187,8 +192,14 @@ impl Controller for SpdkTargetController {
         let mut inner = self.inner.lock().await;
 
         if disks.is_empty() && v2_volumes == 0 {
-            // no V2 work: no target (its hugepages and ports are free for others)
-            if let Some(t) = inner.target.take() {
+            // no V2 work: no target (its hugepages and ports are free for others);
+            // an in-process one stays: it could not be started again
+            if inner
+                .target
+                .as_ref()
+                .is_some_and(|t| t.origin() != Origin::Embedded)
+                && let Some(t) = inner.target.take()
+            {
                 let status = t.stop(self.template.stop_grace).await?;
                 tracing::info!(%status, "stopped spdk_tgt: no disks and no V2 volumes");
             }
@@ -237,6 +248,15 @@ impl Controller for SpdkTargetController {
                     inner.up_since = Some(Instant::now());
                     inner.next_start = None;
                 }
+                Err(e) if e.is_permanent() => {
+                    inner.next_start = None;
+                    let msg = crate::runtime::runner::error_chain(&e);
+                    ctx.apply(
+                        SPDK_STATUS_ID,
+                        status(&self.template, &inner, ObjectState::Failed, msg),
+                    )?;
+                    return Ok(Requeue::OnInputChange);
+                }
                 Err(e) => {
                     let after = inner.backoff.next_delay();
                     inner.next_start = Some(Instant::now() + after);
@@ -255,6 +275,10 @@ impl Controller for SpdkTargetController {
         let origin = inner.target.as_ref().map(Target::origin);
         let msg = match origin {
             Some(Origin::Adopted) => format!("adopted on {}", self.template.socket().display()),
+            Some(Origin::Embedded) => format!(
+                "in-process (spdk-embedded), serving on {}",
+                self.template.socket().display()
+            ),
             _ => format!("serving on {}", self.template.socket().display()),
         };
         ctx.apply(
