@@ -147,6 +147,26 @@ async fn node_info_discover_and_errors_that_name_the_field() {
         .expect_err("bad name");
     assert_eq!(rpc_kind(&e), Some(ErrorKind::InvalidParams));
     assert!(e.to_string().contains("Bad_Name"), "{e}");
+    let e = c
+        .call::<_, Value>(
+            "volume_create",
+            json!({"name": "rv", "size": "1GiB", "remoteReplicas": [{"address": "node-b", "port": 4420}]}),
+        )
+        .await
+        .expect_err("remote replica by name");
+    assert_eq!(rpc_kind(&e), Some(ErrorKind::InvalidParams));
+    assert!(
+        e.to_string().contains("volume rv") && e.to_string().contains("node-b"),
+        "{e}"
+    );
+    let e = c
+        .call::<_, Value>(
+            "volume_create",
+            json!({"name": "rv", "size": "1GiB", "replicas": 2, "serveReplica": 1}),
+        )
+        .await
+        .expect_err("served replica with two local replicas");
+    assert!(e.to_string().contains("serveReplica"), "{e}");
     let e = c.get("Volume", "ghost").await.expect_err("missing");
     assert_eq!(rpc_kind(&e), Some(ErrorKind::NotFound));
     assert!(e.to_string().contains("ghost"), "{e}");

@@ -28,6 +28,13 @@ pub enum VolumeCommand {
         /// Disks to place replicas on.
         #[arg(long = "disk")]
         disks: Vec<String>,
+        /// A replica kept by another talon node, `ADDRESS:PORT` of its NVMe/TCP
+        /// listener (V2; repeat for more); that node runs `--serve-replica K`.
+        #[arg(long = "remote-replica", value_name = "ADDRESS:PORT")]
+        remote_replicas: Vec<std::net::SocketAddr>,
+        /// Only keep replica K here, for an engine on another node (V2).
+        #[arg(long, value_name = "K", conflicts_with = "remote_replicas")]
+        serve_replica: Option<u32>,
         /// Return at once instead of waiting until it is exported.
         #[arg(long)]
         no_wait: bool,
@@ -205,10 +212,25 @@ fn volume_rows(v: &Value) {
 /// Runs `talon volume ...`.
 pub async fn run_volume(c: &Client, cmd: VolumeCommand) -> Result<(), CliError> {
     let v: Value = match cmd {
-        VolumeCommand::Create { name, size, replicas, engine, frontend, disks, no_wait } => {
+        VolumeCommand::Create {
+            name,
+            size,
+            replicas,
+            engine,
+            frontend,
+            disks,
+            remote_replicas,
+            serve_replica,
+            no_wait,
+        } => {
+            let remote: Vec<Value> = remote_replicas
+                .iter()
+                .map(|a| json!({"address": a.ip().to_string(), "port": a.port()}))
+                .collect();
             c.call(
                 "volume_create",
-                json!({"name": name, "size": size, "replicas": replicas, "engine": engine, "frontend": frontend, "disks": disks, "wait": !no_wait}),
+                json!({"name": name, "size": size, "replicas": replicas, "engine": engine, "frontend": frontend,
+                       "disks": disks, "remoteReplicas": remote, "serveReplica": serve_replica, "wait": !no_wait}),
             )
             .await?
         }
@@ -224,31 +246,56 @@ pub async fn run_volume(c: &Client, cmd: VolumeCommand) -> Result<(), CliError> 
             }
             return print_value(&v, output);
         }
-        VolumeCommand::Delete { name } => c.call("volume_delete", json!({"name": name, "wait": true})).await?,
+        VolumeCommand::Delete { name } => {
+            c.call("volume_delete", json!({"name": name, "wait": true}))
+                .await?
+        }
         VolumeCommand::Expand { name, size } => {
-            c.call("volume_expand", json!({"name": name, "size": size, "wait": true})).await?
+            c.call("volume_expand", json!({"name": name, "size": size, "wait": true}))
+                .await?
         }
         VolumeCommand::Clone { name, from } => {
-            let (volume, snapshot) =
-                from.split_once('@').ok_or_else(|| format!("--from {from:?} must be VOLUME@SNAPSHOT"))?;
-            c.call("volume_clone", json!({"name": name, "volume": volume, "snapshot": snapshot, "wait": true})).await?
+            let (volume, snapshot) = from
+                .split_once('@')
+                .ok_or_else(|| format!("--from {from:?} must be VOLUME@SNAPSHOT"))?;
+            c.call(
+                "volume_clone",
+                json!({"name": name, "volume": volume, "snapshot": snapshot, "wait": true}),
+            )
+            .await?
         }
         VolumeCommand::Revert { name, snapshot } => {
-            c.call("volume_revert", json!({"volume": name, "name": snapshot})).await?
+            c.call("volume_revert", json!({"volume": name, "name": snapshot}))
+                .await?
         }
         VolumeCommand::Attach { name, frontend } => {
-            c.call("volume_attach", json!({"name": name, "frontend": frontend, "wait": true})).await?
+            c.call(
+                "volume_attach",
+                json!({"name": name, "frontend": frontend, "wait": true}),
+            )
+            .await?
         }
-        VolumeCommand::Detach { name } => c.call("volume_detach", json!({"name": name, "wait": true})).await?,
+        VolumeCommand::Detach { name } => {
+            c.call("volume_detach", json!({"name": name, "wait": true}))
+                .await?
+        }
         VolumeCommand::Wait { name, timeout } => {
             let mut sub = c.watch(Some("EngineStatus"), true).await?;
             let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(timeout);
             loop {
                 let v: Value = c.call("volume_get", json!({"name": name})).await?;
-                let state = v.pointer("/engine/state").and_then(Value::as_str).unwrap_or("pending");
+                let state = v
+                    .pointer("/engine/state")
+                    .and_then(Value::as_str)
+                    .unwrap_or("pending");
                 match state {
                     "ready" | "degraded" => {
-                        for e in v.pointer("/engine/exports").and_then(Value::as_array).into_iter().flatten() {
+                        for e in v
+                            .pointer("/engine/exports")
+                            .and_then(Value::as_array)
+                            .into_iter()
+                            .flatten()
+                        {
                             println!("{}", connect_help(&name, e));
                         }
                         return Ok(());
