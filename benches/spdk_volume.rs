@@ -10,7 +10,10 @@
 //!    built by hand (replica exported over NVMe/TCP, attached back with an
 //!    explicit NGUID, raid1 with a removed placeholder, exported again), and
 //!    (d) the alternative 1-replica engine talon did not choose (raid1 of the
-//!    local lvol + a removed placeholder).
+//!    local lvol + a removed placeholder);
+//! 3. rebuild: a replica of a 2-replica volume leaves the raid1 and joins
+//!    again behind (`VolumeOps::ensure` with the ledger saying so): time until
+//!    SPDK's rebuild is done, MiB/s, and what the thin replica holds after.
 //!
 //! ```text
 //!   spdk_tgt core 0 ── malloc "talon-disk-bench" ── lvstore talon-bench ── lvols
@@ -26,8 +29,8 @@ use futures::StreamExt;
 use talon::names::ObjectName;
 use talon::spdk::SpdkClient;
 use talon::spdk::rpc::{
-    AddNamespace, ByName, CreateSubsystem, CreateTransport, ListenAddress, LvolCreate, LvstoreCreate,
-    MallocCreate, RaidCreate, RaidLevel, SubsystemListener,
+    AddNamespace, ByName, CreateSubsystem, CreateTransport, GetRaids, ListenAddress, LvolCreate,
+    LvstoreCreate, MallocCreate, RaidCategory, RaidCreate, RaidLevel, SubsystemListener,
 };
 use talon::spdk::target::{Memory, Target, TargetConfig};
 use talon::spdk::volume::{ExportSpec, Inventory, VolumeOps, VolumePlan};
@@ -55,6 +58,63 @@ fn plan(name: &str, replicas: usize, port: u16) -> VolumePlan {
         },
         in_sync: None,
         remote: vec![],
+    }
+}
+
+async fn rebuild(ops: &VolumeOps, port: u16) {
+    let c = ops.client();
+    println!("\nrebuild: a replica that missed writes joins the raid1 again (one idle target)");
+    println!(
+        "{:<10} {:>9} {:>9} {:>22}",
+        "volume", "ms", "MiB/s", "r1 allocated after"
+    );
+    for size_mib in [256u64, 1024] {
+        let name = format!("rb{size_mib}");
+        let mut p = plan(&name, 2, port);
+        p.size_bytes = size_mib * MIB;
+        let inv = Inventory::load(c).await.expect("inventory");
+        let info = ops.ensure(&inv, &p).await.expect("ensure");
+        c.bdev_raid_remove_base_bdev(&ByName::new(&info.replicas[1].bdev))
+            .await
+            .expect("r1 leaves");
+        p.in_sync = Some([0].into());
+        let t0 = Instant::now();
+        let inv = Inventory::load(c).await.expect("inventory");
+        let info = ops.ensure(&inv, &p).await.expect("ensure");
+        assert_eq!(info.rebuilding.map(|r| r.0), Some(1), "r1 rebuilding");
+        let raid = format!("talon-raid-{name}");
+        loop {
+            let raids = c
+                .bdev_raid_get_bdevs(&GetRaids {
+                    category: RaidCategory::All,
+                })
+                .await
+                .expect("raids");
+            if raids
+                .iter()
+                .find(|r| r.name == raid)
+                .is_some_and(|r| r.process.is_none())
+            {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let secs = t0.elapsed().as_secs_f64();
+        let inv = Inventory::load(c).await.expect("inventory");
+        let r1 = inv
+            .find_lvol(&format!("{name}-r1"))
+            .map(|l| l.num_allocated_clusters)
+            .unwrap_or(0);
+        println!(
+            "{:<10} {:>9.0} {:>9.0} {:>15} MiB of {size_mib}",
+            format!("{size_mib} MiB"),
+            secs * 1e3,
+            size_mib as f64 / secs,
+            r1
+        );
+        ops.delete(&inv, &ObjectName::parse("volume", &name).expect("n"))
+            .await
+            .expect("delete");
     }
 }
 
@@ -370,6 +430,9 @@ fn main() {
         let ops = VolumeOps::new(c.clone());
         if only.as_deref().is_none_or(|o| o == "control") {
             control_plane(&ops, port).await;
+        }
+        if only.as_deref().is_none_or(|o| o == "rebuild") {
+            rebuild(&ops, port).await;
         }
         if only.as_deref().is_none_or(|o| o == "data") {
             let rounds = std::env::var("ROUNDS")
