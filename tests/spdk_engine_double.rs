@@ -463,3 +463,53 @@ async fn a_dead_target_is_counted_retried_with_backoff_and_readopted() {
     assert_eq!(s2.lvstore_uuid, s1.lvstore_uuid);
     rt.stop().await;
 }
+
+/// `engine.SpdkEventsController` counts bdev_unregister events of the target
+/// (a disk pulled, with its lvols): the change is what wakes the volume
+/// controller; after a target restart it follows the new target's ids.
+#[tokio::test]
+async fn bdev_unregister_events_become_an_spdk_events_change() {
+    use talon::controllers::engine::spdk_events::SpdkEventsController;
+    use talon::resources::engine::SpdkEvents;
+    let d = tempfile::tempdir().expect("tempdir");
+    let double = SpdkDouble::start(d.path().join("spdk.sock"))
+        .await
+        .expect("double");
+    let mut cfg = talon::spdk::target::TargetConfig::new(d.path());
+    cfg.spdk_tgt = Some(d.path().join("no-spdk_tgt"));
+    cfg.spdk_dir = None;
+    let run = d.path().to_path_buf();
+    let socket = cfg.socket();
+    let rt = TestRuntime::start_on(State::in_memory(), move |rt| {
+        rt.register(SpdkTargetController::new(
+            cfg,
+            EngineSelection::fixed(true, "SpdkDouble (test double)"),
+        ))?;
+        rt.register(SpdkDiskController::new(&run, talon::host::HostRoot::new(&run)))?;
+        rt.register(SpdkEventsController::new(SpdkClient::new(&socket)))
+    })
+    .expect("runtime");
+    let st = rt.state.clone();
+    st.create_typed("d1", "", &file_disk(&d.path().join("d1.img"), Some(64 << 20)))
+        .expect("disk");
+    status(&st, "d1", ObjectState::Ready).await;
+    let c = SpdkClient::new(double.socket());
+    c.bdev_lvol_create(&LvolCreate::thin("talon-d1", "x-r0", 4))
+        .await
+        .expect("lvol");
+    let events = |st: &State| {
+        st.get_typed::<SpdkEvents>("spdk")
+            .ok()
+            .flatten()
+            .map(|e| e.spec)
+            .unwrap_or_default()
+    };
+    let before = events(&st).bdev_unregistered;
+    assert!(double.hot_remove("talon-disk-d1"));
+    let after = eventually("unregisters counted", WAIT, || async {
+        Some(events(&st)).filter(|e| e.bdev_unregistered >= before + 2)
+    })
+    .await;
+    assert!(!after.last_bdev.is_empty(), "{after:?}");
+    rt.stop().await;
+}

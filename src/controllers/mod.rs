@@ -39,6 +39,9 @@ pub fn register_all(rt: &mut Runtime, deps: &Deps) -> Result<(), RuntimeError> {
         &deps.run_dir,
         deps.host.clone(),
     ))?;
+    rt.register(engine::spdk_events::SpdkEventsController::new(
+        crate::spdk::SpdkClient::new(&socket),
+    ))?;
     rt.register(engine::spdk_volume::SpdkVolumeController::new(
         crate::spdk::SpdkClient::new(socket),
         selection.auto_engine() == crate::resources::engine::Engine::V2,

@@ -140,6 +140,22 @@ impl Spec for ReplicaLedger {
     const NAMESPACE: &'static str = "ledger";
 }
 
+/// Bdev events of spdk_tgt (id `spdk`), counted from its notify library: a
+/// change wakes the volume controller (a raid member that went away).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct SpdkEvents {
+    /// bdev_unregister events seen since talon started.
+    pub bdev_unregistered: u64,
+    /// The last bdev unregistered.
+    pub last_bdev: String,
+}
+
+impl Spec for SpdkEvents {
+    const TYPE: &'static str = "SpdkEvents";
+    const NAMESPACE: &'static str = "engine";
+}
+
 /// How a volume is exported.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]

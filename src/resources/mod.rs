@@ -71,6 +71,10 @@ pub fn register_types(reg: &mut TypeRegistry) {
             ("SIZE", "/sizeBytes"),
         ],
     );
+    reg.register::<engine::SpdkEvents>(
+        "Bdev events of spdk_tgt (wake the volume controller)",
+        &[("UNREGISTERED", "/bdevUnregistered"), ("LAST", "/lastBdev")],
+    );
     reg.register::<engine::ReplicaLedger>(
         "Which replicas of a volume are up to date (persisted)",
         &[

@@ -40,6 +40,10 @@
 //! listener address and NQN; PCIe controllers are those added with
 //! [`SpdkDouble::add_pcie_nvme`].
 //!
+//! `notify_get_notifications` reports bdev_register/bdev_unregister derived
+//! when a call sees the bdev list change (a bdev made and gone between two
+//! calls of any method is not reported).
+//!
 //! [`SpdkDouble::restart`] emulates a target restart: connections drop,
 //! in-memory objects vanish, lvstores on AIO files come back when the same
 //! file is attached again (examine), as on a real target.
@@ -60,9 +64,9 @@ use tokio::task::JoinHandle;
 use super::rpc::{
     AddNamespace, AioCreate, AttachController, ByName, ByNqn, ByTag, CreateInitiatorGroup, CreatePortalGroup,
     CreateSubsystem, CreateTargetNode, CreateTransport, DeleteTargetNode, GetBdevs, GetControllers,
-    GetIostat, GetLvols, GetRaids, GetSubsystems, GetTransports, LvolClone, LvolCreate, LvolResize,
-    LvolSnapshot, LvstoreCreate, LvstoreSelector, MallocCreate, NullCreate, RaidAddBaseBdev, RaidCategory,
-    RaidCreate, RaidLevel, RemoveNamespace, SubsystemHostParams, SubsystemListener,
+    GetIostat, GetLvols, GetNotifications, GetRaids, GetSubsystems, GetTransports, LvolClone, LvolCreate,
+    LvolResize, LvolSnapshot, LvstoreCreate, LvstoreSelector, MallocCreate, NullCreate, RaidAddBaseBdev,
+    RaidCategory, RaidCreate, RaidLevel, RemoveNamespace, SubsystemHostParams, SubsystemListener,
 };
 
 /// A fault to inject into one call.
@@ -237,6 +241,9 @@ struct State {
     host_id: String,
     /// How long a raid1 rebuild takes (zero: done at once).
     rebuild_time: Duration,
+    /// Notify events (type, bdev), id = index, and the bdevs last seen.
+    notifications: Vec<(&'static str, String)>,
+    seen: std::collections::BTreeSet<String>,
 }
 
 /// Every double in the process, for NVMe/TCP attach across doubles.
@@ -408,6 +415,7 @@ impl SpdkDouble {
         if let Some(j) = s.find(&name) {
             s.remove_bdev(j);
         }
+        s.sync_notifications();
         true
     }
 
@@ -670,17 +678,28 @@ fn execute(state: &Arc<Mutex<State>>, method: &str, params: &Option<Value>) -> R
         } else {
             None
         };
-        return lock(state).attach(p, remote);
+        let mut s = lock(state);
+        let r = s.attach(p, remote);
+        s.sync_notifications();
+        return r;
     }
     if method == "bdev_nvme_detach_controller" {
         let p: ByName = decode(params)?;
-        let c = lock(state).detach(&p.name)?;
+        let c = {
+            let mut s = lock(state);
+            let c = s.detach(&p.name);
+            s.sync_notifications();
+            c?
+        };
         if let Some(cntlid) = c.cntlid {
             fabric_disconnect(&c.trid, cntlid);
         }
         return Ok(json!(true));
     }
-    lock(state).call(method, params)
+    let mut s = lock(state);
+    let r = s.call(method, params);
+    s.sync_notifications();
+    r
 }
 
 fn new_uuid() -> String {
@@ -889,8 +908,36 @@ impl State {
         b
     }
 
+    /// Derives bdev_register/bdev_unregister events from the bdevs now
+    /// against those seen last time.
+    fn sync_notifications(&mut self) {
+        let now: std::collections::BTreeSet<String> = self.bdevs.iter().map(|b| b.name.clone()).collect();
+        for gone in self.seen.difference(&now) {
+            self.notifications.push(("bdev_unregister", gone.clone()));
+        }
+        for new in now.difference(&self.seen) {
+            self.notifications.push(("bdev_register", new.clone()));
+        }
+        self.seen = now;
+    }
+
     fn call(&mut self, method: &str, params: &Option<Value>) -> RpcResult {
         match method {
+            "notify_get_notifications" => {
+                let p: GetNotifications = decode(params)?;
+                self.sync_notifications();
+                let from = p.id.unwrap_or(0) as usize;
+                let max = p.max.map_or(usize::MAX, |m| m as usize);
+                Ok(Value::Array(
+                    self.notifications
+                        .iter()
+                        .enumerate()
+                        .skip(from)
+                        .take(max)
+                        .map(|(i, (t, c))| json!({"type": t, "ctx": c, "id": i}))
+                        .collect(),
+                ))
+            }
             "spdk_get_version" => Ok(json!({"version": "SPDK v26.05 (SpdkDouble)",
                 "fields": {"major": 26, "minor": 5, "patch": 0, "suffix": "-double"}})),
             "rpc_get_methods" => Ok(json!(METHODS)),
@@ -1832,6 +1879,7 @@ pub const METHODS: &[&str] = &[
     "bdev_lvol_get_lvols",
     "bdev_null_create",
     "bdev_null_delete",
+    "notify_get_notifications",
     "bdev_raid_create",
     "bdev_raid_delete",
     "bdev_raid_get_bdevs",

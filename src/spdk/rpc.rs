@@ -587,6 +587,30 @@ pub struct NullCreate {
     pub block_size: u32,
 }
 
+/// `notify_get_notifications` params: events from id `id` on, at most `max`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GetNotifications {
+    /// The first event id wanted.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub id: Option<u64>,
+    /// At most this many.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max: Option<u64>,
+}
+
+/// One event of SPDK's notify library (`bdev_register`, `bdev_unregister`, ...).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Notification {
+    /// The event type.
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// The object (a bdev name).
+    pub ctx: String,
+    /// Its id (counts from 0 in each target process).
+    pub id: u64,
+}
+
 // --------------------------------------------------------------------- nvmf
 
 /// `nvmf_create_transport` params.
@@ -1194,6 +1218,8 @@ impl SpdkClient {
         bdev_null_create(NullCreate) -> String);
     rpc!(/// Deletes a null bdev.
         bdev_null_delete(ByName) -> bool);
+    rpc!(/// Events since an id (bdev register/unregister, ...).
+        notify_get_notifications(GetNotifications) -> Vec<Notification>);
     rpc!(/// Creates an nvmf transport.
         nvmf_create_transport(CreateTransport) -> bool);
     rpc!(/// Lists nvmf transports.

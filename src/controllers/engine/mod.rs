@@ -2,6 +2,7 @@
 
 pub mod selection;
 pub mod spdk_disk;
+pub mod spdk_events;
 pub mod spdk_target;
 pub mod spdk_volume;
 pub mod v1;

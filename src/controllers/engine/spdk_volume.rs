@@ -33,7 +33,7 @@ use crate::names::ObjectName;
 use crate::resources::config::{Disk, EngineKind, NodeConfig, Snapshot, Volume};
 use crate::resources::engine::{
     DiskStatus, Engine, EngineStatus, Export, ObjectState, ReplicaLedger, ReplicaStatus, SnapshotStatus,
-    TargetStatus,
+    SpdkEvents, TargetStatus,
 };
 use crate::runtime::{Controller, ControllerError, Input, Output, Phase, ReconcileContext, Requeue};
 use crate::spdk::SpdkClient;
@@ -364,6 +364,8 @@ impl Controller for SpdkVolumeController {
             Input::of::<Disk>(),
             Input::of::<DiskStatus>(),
             Input::of::<TargetStatus>(),
+            // a bdev went away (a raid member): look now, not at the next poll
+            Input::of::<SpdkEvents>(),
         ]
     }
 
