@@ -135,6 +135,23 @@ pub struct ReplicaLedger {
     pub reason: String,
 }
 
+impl ReplicaLedger {
+    /// The up-to-date replica indices.
+    pub fn in_sync_set(&self) -> std::collections::BTreeSet<usize> {
+        self.in_sync.iter().map(|k| *k as usize).collect()
+    }
+
+    /// Replica index -> disk, for the replicas whose disk is known.
+    pub fn placed(&self) -> std::collections::BTreeMap<usize, String> {
+        self.disks
+            .iter()
+            .enumerate()
+            .filter(|(_, d)| !d.is_empty())
+            .map(|(k, d)| (k, d.clone()))
+            .collect()
+    }
+}
+
 impl Spec for ReplicaLedger {
     const TYPE: &'static str = "ReplicaLedger";
     const NAMESPACE: &'static str = "ledger";

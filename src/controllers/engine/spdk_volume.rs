@@ -515,7 +515,7 @@ impl Controller for SpdkVolumeController {
                 continue;
             }
             ctx.add_finalizer::<Volume>(v.id())?;
-            let placed: BTreeMap<usize, String> = previous_replicas
+            let mut placed: BTreeMap<usize, String> = previous_replicas
                 .iter()
                 .filter(|r| r.spec.volume == v.id())
                 .filter_map(|r| {
@@ -523,19 +523,13 @@ impl Controller for SpdkVolumeController {
                     Some((k, r.spec.disk.clone()))
                 })
                 .collect();
-            let mut placed = placed;
-            if let Some(l) = ledgers.get(v.id()) {
-                for (k, d) in l.disks.iter().enumerate().filter(|(_, d)| !d.is_empty()) {
-                    placed.insert(k, d.clone());
-                }
-            }
+            let ledger = ledgers.get(v.id());
+            placed.extend(ledger.map(ReplicaLedger::placed).unwrap_or_default());
             live.push(Job {
                 id: v.id().to_string(),
                 spec: v.spec.clone(),
                 placed,
-                in_sync: ledgers
-                    .get(v.id())
-                    .map(|l| l.in_sync.iter().map(|k| *k as usize).collect()),
+                in_sync: ledger.map(ReplicaLedger::in_sync_set),
             });
         }
         let (plain, derived): (Vec<Job>, Vec<Job>) = live
@@ -629,11 +623,7 @@ impl Controller for SpdkVolumeController {
                         .iter()
                         .find(|(id, _)| id == vol.as_str())
                         .and_then(|(_, r)| r.in_sync.clone())
-                        .or_else(|| {
-                            ledgers
-                                .get(vol.as_str())
-                                .map(|l| l.in_sync.iter().map(|k| *k as usize).collect())
-                        });
+                        .or_else(|| ledgers.get(vol.as_str()).map(ReplicaLedger::in_sync_set));
                     match self.ops.snapshot(&inv, &vol, &snap, in_sync.as_ref()).await {
                         Ok(objects) => snap_status(&s.spec.volume, ObjectState::Ready, objects, ""),
                         Err(e) => snap_status(&s.spec.volume, ObjectState::Failed, vec![], err_text(&e)),
@@ -667,33 +657,12 @@ impl Controller for SpdkVolumeController {
             for (rid, rs) in r.replicas {
                 ctx.apply(&rid, rs)?;
             }
-            if let Some(now) = r.in_sync {
-                let now: Vec<u32> = now.iter().map(|k| *k as u32).collect();
-                let len = r.disks.keys().max().map_or(0, |m| m + 1);
-                let disks: Vec<String> = (0..len)
-                    .map(|k| r.disks.get(&k).cloned().unwrap_or_default())
-                    .collect();
-                let before = ledgers.get(&id);
-                if before.is_none_or(|b| b.in_sync != now || b.disks != disks) {
-                    let reason = match before {
-                        Some(b) if b.in_sync == now => b.reason.clone(),
-                        _ => ledger_reason(before.map(|b| b.in_sync.as_slice()), &now),
-                    };
-                    tracing::info!(volume = %id, in_sync = ?now, %reason, "replica ledger");
-                    let changed = match before {
-                        Some(b) if b.in_sync == now => b.changed.clone(),
-                        _ => humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
-                    };
-                    ctx.apply(
-                        &id,
-                        ReplicaLedger {
-                            in_sync: now,
-                            disks,
-                            changed,
-                            reason,
-                        },
-                    )?;
-                }
+            if let Some(next) = r
+                .in_sync
+                .and_then(|now| next_ledger(ledgers.get(&id), &now, &r.disks))
+            {
+                tracing::info!(volume = %id, in_sync = ?next.in_sync, reason = %next.reason, "replica ledger");
+                ctx.apply(&id, next)?;
             }
         }
 
@@ -744,6 +713,31 @@ impl Controller for SpdkVolumeController {
     }
 }
 
+/// The ledger to record when the up-to-date set or the placement differs from
+/// `before` (`None`: nothing changed). `changed` and `reason` move only with
+/// the up-to-date set.
+fn next_ledger(
+    before: Option<&ReplicaLedger>,
+    in_sync: &BTreeSet<usize>,
+    placed: &BTreeMap<usize, String>,
+) -> Option<ReplicaLedger> {
+    let now: Vec<u32> = in_sync.iter().map(|k| *k as u32).collect();
+    let len = placed.keys().max().map_or(0, |m| m + 1);
+    let disks: Vec<String> = (0..len)
+        .map(|k| placed.get(&k).cloned().unwrap_or_default())
+        .collect();
+    match before {
+        Some(b) if b.in_sync == now && b.disks == disks => None,
+        Some(b) if b.in_sync == now => Some(ReplicaLedger { disks, ..b.clone() }),
+        _ => Some(ReplicaLedger {
+            reason: ledger_reason(before.map(|b| b.in_sync.as_slice()), &now),
+            changed: humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
+            in_sync: now,
+            disks,
+        }),
+    }
+}
+
 /// Why the up-to-date set changed, in words.
 fn ledger_reason(before: Option<&[u32]>, now: &[u32]) -> String {
     let Some(before) = before else {
@@ -778,6 +772,22 @@ mod tests {
         assert!(serves_v2(&vol(EngineKind::Auto), &node(EngineKind::V2), false));
         assert!(!serves_v2(&vol(EngineKind::Auto), &node(EngineKind::Auto), false));
         assert!(serves_v2(&vol(EngineKind::Auto), &node(EngineKind::Auto), true));
+    }
+
+    #[test]
+    fn ledger_moves_its_reason_only_with_the_up_to_date_set() {
+        let placed = BTreeMap::from([(0, "d1".to_string()), (1, "d2".to_string())]);
+        let first = next_ledger(None, &BTreeSet::from([0, 1]), &placed).expect("first");
+        assert_eq!(
+            (first.in_sync.as_slice(), first.reason.as_str()),
+            (&[0, 1][..], "first record")
+        );
+        assert!(next_ledger(Some(&first), &BTreeSet::from([0, 1]), &placed).is_none());
+        let moved = BTreeMap::from([(0, "d1".to_string()), (1, "d3".to_string())]);
+        let m = next_ledger(Some(&first), &BTreeSet::from([0, 1]), &moved).expect("placement");
+        assert_eq!((m.reason.as_str(), m.disks[1].as_str()), ("first record", "d3"));
+        let left = next_ledger(Some(&m), &BTreeSet::from([0]), &moved).expect("left");
+        assert!(left.reason.contains("r1 left"), "{}", left.reason);
     }
 
     #[test]
