@@ -258,7 +258,7 @@ fn no_current(plan: &VolumePlan, present: &[ReplicaInfo]) -> VolumeError {
     let waiting = match &plan.in_sync {
         Some(s) => s
             .iter()
-            .filter(|k| !here.contains(k) || plan.placed.contains_key(k))
+            .filter(|k| !here.contains(k))
             .map(|k| match plan.placed.get(k) {
                 Some(d) => format!("{} on disk {d}", naming::replica(vol, *k)),
                 None => naming::replica(vol, *k),
@@ -405,7 +405,7 @@ impl Inventory {
             }
         }
         for c in &self.controllers {
-            if let Some(Some(LvolRole::Replica { volume, k })) = c.strip_prefix(REMOTE_PREFIX).map(parse_lvol)
+            if let Some(LvolRole::Replica { volume, k }) = c.strip_prefix(REMOTE_PREFIX).and_then(parse_lvol)
                 && !keep_remote(&volume, k)
             {
                 out.push(Owned::Remote(c.clone()));
