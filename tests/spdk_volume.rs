@@ -519,6 +519,14 @@ fn ledger(state: &State, id: &str) -> Option<(Vec<u32>, Vec<String>)> {
         .map(|l| (l.spec.in_sync, l.spec.disks))
 }
 
+/// Waits until the ledger of `id` says exactly `want` are up to date.
+async fn ledger_becomes(state: &State, id: &str, want: &[u32], what: &str) {
+    eventually(what, WAIT, || async {
+        ledger(state, id).filter(|l| l.0 == want).map(|_| ())
+    })
+    .await;
+}
+
 fn replica(state: &State, id: &str) -> Option<ReplicaStatus> {
     state
         .get_typed::<ReplicaStatus>(id)
@@ -545,10 +553,7 @@ async fn a_replica_that_missed_writes_is_rebuilt_never_served_alone() {
 
     // r1's disk goes: degraded, r1 reported stale where it was, not made again elsewhere
     assert!(s.double.hot_remove(&format!("talon-disk-{d1}")));
-    eventually("r1 out of the ledger", WAIT, || async {
-        ledger(state, "m").filter(|l| l.0 == vec![0])
-    })
-    .await;
+    ledger_becomes(state, "m", &[0], "r1 out of the ledger").await;
     let away = replica(state, "m-r1").expect("r1 still reported");
     assert_eq!(
         (away.state, away.disk.as_str()),
@@ -569,18 +574,12 @@ async fn a_replica_that_missed_writes_is_rebuilt_never_served_alone() {
         replica(state, "m-r1").filter(|r| r.state == ObjectState::Rebuilding)
     })
     .await;
-    eventually("r1 rebuilt", WAIT, || async {
-        ledger(state, "m").filter(|l| l.0 == vec![0, 1])
-    })
-    .await;
+    ledger_becomes(state, "m", &[0, 1], "r1 rebuilt").await;
     ready(state, "m", "m ready again").await;
 
     // r0's disk goes, then the target restarts with only r0 (stale) back
     assert!(s.double.hot_remove(&format!("talon-disk-{d0}")));
-    eventually("r0 out of the ledger", WAIT, || async {
-        ledger(state, "m").filter(|l| l.0 == vec![1])
-    })
-    .await;
+    ledger_becomes(state, "m", &[1], "r0 out of the ledger").await;
     s.double.restart().await.expect("restart");
     add_disk(&s.client, s.dir.path(), &d0, false).await;
     state
@@ -607,10 +606,7 @@ async fn a_replica_that_missed_writes_is_rebuilt_never_served_alone() {
 
     // r1 returns: the raid is made from it alone, r0 rebuilt into it
     add_disk(&s.client, s.dir.path(), &d1, false).await;
-    eventually("both up to date", WAIT, || async {
-        ledger(state, "m").filter(|l| l.0 == vec![0, 1])
-    })
-    .await;
+    ledger_becomes(state, "m", &[0, 1], "both up to date").await;
     ready(state, "m", "m served again").await;
     assert!(
         s.double.calls("bdev_null_create") >= 1,
@@ -679,10 +675,7 @@ async fn a_remote_replica_served_by_another_node_joins_the_raid1() {
         .bdev_nvme_detach_controller(&ByName::new("talon-remote-rv-r1"))
         .await
         .expect("path lost");
-    eventually("r1 out of A's ledger", WAIT, || async {
-        ledger(&a.state, "rv").filter(|l| l.0 == vec![0])
-    })
-    .await;
+    ledger_becomes(&a.state, "rv", &[0], "r1 out of A's ledger").await;
     assert_eq!(
         engine(&a.state, "rv").map(|e| e.state),
         Some(ObjectState::Degraded)
@@ -691,10 +684,7 @@ async fn a_remote_replica_served_by_another_node_joins_the_raid1() {
     b.state
         .update_typed(SPDK_STATUS_ID, "", None, &target_status(1))
         .expect("B restarts");
-    eventually("r1 rebuilt from r0", WAIT, || async {
-        ledger(&a.state, "rv").filter(|l| l.0 == vec![0, 1])
-    })
-    .await;
+    ledger_becomes(&a.state, "rv", &[0, 1], "r1 rebuilt from r0").await;
     assert!(a.double.calls("bdev_raid_add_base_bdev") >= 1);
 
     delete_and_wait::<Volume>(&a.state, "rv").await;

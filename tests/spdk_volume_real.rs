@@ -469,6 +469,14 @@ fn pattern(seed: u8, len: usize) -> Vec<u8> {
         .collect()
 }
 
+/// Waits until the ledger of `id` says exactly `want` are up to date.
+async fn ledger_becomes(state: &State, id: &str, want: &[u32], what: &str) {
+    eventually(what, WAIT, || async {
+        (ledger(state, id).as_deref() == Some(want)).then_some(())
+    })
+    .await;
+}
+
 fn ledger(state: &State, id: &str) -> Option<Vec<u32>> {
     state
         .get_typed::<talon::resources::engine::ReplicaLedger>(id)
@@ -520,10 +528,7 @@ async fn real_spdk_replica_that_missed_writes_is_rebuilt() {
     c.bdev_aio_delete(&ByName::new(format!("talon-disk-{d1}")))
         .await
         .expect("pull r1's disk");
-    eventually("r1 out of the ledger", WAIT, || async {
-        (ledger(&state, "m") == Some(vec![0])).then_some(())
-    })
-    .await;
+    ledger_becomes(&state, "m", &[0], "r1 out of the ledger").await;
     assert_eq!(engine(&state, "m").map(|e| e.state), Some(ObjectState::Degraded));
     let away = state
         .get_typed::<talon::resources::engine::ReplicaStatus>("m-r1")
@@ -539,10 +544,7 @@ async fn real_spdk_replica_that_missed_writes_is_rebuilt() {
 
     // r1 comes back behind; it is rebuilt, then it alone must hold b
     attach_disks(&c, dir.path(), &[&d1], false).await;
-    eventually("r1 rebuilt", WAIT, || async {
-        (ledger(&state, "m") == Some(vec![0, 1])).then_some(())
-    })
-    .await;
+    ledger_becomes(&state, "m", &[0, 1], "r1 rebuilt").await;
     ready(&state, "m").await;
     c.bdev_aio_delete(&ByName::new(format!("talon-disk-{d0}")))
         .await
@@ -551,10 +553,7 @@ async fn real_spdk_replica_that_missed_writes_is_rebuilt() {
         dd(&spdk, dir.path(), port, &nqn, None, LEN) == b,
         "r1 serves what r0 had"
     );
-    eventually("r0 out of the ledger", WAIT, || async {
-        (ledger(&state, "m") == Some(vec![1])).then_some(())
-    })
-    .await;
+    ledger_becomes(&state, "m", &[1], "r0 out of the ledger").await;
 
     // spdk_tgt restarts with only the stale r0 present: not served
     t.stop(Duration::from_secs(5)).await.expect("stop");
@@ -578,10 +577,7 @@ async fn real_spdk_replica_that_missed_writes_is_rebuilt() {
 
     // the up-to-date r1 returns: served again, r0 rebuilt from it
     attach_disks(&c, dir.path(), &[&d1], false).await;
-    eventually("both up to date", WAIT, || async {
-        (ledger(&state, "m") == Some(vec![0, 1])).then_some(())
-    })
-    .await;
+    ledger_becomes(&state, "m", &[0, 1], "both up to date").await;
     ready(&state, "m").await;
     c.bdev_aio_delete(&ByName::new(format!("talon-disk-{d1}")))
         .await
