@@ -22,6 +22,9 @@
 //! ```
 //! The machine is shared and noisy: compare within one run.
 
+#[path = "../tests/support/spdk_perf.rs"]
+mod spdk_perf;
+
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -166,27 +169,7 @@ async fn control_plane(ops: &VolumeOps, port: u16) {
 }
 
 fn perf(spdk: &Path, port: u16, nqn: &str, pattern: &str, secs: u32) -> f64 {
-    let out = std::process::Command::new(spdk.join("build/bin/spdk_nvme_perf"))
-        .args([
-            "--no-huge",
-            "-s",
-            "512",
-            "-c",
-            "0x2",
-            "-q",
-            "32",
-            "-o",
-            "4096",
-            "-w",
-            pattern,
-        ])
-        .args(["-t", &secs.to_string()])
-        .arg("-r")
-        .arg(format!(
-            "trtype:TCP adrfam:IPv4 traddr:127.0.0.1 trsvcid:{port} subnqn:{nqn}"
-        ))
-        .output()
-        .expect("spdk_nvme_perf");
+    let out = spdk_perf::run(spdk, port, nqn, pattern, secs);
     let text = String::from_utf8_lossy(&out.stdout);
     if !text.contains("Total") {
         eprintln!(
@@ -195,12 +178,7 @@ fn perf(spdk: &Path, port: u16, nqn: &str, pattern: &str, secs: u32) -> f64 {
             String::from_utf8_lossy(&out.stderr)
         );
     }
-    text.lines()
-        .find(|l| l.trim_start().starts_with("Total"))
-        .and_then(|l| l.split(':').nth(1))
-        .and_then(|r| r.split_whitespace().next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0.0)
+    spdk_perf::total_iops(&text)
 }
 
 async fn export(c: &SpdkClient, nqn: &str, bdev: &str, id: uuid::Uuid, port: u16) {

@@ -8,6 +8,9 @@
 //!   NVMe/TCP on 127.0.0.1 by the SPDK running inside talon, take I/O from
 //!   spdk_nvme_perf, and SIGTERM stops talon with status 0 and nothing left.
 
+#[path = "support/spdk_perf.rs"]
+mod spdk_perf;
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -95,52 +98,6 @@ fn free_port() -> u16 {
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
         .expect("free port")
-}
-
-/// Runs spdk_nvme_perf (a few seconds) against an export; returns its output.
-fn perf(spdk: &Path, port: u16, nqn: &str) -> String {
-    let out = Command::new(spdk.join("build/bin/spdk_nvme_perf"))
-        .args([
-            "--no-huge",
-            "-s",
-            "512",
-            "-c",
-            "0x2",
-            "-q",
-            "32",
-            "-o",
-            "4096",
-            "-w",
-            "randrw",
-            "-M",
-            "50",
-            "-t",
-            "2",
-        ])
-        .arg("-r")
-        .arg(format!(
-            "trtype:TCP adrfam:IPv4 traddr:127.0.0.1 trsvcid:{port} subnqn:{nqn}"
-        ))
-        .stdin(Stdio::null())
-        .output()
-        .expect("spdk_nvme_perf");
-    let text = String::from_utf8_lossy(&out.stdout).to_string();
-    assert!(
-        out.status.success(),
-        "spdk_nvme_perf failed: {text}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    text
-}
-
-/// IOPS from the perf "Total" line.
-fn total_iops(out: &str) -> f64 {
-    out.lines()
-        .find(|l| l.trim_start().starts_with("Total"))
-        .and_then(|l| l.split(':').nth(1))
-        .and_then(|r| r.split_whitespace().next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0.0)
 }
 
 /// Processes whose parent is `pid` (from /proc).
@@ -296,8 +253,8 @@ async fn real_spdk_embedded_serves_volumes() {
     sc.disconnect().await;
 
     for nqn in &exports {
-        let out = tokio::task::block_in_place(|| perf(&spdk, port, nqn));
-        let iops = total_iops(&out);
+        let out = tokio::task::block_in_place(|| spdk_perf::report(&spdk, port, nqn, "randrw -M 50", 2));
+        let iops = spdk_perf::total_iops(&out);
         eprintln!("{nqn}: randrw QD32 {iops:.0} IOPS (in-process SPDK)");
         assert!(iops > 0.0, "{out}");
     }

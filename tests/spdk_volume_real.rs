@@ -4,6 +4,9 @@
 //! size a host sees, read through an NVMe/TCP attach), clone, delete with no
 //! leftovers; and `kill -9` of spdk_tgt in the middle of 20 creates.
 
+#[path = "support/spdk_perf.rs"]
+mod spdk_perf;
+
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -142,48 +145,6 @@ async fn ready(state: &State, id: &str) -> EngineStatus {
     .await
 }
 
-/// Runs spdk_nvme_perf (a few seconds) against an export; returns its output.
-fn perf(spdk: &Path, port: u16, nqn: &str, pattern: &str, secs: u32) -> String {
-    let out = std::process::Command::new(spdk.join("build/bin/spdk_nvme_perf"))
-        .args([
-            "--no-huge",
-            "-s",
-            "512",
-            "-c",
-            "0x2",
-            "-q",
-            "32",
-            "-o",
-            "4096",
-            "-w",
-        ])
-        .args(pattern.split_whitespace())
-        .args(["-t", &secs.to_string()])
-        .arg("-r")
-        .arg(format!(
-            "trtype:TCP adrfam:IPv4 traddr:127.0.0.1 trsvcid:{port} subnqn:{nqn}"
-        ))
-        .output()
-        .expect("spdk_nvme_perf");
-    let text = String::from_utf8_lossy(&out.stdout).to_string();
-    assert!(
-        out.status.success(),
-        "spdk_nvme_perf failed: {text}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    text
-}
-
-/// IOPS from the perf "Total" line.
-fn total_iops(out: &str) -> f64 {
-    out.lines()
-        .find(|l| l.trim_start().starts_with("Total"))
-        .and_then(|l| l.split(':').nth(1))
-        .and_then(|r| r.split_whitespace().next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0.0)
-}
-
 /// The namespace size a host sees: attach the export over NVMe/TCP inside the
 /// same target, read the bdev, detach.
 async fn host_size(c: &SpdkClient, port: u16, nqn: &str) -> u64 {
@@ -245,8 +206,8 @@ async fn real_spdk_volume_life_cycle() {
     let two = ready(&state, "two").await;
     assert_eq!(two.device, "talon-raid-two");
     for st in [&one, &two] {
-        let out = perf(&spdk, port, &st.exports[0].name, "randrw -M 50", 2);
-        let iops = total_iops(&out);
+        let out = spdk_perf::report(&spdk, port, &st.exports[0].name, "randrw -M 50", 2);
+        let iops = spdk_perf::total_iops(&out);
         eprintln!("{}: randrw QD32 {iops:.0} IOPS", st.exports[0].name);
         assert!(iops > 0.0, "{out}");
     }
@@ -293,7 +254,15 @@ async fn real_spdk_volume_life_cycle() {
     clone.from_snapshot = Some("two@s1".into());
     state.create_typed("copy", "", &clone).expect("clone");
     let copy = ready(&state, "copy").await;
-    assert!(total_iops(&perf(&spdk, port, &copy.exports[0].name, "randread", 1)) > 0.0);
+    assert!(
+        spdk_perf::total_iops(&spdk_perf::report(
+            &spdk,
+            port,
+            &copy.exports[0].name,
+            "randread",
+            1
+        )) > 0.0
+    );
 
     // snapshot delete is refused while the clone exists, with a clear message
     state
@@ -641,8 +610,8 @@ async fn real_spdk_remote_replica_on_another_target() {
         dd(&spdk, db.path(), pb, &replica_nqn, None, LEN) == data,
         "B's replica holds what was written through A"
     );
-    let out = perf(&spdk, pa, &st.exports[0].name, "randrw -M 50", 1);
-    assert!(total_iops(&out) > 0.0, "{out}");
+    let out = spdk_perf::report(&spdk, pa, &st.exports[0].name, "randrw -M 50", 1);
+    assert!(spdk_perf::total_iops(&out) > 0.0, "{out}");
 
     rta.state
         .destroy("config", "Volume", "rv", "")
