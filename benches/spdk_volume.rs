@@ -33,7 +33,7 @@ use talon::names::ObjectName;
 use talon::spdk::SpdkClient;
 use talon::spdk::rpc::{
     AddNamespace, ByName, CreateSubsystem, CreateTransport, GetRaids, ListenAddress, LvolCreate,
-    LvstoreCreate, MallocCreate, RaidCategory, RaidCreate, RaidLevel, SubsystemListener,
+    LvstoreCreate, MallocCreate, NullCreate, RaidCategory, RaidCreate, RaidLevel, SubsystemListener,
 };
 use talon::spdk::target::{Memory, Target, TargetConfig};
 use talon::spdk::volume::{ExportSpec, Inventory, VolumeOps, VolumePlan};
@@ -206,13 +206,11 @@ async fn export(c: &SpdkClient, nqn: &str, bdev: &str, id: uuid::Uuid, port: u16
 /// raid1 over `member` + a bdev_null placeholder that is then removed.
 async fn one_member_raid1(c: &SpdkClient, name: &str, member: &str, blocks: u64) {
     let null = format!("{name}-null");
-    // a malloc placeholder (removed before any I/O): bdev_null_create refused
-    // our params with "spdk_json_decode_object failed" in this run
-    c.bdev_malloc_create(&MallocCreate {
-        name: Some(null.clone()),
+    // the placeholder talon itself uses for an empty slot (removed before any I/O)
+    c.bdev_null_create(&NullCreate {
+        name: null.clone(),
         num_blocks: blocks,
         block_size: 4096,
-        uuid: None,
     })
     .await
     .expect("placeholder");
@@ -229,7 +227,7 @@ async fn one_member_raid1(c: &SpdkClient, name: &str, member: &str, blocks: u64)
     c.bdev_raid_remove_base_bdev(&ByName::new(&null))
         .await
         .expect("remove placeholder");
-    c.bdev_malloc_delete(&ByName::new(&null))
+    c.bdev_null_delete(&ByName::new(&null))
         .await
         .expect("placeholder delete");
 }
