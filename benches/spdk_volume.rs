@@ -13,7 +13,12 @@
 //!    local lvol + a removed placeholder);
 //! 3. rebuild: a replica of a 2-replica volume leaves the raid1 and joins
 //!    again behind (`VolumeOps::ensure` with the ledger saying so): time until
-//!    SPDK's rebuild is done, MiB/s, and what the thin replica holds after.
+//!    SPDK's rebuild is done, MiB/s, and what the thin replica holds after;
+//! 4. snapshot: a 2-replica volume under sequential QD32 writes, with no
+//!    snapshots and with one every 500 ms (each freezes the export, ANA
+//!    inaccessible, around the replicas' snapshots): writes per second that
+//!    reached the raid in both, and how long a snapshot call takes in ms (the
+//!    freeze lies inside it).
 //!
 //! ```text
 //!   spdk_tgt core 0 ── malloc "talon-disk-bench" ── lvstore talon-bench ── lvols
@@ -166,6 +171,88 @@ async fn control_plane(ops: &VolumeOps, port: u16) {
                 }
             })
             .await;
+    }
+}
+
+async fn snapshots(spdk: &Path, ops: &VolumeOps, port: u16) {
+    let c = ops.client();
+    c.bdev_malloc_create(&MallocCreate {
+        name: Some("talon-disk-bench2".into()),
+        num_blocks: 1024 * MIB / 4096,
+        block_size: 4096,
+        uuid: None,
+    })
+    .await
+    .expect("malloc");
+    c.bdev_lvol_create_lvstore(&LvstoreCreate {
+        bdev_name: "talon-disk-bench2".into(),
+        lvs_name: "talon-bench2".into(),
+        cluster_sz: Some(MIB as u32),
+        clear_method: None,
+    })
+    .await
+    .expect("lvstore");
+    let p = plan("snapbench", 2, port);
+    let inv = Inventory::load(c).await.expect("inventory");
+    ops.ensure(&inv, &p).await.expect("volume");
+    let nqn = talon::names::Nqn::for_volume(&p.name).as_str().to_owned();
+    println!("\nsnapshot: 2-replica volume, sequential 4 KiB writes QD32 for 6 s");
+    println!(
+        "{:<34} {:>11} {:>9} {:>9} {:>6}",
+        "mode", "raid w/s", "snap p50", "snap p99", "snaps"
+    );
+    // writes that reached the raid (perf's own IOPS also count the writes a
+    // frozen export failed with "ANA inaccessible", which perf does not retry)
+    let raid_writes = || async {
+        let v: serde_json::Value = c
+            .typed(
+                "bdev_get_iostat",
+                &serde_json::json!({"names": ["talon-raid-snapbench"]}),
+            )
+            .await
+            .expect("iostat");
+        v["bdevs"][0]["num_write_ops"].as_u64().unwrap_or(0)
+    };
+    for every in [None, Some(Duration::from_millis(500))] {
+        let (w0, t0) = (raid_writes().await, Instant::now());
+        let writer = {
+            let (spdk, nqn) = (spdk.to_path_buf(), nqn.clone());
+            std::thread::spawn(move || perf(&spdk, port, &nqn, "write", 6))
+        };
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let mut lat = Vec::new();
+        if let Some(every) = every {
+            let mut i = 0;
+            while !writer.is_finished() && i < 8 {
+                let inv = Inventory::load(c).await.expect("inventory");
+                let s = ObjectName::parse("snapshot", &format!("b{i}")).expect("snap");
+                let t = Instant::now();
+                ops.snapshot(&inv, &p.name, &s, None).await.expect("snapshot");
+                lat.push(t.elapsed().as_secs_f64() * 1e3);
+                i += 1;
+                tokio::time::sleep(every).await;
+            }
+        }
+        let _perf_iops = writer.join().expect("perf");
+        let iops = (raid_writes().await - w0) as f64 / t0.elapsed().as_secs_f64().min(6.0);
+        let label = if every.is_some() {
+            "one snapshot every 500 ms"
+        } else {
+            "no snapshots"
+        };
+        let n = lat.len();
+        let (p50, p99) = if n == 0 {
+            (0.0, 0.0)
+        } else {
+            (pct(&mut lat, 0.5), pct(&mut lat, 0.99))
+        };
+        println!("{label:<34} {iops:>11.0} {p50:>9.1} {p99:>9.1} {n:>6}");
+    }
+    let inv = Inventory::load(c).await.expect("inventory");
+    ops.delete(&inv, &p.name).await.expect("delete");
+    let inv = Inventory::load(c).await.expect("inventory");
+    for (k, l) in inv.lvols.iter().filter(|(a, _)| a.contains("snapbench")) {
+        let _ = (k, c.bdev_lvol_delete(&ByName::new(&l.alias)).await);
     }
 }
 
@@ -413,6 +500,9 @@ fn main() {
         }
         if only.as_deref().is_none_or(|o| o == "rebuild") {
             rebuild(&ops, port).await;
+        }
+        if only.as_deref().is_none_or(|o| o == "snapshot") {
+            snapshots(&spdk, &ops, port).await;
         }
         if only.as_deref().is_none_or(|o| o == "data") {
             let rounds = std::env::var("ROUNDS")
