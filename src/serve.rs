@@ -5,6 +5,7 @@
 //!        └──> Runtime (controllers::register_all) ──start──┐
 //!   API: bind_unix(socket 0600) [+ TCP with token] ────────┼──> serve until SIGINT/SIGTERM
 //!   shutdown: stop API (socket removed) ──> stop controllers ──> close store ──> release lock
+//!             (spdk_tgt and tgtd keep serving for the next talon, unless --stop-targets-on-exit)
 //! ```
 
 use std::collections::BTreeMap;
@@ -19,6 +20,7 @@ use serde::Deserialize;
 
 use crate::api::types::{EngineAvailability, NodeInfo};
 use crate::api::{ApiBuilder, ApiContext};
+use crate::controllers::engine::TargetsOnExit;
 use crate::controllers::engine::selection::{EngineSelection, SpdkOptions};
 use crate::controllers::{self, Deps};
 use crate::host::HostRoot;
@@ -45,6 +47,9 @@ pub struct ServeOptions {
     pub host_root: PathBuf,
     /// How SPDK is found and run, and the node's default engine.
     pub spdk: SpdkOptions,
+    /// Stop spdk_tgt and tgtd when talon stops (a drain of the node); by
+    /// default they keep serving and the next talon adopts them.
+    pub stop_targets_on_exit: bool,
 }
 
 /// Why the daemon could not start or stop cleanly.
@@ -319,6 +324,11 @@ pub async fn serve(opts: ServeOptions, shutdown: impl Future<Output = ()> + Send
         data_dir: data_dir.clone(),
         run_dir: opts.run_dir.clone(),
         spdk: opts.spdk.clone(),
+        targets_on_exit: if opts.stop_targets_on_exit {
+            TargetsOnExit::stop()
+        } else {
+            TargetsOnExit::leave()
+        },
     };
     let selection = EngineSelection::detect_with_socket(
         &opts.spdk,
@@ -370,8 +380,13 @@ pub async fn serve(opts: ServeOptions, shutdown: impl Future<Output = ()> + Send
     if let Some(t) = tcp_task {
         let _ = t.await;
     }
+    let stop_targets = deps.targets_on_exit.stops();
     runtime.shutdown().await;
     drop(state);
-    tracing::info!("stopped");
+    if stop_targets {
+        tracing::info!("stopped (targets stopped too)");
+    } else {
+        tracing::info!("stopped; spdk_tgt and tgtd, where running, keep serving for the next talon");
+    }
     Ok(())
 }

@@ -50,7 +50,8 @@ pub enum LogFormat {
 /// The verbs.
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Run the node daemon.
+    /// Run the node daemon (on SIGTERM/SIGINT spdk_tgt and tgtd keep serving
+    /// and the next talon adopts them, unless --stop-targets-on-exit).
     Serve(ServeArgs),
     /// Show resources: `get types`, `get controllers`, `get <type> [id]`.
     Get(GetArgs),
@@ -123,6 +124,16 @@ pub struct ServeArgs {
     /// The node's default engine for `auto` volumes on an `auto` node.
     #[arg(long, value_enum, default_value_t = EngineArg::Auto)]
     pub engine: EngineArg,
+    /// Stop spdk_tgt and tgtd when talon stops (draining the node). Without
+    /// it they keep serving volumes across a restart or an upgrade of talon,
+    /// and the next talon adopts them.
+    #[arg(
+        long,
+        env = "TALON_STOP_TARGETS_ON_EXIT",
+        action = clap::ArgAction::SetTrue,
+        value_parser = clap::builder::BoolishValueParser::new()
+    )]
+    pub stop_targets_on_exit: bool,
 }
 
 /// `talon serve --engine`.
@@ -262,6 +273,7 @@ async fn run(cli: Cli) -> Result<ExitCode, CliError> {
                     embedded: a.engine == EngineArg::SpdkEmbedded,
                     ..Default::default()
                 },
+                stop_targets_on_exit: a.stop_targets_on_exit,
             };
             crate::serve::serve(opts, shutdown_signal()).await?;
         }

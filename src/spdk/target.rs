@@ -493,6 +493,9 @@ impl Target {
             .args(cfg.argv())
             .stdin(std::process::Stdio::null())
             .kill_on_drop(false)
+            // its own process group: a terminal's Ctrl-C to talon does not reach it, and it
+            // outlives talon (the next talon adopts it)
+            .process_group(0)
             .spawn()
             .map_err(|source| TargetError::Spawn {
                 path: bin.clone(),

@@ -13,13 +13,13 @@
 //!   volume controllers watch TargetStatus and reconcile their objects back.
 //! ```
 //!
-//! Shutdown: like the V1 engine's tgtd, a clean stop of talon (the controller
-//! is dropped) stops the target it started or adopted: SIGINT, then SIGKILL
-//! after the grace period (10 s). A clean stop is a drain of the node; leaving
-//! a target behind would keep hugepages and ports held with nobody supervising
-//! it. After a crash of talon the target keeps serving and the next talon
-//! adopts it. `-s` is decided when the target starts; more volumes later do
-//! not restart a running target.
+//! Shutdown: when the controller is dropped (a clean stop of talon) the target
+//! it started or adopted keeps serving, as after a crash of talon, and the
+//! next talon adopts it: a restart or an upgrade of talon does not interrupt
+//! volume I/O. With [`TargetsOnExit::stop`] (`--stop-targets-on-exit`, a drain
+//! of the node) it is stopped instead: SIGINT, then SIGKILL after the grace
+//! period (10 s). `-s` is decided when the target starts; more volumes later
+//! do not restart a running target.
 //!
 //! In-process (`--engine spdk-embedded`): the same, except that the target is
 //! the SPDK framework on a thread of talon (pid = talon's), it is kept while
@@ -33,6 +33,7 @@ use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use nix::unistd::Pid;
 use tokio::sync::Mutex;
 
+use super::TargetsOnExit;
 use super::selection::EngineSelection;
 use crate::resources::config::{Disk, NodeConfig, Volume};
 use crate::resources::engine::{Engine, ObjectState, TargetStatus};
@@ -63,6 +64,7 @@ const STABLE_UPTIME: Duration = Duration::from_secs(60);
 pub struct SpdkTargetController {
     template: TargetConfig,
     selection: EngineSelection,
+    on_exit: TargetsOnExit,
     inner: Mutex<Inner>,
 }
 
@@ -73,6 +75,7 @@ impl SpdkTargetController {
         SpdkTargetController {
             template,
             selection,
+            on_exit: TargetsOnExit::stop(),
             inner: Mutex::new(Inner {
                 target: None,
                 restarts: 0,
@@ -81,6 +84,13 @@ impl SpdkTargetController {
                 next_start: None,
             }),
         }
+    }
+
+    /// What dropping the controller does to the target (default: stop it;
+    /// the daemon passes its `--stop-targets-on-exit` policy).
+    pub fn on_exit(mut self, on_exit: TargetsOnExit) -> Self {
+        self.on_exit = on_exit;
+        self
     }
 
     /// The target settings.
@@ -144,8 +154,19 @@ fn stop_blocking(t: Target, grace: Duration) {
 
 impl Drop for SpdkTargetController {
     fn drop(&mut self) {
-        if let Some(t) = self.inner.get_mut().target.take() {
+        let Some(t) = self.inner.get_mut().target.take() else {
+            return;
+        };
+        // an in-process target cannot outlive talon: stop it cleanly
+        if self.on_exit.stops() || t.origin() == Origin::Embedded {
             stop_blocking(t, self.template.stop_grace);
+        } else {
+            tracing::info!(
+                pid = ?t.pid(),
+                socket = %self.template.socket().display(),
+                "leaving spdk_tgt serving; the next talon adopts it (--stop-targets-on-exit stops it)"
+            );
+            t.release();
         }
     }
 }

@@ -1,0 +1,276 @@
+//! Restarts of talon do not interrupt volume I/O (V1 engine, real tgtd, real
+//! libiscsi initiator): a reader/writer loop runs against a volume while
+//! `talon serve` is stopped with SIGTERM and started again 10 times. tgtd keeps
+//! its pid (adopted, not restarted), the iSCSI session is never dropped (the
+//! initiator's automatic reconnect is off, so a drop would be an error), every
+//! read returns what was written, and I/O goes on while no talon runs. Then
+//! `--stop-targets-on-exit` stops tgtd with talon.
+//!
+//! ```text
+//!   talon serve (config: node v1 on 127.0.0.1:<free port>, volume io) ──> tgtd ──iSCSI──> loop thread
+//!      SIGTERM ─> exit 0, tgtd same pid, loop still counting ─> talon serve again ─> adopted ×10
+//! ```
+
+mod tgt_common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use serde_json::Value;
+use talon::client::Client;
+use tgt_common::{Libiscsi, free_port, ready};
+
+const VOLUME: &str = "io";
+const ROUNDS: usize = 10;
+/// Generous bound for a wait that should take well under a second; it only
+/// turns a hang into a failure with a message.
+const WAIT: Duration = Duration::from_secs(60);
+
+fn spawn_talon(dir: &Path, extra: &[&str]) -> Child {
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join("talon.log"))
+        .expect("talon.log");
+    Command::new(env!("CARGO_BIN_EXE_talon"))
+        .arg("--socket")
+        .arg(dir.join("run/talon.sock"))
+        .args(["serve", "--engine", "v1", "--data-dir"])
+        .arg(dir.join("data"))
+        .arg("--run-dir")
+        .arg(dir.join("run"))
+        .arg("--config")
+        .arg(dir.join("talon.yaml"))
+        .args(extra)
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .expect("spawn talon")
+}
+
+fn sigterm_and_wait(child: &mut Child) {
+    kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM).expect("SIGTERM talon");
+    let status = child.wait().expect("wait for talon");
+    assert!(status.success(), "talon exits cleanly on SIGTERM: {status}");
+}
+
+fn is_tgtd(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+        s.contains("(tgtd)")
+            && !s
+                .rsplit(')')
+                .next()
+                .is_some_and(|r| r.trim_start().starts_with('Z'))
+    })
+}
+
+/// Polls `f` until it returns Some, failing with `what` after [`WAIT`].
+async fn until<T, F: std::future::Future<Output = Option<T>>>(what: &str, mut f: impl FnMut() -> F) -> T {
+    let start = Instant::now();
+    loop {
+        if let Some(v) = f().await {
+            return v;
+        }
+        assert!(start.elapsed() < WAIT, "gave up waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn connect(socket: &Path) -> Client {
+    until("the talon API", || async {
+        Client::connect_unix(socket).await.ok()
+    })
+    .await
+}
+
+async fn spec(c: &Client, type_: &str, id: &str) -> Option<Value> {
+    c.get(type_, id).await.ok().map(|r| r.spec)
+}
+
+/// Waits until tgtd is ready and the volume exported; returns tgtd's pid and
+/// the volume's (portal, iqn).
+async fn served(c: &Client) -> (u32, String, String) {
+    let pid = until("TargetStatus tgtd ready", || async {
+        let t = spec(c, "TargetStatus", "tgtd").await?;
+        (t["state"] == "ready").then(|| t["pid"].as_u64()).flatten()
+    })
+    .await;
+    let (portal, iqn) = until("EngineStatus io ready", || async {
+        let e = spec(c, "EngineStatus", VOLUME).await?;
+        if e["state"] != "ready" {
+            return None;
+        }
+        let x = e["exports"]
+            .as_array()?
+            .iter()
+            .find(|x| x["transport"] == "iscsi")?
+            .clone();
+        Some((
+            format!("{}:{}", x["address"].as_str()?, x["port"].as_u64()?),
+            x["name"].as_str()?.to_string(),
+        ))
+    })
+    .await;
+    (u32::try_from(pid).expect("pid"), portal, iqn)
+}
+
+/// Kills what a failed run leaves behind: the talon child and the tgtd named
+/// by the run dir's pid file.
+struct Cleanup {
+    dir: PathBuf,
+    talon: Option<Child>,
+}
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            let log = std::fs::read_to_string(self.dir.join("talon.log")).unwrap_or_default();
+            let tail: Vec<&str> = log.lines().rev().take(30).collect();
+            eprintln!("talon.log (last lines, newest first):\n{}", tail.join("\n"));
+        }
+        if let Some(mut c) = self.talon.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        if let Ok(pid) = std::fs::read_to_string(self.dir.join("run/tgtd/tgtd.pid"))
+            && let Ok(pid) = pid.trim().parse::<u32>()
+            && is_tgtd(pid)
+        {
+            let _ = kill(Pid::from_raw(pid as i32), Signal::SIGKILL);
+        }
+    }
+}
+
+/// The reader/writer: 4 KiB writes of a pattern that names the op, each read
+/// back and compared, over one session with automatic reconnect off.
+fn io_loop(portal: String, iqn: String, stop: Arc<AtomicBool>, ops: Arc<AtomicU64>) -> Result<u64, String> {
+    let lib = Libiscsi::load()?;
+    let s = lib.connect(&portal, &iqn, "iqn.2026-11.test.talon:restart-io", None)?;
+    s.no_reconnect();
+    let mut i: u64 = 0;
+    while !stop.load(Ordering::SeqCst) {
+        let lba = (i % 256) * 8;
+        let data: Vec<u8> = (0..4096u64).map(|b| (b ^ i.wrapping_mul(31)) as u8).collect();
+        s.write(lba, &data)
+            .map_err(|e| format!("write {i} at lba {lba}: {e}"))?;
+        let back = s
+            .read(lba, 4096)
+            .map_err(|e| format!("read {i} at lba {lba}: {e}"))?;
+        if back != data {
+            return Err(format!(
+                "read {i} at lba {lba} returned other data than was written"
+            ));
+        }
+        i += 1;
+        ops.store(i, Ordering::SeqCst);
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    Ok(i)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn v1_io_runs_through_ten_talon_restarts() {
+    const TEST: &str = "v1_io_runs_through_ten_talon_restarts";
+    if !ready(TEST) {
+        return;
+    }
+    let d = tempfile::tempdir().expect("tempdir");
+    let dir = d.path().to_path_buf();
+    let port = free_port();
+    std::fs::write(
+        dir.join("talon.yaml"),
+        format!(
+            "node: {{ engine: v1, listenAddress: 127.0.0.1, iscsiPort: {port} }}\n\
+             volumes:\n  {VOLUME}: {{ sizeBytes: 16777216 }}\n"
+        ),
+    )
+    .expect("config");
+    let socket = dir.join("run/talon.sock");
+    let mut cleanup = Cleanup {
+        dir: dir.clone(),
+        talon: Some(spawn_talon(&dir, &[])),
+    };
+    let c = connect(&socket).await;
+    let (tgtd, portal, iqn) = served(&c).await;
+    drop(c);
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let ops = Arc::new(AtomicU64::new(0));
+    let io = {
+        let (stop, ops) = (stop.clone(), ops.clone());
+        std::thread::spawn(move || io_loop(portal, iqn, stop, ops))
+    };
+    let progressed = |after: u64, when: &str| {
+        let ops = ops.clone();
+        let io = &io;
+        let when = when.to_string();
+        async move {
+            until(&format!("I/O to go on {when}"), || {
+                let n = ops.load(Ordering::SeqCst);
+                let dead = io.is_finished();
+                async move { (n > after + 20 || dead).then_some(()) }
+            })
+            .await;
+            assert!(!io.is_finished(), "the I/O loop ended {when}");
+        }
+    };
+    progressed(0, "before the first restart").await;
+
+    for round in 1..=ROUNDS {
+        let mut talon = cleanup.talon.take().expect("talon runs");
+        sigterm_and_wait(&mut talon);
+        assert!(
+            !socket.exists(),
+            "round {round}: the API socket is removed on SIGTERM"
+        );
+        assert!(
+            is_tgtd(tgtd),
+            "round {round}: tgtd (pid {tgtd}) keeps running after talon stopped"
+        );
+        // no talon runs: I/O goes on
+        progressed(
+            ops.load(Ordering::SeqCst),
+            &format!("while talon is stopped (round {round})"),
+        )
+        .await;
+
+        cleanup.talon = Some(spawn_talon(&dir, &[]));
+        let c = connect(&socket).await;
+        let (pid, _, _) = served(&c).await;
+        assert_eq!(
+            pid, tgtd,
+            "round {round}: the new talon adopts tgtd instead of starting another"
+        );
+        let t = spec(&c, "TargetStatus", "tgtd").await.expect("TargetStatus tgtd");
+        assert_eq!(t["restarts"], 0, "round {round}: tgtd was not restarted: {t}");
+        progressed(ops.load(Ordering::SeqCst), &format!("after restart {round}")).await;
+    }
+
+    stop.store(true, Ordering::SeqCst);
+    let done = io.join().expect("I/O thread");
+    let n = done.unwrap_or_else(|e| panic!("I/O failed across talon restarts: {e}"));
+    eprintln!("{TEST}: {n} verified 4 KiB write+read pairs through {ROUNDS} restarts of talon, no error");
+
+    // the explicit mode: --stop-targets-on-exit stops tgtd with talon
+    let mut talon = cleanup.talon.take().expect("talon runs");
+    sigterm_and_wait(&mut talon);
+    let mut talon = spawn_talon(&dir, &["--stop-targets-on-exit"]);
+    let c = connect(&socket).await;
+    let (pid, _, _) = served(&c).await;
+    assert_eq!(pid, tgtd, "still the same tgtd");
+    drop(c);
+    sigterm_and_wait(&mut talon);
+    until("tgtd to stop with --stop-targets-on-exit", || async {
+        (!is_tgtd(tgtd)).then_some(())
+    })
+    .await;
+    assert!(
+        !dir.join("run/tgtd/tgtd.pid").exists(),
+        "tgtd's pid file is removed when it is stopped"
+    );
+}
