@@ -54,6 +54,8 @@ struct Inner {
     up_since: Option<Instant>,
     /// No start before this (backoff after a crash or a failed start).
     next_start: Option<Instant>,
+    /// Why the last start failed (kept in `TargetStatus` until a start works).
+    last_error: Option<String>,
 }
 
 /// Uptime after which a crash restarts the backoff from its first delay.
@@ -82,6 +84,7 @@ impl SpdkTargetController {
                 backoff: Backoff::new(Duration::from_millis(100), Duration::from_secs(30)),
                 up_since: None,
                 next_start: None,
+                last_error: None,
             }),
         }
     }
@@ -246,16 +249,24 @@ impl Controller for SpdkTargetController {
             }
             let delay = inner.backoff.next_delay();
             inner.next_start = Some(Instant::now() + delay);
+            inner.last_error = None;
         }
         if inner.target.is_none() {
             if let Some(at) = inner.next_start {
                 let left = at.saturating_duration_since(Instant::now());
                 if !left.is_zero() {
-                    let msg = format!("restarting in {left:?} (restart {})", inner.restarts);
-                    ctx.apply(
-                        SPDK_STATUS_ID,
-                        status(&self.template, &inner, ObjectState::Creating, msg),
-                    )?;
+                    // a start that failed stays `failed` with its cause while the next one waits
+                    let (state, msg) = match &inner.last_error {
+                        Some(e) => (
+                            ObjectState::Failed,
+                            format!("cannot start: {e} (next attempt in {left:.1?})"),
+                        ),
+                        None => (
+                            ObjectState::Creating,
+                            format!("restarting in {left:.1?} (restart {})", inner.restarts),
+                        ),
+                    };
+                    ctx.apply(SPDK_STATUS_ID, status(&self.template, &inner, state, msg))?;
                     return Ok(Requeue::After(left));
                 }
             }
@@ -268,6 +279,7 @@ impl Controller for SpdkTargetController {
                     inner.target = Some(t);
                     inner.up_since = Some(Instant::now());
                     inner.next_start = None;
+                    inner.last_error = None;
                 }
                 Err(e) if e.is_permanent() => {
                     inner.next_start = None;
@@ -281,10 +293,9 @@ impl Controller for SpdkTargetController {
                 Err(e) => {
                     let after = inner.backoff.next_delay();
                     inner.next_start = Some(Instant::now() + after);
-                    let msg = format!(
-                        "{} (next attempt in {after:?})",
-                        crate::runtime::runner::error_chain(&e)
-                    );
+                    let cause = crate::runtime::runner::error_chain(&e);
+                    let msg = format!("cannot start: {cause} (next attempt in {after:.1?})");
+                    inner.last_error = Some(cause);
                     ctx.apply(
                         SPDK_STATUS_ID,
                         status(&self.template, &inner, ObjectState::Failed, msg),
