@@ -249,3 +249,107 @@ async fn real_spdk_a_core_held_by_another_spdk_tgt_is_named_with_its_pid() {
     d.stop().await;
     drop(holder);
 }
+
+fn on_path(program: &str) -> bool {
+    std::env::var_os("PATH").is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(program).is_file()))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn v1_an_iscsi_port_in_use_is_named_with_its_holder() {
+    const TEST: &str = "v1_an_iscsi_port_in_use_is_named_with_its_holder";
+    if !nix::unistd::Uid::effective().is_root() || !on_path("tgtd") || !on_path("tgtadm") {
+        eprintln!("SKIP {TEST}: needs root and tgtd, tgtadm (apt-get install tgt)");
+        return;
+    }
+    let squatter = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = squatter.local_addr().expect("addr").port();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cfg = dir.path().join("talon.yaml");
+    std::fs::write(
+        &cfg,
+        format!("node: {{ engine: v1, listenAddress: 127.0.0.1, iscsiPort: {port} }}\n"),
+    )
+    .expect("config");
+    let mut o = opts(dir.path(), SpdkOptions::default());
+    o.config = Some(cfg);
+    let d = start(o).await;
+    let want = format!("the port is in use by pid {} (", std::process::id());
+    let e = d
+        .client
+        .call::<_, Value>(
+            "volume_create",
+            json!({"name": "squat", "sizeBytes": 1u64 << 20, "wait": true, "timeoutSeconds": 120}),
+        )
+        .await
+        .expect_err("the wait fails: tgtd cannot have its port")
+        .to_string();
+    assert!(e.contains(&want), "the wait names the holder: {e}");
+    assert!(e.contains(&format!("127.0.0.1:{port}")), "and the portal: {e}");
+    let t = eventually("TargetStatus tgtd failed", Duration::from_secs(60), || async {
+        let t = d.client.get("TargetStatus", "tgtd").await.ok()?;
+        (t.spec["state"] == "failed").then_some(t.spec)
+    })
+    .await;
+    assert!(
+        t["message"].as_str().is_some_and(|m| m.contains(&want)),
+        "the status names the holder: {t}"
+    );
+    d.stop().await;
+    drop(squatter);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_spdk_an_nvmf_port_in_use_is_named_with_its_holder() {
+    const TEST: &str = "real_spdk_an_nvmf_port_in_use_is_named_with_its_holder";
+    let Some(spdk_dir) = std::env::var_os("TALON_SPDK_DIR").map(PathBuf::from) else {
+        eprintln!("SKIP {TEST}: TALON_SPDK_DIR not set");
+        return;
+    };
+    if !nix::unistd::Uid::effective().is_root() {
+        eprintln!("SKIP {TEST}: spdk_tgt needs root");
+        return;
+    }
+    let squatter = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = squatter.local_addr().expect("addr").port();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cfg = dir.path().join("talon.yaml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "node: {{ engine: v2, listenAddress: 127.0.0.1, nvmfPort: {port} }}\n\
+             disks:\n  d1: {{ path: disks/d1.img, sizeBytes: 134217728 }}\n"
+        ),
+    )
+    .expect("config");
+    let mut o = opts(
+        dir.path(),
+        SpdkOptions {
+            spdk_tgt: None,
+            spdk_dir: Some(spdk_dir),
+            path_var: None,
+            no_huge: true,
+            no_huge_mem_mib: 1024,
+            // other jobs may run SPDK on core 0
+            extra_args: vec!["--disable-cpumask-locks".into()],
+            ..SpdkOptions::default()
+        },
+    );
+    o.config = Some(cfg);
+    let d = start(o).await;
+    let e = d
+        .client
+        .call::<_, Value>(
+            "volume_create",
+            json!({"name": "squat", "sizeBytes": 1u64 << 20, "wait": true, "timeoutSeconds": 120}),
+        )
+        .await
+        .expect_err("the export fails: the port is taken")
+        .to_string();
+    let want = format!(
+        "cannot listen on 127.0.0.1:{port}: the port is in use by pid {} (",
+        std::process::id()
+    );
+    assert!(e.contains(&want), "the error names the port and its holder: {e}");
+    d.stop().await;
+    drop(squatter);
+}

@@ -531,7 +531,7 @@ impl LogForward {
 }
 
 /// The pid of the process listening on a Unix socket (SO_PEERCRED).
-async fn socket_peer_pid(socket: &Path) -> Option<i32> {
+pub(crate) async fn socket_peer_pid(socket: &Path) -> Option<i32> {
     let s = tokio::net::UnixStream::connect(socket).await.ok()?;
     s.peer_cred().ok()?.pid()
 }

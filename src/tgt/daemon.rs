@@ -75,6 +75,12 @@ pub enum DaemonError {
         portal: SocketAddr,
         found: String,
     },
+    #[error("cannot serve iSCSI on {portal}: the port is in use by {holder} (tgtd pid {pid} was stopped)")]
+    PortInUse {
+        pid: u32,
+        portal: SocketAddr,
+        holder: String,
+    },
     #[error("tgtd (pid {pid}) does not listen on {portal}")]
     NotListening { pid: u32, portal: SocketAddr },
     #[error("cannot read the sockets of tgtd (pid {pid}) at {path}")]
@@ -246,7 +252,15 @@ impl Tgtd {
         match t.listening() {
             Ok(found) if found == [t.cfg.portal] => {}
             Ok(found) => {
-                let err = wrong_portal(pid, t.cfg.portal, &found);
+                // tgtd falls back to other addresses when its portal's port is taken: say who has it
+                let err = match port_holder(&t.cfg.host, t.cfg.portal, Some(pid)) {
+                    Some(holder) => DaemonError::PortInUse {
+                        pid,
+                        portal: t.cfg.portal,
+                        holder,
+                    },
+                    None => wrong_portal(pid, t.cfg.portal, &found),
+                };
                 t.stop_quietly();
                 return Err(err);
             }
@@ -472,6 +486,50 @@ pub fn listening_sockets(host: &HostRoot, pid: u32) -> Result<Vec<SocketAddr>, D
     found.sort();
     found.dedup();
     Ok(found)
+}
+
+/// Who else listens on TCP `addr` (the same port on the same address, on the
+/// any-address, or on any address when `addr`'s is unspecified): "pid N
+/// (comm)" of the first process other than `except` found holding such a
+/// socket, or "a process talon cannot see" when no process holds it. None when
+/// nothing but `except` listens there. Reads `/proc/net/tcp{,6}` (talon's
+/// network namespace) and every `/proc/<pid>/fd`: for error paths only.
+pub fn port_holder(host: &HostRoot, addr: SocketAddr, except: Option<u32>) -> Option<String> {
+    let mut inodes = HashSet::new();
+    for table in ["tcp", "tcp6"] {
+        let Ok(text) = fs::read_to_string(host.path(format!("/proc/net/{table}"))) else {
+            continue;
+        };
+        for (a, inode) in parse_proc_net_tcp(&text) {
+            let ip_match = a.ip() == addr.ip() || a.ip().is_unspecified() || addr.ip().is_unspecified();
+            if a.port() == addr.port() && ip_match {
+                inodes.insert(format!("socket:[{inode}]"));
+            }
+        }
+    }
+    if inodes.is_empty() {
+        return None;
+    }
+    let mut except_holds = false;
+    for p in fs::read_dir(host.path("/proc")).ok()?.flatten() {
+        let name = p.file_name();
+        let Some(pid) = name.to_str().and_then(|n| n.parse::<u32>().ok()) else {
+            continue;
+        };
+        let Ok(fds) = fs::read_dir(p.path().join("fd")) else {
+            continue;
+        };
+        let holds = fds
+            .flatten()
+            .any(|fd| fs::read_link(fd.path()).is_ok_and(|t| inodes.contains(t.to_string_lossy().as_ref())));
+        if holds && Some(pid) == except {
+            except_holds = true;
+        } else if holds {
+            let comm = fs::read_to_string(p.path().join("comm")).unwrap_or_default();
+            return Some(format!("pid {pid} ({})", comm.trim()));
+        }
+    }
+    (!except_holds).then(|| "a process talon cannot see".into())
 }
 
 /// LISTEN rows of a `/proc/net/tcp` or `tcp6` table: (local address, inode).
