@@ -8,7 +8,8 @@
 //! ```
 //!
 //! Without `TALON_SPDK_DIR` the spawned program is a stand-in that prints the
-//! line spdk_tgt v26.05 prints when its core is locked (app.c `claim_cpu_cores`)
+//! lines spdk_tgt v26.05 prints when its core is locked (app.c `claim_cpu_cores`, as
+//! recorded on this machine)
 //! and exits 1; with it, a real spdk_tgt holds core 0 and talon's real spdk_tgt
 //! is refused by it.
 
@@ -100,9 +101,9 @@ async fn a_locked_core_is_named_in_the_status_and_fails_the_wait_at_once() {
     let bin = script(
         dir.path(),
         "spdk_tgt",
-        "echo '[2026-11-23 21:40:01.123456] app.c: 799:claim_cpu_cores: *ERROR*: Cannot create lock on \
+        "echo '[2026-11-23 21:40:01.123456] app.c: 855:claim_cpu_cores: *ERROR*: Cannot create lock on \
          core 0, probably process 4242 has claimed it.' >&2\n\
-         echo '[2026-11-23 21:40:01.123480] app.c: 912:spdk_app_start: *ERROR*: Unable to acquire lock \
+         echo '[2026-11-23 21:40:01.123480] app.c: 986:spdk_app_start: *ERROR*: Unable to acquire lock \
          on assigned core mask - exiting.' >&2\nexit 1\n",
     );
     let d = start(opts(
@@ -207,7 +208,7 @@ async fn real_spdk_a_core_held_by_another_spdk_tgt_is_named_with_its_pid() {
     let holder_sock = dir.path().join("holder.sock");
     let holder = Holder(
         Command::new(&bin)
-            .args(["-m", "0x2", "--no-huge", "-s", "256", "-u", "-r"])
+            .args(["-m", "0x2", "--no-huge", "-s", "1024", "-u", "-r"])
             .arg(&holder_sock)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -233,7 +234,7 @@ async fn real_spdk_a_core_held_by_another_spdk_tgt_is_named_with_its_pid() {
             path_var: None,
             cpumask: "0x2".into(),
             no_huge: true,
-            no_huge_mem_mib: 256,
+            no_huge_mem_mib: 1024,
             ..SpdkOptions::default()
         },
     ))

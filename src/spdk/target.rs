@@ -320,6 +320,10 @@ pub fn start_failure_cause(log: &str) -> String {
     {
         return format!("not enough hugepages for its memory (-s): {l}");
     }
+    // --no-huge -s too small for its pools: "fsdev.c: ... Could not allocate spdk_fsdev_io pool"
+    if let Some(l) = lines.iter().find(|l| l.contains("Could not allocate")) {
+        return format!("not enough memory for its pools (-s): {l}");
+    }
     if let Some(l) = lines
         .iter()
         .find(|l| l.contains("RPC Unix domain socket path") && l.contains("in use"))
