@@ -26,6 +26,7 @@ use talon::client::Client;
 use tgt_common::{Libiscsi, free_port, ready};
 
 const VOLUME: &str = "io";
+const V1: &[&str] = &["--engine", "v1"];
 const ROUNDS: usize = 10;
 /// Generous bound for a wait that should take well under a second; it only
 /// turns a hang into a failure with a message.
@@ -40,7 +41,7 @@ fn spawn_talon(dir: &Path, extra: &[&str]) -> Child {
     Command::new(env!("CARGO_BIN_EXE_talon"))
         .arg("--socket")
         .arg(dir.join("run/talon.sock"))
-        .args(["serve", "--engine", "v1", "--data-dir"])
+        .args(["serve", "--data-dir"])
         .arg(dir.join("data"))
         .arg("--run-dir")
         .arg(dir.join("run"))
@@ -124,6 +125,8 @@ async fn served(c: &Client) -> (u32, String, String) {
 struct Cleanup {
     dir: PathBuf,
     talon: Option<Child>,
+    /// spdk_tgt's pid (V2), killed if it is still there.
+    spdk_tgt: Option<u32>,
 }
 
 impl Drop for Cleanup {
@@ -136,6 +139,11 @@ impl Drop for Cleanup {
         if let Some(mut c) = self.talon.take() {
             let _ = c.kill();
             let _ = c.wait();
+        }
+        if let Some(pid) = self.spdk_tgt
+            && std::fs::read_to_string(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c.contains("spdk_tgt"))
+        {
+            let _ = kill(Pid::from_raw(pid as i32), Signal::SIGKILL);
         }
         if let Ok(pid) = std::fs::read_to_string(self.dir.join("run/tgtd/tgtd.pid"))
             && let Ok(pid) = pid.trim().parse::<u32>()
@@ -193,7 +201,8 @@ async fn v1_io_runs_through_ten_talon_restarts() {
     let socket = dir.join("run/talon.sock");
     let mut cleanup = Cleanup {
         dir: dir.clone(),
-        talon: Some(spawn_talon(&dir, &[])),
+        talon: Some(spawn_talon(&dir, V1)),
+        spdk_tgt: None,
     };
     let c = connect(&socket).await;
     let (tgtd, portal, iqn) = served(&c).await;
@@ -239,7 +248,7 @@ async fn v1_io_runs_through_ten_talon_restarts() {
         )
         .await;
 
-        cleanup.talon = Some(spawn_talon(&dir, &[]));
+        cleanup.talon = Some(spawn_talon(&dir, V1));
         let c = connect(&socket).await;
         let (pid, _, _) = served(&c).await;
         assert_eq!(
@@ -259,7 +268,7 @@ async fn v1_io_runs_through_ten_talon_restarts() {
     // the explicit mode: --stop-targets-on-exit stops tgtd with talon
     let mut talon = cleanup.talon.take().expect("talon runs");
     sigterm_and_wait(&mut talon);
-    let mut talon = spawn_talon(&dir, &["--stop-targets-on-exit"]);
+    let mut talon = spawn_talon(&dir, &["--engine", "v1", "--stop-targets-on-exit"]);
     let c = connect(&socket).await;
     let (pid, _, _) = served(&c).await;
     assert_eq!(pid, tgtd, "still the same tgtd");
@@ -272,5 +281,205 @@ async fn v1_io_runs_through_ten_talon_restarts() {
     assert!(
         !dir.join("run/tgtd/tgtd.pid").exists(),
         "tgtd's pid file is removed when it is stopped"
+    );
+}
+
+/// Waits until spdk_tgt is ready and the volume exported over NVMe/TCP;
+/// returns spdk_tgt's pid, the port and the subsystem NQN.
+async fn served_v2(c: &Client) -> (u32, u16, String) {
+    let pid = until("TargetStatus spdk ready", || async {
+        let t = spec(c, "TargetStatus", "spdk").await?;
+        (t["state"] == "ready").then(|| t["pid"].as_u64()).flatten()
+    })
+    .await;
+    let (port, nqn) = until("EngineStatus io ready", || async {
+        let e = spec(c, "EngineStatus", VOLUME).await?;
+        if e["state"] != "ready" {
+            return None;
+        }
+        let x = e["exports"]
+            .as_array()?
+            .iter()
+            .find(|x| x["transport"] == "nvme-tcp")?
+            .clone();
+        Some((
+            u16::try_from(x["port"].as_u64()?).ok()?,
+            x["name"].as_str()?.to_string(),
+        ))
+    })
+    .await;
+    (u32::try_from(pid).expect("pid"), port, nqn)
+}
+
+/// The controller ids connected to `nqn`: the same set before and after means
+/// no initiator reconnected.
+async fn cntlids(socket: &Path, nqn: &str) -> Vec<u64> {
+    let c = talon::spdk::SpdkClient::new(socket);
+    let v: Value = c
+        .call(
+            "nvmf_subsystem_get_controllers",
+            Some(&serde_json::json!({"nqn": nqn})),
+        )
+        .await
+        .expect("nvmf_subsystem_get_controllers");
+    let mut ids: Vec<u64> = v
+        .as_array()
+        .expect("controllers")
+        .iter()
+        .filter_map(|c| c["cntlid"].as_u64())
+        .collect();
+    ids.sort_unstable();
+    ids
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_spdk_v2_io_runs_through_ten_talon_restarts() {
+    const TEST: &str = "real_spdk_v2_io_runs_through_ten_talon_restarts";
+    let Some(spdk) = std::env::var_os("TALON_SPDK_DIR").map(PathBuf::from) else {
+        eprintln!("SKIP {TEST}: TALON_SPDK_DIR not set");
+        return;
+    };
+    if !nix::unistd::Uid::effective().is_root() {
+        eprintln!("SKIP {TEST}: spdk_tgt needs root");
+        return;
+    }
+    let perf_bin = spdk.join("build/bin/spdk_nvme_perf");
+    if !perf_bin.is_file() {
+        eprintln!("SKIP {TEST}: {} not found", perf_bin.display());
+        return;
+    }
+    let d = tempfile::tempdir().expect("tempdir");
+    let dir = d.path().to_path_buf();
+    let port = free_port();
+    std::fs::write(
+        dir.join("talon.yaml"),
+        format!(
+            "node: {{ engine: v2, listenAddress: 127.0.0.1, nvmfPort: {port} }}\n\
+             disks:\n  d1: {{ path: disks/d1.img, sizeBytes: 268435456 }}\n\
+             volumes:\n  {VOLUME}: {{ sizeBytes: 67108864 }}\n"
+        ),
+    )
+    .expect("config");
+    // no hugepages, and no core lock: other jobs on this machine may run SPDK on core 0
+    let v2: &[&str] = &[
+        "--engine",
+        "v2",
+        "--no-huge",
+        "--no-huge-mem-mib",
+        "1024",
+        "--spdk-arg=--disable-cpumask-locks",
+    ];
+    let socket = dir.join("run/talon.sock");
+    let spdk_sock = dir.join("run/spdk.sock");
+    let mut cleanup = Cleanup {
+        dir: dir.clone(),
+        talon: Some(spawn_talon(&dir, v2)),
+        spdk_tgt: None,
+    };
+    let c = connect(&socket).await;
+    let (tgt, port, nqn) = served_v2(&c).await;
+    cleanup.spdk_tgt = Some(tgt);
+    drop(c);
+
+    // the reader/writer: 50/50 random 4 KiB I/O at QD8 from core 1 until SIGINT
+    let mut perf = Command::new(&perf_bin)
+        .args(["--no-huge", "-s", "512", "-c", "0x2", "-q", "8", "-o", "4096"])
+        .args(["-w", "randrw", "-M", "50", "-t", "3600", "-r"])
+        .arg(format!(
+            "trtype:TCP adrfam:IPv4 traddr:127.0.0.1 trsvcid:{port} subnqn:{nqn}"
+        ))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn spdk_nvme_perf");
+    let connected = until("spdk_nvme_perf to connect", || async {
+        let ids = cntlids(&spdk_sock, &nqn).await;
+        (!ids.is_empty()).then_some(ids)
+    })
+    .await;
+
+    for round in 1..=ROUNDS {
+        let mut talon = cleanup.talon.take().expect("talon runs");
+        sigterm_and_wait(&mut talon);
+        assert!(
+            kill(Pid::from_raw(tgt as i32), None).is_ok(),
+            "round {round}: spdk_tgt (pid {tgt}) keeps running after talon stopped"
+        );
+        assert_eq!(
+            cntlids(&spdk_sock, &nqn).await,
+            connected,
+            "round {round}: the initiator stays connected while talon is stopped"
+        );
+        cleanup.talon = Some(spawn_talon(&dir, v2));
+        let c = connect(&socket).await;
+        let (pid, _, _) = served_v2(&c).await;
+        assert_eq!(pid, tgt, "round {round}: the new talon adopts spdk_tgt");
+        let t = spec(&c, "TargetStatus", "spdk").await.expect("TargetStatus spdk");
+        assert_eq!(t["restarts"], 0, "round {round}: spdk_tgt was not restarted: {t}");
+        assert!(
+            t["message"].as_str().is_some_and(|m| m.starts_with("adopted")),
+            "round {round}: {t}"
+        );
+        assert_eq!(
+            cntlids(&spdk_sock, &nqn).await,
+            connected,
+            "round {round}: no reconnect after the new talon adopted the target"
+        );
+        assert!(
+            perf.try_wait().expect("perf status").is_none(),
+            "round {round}: spdk_nvme_perf ended early"
+        );
+    }
+
+    // SPDK stamps its log lines with local time, "[2026-11-23 22:35:57.944849]"; perf's own
+    // teardown after SIGINT logs its qpair's disconnect (it does so after a normal end too)
+    let date = Command::new("date")
+        .arg("+%Y-%m-%d %H:%M:%S.%6N")
+        .output()
+        .expect("date");
+    let stopped_at = String::from_utf8_lossy(&date.stdout).trim().to_string();
+    kill(Pid::from_raw(perf.id() as i32), Signal::SIGINT).expect("SIGINT spdk_nvme_perf");
+    let out = perf.wait_with_output().expect("spdk_nvme_perf output");
+    let report = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let bad: Vec<&str> = report
+        .lines()
+        .filter(|l| {
+            let lower = l.to_ascii_lowercase();
+            let trouble = lower.contains("error") || lower.contains("failed") || lower.contains("disconnect");
+            let at = l
+                .strip_prefix('[')
+                .and_then(|r| r.split(']').next())
+                .unwrap_or("");
+            trouble && !(at.len() == stopped_at.len() && at >= stopped_at.as_str())
+        })
+        .collect();
+    assert!(
+        bad.is_empty(),
+        "spdk_nvme_perf reported I/O trouble: {bad:?}\n{report}"
+    );
+    let total = report
+        .lines()
+        .find(|l| l.trim_start().starts_with("Total"))
+        .unwrap_or_else(|| panic!("no Total line in spdk_nvme_perf's report:\n{report}"));
+    eprintln!("{TEST}: {ROUNDS} restarts of talon under spdk_nvme_perf, no error, no reconnect; {total}");
+
+    // --stop-targets-on-exit stops spdk_tgt with talon
+    let mut talon = cleanup.talon.take().expect("talon runs");
+    sigterm_and_wait(&mut talon);
+    let mut args = v2.to_vec();
+    args.push("--stop-targets-on-exit");
+    let mut talon = spawn_talon(&dir, &args);
+    let c = connect(&socket).await;
+    assert_eq!(served_v2(&c).await.0, tgt, "still the same spdk_tgt");
+    drop(c);
+    sigterm_and_wait(&mut talon);
+    assert!(
+        kill(Pid::from_raw(tgt as i32), None).is_err(),
+        "spdk_tgt {tgt} is stopped with --stop-targets-on-exit"
     );
 }

@@ -124,6 +124,10 @@ pub struct ServeArgs {
     /// The node's default engine for `auto` volumes on an `auto` node.
     #[arg(long, value_enum, default_value_t = EngineArg::Auto)]
     pub engine: EngineArg,
+    /// One more argument for spdk_tgt, passed as given (repeat it for more),
+    /// e.g. `--spdk-arg=--disable-cpumask-locks`.
+    #[arg(long = "spdk-arg", value_name = "ARG", allow_hyphen_values = true)]
+    pub spdk_args: Vec<std::ffi::OsString>,
     /// Stop spdk_tgt and tgtd when talon stops (draining the node). Without
     /// it they keep serving volumes across a restart or an upgrade of talon,
     /// and the next talon adopts them.
@@ -271,6 +275,7 @@ async fn run(cli: Cli) -> Result<ExitCode, CliError> {
                     interrupt_mode: a.interrupt_mode,
                     engine: a.engine.into(),
                     embedded: a.engine == EngineArg::SpdkEmbedded,
+                    extra_args: a.spdk_args,
                     ..Default::default()
                 },
                 stop_targets_on_exit: a.stop_targets_on_exit,
