@@ -316,6 +316,74 @@ async fn run(cli: Cli) -> Result<ExitCode, CliError> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// `talon get volume NAME`: the resource with its status beside it (the
+/// engine's state and exports, replicas with their state and a rebuild's
+/// progress, the attachment, the last error); with `--watch`, a line each
+/// time one of them changes.
+async fn get_volume(c: &Client, name: &str, output: Format, watch: bool) -> Result<(), CliError> {
+    let r = c.get("Volume", name).await?;
+    let view: serde_json::Value = c.call("volume_get", serde_json::json!({"name": name})).await?;
+    match output {
+        Format::Table => print!("{}", volume::describe_volume(&view)),
+        _ => {
+            let mut v = serde_json::to_value(&r)?;
+            v["status"] = serde_json::json!({
+                "engine": view["engine"],
+                "replicas": view["replicas"],
+                "attachment": view["attachment"],
+            });
+            print_value(&v, output)?;
+        }
+    }
+    if !watch {
+        return Ok(());
+    }
+    let mut sub = c.watch(None, false).await?;
+    let mut last = volume::volume_line(&view);
+    if output == Format::Table {
+        println!("{}  {last}", chrono_now());
+    }
+    while let Some(ev) = sub.next().await {
+        let ev = ev.map_err(|e| format!("watch ended: {e}"))?;
+        let res = &ev.resource;
+        let mine = match res.metadata.type_.as_str() {
+            "Volume" | "EngineStatus" | "AttachmentStatus" => res.metadata.id == name,
+            "ReplicaStatus" => res.spec["volume"] == name,
+            _ => false,
+        };
+        if !mine {
+            continue;
+        }
+        let view: serde_json::Value = match c.call("volume_get", serde_json::json!({"name": name})).await {
+            Ok(v) => v,
+            Err(_) => {
+                println!("{}  {name} deleted", chrono_now());
+                return Ok(());
+            }
+        };
+        match output {
+            Format::Table => {
+                let line = volume::volume_line(&view);
+                if line != last {
+                    println!("{}  {line}", chrono_now());
+                    last = line;
+                }
+            }
+            _ => output::print_event(&ev, output, None)?,
+        }
+    }
+    Ok(())
+}
+
+/// The wall-clock time of day (UTC) for watch lines.
+fn chrono_now() -> String {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    format!("{:02}:{:02}:{:02}", secs / 3600 % 24, secs / 60 % 60, secs % 60)
+}
+
 async fn get(socket: &std::path::Path, a: GetArgs) -> Result<(), CliError> {
     let c = Client::connect_unix(socket).await?;
     match a.what.as_str() {
@@ -334,6 +402,9 @@ async fn get(socket: &std::path::Path, a: GetArgs) -> Result<(), CliError> {
             } else {
                 print_value(&serde_json::to_value(cs)?, a.output)?;
             }
+        }
+        what if a.id.is_some() && ["volume", "volumes"].iter().any(|v| what.eq_ignore_ascii_case(v)) => {
+            get_volume(&c, a.id.as_deref().unwrap_or_default(), a.output, a.watch).await?;
         }
         what => {
             let types = c.types().await?;
