@@ -37,7 +37,8 @@ pub fn register_all(rt: &mut Runtime, deps: &Deps) -> Result<(), RuntimeError> {
         deps.spdk.target_config(&deps.run_dir),
         selection.clone(),
     )
-    .on_exit(deps.targets_on_exit.clone());
+    .on_exit(deps.targets_on_exit.clone())
+    .with_host(deps.host.clone());
     rt.register(target)?;
     rt.register(engine::spdk_disk::SpdkDiskController::new(
         &deps.run_dir,

@@ -5,8 +5,9 @@
 //! ```text
 //!   NodeConfig, Disk, Volume ──> reconcile ──needed?──> Target::start (adopt a target answering on
 //!        (selection: V2?)           │                     <run_dir>/spdk.sock, else spawn + wait for
-//!                                   │                     spdk_get_version), -s 512 + 43/volume MiB,
-//!                                   │                     -u unless a Disk has `pci`
+//!                                   │                     spdk_get_version), -s 512 + 43/volume MiB
+//!                                   │                     capped at the free hugepages, -u unless a
+//!                                   │                     Disk has `pci`
 //!                                   └──> TargetStatus "spdk" {state, pid, version, restarts, ...}
 //!   every second: spdk_get_version answers? no -> restarts += 1, start again after backoff
 //!   (100 ms doubling to 30 s, back to 100 ms after a minute of uptime); the disk and
@@ -21,6 +22,11 @@
 //! period (10 s). `-s` is decided when the target starts; more volumes later
 //! do not restart a running target.
 //!
+//! Memory: with hugepages, `-s` is the per-volume formula capped at the
+//! hugepages free when the target is spawned, so that a smaller pool never
+//! keeps the target from starting (a restart after a crash included): it
+//! starts with what there is and `TargetStatus` reports the shortfall.
+//!
 //! In-process (`--engine spdk-embedded`): the same, except that the target is
 //! the SPDK framework on a thread of talon (pid = talon's), it is kept while
 //! talon runs even without V2 work, and when it dies it is not restarted (DPDK
@@ -34,13 +40,14 @@ use nix::unistd::Pid;
 use tokio::sync::Mutex;
 
 use super::TargetsOnExit;
-use super::selection::EngineSelection;
+use super::selection::{EngineSelection, free_hugepages_mib};
+use crate::host::HostRoot;
 use crate::resources::config::{Disk, NodeConfig, Volume};
 use crate::resources::engine::{Engine, ObjectState, TargetStatus};
 use crate::runtime::{Controller, ControllerError, Input, Output, ReconcileContext, Requeue};
 use crate::spdk::ClientError;
 use crate::spdk::rpc::Version;
-use crate::spdk::target::{Backoff, Origin, Target, TargetConfig};
+use crate::spdk::target::{Backoff, Memory, Origin, Target, TargetConfig, mem_size_mib_for};
 
 /// The id of spdk_tgt's `TargetStatus`.
 pub const SPDK_STATUS_ID: &str = "spdk";
@@ -56,6 +63,8 @@ struct Inner {
     next_start: Option<Instant>,
     /// Why the last start failed (kept in `TargetStatus` until a start works).
     last_error: Option<String>,
+    /// The hugepage shortfall the held target was started with, if any.
+    memory_note: Option<String>,
 }
 
 /// Uptime after which a crash restarts the backoff from its first delay.
@@ -67,6 +76,7 @@ pub struct SpdkTargetController {
     template: TargetConfig,
     selection: EngineSelection,
     on_exit: TargetsOnExit,
+    host: HostRoot,
     inner: Mutex<Inner>,
 }
 
@@ -78,6 +88,7 @@ impl SpdkTargetController {
             template,
             selection,
             on_exit: TargetsOnExit::stop(),
+            host: HostRoot::real(),
             inner: Mutex::new(Inner {
                 target: None,
                 restarts: 0,
@@ -85,6 +96,7 @@ impl SpdkTargetController {
                 up_since: None,
                 next_start: None,
                 last_error: None,
+                memory_note: None,
             }),
         }
     }
@@ -96,10 +108,32 @@ impl SpdkTargetController {
         self
     }
 
+    /// Where free hugepages are read (`/sys/kernel/mm/hugepages`) to cap `-s`.
+    pub fn with_host(mut self, host: HostRoot) -> Self {
+        self.host = host;
+        self
+    }
+
     /// The target settings.
     pub fn config(&self) -> &TargetConfig {
         &self.template
     }
+}
+
+/// `-s` for hugepages: the `wanted` MiB, or the `free` MiB when fewer are
+/// free (start with what there is), with a note of the shortfall. With no
+/// free hugepages at all there is nothing to start with: `wanted` is kept and
+/// the target's own failure names the cause.
+pub fn cap_memory(wanted: u64, free: u64, volumes: u32) -> (u64, Option<String>) {
+    if free >= wanted || free == 0 {
+        return (wanted, None);
+    }
+    let note = format!(
+        "hugepages short: started with -s {free} MiB, all that was free, instead of the {wanted} MiB \
+         sized for {volumes} volume(s) ({} MiB short)",
+        wanted - free
+    );
+    (free, Some(note))
 }
 
 fn pid_alive(pid: Option<i32>) -> bool {
@@ -273,9 +307,23 @@ impl Controller for SpdkTargetController {
             let mut cfg = self.template.clone();
             cfg.exported_volumes = u32::try_from(v2_volumes).unwrap_or(u32::MAX);
             cfg.pci_disks = disks.iter().any(|d| d.spec.pci.is_some());
+            let mut memory_note = None;
+            if cfg.memory == (Memory::Hugepages { mem_size_mib: None }) && !cfg.embedded {
+                let wanted = mem_size_mib_for(cfg.exported_volumes);
+                let (mib, note) = cap_memory(wanted, free_hugepages_mib(&self.host), cfg.exported_volumes);
+                cfg.memory = Memory::Hugepages {
+                    mem_size_mib: Some(mib),
+                };
+                memory_note = note;
+            }
             match Target::start(&cfg).await {
                 Ok(t) => {
                     tracing::info!(pid = ?t.pid(), origin = ?t.origin(), version = %t.version().version, "spdk_tgt ready");
+                    // an adopted target kept the memory it was started with
+                    inner.memory_note = memory_note.filter(|_| t.origin() == Origin::Spawned);
+                    if let Some(n) = &inner.memory_note {
+                        tracing::warn!("{n}");
+                    }
                     inner.target = Some(t);
                     inner.up_since = Some(Instant::now());
                     inner.next_start = None;
@@ -313,10 +361,34 @@ impl Controller for SpdkTargetController {
             ),
             _ => format!("serving on {}", self.template.socket().display()),
         };
+        let msg = match &inner.memory_note {
+            Some(n) => format!("{msg}; {n}"),
+            None => msg,
+        };
         ctx.apply(
             SPDK_STATUS_ID,
             status(&self.template, &inner, ObjectState::Ready, msg),
         )?;
         Ok(Requeue::After(Duration::from_secs(1)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn memory_is_capped_at_the_free_hugepages_with_the_shortfall_named() {
+        assert_eq!(cap_memory(942, 2048, 10), (942, None));
+        let (mib, note) = cap_memory(4812, 882, 100);
+        assert_eq!(mib, 882);
+        let note = note.expect("a shortfall note");
+        assert!(note.contains("-s 882 MiB") && note.contains("4812 MiB"), "{note}");
+        assert!(
+            note.contains("100 volume(s)") && note.contains("3930 MiB short"),
+            "{note}"
+        );
+        // nothing free: nothing to start with; the target's own failure says why
+        assert_eq!(cap_memory(512, 0, 0), (512, None));
     }
 }
