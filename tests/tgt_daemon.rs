@@ -84,3 +84,34 @@ fn start_adopt_stop() {
     assert!(pid_gone(pid));
     assert!(Tgtd::adopt(cfg).expect("adopt").is_none(), "nothing to adopt");
 }
+
+#[test]
+fn a_tgtd_without_its_pid_file_is_adopted_through_its_control_socket() {
+    if !ready("a_tgtd_without_its_pid_file_is_adopted_through_its_control_socket") {
+        return;
+    }
+    let run = tempfile::tempdir().expect("run dir");
+    let portal: SocketAddr = format!("127.0.0.1:{}", tgt_common::free_port())
+        .parse()
+        .expect("portal");
+    let cfg = TgtdConfig::new(run.path(), portal);
+    let first = Tgtd::start(cfg.clone()).expect("start");
+    let pid = first.pid();
+    // a talon killed between spawning tgtd and recording it leaves no pid file
+    std::fs::remove_file(cfg.pid_path()).expect("remove pid file");
+    let adopted = Tgtd::start_or_adopt(cfg.clone()).expect("adopt");
+    assert_eq!(
+        adopted.pid(),
+        pid,
+        "the tgtd behind socket.0 is adopted, not a second one started"
+    );
+    assert!(!adopted.is_child());
+    assert_eq!(
+        std::fs::read_to_string(cfg.pid_path()).expect("pid file").trim(),
+        pid.to_string(),
+        "the pid file is written again"
+    );
+    drop(adopted);
+    first.stop().expect("stop"); // the child's handle reaps it
+    assert!(pid_gone(pid), "tgtd {pid} stopped");
+}

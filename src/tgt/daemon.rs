@@ -174,15 +174,16 @@ impl Tgtd {
     /// the control socket; verifies its portal (an adopted tgtd listening
     /// elsewhere is an error, and is left running: talon did not start it).
     pub fn adopt(cfg: TgtdConfig) -> Result<Option<Self>, DaemonError> {
-        let Ok(text) = fs::read_to_string(cfg.pid_path()) else {
+        let recorded = fs::read_to_string(cfg.pid_path())
+            .ok()
+            .and_then(|t| t.trim().parse::<u32>().ok())
+            .filter(|pid| is_live_tgtd(&cfg.host, *pid));
+        // no pid file (a talon killed while its tgtd started): the process behind the control socket
+        let Some(pid) = recorded
+            .or_else(|| control_socket_pid(&cfg.socket()).filter(|pid| is_live_tgtd(&cfg.host, *pid)))
+        else {
             return Ok(None);
         };
-        let Ok(pid) = text.trim().parse::<u32>() else {
-            return Ok(None);
-        };
-        if !is_live_tgtd(&cfg.host, pid) {
-            return Ok(None);
-        }
         if cfg.admin().ping().is_err() {
             return Ok(None);
         }
@@ -199,6 +200,10 @@ impl Tgtd {
                 portal: t.cfg.portal,
                 found,
             });
+        }
+        if recorded.is_none() {
+            // record it again, for the next talon and for tools that read the pid file
+            let _ = fs::write(t.cfg.pid_path(), format!("{pid}\n"));
         }
         tracing::info!(pid, portal = %t.cfg.portal, "adopted a running tgtd");
         Ok(Some(t))
@@ -245,8 +250,19 @@ impl Tgtd {
             pid,
             child: Some(child),
         };
+        // the pid file first: if talon dies (kill -9) while tgtd starts, the next talon
+        // finds this tgtd (adopts it, or its portal check fails naming it) instead of an orphan
+        let pid_path = t.cfg.pid_path();
+        if let Err(source) = fs::write(&pid_path, format!("{pid}\n")) {
+            t.kill_and_reap();
+            return Err(DaemonError::PidFile {
+                path: pid_path,
+                source,
+            });
+        }
         if let Err(e) = t.wait_ready() {
             t.kill_and_reap();
+            t.remove_pid_file();
             return Err(e);
         }
         match t.listening() {
@@ -262,20 +278,14 @@ impl Tgtd {
                     None => wrong_portal(pid, t.cfg.portal, &found),
                 };
                 t.stop_quietly();
+                t.remove_pid_file();
                 return Err(err);
             }
             Err(e) => {
                 t.stop_quietly();
+                t.remove_pid_file();
                 return Err(e);
             }
-        }
-        let pid_path = t.cfg.pid_path();
-        if let Err(source) = fs::write(&pid_path, format!("{pid}\n")) {
-            t.stop_quietly();
-            return Err(DaemonError::PidFile {
-                path: pid_path,
-                source,
-            });
         }
         tracing::info!(pid, portal = %t.cfg.portal, "started tgtd");
         Ok(t)
@@ -417,6 +427,16 @@ impl Tgtd {
     fn remove_pid_file(&self) {
         let _ = fs::remove_file(self.cfg.pid_path());
     }
+}
+
+/// The pid of the process listening on tgtd's control socket (`<base>.0`),
+/// from SO_PEERCRED.
+fn control_socket_pid(base: &Path) -> Option<u32> {
+    let mut path = base.as_os_str().to_owned();
+    path.push(".0");
+    let stream = std::os::unix::net::UnixStream::connect(PathBuf::from(path)).ok()?;
+    let cred = nix::sys::socket::getsockopt(&stream, nix::sys::socket::sockopt::PeerCredentials).ok()?;
+    u32::try_from(cred.pid()).ok()
 }
 
 /// Whether `pid` is a tgtd that has not exited (a zombie has exited).
