@@ -338,11 +338,28 @@ pub async fn serve(opts: ServeOptions, shutdown: impl Future<Output = ()> + Send
     let mut rt = Runtime::new(state.clone());
     controllers::register_all(&mut rt, &deps)?;
     let registry = crate::resources::registry();
+    // `node_stop`: stop like SIGTERM, right after the answer went out; a drain stops the targets too
+    let stop_asked = Arc::new(tokio::sync::Notify::new());
+    let node_stop = {
+        let (asked, targets) = (stop_asked.clone(), deps.targets_on_exit.clone());
+        Arc::new(move |drain: bool| {
+            if drain {
+                targets.set_stop(true);
+            }
+            let asked = asked.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                asked.notify_one();
+            });
+            targets.stops()
+        })
+    };
     let ctx = ApiContext {
         state: state.clone(),
         registry: Arc::new(registry),
         statuses: rt.statuses(),
         node_info: node_info_fn(host, data_dir.clone(), &selection),
+        node_stop,
     };
     let mut api = ApiBuilder::new(ctx);
     crate::api::register_core(&mut api);
@@ -373,7 +390,10 @@ pub async fn serve(opts: ServeOptions, shutdown: impl Future<Output = ()> + Send
         }
         _ => None,
     };
-    shutdown.await;
+    tokio::select! {
+        _ = shutdown => {}
+        _ = stop_asked.notified() => tracing::info!("node_stop asked"),
+    }
     tracing::info!("shutting down");
     let _ = stop_tx.send(true);
     let _ = unix_task.await;

@@ -483,3 +483,64 @@ async fn real_spdk_v2_io_runs_through_ten_talon_restarts() {
         "spdk_tgt {tgt} is stopped with --stop-targets-on-exit"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_stop_leaves_tgtd_serving_and_node_drain_stops_it() {
+    const TEST: &str = "node_stop_leaves_tgtd_serving_and_node_drain_stops_it";
+    if !ready(TEST) {
+        return;
+    }
+    let d = tempfile::tempdir().expect("tempdir");
+    let dir = d.path().to_path_buf();
+    std::fs::write(
+        dir.join("talon.yaml"),
+        format!(
+            "node: {{ engine: v1, listenAddress: 127.0.0.1, iscsiPort: {} }}\n\
+             volumes:\n  {VOLUME}: {{ sizeBytes: 16777216 }}\n",
+            free_port()
+        ),
+    )
+    .expect("config");
+    let socket = dir.join("run/talon.sock");
+    let mut cleanup = Cleanup {
+        dir: dir.clone(),
+        talon: Some(spawn_talon(&dir, V1)),
+        spdk_tgt: None,
+    };
+    let verb = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_talon"))
+            .arg("--socket")
+            .arg(&socket)
+            .args(args)
+            .output()
+            .expect("run talon");
+        assert!(
+            out.status.success(),
+            "talon {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let c = connect(&socket).await;
+    let (tgtd, _, _) = served(&c).await;
+    drop(c);
+
+    let said = verb(&["node", "stop"]);
+    assert!(said.contains("keep serving"), "{said}");
+    let status = cleanup.talon.take().expect("talon").wait().expect("wait");
+    assert!(status.success(), "talon exits cleanly on node stop: {status}");
+    assert!(is_tgtd(tgtd), "tgtd (pid {tgtd}) keeps serving after node stop");
+
+    cleanup.talon = Some(spawn_talon(&dir, V1));
+    let c = connect(&socket).await;
+    assert_eq!(served(&c).await.0, tgtd, "the next talon adopts it");
+    drop(c);
+    let said = verb(&["node", "drain"]);
+    assert!(said.contains("spdk_tgt and tgtd with it"), "{said}");
+    let status = cleanup.talon.take().expect("talon").wait().expect("wait");
+    assert!(status.success(), "talon exits cleanly on node drain: {status}");
+    until("tgtd to stop with node drain", || async {
+        (!is_tgtd(tgtd)).then_some(())
+    })
+    .await;
+}

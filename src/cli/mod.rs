@@ -209,6 +209,11 @@ pub enum NodeCommand {
         #[arg(short, long, value_enum, default_value_t = Format::Yaml)]
         output: Format,
     },
+    /// Stop the daemon; spdk_tgt and tgtd keep serving for the next talon.
+    Stop,
+    /// Stop the daemon and spdk_tgt and tgtd with it (take the node out of
+    /// service: detach or move its volumes first).
+    Drain,
 }
 
 fn init_logging(format: LogFormat) {
@@ -288,6 +293,16 @@ async fn run(cli: Cli) -> Result<ExitCode, CliError> {
         Command::Node(NodeCommand::Info { output }) => {
             let c = Client::connect_unix(&cli.socket).await?;
             print_value(&serde_json::to_value(c.node_info().await?)?, output)?;
+        }
+        Command::Node(cmd @ (NodeCommand::Stop | NodeCommand::Drain)) => {
+            let drain = matches!(cmd, NodeCommand::Drain);
+            let c = Client::connect_unix(&cli.socket).await?;
+            let r: serde_json::Value = c.call("node_stop", serde_json::json!({"drain": drain})).await?;
+            if r["targetsStop"] == true {
+                println!("talon stops, and spdk_tgt and tgtd with it");
+            } else {
+                println!("talon stops; spdk_tgt and tgtd keep serving for the next talon");
+            }
         }
         Command::Volume(cmd) => volume::run_volume(&Client::connect_unix(&cli.socket).await?, cmd).await?,
         Command::Snapshot(cmd) => {
