@@ -156,12 +156,21 @@ impl Drop for Cleanup {
 
 /// The reader/writer: 4 KiB writes of a pattern that names the op, each read
 /// back and compared, over one session with automatic reconnect off.
-fn io_loop(portal: String, iqn: String, stop: Arc<AtomicBool>, ops: Arc<AtomicU64>) -> Result<u64, String> {
+/// Returns the pairs done and the longest one (the I/O stall a restart caused,
+/// if any: printed, not asserted).
+fn io_loop(
+    portal: String,
+    iqn: String,
+    stop: Arc<AtomicBool>,
+    ops: Arc<AtomicU64>,
+) -> Result<(u64, Duration), String> {
     let lib = Libiscsi::load()?;
     let s = lib.connect(&portal, &iqn, "iqn.2026-11.test.talon:restart-io", None)?;
     s.no_reconnect();
     let mut i: u64 = 0;
+    let mut longest = Duration::ZERO;
     while !stop.load(Ordering::SeqCst) {
+        let t0 = Instant::now();
         let lba = (i % 256) * 8;
         let data: Vec<u8> = (0..4096u64).map(|b| (b ^ i.wrapping_mul(31)) as u8).collect();
         s.write(lba, &data)
@@ -174,11 +183,12 @@ fn io_loop(portal: String, iqn: String, stop: Arc<AtomicBool>, ops: Arc<AtomicU6
                 "read {i} at lba {lba} returned other data than was written"
             ));
         }
+        longest = longest.max(t0.elapsed());
         i += 1;
         ops.store(i, Ordering::SeqCst);
         std::thread::sleep(Duration::from_millis(1));
     }
-    Ok(i)
+    Ok((i, longest))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -262,8 +272,12 @@ async fn v1_io_runs_through_ten_talon_restarts() {
 
     stop.store(true, Ordering::SeqCst);
     let done = io.join().expect("I/O thread");
-    let n = done.unwrap_or_else(|e| panic!("I/O failed across talon restarts: {e}"));
-    eprintln!("{TEST}: {n} verified 4 KiB write+read pairs through {ROUNDS} restarts of talon, no error");
+    let (n, longest) = done.unwrap_or_else(|e| panic!("I/O failed across talon restarts: {e}"));
+    eprintln!(
+        "{TEST}: {n} verified 4 KiB write+read pairs through {ROUNDS} restarts of talon, no error; \
+         longest pair {:.1} ms",
+        longest.as_secs_f64() * 1000.0
+    );
 
     // the explicit mode: --stop-targets-on-exit stops tgtd with talon
     let mut talon = cleanup.talon.take().expect("talon runs");
