@@ -635,7 +635,12 @@ impl Target {
             path: log_path.clone(),
             source,
         };
-        let log = std::fs::File::create(&log_path).map_err(log_err)?;
+        // afresh for each target, appended to (so that a copytruncate rotation leaves no hole)
+        std::fs::File::create(&log_path).map_err(log_err)?;
+        let log = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&log_path)
+            .map_err(log_err)?;
         let log2 = log.try_clone().map_err(log_err)?;
         let mut child = Command::new(&bin)
             .args(cfg.argv())
