@@ -573,3 +573,68 @@ pub async fn run_disk(c: &Client, cmd: DiskCommand) -> Result<(), CliError> {
     };
     print_value(&v, Format::Yaml)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A `volume_get` answer for a 2-replica V2 volume whose second replica
+    /// is being rebuilt.
+    fn rebuilding() -> Value {
+        json!({
+            "name": "pvc-1",
+            "spec": {"sizeBytes": 10u64 << 30, "replicas": 2, "engine": "auto", "frontend": "auto"},
+            "phase": "running",
+            "engine": {
+                "engine": "v2", "state": "degraded", "sizeBytes": 10u64 << 30, "device": "talon-raid-pvc-1",
+                "replicas": ["pvc-1-r0", "pvc-1-r1"],
+                "exports": [{"transport": "nvme-tcp", "address": "10.0.0.1", "port": 4420,
+                             "name": "nqn.2025-01.io.talon:vol:pvc-1", "lun": 1}],
+                "message": "replica pvc-1-r1 is rebuilding"
+            },
+            "replicas": [
+                {"volume": "pvc-1", "disk": "d0", "bdev": "u0", "alias": "talon-d0/pvc-1-r0",
+                 "sizeBytes": 10u64 << 30, "allocatedBytes": 3u64 << 29, "state": "ready", "message": ""},
+                {"volume": "pvc-1", "disk": "d1", "bdev": "u1", "alias": "talon-d1/pvc-1-r1",
+                 "sizeBytes": 10u64 << 30, "allocatedBytes": 1u64 << 30, "state": "rebuilding",
+                 "message": "42% rebuilt"}
+            ],
+            "attachment": null
+        })
+    }
+
+    #[test]
+    fn describe_shows_status_beside_spec_with_rebuild_progress() {
+        let out = describe_volume(&rebuilding());
+        for want in [
+            "Name:      pvc-1",
+            "Spec:      10 GiB, 2 replica(s)",
+            "State:     degraded (v2), serving 10 GiB",
+            "Exports:   nvme-tcp 10.0.0.1:4420 nqn.2025-01.io.talon:vol:pvc-1",
+            "Message:   replica pvc-1-r1 is rebuilding",
+            "Attached:  no",
+            "talon-d1/pvc-1-r1",
+            "42% rebuilt",
+            "1.5 GiB",
+        ] {
+            assert!(out.contains(want), "{want:?} in:\n{out}");
+        }
+        let mut failed = rebuilding();
+        failed["engine"]["state"] = json!("failed");
+        failed["engine"]["message"] = json!("no up-to-date replica is present");
+        assert!(
+            describe_volume(&failed).contains("Error:     no up-to-date replica is present"),
+            "the last error is shown as such"
+        );
+        let pending = json!({"name": "p", "spec": {"sizeBytes": 1u64 << 20, "replicas": 1}, "engine": null});
+        assert!(describe_volume(&pending).contains("State:     pending"));
+    }
+
+    #[test]
+    fn watch_lines_carry_a_rebuilds_progress() {
+        assert_eq!(
+            volume_line(&rebuilding()),
+            "pvc-1 degraded (replica pvc-1-r1 is rebuilding); replicas: d0 ready, d1 rebuilding 42% rebuilt"
+        );
+    }
+}
