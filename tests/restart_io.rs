@@ -33,12 +33,17 @@ const ROUNDS: usize = 10;
 const WAIT: Duration = Duration::from_secs(60);
 
 fn spawn_talon(dir: &Path, extra: &[&str]) -> Child {
+    spawn_program(Path::new(env!("CARGO_BIN_EXE_talon")), dir, extra)
+}
+
+/// `program serve` (this talon, or an earlier build) on the test's dirs.
+fn spawn_program(program: &Path, dir: &Path, extra: &[&str]) -> Child {
     let log = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
         .open(dir.join("talon.log"))
         .expect("talon.log");
-    Command::new(env!("CARGO_BIN_EXE_talon"))
+    Command::new(program)
         .arg("--socket")
         .arg(dir.join("run/talon.sock"))
         .args(["serve", "--data-dir"])
@@ -557,4 +562,89 @@ async fn node_stop_leaves_tgtd_serving_and_node_drain_stops_it() {
         (!is_tgtd(tgtd)).then_some(())
     })
     .await;
+}
+
+/// An upgrade from a talon built before targets outlived a clean stop: the
+/// old one is stopped with SIGKILL (it would stop tgtd on SIGTERM, see
+/// docs/upgrade.md), and this talon adopts the tgtd it started, with I/O
+/// running and no reconnect. Needs `TALON_PREVIOUS_BIN` (tests/previous_talon.sh).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_earlier_talons_tgtd_is_adopted_with_io_running() {
+    const TEST: &str = "an_earlier_talons_tgtd_is_adopted_with_io_running";
+    let Some(previous) = std::env::var_os("TALON_PREVIOUS_BIN").map(PathBuf::from) else {
+        eprintln!(
+            "SKIP {TEST}: TALON_PREVIOUS_BIN not set (export TALON_PREVIOUS_BIN=$(tests/previous_talon.sh))"
+        );
+        return;
+    };
+    if !ready(TEST) {
+        return;
+    }
+    let d = tempfile::tempdir().expect("tempdir");
+    let dir = d.path().to_path_buf();
+    std::fs::write(
+        dir.join("talon.yaml"),
+        format!(
+            "node: {{ engine: v1, listenAddress: 127.0.0.1, iscsiPort: {} }}\n\
+             volumes:\n  {VOLUME}: {{ sizeBytes: 16777216 }}\n",
+            free_port()
+        ),
+    )
+    .expect("config");
+    let socket = dir.join("run/talon.sock");
+    let mut cleanup = Cleanup {
+        dir: dir.clone(),
+        talon: Some(spawn_program(&previous, &dir, V1)),
+        spdk_tgt: None,
+    };
+    let c = connect(&socket).await;
+    let (tgtd, portal, iqn) = served(&c).await;
+    drop(c);
+    let stop = Arc::new(AtomicBool::new(false));
+    let ops = Arc::new(AtomicU64::new(0));
+    let io = {
+        let (stop, ops) = (stop.clone(), ops.clone());
+        std::thread::spawn(move || io_loop(portal, iqn, stop, ops))
+    };
+    let progressed = |when: &'static str| {
+        let ops = ops.clone();
+        let io = &io;
+        async move {
+            let after = ops.load(Ordering::SeqCst);
+            until(&format!("I/O to go on {when}"), || {
+                let n = ops.load(Ordering::SeqCst);
+                let dead = io.is_finished();
+                async move { (n > after + 20 || dead).then_some(()) }
+            })
+            .await;
+            assert!(!io.is_finished(), "the I/O loop ended {when}");
+        }
+    };
+    progressed("under the earlier talon").await;
+
+    let mut old = cleanup.talon.take().expect("the earlier talon");
+    old.kill().expect("SIGKILL the earlier talon");
+    old.wait().expect("reap it");
+    let _ = std::fs::remove_file(&socket);
+    assert!(is_tgtd(tgtd), "tgtd (pid {tgtd}) outlives the earlier talon");
+    progressed("with no talon").await;
+
+    cleanup.talon = Some(spawn_talon(&dir, V1));
+    let c = connect(&socket).await;
+    let (pid, _, _) = served(&c).await;
+    assert_eq!(pid, tgtd, "this talon adopts the earlier talon's tgtd");
+    let t = spec(&c, "TargetStatus", "tgtd").await.expect("TargetStatus tgtd");
+    assert_eq!(t["restarts"], 0, "{t}");
+    progressed("under this talon").await;
+    stop.store(true, Ordering::SeqCst);
+    let (n, _) = io
+        .join()
+        .expect("I/O thread")
+        .unwrap_or_else(|e| panic!("I/O failed across the upgrade: {e}"));
+    eprintln!(
+        "{TEST}: {n} verified write+read pairs across the upgrade from {}",
+        previous.display()
+    );
+    let mut talon = cleanup.talon.take().expect("talon");
+    sigterm_and_wait(&mut talon);
 }
