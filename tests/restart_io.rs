@@ -648,3 +648,133 @@ async fn an_earlier_talons_tgtd_is_adopted_with_io_running() {
     let mut talon = cleanup.talon.take().expect("talon");
     sigterm_and_wait(&mut talon);
 }
+
+/// The same upgrade with real SPDK: an earlier talon's spdk_tgt is adopted
+/// while spdk_nvme_perf runs, with the same controller ids (no reconnect).
+/// Core 1 for the target: an earlier talon cannot pass `--disable-cpumask-locks`,
+/// and other jobs here may hold core 0's lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_spdk_an_earlier_talons_spdk_tgt_is_adopted_with_io_running() {
+    const TEST: &str = "real_spdk_an_earlier_talons_spdk_tgt_is_adopted_with_io_running";
+    let Some(previous) = std::env::var_os("TALON_PREVIOUS_BIN").map(PathBuf::from) else {
+        eprintln!(
+            "SKIP {TEST}: TALON_PREVIOUS_BIN not set (export TALON_PREVIOUS_BIN=$(tests/previous_talon.sh))"
+        );
+        return;
+    };
+    let Some(spdk) = std::env::var_os("TALON_SPDK_DIR").map(PathBuf::from) else {
+        eprintln!("SKIP {TEST}: TALON_SPDK_DIR not set");
+        return;
+    };
+    if !nix::unistd::Uid::effective().is_root() {
+        eprintln!("SKIP {TEST}: spdk_tgt needs root");
+        return;
+    }
+    let d = tempfile::tempdir().expect("tempdir");
+    let dir = d.path().to_path_buf();
+    std::fs::write(
+        dir.join("talon.yaml"),
+        format!(
+            "node: {{ engine: v2, listenAddress: 127.0.0.1, nvmfPort: {} }}\n\
+             disks:\n  d1: {{ path: disks/d1.img, sizeBytes: 268435456 }}\n\
+             volumes:\n  {VOLUME}: {{ sizeBytes: 67108864 }}\n",
+            free_port()
+        ),
+    )
+    .expect("config");
+    let v2: &[&str] = &[
+        "--engine",
+        "v2",
+        "--no-huge",
+        "--no-huge-mem-mib",
+        "1024",
+        "--spdk-cpumask",
+        "0x2",
+    ];
+    let socket = dir.join("run/talon.sock");
+    let spdk_sock = dir.join("run/spdk.sock");
+    let mut cleanup = Cleanup {
+        dir: dir.clone(),
+        talon: Some(spawn_program(&previous, &dir, v2)),
+        spdk_tgt: None,
+    };
+    let c = connect(&socket).await;
+    let (tgt, port, nqn) = served_v2(&c).await;
+    cleanup.spdk_tgt = Some(tgt);
+    drop(c);
+    let mut perf = Command::new(spdk.join("build/bin/spdk_nvme_perf"))
+        .args(["--no-huge", "-s", "512", "-c", "0x1", "-q", "8", "-o", "4096"])
+        .args(["-w", "randrw", "-M", "50", "-t", "3600", "-r"])
+        .arg(format!(
+            "trtype:TCP adrfam:IPv4 traddr:127.0.0.1 trsvcid:{port} subnqn:{nqn}"
+        ))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn spdk_nvme_perf");
+    let connected = until("spdk_nvme_perf to connect", || async {
+        let ids = cntlids(&spdk_sock, &nqn).await;
+        (!ids.is_empty()).then_some(ids)
+    })
+    .await;
+
+    let mut old = cleanup.talon.take().expect("the earlier talon");
+    old.kill().expect("SIGKILL the earlier talon");
+    old.wait().expect("reap it");
+    let _ = std::fs::remove_file(&socket);
+    cleanup.talon = Some(spawn_talon(&dir, v2));
+    let c = connect(&socket).await;
+    let (pid, _, _) = served_v2(&c).await;
+    assert_eq!(pid, tgt, "this talon adopts the earlier talon's spdk_tgt");
+    let t = spec(&c, "TargetStatus", "spdk").await.expect("TargetStatus spdk");
+    assert_eq!(t["restarts"], 0, "{t}");
+    assert_eq!(cntlids(&spdk_sock, &nqn).await, connected, "no reconnect");
+    assert!(
+        perf.try_wait().expect("perf").is_none(),
+        "spdk_nvme_perf still runs"
+    );
+
+    let date = Command::new("date")
+        .arg("+%Y-%m-%d %H:%M:%S.%6N")
+        .output()
+        .expect("date");
+    let stopped_at = String::from_utf8_lossy(&date.stdout).trim().to_string();
+    kill(Pid::from_raw(perf.id() as i32), Signal::SIGINT).expect("SIGINT spdk_nvme_perf");
+    let out = perf.wait_with_output().expect("perf output");
+    let report = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let bad: Vec<&str> = report
+        .lines()
+        .filter(|l| {
+            let lower = l.to_ascii_lowercase();
+            let trouble = lower.contains("error") || lower.contains("failed") || lower.contains("disconnect");
+            let at = l
+                .strip_prefix('[')
+                .and_then(|r| r.split(']').next())
+                .unwrap_or("");
+            trouble && !(at.len() == stopped_at.len() && at >= stopped_at.as_str())
+        })
+        .collect();
+    assert!(
+        bad.is_empty(),
+        "I/O trouble across the upgrade: {bad:?}\n{report}"
+    );
+    eprintln!(
+        "{TEST}: adopted spdk_tgt {tgt} from {} with I/O running",
+        previous.display()
+    );
+    // stop spdk_tgt with this talon
+    let mut talon = cleanup.talon.take().expect("talon");
+    sigterm_and_wait(&mut talon);
+    let mut args = v2.to_vec();
+    args.push("--stop-targets-on-exit");
+    let mut talon = spawn_talon(&dir, &args);
+    let c = connect(&socket).await;
+    assert_eq!(served_v2(&c).await.0, tgt);
+    drop(c);
+    sigterm_and_wait(&mut talon);
+}
