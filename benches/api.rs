@@ -86,6 +86,7 @@ async fn api_round_trip() -> (Duration, Duration, usize) {
         run_dir: dir.path().join("run"),
         host_root: "/".into(),
         spdk: Default::default(),
+        stop_targets_on_exit: true,
     };
     let socket = opts.socket.clone();
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();

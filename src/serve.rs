@@ -5,6 +5,7 @@
 //!        └──> Runtime (controllers::register_all) ──start──┐
 //!   API: bind_unix(socket 0600) [+ TCP with token] ────────┼──> serve until SIGINT/SIGTERM
 //!   shutdown: stop API (socket removed) ──> stop controllers ──> close store ──> release lock
+//!             (spdk_tgt and tgtd keep serving for the next talon, unless --stop-targets-on-exit)
 //! ```
 
 use std::collections::BTreeMap;
@@ -19,6 +20,7 @@ use serde::Deserialize;
 
 use crate::api::types::{EngineAvailability, NodeInfo};
 use crate::api::{ApiBuilder, ApiContext};
+use crate::controllers::engine::TargetsOnExit;
 use crate::controllers::engine::selection::{EngineSelection, SpdkOptions};
 use crate::controllers::{self, Deps};
 use crate::host::HostRoot;
@@ -45,6 +47,9 @@ pub struct ServeOptions {
     pub host_root: PathBuf,
     /// How SPDK is found and run, and the node's default engine.
     pub spdk: SpdkOptions,
+    /// Stop spdk_tgt and tgtd when talon stops (a drain of the node); by
+    /// default they keep serving and the next talon adopts them.
+    pub stop_targets_on_exit: bool,
 }
 
 /// Why the daemon could not start or stop cleanly.
@@ -319,6 +324,11 @@ pub async fn serve(opts: ServeOptions, shutdown: impl Future<Output = ()> + Send
         data_dir: data_dir.clone(),
         run_dir: opts.run_dir.clone(),
         spdk: opts.spdk.clone(),
+        targets_on_exit: if opts.stop_targets_on_exit {
+            TargetsOnExit::stop()
+        } else {
+            TargetsOnExit::leave()
+        },
     };
     let selection = EngineSelection::detect_with_socket(
         &opts.spdk,
@@ -328,11 +338,28 @@ pub async fn serve(opts: ServeOptions, shutdown: impl Future<Output = ()> + Send
     let mut rt = Runtime::new(state.clone());
     controllers::register_all(&mut rt, &deps)?;
     let registry = crate::resources::registry();
+    // `node_stop`: stop like SIGTERM, right after the answer went out; a drain stops the targets too
+    let stop_asked = Arc::new(tokio::sync::Notify::new());
+    let node_stop = {
+        let (asked, targets) = (stop_asked.clone(), deps.targets_on_exit.clone());
+        Arc::new(move |drain: bool| {
+            if drain {
+                targets.set_stop(true);
+            }
+            let asked = asked.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                asked.notify_one();
+            });
+            targets.stops()
+        })
+    };
     let ctx = ApiContext {
         state: state.clone(),
         registry: Arc::new(registry),
         statuses: rt.statuses(),
         node_info: node_info_fn(host, data_dir.clone(), &selection),
+        node_stop,
     };
     let mut api = ApiBuilder::new(ctx);
     crate::api::register_core(&mut api);
@@ -363,15 +390,23 @@ pub async fn serve(opts: ServeOptions, shutdown: impl Future<Output = ()> + Send
         }
         _ => None,
     };
-    shutdown.await;
+    tokio::select! {
+        _ = shutdown => {}
+        _ = stop_asked.notified() => tracing::info!("node_stop asked"),
+    }
     tracing::info!("shutting down");
     let _ = stop_tx.send(true);
     let _ = unix_task.await;
     if let Some(t) = tcp_task {
         let _ = t.await;
     }
+    let stop_targets = deps.targets_on_exit.stops();
     runtime.shutdown().await;
     drop(state);
-    tracing::info!("stopped");
+    if stop_targets {
+        tracing::info!("stopped (targets stopped too)");
+    } else {
+        tracing::info!("stopped; spdk_tgt and tgtd, where running, keep serving for the next talon");
+    }
     Ok(())
 }

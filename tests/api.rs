@@ -27,6 +27,8 @@ fn opts(dir: &Path) -> ServeOptions {
         run_dir: dir.join("run"),
         host_root: PathBuf::from("/"),
         spdk: Default::default(),
+        // in-process daemons of these tests stop what they start
+        stop_targets_on_exit: true,
     }
 }
 

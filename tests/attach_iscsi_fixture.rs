@@ -407,6 +407,7 @@ async fn attach_controller_attaches_v1_volumes_through_iscsi() {
         data_dir: d.path().join("data"),
         run_dir: d.path().join("run"),
         spdk: Default::default(),
+        targets_on_exit: Default::default(),
     };
     // a host without nvme_tcp, with iscsid: auto picks iSCSI
     let host = HostFrontends {

@@ -24,6 +24,8 @@ fn opts(dir: &Path, spdk: SpdkOptions) -> ServeOptions {
         run_dir: dir.join("run"),
         host_root: PathBuf::from("/"),
         spdk,
+        // in-process daemons of these tests stop what they start
+        stop_targets_on_exit: true,
     }
 }
 

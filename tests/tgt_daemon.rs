@@ -23,13 +23,14 @@ fn taken_port_is_refused_and_nothing_keeps_listening() {
     let run = tempfile::tempdir().expect("run dir");
     let err = Tgtd::start(TgtdConfig::new(run.path(), portal)).expect_err("port is taken");
     let pid = match &err {
-        // tgtd fell back to 0.0.0.0:3260 / [::]:3260
-        DaemonError::WrongPortal { pid, found, .. } => {
-            assert!(found.contains(":3260"), "{err}");
+        // tgtd fell back to other addresses; the error names who holds the port: this test
+        DaemonError::PortInUse { pid, holder, .. } => {
+            assert!(
+                holder.starts_with(&format!("pid {} (", std::process::id())),
+                "{err}"
+            );
             *pid
         }
-        // 3260 taken as well: it listens nowhere
-        DaemonError::NotListening { pid, .. } => *pid,
         other => panic!("unexpected error: {other}"),
     };
     assert!(err.to_string().contains(&portal.to_string()), "{err}");
@@ -82,4 +83,35 @@ fn start_adopt_stop() {
     assert!(gone, "tgtd {pid} exited on delete system");
     assert!(pid_gone(pid));
     assert!(Tgtd::adopt(cfg).expect("adopt").is_none(), "nothing to adopt");
+}
+
+#[test]
+fn a_tgtd_without_its_pid_file_is_adopted_through_its_control_socket() {
+    if !ready("a_tgtd_without_its_pid_file_is_adopted_through_its_control_socket") {
+        return;
+    }
+    let run = tempfile::tempdir().expect("run dir");
+    let portal: SocketAddr = format!("127.0.0.1:{}", tgt_common::free_port())
+        .parse()
+        .expect("portal");
+    let cfg = TgtdConfig::new(run.path(), portal);
+    let first = Tgtd::start(cfg.clone()).expect("start");
+    let pid = first.pid();
+    // a talon killed between spawning tgtd and recording it leaves no pid file
+    std::fs::remove_file(cfg.pid_path()).expect("remove pid file");
+    let adopted = Tgtd::start_or_adopt(cfg.clone()).expect("adopt");
+    assert_eq!(
+        adopted.pid(),
+        pid,
+        "the tgtd behind socket.0 is adopted, not a second one started"
+    );
+    assert!(!adopted.is_child());
+    assert_eq!(
+        std::fs::read_to_string(cfg.pid_path()).expect("pid file").trim(),
+        pid.to_string(),
+        "the pid file is written again"
+    );
+    drop(adopted);
+    first.stop().expect("stop"); // the child's handle reaps it
+    assert!(pid_gone(pid), "tgtd {pid} stopped");
 }

@@ -42,6 +42,9 @@ pub struct ApiContext {
     pub statuses: Statuses,
     /// Produces `node_info`.
     pub node_info: Arc<dyn Fn() -> NodeInfo + Send + Sync>,
+    /// Stops the daemon (`node_stop`): true also stops the targets; returns
+    /// whether they stop.
+    pub node_stop: Arc<dyn Fn(bool) -> bool + Send + Sync>,
 }
 
 impl std::fmt::Debug for ApiContext {
@@ -221,6 +224,18 @@ pub fn register_core(api: &mut ApiBuilder) {
         "Version, host, kernel, OS and engine availability of this node.",
         &[],
         |_: NoParams, ctx: Arc<ApiContext>| async move { Ok((ctx.node_info)()) },
+    );
+    api.method(
+        "node_stop",
+        "Stop talon (as SIGTERM does); with drain, spdk_tgt and tgtd stop with it.",
+        &[],
+        |p: types::NodeStopParams, ctx: Arc<ApiContext>| async move {
+            let targets_stop = (ctx.node_stop)(p.drain);
+            Ok(types::NodeStopResult {
+                stopping: true,
+                targets_stop,
+            })
+        },
     );
     api.method(
         "resource_types",

@@ -3,6 +3,27 @@
 
 use serde::{Deserialize, Serialize};
 
+/// `node_stop` parameters.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct NodeStopParams {
+    /// Stop spdk_tgt and tgtd with talon (a drain of the node; their
+    /// initiators lose the volumes). False: they keep serving and the next
+    /// talon adopts them, unless talon runs with `--stop-targets-on-exit`.
+    #[serde(default)]
+    pub drain: bool,
+}
+
+/// What `node_stop` started.
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeStopResult {
+    /// talon stops (right after this answer).
+    pub stopping: bool,
+    /// spdk_tgt and tgtd stop with it.
+    pub targets_stop: bool,
+}
+
 /// No parameters.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]

@@ -4,7 +4,8 @@
 //!
 //! ```text
 //!   volume_create ──validate──> Volume (config, persisted) ──> engine controller ──> EngineStatus
-//!        └─ wait=true: watch EngineStatus/<name> until ready or failed (bounded)
+//!        └─ wait=true: watch EngineStatus/<name> until ready or failed (bounded); while it
+//!           waits for its target, a `failed` TargetStatus (spdk, tgtd) fails the wait at once
 //! ```
 
 use std::sync::Arc;
@@ -18,7 +19,9 @@ use crate::names::ObjectName;
 use crate::resources::config::{
     Disk, EngineKind, FrontendKind, RemoteReplica, Snapshot, Volume, snapshot_id,
 };
-use crate::resources::engine::{EngineStatus, ObjectState, ReplicaStatus, SnapshotStatus};
+use crate::resources::engine::{
+    Engine, EngineStatus, ObjectState, ReplicaStatus, SnapshotStatus, TargetStatus,
+};
 use crate::resources::frontend::{AttachState, Attachment, AttachmentStatus};
 use crate::runtime::{Destroyed, Phase, Spec, State, Typed};
 
@@ -327,9 +330,47 @@ fn view(state: &State, v: Typed<Volume>) -> Result<VolumeView, ApiError> {
     })
 }
 
+/// A status a wait may hang on because its engine's target cannot start.
+trait OnTarget: Spec {
+    /// The engine whose target this status waits for, if it waits.
+    fn waits_for_target(&self) -> Option<Engine> {
+        None
+    }
+}
+
+impl OnTarget for EngineStatus {
+    fn waits_for_target(&self) -> Option<Engine> {
+        (self.state == ObjectState::Creating).then_some(self.engine)
+    }
+}
+
+impl OnTarget for SnapshotStatus {
+    fn waits_for_target(&self) -> Option<Engine> {
+        (self.state == ObjectState::Creating).then_some(self.engine)
+    }
+}
+
+impl OnTarget for Volume {}
+impl OnTarget for Snapshot {}
+impl OnTarget for AttachmentStatus {}
+
+/// Why `engine`'s target cannot serve, when its `TargetStatus` is `failed`.
+fn target_failure(state: &State, engine: Engine) -> Result<Option<String>, ApiError> {
+    let (id, program) = match engine {
+        Engine::V2 => ("spdk", "spdk_tgt"),
+        Engine::V1 => ("tgtd", "tgtd"),
+    };
+    Ok(state
+        .get_typed::<TargetStatus>(id)?
+        .filter(|t| t.spec.state == ObjectState::Failed)
+        .map(|t| format!("it waits for {program}, which is failed: {}", t.spec.message)))
+}
+
 /// Waits (event-driven) until `done` says yes or no for resource `S/id`, or the
 /// timeout passes. `done` returns `Some(Ok)` when finished, `Some(Err)` on failure.
-async fn wait_for<S: Spec>(
+/// A status that waits for a target whose `TargetStatus` is `failed` fails at
+/// once with the target's cause.
+async fn wait_for<S: OnTarget>(
     state: &State,
     id: &str,
     timeout: Duration,
@@ -349,6 +390,14 @@ async fn wait_for<S: Spec>(
                 ));
             }
             None => {}
+        }
+        if let Some(engine) = cur.as_ref().and_then(|c| c.spec.waits_for_target())
+            && let Some(why) = target_failure(state, engine)?
+        {
+            return Err(ApiError::new(
+                ErrorKind::Unavailable,
+                format!("{what} cannot finish: {why}"),
+            ));
         }
         tokio::select! {
             _ = rx.recv() => {}

@@ -50,7 +50,8 @@ pub enum LogFormat {
 /// The verbs.
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Run the node daemon.
+    /// Run the node daemon (on SIGTERM/SIGINT spdk_tgt and tgtd keep serving
+    /// and the next talon adopts them, unless --stop-targets-on-exit).
     Serve(ServeArgs),
     /// Show resources: `get types`, `get controllers`, `get <type> [id]`.
     Get(GetArgs),
@@ -123,6 +124,20 @@ pub struct ServeArgs {
     /// The node's default engine for `auto` volumes on an `auto` node.
     #[arg(long, value_enum, default_value_t = EngineArg::Auto)]
     pub engine: EngineArg,
+    /// One more argument for spdk_tgt, passed as given (repeat it for more),
+    /// e.g. `--spdk-arg=--disable-cpumask-locks`.
+    #[arg(long = "spdk-arg", value_name = "ARG", allow_hyphen_values = true)]
+    pub spdk_args: Vec<std::ffi::OsString>,
+    /// Stop spdk_tgt and tgtd when talon stops (draining the node). Without
+    /// it they keep serving volumes across a restart or an upgrade of talon,
+    /// and the next talon adopts them.
+    #[arg(
+        long,
+        env = "TALON_STOP_TARGETS_ON_EXIT",
+        action = clap::ArgAction::SetTrue,
+        value_parser = clap::builder::BoolishValueParser::new()
+    )]
+    pub stop_targets_on_exit: bool,
 }
 
 /// `talon serve --engine`.
@@ -194,6 +209,11 @@ pub enum NodeCommand {
         #[arg(short, long, value_enum, default_value_t = Format::Yaml)]
         output: Format,
     },
+    /// Stop the daemon; spdk_tgt and tgtd keep serving for the next talon.
+    Stop,
+    /// Stop the daemon and spdk_tgt and tgtd with it (take the node out of
+    /// service: detach or move its volumes first).
+    Drain,
 }
 
 fn init_logging(format: LogFormat) {
@@ -260,8 +280,10 @@ async fn run(cli: Cli) -> Result<ExitCode, CliError> {
                     interrupt_mode: a.interrupt_mode,
                     engine: a.engine.into(),
                     embedded: a.engine == EngineArg::SpdkEmbedded,
+                    extra_args: a.spdk_args,
                     ..Default::default()
                 },
+                stop_targets_on_exit: a.stop_targets_on_exit,
             };
             crate::serve::serve(opts, shutdown_signal()).await?;
         }
@@ -271,6 +293,16 @@ async fn run(cli: Cli) -> Result<ExitCode, CliError> {
         Command::Node(NodeCommand::Info { output }) => {
             let c = Client::connect_unix(&cli.socket).await?;
             print_value(&serde_json::to_value(c.node_info().await?)?, output)?;
+        }
+        Command::Node(cmd @ (NodeCommand::Stop | NodeCommand::Drain)) => {
+            let drain = matches!(cmd, NodeCommand::Drain);
+            let c = Client::connect_unix(&cli.socket).await?;
+            let r: serde_json::Value = c.call("node_stop", serde_json::json!({"drain": drain})).await?;
+            if r["targetsStop"] == true {
+                println!("talon stops, and spdk_tgt and tgtd with it");
+            } else {
+                println!("talon stops; spdk_tgt and tgtd keep serving for the next talon");
+            }
         }
         Command::Volume(cmd) => volume::run_volume(&Client::connect_unix(&cli.socket).await?, cmd).await?,
         Command::Snapshot(cmd) => {
@@ -299,6 +331,74 @@ async fn run(cli: Cli) -> Result<ExitCode, CliError> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// `talon get volume NAME`: the resource with its status beside it (the
+/// engine's state and exports, replicas with their state and a rebuild's
+/// progress, the attachment, the last error); with `--watch`, a line each
+/// time one of them changes.
+async fn get_volume(c: &Client, name: &str, output: Format, watch: bool) -> Result<(), CliError> {
+    let r = c.get("Volume", name).await?;
+    let view: serde_json::Value = c.call("volume_get", serde_json::json!({"name": name})).await?;
+    match output {
+        Format::Table => print!("{}", volume::describe_volume(&view)),
+        _ => {
+            let mut v = serde_json::to_value(&r)?;
+            v["status"] = serde_json::json!({
+                "engine": view["engine"],
+                "replicas": view["replicas"],
+                "attachment": view["attachment"],
+            });
+            print_value(&v, output)?;
+        }
+    }
+    if !watch {
+        return Ok(());
+    }
+    let mut sub = c.watch(None, false).await?;
+    let mut last = volume::volume_line(&view);
+    if output == Format::Table {
+        println!("{}  {last}", chrono_now());
+    }
+    while let Some(ev) = sub.next().await {
+        let ev = ev.map_err(|e| format!("watch ended: {e}"))?;
+        let res = &ev.resource;
+        let mine = match res.metadata.type_.as_str() {
+            "Volume" | "EngineStatus" | "AttachmentStatus" => res.metadata.id == name,
+            "ReplicaStatus" => res.spec["volume"] == name,
+            _ => false,
+        };
+        if !mine {
+            continue;
+        }
+        let view: serde_json::Value = match c.call("volume_get", serde_json::json!({"name": name})).await {
+            Ok(v) => v,
+            Err(_) => {
+                println!("{}  {name} deleted", chrono_now());
+                return Ok(());
+            }
+        };
+        match output {
+            Format::Table => {
+                let line = volume::volume_line(&view);
+                if line != last {
+                    println!("{}  {line}", chrono_now());
+                    last = line;
+                }
+            }
+            _ => output::print_event(&ev, output, None)?,
+        }
+    }
+    Ok(())
+}
+
+/// The wall-clock time of day (UTC) for watch lines.
+fn chrono_now() -> String {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    format!("{:02}:{:02}:{:02}", secs / 3600 % 24, secs / 60 % 60, secs % 60)
+}
+
 async fn get(socket: &std::path::Path, a: GetArgs) -> Result<(), CliError> {
     let c = Client::connect_unix(socket).await?;
     match a.what.as_str() {
@@ -317,6 +417,9 @@ async fn get(socket: &std::path::Path, a: GetArgs) -> Result<(), CliError> {
             } else {
                 print_value(&serde_json::to_value(cs)?, a.output)?;
             }
+        }
+        what if a.id.is_some() && ["volume", "volumes"].iter().any(|v| what.eq_ignore_ascii_case(v)) => {
+            get_volume(&c, a.id.as_deref().unwrap_or_default(), a.output, a.watch).await?;
         }
         what => {
             let types = c.types().await?;

@@ -33,6 +33,31 @@ fn table() -> Table {
     t
 }
 
+/// Bytes for people: binary units (KiB, MiB, GiB, TiB), whole when exact,
+/// else one decimal ("1 GiB", "1.5 GiB", "512 B").
+pub fn human_bytes(n: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut unit = 0;
+    let mut div: u64 = 1;
+    while unit + 1 < UNITS.len() && n >= div * 1024 {
+        div *= 1024;
+        unit += 1;
+    }
+    if n.is_multiple_of(div) {
+        format!("{} {}", n / div, UNITS[unit])
+    } else {
+        format!("{:.1} {}", n as f64 / div as f64, UNITS[unit])
+    }
+}
+
+/// A table cell; a column whose pointer ends in `Bytes` shows a size for people.
+fn column_cell(v: Option<&Value>, pointer: &str) -> String {
+    match v.and_then(Value::as_u64) {
+        Some(n) if pointer.ends_with("Bytes") => human_bytes(n),
+        _ => cell(v),
+    }
+}
+
 fn cell(v: Option<&Value>) -> String {
     match v {
         None | Some(Value::Null) => String::new(),
@@ -95,7 +120,7 @@ fn resource_row(r: &Resource, info: Option<&TypeInfo>) -> Vec<String> {
     ];
     if let Some(info) = info {
         for c in &info.columns {
-            row.push(cell(r.spec.pointer(&c.pointer)));
+            row.push(column_cell(r.spec.pointer(&c.pointer), &c.pointer));
         }
     }
     row
@@ -139,4 +164,21 @@ pub fn print_event(
         Format::Yaml => print!("---\n{}", serde_yaml_ng::to_string(ev)?),
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_read_as_people_write_them() {
+        assert_eq!(human_bytes(0), "0 B");
+        assert_eq!(human_bytes(512), "512 B");
+        assert_eq!(human_bytes(1 << 20), "1 MiB");
+        assert_eq!(human_bytes(1_073_741_824), "1 GiB");
+        assert_eq!(human_bytes(3 << 29), "1.5 GiB");
+        assert_eq!(human_bytes(10 << 40), "10 TiB");
+        assert_eq!(column_cell(Some(&Value::from(1u64 << 30)), "/sizeBytes"), "1 GiB");
+        assert_eq!(column_cell(Some(&Value::from(3)), "/replicas"), "3");
+    }
 }

@@ -22,6 +22,9 @@ pub struct Deps {
     pub run_dir: PathBuf,
     /// How SPDK is found and run (`talon serve` flags).
     pub spdk: SpdkOptions,
+    /// Whether a clean stop of talon stops spdk_tgt and tgtd or leaves them
+    /// serving (`--stop-targets-on-exit`).
+    pub targets_on_exit: engine::TargetsOnExit,
 }
 
 /// Registers every controller.
@@ -33,7 +36,9 @@ pub fn register_all(rt: &mut Runtime, deps: &Deps) -> Result<(), RuntimeError> {
     let target = engine::spdk_target::SpdkTargetController::new(
         deps.spdk.target_config(&deps.run_dir),
         selection.clone(),
-    );
+    )
+    .on_exit(deps.targets_on_exit.clone())
+    .with_host(deps.host.clone());
     rt.register(target)?;
     rt.register(engine::spdk_disk::SpdkDiskController::new(
         &deps.run_dir,

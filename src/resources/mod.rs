@@ -51,6 +51,7 @@ pub fn register_types(reg: &mut TypeRegistry) {
             ("PID", "/pid"),
             ("VERSION", "/version"),
             ("RESTARTS", "/restarts"),
+            ("MESSAGE", "/message"),
         ],
     );
     reg.register::<engine::DiskStatus>(

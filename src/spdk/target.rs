@@ -59,8 +59,9 @@ pub enum TargetError {
         #[source]
         source: io::Error,
     },
-    /// The process exited before it answered on its socket.
-    #[error("spdk_tgt (pid {pid}) exited with {status} before answering on {socket}")]
+    /// The process exited before it answered on its socket; `cause` is what
+    /// its log says about it ([`start_failure_cause`]).
+    #[error("spdk_tgt (pid {pid}) exited with {status} before answering on {socket}: {cause}")]
     ExitedEarly {
         /// Its pid.
         pid: u32,
@@ -68,6 +69,8 @@ pub enum TargetError {
         status: String,
         /// The socket.
         socket: PathBuf,
+        /// Why, from its log (or the log's last lines and path).
+        cause: String,
     },
     /// No answer within the readiness timeout.
     #[error("spdk_tgt did not answer on {socket} within {timeout:?}")]
@@ -241,6 +244,12 @@ impl TargetConfig {
         self.run_dir.join("spdk.sock")
     }
 
+    /// spdk_tgt's stdout and stderr (started afresh by each spawn; a target
+    /// that outlives talon goes on writing there).
+    pub fn log_path(&self) -> PathBuf {
+        self.run_dir.join("spdk_tgt.log")
+    }
+
     /// The `-s` value in MiB.
     pub fn mem_size_mib(&self) -> u64 {
         match self.memory {
@@ -270,6 +279,62 @@ impl TargetConfig {
         }
         a.extend(self.extra_args.iter().cloned());
         a
+    }
+}
+
+/// Why spdk_tgt could not start, from its log text: the cases SPDK and DPDK
+/// name (a core locked by another SPDK process, hugepages short, the RPC
+/// socket in use), else the last lines of the log.
+pub fn start_failure_cause(log: &str) -> String {
+    let lines: Vec<&str> = log.lines().map(str::trim).filter(|l| !l.is_empty()).collect();
+    for l in &lines {
+        // app.c: "Cannot create lock on core 0, probably process 1234 has claimed it."
+        if let Some(rest) = l.split("Cannot create lock on core ").nth(1) {
+            let core: String = rest.chars().take_while(char::is_ascii_digit).collect();
+            let pid = rest
+                .split("probably process ")
+                .nth(1)
+                .map(|r| r.chars().take_while(char::is_ascii_digit).collect::<String>())
+                .filter(|p| !p.is_empty());
+            return match pid {
+                Some(pid) => format!(
+                    "core {core} is locked by another SPDK process (pid {pid}); stop it or give talon \
+                     another --spdk-cpumask"
+                ),
+                None => format!("core {core} is locked by another SPDK process"),
+            };
+        }
+    }
+    let hugepage_signs = [
+        "Not enough memory available",
+        "Cannot init memory",
+        "No free 2048 kB hugepages",
+        "No free 1048576 kB hugepages",
+        "Cannot get hugepage information",
+        "No available 2048 kB hugepages",
+    ];
+    // the most specific sign first (DPDK warns of empty page sizes it then does without)
+    if let Some(l) = hugepage_signs
+        .iter()
+        .find_map(|sign| lines.iter().find(|l| l.contains(sign)))
+    {
+        return format!("not enough hugepages for its memory (-s): {l}");
+    }
+    // --no-huge -s too small for its pools: "fsdev.c: ... Could not allocate spdk_fsdev_io pool"
+    if let Some(l) = lines.iter().find(|l| l.contains("Could not allocate")) {
+        return format!("not enough memory for its pools (-s): {l}");
+    }
+    if let Some(l) = lines
+        .iter()
+        .find(|l| l.contains("RPC Unix domain socket path") && l.contains("in use"))
+    {
+        return format!("its RPC socket is in use: {l}");
+    }
+    let tail = &lines[lines.len().saturating_sub(3)..];
+    if tail.is_empty() {
+        "it wrote nothing".into()
+    } else {
+        format!("its log ends with: {}", tail.join(" | "))
     }
 }
 
@@ -309,6 +374,23 @@ pub fn find_spdk_tgt(
             searched.join(", ")
         },
     })
+}
+
+/// The program that serves in interrupt mode: `nvmf_tgt` beside `spdk_tgt`
+/// when there is one. spdk_tgt v26.05 also starts the iSCSI target, whose poll
+/// group has a busy poller (`iscsi_poll_group_poll`) without interrupt support:
+/// it keeps the reactor spinning in interrupt mode (measured: bare spdk_tgt
+/// `--interrupt-mode` ~48 % of a core idle, nvmf_tgt ~1 %). nvmf_tgt has every
+/// method talon calls except the `iscsi_*` ones (V2 volumes are then exported
+/// over NVMe/TCP only). Any other binary is kept as given.
+pub fn interrupt_mode_program(spdk_tgt: &Path) -> PathBuf {
+    if spdk_tgt.file_name() == Some(OsStr::new("spdk_tgt"))
+        && let Some(nvmf) = spdk_tgt.parent().map(|d| d.join("nvmf_tgt"))
+        && is_executable(&nvmf)
+    {
+        return nvmf;
+    }
+    spdk_tgt.to_path_buf()
 }
 
 fn is_executable(p: &Path) -> bool {
@@ -380,6 +462,7 @@ pub async fn wait_ready(
                 pid: c.id().unwrap_or(0),
                 status: status.to_string(),
                 socket: client.socket().to_path_buf(),
+                cause: "see its output".into(),
             });
         }
         if Instant::now() >= deadline {
@@ -414,10 +497,62 @@ pub struct Target {
     version: Version,
     #[cfg(feature = "spdk-embedded")]
     embedded: Option<super::embedded::Embedded>,
+    /// Copies its log file into talon's log while talon holds it.
+    log: Option<LogForward>,
+}
+
+/// A task that copies new lines of spdk_tgt's log file into talon's log
+/// (tracing target `spdk_tgt`); ends when dropped.
+#[derive(Debug)]
+struct LogForward(tokio::task::JoinHandle<()>);
+
+impl Drop for LogForward {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+impl LogForward {
+    /// Follows `path` from its start, or from its current end (an adopted
+    /// target whose earlier lines were seen by the talon before).
+    fn follow(path: PathBuf, from_end: bool) -> Self {
+        use tokio::io::{AsyncReadExt, AsyncSeekExt};
+        LogForward(tokio::spawn(async move {
+            let mut pos = if from_end {
+                std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0)
+            } else {
+                0
+            };
+            let mut partial = String::new();
+            loop {
+                if let Ok(mut f) = tokio::fs::File::open(&path).await {
+                    let len = f.metadata().await.map(|m| m.len()).unwrap_or(0);
+                    if len < pos {
+                        pos = 0; // started afresh: another target
+                    }
+                    if len > pos && f.seek(io::SeekFrom::Start(pos)).await.is_ok() {
+                        let mut buf = Vec::new();
+                        if let Ok(n) = f.take(len - pos).read_to_end(&mut buf).await {
+                            pos += n as u64;
+                            partial.push_str(&String::from_utf8_lossy(&buf));
+                            while let Some(i) = partial.find('\n') {
+                                let line: String = partial.drain(..=i).collect();
+                                let line = line.trim_end();
+                                if !line.is_empty() {
+                                    tracing::info!(target: "spdk_tgt", "{line}");
+                                }
+                            }
+                        }
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        }))
+    }
 }
 
 /// The pid of the process listening on a Unix socket (SO_PEERCRED).
-async fn socket_peer_pid(socket: &Path) -> Option<i32> {
+pub(crate) async fn socket_peer_pid(socket: &Path) -> Option<i32> {
     let s = tokio::net::UnixStream::connect(socket).await.ok()?;
     s.peer_cred().ok()?.pid()
 }
@@ -439,6 +574,7 @@ impl Target {
             version,
             #[cfg(feature = "spdk-embedded")]
             embedded: None,
+            log: None,
         })
     }
 
@@ -449,8 +585,9 @@ impl Target {
         if cfg.embedded {
             return Self::start_embedded(cfg).await;
         }
-        if let Some(t) = Self::adopt(&cfg.socket()).await {
+        if let Some(mut t) = Self::adopt(&cfg.socket()).await {
             tracing::info!(pid = ?t.pid, version = %t.version.version, "adopted a running spdk_tgt");
+            t.log = Some(LogForward::follow(cfg.log_path(), true));
             return Ok(t);
         }
         Self::spawn(cfg).await
@@ -466,6 +603,7 @@ impl Target {
             child: None,
             version,
             embedded: Some(embedded),
+            log: None,
         })
     }
 
@@ -477,11 +615,14 @@ impl Target {
     /// Spawns spdk_tgt (never adopts) and waits until it answers.
     pub async fn spawn(cfg: &TargetConfig) -> Result<Target, TargetError> {
         let path_var = std::env::var_os("PATH");
-        let bin = find_spdk_tgt(
+        let mut bin = find_spdk_tgt(
             cfg.spdk_tgt.as_deref(),
             cfg.spdk_dir.as_deref(),
             path_var.as_deref(),
         )?;
+        if cfg.interrupt_mode {
+            bin = interrupt_mode_program(&bin);
+        }
         std::fs::create_dir_all(&cfg.run_dir).map_err(|source| TargetError::RunDir {
             path: cfg.run_dir.clone(),
             source,
@@ -489,10 +630,28 @@ impl Target {
         let socket = cfg.socket();
         // A socket file nobody answers on is stale (a crashed target).
         let _ = std::fs::remove_file(&socket);
+        let log_path = cfg.log_path();
+        let log_err = |source| TargetError::RunDir {
+            path: log_path.clone(),
+            source,
+        };
+        // afresh for each target, appended to (so that a copytruncate rotation leaves no hole)
+        std::fs::File::create(&log_path).map_err(log_err)?;
+        let log = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&log_path)
+            .map_err(log_err)?;
+        let log2 = log.try_clone().map_err(log_err)?;
         let mut child = Command::new(&bin)
             .args(cfg.argv())
             .stdin(std::process::Stdio::null())
+            // a file, not talon's stdout: the target outlives talon (a pipe would break)
+            .stdout(log)
+            .stderr(log2)
             .kill_on_drop(false)
+            // its own process group: a terminal's Ctrl-C to talon does not reach it, and it
+            // outlives talon (the next talon adopts it)
+            .process_group(0)
             .spawn()
             .map_err(|source| TargetError::Spawn {
                 path: bin.clone(),
@@ -501,7 +660,25 @@ impl Target {
         let pid = child.id().and_then(|p| i32::try_from(p).ok());
         tracing::info!(?pid, bin = %bin.display(), "spawned spdk_tgt");
         let client = SpdkClient::new(&socket);
-        match wait_ready(&client, Some(&mut child), cfg.ready_timeout).await {
+        let ready = wait_ready(&client, Some(&mut child), cfg.ready_timeout)
+            .await
+            .map_err(|e| match e {
+                TargetError::ExitedEarly {
+                    pid, status, socket, ..
+                } => {
+                    let text = std::fs::read_to_string(&log_path).unwrap_or_default();
+                    let cause = format!("{} (log: {})", start_failure_cause(&text), log_path.display());
+                    tracing::warn!(pid, %status, %cause, "spdk_tgt could not start");
+                    TargetError::ExitedEarly {
+                        pid,
+                        status,
+                        socket,
+                        cause,
+                    }
+                }
+                e => e,
+            });
+        match ready {
             Ok(version) => Ok(Target {
                 client,
                 origin: Origin::Spawned,
@@ -510,6 +687,7 @@ impl Target {
                 version,
                 #[cfg(feature = "spdk-embedded")]
                 embedded: None,
+                log: Some(LogForward::follow(log_path.clone(), false)),
             }),
             Err(e) => {
                 let _ = child.start_kill();
@@ -788,6 +966,47 @@ mod tests {
                 "--interrupt-mode"
             ]
         );
+    }
+
+    #[test]
+    fn start_failure_causes_are_named() {
+        let lock = "[2026-11-23 21:40:01.1] app.c: 799:claim_cpu_cores: *ERROR*: Cannot create lock on core 3, \
+                    probably process 977 has claimed it.\nUnable to acquire lock on assigned core mask - exiting.\n";
+        let c = start_failure_cause(lock);
+        assert!(
+            c.starts_with("core 3 is locked by another SPDK process (pid 977)"),
+            "{c}"
+        );
+        let huge = "EAL: No free 2048 kB hugepages reported on node 0\n\
+                    EAL: Not enough memory available on socket 0! Requested: 4812MB, available: 882MB\n\
+                    EAL: FATAL: Cannot init memory\n";
+        let c = start_failure_cause(huge);
+        assert!(c.starts_with("not enough hugepages"), "{c}");
+        assert!(c.contains("Requested: 4812MB, available: 882MB"), "{c}");
+        let sock = "rpc.c: 181:spdk_rpc_listen: *ERROR*: RPC Unix domain socket path /run/talon/spdk.sock in use. \
+                    Specify another.\n";
+        assert!(start_failure_cause(sock).starts_with("its RPC socket is in use"));
+        assert_eq!(start_failure_cause(""), "it wrote nothing");
+        assert_eq!(
+            start_failure_cause("a\nb\nc\nd\n"),
+            "its log ends with: b | c | d"
+        );
+    }
+
+    #[test]
+    fn interrupt_mode_runs_nvmf_tgt_when_it_is_beside_spdk_tgt() {
+        use std::os::unix::fs::PermissionsExt;
+        let d = tempfile::tempdir().expect("tempdir");
+        let spdk = d.path().join("spdk_tgt");
+        let nvmf = d.path().join("nvmf_tgt");
+        std::fs::write(&spdk, "#!/bin/sh\n").expect("write");
+        std::fs::set_permissions(&spdk, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        assert_eq!(interrupt_mode_program(&spdk), spdk, "no nvmf_tgt: spdk_tgt");
+        std::fs::write(&nvmf, "#!/bin/sh\n").expect("write");
+        std::fs::set_permissions(&nvmf, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        assert_eq!(interrupt_mode_program(&spdk), nvmf);
+        let other = d.path().join("my_tgt");
+        assert_eq!(interrupt_mode_program(&other), other, "another binary is kept");
     }
 
     #[test]

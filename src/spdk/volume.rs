@@ -68,6 +68,20 @@ pub enum VolumeError {
         #[source]
         source: ClientError,
     },
+    /// The NVMe/TCP listener's port is held by another process (SPDK answers
+    /// only "Invalid parameters").
+    #[error("volume {volume}: cannot listen on {listen}: the port is in use by {holder}")]
+    PortInUse {
+        /// The volume.
+        volume: String,
+        /// The listen address and port.
+        listen: String,
+        /// Who holds it ("pid N (comm)").
+        holder: String,
+        /// SPDK's answer.
+        #[source]
+        source: Box<ClientError>,
+    },
     /// No lvstore of an allowed disk exists.
     #[error("volume {volume}: no usable disk (an lvstore talon-<disk> of {allowed:?})")]
     NoDisk {
@@ -154,6 +168,32 @@ pub enum VolumeError {
         /// The name.
         lvol: String,
     },
+}
+
+/// A failed `nvmf_subsystem_add_listener`: named [`VolumeError::PortInUse`]
+/// when another process listens on the port (SPDK says only "Invalid
+/// parameters"; its bind error is in its log).
+/// `target` is spdk_tgt's pid (its own listeners on the port are no conflict).
+fn listener_error(
+    volume: &str,
+    address: &str,
+    port: u16,
+    target: Option<i32>,
+    source: ClientError,
+) -> VolumeError {
+    let except = target.and_then(|p| u32::try_from(p).ok());
+    let holder = address.parse::<IpAddr>().ok().and_then(|ip| {
+        crate::tgt::daemon::port_holder(&crate::host::HostRoot::real(), (ip, port).into(), except)
+    });
+    match holder {
+        Some(holder) => VolumeError::PortInUse {
+            volume: volume.to_owned(),
+            listen: format!("{address}:{port}"),
+            holder,
+            source: Box::new(source),
+        },
+        None => rpc(volume, format!("listening on {address}:{port}"))(source),
+    }
 }
 
 fn rpc(volume: &str, step: impl Into<String>) -> impl FnOnce(ClientError) -> VolumeError {
@@ -1048,16 +1088,17 @@ impl VolumeOps {
                 .any(|l| l.traddr == listen.traddr && l.trsvcid == listen.trsvcid)
         });
         if !has_listener {
-            self.client
+            if let Err(source) = self
+                .client
                 .nvmf_subsystem_add_listener(&SubsystemListener {
                     nqn: nqn.as_str().to_owned(),
                     listen_address: listen.clone(),
                 })
                 .await
-                .map_err(rpc(
-                    vol,
-                    format!("listening on {}:{}", listen.traddr, export.port),
-                ))?;
+            {
+                let target = super::target::socket_peer_pid(self.client.socket()).await;
+                return Err(listener_error(vol, &listen.traddr, export.port, target, source));
+            }
             made.push(Made::Listener(nqn.as_str().to_owned(), listen));
         }
         let have: BTreeSet<&str> = sub

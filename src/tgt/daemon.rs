@@ -75,6 +75,12 @@ pub enum DaemonError {
         portal: SocketAddr,
         found: String,
     },
+    #[error("cannot serve iSCSI on {portal}: the port is in use by {holder} (tgtd pid {pid} was stopped)")]
+    PortInUse {
+        pid: u32,
+        portal: SocketAddr,
+        holder: String,
+    },
     #[error("tgtd (pid {pid}) does not listen on {portal}")]
     NotListening { pid: u32, portal: SocketAddr },
     #[error("cannot read the sockets of tgtd (pid {pid}) at {path}")]
@@ -168,15 +174,16 @@ impl Tgtd {
     /// the control socket; verifies its portal (an adopted tgtd listening
     /// elsewhere is an error, and is left running: talon did not start it).
     pub fn adopt(cfg: TgtdConfig) -> Result<Option<Self>, DaemonError> {
-        let Ok(text) = fs::read_to_string(cfg.pid_path()) else {
+        let recorded = fs::read_to_string(cfg.pid_path())
+            .ok()
+            .and_then(|t| t.trim().parse::<u32>().ok())
+            .filter(|pid| is_live_tgtd(&cfg.host, *pid));
+        // no pid file (a talon killed while its tgtd started): the process behind the control socket
+        let Some(pid) = recorded
+            .or_else(|| control_socket_pid(&cfg.socket()).filter(|pid| is_live_tgtd(&cfg.host, *pid)))
+        else {
             return Ok(None);
         };
-        let Ok(pid) = text.trim().parse::<u32>() else {
-            return Ok(None);
-        };
-        if !is_live_tgtd(&cfg.host, pid) {
-            return Ok(None);
-        }
         if cfg.admin().ping().is_err() {
             return Ok(None);
         }
@@ -193,6 +200,10 @@ impl Tgtd {
                 portal: t.cfg.portal,
                 found,
             });
+        }
+        if recorded.is_none() {
+            // record it again, for the next talon and for tools that read the pid file
+            let _ = fs::write(t.cfg.pid_path(), format!("{pid}\n"));
         }
         tracing::info!(pid, portal = %t.cfg.portal, "adopted a running tgtd");
         Ok(Some(t))
@@ -239,29 +250,42 @@ impl Tgtd {
             pid,
             child: Some(child),
         };
+        // the pid file first: if talon dies (kill -9) while tgtd starts, the next talon
+        // finds this tgtd (adopts it, or its portal check fails naming it) instead of an orphan
+        let pid_path = t.cfg.pid_path();
+        if let Err(source) = fs::write(&pid_path, format!("{pid}\n")) {
+            t.kill_and_reap();
+            return Err(DaemonError::PidFile {
+                path: pid_path,
+                source,
+            });
+        }
         if let Err(e) = t.wait_ready() {
             t.kill_and_reap();
+            t.remove_pid_file();
             return Err(e);
         }
         match t.listening() {
             Ok(found) if found == [t.cfg.portal] => {}
             Ok(found) => {
-                let err = wrong_portal(pid, t.cfg.portal, &found);
+                // tgtd falls back to other addresses when its portal's port is taken: say who has it
+                let err = match port_holder(&t.cfg.host, t.cfg.portal, Some(pid)) {
+                    Some(holder) => DaemonError::PortInUse {
+                        pid,
+                        portal: t.cfg.portal,
+                        holder,
+                    },
+                    None => wrong_portal(pid, t.cfg.portal, &found),
+                };
                 t.stop_quietly();
+                t.remove_pid_file();
                 return Err(err);
             }
             Err(e) => {
                 t.stop_quietly();
+                t.remove_pid_file();
                 return Err(e);
             }
-        }
-        let pid_path = t.cfg.pid_path();
-        if let Err(source) = fs::write(&pid_path, format!("{pid}\n")) {
-            t.stop_quietly();
-            return Err(DaemonError::PidFile {
-                path: pid_path,
-                source,
-            });
         }
         tracing::info!(pid, portal = %t.cfg.portal, "started tgtd");
         Ok(t)
@@ -405,6 +429,16 @@ impl Tgtd {
     }
 }
 
+/// The pid of the process listening on tgtd's control socket (`<base>.0`),
+/// from SO_PEERCRED.
+fn control_socket_pid(base: &Path) -> Option<u32> {
+    let mut path = base.as_os_str().to_owned();
+    path.push(".0");
+    let stream = std::os::unix::net::UnixStream::connect(PathBuf::from(path)).ok()?;
+    let cred = nix::sys::socket::getsockopt(&stream, nix::sys::socket::sockopt::PeerCredentials).ok()?;
+    u32::try_from(cred.pid()).ok()
+}
+
 /// Whether `pid` is a tgtd that has not exited (a zombie has exited).
 fn is_live_tgtd(host: &HostRoot, pid: u32) -> bool {
     let Ok(stat) = fs::read_to_string(host.path(format!("/proc/{pid}/stat"))) else {
@@ -472,6 +506,50 @@ pub fn listening_sockets(host: &HostRoot, pid: u32) -> Result<Vec<SocketAddr>, D
     found.sort();
     found.dedup();
     Ok(found)
+}
+
+/// Who else listens on TCP `addr` (the same port on the same address, on the
+/// any-address, or on any address when `addr`'s is unspecified): "pid N
+/// (comm)" of the first process other than `except` found holding such a
+/// socket, or "a process talon cannot see" when no process holds it. None when
+/// nothing but `except` listens there. Reads `/proc/net/tcp{,6}` (talon's
+/// network namespace) and every `/proc/<pid>/fd`: for error paths only.
+pub fn port_holder(host: &HostRoot, addr: SocketAddr, except: Option<u32>) -> Option<String> {
+    let mut inodes = HashSet::new();
+    for table in ["tcp", "tcp6"] {
+        let Ok(text) = fs::read_to_string(host.path(format!("/proc/net/{table}"))) else {
+            continue;
+        };
+        for (a, inode) in parse_proc_net_tcp(&text) {
+            let ip_match = a.ip() == addr.ip() || a.ip().is_unspecified() || addr.ip().is_unspecified();
+            if a.port() == addr.port() && ip_match {
+                inodes.insert(format!("socket:[{inode}]"));
+            }
+        }
+    }
+    if inodes.is_empty() {
+        return None;
+    }
+    let mut except_holds = false;
+    for p in fs::read_dir(host.path("/proc")).ok()?.flatten() {
+        let name = p.file_name();
+        let Some(pid) = name.to_str().and_then(|n| n.parse::<u32>().ok()) else {
+            continue;
+        };
+        let Ok(fds) = fs::read_dir(p.path().join("fd")) else {
+            continue;
+        };
+        let holds = fds
+            .flatten()
+            .any(|fd| fs::read_link(fd.path()).is_ok_and(|t| inodes.contains(t.to_string_lossy().as_ref())));
+        if holds && Some(pid) == except {
+            except_holds = true;
+        } else if holds {
+            let comm = fs::read_to_string(p.path().join("comm")).unwrap_or_default();
+            return Some(format!("pid {pid} ({})", comm.trim()));
+        }
+    }
+    (!except_holds).then(|| "a process talon cannot see".into())
 }
 
 /// LISTEN rows of a `/proc/net/tcp` or `tcp6` table: (local address, inode).

@@ -200,6 +200,7 @@ type Cdb16 = unsafe extern "C" fn(u64, u32, c_int, c_int, c_int, c_int, c_int, c
 type SetIov = unsafe extern "C" fn(*mut c_void, *mut ScsiIovec, c_int);
 type Command_ = unsafe extern "C" fn(*mut c_void, c_int, *mut c_void, *mut c_void) -> *mut c_void;
 type FreeTask = unsafe extern "C" fn(*mut c_void);
+type SetState = unsafe extern "C" fn(*mut c_void, c_int);
 
 /// libiscsi's synchronous API, resolved with dlopen.
 pub struct Libiscsi {
@@ -218,6 +219,7 @@ pub struct Libiscsi {
     set_iov_out: SetIov,
     command: Command_,
     free_task: FreeTask,
+    set_noautoreconnect: SetState,
 }
 
 impl Libiscsi {
@@ -264,6 +266,9 @@ impl Libiscsi {
                 set_iov_out: std::mem::transmute::<*mut c_void, SetIov>(sym("scsi_task_set_iov_out")?),
                 command: std::mem::transmute::<*mut c_void, Command_>(sym("iscsi_scsi_command_sync")?),
                 free_task: std::mem::transmute::<*mut c_void, FreeTask>(sym("scsi_free_scsi_task")?),
+                set_noautoreconnect: std::mem::transmute::<*mut c_void, SetState>(sym(
+                    "iscsi_set_noautoreconnect",
+                )?),
             })
         }
     }
@@ -351,6 +356,13 @@ impl Session<'_> {
                 Ok(())
             }
         }
+    }
+
+    /// Turns libiscsi's automatic reconnect off: a dropped connection then
+    /// fails the command instead of logging in again behind the caller's back.
+    pub fn no_reconnect(&self) {
+        // SAFETY: live context.
+        unsafe { (self.lib.set_noautoreconnect)(self.ctx, 1) }
     }
 
     /// WRITE16 of whole 512-byte blocks at `lba`.

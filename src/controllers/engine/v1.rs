@@ -28,7 +28,7 @@ pub fn v1_selection(selection: &EngineSelection) -> V1Selection {
 /// Registers the V1 engine's controllers.
 pub fn register(rt: &mut Runtime, deps: &Deps, selection: &EngineSelection) -> Result<(), RuntimeError> {
     let selection = v1_selection(selection);
-    let target = TgtdController::new(&deps.run_dir, selection);
+    let target = TgtdController::new(&deps.run_dir, selection).on_exit(deps.targets_on_exit.clone());
     let admin = target.config().admin();
     rt.register(target)?;
     rt.register(V1VolumeController::new(&deps.data_dir, admin, selection))

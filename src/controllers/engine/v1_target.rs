@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use tokio::sync::Mutex;
 
+use super::TargetsOnExit;
 use super::v1_volume::{V1Selection, serves_v1};
 use crate::resources::config::{NodeConfig, Volume};
 use crate::resources::engine::{Engine, ObjectState, TargetStatus};
@@ -32,12 +33,14 @@ struct Inner {
 }
 
 /// Supervises tgtd for the V1 engine. When the controller is dropped (a clean
-/// stop of talon) its tgtd, started or adopted, is stopped; after a crash of
-/// talon tgtd keeps serving and the next talon adopts it.
+/// stop of talon) its tgtd, started or adopted, keeps serving, as after a crash
+/// of talon, and the next talon adopts it (iSCSI sessions stay logged in); with
+/// [`TargetsOnExit::stop`] (`--stop-targets-on-exit`) it is stopped.
 #[derive(Debug)]
 pub struct TgtdController {
     template: TgtdConfig,
     selection: V1Selection,
+    on_exit: TargetsOnExit,
     inner: Mutex<Inner>,
 }
 
@@ -54,8 +57,16 @@ impl TgtdController {
         Self {
             template,
             selection,
+            on_exit: TargetsOnExit::stop(),
             inner: Mutex::new(Inner::default()),
         }
+    }
+
+    /// What dropping the controller does to tgtd (default: stop it; the
+    /// daemon passes its `--stop-targets-on-exit` policy).
+    pub fn on_exit(mut self, on_exit: TargetsOnExit) -> Self {
+        self.on_exit = on_exit;
+        self
     }
 
     /// The tgtd settings (control socket and friends), portal aside.
@@ -90,10 +101,18 @@ fn tgtd_version(program: &std::path::Path) -> Option<String> {
 
 impl Drop for TgtdController {
     fn drop(&mut self) {
-        let inner = self.inner.get_mut();
-        if let Some(t) = inner.tgtd.take()
-            && let Err(e) = t.stop()
-        {
+        let Some(t) = self.inner.get_mut().tgtd.take() else {
+            return;
+        };
+        if !self.on_exit.stops() {
+            tracing::info!(
+                pid = t.pid(),
+                portal = %t.portal(),
+                "leaving tgtd serving; the next talon adopts it (--stop-targets-on-exit stops it)"
+            );
+            return;
+        }
+        if let Err(e) = t.stop() {
             tracing::warn!(error = %e, "cannot stop tgtd");
         }
     }

@@ -1,0 +1,129 @@
+//! The CLI reads as people write (process test, real daemon, real tgtd):
+//! sizes in binary units in tables, `get volume NAME` with its status beside
+//! its spec, `-o json` with a `status`, and a wait that fails at once with its cause.
+//!
+//! ```text
+//!   talon serve (node v1 on 127.0.0.1:<free port>) <── talon volume create / get / get volume NAME
+//! ```
+
+mod tgt_common;
+
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use talon::client::Client;
+use talon::runtime::testing::eventually;
+use tgt_common::{free_port, ready};
+
+fn talon(socket: &Path, args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_talon"))
+        .env("TALON_SOCKET", socket)
+        .args(args)
+        .output()
+        .expect("run talon");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// The daemon, stopped with its tgtd when dropped.
+struct Daemon(Child);
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = kill(Pid::from_raw(self.0.id() as i32), Signal::SIGTERM);
+        let _ = self.0.wait();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sizes_status_and_waits_read_as_people_write_them() {
+    const TEST: &str = "sizes_status_and_waits_read_as_people_write_them";
+    if !ready(TEST) {
+        return;
+    }
+    let d = tempfile::tempdir().expect("tempdir");
+    let dir = d.path();
+    std::fs::write(
+        dir.join("talon.yaml"),
+        format!(
+            "node: {{ engine: v1, listenAddress: 127.0.0.1, iscsiPort: {} }}\n",
+            free_port()
+        ),
+    )
+    .expect("config");
+    let socket = dir.join("run/talon.sock");
+    let _daemon = Daemon(
+        Command::new(env!("CARGO_BIN_EXE_talon"))
+            .arg("--socket")
+            .arg(&socket)
+            .args(["serve", "--stop-targets-on-exit", "--data-dir"])
+            .arg(dir.join("data"))
+            .arg("--run-dir")
+            .arg(dir.join("run"))
+            .arg("--config")
+            .arg(dir.join("talon.yaml"))
+            // no SPDK here, whatever the environment has: V2 is unavailable
+            .env_remove("TALON_SPDK_DIR")
+            .arg("--spdk-tgt")
+            .arg(dir.join("no/spdk_tgt"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn talon"),
+    );
+    eventually("the API", Duration::from_secs(30), || async {
+        Client::connect_unix(&socket).await.ok()
+    })
+    .await;
+
+    let (ok, _, err) = talon(&socket, &["volume", "create", "docs", "--size", "1536MiB"]);
+    assert!(ok, "volume create: {err}");
+
+    // tables: sizes in binary units
+    let (ok, out, err) = talon(&socket, &["get", "volume"]);
+    assert!(ok, "{err}");
+    assert!(out.contains("1.5 GiB"), "SIZE in GiB: {out}");
+    assert!(!out.contains("1610612736"), "no raw byte count: {out}");
+    let (ok, out, err) = talon(&socket, &["volume", "list"]);
+    assert!(ok, "{err}");
+    assert!(out.contains("1.5 GiB"), "{out}");
+    let (ok, out, err) = talon(&socket, &["get", "enginestatus"]);
+    assert!(ok, "{err}");
+    assert!(out.contains("1.5 GiB"), "{out}");
+
+    // get volume NAME: spec and status side by side
+    let (ok, out, err) = talon(&socket, &["get", "volume", "docs"]);
+    assert!(ok, "{err}");
+    for want in [
+        "Name:      docs",
+        "Spec:      1.5 GiB, 1 replica(s)",
+        "State:     ready (v1), serving 1.5 GiB",
+        "Exports:   iscsi 127.0.0.1:",
+        "Attached:  no",
+    ] {
+        assert!(out.contains(want), "{want:?} in:\n{out}");
+    }
+    let (ok, out, err) = talon(&socket, &["get", "volume", "docs", "-o", "json"]);
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).expect("json");
+    assert_eq!(v["spec"]["sizeBytes"], 1_610_612_736u64);
+    assert_eq!(v["status"]["engine"]["state"], "ready", "{v}");
+    assert_eq!(v["metadata"]["id"], "docs");
+
+    // a wait that cannot finish says why, at once
+    let (ok, _, err) = talon(
+        &socket,
+        &["volume", "create", "never", "--size", "1MiB", "--engine", "v2"],
+    );
+    assert!(!ok, "a V2 volume on a node without SPDK cannot be served");
+    assert!(
+        err.contains("it waits for spdk_tgt, which is failed"),
+        "the failure names the target at once: {err}"
+    );
+}
