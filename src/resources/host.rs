@@ -1,9 +1,11 @@
-//! Host status resources (namespace `host`), written only by the status
-//! controllers in [`crate::controllers::host`], which observe and never change
-//! the host.
+//! Host resources (namespace `host`), written by the controllers in
+//! [`crate::controllers::host`]: specs derived from desired state, and
+//! status observed from the host.
 //!
 //! ```text
-//!   host::hugepages ─> HugepagesStatus   (id "2M-node0", or "2M" without NUMA)
+//!   NodeConfig, Volume ─> HugepagesSpec   (id "2M-node0": pages wanted and why; SPDK's -s)
+//!   host::hugepages ─> HugepagesStatus   (id "2M-node0", or "2M" without NUMA: wanted/have/why)
+//!                      HugepagesLedger   (namespace `ledger`: the pool before talon grew it)
 //!   host::modules   ─> KernelModuleStatus (id = module name)
 //!   host::pci       ─> PciDevice          (id = PCI address)
 //!   all of them     ─> HostCapabilities   (id "node")
@@ -15,7 +17,68 @@ use crate::host::hugepages::{HugepagePool, PageSize};
 use crate::host::modules::ModuleState;
 use crate::runtime::Spec;
 
-/// One hugepage pool: a page size on a NUMA node (or the whole host).
+/// The hugepages SPDK needs from one pool (id as [`HugepagesStatus`]),
+/// derived from `NodeConfig.hugepages` and the volumes this node exports.
+/// Read by the hugepage controller (which sizes the pool) and by whoever
+/// sizes spdk_tgt's `-s` (`spdkMemMib`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct HugepagesSpec {
+    /// Page size (talon sizes 2 MiB pools).
+    pub size: PageSize,
+    /// NUMA node; absent for the global pool of a host without NUMA sysfs.
+    pub node: Option<u32>,
+    /// `auto`, `off` or `<n> MiB`, as configured.
+    pub mode: String,
+    /// Pages wanted in this pool; absent with `off` (the pool is left alone).
+    pub wanted: Option<u64>,
+    /// The same in MiB.
+    pub wanted_mib: Option<u64>,
+    /// spdk_tgt's memory over all nodes (`-s`, MiB); 0 when SPDK needs none here.
+    pub spdk_mem_mib: u64,
+    /// NVMe/TCP volumes exported by this node, counted for `auto`.
+    pub exported_volumes: u32,
+    /// How the figure was reached.
+    pub reason: String,
+}
+
+impl Spec for HugepagesSpec {
+    const TYPE: &'static str = "HugepagesSpec";
+    const NAMESPACE: &'static str = "host";
+}
+
+/// What a hugepage pool held before talon first grew it (namespace
+/// `ledger`, persisted; id as [`HugepagesStatus`]): talon gives back only
+/// pages it added, and only free ones.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct HugepagesLedger {
+    /// `nr_hugepages` before talon's first write (moved along when someone
+    /// else resizes the pool).
+    pub before: u64,
+    /// What talon last wrote.
+    pub set: u64,
+}
+
+impl Spec for HugepagesLedger {
+    const TYPE: &'static str = "HugepagesLedger";
+    const NAMESPACE: &'static str = "ledger";
+}
+
+/// Whether a pool holds what talon wants of it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum HugepagesState {
+    /// talon wants nothing of this pool.
+    Unmanaged,
+    /// The pool holds at least what is wanted.
+    Ok,
+    /// Fewer pages than wanted: `reason` says why and what fixes it.
+    Short,
+}
+
+/// One hugepage pool: a page size on a NUMA node (or the whole host): what
+/// talon wants of it, what it has, and why they differ.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct HugepagesStatus {
@@ -31,6 +94,27 @@ pub struct HugepagesStatus {
     pub total_mib: u64,
     /// Free MiB.
     pub free_mib: u64,
+    /// Pages talon wants in the pool (from `HugepagesSpec`).
+    #[serde(default)]
+    pub wanted: Option<u64>,
+    /// Pages mapped or reserved by processes (never taken away).
+    #[serde(default)]
+    pub in_use: u64,
+    /// Unmanaged, ok, or short.
+    #[serde(default = "unmanaged")]
+    pub state: HugepagesState,
+    /// Why the pool is as it is: what talon did, what the kernel gave, or
+    /// (Talos, read-only sysfs) what to change.
+    #[serde(default)]
+    pub reason: String,
+    /// The Talos machine-config patch that gives the node the pool (Talos
+    /// only, when short).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub talos_patch: Option<String>,
+}
+
+fn unmanaged() -> HugepagesState {
+    HugepagesState::Unmanaged
 }
 
 impl HugepagesStatus {
@@ -52,6 +136,11 @@ impl From<&HugepagePool> for HugepagesStatus {
             free: p.free,
             total_mib: p.total_mib(),
             free_mib: p.free_mib(),
+            wanted: None,
+            in_use: p.total.saturating_sub(p.free),
+            state: HugepagesState::Unmanaged,
+            reason: String::new(),
+            talos_patch: None,
         }
     }
 }
@@ -143,14 +232,28 @@ impl Spec for HostCapabilities {
 /// Registers the host types with their table columns.
 pub fn register_types(reg: &mut crate::runtime::TypeRegistry) {
     reg.register::<HugepagesStatus>(
-        "A hugepage pool per size and NUMA node",
+        "A hugepage pool per size and NUMA node: wanted, have, why",
         &[
-            ("SIZE", "/size"),
-            ("NODE", "/node"),
+            ("STATE", "/state"),
+            ("WANTED", "/wanted"),
             ("TOTAL", "/total"),
             ("FREE", "/free"),
-            ("FREE-MiB", "/freeMib"),
+            ("IN-USE", "/inUse"),
+            ("REASON", "/reason"),
         ],
+    );
+    reg.register::<HugepagesSpec>(
+        "The hugepages SPDK needs from a pool, and spdk_tgt's -s",
+        &[
+            ("MODE", "/mode"),
+            ("WANTED", "/wanted"),
+            ("SPDK-MEM-MiB", "/spdkMemMib"),
+            ("VOLUMES", "/exportedVolumes"),
+        ],
+    );
+    reg.register::<HugepagesLedger>(
+        "A hugepage pool before talon grew it (persisted)",
+        &[("BEFORE", "/before"), ("SET", "/set")],
     );
     reg.register::<KernelModuleStatus>(
         "A kernel module talon uses",
