@@ -15,9 +15,9 @@
 //! ```
 //!
 //! The ledger is written before the pool is grown, so a crash right after the
-//! write still knows which pages talon added. When someone else resizes a
-//! pool, the baseline moves with them: talon never gives back pages it did
-//! not add.
+//! write still knows which pages talon added. When someone else grows a pool
+//! behind talon's back, the whole pool becomes the baseline: talon never
+//! gives back pages it did not add (at the price of forgetting its own).
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
@@ -76,11 +76,13 @@ pub fn size_pools(
         let in_use = hugepages::in_use(&pool, resv);
         status.in_use = in_use;
         status.wanted = spec.and_then(|s| s.wanted);
-        // someone else resized the pool since talon's last write: the baseline moves along
+        // someone else resized the pool since talon's last write: grown, the
+        // whole pool counts as theirs from now on (talon cannot tell its pages
+        // from theirs, and takes none back); shrunk, the baseline follows down
         let ledger = ledgers.get(&id).map(|l| {
             let mut l = l.clone();
             if pool.total > l.set {
-                l.before += pool.total - l.set;
+                l.before = pool.total;
             } else if pool.total < l.set {
                 l.before = l.before.min(pool.total);
             }
@@ -176,9 +178,7 @@ pub fn size_pools(
                 nr_hugepages: Some(pages),
                 ..TalosNeeds::default()
             };
-            let patch = talos::to_yaml(&talos::documents(v, &needs))
-                .map(|y| sysctl_only(&y))
-                .unwrap_or_default();
+            let patch = talos::to_yaml(&hugepages_only(talos::documents(v, &needs))).unwrap_or_default();
             if nodes > 1 {
                 reason.push_str(&format!(
                     "; the kernel spreads vm.nr_hugepages over the {nodes} NUMA nodes, so the patch asks {nodes} × {} pages",
@@ -193,13 +193,18 @@ pub fn size_pools(
     Ok(out)
 }
 
-/// The patch without the kubelet mount the doctor adds (the status is about
-/// hugepages only).
-fn sysctl_only(yaml: &str) -> String {
-    match yaml.find("  kubelet:") {
-        Some(i) => yaml[..i].to_string(),
-        None => yaml.to_string(),
-    }
+/// The documents without the kubelet mount the doctor adds (the status is
+/// about hugepages only).
+pub fn hugepages_only(docs: Vec<talos::TalosDocument>) -> Vec<talos::TalosDocument> {
+    docs.into_iter()
+        .map(|d| match d {
+            talos::TalosDocument::V1Alpha1(mut p) => {
+                p.machine.kubelet = None;
+                talos::TalosDocument::V1Alpha1(p)
+            }
+            other => other,
+        })
+        .collect()
 }
 
 /// The Talos machine-config shape for an os-release `VERSION_ID` (`v1.15.0`).
