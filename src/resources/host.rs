@@ -6,6 +6,8 @@
 //!   NodeConfig, Volume ─> HugepagesSpec   (id "2M-node0": pages wanted and why; SPDK's -s)
 //!   host::hugepages ─> HugepagesStatus   (id "2M-node0", or "2M" without NUMA: wanted/have/why)
 //!                      HugepagesLedger   (namespace `ledger`: the pool before talon grew it)
+//!   Disk (pci) ─> PciBindIntent (namespace `ledger`, id = PCI address: persisted before a rebind)
+//!              ─> PciBindingStatus (id = disk: which driver, and why not yet)
 //!   host::modules   ─> KernelModuleStatus (id = module name)
 //!   host::pci       ─> PciDevice          (id = PCI address)
 //!   all of them     ─> HostCapabilities   (id "node")
@@ -200,6 +202,80 @@ impl Spec for PciDevice {
     const NAMESPACE: &'static str = "host";
 }
 
+/// Where a recorded rebind stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum BindPhase {
+    /// Moving to the user-space driver (finished at the next start if cut short).
+    Binding,
+    /// On the user-space driver.
+    Bound,
+    /// Going back to the original driver (finished at the next start if cut short).
+    Releasing,
+}
+
+/// A rebind talon does or did (namespace `ledger`, persisted, id = the PCI
+/// address). Written before the first sysfs write of a bind and of a give
+/// back, so a crash at any step is finished or rolled back at the next start.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct PciBindIntent {
+    /// The Disk the device serves.
+    pub disk: String,
+    /// The Disk's `pci` (address, serial or model) when it was resolved.
+    pub selector: String,
+    /// The driver the device had before talon took it (`nvme`), absent when unbound.
+    pub original_driver: Option<String>,
+    /// `vfio-pci` or `uio_pci_generic`.
+    pub target_driver: String,
+    /// Binding, bound, or releasing.
+    pub phase: BindPhase,
+}
+
+impl Spec for PciBindIntent {
+    const TYPE: &'static str = "PciBindIntent";
+    const NAMESPACE: &'static str = "ledger";
+}
+
+/// Where a Disk's NVMe device stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum BindingState {
+    /// Being moved to the user-space driver.
+    Binding,
+    /// On the user-space driver: SPDK may attach it.
+    Bound,
+    /// Not bound; `message` says why (in use, no driver, not found, ...).
+    Failed,
+    /// Waiting for SPDK to let go, or going back to its original driver.
+    Releasing,
+}
+
+/// The driver binding of a Disk's NVMe device (id = the Disk).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct PciBindingStatus {
+    /// The Disk's `pci` as given.
+    pub selector: String,
+    /// The device's PCI address, once resolved.
+    pub bdf: Option<String>,
+    /// The driver it is on now.
+    pub driver: Option<String>,
+    /// The driver it goes back to when the Disk is removed.
+    pub original_driver: Option<String>,
+    /// The user-space driver chosen.
+    pub target_driver: Option<String>,
+    /// Binding, bound, failed or releasing.
+    pub state: BindingState,
+    /// Why, or what happened.
+    pub message: String,
+}
+
+impl Spec for PciBindingStatus {
+    const TYPE: &'static str = "PciBindingStatus";
+    const NAMESPACE: &'static str = "host";
+}
+
 /// What this host can do, summed up (id `node`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
@@ -267,6 +343,25 @@ pub fn register_types(reg: &mut crate::runtime::TypeRegistry) {
             ("IOMMU", "/iommuGroup"),
             ("SERIAL", "/serial"),
             ("MODEL", "/model"),
+        ],
+    );
+    reg.register::<PciBindingStatus>(
+        "The driver binding of a Disk's NVMe device",
+        &[
+            ("STATE", "/state"),
+            ("BDF", "/bdf"),
+            ("DRIVER", "/driver"),
+            ("ORIGINAL", "/originalDriver"),
+            ("MESSAGE", "/message"),
+        ],
+    );
+    reg.register::<PciBindIntent>(
+        "A rebind talon does or did, persisted before it starts",
+        &[
+            ("DISK", "/disk"),
+            ("PHASE", "/phase"),
+            ("FROM", "/originalDriver"),
+            ("TO", "/targetDriver"),
         ],
     );
     reg.register::<HostCapabilities>(

@@ -8,6 +8,7 @@
 //!   HugepagesSpec ─> HugepagesController (writes nr_hugepages) ─> HugepagesStatus ──┐
 //!   HostRoot ─> KernelModuleStatusController ─> KernelModuleStatus ┼─> HostCapabilitiesController ─> HostCapabilities
 //!   HostRoot ─> PciDeviceStatusController    ─> PciDevice          │        (+ os-release, IOMMU)
+//!   Disk (pci) ─> PciBindController (driver_override, drivers_probe) ─> PciBindingStatus, PciBindIntent (ledger)
 //!                                   every 30 s (requeue), or on input change
 //! ```
 
@@ -15,6 +16,7 @@ pub mod capabilities;
 pub mod hugepages;
 pub mod hugepages_config;
 pub mod kernel_module_status;
+pub mod pci_binding;
 pub mod pci_device_status;
 
 use std::time::Duration;
@@ -26,6 +28,7 @@ pub use capabilities::HostCapabilitiesController;
 pub use hugepages::HugepagesController;
 pub use hugepages_config::{HugepagesConfigController, SpdkDemand};
 pub use kernel_module_status::KernelModuleStatusController;
+pub use pci_binding::PciBindController;
 pub use pci_device_status::PciDeviceStatusController;
 
 /// How often the status controllers look again.
@@ -48,6 +51,10 @@ pub fn register(rt: &mut Runtime, host: &HostRoot, interval: Duration) -> Result
         interval,
     })?;
     rt.register(PciDeviceStatusController {
+        host: host.clone(),
+        interval,
+    })?;
+    rt.register(PciBindController {
         host: host.clone(),
         interval,
     })?;
