@@ -93,14 +93,16 @@ async fn status_controllers_publish_and_follow_the_host() {
         m,
         KernelModuleStatus {
             state: ModuleState::Loaded,
-            present: true
+            present: true,
+            wanted: true,
+            message: "wanted: volumes attach over NVMe/TCP".into(),
         }
     );
     let vfio = eventually("vfio_pci status", WAIT, || async {
         get::<KernelModuleStatus>(&state, "vfio_pci")
     })
     .await;
-    assert_eq!(vfio.state, ModuleState::Available);
+    assert_eq!((vfio.state, vfio.wanted), (ModuleState::Available, false));
     let dev = eventually("PciDevice", WAIT, || async { get::<PciDevice>(&state, BDF) }).await;
     assert_eq!(
         (dev.driver.as_deref(), dev.serial.as_deref(), dev.numa_node),
@@ -159,7 +161,7 @@ async fn failing_reads_restart_the_controller_not_the_runtime() {
     .await;
     let err = eventually("module controller error", WAIT, || async {
         let s = statuses.read().ok()?;
-        s.get("host.KernelModuleStatusController")
+        s.get("host.KernelModuleController")
             .and_then(|c| c.last_error.clone())
     })
     .await;
@@ -420,5 +422,54 @@ async fn a_refused_hugepage_write_is_reported_with_the_fix() {
     // the baseline is kept; nothing was added
     let l = get::<HugepagesLedger>(&state, "2M-node0").expect("ledger");
     assert_eq!(l, HugepagesLedger { before: 0, set: 0 });
+    rt.stop().await;
+}
+
+// ---- kernel modules loaded where allowed (KernelModuleController) ----
+
+#[tokio::test]
+async fn wanted_modules_are_loaded_where_allowed_else_the_fix_is_named() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    fixture(dir.path());
+    // nvme_tcp installed but not loaded; no IOMMU: a pci Disk wants uio_pci_generic
+    write(dir.path(), "/proc/modules", "");
+    write(
+        dir.path(),
+        "/lib/modules/6.1.0-fixture/modules.dep",
+        "kernel/drivers/nvme/host/nvme-tcp.ko:\nkernel/drivers/uio/uio_pci_generic.ko:\n",
+    );
+    let root = HostRoot::new(dir.path());
+    let rt = TestRuntime::start(|rt| host::register(rt, &root, Duration::from_millis(50))).expect("start");
+    let state = rt.state.clone();
+    let disk: talon::resources::config::Disk =
+        serde_json::from_value(serde_json::json!({"pci": BDF})).expect("disk");
+    state.create_typed("nvme-a", "", &disk).expect("disk");
+    let uio = eventually("uio_pci_generic wanted", WAIT, || async {
+        get::<KernelModuleStatus>(&state, "uio_pci_generic").filter(|m| m.wanted)
+    })
+    .await;
+    // a fixture tree is not the real /: modprobe is not run, and the status says so
+    assert_eq!(uio.state, ModuleState::Available);
+    assert!(
+        uio.message.contains("a Disk names an NVMe device")
+            && uio.message.contains("cannot load kernel module uio_pci_generic")
+            && uio.message.contains("not the real /"),
+        "{}",
+        uio.message
+    );
+    let iscsi = get::<KernelModuleStatus>(&state, "iscsi_tcp").expect("iscsi_tcp");
+    assert!(!iscsi.wanted, "nvme_tcp is installed: {iscsi:?}");
+
+    // on Talos: no modprobe, the machine-config patch instead
+    write(dir.path(), "/etc/os-release", "ID=talos\nVERSION_ID=v1.15.1\n");
+    let m = eventually("Talos patch", WAIT, || async {
+        get::<KernelModuleStatus>(&state, "nvme_tcp").filter(|m| m.message.contains("Talos"))
+    })
+    .await;
+    assert!(
+        m.message.contains("kind: KernelModuleConfig") && m.message.contains("name: nvme_tcp"),
+        "{}",
+        m.message
+    );
     rt.stop().await;
 }

@@ -8,7 +8,7 @@
 //!                      HugepagesLedger   (namespace `ledger`: the pool before talon grew it)
 //!   Disk (pci) ─> PciBindIntent (namespace `ledger`, id = PCI address: persisted before a rebind)
 //!              ─> PciBindingStatus (id = disk: which driver, and why not yet)
-//!   host::modules   ─> KernelModuleStatus (id = module name)
+//!   host::modules   ─> KernelModuleStatus (id = module name: state, wanted, what talon did)
 //!   host::pci       ─> PciDevice          (id = PCI address)
 //!   all of them     ─> HostCapabilities   (id "node")
 //! ```
@@ -160,6 +160,13 @@ pub struct KernelModuleStatus {
     pub state: ModuleState,
     /// Whether its function is usable now (loaded or built in).
     pub present: bool,
+    /// Whether this node needs it now.
+    #[serde(default)]
+    pub wanted: bool,
+    /// Why it is wanted, and what talon did (loaded it, could not, or on
+    /// Talos the machine-config patch that loads it).
+    #[serde(default)]
+    pub message: String,
 }
 
 impl Spec for KernelModuleStatus {
@@ -333,7 +340,12 @@ pub fn register_types(reg: &mut crate::runtime::TypeRegistry) {
     );
     reg.register::<KernelModuleStatus>(
         "A kernel module talon uses",
-        &[("STATE", "/state"), ("PRESENT", "/present")],
+        &[
+            ("STATE", "/state"),
+            ("PRESENT", "/present"),
+            ("WANTED", "/wanted"),
+            ("MESSAGE", "/message"),
+        ],
     );
     reg.register::<PciDevice>(
         "An NVMe PCI controller",

@@ -6,7 +6,7 @@
 //! ```text
 //!   NodeConfig, Volume, Disk ─> HugepagesConfigController ─> HugepagesSpec
 //!   HugepagesSpec ─> HugepagesController (writes nr_hugepages) ─> HugepagesStatus ──┐
-//!   HostRoot ─> KernelModuleStatusController ─> KernelModuleStatus ┼─> HostCapabilitiesController ─> HostCapabilities
+//!   Disk, Volume ─> KernelModuleController (modprobe; not on Talos) ─> KernelModuleStatus ┼─> HostCapabilitiesController ─> HostCapabilities
 //!   HostRoot ─> PciDeviceStatusController    ─> PciDevice          │        (+ os-release, IOMMU)
 //!   Disk (pci) ─> PciBindController (driver_override, drivers_probe) ─> PciBindingStatus, PciBindIntent (ledger)
 //!                                   every 30 s (requeue), or on input change
@@ -15,7 +15,7 @@
 pub mod capabilities;
 pub mod hugepages;
 pub mod hugepages_config;
-pub mod kernel_module_status;
+pub mod kernel_modules;
 pub mod pci_binding;
 pub mod pci_device_status;
 
@@ -27,7 +27,7 @@ use crate::runtime::{Runtime, RuntimeError};
 pub use capabilities::HostCapabilitiesController;
 pub use hugepages::HugepagesController;
 pub use hugepages_config::{HugepagesConfigController, SpdkDemand};
-pub use kernel_module_status::KernelModuleStatusController;
+pub use kernel_modules::KernelModuleController;
 pub use pci_binding::PciBindController;
 pub use pci_device_status::PciDeviceStatusController;
 
@@ -46,7 +46,7 @@ pub fn register_config(rt: &mut Runtime, host: &HostRoot, demand: SpdkDemand) ->
 /// Registers the host controllers, polling every `interval`.
 pub fn register(rt: &mut Runtime, host: &HostRoot, interval: Duration) -> Result<(), RuntimeError> {
     rt.register(HugepagesController::new(host.clone(), interval))?;
-    rt.register(KernelModuleStatusController {
+    rt.register(KernelModuleController {
         host: host.clone(),
         interval,
     })?;
