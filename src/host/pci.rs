@@ -890,11 +890,25 @@ fn unbind_current(root: &HostRoot, bdf: &Bdf) -> Result<(), PciError> {
 /// clear driver_override whatever happened.
 fn move_driver(root: &HostRoot, bdf: &Bdf, to: &str) -> Result<(), PciError> {
     sysfs_write(root, bdf, &format!("{DEVICES}/{bdf}/driver_override"), to)?;
+    failpoint("pci-after-override");
     let res = unbind_current(root, bdf)
+        .inspect(|()| failpoint("pci-after-unbind"))
         .and_then(|()| sysfs_write(root, bdf, "/sys/bus/pci/drivers_probe", bdf.as_str()))
-        .and_then(|()| wait_for_driver(root, bdf, to));
+        .and_then(|()| wait_for_driver(root, bdf, to))
+        .inspect(|()| failpoint("pci-after-probe"));
     let cleared = clear_override(root, bdf);
     res.and(cleared)
+}
+
+/// Crash tests: with `TALON_FAILPOINT=<name>` the process kills itself with
+/// SIGKILL at that point (as `kill -9` would), so a test can cut a rebind
+/// short at each step. Named points: `pci-after-intent` (the controller,
+/// intent persisted), `pci-after-override`, `pci-after-unbind`, `pci-after-probe`.
+pub fn failpoint(name: &str) {
+    if std::env::var_os("TALON_FAILPOINT").is_some_and(|v| v == name) {
+        eprintln!("TALON_FAILPOINT={name}: killing this process");
+        let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGKILL);
+    }
 }
 
 fn wait_for_driver(root: &HostRoot, bdf: &Bdf, want: &str) -> Result<(), PciError> {

@@ -3,8 +3,10 @@
 # emulated NVMe, serial talon-test-1, vIOMMU on) and gives it back when the
 # Disk is removed. Checks: a Disk naming the serial -> bound by the daemon,
 # driver_override cleared; Disk removed -> back on nvme with its namespace;
-# kill -9 of talon at random points of a bind (10 runs) and of a give back
-# (10 runs; killed 0-200 ms after the rebind is seen to start): after a restart the device is fully bound / back on nvme, never
+# talon killed (SIGKILL) at each step of a bind and of a give back (intent
+# recorded, driver_override written, unbound, probed: 8 runs), and at random
+# points (6 binds, 6 give backs; 0-200 ms after the rebind is seen to
+# start): after a restart the device is fully bound / back on nvme, never
 # in between; an NVMe with a mounted file system is refused and left alone.
 # The guest has no SPDK: the daemon runs with V2 unavailable, which does not
 # stop the binding (SPDK's disk controller holds nothing here). Exit 0 = pass.
@@ -92,10 +94,36 @@ if wait_for 60 is_back; then ok "Disk removed: back on nvme"; else bad "not give
 wait_for 10 sh -c '[ -n "$(ls /sys/bus/pci/devices/'$BDF'/nvme/nvme*/ 2>/dev/null | grep -E "^nvme[0-9]+n[0-9]+$")" ]' && ok "namespace back" || bad "namespace did not come back"
 stop
 
-# 3. kill -9 during binds and give backs; a restart finishes the job
+# 3. killed at each step of a rebind (TALON_FAILPOINT: talon SIGKILLs itself
+# right after that step), for a bind and for a give back; a restart finishes it
+printf 'node:\n  hugepages: "off"\n' >$D/empty.yaml
+died() { ! kill -0 "$PID" 2>/dev/null; }
+cut_at() { # the daemon ($PID) kills itself at the failpoint; bounded wait
+	if wait_for 60 died; then wait "$PID" 2>/dev/null; else bad "$1: talon did not stop at the failpoint"; stop9; fi
+	PID=""
+}
+for fp in pci-after-intent pci-after-override pci-after-unbind pci-after-probe; do
+	TALON_FAILPOINT=$fp start
+	cut_at $fp
+	seen="$(drv)/$(override)"
+	start
+	if wait_for 60 is_bound; then ok "bind cut at $fp (left $seen): bound after restart"; else bad "bind cut at $fp (left $seen): after restart driver $(drv) override $(override)"; tail -5 $D/talon.log; fi
+	stop
+	TALON_FAILPOINT=$fp start
+	wait_for 60 is_bound || bad "$fp: not bound before the give back"
+	talon disk remove nvme0 >/dev/null 2>&1 || talon rpc disk_remove '{"name": "nvme0"}' >/dev/null 2>&1
+	cut_at $fp
+	seen="$(drv)/$(override)"
+	start $D/empty.yaml
+	if wait_for 60 is_back; then ok "give back cut at $fp (left $seen): on nvme after restart"; else bad "give back cut at $fp (left $seen): after restart driver $(drv) override $(override)"; tail -5 $D/talon.log; fi
+	stop
+	wait_for 10 sh -c '[ -n "$(ls /sys/bus/pci/devices/'$BDF'/nvme/nvme*/ 2>/dev/null | grep -E "^nvme[0-9]+n[0-9]+$")" ]' || bad "$fp: namespace did not come back"
+done
+
+# 4. kill -9 at random points of binds and give backs (6 + 6 runs)
 mid=0
 i=1
-while [ $i -le 10 ]; do
+while [ $i -le 6 ]; do
 	# bind: the Disk in the config; killed after a random delay
 	start
 	wait_for 60 moving_from nvme
@@ -113,14 +141,13 @@ while [ $i -le 10 ]; do
 	stop9
 	settled || mid=$((mid + 1))
 	seen="$(drv)/$(override)"
-	printf 'node:\n  hugepages: "off"\n' >$D/empty.yaml
 	start $D/empty.yaml
 	if wait_for 60 is_back; then ok "give back run $i: killed at $seen, on nvme after restart"; else bad "give back run $i: killed at $seen, after restart driver $(drv) override $(override)"; tail -5 $D/talon.log; fi
 	stop
 	wait_for 10 sh -c '[ -n "$(ls /sys/bus/pci/devices/'$BDF'/nvme/nvme*/ 2>/dev/null | grep -E "^nvme[0-9]+n[0-9]+$")" ]' || bad "run $i: namespace did not come back"
 	i=$((i + 1))
 done
-say "kills that landed between drivers: $mid of 20"
+say "random kills that landed between drivers: $mid of 12"
 
 [ -n "$PID" ] && stop
 [ "$(drv)" = nvme ] || talon host pci unbind $BDF >/dev/null 2>&1
