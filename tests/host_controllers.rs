@@ -339,8 +339,10 @@ async fn auto_hugepages_follow_the_volumes_and_never_take_pages_in_use() {
     set_in_use(dir.path(), 0);
 
     // off: talon gives back what it added, and only that, and forgets the pool
-    let mut node = NodeConfig::default();
-    node.hugepages = HugepagesSetting::OFF;
+    let node = NodeConfig {
+        hugepages: HugepagesSetting::OFF,
+        ..NodeConfig::default()
+    };
     state.update_typed("node", "", None, &node).expect("off");
     let s = status_where(&state, "2M-node0", "back to 100", |s| s.total == 100).await;
     assert_eq!((s.wanted, s.state), (None, HugepagesState::Unmanaged));

@@ -306,8 +306,10 @@ async fn auto_pool_follows_volumes_and_keeps_pages_in_use() {
     status(&state, &id, "back to 256", |s| s.total == 256).await;
 
     // off: talon gives back every page it added and forgets the pool
-    let mut off = NodeConfig::default();
-    off.hugepages = HugepagesSetting::OFF;
+    let off = NodeConfig {
+        hugepages: HugepagesSetting::OFF,
+        ..NodeConfig::default()
+    };
     state.update_typed("node", "", None, &off).expect("off");
     let s = status(&state, &id, "back to the 0 pages found", |s| s.total == 0).await;
     assert_eq!(s.state, HugepagesState::Unmanaged);

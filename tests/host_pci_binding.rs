@@ -376,7 +376,8 @@ async fn no_user_space_driver_is_a_clear_error() {
 #[tokio::test]
 async fn a_rebind_cut_short_is_finished_or_rolled_back_at_start() {
     // (what the crash left: driver, driver_override, intent phase, Disk present?) -> driver after start
-    let cases: [(&str, Option<&str>, &str, BindPhase, bool, &str); 6] = [
+    type Case<'a> = (&'a str, Option<&'a str>, &'a str, BindPhase, bool, &'a str);
+    let cases: [Case; 6] = [
         (
             "override written",
             Some("nvme"),

@@ -46,6 +46,9 @@ pub enum LedgerChange {
     Drop,
 }
 
+/// A pool's status after a pass, and the (asked, got) of a shortfall in it.
+pub type PoolOutcome = (HugepagesStatus, Option<(u64, u64)>);
+
 /// One pass over the pools: writes `nr_hugepages` where needed and allowed
 /// and returns the statuses and ledger entries. `record` persists a ledger
 /// entry and is called before the pool is grown.
@@ -56,7 +59,7 @@ pub fn size_pools(
     ledgers: &BTreeMap<String, HugepagesLedger>,
     skip: &dyn Fn(&str, u64) -> bool,
     record: &mut dyn FnMut(&str, &LedgerChange) -> Result<(), ControllerError>,
-) -> Result<Vec<(HugepagesStatus, Option<(u64, u64)>)>, ControllerError> {
+) -> Result<Vec<PoolOutcome>, ControllerError> {
     let pools = hugepages::pools(host)?;
     let two_m = pools.iter().filter(|p| p.size == PageSize::Size2M).count();
     let resv = if two_m == 1 {
