@@ -475,3 +475,51 @@ async fn wanted_modules_are_loaded_where_allowed_else_the_fix_is_named() {
     );
     rt.stop().await;
 }
+
+#[tokio::test]
+async fn the_hugepage_baseline_survives_a_restart() {
+    // talon grew the pool, then restarted: it still knows which pages it added
+    let dir = tempfile::tempdir().expect("tempdir");
+    numa_fixture(dir.path(), "ID=debian\n");
+    write(dir.path(), &format!("{NODE0}/nr_hugepages"), "10\n");
+    write(dir.path(), &format!("{NODE0}/free_hugepages"), "10\n");
+    let root = HostRoot::new(dir.path());
+    let db = dir.path().join("state.redb");
+    let state = State::open(&db).expect("store");
+    state
+        .create_typed("node", "", &NodeConfig::default())
+        .expect("node");
+    let rt = TestRuntime::start_on(state.clone(), |rt| {
+        host::register_config(rt, &root, demand())?;
+        rt.register(host::HugepagesController::new(
+            root.clone(),
+            Duration::from_millis(50),
+        ))
+    })
+    .expect("start");
+    status_where(&state, "2M-node0", "grown to 256", |s| s.total == 256).await;
+    rt.stop().await;
+    drop(state);
+
+    let state = State::open(&db).expect("reopen");
+    assert_eq!(
+        get::<HugepagesLedger>(&state, "2M-node0"),
+        Some(HugepagesLedger { before: 10, set: 256 })
+    );
+    set_in_use(dir.path(), 0);
+    let node = NodeConfig {
+        hugepages: HugepagesSetting::OFF,
+        ..NodeConfig::default()
+    };
+    state.update_typed("node", "", None, &node).expect("off");
+    let rt = TestRuntime::start_on(state.clone(), |rt| {
+        host::register_config(rt, &root, demand())?;
+        rt.register(host::HugepagesController::new(
+            root.clone(),
+            Duration::from_millis(50),
+        ))
+    })
+    .expect("restart");
+    status_where(&state, "2M-node0", "back to the 10 found", |s| s.total == 10).await;
+    rt.stop().await;
+}
