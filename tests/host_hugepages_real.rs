@@ -330,3 +330,79 @@ async fn auto_pool_follows_volumes_and_keeps_pages_in_use() {
         0
     );
 }
+
+/// `talon serve`'s first step on a fresh node with spdk_tgt: the pool is
+/// sized before the engine selection, which then picks V2.
+#[test]
+fn serve_sizes_the_pool_before_choosing_the_engine() {
+    use std::os::unix::fs::PermissionsExt;
+    use talon::controllers::Deps;
+    use talon::controllers::engine::selection::SpdkOptions;
+    let root = HostRoot::real();
+    if let Some(why) = skip_reason(&root) {
+        eprintln!("SKIP serve_sizes_the_pool_before_choosing_the_engine: {why}");
+        return;
+    }
+    let node = hugepages::numa_nodes(&root).first().copied();
+    if hugepages::read_pool(&root, PageSize::Size2M, node)
+        .expect("pool")
+        .total
+        != 0
+        || hugepages::totals(&root, PageSize::Size2M).expect("totals").total != 0
+    {
+        eprintln!("SKIP serve_sizes_the_pool_before_choosing_the_engine: the 2 MiB pool is not empty");
+        return;
+    }
+    let _guard = EmptyAgain {
+        root: root.clone(),
+        node,
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    // a spdk_tgt that exists (the selection only looks for the binary; nothing starts it here)
+    let bin = dir.path().join("spdk_tgt");
+    std::fs::write(&bin, "#!/bin/sh\nexit 1\n").expect("write");
+    std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let cpu = node
+        .and_then(|n| {
+            root.read_attr(format!("/sys/devices/system/node/node{n}/cpulist"))
+                .ok()
+        })
+        .and_then(|l| hugepages::parse_cpulist(&l))
+        .and_then(|c| c.first().copied())
+        .unwrap_or(0);
+    let spdk = SpdkOptions {
+        spdk_tgt: Some(bin),
+        spdk_dir: None,
+        path_var: None,
+        cpumask: format!("[{cpu}]"),
+        ..SpdkOptions::default()
+    };
+    let before = EngineSelection::detect_on(&spdk, &root);
+    assert!(!before.v2_available, "{}", before.reason);
+    let deps = Deps {
+        host: root.clone(),
+        data_dir: dir.path().join("data"),
+        run_dir: dir.path().join("run"),
+        spdk: spdk.clone(),
+    };
+    let state = State::in_memory();
+    state
+        .create_typed("node", "", &NodeConfig::default())
+        .expect("node");
+    host::prepare_at_start(&state, &deps);
+    let pool = hugepages::read_pool(&root, PageSize::Size2M, node).expect("pool");
+    assert_eq!(pool.total, 256, "{pool:?}");
+    let after = EngineSelection::detect_on(&spdk, &root);
+    assert!(after.v2_available, "{}", after.reason);
+    eprintln!(
+        "before: V2 {} ({}); after sizing: V2 {} ({})",
+        before.v2_available, before.reason, after.v2_available, after.reason
+    );
+    assert!(
+        state
+            .get_typed::<HugepagesLedger>(&format!("2M-node{}", node.unwrap_or(0)))
+            .expect("get")
+            .is_some()
+            || node.is_none()
+    );
+}
