@@ -11,6 +11,7 @@
 //!                                      ├─ ledger {before, set} persisted, then write nr_hugepages,
 //!                                      │  read back: got < asked -> previous value restored, Short
 //!                                      └─> HugepagesStatus "2M-node0" {wanted, total, free, inUse, state, reason}
+//!   a pool wanted, no hugetlbfs mounted (real /, not Talos): mount one at /dev/hugepages
 //!   polled every 30 s; pools nobody wants are listed Unmanaged.
 //! ```
 //!
@@ -363,7 +364,25 @@ impl Controller for HugepagesController {
                 }
             }
         }
-        for (s, _) in statuses {
+        // spdk_tgt maps its pages through a hugetlbfs mount: make one where talon may
+        let wants = statuses.iter().any(|(s, _)| s.wanted.unwrap_or(0) > 0);
+        let mut mounted = None;
+        if wants && talos.is_none() && self.host.is_real() {
+            match hugepages::ensure_hugetlbfs(&self.host) {
+                Ok(hugepages::MountOutcome::Mounted(p)) => {
+                    tracing::info!(path = %p.display(), "mounted hugetlbfs");
+                    mounted = Some(format!("; mounted hugetlbfs at {}", p.display()));
+                }
+                Ok(hugepages::MountOutcome::AlreadyMounted(_)) => {}
+                Err(e) => mounted = Some(format!("; {}", crate::runtime::runner::error_chain(&e))),
+            }
+        }
+        for (mut s, _) in statuses {
+            if let (Some(m), Some(w)) = (&mounted, s.wanted)
+                && w > 0
+            {
+                s.reason.push_str(m);
+            }
             let id = match s.node {
                 Some(n) => format!("{}-node{n}", s.size),
                 None => s.size.to_string(),
