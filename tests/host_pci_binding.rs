@@ -368,6 +368,17 @@ async fn no_user_space_driver_is_a_clear_error() {
         "{}",
         s.message
     );
+    assert!(!s.message.contains("name one by PCI address"), "{}", s.message);
+    // a device already on vfio-pci shows no serial: the message says to use its address
+    f.set_driver(Some("vfio-pci"));
+    fs::remove_dir_all(f.root.path(format!("/sys/bus/pci/devices/{BDF}/nvme"))).expect("rm");
+    state.create_typed("nvme-c", "", &pci_disk(SERIAL)).expect("disk");
+    let s = binding(&state, "nvme-c", BindingState::Failed).await;
+    assert!(
+        s.message.contains(&format!("name one by PCI address: {BDF}")),
+        "{}",
+        s.message
+    );
     rt.stop().await;
 }
 

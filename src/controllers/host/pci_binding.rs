@@ -102,10 +102,28 @@ impl PciBindController {
         let dev = match pci::select(&self.host, selector) {
             Ok(d) => d,
             Err(e) => {
+                // a device already on a user-space driver shows no serial or model
+                let hidden: Vec<String> = match &e {
+                    PciError::NoMatch(_) => pci::list_nvme(&self.host)
+                        .unwrap_or_default()
+                        .into_iter()
+                        .filter(|d| matches!(d.driver.as_deref(), Some("vfio-pci" | "uio_pci_generic")))
+                        .map(|d| d.bdf.to_string())
+                        .collect(),
+                    _ => Vec::new(),
+                };
+                let hint = if hidden.is_empty() {
+                    String::new()
+                } else {
+                    format!(
+                        " (NVMe devices on a user-space driver show no serial or model: name one by PCI address: {})",
+                        hidden.join(", ")
+                    )
+                };
                 return Ok(status(
                     selector,
                     BindingState::Failed,
-                    format!("Disk {id}: {}", error_chain(&e)),
+                    format!("Disk {id}: {}{hint}", error_chain(&e)),
                 ));
             }
         };
