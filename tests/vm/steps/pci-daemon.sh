@@ -49,9 +49,9 @@ start() {
 stop9() { kill -9 "$PID" 2>/dev/null; wait "$PID" 2>/dev/null; PID=""; }
 stop() { kill "$PID" 2>/dev/null; wait "$PID" 2>/dev/null; PID=""; }
 binding() { talon get pcibindingstatus nvme0 -o json 2>/dev/null; }
-wait_for() { # wait_for <seconds> <command...>
-	n=$(($1 * 10)); shift
-	while [ $n -gt 0 ]; do "$@" && return 0; sleep 0.1; n=$((n - 1)); done
+wait_for() { # wait_for <seconds> <command...>: by the clock (a talon call takes a while under TCG)
+	end=$(($(date +%s) + $1)); shift
+	while [ "$(date +%s)" -le $end ]; do "$@" && return 0; sleep 0.1; done
 	return 1
 }
 is_bound() { settled && [ "$(drv)" != nvme ] && binding | grep -q '"state": *"bound"'; }

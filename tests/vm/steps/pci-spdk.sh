@@ -24,7 +24,11 @@ done
 drv() { basename "$(readlink /sys/bus/pci/devices/$BDF/driver 2>/dev/null)" 2>/dev/null; }
 NS=$(ls /sys/bus/pci/devices/$BDF/nvme/nvme*/ 2>/dev/null | grep -E '^nvme[0-9]+n[0-9]+$' | head -n1)
 [ -n "$NS" ] && dd if=/dev/zero of=/dev/$NS bs=1M count=1 2>/dev/null && sync
-wait_for() { n=$(($1 * 10)); shift; while [ $n -gt 0 ]; do "$@" && return 0; sleep 0.1; n=$((n - 1)); done; return 1; }
+wait_for() { # wait_for <seconds> <command...>: by the clock (a talon call takes a while under TCG)
+	end=$(($(date +%s) + $1)); shift
+	while [ "$(date +%s)" -le $end ]; do "$@" && return 0; sleep 0.1; done
+	return 1
+}
 field() { sed -n "s/.*\"$1\": *\"*\([^\",]*\)\"*,*$/\1/p" | head -n1; }
 
 D=/tmp/pci-spdk
@@ -44,8 +48,15 @@ if wait_for 60 hp_ok; then
 else
 	bad "hugepages not reserved"; talon get hugepagesstatus -o yaml
 fi
-disk_ready() { talon get diskstatus nvme0 -o json 2>/dev/null | grep -q '"state": *"ready"'; }
-if wait_for 300 disk_ready; then
+LAST=""
+disk_ready() { # prints each new state of the target and the disk on the way
+	T=$(talon get targetstatus spdk -o json 2>/dev/null)
+	J=$(talon get diskstatus nvme0 -o json 2>/dev/null)
+	NOW="target $(echo "$T" | field state): $(echo "$T" | field message) | disk $(echo "$J" | field state): $(echo "$J" | field message)"
+	[ "$NOW" != "$LAST" ] && say "...  $NOW" && LAST=$NOW
+	echo "$J" | grep -q '"state": *"ready"'
+}
+if wait_for 240 disk_ready; then
 	J=$(talon get diskstatus nvme0 -o json)
 	ok "SPDK NVMe bdev $(echo "$J" | field bdev) with lvstore $(echo "$J" | field lvstore), $(echo "$J" | field totalBytes) bytes, device on $(drv)"
 else
