@@ -31,6 +31,9 @@ wait_for() { # wait_for <seconds> <command...>: by the clock (a talon call takes
 }
 field() { sed -n "s/.*\"$1\": *\"*\([^\",]*\)\"*,*$/\1/p" | head -n1; }
 
+# spdk_tgt initializes OpenSSL, which wants its config file (the initramfs has none)
+[ -e /usr/lib/ssl/openssl.cnf ] || { mkdir -p /usr/lib/ssl && : >/usr/lib/ssl/openssl.cnf; }
+
 D=/tmp/pci-spdk
 rm -rf $D && mkdir -p $D
 export TALON_SOCKET=$D/talon.sock
