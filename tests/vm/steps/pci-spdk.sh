@@ -33,6 +33,8 @@ field() { sed -n "s/.*\"$1\": *\"*\([^\",]*\)\"*,*$/\1/p" | head -n1; }
 
 # spdk_tgt initializes OpenSSL, which wants its config file (the initramfs has none)
 [ -e /usr/lib/ssl/openssl.cnf ] || { mkdir -p /usr/lib/ssl && : >/usr/lib/ssl/openssl.cnf; }
+# and its core locks in /var/tmp
+mkdir -p /var/tmp
 
 D=/tmp/pci-spdk
 rm -rf $D && mkdir -p $D
