@@ -1,11 +1,14 @@
 #!/bin/sh
 # Guest step pci-spdk (needs TALON_SPDK_DIR on the host): `talon serve` with spdk_tgt inside the
-# guest, `hugepages: auto` and a Disk naming the emulated NVMe by serial: talon reserves the
+# guest, `hugepages: 1024` and a Disk naming the emulated NVMe by serial: talon reserves the
 # hugepages (and mounts hugetlbfs), binds the device to a user-space driver, spdk_tgt attaches it
 # as an NVMe bdev and talon makes an lvstore on it (written and read back by SPDK); a 16 MiB
 # volume on it is attached with the kernel NVMe/TCP initiator and takes a write and a read.
 # Then volume and Disk are removed: the device is back on nvme. Exit 0 = pass.
 # vm-timeout: 420
+# Not `auto`: its 512 MiB (spdk_tgt -s 512, 256 pages) is too small for spdk_tgt v26.05 here:
+# the iSCSI subsystem's PDU pool fails ("create PDU immediate data pool failed") and spdk_tgt
+# exits 255 (seen in this guest; see docs/sizing.md).
 set -u
 SERIAL=talon-test-1
 SPDK=${TALON_HOST_SPDK_TGT:-}
@@ -40,14 +43,14 @@ D=/tmp/pci-spdk
 rm -rf $D && mkdir -p $D
 export TALON_SOCKET=$D/talon.sock
 cat >$D/config.yaml <<CFG
-node: { hugepages: auto, engine: v2 }
+node: { hugepages: 1024, engine: v2 }
 disks: { nvme0: { pci: $SERIAL } }
 CFG
 talon serve --data-dir $D/data --run-dir $D/run --socket $TALON_SOCKET --config $D/config.yaml \
 	--spdk-tgt "$SPDK" --spdk-cpumask 0x1 >$D/talon.log 2>&1 &
 PID=$!
 
-hp_ok() { talon get hugepagesstatus -o json 2>/dev/null | grep -q '"state": *"ok"'; }
+hp_ok() { [ "$(cat /sys/kernel/mm/hugepages/hugepages-2048kB/nr_hugepages)" -ge 512 ] && talon get hugepagesstatus -o json 2>/dev/null | grep -q '"state": *"ok"'; }
 if wait_for 60 hp_ok; then
 	ok "hugepages reserved by talon: $(cat /sys/kernel/mm/hugepages/hugepages-2048kB/nr_hugepages) pages, $(grep -c hugetlbfs /proc/mounts) hugetlbfs mount(s)"
 else
