@@ -2,6 +2,7 @@
 //!
 //! ```text
 //!   data dir ──flock talon.lock──> State::open(state.redb) ──> config file applied (desired state)
+//!        └──> hugepages sized for the desired state (host::prepare_at_start)
 //!        └──> Runtime (controllers::register_all) ──start──┐
 //!   API: bind_unix(socket 0600) [+ TCP with token] ────────┼──> serve until SIGINT/SIGTERM
 //!   shutdown: stop API (socket removed) ──> stop controllers ──> close store ──> release lock
@@ -330,6 +331,8 @@ pub async fn serve(opts: ServeOptions, shutdown: impl Future<Output = ()> + Send
             TargetsOnExit::leave()
         },
     };
+    // hugepages first: the engine selection below looks at the free pool
+    controllers::host::prepare_at_start(&state, &deps);
     let selection = EngineSelection::detect_with_socket(
         &opts.spdk,
         &host,

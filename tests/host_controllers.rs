@@ -93,14 +93,16 @@ async fn status_controllers_publish_and_follow_the_host() {
         m,
         KernelModuleStatus {
             state: ModuleState::Loaded,
-            present: true
+            present: true,
+            wanted: true,
+            message: "wanted: volumes attach over NVMe/TCP".into(),
         }
     );
     let vfio = eventually("vfio_pci status", WAIT, || async {
         get::<KernelModuleStatus>(&state, "vfio_pci")
     })
     .await;
-    assert_eq!(vfio.state, ModuleState::Available);
+    assert_eq!((vfio.state, vfio.wanted), (ModuleState::Available, false));
     let dev = eventually("PciDevice", WAIT, || async { get::<PciDevice>(&state, BDF) }).await;
     assert_eq!(
         (dev.driver.as_deref(), dev.serial.as_deref(), dev.numa_node),
@@ -159,10 +161,365 @@ async fn failing_reads_restart_the_controller_not_the_runtime() {
     .await;
     let err = eventually("module controller error", WAIT, || async {
         let s = statuses.read().ok()?;
-        s.get("host.KernelModuleStatusController")
+        s.get("host.KernelModuleController")
             .and_then(|c| c.last_error.clone())
     })
     .await;
     assert!(err.contains("/proc/modules"), "{err}");
+    rt.stop().await;
+}
+
+// ---- hugepages as desired state (HugepagesConfigController + HugepagesController) ----
+
+use talon::controllers::engine::selection::EngineSelection;
+use talon::resources::config::{HugepagesSetting, NodeConfig, Volume};
+use talon::resources::host::{HugepagesLedger, HugepagesSpec, HugepagesState};
+
+const NODE0: &str = "/sys/devices/system/node/node0/hugepages/hugepages-2048kB";
+
+fn demand() -> host::SpdkDemand {
+    host::SpdkDemand {
+        spdk: Ok("spdk_tgt (fixture)".into()),
+        no_huge: false,
+        cpumask: "0x1".into(),
+        selection: EngineSelection::fixed(true, "fixture"),
+    }
+}
+
+/// Two NUMA nodes with empty 2 MiB pools; SPDK's core 0 is on node 0.
+fn numa_fixture(root: &Path, os: &str) {
+    write(root, "/etc/os-release", os);
+    for (n, cpus) in [(0, "0-1"), (1, "2-3")] {
+        let d = format!("/sys/devices/system/node/node{n}");
+        write(root, &format!("{d}/cpulist"), &format!("{cpus}\n"));
+        write(
+            root,
+            &format!("{d}/hugepages/hugepages-2048kB/nr_hugepages"),
+            "0\n",
+        );
+        write(
+            root,
+            &format!("{d}/hugepages/hugepages-2048kB/free_hugepages"),
+            "0\n",
+        );
+    }
+}
+
+fn start_hugepages(root: &HostRoot) -> TestRuntime {
+    TestRuntime::start(|rt| {
+        host::register_config(rt, root, demand())?;
+        rt.register(host::HugepagesController::new(
+            root.clone(),
+            Duration::from_millis(50),
+        ))
+    })
+    .expect("start")
+}
+
+fn volume() -> Volume {
+    serde_json::from_value(serde_json::json!({"sizeBytes": 1048576})).expect("volume")
+}
+
+fn pages(root: &Path, file: &str) -> u64 {
+    fs::read_to_string(root.join(format!("{NODE0}/{file}").trim_start_matches('/')))
+        .expect("read")
+        .trim()
+        .parse()
+        .expect("number")
+}
+
+/// What the fixture's "kernel" has in use: `free = nr - in_use`.
+fn set_in_use(root: &Path, in_use: u64) {
+    let nr = pages(root, "nr_hugepages");
+    write(
+        root,
+        &format!("{NODE0}/free_hugepages"),
+        &format!("{}\n", nr.saturating_sub(in_use)),
+    );
+}
+
+async fn status_where(
+    state: &State,
+    id: &str,
+    what: &str,
+    f: impl Fn(&HugepagesStatus) -> bool,
+) -> HugepagesStatus {
+    eventually(what, WAIT, || async {
+        get::<HugepagesStatus>(state, id).filter(|s| f(s))
+    })
+    .await
+}
+
+#[tokio::test]
+async fn auto_hugepages_follow_the_volumes_and_never_take_pages_in_use() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    numa_fixture(dir.path(), "ID=debian\n");
+    let root = HostRoot::new(dir.path());
+    let rt = start_hugepages(&root);
+    let state = rt.state.clone();
+    state
+        .create_typed("node", "", &NodeConfig::default())
+        .expect("node");
+
+    // no volumes yet: the spdk_tgt base, 512 MiB = 256 pages, on node 0 only
+    let s = status_where(&state, "2M-node0", "node0 grown to 256", |s| s.total == 256).await;
+    assert_eq!((s.wanted, s.state), (Some(256), HugepagesState::Ok), "{s:?}");
+    assert!(s.reason.contains("talon grew 0 -> 256"), "{}", s.reason);
+    assert_eq!(pages(dir.path(), "nr_hugepages"), 256);
+    let n1 = status_where(&state, "2M-node1", "node1 status", |_| true).await;
+    assert_eq!(
+        (n1.wanted, n1.total, n1.state),
+        (None, 0, HugepagesState::Unmanaged)
+    );
+    let ledger = eventually("ledger", WAIT, || async {
+        get::<HugepagesLedger>(&state, "2M-node0")
+    })
+    .await;
+    assert_eq!(ledger, HugepagesLedger { before: 0, set: 256 });
+    set_in_use(dir.path(), 0);
+
+    // two volumes: 512 + 2 × 43 = 598 MiB -> 299 pages
+    for v in ["v1", "v2"] {
+        state.create_typed(v, "", &volume()).expect("volume");
+    }
+    let spec = eventually("spec for 2 volumes", WAIT, || async {
+        get::<HugepagesSpec>(&state, "2M-node0").filter(|s| s.exported_volumes == 2)
+    })
+    .await;
+    assert_eq!((spec.wanted, spec.spdk_mem_mib), (Some(299), 598));
+    status_where(&state, "2M-node0", "grown to 299", |s| s.total == 299).await;
+
+    // every page in use (SPDK mapped them), then the volumes go: nothing is taken away
+    set_in_use(dir.path(), 299);
+    for v in ["v1", "v2"] {
+        state.destroy("config", "Volume", v, "").expect("delete");
+    }
+    let s = status_where(&state, "2M-node0", "wanted back to 256", |s| {
+        s.wanted == Some(256)
+    })
+    .await;
+    assert_eq!(
+        (s.total, s.in_use, s.state),
+        (299, 299, HugepagesState::Ok),
+        "{s:?}"
+    );
+    // a few polls later still 299
+    status_where(&state, "2M-node0", "a later poll", |s| s.wanted == Some(256)).await;
+    assert_eq!(pages(dir.path(), "nr_hugepages"), 299);
+
+    // the pages are released: the free ones talon added go back
+    set_in_use(dir.path(), 0);
+    let s = status_where(&state, "2M-node0", "shrunk to 256", |s| s.total == 256).await;
+    assert!(s.reason.contains("gave back free pages"), "{}", s.reason);
+
+    // someone else grows the pool to 400: talon cannot tell its pages from
+    // theirs, so the whole pool is theirs now (talon added nothing): forgotten
+    write(dir.path(), &format!("{NODE0}/nr_hugepages"), "400\n");
+    set_in_use(dir.path(), 0);
+    eventually("ledger dropped after the foreign grow", WAIT, || async {
+        get::<HugepagesLedger>(&state, "2M-node0").is_none().then_some(())
+    })
+    .await;
+    status_where(&state, "2M-node0", "400 left alone", |s| {
+        s.total == 400 && s.state == HugepagesState::Ok
+    })
+    .await;
+
+    // they shrink it to 100: talon grows it back to what SPDK needs
+    write(dir.path(), &format!("{NODE0}/nr_hugepages"), "100\n");
+    set_in_use(dir.path(), 0);
+    status_where(&state, "2M-node0", "grown from 100", |s| s.total == 256).await;
+    assert_eq!(
+        get::<HugepagesLedger>(&state, "2M-node0"),
+        Some(HugepagesLedger {
+            before: 100,
+            set: 256
+        })
+    );
+    set_in_use(dir.path(), 0);
+
+    // off: talon gives back what it added, and only that, and forgets the pool
+    let node = NodeConfig {
+        hugepages: HugepagesSetting::OFF,
+        ..NodeConfig::default()
+    };
+    state.update_typed("node", "", None, &node).expect("off");
+    let s = status_where(&state, "2M-node0", "back to 100", |s| s.total == 100).await;
+    assert_eq!((s.wanted, s.state), (None, HugepagesState::Unmanaged));
+    eventually("ledger dropped", WAIT, || async {
+        get::<HugepagesLedger>(&state, "2M-node0").is_none().then_some(())
+    })
+    .await;
+    rt.stop().await;
+}
+
+#[tokio::test]
+async fn on_talos_hugepages_are_reported_with_the_patch_not_written() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    numa_fixture(dir.path(), "ID=talos\nVERSION_ID=v1.13.0\n");
+    let root = HostRoot::new(dir.path());
+    let rt = start_hugepages(&root);
+    let state = rt.state.clone();
+    state
+        .create_typed("node", "", &NodeConfig::default())
+        .expect("node");
+    let s = status_where(&state, "2M-node0", "short on Talos", |s| {
+        s.state == HugepagesState::Short
+    })
+    .await;
+    assert_eq!((s.wanted, s.total), (Some(256), 0));
+    assert_eq!(pages(dir.path(), "nr_hugepages"), 0, "nothing written on Talos");
+    assert!(s.reason.contains("machine config"), "{}", s.reason);
+    // two NUMA nodes: the kernel spreads the sysctl, so 2 × 256
+    let patch = s.talos_patch.expect("patch");
+    assert!(
+        patch.contains("vm.nr_hugepages: '512'") && !patch.contains("kubelet"),
+        "{patch}"
+    );
+    assert!(s.reason.contains("2 NUMA nodes"), "{}", s.reason);
+    assert!(get::<HugepagesLedger>(&state, "2M-node0").is_none());
+    rt.stop().await;
+}
+
+#[tokio::test]
+async fn a_refused_hugepage_write_is_reported_with_the_fix() {
+    // nr_hugepages is a read-only sysfs attribute holding 0 (the kernel
+    // refuses writes to it even from root, as a read-only /sys would)
+    let ro = Path::new("/sys/devices/system/cpu/cpu0/topology/physical_package_id");
+    if std::fs::read_to_string(ro)
+        .map(|s| s.trim() != "0")
+        .unwrap_or(true)
+    {
+        eprintln!(
+            "SKIP a_refused_hugepage_write_is_reported_with_the_fix: {} does not read 0",
+            ro.display()
+        );
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    numa_fixture(dir.path(), "ID=debian\n");
+    let nr = dir
+        .path()
+        .join(NODE0.trim_start_matches('/'))
+        .join("nr_hugepages");
+    fs::remove_file(&nr).expect("rm");
+    symlink(ro, &nr).expect("ln");
+    let root = HostRoot::new(dir.path());
+    let rt = start_hugepages(&root);
+    let state = rt.state.clone();
+    state
+        .create_typed("node", "", &NodeConfig::default())
+        .expect("node");
+    let s = status_where(&state, "2M-node0", "short, write refused", |s| {
+        s.state == HugepagesState::Short
+    })
+    .await;
+    assert!(
+        s.reason.contains("cannot set 2M hugepages on NUMA node 0 to 256")
+            && s.reason.contains("talon host hugepages --set 256 --node 0"),
+        "{}",
+        s.reason
+    );
+    assert!(s.talos_patch.is_none());
+    // the baseline is kept; nothing was added
+    let l = get::<HugepagesLedger>(&state, "2M-node0").expect("ledger");
+    assert_eq!(l, HugepagesLedger { before: 0, set: 0 });
+    rt.stop().await;
+}
+
+// ---- kernel modules loaded where allowed (KernelModuleController) ----
+
+#[tokio::test]
+async fn wanted_modules_are_loaded_where_allowed_else_the_fix_is_named() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    fixture(dir.path());
+    // nvme_tcp installed but not loaded; no IOMMU: a pci Disk wants uio_pci_generic
+    write(dir.path(), "/proc/modules", "");
+    write(
+        dir.path(),
+        "/lib/modules/6.1.0-fixture/modules.dep",
+        "kernel/drivers/nvme/host/nvme-tcp.ko:\nkernel/drivers/uio/uio_pci_generic.ko:\n",
+    );
+    let root = HostRoot::new(dir.path());
+    let rt = TestRuntime::start(|rt| host::register(rt, &root, Duration::from_millis(50))).expect("start");
+    let state = rt.state.clone();
+    let disk: talon::resources::config::Disk =
+        serde_json::from_value(serde_json::json!({"pci": BDF})).expect("disk");
+    state.create_typed("nvme-a", "", &disk).expect("disk");
+    let uio = eventually("uio_pci_generic wanted", WAIT, || async {
+        get::<KernelModuleStatus>(&state, "uio_pci_generic").filter(|m| m.wanted)
+    })
+    .await;
+    // a fixture tree is not the real /: modprobe is not run, and the status says so
+    assert_eq!(uio.state, ModuleState::Available);
+    assert!(
+        uio.message.contains("a Disk names an NVMe device")
+            && uio.message.contains("cannot load kernel module uio_pci_generic")
+            && uio.message.contains("not the real /"),
+        "{}",
+        uio.message
+    );
+    let iscsi = get::<KernelModuleStatus>(&state, "iscsi_tcp").expect("iscsi_tcp");
+    assert!(!iscsi.wanted, "nvme_tcp is installed: {iscsi:?}");
+
+    // on Talos: no modprobe, the machine-config patch instead
+    write(dir.path(), "/etc/os-release", "ID=talos\nVERSION_ID=v1.15.1\n");
+    let m = eventually("Talos patch", WAIT, || async {
+        get::<KernelModuleStatus>(&state, "nvme_tcp").filter(|m| m.message.contains("Talos"))
+    })
+    .await;
+    assert!(
+        m.message.contains("kind: KernelModuleConfig") && m.message.contains("name: nvme_tcp"),
+        "{}",
+        m.message
+    );
+    rt.stop().await;
+}
+
+#[tokio::test]
+async fn the_hugepage_baseline_survives_a_restart() {
+    // talon grew the pool, then restarted: it still knows which pages it added
+    let dir = tempfile::tempdir().expect("tempdir");
+    numa_fixture(dir.path(), "ID=debian\n");
+    write(dir.path(), &format!("{NODE0}/nr_hugepages"), "10\n");
+    write(dir.path(), &format!("{NODE0}/free_hugepages"), "10\n");
+    let root = HostRoot::new(dir.path());
+    let db = dir.path().join("state.redb");
+    let state = State::open(&db).expect("store");
+    state
+        .create_typed("node", "", &NodeConfig::default())
+        .expect("node");
+    let rt = TestRuntime::start_on(state.clone(), |rt| {
+        host::register_config(rt, &root, demand())?;
+        rt.register(host::HugepagesController::new(
+            root.clone(),
+            Duration::from_millis(50),
+        ))
+    })
+    .expect("start");
+    status_where(&state, "2M-node0", "grown to 256", |s| s.total == 256).await;
+    rt.stop().await;
+    drop(state);
+
+    let state = State::open(&db).expect("reopen");
+    assert_eq!(
+        get::<HugepagesLedger>(&state, "2M-node0"),
+        Some(HugepagesLedger { before: 10, set: 256 })
+    );
+    set_in_use(dir.path(), 0);
+    let node = NodeConfig {
+        hugepages: HugepagesSetting::OFF,
+        ..NodeConfig::default()
+    };
+    state.update_typed("node", "", None, &node).expect("off");
+    let rt = TestRuntime::start_on(state.clone(), |rt| {
+        host::register_config(rt, &root, demand())?;
+        rt.register(host::HugepagesController::new(
+            root.clone(),
+            Duration::from_millis(50),
+        ))
+    })
+    .expect("restart");
+    status_where(&state, "2M-node0", "back to the 10 found", |s| s.total == 10).await;
     rt.stop().await;
 }

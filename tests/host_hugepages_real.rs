@@ -134,3 +134,275 @@ fn hugetlbfs_mounts_are_listed() {
             .count()
     );
 }
+
+// ---- hugepages as desired state on this machine's real pool ----
+
+use std::time::Duration;
+use talon::controllers::engine::selection::EngineSelection;
+use talon::controllers::host::{self, SpdkDemand};
+use talon::resources::config::{HugepagesSetting, NodeConfig, Volume};
+use talon::resources::host::{HugepagesLedger, HugepagesState, HugepagesStatus};
+use talon::runtime::state::State;
+use talon::runtime::testing::{TestRuntime, eventually};
+
+const WAIT: Duration = Duration::from_secs(60);
+
+/// Empties the pool again whatever happened (it was empty before the test).
+struct EmptyAgain {
+    root: HostRoot,
+    node: Option<u32>,
+}
+
+impl Drop for EmptyAgain {
+    fn drop(&mut self) {
+        let _ = hugepages::set_pages(&self.root, PageSize::Size2M, self.node, 0);
+    }
+}
+
+/// Pages mapped (and touched) by this process: in use, as SPDK's would be.
+struct Mapped {
+    p: *mut u8,
+    layout: std::alloc::Layout,
+    pages: usize,
+}
+
+impl Mapped {
+    fn new(pages: usize) -> Option<Self> {
+        let layout = std::alloc::Layout::from_size_align(pages << 21, 4096).ok()?;
+        // SAFETY: non-zero size, alignment below the hugepage size.
+        let p = unsafe { hugepage_rs::alloc(layout) };
+        if p.is_null() {
+            return None;
+        }
+        let m = Mapped { p, layout, pages };
+        for i in 0..pages {
+            // SAFETY: `i << 21` is inside the mapping of `pages` 2 MiB pages.
+            unsafe { m.p.add(i << 21).write(i as u8 ^ 0x5a) };
+        }
+        Some(m)
+    }
+
+    fn intact(&self) -> bool {
+        // SAFETY: as in `new`; the mapping lives until drop.
+        (0..self.pages).all(|i| unsafe { self.p.add(i << 21).read() } == i as u8 ^ 0x5a)
+    }
+}
+
+impl Drop for Mapped {
+    fn drop(&mut self) {
+        // SAFETY: allocated by hugepage_rs::alloc with this layout.
+        unsafe { hugepage_rs::dealloc(self.p, self.layout) };
+    }
+}
+
+fn volume() -> Volume {
+    serde_json::from_value(serde_json::json!({"sizeBytes": 1048576})).expect("volume")
+}
+
+async fn status(
+    state: &State,
+    id: &str,
+    what: &str,
+    f: impl Fn(&HugepagesStatus) -> bool,
+) -> HugepagesStatus {
+    eventually(what, WAIT, || async {
+        state
+            .get_typed::<HugepagesStatus>(id)
+            .expect("get")
+            .map(|t| t.spec)
+            .filter(|s| f(s))
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn auto_pool_follows_volumes_and_keeps_pages_in_use() {
+    let root = HostRoot::real();
+    if let Some(why) = skip_reason(&root) {
+        eprintln!("SKIP auto_pool_follows_volumes_and_keeps_pages_in_use: {why}");
+        return;
+    }
+    let (node, id) = match hugepages::numa_nodes(&root).first() {
+        Some(&n) => (Some(n), format!("2M-node{n}")),
+        None => (None, "2M".to_string()),
+    };
+    let cpu_on_node = node
+        .and_then(|n| {
+            root.read_attr(format!("/sys/devices/system/node/node{n}/cpulist"))
+                .ok()
+        })
+        .and_then(|l| hugepages::parse_cpulist(&l))
+        .and_then(|c| c.first().copied())
+        .unwrap_or(0);
+    let before = hugepages::read_pool(&root, PageSize::Size2M, node).expect("pool");
+    if before.total != 0 {
+        eprintln!(
+            "SKIP auto_pool_follows_volumes_and_keeps_pages_in_use: the 2 MiB pool {id} holds {} pages of someone else; this test needs it empty",
+            before.total
+        );
+        return;
+    }
+    let guard = EmptyAgain {
+        root: root.clone(),
+        node,
+    };
+    let demand = SpdkDemand {
+        spdk: Ok("spdk_tgt (not started by this test)".into()),
+        no_huge: false,
+        cpumask: format!("[{cpu_on_node}]"),
+        selection: EngineSelection::fixed(true, "test"),
+    };
+    let rt = TestRuntime::start(|rt| {
+        host::register_config(rt, &root, demand)?;
+        rt.register(host::HugepagesController::new(
+            root.clone(),
+            Duration::from_millis(100),
+        ))
+    })
+    .expect("start");
+    let state = rt.state.clone();
+    state
+        .create_typed("node", "", &NodeConfig::default())
+        .expect("node");
+
+    // no volumes: spdk_tgt's base, 512 MiB
+    let s = status(&state, &id, "the pool grown to 256", |s| s.total == 256).await;
+    assert_eq!((s.wanted, s.state), (Some(256), HugepagesState::Ok), "{s:?}");
+    // what the kernel really has
+    assert_eq!(
+        hugepages::read_pool(&root, PageSize::Size2M, node)
+            .expect("pool")
+            .total,
+        256
+    );
+
+    // four volumes: 512 + 4 × 43 = 684 MiB -> 342 pages
+    for v in ["v1", "v2", "v3", "v4"] {
+        state.create_typed(v, "", &volume()).expect("volume");
+    }
+    status(&state, &id, "the pool grown to 342", |s| s.total == 342).await;
+
+    // 300 pages mapped by this process, then the volumes go: the pool gives
+    // back only free pages and never goes below what is mapped
+    let held = Mapped::new(300).expect("map 300 hugepages");
+    for v in ["v1", "v2", "v3", "v4"] {
+        state.destroy("config", "Volume", v, "").expect("delete");
+    }
+    let s = status(&state, &id, "free pages given back", |s| {
+        s.wanted == Some(256) && s.total < 342
+    })
+    .await;
+    assert!(s.total >= 300 && s.in_use >= 300, "{s:?}");
+    assert!(held.intact(), "a page in use changed under the mapping");
+    eprintln!(
+        "volumes 4 -> 0 with 300 pages mapped: wanted {:?}, pool {} pages, in use {}: {}",
+        s.wanted, s.total, s.in_use, s.reason
+    );
+    let kernel = hugepages::read_pool(&root, PageSize::Size2M, node).expect("pool");
+    assert!(kernel.total >= 300, "{kernel:?}");
+
+    // released: down to what SPDK's base needs
+    drop(held);
+    status(&state, &id, "back to 256", |s| s.total == 256).await;
+
+    // off: talon gives back every page it added and forgets the pool
+    let off = NodeConfig {
+        hugepages: HugepagesSetting::OFF,
+        ..NodeConfig::default()
+    };
+    state.update_typed("node", "", None, &off).expect("off");
+    let s = status(&state, &id, "back to the 0 pages found", |s| s.total == 0).await;
+    assert_eq!(s.state, HugepagesState::Unmanaged);
+    eventually("ledger dropped", WAIT, || async {
+        state
+            .get_typed::<HugepagesLedger>(&id)
+            .expect("get")
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    rt.stop().await;
+    drop(guard);
+    assert_eq!(
+        hugepages::read_pool(&root, PageSize::Size2M, node)
+            .expect("pool")
+            .total,
+        0
+    );
+}
+
+/// `talon serve`'s first step on a fresh node with spdk_tgt: the pool is
+/// sized before the engine selection, which then picks V2.
+#[test]
+fn serve_sizes_the_pool_before_choosing_the_engine() {
+    use std::os::unix::fs::PermissionsExt;
+    use talon::controllers::Deps;
+    use talon::controllers::engine::selection::SpdkOptions;
+    let root = HostRoot::real();
+    if let Some(why) = skip_reason(&root) {
+        eprintln!("SKIP serve_sizes_the_pool_before_choosing_the_engine: {why}");
+        return;
+    }
+    let node = hugepages::numa_nodes(&root).first().copied();
+    if hugepages::read_pool(&root, PageSize::Size2M, node)
+        .expect("pool")
+        .total
+        != 0
+        || hugepages::totals(&root, PageSize::Size2M).expect("totals").total != 0
+    {
+        eprintln!("SKIP serve_sizes_the_pool_before_choosing_the_engine: the 2 MiB pool is not empty");
+        return;
+    }
+    let _guard = EmptyAgain {
+        root: root.clone(),
+        node,
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    // a spdk_tgt that exists (the selection only looks for the binary; nothing starts it here)
+    let bin = dir.path().join("spdk_tgt");
+    std::fs::write(&bin, "#!/bin/sh\nexit 1\n").expect("write");
+    std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let cpu = node
+        .and_then(|n| {
+            root.read_attr(format!("/sys/devices/system/node/node{n}/cpulist"))
+                .ok()
+        })
+        .and_then(|l| hugepages::parse_cpulist(&l))
+        .and_then(|c| c.first().copied())
+        .unwrap_or(0);
+    let spdk = SpdkOptions {
+        spdk_tgt: Some(bin),
+        spdk_dir: None,
+        path_var: None,
+        cpumask: format!("[{cpu}]"),
+        ..SpdkOptions::default()
+    };
+    let before = EngineSelection::detect_on(&spdk, &root);
+    assert!(!before.v2_available, "{}", before.reason);
+    let deps = Deps {
+        host: root.clone(),
+        data_dir: dir.path().join("data"),
+        run_dir: dir.path().join("run"),
+        spdk: spdk.clone(),
+    };
+    let state = State::in_memory();
+    state
+        .create_typed("node", "", &NodeConfig::default())
+        .expect("node");
+    host::prepare_at_start(&state, &deps);
+    let pool = hugepages::read_pool(&root, PageSize::Size2M, node).expect("pool");
+    assert_eq!(pool.total, 256, "{pool:?}");
+    let after = EngineSelection::detect_on(&spdk, &root);
+    assert!(after.v2_available, "{}", after.reason);
+    eprintln!(
+        "before: V2 {} ({}); after sizing: V2 {} ({})",
+        before.v2_available, before.reason, after.v2_available, after.reason
+    );
+    assert!(
+        state
+            .get_typed::<HugepagesLedger>(&format!("2M-node{}", node.unwrap_or(0)))
+            .expect("get")
+            .is_some()
+            || node.is_none()
+    );
+}

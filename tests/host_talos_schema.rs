@@ -113,3 +113,46 @@ fn v1_15_documents_validate() {
         "v1.13 shape unexpectedly valid on v1.15"
     );
 }
+
+/// The patches the daemon puts in `HugepagesStatus.talosPatch` and
+/// `KernelModuleStatus.message` (the documents without the kubelet mount)
+/// validate too.
+#[test]
+fn status_patches_validate() {
+    use talon::controllers::host::hugepages::hugepages_only;
+    for (version, file) in [
+        (TalosVersion::V1_13, "config.schema.v1.13.json"),
+        (TalosVersion::V1_15, "config.schema.v1.15-dev.json"),
+    ] {
+        let Some(schema) = schema(file) else {
+            eprintln!("SKIP status_patches_validate: {file} not in ../shared/talos nor /work/shared/talos");
+            return;
+        };
+        let whole = jsonschema::validator_for(&schema).expect("compile schema");
+        let machine = def_validator(&schema, "v1alpha1.MachineConfig");
+        for needs in [
+            TalosNeeds {
+                nr_hugepages: Some(512),
+                ..TalosNeeds::default()
+            },
+            TalosNeeds {
+                modules: vec!["nvme_tcp".into()],
+                ..TalosNeeds::default()
+            },
+        ] {
+            let docs = hugepages_only(talos::documents(version, &needs));
+            let values = talos::to_json(&docs).expect("json");
+            assert!(!values.is_empty());
+            for (d, v) in docs.iter().zip(&values) {
+                let errs = match d {
+                    TalosDocument::V1Alpha1(_) => {
+                        assert!(v["machine"].get("kubelet").is_none(), "{v:#}");
+                        errors(&machine, &v["machine"])
+                    }
+                    _ => errors(&whole, v),
+                };
+                assert!(errs.is_empty(), "v{version} {}: {errs:#?}\n{v:#}", d.kind());
+            }
+        }
+    }
+}

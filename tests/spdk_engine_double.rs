@@ -34,6 +34,11 @@ fn start_with(run_dir: &Path, state: State, selection: EngineSelection) -> TestR
     let run = run_dir.to_path_buf();
     TestRuntime::start_on(state, move |rt| {
         rt.register(SpdkTargetController::new(cfg, selection))?;
+        // the host controller that binds NVMe disks first, on a fixture /sys under run_dir
+        rt.register(talon::controllers::host::PciBindController {
+            host: talon::host::HostRoot::new(&run),
+            interval: Duration::from_millis(100),
+        })?;
         rt.register(SpdkDiskController::new(&run, talon::host::HostRoot::new(&run)))
     })
     .expect("runtime")
@@ -202,7 +207,7 @@ async fn bad_disks_fail_with_a_clear_message() {
     );
     let m = status(&st, "serial", ObjectState::Failed).await.message;
     assert!(
-        m.contains("pci \"S4EVNF0M123456\" does not resolve to an NVMe device"),
+        m.contains("the NVMe device is not bound: Disk serial: no NVMe device with PCI address, serial or model \"S4EVNF0M123456\""),
         "{m}"
     );
     assert!(!Path::new("/dev/talon-no-such-device").exists());
@@ -217,6 +222,15 @@ async fn pci_disk_attaches_an_nvme_controller() {
         .await
         .expect("double");
     double.add_pcie_nvme("0000:00:04.0", 262144, 4096);
+    // the device in the host's sysfs (a fixture under run_dir), already on
+    // vfio-pci (bound by the machine config): used as it is
+    let dev = d.path().join("sys/bus/pci/devices/0000:00:04.0");
+    std::fs::create_dir_all(&dev).expect("mkdir");
+    std::fs::create_dir_all(d.path().join("sys/bus/pci/drivers/vfio-pci")).expect("mkdir");
+    for (attr, v) in [("vendor", "0x1b36"), ("device", "0x0010"), ("class", "0x010802")] {
+        std::fs::write(dev.join(attr), format!("{v}\n")).expect("write");
+    }
+    std::os::unix::fs::symlink("../../../../bus/pci/drivers/vfio-pci", dev.join("driver")).expect("ln");
     let rt = start(d.path(), State::in_memory());
     let st = rt.state.clone();
     let pci = Disk {
@@ -229,6 +243,23 @@ async fn pci_disk_attaches_an_nvme_controller() {
     let s = status(&st, "nvme0", ObjectState::Ready).await;
     assert_eq!(s.bdev, "talon-disk-nvme0n1");
     assert_eq!(s.cluster_bytes, 4 << 20);
+    // removed: SPDK detaches it, then the binding lets the Disk go
+    st.destroy("config", "Disk", "nvme0", "").expect("delete");
+    eventually("Disk nvme0 gone", WAIT, || async {
+        st.get_typed::<Disk>("nvme0")
+            .expect("get")
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    assert!(
+        !double
+            .bdev_names()
+            .iter()
+            .any(|b| b.starts_with("talon-disk-nvme0")),
+        "{:?}",
+        double.bdev_names()
+    );
     rt.stop().await;
 }
 

@@ -52,6 +52,7 @@ pub fn register_all(rt: &mut Runtime, deps: &Deps) -> Result<(), RuntimeError> {
         selection.auto_engine() == crate::resources::engine::Engine::V2,
     ))?;
     rt.register(frontend::attach::AttachController::new(deps.clone()))?;
+    host::register_config(rt, &deps.host, host::SpdkDemand::new(&deps.spdk, &selection))?;
     host::register(rt, &deps.host, host::POLL)?;
     Ok(())
 }

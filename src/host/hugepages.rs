@@ -74,6 +74,8 @@ pub enum HugepagesError {
     ProofSize { default: PageSize, asked: PageSize },
     #[error("a mapped hugepage did not read back what was written")]
     PageCorrupt,
+    #[error("SPDK core mask {0:?} is neither a hex mask (0x3) nor a CPU list ([0,2-3])")]
+    ParseCpumask(String),
 }
 
 fn node_suffix(node: Option<u32>) -> String {
@@ -431,6 +433,133 @@ pub fn prove_usable(root: &HostRoot, size: PageSize) -> Result<(), HugepagesErro
 pub fn spdk_sizing_mib(volumes: u32) -> u64 {
     let mib = 512 + 43 * u64::from(volumes);
     mib.div_ceil(2) * 2
+}
+
+/// The CPUs of an SPDK core mask: `0x3` (hex mask), `[0,2-3]` or `0,2-3` (a list).
+pub fn parse_cpumask(mask: &str) -> Result<Vec<u32>, HugepagesError> {
+    let bad = || HugepagesError::ParseCpumask(mask.to_string());
+    let m = mask.trim();
+    let mut cpus = Vec::new();
+    if let Some(hex) = m.strip_prefix("0x").or_else(|| m.strip_prefix("0X")) {
+        if hex.is_empty() {
+            return Err(bad());
+        }
+        for (i, c) in hex.bytes().rev().enumerate() {
+            let v = (c as char).to_digit(16).ok_or_else(bad)?;
+            for b in 0..4 {
+                if v & (1 << b) != 0 {
+                    cpus.push(u32::try_from(i * 4 + b).map_err(|_| bad())?);
+                }
+            }
+        }
+    } else {
+        cpus = parse_cpulist(m.trim_start_matches('[').trim_end_matches(']')).ok_or_else(bad)?;
+    }
+    if cpus.is_empty() {
+        return Err(bad());
+    }
+    cpus.sort_unstable();
+    cpus.dedup();
+    Ok(cpus)
+}
+
+/// A kernel CPU list (`0-3,8,10-11`); `None` when malformed.
+pub fn parse_cpulist(list: &str) -> Option<Vec<u32>> {
+    let mut out = Vec::new();
+    for part in list.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        match part.split_once('-') {
+            Some((a, b)) => {
+                let (a, b): (u32, u32) = (a.trim().parse().ok()?, b.trim().parse().ok()?);
+                if b < a {
+                    return None;
+                }
+                out.extend(a..=b);
+            }
+            None => out.push(part.parse().ok()?),
+        }
+    }
+    Some(out)
+}
+
+/// How many of `cpus` each NUMA node holds (`None`: a host without NUMA
+/// sysfs, or CPUs no node lists), sorted by node.
+pub fn cpus_per_node(root: &HostRoot, cpus: &[u32]) -> Vec<(Option<u32>, u32)> {
+    let nodes = numa_nodes(root);
+    let mut counts: Vec<(Option<u32>, u32)> = Vec::new();
+    let mut add = |node: Option<u32>| match counts.iter_mut().find(|(n, _)| *n == node) {
+        Some((_, c)) => *c += 1,
+        None => counts.push((node, 1)),
+    };
+    for cpu in cpus {
+        let node = nodes.iter().copied().find(|n| {
+            root.read_attr(format!("/sys/devices/system/node/node{n}/cpulist"))
+                .ok()
+                .and_then(|l| parse_cpulist(&l))
+                .is_some_and(|l| l.contains(cpu))
+        });
+        // a CPU no node lists on a NUMA host: the first node (where DPDK puts it)
+        add(node.or_else(|| nodes.first().copied()));
+    }
+    counts.sort();
+    counts
+}
+
+/// Splits `mib` of 2 MiB pages over NUMA nodes in proportion to the SPDK
+/// cores each holds, as DPDK distributes `-s` memory when no per-socket
+/// amounts are given; every share is rounded up to whole pages.
+pub fn split_pages(mib: u64, per_node: &[(Option<u32>, u32)]) -> Vec<(Option<u32>, u64)> {
+    let cores: u64 = per_node.iter().map(|(_, c)| u64::from(*c)).sum();
+    if cores == 0 {
+        return Vec::new();
+    }
+    let pages = mib.div_ceil(PageSize::Size2M.mib());
+    per_node
+        .iter()
+        .map(|(n, c)| (*n, (pages * u64::from(*c)).div_ceil(cores)))
+        .collect()
+}
+
+/// Global reserved-but-not-faulted pages of a size (`resv_hugepages`); 0
+/// when the file is missing.
+pub fn reserved(root: &HostRoot, size: PageSize) -> u64 {
+    root.read_attr(format!("{}/resv_hugepages", pool_dir(size, None)))
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Pages of a pool that are mapped or promised (`total - free`, plus the
+/// global reservations on a host without NUMA sysfs or when this node is the
+/// only one): the kernel cannot take these away, and talon never asks it to.
+pub fn in_use(pool: &HugepagePool, resv: u64) -> u64 {
+    (pool.total.saturating_sub(pool.free))
+        .saturating_add(resv)
+        .min(pool.total)
+}
+
+/// The `nr_hugepages` talon writes for a pool: grows to `wanted`; shrinks
+/// only pages talon added (never below `before`, the count it found before
+/// it first changed the pool) and never below the pages in use. `None`:
+/// leave the pool as it is.
+pub fn target_pages(
+    pool: &HugepagePool,
+    in_use: u64,
+    wanted: Option<u64>,
+    before: Option<u64>,
+) -> Option<u64> {
+    let floor = in_use.max(before.unwrap_or(pool.total));
+    let goal = match wanted {
+        Some(w) => w.max(floor),
+        // not wanted any more: give back what talon added, as far as it is free
+        None => floor,
+    };
+    // without a baseline talon added nothing and only grows
+    let goal = if before.is_none() {
+        goal.max(pool.total)
+    } else {
+        goal
+    };
+    (goal != pool.total).then_some(goal)
 }
 
 #[cfg(test)]

@@ -31,6 +31,8 @@ pub const NVME_CLASS: &str = "0x010802";
 const DEVICES: &str = "/sys/bus/pci/devices";
 /// How long to wait for an (asynchronous) probe to bind a driver.
 const PROBE_WAIT: Duration = Duration::from_secs(10);
+/// The same on a fixture tree (where a test may play the kernel).
+const FIXTURE_PROBE_WAIT: Duration = Duration::from_secs(2);
 
 /// Errors of PCI inventory and binding.
 #[derive(Debug, thiserror::Error)]
@@ -773,6 +775,64 @@ pub fn unbind(root: &HostRoot, selector: &str) -> Result<BindOutcome, PciError> 
     })
 }
 
+/// Puts a device on driver `to` (`None`: no driver at all), whatever it is
+/// on now (a half-done move included), refusing while a process holds its
+/// user-space node open. On failure the device goes to `rollback_to`
+/// (`None`: left without a driver). Used to finish or undo a recorded bind
+/// and to give a device back to its original driver; a first bind from the
+/// kernel's driver goes through [`bind`], which checks for data first.
+pub fn set_driver(
+    root: &HostRoot,
+    bdf: &Bdf,
+    to: Option<&str>,
+    rollback_to: Option<&str>,
+) -> Result<BindOutcome, PciError> {
+    let dev = read_device(root, bdf)?;
+    let outcome = |changed| BindOutcome {
+        bdf: bdf.clone(),
+        from: dev.driver.clone(),
+        to: to.unwrap_or("none").to_string(),
+        changed,
+    };
+    if dev.driver.as_deref() == to {
+        clear_override_if_set(root, bdf)?;
+        return Ok(outcome(false));
+    }
+    refuse_if_opened(root, &dev)?;
+    match to {
+        Some(t) => {
+            if !driver_registered(root, t) {
+                return Err(PciError::NoDriver {
+                    bdf: bdf.to_string(),
+                    driver: t.to_string(),
+                    reason: "the driver is not registered".to_string(),
+                });
+            }
+            rebind(root, bdf, rollback_to, t)?;
+        }
+        None => {
+            unbind_current(root, bdf)?;
+            clear_override(root, bdf)?;
+        }
+    }
+    Ok(outcome(true))
+}
+
+/// The device's `driver_override`, `None` when unset (`(null)` or empty).
+pub fn driver_override(root: &HostRoot, bdf: &Bdf) -> Result<Option<String>, PciError> {
+    let v = root
+        .read_attr_opt(format!("{DEVICES}/{bdf}/driver_override"))
+        .map_err(inspect_err(bdf.as_str()))?;
+    Ok(v.filter(|v| !v.is_empty() && v != "(null)"))
+}
+
+fn clear_override_if_set(root: &HostRoot, bdf: &Bdf) -> Result<(), PciError> {
+    if driver_override(root, bdf)?.is_some() {
+        clear_override(root, bdf)?;
+    }
+    Ok(())
+}
+
 /// Moves a device from `from` (or unbound) to `to`; on failure puts it back.
 fn rebind(root: &HostRoot, bdf: &Bdf, from: Option<&str>, to: &str) -> Result<(), PciError> {
     match move_driver(root, bdf, to) {
@@ -830,11 +890,25 @@ fn unbind_current(root: &HostRoot, bdf: &Bdf) -> Result<(), PciError> {
 /// clear driver_override whatever happened.
 fn move_driver(root: &HostRoot, bdf: &Bdf, to: &str) -> Result<(), PciError> {
     sysfs_write(root, bdf, &format!("{DEVICES}/{bdf}/driver_override"), to)?;
+    failpoint("pci-after-override");
     let res = unbind_current(root, bdf)
+        .inspect(|()| failpoint("pci-after-unbind"))
         .and_then(|()| sysfs_write(root, bdf, "/sys/bus/pci/drivers_probe", bdf.as_str()))
-        .and_then(|()| wait_for_driver(root, bdf, to));
+        .and_then(|()| wait_for_driver(root, bdf, to))
+        .inspect(|()| failpoint("pci-after-probe"));
     let cleared = clear_override(root, bdf);
     res.and(cleared)
+}
+
+/// Crash tests: with `TALON_FAILPOINT=<name>` the process kills itself with
+/// SIGKILL at that point (as `kill -9` would), so a test can cut a rebind
+/// short at each step. Named points: `pci-after-intent` (the controller,
+/// intent persisted), `pci-after-override`, `pci-after-unbind`, `pci-after-probe`.
+pub fn failpoint(name: &str) {
+    if std::env::var_os("TALON_FAILPOINT").is_some_and(|v| v == name) {
+        eprintln!("TALON_FAILPOINT={name}: killing this process");
+        let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGKILL);
+    }
 }
 
 fn wait_for_driver(root: &HostRoot, bdf: &Bdf, want: &str) -> Result<(), PciError> {
@@ -845,8 +919,14 @@ fn wait_for_driver(root: &HostRoot, bdf: &Bdf, want: &str) -> Result<(), PciErro
         if got.as_deref() == Some(want) {
             return Ok(());
         }
-        // nvme probes asynchronously; a fixture tree never changes.
-        if !root.is_real() || start.elapsed() > PROBE_WAIT {
+        // nvme probes asynchronously; a fixture tree changes only when a test
+        // plays the kernel, and then at once
+        let wait = if root.is_real() {
+            PROBE_WAIT
+        } else {
+            FIXTURE_PROBE_WAIT
+        };
+        if start.elapsed() > wait {
             return Err(PciError::Verify {
                 bdf: bdf.to_string(),
                 want: want.to_string(),

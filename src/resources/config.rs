@@ -49,6 +49,56 @@ pub struct NodeConfig {
     /// Hosts (NQNs) allowed to connect to every volume; empty allows any host.
     #[serde(default)]
     pub allowed_hosts: Vec<String>,
+    /// The 2 MiB hugepage pool for SPDK: `auto` (sized from the volumes this
+    /// node exports, on the NUMA nodes of the SPDK cores), a fixed number of
+    /// MiB, or `off` (talon leaves the pool alone).
+    #[serde(default)]
+    pub hugepages: HugepagesSetting,
+}
+
+/// `NodeConfig.hugepages`: `auto`, `off`, or MiB.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(untagged, expecting = "`auto`, `off` or a number of MiB")]
+pub enum HugepagesSetting {
+    /// `auto` or `off`.
+    Keyword(HugepagesKeyword),
+    /// This many MiB of 2 MiB pages (rounded up to whole pages).
+    Mib(u64),
+}
+
+/// The keywords of [`HugepagesSetting`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum HugepagesKeyword {
+    /// About 512 MiB + 43 MiB per exported NVMe/TCP volume while SPDK can run
+    /// here (docs/sizing.md); nothing on a node without SPDK.
+    Auto,
+    /// talon neither grows nor shrinks the pool (pages it added earlier are
+    /// given back once free).
+    Off,
+}
+
+impl HugepagesSetting {
+    /// `auto`.
+    pub const AUTO: Self = Self::Keyword(HugepagesKeyword::Auto);
+    /// `off`.
+    pub const OFF: Self = Self::Keyword(HugepagesKeyword::Off);
+}
+
+impl Default for HugepagesSetting {
+    fn default() -> Self {
+        Self::AUTO
+    }
+}
+
+impl std::fmt::Display for HugepagesSetting {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Keyword(HugepagesKeyword::Auto) => f.write_str("auto"),
+            Self::Keyword(HugepagesKeyword::Off) => f.write_str("off"),
+            Self::Mib(m) => write!(f, "{m} MiB"),
+        }
+    }
 }
 
 fn default_listen() -> String {
@@ -69,6 +119,7 @@ impl Default for NodeConfig {
             nvmf_port: default_nvmf_port(),
             iscsi_port: default_iscsi_port(),
             allowed_hosts: Vec::new(),
+            hugepages: HugepagesSetting::AUTO,
         }
     }
 }
@@ -187,4 +238,31 @@ pub fn snapshot_id(volume: &str, name: &str) -> String {
 impl Spec for Snapshot {
     const TYPE: &'static str = "Snapshot";
     const NAMESPACE: &'static str = "config";
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hugepages_setting_reads_auto_off_and_mib() {
+        let n: NodeConfig = serde_yaml_ng::from_str("engine: v2\n").expect("default");
+        assert_eq!(n.hugepages, HugepagesSetting::AUTO);
+        for (text, want) in [
+            ("hugepages: auto", HugepagesSetting::AUTO),
+            ("hugepages: off", HugepagesSetting::OFF),
+            ("hugepages: 1024", HugepagesSetting::Mib(1024)),
+        ] {
+            let n: NodeConfig = serde_yaml_ng::from_str(text).expect(text);
+            assert_eq!(n.hugepages, want, "{text}");
+            let back = serde_json::to_value(&n).expect("json");
+            let again: NodeConfig = serde_json::from_value(back).expect("round trip");
+            assert_eq!(again.hugepages, want);
+        }
+        let err = serde_yaml_ng::from_str::<NodeConfig>("hugepages: lots").expect_err("bad");
+        assert!(
+            err.to_string().contains("`auto`, `off` or a number of MiB"),
+            "{err}"
+        );
+    }
 }

@@ -1,10 +1,14 @@
-//! Host status resources (namespace `host`), written only by the status
-//! controllers in [`crate::controllers::host`], which observe and never change
-//! the host.
+//! Host resources (namespace `host`), written by the controllers in
+//! [`crate::controllers::host`]: specs derived from desired state, and
+//! status observed from the host.
 //!
 //! ```text
-//!   host::hugepages ─> HugepagesStatus   (id "2M-node0", or "2M" without NUMA)
-//!   host::modules   ─> KernelModuleStatus (id = module name)
+//!   NodeConfig, Volume ─> HugepagesSpec   (id "2M-node0": pages wanted and why; SPDK's -s)
+//!   host::hugepages ─> HugepagesStatus   (id "2M-node0", or "2M" without NUMA: wanted/have/why)
+//!                      HugepagesLedger   (namespace `ledger`: the pool before talon grew it)
+//!   Disk (pci) ─> PciBindIntent (namespace `ledger`, id = PCI address: persisted before a rebind)
+//!              ─> PciBindingStatus (id = disk: which driver, and why not yet)
+//!   host::modules   ─> KernelModuleStatus (id = module name: state, wanted, what talon did)
 //!   host::pci       ─> PciDevice          (id = PCI address)
 //!   all of them     ─> HostCapabilities   (id "node")
 //! ```
@@ -15,7 +19,68 @@ use crate::host::hugepages::{HugepagePool, PageSize};
 use crate::host::modules::ModuleState;
 use crate::runtime::Spec;
 
-/// One hugepage pool: a page size on a NUMA node (or the whole host).
+/// The hugepages SPDK needs from one pool (id as [`HugepagesStatus`]),
+/// derived from `NodeConfig.hugepages` and the volumes this node exports.
+/// Read by the hugepage controller (which sizes the pool) and by whoever
+/// sizes spdk_tgt's `-s` (`spdkMemMib`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct HugepagesSpec {
+    /// Page size (talon sizes 2 MiB pools).
+    pub size: PageSize,
+    /// NUMA node; absent for the global pool of a host without NUMA sysfs.
+    pub node: Option<u32>,
+    /// `auto`, `off` or `<n> MiB`, as configured.
+    pub mode: String,
+    /// Pages wanted in this pool; absent with `off` (the pool is left alone).
+    pub wanted: Option<u64>,
+    /// The same in MiB.
+    pub wanted_mib: Option<u64>,
+    /// spdk_tgt's memory over all nodes (`-s`, MiB); 0 when SPDK needs none here.
+    pub spdk_mem_mib: u64,
+    /// NVMe/TCP volumes exported by this node, counted for `auto`.
+    pub exported_volumes: u32,
+    /// How the figure was reached.
+    pub reason: String,
+}
+
+impl Spec for HugepagesSpec {
+    const TYPE: &'static str = "HugepagesSpec";
+    const NAMESPACE: &'static str = "host";
+}
+
+/// What a hugepage pool held before talon first grew it (namespace
+/// `ledger`, persisted; id as [`HugepagesStatus`]): talon gives back only
+/// pages it added, and only free ones.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct HugepagesLedger {
+    /// `nr_hugepages` before talon's first write (moved along when someone
+    /// else resizes the pool).
+    pub before: u64,
+    /// What talon last wrote.
+    pub set: u64,
+}
+
+impl Spec for HugepagesLedger {
+    const TYPE: &'static str = "HugepagesLedger";
+    const NAMESPACE: &'static str = "ledger";
+}
+
+/// Whether a pool holds what talon wants of it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum HugepagesState {
+    /// talon wants nothing of this pool.
+    Unmanaged,
+    /// The pool holds at least what is wanted.
+    Ok,
+    /// Fewer pages than wanted: `reason` says why and what fixes it.
+    Short,
+}
+
+/// One hugepage pool: a page size on a NUMA node (or the whole host): what
+/// talon wants of it, what it has, and why they differ.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct HugepagesStatus {
@@ -31,6 +96,27 @@ pub struct HugepagesStatus {
     pub total_mib: u64,
     /// Free MiB.
     pub free_mib: u64,
+    /// Pages talon wants in the pool (from `HugepagesSpec`).
+    #[serde(default)]
+    pub wanted: Option<u64>,
+    /// Pages mapped or reserved by processes (never taken away).
+    #[serde(default)]
+    pub in_use: u64,
+    /// Unmanaged, ok, or short.
+    #[serde(default = "unmanaged")]
+    pub state: HugepagesState,
+    /// Why the pool is as it is: what talon did, what the kernel gave, or
+    /// (Talos, read-only sysfs) what to change.
+    #[serde(default)]
+    pub reason: String,
+    /// The Talos machine-config patch that gives the node the pool (Talos
+    /// only, when short).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub talos_patch: Option<String>,
+}
+
+fn unmanaged() -> HugepagesState {
+    HugepagesState::Unmanaged
 }
 
 impl HugepagesStatus {
@@ -52,6 +138,11 @@ impl From<&HugepagePool> for HugepagesStatus {
             free: p.free,
             total_mib: p.total_mib(),
             free_mib: p.free_mib(),
+            wanted: None,
+            in_use: p.total.saturating_sub(p.free),
+            state: HugepagesState::Unmanaged,
+            reason: String::new(),
+            talos_patch: None,
         }
     }
 }
@@ -69,6 +160,13 @@ pub struct KernelModuleStatus {
     pub state: ModuleState,
     /// Whether its function is usable now (loaded or built in).
     pub present: bool,
+    /// Whether this node needs it now.
+    #[serde(default)]
+    pub wanted: bool,
+    /// Why it is wanted, and what talon did (loaded it, could not, or on
+    /// Talos the machine-config patch that loads it).
+    #[serde(default)]
+    pub message: String,
 }
 
 impl Spec for KernelModuleStatus {
@@ -111,6 +209,80 @@ impl Spec for PciDevice {
     const NAMESPACE: &'static str = "host";
 }
 
+/// Where a recorded rebind stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum BindPhase {
+    /// Moving to the user-space driver (finished at the next start if cut short).
+    Binding,
+    /// On the user-space driver.
+    Bound,
+    /// Going back to the original driver (finished at the next start if cut short).
+    Releasing,
+}
+
+/// A rebind talon does or did (namespace `ledger`, persisted, id = the PCI
+/// address). Written before the first sysfs write of a bind and of a give
+/// back, so a crash at any step is finished or rolled back at the next start.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct PciBindIntent {
+    /// The Disk the device serves.
+    pub disk: String,
+    /// The Disk's `pci` (address, serial or model) when it was resolved.
+    pub selector: String,
+    /// The driver the device had before talon took it (`nvme`), absent when unbound.
+    pub original_driver: Option<String>,
+    /// `vfio-pci` or `uio_pci_generic`.
+    pub target_driver: String,
+    /// Binding, bound, or releasing.
+    pub phase: BindPhase,
+}
+
+impl Spec for PciBindIntent {
+    const TYPE: &'static str = "PciBindIntent";
+    const NAMESPACE: &'static str = "ledger";
+}
+
+/// Where a Disk's NVMe device stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum BindingState {
+    /// Being moved to the user-space driver.
+    Binding,
+    /// On the user-space driver: SPDK may attach it.
+    Bound,
+    /// Not bound; `message` says why (in use, no driver, not found, ...).
+    Failed,
+    /// Waiting for SPDK to let go, or going back to its original driver.
+    Releasing,
+}
+
+/// The driver binding of a Disk's NVMe device (id = the Disk).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct PciBindingStatus {
+    /// The Disk's `pci` as given.
+    pub selector: String,
+    /// The device's PCI address, once resolved.
+    pub bdf: Option<String>,
+    /// The driver it is on now.
+    pub driver: Option<String>,
+    /// The driver it goes back to when the Disk is removed.
+    pub original_driver: Option<String>,
+    /// The user-space driver chosen.
+    pub target_driver: Option<String>,
+    /// Binding, bound, failed or releasing.
+    pub state: BindingState,
+    /// Why, or what happened.
+    pub message: String,
+}
+
+impl Spec for PciBindingStatus {
+    const TYPE: &'static str = "PciBindingStatus";
+    const NAMESPACE: &'static str = "host";
+}
+
 /// What this host can do, summed up (id `node`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
@@ -143,18 +315,37 @@ impl Spec for HostCapabilities {
 /// Registers the host types with their table columns.
 pub fn register_types(reg: &mut crate::runtime::TypeRegistry) {
     reg.register::<HugepagesStatus>(
-        "A hugepage pool per size and NUMA node",
+        "A hugepage pool per size and NUMA node: wanted, have, why",
         &[
-            ("SIZE", "/size"),
-            ("NODE", "/node"),
+            ("STATE", "/state"),
+            ("WANTED", "/wanted"),
             ("TOTAL", "/total"),
             ("FREE", "/free"),
-            ("FREE-MiB", "/freeMib"),
+            ("IN-USE", "/inUse"),
+            ("REASON", "/reason"),
         ],
+    );
+    reg.register::<HugepagesSpec>(
+        "The hugepages SPDK needs from a pool, and spdk_tgt's -s",
+        &[
+            ("MODE", "/mode"),
+            ("WANTED", "/wanted"),
+            ("SPDK-MEM-MiB", "/spdkMemMib"),
+            ("VOLUMES", "/exportedVolumes"),
+        ],
+    );
+    reg.register::<HugepagesLedger>(
+        "A hugepage pool before talon grew it (persisted)",
+        &[("BEFORE", "/before"), ("SET", "/set")],
     );
     reg.register::<KernelModuleStatus>(
         "A kernel module talon uses",
-        &[("STATE", "/state"), ("PRESENT", "/present")],
+        &[
+            ("STATE", "/state"),
+            ("PRESENT", "/present"),
+            ("WANTED", "/wanted"),
+            ("MESSAGE", "/message"),
+        ],
     );
     reg.register::<PciDevice>(
         "An NVMe PCI controller",
@@ -164,6 +355,25 @@ pub fn register_types(reg: &mut crate::runtime::TypeRegistry) {
             ("IOMMU", "/iommuGroup"),
             ("SERIAL", "/serial"),
             ("MODEL", "/model"),
+        ],
+    );
+    reg.register::<PciBindingStatus>(
+        "The driver binding of a Disk's NVMe device",
+        &[
+            ("STATE", "/state"),
+            ("BDF", "/bdf"),
+            ("DRIVER", "/driver"),
+            ("ORIGINAL", "/originalDriver"),
+            ("MESSAGE", "/message"),
+        ],
+    );
+    reg.register::<PciBindIntent>(
+        "A rebind talon does or did, persisted before it starts",
+        &[
+            ("DISK", "/disk"),
+            ("PHASE", "/phase"),
+            ("FROM", "/originalDriver"),
+            ("TO", "/targetDriver"),
         ],
     );
     reg.register::<HostCapabilities>(

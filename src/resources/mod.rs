@@ -4,9 +4,10 @@
 //! | namespace | types |
 //! |---|---|
 //! | `config` | NodeConfig, Disk, Volume, Snapshot (persisted) |
-//! | `host` | HugepagesStatus, KernelModuleStatus, PciDevice, HostCapabilities |
+//! | `host` | HugepagesSpec, HugepagesStatus, KernelModuleStatus, PciDevice, PciBindingStatus, HostCapabilities |
 //! | `engine` | TargetStatus, DiskStatus, ReplicaStatus, EngineStatus |
 //! | `frontend` | AttachmentStatus |
+//! | `ledger` | ReplicaLedger, HugepagesLedger, PciBindIntent (persisted) |
 
 pub mod config;
 pub mod engine;

@@ -36,7 +36,9 @@
 #   the guest log in $TALON_VM_GUEST_LOG; its exit status counts as step "<name>.host".
 #   Host-side tgtd: `tgtd` of the host (package tgt, tests/apt-packages.txt). SPDK: the hooks look
 #   at TALON_SPDK_DIR themselves; a setup that prints "skip <reason>" (and exits 0) skips the step:
-#   it is not run, not counted, and reported as "step <name> SKIP: <reason>".
+#   it is not run, not counted, and reported as "step <name> SKIP: <reason>". A setup line
+#   `file <absolute host path>` puts that program in the guest at the same path (debug info
+#   stripped), with its shared libraries.
 #   Helpers to source from hooks: $TALON_VM_HOST_LIB/tgtd.sh; $TALON_VM_TALON_BIN is the talon binary.
 #
 # Env knobs:
@@ -217,6 +219,7 @@ GUEST_ENV=$BUILD/env
 : >"$GUEST_ENV"
 export TALON_VM_TALON_BIN=$TALON_BIN TALON_VM_FREE_PORT=$HOSTDIR/free-port TALON_VM_ROOT=$ROOT TALON_VM_HOSTLIBS=$HOSTLIBS TALON_VM_HOST_LIB=$HERE/host
 declare -A STEP_SKIP=()
+STAGE_FILES=()
 for s in "${STEP_LIST[@]}"; do
 	h=$STEPS_DIR/$s.host
 	[ -f "$h" ] || continue
@@ -229,6 +232,7 @@ for s in "${STEP_LIST[@]}"; do
 		"export TALON_HOST_"*=*) echo "$line" >>"$GUEST_ENV" ;;
 		"pid "*) HOST_PIDS+=("${line#pid }") ;;
 		"skip "*) STEP_SKIP[$s]=${line#skip } ;;
+		"file /"*) STAGE_FILES+=("${line#file }") ;;
 		"") ;;
 		*) echo "$s.host: $line" >>"$HOSTDIR/hooks.log" ;;
 		esac
@@ -257,8 +261,13 @@ if command -v objcopy >/dev/null; then
 else
 	cp "$TALON_BIN" "$STAGE/usr/bin/talon"
 fi
+# programs the hooks asked for, at their host path
+for f in "${STAGE_FILES[@]}"; do
+	mkdir -p "$STAGE/$(dirname "$f")"
+	objcopy --strip-debug "$f" "$STAGE/$f" 2>/dev/null || cp "$f" "$STAGE/$f"
+done
 # shared libraries: the extracted tree first, then the host (talon links against the host's glibc)
-for b in "${BINS[@]}" "$TALON_BIN"; do
+for b in "${BINS[@]}" "$TALON_BIN" "${STAGE_FILES[@]}"; do
 	LD_LIBRARY_PATH=$HOSTLIBS ldd "$b" | awk '/=> \//{print $1, $3} /^\t\/lib64/{print "INTERP", $1}'
 done | sort -u | while read -r name path; do
 	if [ "$name" = INTERP ]; then

@@ -5,8 +5,9 @@
 //!   Disk <d> (config) ──┐
 //!   TargetStatus spdk ──┴─> reconcile ─┬─ path: file (created sparse with sizeBytes) or block device
 //!                                      │        └─> bdev_aio_create "talon-disk-<d>"
-//!                                      ├─ pci (BDF, or serial/model via host sysfs):
-//!                                      │        bdev_nvme_attach_controller "talon-disk-<d>"
+//!                                      ├─ pci: waits for PciBindingStatus <d> Bound (the host
+//!                                      │        controller binds it to vfio-pci/uio_pci_generic), then
+//!                                      │        bdev_nvme_attach_controller "talon-disk-<d>" at its BDF
 //!                                      │        └─> bdev "talon-disk-<d>n1"
 //!                                      ├─ bdev_wait_for_examine ─> lvstore "talon-<d>" imported?
 //!                                      │        no ─> bdev_lvol_create_lvstore (cluster clusterMib)
@@ -29,6 +30,7 @@ use crate::host::HostRoot;
 use crate::names::ObjectName;
 use crate::resources::config::Disk;
 use crate::resources::engine::{DiskStatus, Engine, ObjectState, TargetStatus};
+use crate::resources::host::{BindingState, PciBindingStatus};
 use crate::runtime::{Controller, ControllerError, Input, Output, Phase, ReconcileContext, Requeue};
 use crate::spdk::rpc::{
     AioCreate, AttachController, ByName, GetControllers, GetLvols, Lvstore, LvstoreCreate, LvstoreSelector,
@@ -527,6 +529,39 @@ fn disk_status(n: &Names, state: ObjectState, lvs: Option<&Lvstore>, message: St
     }
 }
 
+/// The Disk as SPDK attaches it: a `pci` disk with the address its device
+/// was bound at, once `PciBindingStatus` says Bound; before, the state to
+/// report (Failed when the binding failed) and why.
+type NotBound = (ObjectState, String);
+fn bound_spec(
+    ctx: &ReconcileContext,
+    id: &str,
+    spec: &Disk,
+) -> Result<Result<Disk, NotBound>, ControllerError> {
+    if spec.pci.is_none() {
+        return Ok(Ok(spec.clone()));
+    }
+    let binding = ctx.get::<PciBindingStatus>(id)?.map(|b| b.spec);
+    Ok(match binding {
+        Some(b) if b.state == BindingState::Bound && b.bdf.is_some() => Ok(Disk {
+            pci: b.bdf,
+            ..spec.clone()
+        }),
+        Some(b) if b.state == BindingState::Failed => Err((
+            ObjectState::Failed,
+            format!("the NVMe device is not bound: {}", b.message),
+        )),
+        Some(b) => Err((
+            ObjectState::Creating,
+            format!("waiting for the NVMe device to be bound: {}", b.message),
+        )),
+        None => Err((
+            ObjectState::Creating,
+            "waiting for the NVMe device to be bound to a user-space driver".to_string(),
+        )),
+    })
+}
+
 fn fallback_names(id: &str) -> Names {
     Names {
         disk: id.to_owned(),
@@ -543,7 +578,11 @@ impl Controller for SpdkDiskController {
     }
 
     fn inputs(&self) -> Vec<Input> {
-        vec![Input::of::<Disk>(), Input::of::<TargetStatus>()]
+        vec![
+            Input::of::<Disk>(),
+            Input::of::<TargetStatus>(),
+            Input::of::<PciBindingStatus>(),
+        ]
     }
 
     fn outputs(&self) -> Vec<Output> {
@@ -597,7 +636,8 @@ impl Controller for SpdkDiskController {
                 }
             };
             if d.metadata.phase == Phase::TearingDown {
-                match self.teardown(&n, &d.spec).await {
+                let spec = bound_spec(ctx, d.id(), &d.spec)?.unwrap_or_else(|_| d.spec.clone());
+                match self.teardown(&n, &spec).await {
                     Ok(None) => {
                         tracing::info!(disk = %n.disk, "disk removed");
                         ctx.remove_finalizer::<Disk>(d.id())?;
@@ -615,7 +655,16 @@ impl Controller for SpdkDiskController {
                 }
                 continue;
             }
-            match self.ensure(&n, &d.spec).await {
+            // an NVMe disk is attached once the host controller bound it, at its address
+            let spec = match bound_spec(ctx, d.id(), &d.spec)? {
+                Ok(spec) => spec,
+                Err((state, why)) => {
+                    retry = true;
+                    ctx.apply(d.id(), disk_status(&n, state, None, why))?;
+                    continue;
+                }
+            };
+            match self.ensure(&n, &spec).await {
                 Ok(l) => {
                     let msg = format!("lvstore {} on {}", n.lvstore, n.bdev);
                     ctx.apply(d.id(), disk_status(&n, ObjectState::Ready, Some(&l), msg))?;

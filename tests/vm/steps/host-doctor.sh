@@ -22,6 +22,8 @@ echo "$out"
 echo "$out" | grep -q "PASS  hugepages-2M" && bad "512 MiB cannot pass with 32 MiB" || ok "hugepages short of 512 MiB flagged"
 echo "$out" | grep -q "PASS  iommu" && ok "IOMMU seen" || bad "IOMMU not seen"
 echo "$out" | grep -q "talon-test-1" && ok "NVMe listed" || bad "NVMe not listed"
+# no spdk_tgt and no tgtd in the guest: the verdict says so, with the reasons
+echo "$out" | grep -E "^(PASS|WARN|FAIL)  engine " | grep -q "spdk_tgt was not found" && ok "engine verdict with its reason" || bad "no engine verdict"
 echo "$out" | grep -Eq "(PASS|WARN)  module nvme_tcp" && ok "nvme_tcp loaded or loadable" || bad "nvme_tcp state"
 talon doctor --for talos --talos-version 1.15 --hugepages-mib 32 --disk talon-test-1 -o yaml > /tmp/d.yaml 2>&1
 grep -q "kind: PCIDriverRebindConfig" /tmp/d.yaml && grep -q "targetDriver: vfio-pci" /tmp/d.yaml &&
