@@ -384,6 +384,7 @@ fn serve_sizes_the_pool_before_choosing_the_engine() {
         data_dir: dir.path().join("data"),
         run_dir: dir.path().join("run"),
         spdk: spdk.clone(),
+        targets_on_exit: talon::controllers::engine::TargetsOnExit::stop(),
     };
     let state = State::in_memory();
     state
