@@ -22,4 +22,5 @@ pub mod target;
 pub use client::{ClientError, SpdkClient, Timeouts};
 pub use double::SpdkDouble;
 pub use error::{ErrorKind, SpdkError};
+pub mod placement;
 pub mod volume;
