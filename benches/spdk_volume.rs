@@ -53,6 +53,7 @@ fn plan(name: &str, replicas: usize, port: u16) -> VolumePlan {
         replicas,
         disks: vec![],
         placed: Default::default(),
+        disk_away: Default::default(),
         from_snapshot: None,
         export: ExportSpec {
             address: [127, 0, 0, 1].into(),
