@@ -55,6 +55,7 @@ fn plan(name: &str, replicas: usize, port: u16) -> VolumePlan {
         placed: Default::default(),
         disk_away: Default::default(),
         from_snapshot: None,
+        snapshot_set: None,
         export: ExportSpec {
             address: [127, 0, 0, 1].into(),
             port,

@@ -133,9 +133,22 @@ pub struct ReplicaLedger {
     pub changed: String,
     /// Why it last changed.
     pub reason: String,
+    /// Snapshot name -> the replicas whose snapshot lvols were taken at one
+    /// point in time (the export frozen). A revert or clone uses only these
+    /// as they are and rebuilds the others; a snapshot not listed has one
+    /// source (its lowest replica).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub snapshots: std::collections::BTreeMap<String, Vec<u32>>,
 }
 
 impl ReplicaLedger {
+    /// The recorded point-in-time set of snapshot `snap`.
+    pub fn snapshot_set(&self, snap: &str) -> Option<std::collections::BTreeSet<usize>> {
+        self.snapshots
+            .get(snap)
+            .map(|ks| ks.iter().map(|k| *k as usize).collect())
+    }
+
     /// The up-to-date replica indices.
     pub fn in_sync_set(&self) -> std::collections::BTreeSet<usize> {
         self.in_sync.iter().map(|k| *k as usize).collect()

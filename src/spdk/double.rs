@@ -64,9 +64,10 @@ use tokio::task::JoinHandle;
 use super::rpc::{
     AddNamespace, AioCreate, AttachController, ByName, ByNqn, ByTag, CreateInitiatorGroup, CreatePortalGroup,
     CreateSubsystem, CreateTargetNode, CreateTransport, DeleteTargetNode, GetBdevs, GetControllers,
-    GetIostat, GetLvols, GetNotifications, GetRaids, GetSubsystems, GetTransports, LvolClone, LvolCreate,
-    LvolResize, LvolSnapshot, LvstoreCreate, LvstoreSelector, MallocCreate, NullCreate, RaidAddBaseBdev,
-    RaidCategory, RaidCreate, RaidLevel, RemoveNamespace, SubsystemHostParams, SubsystemListener,
+    GetIostat, GetLvols, GetNotifications, GetRaids, GetSubsystems, GetTransports, ListenerAnaState,
+    LvolClone, LvolCreate, LvolResize, LvolSnapshot, LvstoreCreate, LvstoreSelector, MallocCreate,
+    NullCreate, RaidAddBaseBdev, RaidCategory, RaidCreate, RaidLevel, RemoveNamespace, SubsystemHostParams,
+    SubsystemListener,
 };
 
 /// A fault to inject into one call.
@@ -182,6 +183,10 @@ struct Subsys {
     model: String,
     hosts: Vec<String>,
     listeners: Vec<super::rpc::ListenAddress>,
+    /// Created with `ana_reporting`.
+    ana_reporting: bool,
+    /// Listeners set to a state other than optimized, by `traddr:trsvcid`.
+    ana: BTreeMap<String, super::rpc::AnaState>,
     namespaces: Vec<Ns>,
     /// Host controllers connected by NVMe/TCP attaches: (cntlid, hostnqn, hostid).
     controllers: Vec<(u32, String, String)>,
@@ -244,6 +249,9 @@ struct State {
     /// Notify events (type, bdev), id = index, and the bdevs last seen.
     notifications: Vec<(&'static str, String)>,
     seen: std::collections::BTreeSet<String>,
+    /// Snapshots of an lvol that was exported (itself, or as a raid member)
+    /// through a listener that accepted I/O when the snapshot was taken.
+    snapshots_while_writable: Vec<String>,
 }
 
 /// Every double in the process, for NVMe/TCP attach across doubles.
@@ -443,6 +451,23 @@ impl SpdkDouble {
     /// Drops the connection on the `nth` next call of `method`, before running it.
     pub fn drop_connection_on(&self, method: &str, nth: u32) {
         self.inject(method, nth, Fault::DropConnection { after_execute: false });
+    }
+
+    /// Snapshots (`lvs/name`) taken of an lvol that a listener accepting I/O
+    /// exported (directly or as a raid member) at that moment: each one may
+    /// be a different instant from its siblings'.
+    pub fn snapshots_while_writable(&self) -> Vec<String> {
+        lock(&self.state).snapshots_while_writable.clone()
+    }
+
+    /// Listeners of `nqn` whose ANA state is not optimized (`traddr:trsvcid`).
+    pub fn frozen_listeners(&self, nqn: &str) -> Vec<String> {
+        let st = lock(&self.state);
+        st.subsystems
+            .iter()
+            .find(|s| s.nqn == nqn)
+            .map(|s| s.ana.keys().cloned().collect())
+            .unwrap_or_default()
     }
 
     /// How many times `method` was called.
@@ -877,6 +902,23 @@ impl State {
         }
     }
 
+    /// Whether bdev `i` (or the raid it is a member of) is a namespace of a
+    /// subsystem with a listener that serves I/O (ANA optimized).
+    fn writable_export(&self, i: usize) -> bool {
+        let b = &self.bdevs[i];
+        let device = match &b.claimed_by {
+            Some(raid) if self.raids.iter().any(|r| &r.name == raid) => raid.clone(),
+            _ => b.name.clone(),
+        };
+        self.subsystems.iter().any(|s| {
+            s.namespaces.iter().any(|n| n.bdev == device)
+                && s.listeners.iter().any(|l| {
+                    let key = format!("{}:{}", l.traddr, l.trsvcid.as_deref().unwrap_or_default());
+                    !s.ana.contains_key(&key)
+                })
+        })
+    }
+
     fn lvol_info(&self, i: usize) -> LvolInfo {
         match &self.bdevs[i].kind {
             BdevKind::Lvol(l) => l.clone(),
@@ -1181,6 +1223,9 @@ impl State {
                 let alias = format!("{}/{}", lvs.name, p.snapshot_name);
                 if self.name_taken(&alias) {
                     return e(EEXIST);
+                }
+                if self.writable_export(i) {
+                    self.snapshots_while_writable.push(alias.clone());
                 }
                 let uuid = new_uuid();
                 let src = self.bdevs[i].clone();
@@ -1511,6 +1556,7 @@ impl State {
                     allow_any_host: p.allow_any_host.unwrap_or(false),
                     serial: p.serial_number.unwrap_or_else(|| format!("SPDK{n:014}")),
                     model: p.model_number.unwrap_or_else(|| "SPDK bdev Controller".into()),
+                    ana_reporting: p.ana_reporting.unwrap_or(false),
                     ..Subsys::default()
                 });
                 Ok(json!(true))
@@ -1533,8 +1579,14 @@ impl State {
                         "allow_any_host": s.allow_any_host,
                         "hosts": s.hosts.iter().map(|h| json!({"nqn": h})).collect::<Vec<_>>(),
                         "serial_number": s.serial, "model_number": s.model, "max_namespaces": 32,
-                        "namespaces": s.namespaces.iter().map(|n| json!({"nsid": n.nsid, "bdev_name": n.bdev,
-                            "name": n.bdev, "nguid": n.nguid, "uuid": n.uuid})).collect::<Vec<_>>(),
+                        "namespaces": s.namespaces.iter().map(|n| {
+                            let mut ns = json!({"nsid": n.nsid, "bdev_name": n.bdev,
+                                "name": n.bdev, "nguid": n.nguid, "uuid": n.uuid});
+                            if s.ana_reporting {
+                                ns["anagrpid"] = json!(n.nsid);
+                            }
+                            ns
+                        }).collect::<Vec<_>>(),
                     }));
                 }
                 match p.nqn {
@@ -1609,6 +1661,51 @@ impl State {
                     }
                     self.subsystems[si].listeners.retain(|l| !same(l));
                 }
+                Ok(json!(true))
+            }
+            "nvmf_subsystem_get_listeners" => {
+                let p: ByNqn = decode(params)?;
+                let Ok(si) = self.subsys(&p.nqn) else {
+                    return fail(-32602, format!("Unable to find subsystem with NQN {}", p.nqn));
+                };
+                let sub = &self.subsystems[si];
+                Ok(Value::Array(
+                    sub.listeners
+                        .iter()
+                        .map(|l| {
+                            let key = format!("{}:{}", l.traddr, l.trsvcid.as_deref().unwrap_or_default());
+                            let state = match sub.ana.get(&key) {
+                                Some(super::rpc::AnaState::Inaccessible) => "inaccessible",
+                                Some(super::rpc::AnaState::NonOptimized) => "non_optimized",
+                                _ => "optimized",
+                            };
+                            let mut v = json!({"address": l});
+                            if sub.ana_reporting {
+                                v["ana_states"] = json!([{"ana_group": 1, "ana_state": state}]);
+                            }
+                            v
+                        })
+                        .collect(),
+                ))
+            }
+            "nvmf_subsystem_listener_set_ana_state" => {
+                let p: ListenerAnaState = decode(params)?;
+                let Ok(si) = self.subsys(&p.nqn) else {
+                    return fail(-32602, format!("Unable to find subsystem with NQN {}", p.nqn));
+                };
+                let sub = &mut self.subsystems[si];
+                let l = &p.listen_address;
+                let listens = sub.listeners.iter().any(|x| {
+                    x.trtype.eq_ignore_ascii_case(&l.trtype) && x.traddr == l.traddr && x.trsvcid == l.trsvcid
+                });
+                if !sub.ana_reporting || !listens {
+                    return fail(-32603, "error setting ANA state: -22");
+                }
+                let key = format!("{}:{}", l.traddr, l.trsvcid.as_deref().unwrap_or_default());
+                match p.ana_state {
+                    super::rpc::AnaState::Optimized => sub.ana.remove(&key),
+                    other => sub.ana.insert(key, other),
+                };
                 Ok(json!(true))
             }
             "nvmf_subsystem_add_host" | "nvmf_subsystem_remove_host" => {
@@ -1894,6 +1991,8 @@ pub const METHODS: &[&str] = &[
     "nvmf_subsystem_remove_ns",
     "nvmf_subsystem_add_listener",
     "nvmf_subsystem_remove_listener",
+    "nvmf_subsystem_listener_set_ana_state",
+    "nvmf_subsystem_get_listeners",
     "nvmf_subsystem_add_host",
     "nvmf_subsystem_remove_host",
     "nvmf_subsystem_get_controllers",

@@ -720,6 +720,15 @@ pub struct Subsystem {
     pub namespaces: Vec<SubsystemNamespace>,
 }
 
+impl Subsystem {
+    /// Whether the subsystem was created with ANA reporting (SPDK reports an
+    /// `anagrpid` on its namespaces only then). `None` when it has no
+    /// namespace to tell by.
+    pub fn ana_reporting(&self) -> Option<bool> {
+        self.namespaces.first().map(|n| n.anagrpid.is_some())
+    }
+}
+
 /// An allowed host.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SubsystemHost {
@@ -740,6 +749,10 @@ pub struct SubsystemNamespace {
     /// The namespace UUID.
     #[serde(default)]
     pub uuid: Option<String>,
+    /// The ANA group; SPDK reports it only for subsystems created with
+    /// `ana_reporting` (`nvmf_rpc.c`, `dump_nvmf_subsystem`).
+    #[serde(default)]
+    pub anagrpid: Option<u32>,
 }
 
 /// A transport address.
@@ -832,6 +845,57 @@ pub struct SubsystemListener {
     pub nqn: String,
     /// The address.
     pub listen_address: ListenAddress,
+}
+
+/// An ANA state of a listener, as `nvmf_subsystem_listener_set_ana_state`
+/// spells it. SPDK v26.05 sets only these three (`subsystem.c`,
+/// `spdk_nvmf_subsystem_set_ana_state`: change and persistent loss are -ENOTSUP).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AnaState {
+    /// I/O is served.
+    Optimized,
+    /// I/O is served (a less preferred path).
+    NonOptimized,
+    /// Every I/O command is completed with the path error "ANA inaccessible"
+    /// (no DNR), without reaching the bdev; hosts with NVMe multipath queue
+    /// it until the state changes.
+    Inaccessible,
+}
+
+/// `nvmf_subsystem_listener_set_ana_state` params. SPDK pauses the subsystem
+/// (every namespace, waiting for outstanding I/O to complete) while it
+/// changes the state, then resumes it (`nvmf_rpc.c`,
+/// `rpc_nvmf_subsystem_listener_set_ana_state` -> `spdk_nvmf_subsystem_pause(subsystem, 0, ...)`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ListenerAnaState {
+    /// The subsystem (created with `ana_reporting`, or SPDK answers -32603
+    /// "error setting ANA state: -22").
+    pub nqn: String,
+    /// The listener.
+    pub listen_address: ListenAddress,
+    /// The state for every ANA group of the listener.
+    pub ana_state: AnaState,
+}
+
+/// One listener of `nvmf_subsystem_get_listeners`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ListenerInfo {
+    /// The address.
+    pub address: ListenAddress,
+    /// One state per ANA group (reported only with `ana_reporting`).
+    #[serde(default)]
+    pub ana_states: Vec<AnaGroupState>,
+}
+
+/// The ANA state of one group of a listener.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AnaGroupState {
+    /// The group id.
+    pub ana_group: u32,
+    /// "optimized", "non_optimized", "inaccessible", "persistent_loss" or "change".
+    pub ana_state: String,
 }
 
 /// `nvmf_subsystem_add_host` / `_remove_host` params.
@@ -1238,6 +1302,11 @@ impl SpdkClient {
         nvmf_subsystem_add_listener(SubsystemListener) -> bool);
     rpc!(/// Removes a listener.
         nvmf_subsystem_remove_listener(SubsystemListener) -> bool);
+    rpc!(/// Sets the ANA state of a listener (the subsystem is paused and
+        /// drained while it changes).
+        nvmf_subsystem_listener_set_ana_state(ListenerAnaState) -> bool);
+    rpc!(/// The listeners of a subsystem with their ANA states.
+        nvmf_subsystem_get_listeners(ByNqn) -> Vec<ListenerInfo>);
     rpc!(/// Allows a host.
         nvmf_subsystem_add_host(SubsystemHostParams) -> bool);
     rpc!(/// Disallows a host.

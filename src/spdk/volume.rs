@@ -29,16 +29,16 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
 
 use futures::future::{join_all, try_join_all};
-use serde_json::json;
 
 use super::client::{ClientError, SpdkClient};
 use super::error::ErrorKind;
 use super::placement::{self, Blocked, DiskAway, Slot};
 use super::rpc::{
-    AddNamespace, AttachController, Bdev, ByName, ByNqn, CreateSubsystem, CreateTransport, GetBdevs,
-    GetControllers, GetLvols, GetRaids, GetSubsystems, GetTransports, ListenAddress, Lvol, LvolClone,
-    LvolCreate, LvolResize, LvolSnapshot, Lvstore, LvstoreSelector, NullCreate, RaidAddBaseBdev, RaidBdev,
-    RaidCategory, RaidCreate, RaidLevel, RemoveNamespace, Subsystem, SubsystemHostParams, SubsystemListener,
+    AddNamespace, AnaState, AttachController, Bdev, ByName, ByNqn, CreateSubsystem, CreateTransport,
+    GetBdevs, GetControllers, GetLvols, GetRaids, GetSubsystems, GetTransports, ListenAddress,
+    ListenerAnaState, Lvol, LvolClone, LvolCreate, LvolResize, LvolSnapshot, Lvstore, LvstoreSelector,
+    NullCreate, RaidAddBaseBdev, RaidBdev, RaidCategory, RaidCreate, RaidLevel, RemoveNamespace, Subsystem,
+    SubsystemHostParams, SubsystemListener,
 };
 use crate::names::{NQN_PREFIX, Nqn, ObjectName, volume_uuid};
 
@@ -506,6 +506,11 @@ pub struct VolumePlan {
     pub disk_away: BTreeMap<String, DiskAway>,
     /// Clone source `(volume, snapshot)`.
     pub from_snapshot: Option<(ObjectName, ObjectName)>,
+    /// The replicas of the clone source whose snapshots were taken at one
+    /// point in time (recorded in the source volume's ledger). Only those
+    /// are cloned; the others are made empty and rebuilt from them. `None`:
+    /// nothing recorded, the lowest replica with the snapshot is the only source.
+    pub snapshot_set: Option<BTreeSet<usize>>,
     /// The export.
     pub export: ExportSpec,
     /// The replicas last known to hold the newest data (the persisted
@@ -516,6 +521,46 @@ pub struct VolumePlan {
     /// Replicas kept by other talon nodes: replica `replicas + i` is served
     /// at `remote[i]` (address, NVMe/TCP port).
     pub remote: Vec<(IpAddr, u16)>,
+}
+
+/// What [`VolumeOps::snapshot`] took.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Snapshotted {
+    /// The snapshot lvol aliases of every replica that has one.
+    pub lvols: Vec<String>,
+    /// The replicas whose snapshots this call took at one point in time
+    /// (empty when they all existed already): what the ledger records.
+    pub point_in_time: BTreeSet<usize>,
+}
+
+/// The replicas of `vol`'s snapshot `snap` that a revert or clone may use
+/// as they are: the recorded point-in-time set (`recorded`, from the ledger)
+/// among the snapshot lvols present, else the lowest replica that has the
+/// snapshot. Never two replicas whose snapshots may differ; the others are
+/// rebuilt from these. Empty when no replica has the snapshot.
+pub fn point_in_time_set(
+    inv: &Inventory,
+    vol: &str,
+    snap: &str,
+    recorded: Option<&BTreeSet<usize>>,
+) -> BTreeSet<usize> {
+    let present: BTreeSet<usize> = inv
+        .lvols
+        .values()
+        .filter(|l| l.lvs.name.starts_with(LVS_PREFIX))
+        .filter_map(|l| match parse_lvol(&l.name) {
+            Some(LvolRole::Snapshot { volume, k, snap: s }) if volume == vol && s == snap => Some(k),
+            _ => None,
+        })
+        .collect();
+    let together: BTreeSet<usize> = recorded
+        .map(|r| r.intersection(&present).copied().collect())
+        .unwrap_or_default();
+    if together.is_empty() {
+        present.into_iter().take(1).collect()
+    } else {
+        together
+    }
 }
 
 /// One replica as it is.
@@ -690,6 +735,11 @@ impl VolumeOps {
             .from_snapshot
             .as_ref()
             .map(|(sv, ss)| (sv.as_str(), ss.as_str()));
+        // the replicas of a clone that are cloned; the others start empty and are rebuilt
+        let clone_set: BTreeSet<usize> = match source {
+            Some((sv, ss)) => point_in_time_set(inv, sv, ss, plan.snapshot_set.as_ref()),
+            None => BTreeSet::new(),
+        };
         // a clone lives in the lvstore of its snapshot
         let clone_of: Option<BTreeMap<usize, String>> = source.map(|(sv, ss)| {
             (0..plan.replicas)
@@ -740,8 +790,9 @@ impl VolumeOps {
         let creates = placement.iter().filter(|p| !p.2).map(|(k, disk, _)| {
             let name = naming::replica(vol, *k);
             let lvs = naming::lvstore(disk);
+            let clone_from = source.filter(|_| clone_set.contains(k));
             async move {
-                let r = match source {
+                let r = match clone_from {
                     Some((sv, ss)) => {
                         let snap = format!("{lvs}/{}", naming::snapshot_lvol(sv, *k, ss));
                         self.client
@@ -777,7 +828,8 @@ impl VolumeOps {
                     serial_number: Some(naming::serial(&plan.name)),
                     model_number: Some("talon".into()),
                     max_namespaces: Some(1),
-                    ana_reporting: None,
+                    // so that a snapshot can freeze it (VolumeOps::snapshot)
+                    ana_reporting: Some(true),
                 })
                 .await
                 .map(|_| true)
@@ -820,7 +872,7 @@ impl VolumeOps {
             let size = match inv.bdev_size(&bdev) {
                 Some(s) => s,
                 // just made: a clone has its snapshot's size, a new lvol whole clusters
-                None => match source {
+                None => match source.filter(|_| clone_set.contains(k)) {
                     Some((sv, ss)) => inv
                         .find_lvol(&naming::snapshot_lvol(sv, *k, ss))
                         .and_then(|l| inv.bdev_size(&l.uuid))
@@ -920,6 +972,8 @@ impl VolumeOps {
         let fresh = placement.iter().all(|p| !p.2);
         let trusted = |k: usize| match &plan.in_sync {
             Some(s) => s.contains(&k) && !created.contains(&k),
+            // a new clone: only the replicas cloned from one point in time
+            None if source.is_some() => clone_set.contains(&k),
             None => fresh || !created.contains(&k),
         };
         let (device, sync) = if plan.replicas + plan.remote.len() <= 1 {
@@ -1425,17 +1479,29 @@ impl VolumeOps {
     }
 
     /// Snapshots every up-to-date replica of a volume (`in_sync`; `None`:
-    /// every replica) with the subsystem paused (when it exists), always
-    /// resuming; rolls back the snapshots it made on error. A replica that is
-    /// behind or being rebuilt gets none: its copy would not be the volume's.
-    /// Returns the snapshot lvol aliases.
+    /// every replica) at one point in time; rolls back the snapshots it made
+    /// on error. A replica that is behind or being rebuilt gets none: its
+    /// copy would not be the volume's.
+    ///
+    /// One point in time: SPDK quiesces only the lvol it snapshots
+    /// (`bdev_lvol_snapshot`), not its raid siblings, and v26.05 has no
+    /// `nvmf_subsystem_pause` RPC. So the export is frozen first: every
+    /// listener of the volume's subsystem is set ANA inaccessible, which SPDK
+    /// does with the subsystem paused and drained (no I/O outstanding in the
+    /// raid when the call returns), after which every new I/O command is
+    /// failed with a retryable path error before it reaches the raid (hosts
+    /// with NVMe multipath queue it). The snapshots are taken, the listeners
+    /// set optimized again, always. A volume not exported takes no I/O. An
+    /// export made before ANA reporting (no `anagrpid`) cannot be frozen:
+    /// then only the lowest replica is snapshotted, and a revert or clone
+    /// rebuilds the others from it (see [`point_in_time_set`]).
     pub async fn snapshot(
         &self,
         inv: &Inventory,
         vol: &ObjectName,
         snap: &ObjectName,
         in_sync: Option<&BTreeSet<usize>>,
-    ) -> Result<Vec<String>, VolumeError> {
+    ) -> Result<Snapshotted, VolumeError> {
         let v = vol.as_str();
         let id = format!("{v}@{snap}");
         let mut heads = replica_heads(inv, v);
@@ -1449,7 +1515,7 @@ impl VolumeOps {
             if inv.lvols.contains_key(&alias) {
                 done.push(alias);
             } else {
-                todo.push((l.alias.clone(), sname, alias));
+                todo.push((*k, l.alias.clone(), sname, alias));
             }
         }
         if heads.is_empty() {
@@ -1459,46 +1525,47 @@ impl VolumeOps {
             });
         }
         if todo.is_empty() {
-            return Ok(done);
+            return Ok(Snapshotted {
+                lvols: done,
+                point_in_time: BTreeSet::new(),
+            });
         }
         let nqn = Nqn::for_volume(vol);
-        let paused = if inv.subsystem(nqn.as_str()).is_some() && heads.len() > 1 {
-            match self
-                .client
-                .typed::<_, bool>("nvmf_subsystem_pause", &json!({"nqn": nqn.as_str()}))
-                .await
-            {
-                Ok(_) => true,
-                // SpdkDouble does not implement pause; a real v26.05 target does
-                Err(e) if e.is(ErrorKind::MethodNotFound) => {
-                    tracing::warn!(%nqn, "target has no nvmf_subsystem_pause: snapshot taken without pausing");
-                    false
+        let export = inv
+            .subsystem(nqn.as_str())
+            .filter(|s| !s.namespaces.is_empty() && !s.listen_addresses.is_empty());
+        let mut frozen = Vec::new();
+        if let Some(sub) = export
+            && todo.len() > 1
+        {
+            if sub.ana_reporting() == Some(true) {
+                for l in &sub.listen_addresses {
+                    if let Err(e) = self.set_ana(&nqn, l, AnaState::Inaccessible).await {
+                        // thaw logs its own failures; the freeze error is the one to report
+                        let _ = self.thaw(&nqn, &frozen).await;
+                        return Err(rpc(&id, format!("freezing {nqn} on {}", l.traddr))(e));
+                    }
+                    frozen.push(l.clone());
                 }
-                Err(e) => return Err(rpc(&id, format!("pausing {nqn}"))(e)),
+            } else {
+                tracing::warn!(%nqn, snapshot = %id, "export predates ANA reporting and cannot be frozen: \
+                    snapshot taken on one replica; a revert or clone rebuilds the others from it");
+                todo.truncate(1);
             }
-        } else {
-            false
-        };
+        }
         let id_ref = &id;
-        let results = join_all(todo.iter().map(|(head, sname, alias)| async move {
+        let results = join_all(todo.iter().map(|(k, head, sname, alias)| async move {
             self.client
                 .bdev_lvol_snapshot(&LvolSnapshot {
                     lvol_name: head.clone(),
                     snapshot_name: sname.clone(),
                 })
                 .await
-                .map(|_| alias.clone())
+                .map(|_| (*k, alias.clone()))
                 .map_err(rpc(id_ref, format!("snapshotting {head}")))
         }))
         .await;
-        if paused
-            && let Err(e) = self
-                .client
-                .typed::<_, bool>("nvmf_subsystem_resume", &json!({"nqn": nqn.as_str()}))
-                .await
-        {
-            tracing::error!(%nqn, error = %e, "resume after snapshot failed");
-        }
+        let thawed = self.thaw(&nqn, &frozen).await;
         let mut err = None;
         let mut made = Vec::new();
         for r in results {
@@ -1508,11 +1575,70 @@ impl VolumeOps {
             }
         }
         if let Some(e) = err {
-            self.undo(made.into_iter().map(Made::Lvol).collect()).await;
+            self.undo(made.into_iter().map(|(_, a)| Made::Lvol(a)).collect())
+                .await;
             return Err(e);
         }
-        done.extend(made);
-        Ok(done)
+        thawed.map_err(rpc(&id, format!("thawing {nqn} after the snapshot")))?;
+        let point_in_time = made.iter().map(|(k, _)| *k).collect();
+        done.extend(made.into_iter().map(|(_, a)| a));
+        Ok(Snapshotted {
+            lvols: done,
+            point_in_time,
+        })
+    }
+
+    async fn set_ana(&self, nqn: &Nqn, l: &ListenAddress, state: AnaState) -> Result<bool, ClientError> {
+        self.client
+            .nvmf_subsystem_listener_set_ana_state(&ListenerAnaState {
+                nqn: nqn.as_str().to_owned(),
+                listen_address: l.clone(),
+                ana_state: state,
+            })
+            .await
+    }
+
+    /// Sets `listeners` of `nqn` optimized again; every one is tried, the
+    /// first error returned.
+    async fn thaw(&self, nqn: &Nqn, listeners: &[ListenAddress]) -> Result<(), ClientError> {
+        let mut first = Ok(());
+        for l in listeners {
+            if let Err(e) = self.set_ana(nqn, l, AnaState::Optimized).await {
+                tracing::error!(%nqn, listener = %l.traddr, error = %e, "could not thaw the export after a snapshot");
+                first = first.and(Err(e));
+            }
+        }
+        first
+    }
+
+    /// Sets every listener of the volume's export that is not optimized
+    /// (left frozen by a snapshot that talon did not finish: a crash between
+    /// freeze and thaw) optimized again. Returns how many it thawed.
+    pub async fn thaw_export(&self, vol: &ObjectName) -> Result<usize, VolumeError> {
+        let nqn = Nqn::for_volume(vol);
+        let listeners = match self
+            .client
+            .nvmf_subsystem_get_listeners(&ByNqn {
+                nqn: nqn.as_str().to_owned(),
+            })
+            .await
+        {
+            Ok(l) => l,
+            Err(e) if e.is(ErrorKind::InvalidParams) || e.is(ErrorKind::NotFound) => return Ok(0),
+            Err(e) => return Err(rpc(vol.as_str(), format!("listing the listeners of {nqn}"))(e)),
+        };
+        let frozen: Vec<ListenAddress> = listeners
+            .into_iter()
+            .filter(|l| l.ana_states.iter().any(|s| s.ana_state != "optimized"))
+            .map(|l| l.address)
+            .collect();
+        if !frozen.is_empty() {
+            tracing::warn!(%nqn, listeners = frozen.len(), "export was left frozen: thawing it");
+        }
+        self.thaw(&nqn, &frozen)
+            .await
+            .map_err(rpc(vol.as_str(), format!("thawing {nqn}")))?;
+        Ok(frozen.len())
     }
 
     /// Deletes every replica's snapshot lvol `<vol>-r<k>.s.<snap>`; a clear
@@ -1542,28 +1668,35 @@ impl VolumeOps {
         Ok(())
     }
 
-    /// Reverts every replica to snapshot `snap`: the export and engine go
-    /// away, each head is deleted and made again as a clone of its snapshot,
-    /// and the marker `<vol>.rev.<generation>` records it. A replica with no
-    /// such snapshot (it was behind when it was taken) loses its head: it is
-    /// made again empty and rebuilt. Idempotent: run again after a failure, it
-    /// finishes the missing replicas. Returns the replicas now up to date; the
-    /// caller then calls [`VolumeOps::ensure`] with them to export again.
+    /// Reverts the volume to snapshot `snap`: the export and engine go
+    /// away, the head of each replica of the snapshot's point-in-time set
+    /// ([`point_in_time_set`] of `recorded`) is deleted and made again as a
+    /// clone of its snapshot, and the marker `<vol>.rev.<generation>` records
+    /// it. Every other replica (behind when the snapshot was taken, or whose
+    /// snapshot is not proven to be the same instant) loses its head: it is
+    /// made again empty and rebuilt from the set, so a raid1 is never built
+    /// over members that may differ. Idempotent: run again after a failure,
+    /// it finishes the missing replicas. Returns the replicas now up to date;
+    /// the caller then calls [`VolumeOps::ensure`] with them to export again.
     pub async fn revert(
         &self,
         inv: &Inventory,
         vol: &ObjectName,
         snap: &ObjectName,
         generation: u64,
+        recorded: Option<&BTreeSet<usize>>,
     ) -> Result<BTreeSet<usize>, VolumeError> {
         let v = vol.as_str();
         let id = format!("{v}@{snap}");
+        let sources = point_in_time_set(inv, v, snap.as_str(), recorded);
         let snaps: Vec<(usize, &Lvol)> = inv
             .lvols
             .values()
             .filter(|l| l.lvs.name.starts_with(LVS_PREFIX))
             .filter_map(|l| match parse_lvol(&l.name) {
-                Some(LvolRole::Snapshot { volume, k, snap: s }) if volume == v && s == snap.as_str() => {
+                Some(LvolRole::Snapshot { volume, k, snap: s })
+                    if volume == v && s == snap.as_str() && sources.contains(&k) =>
+                {
                     Some((k, l))
                 }
                 _ => None,

@@ -63,6 +63,9 @@ pub fn serves_v2(volume: &Volume, node: &NodeConfig, claims_auto: bool) -> bool 
 pub struct SpdkVolumeController {
     ops: VolumeOps,
     claims_auto: bool,
+    /// Volumes whose export was checked for listeners left frozen (ANA
+    /// inaccessible) by a snapshot that did not finish, since this start.
+    thaw_checked: std::sync::Mutex<BTreeSet<String>>,
 }
 
 impl SpdkVolumeController {
@@ -72,6 +75,7 @@ impl SpdkVolumeController {
         Self {
             ops: VolumeOps::new(client),
             claims_auto: selection_claims_auto,
+            thaw_checked: std::sync::Mutex::default(),
         }
     }
 }
@@ -126,6 +130,9 @@ struct Job {
     disk_away: BTreeMap<String, DiskAway>,
     /// From the volume's ledger.
     in_sync: Option<BTreeSet<usize>>,
+    /// The point-in-time set of the snapshot a revert or clone starts from
+    /// (from the ledger of the snapshot's volume).
+    snapshot_set: Option<BTreeSet<usize>>,
 }
 
 /// What realizing one volume gave.
@@ -181,7 +188,13 @@ impl SpdkVolumeController {
             };
             match self
                 .ops
-                .revert(inv, &name, &snap, job.spec.revert_generation)
+                .revert(
+                    inv,
+                    &name,
+                    &snap,
+                    job.spec.revert_generation,
+                    job.snapshot_set.as_ref(),
+                )
                 .await
             {
                 Ok(reverted) => in_sync = Some(reverted),
@@ -214,6 +227,7 @@ impl SpdkVolumeController {
             placed: job.placed.clone(),
             disk_away: job.disk_away.clone(),
             from_snapshot,
+            snapshot_set: job.snapshot_set.clone(),
             export: export.clone(),
             in_sync,
             remote,
@@ -224,6 +238,9 @@ impl SpdkVolumeController {
         };
         match done {
             Ok(info) => {
+                if job.spec.serve_replica.is_none() {
+                    self.thaw_once(&name).await;
+                }
                 // a served replica's engine (and ledger) is on another node
                 let in_sync = job.spec.serve_replica.is_none().then(|| info.in_sync.clone());
                 let rebuilding = info.rebuilding.is_some();
@@ -257,6 +274,29 @@ impl SpdkVolumeController {
             Err(e) => Realized::failed(ObjectState::Failed, err_text(&e)),
         }
     }
+}
+
+impl SpdkVolumeController {
+    /// Once per volume and start: thaws an export a snapshot left frozen
+    /// (talon stopped between freeze and thaw); retried until it succeeds.
+    async fn thaw_once(&self, name: &ObjectName) {
+        let checked = |s: &Self| lock(&s.thaw_checked).contains(name.as_str());
+        if checked(self) {
+            return;
+        }
+        match self.ops.thaw_export(name).await {
+            Ok(_) => {
+                lock(&self.thaw_checked).insert(name.to_string());
+            }
+            Err(e) => {
+                tracing::warn!(volume = %name, error = %err_text(&e), "could not check the export for a freeze")
+            }
+        }
+    }
+}
+
+fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 fn status_of(
@@ -538,12 +578,19 @@ impl Controller for SpdkVolumeController {
                 .collect();
             let ledger = ledgers.get(v.id());
             placed.extend(ledger.map(ReplicaLedger::placed).unwrap_or_default());
+            // revert: this volume's snapshot; clone: the source volume's
+            let start = v.spec.revert_to.as_deref().or(v.spec.from_snapshot.as_deref());
+            let snapshot_set = start.and_then(|id| {
+                let (sv, ss) = split_snapshot_id(id).ok()?;
+                ledgers.get(sv.as_str())?.snapshot_set(ss.as_str())
+            });
             live.push(Job {
                 id: v.id().to_string(),
                 spec: v.spec.clone(),
                 placed,
                 disk_away: disk_away.clone(),
                 in_sync: ledger.map(ReplicaLedger::in_sync_set),
+                snapshot_set,
             });
         }
         // one TCP transport per target, made (or adopted) before the volumes
@@ -579,6 +626,8 @@ impl Controller for SpdkVolumeController {
 
         // snapshots of live volumes
         let mut snap_out: Vec<(String, SnapshotStatus)> = Vec::new();
+        // (volume, snapshot, point-in-time set; None: the snapshot is gone)
+        let mut snap_sets: Vec<(String, String, Option<BTreeSet<usize>>)> = Vec::new();
         let mut snap_deleting = Vec::new();
         if !snapshots.is_empty() {
             inv = Inventory::load(self.ops.client()).await?;
@@ -647,8 +696,21 @@ impl Controller for SpdkVolumeController {
                         .and_then(|(_, r)| r.in_sync.clone())
                         .or_else(|| ledgers.get(vol.as_str()).map(ReplicaLedger::in_sync_set));
                     match self.ops.snapshot(&inv, &vol, &snap, in_sync.as_ref()).await {
-                        Ok(objects) => snap_status(&s.spec.volume, ObjectState::Ready, objects, ""),
-                        Err(e) => snap_status(&s.spec.volume, ObjectState::Failed, vec![], err_text(&e)),
+                        Ok(taken) => {
+                            if !taken.point_in_time.is_empty() {
+                                snap_sets.push((
+                                    vol.to_string(),
+                                    snap.to_string(),
+                                    Some(taken.point_in_time),
+                                ));
+                            }
+                            snap_status(&s.spec.volume, ObjectState::Ready, taken.lvols, "")
+                        }
+                        Err(e) => {
+                            // a thaw may have failed: look again at the next reconcile
+                            lock(&self.thaw_checked).remove(vol.as_str());
+                            snap_status(&s.spec.volume, ObjectState::Failed, vec![], err_text(&e))
+                        }
                     }
                 }
             };
@@ -684,9 +746,11 @@ impl Controller for SpdkVolumeController {
                 .and_then(|now| next_ledger(ledgers.get(&id), &now, &r.disks))
             {
                 tracing::info!(volume = %id, in_sync = ?next.in_sync, reason = %next.reason, "replica ledger");
-                ctx.apply(&id, next)?;
+                ctx.apply(&id, next.clone())?;
+                ledgers.insert(id.clone(), next);
             }
         }
+        record_snapshots(ctx, &mut ledgers, &mut snap_sets)?;
 
         // deletions: volumes first (their heads may be clones of snapshots), then snapshots
         if !deleting.is_empty() || !snap_deleting.is_empty() {
@@ -708,13 +772,17 @@ impl Controller for SpdkVolumeController {
         }
         for s in &snap_deleting {
             match self.ops.delete_snapshot(&inv, &s.spec.volume, &s.spec.name).await {
-                Ok(()) => ctx.remove_finalizer::<Snapshot>(s.id())?,
+                Ok(()) => {
+                    snap_sets.push((s.spec.volume.clone(), s.spec.name.clone(), None));
+                    ctx.remove_finalizer::<Snapshot>(s.id())?
+                }
                 Err(e) => ctx.apply(
                     s.id(),
                     snap_status(&s.spec.volume, ObjectState::Deleting, vec![], err_text(&e)),
                 )?,
             }
         }
+        record_snapshots(ctx, &mut ledgers, &mut snap_sets)?;
         for id in deleted_vols {
             ctx.remove_finalizer::<Volume>(&id)?;
         }
@@ -788,8 +856,35 @@ fn next_ledger(
             changed: humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
             in_sync: now,
             disks,
+            snapshots: before.map(|b| b.snapshots.clone()).unwrap_or_default(),
         }),
     }
+}
+
+/// Records (or, with `None`, forgets) the point-in-time sets of snapshots in
+/// their volumes' ledgers, persisted before anything can revert to them.
+/// A volume with no ledger has no engine here: nothing to record.
+fn record_snapshots(
+    ctx: &mut ReconcileContext,
+    ledgers: &mut BTreeMap<String, ReplicaLedger>,
+    sets: &mut Vec<(String, String, Option<BTreeSet<usize>>)>,
+) -> Result<(), ControllerError> {
+    for (vol, snap, set) in sets.drain(..) {
+        let Some(l) = ledgers.get_mut(&vol) else {
+            continue;
+        };
+        let changed = match set {
+            Some(set) => {
+                let ks: Vec<u32> = set.iter().map(|k| *k as u32).collect();
+                l.snapshots.insert(snap, ks.clone()) != Some(ks)
+            }
+            None => l.snapshots.remove(&snap).is_some(),
+        };
+        if changed {
+            ctx.apply(&vol, l.clone())?;
+        }
+    }
+    Ok(())
 }
 
 /// Why the up-to-date set changed, in words.
