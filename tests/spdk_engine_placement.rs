@@ -6,7 +6,8 @@
 //!   when one disk comes up it still waits (never both replicas on one
 //!   disk); when the second comes up its replicas land on the two disks;
 //! - after a target restart, 20 volumes set up 16 at a time make one TCP
-//!   transport: `nvmf_create_transport` is called once.
+//!   transport: `nvmf_create_transport` is called once;
+//! - a served volume whose only disk failed reports the disk's error.
 //!
 //! The same against a real spdk_tgt: `tests/spdk_engine_restart_real.rs`.
 
@@ -225,5 +226,37 @@ async fn twenty_volumes_after_a_target_restart_make_one_transport() {
         .await
         .expect("transports");
     assert_eq!(transports.len(), 1);
+    rt.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_volume_whose_disk_failed_says_so() {
+    let d = tempfile::tempdir().expect("tempdir");
+    let double = SpdkDouble::start(d.path().join("spdk.sock"))
+        .await
+        .expect("double");
+    let rt = start(d.path());
+    let st = rt.state.clone();
+    let img = d.path().join("d1.img");
+    std::fs::File::create(&img)
+        .and_then(|f| f.set_len(256 * MIB))
+        .expect("disk file");
+    st.create_typed("d1", "", &file_disk(&img, None)).expect("disk");
+    st.create_typed("v", "", &volume(1, &[])).expect("volume");
+    eventually("v ready", WAIT, || async {
+        engine(&st, "v").filter(|e| e.state == ObjectState::Ready)
+    })
+    .await;
+
+    // the disk's file goes, then the target restarts: the disk cannot come back
+    std::fs::remove_file(&img).expect("rm");
+    double.restart().await.expect("restart");
+    let e = disk_is(&st, "d1", ObjectState::Failed).await;
+    let v = eventually("v failed, naming the disk's error", WAIT, || async {
+        engine(&st, "v").filter(|s| s.state == ObjectState::Failed && s.message.contains("disk d1 failed"))
+    })
+    .await;
+    assert!(v.message.contains(&e.message), "{}", v.message);
+    assert!(v.message.contains("v-r0 on disk d1"), "{}", v.message);
     rt.stop().await;
 }

@@ -271,6 +271,17 @@ impl SpdkVolumeController {
                 },
                 format!("waiting for disks: {}", err_text(&e)),
             ),
+            // waiting for replicas on disks that failed: say why they are away
+            Err(e @ VolumeError::NoCurrentReplica { .. }) => {
+                let mut m = err_text(&e);
+                let failed: BTreeSet<&String> = job.placed.values().collect();
+                for d in failed {
+                    if let Some(DiskAway::Failed(why)) = job.disk_away.get(d) {
+                        m.push_str(&format!("; disk {d} failed: {why}"));
+                    }
+                }
+                Realized::failed(ObjectState::Failed, m)
+            }
             Err(e) => Realized::failed(ObjectState::Failed, err_text(&e)),
         }
     }
