@@ -10,12 +10,13 @@
 //! - [`state`]: the store (get/list/create/update/destroy/watch), `config` persisted.
 //! - [`controller`]: the `Controller` trait and the reconcile context.
 //! - [`runner`]: supervision: one task per controller, backoff on failure.
-//! - [`testing`]: an in-memory runtime and `eventually` for controller tests.
+//! - `testing` (feature `testing`, tests only): an in-memory runtime and `eventually` for controller tests.
 
 pub mod controller;
 pub mod resource;
 pub mod runner;
 pub mod state;
+#[cfg(any(test, feature = "testing"))]
 pub mod testing;
 
 pub use controller::{

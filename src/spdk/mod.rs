@@ -12,6 +12,7 @@
 //! ```
 
 pub mod client;
+#[cfg(any(test, feature = "testing"))]
 pub mod double;
 #[cfg(feature = "spdk-embedded")]
 pub mod embedded;
@@ -20,6 +21,7 @@ pub mod rpc;
 pub mod target;
 
 pub use client::{ClientError, SpdkClient, Timeouts};
+#[cfg(any(test, feature = "testing"))]
 pub use double::SpdkDouble;
 pub use error::{ErrorKind, SpdkError};
 pub mod placement;
