@@ -582,7 +582,11 @@ fn main() {
                 .ok()
                 .and_then(|r| r.parse().ok())
                 .unwrap_or(100);
-            restart(&spdk, volumes, 2).await;
+            let rounds = std::env::var("RESTART_ROUNDS")
+                .ok()
+                .and_then(|r| r.parse().ok())
+                .unwrap_or(2);
+            restart(&spdk, volumes, rounds).await;
             return;
         }
         let dir = tempfile::tempdir().expect("tempdir");
