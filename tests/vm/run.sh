@@ -357,11 +357,14 @@ for s in "${STEP_LIST[@]}"; do
 	say "step $r"
 	h=$STEPS_DIR/$s.host
 	if [ -f "$h" ] && [ -z "${STEP_SKIP[$s]:-}" ]; then
-		if (cd "$HOSTDIR" && bash "$h" check >>"$HOSTDIR/hooks.log" 2>&1); then
+		if (cd "$HOSTDIR" && bash "$h" check >"$HOSTDIR/$s.check.log" 2>&1); then
 			PASS=$((PASS + 1)); say "step $s.host PASS"
 		else
 			FAIL=$((FAIL + 1)); say "step $s.host FAIL (see $HOSTDIR/hooks.log)"
 		fi
+		# what the check measured, in the run's output whatever the result
+		grep -E "^$s: " "$HOSTDIR/$s.check.log" | sed 's/^/vm: /' || true
+		cat "$HOSTDIR/$s.check.log" >>"$HOSTDIR/hooks.log"
 	fi
 done
 grep -q '@@ RESULTS' "$LOG" || { say "the guest never printed its RESULTS line"; FAIL=$((FAIL + 1)); }

@@ -1,8 +1,11 @@
 #!/bin/sh
 # talon attaches a volume exported by talon's V2 engine (SPDK) on the host (guest 10.0.2.2 = host
 # 127.0.0.1), writes 2 MiB at offset 1 MiB through /dev/talon/<vol>, reads them back (O_DIRECT) and
-# compares, detaches and leaves no controller. Skipped by the harness without SPDK.
-# vm-timeout: 90
+# compares, detaches and leaves no controller. Then fio (libaio, direct, 4 KiB random writes, QD16,
+# 20 s) on the 2-replica volume vm-snap while the host snapshots it every second: fio must see no
+# I/O error (the kernel's NVMe multipath queues I/O while a snapshot freezes the export). Skipped by
+# the harness without SPDK.
+# vm-timeout: 150
 set -u
 VOL=hostspdk
 export TALON_DATA_DIR=/tmp/talon-data
@@ -19,4 +22,19 @@ echo "SPDK_MD5=$A read-back=$B"
 talon detach nvme-tcp --volume $VOL || fail=1
 [ -z "$(ctrls)" ] || { echo "controllers left: $(ctrls)"; fail=1; }
 [ ! -e /dev/talon/$VOL ] || fail=1
+
+SNAP=snapvol
+talon attach nvme-tcp --volume $SNAP --traddr "$TALON_HOST_ADDR" --trsvcid "$TALON_HOST_SPDK_NVMF_PORT" \
+	--nqn "$TALON_HOST_SPDK_SNAP_NQN" || exit 1
+START=$(date +%s)
+fio --name=snap --filename=/dev/talon/$SNAP --rw=randwrite --bs=4k --iodepth=16 --ioengine=libaio \
+	--direct=1 --time_based --runtime=20 >/tmp/snapfio.out 2>/tmp/snapfio.err
+RC=$?
+END=$(date +%s)
+# the write completion latency line, e.g. "clat (usec): min=80, max=61234, avg=..."
+CLAT=$(grep -A4 'write:' /tmp/snapfio.out | grep -m1 ' clat ' | tr -s ' ' | sed 's/^ //')
+IOPS=$(grep -m1 'write:' /tmp/snapfio.out | sed -n 's/.*IOPS=\([^,]*\),.*/\1/p')
+echo "SNAPFIO start=$START end=$END rc=$RC iops=$IOPS clat=[$CLAT]"
+[ "$RC" = 0 ] || { cat /tmp/snapfio.err; fail=1; }
+talon detach nvme-tcp --volume $SNAP || fail=1
 exit $fail
