@@ -25,6 +25,15 @@
 //!        ^ NVMe/TCP 127.0.0.1
 //!   spdk_nvme_perf core 1
 //! ```
+//! 4. restart (`restart`, its own targets on two 4 GiB aio file disks): 100
+//!    volumes (half with two replicas) served by `engine.SpdkVolumeController`;
+//!    time until every volume is exported again after talon restarts while
+//!    the target keeps running (warm: every object is still there) and after
+//!    the target restarts too (cold: spdk_tgt started again, lvstores
+//!    imported, raids and exports made again, 16 volumes at a time); with the
+//!    target's memory after it (RSS: `--no-huge` here, this machine has no
+//!    hugepages) and its TCP transports.
+//!
 //! The machine is shared and noisy: compare within one run.
 
 #[path = "../tests/support/spdk_perf.rs"]
@@ -58,6 +67,7 @@ fn plan(name: &str, replicas: usize, port: u16) -> VolumePlan {
         replicas,
         disks: vec![],
         placed: Default::default(),
+        disk_away: Default::default(),
         from_snapshot: None,
         snapshot_set: None,
         export: ExportSpec {
@@ -452,6 +462,196 @@ async fn data_path(spdk: &Path, ops: &VolumeOps, port: u16, rounds: usize, secs:
     }
 }
 
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("port")
+}
+
+/// Attaches the disk files by contract names (what the disk controller does);
+/// the lvstore is made only when `create` (after a restart, examine imports it).
+async fn attach_disks(c: &SpdkClient, dir: &Path, disks: &[&str], create: bool) {
+    for d in disks {
+        let file = dir.join(format!("{d}.img"));
+        if !file.exists() {
+            std::fs::File::create(&file)
+                .and_then(|f| f.set_len(4096 * MIB))
+                .expect("disk file");
+        }
+        c.bdev_aio_create(&talon::spdk::rpc::AioCreate {
+            filename: file.display().to_string(),
+            name: format!("talon-disk-{d}"),
+            block_size: Some(4096),
+            readonly: false,
+            fallocate: false,
+        })
+        .await
+        .expect("aio");
+        if create {
+            c.bdev_lvol_create_lvstore(&LvstoreCreate {
+                bdev_name: format!("talon-disk-{d}"),
+                lvs_name: format!("talon-{d}"),
+                cluster_sz: Some(MIB as u32),
+                clear_method: None,
+            })
+            .await
+            .expect("lvstore");
+        }
+    }
+    c.bdev_wait_for_examine().await.expect("examine");
+}
+
+/// talon's volume controller on a fresh state holding the desired volumes;
+/// returns once every volume's EngineStatus is ready.
+async fn serve_volumes(c: &SpdkClient, port: u16, names: &[String]) -> talon::runtime::testing::TestRuntime {
+    use talon::resources::config::{Disk, NodeConfig, Volume};
+    use talon::resources::engine::{Engine, EngineStatus, ObjectState, TargetStatus};
+    let c2 = c.clone();
+    let rt = talon::runtime::testing::TestRuntime::start(move |rt| {
+        rt.register(talon::controllers::engine::spdk_volume::SpdkVolumeController::new(c2, false))
+    })
+    .expect("runtime");
+    let st = rt.state.clone();
+    let node = NodeConfig {
+        nvmf_port: port,
+        ..NodeConfig::default()
+    };
+    st.create_typed("node", "", &node).expect("node");
+    for d in ["d1", "d2"] {
+        let disk: Disk =
+            serde_json::from_value(serde_json::json!({"path": format!("/x/{d}.img")})).expect("disk");
+        st.create_typed(d, "", &disk).expect("disk");
+    }
+    for (i, n) in names.iter().enumerate() {
+        let v: Volume = serde_json::from_value(
+            serde_json::json!({"sizeBytes": 16 * MIB, "replicas": 1 + i % 2, "engine": "v2"}),
+        )
+        .expect("volume");
+        st.create_typed(n, "", &v).expect("volume");
+    }
+    let ts = TargetStatus {
+        engine: Engine::V2,
+        state: ObjectState::Ready,
+        pid: None,
+        socket: String::new(),
+        version: "v26.05".into(),
+        restarts: 0,
+        message: String::new(),
+    };
+    st.create_typed(talon::controllers::engine::spdk_volume::SPDK_STATUS_ID, "", &ts)
+        .expect("target");
+    let deadline = Instant::now() + Duration::from_secs(600);
+    loop {
+        let ready = names
+            .iter()
+            .filter(|n| {
+                st.get_typed::<EngineStatus>(n)
+                    .ok()
+                    .flatten()
+                    .is_some_and(|e| e.spec.state == ObjectState::Ready)
+            })
+            .count();
+        if ready == names.len() {
+            return rt;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "only {ready} of {} volumes ready",
+            names.len()
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+fn rss_mib(pid: Option<i32>) -> f64 {
+    let Some(pid) = pid else { return 0.0 };
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1).and_then(|k| k.parse::<f64>().ok()))
+        })
+        .map_or(0.0, |kib| kib / 1024.0)
+}
+
+async fn restart(spdk: &Path, volumes: usize, rounds: usize) {
+    println!(
+        "
+restart: {volumes} volumes (half 2 replicas) exported again after a restart (2 aio file disks)"
+    );
+    println!(
+        "{:<44} {:>10} {:>10} {:>10} {:>10} {:>10}",
+        "case", "target ms", "disks ms", "volumes ms", "total ms", "RSS MiB"
+    );
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut cfg = TargetConfig::new(dir.path().join("run"));
+    cfg.spdk_dir = Some(spdk.to_path_buf());
+    cfg.memory = Memory::NoHuge { mem_size_mib: 4096 };
+    cfg.extra_args = vec!["--disable-cpumask-locks".into()];
+    let mut t = Target::start(&cfg).await.expect("spdk_tgt");
+    let c = t.client().clone();
+    attach_disks(&c, dir.path(), &["d1", "d2"], true).await;
+    let port = free_port();
+    let names: Vec<String> = (0..volumes).map(|i| format!("rs{i}")).collect();
+    let t0 = Instant::now();
+    let rt = serve_volumes(&c, port, &names).await;
+    let took = t0.elapsed().as_secs_f64() * 1e3;
+    println!(
+        "{:<44} {:>10} {:>10} {:>10.0} {:>10.0} {:>10.0}",
+        "first start (create all)",
+        "-",
+        "-",
+        took,
+        took,
+        rss_mib(t.pid())
+    );
+    rt.stop().await;
+    for r in 0..rounds {
+        let t0 = Instant::now();
+        let rt = serve_volumes(&c, port, &names).await;
+        let took = t0.elapsed().as_secs_f64() * 1e3;
+        println!(
+            "{:<44} {:>10} {:>10} {:>10.0} {:>10.0} {:>10.0}",
+            format!("warm: talon restarts, target kept ({})", r + 1),
+            "-",
+            "-",
+            took,
+            took,
+            rss_mib(t.pid())
+        );
+        rt.stop().await;
+    }
+    for r in 0..rounds {
+        t.stop(Duration::from_secs(10)).await.expect("stop");
+        let t0 = Instant::now();
+        t = Target::start(&cfg).await.expect("spdk_tgt again");
+        let up = t0.elapsed().as_secs_f64() * 1e3;
+        attach_disks(&c, dir.path(), &["d1", "d2"], false).await;
+        let disks = t0.elapsed().as_secs_f64() * 1e3 - up;
+        let t1 = Instant::now();
+        let rt = serve_volumes(&c, port, &names).await;
+        let vols = t1.elapsed().as_secs_f64() * 1e3;
+        let transports = c
+            .nvmf_get_transports(&Default::default())
+            .await
+            .expect("transports")
+            .len();
+        println!(
+            "{:<44} {:>10.0} {:>10.0} {:>10.0} {:>10.0} {:>10.0}",
+            format!("cold: target restarts too ({}, {transports} transport)", r + 1),
+            up,
+            disks,
+            vols,
+            t0.elapsed().as_secs_f64() * 1e3,
+            rss_mib(t.pid())
+        );
+        rt.stop().await;
+    }
+    t.stop(Duration::from_secs(10)).await.expect("stop");
+}
+
 fn main() {
     let Some(spdk) = std::env::var_os("TALON_SPDK_DIR").map(PathBuf::from) else {
         eprintln!("SKIP spdk_volume bench: TALON_SPDK_DIR not set");
@@ -464,6 +664,18 @@ fn main() {
         .build()
         .expect("tokio");
     rt.block_on(async {
+        if only.as_deref() == Some("restart") {
+            let volumes = std::env::var("VOLUMES")
+                .ok()
+                .and_then(|r| r.parse().ok())
+                .unwrap_or(100);
+            let rounds = std::env::var("RESTART_ROUNDS")
+                .ok()
+                .and_then(|r| r.parse().ok())
+                .unwrap_or(2);
+            restart(&spdk, volumes, rounds).await;
+            return;
+        }
         let dir = tempfile::tempdir().expect("tempdir");
         let mut cfg = TargetConfig::new(dir.path());
         cfg.spdk_dir = Some(spdk.clone());

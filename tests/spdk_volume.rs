@@ -289,6 +289,7 @@ fn plan(name: &str, replicas: usize) -> VolumePlan {
         replicas,
         disks: vec![],
         placed: Default::default(),
+        disk_away: Default::default(),
         from_snapshot: None,
         snapshot_set: None,
         export: ExportSpec {

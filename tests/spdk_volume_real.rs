@@ -714,6 +714,7 @@ async fn real_spdk_snapshots_under_writes_are_one_point_in_time() {
         replicas: 2,
         disks: vec![],
         placed: Default::default(),
+        disk_away: Default::default(),
         from_snapshot: None,
         snapshot_set: None,
         export: ExportSpec {

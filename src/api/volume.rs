@@ -198,7 +198,8 @@ pub struct SnapshotListParams {
 pub struct DiskAddParams {
     /// Disk name.
     pub name: String,
-    /// A file (created sparse with the size) or block device.
+    /// A file (created sparse with the size when missing, anywhere but on
+    /// devtmpfs) or a block device, by what the path is.
     #[serde(default)]
     pub path: Option<String>,
     /// An NVMe PCI device by BDF or serial.

@@ -24,4 +24,5 @@ pub use client::{ClientError, SpdkClient, Timeouts};
 #[cfg(any(test, feature = "testing"))]
 pub use double::SpdkDouble;
 pub use error::{ErrorKind, SpdkError};
+pub mod placement;
 pub mod volume;

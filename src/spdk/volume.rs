@@ -32,6 +32,7 @@ use futures::future::{join_all, try_join_all};
 
 use super::client::{ClientError, SpdkClient};
 use super::error::ErrorKind;
+use super::placement::{self, Blocked, DiskAway, Slot};
 use super::rpc::{
     AddNamespace, AnaState, AttachController, Bdev, ByName, ByNqn, CreateSubsystem, CreateTransport,
     GetBdevs, GetControllers, GetLvols, GetRaids, GetSubsystems, GetTransports, ListenAddress,
@@ -82,13 +83,15 @@ pub enum VolumeError {
         #[source]
         source: Box<ClientError>,
     },
-    /// No lvstore of an allowed disk exists.
-    #[error("volume {volume}: no usable disk (an lvstore talon-<disk> of {allowed:?})")]
-    NoDisk {
+    /// Replicas cannot be placed on distinct ready disks (see [`placement`]).
+    #[error("volume {volume}: {reason}")]
+    NoPlacement {
         /// The volume.
         volume: String,
-        /// The disks it may use.
-        allowed: Vec<String>,
+        /// Why, naming each candidate disk.
+        reason: String,
+        /// A failed disk is among the candidates (a wait fails at once).
+        disk_failed: bool,
     },
     /// A replica's snapshot is missing.
     #[error("volume {volume}: snapshot lvol {lvol} does not exist")]
@@ -313,6 +316,23 @@ fn no_current(plan: &VolumePlan, present: &[ReplicaInfo]) -> VolumeError {
     }
 }
 
+fn no_placement(volume: &str, b: &Blocked) -> VolumeError {
+    VolumeError::NoPlacement {
+        volume: volume.to_owned(),
+        reason: b.reason.clone(),
+        disk_failed: b.disk_failed,
+    }
+}
+
+/// Disks with a talon lvstore (free bytes), less those the plan says are away
+/// (being removed).
+fn ready_disks(inv: &Inventory, plan: &VolumePlan) -> BTreeMap<String, u64> {
+    inv.disks()
+        .into_iter()
+        .filter(|(d, _)| !plan.disk_away.contains_key(d))
+        .collect()
+}
+
 fn check_len(volume: &str, lvol: &str) -> Result<(), VolumeError> {
     if lvol.len() > 63 {
         return Err(VolumeError::NameTooLong {
@@ -521,6 +541,9 @@ pub struct VolumePlan {
     /// Disks replicas were placed on before (replica k -> disk), so that a
     /// replica whose lvstore has not come back yet is waited for, not made again elsewhere.
     pub placed: BTreeMap<usize, String>,
+    /// Configured disks that are not ready (or are being removed), and why:
+    /// never placed on, and named when a replica cannot be placed.
+    pub disk_away: BTreeMap<String, DiskAway>,
     /// Clone source `(volume, snapshot)`.
     pub from_snapshot: Option<(ObjectName, ObjectName)>,
     /// The replicas of the clone source whose snapshots were taken at one
@@ -620,6 +643,8 @@ pub struct VolumeInfo {
     pub rebuilding: Option<(usize, u32)>,
     /// Replicas present but behind, waiting for their turn to be rebuilt.
     pub stale: Vec<usize>,
+    /// Replicas no disk can take now, and why.
+    pub unplaced: Option<Blocked>,
 }
 
 /// How the engine's replicas stand after [`VolumeOps::ensure`].
@@ -644,12 +669,37 @@ enum Made {
 #[derive(Debug, Clone)]
 pub struct VolumeOps {
     client: SpdkClient,
+    /// Held while the TCP transport is looked up and made: SPDK checks for
+    /// an existing transport when `nvmf_create_transport` arrives but adds
+    /// the new one only when its creation completes, so concurrent calls
+    /// each make one (each with its own buffers and poll groups).
+    transport: std::sync::Arc<tokio::sync::Mutex<()>>,
 }
 
 impl VolumeOps {
     /// Operations over `client`.
     pub fn new(client: SpdkClient) -> Self {
-        Self { client }
+        Self {
+            client,
+            transport: Default::default(),
+        }
+    }
+
+    /// Makes sure the target has its one NVMe/TCP transport: an existing one
+    /// is adopted (after a restart of talon), a missing one is made, once,
+    /// under one lock shared by every clone of these operations. Returns
+    /// whether it made one.
+    pub async fn ensure_transport(&self) -> Result<bool, ClientError> {
+        let _one_at_a_time = self.transport.lock().await;
+        let have = self.client.nvmf_get_transports(&GetTransports::default()).await?;
+        if have.iter().any(|t| t.trtype.eq_ignore_ascii_case("tcp")) {
+            return Ok(false);
+        }
+        match self.client.nvmf_create_transport(&CreateTransport::tcp()).await {
+            Ok(_) => Ok(true),
+            Err(e) if e.is(ErrorKind::AlreadyExists) => Ok(false),
+            Err(e) => Err(e),
+        }
     }
 
     /// The client.
@@ -712,29 +762,13 @@ impl VolumeOps {
     ) -> Result<VolumeInfo, VolumeError> {
         let vol = plan.name.as_str();
         let size_mib = plan.size_bytes.div_ceil(MIB).max(1);
-        // place replicas
-        let mut placement: Vec<(usize, String, bool)> = Vec::new(); // (k, disk, exists)
-        let mut waiting = Vec::new();
-        let usable: Vec<(String, u64)> = inv
-            .disks()
-            .into_iter()
-            .filter(|(d, _)| plan.disks.is_empty() || plan.disks.contains(d))
-            .collect();
-        let mut used: BTreeSet<String> = BTreeSet::new();
-        let mut to_place = Vec::new();
+        // place replicas: one pure decision (spdk::placement)
+        let mut existing = BTreeMap::new();
         for k in 0..plan.replicas {
             let name = naming::replica(vol, k);
             check_len(vol, &name)?;
             if let Some(l) = inv.find_lvol(&name) {
-                let disk = l.lvs.name.trim_start_matches(LVS_PREFIX).to_owned();
-                used.insert(disk.clone());
-                placement.push((k, disk, true));
-            } else if let Some(d) = plan.placed.get(&k)
-                && inv.lvstore(d).is_none()
-            {
-                waiting.push((k, d.clone()));
-            } else {
-                to_place.push(k);
+                existing.insert(k, l.lvs.name.trim_start_matches(LVS_PREFIX).to_owned());
             }
         }
         let source = plan
@@ -746,38 +780,50 @@ impl VolumeOps {
             Some((sv, ss)) => point_in_time_set(inv, sv, ss, plan.snapshot_set.as_ref()),
             None => BTreeSet::new(),
         };
-        for k in to_place {
-            let disk = if let Some((sv, ss)) = source {
-                // a clone lives in the lvstore of its snapshot
-                let snap = naming::snapshot_lvol(sv, k, ss);
-                match inv.find_lvol(&snap) {
-                    Some(l) => l.lvs.name.trim_start_matches(LVS_PREFIX).to_owned(),
-                    None if k == 0 => {
-                        return Err(VolumeError::SnapshotMissing {
-                            volume: vol.to_owned(),
-                            lvol: snap,
-                        });
-                    }
-                    None => continue, // the source had fewer replicas
-                }
-            } else {
-                let mut c: Vec<&(String, u64)> = usable.iter().collect();
-                // distinct disks first, then most free space
-                c.sort_by_key(|(d, free)| (used.contains(d), std::cmp::Reverse(*free)));
-                match c.first() {
-                    Some((d, _)) => d.clone(),
-                    None => {
-                        return Err(VolumeError::NoDisk {
-                            volume: vol.to_owned(),
-                            allowed: plan.disks.clone(),
-                        });
-                    }
-                }
-            };
-            used.insert(disk.clone());
-            placement.push((k, disk, false));
+        // a clone lives in the lvstore of its snapshot
+        let clone_of: Option<BTreeMap<usize, String>> = source.map(|(sv, ss)| {
+            (0..plan.replicas)
+                .filter_map(|k| {
+                    let l = inv.find_lvol(&naming::snapshot_lvol(sv, k, ss))?;
+                    Some((k, l.lvs.name.trim_start_matches(LVS_PREFIX).to_owned()))
+                })
+                .collect()
+        });
+        let ready = ready_disks(inv, plan);
+        let wanted: Vec<usize> = (0..plan.replicas).collect();
+        let decided = placement::place(&placement::Request {
+            wanted: &wanted,
+            listed: &plan.disks,
+            ready: &ready,
+            away: &plan.disk_away,
+            existing: &existing,
+            placed: &plan.placed,
+            clone_of: clone_of.as_ref(),
+        });
+        if let Some((sv, ss)) = source
+            && !decided.slots.contains_key(&0)
+        {
+            return Err(VolumeError::SnapshotMissing {
+                volume: vol.to_owned(),
+                lvol: naming::snapshot_lvol(sv, 0, ss),
+            });
         }
-        placement.sort();
+        let mut placement: Vec<(usize, String, bool)> = Vec::new(); // (k, disk, exists)
+        let mut waiting = Vec::new();
+        for (k, slot) in &decided.slots {
+            match slot {
+                Slot::Exists(d) => placement.push((*k, d.clone(), true)),
+                Slot::Create(d) => placement.push((*k, d.clone(), false)),
+                Slot::WaitFor(d) => waiting.push((*k, d.clone())),
+                Slot::Unplaced => {}
+            }
+        }
+        if let Some(b) = &decided.blocked
+            && placement.is_empty()
+        {
+            return Err(no_placement(vol, b));
+        }
+        let unplaced = decided.blocked;
 
         // create missing replicas, and the transport and subsystem, concurrently
         let nqn = Nqn::for_volume(&plan.name);
@@ -808,11 +854,9 @@ impl VolumeOps {
         });
         let subsystem = async {
             if !inv.tcp_transport {
-                match self.client.nvmf_create_transport(&CreateTransport::tcp()).await {
-                    Ok(_) => {}
-                    Err(e) if e.is(ErrorKind::AlreadyExists) => {}
-                    Err(e) => return Err(rpc(vol, "creating the TCP transport")(e)),
-                }
+                self.ensure_transport()
+                    .await
+                    .map_err(rpc(vol, "creating the TCP transport"))?;
             }
             if inv.subsystem(nqn.as_str()).is_some() {
                 return Ok(false);
@@ -1043,6 +1087,7 @@ impl VolumeOps {
             in_sync: sync.in_sync,
             rebuilding: sync.rebuilding,
             stale: sync.stale,
+            unplaced,
         })
     }
 
@@ -1330,6 +1375,7 @@ impl VolumeOps {
             in_sync: BTreeSet::new(),
             rebuilding: None,
             stale: Vec::new(),
+            unplaced: None,
         };
         let (disk, alias, bdev, size, allocated) = match inv.find_lvol(&name) {
             Some(l) => {
@@ -1345,22 +1391,30 @@ impl VolumeOps {
                 )
             }
             None => {
-                if let Some(d) = plan.placed.get(&k)
-                    && inv.lvstore(d).is_none()
-                {
-                    info.waiting.push((k, d.clone()));
-                    return Ok(info);
-                }
-                let Some((disk, _)) = inv
-                    .disks()
-                    .into_iter()
-                    .filter(|(d, _)| plan.disks.is_empty() || plan.disks.contains(d))
-                    .max_by_key(|(_, free)| *free)
-                else {
-                    return Err(VolumeError::NoDisk {
-                        volume: vol.to_owned(),
-                        allowed: plan.disks.clone(),
-                    });
+                let ready = ready_disks(inv, plan);
+                let decided = placement::place(&placement::Request {
+                    wanted: &[k],
+                    listed: &plan.disks,
+                    ready: &ready,
+                    away: &plan.disk_away,
+                    existing: &BTreeMap::new(),
+                    placed: &plan.placed,
+                    clone_of: None,
+                });
+                let disk = match decided.slots.get(&k) {
+                    Some(Slot::WaitFor(d)) => {
+                        info.waiting.push((k, d.clone()));
+                        return Ok(info);
+                    }
+                    Some(Slot::Create(d) | Slot::Exists(d)) => d.clone(),
+                    Some(Slot::Unplaced) | None => {
+                        let b = decided.blocked.unwrap_or_else(|| Blocked {
+                            replicas: vec![k],
+                            reason: format!("replica r{k} has no disk"),
+                            disk_failed: false,
+                        });
+                        return Err(no_placement(vol, &b));
+                    }
                 };
                 let lvs = naming::lvstore(&disk);
                 let uuid = self
@@ -1838,11 +1892,9 @@ impl VolumeOps {
         made: &mut Vec<Made>,
     ) -> Result<(), VolumeError> {
         if !inv.tcp_transport {
-            match self.client.nvmf_create_transport(&CreateTransport::tcp()).await {
-                Ok(_) => {}
-                Err(e) if e.is(ErrorKind::AlreadyExists) => {}
-                Err(e) => return Err(rpc(vol, "creating the TCP transport")(e)),
-            }
+            self.ensure_transport()
+                .await
+                .map_err(rpc(vol, "creating the TCP transport"))?;
         }
         if inv.subsystem(nqn.as_str()).is_none() {
             self.client

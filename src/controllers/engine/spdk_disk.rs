@@ -3,7 +3,9 @@
 //!
 //! ```text
 //!   Disk <d> (config) ──┐
-//!   TargetStatus spdk ──┴─> reconcile ─┬─ path: file (created sparse with sizeBytes) or block device
+//!   TargetStatus spdk ──┴─> reconcile ─┬─ path: by what it is (stat): block device node, regular
+//!                                      │        file, or missing: a file created sparse with sizeBytes
+//!                                      │        (a missing node on devtmpfs is a missing device)
 //!                                      │        └─> bdev_aio_create "talon-disk-<d>"
 //!                                      ├─ pci: waits for PciBindingStatus <d> Bound (the host
 //!                                      │        controller binds it to vfio-pci/uio_pci_generic), then
@@ -79,6 +81,27 @@ pub enum DiskError {
         disk: String,
         /// The device.
         path: PathBuf,
+    },
+    /// The path is neither a regular file nor a block device.
+    #[error("Disk {disk}: {path} is neither a regular file nor a block device ({kind})")]
+    NotFileOrBlockDevice {
+        /// The disk.
+        disk: String,
+        /// The path.
+        path: PathBuf,
+        /// What it is.
+        kind: String,
+    },
+    /// The path could not be looked at.
+    #[error("Disk {disk}: cannot stat {path}")]
+    Stat {
+        /// The disk.
+        disk: String,
+        /// The path.
+        path: PathBuf,
+        /// The error.
+        #[source]
+        source: std::io::Error,
     },
     /// The sparse file could not be created.
     #[error("Disk {disk}: creating the sparse file {path} failed")]
@@ -252,33 +275,28 @@ impl SpdkDiskController {
         match (&spec.path, &spec.pci) {
             (Some(path), None) => {
                 let path = PathBuf::from(path);
-                if !path.exists() {
-                    match spec.size_bytes {
-                        _ if path.starts_with("/dev") => {
-                            return Err(DiskError::MissingBlockDevice {
-                                disk: n.disk.clone(),
-                                path,
-                            });
-                        }
-                        None => {
+                let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").ok();
+                let is_file = match backing_of(&n.disk, &path, mountinfo.as_deref())? {
+                    Backing::BlockDevice => false,
+                    Backing::File => true,
+                    Backing::NewFile => {
+                        let Some(size) = spec.size_bytes else {
                             return Err(DiskError::MissingFile {
                                 disk: n.disk.clone(),
                                 path,
                             });
-                        }
-                        Some(size) => {
-                            create_sparse(&path, size).map_err(|source| DiskError::CreateFile {
-                                disk: n.disk.clone(),
-                                path: path.clone(),
-                                source,
-                            })?;
-                            created.file = Some(path.clone());
-                        }
+                        };
+                        create_sparse(&path, size).map_err(|source| DiskError::CreateFile {
+                            disk: n.disk.clone(),
+                            path: path.clone(),
+                            source,
+                        })?;
+                        created.file = Some(path.clone());
+                        true
                     }
-                }
+                };
                 // SPDK detects the block size of a block device, not of a
                 // regular file ("Block size could not be auto-detected")
-                let is_file = std::fs::metadata(&path).is_ok_and(|m| m.is_file());
                 let params = AioCreate {
                     filename: path.display().to_string(),
                     name: n.base.clone(),
@@ -504,6 +522,107 @@ impl SpdkDiskController {
     }
 }
 
+/// What a disk `path` is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Backing {
+    /// A block device node.
+    BlockDevice,
+    /// A regular file that exists.
+    File,
+    /// Nothing yet, on a filesystem where a file can be made (anywhere but
+    /// devtmpfs: /dev/shm, /var/lib/..., a tmpfs or a disk).
+    NewFile,
+}
+
+/// Decides file vs block device by what `path` is: a block device node is a
+/// block device, a regular file a file; a missing path is a file to create
+/// unless it would be on devtmpfs (the /dev of device nodes, where a missing
+/// node is a device that is not there). `mountinfo` is this process's
+/// `/proc/self/mountinfo`: the decision is made in the mount namespace in
+/// which talon creates the file.
+fn backing_of(disk: &str, path: &Path, mountinfo: Option<&str>) -> Result<Backing, DiskError> {
+    use std::os::unix::fs::FileTypeExt;
+    match std::fs::metadata(path) {
+        Ok(m) if m.file_type().is_block_device() => Ok(Backing::BlockDevice),
+        Ok(m) if m.is_file() => Ok(Backing::File),
+        Ok(m) => Err(DiskError::NotFileOrBlockDevice {
+            disk: disk.to_owned(),
+            path: path.to_path_buf(),
+            kind: format!("{:?}", m.file_type()),
+        }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            // the nearest directory that exists says which filesystem it would be on
+            let dir = path
+                .ancestors()
+                .skip(1)
+                .find(|a| a.is_dir())
+                .and_then(|a| a.canonicalize().ok());
+            let on_devtmpfs = match (dir, mountinfo) {
+                (Some(dir), Some(mi)) => fs_type_at(mi, &dir).is_some_and(|t| t == "devtmpfs"),
+                // no mountinfo: /dev itself holds device nodes
+                (Some(dir), None) => dir == Path::new("/dev"),
+                (None, _) => false,
+            };
+            if on_devtmpfs {
+                Err(DiskError::MissingBlockDevice {
+                    disk: disk.to_owned(),
+                    path: path.to_path_buf(),
+                })
+            } else {
+                Ok(Backing::NewFile)
+            }
+        }
+        Err(source) => Err(DiskError::Stat {
+            disk: disk.to_owned(),
+            path: path.to_path_buf(),
+            source,
+        }),
+    }
+}
+
+/// The filesystem type mounted at the deepest mount point containing `dir`
+/// (the last such mount wins: it is the one on top), from mountinfo text.
+fn fs_type_at(mountinfo: &str, dir: &Path) -> Option<String> {
+    let mut best: Option<(usize, String)> = None;
+    for line in mountinfo.lines() {
+        let Some((pre, post)) = line.split_once(" - ") else {
+            continue;
+        };
+        let Some(mnt) = pre.split(' ').nth(4) else {
+            continue;
+        };
+        let Some(fstype) = post.split(' ').next() else {
+            continue;
+        };
+        let mnt = unescape_mount(mnt);
+        let mp = Path::new(&mnt);
+        if dir.starts_with(mp) {
+            let depth = mp.components().count();
+            if best.as_ref().is_none_or(|(d, _)| depth >= *d) {
+                best = Some((depth, fstype.to_owned()));
+            }
+        }
+    }
+    best.map(|(_, t)| t)
+}
+
+/// mountinfo escapes space, tab, newline and backslash as `\ooo`.
+fn unescape_mount(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\' && i + 3 < b.len() && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c)) {
+            out.push((b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0'));
+            i += 4;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
 fn create_sparse(path: &Path, size: u64) -> std::io::Result<()> {
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir)?;
@@ -701,6 +820,88 @@ mod tests {
         assert!(!is_bdf("0000:00:04"));
         assert!(!is_bdf("S4EVNF0M123456"));
         assert!(!is_bdf("0000:00:04.8"));
+    }
+
+    const MOUNTINFO: &str = "\
+22 1 8:1 / / rw,relatime - ext4 /dev/sda1 rw
+24 22 0:6 / /dev rw,relatime - devtmpfs devtmpfs rw,size=1k
+25 24 0:22 / /dev/shm rw,nosuid - tmpfs tmpfs rw
+26 22 0:23 / /var/lib/my\\040disks rw - xfs /dev/sdb rw
+27 24 0:24 / /dev/pts rw - devpts devpts rw
+";
+
+    #[test]
+    fn the_deepest_mount_names_the_filesystem() {
+        let at = |p: &str| fs_type_at(MOUNTINFO, Path::new(p));
+        assert_eq!(at("/dev").as_deref(), Some("devtmpfs"));
+        assert_eq!(at("/dev/disk/by-id").as_deref(), Some("devtmpfs"));
+        assert_eq!(at("/dev/shm").as_deref(), Some("tmpfs"));
+        assert_eq!(at("/dev/shmx").as_deref(), Some("devtmpfs"));
+        assert_eq!(at("/var/lib/my disks/a").as_deref(), Some("xfs"));
+        assert_eq!(at("/var/lib").as_deref(), Some("ext4"));
+        // a second mount on the same point is the one on top
+        let over = format!("{MOUNTINFO}30 25 0:40 / /dev/shm rw - ramfs none rw\n");
+        assert_eq!(
+            fs_type_at(&over, Path::new("/dev/shm/x")).as_deref(),
+            Some("ramfs")
+        );
+    }
+
+    #[test]
+    fn file_or_block_device_by_what_the_path_is() {
+        let d = tempfile::tempdir().expect("tempdir");
+        let here = d.path().canonicalize().expect("canonical");
+        // the temp dir on devtmpfs (as mountinfo tells) vs on tmpfs
+        let dev = format!("1 0 0:6 / {} rw - devtmpfs devtmpfs rw\n", here.display());
+        let shm = format!("1 0 0:6 / {} rw - tmpfs tmpfs rw\n", here.display());
+        let missing = here.join("x.img");
+        assert_eq!(
+            backing_of("d", &missing, Some(&shm)).expect("file"),
+            Backing::NewFile
+        );
+        assert!(matches!(
+            backing_of("d", &missing, Some(&dev)),
+            Err(DiskError::MissingBlockDevice { .. })
+        ));
+        // in a directory that does not exist yet: the nearest existing one decides
+        let deep = here.join("a/b/x.img");
+        assert_eq!(
+            backing_of("d", &deep, Some(&shm)).expect("file"),
+            Backing::NewFile
+        );
+        std::fs::write(&missing, b"").expect("file");
+        assert_eq!(
+            backing_of("d", &missing, Some(&dev)).expect("file"),
+            Backing::File
+        );
+        assert!(matches!(
+            backing_of("d", &here, Some(&shm)),
+            Err(DiskError::NotFileOrBlockDevice { .. })
+        ));
+        // a real block device node, when the host has one
+        if let Some(b) = ["/dev/loop0", "/dev/ram0", "/dev/sda", "/dev/vda", "/dev/nvme0n1"]
+            .into_iter()
+            .map(Path::new)
+            .find(|p| {
+                use std::os::unix::fs::FileTypeExt;
+                std::fs::metadata(p).is_ok_and(|m| m.file_type().is_block_device())
+            })
+        {
+            assert_eq!(backing_of("d", b, None).expect("block"), Backing::BlockDevice);
+        }
+        // /dev/shm on this host: a missing image there is a file to create
+        let mi = std::fs::read_to_string("/proc/self/mountinfo").ok();
+        if Path::new("/dev/shm").is_dir() && mi.as_deref().is_some_and(|m| m.contains(" /dev/shm ")) {
+            let p = Path::new("/dev/shm/talon-unit-missing-never-made.img");
+            assert_eq!(backing_of("d", p, mi.as_deref()).expect("file"), Backing::NewFile);
+        }
+        if mi.as_deref().is_some_and(|m| m.contains(" devtmpfs ")) {
+            let p = Path::new("/dev/talon-unit-no-such-device");
+            assert!(matches!(
+                backing_of("d", p, mi.as_deref()),
+                Err(DiskError::MissingBlockDevice { .. })
+            ));
+        }
     }
 
     #[test]

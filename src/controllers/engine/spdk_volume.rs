@@ -37,6 +37,7 @@ use crate::resources::engine::{
 };
 use crate::runtime::{Controller, ControllerError, Input, Output, Phase, ReconcileContext, Requeue};
 use crate::spdk::SpdkClient;
+use crate::spdk::placement::DiskAway;
 use crate::spdk::volume::{
     ExportSpec, Inventory, VolumeError, VolumeInfo, VolumeOps, VolumePlan, applied_revert, naming,
     replica_heads,
@@ -125,6 +126,8 @@ struct Job {
     id: String,
     spec: Volume,
     placed: BTreeMap<usize, String>,
+    /// Configured disks not ready, and why (the same for every job).
+    disk_away: BTreeMap<String, DiskAway>,
     /// From the volume's ledger.
     in_sync: Option<BTreeSet<usize>>,
     /// The point-in-time set of the snapshot a revert or clone starts from
@@ -222,6 +225,7 @@ impl SpdkVolumeController {
             replicas: job.spec.replicas.max(1) as usize,
             disks: job.spec.disks.clone(),
             placed: job.placed.clone(),
+            disk_away: job.disk_away.clone(),
             from_snapshot,
             snapshot_set: job.snapshot_set.clone(),
             export: export.clone(),
@@ -255,10 +259,28 @@ impl SpdkVolumeController {
                     rebuilding,
                 }
             }
-            // A disk whose lvstore is not there yet (being created or imported) is a
-            // wait, not a failure: DiskStatus is an input, so this runs again when it is.
-            Err(e @ VolumeError::NoDisk { .. }) => {
-                Realized::failed(ObjectState::Creating, format!("waiting for a disk: {e}"))
+            // No valid placement: a wait while the disks it needs come up (DiskStatus
+            // is an input, so this runs again when one does); failed, with the
+            // disk's error, when one of them failed, so a wait ends at once. It is
+            // placed as soon as a disk is ready.
+            Err(e @ VolumeError::NoPlacement { disk_failed, .. }) => Realized::failed(
+                if disk_failed {
+                    ObjectState::Failed
+                } else {
+                    ObjectState::Creating
+                },
+                format!("waiting for disks: {}", err_text(&e)),
+            ),
+            // waiting for replicas on disks that failed: say why they are away
+            Err(e @ VolumeError::NoCurrentReplica { .. }) => {
+                let mut m = err_text(&e);
+                let failed: BTreeSet<&String> = job.placed.values().collect();
+                for d in failed {
+                    if let Some(DiskAway::Failed(why)) = job.disk_away.get(d) {
+                        m.push_str(&format!("; disk {d} failed: {why}"));
+                    }
+                }
+                Realized::failed(ObjectState::Failed, m)
             }
             Err(e) => Realized::failed(ObjectState::Failed, err_text(&e)),
         }
@@ -304,6 +326,9 @@ fn status_of(
         if !info.stale.is_empty() {
             let s: Vec<String> = info.stale.iter().map(|k| format!("r{k}")).collect();
             parts.push(format!("{} behind, rebuilt next", s.join(", ")));
+        }
+        if let Some(b) = &info.unplaced {
+            parts.push(b.reason.clone());
         }
         if !info.waiting.is_empty() {
             let w: Vec<String> = info
@@ -492,11 +517,8 @@ impl Controller for SpdkVolumeController {
                 .cloned()
                 .collect(),
         };
-        let disks: BTreeSet<String> = ctx
-            .list::<Disk>()?
-            .into_iter()
-            .map(|d| d.id().to_string())
-            .collect();
+        let disk_list = ctx.list::<Disk>()?;
+        let disks: BTreeSet<String> = disk_list.iter().map(|d| d.id().to_string()).collect();
         let previous_replicas: Vec<_> = ctx.list::<ReplicaStatus>()?;
 
         let mut inv = Inventory::load(self.ops.client()).await?;
@@ -546,6 +568,8 @@ impl Controller for SpdkVolumeController {
             });
         }
 
+        let disk_away = disks_away(&disk_list, &ctx.list::<DiskStatus>()?, &inv);
+
         // finalizers and jobs
         let mut live = Vec::new();
         let mut deleting = Vec::new();
@@ -575,9 +599,18 @@ impl Controller for SpdkVolumeController {
                 id: v.id().to_string(),
                 spec: v.spec.clone(),
                 placed,
+                disk_away: disk_away.clone(),
                 in_sync: ledger.map(ReplicaLedger::in_sync_set),
                 snapshot_set,
             });
+        }
+        // one TCP transport per target, made (or adopted) before the volumes
+        // are set up concurrently
+        if !live.is_empty() && !inv.tcp_transport {
+            if self.ops.ensure_transport().await? {
+                tracing::info!("NVMe/TCP transport created");
+            }
+            inv.tcp_transport = true;
         }
         let (plain, derived): (Vec<Job>, Vec<Job>) = live
             .into_iter()
@@ -779,6 +812,38 @@ impl Controller for SpdkVolumeController {
             Duration::from_secs(10)
         }))
     }
+}
+
+/// Configured disks that take no new replica, and why: those whose lvstore
+/// is not in the target (their `DiskStatus` says why: failed, or still coming
+/// up) and those being removed.
+fn disks_away(
+    disks: &[crate::runtime::Typed<Disk>],
+    statuses: &[crate::runtime::Typed<DiskStatus>],
+    inv: &Inventory,
+) -> BTreeMap<String, DiskAway> {
+    let mut away = BTreeMap::new();
+    for d in disks {
+        let id = d.id();
+        if d.metadata.phase == Phase::TearingDown {
+            away.insert(id.to_owned(), DiskAway::Pending("being removed".into()));
+            continue;
+        }
+        if inv.lvstore(id).is_some() {
+            continue;
+        }
+        let st = statuses.iter().find(|s| s.id() == id).map(|s| &s.spec);
+        let why = match st {
+            Some(s) if s.state == ObjectState::Failed => DiskAway::Failed(s.message.clone()),
+            Some(s) if s.state == ObjectState::Ready => {
+                DiskAway::Pending("its lvstore is not loaded yet".into())
+            }
+            Some(s) if !s.message.is_empty() => DiskAway::Pending(s.message.clone()),
+            _ => DiskAway::Pending("not brought up yet".into()),
+        };
+        away.insert(id.to_owned(), why);
+    }
+    away
 }
 
 /// The ledger to record when the up-to-date set or the placement differs from

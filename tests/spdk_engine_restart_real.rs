@@ -1,0 +1,340 @@
+//! Issue 19 against a real spdk_tgt (`TALON_SPDK_DIR`), through the whole
+//! daemon (`talon::serve::serve` in-process, its API client):
+//! - a restart of talon with 20 volumes, which the volume controller sets up
+//!   16 at a time: the new target holds exactly one TCP transport
+//!   (`nvmf_get_transports`) and its log has no error line;
+//! - a disk whose path is a file that does not exist yet under /dev/shm (a
+//!   tmpfs inside /dev) is created like any file disk, and a volume is served
+//!   on it;
+//! - a volume on a disk that failed (a device node missing from devtmpfs):
+//!   `volume_create` with `wait` fails with the disk's error instead of
+//!   waiting out its timeout (how long it took is printed, not asserted).
+//!
+//! The test spawns each spdk_tgt itself (`--no-huge -s 2048`, `-u`,
+//! `--disable-cpumask-locks`) with its output in a log file, and talon adopts
+//! it on `<run_dir>/spdk.sock` as it adopts a target that survived a crash;
+//! a clean stop of talon stops the adopted target, like a drain of the node.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use talon::client::Client;
+use talon::controllers::engine::selection::SpdkOptions;
+use talon::serve::{ServeOptions, serve};
+use talon::spdk::SpdkClient;
+use talon::spdk::target::{Memory, TargetConfig, find_spdk_tgt, wait_ready};
+use talon::spdk::volume::Inventory;
+
+const WAIT: Duration = Duration::from_secs(180);
+
+fn spdk_dir(test: &str) -> Option<PathBuf> {
+    let Some(d) = std::env::var_os("TALON_SPDK_DIR").map(PathBuf::from) else {
+        eprintln!("SKIP {test}: TALON_SPDK_DIR not set");
+        return None;
+    };
+    if !d.join("build/bin/spdk_tgt").exists() {
+        eprintln!("SKIP {test}: no build/bin/spdk_tgt under {}", d.display());
+        return None;
+    }
+    Some(d)
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("free port")
+}
+
+/// A spdk_tgt spawned by the test, its output in `log`; reaped in the
+/// background (so a SIGINT from talon ends it at once) and killed when dropped.
+struct Tgt {
+    pid: i32,
+    log: PathBuf,
+    exited: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Drop for Tgt {
+    fn drop(&mut self) {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.pid),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    }
+}
+
+impl Tgt {
+    async fn spawn(spdk: &Path, run_dir: &Path, log: PathBuf) -> Tgt {
+        let mut cfg = TargetConfig::new(run_dir);
+        cfg.spdk_dir = Some(spdk.to_path_buf());
+        cfg.memory = Memory::NoHuge { mem_size_mib: 2048 };
+        // other jobs may run SPDK on core 0
+        cfg.extra_args = vec!["--disable-cpumask-locks".into()];
+        let bin = find_spdk_tgt(None, Some(spdk), None).expect("spdk_tgt");
+        std::fs::create_dir_all(run_dir).expect("run dir");
+        let out = std::fs::File::create(&log).expect("log");
+        let err = out.try_clone().expect("log");
+        let mut child = tokio::process::Command::new(bin)
+            .args(cfg.argv())
+            .stdin(std::process::Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .spawn()
+            .expect("spawn spdk_tgt");
+        let pid = child.id().expect("pid") as i32;
+        wait_ready(
+            &SpdkClient::new(cfg.socket()),
+            Some(&mut child),
+            Duration::from_secs(60),
+        )
+        .await
+        .expect("spdk_tgt answers");
+        let exited = tokio::spawn(async move {
+            let _ = child.wait().await;
+        });
+        Tgt {
+            pid,
+            log,
+            exited: Some(exited),
+        }
+    }
+
+    /// The lines of its log that SPDK marks as errors.
+    fn error_lines(&self) -> Vec<String> {
+        std::fs::read_to_string(&self.log)
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| l.contains("*ERROR*"))
+            .map(str::to_owned)
+            .collect()
+    }
+}
+
+fn opts(dir: &Path, spdk: &Path, config: &Path) -> ServeOptions {
+    ServeOptions {
+        data_dir: dir.join("data"),
+        config: Some(config.to_path_buf()),
+        socket: dir.join("run/talon.sock"),
+        listen_tcp: None,
+        token_file: None,
+        run_dir: dir.join("run"),
+        host_root: PathBuf::from("/"),
+        // the test stops talon with its target, as a drain does (a plain stop leaves it serving)
+        stop_targets_on_exit: true,
+        spdk: SpdkOptions {
+            spdk_tgt: None,
+            spdk_dir: Some(spdk.to_path_buf()),
+            path_var: None,
+            no_huge: true,
+            no_huge_mem_mib: 2048,
+            extra_args: vec!["--disable-cpumask-locks".into()],
+            ..SpdkOptions::default()
+        },
+    }
+}
+
+struct Daemon {
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<Result<(), talon::serve::ServeError>>,
+    client: Client,
+}
+
+async fn start(o: ServeOptions) -> Daemon {
+    let (stop, rx) = tokio::sync::oneshot::channel::<()>();
+    let socket = o.socket.clone();
+    let task = tokio::spawn(serve(o, async move {
+        let _ = rx.await;
+    }));
+    let client = talon::runtime::testing::eventually("the API socket", Duration::from_secs(30), || async {
+        Client::connect_unix(&socket).await.ok()
+    })
+    .await;
+    Daemon { stop, task, client }
+}
+
+impl Daemon {
+    async fn stop(self) {
+        let _ = self.stop.send(());
+        self.task.await.expect("join").expect("clean stop");
+    }
+}
+
+fn write_config(dir: &Path, port: u16, disks: &[(&str, u64)]) -> PathBuf {
+    let mut y = format!("node:\n  engine: v2\n  listenAddress: 127.0.0.1\n  nvmfPort: {port}\ndisks:\n");
+    for (d, size) in disks {
+        y.push_str(&format!(
+            "  {d}:\n    path: {}\n    sizeBytes: {size}\n",
+            dir.join(format!("disks/{d}.img")).display()
+        ));
+    }
+    let p = dir.join("talon.yaml");
+    std::fs::write(&p, y).expect("config");
+    p
+}
+
+async fn exported(c: &SpdkClient, names: &[String]) -> Option<()> {
+    let inv = Inventory::load(c).await.ok()?;
+    names
+        .iter()
+        .all(|n| {
+            inv.subsystem(&format!("{}:vol:{n}", talon::names::NQN_PREFIX))
+                .is_some_and(|s| s.namespaces.len() == 1 && !s.listen_addresses.is_empty())
+        })
+        .then_some(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_spdk_restart_with_20_volumes_makes_one_transport() {
+    let test = "real_spdk_restart_with_20_volumes_makes_one_transport";
+    let Some(spdk) = spdk_dir(test) else { return };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let run = dir.path().join("run");
+    let config = write_config(dir.path(), free_port(), &[("d1", 1 << 30), ("d2", 1 << 30)]);
+    let spdk_client = SpdkClient::new(run.join("spdk.sock"));
+
+    // 1. talon serves 20 volumes (half with two replicas)
+    let mut t1 = Tgt::spawn(&spdk, &run, dir.path().join("tgt1.log")).await;
+    let d = start(opts(dir.path(), &spdk, &config)).await;
+    let names: Vec<String> = (0..20).map(|i| format!("r{i}")).collect();
+    for (i, n) in names.iter().enumerate() {
+        let _: Value = d
+            .client
+            .call(
+                "volume_create",
+                json!({"name": n, "size": "16MiB", "replicas": 1 + i % 2}),
+            )
+            .await
+            .expect("volume_create");
+    }
+    talon::runtime::testing::eventually("20 volumes exported", WAIT, || exported(&spdk_client, &names)).await;
+    let first = spdk_client
+        .nvmf_get_transports(&Default::default())
+        .await
+        .expect("transports");
+    assert_eq!(first.len(), 1, "first start: {first:?}");
+
+    // 2. talon stops cleanly (and stops the target it adopted)
+    d.stop().await;
+    tokio::time::timeout(Duration::from_secs(30), t1.exited.take().expect("reaper"))
+        .await
+        .expect("spdk_tgt stopped with talon")
+        .expect("join");
+    let first_errors = t1.error_lines();
+
+    // 3. a new target, a new talon on the same data: 20 volumes set up again, 16 at a time
+    let t2 = Tgt::spawn(&spdk, &run, dir.path().join("tgt2.log")).await;
+    let started = Instant::now();
+    let d = start(opts(dir.path(), &spdk, &config)).await;
+    talon::runtime::testing::eventually("20 volumes exported again", WAIT, || {
+        exported(&spdk_client, &names)
+    })
+    .await;
+    let took = started.elapsed();
+    let transports = spdk_client
+        .nvmf_get_transports(&Default::default())
+        .await
+        .expect("transports");
+    let errors = t2.error_lines();
+    eprintln!(
+        "restart with 20 volumes: exported again {took:?} after talon started; {} TCP transport(s); \
+         target log error lines: first run {}, after the restart {}",
+        transports.len(),
+        first_errors.len(),
+        errors.len()
+    );
+    assert_eq!(
+        transports.len(),
+        1,
+        "one transport per target: {:?}",
+        transports.iter().map(|t| &t.trtype).collect::<Vec<_>>()
+    );
+    assert!(
+        errors.is_empty(),
+        "spdk_tgt logged errors after the restart:\n{}",
+        errors.join("\n")
+    );
+    assert!(
+        first_errors.is_empty(),
+        "spdk_tgt logged errors:\n{}",
+        first_errors.join("\n")
+    );
+    d.stop().await;
+    drop(t2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_spdk_disk_paths_under_dev_and_a_failed_disk_ends_the_wait() {
+    let test = "real_spdk_disk_paths_under_dev_and_a_failed_disk_ends_the_wait";
+    let Some(spdk) = spdk_dir(test) else { return };
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    if !mountinfo.contains(" /dev/shm ") || !mountinfo.contains(" - devtmpfs ") {
+        eprintln!("SKIP {test}: no tmpfs on /dev/shm or no devtmpfs on this host");
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let run = dir.path().join("run");
+    let config = write_config(dir.path(), free_port(), &[]);
+    let _t = Tgt::spawn(&spdk, &run, dir.path().join("tgt.log")).await;
+    let d = start(opts(dir.path(), &spdk, &config)).await;
+
+    // a file that does not exist yet on the tmpfs in /dev: made, then served
+    let shm = PathBuf::from(format!("/dev/shm/talon-test-{}.img", std::process::id()));
+    let _ = std::fs::remove_file(&shm);
+    struct Rm(PathBuf);
+    impl Drop for Rm {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(&self.0);
+        }
+    }
+    let _rm = Rm(shm.clone());
+    let _: Value = d
+        .client
+        .call(
+            "disk_add",
+            json!({"name": "shm", "path": shm.display().to_string(), "size": "256MiB"}),
+        )
+        .await
+        .expect("disk_add");
+    let v: Value = d
+        .client
+        .call(
+            "volume_create",
+            json!({"name": "onshm", "size": "16MiB", "disks": ["shm"], "wait": true, "timeoutSeconds": 120}),
+        )
+        .await
+        .expect("a volume on the /dev/shm disk");
+    assert_eq!(v["engine"]["state"], "ready", "{v}");
+    assert!(
+        std::fs::metadata(&shm).is_ok_and(|m| m.is_file() && m.len() == 256 << 20),
+        "created as a sparse file"
+    );
+
+    // a device node that is not there: the disk fails, and a wait on it ends with its error
+    let missing = format!("/dev/talon-test-no-such-device-{}", std::process::id());
+    let asked = Instant::now();
+    let _: Value = d
+        .client
+        .call("disk_add", json!({"name": "gone", "path": missing}))
+        .await
+        .expect("disk_add");
+    let err = d
+        .client
+        .call::<_, Value>(
+            "volume_create",
+            json!({"name": "ongone", "size": "16MiB", "disks": ["gone"], "wait": true, "timeoutSeconds": 120}),
+        )
+        .await
+        .expect_err("the wait fails");
+    let took = asked.elapsed();
+    let msg = err.to_string();
+    eprintln!("volume on a failed disk: the wait ended after {took:?}: {msg}");
+    assert!(
+        msg.contains(&format!("block device {missing} does not exist")),
+        "the disk's error: {msg}"
+    );
+    assert!(!msg.contains("did not finish within"), "{msg}");
+    let s = d.client.get("EngineStatus", "ongone").await.expect("status");
+    assert_eq!(s.spec["state"], "failed", "{}", s.spec);
+    d.stop().await;
+}
