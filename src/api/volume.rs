@@ -104,6 +104,10 @@ pub struct VolumeCreateParams {
     /// Only keep replica k here for an engine on another node (V2).
     #[serde(default)]
     pub serve_replica: Option<u32>,
+    /// With `serveReplica`: the host NQNs allowed to attach the replica (the
+    /// engine node's host NQN from its `node_info`); nobody else can.
+    #[serde(default)]
+    pub replica_hosts: Vec<String>,
     /// Wait until the operation is done (or failed).
     #[serde(default)]
     pub wait: bool,
@@ -416,6 +420,15 @@ pub fn register(api: &mut ApiBuilder) {
                      it takes neither remoteReplicas nor replicas other than 1"
                 )));
             }
+            if !p.replica_hosts.is_empty() && p.serve_replica.is_none() {
+                return Err(ApiError::invalid(format!(
+                    "volume {name}: replicaHosts only goes with serveReplica"
+                )));
+            }
+            for h in &p.replica_hosts {
+                crate::names::Nqn::parse(h)
+                    .map_err(|e| ApiError::invalid(format!("volume {name}: replicaHosts: {e}")))?;
+            }
             if replicas as usize + p.remote_replicas.len() > 3 {
                 return Err(ApiError::invalid(format!(
                     "volume {name}: at most 3 replicas in all, not {} local + {} remote",
@@ -441,6 +454,7 @@ pub fn register(api: &mut ApiBuilder) {
                 revert_generation: 0,
                 remote_replicas: p.remote_replicas,
                 serve_replica: p.serve_replica,
+                replica_hosts: p.replica_hosts,
             };
             let created = ctx
                 .state
