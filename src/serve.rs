@@ -56,6 +56,12 @@ pub enum ServeError {
         #[source]
         source: std::io::Error,
     },
+    #[error("cannot make {path} private (mode 0700/0600)")]
+    Private {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("data directory {path} is in use by another talon (pid {holder})")]
     DataDirLocked { path: PathBuf, holder: String },
     #[error("cannot lock {path}")]
@@ -118,6 +124,47 @@ pub struct DataDirLock {
 
 /// Takes the data directory's lock, recording our pid; refuses with the
 /// holder's pid when another talon has it.
+/// Makes `path` and everything under it private to root, whatever modes it
+/// finds (`mkdir -p` and a hostPath `DirectoryOrCreate` make 0755, files
+/// created under another umask 0644): directories 0700, regular files 0600.
+/// Symbolic links are not followed and other files (sockets, devices) are
+/// left alone. Returns how many modes it changed.
+pub fn make_private(path: &Path) -> Result<usize, ServeError> {
+    use std::os::unix::fs::PermissionsExt;
+    let err = |p: &Path| {
+        let p = p.to_path_buf();
+        move |source| ServeError::Private { path: p, source }
+    };
+    let mut changed = 0;
+    let mut todo = vec![path.to_path_buf()];
+    while let Some(p) = todo.pop() {
+        let meta = match std::fs::symlink_metadata(&p) {
+            Ok(m) => m,
+            // a file removed meanwhile (a volume being deleted) needs nothing
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(err(&p)(e)),
+        };
+        let want = if meta.is_dir() {
+            for entry in std::fs::read_dir(&p).map_err(err(&p))? {
+                todo.push(entry.map_err(err(&p))?.path());
+            }
+            0o700
+        } else if meta.is_file() {
+            0o600
+        } else {
+            continue;
+        };
+        if meta.permissions().mode() & 0o7777 != want {
+            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(want)).map_err(err(&p))?;
+            changed += 1;
+        }
+    }
+    if changed > 0 {
+        tracing::info!(path = %path.display(), changed, "made the data directory private (0700/0600)");
+    }
+    Ok(changed)
+}
+
 pub fn lock_data_dir(dir: &Path) -> Result<DataDirLock, ServeError> {
     let path = dir.join("talon.lock");
     let file = std::fs::OpenOptions::new()
@@ -275,7 +322,9 @@ pub async fn serve(opts: ServeOptions, shutdown: impl Future<Output = ()> + Send
         source,
     })?;
     let _lock = lock_data_dir(&data_dir)?;
+    make_private(&data_dir)?;
     let state = State::open(&data_dir.join("state.redb"))?;
+    make_private(&data_dir.join("state.redb"))?;
     if state.get_typed::<NodeConfig>("node")?.is_none() {
         state.create_typed("node", "", &NodeConfig::default())?;
     }

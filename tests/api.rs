@@ -244,6 +244,59 @@ async fn watch_streams_create_update_destroy_and_state_survives_restart() {
     d.stop().await;
 }
 
+/// A data dir as `mkdir -p` or a hostPath `DirectoryOrCreate` leaves it (0755,
+/// files 0644) is made private at start: directories 0700, files 0600; a
+/// damaged state store is refused with an error that names it.
+#[tokio::test]
+async fn the_data_dir_is_made_private_and_a_damaged_store_refused() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    let vols = data.join("v1/volumes");
+    std::fs::create_dir_all(&vols).expect("mkdir");
+    std::fs::write(vols.join("old.img"), b"data").expect("volume file");
+    std::fs::create_dir_all(data.join("nvme")).expect("mkdir");
+    std::fs::write(data.join("nvme/hostnqn"), b"nqn.2014-08.org.nvmexpress:uuid:x\n").expect("nqn");
+    std::os::unix::fs::symlink("/etc/hostname", data.join("link")).expect("symlink");
+    for p in [&data, &data.join("v1"), &vols, &data.join("nvme")] {
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    }
+    for p in [vols.join("old.img"), data.join("nvme/hostnqn")] {
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+    }
+    let etc_mode = std::fs::metadata("/etc/hostname").map(|m| m.permissions().mode());
+    let d = start(opts(dir.path())).await;
+    let mode = |p: &Path| std::fs::symlink_metadata(p).expect("stat").permissions().mode() & 0o7777;
+    for p in [data.clone(), data.join("v1"), vols.clone(), data.join("nvme")] {
+        assert_eq!(mode(&p), 0o700, "{}", p.display());
+    }
+    for p in [
+        vols.join("old.img"),
+        data.join("nvme/hostnqn"),
+        data.join("state.redb"),
+    ] {
+        assert_eq!(mode(&p), 0o600, "{}", p.display());
+    }
+    assert_eq!(
+        std::fs::metadata("/etc/hostname")
+            .map(|m| m.permissions().mode())
+            .ok(),
+        etc_mode.ok(),
+        "a symbolic link is not followed"
+    );
+    d.stop().await;
+
+    std::fs::write(data.join("state.redb"), b"").expect("truncate the store");
+    let err = serve(opts(dir.path()), async {})
+        .await
+        .expect_err("damaged store");
+    let msg = err.to_string();
+    assert!(
+        msg.contains("damaged") && msg.contains(&data.join("state.redb").display().to_string()),
+        "{msg}"
+    );
+}
+
 #[tokio::test]
 async fn a_second_daemon_on_the_same_data_dir_is_refused_and_bad_sockets_fail_clearly() {
     let dir = tempfile::tempdir().expect("tempdir");

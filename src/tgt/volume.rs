@@ -24,7 +24,7 @@
 use std::fs::{self, File, OpenOptions};
 use std::io;
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::MetadataExt;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 use super::admin::{AdminError, ChapSecret, ChapUser, InitiatorAcl, Nexus, TargetInfo, TgtAdm, Tid};
@@ -244,7 +244,7 @@ impl V1Store {
     pub fn create(&self, name: &ObjectName, size: u64) -> Result<VolumeInfo, VolumeError> {
         Self::check_size(name, size)?;
         let dir = self.volumes_dir();
-        fs::create_dir_all(&dir).map_err(|source| VolumeError::Create {
+        private_dir(&dir).map_err(|source| VolumeError::Create {
             path: dir.clone(),
             source,
         })?;
@@ -252,6 +252,7 @@ impl V1Store {
         let file = OpenOptions::new()
             .write(true)
             .create_new(true)
+            .mode(0o600)
             .open(&path)
             .map_err(|source| {
                 if source.kind() == io::ErrorKind::AlreadyExists {
@@ -538,7 +539,7 @@ impl V1Store {
     pub fn snapshot(&self, volume: &ObjectName, snapshot: &ObjectName) -> Result<SnapshotInfo, VolumeError> {
         let src = self.info(volume)?.path;
         let dir = self.snapshots_dir(volume);
-        fs::create_dir_all(&dir).map_err(|source| VolumeError::Create {
+        private_dir(&dir).map_err(|source| VolumeError::Create {
             path: dir.clone(),
             source,
         })?;
@@ -712,6 +713,11 @@ fn img_names(dir: &Path) -> Result<Vec<String>, VolumeError> {
     Ok(out)
 }
 
+/// Creates `dir` and its missing parents private to root (0700).
+fn private_dir(dir: &Path) -> io::Result<()> {
+    fs::DirBuilder::new().recursive(true).mode(0o700).create(dir)
+}
+
 fn sync_dir(dir: &Path) -> io::Result<()> {
     File::open(dir)?.sync_all()
 }
@@ -761,6 +767,7 @@ fn reflink_new(src: &Path, dst: &Path) -> Result<(), ReflinkFail> {
     let to = OpenOptions::new()
         .write(true)
         .create_new(true)
+        .mode(0o600)
         .open(dst)
         .map_err(|e| {
             if e.kind() == io::ErrorKind::AlreadyExists {
@@ -787,6 +794,7 @@ fn reflink_new(src: &Path, dst: &Path) -> Result<(), ReflinkFail> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::PermissionsExt;
 
     fn name(s: &str) -> ObjectName {
         ObjectName::parse("volume", s).expect("name")
@@ -798,6 +806,13 @@ mod tests {
         let store = V1Store::new(dir.path());
         let b = store.create(&name("b"), 1 << 30).expect("create b");
         assert_eq!(b.size, 1 << 30);
+        let mode = |p: &Path| std::fs::metadata(p).expect("stat").permissions().mode() & 0o777;
+        assert_eq!(
+            mode(&b.path),
+            0o600,
+            "volume files are private whatever the umask"
+        );
+        assert_eq!(mode(&store.volumes_dir()), 0o700);
         assert!(b.allocated < 1 << 20, "sparse: {} bytes allocated", b.allocated);
         store.create(&name("a"), 4096).expect("create a");
         fs::write(store.volumes_dir().join("Not_A_Name.img"), b"").expect("junk");
