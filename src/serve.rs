@@ -286,6 +286,7 @@ pub fn node_info_fn(
     selection: &EngineSelection,
 ) -> Arc<dyn Fn() -> NodeInfo + Send + Sync> {
     let engines = detect_engines(selection);
+    let ids = crate::attach::HostInitiators::load_or_create(&host, &data_dir).ok();
     Arc::new(move || {
         let (os_id, os_name) = os_release(&host);
         NodeInfo {
@@ -300,6 +301,8 @@ pub fn node_info_fn(
             os_name,
             data_dir: data_dir.display().to_string(),
             engines: engines.clone(),
+            host_nqn: ids.as_ref().map(|i| i.nqn.to_string()).unwrap_or_default(),
+            host_iqn: ids.as_ref().map(|i| i.iqn.to_string()).unwrap_or_default(),
         }
     })
 }
