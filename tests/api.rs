@@ -82,7 +82,10 @@ async fn node_info_discover_and_errors_that_name_the_field() {
     assert!(!info.kernel.is_empty() && !info.hostname.is_empty());
     // the names other nodes' exports admit this node by
     assert!(info.host_nqn.starts_with("nqn."), "{info:?}");
-    assert!(info.host_iqn.starts_with("iqn.2025-01.io.talon:host."), "{info:?}");
+    assert!(
+        info.host_iqn.starts_with("iqn.2025-01.io.talon:host."),
+        "{info:?}"
+    );
     assert!(info.engines.iter().any(|e| e.engine == "v1") && info.engines.iter().any(|e| e.engine == "v2"));
 
     let doc = c.discover().await.expect("rpc.discover");

@@ -313,6 +313,40 @@ fn get_volume(state: &State, name: &str) -> Result<Typed<Volume>, ApiError> {
         .ok_or_else(|| ApiError::not_found(format!("volume {name:?} not found")))
 }
 
+/// Serialises the checks and writes of the requests that create, change or
+/// delete volumes, snapshots and attachments, so that a check ("no
+/// snapshots", "not being deleted") still holds when the write lands: no
+/// volume is deleted while it has snapshots, in whichever order the requests
+/// come. Held for the check and the write only, never across a `wait`.
+static LIFECYCLE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// A volume that is not being deleted: requests on one that is tearing down
+/// are refused (its engine objects are going away).
+fn live_volume(state: &State, name: &str, action: &str) -> Result<Typed<Volume>, ApiError> {
+    let v = get_volume(state, name)?;
+    if v.metadata.phase == Phase::TearingDown {
+        return Err(ApiError::new(
+            ErrorKind::FailedPrecondition,
+            format!("volume {name:?} is being deleted; cannot {action}"),
+        ));
+    }
+    Ok(v)
+}
+
+/// A snapshot that exists and is not being deleted.
+fn live_snapshot(state: &State, id: &str, action: &str) -> Result<Typed<Snapshot>, ApiError> {
+    let s = state
+        .get_typed::<Snapshot>(id)?
+        .ok_or_else(|| ApiError::not_found(format!("snapshot {id:?} not found")))?;
+    if s.metadata.phase == Phase::TearingDown {
+        return Err(ApiError::new(
+            ErrorKind::FailedPrecondition,
+            format!("snapshot {id:?} is being deleted; cannot {action}"),
+        ));
+    }
+    Ok(s)
+}
+
 fn view(state: &State, v: Typed<Volume>) -> Result<VolumeView, ApiError> {
     let name = v.metadata.id.clone();
     let replicas = state
@@ -436,12 +470,10 @@ pub fn register(api: &mut ApiBuilder) {
                     p.remote_replicas.len()
                 )));
             }
-            if let Some(s) = &p.from_snapshot
-                && ctx.state.get_typed::<Snapshot>(s)?.is_none()
-            {
-                return Err(ApiError::not_found(format!(
-                    "volume {name}: snapshot {s:?} not found"
-                )));
+            let guard = LIFECYCLE.lock().await;
+            if let Some(s) = &p.from_snapshot {
+                live_snapshot(&ctx.state, s, &format!("clone it into volume {name}"))
+                    .map_err(|e| ApiError::new(e.kind, format!("volume {name}: {}", e.message)))?;
             }
             let spec = Volume {
                 size_bytes,
@@ -460,6 +492,7 @@ pub fn register(api: &mut ApiBuilder) {
                 .state
                 .create_typed(name.as_str(), "", &spec)
                 .map_err(|e| exists_as("volume", &name, e))?;
+            drop(guard);
             if p.wait {
                 wait_for(
                     &ctx.state,
@@ -496,6 +529,7 @@ pub fn register(api: &mut ApiBuilder) {
         "Delete a volume: the engine removes its objects, then the definition goes.",
         &[NotFound, FailedPrecondition],
         |p: NameParams, ctx: Arc<ApiContext>| async move {
+            let guard = LIFECYCLE.lock().await;
             let v = get_volume(&ctx.state, &p.name)?;
             if ctx.state.get_typed::<Attachment>(&p.name)?.is_some() {
                 return Err(ApiError::new(
@@ -523,6 +557,7 @@ pub fn register(api: &mut ApiBuilder) {
             let d = ctx
                 .state
                 .destroy(Volume::NAMESPACE, Volume::TYPE, &v.metadata.id, "")?;
+            drop(guard);
             let mut res = DeleteResult {
                 name: p.name.clone(),
                 deleted: d == Destroyed::Gone,
@@ -551,7 +586,8 @@ pub fn register(api: &mut ApiBuilder) {
         "Grow a volume: every replica, then the engine and its export.",
         &[NotFound, FailedPrecondition],
         |p: ExpandParams, ctx: Arc<ApiContext>| async move {
-            let v = get_volume(&ctx.state, &p.name)?;
+            let guard = LIFECYCLE.lock().await;
+            let v = live_volume(&ctx.state, &p.name, "expand it")?;
             let size = size_of(p.size_bytes, &p.size, &format!("volume {}", p.name))?;
             if size < v.spec.size_bytes {
                 return Err(ApiError::new(
@@ -566,6 +602,7 @@ pub fn register(api: &mut ApiBuilder) {
             spec.size_bytes = size;
             ctx.state
                 .update_typed(&p.name, "", Some(v.metadata.version), &spec)?;
+            drop(guard);
             if p.wait {
                 wait_for(
                     &ctx.state,
@@ -584,8 +621,9 @@ pub fn register(api: &mut ApiBuilder) {
         "Snapshot a volume (all replicas, consistently).",
         &[NotFound, AlreadyExists, FailedPrecondition],
         |p: SnapshotParams, ctx: Arc<ApiContext>| async move {
-            get_volume(&ctx.state, &p.volume)?;
             ObjectName::parse("snapshot", &p.name)?;
+            let guard = LIFECYCLE.lock().await;
+            live_volume(&ctx.state, &p.volume, &format!("snapshot it as {:?}", p.name))?;
             let id = snapshot_id(&p.volume, &p.name);
             let spec = Snapshot {
                 volume: p.volume.clone(),
@@ -594,6 +632,7 @@ pub fn register(api: &mut ApiBuilder) {
             ctx.state
                 .create_typed(&id, "", &spec)
                 .map_err(|e| exists_as("snapshot", &id, e))?;
+            drop(guard);
             if p.wait {
                 wait_for::<SnapshotStatus>(
                     &ctx.state,
@@ -631,6 +670,7 @@ pub fn register(api: &mut ApiBuilder) {
         &[NotFound, FailedPrecondition],
         |p: SnapshotParams, ctx: Arc<ApiContext>| async move {
             let id = snapshot_id(&p.volume, &p.name);
+            let guard = LIFECYCLE.lock().await;
             if ctx.state.get_typed::<Snapshot>(&id)?.is_none() {
                 return Err(ApiError::not_found(format!("snapshot {id:?} not found")));
             }
@@ -651,6 +691,7 @@ pub fn register(api: &mut ApiBuilder) {
                 ));
             }
             let d = ctx.state.destroy(Snapshot::NAMESPACE, Snapshot::TYPE, &id, "")?;
+            drop(guard);
             if p.wait && d == Destroyed::TearingDown {
                 wait_for::<Snapshot>(
                     &ctx.state,
@@ -674,11 +715,11 @@ pub fn register(api: &mut ApiBuilder) {
         &[NotFound, AlreadyExists],
         |p: CloneParams, ctx: Arc<ApiContext>| async move {
             let name = volume_name(&p.name)?;
-            let src = get_volume(&ctx.state, &p.volume)?;
+            let guard = LIFECYCLE.lock().await;
+            let action = format!("clone it into volume {name}");
+            let src = live_volume(&ctx.state, &p.volume, &action)?;
             let sid = snapshot_id(&p.volume, &p.snapshot);
-            if ctx.state.get_typed::<Snapshot>(&sid)?.is_none() {
-                return Err(ApiError::not_found(format!("snapshot {sid:?} not found")));
-            }
+            live_snapshot(&ctx.state, &sid, &action)?;
             let spec = Volume {
                 from_snapshot: Some(sid),
                 revert_to: None,
@@ -688,6 +729,7 @@ pub fn register(api: &mut ApiBuilder) {
             ctx.state
                 .create_typed(name.as_str(), "", &spec)
                 .map_err(|e| exists_as("volume", &name, e))?;
+            drop(guard);
             if p.wait {
                 wait_for(
                     &ctx.state,
@@ -706,11 +748,11 @@ pub fn register(api: &mut ApiBuilder) {
         "Revert a volume's data to one of its snapshots (the volume must be detached).",
         &[NotFound, FailedPrecondition],
         |p: SnapshotParams, ctx: Arc<ApiContext>| async move {
-            let v = get_volume(&ctx.state, &p.volume)?;
+            let _guard = LIFECYCLE.lock().await;
             let sid = snapshot_id(&p.volume, &p.name);
-            if ctx.state.get_typed::<Snapshot>(&sid)?.is_none() {
-                return Err(ApiError::not_found(format!("snapshot {sid:?} not found")));
-            }
+            let action = format!("revert it to {sid}");
+            let v = live_volume(&ctx.state, &p.volume, &action)?;
+            live_snapshot(&ctx.state, &sid, &action)?;
             if ctx.state.get_typed::<Attachment>(&p.volume)?.is_some() {
                 return Err(ApiError::new(
                     FailedPrecondition,
@@ -812,11 +854,13 @@ pub fn register(api: &mut ApiBuilder) {
         "Attach a volume on this host (NVMe/TCP, else iSCSI): /dev/talon/<name>.",
         &[NotFound, FailedPrecondition, Unavailable],
         |p: AttachParams, ctx: Arc<ApiContext>| async move {
-            get_volume(&ctx.state, &p.name)?;
+            let guard = LIFECYCLE.lock().await;
+            live_volume(&ctx.state, &p.name, "attach it")?;
             let spec = Attachment {
                 frontend: p.frontend.unwrap_or_default(),
             };
             crate::serve::upsert(&ctx.state, &p.name, &spec)?;
+            drop(guard);
             if p.wait {
                 wait_for::<AttachmentStatus>(
                     &ctx.state,
@@ -886,6 +930,141 @@ fn disk_view(state: &State, name: &str) -> Result<DiskView, ApiError> {
         phase: d.metadata.phase,
         spec: d.spec,
     })
+}
+
+#[cfg(test)]
+mod lifecycle_tests {
+    use std::collections::BTreeMap;
+
+    use serde_json::{Value, json};
+
+    use super::*;
+    use crate::api::types::NodeInfo;
+
+    fn api(state: &State) -> jsonrpsee::Methods {
+        let ctx = ApiContext {
+            state: state.clone(),
+            registry: Arc::new(crate::resources::registry()),
+            statuses: Default::default(),
+            node_info: Arc::new(|| NodeInfo {
+                version: String::new(),
+                hostname: String::new(),
+                kernel: String::new(),
+                os_id: String::new(),
+                os_name: String::new(),
+                data_dir: String::new(),
+                engines: Vec::new(),
+                host_nqn: String::new(),
+                host_iqn: String::new(),
+            }),
+        };
+        let mut b = ApiBuilder::new(ctx);
+        register(&mut b);
+        b.build()
+    }
+
+    /// The error code and message of a call, or its result.
+    async fn call(m: &jsonrpsee::Methods, method: &str, params: Value) -> Result<Value, (i32, String)> {
+        let mut object = jsonrpsee::core::params::ObjectParams::new();
+        for (k, v) in params.as_object().expect("object") {
+            object.insert(k, v).expect("param");
+        }
+        let params = object;
+        m.call::<_, Value>(method, params).await.map_err(|e| match e {
+            jsonrpsee::core::server::MethodsError::JsonRpc(o) => (o.code(), o.message().to_string()),
+            other => (0, other.to_string()),
+        })
+    }
+
+    fn volume(state: &State, name: &str) {
+        state
+            .create(
+                "config",
+                "Volume",
+                name,
+                "",
+                json!({"sizeBytes": 1 << 20, "engine": "v1"}),
+                BTreeMap::new(),
+            )
+            .expect("volume");
+    }
+
+    #[tokio::test]
+    async fn requests_on_a_volume_being_deleted_are_refused() {
+        let state = State::in_memory();
+        let m = api(&state);
+        volume(&state, "v");
+        call(&m, "snapshot_create", json!({"volume": "v", "name": "s"}))
+            .await
+            .expect("snapshot");
+        // the engine holds the volume (an initiator is logged in), so the delete tears down
+        state
+            .add_finalizer("config", "Volume", "v", "engine")
+            .expect("finalizer");
+        call(&m, "snapshot_delete", json!({"volume": "v", "name": "s"}))
+            .await
+            .expect("snapshot delete");
+        call(&m, "volume_delete", json!({"name": "v"}))
+            .await
+            .expect("delete starts");
+        let refused = [
+            ("snapshot_create", json!({"volume": "v", "name": "s2"})),
+            ("volume_expand", json!({"name": "v", "sizeBytes": 2 << 20})),
+            ("volume_attach", json!({"name": "v"})),
+            (
+                "volume_clone",
+                json!({"name": "c", "volume": "v", "snapshot": "s"}),
+            ),
+            ("volume_revert", json!({"volume": "v", "name": "s"})),
+        ];
+        for (method, params) in refused {
+            let (code, msg) = call(&m, method, params).await.expect_err(method);
+            assert!(
+                (code == ErrorKind::FailedPrecondition.code() && msg.contains("is being deleted"))
+                    || code == ErrorKind::NotFound.code(),
+                "{method}: {code} {msg}"
+            );
+            assert!(msg.contains("\"v\"") || msg.contains("v@s"), "{method}: {msg}");
+        }
+        assert!(state.get("config", "Snapshot", "v@s2").is_none());
+        assert!(state.get("config", "Volume", "c").is_none());
+        assert!(state.get("config", "Attachment", "v").is_none());
+        let v = get_volume(&state, "v").expect("volume");
+        assert_eq!(v.spec.size_bytes, 1 << 20, "the expand was not stored");
+    }
+
+    /// Snapshot creates and volume deletes racing on many volumes: whichever
+    /// wins, no volume is deleted while it has a snapshot.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn no_volume_is_deleted_while_it_has_snapshots_in_any_order() {
+        let state = State::in_memory();
+        let m = Arc::new(api(&state));
+        let n = 200;
+        for i in 0..n {
+            volume(&state, &format!("v{i}"));
+        }
+        let mut tasks = Vec::new();
+        for i in 0..n {
+            let (m1, m2) = (m.clone(), m.clone());
+            let v = format!("v{i}");
+            let v2 = v.clone();
+            tasks.push(tokio::spawn(async move {
+                call(&m1, "snapshot_create", json!({"volume": v, "name": "s"})).await
+            }));
+            tasks.push(tokio::spawn(async move {
+                call(&m2, "volume_delete", json!({"name": v2})).await
+            }));
+        }
+        for t in tasks {
+            let _ = t.await.expect("task");
+        }
+        for i in 0..n {
+            let v = format!("v{i}");
+            let snap = state.get("config", "Snapshot", &format!("{v}@s")).is_some();
+            let vol = state.get("config", "Volume", &v).is_some();
+            assert!(!snap || vol, "{v} was deleted with snapshot {v}@s");
+        }
+    }
 }
 
 #[cfg(test)]
