@@ -52,6 +52,30 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
     Ok(bytes as u64)
 }
 
+/// The largest volume talon serves: 64 TiB (SPDK's lvols and raid1 go
+/// further; a V1 file on ext4 stops at 16 TiB, which the engine reports).
+pub const MAX_VOLUME_BYTES: u64 = 64 << 40;
+/// Volume sizes are multiples of this: the logical block of both engines'
+/// exports (V2 rounds up to its lvstore cluster on top).
+pub const VOLUME_BLOCK: u64 = 512;
+
+/// Checks a volume size against what the engines can serve, before anything
+/// is stored.
+fn check_volume_size(what: &str, size: u64) -> Result<u64, ApiError> {
+    if size > MAX_VOLUME_BYTES {
+        return Err(ApiError::invalid(format!(
+            "{what}: size {size} is larger than the {} TiB talon serves",
+            MAX_VOLUME_BYTES >> 40
+        )));
+    }
+    if !size.is_multiple_of(VOLUME_BLOCK) {
+        return Err(ApiError::invalid(format!(
+            "{what}: size {size} is not a multiple of the {VOLUME_BLOCK}-byte block"
+        )));
+    }
+    Ok(size)
+}
+
 /// A size given as bytes (`sizeBytes`) or as text (`size: "10GiB"`).
 fn size_of(size_bytes: Option<u64>, size: &Option<String>, what: &str) -> Result<u64, ApiError> {
     match (size_bytes, size) {
@@ -423,7 +447,8 @@ pub fn register(api: &mut ApiBuilder) {
         &[AlreadyExists, NotFound, FailedPrecondition, Unavailable],
         |p: VolumeCreateParams, ctx: Arc<ApiContext>| async move {
             let name = volume_name(&p.name)?;
-            let size_bytes = size_of(p.size_bytes, &p.size, &format!("volume {name}"))?;
+            let what = format!("volume {name}");
+            let size_bytes = check_volume_size(&what, size_of(p.size_bytes, &p.size, &what)?)?;
             let replicas = p.replicas.unwrap_or(1);
             if !(1..=3).contains(&replicas) {
                 return Err(ApiError::invalid(format!(
@@ -588,13 +613,22 @@ pub fn register(api: &mut ApiBuilder) {
         |p: ExpandParams, ctx: Arc<ApiContext>| async move {
             let guard = LIFECYCLE.lock().await;
             let v = live_volume(&ctx.state, &p.name, "expand it")?;
-            let size = size_of(p.size_bytes, &p.size, &format!("volume {}", p.name))?;
-            if size < v.spec.size_bytes {
+            let what = format!("volume {}", p.name);
+            let size = check_volume_size(&what, size_of(p.size_bytes, &p.size, &what)?)?;
+            // what the engine serves is the floor: an expand it could not do (still
+            // pending or failed) is replaced by a smaller one, never stuck forever
+            let served = ctx
+                .state
+                .get_typed::<EngineStatus>(&p.name)?
+                .map(|e| e.spec.size_bytes)
+                .filter(|s| *s > 0)
+                .unwrap_or(v.spec.size_bytes);
+            if size < served {
                 return Err(ApiError::new(
                     FailedPrecondition,
                     format!(
-                        "volume {:?} is {} bytes; it can only grow, not shrink to {size}",
-                        p.name, v.spec.size_bytes
+                        "volume {:?} is {served} bytes; it can only grow, not shrink to {size}",
+                        p.name
                     ),
                 ));
             }
@@ -1031,6 +1065,57 @@ mod lifecycle_tests {
         assert!(state.get("config", "Attachment", "v").is_none());
         let v = get_volume(&state, "v").expect("volume");
         assert_eq!(v.spec.size_bytes, 1 << 20, "the expand was not stored");
+    }
+
+    #[tokio::test]
+    async fn sizes_the_engines_cannot_serve_are_refused_before_anything_is_stored() {
+        let state = State::in_memory();
+        let m = api(&state);
+        let bad: [(Value, &str); 5] = [
+            (json!(u64::MAX), "larger than the 64 TiB"),
+            (json!(1u64 << 60), "larger than the 64 TiB"),
+            (json!(1000), "not a multiple of the 512-byte block"),
+            (json!(0), "a size is required"),
+            (json!("1EiB"), "unknown unit"),
+        ];
+        for (size, why) in bad {
+            let key = if size.is_string() { "size" } else { "sizeBytes" };
+            let (code, msg) = call(&m, "volume_create", json!({"name": "big", key: size}))
+                .await
+                .expect_err(why);
+            assert_eq!(code, ErrorKind::InvalidParams.code(), "{msg}");
+            assert!(msg.contains(why) && msg.contains("volume big"), "{msg}");
+            assert!(
+                state.get("config", "Volume", "big").is_none(),
+                "nothing stored for {size}"
+            );
+        }
+        call(&m, "volume_create", json!({"name": "v", "size": "1MiB"}))
+            .await
+            .expect("a servable size");
+
+        // an expand the engine has not done (it could not) does not block a smaller one
+        state
+            .create(
+                "engine",
+                "EngineStatus",
+                "v",
+                "test.Engine",
+                json!({"engine": "v1", "state": "ready", "sizeBytes": 1 << 20, "device": "",
+                       "replicas": [], "exports": [], "message": "expand to 68719476736 bytes waits"}),
+                BTreeMap::new(),
+            )
+            .expect("status");
+        for (size, ok) in [
+            (json!(u64::MAX), false),
+            (json!(64u64 << 40), true),
+            (json!(2 << 20), true),
+            (json!(512 << 10), false),
+        ] {
+            let r = call(&m, "volume_expand", json!({"name": "v", "sizeBytes": size})).await;
+            assert_eq!(r.is_ok(), ok, "expand to {size}: {r:?}");
+        }
+        assert_eq!(get_volume(&state, "v").expect("v").spec.size_bytes, 2 << 20);
     }
 
     /// Snapshot creates and volume deletes racing on many volumes: whichever
