@@ -519,3 +519,69 @@ fn cli_get_types_and_controllers_against_a_running_daemon() {
     );
     assert!(child.wait().expect("wait").success());
 }
+
+/// `disk_add` refuses what an lvstore would destroy: a file with data talon
+/// did not make, a mounted block device; it takes a new path and the same
+/// block device once nobody holds it.
+#[tokio::test]
+async fn disk_add_refuses_foreign_files_and_block_devices_in_use() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = start(opts(dir.path())).await;
+    let c = d.client().await;
+    let add = |name: &str, path: &Path| json!({"name": name, "path": path, "size": "64MiB"});
+    let foreign = dir.path().join("photos.db");
+    std::fs::write(&foreign, b"SQLite format 3\0...").expect("foreign file");
+    let e = c
+        .call::<_, serde_json::Value>("disk_add", add("d1", &foreign))
+        .await
+        .expect_err("a foreign file");
+    assert_eq!(rpc_kind(&e), Some(ErrorKind::FailedPrecondition), "{e}");
+    assert!(e.to_string().contains("photos.db"), "{e}");
+    assert_eq!(std::fs::read(&foreign).expect("read"), b"SQLite format 3\0...");
+    c.call::<_, serde_json::Value>("disk_add", add("d2", &dir.path().join("new.img")))
+        .await
+        .expect("a new path");
+
+    let test = "disk_add_refuses_foreign_files_and_block_devices_in_use";
+    if !nix::unistd::Uid::effective().is_root() {
+        eprintln!("SKIP {test} (block device part): needs root (losetup, mount)");
+        d.stop().await;
+        return;
+    }
+    let img = dir.path().join("fs.img");
+    std::fs::File::create(&img)
+        .and_then(|f| f.set_len(32 << 20))
+        .expect("image");
+    let out = std::process::Command::new("losetup")
+        .args(["--find", "--show"])
+        .arg(&img)
+        .output()
+        .expect("losetup");
+    if !out.status.success() {
+        eprintln!(
+            "SKIP {test} (block device part): losetup: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+        d.stop().await;
+        return;
+    }
+    let dev = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+    let mnt = dir.path().join("mnt");
+    std::fs::create_dir_all(&mnt).expect("mnt");
+    let run =
+        |p: &str, a: &[&std::ffi::OsStr]| std::process::Command::new(p).args(a).status().expect(p).success();
+    assert!(run("mkfs.ext4", &["-q".as_ref(), dev.as_os_str()]));
+    assert!(run("mount", &[dev.as_os_str(), mnt.as_os_str()]));
+    let e = c
+        .call::<_, serde_json::Value>("disk_add", add("d3", &dev))
+        .await
+        .expect_err("a mounted device");
+    assert_eq!(rpc_kind(&e), Some(ErrorKind::FailedPrecondition), "{e}");
+    assert!(e.to_string().contains("in use"), "{e}");
+    assert!(run("umount", &[mnt.as_os_str()]));
+    c.call::<_, serde_json::Value>("disk_add", add("d3", &dev))
+        .await
+        .expect("the device once unmounted");
+    assert!(run("losetup", &["-d".as_ref(), dev.as_os_str()]));
+    d.stop().await;
+}

@@ -804,7 +804,7 @@ pub fn register(api: &mut ApiBuilder) {
     api.method(
         "disk_add",
         "Add a disk for replicas: a file/block device, or an NVMe PCI device.",
-        &[AlreadyExists],
+        &[AlreadyExists, FailedPrecondition],
         |p: DiskAddParams, ctx: Arc<ApiContext>| async move {
             let name = ObjectName::parse("disk", &p.name)?;
             let size_bytes = if p.size_bytes.is_some() || p.size.is_some() {
@@ -813,7 +813,20 @@ pub fn register(api: &mut ApiBuilder) {
                 None
             };
             match (&p.path, &p.pci) {
-                (Some(path), None) if path.starts_with('/') => {}
+                (Some(path), None) if path.starts_with('/') => {
+                    // an lvstore overwrites what is there: only talon's files, new paths and
+                    // block devices nobody holds
+                    let path = std::path::PathBuf::from(path);
+                    tokio::task::spawn_blocking(move || crate::host::disk_target::check(&path))
+                        .await
+                        .map_err(|e| ApiError::new(ErrorKind::Internal, e.to_string()))?
+                        .map_err(|e| {
+                            ApiError::new(
+                                FailedPrecondition,
+                                format!("disk {name}: {}", crate::runtime::runner::error_chain(&e)),
+                            )
+                        })?;
+                }
                 (Some(path), None) => {
                     return Err(ApiError::invalid(format!(
                         "disk {name}: path {path:?} must be absolute"
