@@ -178,6 +178,15 @@ pub struct SnapshotInfo {
     pub size: u64,
 }
 
+/// The result of [`V1Store::remove_orphans`].
+#[derive(Debug, Default)]
+pub struct OrphanReport {
+    /// Targets removed.
+    pub removed: Vec<Iqn>,
+    /// Targets that could not be removed, with the reason.
+    pub failed: Vec<(Iqn, AdminError)>,
+}
+
 /// The result of [`V1Store::reexport_all`]: what is served and what failed.
 #[derive(Debug, Default)]
 pub struct ReexportReport {
@@ -381,22 +390,46 @@ impl V1Store {
         let existing = admin.find_target(&iqn).map_err(admin_err("export", name))?;
         if let Some(t) = existing {
             let found = t.lun(VOLUME_LUN).and_then(|l| l.backing_path.clone());
-            if found.as_deref() != Some(path.as_path()) {
-                return Err(VolumeError::ExportConflict {
+            // talon's target by name, whatever step of an export a crash interrupted:
+            // without its LUN it is adopted and completed; with another file behind it
+            // (a volume of that name deleted and made again while talon was down) and
+            // nobody logged in, it is removed and made again
+            let adopt = match found.as_deref() {
+                Some(p) if p == path.as_path() => true,
+                None => {
+                    tracing::info!(volume = %name, tid = t.tid, %iqn, "adopting a half-made target: adding its LUN");
+                    admin
+                        .new_lun(t.tid, VOLUME_LUN, &path)
+                        .map_err(admin_err("export", name))?;
+                    true
+                }
+                Some(_) if t.nexuses.is_empty() => {
+                    tracing::info!(volume = %name, tid = t.tid, %iqn, found = ?found,
+                        "removing a stale target that serves another file");
+                    admin
+                        .delete_target(t.tid, false)
+                        .map_err(admin_err("export", name))?;
+                    false
+                }
+                Some(_) => {
+                    return Err(VolumeError::ExportConflict {
+                        volume: name.clone(),
+                        iqn,
+                        tid: t.tid,
+                        found,
+                        path,
+                    });
+                }
+            };
+            if adopt {
+                sync_acl(admin, &t, opts).map_err(admin_err("export", name))?;
+                return Ok(Export {
                     volume: name.clone(),
                     iqn,
                     tid: t.tid,
-                    found,
-                    path,
+                    lun: VOLUME_LUN,
                 });
             }
-            sync_acl(admin, &t, opts).map_err(admin_err("export", name))?;
-            return Ok(Export {
-                volume: name.clone(),
-                iqn,
-                tid: t.tid,
-                lun: VOLUME_LUN,
-            });
         }
         let tid = admin.new_target(&iqn).map_err(admin_err("export", name))?;
         let setup = || -> Result<(), AdminError> {
@@ -438,6 +471,41 @@ impl V1Store {
                 .map_err(admin_err("unexport", name))?;
         }
         Ok(())
+    }
+
+    /// Removes the targets talon made (named `Iqn::for_volume`) for volumes
+    /// that `keep` does not name, whatever state a crash left them in (no
+    /// LUN, no ACL); a target with initiators logged in stays. Returns what
+    /// was removed and what could not be.
+    pub fn remove_orphans(
+        &self,
+        admin: &TgtAdm,
+        keep: impl Fn(&ObjectName) -> bool,
+    ) -> Result<OrphanReport, AdminError> {
+        let prefix = format!("{}:", crate::names::IQN_PREFIX);
+        let mut report = OrphanReport::default();
+        for t in admin.show()? {
+            let Some(v) = t.name.strip_prefix(&prefix) else {
+                continue;
+            };
+            // only names talon gives its volumes (`host.` and other dotted names are not)
+            let Ok(volume) = ObjectName::parse("volume", v) else {
+                continue;
+            };
+            if keep(&volume) {
+                continue;
+            }
+            let iqn = Iqn::for_volume(&volume);
+            if !t.nexuses.is_empty() {
+                tracing::warn!(%iqn, tid = t.tid, "an orphaned target has initiators logged in; left");
+                continue;
+            }
+            match admin.delete_target(t.tid, false) {
+                Ok(()) => report.removed.push(iqn),
+                Err(e) => report.failed.push((iqn, e)),
+            }
+        }
+        Ok(report)
     }
 
     /// Exports every volume on disk (after a restart of tgtd or talon), with the

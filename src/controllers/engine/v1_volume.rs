@@ -360,8 +360,29 @@ impl Controller for V1VolumeController {
             address: node.listen_address.clone(),
             port: node.iscsi_port,
         };
+        // every volume that exists, in any phase (a deleting one is removed by its job)
+        let known: std::collections::BTreeSet<String> =
+            ctx.list::<Volume>()?.iter().map(|v| v.id().to_string()).collect();
         // tgtadm and file operations block: run them off the async workers.
         let (vol_out, snap_out) = tokio::task::spawn_blocking(move || {
+            if tgtd_ready {
+                // targets talon made for volumes nobody wants (a crash mid-export or
+                // mid-delete): removed by name
+                match plan
+                    .store
+                    .remove_orphans(&plan.admin, |v| known.contains(v.as_str()))
+                {
+                    Ok(r) => {
+                        for iqn in r.removed {
+                            tracing::info!(%iqn, "removed an orphaned target");
+                        }
+                        for (iqn, e) in r.failed {
+                            tracing::warn!(%iqn, error = %e, "cannot remove an orphaned target");
+                        }
+                    }
+                    Err(e) => tracing::warn!(error = %e, "cannot list tgtd's targets for orphans"),
+                }
+            }
             let mut vol_out = Vec::new();
             let mut snap_out = Vec::new();
             // live volumes first (a snapshot needs its volume), then snapshots, then deletions
