@@ -47,6 +47,10 @@ pub struct ServeOptions {
     pub spdk: SpdkOptions,
 }
 
+/// The shortest bearer token the TCP listener accepts (256 bits of a random
+/// hex or base64 string).
+pub const MIN_TOKEN_BYTES: usize = 32;
+
 /// Why the daemon could not start or stop cleanly.
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
@@ -91,6 +95,10 @@ pub enum ServeError {
         path: PathBuf,
         source: Option<std::io::Error>,
     },
+    #[error("token file {path} is accessible by group or others (mode {mode:o}); make it 0600 or 0400")]
+    TokenMode { path: PathBuf, mode: u32 },
+    #[error("the token in {path} has {len} bytes; at least {MIN_TOKEN_BYTES} are required")]
+    TokenShort { path: PathBuf, len: usize },
     #[error("cannot listen on {addr}")]
     TcpBind {
         addr: SocketAddr,
@@ -339,6 +347,20 @@ pub async fn serve(opts: ServeOptions, shutdown: impl Future<Output = ()> + Send
         (None, _) => None,
         (Some(_), None) => return Err(ServeError::TokenMissing),
         (Some(_), Some(p)) => {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = std::fs::metadata(p)
+                .map_err(|e| ServeError::Token {
+                    path: p.clone(),
+                    source: Some(e),
+                })?
+                .permissions()
+                .mode();
+            if mode & 0o077 != 0 {
+                return Err(ServeError::TokenMode {
+                    path: p.clone(),
+                    mode: mode & 0o7777,
+                });
+            }
             let t = std::fs::read_to_string(p)
                 .map_err(|e| ServeError::Token {
                     path: p.clone(),
@@ -350,6 +372,12 @@ pub async fn serve(opts: ServeOptions, shutdown: impl Future<Output = ()> + Send
                 return Err(ServeError::Token {
                     path: p.clone(),
                     source: None,
+                });
+            }
+            if t.len() < MIN_TOKEN_BYTES {
+                return Err(ServeError::TokenShort {
+                    path: p.clone(),
+                    len: t.len(),
                 });
             }
             Some(Arc::<str>::from(t))

@@ -3,6 +3,7 @@
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{Value, json};
@@ -16,6 +17,9 @@ struct Daemon {
     task: tokio::task::JoinHandle<Result<(), talon::serve::ServeError>>,
     socket: PathBuf,
 }
+
+/// A bearer token as long as the TCP listener requires.
+const TOKEN: &str = "0123456789abcdef0123456789abcdef-test";
 
 fn opts(dir: &Path) -> ServeOptions {
     ServeOptions {
@@ -332,15 +336,26 @@ async fn tcp_listener_refuses_calls_without_the_token() {
         .expect("addr")
         .port();
     let token_file = dir.path().join("token");
-    std::fs::write(&token_file, "s3cret-token\n").expect("token");
     let mut o = opts(dir.path());
     o.listen_tcp = Some(format!("127.0.0.1:{port}").parse().expect("addr"));
-    o.token_file = Some(token_file);
+    o.token_file = Some(token_file.clone());
+    // a token others can read, or a short one, is refused
+    std::fs::write(&token_file, format!("{TOKEN}\n")).expect("token");
+    std::fs::set_permissions(&token_file, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+    let e = serve(o.clone(), async {})
+        .await
+        .expect_err("world-readable token");
+    assert!(e.to_string().contains("accessible by group or others"), "{e}");
+    std::fs::set_permissions(&token_file, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    std::fs::write(&token_file, "s3cret-token\n").expect("short token");
+    let e = serve(o.clone(), async {}).await.expect_err("short token");
+    assert!(e.to_string().contains("at least 32"), "{e}");
+    std::fs::write(&token_file, format!("{TOKEN}\n")).expect("token");
     let d = start(o).await;
     let addr = format!("127.0.0.1:{port}");
     let mut ok = None;
     for _ in 0..100 {
-        match Client::connect_tcp(&addr, "s3cret-token").await {
+        match Client::connect_tcp(&addr, TOKEN).await {
             Ok(c) => {
                 ok = Some(c);
                 break;
@@ -363,15 +378,106 @@ async fn tcp_listener_refuses_calls_without_the_token() {
         body.len()
     );
     s.write_all(req.as_bytes()).await.expect("write");
-    let mut buf = vec![0u8; 256];
-    let n = s.read(&mut buf).await.expect("read");
+    let mut got = Vec::new();
+    // the refused client keeps no connection: the server closes it after the 401
+    s.read_to_end(&mut got)
+        .await
+        .expect("read until the server closes");
     assert!(
-        String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 401"),
+        String::from_utf8_lossy(&got).starts_with("HTTP/1.1 401"),
         "{}",
-        String::from_utf8_lossy(&buf[..n])
+        String::from_utf8_lossy(&got)
     );
+
+    // many connections from one peer: past the bound they are closed at once, and
+    // the Unix socket answers all along
+    let mut held = Vec::new();
+    let mut closed = 0;
+    for _ in 0..200 {
+        let mut s = tokio::net::TcpStream::connect(&addr).await.expect("tcp");
+        let mut b = [0u8; 1];
+        // an accepted connection stays open (this read would wait); a refused one ends
+        match tokio::time::timeout(Duration::from_millis(200), s.read(&mut b)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => closed += 1,
+            _ => held.push(s),
+        }
+    }
+    assert!(held.len() <= 16, "{} connections from one peer kept", held.len());
+    assert!(closed >= 200 - 16, "only {closed} refused");
+    d.client()
+        .await
+        .node_info()
+        .await
+        .expect("the Unix socket answers");
+    drop(held);
+    // and once they are gone, an authorized client gets in again
+    let mut again = None;
+    for _ in 0..100 {
+        if let Ok(c) = Client::connect_tcp(&addr, TOKEN).await {
+            again = Some(c);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    again
+        .expect("connect again")
+        .node_info()
+        .await
+        .expect("authorized call");
     drop(c);
     d.stop().await;
+}
+
+/// A TCP connection that stalls (a half-sent request) or says nothing is closed
+/// after the idle bound, while an authorized client is served.
+#[tokio::test]
+async fn stalled_and_idle_tcp_connections_are_closed() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ctx = talon::api::ApiContext {
+        state: talon::runtime::State::in_memory(),
+        registry: Arc::new(talon::resources::registry()),
+        statuses: Default::default(),
+        node_info: talon::serve::node_info_fn(
+            talon::host::HostRoot::new("/"),
+            dir.path().to_path_buf(),
+            &talon::controllers::engine::selection::EngineSelection::fixed(false, "test"),
+        ),
+    };
+    let mut api = talon::api::ApiBuilder::new(ctx);
+    talon::api::register_core(&mut api);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let limits = talon::api::server::TcpLimits {
+        idle: Duration::from_secs(1),
+        ..Default::default()
+    };
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(talon::api::server::serve_tcp_with(
+        listener,
+        Arc::from(TOKEN),
+        limits,
+        api.build(),
+        async move {
+            let _ = rx.await;
+        },
+    ));
+    let mut half = tokio::net::TcpStream::connect(addr).await.expect("tcp");
+    half.write_all(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Len")
+        .await
+        .expect("half a request");
+    let mut silent = tokio::net::TcpStream::connect(addr).await.expect("tcp");
+    for s in [&mut half, &mut silent] {
+        let mut rest = Vec::new();
+        // ends (EOF or reset) instead of hanging: the server closed it
+        let _ = s.read_to_end(&mut rest).await;
+    }
+    let c = Client::connect_tcp(&addr.to_string(), TOKEN)
+        .await
+        .expect("connect");
+    c.node_info().await.expect("call");
+    let _ = tx.send(());
+    server.await.expect("server");
 }
 
 fn spawn_daemon(dir: &Path) -> Child {
