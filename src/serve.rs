@@ -237,6 +237,14 @@ pub fn apply_config_file(state: &State, path: &Path, data_dir: &Path) -> Result<
     }
     for (name, vol) in &cfg.volumes {
         ObjectName::parse("volume", name).map_err(|e| invalid(e.to_string()))?;
+        // the same checks as volume_create: nothing the engines cannot serve is stored
+        crate::api::volume::check_volume_size(&format!("volume {name}"), vol.size_bytes)
+            .map_err(|e| invalid(e.message))?;
+        if vol.serve_replica.is_some() && vol.replica_hosts.is_empty() {
+            return Err(invalid(format!(
+                "volume {name}: serveReplica needs replicaHosts (the engine node's hostNqn)"
+            )));
+        }
         upsert(state, name, vol)?;
     }
     Ok(())

@@ -61,7 +61,10 @@ pub const VOLUME_BLOCK: u64 = 512;
 
 /// Checks a volume size against what the engines can serve, before anything
 /// is stored.
-fn check_volume_size(what: &str, size: u64) -> Result<u64, ApiError> {
+pub(crate) fn check_volume_size(what: &str, size: u64) -> Result<u64, ApiError> {
+    if size == 0 {
+        return Err(ApiError::invalid(format!("{what}: a volume must not be empty")));
+    }
     if size > MAX_VOLUME_BYTES {
         return Err(ApiError::invalid(format!(
             "{what}: size {size} is larger than the {} TiB talon serves",
@@ -482,6 +485,12 @@ pub fn register(api: &mut ApiBuilder) {
             if !p.replica_hosts.is_empty() && p.serve_replica.is_none() {
                 return Err(ApiError::invalid(format!(
                     "volume {name}: replicaHosts only goes with serveReplica"
+                )));
+            }
+            if p.serve_replica.is_some() && p.replica_hosts.is_empty() {
+                return Err(ApiError::invalid(format!(
+                    "volume {name}: serveReplica needs replicaHosts, the engine node's hostNqn \
+                     (its `talon node info`): no other host can attach the replica"
                 )));
             }
             for h in &p.replica_hosts {
@@ -1129,6 +1138,32 @@ mod lifecycle_tests {
             assert_eq!(r.is_ok(), ok, "expand to {size}: {r:?}");
         }
         assert_eq!(get_volume(&state, "v").expect("v").spec.size_bytes, 2 << 20);
+
+        // a served replica names who may attach it, with a valid NQN
+        let (_, msg) = call(
+            &m,
+            "volume_create",
+            json!({"name": "r", "size": "1MiB", "serveReplica": 1}),
+        )
+        .await
+        .expect_err("no replicaHosts");
+        assert!(msg.contains("needs replicaHosts"), "{msg}");
+        let (_, msg) = call(
+            &m,
+            "volume_create",
+            json!({"name": "r", "size": "1MiB", "serveReplica": 1, "replicaHosts": ["nqn.x,hostnqn=y"]}),
+        )
+        .await
+        .expect_err("a bad NQN");
+        assert!(msg.contains("replicaHosts") && msg.contains("NQN"), "{msg}");
+        call(
+            &m,
+            "volume_create",
+            json!({"name": "r", "size": "1MiB", "serveReplica": 1,
+                   "replicaHosts": ["nqn.2014-08.org.nvmexpress:uuid:1"]}),
+        )
+        .await
+        .expect("a served replica for one engine");
     }
 
     /// Snapshot creates and volume deletes racing on many volumes: whichever
