@@ -385,9 +385,36 @@ impl V1Store {
         name: &ObjectName,
         opts: &ExportOptions,
     ) -> Result<Export, VolumeError> {
-        let path = self.info(name)?.path;
         let iqn = Iqn::for_volume(name);
         let existing = admin.find_target(&iqn).map_err(admin_err("export", name))?;
+        self.export_seen(admin, name, opts, existing)
+    }
+
+    /// [`export`](Self::export) given tgtd's targets as one `show` listed them
+    /// (a reconcile lists them once for every volume): a volume already
+    /// served as wanted costs no tgtadm call, so a reconcile of N volumes
+    /// lists N targets once instead of N times.
+    pub fn export_known(
+        &self,
+        admin: &TgtAdm,
+        name: &ObjectName,
+        opts: &ExportOptions,
+        targets: &[TargetInfo],
+    ) -> Result<Export, VolumeError> {
+        let iqn = Iqn::for_volume(name);
+        let existing = targets.iter().find(|t| t.name == iqn.as_str()).cloned();
+        self.export_seen(admin, name, opts, existing)
+    }
+
+    fn export_seen(
+        &self,
+        admin: &TgtAdm,
+        name: &ObjectName,
+        opts: &ExportOptions,
+        existing: Option<TargetInfo>,
+    ) -> Result<Export, VolumeError> {
+        let path = self.info(name)?.path;
+        let iqn = Iqn::for_volume(name);
         if let Some(t) = existing {
             let found = t.lun(VOLUME_LUN).and_then(|l| l.backing_path.clone());
             // talon's target by name, whatever step of an export a crash interrupted:

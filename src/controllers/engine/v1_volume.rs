@@ -26,7 +26,7 @@ use crate::resources::engine::{Engine, EngineStatus, Export, ObjectState, Snapsh
 use crate::resources::frontend::Attachment;
 use crate::runtime::{Controller, ControllerError, Input, Output, Phase, ReconcileContext, Requeue};
 use crate::tgt::volume::{VOLUME_LUN, VolumeError};
-use crate::tgt::{ExportOptions, InitiatorAcl, TgtAdm, V1Store};
+use crate::tgt::{ExportOptions, InitiatorAcl, TargetInfo, TgtAdm, V1Store};
 
 /// Which volumes the V1 engine takes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -138,7 +138,9 @@ fn error_text(e: &VolumeError) -> String {
 }
 
 impl Plan {
-    fn volume(&self, job: &VolumeJob) -> Outcome<EngineStatus> {
+    /// `targets`: tgtd's targets listed once for this reconcile (`None`: list
+    /// them for this volume).
+    fn volume(&self, job: &VolumeJob, targets: Option<&[TargetInfo]>) -> Outcome<EngineStatus> {
         let name = match ObjectName::parse("volume", &job.id) {
             Ok(n) => n,
             Err(e) => return Outcome::Status(failed(e.to_string(), String::new())),
@@ -189,7 +191,11 @@ impl Plan {
         if job.spec.revert_to.is_some() {
             message = "revert is not supported by the V1 engine".to_string();
         }
-        match self.store.export(&self.admin, &name, &job.opts) {
+        let exported = match targets {
+            Some(t) => self.store.export_known(&self.admin, &name, &job.opts, t),
+            None => self.store.export(&self.admin, &name, &job.opts),
+        };
+        match exported {
             Ok(export) => Outcome::Status(EngineStatus {
                 engine: Engine::V1,
                 state: ObjectState::Ready,
@@ -385,15 +391,18 @@ impl Controller for V1VolumeController {
             }
             let mut vol_out = Vec::new();
             let mut snap_out = Vec::new();
+            // one listing of tgtd's targets for every live volume (a volume whose target is
+            // as wanted then costs no tgtadm call); each volume lists them itself if it fails
+            let targets = plan.admin.show().ok();
             // live volumes first (a snapshot needs its volume), then snapshots, then deletions
             for j in vol_jobs.iter().filter(|j| !j.deleting) {
-                vol_out.push((j.id.clone(), plan.volume(j)));
+                vol_out.push((j.id.clone(), plan.volume(j, targets.as_deref())));
             }
             for j in &snap_jobs {
                 snap_out.push((j.id.clone(), plan.snapshot(j)));
             }
             for j in vol_jobs.iter().filter(|j| j.deleting) {
-                vol_out.push((j.id.clone(), plan.volume(j)));
+                vol_out.push((j.id.clone(), plan.volume(j, None)));
             }
             (vol_out, snap_out)
         })
