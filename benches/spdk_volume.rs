@@ -73,7 +73,7 @@ fn plan(name: &str, replicas: usize, port: u16) -> VolumePlan {
         export: ExportSpec {
             address: [127, 0, 0, 1].into(),
             port,
-            hosts: vec![],
+            hosts: vec![spdk_perf::HOST_NQN.to_string()],
         },
         in_sync: None,
         remote: vec![],
@@ -362,7 +362,14 @@ async fn data_path(spdk: &Path, ops: &VolumeOps, port: u16, rounds: usize, secs:
         .expect("lh lvol");
     let vol = ObjectName::parse("volume", "lh").expect("n");
     let rnqn = ops
-        .export_replica(&vol, "r0", &lh, [127, 0, 0, 1].into(), port)
+        .export_replica(
+            &vol,
+            "r0",
+            &lh,
+            [127, 0, 0, 1].into(),
+            port,
+            vec![spdk_perf::HOST_NQN.to_string()],
+        )
         .await
         .expect("export replica");
     let nvme = ops

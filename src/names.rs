@@ -191,6 +191,13 @@ impl Iqn {
         Self(format!("{IQN_PREFIX}:{volume}"))
     }
 
+    /// talon's own initiator name on a host, from the host's NVMe host ID
+    /// (`iqn.2025-01.io.talon:host.<uuid>`; a target's name never contains
+    /// `host.`, since `.` is not allowed in volume names).
+    pub fn for_host(hostid: &uuid::Uuid) -> Self {
+        Self(format!("{IQN_PREFIX}:host.{}", hostid.hyphenated()))
+    }
+
     /// The IQN as a string.
     pub fn as_str(&self) -> &str {
         &self.0

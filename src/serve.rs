@@ -53,11 +53,21 @@ pub struct ServeOptions {
     pub stop_targets_on_exit: bool,
 }
 
+/// The shortest bearer token the TCP listener accepts (256 bits of a random
+/// hex or base64 string).
+pub const MIN_TOKEN_BYTES: usize = 32;
+
 /// Why the daemon could not start or stop cleanly.
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
     #[error("cannot create the data directory {path}")]
     DataDir {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot make {path} private (mode 0700/0600)")]
+    Private {
         path: PathBuf,
         #[source]
         source: std::io::Error,
@@ -91,6 +101,10 @@ pub enum ServeError {
         path: PathBuf,
         source: Option<std::io::Error>,
     },
+    #[error("token file {path} is accessible by group or others (mode {mode:o}); make it 0600 or 0400")]
+    TokenMode { path: PathBuf, mode: u32 },
+    #[error("the token in {path} has {len} bytes; at least {MIN_TOKEN_BYTES} are required")]
+    TokenShort { path: PathBuf, len: usize },
     #[error("cannot listen on {addr}")]
     TcpBind {
         addr: SocketAddr,
@@ -124,6 +138,47 @@ pub struct DataDirLock {
 
 /// Takes the data directory's lock, recording our pid; refuses with the
 /// holder's pid when another talon has it.
+/// Makes `path` and everything under it private to root, whatever modes it
+/// finds (`mkdir -p` and a hostPath `DirectoryOrCreate` make 0755, files
+/// created under another umask 0644): directories 0700, regular files 0600.
+/// Symbolic links are not followed and other files (sockets, devices) are
+/// left alone. Returns how many modes it changed.
+pub fn make_private(path: &Path) -> Result<usize, ServeError> {
+    use std::os::unix::fs::PermissionsExt;
+    let err = |p: &Path| {
+        let p = p.to_path_buf();
+        move |source| ServeError::Private { path: p, source }
+    };
+    let mut changed = 0;
+    let mut todo = vec![path.to_path_buf()];
+    while let Some(p) = todo.pop() {
+        let meta = match std::fs::symlink_metadata(&p) {
+            Ok(m) => m,
+            // a file removed meanwhile (a volume being deleted) needs nothing
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(err(&p)(e)),
+        };
+        let want = if meta.is_dir() {
+            for entry in std::fs::read_dir(&p).map_err(err(&p))? {
+                todo.push(entry.map_err(err(&p))?.path());
+            }
+            0o700
+        } else if meta.is_file() {
+            0o600
+        } else {
+            continue;
+        };
+        if meta.permissions().mode() & 0o7777 != want {
+            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(want)).map_err(err(&p))?;
+            changed += 1;
+        }
+    }
+    if changed > 0 {
+        tracing::info!(path = %path.display(), changed, "made the data directory private (0700/0600)");
+    }
+    Ok(changed)
+}
+
 pub fn lock_data_dir(dir: &Path) -> Result<DataDirLock, ServeError> {
     let path = dir.join("talon.lock");
     let file = std::fs::OpenOptions::new()
@@ -188,6 +243,14 @@ pub fn apply_config_file(state: &State, path: &Path, data_dir: &Path) -> Result<
     }
     for (name, vol) in &cfg.volumes {
         ObjectName::parse("volume", name).map_err(|e| invalid(e.to_string()))?;
+        // the same checks as volume_create: nothing the engines cannot serve is stored
+        crate::api::volume::check_volume_size(&format!("volume {name}"), vol.size_bytes)
+            .map_err(|e| invalid(e.message))?;
+        if vol.serve_replica.is_some() && vol.replica_hosts.is_empty() {
+            return Err(invalid(format!(
+                "volume {name}: serveReplica needs replicaHosts (the engine node's hostNqn)"
+            )));
+        }
         upsert(state, name, vol)?;
     }
     Ok(())
@@ -245,6 +308,7 @@ pub fn node_info_fn(
     selection: &EngineSelection,
 ) -> Arc<dyn Fn() -> NodeInfo + Send + Sync> {
     let engines = detect_engines(selection);
+    let ids = crate::attach::HostInitiators::load_or_create(&host, &data_dir).ok();
     Arc::new(move || {
         let (os_id, os_name) = os_release(&host);
         NodeInfo {
@@ -259,6 +323,8 @@ pub fn node_info_fn(
             os_name,
             data_dir: data_dir.display().to_string(),
             engines: engines.clone(),
+            host_nqn: ids.as_ref().map(|i| i.nqn.to_string()).unwrap_or_default(),
+            host_iqn: ids.as_ref().map(|i| i.iqn.to_string()).unwrap_or_default(),
         }
     })
 }
@@ -281,7 +347,9 @@ pub async fn serve(opts: ServeOptions, shutdown: impl Future<Output = ()> + Send
         source,
     })?;
     let _lock = lock_data_dir(&data_dir)?;
+    make_private(&data_dir)?;
     let state = State::open(&data_dir.join("state.redb"))?;
+    make_private(&data_dir.join("state.redb"))?;
     if state.get_typed::<NodeConfig>("node")?.is_none() {
         state.create_typed("node", "", &NodeConfig::default())?;
     }
@@ -293,6 +361,20 @@ pub async fn serve(opts: ServeOptions, shutdown: impl Future<Output = ()> + Send
         (None, _) => None,
         (Some(_), None) => return Err(ServeError::TokenMissing),
         (Some(_), Some(p)) => {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = std::fs::metadata(p)
+                .map_err(|e| ServeError::Token {
+                    path: p.clone(),
+                    source: Some(e),
+                })?
+                .permissions()
+                .mode();
+            if mode & 0o077 != 0 {
+                return Err(ServeError::TokenMode {
+                    path: p.clone(),
+                    mode: mode & 0o7777,
+                });
+            }
             let t = std::fs::read_to_string(p)
                 .map_err(|e| ServeError::Token {
                     path: p.clone(),
@@ -304,6 +386,12 @@ pub async fn serve(opts: ServeOptions, shutdown: impl Future<Output = ()> + Send
                 return Err(ServeError::Token {
                     path: p.clone(),
                     source: None,
+                });
+            }
+            if t.len() < MIN_TOKEN_BYTES {
+                return Err(ServeError::TokenShort {
+                    path: p.clone(),
+                    len: t.len(),
                 });
             }
             Some(Arc::<str>::from(t))

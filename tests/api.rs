@@ -3,6 +3,7 @@
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{Value, json};
@@ -16,6 +17,9 @@ struct Daemon {
     task: tokio::task::JoinHandle<Result<(), talon::serve::ServeError>>,
     socket: PathBuf,
 }
+
+/// A bearer token as long as the TCP listener requires.
+const TOKEN: &str = "0123456789abcdef0123456789abcdef-test";
 
 fn opts(dir: &Path) -> ServeOptions {
     ServeOptions {
@@ -82,6 +86,12 @@ async fn node_info_discover_and_errors_that_name_the_field() {
     let info = c.node_info().await.expect("node_info");
     assert_eq!(info.version, talon::VERSION);
     assert!(!info.kernel.is_empty() && !info.hostname.is_empty());
+    // the names other nodes' exports admit this node by
+    assert!(info.host_nqn.starts_with("nqn."), "{info:?}");
+    assert!(
+        info.host_iqn.starts_with("iqn.2025-01.io.talon:host."),
+        "{info:?}"
+    );
     assert!(info.engines.iter().any(|e| e.engine == "v1") && info.engines.iter().any(|e| e.engine == "v2"));
 
     let doc = c.discover().await.expect("rpc.discover");
@@ -246,6 +256,59 @@ async fn watch_streams_create_update_destroy_and_state_survives_restart() {
     d.stop().await;
 }
 
+/// A data dir as `mkdir -p` or a hostPath `DirectoryOrCreate` leaves it (0755,
+/// files 0644) is made private at start: directories 0700, files 0600; a
+/// damaged state store is refused with an error that names it.
+#[tokio::test]
+async fn the_data_dir_is_made_private_and_a_damaged_store_refused() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    let vols = data.join("v1/volumes");
+    std::fs::create_dir_all(&vols).expect("mkdir");
+    std::fs::write(vols.join("old.img"), b"data").expect("volume file");
+    std::fs::create_dir_all(data.join("nvme")).expect("mkdir");
+    std::fs::write(data.join("nvme/hostnqn"), b"nqn.2014-08.org.nvmexpress:uuid:x\n").expect("nqn");
+    std::os::unix::fs::symlink("/etc/hostname", data.join("link")).expect("symlink");
+    for p in [&data, &data.join("v1"), &vols, &data.join("nvme")] {
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    }
+    for p in [vols.join("old.img"), data.join("nvme/hostnqn")] {
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+    }
+    let etc_mode = std::fs::metadata("/etc/hostname").map(|m| m.permissions().mode());
+    let d = start(opts(dir.path())).await;
+    let mode = |p: &Path| std::fs::symlink_metadata(p).expect("stat").permissions().mode() & 0o7777;
+    for p in [data.clone(), data.join("v1"), vols.clone(), data.join("nvme")] {
+        assert_eq!(mode(&p), 0o700, "{}", p.display());
+    }
+    for p in [
+        vols.join("old.img"),
+        data.join("nvme/hostnqn"),
+        data.join("state.redb"),
+    ] {
+        assert_eq!(mode(&p), 0o600, "{}", p.display());
+    }
+    assert_eq!(
+        std::fs::metadata("/etc/hostname")
+            .map(|m| m.permissions().mode())
+            .ok(),
+        etc_mode.ok(),
+        "a symbolic link is not followed"
+    );
+    d.stop().await;
+
+    std::fs::write(data.join("state.redb"), b"").expect("truncate the store");
+    let err = serve(opts(dir.path()), async {})
+        .await
+        .expect_err("damaged store");
+    let msg = err.to_string();
+    assert!(
+        msg.contains("damaged") && msg.contains(&data.join("state.redb").display().to_string()),
+        "{msg}"
+    );
+}
+
 #[tokio::test]
 async fn a_second_daemon_on_the_same_data_dir_is_refused_and_bad_sockets_fail_clearly() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -275,15 +338,26 @@ async fn tcp_listener_refuses_calls_without_the_token() {
         .expect("addr")
         .port();
     let token_file = dir.path().join("token");
-    std::fs::write(&token_file, "s3cret-token\n").expect("token");
     let mut o = opts(dir.path());
     o.listen_tcp = Some(format!("127.0.0.1:{port}").parse().expect("addr"));
-    o.token_file = Some(token_file);
+    o.token_file = Some(token_file.clone());
+    // a token others can read, or a short one, is refused
+    std::fs::write(&token_file, format!("{TOKEN}\n")).expect("token");
+    std::fs::set_permissions(&token_file, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+    let e = serve(o.clone(), async {})
+        .await
+        .expect_err("world-readable token");
+    assert!(e.to_string().contains("accessible by group or others"), "{e}");
+    std::fs::set_permissions(&token_file, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    std::fs::write(&token_file, "s3cret-token\n").expect("short token");
+    let e = serve(o.clone(), async {}).await.expect_err("short token");
+    assert!(e.to_string().contains("at least 32"), "{e}");
+    std::fs::write(&token_file, format!("{TOKEN}\n")).expect("token");
     let d = start(o).await;
     let addr = format!("127.0.0.1:{port}");
     let mut ok = None;
     for _ in 0..100 {
-        match Client::connect_tcp(&addr, "s3cret-token").await {
+        match Client::connect_tcp(&addr, TOKEN).await {
             Ok(c) => {
                 ok = Some(c);
                 break;
@@ -306,15 +380,107 @@ async fn tcp_listener_refuses_calls_without_the_token() {
         body.len()
     );
     s.write_all(req.as_bytes()).await.expect("write");
-    let mut buf = vec![0u8; 256];
-    let n = s.read(&mut buf).await.expect("read");
+    let mut got = Vec::new();
+    // the refused client keeps no connection: the server closes it after the 401
+    s.read_to_end(&mut got)
+        .await
+        .expect("read until the server closes");
     assert!(
-        String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 401"),
+        String::from_utf8_lossy(&got).starts_with("HTTP/1.1 401"),
         "{}",
-        String::from_utf8_lossy(&buf[..n])
+        String::from_utf8_lossy(&got)
     );
+
+    // many connections from one peer: past the bound they are closed at once, and
+    // the Unix socket answers all along
+    let mut held = Vec::new();
+    let mut closed = 0;
+    for _ in 0..200 {
+        let mut s = tokio::net::TcpStream::connect(&addr).await.expect("tcp");
+        let mut b = [0u8; 1];
+        // an accepted connection stays open (this read would wait); a refused one ends
+        match tokio::time::timeout(Duration::from_millis(200), s.read(&mut b)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => closed += 1,
+            _ => held.push(s),
+        }
+    }
+    assert!(held.len() <= 16, "{} connections from one peer kept", held.len());
+    assert!(closed >= 200 - 16, "only {closed} refused");
+    d.client()
+        .await
+        .node_info()
+        .await
+        .expect("the Unix socket answers");
+    drop(held);
+    // and once they are gone, an authorized client gets in again
+    let mut again = None;
+    for _ in 0..100 {
+        if let Ok(c) = Client::connect_tcp(&addr, TOKEN).await {
+            again = Some(c);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    again
+        .expect("connect again")
+        .node_info()
+        .await
+        .expect("authorized call");
     drop(c);
     d.stop().await;
+}
+
+/// A TCP connection that stalls (a half-sent request) or says nothing is closed
+/// after the idle bound, while an authorized client is served.
+#[tokio::test]
+async fn stalled_and_idle_tcp_connections_are_closed() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ctx = talon::api::ApiContext {
+        state: talon::runtime::State::in_memory(),
+        registry: Arc::new(talon::resources::registry()),
+        statuses: Default::default(),
+        node_info: talon::serve::node_info_fn(
+            talon::host::HostRoot::new("/"),
+            dir.path().to_path_buf(),
+            &talon::controllers::engine::selection::EngineSelection::fixed(false, "test"),
+        ),
+        node_stop: Arc::new(|_drain| false),
+    };
+    let mut api = talon::api::ApiBuilder::new(ctx);
+    talon::api::register_core(&mut api);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let limits = talon::api::server::TcpLimits {
+        idle: Duration::from_secs(1),
+        ..Default::default()
+    };
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(talon::api::server::serve_tcp_with(
+        listener,
+        Arc::from(TOKEN),
+        limits,
+        api.build(),
+        async move {
+            let _ = rx.await;
+        },
+    ));
+    let mut half = tokio::net::TcpStream::connect(addr).await.expect("tcp");
+    half.write_all(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Len")
+        .await
+        .expect("half a request");
+    let mut silent = tokio::net::TcpStream::connect(addr).await.expect("tcp");
+    for s in [&mut half, &mut silent] {
+        let mut rest = Vec::new();
+        // ends (EOF or reset) instead of hanging: the server closed it
+        let _ = s.read_to_end(&mut rest).await;
+    }
+    let c = Client::connect_tcp(&addr.to_string(), TOKEN)
+        .await
+        .expect("connect");
+    c.node_info().await.expect("call");
+    let _ = tx.send(());
+    server.await.expect("server");
 }
 
 fn spawn_daemon(dir: &Path) -> Child {
@@ -461,4 +627,70 @@ fn cli_get_types_and_controllers_against_a_running_daemon() {
         nix::sys::signal::Signal::SIGINT,
     );
     assert!(child.wait().expect("wait").success());
+}
+
+/// `disk_add` refuses what an lvstore would destroy: a file with data talon
+/// did not make, a mounted block device; it takes a new path and the same
+/// block device once nobody holds it.
+#[tokio::test]
+async fn disk_add_refuses_foreign_files_and_block_devices_in_use() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = start(opts(dir.path())).await;
+    let c = d.client().await;
+    let add = |name: &str, path: &Path| json!({"name": name, "path": path, "size": "64MiB"});
+    let foreign = dir.path().join("photos.db");
+    std::fs::write(&foreign, b"SQLite format 3\0...").expect("foreign file");
+    let e = c
+        .call::<_, serde_json::Value>("disk_add", add("d1", &foreign))
+        .await
+        .expect_err("a foreign file");
+    assert_eq!(rpc_kind(&e), Some(ErrorKind::FailedPrecondition), "{e}");
+    assert!(e.to_string().contains("photos.db"), "{e}");
+    assert_eq!(std::fs::read(&foreign).expect("read"), b"SQLite format 3\0...");
+    c.call::<_, serde_json::Value>("disk_add", add("d2", &dir.path().join("new.img")))
+        .await
+        .expect("a new path");
+
+    let test = "disk_add_refuses_foreign_files_and_block_devices_in_use";
+    if !nix::unistd::Uid::effective().is_root() {
+        eprintln!("SKIP {test} (block device part): needs root (losetup, mount)");
+        d.stop().await;
+        return;
+    }
+    let img = dir.path().join("fs.img");
+    std::fs::File::create(&img)
+        .and_then(|f| f.set_len(32 << 20))
+        .expect("image");
+    let out = std::process::Command::new("losetup")
+        .args(["--find", "--show"])
+        .arg(&img)
+        .output()
+        .expect("losetup");
+    if !out.status.success() {
+        eprintln!(
+            "SKIP {test} (block device part): losetup: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+        d.stop().await;
+        return;
+    }
+    let dev = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+    let mnt = dir.path().join("mnt");
+    std::fs::create_dir_all(&mnt).expect("mnt");
+    let run =
+        |p: &str, a: &[&std::ffi::OsStr]| std::process::Command::new(p).args(a).status().expect(p).success();
+    assert!(run("mkfs.ext4", &["-q".as_ref(), dev.as_os_str()]));
+    assert!(run("mount", &[dev.as_os_str(), mnt.as_os_str()]));
+    let e = c
+        .call::<_, serde_json::Value>("disk_add", add("d3", &dev))
+        .await
+        .expect_err("a mounted device");
+    assert_eq!(rpc_kind(&e), Some(ErrorKind::FailedPrecondition), "{e}");
+    assert!(e.to_string().contains("in use"), "{e}");
+    assert!(run("umount", &[mnt.as_os_str()]));
+    c.call::<_, serde_json::Value>("disk_add", add("d3", &dev))
+        .await
+        .expect("the device once unmounted");
+    assert!(run("losetup", &["-d".as_ref(), dev.as_os_str()]));
+    d.stop().await;
 }

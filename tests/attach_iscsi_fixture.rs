@@ -39,6 +39,8 @@ struct IscsiKernelDouble {
 #[derive(Debug, Default)]
 struct DoubleState {
     nodes: BTreeSet<(String, String)>,
+    /// The initiator name of the interface `talon`, once made.
+    iface_name: Option<String>,
     next_session: u32,
     calls: Vec<String>,
 }
@@ -137,7 +139,31 @@ impl Iscsiadm for IscsiKernelDouble {
         let a: Vec<&str> = args.iter().map(String::as_str).collect();
         self.state.lock().expect("lock").calls.push(a.join(" "));
         let opt = |k: &str| a.iter().position(|x| *x == k).and_then(|i| a.get(i + 1)).copied();
+        // `-I talon` at the end: through talon's interface, which must carry a name by then
+        let mut a = a.clone();
+        if a.len() > 2 && a[a.len() - 2..] == ["-I", "talon"] && a[..2] != ["-m", "iface"] {
+            if self.state.lock().expect("lock").iface_name.is_none() {
+                return out(6, "");
+            }
+            a.truncate(a.len() - 2);
+        }
         match a.as_slice() {
+            ["-m", "iface", "-I", "talon", "-o", "new"] => out(0, "New interface talon added"),
+            [
+                "-m",
+                "iface",
+                "-I",
+                "talon",
+                "-o",
+                "update",
+                "-n",
+                "iface.initiatorname",
+                "-v",
+                name,
+            ] => {
+                self.state.lock().expect("lock").iface_name = Some(name.to_string());
+                out(0, "talon updated.")
+            }
             [
                 "-m",
                 "discovery",
@@ -229,6 +255,7 @@ fn target(iqn: &str) -> IscsiTarget {
         portal: PORTAL.parse().expect("portal"),
         iqn: Iqn::parse(iqn).expect("iqn"),
         lun: 1,
+        initiator: None,
     }
 }
 
@@ -414,6 +441,10 @@ async fn attach_controller_attaches_v1_volumes_through_iscsi() {
         nvme_tcp: false,
         iscsi: true,
     };
+    let me = talon::attach::HostInitiators::load_or_create(&root, &deps.data_dir)
+        .expect("host identity")
+        .iqn
+        .to_string();
     let ctl = AttachController::new(deps).with_iscsi(k.clone(), opts(), host);
     let rt = TestRuntime::with(ctl).expect("runtime");
     let st = rt.state.clone();
@@ -421,7 +452,8 @@ async fn attach_controller_attaches_v1_volumes_through_iscsi() {
         serde_json::json!({
             "engine": "v1", "state": "ready", "sizeBytes": 1u64 << 26, "device": "/var/lib/talon/v1/v.img",
             "replicas": [],
-            "exports": [{"transport": "iscsi", "address": "10.0.2.2", "port": 3260, "name": name, "lun": 1}],
+            "exports": [{"transport": "iscsi", "address": "10.0.2.2", "port": 3260, "name": name, "lun": 1,
+                         "hosts": [me]}],
             "message": ""
         })
     };
@@ -457,6 +489,18 @@ async fn attach_controller_attaches_v1_volumes_through_iscsi() {
     assert_eq!(attached.spec.device, "/dev/sda");
     assert_eq!(attached.spec.path, "/dev/talon/v1");
     assert_eq!(attached.spec.controller, "session1");
+    // logged in through talon's interface, with talon's initiator name (the one the export allows)
+    assert_eq!(
+        k.state.lock().expect("lock").iface_name.as_deref(),
+        Some(me.as_str())
+    );
+    assert!(
+        k.calls()
+            .iter()
+            .any(|c| c.ends_with("--login -I talon") && c.contains(IQN)),
+        "{:?}",
+        k.calls()
+    );
     assert!(root.path("/dev/talon/v1").exists());
 
     // v2: the volume asks for nvme-tcp, the engine only exports iSCSI

@@ -340,20 +340,48 @@ async fn attach_controller_attaches_and_detaches() {
     })
     .await;
     assert_eq!(waiting.spec.state, AttachState::Attaching, "{:?}", waiting.spec);
-    let engine = serde_json::json!({
-        "engine": "v2", "state": "ready", "sizeBytes": 1u64 << 30, "device": "lvs/v1", "replicas": [],
-        "exports": [{"transport": "nvme-tcp", "address": "10.0.2.2", "port": 4420, "name": NQN, "lun": 1}],
-        "message": ""
-    });
+    let me = HostIdentity::load_or_create(&root, &data)
+        .expect("host identity")
+        .hostnqn
+        .to_string();
+    let engine = |hosts: Vec<String>| {
+        serde_json::json!({
+            "engine": "v2", "state": "ready", "sizeBytes": 1u64 << 30, "device": "lvs/v1", "replicas": [],
+            "exports": [{"transport": "nvme-tcp", "address": "10.0.2.2", "port": 4420, "name": NQN, "lun": 1,
+                         "hosts": hosts}],
+            "message": ""
+        })
+    };
+    // an export that does not (yet) allow this host is waited for, not connected to
     st.create(
         "engine",
         "EngineStatus",
         "v1",
         "test.Engine",
-        engine,
+        engine(vec!["nqn.2014-08.org.nvmexpress:uuid:another".into()]),
         BTreeMap::new(),
     )
     .expect("engine");
+    let waiting = eventually(
+        "waits for the engine to allow this host",
+        Duration::from_secs(10),
+        || {
+            let st = st.clone();
+            async move {
+                st.get_typed::<AttachmentStatus>("v1")
+                    .ok()
+                    .flatten()
+                    .filter(|s| s.spec.message.contains("allow this host"))
+            }
+        },
+    )
+    .await;
+    assert_eq!(waiting.spec.state, AttachState::Attaching);
+    assert!(waiting.spec.message.contains(&me), "{}", waiting.spec.message);
+    st.update("engine", "EngineStatus", "v1", "test.Engine", None, |r| {
+        r.spec = engine(vec![me.clone()])
+    })
+    .expect("engine allows this host");
     let attached = eventually("status attached", Duration::from_secs(10), || {
         let st = st.clone();
         async move {

@@ -159,11 +159,12 @@ async fn real_spdk_embedded_serves_volumes() {
     std::fs::write(
         &cfg,
         format!(
-            "node:\n  nvmfPort: {port}\n\
+            "node:\n  nvmfPort: {port}\n  allowedHosts: [\"{}\"]\n\
              disks:\n  d1:\n    path: disks/d1.img\n    sizeBytes: 536870912\n\
              \x20 d2:\n    path: disks/d2.img\n    sizeBytes: 536870912\n\
              volumes:\n  one:\n    sizeBytes: 67108864\n    replicas: 1\n    engine: v2\n\
-             \x20 two:\n    sizeBytes: 67108864\n    replicas: 2\n    engine: v2\n"
+             \x20 two:\n    sizeBytes: 67108864\n    replicas: 2\n    engine: v2\n",
+            spdk_perf::HOST_NQN
         ),
     )
     .expect("config");

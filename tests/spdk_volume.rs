@@ -68,6 +68,11 @@ async fn add_disk(c: &SpdkClient, dir: &Path, disk: &str, create_lvs: bool) {
     }
 }
 
+/// The host NQN of the test node whose first disk is `disk`.
+fn node_nqn(disk: &str) -> String {
+    format!("nqn.2025-01.io.talon.test:node:{disk}")
+}
+
 struct Setup {
     dir: tempfile::TempDir,
     double: SpdkDouble,
@@ -86,8 +91,11 @@ async fn setup(disks: &[&str]) -> Setup {
         add_disk(&client, dir.path(), d, true).await;
     }
     let c2 = client.clone();
-    let rt =
-        TestRuntime::start(move |rt| rt.register(SpdkVolumeController::new(c2, false))).expect("runtime");
+    let host = node_nqn(disks.first().copied().unwrap_or(""));
+    let rt = TestRuntime::start(move |rt| {
+        rt.register(SpdkVolumeController::new(c2, false).with_host_nqn(Some(host)))
+    })
+    .expect("runtime");
     let state = rt.state.clone();
     state
         .create_typed("node", "", &NodeConfig::default())
@@ -495,18 +503,27 @@ async fn a_replica_exported_on_one_target_joins_a_raid1_on_another() {
         .await
         .expect("lvol b");
     let vol = ObjectName::parse("volume", "rv").expect("n");
-    let (oa, ob) = (VolumeOps::new(ca.clone()), VolumeOps::new(cb.clone()));
+    const ENGINE: &str = "nqn.2025-01.io.talon.test:node:b";
+    let oa = VolumeOps::new(ca.clone());
+    let ob = VolumeOps::new(cb.clone()).with_host_nqn(Some(ENGINE.into()));
+    let hosts = vec![ENGINE.to_string()];
     let nqn = oa
-        .export_replica(&vol, "r1", &remote, [127, 0, 0, 1].into(), 4430)
+        .export_replica(&vol, "r1", &remote, [127, 0, 0, 1].into(), 4430, hosts.clone())
         .await
         .expect("export replica");
     // idempotent
     assert_eq!(
-        oa.export_replica(&vol, "r1", &remote, [127, 0, 0, 1].into(), 4430)
+        oa.export_replica(&vol, "r1", &remote, [127, 0, 0, 1].into(), 4430, hosts)
             .await
             .expect("again"),
         nqn
     );
+    // only the engine's host NQN may attach it
+    let stranger = VolumeOps::new(cb.clone()).with_host_nqn(Some("nqn.2025-01.io.talon.test:node:x".into()));
+    stranger
+        .attach_replica("rv", "talon-rv-r1", [127, 0, 0, 1].into(), 4430, &nqn)
+        .await
+        .expect_err("a host the export does not name is refused");
     let bdev = ob
         .attach_replica("rv", "talon-rv-r1", [127, 0, 0, 1].into(), 4430, &nqn)
         .await
@@ -663,6 +680,7 @@ async fn a_remote_replica_served_by_another_node_joins_the_raid1() {
     a.double.set_rebuild_time(Duration::from_millis(300));
     let mut served = volume(16 * MIB, 1);
     served.serve_replica = Some(1);
+    served.replica_hosts = vec![node_nqn("da")];
     b.state.create_typed("rv", "", &served).expect("served");
     let exported = ready(&b.state, "rv", "replica served on B").await;
     assert_eq!(exported.exports[0].name, "nqn.2025-01.io.talon:replica:rv:r1");

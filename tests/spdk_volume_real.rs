@@ -110,13 +110,23 @@ fn target_status(restarts: u32) -> TargetStatus {
     }
 }
 
+/// The host NQN of the talon node whose listener is on `port` (what its
+/// engine attaches remote replicas as).
+fn node_nqn(port: u16) -> String {
+    format!("nqn.2025-01.io.talon.test:node:{port}")
+}
+
 fn runtime(c: &SpdkClient, disks: &[&str], port: u16) -> TestRuntime {
     let c2 = c.clone();
-    let rt =
-        TestRuntime::start(move |rt| rt.register(SpdkVolumeController::new(c2, false))).expect("runtime");
+    let rt = TestRuntime::start(move |rt| {
+        rt.register(SpdkVolumeController::new(c2, false).with_host_nqn(Some(node_nqn(port))))
+    })
+    .expect("runtime");
     let state = rt.state.clone();
+    // the tests' own initiators (spdk_dd, spdk_nvme_perf) connect as HOST_NQN
     let node = NodeConfig {
         nvmf_port: port,
+        allowed_hosts: vec![spdk_perf::HOST_NQN.to_string()],
         ..NodeConfig::default()
     };
     state.create_typed("node", "", &node).expect("node");
@@ -149,12 +159,10 @@ async fn ready(state: &State, id: &str) -> EngineStatus {
 /// same target, read the bdev, detach.
 async fn host_size(c: &SpdkClient, port: u16, nqn: &str) -> u64 {
     let names = c
-        .bdev_nvme_attach_controller(&AttachController::tcp(
-            "hostview",
-            [127, 0, 0, 1].into(),
-            port,
-            nqn,
-        ))
+        .bdev_nvme_attach_controller(&AttachController {
+            hostnqn: Some(spdk_perf::HOST_NQN.into()),
+            ..AttachController::tcp("hostview", [127, 0, 0, 1].into(), port, nqn)
+        })
         .await
         .expect("attach");
     let name = names
@@ -391,11 +399,30 @@ async fn real_spdk_kill9_during_20_creates() {
 /// SPDK's own NVMe/TCP initiator (`spdk_dd` with a JSON config that attaches
 /// the export): the data path the test checks, with no kernel initiator.
 fn dd(spdk: &Path, dir: &Path, port: u16, nqn: &str, write: Option<&[u8]>, len: usize) -> Vec<u8> {
+    let out = dd_as(spdk, dir, port, nqn, write, len, spdk_perf::HOST_NQN);
+    assert!(
+        out.status.success(),
+        "spdk_dd on {nqn} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    std::fs::read(dir.join("dd.bin")).expect("dd file")
+}
+
+/// [`dd`] as host `hostnqn`, whatever it gives.
+fn dd_as(
+    spdk: &Path,
+    dir: &Path,
+    port: u16,
+    nqn: &str,
+    write: Option<&[u8]>,
+    len: usize,
+    hostnqn: &str,
+) -> std::process::Output {
     let conf = dir.join("dd.json");
     let cfg = json!({"subsystems": [{"subsystem": "bdev", "config": [{
         "method": "bdev_nvme_attach_controller",
         "params": {"name": "dd", "trtype": "tcp", "adrfam": "ipv4", "traddr": "127.0.0.1",
-                   "trsvcid": port.to_string(), "subnqn": nqn}}]}]});
+                   "trsvcid": port.to_string(), "subnqn": nqn, "hostnqn": hostnqn}}]}]});
     std::fs::write(&conf, cfg.to_string()).expect("dd config");
     let file = dir.join("dd.bin");
     let mut cmd = std::process::Command::new(spdk.join("build/bin/spdk_dd"));
@@ -423,13 +450,7 @@ fn dd(spdk: &Path, dir: &Path, port: u16, nqn: &str, write: Option<&[u8]>, len: 
                 .args(["--count", &(len / 65536).to_string()]);
         }
     }
-    let out = cmd.output().expect("spdk_dd");
-    assert!(
-        out.status.success(),
-        "spdk_dd on {nqn} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    std::fs::read(&file).expect("dd file")
+    cmd.output().expect("spdk_dd")
 }
 
 fn pattern(seed: u8, len: usize) -> Vec<u8> {
@@ -592,6 +613,7 @@ async fn real_spdk_remote_replica_on_another_target() {
 
     let mut served = volume(32 * MIB, 1);
     served.serve_replica = Some(1);
+    served.replica_hosts = vec![node_nqn(pa)];
     rtb.state.create_typed("rv", "", &served).expect("served");
     let replica_nqn = ready(&rtb.state, "rv").await.exports[0].name.clone();
     let mut engine_vol = volume(32 * MIB, 1);
@@ -612,6 +634,40 @@ async fn real_spdk_remote_replica_on_another_target() {
     );
     let out = spdk_perf::report(&spdk, pa, &st.exports[0].name, "randrw -M 50", 1);
     assert!(spdk_perf::total_iops(&out) > 0.0, "{out}");
+
+    // access control: the volume's export and the replica's refuse a host they do not name
+    let stranger = "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-4000-8000-00000000dead";
+    for (dir, port, nqn) in [
+        (da.path(), pa, st.exports[0].name.as_str()),
+        (db.path(), pb, replica_nqn.as_str()),
+    ] {
+        let out = dd_as(&spdk, dir, port, nqn, None, LEN, stranger);
+        assert!(!out.status.success(), "a stranger read {nqn}");
+        // spdk_nvme_perf may exit 0 without a controller: no I/O is the proof
+        let out = spdk_perf::run_as(&spdk, port, nqn, "randread", 1, stranger);
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(
+            spdk_perf::total_iops(&text),
+            0.0,
+            "a stranger ran I/O on {nqn}: {text}"
+        );
+    }
+    // the replica export names exactly A's engine and the node's allowed host
+    let subs = cb
+        .nvmf_get_subsystems(&Default::default())
+        .await
+        .expect("subsystems");
+    let sub = subs
+        .iter()
+        .find(|s| s.nqn == replica_nqn)
+        .expect("replica subsystem");
+    assert!(!sub.allow_any_host, "{sub:?}");
+    let mut hosts: Vec<&str> = sub.hosts.iter().map(|h| h.nqn.as_str()).collect();
+    hosts.sort_unstable();
+    let a_nqn = node_nqn(pa);
+    let mut want = [a_nqn.as_str(), spdk_perf::HOST_NQN];
+    want.sort_unstable();
+    assert_eq!(hosts, want);
 
     rta.state
         .destroy("config", "Volume", "rv", "")
@@ -720,7 +776,7 @@ async fn real_spdk_snapshots_under_writes_are_one_point_in_time() {
         export: ExportSpec {
             address: [127, 0, 0, 1].into(),
             port,
-            hosts: vec![],
+            hosts: vec![spdk_perf::HOST_NQN.to_string()],
         },
         in_sync: None,
         remote: vec![],

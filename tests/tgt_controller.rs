@@ -15,9 +15,11 @@ use talon::resources::engine::{EngineStatus, ObjectState, SnapshotStatus, Target
 use talon::runtime::State;
 use talon::runtime::testing::{TestRuntime, eventually};
 use talon::tgt::{Tgtd, TgtdConfig};
-use tgt_common::{Libiscsi, read_capacity, ready};
+use tgt_common::{Libiscsi, read_capacity_as, ready};
 
 const WAIT: Duration = Duration::from_secs(30);
+/// The initiator the node allows (exports reach nobody else).
+const INITIATOR: &str = "iqn.2025-01.io.talon.test:c";
 
 fn engine_status(state: &State, id: &str) -> Option<EngineStatus> {
     state.get_typed::<EngineStatus>(id).ok().flatten().map(|t| t.spec)
@@ -58,6 +60,7 @@ async fn desired_volume_is_served_grown_restored_and_deleted() {
     let state = rt.state.clone();
     let node = NodeConfig {
         iscsi_port: port,
+        allowed_hosts: vec![INITIATOR.to_string()],
         ..NodeConfig::default()
     };
     state.create_typed("node", "", &node).expect("node config");
@@ -74,7 +77,7 @@ async fn desired_volume_is_served_grown_restored_and_deleted() {
     );
     assert_eq!(export.name, "iqn.2025-01.io.talon:cv1");
     let url = format!("iscsi://{portal}/{}/1", export.name);
-    assert_eq!(read_capacity(&url), 16 << 20);
+    assert_eq!(read_capacity_as(&url, Some(INITIATOR)), 16 << 20);
     assert!(data.path().join("v1/volumes/cv1.img").exists());
 
     // grow
@@ -85,7 +88,11 @@ async fn desired_volume_is_served_grown_restored_and_deleted() {
         engine_status(&state, "cv1").filter(|s| s.size_bytes == 32 << 20)
     })
     .await;
-    assert_eq!(read_capacity(&url), 32 << 20, "initiator sees the new size");
+    assert_eq!(
+        read_capacity_as(&url, Some(INITIATOR)),
+        32 << 20,
+        "initiator sees the new size"
+    );
 
     // a snapshot on a filesystem without reflink fails clearly
     let snap: Snapshot = serde_json::from_value(json!({"volume": "cv1", "name": "s1"})).expect("snapshot");
@@ -128,7 +135,7 @@ async fn desired_volume_is_served_grown_restored_and_deleted() {
     assert!(restarted.version.starts_with("1."), "{restarted:?}");
     eventually("cv1 re-exported", WAIT, || async {
         let out = std::process::Command::new("iscsi-readcapacity16")
-            .arg(&url)
+            .args(["-i", INITIATOR, &url])
             .output()
             .ok()?;
         out.status.success().then_some(())
@@ -138,23 +145,14 @@ async fn desired_volume_is_served_grown_restored_and_deleted() {
     // delete waits for the initiator to log out, then removes everything
     let lib = Libiscsi::load().expect("libiscsi");
     let session = lib
-        .connect(
-            &portal.to_string(),
-            &export.name,
-            "iqn.2025-01.io.talon.test:c",
-            None,
-        )
+        .connect(&portal.to_string(), &export.name, INITIATOR, None)
         .expect("login");
     state.destroy("config", "Volume", "cv1", "").expect("delete");
     let deleting = eventually("delete waits", WAIT, || async {
         engine_status(&state, "cv1").filter(|s| s.state == ObjectState::Deleting)
     })
     .await;
-    assert!(
-        deleting.message.contains("iqn.2025-01.io.talon.test:c"),
-        "{}",
-        deleting.message
-    );
+    assert!(deleting.message.contains(INITIATOR), "{}", deleting.message);
     assert!(
         data.path().join("v1/volumes/cv1.img").exists(),
         "data kept while logged in"

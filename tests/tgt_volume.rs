@@ -381,3 +381,101 @@ fn snapshot_on_ext4_is_a_clear_error() {
         Err(e) => panic!("unexpected error: {e}"),
     }
 }
+
+/// A crash at any step of an export leaves a target talon finds by name: the
+/// next export adopts and completes it (LUN, ACL), a target left serving
+/// another file is made again, and targets of volumes nobody wants are
+/// removed, whatever they hold; targets talon did not name stay.
+#[test]
+fn half_made_exports_are_adopted_or_removed_by_name() {
+    if !ready("half_made_exports_are_adopted_or_removed_by_name") {
+        return;
+    }
+    let data = tempfile::tempdir().expect("data dir");
+    let mut tgtd = TestTgtd::start(&data.path().join("run/tgtd"));
+    let admin = tgtd.get().admin();
+    let store = V1Store::new(data.path());
+    let only_me = ExportOptions {
+        initiators: vec![InitiatorAcl::Name(Iqn::parse(INITIATOR).expect("iqn"))],
+        chap: None,
+    };
+    let served = |v: &ObjectName| {
+        let url = tgtd.url(Iqn::for_volume(v).as_str());
+        let (ok, out) = tool("iscsi-inq", &["-i", INITIATOR, &url]);
+        assert!(ok, "{v} not served after adoption: {out}");
+        let (ok, _) = tool("iscsi-inq", &["-i", "iqn.2025-01.io.example:other", &url]);
+        assert!(!ok, "{v}: the ACL was not completed");
+    };
+
+    // crash after "create the target"
+    let a = name("half-a");
+    store.create(&a, 8 << 20).expect("create");
+    admin.new_target(&Iqn::for_volume(&a)).expect("target only");
+    store
+        .export(&admin, &a, &only_me)
+        .expect("adopts a target without LUN");
+    served(&a);
+
+    // crash after "add the LUN", before the ACL
+    let b = name("half-b");
+    let info = store.create(&b, 8 << 20).expect("create");
+    let tid = admin.new_target(&Iqn::for_volume(&b)).expect("target");
+    admin.new_lun(tid, 1, &info.path).expect("lun");
+    assert_eq!(store.export(&admin, &b, &only_me).expect("adopts").tid, tid);
+    served(&b);
+
+    // a target of that name left serving another file (deleted and made again while down)
+    let c = name("half-c");
+    store.create(&c, 8 << 20).expect("create");
+    let other = data.path().join("elsewhere.img");
+    std::fs::File::create(&other)
+        .and_then(|f| f.set_len(4 << 20))
+        .expect("other file");
+    let tid = admin.new_target(&Iqn::for_volume(&c)).expect("target");
+    admin.new_lun(tid, 1, &other).expect("lun");
+    store.export(&admin, &c, &only_me).expect("made again");
+    served(&c);
+
+    // orphans: talon's names without a volume, in any state; another tool's target stays
+    let gone = name("gone");
+    admin
+        .new_target(&Iqn::for_volume(&gone))
+        .expect("orphan without LUN");
+    let gone2 = name("gone-2");
+    let tid = admin.new_target(&Iqn::for_volume(&gone2)).expect("orphan");
+    admin.new_lun(tid, 1, &other).expect("lun");
+    let foreign = Iqn::parse("iqn.2025-01.io.example:not-talons").expect("iqn");
+    admin.new_target(&foreign).expect("another tool's target");
+    let volumes: Vec<String> = store
+        .list()
+        .expect("list")
+        .into_iter()
+        .map(|v| v.name.to_string())
+        .collect();
+    let report = store
+        .remove_orphans(&admin, |v| volumes.iter().any(|x| x == v.as_str()))
+        .expect("orphans");
+    let mut removed: Vec<String> = report.removed.iter().map(|i| i.to_string()).collect();
+    removed.sort();
+    assert_eq!(
+        removed,
+        [
+            Iqn::for_volume(&gone).to_string(),
+            Iqn::for_volume(&gone2).to_string()
+        ]
+    );
+    assert!(report.failed.is_empty(), "{:?}", report.failed);
+    let left: Vec<String> = admin.show().expect("show").into_iter().map(|t| t.name).collect();
+    for keep in [
+        Iqn::for_volume(&a),
+        Iqn::for_volume(&b),
+        Iqn::for_volume(&c),
+        foreign,
+    ] {
+        assert!(left.contains(&keep.to_string()), "{keep} was removed: {left:?}");
+    }
+    // the name is free again: a delete and a create of "gone" serve it
+    store.create(&gone, 8 << 20).expect("create gone");
+    store.export(&admin, &gone, &only_me).expect("export gone");
+    served(&gone);
+}

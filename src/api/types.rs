@@ -59,6 +59,13 @@ pub struct NodeInfo {
     pub data_dir: String,
     /// Engine availability.
     pub engines: Vec<EngineAvailability>,
+    /// The host NQN this node's initiators present (NVMe/TCP attach, remote
+    /// replicas): what another node's `replicaHosts` or `allowedHosts` names.
+    #[serde(default)]
+    pub host_nqn: String,
+    /// The initiator name this node's iSCSI attach logs in with.
+    #[serde(default)]
+    pub host_iqn: String,
 }
 
 /// `resource_list` params.

@@ -55,6 +55,33 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
     Ok(bytes as u64)
 }
 
+/// The largest volume talon serves: 64 TiB (SPDK's lvols and raid1 go
+/// further; a V1 file on ext4 stops at 16 TiB, which the engine reports).
+pub const MAX_VOLUME_BYTES: u64 = 64 << 40;
+/// Volume sizes are multiples of this: the logical block of both engines'
+/// exports (V2 rounds up to its lvstore cluster on top).
+pub const VOLUME_BLOCK: u64 = 512;
+
+/// Checks a volume size against what the engines can serve, before anything
+/// is stored.
+pub(crate) fn check_volume_size(what: &str, size: u64) -> Result<u64, ApiError> {
+    if size == 0 {
+        return Err(ApiError::invalid(format!("{what}: a volume must not be empty")));
+    }
+    if size > MAX_VOLUME_BYTES {
+        return Err(ApiError::invalid(format!(
+            "{what}: size {size} is larger than the {} TiB talon serves",
+            MAX_VOLUME_BYTES >> 40
+        )));
+    }
+    if !size.is_multiple_of(VOLUME_BLOCK) {
+        return Err(ApiError::invalid(format!(
+            "{what}: size {size} is not a multiple of the {VOLUME_BLOCK}-byte block"
+        )));
+    }
+    Ok(size)
+}
+
 /// A size given as bytes (`sizeBytes`) or as text (`size: "10GiB"`).
 fn size_of(size_bytes: Option<u64>, size: &Option<String>, what: &str) -> Result<u64, ApiError> {
     match (size_bytes, size) {
@@ -107,6 +134,10 @@ pub struct VolumeCreateParams {
     /// Only keep replica k here for an engine on another node (V2).
     #[serde(default)]
     pub serve_replica: Option<u32>,
+    /// With `serveReplica`: the host NQNs allowed to attach the replica (the
+    /// engine node's host NQN from its `node_info`); nobody else can.
+    #[serde(default)]
+    pub replica_hosts: Vec<String>,
     /// Wait until the operation is done (or failed).
     #[serde(default)]
     pub wait: bool,
@@ -313,6 +344,40 @@ fn get_volume(state: &State, name: &str) -> Result<Typed<Volume>, ApiError> {
         .ok_or_else(|| ApiError::not_found(format!("volume {name:?} not found")))
 }
 
+/// Serialises the checks and writes of the requests that create, change or
+/// delete volumes, snapshots and attachments, so that a check ("no
+/// snapshots", "not being deleted") still holds when the write lands: no
+/// volume is deleted while it has snapshots, in whichever order the requests
+/// come. Held for the check and the write only, never across a `wait`.
+static LIFECYCLE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// A volume that is not being deleted: requests on one that is tearing down
+/// are refused (its engine objects are going away).
+fn live_volume(state: &State, name: &str, action: &str) -> Result<Typed<Volume>, ApiError> {
+    let v = get_volume(state, name)?;
+    if v.metadata.phase == Phase::TearingDown {
+        return Err(ApiError::new(
+            ErrorKind::FailedPrecondition,
+            format!("volume {name:?} is being deleted; cannot {action}"),
+        ));
+    }
+    Ok(v)
+}
+
+/// A snapshot that exists and is not being deleted.
+fn live_snapshot(state: &State, id: &str, action: &str) -> Result<Typed<Snapshot>, ApiError> {
+    let s = state
+        .get_typed::<Snapshot>(id)?
+        .ok_or_else(|| ApiError::not_found(format!("snapshot {id:?} not found")))?;
+    if s.metadata.phase == Phase::TearingDown {
+        return Err(ApiError::new(
+            ErrorKind::FailedPrecondition,
+            format!("snapshot {id:?} is being deleted; cannot {action}"),
+        ));
+    }
+    Ok(s)
+}
+
 fn view(state: &State, v: Typed<Volume>) -> Result<VolumeView, ApiError> {
     let name = v.metadata.id.clone();
     let replicas = state
@@ -435,7 +500,8 @@ pub fn register(api: &mut ApiBuilder) {
         &[AlreadyExists, NotFound, FailedPrecondition, Unavailable],
         |p: VolumeCreateParams, ctx: Arc<ApiContext>| async move {
             let name = volume_name(&p.name)?;
-            let size_bytes = size_of(p.size_bytes, &p.size, &format!("volume {name}"))?;
+            let what = format!("volume {name}");
+            let size_bytes = check_volume_size(&what, size_of(p.size_bytes, &p.size, &what)?)?;
             let replicas = p.replicas.unwrap_or(1);
             if !(1..=3).contains(&replicas) {
                 return Err(ApiError::invalid(format!(
@@ -466,6 +532,21 @@ pub fn register(api: &mut ApiBuilder) {
                      it takes neither remoteReplicas nor replicas other than 1"
                 )));
             }
+            if !p.replica_hosts.is_empty() && p.serve_replica.is_none() {
+                return Err(ApiError::invalid(format!(
+                    "volume {name}: replicaHosts only goes with serveReplica"
+                )));
+            }
+            if p.serve_replica.is_some() && p.replica_hosts.is_empty() {
+                return Err(ApiError::invalid(format!(
+                    "volume {name}: serveReplica needs replicaHosts, the engine node's hostNqn \
+                     (its `talon node info`): no other host can attach the replica"
+                )));
+            }
+            for h in &p.replica_hosts {
+                crate::names::Nqn::parse(h)
+                    .map_err(|e| ApiError::invalid(format!("volume {name}: replicaHosts: {e}")))?;
+            }
             if replicas as usize + p.remote_replicas.len() > 3 {
                 return Err(ApiError::invalid(format!(
                     "volume {name}: at most 3 replicas in all, not {} local + {} remote",
@@ -473,12 +554,10 @@ pub fn register(api: &mut ApiBuilder) {
                     p.remote_replicas.len()
                 )));
             }
-            if let Some(s) = &p.from_snapshot
-                && ctx.state.get_typed::<Snapshot>(s)?.is_none()
-            {
-                return Err(ApiError::not_found(format!(
-                    "volume {name}: snapshot {s:?} not found"
-                )));
+            let guard = LIFECYCLE.lock().await;
+            if let Some(s) = &p.from_snapshot {
+                live_snapshot(&ctx.state, s, &format!("clone it into volume {name}"))
+                    .map_err(|e| ApiError::new(e.kind, format!("volume {name}: {}", e.message)))?;
             }
             let spec = Volume {
                 size_bytes,
@@ -491,11 +570,13 @@ pub fn register(api: &mut ApiBuilder) {
                 revert_generation: 0,
                 remote_replicas: p.remote_replicas,
                 serve_replica: p.serve_replica,
+                replica_hosts: p.replica_hosts,
             };
             let created = ctx
                 .state
                 .create_typed(name.as_str(), "", &spec)
                 .map_err(|e| exists_as("volume", &name, e))?;
+            drop(guard);
             if p.wait {
                 wait_for(
                     &ctx.state,
@@ -532,6 +613,7 @@ pub fn register(api: &mut ApiBuilder) {
         "Delete a volume: the engine removes its objects, then the definition goes.",
         &[NotFound, FailedPrecondition],
         |p: NameParams, ctx: Arc<ApiContext>| async move {
+            let guard = LIFECYCLE.lock().await;
             let v = get_volume(&ctx.state, &p.name)?;
             if ctx.state.get_typed::<Attachment>(&p.name)?.is_some() {
                 return Err(ApiError::new(
@@ -559,6 +641,7 @@ pub fn register(api: &mut ApiBuilder) {
             let d = ctx
                 .state
                 .destroy(Volume::NAMESPACE, Volume::TYPE, &v.metadata.id, "")?;
+            drop(guard);
             let mut res = DeleteResult {
                 name: p.name.clone(),
                 deleted: d == Destroyed::Gone,
@@ -587,14 +670,24 @@ pub fn register(api: &mut ApiBuilder) {
         "Grow a volume: every replica, then the engine and its export.",
         &[NotFound, FailedPrecondition],
         |p: ExpandParams, ctx: Arc<ApiContext>| async move {
-            let v = get_volume(&ctx.state, &p.name)?;
-            let size = size_of(p.size_bytes, &p.size, &format!("volume {}", p.name))?;
-            if size < v.spec.size_bytes {
+            let guard = LIFECYCLE.lock().await;
+            let v = live_volume(&ctx.state, &p.name, "expand it")?;
+            let what = format!("volume {}", p.name);
+            let size = check_volume_size(&what, size_of(p.size_bytes, &p.size, &what)?)?;
+            // what the engine serves is the floor: an expand it could not do (still
+            // pending or failed) is replaced by a smaller one, never stuck forever
+            let served = ctx
+                .state
+                .get_typed::<EngineStatus>(&p.name)?
+                .map(|e| e.spec.size_bytes)
+                .filter(|s| *s > 0)
+                .unwrap_or(v.spec.size_bytes);
+            if size < served {
                 return Err(ApiError::new(
                     FailedPrecondition,
                     format!(
-                        "volume {:?} is {} bytes; it can only grow, not shrink to {size}",
-                        p.name, v.spec.size_bytes
+                        "volume {:?} is {served} bytes; it can only grow, not shrink to {size}",
+                        p.name
                     ),
                 ));
             }
@@ -602,6 +695,7 @@ pub fn register(api: &mut ApiBuilder) {
             spec.size_bytes = size;
             ctx.state
                 .update_typed(&p.name, "", Some(v.metadata.version), &spec)?;
+            drop(guard);
             if p.wait {
                 wait_for(
                     &ctx.state,
@@ -620,8 +714,9 @@ pub fn register(api: &mut ApiBuilder) {
         "Snapshot a volume (all replicas, consistently).",
         &[NotFound, AlreadyExists, FailedPrecondition],
         |p: SnapshotParams, ctx: Arc<ApiContext>| async move {
-            get_volume(&ctx.state, &p.volume)?;
             ObjectName::parse("snapshot", &p.name)?;
+            let guard = LIFECYCLE.lock().await;
+            live_volume(&ctx.state, &p.volume, &format!("snapshot it as {:?}", p.name))?;
             let id = snapshot_id(&p.volume, &p.name);
             let spec = Snapshot {
                 volume: p.volume.clone(),
@@ -630,6 +725,7 @@ pub fn register(api: &mut ApiBuilder) {
             ctx.state
                 .create_typed(&id, "", &spec)
                 .map_err(|e| exists_as("snapshot", &id, e))?;
+            drop(guard);
             if p.wait {
                 wait_for::<SnapshotStatus>(
                     &ctx.state,
@@ -667,6 +763,7 @@ pub fn register(api: &mut ApiBuilder) {
         &[NotFound, FailedPrecondition],
         |p: SnapshotParams, ctx: Arc<ApiContext>| async move {
             let id = snapshot_id(&p.volume, &p.name);
+            let guard = LIFECYCLE.lock().await;
             if ctx.state.get_typed::<Snapshot>(&id)?.is_none() {
                 return Err(ApiError::not_found(format!("snapshot {id:?} not found")));
             }
@@ -687,6 +784,7 @@ pub fn register(api: &mut ApiBuilder) {
                 ));
             }
             let d = ctx.state.destroy(Snapshot::NAMESPACE, Snapshot::TYPE, &id, "")?;
+            drop(guard);
             if p.wait && d == Destroyed::TearingDown {
                 wait_for::<Snapshot>(
                     &ctx.state,
@@ -710,11 +808,11 @@ pub fn register(api: &mut ApiBuilder) {
         &[NotFound, AlreadyExists],
         |p: CloneParams, ctx: Arc<ApiContext>| async move {
             let name = volume_name(&p.name)?;
-            let src = get_volume(&ctx.state, &p.volume)?;
+            let guard = LIFECYCLE.lock().await;
+            let action = format!("clone it into volume {name}");
+            let src = live_volume(&ctx.state, &p.volume, &action)?;
             let sid = snapshot_id(&p.volume, &p.snapshot);
-            if ctx.state.get_typed::<Snapshot>(&sid)?.is_none() {
-                return Err(ApiError::not_found(format!("snapshot {sid:?} not found")));
-            }
+            live_snapshot(&ctx.state, &sid, &action)?;
             let spec = Volume {
                 from_snapshot: Some(sid),
                 revert_to: None,
@@ -724,6 +822,7 @@ pub fn register(api: &mut ApiBuilder) {
             ctx.state
                 .create_typed(name.as_str(), "", &spec)
                 .map_err(|e| exists_as("volume", &name, e))?;
+            drop(guard);
             if p.wait {
                 wait_for(
                     &ctx.state,
@@ -742,11 +841,11 @@ pub fn register(api: &mut ApiBuilder) {
         "Revert a volume's data to one of its snapshots (the volume must be detached).",
         &[NotFound, FailedPrecondition],
         |p: SnapshotParams, ctx: Arc<ApiContext>| async move {
-            let v = get_volume(&ctx.state, &p.volume)?;
+            let _guard = LIFECYCLE.lock().await;
             let sid = snapshot_id(&p.volume, &p.name);
-            if ctx.state.get_typed::<Snapshot>(&sid)?.is_none() {
-                return Err(ApiError::not_found(format!("snapshot {sid:?} not found")));
-            }
+            let action = format!("revert it to {sid}");
+            let v = live_volume(&ctx.state, &p.volume, &action)?;
+            live_snapshot(&ctx.state, &sid, &action)?;
             if ctx.state.get_typed::<Attachment>(&p.volume)?.is_some() {
                 return Err(ApiError::new(
                     FailedPrecondition,
@@ -764,7 +863,7 @@ pub fn register(api: &mut ApiBuilder) {
     api.method(
         "disk_add",
         "Add a disk for replicas: a file/block device, or an NVMe PCI device.",
-        &[AlreadyExists],
+        &[AlreadyExists, FailedPrecondition],
         |p: DiskAddParams, ctx: Arc<ApiContext>| async move {
             let name = ObjectName::parse("disk", &p.name)?;
             let size_bytes = if p.size_bytes.is_some() || p.size.is_some() {
@@ -773,7 +872,20 @@ pub fn register(api: &mut ApiBuilder) {
                 None
             };
             match (&p.path, &p.pci) {
-                (Some(path), None) if path.starts_with('/') => {}
+                (Some(path), None) if path.starts_with('/') => {
+                    // an lvstore overwrites what is there: only talon's files, new paths and
+                    // block devices nobody holds
+                    let path = std::path::PathBuf::from(path);
+                    tokio::task::spawn_blocking(move || crate::host::disk_target::check(&path))
+                        .await
+                        .map_err(|e| ApiError::new(ErrorKind::Internal, e.to_string()))?
+                        .map_err(|e| {
+                            ApiError::new(
+                                FailedPrecondition,
+                                format!("disk {name}: {}", crate::runtime::runner::error_chain(&e)),
+                            )
+                        })?;
+                }
                 (Some(path), None) => {
                     return Err(ApiError::invalid(format!(
                         "disk {name}: path {path:?} must be absolute"
@@ -848,11 +960,13 @@ pub fn register(api: &mut ApiBuilder) {
         "Attach a volume on this host (NVMe/TCP, else iSCSI): /dev/talon/<name>.",
         &[NotFound, FailedPrecondition, Unavailable],
         |p: AttachParams, ctx: Arc<ApiContext>| async move {
-            get_volume(&ctx.state, &p.name)?;
+            let guard = LIFECYCLE.lock().await;
+            live_volume(&ctx.state, &p.name, "attach it")?;
             let spec = Attachment {
                 frontend: p.frontend.unwrap_or_default(),
             };
             crate::serve::upsert(&ctx.state, &p.name, &spec)?;
+            drop(guard);
             if p.wait {
                 wait_for::<AttachmentStatus>(
                     &ctx.state,
@@ -922,6 +1036,219 @@ fn disk_view(state: &State, name: &str) -> Result<DiskView, ApiError> {
         phase: d.metadata.phase,
         spec: d.spec,
     })
+}
+
+#[cfg(test)]
+mod lifecycle_tests {
+    use std::collections::BTreeMap;
+
+    use serde_json::{Value, json};
+
+    use super::*;
+    use crate::api::types::NodeInfo;
+
+    fn api(state: &State) -> jsonrpsee::Methods {
+        let ctx = ApiContext {
+            state: state.clone(),
+            registry: Arc::new(crate::resources::registry()),
+            statuses: Default::default(),
+            node_info: Arc::new(|| NodeInfo {
+                version: String::new(),
+                hostname: String::new(),
+                kernel: String::new(),
+                os_id: String::new(),
+                os_name: String::new(),
+                data_dir: String::new(),
+                engines: Vec::new(),
+                host_nqn: String::new(),
+                host_iqn: String::new(),
+            }),
+            node_stop: Arc::new(|_drain| false),
+        };
+        let mut b = ApiBuilder::new(ctx);
+        register(&mut b);
+        b.build()
+    }
+
+    /// The error code and message of a call, or its result.
+    async fn call(m: &jsonrpsee::Methods, method: &str, params: Value) -> Result<Value, (i32, String)> {
+        let mut object = jsonrpsee::core::params::ObjectParams::new();
+        for (k, v) in params.as_object().expect("object") {
+            object.insert(k, v).expect("param");
+        }
+        let params = object;
+        m.call::<_, Value>(method, params).await.map_err(|e| match e {
+            jsonrpsee::core::server::MethodsError::JsonRpc(o) => (o.code(), o.message().to_string()),
+            other => (0, other.to_string()),
+        })
+    }
+
+    fn volume(state: &State, name: &str) {
+        state
+            .create(
+                "config",
+                "Volume",
+                name,
+                "",
+                json!({"sizeBytes": 1 << 20, "engine": "v1"}),
+                BTreeMap::new(),
+            )
+            .expect("volume");
+    }
+
+    #[tokio::test]
+    async fn requests_on_a_volume_being_deleted_are_refused() {
+        let state = State::in_memory();
+        let m = api(&state);
+        volume(&state, "v");
+        call(&m, "snapshot_create", json!({"volume": "v", "name": "s"}))
+            .await
+            .expect("snapshot");
+        // the engine holds the volume (an initiator is logged in), so the delete tears down
+        state
+            .add_finalizer("config", "Volume", "v", "engine")
+            .expect("finalizer");
+        call(&m, "snapshot_delete", json!({"volume": "v", "name": "s"}))
+            .await
+            .expect("snapshot delete");
+        call(&m, "volume_delete", json!({"name": "v"}))
+            .await
+            .expect("delete starts");
+        let refused = [
+            ("snapshot_create", json!({"volume": "v", "name": "s2"})),
+            ("volume_expand", json!({"name": "v", "sizeBytes": 2 << 20})),
+            ("volume_attach", json!({"name": "v"})),
+            (
+                "volume_clone",
+                json!({"name": "c", "volume": "v", "snapshot": "s"}),
+            ),
+            ("volume_revert", json!({"volume": "v", "name": "s"})),
+        ];
+        for (method, params) in refused {
+            let (code, msg) = call(&m, method, params).await.expect_err(method);
+            assert!(
+                (code == ErrorKind::FailedPrecondition.code() && msg.contains("is being deleted"))
+                    || code == ErrorKind::NotFound.code(),
+                "{method}: {code} {msg}"
+            );
+            assert!(msg.contains("\"v\"") || msg.contains("v@s"), "{method}: {msg}");
+        }
+        assert!(state.get("config", "Snapshot", "v@s2").is_none());
+        assert!(state.get("config", "Volume", "c").is_none());
+        assert!(state.get("config", "Attachment", "v").is_none());
+        let v = get_volume(&state, "v").expect("volume");
+        assert_eq!(v.spec.size_bytes, 1 << 20, "the expand was not stored");
+    }
+
+    #[tokio::test]
+    async fn sizes_the_engines_cannot_serve_are_refused_before_anything_is_stored() {
+        let state = State::in_memory();
+        let m = api(&state);
+        let bad: [(Value, &str); 5] = [
+            (json!(u64::MAX), "larger than the 64 TiB"),
+            (json!(1u64 << 60), "larger than the 64 TiB"),
+            (json!(1000), "not a multiple of the 512-byte block"),
+            (json!(0), "a size is required"),
+            (json!("1EiB"), "unknown unit"),
+        ];
+        for (size, why) in bad {
+            let key = if size.is_string() { "size" } else { "sizeBytes" };
+            let (code, msg) = call(&m, "volume_create", json!({"name": "big", key: size}))
+                .await
+                .expect_err(why);
+            assert_eq!(code, ErrorKind::InvalidParams.code(), "{msg}");
+            assert!(msg.contains(why) && msg.contains("volume big"), "{msg}");
+            assert!(
+                state.get("config", "Volume", "big").is_none(),
+                "nothing stored for {size}"
+            );
+        }
+        call(&m, "volume_create", json!({"name": "v", "size": "1MiB"}))
+            .await
+            .expect("a servable size");
+
+        // an expand the engine has not done (it could not) does not block a smaller one
+        state
+            .create(
+                "engine",
+                "EngineStatus",
+                "v",
+                "test.Engine",
+                json!({"engine": "v1", "state": "ready", "sizeBytes": 1 << 20, "device": "",
+                       "replicas": [], "exports": [], "message": "expand to 68719476736 bytes waits"}),
+                BTreeMap::new(),
+            )
+            .expect("status");
+        for (size, ok) in [
+            (json!(u64::MAX), false),
+            (json!(64u64 << 40), true),
+            (json!(2 << 20), true),
+            (json!(512 << 10), false),
+        ] {
+            let r = call(&m, "volume_expand", json!({"name": "v", "sizeBytes": size})).await;
+            assert_eq!(r.is_ok(), ok, "expand to {size}: {r:?}");
+        }
+        assert_eq!(get_volume(&state, "v").expect("v").spec.size_bytes, 2 << 20);
+
+        // a served replica names who may attach it, with a valid NQN
+        let (_, msg) = call(
+            &m,
+            "volume_create",
+            json!({"name": "r", "size": "1MiB", "serveReplica": 1}),
+        )
+        .await
+        .expect_err("no replicaHosts");
+        assert!(msg.contains("needs replicaHosts"), "{msg}");
+        let (_, msg) = call(
+            &m,
+            "volume_create",
+            json!({"name": "r", "size": "1MiB", "serveReplica": 1, "replicaHosts": ["nqn.x,hostnqn=y"]}),
+        )
+        .await
+        .expect_err("a bad NQN");
+        assert!(msg.contains("replicaHosts") && msg.contains("NQN"), "{msg}");
+        call(
+            &m,
+            "volume_create",
+            json!({"name": "r", "size": "1MiB", "serveReplica": 1,
+                   "replicaHosts": ["nqn.2014-08.org.nvmexpress:uuid:1"]}),
+        )
+        .await
+        .expect("a served replica for one engine");
+    }
+
+    /// Snapshot creates and volume deletes racing on many volumes: whichever
+    /// wins, no volume is deleted while it has a snapshot.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn no_volume_is_deleted_while_it_has_snapshots_in_any_order() {
+        let state = State::in_memory();
+        let m = Arc::new(api(&state));
+        let n = 200;
+        for i in 0..n {
+            volume(&state, &format!("v{i}"));
+        }
+        let mut tasks = Vec::new();
+        for i in 0..n {
+            let (m1, m2) = (m.clone(), m.clone());
+            let v = format!("v{i}");
+            let v2 = v.clone();
+            tasks.push(tokio::spawn(async move {
+                call(&m1, "snapshot_create", json!({"volume": v, "name": "s"})).await
+            }));
+            tasks.push(tokio::spawn(async move {
+                call(&m2, "volume_delete", json!({"name": v2})).await
+            }));
+        }
+        for t in tasks {
+            let _ = t.await.expect("task");
+        }
+        for i in 0..n {
+            let v = format!("v{i}");
+            let snap = state.get("config", "Snapshot", &format!("{v}@s")).is_some();
+            let vol = state.get("config", "Volume", &v).is_some();
+            assert!(!snap || vol, "{v} was deleted with snapshot {v}@s");
+        }
+    }
 }
 
 #[cfg(test)]

@@ -203,6 +203,7 @@ mod tests {
             port: 1,
             name: "x".into(),
             lun: 1,
+            hosts: Vec::new(),
         }
     }
 

@@ -47,12 +47,79 @@ pub const LOGGED_IN: &str = "LOGGED_IN";
 /// PATH for iscsiadm inside iscsid's mount namespace (Talos extensions install to /usr/local).
 pub const ISCSIADM_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
+/// The iscsiadm interface record through which talon logs in with its own
+/// initiator name (`iface.initiatorname`), in iscsid's `/etc/iscsi/ifaces/`.
+pub const IFACE: &str = "talon";
+
 /// Where to log in: a reachable portal, the target's IQN, and the volume's LUN.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct IscsiTarget {
     pub portal: SocketAddr,
     pub iqn: Iqn,
     pub lun: u32,
+    /// The initiator name to log in with (through the interface [`IFACE`]);
+    /// `None` uses iscsid's default name. A target that allows only named
+    /// initiators (talon's V1 exports) answers discovery and login only for
+    /// them.
+    pub initiator: Option<Iqn>,
+}
+
+/// `a` with `-I talon` when the target is reached with talon's initiator name.
+fn via_iface(target: &IscsiTarget, mut a: Vec<String>) -> Vec<String> {
+    if target.initiator.is_some() {
+        a.extend(["-I".to_string(), IFACE.to_string()]);
+    }
+    a
+}
+
+/// Makes the interface [`IFACE`] carry the target's initiator name (a no-op
+/// without one). `-o new` of an existing interface fails harmlessly; the
+/// update is what must succeed.
+fn ensure_iface(
+    iscsiadm: &dyn Iscsiadm,
+    target: &IscsiTarget,
+    opts: &IscsiOptions,
+) -> Result<(), IscsiError> {
+    let Some(name) = &target.initiator else {
+        return Ok(());
+    };
+    let out = adm(
+        iscsiadm,
+        "interface creation",
+        target,
+        args(&["-m", "iface", "-I", IFACE, "-o", "new"]),
+        opts.logout_timeout,
+    )?;
+    if out.code != 0 {
+        tracing::debug!(iface = IFACE, code = out.code, stderr = %out.stderr, "iscsiadm iface new (exists?)");
+    }
+    let out = adm(
+        iscsiadm,
+        "interface update",
+        target,
+        args(&[
+            "-m",
+            "iface",
+            "-I",
+            IFACE,
+            "-o",
+            "update",
+            "-n",
+            "iface.initiatorname",
+            "-v",
+            name.as_str(),
+        ]),
+        opts.logout_timeout,
+    )?;
+    if out.code != 0 {
+        return Err(IscsiError::Iface {
+            iface: IFACE,
+            initiator: name.to_string(),
+            code: out.code,
+            stderr: out.stderr,
+        });
+    }
+    Ok(())
 }
 
 /// Bounds of the steps of an attach or detach.
@@ -113,6 +180,16 @@ pub enum IscsiError {
         iqn: String,
         portal: String,
         offered: String,
+    },
+
+    #[error(
+        "setting initiator name {initiator} on iscsiadm interface {iface} failed (iscsiadm exit {code}): {stderr}"
+    )]
+    Iface {
+        iface: &'static str,
+        initiator: String,
+        code: i32,
+        stderr: String,
     },
 
     #[error("creating the node record of {iqn} at {portal} failed (iscsiadm exit {code}): {stderr}")]
@@ -431,16 +508,19 @@ fn discover(iscsiadm: &dyn Iscsiadm, target: &IscsiTarget, opts: &IscsiOptions) 
         iscsiadm,
         "discovery",
         target,
-        args(&[
-            "-m",
-            "discovery",
-            "-t",
-            "sendtargets",
-            "-p",
-            &p,
-            "-o",
-            "nonpersistent",
-        ]),
+        via_iface(
+            target,
+            args(&[
+                "-m",
+                "discovery",
+                "-t",
+                "sendtargets",
+                "-p",
+                &p,
+                "-o",
+                "nonpersistent",
+            ]),
+        ),
         opts.discovery_timeout,
     )?;
     if out.code != 0 {
@@ -504,7 +584,13 @@ fn create_node(iscsiadm: &dyn Iscsiadm, target: &IscsiTarget, opts: &IscsiOption
         ]),
     ];
     for a in steps {
-        let out = adm(iscsiadm, "node creation", target, a, opts.logout_timeout)?;
+        let out = adm(
+            iscsiadm,
+            "node creation",
+            target,
+            via_iface(target, a),
+            opts.logout_timeout,
+        )?;
         if out.code != 0 {
             return Err(IscsiError::CreateNode {
                 iqn,
@@ -600,6 +686,7 @@ pub fn attach(
             s.name
         }
         None => {
+            ensure_iface(iscsiadm, target, opts)?;
             discover(iscsiadm, target, opts)?;
             create_node(iscsiadm, target, opts).map_err(undo)?;
             let (iqn, p) = (target.iqn.to_string(), portal_arg(&target.portal));
@@ -607,7 +694,7 @@ pub fn attach(
                 iscsiadm,
                 "login",
                 target,
-                args(&["-m", "node", "-T", &iqn, "-p", &p, "--login"]),
+                via_iface(target, args(&["-m", "node", "-T", &iqn, "-p", &p, "--login"])),
                 opts.login_timeout,
             )
             .map_err(undo)?;
@@ -701,6 +788,7 @@ pub fn detach(
             portal,
             iqn: t_iqn,
             lun: 0,
+            initiator: None,
         };
         let n = session_number(&s.name).unwrap_or_default().to_string();
         let out = adm(
@@ -732,6 +820,7 @@ pub fn detach(
             portal: SocketAddr::new(IpAddr::from([0, 0, 0, 0]), 0),
             iqn: iqn.clone(),
             lun: 0,
+            initiator: None,
         };
         delete_node(iscsiadm, &t, None, opts)?;
     }

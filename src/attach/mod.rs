@@ -25,13 +25,39 @@ use std::time::Duration;
 pub use error::AttachError;
 
 use crate::host::HostRoot;
-use crate::names::ObjectName;
+use crate::names::{Iqn, Nqn, ObjectName};
 use crate::ns::{self, Namespaces, NsLock, Target, TargetNamespaces};
 
 /// The directory of the per-volume attach locks, a path in the host mount namespace.
 pub const LOCK_DIR: &str = "/run/talon/locks";
 /// How long an attach or detach waits for another one of the same volume.
 pub const LOCK_TIMEOUT: Duration = Duration::from_secs(180);
+
+/// Who this host is to a target: the host NQN the NVMe/TCP initiator connects
+/// with and the initiator name the iSCSI initiator logs in with. Exports
+/// allow exactly these names (plus the node's `allowedHosts`) for the volumes
+/// attached here.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostInitiators {
+    /// The host NQN ([`nvme_tcp::HostIdentity`]).
+    pub nqn: Nqn,
+    /// talon's initiator name, derived from the host ID ([`Iqn::for_host`]);
+    /// the iSCSI attach logs in with it through the iscsiadm interface
+    /// [`iscsi::IFACE`], whatever iscsid's default name is.
+    pub iqn: Iqn,
+}
+
+impl HostInitiators {
+    /// The host's identity (made once and kept under `<data_dir>/nvme/` when the
+    /// host has no `/etc/nvme/hostnqn`).
+    pub fn load_or_create(root: &HostRoot, data_dir: &Path) -> Result<Self, AttachError> {
+        let id = nvme_tcp::HostIdentity::load_or_create(root, data_dir)?;
+        Ok(Self {
+            iqn: Iqn::for_host(&id.hostid),
+            nqn: id.hostnqn,
+        })
+    }
+}
 
 /// A held per-volume attach lock (released on drop).
 #[derive(Debug)]

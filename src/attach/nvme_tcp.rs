@@ -199,8 +199,17 @@ fn parse_hostid(path: &Path, s: &str) -> Result<uuid::Uuid, AttachError> {
 }
 
 fn write_atomic(path: &Path, value: &str) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
     let tmp = path.with_extension("tmp");
-    fs::write(&tmp, value)?;
+    let mut f = fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&tmp)?;
+    f.write_all(value.as_bytes())?;
+    f.sync_all()?;
     fs::rename(&tmp, path)
 }
 

@@ -52,6 +52,14 @@ pub struct IscsiAttachArgs {
     /// The LUN of the volume.
     #[arg(long, default_value_t = 1)]
     pub lun: u32,
+    /// Log in with this initiator name (through the iscsiadm interface
+    /// `talon`) instead of iscsid's default; `host` means talon's own name on
+    /// this host (what the daemon uses and its V1 exports allow).
+    #[arg(long)]
+    pub initiator_name: Option<String>,
+    /// talon's data directory (where the host ID behind `--initiator-name host` is kept).
+    #[arg(long, default_value = DEFAULT_DATA_DIR, env = "TALON_DATA_DIR")]
+    pub data_dir: PathBuf,
     /// Bound on SendTargets discovery, in seconds.
     #[arg(long, default_value_t = 15)]
     pub discovery_timeout: u64,
@@ -223,10 +231,18 @@ fn run_attach_iscsi(a: IscsiAttachArgs) -> Result<(), super::CliError> {
         device_timeout: Duration::from_secs(a.device_timeout),
         ..IscsiOptions::default()
     };
+    let initiator = match a.initiator_name.as_deref() {
+        None => None,
+        Some("host") => {
+            Some(crate::attach::HostInitiators::load_or_create(&HostRoot::real(), &a.data_dir)?.iqn)
+        }
+        Some(name) => Some(Iqn::parse(name)?),
+    };
     let target = IscsiTarget {
         portal: a.portal,
         iqn,
         lun: a.lun,
+        initiator,
     };
     let at = iscsi::attach_host(&HostRoot::real(), &volume, &target, &opts)?;
     println!(

@@ -35,6 +35,10 @@ pub enum VolumeCommand {
         /// Only keep replica K here, for an engine on another node (V2).
         #[arg(long, value_name = "K", conflicts_with = "remote_replicas")]
         serve_replica: Option<u32>,
+        /// With --serve-replica: the host NQN of the engine's node (its
+        /// `talon node info`), the only host allowed to attach the replica.
+        #[arg(long = "replica-host", value_name = "NQN", requires = "serve_replica")]
+        replica_hosts: Vec<String>,
         /// Return at once instead of waiting until it is exported.
         #[arg(long)]
         no_wait: bool,
@@ -431,6 +435,7 @@ pub async fn run_volume(c: &Client, cmd: VolumeCommand) -> Result<(), CliError> 
             disks,
             remote_replicas,
             serve_replica,
+            replica_hosts,
             no_wait,
         } => {
             let remote: Vec<Value> = remote_replicas
@@ -439,7 +444,8 @@ pub async fn run_volume(c: &Client, cmd: VolumeCommand) -> Result<(), CliError> 
                 .collect();
             let params = json!({"name": name, "size": size, "replicas": replicas, "engine": engine,
                                 "frontend": frontend, "disks": disks, "remoteReplicas": remote,
-                                "serveReplica": serve_replica, "wait": !no_wait});
+                                "serveReplica": serve_replica, "replicaHosts": replica_hosts,
+                                "wait": !no_wait});
             call_telling(c, "volume_create", params, "EngineStatus", &name).await?
         }
         VolumeCommand::Get { name, output } => {

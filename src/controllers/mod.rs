@@ -47,10 +47,16 @@ pub fn register_all(rt: &mut Runtime, deps: &Deps) -> Result<(), RuntimeError> {
     rt.register(engine::spdk_events::SpdkEventsController::new(
         crate::spdk::SpdkClient::new(&socket),
     ))?;
-    rt.register(engine::spdk_volume::SpdkVolumeController::new(
-        crate::spdk::SpdkClient::new(socket),
-        selection.auto_engine() == crate::resources::engine::Engine::V2,
-    ))?;
+    let host_nqn = crate::attach::HostInitiators::load_or_create(&deps.host, &deps.data_dir)
+        .ok()
+        .map(|i| i.nqn.to_string());
+    rt.register(
+        engine::spdk_volume::SpdkVolumeController::new(
+            crate::spdk::SpdkClient::new(socket),
+            selection.auto_engine() == crate::resources::engine::Engine::V2,
+        )
+        .with_host_nqn(host_nqn),
+    )?;
     rt.register(frontend::attach::AttachController::new(deps.clone()))?;
     host::register_config(rt, &deps.host, host::SpdkDemand::new(&deps.spdk, &selection))?;
     host::register(rt, &deps.host, host::POLL)?;

@@ -7,6 +7,7 @@
 //!                        └─> doctor ──> talos (machine-config patches, schematic)
 //! ```
 
+pub mod disk_target;
 pub mod doctor;
 pub mod hugepages;
 pub mod modules;

@@ -46,7 +46,8 @@ pub struct NodeConfig {
     /// iSCSI portal port.
     #[serde(default = "default_iscsi_port")]
     pub iscsi_port: u16,
-    /// Hosts (NQNs) allowed to connect to every volume; empty allows any host.
+    /// Hosts (NQNs and IQNs) allowed to connect to every volume, besides the
+    /// host a volume is attached to (which is always allowed while attached).
     #[serde(default)]
     pub allowed_hosts: Vec<String>,
     /// The 2 MiB hugepage pool for SPDK: `auto` (sized from the volumes this
@@ -194,6 +195,10 @@ pub struct Volume {
     /// `<prefix>:replica:<volume>:r<k>` on the node's listener, no engine.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub serve_replica: Option<u32>,
+    /// With `serveReplica`: the host NQNs allowed to attach the served replica
+    /// (the engine node's talon host NQN, `talon node info`); nobody else can.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub replica_hosts: Vec<String>,
 }
 
 /// Where another talon node serves a replica (its NVMe/TCP listener).

@@ -200,6 +200,11 @@ pub struct Export {
     pub name: String,
     /// LUN (iSCSI) or namespace id (NVMe).
     pub lun: u32,
+    /// The initiators allowed to connect (host NQNs or initiator IQNs): the
+    /// hosts the volume is attached to and the node's `allowedHosts`; nobody
+    /// else can.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hosts: Vec<String>,
 }
 
 /// The engine of a volume (id = volume name).

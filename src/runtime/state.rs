@@ -59,6 +59,11 @@ pub enum StateError {
     },
     #[error("state store is already opened by another process ({path})")]
     Locked { path: PathBuf },
+    #[error(
+        "state store at {path} is damaged ({reason}); talon does not start on it, so that no volume \
+         silently vanishes: restore it from a backup, or move it away to start as an empty node"
+    )]
+    Damaged { path: PathBuf, reason: String },
     #[error("state store write of {type_} {id:?} failed")]
     Persist {
         type_: String,
@@ -102,7 +107,11 @@ type Key = (String, String, String);
 
 struct Inner {
     mem: RwLock<BTreeMap<Key, Resource>>,
-    db: Option<redb::Database>,
+    /// The persisted store: `None` in memory-only stores, and after a write
+    /// error until it is reopened.
+    db: std::sync::Mutex<Option<redb::Database>>,
+    /// Where it is (`None`: nothing is persisted).
+    path: Option<PathBuf>,
     events: broadcast::Sender<Event>,
 }
 
@@ -115,7 +124,7 @@ pub struct State {
 impl std::fmt::Debug for State {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("State")
-            .field("persisted", &self.inner.db.is_some())
+            .field("persisted", &self.inner.path)
             .finish()
     }
 }
@@ -139,7 +148,7 @@ fn persist_err(ty: &str, id: &str, e: impl Into<redb::Error>) -> StateError {
 impl State {
     /// A store with nothing persisted (tests, benchmarks).
     pub fn in_memory() -> Self {
-        Self::with_db(None, BTreeMap::new())
+        Self::with_db(None, None, BTreeMap::new())
     }
 
     /// Opens (or creates) the store at `path` and loads the persisted `config`
@@ -154,85 +163,135 @@ impl State {
                 source: Box::new(e),
             },
         };
-        let db = redb::Database::create(path).map_err(|e| open_err(e.into()))?;
+        let damaged = |reason: String| StateError::Damaged {
+            path: path.to_path_buf(),
+            reason,
+        };
+        // redb makes a new store of an empty file: an existing store must open as one
+        let db = match std::fs::metadata(path) {
+            Ok(m) if m.len() == 0 => return Err(damaged("the file is empty".into())),
+            Ok(_) => redb::Database::open(path).map_err(|e| match open_err(e.into()) {
+                StateError::Open { source, .. } => damaged(source.to_string()),
+                other => other,
+            })?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                redb::Database::create(path).map_err(|e| open_err(e.into()))?
+            }
+            Err(e) => return Err(open_err(redb::StorageError::Io(e).into())),
+        };
         let mut mem = BTreeMap::new();
         {
-            let txn = db.begin_read().map_err(|e| open_err(e.into()))?;
+            let txn = db
+                .begin_read()
+                .map_err(|e| damaged(redb::Error::from(e).to_string()))?;
             match txn.open_table(RESOURCES) {
                 Ok(table) => {
-                    for row in table.iter().map_err(|e| open_err(e.into()))? {
-                        let (k, v) = row.map_err(|e| open_err(e.into()))?;
-                        match serde_json::from_slice::<Resource>(v.value()) {
-                            Ok(r) => {
-                                let m = &r.metadata;
-                                mem.insert(key(&m.namespace, &m.type_, &m.id), r);
-                            }
-                            Err(e) => {
-                                tracing::error!(key = k.value(), error = %e, "skipping undecodable stored resource")
-                            }
-                        }
+                    let rows = table.iter().map_err(|e| damaged(e.to_string()))?;
+                    for row in rows {
+                        let (k, v) = row.map_err(|e| damaged(e.to_string()))?;
+                        let r = serde_json::from_slice::<Resource>(v.value())
+                            .map_err(|e| damaged(format!("record {:?} does not decode: {e}", k.value())))?;
+                        let m = &r.metadata;
+                        mem.insert(key(&m.namespace, &m.type_, &m.id), r);
                     }
                 }
                 Err(redb::TableError::TableDoesNotExist(_)) => {}
-                Err(e) => return Err(open_err(e.into())),
+                Err(e) => return Err(damaged(e.to_string())),
             }
         }
-        Ok(Self::with_db(Some(db), mem))
+        Ok(Self::with_db(Some(db), Some(path.to_path_buf()), mem))
     }
 
-    fn with_db(db: Option<redb::Database>, mem: BTreeMap<Key, Resource>) -> Self {
+    fn with_db(db: Option<redb::Database>, path: Option<PathBuf>, mem: BTreeMap<Key, Resource>) -> Self {
         let (events, _) = broadcast::channel(4096);
         Self {
             inner: Arc::new(Inner {
                 mem: RwLock::new(mem),
-                db,
+                db: std::sync::Mutex::new(db),
+                path,
                 events,
             }),
         }
     }
 
-    fn persisted(&self, ns: &str) -> Option<&redb::Database> {
-        if super::resource::is_persisted(ns) {
-            self.inner.db.as_ref()
-        } else {
-            None
+    /// Runs one write transaction on the persisted store, for resource
+    /// `ty`/`id`. After a failed write redb refuses every later one ("previous
+    /// I/O error") until it is reopened: the store is reopened at once (a disk
+    /// that was full and has room again then works without a restart) and the
+    /// write tried once more. The failure is logged as an error.
+    fn db_write(
+        &self,
+        ty: &str,
+        id: &str,
+        op: impl Fn(&mut redb::Table<&str, &[u8]>) -> Result<(), redb::StorageError>,
+    ) -> Result<(), StateError> {
+        let Some(path) = &self.inner.path else {
+            return Ok(());
+        };
+        let once = |db: &redb::Database| -> Result<(), StateError> {
+            let txn = db.begin_write().map_err(|e| persist_err(ty, id, e))?;
+            {
+                let mut t = txn.open_table(RESOURCES).map_err(|e| persist_err(ty, id, e))?;
+                op(&mut t).map_err(|e| persist_err(ty, id, e))?;
+            }
+            txn.commit().map_err(|e| persist_err(ty, id, e))
+        };
+        let mut db = self.inner.db.lock().unwrap_or_else(|p| p.into_inner());
+        let first = match db.as_ref() {
+            Some(d) => once(d),
+            None => Err(StateError::Persist {
+                type_: ty.to_string(),
+                id: id.to_string(),
+                source: Box::new(
+                    redb::StorageError::Io(std::io::Error::other(
+                        "the store is closed after an earlier error",
+                    ))
+                    .into(),
+                ),
+            }),
+        };
+        let Err(e) = first else {
+            return Ok(());
+        };
+        tracing::error!(path = %path.display(), error = %crate::runtime::runner::error_chain(&e),
+            "state store write failed; reopening the store");
+        // redb allows one open handle per file: close it before reopening
+        *db = None;
+        match redb::Database::create(path) {
+            Ok(d) => *db = Some(d),
+            Err(re) => {
+                tracing::error!(path = %path.display(), error = %re, "cannot reopen the state store; the next write tries again");
+                return Err(e);
+            }
         }
+        once(db.as_ref().expect("just reopened")).inspect_err(|e2| {
+            tracing::error!(path = %path.display(), error = %crate::runtime::runner::error_chain(e2),
+                "state store write failed again after reopening")
+        })
     }
 
     fn write_db(&self, r: &Resource) -> Result<(), StateError> {
         let m = &r.metadata;
-        let Some(db) = self.persisted(&m.namespace) else {
+        if !super::resource::is_persisted(&m.namespace) {
             return Ok(());
-        };
+        }
         let bytes = serde_json::to_vec(r).map_err(|source| StateError::Decode {
             type_: m.type_.clone(),
             id: m.id.clone(),
             source,
         })?;
-        let txn = db.begin_write().map_err(|e| persist_err(&m.type_, &m.id, e))?;
-        {
-            let mut t = txn
-                .open_table(RESOURCES)
-                .map_err(|e| persist_err(&m.type_, &m.id, e))?;
-            t.insert(db_key(&m.type_, &m.id).as_str(), bytes.as_slice())
-                .map_err(|e| persist_err(&m.type_, &m.id, e))?;
-        }
-        txn.commit().map_err(|e| persist_err(&m.type_, &m.id, e))
+        let k = db_key(&m.type_, &m.id);
+        self.db_write(&m.type_, &m.id, |t| {
+            t.insert(k.as_str(), bytes.as_slice()).map(drop)
+        })
     }
 
     fn remove_db(&self, m: &Metadata) -> Result<(), StateError> {
-        let Some(db) = self.persisted(&m.namespace) else {
+        if !super::resource::is_persisted(&m.namespace) {
             return Ok(());
-        };
-        let txn = db.begin_write().map_err(|e| persist_err(&m.type_, &m.id, e))?;
-        {
-            let mut t = txn
-                .open_table(RESOURCES)
-                .map_err(|e| persist_err(&m.type_, &m.id, e))?;
-            t.remove(db_key(&m.type_, &m.id).as_str())
-                .map_err(|e| persist_err(&m.type_, &m.id, e))?;
         }
-        txn.commit().map_err(|e| persist_err(&m.type_, &m.id, e))
+        let k = db_key(&m.type_, &m.id);
+        self.db_write(&m.type_, &m.id, |t| t.remove(k.as_str()).map(drop))
     }
 
     fn emit(&self, kind: EventKind, resource: Resource) {
@@ -541,6 +600,58 @@ mod tests {
         let path = dir.path().join("state.redb");
         let _s = State::open(&path).expect("open");
         assert!(matches!(State::open(&path), Err(StateError::Locked { .. })));
+    }
+
+    #[test]
+    fn a_damaged_store_is_refused_with_a_clear_error() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("state.redb");
+        let vol = |s: &State, id: &str| {
+            s.create(
+                "config",
+                "Volume",
+                id,
+                "",
+                json!({"sizeBytes": 1}),
+                BTreeMap::new(),
+            )
+            .expect("create")
+        };
+        {
+            let s = State::open(&path).expect("open");
+            vol(&s, "keep");
+        }
+        let good = std::fs::read(&path).expect("read");
+        let damaged = |bytes: &[u8], why: &str| {
+            std::fs::write(&path, bytes).expect("write");
+            let e = State::open(&path).expect_err(why);
+            assert!(matches!(e, StateError::Damaged { .. }), "{why}: {e:?}");
+            let msg = e.to_string();
+            assert!(
+                msg.contains(&path.display().to_string()) && msg.contains("damaged"),
+                "{msg}"
+            );
+        };
+        damaged(b"", "an empty file");
+        damaged(&vec![0x5a; good.len()], "garbage");
+        damaged(&good[..good.len() / 3], "a truncated store");
+        // a record that does not decode is damage too, not something to skip
+        std::fs::write(&path, &good).expect("restore");
+        {
+            let db = redb::Database::open(&path).expect("raw open");
+            let txn = db.begin_write().expect("txn");
+            txn.open_table(RESOURCES)
+                .expect("table")
+                .insert("Volume/bad", b"{not json".as_slice())
+                .expect("insert");
+            txn.commit().expect("commit");
+        }
+        let e = State::open(&path).expect_err("undecodable record");
+        assert!(e.to_string().contains("Volume/bad"), "{e}");
+        // the intact store still opens with its volume
+        std::fs::write(&path, &good).expect("restore");
+        let s = State::open(&path).expect("open intact");
+        assert!(s.get("config", "Volume", "keep").is_some());
     }
 
     #[test]

@@ -654,13 +654,28 @@ fn listens(sub: &Subsys, traddr: &str, trsvcid: &str) -> bool {
 /// What an NVMe/TCP attach finds on the fabric: the namespaces of a
 /// subsystem listening at the address, and the controller id the subsystem
 /// gave this host.
-fn fabric_connect(traddr: &str, trsvcid: &str, nqn: &str, host_id: &str) -> Option<(Vec<Ns>, u32)> {
+/// A connect, as SPDK's target answers it: only to a host the subsystem
+/// allows (`allow_any_host`, or its NQN among the hosts); `hostnqn` is the
+/// one the attach named, else the double's default.
+fn fabric_connect(
+    traddr: &str,
+    trsvcid: &str,
+    nqn: &str,
+    host_id: &str,
+    hostnqn: Option<&str>,
+) -> Option<(Vec<Ns>, u32)> {
+    let hostnqn = hostnqn.map_or_else(
+        || format!("nqn.2014-08.org.nvmexpress:uuid:{host_id}"),
+        str::to_owned,
+    );
     for d in fabric() {
         let mut s = lock(&d);
         for sub in &mut s.subsystems {
             if sub.nqn == nqn && listens(sub, traddr, trsvcid) {
+                if !sub.allow_any_host && !sub.hosts.contains(&hostnqn) {
+                    return None;
+                }
                 let cntlid = sub.controllers.iter().map(|c| c.0).max().unwrap_or(0) + 1;
-                let hostnqn = format!("nqn.2014-08.org.nvmexpress:uuid:{host_id}");
                 sub.controllers.push((cntlid, hostnqn, host_id.to_owned()));
                 return Some((sub.namespaces.clone(), cntlid));
             }
@@ -699,7 +714,13 @@ fn execute(state: &Arc<Mutex<State>>, method: &str, params: &Option<Value>) -> R
         };
         let remote = if p.trtype.eq_ignore_ascii_case("tcp") {
             let port = p.trsvcid.as_deref().unwrap_or("4420");
-            fabric_connect(&p.traddr, port, p.subnqn.as_deref().unwrap_or(""), &host_id)
+            fabric_connect(
+                &p.traddr,
+                port,
+                p.subnqn.as_deref().unwrap_or(""),
+                &host_id,
+                p.hostnqn.as_deref(),
+            )
         } else {
             None
         };
@@ -1708,6 +1729,12 @@ impl State {
                 };
                 Ok(json!(true))
             }
+            "nvmf_subsystem_allow_any_host" => {
+                let p: super::rpc::AllowAnyHost = decode(params)?;
+                let si = self.subsys(&p.nqn)?;
+                self.subsystems[si].allow_any_host = p.allow_any_host;
+                Ok(json!(true))
+            }
             "nvmf_subsystem_add_host" | "nvmf_subsystem_remove_host" => {
                 let p: SubsystemHostParams = decode(params)?;
                 let si = self.subsys(&p.nqn)?;
@@ -1994,6 +2021,7 @@ pub const METHODS: &[&str] = &[
     "nvmf_subsystem_listener_set_ana_state",
     "nvmf_subsystem_get_listeners",
     "nvmf_subsystem_add_host",
+    "nvmf_subsystem_allow_any_host",
     "nvmf_subsystem_remove_host",
     "nvmf_subsystem_get_controllers",
     "bdev_nvme_attach_controller",

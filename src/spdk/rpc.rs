@@ -898,6 +898,16 @@ pub struct AnaGroupState {
     pub ana_state: String,
 }
 
+/// `nvmf_subsystem_allow_any_host` params.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AllowAnyHost {
+    /// The subsystem.
+    pub nqn: String,
+    /// Whether any host may connect (talon sets false).
+    pub allow_any_host: bool,
+}
+
 /// `nvmf_subsystem_add_host` / `_remove_host` params.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -1309,6 +1319,8 @@ impl SpdkClient {
         nvmf_subsystem_get_listeners(ByNqn) -> Vec<ListenerInfo>);
     rpc!(/// Allows a host.
         nvmf_subsystem_add_host(SubsystemHostParams) -> bool);
+    rpc!(/// Allows any host, or only the listed ones.
+        nvmf_subsystem_allow_any_host(AllowAnyHost) -> bool);
     rpc!(/// Disallows a host.
         nvmf_subsystem_remove_host(SubsystemHostParams) -> bool);
     rpc!(/// Host controllers connected to a subsystem.

@@ -34,11 +34,11 @@ use super::client::{ClientError, SpdkClient};
 use super::error::ErrorKind;
 use super::placement::{self, Blocked, DiskAway, Slot};
 use super::rpc::{
-    AddNamespace, AnaState, AttachController, Bdev, ByName, ByNqn, CreateSubsystem, CreateTransport,
-    GetBdevs, GetControllers, GetLvols, GetRaids, GetSubsystems, GetTransports, ListenAddress,
-    ListenerAnaState, Lvol, LvolClone, LvolCreate, LvolResize, LvolSnapshot, Lvstore, LvstoreSelector,
-    NullCreate, RaidAddBaseBdev, RaidBdev, RaidCategory, RaidCreate, RaidLevel, RemoveNamespace, Subsystem,
-    SubsystemHostParams, SubsystemListener,
+    AddNamespace, AllowAnyHost, AnaState, AttachController, Bdev, ByName, ByNqn, CreateSubsystem,
+    CreateTransport, GetBdevs, GetControllers, GetLvols, GetRaids, GetSubsystems, GetTransports,
+    ListenAddress, ListenerAnaState, Lvol, LvolClone, LvolCreate, LvolResize, LvolSnapshot, Lvstore,
+    LvstoreSelector, NullCreate, RaidAddBaseBdev, RaidBdev, RaidCategory, RaidCreate, RaidLevel,
+    RemoveNamespace, Subsystem, SubsystemHostParams, SubsystemListener,
 };
 use crate::names::{NQN_PREFIX, Nqn, ObjectName, volume_uuid};
 
@@ -523,7 +523,7 @@ pub struct ExportSpec {
     pub address: IpAddr,
     /// Listener port.
     pub port: u16,
-    /// Allowed host NQNs; empty allows any host.
+    /// The host NQNs allowed to connect; nobody else can (empty: nobody).
     pub hosts: Vec<String>,
 }
 
@@ -674,6 +674,9 @@ pub struct VolumeOps {
     /// the new one only when its creation completes, so concurrent calls
     /// each make one (each with its own buffers and poll groups).
     transport: std::sync::Arc<tokio::sync::Mutex<()>>,
+    /// The host NQN this node's target connects to remote replicas with (the
+    /// serving node allows only it).
+    host_nqn: Option<String>,
 }
 
 impl VolumeOps {
@@ -682,6 +685,7 @@ impl VolumeOps {
         Self {
             client,
             transport: Default::default(),
+            host_nqn: None,
         }
     }
 
@@ -700,6 +704,12 @@ impl VolumeOps {
             Err(e) if e.is(ErrorKind::AlreadyExists) => Ok(false),
             Err(e) => Err(e),
         }
+    }
+
+    /// Attaches remote replicas as host `nqn` (talon's host NQN on this node).
+    pub fn with_host_nqn(mut self, nqn: Option<String>) -> Self {
+        self.host_nqn = nqn;
+        self
     }
 
     /// The client.
@@ -864,7 +874,7 @@ impl VolumeOps {
             self.client
                 .nvmf_create_subsystem(&CreateSubsystem {
                     nqn: nqn.as_str().to_owned(),
-                    allow_any_host: Some(plan.export.hosts.is_empty()),
+                    allow_any_host: Some(false),
                     serial_number: Some(naming::serial(&plan.name)),
                     model_number: Some("talon".into()),
                     max_namespaces: Some(1),
@@ -1145,6 +1155,16 @@ impl VolumeOps {
                 return Err(listener_error(vol, &listen.traddr, export.port, target, source));
             }
             made.push(Made::Listener(nqn.as_str().to_owned(), listen));
+        }
+        // exports made before access control allowed any host
+        if sub.is_some_and(|s| s.allow_any_host) {
+            self.client
+                .nvmf_subsystem_allow_any_host(&AllowAnyHost {
+                    nqn: nqn.as_str().to_owned(),
+                    allow_any_host: false,
+                })
+                .await
+                .map_err(rpc(vol, format!("allowing only listed hosts on {nqn}")))?;
         }
         let have: BTreeSet<&str> = sub
             .map(|s| s.hosts.iter().map(|h| h.nqn.as_str()).collect())
@@ -1843,7 +1863,8 @@ impl VolumeOps {
     /// Exports replica `replica` (bdev `bdev`, an lvol) of `vol` to a remote
     /// engine: subsystem `Nqn::for_replica`, namespace with explicit
     /// NGUID/UUID derived from the replica (so an attach inside the same
-    /// target registers a bdev), any host. Idempotent; rolls back on error.
+    /// target registers a bdev), to exactly `hosts`. Idempotent; rolls back on
+    /// error.
     pub async fn export_replica(
         &self,
         vol: &ObjectName,
@@ -1851,6 +1872,7 @@ impl VolumeOps {
         bdev: &str,
         address: IpAddr,
         port: u16,
+        hosts: Vec<String>,
     ) -> Result<String, VolumeError> {
         let v = vol.as_str();
         let nqn = Nqn::for_replica(vol, replica).map_err(|source| VolumeError::BadName {
@@ -1860,11 +1882,7 @@ impl VolumeOps {
         let inv = Inventory::load(&self.client)
             .await
             .map_err(rpc(v, "listing the target"))?;
-        let export = ExportSpec {
-            address,
-            port,
-            hosts: Vec::new(),
-        };
+        let export = ExportSpec { address, port, hosts };
         let id = uuid::Uuid::new_v5(&volume_uuid(vol), replica.as_bytes());
         let mut made = Vec::new();
         match self
@@ -1900,7 +1918,7 @@ impl VolumeOps {
             self.client
                 .nvmf_create_subsystem(&CreateSubsystem {
                     nqn: nqn.as_str().to_owned(),
-                    allow_any_host: Some(export.hosts.is_empty()),
+                    allow_any_host: Some(false),
                     serial_number: None,
                     model_number: Some("talon-replica".into()),
                     max_namespaces: Some(1),
@@ -1925,7 +1943,10 @@ impl VolumeOps {
     ) -> Result<String, VolumeError> {
         let bdevs = match self
             .client
-            .bdev_nvme_attach_controller(&AttachController::tcp(controller, address, port, nqn))
+            .bdev_nvme_attach_controller(&AttachController {
+                hostnqn: self.host_nqn.clone(),
+                ..AttachController::tcp(controller, address, port, nqn)
+            })
             .await
         {
             Ok(b) => b,

@@ -159,7 +159,10 @@ impl fmt::Display for ChapUser {
 /// A CHAP secret: 12 to 255 printable ASCII characters without spaces (RFC 3720
 /// asks for at least 12 bytes; open-iscsi rejects shorter ones). Its `Debug`
 /// hides the value, and errors never contain it. tgtadm takes it as an argv
-/// element, so it is briefly visible in `/proc/<pid>/cmdline` to root.
+/// element, so while tgtadm runs it is visible in `/proc/<pid>/cmdline` to
+/// every local user (the file is world-readable unless /proc is mounted with
+/// `hidepid=2`; checked: user nobody reads a root process's argv here). That
+/// is why no configuration enables CHAP yet (docs/security.md).
 #[derive(Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(try_from = "String", into = "String")]
 pub struct ChapSecret(String);

@@ -24,7 +24,7 @@
 use std::fs::{self, File, OpenOptions};
 use std::io;
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::MetadataExt;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 use super::admin::{AdminError, ChapSecret, ChapUser, InitiatorAcl, Nexus, TargetInfo, TgtAdm, Tid};
@@ -178,6 +178,15 @@ pub struct SnapshotInfo {
     pub size: u64,
 }
 
+/// The result of [`V1Store::remove_orphans`].
+#[derive(Debug, Default)]
+pub struct OrphanReport {
+    /// Targets removed.
+    pub removed: Vec<Iqn>,
+    /// Targets that could not be removed, with the reason.
+    pub failed: Vec<(Iqn, AdminError)>,
+}
+
 /// The result of [`V1Store::reexport_all`]: what is served and what failed.
 #[derive(Debug, Default)]
 pub struct ReexportReport {
@@ -244,7 +253,7 @@ impl V1Store {
     pub fn create(&self, name: &ObjectName, size: u64) -> Result<VolumeInfo, VolumeError> {
         Self::check_size(name, size)?;
         let dir = self.volumes_dir();
-        fs::create_dir_all(&dir).map_err(|source| VolumeError::Create {
+        private_dir(&dir).map_err(|source| VolumeError::Create {
             path: dir.clone(),
             source,
         })?;
@@ -252,6 +261,7 @@ impl V1Store {
         let file = OpenOptions::new()
             .write(true)
             .create_new(true)
+            .mode(0o600)
             .open(&path)
             .map_err(|source| {
                 if source.kind() == io::ErrorKind::AlreadyExists {
@@ -375,27 +385,78 @@ impl V1Store {
         name: &ObjectName,
         opts: &ExportOptions,
     ) -> Result<Export, VolumeError> {
-        let path = self.info(name)?.path;
         let iqn = Iqn::for_volume(name);
         let existing = admin.find_target(&iqn).map_err(admin_err("export", name))?;
+        self.export_seen(admin, name, opts, existing)
+    }
+
+    /// [`export`](Self::export) given tgtd's targets as one `show` listed them
+    /// (a reconcile lists them once for every volume): a volume already
+    /// served as wanted costs no tgtadm call, so a reconcile of N volumes
+    /// lists N targets once instead of N times.
+    pub fn export_known(
+        &self,
+        admin: &TgtAdm,
+        name: &ObjectName,
+        opts: &ExportOptions,
+        targets: &[TargetInfo],
+    ) -> Result<Export, VolumeError> {
+        let iqn = Iqn::for_volume(name);
+        let existing = targets.iter().find(|t| t.name == iqn.as_str()).cloned();
+        self.export_seen(admin, name, opts, existing)
+    }
+
+    fn export_seen(
+        &self,
+        admin: &TgtAdm,
+        name: &ObjectName,
+        opts: &ExportOptions,
+        existing: Option<TargetInfo>,
+    ) -> Result<Export, VolumeError> {
+        let path = self.info(name)?.path;
+        let iqn = Iqn::for_volume(name);
         if let Some(t) = existing {
             let found = t.lun(VOLUME_LUN).and_then(|l| l.backing_path.clone());
-            if found.as_deref() != Some(path.as_path()) {
-                return Err(VolumeError::ExportConflict {
+            // talon's target by name, whatever step of an export a crash interrupted:
+            // without its LUN it is adopted and completed; with another file behind it
+            // (a volume of that name deleted and made again while talon was down) and
+            // nobody logged in, it is removed and made again
+            let adopt = match found.as_deref() {
+                Some(p) if p == path.as_path() => true,
+                None => {
+                    tracing::info!(volume = %name, tid = t.tid, %iqn, "adopting a half-made target: adding its LUN");
+                    admin
+                        .new_lun(t.tid, VOLUME_LUN, &path)
+                        .map_err(admin_err("export", name))?;
+                    true
+                }
+                Some(_) if t.nexuses.is_empty() => {
+                    tracing::info!(volume = %name, tid = t.tid, %iqn, found = ?found,
+                        "removing a stale target that serves another file");
+                    admin
+                        .delete_target(t.tid, false)
+                        .map_err(admin_err("export", name))?;
+                    false
+                }
+                Some(_) => {
+                    return Err(VolumeError::ExportConflict {
+                        volume: name.clone(),
+                        iqn,
+                        tid: t.tid,
+                        found,
+                        path,
+                    });
+                }
+            };
+            if adopt {
+                sync_acl(admin, &t, opts).map_err(admin_err("export", name))?;
+                return Ok(Export {
                     volume: name.clone(),
                     iqn,
                     tid: t.tid,
-                    found,
-                    path,
+                    lun: VOLUME_LUN,
                 });
             }
-            sync_acl(admin, &t, opts).map_err(admin_err("export", name))?;
-            return Ok(Export {
-                volume: name.clone(),
-                iqn,
-                tid: t.tid,
-                lun: VOLUME_LUN,
-            });
         }
         let tid = admin.new_target(&iqn).map_err(admin_err("export", name))?;
         let setup = || -> Result<(), AdminError> {
@@ -437,6 +498,41 @@ impl V1Store {
                 .map_err(admin_err("unexport", name))?;
         }
         Ok(())
+    }
+
+    /// Removes the targets talon made (named `Iqn::for_volume`) for volumes
+    /// that `keep` does not name, whatever state a crash left them in (no
+    /// LUN, no ACL); a target with initiators logged in stays. Returns what
+    /// was removed and what could not be.
+    pub fn remove_orphans(
+        &self,
+        admin: &TgtAdm,
+        keep: impl Fn(&ObjectName) -> bool,
+    ) -> Result<OrphanReport, AdminError> {
+        let prefix = format!("{}:", crate::names::IQN_PREFIX);
+        let mut report = OrphanReport::default();
+        for t in admin.show()? {
+            let Some(v) = t.name.strip_prefix(&prefix) else {
+                continue;
+            };
+            // only names talon gives its volumes (`host.` and other dotted names are not)
+            let Ok(volume) = ObjectName::parse("volume", v) else {
+                continue;
+            };
+            if keep(&volume) {
+                continue;
+            }
+            let iqn = Iqn::for_volume(&volume);
+            if !t.nexuses.is_empty() {
+                tracing::warn!(%iqn, tid = t.tid, "an orphaned target has initiators logged in; left");
+                continue;
+            }
+            match admin.delete_target(t.tid, false) {
+                Ok(()) => report.removed.push(iqn),
+                Err(e) => report.failed.push((iqn, e)),
+            }
+        }
+        Ok(report)
     }
 
     /// Exports every volume on disk (after a restart of tgtd or talon), with the
@@ -538,7 +634,7 @@ impl V1Store {
     pub fn snapshot(&self, volume: &ObjectName, snapshot: &ObjectName) -> Result<SnapshotInfo, VolumeError> {
         let src = self.info(volume)?.path;
         let dir = self.snapshots_dir(volume);
-        fs::create_dir_all(&dir).map_err(|source| VolumeError::Create {
+        private_dir(&dir).map_err(|source| VolumeError::Create {
             path: dir.clone(),
             source,
         })?;
@@ -712,6 +808,11 @@ fn img_names(dir: &Path) -> Result<Vec<String>, VolumeError> {
     Ok(out)
 }
 
+/// Creates `dir` and its missing parents private to root (0700).
+fn private_dir(dir: &Path) -> io::Result<()> {
+    fs::DirBuilder::new().recursive(true).mode(0o700).create(dir)
+}
+
 fn sync_dir(dir: &Path) -> io::Result<()> {
     File::open(dir)?.sync_all()
 }
@@ -761,6 +862,7 @@ fn reflink_new(src: &Path, dst: &Path) -> Result<(), ReflinkFail> {
     let to = OpenOptions::new()
         .write(true)
         .create_new(true)
+        .mode(0o600)
         .open(dst)
         .map_err(|e| {
             if e.kind() == io::ErrorKind::AlreadyExists {
@@ -787,6 +889,7 @@ fn reflink_new(src: &Path, dst: &Path) -> Result<(), ReflinkFail> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::PermissionsExt;
 
     fn name(s: &str) -> ObjectName {
         ObjectName::parse("volume", s).expect("name")
@@ -798,6 +901,13 @@ mod tests {
         let store = V1Store::new(dir.path());
         let b = store.create(&name("b"), 1 << 30).expect("create b");
         assert_eq!(b.size, 1 << 30);
+        let mode = |p: &Path| std::fs::metadata(p).expect("stat").permissions().mode() & 0o777;
+        assert_eq!(
+            mode(&b.path),
+            0o600,
+            "volume files are private whatever the umask"
+        );
+        assert_eq!(mode(&store.volumes_dir()), 0o700);
         assert!(b.allocated < 1 << 20, "sparse: {} bytes allocated", b.allocated);
         store.create(&name("a"), 4096).expect("create a");
         fs::write(store.volumes_dir().join("Not_A_Name.img"), b"").expect("junk");

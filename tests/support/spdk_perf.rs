@@ -5,9 +5,20 @@
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
 
+/// The host NQN the tests' and benches' initiators connect with; exports
+/// allow only the hosts they name, so the tests name this one.
+#[allow(dead_code)] // not every includer names it
+pub const HOST_NQN: &str = "nqn.2014-08.org.nvmexpress:uuid:5d0c7c8e-2f6b-4f6e-9a51-7c1c2b0e4a10";
+
 /// Runs `spdk_nvme_perf -w <workload...> -t <secs>` against subsystem `nqn`
-/// on 127.0.0.1:`port`; `workload` is e.g. `randread` or `randrw -M 50`.
+/// on 127.0.0.1:`port` as host [`HOST_NQN`]; `workload` is e.g. `randread`
+/// or `randrw -M 50`.
 pub fn run(spdk: &Path, port: u16, nqn: &str, workload: &str, secs: u32) -> Output {
+    run_as(spdk, port, nqn, workload, secs, HOST_NQN)
+}
+
+/// [`run`] as host `hostnqn`.
+pub fn run_as(spdk: &Path, port: u16, nqn: &str, workload: &str, secs: u32, hostnqn: &str) -> Output {
     Command::new(spdk.join("build/bin/spdk_nvme_perf"))
         .args([
             "--no-huge",
@@ -25,7 +36,7 @@ pub fn run(spdk: &Path, port: u16, nqn: &str, workload: &str, secs: u32) -> Outp
         .args(["-t", &secs.to_string()])
         .arg("-r")
         .arg(format!(
-            "trtype:TCP adrfam:IPv4 traddr:127.0.0.1 trsvcid:{port} subnqn:{nqn}"
+            "trtype:TCP adrfam:IPv4 traddr:127.0.0.1 trsvcid:{port} subnqn:{nqn} hostnqn:{hostnqn}"
         ))
         .stdin(Stdio::null())
         .output()

@@ -95,9 +95,37 @@ pub fn tool(program: &str, args: &[&str]) -> (bool, String) {
     (out.status.success(), text)
 }
 
+/// Runs a libiscsi-bin tool as the unprivileged user `nobody` (what any local
+/// user could do); returns (success, stdout + stderr).
+pub fn tool_as_nobody(program: &str, args: &[&str]) -> (bool, String) {
+    let out = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+        .arg(program)
+        .args(args)
+        .output()
+        .expect("run setpriv");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
+
 /// The size iscsi-readcapacity16 reports for a LUN URL.
 pub fn read_capacity(url: &str) -> u64 {
-    let (ok, out) = tool("iscsi-readcapacity16", &[url]);
+    read_capacity_as(url, None)
+}
+
+/// [`read_capacity`] logging in as `initiator` (libiscsi's default name
+/// without one).
+pub fn read_capacity_as(url: &str, initiator: Option<&str>) -> u64 {
+    let mut args = Vec::new();
+    if let Some(i) = initiator {
+        args.extend(["-i", i]);
+    }
+    args.push(url);
+    let (ok, out) = tool("iscsi-readcapacity16", &args);
     assert!(ok, "iscsi-readcapacity16 {url} failed: {out}");
     out.lines()
         .find_map(|l| l.strip_prefix("Total size:"))

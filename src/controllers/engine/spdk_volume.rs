@@ -35,6 +35,7 @@ use crate::resources::engine::{
     DiskStatus, Engine, EngineStatus, Export, ObjectState, ReplicaLedger, ReplicaStatus, SnapshotStatus,
     SpdkEvents, TargetStatus,
 };
+use crate::resources::frontend::Attachment;
 use crate::runtime::{Controller, ControllerError, Input, Output, Phase, ReconcileContext, Requeue};
 use crate::spdk::SpdkClient;
 use crate::spdk::placement::DiskAway;
@@ -63,6 +64,9 @@ pub fn serves_v2(volume: &Volume, node: &NodeConfig, claims_auto: bool) -> bool 
 pub struct SpdkVolumeController {
     ops: VolumeOps,
     claims_auto: bool,
+    /// This host's NQN: allowed on the exports of volumes attached here, and
+    /// presented when attaching remote replicas.
+    host_nqn: Option<String>,
     /// Volumes whose export was checked for listeners left frozen (ANA
     /// inaccessible) by a snapshot that did not finish, since this start.
     thaw_checked: std::sync::Mutex<BTreeSet<String>>,
@@ -75,9 +79,41 @@ impl SpdkVolumeController {
         Self {
             ops: VolumeOps::new(client),
             claims_auto: selection_claims_auto,
+            host_nqn: None,
             thaw_checked: std::sync::Mutex::default(),
         }
     }
+
+    /// Exports attached volumes to this host's NQN and attaches remote
+    /// replicas as it.
+    pub fn with_host_nqn(mut self, nqn: Option<String>) -> Self {
+        self.ops = self.ops.with_host_nqn(nqn.clone());
+        self.host_nqn = nqn;
+        self
+    }
+}
+
+/// The host NQNs a volume's export allows: the node's allowed hosts (NQNs
+/// among them) and, for a served replica, its engine nodes (`replicaHosts`);
+/// for a volume with an engine here, this host while the volume is attached.
+pub fn export_hosts(node: &NodeConfig, spec: &Volume, attached_by: Option<&str>) -> Vec<String> {
+    let mut hosts: Vec<String> = Vec::new();
+    let own = if spec.serve_replica.is_some() {
+        spec.replica_hosts.clone()
+    } else {
+        attached_by.map(str::to_owned).into_iter().collect()
+    };
+    let allowed = node
+        .allowed_hosts
+        .iter()
+        .filter(|h| crate::names::Nqn::parse(h).is_ok())
+        .cloned();
+    for h in own.into_iter().chain(allowed) {
+        if !hosts.contains(&h) {
+            hosts.push(h);
+        }
+    }
+    hosts
 }
 
 fn err_text(e: &VolumeError) -> String {
@@ -133,6 +169,8 @@ struct Job {
     /// The point-in-time set of the snapshot a revert or clone starts from
     /// (from the ledger of the snapshot's volume).
     snapshot_set: Option<BTreeSet<usize>>,
+    /// Who may connect ([`export_hosts`]).
+    hosts: Vec<String>,
 }
 
 /// What realizing one volume gave.
@@ -161,6 +199,10 @@ impl Realized {
 
 impl SpdkVolumeController {
     async fn realize(&self, inv: &Inventory, job: &Job, export: &ExportSpec) -> Realized {
+        let export = &ExportSpec {
+            hosts: job.hosts.clone(),
+            ..export.clone()
+        };
         let name = match ObjectName::parse("volume", &job.id) {
             Ok(n) => n,
             Err(e) => return Realized::failed(ObjectState::Failed, e.to_string()),
@@ -409,6 +451,7 @@ fn status_of(
             port: export.port,
             name: info.nqn,
             lun: crate::spdk::volume::NSID,
+            hosts: export.hosts.clone(),
         }],
         message,
     };
@@ -429,6 +472,7 @@ impl Controller for SpdkVolumeController {
             Input::of::<Disk>(),
             Input::of::<DiskStatus>(),
             Input::of::<TargetStatus>(),
+            Input::of::<Attachment>(),
             // a bdev went away (a raid member): look now, not at the next poll
             Input::of::<SpdkEvents>(),
         ]
@@ -507,16 +551,17 @@ impl Controller for SpdkVolumeController {
                 return Ok(Requeue::OnInputChange);
             }
         };
+        // hosts are set per volume (Job::hosts)
         let export = ExportSpec {
             address,
             port: node.nvmf_port,
-            hosts: node
-                .allowed_hosts
-                .iter()
-                .filter(|h| h.starts_with("nqn."))
-                .cloned()
-                .collect(),
+            hosts: Vec::new(),
         };
+        let attached: BTreeSet<String> = ctx
+            .list::<Attachment>()?
+            .into_iter()
+            .map(|a| a.id().to_string())
+            .collect();
         let disk_list = ctx.list::<Disk>()?;
         let disks: BTreeSet<String> = disk_list.iter().map(|d| d.id().to_string()).collect();
         let previous_replicas: Vec<_> = ctx.list::<ReplicaStatus>()?;
@@ -595,6 +640,7 @@ impl Controller for SpdkVolumeController {
                 let (sv, ss) = split_snapshot_id(id).ok()?;
                 ledgers.get(sv.as_str())?.snapshot_set(ss.as_str())
             });
+            let attached_by = self.host_nqn.as_deref().filter(|_| attached.contains(v.id()));
             live.push(Job {
                 id: v.id().to_string(),
                 spec: v.spec.clone(),
@@ -602,6 +648,7 @@ impl Controller for SpdkVolumeController {
                 disk_away: disk_away.clone(),
                 in_sync: ledger.map(ReplicaLedger::in_sync_set),
                 snapshot_set,
+                hosts: export_hosts(&node, &v.spec, attached_by),
             });
         }
         // one TCP transport per target, made (or adopted) before the volumes

@@ -31,7 +31,15 @@ pub fn register(rt: &mut Runtime, deps: &Deps, selection: &EngineSelection) -> R
     let target = TgtdController::new(&deps.run_dir, selection).on_exit(deps.targets_on_exit.clone());
     let admin = target.config().admin();
     rt.register(target)?;
-    rt.register(V1VolumeController::new(&deps.data_dir, admin, selection))
+    let initiators = match crate::attach::HostInitiators::load_or_create(&deps.host, &deps.data_dir) {
+        Ok(i) => Some(i),
+        Err(e) => {
+            tracing::error!(error = %crate::runtime::runner::error_chain(&e),
+                "no host initiator name: V1 volumes attached here are exported to the allowed hosts only");
+            None
+        }
+    };
+    rt.register(V1VolumeController::new(&deps.data_dir, admin, selection).with_initiators(initiators))
 }
 
 #[cfg(test)]

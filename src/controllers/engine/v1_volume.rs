@@ -19,12 +19,14 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use super::v1_target::TGTD_STATUS_ID;
+use crate::attach::HostInitiators;
 use crate::names::{Iqn, ObjectName};
 use crate::resources::config::{EngineKind, NodeConfig, Snapshot, Volume};
 use crate::resources::engine::{Engine, EngineStatus, Export, ObjectState, SnapshotStatus, TargetStatus};
+use crate::resources::frontend::Attachment;
 use crate::runtime::{Controller, ControllerError, Input, Output, Phase, ReconcileContext, Requeue};
 use crate::tgt::volume::{VOLUME_LUN, VolumeError};
-use crate::tgt::{ExportOptions, InitiatorAcl, TgtAdm, V1Store};
+use crate::tgt::{ExportOptions, InitiatorAcl, TargetInfo, TgtAdm, V1Store};
 
 /// Which volumes the V1 engine takes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -44,22 +46,22 @@ pub fn serves_v1(volume: &Volume, node: &NodeConfig, selection: V1Selection) -> 
     }
 }
 
-/// The iSCSI ACL from the node's allowed hosts: the IQNs among them by name;
-/// no IQN at all allows any initiator (the portal is loopback by default).
-pub fn export_options(node: &NodeConfig) -> ExportOptions {
-    let names: Vec<InitiatorAcl> = node
-        .allowed_hosts
-        .iter()
-        .filter_map(|h| Iqn::parse(h).ok())
-        .map(InitiatorAcl::Name)
-        .collect();
-    let initiators = if names.is_empty() {
-        vec![InitiatorAcl::All]
-    } else {
-        names
-    };
+/// The iSCSI ACL of a volume, by initiator name only: this host's initiator
+/// name while the volume is attached here (`attached_by`), and the IQNs among
+/// the node's allowed hosts. Nothing else: a volume attached nowhere and with
+/// no allowed host is reachable by nobody (tgtd refuses discovery and login to
+/// a target without ACL entries).
+pub fn export_options(node: &NodeConfig, attached_by: Option<&Iqn>) -> ExportOptions {
+    let mut names: Vec<InitiatorAcl> = Vec::new();
+    let allowed = node.allowed_hosts.iter().filter_map(|h| Iqn::parse(h).ok());
+    for iqn in attached_by.cloned().into_iter().chain(allowed) {
+        let acl = InitiatorAcl::Name(iqn);
+        if !names.contains(&acl) {
+            names.push(acl);
+        }
+    }
     ExportOptions {
-        initiators,
+        initiators: names,
         chap: None,
     }
 }
@@ -70,6 +72,9 @@ pub struct V1VolumeController {
     store: V1Store,
     admin: TgtAdm,
     selection: V1Selection,
+    /// This host's initiator names; `None` when they cannot be read (attached
+    /// volumes are then exported only to the allowed hosts).
+    initiators: Option<HostInitiators>,
 }
 
 impl V1VolumeController {
@@ -79,7 +84,14 @@ impl V1VolumeController {
             store: V1Store::new(data_dir.into()),
             admin,
             selection,
+            initiators: None,
         }
+    }
+
+    /// Exports attached volumes to this host's initiator name.
+    pub fn with_initiators(mut self, initiators: Option<HostInitiators>) -> Self {
+        self.initiators = initiators;
+        self
     }
 }
 
@@ -87,6 +99,8 @@ struct VolumeJob {
     id: String,
     spec: Volume,
     deleting: bool,
+    /// Who may connect.
+    opts: ExportOptions,
 }
 
 struct SnapshotJob {
@@ -103,7 +117,6 @@ enum Outcome<S> {
 struct Plan {
     store: V1Store,
     admin: TgtAdm,
-    opts: ExportOptions,
     address: String,
     port: u16,
 }
@@ -125,7 +138,9 @@ fn error_text(e: &VolumeError) -> String {
 }
 
 impl Plan {
-    fn volume(&self, job: &VolumeJob) -> Outcome<EngineStatus> {
+    /// `targets`: tgtd's targets listed once for this reconcile (`None`: list
+    /// them for this volume).
+    fn volume(&self, job: &VolumeJob, targets: Option<&[TargetInfo]>) -> Outcome<EngineStatus> {
         let name = match ObjectName::parse("volume", &job.id) {
             Ok(n) => n,
             Err(e) => return Outcome::Status(failed(e.to_string(), String::new())),
@@ -176,7 +191,11 @@ impl Plan {
         if job.spec.revert_to.is_some() {
             message = "revert is not supported by the V1 engine".to_string();
         }
-        match self.store.export(&self.admin, &name, &self.opts) {
+        let exported = match targets {
+            Some(t) => self.store.export_known(&self.admin, &name, &job.opts, t),
+            None => self.store.export(&self.admin, &name, &job.opts),
+        };
+        match exported {
             Ok(export) => Outcome::Status(EngineStatus {
                 engine: Engine::V1,
                 state: ObjectState::Ready,
@@ -189,6 +208,7 @@ impl Plan {
                     port: self.port,
                     name: export.iqn.to_string(),
                     lun: VOLUME_LUN as u32,
+                    hosts: job.opts.initiators.iter().map(|a| a.to_string()).collect(),
                 }],
                 message,
             }),
@@ -268,6 +288,7 @@ impl Controller for V1VolumeController {
             Input::of::<Volume>(),
             Input::of::<Snapshot>(),
             Input::of::<TargetStatus>(),
+            Input::of::<Attachment>(),
         ]
     }
 
@@ -300,6 +321,12 @@ impl Controller for V1VolumeController {
         let tgtd_ready = ctx
             .get::<TargetStatus>(TGTD_STATUS_ID)?
             .is_some_and(|t| t.spec.engine == Engine::V1 && t.spec.state == ObjectState::Ready);
+        let attached: std::collections::BTreeSet<String> = ctx
+            .list::<Attachment>()?
+            .into_iter()
+            .map(|a| a.id().to_string())
+            .collect();
+        let my_iqn = self.initiators.as_ref().map(|i| &i.iqn);
         let mut vol_jobs = Vec::new();
         for v in volumes {
             if !tgtd_ready {
@@ -313,10 +340,12 @@ impl Controller for V1VolumeController {
             if !deleting {
                 ctx.add_finalizer::<Volume>(v.id())?;
             }
+            let attached_by = my_iqn.filter(|_| attached.contains(v.id()));
             vol_jobs.push(VolumeJob {
                 id: v.id().to_string(),
                 spec: v.spec,
                 deleting,
+                opts: export_options(&node, attached_by),
             });
         }
         let mut snap_jobs = Vec::new();
@@ -334,23 +363,46 @@ impl Controller for V1VolumeController {
         let plan = Plan {
             store: self.store.clone(),
             admin: self.admin.clone(),
-            opts: export_options(&node),
             address: node.listen_address.clone(),
             port: node.iscsi_port,
         };
+        // every volume that exists, in any phase (a deleting one is removed by its job)
+        let known: std::collections::BTreeSet<String> =
+            ctx.list::<Volume>()?.iter().map(|v| v.id().to_string()).collect();
         // tgtadm and file operations block: run them off the async workers.
         let (vol_out, snap_out) = tokio::task::spawn_blocking(move || {
+            if tgtd_ready {
+                // targets talon made for volumes nobody wants (a crash mid-export or
+                // mid-delete): removed by name
+                match plan
+                    .store
+                    .remove_orphans(&plan.admin, |v| known.contains(v.as_str()))
+                {
+                    Ok(r) => {
+                        for iqn in r.removed {
+                            tracing::info!(%iqn, "removed an orphaned target");
+                        }
+                        for (iqn, e) in r.failed {
+                            tracing::warn!(%iqn, error = %e, "cannot remove an orphaned target");
+                        }
+                    }
+                    Err(e) => tracing::warn!(error = %e, "cannot list tgtd's targets for orphans"),
+                }
+            }
             let mut vol_out = Vec::new();
             let mut snap_out = Vec::new();
+            // one listing of tgtd's targets for every live volume (a volume whose target is
+            // as wanted then costs no tgtadm call); each volume lists them itself if it fails
+            let targets = plan.admin.show().ok();
             // live volumes first (a snapshot needs its volume), then snapshots, then deletions
             for j in vol_jobs.iter().filter(|j| !j.deleting) {
-                vol_out.push((j.id.clone(), plan.volume(j)));
+                vol_out.push((j.id.clone(), plan.volume(j, targets.as_deref())));
             }
             for j in &snap_jobs {
                 snap_out.push((j.id.clone(), plan.snapshot(j)));
             }
             for j in vol_jobs.iter().filter(|j| j.deleting) {
-                vol_out.push((j.id.clone(), plan.volume(j)));
+                vol_out.push((j.id.clone(), plan.volume(j, None)));
             }
             (vol_out, snap_out)
         })
@@ -430,18 +482,29 @@ mod tests {
     }
 
     #[test]
-    fn acl_from_allowed_hosts() {
+    fn acl_is_the_attached_host_and_the_allowed_iqns_only() {
         let mut node = NodeConfig::default();
-        assert_eq!(export_options(&node).initiators, vec![InitiatorAcl::All]);
+        assert_eq!(
+            export_options(&node, None).initiators,
+            vec![],
+            "nobody by default"
+        );
+        let me = Iqn::parse("iqn.2025-01.io.talon:host.1").expect("iqn");
+        assert_eq!(
+            export_options(&node, Some(&me)).initiators,
+            vec![InitiatorAcl::Name(me.clone())]
+        );
         node.allowed_hosts = vec![
             "nqn.2014-08.org.nvmexpress:uuid:1".into(),
             "iqn.2025-01.io.example:h".into(),
+            me.to_string(),
         ];
         assert_eq!(
-            export_options(&node).initiators,
-            vec![InitiatorAcl::Name(
-                Iqn::parse("iqn.2025-01.io.example:h").expect("iqn")
-            )]
+            export_options(&node, Some(&me)).initiators,
+            vec![
+                InitiatorAcl::Name(me),
+                InitiatorAcl::Name(Iqn::parse("iqn.2025-01.io.example:h").expect("iqn"))
+            ]
         );
     }
 

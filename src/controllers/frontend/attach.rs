@@ -114,13 +114,15 @@ fn nvme_target(e: &Export) -> Result<(NvmeTcpTarget, u32), String> {
     ))
 }
 
-/// The iSCSI target of an export; an unspecified listen address means this host.
-fn iscsi_target(e: &Export) -> Result<IscsiTarget, String> {
+/// The iSCSI target of an export; an unspecified listen address means this host. The login
+/// uses talon's initiator name, the one the engine allows for attached volumes.
+fn iscsi_target(e: &Export, initiator: Option<Iqn>) -> Result<IscsiTarget, String> {
     let iqn = Iqn::parse(&e.name).map_err(|err| err.to_string())?;
     Ok(IscsiTarget {
         portal: std::net::SocketAddr::new(export_addr(e)?, e.port),
         iqn,
         lun: e.lun,
+        initiator,
     })
 }
 
@@ -244,8 +246,35 @@ impl Controller for AttachController {
                     continue;
                 }
             };
+            // the engine allows this host once it sees the Attachment: wait for it rather than
+            // fail a login the target would refuse
+            let ids = {
+                let (r, d) = (root.clone(), data_dir.clone());
+                tokio::task::spawn_blocking(move || crate::attach::HostInitiators::load_or_create(&r, &d))
+                    .await?
+            };
+            let ids = match ids {
+                Ok(ids) => ids,
+                Err(e) => {
+                    ctx.apply(
+                        &id,
+                        status(AttachState::Failed, crate::runtime::runner::error_chain(&e)),
+                    )?;
+                    requeue = Requeue::After(Duration::from_secs(10));
+                    continue;
+                }
+            };
+            let me = match transport {
+                Transport::Iscsi => ids.iqn.to_string(),
+                Transport::NvmeTcp => ids.nqn.to_string(),
+            };
+            if !export.hosts.contains(&me) {
+                let msg = format!("waiting for the engine to allow this host ({me})");
+                ctx.apply(&id, status(AttachState::Attaching, msg))?;
+                continue;
+            }
             if transport == Transport::Iscsi {
-                let target = match iscsi_target(&export) {
+                let target = match iscsi_target(&export, Some(ids.iqn.clone())) {
                     Ok(t) => t,
                     Err(msg) => {
                         ctx.apply(&id, status(AttachState::Failed, msg))?;

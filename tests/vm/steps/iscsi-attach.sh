@@ -123,6 +123,19 @@ H talon detach iscsi --volume $V --iqn "$IQN" >/tmp/d 2>&1 || bad "second detach
 echo "second detach: $(cat /tmp/d)"
 echo "sessions after detach: [$(sessions)] node records: [$(nodes)]"
 
+# ---- a target that admits one initiator name (as talon's V1 exports do): iscsid's default name
+# is offered nothing; talon's interface "talon" carrying the admitted name logs in
+ACL_IQN=$TALON_HOST_ISCSI_ACL_IQN
+expect_fail "ACL target with iscsid's default name" "does not offer target $ACL_IQN" talon attach iscsi --volume acl --portal "$P" --iqn "$ACL_IQN"
+H talon attach iscsi --volume acl --portal "$P" --iqn "$ACL_IQN" --initiator-name "$TALON_HOST_ISCSI_ACL_INITIATOR" >/tmp/a4 2>&1 ||
+	bad "attach with the admitted initiator name: $(cat /tmp/a4)"
+cat /tmp/a4
+echo "interface talon: $(ext iscsiadm -m iface -I talon 2>&1 | grep initiatorname)"
+M=$(dd if=/dev/talon/acl bs=512 count=1 2>/dev/null | head -c 22)
+[ "$M" = TALON-ISCSI-ACL-MARKER ] || bad "marker not read through /dev/talon/acl (read '$M')"
+H talon detach iscsi --volume acl --iqn "$ACL_IQN" >/tmp/d 2>&1 || bad "detach acl: $(cat /tmp/d)"
+[ -z "$(sessions)" ] || bad "the ACL attach left a session: $(sessions)"
+
 kill "$ISCSID" 2>/dev/null
 wait $UNSHARE 2>/dev/null
 

@@ -11,6 +11,13 @@ VOL=hostspdk
 export TALON_DATA_DIR=/tmp/talon-data
 ctrls() { for c in /sys/class/nvme/nvme*; do [ "$(cat $c/transport 2>/dev/null)" = tcp ] && basename $c; done; }
 fail=0
+# the host identity the host's talon admits (talon uses <data-dir>/nvme/ without /etc/nvme/hostnqn)
+[ ! -s /etc/nvme/hostnqn ] || { echo "FAIL: the guest has /etc/nvme/hostnqn; talon would not use the admitted NQN"; exit 1; }
+SAVED=$(mktemp -d)
+cp -a $TALON_DATA_DIR/nvme/. "$SAVED"/ 2>/dev/null
+mkdir -p $TALON_DATA_DIR/nvme
+echo "$TALON_HOST_SPDK_GUEST_ID" >$TALON_DATA_DIR/nvme/hostid
+echo "nqn.2014-08.org.nvmexpress:uuid:$TALON_HOST_SPDK_GUEST_ID" >$TALON_DATA_DIR/nvme/hostnqn
 talon attach nvme-tcp --volume $VOL --traddr "$TALON_HOST_ADDR" --trsvcid "$TALON_HOST_SPDK_NVMF_PORT" \
 	--nqn "$TALON_HOST_SPDK_NQN" || exit 1
 dd if=/dev/urandom of=/tmp/p bs=1M count=2 2>/dev/null
@@ -37,4 +44,6 @@ IOPS=$(grep -m1 'write:' /tmp/snapfio.out | sed -n 's/.*IOPS=\([^,]*\),.*/\1/p')
 echo "SNAPFIO start=$START end=$END rc=$RC iops=$IOPS clat=[$CLAT]"
 [ "$RC" = 0 ] || { cat /tmp/snapfio.err; fail=1; }
 talon detach nvme-tcp --volume $SNAP || fail=1
+rm -f $TALON_DATA_DIR/nvme/hostid $TALON_DATA_DIR/nvme/hostnqn
+cp -a "$SAVED"/. $TALON_DATA_DIR/nvme/ 2>/dev/null
 exit $fail
