@@ -18,6 +18,11 @@ use talon::controllers::engine::selection::SpdkOptions;
 use talon::runtime::testing::eventually;
 use talon::serve::{ServeOptions, serve};
 
+/// The host NQN spdk_nvme_perf connects with (tests/support/spdk_perf.rs): the
+/// V2 export admits it through `allowedHosts` (by default only the host a
+/// volume is attached to may connect).
+const HOST: &str = spdk_perf::HOST_NQN;
+
 fn free_port() -> u16 {
     let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
     l.local_addr().expect("addr").port()
@@ -58,7 +63,7 @@ async fn real_spdk_interrupt_mode_serves_with_nvmf_tgt() {
     std::fs::write(
         &cfg,
         format!(
-            "node: {{ engine: v2, listenAddress: 127.0.0.1, nvmfPort: {port} }}\n\
+            "node: {{ engine: v2, listenAddress: 127.0.0.1, nvmfPort: {port}, allowedHosts: [\"{HOST}\"] }}\n\
              disks:\n  d1: {{ path: disks/d1.img, sizeBytes: 268435456 }}\n\
              volumes:\n  quiet: {{ sizeBytes: 67108864 }}\n"
         ),

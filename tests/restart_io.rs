@@ -32,6 +32,15 @@ const ROUNDS: usize = 10;
 /// turns a hang into a failure with a message.
 const WAIT: Duration = Duration::from_secs(60);
 
+/// The libiscsi loop's initiator name: the V1 export admits it through
+/// `allowedHosts` (by default only the host a volume is attached to may log in).
+const INITIATOR: &str = "iqn.2026-11.test.talon:restart-io";
+
+/// The host NQN the test's spdk_nvme_perf connects with: the V2 export
+/// admits it through `allowedHosts` (by default only the host a volume is
+/// attached to may connect).
+const HOST: &str = "nqn.2014-08.org.nvmexpress:uuid:1b3c2f0e-6d7a-4e21-9c55-3e7a10c0a001";
+
 fn spawn_talon(dir: &Path, extra: &[&str]) -> Child {
     spawn_program(Path::new(env!("CARGO_BIN_EXE_talon")), dir, extra)
 }
@@ -170,7 +179,7 @@ fn io_loop(
     ops: Arc<AtomicU64>,
 ) -> Result<(u64, Duration), String> {
     let lib = Libiscsi::load()?;
-    let s = lib.connect(&portal, &iqn, "iqn.2026-11.test.talon:restart-io", None)?;
+    let s = lib.connect(&portal, &iqn, INITIATOR, None)?;
     s.no_reconnect();
     let mut i: u64 = 0;
     let mut longest = Duration::ZERO;
@@ -208,7 +217,7 @@ async fn v1_io_runs_through_ten_talon_restarts() {
     std::fs::write(
         dir.join("talon.yaml"),
         format!(
-            "node: {{ engine: v1, listenAddress: 127.0.0.1, iscsiPort: {port} }}\n\
+            "node: {{ engine: v1, listenAddress: 127.0.0.1, iscsiPort: {port}, allowedHosts: [{INITIATOR}] }}\n\
              volumes:\n  {VOLUME}: {{ sizeBytes: 16777216 }}\n"
         ),
     )
@@ -373,7 +382,7 @@ async fn real_spdk_v2_io_runs_through_ten_talon_restarts() {
     std::fs::write(
         dir.join("talon.yaml"),
         format!(
-            "node: {{ engine: v2, listenAddress: 127.0.0.1, nvmfPort: {port} }}\n\
+            "node: {{ engine: v2, listenAddress: 127.0.0.1, nvmfPort: {port}, allowedHosts: [\"{HOST}\"] }}\n\
              disks:\n  d1: {{ path: disks/d1.img, sizeBytes: 268435456 }}\n\
              volumes:\n  {VOLUME}: {{ sizeBytes: 67108864 }}\n"
         ),
@@ -405,7 +414,7 @@ async fn real_spdk_v2_io_runs_through_ten_talon_restarts() {
         .args(["--no-huge", "-s", "512", "-c", "0x2", "-q", "8", "-o", "4096"])
         .args(["-w", "randrw", "-M", "50", "-t", "3600", "-r"])
         .arg(format!(
-            "trtype:TCP adrfam:IPv4 traddr:127.0.0.1 trsvcid:{port} subnqn:{nqn}"
+            "trtype:TCP adrfam:IPv4 traddr:127.0.0.1 trsvcid:{port} subnqn:{nqn} hostnqn:{HOST}"
         ))
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -514,7 +523,7 @@ async fn node_stop_leaves_tgtd_serving_and_node_drain_stops_it() {
     std::fs::write(
         dir.join("talon.yaml"),
         format!(
-            "node: {{ engine: v1, listenAddress: 127.0.0.1, iscsiPort: {} }}\n\
+            "node: {{ engine: v1, listenAddress: 127.0.0.1, iscsiPort: {}, allowedHosts: [{INITIATOR}] }}\n\
              volumes:\n  {VOLUME}: {{ sizeBytes: 16777216 }}\n",
             free_port()
         ),
@@ -585,7 +594,7 @@ async fn an_earlier_talons_tgtd_is_adopted_with_io_running() {
     std::fs::write(
         dir.join("talon.yaml"),
         format!(
-            "node: {{ engine: v1, listenAddress: 127.0.0.1, iscsiPort: {} }}\n\
+            "node: {{ engine: v1, listenAddress: 127.0.0.1, iscsiPort: {}, allowedHosts: [{INITIATOR}] }}\n\
              volumes:\n  {VOLUME}: {{ sizeBytes: 16777216 }}\n",
             free_port()
         ),
@@ -675,7 +684,7 @@ async fn real_spdk_an_earlier_talons_spdk_tgt_is_adopted_with_io_running() {
     std::fs::write(
         dir.join("talon.yaml"),
         format!(
-            "node: {{ engine: v2, listenAddress: 127.0.0.1, nvmfPort: {} }}\n\
+            "node: {{ engine: v2, listenAddress: 127.0.0.1, nvmfPort: {}, allowedHosts: [\"{HOST}\"] }}\n\
              disks:\n  d1: {{ path: disks/d1.img, sizeBytes: 268435456 }}\n\
              volumes:\n  {VOLUME}: {{ sizeBytes: 67108864 }}\n",
             free_port()
@@ -706,7 +715,7 @@ async fn real_spdk_an_earlier_talons_spdk_tgt_is_adopted_with_io_running() {
         .args(["--no-huge", "-s", "512", "-c", "0x1", "-q", "8", "-o", "4096"])
         .args(["-w", "randrw", "-M", "50", "-t", "3600", "-r"])
         .arg(format!(
-            "trtype:TCP adrfam:IPv4 traddr:127.0.0.1 trsvcid:{port} subnqn:{nqn}"
+            "trtype:TCP adrfam:IPv4 traddr:127.0.0.1 trsvcid:{port} subnqn:{nqn} hostnqn:{HOST}"
         ))
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
