@@ -136,8 +136,13 @@ M=$(dd if=/dev/talon/acl bs=512 count=1 2>/dev/null | head -c 22)
 H talon detach iscsi --volume acl --iqn "$ACL_IQN" >/tmp/d 2>&1 || bad "detach acl: $(cat /tmp/d)"
 [ -z "$(sessions)" ] || bad "the ACL attach left a session: $(sessions)"
 
+OLD_ISCSID=$ISCSID
 kill "$ISCSID" 2>/dev/null
 wait $UNSHARE 2>/dev/null
+# the old iscsid must be gone before the new one is looked up by name (a dying one was picked
+# up once, and eth0 could not move into its namespace: "No such process")
+i=0
+while kill -0 "$OLD_ISCSID" 2>/dev/null && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done
 
 # ---- iscsid in its own network namespace, holding eth0: talon's discovery runs in that namespace
 # (the guest's own has no route to the host then) and works; the login fails because the kernel
@@ -147,7 +152,7 @@ setsid unshare --mount --uts --ipc --net --fork sh /tmp/ext.sh >/tmp/iscsid-netn
 U2=$!
 ISCSID=""
 i=0
-while [ -z "$ISCSID" ] && [ $i -lt 100 ]; do ISCSID=$(pidof iscsid | tr ' ' '\n' | head -1); sleep 0.1; i=$((i + 1)); done
+while [ -z "$ISCSID" ] && [ $i -lt 100 ]; do ISCSID=$(pidof iscsid | tr ' ' '\n' | grep -vx "$OLD_ISCSID" | head -1); sleep 0.1; i=$((i + 1)); done
 sleep 0.5
 if [ -n "$ISCSID" ] && ip link set eth0 netns "$ISCSID"; then
 	nsenter -t "$ISCSID" -n sh -c 'ip link set lo up; ip link set eth0 up && ip addr add 10.0.2.15/24 dev eth0 && ip route add default via 10.0.2.2' || bad "cannot configure eth0 in iscsid's network namespace"
