@@ -333,8 +333,7 @@ impl SpdkVolumeController {
     /// Once per volume and start: thaws an export a snapshot left frozen
     /// (talon stopped between freeze and thaw); retried until it succeeds.
     async fn thaw_once(&self, name: &ObjectName) {
-        let checked = |s: &Self| lock(&s.thaw_checked).contains(name.as_str());
-        if checked(self) {
+        if lock(&self.thaw_checked).contains(name.as_str()) {
             return;
         }
         match self.ops.thaw_export(name).await {
