@@ -61,23 +61,16 @@ fn pct(v: &mut [f64], p: f64) -> f64 {
 }
 
 fn plan(name: &str, replicas: usize, port: u16) -> VolumePlan {
-    VolumePlan {
-        name: ObjectName::parse("volume", name).expect("name"),
-        size_bytes: 64 * MIB,
+    VolumePlan::new(
+        ObjectName::parse("volume", name).expect("name"),
+        64 * MIB,
         replicas,
-        disks: vec![],
-        placed: Default::default(),
-        disk_away: Default::default(),
-        from_snapshot: None,
-        snapshot_set: None,
-        export: ExportSpec {
+        ExportSpec {
             address: [127, 0, 0, 1].into(),
             port,
             hosts: vec![spdk_perf::HOST_NQN.to_string()],
         },
-        in_sync: None,
-        remote: vec![],
-    }
+    )
 }
 
 async fn rebuild(ops: &VolumeOps, port: u16) {

@@ -291,23 +291,16 @@ async fn volumes_export_expand_snapshot_clone_revert_and_delete_leaving_nothing(
 }
 
 fn plan(name: &str, replicas: usize) -> VolumePlan {
-    VolumePlan {
-        name: ObjectName::parse("volume", name).expect("name"),
-        size_bytes: 32 * MIB,
+    VolumePlan::new(
+        ObjectName::parse("volume", name).expect("name"),
+        32 * MIB,
         replicas,
-        disks: vec![],
-        placed: Default::default(),
-        disk_away: Default::default(),
-        from_snapshot: None,
-        snapshot_set: None,
-        export: ExportSpec {
+        ExportSpec {
             address: [127, 0, 0, 1].into(),
             port: 4420,
             hosts: vec!["nqn.2014-08.org.nvmexpress:uuid:host1".into()],
         },
-        in_sync: None,
-        remote: vec![],
-    }
+    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -765,23 +765,16 @@ async fn real_spdk_snapshots_under_writes_are_one_point_in_time() {
     let (port, read_port) = (free_port(), free_port());
     let ops = VolumeOps::new(c.clone());
     let v = ObjectName::parse("volume", "pit").expect("name");
-    let plan = VolumePlan {
-        name: v.clone(),
-        size_bytes: LEN as u64,
-        replicas: 2,
-        disks: vec![],
-        placed: Default::default(),
-        disk_away: Default::default(),
-        from_snapshot: None,
-        snapshot_set: None,
-        export: ExportSpec {
+    let plan = VolumePlan::new(
+        v.clone(),
+        LEN as u64,
+        2,
+        ExportSpec {
             address: [127, 0, 0, 1].into(),
             port,
             hosts: vec![spdk_perf::HOST_NQN.to_string()],
         },
-        in_sync: None,
-        remote: vec![],
-    };
+    );
     let inv = Inventory::load(&c).await.expect("inventory");
     let info = ops.ensure(&inv, &plan).await.expect("volume");
     assert_eq!(info.in_sync, BTreeSet::from([0, 1]));

@@ -603,6 +603,26 @@ pub fn point_in_time_set(
     }
 }
 
+impl VolumePlan {
+    /// A plan for a volume with no history: no placement, no clone source,
+    /// no ledger, no remote replicas, any disk.
+    pub fn new(name: ObjectName, size_bytes: u64, replicas: usize, export: ExportSpec) -> Self {
+        Self {
+            name,
+            size_bytes,
+            replicas,
+            disks: Vec::new(),
+            placed: BTreeMap::new(),
+            disk_away: BTreeMap::new(),
+            from_snapshot: None,
+            snapshot_set: None,
+            export,
+            in_sync: None,
+            remote: Vec::new(),
+        }
+    }
+}
+
 /// One replica as it is.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ReplicaInfo {
