@@ -158,7 +158,7 @@ async fn call_typed(
         "bdev_lvol_delete" => t!(bdev_lvol_delete, ByName),
         "bdev_lvol_get_lvols" => t!(bdev_lvol_get_lvols, GetLvols),
         "bdev_raid_create" => t!(bdev_raid_create, RaidCreate),
-        "bdev_raid_delete" => t!(bdev_raid_delete, ByName),
+        "bdev_raid_delete" => t!(bdev_raid_delete, RaidDelete),
         "bdev_raid_get_bdevs" => t!(bdev_raid_get_bdevs, GetRaids),
         "bdev_raid_add_base_bdev" => t!(bdev_raid_add_base_bdev, RaidAddBaseBdev),
         "bdev_raid_remove_base_bdev" => t!(bdev_raid_remove_base_bdev, ByName),

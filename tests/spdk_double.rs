@@ -347,7 +347,9 @@ async fn raid1_degraded_and_claims() {
         .await
         .expect_err("claimed member");
     assert!(e.is(ErrorKind::Busy));
-    c.bdev_raid_delete(&ByName::new("R")).await.expect("delete raid");
+    c.bdev_raid_delete(&talon::spdk::rpc::RaidDelete::new("R"))
+        .await
+        .expect("delete raid");
     assert!(!c.bdev("A").await.expect("A").expect("A").claimed);
 }
 

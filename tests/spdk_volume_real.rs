@@ -876,7 +876,14 @@ async fn real_spdk_snapshots_under_writes_are_one_point_in_time() {
     let mid = &names[SNAPSHOTS / 2];
     let inv = Inventory::load(&c).await.expect("inventory");
     let set = ops
-        .revert(&inv, &v, mid, 1, Some(&BTreeSet::from([0, 1])))
+        .revert(
+            &inv,
+            &v,
+            mid,
+            1,
+            Some(&BTreeSet::from([0, 1])),
+            plan.uses_superblock().then_some(plan.replicas),
+        )
         .await
         .expect("revert");
     assert_eq!(set, BTreeSet::from([0, 1]));

@@ -568,6 +568,7 @@ pub fn register(api: &mut ApiBuilder) {
                 from_snapshot: p.from_snapshot,
                 revert_to: None,
                 revert_generation: 0,
+                raid_superblock: replicas >= 2 && p.remote_replicas.is_empty() && p.serve_replica.is_none(),
                 remote_replicas: p.remote_replicas,
                 serve_replica: p.serve_replica,
                 replica_hosts: p.replica_hosts,
@@ -813,6 +814,8 @@ pub fn register(api: &mut ApiBuilder) {
             let src = live_volume(&ctx.state, &p.volume, &action)?;
             let sid = snapshot_id(&p.volume, &p.snapshot);
             live_snapshot(&ctx.state, &sid, &action)?;
+            // the clone keeps its source's layout (`raidSuperblock`): its
+            // replicas read the snapshot's data at the same offset
             let spec = Volume {
                 from_snapshot: Some(sid),
                 revert_to: None,

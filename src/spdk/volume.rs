@@ -36,9 +36,9 @@ use super::placement::{self, Blocked, DiskAway, Slot};
 use super::rpc::{
     AddNamespace, AllowAnyHost, AnaState, AttachController, Bdev, ByName, ByNqn, CreateSubsystem,
     CreateTransport, GetBdevs, GetControllers, GetLvols, GetRaids, GetSubsystems, GetTransports,
-    ListenAddress, ListenerAnaState, Lvol, LvolClone, LvolCreate, LvolResize, LvolSnapshot, Lvstore,
-    LvstoreSelector, NullCreate, RaidAddBaseBdev, RaidBdev, RaidCategory, RaidCreate, RaidLevel,
-    RemoveNamespace, Subsystem, SubsystemHostParams, SubsystemListener,
+    ListenAddress, ListenerAnaState, Lvol, LvolClone, LvolCreate, LvolResize, LvolSetParent, LvolSnapshot,
+    Lvstore, LvstoreSelector, NullCreate, RaidAddBaseBdev, RaidBdev, RaidCategory, RaidCreate, RaidDelete,
+    RaidLevel, RemoveNamespace, Subsystem, SubsystemHostParams, SubsystemListener,
 };
 use crate::names::{NQN_PREFIX, Nqn, ObjectName, volume_uuid};
 
@@ -162,6 +162,23 @@ pub enum VolumeError {
         waiting: Vec<String>,
         /// Replicas present but behind.
         stale: Vec<String>,
+    },
+    /// The raid's superblock names members that are not present: SPDK
+    /// holds the raid (state `configuring`) until they come, because the
+    /// newest superblock says they hold the newest data. Served again when
+    /// they come back; never served from the others alone.
+    #[error(
+        "volume {volume}: raid {raid} waits for the replicas its superblock names as up to date ({present} of {needed} present); it is served when they come back"
+    )]
+    RaidAssembling {
+        /// The volume.
+        volume: String,
+        /// The raid bdev.
+        raid: String,
+        /// Members present.
+        present: u32,
+        /// Members the superblock names.
+        needed: u32,
     },
     /// A name built from the volume is not acceptable to SPDK.
     #[error("volume {volume}: lvol name {lvol:?} is longer than SPDK's 63 characters")]
@@ -561,6 +578,22 @@ pub struct VolumePlan {
     /// Replicas kept by other talon nodes: replica `replicas + i` is served
     /// at `remote[i]` (address, NVMe/TCP port).
     pub remote: Vec<(IpAddr, u16)>,
+    /// The raid1 keeps a superblock on its members (volumes made since the
+    /// superblock layout; see [`superblock_room`]): each local replica lvol
+    /// is one superblock room larger than the volume, and SPDK records a
+    /// member that leaves on the others before I/O goes on. Ignored for a
+    /// volume of one replica (no raid) or with remote replicas.
+    pub superblock: bool,
+}
+
+/// The room a raid superblock takes at the start of an lvol member: SPDK
+/// puts the raid's data at 1 MiB rounded up to the member's optimal I/O
+/// boundary (`raid_bdev_configure_base_bdev`), which for an lvol is its
+/// lvstore's cluster (`vbdev_lvol.c`). One cluster for talon's lvstores
+/// (whole MiB clusters); allocated on a thin replica once, by the superblock.
+pub fn superblock_room(cluster_size: u64) -> u64 {
+    let c = cluster_size.max(1);
+    MIB.div_ceil(c) * c
 }
 
 /// What [`VolumeOps::snapshot`] took.
@@ -619,7 +652,13 @@ impl VolumePlan {
             export,
             in_sync: None,
             remote: Vec::new(),
+            superblock: replicas >= 2,
         }
+    }
+
+    /// Whether this volume's raid1 keeps a superblock (see `superblock`).
+    pub fn uses_superblock(&self) -> bool {
+        self.superblock && self.remote.is_empty() && self.replicas >= 2
     }
 }
 
@@ -679,7 +718,8 @@ struct SyncState {
 enum Made {
     Lvol(String),
     Null(String),
-    Raid(String),
+    /// A raid made by this call, and whether it has a superblock.
+    Raid(String, bool),
     Subsystem(String),
     Namespace(String),
     Listener(String, ListenAddress),
@@ -742,7 +782,17 @@ impl VolumeOps {
             let r = match &m {
                 Made::Lvol(a) => self.client.bdev_lvol_delete(&ByName::new(a)).await.map(|_| ()),
                 Made::Null(n) => ignore_missing(self.client.bdev_null_delete(&ByName::new(n))).await,
-                Made::Raid(n) => self.client.bdev_raid_delete(&ByName::new(n)).await.map(|_| ()),
+                // a superblock this call wrote goes with its raid: left on a
+                // member that stays, it would make SPDK refuse the next raid
+                // over it (a different raid's superblock)
+                Made::Raid(n, sb) => self
+                    .client
+                    .bdev_raid_delete(&RaidDelete {
+                        name: n.clone(),
+                        clear_sb: sb.then_some(true),
+                    })
+                    .await
+                    .map(|_| ()),
                 Made::Subsystem(n) => self
                     .client
                     .nvmf_delete_subsystem(&ByNqn { nqn: n.clone() })
@@ -792,6 +842,14 @@ impl VolumeOps {
     ) -> Result<VolumeInfo, VolumeError> {
         let vol = plan.name.as_str();
         let size_mib = plan.size_bytes.div_ceil(MIB).max(1);
+        let sb = plan.uses_superblock();
+        // a local replica's lvol: the volume, plus the superblock's room
+        let room = |disk: &str| match inv.lvstore(disk) {
+            Some(l) if sb => superblock_room(l.cluster_size),
+            None if sb => superblock_room(MIB),
+            _ => 0,
+        };
+        let lvol_mib = |disk: &str| size_mib + room(disk).div_ceil(MIB);
         // place replicas: one pure decision (spdk::placement)
         let mut existing = BTreeMap::new();
         for k in 0..plan.replicas {
@@ -861,8 +919,24 @@ impl VolumeOps {
             let name = naming::replica(vol, *k);
             let lvs = naming::lvstore(disk);
             let clone_from = source.filter(|_| clone_set.contains(k));
+            let mib = lvol_mib(disk);
             async move {
                 let r = match clone_from {
+                    // with a superblock: a fresh thin head of the snapshot's
+                    // size; the snapshot becomes its parent once the raid's
+                    // superblock is in the head's own first cluster (SPDK
+                    // refuses a member that shows another raid's superblock,
+                    // and a clone shows its snapshot's)
+                    Some((sv, ss)) if sb => {
+                        let snap = naming::snapshot_lvol(sv, *k, ss);
+                        let bytes = inv
+                            .find_lvol(&snap)
+                            .and_then(|l| inv.bdev_size(&l.uuid))
+                            .unwrap_or(0);
+                        self.client
+                            .bdev_lvol_create(&LvolCreate::thin(&lvs, &name, bytes / MIB))
+                            .await
+                    }
                     Some((sv, ss)) => {
                         let snap = format!("{lvs}/{}", naming::snapshot_lvol(sv, *k, ss));
                         self.client
@@ -874,7 +948,7 @@ impl VolumeOps {
                     }
                     None => {
                         self.client
-                            .bdev_lvol_create(&LvolCreate::thin(&lvs, &name, size_mib))
+                            .bdev_lvol_create(&LvolCreate::thin(&lvs, &name, mib))
                             .await
                     }
                 };
@@ -947,7 +1021,7 @@ impl VolumeOps {
                         .find_lvol(&naming::snapshot_lvol(sv, *k, ss))
                         .and_then(|l| inv.bdev_size(&l.uuid))
                         .unwrap_or(0),
-                    None => (size_mib * MIB).div_ceil(cluster) * cluster,
+                    None => (lvol_mib(disk) * MIB).div_ceil(cluster) * cluster,
                 },
             };
             replicas.push(ReplicaInfo {
@@ -1010,30 +1084,36 @@ impl VolumeOps {
         }
 
         // grow local replicas that are smaller than asked (expand), then the engine
-        // follows; a remote replica grows on its own node
-        let wanted = size_mib * MIB;
-        let grew = replicas.iter().any(|r| r.size_bytes < wanted);
-        let grow: Vec<_> = replicas
-            .iter()
-            .filter(|r| r.size_bytes < wanted && r.k < plan.replicas)
-            .collect();
-        if !grow.is_empty() {
-            try_join_all(grow.iter().map(|r| async {
-                self.client
-                    .bdev_lvol_resize(&LvolResize {
-                        name: r.alias.clone(),
-                        size_in_mib: size_mib,
-                    })
-                    .await
-                    .map_err(rpc(
-                        vol,
-                        format!("resizing replica {} to {size_mib} MiB", r.alias),
-                    ))
-            }))
-            .await?;
-            for r in replicas.iter_mut().filter(|r| r.k < plan.replicas) {
-                r.size_bytes = r.size_bytes.max(wanted);
+        // follows; a remote replica grows on its own node. A head that gets its
+        // snapshot as parent below keeps the snapshot's size until then (SPDK
+        // sets a parent of the same size only).
+        let local_room = |r: &ReplicaInfo| if r.k < plan.replicas { room(&r.disk) } else { 0 };
+        let wanted = |r: &ReplicaInfo| size_mib * MIB + local_room(r);
+        let orphan_heads: BTreeSet<usize> = if sb && plan.in_sync.is_none() {
+            match source {
+                Some(_) => replicas
+                    .iter()
+                    .filter(|r| clone_set.contains(&r.k))
+                    .filter(|r| !inv.lvols.get(&r.alias).is_some_and(|l| l.is_clone))
+                    .map(|r| r.k)
+                    .collect(),
+                None => BTreeSet::new(),
             }
+        } else {
+            BTreeSet::new()
+        };
+        let grew = replicas.iter().any(|r| r.size_bytes < wanted(r));
+        let grow: Vec<ReplicaInfo> = replicas
+            .iter()
+            .filter(|r| r.size_bytes < wanted(r) && r.k < plan.replicas && !orphan_heads.contains(&r.k))
+            .cloned()
+            .collect();
+        self.grow(vol, &grow, size_mib, &local_room).await?;
+        for r in replicas
+            .iter_mut()
+            .filter(|r| r.k < plan.replicas && !orphan_heads.contains(&r.k))
+        {
+            r.size_bytes = r.size_bytes.max(size_mib * MIB + room(&r.disk));
         }
 
         // engine: the lvol itself (one replica), or raid1 over the replicas that
@@ -1062,6 +1142,35 @@ impl VolumeOps {
         };
         let is_raid = device == naming::raid(vol);
 
+        // a clone with a superblock: its heads get their snapshots as parents
+        // now that the raid's superblock is in their own first cluster; then
+        // they grow to the volume's size. Before the first export only (no
+        // ledger yet): a head without a parent then can only be one made here,
+        // or by a run that stopped between the raid and this step.
+        if let Some((sv, ss)) = source.filter(|_| !orphan_heads.is_empty()) {
+            let mut grown = Vec::new();
+            for r in replicas.iter_mut().filter(|r| orphan_heads.contains(&r.k)) {
+                let Some(snap) = inv.find_lvol(&naming::snapshot_lvol(sv, r.k, ss)) else {
+                    continue;
+                };
+                self.client
+                    .bdev_lvol_set_parent(&LvolSetParent {
+                        lvol_name: r.alias.clone(),
+                        parent_name: snap.alias.clone(),
+                    })
+                    .await
+                    .map_err(rpc(
+                        vol,
+                        format!("making {} the parent of {}", snap.alias, r.alias),
+                    ))?;
+                if r.size_bytes < wanted(r) {
+                    grown.push(r.clone());
+                }
+                r.size_bytes = r.size_bytes.max(wanted(r));
+            }
+            self.grow(vol, &grown, size_mib, &local_room).await?;
+        }
+
         // export: namespace, listener, hosts
         self.export_ns(
             inv,
@@ -1075,8 +1184,12 @@ impl VolumeOps {
         .await?;
 
         // the size the host sees: looked up only when it may differ from the replicas'
-        let min_replica = replicas.iter().map(|r| r.size_bytes).min().unwrap_or(0);
-        let size_bytes = if is_raid && (grew || inv.raid(&device).is_none()) {
+        let min_replica = replicas
+            .iter()
+            .map(|r| r.size_bytes.saturating_sub(local_room(r)))
+            .min()
+            .unwrap_or(0);
+        let size_bytes = if is_raid && (grew || !orphan_heads.is_empty() || inv.raid(&device).is_none()) {
             match self
                 .client
                 .bdev(&device)
@@ -1119,6 +1232,29 @@ impl VolumeOps {
             stale: sync.stale,
             unplaced,
         })
+    }
+
+    /// Grows local replicas to the volume's `size_mib` plus their superblock
+    /// room, concurrently.
+    async fn grow(
+        &self,
+        vol: &str,
+        grow: &[ReplicaInfo],
+        size_mib: u64,
+        room: &(dyn Fn(&ReplicaInfo) -> u64 + Sync),
+    ) -> Result<(), VolumeError> {
+        try_join_all(grow.iter().map(|r| async move {
+            let mib = size_mib + room(r).div_ceil(MIB);
+            self.client
+                .bdev_lvol_resize(&LvolResize {
+                    name: r.alias.clone(),
+                    size_in_mib: mib,
+                })
+                .await
+                .map_err(rpc(vol, format!("resizing replica {} to {mib} MiB", r.alias)))
+        }))
+        .await
+        .map(|_| ())
     }
 
     /// Puts `device` as namespace 1 of the existing subsystem `nqn` (replacing
@@ -1232,6 +1368,16 @@ impl VolumeOps {
                 .map(|r| r.k)
         };
         let mut sync = SyncState::default();
+        // assembled by SPDK from a superblock that names members not here:
+        // what they hold is newer than what is here, so nothing is touched
+        if let Some(r) = inv.raid(&raid).filter(|r| r.state == "configuring") {
+            return Err(VolumeError::RaidAssembling {
+                volume: vol.to_owned(),
+                raid,
+                present: r.num_base_bdevs_discovered,
+                needed: r.num_base_bdevs_operational,
+            });
+        }
         let existing = inv.raid(&raid).filter(|r| {
             r.base_bdevs_list
                 .iter()
@@ -1263,7 +1409,7 @@ impl VolumeOps {
             None => {
                 if let Some(r) = inv.raid(&raid) {
                     // no replica of ours serves in it any more: made again below
-                    ignore_missing(self.client.bdev_raid_delete(&ByName::new(&r.name)))
+                    ignore_missing(self.client.bdev_raid_delete(&RaidDelete::new(&r.name)))
                         .await
                         .map_err(rpc(vol, format!("deleting raid {raid} that lost every replica")))?;
                 }
@@ -1283,53 +1429,18 @@ impl VolumeOps {
                         None => (4096, first.size_bytes / 4096),
                     },
                 };
-                let mut members = Vec::new();
-                let mut nulls = Vec::new();
-                for k in 0..plan.replicas + plan.remote.len() {
-                    match good.iter().find(|r| r.k == k) {
-                        Some(r) => members.push(r.bdev.clone()),
-                        None => {
-                            let n = format!("{NULL_PREFIX}{}", naming::replica(vol, k));
-                            if !inv.bdevs.contains_key(&n) {
-                                self.client
-                                    .bdev_null_create(&NullCreate {
-                                        name: n.clone(),
-                                        num_blocks,
-                                        block_size,
-                                    })
-                                    .await
-                                    .map_err(rpc(vol, format!("creating placeholder {n}")))?;
-                            }
-                            made.push(Made::Null(n.clone()));
-                            members.push(n.clone());
-                            nulls.push(n);
-                        }
-                    }
-                }
-                self.client
-                    .bdev_raid_create(&RaidCreate {
-                        name: raid.clone(),
-                        raid_level: RaidLevel::Raid1,
-                        base_bdevs: members,
-                        strip_size_kb: None,
-                        uuid: None,
-                        superblock: Some(false),
-                    })
-                    .await
-                    .map_err(rpc(vol, format!("creating raid1 {raid}")))?;
-                made.push(Made::Raid(raid.clone()));
-                for n in &nulls {
-                    self.client
-                        .bdev_raid_remove_base_bdev(&ByName::new(n))
-                        .await
-                        .map_err(rpc(
-                            vol,
-                            format!("emptying the slot of placeholder {n} in {raid}"),
-                        ))?;
-                    ignore_missing(self.client.bdev_null_delete(&ByName::new(n)))
-                        .await
-                        .map_err(rpc(vol, format!("deleting placeholder {n}")))?;
-                }
+                let members: Vec<Option<String>> = (0..plan.replicas + plan.remote.len())
+                    .map(|k| good.iter().find(|r| r.k == k).map(|r| r.bdev.clone()))
+                    .collect();
+                self.create_raid(
+                    inv,
+                    vol,
+                    &members,
+                    (block_size, num_blocks),
+                    plan.uses_superblock(),
+                    made,
+                )
+                .await?;
                 sync.in_sync = good.iter().map(|r| r.k).collect();
             }
         }
@@ -1366,6 +1477,71 @@ impl VolumeOps {
         }
         sync.stale.extend(behind.map(|r| r.k));
         Ok((raid, sync))
+    }
+
+    /// Creates raid1 `talon-raid-<vol>` over `members` (slot k: a bdev, or
+    /// `None` for a replica that joins later): a missing slot is held by a
+    /// `bdev_null` placeholder of the members' geometry while the raid is
+    /// made, then emptied (SPDK makes a raid1 of two or more bdevs only).
+    /// With `superblock`, SPDK writes the raid's superblock on the members.
+    async fn create_raid(
+        &self,
+        inv: &Inventory,
+        vol: &str,
+        members: &[Option<String>],
+        (block_size, num_blocks): (u32, u64),
+        superblock: bool,
+        made: &mut Vec<Made>,
+    ) -> Result<(), VolumeError> {
+        let raid = naming::raid(vol);
+        let mut bases = Vec::new();
+        let mut nulls = Vec::new();
+        for (k, m) in members.iter().enumerate() {
+            match m {
+                Some(b) => bases.push(b.clone()),
+                None => {
+                    let n = format!("{NULL_PREFIX}{}", naming::replica(vol, k));
+                    if !inv.bdevs.contains_key(&n) {
+                        self.client
+                            .bdev_null_create(&NullCreate {
+                                name: n.clone(),
+                                num_blocks,
+                                block_size,
+                            })
+                            .await
+                            .map_err(rpc(vol, format!("creating placeholder {n}")))?;
+                    }
+                    made.push(Made::Null(n.clone()));
+                    bases.push(n.clone());
+                    nulls.push(n);
+                }
+            }
+        }
+        self.client
+            .bdev_raid_create(&RaidCreate {
+                name: raid.clone(),
+                raid_level: RaidLevel::Raid1,
+                base_bdevs: bases,
+                strip_size_kb: None,
+                uuid: None,
+                superblock: Some(superblock),
+            })
+            .await
+            .map_err(rpc(vol, format!("creating raid1 {raid}")))?;
+        made.push(Made::Raid(raid.clone(), superblock));
+        for n in &nulls {
+            self.client
+                .bdev_raid_remove_base_bdev(&ByName::new(n))
+                .await
+                .map_err(rpc(
+                    vol,
+                    format!("emptying the slot of placeholder {n} in {raid}"),
+                ))?;
+            ignore_missing(self.client.bdev_null_delete(&ByName::new(n)))
+                .await
+                .map_err(rpc(vol, format!("deleting placeholder {n}")))?;
+        }
+        Ok(())
     }
 
     /// Keeps replica `k` of a volume whose engine runs on another node: the
@@ -1511,7 +1687,7 @@ impl VolumeOps {
         }
         let raid = naming::raid(v);
         if inv.raid(&raid).is_some() {
-            ignore_missing(self.client.bdev_raid_delete(&ByName::new(&raid)))
+            ignore_missing(self.client.bdev_raid_delete(&RaidDelete::new(&raid)))
                 .await
                 .map_err(rpc(v, format!("deleting raid {raid}")))?;
         }
@@ -1766,6 +1942,7 @@ impl VolumeOps {
         snap: &ObjectName,
         generation: u64,
         recorded: Option<&BTreeSet<usize>>,
+        superblock: Option<usize>,
     ) -> Result<BTreeSet<usize>, VolumeError> {
         let v = vol.as_str();
         let id = format!("{v}@{snap}");
@@ -1800,7 +1977,7 @@ impl VolumeOps {
         }
         let raid = naming::raid(v);
         if inv.raid(&raid).is_some() {
-            ignore_missing(self.client.bdev_raid_delete(&ByName::new(&raid)))
+            ignore_missing(self.client.bdev_raid_delete(&RaidDelete::new(&raid)))
                 .await
                 .map_err(rpc(&id, format!("deleting raid {raid} for revert")))?;
         }
@@ -1811,6 +1988,7 @@ impl VolumeOps {
                     .map_err(rpc(&id, format!("deleting head {} that has no {snap}", l.alias)))?;
             }
         }
+        let mut heads = BTreeMap::new();
         for (k, s) in &snaps {
             let head = naming::replica(v, *k);
             let alias = format!("{}/{head}", s.lvs.name);
@@ -1819,13 +1997,61 @@ impl VolumeOps {
                     .await
                     .map_err(rpc(&id, format!("deleting head {alias} for revert")))?;
             }
-            self.client
-                .bdev_lvol_clone(&LvolClone {
-                    snapshot_name: s.alias.clone(),
-                    clone_name: head,
-                })
+            let made = match superblock {
+                // a fresh head of the snapshot's size (a clone would show the
+                // old raid's superblock, and SPDK refuses it in a new raid)
+                Some(_) => {
+                    let bytes = inv.bdev_size(&s.uuid).unwrap_or(0);
+                    self.client
+                        .bdev_lvol_create(&LvolCreate::thin(&s.lvs.name, &head, bytes / MIB))
+                        .await
+                        .map_err(rpc(&id, format!("creating head {alias} for revert")))?
+                }
+                None => self
+                    .client
+                    .bdev_lvol_clone(&LvolClone {
+                        snapshot_name: s.alias.clone(),
+                        clone_name: head,
+                    })
+                    .await
+                    .map_err(rpc(&id, format!("cloning {} into {alias}", s.alias)))?,
+            };
+            heads.insert(*k, (alias, made));
+        }
+        if let Some(slots) = superblock {
+            // the raid over the fresh heads writes its superblock into their
+            // own first cluster; then the snapshots go under them. The marker
+            // below comes last: a stop before it makes the next start revert
+            // again from the beginning.
+            let first = &snaps[0].1;
+            let geometry = match inv.bdevs.get(&first.uuid) {
+                Some(b) => (b.block_size, b.num_blocks),
+                None => (4096, inv.bdev_size(&first.uuid).unwrap_or(0) / 4096),
+            };
+            let members: Vec<Option<String>> = (0..slots.max(2))
+                .map(|k| heads.get(&k).map(|(_, uuid)| uuid.clone()))
+                .collect();
+            let mut made = Vec::new();
+            self.create_raid(inv, v, &members, geometry, true, &mut made)
                 .await
-                .map_err(rpc(&id, format!("cloning {} into {alias}", s.alias)))?;
+                .map_err(|e| match e {
+                    VolumeError::Rpc { step, source, .. } => VolumeError::Rpc {
+                        volume: id.clone(),
+                        step,
+                        source,
+                    },
+                    e => e,
+                })?;
+            for (k, s) in &snaps {
+                let Some((alias, _)) = heads.get(k) else { continue };
+                self.client
+                    .bdev_lvol_set_parent(&LvolSetParent {
+                        lvol_name: alias.clone(),
+                        parent_name: s.alias.clone(),
+                    })
+                    .await
+                    .map_err(rpc(&id, format!("making {} the parent of {alias}", s.alias)))?;
+            }
         }
         let lvs = &snaps[0].1.lvs.name;
         let marker = naming::revert_marker(v, generation);
@@ -1863,7 +2089,7 @@ impl VolumeOps {
                 Owned::Subsystem(n) => {
                     ignore_missing(self.client.nvmf_delete_subsystem(&ByNqn { nqn: n.clone() })).await
                 }
-                Owned::Raid(n) => ignore_missing(self.client.bdev_raid_delete(&ByName::new(n))).await,
+                Owned::Raid(n) => ignore_missing(self.client.bdev_raid_delete(&RaidDelete::new(n))).await,
                 Owned::Null(n) => {
                     ignore_missing(self.client.typed::<_, bool>("bdev_null_delete", &ByName::new(n))).await
                 }
