@@ -953,7 +953,7 @@ async fn multi_replica_snapshots_are_one_point_in_time_and_reverts_never_mix_ins
 }
 
 /// SPDK v26.05 registers no `nvmf_subsystem_pause` / `_resume` RPC (they are
-/// C functions only; `shared/spdk/rpc-methods-v26.05.json`): the double
+/// C functions only; `tests/data/spdk/rpc-methods-v26.05.json`): the double
 /// refuses them as the real target does, so it can never hide that again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_double_refuses_nvmf_subsystem_pause_as_v26_05_does() {
@@ -969,17 +969,10 @@ async fn the_double_refuses_nvmf_subsystem_pause_as_v26_05_does() {
             .expect_err(m);
         assert!(e.is(talon::spdk::ErrorKind::MethodNotFound), "{m}: {e}");
     }
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let list = ["../shared/spdk", "../../shared/spdk"]
-        .iter()
-        .map(|d| root.join(d).join("rpc-methods-v26.05.json"))
-        .find_map(|f| std::fs::read_to_string(f).ok());
-    let Some(list) = list else {
-        eprintln!(
-            "SKIP the method-list half of this test: no shared/spdk/rpc-methods-v26.05.json beside the repo"
-        );
-        return;
-    };
+    let list = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/spdk/rpc-methods-v26.05.json"),
+    )
+    .expect("recorded method list");
     let methods: Vec<String> = serde_json::from_str(&list).expect("method list");
     for m in ["nvmf_subsystem_pause", "nvmf_subsystem_resume"] {
         assert!(!methods.iter().any(|x| x == m), "{m} in the real list");
