@@ -779,6 +779,17 @@ async fn real_spdk_snapshots_under_writes_are_one_point_in_time() {
     let info = ops.ensure(&inv, &plan).await.expect("volume");
     assert_eq!(info.in_sync, BTreeSet::from([0, 1]));
     let nqn = Nqn::for_volume(&v).as_str().to_owned();
+    // the raid's data starts after its superblock's room on each member
+    let inv = Inventory::load(&c).await.expect("inventory");
+    let raid = inv.raid("talon-raid-pit").expect("raid");
+    assert!(raid.superblock, "a new 2-replica volume has a superblock");
+    let room = (raid.base_bdevs_list[0].data_offset * 4096) as usize;
+    assert!(
+        raid.base_bdevs_list
+            .iter()
+            .all(|b| b.data_offset * 4096 == room as u64),
+        "{raid:?}"
+    );
 
     let writer = {
         let (spdk, nqn) = (spdk.clone(), nqn.clone());
@@ -848,8 +859,9 @@ async fn real_spdk_snapshots_under_writes_are_one_point_in_time() {
                 .uuid
                 .clone()
         };
-        let a = read_bdev(&c, &spdk, dir.path(), read_port, &lvol(0), LEN).await;
-        let b = read_bdev(&c, &spdk, dir.path(), read_port, &lvol(1), LEN).await;
+        // whole snapshot lvols: the superblock's room, then the volume's data
+        let a = read_bdev(&c, &spdk, dir.path(), read_port, &lvol(0), room + LEN).await;
+        let b = read_bdev(&c, &spdk, dir.path(), read_port, &lvol(1), room + LEN).await;
         if let Some(block) = a.chunks(4096).zip(b.chunks(4096)).position(|(x, y)| x != y) {
             panic!("snapshot {s} ({i}): r0 and r1 differ first at block {block}");
         }
@@ -857,7 +869,7 @@ async fn real_spdk_snapshots_under_writes_are_one_point_in_time() {
             moved += 1;
         }
         if i == SNAPSHOTS / 2 {
-            s0_data = Some(a.clone());
+            s0_data = Some(a[room..].to_vec());
         }
         previous = Some(a);
     }

@@ -17,6 +17,8 @@ pub mod double;
 #[cfg(feature = "spdk-embedded")]
 pub mod embedded;
 pub mod error;
+pub mod inventory;
+pub mod naming;
 pub mod rpc;
 pub mod target;
 
