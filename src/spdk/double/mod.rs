@@ -2,8 +2,11 @@
 //! a Unix socket. It is not SPDK: it moves no data. It stands in where a real
 //! spdk_tgt cannot run (controller tests of the V2 engine, rollback tests)
 //! and keeps the semantics recorded from spdk_tgt v26.05 in
-//! `shared/spdk/transcript-v26.05.jsonl`: names and aliases, claims, error
-//! codes and messages, framing.
+//! `tests/data/spdk/transcript-v26.05.jsonl`: names and aliases, claims, error
+//! codes and messages, framing. It answers only methods a real v26.05 target
+//! registers (`tests/data/spdk/rpc-methods-v26.05.json`; a test holds it to
+//! that list), each family in its own file: `bdev`, `lvol`, `raid`, `nvmf`,
+//! `iscsi`.
 //!
 //! ```text
 //!  SpdkClient ──Unix socket──> accept loop ──> connection task
@@ -46,7 +49,13 @@
 //!
 //! [`SpdkDouble::restart`] emulates a target restart: connections drop,
 //! in-memory objects vanish, lvstores on AIO files come back when the same
-//! file is attached again (examine), as on a real target.
+//! file is attached again (examine), as on a real target. Raids made with a
+//! superblock keep it on their lvol members (snapshots and clones show their
+//! parent's): a member that leaves is recorded on the others, a rebuilt one
+//! when its rebuild ends, and examine assembles the raid from the newest
+//! superblock present (`configuring` while an active member is missing), as
+//! SPDK's raid module does; a raid over a bdev that shows another raid's
+//! superblock is refused (-17).
 
 use std::collections::{BTreeMap, HashMap};
 use std::io;
