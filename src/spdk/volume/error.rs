@@ -30,7 +30,7 @@ pub enum VolumeError {
         #[source]
         source: Box<ClientError>,
     },
-    /// Replicas cannot be placed on distinct ready disks (see [`placement`]).
+    /// Replicas cannot be placed on distinct ready disks (see [`crate::spdk::placement`]).
     #[error("volume {volume}: {reason}")]
     NoPlacement {
         /// The volume.
