@@ -568,7 +568,10 @@ pub fn register(api: &mut ApiBuilder) {
                 from_snapshot: p.from_snapshot,
                 revert_to: None,
                 revert_generation: 0,
-                raid_superblock: replicas >= 2 && p.remote_replicas.is_empty() && p.serve_replica.is_none(),
+                // a raid of two or more members keeps a superblock; a served
+                // replica has room for its engine's
+                raid_superblock: replicas as usize + p.remote_replicas.len() >= 2
+                    || p.serve_replica.is_some(),
                 remote_replicas: p.remote_replicas,
                 serve_replica: p.serve_replica,
                 replica_hosts: p.replica_hosts,

@@ -200,7 +200,8 @@ pub struct Volume {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub replica_hosts: Vec<String>,
     /// The V2 raid1 keeps a superblock on its replicas (set for every
-    /// volume of two or more local replicas made since the superblock layout):
+    /// volume of two or more replicas, local or remote, made since the
+    /// superblock layout; on a served replica: room for its engine's):
     /// SPDK records there a replica that leaves before I/O goes on, so a
     /// replica that missed writes is never trusted after a crash. Replica
     /// lvols are one lvstore cluster larger than the volume. Volumes made

@@ -220,10 +220,9 @@ impl SpdkVolumeController {
         let mut message = String::new();
         let mut in_sync = job.in_sync.clone();
         let replicas = job.spec.replicas.max(1) as usize;
-        let superblock = job.spec.raid_superblock
-            && job.spec.remote_replicas.is_empty()
-            && job.spec.serve_replica.is_none()
-            && replicas >= 2;
+        // the raid's superblock, or (a served replica) room for the engine's
+        let slots = replicas + job.spec.remote_replicas.len();
+        let superblock = job.spec.raid_superblock && (slots >= 2 || job.spec.serve_replica.is_some());
         // revert: once per generation, recorded in SPDK with the data
         let mut reloaded = None;
         if let Some(target) = &job.spec.revert_to
@@ -241,7 +240,7 @@ impl SpdkVolumeController {
                     &snap,
                     job.spec.revert_generation,
                     job.snapshot_set.as_ref(),
-                    superblock.then_some(replicas),
+                    superblock.then_some(slots),
                 )
                 .await
             {

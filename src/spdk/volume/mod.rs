@@ -32,7 +32,7 @@ use futures::future::{join_all, try_join_all};
 
 use super::client::{ClientError, SpdkClient};
 use super::error::ErrorKind;
-use super::placement::{self, Blocked, Slot};
+use super::placement::Blocked;
 use super::rpc::{
     AddNamespace, AllowAnyHost, AnaState, AttachController, ByName, ByNqn, CreateSubsystem, CreateTransport,
     GetTransports, ListenAddress, ListenerAnaState, Lvol, LvolClone, LvolCreate, LvolResize, LvolSetParent,
@@ -51,7 +51,7 @@ pub use super::naming::{
 };
 pub use error::VolumeError;
 pub use plan::{ExportSpec, VolumePlan, point_in_time_set, superblock_room};
-use plan::{Make, check_len, ready_disks};
+use plan::{Make, check_len};
 const MIB: u64 = 1 << 20;
 
 /// A failed `nvmf_subsystem_add_listener`: named [`VolumeError::PortInUse`]
@@ -451,7 +451,10 @@ impl VolumeOps {
         // snapshot as parent below keeps the snapshot's size until then (SPDK
         // sets a parent of the same size only).
         let room_of: BTreeMap<usize, u64> = local.replicas.iter().map(|r| (r.k, r.room)).collect();
-        let local_room = |r: &ReplicaInfo| room_of.get(&r.k).copied().unwrap_or(0);
+        // a remote member's room is at least SPDK's minimum data offset (1 MiB;
+        // its NVMe bdev's optimal I/O boundary may round it up)
+        let remote_room = if plan.uses_superblock() { MIB } else { 0 };
+        let local_room = |r: &ReplicaInfo| room_of.get(&r.k).copied().unwrap_or(remote_room);
         let wanted = |r: &ReplicaInfo| size_mib * MIB + local_room(r);
         let orphan_heads: BTreeSet<usize> = local.parents.keys().copied().collect();
         let grew = replicas.iter().any(|r| r.size_bytes < wanted(r));
@@ -930,7 +933,6 @@ impl VolumeOps {
         let vol = plan.name.as_str();
         let name = naming::replica(vol, k);
         check_len(vol, &name)?;
-        let size_mib = plan.size_bytes.div_ceil(MIB).max(1);
         let nqn = Nqn::for_replica(&plan.name, &format!("r{k}")).map_err(|source| VolumeError::BadName {
             volume: vol.to_owned(),
             source,
@@ -947,68 +949,71 @@ impl VolumeOps {
             stale: Vec::new(),
             unplaced: None,
         };
-        let (disk, alias, bdev, size, allocated) = match inv.find_lvol(&name) {
-            Some(l) => {
-                let disk = l.lvs.name.trim_start_matches(LVS_PREFIX).to_owned();
-                let cs = inv.lvstore(&disk).map(|s| s.cluster_size).unwrap_or(MIB);
-                let size = inv.bdev_size(&l.uuid).unwrap_or(0);
-                (
-                    disk,
-                    l.alias.clone(),
-                    l.uuid.clone(),
-                    size,
-                    l.num_allocated_clusters * cs,
-                )
-            }
-            None => {
-                let ready = ready_disks(inv, plan);
-                let decided = placement::place(&placement::Request {
-                    wanted: &[k],
-                    listed: &plan.disks,
-                    ready: &ready,
-                    away: &plan.disk_away,
-                    existing: &BTreeMap::new(),
-                    placed: &plan.placed,
-                    clone_of: None,
-                });
-                let disk = match decided.slots.get(&k) {
-                    Some(Slot::WaitFor(d)) => {
-                        info.waiting.push((k, d.clone()));
-                        return Ok(info);
-                    }
-                    Some(Slot::Create(d) | Slot::Exists(d)) => d.clone(),
-                    Some(Slot::Unplaced) | None => {
-                        let b = decided.blocked.unwrap_or_else(|| Blocked {
-                            replicas: vec![k],
-                            reason: format!("replica r{k} has no disk"),
-                            disk_failed: false,
-                        });
-                        return Err(no_placement(vol, &b));
-                    }
+        // the lvol: the same pure plan as the engine's replicas, for k alone
+        let lp = plan::local_for(inv, plan, &[k], plan.superblock)?;
+        if let Some(w) = lp.waiting.first() {
+            info.waiting.push(w.clone());
+            return Ok(info);
+        }
+        let Some(r) = lp.replicas.iter().find(|r| r.k == k) else {
+            let b = lp.unplaced.unwrap_or_else(|| Blocked {
+                replicas: vec![k],
+                reason: format!("replica r{k} has no disk"),
+                disk_failed: false,
+            });
+            return Err(no_placement(vol, &b));
+        };
+        let (disk, alias) = (r.disk.clone(), r.alias.clone());
+        let cluster = inv.lvstore(&disk).map_or(MIB, |s| s.cluster_size);
+        let (bdev, allocated) = match (&r.make, inv.lvols.get(&alias)) {
+            (None, Some(l)) => (l.uuid.clone(), l.num_allocated_clusters * cluster),
+            (_, _) => {
+                let mib = match &r.make {
+                    Some(Make::Thin { mib }) => *mib,
+                    _ => lp.wanted[&k].div_ceil(MIB),
                 };
                 let lvs = naming::lvstore(&disk);
                 let uuid = self
                     .client
-                    .bdev_lvol_create(&LvolCreate::thin(&lvs, &name, size_mib))
+                    .bdev_lvol_create(&LvolCreate::thin(&lvs, &name, mib))
                     .await
-                    .map_err(rpc(vol, format!("creating replica lvol {lvs}/{name}")))?;
-                let alias = format!("{lvs}/{name}");
+                    .map_err(rpc(vol, format!("creating replica lvol {alias}")))?;
                 made.push(Made::Lvol(alias.clone()));
-                (disk, alias, uuid, size_mib * MIB, 0)
+                (uuid, 0)
             }
         };
-        let size = if size < size_mib * MIB {
+        let want = lp.wanted[&k];
+        let size = if r.size_bytes < want {
+            let mib = want.div_ceil(MIB);
             self.client
                 .bdev_lvol_resize(&LvolResize {
                     name: alias.clone(),
-                    size_in_mib: size_mib,
+                    size_in_mib: mib,
                 })
                 .await
-                .map_err(rpc(vol, format!("resizing replica {alias} to {size_mib} MiB")))?;
-            size_mib * MIB
+                .map_err(rpc(vol, format!("resizing replica {alias} to {mib} MiB")))?;
+            want
         } else {
-            size
+            r.size_bytes
         };
+        // the engine's raid superblock is in this lvol: SPDK's examine (this
+        // target restarted) made a `configuring` raid of it here, which claims
+        // it. That raid is the engine node's, not this one's: it goes, and the
+        // superblock stays for the engine
+        let raid = naming::raid(vol);
+        if inv.raid(&raid).is_some_and(|r| {
+            r.state == "configuring"
+                && r.base_bdevs_list
+                    .iter()
+                    .any(|b| b.name.as_deref() == Some(bdev.as_str()))
+        }) {
+            ignore_missing(self.client.bdev_raid_delete(&RaidDelete::new(&raid)))
+                .await
+                .map_err(rpc(
+                    vol,
+                    format!("releasing {alias} from the raid {raid} its superblock made here"),
+                ))?;
+        }
         let id = uuid::Uuid::new_v5(&volume_uuid(&plan.name), format!("r{k}").as_bytes());
         self.export_replica_in(inv, vol, &nqn, &bdev, id, &plan.export, made)
             .await?;

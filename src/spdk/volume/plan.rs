@@ -66,7 +66,8 @@ pub struct VolumePlan {
     /// superblock layout; see [`superblock_room`]): each local replica lvol
     /// is one superblock room larger than the volume, and SPDK records a
     /// member that leaves on the others before I/O goes on. Ignored for a
-    /// volume of one replica (no raid) or with remote replicas.
+    /// volume of one replica (no raid). A node that serves a replica for an
+    /// engine elsewhere gives it the room when this is set.
     pub superblock: bool,
 }
 
@@ -132,13 +133,13 @@ impl VolumePlan {
 
     /// Whether this volume's raid1 keeps a superblock (see `superblock`).
     pub fn uses_superblock(&self) -> bool {
-        self.superblock && self.remote.is_empty() && self.replicas >= 2
+        self.superblock && self.replicas + self.remote.len() >= 2
     }
 }
 
 /// Disks with a talon lvstore (free bytes), less those the plan says are away
 /// (being removed).
-pub(super) fn ready_disks(inv: &Inventory, plan: &VolumePlan) -> BTreeMap<String, u64> {
+fn ready_disks(inv: &Inventory, plan: &VolumePlan) -> BTreeMap<String, u64> {
     inv.disks()
         .into_iter()
         .filter(|(d, _)| !plan.disk_away.contains_key(d))
@@ -231,15 +232,28 @@ pub fn size_mib(plan: &VolumePlan) -> u64 {
 
 /// Decides the local replicas of `plan` against `inv`: no RPC.
 pub fn local(inv: &Inventory, plan: &VolumePlan) -> Result<LocalPlan, VolumeError> {
+    let ks: Vec<usize> = (0..plan.replicas).collect();
+    local_for(inv, plan, &ks, plan.uses_superblock())
+}
+
+/// [`local`] for replicas `ks` only, with `superblock` room or not: what a
+/// node that serves replica k of a volume whose engine is elsewhere keeps
+/// (the engine's raid puts its superblock in the replica's first MiB).
+pub fn local_for(
+    inv: &Inventory,
+    plan: &VolumePlan,
+    ks: &[usize],
+    superblock: bool,
+) -> Result<LocalPlan, VolumeError> {
     let vol = plan.name.as_str();
     let mib = size_mib(plan);
-    let sb = plan.uses_superblock();
+    let sb = superblock;
     let cluster = |disk: &str| inv.lvstore(disk).map_or(MIB, |l| l.cluster_size.max(1));
     let room = |disk: &str| if sb { superblock_room(cluster(disk)) } else { 0 };
     let whole = |bytes: u64, disk: &str| bytes.div_ceil(cluster(disk)) * cluster(disk);
     let lvol_mib = |disk: &str| mib + room(disk).div_ceil(MIB);
     let mut existing = BTreeMap::new();
-    for k in 0..plan.replicas {
+    for &k in ks {
         let name = naming::replica(vol, k);
         check_len(vol, &name)?;
         if let Some(l) = inv.find_lvol(&name) {
@@ -260,7 +274,8 @@ pub fn local(inv: &Inventory, plan: &VolumePlan) -> Result<LocalPlan, VolumeErro
         inv.find_lvol(&naming::snapshot_lvol(sv, k, ss))
     };
     let clone_of: Option<BTreeMap<usize, String>> = source.map(|_| {
-        (0..plan.replicas)
+        ks.iter()
+            .copied()
             .filter_map(|k| {
                 Some((
                     k,
@@ -270,9 +285,8 @@ pub fn local(inv: &Inventory, plan: &VolumePlan) -> Result<LocalPlan, VolumeErro
             .collect()
     });
     let ready = ready_disks(inv, plan);
-    let wanted_ks: Vec<usize> = (0..plan.replicas).collect();
     let decided = placement::place(&placement::Request {
-        wanted: &wanted_ks,
+        wanted: ks,
         listed: &plan.disks,
         ready: &ready,
         away: &plan.disk_away,
@@ -281,6 +295,7 @@ pub fn local(inv: &Inventory, plan: &VolumePlan) -> Result<LocalPlan, VolumeErro
         clone_of: clone_of.as_ref(),
     });
     if let Some((sv, ss)) = source
+        && ks.contains(&0)
         && !decided.slots.contains_key(&0)
     {
         return Err(VolumeError::SnapshotMissing {
