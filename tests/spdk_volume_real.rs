@@ -419,7 +419,10 @@ fn dd_as(
     hostnqn: &str,
 ) -> std::process::Output {
     let conf = dir.join("dd.json");
+    // no examine in spdk_dd: a replica carries its raid's superblock, and
+    // spdk_dd's own raid module would claim it
     let cfg = json!({"subsystems": [{"subsystem": "bdev", "config": [{
+        "method": "bdev_set_options", "params": {"bdev_auto_examine": false}}, {
         "method": "bdev_nvme_attach_controller",
         "params": {"name": "dd", "trtype": "tcp", "adrfam": "ipv4", "traddr": "127.0.0.1",
                    "trsvcid": port.to_string(), "subnqn": nqn, "hostnqn": hostnqn}}]}]});
@@ -614,6 +617,7 @@ async fn real_spdk_remote_replica_on_another_target() {
     let mut served = volume(32 * MIB, 1);
     served.serve_replica = Some(1);
     served.replica_hosts = vec![node_nqn(pa)];
+    served.raid_superblock = true;
     rtb.state.create_typed("rv", "", &served).expect("served");
     let replica_nqn = ready(&rtb.state, "rv").await.exports[0].name.clone();
     let mut engine_vol = volume(32 * MIB, 1);
@@ -621,17 +625,26 @@ async fn real_spdk_remote_replica_on_another_target() {
         address: "127.0.0.1".into(),
         port: pb,
     }];
+    engine_vol.raid_superblock = true;
     rta.state.create_typed("rv", "", &engine_vol).expect("engine");
     let st = ready(&rta.state, "rv").await;
     assert_eq!(st.device, "talon-raid-rv");
     assert_eq!(ledger(&rta.state, "rv"), Some(vec![0, 1]));
+    let inv = Inventory::load(&ca).await.expect("inventory");
+    let raid = inv.raid("talon-raid-rv").expect("raid");
+    assert!(raid.superblock, "{raid:?}");
+    // where the raid's data starts on B's replica (its NVMe bdev here)
+    let remote_room = raid
+        .base_bdevs_list
+        .iter()
+        .find(|b| b.name.as_deref().is_some_and(|n| n.starts_with("talon-remote-")))
+        .map(|b| (b.data_offset * 4096) as usize)
+        .expect("remote member");
 
     let data = pattern(0x5a, LEN);
     dd(&spdk, da.path(), pa, &st.exports[0].name, Some(&data), LEN);
-    assert!(
-        dd(&spdk, db.path(), pb, &replica_nqn, None, LEN) == data,
-        "B's replica holds what was written through A"
-    );
+    let read_b = || dd(&spdk, db.path(), pb, &replica_nqn, None, remote_room + LEN)[remote_room..].to_vec();
+    assert!(read_b() == data, "B's replica holds what was written through A");
     let out = spdk_perf::report(&spdk, pa, &st.exports[0].name, "randrw -M 50", 1);
     assert!(spdk_perf::total_iops(&out) > 0.0, "{out}");
 
@@ -668,6 +681,50 @@ async fn real_spdk_remote_replica_on_another_target() {
     let mut want = [a_nqn.as_str(), spdk_perf::HOST_NQN];
     want.sort_unstable();
     assert_eq!(hosts, want);
+
+    // B's target dies and comes back: its examine finds A's raid superblock
+    // in the replica and makes a `configuring` raid of it there; talon
+    // releases the replica and exports it again, A takes it back by a rebuild
+    let mut tb = tb;
+    if let Some(pid) = tb.pid() {
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL)
+            .expect("kill -9 B");
+    }
+    let _ = tb.wait_exit().await;
+    // a write fails on B's side: the raid drops it and goes on with A's
+    let more = pattern(0x77, LEN);
+    dd(&spdk, da.path(), pa, &st.exports[0].name, Some(&more), LEN);
+    ledger_becomes(&rta.state, "rv", &[0], "B's replica out of A's ledger").await;
+    let tb = Target::start(&cfg_b).await.expect("restart B");
+    let _reap_b = Reaper(tb.pid());
+    attach_disks(&cb, db.path(), &["db"], false).await;
+    rtb.state
+        .update_typed(SPDK_STATUS_ID, "", None, &target_status(1))
+        .expect("B restarts");
+    ready(&rtb.state, "rv").await;
+    ledger_becomes(&rta.state, "rv", &[0, 1], "B's replica rebuilt").await;
+    assert!(read_b() == more, "B's replica was rebuilt with what it missed");
+
+    // A's target dies and comes back: its raid waits for B's replica (the
+    // superblock names it) until talon attaches it, then serves both
+    let mut ta = ta;
+    if let Some(pid) = ta.pid() {
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL)
+            .expect("kill -9 A");
+    }
+    let _ = ta.wait_exit().await;
+    let ta = Target::start(&cfg_a).await.expect("restart A");
+    let _reap_a = Reaper(ta.pid());
+    attach_disks(&ca, da.path(), &["da"], false).await;
+    rta.state
+        .update_typed(SPDK_STATUS_ID, "", None, &target_status(1))
+        .expect("A restarts");
+    let st = ready(&rta.state, "rv").await;
+    assert_eq!(ledger(&rta.state, "rv"), Some(vec![0, 1]));
+    assert!(
+        dd(&spdk, da.path(), pa, &st.exports[0].name, None, LEN) == more,
+        "A serves what was written before its target died"
+    );
 
     rta.state
         .destroy("config", "Volume", "rv", "")
