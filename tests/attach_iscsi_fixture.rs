@@ -256,6 +256,7 @@ fn target(iqn: &str) -> IscsiTarget {
         iqn: Iqn::parse(iqn).expect("iqn"),
         lun: 1,
         initiator: None,
+        chap: None,
     }
 }
 

@@ -243,6 +243,7 @@ fn run_attach_iscsi(a: IscsiAttachArgs) -> Result<(), super::CliError> {
         iqn,
         lun: a.lun,
         initiator,
+        chap: None,
     };
     let at = iscsi::attach_host(&HostRoot::real(), &volume, &target, &opts)?;
     println!(

@@ -158,11 +158,9 @@ impl fmt::Display for ChapUser {
 
 /// A CHAP secret: 12 to 255 printable ASCII characters without spaces (RFC 3720
 /// asks for at least 12 bytes; open-iscsi rejects shorter ones). Its `Debug`
-/// hides the value, and errors never contain it. tgtadm takes it as an argv
-/// element, so while tgtadm runs it is visible in `/proc/<pid>/cmdline` to
-/// every local user (the file is world-readable unless /proc is mounted with
-/// `hidepid=2`; checked: user nobody reads a root process's argv here). That
-/// is why no configuration enables CHAP yet (docs/security.md).
+/// hides the value, and errors never contain it. It never reaches tgtadm's
+/// argv (visible in `/proc/<pid>/cmdline` to every local user): talon sends
+/// it to tgtd over the control socket ([`TgtAdm::new_account`]).
 #[derive(Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(try_from = "String", into = "String")]
 pub struct ChapSecret(String);
@@ -464,13 +462,23 @@ impl TgtAdm {
             .map(drop)
     }
 
-    /// Creates a CHAP account (global in tgtd).
+    /// Creates a CHAP account (global in tgtd). Not through tgtadm: its argv
+    /// would show the secret to every local user; talon sends the request on
+    /// tgtd's control socket itself ([`super::ipc`]).
     pub fn new_account(&self, user: &ChapUser, secret: &ChapSecret) -> Result<(), AdminError> {
-        let mut a = args(&["--op", "new", "--mode", "account", "--user"]);
-        a.push(user.as_str().into());
-        a.push("--password".into());
-        a.push(secret.expose().into());
-        self.run(|| format!("create CHAP account {user}"), a).map(drop)
+        let mut params = format!("user={},password={}", user.as_str(), secret.expose()).into_bytes();
+        let done = super::ipc::request(
+            &self.socket,
+            super::ipc::MODE_ACCOUNT,
+            super::ipc::OP_NEW,
+            0,
+            &params,
+        );
+        params.iter_mut().for_each(|b| *b = 0);
+        done.map(drop).map_err(|e| AdminError::Failed {
+            action: format!("create CHAP account {user}"),
+            message: crate::runtime::runner::error_chain(&e),
+        })
     }
 
     /// Deletes a CHAP account.
@@ -519,6 +527,23 @@ impl TgtAdm {
         }
         self.run(|| format!("unbind CHAP account {user} from target {tid}"), a)
             .map(drop)
+    }
+
+    /// Closes one connection of a session (the nexus id is tgtd's session id,
+    /// the TSIH): the initiator sees its TCP connection end and must log in
+    /// again, which the ACL and CHAP then decide.
+    pub fn close_connection(&self, tid: Tid, nexus: u64, cid: u32) -> Result<(), AdminError> {
+        let mut a = args(&["--op", "delete", "--mode", "connection", "--tid"]);
+        a.push(tid.to_string().into());
+        a.push("--sid".into());
+        a.push(nexus.to_string().into());
+        a.push("--cid".into());
+        a.push(cid.to_string().into());
+        self.run(
+            || format!("close connection {cid} of session {nexus} on target {tid}"),
+            a,
+        )
+        .map(drop)
     }
 
     /// Asks tgtd to exit (it refuses while targets exist; tgtd ignores SIGTERM).

@@ -135,7 +135,8 @@ pub struct ChapCredentials {
 pub struct ExportOptions {
     /// Allowed initiators; empty allows nobody (tgtd's default).
     pub initiators: Vec<InitiatorAcl>,
-    /// Optional CHAP.
+    /// CHAP the initiators must pass (incoming). The account must exist in
+    /// tgtd ([`ensure_chap_account`]); exports bind it to their target.
     pub chap: Option<ChapCredentials>,
 }
 
@@ -747,8 +748,10 @@ fn sync_acl(admin: &TgtAdm, t: &TargetInfo, opts: &ExportOptions) -> Result<(), 
             }
         }
     }
-    if let Some(chap) = &opts.chap {
-        set_chap(admin, t.tid, chap)?;
+    if let Some(chap) = &opts.chap
+        && !t.accounts.iter().any(|a| a == chap.user.as_str())
+    {
+        admin.bind_account(t.tid, &chap.user, false)?;
     }
     for shown in &t.accounts {
         let wanted = opts.chap.as_ref().is_some_and(|c| c.user.as_str() == shown);
@@ -756,7 +759,60 @@ fn sync_acl(admin: &TgtAdm, t: &TargetInfo, opts: &ExportOptions) -> Result<(), 
             admin.unbind_account(t.tid, &user, shown.ends_with(" (outgoing)"))?;
         }
     }
+    // tgtd checks the ACL at login only: a session of an initiator the ACL no longer
+    // admits (its Attachment deleted, allowedHosts changed) is cut here, and its
+    // next login is refused
+    for n in t.nexuses.iter().filter(|n| !admitted(opts, n)) {
+        tracing::info!(tid = t.tid, session = %n, "closing a session the ACL no longer admits");
+        for c in &n.connections {
+            match admin.close_connection(t.tid, n.id, c.cid) {
+                Ok(()) => {}
+                // gone meanwhile (the initiator logged out)
+                Err(AdminError::Failed { message, .. })
+                    if message.contains("can't find the session")
+                        || message.contains("can't find the connection") => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
     Ok(())
+}
+
+/// Whether the ACL of `opts` admits a logged-in session: by its initiator
+/// name, or by the address of every one of its connections.
+fn admitted(opts: &ExportOptions, n: &Nexus) -> bool {
+    let by_address = |acl: &InitiatorAcl, addr: &str| -> bool {
+        let Ok(ip) = addr.parse::<std::net::IpAddr>() else {
+            return false;
+        };
+        match acl {
+            InitiatorAcl::All => true,
+            InitiatorAcl::Address(a) => *a == ip,
+            InitiatorAcl::Subnet { address, prefix } => in_subnet(ip, *address, *prefix),
+            InitiatorAcl::Name(_) => false,
+        }
+    };
+    opts.initiators.iter().any(|acl| match acl {
+        InitiatorAcl::Name(iqn) => iqn.as_str() == n.initiator,
+        other => {
+            !n.connections.is_empty() && n.connections.iter().all(|c| by_address(other, &c.address))
+        }
+    })
+}
+
+fn in_subnet(ip: std::net::IpAddr, net: std::net::IpAddr, prefix: u8) -> bool {
+    use std::net::IpAddr::{V4, V6};
+    match (ip, net) {
+        (V4(a), V4(b)) => {
+            let mask = u32::MAX.checked_shl(32 - u32::from(prefix.min(32))).unwrap_or(0);
+            u32::from(a) & mask == u32::from(b) & mask
+        }
+        (V6(a), V6(b)) => {
+            let mask = u128::MAX.checked_shl(128 - u32::from(prefix.min(128))).unwrap_or(0);
+            u128::from(a) & mask == u128::from(b) & mask
+        }
+        _ => false,
+    }
 }
 
 /// An ACL entry as tgtd shows it, back as an [`InitiatorAcl`].
@@ -775,13 +831,25 @@ fn parse_acl(shown: &str) -> Option<InitiatorAcl> {
     Iqn::parse(shown).ok().map(InitiatorAcl::Name)
 }
 
-/// (Re)creates the CHAP account with this secret and binds it to the target.
+/// Binds the CHAP account (made by [`ensure_chap_account`]) to a new target.
 fn set_chap(admin: &TgtAdm, tid: Tid, chap: &ChapCredentials) -> Result<(), AdminError> {
+    admin.bind_account(tid, &chap.user, false)
+}
+
+/// Makes tgtd hold the CHAP account of `chap` (tgtd accounts are global; an
+/// export with `ExportOptions.chap` binds it). tgtd cannot show a secret or
+/// change one: with `replace` an existing account is deleted and made again
+/// with this secret, which unbinds it from every target (the exports bind it
+/// again); without, an existing account is kept as it is. The secret goes to
+/// tgtd over its control socket, never in an argv.
+pub fn ensure_chap_account(admin: &TgtAdm, chap: &ChapCredentials, replace: bool) -> Result<(), AdminError> {
     if admin.accounts()?.iter().any(|a| a == chap.user.as_str()) {
+        if !replace {
+            return Ok(());
+        }
         admin.delete_account(&chap.user)?;
     }
-    admin.new_account(&chap.user, &chap.secret)?;
-    admin.bind_account(tid, &chap.user, false)
+    admin.new_account(&chap.user, &chap.secret)
 }
 
 fn img_names(dir: &Path) -> Result<Vec<String>, VolumeError> {

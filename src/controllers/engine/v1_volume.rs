@@ -26,7 +26,8 @@ use crate::resources::engine::{Engine, EngineStatus, Export, ObjectState, Snapsh
 use crate::resources::frontend::Attachment;
 use crate::runtime::{Controller, ControllerError, Input, Output, Phase, ReconcileContext, Requeue};
 use crate::tgt::volume::{VOLUME_LUN, VolumeError};
-use crate::tgt::{ExportOptions, InitiatorAcl, TargetInfo, TgtAdm, V1Store};
+use crate::tgt::volume::ensure_chap_account;
+use crate::tgt::{ChapCredentials, ExportOptions, InitiatorAcl, TargetInfo, TgtAdm, V1Store};
 
 /// Which volumes the V1 engine takes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -51,7 +52,11 @@ pub fn serves_v1(volume: &Volume, node: &NodeConfig, selection: V1Selection) -> 
 /// the node's allowed hosts. Nothing else: a volume attached nowhere and with
 /// no allowed host is reachable by nobody (tgtd refuses discovery and login to
 /// a target without ACL entries).
-pub fn export_options(node: &NodeConfig, attached_by: Option<&Iqn>) -> ExportOptions {
+pub fn export_options(
+    node: &NodeConfig,
+    attached_by: Option<&Iqn>,
+    chap: Option<&ChapCredentials>,
+) -> ExportOptions {
     let mut names: Vec<InitiatorAcl> = Vec::new();
     let allowed = node.allowed_hosts.iter().filter_map(|h| Iqn::parse(h).ok());
     for iqn in attached_by.cloned().into_iter().chain(allowed) {
@@ -62,7 +67,7 @@ pub fn export_options(node: &NodeConfig, attached_by: Option<&Iqn>) -> ExportOpt
     }
     ExportOptions {
         initiators: names,
-        chap: None,
+        chap: chap.cloned(),
     }
 }
 
@@ -70,6 +75,11 @@ pub fn export_options(node: &NodeConfig, attached_by: Option<&Iqn>) -> ExportOpt
 #[derive(Debug)]
 pub struct V1VolumeController {
     store: V1Store,
+    /// The data directory (the node's CHAP credentials file).
+    data_dir: PathBuf,
+    /// The CHAP credentials this controller made tgtd hold, by the pid of
+    /// that tgtd (a new tgtd, or new credentials, make it again).
+    chap_installed: std::sync::Arc<std::sync::Mutex<Option<(u32, ChapCredentials)>>>,
     admin: TgtAdm,
     selection: V1Selection,
     /// This host's initiator names; `None` when they cannot be read (attached
@@ -80,8 +90,11 @@ pub struct V1VolumeController {
 impl V1VolumeController {
     /// Volumes under `<data_dir>/v1`, tgtd's control socket from `admin`.
     pub fn new(data_dir: impl Into<PathBuf>, admin: TgtAdm, selection: V1Selection) -> Self {
+        let data_dir = data_dir.into();
         Self {
-            store: V1Store::new(data_dir.into()),
+            store: V1Store::new(data_dir.clone()),
+            data_dir,
+            chap_installed: Default::default(),
             admin,
             selection,
             initiators: None,
@@ -318,9 +331,18 @@ impl Controller for V1VolumeController {
         if volumes.is_empty() && snapshots.is_empty() {
             return Ok(Requeue::OnInputChange);
         }
-        let tgtd_ready = ctx
-            .get::<TargetStatus>(TGTD_STATUS_ID)?
+        let tgtd = ctx.get::<TargetStatus>(TGTD_STATUS_ID)?;
+        let tgtd_ready = tgtd
+            .as_ref()
             .is_some_and(|t| t.spec.engine == Engine::V1 && t.spec.state == ObjectState::Ready);
+        let tgtd_pid = tgtd.and_then(|t| t.spec.pid).unwrap_or(0);
+        let chap = if node.iscsi_chap {
+            let d = self.data_dir.clone();
+            let c = tokio::task::spawn_blocking(move || crate::tgt::chap::load_or_create(&d)).await?;
+            Some(c?)
+        } else {
+            None
+        };
         let attached: std::collections::BTreeSet<String> = ctx
             .list::<Attachment>()?
             .into_iter()
@@ -345,7 +367,7 @@ impl Controller for V1VolumeController {
                 id: v.id().to_string(),
                 spec: v.spec,
                 deleting,
-                opts: export_options(&node, attached_by),
+                opts: export_options(&node, attached_by, chap.as_ref()),
             });
         }
         let mut snap_jobs = Vec::new();
@@ -370,7 +392,23 @@ impl Controller for V1VolumeController {
         let known: std::collections::BTreeSet<String> =
             ctx.list::<Volume>()?.iter().map(|v| v.id().to_string()).collect();
         // tgtadm and file operations block: run them off the async workers.
+        let installed = self.chap_installed.clone();
         let (vol_out, snap_out) = tokio::task::spawn_blocking(move || {
+            if tgtd_ready && let Some(chap) = chap {
+                // once per tgtd and per credentials: the account an earlier talon or an
+                // earlier file made may hold another secret, and tgtd cannot show it
+                let mut have = installed.lock().unwrap_or_else(|p| p.into_inner());
+                let wanted = (tgtd_pid, chap);
+                if have.as_ref() != Some(&wanted) {
+                    match ensure_chap_account(&plan.admin, &wanted.1, true) {
+                        Ok(()) => {
+                            tracing::info!(user = %wanted.1.user, "iSCSI CHAP account set in tgtd");
+                            *have = Some(wanted);
+                        }
+                        Err(e) => tracing::error!(error = %e, "cannot set the iSCSI CHAP account in tgtd"),
+                    }
+                }
+            }
             if tgtd_ready {
                 // targets talon made for volumes nobody wants (a crash mid-export or
                 // mid-delete): removed by name
@@ -485,13 +523,13 @@ mod tests {
     fn acl_is_the_attached_host_and_the_allowed_iqns_only() {
         let mut node = NodeConfig::default();
         assert_eq!(
-            export_options(&node, None).initiators,
+            export_options(&node, None, None).initiators,
             vec![],
             "nobody by default"
         );
         let me = Iqn::parse("iqn.2025-01.io.talon:host.1").expect("iqn");
         assert_eq!(
-            export_options(&node, Some(&me)).initiators,
+            export_options(&node, Some(&me), None).initiators,
             vec![InitiatorAcl::Name(me.clone())]
         );
         node.allowed_hosts = vec![
@@ -500,7 +538,7 @@ mod tests {
             me.to_string(),
         ];
         assert_eq!(
-            export_options(&node, Some(&me)).initiators,
+            export_options(&node, Some(&me), None).initiators,
             vec![
                 InitiatorAcl::Name(me),
                 InitiatorAcl::Name(Iqn::parse("iqn.2025-01.io.example:h").expect("iqn"))
