@@ -75,6 +75,12 @@ pub fn load_or_create(data_dir: &Path) -> Result<ChapCredentials, ChapFileError>
     }
 }
 
+/// Reads the node's credentials; a missing file is an error (an initiator
+/// with a secret made up now could not log in anyway).
+pub fn load(data_dir: &Path) -> Result<ChapCredentials, ChapFileError> {
+    read(&path(data_dir))
+}
+
 fn read(p: &Path) -> Result<ChapCredentials, ChapFileError> {
     let text = fs::read_to_string(p).map_err(|source| ChapFileError::Read {
         path: p.to_path_buf(),
