@@ -291,6 +291,10 @@ impl TargetInfo {
 pub struct TgtAdm {
     program: PathBuf,
     socket: PathBuf,
+    /// The target id [`TgtAdm::new_target`] tries first (shared by clones):
+    /// one past the last one it made, so a create lists no targets unless that
+    /// id turns out to be taken.
+    next_tid: std::sync::Arc<std::sync::atomic::AtomicU32>,
 }
 
 /// The highest target id talon allocates.
@@ -303,6 +307,7 @@ impl TgtAdm {
         Self {
             program: PathBuf::from("tgtadm"),
             socket: socket.into(),
+            next_tid: std::sync::Arc::new(std::sync::atomic::AtomicU32::new(1)),
         }
     }
 
@@ -368,8 +373,21 @@ impl TgtAdm {
         Ok(self.show()?.into_iter().find(|t| t.name == iqn.as_str()))
     }
 
-    /// Creates a target named `iqn` with the lowest free target id.
+    /// Creates a target named `iqn` with a free target id. Its cost does not
+    /// grow with the number of targets: it tries the id after the last one
+    /// made, and lists the targets only when tgtd says that id (or the name)
+    /// is taken, then takes the lowest free id after the hint (or from 1).
     pub fn new_target(&self, iqn: &Iqn) -> Result<Tid, AdminError> {
+        use std::sync::atomic::Ordering;
+        let hint = self.next_tid.load(Ordering::Relaxed).clamp(1, MAX_TID);
+        match self.new_target_with_tid(hint, iqn) {
+            Ok(()) => {
+                self.next_tid.store(hint + 1, Ordering::Relaxed);
+                return Ok(hint);
+            }
+            Err(AdminError::Failed { message, .. }) if message.contains("this target already exists") => {}
+            Err(e) => return Err(e),
+        }
         let targets = self.show()?;
         if let Some(t) = targets.iter().find(|t| t.name == iqn.as_str()) {
             return Err(AdminError::TargetExists {
@@ -377,13 +395,16 @@ impl TgtAdm {
                 tid: t.tid,
             });
         }
-        let tid = (1..=MAX_TID)
-            .find(|tid| targets.iter().all(|t| t.tid != *tid))
+        let free = |tid: &Tid| targets.iter().all(|t| t.tid != *tid);
+        let tid = (hint..=MAX_TID)
+            .find(free)
+            .or_else(|| (1..hint).find(free))
             .ok_or_else(|| AdminError::NoFreeTid {
                 iqn: iqn.clone(),
                 max: MAX_TID,
             })?;
         self.new_target_with_tid(tid, iqn)?;
+        self.next_tid.store(tid + 1, Ordering::Relaxed);
         Ok(tid)
     }
 

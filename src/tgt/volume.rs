@@ -510,9 +510,20 @@ impl V1Store {
         admin: &TgtAdm,
         keep: impl Fn(&ObjectName) -> bool,
     ) -> Result<OrphanReport, AdminError> {
+        Ok(self.remove_orphans_known(admin, keep, &admin.show()?))
+    }
+
+    /// [`remove_orphans`](Self::remove_orphans) given tgtd's targets as one
+    /// `show` listed them.
+    pub fn remove_orphans_known(
+        &self,
+        admin: &TgtAdm,
+        keep: impl Fn(&ObjectName) -> bool,
+        targets: &[TargetInfo],
+    ) -> OrphanReport {
         let prefix = format!("{}:", crate::names::IQN_PREFIX);
         let mut report = OrphanReport::default();
-        for t in admin.show()? {
+        for t in targets {
             let Some(v) = t.name.strip_prefix(&prefix) else {
                 continue;
             };
@@ -533,7 +544,7 @@ impl V1Store {
                 Err(e) => report.failed.push((iqn, e)),
             }
         }
-        Ok(report)
+        report
     }
 
     /// Exports every volume on disk (after a restart of tgtd or talon), with the

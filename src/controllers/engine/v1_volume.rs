@@ -15,8 +15,9 @@
 //! `Snapshot`; a delete waits (state `deleting`, message naming the sessions)
 //! until no initiator is logged in, then removes target, file and snapshots.
 
+use std::collections::HashMap;
 use std::path::PathBuf;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::v1_target::TGTD_STATUS_ID;
 use crate::attach::HostInitiators;
@@ -27,7 +28,7 @@ use crate::resources::frontend::Attachment;
 use crate::runtime::{Controller, ControllerError, Input, Output, Phase, ReconcileContext, Requeue};
 use crate::tgt::volume::{VOLUME_LUN, VolumeError};
 use crate::tgt::volume::ensure_chap_account;
-use crate::tgt::{ChapCredentials, ExportOptions, InitiatorAcl, TargetInfo, TgtAdm, V1Store};
+use crate::tgt::{AdminError, ChapCredentials, ExportOptions, InitiatorAcl, TargetInfo, TgtAdm, V1Store};
 
 /// Which volumes the V1 engine takes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -80,6 +81,13 @@ pub struct V1VolumeController {
     /// The CHAP credentials this controller made tgtd hold, by the pid of
     /// that tgtd (a new tgtd, or new credentials, make it again).
     chap_installed: std::sync::Arc<std::sync::Mutex<Option<(u32, ChapCredentials)>>>,
+    /// What each live volume was last brought to, with the status it got: a
+    /// reconcile passes over volumes whose spec, ACL and tgtd are unchanged
+    /// without a file stat or a tgtadm call, so creating or attaching one
+    /// volume does not cost a pass over every other one.
+    served: std::sync::Arc<std::sync::Mutex<HashMap<String, Served>>>,
+    /// When the last full pass ran, and for which tgtd (pid).
+    last_full: std::sync::Arc<std::sync::Mutex<Option<(u32, Instant)>>>,
     admin: TgtAdm,
     selection: V1Selection,
     /// This host's initiator names; `None` when they cannot be read (attached
@@ -95,6 +103,8 @@ impl V1VolumeController {
             store: V1Store::new(data_dir.clone()),
             data_dir,
             chap_installed: Default::default(),
+            served: Default::default(),
+            last_full: Default::default(),
             admin,
             selection,
             initiators: None,
@@ -114,6 +124,52 @@ struct VolumeJob {
     deleting: bool,
     /// Who may connect.
     opts: ExportOptions,
+}
+
+/// A full pass (every volume checked against tgtd, orphans removed) runs at
+/// least this often, besides at start and after every tgtd (re)start: it
+/// repairs what someone else changed in tgtd behind talon's back.
+pub const FULL_PASS_EVERY: Duration = Duration::from_secs(60);
+
+/// What a live volume was brought to ([`V1VolumeController::served`]).
+#[derive(Debug, Clone, PartialEq)]
+struct ServedKey {
+    spec: Volume,
+    opts: ExportOptions,
+    tgtd_pid: u32,
+}
+
+#[derive(Debug, Clone)]
+struct Served {
+    key: ServedKey,
+    status: EngineStatus,
+}
+
+/// tgtd's targets, listed at most once per reconcile and only when a volume
+/// needs them.
+struct Listing<'a> {
+    admin: &'a TgtAdm,
+    got: Option<Option<Vec<TargetInfo>>>,
+}
+
+impl<'a> Listing<'a> {
+    fn new(admin: &'a TgtAdm) -> Self {
+        Self { admin, got: None }
+    }
+
+    /// The targets (`None` when tgtadm failed: each volume then lists them itself).
+    fn get(&mut self) -> Option<&[TargetInfo]> {
+        let admin = self.admin;
+        self.got
+            .get_or_insert_with(|| match admin.show() {
+                Ok(t) => Some(t),
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot list tgtd's targets");
+                    None
+                }
+            })
+            .as_deref()
+    }
 }
 
 struct SnapshotJob {
@@ -151,9 +207,9 @@ fn error_text(e: &VolumeError) -> String {
 }
 
 impl Plan {
-    /// `targets`: tgtd's targets listed once for this reconcile (`None`: list
-    /// them for this volume).
-    fn volume(&self, job: &VolumeJob, targets: Option<&[TargetInfo]>) -> Outcome<EngineStatus> {
+    /// `listing`: tgtd's targets, listed once for this reconcile if a volume
+    /// needs them (a volume made now does not: its target is made without).
+    fn volume(&self, job: &VolumeJob, listing: &mut Listing<'_>) -> Outcome<EngineStatus> {
         let name = match ObjectName::parse("volume", &job.id) {
             Ok(n) => n,
             Err(e) => return Outcome::Status(failed(e.to_string(), String::new())),
@@ -169,9 +225,11 @@ impl Plan {
             };
         }
         let mut message = String::new();
+        let mut fresh = false;
         let info = match self.store.info(&name) {
             Ok(info) => info,
             Err(VolumeError::NotFound { .. }) => {
+                fresh = true;
                 let made = match &job.spec.from_snapshot {
                     Some(source) => match parse_snapshot_id(source) {
                         Ok((v, s)) => self.store.clone_snapshot(&v, &s, &name),
@@ -204,9 +262,22 @@ impl Plan {
         if job.spec.revert_to.is_some() {
             message = "revert is not supported by the V1 engine".to_string();
         }
-        let exported = match targets {
+        let listed = |listing: &mut Listing<'_>| match listing.get() {
             Some(t) => self.store.export_known(&self.admin, &name, &job.opts, t),
             None => self.store.export(&self.admin, &name, &job.opts),
+        };
+        let exported = if fresh {
+            // a file made now has no target of talon's serving it: make one without listing
+            // the others, unless tgtd has a stale one of that name (then adopt or replace it)
+            match self.store.export_known(&self.admin, &name, &job.opts, &[]) {
+                Err(VolumeError::Admin {
+                    source: AdminError::TargetExists { .. },
+                    ..
+                }) => listed(listing),
+                other => other,
+            }
+        } else {
+            listed(listing)
         };
         match exported {
             Ok(export) => Outcome::Status(EngineStatus {
@@ -393,7 +464,12 @@ impl Controller for V1VolumeController {
             ctx.list::<Volume>()?.iter().map(|v| v.id().to_string()).collect();
         // tgtadm and file operations block: run them off the async workers.
         let installed = self.chap_installed.clone();
+        let (served, last_full) = (self.served.clone(), self.last_full.clone());
         let (vol_out, snap_out) = tokio::task::spawn_blocking(move || {
+            let mut full = {
+                let last = last_full.lock().unwrap_or_else(|p| p.into_inner());
+                !matches!(*last, Some((pid, at)) if pid == tgtd_pid && at.elapsed() < FULL_PASS_EVERY)
+            };
             if tgtd_ready && let Some(chap) = chap {
                 // once per tgtd and per credentials: the account an earlier talon or an
                 // earlier file made may hold another secret, and tgtd cannot show it
@@ -404,18 +480,26 @@ impl Controller for V1VolumeController {
                         Ok(()) => {
                             tracing::info!(user = %wanted.1.user, "iSCSI CHAP account set in tgtd");
                             *have = Some(wanted);
+                            // a remade account is bound to no target: bind it on every one
+                            full = true;
                         }
                         Err(e) => tracing::error!(error = %e, "cannot set the iSCSI CHAP account in tgtd"),
                     }
                 }
             }
-            if tgtd_ready {
+            let mut listing = Listing::new(&plan.admin);
+            if tgtd_ready && full {
                 // targets talon made for volumes nobody wants (a crash mid-export or
                 // mid-delete): removed by name
-                match plan
-                    .store
-                    .remove_orphans(&plan.admin, |v| known.contains(v.as_str()))
-                {
+                let orphans = match listing.get() {
+                    Some(t) => Ok(plan
+                        .store
+                        .remove_orphans_known(&plan.admin, |v| known.contains(v.as_str()), t)),
+                    None => plan
+                        .store
+                        .remove_orphans(&plan.admin, |v| known.contains(v.as_str())),
+                };
+                match orphans {
                     Ok(r) => {
                         for iqn in r.removed {
                             tracing::info!(%iqn, "removed an orphaned target");
@@ -429,18 +513,41 @@ impl Controller for V1VolumeController {
             }
             let mut vol_out = Vec::new();
             let mut snap_out = Vec::new();
-            // one listing of tgtd's targets for every live volume (a volume whose target is
-            // as wanted then costs no tgtadm call); each volume lists them itself if it fails
-            let targets = plan.admin.show().ok();
+            let mut served = served.lock().unwrap_or_else(|p| p.into_inner());
             // live volumes first (a snapshot needs its volume), then snapshots, then deletions
             for j in vol_jobs.iter().filter(|j| !j.deleting) {
-                vol_out.push((j.id.clone(), plan.volume(j, targets.as_deref())));
+                let key = ServedKey {
+                    spec: j.spec.clone(),
+                    opts: j.opts.clone(),
+                    tgtd_pid,
+                };
+                if !full && let Some(s) = served.get(&j.id).filter(|s| s.key == key) {
+                    vol_out.push((j.id.clone(), Outcome::Status(s.status.clone())));
+                    continue;
+                }
+                let out = plan.volume(j, &mut listing);
+                match &out {
+                    // only a volume served as asked is passed over next time
+                    Outcome::Status(s) if s.state == ObjectState::Ready && s.message.is_empty() => {
+                        served.insert(j.id.clone(), Served { key, status: s.clone() });
+                    }
+                    _ => {
+                        served.remove(&j.id);
+                    }
+                }
+                vol_out.push((j.id.clone(), out));
             }
             for j in &snap_jobs {
                 snap_out.push((j.id.clone(), plan.snapshot(j)));
             }
             for j in vol_jobs.iter().filter(|j| j.deleting) {
-                vol_out.push((j.id.clone(), plan.volume(j, None)));
+                served.remove(&j.id);
+                vol_out.push((j.id.clone(), plan.volume(j, &mut listing)));
+            }
+            // volumes gone from the config are forgotten
+            served.retain(|id, _| known.contains(id));
+            if full && tgtd_ready {
+                *last_full.lock().unwrap_or_else(|p| p.into_inner()) = Some((tgtd_pid, Instant::now()));
             }
             (vol_out, snap_out)
         })
