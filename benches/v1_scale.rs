@@ -85,7 +85,10 @@ async fn wait_for<T, F: std::future::Future<Output = Option<T>>>(what: &str, mut
         if let Some(v) = f().await {
             return v;
         }
-        assert!(start.elapsed() < Duration::from_secs(300), "gave up waiting for {what}");
+        assert!(
+            start.elapsed() < Duration::from_secs(300),
+            "gave up waiting for {what}"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
@@ -209,7 +212,10 @@ fn main() {
     let this = PathBuf::from(env!("CARGO_BIN_EXE_talon"));
     let mut bins = vec![("this build".to_string(), this)];
     if let Some(p) = std::env::var_os("TALON_PREVIOUS_BIN") {
-        bins.push((format!("previous ({})", Path::new(&p).display()), PathBuf::from(p)));
+        bins.push((
+            format!("previous ({})", Path::new(&p).display()),
+            PathBuf::from(p),
+        ));
     } else {
         eprintln!("v1_scale: TALON_PREVIOUS_BIN not set: measuring this build only");
     }
@@ -221,7 +227,9 @@ fn main() {
         .iter()
         .map(|(label, bin)| rt.block_on(run(label, bin, n, idle)))
         .collect();
-    println!("| talon | volumes | create p50 | create p99 | create total | idle talon CPU | idle tgtd CPU | V1 reconciles idle | talon RSS | delete p50 | delete p99 | delete total |");
+    println!(
+        "| talon | volumes | create p50 | create p99 | create total | idle talon CPU | idle tgtd CPU | V1 reconciles idle | talon RSS | delete p50 | delete p99 | delete total |"
+    );
     println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
     for r in rows {
         println!(

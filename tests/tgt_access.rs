@@ -227,7 +227,8 @@ impl Node {
 
     /// Creates an 8 MiB V1 volume, attached here or not, and waits until it is served to `hosts`.
     async fn volume(&self, id: &str, attach: bool, hosts: &[&str]) {
-        let vol: Volume = serde_json::from_value(json!({"sizeBytes": 8 << 20, "engine": "v1"})).expect("volume");
+        let vol: Volume =
+            serde_json::from_value(json!({"sizeBytes": 8 << 20, "engine": "v1"})).expect("volume");
         self.rt.state.create_typed(id, "", &vol).expect("volume");
         if attach {
             let a = Attachment {
@@ -247,7 +248,12 @@ impl Node {
     }
 
     async fn set_node(&self, f: impl FnOnce(&mut NodeConfig)) {
-        let mut node = self.rt.state.get_typed::<NodeConfig>("node").expect("get").expect("node");
+        let mut node = self
+            .rt
+            .state
+            .get_typed::<NodeConfig>("node")
+            .expect("get")
+            .expect("node");
         f(&mut node.spec);
         self.rt
             .state
@@ -298,14 +304,20 @@ async fn v1_chap_refuses_missing_and_wrong_secrets() {
     let (ok, out) = tool_as_nobody("iscsi-inq", &["-i", ME, &node.url("chap1", Some((user, secret)))]);
     assert!(ok, "the right secret was refused: {out}");
     // the secret is no argument of the initiator-name ACL either: a stranger with it is refused
-    let (ok, out) = tool_as_nobody("iscsi-inq", &["-i", STRANGER, &node.url("chap1", Some((user, secret)))]);
+    let (ok, out) = tool_as_nobody(
+        "iscsi-inq",
+        &["-i", STRANGER, &node.url("chap1", Some((user, secret)))],
+    );
     assert!(!ok, "a stranger with the secret read the volume: {out}");
 
     // a second volume is bound to the same account without making it again
     node.volume("chap2", true, &[ME]).await;
     assert_eq!(node.target("chap2").accounts, vec![user.to_string()]);
     let argv = std::fs::read_to_string(&node.argv_log).expect("argv log");
-    assert!(argv.contains("--mode account"), "tgtadm bound the account: {argv}");
+    assert!(
+        argv.contains("--mode account"),
+        "tgtadm bound the account: {argv}"
+    );
     assert!(!argv.contains(secret), "the secret reached tgtadm's argv");
 
     // off again: the targets no longer ask for CHAP
@@ -340,7 +352,9 @@ async fn v1_detach_and_allowed_hosts_change_cut_sessions() {
     let portal = node.portal.to_string();
     let iqn = "iqn.2025-01.io.talon:cut1";
     let mine = lib.connect(&portal, iqn, ME, None).expect("this host logs in");
-    let other = lib.connect(&portal, iqn, ALLOWED, None).expect("the allowed host logs in");
+    let other = lib
+        .connect(&portal, iqn, ALLOWED, None)
+        .expect("the allowed host logs in");
     for s in [&mine, &other] {
         s.no_reconnect();
         s.read(0, 512).expect("read while admitted");
@@ -348,7 +362,10 @@ async fn v1_detach_and_allowed_hosts_change_cut_sessions() {
     assert_eq!(node.target("cut1").nexuses.len(), 2);
 
     // detach: this host's session goes, the allowed host's stays
-    node.rt.state.destroy("config", "Attachment", "cut1", "").expect("detach");
+    node.rt
+        .state
+        .destroy("config", "Attachment", "cut1", "")
+        .expect("detach");
     node.served_to("cut1", &[ALLOWED]).await;
     eventually("this host's session is cut", WAIT, || async {
         let t = node.target("cut1");
@@ -357,7 +374,10 @@ async fn v1_detach_and_allowed_hosts_change_cut_sessions() {
     .await;
     assert!(mine.read(0, 512).is_err(), "the cut session still reads");
     other.read(0, 512).expect("the allowed host still reads");
-    assert!(lib.connect(&portal, iqn, ME, None).is_err(), "this host logged in again");
+    assert!(
+        lib.connect(&portal, iqn, ME, None).is_err(),
+        "this host logged in again"
+    );
 
     // the allowed host removed from the node: its session goes too
     node.set_node(|n| n.allowed_hosts.clear()).await;

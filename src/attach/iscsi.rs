@@ -604,7 +604,9 @@ fn create_node(iscsiadm: &dyn Iscsiadm, target: &IscsiTarget, opts: &IscsiOption
         ]),
     ];
     let update = |name: &str, value: &str| {
-        args(&["-m", "node", "-T", &iqn, "-p", &p, "-o", "update", "-n", name, "-v", value])
+        args(&[
+            "-m", "node", "-T", &iqn, "-p", &p, "-o", "update", "-n", name, "-v", value,
+        ])
     };
     let mut steps = steps.to_vec();
     if let Some(chap) = &target.chap {
@@ -932,7 +934,16 @@ mod tests {
 
     #[test]
     fn secrets_are_redacted_from_arguments() {
-        let a = args(&["-m", "node", "-o", "update", "-n", AUTH_PASSWORD, "-v", "s3cr3t-value"]);
+        let a = args(&[
+            "-m",
+            "node",
+            "-o",
+            "update",
+            "-n",
+            AUTH_PASSWORD,
+            "-v",
+            "s3cr3t-value",
+        ]);
         let r = redacted(&a).join(" ");
         assert!(!r.contains("s3cr3t") && r.ends_with("-v ***"), "{r}");
         let plain = args(&["-m", "node", "-n", "node.session.auth.username", "-v", "talon"]);

@@ -65,8 +65,12 @@ pub fn load_or_create(data_dir: &Path) -> Result<ChapCredentials, ChapFileError>
     match fs::symlink_metadata(&p) {
         Ok(m) => {
             if m.permissions().mode() & 0o077 != 0 {
-                fs::set_permissions(&p, fs::Permissions::from_mode(0o600))
-                    .map_err(|source| ChapFileError::Write { path: p.clone(), source })?;
+                fs::set_permissions(&p, fs::Permissions::from_mode(0o600)).map_err(|source| {
+                    ChapFileError::Write {
+                        path: p.clone(),
+                        source,
+                    }
+                })?;
             }
             read(&p)
         }
@@ -134,7 +138,9 @@ fn create(p: &Path) -> Result<ChapCredentials, ChapFileError> {
         creds.user,
         creds.secret.expose()
     );
-    f.write_all(body.as_bytes()).and_then(|()| f.sync_all()).map_err(err)?;
+    f.write_all(body.as_bytes())
+        .and_then(|()| f.sync_all())
+        .map_err(err)?;
     drop(f);
     match fs::hard_link(&tmp, p) {
         Ok(()) => {
@@ -167,7 +173,10 @@ mod tests {
         assert_eq!(mode & 0o777, 0o600);
         let b = load_or_create(d.path()).expect("read");
         assert_eq!(a, b, "the same secret every time");
-        assert!(!format!("{b:?}").contains(b.secret.expose()), "Debug hides the secret");
+        assert!(
+            !format!("{b:?}").contains(b.secret.expose()),
+            "Debug hides the secret"
+        );
     }
 
     #[test]
@@ -179,10 +188,16 @@ mod tests {
         let e = load_or_create(d.path()).expect_err("short secret");
         assert!(matches!(e, ChapFileError::Invalid { .. }), "{e}");
         assert!(!crate::runtime::runner::error_chain(&e).contains("short\n"));
-        assert_eq!(fs::metadata(&p).expect("stat").permissions().mode() & 0o777, 0o600);
+        assert_eq!(
+            fs::metadata(&p).expect("stat").permissions().mode() & 0o777,
+            0o600
+        );
         fs::write(&p, "user=alice\nsecret=0123456789abcdef\n").expect("write");
         let c = load_or_create(d.path()).expect("valid");
-        assert_eq!((c.user.as_str(), c.secret.expose()), ("alice", "0123456789abcdef"));
+        assert_eq!(
+            (c.user.as_str(), c.secret.expose()),
+            ("alice", "0123456789abcdef")
+        );
         fs::write(&p, "secret=0123456789abcdef\n").expect("write");
         assert!(matches!(
             load_or_create(d.path()),

@@ -233,13 +233,19 @@ impl V1Store {
         self.snapshots_dir(volume).join(format!("{snapshot}.img"))
     }
 
-    fn check_size(volume: &ObjectName, size: u64) -> Result<(), VolumeError> {
+    fn check_size(&self, volume: &ObjectName, size: u64) -> Result<(), VolumeError> {
+        let limit = filesystem_limit(&self.root);
         let reason = if size == 0 {
             "a volume must not be empty".to_string()
         } else if !size.is_multiple_of(BLOCK_SIZE) {
             format!("not a multiple of the {BLOCK_SIZE}-byte block size")
         } else if size > i64::MAX as u64 {
             "too large".to_string()
+        } else if let Some((fs, max)) = limit.filter(|(_, max)| size > *max) {
+            format!(
+                "larger than the {max} bytes a file can have on the {fs} filesystem of {}",
+                self.root.display()
+            )
         } else {
             return Ok(());
         };
@@ -252,7 +258,7 @@ impl V1Store {
 
     /// Creates a sparse volume file of `size` bytes.
     pub fn create(&self, name: &ObjectName, size: u64) -> Result<VolumeInfo, VolumeError> {
-        Self::check_size(name, size)?;
+        self.check_size(name, size)?;
         let dir = self.volumes_dir();
         private_dir(&dir).map_err(|source| VolumeError::Create {
             path: dir.clone(),
@@ -599,7 +605,7 @@ impl V1Store {
         name: &ObjectName,
         new_size: u64,
     ) -> Result<VolumeInfo, VolumeError> {
-        Self::check_size(name, new_size)?;
+        self.check_size(name, new_size)?;
         let info = self.info(name)?;
         if new_size < info.size {
             return Err(VolumeError::InvalidSize {
@@ -805,9 +811,7 @@ fn admitted(opts: &ExportOptions, n: &Nexus) -> bool {
     };
     opts.initiators.iter().any(|acl| match acl {
         InitiatorAcl::Name(iqn) => iqn.as_str() == n.initiator,
-        other => {
-            !n.connections.is_empty() && n.connections.iter().all(|c| by_address(other, &c.address))
-        }
+        other => !n.connections.is_empty() && n.connections.iter().all(|c| by_address(other, &c.address)),
     })
 }
 
@@ -819,7 +823,9 @@ fn in_subnet(ip: std::net::IpAddr, net: std::net::IpAddr, prefix: u8) -> bool {
             u32::from(a) & mask == u32::from(b) & mask
         }
         (V6(a), V6(b)) => {
-            let mask = u128::MAX.checked_shl(128 - u32::from(prefix.min(128))).unwrap_or(0);
+            let mask = u128::MAX
+                .checked_shl(128 - u32::from(prefix.min(128)))
+                .unwrap_or(0);
             u128::from(a) & mask == u128::from(b) & mask
         }
         _ => false,
@@ -885,6 +891,20 @@ fn img_names(dir: &Path) -> Result<Vec<String>, VolumeError> {
         }
     }
     Ok(out)
+}
+
+/// The largest file the filesystem holding `dir` (or its nearest existing
+/// ancestor) can have, when it is below what talon serves: ext4 addresses
+/// 2^32 - 1 blocks per extent-mapped file, 16 TiB - 4 KiB with 4 KiB blocks
+/// (checked here: ftruncate to 17592186040320 works, 512 bytes more is
+/// EFBIG). XFS, btrfs and tmpfs go to 8 EiB.
+pub fn filesystem_limit(dir: &Path) -> Option<(&'static str, u64)> {
+    let existing = dir.ancestors().find(|d| d.exists())?;
+    let s = nix::sys::statfs::statfs(existing).ok()?;
+    (s.filesystem_type() == nix::sys::statfs::EXT4_SUPER_MAGIC).then(|| {
+        let block = u64::try_from(s.block_size()).unwrap_or(4096);
+        ("ext4", ((1u64 << 32) - 1) * block)
+    })
 }
 
 /// Creates `dir` and its missing parents private to root (0700).
@@ -1052,5 +1072,38 @@ mod tests {
         ] {
             assert_eq!(parse_acl(&acl.to_string()), Some(acl));
         }
+    }
+}
+
+#[cfg(test)]
+mod filesystem_limit_tests {
+    use super::*;
+
+    /// On ext4 (this machine's /tmp) a volume larger than the largest ext4 file
+    /// is refused before a file is made, naming the filesystem and the limit;
+    /// the limit itself is served.
+    #[test]
+    fn volumes_beyond_the_ext4_file_limit_are_refused_up_front() {
+        let d = tempfile::tempdir().expect("tempdir");
+        let Some(("ext4", max)) = filesystem_limit(d.path()) else {
+            eprintln!(
+                "SKIP volumes_beyond_the_ext4_file_limit_are_refused_up_front: {} is not on ext4",
+                d.path().display()
+            );
+            return;
+        };
+        let store = V1Store::new(d.path());
+        let v = ObjectName::parse("volume", "huge").expect("name");
+        let e = store.create(&v, max + 512).expect_err("past the limit");
+        let text = e.to_string();
+        assert!(
+            matches!(e, VolumeError::InvalidSize { .. })
+                && text.contains("ext4")
+                && text.contains(&max.to_string()),
+            "{text}"
+        );
+        assert!(!store.volume_path(&v).exists(), "no file is left");
+        let info = store.create(&v, max).expect("the limit itself (sparse)");
+        assert_eq!(info.size, max);
     }
 }

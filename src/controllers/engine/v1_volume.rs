@@ -26,8 +26,8 @@ use crate::resources::config::{EngineKind, NodeConfig, Snapshot, Volume};
 use crate::resources::engine::{Engine, EngineStatus, Export, ObjectState, SnapshotStatus, TargetStatus};
 use crate::resources::frontend::Attachment;
 use crate::runtime::{Controller, ControllerError, Input, Output, Phase, ReconcileContext, Requeue};
-use crate::tgt::volume::{VOLUME_LUN, VolumeError};
 use crate::tgt::volume::ensure_chap_account;
+use crate::tgt::volume::{VOLUME_LUN, VolumeError};
 use crate::tgt::{AdminError, ChapCredentials, ExportOptions, InitiatorAcl, TargetInfo, TgtAdm, V1Store};
 
 /// Which volumes the V1 engine takes.
@@ -492,9 +492,11 @@ impl Controller for V1VolumeController {
                 // targets talon made for volumes nobody wants (a crash mid-export or
                 // mid-delete): removed by name
                 let orphans = match listing.get() {
-                    Some(t) => Ok(plan
-                        .store
-                        .remove_orphans_known(&plan.admin, |v| known.contains(v.as_str()), t)),
+                    Some(t) => {
+                        Ok(plan
+                            .store
+                            .remove_orphans_known(&plan.admin, |v| known.contains(v.as_str()), t))
+                    }
                     None => plan
                         .store
                         .remove_orphans(&plan.admin, |v| known.contains(v.as_str())),
@@ -529,7 +531,13 @@ impl Controller for V1VolumeController {
                 match &out {
                     // only a volume served as asked is passed over next time
                     Outcome::Status(s) if s.state == ObjectState::Ready && s.message.is_empty() => {
-                        served.insert(j.id.clone(), Served { key, status: s.clone() });
+                        served.insert(
+                            j.id.clone(),
+                            Served {
+                                key,
+                                status: s.clone(),
+                            },
+                        );
                     }
                     _ => {
                         served.remove(&j.id);
