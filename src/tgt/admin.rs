@@ -51,6 +51,26 @@ pub enum AdminError {
     InvalidChap { what: &'static str, reason: String },
 }
 
+impl AdminError {
+    /// Whether tgtd did not answer (stopping, restarting, not started yet):
+    /// a reason to wait, not a final failure. tgtadm 1.0.85 says "failed to
+    /// send request hdr to tgt daemon" when nothing listens on the control
+    /// socket, "tgtd closed the socket" or "can't get the response" when tgtd
+    /// goes away mid-request.
+    pub fn tgtd_unreachable(&self) -> bool {
+        match self {
+            Self::Failed { message, .. } => [
+                "to tgt daemon",
+                "tgtd closed the socket",
+                "can't get the response",
+            ]
+            .iter()
+            .any(|m| message.contains(m)),
+            _ => false,
+        }
+    }
+}
+
 /// Who may log in to a target (tgtd's ACL): an address, a subnet, any address,
 /// or an initiator name.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
@@ -498,7 +518,13 @@ impl TgtAdm {
         params.iter_mut().for_each(|b| *b = 0);
         done.map(drop).map_err(|e| AdminError::Failed {
             action: format!("create CHAP account {user}"),
-            message: crate::runtime::runner::error_chain(&e),
+            message: match &e {
+                super::ipc::IpcError::Io { .. } => format!(
+                    "cannot talk to tgt daemon: {}",
+                    crate::runtime::runner::error_chain(&e)
+                ),
+                other => other.to_string(),
+            },
         })
     }
 

@@ -121,6 +121,14 @@ pub enum VolumeError {
     },
 }
 
+impl VolumeError {
+    /// Whether this failed only because tgtd did not answer
+    /// ([`AdminError::tgtd_unreachable`]).
+    pub fn tgtd_unreachable(&self) -> bool {
+        matches!(self, Self::Admin { source, .. } if source.tgtd_unreachable())
+    }
+}
+
 /// Incoming CHAP credentials of a target (the initiator authenticates).
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ChapCredentials {

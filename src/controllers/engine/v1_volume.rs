@@ -296,6 +296,13 @@ impl Plan {
                 }],
                 message,
             }),
+            // tgtd stopping or restarting: the volume waits for it (a `wait` goes on, and
+            // fails at once only if tgtd's TargetStatus turns failed)
+            Err(e) if e.tgtd_unreachable() => Outcome::Status(EngineStatus {
+                state: ObjectState::Creating,
+                size_bytes: size,
+                ..failed(format!("waiting for tgtd: {}", error_text(&e)), device)
+            }),
             Err(e) => Outcome::Status(EngineStatus {
                 size_bytes: size,
                 ..failed(error_text(&e), device)
