@@ -125,8 +125,8 @@ fn create(p: &Path) -> Result<ChapCredentials, ChapFileError> {
         source,
     };
     // written to a temporary file and renamed: a crash never leaves half a secret
-    let tmp = p.with_extension("tmp");
-    let _ = fs::remove_file(&tmp);
+    // a name of its own: the engine and the attach controller may both make the file at once
+    let tmp = p.with_extension(format!("{}.tmp", uuid::Uuid::new_v4().simple()));
     let mut f = OpenOptions::new()
         .write(true)
         .create_new(true)
