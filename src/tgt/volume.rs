@@ -504,6 +504,16 @@ impl V1Store {
         let targets = self
             .serving_targets(admin, name)
             .map_err(admin_err("unexport", name))?;
+        self.unexport_seen(admin, name, force, targets)
+    }
+
+    fn unexport_seen(
+        &self,
+        admin: &TgtAdm,
+        name: &ObjectName,
+        force: bool,
+        targets: Vec<TargetInfo>,
+    ) -> Result<(), VolumeError> {
         if !force {
             self.refuse_if_in_use("unexport", name, &targets)?;
         }
@@ -590,6 +600,34 @@ impl V1Store {
     pub fn delete(&self, admin: &TgtAdm, name: &ObjectName) -> Result<(), VolumeError> {
         let info = self.info(name)?;
         self.unexport(admin, name, false)?;
+        self.delete_files(name, info)
+    }
+
+    /// [`delete`](Self::delete) given tgtd's targets as one `show` listed them
+    /// (a reconcile lists them once for all its deletes). A session that
+    /// logged in after the listing makes tgtd refuse to remove its target
+    /// ("this target is still active"): the delete fails and is tried again.
+    pub fn delete_known(
+        &self,
+        admin: &TgtAdm,
+        name: &ObjectName,
+        targets: &[TargetInfo],
+    ) -> Result<(), VolumeError> {
+        let info = self.info(name)?;
+        let serving = targets
+            .iter()
+            .filter(|t| {
+                t.luns
+                    .iter()
+                    .any(|l| l.backing_path.as_deref() == Some(info.path.as_path()))
+            })
+            .cloned()
+            .collect();
+        self.unexport_seen(admin, name, false, serving)?;
+        self.delete_files(name, info)
+    }
+
+    fn delete_files(&self, name: &ObjectName, info: VolumeInfo) -> Result<(), VolumeError> {
         fs::remove_file(&info.path).map_err(|source| VolumeError::Remove {
             path: info.path.clone(),
             source,

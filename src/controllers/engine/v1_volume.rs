@@ -216,7 +216,11 @@ impl Plan {
         };
         let device = self.store.volume_path(&name).display().to_string();
         if job.deleting {
-            return match self.store.delete(&self.admin, &name) {
+            let deleted = match listing.get() {
+                Some(t) => self.store.delete_known(&self.admin, &name, t),
+                None => self.store.delete(&self.admin, &name),
+            };
+            return match deleted {
                 Ok(()) | Err(VolumeError::NotFound { .. }) => Outcome::Deleted,
                 Err(e) => Outcome::Status(EngineStatus {
                     state: ObjectState::Deleting,
