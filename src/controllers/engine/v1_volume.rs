@@ -11,6 +11,12 @@
 //!                         EngineStatus <volume>, SnapshotStatus <volume>@<name>
 //! ```
 //!
+//! What changed only: a volume served with the same spec, ACL/CHAP and tgtd
+//! (pid) as last time is passed over (its status applied again from memory);
+//! tgtd's targets are listed at most once per reconcile, when a volume needs
+//! them; a full pass (every volume, orphaned targets) runs at start, after
+//! each tgtd start and every [`FULL_PASS_EVERY`].
+//!
 //! Deletion: the controller holds a finalizer on each V1 `Volume` and
 //! `Snapshot`; a delete waits (state `deleting`, message naming the sessions)
 //! until no initiator is logged in, then removes target, file and snapshots.
