@@ -1119,3 +1119,76 @@ async fn real_spdk_replica_that_left_just_before_a_crash_is_never_trusted() {
     }
     t.stop(Duration::from_secs(5)).await.expect("stop");
 }
+
+/// A host removed from the node's `allowedHosts` loses its connection to a V2
+/// export, not only its next one: talon calls `nvmf_subsystem_remove_host`,
+/// which spdk_tgt v26.05 follows with `spdk_nvmf_subsystem_disconnect_host`
+/// (lib/nvmf/nvmf_rpc.c). Seen from the target: the host's controller goes
+/// and does not come back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_spdk_removed_host_loses_its_connection() {
+    let Some(spdk) = spdk_dir("real_spdk_removed_host_loses_its_connection") else {
+        return;
+    };
+    let d = tempfile::tempdir().expect("tempdir");
+    let cfg = target_cfg(d.path(), &spdk);
+    let t = Target::start(&cfg).await.expect("spdk_tgt");
+    let _reap = Reaper(t.pid());
+    let c = SpdkClient::new(cfg.socket());
+    attach_disks(&c, d.path(), &["dc"], true).await;
+    let port = free_port();
+    let rt = runtime(&c, &["dc"], port);
+    rt.state
+        .create_typed("cut", "", &volume(32 * MIB, 1))
+        .expect("volume");
+    let nqn = ready(&rt.state, "cut").await.exports[0].name.clone();
+    let by_nqn = talon::spdk::rpc::ByNqn { nqn: nqn.clone() };
+    // a host connection: the target's own NVMe/TCP initiator, presenting HOST_NQN
+    c.bdev_nvme_attach_controller(&AttachController {
+        hostnqn: Some(spdk_perf::HOST_NQN.into()),
+        ..AttachController::tcp("cuthost", [127, 0, 0, 1].into(), port, &nqn)
+    })
+    .await
+    .expect("the allowed host connects");
+    let hosts = |cs: Vec<talon::spdk::rpc::NvmfController>| -> Vec<String> {
+        cs.into_iter().map(|c| c.hostnqn).collect()
+    };
+    let before = hosts(
+        c.nvmf_subsystem_get_controllers(&by_nqn)
+            .await
+            .expect("controllers"),
+    );
+    assert_eq!(before, vec![spdk_perf::HOST_NQN.to_string()]);
+
+    let mut node = rt
+        .state
+        .get_typed::<NodeConfig>("node")
+        .expect("get")
+        .expect("node");
+    node.spec.allowed_hosts.clear();
+    rt.state
+        .update_typed("node", "", Some(node.metadata.version), &node.spec)
+        .expect("remove the host");
+    eventually("the host's controller is gone", WAIT, || async {
+        let cs = c.nvmf_subsystem_get_controllers(&by_nqn).await.ok()?;
+        cs.is_empty().then_some(())
+    })
+    .await;
+    // the initiator tries to reconnect; the subsystem refuses it
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let after = hosts(
+        c.nvmf_subsystem_get_controllers(&by_nqn)
+            .await
+            .expect("controllers"),
+    );
+    assert!(after.is_empty(), "the removed host is connected again: {after:?}");
+
+    let _ = c.bdev_nvme_detach_controller(&ByName::new("cuthost")).await;
+    rt.state.destroy("config", "Volume", "cut", "").expect("delete");
+    eventually("deleted", WAIT, || async {
+        rt.state.list("config", "Volume").is_empty().then_some(())
+    })
+    .await;
+    rt.stop().await;
+    t.stop(Duration::from_secs(5)).await.expect("stop");
+}
