@@ -131,6 +131,9 @@ pub struct Longhorn {
     ports: RangeInclusive<u16>,
     /// One port allocation at a time.
     alloc: Arc<tokio::sync::Mutex<()>>,
+    /// Set when the servers stop: open watch streams end (a graceful stop
+    /// waits for every open call).
+    stopping: Arc<tokio::sync::watch::Sender<bool>>,
 }
 
 impl Longhorn {
@@ -141,6 +144,7 @@ impl Longhorn {
             client,
             ports,
             alloc: Arc::default(),
+            stopping: Arc::new(tokio::sync::watch::channel(false).0),
         }
     }
 }
@@ -171,6 +175,7 @@ pub async fn serve(
     }
     tracing::info!(services = ?super::SERVICES, "serving Longhorn's instance-manager protocol");
     shutdown.await;
+    lh.stopping.send_replace(true);
     let _ = tx.send(true);
     let mut first_err = None;
     for t in tasks {
@@ -793,12 +798,17 @@ impl Longhorn {
     fn watch_stream(&self) -> WatchStream {
         let (_, mut rx) = self.state.watch(None);
         let (tx, out) = tokio::sync::mpsc::channel(16);
+        let mut stopping = self.stopping.subscribe();
         tokio::spawn(async move {
             if tx.send(Ok(())).await.is_err() {
                 return;
             }
             loop {
-                match rx.recv().await {
+                let ev = tokio::select! {
+                    ev = rx.recv() => ev,
+                    _ = stopping.wait_for(|s| *s) => return,
+                };
+                match ev {
                     Ok(ev) => {
                         let ty = ev.resource.metadata.type_.as_str();
                         let ours = [
@@ -1282,9 +1292,14 @@ impl disk_service_server::DiskService for Longhorn {
 
 // ------------------------------------------------------------ 8504
 
-fn empty_watch() -> WatchStream {
-    // one event, then quiet until the client goes
-    Box::pin(futures::stream::once(async { Ok(()) }).chain(futures::stream::pending()))
+/// One event, then quiet until the client goes or the servers stop.
+fn empty_watch(lh: &Longhorn) -> WatchStream {
+    let mut stopping = lh.stopping.subscribe();
+    let end = futures::stream::once(async move {
+        let _ = stopping.wait_for(|s| *s).await;
+    })
+    .filter_map(|()| async { None });
+    Box::pin(futures::stream::once(async { Ok(()) }).chain(end))
 }
 
 use futures::StreamExt as _;
@@ -1356,7 +1371,7 @@ impl spdk_service_server::SpdkService for Longhorn {
     type ShardWatchStream = WatchStream;
 
     async fn shard_watch(&self, _: Request<()>) -> Result<Response<Self::ShardWatchStream>, Status> {
-        Ok(Response::new(empty_watch()))
+        Ok(Response::new(empty_watch(self)))
     }
 
     async fn shard_group_list(&self, _: Request<()>) -> Result<Response<spdkrpc::ShardGroupListResponse>, Status> {
@@ -1366,7 +1381,7 @@ impl spdk_service_server::SpdkService for Longhorn {
     type ShardGroupWatchStream = WatchStream;
 
     async fn shard_group_watch(&self, _: Request<()>) -> Result<Response<Self::ShardGroupWatchStream>, Status> {
-        Ok(Response::new(empty_watch()))
+        Ok(Response::new(empty_watch(self)))
     }
 }
 
