@@ -304,7 +304,21 @@ async fn longhorn_lifecycle_io_and_restarts_on_real_spdk() {
         .as_i64()
         .expect("spdk_tgt pid") as i32;
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL).expect("kill -9 spdk_tgt");
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // a new spdk_tgt, and the engine's export made again on it
+    talon::runtime::testing::eventually("a new spdk_tgt", WAIT, || {
+        let admin = &admin;
+        async move {
+            let t = admin.get("TargetStatus", "spdk").await.ok()?;
+            (t.spec["state"] == "ready" && t.spec["pid"].as_i64().is_some_and(|p| p as i32 != pid)).then_some(())
+        }
+    })
+    .await;
+    let target = talon::spdk::SpdkClient::new(dir.path().join("run/spdk.sock"));
+    talon::runtime::testing::eventually("the engine exported on the new target", WAIT, || {
+        let target = &target;
+        async move { target.subsystem(nqn).await.ok().flatten().filter(|s| !s.namespaces.is_empty()) }
+    })
+    .await;
     for (n, t) in [
         ("lhvol-r-0000aaaa", "replica"),
         ("lhvol-r-0000bbbb", "replica"),
