@@ -526,7 +526,9 @@ pub async fn serve_with(
     }
     if let Some(t) = longhorn_task {
         match t.await {
-            Ok(Err(e)) => tracing::warn!(error = %crate::runtime::runner::error_chain(&e), "Longhorn servers"),
+            Ok(Err(e)) => {
+                tracing::warn!(error = %crate::runtime::runner::error_chain(&e), "Longhorn servers")
+            }
             Err(e) => tracing::warn!(error = %e, "Longhorn servers task"),
             Ok(Ok(())) => {}
         }

@@ -164,7 +164,11 @@ fn delete_req(name: &str, ty: &str, cleanup: bool) -> imrpc::InstanceDeleteReque
     }
 }
 
-async fn state_of(c: &mut InstanceServiceClient<Channel>, name: &str, ty: &str) -> Option<imrpc::InstanceStatus> {
+async fn state_of(
+    c: &mut InstanceServiceClient<Channel>,
+    name: &str,
+    ty: &str,
+) -> Option<imrpc::InstanceStatus> {
     let r = c
         .instance_get(imrpc::InstanceGetRequest {
             name: name.into(),
@@ -180,7 +184,12 @@ async fn state_of(c: &mut InstanceServiceClient<Channel>, name: &str, ty: &str) 
     }
 }
 
-async fn wait_state(c: &mut InstanceServiceClient<Channel>, name: &str, ty: &str, want: &str) -> imrpc::InstanceStatus {
+async fn wait_state(
+    c: &mut InstanceServiceClient<Channel>,
+    name: &str,
+    ty: &str,
+    want: &str,
+) -> imrpc::InstanceStatus {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     loop {
         let s = state_of(c, name, ty).await;
@@ -226,7 +235,9 @@ async fn longhorn_lifecycle_on_the_double() {
         let mut h = tonic_health::pb::health_client::HealthClient::new(d.channel(i).await);
         for service in ["", talon::longhorn::SERVICES[usize::from(i)]] {
             let r = h
-                .check(tonic_health::pb::HealthCheckRequest { service: service.into() })
+                .check(tonic_health::pb::HealthCheckRequest {
+                    service: service.into(),
+                })
                 .await
                 .unwrap_or_else(|e| panic!("health {service:?} on port {i}: {e}"));
             assert_eq!(r.into_inner().status, 1, "SERVING on port {i}");
@@ -237,7 +248,10 @@ async fn longhorn_lifecycle_on_the_double() {
         .await
         .expect("version 8500")
         .into_inner();
-    assert!(v.instance_manager_api_version >= 4 && v.instance_manager_api_min_version <= 6, "{v:?}");
+    assert!(
+        v.instance_manager_api_version >= 4 && v.instance_manager_api_min_version <= 6,
+        "{v:?}"
+    );
     let mut inst = InstanceServiceClient::new(d.channel(3).await);
     let v3 = inst.version_get(()).await.expect("version 8503").into_inner();
     assert_eq!(v3, v);
@@ -250,7 +264,10 @@ async fn longhorn_lifecycle_on_the_double() {
         .await
         .expect_err("proxy");
     assert_eq!(e.code(), Code::Unimplemented);
-    assert!(e.message().contains("/imrpc.ProxyEngineService/ServerVersionGet"), "{e}");
+    assert!(
+        e.message().contains("/imrpc.ProxyEngineService/ServerVersionGet"),
+        "{e}"
+    );
     for (port, path) in [
         (1u16, "/imrpc.ProxyEngineService/VolumeGet"),
         (3, "/imrpc.InstanceService/InstanceLog"),
@@ -316,7 +333,8 @@ async fn longhorn_lifecycle_on_the_double() {
             counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         }
     });
-    let seen = |n: &std::sync::Arc<std::sync::atomic::AtomicUsize>| n.load(std::sync::atomic::Ordering::SeqCst);
+    let seen =
+        |n: &std::sync::Arc<std::sync::atomic::AtomicUsize>| n.load(std::sync::atomic::Ordering::SeqCst);
 
     eprintln!("STEP two replicas");
     // two replicas
@@ -340,24 +358,42 @@ async fn longhorn_lifecycle_on_the_double() {
     }
     let list = inst.instance_list(()).await.expect("list").into_inner().instances;
     assert_eq!(list.len(), 2, "{list:?}");
-    assert!(list.values().all(|i| i.status.as_ref().is_some_and(|s| s.state == "running")));
+    assert!(
+        list.values()
+            .all(|i| i.status.as_ref().is_some_and(|s| s.state == "running"))
+    );
     let subs = double.subsystem_nqns();
     for r in ["vol-r-aaaa1111", "vol-r-bbbb2222"] {
-        assert!(subs.contains(&format!("nqn.2023-01.io.longhorn.spdk:{r}")), "{subs:?}");
+        assert!(
+            subs.contains(&format!("nqn.2023-01.io.longhorn.spdk:{r}")),
+            "{subs:?}"
+        );
     }
     let lv = lvols(&spdk).await;
     let uuid_a = lv.get("talon-disk-a/vol-r-aaaa1111").cloned().expect("lvol a");
     assert!(lv.contains_key("talon-disk-b/vol-r-bbbb2222"), "{lv:?}");
     // the same replicas through SPDKService (what another node's engine calls)
     let mut sp = SpdkServiceClient::new(d.channel(4).await);
-    let rl = sp.replica_list(()).await.expect("ReplicaList").into_inner().replicas;
+    let rl = sp
+        .replica_list(())
+        .await
+        .expect("ReplicaList")
+        .into_inner()
+        .replicas;
     assert_eq!(rl.len(), 2);
     let ra = &rl["vol-r-aaaa1111"];
     assert_eq!(ra.lvs_name, "disk-a");
     assert_eq!(ra.spec_size, size);
     assert_eq!(ra.head.as_ref().map(|h| h.uuid.as_str()), Some(uuid_a.as_str()));
     assert_eq!(ra.state, "running");
-    assert!(sp.shard_list(()).await.expect("ShardList").into_inner().shards.is_empty());
+    assert!(
+        sp.shard_list(())
+            .await
+            .expect("ShardList")
+            .into_inner()
+            .shards
+            .is_empty()
+    );
     assert!(
         sp.shard_group_list(())
             .await
@@ -406,15 +442,27 @@ async fn longhorn_lifecycle_on_the_double() {
         .expect("raid vol-e-0");
     assert_eq!(raid.raid_level, "raid1");
     assert_eq!(raid.num_base_bdevs, 2);
-    let members: Vec<String> = raid.base_bdevs_list.iter().filter_map(|b| b.name.clone()).collect();
+    let members: Vec<String> = raid
+        .base_bdevs_list
+        .iter()
+        .filter_map(|b| b.name.clone())
+        .collect();
     assert!(members.iter().all(|m| !m.ends_with("n1")), "members {members:?}");
-    assert_eq!(double.calls("bdev_nvme_attach_controller"), 0, "no loopback attach");
-    talon::runtime::testing::eventually("replica exports given up while held", Duration::from_secs(10), || async {
-        let subs = double.subsystem_nqns();
-        (subs.contains(&"nqn.2023-01.io.longhorn.spdk:volume-vol".to_string())
-            && !subs.iter().any(|s| s.ends_with("vol-r-aaaa1111")))
-        .then_some(())
-    })
+    assert_eq!(
+        double.calls("bdev_nvme_attach_controller"),
+        0,
+        "no loopback attach"
+    );
+    talon::runtime::testing::eventually(
+        "replica exports given up while held",
+        Duration::from_secs(10),
+        || async {
+            let subs = double.subsystem_nqns();
+            (subs.contains(&"nqn.2023-01.io.longhorn.spdk:volume-vol".to_string())
+                && !subs.iter().any(|s| s.ends_with("vol-r-aaaa1111")))
+            .then_some(())
+        },
+    )
     .await;
     let list = inst.instance_list(()).await.expect("list").into_inner().instances;
     assert_eq!(list.len(), 3);
@@ -424,7 +472,10 @@ async fn longhorn_lifecycle_on_the_double() {
         .expect("admin");
     let own = admin.list("LonghornReplica").await.expect("talon get");
     assert_eq!(own.len(), 2);
-    let own_status = admin.get("LonghornInstanceStatus", "vol-e-0").await.expect("status");
+    let own_status = admin
+        .get("LonghornInstanceStatus", "vol-e-0")
+        .await
+        .expect("status");
     assert_eq!(own_status.spec["state"], "running");
 
     // a second engine of the same volume, or a replica again with another size: refused
@@ -443,23 +494,38 @@ async fn longhorn_lifecycle_on_the_double() {
     assert!(state_of(&mut inst, "vol-e-0", "engine").await.is_none());
     talon::runtime::testing::eventually("replicas exported again", Duration::from_secs(10), || async {
         let subs = double.subsystem_nqns();
-        (subs.iter().any(|s| s.ends_with(":vol-r-aaaa1111")) && !subs.iter().any(|s| s.ends_with(":volume-vol")))
-            .then_some(())
+        (subs.iter().any(|s| s.ends_with(":vol-r-aaaa1111"))
+            && !subs.iter().any(|s| s.ends_with(":volume-vol")))
+        .then_some(())
     })
     .await;
     inst.instance_delete(delete_req("vol-r-aaaa1111", "replica", false))
         .await
         .expect("replica delete without cleanup");
     assert!(state_of(&mut inst, "vol-r-aaaa1111", "replica").await.is_none());
-    assert_eq!(lvols(&spdk).await.get("talon-disk-a/vol-r-aaaa1111"), Some(&uuid_a), "lvol kept");
-    assert!(!double.subsystem_nqns().iter().any(|s| s.ends_with(":vol-r-aaaa1111")));
+    assert_eq!(
+        lvols(&spdk).await.get("talon-disk-a/vol-r-aaaa1111"),
+        Some(&uuid_a),
+        "lvol kept"
+    );
+    assert!(
+        !double
+            .subsystem_nqns()
+            .iter()
+            .any(|s| s.ends_with(":vol-r-aaaa1111"))
+    );
     // a create exposes the same lvol again
     inst.instance_create(replica_spec("vol-r-aaaa1111", "disk-a", size))
         .await
         .expect("create again");
     let st = wait_state(&mut inst, "vol-r-aaaa1111", "replica", "running").await;
     assert_eq!(st.uuid, uuid_a, "the same lvol");
-    assert!(double.subsystem_nqns().iter().any(|s| s.ends_with(":vol-r-aaaa1111")));
+    assert!(
+        double
+            .subsystem_nqns()
+            .iter()
+            .any(|s| s.ends_with(":vol-r-aaaa1111"))
+    );
     // cleanup removes it
     inst.instance_delete(delete_req("vol-r-aaaa1111", "replica", true))
         .await
@@ -480,7 +546,14 @@ async fn longhorn_lifecycle_on_the_double() {
         .await
         .expect("DiskReplicaInstanceDelete");
     assert!(!lvols(&spdk).await.contains_key("talon-disk-b/vol-r-bbbb2222"));
-    assert!(inst.instance_list(()).await.expect("list").into_inner().instances.is_empty());
+    assert!(
+        inst.instance_list(())
+            .await
+            .expect("list")
+            .into_inner()
+            .instances
+            .is_empty()
+    );
 
     eprintln!("STEP bad input");
     // bad input: an error naming the object, nothing made
@@ -492,15 +565,31 @@ async fn longhorn_lifecycle_on_the_double() {
     }
     let cases = [
         (bad_type, Code::InvalidArgument, "sidecar"),
-        (replica_spec("vol-r-cccc3333", "no-such-disk", size), Code::NotFound, "no-such-disk"),
+        (
+            replica_spec("vol-r-cccc3333", "no-such-disk", size),
+            Code::NotFound,
+            "no-such-disk",
+        ),
         (
             replica_spec("vol-r-cccc3333", "disk-a", size + MIB / 2),
             Code::InvalidArgument,
             "vol-r-cccc3333",
         ),
-        (replica_spec("x:evil,host=y", "disk-a", size), Code::InvalidArgument, "x:evil,host=y"),
-        (replica_spec("vol-r1", "disk-a", size), Code::InvalidArgument, "vol-r1"),
-        (replica_spec("talon-raid-vol", "disk-a", size), Code::InvalidArgument, "talon-raid-vol"),
+        (
+            replica_spec("x:evil,host=y", "disk-a", size),
+            Code::InvalidArgument,
+            "x:evil,host=y",
+        ),
+        (
+            replica_spec("vol-r1", "disk-a", size),
+            Code::InvalidArgument,
+            "vol-r1",
+        ),
+        (
+            replica_spec("talon-raid-vol", "disk-a", size),
+            Code::InvalidArgument,
+            "talon-raid-vol",
+        ),
         (
             engine_spec(
                 "vol-e-2",
@@ -537,7 +626,14 @@ async fn longhorn_lifecycle_on_the_double() {
         .expect_err("relative disk path");
     assert_eq!(e.code(), Code::InvalidArgument, "{e}");
     assert!(e.message().contains("disk-c"), "{e}");
-    assert!(inst.instance_list(()).await.expect("list").into_inner().instances.is_empty());
+    assert!(
+        inst.instance_list(())
+            .await
+            .expect("list")
+            .into_inner()
+            .instances
+            .is_empty()
+    );
     assert_eq!(lvols(&spdk).await, lvols_before, "no lvol made");
     assert_eq!(double.subsystem_nqns(), subs_before, "no export made");
     assert!(admin.get("Disk", "disk-c").await.is_err(), "no disk made");

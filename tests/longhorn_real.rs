@@ -16,7 +16,9 @@ use std::time::Duration;
 
 use serde_json::json;
 use talon::controllers::engine::selection::SpdkOptions;
-use talon::longhorn::proto::imrpc::{self, disk_service_client::DiskServiceClient, instance_service_client::InstanceServiceClient};
+use talon::longhorn::proto::imrpc::{
+    self, disk_service_client::DiskServiceClient, instance_service_client::InstanceServiceClient,
+};
 use talon::longhorn::server::LonghornOptions;
 use talon::serve::{ServeOptions, serve_with};
 use tonic::transport::Channel;
@@ -65,7 +67,10 @@ impl Daemon {
         let config = dir.join("talon.yaml");
         std::fs::write(
             &config,
-            format!("node:\n  listenAddress: 127.0.0.1\n  allowedHosts: [\"{}\"]\n", spdk_perf::HOST_NQN),
+            format!(
+                "node:\n  listenAddress: 127.0.0.1\n  allowedHosts: [\"{}\"]\n",
+                spdk_perf::HOST_NQN
+            ),
         )
         .expect("config");
         let opts = ServeOptions {
@@ -164,11 +169,19 @@ fn dd(spdk: &Path, dir: &Path, port: u16, nqn: &str, data: Option<&[u8]>, len: u
     std::fs::write(&conf, cfg.to_string()).expect("dd config");
     let file = dir.join("dd.bin");
     let mut cmd = std::process::Command::new(spdk.join("build/bin/spdk_dd"));
-    cmd.args(["--no-huge", "-s", "512", "--disable-cpumask-locks", "-c", "0x2", "-r"])
-        .arg(dir.join("dd.sock"))
-        .arg("--json")
-        .arg(&conf)
-        .args(["--bs", "65536"]);
+    cmd.args([
+        "--no-huge",
+        "-s",
+        "512",
+        "--disable-cpumask-locks",
+        "-c",
+        "0x2",
+        "-r",
+    ])
+    .arg(dir.join("dd.sock"))
+    .arg("--json")
+    .arg(&conf)
+    .args(["--bs", "65536"]);
     match data {
         Some(d) => {
             std::fs::write(&file, d).expect("pattern");
@@ -300,23 +313,36 @@ async fn longhorn_lifecycle_io_and_restarts_on_real_spdk() {
     let admin = talon::client::Client::connect_unix(&dir.path().join("run/talon.sock"))
         .await
         .expect("admin");
-    let pid = admin.get("TargetStatus", "spdk").await.expect("TargetStatus").spec["pid"]
+    let pid = admin
+        .get("TargetStatus", "spdk")
+        .await
+        .expect("TargetStatus")
+        .spec["pid"]
         .as_i64()
         .expect("spdk_tgt pid") as i32;
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL).expect("kill -9 spdk_tgt");
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL)
+        .expect("kill -9 spdk_tgt");
     // a new spdk_tgt, and the engine's export made again on it
     talon::runtime::testing::eventually("a new spdk_tgt", WAIT, || {
         let admin = &admin;
         async move {
             let t = admin.get("TargetStatus", "spdk").await.ok()?;
-            (t.spec["state"] == "ready" && t.spec["pid"].as_i64().is_some_and(|p| p as i32 != pid)).then_some(())
+            (t.spec["state"] == "ready" && t.spec["pid"].as_i64().is_some_and(|p| p as i32 != pid))
+                .then_some(())
         }
     })
     .await;
     let target = talon::spdk::SpdkClient::new(dir.path().join("run/spdk.sock"));
     talon::runtime::testing::eventually("the engine exported on the new target", WAIT, || {
         let target = &target;
-        async move { target.subsystem(nqn).await.ok().flatten().filter(|s| !s.namespaces.is_empty()) }
+        async move {
+            target
+                .subsystem(nqn)
+                .await
+                .ok()
+                .flatten()
+                .filter(|s| !s.namespaces.is_empty())
+        }
     })
     .await;
     for (n, t) in [
@@ -349,11 +375,8 @@ async fn longhorn_lifecycle_io_and_restarts_on_real_spdk() {
         let got = talon::runtime::testing::eventually(&format!("replica {r} exported"), WAIT, || {
             let (spdk, dir, rnqn) = (spdk.clone(), dir.path().to_path_buf(), rnqn.clone());
             async move {
-                let out = blocking(move || {
-                    std::panic::catch_unwind(|| dd(&spdk, &dir, rport, &rnqn, None, len)).ok()
-                })
-                .await;
-                out
+                blocking(move || std::panic::catch_unwind(|| dd(&spdk, &dir, rport, &rnqn, None, len)).ok())
+                    .await
             }
         })
         .await;

@@ -106,7 +106,11 @@ pub fn current(root: &HostRoot, volume: &ObjectName) -> Result<Option<DevNum>, A
 }
 
 /// [`current`] in another directory of the host.
-pub fn current_in(root: &HostRoot, dev_dir: &str, volume: &ObjectName) -> Result<Option<DevNum>, AttachError> {
+pub fn current_in(
+    root: &HostRoot,
+    dev_dir: &str,
+    volume: &ObjectName,
+) -> Result<Option<DevNum>, AttachError> {
     let host_path = PathBuf::from(dev_dir).join(volume.as_str());
     match fs::symlink_metadata(root.path(&host_path)) {
         Ok(m) if m.file_type().is_block_device() => Ok(Some(DevNum {

@@ -311,10 +311,12 @@ async fn run(cli: Cli) -> Result<ExitCode, CliError> {
                 },
                 stop_targets_on_exit: a.stop_targets_on_exit,
             };
-            let longhorn = a.longhorn_listen.map(|listen| crate::longhorn::server::LonghornOptions {
-                listen,
-                ports: a.longhorn_port_range.clone(),
-            });
+            let longhorn = a
+                .longhorn_listen
+                .map(|listen| crate::longhorn::server::LonghornOptions {
+                    listen,
+                    ports: a.longhorn_port_range.clone(),
+                });
             crate::serve::serve_with(opts, longhorn, shutdown_signal()).await?;
         }
         Command::Get(a) => get(&cli.socket, a).await?,

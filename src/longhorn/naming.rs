@@ -58,7 +58,10 @@ pub fn replica_alias(disk: &str, replica: &str) -> String {
 /// The namespace id (NGUID and UUID) of an export: stable per name, distinct
 /// from the bdev's own UUID (an attach inside the same target would clash).
 pub fn namespace_id(name: &str) -> uuid::Uuid {
-    uuid::Uuid::new_v5(&uuid::Uuid::NAMESPACE_OID, format!("{NQN_PREFIX}:{name}").as_bytes())
+    uuid::Uuid::new_v5(
+        &uuid::Uuid::NAMESPACE_OID,
+        format!("{NQN_PREFIX}:{name}").as_bytes(),
+    )
 }
 
 #[cfg(test)]

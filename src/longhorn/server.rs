@@ -117,7 +117,11 @@ pub async fn bind(opts: &LonghornOptions) -> Result<Bound, LonghornError> {
         let addr = SocketAddr::new(opts.listen.ip(), base + i as u16);
         let l = tokio::net::TcpListener::bind(addr)
             .await
-            .map_err(|source| LonghornError::Bind { addr, service, source })?;
+            .map_err(|source| LonghornError::Bind {
+                addr,
+                service,
+                source,
+            })?;
         listeners.push((addr, l));
     }
     Ok(Bound { listeners })
@@ -170,7 +174,11 @@ pub async fn serve(
                     let _ = rx.wait_for(|s| *s).await;
                 })
                 .await
-                .map_err(|source| LonghornError::Serve { service, addr, source })
+                .map_err(|source| LonghornError::Serve {
+                    service,
+                    addr,
+                    source,
+                })
         }));
     }
     tracing::info!(services = ?super::SERVICES, "serving Longhorn's instance-manager protocol");
@@ -229,7 +237,9 @@ fn served_paths() -> &'static BTreeSet<String> {
     static PATHS: std::sync::OnceLock<BTreeSet<String>> = std::sync::OnceLock::new();
     PATHS.get_or_init(|| {
         let mut paths = BTreeSet::new();
-        if let Ok(fds) = <prost_types::FileDescriptorSet as prost::Message>::decode(super::FILE_DESCRIPTOR_SET) {
+        if let Ok(fds) =
+            <prost_types::FileDescriptorSet as prost::Message>::decode(super::FILE_DESCRIPTOR_SET)
+        {
             for f in fds.file {
                 let pkg = f.package.unwrap_or_default();
                 for s in f.service {
@@ -430,10 +440,19 @@ impl Longhorn {
 
     fn ready_disk(&self, what: &str, disk: &str) -> Result<DiskStatus, Status> {
         let name = naming::instance_name("disk", disk).map_err(invalid)?;
-        if self.state.get_typed::<Disk>(name.as_str()).map_err(state_err)?.is_none() {
+        if self
+            .state
+            .get_typed::<Disk>(name.as_str())
+            .map_err(state_err)?
+            .is_none()
+        {
             return Err(Status::not_found(format!("{what}: disk {disk} does not exist")));
         }
-        match self.state.get_typed::<DiskStatus>(name.as_str()).map_err(state_err)? {
+        match self
+            .state
+            .get_typed::<DiskStatus>(name.as_str())
+            .map_err(state_err)?
+        {
             Some(d) if d.spec.state == ObjectState::Ready => Ok(d.spec),
             Some(d) => Err(Status::failed_precondition(format!(
                 "{what}: disk {disk} is not ready ({:?}: {})",
@@ -475,14 +494,18 @@ impl Longhorn {
                 d.lvstore_uuid
             )));
         }
-        if size == 0 || d.cluster_bytes == 0 || size % d.cluster_bytes != 0 {
+        if size == 0 || d.cluster_bytes == 0 || !size.is_multiple_of(d.cluster_bytes) {
             return Err(Status::invalid_argument(format!(
                 "{what}: size {size} is not a positive multiple of disk {disk}'s cluster size {}",
                 d.cluster_bytes
             )));
         }
         let _one = self.alloc.lock().await;
-        if let Some(cur) = self.state.get_typed::<LonghornReplica>(rname.as_str()).map_err(state_err)? {
+        if let Some(cur) = self
+            .state
+            .get_typed::<LonghornReplica>(rname.as_str())
+            .map_err(state_err)?
+        {
             if cur.metadata.phase == Phase::TearingDown {
                 return Err(Status::unavailable(format!("{what} is being deleted; retry")));
             }
@@ -560,7 +583,10 @@ impl Longhorn {
 
     fn replica_message(&self, r: &Typed<LonghornReplica>) -> Result<spdkrpc::Replica, Status> {
         let o = self.observed(r.id(), InstanceKind::Replica)?;
-        let s = o.status.clone().unwrap_or_else(|| empty_status(InstanceKind::Replica));
+        let s = o
+            .status
+            .clone()
+            .unwrap_or_else(|| empty_status(InstanceKind::Replica));
         let lvs_uuid = self
             .state
             .get_typed::<DiskStatus>(&r.spec.disk)
@@ -606,7 +632,9 @@ impl Longhorn {
         let what = format!("engine {name}");
         let sp = spec.spdk_instance_spec.clone().unwrap_or_default();
         if sp.replica_address_map.is_empty() {
-            return Err(Status::invalid_argument(format!("{what}: replica_address_map is empty")));
+            return Err(Status::invalid_argument(format!(
+                "{what}: replica_address_map is empty"
+            )));
         }
         let mut map = BTreeMap::new();
         for (r, a) in &sp.replica_address_map {
@@ -700,18 +728,28 @@ impl Longhorn {
 
     // ----- instance responses
 
-    fn instance_response(&self, kind: InstanceKind, name: &str) -> Result<Option<imrpc::InstanceResponse>, Status> {
+    fn instance_response(
+        &self,
+        kind: InstanceKind,
+        name: &str,
+    ) -> Result<Option<imrpc::InstanceResponse>, Status> {
         let (phase, volume, engine_name) = match kind {
-            InstanceKind::Replica => match self.state.get_typed::<LonghornReplica>(name).map_err(state_err)? {
-                Some(r) => (r.metadata.phase, r.spec.volume, String::new()),
-                None => return Ok(None),
-            },
+            InstanceKind::Replica => {
+                match self.state.get_typed::<LonghornReplica>(name).map_err(state_err)? {
+                    Some(r) => (r.metadata.phase, r.spec.volume, String::new()),
+                    None => return Ok(None),
+                }
+            }
             InstanceKind::Engine => match self.state.get_typed::<LonghornEngine>(name).map_err(state_err)? {
                 Some(e) => (e.metadata.phase, e.spec.volume, String::new()),
                 None => return Ok(None),
             },
             InstanceKind::EngineFrontend => {
-                match self.state.get_typed::<LonghornEngineFrontend>(name).map_err(state_err)? {
+                match self
+                    .state
+                    .get_typed::<LonghornEngineFrontend>(name)
+                    .map_err(state_err)?
+                {
                     Some(f) => (f.metadata.phase, f.spec.volume, f.spec.engine_name),
                     None => return Ok(None),
                 }
@@ -739,7 +777,11 @@ impl Longhorn {
                 }
             }
             InstanceKind::EngineFrontend => {
-                if let Some(f) = self.state.get_typed::<LonghornEngineFrontend>(name).map_err(state_err)? {
+                if let Some(f) = self
+                    .state
+                    .get_typed::<LonghornEngineFrontend>(name)
+                    .map_err(state_err)?
+                {
                     let port = f
                         .spec
                         .target_address
@@ -861,7 +903,12 @@ impl Longhorn {
         Ok(imrpc::Disk {
             id: name.to_owned(),
             uuid,
-            path: disk.spec.path.clone().or(disk.spec.pci.clone()).unwrap_or_default(),
+            path: disk
+                .spec
+                .path
+                .clone()
+                .or(disk.spec.pci.clone())
+                .unwrap_or_default(),
             r#type: "block".into(),
             total_size: total,
             free_size: free,
@@ -1006,7 +1053,11 @@ impl instance_service_server::InstanceService for Longhorn {
     ) -> Result<Response<imrpc::InstanceResponse>, Status> {
         let req = req.into_inner();
         let kind = kind_of(&req.r#type, &req.name)?;
-        v2_only(&format!("instance {}", req.name), req.data_engine, req.backend_store_driver)?;
+        v2_only(
+            &format!("instance {}", req.name),
+            req.data_engine,
+            req.backend_store_driver,
+        )?;
         match kind {
             InstanceKind::Replica => {
                 let disk = (!req.disk_uuid.is_empty())
@@ -1036,7 +1087,9 @@ impl instance_service_server::InstanceService for Longhorn {
         let kind = kind_of(&req.r#type, &req.name)?;
         self.instance_response(kind, &req.name)?
             .map(Response::new)
-            .ok_or_else(|| Status::not_found(format!("{} instance {} does not exist", kind.as_str(), req.name)))
+            .ok_or_else(|| {
+                Status::not_found(format!("{} instance {} does not exist", kind.as_str(), req.name))
+            })
     }
 
     async fn instance_list(&self, _: Request<()>) -> Result<Response<imrpc::InstanceListResponse>, Status> {
@@ -1070,7 +1123,10 @@ impl instance_service_server::InstanceService for Longhorn {
 
 #[tonic::async_trait]
 impl disk_service_server::DiskService for Longhorn {
-    async fn disk_create(&self, req: Request<imrpc::DiskCreateRequest>) -> Result<Response<imrpc::Disk>, Status> {
+    async fn disk_create(
+        &self,
+        req: Request<imrpc::DiskCreateRequest>,
+    ) -> Result<Response<imrpc::Disk>, Status> {
         let req = req.into_inner();
         let name = naming::instance_name("disk", &req.disk_name).map_err(invalid)?;
         let what = format!("disk {name}");
@@ -1116,7 +1172,9 @@ impl disk_service_server::DiskService for Longhorn {
                 )));
             }
             None => {
-                self.state.create_typed(name.as_str(), "", &want).map_err(state_err)?;
+                self.state
+                    .create_typed(name.as_str(), "", &want)
+                    .map_err(state_err)?;
                 true
             }
         };
@@ -1124,7 +1182,11 @@ impl disk_service_server::DiskService for Longhorn {
         let (_, mut rx) = self.state.watch(Some(("engine", DiskStatus::TYPE)));
         let deadline = tokio::time::Instant::now() + DISK_READY;
         let failure = loop {
-            match self.state.get_typed::<DiskStatus>(name.as_str()).map_err(state_err)? {
+            match self
+                .state
+                .get_typed::<DiskStatus>(name.as_str())
+                .map_err(state_err)?
+            {
                 Some(d) if d.spec.state == ObjectState::Ready => break None,
                 Some(d) if d.spec.state == ObjectState::Failed => {
                     break Some(Status::failed_precondition(format!("{what}: {}", d.spec.message)));
@@ -1330,17 +1392,25 @@ impl spdk_service_server::SpdkService for Longhorn {
             .state
             .get_typed::<LonghornReplica>(&req.name)
             .map_err(state_err)?
-            .ok_or_else(|| Status::aborted(format!("replica {} was deleted while it was created", req.name)))?;
+            .ok_or_else(|| {
+                Status::aborted(format!("replica {} was deleted while it was created", req.name))
+            })?;
         Ok(Response::new(self.replica_message(&r)?))
     }
 
-    async fn replica_delete(&self, req: Request<spdkrpc::ReplicaDeleteRequest>) -> Result<Response<()>, Status> {
+    async fn replica_delete(
+        &self,
+        req: Request<spdkrpc::ReplicaDeleteRequest>,
+    ) -> Result<Response<()>, Status> {
         let req = req.into_inner();
         self.delete_replica(&req.name, req.cleanup_required, None).await?;
         Ok(Response::new(()))
     }
 
-    async fn replica_get(&self, req: Request<spdkrpc::ReplicaGetRequest>) -> Result<Response<spdkrpc::Replica>, Status> {
+    async fn replica_get(
+        &self,
+        req: Request<spdkrpc::ReplicaGetRequest>,
+    ) -> Result<Response<spdkrpc::Replica>, Status> {
         let name = req.into_inner().name;
         let r = self
             .state
@@ -1374,13 +1444,19 @@ impl spdk_service_server::SpdkService for Longhorn {
         Ok(Response::new(empty_watch(self)))
     }
 
-    async fn shard_group_list(&self, _: Request<()>) -> Result<Response<spdkrpc::ShardGroupListResponse>, Status> {
+    async fn shard_group_list(
+        &self,
+        _: Request<()>,
+    ) -> Result<Response<spdkrpc::ShardGroupListResponse>, Status> {
         Ok(Response::new(spdkrpc::ShardGroupListResponse::default()))
     }
 
     type ShardGroupWatchStream = WatchStream;
 
-    async fn shard_group_watch(&self, _: Request<()>) -> Result<Response<Self::ShardGroupWatchStream>, Status> {
+    async fn shard_group_watch(
+        &self,
+        _: Request<()>,
+    ) -> Result<Response<Self::ShardGroupWatchStream>, Status> {
         Ok(Response::new(empty_watch(self)))
     }
 }

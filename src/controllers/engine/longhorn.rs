@@ -153,20 +153,37 @@ impl LonghornController {
                 .iter()
                 .any(|n| n.bdev_name == p.bdev || Some(n.bdev_name.as_str()) == bdev_uuid);
             if !s.namespaces.is_empty() && !serves {
-                ignore_missing(self.client.nvmf_delete_subsystem(&ByNqn { nqn: p.nqn.into() }).await)
-                    .map_err(|e| format!("deleting subsystem {} (it serves another bdev): {}", p.nqn, chain(&e)))?;
+                ignore_missing(
+                    self.client
+                        .nvmf_delete_subsystem(&ByNqn { nqn: p.nqn.into() })
+                        .await,
+                )
+                .map_err(|e| {
+                    format!(
+                        "deleting subsystem {} (it serves another bdev): {}",
+                        p.nqn,
+                        chain(&e)
+                    )
+                })?;
                 sub = None;
             }
         }
         let made = sub.is_none();
         let result = self.export_in(sub.as_ref(), p).await;
         if result.is_err() && made {
-            let _ = self.client.nvmf_delete_subsystem(&ByNqn { nqn: p.nqn.into() }).await;
+            let _ = self
+                .client
+                .nvmf_delete_subsystem(&ByNqn { nqn: p.nqn.into() })
+                .await;
         }
         result
     }
 
-    async fn export_in(&self, sub: Option<&crate::spdk::rpc::Subsystem>, p: &ExportPlan<'_>) -> Result<(), String> {
+    async fn export_in(
+        &self,
+        sub: Option<&crate::spdk::rpc::Subsystem>,
+        p: &ExportPlan<'_>,
+    ) -> Result<(), String> {
         let nqn = p.nqn;
         if sub.is_none() {
             self.client
@@ -237,8 +254,12 @@ impl LonghornController {
         if inv.subsystem(nqn).is_none() {
             return Ok(());
         }
-        ignore_missing(self.client.nvmf_delete_subsystem(&ByNqn { nqn: nqn.into() }).await)
-            .map_err(|e| format!("deleting subsystem {nqn}: {}", chain(&e)))
+        ignore_missing(
+            self.client
+                .nvmf_delete_subsystem(&ByNqn { nqn: nqn.into() })
+                .await,
+        )
+        .map_err(|e| format!("deleting subsystem {nqn}: {}", chain(&e)))
     }
 
     /// A replica: its lvol, exported unless `held` by an engine here.
@@ -281,10 +302,12 @@ impl LonghornController {
             }
         };
         let nqn = naming::replica_nqn(&name).map_err(|e| e.to_string())?;
-        let addr: IpAddr = node
-            .listen_address
-            .parse()
-            .map_err(|_| format!("the node's listenAddress {} is not an IP address", node.listen_address))?;
+        let addr: IpAddr = node.listen_address.parse().map_err(|_| {
+            format!(
+                "the node's listenAddress {} is not an IP address",
+                node.listen_address
+            )
+        })?;
         let mut st = status(InstanceKind::Replica, InstanceState::Running, "");
         st.bdev = alias.clone();
         st.uuid = lvol.uuid.clone();
@@ -376,7 +399,12 @@ impl LonghornController {
         {
             Ok(b) => b,
             Err(e) if e.is(ErrorKind::AlreadyExists) => vec![bdev.clone()],
-            Err(e) => return Err(format!("replica {replica}: attaching {nqn} at {sa}: {}", chain(&e))),
+            Err(e) => {
+                return Err(format!(
+                    "replica {replica}: attaching {nqn} at {sa}: {}",
+                    chain(&e)
+                ));
+            }
         };
         bdevs
             .into_iter()
@@ -394,10 +422,12 @@ impl LonghornController {
     ) -> Result<LonghornInstanceStatus, String> {
         let name = ObjectName::parse("engine", e.id()).map_err(|x| x.to_string())?;
         let volume = ObjectName::parse("volume", &e.spec.volume).map_err(|x| x.to_string())?;
-        let addr: IpAddr = node
-            .listen_address
-            .parse()
-            .map_err(|_| format!("the node's listenAddress {} is not an IP address", node.listen_address))?;
+        let addr: IpAddr = node.listen_address.parse().map_err(|_| {
+            format!(
+                "the node's listenAddress {} is not an IP address",
+                node.listen_address
+            )
+        })?;
         let (bdev, uuid) = match inv.raid(name.as_str()) {
             Some(raid) => (raid.name.clone(), raid.uuid.clone().unwrap_or_default()),
             None => {
@@ -420,7 +450,9 @@ impl LonghornController {
                             superblock: None,
                         })
                         .await
-                        .map_err(|x| format!("creating raid1 {name} over {}: {}", members.join(", "), chain(&x)))?;
+                        .map_err(|x| {
+                            format!("creating raid1 {name} over {}: {}", members.join(", "), chain(&x))
+                        })?;
                     let uuid = self
                         .client
                         .bdev(name.as_str())
@@ -473,14 +505,21 @@ impl LonghornController {
             if local.contains_key(replica) || !inv.controllers.iter().any(|c| c == replica) {
                 continue;
             }
-            ignore_missing(self.client.bdev_nvme_detach_controller(&ByName::new(replica)).await)
-                .map_err(|x| format!("detaching replica {replica}: {}", chain(&x)))?;
+            ignore_missing(
+                self.client
+                    .bdev_nvme_detach_controller(&ByName::new(replica))
+                    .await,
+            )
+            .map_err(|x| format!("detaching replica {replica}: {}", chain(&x)))?;
         }
         Ok(())
     }
 
     /// An engine-frontend: the kernel attaches the engine's export.
-    async fn ensure_frontend(&self, f: &Typed<LonghornEngineFrontend>) -> Result<LonghornInstanceStatus, String> {
+    async fn ensure_frontend(
+        &self,
+        f: &Typed<LonghornEngineFrontend>,
+    ) -> Result<LonghornInstanceStatus, String> {
         let Some((host, data_dir)) = self.host.clone() else {
             return Err("engine-frontends need the host's kernel (not available to this controller)".into());
         };
@@ -507,7 +546,10 @@ impl LonghornController {
         .map_err(|e| format!("attach task: {e}"))??;
         let mut st = status(InstanceKind::EngineFrontend, InstanceState::Running, "");
         st.bdev = attached.device;
-        st.nqn = naming::volume_nqn(&volume).map_err(|x| x.to_string())?.as_str().to_owned();
+        st.nqn = naming::volume_nqn(&volume)
+            .map_err(|x| x.to_string())?
+            .as_str()
+            .to_owned();
         st.endpoint = format!("{DEV_DIR}/{volume}");
         Ok(st)
     }
@@ -582,13 +624,19 @@ impl Controller for LonghornController {
             // nothing can be made or removed without the target: report and wait
             let msg = "waiting for spdk_tgt";
             for r in &replicas {
-                ctx.apply(r.id(), status(InstanceKind::Replica, InstanceState::Starting, msg))?;
+                ctx.apply(
+                    r.id(),
+                    status(InstanceKind::Replica, InstanceState::Starting, msg),
+                )?;
             }
             for e in &engines {
                 ctx.apply(e.id(), status(InstanceKind::Engine, InstanceState::Starting, msg))?;
             }
             for f in &frontends {
-                ctx.apply(f.id(), status(InstanceKind::EngineFrontend, InstanceState::Starting, msg))?;
+                ctx.apply(
+                    f.id(),
+                    status(InstanceKind::EngineFrontend, InstanceState::Starting, msg),
+                )?;
             }
             return Ok(Requeue::After(POLL));
         }
@@ -600,12 +648,18 @@ impl Controller for LonghornController {
 
         let mut errored: BTreeSet<String> = BTreeSet::new();
         // 1. frontends and engines going away
-        for f in frontends.iter().filter(|f| f.metadata.phase == Phase::TearingDown) {
+        for f in frontends
+            .iter()
+            .filter(|f| f.metadata.phase == Phase::TearingDown)
+        {
             match self.remove_frontend(f).await {
                 Ok(()) => ctx.remove_finalizer::<LonghornEngineFrontend>(f.id())?,
                 Err(m) => {
                     errored.insert(f.id().to_owned());
-                    ctx.apply(f.id(), status(InstanceKind::EngineFrontend, InstanceState::Error, m))?
+                    ctx.apply(
+                        f.id(),
+                        status(InstanceKind::EngineFrontend, InstanceState::Error, m),
+                    )?
                 }
             }
         }
@@ -635,7 +689,10 @@ impl Controller for LonghornController {
         for r in &replicas {
             if r.metadata.phase == Phase::TearingDown {
                 if held.contains(r.id()) && r.spec.cleanup {
-                    let m = format!("replica {} is held by a running engine; delete the engine first", r.id());
+                    let m = format!(
+                        "replica {} is held by a running engine; delete the engine first",
+                        r.id()
+                    );
                     errored.insert(r.id().to_owned());
                     ctx.apply(r.id(), status(InstanceKind::Replica, InstanceState::Error, m))?;
                     continue;
@@ -654,7 +711,10 @@ impl Controller for LonghornController {
                 ctx.apply(r.id(), status(InstanceKind::Replica, InstanceState::Stopping, ""))?;
                 continue;
             }
-            let st = match self.ensure_replica(&inv, ctx, &node, r, held.contains(r.id())).await {
+            let st = match self
+                .ensure_replica(&inv, ctx, &node, r, held.contains(r.id()))
+                .await
+            {
                 Ok(s) => s,
                 Err(m) => status(InstanceKind::Replica, InstanceState::Error, m),
             };
