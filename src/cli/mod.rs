@@ -9,6 +9,7 @@
 pub mod attach;
 pub mod doctor;
 pub mod host;
+pub mod longhorn_pod;
 pub mod ns;
 pub mod output;
 pub mod volume;
@@ -256,7 +257,29 @@ fn init_logging(format: LogFormat) {
 
 /// Entry point of the `talon` binary.
 pub fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let cli = if longhorn_pod::is_pod_argv(&argv) {
+        // Longhorn's instance-manager pod arguments
+        let skip = if argv.get(1).and_then(|a| a.to_str()) == Some(longhorn_pod::START) {
+            2
+        } else {
+            1
+        };
+        let rest: Vec<String> = argv
+            .iter()
+            .skip(skip)
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect();
+        match longhorn_pod::serve_argv(&rest) {
+            Ok(talon_argv) => Cli::parse_from(talon_argv),
+            Err(e) => {
+                eprintln!("error: {e}");
+                return ExitCode::FAILURE;
+            }
+        }
+    } else {
+        Cli::parse_from(argv)
+    };
     init_logging(cli.log_format);
     let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
