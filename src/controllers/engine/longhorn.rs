@@ -663,8 +663,16 @@ impl Controller for LonghornController {
                 }
             }
         }
-        let inv = Inventory::load(&self.client).await?;
-        for e in engines.iter().filter(|e| e.metadata.phase == Phase::TearingDown) {
+        let tearing_engines: Vec<&Typed<LonghornEngine>> = engines
+            .iter()
+            .filter(|e| e.metadata.phase == Phase::TearingDown)
+            .collect();
+        let inv = if tearing_engines.is_empty() {
+            Inventory::default()
+        } else {
+            Inventory::load(&self.client).await?
+        };
+        for e in tearing_engines {
             match self.remove_engine(&inv, e, &local).await {
                 Ok(()) => ctx.remove_finalizer::<LonghornEngine>(e.id())?,
                 Err(m) => {
