@@ -16,7 +16,10 @@
 //! - [`host`]: host access through one root handle: hugepages, kernel modules,
 //!   PCI devices and driver binding, OS detection, `doctor` and Talos patches.
 //! - [`ns`]: running closures and programs inside another process's namespaces.
-//! - [`spdk`]: the V2 engine: spdk_tgt supervision and its JSON-RPC client.
+//! - [`spdk`]: the V2 engine: spdk_tgt supervision, its JSON-RPC client, and
+//!   the volume operations by concept: `naming`, `inventory`, `placement`,
+//!   `volume::plan` (pure), `volume` (apply); the test double (`double/`,
+//!   feature `testing`) one file per RPC family.
 //! - [`tgt`]: the V1 engine: tgtd supervision and file-backed iSCSI LUNs.
 //! - [`attach`]: host frontends: kernel NVMe/TCP initiator and iSCSI fallback.
 //! - [`names`]: validated names (volumes, NQNs, IQNs) that reach the kernel or SPDK.

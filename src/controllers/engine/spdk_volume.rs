@@ -40,8 +40,7 @@ use crate::runtime::{Controller, ControllerError, Input, Output, Phase, Reconcil
 use crate::spdk::SpdkClient;
 use crate::spdk::placement::DiskAway;
 use crate::spdk::volume::{
-    ExportSpec, Inventory, VolumeError, VolumeInfo, VolumeOps, VolumePlan, applied_revert, naming,
-    replica_heads,
+    ExportSpec, Inventory, VolumeError, VolumeInfo, VolumeOps, VolumePlan, applied_revert, replica_heads,
 };
 
 /// The TargetStatus id of spdk_tgt.
@@ -219,6 +218,10 @@ impl SpdkVolumeController {
         };
         let mut message = String::new();
         let mut in_sync = job.in_sync.clone();
+        let replicas = job.spec.replicas.max(1) as usize;
+        // the raid's superblock, or (a served replica) room for the engine's
+        let slots = replicas + job.spec.remote_replicas.len();
+        let superblock = job.spec.raid_superblock && (slots >= 2 || job.spec.serve_replica.is_some());
         // revert: once per generation, recorded in SPDK with the data
         let mut reloaded = None;
         if let Some(target) = &job.spec.revert_to
@@ -236,6 +239,7 @@ impl SpdkVolumeController {
                     &snap,
                     job.spec.revert_generation,
                     job.snapshot_set.as_ref(),
+                    superblock.then_some(slots),
                 )
                 .await
             {
@@ -264,7 +268,7 @@ impl SpdkVolumeController {
         let plan = VolumePlan {
             name: name.clone(),
             size_bytes: job.spec.size_bytes,
-            replicas: job.spec.replicas.max(1) as usize,
+            replicas,
             disks: job.spec.disks.clone(),
             placed: job.placed.clone(),
             disk_away: job.disk_away.clone(),
@@ -273,6 +277,7 @@ impl SpdkVolumeController {
             export: export.clone(),
             in_sync,
             remote,
+            superblock,
         };
         let done = match job.spec.serve_replica {
             Some(k) => self.ops.ensure_served(inv, &plan, k as usize).await,
@@ -314,7 +319,7 @@ impl SpdkVolumeController {
                 format!("waiting for disks: {}", err_text(&e)),
             ),
             // waiting for replicas on disks that failed: say why they are away
-            Err(e @ VolumeError::NoCurrentReplica { .. }) => {
+            Err(e @ (VolumeError::NoCurrentReplica { .. } | VolumeError::RaidAssembling { .. })) => {
                 let mut m = err_text(&e);
                 let failed: BTreeSet<&String> = job.placed.values().collect();
                 for d in failed {
@@ -567,11 +572,7 @@ impl Controller for SpdkVolumeController {
 
         let mut inv = Inventory::load(self.ops.client()).await?;
         // only lvstores of configured disks are usable
-        inv.lvstores.retain(|l| {
-            l.name
-                .strip_prefix(crate::spdk::volume::LVS_PREFIX)
-                .is_none_or(|d| disks.contains(d))
-        });
+        inv.retain_disks(&disks);
 
         // orphans: talon-named objects with no desired resource (any engine's volume counts)
         let live_vols: BTreeSet<String> = all_volumes
@@ -605,11 +606,7 @@ impl Controller for SpdkVolumeController {
                 tracing::warn!("{e}");
             }
             inv = Inventory::load(self.ops.client()).await?;
-            inv.lvstores.retain(|l| {
-                l.name
-                    .strip_prefix(crate::spdk::volume::LVS_PREFIX)
-                    .is_none_or(|d| disks.contains(d))
-            });
+            inv.retain_disks(&disks);
         }
 
         let disk_away = disks_away(&disk_list, &ctx.list::<DiskStatus>()?, &inv);
@@ -708,29 +705,21 @@ impl Controller for SpdkVolumeController {
                     continue;
                 }
             };
-            let existing: Vec<String> = replica_heads(&inv, vol.as_str())
+            // taken already: the snapshot lvols of the replicas that have a head
+            let heads: BTreeSet<usize> = replica_heads(&inv, vol.as_str())
                 .iter()
-                .map(|(k, l)| {
-                    format!(
-                        "{}/{}",
-                        l.lvs.name,
-                        naming::snapshot_lvol(vol.as_str(), *k, snap.as_str())
-                    )
-                })
-                .filter(|a| inv.lvols.contains_key(a))
+                .map(|(k, _)| *k)
+                .collect();
+            let taken = inv.snapshot_lvols(vol.as_str(), snap.as_str());
+            let existing: Vec<String> = taken
+                .iter()
+                .filter(|(k, _)| heads.contains(k))
+                .map(|(_, a)| a.clone())
                 .collect();
             let live_volume = live_vols.contains(vol.as_str());
             let st = if !live_volume {
                 // volume gone: what was taken stays until the snapshot is deleted
-                let kept: Vec<String> = inv
-                    .lvols
-                    .values()
-                    .filter(|l| {
-                        l.name.starts_with(&format!("{}-r", vol.as_str()))
-                            && l.name.ends_with(&format!(".s.{snap}"))
-                    })
-                    .map(|l| l.alias.clone())
-                    .collect();
+                let kept: Vec<String> = taken.into_iter().map(|(_, a)| a).collect();
                 if kept.is_empty() {
                     snap_status(
                         &s.spec.volume,
