@@ -37,7 +37,7 @@ use crate::resources::longhorn::{
 use crate::runtime::{Controller, ControllerError, Input, Output, Phase, ReconcileContext, Requeue, Typed};
 use crate::spdk::rpc::{
     AddNamespace, AttachController, ByName, ByNqn, CreateSubsystem, ListenAddress, LvolCreate, RaidCreate,
-    RaidLevel, SubsystemHostParams, SubsystemListener,
+    RaidDelete, RaidLevel, SubsystemHostParams, SubsystemListener,
 };
 use crate::spdk::volume::{Inventory, VolumeOps};
 use crate::spdk::{ErrorKind, SpdkClient};
@@ -498,7 +498,7 @@ impl LonghornController {
         let nqn = naming::volume_nqn(&volume).map_err(|x| x.to_string())?;
         self.unexport(inv, nqn.as_str()).await?;
         if inv.raid(e.id()).is_some() {
-            ignore_missing(self.client.bdev_raid_delete(&ByName::new(e.id())).await)
+            ignore_missing(self.client.bdev_raid_delete(&RaidDelete::new(e.id())).await)
                 .map_err(|x| format!("deleting raid {}: {}", e.id(), chain(&x)))?;
         }
         for replica in e.spec.replica_address_map.keys() {
