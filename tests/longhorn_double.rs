@@ -508,6 +508,13 @@ async fn longhorn_lifecycle_on_the_double() {
         Some(&uuid_a),
         "lvol kept"
     );
+    // and still kept after talon's own orphan cleanup ran (the volume controller polls every 2 s)
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        lvols(&spdk).await.get("talon-disk-a/vol-r-aaaa1111"),
+        Some(&uuid_a),
+        "lvol kept past orphan cleanup"
+    );
     assert!(
         !double
             .subsystem_nqns()
