@@ -1,5 +1,7 @@
 //! Stamps the version: `git describe` when the source is a git checkout,
-//! else the crate version.
+//! else the crate version. Generates the Longhorn instance-manager gRPC code
+//! from talon's own protos in `proto/longhorn` (parsed by protox: no system
+//! protoc needed).
 
 use std::process::Command;
 
@@ -12,6 +14,39 @@ fn main() {
         .or_else(git_describe)
         .unwrap_or_else(|| format!("v{}", std::env::var("CARGO_PKG_VERSION").unwrap_or_default()));
     println!("cargo:rustc-env=TALON_VERSION={version}");
+    longhorn_protos();
+}
+
+/// The Longhorn wire-compatible protos: server and client code, and the
+/// descriptor set that gRPC reflection serves.
+fn longhorn_protos() {
+    const FILES: &[&str] = &[
+        "imrpc/imrpc.proto",
+        "imrpc/common.proto",
+        "imrpc/instance.proto",
+        "imrpc/disk.proto",
+        "imrpc/proxy.proto",
+        "ptypes/controller.proto",
+        "spdkrpc/spdk.proto",
+    ];
+    let root = "proto/longhorn";
+    println!("cargo:rerun-if-changed={root}");
+    let fds = match protox::compile(FILES, [root]) {
+        Ok(f) => f,
+        Err(e) => panic!("the Longhorn protos in {root} do not compile: {e:?}"),
+    };
+    let out = std::path::PathBuf::from(std::env::var("OUT_DIR").expect("OUT_DIR"));
+    let descriptor = out.join("longhorn_descriptor.bin");
+    if let Err(e) = std::fs::write(&descriptor, prost::Message::encode_to_vec(&fds)) {
+        panic!("cannot write {}: {e}", descriptor.display());
+    }
+    if let Err(e) = tonic_prost_build::configure()
+        .build_server(true)
+        .build_client(true)
+        .compile_fds(fds)
+    {
+        panic!("generating the Longhorn gRPC code failed: {e}");
+    }
 }
 
 fn git_describe() -> Option<String> {

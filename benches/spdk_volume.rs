@@ -267,6 +267,23 @@ async fn snapshots(spdk: &Path, ops: &VolumeOps, port: u16) {
 /// The raid superblock's cost: the same 2-replica volume with and without it.
 async fn superblock(spdk: &Path, ops: &VolumeOps, port: u16) {
     let c = ops.client();
+    // a second disk of its own (replicas live on distinct disks)
+    let _ = c
+        .bdev_malloc_create(&MallocCreate {
+            name: Some("talon-disk-sbbench".into()),
+            num_blocks: 1024 * MIB / 4096,
+            block_size: 4096,
+            uuid: None,
+        })
+        .await;
+    let _ = c
+        .bdev_lvol_create_lvstore(&LvstoreCreate {
+            bdev_name: "talon-disk-sbbench".into(),
+            lvs_name: "talon-sbbench".into(),
+            cluster_sz: Some(MIB as u32),
+            clear_method: None,
+        })
+        .await;
     const ROUNDS: usize = 2;
     println!("\nsuperblock: 2-replica 64 MiB volume, 4 KiB QD32, {ROUNDS} interleaved rounds");
     println!(

@@ -23,6 +23,8 @@
 //! - [`tgt`]: the V1 engine: tgtd supervision and file-backed iSCSI LUNs.
 //! - [`attach`]: host frontends: kernel NVMe/TCP initiator and iSCSI fallback.
 //! - [`names`]: validated names (volumes, NQNs, IQNs) that reach the kernel or SPDK.
+//! - [`longhorn`]: Longhorn's V2 instance-manager gRPC protocol, mapped onto talon's
+//!   resources (`talon serve --longhorn-listen`).
 //! - [`serve`]: `talon serve`, wiring the runtime, controllers and API together.
 
 pub mod api;
@@ -31,6 +33,7 @@ pub mod cli;
 pub mod client;
 pub mod controllers;
 pub mod host;
+pub mod longhorn;
 pub mod names;
 pub mod ns;
 pub mod resources;

@@ -113,6 +113,8 @@ pub enum ServeError {
     },
     #[error(transparent)]
     Target(#[from] crate::spdk::target::TargetError),
+    #[error(transparent)]
+    Longhorn(#[from] crate::longhorn::server::LonghornError),
 }
 
 /// The desired state a config file may carry.
@@ -331,6 +333,16 @@ pub fn node_info_fn(
 
 /// Runs the daemon until `shutdown` completes.
 pub async fn serve(opts: ServeOptions, shutdown: impl Future<Output = ()> + Send) -> Result<(), ServeError> {
+    serve_with(opts, None, shutdown).await
+}
+
+/// [`serve`], also serving Longhorn's instance-manager protocol when
+/// `longhorn` is given (`--longhorn-listen`).
+pub async fn serve_with(
+    opts: ServeOptions,
+    longhorn: Option<crate::longhorn::server::LonghornOptions>,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), ServeError> {
     if opts.spdk.embedded && !cfg!(feature = "spdk-embedded") {
         return Err(crate::spdk::target::TargetError::EmbeddedNotBuilt.into());
     }
@@ -404,6 +416,11 @@ pub async fn serve(opts: ServeOptions, shutdown: impl Future<Output = ()> + Send
                 .await
                 .map_err(|source| ServeError::TcpBind { addr, source })?,
         ),
+        None => None,
+    };
+
+    let longhorn_bound = match &longhorn {
+        Some(l) => Some(crate::longhorn::server::bind(l).await?),
         None => None,
     };
 
@@ -481,6 +498,22 @@ pub async fn serve(opts: ServeOptions, shutdown: impl Future<Output = ()> + Send
         }
         _ => None,
     };
+    let longhorn_task = match (longhorn_bound, longhorn) {
+        (Some(bound), Some(l)) => {
+            tracing::info!(addrs = ?bound.addrs(), "Longhorn instance-manager protocol");
+            let lh = crate::longhorn::server::Longhorn::new(
+                state.clone(),
+                crate::spdk::SpdkClient::new(opts.spdk.target_config(&opts.run_dir).socket()),
+                l.ports,
+            );
+            Some(tokio::spawn(crate::longhorn::server::serve(
+                bound,
+                lh,
+                stopped(stop_rx.clone()),
+            )))
+        }
+        _ => None,
+    };
     tokio::select! {
         _ = shutdown => {}
         _ = stop_asked.notified() => tracing::info!("node_stop asked"),
@@ -490,6 +523,15 @@ pub async fn serve(opts: ServeOptions, shutdown: impl Future<Output = ()> + Send
     let _ = unix_task.await;
     if let Some(t) = tcp_task {
         let _ = t.await;
+    }
+    if let Some(t) = longhorn_task {
+        match t.await {
+            Ok(Err(e)) => {
+                tracing::warn!(error = %crate::runtime::runner::error_chain(&e), "Longhorn servers")
+            }
+            Err(e) => tracing::warn!(error = %e, "Longhorn servers task"),
+            Ok(Ok(())) => {}
+        }
     }
     let stop_targets = deps.targets_on_exit.stops();
     runtime.shutdown().await;

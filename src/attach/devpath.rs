@@ -57,16 +57,28 @@ pub fn create(
     device: &str,
     dev: DevNum,
 ) -> Result<PathBuf, AttachError> {
-    let host_path = stable_path(volume);
+    create_in(root, DEV_DIR, volume, device, dev)
+}
+
+/// [`create`] in another directory of the host (`/dev/longhorn` for Longhorn's
+/// engine-frontends).
+pub fn create_in(
+    root: &HostRoot,
+    dev_dir: &str,
+    volume: &ObjectName,
+    device: &str,
+    dev: DevNum,
+) -> Result<PathBuf, AttachError> {
+    let host_path = PathBuf::from(dev_dir).join(volume.as_str());
     let path = root.path(&host_path);
-    let dir = root.path(DEV_DIR);
+    let dir = root.path(dev_dir);
     let err = |source: std::io::Error| AttachError::CreateDevicePath {
         path: host_path.clone(),
         device: device.to_string(),
         source,
     };
     fs::create_dir_all(&dir).map_err(err)?;
-    if let Some(cur) = current(root, volume)?
+    if let Some(cur) = current_in(root, dev_dir, volume)?
         && cur == dev
     {
         return Ok(host_path);
@@ -90,7 +102,16 @@ pub fn create(
 /// The device number behind `/dev/talon/<volume>`, `None` when absent; an error when the path
 /// exists but is not a block device (talon never touches it then).
 pub fn current(root: &HostRoot, volume: &ObjectName) -> Result<Option<DevNum>, AttachError> {
-    let host_path = stable_path(volume);
+    current_in(root, DEV_DIR, volume)
+}
+
+/// [`current`] in another directory of the host.
+pub fn current_in(
+    root: &HostRoot,
+    dev_dir: &str,
+    volume: &ObjectName,
+) -> Result<Option<DevNum>, AttachError> {
+    let host_path = PathBuf::from(dev_dir).join(volume.as_str());
     match fs::symlink_metadata(root.path(&host_path)) {
         Ok(m) if m.file_type().is_block_device() => Ok(Some(DevNum {
             major: major(m.rdev()),
@@ -107,10 +128,15 @@ pub fn current(root: &HostRoot, volume: &ObjectName) -> Result<Option<DevNum>, A
 
 /// Removes `/dev/talon/<volume>` if it is a block device node; absent is fine.
 pub fn remove(root: &HostRoot, volume: &ObjectName) -> Result<(), AttachError> {
-    if current(root, volume)?.is_none() {
+    remove_in(root, DEV_DIR, volume)
+}
+
+/// [`remove`] in another directory of the host.
+pub fn remove_in(root: &HostRoot, dev_dir: &str, volume: &ObjectName) -> Result<(), AttachError> {
+    if current_in(root, dev_dir, volume)?.is_none() {
         return Ok(());
     }
-    let host_path = stable_path(volume);
+    let host_path = PathBuf::from(dev_dir).join(volume.as_str());
     match fs::remove_file(root.path(&host_path)) {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),

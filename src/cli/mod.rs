@@ -9,6 +9,7 @@
 pub mod attach;
 pub mod doctor;
 pub mod host;
+pub mod longhorn_pod;
 pub mod ns;
 pub mod output;
 pub mod volume;
@@ -138,6 +139,32 @@ pub struct ServeArgs {
         value_parser = clap::builder::BoolishValueParser::new()
     )]
     pub stop_targets_on_exit: bool,
+    /// Serve Longhorn's V2 instance-manager gRPC protocol on this address and
+    /// the four ports after it (Longhorn: 0.0.0.0:8500, so 8500-8504).
+    #[arg(long, value_name = "ADDR:PORT")]
+    pub longhorn_listen: Option<std::net::SocketAddr>,
+    /// The ports Longhorn instances' NVMe/TCP exports are given from.
+    #[arg(long, value_name = "LOW-HIGH", default_value = "20001-30000", value_parser = parse_port_range)]
+    pub longhorn_port_range: std::ops::RangeInclusive<u16>,
+}
+
+/// `LOW-HIGH`, both ports, LOW <= HIGH.
+pub fn parse_port_range(s: &str) -> Result<std::ops::RangeInclusive<u16>, String> {
+    let (lo, hi) = s
+        .split_once('-')
+        .ok_or_else(|| format!("{s:?} is not LOW-HIGH"))?;
+    let port = |p: &str| {
+        p.trim()
+            .parse::<u16>()
+            .ok()
+            .filter(|p| *p > 0)
+            .ok_or_else(|| format!("{p:?} is not a port"))
+    };
+    let (lo, hi) = (port(lo)?, port(hi)?);
+    if lo > hi {
+        return Err(format!("{s:?}: {lo} is above {hi}"));
+    }
+    Ok(lo..=hi)
 }
 
 /// `talon serve --engine`.
@@ -230,7 +257,29 @@ fn init_logging(format: LogFormat) {
 
 /// Entry point of the `talon` binary.
 pub fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let cli = if longhorn_pod::is_pod_argv(&argv) {
+        // Longhorn's instance-manager pod arguments
+        let skip = if argv.get(1).and_then(|a| a.to_str()) == Some(longhorn_pod::START) {
+            2
+        } else {
+            1
+        };
+        let rest: Vec<String> = argv
+            .iter()
+            .skip(skip)
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect();
+        match longhorn_pod::serve_argv(&rest) {
+            Ok(talon_argv) => Cli::parse_from(talon_argv),
+            Err(e) => {
+                eprintln!("error: {e}");
+                return ExitCode::FAILURE;
+            }
+        }
+    } else {
+        Cli::parse_from(argv)
+    };
     init_logging(cli.log_format);
     let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
@@ -285,7 +334,13 @@ async fn run(cli: Cli) -> Result<ExitCode, CliError> {
                 },
                 stop_targets_on_exit: a.stop_targets_on_exit,
             };
-            crate::serve::serve(opts, shutdown_signal()).await?;
+            let longhorn = a
+                .longhorn_listen
+                .map(|listen| crate::longhorn::server::LonghornOptions {
+                    listen,
+                    ports: a.longhorn_port_range.clone(),
+                });
+            crate::serve::serve_with(opts, longhorn, shutdown_signal()).await?;
         }
         Command::Get(a) => get(&cli.socket, a).await?,
         Command::Attach(a) => attach::run_attach(a)?,

@@ -55,7 +55,14 @@ pub fn register_all(rt: &mut Runtime, deps: &Deps) -> Result<(), RuntimeError> {
             crate::spdk::SpdkClient::new(socket),
             selection.auto_engine() == crate::resources::engine::Engine::V2,
         )
-        .with_host_nqn(host_nqn),
+        .with_host_nqn(host_nqn.clone()),
+    )?;
+    rt.register(
+        engine::longhorn::LonghornController::new(crate::spdk::SpdkClient::new(
+            deps.spdk.target_config(&deps.run_dir).socket(),
+        ))
+        .with_host_nqn(host_nqn)
+        .with_host(deps.host.clone(), deps.data_dir.clone()),
     )?;
     rt.register(frontend::attach::AttachController::new(deps.clone()))?;
     host::register_config(rt, &deps.host, host::SpdkDemand::new(&deps.spdk, &selection))?;

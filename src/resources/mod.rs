@@ -3,9 +3,9 @@
 //!
 //! | namespace | types |
 //! |---|---|
-//! | `config` | NodeConfig, Disk, Volume, Snapshot (persisted) |
+//! | `config` | NodeConfig, Disk, Volume, Snapshot, LonghornReplica, LonghornEngine, LonghornEngineFrontend (persisted) |
 //! | `host` | HugepagesSpec, HugepagesStatus, KernelModuleStatus, PciDevice, PciBindingStatus, HostCapabilities |
-//! | `engine` | TargetStatus, DiskStatus, ReplicaStatus, EngineStatus |
+//! | `engine` | TargetStatus, DiskStatus, ReplicaStatus, EngineStatus, LonghornInstanceStatus |
 //! | `frontend` | AttachmentStatus |
 //! | `ledger` | ReplicaLedger, HugepagesLedger, PciBindIntent (persisted) |
 
@@ -13,6 +13,7 @@ pub mod config;
 pub mod engine;
 pub mod frontend;
 pub mod host;
+pub mod longhorn;
 
 use crate::runtime::TypeRegistry;
 
@@ -105,6 +106,36 @@ pub fn register_types(reg: &mut TypeRegistry) {
             ("STATE", "/state"),
             ("DEVICE", "/device"),
             ("PATH", "/path"),
+        ],
+    );
+    reg.register::<longhorn::LonghornReplica>(
+        "A Longhorn replica instance (thin lvol, NVMe/TCP export)",
+        &[
+            ("VOLUME", "/volume"),
+            ("DISK", "/disk"),
+            ("SIZE", "/sizeBytes"),
+            ("PORT", "/portStart"),
+        ],
+    );
+    reg.register::<longhorn::LonghornEngine>(
+        "A Longhorn engine instance (raid1 over its replicas, NVMe/TCP export)",
+        &[("VOLUME", "/volume"), ("SIZE", "/sizeBytes"), ("PORT", "/port")],
+    );
+    reg.register::<longhorn::LonghornEngineFrontend>(
+        "A Longhorn engine-frontend instance (kernel NVMe/TCP attach)",
+        &[
+            ("VOLUME", "/volume"),
+            ("ENGINE", "/engineName"),
+            ("TARGET", "/targetAddress"),
+        ],
+    );
+    reg.register::<longhorn::LonghornInstanceStatus>(
+        "A Longhorn instance as the engine made it",
+        &[
+            ("KIND", "/kind"),
+            ("STATE", "/state"),
+            ("ENDPOINT", "/endpoint"),
+            ("MESSAGE", "/message"),
         ],
     );
     host::register_types(reg);

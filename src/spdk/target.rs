@@ -642,7 +642,14 @@ impl Target {
             .open(&log_path)
             .map_err(log_err)?;
         let log2 = log.try_clone().map_err(log_err)?;
+        // argv[0] is the bare program name: Longhorn's liveness probe looks for a
+        // process whose command line starts with `spdk_tgt` (`pgrep -f '^spdk_tgt'`)
+        let arg0 = bin
+            .file_name()
+            .map(|n| n.to_os_string())
+            .unwrap_or_else(|| bin.clone().into());
         let mut child = Command::new(&bin)
+            .arg0(arg0)
             .args(cfg.argv())
             .stdin(std::process::Stdio::null())
             // a file, not talon's stdout: the target outlives talon (a pipe would break)

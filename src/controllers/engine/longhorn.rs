@@ -1,0 +1,786 @@
+//! `engine.LonghornController`: realizes Longhorn's V2 instances (desired
+//! state written by the instance-manager gRPC service) in spdk_tgt on talon's
+//! own disks, and reports `LonghornInstanceStatus`.
+//!
+//! ```text
+//!   LonghornReplica ──> lvol talon-<disk>/<r> (thin) ──> export nqn...:<r> on port_start
+//!        │                    (not exported while an engine here holds it: a raid1 claims it)
+//!   LonghornEngine ──> members: local replica = its lvol, remote = bdev_nvme_attach_controller
+//!        │             ──> raid1 <e> (two or more) ──> export nqn...:volume-<v> on port
+//!   LonghornEngineFrontend ──> kernel NVMe/TCP attach of the engine's export, /dev/longhorn/<v>
+//!   order: engines torn down, frontends torn down, replicas, engines, frontends
+//! ```
+//!
+//! Every reconcile compares the target with the desired state, so a restart
+//! of spdk_tgt (TargetStatus changes) or of talon is repaired by the path that
+//! creates: lvols come back with their lvstore (the disk controller examines
+//! it), the raid and the exports are made again. A replica deleted without
+//! `cleanup` keeps its lvol; one deleted with it loses it. Objects are named
+//! by Longhorn's scheme ([`crate::longhorn::naming`]), which talon's own
+//! orphan cleanup never matches.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::attach::nvme_tcp::{self, ConnectOptions, NvmeTcpTarget};
+use crate::host::HostRoot;
+use crate::longhorn::naming;
+use crate::names::ObjectName;
+use crate::resources::config::{Disk, NodeConfig};
+use crate::resources::engine::{DiskStatus, ObjectState, TargetStatus};
+use crate::resources::longhorn::{
+    InstanceKind, InstanceState, LonghornEngine, LonghornEngineFrontend, LonghornInstanceStatus,
+    LonghornReplica,
+};
+use crate::runtime::{Controller, ControllerError, Input, Output, Phase, ReconcileContext, Requeue, Typed};
+use crate::spdk::rpc::{
+    AddNamespace, AttachController, ByName, ByNqn, CreateSubsystem, ListenAddress, LvolCreate, RaidCreate,
+    RaidDelete, RaidLevel, SubsystemHostParams, SubsystemListener,
+};
+use crate::spdk::volume::{Inventory, VolumeOps};
+use crate::spdk::{ErrorKind, SpdkClient};
+
+use super::spdk_volume::SPDK_STATUS_ID;
+
+/// The controller's name (also its finalizer on Longhorn's instances).
+pub const NAME: &str = "engine.LonghornController";
+/// Where engine-frontends put their device nodes.
+pub const DEV_DIR: &str = "/dev/longhorn";
+const MIB: u64 = 1 << 20;
+/// Status poll while instances exist (a remote replica that comes back, a
+/// device that appears).
+const POLL: Duration = Duration::from_secs(3);
+
+/// Realizes Longhorn's instances.
+#[derive(Debug)]
+pub struct LonghornController {
+    client: SpdkClient,
+    ops: VolumeOps,
+    /// talon's host NQN: admitted on every export (its own engine-frontends).
+    host_nqn: Option<String>,
+    /// The host, for engine-frontends; `None` refuses them (tests on a double).
+    host: Option<(HostRoot, PathBuf)>,
+}
+
+impl LonghornController {
+    /// A controller driving the target behind `client`.
+    pub fn new(client: SpdkClient) -> Self {
+        Self {
+            ops: VolumeOps::new(client.clone()),
+            client,
+            host_nqn: None,
+            host: None,
+        }
+    }
+
+    /// Admits this host's NQN on the exports.
+    pub fn with_host_nqn(mut self, nqn: Option<String>) -> Self {
+        self.host_nqn = nqn;
+        self
+    }
+
+    /// Attaches engine-frontends through the kernel of `host` (`data_dir`
+    /// holds the host identity).
+    pub fn with_host(mut self, host: HostRoot, data_dir: PathBuf) -> Self {
+        self.host = Some((host, data_dir));
+        self
+    }
+
+    fn hosts(&self, node: &NodeConfig) -> Vec<String> {
+        let mut hosts = vec![naming::internal_host_nqn()];
+        hosts.extend(self.host_nqn.clone());
+        for h in &node.allowed_hosts {
+            if crate::names::Nqn::parse(h).is_ok() && !hosts.contains(h) {
+                hosts.push(h.clone());
+            }
+        }
+        hosts
+    }
+}
+
+fn status(kind: InstanceKind, state: InstanceState, message: impl Into<String>) -> LonghornInstanceStatus {
+    LonghornInstanceStatus {
+        kind,
+        state,
+        message: message.into(),
+        bdev: String::new(),
+        uuid: String::new(),
+        nqn: String::new(),
+        endpoint: String::new(),
+        allocated_bytes: 0,
+    }
+}
+
+fn chain(e: &crate::spdk::ClientError) -> String {
+    crate::runtime::runner::error_chain(e)
+}
+
+fn ignore_missing<T>(r: Result<T, crate::spdk::ClientError>) -> Result<(), crate::spdk::ClientError> {
+    match r {
+        Ok(_) => Ok(()),
+        Err(e) if e.is(ErrorKind::NotFound) => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// One export to make: subsystem, namespace, listener, hosts.
+struct ExportPlan<'a> {
+    nqn: &'a str,
+    bdev: &'a str,
+    ns_id: uuid::Uuid,
+    model: &'a str,
+    listen: ListenAddress,
+    hosts: &'a [String],
+}
+
+impl LonghornController {
+    /// Makes the missing parts of an export (idempotent); a subsystem that
+    /// serves another bdev is made again.
+    async fn export(&self, inv: &Inventory, p: &ExportPlan<'_>) -> Result<(), String> {
+        if !inv.tcp_transport {
+            self.ops
+                .ensure_transport()
+                .await
+                .map_err(|e| format!("creating the NVMe/TCP transport: {}", chain(&e)))?;
+        }
+        let mut sub = inv.subsystem(p.nqn).cloned();
+        if let Some(s) = &sub {
+            let bdev_uuid = inv.lvols.get(p.bdev).map(|l| l.uuid.as_str());
+            let serves = s
+                .namespaces
+                .iter()
+                .any(|n| n.bdev_name == p.bdev || Some(n.bdev_name.as_str()) == bdev_uuid);
+            if !s.namespaces.is_empty() && !serves {
+                ignore_missing(
+                    self.client
+                        .nvmf_delete_subsystem(&ByNqn { nqn: p.nqn.into() })
+                        .await,
+                )
+                .map_err(|e| {
+                    format!(
+                        "deleting subsystem {} (it serves another bdev): {}",
+                        p.nqn,
+                        chain(&e)
+                    )
+                })?;
+                sub = None;
+            }
+        }
+        let made = sub.is_none();
+        let result = self.export_in(sub.as_ref(), p).await;
+        if result.is_err() && made {
+            let _ = self
+                .client
+                .nvmf_delete_subsystem(&ByNqn { nqn: p.nqn.into() })
+                .await;
+        }
+        result
+    }
+
+    async fn export_in(
+        &self,
+        sub: Option<&crate::spdk::rpc::Subsystem>,
+        p: &ExportPlan<'_>,
+    ) -> Result<(), String> {
+        let nqn = p.nqn;
+        if sub.is_none() {
+            self.client
+                .nvmf_create_subsystem(&CreateSubsystem {
+                    nqn: nqn.into(),
+                    allow_any_host: Some(false),
+                    serial_number: None,
+                    model_number: Some(p.model.into()),
+                    max_namespaces: Some(1),
+                    ana_reporting: Some(true),
+                })
+                .await
+                .map_err(|e| format!("creating subsystem {nqn}: {}", chain(&e)))?;
+        }
+        if sub.is_none_or(|s| s.namespaces.is_empty()) {
+            self.client
+                .nvmf_subsystem_add_ns(&AddNamespace::with_id(nqn, p.bdev, p.ns_id))
+                .await
+                .map_err(|e| format!("exporting {} in {nqn}: {}", p.bdev, chain(&e)))?;
+        }
+        for h in p.hosts {
+            if sub.is_some_and(|s| s.hosts.iter().any(|x| &x.nqn == h)) {
+                continue;
+            }
+            match self
+                .client
+                .nvmf_subsystem_add_host(&SubsystemHostParams {
+                    nqn: nqn.into(),
+                    host: h.clone(),
+                })
+                .await
+            {
+                Ok(_) => {}
+                Err(e) if e.is(ErrorKind::AlreadyExists) => {}
+                Err(e) => return Err(format!("allowing host {h} on {nqn}: {}", chain(&e))),
+            }
+        }
+        let listening = sub.is_some_and(|s| {
+            s.listen_addresses
+                .iter()
+                .any(|l| l.traddr == p.listen.traddr && l.trsvcid == p.listen.trsvcid)
+        });
+        if !listening {
+            match self
+                .client
+                .nvmf_subsystem_add_listener(&SubsystemListener {
+                    nqn: nqn.into(),
+                    listen_address: p.listen.clone(),
+                })
+                .await
+            {
+                Ok(_) => {}
+                Err(e) if e.is(ErrorKind::AlreadyExists) => {}
+                Err(e) => {
+                    return Err(format!(
+                        "listening on {}:{} for {nqn}: {}",
+                        p.listen.traddr,
+                        p.listen.trsvcid.as_deref().unwrap_or(""),
+                        chain(&e)
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn unexport(&self, inv: &Inventory, nqn: &str) -> Result<(), String> {
+        if inv.subsystem(nqn).is_none() {
+            return Ok(());
+        }
+        ignore_missing(
+            self.client
+                .nvmf_delete_subsystem(&ByNqn { nqn: nqn.into() })
+                .await,
+        )
+        .map_err(|e| format!("deleting subsystem {nqn}: {}", chain(&e)))
+    }
+
+    /// A replica: its lvol, exported unless `held` by an engine here.
+    async fn ensure_replica(
+        &self,
+        inv: &Inventory,
+        ctx: &ReconcileContext,
+        node: &NodeConfig,
+        r: &Typed<LonghornReplica>,
+        held: bool,
+    ) -> Result<LonghornInstanceStatus, String> {
+        let name = ObjectName::parse("replica", r.id()).map_err(|e| e.to_string())?;
+        let spec = &r.spec;
+        let disk = ctx
+            .get::<DiskStatus>(&spec.disk)
+            .map_err(|e| e.to_string())?
+            .filter(|d| d.spec.state == ObjectState::Ready)
+            .ok_or_else(|| format!("disk {} is not ready", spec.disk))?;
+        let alias = naming::replica_alias(&spec.disk, name.as_str());
+        let lvol = match inv.lvols.get(&alias) {
+            Some(l) => l.clone(),
+            None => {
+                self.client
+                    .bdev_lvol_create(&LvolCreate::thin(
+                        &disk.spec.lvstore,
+                        name.as_str(),
+                        spec.size_bytes.div_ceil(MIB),
+                    ))
+                    .await
+                    .map_err(|e| format!("creating lvol {alias}: {}", chain(&e)))?;
+                let lvols = self
+                    .client
+                    .bdev_lvol_get_lvols(&Default::default())
+                    .await
+                    .map_err(|e| format!("listing lvols: {}", chain(&e)))?;
+                lvols
+                    .into_iter()
+                    .find(|l| l.alias == alias)
+                    .ok_or_else(|| format!("lvol {alias} is not listed after its creation"))?
+            }
+        };
+        let nqn = naming::replica_nqn(&name).map_err(|e| e.to_string())?;
+        let addr: IpAddr = node.listen_address.parse().map_err(|_| {
+            format!(
+                "the node's listenAddress {} is not an IP address",
+                node.listen_address
+            )
+        })?;
+        let mut st = status(InstanceKind::Replica, InstanceState::Running, "");
+        st.bdev = alias.clone();
+        st.uuid = lvol.uuid.clone();
+        st.allocated_bytes = lvol.num_allocated_clusters * disk.spec.cluster_bytes;
+        if held {
+            self.unexport(inv, nqn.as_str()).await?;
+            st.message = "held by an engine on this node (its raid1 claims the lvol)".into();
+        } else {
+            let hosts = self.hosts(node);
+            self.export(
+                inv,
+                &ExportPlan {
+                    nqn: nqn.as_str(),
+                    bdev: &alias,
+                    ns_id: naming::namespace_id(name.as_str()),
+                    model: "talon-longhorn-replica",
+                    listen: ListenAddress::tcp(addr, spec.port_start),
+                    hosts: &hosts,
+                },
+            )
+            .await?;
+            st.nqn = nqn.as_str().to_owned();
+            st.endpoint = SocketAddr::new(addr, spec.port_start).to_string();
+        }
+        Ok(st)
+    }
+
+    /// Removes a replica's export and, with `cleanup`, its lvol.
+    async fn remove_replica(&self, inv: &Inventory, r: &Typed<LonghornReplica>) -> Result<(), String> {
+        let name = ObjectName::parse("replica", r.id()).map_err(|e| e.to_string())?;
+        let nqn = naming::replica_nqn(&name).map_err(|e| e.to_string())?;
+        self.unexport(inv, nqn.as_str()).await?;
+        if r.spec.cleanup {
+            let alias = naming::replica_alias(&r.spec.disk, name.as_str());
+            if inv.lvols.contains_key(&alias) {
+                ignore_missing(self.client.bdev_lvol_delete(&ByName::new(&alias)).await)
+                    .map_err(|e| format!("deleting lvol {alias}: {}", chain(&e)))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The member bdevs of an engine, in `replicaAddressMap` order: a local
+    /// replica's lvol, or a remote replica attached over NVMe/TCP. Members
+    /// that cannot be reached are listed in the second value.
+    async fn members(
+        &self,
+        inv: &Inventory,
+        e: &LonghornEngine,
+        local: &BTreeMap<String, LonghornReplica>,
+    ) -> (Vec<String>, Vec<String>) {
+        let mut bdevs = Vec::new();
+        let mut missing = Vec::new();
+        for (replica, address) in &e.replica_address_map {
+            if let Some(r) = local.get(replica) {
+                let alias = naming::replica_alias(&r.disk, replica);
+                if inv.lvols.contains_key(&alias) {
+                    bdevs.push(alias);
+                } else {
+                    missing.push(format!("local replica {replica}: lvol {alias} is missing"));
+                }
+                continue;
+            }
+            match self.attach_remote(inv, replica, address).await {
+                Ok(b) => bdevs.push(b),
+                Err(m) => missing.push(m),
+            }
+        }
+        (bdevs, missing)
+    }
+
+    async fn attach_remote(&self, inv: &Inventory, replica: &str, address: &str) -> Result<String, String> {
+        let bdev = format!("{replica}n1");
+        if inv.bdevs.contains_key(&bdev) {
+            return Ok(bdev);
+        }
+        let name = naming::instance_name("replica", replica).map_err(|e| e.to_string())?;
+        let sa: SocketAddr = address
+            .parse()
+            .map_err(|_| format!("replica {replica}: address {address:?} is not ip:port"))?;
+        let nqn = naming::replica_nqn(&name).map_err(|e| e.to_string())?;
+        let bdevs = match self
+            .client
+            .bdev_nvme_attach_controller(&AttachController {
+                hostnqn: Some(naming::internal_host_nqn()),
+                ..AttachController::tcp(replica, sa.ip(), sa.port(), nqn.as_str())
+            })
+            .await
+        {
+            Ok(b) => b,
+            Err(e) if e.is(ErrorKind::AlreadyExists) => vec![bdev.clone()],
+            Err(e) => {
+                return Err(format!(
+                    "replica {replica}: attaching {nqn} at {sa}: {}",
+                    chain(&e)
+                ));
+            }
+        };
+        bdevs
+            .into_iter()
+            .next()
+            .ok_or_else(|| format!("replica {replica}: {nqn} at {sa} has no namespace"))
+    }
+
+    /// An engine: its members, raid1 (two or more) and export.
+    async fn ensure_engine(
+        &self,
+        inv: &Inventory,
+        node: &NodeConfig,
+        e: &Typed<LonghornEngine>,
+        local: &BTreeMap<String, LonghornReplica>,
+    ) -> Result<LonghornInstanceStatus, String> {
+        let name = ObjectName::parse("engine", e.id()).map_err(|x| x.to_string())?;
+        let volume = ObjectName::parse("volume", &e.spec.volume).map_err(|x| x.to_string())?;
+        let addr: IpAddr = node.listen_address.parse().map_err(|_| {
+            format!(
+                "the node's listenAddress {} is not an IP address",
+                node.listen_address
+            )
+        })?;
+        let (bdev, uuid) = match inv.raid(name.as_str()) {
+            Some(raid) => (raid.name.clone(), raid.uuid.clone().unwrap_or_default()),
+            None => {
+                let (members, missing) = self.members(inv, &e.spec, local).await;
+                if !missing.is_empty() || members.is_empty() {
+                    return Err(format!("waiting for replicas: {}", missing.join("; ")));
+                }
+                if members.len() == 1 {
+                    let m = members[0].clone();
+                    let uuid = inv.lvols.get(&m).map(|l| l.uuid.clone()).unwrap_or_default();
+                    (m, uuid)
+                } else {
+                    self.client
+                        .bdev_raid_create(&RaidCreate {
+                            name: name.as_str().into(),
+                            raid_level: RaidLevel::Raid1,
+                            base_bdevs: members.clone(),
+                            strip_size_kb: None,
+                            uuid: None,
+                            superblock: None,
+                        })
+                        .await
+                        .map_err(|x| {
+                            format!("creating raid1 {name} over {}: {}", members.join(", "), chain(&x))
+                        })?;
+                    let uuid = self
+                        .client
+                        .bdev(name.as_str())
+                        .await
+                        .ok()
+                        .flatten()
+                        .map(|b| b.uuid.unwrap_or_default())
+                        .unwrap_or_default();
+                    (name.as_str().to_owned(), uuid)
+                }
+            }
+        };
+        let nqn = naming::volume_nqn(&volume).map_err(|x| x.to_string())?;
+        let hosts = self.hosts(node);
+        self.export(
+            inv,
+            &ExportPlan {
+                nqn: nqn.as_str(),
+                bdev: &bdev,
+                ns_id: naming::namespace_id(&format!("volume-{volume}")),
+                model: "talon-longhorn-engine",
+                listen: ListenAddress::tcp(addr, e.spec.port),
+                hosts: &hosts,
+            },
+        )
+        .await?;
+        let mut st = status(InstanceKind::Engine, InstanceState::Running, "");
+        st.bdev = bdev;
+        st.uuid = uuid;
+        st.nqn = nqn.as_str().to_owned();
+        st.endpoint = SocketAddr::new(addr, e.spec.port).to_string();
+        Ok(st)
+    }
+
+    /// Removes an engine's export, raid and remote attachments (replicas stay).
+    async fn remove_engine(
+        &self,
+        inv: &Inventory,
+        e: &Typed<LonghornEngine>,
+        local: &BTreeMap<String, LonghornReplica>,
+    ) -> Result<(), String> {
+        let volume = ObjectName::parse("volume", &e.spec.volume).map_err(|x| x.to_string())?;
+        let nqn = naming::volume_nqn(&volume).map_err(|x| x.to_string())?;
+        self.unexport(inv, nqn.as_str()).await?;
+        if inv.raid(e.id()).is_some() {
+            ignore_missing(self.client.bdev_raid_delete(&RaidDelete::new(e.id())).await)
+                .map_err(|x| format!("deleting raid {}: {}", e.id(), chain(&x)))?;
+        }
+        for replica in e.spec.replica_address_map.keys() {
+            if local.contains_key(replica) || !inv.controllers.iter().any(|c| c == replica) {
+                continue;
+            }
+            ignore_missing(
+                self.client
+                    .bdev_nvme_detach_controller(&ByName::new(replica))
+                    .await,
+            )
+            .map_err(|x| format!("detaching replica {replica}: {}", chain(&x)))?;
+        }
+        Ok(())
+    }
+
+    /// An engine-frontend: the kernel attaches the engine's export.
+    async fn ensure_frontend(
+        &self,
+        f: &Typed<LonghornEngineFrontend>,
+    ) -> Result<LonghornInstanceStatus, String> {
+        let Some((host, data_dir)) = self.host.clone() else {
+            return Err("engine-frontends need the host's kernel (not available to this controller)".into());
+        };
+        let volume = ObjectName::parse("volume", &f.spec.volume).map_err(|x| x.to_string())?;
+        let sa: SocketAddr = f
+            .spec
+            .target_address
+            .parse()
+            .map_err(|_| format!("target address {:?} is not ip:port", f.spec.target_address))?;
+        let target = NvmeTcpTarget {
+            traddr: sa.ip(),
+            trsvcid: sa.port(),
+            nqn: naming::volume_nqn(&volume).map_err(|x| x.to_string())?,
+        };
+        let v = volume.clone();
+        let attached = tokio::task::spawn_blocking(move || {
+            let a = nvme_tcp::attach(&host, &data_dir, &v, &target, &ConnectOptions::default())
+                .map_err(|e| crate::runtime::runner::error_chain(&e))?;
+            crate::attach::devpath::create_in(&host, DEV_DIR, &v, &a.device, a.dev)
+                .map_err(|e| crate::runtime::runner::error_chain(&e))?;
+            Ok::<_, String>(a)
+        })
+        .await
+        .map_err(|e| format!("attach task: {e}"))??;
+        let mut st = status(InstanceKind::EngineFrontend, InstanceState::Running, "");
+        st.bdev = attached.device;
+        st.nqn = naming::volume_nqn(&volume)
+            .map_err(|x| x.to_string())?
+            .as_str()
+            .to_owned();
+        st.endpoint = format!("{DEV_DIR}/{volume}");
+        Ok(st)
+    }
+
+    async fn remove_frontend(&self, f: &Typed<LonghornEngineFrontend>) -> Result<(), String> {
+        let Some((host, data_dir)) = self.host.clone() else {
+            return Ok(());
+        };
+        let volume = ObjectName::parse("volume", &f.spec.volume).map_err(|x| x.to_string())?;
+        let nqn = naming::volume_nqn(&volume).map_err(|x| x.to_string())?;
+        tokio::task::spawn_blocking(move || {
+            crate::attach::devpath::remove_in(&host, DEV_DIR, &volume)
+                .map_err(|e| crate::runtime::runner::error_chain(&e))?;
+            nvme_tcp::detach(&host, &data_dir, &volume, Some(&nqn))
+                .map_err(|e| crate::runtime::runner::error_chain(&e))?;
+            Ok::<_, String>(())
+        })
+        .await
+        .map_err(|e| format!("detach task: {e}"))?
+    }
+}
+
+#[async_trait::async_trait]
+impl Controller for LonghornController {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    fn inputs(&self) -> Vec<Input> {
+        vec![
+            Input::of::<LonghornReplica>(),
+            Input::of::<LonghornEngine>(),
+            Input::of::<LonghornEngineFrontend>(),
+            Input::of::<Disk>(),
+            Input::of::<DiskStatus>(),
+            Input::of::<TargetStatus>(),
+            Input::of::<NodeConfig>(),
+        ]
+    }
+
+    fn outputs(&self) -> Vec<Output> {
+        vec![Output::exclusive::<LonghornInstanceStatus>()]
+    }
+
+    async fn reconcile(&self, ctx: &mut ReconcileContext) -> Result<Requeue, ControllerError> {
+        let replicas = ctx.list::<LonghornReplica>()?;
+        let engines = ctx.list::<LonghornEngine>()?;
+        let frontends = ctx.list::<LonghornEngineFrontend>()?;
+        if replicas.is_empty() && engines.is_empty() && frontends.is_empty() {
+            return Ok(Requeue::OnInputChange);
+        }
+        let node = ctx.get::<NodeConfig>("node")?.map(|n| n.spec).unwrap_or_default();
+        for r in &replicas {
+            if r.metadata.phase == Phase::Running {
+                ctx.add_finalizer::<LonghornReplica>(r.id())?;
+            }
+        }
+        for e in &engines {
+            if e.metadata.phase == Phase::Running {
+                ctx.add_finalizer::<LonghornEngine>(e.id())?;
+            }
+        }
+        for f in &frontends {
+            if f.metadata.phase == Phase::Running {
+                ctx.add_finalizer::<LonghornEngineFrontend>(f.id())?;
+            }
+        }
+        let target_ready = ctx
+            .get::<TargetStatus>(SPDK_STATUS_ID)?
+            .is_some_and(|t| t.spec.state == ObjectState::Ready);
+        if !target_ready {
+            // nothing can be made or removed without the target: report and wait
+            let msg = "waiting for spdk_tgt";
+            for r in &replicas {
+                ctx.apply(
+                    r.id(),
+                    status(InstanceKind::Replica, InstanceState::Starting, msg),
+                )?;
+            }
+            for e in &engines {
+                ctx.apply(e.id(), status(InstanceKind::Engine, InstanceState::Starting, msg))?;
+            }
+            for f in &frontends {
+                ctx.apply(
+                    f.id(),
+                    status(InstanceKind::EngineFrontend, InstanceState::Starting, msg),
+                )?;
+            }
+            return Ok(Requeue::After(POLL));
+        }
+        let local: BTreeMap<String, LonghornReplica> = replicas
+            .iter()
+            .filter(|r| r.metadata.phase == Phase::Running && !r.spec.cleanup)
+            .map(|r| (r.id().to_owned(), r.spec.clone()))
+            .collect();
+
+        let mut errored: BTreeSet<String> = BTreeSet::new();
+        // 1. frontends and engines going away
+        for f in frontends
+            .iter()
+            .filter(|f| f.metadata.phase == Phase::TearingDown)
+        {
+            match self.remove_frontend(f).await {
+                Ok(()) => ctx.remove_finalizer::<LonghornEngineFrontend>(f.id())?,
+                Err(m) => {
+                    errored.insert(f.id().to_owned());
+                    ctx.apply(
+                        f.id(),
+                        status(InstanceKind::EngineFrontend, InstanceState::Error, m),
+                    )?
+                }
+            }
+        }
+        let tearing_engines: Vec<&Typed<LonghornEngine>> = engines
+            .iter()
+            .filter(|e| e.metadata.phase == Phase::TearingDown)
+            .collect();
+        let inv = if tearing_engines.is_empty() {
+            Inventory::default()
+        } else {
+            Inventory::load(&self.client).await?
+        };
+        for e in tearing_engines {
+            match self.remove_engine(&inv, e, &local).await {
+                Ok(()) => ctx.remove_finalizer::<LonghornEngine>(e.id())?,
+                Err(m) => {
+                    errored.insert(e.id().to_owned());
+                    ctx.apply(e.id(), status(InstanceKind::Engine, InstanceState::Error, m))?
+                }
+            }
+        }
+
+        // 2. replicas: held ones are not exported
+        let running_engines: Vec<&Typed<LonghornEngine>> = engines
+            .iter()
+            .filter(|e| e.metadata.phase == Phase::Running)
+            .collect();
+        let held: BTreeSet<&str> = running_engines
+            .iter()
+            .flat_map(|e| e.spec.replica_address_map.keys())
+            .filter(|r| local.contains_key(*r))
+            .map(String::as_str)
+            .collect();
+        let inv = Inventory::load(&self.client).await?;
+        for r in &replicas {
+            if r.metadata.phase == Phase::TearingDown {
+                if held.contains(r.id()) && r.spec.cleanup {
+                    let m = format!(
+                        "replica {} is held by a running engine; delete the engine first",
+                        r.id()
+                    );
+                    errored.insert(r.id().to_owned());
+                    ctx.apply(r.id(), status(InstanceKind::Replica, InstanceState::Error, m))?;
+                    continue;
+                }
+                match self.remove_replica(&inv, r).await {
+                    Ok(()) => ctx.remove_finalizer::<LonghornReplica>(r.id())?,
+                    Err(m) => {
+                        errored.insert(r.id().to_owned());
+                        ctx.apply(r.id(), status(InstanceKind::Replica, InstanceState::Error, m))?
+                    }
+                }
+                continue;
+            }
+            if r.spec.cleanup {
+                // created only to be removed (DiskReplicaInstanceDelete)
+                ctx.apply(r.id(), status(InstanceKind::Replica, InstanceState::Stopping, ""))?;
+                continue;
+            }
+            let st = match self
+                .ensure_replica(&inv, ctx, &node, r, held.contains(r.id()))
+                .await
+            {
+                Ok(s) => s,
+                Err(m) => status(InstanceKind::Replica, InstanceState::Error, m),
+            };
+            ctx.apply(r.id(), st)?;
+        }
+
+        // 3. engines
+        let inv = Inventory::load(&self.client).await?;
+        for e in &running_engines {
+            let st = match self.ensure_engine(&inv, &node, e, &local).await {
+                Ok(s) => s,
+                Err(m) if m.starts_with("waiting for replicas") => {
+                    status(InstanceKind::Engine, InstanceState::Starting, m)
+                }
+                Err(m) => status(InstanceKind::Engine, InstanceState::Error, m),
+            };
+            ctx.apply(e.id(), st)?;
+        }
+
+        // 4. engine-frontends
+        for f in frontends.iter().filter(|f| f.metadata.phase == Phase::Running) {
+            let st = match self.ensure_frontend(f).await {
+                Ok(s) => s,
+                Err(m) => status(InstanceKind::EngineFrontend, InstanceState::Error, m),
+            };
+            ctx.apply(f.id(), st)?;
+        }
+        // instances still tearing down keep a status until they are gone
+        let tearing = replicas
+            .iter()
+            .filter(|r| r.metadata.phase == Phase::TearingDown)
+            .map(|r| (r.id(), InstanceKind::Replica))
+            .chain(
+                engines
+                    .iter()
+                    .filter(|e| e.metadata.phase == Phase::TearingDown)
+                    .map(|e| (e.id(), InstanceKind::Engine)),
+            )
+            .chain(
+                frontends
+                    .iter()
+                    .filter(|f| f.metadata.phase == Phase::TearingDown)
+                    .map(|f| (f.id(), InstanceKind::EngineFrontend)),
+            );
+        for (id, kind) in tearing {
+            if !errored.contains(id) && ctx.state().get("config", kind_type(kind), id).is_some() {
+                ctx.apply(id, status(kind, InstanceState::Stopping, ""))?;
+            }
+        }
+        Ok(Requeue::After(POLL))
+    }
+}
+
+fn kind_type(kind: InstanceKind) -> &'static str {
+    use crate::runtime::Spec;
+    match kind {
+        InstanceKind::Replica => LonghornReplica::TYPE,
+        InstanceKind::Engine => LonghornEngine::TYPE,
+        InstanceKind::EngineFrontend => LonghornEngineFrontend::TYPE,
+    }
+}

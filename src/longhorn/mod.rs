@@ -1,0 +1,74 @@
+//! Longhorn's V2 instance-manager protocol, served by `talon serve
+//! --longhorn-listen ADDR:PORT` so that longhorn-manager drives talon as the
+//! node engine of its V2 volumes.
+//!
+//! ```text
+//!   longhorn-manager ──gRPC──> base+0 ProcessManagerService (VersionGet)
+//!                              base+1 imrpc.ProxyEngineService (UNIMPLEMENTED, part 2)
+//!                              base+2 imrpc.DiskService ──> config/Disk (talon's disks)
+//!                              base+3 imrpc.InstanceService ─┐
+//!   other nodes' engines ────> base+4 spdkrpc.SPDKService ───┴> config/Longhorn{Replica,Engine,EngineFrontend}
+//!                                                                 │ engine.LonghornController
+//!   every port: grpc.health.v1.Health, server reflection          v spdk_tgt, kernel NVMe/TCP
+//! ```
+//!
+//! The protos in `proto/longhorn` are talon's own, wire-compatible with the
+//! subset of `longhorn/types` v0.0.0-20260810232958-141f76734364 (the version
+//! longhorn-instance-manager v1.12.1 vendors) that talon serves. A method
+//! outside that subset answers gRPC UNIMPLEMENTED naming it.
+
+pub mod naming;
+pub mod server;
+
+/// Code generated from `proto/longhorn` (tonic + prost, parsed by protox).
+#[allow(
+    missing_docs,
+    missing_debug_implementations,
+    clippy::all,
+    clippy::pedantic,
+    clippy::unwrap_used
+)]
+pub mod proto {
+    include!(concat!(env!("OUT_DIR"), "/_.rs"));
+
+    /// Package `imrpc`.
+    pub mod imrpc {
+        include!(concat!(env!("OUT_DIR"), "/imrpc.rs"));
+    }
+    /// Package `ptypes`.
+    pub mod ptypes {
+        include!(concat!(env!("OUT_DIR"), "/ptypes.rs"));
+    }
+    /// Package `spdkrpc`.
+    pub mod spdkrpc {
+        include!(concat!(env!("OUT_DIR"), "/spdkrpc.rs"));
+    }
+}
+
+/// The encoded descriptor set of talon's Longhorn protos (for reflection).
+pub const FILE_DESCRIPTOR_SET: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/longhorn_descriptor.bin"));
+
+/// `instanceManagerAPIVersion` and its minimum, as longhorn-instance-manager
+/// v1.12.1 reports them (`pkg/meta/version.go`); longhorn-manager v1.12
+/// accepts an instance manager whose version is at least 4 and whose
+/// minimum is at most 6 (`engineapi/instance_manager.go`).
+pub const API_VERSION: i64 = 7;
+/// See [`API_VERSION`].
+pub const API_MIN_VERSION: i64 = 1;
+/// The proxy API version and its minimum (the same release's values).
+pub const PROXY_API_VERSION: i64 = 7;
+/// See [`PROXY_API_VERSION`].
+pub const PROXY_API_MIN_VERSION: i64 = 1;
+/// The disk service API version and its minimum.
+pub const DISK_API_VERSION: i64 = 1;
+/// See [`DISK_API_VERSION`].
+pub const DISK_API_MIN_VERSION: i64 = 1;
+
+/// The five services in port order from the base port.
+pub const SERVICES: [&str; 5] = [
+    "ProcessManagerService",
+    "imrpc.ProxyEngineService",
+    "imrpc.DiskService",
+    "imrpc.InstanceService",
+    "spdkrpc.SPDKService",
+];

@@ -1,0 +1,101 @@
+//! Longhorn's names of SPDK objects, and the checks a Longhorn instance name
+//! passes before it reaches an NQN, a bdev or an lvol name.
+//!
+//! ```text
+//!   replica  <r>   lvol talon-<disk>/<r>   subsystem nqn.2023-01.io.longhorn.spdk:<r>
+//!   engine   <e>   raid1 <e>               subsystem nqn.2023-01.io.longhorn.spdk:volume-<volume>
+//!   remote replica <r> of engine <e>       NVMe controller <r>, bdev <r>n1
+//! ```
+
+use crate::names::{InvalidName, Nqn, ObjectName};
+
+/// Longhorn's NQN prefix (go-spdk-helper `types.NQNPrefix`).
+pub const NQN_PREFIX: &str = "nqn.2023-01.io.longhorn.spdk";
+
+/// The host NQN Longhorn's engines present when they attach a replica
+/// (go-spdk-helper `types.InternalHostNQN`); talon's engines present it too,
+/// so a replica export admits engines of either kind.
+pub fn internal_host_nqn() -> String {
+    format!("{NQN_PREFIX}:internal-host")
+}
+
+/// Validates a Longhorn instance, volume or disk name: a DNS label (what
+/// Longhorn generates), and never one of talon's own object names (`talon-*`
+/// bdevs, `<volume>-r<k>` lvols), so talon's orphan cleanup never takes it.
+pub fn instance_name(what: &'static str, value: &str) -> Result<ObjectName, InvalidName> {
+    let name = ObjectName::parse(what, value)?;
+    let refuse = |reason: &str| InvalidName {
+        what,
+        value: value.to_string(),
+        reason: reason.to_string(),
+    };
+    if value.starts_with("talon-") {
+        return Err(refuse("names starting with \"talon-\" are talon's own"));
+    }
+    if crate::spdk::volume::parse_lvol(value).is_some() {
+        return Err(refuse(
+            "names ending in -r<number> are talon's replica lvols; Longhorn's are <volume>-r-<id>",
+        ));
+    }
+    Ok(name)
+}
+
+/// The NQN of a replica's export.
+pub fn replica_nqn(replica: &ObjectName) -> Result<Nqn, InvalidName> {
+    Nqn::parse(&format!("{NQN_PREFIX}:{replica}"))
+}
+
+/// The NQN of an engine's export (Longhorn's stable volume NQN).
+pub fn volume_nqn(volume: &ObjectName) -> Result<Nqn, InvalidName> {
+    Nqn::parse(&format!("{NQN_PREFIX}:volume-{volume}"))
+}
+
+/// The lvol alias of a replica on `disk`.
+pub fn replica_alias(disk: &str, replica: &str) -> String {
+    format!("{}/{replica}", crate::spdk::volume::naming::lvstore(disk))
+}
+
+/// The namespace id (NGUID and UUID) of an export: stable per name, distinct
+/// from the bdev's own UUID (an attach inside the same target would clash).
+pub fn namespace_id(name: &str) -> uuid::Uuid {
+    uuid::Uuid::new_v5(
+        &uuid::Uuid::NAMESPACE_OID,
+        format!("{NQN_PREFIX}:{name}").as_bytes(),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn longhorn_names_pass_and_injections_do_not() {
+        for ok in ["pvc-0a1b-r-1f2e3d4c", "vol-e-0", "default-disk-abc"] {
+            instance_name("replica", ok).expect(ok);
+        }
+        for bad in [
+            "x:nqn.evil",
+            "a,b",
+            "with space",
+            "UPPER",
+            "talon-raid-x",
+            "vol-r1",
+            "",
+            "a/b",
+        ] {
+            let e = instance_name("replica", bad).expect_err(bad);
+            assert_eq!(e.value, bad);
+        }
+        let n = ObjectName::parse("replica", "v-r-1").expect("n");
+        assert_eq!(
+            replica_nqn(&n).expect("nqn").as_str(),
+            "nqn.2023-01.io.longhorn.spdk:v-r-1"
+        );
+        let v = ObjectName::parse("volume", "v").expect("v");
+        assert_eq!(
+            volume_nqn(&v).expect("nqn").as_str(),
+            "nqn.2023-01.io.longhorn.spdk:volume-v"
+        );
+        assert_ne!(namespace_id("a"), namespace_id("b"));
+    }
+}

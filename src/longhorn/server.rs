@@ -1,0 +1,1485 @@
+//! The five gRPC servers of Longhorn's instance-manager, on talon's state.
+//!
+//! ```text
+//!   request ──> NamedUnimplemented (a method outside the subset: UNIMPLEMENTED naming it)
+//!           ──> Health / reflection / the port's service
+//!   InstanceCreate, ReplicaCreate, DiskCreate: validate (names, disk, size, ports)
+//!           ──> write desired state (config namespace, persisted) ──> wait briefly for the status
+//!   InstanceDelete: mark cleanup, destroy (the controller's finalizer removes what it made)
+//!   InstanceGet/List/Watch: desired state + engine/LonghornInstanceStatus
+//! ```
+//!
+//! Handlers write desired state and read status; the only SPDK call they
+//! make is a read (`bdev_lvol_get_lvols`, `bdev_lvol_get_lvstores`) for the
+//! disk listings.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
+use std::ops::RangeInclusive;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use futures::Stream;
+use tonic::{Request, Response, Status};
+
+use super::naming;
+use super::proto::imrpc::{self, disk_service_server, instance_service_server, proxy_engine_service_server};
+use super::proto::spdkrpc::{self, spdk_service_server};
+use super::proto::{self, process_manager_service_server};
+use crate::controllers::engine::longhorn::NAME as CONTROLLER;
+use crate::names::ObjectName;
+use crate::resources::config::Disk;
+use crate::resources::engine::{DiskStatus, ObjectState};
+use crate::resources::longhorn::{
+    InstanceKind, InstanceState, LonghornEngine, LonghornEngineFrontend, LonghornInstanceStatus,
+    LonghornReplica,
+};
+use crate::runtime::{Phase, Spec, State, StateError, Typed};
+use crate::spdk::SpdkClient;
+use crate::spdk::rpc::{GetLvols, LvstoreSelector};
+
+/// How long a create or delete waits for the controller before it answers
+/// with the state reached so far (Longhorn polls the state anyway).
+const SETTLE: Duration = Duration::from_secs(10);
+/// How long DiskCreate waits for the disk's lvstore.
+const DISK_READY: Duration = Duration::from_secs(60);
+
+/// `--longhorn-listen` and `--longhorn-port-range`.
+#[derive(Debug, Clone)]
+pub struct LonghornOptions {
+    /// The first of the five ports (Longhorn: 8500).
+    pub listen: SocketAddr,
+    /// The ports instances' exports are given from (persisted with each instance).
+    pub ports: RangeInclusive<u16>,
+}
+
+impl LonghornOptions {
+    /// The default instance port range.
+    pub const DEFAULT_PORTS: RangeInclusive<u16> = 20001..=30000;
+}
+
+/// Why the servers could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum LonghornError {
+    /// A port is taken.
+    #[error("cannot listen on {addr} for Longhorn's {service}")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// The service meant for it.
+        service: &'static str,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The base port leaves no room for five.
+    #[error("--longhorn-listen {0}: the five ports base..base+4 do not fit below 65536")]
+    BasePort(SocketAddr),
+    /// The reflection descriptor is bad (a build problem).
+    #[error("the Longhorn reflection service cannot be built")]
+    Reflection(#[source] tonic_reflection::server::Error),
+    /// A server failed.
+    #[error("Longhorn's {service} server on {addr} failed")]
+    Serve {
+        /// The service.
+        service: &'static str,
+        /// The address.
+        addr: SocketAddr,
+        /// Why.
+        #[source]
+        source: tonic::transport::Error,
+    },
+}
+
+/// The five bound listeners, before serving.
+#[derive(Debug)]
+pub struct Bound {
+    listeners: Vec<(SocketAddr, tokio::net::TcpListener)>,
+}
+
+impl Bound {
+    /// The addresses, in [`super::SERVICES`] order.
+    pub fn addrs(&self) -> Vec<SocketAddr> {
+        self.listeners.iter().map(|(a, _)| *a).collect()
+    }
+}
+
+/// Binds the five ports (all or none).
+pub async fn bind(opts: &LonghornOptions) -> Result<Bound, LonghornError> {
+    let base = opts.listen.port();
+    if base > u16::MAX - 4 {
+        return Err(LonghornError::BasePort(opts.listen));
+    }
+    let mut listeners = Vec::new();
+    for (i, service) in super::SERVICES.iter().enumerate() {
+        let addr = SocketAddr::new(opts.listen.ip(), base + i as u16);
+        let l = tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|source| LonghornError::Bind {
+                addr,
+                service,
+                source,
+            })?;
+        listeners.push((addr, l));
+    }
+    Ok(Bound { listeners })
+}
+
+/// The state every service works on.
+#[derive(Debug, Clone)]
+pub struct Longhorn {
+    state: State,
+    client: SpdkClient,
+    ports: RangeInclusive<u16>,
+    /// One port allocation at a time.
+    alloc: Arc<tokio::sync::Mutex<()>>,
+    /// Set when the servers stop: open watch streams end (a graceful stop
+    /// waits for every open call).
+    stopping: Arc<tokio::sync::watch::Sender<bool>>,
+}
+
+impl Longhorn {
+    /// Services on `state`, reading SPDK through `client`.
+    pub fn new(state: State, client: SpdkClient, ports: RangeInclusive<u16>) -> Self {
+        Self {
+            state,
+            client,
+            ports,
+            alloc: Arc::default(),
+            stopping: Arc::new(tokio::sync::watch::channel(false).0),
+        }
+    }
+}
+
+/// Serves the five ports until `shutdown`.
+pub async fn serve(
+    bound: Bound,
+    lh: Longhorn,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<(), LonghornError> {
+    let (tx, rx) = tokio::sync::watch::channel(false);
+    let mut tasks = Vec::new();
+    for (i, (addr, listener)) in bound.listeners.into_iter().enumerate() {
+        let service = super::SERVICES[i];
+        let routes = routes(i, &lh).await?;
+        let mut rx = rx.clone();
+        tasks.push(tokio::spawn(async move {
+            let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+            tonic::transport::Server::builder()
+                .layer(tower::layer::layer_fn(|inner| NamedUnimplemented { inner }))
+                .add_routes(routes)
+                .serve_with_incoming_shutdown(incoming, async move {
+                    let _ = rx.wait_for(|s| *s).await;
+                })
+                .await
+                .map_err(|source| LonghornError::Serve {
+                    service,
+                    addr,
+                    source,
+                })
+        }));
+    }
+    tracing::info!(services = ?super::SERVICES, "serving Longhorn's instance-manager protocol");
+    shutdown.await;
+    lh.stopping.send_replace(true);
+    let _ = tx.send(true);
+    let mut first_err = None;
+    for t in tasks {
+        match t.await {
+            Ok(Err(e)) if first_err.is_none() => first_err = Some(e),
+            _ => {}
+        }
+    }
+    first_err.map_or(Ok(()), Err)
+}
+
+/// Health, reflection and the service of port `i`.
+async fn routes(i: usize, lh: &Longhorn) -> Result<tonic::service::Routes, LonghornError> {
+    let (reporter, health) = tonic_health::server::health_reporter();
+    reporter
+        .set_service_status("", tonic_health::ServingStatus::Serving)
+        .await;
+    reporter
+        .set_service_status(super::SERVICES[i], tonic_health::ServingStatus::Serving)
+        .await;
+    let reflection_v1 = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(super::FILE_DESCRIPTOR_SET)
+        .build_v1()
+        .map_err(LonghornError::Reflection)?;
+    let reflection_v1alpha = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(super::FILE_DESCRIPTOR_SET)
+        .build_v1alpha()
+        .map_err(LonghornError::Reflection)?;
+    let routes = tonic::service::Routes::new(health)
+        .add_service(reflection_v1)
+        .add_service(reflection_v1alpha);
+    Ok(match i {
+        0 => routes.add_service(process_manager_service_server::ProcessManagerServiceServer::new(
+            lh.clone(),
+        )),
+        1 => routes.add_service(proxy_engine_service_server::ProxyEngineServiceServer::new(
+            lh.clone(),
+        )),
+        2 => routes.add_service(disk_service_server::DiskServiceServer::new(lh.clone())),
+        3 => routes.add_service(instance_service_server::InstanceServiceServer::new(lh.clone())),
+        _ => routes.add_service(spdk_service_server::SpdkServiceServer::new(lh.clone())),
+    })
+}
+
+// ------------------------------------------------------------ unimplemented
+
+/// The method paths talon serves: the methods of its protos, health and
+/// reflection. Anything else is answered UNIMPLEMENTED naming the method
+/// (tonic's own answer carries no message).
+fn served_paths() -> &'static BTreeSet<String> {
+    static PATHS: std::sync::OnceLock<BTreeSet<String>> = std::sync::OnceLock::new();
+    PATHS.get_or_init(|| {
+        let mut paths = BTreeSet::new();
+        if let Ok(fds) =
+            <prost_types::FileDescriptorSet as prost::Message>::decode(super::FILE_DESCRIPTOR_SET)
+        {
+            for f in fds.file {
+                let pkg = f.package.unwrap_or_default();
+                for s in f.service {
+                    let svc = match (pkg.as_str(), s.name.as_deref()) {
+                        ("", Some(n)) => n.to_owned(),
+                        (p, Some(n)) => format!("{p}.{n}"),
+                        _ => continue,
+                    };
+                    for m in s.method {
+                        if let Some(m) = m.name {
+                            paths.insert(format!("/{svc}/{m}"));
+                        }
+                    }
+                }
+            }
+        }
+        paths
+    })
+}
+
+fn is_served(path: &str) -> bool {
+    path.starts_with("/grpc.health.v1.Health/")
+        || path.starts_with("/grpc.reflection.")
+        || served_paths().contains(path)
+}
+
+/// Answers a method outside talon's subset with UNIMPLEMENTED naming it.
+#[derive(Debug, Clone)]
+struct NamedUnimplemented<S> {
+    inner: S,
+}
+
+type BoxFuture<T> = Pin<Box<dyn std::future::Future<Output = T> + Send>>;
+
+impl<S> tower::Service<http::Request<tonic::body::Body>> for NamedUnimplemented<S>
+where
+    S: tower::Service<http::Request<tonic::body::Body>, Response = http::Response<tonic::body::Body>>
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+{
+    type Response = http::Response<tonic::body::Body>;
+    type Error = S::Error;
+    type Future = BoxFuture<Result<Self::Response, Self::Error>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: http::Request<tonic::body::Body>) -> Self::Future {
+        let path = req.uri().path().to_owned();
+        if is_served(&path) {
+            return Box::pin(self.inner.call(req));
+        }
+        Box::pin(async move { Ok(unimplemented(&path).into_http()) })
+    }
+}
+
+fn unimplemented(method: &str) -> Status {
+    Status::unimplemented(format!(
+        "{method} is not implemented by talon's Longhorn instance manager"
+    ))
+}
+
+// ------------------------------------------------------------ helpers
+
+fn state_err(e: StateError) -> Status {
+    match e {
+        StateError::NotFound { .. } => Status::not_found(e.to_string()),
+        StateError::AlreadyExists { .. } => Status::already_exists(e.to_string()),
+        StateError::Conflict { .. } => Status::aborted(e.to_string()),
+        _ => Status::internal(crate::runtime::runner::error_chain(&e)),
+    }
+}
+
+fn invalid(e: crate::names::InvalidName) -> Status {
+    Status::invalid_argument(e.to_string())
+}
+
+fn v2_only(what: &str, data_engine: i32, driver: i32) -> Result<(), Status> {
+    if data_engine == imrpc::DataEngine::V2 as i32 || driver == imrpc::BackendStoreDriver::V2 as i32 {
+        Ok(())
+    } else {
+        Err(Status::invalid_argument(format!(
+            "{what}: talon serves the V2 data engine only (data_engine DATA_ENGINE_V2)"
+        )))
+    }
+}
+
+fn kind_of(ty: &str, name: &str) -> Result<InstanceKind, Status> {
+    match ty {
+        "replica" => Ok(InstanceKind::Replica),
+        "engine" => Ok(InstanceKind::Engine),
+        "engine-frontend" => Ok(InstanceKind::EngineFrontend),
+        other => Err(Status::invalid_argument(format!(
+            "instance {name}: unknown instance type {other:?} (talon serves replica, engine and engine-frontend)"
+        ))),
+    }
+}
+
+fn type_of(kind: InstanceKind) -> &'static str {
+    match kind {
+        InstanceKind::Replica => LonghornReplica::TYPE,
+        InstanceKind::Engine => LonghornEngine::TYPE,
+        InstanceKind::EngineFrontend => LonghornEngineFrontend::TYPE,
+    }
+}
+
+fn is_pci_address(s: &str) -> bool {
+    let b = s.as_bytes();
+    b.len() == 12
+        && b[4] == b':'
+        && b[7] == b':'
+        && b[10] == b'.'
+        && s.chars()
+            .enumerate()
+            .all(|(i, c)| matches!(i, 4 | 7 | 10) || c.is_ascii_hexdigit())
+}
+
+/// What the status of an instance says, or `starting` before the controller wrote one.
+struct Observed {
+    state: InstanceState,
+    status: Option<LonghornInstanceStatus>,
+}
+
+impl Longhorn {
+    fn observed(&self, name: &str, kind: InstanceKind) -> Result<Observed, Status> {
+        let status = self
+            .state
+            .get_typed::<LonghornInstanceStatus>(name)
+            .map_err(state_err)?
+            .map(|s| s.spec)
+            .filter(|s| s.kind == kind);
+        Ok(Observed {
+            state: status.as_ref().map_or(InstanceState::Starting, |s| s.state),
+            status,
+        })
+    }
+
+    /// Waits until the instance is running or failed (or [`SETTLE`] passed).
+    async fn settle(&self, name: &str, kind: InstanceKind) {
+        let (_, mut rx) = self.state.watch(Some(("engine", LonghornInstanceStatus::TYPE)));
+        let deadline = tokio::time::Instant::now() + SETTLE;
+        loop {
+            if let Ok(o) = self.observed(name, kind)
+                && matches!(o.state, InstanceState::Running | InstanceState::Error)
+            {
+                return;
+            }
+            match tokio::time::timeout_at(deadline, rx.recv()).await {
+                Err(_) => return,
+                Ok(Err(tokio::sync::broadcast::error::RecvError::Closed)) => return,
+                Ok(_) => {}
+            }
+        }
+    }
+
+    /// Waits until the desired-state resource is gone (or [`SETTLE`] passed).
+    async fn settle_gone(&self, ty: &str, name: &str) {
+        let (_, mut rx) = self.state.watch(Some(("config", ty)));
+        let deadline = tokio::time::Instant::now() + SETTLE;
+        while self.state.get("config", ty, name).is_some() {
+            match tokio::time::timeout_at(deadline, rx.recv()).await {
+                Err(_) | Ok(Err(tokio::sync::broadcast::error::RecvError::Closed)) => return,
+                Ok(_) => {}
+            }
+        }
+    }
+
+    /// Ports every Longhorn instance holds.
+    fn used_ports(&self) -> Result<BTreeSet<u16>, Status> {
+        let mut used = BTreeSet::new();
+        for r in self.state.list_typed::<LonghornReplica>().map_err(state_err)? {
+            used.extend(r.spec.port_start..=r.spec.port_end);
+        }
+        for e in self.state.list_typed::<LonghornEngine>().map_err(state_err)? {
+            used.insert(e.spec.port);
+        }
+        Ok(used)
+    }
+
+    /// The first `count` consecutive free ports of the range.
+    fn free_ports(&self, what: &str, count: u16) -> Result<(u16, u16), Status> {
+        let used = self.used_ports()?;
+        let (lo, hi) = (*self.ports.start(), *self.ports.end());
+        let mut start = lo;
+        while u32::from(start) + u32::from(count) - 1 <= u32::from(hi) {
+            let end = start + count - 1;
+            match (start..=end).find(|p| used.contains(p)) {
+                None => return Ok((start, end)),
+                Some(p) => start = p + 1,
+            }
+        }
+        Err(Status::resource_exhausted(format!(
+            "{what}: no {count} free consecutive ports left in {lo}-{hi}"
+        )))
+    }
+
+    fn ready_disk(&self, what: &str, disk: &str) -> Result<DiskStatus, Status> {
+        let name = naming::instance_name("disk", disk).map_err(invalid)?;
+        if self
+            .state
+            .get_typed::<Disk>(name.as_str())
+            .map_err(state_err)?
+            .is_none()
+        {
+            return Err(Status::not_found(format!("{what}: disk {disk} does not exist")));
+        }
+        match self
+            .state
+            .get_typed::<DiskStatus>(name.as_str())
+            .map_err(state_err)?
+        {
+            Some(d) if d.spec.state == ObjectState::Ready => Ok(d.spec),
+            Some(d) => Err(Status::failed_precondition(format!(
+                "{what}: disk {disk} is not ready ({:?}: {})",
+                d.spec.state, d.spec.message
+            ))),
+            None => Err(Status::failed_precondition(format!(
+                "{what}: disk {disk} is not ready yet"
+            ))),
+        }
+    }
+
+    fn create_user<S: Spec>(&self, id: &str, spec: &S) -> Result<(), Status> {
+        self.state.create_typed(id, "", spec).map_err(state_err)?;
+        // the controller's finalizer from the start: a delete always goes through it
+        self.state
+            .add_finalizer(S::NAMESPACE, S::TYPE, id, CONTROLLER)
+            .map_err(state_err)
+    }
+
+    // ----- replica
+
+    #[allow(clippy::too_many_arguments)]
+    async fn create_replica(
+        &self,
+        name: &str,
+        volume: &str,
+        disk: &str,
+        disk_uuid: &str,
+        size: u64,
+        port_count: i32,
+    ) -> Result<(), Status> {
+        let what = format!("replica {name}");
+        let rname = naming::instance_name("replica", name).map_err(invalid)?;
+        let volume = ObjectName::parse("volume", volume).map_err(invalid)?;
+        let d = self.ready_disk(&what, disk)?;
+        if !disk_uuid.is_empty() && disk_uuid != d.lvstore_uuid {
+            return Err(Status::failed_precondition(format!(
+                "{what}: disk {disk} has UUID {}, not {disk_uuid}",
+                d.lvstore_uuid
+            )));
+        }
+        if size == 0 || d.cluster_bytes == 0 || !size.is_multiple_of(d.cluster_bytes) {
+            return Err(Status::invalid_argument(format!(
+                "{what}: size {size} is not a positive multiple of disk {disk}'s cluster size {}",
+                d.cluster_bytes
+            )));
+        }
+        let _one = self.alloc.lock().await;
+        if let Some(cur) = self
+            .state
+            .get_typed::<LonghornReplica>(rname.as_str())
+            .map_err(state_err)?
+        {
+            if cur.metadata.phase == Phase::TearingDown {
+                return Err(Status::unavailable(format!("{what} is being deleted; retry")));
+            }
+            if cur.spec.disk == disk && cur.spec.size_bytes == size && cur.spec.volume == volume.as_str() {
+                return Ok(());
+            }
+            return Err(Status::already_exists(format!(
+                "{what} already exists on disk {} with {} bytes",
+                cur.spec.disk, cur.spec.size_bytes
+            )));
+        }
+        let count = u16::try_from(port_count.clamp(1, 64)).unwrap_or(1);
+        let (port_start, port_end) = self.free_ports(&what, count)?;
+        self.create_user(
+            rname.as_str(),
+            &LonghornReplica {
+                volume: volume.as_str().to_owned(),
+                disk: disk.to_owned(),
+                size_bytes: size,
+                port_start,
+                port_end,
+                cleanup: false,
+            },
+        )
+    }
+
+    /// Deletes a replica instance; `cleanup` removes its lvol too. An lvol
+    /// kept by an earlier delete (no instance) is removed by a cleanup delete
+    /// when its disk is known.
+    async fn delete_replica(&self, name: &str, cleanup: bool, disk: Option<String>) -> Result<(), Status> {
+        let rname = naming::instance_name("replica", name).map_err(invalid)?;
+        let id = rname.as_str();
+        let _one = self.alloc.lock().await;
+        match self.state.get_typed::<LonghornReplica>(id).map_err(state_err)? {
+            Some(cur) => {
+                if cleanup && !cur.spec.cleanup {
+                    self.state
+                        .update_typed(
+                            id,
+                            "",
+                            None,
+                            &LonghornReplica {
+                                cleanup: true,
+                                ..cur.spec.clone()
+                            },
+                        )
+                        .map_err(state_err)?;
+                }
+            }
+            None => {
+                let Some(disk) = disk.filter(|_| cleanup) else {
+                    return Ok(());
+                };
+                // an lvol left by a delete without cleanup: an instance made only to go
+                self.create_user(
+                    id,
+                    &LonghornReplica {
+                        volume: String::new(),
+                        disk,
+                        size_bytes: 0,
+                        port_start: 0,
+                        port_end: 0,
+                        cleanup: true,
+                    },
+                )?;
+            }
+        }
+        self.state
+            .destroy("config", LonghornReplica::TYPE, id, "")
+            .map_err(state_err)?;
+        drop(_one);
+        self.settle_gone(LonghornReplica::TYPE, id).await;
+        Ok(())
+    }
+
+    fn replica_message(&self, r: &Typed<LonghornReplica>) -> Result<spdkrpc::Replica, Status> {
+        let o = self.observed(r.id(), InstanceKind::Replica)?;
+        let s = o
+            .status
+            .clone()
+            .unwrap_or_else(|| empty_status(InstanceKind::Replica));
+        let lvs_uuid = self
+            .state
+            .get_typed::<DiskStatus>(&r.spec.disk)
+            .map_err(state_err)?
+            .map(|d| d.spec.lvstore_uuid)
+            .unwrap_or_default();
+        let ip = self
+            .state
+            .get_typed::<crate::resources::config::NodeConfig>("node")
+            .map_err(state_err)?
+            .map(|n| n.spec.listen_address)
+            .unwrap_or_default();
+        let state = phase_state(r.metadata.phase, o.state);
+        Ok(spdkrpc::Replica {
+            name: r.id().to_owned(),
+            lvs_name: r.spec.disk.clone(),
+            lvs_uuid,
+            spec_size: r.spec.size_bytes,
+            actual_size: s.allocated_bytes,
+            ip,
+            port_start: i32::from(r.spec.port_start),
+            port_end: i32::from(r.spec.port_end),
+            head: (!s.uuid.is_empty()).then(|| spdkrpc::Lvol {
+                name: r.id().to_owned(),
+                uuid: s.uuid.clone(),
+                spec_size: r.spec.size_bytes,
+                actual_size: s.allocated_bytes,
+                ..Default::default()
+            }),
+            snapshots: Default::default(),
+            rebuilding: false,
+            state: state.as_str().to_owned(),
+            error_msg: s.message.clone(),
+            backing_image_name: String::new(),
+            uuid: s.uuid,
+        })
+    }
+
+    // ----- engine and engine-frontend
+
+    async fn create_engine(&self, spec: &imrpc::InstanceSpec, volume: &ObjectName) -> Result<(), Status> {
+        let name = naming::instance_name("engine", &spec.name).map_err(invalid)?;
+        let what = format!("engine {name}");
+        let sp = spec.spdk_instance_spec.clone().unwrap_or_default();
+        if sp.replica_address_map.is_empty() {
+            return Err(Status::invalid_argument(format!(
+                "{what}: replica_address_map is empty"
+            )));
+        }
+        let mut map = BTreeMap::new();
+        for (r, a) in &sp.replica_address_map {
+            naming::instance_name("replica", r)
+                .map_err(|e| Status::invalid_argument(format!("{what}: {e}")))?;
+            a.parse::<SocketAddr>().map_err(|_| {
+                Status::invalid_argument(format!("{what}: replica {r}: address {a:?} is not ip:port"))
+            })?;
+            map.insert(r.clone(), a.clone());
+        }
+        if sp.size == 0 {
+            return Err(Status::invalid_argument(format!("{what}: size is 0")));
+        }
+        naming::volume_nqn(volume).map_err(invalid)?;
+        let _one = self.alloc.lock().await;
+        for e in self.state.list_typed::<LonghornEngine>().map_err(state_err)? {
+            if e.id() == name.as_str() {
+                if e.metadata.phase == Phase::TearingDown {
+                    return Err(Status::unavailable(format!("{what} is being deleted; retry")));
+                }
+                if e.spec.replica_address_map == map && e.spec.volume == volume.as_str() {
+                    return Ok(());
+                }
+                return Err(Status::already_exists(format!(
+                    "{what} already exists with other replicas"
+                )));
+            }
+            if e.spec.volume == volume.as_str() {
+                return Err(Status::already_exists(format!(
+                    "{what}: volume {volume} already has engine {} on this node",
+                    e.id()
+                )));
+            }
+        }
+        let (port, _) = self.free_ports(&what, 1)?;
+        self.create_user(
+            name.as_str(),
+            &LonghornEngine {
+                volume: volume.as_str().to_owned(),
+                size_bytes: sp.size,
+                replica_address_map: map,
+                port,
+                frontend: sp.frontend.clone(),
+            },
+        )
+    }
+
+    async fn create_frontend(&self, spec: &imrpc::InstanceSpec, volume: &ObjectName) -> Result<(), Status> {
+        let name = naming::instance_name("engine-frontend", &spec.name).map_err(invalid)?;
+        let what = format!("engine-frontend {name}");
+        naming::instance_name("engine", &spec.engine_name)
+            .map_err(|e| Status::invalid_argument(format!("{what}: {e}")))?;
+        spec.target_address.parse::<SocketAddr>().map_err(|_| {
+            Status::invalid_argument(format!(
+                "{what}: target address {:?} is not ip:port",
+                spec.target_address
+            ))
+        })?;
+        let sp = spec.spdk_instance_spec.clone().unwrap_or_default();
+        let want = LonghornEngineFrontend {
+            volume: volume.as_str().to_owned(),
+            engine_name: spec.engine_name.clone(),
+            target_address: spec.target_address.clone(),
+            frontend: sp.frontend,
+            size_bytes: sp.size,
+        };
+        let _one = self.alloc.lock().await;
+        if let Some(cur) = self
+            .state
+            .get_typed::<LonghornEngineFrontend>(name.as_str())
+            .map_err(state_err)?
+        {
+            if cur.spec == want && cur.metadata.phase == Phase::Running {
+                return Ok(());
+            }
+            return Err(Status::already_exists(format!("{what} already exists")));
+        }
+        self.create_user(name.as_str(), &want)
+    }
+
+    async fn delete_other(&self, kind: InstanceKind, name: &str) -> Result<(), Status> {
+        let n = naming::instance_name("instance", name).map_err(invalid)?;
+        let ty = type_of(kind);
+        match self.state.destroy("config", ty, n.as_str(), "") {
+            Ok(_) | Err(StateError::NotFound { .. }) => {}
+            Err(e) => return Err(state_err(e)),
+        }
+        self.settle_gone(ty, n.as_str()).await;
+        Ok(())
+    }
+
+    // ----- instance responses
+
+    fn instance_response(
+        &self,
+        kind: InstanceKind,
+        name: &str,
+    ) -> Result<Option<imrpc::InstanceResponse>, Status> {
+        let (phase, volume, engine_name) = match kind {
+            InstanceKind::Replica => {
+                match self.state.get_typed::<LonghornReplica>(name).map_err(state_err)? {
+                    Some(r) => (r.metadata.phase, r.spec.volume, String::new()),
+                    None => return Ok(None),
+                }
+            }
+            InstanceKind::Engine => match self.state.get_typed::<LonghornEngine>(name).map_err(state_err)? {
+                Some(e) => (e.metadata.phase, e.spec.volume, String::new()),
+                None => return Ok(None),
+            },
+            InstanceKind::EngineFrontend => {
+                match self
+                    .state
+                    .get_typed::<LonghornEngineFrontend>(name)
+                    .map_err(state_err)?
+                {
+                    Some(f) => (f.metadata.phase, f.spec.volume, f.spec.engine_name),
+                    None => return Ok(None),
+                }
+            }
+        };
+        let o = self.observed(name, kind)?;
+        let s = o.status.clone().unwrap_or_else(|| empty_status(kind));
+        let mut status = imrpc::InstanceStatus {
+            state: phase_state(phase, o.state).as_str().to_owned(),
+            error_msg: s.message.clone(),
+            uuid: s.uuid.clone(),
+            ..Default::default()
+        };
+        match kind {
+            InstanceKind::Replica => {
+                if let Some(r) = self.state.get_typed::<LonghornReplica>(name).map_err(state_err)? {
+                    status.port_start = i32::from(r.spec.port_start);
+                    status.port_end = i32::from(r.spec.port_end);
+                }
+            }
+            InstanceKind::Engine => {
+                if let Some(e) = self.state.get_typed::<LonghornEngine>(name).map_err(state_err)? {
+                    status.port_start = i32::from(e.spec.port);
+                    status.port_end = i32::from(e.spec.port);
+                }
+            }
+            InstanceKind::EngineFrontend => {
+                if let Some(f) = self
+                    .state
+                    .get_typed::<LonghornEngineFrontend>(name)
+                    .map_err(state_err)?
+                {
+                    let port = f
+                        .spec
+                        .target_address
+                        .parse::<SocketAddr>()
+                        .map(|a| i32::from(a.port()))
+                        .unwrap_or(0);
+                    status.target_port_start = port;
+                    status.target_port_end = port;
+                    status.engine_name = engine_name;
+                    status.frontend = f.spec.frontend.clone();
+                    if o.state == InstanceState::Running {
+                        status.endpoint = s.endpoint.clone();
+                    }
+                }
+            }
+        }
+        Ok(Some(imrpc::InstanceResponse {
+            spec: Some(imrpc::InstanceSpec {
+                backend_store_driver: imrpc::BackendStoreDriver::V2 as i32,
+                data_engine: imrpc::DataEngine::V2 as i32,
+                name: name.to_owned(),
+                r#type: kind.as_str().to_owned(),
+                volume_name: volume,
+                ..Default::default()
+            }),
+            status: Some(status),
+            deleted: false,
+        }))
+    }
+
+    fn all_instances(&self) -> Result<BTreeMap<String, imrpc::InstanceResponse>, Status> {
+        let mut out = BTreeMap::new();
+        let ids = |ty: &str| -> Vec<String> {
+            self.state
+                .list("config", ty)
+                .into_iter()
+                .map(|r| r.metadata.id)
+                .collect()
+        };
+        for (kind, ty) in [
+            (InstanceKind::Replica, LonghornReplica::TYPE),
+            (InstanceKind::Engine, LonghornEngine::TYPE),
+            (InstanceKind::EngineFrontend, LonghornEngineFrontend::TYPE),
+        ] {
+            for id in ids(ty) {
+                if let Some(r) = self.instance_response(kind, &id)? {
+                    out.insert(id, r);
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// A stream that yields once per change of any Longhorn instance (and
+    /// once at the start).
+    fn watch_stream(&self) -> WatchStream {
+        let (_, mut rx) = self.state.watch(None);
+        let (tx, out) = tokio::sync::mpsc::channel(16);
+        let mut stopping = self.stopping.subscribe();
+        tokio::spawn(async move {
+            if tx.send(Ok(())).await.is_err() {
+                return;
+            }
+            loop {
+                let ev = tokio::select! {
+                    ev = rx.recv() => ev,
+                    _ = stopping.wait_for(|s| *s) => return,
+                };
+                match ev {
+                    Ok(ev) => {
+                        let ty = ev.resource.metadata.type_.as_str();
+                        let ours = [
+                            LonghornReplica::TYPE,
+                            LonghornEngine::TYPE,
+                            LonghornEngineFrontend::TYPE,
+                            LonghornInstanceStatus::TYPE,
+                        ]
+                        .contains(&ty);
+                        if ours && tx.send(Ok(())).await.is_err() {
+                            return;
+                        }
+                    }
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
+                        if tx.send(Ok(())).await.is_err() {
+                            return;
+                        }
+                    }
+                    Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+                }
+            }
+        });
+        Box::pin(tokio_stream::wrappers::ReceiverStream::new(out))
+    }
+
+    // ----- disks
+
+    fn disk_message(&self, name: &str) -> Result<imrpc::Disk, Status> {
+        let disk = self
+            .state
+            .get_typed::<Disk>(name)
+            .map_err(state_err)?
+            .ok_or_else(|| Status::not_found(format!("disk {name} does not exist")))?;
+        let st = self
+            .state
+            .get_typed::<DiskStatus>(name)
+            .map_err(state_err)?
+            .map(|s| s.spec);
+        let block = 4096i64;
+        let (total, free, cluster, uuid, state) = match &st {
+            Some(s) => (
+                s.total_bytes as i64,
+                s.free_bytes as i64,
+                s.cluster_bytes as i64,
+                s.lvstore_uuid.clone(),
+                format!("{:?}", s.state).to_lowercase(),
+            ),
+            None => (0, 0, 0, String::new(), "creating".into()),
+        };
+        Ok(imrpc::Disk {
+            id: name.to_owned(),
+            uuid,
+            path: disk
+                .spec
+                .path
+                .clone()
+                .or(disk.spec.pci.clone())
+                .unwrap_or_default(),
+            r#type: "block".into(),
+            total_size: total,
+            free_size: free,
+            total_blocks: total / block,
+            free_blocks: free / block,
+            block_size: block,
+            cluster_size: cluster,
+            driver: if disk.spec.pci.is_some() { "nvme" } else { "aio" }.into(),
+            name: name.to_owned(),
+            state,
+        })
+    }
+
+    async fn block_size(&self, disk: &str) -> Option<i64> {
+        let lvs = crate::spdk::volume::naming::lvstore(disk);
+        self.client
+            .bdev_lvol_get_lvstores(&LvstoreSelector::name(&lvs))
+            .await
+            .ok()?
+            .first()
+            .map(|l| i64::from(l.block_size))
+    }
+}
+
+type WatchStream = Pin<Box<dyn Stream<Item = Result<(), Status>> + Send>>;
+
+fn empty_status(kind: InstanceKind) -> LonghornInstanceStatus {
+    LonghornInstanceStatus {
+        kind,
+        state: InstanceState::Starting,
+        message: String::new(),
+        bdev: String::new(),
+        uuid: String::new(),
+        nqn: String::new(),
+        endpoint: String::new(),
+        allocated_bytes: 0,
+    }
+}
+
+fn phase_state(phase: Phase, observed: InstanceState) -> InstanceState {
+    match phase {
+        Phase::TearingDown if observed != InstanceState::Error => InstanceState::Stopping,
+        _ => observed,
+    }
+}
+
+fn deleted_response(name: &str, kind: InstanceKind) -> imrpc::InstanceResponse {
+    imrpc::InstanceResponse {
+        spec: Some(imrpc::InstanceSpec {
+            name: name.to_owned(),
+            r#type: kind.as_str().to_owned(),
+            ..Default::default()
+        }),
+        status: Some(imrpc::InstanceStatus {
+            state: "stopped".into(),
+            ..Default::default()
+        }),
+        deleted: true,
+    }
+}
+
+fn version_response() -> proto::VersionResponse {
+    proto::VersionResponse {
+        version: crate::VERSION.to_owned(),
+        git_commit: String::new(),
+        build_date: String::new(),
+        instance_manager_api_version: super::API_VERSION,
+        instance_manager_api_min_version: super::API_MIN_VERSION,
+        instance_manager_proxy_api_version: super::PROXY_API_VERSION,
+        instance_manager_proxy_api_min_version: super::PROXY_API_MIN_VERSION,
+    }
+}
+
+// ------------------------------------------------------------ 8500
+
+#[tonic::async_trait]
+impl process_manager_service_server::ProcessManagerService for Longhorn {
+    async fn version_get(&self, _: Request<()>) -> Result<Response<proto::VersionResponse>, Status> {
+        Ok(Response::new(version_response()))
+    }
+}
+
+// ------------------------------------------------------------ 8501
+
+#[tonic::async_trait]
+impl proxy_engine_service_server::ProxyEngineService for Longhorn {
+    async fn server_version_get(
+        &self,
+        _: Request<imrpc::ProxyEngineRequest>,
+    ) -> Result<Response<imrpc::EngineVersionProxyResponse>, Status> {
+        Err(unimplemented("/imrpc.ProxyEngineService/ServerVersionGet"))
+    }
+}
+
+// ------------------------------------------------------------ 8503
+
+#[tonic::async_trait]
+impl instance_service_server::InstanceService for Longhorn {
+    async fn instance_create(
+        &self,
+        req: Request<imrpc::InstanceCreateRequest>,
+    ) -> Result<Response<imrpc::InstanceResponse>, Status> {
+        let req = req.into_inner();
+        let spec = req
+            .spec
+            .ok_or_else(|| Status::invalid_argument("InstanceCreate: spec is missing"))?;
+        let what = format!("instance {}", spec.name);
+        if req.data_layout_type != imrpc::DataLayoutType::Replicated as i32 {
+            return Err(Status::invalid_argument(format!(
+                "{what}: talon serves replicated (raid1) volumes only"
+            )));
+        }
+        let kind = kind_of(&spec.r#type, &spec.name)?;
+        v2_only(&what, spec.data_engine, spec.backend_store_driver)?;
+        let volume = ObjectName::parse("volume", &spec.volume_name).map_err(invalid)?;
+        match kind {
+            InstanceKind::Replica => {
+                let sp = spec.spdk_instance_spec.clone().unwrap_or_default();
+                self.create_replica(
+                    &spec.name,
+                    volume.as_str(),
+                    &sp.disk_name,
+                    &sp.disk_uuid,
+                    sp.size,
+                    spec.port_count,
+                )
+                .await?
+            }
+            InstanceKind::Engine => self.create_engine(&spec, &volume).await?,
+            InstanceKind::EngineFrontend => self.create_frontend(&spec, &volume).await?,
+        }
+        self.settle(&spec.name, kind).await;
+        let r = self
+            .instance_response(kind, &spec.name)?
+            .ok_or_else(|| Status::aborted(format!("{what} was deleted while it was created")))?;
+        Ok(Response::new(r))
+    }
+
+    async fn instance_delete(
+        &self,
+        req: Request<imrpc::InstanceDeleteRequest>,
+    ) -> Result<Response<imrpc::InstanceResponse>, Status> {
+        let req = req.into_inner();
+        let kind = kind_of(&req.r#type, &req.name)?;
+        v2_only(
+            &format!("instance {}", req.name),
+            req.data_engine,
+            req.backend_store_driver,
+        )?;
+        match kind {
+            InstanceKind::Replica => {
+                let disk = (!req.disk_uuid.is_empty())
+                    .then(|| {
+                        self.state
+                            .list_typed::<DiskStatus>()
+                            .ok()?
+                            .into_iter()
+                            .find(|d| d.spec.lvstore_uuid == req.disk_uuid)
+                            .map(|d| d.id().to_owned())
+                    })
+                    .flatten();
+                self.delete_replica(&req.name, req.cleanup_required, disk).await?
+            }
+            // as Longhorn's instance manager: an engine goes only with cleanup_required
+            InstanceKind::Engine if !req.cleanup_required => {}
+            _ => self.delete_other(kind, &req.name).await?,
+        }
+        Ok(Response::new(deleted_response(&req.name, kind)))
+    }
+
+    async fn instance_get(
+        &self,
+        req: Request<imrpc::InstanceGetRequest>,
+    ) -> Result<Response<imrpc::InstanceResponse>, Status> {
+        let req = req.into_inner();
+        let kind = kind_of(&req.r#type, &req.name)?;
+        self.instance_response(kind, &req.name)?
+            .map(Response::new)
+            .ok_or_else(|| {
+                Status::not_found(format!("{} instance {} does not exist", kind.as_str(), req.name))
+            })
+    }
+
+    async fn instance_list(&self, _: Request<()>) -> Result<Response<imrpc::InstanceListResponse>, Status> {
+        Ok(Response::new(imrpc::InstanceListResponse {
+            instances: self.all_instances()?.into_iter().collect(),
+        }))
+    }
+
+    type InstanceWatchStream = WatchStream;
+
+    async fn instance_watch(&self, _: Request<()>) -> Result<Response<Self::InstanceWatchStream>, Status> {
+        Ok(Response::new(self.watch_stream()))
+    }
+
+    async fn log_set_level(&self, req: Request<imrpc::LogSetLevelRequest>) -> Result<Response<()>, Status> {
+        tracing::info!(level = %req.get_ref().level, "Longhorn asked for a log level (talon's is set by RUST_LOG)");
+        Ok(Response::new(()))
+    }
+
+    async fn log_set_flags(&self, req: Request<imrpc::LogSetFlagsRequest>) -> Result<Response<()>, Status> {
+        tracing::info!(flags = %req.get_ref().flags, "Longhorn asked for log flags (talon's are set by RUST_LOG)");
+        Ok(Response::new(()))
+    }
+
+    async fn version_get(&self, _: Request<()>) -> Result<Response<proto::VersionResponse>, Status> {
+        Ok(Response::new(version_response()))
+    }
+}
+
+// ------------------------------------------------------------ 8502
+
+#[tonic::async_trait]
+impl disk_service_server::DiskService for Longhorn {
+    async fn disk_create(
+        &self,
+        req: Request<imrpc::DiskCreateRequest>,
+    ) -> Result<Response<imrpc::Disk>, Status> {
+        let req = req.into_inner();
+        let name = naming::instance_name("disk", &req.disk_name).map_err(invalid)?;
+        let what = format!("disk {name}");
+        if req.disk_type != imrpc::DiskType::Block as i32 {
+            return Err(Status::invalid_argument(format!(
+                "{what}: talon's V2 disks are block disks (disk_type block)"
+            )));
+        }
+        if req.disk_path.is_empty() {
+            return Err(Status::invalid_argument(format!("{what}: disk_path is empty")));
+        }
+        let pci = is_pci_address(&req.disk_path) || req.disk_driver == "nvme";
+        if pci && !is_pci_address(&req.disk_path) {
+            return Err(Status::invalid_argument(format!(
+                "{what}: driver nvme needs a PCI address (dddd:bb:dd.f), not {:?}",
+                req.disk_path
+            )));
+        }
+        if !pci && !req.disk_path.starts_with('/') {
+            return Err(Status::invalid_argument(format!(
+                "{what}: disk_path {:?} is neither an absolute path nor a PCI address",
+                req.disk_path
+            )));
+        }
+        if !matches!(req.disk_driver.as_str(), "" | "auto" | "aio" | "nvme") {
+            return Err(Status::invalid_argument(format!(
+                "{what}: disk driver {:?} is not one of aio, nvme, auto",
+                req.disk_driver
+            )));
+        }
+        let want = Disk {
+            path: (!pci).then(|| req.disk_path.clone()),
+            pci: pci.then(|| req.disk_path.clone()),
+            size_bytes: None,
+            cluster_mib: 1,
+        };
+        let made = match self.state.get_typed::<Disk>(name.as_str()).map_err(state_err)? {
+            Some(cur) if cur.spec.path == want.path && cur.spec.pci == want.pci => false,
+            Some(cur) => {
+                return Err(Status::already_exists(format!(
+                    "{what} already exists for {}",
+                    cur.spec.path.or(cur.spec.pci).unwrap_or_default()
+                )));
+            }
+            None => {
+                self.state
+                    .create_typed(name.as_str(), "", &want)
+                    .map_err(state_err)?;
+                true
+            }
+        };
+        // wait for its lvstore; a disk that cannot come up is not left behind
+        let (_, mut rx) = self.state.watch(Some(("engine", DiskStatus::TYPE)));
+        let deadline = tokio::time::Instant::now() + DISK_READY;
+        let failure = loop {
+            match self
+                .state
+                .get_typed::<DiskStatus>(name.as_str())
+                .map_err(state_err)?
+            {
+                Some(d) if d.spec.state == ObjectState::Ready => break None,
+                Some(d) if d.spec.state == ObjectState::Failed => {
+                    break Some(Status::failed_precondition(format!("{what}: {}", d.spec.message)));
+                }
+                _ => {}
+            }
+            match tokio::time::timeout_at(deadline, rx.recv()).await {
+                Err(_) => {
+                    break Some(Status::deadline_exceeded(format!(
+                        "{what}: its lvstore was not ready within {} s",
+                        DISK_READY.as_secs()
+                    )));
+                }
+                Ok(Err(tokio::sync::broadcast::error::RecvError::Closed)) => {
+                    break Some(Status::unavailable(format!("{what}: talon is stopping")));
+                }
+                Ok(_) => {}
+            }
+        };
+        if let Some(f) = failure {
+            if made {
+                let _ = self.state.destroy("config", Disk::TYPE, name.as_str(), "");
+            }
+            return Err(f);
+        }
+        let mut d = self.disk_message(name.as_str())?;
+        if let Some(b) = self.block_size(name.as_str()).await {
+            d.block_size = b;
+            d.total_blocks = d.total_size / b.max(1);
+            d.free_blocks = d.free_size / b.max(1);
+        }
+        Ok(Response::new(d))
+    }
+
+    async fn disk_delete(&self, req: Request<imrpc::DiskDeleteRequest>) -> Result<Response<()>, Status> {
+        let req = req.into_inner();
+        let name = naming::instance_name("disk", &req.disk_name).map_err(invalid)?;
+        let on_it: Vec<String> = self
+            .state
+            .list_typed::<LonghornReplica>()
+            .map_err(state_err)?
+            .into_iter()
+            .filter(|r| r.spec.disk == name.as_str())
+            .map(|r| r.id().to_owned())
+            .collect();
+        if !on_it.is_empty() {
+            return Err(Status::failed_precondition(format!(
+                "disk {name} holds replica instances {}; delete them first",
+                on_it.join(", ")
+            )));
+        }
+        match self.state.destroy("config", Disk::TYPE, name.as_str(), "") {
+            Ok(_) | Err(StateError::NotFound { .. }) => Ok(Response::new(())),
+            Err(e) => Err(state_err(e)),
+        }
+    }
+
+    async fn disk_get(&self, req: Request<imrpc::DiskGetRequest>) -> Result<Response<imrpc::Disk>, Status> {
+        let req = req.into_inner();
+        let name = naming::instance_name("disk", &req.disk_name).map_err(invalid)?;
+        let mut d = self.disk_message(name.as_str())?;
+        if let Some(b) = self.block_size(name.as_str()).await {
+            d.block_size = b;
+            d.total_blocks = d.total_size / b.max(1);
+            d.free_blocks = d.free_size / b.max(1);
+        }
+        Ok(Response::new(d))
+    }
+
+    async fn disk_health_get(
+        &self,
+        req: Request<imrpc::DiskHealthGetRequest>,
+    ) -> Result<Response<imrpc::DiskHealthGetResponse>, Status> {
+        let req = req.into_inner();
+        let name = naming::instance_name("disk", &req.disk_name).map_err(invalid)?;
+        let d = self.disk_message(name.as_str())?;
+        // no SMART data is read yet: the identity of the disk, counters zero
+        Ok(Response::new(imrpc::DiskHealthGetResponse {
+            model_number: format!("talon {}", d.driver),
+            traddr: d.path,
+            available_spare_percentage: 100,
+            ..Default::default()
+        }))
+    }
+
+    async fn disk_replica_instance_list(
+        &self,
+        req: Request<imrpc::DiskReplicaInstanceListRequest>,
+    ) -> Result<Response<imrpc::DiskReplicaInstanceListResponse>, Status> {
+        let req = req.into_inner();
+        let name = naming::instance_name("disk", &req.disk_name).map_err(invalid)?;
+        let d = self.ready_disk(&format!("disk {name}"), name.as_str())?;
+        let lvols = self
+            .client
+            .bdev_lvol_get_lvols(&GetLvols::default())
+            .await
+            .map_err(|e| Status::unavailable(format!("listing the lvols of disk {name}: {e}")))?;
+        let mut out = std::collections::HashMap::new();
+        for l in lvols {
+            if l.lvs.name != d.lvstore
+                || l.is_snapshot
+                || crate::spdk::volume::parse_lvol(&l.name).is_some()
+                || naming::instance_name("replica", &l.name).is_err()
+            {
+                continue;
+            }
+            let spec_size = self
+                .state
+                .get_typed::<LonghornReplica>(&l.name)
+                .ok()
+                .flatten()
+                .map(|r| r.spec.size_bytes)
+                .unwrap_or_default();
+            out.insert(
+                l.name.clone(),
+                imrpc::ReplicaInstance {
+                    name: l.name.clone(),
+                    uuid: l.uuid.clone(),
+                    disk_name: name.as_str().to_owned(),
+                    disk_uuid: d.lvstore_uuid.clone(),
+                    spec_size,
+                    actual_size: l.num_allocated_clusters * d.cluster_bytes,
+                },
+            );
+        }
+        Ok(Response::new(imrpc::DiskReplicaInstanceListResponse {
+            replica_instances: out,
+        }))
+    }
+
+    async fn disk_replica_instance_delete(
+        &self,
+        req: Request<imrpc::DiskReplicaInstanceDeleteRequest>,
+    ) -> Result<Response<()>, Status> {
+        let req = req.into_inner();
+        let name = naming::instance_name("disk", &req.disk_name).map_err(invalid)?;
+        self.ready_disk(&format!("disk {name}"), name.as_str())?;
+        self.delete_replica(&req.replcia_instance_name, true, Some(name.as_str().to_owned()))
+            .await?;
+        Ok(Response::new(()))
+    }
+
+    async fn metrics_get(
+        &self,
+        req: Request<imrpc::DiskGetRequest>,
+    ) -> Result<Response<imrpc::DiskMetricsGetReply>, Status> {
+        let req = req.into_inner();
+        let name = naming::instance_name("disk", &req.disk_name).map_err(invalid)?;
+        self.disk_message(name.as_str())?;
+        Ok(Response::new(imrpc::DiskMetricsGetReply {
+            metrics: Some(Default::default()),
+        }))
+    }
+
+    async fn version_get(&self, _: Request<()>) -> Result<Response<imrpc::DiskVersionResponse>, Status> {
+        Ok(Response::new(imrpc::DiskVersionResponse {
+            version: crate::VERSION.to_owned(),
+            git_commit: String::new(),
+            build_date: String::new(),
+            instance_manager_disk_service_api_version: super::DISK_API_VERSION,
+            instance_manager_disk_service_api_min_version: super::DISK_API_MIN_VERSION,
+        }))
+    }
+}
+
+// ------------------------------------------------------------ 8504
+
+/// One event, then quiet until the client goes or the servers stop.
+fn empty_watch(lh: &Longhorn) -> WatchStream {
+    let mut stopping = lh.stopping.subscribe();
+    let end = futures::stream::once(async move {
+        let _ = stopping.wait_for(|s| *s).await;
+    })
+    .filter_map(|()| async { None });
+    Box::pin(futures::stream::once(async { Ok(()) }).chain(end))
+}
+
+use futures::StreamExt as _;
+
+#[tonic::async_trait]
+impl spdk_service_server::SpdkService for Longhorn {
+    async fn replica_create(
+        &self,
+        req: Request<spdkrpc::ReplicaCreateRequest>,
+    ) -> Result<Response<spdkrpc::Replica>, Status> {
+        let req = req.into_inner();
+        let volume = req
+            .name
+            .rsplit_once("-r-")
+            .map(|(v, _)| v.to_owned())
+            .unwrap_or_else(|| req.name.clone());
+        self.create_replica(
+            &req.name,
+            &volume,
+            &req.lvs_name,
+            &req.lvs_uuid,
+            req.spec_size,
+            req.port_count,
+        )
+        .await?;
+        self.settle(&req.name, InstanceKind::Replica).await;
+        let r = self
+            .state
+            .get_typed::<LonghornReplica>(&req.name)
+            .map_err(state_err)?
+            .ok_or_else(|| {
+                Status::aborted(format!("replica {} was deleted while it was created", req.name))
+            })?;
+        Ok(Response::new(self.replica_message(&r)?))
+    }
+
+    async fn replica_delete(
+        &self,
+        req: Request<spdkrpc::ReplicaDeleteRequest>,
+    ) -> Result<Response<()>, Status> {
+        let req = req.into_inner();
+        self.delete_replica(&req.name, req.cleanup_required, None).await?;
+        Ok(Response::new(()))
+    }
+
+    async fn replica_get(
+        &self,
+        req: Request<spdkrpc::ReplicaGetRequest>,
+    ) -> Result<Response<spdkrpc::Replica>, Status> {
+        let name = req.into_inner().name;
+        let r = self
+            .state
+            .get_typed::<LonghornReplica>(&name)
+            .map_err(state_err)?
+            .ok_or_else(|| Status::not_found(format!("replica {name} does not exist")))?;
+        Ok(Response::new(self.replica_message(&r)?))
+    }
+
+    async fn replica_list(&self, _: Request<()>) -> Result<Response<spdkrpc::ReplicaListResponse>, Status> {
+        let mut replicas = std::collections::HashMap::new();
+        for r in self.state.list_typed::<LonghornReplica>().map_err(state_err)? {
+            replicas.insert(r.id().to_owned(), self.replica_message(&r)?);
+        }
+        Ok(Response::new(spdkrpc::ReplicaListResponse { replicas }))
+    }
+
+    type ReplicaWatchStream = WatchStream;
+
+    async fn replica_watch(&self, _: Request<()>) -> Result<Response<Self::ReplicaWatchStream>, Status> {
+        Ok(Response::new(self.watch_stream()))
+    }
+
+    async fn shard_list(&self, _: Request<()>) -> Result<Response<spdkrpc::ShardListResponse>, Status> {
+        Ok(Response::new(spdkrpc::ShardListResponse::default()))
+    }
+
+    type ShardWatchStream = WatchStream;
+
+    async fn shard_watch(&self, _: Request<()>) -> Result<Response<Self::ShardWatchStream>, Status> {
+        Ok(Response::new(empty_watch(self)))
+    }
+
+    async fn shard_group_list(
+        &self,
+        _: Request<()>,
+    ) -> Result<Response<spdkrpc::ShardGroupListResponse>, Status> {
+        Ok(Response::new(spdkrpc::ShardGroupListResponse::default()))
+    }
+
+    type ShardGroupWatchStream = WatchStream;
+
+    async fn shard_group_watch(
+        &self,
+        _: Request<()>,
+    ) -> Result<Response<Self::ShardGroupWatchStream>, Status> {
+        Ok(Response::new(empty_watch(self)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn served_paths_come_from_the_protos() {
+        assert!(is_served("/ProcessManagerService/VersionGet"));
+        assert!(is_served("/imrpc.InstanceService/InstanceCreate"));
+        assert!(is_served("/spdkrpc.SPDKService/ShardGroupWatch"));
+        assert!(is_served("/grpc.health.v1.Health/Check"));
+        assert!(!is_served("/imrpc.InstanceService/InstanceLog"));
+        assert!(!is_served("/imrpc.ProxyEngineService/VolumeGet"));
+        assert!(!is_served("/ProcessManagerService/ProcessList"));
+    }
+
+    #[test]
+    fn pci_addresses_are_told_from_paths() {
+        assert!(is_pci_address("0000:00:1e.0"));
+        assert!(!is_pci_address("/dev/nvme0n1"));
+        assert!(!is_pci_address("0000:00:1e.0x"));
+    }
+}

@@ -1,0 +1,178 @@
+//! Longhorn's V2 instances as talon resources: desired state written by the
+//! instance-manager gRPC service (`crate::longhorn`), persisted in the
+//! `config` namespace, realized by `engine.LonghornController`, which reports
+//! `LonghornInstanceStatus`.
+//!
+//! ```text
+//!   InstanceCreate/ReplicaCreate ──> config/LonghornReplica <name>   (lvol talon-<disk>/<name>, NVMe/TCP export)
+//!   InstanceCreate engine        ──> config/LonghornEngine <name>    (raid1 <name> over the replicas, export)
+//!   InstanceCreate engine-frontend ─> config/LonghornEngineFrontend  (kernel NVMe/TCP, /dev/longhorn/<volume>)
+//!   DiskCreate                   ──> config/Disk <disk>               (talon's own disk, lvstore talon-<disk>)
+//!                                         │ engine.LonghornController
+//!                                         v
+//!                              engine/LonghornInstanceStatus <name>
+//! ```
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::runtime::Spec;
+
+/// A Longhorn replica (id: the replica's instance name): a thin lvol
+/// `talon-<disk>/<name>` exported over NVMe/TCP as
+/// `nqn.2023-01.io.longhorn.spdk:<name>` unless an engine on this node holds it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct LonghornReplica {
+    /// The Longhorn volume.
+    pub volume: String,
+    /// The talon Disk (Longhorn's disk name) whose lvstore holds the lvol.
+    pub disk: String,
+    /// Size in bytes (a multiple of the lvstore's cluster size).
+    pub size_bytes: u64,
+    /// The first port of the replica's range; the export listens on it.
+    pub port_start: u16,
+    /// The last port of the range.
+    pub port_end: u16,
+    /// Set by a delete with `cleanup_required`: the lvol goes with the instance.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub cleanup: bool,
+}
+
+impl Spec for LonghornReplica {
+    const TYPE: &'static str = "LonghornReplica";
+    const NAMESPACE: &'static str = "config";
+}
+
+/// A Longhorn engine (id: the engine's instance name): a raid1 bdev `<name>`
+/// over the replicas of `replicaAddressMap` (a replica of this node enters as
+/// its lvol, a remote one through `bdev_nvme_attach_controller`), exported as
+/// `nqn.2023-01.io.longhorn.spdk:volume-<volume>` on `port`. One replica: the
+/// member is exported without a raid.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct LonghornEngine {
+    /// The Longhorn volume.
+    pub volume: String,
+    /// Size in bytes.
+    pub size_bytes: u64,
+    /// Replica instance name -> `ip:port` of its export.
+    pub replica_address_map: BTreeMap<String, String>,
+    /// The export's port.
+    pub port: u16,
+    /// Longhorn's frontend name (`spdk-tcp-nvmf`, `spdk-tcp-blockdev`, or empty).
+    #[serde(default)]
+    pub frontend: String,
+}
+
+impl Spec for LonghornEngine {
+    const TYPE: &'static str = "LonghornEngine";
+    const NAMESPACE: &'static str = "config";
+}
+
+/// A Longhorn engine-frontend (id: its instance name): the engine's export
+/// attached through the kernel NVMe/TCP initiator, `/dev/longhorn/<volume>`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct LonghornEngineFrontend {
+    /// The Longhorn volume.
+    pub volume: String,
+    /// The engine instance it attaches.
+    pub engine_name: String,
+    /// The engine's export, `ip:port`.
+    pub target_address: String,
+    /// Longhorn's frontend name.
+    #[serde(default)]
+    pub frontend: String,
+    /// Size in bytes.
+    #[serde(default)]
+    pub size_bytes: u64,
+}
+
+impl Spec for LonghornEngineFrontend {
+    const TYPE: &'static str = "LonghornEngineFrontend";
+    const NAMESPACE: &'static str = "config";
+}
+
+/// Which Longhorn instance type a status is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum InstanceKind {
+    /// `replica`.
+    Replica,
+    /// `engine`.
+    Engine,
+    /// `engine-frontend`.
+    EngineFrontend,
+}
+
+impl InstanceKind {
+    /// Longhorn's name of the type.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Replica => "replica",
+            Self::Engine => "engine",
+            Self::EngineFrontend => "engine-frontend",
+        }
+    }
+}
+
+/// Longhorn's instance states that talon reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum InstanceState {
+    /// Being made.
+    Starting,
+    /// Serving.
+    Running,
+    /// Being removed.
+    Stopping,
+    /// Not serving; `message` says why.
+    Error,
+}
+
+impl InstanceState {
+    /// Longhorn's spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Starting => "starting",
+            Self::Running => "running",
+            Self::Stopping => "stopping",
+            Self::Error => "error",
+        }
+    }
+}
+
+/// What the engine made of a Longhorn instance (id: the instance name).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct LonghornInstanceStatus {
+    /// The instance type.
+    pub kind: InstanceKind,
+    /// Its state.
+    pub state: InstanceState,
+    /// Why it is not running.
+    #[serde(default)]
+    pub message: String,
+    /// The bdev that holds or serves the data (lvol alias, raid or member).
+    #[serde(default)]
+    pub bdev: String,
+    /// The lvol or raid UUID (Longhorn's instance uuid).
+    #[serde(default)]
+    pub uuid: String,
+    /// The NVMe/TCP subsystem that exports it, when exported.
+    #[serde(default)]
+    pub nqn: String,
+    /// Where it is exported (`ip:port`), or the device of an engine-frontend.
+    #[serde(default)]
+    pub endpoint: String,
+    /// Allocated bytes (replicas).
+    #[serde(default)]
+    pub allocated_bytes: u64,
+}
+
+impl Spec for LonghornInstanceStatus {
+    const TYPE: &'static str = "LonghornInstanceStatus";
+    const NAMESPACE: &'static str = "engine";
+}

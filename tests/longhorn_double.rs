@@ -1,0 +1,650 @@
+//! Longhorn's instance-manager protocol (`talon serve --longhorn-listen`)
+//! driven by a tonic client on talon's own protos, against `talon serve` on
+//! `SpdkDouble`, a TEST DOUBLE of spdk_tgt (adopted on the run dir's socket):
+//! DiskCreate (aio file) -> two replicas -> an engine over both ->
+//! List/Watch at each step -> delete without cleanup keeps the lvol, a new
+//! create exposes it again -> cleanup removes it; health and VersionGet on
+//! every port; bad input refused with nothing made; UNIMPLEMENTED names the
+//! method.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use futures::StreamExt;
+use talon::controllers::engine::selection::SpdkOptions;
+use talon::longhorn::proto::imrpc::{
+    self, disk_service_client::DiskServiceClient, instance_service_client::InstanceServiceClient,
+    proxy_engine_service_client::ProxyEngineServiceClient,
+};
+use talon::longhorn::proto::process_manager_service_client::ProcessManagerServiceClient;
+use talon::longhorn::proto::spdkrpc::{self, spdk_service_client::SpdkServiceClient};
+use talon::longhorn::server::LonghornOptions;
+use talon::serve::{ServeOptions, serve_with};
+use talon::spdk::rpc::GetLvols;
+use talon::spdk::{SpdkClient, SpdkDouble};
+use tonic::Code;
+use tonic::transport::Channel;
+
+const MIB: u64 = 1 << 20;
+
+fn opts(dir: &Path) -> ServeOptions {
+    // a stand-in binary: found, never run (the double answers on the socket and is adopted)
+    let fake = dir.join("spdk_tgt");
+    std::fs::write(&fake, "#!/bin/sh\nexit 1\n").expect("fake spdk_tgt");
+    std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    ServeOptions {
+        data_dir: dir.join("data"),
+        config: None,
+        socket: dir.join("run/talon.sock"),
+        listen_tcp: None,
+        token_file: None,
+        run_dir: dir.join("run"),
+        host_root: PathBuf::from("/"),
+        spdk: SpdkOptions {
+            spdk_tgt: Some(fake),
+            no_huge: true,
+            no_huge_mem_mib: 256,
+            ..Default::default()
+        },
+        stop_targets_on_exit: false,
+    }
+}
+
+/// Five consecutive free ports on loopback.
+fn free_base() -> u16 {
+    for _ in 0..200 {
+        let probe = std::net::TcpListener::bind("127.0.0.1:0").expect("probe");
+        let base = probe.local_addr().expect("addr").port();
+        drop(probe);
+        if base > 65000 {
+            continue;
+        }
+        let all: Vec<_> = (0..5)
+            .map(|i| std::net::TcpListener::bind(("127.0.0.1", base + i)))
+            .collect();
+        if all.iter().all(Result::is_ok) {
+            return base;
+        }
+    }
+    panic!("no five consecutive free ports");
+}
+
+struct Daemon {
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<Result<(), talon::serve::ServeError>>,
+    base: u16,
+}
+
+impl Daemon {
+    async fn start(dir: &Path, ports: std::ops::RangeInclusive<u16>) -> Daemon {
+        let base = free_base();
+        let (stop, rx) = tokio::sync::oneshot::channel::<()>();
+        let lh = LonghornOptions {
+            listen: SocketAddr::from(([127, 0, 0, 1], base)),
+            ports,
+        };
+        let task = tokio::spawn(serve_with(opts(dir), Some(lh), async move {
+            let _ = rx.await;
+        }));
+        let d = Daemon { stop, task, base };
+        talon::runtime::testing::eventually("the Longhorn ports", Duration::from_secs(30), || async {
+            Channel::from_shared(d.url(3)).ok()?.connect().await.ok()
+        })
+        .await;
+        d
+    }
+
+    fn url(&self, i: u16) -> String {
+        format!("http://127.0.0.1:{}", self.base + i)
+    }
+
+    async fn channel(&self, i: u16) -> Channel {
+        Channel::from_shared(self.url(i))
+            .expect("url")
+            .connect()
+            .await
+            .expect("connect")
+    }
+
+    async fn stop(self) {
+        let _ = self.stop.send(());
+        self.task.await.expect("join").expect("clean stop");
+    }
+}
+
+fn replica_spec(name: &str, disk: &str, size: u64) -> imrpc::InstanceCreateRequest {
+    imrpc::InstanceCreateRequest {
+        spec: Some(imrpc::InstanceSpec {
+            name: name.into(),
+            r#type: "replica".into(),
+            volume_name: "vol".into(),
+            port_count: 1,
+            data_engine: imrpc::DataEngine::V2 as i32,
+            spdk_instance_spec: Some(imrpc::SpdkInstanceSpec {
+                disk_name: disk.into(),
+                size,
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        data_layout_type: 0,
+    }
+}
+
+fn engine_spec(name: &str, map: HashMap<String, String>, size: u64) -> imrpc::InstanceCreateRequest {
+    imrpc::InstanceCreateRequest {
+        spec: Some(imrpc::InstanceSpec {
+            name: name.into(),
+            r#type: "engine".into(),
+            volume_name: "vol".into(),
+            port_count: 1,
+            data_engine: imrpc::DataEngine::V2 as i32,
+            spdk_instance_spec: Some(imrpc::SpdkInstanceSpec {
+                replica_address_map: map,
+                size,
+                frontend: "spdk-tcp-nvmf".into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        data_layout_type: 0,
+    }
+}
+
+fn delete_req(name: &str, ty: &str, cleanup: bool) -> imrpc::InstanceDeleteRequest {
+    imrpc::InstanceDeleteRequest {
+        name: name.into(),
+        r#type: ty.into(),
+        cleanup_required: cleanup,
+        data_engine: imrpc::DataEngine::V2 as i32,
+        ..Default::default()
+    }
+}
+
+async fn state_of(
+    c: &mut InstanceServiceClient<Channel>,
+    name: &str,
+    ty: &str,
+) -> Option<imrpc::InstanceStatus> {
+    let r = c
+        .instance_get(imrpc::InstanceGetRequest {
+            name: name.into(),
+            r#type: ty.into(),
+            data_engine: imrpc::DataEngine::V2 as i32,
+            ..Default::default()
+        })
+        .await;
+    match r {
+        Ok(r) => r.into_inner().status,
+        Err(s) if s.code() == Code::NotFound => None,
+        Err(s) => panic!("InstanceGet {name}: {s}"),
+    }
+}
+
+async fn wait_state(
+    c: &mut InstanceServiceClient<Channel>,
+    name: &str,
+    ty: &str,
+    want: &str,
+) -> imrpc::InstanceStatus {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let s = state_of(c, name, ty).await;
+        if let Some(s) = &s
+            && s.state == want
+        {
+            return s.clone();
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{ty} {name} never became {want}: {s:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn lvols(spdk: &SpdkClient) -> HashMap<String, String> {
+    spdk.bdev_lvol_get_lvols(&GetLvols::default())
+        .await
+        .expect("lvols")
+        .into_iter()
+        .map(|l| (l.alias, l.uuid))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn longhorn_lifecycle_on_the_double() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_test_writer()
+        .try_init();
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::create_dir_all(dir.path().join("run")).expect("run dir");
+    let double = SpdkDouble::start(dir.path().join("run/spdk.sock"))
+        .await
+        .expect("double");
+    let spdk = SpdkClient::new(double.socket());
+    let d = Daemon::start(dir.path(), 31000..=31099).await;
+
+    eprintln!("STEP health on every port");
+    // health on every port, VersionGet where the service has one
+    for i in 0..5u16 {
+        let mut h = tonic_health::pb::health_client::HealthClient::new(d.channel(i).await);
+        for service in ["", talon::longhorn::SERVICES[usize::from(i)]] {
+            let r = h
+                .check(tonic_health::pb::HealthCheckRequest {
+                    service: service.into(),
+                })
+                .await
+                .unwrap_or_else(|e| panic!("health {service:?} on port {i}: {e}"));
+            assert_eq!(r.into_inner().status, 1, "SERVING on port {i}");
+        }
+    }
+    let v = ProcessManagerServiceClient::new(d.channel(0).await)
+        .version_get(())
+        .await
+        .expect("version 8500")
+        .into_inner();
+    assert!(
+        v.instance_manager_api_version >= 4 && v.instance_manager_api_min_version <= 6,
+        "{v:?}"
+    );
+    let mut inst = InstanceServiceClient::new(d.channel(3).await);
+    let v3 = inst.version_get(()).await.expect("version 8503").into_inner();
+    assert_eq!(v3, v);
+    let mut disks = DiskServiceClient::new(d.channel(2).await);
+    let dv = disks.version_get(()).await.expect("version 8502").into_inner();
+    assert_eq!(dv.instance_manager_disk_service_api_version, 1);
+    // 8501 is there, every method UNIMPLEMENTED with its name
+    let e = ProxyEngineServiceClient::new(d.channel(1).await)
+        .server_version_get(imrpc::ProxyEngineRequest::default())
+        .await
+        .expect_err("proxy");
+    assert_eq!(e.code(), Code::Unimplemented);
+    assert!(
+        e.message().contains("/imrpc.ProxyEngineService/ServerVersionGet"),
+        "{e}"
+    );
+    for (port, path) in [
+        (1u16, "/imrpc.ProxyEngineService/VolumeGet"),
+        (3, "/imrpc.InstanceService/InstanceLog"),
+        (0, "/ProcessManagerService/ProcessList"),
+        (4, "/spdkrpc.SPDKService/EngineCreate"),
+    ] {
+        let mut g = tonic::client::Grpc::new(d.channel(port).await);
+        g.ready().await.expect("ready");
+        let r: Result<tonic::Response<()>, tonic::Status> = g
+            .unary(
+                tonic::Request::new(()),
+                http::uri::PathAndQuery::from_static(path),
+                tonic_prost::ProstCodec::<(), ()>::default(),
+            )
+            .await;
+        let e = r.expect_err(path);
+        assert_eq!(e.code(), Code::Unimplemented, "{path}");
+        assert!(e.message().contains(path), "{path}: {e}");
+    }
+
+    eprintln!("STEP disks: aio files");
+    // disks: aio files
+    for name in ["disk-a", "disk-b"] {
+        let f = dir.path().join(format!("{name}.img"));
+        std::fs::File::create(&f)
+            .and_then(|f| f.set_len(512 * MIB))
+            .expect("disk file");
+        let disk = disks
+            .disk_create(imrpc::DiskCreateRequest {
+                disk_type: imrpc::DiskType::Block as i32,
+                disk_name: name.into(),
+                disk_path: f.display().to_string(),
+                block_size: 4096,
+                disk_driver: "aio".into(),
+                ..Default::default()
+            })
+            .await
+            .unwrap_or_else(|e| panic!("DiskCreate {name}: {e}"))
+            .into_inner();
+        assert!(!disk.uuid.is_empty(), "{disk:?}");
+        assert_eq!(disk.cluster_size as u64, MIB);
+        assert_eq!(disk.driver, "aio");
+        let again = disks
+            .disk_get(imrpc::DiskGetRequest {
+                disk_name: name.into(),
+                disk_type: imrpc::DiskType::Block as i32,
+                ..Default::default()
+            })
+            .await
+            .expect("DiskGet")
+            .into_inner();
+        assert_eq!(again.uuid, disk.uuid);
+    }
+
+    eprintln!("STEP the watch sees every step");
+    // the watch sees every step
+    let mut watch = inst.instance_watch(()).await.expect("watch").into_inner();
+    watch.next().await.expect("first event").expect("ok");
+    let events = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counter = events.clone();
+    tokio::spawn(async move {
+        while let Some(Ok(())) = watch.next().await {
+            counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+    });
+    let seen =
+        |n: &std::sync::Arc<std::sync::atomic::AtomicUsize>| n.load(std::sync::atomic::Ordering::SeqCst);
+
+    eprintln!("STEP two replicas");
+    // two replicas
+    let size = 64 * MIB;
+    let mut ports = HashMap::new();
+    for (r, disk) in [("vol-r-aaaa1111", "disk-a"), ("vol-r-bbbb2222", "disk-b")] {
+        let before = seen(&events);
+        let resp = inst
+            .instance_create(replica_spec(r, disk, size))
+            .await
+            .unwrap_or_else(|e| panic!("create {r}: {e}"))
+            .into_inner();
+        let st = wait_state(&mut inst, r, "replica", "running").await;
+        assert!((31000..=31099).contains(&st.port_start), "{st:?}");
+        assert_eq!(resp.spec.as_ref().map(|s| s.r#type.as_str()), Some("replica"));
+        ports.insert(r.to_string(), st.port_start);
+        talon::runtime::testing::eventually("a watch event", Duration::from_secs(10), || async {
+            (seen(&events) > before).then_some(())
+        })
+        .await;
+    }
+    let list = inst.instance_list(()).await.expect("list").into_inner().instances;
+    assert_eq!(list.len(), 2, "{list:?}");
+    assert!(
+        list.values()
+            .all(|i| i.status.as_ref().is_some_and(|s| s.state == "running"))
+    );
+    let subs = double.subsystem_nqns();
+    for r in ["vol-r-aaaa1111", "vol-r-bbbb2222"] {
+        assert!(
+            subs.contains(&format!("nqn.2023-01.io.longhorn.spdk:{r}")),
+            "{subs:?}"
+        );
+    }
+    let lv = lvols(&spdk).await;
+    let uuid_a = lv.get("talon-disk-a/vol-r-aaaa1111").cloned().expect("lvol a");
+    assert!(lv.contains_key("talon-disk-b/vol-r-bbbb2222"), "{lv:?}");
+    // the same replicas through SPDKService (what another node's engine calls)
+    let mut sp = SpdkServiceClient::new(d.channel(4).await);
+    let rl = sp
+        .replica_list(())
+        .await
+        .expect("ReplicaList")
+        .into_inner()
+        .replicas;
+    assert_eq!(rl.len(), 2);
+    let ra = &rl["vol-r-aaaa1111"];
+    assert_eq!(ra.lvs_name, "disk-a");
+    assert_eq!(ra.spec_size, size);
+    assert_eq!(ra.head.as_ref().map(|h| h.uuid.as_str()), Some(uuid_a.as_str()));
+    assert_eq!(ra.state, "running");
+    assert!(
+        sp.shard_list(())
+            .await
+            .expect("ShardList")
+            .into_inner()
+            .shards
+            .is_empty()
+    );
+    assert!(
+        sp.shard_group_list(())
+            .await
+            .expect("ShardGroupList")
+            .into_inner()
+            .shard_groups
+            .is_empty()
+    );
+    // DiskReplicaInstanceList shows it
+    let on_a = disks
+        .disk_replica_instance_list(imrpc::DiskReplicaInstanceListRequest {
+            disk_name: "disk-a".into(),
+            disk_type: imrpc::DiskType::Block as i32,
+            ..Default::default()
+        })
+        .await
+        .expect("DiskReplicaInstanceList")
+        .into_inner()
+        .replica_instances;
+    assert_eq!(on_a.keys().collect::<Vec<_>>(), ["vol-r-aaaa1111"]);
+
+    eprintln!("STEP the engine over both");
+    // the engine over both: local replicas enter as their lvols, no NVMe/TCP hop
+    let map: HashMap<String, String> = ports
+        .iter()
+        .map(|(r, p)| (r.clone(), format!("127.0.0.1:{p}")))
+        .collect();
+    let before = seen(&events);
+    inst.instance_create(engine_spec("vol-e-0", map.clone(), size))
+        .await
+        .expect("engine create");
+    let est = wait_state(&mut inst, "vol-e-0", "engine", "running").await;
+    assert!((31000..=31099).contains(&est.port_start), "{est:?}");
+    talon::runtime::testing::eventually("an engine watch event", Duration::from_secs(10), || async {
+        (seen(&events) > before).then_some(())
+    })
+    .await;
+    let raid = spdk
+        .bdev_raid_get_bdevs(&talon::spdk::rpc::GetRaids {
+            category: talon::spdk::rpc::RaidCategory::All,
+        })
+        .await
+        .expect("raids")
+        .into_iter()
+        .find(|r| r.name == "vol-e-0")
+        .expect("raid vol-e-0");
+    assert_eq!(raid.raid_level, "raid1");
+    assert_eq!(raid.num_base_bdevs, 2);
+    let members: Vec<String> = raid
+        .base_bdevs_list
+        .iter()
+        .filter_map(|b| b.name.clone())
+        .collect();
+    assert!(members.iter().all(|m| !m.ends_with("n1")), "members {members:?}");
+    assert_eq!(
+        double.calls("bdev_nvme_attach_controller"),
+        0,
+        "no loopback attach"
+    );
+    talon::runtime::testing::eventually(
+        "replica exports given up while held",
+        Duration::from_secs(10),
+        || async {
+            let subs = double.subsystem_nqns();
+            (subs.contains(&"nqn.2023-01.io.longhorn.spdk:volume-vol".to_string())
+                && !subs.iter().any(|s| s.ends_with("vol-r-aaaa1111")))
+            .then_some(())
+        },
+    )
+    .await;
+    let list = inst.instance_list(()).await.expect("list").into_inner().instances;
+    assert_eq!(list.len(), 3);
+    // the same objects in talon's own view
+    let admin = talon::client::Client::connect_unix(&dir.path().join("run/talon.sock"))
+        .await
+        .expect("admin");
+    let own = admin.list("LonghornReplica").await.expect("talon get");
+    assert_eq!(own.len(), 2);
+    let own_status = admin
+        .get("LonghornInstanceStatus", "vol-e-0")
+        .await
+        .expect("status");
+    assert_eq!(own_status.spec["state"], "running");
+
+    // a second engine of the same volume, or a replica again with another size: refused
+    let e = inst
+        .instance_create(engine_spec("vol-e-1", map.clone(), size))
+        .await
+        .expect_err("second engine");
+    assert_eq!(e.code(), Code::AlreadyExists, "{e}");
+    assert!(e.message().contains("vol-e-1"), "{e}");
+
+    eprintln!("STEP detach: engine away");
+    // detach: engine away (cleanup), replicas kept without cleanup
+    inst.instance_delete(delete_req("vol-e-0", "engine", true))
+        .await
+        .expect("engine delete");
+    assert!(state_of(&mut inst, "vol-e-0", "engine").await.is_none());
+    talon::runtime::testing::eventually("replicas exported again", Duration::from_secs(10), || async {
+        let subs = double.subsystem_nqns();
+        (subs.iter().any(|s| s.ends_with(":vol-r-aaaa1111"))
+            && !subs.iter().any(|s| s.ends_with(":volume-vol")))
+        .then_some(())
+    })
+    .await;
+    inst.instance_delete(delete_req("vol-r-aaaa1111", "replica", false))
+        .await
+        .expect("replica delete without cleanup");
+    assert!(state_of(&mut inst, "vol-r-aaaa1111", "replica").await.is_none());
+    assert_eq!(
+        lvols(&spdk).await.get("talon-disk-a/vol-r-aaaa1111"),
+        Some(&uuid_a),
+        "lvol kept"
+    );
+    // and still kept after talon's own orphan cleanup ran (the volume controller polls every 2 s)
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        lvols(&spdk).await.get("talon-disk-a/vol-r-aaaa1111"),
+        Some(&uuid_a),
+        "lvol kept past orphan cleanup"
+    );
+    assert!(
+        !double
+            .subsystem_nqns()
+            .iter()
+            .any(|s| s.ends_with(":vol-r-aaaa1111"))
+    );
+    // a create exposes the same lvol again
+    inst.instance_create(replica_spec("vol-r-aaaa1111", "disk-a", size))
+        .await
+        .expect("create again");
+    let st = wait_state(&mut inst, "vol-r-aaaa1111", "replica", "running").await;
+    assert_eq!(st.uuid, uuid_a, "the same lvol");
+    assert!(
+        double
+            .subsystem_nqns()
+            .iter()
+            .any(|s| s.ends_with(":vol-r-aaaa1111"))
+    );
+    // cleanup removes it
+    inst.instance_delete(delete_req("vol-r-aaaa1111", "replica", true))
+        .await
+        .expect("delete with cleanup");
+    assert!(!lvols(&spdk).await.contains_key("talon-disk-a/vol-r-aaaa1111"));
+    // a kept lvol without an instance goes through DiskReplicaInstanceDelete
+    inst.instance_delete(delete_req("vol-r-bbbb2222", "replica", false))
+        .await
+        .expect("keep b");
+    assert!(lvols(&spdk).await.contains_key("talon-disk-b/vol-r-bbbb2222"));
+    disks
+        .disk_replica_instance_delete(imrpc::DiskReplicaInstanceDeleteRequest {
+            disk_name: "disk-b".into(),
+            replcia_instance_name: "vol-r-bbbb2222".into(),
+            disk_type: imrpc::DiskType::Block as i32,
+            ..Default::default()
+        })
+        .await
+        .expect("DiskReplicaInstanceDelete");
+    assert!(!lvols(&spdk).await.contains_key("talon-disk-b/vol-r-bbbb2222"));
+    assert!(
+        inst.instance_list(())
+            .await
+            .expect("list")
+            .into_inner()
+            .instances
+            .is_empty()
+    );
+
+    eprintln!("STEP bad input");
+    // bad input: an error naming the object, nothing made
+    let lvols_before = lvols(&spdk).await;
+    let subs_before = double.subsystem_nqns();
+    let mut bad_type = replica_spec("vol-r-cccc3333", "disk-a", size);
+    if let Some(s) = bad_type.spec.as_mut() {
+        s.r#type = "sidecar".into();
+    }
+    let cases = [
+        (bad_type, Code::InvalidArgument, "sidecar"),
+        (
+            replica_spec("vol-r-cccc3333", "no-such-disk", size),
+            Code::NotFound,
+            "no-such-disk",
+        ),
+        (
+            replica_spec("vol-r-cccc3333", "disk-a", size + MIB / 2),
+            Code::InvalidArgument,
+            "vol-r-cccc3333",
+        ),
+        (
+            replica_spec("x:evil,host=y", "disk-a", size),
+            Code::InvalidArgument,
+            "x:evil,host=y",
+        ),
+        (
+            replica_spec("vol-r1", "disk-a", size),
+            Code::InvalidArgument,
+            "vol-r1",
+        ),
+        (
+            replica_spec("talon-raid-vol", "disk-a", size),
+            Code::InvalidArgument,
+            "talon-raid-vol",
+        ),
+        (
+            engine_spec(
+                "vol-e-2",
+                HashMap::from([("vol-r-dddd".to_string(), "not-an-address".to_string())]),
+                size,
+            ),
+            Code::InvalidArgument,
+            "not-an-address",
+        ),
+    ];
+    for (req, code, needle) in cases {
+        let e = inst.instance_create(req).await.expect_err(needle);
+        assert_eq!(e.code(), code, "{needle}: {e}");
+        assert!(e.message().contains(needle), "{needle}: {e}");
+    }
+    let e = sp
+        .replica_create(spdkrpc::ReplicaCreateRequest {
+            name: "vol-r-eeee".into(),
+            lvs_name: "disk-a".into(),
+            spec_size: 3 * MIB + 1,
+            ..Default::default()
+        })
+        .await
+        .expect_err("ReplicaCreate odd size");
+    assert_eq!(e.code(), Code::InvalidArgument, "{e}");
+    let e = disks
+        .disk_create(imrpc::DiskCreateRequest {
+            disk_type: imrpc::DiskType::Block as i32,
+            disk_name: "disk-c".into(),
+            disk_path: "relative/path".into(),
+            ..Default::default()
+        })
+        .await
+        .expect_err("relative disk path");
+    assert_eq!(e.code(), Code::InvalidArgument, "{e}");
+    assert!(e.message().contains("disk-c"), "{e}");
+    assert!(
+        inst.instance_list(())
+            .await
+            .expect("list")
+            .into_inner()
+            .instances
+            .is_empty()
+    );
+    assert_eq!(lvols(&spdk).await, lvols_before, "no lvol made");
+    assert_eq!(double.subsystem_nqns(), subs_before, "no export made");
+    assert!(admin.get("Disk", "disk-c").await.is_err(), "no disk made");
+
+    d.stop().await;
+    double.stop().await;
+}

@@ -1,0 +1,389 @@
+//! Longhorn's instance-manager protocol against a real spdk_tgt
+//! (`TALON_SPDK_DIR`, spawned by talon with `--no-huge`): DiskCreate on two
+//! aio files, two replicas, an engine over both; spdk_nvme_perf I/O through
+//! the engine's export; a pattern written with spdk_dd; then a restart of
+//! talon and a `kill -9` of spdk_tgt with the instances running: every
+//! instance running again, and the pattern read back through the engine and
+//! from each replica alone.
+
+#[path = "support/spdk_perf.rs"]
+mod spdk_perf;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde_json::json;
+use talon::controllers::engine::selection::SpdkOptions;
+use talon::longhorn::proto::imrpc::{
+    self, disk_service_client::DiskServiceClient, instance_service_client::InstanceServiceClient,
+};
+use talon::longhorn::server::LonghornOptions;
+use talon::serve::{ServeOptions, serve_with};
+use tonic::transport::Channel;
+
+const MIB: u64 = 1 << 20;
+const WAIT: Duration = Duration::from_secs(120);
+
+fn spdk_dir(test: &str) -> Option<PathBuf> {
+    let Some(d) = std::env::var_os("TALON_SPDK_DIR").map(PathBuf::from) else {
+        eprintln!("SKIP {test}: TALON_SPDK_DIR not set");
+        return None;
+    };
+    if !d.join("build/bin/spdk_tgt").exists() {
+        eprintln!("SKIP {test}: no build/bin/spdk_tgt under {}", d.display());
+        return None;
+    }
+    Some(d)
+}
+
+fn free_base() -> u16 {
+    for _ in 0..200 {
+        let probe = std::net::TcpListener::bind("127.0.0.1:0").expect("probe");
+        let base = probe.local_addr().expect("addr").port();
+        drop(probe);
+        if base > 65000 {
+            continue;
+        }
+        let all: Vec<_> = (0..5)
+            .map(|i| std::net::TcpListener::bind(("127.0.0.1", base + i)))
+            .collect();
+        if all.iter().all(Result::is_ok) {
+            return base;
+        }
+    }
+    panic!("no five consecutive free ports");
+}
+
+struct Daemon {
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<Result<(), talon::serve::ServeError>>,
+    base: u16,
+}
+
+impl Daemon {
+    async fn start(dir: &Path, spdk: &Path, base: u16, stop_targets: bool) -> Daemon {
+        let config = dir.join("talon.yaml");
+        std::fs::write(
+            &config,
+            format!(
+                "node:\n  listenAddress: 127.0.0.1\n  allowedHosts: [\"{}\"]\n",
+                spdk_perf::HOST_NQN
+            ),
+        )
+        .expect("config");
+        let opts = ServeOptions {
+            data_dir: dir.join("data"),
+            config: Some(config),
+            socket: dir.join("run/talon.sock"),
+            listen_tcp: None,
+            token_file: None,
+            run_dir: dir.join("run"),
+            host_root: PathBuf::from("/"),
+            spdk: SpdkOptions {
+                spdk_dir: Some(spdk.to_path_buf()),
+                no_huge: true,
+                no_huge_mem_mib: 1024,
+                extra_args: vec!["--disable-cpumask-locks".into()],
+                ..Default::default()
+            },
+            stop_targets_on_exit: stop_targets,
+        };
+        let (stop, rx) = tokio::sync::oneshot::channel::<()>();
+        let lh = LonghornOptions {
+            listen: SocketAddr::from(([127, 0, 0, 1], base)),
+            ports: 32000..=32099,
+        };
+        let task = tokio::spawn(serve_with(opts, Some(lh), async move {
+            let _ = rx.await;
+        }));
+        let d = Daemon { stop, task, base };
+        talon::runtime::testing::eventually("the Longhorn ports", Duration::from_secs(30), || async {
+            Channel::from_shared(d.url(3)).ok()?.connect().await.ok()
+        })
+        .await;
+        d
+    }
+
+    fn url(&self, i: u16) -> String {
+        format!("http://127.0.0.1:{}", self.base + i)
+    }
+
+    async fn channel(&self, i: u16) -> Channel {
+        Channel::from_shared(self.url(i))
+            .expect("url")
+            .connect()
+            .await
+            .expect("connect")
+    }
+
+    async fn stop(self) {
+        let _ = self.stop.send(());
+        self.task.await.expect("join").expect("clean stop");
+    }
+}
+
+fn create_req(name: &str, ty: &str, sp: imrpc::SpdkInstanceSpec) -> imrpc::InstanceCreateRequest {
+    imrpc::InstanceCreateRequest {
+        spec: Some(imrpc::InstanceSpec {
+            name: name.into(),
+            r#type: ty.into(),
+            volume_name: "lhvol".into(),
+            port_count: 1,
+            data_engine: imrpc::DataEngine::V2 as i32,
+            spdk_instance_spec: Some(sp),
+            ..Default::default()
+        }),
+        data_layout_type: 0,
+    }
+}
+
+async fn wait_running(c: &mut InstanceServiceClient<Channel>, name: &str, ty: &str) -> imrpc::InstanceStatus {
+    talon::runtime::testing::eventually(&format!("{ty} {name} running"), WAIT, || {
+        let mut c = c.clone();
+        async move {
+            let r = c
+                .instance_get(imrpc::InstanceGetRequest {
+                    name: name.into(),
+                    r#type: ty.into(),
+                    data_engine: imrpc::DataEngine::V2 as i32,
+                    ..Default::default()
+                })
+                .await
+                .ok()?
+                .into_inner();
+            r.status.filter(|s| s.state == "running")
+        }
+    })
+    .await
+}
+
+/// spdk_dd through NVMe/TCP: writes `data` (Some) or reads `len` bytes.
+fn dd(spdk: &Path, dir: &Path, port: u16, nqn: &str, data: Option<&[u8]>, len: usize) -> Vec<u8> {
+    let conf = dir.join("dd.json");
+    let cfg = json!({"subsystems": [{"subsystem": "bdev", "config": [{
+        "method": "bdev_nvme_attach_controller",
+        "params": {"name": "dd", "trtype": "tcp", "adrfam": "ipv4", "traddr": "127.0.0.1",
+                   "trsvcid": port.to_string(), "subnqn": nqn, "hostnqn": spdk_perf::HOST_NQN}}]}]});
+    std::fs::write(&conf, cfg.to_string()).expect("dd config");
+    let file = dir.join("dd.bin");
+    let mut cmd = std::process::Command::new(spdk.join("build/bin/spdk_dd"));
+    cmd.args([
+        "--no-huge",
+        "-s",
+        "512",
+        "--disable-cpumask-locks",
+        "-c",
+        "0x2",
+        "-r",
+    ])
+    .arg(dir.join("dd.sock"))
+    .arg("--json")
+    .arg(&conf)
+    .args(["--bs", "65536"]);
+    match data {
+        Some(d) => {
+            std::fs::write(&file, d).expect("pattern");
+            cmd.arg("--if").arg(&file).args(["--ob", "ddn1"]);
+        }
+        None => {
+            let _ = std::fs::remove_file(&file);
+            cmd.args(["--ib", "ddn1", "--of"])
+                .arg(&file)
+                .args(["--count", &(len / 65536).to_string()]);
+        }
+    }
+    let out = cmd.output().expect("spdk_dd");
+    assert!(
+        out.status.success(),
+        "spdk_dd: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    if data.is_some() {
+        return Vec::new();
+    }
+    std::fs::read(&file).expect("dd output")
+}
+
+fn pattern(seed: u8, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u32).wrapping_mul(2_654_435_761).to_le_bytes()[i % 4] ^ seed)
+        .collect()
+}
+
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+    tokio::task::spawn_blocking(f).await.expect("blocking task")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn longhorn_lifecycle_io_and_restarts_on_real_spdk() {
+    let Some(spdk) = spdk_dir("longhorn_lifecycle_io_and_restarts_on_real_spdk") else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let base = free_base();
+    let d = Daemon::start(dir.path(), &spdk, base, false).await;
+    let mut disks = DiskServiceClient::new(d.channel(2).await);
+    for name in ["lh-a", "lh-b"] {
+        let f = dir.path().join(format!("{name}.img"));
+        std::fs::File::create(&f)
+            .and_then(|f| f.set_len(256 * MIB))
+            .expect("disk file");
+        disks
+            .disk_create(imrpc::DiskCreateRequest {
+                disk_type: imrpc::DiskType::Block as i32,
+                disk_name: name.into(),
+                disk_path: f.display().to_string(),
+                block_size: 4096,
+                disk_driver: "aio".into(),
+                ..Default::default()
+            })
+            .await
+            .unwrap_or_else(|e| panic!("DiskCreate {name}: {e}"));
+    }
+    let mut inst = InstanceServiceClient::new(d.channel(3).await);
+    let size = 64 * MIB;
+    let mut map = HashMap::new();
+    for (r, disk) in [("lhvol-r-0000aaaa", "lh-a"), ("lhvol-r-0000bbbb", "lh-b")] {
+        inst.instance_create(create_req(
+            r,
+            "replica",
+            imrpc::SpdkInstanceSpec {
+                disk_name: disk.into(),
+                size,
+                ..Default::default()
+            },
+        ))
+        .await
+        .unwrap_or_else(|e| panic!("replica {r}: {e}"));
+        let st = wait_running(&mut inst, r, "replica").await;
+        map.insert(r.to_string(), format!("127.0.0.1:{}", st.port_start));
+    }
+    inst.instance_create(create_req(
+        "lhvol-e-0",
+        "engine",
+        imrpc::SpdkInstanceSpec {
+            replica_address_map: map,
+            size,
+            frontend: "spdk-tcp-nvmf".into(),
+            ..Default::default()
+        },
+    ))
+    .await
+    .expect("engine");
+    let est = wait_running(&mut inst, "lhvol-e-0", "engine").await;
+    let port = u16::try_from(est.port_start).expect("port");
+    let nqn = "nqn.2023-01.io.longhorn.spdk:volume-lhvol";
+
+    // I/O through the engine's export
+    let report = {
+        let spdk = spdk.clone();
+        blocking(move || spdk_perf::report(&spdk, port, nqn, "randrw -M 50", 2)).await
+    };
+    let iops = spdk_perf::total_iops(&report);
+    eprintln!("engine export 4 KiB randrw QD32: {iops:.0} IOPS");
+    assert!(iops > 0.0, "{report}");
+    let len = 8 * MIB as usize;
+    let data = pattern(0x5a, len);
+    {
+        let (spdk, dir, data) = (spdk.clone(), dir.path().to_path_buf(), data.clone());
+        blocking(move || dd(&spdk, &dir, port, nqn, Some(&data), len)).await;
+    }
+
+    // a restart of talon: adopted target, instances still running, data there
+    d.stop().await;
+    let d = Daemon::start(dir.path(), &spdk, base, false).await;
+    let mut inst = InstanceServiceClient::new(d.channel(3).await);
+    for (n, t) in [
+        ("lhvol-r-0000aaaa", "replica"),
+        ("lhvol-r-0000bbbb", "replica"),
+        ("lhvol-e-0", "engine"),
+    ] {
+        wait_running(&mut inst, n, t).await;
+    }
+    let back = {
+        let (spdk, dir) = (spdk.clone(), dir.path().to_path_buf());
+        blocking(move || dd(&spdk, &dir, port, nqn, None, len)).await
+    };
+    assert!(back == data, "data after a restart of talon");
+
+    // kill -9 of spdk_tgt: talon starts a new one and makes every instance again
+    let admin = talon::client::Client::connect_unix(&dir.path().join("run/talon.sock"))
+        .await
+        .expect("admin");
+    let pid = admin
+        .get("TargetStatus", "spdk")
+        .await
+        .expect("TargetStatus")
+        .spec["pid"]
+        .as_i64()
+        .expect("spdk_tgt pid") as i32;
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL)
+        .expect("kill -9 spdk_tgt");
+    // a new spdk_tgt, and the engine's export made again on it
+    talon::runtime::testing::eventually("a new spdk_tgt", WAIT, || {
+        let admin = &admin;
+        async move {
+            let t = admin.get("TargetStatus", "spdk").await.ok()?;
+            (t.spec["state"] == "ready" && t.spec["pid"].as_i64().is_some_and(|p| p as i32 != pid))
+                .then_some(())
+        }
+    })
+    .await;
+    let target = talon::spdk::SpdkClient::new(dir.path().join("run/spdk.sock"));
+    talon::runtime::testing::eventually("the engine exported on the new target", WAIT, || {
+        let target = &target;
+        async move {
+            target
+                .subsystem(nqn)
+                .await
+                .ok()
+                .flatten()
+                .filter(|s| !s.namespaces.is_empty())
+        }
+    })
+    .await;
+    for (n, t) in [
+        ("lhvol-r-0000aaaa", "replica"),
+        ("lhvol-r-0000bbbb", "replica"),
+        ("lhvol-e-0", "engine"),
+    ] {
+        wait_running(&mut inst, n, t).await;
+    }
+    let back = {
+        let (spdk, dir) = (spdk.clone(), dir.path().to_path_buf());
+        blocking(move || dd(&spdk, &dir, port, nqn, None, len)).await
+    };
+    assert!(back == data, "data after kill -9 of spdk_tgt");
+
+    // each replica alone holds it: the engine goes, the replicas are exported again
+    inst.instance_delete(imrpc::InstanceDeleteRequest {
+        name: "lhvol-e-0".into(),
+        r#type: "engine".into(),
+        cleanup_required: true,
+        data_engine: imrpc::DataEngine::V2 as i32,
+        ..Default::default()
+    })
+    .await
+    .expect("engine delete");
+    for r in ["lhvol-r-0000aaaa", "lhvol-r-0000bbbb"] {
+        let st = wait_running(&mut inst, r, "replica").await;
+        let rport = u16::try_from(st.port_start).expect("port");
+        let rnqn = format!("nqn.2023-01.io.longhorn.spdk:{r}");
+        let got = talon::runtime::testing::eventually(&format!("replica {r} exported"), WAIT, || {
+            let (spdk, dir, rnqn) = (spdk.clone(), dir.path().to_path_buf(), rnqn.clone());
+            async move {
+                blocking(move || std::panic::catch_unwind(|| dd(&spdk, &dir, rport, &rnqn, None, len)).ok())
+                    .await
+            }
+        })
+        .await;
+        assert!(got == data, "replica {r} alone holds the data");
+    }
+    d.stop().await;
+    // a last talon that stops the target with it
+    let d = Daemon::start(dir.path(), &spdk, base, true).await;
+    d.stop().await;
+}
