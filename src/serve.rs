@@ -426,8 +426,9 @@ pub async fn serve(opts: ServeOptions, shutdown: impl Future<Output = ()> + Send
         &host,
         &opts.spdk.target_config(&opts.run_dir).socket(),
     );
+    tracing::info!(v2_available = selection.v2_available, reason = %selection.reason, "engine selection");
     let mut rt = Runtime::new(state.clone());
-    controllers::register_all(&mut rt, &deps)?;
+    controllers::register_all(&mut rt, &deps, &selection)?;
     let registry = crate::resources::registry();
     // `node_stop`: stop like SIGTERM, right after the answer went out; a drain stops the targets too
     let stop_asked = Arc::new(tokio::sync::Notify::new());

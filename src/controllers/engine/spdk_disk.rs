@@ -31,22 +31,19 @@ use std::time::Duration;
 use crate::host::HostRoot;
 use crate::names::ObjectName;
 use crate::resources::config::Disk;
-use crate::resources::engine::{DiskStatus, Engine, ObjectState, TargetStatus};
+use crate::resources::engine::{DiskStatus, Engine, ObjectState, SPDK_STATUS_ID, TargetStatus};
 use crate::resources::host::{BindingState, PciBindingStatus};
 use crate::runtime::{Controller, ControllerError, Input, Output, Phase, ReconcileContext, Requeue};
 use crate::spdk::rpc::{
     AioCreate, AttachController, ByName, GetControllers, GetLvols, Lvstore, LvstoreCreate, LvstoreSelector,
 };
+use crate::spdk::volume::{LVS_PREFIX, naming};
 use crate::spdk::{ClientError, ErrorKind, SpdkClient};
-
-use super::spdk_target::SPDK_STATUS_ID;
 
 /// Prefix of talon's base bdevs (and NVMe controller names).
 pub const DISK_BDEV_PREFIX: &str = "talon-disk-";
 /// Block size of a file disk's aio bdev.
 pub const FILE_BLOCK_SIZE: u32 = 4096;
-/// Prefix of talon's lvstores.
-pub const LVSTORE_PREFIX: &str = "talon-";
 
 /// Why a disk could not be brought up or removed.
 #[derive(Debug, thiserror::Error)]
@@ -207,7 +204,7 @@ fn names(id: &str, spec: &Disk) -> Result<Names, DiskError> {
         disk: name.to_string(),
         base,
         bdev,
-        lvstore: format!("{LVSTORE_PREFIX}{name}"),
+        lvstore: naming::lvstore(name.as_str()),
     })
 }
 
@@ -465,7 +462,7 @@ impl SpdkDiskController {
         let mut claimed_bases = BTreeSet::new();
         for l in all {
             claimed_bases.insert(l.base_bdev.clone());
-            let Some(disk) = l.name.strip_prefix(LVSTORE_PREFIX) else {
+            let Some(disk) = l.name.strip_prefix(LVS_PREFIX) else {
                 continue;
             };
             if wanted.contains(disk) || !l.base_bdev.starts_with(DISK_BDEV_PREFIX) {

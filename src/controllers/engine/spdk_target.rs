@@ -43,14 +43,12 @@ use super::TargetsOnExit;
 use super::selection::{EngineSelection, free_hugepages_mib};
 use crate::host::HostRoot;
 use crate::resources::config::{Disk, NodeConfig, Volume};
+use crate::resources::engine::SPDK_STATUS_ID;
 use crate::resources::engine::{Engine, ObjectState, TargetStatus};
 use crate::runtime::{Controller, ControllerError, Input, Output, ReconcileContext, Requeue};
 use crate::spdk::ClientError;
 use crate::spdk::rpc::Version;
 use crate::spdk::target::{Backoff, Memory, Origin, Target, TargetConfig, mem_size_mib_for};
-
-/// The id of spdk_tgt's `TargetStatus`.
-pub const SPDK_STATUS_ID: &str = "spdk";
 
 #[derive(Debug)]
 struct Inner {

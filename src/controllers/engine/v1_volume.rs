@@ -18,33 +18,17 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use super::v1_target::TGTD_STATUS_ID;
+use super::selection::engine_for;
 use crate::attach::HostInitiators;
 use crate::names::{Iqn, ObjectName};
-use crate::resources::config::{EngineKind, NodeConfig, Snapshot, Volume};
-use crate::resources::engine::{Engine, EngineStatus, Export, ObjectState, SnapshotStatus, TargetStatus};
+use crate::resources::config::{NodeConfig, Snapshot, Volume, split_snapshot_id};
+use crate::resources::engine::{
+    Engine, EngineStatus, Export, ObjectState, SnapshotStatus, TGTD_STATUS_ID, TargetStatus,
+};
 use crate::resources::frontend::Attachment;
 use crate::runtime::{Controller, ControllerError, Input, Output, Phase, ReconcileContext, Requeue};
 use crate::tgt::volume::{VOLUME_LUN, VolumeError};
 use crate::tgt::{ExportOptions, InitiatorAcl, TargetInfo, TgtAdm, V1Store};
-
-/// Which volumes the V1 engine takes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum V1Selection {
-    /// Only volumes (or a node) that name `v1`.
-    Explicit,
-    /// Also `auto` volumes on an `auto` node (this host has no usable SPDK).
-    AlsoAuto,
-}
-
-/// Whether the V1 engine serves `volume` on a node configured as `node`.
-pub fn serves_v1(volume: &Volume, node: &NodeConfig, selection: V1Selection) -> bool {
-    match (volume.engine, node.engine) {
-        (EngineKind::V1, _) | (EngineKind::Auto, EngineKind::V1) => true,
-        (EngineKind::Auto, EngineKind::Auto) => selection == V1Selection::AlsoAuto,
-        _ => false,
-    }
-}
 
 /// The iSCSI ACL of a volume, by initiator name only: this host's initiator
 /// name while the volume is attached here (`attached_by`), and the IQNs among
@@ -71,19 +55,23 @@ pub fn export_options(node: &NodeConfig, attached_by: Option<&Iqn>) -> ExportOpt
 pub struct V1VolumeController {
     store: V1Store,
     admin: TgtAdm,
-    selection: V1Selection,
+    /// The engine of `auto` volumes on an `auto` node here
+    /// ([`super::selection::EngineSelection::auto_engine`]).
+    auto: Engine,
     /// This host's initiator names; `None` when they cannot be read (attached
     /// volumes are then exported only to the allowed hosts).
     initiators: Option<HostInitiators>,
 }
 
 impl V1VolumeController {
-    /// Volumes under `<data_dir>/v1`, tgtd's control socket from `admin`.
-    pub fn new(data_dir: impl Into<PathBuf>, admin: TgtAdm, selection: V1Selection) -> Self {
+    /// Volumes under `<data_dir>/v1`, tgtd's control socket from `admin`;
+    /// `auto`: the engine of `auto` volumes on an `auto` node here (V1 takes
+    /// them when it is V1).
+    pub fn new(data_dir: impl Into<PathBuf>, admin: TgtAdm, auto: Engine) -> Self {
         Self {
             store: V1Store::new(data_dir.into()),
             admin,
-            selection,
+            auto,
             initiators: None,
         }
     }
@@ -160,7 +148,7 @@ impl Plan {
             Ok(info) => info,
             Err(VolumeError::NotFound { .. }) => {
                 let made = match &job.spec.from_snapshot {
-                    Some(source) => match parse_snapshot_id(source) {
+                    Some(source) => match split_snapshot_id(source) {
                         Ok((v, s)) => self.store.clone_snapshot(&v, &s, &name),
                         Err(msg) => return Outcome::Status(failed(msg, device)),
                     },
@@ -266,16 +254,6 @@ impl Plan {
     }
 }
 
-/// Splits `<volume>@<snapshot>`.
-fn parse_snapshot_id(id: &str) -> Result<(ObjectName, ObjectName), String> {
-    let (v, s) = id
-        .split_once('@')
-        .ok_or_else(|| format!("fromSnapshot {id:?} is not <volume>@<snapshot>"))?;
-    let v = ObjectName::parse("volume", v).map_err(|e| e.to_string())?;
-    let s = ObjectName::parse("snapshot", s).map_err(|e| e.to_string())?;
-    Ok((v, s))
-}
-
 #[async_trait::async_trait]
 impl Controller for V1VolumeController {
     fn name(&self) -> &'static str {
@@ -306,7 +284,8 @@ impl Controller for V1VolumeController {
             .into_iter()
             // ours: served by V1, or still held by our finalizer (to finish a delete)
             .filter(|v| {
-                serves_v1(&v.spec, &node, self.selection) || v.metadata.finalizers.contains(self.name())
+                engine_for(&v.spec, &node, self.auto) == Engine::V1
+                    || v.metadata.finalizers.contains(self.name())
             })
             .collect();
         let mine: std::collections::BTreeSet<String> = volumes.iter().map(|v| v.id().to_string()).collect();
@@ -439,48 +418,6 @@ fn volume_path_str(store: &V1Store, id: &str) -> String {
 mod tests {
     use super::*;
 
-    fn vol(engine: EngineKind) -> Volume {
-        serde_json::from_value(serde_json::json!({"sizeBytes": 4096, "engine": engine})).expect("volume")
-    }
-
-    #[test]
-    fn selection_follows_volume_then_node_then_host() {
-        let node = |engine| NodeConfig {
-            engine,
-            ..NodeConfig::default()
-        };
-        assert!(serves_v1(
-            &vol(EngineKind::V1),
-            &node(EngineKind::V2),
-            V1Selection::Explicit
-        ));
-        assert!(!serves_v1(
-            &vol(EngineKind::V2),
-            &node(EngineKind::V1),
-            V1Selection::AlsoAuto
-        ));
-        assert!(serves_v1(
-            &vol(EngineKind::Auto),
-            &node(EngineKind::V1),
-            V1Selection::Explicit
-        ));
-        assert!(!serves_v1(
-            &vol(EngineKind::Auto),
-            &node(EngineKind::Auto),
-            V1Selection::Explicit
-        ));
-        assert!(serves_v1(
-            &vol(EngineKind::Auto),
-            &node(EngineKind::Auto),
-            V1Selection::AlsoAuto
-        ));
-        assert!(!serves_v1(
-            &vol(EngineKind::Auto),
-            &node(EngineKind::V2),
-            V1Selection::AlsoAuto
-        ));
-    }
-
     #[test]
     fn acl_is_the_attached_host_and_the_allowed_iqns_only() {
         let mut node = NodeConfig::default();
@@ -506,13 +443,5 @@ mod tests {
                 InitiatorAcl::Name(Iqn::parse("iqn.2025-01.io.example:h").expect("iqn"))
             ]
         );
-    }
-
-    #[test]
-    fn snapshot_ids() {
-        let (v, s) = parse_snapshot_id("vol-1@s1").expect("id");
-        assert_eq!((v.as_str(), s.as_str()), ("vol-1", "s1"));
-        assert!(parse_snapshot_id("vol-1").is_err());
-        assert!(parse_snapshot_id("vol-1@S").is_err());
     }
 }
