@@ -21,6 +21,8 @@
 //! - [`attach`]: host frontends: kernel NVMe/TCP initiator and iSCSI fallback.
 //! - [`names`]: validated names (volumes, NQNs, IQNs) that reach the kernel or SPDK.
 //! - [`serve`]: `talon serve`, wiring the runtime, controllers and API together.
+//! - [`util`]: the bottom floor every module may use (error chains, the one
+//!   backoff); it uses nothing of talon's.
 
 pub mod api;
 pub mod attach;
@@ -35,6 +37,7 @@ pub mod runtime;
 pub mod serve;
 pub mod spdk;
 pub mod tgt;
+pub mod util;
 
 /// The version stamped at build time (`git describe` when available).
 pub const VERSION: &str = env!("TALON_VERSION");

@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 
 use super::{FILE_TIMEOUT, Namespaces, NsError, Target, TargetNamespaces};
 use crate::host::HostRoot;
+use crate::util::Backoff;
 
 fn in_mnt<T: Send + 'static>(
     root: &HostRoot,
@@ -150,7 +151,7 @@ pub fn lock(
         target: label.clone(),
         source,
     })?;
-    let mut pause = Duration::from_millis(1);
+    let mut pause = Backoff::new(Duration::from_millis(1), Duration::from_millis(50));
     loop {
         match flock(&file, libc::LOCK_EX | libc::LOCK_NB) {
             Ok(()) => {
@@ -169,16 +170,13 @@ pub fn lock(
                 });
             }
         }
-        let elapsed = start.elapsed();
-        if elapsed >= timeout {
+        if !pause.sleep_before(start + timeout) {
             return Err(NsError::LockTimeout {
                 path,
                 target: label,
                 timeout,
             });
         }
-        std::thread::sleep(pause.min(timeout - elapsed));
-        pause = (pause * 2).min(Duration::from_millis(50));
     }
 }
 

@@ -31,6 +31,7 @@ use tokio::sync::mpsc;
 
 use super::client::{ClientError, SpdkClient};
 use super::rpc::Version;
+use crate::util::Backoff;
 
 /// Errors of target supervision.
 #[derive(Debug, thiserror::Error)]
@@ -396,44 +397,6 @@ pub fn interrupt_mode_program(spdk_tgt: &Path) -> PathBuf {
 fn is_executable(p: &Path) -> bool {
     use std::os::unix::fs::PermissionsExt;
     std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-}
-
-/// Exponential backoff: `base * 2^n` capped at `max`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Backoff {
-    /// The first delay.
-    pub base: Duration,
-    /// The cap.
-    pub max: Duration,
-    attempt: u32,
-}
-
-impl Backoff {
-    /// A backoff starting at `base`, capped at `max`.
-    pub fn new(base: Duration, max: Duration) -> Self {
-        Backoff {
-            base,
-            max,
-            attempt: 0,
-        }
-    }
-
-    /// The next delay.
-    pub fn next_delay(&mut self) -> Duration {
-        let d = self.base.saturating_mul(1u32 << self.attempt.min(20));
-        self.attempt = self.attempt.saturating_add(1);
-        d.min(self.max)
-    }
-
-    /// Attempts so far.
-    pub fn attempts(&self) -> u32 {
-        self.attempt
-    }
-
-    /// Back to the first delay.
-    pub fn reset(&mut self) {
-        self.attempt = 0;
-    }
 }
 
 /// Waits until `client` answers `spdk_get_version`, probing with backoff
@@ -1064,14 +1027,5 @@ mod tests {
         let ev = rx.recv().await.expect("an event");
         assert!(matches!(ev, TargetEvent::StartFailed { .. }), "{ev:?}");
         assert!(rx.recv().await.is_none(), "no restart after a permanent failure");
-    }
-
-    #[test]
-    fn backoff_doubles_and_caps() {
-        let mut b = Backoff::new(Duration::from_millis(100), Duration::from_secs(1));
-        let v: Vec<u128> = (0..6).map(|_| b.next_delay().as_millis()).collect();
-        assert_eq!(v, [100, 200, 400, 800, 1000, 1000]);
-        b.reset();
-        assert_eq!(b.next_delay(), Duration::from_millis(100));
     }
 }

@@ -48,7 +48,8 @@ use crate::resources::engine::{Engine, ObjectState, TargetStatus};
 use crate::runtime::{Controller, ControllerError, Input, Output, ReconcileContext, Requeue};
 use crate::spdk::ClientError;
 use crate::spdk::rpc::Version;
-use crate::spdk::target::{Backoff, Memory, Origin, Target, TargetConfig, mem_size_mib_for};
+use crate::spdk::target::{Memory, Origin, Target, TargetConfig, mem_size_mib_for};
+use crate::util::Backoff;
 
 #[derive(Debug)]
 struct Inner {
