@@ -882,7 +882,7 @@ pub fn register(api: &mut ApiBuilder) {
                         .map_err(|e| {
                             ApiError::new(
                                 FailedPrecondition,
-                                format!("disk {name}: {}", crate::runtime::runner::error_chain(&e)),
+                                format!("disk {name}: {}", crate::util::error_chain(&e)),
                             )
                         })?;
                 }

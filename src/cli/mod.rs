@@ -242,7 +242,7 @@ pub fn main() -> ExitCode {
     match rt.block_on(run(cli)) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("error: {}", crate::runtime::runner::error_chain(e.as_ref()));
+            eprintln!("error: {}", crate::util::error_chain(e.as_ref()));
             ExitCode::FAILURE
         }
     }

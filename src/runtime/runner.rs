@@ -23,7 +23,7 @@ use tokio::time::Instant;
 use super::controller::{Controller, Input, Output, OutputKind, ReconcileContext, Requeue};
 use super::resource::now_rfc3339;
 use super::state::{Event, State};
-use crate::util::Backoff;
+use crate::util::{Backoff, error_chain};
 
 /// First backoff after a failure.
 pub const BACKOFF_INITIAL: Duration = Duration::from_millis(100);
@@ -316,16 +316,4 @@ async fn run_controller(
         }
     }
     set_status(&statuses, name, |s| s.state = ControllerState::Stopped);
-}
-
-/// An error and its sources, joined with ": ".
-pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(src) = cur {
-        s.push_str(": ");
-        s.push_str(&src.to_string());
-        cur = src.source();
-    }
-    s
 }

@@ -253,7 +253,7 @@ impl State {
         let Err(e) = first else {
             return Ok(());
         };
-        tracing::error!(path = %path.display(), error = %crate::runtime::runner::error_chain(&e),
+        tracing::error!(path = %path.display(), error = %crate::util::error_chain(&e),
             "state store write failed; reopening the store");
         // redb allows one open handle per file: close it before reopening
         *db = None;
@@ -265,7 +265,7 @@ impl State {
             }
         }
         once(db.as_ref().expect("just reopened")).inspect_err(|e2| {
-            tracing::error!(path = %path.display(), error = %crate::runtime::runner::error_chain(e2),
+            tracing::error!(path = %path.display(), error = %crate::util::error_chain(e2),
                 "state store write failed again after reopening")
         })
     }

@@ -989,7 +989,7 @@ impl VolumeOps {
                             .map_err(rpc(vol, format!("looking up remote replica {b}")))?
                             .map(|b| b.size_bytes()),
                         Err(e) => {
-                            tracing::warn!(volume = vol, replica = %name, error = %crate::runtime::runner::error_chain(&e), "remote replica not reachable");
+                            tracing::warn!(volume = vol, replica = %name, error = %crate::util::error_chain(&e), "remote replica not reachable");
                             None
                         }
                     }

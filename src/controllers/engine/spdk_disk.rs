@@ -742,7 +742,7 @@ impl Controller for SpdkDiskController {
             let n = match names(d.id(), &d.spec) {
                 Ok(n) => n,
                 Err(e) => {
-                    let msg = crate::runtime::runner::error_chain(&e);
+                    let msg = crate::util::error_chain(&e);
                     ctx.apply(
                         d.id(),
                         disk_status(&fallback_names(d.id()), ObjectState::Failed, None, msg),
@@ -767,7 +767,7 @@ impl Controller for SpdkDiskController {
                     }
                     Err(e) => {
                         retry = true;
-                        let msg = crate::runtime::runner::error_chain(&e);
+                        let msg = crate::util::error_chain(&e);
                         ctx.apply(d.id(), disk_status(&n, ObjectState::Deleting, None, msg))?;
                     }
                 }
@@ -789,7 +789,7 @@ impl Controller for SpdkDiskController {
                 }
                 Err(e) => {
                     retry = true;
-                    let msg = crate::runtime::runner::error_chain(&e);
+                    let msg = crate::util::error_chain(&e);
                     tracing::warn!(disk = %n.disk, error = %msg, "disk not ready");
                     ctx.apply(d.id(), disk_status(&n, ObjectState::Failed, None, msg))?;
                 }
@@ -797,7 +797,7 @@ impl Controller for SpdkDiskController {
         }
         if let Err(e) = self.remove_orphans(&wanted).await {
             retry = true;
-            tracing::warn!(error = %crate::runtime::runner::error_chain(&e), "orphan disk objects not removed");
+            tracing::warn!(error = %crate::util::error_chain(&e), "orphan disk objects not removed");
         }
         // poll: a target restart the supervisor did not see (a quick one) is healed here too
         Ok(Requeue::After(if retry {

@@ -330,7 +330,7 @@ impl Controller for SpdkTargetController {
                 }
                 Err(e) if e.is_permanent() => {
                     inner.next_start = None;
-                    let msg = crate::runtime::runner::error_chain(&e);
+                    let msg = crate::util::error_chain(&e);
                     ctx.apply(
                         SPDK_STATUS_ID,
                         status(&self.template, &inner, ObjectState::Failed, msg),
@@ -340,7 +340,7 @@ impl Controller for SpdkTargetController {
                 Err(e) => {
                     let after = inner.backoff.next_delay();
                     inner.next_start = Some(Instant::now() + after);
-                    let cause = crate::runtime::runner::error_chain(&e);
+                    let cause = crate::util::error_chain(&e);
                     let msg = format!("cannot start: {cause} (next attempt in {after:.1?})");
                     inner.last_error = Some(cause);
                     ctx.apply(

@@ -107,7 +107,7 @@ pub fn export_hosts(node: &NodeConfig, spec: &Volume, attached_by: Option<&str>)
 }
 
 fn err_text(e: &VolumeError) -> String {
-    crate::runtime::runner::error_chain(e)
+    crate::util::error_chain(e)
 }
 
 fn engine_status(state: ObjectState, message: impl Into<String>) -> EngineStatus {

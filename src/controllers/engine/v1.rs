@@ -23,7 +23,7 @@ pub fn register(rt: &mut Runtime, deps: &Deps, selection: &EngineSelection) -> R
     let initiators = match crate::attach::HostInitiators::load_or_create(&deps.host, &deps.data_dir) {
         Ok(i) => Some(i),
         Err(e) => {
-            tracing::error!(error = %crate::runtime::runner::error_chain(&e),
+            tracing::error!(error = %crate::util::error_chain(&e),
                 "no host initiator name: V1 volumes attached here are exported to the allowed hosts only");
             None
         }

@@ -182,7 +182,7 @@ impl Controller for TgtdController {
             match tokio::task::spawn_blocking(move || Tgtd::start_or_adopt(start_cfg)).await? {
                 Ok(t) => inner.tgtd = Some(t),
                 Err(e) => {
-                    let msg = crate::runtime::runner::error_chain(&e);
+                    let msg = crate::util::error_chain(&e);
                     ctx.apply(
                         TGTD_STATUS_ID,
                         status(ObjectState::Failed, None, &cfg, &inner, msg),

@@ -122,7 +122,7 @@ fn failed(engine_msg: impl Into<String>, device: String) -> EngineStatus {
 }
 
 fn error_text(e: &VolumeError) -> String {
-    crate::runtime::runner::error_chain(e)
+    crate::util::error_chain(e)
 }
 
 impl Plan {

@@ -256,10 +256,7 @@ impl Controller for AttachController {
             let ids = match ids {
                 Ok(ids) => ids,
                 Err(e) => {
-                    ctx.apply(
-                        &id,
-                        status(AttachState::Failed, crate::runtime::runner::error_chain(&e)),
-                    )?;
+                    ctx.apply(&id, status(AttachState::Failed, crate::util::error_chain(&e)))?;
                     requeue = Requeue::After(Duration::from_secs(10));
                     continue;
                 }
@@ -302,10 +299,7 @@ impl Controller for AttachController {
                     )?,
                     Err(e) => {
                         tracing::warn!(volume = %id, error = %e, "iSCSI attach failed");
-                        ctx.apply(
-                            &id,
-                            status(AttachState::Failed, crate::runtime::runner::error_chain(&e)),
-                        )?;
+                        ctx.apply(&id, status(AttachState::Failed, crate::util::error_chain(&e)))?;
                         requeue = Requeue::After(Duration::from_secs(10));
                     }
                 }
@@ -343,10 +337,7 @@ impl Controller for AttachController {
                 )?,
                 Err(e) => {
                     tracing::warn!(volume = %id, error = %e, "attach failed");
-                    ctx.apply(
-                        &id,
-                        status(AttachState::Failed, crate::runtime::runner::error_chain(&e)),
-                    )?;
+                    ctx.apply(&id, status(AttachState::Failed, crate::util::error_chain(&e)))?;
                     requeue = Requeue::After(Duration::from_secs(10));
                 }
             }
