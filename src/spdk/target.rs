@@ -25,6 +25,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::{Signal, kill};
+use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use nix::unistd::Pid;
 use tokio::process::{Child, Command};
 use tokio::sync::mpsc;
@@ -730,18 +731,11 @@ impl Target {
         let Some(pid) = self.pid else {
             return Ok("unknown pid: not signalled".into());
         };
-        if u32::try_from(pid).ok() == Some(std::process::id()) {
+        if in_process(pid) {
             // An in-process target (spdk-embedded, or a test double).
             return Ok("in-process target: not signalled".into());
         }
-        let signal = |s: Signal| match kill(Pid::from_raw(pid), s) {
-            Ok(()) | Err(nix::Error::ESRCH) => Ok(()),
-            Err(source) => Err(TargetError::Signal {
-                pid,
-                signal: s,
-                source,
-            }),
-        };
+        let signal = |s: Signal| signal(pid, s);
         signal(Signal::SIGINT)?;
         if let Some(mut c) = self.child.take() {
             let upid = c.id().unwrap_or(0);
@@ -772,6 +766,60 @@ impl Target {
             tokio::time::sleep(backoff.next_delay()).await;
         }
         Ok("exited".into())
+    }
+
+    /// [`Self::stop`] without a runtime (for `Drop`): SIGINT, wait up to
+    /// `grace`, SIGKILL; a child of ours is reaped.
+    pub fn stop_blocking(self, grace: Duration) {
+        let (pid, origin) = (self.pid, self.origin);
+        drop(self);
+        let Some(pid) = pid else { return };
+        if in_process(pid) {
+            return; // an in-process target (a test double, spdk-embedded)
+        }
+        let p = Pid::from_raw(pid);
+        let gone = || match origin {
+            // our child: reap it (a zombie would still answer kill(0))
+            Origin::Spawned => match waitpid(p, Some(WaitPidFlag::WNOHANG)) {
+                Ok(WaitStatus::StillAlive) => false,
+                Ok(_) => true,
+                Err(_) => kill(p, None).is_err(),
+            },
+            Origin::Adopted | Origin::Embedded => kill(p, None).is_err(),
+        };
+        if kill(p, Signal::SIGINT).is_err() {
+            return;
+        }
+        let deadline = Instant::now() + grace;
+        while Instant::now() < deadline {
+            if gone() {
+                tracing::info!(pid, "spdk_tgt stopped");
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        tracing::warn!(pid, ?grace, "spdk_tgt did not stop on SIGINT; killing it");
+        let _ = signal(pid, Signal::SIGKILL);
+        if origin == Origin::Spawned {
+            let _ = waitpid(p, None);
+        }
+    }
+}
+
+/// Whether `pid` is this process (an in-process target: never signalled).
+fn in_process(pid: i32) -> bool {
+    u32::try_from(pid).ok() == Some(std::process::id())
+}
+
+/// Sends `s` to `pid`; a process already gone is no error.
+fn signal(pid: i32, s: Signal) -> Result<(), TargetError> {
+    match kill(Pid::from_raw(pid), s) {
+        Ok(()) | Err(nix::Error::ESRCH) => Ok(()),
+        Err(source) => Err(TargetError::Signal {
+            pid,
+            signal: s,
+            source,
+        }),
     }
 }
 
