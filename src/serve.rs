@@ -264,14 +264,6 @@ pub fn upsert<S: Spec>(state: &State, id: &str, spec: &S) -> Result<(), StateErr
     }
 }
 
-/// Finds a program on PATH.
-pub fn which(program: &str) -> Option<PathBuf> {
-    let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path)
-        .map(|d| d.join(program))
-        .find(|p| p.is_file())
-}
-
 /// The engines this node can run, and why not (V2 from [`EngineSelection`]).
 pub fn detect_engines(selection: &EngineSelection) -> Vec<EngineAvailability> {
     let v2 = EngineAvailability {
@@ -279,7 +271,7 @@ pub fn detect_engines(selection: &EngineSelection) -> Vec<EngineAvailability> {
         available: selection.v2_available,
         detail: selection.reason.clone(),
     };
-    let v1 = match which("tgtd") {
+    let v1 = match which::which("tgtd").ok() {
         Some(p) => EngineAvailability {
             engine: "v1".into(),
             available: true,
