@@ -27,7 +27,7 @@ use crate::controllers::{self, Deps};
 use crate::host::HostRoot;
 use crate::names::ObjectName;
 use crate::resources::config::{Disk, NodeConfig, Volume};
-use crate::runtime::{Runtime, Spec, State, StateError};
+use crate::runtime::{Runtime, State, StateError};
 
 /// Options of `talon serve`.
 #[derive(Debug, Clone)]
@@ -229,7 +229,7 @@ pub fn apply_config_file(state: &State, path: &Path, data_dir: &Path) -> Result<
     let de = serde_yaml_ng::Deserializer::from_str(&text);
     let cfg: ConfigFile = serde_path_to_error::deserialize(de).map_err(|e| invalid(e.to_string()))?;
     if let Some(node) = cfg.node {
-        upsert(state, "node", &node)?;
+        state.upsert_typed("node", &node)?;
     }
     for (name, disk) in &cfg.disks {
         ObjectName::parse("disk", name).map_err(|e| invalid(e.to_string()))?;
@@ -239,7 +239,7 @@ pub fn apply_config_file(state: &State, path: &Path, data_dir: &Path) -> Result<
         {
             disk.path = Some(data_dir.join(p).display().to_string());
         }
-        upsert(state, name, &disk)?;
+        state.upsert_typed(name, &disk)?;
     }
     for (name, vol) in &cfg.volumes {
         ObjectName::parse("volume", name).map_err(|e| invalid(e.to_string()))?;
@@ -251,17 +251,9 @@ pub fn apply_config_file(state: &State, path: &Path, data_dir: &Path) -> Result<
                 "volume {name}: serveReplica needs replicaHosts (the engine node's hostNqn)"
             )));
         }
-        upsert(state, name, vol)?;
+        state.upsert_typed(name, vol)?;
     }
     Ok(())
-}
-
-/// Creates or replaces a user-owned resource.
-pub fn upsert<S: Spec>(state: &State, id: &str, spec: &S) -> Result<(), StateError> {
-    match state.get_typed::<S>(id)? {
-        Some(_) => state.update_typed(id, "", None, spec).map(drop),
-        None => state.create_typed(id, "", spec).map(drop),
-    }
 }
 
 /// The engines this node can run, and why not (V2 from [`EngineSelection`]).

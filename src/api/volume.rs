@@ -965,7 +965,7 @@ pub fn register(api: &mut ApiBuilder) {
             let spec = Attachment {
                 frontend: p.frontend.unwrap_or_default(),
             };
-            crate::serve::upsert(&ctx.state, &p.name, &spec)?;
+            ctx.state.upsert_typed(&p.name, &spec)?;
             drop(guard);
             if p.wait {
                 wait_for::<AttachmentStatus>(

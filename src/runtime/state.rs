@@ -537,6 +537,15 @@ impl State {
         })
         .and_then(decode::<S>)
     }
+
+    /// Creates or replaces a user-owned typed resource (the config file at
+    /// start, the API's node settings).
+    pub fn upsert_typed<S: Spec>(&self, id: &str, spec: &S) -> Result<(), StateError> {
+        match self.get_typed::<S>(id)? {
+            Some(_) => self.update_typed(id, "", None, spec).map(drop),
+            None => self.create_typed(id, "", spec).map(drop),
+        }
+    }
 }
 
 fn encode<S: Spec>(ty: &str, id: &str, spec: &S) -> Result<Value, StateError> {

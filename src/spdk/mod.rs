@@ -17,6 +17,7 @@ pub mod double;
 #[cfg(feature = "spdk-embedded")]
 pub mod embedded;
 pub mod error;
+pub mod launch;
 pub mod rpc;
 pub mod target;
 

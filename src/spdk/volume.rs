@@ -186,7 +186,7 @@ fn listener_error(
 ) -> VolumeError {
     let except = target.and_then(|p| u32::try_from(p).ok());
     let holder = address.parse::<IpAddr>().ok().and_then(|ip| {
-        crate::tgt::daemon::port_holder(&crate::host::HostRoot::real(), (ip, port).into(), except)
+        crate::host::net::port_holder(&crate::host::HostRoot::real(), (ip, port).into(), except)
     });
     match holder {
         Some(holder) => VolumeError::PortInUse {
@@ -1171,7 +1171,7 @@ impl VolumeOps {
                 })
                 .await
             {
-                let target = super::target::socket_peer_pid(self.client.socket()).await;
+                let target = super::launch::socket_peer_pid(self.client.socket()).await;
                 return Err(listener_error(vol, &listen.traddr, export.port, target, source));
             }
             made.push(Made::Listener(nqn.as_str().to_owned(), listen));
