@@ -11,6 +11,7 @@ pub mod disk_target;
 pub mod doctor;
 pub mod hugepages;
 pub mod modules;
+pub mod mounts;
 pub mod net;
 pub mod os;
 pub mod pci;

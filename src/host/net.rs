@@ -2,13 +2,13 @@
 //! who holds a port (error messages of the targets that cannot bind it).
 //!
 //! ```text
-//!   /proc/net/tcp{,6} ──parse_proc_net_tcp──> LISTEN (address, inode) ─┐
+//!   /proc/net/tcp{,6} ──parse_proc_net_tcp (procfs-core)──> LISTEN (address, inode) ─┐
 //!   /proc/<pid>/fd/* ──readlink "socket:[inode]"──────────────────────┴─> port_holder: "pid N (comm)"
 //! ```
 
 use std::collections::HashSet;
 use std::fs;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::net::SocketAddr;
 
 use super::HostRoot;
 
@@ -56,45 +56,27 @@ pub fn port_holder(host: &HostRoot, addr: SocketAddr, except: Option<u32>) -> Op
     (!except_holds).then(|| "a process talon cannot see".into())
 }
 
-/// LISTEN rows of a `/proc/net/tcp` or `tcp6` table: (local address, inode).
-/// Addresses are 32-bit words in the kernel's (host) byte order.
+/// LISTEN rows of a `/proc/net/tcp` or `tcp6` table: (local address, inode),
+/// parsed by `procfs-core` (addresses are 32-bit words in this host's byte
+/// order). A table it cannot read gives no rows.
 pub fn parse_proc_net_tcp(text: &str) -> Vec<(SocketAddr, String)> {
-    let mut out = Vec::new();
-    for line in text.lines().skip(1) {
-        let f: Vec<&str> = line.split_whitespace().collect();
-        if f.len() < 10 || f[3] != "0A" {
-            continue;
-        }
-        let Some((addr, port)) = f[1].split_once(':') else {
-            continue;
-        };
-        let Ok(port) = u16::from_str_radix(port, 16) else {
-            continue;
-        };
-        let ip = match addr.len() {
-            8 => match u32::from_str_radix(addr, 16) {
-                Ok(w) => IpAddr::V4(Ipv4Addr::from(w.to_ne_bytes())),
-                Err(_) => continue,
-            },
-            32 => {
-                let mut bytes = [0u8; 16];
-                let mut ok = true;
-                for (i, chunk) in bytes.chunks_mut(4).enumerate() {
-                    match u32::from_str_radix(&addr[i * 8..i * 8 + 8], 16) {
-                        Ok(w) => chunk.copy_from_slice(&w.to_ne_bytes()),
-                        Err(_) => ok = false,
-                    }
-                }
-                if !ok {
-                    continue;
-                }
-                IpAddr::V6(Ipv6Addr::from(bytes))
-            }
-            _ => continue,
-        };
-        out.push((SocketAddr::new(ip, port), f[9].to_string()));
-    }
-    out
+    use procfs_core::FromReadSI;
+    let info = procfs_core::ExplicitSystemInfo {
+        // only the byte order is read for these tables
+        boot_time_secs: 0,
+        ticks_per_second: 100,
+        page_size: 4096,
+        is_little_endian: cfg!(target_endian = "little"),
+    };
+    let Ok(table) = procfs_core::net::TcpNetEntries::from_read(text.as_bytes(), &info) else {
+        return Vec::new();
+    };
+    table
+        .0
+        .into_iter()
+        .filter(|e| e.state == procfs_core::net::TcpState::Listen)
+        .map(|e| (e.local_address, e.inode.to_string()))
+        .collect()
 }
 
 #[cfg(test)]

@@ -29,6 +29,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::host::HostRoot;
+use crate::host::mounts::{fs_type_at, parse_mountinfo};
 use crate::names::ObjectName;
 use crate::resources::config::Disk;
 use crate::resources::engine::{DiskStatus, Engine, ObjectState, SPDK_STATUS_ID, TargetStatus};
@@ -555,7 +556,9 @@ fn backing_of(disk: &str, path: &Path, mountinfo: Option<&str>) -> Result<Backin
                 .find(|a| a.is_dir())
                 .and_then(|a| a.canonicalize().ok());
             let on_devtmpfs = match (dir, mountinfo) {
-                (Some(dir), Some(mi)) => fs_type_at(mi, &dir).is_some_and(|t| t == "devtmpfs"),
+                (Some(dir), Some(mi)) => {
+                    fs_type_at(&parse_mountinfo(mi), &dir).is_some_and(|t| t == "devtmpfs")
+                }
                 // no mountinfo: /dev itself holds device nodes
                 (Some(dir), None) => dir == Path::new("/dev"),
                 (None, _) => false,
@@ -575,49 +578,6 @@ fn backing_of(disk: &str, path: &Path, mountinfo: Option<&str>) -> Result<Backin
             source,
         }),
     }
-}
-
-/// The filesystem type mounted at the deepest mount point containing `dir`
-/// (the last such mount wins: it is the one on top), from mountinfo text.
-fn fs_type_at(mountinfo: &str, dir: &Path) -> Option<String> {
-    let mut best: Option<(usize, String)> = None;
-    for line in mountinfo.lines() {
-        let Some((pre, post)) = line.split_once(" - ") else {
-            continue;
-        };
-        let Some(mnt) = pre.split(' ').nth(4) else {
-            continue;
-        };
-        let Some(fstype) = post.split(' ').next() else {
-            continue;
-        };
-        let mnt = unescape_mount(mnt);
-        let mp = Path::new(&mnt);
-        if dir.starts_with(mp) {
-            let depth = mp.components().count();
-            if best.as_ref().is_none_or(|(d, _)| depth >= *d) {
-                best = Some((depth, fstype.to_owned()));
-            }
-        }
-    }
-    best.map(|(_, t)| t)
-}
-
-/// mountinfo escapes space, tab, newline and backslash as `\ooo`.
-fn unescape_mount(s: &str) -> String {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'\\' && i + 3 < b.len() && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c)) {
-            out.push((b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0'));
-            i += 4;
-        } else {
-            out.push(b[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 fn create_sparse(path: &Path, size: u64) -> std::io::Result<()> {
@@ -831,7 +791,7 @@ mod tests {
 
     #[test]
     fn the_deepest_mount_names_the_filesystem() {
-        let at = |p: &str| fs_type_at(MOUNTINFO, Path::new(p));
+        let at = |p: &str| fs_type_at(&parse_mountinfo(MOUNTINFO), Path::new(p));
         assert_eq!(at("/dev").as_deref(), Some("devtmpfs"));
         assert_eq!(at("/dev/disk/by-id").as_deref(), Some("devtmpfs"));
         assert_eq!(at("/dev/shm").as_deref(), Some("tmpfs"));
@@ -841,7 +801,7 @@ mod tests {
         // a second mount on the same point is the one on top
         let over = format!("{MOUNTINFO}30 25 0:40 / /dev/shm rw - ramfs none rw\n");
         assert_eq!(
-            fs_type_at(&over, Path::new("/dev/shm/x")).as_deref(),
+            fs_type_at(&parse_mountinfo(&over), Path::new("/dev/shm/x")).as_deref(),
             Some("ramfs")
         );
     }
