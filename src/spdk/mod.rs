@@ -12,6 +12,7 @@
 //! ```
 
 pub mod client;
+pub mod disk;
 #[cfg(any(test, feature = "testing"))]
 pub mod double;
 #[cfg(feature = "spdk-embedded")]
