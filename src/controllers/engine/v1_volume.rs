@@ -4,11 +4,11 @@
 //!
 //! ```text
 //!   Volume, Snapshot (config) ─┐                       ┌─> V1Store: create / clone / expand / delete
-//!   NodeConfig (ACL, portal) ──┼─> plan (owned jobs) ──┤   snapshot / delete_snapshot
+//!   NodeConfig (ACL, portal) ──┼─> jobs ─> V1Ops ──────┤   snapshot / delete_snapshot
 //!   TargetStatus "tgtd" ───────┘   spawn_blocking      └─> TgtAdm: export (idempotent; again after
 //!                                        │                          every tgtd restart)
 //!                                        v
-//!                         EngineStatus <volume>, SnapshotStatus <volume>@<name>
+//!                    Realized: EngineStatus <volume>, SnapshotStatus <volume>@<name>, or deleted
 //! ```
 //!
 //! Deletion: the controller holds a finalizer on each V1 `Volume` and
@@ -97,12 +97,16 @@ struct SnapshotJob {
     deleting: bool,
 }
 
-enum Outcome<S> {
+/// What realizing one job came to (the V2 controller's word for the same):
+/// a status to report, or the object is gone.
+enum Realized<S> {
     Status(S),
     Deleted,
 }
 
-struct Plan {
+/// The V1 side of volumes for one reconcile: the store, tgtd's admin and the
+/// portal (the V2 engine's `VolumeOps`/`DiskOps` in the same role).
+struct V1Ops {
     store: V1Store,
     admin: TgtAdm,
     address: String,
@@ -125,19 +129,19 @@ fn error_text(e: &VolumeError) -> String {
     crate::util::error_chain(e)
 }
 
-impl Plan {
+impl V1Ops {
     /// `targets`: tgtd's targets listed once for this reconcile (`None`: list
     /// them for this volume).
-    fn volume(&self, job: &VolumeJob, targets: Option<&[TargetInfo]>) -> Outcome<EngineStatus> {
+    fn volume(&self, job: &VolumeJob, targets: Option<&[TargetInfo]>) -> Realized<EngineStatus> {
         let name = match ObjectName::parse("volume", &job.id) {
             Ok(n) => n,
-            Err(e) => return Outcome::Status(failed(e.to_string(), String::new())),
+            Err(e) => return Realized::Status(failed(e.to_string(), String::new())),
         };
         let device = self.store.volume_path(&name).display().to_string();
         if job.deleting {
             return match self.store.delete(&self.admin, &name) {
-                Ok(()) | Err(VolumeError::NotFound { .. }) => Outcome::Deleted,
-                Err(e) => Outcome::Status(EngineStatus {
+                Ok(()) | Err(VolumeError::NotFound { .. }) => Realized::Deleted,
+                Err(e) => Realized::Status(EngineStatus {
                     state: ObjectState::Deleting,
                     ..failed(error_text(&e), device)
                 }),
@@ -150,16 +154,16 @@ impl Plan {
                 let made = match &job.spec.from_snapshot {
                     Some(source) => match split_snapshot_id(source) {
                         Ok((v, s)) => self.store.clone_snapshot(&v, &s, &name),
-                        Err(msg) => return Outcome::Status(failed(msg, device)),
+                        Err(msg) => return Realized::Status(failed(msg, device)),
                     },
                     None => self.store.create(&name, job.spec.size_bytes),
                 };
                 match made {
                     Ok(info) => info,
-                    Err(e) => return Outcome::Status(failed(error_text(&e), device)),
+                    Err(e) => return Realized::Status(failed(error_text(&e), device)),
                 }
             }
-            Err(e) => return Outcome::Status(failed(error_text(&e), device)),
+            Err(e) => return Realized::Status(failed(error_text(&e), device)),
         };
         let mut size = info.size;
         if job.spec.size_bytes > info.size {
@@ -184,7 +188,7 @@ impl Plan {
             None => self.store.export(&self.admin, &name, &job.opts),
         };
         match exported {
-            Ok(export) => Outcome::Status(EngineStatus {
+            Ok(export) => Realized::Status(EngineStatus {
                 engine: Engine::V1,
                 state: ObjectState::Ready,
                 size_bytes: size,
@@ -200,14 +204,14 @@ impl Plan {
                 }],
                 message,
             }),
-            Err(e) => Outcome::Status(EngineStatus {
+            Err(e) => Realized::Status(EngineStatus {
                 size_bytes: size,
                 ..failed(error_text(&e), device)
             }),
         }
     }
 
-    fn snapshot(&self, job: &SnapshotJob) -> Outcome<SnapshotStatus> {
+    fn snapshot(&self, job: &SnapshotJob) -> Realized<SnapshotStatus> {
         let status = |state, objects, created, message| SnapshotStatus {
             volume: job.spec.volume.clone(),
             engine: Engine::V1,
@@ -221,13 +225,13 @@ impl Plan {
         let (volume, snap) = match names {
             Ok(n) => n,
             Err(e) => {
-                return Outcome::Status(status(ObjectState::Failed, vec![], String::new(), e.to_string()));
+                return Realized::Status(status(ObjectState::Failed, vec![], String::new(), e.to_string()));
             }
         };
         if job.deleting {
             return match self.store.delete_snapshot(&volume, &snap) {
-                Ok(()) | Err(VolumeError::SnapshotNotFound { .. }) => Outcome::Deleted,
-                Err(e) => Outcome::Status(status(
+                Ok(()) | Err(VolumeError::SnapshotNotFound { .. }) => Realized::Deleted,
+                Err(e) => Realized::Status(status(
                     ObjectState::Deleting,
                     vec![],
                     String::new(),
@@ -247,9 +251,9 @@ impl Plan {
                     .map(|t| humantime::format_rfc3339_seconds(t).to_string())
                     .unwrap_or_default();
                 let path = info.path.display().to_string();
-                Outcome::Status(status(ObjectState::Ready, vec![path], created, String::new()))
+                Realized::Status(status(ObjectState::Ready, vec![path], created, String::new()))
             }
-            Err(e) => Outcome::Status(status(ObjectState::Failed, vec![], String::new(), error_text(&e))),
+            Err(e) => Realized::Status(status(ObjectState::Failed, vec![], String::new(), error_text(&e))),
         }
     }
 }
@@ -339,7 +343,7 @@ impl Controller for V1VolumeController {
                 deleting,
             });
         }
-        let plan = Plan {
+        let ops = V1Ops {
             store: self.store.clone(),
             admin: self.admin.clone(),
             address: node.listen_address.clone(),
@@ -353,9 +357,9 @@ impl Controller for V1VolumeController {
             if tgtd_ready {
                 // targets talon made for volumes nobody wants (a crash mid-export or
                 // mid-delete): removed by name
-                match plan
+                match ops
                     .store
-                    .remove_orphans(&plan.admin, |v| known.contains(v.as_str()))
+                    .remove_orphans(&ops.admin, |v| known.contains(v.as_str()))
                 {
                     Ok(r) => {
                         for iqn in r.removed {
@@ -372,16 +376,16 @@ impl Controller for V1VolumeController {
             let mut snap_out = Vec::new();
             // one listing of tgtd's targets for every live volume (a volume whose target is
             // as wanted then costs no tgtadm call); each volume lists them itself if it fails
-            let targets = plan.admin.show().ok();
+            let targets = ops.admin.show().ok();
             // live volumes first (a snapshot needs its volume), then snapshots, then deletions
             for j in vol_jobs.iter().filter(|j| !j.deleting) {
-                vol_out.push((j.id.clone(), plan.volume(j, targets.as_deref())));
+                vol_out.push((j.id.clone(), ops.volume(j, targets.as_deref())));
             }
             for j in &snap_jobs {
-                snap_out.push((j.id.clone(), plan.snapshot(j)));
+                snap_out.push((j.id.clone(), ops.snapshot(j)));
             }
             for j in vol_jobs.iter().filter(|j| j.deleting) {
-                vol_out.push((j.id.clone(), plan.volume(j, None)));
+                vol_out.push((j.id.clone(), ops.volume(j, None)));
             }
             (vol_out, snap_out)
         })
@@ -389,14 +393,14 @@ impl Controller for V1VolumeController {
 
         for (id, out) in snap_out {
             match out {
-                Outcome::Status(s) => ctx.apply(&id, s)?,
-                Outcome::Deleted => ctx.remove_finalizer::<Snapshot>(&id)?,
+                Realized::Status(s) => ctx.apply(&id, s)?,
+                Realized::Deleted => ctx.remove_finalizer::<Snapshot>(&id)?,
             }
         }
         for (id, out) in vol_out {
             match out {
-                Outcome::Status(s) => ctx.apply(&id, s)?,
-                Outcome::Deleted => ctx.remove_finalizer::<Volume>(&id)?,
+                Realized::Status(s) => ctx.apply(&id, s)?,
+                Realized::Deleted => ctx.remove_finalizer::<Volume>(&id)?,
             }
         }
         // poll: sessions logging out unblock pending expands and deletes
