@@ -14,15 +14,21 @@
 //! - [`cli`]: the `talon` command line, a thin layer over [`client`] and the
 //!   library code that works without a daemon (`doctor`, `host`).
 //! - [`host`]: host access through one root handle: hugepages, kernel modules,
-//!   PCI devices and driver binding, OS detection, `doctor` and Talos patches.
+//!   PCI devices and driver binding, OS detection, mount tables, TCP
+//!   listeners, `doctor` and Talos patches.
 //! - [`ns`]: running closures and programs inside another process's namespaces.
-//! - [`spdk`]: the V2 engine: spdk_tgt supervision and its JSON-RPC client.
+//! - [`spdk`]: the V2 engine: spdk_tgt launch and supervision (in-process
+//!   too), its JSON-RPC client, volume and disk operations, pure placement.
 //! - [`tgt`]: the V1 engine: tgtd supervision and file-backed iSCSI LUNs.
 //! - [`attach`]: host frontends: kernel NVMe/TCP initiator and iSCSI fallback.
 //! - [`names`]: validated names (volumes, NQNs, IQNs) that reach the kernel or SPDK.
 //! - [`serve`]: `talon serve`, wiring the runtime, controllers and API together.
 //! - [`util`]: the bottom floor every module may use (error chains, the one
 //!   backoff); it uses nothing of talon's.
+//!
+//! Every `use crate::` arrow between these modules points down: cli/serve ->
+//! api/client -> controllers -> spdk/tgt/attach -> resources -> runtime ->
+//! host/ns -> names -> util (docs/architecture.md, "Module layout").
 
 pub mod api;
 pub mod attach;
