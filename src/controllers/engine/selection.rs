@@ -12,11 +12,12 @@
 //! ```
 //!
 //! One rule decides which engine serves a volume: [`engine_for`]. Serve
-//! detects the selection once at start; `node_info` (and so `talon node info`)
-//! shows it, the target controllers and the hugepage sizing ask
-//! [`EngineSelection::engine_for`], and the volume controllers, which are
-//! given only [`EngineSelection::auto_engine`], ask [`engine_for`] (V1) or
-//! [`serves_v2`] (V2, the same rule).
+//! detects the selection once at start and hands the same one to
+//! `node_info` (so `talon node info` shows it) and to every controller: the
+//! SPDK target controller and the hugepage sizing ask
+//! [`EngineSelection::engine_for`]; tgtd's and the V1 volume controller,
+//! given [`EngineSelection::auto_engine`], ask [`engine_for`]; the V2 volume
+//! controller asks [`serves_v2`], which is [`engine_for`] too.
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
