@@ -17,8 +17,11 @@
 //!   PCI devices and driver binding, OS detection, mount tables, TCP
 //!   listeners, `doctor` and Talos patches.
 //! - [`ns`]: running closures and programs inside another process's namespaces.
-//! - [`spdk`]: the V2 engine: spdk_tgt launch and supervision (in-process
-//!   too), its JSON-RPC client, volume and disk operations, pure placement.
+//! - [`spdk`]: the V2 engine: spdk_tgt launch (`launch`) and supervision
+//!   (`target`, in-process `embedded`), its JSON-RPC client, and the
+//!   operations by concept: `naming`, `inventory`, `placement`, `volume::plan`
+//!   (pure), `volume` (apply), `disk` (DiskOps); the test double (`double/`,
+//!   feature `testing`) one file per RPC family.
 //! - [`tgt`]: the V1 engine: tgtd supervision and file-backed iSCSI LUNs.
 //! - [`attach`]: host frontends: kernel NVMe/TCP initiator and iSCSI fallback.
 //! - [`names`]: validated names (volumes, NQNs, IQNs) that reach the kernel or SPDK.

@@ -1,5 +1,5 @@
 //! Contract tests: replay every call recorded from a real spdk_tgt v26.05
-//! (`../shared/spdk/transcript-v26.05.jsonl`, read in place, never copied).
+//! (`tests/data/spdk/transcript-v26.05.jsonl`).
 //!
 //! ```text
 //!  transcript line ──params──> talon's typed params struct ──typed method──> SpdkClient
@@ -28,18 +28,11 @@ use talon::spdk::{ClientError, ErrorKind, SpdkClient};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixListener;
 
-/// `$TALON_SPDK_FACTS`, else `$CARGO_MANIFEST_DIR/../shared/spdk` (a checkout
-/// next to `shared/`), else one level further up (a worktree under `wt/`).
+/// The recording: `$TALON_SPDK_FACTS`, else the repo's `tests/data/spdk`.
 fn shared_dir() -> PathBuf {
-    if let Some(d) = std::env::var_os("TALON_SPDK_FACTS") {
-        return d.into();
-    }
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    let near = root.join("../shared/spdk");
-    if near.exists() {
-        near
-    } else {
-        root.join("../../shared/spdk")
+    match std::env::var_os("TALON_SPDK_FACTS") {
+        Some(d) => d.into(),
+        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/spdk"),
     }
 }
 
@@ -158,7 +151,7 @@ async fn call_typed(
         "bdev_lvol_delete" => t!(bdev_lvol_delete, ByName),
         "bdev_lvol_get_lvols" => t!(bdev_lvol_get_lvols, GetLvols),
         "bdev_raid_create" => t!(bdev_raid_create, RaidCreate),
-        "bdev_raid_delete" => t!(bdev_raid_delete, ByName),
+        "bdev_raid_delete" => t!(bdev_raid_delete, RaidDelete),
         "bdev_raid_get_bdevs" => t!(bdev_raid_get_bdevs, GetRaids),
         "bdev_raid_add_base_bdev" => t!(bdev_raid_add_base_bdev, RaidAddBaseBdev),
         "bdev_raid_remove_base_bdev" => t!(bdev_raid_remove_base_bdev, ByName),
@@ -193,13 +186,7 @@ async fn call_typed(
 #[tokio::test]
 async fn replay_recorded_transcript() {
     let dir = shared_dir();
-    let Ok(text) = std::fs::read_to_string(dir.join("transcript-v26.05.jsonl")) else {
-        eprintln!(
-            "SKIP replay_recorded_transcript: {} has no transcript",
-            dir.display()
-        );
-        return;
-    };
+    let text = std::fs::read_to_string(dir.join("transcript-v26.05.jsonl")).expect("recorded transcript");
     let methods: Vec<String> =
         serde_json::from_str(&std::fs::read_to_string(dir.join("rpc-methods-v26.05.json")).expect("methods"))
             .expect("methods json");

@@ -13,16 +13,11 @@ use talon::spdk::rpc::*;
 use talon::spdk::{ClientError, ErrorKind, SpdkClient, SpdkDouble};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+/// The recording: `$TALON_SPDK_FACTS`, else the repo's `tests/data/spdk`.
 fn facts_dir() -> PathBuf {
-    if let Some(d) = std::env::var_os("TALON_SPDK_FACTS") {
-        return d.into();
-    }
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    let near = root.join("../shared/spdk");
-    if near.exists() {
-        near
-    } else {
-        root.join("../../shared/spdk")
+    match std::env::var_os("TALON_SPDK_FACTS") {
+        Some(d) => d.into(),
+        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/spdk"),
     }
 }
 
@@ -128,15 +123,42 @@ async fn replay_against(c: &SpdkClient, transcript: &str, dir: &std::path::Path)
     (failures, errors)
 }
 
+/// The double answers no method a real v26.05 target lacks: every method it
+/// implements is in the recorded `rpc_get_methods` list, and it lists
+/// itself exactly those.
+#[tokio::test]
+async fn the_double_implements_only_methods_a_real_v26_05_target_has() {
+    let real: Vec<String> = serde_json::from_str(
+        &std::fs::read_to_string(facts_dir().join("rpc-methods-v26.05.json")).expect("method list"),
+    )
+    .expect("method list json");
+    let extra: Vec<&&str> = talon::spdk::double::METHODS
+        .iter()
+        .filter(|m| !real.iter().any(|r| r == *m))
+        .collect();
+    assert!(
+        extra.is_empty(),
+        "the double answers methods v26.05 lacks: {extra:?}"
+    );
+    let (_dir, _d, c) = double().await;
+    let listed: Vec<String> = c
+        .typed("rpc_get_methods", &serde_json::json!({}))
+        .await
+        .expect("rpc_get_methods");
+    let mut want: Vec<String> = talon::spdk::double::METHODS
+        .iter()
+        .map(|m| m.to_string())
+        .collect();
+    let mut got = listed.clone();
+    want.sort();
+    got.sort();
+    assert_eq!(got, want);
+}
+
 #[tokio::test]
 async fn transcript_replays_identically_against_the_double() {
-    let Ok(text) = std::fs::read_to_string(facts_dir().join("transcript-v26.05.jsonl")) else {
-        eprintln!(
-            "SKIP transcript_replays_identically_against_the_double: no transcript at {}",
-            facts_dir().display()
-        );
-        return;
-    };
+    let text =
+        std::fs::read_to_string(facts_dir().join("transcript-v26.05.jsonl")).expect("recorded transcript");
     let (dir, _d, c) = double().await;
     let (failures, errors) = replay_against(&c, &text, dir.path()).await;
     eprintln!(
@@ -155,10 +177,8 @@ async fn transcript_replays_identically_against_the_double() {
 /// client and the double's reference at once.
 #[tokio::test]
 async fn transcript_replays_identically_against_real_spdk_tgt() {
-    let Ok(text) = std::fs::read_to_string(facts_dir().join("transcript-v26.05.jsonl")) else {
-        eprintln!("SKIP transcript_replays_identically_against_real_spdk_tgt: no transcript");
-        return;
-    };
+    let text =
+        std::fs::read_to_string(facts_dir().join("transcript-v26.05.jsonl")).expect("recorded transcript");
     let Some(spdk_dir) = std::env::var_os("TALON_SPDK_DIR").map(PathBuf::from) else {
         eprintln!("SKIP transcript_replays_identically_against_real_spdk_tgt: TALON_SPDK_DIR is not set");
         return;
@@ -347,7 +367,9 @@ async fn raid1_degraded_and_claims() {
         .await
         .expect_err("claimed member");
     assert!(e.is(ErrorKind::Busy));
-    c.bdev_raid_delete(&ByName::new("R")).await.expect("delete raid");
+    c.bdev_raid_delete(&talon::spdk::rpc::RaidDelete::new("R"))
+        .await
+        .expect("delete raid");
     assert!(!c.bdev("A").await.expect("A").expect("A").claimed);
 }
 

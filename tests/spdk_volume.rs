@@ -644,6 +644,98 @@ async fn a_replica_that_missed_writes_is_rebuilt_never_served_alone() {
     s.rt.stop().await;
 }
 
+fn sb_volume(size: u64, replicas: u32) -> Volume {
+    serde_json::from_value(
+        json!({"sizeBytes": size, "replicas": replicas, "engine": "v2", "raidSuperblock": true}),
+    )
+    .expect("volume")
+}
+
+/// Issue 12: with the raid superblock, a replica that left the raid just
+/// before talon and spdk_tgt both died (so the ledger still lists it as up to
+/// to date) is never trusted: the double, like SPDK, records the member's
+/// leaving in the superblock of the others before I/O goes on, and its
+/// examine assembles the raid from the newest superblock. With only the
+/// stale replica back the raid waits (`configuring`) and nothing is
+/// exported; with both, it serves the current one and rebuilds the other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_a_superblock_a_replica_that_left_just_before_a_crash_is_never_trusted() {
+    let s = setup(&["d1", "d2"]).await;
+    s.double.set_rebuild_time(Duration::from_millis(600));
+    let state = s.state.clone();
+    state.create_typed("w", "", &sb_volume(16 * MIB, 2)).expect("w");
+    let e = ready(&state, "w", "w").await;
+    assert_eq!(e.size_bytes, 16 * MIB, "the host sees the size asked");
+    let (sync, disks) = ledger(&state, "w").expect("ledger");
+    assert_eq!(sync, vec![0, 1]);
+    let (d0, d1) = (disks[0].clone(), disks[1].clone());
+    let inv = Inventory::load(&s.client).await.expect("inv");
+    let raid = inv.raid("talon-raid-w").expect("raid");
+    assert!(raid.superblock, "{raid:?}");
+    assert!(
+        raid.base_bdevs_list.iter().all(|b| b.data_offset == MIB / 4096),
+        "data after one 1 MiB cluster: {raid:?}"
+    );
+    for k in 0..2 {
+        let l = inv.find_lvol(&format!("w-r{k}")).expect("replica");
+        assert_eq!(inv.bdev_size(&l.uuid), Some(17 * MIB), "one cluster of room");
+    }
+
+    // talon stops: the ledger will never hear of what comes next
+    let Setup {
+        dir,
+        double,
+        client,
+        rt,
+        ..
+    } = s;
+    rt.stop().await;
+    assert!(double.hot_remove(&format!("talon-disk-{d1}")));
+    // spdk_tgt dies too; it comes back with the stale r1's disk alone
+    double.restart().await.expect("restart");
+    add_disk(&client, dir.path(), &d1, false).await;
+    let inv = Inventory::load(&client).await.expect("inv");
+    assert_eq!(
+        inv.raid("talon-raid-w").map(|r| r.state.as_str()),
+        Some("configuring"),
+        "examine holds the raid for r0, which its superblock names"
+    );
+    let c2 = client.clone();
+    let host = node_nqn("d1");
+    let rt = TestRuntime::start_on(state.clone(), move |rt| {
+        rt.register(SpdkVolumeController::new(c2, false).with_host_nqn(Some(host)))
+    })
+    .expect("runtime");
+    state
+        .update_typed(SPDK_STATUS_ID, "", None, &target_status(1))
+        .expect("restarts");
+    assert_eq!(
+        ledger(&state, "w").map(|l| l.0),
+        Some(vec![0, 1]),
+        "the ledger trusts both"
+    );
+    let held = eventually("w held back", WAIT, || async {
+        engine(&state, "w").filter(|e| e.state == ObjectState::Failed)
+    })
+    .await;
+    assert!(held.message.contains("superblock"), "{}", held.message);
+    assert!(
+        double.subsystem_nqns().is_empty(),
+        "the stale replica is not exported"
+    );
+
+    // r0 returns: served from it alone, r1 rebuilt
+    add_disk(&client, dir.path(), &d0, false).await;
+    eventually("r1 rebuilding", WAIT, || async {
+        replica(&state, "w-r1").filter(|r| r.state == ObjectState::Rebuilding)
+    })
+    .await;
+    assert_eq!(ledger(&state, "w").map(|l| l.0), Some(vec![0]));
+    ledger_becomes(&state, "w", &[0, 1], "r1 rebuilt").await;
+    ready(&state, "w", "w served again").await;
+    rt.stop().await;
+}
+
 /// A second talon node: its own double (target), runtime and disk, with a
 /// listener on `port`.
 async fn node(disk: &str, port: u16) -> Setup {
@@ -818,13 +910,13 @@ async fn multi_replica_snapshots_are_one_point_in_time_and_reverts_never_mix_ins
     // revert to s1 with its recorded point-in-time set: every replica cloned
     let inv = Inventory::load(&c).await.expect("inv");
     let set = ops
-        .revert(&inv, &v, &s1, 1, Some(&[0, 1, 2].into()))
+        .revert(&inv, &v, &s1, 1, Some(&[0, 1, 2].into()), Some(3))
         .await
         .expect("revert");
     assert_eq!(set, [0, 1, 2].into());
     // revert to s1 with nothing recorded: one source, the others made again and rebuilt
     let inv = Inventory::load(&c).await.expect("inv");
-    let set = ops.revert(&inv, &v, &s1, 2, None).await.expect("revert");
+    let set = ops.revert(&inv, &v, &s1, 2, None, Some(3)).await.expect("revert");
     assert_eq!(
         set,
         [0].into(),
@@ -862,7 +954,7 @@ async fn multi_replica_snapshots_are_one_point_in_time_and_reverts_never_mix_ins
 }
 
 /// SPDK v26.05 registers no `nvmf_subsystem_pause` / `_resume` RPC (they are
-/// C functions only; `shared/spdk/rpc-methods-v26.05.json`): the double
+/// C functions only; `tests/data/spdk/rpc-methods-v26.05.json`): the double
 /// refuses them as the real target does, so it can never hide that again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_double_refuses_nvmf_subsystem_pause_as_v26_05_does() {
@@ -878,17 +970,10 @@ async fn the_double_refuses_nvmf_subsystem_pause_as_v26_05_does() {
             .expect_err(m);
         assert!(e.is(talon::spdk::ErrorKind::MethodNotFound), "{m}: {e}");
     }
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let list = ["../shared/spdk", "../../shared/spdk"]
-        .iter()
-        .map(|d| root.join(d).join("rpc-methods-v26.05.json"))
-        .find_map(|f| std::fs::read_to_string(f).ok());
-    let Some(list) = list else {
-        eprintln!(
-            "SKIP the method-list half of this test: no shared/spdk/rpc-methods-v26.05.json beside the repo"
-        );
-        return;
-    };
+    let list = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/spdk/rpc-methods-v26.05.json"),
+    )
+    .expect("recorded method list");
     let methods: Vec<String> = serde_json::from_str(&list).expect("method list");
     for m in ["nvmf_subsystem_pause", "nvmf_subsystem_resume"] {
         assert!(!methods.iter().any(|x| x == m), "{m} in the real list");

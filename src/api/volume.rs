@@ -584,6 +584,10 @@ pub fn register(api: &mut ApiBuilder) {
                 from_snapshot: p.from_snapshot,
                 revert_to: None,
                 revert_generation: 0,
+                // a raid of two or more members keeps a superblock; a served
+                // replica has room for its engine's
+                raid_superblock: replicas as usize + p.remote_replicas.len() >= 2
+                    || p.serve_replica.is_some(),
                 remote_replicas: p.remote_replicas,
                 serve_replica: p.serve_replica,
                 replica_hosts: p.replica_hosts,
@@ -829,6 +833,8 @@ pub fn register(api: &mut ApiBuilder) {
             let src = live_volume(&ctx.state, &p.volume, &action)?;
             let sid = snapshot_id(&p.volume, &p.snapshot);
             live_snapshot(&ctx.state, &sid, &action)?;
+            // the clone keeps its source's layout (`raidSuperblock`): its
+            // replicas read the snapshot's data at the same offset
             let spec = Volume {
                 from_snapshot: Some(sid),
                 revert_to: None,

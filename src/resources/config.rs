@@ -200,6 +200,15 @@ pub struct Volume {
     /// (the engine node's talon host NQN, `talon node info`); nobody else can.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub replica_hosts: Vec<String>,
+    /// The V2 raid1 keeps a superblock on its replicas (set for every
+    /// volume of two or more replicas, local or remote, made since the
+    /// superblock layout; on a served replica: room for its engine's):
+    /// SPDK records there a replica that leaves before I/O goes on, so a
+    /// replica that missed writes is never trusted after a crash. Replica
+    /// lvols are one lvstore cluster larger than the volume. Volumes made
+    /// before keep their layout (the flag absent).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub raid_superblock: bool,
 }
 
 /// Where another talon node serves a replica (its NVMe/TCP listener).

@@ -26,18 +26,16 @@
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
+use super::naming::{self, DISK_BDEV_PREFIX, LVS_PREFIX, pci_bdev};
 use super::rpc::{
     AioCreate, AttachController, ByName, GetControllers, GetLvols, Lvstore, LvstoreCreate, LvstoreSelector,
 };
-use super::volume::{LVS_PREFIX, naming};
 use super::{ClientError, ErrorKind, SpdkClient};
 use crate::host::HostRoot;
 use crate::host::mounts::{fs_type_at, parse_mountinfo};
 use crate::names::ObjectName;
 use crate::resources::config::Disk;
 
-/// Prefix of talon's base bdevs (and NVMe controller names).
-pub const DISK_BDEV_PREFIX: &str = "talon-disk-";
 /// Block size of a file disk's aio bdev.
 pub const FILE_BLOCK_SIZE: u32 = 4096;
 
@@ -156,11 +154,6 @@ fn rpc(disk: &str, op: impl Into<String>) -> impl FnOnce(ClientError) -> DiskErr
     move |source| DiskError::Rpc { disk, op, source }
 }
 
-/// The base bdev of a PCI disk's controller `talon-disk-<d>`.
-pub fn pci_bdev(controller: &str) -> String {
-    format!("{controller}n1")
-}
-
 /// Whether `s` is a PCI address `dddd:bb:dd.f` (hex).
 pub fn is_bdf(s: &str) -> bool {
     let hex = |p: &str, n: usize| p.len() == n && p.chars().all(|c| c.is_ascii_hexdigit());
@@ -209,7 +202,7 @@ fn names(id: &str, spec: &Disk) -> Result<DiskNames, DiskError> {
         disk: id.to_owned(),
         source,
     })?;
-    let base = format!("{DISK_BDEV_PREFIX}{name}");
+    let base = naming::disk_base(name.as_str());
     let bdev = if spec.pci.is_some() {
         pci_bdev(&base)
     } else {

@@ -516,6 +516,11 @@ pub struct RaidBdev {
     pub state: String,
     /// "raid1", ...
     pub raid_level: String,
+    /// Made with a superblock on its members (SPDK records membership
+    /// changes there before I/O goes on, and assembles the raid from it when
+    /// the members are examined).
+    #[serde(default)]
+    pub superblock: bool,
     /// Base bdev slots.
     pub num_base_bdevs: u32,
     /// Slots with a bdev found.
@@ -563,6 +568,36 @@ pub struct RaidBaseBdev {
     /// Whether the slot is in service.
     #[serde(default)]
     pub is_configured: bool,
+    /// Blocks before the raid's data on the member (its superblock's room;
+    /// 0 without a superblock).
+    #[serde(default)]
+    pub data_offset: u64,
+    /// Blocks of the raid's data on the member.
+    #[serde(default)]
+    pub data_size: u64,
+}
+
+/// `bdev_raid_delete` params.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RaidDelete {
+    /// The raid bdev.
+    pub name: String,
+    /// Also wipe the superblock on the members it has (a raid made with
+    /// `superblock`); without it they keep it, and SPDK assembles the raid
+    /// from them again when they are examined (a target restart).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub clear_sb: Option<bool>,
+}
+
+impl RaidDelete {
+    /// Deletes raid `name`, members keep their superblock.
+    pub fn new(name: impl Into<String>) -> Self {
+        RaidDelete {
+            name: name.into(),
+            clear_sb: None,
+        }
+    }
 }
 
 /// `bdev_raid_add_base_bdev` params.
@@ -1281,7 +1316,7 @@ impl SpdkClient {
     rpc!(/// Creates a raid bdev.
         bdev_raid_create(RaidCreate) -> bool);
     rpc!(/// Deletes a raid bdev (releases its members).
-        bdev_raid_delete(ByName) -> bool);
+        bdev_raid_delete(RaidDelete) -> bool);
     rpc!(/// Lists raid bdevs.
         bdev_raid_get_bdevs(GetRaids) -> Vec<RaidBdev>);
     rpc!(/// Adds a member to a raid (starts a rebuild).

@@ -199,6 +199,10 @@ impl SpdkVolumeController {
         };
         let mut message = String::new();
         let mut in_sync = job.in_sync.clone();
+        let replicas = job.spec.replicas.max(1) as usize;
+        // the raid's superblock, or (a served replica) room for the engine's
+        let slots = replicas + job.spec.remote_replicas.len();
+        let superblock = job.spec.raid_superblock && (slots >= 2 || job.spec.serve_replica.is_some());
         // revert: once per generation, recorded in SPDK with the data
         let mut reloaded = None;
         if let Some(target) = &job.spec.revert_to
@@ -216,6 +220,7 @@ impl SpdkVolumeController {
                     &snap,
                     job.spec.revert_generation,
                     job.snapshot_set.as_ref(),
+                    superblock.then_some(slots),
                 )
                 .await
             {
@@ -244,7 +249,7 @@ impl SpdkVolumeController {
         let plan = VolumePlan {
             name: name.clone(),
             size_bytes: job.spec.size_bytes,
-            replicas: job.spec.replicas.max(1) as usize,
+            replicas,
             disks: job.spec.disks.clone(),
             placed: job.placed.clone(),
             disk_away: job.disk_away.clone(),
@@ -253,6 +258,7 @@ impl SpdkVolumeController {
             export: export.clone(),
             in_sync,
             remote,
+            superblock,
         };
         let done = match job.spec.serve_replica {
             Some(k) => self.ops.ensure_served(inv, &plan, k as usize).await,
@@ -294,7 +300,7 @@ impl SpdkVolumeController {
                 format!("waiting for disks: {}", err_text(&e)),
             ),
             // waiting for replicas on disks that failed: say why they are away
-            Err(e @ VolumeError::NoCurrentReplica { .. }) => {
+            Err(e @ (VolumeError::NoCurrentReplica { .. } | VolumeError::RaidAssembling { .. })) => {
                 let mut m = err_text(&e);
                 let failed: BTreeSet<&String> = job.placed.values().collect();
                 for d in failed {

@@ -32,146 +32,27 @@ use futures::future::{join_all, try_join_all};
 
 use super::client::{ClientError, SpdkClient};
 use super::error::ErrorKind;
-use super::placement::{self, Blocked, DiskAway, Slot};
+use super::placement::Blocked;
 use super::rpc::{
-    AddNamespace, AllowAnyHost, AnaState, AttachController, Bdev, ByName, ByNqn, CreateSubsystem,
-    CreateTransport, GetBdevs, GetControllers, GetLvols, GetRaids, GetSubsystems, GetTransports,
-    ListenAddress, ListenerAnaState, Lvol, LvolClone, LvolCreate, LvolResize, LvolSnapshot, Lvstore,
-    LvstoreSelector, NullCreate, RaidAddBaseBdev, RaidBdev, RaidCategory, RaidCreate, RaidLevel,
-    RemoveNamespace, Subsystem, SubsystemHostParams, SubsystemListener,
+    AddNamespace, AllowAnyHost, AnaState, AttachController, ByName, ByNqn, CreateSubsystem, CreateTransport,
+    GetTransports, ListenAddress, ListenerAnaState, Lvol, LvolClone, LvolCreate, LvolResize, LvolSetParent,
+    LvolSnapshot, NullCreate, RaidAddBaseBdev, RaidCreate, RaidDelete, RaidLevel, RemoveNamespace,
+    SubsystemHostParams, SubsystemListener,
 };
 use crate::names::{NQN_PREFIX, Nqn, ObjectName, volume_uuid};
 
-/// Prefix of talon's lvstores (`talon-<disk>`).
-pub const LVS_PREFIX: &str = "talon-";
-/// Prefix of talon's raid bdevs.
-pub const RAID_PREFIX: &str = "talon-raid-";
-/// Prefix of talon's placeholder null bdevs.
-pub const NULL_PREFIX: &str = "talon-null-";
-/// Prefix of the NVMe controllers that attach remote replicas
-/// (`talon-remote-<vol>-r<k>`, bdev `talon-remote-<vol>-r<k>n1`).
-pub const REMOTE_PREFIX: &str = "talon-remote-";
-/// The namespace id of every export.
-pub const NSID: u32 = 1;
-const MIB: u64 = 1 << 20;
+// the names and the inventory moved to their own modules; kept here for callers
+pub mod error;
+pub mod plan;
 
-/// Errors of the volume operations.
-#[derive(Debug, thiserror::Error)]
-pub enum VolumeError {
-    /// An SPDK call failed.
-    #[error("volume {volume}: {step} failed")]
-    Rpc {
-        /// The volume (or snapshot) id.
-        volume: String,
-        /// What was being done, naming the SPDK object.
-        step: String,
-        /// The client error.
-        #[source]
-        source: ClientError,
-    },
-    /// The NVMe/TCP listener's port is held by another process (SPDK answers
-    /// only "Invalid parameters").
-    #[error("volume {volume}: cannot listen on {listen}: the port is in use by {holder}")]
-    PortInUse {
-        /// The volume.
-        volume: String,
-        /// The listen address and port.
-        listen: String,
-        /// Who holds it ("pid N (comm)").
-        holder: String,
-        /// SPDK's answer.
-        #[source]
-        source: Box<ClientError>,
-    },
-    /// Replicas cannot be placed on distinct ready disks (see [`placement`]).
-    #[error("volume {volume}: {reason}")]
-    NoPlacement {
-        /// The volume.
-        volume: String,
-        /// Why, naming each candidate disk.
-        reason: String,
-        /// A failed disk is among the candidates (a wait fails at once).
-        disk_failed: bool,
-    },
-    /// A replica's snapshot is missing.
-    #[error("volume {volume}: snapshot lvol {lvol} does not exist")]
-    SnapshotMissing {
-        /// The volume.
-        volume: String,
-        /// The snapshot lvol name.
-        lvol: String,
-    },
-    /// SPDK refuses to delete a snapshot that has clones.
-    #[error(
-        "snapshot {snapshot}: SPDK refuses to delete it while volumes cloned from it exist; delete those first"
-    )]
-    SnapshotHasClones {
-        /// `<vol>@<snap>`.
-        snapshot: String,
-        /// The refusal.
-        #[source]
-        source: ClientError,
-    },
-    /// The raid1 did not follow its grown members.
-    #[error("volume {volume}: raid {raid} is {actual} bytes after its members grew to {wanted}")]
-    RaidDidNotGrow {
-        /// The volume.
-        volume: String,
-        /// The raid bdev.
-        raid: String,
-        /// Its size.
-        actual: u64,
-        /// The members' size.
-        wanted: u64,
-    },
-    /// A volume does not shrink.
-    #[error("volume {volume}: cannot shrink from {current} to {wanted} bytes")]
-    Shrink {
-        /// The volume.
-        volume: String,
-        /// Served size.
-        current: u64,
-        /// Asked size.
-        wanted: u64,
-    },
-    /// A name built from the volume is not valid.
-    #[error("volume {volume}: invalid derived name")]
-    BadName {
-        /// The volume.
-        volume: String,
-        /// Why.
-        #[source]
-        source: crate::names::InvalidName,
-    },
-    /// An NVMe attach connected but registered no bdev.
-    #[error("volume {volume}: attaching {nqn} registered no bdev (namespace without explicit NGUID?)")]
-    AttachedNoBdev {
-        /// The volume.
-        volume: String,
-        /// The subsystem.
-        nqn: String,
-    },
-    /// Every replica present missed writes; the up-to-date ones are away.
-    #[error(
-        "volume {volume}: no up-to-date replica is present (waiting for {waiting:?}; {stale:?} missed writes and are never served alone)"
-    )]
-    NoCurrentReplica {
-        /// The volume.
-        volume: String,
-        /// Up-to-date replicas that are away.
-        waiting: Vec<String>,
-        /// Replicas present but behind.
-        stale: Vec<String>,
-    },
-    /// A name built from the volume is not acceptable to SPDK.
-    #[error("volume {volume}: lvol name {lvol:?} is longer than SPDK's 63 characters")]
-    NameTooLong {
-        /// The volume.
-        volume: String,
-        /// The name.
-        lvol: String,
-    },
-}
+pub use super::inventory::{Inventory, Owned, applied_revert, replica_heads};
+pub use super::naming::{
+    self, LVS_PREFIX, LvolRole, NSID, NULL_PREFIX, RAID_PREFIX, REMOTE_PREFIX, parse_lvol,
+};
+pub use error::VolumeError;
+pub use plan::{ExportSpec, VolumePlan, point_in_time_set, superblock_room};
+use plan::{Make, check_len};
+const MIB: u64 = 1 << 20;
 
 /// A failed `nvmf_subsystem_add_listener`: named [`VolumeError::PortInUse`]
 /// when another process listens on the port (SPDK says only "Invalid
@@ -204,97 +85,6 @@ fn rpc(volume: &str, step: impl Into<String>) -> impl FnOnce(ClientError) -> Vol
     move |source| VolumeError::Rpc { volume, step, source }
 }
 
-/// Name helpers of the V2 contract.
-pub mod naming {
-    use super::*;
-
-    /// `talon-<disk>`.
-    pub fn lvstore(disk: &str) -> String {
-        format!("{LVS_PREFIX}{disk}")
-    }
-    /// `<vol>-r<k>`.
-    pub fn replica(vol: &str, k: usize) -> String {
-        format!("{vol}-r{k}")
-    }
-    /// `<vol>-r<k>.s.<snap>`.
-    pub fn snapshot_lvol(vol: &str, k: usize, snap: &str) -> String {
-        format!("{vol}-r{k}.s.{snap}")
-    }
-    /// `<vol>.rev.<generation>`: a thin empty lvol recording that revert
-    /// generation N was applied (SPDK keeps it with the data, so a revert runs
-    /// once even across talon restarts).
-    pub fn revert_marker(vol: &str, generation: u64) -> String {
-        format!("{vol}.rev.{generation}")
-    }
-    /// `talon-raid-<vol>`.
-    pub fn raid(vol: &str) -> String {
-        format!("{RAID_PREFIX}{vol}")
-    }
-    /// The subsystem serial number: 20 characters from the volume UUID.
-    pub fn serial(vol: &ObjectName) -> String {
-        let u = volume_uuid(vol).simple().to_string().to_uppercase();
-        format!("TLN{}", &u[..17])
-    }
-}
-
-/// What an owned lvol name means.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum LvolRole {
-    /// Replica k of a volume.
-    Replica {
-        /// The volume.
-        volume: String,
-        /// k.
-        k: usize,
-    },
-    /// Snapshot of replica k.
-    Snapshot {
-        /// The volume.
-        volume: String,
-        /// k.
-        k: usize,
-        /// The snapshot name.
-        snap: String,
-    },
-    /// A revert marker.
-    RevertMarker {
-        /// The volume.
-        volume: String,
-        /// The generation.
-        generation: u64,
-    },
-}
-
-/// Parses a talon lvol name (inside a `talon-*` lvstore).
-pub fn parse_lvol(name: &str) -> Option<LvolRole> {
-    if let Some((vol, gen_)) = name.split_once(".rev.") {
-        return Some(LvolRole::RevertMarker {
-            volume: vol.to_owned(),
-            generation: gen_.parse().ok()?,
-        });
-    }
-    let (head, snap) = match name.split_once(".s.") {
-        Some((h, s)) => (h, Some(s)),
-        None => (name, None),
-    };
-    let (vol, k) = head.rsplit_once("-r")?;
-    let k: usize = k.parse().ok()?;
-    if vol.is_empty() {
-        return None;
-    }
-    Some(match snap {
-        Some(s) => LvolRole::Snapshot {
-            volume: vol.to_owned(),
-            k,
-            snap: s.to_owned(),
-        },
-        None => LvolRole::Replica {
-            volume: vol.to_owned(),
-            k,
-        },
-    })
-}
-
 fn no_current(plan: &VolumePlan, present: &[ReplicaInfo]) -> VolumeError {
     let vol = plan.name.as_str();
     let here: BTreeSet<usize> = present.iter().map(|r| r.k).collect();
@@ -324,245 +114,6 @@ fn no_placement(volume: &str, b: &Blocked) -> VolumeError {
     }
 }
 
-/// Disks with a talon lvstore (free bytes), less those the plan says are away
-/// (being removed).
-fn ready_disks(inv: &Inventory, plan: &VolumePlan) -> BTreeMap<String, u64> {
-    inv.disks()
-        .into_iter()
-        .filter(|(d, _)| !plan.disk_away.contains_key(d))
-        .collect()
-}
-
-fn check_len(volume: &str, lvol: &str) -> Result<(), VolumeError> {
-    if lvol.len() > 63 {
-        return Err(VolumeError::NameTooLong {
-            volume: volume.to_owned(),
-            lvol: lvol.to_owned(),
-        });
-    }
-    Ok(())
-}
-
-/// Everything talon looks at in one target, loaded with concurrent calls.
-#[derive(Debug, Clone, Default)]
-pub struct Inventory {
-    /// Every lvstore.
-    pub lvstores: Vec<Lvstore>,
-    /// Every lvol, by alias `lvs/name`.
-    pub lvols: BTreeMap<String, Lvol>,
-    /// Every bdev by name.
-    pub bdevs: HashMap<String, Bdev>,
-    /// Every raid bdev.
-    pub raids: Vec<RaidBdev>,
-    /// Every nvmf subsystem.
-    pub subsystems: Vec<Subsystem>,
-    /// Whether the TCP transport exists.
-    pub tcp_transport: bool,
-    /// NVMe bdev controllers by name (remote replicas are `talon-remote-*`).
-    pub controllers: Vec<String>,
-}
-
-impl Inventory {
-    /// Lists the target.
-    pub async fn load(client: &SpdkClient) -> Result<Inventory, ClientError> {
-        let (p1, p2, p3) = (
-            LvstoreSelector::default(),
-            GetLvols::default(),
-            GetBdevs::default(),
-        );
-        let p4 = GetRaids {
-            category: RaidCategory::All,
-        };
-        let (p5, p6) = (GetSubsystems::default(), GetTransports::default());
-        let p7 = GetControllers::default();
-        let (lvs, lvols, bdevs, raids, subs, tr, ctrlrs) = tokio::try_join!(
-            client.bdev_lvol_get_lvstores(&p1),
-            client.bdev_lvol_get_lvols(&p2),
-            client.bdev_get_bdevs(&p3),
-            client.bdev_raid_get_bdevs(&p4),
-            client.nvmf_get_subsystems(&p5),
-            client.nvmf_get_transports(&p6),
-            client.bdev_nvme_get_controllers(&p7),
-        )?;
-        Ok(Inventory {
-            lvstores: lvs,
-            lvols: lvols.into_iter().map(|l| (l.alias.clone(), l)).collect(),
-            bdevs: bdevs.into_iter().map(|b| (b.name.clone(), b)).collect(),
-            raids,
-            subsystems: subs,
-            tcp_transport: tr.iter().any(|t| t.trtype.eq_ignore_ascii_case("tcp")),
-            controllers: ctrlrs.into_iter().map(|c| c.name).collect(),
-        })
-    }
-
-    /// The lvstore `talon-<disk>`.
-    pub fn lvstore(&self, disk: &str) -> Option<&Lvstore> {
-        let n = naming::lvstore(disk);
-        self.lvstores.iter().find(|l| l.name == n)
-    }
-
-    /// The lvol `name` in any talon lvstore.
-    pub fn find_lvol(&self, name: &str) -> Option<&Lvol> {
-        self.lvols
-            .values()
-            .find(|l| l.name == name && l.lvs.name.starts_with(LVS_PREFIX))
-    }
-
-    /// The size of a bdev.
-    pub fn bdev_size(&self, name: &str) -> Option<u64> {
-        self.bdevs.get(name).map(Bdev::size_bytes)
-    }
-
-    /// The subsystem of `nqn`.
-    pub fn subsystem(&self, nqn: &str) -> Option<&Subsystem> {
-        self.subsystems.iter().find(|s| s.nqn == nqn)
-    }
-
-    /// The raid `name`.
-    pub fn raid(&self, name: &str) -> Option<&RaidBdev> {
-        self.raids.iter().find(|r| r.name == name)
-    }
-
-    /// Disk names with a talon lvstore, with free bytes.
-    pub fn disks(&self) -> Vec<(String, u64)> {
-        self.lvstores
-            .iter()
-            .filter_map(|l| {
-                let d = l.name.strip_prefix(LVS_PREFIX)?;
-                Some((d.to_owned(), l.free_clusters * l.cluster_size))
-            })
-            .collect()
-    }
-
-    /// Every talon object of a volume that is not wanted (`keep_volume`
-    /// false) or a snapshot lvol not wanted (`keep_snapshot(vol, snap)` false).
-    /// Foreign objects are never listed.
-    pub fn orphans(
-        &self,
-        keep_volume: impl Fn(&str) -> bool,
-        keep_snapshot: impl Fn(&str, &str) -> bool,
-        keep_remote: impl Fn(&str, usize) -> bool,
-    ) -> Vec<Owned> {
-        let mut out = Vec::new();
-        let vol_prefix = format!("{NQN_PREFIX}:vol:");
-        let rep_prefix = format!("{NQN_PREFIX}:replica:");
-        for s in &self.subsystems {
-            let vol = s
-                .nqn
-                .strip_prefix(&vol_prefix)
-                .or_else(|| s.nqn.strip_prefix(&rep_prefix).and_then(|r| r.split(':').next()));
-            if let Some(v) = vol
-                && !keep_volume(v)
-            {
-                out.push(Owned::Subsystem(s.nqn.clone()));
-            }
-        }
-        for r in &self.raids {
-            if let Some(v) = r.name.strip_prefix(RAID_PREFIX)
-                && !keep_volume(v)
-            {
-                out.push(Owned::Raid(r.name.clone()));
-            }
-        }
-        for c in &self.controllers {
-            if let Some(LvolRole::Replica { volume, k }) = c.strip_prefix(REMOTE_PREFIX).and_then(parse_lvol)
-                && !keep_remote(&volume, k)
-            {
-                out.push(Owned::Remote(c.clone()));
-            }
-        }
-        for b in self.bdevs.values() {
-            if let Some(v) = b.name.strip_prefix(NULL_PREFIX)
-                && !keep_volume(v)
-            {
-                out.push(Owned::Null(b.name.clone()));
-            }
-        }
-        // heads and markers before snapshots: a snapshot goes only once its clones are gone
-        let mut snaps = Vec::new();
-        for l in self.lvols.values() {
-            if !l.lvs.name.starts_with(LVS_PREFIX) {
-                continue;
-            }
-            match parse_lvol(&l.name) {
-                Some(LvolRole::Replica { volume, .. }) | Some(LvolRole::RevertMarker { volume, .. })
-                    if !keep_volume(&volume) =>
-                {
-                    out.push(Owned::Lvol(l.alias.clone()))
-                }
-                Some(LvolRole::Snapshot { volume, snap, .. }) if !keep_snapshot(&volume, &snap) => {
-                    snaps.push(Owned::Lvol(l.alias.clone()))
-                }
-                _ => {}
-            }
-        }
-        out.extend(snaps);
-        out
-    }
-}
-
-/// An SPDK object talon owns (by name).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Owned {
-    /// An nvmf subsystem.
-    Subsystem(String),
-    /// A raid bdev.
-    Raid(String),
-    /// A null placeholder bdev.
-    Null(String),
-    /// An lvol by alias.
-    Lvol(String),
-    /// An NVMe controller attaching a remote replica.
-    Remote(String),
-}
-
-/// Where and how a volume is exported.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ExportSpec {
-    /// Listener address.
-    pub address: IpAddr,
-    /// Listener port.
-    pub port: u16,
-    /// The host NQNs allowed to connect; nobody else can (empty: nobody).
-    pub hosts: Vec<String>,
-}
-
-/// What a volume should be.
-#[derive(Debug, Clone)]
-pub struct VolumePlan {
-    /// The volume.
-    pub name: ObjectName,
-    /// Size in bytes.
-    pub size_bytes: u64,
-    /// Replica count.
-    pub replicas: usize,
-    /// Disks the replicas may use (empty: any).
-    pub disks: Vec<String>,
-    /// Disks replicas were placed on before (replica k -> disk), so that a
-    /// replica whose lvstore has not come back yet is waited for, not made again elsewhere.
-    pub placed: BTreeMap<usize, String>,
-    /// Configured disks that are not ready (or are being removed), and why:
-    /// never placed on, and named when a replica cannot be placed.
-    pub disk_away: BTreeMap<String, DiskAway>,
-    /// Clone source `(volume, snapshot)`.
-    pub from_snapshot: Option<(ObjectName, ObjectName)>,
-    /// The replicas of the clone source whose snapshots were taken at one
-    /// point in time (recorded in the source volume's ledger). Only those
-    /// are cloned; the others are made empty and rebuilt from them. `None`:
-    /// nothing recorded, the lowest replica with the snapshot is the only source.
-    pub snapshot_set: Option<BTreeSet<usize>>,
-    /// The export.
-    pub export: ExportSpec,
-    /// The replicas last known to hold the newest data (the persisted
-    /// [`crate::resources::engine::ReplicaLedger`]); `None` when nothing was
-    /// recorded yet: then replicas that exist are trusted, and new ones only
-    /// when the whole volume is new.
-    pub in_sync: Option<BTreeSet<usize>>,
-    /// Replicas kept by other talon nodes: replica `replicas + i` is served
-    /// at `remote[i]` (address, NVMe/TCP port).
-    pub remote: Vec<(IpAddr, u16)>,
-}
-
 /// What [`VolumeOps::snapshot`] took.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Snapshotted {
@@ -571,56 +122,6 @@ pub struct Snapshotted {
     /// The replicas whose snapshots this call took at one point in time
     /// (empty when they all existed already): what the ledger records.
     pub point_in_time: BTreeSet<usize>,
-}
-
-/// The replicas of `vol`'s snapshot `snap` that a revert or clone may use
-/// as they are: the recorded point-in-time set (`recorded`, from the ledger)
-/// among the snapshot lvols present, else the lowest replica that has the
-/// snapshot. Never two replicas whose snapshots may differ; the others are
-/// rebuilt from these. Empty when no replica has the snapshot.
-pub fn point_in_time_set(
-    inv: &Inventory,
-    vol: &str,
-    snap: &str,
-    recorded: Option<&BTreeSet<usize>>,
-) -> BTreeSet<usize> {
-    let present: BTreeSet<usize> = inv
-        .lvols
-        .values()
-        .filter(|l| l.lvs.name.starts_with(LVS_PREFIX))
-        .filter_map(|l| match parse_lvol(&l.name) {
-            Some(LvolRole::Snapshot { volume, k, snap: s }) if volume == vol && s == snap => Some(k),
-            _ => None,
-        })
-        .collect();
-    let together: BTreeSet<usize> = recorded
-        .map(|r| r.intersection(&present).copied().collect())
-        .unwrap_or_default();
-    if together.is_empty() {
-        present.into_iter().take(1).collect()
-    } else {
-        together
-    }
-}
-
-impl VolumePlan {
-    /// A plan for a volume with no history: no placement, no clone source,
-    /// no ledger, no remote replicas, any disk.
-    pub fn new(name: ObjectName, size_bytes: u64, replicas: usize, export: ExportSpec) -> Self {
-        Self {
-            name,
-            size_bytes,
-            replicas,
-            disks: Vec::new(),
-            placed: BTreeMap::new(),
-            disk_away: BTreeMap::new(),
-            from_snapshot: None,
-            snapshot_set: None,
-            export,
-            in_sync: None,
-            remote: Vec::new(),
-        }
-    }
 }
 
 /// One replica as it is.
@@ -679,7 +180,8 @@ struct SyncState {
 enum Made {
     Lvol(String),
     Null(String),
-    Raid(String),
+    /// A raid made by this call, and whether it has a superblock.
+    Raid(String, bool),
     Subsystem(String),
     Namespace(String),
     Listener(String, ListenAddress),
@@ -742,7 +244,17 @@ impl VolumeOps {
             let r = match &m {
                 Made::Lvol(a) => self.client.bdev_lvol_delete(&ByName::new(a)).await.map(|_| ()),
                 Made::Null(n) => ignore_missing(self.client.bdev_null_delete(&ByName::new(n))).await,
-                Made::Raid(n) => self.client.bdev_raid_delete(&ByName::new(n)).await.map(|_| ()),
+                // a superblock this call wrote goes with its raid: left on a
+                // member that stays, it would make SPDK refuse the next raid
+                // over it (a different raid's superblock)
+                Made::Raid(n, sb) => self
+                    .client
+                    .bdev_raid_delete(&RaidDelete {
+                        name: n.clone(),
+                        clear_sb: sb.then_some(true),
+                    })
+                    .await
+                    .map(|_| ()),
                 Made::Subsystem(n) => self
                     .client
                     .nvmf_delete_subsystem(&ByNqn { nqn: n.clone() })
@@ -791,97 +303,38 @@ impl VolumeOps {
         made: &mut Vec<Made>,
     ) -> Result<VolumeInfo, VolumeError> {
         let vol = plan.name.as_str();
-        let size_mib = plan.size_bytes.div_ceil(MIB).max(1);
-        // place replicas: one pure decision (spdk::placement)
-        let mut existing = BTreeMap::new();
-        for k in 0..plan.replicas {
-            let name = naming::replica(vol, k);
-            check_len(vol, &name)?;
-            if let Some(l) = inv.find_lvol(&name) {
-                existing.insert(k, l.lvs.name.trim_start_matches(LVS_PREFIX).to_owned());
-            }
-        }
-        let source = plan
-            .from_snapshot
-            .as_ref()
-            .map(|(sv, ss)| (sv.as_str(), ss.as_str()));
-        // the replicas of a clone that are cloned; the others start empty and are rebuilt
-        let clone_set: BTreeSet<usize> = match source {
-            Some((sv, ss)) => point_in_time_set(inv, sv, ss, plan.snapshot_set.as_ref()),
-            None => BTreeSet::new(),
-        };
-        // a clone lives in the lvstore of its snapshot
-        let clone_of: Option<BTreeMap<usize, String>> = source.map(|(sv, ss)| {
-            (0..plan.replicas)
-                .filter_map(|k| {
-                    let l = inv.find_lvol(&naming::snapshot_lvol(sv, k, ss))?;
-                    Some((k, l.lvs.name.trim_start_matches(LVS_PREFIX).to_owned()))
-                })
-                .collect()
-        });
-        let ready = ready_disks(inv, plan);
-        let wanted: Vec<usize> = (0..plan.replicas).collect();
-        let decided = placement::place(&placement::Request {
-            wanted: &wanted,
-            listed: &plan.disks,
-            ready: &ready,
-            away: &plan.disk_away,
-            existing: &existing,
-            placed: &plan.placed,
-            clone_of: clone_of.as_ref(),
-        });
-        if let Some((sv, ss)) = source
-            && !decided.slots.contains_key(&0)
-        {
-            return Err(VolumeError::SnapshotMissing {
-                volume: vol.to_owned(),
-                lvol: naming::snapshot_lvol(sv, 0, ss),
-            });
-        }
-        let mut placement: Vec<(usize, String, bool)> = Vec::new(); // (k, disk, exists)
-        let mut waiting = Vec::new();
-        for (k, slot) in &decided.slots {
-            match slot {
-                Slot::Exists(d) => placement.push((*k, d.clone(), true)),
-                Slot::Create(d) => placement.push((*k, d.clone(), false)),
-                Slot::WaitFor(d) => waiting.push((*k, d.clone())),
-                Slot::Unplaced => {}
-            }
-        }
-        if let Some(b) = &decided.blocked
-            && placement.is_empty()
-        {
-            return Err(no_placement(vol, b));
-        }
-        let unplaced = decided.blocked;
+        let size_mib = plan::size_mib(plan);
+        // the local replicas: one pure decision (plan::local)
+        let local = plan::local(inv, plan)?;
+        let mut waiting = local.waiting.clone();
+        let unplaced = local.unplaced.clone();
 
         // create missing replicas, and the transport and subsystem, concurrently
         let nqn = Nqn::for_volume(&plan.name);
-        let creates = placement.iter().filter(|p| !p.2).map(|(k, disk, _)| {
-            let name = naming::replica(vol, *k);
-            let lvs = naming::lvstore(disk);
-            let clone_from = source.filter(|_| clone_set.contains(k));
-            async move {
-                let r = match clone_from {
-                    Some((sv, ss)) => {
-                        let snap = format!("{lvs}/{}", naming::snapshot_lvol(sv, *k, ss));
+        let creates = local
+            .replicas
+            .iter()
+            .filter_map(|r| Some((r, r.make.as_ref()?)))
+            .map(|(r, make)| async move {
+                let lvs = naming::lvstore(&r.disk);
+                let made = match make {
+                    Make::Thin { mib } | Make::Head { mib, .. } => {
+                        self.client
+                            .bdev_lvol_create(&LvolCreate::thin(&lvs, &r.name, *mib))
+                            .await
+                    }
+                    Make::Clone { snapshot } => {
                         self.client
                             .bdev_lvol_clone(&LvolClone {
-                                snapshot_name: snap,
-                                clone_name: name.clone(),
+                                snapshot_name: snapshot.clone(),
+                                clone_name: r.name.clone(),
                             })
                             .await
                     }
-                    None => {
-                        self.client
-                            .bdev_lvol_create(&LvolCreate::thin(&lvs, &name, size_mib))
-                            .await
-                    }
                 };
-                r.map(|uuid| (format!("{lvs}/{name}"), uuid))
-                    .map_err(rpc(vol, format!("creating replica lvol {lvs}/{name}")))
-            }
-        });
+                made.map(|uuid| (r.alias.clone(), uuid))
+                    .map_err(rpc(vol, format!("creating replica lvol {}", r.alias)))
+            });
         let subsystem = async {
             if !inv.tcp_transport {
                 self.ensure_transport()
@@ -926,37 +379,21 @@ impl VolumeOps {
             return Err(e);
         }
 
-        // replica facts (sizes of new lvols come from one lookup each)
+        // replica facts
         let mut replicas = Vec::new();
-        for (k, disk, _) in &placement {
-            let name = naming::replica(vol, *k);
-            let alias = format!("{}/{name}", naming::lvstore(disk));
-            let (bdev, allocated) = match inv.lvols.get(&alias) {
-                Some(l) => {
-                    let cs = inv.lvstore(disk).map(|s| s.cluster_size).unwrap_or(MIB);
-                    (l.uuid.clone(), l.num_allocated_clusters * cs)
-                }
-                None => (new_bdevs.get(&alias).cloned().unwrap_or_default(), 0),
-            };
-            let cluster = inv.lvstore(disk).map(|s| s.cluster_size.max(1)).unwrap_or(MIB);
-            let size = match inv.bdev_size(&bdev) {
-                Some(s) => s,
-                // just made: a clone has its snapshot's size, a new lvol whole clusters
-                None => match source.filter(|_| clone_set.contains(k)) {
-                    Some((sv, ss)) => inv
-                        .find_lvol(&naming::snapshot_lvol(sv, *k, ss))
-                        .and_then(|l| inv.bdev_size(&l.uuid))
-                        .unwrap_or(0),
-                    None => (size_mib * MIB).div_ceil(cluster) * cluster,
-                },
+        for r in &local.replicas {
+            let cluster = inv.lvstore(&r.disk).map_or(MIB, |s| s.cluster_size);
+            let (bdev, allocated) = match inv.lvols.get(&r.alias) {
+                Some(l) => (l.uuid.clone(), l.num_allocated_clusters * cluster),
+                None => (new_bdevs.get(&r.alias).cloned().unwrap_or_default(), 0),
             };
             replicas.push(ReplicaInfo {
-                k: *k,
-                name,
-                disk: disk.clone(),
+                k: r.k,
+                name: r.name.clone(),
+                disk: r.disk.clone(),
                 bdev,
-                alias,
-                size_bytes: size,
+                alias: r.alias.clone(),
+                size_bytes: r.size_bytes,
                 allocated_bytes: allocated,
             });
         }
@@ -1010,40 +447,43 @@ impl VolumeOps {
         }
 
         // grow local replicas that are smaller than asked (expand), then the engine
-        // follows; a remote replica grows on its own node
-        let wanted = size_mib * MIB;
-        let grew = replicas.iter().any(|r| r.size_bytes < wanted);
-        let grow: Vec<_> = replicas
+        // follows; a remote replica grows on its own node. A head that gets its
+        // snapshot as parent below keeps the snapshot's size until then (SPDK
+        // sets a parent of the same size only).
+        let room_of: BTreeMap<usize, u64> = local.replicas.iter().map(|r| (r.k, r.room)).collect();
+        // a remote member's room is at least SPDK's minimum data offset (1 MiB;
+        // its NVMe bdev's optimal I/O boundary may round it up)
+        let remote_room = if plan.uses_superblock() { MIB } else { 0 };
+        let local_room = |r: &ReplicaInfo| room_of.get(&r.k).copied().unwrap_or(remote_room);
+        let wanted = |r: &ReplicaInfo| size_mib * MIB + local_room(r);
+        let orphan_heads: BTreeSet<usize> = local.parents.keys().copied().collect();
+        let grew = replicas.iter().any(|r| r.size_bytes < wanted(r));
+        let grow: Vec<ReplicaInfo> = replicas
             .iter()
-            .filter(|r| r.size_bytes < wanted && r.k < plan.replicas)
+            .filter(|r| r.size_bytes < wanted(r) && r.k < plan.replicas && !orphan_heads.contains(&r.k))
+            .cloned()
             .collect();
-        if !grow.is_empty() {
-            try_join_all(grow.iter().map(|r| async {
-                self.client
-                    .bdev_lvol_resize(&LvolResize {
-                        name: r.alias.clone(),
-                        size_in_mib: size_mib,
-                    })
-                    .await
-                    .map_err(rpc(
-                        vol,
-                        format!("resizing replica {} to {size_mib} MiB", r.alias),
-                    ))
-            }))
-            .await?;
-            for r in replicas.iter_mut().filter(|r| r.k < plan.replicas) {
-                r.size_bytes = r.size_bytes.max(wanted);
-            }
+        self.grow(vol, &grow, size_mib, &local_room).await?;
+        for r in replicas
+            .iter_mut()
+            .filter(|r| r.k < plan.replicas && !orphan_heads.contains(&r.k))
+        {
+            r.size_bytes = r.size_bytes.max(wanted(r));
         }
 
         // engine: the lvol itself (one replica), or raid1 over the replicas that
         // are up to date, with the others rebuilt into it one at a time
-        let created: BTreeSet<usize> = placement.iter().filter(|p| !p.2).map(|p| p.0).collect();
-        let fresh = placement.iter().all(|p| !p.2);
+        let created: BTreeSet<usize> = local
+            .replicas
+            .iter()
+            .filter(|r| r.make.is_some())
+            .map(|r| r.k)
+            .collect();
+        let fresh = local.replicas.iter().all(|r| r.make.is_some());
         let trusted = |k: usize| match &plan.in_sync {
             Some(s) => s.contains(&k) && !created.contains(&k),
             // a new clone: only the replicas cloned from one point in time
-            None if source.is_some() => clone_set.contains(&k),
+            None if plan.from_snapshot.is_some() => local.clone_set.contains(&k),
             None => fresh || !created.contains(&k),
         };
         let (device, sync) = if plan.replicas + plan.remote.len() <= 1 {
@@ -1062,6 +502,32 @@ impl VolumeOps {
         };
         let is_raid = device == naming::raid(vol);
 
+        // a clone with a superblock: its heads get their snapshots as parents
+        // now that the raid's superblock is in their own first cluster; then
+        // they grow to the volume's size. Before the first export only (no
+        // ledger yet): a head without a parent then can only be one made here,
+        // or by a run that stopped between the raid and this step.
+        if !local.parents.is_empty() {
+            let mut grown = Vec::new();
+            for r in replicas.iter_mut() {
+                let Some(snap) = local.parents.get(&r.k) else {
+                    continue;
+                };
+                self.client
+                    .bdev_lvol_set_parent(&LvolSetParent {
+                        lvol_name: r.alias.clone(),
+                        parent_name: snap.clone(),
+                    })
+                    .await
+                    .map_err(rpc(vol, format!("making {snap} the parent of {}", r.alias)))?;
+                if r.size_bytes < wanted(r) {
+                    grown.push(r.clone());
+                }
+                r.size_bytes = r.size_bytes.max(wanted(r));
+            }
+            self.grow(vol, &grown, size_mib, &local_room).await?;
+        }
+
         // export: namespace, listener, hosts
         self.export_ns(
             inv,
@@ -1075,8 +541,12 @@ impl VolumeOps {
         .await?;
 
         // the size the host sees: looked up only when it may differ from the replicas'
-        let min_replica = replicas.iter().map(|r| r.size_bytes).min().unwrap_or(0);
-        let size_bytes = if is_raid && (grew || inv.raid(&device).is_none()) {
+        let min_replica = replicas
+            .iter()
+            .map(|r| r.size_bytes.saturating_sub(local_room(r)))
+            .min()
+            .unwrap_or(0);
+        let size_bytes = if is_raid && (grew || !orphan_heads.is_empty() || inv.raid(&device).is_none()) {
             match self
                 .client
                 .bdev(&device)
@@ -1119,6 +589,29 @@ impl VolumeOps {
             stale: sync.stale,
             unplaced,
         })
+    }
+
+    /// Grows local replicas to the volume's `size_mib` plus their superblock
+    /// room, concurrently.
+    async fn grow(
+        &self,
+        vol: &str,
+        grow: &[ReplicaInfo],
+        size_mib: u64,
+        room: &(dyn Fn(&ReplicaInfo) -> u64 + Sync),
+    ) -> Result<(), VolumeError> {
+        try_join_all(grow.iter().map(|r| async move {
+            let mib = size_mib + room(r).div_ceil(MIB);
+            self.client
+                .bdev_lvol_resize(&LvolResize {
+                    name: r.alias.clone(),
+                    size_in_mib: mib,
+                })
+                .await
+                .map_err(rpc(vol, format!("resizing replica {} to {mib} MiB", r.alias)))
+        }))
+        .await
+        .map(|_| ())
     }
 
     /// Puts `device` as namespace 1 of the existing subsystem `nqn` (replacing
@@ -1232,6 +725,16 @@ impl VolumeOps {
                 .map(|r| r.k)
         };
         let mut sync = SyncState::default();
+        // assembled by SPDK from a superblock that names members not here:
+        // what they hold is newer than what is here, so nothing is touched
+        if let Some(r) = inv.raid(&raid).filter(|r| r.state == "configuring") {
+            return Err(VolumeError::RaidAssembling {
+                volume: vol.to_owned(),
+                raid,
+                present: r.num_base_bdevs_discovered,
+                needed: r.num_base_bdevs_operational,
+            });
+        }
         let existing = inv.raid(&raid).filter(|r| {
             r.base_bdevs_list
                 .iter()
@@ -1263,7 +766,7 @@ impl VolumeOps {
             None => {
                 if let Some(r) = inv.raid(&raid) {
                     // no replica of ours serves in it any more: made again below
-                    ignore_missing(self.client.bdev_raid_delete(&ByName::new(&r.name)))
+                    ignore_missing(self.client.bdev_raid_delete(&RaidDelete::new(&r.name)))
                         .await
                         .map_err(rpc(vol, format!("deleting raid {raid} that lost every replica")))?;
                 }
@@ -1283,53 +786,18 @@ impl VolumeOps {
                         None => (4096, first.size_bytes / 4096),
                     },
                 };
-                let mut members = Vec::new();
-                let mut nulls = Vec::new();
-                for k in 0..plan.replicas + plan.remote.len() {
-                    match good.iter().find(|r| r.k == k) {
-                        Some(r) => members.push(r.bdev.clone()),
-                        None => {
-                            let n = format!("{NULL_PREFIX}{}", naming::replica(vol, k));
-                            if !inv.bdevs.contains_key(&n) {
-                                self.client
-                                    .bdev_null_create(&NullCreate {
-                                        name: n.clone(),
-                                        num_blocks,
-                                        block_size,
-                                    })
-                                    .await
-                                    .map_err(rpc(vol, format!("creating placeholder {n}")))?;
-                            }
-                            made.push(Made::Null(n.clone()));
-                            members.push(n.clone());
-                            nulls.push(n);
-                        }
-                    }
-                }
-                self.client
-                    .bdev_raid_create(&RaidCreate {
-                        name: raid.clone(),
-                        raid_level: RaidLevel::Raid1,
-                        base_bdevs: members,
-                        strip_size_kb: None,
-                        uuid: None,
-                        superblock: Some(false),
-                    })
-                    .await
-                    .map_err(rpc(vol, format!("creating raid1 {raid}")))?;
-                made.push(Made::Raid(raid.clone()));
-                for n in &nulls {
-                    self.client
-                        .bdev_raid_remove_base_bdev(&ByName::new(n))
-                        .await
-                        .map_err(rpc(
-                            vol,
-                            format!("emptying the slot of placeholder {n} in {raid}"),
-                        ))?;
-                    ignore_missing(self.client.bdev_null_delete(&ByName::new(n)))
-                        .await
-                        .map_err(rpc(vol, format!("deleting placeholder {n}")))?;
-                }
+                let members: Vec<Option<String>> = (0..plan.replicas + plan.remote.len())
+                    .map(|k| good.iter().find(|r| r.k == k).map(|r| r.bdev.clone()))
+                    .collect();
+                self.create_raid(
+                    inv,
+                    vol,
+                    &members,
+                    (block_size, num_blocks),
+                    plan.uses_superblock(),
+                    made,
+                )
+                .await?;
                 sync.in_sync = good.iter().map(|r| r.k).collect();
             }
         }
@@ -1368,6 +836,71 @@ impl VolumeOps {
         Ok((raid, sync))
     }
 
+    /// Creates raid1 `talon-raid-<vol>` over `members` (slot k: a bdev, or
+    /// `None` for a replica that joins later): a missing slot is held by a
+    /// `bdev_null` placeholder of the members' geometry while the raid is
+    /// made, then emptied (SPDK makes a raid1 of two or more bdevs only).
+    /// With `superblock`, SPDK writes the raid's superblock on the members.
+    async fn create_raid(
+        &self,
+        inv: &Inventory,
+        vol: &str,
+        members: &[Option<String>],
+        (block_size, num_blocks): (u32, u64),
+        superblock: bool,
+        made: &mut Vec<Made>,
+    ) -> Result<(), VolumeError> {
+        let raid = naming::raid(vol);
+        let mut bases = Vec::new();
+        let mut nulls = Vec::new();
+        for (k, m) in members.iter().enumerate() {
+            match m {
+                Some(b) => bases.push(b.clone()),
+                None => {
+                    let n = format!("{NULL_PREFIX}{}", naming::replica(vol, k));
+                    if !inv.bdevs.contains_key(&n) {
+                        self.client
+                            .bdev_null_create(&NullCreate {
+                                name: n.clone(),
+                                num_blocks,
+                                block_size,
+                            })
+                            .await
+                            .map_err(rpc(vol, format!("creating placeholder {n}")))?;
+                    }
+                    made.push(Made::Null(n.clone()));
+                    bases.push(n.clone());
+                    nulls.push(n);
+                }
+            }
+        }
+        self.client
+            .bdev_raid_create(&RaidCreate {
+                name: raid.clone(),
+                raid_level: RaidLevel::Raid1,
+                base_bdevs: bases,
+                strip_size_kb: None,
+                uuid: None,
+                superblock: Some(superblock),
+            })
+            .await
+            .map_err(rpc(vol, format!("creating raid1 {raid}")))?;
+        made.push(Made::Raid(raid.clone(), superblock));
+        for n in &nulls {
+            self.client
+                .bdev_raid_remove_base_bdev(&ByName::new(n))
+                .await
+                .map_err(rpc(
+                    vol,
+                    format!("emptying the slot of placeholder {n} in {raid}"),
+                ))?;
+            ignore_missing(self.client.bdev_null_delete(&ByName::new(n)))
+                .await
+                .map_err(rpc(vol, format!("deleting placeholder {n}")))?;
+        }
+        Ok(())
+    }
+
     /// Keeps replica `k` of a volume whose engine runs on another node: the
     /// thin lvol `<vol>-r<k>` (made on the disk with the most free space, or
     /// waited for on the disk it was placed on), grown to the size, and
@@ -1400,7 +933,6 @@ impl VolumeOps {
         let vol = plan.name.as_str();
         let name = naming::replica(vol, k);
         check_len(vol, &name)?;
-        let size_mib = plan.size_bytes.div_ceil(MIB).max(1);
         let nqn = Nqn::for_replica(&plan.name, &format!("r{k}")).map_err(|source| VolumeError::BadName {
             volume: vol.to_owned(),
             source,
@@ -1417,68 +949,71 @@ impl VolumeOps {
             stale: Vec::new(),
             unplaced: None,
         };
-        let (disk, alias, bdev, size, allocated) = match inv.find_lvol(&name) {
-            Some(l) => {
-                let disk = l.lvs.name.trim_start_matches(LVS_PREFIX).to_owned();
-                let cs = inv.lvstore(&disk).map(|s| s.cluster_size).unwrap_or(MIB);
-                let size = inv.bdev_size(&l.uuid).unwrap_or(0);
-                (
-                    disk,
-                    l.alias.clone(),
-                    l.uuid.clone(),
-                    size,
-                    l.num_allocated_clusters * cs,
-                )
-            }
-            None => {
-                let ready = ready_disks(inv, plan);
-                let decided = placement::place(&placement::Request {
-                    wanted: &[k],
-                    listed: &plan.disks,
-                    ready: &ready,
-                    away: &plan.disk_away,
-                    existing: &BTreeMap::new(),
-                    placed: &plan.placed,
-                    clone_of: None,
-                });
-                let disk = match decided.slots.get(&k) {
-                    Some(Slot::WaitFor(d)) => {
-                        info.waiting.push((k, d.clone()));
-                        return Ok(info);
-                    }
-                    Some(Slot::Create(d) | Slot::Exists(d)) => d.clone(),
-                    Some(Slot::Unplaced) | None => {
-                        let b = decided.blocked.unwrap_or_else(|| Blocked {
-                            replicas: vec![k],
-                            reason: format!("replica r{k} has no disk"),
-                            disk_failed: false,
-                        });
-                        return Err(no_placement(vol, &b));
-                    }
+        // the lvol: the same pure plan as the engine's replicas, for k alone
+        let lp = plan::local_for(inv, plan, &[k], plan.superblock)?;
+        if let Some(w) = lp.waiting.first() {
+            info.waiting.push(w.clone());
+            return Ok(info);
+        }
+        let Some(r) = lp.replicas.iter().find(|r| r.k == k) else {
+            let b = lp.unplaced.unwrap_or_else(|| Blocked {
+                replicas: vec![k],
+                reason: format!("replica r{k} has no disk"),
+                disk_failed: false,
+            });
+            return Err(no_placement(vol, &b));
+        };
+        let (disk, alias) = (r.disk.clone(), r.alias.clone());
+        let cluster = inv.lvstore(&disk).map_or(MIB, |s| s.cluster_size);
+        let (bdev, allocated) = match (&r.make, inv.lvols.get(&alias)) {
+            (None, Some(l)) => (l.uuid.clone(), l.num_allocated_clusters * cluster),
+            (_, _) => {
+                let mib = match &r.make {
+                    Some(Make::Thin { mib }) => *mib,
+                    _ => lp.wanted[&k].div_ceil(MIB),
                 };
                 let lvs = naming::lvstore(&disk);
                 let uuid = self
                     .client
-                    .bdev_lvol_create(&LvolCreate::thin(&lvs, &name, size_mib))
+                    .bdev_lvol_create(&LvolCreate::thin(&lvs, &name, mib))
                     .await
-                    .map_err(rpc(vol, format!("creating replica lvol {lvs}/{name}")))?;
-                let alias = format!("{lvs}/{name}");
+                    .map_err(rpc(vol, format!("creating replica lvol {alias}")))?;
                 made.push(Made::Lvol(alias.clone()));
-                (disk, alias, uuid, size_mib * MIB, 0)
+                (uuid, 0)
             }
         };
-        let size = if size < size_mib * MIB {
+        let want = lp.wanted[&k];
+        let size = if r.size_bytes < want {
+            let mib = want.div_ceil(MIB);
             self.client
                 .bdev_lvol_resize(&LvolResize {
                     name: alias.clone(),
-                    size_in_mib: size_mib,
+                    size_in_mib: mib,
                 })
                 .await
-                .map_err(rpc(vol, format!("resizing replica {alias} to {size_mib} MiB")))?;
-            size_mib * MIB
+                .map_err(rpc(vol, format!("resizing replica {alias} to {mib} MiB")))?;
+            want
         } else {
-            size
+            r.size_bytes
         };
+        // the engine's raid superblock is in this lvol: SPDK's examine (this
+        // target restarted) made a `configuring` raid of it here, which claims
+        // it. That raid is the engine node's, not this one's: it goes, and the
+        // superblock stays for the engine
+        let raid = naming::raid(vol);
+        if inv.raid(&raid).is_some_and(|r| {
+            r.state == "configuring"
+                && r.base_bdevs_list
+                    .iter()
+                    .any(|b| b.name.as_deref() == Some(bdev.as_str()))
+        }) {
+            ignore_missing(self.client.bdev_raid_delete(&RaidDelete::new(&raid)))
+                .await
+                .map_err(rpc(
+                    vol,
+                    format!("releasing {alias} from the raid {raid} its superblock made here"),
+                ))?;
+        }
         let id = uuid::Uuid::new_v5(&volume_uuid(&plan.name), format!("r{k}").as_bytes());
         self.export_replica_in(inv, vol, &nqn, &bdev, id, &plan.export, made)
             .await?;
@@ -1511,7 +1046,7 @@ impl VolumeOps {
         }
         let raid = naming::raid(v);
         if inv.raid(&raid).is_some() {
-            ignore_missing(self.client.bdev_raid_delete(&ByName::new(&raid)))
+            ignore_missing(self.client.bdev_raid_delete(&RaidDelete::new(&raid)))
                 .await
                 .map_err(rpc(v, format!("deleting raid {raid}")))?;
         }
@@ -1766,6 +1301,7 @@ impl VolumeOps {
         snap: &ObjectName,
         generation: u64,
         recorded: Option<&BTreeSet<usize>>,
+        superblock: Option<usize>,
     ) -> Result<BTreeSet<usize>, VolumeError> {
         let v = vol.as_str();
         let id = format!("{v}@{snap}");
@@ -1800,7 +1336,7 @@ impl VolumeOps {
         }
         let raid = naming::raid(v);
         if inv.raid(&raid).is_some() {
-            ignore_missing(self.client.bdev_raid_delete(&ByName::new(&raid)))
+            ignore_missing(self.client.bdev_raid_delete(&RaidDelete::new(&raid)))
                 .await
                 .map_err(rpc(&id, format!("deleting raid {raid} for revert")))?;
         }
@@ -1811,6 +1347,7 @@ impl VolumeOps {
                     .map_err(rpc(&id, format!("deleting head {} that has no {snap}", l.alias)))?;
             }
         }
+        let mut heads = BTreeMap::new();
         for (k, s) in &snaps {
             let head = naming::replica(v, *k);
             let alias = format!("{}/{head}", s.lvs.name);
@@ -1819,13 +1356,61 @@ impl VolumeOps {
                     .await
                     .map_err(rpc(&id, format!("deleting head {alias} for revert")))?;
             }
-            self.client
-                .bdev_lvol_clone(&LvolClone {
-                    snapshot_name: s.alias.clone(),
-                    clone_name: head,
-                })
+            let made = match superblock {
+                // a fresh head of the snapshot's size (a clone would show the
+                // old raid's superblock, and SPDK refuses it in a new raid)
+                Some(_) => {
+                    let bytes = inv.bdev_size(&s.uuid).unwrap_or(0);
+                    self.client
+                        .bdev_lvol_create(&LvolCreate::thin(&s.lvs.name, &head, bytes / MIB))
+                        .await
+                        .map_err(rpc(&id, format!("creating head {alias} for revert")))?
+                }
+                None => self
+                    .client
+                    .bdev_lvol_clone(&LvolClone {
+                        snapshot_name: s.alias.clone(),
+                        clone_name: head,
+                    })
+                    .await
+                    .map_err(rpc(&id, format!("cloning {} into {alias}", s.alias)))?,
+            };
+            heads.insert(*k, (alias, made));
+        }
+        if let Some(slots) = superblock {
+            // the raid over the fresh heads writes its superblock into their
+            // own first cluster; then the snapshots go under them. The marker
+            // below comes last: a stop before it makes the next start revert
+            // again from the beginning.
+            let first = &snaps[0].1;
+            let geometry = match inv.bdevs.get(&first.uuid) {
+                Some(b) => (b.block_size, b.num_blocks),
+                None => (4096, inv.bdev_size(&first.uuid).unwrap_or(0) / 4096),
+            };
+            let members: Vec<Option<String>> = (0..slots.max(2))
+                .map(|k| heads.get(&k).map(|(_, uuid)| uuid.clone()))
+                .collect();
+            let mut made = Vec::new();
+            self.create_raid(inv, v, &members, geometry, true, &mut made)
                 .await
-                .map_err(rpc(&id, format!("cloning {} into {alias}", s.alias)))?;
+                .map_err(|e| match e {
+                    VolumeError::Rpc { step, source, .. } => VolumeError::Rpc {
+                        volume: id.clone(),
+                        step,
+                        source,
+                    },
+                    e => e,
+                })?;
+            for (k, s) in &snaps {
+                let Some((alias, _)) = heads.get(k) else { continue };
+                self.client
+                    .bdev_lvol_set_parent(&LvolSetParent {
+                        lvol_name: alias.clone(),
+                        parent_name: s.alias.clone(),
+                    })
+                    .await
+                    .map_err(rpc(&id, format!("making {} the parent of {alias}", s.alias)))?;
+            }
         }
         let lvs = &snaps[0].1.lvs.name;
         let marker = naming::revert_marker(v, generation);
@@ -1863,7 +1448,7 @@ impl VolumeOps {
                 Owned::Subsystem(n) => {
                     ignore_missing(self.client.nvmf_delete_subsystem(&ByNqn { nqn: n.clone() })).await
                 }
-                Owned::Raid(n) => ignore_missing(self.client.bdev_raid_delete(&ByName::new(n))).await,
+                Owned::Raid(n) => ignore_missing(self.client.bdev_raid_delete(&RaidDelete::new(n))).await,
                 Owned::Null(n) => {
                     ignore_missing(self.client.typed::<_, bool>("bdev_null_delete", &ByName::new(n))).await
                 }
@@ -1989,34 +1574,6 @@ impl VolumeOps {
     }
 }
 
-/// The replica heads `(k, lvol)` of a volume.
-pub fn replica_heads<'a>(inv: &'a Inventory, vol: &str) -> Vec<(usize, &'a Lvol)> {
-    let mut v: Vec<(usize, &Lvol)> = inv
-        .lvols
-        .values()
-        .filter(|l| l.lvs.name.starts_with(LVS_PREFIX))
-        .filter_map(|l| match parse_lvol(&l.name) {
-            Some(LvolRole::Replica { volume, k }) if volume == vol => Some((k, l)),
-            _ => None,
-        })
-        .collect();
-    v.sort_by_key(|(k, _)| *k);
-    v
-}
-
-/// The highest revert generation recorded for a volume.
-pub fn applied_revert(inv: &Inventory, vol: &str) -> u64 {
-    inv.lvols
-        .values()
-        .filter(|l| l.lvs.name.starts_with(LVS_PREFIX))
-        .filter_map(|l| match parse_lvol(&l.name) {
-            Some(LvolRole::RevertMarker { volume, generation }) if volume == vol => Some(generation),
-            _ => None,
-        })
-        .max()
-        .unwrap_or(0)
-}
-
 async fn ignore_missing<T>(
     f: impl std::future::Future<Output = Result<T, ClientError>>,
 ) -> Result<(), ClientError> {
@@ -2024,44 +1581,5 @@ async fn ignore_missing<T>(
         Ok(_) => Ok(()),
         Err(e) if e.is(ErrorKind::NotFound) => Ok(()),
         Err(e) => Err(e),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn lvol_names_parse_back() {
-        assert_eq!(
-            parse_lvol("x-r1-r0"),
-            Some(LvolRole::Replica {
-                volume: "x-r1".into(),
-                k: 0
-            })
-        );
-        assert_eq!(
-            parse_lvol("v-r2.s.daily"),
-            Some(LvolRole::Snapshot {
-                volume: "v".into(),
-                k: 2,
-                snap: "daily".into()
-            })
-        );
-        assert_eq!(
-            parse_lvol("v.rev.3"),
-            Some(LvolRole::RevertMarker {
-                volume: "v".into(),
-                generation: 3
-            })
-        );
-        assert_eq!(parse_lvol("lvol0"), None);
-        assert_eq!(parse_lvol("-r0"), None);
-    }
-
-    #[test]
-    fn serial_is_twenty_chars() {
-        let v = ObjectName::parse("volume", "a").expect("name");
-        assert_eq!(naming::serial(&v).len(), 20);
     }
 }

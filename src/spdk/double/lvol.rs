@@ -1,0 +1,281 @@
+//! The double's lvstores and lvols: create, snapshot, clone, set_parent, resize, delete, listing.
+
+use super::*;
+
+impl State {
+    /// The lvol methods (`call` routes them here by name).
+    pub(super) fn call_lvol(&mut self, method: &str, params: &Option<Value>) -> RpcResult {
+        match method {
+            "bdev_lvol_create_lvstore" => {
+                let p: LvstoreCreate = decode(params)?;
+                let i = self.find(&p.bdev_name).ok_or((ENODEV.0, ENODEV.1.to_owned()))?;
+                if self.bdevs[i].claimed_by.is_some() {
+                    return fail(-1, "Operation not permitted");
+                }
+                if self.lvstores.iter().any(|l| l.name == p.lvs_name) {
+                    return e(EEXIST);
+                }
+                let cluster = u64::from(p.cluster_sz.unwrap_or(4 << 20));
+                let size = self.bdevs[i].num_blocks * u64::from(self.bdevs[i].block_size);
+                if cluster == 0 || size / cluster < 2 {
+                    return fail(-22, "Invalid argument");
+                }
+                let uuid = new_uuid();
+                self.bdevs[i].claimed_by = Some(format!("lvstore {}", p.lvs_name));
+                self.lvstores.push(Lvs {
+                    uuid: uuid.clone(),
+                    name: p.lvs_name,
+                    base_bdev: self.bdevs[i].name.clone(),
+                    cluster_size: cluster,
+                    total_clusters: size / cluster - 1,
+                });
+                Ok(json!(uuid))
+            }
+            "bdev_lvol_get_lvstores" => {
+                let p: LvstoreSelector = decode(params)?;
+                if p.uuid.is_none() && p.lvs_name.is_none() {
+                    return Ok(Value::Array(
+                        self.lvstores.iter().map(|l| self.lvs_json(l)).collect(),
+                    ));
+                }
+                let i = self.lvs_by(&p)?;
+                Ok(json!([self.lvs_json(&self.lvstores[i])]))
+            }
+            "bdev_lvol_delete_lvstore" => {
+                let p: LvstoreSelector = decode(params)?;
+                if p.uuid.is_none() && p.lvs_name.is_none() {
+                    return fail(-22, "Invalid argument");
+                }
+                let i = self.lvs_by(&p)?;
+                let lvs = self.lvstores[i].clone();
+                let in_lvs = |b: &Bdev| matches!(&b.kind, BdevKind::Lvol(l) if l.lvs_uuid == lvs.uuid);
+                if self.bdevs.iter().any(|b| in_lvs(b) && b.claimed_by.is_some()) {
+                    return e(EBUSY);
+                }
+                while let Some(j) = self.bdevs.iter().position(in_lvs) {
+                    self.remove_bdev(j);
+                }
+                self.lvstores.remove(i);
+                if let Some(j) = self.find(&lvs.base_bdev) {
+                    self.bdevs[j].claimed_by = None;
+                }
+                Ok(json!(true))
+            }
+            "bdev_lvol_create" => {
+                let p: LvolCreate = decode(params)?;
+                let sel = LvstoreSelector {
+                    uuid: p.uuid.clone(),
+                    lvs_name: p.lvs_name.clone(),
+                };
+                if sel.uuid.is_none() && sel.lvs_name.is_none() {
+                    return fail(-32602, "Invalid parameters");
+                }
+                let li = self.lvs_by(&sel)?;
+                let lvs = self.lvstores[li].clone();
+                let alias = format!("{}/{}", lvs.name, p.lvol_name);
+                if self.name_taken(&alias) {
+                    return e(EEXIST);
+                }
+                let clusters = (p.size_in_mib << 20).div_ceil(lvs.cluster_size);
+                let thin = p.thin_provision.unwrap_or(false);
+                if !thin && clusters > self.free_clusters(&lvs.uuid) {
+                    return fail(-32602, "No space left on device");
+                }
+                let bs = self
+                    .find(&lvs.base_bdev)
+                    .map(|i| self.bdevs[i].block_size)
+                    .unwrap_or(4096);
+                let uuid = new_uuid();
+                self.bdevs.push(Bdev {
+                    name: uuid.clone(),
+                    aliases: vec![alias],
+                    uuid: uuid.clone(),
+                    block_size: bs,
+                    num_blocks: clusters * lvs.cluster_size / u64::from(bs),
+                    claimed_by: None,
+                    kind: BdevKind::Lvol(LvolInfo {
+                        lvs_uuid: lvs.uuid,
+                        name: p.lvol_name,
+                        thin,
+                        snapshot: false,
+                        parent: None,
+                        allocated: if thin { 0 } else { clusters },
+                        sb: None,
+                    }),
+                });
+                Ok(json!(uuid))
+            }
+            "bdev_lvol_snapshot" => {
+                let p: LvolSnapshot = decode(params)?;
+                let i = self.lvol(&p.lvol_name)?;
+                let info = self.lvol_info(i);
+                let lvs = self.lvstores.iter().find(|l| l.uuid == info.lvs_uuid).cloned();
+                let Some(lvs) = lvs else { return e(ENODEV) };
+                if info.snapshot {
+                    return fail(-22, "Invalid argument");
+                }
+                let alias = format!("{}/{}", lvs.name, p.snapshot_name);
+                if self.name_taken(&alias) {
+                    return e(EEXIST);
+                }
+                if self.writable_export(i) {
+                    self.snapshots_while_writable.push(alias.clone());
+                }
+                let uuid = new_uuid();
+                let src = self.bdevs[i].clone();
+                self.bdevs.push(Bdev {
+                    name: uuid.clone(),
+                    aliases: vec![alias],
+                    uuid: uuid.clone(),
+                    claimed_by: None,
+                    kind: BdevKind::Lvol(LvolInfo {
+                        name: p.snapshot_name,
+                        snapshot: true,
+                        parent: info.parent.clone(),
+                        allocated: info.allocated,
+                        thin: info.thin,
+                        lvs_uuid: info.lvs_uuid,
+                        // the head's clusters (its superblock too) now belong to the snapshot
+                        sb: info.sb.clone(),
+                    }),
+                    ..src
+                });
+                let snap = uuid.clone();
+                self.set_lvol_info(i, |l| {
+                    l.parent = Some(snap);
+                    l.allocated = 0;
+                    l.thin = true;
+                    l.sb = None;
+                });
+                Ok(json!(uuid))
+            }
+            "bdev_lvol_set_parent" => {
+                let p: crate::spdk::rpc::LvolSetParent = decode(params)?;
+                let i = self.lvol(&p.lvol_name)?;
+                let si = self.lvol(&p.parent_name)?;
+                let (info, parent) = (self.lvol_info(i), self.lvol_info(si));
+                // blobstore: the parent must be a snapshot with as many
+                // clusters as the lvol, and the lvol thin
+                if i == si
+                    || !parent.snapshot
+                    || !info.thin
+                    || self.bdevs[i].num_blocks != self.bdevs[si].num_blocks
+                {
+                    return fail(-32602, "Invalid argument");
+                }
+                let snap = self.bdevs[si].name.clone();
+                self.set_lvol_info(i, |l| l.parent = Some(snap));
+                Ok(json!(true))
+            }
+            "bdev_lvol_clone" => {
+                let p: LvolClone = decode(params)?;
+                let i = self.lvol(&p.snapshot_name)?;
+                let info = self.lvol_info(i);
+                if !info.snapshot {
+                    return fail(-32602, "Invalid argument");
+                }
+                let Some(lvs) = self.lvstores.iter().find(|l| l.uuid == info.lvs_uuid).cloned() else {
+                    return e(ENODEV);
+                };
+                let alias = format!("{}/{}", lvs.name, p.clone_name);
+                if self.name_taken(&alias) {
+                    return e(EEXIST);
+                }
+                let uuid = new_uuid();
+                let src = self.bdevs[i].clone();
+                self.bdevs.push(Bdev {
+                    name: uuid.clone(),
+                    aliases: vec![alias],
+                    uuid: uuid.clone(),
+                    claimed_by: None,
+                    kind: BdevKind::Lvol(LvolInfo {
+                        name: p.clone_name,
+                        snapshot: false,
+                        parent: Some(src.name.clone()),
+                        allocated: 0,
+                        thin: true,
+                        lvs_uuid: info.lvs_uuid,
+                        sb: None,
+                    }),
+                    ..src
+                });
+                Ok(json!(uuid))
+            }
+            "bdev_lvol_resize" => {
+                let p: LvolResize = decode(params)?;
+                let i = self.lvol(&p.name)?;
+                let info = self.lvol_info(i);
+                let Some(lvs) = self.lvstores.iter().find(|l| l.uuid == info.lvs_uuid).cloned() else {
+                    return e(ENODEV);
+                };
+                let clusters = (p.size_in_mib << 20).div_ceil(lvs.cluster_size);
+                if !info.thin
+                    && clusters > info.allocated
+                    && clusters - info.allocated > self.free_clusters(&lvs.uuid)
+                {
+                    return fail(-32602, "No space left on device");
+                }
+                let bs = u64::from(self.bdevs[i].block_size);
+                self.bdevs[i].num_blocks = clusters * lvs.cluster_size / bs;
+                if !info.thin {
+                    self.set_lvol_info(i, |l| l.allocated = clusters);
+                }
+                Ok(json!(true))
+            }
+            "bdev_lvol_delete" => {
+                let p: ByName = decode(params)?;
+                let i = self.lvol(&p.name)?;
+                if self.bdevs[i].claimed_by.is_some() {
+                    return e(EBUSY);
+                }
+                let name = self.bdevs[i].name.clone();
+                let info = self.lvol_info(i);
+                let clones = self.clones_of(&name);
+                if clones.len() > 1 {
+                    return fail(-32603, "Operation not permitted");
+                }
+                // A snapshot with one clone is merged into it.
+                for c in clones {
+                    if let Some(j) = self.find(&c) {
+                        let parent = info.parent.clone();
+                        self.set_lvol_info(j, |l| l.parent = parent);
+                    }
+                }
+                self.remove_bdev(i);
+                Ok(json!(true))
+            }
+            "bdev_lvol_get_lvols" => {
+                let p: GetLvols = decode(params)?;
+                let sel = LvstoreSelector {
+                    uuid: p.lvs_uuid,
+                    lvs_name: p.lvs_name,
+                };
+                let only = if sel.uuid.is_some() || sel.lvs_name.is_some() {
+                    Some(self.lvstores[self.lvs_by(&sel)?].uuid.clone())
+                } else {
+                    None
+                };
+                let mut out = Vec::new();
+                for b in &self.bdevs {
+                    let BdevKind::Lvol(l) = &b.kind else { continue };
+                    if only.as_ref().is_some_and(|u| u != &l.lvs_uuid) {
+                        continue;
+                    }
+                    let lvs_name = self
+                        .lvstores
+                        .iter()
+                        .find(|s| s.uuid == l.lvs_uuid)
+                        .map(|s| s.name.clone());
+                    out.push(json!({
+                        "alias": b.aliases.first(), "uuid": b.uuid, "name": l.name,
+                        "is_thin_provisioned": l.thin, "is_snapshot": l.snapshot, "is_clone": l.parent.is_some(),
+                        "is_esnap_clone": false, "is_degraded": false, "num_allocated_clusters": l.allocated,
+                        "lvs": {"name": lvs_name, "uuid": l.lvs_uuid},
+                    }));
+                }
+                Ok(Value::Array(out))
+            }
+            _ => fail(-32601, "Method not found"),
+        }
+    }
+}

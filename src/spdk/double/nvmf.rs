@@ -1,0 +1,252 @@
+//! The double's NVMe-oF: transports, subsystems, namespaces, listeners and ANA states, hosts, controllers; NVMe bdev controllers.
+
+use super::*;
+
+impl State {
+    /// The nvmf methods (`call` routes them here by name).
+    pub(super) fn call_nvmf(&mut self, method: &str, params: &Option<Value>) -> RpcResult {
+        match method {
+            "nvmf_create_transport" => {
+                let p: CreateTransport = decode(params)?;
+                let t = p.trtype.to_uppercase();
+                if t != "TCP" && t != "RDMA" {
+                    return fail(-32602, format!("Invalid transport type '{}'", p.trtype));
+                }
+                if self.transports.contains(&t) {
+                    return fail(-32603, format!("Transport type '{}' already exists", p.trtype));
+                }
+                self.transports.push(t);
+                Ok(json!(true))
+            }
+            "nvmf_get_transports" => {
+                let p: GetTransports = decode(params)?;
+                Ok(Value::Array(
+                    self.transports
+                        .iter()
+                        .filter(|t| p.trtype.as_ref().is_none_or(|w| w.eq_ignore_ascii_case(t)))
+                        .map(|t| {
+                            json!({"trtype": t, "max_queue_depth": 128, "max_io_qpairs_per_ctrlr": 127,
+                            "in_capsule_data_size": 4096, "max_io_size": 131072})
+                        })
+                        .collect(),
+                ))
+            }
+            "nvmf_create_subsystem" => {
+                let p: CreateSubsystem = decode(params)?;
+                let valid = p.nqn.starts_with("nqn.") && p.nqn.len() <= 223 && p.nqn.contains(':');
+                if !valid || self.subsystems.iter().any(|s| s.nqn == p.nqn) {
+                    return fail(-32603, format!("Unable to create subsystem {}", p.nqn));
+                }
+                let n = self.subsystems.len() + 1;
+                self.subsystems.push(Subsys {
+                    nqn: p.nqn,
+                    allow_any_host: p.allow_any_host.unwrap_or(false),
+                    serial: p.serial_number.unwrap_or_else(|| format!("SPDK{n:014}")),
+                    model: p.model_number.unwrap_or_else(|| "SPDK bdev Controller".into()),
+                    ana_reporting: p.ana_reporting.unwrap_or(false),
+                    ..Subsys::default()
+                });
+                Ok(json!(true))
+            }
+            "nvmf_delete_subsystem" => {
+                let p: ByNqn = decode(params)?;
+                let i = self.subsys(&p.nqn)?;
+                self.subsystems.remove(i);
+                Ok(json!(true))
+            }
+            "nvmf_get_subsystems" => {
+                let p: GetSubsystems = decode(params)?;
+                let mut out = vec![
+                    json!({"nqn": "nqn.2014-08.org.nvmexpress.discovery", "subtype": "Discovery",
+                    "listen_addresses": [], "allow_any_host": true, "hosts": []}),
+                ];
+                for s in &self.subsystems {
+                    out.push(json!({
+                        "nqn": s.nqn, "subtype": "NVMe", "listen_addresses": s.listeners,
+                        "allow_any_host": s.allow_any_host,
+                        "hosts": s.hosts.iter().map(|h| json!({"nqn": h})).collect::<Vec<_>>(),
+                        "serial_number": s.serial, "model_number": s.model, "max_namespaces": 32,
+                        "namespaces": s.namespaces.iter().map(|n| {
+                            let mut ns = json!({"nsid": n.nsid, "bdev_name": n.bdev,
+                                "name": n.bdev, "nguid": n.nguid, "uuid": n.uuid});
+                            if s.ana_reporting {
+                                ns["anagrpid"] = json!(n.nsid);
+                            }
+                            ns
+                        }).collect::<Vec<_>>(),
+                    }));
+                }
+                match p.nqn {
+                    Some(nqn) => {
+                        let one: Vec<Value> = out.into_iter().filter(|s| s["nqn"] == nqn.as_str()).collect();
+                        if one.is_empty() {
+                            e(INVALID_PARAMS)
+                        } else {
+                            Ok(Value::Array(one))
+                        }
+                    }
+                    None => Ok(Value::Array(out)),
+                }
+            }
+            "nvmf_subsystem_add_ns" => {
+                let p: AddNamespace = decode(params)?;
+                let si = self.subsys(&p.nqn)?;
+                let bi = self
+                    .find(&p.namespace.bdev_name)
+                    .ok_or((INVALID_PARAMS.0, INVALID_PARAMS.1.into()))?;
+                let b = self.bdevs[bi].clone();
+                let sub = &mut self.subsystems[si];
+                let nsid = match p.namespace.nsid {
+                    Some(n) if n == 0 || sub.namespaces.iter().any(|x| x.nsid == n) => {
+                        return e(INVALID_PARAMS);
+                    }
+                    Some(n) => n,
+                    None => (1..)
+                        .find(|n| !sub.namespaces.iter().any(|x| x.nsid == *n))
+                        .unwrap_or(1),
+                };
+                let derived_nguid = p.namespace.nguid.is_none();
+                sub.namespaces.push(Ns {
+                    nsid,
+                    bdev: b.name.clone(),
+                    nguid: p.namespace.nguid.unwrap_or_else(|| nguid_of(&b.uuid)),
+                    uuid: p.namespace.uuid.unwrap_or_else(|| b.uuid.clone()),
+                    derived_nguid,
+                    num_blocks: b.num_blocks,
+                    block_size: b.block_size,
+                });
+                sub.namespaces.sort_by_key(|n| n.nsid);
+                Ok(json!(nsid))
+            }
+            "nvmf_subsystem_remove_ns" => {
+                let p: RemoveNamespace = decode(params)?;
+                let si = self.subsys(&p.nqn)?;
+                let before = self.subsystems[si].namespaces.len();
+                self.subsystems[si].namespaces.retain(|n| n.nsid != p.nsid);
+                if self.subsystems[si].namespaces.len() == before {
+                    return e(INVALID_PARAMS);
+                }
+                Ok(json!(true))
+            }
+            "nvmf_subsystem_add_listener" | "nvmf_subsystem_remove_listener" => {
+                let p: SubsystemListener = decode(params)?;
+                let si = self.subsys(&p.nqn)?;
+                let same = |l: &crate::spdk::rpc::ListenAddress| {
+                    l.trtype.eq_ignore_ascii_case(&p.listen_address.trtype)
+                        && l.traddr == p.listen_address.traddr
+                        && l.trsvcid == p.listen_address.trsvcid
+                };
+                let exists = self.subsystems[si].listeners.iter().any(same);
+                if method.ends_with("add_listener") {
+                    if exists || !self.transports.contains(&p.listen_address.trtype.to_uppercase()) {
+                        return e(INVALID_PARAMS);
+                    }
+                    self.subsystems[si].listeners.push(p.listen_address);
+                } else {
+                    if !exists {
+                        return e(INVALID_PARAMS);
+                    }
+                    self.subsystems[si].listeners.retain(|l| !same(l));
+                }
+                Ok(json!(true))
+            }
+            "nvmf_subsystem_get_listeners" => {
+                let p: ByNqn = decode(params)?;
+                let Ok(si) = self.subsys(&p.nqn) else {
+                    return fail(-32602, format!("Unable to find subsystem with NQN {}", p.nqn));
+                };
+                let sub = &self.subsystems[si];
+                Ok(Value::Array(
+                    sub.listeners
+                        .iter()
+                        .map(|l| {
+                            let key = format!("{}:{}", l.traddr, l.trsvcid.as_deref().unwrap_or_default());
+                            let state = match sub.ana.get(&key) {
+                                Some(crate::spdk::rpc::AnaState::Inaccessible) => "inaccessible",
+                                Some(crate::spdk::rpc::AnaState::NonOptimized) => "non_optimized",
+                                _ => "optimized",
+                            };
+                            let mut v = json!({"address": l});
+                            if sub.ana_reporting {
+                                v["ana_states"] = json!([{"ana_group": 1, "ana_state": state}]);
+                            }
+                            v
+                        })
+                        .collect(),
+                ))
+            }
+            "nvmf_subsystem_listener_set_ana_state" => {
+                let p: ListenerAnaState = decode(params)?;
+                let Ok(si) = self.subsys(&p.nqn) else {
+                    return fail(-32602, format!("Unable to find subsystem with NQN {}", p.nqn));
+                };
+                let sub = &mut self.subsystems[si];
+                let l = &p.listen_address;
+                let listens = sub.listeners.iter().any(|x| {
+                    x.trtype.eq_ignore_ascii_case(&l.trtype) && x.traddr == l.traddr && x.trsvcid == l.trsvcid
+                });
+                if !sub.ana_reporting || !listens {
+                    return fail(-32603, "error setting ANA state: -22");
+                }
+                let key = format!("{}:{}", l.traddr, l.trsvcid.as_deref().unwrap_or_default());
+                match p.ana_state {
+                    crate::spdk::rpc::AnaState::Optimized => sub.ana.remove(&key),
+                    other => sub.ana.insert(key, other),
+                };
+                Ok(json!(true))
+            }
+            "nvmf_subsystem_allow_any_host" => {
+                let p: crate::spdk::rpc::AllowAnyHost = decode(params)?;
+                let si = self.subsys(&p.nqn)?;
+                self.subsystems[si].allow_any_host = p.allow_any_host;
+                Ok(json!(true))
+            }
+            "nvmf_subsystem_add_host" | "nvmf_subsystem_remove_host" => {
+                let p: SubsystemHostParams = decode(params)?;
+                let si = self.subsys(&p.nqn)?;
+                let hosts = &mut self.subsystems[si].hosts;
+                let exists = hosts.contains(&p.host);
+                if method.ends_with("add_host") {
+                    if exists {
+                        return e(INVALID_PARAMS);
+                    }
+                    hosts.push(p.host);
+                } else {
+                    if !exists {
+                        return e(INVALID_PARAMS);
+                    }
+                    hosts.retain(|h| h != &p.host);
+                }
+                Ok(json!(true))
+            }
+            "nvmf_subsystem_get_controllers" => {
+                let p: ByNqn = decode(params)?;
+                let si = self.subsys(&p.nqn)?;
+                Ok(Value::Array(
+                    self.subsystems[si]
+                        .controllers
+                        .iter()
+                        .map(|(cntlid, hostnqn, hostid)| {
+                            json!({"cntlid": cntlid, "cntrltype": "io",
+                            "hostnqn": hostnqn, "hostid": hostid, "num_io_qpairs": 1})
+                        })
+                        .collect(),
+                ))
+            }
+            "bdev_nvme_get_controllers" => {
+                let p: GetControllers = decode(params)?;
+                let list: Vec<Value> = self
+                    .ctrlrs
+                    .iter()
+                    .filter(|c| p.name.as_ref().is_none_or(|n| n == &c.name))
+                    .map(|c| json!({"name": c.name, "ctrlrs": [{"state": "enabled", "trid": c.trid}]}))
+                    .collect();
+                if p.name.is_some() && list.is_empty() {
+                    return e(ENODEV);
+                }
+                Ok(Value::Array(list))
+            }
+            _ => fail(-32601, "Method not found"),
+        }
+    }
+}

@@ -1,0 +1,214 @@
+//! What exists in one target: [`Inventory`] (loaded once with concurrent
+//! list calls), its lookups, and what talon owns there ([`Owned`], found by
+//! the names of [`crate::spdk::naming`]).
+
+use std::collections::{BTreeMap, HashMap};
+
+use super::client::{ClientError, SpdkClient};
+use super::naming::{self, LVS_PREFIX, LvolRole, NULL_PREFIX, RAID_PREFIX, REMOTE_PREFIX, parse_lvol};
+use super::rpc::{
+    Bdev, GetBdevs, GetControllers, GetLvols, GetRaids, GetSubsystems, GetTransports, Lvol, Lvstore,
+    LvstoreSelector, RaidBdev, RaidCategory, Subsystem,
+};
+use crate::names::NQN_PREFIX;
+
+/// Everything talon looks at in one target, loaded with concurrent calls.
+#[derive(Debug, Clone, Default)]
+pub struct Inventory {
+    /// Every lvstore.
+    pub lvstores: Vec<Lvstore>,
+    /// Every lvol, by alias `lvs/name`.
+    pub lvols: BTreeMap<String, Lvol>,
+    /// Every bdev by name.
+    pub bdevs: HashMap<String, Bdev>,
+    /// Every raid bdev.
+    pub raids: Vec<RaidBdev>,
+    /// Every nvmf subsystem.
+    pub subsystems: Vec<Subsystem>,
+    /// Whether the TCP transport exists.
+    pub tcp_transport: bool,
+    /// NVMe bdev controllers by name (remote replicas are `talon-remote-*`).
+    pub controllers: Vec<String>,
+}
+
+impl Inventory {
+    /// Lists the target.
+    pub async fn load(client: &SpdkClient) -> Result<Inventory, ClientError> {
+        let (p1, p2, p3) = (
+            LvstoreSelector::default(),
+            GetLvols::default(),
+            GetBdevs::default(),
+        );
+        let p4 = GetRaids {
+            category: RaidCategory::All,
+        };
+        let (p5, p6) = (GetSubsystems::default(), GetTransports::default());
+        let p7 = GetControllers::default();
+        let (lvs, lvols, bdevs, raids, subs, tr, ctrlrs) = tokio::try_join!(
+            client.bdev_lvol_get_lvstores(&p1),
+            client.bdev_lvol_get_lvols(&p2),
+            client.bdev_get_bdevs(&p3),
+            client.bdev_raid_get_bdevs(&p4),
+            client.nvmf_get_subsystems(&p5),
+            client.nvmf_get_transports(&p6),
+            client.bdev_nvme_get_controllers(&p7),
+        )?;
+        Ok(Inventory {
+            lvstores: lvs,
+            lvols: lvols.into_iter().map(|l| (l.alias.clone(), l)).collect(),
+            bdevs: bdevs.into_iter().map(|b| (b.name.clone(), b)).collect(),
+            raids,
+            subsystems: subs,
+            tcp_transport: tr.iter().any(|t| t.trtype.eq_ignore_ascii_case("tcp")),
+            controllers: ctrlrs.into_iter().map(|c| c.name).collect(),
+        })
+    }
+
+    /// The lvstore `talon-<disk>`.
+    pub fn lvstore(&self, disk: &str) -> Option<&Lvstore> {
+        let n = naming::lvstore(disk);
+        self.lvstores.iter().find(|l| l.name == n)
+    }
+
+    /// The lvol `name` in any talon lvstore.
+    pub fn find_lvol(&self, name: &str) -> Option<&Lvol> {
+        self.lvols
+            .values()
+            .find(|l| l.name == name && l.lvs.name.starts_with(LVS_PREFIX))
+    }
+
+    /// The size of a bdev.
+    pub fn bdev_size(&self, name: &str) -> Option<u64> {
+        self.bdevs.get(name).map(Bdev::size_bytes)
+    }
+
+    /// The subsystem of `nqn`.
+    pub fn subsystem(&self, nqn: &str) -> Option<&Subsystem> {
+        self.subsystems.iter().find(|s| s.nqn == nqn)
+    }
+
+    /// The raid `name`.
+    pub fn raid(&self, name: &str) -> Option<&RaidBdev> {
+        self.raids.iter().find(|r| r.name == name)
+    }
+
+    /// Disk names with a talon lvstore, with free bytes.
+    pub fn disks(&self) -> Vec<(String, u64)> {
+        self.lvstores
+            .iter()
+            .filter_map(|l| {
+                let d = l.name.strip_prefix(LVS_PREFIX)?;
+                Some((d.to_owned(), l.free_clusters * l.cluster_size))
+            })
+            .collect()
+    }
+
+    /// Every talon object of a volume that is not wanted (`keep_volume`
+    /// false) or a snapshot lvol not wanted (`keep_snapshot(vol, snap)` false).
+    /// Foreign objects are never listed.
+    pub fn orphans(
+        &self,
+        keep_volume: impl Fn(&str) -> bool,
+        keep_snapshot: impl Fn(&str, &str) -> bool,
+        keep_remote: impl Fn(&str, usize) -> bool,
+    ) -> Vec<Owned> {
+        let mut out = Vec::new();
+        let vol_prefix = format!("{NQN_PREFIX}:vol:");
+        let rep_prefix = format!("{NQN_PREFIX}:replica:");
+        for s in &self.subsystems {
+            let vol = s
+                .nqn
+                .strip_prefix(&vol_prefix)
+                .or_else(|| s.nqn.strip_prefix(&rep_prefix).and_then(|r| r.split(':').next()));
+            if let Some(v) = vol
+                && !keep_volume(v)
+            {
+                out.push(Owned::Subsystem(s.nqn.clone()));
+            }
+        }
+        for r in &self.raids {
+            if let Some(v) = r.name.strip_prefix(RAID_PREFIX)
+                && !keep_volume(v)
+            {
+                out.push(Owned::Raid(r.name.clone()));
+            }
+        }
+        for c in &self.controllers {
+            if let Some(LvolRole::Replica { volume, k }) = c.strip_prefix(REMOTE_PREFIX).and_then(parse_lvol)
+                && !keep_remote(&volume, k)
+            {
+                out.push(Owned::Remote(c.clone()));
+            }
+        }
+        for b in self.bdevs.values() {
+            if let Some(v) = b.name.strip_prefix(NULL_PREFIX)
+                && !keep_volume(v)
+            {
+                out.push(Owned::Null(b.name.clone()));
+            }
+        }
+        // heads and markers before snapshots: a snapshot goes only once its clones are gone
+        let mut snaps = Vec::new();
+        for l in self.lvols.values() {
+            if !l.lvs.name.starts_with(LVS_PREFIX) {
+                continue;
+            }
+            match parse_lvol(&l.name) {
+                Some(LvolRole::Replica { volume, .. }) | Some(LvolRole::RevertMarker { volume, .. })
+                    if !keep_volume(&volume) =>
+                {
+                    out.push(Owned::Lvol(l.alias.clone()))
+                }
+                Some(LvolRole::Snapshot { volume, snap, .. }) if !keep_snapshot(&volume, &snap) => {
+                    snaps.push(Owned::Lvol(l.alias.clone()))
+                }
+                _ => {}
+            }
+        }
+        out.extend(snaps);
+        out
+    }
+}
+
+/// An SPDK object talon owns (by name).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Owned {
+    /// An nvmf subsystem.
+    Subsystem(String),
+    /// A raid bdev.
+    Raid(String),
+    /// A null placeholder bdev.
+    Null(String),
+    /// An lvol by alias.
+    Lvol(String),
+    /// An NVMe controller attaching a remote replica.
+    Remote(String),
+}
+
+/// The replica heads `(k, lvol)` of a volume.
+pub fn replica_heads<'a>(inv: &'a Inventory, vol: &str) -> Vec<(usize, &'a Lvol)> {
+    let mut v: Vec<(usize, &Lvol)> = inv
+        .lvols
+        .values()
+        .filter(|l| l.lvs.name.starts_with(LVS_PREFIX))
+        .filter_map(|l| match parse_lvol(&l.name) {
+            Some(LvolRole::Replica { volume, k }) if volume == vol => Some((k, l)),
+            _ => None,
+        })
+        .collect();
+    v.sort_by_key(|(k, _)| *k);
+    v
+}
+
+/// The highest revert generation recorded for a volume.
+pub fn applied_revert(inv: &Inventory, vol: &str) -> u64 {
+    inv.lvols
+        .values()
+        .filter(|l| l.lvs.name.starts_with(LVS_PREFIX))
+        .filter_map(|l| match parse_lvol(&l.name) {
+            Some(LvolRole::RevertMarker { volume, generation }) if volume == vol => Some(generation),
+            _ => None,
+        })
+        .max()
+        .unwrap_or(0)
+}

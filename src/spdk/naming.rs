@@ -1,0 +1,154 @@
+//! Every name talon gives an SPDK object of the V2 engine, and the parse
+//! back of the lvol names (what [`crate::spdk::inventory`] uses to find what
+//! talon owns). Names that reach SPDK come from validated
+//! [`ObjectName`]s; lvol names are checked against SPDK's 63 characters where
+//! they are made.
+
+use crate::names::{ObjectName, volume_uuid};
+
+/// Prefix of talon's lvstores (`talon-<disk>`).
+pub const LVS_PREFIX: &str = "talon-";
+/// Prefix of talon's raid bdevs.
+pub const RAID_PREFIX: &str = "talon-raid-";
+/// Prefix of talon's placeholder null bdevs.
+pub const NULL_PREFIX: &str = "talon-null-";
+/// Prefix of the NVMe controllers that attach remote replicas
+/// (`talon-remote-<vol>-r<k>`, bdev `talon-remote-<vol>-r<k>n1`).
+pub const REMOTE_PREFIX: &str = "talon-remote-";
+/// Prefix of talon's disk base bdevs and NVMe controllers (`talon-disk-<d>`).
+pub const DISK_BDEV_PREFIX: &str = "talon-disk-";
+/// The namespace id of every export.
+pub const NSID: u32 = 1;
+
+/// `talon-disk-<disk>`: a file disk's aio bdev, or a PCI disk's NVMe controller.
+pub fn disk_base(disk: &str) -> String {
+    format!("{DISK_BDEV_PREFIX}{disk}")
+}
+/// The bdev of a PCI disk's NVMe controller `talon-disk-<d>`: `talon-disk-<d>n1`.
+pub fn pci_bdev(controller: &str) -> String {
+    format!("{controller}n1")
+}
+
+/// `talon-<disk>`.
+pub fn lvstore(disk: &str) -> String {
+    format!("{LVS_PREFIX}{disk}")
+}
+/// `<vol>-r<k>`.
+pub fn replica(vol: &str, k: usize) -> String {
+    format!("{vol}-r{k}")
+}
+/// `<vol>-r<k>.s.<snap>`.
+pub fn snapshot_lvol(vol: &str, k: usize, snap: &str) -> String {
+    format!("{vol}-r{k}.s.{snap}")
+}
+/// `<vol>.rev.<generation>`: a thin empty lvol recording that revert
+/// generation N was applied (SPDK keeps it with the data, so a revert runs
+/// once even across talon restarts).
+pub fn revert_marker(vol: &str, generation: u64) -> String {
+    format!("{vol}.rev.{generation}")
+}
+/// `talon-raid-<vol>`.
+pub fn raid(vol: &str) -> String {
+    format!("{RAID_PREFIX}{vol}")
+}
+/// The subsystem serial number: 20 characters from the volume UUID.
+pub fn serial(vol: &ObjectName) -> String {
+    let u = volume_uuid(vol).simple().to_string().to_uppercase();
+    format!("TLN{}", &u[..17])
+}
+
+/// What an owned lvol name means.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LvolRole {
+    /// Replica k of a volume.
+    Replica {
+        /// The volume.
+        volume: String,
+        /// k.
+        k: usize,
+    },
+    /// Snapshot of replica k.
+    Snapshot {
+        /// The volume.
+        volume: String,
+        /// k.
+        k: usize,
+        /// The snapshot name.
+        snap: String,
+    },
+    /// A revert marker.
+    RevertMarker {
+        /// The volume.
+        volume: String,
+        /// The generation.
+        generation: u64,
+    },
+}
+
+/// Parses a talon lvol name (inside a `talon-*` lvstore).
+pub fn parse_lvol(name: &str) -> Option<LvolRole> {
+    if let Some((vol, gen_)) = name.split_once(".rev.") {
+        return Some(LvolRole::RevertMarker {
+            volume: vol.to_owned(),
+            generation: gen_.parse().ok()?,
+        });
+    }
+    let (head, snap) = match name.split_once(".s.") {
+        Some((h, s)) => (h, Some(s)),
+        None => (name, None),
+    };
+    let (vol, k) = head.rsplit_once("-r")?;
+    let k: usize = k.parse().ok()?;
+    if vol.is_empty() {
+        return None;
+    }
+    Some(match snap {
+        Some(s) => LvolRole::Snapshot {
+            volume: vol.to_owned(),
+            k,
+            snap: s.to_owned(),
+        },
+        None => LvolRole::Replica {
+            volume: vol.to_owned(),
+            k,
+        },
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    #[test]
+    fn lvol_names_parse_back() {
+        assert_eq!(
+            parse_lvol("x-r1-r0"),
+            Some(LvolRole::Replica {
+                volume: "x-r1".into(),
+                k: 0
+            })
+        );
+        assert_eq!(
+            parse_lvol("v-r2.s.daily"),
+            Some(LvolRole::Snapshot {
+                volume: "v".into(),
+                k: 2,
+                snap: "daily".into()
+            })
+        );
+        assert_eq!(
+            parse_lvol("v.rev.3"),
+            Some(LvolRole::RevertMarker {
+                volume: "v".into(),
+                generation: 3
+            })
+        );
+        assert_eq!(parse_lvol("lvol0"), None);
+        assert_eq!(parse_lvol("-r0"), None);
+    }
+
+    #[test]
+    fn serial_is_twenty_chars() {
+        let v = ObjectName::parse("volume", "a").expect("name");
+        assert_eq!(serial(&v).len(), 20);
+    }
+}

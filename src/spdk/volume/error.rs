@@ -1,0 +1,138 @@
+//! The errors of the volume operations, shared by the plan and its apply.
+
+use super::super::client::ClientError;
+
+/// Errors of the volume operations.
+#[derive(Debug, thiserror::Error)]
+pub enum VolumeError {
+    /// An SPDK call failed.
+    #[error("volume {volume}: {step} failed")]
+    Rpc {
+        /// The volume (or snapshot) id.
+        volume: String,
+        /// What was being done, naming the SPDK object.
+        step: String,
+        /// The client error.
+        #[source]
+        source: ClientError,
+    },
+    /// The NVMe/TCP listener's port is held by another process (SPDK answers
+    /// only "Invalid parameters").
+    #[error("volume {volume}: cannot listen on {listen}: the port is in use by {holder}")]
+    PortInUse {
+        /// The volume.
+        volume: String,
+        /// The listen address and port.
+        listen: String,
+        /// Who holds it ("pid N (comm)").
+        holder: String,
+        /// SPDK's answer.
+        #[source]
+        source: Box<ClientError>,
+    },
+    /// Replicas cannot be placed on distinct ready disks (see [`crate::spdk::placement`]).
+    #[error("volume {volume}: {reason}")]
+    NoPlacement {
+        /// The volume.
+        volume: String,
+        /// Why, naming each candidate disk.
+        reason: String,
+        /// A failed disk is among the candidates (a wait fails at once).
+        disk_failed: bool,
+    },
+    /// A replica's snapshot is missing.
+    #[error("volume {volume}: snapshot lvol {lvol} does not exist")]
+    SnapshotMissing {
+        /// The volume.
+        volume: String,
+        /// The snapshot lvol name.
+        lvol: String,
+    },
+    /// SPDK refuses to delete a snapshot that has clones.
+    #[error(
+        "snapshot {snapshot}: SPDK refuses to delete it while volumes cloned from it exist; delete those first"
+    )]
+    SnapshotHasClones {
+        /// `<vol>@<snap>`.
+        snapshot: String,
+        /// The refusal.
+        #[source]
+        source: ClientError,
+    },
+    /// The raid1 did not follow its grown members.
+    #[error("volume {volume}: raid {raid} is {actual} bytes after its members grew to {wanted}")]
+    RaidDidNotGrow {
+        /// The volume.
+        volume: String,
+        /// The raid bdev.
+        raid: String,
+        /// Its size.
+        actual: u64,
+        /// The members' size.
+        wanted: u64,
+    },
+    /// A volume does not shrink.
+    #[error("volume {volume}: cannot shrink from {current} to {wanted} bytes")]
+    Shrink {
+        /// The volume.
+        volume: String,
+        /// Served size.
+        current: u64,
+        /// Asked size.
+        wanted: u64,
+    },
+    /// A name built from the volume is not valid.
+    #[error("volume {volume}: invalid derived name")]
+    BadName {
+        /// The volume.
+        volume: String,
+        /// Why.
+        #[source]
+        source: crate::names::InvalidName,
+    },
+    /// An NVMe attach connected but registered no bdev.
+    #[error("volume {volume}: attaching {nqn} registered no bdev (namespace without explicit NGUID?)")]
+    AttachedNoBdev {
+        /// The volume.
+        volume: String,
+        /// The subsystem.
+        nqn: String,
+    },
+    /// Every replica present missed writes; the up-to-date ones are away.
+    #[error(
+        "volume {volume}: no up-to-date replica is present (waiting for {waiting:?}; {stale:?} missed writes and are never served alone)"
+    )]
+    NoCurrentReplica {
+        /// The volume.
+        volume: String,
+        /// Up-to-date replicas that are away.
+        waiting: Vec<String>,
+        /// Replicas present but behind.
+        stale: Vec<String>,
+    },
+    /// The raid's superblock names members that are not present: SPDK
+    /// holds the raid (state `configuring`) until they come, because the
+    /// newest superblock says they hold the newest data. Served again when
+    /// they come back; never served from the others alone.
+    #[error(
+        "volume {volume}: raid {raid} waits for the replicas its superblock names as up to date ({present} of {needed} present); it is served when they come back"
+    )]
+    RaidAssembling {
+        /// The volume.
+        volume: String,
+        /// The raid bdev.
+        raid: String,
+        /// Members present.
+        present: u32,
+        /// Members the superblock names.
+        needed: u32,
+    },
+    /// A name built from the volume is not acceptable to SPDK.
+    #[error("volume {volume}: lvol name {lvol:?} is longer than SPDK's 63 characters")]
+    NameTooLong {
+        /// The volume.
+        volume: String,
+        /// The name.
+        lvol: String,
+    },
+}
