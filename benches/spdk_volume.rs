@@ -19,6 +19,11 @@
 //!    inaccessible, around the replicas' snapshots): writes per second that
 //!    reached the raid in both, and how long a snapshot call takes in ms (the
 //!    freeze lies inside it).
+//! 5. superblock (`superblock`): a 2-replica volume with and without the raid
+//!    superblock, side by side, rounds interleaved: create to exported, 4 KiB
+//!    randwrite / randread QD32, what each replica holds after create, and a
+//!    revert to a snapshot (fresh heads + raid + set_parent with it, clones
+//!    without).
 //!
 //! ```text
 //!   spdk_tgt core 0 ── malloc "talon-disk-bench" ── lvstore talon-bench ── lvols
@@ -256,6 +261,69 @@ async fn snapshots(spdk: &Path, ops: &VolumeOps, port: u16) {
     let inv = Inventory::load(c).await.expect("inventory");
     for (k, l) in inv.lvols.iter().filter(|(a, _)| a.contains("snapbench")) {
         let _ = (k, c.bdev_lvol_delete(&ByName::new(&l.alias)).await);
+    }
+}
+
+/// The raid superblock's cost: the same 2-replica volume with and without it.
+async fn superblock(spdk: &Path, ops: &VolumeOps, port: u16) {
+    let c = ops.client();
+    const ROUNDS: usize = 2;
+    println!("\nsuperblock: 2-replica 64 MiB volume, 4 KiB QD32, {ROUNDS} interleaved rounds");
+    println!(
+        "{:<16} {:>10} {:>10} {:>10} {:>12} {:>10}",
+        "layout", "create ms", "write/s", "read/s", "MiB/replica", "revert ms"
+    );
+    let mut rows: Vec<(bool, Vec<[f64; 5]>)> = vec![(false, Vec::new()), (true, Vec::new())];
+    for round in 0..ROUNDS {
+        for (sb, samples) in rows.iter_mut() {
+            let name = format!("sb{}{round}", u8::from(*sb));
+            let mut p = plan(&name, 2, port);
+            p.superblock = *sb;
+            let inv = Inventory::load(c).await.expect("inventory");
+            let t = Instant::now();
+            ops.ensure(&inv, &p).await.expect("volume");
+            let create = t.elapsed().as_secs_f64() * 1e3;
+            let nqn = talon::names::Nqn::for_volume(&p.name).as_str().to_owned();
+            let w = perf(spdk, port, &nqn, "randwrite", 3);
+            let r = perf(spdk, port, &nqn, "randread", 3);
+            let inv = Inventory::load(c).await.expect("inventory");
+            let held = inv
+                .find_lvol(&format!("{name}-r0"))
+                .map_or(0, |l| l.num_allocated_clusters);
+            // revert: a snapshot, then back to it
+            let s = ObjectName::parse("snapshot", "b").expect("snap");
+            ops.snapshot(&inv, &p.name, &s, None).await.expect("snapshot");
+            let inv = Inventory::load(c).await.expect("inventory");
+            let t = Instant::now();
+            let set = ops
+                .revert(&inv, &p.name, &s, 1, Some(&[0, 1].into()), sb.then_some(2))
+                .await
+                .expect("revert");
+            let inv = Inventory::load(c).await.expect("inventory");
+            let mut again = p.clone();
+            again.in_sync = Some(set);
+            ops.ensure(&inv, &again).await.expect("export again");
+            let revert = t.elapsed().as_secs_f64() * 1e3;
+            samples.push([create, w, r, held as f64, revert]);
+            let inv = Inventory::load(c).await.expect("inventory");
+            ops.delete(&inv, &p.name).await.expect("delete");
+            let inv = Inventory::load(c).await.expect("inventory");
+            for l in inv.lvols.values().filter(|l| l.name.starts_with(&name)) {
+                let _ = c.bdev_lvol_delete(&ByName::new(&l.alias)).await;
+            }
+        }
+    }
+    for (sb, samples) in &rows {
+        let mean = |i: usize| samples.iter().map(|s| s[i]).sum::<f64>() / samples.len() as f64;
+        let label = if *sb { "superblock" } else { "no superblock" };
+        println!(
+            "{label:<16} {:>10.1} {:>10.0} {:>10.0} {:>12.0} {:>10.1}",
+            mean(0),
+            mean(1),
+            mean(2),
+            mean(3),
+            mean(4)
+        );
     }
 }
 
@@ -715,6 +783,9 @@ fn main() {
         }
         if only.as_deref().is_none_or(|o| o == "snapshot") {
             snapshots(&spdk, &ops, port).await;
+        }
+        if only.as_deref().is_none_or(|o| o == "superblock") {
+            superblock(&spdk, &ops, port).await;
         }
         if only.as_deref().is_none_or(|o| o == "data") {
             let rounds = std::env::var("ROUNDS")

@@ -16,6 +16,7 @@ use talon::attach::iscsi::{
 use talon::host::HostRoot;
 use talon::names::{Iqn, ObjectName};
 use talon::ns::NsError;
+use talon::tgt::{ChapCredentials, ChapSecret, ChapUser};
 
 const IQN: &str = "iqn.2025-01.io.talon:v1";
 const PORTAL: &str = "10.0.2.2:3260";
@@ -256,6 +257,7 @@ fn target(iqn: &str) -> IscsiTarget {
         iqn: Iqn::parse(iqn).expect("iqn"),
         lun: 1,
         initiator: None,
+        chap: None,
     }
 }
 
@@ -320,6 +322,38 @@ fn attach_reuse_and_detach_on_a_fixture_tree() {
     )
     .expect("twice");
     assert!(d.sessions.is_empty() && !d.removed_path);
+}
+
+/// With CHAP, the node record gets the method, user and secret before the login.
+#[test]
+fn chap_is_set_in_the_node_record_before_login() {
+    if !is_root() {
+        eprintln!("SKIP chap_is_set_in_the_node_record_before_login: /dev/talon nodes need mknod (root)");
+        return;
+    }
+    let (_d, root) = setup();
+    let k = IscsiKernelDouble::new(&root);
+    let secret = "0123456789abcdef0123";
+    let t = IscsiTarget {
+        chap: Some(ChapCredentials {
+            user: ChapUser::parse("talon").expect("user"),
+            secret: ChapSecret::parse(secret).expect("secret"),
+        }),
+        ..target(IQN)
+    };
+    attach(&root, &vol("v1"), &t, &opts(), &k).expect("attach");
+    let calls = k.calls();
+    let at = |needle: &str| {
+        calls
+            .iter()
+            .position(|c| c.ends_with(needle))
+            .unwrap_or_else(|| panic!("no iscsiadm call ending in {needle:?}: {calls:#?}"))
+    };
+    let method = at("-n node.session.auth.authmethod -v CHAP");
+    let user = at("-n node.session.auth.username -v talon");
+    let password = at(&format!("-n node.session.auth.password -v {secret}"));
+    let login = at("--login");
+    assert!(method < login && user < login && password < login, "{calls:#?}");
 }
 
 #[test]

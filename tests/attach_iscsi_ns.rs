@@ -139,6 +139,7 @@ fn iscsiadm_runs_in_iscsids_namespaces_and_attach_reports_a_wrong_iqn() {
         iqn: Iqn::parse("iqn.2025-01.io.talon:talon-test-ns").expect("iqn"),
         lun: 1,
         initiator: None,
+        chap: None,
     };
     let vol = ObjectName::parse("volume", &format!("talon-test-ns-{}", std::process::id())).expect("vol");
     let err = iscsi::attach(&root, &vol, &target, &IscsiOptions::default(), &adm).expect_err("wrong iqn");

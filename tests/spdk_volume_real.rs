@@ -420,7 +420,10 @@ fn dd_as(
     hostnqn: &str,
 ) -> std::process::Output {
     let conf = dir.join("dd.json");
+    // no examine in spdk_dd: a replica carries its raid's superblock, and
+    // spdk_dd's own raid module would claim it
     let cfg = json!({"subsystems": [{"subsystem": "bdev", "config": [{
+        "method": "bdev_set_options", "params": {"bdev_auto_examine": false}}, {
         "method": "bdev_nvme_attach_controller",
         "params": {"name": "dd", "trtype": "tcp", "adrfam": "ipv4", "traddr": "127.0.0.1",
                    "trsvcid": port.to_string(), "subnqn": nqn, "hostnqn": hostnqn}}]}]});
@@ -615,6 +618,7 @@ async fn real_spdk_remote_replica_on_another_target() {
     let mut served = volume(32 * MIB, 1);
     served.serve_replica = Some(1);
     served.replica_hosts = vec![node_nqn(pa)];
+    served.raid_superblock = true;
     rtb.state.create_typed("rv", "", &served).expect("served");
     let replica_nqn = ready(&rtb.state, "rv").await.exports[0].name.clone();
     let mut engine_vol = volume(32 * MIB, 1);
@@ -622,17 +626,26 @@ async fn real_spdk_remote_replica_on_another_target() {
         address: "127.0.0.1".into(),
         port: pb,
     }];
+    engine_vol.raid_superblock = true;
     rta.state.create_typed("rv", "", &engine_vol).expect("engine");
     let st = ready(&rta.state, "rv").await;
     assert_eq!(st.device, "talon-raid-rv");
     assert_eq!(ledger(&rta.state, "rv"), Some(vec![0, 1]));
+    let inv = Inventory::load(&ca).await.expect("inventory");
+    let raid = inv.raid("talon-raid-rv").expect("raid");
+    assert!(raid.superblock, "{raid:?}");
+    // where the raid's data starts on B's replica (its NVMe bdev here)
+    let remote_room = raid
+        .base_bdevs_list
+        .iter()
+        .find(|b| b.name.as_deref().is_some_and(|n| n.starts_with("talon-remote-")))
+        .map(|b| (b.data_offset * 4096) as usize)
+        .expect("remote member");
 
     let data = pattern(0x5a, LEN);
     dd(&spdk, da.path(), pa, &st.exports[0].name, Some(&data), LEN);
-    assert!(
-        dd(&spdk, db.path(), pb, &replica_nqn, None, LEN) == data,
-        "B's replica holds what was written through A"
-    );
+    let read_b = || dd(&spdk, db.path(), pb, &replica_nqn, None, remote_room + LEN)[remote_room..].to_vec();
+    assert!(read_b() == data, "B's replica holds what was written through A");
     let out = spdk_perf::report(&spdk, pa, &st.exports[0].name, "randrw -M 50", 1);
     assert!(spdk_perf::total_iops(&out) > 0.0, "{out}");
 
@@ -669,6 +682,50 @@ async fn real_spdk_remote_replica_on_another_target() {
     let mut want = [a_nqn.as_str(), spdk_perf::HOST_NQN];
     want.sort_unstable();
     assert_eq!(hosts, want);
+
+    // B's target dies and comes back: its examine finds A's raid superblock
+    // in the replica and makes a `configuring` raid of it there; talon
+    // releases the replica and exports it again, A takes it back by a rebuild
+    let mut tb = tb;
+    if let Some(pid) = tb.pid() {
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL)
+            .expect("kill -9 B");
+    }
+    let _ = tb.wait_exit().await;
+    // a write fails on B's side: the raid drops it and goes on with A's
+    let more = pattern(0x77, LEN);
+    dd(&spdk, da.path(), pa, &st.exports[0].name, Some(&more), LEN);
+    ledger_becomes(&rta.state, "rv", &[0], "B's replica out of A's ledger").await;
+    let tb = Target::start(&cfg_b).await.expect("restart B");
+    let _reap_b = Reaper(tb.pid());
+    attach_disks(&cb, db.path(), &["db"], false).await;
+    rtb.state
+        .update_typed(SPDK_STATUS_ID, "", None, &target_status(1))
+        .expect("B restarts");
+    ready(&rtb.state, "rv").await;
+    ledger_becomes(&rta.state, "rv", &[0, 1], "B's replica rebuilt").await;
+    assert!(read_b() == more, "B's replica was rebuilt with what it missed");
+
+    // A's target dies and comes back: its raid waits for B's replica (the
+    // superblock names it) until talon attaches it, then serves both
+    let mut ta = ta;
+    if let Some(pid) = ta.pid() {
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL)
+            .expect("kill -9 A");
+    }
+    let _ = ta.wait_exit().await;
+    let ta = Target::start(&cfg_a).await.expect("restart A");
+    let _reap_a = Reaper(ta.pid());
+    attach_disks(&ca, da.path(), &["da"], false).await;
+    rta.state
+        .update_typed(SPDK_STATUS_ID, "", None, &target_status(1))
+        .expect("A restarts");
+    let st = ready(&rta.state, "rv").await;
+    assert_eq!(ledger(&rta.state, "rv"), Some(vec![0, 1]));
+    assert!(
+        dd(&spdk, da.path(), pa, &st.exports[0].name, None, LEN) == more,
+        "A serves what was written before its target died"
+    );
 
     rta.state
         .destroy("config", "Volume", "rv", "")
@@ -1061,5 +1118,78 @@ async fn real_spdk_replica_that_left_just_before_a_crash_is_never_trusted() {
     if let Some(r) = rt.take() {
         r.stop().await;
     }
+    t.stop(Duration::from_secs(5)).await.expect("stop");
+}
+
+/// A host removed from the node's `allowedHosts` loses its connection to a V2
+/// export, not only its next one: talon calls `nvmf_subsystem_remove_host`,
+/// which spdk_tgt v26.05 follows with `spdk_nvmf_subsystem_disconnect_host`
+/// (lib/nvmf/nvmf_rpc.c). Seen from the target: the host's controller goes
+/// and does not come back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_spdk_removed_host_loses_its_connection() {
+    let Some(spdk) = spdk_dir("real_spdk_removed_host_loses_its_connection") else {
+        return;
+    };
+    let d = tempfile::tempdir().expect("tempdir");
+    let cfg = target_cfg(d.path(), &spdk);
+    let t = Target::start(&cfg).await.expect("spdk_tgt");
+    let _reap = Reaper(t.pid());
+    let c = SpdkClient::new(cfg.socket());
+    attach_disks(&c, d.path(), &["dc"], true).await;
+    let port = free_port();
+    let rt = runtime(&c, &["dc"], port);
+    rt.state
+        .create_typed("cut", "", &volume(32 * MIB, 1))
+        .expect("volume");
+    let nqn = ready(&rt.state, "cut").await.exports[0].name.clone();
+    let by_nqn = talon::spdk::rpc::ByNqn { nqn: nqn.clone() };
+    // a host connection: the target's own NVMe/TCP initiator, presenting HOST_NQN
+    c.bdev_nvme_attach_controller(&AttachController {
+        hostnqn: Some(spdk_perf::HOST_NQN.into()),
+        ..AttachController::tcp("cuthost", [127, 0, 0, 1].into(), port, &nqn)
+    })
+    .await
+    .expect("the allowed host connects");
+    let hosts = |cs: Vec<talon::spdk::rpc::NvmfController>| -> Vec<String> {
+        cs.into_iter().map(|c| c.hostnqn).collect()
+    };
+    let before = hosts(
+        c.nvmf_subsystem_get_controllers(&by_nqn)
+            .await
+            .expect("controllers"),
+    );
+    assert_eq!(before, vec![spdk_perf::HOST_NQN.to_string()]);
+
+    let mut node = rt
+        .state
+        .get_typed::<NodeConfig>("node")
+        .expect("get")
+        .expect("node");
+    node.spec.allowed_hosts.clear();
+    rt.state
+        .update_typed("node", "", Some(node.metadata.version), &node.spec)
+        .expect("remove the host");
+    eventually("the host's controller is gone", WAIT, || async {
+        let cs = c.nvmf_subsystem_get_controllers(&by_nqn).await.ok()?;
+        cs.is_empty().then_some(())
+    })
+    .await;
+    // the initiator tries to reconnect; the subsystem refuses it
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let after = hosts(
+        c.nvmf_subsystem_get_controllers(&by_nqn)
+            .await
+            .expect("controllers"),
+    );
+    assert!(after.is_empty(), "the removed host is connected again: {after:?}");
+
+    let _ = c.bdev_nvme_detach_controller(&ByName::new("cuthost")).await;
+    rt.state.destroy("config", "Volume", "cut", "").expect("delete");
+    eventually("deleted", WAIT, || async {
+        rt.state.list("config", "Volume").is_empty().then_some(())
+    })
+    .await;
+    rt.stop().await;
     t.stop(Duration::from_secs(5)).await.expect("stop");
 }

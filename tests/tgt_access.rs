@@ -159,3 +159,232 @@ async fn v1_volume_reaches_only_the_host_it_is_attached_to() {
     assert!(!ok, "this host read acc1 after the detach: {out}");
     rt.stop().await;
 }
+
+/// A V1 engine (tgtd + volume controller) on a real tgtd for one test, with
+/// tgtadm run through a wrapper that records every argv it is given.
+struct Node {
+    rt: TestRuntime,
+    data: tempfile::TempDir,
+    portal: SocketAddr,
+    admin: talon::tgt::TgtAdm,
+    argv_log: std::path::PathBuf,
+    _cleanup: Cleanup,
+}
+
+impl Node {
+    async fn start(node: NodeConfig) -> Self {
+        let data = tempfile::tempdir().expect("data dir");
+        let port = tgt_common::free_port();
+        let portal: SocketAddr = format!("127.0.0.1:{port}").parse().expect("portal");
+        let tgtd_cfg = TgtdConfig::new(data.path().join("run/tgtd"), portal);
+        let cleanup = Cleanup(tgtd_cfg.clone());
+        let argv_log = data.path().join("tgtadm-argv.log");
+        let wrapper = data.path().join("tgtadm-recording");
+        std::fs::write(
+            &wrapper,
+            format!(
+                "#!/bin/sh\nprintf '%s\\n' \"$*\" >> '{}'\nexec tgtadm \"$@\"\n",
+                argv_log.display()
+            ),
+        )
+        .expect("wrapper");
+        std::fs::set_permissions(&wrapper, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .expect("chmod");
+        let admin = tgtd_cfg.admin().with_program(&wrapper);
+        let (cfg2, data_dir, admin2) = (tgtd_cfg.clone(), data.path().to_path_buf(), admin.clone());
+        let ids = HostInitiators {
+            nqn: Nqn::parse("nqn.2014-08.org.nvmexpress:uuid:0b7d3c1e-3a43-4bd4-a4a1-4e3d7d4c2f10")
+                .expect("nqn"),
+            iqn: Iqn::parse(ME).expect("iqn"),
+        };
+        let rt = TestRuntime::start(move |rt| {
+            rt.register(TgtdController::with_config(cfg2, Engine::V2))?;
+            rt.register(V1VolumeController::new(data_dir, admin2, Engine::V2).with_initiators(Some(ids)))
+        })
+        .expect("runtime");
+        rt.state
+            .create_typed(
+                "node",
+                "",
+                &NodeConfig {
+                    iscsi_port: port,
+                    ..node
+                },
+            )
+            .expect("node config");
+        Self {
+            rt,
+            data,
+            portal,
+            admin,
+            argv_log,
+            _cleanup: cleanup,
+        }
+    }
+
+    /// Creates an 8 MiB V1 volume, attached here or not, and waits until it is served to `hosts`.
+    async fn volume(&self, id: &str, attach: bool, hosts: &[&str]) {
+        let vol: Volume =
+            serde_json::from_value(json!({"sizeBytes": 8 << 20, "engine": "v1"})).expect("volume");
+        self.rt.state.create_typed(id, "", &vol).expect("volume");
+        if attach {
+            let a = Attachment {
+                frontend: FrontendKind::Auto,
+            };
+            self.rt.state.create_typed(id, "", &a).expect("attachment");
+        }
+        self.served_to(id, hosts).await;
+    }
+
+    async fn served_to(&self, id: &str, hosts: &[&str]) {
+        let state = &self.rt.state;
+        eventually(&format!("{id} served to {hosts:?}"), WAIT, || async {
+            engine_status(state, id).filter(|s| s.state == ObjectState::Ready && s.exports[0].hosts == hosts)
+        })
+        .await;
+    }
+
+    async fn set_node(&self, f: impl FnOnce(&mut NodeConfig)) {
+        let mut node = self
+            .rt
+            .state
+            .get_typed::<NodeConfig>("node")
+            .expect("get")
+            .expect("node");
+        f(&mut node.spec);
+        self.rt
+            .state
+            .update_typed("node", "", Some(node.metadata.version), &node.spec)
+            .expect("update node");
+    }
+
+    fn target(&self, id: &str) -> talon::tgt::TargetInfo {
+        self.admin
+            .find_target(&Iqn::parse(&format!("iqn.2025-01.io.talon:{id}")).expect("iqn"))
+            .expect("show")
+            .expect("target")
+    }
+
+    fn url(&self, id: &str, chap: Option<(&str, &str)>) -> String {
+        let auth = chap.map(|(u, p)| format!("{u}%{p}@")).unwrap_or_default();
+        format!("iscsi://{auth}{}/iqn.2025-01.io.talon:{id}/1", self.portal)
+    }
+}
+
+/// `NodeConfig.iscsiChap`: the node's credentials file is made 0600; a login
+/// with no secret or a wrong one is refused, the right one reads; the secret
+/// never reaches tgtadm's argv (tgtadm runs through a recording wrapper).
+/// Turning CHAP off unbinds the account again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn v1_chap_refuses_missing_and_wrong_secrets() {
+    if !ready("v1_chap_refuses_missing_and_wrong_secrets") {
+        return;
+    }
+    let node = Node::start(NodeConfig {
+        iscsi_chap: true,
+        ..NodeConfig::default()
+    })
+    .await;
+    node.volume("chap1", true, &[ME]).await;
+    let file = node.data.path().join("iscsi-chap");
+    let mode = std::fs::metadata(&file).expect("credentials file").permissions();
+    assert_eq!(std::os::unix::fs::PermissionsExt::mode(&mode) & 0o777, 0o600);
+    let creds = talon::tgt::chap::load_or_create(node.data.path()).expect("read credentials");
+    let (user, secret) = (creds.user.as_str(), creds.secret.expose());
+    assert_eq!(node.target("chap1").accounts, vec![user.to_string()]);
+
+    let (ok, out) = tool_as_nobody("iscsi-inq", &["-i", ME, &node.url("chap1", None)]);
+    assert!(!ok, "a login without a secret read the volume: {out}");
+    let wrong = format!("{}x", &secret[1..]);
+    let (ok, out) = tool_as_nobody("iscsi-inq", &["-i", ME, &node.url("chap1", Some((user, &wrong)))]);
+    assert!(!ok, "a wrong secret read the volume: {out}");
+    let (ok, out) = tool_as_nobody("iscsi-inq", &["-i", ME, &node.url("chap1", Some((user, secret)))]);
+    assert!(ok, "the right secret was refused: {out}");
+    // the secret is no argument of the initiator-name ACL either: a stranger with it is refused
+    let (ok, out) = tool_as_nobody(
+        "iscsi-inq",
+        &["-i", STRANGER, &node.url("chap1", Some((user, secret)))],
+    );
+    assert!(!ok, "a stranger with the secret read the volume: {out}");
+
+    // a second volume is bound to the same account without making it again
+    node.volume("chap2", true, &[ME]).await;
+    assert_eq!(node.target("chap2").accounts, vec![user.to_string()]);
+    let argv = std::fs::read_to_string(&node.argv_log).expect("argv log");
+    assert!(
+        argv.contains("--mode account"),
+        "tgtadm bound the account: {argv}"
+    );
+    assert!(!argv.contains(secret), "the secret reached tgtadm's argv");
+
+    // off again: the targets no longer ask for CHAP
+    node.set_node(|n| n.iscsi_chap = false).await;
+    let state = &node.rt.state;
+    eventually("the account is unbound", WAIT, || async {
+        let _ = state;
+        node.target("chap1").accounts.is_empty().then_some(())
+    })
+    .await;
+    let (ok, out) = tool_as_nobody("iscsi-inq", &["-i", ME, &node.url("chap1", None)]);
+    assert!(ok, "without CHAP this host is refused: {out}");
+    node.rt.stop().await;
+}
+
+/// A deleted Attachment, or an allowed host removed from the node, cuts the
+/// initiator's existing session (tgtd checks the ACL only at login): tgtd
+/// shows no session any more, the initiator's next command fails, and its
+/// next login is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn v1_detach_and_allowed_hosts_change_cut_sessions() {
+    if !ready("v1_detach_and_allowed_hosts_change_cut_sessions") {
+        return;
+    }
+    let node = Node::start(NodeConfig {
+        allowed_hosts: vec![ALLOWED.to_string()],
+        ..NodeConfig::default()
+    })
+    .await;
+    node.volume("cut1", true, &[ME, ALLOWED]).await;
+    let lib = tgt_common::Libiscsi::load().expect("libiscsi");
+    let portal = node.portal.to_string();
+    let iqn = "iqn.2025-01.io.talon:cut1";
+    let mine = lib.connect(&portal, iqn, ME, None).expect("this host logs in");
+    let other = lib
+        .connect(&portal, iqn, ALLOWED, None)
+        .expect("the allowed host logs in");
+    for s in [&mine, &other] {
+        s.no_reconnect();
+        s.read(0, 512).expect("read while admitted");
+    }
+    assert_eq!(node.target("cut1").nexuses.len(), 2);
+
+    // detach: this host's session goes, the allowed host's stays
+    node.rt
+        .state
+        .destroy("config", "Attachment", "cut1", "")
+        .expect("detach");
+    node.served_to("cut1", &[ALLOWED]).await;
+    eventually("this host's session is cut", WAIT, || async {
+        let t = node.target("cut1");
+        (t.nexuses.len() == 1 && t.nexuses[0].initiator == ALLOWED).then_some(())
+    })
+    .await;
+    assert!(mine.read(0, 512).is_err(), "the cut session still reads");
+    other.read(0, 512).expect("the allowed host still reads");
+    assert!(
+        lib.connect(&portal, iqn, ME, None).is_err(),
+        "this host logged in again"
+    );
+
+    // the allowed host removed from the node: its session goes too
+    node.set_node(|n| n.allowed_hosts.clear()).await;
+    node.served_to("cut1", &[]).await;
+    eventually("the allowed host's session is cut", WAIT, || async {
+        node.target("cut1").nexuses.is_empty().then_some(())
+    })
+    .await;
+    assert!(other.read(0, 512).is_err(), "the cut session still reads");
+    assert!(lib.connect(&portal, iqn, ALLOWED, None).is_err());
+    drop((mine, other));
+    node.rt.stop().await;
+}

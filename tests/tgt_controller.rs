@@ -182,3 +182,82 @@ async fn desired_volume_is_served_grown_restored_and_deleted() {
     .await;
     rt.stop().await;
 }
+
+/// A volume created while tgtd is gone (killed; the target controller has not
+/// noticed yet) waits for the new tgtd instead of failing: its status is
+/// `creating` ("waiting for tgtd"), never `failed`, until it is served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_create_while_tgtd_is_gone_waits_instead_of_failing() {
+    if !ready("a_create_while_tgtd_is_gone_waits_instead_of_failing") {
+        return;
+    }
+    let data = tempfile::tempdir().expect("data dir");
+    let port = tgt_common::free_port();
+    let portal: SocketAddr = format!("127.0.0.1:{port}").parse().expect("portal");
+    let tgtd_cfg = TgtdConfig::new(data.path().join("run/tgtd"), portal);
+    let _cleanup = Cleanup(tgtd_cfg.clone());
+    let admin = tgtd_cfg.admin();
+    let (cfg2, data_dir) = (tgtd_cfg.clone(), data.path().to_path_buf());
+    let rt = TestRuntime::start(move |rt| {
+        rt.register(TgtdController::with_config(cfg2, Engine::V2))?;
+        rt.register(V1VolumeController::new(data_dir, admin, Engine::V2))
+    })
+    .expect("runtime");
+    let state = rt.state.clone();
+    let node = NodeConfig {
+        iscsi_port: port,
+        allowed_hosts: vec![INITIATOR.to_string()],
+        ..NodeConfig::default()
+    };
+    state.create_typed("node", "", &node).expect("node config");
+    state.create_typed("wa", "", &volume(8 << 20)).expect("volume");
+    eventually("wa served", WAIT, || async {
+        engine_status(&state, "wa").filter(|s| s.state == ObjectState::Ready)
+    })
+    .await;
+    let mut seen = Vec::new();
+    let mut killed = 0;
+    for round in 0..3 {
+        let pid = eventually("a new tgtd ready", WAIT, || async {
+            state
+                .get_typed::<TargetStatus>(TGTD_STATUS_ID)
+                .ok()
+                .flatten()
+                .map(|t| t.spec)
+                .filter(|t| t.state == ObjectState::Ready)
+                .and_then(|t| t.pid)
+                .filter(|p| *p != killed)
+        })
+        .await;
+        killed = pid;
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid as i32),
+            nix::sys::signal::Signal::SIGKILL,
+        )
+        .expect("kill tgtd");
+        let id = format!("wb{round}");
+        state.create_typed(&id, "", &volume(8 << 20)).expect("volume");
+        let start = std::time::Instant::now();
+        loop {
+            let s = engine_status(&state, &id);
+            if let Some(s) = &s {
+                assert_ne!(
+                    s.state,
+                    ObjectState::Failed,
+                    "{id} failed while tgtd restarted: {}",
+                    s.message
+                );
+                if !seen.contains(&s.message) && s.state == ObjectState::Creating {
+                    seen.push(s.message.clone());
+                }
+                if s.state == ObjectState::Ready {
+                    break;
+                }
+            }
+            assert!(start.elapsed() < WAIT, "{id} not served: {s:?}");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+    eprintln!("statuses seen while tgtd restarted: {seen:?}");
+    rt.stop().await;
+}

@@ -6,7 +6,7 @@ mod tgt_common;
 use std::os::unix::fs::FileExt;
 
 use talon::names::{Iqn, ObjectName};
-use talon::tgt::volume::VolumeError;
+use talon::tgt::volume::{VolumeError, ensure_chap_account};
 use talon::tgt::{ChapCredentials, ChapSecret, ChapUser, ExportOptions, InitiatorAcl, V1Store};
 use tgt_common::{Libiscsi, LoopFs, TestTgtd, read_capacity, ready, tool};
 
@@ -250,6 +250,10 @@ fn acl_and_chap_refuse_strangers() {
             secret: secret.clone(),
         }),
     };
+    let creds = opts.chap.clone().expect("chap");
+    // the account reaches tgtd over its control socket (no argv)
+    ensure_chap_account(&admin, &creds, false).expect("CHAP account");
+    assert_eq!(admin.accounts().expect("accounts"), vec!["talon-chap"]);
     store.export(&admin, &v3, &opts).expect("export with CHAP");
     let iqn3 = Iqn::for_volume(&v3);
     assert!(

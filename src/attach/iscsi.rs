@@ -35,6 +35,7 @@ use super::kernel_backoff;
 use crate::host::{HostIoError, HostRoot};
 use crate::names::{Iqn, ObjectName};
 use crate::ns::{Namespaces, NsCommand, NsError, Target};
+use crate::tgt::ChapCredentials;
 
 /// iscsiadm's exit code for "session exists" (a login of a logged-in node).
 pub const EXIT_SESSION_EXISTS: i32 = 15;
@@ -62,6 +63,9 @@ pub struct IscsiTarget {
     /// initiators (talon's V1 exports) answers discovery and login only for
     /// them.
     pub initiator: Option<Iqn>,
+    /// CHAP credentials the target requires (`NodeConfig.iscsiChap`), set in
+    /// the node record before login.
+    pub chap: Option<ChapCredentials>,
 }
 
 /// `a` with `-I talon` when the target is reached with talon's initiator name.
@@ -337,10 +341,26 @@ fn adm(
             waited: timeout,
         }),
         Err(source) => Err(IscsiError::Run {
-            args: a.join(" "),
+            args: redacted(&a).join(" "),
             source: Box::new(source),
         }),
     }
+}
+
+/// The node record setting that holds the CHAP secret.
+const AUTH_PASSWORD: &str = "node.session.auth.password";
+
+/// iscsiadm's arguments fit for a message: the value that follows a secret
+/// setting's name (`-n node.session.auth.password -v SECRET`) is replaced.
+pub fn redacted(a: &[String]) -> Vec<String> {
+    let mut out = a.to_vec();
+    if let Some(i) = a.iter().position(|x| x == AUTH_PASSWORD)
+        && let Some(v) = a[i..].iter().position(|x| x == "-v")
+        && let Some(secret) = out.get_mut(i + v + 1)
+    {
+        *secret = "***".to_string();
+    }
+    out
 }
 
 /// Parses SendTargets output lines `ADDR:PORT,TPGT IQN`.
@@ -583,6 +603,19 @@ fn create_node(iscsiadm: &dyn Iscsiadm, target: &IscsiTarget, opts: &IscsiOption
             "2",
         ]),
     ];
+    let update = |name: &str, value: &str| {
+        args(&[
+            "-m", "node", "-T", &iqn, "-p", &p, "-o", "update", "-n", name, "-v", value,
+        ])
+    };
+    let mut steps = steps.to_vec();
+    if let Some(chap) = &target.chap {
+        // iscsiadm takes the secret only as an argument: visible in /proc/<pid>/cmdline for
+        // the few milliseconds this iscsiadm runs (docs/security.md); never logged
+        steps.push(update("node.session.auth.authmethod", "CHAP"));
+        steps.push(update("node.session.auth.username", chap.user.as_str()));
+        steps.push(update(AUTH_PASSWORD, chap.secret.expose()));
+    }
     for a in steps {
         let out = adm(
             iscsiadm,
@@ -789,6 +822,7 @@ pub fn detach(
             iqn: t_iqn,
             lun: 0,
             initiator: None,
+            chap: None,
         };
         let n = session_number(&s.name).unwrap_or_default().to_string();
         let out = adm(
@@ -821,6 +855,7 @@ pub fn detach(
             iqn: iqn.clone(),
             lun: 0,
             initiator: None,
+            chap: None,
         };
         delete_node(iscsiadm, &t, None, opts)?;
     }
@@ -895,6 +930,24 @@ mod tests {
     fn portal_args_are_plain_socket_addresses() {
         assert_eq!(portal_arg(&"10.0.2.2:3260".parse().expect("a")), "10.0.2.2:3260");
         assert_eq!(portal_arg(&"[::1]:3260".parse().expect("a")), "[::1]:3260");
+    }
+
+    #[test]
+    fn secrets_are_redacted_from_arguments() {
+        let a = args(&[
+            "-m",
+            "node",
+            "-o",
+            "update",
+            "-n",
+            AUTH_PASSWORD,
+            "-v",
+            "s3cr3t-value",
+        ]);
+        let r = redacted(&a).join(" ");
+        assert!(!r.contains("s3cr3t") && r.ends_with("-v ***"), "{r}");
+        let plain = args(&["-m", "node", "-n", "node.session.auth.username", "-v", "talon"]);
+        assert_eq!(redacted(&plain), plain);
     }
 
     #[test]

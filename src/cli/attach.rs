@@ -57,6 +57,11 @@ pub struct IscsiAttachArgs {
     /// this host (what the daemon uses and its V1 exports allow).
     #[arg(long)]
     pub initiator_name: Option<String>,
+    /// Log in with CHAP, with the user and secret of the credentials file in
+    /// the data directory (`<data-dir>/iscsi-chap`, what `NodeConfig.iscsiChap`
+    /// makes the node's V1 targets require).
+    #[arg(long)]
+    pub chap: bool,
     /// talon's data directory (where the host ID behind `--initiator-name host` is kept).
     #[arg(long, default_value = DEFAULT_DATA_DIR, env = "TALON_DATA_DIR")]
     pub data_dir: PathBuf,
@@ -243,6 +248,11 @@ fn run_attach_iscsi(a: IscsiAttachArgs) -> Result<(), super::CliError> {
         iqn,
         lun: a.lun,
         initiator,
+        chap: if a.chap {
+            Some(crate::tgt::chap::load(&a.data_dir)?)
+        } else {
+            None
+        },
     };
     let at = iscsi::attach_host(&HostRoot::real(), &volume, &target, &opts)?;
     println!(

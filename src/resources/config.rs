@@ -51,6 +51,12 @@ pub struct NodeConfig {
     /// host a volume is attached to (which is always allowed while attached).
     #[serde(default)]
     pub allowed_hosts: Vec<String>,
+    /// Require iSCSI CHAP on V1 targets: initiators log in with the user and
+    /// secret of `<data-dir>/iscsi-chap` (0600, made by talon with a random
+    /// secret if absent), on top of the initiator-name ACL. This host's attach
+    /// path uses the same file. The secret is never in the node config.
+    #[serde(default)]
+    pub iscsi_chap: bool,
     /// The 2 MiB hugepage pool for SPDK: `auto` (sized from the volumes this
     /// node exports, on the NUMA nodes of the SPDK cores), a fixed number of
     /// MiB, or `off` (talon leaves the pool alone).
@@ -121,6 +127,7 @@ impl Default for NodeConfig {
             nvmf_port: default_nvmf_port(),
             iscsi_port: default_iscsi_port(),
             allowed_hosts: Vec::new(),
+            iscsi_chap: false,
             hugepages: HugepagesSetting::AUTO,
         }
     }

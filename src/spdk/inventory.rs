@@ -77,6 +77,31 @@ impl Inventory {
             .find(|l| l.name == name && l.lvs.name.starts_with(LVS_PREFIX))
     }
 
+    /// The snapshot lvols of `vol`'s snapshot `snap` in talon's lvstores:
+    /// (replica k, alias), by k.
+    pub fn snapshot_lvols(&self, vol: &str, snap: &str) -> Vec<(usize, String)> {
+        let mut out: Vec<(usize, String)> = self
+            .lvols
+            .values()
+            .filter(|l| l.lvs.name.starts_with(LVS_PREFIX))
+            .filter_map(|l| match parse_lvol(&l.name) {
+                Some(LvolRole::Snapshot { volume, k, snap: s }) if volume == vol && s == snap => {
+                    Some((k, l.alias.clone()))
+                }
+                _ => None,
+            })
+            .collect();
+        out.sort();
+        out
+    }
+
+    /// Keeps only the lvstores of `disks` (and lvstores that are not talon's):
+    /// replicas are placed on configured disks only.
+    pub fn retain_disks(&mut self, disks: &std::collections::BTreeSet<String>) {
+        self.lvstores
+            .retain(|l| l.name.strip_prefix(LVS_PREFIX).is_none_or(|d| disks.contains(d)));
+    }
+
     /// The size of a bdev.
     pub fn bdev_size(&self, name: &str) -> Option<u64> {
         self.bdevs.get(name).map(Bdev::size_bytes)

@@ -51,6 +51,26 @@ pub enum AdminError {
     InvalidChap { what: &'static str, reason: String },
 }
 
+impl AdminError {
+    /// Whether tgtd did not answer (stopping, restarting, not started yet):
+    /// a reason to wait, not a final failure. tgtadm 1.0.85 says "failed to
+    /// send request hdr to tgt daemon" when nothing listens on the control
+    /// socket, "tgtd closed the socket" or "can't get the response" when tgtd
+    /// goes away mid-request.
+    pub fn tgtd_unreachable(&self) -> bool {
+        match self {
+            Self::Failed { message, .. } => [
+                "to tgt daemon",
+                "tgtd closed the socket",
+                "can't get the response",
+            ]
+            .iter()
+            .any(|m| message.contains(m)),
+            _ => false,
+        }
+    }
+}
+
 /// Who may log in to a target (tgtd's ACL): an address, a subnet, any address,
 /// or an initiator name.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
@@ -158,11 +178,9 @@ impl fmt::Display for ChapUser {
 
 /// A CHAP secret: 12 to 255 printable ASCII characters without spaces (RFC 3720
 /// asks for at least 12 bytes; open-iscsi rejects shorter ones). Its `Debug`
-/// hides the value, and errors never contain it. tgtadm takes it as an argv
-/// element, so while tgtadm runs it is visible in `/proc/<pid>/cmdline` to
-/// every local user (the file is world-readable unless /proc is mounted with
-/// `hidepid=2`; checked: user nobody reads a root process's argv here). That
-/// is why no configuration enables CHAP yet (docs/security.md).
+/// hides the value, and errors never contain it. It never reaches tgtadm's
+/// argv (visible in `/proc/<pid>/cmdline` to every local user): talon sends
+/// it to tgtd over the control socket ([`TgtAdm::new_account`]).
 #[derive(Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(try_from = "String", into = "String")]
 pub struct ChapSecret(String);
@@ -293,6 +311,10 @@ impl TargetInfo {
 pub struct TgtAdm {
     program: PathBuf,
     socket: PathBuf,
+    /// The target id [`TgtAdm::new_target`] tries first (shared by clones):
+    /// one past the last one it made, so a create lists no targets unless that
+    /// id turns out to be taken.
+    next_tid: std::sync::Arc<std::sync::atomic::AtomicU32>,
 }
 
 /// The highest target id talon allocates.
@@ -305,6 +327,7 @@ impl TgtAdm {
         Self {
             program: PathBuf::from("tgtadm"),
             socket: socket.into(),
+            next_tid: std::sync::Arc::new(std::sync::atomic::AtomicU32::new(1)),
         }
     }
 
@@ -370,8 +393,21 @@ impl TgtAdm {
         Ok(self.show()?.into_iter().find(|t| t.name == iqn.as_str()))
     }
 
-    /// Creates a target named `iqn` with the lowest free target id.
+    /// Creates a target named `iqn` with a free target id. Its cost does not
+    /// grow with the number of targets: it tries the id after the last one
+    /// made, and lists the targets only when tgtd says that id (or the name)
+    /// is taken, then takes the lowest free id after the hint (or from 1).
     pub fn new_target(&self, iqn: &Iqn) -> Result<Tid, AdminError> {
+        use std::sync::atomic::Ordering;
+        let hint = self.next_tid.load(Ordering::Relaxed).clamp(1, MAX_TID);
+        match self.new_target_with_tid(hint, iqn) {
+            Ok(()) => {
+                self.next_tid.store(hint + 1, Ordering::Relaxed);
+                return Ok(hint);
+            }
+            Err(AdminError::Failed { message, .. }) if message.contains("this target already exists") => {}
+            Err(e) => return Err(e),
+        }
         let targets = self.show()?;
         if let Some(t) = targets.iter().find(|t| t.name == iqn.as_str()) {
             return Err(AdminError::TargetExists {
@@ -379,13 +415,16 @@ impl TgtAdm {
                 tid: t.tid,
             });
         }
-        let tid = (1..=MAX_TID)
-            .find(|tid| targets.iter().all(|t| t.tid != *tid))
+        let free = |tid: &Tid| targets.iter().all(|t| t.tid != *tid);
+        let tid = (hint..=MAX_TID)
+            .find(free)
+            .or_else(|| (1..hint).find(free))
             .ok_or_else(|| AdminError::NoFreeTid {
                 iqn: iqn.clone(),
                 max: MAX_TID,
             })?;
         self.new_target_with_tid(tid, iqn)?;
+        self.next_tid.store(tid + 1, Ordering::Relaxed);
         Ok(tid)
     }
 
@@ -464,13 +503,28 @@ impl TgtAdm {
             .map(drop)
     }
 
-    /// Creates a CHAP account (global in tgtd).
+    /// Creates a CHAP account (global in tgtd). Not through tgtadm: its argv
+    /// would show the secret to every local user; talon sends the request on
+    /// tgtd's control socket itself ([`super::ipc`]).
     pub fn new_account(&self, user: &ChapUser, secret: &ChapSecret) -> Result<(), AdminError> {
-        let mut a = args(&["--op", "new", "--mode", "account", "--user"]);
-        a.push(user.as_str().into());
-        a.push("--password".into());
-        a.push(secret.expose().into());
-        self.run(|| format!("create CHAP account {user}"), a).map(drop)
+        let mut params = format!("user={},password={}", user.as_str(), secret.expose()).into_bytes();
+        let done = super::ipc::request(
+            &self.socket,
+            super::ipc::MODE_ACCOUNT,
+            super::ipc::OP_NEW,
+            0,
+            &params,
+        );
+        params.iter_mut().for_each(|b| *b = 0);
+        done.map(drop).map_err(|e| AdminError::Failed {
+            action: format!("create CHAP account {user}"),
+            message: match &e {
+                super::ipc::IpcError::Io { .. } => {
+                    format!("cannot talk to tgt daemon: {}", crate::util::error_chain(&e))
+                }
+                other => other.to_string(),
+            },
+        })
     }
 
     /// Deletes a CHAP account.
@@ -519,6 +573,23 @@ impl TgtAdm {
         }
         self.run(|| format!("unbind CHAP account {user} from target {tid}"), a)
             .map(drop)
+    }
+
+    /// Closes one connection of a session (the nexus id is tgtd's session id,
+    /// the TSIH): the initiator sees its TCP connection end and must log in
+    /// again, which the ACL and CHAP then decide.
+    pub fn close_connection(&self, tid: Tid, nexus: u64, cid: u32) -> Result<(), AdminError> {
+        let mut a = args(&["--op", "delete", "--mode", "connection", "--tid"]);
+        a.push(tid.to_string().into());
+        a.push("--sid".into());
+        a.push(nexus.to_string().into());
+        a.push("--cid".into());
+        a.push(cid.to_string().into());
+        self.run(
+            || format!("close connection {cid} of session {nexus} on target {tid}"),
+            a,
+        )
+        .map(drop)
     }
 
     /// Asks tgtd to exit (it refuses while targets exist; tgtd ignores SIGTERM).

@@ -6,12 +6,14 @@
 //!        │ export / expand / delete                │ backing store (rdwr)
 //!        v                                         v
 //!   admin::TgtAdm ──tgtadm argv──> control socket ─> tgtd ──iSCSI──> initiators
-//!                                                   ^
+//!   chap (node credentials file) ──ipc (secrets)──┘ ^
 //!   daemon::Tgtd ── start / adopt / verify portal / stop ┘
 //! ```
 
 pub mod admin;
+pub mod chap;
 pub mod daemon;
+pub mod ipc;
 pub mod volume;
 
 pub use admin::{AdminError, ChapSecret, ChapUser, InitiatorAcl, TargetInfo, TgtAdm, Tid};

@@ -121,6 +121,14 @@ pub enum VolumeError {
     },
 }
 
+impl VolumeError {
+    /// Whether this failed only because tgtd did not answer
+    /// ([`AdminError::tgtd_unreachable`]).
+    pub fn tgtd_unreachable(&self) -> bool {
+        matches!(self, Self::Admin { source, .. } if source.tgtd_unreachable())
+    }
+}
+
 /// Incoming CHAP credentials of a target (the initiator authenticates).
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ChapCredentials {
@@ -135,7 +143,8 @@ pub struct ChapCredentials {
 pub struct ExportOptions {
     /// Allowed initiators; empty allows nobody (tgtd's default).
     pub initiators: Vec<InitiatorAcl>,
-    /// Optional CHAP.
+    /// CHAP the initiators must pass (incoming). The account must exist in
+    /// tgtd ([`ensure_chap_account`]); exports bind it to their target.
     pub chap: Option<ChapCredentials>,
 }
 
@@ -232,13 +241,19 @@ impl V1Store {
         self.snapshots_dir(volume).join(format!("{snapshot}.img"))
     }
 
-    fn check_size(volume: &ObjectName, size: u64) -> Result<(), VolumeError> {
+    fn check_size(&self, volume: &ObjectName, size: u64) -> Result<(), VolumeError> {
+        let limit = filesystem_limit(&self.root);
         let reason = if size == 0 {
             "a volume must not be empty".to_string()
         } else if !size.is_multiple_of(BLOCK_SIZE) {
             format!("not a multiple of the {BLOCK_SIZE}-byte block size")
         } else if size > i64::MAX as u64 {
             "too large".to_string()
+        } else if let Some((fs, max)) = limit.filter(|(_, max)| size > *max) {
+            format!(
+                "larger than the {max} bytes a file can have on the {fs} filesystem of {}",
+                self.root.display()
+            )
         } else {
             return Ok(());
         };
@@ -251,7 +266,7 @@ impl V1Store {
 
     /// Creates a sparse volume file of `size` bytes.
     pub fn create(&self, name: &ObjectName, size: u64) -> Result<VolumeInfo, VolumeError> {
-        Self::check_size(name, size)?;
+        self.check_size(name, size)?;
         let dir = self.volumes_dir();
         private_dir(&dir).map_err(|source| VolumeError::Create {
             path: dir.clone(),
@@ -489,6 +504,16 @@ impl V1Store {
         let targets = self
             .serving_targets(admin, name)
             .map_err(admin_err("unexport", name))?;
+        self.unexport_seen(admin, name, force, targets)
+    }
+
+    fn unexport_seen(
+        &self,
+        admin: &TgtAdm,
+        name: &ObjectName,
+        force: bool,
+        targets: Vec<TargetInfo>,
+    ) -> Result<(), VolumeError> {
         if !force {
             self.refuse_if_in_use("unexport", name, &targets)?;
         }
@@ -509,9 +534,20 @@ impl V1Store {
         admin: &TgtAdm,
         keep: impl Fn(&ObjectName) -> bool,
     ) -> Result<OrphanReport, AdminError> {
+        Ok(self.remove_orphans_known(admin, keep, &admin.show()?))
+    }
+
+    /// [`remove_orphans`](Self::remove_orphans) given tgtd's targets as one
+    /// `show` listed them.
+    pub fn remove_orphans_known(
+        &self,
+        admin: &TgtAdm,
+        keep: impl Fn(&ObjectName) -> bool,
+        targets: &[TargetInfo],
+    ) -> OrphanReport {
         let prefix = format!("{}:", crate::names::IQN_PREFIX);
         let mut report = OrphanReport::default();
-        for t in admin.show()? {
+        for t in targets {
             let Some(v) = t.name.strip_prefix(&prefix) else {
                 continue;
             };
@@ -532,7 +568,7 @@ impl V1Store {
                 Err(e) => report.failed.push((iqn, e)),
             }
         }
-        Ok(report)
+        report
     }
 
     /// Exports every volume on disk (after a restart of tgtd or talon), with the
@@ -564,6 +600,34 @@ impl V1Store {
     pub fn delete(&self, admin: &TgtAdm, name: &ObjectName) -> Result<(), VolumeError> {
         let info = self.info(name)?;
         self.unexport(admin, name, false)?;
+        self.delete_files(name, info)
+    }
+
+    /// [`delete`](Self::delete) given tgtd's targets as one `show` listed them
+    /// (a reconcile lists them once for all its deletes). A session that
+    /// logged in after the listing makes tgtd refuse to remove its target
+    /// ("this target is still active"): the delete fails and is tried again.
+    pub fn delete_known(
+        &self,
+        admin: &TgtAdm,
+        name: &ObjectName,
+        targets: &[TargetInfo],
+    ) -> Result<(), VolumeError> {
+        let info = self.info(name)?;
+        let serving = targets
+            .iter()
+            .filter(|t| {
+                t.luns
+                    .iter()
+                    .any(|l| l.backing_path.as_deref() == Some(info.path.as_path()))
+            })
+            .cloned()
+            .collect();
+        self.unexport_seen(admin, name, false, serving)?;
+        self.delete_files(name, info)
+    }
+
+    fn delete_files(&self, name: &ObjectName, info: VolumeInfo) -> Result<(), VolumeError> {
         fs::remove_file(&info.path).map_err(|source| VolumeError::Remove {
             path: info.path.clone(),
             source,
@@ -587,7 +651,7 @@ impl V1Store {
         name: &ObjectName,
         new_size: u64,
     ) -> Result<VolumeInfo, VolumeError> {
-        Self::check_size(name, new_size)?;
+        self.check_size(name, new_size)?;
         let info = self.info(name)?;
         if new_size < info.size {
             return Err(VolumeError::InvalidSize {
@@ -747,8 +811,10 @@ fn sync_acl(admin: &TgtAdm, t: &TargetInfo, opts: &ExportOptions) -> Result<(), 
             }
         }
     }
-    if let Some(chap) = &opts.chap {
-        set_chap(admin, t.tid, chap)?;
+    if let Some(chap) = &opts.chap
+        && !t.accounts.iter().any(|a| a == chap.user.as_str())
+    {
+        admin.bind_account(t.tid, &chap.user, false)?;
     }
     for shown in &t.accounts {
         let wanted = opts.chap.as_ref().is_some_and(|c| c.user.as_str() == shown);
@@ -756,7 +822,60 @@ fn sync_acl(admin: &TgtAdm, t: &TargetInfo, opts: &ExportOptions) -> Result<(), 
             admin.unbind_account(t.tid, &user, shown.ends_with(" (outgoing)"))?;
         }
     }
+    // tgtd checks the ACL at login only: a session of an initiator the ACL no longer
+    // admits (its Attachment deleted, allowedHosts changed) is cut here, and its
+    // next login is refused
+    for n in t.nexuses.iter().filter(|n| !admitted(opts, n)) {
+        tracing::info!(tid = t.tid, session = %n, "closing a session the ACL no longer admits");
+        for c in &n.connections {
+            match admin.close_connection(t.tid, n.id, c.cid) {
+                Ok(()) => {}
+                // gone meanwhile (the initiator logged out)
+                Err(AdminError::Failed { message, .. })
+                    if message.contains("can't find the session")
+                        || message.contains("can't find the connection") => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
     Ok(())
+}
+
+/// Whether the ACL of `opts` admits a logged-in session: by its initiator
+/// name, or by the address of every one of its connections.
+fn admitted(opts: &ExportOptions, n: &Nexus) -> bool {
+    let by_address = |acl: &InitiatorAcl, addr: &str| -> bool {
+        let Ok(ip) = addr.parse::<std::net::IpAddr>() else {
+            return false;
+        };
+        match acl {
+            InitiatorAcl::All => true,
+            InitiatorAcl::Address(a) => *a == ip,
+            InitiatorAcl::Subnet { address, prefix } => in_subnet(ip, *address, *prefix),
+            InitiatorAcl::Name(_) => false,
+        }
+    };
+    opts.initiators.iter().any(|acl| match acl {
+        InitiatorAcl::Name(iqn) => iqn.as_str() == n.initiator,
+        other => !n.connections.is_empty() && n.connections.iter().all(|c| by_address(other, &c.address)),
+    })
+}
+
+fn in_subnet(ip: std::net::IpAddr, net: std::net::IpAddr, prefix: u8) -> bool {
+    use std::net::IpAddr::{V4, V6};
+    match (ip, net) {
+        (V4(a), V4(b)) => {
+            let mask = u32::MAX.checked_shl(32 - u32::from(prefix.min(32))).unwrap_or(0);
+            u32::from(a) & mask == u32::from(b) & mask
+        }
+        (V6(a), V6(b)) => {
+            let mask = u128::MAX
+                .checked_shl(128 - u32::from(prefix.min(128)))
+                .unwrap_or(0);
+            u128::from(a) & mask == u128::from(b) & mask
+        }
+        _ => false,
+    }
 }
 
 /// An ACL entry as tgtd shows it, back as an [`InitiatorAcl`].
@@ -775,13 +894,25 @@ fn parse_acl(shown: &str) -> Option<InitiatorAcl> {
     Iqn::parse(shown).ok().map(InitiatorAcl::Name)
 }
 
-/// (Re)creates the CHAP account with this secret and binds it to the target.
+/// Binds the CHAP account (made by [`ensure_chap_account`]) to a new target.
 fn set_chap(admin: &TgtAdm, tid: Tid, chap: &ChapCredentials) -> Result<(), AdminError> {
+    admin.bind_account(tid, &chap.user, false)
+}
+
+/// Makes tgtd hold the CHAP account of `chap` (tgtd accounts are global; an
+/// export with `ExportOptions.chap` binds it). tgtd cannot show a secret or
+/// change one: with `replace` an existing account is deleted and made again
+/// with this secret, which unbinds it from every target (the exports bind it
+/// again); without, an existing account is kept as it is. The secret goes to
+/// tgtd over its control socket, never in an argv.
+pub fn ensure_chap_account(admin: &TgtAdm, chap: &ChapCredentials, replace: bool) -> Result<(), AdminError> {
     if admin.accounts()?.iter().any(|a| a == chap.user.as_str()) {
+        if !replace {
+            return Ok(());
+        }
         admin.delete_account(&chap.user)?;
     }
-    admin.new_account(&chap.user, &chap.secret)?;
-    admin.bind_account(tid, &chap.user, false)
+    admin.new_account(&chap.user, &chap.secret)
 }
 
 fn img_names(dir: &Path) -> Result<Vec<String>, VolumeError> {
@@ -806,6 +937,20 @@ fn img_names(dir: &Path) -> Result<Vec<String>, VolumeError> {
         }
     }
     Ok(out)
+}
+
+/// The largest file the filesystem holding `dir` (or its nearest existing
+/// ancestor) can have, when it is below what talon serves: ext4 addresses
+/// 2^32 - 1 blocks per extent-mapped file, 16 TiB - 4 KiB with 4 KiB blocks
+/// (checked here: ftruncate to 17592186040320 works, 512 bytes more is
+/// EFBIG). XFS, btrfs and tmpfs go to 8 EiB.
+pub fn filesystem_limit(dir: &Path) -> Option<(&'static str, u64)> {
+    let existing = dir.ancestors().find(|d| d.exists())?;
+    let s = nix::sys::statfs::statfs(existing).ok()?;
+    (s.filesystem_type() == nix::sys::statfs::EXT4_SUPER_MAGIC).then(|| {
+        let block = u64::try_from(s.block_size()).unwrap_or(4096);
+        ("ext4", ((1u64 << 32) - 1) * block)
+    })
 }
 
 /// Creates `dir` and its missing parents private to root (0700).
@@ -973,5 +1118,38 @@ mod tests {
         ] {
             assert_eq!(parse_acl(&acl.to_string()), Some(acl));
         }
+    }
+}
+
+#[cfg(test)]
+mod filesystem_limit_tests {
+    use super::*;
+
+    /// On ext4 (this machine's /tmp) a volume larger than the largest ext4 file
+    /// is refused before a file is made, naming the filesystem and the limit;
+    /// the limit itself is served.
+    #[test]
+    fn volumes_beyond_the_ext4_file_limit_are_refused_up_front() {
+        let d = tempfile::tempdir().expect("tempdir");
+        let Some(("ext4", max)) = filesystem_limit(d.path()) else {
+            eprintln!(
+                "SKIP volumes_beyond_the_ext4_file_limit_are_refused_up_front: {} is not on ext4",
+                d.path().display()
+            );
+            return;
+        };
+        let store = V1Store::new(d.path());
+        let v = ObjectName::parse("volume", "huge").expect("name");
+        let e = store.create(&v, max + 512).expect_err("past the limit");
+        let text = e.to_string();
+        assert!(
+            matches!(e, VolumeError::InvalidSize { .. })
+                && text.contains("ext4")
+                && text.contains(&max.to_string()),
+            "{text}"
+        );
+        assert!(!store.volume_path(&v).exists(), "no file is left");
+        let info = store.create(&v, max).expect("the limit itself (sparse)");
+        assert_eq!(info.size, max);
     }
 }

@@ -42,8 +42,7 @@ use crate::runtime::{Controller, ControllerError, Input, Output, Phase, Reconcil
 use crate::spdk::SpdkClient;
 use crate::spdk::placement::DiskAway;
 use crate::spdk::volume::{
-    ExportSpec, Inventory, VolumeError, VolumeInfo, VolumeOps, VolumePlan, applied_revert, naming,
-    replica_heads,
+    ExportSpec, Inventory, VolumeError, VolumeInfo, VolumeOps, VolumePlan, applied_revert, replica_heads,
 };
 
 /// Volumes realized concurrently in one reconcile.
@@ -553,11 +552,7 @@ impl Controller for SpdkVolumeController {
 
         let mut inv = Inventory::load(self.ops.client()).await?;
         // only lvstores of configured disks are usable
-        inv.lvstores.retain(|l| {
-            l.name
-                .strip_prefix(crate::spdk::volume::LVS_PREFIX)
-                .is_none_or(|d| disks.contains(d))
-        });
+        inv.retain_disks(&disks);
 
         // orphans: talon-named objects with no desired resource (any engine's volume counts)
         let live_vols: BTreeSet<String> = all_volumes
@@ -591,11 +586,7 @@ impl Controller for SpdkVolumeController {
                 tracing::warn!("{e}");
             }
             inv = Inventory::load(self.ops.client()).await?;
-            inv.lvstores.retain(|l| {
-                l.name
-                    .strip_prefix(crate::spdk::volume::LVS_PREFIX)
-                    .is_none_or(|d| disks.contains(d))
-            });
+            inv.retain_disks(&disks);
         }
 
         let disk_away = disks_away(&disk_list, &ctx.list::<DiskStatus>()?, &inv);
@@ -694,29 +685,21 @@ impl Controller for SpdkVolumeController {
                     continue;
                 }
             };
-            let existing: Vec<String> = replica_heads(&inv, vol.as_str())
+            // taken already: the snapshot lvols of the replicas that have a head
+            let heads: BTreeSet<usize> = replica_heads(&inv, vol.as_str())
                 .iter()
-                .map(|(k, l)| {
-                    format!(
-                        "{}/{}",
-                        l.lvs.name,
-                        naming::snapshot_lvol(vol.as_str(), *k, snap.as_str())
-                    )
-                })
-                .filter(|a| inv.lvols.contains_key(a))
+                .map(|(k, _)| *k)
+                .collect();
+            let taken = inv.snapshot_lvols(vol.as_str(), snap.as_str());
+            let existing: Vec<String> = taken
+                .iter()
+                .filter(|(k, _)| heads.contains(k))
+                .map(|(_, a)| a.clone())
                 .collect();
             let live_volume = live_vols.contains(vol.as_str());
             let st = if !live_volume {
                 // volume gone: what was taken stays until the snapshot is deleted
-                let kept: Vec<String> = inv
-                    .lvols
-                    .values()
-                    .filter(|l| {
-                        l.name.starts_with(&format!("{}-r", vol.as_str()))
-                            && l.name.ends_with(&format!(".s.{snap}"))
-                    })
-                    .map(|l| l.alias.clone())
-                    .collect();
+                let kept: Vec<String> = taken.into_iter().map(|(_, a)| a).collect();
                 if kept.is_empty() {
                     snap_status(
                         &s.spec.volume,

@@ -11,12 +11,19 @@
 //!                    Realized: EngineStatus <volume>, SnapshotStatus <volume>@<name>, or deleted
 //! ```
 //!
+//! What changed only: a volume served with the same spec, ACL/CHAP and tgtd
+//! (pid) as last time is passed over (its status applied again from memory);
+//! tgtd's targets are listed at most once per reconcile, when a volume needs
+//! them; a full pass (every volume, orphaned targets) runs at start, after
+//! each tgtd start and every [`FULL_PASS_EVERY`].
+//!
 //! Deletion: the controller holds a finalizer on each V1 `Volume` and
 //! `Snapshot`; a delete waits (state `deleting`, message naming the sessions)
 //! until no initiator is logged in, then removes target, file and snapshots.
 
+use std::collections::HashMap;
 use std::path::PathBuf;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::selection::engine_for;
 use crate::attach::HostInitiators;
@@ -27,15 +34,20 @@ use crate::resources::engine::{
 };
 use crate::resources::frontend::Attachment;
 use crate::runtime::{Controller, ControllerError, Input, Output, Phase, ReconcileContext, Requeue};
+use crate::tgt::volume::ensure_chap_account;
 use crate::tgt::volume::{VOLUME_LUN, VolumeError};
-use crate::tgt::{ExportOptions, InitiatorAcl, TargetInfo, TgtAdm, V1Store};
+use crate::tgt::{AdminError, ChapCredentials, ExportOptions, InitiatorAcl, TargetInfo, TgtAdm, V1Store};
 
 /// The iSCSI ACL of a volume, by initiator name only: this host's initiator
 /// name while the volume is attached here (`attached_by`), and the IQNs among
 /// the node's allowed hosts. Nothing else: a volume attached nowhere and with
 /// no allowed host is reachable by nobody (tgtd refuses discovery and login to
 /// a target without ACL entries).
-pub fn export_options(node: &NodeConfig, attached_by: Option<&Iqn>) -> ExportOptions {
+pub fn export_options(
+    node: &NodeConfig,
+    attached_by: Option<&Iqn>,
+    chap: Option<&ChapCredentials>,
+) -> ExportOptions {
     let mut names: Vec<InitiatorAcl> = Vec::new();
     let allowed = node.allowed_hosts.iter().filter_map(|h| Iqn::parse(h).ok());
     for iqn in attached_by.cloned().into_iter().chain(allowed) {
@@ -46,7 +58,7 @@ pub fn export_options(node: &NodeConfig, attached_by: Option<&Iqn>) -> ExportOpt
     }
     ExportOptions {
         initiators: names,
-        chap: None,
+        chap: chap.cloned(),
     }
 }
 
@@ -54,6 +66,18 @@ pub fn export_options(node: &NodeConfig, attached_by: Option<&Iqn>) -> ExportOpt
 #[derive(Debug)]
 pub struct V1VolumeController {
     store: V1Store,
+    /// The data directory (the node's CHAP credentials file).
+    data_dir: PathBuf,
+    /// The CHAP credentials this controller made tgtd hold, by the pid of
+    /// that tgtd (a new tgtd, or new credentials, make it again).
+    chap_installed: std::sync::Arc<std::sync::Mutex<Option<(u32, ChapCredentials)>>>,
+    /// What each live volume was last brought to, with the status it got: a
+    /// reconcile passes over volumes whose spec, ACL and tgtd are unchanged
+    /// without a file stat or a tgtadm call, so creating or attaching one
+    /// volume does not cost a pass over every other one.
+    served: std::sync::Arc<std::sync::Mutex<HashMap<String, Served>>>,
+    /// When the last full pass ran, and for which tgtd (pid).
+    last_full: std::sync::Arc<std::sync::Mutex<Option<(u32, Instant)>>>,
     admin: TgtAdm,
     /// The engine of `auto` volumes on an `auto` node here
     /// ([`super::selection::EngineSelection::auto_engine`]).
@@ -68,8 +92,13 @@ impl V1VolumeController {
     /// `auto`: the engine of `auto` volumes on an `auto` node here (V1 takes
     /// them when it is V1).
     pub fn new(data_dir: impl Into<PathBuf>, admin: TgtAdm, auto: Engine) -> Self {
+        let data_dir = data_dir.into();
         Self {
-            store: V1Store::new(data_dir.into()),
+            store: V1Store::new(data_dir.clone()),
+            data_dir,
+            chap_installed: Default::default(),
+            served: Default::default(),
+            last_full: Default::default(),
             admin,
             auto,
             initiators: None,
@@ -89,6 +118,52 @@ struct VolumeJob {
     deleting: bool,
     /// Who may connect.
     opts: ExportOptions,
+}
+
+/// A full pass (every volume checked against tgtd, orphans removed) runs at
+/// least this often, besides at start and after every tgtd (re)start: it
+/// repairs what someone else changed in tgtd behind talon's back.
+pub const FULL_PASS_EVERY: Duration = Duration::from_secs(60);
+
+/// What a live volume was brought to ([`V1VolumeController::served`]).
+#[derive(Debug, Clone, PartialEq)]
+struct ServedKey {
+    spec: Volume,
+    opts: ExportOptions,
+    tgtd_pid: u32,
+}
+
+#[derive(Debug, Clone)]
+struct Served {
+    key: ServedKey,
+    status: EngineStatus,
+}
+
+/// tgtd's targets, listed at most once per reconcile and only when a volume
+/// needs them.
+struct Listing<'a> {
+    admin: &'a TgtAdm,
+    got: Option<Option<Vec<TargetInfo>>>,
+}
+
+impl<'a> Listing<'a> {
+    fn new(admin: &'a TgtAdm) -> Self {
+        Self { admin, got: None }
+    }
+
+    /// The targets (`None` when tgtadm failed: each volume then lists them itself).
+    fn get(&mut self) -> Option<&[TargetInfo]> {
+        let admin = self.admin;
+        self.got
+            .get_or_insert_with(|| match admin.show() {
+                Ok(t) => Some(t),
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot list tgtd's targets");
+                    None
+                }
+            })
+            .as_deref()
+    }
 }
 
 struct SnapshotJob {
@@ -130,16 +205,20 @@ fn error_text(e: &VolumeError) -> String {
 }
 
 impl V1Ops {
-    /// `targets`: tgtd's targets listed once for this reconcile (`None`: list
-    /// them for this volume).
-    fn volume(&self, job: &VolumeJob, targets: Option<&[TargetInfo]>) -> Realized<EngineStatus> {
+    /// `listing`: tgtd's targets, listed once for this reconcile if a volume
+    /// needs them (a volume made now does not: its target is made without).
+    fn volume(&self, job: &VolumeJob, listing: &mut Listing<'_>) -> Realized<EngineStatus> {
         let name = match ObjectName::parse("volume", &job.id) {
             Ok(n) => n,
             Err(e) => return Realized::Status(failed(e.to_string(), String::new())),
         };
         let device = self.store.volume_path(&name).display().to_string();
         if job.deleting {
-            return match self.store.delete(&self.admin, &name) {
+            let deleted = match listing.get() {
+                Some(t) => self.store.delete_known(&self.admin, &name, t),
+                None => self.store.delete(&self.admin, &name),
+            };
+            return match deleted {
                 Ok(()) | Err(VolumeError::NotFound { .. }) => Realized::Deleted,
                 Err(e) => Realized::Status(EngineStatus {
                     state: ObjectState::Deleting,
@@ -148,9 +227,11 @@ impl V1Ops {
             };
         }
         let mut message = String::new();
+        let mut fresh = false;
         let info = match self.store.info(&name) {
             Ok(info) => info,
             Err(VolumeError::NotFound { .. }) => {
+                fresh = true;
                 let made = match &job.spec.from_snapshot {
                     Some(source) => match split_snapshot_id(source) {
                         Ok((v, s)) => self.store.clone_snapshot(&v, &s, &name),
@@ -183,9 +264,22 @@ impl V1Ops {
         if job.spec.revert_to.is_some() {
             message = "revert is not supported by the V1 engine".to_string();
         }
-        let exported = match targets {
+        let listed = |listing: &mut Listing<'_>| match listing.get() {
             Some(t) => self.store.export_known(&self.admin, &name, &job.opts, t),
             None => self.store.export(&self.admin, &name, &job.opts),
+        };
+        let exported = if fresh {
+            // a file made now has no target of talon's serving it: make one without listing
+            // the others, unless tgtd has a stale one of that name (then adopt or replace it)
+            match self.store.export_known(&self.admin, &name, &job.opts, &[]) {
+                Err(VolumeError::Admin {
+                    source: AdminError::TargetExists { .. },
+                    ..
+                }) => listed(listing),
+                other => other,
+            }
+        } else {
+            listed(listing)
         };
         match exported {
             Ok(export) => Realized::Status(EngineStatus {
@@ -203,6 +297,13 @@ impl V1Ops {
                     hosts: job.opts.initiators.iter().map(|a| a.to_string()).collect(),
                 }],
                 message,
+            }),
+            // tgtd stopping or restarting: the volume waits for it (a `wait` goes on, and
+            // fails at once only if tgtd's TargetStatus turns failed)
+            Err(e) if e.tgtd_unreachable() => Realized::Status(EngineStatus {
+                state: ObjectState::Creating,
+                size_bytes: size,
+                ..failed(format!("waiting for tgtd: {}", error_text(&e)), device)
             }),
             Err(e) => Realized::Status(EngineStatus {
                 size_bytes: size,
@@ -301,9 +402,18 @@ impl Controller for V1VolumeController {
         if volumes.is_empty() && snapshots.is_empty() {
             return Ok(Requeue::OnInputChange);
         }
-        let tgtd_ready = ctx
-            .get::<TargetStatus>(TGTD_STATUS_ID)?
+        let tgtd = ctx.get::<TargetStatus>(TGTD_STATUS_ID)?;
+        let tgtd_ready = tgtd
+            .as_ref()
             .is_some_and(|t| t.spec.engine == Engine::V1 && t.spec.state == ObjectState::Ready);
+        let tgtd_pid = tgtd.and_then(|t| t.spec.pid).unwrap_or(0);
+        let chap = if node.iscsi_chap {
+            let d = self.data_dir.clone();
+            let c = tokio::task::spawn_blocking(move || crate::tgt::chap::load_or_create(&d)).await?;
+            Some(c?)
+        } else {
+            None
+        };
         let attached: std::collections::BTreeSet<String> = ctx
             .list::<Attachment>()?
             .into_iter()
@@ -328,7 +438,7 @@ impl Controller for V1VolumeController {
                 id: v.id().to_string(),
                 spec: v.spec,
                 deleting,
-                opts: export_options(&node, attached_by),
+                opts: export_options(&node, attached_by, chap.as_ref()),
             });
         }
         let mut snap_jobs = Vec::new();
@@ -353,14 +463,45 @@ impl Controller for V1VolumeController {
         let known: std::collections::BTreeSet<String> =
             ctx.list::<Volume>()?.iter().map(|v| v.id().to_string()).collect();
         // tgtadm and file operations block: run them off the async workers.
+        let installed = self.chap_installed.clone();
+        let (served, last_full) = (self.served.clone(), self.last_full.clone());
         let (vol_out, snap_out) = tokio::task::spawn_blocking(move || {
-            if tgtd_ready {
+            let mut full = {
+                let last = last_full.lock().unwrap_or_else(|p| p.into_inner());
+                !matches!(*last, Some((pid, at)) if pid == tgtd_pid && at.elapsed() < FULL_PASS_EVERY)
+            };
+            if tgtd_ready && let Some(chap) = chap {
+                // once per tgtd and per credentials: the account an earlier talon or an
+                // earlier file made may hold another secret, and tgtd cannot show it
+                let mut have = installed.lock().unwrap_or_else(|p| p.into_inner());
+                let wanted = (tgtd_pid, chap);
+                if have.as_ref() != Some(&wanted) {
+                    match ensure_chap_account(&ops.admin, &wanted.1, true) {
+                        Ok(()) => {
+                            tracing::info!(user = %wanted.1.user, "iSCSI CHAP account set in tgtd");
+                            *have = Some(wanted);
+                            // a remade account is bound to no target: bind it on every one
+                            full = true;
+                        }
+                        Err(e) => tracing::error!(error = %e, "cannot set the iSCSI CHAP account in tgtd"),
+                    }
+                }
+            }
+            let mut listing = Listing::new(&ops.admin);
+            if tgtd_ready && full {
                 // targets talon made for volumes nobody wants (a crash mid-export or
                 // mid-delete): removed by name
-                match ops
-                    .store
-                    .remove_orphans(&ops.admin, |v| known.contains(v.as_str()))
-                {
+                let orphans = match listing.get() {
+                    Some(t) => {
+                        Ok(ops
+                            .store
+                            .remove_orphans_known(&ops.admin, |v| known.contains(v.as_str()), t))
+                    }
+                    None => ops
+                        .store
+                        .remove_orphans(&ops.admin, |v| known.contains(v.as_str())),
+                };
+                match orphans {
                     Ok(r) => {
                         for iqn in r.removed {
                             tracing::info!(%iqn, "removed an orphaned target");
@@ -374,18 +515,47 @@ impl Controller for V1VolumeController {
             }
             let mut vol_out = Vec::new();
             let mut snap_out = Vec::new();
-            // one listing of tgtd's targets for every live volume (a volume whose target is
-            // as wanted then costs no tgtadm call); each volume lists them itself if it fails
-            let targets = ops.admin.show().ok();
+            let mut served = served.lock().unwrap_or_else(|p| p.into_inner());
             // live volumes first (a snapshot needs its volume), then snapshots, then deletions
             for j in vol_jobs.iter().filter(|j| !j.deleting) {
-                vol_out.push((j.id.clone(), ops.volume(j, targets.as_deref())));
+                let key = ServedKey {
+                    spec: j.spec.clone(),
+                    opts: j.opts.clone(),
+                    tgtd_pid,
+                };
+                if !full && let Some(s) = served.get(&j.id).filter(|s| s.key == key) {
+                    vol_out.push((j.id.clone(), Realized::Status(s.status.clone())));
+                    continue;
+                }
+                let out = ops.volume(j, &mut listing);
+                match &out {
+                    // only a volume served as asked is passed over next time
+                    Realized::Status(s) if s.state == ObjectState::Ready && s.message.is_empty() => {
+                        served.insert(
+                            j.id.clone(),
+                            Served {
+                                key,
+                                status: s.clone(),
+                            },
+                        );
+                    }
+                    _ => {
+                        served.remove(&j.id);
+                    }
+                }
+                vol_out.push((j.id.clone(), out));
             }
             for j in &snap_jobs {
                 snap_out.push((j.id.clone(), ops.snapshot(j)));
             }
             for j in vol_jobs.iter().filter(|j| j.deleting) {
-                vol_out.push((j.id.clone(), ops.volume(j, None)));
+                served.remove(&j.id);
+                vol_out.push((j.id.clone(), ops.volume(j, &mut listing)));
+            }
+            // volumes gone from the config are forgotten
+            served.retain(|id, _| known.contains(id));
+            if full && tgtd_ready {
+                *last_full.lock().unwrap_or_else(|p| p.into_inner()) = Some((tgtd_pid, Instant::now()));
             }
             (vol_out, snap_out)
         })
@@ -426,13 +596,13 @@ mod tests {
     fn acl_is_the_attached_host_and_the_allowed_iqns_only() {
         let mut node = NodeConfig::default();
         assert_eq!(
-            export_options(&node, None).initiators,
+            export_options(&node, None, None).initiators,
             vec![],
             "nobody by default"
         );
         let me = Iqn::parse("iqn.2025-01.io.talon:host.1").expect("iqn");
         assert_eq!(
-            export_options(&node, Some(&me)).initiators,
+            export_options(&node, Some(&me), None).initiators,
             vec![InitiatorAcl::Name(me.clone())]
         );
         node.allowed_hosts = vec![
@@ -441,7 +611,7 @@ mod tests {
             me.to_string(),
         ];
         assert_eq!(
-            export_options(&node, Some(&me)).initiators,
+            export_options(&node, Some(&me), None).initiators,
             vec![
                 InitiatorAcl::Name(me),
                 InitiatorAcl::Name(Iqn::parse("iqn.2025-01.io.example:h").expect("iqn"))

@@ -22,10 +22,11 @@ use crate::attach::iscsi::{self, IscsiOptions, IscsiTarget, NsIscsiadm, SharedIs
 use crate::attach::nvme_tcp::{self, ConnectOptions, Connector, NvmeTcpTarget};
 use crate::controllers::Deps;
 use crate::names::{Iqn, Nqn, ObjectName};
-use crate::resources::config::{FrontendKind, Volume};
-use crate::resources::engine::{EngineStatus, Export, ObjectState};
+use crate::resources::config::{FrontendKind, NodeConfig, Volume};
+use crate::resources::engine::{Engine, EngineStatus, Export, ObjectState};
 use crate::resources::frontend::{AttachState, Attachment, AttachmentStatus};
 use crate::runtime::{Controller, ControllerError, Input, Output, Phase, ReconcileContext, Requeue};
+use crate::tgt::ChapCredentials;
 
 /// Attaches and detaches volumes on this host.
 #[derive(Debug)]
@@ -116,13 +117,18 @@ fn nvme_target(e: &Export) -> Result<(NvmeTcpTarget, u32), String> {
 
 /// The iSCSI target of an export; an unspecified listen address means this host. The login
 /// uses talon's initiator name, the one the engine allows for attached volumes.
-fn iscsi_target(e: &Export, initiator: Option<Iqn>) -> Result<IscsiTarget, String> {
+fn iscsi_target(
+    e: &Export,
+    initiator: Option<Iqn>,
+    chap: Option<ChapCredentials>,
+) -> Result<IscsiTarget, String> {
     let iqn = Iqn::parse(&e.name).map_err(|err| err.to_string())?;
     Ok(IscsiTarget {
         portal: std::net::SocketAddr::new(export_addr(e)?, e.port),
         iqn,
         lun: e.lun,
         initiator,
+        chap,
     })
 }
 
@@ -137,6 +143,7 @@ impl Controller for AttachController {
             Input::of::<Attachment>(),
             Input::of::<Volume>(),
             Input::of::<EngineStatus>(),
+            Input::of::<NodeConfig>(),
         ]
     }
 
@@ -271,7 +278,25 @@ impl Controller for AttachController {
                 continue;
             }
             if transport == Transport::Iscsi {
-                let target = match iscsi_target(&export, Some(ids.iqn.clone())) {
+                // this node's V1 targets require CHAP when the node says so: log in with the
+                // node's credentials (the same file the engine gives tgtd)
+                let v1 = engine.as_ref().is_some_and(|e| e.spec.engine == Engine::V1);
+                let chap_on = ctx.get::<NodeConfig>("node")?.is_some_and(|n| n.spec.iscsi_chap);
+                let chap = if v1 && chap_on {
+                    let d = data_dir.clone();
+                    match tokio::task::spawn_blocking(move || crate::tgt::chap::load_or_create(&d)).await? {
+                        Ok(c) => Some(c),
+                        Err(e) => {
+                            let msg = crate::util::error_chain(&e);
+                            ctx.apply(&id, status(AttachState::Failed, msg))?;
+                            requeue = Requeue::After(Duration::from_secs(10));
+                            continue;
+                        }
+                    }
+                } else {
+                    None
+                };
+                let target = match iscsi_target(&export, Some(ids.iqn.clone()), chap) {
                     Ok(t) => t,
                     Err(msg) => {
                         ctx.apply(&id, status(AttachState::Failed, msg))?;

@@ -824,11 +824,23 @@ impl VolumeOps {
                 }
                 // another process runs (SPDK allows one): the next reconcile adds it
                 Err(e) if e.is(ErrorKind::Busy) => sync.stale.push(r.k),
+                // it cannot join now (a remote replica whose controller is
+                // failing, a member SPDK refuses): it stays behind and is
+                // tried again; the volume goes on from the up-to-date ones
                 Err(e) => {
-                    return Err(rpc(
-                        vol,
-                        format!("adding replica {} to {raid} to rebuild it", r.alias),
-                    )(e));
+                    tracing::warn!(volume = vol, replica = %r.name, error = %crate::util::error_chain(&e),
+                        "replica cannot join the raid to be rebuilt; tried again at the next reconcile");
+                    // a remote replica with a superblock rejoins through SPDK's
+                    // examine (it keeps its slot by UUID, and an add that failed
+                    // half-way leaves the slot taken): its controller is
+                    // attached afresh at the next reconcile, and examine
+                    // re-adds it by a rebuild
+                    if r.k >= plan.replicas && plan.uses_superblock() {
+                        let ctrl = format!("{REMOTE_PREFIX}{}", r.name);
+                        let _ = ignore_missing(self.client.bdev_nvme_detach_controller(&ByName::new(&ctrl)))
+                            .await;
+                    }
+                    sync.stale.push(r.k);
                 }
             }
         }
@@ -1018,7 +1030,8 @@ impl VolumeOps {
         self.export_replica_in(inv, vol, &nqn, &bdev, id, &plan.export, made)
             .await?;
         info.device = bdev.clone();
-        info.size_bytes = size;
+        // what the engine gets: the lvol less its superblock's room
+        info.size_bytes = size.saturating_sub(r.room);
         info.in_sync.insert(k);
         info.replicas.push(ReplicaInfo {
             k,

@@ -136,6 +136,23 @@ M=$(dd if=/dev/talon/acl bs=512 count=1 2>/dev/null | head -c 22)
 H talon detach iscsi --volume acl --iqn "$ACL_IQN" >/tmp/d 2>&1 || bad "detach acl: $(cat /tmp/d)"
 [ -z "$(sessions)" ] || bad "the ACL attach left a session: $(sessions)"
 
+# ---- a target that requires CHAP besides the initiator name: without the credentials file the
+# login is refused; with it (`--chap`, <data-dir>/iscsi-chap) the LUN reads
+CHAP_IQN=$TALON_HOST_ISCSI_CHAP_IQN
+mkdir -p /tmp/chapdata && chmod 700 /tmp/chapdata
+printf 'user=vmchap\nsecret=wrong-secret-0123456789\n' >/tmp/chapdata/iscsi-chap
+chmod 600 /tmp/chapdata/iscsi-chap
+expect_fail "CHAP target without CHAP" "login to $CHAP_IQN" talon attach iscsi --volume chap --portal "$P" --iqn "$CHAP_IQN" --initiator-name "$TALON_HOST_ISCSI_ACL_INITIATOR"
+expect_fail "CHAP target with a wrong secret" "login to $CHAP_IQN" talon attach iscsi --volume chap --portal "$P" --iqn "$CHAP_IQN" --initiator-name "$TALON_HOST_ISCSI_ACL_INITIATOR" --chap --data-dir /tmp/chapdata
+printf 'user=vmchap\nsecret=%s\n' "$TALON_HOST_ISCSI_CHAP_SECRET" >/tmp/chapdata/iscsi-chap
+H talon attach iscsi --volume chap --portal "$P" --iqn "$CHAP_IQN" --initiator-name "$TALON_HOST_ISCSI_ACL_INITIATOR" --chap --data-dir /tmp/chapdata >/tmp/a5 2>&1 ||
+	bad "attach with CHAP: $(cat /tmp/a5)"
+cat /tmp/a5
+M=$(dd if=/dev/talon/chap bs=512 count=1 2>/dev/null | head -c 23)
+[ "$M" = TALON-ISCSI-CHAP-MARKER ] || bad "marker not read through /dev/talon/chap (read '$M')"
+H talon detach iscsi --volume chap --iqn "$CHAP_IQN" >/tmp/d 2>&1 || bad "detach chap: $(cat /tmp/d)"
+[ -z "$(sessions)" ] || bad "the CHAP attach left a session: $(sessions)"
+
 OLD_ISCSID=$ISCSID
 kill "$ISCSID" 2>/dev/null
 wait $UNSHARE 2>/dev/null
