@@ -624,7 +624,7 @@ async fn serve_volumes(c: &SpdkClient, port: u16, names: &[String]) -> talon::ru
         restarts: 0,
         message: String::new(),
     };
-    st.create_typed(talon::controllers::engine::spdk_volume::SPDK_STATUS_ID, "", &ts)
+    st.create_typed(talon::resources::engine::SPDK_STATUS_ID, "", &ts)
         .expect("target");
     let deadline = Instant::now() + Duration::from_secs(600);
     loop {

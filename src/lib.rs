@@ -14,11 +14,13 @@
 //! - [`cli`]: the `talon` command line, a thin layer over [`client`] and the
 //!   library code that works without a daemon (`doctor`, `host`).
 //! - [`host`]: host access through one root handle: hugepages, kernel modules,
-//!   PCI devices and driver binding, OS detection, `doctor` and Talos patches.
+//!   PCI devices and driver binding, OS detection, mount tables, TCP
+//!   listeners, `doctor` and Talos patches.
 //! - [`ns`]: running closures and programs inside another process's namespaces.
-//! - [`spdk`]: the V2 engine: spdk_tgt supervision, its JSON-RPC client, and
-//!   the volume operations by concept: `naming`, `inventory`, `placement`,
-//!   `volume::plan` (pure), `volume` (apply); the test double (`double/`,
+//! - [`spdk`]: the V2 engine: spdk_tgt launch (`launch`) and supervision
+//!   (`target`, in-process `embedded`), its JSON-RPC client, and the
+//!   operations by concept: `naming`, `inventory`, `placement`, `volume::plan`
+//!   (pure), `volume` (apply), `disk` (DiskOps); the test double (`double/`,
 //!   feature `testing`) one file per RPC family.
 //! - [`tgt`]: the V1 engine: tgtd supervision and file-backed iSCSI LUNs.
 //! - [`attach`]: host frontends: kernel NVMe/TCP initiator and iSCSI fallback.
@@ -26,6 +28,12 @@
 //! - [`longhorn`]: Longhorn's V2 instance-manager gRPC protocol, mapped onto talon's
 //!   resources (`talon serve --longhorn-listen`).
 //! - [`serve`]: `talon serve`, wiring the runtime, controllers and API together.
+//! - [`util`]: the bottom floor every module may use (error chains, the one
+//!   backoff); it uses nothing of talon's.
+//!
+//! Every `use crate::` arrow between these modules points down: cli/serve ->
+//! api/client -> controllers -> spdk/tgt/attach -> resources -> runtime ->
+//! host/ns -> names -> util (docs/architecture.md, "Module layout").
 
 pub mod api;
 pub mod attach;
@@ -41,6 +49,7 @@ pub mod runtime;
 pub mod serve;
 pub mod spdk;
 pub mod tgt;
+pub mod util;
 
 /// The version stamped at build time (`git describe` when available).
 pub const VERSION: &str = env!("TALON_VERSION");

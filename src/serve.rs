@@ -27,7 +27,7 @@ use crate::controllers::{self, Deps};
 use crate::host::HostRoot;
 use crate::names::ObjectName;
 use crate::resources::config::{Disk, NodeConfig, Volume};
-use crate::runtime::{Runtime, Spec, State, StateError};
+use crate::runtime::{Runtime, State, StateError};
 
 /// Options of `talon serve`.
 #[derive(Debug, Clone)]
@@ -231,7 +231,7 @@ pub fn apply_config_file(state: &State, path: &Path, data_dir: &Path) -> Result<
     let de = serde_yaml_ng::Deserializer::from_str(&text);
     let cfg: ConfigFile = serde_path_to_error::deserialize(de).map_err(|e| invalid(e.to_string()))?;
     if let Some(node) = cfg.node {
-        upsert(state, "node", &node)?;
+        state.upsert_typed("node", &node)?;
     }
     for (name, disk) in &cfg.disks {
         ObjectName::parse("disk", name).map_err(|e| invalid(e.to_string()))?;
@@ -241,7 +241,7 @@ pub fn apply_config_file(state: &State, path: &Path, data_dir: &Path) -> Result<
         {
             disk.path = Some(data_dir.join(p).display().to_string());
         }
-        upsert(state, name, &disk)?;
+        state.upsert_typed(name, &disk)?;
     }
     for (name, vol) in &cfg.volumes {
         ObjectName::parse("volume", name).map_err(|e| invalid(e.to_string()))?;
@@ -253,25 +253,9 @@ pub fn apply_config_file(state: &State, path: &Path, data_dir: &Path) -> Result<
                 "volume {name}: serveReplica needs replicaHosts (the engine node's hostNqn)"
             )));
         }
-        upsert(state, name, vol)?;
+        state.upsert_typed(name, vol)?;
     }
     Ok(())
-}
-
-/// Creates or replaces a user-owned resource.
-pub fn upsert<S: Spec>(state: &State, id: &str, spec: &S) -> Result<(), StateError> {
-    match state.get_typed::<S>(id)? {
-        Some(_) => state.update_typed(id, "", None, spec).map(drop),
-        None => state.create_typed(id, "", spec).map(drop),
-    }
-}
-
-/// Finds a program on PATH.
-pub fn which(program: &str) -> Option<PathBuf> {
-    let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path)
-        .map(|d| d.join(program))
-        .find(|p| p.is_file())
 }
 
 /// The engines this node can run, and why not (V2 from [`EngineSelection`]).
@@ -281,7 +265,7 @@ pub fn detect_engines(selection: &EngineSelection) -> Vec<EngineAvailability> {
         available: selection.v2_available,
         detail: selection.reason.clone(),
     };
-    let v1 = match which("tgtd") {
+    let v1 = match which::which("tgtd").ok() {
         Some(p) => EngineAvailability {
             engine: "v1".into(),
             available: true,
@@ -443,8 +427,9 @@ pub async fn serve_with(
         &host,
         &opts.spdk.target_config(&opts.run_dir).socket(),
     );
+    tracing::info!(v2_available = selection.v2_available, reason = %selection.reason, "engine selection");
     let mut rt = Runtime::new(state.clone());
-    controllers::register_all(&mut rt, &deps)?;
+    controllers::register_all(&mut rt, &deps, &selection)?;
     let registry = crate::resources::registry();
     // `node_stop`: stop like SIGTERM, right after the answer went out; a drain stops the targets too
     let stop_asked = Arc::new(tokio::sync::Notify::new());
@@ -527,7 +512,7 @@ pub async fn serve_with(
     if let Some(t) = longhorn_task {
         match t.await {
             Ok(Err(e)) => {
-                tracing::warn!(error = %crate::runtime::runner::error_chain(&e), "Longhorn servers")
+                tracing::warn!(error = %crate::util::error_chain(&e), "Longhorn servers")
             }
             Err(e) => tracing::warn!(error = %e, "Longhorn servers task"),
             Ok(Ok(())) => {}

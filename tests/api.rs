@@ -491,6 +491,9 @@ async fn stalled_and_idle_tcp_connections_are_closed() {
     server.await.expect("server");
 }
 
+/// A daemon without SPDK, whatever the environment has: its volumes are V1
+/// (a daemon killed with -9 would otherwise leave an spdk_tgt running on
+/// core 0 and the hugepages, in the way of every later real-SPDK test).
 fn spawn_daemon(dir: &Path) -> Child {
     Command::new(env!("CARGO_BIN_EXE_talon"))
         .args(["--socket"])
@@ -499,6 +502,9 @@ fn spawn_daemon(dir: &Path) -> Child {
         .arg(dir.join("data"))
         .arg("--run-dir")
         .arg(dir.join("run"))
+        .env_remove("TALON_SPDK_DIR")
+        .arg("--spdk-tgt")
+        .arg(dir.join("no/spdk_tgt"))
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()

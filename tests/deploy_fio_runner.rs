@@ -19,7 +19,7 @@ fn repo() -> PathBuf {
 }
 
 fn have(prog: &str) -> bool {
-    std::env::var_os("PATH").is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(prog).is_file()))
+    which::which(prog).is_ok()
 }
 
 /// A loop device over a sparse file, detached on drop.

@@ -84,7 +84,7 @@ fn every_yaml_under_deploy_parses() {
 
 #[test]
 fn kubernetes_objects_match_their_schema() {
-    let Ok(bin) = which("kubernetes-validate") else {
+    let Ok(bin) = which::which("kubernetes-validate") else {
         eprintln!(
             "SKIP kubernetes_objects_match_their_schema: kubernetes-validate is not installed (pip install -r tests/pip-packages.txt)"
         );
@@ -389,14 +389,6 @@ fn rs_files(dir: &Path, out: &mut Vec<PathBuf>) {
             out.push(p);
         }
     }
-}
-
-fn which(prog: &str) -> Result<PathBuf, ()> {
-    let path = std::env::var_os("PATH").ok_or(())?;
-    std::env::split_paths(&path)
-        .map(|d| d.join(prog))
-        .find(|p| p.is_file())
-        .ok_or(())
 }
 
 #[test]

@@ -114,7 +114,7 @@ fn closure_sees_the_target_namespaces_and_nothing_leaks() {
         .expect("lock again after release")
         .release()
         .expect("release");
-    let rel = ns::os_release(&root, &by_name).expect("os_release");
+    let rel = talon::host::os::read_in(&root, &by_name).expect("os_release");
     assert!(!rel.id.is_empty());
     assert_outside(&h);
 }

@@ -8,8 +8,9 @@ use std::time::Duration;
 
 use talon::controllers::engine::selection::EngineSelection;
 use talon::controllers::engine::spdk_disk::SpdkDiskController;
-use talon::controllers::engine::spdk_target::{SPDK_STATUS_ID, SpdkTargetController};
+use talon::controllers::engine::spdk_target::SpdkTargetController;
 use talon::resources::config::Disk;
+use talon::resources::engine::SPDK_STATUS_ID;
 use talon::resources::engine::{DiskStatus, ObjectState, TargetStatus};
 use talon::runtime::State;
 use talon::runtime::testing::{TestRuntime, eventually};

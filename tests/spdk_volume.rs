@@ -10,9 +10,10 @@ use std::path::Path;
 use std::time::Duration;
 
 use serde_json::json;
-use talon::controllers::engine::spdk_volume::{SPDK_STATUS_ID, SpdkVolumeController};
+use talon::controllers::engine::spdk_volume::SpdkVolumeController;
 use talon::names::ObjectName;
 use talon::resources::config::{Disk, NodeConfig, Snapshot, Volume};
+use talon::resources::engine::SPDK_STATUS_ID;
 use talon::resources::engine::{
     Engine, EngineStatus, ObjectState, ReplicaStatus, SnapshotStatus, TargetStatus,
 };

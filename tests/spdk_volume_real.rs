@@ -11,8 +11,9 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde_json::json;
-use talon::controllers::engine::spdk_volume::{SPDK_STATUS_ID, SpdkVolumeController};
+use talon::controllers::engine::spdk_volume::SpdkVolumeController;
 use talon::resources::config::{Disk, NodeConfig, Snapshot, Volume};
+use talon::resources::engine::SPDK_STATUS_ID;
 use talon::resources::engine::{Engine, EngineStatus, ObjectState, SnapshotStatus, TargetStatus};
 use talon::runtime::State;
 use talon::runtime::testing::{TestRuntime, eventually};

@@ -252,7 +252,7 @@ async fn real_spdk_a_core_held_by_another_spdk_tgt_is_named_with_its_pid() {
 }
 
 fn on_path(program: &str) -> bool {
-    std::env::var_os("PATH").is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(program).is_file()))
+    which::which(program).is_ok()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

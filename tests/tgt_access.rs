@@ -12,10 +12,10 @@ use std::time::Duration;
 use serde_json::json;
 use talon::attach::HostInitiators;
 use talon::controllers::engine::v1_target::TgtdController;
-use talon::controllers::engine::v1_volume::{V1Selection, V1VolumeController};
+use talon::controllers::engine::v1_volume::V1VolumeController;
 use talon::names::{Iqn, Nqn};
 use talon::resources::config::{FrontendKind, NodeConfig, Volume};
-use talon::resources::engine::{EngineStatus, ObjectState};
+use talon::resources::engine::{Engine, EngineStatus, ObjectState};
 use talon::resources::frontend::Attachment;
 use talon::runtime::State;
 use talon::runtime::testing::{TestRuntime, eventually};
@@ -72,11 +72,10 @@ async fn v1_volume_reaches_only_the_host_it_is_attached_to() {
         nqn: Nqn::parse("nqn.2014-08.org.nvmexpress:uuid:0b7d3c1e-3a43-4bd4-a4a1-4e3d7d4c2f10").expect("nqn"),
         iqn: Iqn::parse(ME).expect("iqn"),
     };
+    // auto volumes on an auto node go to V2 here: V1 serves the explicit v1 volumes only
     let rt = TestRuntime::start(move |rt| {
-        rt.register(TgtdController::with_config(cfg2, V1Selection::Explicit))?;
-        rt.register(
-            V1VolumeController::new(data_dir, admin, V1Selection::Explicit).with_initiators(Some(ids)),
-        )
+        rt.register(TgtdController::with_config(cfg2, Engine::V2))?;
+        rt.register(V1VolumeController::new(data_dir, admin, Engine::V2).with_initiators(Some(ids)))
     })
     .expect("runtime");
     let state = rt.state.clone();
@@ -199,10 +198,8 @@ impl Node {
             iqn: Iqn::parse(ME).expect("iqn"),
         };
         let rt = TestRuntime::start(move |rt| {
-            rt.register(TgtdController::with_config(cfg2, V1Selection::Explicit))?;
-            rt.register(
-                V1VolumeController::new(data_dir, admin2, V1Selection::Explicit).with_initiators(Some(ids)),
-            )
+            rt.register(TgtdController::with_config(cfg2, Engine::V2))?;
+            rt.register(V1VolumeController::new(data_dir, admin2, Engine::V2).with_initiators(Some(ids)))
         })
         .expect("runtime");
         rt.state

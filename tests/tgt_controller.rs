@@ -8,10 +8,12 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use serde_json::json;
-use talon::controllers::engine::v1_target::{TGTD_STATUS_ID, TgtdController};
-use talon::controllers::engine::v1_volume::{V1Selection, V1VolumeController};
+use talon::controllers::engine::v1_target::TgtdController;
+use talon::controllers::engine::v1_volume::V1VolumeController;
 use talon::resources::config::{NodeConfig, Snapshot, Volume};
-use talon::resources::engine::{EngineStatus, ObjectState, SnapshotStatus, TargetStatus};
+use talon::resources::engine::{
+    Engine, EngineStatus, ObjectState, SnapshotStatus, TGTD_STATUS_ID, TargetStatus,
+};
 use talon::runtime::State;
 use talon::runtime::testing::{TestRuntime, eventually};
 use talon::tgt::{Tgtd, TgtdConfig};
@@ -52,9 +54,10 @@ async fn desired_volume_is_served_grown_restored_and_deleted() {
     let _cleanup = Cleanup(tgtd_cfg.clone());
     let admin = tgtd_cfg.admin();
     let (cfg2, data_dir) = (tgtd_cfg.clone(), data.path().to_path_buf());
+    // auto volumes on an auto node go to V2 here: V1 serves the explicit v1 volumes only
     let rt = TestRuntime::start(move |rt| {
-        rt.register(TgtdController::with_config(cfg2, V1Selection::Explicit))?;
-        rt.register(V1VolumeController::new(data_dir, admin, V1Selection::Explicit))
+        rt.register(TgtdController::with_config(cfg2, Engine::V2))?;
+        rt.register(V1VolumeController::new(data_dir, admin, Engine::V2))
     })
     .expect("runtime");
     let state = rt.state.clone();
@@ -196,8 +199,8 @@ async fn a_create_while_tgtd_is_gone_waits_instead_of_failing() {
     let admin = tgtd_cfg.admin();
     let (cfg2, data_dir) = (tgtd_cfg.clone(), data.path().to_path_buf());
     let rt = TestRuntime::start(move |rt| {
-        rt.register(TgtdController::with_config(cfg2, V1Selection::Explicit))?;
-        rt.register(V1VolumeController::new(data_dir, admin, V1Selection::Explicit))
+        rt.register(TgtdController::with_config(cfg2, Engine::V2))?;
+        rt.register(V1VolumeController::new(data_dir, admin, Engine::V2))
     })
     .expect("runtime");
     let state = rt.state.clone();

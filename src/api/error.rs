@@ -125,7 +125,7 @@ impl From<StateError> for ApiError {
             StateError::NotOwner { .. } => ErrorKind::FailedPrecondition,
             _ => ErrorKind::Internal,
         };
-        Self::new(kind, crate::runtime::runner::error_chain(&e))
+        Self::new(kind, crate::util::error_chain(&e))
     }
 }
 

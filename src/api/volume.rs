@@ -26,17 +26,21 @@ use crate::resources::frontend::{AttachState, Attachment, AttachmentStatus};
 use crate::runtime::{Destroyed, Phase, Spec, State, Typed};
 
 /// Parses a size: bytes, or a number with a binary (`KiB`, `MiB`, `GiB`, `TiB`,
-/// or `K`/`M`/`G`/`T`) or decimal (`KB`, `MB`, `GB`, `TB`) unit.
+/// or `K`/`M`/`G`/`T`) or decimal (`KB`, `MB`, `GB`, `TB`) unit. Exact, in
+/// integers: a fraction is taken only when it comes to a whole number of
+/// bytes (`1.5GiB` is 1610612736; `0.3KiB`, 307.2 bytes, is refused).
 pub fn parse_size(s: &str) -> Result<u64, String> {
     let t = s.trim();
     let split = t
         .find(|c: char| !(c.is_ascii_digit() || c == '.'))
         .unwrap_or(t.len());
     let (num, unit) = t.split_at(split);
-    let n: f64 = num
-        .parse()
-        .map_err(|_| format!("size {s:?} does not start with a number"))?;
-    let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+    let not_a_number = || format!("size {s:?} does not start with a number");
+    let (whole, frac) = num.split_once('.').unwrap_or((num, ""));
+    if (whole.is_empty() && frac.is_empty()) || frac.contains('.') {
+        return Err(not_a_number());
+    }
+    let mult: u128 = match unit.trim().to_ascii_lowercase().as_str() {
         "" | "b" => 1,
         "k" | "ki" | "kib" => 1 << 10,
         "m" | "mi" | "mib" => 1 << 20,
@@ -48,11 +52,23 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         "tb" => 1_000_000_000_000,
         u => return Err(format!("size {s:?} has an unknown unit {u:?}")),
     };
-    let bytes = n * mult as f64;
-    if !(1.0..=(u64::MAX as f64)).contains(&bytes) {
-        return Err(format!("size {s:?} is out of range"));
+    let out_of_range = || format!("size {s:?} is out of range");
+    // the number as digits / 10^frac.len(), times the unit, in u128
+    let frac = frac.trim_end_matches('0');
+    let digits: u128 = if whole.len() + frac.len() > 38 {
+        return Err(out_of_range());
+    } else {
+        format!("{whole}{frac}").parse().unwrap_or(0)
+    };
+    let scale = 10u128.pow(frac.len() as u32);
+    let scaled = digits.checked_mul(mult).ok_or_else(out_of_range)?;
+    if scaled % scale != 0 {
+        return Err(format!("size {s:?} is not a whole number of bytes"));
     }
-    Ok(bytes as u64)
+    match u64::try_from(scaled / scale) {
+        Ok(0) | Err(_) => Err(out_of_range()),
+        Ok(bytes) => Ok(bytes),
+    }
 }
 
 /// The largest volume talon serves: 64 TiB (SPDK's lvols and raid1 go
@@ -888,7 +904,7 @@ pub fn register(api: &mut ApiBuilder) {
                         .map_err(|e| {
                             ApiError::new(
                                 FailedPrecondition,
-                                format!("disk {name}: {}", crate::runtime::runner::error_chain(&e)),
+                                format!("disk {name}: {}", crate::util::error_chain(&e)),
                             )
                         })?;
                 }
@@ -971,7 +987,7 @@ pub fn register(api: &mut ApiBuilder) {
             let spec = Attachment {
                 frontend: p.frontend.unwrap_or_default(),
             };
-            crate::serve::upsert(&ctx.state, &p.name, &spec)?;
+            ctx.state.upsert_typed(&p.name, &spec)?;
             drop(guard);
             if p.wait {
                 wait_for::<AttachmentStatus>(
@@ -1270,5 +1286,44 @@ mod tests {
         assert!(parse_size("ten").is_err());
         assert!(parse_size("1XB").is_err());
         assert!(parse_size("0").is_err());
+    }
+
+    #[test]
+    fn sizes_are_exact_or_refused() {
+        assert_eq!(parse_size("1.5G"), Ok(3 << 29));
+        assert_eq!(parse_size("1.5GiB"), Ok(1_610_612_736));
+        assert_eq!(parse_size("1536MiB"), Ok(1_610_612_736));
+        assert_eq!(parse_size(" 2.50 KB "), Ok(2_500));
+        assert_eq!(parse_size(".5KiB"), Ok(512));
+        assert_eq!(parse_size("5."), Ok(5));
+        assert_eq!(parse_size("0.000000001GB"), Ok(1));
+        assert_eq!(
+            parse_size("16777215.999999940395355224609375TiB"),
+            Err("size \"16777215.999999940395355224609375TiB\" is out of range".into())
+        );
+        // 2^64 - 1 bytes is the largest; f64 would have rounded both of these
+        assert_eq!(parse_size("18446744073709551615"), Ok(u64::MAX));
+        assert_eq!(parse_size("9007199254740993"), Ok(9_007_199_254_740_993));
+        for bad in [
+            "18446744073709551616",
+            "0.3KiB",
+            "1.0000001KiB",
+            "0.5",
+            "1.2.3",
+            ".",
+            "",
+            "0.0",
+        ] {
+            assert!(parse_size(bad).is_err(), "{bad:?}");
+        }
+        assert_eq!(
+            parse_size("0.3KiB").expect_err("fraction of a byte"),
+            "size \"0.3KiB\" is not a whole number of bytes"
+        );
+        assert!(
+            parse_size(".")
+                .expect_err("no digits")
+                .contains("does not start with a number")
+        );
     }
 }

@@ -29,9 +29,9 @@ use std::path::{Component, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::Backoff;
 use super::devpath::{self, DevNum};
 use super::error::AttachError;
+use super::kernel_backoff;
 use crate::host::{HostIoError, HostRoot};
 use crate::names::{Iqn, ObjectName};
 use crate::ns::{Namespaces, NsCommand, NsError, Target};
@@ -486,7 +486,7 @@ fn wait_device(
     target: &IscsiTarget,
     bound: Duration,
 ) -> Result<(String, DevNum), IscsiError> {
-    let mut backoff = Backoff::new(bound);
+    let (mut backoff, until) = (kernel_backoff(), std::time::Instant::now() + bound);
     loop {
         if let Some(blk) = find_lun_device(root, session, target.lun)?
             && let Some(dev) = root.read_attr_opt(PathBuf::from("/sys/block").join(&blk).join("dev"))?
@@ -495,7 +495,7 @@ fn wait_device(
         {
             return Ok((blk, dev));
         }
-        if !backoff.wait() {
+        if !backoff.sleep_before(until) {
             return Err(IscsiError::DeviceNotFound {
                 session: session.to_string(),
                 iqn: target.iqn.to_string(),
@@ -860,9 +860,9 @@ pub fn detach(
         delete_node(iscsiadm, &t, None, opts)?;
     }
     for s in &sessions {
-        let mut backoff = Backoff::new(opts.logout_timeout);
+        let (mut backoff, until) = (kernel_backoff(), std::time::Instant::now() + opts.logout_timeout);
         while read_session(root, &s.name)?.is_some() {
-            if !backoff.wait() {
+            if !backoff.sleep_before(until) {
                 return Err(IscsiError::LogoutTimedOut {
                     session: s.name.clone(),
                     waited: opts.logout_timeout,

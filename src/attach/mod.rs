@@ -27,6 +27,7 @@ pub use error::AttachError;
 use crate::host::HostRoot;
 use crate::names::{Iqn, Nqn, ObjectName};
 use crate::ns::{self, Namespaces, NsLock, Target, TargetNamespaces};
+use crate::util::Backoff;
 
 /// The directory of the per-volume attach locks, a path in the host mount namespace.
 pub const LOCK_DIR: &str = "/run/talon/locks";
@@ -119,33 +120,14 @@ pub fn lock_volume_for(
     Ok(VolumeLock { _lock: lock })
 }
 
-/// Short exponential backoff for waits on the kernel (a namespace or a SCSI
-/// disk appearing): 2 ms doubling to 50 ms, until the bound. Never a fixed
-/// one-second sleep.
-pub(crate) struct Backoff {
-    next: std::time::Duration,
-    deadline: std::time::Instant,
-}
-
-impl Backoff {
-    /// A backoff that gives up after `bound`.
-    pub(crate) fn new(bound: std::time::Duration) -> Self {
-        Self {
-            next: std::time::Duration::from_millis(2),
-            deadline: std::time::Instant::now() + bound,
-        }
-    }
-
-    /// Sleeps once; false when the bound is reached.
-    pub(crate) fn wait(&mut self) -> bool {
-        let now = std::time::Instant::now();
-        if now >= self.deadline {
-            return false;
-        }
-        std::thread::sleep(self.next.min(self.deadline - now));
-        self.next = (self.next * 2).min(std::time::Duration::from_millis(50));
-        true
-    }
+/// The backoff of waits on the kernel (a namespace or a SCSI disk
+/// appearing): 2 ms doubling to 50 ms, bounded by the caller's deadline
+/// ([`Backoff::sleep_before`]). Never a fixed one-second sleep.
+pub(crate) fn kernel_backoff() -> Backoff {
+    Backoff::new(
+        std::time::Duration::from_millis(2),
+        std::time::Duration::from_millis(50),
+    )
 }
 
 #[cfg(test)]

@@ -34,9 +34,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use super::Backoff;
 use super::devpath::{self, DevNum};
 use super::error::AttachError;
+use super::kernel_backoff;
 use crate::host::HostRoot;
 use crate::names::{Nqn, ObjectName};
 
@@ -407,7 +407,7 @@ pub fn wait_namespace(
     nsid: u32,
     bound: Duration,
 ) -> Result<(String, DevNum), AttachError> {
-    let mut backoff = Backoff::new(bound);
+    let (mut backoff, until) = (kernel_backoff(), std::time::Instant::now() + bound);
     loop {
         match read_controller(root, ctrl)? {
             None => {
@@ -433,7 +433,7 @@ pub fn wait_namespace(
         {
             return Ok((blk, dev));
         }
-        if !backoff.wait() {
+        if !backoff.sleep_before(until) {
             return Err(AttachError::NamespaceNotFound {
                 controller: ctrl.into(),
                 nqn: nqn.to_string(),
@@ -460,9 +460,9 @@ pub fn delete_controller(root: &HostRoot, ctrl: &str, bound: Duration) -> Result
             });
         }
     }
-    let mut backoff = Backoff::new(bound);
+    let (mut backoff, until) = (kernel_backoff(), std::time::Instant::now() + bound);
     while root.exists(PathBuf::from("/sys/class/nvme").join(ctrl).join("state")) {
-        if !backoff.wait() {
+        if !backoff.sleep_before(until) {
             return Err(AttachError::DeleteTimedOut {
                 controller: ctrl.into(),
                 waited: bound,

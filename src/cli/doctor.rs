@@ -109,7 +109,7 @@ pub fn run(args: DoctorArgs) -> Result<(), crate::cli::CliError> {
         ..SpdkOptions::default()
     };
     let talos = report.os.as_ref().is_some_and(|o| o.is_talos());
-    let check = engine_check(&root, &spdk, talos, crate::serve::which("tgtd"));
+    let check = engine_check(&root, &spdk, talos, which::which("tgtd").ok());
     // after the os check, where the verdict is read first
     report.checks.insert(1.min(report.checks.len()), check);
     match args.output {

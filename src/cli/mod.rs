@@ -19,6 +19,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand, ValueEnum};
 
+use crate::api::volume::VolumeView;
 use crate::client::{Client, DEFAULT_SOCKET};
 use output::{Format, print_value};
 
@@ -291,7 +292,7 @@ pub fn main() -> ExitCode {
     match rt.block_on(run(cli)) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("error: {}", crate::runtime::runner::error_chain(e.as_ref()));
+            eprintln!("error: {}", crate::util::error_chain(e.as_ref()));
             ExitCode::FAILURE
         }
     }
@@ -352,8 +353,10 @@ async fn run(cli: Cli) -> Result<ExitCode, CliError> {
         Command::Node(cmd @ (NodeCommand::Stop | NodeCommand::Drain)) => {
             let drain = matches!(cmd, NodeCommand::Drain);
             let c = Client::connect_unix(&cli.socket).await?;
-            let r: serde_json::Value = c.call("node_stop", serde_json::json!({"drain": drain})).await?;
-            if r["targetsStop"] == true {
+            let r: crate::api::types::NodeStopResult = c
+                .call("node_stop", crate::api::types::NodeStopParams { drain })
+                .await?;
+            if r.targets_stop {
                 println!("talon stops, and spdk_tgt and tgtd with it");
             } else {
                 println!("talon stops; spdk_tgt and tgtd keep serving for the next talon");
@@ -392,15 +395,20 @@ async fn run(cli: Cli) -> Result<ExitCode, CliError> {
 /// time one of them changes.
 async fn get_volume(c: &Client, name: &str, output: Format, watch: bool) -> Result<(), CliError> {
     let r = c.get("Volume", name).await?;
-    let view: serde_json::Value = c.call("volume_get", serde_json::json!({"name": name})).await?;
+    let by_name = || crate::api::volume::NameParams {
+        name: name.to_string(),
+        wait: false,
+        timeout_seconds: None,
+    };
+    let view: VolumeView = c.call("volume_get", by_name()).await?;
     match output {
         Format::Table => print!("{}", volume::describe_volume(&view)),
         _ => {
             let mut v = serde_json::to_value(&r)?;
             v["status"] = serde_json::json!({
-                "engine": view["engine"],
-                "replicas": view["replicas"],
-                "attachment": view["attachment"],
+                "engine": view.engine,
+                "replicas": view.replicas,
+                "attachment": view.attachment,
             });
             print_value(&v, output)?;
         }
@@ -418,13 +426,16 @@ async fn get_volume(c: &Client, name: &str, output: Format, watch: bool) -> Resu
         let res = &ev.resource;
         let mine = match res.metadata.type_.as_str() {
             "Volume" | "EngineStatus" | "AttachmentStatus" => res.metadata.id == name,
-            "ReplicaStatus" => res.spec["volume"] == name,
+            "ReplicaStatus" => {
+                serde_json::from_value::<crate::resources::engine::ReplicaStatus>(res.spec.clone())
+                    .is_ok_and(|r| r.volume == name)
+            }
             _ => false,
         };
         if !mine {
             continue;
         }
-        let view: serde_json::Value = match c.call("volume_get", serde_json::json!({"name": name})).await {
+        let view: VolumeView = match c.call("volume_get", by_name()).await {
             Ok(v) => v,
             Err(_) => {
                 println!("{}  {name} deleted", chrono_now());

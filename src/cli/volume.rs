@@ -1,10 +1,60 @@
 //! `talon volume|snapshot|disk ...`: thin clients of the volume API methods.
 
-use serde_json::{Value, json};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use serde_json::Value;
 
 use super::CliError;
-use super::output::{Format, print_value};
+use super::output::{Format, human_bytes, print_value};
+use crate::api::types::NoParams;
+use crate::api::volume::{
+    AttachParams, CloneParams, DiskAddParams, ExpandParams, NameParams, SnapshotListParams, SnapshotParams,
+    VolumeCreateParams, VolumeView,
+};
 use crate::client::Client;
+use crate::resources::config::RemoteReplica;
+use crate::resources::engine::{EngineStatus, Export, ObjectState, TargetStatus};
+use crate::resources::frontend::AttachmentStatus;
+
+/// A value as the API writes it, as text: a string as is, `null` as nothing,
+/// anything else as JSON (`2`, an enum's wire name such as `nvme-tcp`).
+fn wire<T: Serialize>(t: &T) -> String {
+    match serde_json::to_value(t) {
+        Ok(Value::String(s)) => s,
+        Ok(Value::Null) | Err(_) => String::new(),
+        Ok(v) => v.to_string(),
+    }
+}
+
+/// A command-line word parsed as the API's type (`--engine v2`, `--frontend iscsi`).
+fn from_word<T: DeserializeOwned>(flag: &str, word: &str) -> Result<T, CliError> {
+    serde_json::from_value(Value::String(word.to_string()))
+        .map_err(|e| format!("{flag} {word:?}: {e}").into())
+}
+
+/// An optional command-line word parsed as the API's type.
+fn from_opt_word<T: DeserializeOwned>(flag: &str, word: Option<String>) -> Result<Option<T>, CliError> {
+    word.map(|w| from_word(flag, &w)).transpose()
+}
+
+/// The params of a method that names a volume.
+fn name_params(name: &str, wait: bool) -> NameParams {
+    NameParams {
+        name: name.to_string(),
+        wait,
+        timeout_seconds: None,
+    }
+}
+
+/// The params of a method that names a snapshot of a volume.
+fn snapshot_params(volume: &str, name: &str, wait: bool) -> SnapshotParams {
+    SnapshotParams {
+        volume: volume.to_string(),
+        name: name.to_string(),
+        wait,
+        timeout_seconds: None,
+    }
+}
 
 /// `talon volume`.
 #[derive(Debug, clap::Subcommand)]
@@ -110,16 +160,9 @@ pub enum VolumeCommand {
 }
 
 /// How an initiator reaches an export, as commands to paste.
-pub fn connect_help(name: &str, export: &Value) -> String {
-    let s = |k: &str| {
-        export
-            .get(k)
-            .map(|x| x.as_str().map(String::from).unwrap_or_else(|| x.to_string()))
-            .unwrap_or_default()
-    };
-    let (transport, addr, port, target) = (s("transport"), s("address"), s("port"), s("name"));
-    let lun = export.get("lun").and_then(Value::as_u64).unwrap_or(1);
-    match transport.as_str() {
+pub fn connect_help(name: &str, export: &Export) -> String {
+    let (addr, port, target, lun) = (&export.address, export.port, &export.name, export.lun);
+    match export.transport.as_str() {
         "iscsi" => format!(
             "volume {name} is served over iSCSI at {addr}:{port}\n  target: {target}  LUN {lun}\n  \
              libiscsi:  iscsi-inq iscsi://{addr}:{port}/{target}/{lun}\n  \
@@ -187,10 +230,10 @@ pub enum DiskCommand {
 /// Calls `method` (one that waits), and while it waits says on stderr what it
 /// waits for: each new state and message of `type_/id`, one line per change
 /// ("volume pvc-1: creating: waiting for spdk_tgt").
-async fn call_telling(
+async fn call_telling<P: Serialize>(
     c: &Client,
     method: &str,
-    params: Value,
+    params: P,
     type_: &str,
     id: &str,
 ) -> Result<Value, CliError> {
@@ -209,9 +252,8 @@ async fn call_telling(
             r = &mut call => return Ok(r?),
             ev = next => match ev {
                 Some(Ok(ev)) if ev.resource.metadata.id == id => {
-                    let spec = &ev.resource.spec;
-                    let state = spec["state"].as_str().unwrap_or("");
-                    let msg = spec["message"].as_str().unwrap_or("");
+                    let (state, msg) = state_and_message(type_, &ev.resource.spec);
+                    let (state, msg) = (state.as_str(), msg.as_str());
                     let line = if msg.is_empty() {
                         format!("{type_} {id}: {state}")
                     } else {
@@ -229,118 +271,96 @@ async fn call_telling(
     }
 }
 
+/// The state and message of an `EngineStatus` or `AttachmentStatus` as the
+/// API writes them (empty when the spec is not one).
+fn state_and_message(type_: &str, spec: &Value) -> (String, String) {
+    let decoded = match type_ {
+        "EngineStatus" => {
+            serde_json::from_value::<EngineStatus>(spec.clone()).map(|s| (wire(&s.state), s.message))
+        }
+        "AttachmentStatus" => {
+            serde_json::from_value::<AttachmentStatus>(spec.clone()).map(|s| (wire(&s.state), s.message))
+        }
+        _ => return Default::default(),
+    };
+    decoded.unwrap_or_default()
+}
+
 /// A volume for people (`talon get volume NAME`, `talon volume get NAME -o
 /// table`): desired state beside what the engine, replicas and attachment
 /// report, and the last error. `v` is a `volume_get` answer.
-pub fn describe_volume(v: &Value) -> String {
-    let s = |p: &str| match v.pointer(p) {
-        None | Some(Value::Null) => String::new(),
-        Some(Value::String(x)) => x.clone(),
-        Some(x) => x.to_string(),
-    };
-    let size = |p: &str| {
-        v.pointer(p)
-            .and_then(Value::as_u64)
-            .map(crate::cli::output::human_bytes)
-            .unwrap_or_default()
-    };
+pub fn describe_volume(v: &VolumeView) -> String {
     let mut out = String::new();
     let mut line = |k: &str, val: String| {
         if !val.is_empty() {
             out.push_str(&format!("{k:<11}{val}\n"));
         }
     };
-    line("Name:", s("/name"));
-    let mut want = format!("{}, {} replica(s)", size("/spec/sizeBytes"), s("/spec/replicas"));
-    for (label, p) in [("engine", "/spec/engine"), ("frontend", "/spec/frontend")] {
-        let x = s(p);
+    line("Name:", v.name.clone());
+    let mut want = format!(
+        "{}, {} replica(s)",
+        human_bytes(v.spec.size_bytes),
+        v.spec.replicas
+    );
+    for (label, x) in [
+        ("engine", wire(&v.spec.engine)),
+        ("frontend", wire(&v.spec.frontend)),
+    ] {
         if !x.is_empty() && x != "auto" {
             want.push_str(&format!(", {label} {x}"));
         }
     }
     line("Spec:", want);
-    if s("/phase") == "tearing-down" {
+    if wire(&v.phase) == "tearing-down" {
         line("Phase:", "tearing down".into());
     }
-    match v.pointer("/engine").filter(|e| !e.is_null()) {
+    match &v.engine {
         None => line("State:", "pending (no engine has taken it yet)".into()),
-        Some(_) => {
-            let mut st = format!("{} ({})", s("/engine/state"), s("/engine/engine"));
-            if v.pointer("/engine/sizeBytes")
-                .and_then(Value::as_u64)
-                .unwrap_or(0)
-                > 0
-            {
-                st.push_str(&format!(", serving {}", size("/engine/sizeBytes")));
+        Some(e) => {
+            let mut st = format!("{} ({})", wire(&e.state), wire(&e.engine));
+            if e.size_bytes > 0 {
+                st.push_str(&format!(", serving {}", human_bytes(e.size_bytes)));
             }
             line("State:", st);
-            let exports: Vec<String> = v
-                .pointer("/engine/exports")
-                .and_then(Value::as_array)
-                .into_iter()
-                .flatten()
-                .map(|e| {
-                    let g = |k: &str| {
-                        e.get(k)
-                            .map(|x| x.as_str().map(String::from).unwrap_or_else(|| x.to_string()))
-                            .unwrap_or_default()
-                    };
-                    format!("{} {}:{} {}", g("transport"), g("address"), g("port"), g("name"))
-                })
+            let exports: Vec<String> = e
+                .exports
+                .iter()
+                .map(|x| format!("{} {}:{} {}", x.transport, x.address, x.port, x.name))
                 .collect();
             line("Exports:", exports.join("\n           "));
-            let msg = s("/engine/message");
-            let st = s("/engine/state");
-            if !msg.is_empty() {
-                line(if st == "failed" { "Error:" } else { "Message:" }, msg);
+            if !e.message.is_empty() {
+                let label = if e.state == ObjectState::Failed {
+                    "Error:"
+                } else {
+                    "Message:"
+                };
+                line(label, e.message.clone());
             }
         }
     }
-    match v.pointer("/attachment").filter(|a| !a.is_null()) {
+    match &v.attachment {
         None => line("Attached:", "no".into()),
-        Some(_) => {
-            let mut a = format!(
-                "{} {} ({})",
-                s("/attachment/state"),
-                s("/attachment/path"),
-                s("/attachment/transport")
-            );
-            let m = s("/attachment/message");
-            if !m.is_empty() {
-                a.push_str(&format!(": {m}"));
+        Some(a) => {
+            let mut text = format!("{} {} ({})", wire(&a.state), a.path, a.transport);
+            if !a.message.is_empty() {
+                text.push_str(&format!(": {}", a.message));
             }
-            line("Attached:", a);
+            line("Attached:", text);
         }
     }
-    let replicas = v
-        .pointer("/replicas")
-        .and_then(Value::as_array)
-        .cloned()
-        .unwrap_or_default();
-    if !replicas.is_empty() {
+    if !v.replicas.is_empty() {
         let mut t = comfy_table::Table::new();
         t.load_preset(comfy_table::presets::NOTHING);
         t.set_header(vec!["  REPLICA", "DISK", "STATE", "SIZE", "ALLOCATED", "MESSAGE"]);
-        for r in &replicas {
-            let g = |k: &str| r.get(k).and_then(Value::as_str).unwrap_or_default().to_string();
-            let b = |k: &str| {
-                r.get(k)
-                    .and_then(Value::as_u64)
-                    .map(crate::cli::output::human_bytes)
-                    .unwrap_or_default()
-            };
-            let id = if g("alias").is_empty() {
-                g("bdev")
-            } else {
-                g("alias")
-            };
+        for r in &v.replicas {
+            let id = if r.alias.is_empty() { &r.bdev } else { &r.alias };
             t.add_row(vec![
                 format!("  {id}"),
-                g("disk"),
-                g("state"),
-                b("sizeBytes"),
-                b("allocatedBytes"),
-                g("message"),
+                r.disk.clone(),
+                wire(&r.state),
+                human_bytes(r.size_bytes),
+                human_bytes(r.allocated_bytes),
+                r.message.clone(),
             ]);
         }
         out.push_str(&format!("Replicas:\n{t}\n"));
@@ -350,38 +370,25 @@ pub fn describe_volume(v: &Value) -> String {
 
 /// One line of a volume's state for `--watch`: state, message, and each
 /// replica's state (with a rebuild's progress).
-pub fn volume_line(v: &Value) -> String {
-    let g = |p: &str| {
-        v.pointer(p)
-            .and_then(Value::as_str)
-            .unwrap_or_default()
-            .to_string()
-    };
+pub fn volume_line(v: &VolumeView) -> String {
+    let state = v.engine.as_ref().map(|e| wire(&e.state)).unwrap_or_default();
     let mut line = format!(
         "{} {}",
-        g("/name"),
-        if g("/engine/state").is_empty() {
-            "pending".into()
-        } else {
-            g("/engine/state")
-        }
+        v.name,
+        if state.is_empty() { "pending".into() } else { state }
     );
-    let msg = g("/engine/message");
+    let msg = v.engine.as_ref().map(|e| e.message.as_str()).unwrap_or_default();
     if !msg.is_empty() {
         line.push_str(&format!(" ({msg})"));
     }
     let reps: Vec<String> = v
-        .pointer("/replicas")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
+        .replicas
+        .iter()
         .map(|r| {
-            let f = |k: &str| r.get(k).and_then(Value::as_str).unwrap_or_default();
-            let m = f("message");
-            if f("state") == "rebuilding" && !m.is_empty() {
-                format!("{} rebuilding {m}", f("disk"))
+            if r.state == ObjectState::Rebuilding && !r.message.is_empty() {
+                format!("{} rebuilding {}", r.disk, r.message)
             } else {
-                format!("{} {}", f("disk"), f("state"))
+                format!("{} {}", r.disk, wire(&r.state))
             }
         })
         .collect();
@@ -391,33 +398,24 @@ pub fn volume_line(v: &Value) -> String {
     line
 }
 
-fn volume_rows(v: &Value) {
+fn volume_rows(volumes: &[VolumeView]) {
     let mut t = comfy_table::Table::new();
     t.load_preset(comfy_table::presets::NOTHING);
     t.set_header(vec![
         "NAME", "SIZE", "REPLICAS", "ENGINE", "STATE", "EXPORT", "ATTACHED",
     ]);
-    for v in v.as_array().into_iter().flatten() {
-        let s = |p: &str| {
-            v.pointer(p)
-                .map(|x| x.as_str().map(String::from).unwrap_or_else(|| x.to_string()))
-                .unwrap_or_default()
-        };
+    for v in volumes {
+        let e = v.engine.as_ref();
         t.add_row(vec![
-            s("/name"),
-            v.pointer("/spec/sizeBytes")
-                .and_then(Value::as_u64)
-                .map(crate::cli::output::human_bytes)
+            v.name.clone(),
+            human_bytes(v.spec.size_bytes),
+            v.spec.replicas.to_string(),
+            e.map(|e| wire(&e.engine)).unwrap_or_else(|| wire(&v.spec.engine)),
+            e.map(|e| wire(&e.state)).unwrap_or_else(|| "pending".into()),
+            e.and_then(|e| e.exports.first())
+                .map(|x| x.name.clone())
                 .unwrap_or_default(),
-            s("/spec/replicas"),
-            v.pointer("/engine/engine")
-                .map(|_| s("/engine/engine"))
-                .unwrap_or_else(|| s("/spec/engine")),
-            v.pointer("/engine/state")
-                .map(|_| s("/engine/state"))
-                .unwrap_or_else(|| "pending".into()),
-            s("/engine/exports/0/name"),
-            s("/attachment/path"),
+            v.attachment.as_ref().map(|a| a.path.clone()).unwrap_or_default(),
         ]);
     }
     println!("{t}");
@@ -438,82 +436,98 @@ pub async fn run_volume(c: &Client, cmd: VolumeCommand) -> Result<(), CliError> 
             replica_hosts,
             no_wait,
         } => {
-            let remote: Vec<Value> = remote_replicas
-                .iter()
-                .map(|a| json!({"address": a.ip().to_string(), "port": a.port()}))
-                .collect();
-            let params = json!({"name": name, "size": size, "replicas": replicas, "engine": engine,
-                                "frontend": frontend, "disks": disks, "remoteReplicas": remote,
-                                "serveReplica": serve_replica, "replicaHosts": replica_hosts,
-                                "wait": !no_wait});
+            let params = VolumeCreateParams {
+                name: name.clone(),
+                size_bytes: None,
+                size: Some(size),
+                replicas: Some(replicas),
+                engine: from_opt_word("--engine", engine)?,
+                frontend: from_opt_word("--frontend", frontend)?,
+                disks,
+                from_snapshot: None,
+                remote_replicas: remote_replicas
+                    .iter()
+                    .map(|a| RemoteReplica {
+                        address: a.ip().to_string(),
+                        port: a.port(),
+                    })
+                    .collect(),
+                serve_replica,
+                replica_hosts,
+                wait: !no_wait,
+                timeout_seconds: None,
+            };
             call_telling(c, "volume_create", params, "EngineStatus", &name).await?
         }
         VolumeCommand::Get { name, output } => {
-            let v: Value = c.call("volume_get", json!({"name": name})).await?;
+            let v: VolumeView = c.call("volume_get", name_params(&name, false)).await?;
             if output == Format::Table {
                 print!("{}", describe_volume(&v));
                 return Ok(());
             }
-            return print_value(&v, output);
+            return print_value(&serde_json::to_value(&v)?, output);
         }
         VolumeCommand::List { output } => {
-            let v: Value = c.call("volume_list", json!({})).await?;
+            let v: Vec<VolumeView> = c.call("volume_list", NoParams {}).await?;
             if output == Format::Table {
                 volume_rows(&v);
                 return Ok(());
             }
-            return print_value(&v, output);
+            return print_value(&serde_json::to_value(&v)?, output);
         }
-        VolumeCommand::Delete { name } => {
-            c.call("volume_delete", json!({"name": name, "wait": true}))
-                .await?
-        }
+        VolumeCommand::Delete { name } => c.call("volume_delete", name_params(&name, true)).await?,
         VolumeCommand::Expand { name, size } => {
-            let params = json!({"name": name, "size": size, "wait": true});
+            let params = ExpandParams {
+                name: name.clone(),
+                size_bytes: None,
+                size: Some(size),
+                wait: true,
+                timeout_seconds: None,
+            };
             call_telling(c, "volume_expand", params, "EngineStatus", &name).await?
         }
         VolumeCommand::Clone { name, from } => {
             let (volume, snapshot) = from
                 .split_once('@')
                 .ok_or_else(|| format!("--from {from:?} must be VOLUME@SNAPSHOT"))?;
-            let params = json!({"name": name, "volume": volume, "snapshot": snapshot, "wait": true});
+            let params = CloneParams {
+                name: name.clone(),
+                volume: volume.to_string(),
+                snapshot: snapshot.to_string(),
+                wait: true,
+                timeout_seconds: None,
+            };
             call_telling(c, "volume_clone", params, "EngineStatus", &name).await?
         }
         VolumeCommand::Revert { name, snapshot } => {
-            c.call("volume_revert", json!({"volume": name, "name": snapshot}))
+            c.call("volume_revert", snapshot_params(&name, &snapshot, false))
                 .await?
         }
         VolumeCommand::Attach { name, frontend } => {
-            let params = json!({"name": name, "frontend": frontend, "wait": true});
+            let params = AttachParams {
+                name: name.clone(),
+                frontend: from_opt_word("--frontend", frontend)?,
+                wait: true,
+                timeout_seconds: None,
+            };
             call_telling(c, "volume_attach", params, "AttachmentStatus", &name).await?
         }
-        VolumeCommand::Detach { name } => {
-            c.call("volume_detach", json!({"name": name, "wait": true}))
-                .await?
-        }
+        VolumeCommand::Detach { name } => c.call("volume_detach", name_params(&name, true)).await?,
         VolumeCommand::Wait { name, timeout } => {
             let mut sub = c.watch(Some("EngineStatus"), true).await?;
             let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(timeout);
             loop {
-                let v: Value = c.call("volume_get", json!({"name": name})).await?;
-                let state = v
-                    .pointer("/engine/state")
-                    .and_then(Value::as_str)
-                    .unwrap_or("pending");
+                let v: VolumeView = c.call("volume_get", name_params(&name, false)).await?;
+                let state = v.engine.as_ref().map(|e| e.state);
+                let msg = v.engine.as_ref().map(|e| e.message.as_str()).unwrap_or("");
                 match state {
-                    "ready" | "degraded" => {
-                        for e in v
-                            .pointer("/engine/exports")
-                            .and_then(Value::as_array)
-                            .into_iter()
-                            .flatten()
-                        {
+                    Some(ObjectState::Ready | ObjectState::Degraded) => {
+                        for e in v.engine.iter().flat_map(|e| &e.exports) {
                             println!("{}", connect_help(&name, e));
                         }
                         return Ok(());
                     }
-                    "failed" => {
-                        let msg = v.pointer("/engine/message").and_then(Value::as_str).unwrap_or("");
+                    Some(ObjectState::Failed) => {
                         return Err(format!("volume {name} failed: {msg}").into());
                     }
                     _ => {}
@@ -521,12 +535,16 @@ pub async fn run_volume(c: &Client, cmd: VolumeCommand) -> Result<(), CliError> 
                 tokio::select! {
                     _ = sub.next() => {}
                     _ = tokio::time::sleep_until(deadline) => {
-                        let msg = v.pointer("/engine/message").and_then(Value::as_str).unwrap_or("");
+                        let state = state.map(|s| wire(&s)).unwrap_or_else(|| "pending".into());
                         let mut why = if msg.is_empty() { String::new() } else { format!(": {msg}") };
                         // A target that failed is the usual reason; name it.
                         let targets: Vec<crate::runtime::Resource> = c.list("TargetStatus").await.unwrap_or_default();
-                        for t in targets.iter().filter(|t| t.spec["state"] == "failed") {
-                            why.push_str(&format!("; target {} failed: {}", t.metadata.id, t.spec["message"].as_str().unwrap_or("")));
+                        for t in &targets {
+                            if let Ok(ts) = serde_json::from_value::<TargetStatus>(t.spec.clone())
+                                && ts.state == ObjectState::Failed
+                            {
+                                why.push_str(&format!("; target {} failed: {}", t.metadata.id, ts.message));
+                            }
                         }
                         return Err(format!("volume {name} is not exported after {timeout} s (state {state}){why}; see `talon get enginestatus {name}` and `talon get controllers`").into());
                     }
@@ -541,19 +559,13 @@ pub async fn run_volume(c: &Client, cmd: VolumeCommand) -> Result<(), CliError> 
 pub async fn run_snapshot(c: &Client, cmd: SnapshotCommand) -> Result<(), CliError> {
     let v: Value = match cmd {
         SnapshotCommand::Create { volume, name } => {
-            c.call(
-                "snapshot_create",
-                json!({"volume": volume, "name": name, "wait": true}),
-            )
-            .await?
+            c.call("snapshot_create", snapshot_params(&volume, &name, true))
+                .await?
         }
-        SnapshotCommand::List { volume } => c.call("snapshot_list", json!({"volume": volume})).await?,
+        SnapshotCommand::List { volume } => c.call("snapshot_list", SnapshotListParams { volume }).await?,
         SnapshotCommand::Delete { volume, name } => {
-            c.call(
-                "snapshot_delete",
-                json!({"volume": volume, "name": name, "wait": true}),
-            )
-            .await?
+            c.call("snapshot_delete", snapshot_params(&volume, &name, true))
+                .await?
         }
     };
     print_value(&v, Format::Yaml)
@@ -568,14 +580,18 @@ pub async fn run_disk(c: &Client, cmd: DiskCommand) -> Result<(), CliError> {
             pci,
             size,
         } => {
-            c.call(
-                "disk_add",
-                json!({"name": name, "path": path, "pci": pci, "size": size}),
-            )
-            .await?
+            let params = DiskAddParams {
+                name,
+                path,
+                pci,
+                size_bytes: None,
+                size,
+                cluster_mib: None,
+            };
+            c.call("disk_add", params).await?
         }
-        DiskCommand::List => c.call("disk_list", json!({})).await?,
-        DiskCommand::Remove { name } => c.call("disk_remove", json!({"name": name})).await?,
+        DiskCommand::List => c.call("disk_list", NoParams {}).await?,
+        DiskCommand::Remove { name } => c.call("disk_remove", name_params(&name, false)).await?,
     };
     print_value(&v, Format::Yaml)
 }
@@ -583,11 +599,12 @@ pub async fn run_disk(c: &Client, cmd: DiskCommand) -> Result<(), CliError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     /// A `volume_get` answer for a 2-replica V2 volume whose second replica
     /// is being rebuilt.
-    fn rebuilding() -> Value {
-        json!({
+    fn rebuilding() -> VolumeView {
+        serde_json::from_value(json!({
             "name": "pvc-1",
             "spec": {"sizeBytes": 10u64 << 30, "replicas": 2, "engine": "auto", "frontend": "auto"},
             "phase": "running",
@@ -606,7 +623,8 @@ mod tests {
                  "message": "42% rebuilt"}
             ],
             "attachment": null
-        })
+        }))
+        .expect("a volume_get answer")
     }
 
     #[test]
@@ -626,13 +644,18 @@ mod tests {
             assert!(out.contains(want), "{want:?} in:\n{out}");
         }
         let mut failed = rebuilding();
-        failed["engine"]["state"] = json!("failed");
-        failed["engine"]["message"] = json!("no up-to-date replica is present");
+        let e = failed.engine.as_mut().expect("engine");
+        e.state = ObjectState::Failed;
+        e.message = "no up-to-date replica is present".into();
         assert!(
             describe_volume(&failed).contains("Error:     no up-to-date replica is present"),
             "the last error is shown as such"
         );
-        let pending = json!({"name": "p", "spec": {"sizeBytes": 1u64 << 20, "replicas": 1}, "engine": null});
+        let pending: VolumeView = serde_json::from_value(
+            json!({"name": "p", "spec": {"sizeBytes": 1u64 << 20, "replicas": 1},
+            "phase": "running", "engine": null, "replicas": [], "attachment": null}),
+        )
+        .expect("a pending volume");
         assert!(describe_volume(&pending).contains("State:     pending"));
     }
 

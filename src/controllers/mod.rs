@@ -9,6 +9,7 @@ use std::path::PathBuf;
 
 use crate::controllers::engine::selection::{EngineSelection, SpdkOptions};
 use crate::host::HostRoot;
+use crate::resources::engine::Engine;
 use crate::runtime::{Runtime, RuntimeError};
 
 /// What controllers need from the daemon's configuration.
@@ -27,12 +28,12 @@ pub struct Deps {
     pub targets_on_exit: engine::TargetsOnExit,
 }
 
-/// Registers every controller.
-pub fn register_all(rt: &mut Runtime, deps: &Deps) -> Result<(), RuntimeError> {
+/// Registers every controller; `selection`: the engine selection detected
+/// once at start ([`EngineSelection::detect_with_socket`]; `node_info` shows
+/// the same one).
+pub fn register_all(rt: &mut Runtime, deps: &Deps, selection: &EngineSelection) -> Result<(), RuntimeError> {
     let socket = deps.spdk.target_config(&deps.run_dir).socket();
-    let selection = EngineSelection::detect_with_socket(&deps.spdk, &deps.host, &socket);
-    tracing::info!(v2_available = selection.v2_available, reason = %selection.reason, "engine selection");
-    engine::v1::register(rt, deps, &selection)?;
+    engine::v1::register(rt, deps, selection)?;
     let target = engine::spdk_target::SpdkTargetController::new(
         deps.spdk.target_config(&deps.run_dir),
         selection.clone(),
@@ -53,7 +54,7 @@ pub fn register_all(rt: &mut Runtime, deps: &Deps) -> Result<(), RuntimeError> {
     rt.register(
         engine::spdk_volume::SpdkVolumeController::new(
             crate::spdk::SpdkClient::new(socket),
-            selection.auto_engine() == crate::resources::engine::Engine::V2,
+            selection.auto_engine() == Engine::V2,
         )
         .with_host_nqn(host_nqn.clone()),
     )?;
@@ -65,7 +66,7 @@ pub fn register_all(rt: &mut Runtime, deps: &Deps) -> Result<(), RuntimeError> {
         .with_host(deps.host.clone(), deps.data_dir.clone()),
     )?;
     rt.register(frontend::attach::AttachController::new(deps.clone()))?;
-    host::register_config(rt, &deps.host, host::SpdkDemand::new(&deps.spdk, &selection))?;
+    host::register_config(rt, &deps.host, host::SpdkDemand::new(&deps.spdk, selection))?;
     host::register(rt, &deps.host, host::POLL)?;
     Ok(())
 }

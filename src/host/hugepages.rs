@@ -326,33 +326,11 @@ pub fn hugetlbfs_mounts(root: &HostRoot) -> Result<Vec<PathBuf>, HugepagesError>
     let mounts = root
         .read_string("/proc/mounts")
         .map_err(HugepagesError::ReadMounts)?;
-    Ok(mounts
-        .lines()
-        .filter_map(|l| {
-            let mut f = l.split_whitespace();
-            let _src = f.next()?;
-            let target = f.next()?;
-            (f.next()? == "hugetlbfs").then(|| PathBuf::from(unescape_mount(target)))
-        })
+    Ok(super::mounts::parse_mounts(&mounts)
+        .into_iter()
+        .filter(|m| m.fs_type == "hugetlbfs")
+        .map(|m| PathBuf::from(m.target))
         .collect())
-}
-
-/// Decodes the octal escapes (`\040`) of /proc/mounts fields.
-pub(crate) fn unescape_mount(s: &str) -> String {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'\\' && i + 3 < b.len() && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c)) {
-            let v = (b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0');
-            out.push(v);
-            i += 4;
-        } else {
-            out.push(b[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// What [`ensure_hugetlbfs`] did.
@@ -652,7 +630,7 @@ mod tests {
         assert_eq!(spdk_sizing_mib(0), 512);
         assert_eq!(spdk_sizing_mib(1), 556);
         assert_eq!(spdk_sizing_mib(10), 942);
-        assert_eq!(unescape_mount("/mnt/a\\040b"), "/mnt/a b");
+        assert_eq!(super::super::mounts::unescape("/mnt/a\\040b"), "/mnt/a b");
         let d = tempfile::tempdir().expect("tempdir");
         let root = HostRoot::new(d.path());
         fs::create_dir_all(root.path("/proc")).expect("mkdir");

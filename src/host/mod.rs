@@ -11,6 +11,8 @@ pub mod disk_target;
 pub mod doctor;
 pub mod hugepages;
 pub mod modules;
+pub mod mounts;
+pub mod net;
 pub mod os;
 pub mod pci;
 pub mod root;

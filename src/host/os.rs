@@ -1,12 +1,13 @@
-//! OS detection from the host's `/etc/os-release`.
+//! OS detection from the host's `/etc/os-release`: the one os-release type
+//! and parser of talon.
 //!
 //! ```text
-//!   HostRoot ── /etc/os-release ──> parse_os_release(text) ──> OsRelease { id, version_id, .. }
-//!                                                               └─ is_talos(): ID=talos
+//!   HostRoot ── /etc/os-release ──────────────┐
+//!   ns::read_file (a mount namespace) ────────┴─> OsRelease::parse(text) ──> OsRelease { id, version_id, .. }
+//!                                                                             └─ is_talos(): ID=talos
 //! ```
-//!
-//! [`parse_os_release`] takes the file text, so a reader that goes through the
-//! host mount namespace (`crate::ns`) can reuse it.
+
+use std::collections::BTreeMap;
 
 use super::{HostIoError, HostRoot};
 use serde::{Deserialize, Serialize};
@@ -34,17 +35,70 @@ impl OsRelease {
     pub fn is_talos(&self) -> bool {
         self.id == "talos"
     }
+
+    /// Parses os-release text: `KEY=value` lines, values optionally in single
+    /// or double quotes with backslash escapes; comments and malformed lines
+    /// skipped. `ID` is lower-cased, and `linux` when absent (os-release(5)).
+    pub fn parse(text: &str) -> OsRelease {
+        let mut fields = BTreeMap::new();
+        for line in text.lines() {
+            let line = line.trim();
+            if line.is_empty() || line.starts_with('#') {
+                continue;
+            }
+            let Some((key, raw)) = line.split_once('=') else {
+                continue;
+            };
+            let key = key.trim();
+            if key.is_empty() || !key.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') {
+                continue;
+            }
+            fields.insert(key.to_string(), unquote(raw.trim()));
+        }
+        OsRelease {
+            id: fields
+                .get("ID")
+                .map_or_else(|| "linux".to_string(), |id| id.to_ascii_lowercase()),
+            version_id: fields.remove("VERSION_ID"),
+            pretty_name: fields.remove("PRETTY_NAME"),
+        }
+    }
 }
 
-/// Parses os-release text (`KEY=value`, values optionally quoted).
-pub fn parse_os_release(text: &str) -> OsRelease {
-    // One parser for the whole project: the namespace core's (quoting, escapes, defaults).
-    let full = crate::ns::OsRelease::parse(text);
-    OsRelease {
-        id: full.id.to_ascii_lowercase(),
-        version_id: full.version_id,
-        pretty_name: full.fields.get("PRETTY_NAME").cloned(),
+fn unquote(raw: &str) -> String {
+    let mut chars = raw.chars();
+    let quote = match raw.chars().next() {
+        Some(q @ ('"' | '\'')) => {
+            chars.next();
+            Some(q)
+        }
+        _ => None,
+    };
+    let mut out = String::new();
+    while let Some(c) = chars.next() {
+        match (c, quote) {
+            (c, Some(q)) if c == q => break,
+            ('\\', Some('"')) | ('\\', None) => {
+                if let Some(n) = chars.next() {
+                    out.push(n);
+                }
+            }
+            (c, _) => out.push(c),
+        }
     }
+    out
+}
+
+/// Reads `/etc/os-release` (or `/usr/lib/os-release`) inside the mount
+/// namespace of `target`.
+pub fn read_in(root: &HostRoot, target: &crate::ns::Target) -> Result<OsRelease, crate::ns::NsError> {
+    let text = match crate::ns::read_file(root, target, "/etc/os-release") {
+        Err(crate::ns::NsError::ReadFile { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
+            crate::ns::read_file(root, target, "/usr/lib/os-release")?
+        }
+        r => r?,
+    };
+    Ok(OsRelease::parse(&String::from_utf8_lossy(&text)))
 }
 
 /// Reads `/etc/os-release` (falling back to `/usr/lib/os-release`) through `root`.
@@ -53,24 +107,18 @@ pub fn parse_os_release(text: &str) -> OsRelease {
 /// namespace cannot be entered (no privilege) it falls back to the root handle.
 pub fn detect(root: &HostRoot) -> Result<OsRelease, OsError> {
     if root.is_real() {
-        match crate::ns::os_release(root, &crate::ns::Target::Host) {
-            Ok(full) => {
-                return Ok(OsRelease {
-                    id: full.id.to_ascii_lowercase(),
-                    version_id: full.version_id,
-                    pretty_name: full.fields.get("PRETTY_NAME").cloned(),
-                });
-            }
+        match read_in(root, &crate::ns::Target::Host) {
+            Ok(os) => return Ok(os),
             Err(e) => {
                 tracing::debug!(error = %e, "host mount namespace not readable; reading os-release through the root handle")
             }
         }
     }
     match root.read_string("/etc/os-release") {
-        Ok(t) => Ok(parse_os_release(&t)),
+        Ok(t) => Ok(OsRelease::parse(&t)),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => root
             .read_string("/usr/lib/os-release")
-            .map(|t| parse_os_release(&t))
+            .map(|t| OsRelease::parse(&t))
             .map_err(OsError::ReadOsRelease),
         Err(e) => Err(OsError::ReadOsRelease(e)),
     }
@@ -82,15 +130,38 @@ mod tests {
 
     #[test]
     fn parses_talos_and_debian() {
-        let t = parse_os_release(
+        let t = OsRelease::parse(
             "NAME=\"Talos\"\nID=talos\nVERSION_ID=v1.13.0\nPRETTY_NAME=\"Talos (v1.13.0)\"\n",
         );
         assert!(t.is_talos());
         assert_eq!(t.version_id.as_deref(), Some("v1.13.0"));
         assert_eq!(t.pretty_name.as_deref(), Some("Talos (v1.13.0)"));
-        let d = parse_os_release("# c\nID='debian'\nVERSION_ID=\"12\"\n");
+        let d = OsRelease::parse("# c\nID='debian'\nVERSION_ID=\"12\"\n");
         assert!(!d.is_talos());
         assert_eq!(d.id, "debian");
-        assert_eq!(parse_os_release("").id, "linux");
+        assert_eq!(OsRelease::parse("").id, "linux");
+    }
+
+    #[test]
+    fn parses_quoting_and_escapes() {
+        let text = "# comment\nNAME=\"Talos\"\nID=Talos\nVERSION_ID=v1.11.0\n\
+                    PRETTY_NAME=\"Talos (v1.11.0) \\\"x\\\"\"\nHOME_URL='https://x/$y'\nbad line\n";
+        let rel = OsRelease::parse(text);
+        assert_eq!(rel.id, "talos");
+        assert_eq!(rel.version_id.as_deref(), Some("v1.11.0"));
+        assert_eq!(rel.pretty_name.as_deref(), Some("Talos (v1.11.0) \"x\""));
+        let empty = OsRelease::parse("");
+        assert_eq!(
+            (empty.id.as_str(), empty.pretty_name, empty.version_id),
+            ("linux", None, None)
+        );
+    }
+
+    /// Read through the mount namespace of our own process (no switch needed).
+    #[test]
+    fn reads_in_a_mount_namespace() {
+        let me = crate::ns::Target::Pid(std::process::id());
+        let rel = read_in(&HostRoot::real(), &me).expect("os-release");
+        assert!(!rel.id.is_empty());
     }
 }

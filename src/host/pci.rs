@@ -490,7 +490,7 @@ pub fn in_use(root: &HostRoot, dev: &PciDevice) -> Result<Option<String>, PciErr
     let e = inspect_err(b);
     let mountinfo = root.read_string("/proc/self/mountinfo").ok();
     let mounts = root.read_string("/proc/mounts").ok();
-    let swaps = root.read_string("/proc/swaps").unwrap_or_default();
+    let swaps = super::mounts::parse_swaps(&root.read_string("/proc/swaps").unwrap_or_default());
     for ns in &dev.block_devices {
         let mut nodes = vec![ns.clone()];
         for entry in root.list_dir(format!("/sys/block/{ns}")).map_err(&e)? {
@@ -505,11 +505,7 @@ pub fn in_use(root: &HostRoot, dev: &PciDevice) -> Result<Option<String>, PciErr
                 format!("/sys/block/{ns}/{node}")
             };
             let majmin = root.read_attr_opt(format!("{sys}/dev")).map_err(&e)?;
-            if swaps
-                .lines()
-                .skip(1)
-                .any(|l| l.split_whitespace().next() == Some(format!("/dev/{node}").as_str()))
-            {
+            if swaps.iter().any(|s| *s == format!("/dev/{node}")) {
                 return Ok(Some(format!("/dev/{node} is active swap")));
             }
             if let Some(target) = mounted_at(mountinfo.as_deref(), mounts.as_deref(), node, majmin.as_deref())
@@ -546,27 +542,18 @@ fn mounted_at(
 ) -> Option<String> {
     let dev_path = format!("/dev/{node}");
     if let Some(mi) = mountinfo {
-        for line in mi.lines() {
-            let f: Vec<&str> = line.split_whitespace().collect();
-            let Some(sep) = f.iter().position(|x| *x == "-") else {
-                continue;
-            };
-            let by_num = majmin.is_some_and(|m| f.get(2) == Some(&m));
-            let by_src = f.get(sep + 2).is_some_and(|s| *s == dev_path);
-            if by_num || by_src {
-                return f.get(4).map(|t| super::hugepages::unescape_mount(t));
-            }
+        let found = super::mounts::parse_mountinfo(mi)
+            .into_iter()
+            .find(|m| majmin.is_some_and(|n| m.dev == n) || m.source == dev_path);
+        if let Some(m) = found {
+            return Some(m.mount_point);
         }
     }
-    if let Some(m) = mounts {
-        for line in m.lines() {
-            let mut f = line.split_whitespace();
-            if f.next() == Some(dev_path.as_str()) {
-                return f.next().map(super::hugepages::unescape_mount);
-            }
-        }
-    }
-    None
+    let mounts = super::mounts::parse_mounts(mounts?);
+    mounts
+        .into_iter()
+        .find(|m| m.source == dev_path)
+        .map(|m| m.target)
 }
 
 /// Looks for data in the first 68 KiB of a block device: GPT, MBR, ext2/3/4,

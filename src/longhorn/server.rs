@@ -311,7 +311,7 @@ fn state_err(e: StateError) -> Status {
         StateError::NotFound { .. } => Status::not_found(e.to_string()),
         StateError::AlreadyExists { .. } => Status::already_exists(e.to_string()),
         StateError::Conflict { .. } => Status::aborted(e.to_string()),
-        _ => Status::internal(crate::runtime::runner::error_chain(&e)),
+        _ => Status::internal(crate::util::error_chain(&e)),
     }
 }
 

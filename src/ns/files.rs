@@ -3,14 +3,12 @@
 //! ```text
 //!   read_file / write_file / create_dir_all ──run_in(mnt)──> std::fs in the target ns
 //!   lock ──run_in(mnt): open(O_CREAT|O_CLOEXEC)──> fd ──flock(LOCK_EX|LOCK_NB) retry──> NsLock
-//!   os_release ──read_file(/etc/os-release | /usr/lib/os-release)──> OsRelease
 //! ```
 //!
 //! A file descriptor opened inside another mount namespace stays valid in the
 //! whole process, so the lock is held by an fd of this process and released when
 //! the [`NsLock`] is dropped.
 
-use std::collections::BTreeMap;
 use std::fs;
 use std::io;
 use std::os::fd::AsRawFd;
@@ -20,6 +18,7 @@ use std::time::{Duration, Instant};
 
 use super::{FILE_TIMEOUT, Namespaces, NsError, Target, TargetNamespaces};
 use crate::host::HostRoot;
+use crate::util::Backoff;
 
 fn in_mnt<T: Send + 'static>(
     root: &HostRoot,
@@ -150,7 +149,7 @@ pub fn lock(
         target: label.clone(),
         source,
     })?;
-    let mut pause = Duration::from_millis(1);
+    let mut pause = Backoff::new(Duration::from_millis(1), Duration::from_millis(50));
     loop {
         match flock(&file, libc::LOCK_EX | libc::LOCK_NB) {
             Ok(()) => {
@@ -169,128 +168,19 @@ pub fn lock(
                 });
             }
         }
-        let elapsed = start.elapsed();
-        if elapsed >= timeout {
+        if !pause.sleep_before(start + timeout) {
             return Err(NsError::LockTimeout {
                 path,
                 target: label,
                 timeout,
             });
         }
-        std::thread::sleep(pause.min(timeout - elapsed));
-        pause = (pause * 2).min(Duration::from_millis(50));
     }
-}
-
-/// The parsed `os-release` file of a target's mount namespace.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct OsRelease {
-    /// `ID` (`"talos"`, `"debian"`); `"linux"` when absent, as os-release(5) says.
-    pub id: String,
-    /// `VERSION_ID` (`"12"`, `"v1.11.0"`), absent on rolling releases.
-    pub version_id: Option<String>,
-    /// `PRETTY_NAME`; `"Linux"` when absent.
-    pub pretty_name: String,
-    /// Every key-value pair, unquoted.
-    pub fields: BTreeMap<String, String>,
-}
-
-impl OsRelease {
-    /// Parses os-release text: `KEY=value` lines, values optionally in single or
-    /// double quotes with backslash escapes; comments and malformed lines skipped.
-    pub fn parse(text: &str) -> Self {
-        let mut fields = BTreeMap::new();
-        for line in text.lines() {
-            let line = line.trim();
-            if line.is_empty() || line.starts_with('#') {
-                continue;
-            }
-            let Some((key, raw)) = line.split_once('=') else {
-                continue;
-            };
-            let key = key.trim();
-            if key.is_empty() || !key.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') {
-                continue;
-            }
-            fields.insert(key.to_string(), unquote(raw.trim()));
-        }
-        Self {
-            id: fields.get("ID").cloned().unwrap_or_else(|| "linux".to_string()),
-            version_id: fields.get("VERSION_ID").cloned(),
-            pretty_name: fields
-                .get("PRETTY_NAME")
-                .cloned()
-                .unwrap_or_else(|| "Linux".to_string()),
-            fields,
-        }
-    }
-}
-
-fn unquote(raw: &str) -> String {
-    let mut chars = raw.chars();
-    let quote = match raw.chars().next() {
-        Some(q @ ('"' | '\'')) => {
-            chars.next();
-            Some(q)
-        }
-        _ => None,
-    };
-    let mut out = String::new();
-    while let Some(c) = chars.next() {
-        match (c, quote) {
-            (c, Some(q)) if c == q => break,
-            ('\\', Some('"')) | ('\\', None) => {
-                if let Some(n) = chars.next() {
-                    out.push(n);
-                }
-            }
-            (c, _) => out.push(c),
-        }
-    }
-    out
-}
-
-/// Reads and parses `/etc/os-release` (or `/usr/lib/os-release`) in the target's
-/// mount namespace.
-pub fn os_release(root: &HostRoot, target: &Target) -> Result<OsRelease, NsError> {
-    let (res, label) = in_mnt(root, target, FILE_TIMEOUT, || {
-        fs::read_to_string("/etc/os-release").or_else(|e| {
-            if e.kind() == io::ErrorKind::NotFound {
-                fs::read_to_string("/usr/lib/os-release")
-            } else {
-                Err(e)
-            }
-        })
-    })?;
-    let text = res.map_err(|source| NsError::ReadFile {
-        path: PathBuf::from("/etc/os-release"),
-        target: label,
-        source,
-    })?;
-    Ok(OsRelease::parse(&text))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn parses_os_release_quoting() {
-        let text = "# comment\nNAME=\"Talos\"\nID=talos\nVERSION_ID=v1.11.0\n\
-                    PRETTY_NAME=\"Talos (v1.11.0) \\\"x\\\"\"\nHOME_URL='https://x/$y'\nbad line\n";
-        let rel = OsRelease::parse(text);
-        assert_eq!(rel.id, "talos");
-        assert_eq!(rel.version_id.as_deref(), Some("v1.11.0"));
-        assert_eq!(rel.pretty_name, "Talos (v1.11.0) \"x\"");
-        assert_eq!(rel.fields["HOME_URL"], "https://x/$y");
-        assert_eq!(rel.fields["NAME"], "Talos");
-        let empty = OsRelease::parse("");
-        assert_eq!(
-            (empty.id.as_str(), empty.pretty_name.as_str()),
-            ("linux", "Linux")
-        );
-        assert_eq!(empty.version_id, None);
-    }
 
     /// The helpers against our own process: no namespace switch needed, so this
     /// runs unprivileged; the namespaced paths are covered in tests/ns_*.rs.
@@ -318,8 +208,5 @@ mod tests {
             .expect("free again")
             .release()
             .expect("release");
-
-        let rel = os_release(&root, &me).expect("os-release");
-        assert!(!rel.id.is_empty());
     }
 }

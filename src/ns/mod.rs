@@ -9,7 +9,7 @@
 //!                                          │      result over a channel; thread exits
 //!        NsCommand::output/status ─────────┴──> fork; child: setns .. chdir (pre_exec)
 //!                                                 exec; parent: poll stdio + pidfd, timeout
-//!   read_file / write_file / create_dir_all / lock / os_release = run_in(mnt) + std::fs
+//!   read_file / write_file / create_dir_all / lock = run_in(mnt) + std::fs
 //! ```
 //!
 //! Namespaces are entered only on threads that are thrown away afterwards and in
@@ -28,7 +28,7 @@ use std::time::Duration;
 
 pub use command::{DEFAULT_COMMAND_TIMEOUT, NsCommand, exit_code};
 pub use error::NsError;
-pub use files::{NsLock, OsRelease, create_dir_all, lock, os_release, read_file, write_file};
+pub use files::{NsLock, create_dir_all, lock, read_file, write_file};
 pub use target::{MAX_RESOLVE_ATTEMPTS, Namespaces, NsKind, Target, TargetNamespaces, find_process};
 
 use crate::host::HostRoot;

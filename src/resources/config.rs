@@ -2,6 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::names::ObjectName;
 use crate::runtime::Spec;
 
 /// Which engine serves a volume.
@@ -254,6 +255,18 @@ pub struct Snapshot {
 /// The id of a snapshot resource.
 pub fn snapshot_id(volume: &str, name: &str) -> String {
     format!("{volume}@{name}")
+}
+
+/// Splits a snapshot id `<volume>@<snapshot>` (the inverse of [`snapshot_id`]),
+/// both names validated.
+pub fn split_snapshot_id(id: &str) -> Result<(ObjectName, ObjectName), String> {
+    let (v, s) = id
+        .split_once('@')
+        .ok_or_else(|| format!("snapshot {id:?} is not <volume>@<snapshot>"))?;
+    Ok((
+        ObjectName::parse("volume", v).map_err(|e| e.to_string())?,
+        ObjectName::parse("snapshot", s).map_err(|e| e.to_string())?,
+    ))
 }
 
 impl Spec for Snapshot {

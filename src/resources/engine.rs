@@ -35,6 +35,11 @@ pub enum ObjectState {
     Stale,
 }
 
+/// The id of spdk_tgt's [`TargetStatus`] and of its [`SpdkEvents`].
+pub const SPDK_STATUS_ID: &str = "spdk";
+/// The id of tgtd's [`TargetStatus`].
+pub const TGTD_STATUS_ID: &str = "tgtd";
+
 /// A target process (`spdk` or `tgtd`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]

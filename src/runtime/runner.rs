@@ -23,6 +23,7 @@ use tokio::time::Instant;
 use super::controller::{Controller, Input, Output, OutputKind, ReconcileContext, Requeue};
 use super::resource::now_rfc3339;
 use super::state::{Event, State};
+use crate::util::{Backoff, error_chain};
 
 /// First backoff after a failure.
 pub const BACKOFF_INITIAL: Duration = Duration::from_millis(100);
@@ -257,7 +258,7 @@ async fn run_controller(
     let name = c.name();
     let (inputs, outputs) = (c.inputs(), c.outputs());
     let (_, mut rx) = state.watch(None);
-    let mut backoff = BACKOFF_INITIAL;
+    let mut backoff = Backoff::new(BACKOFF_INITIAL, BACKOFF_MAX);
     let mut wait = Wait::Deadline(Instant::now());
     loop {
         let stopped = match wait {
@@ -285,7 +286,7 @@ async fn run_controller(
         let failure = match result {
             Ok(Ok(requeue)) => match ctx.cleanup_outputs() {
                 Ok(_) => {
-                    backoff = BACKOFF_INITIAL;
+                    backoff.reset();
                     set_status(&statuses, name, |s| {
                         s.state = ControllerState::Idle;
                         s.reconciles += 1;
@@ -304,28 +305,15 @@ async fn run_controller(
             Err(p) => Some(format!("panicked: {}", panic_message(p.as_ref()))),
         };
         if let Some(msg) = failure {
-            tracing::warn!(controller = name, error = %msg, backoff_ms = backoff.as_millis() as u64, "controller failed; restarting after backoff");
+            tracing::warn!(controller = name, error = %msg, backoff_ms = backoff.peek().as_millis() as u64, "controller failed; restarting after backoff");
             set_status(&statuses, name, |s| {
                 s.state = ControllerState::Backoff;
                 s.restarts += 1;
                 s.last_error = Some(msg);
                 s.last_reconcile = Some(now_rfc3339());
             });
-            wait = Wait::Deadline(Instant::now() + backoff);
-            backoff = (backoff * 2).min(BACKOFF_MAX);
+            wait = Wait::Deadline(Instant::now() + backoff.next_delay());
         }
     }
     set_status(&statuses, name, |s| s.state = ControllerState::Stopped);
-}
-
-/// An error and its sources, joined with ": ".
-pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(src) = cur {
-        s.push_str(": ");
-        s.push_str(&src.to_string());
-        cur = src.source();
-    }
-    s
 }

@@ -253,7 +253,7 @@ impl State {
         let Err(e) = first else {
             return Ok(());
         };
-        tracing::error!(path = %path.display(), error = %crate::runtime::runner::error_chain(&e),
+        tracing::error!(path = %path.display(), error = %crate::util::error_chain(&e),
             "state store write failed; reopening the store");
         // redb allows one open handle per file: close it before reopening
         *db = None;
@@ -265,7 +265,7 @@ impl State {
             }
         }
         once(db.as_ref().expect("just reopened")).inspect_err(|e2| {
-            tracing::error!(path = %path.display(), error = %crate::runtime::runner::error_chain(e2),
+            tracing::error!(path = %path.display(), error = %crate::util::error_chain(e2),
                 "state store write failed again after reopening")
         })
     }
@@ -536,6 +536,15 @@ impl State {
             r.spec = v
         })
         .and_then(decode::<S>)
+    }
+
+    /// Creates or replaces a user-owned typed resource (the config file at
+    /// start, the API's node settings).
+    pub fn upsert_typed<S: Spec>(&self, id: &str, spec: &S) -> Result<(), StateError> {
+        match self.get_typed::<S>(id)? {
+            Some(_) => self.update_typed(id, "", None, spec).map(drop),
+            None => self.create_typed(id, "", spec).map(drop),
+        }
     }
 }
 

@@ -65,7 +65,7 @@ where
     Fut: Future<Output = Option<T>>,
 {
     let deadline = tokio::time::Instant::now() + timeout;
-    let mut delay = Duration::from_millis(5);
+    let mut delay = crate::util::Backoff::new(Duration::from_millis(5), Duration::from_millis(100));
     loop {
         if let Some(v) = check().await {
             return v;
@@ -73,7 +73,6 @@ where
         if tokio::time::Instant::now() > deadline {
             panic!("timed out after {timeout:?} waiting for {what}");
         }
-        tokio::time::sleep(delay).await;
-        delay = (delay * 2).min(Duration::from_millis(100));
+        tokio::time::sleep(delay.next_delay()).await;
     }
 }

@@ -29,8 +29,8 @@ use std::time::{Duration, Instant};
 use tokio::sync::watch;
 
 use super::client::SpdkClient;
+use super::launch::{Memory, TargetConfig, TargetError, probe, wait_ready};
 use super::rpc::Version;
-use super::target::{Memory, TargetConfig, TargetError, wait_ready};
 
 /// Where the framework of this process is.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -174,11 +174,8 @@ impl Embedded {
             path: cfg.run_dir.clone(),
             source,
         })?;
-        if let Some(other) = super::target::Target::adopt(&socket).await {
-            return Err(TargetError::SocketInUse {
-                socket,
-                pid: other.pid(),
-            });
+        if let Some((_, _, pid)) = probe(&socket).await {
+            return Err(TargetError::SocketInUse { socket, pid });
         }
         // A socket file nobody answers on is stale (a crashed target).
         let _ = std::fs::remove_file(&socket);

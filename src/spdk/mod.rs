@@ -3,7 +3,7 @@
 //!
 //! ```text
 //!   controllers (engine::spdk_volume, spdk_disk): resources -> plans, results -> statuses
-//!          │
+//!          │         disk (DiskOps): a Disk's base bdev and lvstore, orphans
 //!   volume::plan     pure: VolumePlan + Inventory -> local replica steps
 //!          │         (placement.rs decides where; naming.rs says what things are called)
 //!   volume (VolumeOps) applies: makes what is missing, records it, undoes it
@@ -11,7 +11,8 @@
 //!   inventory        what exists in one target, loaded once; what talon owns
 //!          │ typed calls (rpc.rs)
 //!          v
-//!   SpdkClient (client.rs) ──Unix socket──> spdk_tgt  (supervised by target.rs)
+//!   SpdkClient (client.rs) ──Unix socket──> spdk_tgt  (supervised by target.rs;
+//!          │                                launch.rs: config, errors, readiness)
 //!          │                           └──> SpdkDouble (double/, feature `testing`
 //!          v                                only: a stand-in that keeps SPDK's
 //!   SpdkError / ErrorKind (error.rs)        semantics, one file per RPC family)
@@ -20,12 +21,14 @@
 //! ```
 
 pub mod client;
+pub mod disk;
 #[cfg(any(test, feature = "testing"))]
 pub mod double;
 #[cfg(feature = "spdk-embedded")]
 pub mod embedded;
 pub mod error;
 pub mod inventory;
+pub mod launch;
 pub mod naming;
 pub mod rpc;
 pub mod target;

@@ -15,8 +15,19 @@ pub const NULL_PREFIX: &str = "talon-null-";
 /// Prefix of the NVMe controllers that attach remote replicas
 /// (`talon-remote-<vol>-r<k>`, bdev `talon-remote-<vol>-r<k>n1`).
 pub const REMOTE_PREFIX: &str = "talon-remote-";
+/// Prefix of talon's disk base bdevs and NVMe controllers (`talon-disk-<d>`).
+pub const DISK_BDEV_PREFIX: &str = "talon-disk-";
 /// The namespace id of every export.
 pub const NSID: u32 = 1;
+
+/// `talon-disk-<disk>`: a file disk's aio bdev, or a PCI disk's NVMe controller.
+pub fn disk_base(disk: &str) -> String {
+    format!("{DISK_BDEV_PREFIX}{disk}")
+}
+/// The bdev of a PCI disk's NVMe controller `talon-disk-<d>`: `talon-disk-<d>n1`.
+pub fn pci_bdev(controller: &str) -> String {
+    format!("{controller}n1")
+}
 
 /// `talon-<disk>`.
 pub fn lvstore(disk: &str) -> String {

@@ -519,10 +519,9 @@ impl TgtAdm {
         done.map(drop).map_err(|e| AdminError::Failed {
             action: format!("create CHAP account {user}"),
             message: match &e {
-                super::ipc::IpcError::Io { .. } => format!(
-                    "cannot talk to tgt daemon: {}",
-                    crate::runtime::runner::error_chain(&e)
-                ),
+                super::ipc::IpcError::Io { .. } => {
+                    format!("cannot talk to tgt daemon: {}", crate::util::error_chain(&e))
+                }
                 other => other.to_string(),
             },
         })

@@ -187,7 +187,7 @@ mod tests {
         fs::set_permissions(&p, fs::Permissions::from_mode(0o644)).expect("chmod");
         let e = load_or_create(d.path()).expect_err("short secret");
         assert!(matches!(e, ChapFileError::Invalid { .. }), "{e}");
-        assert!(!crate::runtime::runner::error_chain(&e).contains("short\n"));
+        assert!(!crate::util::error_chain(&e).contains("short\n"));
         assert_eq!(
             fs::metadata(&p).expect("stat").permissions().mode() & 0o777,
             0o600

@@ -19,7 +19,7 @@
 use std::collections::HashSet;
 use std::fs::{self, OpenOptions};
 use std::io;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::net::SocketAddr;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -30,6 +30,7 @@ use nix::unistd::Pid;
 
 use super::admin::{IPC_SOCKET_ENV, TgtAdm};
 use crate::host::HostRoot;
+use crate::host::net::{parse_proc_net_tcp, port_holder};
 
 /// The default iSCSI port.
 pub const ISCSI_PORT: u16 = 3260;
@@ -508,123 +509,9 @@ pub fn listening_sockets(host: &HostRoot, pid: u32) -> Result<Vec<SocketAddr>, D
     Ok(found)
 }
 
-/// Who else listens on TCP `addr` (the same port on the same address, on the
-/// any-address, or on any address when `addr`'s is unspecified): "pid N
-/// (comm)" of the first process other than `except` found holding such a
-/// socket, or "a process talon cannot see" when no process holds it. None when
-/// nothing but `except` listens there. Reads `/proc/net/tcp{,6}` (talon's
-/// network namespace) and every `/proc/<pid>/fd`: for error paths only.
-pub fn port_holder(host: &HostRoot, addr: SocketAddr, except: Option<u32>) -> Option<String> {
-    let mut inodes = HashSet::new();
-    for table in ["tcp", "tcp6"] {
-        let Ok(text) = fs::read_to_string(host.path(format!("/proc/net/{table}"))) else {
-            continue;
-        };
-        for (a, inode) in parse_proc_net_tcp(&text) {
-            let ip_match = a.ip() == addr.ip() || a.ip().is_unspecified() || addr.ip().is_unspecified();
-            if a.port() == addr.port() && ip_match {
-                inodes.insert(format!("socket:[{inode}]"));
-            }
-        }
-    }
-    if inodes.is_empty() {
-        return None;
-    }
-    let mut except_holds = false;
-    for p in fs::read_dir(host.path("/proc")).ok()?.flatten() {
-        let name = p.file_name();
-        let Some(pid) = name.to_str().and_then(|n| n.parse::<u32>().ok()) else {
-            continue;
-        };
-        let Ok(fds) = fs::read_dir(p.path().join("fd")) else {
-            continue;
-        };
-        let holds = fds
-            .flatten()
-            .any(|fd| fs::read_link(fd.path()).is_ok_and(|t| inodes.contains(t.to_string_lossy().as_ref())));
-        if holds && Some(pid) == except {
-            except_holds = true;
-        } else if holds {
-            let comm = fs::read_to_string(p.path().join("comm")).unwrap_or_default();
-            return Some(format!("pid {pid} ({})", comm.trim()));
-        }
-    }
-    (!except_holds).then(|| "a process talon cannot see".into())
-}
-
-/// LISTEN rows of a `/proc/net/tcp` or `tcp6` table: (local address, inode).
-/// Addresses are 32-bit words in the kernel's (host) byte order.
-pub fn parse_proc_net_tcp(text: &str) -> Vec<(SocketAddr, String)> {
-    let mut out = Vec::new();
-    for line in text.lines().skip(1) {
-        let f: Vec<&str> = line.split_whitespace().collect();
-        if f.len() < 10 || f[3] != "0A" {
-            continue;
-        }
-        let Some((addr, port)) = f[1].split_once(':') else {
-            continue;
-        };
-        let Ok(port) = u16::from_str_radix(port, 16) else {
-            continue;
-        };
-        let ip = match addr.len() {
-            8 => match u32::from_str_radix(addr, 16) {
-                Ok(w) => IpAddr::V4(Ipv4Addr::from(w.to_ne_bytes())),
-                Err(_) => continue,
-            },
-            32 => {
-                let mut bytes = [0u8; 16];
-                let mut ok = true;
-                for (i, chunk) in bytes.chunks_mut(4).enumerate() {
-                    match u32::from_str_radix(&addr[i * 8..i * 8 + 8], 16) {
-                        Ok(w) => chunk.copy_from_slice(&w.to_ne_bytes()),
-                        Err(_) => ok = false,
-                    }
-                }
-                if !ok {
-                    continue;
-                }
-                IpAddr::V6(Ipv6Addr::from(bytes))
-            }
-            _ => continue,
-        };
-        out.push((SocketAddr::new(ip, port), f[9].to_string()));
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn parses_listen_rows_of_proc_net_tcp() {
-        // 127.0.0.1:13999 LISTEN, 0.0.0.0:3260 LISTEN, one ESTABLISHED row.
-        let v4 = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
-   0: 0100007F:36AF 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 4242 1 0000000000000000 100 0 0 10 0
-   1: 00000000:0CBC 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 4243 1 0000000000000000 100 0 0 10 0
-   2: 0100007F:36AF 0100007F:C000 01 00000000:00000000 00:00000000 00000000     0        0 4244 1 0000000000000000 100 0 0 10 0
-";
-        let rows = parse_proc_net_tcp(v4);
-        if cfg!(target_endian = "little") {
-            assert_eq!(
-                rows,
-                vec![
-                    ("127.0.0.1:13999".parse().expect("addr"), "4242".to_string()),
-                    ("0.0.0.0:3260".parse().expect("addr"), "4243".to_string())
-                ]
-            );
-        }
-        let v6 = "  sl  local_address                         remote_address                        st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
-   0: 00000000000000000000000001000000:0CBC 00000000000000000000000000000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 77 1 0000000000000000 100 0 0 10 0
-";
-        if cfg!(target_endian = "little") {
-            assert_eq!(
-                parse_proc_net_tcp(v6),
-                vec![("[::1]:3260".parse().expect("addr"), "77".to_string())]
-            );
-        }
-    }
 
     #[test]
     fn listening_sockets_match_fd_inodes() {

@@ -20,19 +20,12 @@ pub fn can_run(test: &str) -> bool {
         return false;
     }
     for tool in ["unshare", "ip", "mount", "bash"] {
-        if which(tool).is_none() {
+        if which::which(tool).is_err() {
             eprintln!("SKIP {test}: {tool} is not installed (util-linux, iproute2)");
             return false;
         }
     }
     true
-}
-
-pub fn which(tool: &str) -> Option<PathBuf> {
-    let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path)
-        .map(|d| d.join(tool))
-        .find(|p| p.is_file())
 }
 
 static SEQ: AtomicU32 = AtomicU32::new(0);

@@ -15,7 +15,7 @@ use talon::tgt::{Tgtd, TgtdConfig};
 pub const LIBISCSI: &str = "libiscsi.so.7";
 
 fn on_path(program: &str) -> bool {
-    std::env::var_os("PATH").is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(program).is_file()))
+    which::which(program).is_ok()
 }
 
 /// Returns false (after printing `SKIP <test>: <reason>`) when something the

@@ -42,7 +42,7 @@ use crate::spdk::rpc::{
 use crate::spdk::volume::{Inventory, VolumeOps};
 use crate::spdk::{ErrorKind, SpdkClient};
 
-use super::spdk_volume::SPDK_STATUS_ID;
+use crate::resources::engine::SPDK_STATUS_ID;
 
 /// The controller's name (also its finalizer on Longhorn's instances).
 pub const NAME: &str = "engine.LonghornController";
@@ -114,7 +114,7 @@ fn status(kind: InstanceKind, state: InstanceState, message: impl Into<String>) 
 }
 
 fn chain(e: &crate::spdk::ClientError) -> String {
-    crate::runtime::runner::error_chain(e)
+    crate::util::error_chain(e)
 }
 
 fn ignore_missing<T>(r: Result<T, crate::spdk::ClientError>) -> Result<(), crate::spdk::ClientError> {
@@ -537,9 +537,9 @@ impl LonghornController {
         let v = volume.clone();
         let attached = tokio::task::spawn_blocking(move || {
             let a = nvme_tcp::attach(&host, &data_dir, &v, &target, &ConnectOptions::default())
-                .map_err(|e| crate::runtime::runner::error_chain(&e))?;
+                .map_err(|e| crate::util::error_chain(&e))?;
             crate::attach::devpath::create_in(&host, DEV_DIR, &v, &a.device, a.dev)
-                .map_err(|e| crate::runtime::runner::error_chain(&e))?;
+                .map_err(|e| crate::util::error_chain(&e))?;
             Ok::<_, String>(a)
         })
         .await
@@ -562,9 +562,9 @@ impl LonghornController {
         let nqn = naming::volume_nqn(&volume).map_err(|x| x.to_string())?;
         tokio::task::spawn_blocking(move || {
             crate::attach::devpath::remove_in(&host, DEV_DIR, &volume)
-                .map_err(|e| crate::runtime::runner::error_chain(&e))?;
+                .map_err(|e| crate::util::error_chain(&e))?;
             nvme_tcp::detach(&host, &data_dir, &volume, Some(&nqn))
-                .map_err(|e| crate::runtime::runner::error_chain(&e))?;
+                .map_err(|e| crate::util::error_chain(&e))?;
             Ok::<_, String>(())
         })
         .await

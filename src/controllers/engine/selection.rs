@@ -11,9 +11,13 @@
 //!                 (explicit wins; auto -> node; auto node -> --engine; auto -> V2 if available)
 //! ```
 //!
-//! The result is shown by `node_info` (and so `talon node info` and doctor),
-//! and both volume controllers claim only the volumes [`EngineSelection::engine_for`]
-//! gives them.
+//! One rule decides which engine serves a volume: [`engine_for`]. Serve
+//! detects the selection once at start and hands the same one to
+//! `node_info` (so `talon node info` shows it) and to every controller: the
+//! SPDK target controller and the hugepage sizing ask
+//! [`EngineSelection::engine_for`]; tgtd's and the V1 volume controller,
+//! given [`EngineSelection::auto_engine`], ask [`engine_for`]; the V2 volume
+//! controller asks [`serves_v2`], which is [`engine_for`] too.
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -213,19 +217,29 @@ impl EngineSelection {
 
     /// The engine that serves `volume` on a node configured as `node`: an
     /// explicit volume engine wins, then the node's, then `--engine`, then V2
-    /// when available, else V1.
+    /// when available, else V1 ([`engine_for`] with [`Self::auto_engine`]).
     pub fn engine_for(&self, volume: &Volume, node: &NodeConfig) -> Engine {
-        let chosen = [volume.engine, node.engine, self.default_engine]
-            .into_iter()
-            .find(|e| *e != EngineKind::Auto)
-            .unwrap_or(EngineKind::Auto);
-        match chosen {
-            EngineKind::V1 => Engine::V1,
-            EngineKind::V2 => Engine::V2,
-            EngineKind::Auto if self.v2_available => Engine::V2,
-            EngineKind::Auto => Engine::V1,
-        }
+        engine_for(volume, node, self.auto_engine())
     }
+}
+
+/// The rule: the engine that serves `volume` on a node configured as `node`.
+/// An explicit volume engine wins, then the node's; an `auto` volume on an
+/// `auto` node gets `auto` (this host's [`EngineSelection::auto_engine`]).
+pub fn engine_for(volume: &Volume, node: &NodeConfig, auto: Engine) -> Engine {
+    match (volume.engine, node.engine) {
+        (EngineKind::V1, _) | (EngineKind::Auto, EngineKind::V1) => Engine::V1,
+        (EngineKind::V2, _) | (EngineKind::Auto, EngineKind::V2) => Engine::V2,
+        (EngineKind::Auto, EngineKind::Auto) => auto,
+    }
+}
+
+/// Whether the V2 engine serves `volume` on `node`, for a controller that
+/// knows only whether `auto` volumes on an `auto` node are V2 here
+/// (`claims_auto`: [`EngineSelection::auto_engine`] is V2): [`engine_for`].
+pub fn serves_v2(volume: &Volume, node: &NodeConfig, claims_auto: bool) -> bool {
+    let auto = if claims_auto { Engine::V2 } else { Engine::V1 };
+    engine_for(volume, node, auto) == Engine::V2
 }
 
 #[cfg(test)]
@@ -260,6 +274,46 @@ mod tests {
         };
         assert_eq!(pinned.engine_for(&vol(Auto), &node(Auto)), Engine::V1);
         assert_eq!(pinned.engine_for(&vol(Auto), &node(V2)), Engine::V2);
+    }
+
+    #[test]
+    fn the_rule_for_controllers_that_know_only_the_auto_engine() {
+        use EngineKind::{Auto, V1, V2};
+        for auto in [Engine::V1, Engine::V2] {
+            assert_eq!(engine_for(&vol(V1), &node(V2), auto), Engine::V1);
+            assert_eq!(engine_for(&vol(V2), &node(V1), auto), Engine::V2);
+            assert_eq!(engine_for(&vol(Auto), &node(V1), auto), Engine::V1);
+            assert_eq!(engine_for(&vol(Auto), &node(V2), auto), Engine::V2);
+            assert_eq!(engine_for(&vol(Auto), &node(Auto), auto), auto);
+        }
+        assert!(serves_v2(&vol(V2), &node(V1), false));
+        assert!(!serves_v2(&vol(V1), &node(V2), true));
+        assert!(serves_v2(&vol(Auto), &node(V2), false));
+        assert!(!serves_v2(&vol(Auto), &node(Auto), false));
+        assert!(serves_v2(&vol(Auto), &node(Auto), true));
+        // a selection's answer is the rule's with its auto engine, for every input
+        for sel in [
+            EngineSelection::fixed(true, "x"),
+            EngineSelection::fixed(false, "x"),
+        ] {
+            for d in [Auto, V1, V2] {
+                let sel = EngineSelection {
+                    default_engine: d,
+                    ..sel.clone()
+                };
+                for (v, n) in [Auto, V1, V2]
+                    .into_iter()
+                    .flat_map(|v| [Auto, V1, V2].map(|n| (v, n)))
+                {
+                    let e = sel.engine_for(&vol(v), &node(n));
+                    assert_eq!(e, engine_for(&vol(v), &node(n), sel.auto_engine()));
+                    assert_eq!(
+                        e == Engine::V2,
+                        serves_v2(&vol(v), &node(n), sel.auto_engine() == Engine::V2)
+                    );
+                }
+            }
+        }
     }
 
     fn fixture(free_2m: u64) -> (tempfile::TempDir, HostRoot, PathBuf) {

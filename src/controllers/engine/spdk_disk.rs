@@ -1,228 +1,35 @@
 //! `engine.SpdkDiskController`: makes every `Disk` a base bdev with an
-//! lvstore on it in spdk_tgt, and reports `DiskStatus`.
+//! lvstore on it in spdk_tgt through [`DiskOps`], and reports `DiskStatus`.
+//! It maps resources to operations and results to statuses; every SPDK call
+//! is in [`crate::spdk::disk`].
 //!
 //! ```text
-//!   Disk <d> (config) ──┐
-//!   TargetStatus spdk ──┴─> reconcile ─┬─ path: by what it is (stat): block device node, regular
-//!                                      │        file, or missing: a file created sparse with sizeBytes
-//!                                      │        (a missing node on devtmpfs is a missing device)
-//!                                      │        └─> bdev_aio_create "talon-disk-<d>"
-//!                                      ├─ pci: waits for PciBindingStatus <d> Bound (the host
-//!                                      │        controller binds it to vfio-pci/uio_pci_generic), then
-//!                                      │        bdev_nvme_attach_controller "talon-disk-<d>" at its BDF
-//!                                      │        └─> bdev "talon-disk-<d>n1"
-//!                                      ├─ bdev_wait_for_examine ─> lvstore "talon-<d>" imported?
-//!                                      │        no ─> bdev_lvol_create_lvstore (cluster clusterMib)
-//!                                      │              fails ─> roll back the bdev/file made here
-//!                                      └─> DiskStatus <d> {bdev, lvstore, uuid, total/free/cluster}
-//!   Disk deleted (finalizer): lvols left? ─yes─> DiskStatus deleting "still holds lvols: ..."
-//!                                          no ─> delete lvstore, delete base bdev, release
-//!   orphans: lvstore "talon-*" on a "talon-disk-*" bdev with no Disk and no lvols ─> removed;
-//!            anything not named by talon is never touched.
+//!   Disk <d> (config) ──────────┐
+//!   TargetStatus spdk ──────────┼─> reconcile ─┬─ running: DiskOps::ensure ─> DiskStatus <d> ready
+//!   PciBindingStatus <d> (pci) ─┘              │    (a pci disk waits for PciBindingStatus Bound,
+//!                                              │     then is attached at the address it was bound at)
+//!                                              ├─ deleted (finalizer): DiskOps::teardown ─> released,
+//!                                              │    or DiskStatus deleting "still holds lvols: ..."
+//!                                              └─ DiskOps::remove_orphans (talon's names only)
 //! ```
-//!
-//! A disk file is never deleted by talon (it may be the only copy of an
-//! lvstore); removing the disk removes the lvstore from it and detaches it.
 
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use crate::host::HostRoot;
-use crate::names::ObjectName;
 use crate::resources::config::Disk;
-use crate::resources::engine::{DiskStatus, Engine, ObjectState, TargetStatus};
+use crate::resources::engine::{DiskStatus, Engine, ObjectState, SPDK_STATUS_ID, TargetStatus};
 use crate::resources::host::{BindingState, PciBindingStatus};
 use crate::runtime::{Controller, ControllerError, Input, Output, Phase, ReconcileContext, Requeue};
-use crate::spdk::rpc::{
-    AioCreate, AttachController, ByName, GetControllers, GetLvols, Lvstore, LvstoreCreate, LvstoreSelector,
-};
-use crate::spdk::{ClientError, ErrorKind, SpdkClient};
-
-use super::spdk_target::SPDK_STATUS_ID;
-
-/// Prefix of talon's base bdevs (and NVMe controller names).
-pub const DISK_BDEV_PREFIX: &str = "talon-disk-";
-/// Block size of a file disk's aio bdev.
-pub const FILE_BLOCK_SIZE: u32 = 4096;
-/// Prefix of talon's lvstores.
-pub const LVSTORE_PREFIX: &str = "talon-";
-
-/// Why a disk could not be brought up or removed.
-#[derive(Debug, thiserror::Error)]
-pub enum DiskError {
-    /// The disk's name is not a valid object name.
-    #[error("Disk {disk:?} has an invalid name")]
-    InvalidName {
-        /// The disk.
-        disk: String,
-        /// Why.
-        #[source]
-        source: crate::names::InvalidName,
-    },
-    /// Neither `path` nor `pci` is set, or both are.
-    #[error("Disk {disk} needs exactly one of `path` and `pci`")]
-    Backing {
-        /// The disk.
-        disk: String,
-    },
-    /// A file disk is missing and has no `sizeBytes` to create it with.
-    #[error("Disk {disk}: file {path} does not exist and no sizeBytes is given to create it")]
-    MissingFile {
-        /// The disk.
-        disk: String,
-        /// The file.
-        path: PathBuf,
-    },
-    /// A block device disk does not exist.
-    #[error("Disk {disk}: block device {path} does not exist")]
-    MissingBlockDevice {
-        /// The disk.
-        disk: String,
-        /// The device.
-        path: PathBuf,
-    },
-    /// The path is neither a regular file nor a block device.
-    #[error("Disk {disk}: {path} is neither a regular file nor a block device ({kind})")]
-    NotFileOrBlockDevice {
-        /// The disk.
-        disk: String,
-        /// The path.
-        path: PathBuf,
-        /// What it is.
-        kind: String,
-    },
-    /// The path could not be looked at.
-    #[error("Disk {disk}: cannot stat {path}")]
-    Stat {
-        /// The disk.
-        disk: String,
-        /// The path.
-        path: PathBuf,
-        /// The error.
-        #[source]
-        source: std::io::Error,
-    },
-    /// The sparse file could not be created.
-    #[error("Disk {disk}: creating the sparse file {path} failed")]
-    CreateFile {
-        /// The disk.
-        disk: String,
-        /// The file.
-        path: PathBuf,
-        /// The error.
-        #[source]
-        source: std::io::Error,
-    },
-    /// `pci` names no NVMe device of this host (by PCI address, serial or model).
-    #[error("Disk {disk}: pci {pci:?} does not resolve to an NVMe device")]
-    Pci {
-        /// The disk.
-        disk: String,
-        /// The value.
-        pci: String,
-        /// Why.
-        #[source]
-        source: Box<crate::host::pci::PciError>,
-    },
-    /// The lvstore exists on another bdev than the disk's.
-    #[error("Disk {disk}: lvstore {lvstore} exists on bdev {found}, not on {expected}")]
-    LvstoreElsewhere {
-        /// The disk.
-        disk: String,
-        /// The lvstore.
-        lvstore: String,
-        /// Its bdev.
-        found: String,
-        /// The disk's bdev.
-        expected: String,
-    },
-    /// A created lvstore is not listed.
-    #[error("Disk {disk}: lvstore {lvstore} was created but is not listed")]
-    LvstoreVanished {
-        /// The disk.
-        disk: String,
-        /// The lvstore.
-        lvstore: String,
-    },
-    /// An SPDK call failed.
-    #[error("Disk {disk}: {op} failed")]
-    Rpc {
-        /// The disk (or lvstore/bdev for orphans).
-        disk: String,
-        /// The operation (`bdev_aio_create talon-disk-a`, ...).
-        op: String,
-        /// The error.
-        #[source]
-        source: ClientError,
-    },
-}
-
-fn rpc(disk: &str, op: impl Into<String>) -> impl FnOnce(ClientError) -> DiskError {
-    let (disk, op) = (disk.to_owned(), op.into());
-    move |source| DiskError::Rpc { disk, op, source }
-}
-
-/// The base bdev of a PCI disk's controller `talon-disk-<d>`.
-pub fn pci_bdev(controller: &str) -> String {
-    format!("{controller}n1")
-}
-
-/// Whether `s` is a PCI address `dddd:bb:dd.f` (hex).
-pub fn is_bdf(s: &str) -> bool {
-    let hex = |p: &str, n: usize| p.len() == n && p.chars().all(|c| c.is_ascii_hexdigit());
-    let mut it = s.split(':');
-    let (Some(d), Some(b), Some(df), None) = (it.next(), it.next(), it.next(), it.next()) else {
-        return false;
-    };
-    let Some((dev, f)) = df.split_once('.') else {
-        return false;
-    };
-    hex(d, 4) && hex(b, 2) && hex(dev, 2) && f.len() == 1 && matches!(f.as_bytes()[0], b'0'..=b'7')
-}
-
-/// Names talon uses for one disk.
-#[derive(Debug, Clone)]
-struct Names {
-    disk: String,
-    /// The aio bdev, or the NVMe controller name.
-    base: String,
-    /// The bdev the lvstore sits on.
-    bdev: String,
-    lvstore: String,
-}
-
-fn names(id: &str, spec: &Disk) -> Result<Names, DiskError> {
-    let name = ObjectName::parse("disk", id).map_err(|source| DiskError::InvalidName {
-        disk: id.to_owned(),
-        source,
-    })?;
-    let base = format!("{DISK_BDEV_PREFIX}{name}");
-    let bdev = if spec.pci.is_some() {
-        pci_bdev(&base)
-    } else {
-        base.clone()
-    };
-    Ok(Names {
-        disk: name.to_string(),
-        base,
-        bdev,
-        lvstore: format!("{LVSTORE_PREFIX}{name}"),
-    })
-}
-
-/// What a reconcile created (rolled back when a later step fails).
-#[derive(Debug, Default)]
-struct Created {
-    bdev: bool,
-    file: Option<PathBuf>,
-}
+use crate::spdk::SpdkClient;
+use crate::spdk::disk::{DiskNames, DiskOps};
+use crate::spdk::rpc::Lvstore;
 
 /// Serves `Disk`s through spdk_tgt on `<run_dir>/spdk.sock`.
 #[derive(Debug)]
 pub struct SpdkDiskController {
-    client: SpdkClient,
-    host: HostRoot,
+    ops: DiskOps,
 }
 
 impl SpdkDiskController {
@@ -234,409 +41,13 @@ impl SpdkDiskController {
 
     /// Talks to the target through `client`.
     pub fn with_client(client: SpdkClient, host: HostRoot) -> Self {
-        SpdkDiskController { client, host }
-    }
-
-    async fn lvstore(&self, disk: &str, name: &str) -> Result<Option<Lvstore>, DiskError> {
-        match self
-            .client
-            .bdev_lvol_get_lvstores(&LvstoreSelector::name(name))
-            .await
-        {
-            Ok(mut v) => Ok(v.pop()),
-            Err(e) if e.is(ErrorKind::NotFound) => Ok(None),
-            Err(e) => Err(rpc(disk, format!("bdev_lvol_get_lvstores {name}"))(e)),
+        SpdkDiskController {
+            ops: DiskOps::new(client, host),
         }
-    }
-
-    async fn lvol_names(&self, disk: &str, lvs: &Lvstore) -> Result<Vec<String>, DiskError> {
-        let lvols = self
-            .client
-            .bdev_lvol_get_lvols(&GetLvols {
-                lvs_uuid: Some(lvs.uuid.clone()),
-                lvs_name: None,
-            })
-            .await
-            .map_err(rpc(disk, format!("bdev_lvol_get_lvols {}", lvs.name)))?;
-        Ok(lvols.into_iter().map(|l| l.name).collect())
-    }
-
-    /// Attaches the base bdev if it is not there; records what it made.
-    async fn ensure_base(&self, n: &Names, spec: &Disk, created: &mut Created) -> Result<(), DiskError> {
-        let present = self
-            .client
-            .bdev(&n.bdev)
-            .await
-            .map_err(rpc(&n.disk, format!("bdev_get_bdevs {}", n.bdev)))?
-            .is_some();
-        if present {
-            return Ok(());
-        }
-        match (&spec.path, &spec.pci) {
-            (Some(path), None) => {
-                let path = PathBuf::from(path);
-                let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").ok();
-                let is_file = match backing_of(&n.disk, &path, mountinfo.as_deref())? {
-                    Backing::BlockDevice => false,
-                    Backing::File => true,
-                    Backing::NewFile => {
-                        let Some(size) = spec.size_bytes else {
-                            return Err(DiskError::MissingFile {
-                                disk: n.disk.clone(),
-                                path,
-                            });
-                        };
-                        create_sparse(&path, size).map_err(|source| DiskError::CreateFile {
-                            disk: n.disk.clone(),
-                            path: path.clone(),
-                            source,
-                        })?;
-                        created.file = Some(path.clone());
-                        true
-                    }
-                };
-                // SPDK detects the block size of a block device, not of a
-                // regular file ("Block size could not be auto-detected")
-                let params = AioCreate {
-                    filename: path.display().to_string(),
-                    name: n.base.clone(),
-                    block_size: is_file.then_some(FILE_BLOCK_SIZE),
-                    readonly: false,
-                    fallocate: false,
-                };
-                match self.client.bdev_aio_create(&params).await {
-                    Ok(_) => created.bdev = true,
-                    Err(e) if e.is(ErrorKind::AlreadyExists) => {}
-                    Err(e) => return Err(rpc(&n.disk, format!("bdev_aio_create {}", n.base))(e)),
-                }
-            }
-            (None, Some(pci)) => {
-                // a PCI address as given (SPDK reports a missing one); a serial
-                // or model resolved through the host's sysfs
-                let pci = if is_bdf(pci) {
-                    pci.clone()
-                } else {
-                    crate::host::pci::select(&self.host, pci)
-                        .map_err(|source| DiskError::Pci {
-                            disk: n.disk.clone(),
-                            pci: pci.clone(),
-                            source: Box::new(source),
-                        })?
-                        .bdf
-                        .as_str()
-                        .to_owned()
-                };
-                let params = AttachController::pcie(n.base.clone(), pci.clone());
-                self.client
-                    .bdev_nvme_attach_controller(&params)
-                    .await
-                    .map_err(rpc(
-                        &n.disk,
-                        format!("bdev_nvme_attach_controller {} {pci}", n.base),
-                    ))?;
-                created.bdev = true;
-            }
-            _ => {
-                return Err(DiskError::Backing { disk: n.disk.clone() });
-            }
-        }
-        Ok(())
-    }
-
-    /// Deletes the base bdev (aio bdev or NVMe controller); absent is fine.
-    async fn delete_base(&self, disk: &str, base: &str, pci: bool) -> Result<(), DiskError> {
-        let r = if pci {
-            self.client.bdev_nvme_detach_controller(&ByName::new(base)).await
-        } else {
-            self.client.bdev_aio_delete(&ByName::new(base)).await
-        };
-        match r {
-            Ok(_) => Ok(()),
-            Err(e) if e.is(ErrorKind::NotFound) => Ok(()),
-            Err(e) => Err(rpc(disk, format!("deleting bdev {base}"))(e)),
-        }
-    }
-
-    async fn rollback(&self, n: &Names, spec: &Disk, created: Created) {
-        if created.bdev
-            && let Err(e) = self.delete_base(&n.disk, &n.base, spec.pci.is_some()).await
-        {
-            tracing::warn!(disk = %n.disk, error = %e, "rollback: cannot delete the base bdev");
-        }
-        if let Some(f) = created.file
-            && let Err(e) = std::fs::remove_file(&f)
-        {
-            tracing::warn!(disk = %n.disk, file = %f.display(), error = %e, "rollback: cannot remove the file");
-        }
-    }
-
-    /// Base bdev and lvstore up (imported or created); rolls back on failure.
-    async fn ensure(&self, n: &Names, spec: &Disk) -> Result<Lvstore, DiskError> {
-        let mut created = Created::default();
-        match self.ensure_inner(n, spec, &mut created).await {
-            Ok(l) => Ok(l),
-            Err(e) => {
-                self.rollback(n, spec, created).await;
-                Err(e)
-            }
-        }
-    }
-
-    async fn ensure_inner(
-        &self,
-        n: &Names,
-        spec: &Disk,
-        created: &mut Created,
-    ) -> Result<Lvstore, DiskError> {
-        self.ensure_base(n, spec, created).await?;
-        // an lvstore on the bdev is imported by examine: wait for it, then look
-        self.client
-            .bdev_wait_for_examine()
-            .await
-            .map_err(rpc(&n.disk, "bdev_wait_for_examine"))?;
-        if let Some(l) = self.lvstore(&n.disk, &n.lvstore).await? {
-            if l.base_bdev != n.bdev {
-                return Err(DiskError::LvstoreElsewhere {
-                    disk: n.disk.clone(),
-                    lvstore: n.lvstore.clone(),
-                    found: l.base_bdev,
-                    expected: n.bdev.clone(),
-                });
-            }
-            return Ok(l);
-        }
-        let params = LvstoreCreate {
-            bdev_name: n.bdev.clone(),
-            lvs_name: n.lvstore.clone(),
-            cluster_sz: Some(spec.cluster_mib.max(1).saturating_mul(1 << 20)),
-            clear_method: None,
-        };
-        self.client.bdev_lvol_create_lvstore(&params).await.map_err(rpc(
-            &n.disk,
-            format!("bdev_lvol_create_lvstore {} on {}", n.lvstore, n.bdev),
-        ))?;
-        tracing::info!(disk = %n.disk, lvstore = %n.lvstore, "lvstore created");
-        self.lvstore(&n.disk, &n.lvstore)
-            .await?
-            .ok_or_else(|| DiskError::LvstoreVanished {
-                disk: n.disk.clone(),
-                lvstore: n.lvstore.clone(),
-            })
-    }
-
-    /// Tears a disk down; `Ok(Some(msg))` when lvols still hold it.
-    async fn teardown(&self, n: &Names, spec: &Disk) -> Result<Option<String>, DiskError> {
-        // attach the base again (after a restart) so its lvstore and lvols are seen
-        let mut created = Created::default();
-        let base_ok = self.ensure_base(n, spec, &mut created).await;
-        if base_ok.is_ok() {
-            self.client
-                .bdev_wait_for_examine()
-                .await
-                .map_err(rpc(&n.disk, "bdev_wait_for_examine"))?;
-        }
-        if let Some(l) = self.lvstore(&n.disk, &n.lvstore).await? {
-            let lvols = self.lvol_names(&n.disk, &l).await?;
-            if !lvols.is_empty() {
-                return Ok(Some(format!(
-                    "disk {} still holds lvols of talon in lvstore {}: {}; delete their volumes first",
-                    n.disk,
-                    n.lvstore,
-                    lvols.join(", ")
-                )));
-            }
-            self.client
-                .bdev_lvol_delete_lvstore(&LvstoreSelector::name(&n.lvstore))
-                .await
-                .map_err(rpc(&n.disk, format!("bdev_lvol_delete_lvstore {}", n.lvstore)))?;
-        }
-        self.delete_base(&n.disk, &n.base, spec.pci.is_some()).await?;
-        Ok(None)
-    }
-
-    /// Removes talon-owned lvstores and base bdevs that no Disk names:
-    /// only empty lvstores on `talon-disk-*` bdevs; foreign objects stay.
-    async fn remove_orphans(&self, wanted: &BTreeSet<String>) -> Result<(), DiskError> {
-        let all = self
-            .client
-            .bdev_lvol_get_lvstores(&LvstoreSelector::default())
-            .await
-            .map_err(rpc("-", "bdev_lvol_get_lvstores"))?;
-        let mut claimed_bases = BTreeSet::new();
-        for l in all {
-            claimed_bases.insert(l.base_bdev.clone());
-            let Some(disk) = l.name.strip_prefix(LVSTORE_PREFIX) else {
-                continue;
-            };
-            if wanted.contains(disk) || !l.base_bdev.starts_with(DISK_BDEV_PREFIX) {
-                continue;
-            }
-            let lvols = self.lvol_names(disk, &l).await?;
-            if !lvols.is_empty() {
-                tracing::warn!(lvstore = %l.name, ?lvols, "orphan lvstore still holds lvols; left alone");
-                continue;
-            }
-            tracing::info!(lvstore = %l.name, bdev = %l.base_bdev, "removing orphan lvstore");
-            self.client
-                .bdev_lvol_delete_lvstore(&LvstoreSelector::name(&l.name))
-                .await
-                .map_err(rpc(disk, format!("bdev_lvol_delete_lvstore {}", l.name)))?;
-            claimed_bases.remove(&l.base_bdev);
-        }
-        // orphan base bdevs: aio bdevs and NVMe controllers named talon-disk-<d>, no Disk, no lvstore
-        let bdevs = self
-            .client
-            .bdev_get_bdevs(&Default::default())
-            .await
-            .map_err(rpc("-", "bdev_get_bdevs"))?;
-        for b in bdevs {
-            let Some(disk) = b.name.strip_prefix(DISK_BDEV_PREFIX) else {
-                continue;
-            };
-            if b.product_name != "AIO disk"
-                || wanted.contains(disk)
-                || claimed_bases.contains(&b.name)
-                || b.claimed
-            {
-                continue;
-            }
-            tracing::info!(bdev = %b.name, "removing orphan aio bdev");
-            self.delete_base(disk, &b.name, false).await?;
-        }
-        let ctrlrs = self
-            .client
-            .bdev_nvme_get_controllers(&GetControllers::default())
-            .await
-            .map_err(rpc("-", "bdev_nvme_get_controllers"))?;
-        for c in ctrlrs {
-            let Some(disk) = c.name.strip_prefix(DISK_BDEV_PREFIX) else {
-                continue;
-            };
-            if wanted.contains(disk) || claimed_bases.contains(&pci_bdev(&c.name)) {
-                continue;
-            }
-            tracing::info!(controller = %c.name, "removing orphan NVMe controller");
-            self.delete_base(disk, &c.name, true).await?;
-        }
-        Ok(())
     }
 }
 
-/// What a disk `path` is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Backing {
-    /// A block device node.
-    BlockDevice,
-    /// A regular file that exists.
-    File,
-    /// Nothing yet, on a filesystem where a file can be made (anywhere but
-    /// devtmpfs: /dev/shm, /var/lib/..., a tmpfs or a disk).
-    NewFile,
-}
-
-/// Decides file vs block device by what `path` is: a block device node is a
-/// block device, a regular file a file; a missing path is a file to create
-/// unless it would be on devtmpfs (the /dev of device nodes, where a missing
-/// node is a device that is not there). `mountinfo` is this process's
-/// `/proc/self/mountinfo`: the decision is made in the mount namespace in
-/// which talon creates the file.
-fn backing_of(disk: &str, path: &Path, mountinfo: Option<&str>) -> Result<Backing, DiskError> {
-    use std::os::unix::fs::FileTypeExt;
-    match std::fs::metadata(path) {
-        Ok(m) if m.file_type().is_block_device() => Ok(Backing::BlockDevice),
-        Ok(m) if m.is_file() => Ok(Backing::File),
-        Ok(m) => Err(DiskError::NotFileOrBlockDevice {
-            disk: disk.to_owned(),
-            path: path.to_path_buf(),
-            kind: format!("{:?}", m.file_type()),
-        }),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            // the nearest directory that exists says which filesystem it would be on
-            let dir = path
-                .ancestors()
-                .skip(1)
-                .find(|a| a.is_dir())
-                .and_then(|a| a.canonicalize().ok());
-            let on_devtmpfs = match (dir, mountinfo) {
-                (Some(dir), Some(mi)) => fs_type_at(mi, &dir).is_some_and(|t| t == "devtmpfs"),
-                // no mountinfo: /dev itself holds device nodes
-                (Some(dir), None) => dir == Path::new("/dev"),
-                (None, _) => false,
-            };
-            if on_devtmpfs {
-                Err(DiskError::MissingBlockDevice {
-                    disk: disk.to_owned(),
-                    path: path.to_path_buf(),
-                })
-            } else {
-                Ok(Backing::NewFile)
-            }
-        }
-        Err(source) => Err(DiskError::Stat {
-            disk: disk.to_owned(),
-            path: path.to_path_buf(),
-            source,
-        }),
-    }
-}
-
-/// The filesystem type mounted at the deepest mount point containing `dir`
-/// (the last such mount wins: it is the one on top), from mountinfo text.
-fn fs_type_at(mountinfo: &str, dir: &Path) -> Option<String> {
-    let mut best: Option<(usize, String)> = None;
-    for line in mountinfo.lines() {
-        let Some((pre, post)) = line.split_once(" - ") else {
-            continue;
-        };
-        let Some(mnt) = pre.split(' ').nth(4) else {
-            continue;
-        };
-        let Some(fstype) = post.split(' ').next() else {
-            continue;
-        };
-        let mnt = unescape_mount(mnt);
-        let mp = Path::new(&mnt);
-        if dir.starts_with(mp) {
-            let depth = mp.components().count();
-            if best.as_ref().is_none_or(|(d, _)| depth >= *d) {
-                best = Some((depth, fstype.to_owned()));
-            }
-        }
-    }
-    best.map(|(_, t)| t)
-}
-
-/// mountinfo escapes space, tab, newline and backslash as `\ooo`.
-fn unescape_mount(s: &str) -> String {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'\\' && i + 3 < b.len() && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c)) {
-            out.push((b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0'));
-            i += 4;
-        } else {
-            out.push(b[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
-fn create_sparse(path: &Path, size: u64) -> std::io::Result<()> {
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir)?;
-    }
-    // a disk file holds every replica on it: private to root
-    let f = std::os::unix::fs::OpenOptionsExt::mode(
-        std::fs::OpenOptions::new().write(true).create_new(true),
-        0o600,
-    )
-    .open(path)?;
-    f.set_len(size)
-}
-
-fn disk_status(n: &Names, state: ObjectState, lvs: Option<&Lvstore>, message: String) -> DiskStatus {
+fn disk_status(n: &DiskNames, state: ObjectState, lvs: Option<&Lvstore>, message: String) -> DiskStatus {
     DiskStatus {
         engine: Engine::V2,
         state,
@@ -683,15 +94,6 @@ fn bound_spec(
     })
 }
 
-fn fallback_names(id: &str) -> Names {
-    Names {
-        disk: id.to_owned(),
-        base: String::new(),
-        bdev: String::new(),
-        lvstore: String::new(),
-    }
-}
-
 #[async_trait::async_trait]
 impl Controller for SpdkDiskController {
     fn name(&self) -> &'static str {
@@ -717,7 +119,7 @@ impl Controller for SpdkDiskController {
         if !ready {
             let why = target.map_or_else(|| "not started yet".to_owned(), |t| t.message);
             for d in &disks {
-                let n = names(d.id(), &d.spec).unwrap_or_else(|_| fallback_names(d.id()));
+                let n = DiskNames::of(d.id(), &d.spec).unwrap_or_else(|_| DiskNames::fallback(d.id()));
                 let state = if d.metadata.phase == Phase::TearingDown {
                     ObjectState::Deleting
                 } else {
@@ -742,13 +144,13 @@ impl Controller for SpdkDiskController {
         let mut wanted = BTreeSet::new();
         for d in &disks {
             wanted.insert(d.id().to_owned());
-            let n = match names(d.id(), &d.spec) {
+            let n = match DiskNames::of(d.id(), &d.spec) {
                 Ok(n) => n,
                 Err(e) => {
-                    let msg = crate::runtime::runner::error_chain(&e);
+                    let msg = crate::util::error_chain(&e);
                     ctx.apply(
                         d.id(),
-                        disk_status(&fallback_names(d.id()), ObjectState::Failed, None, msg),
+                        disk_status(&DiskNames::fallback(d.id()), ObjectState::Failed, None, msg),
                     )?;
                     if d.metadata.phase == Phase::TearingDown {
                         ctx.remove_finalizer::<Disk>(d.id())?;
@@ -758,7 +160,7 @@ impl Controller for SpdkDiskController {
             };
             if d.metadata.phase == Phase::TearingDown {
                 let spec = bound_spec(ctx, d.id(), &d.spec)?.unwrap_or_else(|_| d.spec.clone());
-                match self.teardown(&n, &spec).await {
+                match self.ops.teardown(&n, &spec).await {
                     Ok(None) => {
                         tracing::info!(disk = %n.disk, "disk removed");
                         ctx.remove_finalizer::<Disk>(d.id())?;
@@ -770,7 +172,7 @@ impl Controller for SpdkDiskController {
                     }
                     Err(e) => {
                         retry = true;
-                        let msg = crate::runtime::runner::error_chain(&e);
+                        let msg = crate::util::error_chain(&e);
                         ctx.apply(d.id(), disk_status(&n, ObjectState::Deleting, None, msg))?;
                     }
                 }
@@ -785,22 +187,22 @@ impl Controller for SpdkDiskController {
                     continue;
                 }
             };
-            match self.ensure(&n, &spec).await {
+            match self.ops.ensure(&n, &spec).await {
                 Ok(l) => {
                     let msg = format!("lvstore {} on {}", n.lvstore, n.bdev);
                     ctx.apply(d.id(), disk_status(&n, ObjectState::Ready, Some(&l), msg))?;
                 }
                 Err(e) => {
                     retry = true;
-                    let msg = crate::runtime::runner::error_chain(&e);
+                    let msg = crate::util::error_chain(&e);
                     tracing::warn!(disk = %n.disk, error = %msg, "disk not ready");
                     ctx.apply(d.id(), disk_status(&n, ObjectState::Failed, None, msg))?;
                 }
             }
         }
-        if let Err(e) = self.remove_orphans(&wanted).await {
+        if let Err(e) = self.ops.remove_orphans(&wanted).await {
             retry = true;
-            tracing::warn!(error = %crate::runtime::runner::error_chain(&e), "orphan disk objects not removed");
+            tracing::warn!(error = %crate::util::error_chain(&e), "orphan disk objects not removed");
         }
         // poll: a target restart the supervisor did not see (a quick one) is healed here too
         Ok(Requeue::After(if retry {
@@ -808,118 +210,5 @@ impl Controller for SpdkDiskController {
         } else {
             Duration::from_secs(5)
         }))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn bdf_format() {
-        assert!(is_bdf("0000:00:04.0"));
-        assert!(is_bdf("0000:af:1f.7"));
-        assert!(!is_bdf("0000:00:04"));
-        assert!(!is_bdf("S4EVNF0M123456"));
-        assert!(!is_bdf("0000:00:04.8"));
-    }
-
-    const MOUNTINFO: &str = "\
-22 1 8:1 / / rw,relatime - ext4 /dev/sda1 rw
-24 22 0:6 / /dev rw,relatime - devtmpfs devtmpfs rw,size=1k
-25 24 0:22 / /dev/shm rw,nosuid - tmpfs tmpfs rw
-26 22 0:23 / /var/lib/my\\040disks rw - xfs /dev/sdb rw
-27 24 0:24 / /dev/pts rw - devpts devpts rw
-";
-
-    #[test]
-    fn the_deepest_mount_names_the_filesystem() {
-        let at = |p: &str| fs_type_at(MOUNTINFO, Path::new(p));
-        assert_eq!(at("/dev").as_deref(), Some("devtmpfs"));
-        assert_eq!(at("/dev/disk/by-id").as_deref(), Some("devtmpfs"));
-        assert_eq!(at("/dev/shm").as_deref(), Some("tmpfs"));
-        assert_eq!(at("/dev/shmx").as_deref(), Some("devtmpfs"));
-        assert_eq!(at("/var/lib/my disks/a").as_deref(), Some("xfs"));
-        assert_eq!(at("/var/lib").as_deref(), Some("ext4"));
-        // a second mount on the same point is the one on top
-        let over = format!("{MOUNTINFO}30 25 0:40 / /dev/shm rw - ramfs none rw\n");
-        assert_eq!(
-            fs_type_at(&over, Path::new("/dev/shm/x")).as_deref(),
-            Some("ramfs")
-        );
-    }
-
-    #[test]
-    fn file_or_block_device_by_what_the_path_is() {
-        let d = tempfile::tempdir().expect("tempdir");
-        let here = d.path().canonicalize().expect("canonical");
-        // the temp dir on devtmpfs (as mountinfo tells) vs on tmpfs
-        let dev = format!("1 0 0:6 / {} rw - devtmpfs devtmpfs rw\n", here.display());
-        let shm = format!("1 0 0:6 / {} rw - tmpfs tmpfs rw\n", here.display());
-        let missing = here.join("x.img");
-        assert_eq!(
-            backing_of("d", &missing, Some(&shm)).expect("file"),
-            Backing::NewFile
-        );
-        assert!(matches!(
-            backing_of("d", &missing, Some(&dev)),
-            Err(DiskError::MissingBlockDevice { .. })
-        ));
-        // in a directory that does not exist yet: the nearest existing one decides
-        let deep = here.join("a/b/x.img");
-        assert_eq!(
-            backing_of("d", &deep, Some(&shm)).expect("file"),
-            Backing::NewFile
-        );
-        std::fs::write(&missing, b"").expect("file");
-        assert_eq!(
-            backing_of("d", &missing, Some(&dev)).expect("file"),
-            Backing::File
-        );
-        assert!(matches!(
-            backing_of("d", &here, Some(&shm)),
-            Err(DiskError::NotFileOrBlockDevice { .. })
-        ));
-        // a real block device node, when the host has one
-        if let Some(b) = ["/dev/loop0", "/dev/ram0", "/dev/sda", "/dev/vda", "/dev/nvme0n1"]
-            .into_iter()
-            .map(Path::new)
-            .find(|p| {
-                use std::os::unix::fs::FileTypeExt;
-                std::fs::metadata(p).is_ok_and(|m| m.file_type().is_block_device())
-            })
-        {
-            assert_eq!(backing_of("d", b, None).expect("block"), Backing::BlockDevice);
-        }
-        // /dev/shm on this host: a missing image there is a file to create
-        let mi = std::fs::read_to_string("/proc/self/mountinfo").ok();
-        if Path::new("/dev/shm").is_dir() && mi.as_deref().is_some_and(|m| m.contains(" /dev/shm ")) {
-            let p = Path::new("/dev/shm/talon-unit-missing-never-made.img");
-            assert_eq!(backing_of("d", p, mi.as_deref()).expect("file"), Backing::NewFile);
-        }
-        if mi.as_deref().is_some_and(|m| m.contains(" devtmpfs ")) {
-            let p = Path::new("/dev/talon-unit-no-such-device");
-            assert!(matches!(
-                backing_of("d", p, mi.as_deref()),
-                Err(DiskError::MissingBlockDevice { .. })
-            ));
-        }
-    }
-
-    #[test]
-    fn names_follow_the_contract() {
-        let file: Disk = serde_json::from_value(serde_json::json!({"path": "/x"})).expect("disk");
-        let n = names("d1", &file).expect("names");
-        assert_eq!(
-            (n.base.as_str(), n.bdev.as_str(), n.lvstore.as_str()),
-            ("talon-disk-d1", "talon-disk-d1", "talon-d1")
-        );
-        let pci: Disk = serde_json::from_value(serde_json::json!({"pci": "0000:00:04.0"})).expect("disk");
-        let n = names("d2", &pci).expect("names");
-        assert_eq!(
-            (n.base.as_str(), n.bdev.as_str()),
-            ("talon-disk-d2", "talon-disk-d2n1")
-        );
-        assert!(names("Bad_Name", &file).is_err());
     }
 }

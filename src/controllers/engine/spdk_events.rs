@@ -16,7 +16,7 @@
 use std::sync::Mutex;
 use std::time::Duration;
 
-use crate::controllers::engine::spdk_volume::SPDK_STATUS_ID;
+use crate::resources::engine::SPDK_STATUS_ID;
 use crate::resources::engine::{Engine, ObjectState, SpdkEvents, TargetStatus};
 use crate::runtime::{Controller, ControllerError, Input, Output, ReconcileContext, Requeue};
 use crate::spdk::SpdkClient;

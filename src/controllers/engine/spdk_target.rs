@@ -34,8 +34,7 @@
 
 use std::time::{Duration, Instant};
 
-use nix::sys::signal::{Signal, kill};
-use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
+use nix::sys::signal::kill;
 use nix::unistd::Pid;
 use tokio::sync::Mutex;
 
@@ -43,14 +42,13 @@ use super::TargetsOnExit;
 use super::selection::{EngineSelection, free_hugepages_mib};
 use crate::host::HostRoot;
 use crate::resources::config::{Disk, NodeConfig, Volume};
+use crate::resources::engine::SPDK_STATUS_ID;
 use crate::resources::engine::{Engine, ObjectState, TargetStatus};
 use crate::runtime::{Controller, ControllerError, Input, Output, ReconcileContext, Requeue};
 use crate::spdk::ClientError;
 use crate::spdk::rpc::Version;
-use crate::spdk::target::{Backoff, Memory, Origin, Target, TargetConfig, mem_size_mib_for};
-
-/// The id of spdk_tgt's `TargetStatus`.
-pub const SPDK_STATUS_ID: &str = "spdk";
+use crate::spdk::target::{Memory, Origin, Target, TargetConfig, mem_size_mib_for};
+use crate::util::Backoff;
 
 #[derive(Debug)]
 struct Inner {
@@ -153,42 +151,6 @@ async fn answers(t: &Target) -> bool {
     }
 }
 
-/// Stops a target synchronously (for `Drop`): SIGINT, wait up to `grace`, SIGKILL.
-fn stop_blocking(t: Target, grace: Duration) {
-    let (pid, origin) = (t.pid(), t.origin());
-    drop(t);
-    let Some(pid) = pid else { return };
-    if u32::try_from(pid).ok() == Some(std::process::id()) {
-        return; // an in-process target (a test double, spdk-embedded)
-    }
-    let p = Pid::from_raw(pid);
-    let gone = || match origin {
-        // our child: reap it (a zombie would still answer kill(0))
-        Origin::Spawned => match waitpid(p, Some(WaitPidFlag::WNOHANG)) {
-            Ok(WaitStatus::StillAlive) => false,
-            Ok(_) => true,
-            Err(_) => kill(p, None).is_err(),
-        },
-        Origin::Adopted | Origin::Embedded => kill(p, None).is_err(),
-    };
-    if kill(p, Signal::SIGINT).is_err() {
-        return;
-    }
-    let deadline = std::time::Instant::now() + grace;
-    while std::time::Instant::now() < deadline {
-        if gone() {
-            tracing::info!(pid, "spdk_tgt stopped");
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    tracing::warn!(pid, ?grace, "spdk_tgt did not stop on SIGINT; killing it");
-    let _ = kill(p, Signal::SIGKILL);
-    if origin == Origin::Spawned {
-        let _ = waitpid(p, None);
-    }
-}
-
 impl Drop for SpdkTargetController {
     fn drop(&mut self) {
         let Some(t) = self.inner.get_mut().target.take() else {
@@ -196,7 +158,7 @@ impl Drop for SpdkTargetController {
         };
         // an in-process target cannot outlive talon: stop it cleanly
         if self.on_exit.stops() || t.origin() == Origin::Embedded {
-            stop_blocking(t, self.template.stop_grace);
+            t.stop_blocking(self.template.stop_grace);
         } else {
             tracing::info!(
                 pid = ?t.pid(),
@@ -331,7 +293,7 @@ impl Controller for SpdkTargetController {
                 }
                 Err(e) if e.is_permanent() => {
                     inner.next_start = None;
-                    let msg = crate::runtime::runner::error_chain(&e);
+                    let msg = crate::util::error_chain(&e);
                     ctx.apply(
                         SPDK_STATUS_ID,
                         status(&self.template, &inner, ObjectState::Failed, msg),
@@ -341,7 +303,7 @@ impl Controller for SpdkTargetController {
                 Err(e) => {
                     let after = inner.backoff.next_delay();
                     inner.next_start = Some(Instant::now() + after);
-                    let cause = crate::runtime::runner::error_chain(&e);
+                    let cause = crate::util::error_chain(&e);
                     let msg = format!("cannot start: {cause} (next attempt in {after:.1?})");
                     inner.last_error = Some(cause);
                     ctx.apply(

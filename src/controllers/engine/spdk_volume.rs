@@ -29,8 +29,10 @@ use std::time::Duration;
 
 use futures::StreamExt;
 
+use super::selection::serves_v2;
 use crate::names::ObjectName;
-use crate::resources::config::{Disk, EngineKind, NodeConfig, Snapshot, Volume};
+use crate::resources::config::{Disk, NodeConfig, Snapshot, Volume, split_snapshot_id};
+use crate::resources::engine::SPDK_STATUS_ID;
 use crate::resources::engine::{
     DiskStatus, Engine, EngineStatus, Export, ObjectState, ReplicaLedger, ReplicaStatus, SnapshotStatus,
     SpdkEvents, TargetStatus,
@@ -43,20 +45,8 @@ use crate::spdk::volume::{
     ExportSpec, Inventory, VolumeError, VolumeInfo, VolumeOps, VolumePlan, applied_revert, replica_heads,
 };
 
-/// The TargetStatus id of spdk_tgt.
-pub const SPDK_STATUS_ID: &str = "spdk";
 /// Volumes realized concurrently in one reconcile.
 const CONCURRENCY: usize = 16;
-
-/// Whether the V2 engine serves `volume` on `node` (explicit v2 wins; auto
-/// follows the node, and an auto node when this controller claims auto).
-pub fn serves_v2(volume: &Volume, node: &NodeConfig, claims_auto: bool) -> bool {
-    match (volume.engine, node.engine) {
-        (EngineKind::V2, _) | (EngineKind::Auto, EngineKind::V2) => true,
-        (EngineKind::Auto, EngineKind::Auto) => claims_auto,
-        _ => false,
-    }
-}
 
 /// Serves V2 volumes in spdk_tgt.
 #[derive(Debug)]
@@ -116,7 +106,7 @@ pub fn export_hosts(node: &NodeConfig, spec: &Volume, attached_by: Option<&str>)
 }
 
 fn err_text(e: &VolumeError) -> String {
-    crate::runtime::runner::error_chain(e)
+    crate::util::error_chain(e)
 }
 
 fn engine_status(state: ObjectState, message: impl Into<String>) -> EngineStatus {
@@ -145,16 +135,6 @@ fn snap_status(
         created: String::new(),
         message: message.into(),
     }
-}
-
-fn split_snapshot_id(id: &str) -> Result<(ObjectName, ObjectName), String> {
-    let (v, s) = id
-        .split_once('@')
-        .ok_or_else(|| format!("snapshot {id:?} is not <volume>@<snapshot>"))?;
-    Ok((
-        ObjectName::parse("volume", v).map_err(|e| e.to_string())?,
-        ObjectName::parse("snapshot", s).map_err(|e| e.to_string())?,
-    ))
 }
 
 struct Job {
@@ -952,23 +932,6 @@ fn ledger_reason(before: Option<&[u32]>, now: &[u32]) -> String {
 mod tests {
     use super::*;
 
-    fn vol(engine: EngineKind) -> Volume {
-        serde_json::from_value(serde_json::json!({"sizeBytes": 4096, "engine": engine})).expect("volume")
-    }
-
-    #[test]
-    fn selection() {
-        let node = |engine| NodeConfig {
-            engine,
-            ..NodeConfig::default()
-        };
-        assert!(serves_v2(&vol(EngineKind::V2), &node(EngineKind::V1), false));
-        assert!(!serves_v2(&vol(EngineKind::V1), &node(EngineKind::V2), true));
-        assert!(serves_v2(&vol(EngineKind::Auto), &node(EngineKind::V2), false));
-        assert!(!serves_v2(&vol(EngineKind::Auto), &node(EngineKind::Auto), false));
-        assert!(serves_v2(&vol(EngineKind::Auto), &node(EngineKind::Auto), true));
-    }
-
     #[test]
     fn ledger_moves_its_reason_only_with_the_up_to_date_set() {
         let placed = BTreeMap::from([(0, "d1".to_string()), (1, "d2".to_string())]);
@@ -983,11 +946,5 @@ mod tests {
         assert_eq!((m.reason.as_str(), m.disks[1].as_str()), ("first record", "d3"));
         let left = next_ledger(Some(&m), &BTreeSet::from([0]), &moved).expect("left");
         assert!(left.reason.contains("r1 left"), "{}", left.reason);
-    }
-
-    #[test]
-    fn snapshot_ids_split() {
-        assert!(split_snapshot_id("v@s").is_ok());
-        assert!(split_snapshot_id("v").is_err());
     }
 }

@@ -16,14 +16,11 @@ use std::time::Duration;
 use tokio::sync::Mutex;
 
 use super::TargetsOnExit;
-use super::v1_volume::{V1Selection, serves_v1};
+use super::selection::engine_for;
 use crate::resources::config::{NodeConfig, Volume};
-use crate::resources::engine::{Engine, ObjectState, TargetStatus};
+use crate::resources::engine::{Engine, ObjectState, TGTD_STATUS_ID, TargetStatus};
 use crate::runtime::{Controller, ControllerError, Input, Output, ReconcileContext, Requeue};
 use crate::tgt::{Tgtd, TgtdConfig};
-
-/// The id of tgtd's `TargetStatus`.
-pub const TGTD_STATUS_ID: &str = "tgtd";
 
 #[derive(Debug, Default)]
 struct Inner {
@@ -39,24 +36,26 @@ struct Inner {
 #[derive(Debug)]
 pub struct TgtdController {
     template: TgtdConfig,
-    selection: V1Selection,
+    /// The engine of `auto` volumes on an `auto` node here.
+    auto: Engine,
     on_exit: TargetsOnExit,
     inner: Mutex<Inner>,
 }
 
 impl TgtdController {
     /// tgtd with its control socket, pid file and log under `run_dir`
-    /// (`<run_dir>/tgtd/socket.0`, ...).
-    pub fn new(run_dir: impl Into<PathBuf>, selection: V1Selection) -> Self {
+    /// (`<run_dir>/tgtd/socket.0`, ...); `auto`: the engine of `auto` volumes
+    /// on an `auto` node here (tgtd runs for them when it is V1).
+    pub fn new(run_dir: impl Into<PathBuf>, auto: Engine) -> Self {
         let portal = SocketAddr::from(([127, 0, 0, 1], crate::tgt::daemon::ISCSI_PORT));
-        Self::with_config(TgtdConfig::new(run_dir.into().join("tgtd"), portal), selection)
+        Self::with_config(TgtdConfig::new(run_dir.into().join("tgtd"), portal), auto)
     }
 
     /// With explicit tgtd settings (the portal is replaced by NodeConfig's).
-    pub fn with_config(template: TgtdConfig, selection: V1Selection) -> Self {
+    pub fn with_config(template: TgtdConfig, auto: Engine) -> Self {
         Self {
             template,
-            selection,
+            auto,
             on_exit: TargetsOnExit::stop(),
             inner: Mutex::new(Inner::default()),
         }
@@ -137,7 +136,7 @@ impl Controller for TgtdController {
         let needed = ctx
             .list::<Volume>()?
             .iter()
-            .any(|v| serves_v1(&v.spec, &node, self.selection));
+            .any(|v| engine_for(&v.spec, &node, self.auto) == Engine::V1);
         let mut inner = self.inner.lock().await;
 
         if !needed {
@@ -183,7 +182,7 @@ impl Controller for TgtdController {
             match tokio::task::spawn_blocking(move || Tgtd::start_or_adopt(start_cfg)).await? {
                 Ok(t) => inner.tgtd = Some(t),
                 Err(e) => {
-                    let msg = crate::runtime::runner::error_chain(&e);
+                    let msg = crate::util::error_chain(&e);
                     ctx.apply(
                         TGTD_STATUS_ID,
                         status(ObjectState::Failed, None, &cfg, &inner, msg),

@@ -4,11 +4,11 @@
 //!
 //! ```text
 //!   Volume, Snapshot (config) ─┐                       ┌─> V1Store: create / clone / expand / delete
-//!   NodeConfig (ACL, portal) ──┼─> plan (owned jobs) ──┤   snapshot / delete_snapshot
+//!   NodeConfig (ACL, portal) ──┼─> jobs ─> V1Ops ──────┤   snapshot / delete_snapshot
 //!   TargetStatus "tgtd" ───────┘   spawn_blocking      └─> TgtAdm: export (idempotent; again after
 //!                                        │                          every tgtd restart)
 //!                                        v
-//!                         EngineStatus <volume>, SnapshotStatus <volume>@<name>
+//!                    Realized: EngineStatus <volume>, SnapshotStatus <volume>@<name>, or deleted
 //! ```
 //!
 //! What changed only: a volume served with the same spec, ACL/CHAP and tgtd
@@ -25,34 +25,18 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use super::v1_target::TGTD_STATUS_ID;
+use super::selection::engine_for;
 use crate::attach::HostInitiators;
 use crate::names::{Iqn, ObjectName};
-use crate::resources::config::{EngineKind, NodeConfig, Snapshot, Volume};
-use crate::resources::engine::{Engine, EngineStatus, Export, ObjectState, SnapshotStatus, TargetStatus};
+use crate::resources::config::{NodeConfig, Snapshot, Volume, split_snapshot_id};
+use crate::resources::engine::{
+    Engine, EngineStatus, Export, ObjectState, SnapshotStatus, TGTD_STATUS_ID, TargetStatus,
+};
 use crate::resources::frontend::Attachment;
 use crate::runtime::{Controller, ControllerError, Input, Output, Phase, ReconcileContext, Requeue};
 use crate::tgt::volume::ensure_chap_account;
 use crate::tgt::volume::{VOLUME_LUN, VolumeError};
 use crate::tgt::{AdminError, ChapCredentials, ExportOptions, InitiatorAcl, TargetInfo, TgtAdm, V1Store};
-
-/// Which volumes the V1 engine takes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum V1Selection {
-    /// Only volumes (or a node) that name `v1`.
-    Explicit,
-    /// Also `auto` volumes on an `auto` node (this host has no usable SPDK).
-    AlsoAuto,
-}
-
-/// Whether the V1 engine serves `volume` on a node configured as `node`.
-pub fn serves_v1(volume: &Volume, node: &NodeConfig, selection: V1Selection) -> bool {
-    match (volume.engine, node.engine) {
-        (EngineKind::V1, _) | (EngineKind::Auto, EngineKind::V1) => true,
-        (EngineKind::Auto, EngineKind::Auto) => selection == V1Selection::AlsoAuto,
-        _ => false,
-    }
-}
 
 /// The iSCSI ACL of a volume, by initiator name only: this host's initiator
 /// name while the volume is attached here (`attached_by`), and the IQNs among
@@ -95,15 +79,19 @@ pub struct V1VolumeController {
     /// When the last full pass ran, and for which tgtd (pid).
     last_full: std::sync::Arc<std::sync::Mutex<Option<(u32, Instant)>>>,
     admin: TgtAdm,
-    selection: V1Selection,
+    /// The engine of `auto` volumes on an `auto` node here
+    /// ([`super::selection::EngineSelection::auto_engine`]).
+    auto: Engine,
     /// This host's initiator names; `None` when they cannot be read (attached
     /// volumes are then exported only to the allowed hosts).
     initiators: Option<HostInitiators>,
 }
 
 impl V1VolumeController {
-    /// Volumes under `<data_dir>/v1`, tgtd's control socket from `admin`.
-    pub fn new(data_dir: impl Into<PathBuf>, admin: TgtAdm, selection: V1Selection) -> Self {
+    /// Volumes under `<data_dir>/v1`, tgtd's control socket from `admin`;
+    /// `auto`: the engine of `auto` volumes on an `auto` node here (V1 takes
+    /// them when it is V1).
+    pub fn new(data_dir: impl Into<PathBuf>, admin: TgtAdm, auto: Engine) -> Self {
         let data_dir = data_dir.into();
         Self {
             store: V1Store::new(data_dir.clone()),
@@ -112,7 +100,7 @@ impl V1VolumeController {
             served: Default::default(),
             last_full: Default::default(),
             admin,
-            selection,
+            auto,
             initiators: None,
         }
     }
@@ -184,12 +172,16 @@ struct SnapshotJob {
     deleting: bool,
 }
 
-enum Outcome<S> {
+/// What realizing one job came to (the V2 controller's word for the same):
+/// a status to report, or the object is gone.
+enum Realized<S> {
     Status(S),
     Deleted,
 }
 
-struct Plan {
+/// The V1 side of volumes for one reconcile: the store, tgtd's admin and the
+/// portal (the V2 engine's `VolumeOps`/`DiskOps` in the same role).
+struct V1Ops {
     store: V1Store,
     admin: TgtAdm,
     address: String,
@@ -209,16 +201,16 @@ fn failed(engine_msg: impl Into<String>, device: String) -> EngineStatus {
 }
 
 fn error_text(e: &VolumeError) -> String {
-    crate::runtime::runner::error_chain(e)
+    crate::util::error_chain(e)
 }
 
-impl Plan {
+impl V1Ops {
     /// `listing`: tgtd's targets, listed once for this reconcile if a volume
     /// needs them (a volume made now does not: its target is made without).
-    fn volume(&self, job: &VolumeJob, listing: &mut Listing<'_>) -> Outcome<EngineStatus> {
+    fn volume(&self, job: &VolumeJob, listing: &mut Listing<'_>) -> Realized<EngineStatus> {
         let name = match ObjectName::parse("volume", &job.id) {
             Ok(n) => n,
-            Err(e) => return Outcome::Status(failed(e.to_string(), String::new())),
+            Err(e) => return Realized::Status(failed(e.to_string(), String::new())),
         };
         let device = self.store.volume_path(&name).display().to_string();
         if job.deleting {
@@ -227,8 +219,8 @@ impl Plan {
                 None => self.store.delete(&self.admin, &name),
             };
             return match deleted {
-                Ok(()) | Err(VolumeError::NotFound { .. }) => Outcome::Deleted,
-                Err(e) => Outcome::Status(EngineStatus {
+                Ok(()) | Err(VolumeError::NotFound { .. }) => Realized::Deleted,
+                Err(e) => Realized::Status(EngineStatus {
                     state: ObjectState::Deleting,
                     ..failed(error_text(&e), device)
                 }),
@@ -241,18 +233,18 @@ impl Plan {
             Err(VolumeError::NotFound { .. }) => {
                 fresh = true;
                 let made = match &job.spec.from_snapshot {
-                    Some(source) => match parse_snapshot_id(source) {
+                    Some(source) => match split_snapshot_id(source) {
                         Ok((v, s)) => self.store.clone_snapshot(&v, &s, &name),
-                        Err(msg) => return Outcome::Status(failed(msg, device)),
+                        Err(msg) => return Realized::Status(failed(msg, device)),
                     },
                     None => self.store.create(&name, job.spec.size_bytes),
                 };
                 match made {
                     Ok(info) => info,
-                    Err(e) => return Outcome::Status(failed(error_text(&e), device)),
+                    Err(e) => return Realized::Status(failed(error_text(&e), device)),
                 }
             }
-            Err(e) => return Outcome::Status(failed(error_text(&e), device)),
+            Err(e) => return Realized::Status(failed(error_text(&e), device)),
         };
         let mut size = info.size;
         if job.spec.size_bytes > info.size {
@@ -290,7 +282,7 @@ impl Plan {
             listed(listing)
         };
         match exported {
-            Ok(export) => Outcome::Status(EngineStatus {
+            Ok(export) => Realized::Status(EngineStatus {
                 engine: Engine::V1,
                 state: ObjectState::Ready,
                 size_bytes: size,
@@ -308,19 +300,19 @@ impl Plan {
             }),
             // tgtd stopping or restarting: the volume waits for it (a `wait` goes on, and
             // fails at once only if tgtd's TargetStatus turns failed)
-            Err(e) if e.tgtd_unreachable() => Outcome::Status(EngineStatus {
+            Err(e) if e.tgtd_unreachable() => Realized::Status(EngineStatus {
                 state: ObjectState::Creating,
                 size_bytes: size,
                 ..failed(format!("waiting for tgtd: {}", error_text(&e)), device)
             }),
-            Err(e) => Outcome::Status(EngineStatus {
+            Err(e) => Realized::Status(EngineStatus {
                 size_bytes: size,
                 ..failed(error_text(&e), device)
             }),
         }
     }
 
-    fn snapshot(&self, job: &SnapshotJob) -> Outcome<SnapshotStatus> {
+    fn snapshot(&self, job: &SnapshotJob) -> Realized<SnapshotStatus> {
         let status = |state, objects, created, message| SnapshotStatus {
             volume: job.spec.volume.clone(),
             engine: Engine::V1,
@@ -334,13 +326,13 @@ impl Plan {
         let (volume, snap) = match names {
             Ok(n) => n,
             Err(e) => {
-                return Outcome::Status(status(ObjectState::Failed, vec![], String::new(), e.to_string()));
+                return Realized::Status(status(ObjectState::Failed, vec![], String::new(), e.to_string()));
             }
         };
         if job.deleting {
             return match self.store.delete_snapshot(&volume, &snap) {
-                Ok(()) | Err(VolumeError::SnapshotNotFound { .. }) => Outcome::Deleted,
-                Err(e) => Outcome::Status(status(
+                Ok(()) | Err(VolumeError::SnapshotNotFound { .. }) => Realized::Deleted,
+                Err(e) => Realized::Status(status(
                     ObjectState::Deleting,
                     vec![],
                     String::new(),
@@ -360,21 +352,11 @@ impl Plan {
                     .map(|t| humantime::format_rfc3339_seconds(t).to_string())
                     .unwrap_or_default();
                 let path = info.path.display().to_string();
-                Outcome::Status(status(ObjectState::Ready, vec![path], created, String::new()))
+                Realized::Status(status(ObjectState::Ready, vec![path], created, String::new()))
             }
-            Err(e) => Outcome::Status(status(ObjectState::Failed, vec![], String::new(), error_text(&e))),
+            Err(e) => Realized::Status(status(ObjectState::Failed, vec![], String::new(), error_text(&e))),
         }
     }
-}
-
-/// Splits `<volume>@<snapshot>`.
-fn parse_snapshot_id(id: &str) -> Result<(ObjectName, ObjectName), String> {
-    let (v, s) = id
-        .split_once('@')
-        .ok_or_else(|| format!("fromSnapshot {id:?} is not <volume>@<snapshot>"))?;
-    let v = ObjectName::parse("volume", v).map_err(|e| e.to_string())?;
-    let s = ObjectName::parse("snapshot", s).map_err(|e| e.to_string())?;
-    Ok((v, s))
 }
 
 #[async_trait::async_trait]
@@ -407,7 +389,8 @@ impl Controller for V1VolumeController {
             .into_iter()
             // ours: served by V1, or still held by our finalizer (to finish a delete)
             .filter(|v| {
-                serves_v1(&v.spec, &node, self.selection) || v.metadata.finalizers.contains(self.name())
+                engine_for(&v.spec, &node, self.auto) == Engine::V1
+                    || v.metadata.finalizers.contains(self.name())
             })
             .collect();
         let mine: std::collections::BTreeSet<String> = volumes.iter().map(|v| v.id().to_string()).collect();
@@ -470,7 +453,7 @@ impl Controller for V1VolumeController {
                 deleting,
             });
         }
-        let plan = Plan {
+        let ops = V1Ops {
             store: self.store.clone(),
             admin: self.admin.clone(),
             address: node.listen_address.clone(),
@@ -493,7 +476,7 @@ impl Controller for V1VolumeController {
                 let mut have = installed.lock().unwrap_or_else(|p| p.into_inner());
                 let wanted = (tgtd_pid, chap);
                 if have.as_ref() != Some(&wanted) {
-                    match ensure_chap_account(&plan.admin, &wanted.1, true) {
+                    match ensure_chap_account(&ops.admin, &wanted.1, true) {
                         Ok(()) => {
                             tracing::info!(user = %wanted.1.user, "iSCSI CHAP account set in tgtd");
                             *have = Some(wanted);
@@ -504,19 +487,19 @@ impl Controller for V1VolumeController {
                     }
                 }
             }
-            let mut listing = Listing::new(&plan.admin);
+            let mut listing = Listing::new(&ops.admin);
             if tgtd_ready && full {
                 // targets talon made for volumes nobody wants (a crash mid-export or
                 // mid-delete): removed by name
                 let orphans = match listing.get() {
                     Some(t) => {
-                        Ok(plan
+                        Ok(ops
                             .store
-                            .remove_orphans_known(&plan.admin, |v| known.contains(v.as_str()), t))
+                            .remove_orphans_known(&ops.admin, |v| known.contains(v.as_str()), t))
                     }
-                    None => plan
+                    None => ops
                         .store
-                        .remove_orphans(&plan.admin, |v| known.contains(v.as_str())),
+                        .remove_orphans(&ops.admin, |v| known.contains(v.as_str())),
                 };
                 match orphans {
                     Ok(r) => {
@@ -541,13 +524,13 @@ impl Controller for V1VolumeController {
                     tgtd_pid,
                 };
                 if !full && let Some(s) = served.get(&j.id).filter(|s| s.key == key) {
-                    vol_out.push((j.id.clone(), Outcome::Status(s.status.clone())));
+                    vol_out.push((j.id.clone(), Realized::Status(s.status.clone())));
                     continue;
                 }
-                let out = plan.volume(j, &mut listing);
+                let out = ops.volume(j, &mut listing);
                 match &out {
                     // only a volume served as asked is passed over next time
-                    Outcome::Status(s) if s.state == ObjectState::Ready && s.message.is_empty() => {
+                    Realized::Status(s) if s.state == ObjectState::Ready && s.message.is_empty() => {
                         served.insert(
                             j.id.clone(),
                             Served {
@@ -563,11 +546,11 @@ impl Controller for V1VolumeController {
                 vol_out.push((j.id.clone(), out));
             }
             for j in &snap_jobs {
-                snap_out.push((j.id.clone(), plan.snapshot(j)));
+                snap_out.push((j.id.clone(), ops.snapshot(j)));
             }
             for j in vol_jobs.iter().filter(|j| j.deleting) {
                 served.remove(&j.id);
-                vol_out.push((j.id.clone(), plan.volume(j, &mut listing)));
+                vol_out.push((j.id.clone(), ops.volume(j, &mut listing)));
             }
             // volumes gone from the config are forgotten
             served.retain(|id, _| known.contains(id));
@@ -580,14 +563,14 @@ impl Controller for V1VolumeController {
 
         for (id, out) in snap_out {
             match out {
-                Outcome::Status(s) => ctx.apply(&id, s)?,
-                Outcome::Deleted => ctx.remove_finalizer::<Snapshot>(&id)?,
+                Realized::Status(s) => ctx.apply(&id, s)?,
+                Realized::Deleted => ctx.remove_finalizer::<Snapshot>(&id)?,
             }
         }
         for (id, out) in vol_out {
             match out {
-                Outcome::Status(s) => ctx.apply(&id, s)?,
-                Outcome::Deleted => ctx.remove_finalizer::<Volume>(&id)?,
+                Realized::Status(s) => ctx.apply(&id, s)?,
+                Realized::Deleted => ctx.remove_finalizer::<Volume>(&id)?,
             }
         }
         // poll: sessions logging out unblock pending expands and deletes
@@ -608,48 +591,6 @@ fn volume_path_str(store: &V1Store, id: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn vol(engine: EngineKind) -> Volume {
-        serde_json::from_value(serde_json::json!({"sizeBytes": 4096, "engine": engine})).expect("volume")
-    }
-
-    #[test]
-    fn selection_follows_volume_then_node_then_host() {
-        let node = |engine| NodeConfig {
-            engine,
-            ..NodeConfig::default()
-        };
-        assert!(serves_v1(
-            &vol(EngineKind::V1),
-            &node(EngineKind::V2),
-            V1Selection::Explicit
-        ));
-        assert!(!serves_v1(
-            &vol(EngineKind::V2),
-            &node(EngineKind::V1),
-            V1Selection::AlsoAuto
-        ));
-        assert!(serves_v1(
-            &vol(EngineKind::Auto),
-            &node(EngineKind::V1),
-            V1Selection::Explicit
-        ));
-        assert!(!serves_v1(
-            &vol(EngineKind::Auto),
-            &node(EngineKind::Auto),
-            V1Selection::Explicit
-        ));
-        assert!(serves_v1(
-            &vol(EngineKind::Auto),
-            &node(EngineKind::Auto),
-            V1Selection::AlsoAuto
-        ));
-        assert!(!serves_v1(
-            &vol(EngineKind::Auto),
-            &node(EngineKind::V2),
-            V1Selection::AlsoAuto
-        ));
-    }
 
     #[test]
     fn acl_is_the_attached_host_and_the_allowed_iqns_only() {
@@ -676,13 +617,5 @@ mod tests {
                 InitiatorAcl::Name(Iqn::parse("iqn.2025-01.io.example:h").expect("iqn"))
             ]
         );
-    }
-
-    #[test]
-    fn snapshot_ids() {
-        let (v, s) = parse_snapshot_id("vol-1@s1").expect("id");
-        assert_eq!((v.as_str(), s.as_str()), ("vol-1", "s1"));
-        assert!(parse_snapshot_id("vol-1").is_err());
-        assert!(parse_snapshot_id("vol-1@S").is_err());
     }
 }

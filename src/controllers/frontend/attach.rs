@@ -263,10 +263,7 @@ impl Controller for AttachController {
             let ids = match ids {
                 Ok(ids) => ids,
                 Err(e) => {
-                    ctx.apply(
-                        &id,
-                        status(AttachState::Failed, crate::runtime::runner::error_chain(&e)),
-                    )?;
+                    ctx.apply(&id, status(AttachState::Failed, crate::util::error_chain(&e)))?;
                     requeue = Requeue::After(Duration::from_secs(10));
                     continue;
                 }
@@ -290,7 +287,7 @@ impl Controller for AttachController {
                     match tokio::task::spawn_blocking(move || crate::tgt::chap::load_or_create(&d)).await? {
                         Ok(c) => Some(c),
                         Err(e) => {
-                            let msg = crate::runtime::runner::error_chain(&e);
+                            let msg = crate::util::error_chain(&e);
                             ctx.apply(&id, status(AttachState::Failed, msg))?;
                             requeue = Requeue::After(Duration::from_secs(10));
                             continue;
@@ -327,10 +324,7 @@ impl Controller for AttachController {
                     )?,
                     Err(e) => {
                         tracing::warn!(volume = %id, error = %e, "iSCSI attach failed");
-                        ctx.apply(
-                            &id,
-                            status(AttachState::Failed, crate::runtime::runner::error_chain(&e)),
-                        )?;
+                        ctx.apply(&id, status(AttachState::Failed, crate::util::error_chain(&e)))?;
                         requeue = Requeue::After(Duration::from_secs(10));
                     }
                 }
@@ -368,10 +362,7 @@ impl Controller for AttachController {
                 )?,
                 Err(e) => {
                     tracing::warn!(volume = %id, error = %e, "attach failed");
-                    ctx.apply(
-                        &id,
-                        status(AttachState::Failed, crate::runtime::runner::error_chain(&e)),
-                    )?;
+                    ctx.apply(&id, status(AttachState::Failed, crate::util::error_chain(&e)))?;
                     requeue = Requeue::After(Duration::from_secs(10));
                 }
             }

@@ -161,7 +161,7 @@ pub fn size_pools(
                         let node = pool.node.map(|n| format!(" --node {n}")).unwrap_or_default();
                         reason.push_str(&format!(
                             "; {}; give talon write access to /sys (a privileged container), or run `talon host hugepages --set {t}{node}` on the host",
-                            crate::runtime::runner::error_chain(&e)
+                            crate::util::error_chain(&e)
                         ));
                     }
                 }
@@ -374,7 +374,7 @@ impl Controller for HugepagesController {
                     mounted = Some(format!("; mounted hugetlbfs at {}", p.display()));
                 }
                 Ok(hugepages::MountOutcome::AlreadyMounted(_)) => {}
-                Err(e) => mounted = Some(format!("; {}", crate::runtime::runner::error_chain(&e))),
+                Err(e) => mounted = Some(format!("; {}", crate::util::error_chain(&e))),
             }
         }
         for (mut s, _) in statuses {

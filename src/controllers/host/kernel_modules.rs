@@ -20,8 +20,8 @@ use crate::host::talos::{self, TalosNeeds};
 use crate::host::{HostRoot, os, pci};
 use crate::resources::config::{Disk, FrontendKind, Volume};
 use crate::resources::host::KernelModuleStatus;
-use crate::runtime::runner::error_chain;
 use crate::runtime::{Controller, ControllerError, Input, Output, ReconcileContext, Requeue};
+use crate::util::error_chain;
 
 use super::hugepages::talos_version;
 

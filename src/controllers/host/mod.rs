@@ -92,6 +92,6 @@ pub fn prepare_at_start(state: &crate::runtime::State, deps: &crate::controllers
         hugepages::size_at_start(&deps.host, state, &specs)
     };
     if let Err(e) = run() {
-        tracing::warn!(error = %crate::runtime::runner::error_chain(e.as_ref()), "hugepages not sized at start");
+        tracing::warn!(error = %crate::util::error_chain(e.as_ref()), "hugepages not sized at start");
     }
 }

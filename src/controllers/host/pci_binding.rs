@@ -30,8 +30,8 @@ use crate::host::pci::{self, Bdf, BindOptions, PciError};
 use crate::host::{HostRoot, os};
 use crate::resources::config::Disk;
 use crate::resources::host::{BindPhase, BindingState, PciBindIntent, PciBindingStatus};
-use crate::runtime::runner::error_chain;
 use crate::runtime::{Controller, ControllerError, Input, Output, Phase, ReconcileContext, Requeue, Typed};
+use crate::util::error_chain;
 
 /// The controller's name, also its finalizer on Disks.
 pub const NAME: &str = "host.PciBindController";

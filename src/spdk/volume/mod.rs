@@ -67,7 +67,7 @@ fn listener_error(
 ) -> VolumeError {
     let except = target.and_then(|p| u32::try_from(p).ok());
     let holder = address.parse::<IpAddr>().ok().and_then(|ip| {
-        crate::tgt::daemon::port_holder(&crate::host::HostRoot::real(), (ip, port).into(), except)
+        crate::host::net::port_holder(&crate::host::HostRoot::real(), (ip, port).into(), except)
     });
     match holder {
         Some(holder) => VolumeError::PortInUse {
@@ -426,7 +426,7 @@ impl VolumeOps {
                             .map_err(rpc(vol, format!("looking up remote replica {b}")))?
                             .map(|b| b.size_bytes()),
                         Err(e) => {
-                            tracing::warn!(volume = vol, replica = %name, error = %crate::runtime::runner::error_chain(&e), "remote replica not reachable");
+                            tracing::warn!(volume = vol, replica = %name, error = %crate::util::error_chain(&e), "remote replica not reachable");
                             None
                         }
                     }
@@ -664,7 +664,7 @@ impl VolumeOps {
                 })
                 .await
             {
-                let target = super::target::socket_peer_pid(self.client.socket()).await;
+                let target = super::launch::socket_peer_pid(self.client.socket()).await;
                 return Err(listener_error(vol, &listen.traddr, export.port, target, source));
             }
             made.push(Made::Listener(nqn.as_str().to_owned(), listen));
@@ -828,7 +828,7 @@ impl VolumeOps {
                 // failing, a member SPDK refuses): it stays behind and is
                 // tried again; the volume goes on from the up-to-date ones
                 Err(e) => {
-                    tracing::warn!(volume = vol, replica = %r.name, error = %crate::runtime::runner::error_chain(&e),
+                    tracing::warn!(volume = vol, replica = %r.name, error = %crate::util::error_chain(&e),
                         "replica cannot join the raid to be rebuilt; tried again at the next reconcile");
                     // a remote replica with a superblock rejoins through SPDK's
                     // examine (it keeps its slot by UUID, and an add that failed

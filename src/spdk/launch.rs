@@ -1,0 +1,446 @@
+//! How a target is launched, below both ways of running one: its settings
+//! ([`TargetConfig`]), its errors, where the binary is, and the readiness
+//! probe. [`super::target`] (spawn/adopt/supervise) and [`super::embedded`]
+//! (in-process) both build on this module; neither imports the other's
+//! internals (the target holds the embedded framework, one way).
+//!
+//! ```text
+//!   TargetConfig ──find_spdk_tgt / argv──> target.rs: spawn, adopt, supervise ─┐
+//!        └──────── options ──────────────> embedded.rs: in-process framework ──┴─> wait_ready / probe
+//! ```
+
+use std::ffi::{OsStr, OsString};
+use std::io;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::Signal;
+use tokio::process::Child;
+
+use super::client::{ClientError, SpdkClient};
+use super::rpc::Version;
+use crate::util::Backoff;
+
+/// Errors of target supervision.
+#[derive(Debug, thiserror::Error)]
+pub enum TargetError {
+    /// No spdk_tgt binary was found.
+    #[error("spdk_tgt was not found (looked at: {searched})")]
+    NotFound {
+        /// The places looked at.
+        searched: String,
+    },
+    /// The run dir could not be created.
+    #[error("Creating the run dir {path} failed")]
+    RunDir {
+        /// The run dir.
+        path: PathBuf,
+        /// The error.
+        #[source]
+        source: io::Error,
+    },
+    /// The process could not be started.
+    #[error("Starting {path} failed")]
+    Spawn {
+        /// The binary.
+        path: PathBuf,
+        /// The error.
+        #[source]
+        source: io::Error,
+    },
+    /// The process exited before it answered on its socket; `cause` is what
+    /// its log says about it ([`start_failure_cause`]).
+    #[error("spdk_tgt (pid {pid}) exited with {status} before answering on {socket}: {cause}")]
+    ExitedEarly {
+        /// Its pid.
+        pid: u32,
+        /// Its exit status.
+        status: String,
+        /// The socket.
+        socket: PathBuf,
+        /// Why, from its log (or the log's last lines and path).
+        cause: String,
+    },
+    /// No answer within the readiness timeout.
+    #[error("spdk_tgt did not answer on {socket} within {timeout:?}")]
+    NotReady {
+        /// The socket.
+        socket: PathBuf,
+        /// The timeout.
+        timeout: Duration,
+        /// The last probe error.
+        #[source]
+        last: Option<ClientError>,
+    },
+    /// An in-process target was asked for, but this build has no SPDK.
+    #[error(
+        "this talon was built without the spdk-embedded feature; rebuild with --features spdk-embedded \
+         or use --engine v2"
+    )]
+    EmbeddedNotBuilt,
+    /// The in-process framework already ran in this process.
+    #[error(
+        "the in-process SPDK target on {socket} already ran in this talon ({how}); DPDK cannot be \
+         initialized twice in one process, so it is not restarted: restart talon"
+    )]
+    EmbeddedAlreadyRan {
+        /// The socket.
+        socket: PathBuf,
+        /// How it ended.
+        how: String,
+    },
+    /// A setting has no in-process form (or holds a NUL byte).
+    #[error("the in-process SPDK target cannot take the {name} {value:?}")]
+    EmbeddedOption {
+        /// Which setting.
+        name: &'static str,
+        /// Its value.
+        value: String,
+    },
+    /// The reactor thread could not be started.
+    #[error("Starting the SPDK reactor thread for {socket} failed")]
+    EmbeddedThread {
+        /// The socket.
+        socket: PathBuf,
+        /// The error.
+        #[source]
+        source: io::Error,
+    },
+    /// The in-process framework stopped before it answered.
+    #[error(
+        "the in-process SPDK target for {socket} stopped before answering (spdk_app_start returned {rc}; \
+         SPDK's log on stderr says why)"
+    )]
+    EmbeddedExited {
+        /// The socket.
+        socket: PathBuf,
+        /// `spdk_app_start`'s result.
+        rc: i32,
+    },
+    /// Another target answers on the socket an in-process one needs.
+    #[error(
+        "another SPDK target (pid {pid:?}) already answers on {socket}; stop it, or run with --engine v2 \
+         to adopt it"
+    )]
+    SocketInUse {
+        /// The socket.
+        socket: PathBuf,
+        /// Its pid, when known.
+        pid: Option<i32>,
+    },
+    /// A signal could not be sent.
+    #[error("Signalling spdk_tgt pid {pid} with {signal} failed")]
+    Signal {
+        /// The pid.
+        pid: i32,
+        /// The signal.
+        signal: Signal,
+        /// The error.
+        #[source]
+        source: nix::Error,
+    },
+    /// Waiting for the process failed.
+    #[error("Waiting for spdk_tgt pid {pid} failed")]
+    Wait {
+        /// The pid.
+        pid: u32,
+        /// The error.
+        #[source]
+        source: io::Error,
+    },
+}
+
+impl TargetError {
+    /// Whether trying again cannot help (an in-process target that already
+    /// ran, or a build without one): report it, do not retry.
+    pub fn is_permanent(&self) -> bool {
+        matches!(
+            self,
+            TargetError::EmbeddedNotBuilt
+                | TargetError::EmbeddedAlreadyRan { .. }
+                | TargetError::EmbeddedOption { .. }
+        )
+    }
+}
+
+/// Where SPDK's memory comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Memory {
+    /// Hugepages; `mem_size_mib` None sizes it from the number of volumes.
+    Hugepages {
+        /// `-s` in MiB.
+        mem_size_mib: Option<u64>,
+    },
+    /// `--no-huge -s N` (development and tests).
+    NoHuge {
+        /// `-s` in MiB.
+        mem_size_mib: u64,
+    },
+}
+
+/// How to run spdk_tgt.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TargetConfig {
+    /// An explicit binary (`--spdk-tgt PATH`); searched for when None.
+    pub spdk_tgt: Option<PathBuf>,
+    /// `$TALON_SPDK_DIR`: its `build/bin/spdk_tgt` is the second choice.
+    pub spdk_dir: Option<PathBuf>,
+    /// The run dir; the RPC socket is `<run_dir>/spdk.sock`.
+    pub run_dir: PathBuf,
+    /// `-m` cpumask, e.g. "0x1".
+    pub cpumask: String,
+    /// Memory.
+    pub memory: Memory,
+    /// Volumes exported (sizes hugepage memory).
+    pub exported_volumes: u32,
+    /// PCI NVMe disks are configured (otherwise `-u`).
+    pub pci_disks: bool,
+    /// `--interrupt-mode` (no busy polling).
+    pub interrupt_mode: bool,
+    /// More arguments, appended as given.
+    pub extra_args: Vec<OsString>,
+    /// How long to wait for the first answer.
+    pub ready_timeout: Duration,
+    /// SIGINT to SIGKILL grace period.
+    pub stop_grace: Duration,
+    /// Run the SPDK framework in-process (`--engine spdk-embedded`) instead
+    /// of spawning spdk_tgt.
+    pub embedded: bool,
+}
+
+impl TargetConfig {
+    /// Defaults: core 0, hugepages sized from volumes, no PCI, 60 s readiness,
+    /// 10 s grace (SPDK takes 1-2.5 s to stop on SIGINT).
+    pub fn new(run_dir: impl Into<PathBuf>) -> Self {
+        TargetConfig {
+            spdk_tgt: None,
+            spdk_dir: std::env::var_os("TALON_SPDK_DIR").map(PathBuf::from),
+            run_dir: run_dir.into(),
+            cpumask: "0x1".into(),
+            memory: Memory::Hugepages { mem_size_mib: None },
+            exported_volumes: 0,
+            pci_disks: false,
+            interrupt_mode: false,
+            extra_args: Vec::new(),
+            ready_timeout: Duration::from_secs(60),
+            stop_grace: Duration::from_secs(10),
+            embedded: false,
+        }
+    }
+
+    /// The RPC socket.
+    pub fn socket(&self) -> PathBuf {
+        self.run_dir.join("spdk.sock")
+    }
+
+    /// spdk_tgt's stdout and stderr (started afresh by each spawn; a target
+    /// that outlives talon goes on writing there).
+    pub fn log_path(&self) -> PathBuf {
+        self.run_dir.join("spdk_tgt.log")
+    }
+
+    /// The `-s` value in MiB.
+    pub fn mem_size_mib(&self) -> u64 {
+        match self.memory {
+            Memory::Hugepages {
+                mem_size_mib: Some(m),
+            }
+            | Memory::NoHuge { mem_size_mib: m } => m,
+            Memory::Hugepages { mem_size_mib: None } => mem_size_mib_for(self.exported_volumes),
+        }
+    }
+
+    /// The arguments after the binary.
+    pub fn argv(&self) -> Vec<OsString> {
+        let mut a: Vec<OsString> = vec!["-m".into(), self.cpumask.clone().into()];
+        if matches!(self.memory, Memory::NoHuge { .. }) {
+            a.push("--no-huge".into());
+        }
+        a.push("-s".into());
+        a.push(self.mem_size_mib().to_string().into());
+        if !self.pci_disks {
+            a.push("-u".into());
+        }
+        a.push("-r".into());
+        a.push(self.socket().into_os_string());
+        if self.interrupt_mode {
+            a.push("--interrupt-mode".into());
+        }
+        a.extend(self.extra_args.iter().cloned());
+        a
+    }
+}
+
+/// Why spdk_tgt could not start, from its log text: the cases SPDK and DPDK
+/// name (a core locked by another SPDK process, hugepages short, the RPC
+/// socket in use), else the last lines of the log.
+pub fn start_failure_cause(log: &str) -> String {
+    let lines: Vec<&str> = log.lines().map(str::trim).filter(|l| !l.is_empty()).collect();
+    for l in &lines {
+        // app.c: "Cannot create lock on core 0, probably process 1234 has claimed it."
+        if let Some(rest) = l.split("Cannot create lock on core ").nth(1) {
+            let core: String = rest.chars().take_while(char::is_ascii_digit).collect();
+            let pid = rest
+                .split("probably process ")
+                .nth(1)
+                .map(|r| r.chars().take_while(char::is_ascii_digit).collect::<String>())
+                .filter(|p| !p.is_empty());
+            return match pid {
+                Some(pid) => format!(
+                    "core {core} is locked by another SPDK process (pid {pid}); stop it or give talon \
+                     another --spdk-cpumask"
+                ),
+                None => format!("core {core} is locked by another SPDK process"),
+            };
+        }
+    }
+    let hugepage_signs = [
+        "Not enough memory available",
+        "Cannot init memory",
+        "No free 2048 kB hugepages",
+        "No free 1048576 kB hugepages",
+        "Cannot get hugepage information",
+        "No available 2048 kB hugepages",
+    ];
+    // the most specific sign first (DPDK warns of empty page sizes it then does without)
+    if let Some(l) = hugepage_signs
+        .iter()
+        .find_map(|sign| lines.iter().find(|l| l.contains(sign)))
+    {
+        return format!("not enough hugepages for its memory (-s): {l}");
+    }
+    // --no-huge -s too small for its pools: "fsdev.c: ... Could not allocate spdk_fsdev_io pool"
+    if let Some(l) = lines.iter().find(|l| l.contains("Could not allocate")) {
+        return format!("not enough memory for its pools (-s): {l}");
+    }
+    if let Some(l) = lines
+        .iter()
+        .find(|l| l.contains("RPC Unix domain socket path") && l.contains("in use"))
+    {
+        return format!("its RPC socket is in use: {l}");
+    }
+    let tail = &lines[lines.len().saturating_sub(3)..];
+    if tail.is_empty() {
+        "it wrote nothing".into()
+    } else {
+        format!("its log ends with: {}", tail.join(" | "))
+    }
+}
+
+/// SPDK memory for `volumes` exported volumes: 512 MiB + 43 MiB each.
+pub fn mem_size_mib_for(volumes: u32) -> u64 {
+    512 + 43 * u64::from(volumes)
+}
+
+/// Finds spdk_tgt: the explicit path, then `<spdk_dir>/build/bin/spdk_tgt`,
+/// then each directory of `path_var`.
+pub fn find_spdk_tgt(
+    explicit: Option<&Path>,
+    spdk_dir: Option<&Path>,
+    path_var: Option<&OsStr>,
+) -> Result<PathBuf, TargetError> {
+    let mut searched = Vec::new();
+    let mut candidates = Vec::new();
+    if let Some(p) = explicit {
+        candidates.push(p.to_path_buf());
+    }
+    if let Some(d) = spdk_dir {
+        candidates.push(d.join("build/bin/spdk_tgt"));
+    }
+    if let Some(path) = path_var {
+        candidates.extend(std::env::split_paths(path).map(|d| d.join("spdk_tgt")));
+    }
+    for c in candidates {
+        if is_executable(&c) {
+            return Ok(c);
+        }
+        searched.push(c.display().to_string());
+    }
+    Err(TargetError::NotFound {
+        searched: if searched.is_empty() {
+            "nothing".into()
+        } else {
+            searched.join(", ")
+        },
+    })
+}
+
+/// The program that serves in interrupt mode: `nvmf_tgt` beside `spdk_tgt`
+/// when there is one. spdk_tgt v26.05 also starts the iSCSI target, whose poll
+/// group has a busy poller (`iscsi_poll_group_poll`) without interrupt support:
+/// it keeps the reactor spinning in interrupt mode (measured: bare spdk_tgt
+/// `--interrupt-mode` ~48 % of a core idle, nvmf_tgt ~1 %). nvmf_tgt has every
+/// method talon calls except the `iscsi_*` ones (V2 volumes are then exported
+/// over NVMe/TCP only). Any other binary is kept as given.
+pub fn interrupt_mode_program(spdk_tgt: &Path) -> PathBuf {
+    if spdk_tgt.file_name() == Some(OsStr::new("spdk_tgt"))
+        && let Some(nvmf) = spdk_tgt.parent().map(|d| d.join("nvmf_tgt"))
+        && is_executable(&nvmf)
+    {
+        return nvmf;
+    }
+    spdk_tgt.to_path_buf()
+}
+
+pub(super) fn is_executable(p: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+}
+
+/// Waits until `client` answers `spdk_get_version`, probing with backoff
+/// (5 ms doubling to 250 ms); fails at once if `child` exits.
+pub async fn wait_ready(
+    client: &SpdkClient,
+    mut child: Option<&mut Child>,
+    timeout: Duration,
+) -> Result<Version, TargetError> {
+    let deadline = Instant::now() + timeout;
+    let mut backoff = Backoff::new(Duration::from_millis(5), Duration::from_millis(250));
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let probe = Duration::from_secs(2).min(left.max(Duration::from_millis(1)));
+        let last = match client
+            .call_with_timeout::<(), Version>("spdk_get_version", None, probe)
+            .await
+        {
+            Ok(v) => return Ok(v),
+            Err(e) => e,
+        };
+        if let Some(c) = child.as_deref_mut()
+            && let Ok(Some(status)) = c.try_wait()
+        {
+            return Err(TargetError::ExitedEarly {
+                pid: c.id().unwrap_or(0),
+                status: status.to_string(),
+                socket: client.socket().to_path_buf(),
+                cause: "see its output".into(),
+            });
+        }
+        if Instant::now() >= deadline {
+            return Err(TargetError::NotReady {
+                socket: client.socket().to_path_buf(),
+                timeout,
+                last: Some(last),
+            });
+        }
+        tokio::time::sleep(backoff.next_delay().min(left)).await;
+    }
+}
+
+/// The pid of the process listening on a Unix socket (SO_PEERCRED).
+pub(crate) async fn socket_peer_pid(socket: &Path) -> Option<i32> {
+    let s = tokio::net::UnixStream::connect(socket).await.ok()?;
+    s.peer_cred().ok()?.pid()
+}
+
+/// A target answering `spdk_get_version` on `socket` (within 2 s): its
+/// client, version and pid; `None` when none answers.
+pub async fn probe(socket: &Path) -> Option<(SpdkClient, Version, Option<i32>)> {
+    let client = SpdkClient::new(socket);
+    let version = client
+        .call_with_timeout::<(), Version>("spdk_get_version", None, Duration::from_secs(2))
+        .await
+        .ok()?;
+    let pid = socket_peer_pid(socket).await;
+    Some((client, version, pid))
+}
