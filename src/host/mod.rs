@@ -15,7 +15,8 @@ pub mod mounts;
 pub mod net;
 pub mod os;
 pub mod pci;
-pub mod root;
 pub mod talos;
 
-pub use root::{HostIoError, HostRoot};
+/// The host's file system tree handle lives on the bottom floor (`util`), so
+/// that `ns` below `host` can take it; it is `host`'s word for the host.
+pub use crate::util::root::{HostIoError, HostRoot};

@@ -48,6 +48,9 @@ pub mod proto {
 /// The encoded descriptor set of talon's Longhorn protos (for reflection).
 pub const FILE_DESCRIPTOR_SET: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/longhorn_descriptor.bin"));
 
+/// The controller that realizes Longhorn's instances
+/// (`engine.LonghornController`), also its finalizer on them.
+pub const CONTROLLER: &str = "engine.LonghornController";
 /// `instanceManagerAPIVersion` and its minimum, as longhorn-instance-manager
 /// v1.12.1 reports them (`pkg/meta/version.go`); longhorn-manager v1.12
 /// accepts an instance manager whose version is at least 4 and whose

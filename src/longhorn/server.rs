@@ -24,11 +24,11 @@ use std::time::Duration;
 use futures::Stream;
 use tonic::{Request, Response, Status};
 
+use super::CONTROLLER;
 use super::naming;
 use super::proto::imrpc::{self, disk_service_server, instance_service_server, proxy_engine_service_server};
 use super::proto::spdkrpc::{self, spdk_service_server};
 use super::proto::{self, process_manager_service_server};
-use crate::controllers::engine::longhorn::NAME as CONTROLLER;
 use crate::names::ObjectName;
 use crate::resources::config::Disk;
 use crate::resources::engine::{DiskStatus, ObjectState};

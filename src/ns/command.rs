@@ -22,7 +22,7 @@ use nix::fcntl::{FcntlArg, OFlag, fcntl};
 
 use super::target::{NsKind, enter_error};
 use super::{Namespaces, NsError, Target, TargetNamespaces};
-use crate::host::HostRoot;
+use crate::util::HostRoot;
 
 /// The time limit of an [`NsCommand`] unless set otherwise.
 pub const DEFAULT_COMMAND_TIMEOUT: Duration = Duration::from_secs(120);

@@ -17,8 +17,8 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use super::{FILE_TIMEOUT, Namespaces, NsError, Target, TargetNamespaces};
-use crate::host::HostRoot;
 use crate::util::Backoff;
+use crate::util::HostRoot;
 
 fn in_mnt<T: Send + 'static>(
     root: &HostRoot,

@@ -31,7 +31,7 @@ pub use error::NsError;
 pub use files::{NsLock, create_dir_all, lock, read_file, write_file};
 pub use target::{MAX_RESOLVE_ATTEMPTS, Namespaces, NsKind, Target, TargetNamespaces, find_process};
 
-use crate::host::HostRoot;
+use crate::util::HostRoot;
 
 /// The time limit of the file helpers ([`read_file`], [`write_file`], ...).
 pub const FILE_TIMEOUT: Duration = Duration::from_secs(30);

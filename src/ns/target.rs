@@ -23,7 +23,7 @@ use nix::sched::CloneFlags;
 use nix::sys::stat::{Mode, fstat};
 
 use super::NsError;
-use crate::host::HostRoot;
+use crate::util::HostRoot;
 
 /// How many times a process found by name is re-resolved when it exits while its
 /// namespace files are being opened (iscsid restarting, for example).

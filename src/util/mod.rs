@@ -5,11 +5,13 @@
 //!   api, cli, controllers, runtime, spdk, tgt, attach, ns, host
 //!        │  (every arrow points down; util imports no crate:: module)
 //!        v
-//!   util::error (error_chain)   util::backoff (Backoff)
+//!   util::error (error_chain)   util::backoff (Backoff)   util::root (HostRoot)
 //! ```
 
 pub mod backoff;
 pub mod error;
+pub mod root;
 
 pub use backoff::Backoff;
 pub use error::error_chain;
+pub use root::{HostIoError, HostRoot};

@@ -44,8 +44,9 @@ use crate::spdk::{ErrorKind, SpdkClient};
 
 use crate::resources::engine::SPDK_STATUS_ID;
 
-/// The controller's name (also its finalizer on Longhorn's instances).
-pub const NAME: &str = "engine.LonghornController";
+/// The controller's name (also its finalizer on Longhorn's instances, which
+/// the gRPC handlers add: it lives with them, below the controllers).
+pub use crate::longhorn::CONTROLLER as NAME;
 /// Where engine-frontends put their device nodes.
 pub const DEV_DIR: &str = "/dev/longhorn";
 const MIB: u64 = 1 << 20;
