@@ -720,6 +720,19 @@ async fn real_spdk_remote_replica_on_another_target() {
     rta.state
         .update_typed(SPDK_STATUS_ID, "", None, &target_status(1))
         .expect("A restarts");
+    // the status may still be the one from before the kill: wait for the
+    // new target to hold the raid over both and the export again
+    let export_nqn = st.exports[0].name.clone();
+    eventually("A's raid over both members, exported", WAIT, || async {
+        let inv = Inventory::load(&ca).await.ok()?;
+        let raid = inv.raid("talon-raid-rv")?;
+        // the export's last step admits the hosts
+        let admitted = inv.subsystem(&export_nqn).is_some_and(|s| {
+            !s.listen_addresses.is_empty() && s.hosts.iter().any(|h| h.nqn == spdk_perf::HOST_NQN)
+        });
+        (raid.state == "online" && raid.num_base_bdevs_discovered == 2 && admitted).then_some(())
+    })
+    .await;
     let st = ready(&rta.state, "rv").await;
     assert_eq!(ledger(&rta.state, "rv"), Some(vec![0, 1]));
     assert!(
