@@ -316,24 +316,9 @@ impl VolumeOps {
             .iter()
             .filter_map(|r| Some((r, r.make.as_ref()?)))
             .map(|(r, make)| async move {
-                let lvs = naming::lvstore(&r.disk);
-                let made = match make {
-                    Make::Thin { mib } | Make::Head { mib, .. } => {
-                        self.client
-                            .bdev_lvol_create(&LvolCreate::thin(&lvs, &r.name, *mib))
-                            .await
-                    }
-                    Make::Clone { snapshot } => {
-                        self.client
-                            .bdev_lvol_clone(&LvolClone {
-                                snapshot_name: snapshot.clone(),
-                                clone_name: r.name.clone(),
-                            })
-                            .await
-                    }
-                };
-                made.map(|uuid| (r.alias.clone(), uuid))
-                    .map_err(rpc(vol, format!("creating replica lvol {}", r.alias)))
+                self.make_replica(vol, &r.disk, &r.name, make)
+                    .await
+                    .map(|uuid| (r.alias.clone(), uuid))
             });
         let subsystem = async {
             if !inv.tcp_transport {
@@ -589,6 +574,33 @@ impl VolumeOps {
             stale: sync.stale,
             unplaced,
         })
+    }
+
+    /// Makes replica lvol `name` on `disk` as the plan says; returns its UUID.
+    async fn make_replica(
+        &self,
+        vol: &str,
+        disk: &str,
+        name: &str,
+        make: &Make,
+    ) -> Result<String, VolumeError> {
+        let lvs = naming::lvstore(disk);
+        let made = match make {
+            Make::Thin { mib } | Make::Head { mib, .. } => {
+                self.client
+                    .bdev_lvol_create(&LvolCreate::thin(&lvs, name, *mib))
+                    .await
+            }
+            Make::Clone { snapshot } => {
+                self.client
+                    .bdev_lvol_clone(&LvolClone {
+                        snapshot_name: snapshot.clone(),
+                        clone_name: name.to_owned(),
+                    })
+                    .await
+            }
+        };
+        made.map_err(rpc(vol, format!("creating replica lvol {lvs}/{name}")))
     }
 
     /// Grows local replicas to the volume's `size_mib` plus their superblock
@@ -979,17 +991,16 @@ impl VolumeOps {
         let cluster = inv.lvstore(&disk).map_or(MIB, |s| s.cluster_size);
         let (bdev, allocated) = match (&r.make, inv.lvols.get(&alias)) {
             (None, Some(l)) => (l.uuid.clone(), l.num_allocated_clusters * cluster),
-            (_, _) => {
-                let mib = match &r.make {
-                    Some(Make::Thin { mib }) => *mib,
-                    _ => lp.wanted[&k].div_ceil(MIB),
+            (make, _) => {
+                // a served replica starts thin and empty (its engine rebuilds it)
+                let thin = Make::Thin {
+                    mib: lp.wanted[&k].div_ceil(MIB),
                 };
-                let lvs = naming::lvstore(&disk);
-                let uuid = self
-                    .client
-                    .bdev_lvol_create(&LvolCreate::thin(&lvs, &name, mib))
-                    .await
-                    .map_err(rpc(vol, format!("creating replica lvol {alias}")))?;
+                let make = match make {
+                    Some(m @ Make::Thin { .. }) => m,
+                    _ => &thin,
+                };
+                let uuid = self.make_replica(vol, &disk, &name, make).await?;
                 made.push(Made::Lvol(alias.clone()));
                 (uuid, 0)
             }
