@@ -353,46 +353,14 @@ pub async fn serve_with(
         apply_config_file(&state, cfg, &data_dir)?;
     }
 
-    let token = match (&opts.listen_tcp, &opts.token_file) {
-        (None, _) => None,
-        (Some(_), None) => return Err(ServeError::TokenMissing),
-        (Some(_), Some(p)) => {
-            use std::os::unix::fs::PermissionsExt;
-            let mode = std::fs::metadata(p)
-                .map_err(|e| ServeError::Token {
-                    path: p.clone(),
-                    source: Some(e),
-                })?
-                .permissions()
-                .mode();
-            if mode & 0o077 != 0 {
-                return Err(ServeError::TokenMode {
-                    path: p.clone(),
-                    mode: mode & 0o7777,
-                });
-            }
-            let t = std::fs::read_to_string(p)
-                .map_err(|e| ServeError::Token {
-                    path: p.clone(),
-                    source: Some(e),
-                })?
-                .trim()
-                .to_string();
-            if t.is_empty() {
-                return Err(ServeError::Token {
-                    path: p.clone(),
-                    source: None,
-                });
-            }
-            if t.len() < MIN_TOKEN_BYTES {
-                return Err(ServeError::TokenShort {
-                    path: p.clone(),
-                    len: t.len(),
-                });
-            }
-            Some(Arc::<str>::from(t))
-        }
+    // the TCP listener's token, also presented to the nodes of remote replicas
+    let token = match &opts.token_file {
+        None => None,
+        Some(p) => Some(read_token(p)?),
     };
+    if opts.listen_tcp.is_some() && token.is_none() {
+        return Err(ServeError::TokenMissing);
+    }
     let unix = crate::api::server::bind_unix(&opts.socket)?;
     let tcp = match opts.listen_tcp {
         Some(addr) => Some(
@@ -419,6 +387,7 @@ pub async fn serve_with(
         } else {
             TargetsOnExit::leave()
         },
+        peer_token: token.clone(),
     };
     // hugepages first: the engine selection below looks at the free pool
     controllers::host::prepare_at_start(&state, &deps);
@@ -527,4 +496,43 @@ pub async fn serve_with(
         tracing::info!("stopped; spdk_tgt and tgtd, where running, keep serving for the next talon");
     }
     Ok(())
+}
+
+/// Reads a bearer token file: private (no group/other bits), not empty, at
+/// least [`MIN_TOKEN_BYTES`] long.
+fn read_token(p: &std::path::Path) -> Result<Arc<str>, ServeError> {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(p)
+        .map_err(|e| ServeError::Token {
+            path: p.to_path_buf(),
+            source: Some(e),
+        })?
+        .permissions()
+        .mode();
+    if mode & 0o077 != 0 {
+        return Err(ServeError::TokenMode {
+            path: p.to_path_buf(),
+            mode: mode & 0o7777,
+        });
+    }
+    let t = std::fs::read_to_string(p)
+        .map_err(|e| ServeError::Token {
+            path: p.to_path_buf(),
+            source: Some(e),
+        })?
+        .trim()
+        .to_string();
+    if t.is_empty() {
+        return Err(ServeError::Token {
+            path: p.to_path_buf(),
+            source: None,
+        });
+    }
+    if t.len() < MIN_TOKEN_BYTES {
+        return Err(ServeError::TokenShort {
+            path: p.to_path_buf(),
+            len: t.len(),
+        });
+    }
+    Ok(Arc::<str>::from(t))
 }

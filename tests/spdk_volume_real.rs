@@ -625,6 +625,7 @@ async fn real_spdk_remote_replica_on_another_target() {
     engine_vol.remote_replicas = vec![talon::resources::config::RemoteReplica {
         address: "127.0.0.1".into(),
         port: pb,
+        api: None,
     }];
     engine_vol.raid_superblock = true;
     rta.state.create_typed("rv", "", &engine_vol).expect("engine");
@@ -903,7 +904,7 @@ async fn real_spdk_snapshots_under_writes_are_one_point_in_time() {
         still_writing &= !writer.is_finished();
         let inv = Inventory::load(&c).await.expect("inventory");
         let s = ObjectName::parse("snapshot", &format!("s{i}")).expect("snap");
-        let taken = ops.snapshot(&inv, &v, &s, None).await.expect("snapshot");
+        let taken = ops.snapshot(&inv, &v, &s, None, vec![]).await.expect("snapshot");
         assert_eq!(taken.point_in_time, BTreeSet::from([0, 1]), "snapshot {i}");
         names.push(s);
         tokio::time::sleep(Duration::from_millis(150)).await;

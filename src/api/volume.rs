@@ -539,6 +539,15 @@ pub fn register(api: &mut ApiBuilder) {
                         r.address, r.port
                     )));
                 }
+                if let Some(api) = &r.api
+                    && api.parse::<std::net::SocketAddr>().is_err()
+                {
+                    return Err(ApiError::invalid(format!(
+                        "volume {name}: remote replica {}:{}: api {api:?} is not an IP address and port \
+                         (the node's talon --listen-tcp)",
+                        r.address, r.port
+                    )));
+                }
             }
             if let Some(k) = p.serve_replica
                 && (!p.remote_replicas.is_empty() || replicas != 1 || k > 8)

@@ -227,6 +227,14 @@ pub struct RemoteReplica {
     /// The node's NVMe/TCP port.
     #[serde(default = "default_nvmf_port")]
     pub port: u16,
+    /// The node's talon admin API on TCP (`IP:PORT` of its `--listen-tcp`),
+    /// reached with this node's peer token. With it, a snapshot of the volume
+    /// includes this replica at the same instant as the local ones (taken on
+    /// that node while this node's export is frozen) and a snapshot's delete
+    /// deletes it there; without it, the replica gets no snapshot and a
+    /// revert or clone rebuilds it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api: Option<String>,
 }
 
 fn is_zero(n: &u64) -> bool {

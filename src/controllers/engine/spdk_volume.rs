@@ -42,8 +42,11 @@ use crate::runtime::{Controller, ControllerError, Input, Output, Phase, Reconcil
 use crate::spdk::SpdkClient;
 use crate::spdk::placement::DiskAway;
 use crate::spdk::volume::{
-    ExportSpec, Inventory, VolumeError, VolumeInfo, VolumeOps, VolumePlan, applied_revert, replica_heads,
+    ExportSpec, Inventory, RemoteSnapshot, VolumeError, VolumeInfo, VolumeOps, VolumePlan, applied_revert,
+    replica_heads,
 };
+
+use super::peer::Peers;
 
 /// Volumes realized concurrently in one reconcile.
 const CONCURRENCY: usize = 16;
@@ -59,6 +62,8 @@ pub struct SpdkVolumeController {
     /// Volumes whose export was checked for listeners left frozen (ANA
     /// inaccessible) by a snapshot that did not finish, since this start.
     thaw_checked: std::sync::Mutex<BTreeSet<String>>,
+    /// The nodes of remote replicas, for their snapshots.
+    peers: Peers,
 }
 
 impl SpdkVolumeController {
@@ -70,7 +75,23 @@ impl SpdkVolumeController {
             claims_auto: selection_claims_auto,
             host_nqn: None,
             thaw_checked: std::sync::Mutex::default(),
+            peers: Peers::default(),
         }
+    }
+
+    /// Calls the nodes of remote replicas (`RemoteReplica.api`) with `peers`.
+    pub fn with_peers(mut self, peers: Peers) -> Self {
+        self.peers = peers;
+        self
+    }
+
+    /// The remote replicas of `spec` whose node talon can call: (index, api).
+    fn callable_remotes(spec: &Volume) -> Vec<(usize, String)> {
+        spec.remote_replicas
+            .iter()
+            .enumerate()
+            .filter_map(|(i, r)| Some((spec.replicas as usize + i, r.api.clone()?)))
+            .collect()
     }
 
     /// Exports attached volumes to this host's NQN and attaches remote
@@ -721,7 +742,35 @@ impl Controller for SpdkVolumeController {
                         .find(|(id, _)| id == vol.as_str())
                         .and_then(|(_, r)| r.in_sync.clone())
                         .or_else(|| ledgers.get(vol.as_str()).map(ReplicaLedger::in_sync_set));
-                    match self.ops.snapshot(&inv, &vol, &snap, in_sync.as_ref()).await {
+                    let remotes = volumes
+                        .iter()
+                        .find(|x| x.id() == vol.as_str())
+                        .map(|x| Self::callable_remotes(&x.spec))
+                        .unwrap_or_default();
+                    let remote: Vec<RemoteSnapshot<'_>> = remotes
+                        .iter()
+                        .map(|(k, api)| {
+                            let f: futures::future::BoxFuture<'_, Result<(), String>> =
+                                Box::pin(self.peers.snapshot(api, vol.as_str(), snap.as_str()));
+                            (*k, f)
+                        })
+                        .collect();
+                    let r = self
+                        .ops
+                        .snapshot(&inv, &vol, &snap, in_sync.as_ref(), remote)
+                        .await;
+                    if r.is_err() {
+                        // the local ones were undone; so go the remote ones,
+                        // before a retry can take them again
+                        for (k, api) in &remotes {
+                            if let Err(e) = self.peers.delete_snapshot(api, vol.as_str(), snap.as_str()).await
+                            {
+                                tracing::warn!(snapshot = %s.id(), replica = k, error = %e,
+                                    "could not delete a remote replica's snapshot after a failed snapshot");
+                            }
+                        }
+                    }
+                    match r {
                         Ok(taken) => {
                             if !taken.point_in_time.is_empty() {
                                 snap_sets.push((
@@ -797,14 +846,33 @@ impl Controller for SpdkVolumeController {
             inv = Inventory::load(self.ops.client()).await?;
         }
         for s in &snap_deleting {
-            match self.ops.delete_snapshot(&inv, &s.spec.volume, &s.spec.name).await {
+            let mut deleted = self
+                .ops
+                .delete_snapshot(&inv, &s.spec.volume, &s.spec.name)
+                .await
+                .map_err(|e| err_text(&e));
+            if deleted.is_ok()
+                && let Some(v) = all_volumes.iter().find(|v| v.id() == s.spec.volume)
+            {
+                for (_, api) in Self::callable_remotes(&v.spec) {
+                    if let Err(e) = self
+                        .peers
+                        .delete_snapshot(&api, &s.spec.volume, &s.spec.name)
+                        .await
+                    {
+                        deleted = Err(e);
+                        break;
+                    }
+                }
+            }
+            match deleted {
                 Ok(()) => {
                     snap_sets.push((s.spec.volume.clone(), s.spec.name.clone(), None));
                     ctx.remove_finalizer::<Snapshot>(s.id())?
                 }
-                Err(e) => ctx.apply(
+                Err(m) => ctx.apply(
                     s.id(),
-                    snap_status(&s.spec.volume, ObjectState::Deleting, vec![], err_text(&e)),
+                    snap_status(&s.spec.volume, ObjectState::Deleting, vec![], m),
                 )?,
             }
         }
