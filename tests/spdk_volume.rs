@@ -6,6 +6,9 @@
 //! target restart. The same flows against a real spdk_tgt are in
 //! `tests/spdk_volume_real.rs`.
 
+#[path = "support/peer_api.rs"]
+mod peer_api;
+
 use std::path::Path;
 use std::time::Duration;
 
@@ -25,8 +28,6 @@ use talon::spdk::volume::{ExportSpec, Inventory, VolumeOps, VolumePlan};
 use talon::spdk::{SpdkClient, SpdkDouble};
 
 const WAIT: Duration = Duration::from_secs(20);
-/// The test nodes' admin API token (what `--token-file` holds).
-const PEER_TOKEN: &str = "0123456789abcdef0123456789abcdef-peer";
 const MIB: u64 = 1 << 20;
 
 fn target_status(restarts: u32) -> TargetStatus {
@@ -100,7 +101,7 @@ async fn setup(disks: &[&str]) -> Setup {
         rt.register(
             SpdkVolumeController::new(c2, false)
                 .with_host_nqn(Some(host))
-                .with_peers(Peers::new(Some(PEER_TOKEN.into()))),
+                .with_peers(Peers::new(Some(peer_api::TOKEN.into()))),
         )
     })
     .expect("runtime");
@@ -832,42 +833,6 @@ async fn a_remote_replica_served_by_another_node_joins_the_raid1() {
     b.rt.stop().await;
 }
 
-/// Serves node `s`'s admin API on TCP (127.0.0.1, `PEER_TOKEN`) at `addr`
-/// (port 0: any), as `talon serve --listen-tcp` does.
-async fn serve_api(s: &Setup, addr: &str) -> (std::net::SocketAddr, tokio::task::JoinHandle<()>) {
-    use std::sync::Arc;
-    use talon::api::{ApiBuilder, ApiContext};
-    let ctx = ApiContext {
-        state: s.state.clone(),
-        registry: Arc::new(talon::resources::registry()),
-        statuses: s.rt.statuses(),
-        node_info: Arc::new(|| talon::api::types::NodeInfo {
-            version: "test".into(),
-            hostname: "test".into(),
-            kernel: String::new(),
-            os_id: String::new(),
-            os_name: String::new(),
-            data_dir: String::new(),
-            engines: vec![],
-            host_nqn: String::new(),
-            host_iqn: String::new(),
-        }),
-        node_stop: Arc::new(|_| false),
-    };
-    let mut api = ApiBuilder::new(ctx);
-    talon::api::register_core(&mut api);
-    talon::api::volume::register(&mut api);
-    let l = tokio::net::TcpListener::bind(addr).await.expect("bind api");
-    let at = l.local_addr().expect("addr");
-    let h = tokio::spawn(talon::api::server::serve_tcp(
-        l,
-        PEER_TOKEN.into(),
-        api.build(),
-        std::future::pending(),
-    ));
-    (at, h)
-}
-
 /// Issue 12, remote replicas: a snapshot of a volume with a replica on
 /// another node takes that replica's snapshot there (through its admin
 /// API) inside the same freeze of the export; the point-in-time set counts
@@ -878,7 +843,7 @@ async fn serve_api(s: &Setup, addr: &str) -> (std::net::SocketAddr, tokio::task:
 async fn a_snapshot_includes_remote_replicas_at_the_same_instant() {
     let a = node("da", 4437).await;
     let b = node("db", 4438).await;
-    let (api_b, server_b) = serve_api(&b, "127.0.0.1:0").await;
+    let (api_b, server_b) = peer_api::serve(&b.state, b.rt.statuses(), "127.0.0.1:0").await;
     let mut served = volume(16 * MIB, 1);
     served.serve_replica = Some(1);
     served.replica_hosts = vec![node_nqn("da")];
@@ -980,7 +945,7 @@ async fn a_snapshot_includes_remote_replicas_at_the_same_instant() {
         "A's export thawed after the failure"
     );
     // B answers again (same address): the retry takes s2 on both
-    let (_, server_b) = serve_api(&b, &api_b.to_string()).await;
+    let (_, server_b) = peer_api::serve(&b.state, b.rt.statuses(), &api_b.to_string()).await;
     eventually("s2 taken once B answers", WAIT, || async {
         snap_ready(&a.state, "rv@s2").filter(|s| s.state == ObjectState::Ready)
     })

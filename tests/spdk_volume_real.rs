@@ -4,6 +4,8 @@
 //! size a host sees, read through an NVMe/TCP attach), clone, delete with no
 //! leftovers; and `kill -9` of spdk_tgt in the middle of 20 creates.
 
+#[path = "support/peer_api.rs"]
+mod peer_api;
 #[path = "support/spdk_perf.rs"]
 mod spdk_perf;
 
@@ -120,7 +122,13 @@ fn node_nqn(port: u16) -> String {
 fn runtime(c: &SpdkClient, disks: &[&str], port: u16) -> TestRuntime {
     let c2 = c.clone();
     let rt = TestRuntime::start(move |rt| {
-        rt.register(SpdkVolumeController::new(c2, false).with_host_nqn(Some(node_nqn(port))))
+        rt.register(
+            SpdkVolumeController::new(c2, false)
+                .with_host_nqn(Some(node_nqn(port)))
+                .with_peers(talon::controllers::engine::peer::Peers::new(Some(
+                    peer_api::TOKEN.into(),
+                ))),
+        )
     })
     .expect("runtime");
     let state = rt.state.clone();
@@ -990,6 +998,190 @@ async fn real_spdk_snapshots_under_writes_are_one_point_in_time() {
         );
     }
     t.stop(Duration::from_secs(5)).await.expect("stop");
+}
+
+/// Issue 12 with a remote replica, on two real spdk_tgt (two nodes): a
+/// 2-replica volume, r0 on A, r1 served by B; spdk_nvme_perf writes through
+/// A's export all along while A takes 20 snapshots through its controller
+/// (Snapshot resources). Each takes r1's snapshot on B through B's admin
+/// API inside A's freeze. Afterwards every snapshot is read on each node
+/// separately (A's snapshot lvol on A, B's on B): identical block by block,
+/// and the data moved between snapshots.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_spdk_snapshots_with_a_remote_replica_are_one_point_in_time() {
+    let test = "real_spdk_snapshots_with_a_remote_replica_are_one_point_in_time";
+    let Some(spdk) = spdk_dir(test) else {
+        return;
+    };
+    for tool in ["spdk_dd", "spdk_nvme_perf"] {
+        if !spdk.join("build/bin").join(tool).exists() {
+            eprintln!("SKIP {test}: no build/bin/{tool} under {}", spdk.display());
+            return;
+        }
+    }
+    use talon::spdk::volume::naming;
+    const LEN: usize = 16 << 20;
+    const SNAPSHOTS: usize = 20;
+    let (da, db) = (
+        tempfile::tempdir().expect("tempdir"),
+        tempfile::tempdir().expect("tempdir"),
+    );
+    let (cfg_a, cfg_b) = (target_cfg(da.path(), &spdk), target_cfg(db.path(), &spdk));
+    let ta = Target::start(&cfg_a).await.expect("spdk_tgt A");
+    let _reap_a = Reaper(ta.pid());
+    let tb = Target::start(&cfg_b).await.expect("spdk_tgt B");
+    let _reap_b = Reaper(tb.pid());
+    let (ca, cb) = (SpdkClient::new(cfg_a.socket()), SpdkClient::new(cfg_b.socket()));
+    attach_disks(&ca, da.path(), &["da"], true).await;
+    attach_disks(&cb, db.path(), &["db"], true).await;
+    let (pa, pb, read_a, read_b) = (free_port(), free_port(), free_port(), free_port());
+    let (rta, rtb) = (runtime(&ca, &["da"], pa), runtime(&cb, &["db"], pb));
+    let (api_b, _server_b) = peer_api::serve(&rtb.state, rtb.statuses(), "127.0.0.1:0").await;
+
+    let mut served = volume(LEN as u64, 1);
+    served.serve_replica = Some(1);
+    served.replica_hosts = vec![node_nqn(pa)];
+    served.raid_superblock = true;
+    rtb.state.create_typed("pr", "", &served).expect("served");
+    ready(&rtb.state, "pr").await;
+    let mut engine_vol = volume(LEN as u64, 1);
+    engine_vol.remote_replicas = vec![talon::resources::config::RemoteReplica {
+        address: "127.0.0.1".into(),
+        port: pb,
+        api: Some(api_b.to_string()),
+    }];
+    engine_vol.raid_superblock = true;
+    rta.state.create_typed("pr", "", &engine_vol).expect("engine");
+    let st = ready(&rta.state, "pr").await;
+    ledger_becomes(&rta.state, "pr", &[0, 1], "both replicas up to date").await;
+    let nqn = st.exports[0].name.clone();
+    let inv = Inventory::load(&ca).await.expect("inventory");
+    let raid = inv.raid("talon-raid-pr").expect("raid");
+    let room_of = |remote: bool| {
+        raid.base_bdevs_list
+            .iter()
+            .find(|b| {
+                b.name
+                    .as_deref()
+                    .is_some_and(|n| n.starts_with("talon-remote-") == remote)
+            })
+            .map(|b| (b.data_offset * 4096) as usize)
+            .expect("member")
+    };
+    let (room_a, room_b) = (room_of(false), room_of(true));
+
+    let writer = {
+        let (spdk, nqn) = (spdk.clone(), nqn.clone());
+        std::thread::spawn(move || spdk_perf::run(&spdk, pa, &nqn, "write", 30))
+    };
+    tokio::time::sleep(Duration::from_secs(3)).await; // perf connects
+    let mut still_writing = true;
+    for i in 0..SNAPSHOTS {
+        still_writing &= !writer.is_finished();
+        let id = format!("pr@s{i}");
+        rta.state
+            .create_typed(
+                &id,
+                "",
+                &Snapshot {
+                    volume: "pr".into(),
+                    name: format!("s{i}"),
+                },
+            )
+            .expect("snapshot");
+        let st = eventually(&format!("{id} taken"), WAIT, || async {
+            rta.state
+                .get_typed::<SnapshotStatus>(&id)
+                .ok()
+                .flatten()
+                .map(|s| s.spec)
+                .filter(|s| s.state != ObjectState::Creating)
+        })
+        .await;
+        assert_eq!(st.state, ObjectState::Ready, "{id}: {}", st.message);
+        let set = rta
+            .state
+            .get_typed::<talon::resources::engine::ReplicaLedger>("pr")
+            .expect("get")
+            .expect("ledger")
+            .spec
+            .snapshots
+            .get(&format!("s{i}"))
+            .cloned();
+        assert_eq!(set, Some(vec![0, 1]), "{id}: both replicas at one instant");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    let out = writer.join().expect("perf thread");
+    let report = String::from_utf8_lossy(&out.stdout).to_string();
+    let iops = spdk_perf::total_iops(&report);
+    assert!(still_writing, "the writer ran through all {SNAPSHOTS} snapshots");
+    assert!(iops > 0.0, "writes went on: {report}");
+
+    let (inv_a, inv_b) = (
+        Inventory::load(&ca).await.expect("inventory A"),
+        Inventory::load(&cb).await.expect("inventory B"),
+    );
+    let (mut previous, mut moved) = (None::<Vec<u8>>, 0);
+    for i in 0..SNAPSHOTS {
+        let s = format!("s{i}");
+        let uuid = |inv: &Inventory, k: usize| {
+            inv.find_lvol(&naming::snapshot_lvol("pr", k, &s))
+                .unwrap_or_else(|| panic!("snapshot {s} of r{k}"))
+                .uuid
+                .clone()
+        };
+        let a = read_bdev(&ca, &spdk, da.path(), read_a, &uuid(&inv_a, 0), room_a + LEN).await;
+        let b = read_bdev(&cb, &spdk, db.path(), read_b, &uuid(&inv_b, 1), room_b + LEN).await;
+        let (a, b) = (&a[room_a..], &b[room_b..]);
+        if let Some(block) = a.chunks(4096).zip(b.chunks(4096)).position(|(x, y)| x != y) {
+            panic!("snapshot {s}: A's r0 and B's r1 differ first at block {block}");
+        }
+        if previous.as_deref().is_some_and(|p| p != a) {
+            moved += 1;
+        }
+        previous = Some(a.to_vec());
+    }
+    eprintln!(
+        "{test}: writer {iops:.0} IOPS; {SNAPSHOTS} snapshots, A's and B's replicas identical in every one; \
+         the data moved between {moved} of {} consecutive snapshots",
+        SNAPSHOTS - 1
+    );
+    assert!(
+        moved > 0,
+        "the writer never changed the data between two snapshots"
+    );
+
+    for i in 0..SNAPSHOTS {
+        let id = format!("pr@s{i}");
+        rta.state
+            .destroy("config", "Snapshot", &id, "")
+            .expect("delete snapshot");
+    }
+    eventually("A's snapshots gone, and B's", WAIT, || async {
+        (rta.state.list("config", "Snapshot").is_empty() && rtb.state.list("config", "Snapshot").is_empty())
+            .then_some(())
+    })
+    .await;
+    rta.state
+        .destroy("config", "Volume", "pr", "")
+        .expect("delete on A");
+    eventually("A clean", WAIT, || async {
+        rta.state.list("config", "Volume").is_empty().then_some(())
+    })
+    .await;
+    rtb.state
+        .destroy("config", "Volume", "pr", "")
+        .expect("delete on B");
+    eventually("B clean", WAIT, || async {
+        rtb.state.list("config", "Volume").is_empty().then_some(())
+    })
+    .await;
+    assert_eq!(leftovers(&ca).await, Vec::<String>::new());
+    assert_eq!(leftovers(&cb).await, Vec::<String>::new());
+    rta.stop().await;
+    rtb.stop().await;
+    ta.stop(Duration::from_secs(5)).await.expect("stop A");
+    tb.stop(Duration::from_secs(5)).await.expect("stop B");
 }
 
 /// Issue 12: the window between a replica leaving the raid and talon
