@@ -455,11 +455,13 @@ pub async fn serve_with(
     let longhorn_task = match (longhorn_bound, longhorn) {
         (Some(bound), Some(l)) => {
             tracing::info!(addrs = ?bound.addrs(), "Longhorn instance-manager protocol");
+            let spdk_service_port = bound.addrs().last().map_or(8504, SocketAddr::port);
             let lh = crate::longhorn::server::Longhorn::new(
                 state.clone(),
                 crate::spdk::SpdkClient::new(opts.spdk.target_config(&opts.run_dir).socket()),
                 l.ports,
-            );
+            )
+            .with_peer_port(spdk_service_port);
             Some(tokio::spawn(crate::longhorn::server::serve(
                 bound,
                 lh,
