@@ -8,7 +8,15 @@
 //! it is; VolumeSnapshot takes both replicas' snapshots in one freeze of
 //! the engine's export (B's through B's SPDKService), SnapshotList shows the
 //! chain, SnapshotRemove deletes on both nodes, and a snapshot while B is
-//! away fails naming B's replica with nothing left behind.
+//! away fails naming B's replica with nothing left behind. With a real
+//! spdk_tgt on each node (`TALON_SPDK_DIR`): snapshots through the proxy
+//! while spdk_nvme_perf writes through the engine are the same instant on
+//! A's replica and on B's (read back on each node, block by block).
+
+#[path = "support/spdk_dd.rs"]
+mod spdk_dd;
+#[path = "support/spdk_perf.rs"]
+mod spdk_perf;
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
@@ -32,13 +40,39 @@ use tonic::transport::Channel;
 const MIB: u64 = 1 << 20;
 const WAIT: Duration = Duration::from_secs(30);
 
-fn opts(dir: &Path, ip: &str) -> ServeOptions {
-    // a stand-in binary: found, never run (the double answers on the socket and is adopted)
-    let fake = dir.join("spdk_tgt");
-    std::fs::write(&fake, "#!/bin/sh\nexit 1\n").expect("fake spdk_tgt");
-    std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+/// `talon serve` options of a node at `ip`: on a double (adopted on the run
+/// dir's socket) or, with `spdk`, on a real spdk_tgt it spawns.
+fn opts(dir: &Path, ip: &str, spdk: Option<&Path>) -> ServeOptions {
     let config = dir.join("node.yaml");
-    std::fs::write(&config, format!("node:\n  listenAddress: {ip}\n")).expect("config");
+    std::fs::write(
+        &config,
+        format!(
+            "node:\n  listenAddress: {ip}\n  allowedHosts: [\"{}\"]\n",
+            spdk_perf::HOST_NQN
+        ),
+    )
+    .expect("config");
+    let spdk = match spdk {
+        Some(d) => SpdkOptions {
+            spdk_dir: Some(d.to_path_buf()),
+            no_huge: true,
+            no_huge_mem_mib: 1024,
+            extra_args: vec!["--disable-cpumask-locks".into()],
+            ..Default::default()
+        },
+        None => {
+            // a stand-in binary: found, never run
+            let fake = dir.join("spdk_tgt");
+            std::fs::write(&fake, "#!/bin/sh\nexit 1\n").expect("fake spdk_tgt");
+            std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+            SpdkOptions {
+                spdk_tgt: Some(fake),
+                no_huge: true,
+                no_huge_mem_mib: 256,
+                ..Default::default()
+            }
+        }
+    };
     ServeOptions {
         data_dir: dir.join("data"),
         config: Some(config),
@@ -47,13 +81,8 @@ fn opts(dir: &Path, ip: &str) -> ServeOptions {
         token_file: None,
         run_dir: dir.join("run"),
         host_root: PathBuf::from("/"),
-        spdk: SpdkOptions {
-            spdk_tgt: Some(fake),
-            no_huge: true,
-            no_huge_mem_mib: 256,
-            ..Default::default()
-        },
-        stop_targets_on_exit: false,
+        spdk,
+        stop_targets_on_exit: true,
     }
 }
 
@@ -79,7 +108,9 @@ fn free_base(ips: &[IpAddr]) -> u16 {
 
 struct Node {
     dir: tempfile::TempDir,
-    double: SpdkDouble,
+    /// The double, or None on a real spdk_tgt.
+    double: Option<SpdkDouble>,
+    real: Option<PathBuf>,
     spdk: SpdkClient,
     ip: IpAddr,
     base: u16,
@@ -88,16 +119,19 @@ struct Node {
 }
 
 impl Node {
-    async fn new(ip: IpAddr, base: u16) -> Node {
+    async fn new(ip: IpAddr, base: u16, real: Option<&Path>) -> Node {
         let dir = tempfile::tempdir().expect("tempdir");
         std::fs::create_dir_all(dir.path().join("run")).expect("run dir");
-        let double = SpdkDouble::start(dir.path().join("run/spdk.sock"))
-            .await
-            .expect("double");
-        let spdk = SpdkClient::new(double.socket());
+        let socket = dir.path().join("run/spdk.sock");
+        let double = match real {
+            Some(_) => None,
+            None => Some(SpdkDouble::start(&socket).await.expect("double")),
+        };
+        let spdk = SpdkClient::new(&socket);
         let mut n = Node {
             dir,
             double,
+            real: real.map(Path::to_path_buf),
             spdk,
             ip,
             base,
@@ -114,14 +148,14 @@ impl Node {
             listen: SocketAddr::new(self.ip, self.base),
             // instance ports: each node its own range (one machine here)
             ports: if self.ip == IpAddr::from([127, 0, 0, 1]) {
-                32000..=32049
+                33000..=33049
             } else {
-                32050..=32099
+                33050..=33099
             },
         };
         let ip = self.ip.to_string();
         self.task = Some(tokio::spawn(serve_with(
-            opts(self.dir.path(), &ip),
+            opts(self.dir.path(), &ip, self.real.as_deref()),
             Some(lh),
             async move {
                 let _ = rx.await;
@@ -227,6 +261,10 @@ async fn running(c: &InstanceServiceClient<Channel>, name: &str, ty: &str) -> im
     .await
 }
 
+fn double(n: &Node) -> &SpdkDouble {
+    n.double.as_ref().expect("a node on the double")
+}
+
 fn req(engine: &str) -> imrpc::ProxyEngineRequest {
     imrpc::ProxyEngineRequest {
         address: String::new(),
@@ -263,8 +301,8 @@ async fn snapshot_list(
 async fn the_engine_proxy_across_two_nodes() {
     let (ip_a, ip_b) = (IpAddr::from([127, 0, 0, 1]), IpAddr::from([127, 0, 0, 2]));
     let base = free_base(&[ip_a, ip_b]);
-    let a = Node::new(ip_a, base).await;
-    let mut b = Node::new(ip_b, base).await;
+    let a = Node::new(ip_a, base, None).await;
+    let mut b = Node::new(ip_b, base, None).await;
     let size = 64 * MIB;
     let addr_a = a.replica("disk-a", "vol-r-a", size).await;
     let addr_b = b.replica("disk-b", "vol-r-b", size).await;
@@ -377,12 +415,15 @@ async fn the_engine_proxy_across_two_nodes() {
             .contains(&"talon-disk-b/vol-r-b-snap-snap2".to_string())
     );
     assert!(
-        a.double.snapshots_while_writable().is_empty(),
+        double(&a).snapshots_while_writable().is_empty(),
         "{:?}",
-        a.double.snapshots_while_writable()
+        double(&a).snapshots_while_writable()
     );
     let nqn = "nqn.2023-01.io.longhorn.spdk:volume-vol";
-    assert!(a.double.frozen_listeners(nqn).is_empty(), "the export is thawed");
+    assert!(
+        double(&a).frozen_listeners(nqn).is_empty(),
+        "the export is thawed"
+    );
     let chain = snapshot_list(&mut p).await;
     assert_eq!(chain["snap1"].parent, "");
     assert_eq!(chain["snap1"].children.keys().collect::<Vec<_>>(), ["snap2"]);
@@ -419,7 +460,7 @@ async fn the_engine_proxy_across_two_nodes() {
         "A's undone"
     );
     assert!(
-        a.double.frozen_listeners(nqn).is_empty(),
+        double(&a).frozen_listeners(nqn).is_empty(),
         "thawed after the failure"
     );
     // B back: it works again
@@ -434,4 +475,156 @@ async fn the_engine_proxy_across_two_nodes() {
     let mut a = a;
     a.stop().await;
     b.stop().await;
+}
+
+fn spdk_dir(test: &str) -> Option<PathBuf> {
+    let Some(d) = std::env::var_os("TALON_SPDK_DIR").map(PathBuf::from) else {
+        eprintln!("SKIP {test}: TALON_SPDK_DIR not set");
+        return None;
+    };
+    for tool in ["spdk_tgt", "spdk_dd", "spdk_nvme_perf"] {
+        if !d.join("build/bin").join(tool).exists() {
+            eprintln!("SKIP {test}: no build/bin/{tool} under {}", d.display());
+            return None;
+        }
+    }
+    Some(d)
+}
+
+/// Issue 17 (one instant on every replica, remote ones included) on two
+/// real spdk_tgt: spdk_nvme_perf writes sequentially (QD32) through A's
+/// engine while the proxy takes 10 snapshots; then every snapshot is read on
+/// A (its replica's lvol) and on B (its own), block by block: identical, and
+/// the data moved between snapshots.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_spdk_engine_snapshots_through_the_proxy_are_one_instant_on_both_nodes() {
+    let test = "real_spdk_engine_snapshots_through_the_proxy_are_one_instant_on_both_nodes";
+    let Some(spdk) = spdk_dir(test) else {
+        return;
+    };
+    const LEN: usize = 16 << 20;
+    const SNAPSHOTS: usize = 10;
+    let (ip_a, ip_b) = (IpAddr::from([127, 0, 0, 1]), IpAddr::from([127, 0, 0, 2]));
+    let base = free_base(&[ip_a, ip_b]);
+    let mut a = Node::new(ip_a, base, Some(&spdk)).await;
+    let mut b = Node::new(ip_b, base, Some(&spdk)).await;
+    let addr_a = a.replica("disk-a", "vol-r-a", LEN as u64).await;
+    let addr_b = b.replica("disk-b", "vol-r-b", LEN as u64).await;
+    let inst = InstanceServiceClient::new(a.channel(3).await);
+    let map: HashMap<String, String> = [("vol-r-a", &addr_a), ("vol-r-b", &addr_b)]
+        .into_iter()
+        .map(|(r, x)| (r.to_owned(), x.clone()))
+        .collect();
+    inst.clone()
+        .instance_create(imrpc::InstanceCreateRequest {
+            spec: Some(imrpc::InstanceSpec {
+                name: "vol-e-0".into(),
+                r#type: "engine".into(),
+                volume_name: "vol".into(),
+                port_count: 1,
+                data_engine: imrpc::DataEngine::V2 as i32,
+                spdk_instance_spec: Some(imrpc::SpdkInstanceSpec {
+                    replica_address_map: map,
+                    size: LEN as u64,
+                    frontend: "spdk-tcp-nvmf".into(),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            data_layout_type: 0,
+        })
+        .await
+        .expect("engine create");
+    let est = running(&inst, "vol-e-0", "engine").await;
+    let mut p = ProxyEngineServiceClient::new(a.channel(1).await);
+    let modes: Vec<i32> = p
+        .replica_list(req("vol-e-0"))
+        .await
+        .expect("ReplicaList")
+        .into_inner()
+        .replica_list
+        .expect("list")
+        .replicas
+        .iter()
+        .map(|r| r.mode)
+        .collect();
+    assert_eq!(modes, vec![ptypes::ReplicaMode::Rw as i32; 2]);
+
+    let nqn = "nqn.2023-01.io.longhorn.spdk:volume-vol";
+    let port = u16::try_from(est.port_start).expect("port");
+    let writer = {
+        let spdk = spdk.clone();
+        std::thread::spawn(move || spdk_perf::run(&spdk, port, nqn, "write", 25))
+    };
+    tokio::time::sleep(Duration::from_secs(3)).await; // perf connects
+    let mut still_writing = true;
+    for i in 0..SNAPSHOTS {
+        still_writing &= !writer.is_finished();
+        snapshot(&mut p, &format!("s{i}"))
+            .await
+            .unwrap_or_else(|e| panic!("snapshot s{i}: {e}"));
+        tokio::time::sleep(Duration::from_millis(1000)).await;
+    }
+    let out = writer.join().expect("perf thread");
+    let report = String::from_utf8_lossy(&out.stdout).to_string();
+    let iops = spdk_perf::total_iops(&report);
+    assert!(still_writing, "the writer ran through all {SNAPSHOTS} snapshots");
+    assert!(iops > 0.0, "writes went on: {report}");
+
+    let (read_a, read_b) = (free_port(), free_port());
+    let (mut previous, mut moved) = (None::<Vec<u8>>, 0);
+    for i in 0..SNAPSHOTS {
+        let x = spdk_dd::read_bdev(
+            &a.spdk,
+            &spdk,
+            a.dir.path(),
+            read_a,
+            &format!("talon-disk-a/vol-r-a-snap-s{i}"),
+            LEN,
+        )
+        .await;
+        let y = spdk_dd::read_bdev(
+            &b.spdk,
+            &spdk,
+            b.dir.path(),
+            read_b,
+            &format!("talon-disk-b/vol-r-b-snap-s{i}"),
+            LEN,
+        )
+        .await;
+        if let Some(block) = x.chunks(4096).zip(y.chunks(4096)).position(|(p, q)| p != q) {
+            panic!("snapshot s{i}: A's replica and B's differ first at block {block}");
+        }
+        if previous.as_ref().is_some_and(|p| *p != x) {
+            moved += 1;
+        }
+        previous = Some(x);
+    }
+    eprintln!(
+        "{test}: writer {iops:.0} IOPS; {SNAPSHOTS} snapshots, A's and B's replicas identical in every one; \
+         the data moved between {moved} of {} consecutive snapshots",
+        SNAPSHOTS - 1
+    );
+    assert!(
+        moved > 0,
+        "the writer never changed the data between two snapshots"
+    );
+    p.snapshot_remove(imrpc::EngineSnapshotRemoveRequest {
+        proxy_engine_request: Some(req("vol-e-0")),
+        names: (0..SNAPSHOTS).map(|i| format!("s{i}")).collect(),
+    })
+    .await
+    .expect("SnapshotRemove");
+    assert!(!a.lvols().await.iter().any(|l| l.contains("-snap-")));
+    assert!(!b.lvols().await.iter().any(|l| l.contains("-snap-")));
+    a.stop().await;
+    b.stop().await;
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("port")
+        .local_addr()
+        .expect("addr")
+        .port()
 }

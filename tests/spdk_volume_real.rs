@@ -6,6 +6,8 @@
 
 #[path = "support/peer_api.rs"]
 mod peer_api;
+#[path = "support/spdk_dd.rs"]
+mod spdk_dd;
 #[path = "support/spdk_perf.rs"]
 mod spdk_perf;
 
@@ -23,6 +25,8 @@ use talon::spdk::SpdkClient;
 use talon::spdk::rpc::{AioCreate, AttachController, ByName, GetBdevs, LvstoreCreate};
 use talon::spdk::target::{Memory, Target, TargetConfig};
 use talon::spdk::volume::Inventory;
+
+use spdk_dd::{dd, dd_as, read_bdev};
 
 const WAIT: Duration = Duration::from_secs(90);
 const MIB: u64 = 1 << 20;
@@ -404,67 +408,6 @@ async fn real_spdk_kill9_during_20_creates() {
     t.stop(Duration::from_secs(5)).await.expect("stop");
 }
 
-/// Writes `data` at offset 0 of an export, or reads `len` bytes back, through
-/// SPDK's own NVMe/TCP initiator (`spdk_dd` with a JSON config that attaches
-/// the export): the data path the test checks, with no kernel initiator.
-fn dd(spdk: &Path, dir: &Path, port: u16, nqn: &str, write: Option<&[u8]>, len: usize) -> Vec<u8> {
-    let out = dd_as(spdk, dir, port, nqn, write, len, spdk_perf::HOST_NQN);
-    assert!(
-        out.status.success(),
-        "spdk_dd on {nqn} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    std::fs::read(dir.join("dd.bin")).expect("dd file")
-}
-
-/// [`dd`] as host `hostnqn`, whatever it gives.
-fn dd_as(
-    spdk: &Path,
-    dir: &Path,
-    port: u16,
-    nqn: &str,
-    write: Option<&[u8]>,
-    len: usize,
-    hostnqn: &str,
-) -> std::process::Output {
-    let conf = dir.join("dd.json");
-    // no examine in spdk_dd: a replica carries its raid's superblock, and
-    // spdk_dd's own raid module would claim it
-    let cfg = json!({"subsystems": [{"subsystem": "bdev", "config": [{
-        "method": "bdev_set_options", "params": {"bdev_auto_examine": false}}, {
-        "method": "bdev_nvme_attach_controller",
-        "params": {"name": "dd", "trtype": "tcp", "adrfam": "ipv4", "traddr": "127.0.0.1",
-                   "trsvcid": port.to_string(), "subnqn": nqn, "hostnqn": hostnqn}}]}]});
-    std::fs::write(&conf, cfg.to_string()).expect("dd config");
-    let file = dir.join("dd.bin");
-    let mut cmd = std::process::Command::new(spdk.join("build/bin/spdk_dd"));
-    cmd.args([
-        "--no-huge",
-        "-s",
-        "512",
-        "--disable-cpumask-locks",
-        "-c",
-        "0x2",
-        "-r",
-    ])
-    .arg(dir.join("dd.sock"))
-    .arg("--json")
-    .arg(&conf)
-    .args(["--bs", "65536"]);
-    match write {
-        Some(data) => {
-            std::fs::write(&file, data).expect("pattern");
-            cmd.arg("--if").arg(&file).args(["--ob", "ddn1"]);
-        }
-        None => {
-            cmd.args(["--ib", "ddn1", "--of"])
-                .arg(&file)
-                .args(["--count", &(len / 65536).to_string()]);
-        }
-    }
-    cmd.output().expect("spdk_dd")
-}
-
 fn pattern(seed: u8, len: usize) -> Vec<u8> {
     (0..len)
         .map(|i| (i as u32).wrapping_mul(2_654_435_761).to_le_bytes()[i % 4] ^ seed)
@@ -769,43 +712,6 @@ async fn real_spdk_remote_replica_on_another_target() {
     rtb.stop().await;
     ta.stop(Duration::from_secs(5)).await.expect("stop A");
     tb.stop(Duration::from_secs(5)).await.expect("stop B");
-}
-
-/// Exports bdev `bdev` alone as `nqn` on 127.0.0.1:`port` (a test subsystem,
-/// not talon's), reads `len` bytes of it with spdk_dd, and removes the export.
-async fn read_bdev(c: &SpdkClient, spdk: &Path, dir: &Path, port: u16, bdev: &str, len: usize) -> Vec<u8> {
-    use talon::spdk::rpc::{AddNamespace, ByNqn, CreateSubsystem, ListenAddress, SubsystemListener};
-    let nqn = "nqn.2016-06.io.spdk:talon-test-read";
-    c.nvmf_create_subsystem(&CreateSubsystem {
-        nqn: nqn.into(),
-        allow_any_host: Some(true),
-        serial_number: None,
-        model_number: None,
-        max_namespaces: Some(1),
-        ana_reporting: None,
-    })
-    .await
-    .expect("test subsystem");
-    let id = uuid::Uuid::new_v4();
-    c.nvmf_subsystem_add_ns(&AddNamespace::with_id(nqn, bdev, id))
-        .await
-        .expect("test ns");
-    c.nvmf_subsystem_add_listener(&SubsystemListener {
-        nqn: nqn.into(),
-        listen_address: ListenAddress::tcp([127, 0, 0, 1].into(), port),
-    })
-    .await
-    .expect("test listener");
-    let data = {
-        let (spdk, dir) = (spdk.to_path_buf(), dir.to_path_buf());
-        tokio::task::spawn_blocking(move || dd(&spdk, &dir, port, nqn, None, len))
-            .await
-            .expect("dd task")
-    };
-    c.nvmf_delete_subsystem(&ByNqn { nqn: nqn.into() })
-        .await
-        .expect("drop test subsystem");
-    data
 }
 
 /// Issue 12: 50 snapshots of a 2-replica volume taken while spdk_nvme_perf
