@@ -1090,6 +1090,100 @@ async fn real_spdk_snapshots_with_a_remote_replica_are_one_point_in_time() {
     tb.stop(Duration::from_secs(5)).await.expect("stop B");
 }
 
+/// Issue 17 for talon's own volumes: a volume with a replica on another
+/// node grows there too. A's Volume is expanded; A asks B (its admin API) to
+/// grow the replica it serves; B's served lvol grows, its NVMe namespace
+/// grows on A, and SPDK's raid1 grows to the new size: the export serves it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_spdk_a_remote_replica_grows_with_its_volume() {
+    let test = "real_spdk_a_remote_replica_grows_with_its_volume";
+    let Some(spdk) = spdk_dir(test) else {
+        return;
+    };
+    let (da, db) = (
+        tempfile::tempdir().expect("tempdir"),
+        tempfile::tempdir().expect("tempdir"),
+    );
+    let (cfg_a, cfg_b) = (target_cfg(da.path(), &spdk), target_cfg(db.path(), &spdk));
+    let ta = Target::start(&cfg_a).await.expect("spdk_tgt A");
+    let _reap_a = Reaper(ta.pid());
+    let tb = Target::start(&cfg_b).await.expect("spdk_tgt B");
+    let _reap_b = Reaper(tb.pid());
+    let (ca, cb) = (SpdkClient::new(cfg_a.socket()), SpdkClient::new(cfg_b.socket()));
+    attach_disks(&ca, da.path(), &["da"], true).await;
+    attach_disks(&cb, db.path(), &["db"], true).await;
+    let (pa, pb) = (free_port(), free_port());
+    let (rta, rtb) = (runtime(&ca, &["da"], pa), runtime(&cb, &["db"], pb));
+    let (api_b, _server_b) = peer_api::serve(&rtb.state, rtb.statuses(), "127.0.0.1:0").await;
+    let mut served = volume(16 * MIB, 1);
+    served.serve_replica = Some(1);
+    served.replica_hosts = vec![node_nqn(pa)];
+    served.raid_superblock = true;
+    rtb.state.create_typed("gr", "", &served).expect("served");
+    ready(&rtb.state, "gr").await;
+    let mut engine_vol = volume(16 * MIB, 1);
+    engine_vol.remote_replicas = vec![talon::resources::config::RemoteReplica {
+        address: "127.0.0.1".into(),
+        port: pb,
+        api: Some(api_b.to_string()),
+    }];
+    engine_vol.raid_superblock = true;
+    rta.state.create_typed("gr", "", &engine_vol).expect("engine");
+    let st = ready(&rta.state, "gr").await;
+    assert_eq!(st.size_bytes, 16 * MIB);
+    ledger_becomes(&rta.state, "gr", &[0, 1], "both replicas up to date").await;
+
+    let mut bigger = engine_vol.clone();
+    bigger.size_bytes = 48 * MIB;
+    rta.state
+        .update_typed("gr", "", None, &bigger)
+        .expect("expand on A");
+    eventually("B's Volume grown by A", WAIT, || async {
+        let v = rtb.state.get_typed::<Volume>("gr").ok().flatten()?;
+        (v.spec.size_bytes == 48 * MIB).then_some(())
+    })
+    .await;
+    eventually("A's raid1 at the new size", WAIT, || async {
+        let inv = Inventory::load(&ca).await.ok()?;
+        let raid = inv.bdevs.get("talon-raid-gr")?;
+        (raid.num_blocks * u64::from(raid.block_size) == 48 * MIB).then_some(())
+    })
+    .await;
+    let st = eventually("A's engine serves 48 MiB", WAIT, || async {
+        engine(&rta.state, "gr").filter(|e| e.size_bytes == 48 * MIB && e.state == ObjectState::Ready)
+    })
+    .await;
+    assert_eq!(
+        host_size(&ca, pa, &st.exports[0].name).await,
+        48 * MIB,
+        "the host sees the new size"
+    );
+    assert_eq!(
+        ledger(&rta.state, "gr"),
+        Some(vec![0, 1]),
+        "no replica dropped by the growth"
+    );
+
+    rta.state
+        .destroy("config", "Volume", "gr", "")
+        .expect("delete on A");
+    eventually("A clean", WAIT, || async {
+        rta.state.list("config", "Volume").is_empty().then_some(())
+    })
+    .await;
+    rtb.state
+        .destroy("config", "Volume", "gr", "")
+        .expect("delete on B");
+    eventually("B clean", WAIT, || async {
+        rtb.state.list("config", "Volume").is_empty().then_some(())
+    })
+    .await;
+    rta.stop().await;
+    rtb.stop().await;
+    ta.stop(Duration::from_secs(5)).await.expect("stop A");
+    tb.stop(Duration::from_secs(5)).await.expect("stop B");
+}
+
 /// Issue 12: the window between a replica leaving the raid and talon
 /// recording it is closed by the raid superblock, on a real spdk_tgt. 20
 /// rounds of the worst order of events: talon stops (its ledger keeps saying

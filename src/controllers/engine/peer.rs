@@ -8,13 +8,15 @@
 //!             local lvols snapshotted               (Snapshot resource there)
 //!             export thawed
 //!   delete:   local lvols ──snapshot_delete(wait)──> gone there too
+//!   expand:   Volume size grows ──volume_expand──> served lvol grows there; its
+//!             NVMe namespace grows, SPDK's raid1 follows its smallest member
 //! ```
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use crate::api::ErrorKind;
-use crate::api::volume::SnapshotParams;
+use crate::api::volume::{ExpandParams, SnapshotParams};
 use crate::client::{Client, ClientError};
 
 /// How long a peer may take to snapshot its replica: this node's export is
@@ -89,6 +91,29 @@ impl Peers {
                 ..
             }) => Ok(()),
             Err(e) => Err(format!("talon at {api}: deleting snapshot {volume}@{snap}: {e}")),
+        }
+    }
+
+    /// Asks the peer at `api` to grow replica `volume` to `size_bytes` (its
+    /// served lvol gets its superblock room on top); the same size is a no-op.
+    pub async fn expand(&self, api: &str, volume: &str, size_bytes: u64) -> Result<(), String> {
+        let c = self.connect(api).await?;
+        let params = ExpandParams {
+            name: volume.to_owned(),
+            size_bytes: Some(size_bytes),
+            size: None,
+            wait: false,
+            timeout_seconds: None,
+        };
+        let call = c.call::<_, serde_json::Value>("volume_expand", params);
+        match tokio::time::timeout(SNAPSHOT_TIMEOUT, call).await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(e)) => Err(format!(
+                "talon at {api}: expanding {volume} to {size_bytes} bytes: {e}"
+            )),
+            Err(_) => Err(format!(
+                "talon at {api}: expanding {volume}: no answer in {SNAPSHOT_TIMEOUT:?}"
+            )),
         }
     }
 }

@@ -38,7 +38,7 @@ use crate::resources::engine::{
     SpdkEvents, TargetStatus,
 };
 use crate::resources::frontend::Attachment;
-use crate::runtime::{Controller, ControllerError, Input, Output, Phase, ReconcileContext, Requeue};
+use crate::runtime::{Controller, ControllerError, Input, Output, Phase, ReconcileContext, Requeue, Typed};
 use crate::spdk::SpdkClient;
 use crate::spdk::placement::DiskAway;
 use crate::spdk::volume::{
@@ -62,8 +62,18 @@ pub struct SpdkVolumeController {
     /// Volumes whose export was checked for listeners left frozen (ANA
     /// inaccessible) by a snapshot that did not finish, since this start.
     thaw_checked: std::sync::Mutex<BTreeSet<String>>,
-    /// The nodes of remote replicas, for their snapshots.
+    /// The nodes of remote replicas, for their snapshots and growth.
     peers: Peers,
+    /// (volume, remote replica) -> the size its node was asked to grow to,
+    /// and when a failed ask may be tried again.
+    grown: std::sync::Mutex<BTreeMap<(String, usize), Grown>>,
+}
+
+/// What a remote replica's node was asked to grow to.
+#[derive(Debug, Clone, Copy)]
+enum Grown {
+    To(u64),
+    RetryAfter(std::time::Instant),
 }
 
 impl SpdkVolumeController {
@@ -76,6 +86,7 @@ impl SpdkVolumeController {
             host_nqn: None,
             thaw_checked: std::sync::Mutex::default(),
             peers: Peers::default(),
+            grown: std::sync::Mutex::default(),
         }
     }
 
@@ -83,6 +94,30 @@ impl SpdkVolumeController {
     pub fn with_peers(mut self, peers: Peers) -> Self {
         self.peers = peers;
         self
+    }
+
+    /// Asks the nodes of `v`'s callable remote replicas to grow them to the
+    /// volume's size (once per size; a failure is tried again after 30 s).
+    async fn grow_remotes(&self, v: &Typed<Volume>) {
+        for (k, api) in Self::callable_remotes(&v.spec) {
+            let key = (v.id().to_string(), k);
+            let due = match lock(&self.grown).get(&key) {
+                Some(Grown::To(s)) => *s < v.spec.size_bytes,
+                Some(Grown::RetryAfter(t)) => std::time::Instant::now() >= *t,
+                None => true,
+            };
+            if !due {
+                continue;
+            }
+            let next = match self.peers.expand(&api, v.id(), v.spec.size_bytes).await {
+                Ok(()) => Grown::To(v.spec.size_bytes),
+                Err(e) => {
+                    tracing::warn!(volume = %v.id(), replica = k, error = %e, "remote replica not grown");
+                    Grown::RetryAfter(std::time::Instant::now() + Duration::from_secs(30))
+                }
+            };
+            lock(&self.grown).insert(key, next);
+        }
     }
 
     /// The remote replicas of `spec` whose node talon can call: (index, api).
@@ -678,6 +713,10 @@ impl Controller for SpdkVolumeController {
             }
         };
         statuses.extend(run(plain, inv.clone()).await);
+        // a remote replica grows on its node when the volume grows
+        for v in volumes.iter().filter(|v| v.metadata.phase != Phase::TearingDown) {
+            self.grow_remotes(v).await;
+        }
 
         // snapshots of live volumes
         let mut snap_out: Vec<(String, SnapshotStatus)> = Vec::new();

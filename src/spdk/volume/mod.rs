@@ -436,7 +436,8 @@ impl VolumeOps {
         }
 
         // grow local replicas that are smaller than asked (expand), then the engine
-        // follows; a remote replica grows on its own node. A head that gets its
+        // follows; a remote replica grows on its own node (the controller asks
+        // it to), and the raid1 follows its smallest member. A head that gets its
         // snapshot as parent below keeps the snapshot's size until then (SPDK
         // sets a parent of the same size only).
         let room_of: BTreeMap<usize, u64> = local.replicas.iter().map(|r| (r.k, r.room)).collect();
