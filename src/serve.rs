@@ -253,7 +253,14 @@ pub fn apply_config_file(state: &State, path: &Path, data_dir: &Path) -> Result<
                 "volume {name}: serveReplica needs replicaHosts (the engine node's hostNqn)"
             )));
         }
-        state.upsert_typed(name, vol)?;
+        // the replicas' layout is the data's: a volume already stored keeps
+        // the one it was made with, a new one gets what volume_create gives
+        let mut vol = vol.clone();
+        vol.raid_superblock = match state.get_typed::<Volume>(name)? {
+            Some(stored) => stored.spec.raid_superblock,
+            None => vol.wants_superblock(),
+        };
+        state.upsert_typed(name, &vol)?;
     }
     Ok(())
 }
@@ -537,4 +544,48 @@ fn read_token(p: &std::path::Path) -> Result<Arc<str>, ServeError> {
         });
     }
     Ok(Arc::<str>::from(t))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The config file cannot flip a stored volume's layout (its data offset)
+    /// and gives a new volume the one `volume_create` gives.
+    #[test]
+    fn a_config_file_keeps_a_stored_volume_layout_and_gives_new_ones_the_superblock() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let cfg = dir.path().join("talon.yaml");
+        std::fs::write(
+            &cfg,
+            "volumes:\n  new2:\n    sizeBytes: 16777216\n    replicas: 2\n    engine: v2\n  \
+             one:\n    sizeBytes: 16777216\n    replicas: 1\n    engine: v2\n  \
+             legacy:\n    sizeBytes: 16777216\n    replicas: 2\n    engine: v2\n",
+        )
+        .expect("config");
+        let state = State::in_memory();
+        let mut legacy: Volume =
+            serde_json::from_value(serde_json::json!({"sizeBytes": 16777216, "replicas": 2, "engine": "v2"}))
+                .expect("volume");
+        legacy.raid_superblock = false;
+        state.create_typed("legacy", "", &legacy).expect("legacy");
+        apply_config_file(&state, &cfg, dir.path()).expect("apply");
+        let layout = |n: &str| {
+            state
+                .get_typed::<Volume>(n)
+                .expect("get")
+                .expect("stored")
+                .spec
+                .raid_superblock
+        };
+        assert!(
+            layout("new2"),
+            "a new 2-replica volume gets the superblock layout"
+        );
+        assert!(!layout("one"), "one local replica has no raid");
+        assert!(!layout("legacy"), "a stored volume keeps its layout");
+        // applied again at the next start: nothing flips
+        apply_config_file(&state, &cfg, dir.path()).expect("apply again");
+        assert!(layout("new2") && !layout("legacy"));
+    }
 }

@@ -584,7 +584,7 @@ pub fn register(api: &mut ApiBuilder) {
                 live_snapshot(&ctx.state, s, &format!("clone it into volume {name}"))
                     .map_err(|e| ApiError::new(e.kind, format!("volume {name}: {}", e.message)))?;
             }
-            let spec = Volume {
+            let mut spec = Volume {
                 size_bytes,
                 replicas,
                 engine: p.engine.unwrap_or_default(),
@@ -593,14 +593,13 @@ pub fn register(api: &mut ApiBuilder) {
                 from_snapshot: p.from_snapshot,
                 revert_to: None,
                 revert_generation: 0,
-                // a raid of two or more members keeps a superblock; a served
-                // replica has room for its engine's
-                raid_superblock: replicas as usize + p.remote_replicas.len() >= 2
-                    || p.serve_replica.is_some(),
+                raid_superblock: false,
                 remote_replicas: p.remote_replicas,
                 serve_replica: p.serve_replica,
                 replica_hosts: p.replica_hosts,
             };
+            // every new volume of a shape that has one gets the superblock layout
+            spec.raid_superblock = spec.wants_superblock();
             let created = ctx
                 .state
                 .create_typed(name.as_str(), "", &spec)

@@ -250,6 +250,26 @@ impl Spec for Volume {
     const NAMESPACE: &'static str = "config";
 }
 
+impl Volume {
+    /// The members of its raid1: local replicas, then remote ones.
+    pub fn raid_slots(&self) -> usize {
+        self.replicas.max(1) as usize + self.remote_replicas.len()
+    }
+
+    /// Whether a volume of this shape is made with the superblock layout: a
+    /// raid1 of two or more members keeps SPDK's superblock; a served replica
+    /// has room for its engine's.
+    pub fn wants_superblock(&self) -> bool {
+        self.raid_slots() >= 2 || self.serve_replica.is_some()
+    }
+
+    /// Whether its replicas carry (or have room for) a raid superblock: made
+    /// with the layout ([`Volume::raid_superblock`]) and of a shape that has one.
+    pub fn uses_superblock(&self) -> bool {
+        self.raid_superblock && self.wants_superblock()
+    }
+}
+
 /// A snapshot of a volume (id `<volume>@<name>`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]

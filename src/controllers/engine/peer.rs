@@ -44,7 +44,9 @@ impl Peers {
         Self { token }
     }
 
-    async fn connect(&self, api: &str) -> Result<Client, String> {
+    /// Connects to the peer at `api` (done before a freeze: a node that
+    /// cannot be reached never holds this node's export frozen).
+    pub async fn connect(&self, api: &str) -> Result<Client, String> {
         let token = self.token.as_deref().ok_or_else(|| {
             format!("no peer token on this node (talon serve --peer-token-file): cannot call {api}")
         })?;
@@ -54,10 +56,9 @@ impl Peers {
             .map_err(|e| format!("talon at {api}: {}", crate::util::error_chain(&e)))
     }
 
-    /// Snapshots replica `volume` on the peer at `api` as `snap`, waiting
-    /// until it is taken.
-    pub async fn snapshot(&self, api: &str, volume: &str, snap: &str) -> Result<(), String> {
-        let c = self.connect(api).await?;
+    /// Snapshots replica `volume` on the peer at `api` (connected as `c`)
+    /// as `snap`, waiting until it is taken.
+    pub async fn snapshot(&self, c: &Client, api: &str, volume: &str, snap: &str) -> Result<(), String> {
         let params = SnapshotParams {
             volume: volume.to_owned(),
             name: snap.to_owned(),

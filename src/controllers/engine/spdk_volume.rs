@@ -256,8 +256,8 @@ impl SpdkVolumeController {
         let mut in_sync = job.in_sync.clone();
         let replicas = job.spec.replicas.max(1) as usize;
         // the raid's superblock, or (a served replica) room for the engine's
-        let slots = replicas + job.spec.remote_replicas.len();
-        let superblock = job.spec.raid_superblock && (slots >= 2 || job.spec.serve_replica.is_some());
+        let slots = job.spec.raid_slots();
+        let superblock = job.spec.uses_superblock();
         // revert: once per generation, recorded in SPDK with the data
         let mut reloaded = None;
         if let Some(target) = &job.spec.revert_to
@@ -786,29 +786,56 @@ impl Controller for SpdkVolumeController {
                         .find(|x| x.id() == vol.as_str())
                         .map(|x| Self::callable_remotes(&x.spec))
                         .unwrap_or_default();
-                    let remote: Vec<RemoteSnapshot<'_>> = remotes
-                        .iter()
-                        .map(|(k, api)| {
-                            let f: futures::future::BoxFuture<'_, Result<(), String>> =
-                                Box::pin(self.peers.snapshot(api, vol.as_str(), snap.as_str()));
-                            (*k, f)
-                        })
-                        .collect();
-                    let r = self
-                        .ops
-                        .snapshot(&inv, &vol, &snap, in_sync.as_ref(), remote)
-                        .await;
-                    if r.is_err() {
-                        // the local ones were undone; so go the remote ones,
-                        // before a retry can take them again
-                        for (k, api) in &remotes {
-                            if let Err(e) = self.peers.delete_snapshot(api, vol.as_str(), snap.as_str()).await
-                            {
-                                tracing::warn!(snapshot = %s.id(), replica = k, error = %e,
-                                    "could not delete a remote replica's snapshot after a failed snapshot");
+                    // reach every remote node first: one that cannot be
+                    // reached fails the snapshot without freezing the export
+                    let mut clients = Vec::new();
+                    let mut unreachable = None;
+                    for (k, api) in &remotes {
+                        if in_sync.as_ref().is_some_and(|s| !s.contains(k)) {
+                            continue;
+                        }
+                        match self.peers.connect(api).await {
+                            Ok(c) => clients.push((*k, api.as_str(), c)),
+                            Err(message) => {
+                                unreachable = Some(VolumeError::PeerSnapshot {
+                                    snapshot: s.id().to_string(),
+                                    replica: *k,
+                                    message,
+                                });
+                                break;
                             }
                         }
                     }
+                    let r = match unreachable {
+                        Some(e) => Err(e),
+                        None => {
+                            let remote: Vec<RemoteSnapshot<'_>> = clients
+                                .iter()
+                                .map(|(k, api, c)| {
+                                    let f: futures::future::BoxFuture<'_, Result<(), String>> =
+                                        Box::pin(self.peers.snapshot(c, api, vol.as_str(), snap.as_str()));
+                                    (*k, f)
+                                })
+                                .collect();
+                            let r = self
+                                .ops
+                                .snapshot(&inv, &vol, &snap, in_sync.as_ref(), remote)
+                                .await;
+                            if r.is_err() {
+                                // the local ones were undone; so go the remote
+                                // ones, before a retry can take them again
+                                for (k, api, _) in &clients {
+                                    if let Err(e) =
+                                        self.peers.delete_snapshot(api, vol.as_str(), snap.as_str()).await
+                                    {
+                                        tracing::warn!(snapshot = %s.id(), replica = k, error = %e,
+                                            "could not delete a remote replica's snapshot after a failed snapshot");
+                                    }
+                                }
+                            }
+                            r
+                        }
+                    };
                     match r {
                         Ok(taken) => {
                             if !taken.point_in_time.is_empty() {
