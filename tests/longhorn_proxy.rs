@@ -396,6 +396,19 @@ async fn the_engine_proxy_across_two_nodes() {
     assert_eq!(e.code(), Code::NotFound);
     assert!(e.message().contains("nope"), "{e}");
 
+    // an expand never shrinks
+    let e = p
+        .volume_expand(imrpc::EngineVolumeExpandRequest {
+            proxy_engine_request: Some(req("vol-e-0")),
+            expand: Some(ptypes::VolumeExpandRequest {
+                size: (size / 2) as i64,
+            }),
+        })
+        .await
+        .expect_err("shrink");
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e}");
+    assert!(e.message().contains("vol-e-0"), "{e}");
+
     // snapshots: both replicas, one freeze of the engine's export
     assert_eq!(snapshot(&mut p, "snap1").await.expect("snap1"), "snap1");
     assert_eq!(snapshot(&mut p, "snap2").await.expect("snap2"), "snap2");
@@ -570,6 +583,24 @@ async fn real_spdk_engine_snapshots_through_the_proxy_are_one_instant_on_both_no
     let iops = spdk_perf::total_iops(&report);
     assert!(still_writing, "the writer ran through all {SNAPSHOTS} snapshots");
     assert!(iops > 0.0, "writes went on: {report}");
+    // both replicas stayed in service (a replica that left would be ERR and
+    // not snapshotted any more)
+    let modes: Vec<(String, i32)> = p
+        .replica_list(req("vol-e-0"))
+        .await
+        .expect("ReplicaList")
+        .into_inner()
+        .replica_list
+        .expect("list")
+        .replicas
+        .into_iter()
+        .map(|r| (r.address.map(|a| a.address).unwrap_or_default(), r.mode))
+        .collect();
+    eprintln!("{test}: replica modes after the writes {modes:?}");
+    assert!(
+        modes.iter().all(|(_, m)| *m == ptypes::ReplicaMode::Rw as i32),
+        "a replica left the raid1 during the run: {modes:?}"
+    );
 
     let (read_a, read_b) = (free_port(), free_port());
     let (mut previous, mut moved) = (None::<Vec<u8>>, 0);
@@ -617,6 +648,31 @@ async fn real_spdk_engine_snapshots_through_the_proxy_are_one_instant_on_both_no
     .expect("SnapshotRemove");
     assert!(!a.lvols().await.iter().any(|l| l.contains("-snap-")));
     assert!(!b.lvols().await.iter().any(|l| l.contains("-snap-")));
+
+    // expand through the proxy: B's replica grows on B, the raid1 on A follows
+    p.volume_expand(imrpc::EngineVolumeExpandRequest {
+        proxy_engine_request: Some(req("vol-e-0")),
+        expand: Some(ptypes::VolumeExpandRequest { size: 2 * LEN as i64 }),
+    })
+    .await
+    .expect("VolumeExpand");
+    let v = p
+        .volume_get(req("vol-e-0"))
+        .await
+        .expect("VolumeGet")
+        .into_inner()
+        .volume
+        .expect("volume");
+    assert_eq!(v.size, 2 * LEN as i64);
+    let raid = a.spdk.bdev("vol-e-0").await.expect("get").expect("raid");
+    assert_eq!(raid.size_bytes(), 2 * LEN as u64, "A's raid1 grew");
+    let rb = b
+        .spdk
+        .bdev("talon-disk-b/vol-r-b")
+        .await
+        .expect("get")
+        .expect("B's replica");
+    assert_eq!(rb.size_bytes(), 2 * LEN as u64, "B's replica grew on B");
     a.stop().await;
     b.stop().await;
 }

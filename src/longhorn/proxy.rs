@@ -40,7 +40,7 @@ use crate::resources::longhorn::{
 };
 use crate::runtime::Typed;
 use crate::spdk::ErrorKind;
-use crate::spdk::rpc::{AnaState, ByName, ByNqn, ListenAddress, ListenerAnaState, LvolSnapshot};
+use crate::spdk::rpc::{AnaState, ByName, ByNqn, ListenAddress, ListenerAnaState, LvolResize, LvolSnapshot};
 use crate::spdk::volume::Inventory;
 
 /// Longhorn's name of the head in a snapshot list.
@@ -48,6 +48,7 @@ pub const VOLUME_HEAD: &str = "volume-head";
 /// How long another node may take to snapshot its replica (the engine's
 /// export is frozen meanwhile).
 const REMOTE_TIMEOUT: Duration = Duration::from_secs(10);
+const MIB: u64 = 1 << 20;
 /// SPDK's longest lvol name (`SPDK_LVOL_NAME_MAX` less its NUL).
 const LVOL_NAME_MAX: usize = 63;
 
@@ -380,20 +381,46 @@ impl Longhorn {
                 .await;
             return Err(internal(&format!("{what}: freezing the export"), m));
         }
-        let takes = e
+        // only the replicas in service when the export froze hold every
+        // acknowledged write; one that left the raid1 (ERR) or is being
+        // rebuilt (WO) is not snapshotted
+        let members = match self.members(e).await {
+            Ok(m) => m,
+            Err(st) => {
+                let _ = self
+                    .set_listeners(nqn.as_str(), &listeners, AnaState::Optimized)
+                    .await;
+                return Err(st);
+            }
+        };
+        let in_service: Vec<(&String, &String)> = e
             .spec
             .replica_address_map
             .iter()
-            .map(|(replica, address)| async move {
-                let r = match self.local_replica(replica) {
-                    Some(r) => {
-                        self.snapshot_local(replica, &r, &snapshot_lvol(replica, snap))
-                            .await
-                    }
-                    None => self.snapshot_remote(replica, address, snap).await,
-                };
-                (replica.clone(), address.clone(), r)
-            });
+            .filter(|(r, _)| {
+                members
+                    .iter()
+                    .any(|m| &m.replica == *r && m.mode == ptypes::ReplicaMode::Rw)
+            })
+            .collect();
+        if in_service.is_empty() {
+            let _ = self
+                .set_listeners(nqn.as_str(), &listeners, AnaState::Optimized)
+                .await;
+            return Err(Status::failed_precondition(format!(
+                "{what}: no replica is in service"
+            )));
+        }
+        let takes = in_service.into_iter().map(|(replica, address)| async move {
+            let r = match self.local_replica(replica) {
+                Some(r) => {
+                    self.snapshot_local(replica, &r, &snapshot_lvol(replica, snap))
+                        .await
+                }
+                None => self.snapshot_remote(replica, address, snap).await,
+            };
+            (replica.clone(), address.clone(), r)
+        });
         let results = futures::future::join_all(takes).await;
         let thawed = self
             .set_listeners(nqn.as_str(), &listeners, AnaState::Optimized)
@@ -416,6 +443,137 @@ impl Longhorn {
             return Err(Status::internal(format!("{what}: {}", failed.join("; "))));
         }
         thawed.map_err(|m| internal(&format!("{what}: thawing the export"), m))
+    }
+
+    /// Grows local replica `replica` to `size` bytes and records it.
+    async fn expand_local(&self, replica: &str, t: &Typed<LonghornReplica>, size: u64) -> Result<(), Status> {
+        let what = format!("replica {replica}");
+        if size < t.spec.size_bytes {
+            return Err(Status::failed_precondition(format!(
+                "{what} is {} bytes; it can only grow, not shrink to {size}",
+                t.spec.size_bytes
+            )));
+        }
+        let alias = naming::replica_alias(&t.spec.disk, replica);
+        let inv = Inventory::load(self.client())
+            .await
+            .map_err(|x| internal(&format!("{what}: reading spdk_tgt"), chain(&x)))?;
+        let lvs = alias.split('/').next().unwrap_or_default();
+        let cluster = inv
+            .lvstores
+            .iter()
+            .find(|s| s.name == lvs)
+            .map(|s| s.cluster_size)
+            .unwrap_or(MIB);
+        if size == 0 || !size.is_multiple_of(cluster) {
+            return Err(Status::invalid_argument(format!(
+                "{what}: size {size} is not a positive multiple of disk {}'s cluster size {cluster}",
+                t.spec.disk
+            )));
+        }
+        self.client()
+            .bdev_lvol_resize(&LvolResize {
+                name: alias.clone(),
+                size_in_mib: size / MIB,
+            })
+            .await
+            .map_err(|x| internal(&format!("{what}: resizing {alias}"), chain(&x)))?;
+        if t.spec.size_bytes != size {
+            let mut spec = t.spec.clone();
+            spec.size_bytes = size;
+            self.state()
+                .update_typed(t.id(), "", None, &spec)
+                .map_err(|e| Status::internal(crate::util::error_chain(&e)))?;
+        }
+        Ok(())
+    }
+
+    async fn expand_remote(&self, replica: &str, address: &str, size: u64) -> Result<(), String> {
+        let mut c = self.replica_node(replica, address).await?;
+        c.replica_expand(spdkrpc::ReplicaExpandRequest {
+            name: replica.to_owned(),
+            size,
+        })
+        .await
+        .map(|_| ())
+        .map_err(|s| format!("replica {replica}: its node: {}", s.message()))
+    }
+
+    /// Grows every replica of engine `e`, waits until the raid1 (its smallest
+    /// member) has grown, and records the engine's size.
+    async fn engine_expand(&self, e: &Typed<LonghornEngine>, size: u64) -> Result<(), Status> {
+        let what = format!("expanding engine {} to {size} bytes", e.id());
+        if size < e.spec.size_bytes {
+            return Err(Status::failed_precondition(format!(
+                "{what}: it is {} bytes and can only grow",
+                e.spec.size_bytes
+            )));
+        }
+        if self
+            .status_of(e.id())
+            .is_none_or(|s| s.state != InstanceState::Running)
+        {
+            return Err(Status::failed_precondition(format!(
+                "{what}: the engine is not running"
+            )));
+        }
+        for (replica, address) in &e.spec.replica_address_map {
+            let local = self
+                .state()
+                .get_typed::<LonghornReplica>(replica)
+                .map_err(|x| Status::internal(crate::util::error_chain(&x)))?;
+            match local {
+                Some(t) => self
+                    .expand_local(replica, &t, size)
+                    .await
+                    .map_err(|s| Status::new(s.code(), format!("{what}: {}", s.message())))?,
+                None => self
+                    .expand_remote(replica, address, size)
+                    .await
+                    .map_err(|m| Status::unavailable(format!("{what}: {m}")))?,
+            }
+        }
+        // a remote member grows when its namespace does (SPDK's AEN); the
+        // raid1 follows its smallest member
+        let bdev = self.status_of(e.id()).map(|s| s.bdev).unwrap_or_default();
+        let deadline = Instant::now() + REMOTE_TIMEOUT;
+        loop {
+            let now = self
+                .client()
+                .bdev(&bdev)
+                .await
+                .ok()
+                .flatten()
+                .map(|b| b.size_bytes());
+            if now.is_some_and(|n| n >= size) {
+                break;
+            }
+            if Instant::now() > deadline {
+                return Err(Status::deadline_exceeded(format!(
+                    "{what}: every replica grew, but {bdev} is still {} bytes",
+                    now.unwrap_or(0)
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let mut spec = e.spec.clone();
+        spec.size_bytes = size;
+        self.state()
+            .update_typed(e.id(), "", None, &spec)
+            .map_err(|x| Status::internal(crate::util::error_chain(&x)))?;
+        Ok(())
+    }
+
+    /// `ReplicaExpand` from another node's engine.
+    pub(super) async fn replica_expand(&self, req: spdkrpc::ReplicaExpandRequest) -> Result<(), Status> {
+        let replica = naming::instance_name("replica", &req.name)
+            .map_err(|x| Status::invalid_argument(x.to_string()))?;
+        let t = self
+            .state()
+            .get_typed::<LonghornReplica>(replica.as_str())
+            .map_err(|e| Status::internal(crate::util::error_chain(&e)))?
+            .ok_or_else(|| Status::not_found(format!("replica {replica} does not exist")))?;
+        self.expand_local(replica.as_str(), &t, req.size).await
     }
 
     // ----- 8504: another node's engine snapshots a replica of this node
@@ -536,6 +694,22 @@ impl proxy_engine_service_server::ProxyEngineService for Longhorn {
                 snapshot_max_size: 0,
             }),
         }))
+    }
+
+    async fn volume_expand(
+        &self,
+        req: Request<imrpc::EngineVolumeExpandRequest>,
+    ) -> Result<Response<()>, Status> {
+        let req = req.into_inner();
+        let p = proxy_req(req.proxy_engine_request)?;
+        let e = self.engine(&p.engine_name)?;
+        let size = req
+            .expand
+            .map(|x| x.size)
+            .filter(|s| *s > 0)
+            .ok_or_else(|| Status::invalid_argument(format!("expanding engine {}: no size", e.id())))?;
+        self.engine_expand(&e, u64::try_from(size).unwrap_or(0)).await?;
+        Ok(Response::new(()))
     }
 
     async fn replica_list(

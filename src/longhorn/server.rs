@@ -1447,6 +1447,14 @@ impl spdk_service_server::SpdkService for Longhorn {
         Ok(Response::new(self.replica_message(&r)?))
     }
 
+    async fn replica_expand(
+        &self,
+        req: Request<spdkrpc::ReplicaExpandRequest>,
+    ) -> Result<Response<()>, Status> {
+        self.replica_expand(req.into_inner()).await?;
+        Ok(Response::new(()))
+    }
+
     async fn replica_snapshot_create(
         &self,
         req: Request<spdkrpc::SnapshotRequest>,
