@@ -258,7 +258,7 @@ async fn longhorn_lifecycle_on_the_double() {
     let mut disks = DiskServiceClient::new(d.channel(2).await);
     let dv = disks.version_get(()).await.expect("version 8502").into_inner();
     assert_eq!(dv.instance_manager_disk_service_api_version, 1);
-    // 8501 is there, every method UNIMPLEMENTED with its name
+    // 8501 is there; a method outside talon's subset is UNIMPLEMENTED with its name
     let e = ProxyEngineServiceClient::new(d.channel(1).await)
         .server_version_get(imrpc::ProxyEngineRequest::default())
         .await
@@ -269,7 +269,7 @@ async fn longhorn_lifecycle_on_the_double() {
         "{e}"
     );
     for (port, path) in [
-        (1u16, "/imrpc.ProxyEngineService/VolumeGet"),
+        (1u16, "/imrpc.ProxyEngineService/ReplicaAdd"),
         (3, "/imrpc.InstanceService/InstanceLog"),
         (0, "/ProcessManagerService/ProcessList"),
         (4, "/spdkrpc.SPDKService/EngineCreate"),
