@@ -74,6 +74,7 @@ fn plan(name: &str, replicas: usize, port: u16) -> VolumePlan {
             address: [127, 0, 0, 1].into(),
             port,
             hosts: vec![spdk_perf::HOST_NQN.to_string()],
+            dhchap_data_dir: None,
         },
     )
 }

@@ -300,6 +300,7 @@ fn plan(name: &str, replicas: usize) -> VolumePlan {
             address: [127, 0, 0, 1].into(),
             port: 4420,
             hosts: vec!["nqn.2014-08.org.nvmexpress:uuid:host1".into()],
+            dhchap_data_dir: None,
         },
     )
 }

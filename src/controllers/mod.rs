@@ -56,7 +56,8 @@ pub fn register_all(rt: &mut Runtime, deps: &Deps, selection: &EngineSelection) 
             crate::spdk::SpdkClient::new(socket),
             selection.auto_engine() == Engine::V2,
         )
-        .with_host_nqn(host_nqn.clone()),
+        .with_host_nqn(host_nqn.clone())
+        .with_data_dir(deps.data_dir.clone()),
     )?;
     rt.register(
         engine::longhorn::LonghornController::new(crate::spdk::SpdkClient::new(

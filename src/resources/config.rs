@@ -57,6 +57,15 @@ pub struct NodeConfig {
     /// path uses the same file. The secret is never in the node config.
     #[serde(default)]
     pub iscsi_chap: bool,
+    /// Require NVMe in-band authentication (DH-HMAC-CHAP) on V2 exports:
+    /// every allowed host is listed with its secret from
+    /// `<data-dir>/nvme-dhchap/<host NQN>` (0600; this node's own is made by
+    /// talon, another host's is put there by the operator, for another talon
+    /// node a copy of its own file). This host's kernel attach and the
+    /// engine's attach of remote replicas authenticate with this node's
+    /// secret. The secrets are never in the node config.
+    #[serde(default)]
+    pub nvme_dhchap: bool,
     /// The 2 MiB hugepage pool for SPDK: `auto` (sized from the volumes this
     /// node exports, on the NUMA nodes of the SPDK cores), a fixed number of
     /// MiB, or `off` (talon leaves the pool alone).
@@ -128,6 +137,7 @@ impl Default for NodeConfig {
             iscsi_port: default_iscsi_port(),
             allowed_hosts: Vec::new(),
             iscsi_chap: false,
+            nvme_dhchap: false,
             hugepages: HugepagesSetting::AUTO,
         }
     }

@@ -6,9 +6,11 @@
 //!        │  (every arrow points down; util imports no crate:: module)
 //!        v
 //!   util::error (error_chain)   util::backoff (Backoff)   util::root (HostRoot)
+//!   util::dhchap (DH-HMAC-CHAP secret files)
 //! ```
 
 pub mod backoff;
+pub mod dhchap;
 pub mod error;
 pub mod root;
 

@@ -59,6 +59,8 @@ pub struct SpdkVolumeController {
     /// Volumes whose export was checked for listeners left frozen (ANA
     /// inaccessible) by a snapshot that did not finish, since this start.
     thaw_checked: std::sync::Mutex<BTreeSet<String>>,
+    /// The data directory (DH-HMAC-CHAP secrets under `nvme-dhchap/`).
+    data_dir: Option<std::path::PathBuf>,
 }
 
 impl SpdkVolumeController {
@@ -70,6 +72,7 @@ impl SpdkVolumeController {
             claims_auto: selection_claims_auto,
             host_nqn: None,
             thaw_checked: std::sync::Mutex::default(),
+            data_dir: None,
         }
     }
 
@@ -78,6 +81,12 @@ impl SpdkVolumeController {
     pub fn with_host_nqn(mut self, nqn: Option<String>) -> Self {
         self.ops = self.ops.with_host_nqn(nqn.clone());
         self.host_nqn = nqn;
+        self
+    }
+
+    /// Keeps DH-HMAC-CHAP secrets under `data_dir` (`NodeConfig.nvmeDhchap`).
+    pub fn with_data_dir(mut self, data_dir: std::path::PathBuf) -> Self {
+        self.data_dir = Some(data_dir);
         self
     }
 }
@@ -535,11 +544,23 @@ impl Controller for SpdkVolumeController {
                 return Ok(Requeue::OnInputChange);
             }
         };
+        let dhchap_data_dir = match (node.nvme_dhchap, &self.data_dir) {
+            (false, _) => None,
+            (true, Some(d)) => Some(d.clone()),
+            (true, None) => {
+                for v in &volumes {
+                    let msg = "NodeConfig nvmeDhchap is set but this talon has no data directory for the secrets";
+                    ctx.apply(v.id(), engine_status(ObjectState::Failed, msg))?;
+                }
+                return Ok(Requeue::OnInputChange);
+            }
+        };
         // hosts are set per volume (Job::hosts)
         let export = ExportSpec {
             address,
             port: node.nvmf_port,
             hosts: Vec::new(),
+            dhchap_data_dir,
         };
         let attached: BTreeSet<String> = ctx
             .list::<Attachment>()?

@@ -37,9 +37,10 @@ use super::rpc::{
     AddNamespace, AllowAnyHost, AnaState, AttachController, ByName, ByNqn, CreateSubsystem, CreateTransport,
     GetTransports, ListenAddress, ListenerAnaState, Lvol, LvolClone, LvolCreate, LvolResize, LvolSetParent,
     LvolSnapshot, NullCreate, RaidAddBaseBdev, RaidCreate, RaidDelete, RaidLevel, RemoveNamespace,
-    SubsystemHostParams, SubsystemListener,
+    SubsystemHostKeys, SubsystemHostParams, SubsystemListener, KeyringFileKey,
 };
 use crate::names::{NQN_PREFIX, Nqn, ObjectName, volume_uuid};
+use crate::util::dhchap;
 
 // the names and the inventory moved to their own modules; kept here for callers
 pub mod error;
@@ -403,7 +404,10 @@ impl VolumeOps {
                         let _ = ignore_missing(self.client.bdev_nvme_detach_controller(&ByName::new(&ctrl)))
                             .await;
                     }
-                    match self.attach_replica(vol, &ctrl, *addr, *port, nqn.as_str()).await {
+                    match self
+                        .attach_replica(vol, &ctrl, *addr, *port, nqn.as_str(), plan.export.dhchap_data_dir.as_deref())
+                        .await
+                    {
                         Ok(b) => self
                             .client
                             .bdev(&b)
@@ -694,14 +698,37 @@ impl VolumeOps {
         let have: BTreeSet<&str> = sub
             .map(|s| s.hosts.iter().map(|h| h.nqn.as_str()).collect())
             .unwrap_or_default();
+        // with DH-HMAC-CHAP every host is listed with its key, and only then
+        let keys = match &export.dhchap_data_dir {
+            Some(d) => Some(self.host_keys(vol, d, &export.hosts).await?),
+            None => None,
+        };
+        let key_of = |h: &str| keys.as_ref().and_then(|k| k.get(h).cloned());
         for h in export.hosts.iter().filter(|h| !have.contains(h.as_str())) {
             self.client
-                .nvmf_subsystem_add_host(&SubsystemHostParams {
+                .nvmf_subsystem_add_host_keys(&SubsystemHostKeys {
                     nqn: nqn.as_str().to_owned(),
                     host: h.clone(),
+                    dhchap_key: key_of(h),
+                    dhchap_ctrlr_key: None,
                 })
                 .await
                 .map_err(rpc(vol, format!("allowing host {h} on {nqn}")))?;
+        }
+        // hosts listed before DH-HMAC-CHAP was turned on (or off, or with another key)
+        for h in sub.map(|s| s.hosts.as_slice()).unwrap_or_default() {
+            let want = key_of(&h.nqn);
+            if export.hosts.contains(&h.nqn) && (h.dhchap_key != want || h.dhchap_ctrlr_key.is_some()) {
+                self.client
+                    .nvmf_subsystem_set_keys(&SubsystemHostKeys {
+                        nqn: nqn.as_str().to_owned(),
+                        host: h.nqn.clone(),
+                        dhchap_key: want,
+                        dhchap_ctrlr_key: None,
+                    })
+                    .await
+                    .map_err(rpc(vol, format!("setting the DH-HMAC-CHAP key of host {} on {nqn}", h.nqn)))?;
+            }
         }
         for h in have.iter().filter(|h| !export.hosts.iter().any(|x| x == *h)) {
             self.client
@@ -1503,6 +1530,29 @@ impl VolumeOps {
         port: u16,
         hosts: Vec<String>,
     ) -> Result<String, VolumeError> {
+        self.export_replica_as(
+            vol,
+            replica,
+            bdev,
+            ExportSpec {
+                address,
+                port,
+                hosts,
+                dhchap_data_dir: None,
+            },
+        )
+        .await
+    }
+
+    /// [`VolumeOps::export_replica`] with the whole export spec (hosts with
+    /// DH-HMAC-CHAP when it has `dhchap_data_dir`).
+    pub async fn export_replica_as(
+        &self,
+        vol: &ObjectName,
+        replica: &str,
+        bdev: &str,
+        export: ExportSpec,
+    ) -> Result<String, VolumeError> {
         let v = vol.as_str();
         let nqn = Nqn::for_replica(vol, replica).map_err(|source| VolumeError::BadName {
             volume: v.to_owned(),
@@ -1511,7 +1561,6 @@ impl VolumeOps {
         let inv = Inventory::load(&self.client)
             .await
             .map_err(rpc(v, "listing the target"))?;
-        let export = ExportSpec { address, port, hosts };
         let id = uuid::Uuid::new_v5(&volume_uuid(vol), replica.as_bytes());
         let mut made = Vec::new();
         match self
@@ -1560,8 +1609,75 @@ impl VolumeOps {
         self.export_ns(inv, vol, nqn, bdev, id, export, made).await
     }
 
+    /// The keyring key of each host's DH-HMAC-CHAP secret, registered with
+    /// the target's file keyring where it is not yet. This node's own secret
+    /// is made when absent; another host's must be there (its file names it).
+    async fn host_keys(
+        &self,
+        vol: &str,
+        data_dir: &std::path::Path,
+        hosts: &[String],
+    ) -> Result<std::collections::BTreeMap<String, String>, VolumeError> {
+        let registered: BTreeSet<String> = self
+            .client
+            .keyring_get_keys()
+            .await
+            .map_err(rpc(vol, "listing the keyring"))?
+            .into_iter()
+            .filter(|k| !k.removed)
+            .map(|k| k.name)
+            .collect();
+        let mut out = std::collections::BTreeMap::new();
+        for h in hosts {
+            let name = self.register_key(vol, data_dir, h, &registered).await?;
+            out.insert(h.clone(), name);
+        }
+        Ok(out)
+    }
+
+    /// Checks host `nqn`'s secret file (made when it is this node's own) and
+    /// gives it to the target's keyring unless `registered` has it; returns
+    /// the key name.
+    async fn register_key(
+        &self,
+        vol: &str,
+        data_dir: &std::path::Path,
+        nqn: &str,
+        registered: &BTreeSet<String>,
+    ) -> Result<String, VolumeError> {
+        let bad = |source| VolumeError::Dhchap {
+            volume: vol.to_owned(),
+            source,
+        };
+        if self.host_nqn.as_deref() == Some(nqn) {
+            dhchap::load_or_create(data_dir, nqn).map_err(bad)?;
+        } else {
+            dhchap::load(data_dir, nqn).map_err(bad)?;
+        }
+        let name = dhchap::keyring_name(nqn);
+        if !registered.contains(&name) {
+            let path = dhchap::path(data_dir, nqn).map_err(bad)?;
+            match self
+                .client
+                .keyring_file_add_key(&KeyringFileKey {
+                    name: name.clone(),
+                    path: path.display().to_string(),
+                })
+                .await
+            {
+                Ok(_) => {}
+                Err(e) if e.is(ErrorKind::AlreadyExists) => {}
+                Err(e) => {
+                    return Err(rpc(vol, format!("giving {} to the target's keyring", path.display()))(e));
+                }
+            }
+        }
+        Ok(name)
+    }
+
     /// Attaches a remote replica exported by [`VolumeOps::export_replica`];
-    /// returns its bdev (`<controller>n1`).
+    /// returns its bdev (`<controller>n1`). With `dhchap_data_dir`, this node
+    /// authenticates with its own DH-HMAC-CHAP secret.
     pub async fn attach_replica(
         &self,
         vol: &str,
@@ -1569,11 +1685,28 @@ impl VolumeOps {
         address: IpAddr,
         port: u16,
         nqn: &str,
+        dhchap_data_dir: Option<&std::path::Path>,
     ) -> Result<String, VolumeError> {
+        let dhchap_key = match (dhchap_data_dir, self.host_nqn.as_deref()) {
+            (Some(d), Some(me)) => {
+                let registered = self
+                    .client
+                    .keyring_get_keys()
+                    .await
+                    .map_err(rpc(vol, "listing the keyring"))?
+                    .into_iter()
+                    .filter(|k| !k.removed)
+                    .map(|k| k.name)
+                    .collect();
+                Some(self.register_key(vol, d, me, &registered).await?)
+            }
+            _ => None,
+        };
         let bdevs = match self
             .client
             .bdev_nvme_attach_controller(&AttachController {
                 hostnqn: self.host_nqn.clone(),
+                dhchap_key,
                 ..AttachController::tcp(controller, address, port, nqn)
             })
             .await
