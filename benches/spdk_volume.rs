@@ -452,7 +452,7 @@ async fn data_path(spdk: &Path, ops: &VolumeOps, port: u16, rounds: usize, secs:
         .await
         .expect("export replica");
     let nvme = ops
-        .attach_replica("lh", "lhr0", [127, 0, 0, 1].into(), port, &rnqn)
+        .attach_replica("lh", "lhr0", [127, 0, 0, 1].into(), port, &rnqn, None)
         .await
         .expect("attach replica");
     one_member_raid1(c, "lh-raid", &nvme, blocks).await;

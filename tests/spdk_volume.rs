@@ -516,11 +516,11 @@ async fn a_replica_exported_on_one_target_joins_a_raid1_on_another() {
     // only the engine's host NQN may attach it
     let stranger = VolumeOps::new(cb.clone()).with_host_nqn(Some("nqn.2025-01.io.talon.test:node:x".into()));
     stranger
-        .attach_replica("rv", "talon-rv-r1", [127, 0, 0, 1].into(), 4430, &nqn)
+        .attach_replica("rv", "talon-rv-r1", [127, 0, 0, 1].into(), 4430, &nqn, None)
         .await
         .expect_err("a host the export does not name is refused");
     let bdev = ob
-        .attach_replica("rv", "talon-rv-r1", [127, 0, 0, 1].into(), 4430, &nqn)
+        .attach_replica("rv", "talon-rv-r1", [127, 0, 0, 1].into(), 4430, &nqn, None)
         .await
         .expect("attach");
     assert_eq!(
@@ -538,6 +538,159 @@ async fn a_replica_exported_on_one_target_joins_a_raid1_on_another() {
     .await
     .expect("raid1 over local + remote");
     assert!(cb.bdev("talon-raid-rv").await.expect("get").is_some());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_with_dhchap_is_attached_only_with_the_engine_nodes_secret() {
+    // two SpdkDoubles share a fabric in this process (TEST DOUBLE: no data
+    // moves; the double compares the secrets of both keyrings' files as a
+    // real target's DH-HMAC-CHAP would accept or refuse them)
+    use talon::util::dhchap;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (data_a, data_b) = (dir.path().join("data-a"), dir.path().join("data-b"));
+    let a = SpdkDouble::start(dir.path().join("a.sock")).await.expect("a");
+    let b = SpdkDouble::start(dir.path().join("b.sock")).await.expect("b");
+    let (ca, cb) = (SpdkClient::new(a.socket()), SpdkClient::new(b.socket()));
+    add_disk(&ca, dir.path(), "da", true).await;
+    let remote = ca
+        .bdev_lvol_create(&LvolCreate::thin("talon-da", "dv-r1", 32))
+        .await
+        .expect("lvol a");
+    let vol = ObjectName::parse("volume", "dv").expect("n");
+    const ENGINE: &str = "nqn.2025-01.io.talon.test:node:b";
+    const SERVER: &str = "nqn.2025-01.io.talon.test:node:a";
+    let oa = VolumeOps::new(ca.clone()).with_host_nqn(Some(SERVER.into()));
+    let ob = VolumeOps::new(cb.clone()).with_host_nqn(Some(ENGINE.into()));
+    let export = ExportSpec {
+        address: [127, 0, 0, 1].into(),
+        port: 4431,
+        hosts: vec![ENGINE.to_string()],
+        dhchap_data_dir: Some(data_a.clone()),
+    };
+    // the serving node has no secret for the engine node: nothing is exported
+    let err = oa
+        .export_replica_as(&vol, "r1", &remote, export.clone())
+        .await
+        .expect_err("no secret for the engine node");
+    let msg = talon::util::error_chain(&err);
+    assert!(msg.contains("no DH-HMAC-CHAP secret for host") && msg.contains(ENGINE), "{msg}");
+    assert!(
+        ca.subsystem("nqn.2025-01.io.talon:replica:dv:r1").await.expect("list").is_none(),
+        "nothing half-made"
+    );
+    // the engine node's own secret (made by talon there), copied by the operator
+    let mine = dhchap::load_or_create(&data_b, ENGINE).expect("engine secret");
+    std::fs::create_dir_all(dhchap::dir(&data_a)).expect("dir");
+    std::fs::write(dhchap::path(&data_a, ENGINE).expect("p"), format!("{}\n", mine.expose())).expect("copy");
+    let nqn = oa
+        .export_replica_as(&vol, "r1", &remote, export.clone())
+        .await
+        .expect("export replica");
+    let sub = ca.subsystem(&nqn).await.expect("list").expect("subsystem");
+    assert_eq!(sub.hosts.len(), 1);
+    assert_eq!(sub.hosts[0].dhchap_key.as_deref(), Some(dhchap::keyring_name(ENGINE).as_str()));
+    let key_file = dhchap::path(&data_a, ENGINE).expect("p");
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(std::fs::metadata(&key_file).expect("stat").permissions().mode() & 0o777, 0o600);
+    // idempotent: the key stays registered once, the host keeps it
+    oa.export_replica_as(&vol, "r1", &remote, export.clone()).await.expect("again");
+    assert_eq!(ca.keyring_get_keys().await.expect("keys").len(), 1);
+    // no key: refused
+    ob.attach_replica("dv", "talon-dv-r1", [127, 0, 0, 1].into(), 4431, &nqn, None)
+        .await
+        .expect_err("no DH-HMAC-CHAP: refused");
+    // another secret under the engine node's name: refused
+    let other = dir.path().join("data-other");
+    dhchap::load_or_create(&other, ENGINE).expect("another secret");
+    let wrong = VolumeOps::new(SpdkClient::new(b.socket())).with_host_nqn(Some(ENGINE.into()));
+    wrong
+        .attach_replica("dv", "talon-dv-r1", [127, 0, 0, 1].into(), 4431, &nqn, Some(&other))
+        .await
+        .expect_err("the wrong secret: refused");
+    cb.keyring_file_remove_key(&ByName::new(dhchap::keyring_name(ENGINE))).await.expect("forget the wrong key");
+    // the right secret: attached
+    let bdev = ob
+        .attach_replica("dv", "talon-dv-r1", [127, 0, 0, 1].into(), 4431, &nqn, Some(&data_b))
+        .await
+        .expect("attach with the engine node's secret");
+    assert_eq!(cb.bdev(&bdev).await.expect("get").expect("bdev").size_bytes(), 32 * MIB);
+    // turning DH-HMAC-CHAP off clears the host's key (nvmf_subsystem_set_keys)
+    oa.export_replica_as(
+        &vol,
+        "r1",
+        &remote,
+        ExportSpec {
+            dhchap_data_dir: None,
+            ..export
+        },
+    )
+    .await
+    .expect("without DH-HMAC-CHAP");
+    let sub = ca.subsystem(&nqn).await.expect("list").expect("subsystem");
+    assert_eq!(sub.hosts[0].dhchap_key, None);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_double_keyring_refuses_what_spdk_refuses() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let a = SpdkDouble::start(dir.path().join("a.sock")).await.expect("a");
+    let c = SpdkClient::new(a.socket());
+    let f = dir.path().join("k");
+    std::fs::write(&f, "x").expect("write");
+    std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+    let add = |name: &str, path: &str| talon::spdk::rpc::KeyringFileKey {
+        name: name.into(),
+        path: path.into(),
+    };
+    let code = |r: Result<bool, talon::spdk::ClientError>| {
+        let e = r.expect_err("refused");
+        talon::util::error_chain(&e)
+    };
+    // recorded against spdk_tgt v26.05: -1 "Operation not permitted" for a 0644 file
+    let m = code(c.keyring_file_add_key(&add("k", f.to_str().expect("utf8"))).await);
+    assert!(m.contains("Operation not permitted"), "{m}");
+    std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    let m = code(c.keyring_file_add_key(&add("k", "relative")).await);
+    assert!(m.contains("Operation not permitted"), "{m}");
+    c.keyring_file_add_key(&add("k", f.to_str().expect("utf8"))).await.expect("0600");
+    let m = code(c.keyring_file_add_key(&add("k", f.to_str().expect("utf8"))).await);
+    assert!(m.contains("File exists"), "{m}");
+    c.bdev_malloc_create(&MallocCreate {
+        name: Some("m".into()),
+        num_blocks: 2048,
+        block_size: 512,
+        uuid: None,
+    })
+    .await
+    .expect("malloc");
+    c.nvmf_create_subsystem(&CreateSubsystem {
+        nqn: "nqn.2025-01.io.talon.test:s".into(),
+        allow_any_host: Some(false),
+        serial_number: None,
+        model_number: None,
+        max_namespaces: None,
+        ana_reporting: None,
+    })
+    .await
+    .expect("subsystem");
+    let keys = |host: &str, key: Option<&str>| talon::spdk::rpc::SubsystemHostKeys {
+        nqn: "nqn.2025-01.io.talon.test:s".into(),
+        host: host.into(),
+        dhchap_key: key.map(str::to_owned),
+        dhchap_ctrlr_key: None,
+    };
+    let h = "nqn.2014-08.org.nvmexpress:uuid:11111111-1111-1111-1111-111111111111";
+    let m = code(c.nvmf_subsystem_add_host_keys(&keys(h, Some("nokey"))).await);
+    assert!(m.contains("Invalid parameters"), "{m}");
+    let m = code(c.nvmf_subsystem_set_keys(&keys(h, Some("k"))).await);
+    assert!(m.contains("Invalid argument"), "a host not listed: {m}");
+    c.nvmf_subsystem_add_host_keys(&keys(h, Some("k"))).await.expect("add with key");
+    let m = code(c.nvmf_subsystem_add_host_keys(&keys(h, None)).await);
+    assert!(m.contains("Internal error"), "listed twice: {m}");
+    // a method a real v26.05 lacks stays unknown
+    let m = code(c.typed::<_, bool>("keyring_file_rotate_key", &json!({"name": "k"})).await);
+    assert!(m.contains("Method not found"), "{m}");
 }
 
 fn ledger(state: &State, id: &str) -> Option<(Vec<u32>, Vec<String>)> {
