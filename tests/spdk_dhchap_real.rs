@@ -13,7 +13,7 @@ use talon::spdk::SpdkClient;
 use talon::spdk::rpc::{ByName, MallocCreate};
 use talon::spdk::target::{Memory, Target, TargetConfig};
 use talon::spdk::volume::{ExportSpec, VolumeOps};
-use talon::util::dhchap;
+use talon::util::nvme_auth::{self as dhchap, DhchapSecret};
 
 const MIB: u64 = 1 << 20;
 const ENGINE: &str = "nqn.2025-01.io.talon.test:node:engine";
@@ -100,16 +100,16 @@ async fn real_spdk_dhchap_replica_needs_the_engine_nodes_secret() {
     };
 
     // the engine node's secret, made by talon there, copied to the serving node
-    let mine = dhchap::load_or_create(&data_b, ENGINE).expect("engine secret");
-    std::fs::create_dir_all(dhchap::dir(&data_a)).expect("dir");
-    let copy = dhchap::path(&data_a, ENGINE).expect("path");
+    let mine = dhchap::load_or_create::<DhchapSecret>(&data_b, ENGINE).expect("engine secret");
+    std::fs::create_dir_all(dhchap::dir::<DhchapSecret>(&data_a)).expect("dir");
+    let copy = dhchap::path::<DhchapSecret>(&data_a, ENGINE).expect("path");
     std::fs::write(&copy, format!("{}\n", mine.expose())).expect("copy");
     let nqn = oa
         .export_replica_as(&vol, "r1", &bdev, export.clone())
         .await
         .expect("export with DH-HMAC-CHAP");
     let sub = ca.subsystem(&nqn).await.expect("list").expect("subsystem");
-    let key = dhchap::keyring_name(ENGINE);
+    let key = dhchap::keyring_name::<DhchapSecret>(ENGINE);
     assert_eq!(sub.hosts.len(), 1);
     assert_eq!(sub.hosts[0].nqn, ENGINE);
     assert_eq!(sub.hosts[0].dhchap_key.as_deref(), Some(key.as_str()));
@@ -123,7 +123,7 @@ async fn real_spdk_dhchap_replica_needs_the_engine_nodes_secret() {
     eprintln!("no key: {}", talon::util::error_chain(&e));
     // another secret under the engine node's name
     let other = d.path().join("data-other");
-    dhchap::load_or_create(&other, ENGINE).expect("another secret");
+    dhchap::load_or_create::<DhchapSecret>(&other, ENGINE).expect("another secret");
     let e = ob
         .attach_replica("dh", "wrong", [127, 0, 0, 1].into(), port, &nqn, Some(&other))
         .await
@@ -161,14 +161,14 @@ async fn real_spdk_dhchap_replica_needs_the_engine_nodes_secret() {
 
     // rotation: a new secret in both files is used at the next authentication
     // (the file keyring reads the file at every use)
-    let new = dhchap::DhchapSecret::generate().expect("random");
+    let new = DhchapSecret::generate().expect("random");
     std::fs::write(&copy, format!("{}\n", new.expose())).expect("rotate on the server");
     let e = ob
         .attach_replica("dh", "stale", [127, 0, 0, 1].into(), port, &nqn, Some(&data_b))
         .await
         .expect_err("the old secret after a rotation: refused");
     eprintln!("old secret after rotation: {}", talon::util::error_chain(&e));
-    std::fs::write(dhchap::path(&data_b, ENGINE).expect("p"), format!("{}\n", new.expose()))
+    std::fs::write(dhchap::path::<DhchapSecret>(&data_b, ENGINE).expect("p"), format!("{}\n", new.expose()))
         .expect("rotate on the engine node");
     ob.attach_replica("dh", "rotated", [127, 0, 0, 1].into(), port, &nqn, Some(&data_b))
         .await

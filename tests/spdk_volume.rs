@@ -545,7 +545,7 @@ async fn a_replica_with_dhchap_is_attached_only_with_the_engine_nodes_secret() {
     // two SpdkDoubles share a fabric in this process (TEST DOUBLE: no data
     // moves; the double compares the secrets of both keyrings' files as a
     // real target's DH-HMAC-CHAP would accept or refuse them)
-    use talon::util::dhchap;
+    use talon::util::nvme_auth::{self as dhchap, DhchapSecret};
     let dir = tempfile::tempdir().expect("tempdir");
     let (data_a, data_b) = (dir.path().join("data-a"), dir.path().join("data-b"));
     let a = SpdkDouble::start(dir.path().join("a.sock")).await.expect("a");
@@ -579,17 +579,17 @@ async fn a_replica_with_dhchap_is_attached_only_with_the_engine_nodes_secret() {
         "nothing half-made"
     );
     // the engine node's own secret (made by talon there), copied by the operator
-    let mine = dhchap::load_or_create(&data_b, ENGINE).expect("engine secret");
-    std::fs::create_dir_all(dhchap::dir(&data_a)).expect("dir");
-    std::fs::write(dhchap::path(&data_a, ENGINE).expect("p"), format!("{}\n", mine.expose())).expect("copy");
+    let mine = dhchap::load_or_create::<DhchapSecret>(&data_b, ENGINE).expect("engine secret");
+    std::fs::create_dir_all(dhchap::dir::<DhchapSecret>(&data_a)).expect("dir");
+    std::fs::write(dhchap::path::<DhchapSecret>(&data_a, ENGINE).expect("p"), format!("{}\n", mine.expose())).expect("copy");
     let nqn = oa
         .export_replica_as(&vol, "r1", &remote, export.clone())
         .await
         .expect("export replica");
     let sub = ca.subsystem(&nqn).await.expect("list").expect("subsystem");
     assert_eq!(sub.hosts.len(), 1);
-    assert_eq!(sub.hosts[0].dhchap_key.as_deref(), Some(dhchap::keyring_name(ENGINE).as_str()));
-    let key_file = dhchap::path(&data_a, ENGINE).expect("p");
+    assert_eq!(sub.hosts[0].dhchap_key.as_deref(), Some(dhchap::keyring_name::<DhchapSecret>(ENGINE).as_str()));
+    let key_file = dhchap::path::<DhchapSecret>(&data_a, ENGINE).expect("p");
     use std::os::unix::fs::PermissionsExt;
     assert_eq!(std::fs::metadata(&key_file).expect("stat").permissions().mode() & 0o777, 0o600);
     // idempotent: the key stays registered once, the host keeps it
@@ -601,13 +601,13 @@ async fn a_replica_with_dhchap_is_attached_only_with_the_engine_nodes_secret() {
         .expect_err("no DH-HMAC-CHAP: refused");
     // another secret under the engine node's name: refused
     let other = dir.path().join("data-other");
-    dhchap::load_or_create(&other, ENGINE).expect("another secret");
+    dhchap::load_or_create::<DhchapSecret>(&other, ENGINE).expect("another secret");
     let wrong = VolumeOps::new(SpdkClient::new(b.socket())).with_host_nqn(Some(ENGINE.into()));
     wrong
         .attach_replica("dv", "talon-dv-r1", [127, 0, 0, 1].into(), 4431, &nqn, Some(&other))
         .await
         .expect_err("the wrong secret: refused");
-    cb.keyring_file_remove_key(&ByName::new(dhchap::keyring_name(ENGINE))).await.expect("forget the wrong key");
+    cb.keyring_file_remove_key(&ByName::new(dhchap::keyring_name::<DhchapSecret>(ENGINE))).await.expect("forget the wrong key");
     // the right secret: attached
     let bdev = ob
         .attach_replica("dv", "talon-dv-r1", [127, 0, 0, 1].into(), 4431, &nqn, Some(&data_b))

@@ -39,7 +39,7 @@ use super::error::AttachError;
 use super::kernel_backoff;
 use crate::host::HostRoot;
 use crate::names::{Nqn, ObjectName};
-use crate::util::dhchap::DhchapSecret;
+use crate::util::nvme_auth::DhchapSecret;
 
 /// The fabrics control device, a host path.
 pub const FABRICS_DEV: &str = "/dev/nvme-fabrics";

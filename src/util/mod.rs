@@ -6,11 +6,11 @@
 //!        │  (every arrow points down; util imports no crate:: module)
 //!        v
 //!   util::error (error_chain)   util::backoff (Backoff)   util::root (HostRoot)
-//!   util::dhchap (DH-HMAC-CHAP secret files)
+//!   util::nvme_auth (DH-HMAC-CHAP and TLS PSK files)
 //! ```
 
 pub mod backoff;
-pub mod dhchap;
+pub mod nvme_auth;
 pub mod error;
 pub mod root;
 

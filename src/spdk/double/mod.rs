@@ -725,7 +725,7 @@ fn fabric_connect(
                 }
                 if let Some(key) = sub.host_keys.get(&hostnqn).and_then(|k| k.0.as_ref()) {
                     let want = s.keys.get(key).and_then(|p| std::fs::read_to_string(p).ok());
-                    let valid = |x: &str| crate::util::dhchap::DhchapSecret::parse(x).ok();
+                    let valid = |x: &str| crate::util::nvme_auth::DhchapSecret::parse(x).ok();
                     match (want.as_deref().and_then(valid), secret.and_then(valid)) {
                         (Some(w), Some(g)) if w == g => {}
                         _ => return None,

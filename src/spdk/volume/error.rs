@@ -37,7 +37,7 @@ pub enum VolumeError {
         volume: String,
         /// Which file and why (never the secret).
         #[source]
-        source: crate::util::dhchap::DhchapFileError,
+        source: crate::util::nvme_auth::DhchapFileError,
     },
     /// Replicas cannot be placed on distinct ready disks (see [`crate::spdk::placement`]).
     #[error("volume {volume}: {reason}")]

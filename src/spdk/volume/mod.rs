@@ -40,7 +40,7 @@ use super::rpc::{
     SubsystemHostKeys, SubsystemHostParams, SubsystemListener, KeyringFileKey,
 };
 use crate::names::{NQN_PREFIX, Nqn, ObjectName, volume_uuid};
-use crate::util::dhchap;
+use crate::util::nvme_auth::{self as dhchap, DhchapSecret};
 
 // the names and the inventory moved to their own modules; kept here for callers
 pub mod error;
@@ -1650,13 +1650,13 @@ impl VolumeOps {
             source,
         };
         if self.host_nqn.as_deref() == Some(nqn) {
-            dhchap::load_or_create(data_dir, nqn).map_err(bad)?;
+            dhchap::load_or_create::<DhchapSecret>(data_dir, nqn).map_err(bad)?;
         } else {
-            dhchap::load(data_dir, nqn).map_err(bad)?;
+            dhchap::load::<DhchapSecret>(data_dir, nqn).map_err(bad)?;
         }
-        let name = dhchap::keyring_name(nqn);
+        let name = dhchap::keyring_name::<DhchapSecret>(nqn);
         if !registered.contains(&name) {
-            let path = dhchap::path(data_dir, nqn).map_err(bad)?;
+            let path = dhchap::path::<DhchapSecret>(data_dir, nqn).map_err(bad)?;
             match self
                 .client
                 .keyring_file_add_key(&KeyringFileKey {
