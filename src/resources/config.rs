@@ -66,6 +66,20 @@ pub struct NodeConfig {
     /// secret. The secrets are never in the node config.
     #[serde(default)]
     pub nvme_dhchap: bool,
+    /// NVMe/TCP TLS 1.3 with pre-shared keys on node-to-node links (V2):
+    /// replicas this node serves (`serveReplica`) listen with TLS on
+    /// `replicaTlsPort` and admit each host with its PSK from
+    /// `<data-dir>/nvme-tls/<host NQN>` (0600, PSK interchange format; this
+    /// node's own made by talon, another node's copied there by the operator);
+    /// this node attaches remote replicas over TLS with its own PSK (point
+    /// their `remoteReplicas[].port` at the serving node's `replicaTlsPort`).
+    /// Volumes attached by kernel hosts are not affected.
+    #[serde(default)]
+    pub replica_tls: bool,
+    /// The TLS port of `replicaTls` (TLS is a property of a listening port in
+    /// SPDK, so it cannot share `nvmfPort`).
+    #[serde(default = "default_replica_tls_port")]
+    pub replica_tls_port: u16,
     /// The 2 MiB hugepage pool for SPDK: `auto` (sized from the volumes this
     /// node exports, on the NUMA nodes of the SPDK cores), a fixed number of
     /// MiB, or `off` (talon leaves the pool alone).
@@ -127,6 +141,9 @@ fn default_nvmf_port() -> u16 {
 fn default_iscsi_port() -> u16 {
     3260
 }
+fn default_replica_tls_port() -> u16 {
+    4421
+}
 
 impl Default for NodeConfig {
     fn default() -> Self {
@@ -138,6 +155,8 @@ impl Default for NodeConfig {
             allowed_hosts: Vec::new(),
             iscsi_chap: false,
             nvme_dhchap: false,
+            replica_tls: false,
+            replica_tls_port: default_replica_tls_port(),
             hugepages: HugepagesSetting::AUTO,
         }
     }

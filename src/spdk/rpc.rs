@@ -977,6 +977,29 @@ pub struct SubsystemHostKeys {
     /// The key the controller authenticates with (bidirectional; needs `dhchap_key`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub dhchap_ctrlr_key: Option<String>,
+    /// `nvmf_subsystem_add_host` only: the TLS PSK of the host (a keyring key
+    /// name), read by the TCP transport (`lib/nvmf/tcp.c`,
+    /// `nvmf_tcp_subsystem_add_host`); a name not in the keyring is -32603
+    /// "Internal error". `nvmf_get_subsystems` does not report it (v26.05).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub psk: Option<String>,
+}
+
+/// `nvmf_subsystem_add_listener` with `secure_channel` (NVMe/TCP TLS 1.3 with
+/// a PSK; SPDK v26.05 listens with its `ssl` socket). TLS is a property of
+/// the listening port: a plain listener added later on the same address and
+/// port shares the TLS socket (seen on spdk_tgt v26.05), so talon keeps TLS
+/// on a port of its own. Refused with -32603 "Cannot establish secure
+/// channel, when 'allow_any_host' is set".
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SecureListener {
+    /// The subsystem.
+    pub nqn: String,
+    /// The address.
+    pub listen_address: ListenAddress,
+    /// Require TLS.
+    pub secure_channel: bool,
 }
 
 /// `keyring_file_add_key` params. SPDK v26.05 (`module/keyring/file`): the
@@ -1065,6 +1088,11 @@ pub struct AttachController {
     /// The keyring key the controller must prove (bidirectional).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dhchap_ctrlr_key: Option<String>,
+    /// The TLS PSK (a keyring key name): connect with NVMe/TCP TLS 1.3. A
+    /// refused handshake (no PSK where the listener wants one, another PSK)
+    /// is -5 "Input/output error"; a name not in the keyring -126.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub psk: Option<String>,
 }
 
 impl AttachController {
@@ -1088,6 +1116,7 @@ impl AttachController {
             fast_io_fail_timeout_sec: None,
             dhchap_key: None,
             dhchap_ctrlr_key: None,
+            psk: None,
         }
     }
 
@@ -1106,6 +1135,7 @@ impl AttachController {
             fast_io_fail_timeout_sec: None,
             dhchap_key: None,
             dhchap_ctrlr_key: None,
+            psk: None,
         }
     }
 }
@@ -1465,6 +1495,11 @@ impl SpdkClient {
     /// `nvmf_subsystem_add_host` with DH-HMAC-CHAP keys.
     pub async fn nvmf_subsystem_add_host_keys(&self, params: &SubsystemHostKeys) -> Result<bool, ClientError> {
         self.typed("nvmf_subsystem_add_host", params).await
+    }
+
+    /// `nvmf_subsystem_add_listener` with `secure_channel`.
+    pub async fn nvmf_subsystem_add_listener_secure(&self, params: &SecureListener) -> Result<bool, ClientError> {
+        self.typed("nvmf_subsystem_add_listener", params).await
     }
 
     /// One bdev by name or alias, `None` when SPDK says it does not exist.

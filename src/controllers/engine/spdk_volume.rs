@@ -159,6 +159,8 @@ struct Job {
     snapshot_set: Option<BTreeSet<usize>>,
     /// Who may connect ([`export_hosts`]).
     hosts: Vec<String>,
+    /// `NodeConfig.replicaTlsPort`.
+    tls_port: u16,
 }
 
 /// What realizing one volume gave.
@@ -187,8 +189,14 @@ impl Realized {
 
 impl SpdkVolumeController {
     async fn realize(&self, inv: &Inventory, job: &Job, export: &ExportSpec) -> Realized {
+        // a served replica with TLS listens on the TLS port (and only there)
+        let port = match (&export.tls_data_dir, job.spec.serve_replica) {
+            (Some(_), Some(_)) => job.tls_port,
+            _ => export.port,
+        };
         let export = &ExportSpec {
             hosts: job.hosts.clone(),
+            port,
             ..export.clone()
         };
         let name = match ObjectName::parse("volume", &job.id) {
@@ -544,6 +552,24 @@ impl Controller for SpdkVolumeController {
                 return Ok(Requeue::OnInputChange);
             }
         };
+        if (node.nvme_dhchap || node.replica_tls) && self.data_dir.is_none() {
+            for v in &volumes {
+                let msg = "NodeConfig nvmeDhchap or replicaTls is set but this talon has no data directory for the secrets";
+                ctx.apply(v.id(), engine_status(ObjectState::Failed, msg))?;
+            }
+            return Ok(Requeue::OnInputChange);
+        }
+        if node.replica_tls && node.replica_tls_port == node.nvmf_port {
+            for v in &volumes {
+                let msg = format!(
+                    "NodeConfig replicaTlsPort {} is nvmfPort: TLS needs a port of its own",
+                    node.replica_tls_port
+                );
+                ctx.apply(v.id(), engine_status(ObjectState::Failed, msg))?;
+            }
+            return Ok(Requeue::OnInputChange);
+        }
+        let tls_data_dir = self.data_dir.clone().filter(|_| node.replica_tls);
         let dhchap_data_dir = match (node.nvme_dhchap, &self.data_dir) {
             (false, _) => None,
             (true, Some(d)) => Some(d.clone()),
@@ -561,7 +587,9 @@ impl Controller for SpdkVolumeController {
             port: node.nvmf_port,
             hosts: Vec::new(),
             dhchap_data_dir,
+            tls_data_dir,
         };
+        let tls_port = node.replica_tls_port;
         let attached: BTreeSet<String> = ctx
             .list::<Attachment>()?
             .into_iter()
@@ -646,6 +674,7 @@ impl Controller for SpdkVolumeController {
                 in_sync: ledger.map(ReplicaLedger::in_sync_set),
                 snapshot_set,
                 hosts: export_hosts(&node, &v.spec, attached_by),
+                tls_port,
             });
         }
         // one TCP transport per target, made (or adopted) before the volumes

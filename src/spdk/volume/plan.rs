@@ -31,6 +31,11 @@ pub struct ExportSpec {
     /// file in `<data-dir>/nvme-dhchap/`, and remote replicas are attached with this node's own
     /// (see [`crate::util::dhchap`]).
     pub dhchap_data_dir: Option<std::path::PathBuf>,
+    /// `Some(<data-dir>)` when `NodeConfig.replicaTls` is on: a served
+    /// replica listens with TLS (`secure_channel`) and admits each host with
+    /// its PSK from `<data-dir>/nvme-tls/`; remote replicas are attached with
+    /// this node's own PSK. Volume exports (kernel hosts) never use it.
+    pub tls_data_dir: Option<std::path::PathBuf>,
 }
 
 /// What a volume should be.
@@ -460,6 +465,7 @@ mod tests {
                 port: 4420,
                 hosts: vec![],
                 dhchap_data_dir: None,
+                tls_data_dir: None,
             },
         );
         p.superblock = superblock;
