@@ -301,6 +301,7 @@ fn plan(name: &str, replicas: usize) -> VolumePlan {
             port: 4420,
             hosts: vec!["nqn.2014-08.org.nvmexpress:uuid:host1".into()],
             dhchap_data_dir: None,
+            tls_data_dir: None,
         },
     )
 }
@@ -516,11 +517,11 @@ async fn a_replica_exported_on_one_target_joins_a_raid1_on_another() {
     // only the engine's host NQN may attach it
     let stranger = VolumeOps::new(cb.clone()).with_host_nqn(Some("nqn.2025-01.io.talon.test:node:x".into()));
     stranger
-        .attach_replica("rv", "talon-rv-r1", [127, 0, 0, 1].into(), 4430, &nqn, None)
+        .attach_replica("rv", "talon-rv-r1", [127, 0, 0, 1].into(), 4430, &nqn, None, None)
         .await
         .expect_err("a host the export does not name is refused");
     let bdev = ob
-        .attach_replica("rv", "talon-rv-r1", [127, 0, 0, 1].into(), 4430, &nqn, None)
+        .attach_replica("rv", "talon-rv-r1", [127, 0, 0, 1].into(), 4430, &nqn, None, None)
         .await
         .expect("attach");
     assert_eq!(
@@ -566,6 +567,7 @@ async fn a_replica_with_dhchap_is_attached_only_with_the_engine_nodes_secret() {
         port: 4431,
         hosts: vec![ENGINE.to_string()],
         dhchap_data_dir: Some(data_a.clone()),
+        tls_data_dir: None,
     };
     // the serving node has no secret for the engine node: nothing is exported
     let err = oa
@@ -596,7 +598,7 @@ async fn a_replica_with_dhchap_is_attached_only_with_the_engine_nodes_secret() {
     oa.export_replica_as(&vol, "r1", &remote, export.clone()).await.expect("again");
     assert_eq!(ca.keyring_get_keys().await.expect("keys").len(), 1);
     // no key: refused
-    ob.attach_replica("dv", "talon-dv-r1", [127, 0, 0, 1].into(), 4431, &nqn, None)
+    ob.attach_replica("dv", "talon-dv-r1", [127, 0, 0, 1].into(), 4431, &nqn, None, None)
         .await
         .expect_err("no DH-HMAC-CHAP: refused");
     // another secret under the engine node's name: refused
@@ -604,13 +606,13 @@ async fn a_replica_with_dhchap_is_attached_only_with_the_engine_nodes_secret() {
     dhchap::load_or_create::<DhchapSecret>(&other, ENGINE).expect("another secret");
     let wrong = VolumeOps::new(SpdkClient::new(b.socket())).with_host_nqn(Some(ENGINE.into()));
     wrong
-        .attach_replica("dv", "talon-dv-r1", [127, 0, 0, 1].into(), 4431, &nqn, Some(&other))
+        .attach_replica("dv", "talon-dv-r1", [127, 0, 0, 1].into(), 4431, &nqn, Some(&other), None)
         .await
         .expect_err("the wrong secret: refused");
     cb.keyring_file_remove_key(&ByName::new(dhchap::keyring_name::<DhchapSecret>(ENGINE))).await.expect("forget the wrong key");
     // the right secret: attached
     let bdev = ob
-        .attach_replica("dv", "talon-dv-r1", [127, 0, 0, 1].into(), 4431, &nqn, Some(&data_b))
+        .attach_replica("dv", "talon-dv-r1", [127, 0, 0, 1].into(), 4431, &nqn, Some(&data_b), None)
         .await
         .expect("attach with the engine node's secret");
     assert_eq!(cb.bdev(&bdev).await.expect("get").expect("bdev").size_bytes(), 32 * MIB);

@@ -845,6 +845,7 @@ async fn real_spdk_snapshots_under_writes_are_one_point_in_time() {
             port,
             hosts: vec![spdk_perf::HOST_NQN.to_string()],
             dhchap_data_dir: None,
+            tls_data_dir: None,
         },
     );
     let inv = Inventory::load(&c).await.expect("inventory");
