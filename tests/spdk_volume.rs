@@ -633,6 +633,66 @@ async fn a_replica_with_dhchap_is_attached_only_with_the_engine_nodes_secret() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_with_tls_is_attached_only_over_tls_with_the_engine_nodes_psk() {
+    // two SpdkDoubles (TEST DOUBLE: the PSKs of both keyrings' files are
+    // compared as a real TLS handshake would accept or refuse them)
+    use talon::util::nvme_auth::{self, TlsPsk};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (data_a, data_b) = (dir.path().join("data-a"), dir.path().join("data-b"));
+    let a = SpdkDouble::start(dir.path().join("a.sock")).await.expect("a");
+    let b = SpdkDouble::start(dir.path().join("b.sock")).await.expect("b");
+    let (ca, cb) = (SpdkClient::new(a.socket()), SpdkClient::new(b.socket()));
+    add_disk(&ca, dir.path(), "da", true).await;
+    let remote = ca
+        .bdev_lvol_create(&LvolCreate::thin("talon-da", "tv-r1", 32))
+        .await
+        .expect("lvol a");
+    let vol = ObjectName::parse("volume", "tv").expect("n");
+    const ENGINE: &str = "nqn.2025-01.io.talon.test:node:b";
+    let oa = VolumeOps::new(ca.clone()).with_host_nqn(Some("nqn.2025-01.io.talon.test:node:a".into()));
+    let ob = VolumeOps::new(cb.clone()).with_host_nqn(Some(ENGINE.into()));
+    let plain = ExportSpec {
+        address: [127, 0, 0, 1].into(),
+        port: 4432,
+        hosts: vec![ENGINE.to_string()],
+        dhchap_data_dir: None,
+        tls_data_dir: None,
+    };
+    let nqn = oa.export_replica_as(&vol, "r1", &remote, plain.clone()).await.expect("plain");
+    let tls = ExportSpec {
+        port: 4433,
+        tls_data_dir: Some(data_a.clone()),
+        ..plain
+    };
+    let e = oa.export_replica_as(&vol, "r1", &remote, tls.clone()).await.expect_err("no PSK for the engine");
+    let m = talon::util::error_chain(&e);
+    assert!(m.contains("no NVMe/TCP TLS pre-shared key for host"), "{m}");
+    let mine = nvme_auth::load_or_create::<TlsPsk>(&data_b, ENGINE).expect("engine psk");
+    nvme_auth::store(&data_a, ENGINE, &mine).expect("copy");
+    oa.export_replica_as(&vol, "r1", &remote, tls.clone()).await.expect("TLS");
+    let sub = ca.subsystem(&nqn).await.expect("list").expect("subsystem");
+    let ports: Vec<_> = sub.listen_addresses.iter().filter_map(|l| l.trsvcid.clone()).collect();
+    assert_eq!(ports, vec!["4433".to_string()], "the plain listener is gone");
+    let at = |name: &'static str, port: u16, tls: Option<std::path::PathBuf>| {
+        let (ob, nqn) = (ob.clone(), nqn.clone());
+        async move {
+            ob.attach_replica("tv", name, [127, 0, 0, 1].into(), port, &nqn, None, tls.as_deref())
+                .await
+        }
+    };
+    at("n1", 4433, None).await.expect_err("no TLS: refused");
+    let other = dir.path().join("data-other");
+    nvme_auth::load_or_create::<TlsPsk>(&other, ENGINE).expect("another psk");
+    at("n3", 4433, Some(other.clone())).await.expect_err("another PSK: refused");
+    at("n2", 4432, Some(other)).await.expect_err("the old port is gone");
+    cb.keyring_file_remove_key(&ByName::new(nvme_auth::keyring_name::<TlsPsk>(ENGINE)))
+        .await
+        .expect("forget it");
+    let bdev = at("n4", 4433, Some(data_b.clone())).await.expect("the engine node's PSK");
+    assert_eq!(cb.bdev(&bdev).await.expect("get").expect("bdev").size_bytes(), 32 * MIB);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_double_keyring_refuses_what_spdk_refuses() {
     use std::os::unix::fs::PermissionsExt;
     let dir = tempfile::tempdir().expect("tempdir");
@@ -681,6 +741,7 @@ async fn the_double_keyring_refuses_what_spdk_refuses() {
         host: host.into(),
         dhchap_key: key.map(str::to_owned),
         dhchap_ctrlr_key: None,
+        psk: None,
     };
     let h = "nqn.2014-08.org.nvmexpress:uuid:11111111-1111-1111-1111-111111111111";
     let m = code(c.nvmf_subsystem_add_host_keys(&keys(h, Some("nokey"))).await);

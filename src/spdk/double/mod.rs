@@ -223,6 +223,8 @@ struct Subsys {
     hosts: Vec<String>,
     /// DH-HMAC-CHAP keys of listed hosts: host NQN -> (key, controller key), by keyring name.
     host_keys: BTreeMap<String, (Option<String>, Option<String>)>,
+    /// TLS PSKs of listed hosts: host NQN -> keyring name (not reported, as in v26.05).
+    host_psks: BTreeMap<String, String>,
     listeners: Vec<crate::spdk::rpc::ListenAddress>,
     /// Created with `ana_reporting`.
     ana_reporting: bool,
@@ -277,6 +279,8 @@ struct State {
     ctrlrs: Vec<Ctrlr>,
     /// The file keyring: key name -> key file.
     keys: BTreeMap<String, PathBuf>,
+    /// Listening `traddr:trsvcid` made with `secure_channel` (TLS).
+    tls_ports: std::collections::BTreeSet<String>,
     portal_groups: BTreeMap<u32, Value>,
     initiator_groups: BTreeMap<u32, Value>,
     target_nodes: BTreeMap<String, Value>,
@@ -710,6 +714,7 @@ fn fabric_connect(
     host_id: &str,
     hostnqn: Option<&str>,
     secret: Option<&str>,
+    psk: Option<&str>,
 ) -> Option<(Vec<Ns>, u32)> {
     let hostnqn = hostnqn.map_or_else(
         || format!("nqn.2014-08.org.nvmexpress:uuid:{host_id}"),
@@ -720,6 +725,27 @@ fn fabric_connect(
         let s = &mut *s;
         for sub in &mut s.subsystems {
             if sub.nqn == nqn && listens(sub, traddr, trsvcid) {
+                // TLS: a TLS port takes only a handshake with the host's PSK;
+                // a plain port refuses a TLS handshake
+                let tls_port = s.tls_ports.contains(&format!("{traddr}:{trsvcid}"));
+                match (tls_port, psk) {
+                    (false, None) => {}
+                    (true, Some(given)) => {
+                        let want = sub
+                            .host_psks
+                            .get(&hostnqn)
+                            .and_then(|k| s.keys.get(k))
+                            .and_then(|p| std::fs::read_to_string(p).ok());
+                        let valid = |x: &str| {
+                            <crate::util::nvme_auth::TlsPsk as crate::util::nvme_auth::Secret>::parse(x).ok()
+                        };
+                        match (want.as_deref().and_then(valid), valid(given)) {
+                            (Some(w), Some(g)) if w == g => {}
+                            _ => return None,
+                        }
+                    }
+                    _ => return None,
+                }
                 if !sub.allow_any_host && !sub.hosts.contains(&hostnqn) {
                     return None;
                 }
@@ -764,9 +790,16 @@ fn execute(state: &Arc<Mutex<State>>, method: &str, params: &Option<Value>) -> R
     // double's lock, so two doubles attaching to each other cannot deadlock.
     if method == "bdev_nvme_attach_controller" {
         let p: AttachController = decode(params)?;
-        let (host_id, secret) = {
+        let (host_id, secret, psk) = {
             let s = lock(state);
             s.check_ctrlr_name(&p)?;
+            let psk = match &p.psk {
+                Some(k) => match s.keys.get(k) {
+                    Some(path) => Some(std::fs::read_to_string(path).unwrap_or_default()),
+                    None => return fail(-126, "Required key not available"),
+                },
+                None => None,
+            };
             // bdev_nvme.c: a key name the keyring lacks is -ENOKEY before any connect
             let secret = match &p.dhchap_key {
                 Some(k) => match s.keys.get(k) {
@@ -775,7 +808,7 @@ fn execute(state: &Arc<Mutex<State>>, method: &str, params: &Option<Value>) -> R
                 },
                 None => None,
             };
-            (s.host_id.clone(), secret)
+            (s.host_id.clone(), secret, psk)
         };
         let remote = if p.trtype.eq_ignore_ascii_case("tcp") {
             let port = p.trsvcid.as_deref().unwrap_or("4420");
@@ -786,6 +819,7 @@ fn execute(state: &Arc<Mutex<State>>, method: &str, params: &Option<Value>) -> R
                 &host_id,
                 p.hostnqn.as_deref(),
                 secret.as_deref(),
+                psk.as_deref(),
             )
         } else {
             None

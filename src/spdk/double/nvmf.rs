@@ -136,7 +136,14 @@ impl State {
                 Ok(json!(true))
             }
             "nvmf_subsystem_add_listener" | "nvmf_subsystem_remove_listener" => {
-                let p: SubsystemListener = decode(params)?;
+                // add_listener also takes secure_channel (TLS on the whole port)
+                let secure = method.ends_with("add_listener")
+                    && params.as_ref().and_then(|v| v.get("secure_channel")).and_then(Value::as_bool) == Some(true);
+                let mut params = params.clone();
+                if let Some(Value::Object(m)) = params.as_mut() {
+                    m.remove("secure_channel");
+                }
+                let p: SubsystemListener = decode(&params)?;
                 let si = self.subsys(&p.nqn)?;
                 let same = |l: &crate::spdk::rpc::ListenAddress| {
                     l.trtype.eq_ignore_ascii_case(&p.listen_address.trtype)
@@ -145,8 +152,25 @@ impl State {
                 };
                 let exists = self.subsystems[si].listeners.iter().any(same);
                 if method.ends_with("add_listener") {
+                    if secure && self.subsystems[si].allow_any_host {
+                        return fail(-32603, "Cannot establish secure channel, when 'allow_any_host' is set");
+                    }
                     if exists || !self.transports.contains(&p.listen_address.trtype.to_uppercase()) {
                         return e(INVALID_PARAMS);
+                    }
+                    // the first listener on a port decides whether it is TLS (spdk_tgt v26.05)
+                    let port = format!("{}:{}", p.listen_address.traddr, p.listen_address.trsvcid.as_deref().unwrap_or_default());
+                    let listened = self.subsystems.iter().any(|s| {
+                        s.listeners.iter().any(|l| {
+                            format!("{}:{}", l.traddr, l.trsvcid.as_deref().unwrap_or_default()) == port
+                        })
+                    });
+                    if !listened {
+                        if secure {
+                            self.tls_ports.insert(port);
+                        } else {
+                            self.tls_ports.remove(&port);
+                        }
                     }
                     self.subsystems[si].listeners.push(p.listen_address);
                 } else {
@@ -223,6 +247,15 @@ impl State {
                 if sub.hosts.contains(&p.host) || (p.dhchap_key.is_none() && p.dhchap_ctrlr_key.is_some()) {
                     return fail(-32603, "Internal error");
                 }
+                // tcp.c, nvmf_tcp_subsystem_add_host: an unknown PSK fails the add
+                if let Some(psk) = &p.psk {
+                    if !self.keys.contains_key(psk) {
+                        return fail(-32603, "Internal error");
+                    }
+                    let sub = &mut self.subsystems[si];
+                    sub.host_psks.insert(p.host.clone(), psk.clone());
+                }
+                let sub = &mut self.subsystems[si];
                 if p.dhchap_key.is_some() {
                     sub.host_keys.insert(p.host.clone(), (p.dhchap_key, p.dhchap_ctrlr_key));
                 }
@@ -238,6 +271,7 @@ impl State {
                 }
                 sub.hosts.retain(|h| h != &p.host);
                 sub.host_keys.remove(&p.host);
+                sub.host_psks.remove(&p.host);
                 Ok(json!(true))
             }
             // nvmf_rpc.c, rpc_nvmf_subsystem_set_keys: unknown key "Invalid parameters";
@@ -245,6 +279,9 @@ impl State {
             // without a host key, is -EINVAL sent as is; no key clears both
             "nvmf_subsystem_set_keys" => {
                 let p: SubsystemHostKeys = decode(params)?;
+                if p.psk.is_some() {
+                    return e(INVALID_PARAMS);
+                }
                 let si = self.subsys(&p.nqn)?;
                 for k in [&p.dhchap_key, &p.dhchap_ctrlr_key].into_iter().flatten() {
                     if !self.keys.contains_key(k) {
