@@ -127,7 +127,15 @@ async fn real_spdk_dhchap_replica_needs_the_engine_nodes_secret() {
     let other = d.path().join("data-other");
     dhchap::load_or_create::<DhchapSecret>(&other, ENGINE).expect("another secret");
     let e = ob
-        .attach_replica("dh", "wrong", [127, 0, 0, 1].into(), port, &nqn, Some(&other), None)
+        .attach_replica(
+            "dh",
+            "wrong",
+            [127, 0, 0, 1].into(),
+            port,
+            &nqn,
+            Some(&other),
+            None,
+        )
         .await
         .expect_err("another secret: refused");
     let m = talon::util::error_chain(&e);
@@ -146,7 +154,15 @@ async fn real_spdk_dhchap_replica_needs_the_engine_nodes_secret() {
 
     // the engine node's own secret: attached
     let got = ob
-        .attach_replica("dh", "right", [127, 0, 0, 1].into(), port, &nqn, Some(&data_b), None)
+        .attach_replica(
+            "dh",
+            "right",
+            [127, 0, 0, 1].into(),
+            port,
+            &nqn,
+            Some(&data_b),
+            None,
+        )
         .await
         .expect("attach with the engine node's secret");
     let b = cb.bdev(&got).await.expect("get").expect("bdev");
@@ -166,15 +182,34 @@ async fn real_spdk_dhchap_replica_needs_the_engine_nodes_secret() {
     let new = DhchapSecret::generate().expect("random");
     std::fs::write(&copy, format!("{}\n", new.expose())).expect("rotate on the server");
     let e = ob
-        .attach_replica("dh", "stale", [127, 0, 0, 1].into(), port, &nqn, Some(&data_b), None)
+        .attach_replica(
+            "dh",
+            "stale",
+            [127, 0, 0, 1].into(),
+            port,
+            &nqn,
+            Some(&data_b),
+            None,
+        )
         .await
         .expect_err("the old secret after a rotation: refused");
     eprintln!("old secret after rotation: {}", talon::util::error_chain(&e));
-    std::fs::write(dhchap::path::<DhchapSecret>(&data_b, ENGINE).expect("p"), format!("{}\n", new.expose()))
-        .expect("rotate on the engine node");
-    ob.attach_replica("dh", "rotated", [127, 0, 0, 1].into(), port, &nqn, Some(&data_b), None)
-        .await
-        .expect("the new secret on both sides");
+    std::fs::write(
+        dhchap::path::<DhchapSecret>(&data_b, ENGINE).expect("p"),
+        format!("{}\n", new.expose()),
+    )
+    .expect("rotate on the engine node");
+    ob.attach_replica(
+        "dh",
+        "rotated",
+        [127, 0, 0, 1].into(),
+        port,
+        &nqn,
+        Some(&data_b),
+        None,
+    )
+    .await
+    .expect("the new secret on both sides");
     cb.bdev_nvme_detach_controller(&ByName::new("rotated"))
         .await
         .expect("detach");
@@ -257,26 +292,44 @@ async fn real_spdk_tls_replica_needs_the_engine_nodes_psk() {
         .await
         .expect("TLS export");
     let sub = ca.subsystem(&nqn).await.expect("list").expect("subsystem");
-    let ports: Vec<_> = sub.listen_addresses.iter().filter_map(|l| l.trsvcid.clone()).collect();
+    let ports: Vec<_> = sub
+        .listen_addresses
+        .iter()
+        .filter_map(|l| l.trsvcid.clone())
+        .collect();
     assert_eq!(ports, vec![tls_port.to_string()], "only the TLS port is left");
     assert_eq!(sub.hosts.len(), 1);
 
     let at = |name: &'static str, port: u16, tls: Option<PathBuf>| {
         let (ob, nqn) = (ob.clone(), nqn.clone());
         async move {
-            ob.attach_replica("tl", name, [127, 0, 0, 1].into(), port, &nqn, None, tls.as_deref())
-                .await
+            ob.attach_replica(
+                "tl",
+                name,
+                [127, 0, 0, 1].into(),
+                port,
+                &nqn,
+                None,
+                tls.as_deref(),
+            )
+            .await
         }
     };
     // no TLS: the handshake is refused
-    let e = at("notls", tls_port, None).await.expect_err("plain connect to the TLS port");
+    let e = at("notls", tls_port, None)
+        .await
+        .expect_err("plain connect to the TLS port");
     eprintln!("no TLS: {}", talon::util::error_chain(&e));
     // the old plain port is gone
-    at("oldport", plain_port, None).await.expect_err("the plain port is closed");
+    at("oldport", plain_port, None)
+        .await
+        .expect_err("the plain port is closed");
     // another PSK under the engine node's name
     let other = d.path().join("data-other");
     dhchap::load_or_create::<TlsPsk>(&other, ENGINE).expect("another psk");
-    let e = at("wrong", tls_port, Some(other)).await.expect_err("another PSK: refused");
+    let e = at("wrong", tls_port, Some(other))
+        .await
+        .expect_err("another PSK: refused");
     let m = talon::util::error_chain(&e);
     assert!(!m.contains(mine.expose()), "the PSK is not in errors");
     cb.keyring_file_remove_key(&ByName::new(dhchap::keyring_name::<TlsPsk>(ENGINE)))
@@ -293,7 +346,10 @@ async fn real_spdk_tls_replica_needs_the_engine_nodes_psk() {
     let got = at("right", tls_port, Some(data_b.clone()))
         .await
         .expect("attach with the engine node's PSK");
-    assert_eq!(cb.bdev(&got).await.expect("get").expect("bdev").size_bytes(), 32 * MIB);
+    assert_eq!(
+        cb.bdev(&got).await.expect("get").expect("bdev").size_bytes(),
+        32 * MIB
+    );
     let connected = ca
         .nvmf_subsystem_get_controllers(&talon::spdk::rpc::ByNqn { nqn: nqn.clone() })
         .await

@@ -575,27 +575,45 @@ async fn a_replica_with_dhchap_is_attached_only_with_the_engine_nodes_secret() {
         .await
         .expect_err("no secret for the engine node");
     let msg = talon::util::error_chain(&err);
-    assert!(msg.contains("no DH-HMAC-CHAP secret for host") && msg.contains(ENGINE), "{msg}");
     assert!(
-        ca.subsystem("nqn.2025-01.io.talon:replica:dv:r1").await.expect("list").is_none(),
+        msg.contains("no DH-HMAC-CHAP secret for host") && msg.contains(ENGINE),
+        "{msg}"
+    );
+    assert!(
+        ca.subsystem("nqn.2025-01.io.talon:replica:dv:r1")
+            .await
+            .expect("list")
+            .is_none(),
         "nothing half-made"
     );
     // the engine node's own secret (made by talon there), copied by the operator
     let mine = dhchap::load_or_create::<DhchapSecret>(&data_b, ENGINE).expect("engine secret");
     std::fs::create_dir_all(dhchap::dir::<DhchapSecret>(&data_a)).expect("dir");
-    std::fs::write(dhchap::path::<DhchapSecret>(&data_a, ENGINE).expect("p"), format!("{}\n", mine.expose())).expect("copy");
+    std::fs::write(
+        dhchap::path::<DhchapSecret>(&data_a, ENGINE).expect("p"),
+        format!("{}\n", mine.expose()),
+    )
+    .expect("copy");
     let nqn = oa
         .export_replica_as(&vol, "r1", &remote, export.clone())
         .await
         .expect("export replica");
     let sub = ca.subsystem(&nqn).await.expect("list").expect("subsystem");
     assert_eq!(sub.hosts.len(), 1);
-    assert_eq!(sub.hosts[0].dhchap_key.as_deref(), Some(dhchap::keyring_name::<DhchapSecret>(ENGINE).as_str()));
+    assert_eq!(
+        sub.hosts[0].dhchap_key.as_deref(),
+        Some(dhchap::keyring_name::<DhchapSecret>(ENGINE).as_str())
+    );
     let key_file = dhchap::path::<DhchapSecret>(&data_a, ENGINE).expect("p");
     use std::os::unix::fs::PermissionsExt;
-    assert_eq!(std::fs::metadata(&key_file).expect("stat").permissions().mode() & 0o777, 0o600);
+    assert_eq!(
+        std::fs::metadata(&key_file).expect("stat").permissions().mode() & 0o777,
+        0o600
+    );
     // idempotent: the key stays registered once, the host keeps it
-    oa.export_replica_as(&vol, "r1", &remote, export.clone()).await.expect("again");
+    oa.export_replica_as(&vol, "r1", &remote, export.clone())
+        .await
+        .expect("again");
     assert_eq!(ca.keyring_get_keys().await.expect("keys").len(), 1);
     // no key: refused
     ob.attach_replica("dv", "talon-dv-r1", [127, 0, 0, 1].into(), 4431, &nqn, None, None)
@@ -606,16 +624,37 @@ async fn a_replica_with_dhchap_is_attached_only_with_the_engine_nodes_secret() {
     dhchap::load_or_create::<DhchapSecret>(&other, ENGINE).expect("another secret");
     let wrong = VolumeOps::new(SpdkClient::new(b.socket())).with_host_nqn(Some(ENGINE.into()));
     wrong
-        .attach_replica("dv", "talon-dv-r1", [127, 0, 0, 1].into(), 4431, &nqn, Some(&other), None)
+        .attach_replica(
+            "dv",
+            "talon-dv-r1",
+            [127, 0, 0, 1].into(),
+            4431,
+            &nqn,
+            Some(&other),
+            None,
+        )
         .await
         .expect_err("the wrong secret: refused");
-    cb.keyring_file_remove_key(&ByName::new(dhchap::keyring_name::<DhchapSecret>(ENGINE))).await.expect("forget the wrong key");
+    cb.keyring_file_remove_key(&ByName::new(dhchap::keyring_name::<DhchapSecret>(ENGINE)))
+        .await
+        .expect("forget the wrong key");
     // the right secret: attached
     let bdev = ob
-        .attach_replica("dv", "talon-dv-r1", [127, 0, 0, 1].into(), 4431, &nqn, Some(&data_b), None)
+        .attach_replica(
+            "dv",
+            "talon-dv-r1",
+            [127, 0, 0, 1].into(),
+            4431,
+            &nqn,
+            Some(&data_b),
+            None,
+        )
         .await
         .expect("attach with the engine node's secret");
-    assert_eq!(cb.bdev(&bdev).await.expect("get").expect("bdev").size_bytes(), 32 * MIB);
+    assert_eq!(
+        cb.bdev(&bdev).await.expect("get").expect("bdev").size_bytes(),
+        32 * MIB
+    );
     // turning DH-HMAC-CHAP off clears the host's key (nvmf_subsystem_set_keys)
     oa.export_replica_as(
         &vol,
@@ -658,38 +697,67 @@ async fn a_replica_with_tls_is_attached_only_over_tls_with_the_engine_nodes_psk(
         dhchap_data_dir: None,
         tls_data_dir: None,
     };
-    let nqn = oa.export_replica_as(&vol, "r1", &remote, plain.clone()).await.expect("plain");
+    let nqn = oa
+        .export_replica_as(&vol, "r1", &remote, plain.clone())
+        .await
+        .expect("plain");
     let tls = ExportSpec {
         port: 4433,
         tls_data_dir: Some(data_a.clone()),
         ..plain
     };
-    let e = oa.export_replica_as(&vol, "r1", &remote, tls.clone()).await.expect_err("no PSK for the engine");
+    let e = oa
+        .export_replica_as(&vol, "r1", &remote, tls.clone())
+        .await
+        .expect_err("no PSK for the engine");
     let m = talon::util::error_chain(&e);
     assert!(m.contains("no NVMe/TCP TLS pre-shared key for host"), "{m}");
     let mine = nvme_auth::load_or_create::<TlsPsk>(&data_b, ENGINE).expect("engine psk");
     nvme_auth::store(&data_a, ENGINE, &mine).expect("copy");
-    oa.export_replica_as(&vol, "r1", &remote, tls.clone()).await.expect("TLS");
+    oa.export_replica_as(&vol, "r1", &remote, tls.clone())
+        .await
+        .expect("TLS");
     let sub = ca.subsystem(&nqn).await.expect("list").expect("subsystem");
-    let ports: Vec<_> = sub.listen_addresses.iter().filter_map(|l| l.trsvcid.clone()).collect();
+    let ports: Vec<_> = sub
+        .listen_addresses
+        .iter()
+        .filter_map(|l| l.trsvcid.clone())
+        .collect();
     assert_eq!(ports, vec!["4433".to_string()], "the plain listener is gone");
     let at = |name: &'static str, port: u16, tls: Option<std::path::PathBuf>| {
         let (ob, nqn) = (ob.clone(), nqn.clone());
         async move {
-            ob.attach_replica("tv", name, [127, 0, 0, 1].into(), port, &nqn, None, tls.as_deref())
-                .await
+            ob.attach_replica(
+                "tv",
+                name,
+                [127, 0, 0, 1].into(),
+                port,
+                &nqn,
+                None,
+                tls.as_deref(),
+            )
+            .await
         }
     };
     at("n1", 4433, None).await.expect_err("no TLS: refused");
     let other = dir.path().join("data-other");
     nvme_auth::load_or_create::<TlsPsk>(&other, ENGINE).expect("another psk");
-    at("n3", 4433, Some(other.clone())).await.expect_err("another PSK: refused");
-    at("n2", 4432, Some(other)).await.expect_err("the old port is gone");
+    at("n3", 4433, Some(other.clone()))
+        .await
+        .expect_err("another PSK: refused");
+    at("n2", 4432, Some(other))
+        .await
+        .expect_err("the old port is gone");
     cb.keyring_file_remove_key(&ByName::new(nvme_auth::keyring_name::<TlsPsk>(ENGINE)))
         .await
         .expect("forget it");
-    let bdev = at("n4", 4433, Some(data_b.clone())).await.expect("the engine node's PSK");
-    assert_eq!(cb.bdev(&bdev).await.expect("get").expect("bdev").size_bytes(), 32 * MIB);
+    let bdev = at("n4", 4433, Some(data_b.clone()))
+        .await
+        .expect("the engine node's PSK");
+    assert_eq!(
+        cb.bdev(&bdev).await.expect("get").expect("bdev").size_bytes(),
+        32 * MIB
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -715,7 +783,9 @@ async fn the_double_keyring_refuses_what_spdk_refuses() {
     std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o600)).expect("chmod");
     let m = code(c.keyring_file_add_key(&add("k", "relative")).await);
     assert!(m.contains("Operation not permitted"), "{m}");
-    c.keyring_file_add_key(&add("k", f.to_str().expect("utf8"))).await.expect("0600");
+    c.keyring_file_add_key(&add("k", f.to_str().expect("utf8")))
+        .await
+        .expect("0600");
     let m = code(c.keyring_file_add_key(&add("k", f.to_str().expect("utf8"))).await);
     assert!(m.contains("File exists"), "{m}");
     c.bdev_malloc_create(&MallocCreate {
@@ -748,11 +818,16 @@ async fn the_double_keyring_refuses_what_spdk_refuses() {
     assert!(m.contains("Invalid parameters"), "{m}");
     let m = code(c.nvmf_subsystem_set_keys(&keys(h, Some("k"))).await);
     assert!(m.contains("Invalid argument"), "a host not listed: {m}");
-    c.nvmf_subsystem_add_host_keys(&keys(h, Some("k"))).await.expect("add with key");
+    c.nvmf_subsystem_add_host_keys(&keys(h, Some("k")))
+        .await
+        .expect("add with key");
     let m = code(c.nvmf_subsystem_add_host_keys(&keys(h, None)).await);
     assert!(m.contains("Internal error"), "listed twice: {m}");
     // a method a real v26.05 lacks stays unknown
-    let m = code(c.typed::<_, bool>("keyring_file_rotate_key", &json!({"name": "k"})).await);
+    let m = code(
+        c.typed::<_, bool>("keyring_file_rotate_key", &json!({"name": "k"}))
+            .await,
+    );
     assert!(m.contains("Method not found"), "{m}");
 }
 

@@ -198,8 +198,11 @@ pub fn run_attach(args: AttachArgs) -> Result<(), super::CliError> {
     };
     let opts = if a.dhchap {
         let host = nvme_tcp::HostIdentity::load_or_create(&HostRoot::real(), &a.data_dir)?;
-        let secret = crate::util::nvme_auth::load_or_create::<crate::util::nvme_auth::DhchapSecret>(&a.data_dir, host.hostnqn.as_str())
-            .map_err(|e| crate::util::error_chain(&e))?;
+        let secret = crate::util::nvme_auth::load_or_create::<crate::util::nvme_auth::DhchapSecret>(
+            &a.data_dir,
+            host.hostnqn.as_str(),
+        )
+        .map_err(|e| crate::util::error_chain(&e))?;
         ConnectOptions {
             dhchap_secret: Some(secret),
             ..opts

@@ -1493,12 +1493,18 @@ impl SpdkClient {
         iscsi_get_target_nodes() -> Vec<TargetNode>);
 
     /// `nvmf_subsystem_add_host` with DH-HMAC-CHAP keys.
-    pub async fn nvmf_subsystem_add_host_keys(&self, params: &SubsystemHostKeys) -> Result<bool, ClientError> {
+    pub async fn nvmf_subsystem_add_host_keys(
+        &self,
+        params: &SubsystemHostKeys,
+    ) -> Result<bool, ClientError> {
         self.typed("nvmf_subsystem_add_host", params).await
     }
 
     /// `nvmf_subsystem_add_listener` with `secure_channel`.
-    pub async fn nvmf_subsystem_add_listener_secure(&self, params: &SecureListener) -> Result<bool, ClientError> {
+    pub async fn nvmf_subsystem_add_listener_secure(
+        &self,
+        params: &SecureListener,
+    ) -> Result<bool, ClientError> {
         self.typed("nvmf_subsystem_add_listener", params).await
     }
 

@@ -10,8 +10,8 @@
 //! ```
 
 pub mod backoff;
-pub mod nvme_auth;
 pub mod error;
+pub mod nvme_auth;
 pub mod root;
 
 pub use backoff::Backoff;

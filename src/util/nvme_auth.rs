@@ -59,9 +59,7 @@ fn with_crc(key: &[u8]) -> String {
 /// Checks `<base64>:` holding a key of one of `lens` bytes plus its CRC-32;
 /// returns the key length.
 fn check_payload(rest: &str, lens: &[usize]) -> Result<usize, InvalidSecret> {
-    let b64 = rest
-        .strip_suffix(':')
-        .ok_or(InvalidSecret("must end with ':'"))?;
+    let b64 = rest.strip_suffix(':').ok_or(InvalidSecret("must end with ':'"))?;
     if !b64
         .bytes()
         .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'+' | b'/' | b'='))
@@ -348,7 +346,10 @@ fn write_tmp<S: Secret>(p: &Path, secret: &S) -> Result<PathBuf, DhchapFileError
         .mode(0o600)
         .open(&tmp)
         .map_err(err)?;
-    if let Err(e) = f.write_all(secret.expose().as_bytes()).and_then(|()| f.sync_all()) {
+    if let Err(e) = f
+        .write_all(secret.expose().as_bytes())
+        .and_then(|()| f.sync_all())
+    {
         let _ = fs::remove_file(&tmp);
         return Err(err(e));
     }
@@ -420,12 +421,21 @@ mod tests {
         // the SPDK documentation's example PSK (32 bytes, hash 01)
         <TlsPsk as Secret>::parse("NVMeTLSkey-1:01:MDAxMTIyMzM0NDU1NjY3Nzg4OTlhYWJiY2NkZGVlZmZwJEiQ:")
             .expect("SPDK's example");
-        assert!(<TlsPsk as Secret>::parse("NVMeTLSkey-1:03:MDAxMTIyMzM0NDU1NjY3Nzg4OTlhYWJiY2NkZGVlZmZwJEiQ:").is_err());
-        assert!(<TlsPsk as Secret>::parse("DHHC-1:00:ia6zGodOr4SEG0Zzaw398rpY0wqipUWj4jWjUh4HWUz6aQ2n:").is_err());
+        assert!(
+            <TlsPsk as Secret>::parse("NVMeTLSkey-1:03:MDAxMTIyMzM0NDU1NjY3Nzg4OTlhYWJiY2NkZGVlZmZwJEiQ:")
+                .is_err()
+        );
+        assert!(
+            <TlsPsk as Secret>::parse("DHHC-1:00:ia6zGodOr4SEG0Zzaw398rpY0wqipUWj4jWjUh4HWUz6aQ2n:").is_err()
+        );
         let d = tempfile::tempdir().expect("tempdir");
         let made = load_or_create::<TlsPsk>(d.path(), "nqn.x:h").expect("made");
         let text = fs::read_to_string(path::<TlsPsk>(d.path(), "nqn.x:h").expect("p")).expect("read");
-        assert_eq!(text, made.expose(), "no newline: SPDK wants the last byte to be ':'");
+        assert_eq!(
+            text,
+            made.expose(),
+            "no newline: SPDK wants the last byte to be ':'"
+        );
         assert!(!format!("{made:?}").contains(made.expose()));
     }
 
@@ -433,22 +443,37 @@ mod tests {
     fn files_are_private_and_named_by_host() {
         let d = tempfile::tempdir().expect("tempdir");
         let nqn = "nqn.2014-08.org.nvmexpress:uuid:11111111-1111-1111-1111-111111111111";
-        assert!(matches!(load::<DhchapSecret>(d.path(), nqn), Err(DhchapFileError::Missing { .. })));
+        assert!(matches!(
+            load::<DhchapSecret>(d.path(), nqn),
+            Err(DhchapFileError::Missing { .. })
+        ));
         let a = load_or_create::<DhchapSecret>(d.path(), nqn).expect("made");
         let p = path::<DhchapSecret>(d.path(), nqn).expect("path");
-        assert_eq!(fs::metadata(&p).expect("stat").permissions().mode() & 0o777, 0o600);
         assert_eq!(
-            fs::metadata(dir::<DhchapSecret>(d.path())).expect("stat").permissions().mode() & 0o777,
+            fs::metadata(&p).expect("stat").permissions().mode() & 0o777,
+            0o600
+        );
+        assert_eq!(
+            fs::metadata(dir::<DhchapSecret>(d.path()))
+                .expect("stat")
+                .permissions()
+                .mode()
+                & 0o777,
             0o700
         );
         assert_eq!(load_or_create::<DhchapSecret>(d.path(), nqn).expect("again"), a);
         fs::set_permissions(&p, fs::Permissions::from_mode(0o644)).expect("chmod");
         assert_eq!(load::<DhchapSecret>(d.path(), nqn).expect("read"), a);
-        assert_eq!(fs::metadata(&p).expect("stat").permissions().mode() & 0o777, 0o600);
+        assert_eq!(
+            fs::metadata(&p).expect("stat").permissions().mode() & 0o777,
+            0o600
+        );
         fs::write(&p, "secret\n").expect("write");
         let e = load::<DhchapSecret>(d.path(), nqn).expect_err("garbage");
         assert!(matches!(e, DhchapFileError::Invalid { .. }), "{e}");
-        assert!(path::<DhchapSecret>(d.path(), "../x").is_err() && path::<DhchapSecret>(d.path(), "a/b").is_err());
+        assert!(
+            path::<DhchapSecret>(d.path(), "../x").is_err() && path::<DhchapSecret>(d.path(), "a/b").is_err()
+        );
         let k = keyring_name::<DhchapSecret>(nqn);
         assert!(k.starts_with(DhchapSecret::KEY_PREFIX) && !k.contains(':'), "{k}");
     }

@@ -575,7 +575,8 @@ impl Controller for SpdkVolumeController {
             (true, Some(d)) => Some(d.clone()),
             (true, None) => {
                 for v in &volumes {
-                    let msg = "NodeConfig nvmeDhchap is set but this talon has no data directory for the secrets";
+                    let msg =
+                        "NodeConfig nvmeDhchap is set but this talon has no data directory for the secrets";
                     ctx.apply(v.id(), engine_status(ObjectState::Failed, msg))?;
                 }
                 return Ok(Requeue::OnInputChange);

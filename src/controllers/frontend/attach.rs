@@ -341,7 +341,11 @@ impl Controller for AttachController {
             // with this host's secret (the same file the engine gives spdk_tgt's keyring)
             let dhchap_secret = if ctx.get::<NodeConfig>("node")?.is_some_and(|n| n.spec.nvme_dhchap) {
                 let (d, nqn) = (data_dir.clone(), ids.nqn.to_string());
-                match tokio::task::spawn_blocking(move || crate::util::nvme_auth::load_or_create::<crate::util::nvme_auth::DhchapSecret>(&d, &nqn)).await? {
+                match tokio::task::spawn_blocking(move || {
+                    crate::util::nvme_auth::load_or_create::<crate::util::nvme_auth::DhchapSecret>(&d, &nqn)
+                })
+                .await?
+                {
                     Ok(s) => Some(s),
                     Err(e) => {
                         ctx.apply(&id, status(AttachState::Failed, crate::util::error_chain(&e)))?;

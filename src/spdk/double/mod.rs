@@ -73,11 +73,10 @@ use tokio::task::JoinHandle;
 use crate::spdk::rpc::{
     AddNamespace, AioCreate, AttachController, ByName, ByNqn, ByTag, CreateInitiatorGroup, CreatePortalGroup,
     CreateSubsystem, CreateTargetNode, CreateTransport, DeleteTargetNode, GetBdevs, GetControllers,
-    GetIostat, GetLvols, GetNotifications, GetRaids, GetSubsystems, GetTransports, ListenerAnaState,
-    LvolClone, LvolCreate, LvolResize, LvolSnapshot, LvstoreCreate, LvstoreSelector, MallocCreate,
-    NullCreate, RaidAddBaseBdev, RaidCategory, RaidCreate, RaidLevel, RemoveNamespace, SubsystemHostParams,
-    SubsystemHostKeys, KeyringFileKey,
-    SubsystemListener,
+    GetIostat, GetLvols, GetNotifications, GetRaids, GetSubsystems, GetTransports, KeyringFileKey,
+    ListenerAnaState, LvolClone, LvolCreate, LvolResize, LvolSnapshot, LvstoreCreate, LvstoreSelector,
+    MallocCreate, NullCreate, RaidAddBaseBdev, RaidCategory, RaidCreate, RaidLevel, RemoveNamespace,
+    SubsystemHostKeys, SubsystemHostParams, SubsystemListener,
 };
 
 /// A fault to inject into one call.

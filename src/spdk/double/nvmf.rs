@@ -138,7 +138,11 @@ impl State {
             "nvmf_subsystem_add_listener" | "nvmf_subsystem_remove_listener" => {
                 // add_listener also takes secure_channel (TLS on the whole port)
                 let secure = method.ends_with("add_listener")
-                    && params.as_ref().and_then(|v| v.get("secure_channel")).and_then(Value::as_bool) == Some(true);
+                    && params
+                        .as_ref()
+                        .and_then(|v| v.get("secure_channel"))
+                        .and_then(Value::as_bool)
+                        == Some(true);
                 let mut params = params.clone();
                 if let Some(Value::Object(m)) = params.as_mut() {
                     m.remove("secure_channel");
@@ -153,13 +157,20 @@ impl State {
                 let exists = self.subsystems[si].listeners.iter().any(same);
                 if method.ends_with("add_listener") {
                     if secure && self.subsystems[si].allow_any_host {
-                        return fail(-32603, "Cannot establish secure channel, when 'allow_any_host' is set");
+                        return fail(
+                            -32603,
+                            "Cannot establish secure channel, when 'allow_any_host' is set",
+                        );
                     }
                     if exists || !self.transports.contains(&p.listen_address.trtype.to_uppercase()) {
                         return e(INVALID_PARAMS);
                     }
                     // the first listener on a port decides whether it is TLS (spdk_tgt v26.05)
-                    let port = format!("{}:{}", p.listen_address.traddr, p.listen_address.trsvcid.as_deref().unwrap_or_default());
+                    let port = format!(
+                        "{}:{}",
+                        p.listen_address.traddr,
+                        p.listen_address.trsvcid.as_deref().unwrap_or_default()
+                    );
                     let listened = self.subsystems.iter().any(|s| {
                         s.listeners.iter().any(|l| {
                             format!("{}:{}", l.traddr, l.trsvcid.as_deref().unwrap_or_default()) == port
@@ -257,7 +268,8 @@ impl State {
                 }
                 let sub = &mut self.subsystems[si];
                 if p.dhchap_key.is_some() {
-                    sub.host_keys.insert(p.host.clone(), (p.dhchap_key, p.dhchap_ctrlr_key));
+                    sub.host_keys
+                        .insert(p.host.clone(), (p.dhchap_key, p.dhchap_ctrlr_key));
                 }
                 sub.hosts.push(p.host);
                 Ok(json!(true))

@@ -35,9 +35,9 @@ use super::error::ErrorKind;
 use super::placement::Blocked;
 use super::rpc::{
     AddNamespace, AllowAnyHost, AnaState, AttachController, ByName, ByNqn, CreateSubsystem, CreateTransport,
-    GetTransports, ListenAddress, ListenerAnaState, Lvol, LvolClone, LvolCreate, LvolResize, LvolSetParent,
-    LvolSnapshot, NullCreate, RaidAddBaseBdev, RaidCreate, RaidDelete, RaidLevel, RemoveNamespace,
-    SubsystemHostKeys, SubsystemHostParams, SubsystemListener, KeyringFileKey, SecureListener,
+    GetTransports, KeyringFileKey, ListenAddress, ListenerAnaState, Lvol, LvolClone, LvolCreate, LvolResize,
+    LvolSetParent, LvolSnapshot, NullCreate, RaidAddBaseBdev, RaidCreate, RaidDelete, RaidLevel,
+    RemoveNamespace, SecureListener, SubsystemHostKeys, SubsystemHostParams, SubsystemListener,
 };
 use crate::names::{NQN_PREFIX, Nqn, ObjectName, volume_uuid};
 use crate::util::nvme_auth::{self as dhchap, DhchapSecret, Secret, TlsPsk};
@@ -703,7 +703,14 @@ impl VolumeOps {
                         listen_address: l.clone(),
                     })
                     .await
-                    .map_err(rpc(vol, format!("removing listener {}:{} of {nqn}", l.traddr, l.trsvcid.as_deref().unwrap_or_default())))?;
+                    .map_err(rpc(
+                        vol,
+                        format!(
+                            "removing listener {}:{} of {nqn}",
+                            l.traddr,
+                            l.trsvcid.as_deref().unwrap_or_default()
+                        ),
+                    ))?;
             }
         }
         // a host listed before the TLS listener was made has no PSK (SPDK
@@ -789,7 +796,12 @@ impl VolumeOps {
                 .map_err(rpc(vol, format!("allowing host {h} on {nqn}")))?;
         }
         // hosts listed before DH-HMAC-CHAP was turned on (or off, or with another key)
-        for h in sub.map(|s| s.hosts.as_slice()).unwrap_or_default().iter().filter(|_| !relist) {
+        for h in sub
+            .map(|s| s.hosts.as_slice())
+            .unwrap_or_default()
+            .iter()
+            .filter(|_| !relist)
+        {
             let want = key_of(&h.nqn);
             if export.hosts.contains(&h.nqn) && (h.dhchap_key != want || h.dhchap_ctrlr_key.is_some()) {
                 self.client
@@ -801,7 +813,10 @@ impl VolumeOps {
                         psk: None,
                     })
                     .await
-                    .map_err(rpc(vol, format!("setting the DH-HMAC-CHAP key of host {} on {nqn}", h.nqn)))?;
+                    .map_err(rpc(
+                        vol,
+                        format!("setting the DH-HMAC-CHAP key of host {} on {nqn}", h.nqn),
+                    ))?;
             }
         }
         for h in have.iter().filter(|h| !export.hosts.iter().any(|x| x == *h)) {
@@ -1743,7 +1758,10 @@ impl VolumeOps {
                 Ok(_) => {}
                 Err(e) if e.is(ErrorKind::AlreadyExists) => {}
                 Err(e) => {
-                    return Err(rpc(vol, format!("giving {} to the target's keyring", path.display()))(e));
+                    return Err(rpc(
+                        vol,
+                        format!("giving {} to the target's keyring", path.display()),
+                    )(e));
                 }
             }
         }
