@@ -1046,6 +1046,122 @@ async fn node(disk: &str, port: u16) -> Setup {
     s
 }
 
+/// A talon node whose engine keeps NVMe secrets under `<dir>/data`, with
+/// DH-HMAC-CHAP and TLS on its node-to-node links.
+async fn secure_node(disk: &str, port: u16, tls_port: u16) -> (Setup, std::path::PathBuf) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    let double = SpdkDouble::start(dir.path().join("spdk.sock"))
+        .await
+        .expect("double");
+    let client = SpdkClient::new(double.socket());
+    add_disk(&client, dir.path(), disk, true).await;
+    let (c2, host, d2) = (client.clone(), node_nqn(disk), data.clone());
+    let rt = TestRuntime::start(move |rt| {
+        rt.register(
+            SpdkVolumeController::new(c2, false)
+                .with_host_nqn(Some(host))
+                .with_data_dir(d2),
+        )
+    })
+    .expect("runtime");
+    let state = rt.state.clone();
+    state
+        .create_typed(
+            "node",
+            "",
+            &NodeConfig {
+                nvmf_port: port,
+                nvme_dhchap: true,
+                replica_tls: true,
+                replica_tls_port: tls_port,
+                ..NodeConfig::default()
+            },
+        )
+        .expect("node");
+    state
+        .create_typed(SPDK_STATUS_ID, "", &target_status(0))
+        .expect("target");
+    let d: Disk = serde_json::from_value(json!({"path": format!("/x/{disk}.img")})).expect("disk");
+    state.create_typed(disk, "", &d).expect("disk");
+    (
+        Setup {
+            dir,
+            double,
+            client,
+            rt,
+            state,
+        },
+        data,
+    )
+}
+
+/// Through the volume controllers of two nodes with `nvmeDhchap` and
+/// `replicaTls`: B serves a replica on its TLS port only after the engine
+/// node's secret and PSK are copied to it; A's engine attaches it with its
+/// own (TEST DOUBLE: the double compares both sides' key files).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_remote_replica_over_dhchap_and_tls_through_the_controllers() {
+    use talon::util::nvme_auth::{self, DhchapSecret, TlsPsk};
+    let (a, data_a) = secure_node("sa", 4441, 4442).await;
+    let (b, data_b) = secure_node("sb", 4443, 4444).await;
+    let mut served = volume(16 * MIB, 1);
+    served.serve_replica = Some(1);
+    served.replica_hosts = vec![node_nqn("sa")];
+    b.state.create_typed("sv", "", &served).expect("served");
+    let failed = eventually("no secret for A on B", WAIT, || async {
+        engine(&b.state, "sv").filter(|e| e.state == ObjectState::Failed)
+    })
+    .await;
+    assert!(
+        failed.message.contains("nvme-dhchap") || failed.message.contains("DH-HMAC-CHAP"),
+        "{}",
+        failed.message
+    );
+    // A's own secret and PSK, made by talon on A, copied to B by the operator
+    let secret = nvme_auth::load_or_create::<DhchapSecret>(&data_a, &node_nqn("sa")).expect("secret");
+    let psk = nvme_auth::load_or_create::<TlsPsk>(&data_a, &node_nqn("sa")).expect("psk");
+    nvme_auth::store(&data_b, &node_nqn("sa"), &secret).expect("copy secret");
+    nvme_auth::store(&data_b, &node_nqn("sa"), &psk).expect("copy psk");
+    // B's controller tries the failed export again on its own
+    let exported = ready(&b.state, "sv", "replica served on B").await;
+    let sub = b
+        .client
+        .subsystem("nqn.2025-01.io.talon:replica:sv:r1")
+        .await
+        .expect("list")
+        .expect("subsystem");
+    let ports: Vec<_> = sub
+        .listen_addresses
+        .iter()
+        .filter_map(|l| l.trsvcid.clone())
+        .collect();
+    assert_eq!(ports, vec!["4444".to_string()], "TLS port only: {exported:?}");
+    assert_eq!(
+        sub.hosts[0].dhchap_key.as_deref(),
+        Some(nvme_auth::keyring_name::<DhchapSecret>(&node_nqn("sa")).as_str())
+    );
+    let mut engine_vol = volume(16 * MIB, 1);
+    engine_vol.remote_replicas = vec![talon::resources::config::RemoteReplica {
+        address: "127.0.0.1".into(),
+        port: 4444,
+    }];
+    a.state.create_typed("sv", "", &engine_vol).expect("engine");
+    let st = ready(&a.state, "sv", "engine on A with the remote replica").await;
+    assert_eq!(st.replicas, vec!["sv-r0", "sv-r1"]);
+    let ctrls = b
+        .client
+        .nvmf_subsystem_get_controllers(&talon::spdk::rpc::ByNqn {
+            nqn: "nqn.2025-01.io.talon:replica:sv:r1".into(),
+        })
+        .await
+        .expect("controllers");
+    assert_eq!(ctrls.len(), 1);
+    assert_eq!(ctrls[0].hostnqn, node_nqn("sa"));
+    a.rt.stop().await;
+    b.rt.stop().await;
+}
+
 /// Two talon nodes against two doubles sharing one fabric: node B serves
 /// replica 1 of `rv` (`serveReplica`), node A's engine has a local replica 0
 /// and attaches B's over NVMe/TCP into its raid1; the ledger counts both.
