@@ -74,6 +74,8 @@ fn plan(name: &str, replicas: usize, port: u16) -> VolumePlan {
             address: [127, 0, 0, 1].into(),
             port,
             hosts: vec![spdk_perf::HOST_NQN.to_string()],
+            dhchap_data_dir: None,
+            tls_data_dir: None,
         },
     )
 }
@@ -455,7 +457,7 @@ async fn data_path(spdk: &Path, ops: &VolumeOps, port: u16, rounds: usize, secs:
         .await
         .expect("export replica");
     let nvme = ops
-        .attach_replica("lh", "lhr0", [127, 0, 0, 1].into(), port, &rnqn)
+        .attach_replica("lh", "lhr0", [127, 0, 0, 1].into(), port, &rnqn, None, None)
         .await
         .expect("attach replica");
     one_member_raid1(c, "lh-raid", &nvme, blocks).await;

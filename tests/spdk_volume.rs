@@ -308,6 +308,8 @@ fn plan(name: &str, replicas: usize) -> VolumePlan {
             address: [127, 0, 0, 1].into(),
             port: 4420,
             hosts: vec!["nqn.2014-08.org.nvmexpress:uuid:host1".into()],
+            dhchap_data_dir: None,
+            tls_data_dir: None,
         },
     )
 }
@@ -523,11 +525,11 @@ async fn a_replica_exported_on_one_target_joins_a_raid1_on_another() {
     // only the engine's host NQN may attach it
     let stranger = VolumeOps::new(cb.clone()).with_host_nqn(Some("nqn.2025-01.io.talon.test:node:x".into()));
     stranger
-        .attach_replica("rv", "talon-rv-r1", [127, 0, 0, 1].into(), 4430, &nqn)
+        .attach_replica("rv", "talon-rv-r1", [127, 0, 0, 1].into(), 4430, &nqn, None, None)
         .await
         .expect_err("a host the export does not name is refused");
     let bdev = ob
-        .attach_replica("rv", "talon-rv-r1", [127, 0, 0, 1].into(), 4430, &nqn)
+        .attach_replica("rv", "talon-rv-r1", [127, 0, 0, 1].into(), 4430, &nqn, None, None)
         .await
         .expect("attach");
     assert_eq!(
@@ -545,6 +547,296 @@ async fn a_replica_exported_on_one_target_joins_a_raid1_on_another() {
     .await
     .expect("raid1 over local + remote");
     assert!(cb.bdev("talon-raid-rv").await.expect("get").is_some());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_with_dhchap_is_attached_only_with_the_engine_nodes_secret() {
+    // two SpdkDoubles share a fabric in this process (TEST DOUBLE: no data
+    // moves; the double compares the secrets of both keyrings' files as a
+    // real target's DH-HMAC-CHAP would accept or refuse them)
+    use talon::util::nvme_auth::{self as dhchap, DhchapSecret};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (data_a, data_b) = (dir.path().join("data-a"), dir.path().join("data-b"));
+    let a = SpdkDouble::start(dir.path().join("a.sock")).await.expect("a");
+    let b = SpdkDouble::start(dir.path().join("b.sock")).await.expect("b");
+    let (ca, cb) = (SpdkClient::new(a.socket()), SpdkClient::new(b.socket()));
+    add_disk(&ca, dir.path(), "da", true).await;
+    let remote = ca
+        .bdev_lvol_create(&LvolCreate::thin("talon-da", "dv-r1", 32))
+        .await
+        .expect("lvol a");
+    let vol = ObjectName::parse("volume", "dv").expect("n");
+    const ENGINE: &str = "nqn.2025-01.io.talon.test:node:b";
+    const SERVER: &str = "nqn.2025-01.io.talon.test:node:a";
+    let oa = VolumeOps::new(ca.clone()).with_host_nqn(Some(SERVER.into()));
+    let ob = VolumeOps::new(cb.clone()).with_host_nqn(Some(ENGINE.into()));
+    let export = ExportSpec {
+        address: [127, 0, 0, 1].into(),
+        port: 4431,
+        hosts: vec![ENGINE.to_string()],
+        dhchap_data_dir: Some(data_a.clone()),
+        tls_data_dir: None,
+    };
+    // the serving node has no secret for the engine node: nothing is exported
+    let err = oa
+        .export_replica_as(&vol, "r1", &remote, export.clone())
+        .await
+        .expect_err("no secret for the engine node");
+    let msg = talon::util::error_chain(&err);
+    assert!(
+        msg.contains("no DH-HMAC-CHAP secret for host") && msg.contains(ENGINE),
+        "{msg}"
+    );
+    assert!(
+        ca.subsystem("nqn.2025-01.io.talon:replica:dv:r1")
+            .await
+            .expect("list")
+            .is_none(),
+        "nothing half-made"
+    );
+    // the engine node's own secret (made by talon there), copied by the operator
+    let mine = dhchap::load_or_create::<DhchapSecret>(&data_b, ENGINE).expect("engine secret");
+    std::fs::create_dir_all(dhchap::dir::<DhchapSecret>(&data_a)).expect("dir");
+    std::fs::write(
+        dhchap::path::<DhchapSecret>(&data_a, ENGINE).expect("p"),
+        format!("{}\n", mine.expose()),
+    )
+    .expect("copy");
+    let nqn = oa
+        .export_replica_as(&vol, "r1", &remote, export.clone())
+        .await
+        .expect("export replica");
+    let sub = ca.subsystem(&nqn).await.expect("list").expect("subsystem");
+    assert_eq!(sub.hosts.len(), 1);
+    assert_eq!(
+        sub.hosts[0].dhchap_key.as_deref(),
+        Some(dhchap::keyring_name::<DhchapSecret>(ENGINE).as_str())
+    );
+    let key_file = dhchap::path::<DhchapSecret>(&data_a, ENGINE).expect("p");
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(
+        std::fs::metadata(&key_file).expect("stat").permissions().mode() & 0o777,
+        0o600
+    );
+    // idempotent: the key stays registered once, the host keeps it
+    oa.export_replica_as(&vol, "r1", &remote, export.clone())
+        .await
+        .expect("again");
+    assert_eq!(ca.keyring_get_keys().await.expect("keys").len(), 1);
+    // no key: refused
+    ob.attach_replica("dv", "talon-dv-r1", [127, 0, 0, 1].into(), 4431, &nqn, None, None)
+        .await
+        .expect_err("no DH-HMAC-CHAP: refused");
+    // another secret under the engine node's name: refused
+    let other = dir.path().join("data-other");
+    dhchap::load_or_create::<DhchapSecret>(&other, ENGINE).expect("another secret");
+    let wrong = VolumeOps::new(SpdkClient::new(b.socket())).with_host_nqn(Some(ENGINE.into()));
+    wrong
+        .attach_replica(
+            "dv",
+            "talon-dv-r1",
+            [127, 0, 0, 1].into(),
+            4431,
+            &nqn,
+            Some(&other),
+            None,
+        )
+        .await
+        .expect_err("the wrong secret: refused");
+    cb.keyring_file_remove_key(&ByName::new(dhchap::keyring_name::<DhchapSecret>(ENGINE)))
+        .await
+        .expect("forget the wrong key");
+    // the right secret: attached
+    let bdev = ob
+        .attach_replica(
+            "dv",
+            "talon-dv-r1",
+            [127, 0, 0, 1].into(),
+            4431,
+            &nqn,
+            Some(&data_b),
+            None,
+        )
+        .await
+        .expect("attach with the engine node's secret");
+    assert_eq!(
+        cb.bdev(&bdev).await.expect("get").expect("bdev").size_bytes(),
+        32 * MIB
+    );
+    // turning DH-HMAC-CHAP off clears the host's key (nvmf_subsystem_set_keys)
+    oa.export_replica_as(
+        &vol,
+        "r1",
+        &remote,
+        ExportSpec {
+            dhchap_data_dir: None,
+            ..export
+        },
+    )
+    .await
+    .expect("without DH-HMAC-CHAP");
+    let sub = ca.subsystem(&nqn).await.expect("list").expect("subsystem");
+    assert_eq!(sub.hosts[0].dhchap_key, None);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_with_tls_is_attached_only_over_tls_with_the_engine_nodes_psk() {
+    // two SpdkDoubles (TEST DOUBLE: the PSKs of both keyrings' files are
+    // compared as a real TLS handshake would accept or refuse them)
+    use talon::util::nvme_auth::{self, TlsPsk};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (data_a, data_b) = (dir.path().join("data-a"), dir.path().join("data-b"));
+    let a = SpdkDouble::start(dir.path().join("a.sock")).await.expect("a");
+    let b = SpdkDouble::start(dir.path().join("b.sock")).await.expect("b");
+    let (ca, cb) = (SpdkClient::new(a.socket()), SpdkClient::new(b.socket()));
+    add_disk(&ca, dir.path(), "da", true).await;
+    let remote = ca
+        .bdev_lvol_create(&LvolCreate::thin("talon-da", "tv-r1", 32))
+        .await
+        .expect("lvol a");
+    let vol = ObjectName::parse("volume", "tv").expect("n");
+    const ENGINE: &str = "nqn.2025-01.io.talon.test:node:b";
+    let oa = VolumeOps::new(ca.clone()).with_host_nqn(Some("nqn.2025-01.io.talon.test:node:a".into()));
+    let ob = VolumeOps::new(cb.clone()).with_host_nqn(Some(ENGINE.into()));
+    let plain = ExportSpec {
+        address: [127, 0, 0, 1].into(),
+        port: 4432,
+        hosts: vec![ENGINE.to_string()],
+        dhchap_data_dir: None,
+        tls_data_dir: None,
+    };
+    let nqn = oa
+        .export_replica_as(&vol, "r1", &remote, plain.clone())
+        .await
+        .expect("plain");
+    let tls = ExportSpec {
+        port: 4433,
+        tls_data_dir: Some(data_a.clone()),
+        ..plain
+    };
+    let e = oa
+        .export_replica_as(&vol, "r1", &remote, tls.clone())
+        .await
+        .expect_err("no PSK for the engine");
+    let m = talon::util::error_chain(&e);
+    assert!(m.contains("no NVMe/TCP TLS pre-shared key for host"), "{m}");
+    let mine = nvme_auth::load_or_create::<TlsPsk>(&data_b, ENGINE).expect("engine psk");
+    nvme_auth::store(&data_a, ENGINE, &mine).expect("copy");
+    oa.export_replica_as(&vol, "r1", &remote, tls.clone())
+        .await
+        .expect("TLS");
+    let sub = ca.subsystem(&nqn).await.expect("list").expect("subsystem");
+    let ports: Vec<_> = sub
+        .listen_addresses
+        .iter()
+        .filter_map(|l| l.trsvcid.clone())
+        .collect();
+    assert_eq!(ports, vec!["4433".to_string()], "the plain listener is gone");
+    let at = |name: &'static str, port: u16, tls: Option<std::path::PathBuf>| {
+        let (ob, nqn) = (ob.clone(), nqn.clone());
+        async move {
+            ob.attach_replica(
+                "tv",
+                name,
+                [127, 0, 0, 1].into(),
+                port,
+                &nqn,
+                None,
+                tls.as_deref(),
+            )
+            .await
+        }
+    };
+    at("n1", 4433, None).await.expect_err("no TLS: refused");
+    let other = dir.path().join("data-other");
+    nvme_auth::load_or_create::<TlsPsk>(&other, ENGINE).expect("another psk");
+    at("n3", 4433, Some(other.clone()))
+        .await
+        .expect_err("another PSK: refused");
+    at("n2", 4432, Some(other))
+        .await
+        .expect_err("the old port is gone");
+    cb.keyring_file_remove_key(&ByName::new(nvme_auth::keyring_name::<TlsPsk>(ENGINE)))
+        .await
+        .expect("forget it");
+    let bdev = at("n4", 4433, Some(data_b.clone()))
+        .await
+        .expect("the engine node's PSK");
+    assert_eq!(
+        cb.bdev(&bdev).await.expect("get").expect("bdev").size_bytes(),
+        32 * MIB
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_double_keyring_refuses_what_spdk_refuses() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let a = SpdkDouble::start(dir.path().join("a.sock")).await.expect("a");
+    let c = SpdkClient::new(a.socket());
+    let f = dir.path().join("k");
+    std::fs::write(&f, "x").expect("write");
+    std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+    let add = |name: &str, path: &str| talon::spdk::rpc::KeyringFileKey {
+        name: name.into(),
+        path: path.into(),
+    };
+    let code = |r: Result<bool, talon::spdk::ClientError>| {
+        let e = r.expect_err("refused");
+        talon::util::error_chain(&e)
+    };
+    // recorded against spdk_tgt v26.05: -1 "Operation not permitted" for a 0644 file
+    let m = code(c.keyring_file_add_key(&add("k", f.to_str().expect("utf8"))).await);
+    assert!(m.contains("Operation not permitted"), "{m}");
+    std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    let m = code(c.keyring_file_add_key(&add("k", "relative")).await);
+    assert!(m.contains("Operation not permitted"), "{m}");
+    c.keyring_file_add_key(&add("k", f.to_str().expect("utf8")))
+        .await
+        .expect("0600");
+    let m = code(c.keyring_file_add_key(&add("k", f.to_str().expect("utf8"))).await);
+    assert!(m.contains("File exists"), "{m}");
+    c.bdev_malloc_create(&MallocCreate {
+        name: Some("m".into()),
+        num_blocks: 2048,
+        block_size: 512,
+        uuid: None,
+    })
+    .await
+    .expect("malloc");
+    c.nvmf_create_subsystem(&CreateSubsystem {
+        nqn: "nqn.2025-01.io.talon.test:s".into(),
+        allow_any_host: Some(false),
+        serial_number: None,
+        model_number: None,
+        max_namespaces: None,
+        ana_reporting: None,
+    })
+    .await
+    .expect("subsystem");
+    let keys = |host: &str, key: Option<&str>| talon::spdk::rpc::SubsystemHostKeys {
+        nqn: "nqn.2025-01.io.talon.test:s".into(),
+        host: host.into(),
+        dhchap_key: key.map(str::to_owned),
+        dhchap_ctrlr_key: None,
+        psk: None,
+    };
+    let h = "nqn.2014-08.org.nvmexpress:uuid:11111111-1111-1111-1111-111111111111";
+    let m = code(c.nvmf_subsystem_add_host_keys(&keys(h, Some("nokey"))).await);
+    assert!(m.contains("Invalid parameters"), "{m}");
+    let m = code(c.nvmf_subsystem_set_keys(&keys(h, Some("k"))).await);
+    assert!(m.contains("Invalid argument"), "a host not listed: {m}");
+    c.nvmf_subsystem_add_host_keys(&keys(h, Some("k")))
+        .await
+        .expect("add with key");
+    let m = code(c.nvmf_subsystem_add_host_keys(&keys(h, None)).await);
+    assert!(m.contains("Internal error"), "listed twice: {m}");
+    // a method a real v26.05 lacks stays unknown
+    let m = code(
+        c.typed::<_, bool>("keyring_file_rotate_key", &json!({"name": "k"}))
+            .await,
+    );
+    assert!(m.contains("Method not found"), "{m}");
 }
 
 fn ledger(state: &State, id: &str) -> Option<(Vec<u32>, Vec<String>)> {
@@ -760,6 +1052,123 @@ async fn node(disk: &str, port: u16) -> Setup {
         )
         .expect("node port");
     s
+}
+
+/// A talon node whose engine keeps NVMe secrets under `<dir>/data`, with
+/// DH-HMAC-CHAP and TLS on its node-to-node links.
+async fn secure_node(disk: &str, port: u16, tls_port: u16) -> (Setup, std::path::PathBuf) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    let double = SpdkDouble::start(dir.path().join("spdk.sock"))
+        .await
+        .expect("double");
+    let client = SpdkClient::new(double.socket());
+    add_disk(&client, dir.path(), disk, true).await;
+    let (c2, host, d2) = (client.clone(), node_nqn(disk), data.clone());
+    let rt = TestRuntime::start(move |rt| {
+        rt.register(
+            SpdkVolumeController::new(c2, false)
+                .with_host_nqn(Some(host))
+                .with_data_dir(d2),
+        )
+    })
+    .expect("runtime");
+    let state = rt.state.clone();
+    state
+        .create_typed(
+            "node",
+            "",
+            &NodeConfig {
+                nvmf_port: port,
+                nvme_dhchap: true,
+                replica_tls: true,
+                replica_tls_port: tls_port,
+                ..NodeConfig::default()
+            },
+        )
+        .expect("node");
+    state
+        .create_typed(SPDK_STATUS_ID, "", &target_status(0))
+        .expect("target");
+    let d: Disk = serde_json::from_value(json!({"path": format!("/x/{disk}.img")})).expect("disk");
+    state.create_typed(disk, "", &d).expect("disk");
+    (
+        Setup {
+            dir,
+            double,
+            client,
+            rt,
+            state,
+        },
+        data,
+    )
+}
+
+/// Through the volume controllers of two nodes with `nvmeDhchap` and
+/// `replicaTls`: B serves a replica on its TLS port only after the engine
+/// node's secret and PSK are copied to it; A's engine attaches it with its
+/// own (TEST DOUBLE: the double compares both sides' key files).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_remote_replica_over_dhchap_and_tls_through_the_controllers() {
+    use talon::util::nvme_auth::{self, DhchapSecret, TlsPsk};
+    let (a, data_a) = secure_node("sa", 4441, 4442).await;
+    let (b, data_b) = secure_node("sb", 4443, 4444).await;
+    let mut served = volume(16 * MIB, 1);
+    served.serve_replica = Some(1);
+    served.replica_hosts = vec![node_nqn("sa")];
+    b.state.create_typed("sv", "", &served).expect("served");
+    let failed = eventually("no secret for A on B", WAIT, || async {
+        engine(&b.state, "sv").filter(|e| e.state == ObjectState::Failed)
+    })
+    .await;
+    assert!(
+        failed.message.contains("nvme-dhchap") || failed.message.contains("DH-HMAC-CHAP"),
+        "{}",
+        failed.message
+    );
+    // A's own secret and PSK, made by talon on A, copied to B by the operator
+    let secret = nvme_auth::load_or_create::<DhchapSecret>(&data_a, &node_nqn("sa")).expect("secret");
+    let psk = nvme_auth::load_or_create::<TlsPsk>(&data_a, &node_nqn("sa")).expect("psk");
+    nvme_auth::store(&data_b, &node_nqn("sa"), &secret).expect("copy secret");
+    nvme_auth::store(&data_b, &node_nqn("sa"), &psk).expect("copy psk");
+    // B's controller tries the failed export again on its own
+    let exported = ready(&b.state, "sv", "replica served on B").await;
+    let sub = b
+        .client
+        .subsystem("nqn.2025-01.io.talon:replica:sv:r1")
+        .await
+        .expect("list")
+        .expect("subsystem");
+    let ports: Vec<_> = sub
+        .listen_addresses
+        .iter()
+        .filter_map(|l| l.trsvcid.clone())
+        .collect();
+    assert_eq!(ports, vec!["4444".to_string()], "TLS port only: {exported:?}");
+    assert_eq!(
+        sub.hosts[0].dhchap_key.as_deref(),
+        Some(nvme_auth::keyring_name::<DhchapSecret>(&node_nqn("sa")).as_str())
+    );
+    let mut engine_vol = volume(16 * MIB, 1);
+    engine_vol.remote_replicas = vec![talon::resources::config::RemoteReplica {
+        address: "127.0.0.1".into(),
+        port: 4444,
+        api: None,
+    }];
+    a.state.create_typed("sv", "", &engine_vol).expect("engine");
+    let st = ready(&a.state, "sv", "engine on A with the remote replica").await;
+    assert_eq!(st.replicas, vec!["sv-r0", "sv-r1"]);
+    let ctrls = b
+        .client
+        .nvmf_subsystem_get_controllers(&talon::spdk::rpc::ByNqn {
+            nqn: "nqn.2025-01.io.talon:replica:sv:r1".into(),
+        })
+        .await
+        .expect("controllers");
+    assert_eq!(ctrls.len(), 1);
+    assert_eq!(ctrls[0].hostnqn, node_nqn("sa"));
+    a.rt.stop().await;
+    b.rt.stop().await;
 }
 
 /// Two talon nodes against two doubles sharing one fabric: node B serves

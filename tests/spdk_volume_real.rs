@@ -759,6 +759,8 @@ async fn real_spdk_snapshots_under_writes_are_one_point_in_time() {
             address: [127, 0, 0, 1].into(),
             port,
             hosts: vec![spdk_perf::HOST_NQN.to_string()],
+            dhchap_data_dir: None,
+            tls_data_dir: None,
         },
     );
     let inv = Inventory::load(&c).await.expect("inventory");

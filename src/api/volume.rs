@@ -98,6 +98,42 @@ pub(crate) fn check_volume_size(what: &str, size: u64) -> Result<u64, ApiError> 
     Ok(size)
 }
 
+/// Checks a size against the file size limit of the data directory's
+/// filesystem when the volume would be V1 here (a file: 16 TiB - 4 KiB on
+/// ext4 with 4 KiB blocks), so that the spec is never stored for the engine
+/// to refuse. The engine is the one `selection::engine_for` picks: the
+/// volume's, else the node's, else V2 when this node has it available.
+fn check_v1_file_size(ctx: &ApiContext, what: &str, spec: &Volume) -> Result<(), ApiError> {
+    let node = ctx
+        .state
+        .get_typed::<crate::resources::config::NodeConfig>("node")?
+        .map(|n| n.spec)
+        .unwrap_or_default();
+    use crate::resources::config::EngineKind;
+    let info = || (ctx.node_info)();
+    let v1 = match (spec.engine, node.engine) {
+        (EngineKind::V1, _) | (EngineKind::Auto, EngineKind::V1) => true,
+        (EngineKind::V2, _) | (EngineKind::Auto, EngineKind::V2) => false,
+        (EngineKind::Auto, EngineKind::Auto) => {
+            !info().engines.iter().any(|e| e.engine == "v2" && e.available)
+        }
+    };
+    if !v1 {
+        return Ok(());
+    }
+    let dir = std::path::PathBuf::from(info().data_dir);
+    if let Some((fs, max)) =
+        crate::tgt::volume::filesystem_limit(&dir).filter(|(_, max)| spec.size_bytes > *max)
+    {
+        return Err(ApiError::invalid(format!(
+            "{what}: size {} is larger than the {max} bytes a V1 volume file can have on the {fs} filesystem of {}",
+            spec.size_bytes,
+            dir.display()
+        )));
+    }
+    Ok(())
+}
+
 /// A size given as bytes (`sizeBytes`) or as text (`size: "10GiB"`).
 fn size_of(size_bytes: Option<u64>, size: &Option<String>, what: &str) -> Result<u64, ApiError> {
     match (size_bytes, size) {
@@ -600,6 +636,7 @@ pub fn register(api: &mut ApiBuilder) {
             };
             // every new volume of a shape that has one gets the superblock layout
             spec.raid_superblock = spec.wants_superblock();
+            check_v1_file_size(&ctx, &what, &spec)?;
             let created = ctx
                 .state
                 .create_typed(name.as_str(), "", &spec)
@@ -721,6 +758,7 @@ pub fn register(api: &mut ApiBuilder) {
             }
             let mut spec = v.spec.clone();
             spec.size_bytes = size;
+            check_v1_file_size(&ctx, &what, &spec)?;
             ctx.state
                 .update_typed(&p.name, "", Some(v.metadata.version), &spec)?;
             drop(guard);
@@ -1078,17 +1116,24 @@ mod lifecycle_tests {
     use crate::api::types::NodeInfo;
 
     fn api(state: &State) -> jsonrpsee::Methods {
+        api_in(state, "")
+    }
+
+    /// The API of a node whose data directory is `data_dir` and that has no
+    /// V2 engine (auto volumes are V1).
+    fn api_in(state: &State, data_dir: &str) -> jsonrpsee::Methods {
+        let data_dir = data_dir.to_owned();
         let ctx = ApiContext {
             state: state.clone(),
             registry: Arc::new(crate::resources::registry()),
             statuses: Default::default(),
-            node_info: Arc::new(|| NodeInfo {
+            node_info: Arc::new(move || NodeInfo {
                 version: String::new(),
                 hostname: String::new(),
                 kernel: String::new(),
                 os_id: String::new(),
                 os_name: String::new(),
-                data_dir: String::new(),
+                data_dir: data_dir.clone(),
                 engines: Vec::new(),
                 host_nqn: String::new(),
                 host_iqn: String::new(),
@@ -1245,6 +1290,44 @@ mod lifecycle_tests {
         )
         .await
         .expect("a served replica for one engine");
+    }
+
+    #[tokio::test]
+    async fn a_v1_size_beyond_the_data_dirs_ext4_file_limit_is_refused_by_the_api() {
+        let d = tempfile::tempdir().expect("tempdir");
+        let Some(("ext4", max)) = crate::tgt::volume::filesystem_limit(d.path()) else {
+            eprintln!(
+                "SKIP a_v1_size_beyond_the_data_dirs_ext4_file_limit_is_refused_by_the_api: {} is not on ext4",
+                d.path().display()
+            );
+            return;
+        };
+        let state = State::in_memory();
+        let m = api_in(&state, d.path().to_str().expect("utf8"));
+        let over = (max / 512 + 1) * 512;
+        let (code, msg) = call(&m, "volume_create", json!({"name": "big", "sizeBytes": over}))
+            .await
+            .expect_err("beyond ext4's largest file");
+        assert_eq!(code, ErrorKind::InvalidParams.code(), "{msg}");
+        assert!(msg.contains("ext4") && msg.contains("volume big"), "{msg}");
+        assert!(state.get("config", "Volume", "big").is_none(), "nothing stored");
+        // the same size for V2 (lvols, not files) is accepted
+        call(
+            &m,
+            "volume_create",
+            json!({"name": "big", "sizeBytes": over, "engine": "v2"}),
+        )
+        .await
+        .expect("V2 is not bound by the file limit");
+        // an expand past the limit is refused and not stored
+        call(&m, "volume_create", json!({"name": "small", "size": "1MiB"}))
+            .await
+            .expect("small");
+        let (_, msg) = call(&m, "volume_expand", json!({"name": "small", "sizeBytes": over}))
+            .await
+            .expect_err("expand beyond");
+        assert!(msg.contains("ext4"), "{msg}");
+        assert_eq!(get_volume(&state, "small").expect("v").spec.size_bytes, 1 << 20);
     }
 
     /// Snapshot creates and volume deletes racing on many volumes: whichever

@@ -39,6 +39,7 @@ use super::error::AttachError;
 use super::kernel_backoff;
 use crate::host::HostRoot;
 use crate::names::{Nqn, ObjectName};
+use crate::util::nvme_auth::DhchapSecret;
 
 /// The fabrics control device, a host path.
 pub const FABRICS_DEV: &str = "/dev/nvme-fabrics";
@@ -80,6 +81,10 @@ pub struct ConnectOptions {
     pub connect_timeout: Duration,
     /// Bound on the wait for the namespace's block device.
     pub namespace_timeout: Duration,
+    /// This host's DH-HMAC-CHAP secret (`NodeConfig.nvmeDhchap`), passed as
+    /// `dhchap_secret=`; validated by its type, since it goes into the option
+    /// string. `Debug` hides it, and the option string is never logged.
+    pub dhchap_secret: Option<DhchapSecret>,
 }
 
 impl Default for ConnectOptions {
@@ -92,6 +97,7 @@ impl Default for ConnectOptions {
             nsid: 1,
             connect_timeout: Duration::from_secs(20),
             namespace_timeout: Duration::from_secs(10),
+            dhchap_secret: None,
         }
     }
 }
@@ -235,6 +241,15 @@ pub fn option_string(
     match opts.ctrl_loss_tmo {
         Some(t) => s.push_str(&format!(",ctrl_loss_tmo={t}")),
         None => s.push_str(",ctrl_loss_tmo=-1"),
+    }
+    if let Some(secret) = &opts.dhchap_secret {
+        // parsed again: only DHHC-1:hh:<base64>: ever reaches the kernel (no ',' or '=' key)
+        let secret = DhchapSecret::parse(secret.expose()).map_err(|e| AttachError::InvalidOption {
+            option: "dhchap_secret",
+            reason: e.to_string(),
+        })?;
+        s.push_str(",dhchap_secret=");
+        s.push_str(secret.expose());
     }
     Ok(s)
 }
@@ -737,6 +752,20 @@ mod tests {
         };
         let s = option_string(&v6, &host(), &ConnectOptions::default()).expect("options");
         assert!(s.contains(",traddr=fd00::1,"), "{s}");
+    }
+
+    #[test]
+    fn option_string_carries_a_valid_dhchap_secret_only() {
+        let secret = DhchapSecret::generate().expect("random");
+        let opts = ConnectOptions {
+            dhchap_secret: Some(secret.clone()),
+            ..ConnectOptions::default()
+        };
+        let s = option_string(&target(), &host(), &opts).expect("options");
+        let kv = parse_kv(&s);
+        assert_eq!(kv["dhchap_secret"], secret.expose());
+        assert_eq!(s.split(',').count(), 11, "{s}");
+        assert!(!format!("{opts:?}").contains(secret.expose()), "Debug hides it");
     }
 
     #[test]

@@ -112,6 +112,10 @@ pub struct NvmeTcpAttachArgs {
     /// Bound on the wait for the block device, in seconds.
     #[arg(long, default_value_t = 10)]
     pub namespace_timeout: u64,
+    /// Authenticate with DH-HMAC-CHAP: this host's secret from
+    /// `<data-dir>/nvme-dhchap/<host NQN>` (made when absent), never on the command line.
+    #[arg(long)]
+    pub dhchap: bool,
     /// talon's data directory (generated host NQN, locks).
     #[arg(long, default_value = DEFAULT_DATA_DIR, env = "TALON_DATA_DIR")]
     pub data_dir: PathBuf,
@@ -190,6 +194,21 @@ pub fn run_attach(args: AttachArgs) -> Result<(), super::CliError> {
         nsid: a.nsid,
         connect_timeout: Duration::from_secs(a.connect_timeout),
         namespace_timeout: Duration::from_secs(a.namespace_timeout),
+        dhchap_secret: None,
+    };
+    let opts = if a.dhchap {
+        let host = nvme_tcp::HostIdentity::load_or_create(&HostRoot::real(), &a.data_dir)?;
+        let secret = crate::util::nvme_auth::load_or_create::<crate::util::nvme_auth::DhchapSecret>(
+            &a.data_dir,
+            host.hostnqn.as_str(),
+        )
+        .map_err(|e| crate::util::error_chain(&e))?;
+        ConnectOptions {
+            dhchap_secret: Some(secret),
+            ..opts
+        }
+    } else {
+        opts
     };
     let target = NvmeTcpTarget {
         traddr: a.traddr,

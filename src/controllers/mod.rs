@@ -61,6 +61,7 @@ pub fn register_all(rt: &mut Runtime, deps: &Deps, selection: &EngineSelection) 
             selection.auto_engine() == Engine::V2,
         )
         .with_host_nqn(host_nqn.clone())
+        .with_data_dir(deps.data_dir.clone())
         .with_peers(engine::peer::Peers::new(deps.peer_token.clone())),
     )?;
     rt.register(

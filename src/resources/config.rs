@@ -57,6 +57,29 @@ pub struct NodeConfig {
     /// path uses the same file. The secret is never in the node config.
     #[serde(default)]
     pub iscsi_chap: bool,
+    /// Require NVMe in-band authentication (DH-HMAC-CHAP) on V2 exports:
+    /// every allowed host is listed with its secret from
+    /// `<data-dir>/nvme-dhchap/<host NQN>` (0600; this node's own is made by
+    /// talon, another host's is put there by the operator, for another talon
+    /// node a copy of its own file). This host's kernel attach and the
+    /// engine's attach of remote replicas authenticate with this node's
+    /// secret. The secrets are never in the node config.
+    #[serde(default)]
+    pub nvme_dhchap: bool,
+    /// NVMe/TCP TLS 1.3 with pre-shared keys on node-to-node links (V2):
+    /// replicas this node serves (`serveReplica`) listen with TLS on
+    /// `replicaTlsPort` and admit each host with its PSK from
+    /// `<data-dir>/nvme-tls/<host NQN>` (0600, PSK interchange format; this
+    /// node's own made by talon, another node's copied there by the operator);
+    /// this node attaches remote replicas over TLS with its own PSK (point
+    /// their `remoteReplicas[].port` at the serving node's `replicaTlsPort`).
+    /// Volumes attached by kernel hosts are not affected.
+    #[serde(default)]
+    pub replica_tls: bool,
+    /// The TLS port of `replicaTls` (TLS is a property of a listening port in
+    /// SPDK, so it cannot share `nvmfPort`).
+    #[serde(default = "default_replica_tls_port")]
+    pub replica_tls_port: u16,
     /// The 2 MiB hugepage pool for SPDK: `auto` (sized from the volumes this
     /// node exports, on the NUMA nodes of the SPDK cores), a fixed number of
     /// MiB, or `off` (talon leaves the pool alone).
@@ -118,6 +141,9 @@ fn default_nvmf_port() -> u16 {
 fn default_iscsi_port() -> u16 {
     3260
 }
+fn default_replica_tls_port() -> u16 {
+    4421
+}
 
 impl Default for NodeConfig {
     fn default() -> Self {
@@ -128,6 +154,9 @@ impl Default for NodeConfig {
             iscsi_port: default_iscsi_port(),
             allowed_hosts: Vec::new(),
             iscsi_chap: false,
+            nvme_dhchap: false,
+            replica_tls: false,
+            replica_tls_port: default_replica_tls_port(),
             hugepages: HugepagesSetting::AUTO,
         }
     }

@@ -769,6 +769,12 @@ impl Subsystem {
 pub struct SubsystemHost {
     /// The host NQN.
     pub nqn: String,
+    /// The keyring key the host must authenticate with (DH-HMAC-CHAP), by name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dhchap_key: Option<String>,
+    /// The keyring key the controller authenticates with to the host.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dhchap_ctrlr_key: Option<String>,
 }
 
 /// A namespace of a subsystem as reported.
@@ -953,6 +959,78 @@ pub struct SubsystemHostParams {
     pub host: String,
 }
 
+/// `nvmf_subsystem_add_host` with DH-HMAC-CHAP keys, and `nvmf_subsystem_set_keys`
+/// params. SPDK v26.05 (`lib/nvmf/nvmf_rpc.c`): a key name not in the keyring
+/// is -32602 "Invalid parameters"; `set_keys` on a host the subsystem does not
+/// list is -22 "Invalid argument"; `set_keys` without keys clears them (the
+/// host then connects without authentication).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SubsystemHostKeys {
+    /// The subsystem.
+    pub nqn: String,
+    /// The host NQN.
+    pub host: String,
+    /// The key the host authenticates with (a keyring key name).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dhchap_key: Option<String>,
+    /// The key the controller authenticates with (bidirectional; needs `dhchap_key`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dhchap_ctrlr_key: Option<String>,
+    /// `nvmf_subsystem_add_host` only: the TLS PSK of the host (a keyring key
+    /// name), read by the TCP transport (`lib/nvmf/tcp.c`,
+    /// `nvmf_tcp_subsystem_add_host`); a name not in the keyring is -32603
+    /// "Internal error". `nvmf_get_subsystems` does not report it (v26.05).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub psk: Option<String>,
+}
+
+/// `nvmf_subsystem_add_listener` with `secure_channel` (NVMe/TCP TLS 1.3 with
+/// a PSK; SPDK v26.05 listens with its `ssl` socket). TLS is a property of
+/// the listening port: a plain listener added later on the same address and
+/// port shares the TLS socket (seen on spdk_tgt v26.05), so talon keeps TLS
+/// on a port of its own. Refused with -32603 "Cannot establish secure
+/// channel, when 'allow_any_host' is set".
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SecureListener {
+    /// The subsystem.
+    pub nqn: String,
+    /// The address.
+    pub listen_address: ListenAddress,
+    /// Require TLS.
+    pub secure_channel: bool,
+}
+
+/// `keyring_file_add_key` params. SPDK v26.05 (`module/keyring/file`): the
+/// path must be absolute, the file owned by spdk_tgt's uid and not accessible
+/// by group or others (else -1 "Operation not permitted"); a name already in
+/// the keyring is -17 "File exists". The file is read again at every use.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KeyringFileKey {
+    /// The key name (no `:` inside).
+    pub name: String,
+    /// The key file.
+    pub path: String,
+}
+
+/// One key of `keyring_get_keys`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KeyringKey {
+    /// The name.
+    pub name: String,
+    /// "keyring_file", ...
+    #[serde(default)]
+    pub module: Option<String>,
+    /// The key file (file keyring).
+    #[serde(default)]
+    pub path: Option<String>,
+    /// Removed but still referenced.
+    #[serde(default)]
+    pub removed: bool,
+}
+
 /// A host controller connected to an nvmf subsystem.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NvmfController {
@@ -1001,6 +1079,20 @@ pub struct AttachController {
     /// Fail I/O after this many seconds disconnected.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub fast_io_fail_timeout_sec: Option<u32>,
+    /// The keyring key to authenticate with (DH-HMAC-CHAP). A name not in the
+    /// keyring is -126 "Required key not available"; a connect the target
+    /// refuses (wrong key, no key where one is required) is -5
+    /// "Input/output error" (spdk_tgt v26.05).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dhchap_key: Option<String>,
+    /// The keyring key the controller must prove (bidirectional).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dhchap_ctrlr_key: Option<String>,
+    /// The TLS PSK (a keyring key name): connect with NVMe/TCP TLS 1.3. A
+    /// refused handshake (no PSK where the listener wants one, another PSK)
+    /// is -5 "Input/output error"; a name not in the keyring -126.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub psk: Option<String>,
 }
 
 impl AttachController {
@@ -1022,6 +1114,9 @@ impl AttachController {
             ctrlr_loss_timeout_sec: None,
             reconnect_delay_sec: None,
             fast_io_fail_timeout_sec: None,
+            dhchap_key: None,
+            dhchap_ctrlr_key: None,
+            psk: None,
         }
     }
 
@@ -1038,6 +1133,9 @@ impl AttachController {
             ctrlr_loss_timeout_sec: None,
             reconnect_delay_sec: None,
             fast_io_fail_timeout_sec: None,
+            dhchap_key: None,
+            dhchap_ctrlr_key: None,
+            psk: None,
         }
     }
 }
@@ -1358,6 +1456,14 @@ impl SpdkClient {
         nvmf_subsystem_allow_any_host(AllowAnyHost) -> bool);
     rpc!(/// Disallows a host.
         nvmf_subsystem_remove_host(SubsystemHostParams) -> bool);
+    rpc!(/// Changes (or, without keys, clears) a listed host's DH-HMAC-CHAP keys.
+        nvmf_subsystem_set_keys(SubsystemHostKeys) -> bool);
+    rpc!(/// Adds a key file to the keyring.
+        keyring_file_add_key(KeyringFileKey) -> bool);
+    rpc!(/// Removes a file key from the keyring.
+        keyring_file_remove_key(ByName) -> bool);
+    rpc!(/// The keys of the keyring.
+        keyring_get_keys() -> Vec<KeyringKey>);
     rpc!(/// Host controllers connected to a subsystem.
         nvmf_subsystem_get_controllers(ByNqn) -> Vec<NvmfController>);
     rpc!(/// Attaches an NVMe controller; returns the bdev names created
@@ -1385,6 +1491,22 @@ impl SpdkClient {
         iscsi_delete_target_node(DeleteTargetNode) -> bool);
     rpc!(/// Lists iSCSI target nodes.
         iscsi_get_target_nodes() -> Vec<TargetNode>);
+
+    /// `nvmf_subsystem_add_host` with DH-HMAC-CHAP keys.
+    pub async fn nvmf_subsystem_add_host_keys(
+        &self,
+        params: &SubsystemHostKeys,
+    ) -> Result<bool, ClientError> {
+        self.typed("nvmf_subsystem_add_host", params).await
+    }
+
+    /// `nvmf_subsystem_add_listener` with `secure_channel`.
+    pub async fn nvmf_subsystem_add_listener_secure(
+        &self,
+        params: &SecureListener,
+    ) -> Result<bool, ClientError> {
+        self.typed("nvmf_subsystem_add_listener", params).await
+    }
 
     /// One bdev by name or alias, `None` when SPDK says it does not exist.
     pub async fn bdev(&self, name: &str) -> Result<Option<Bdev>, ClientError> {

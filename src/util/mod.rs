@@ -6,10 +6,12 @@
 //!        │  (every arrow points down; util imports no crate:: module)
 //!        v
 //!   util::error (error_chain)   util::backoff (Backoff)   util::root (HostRoot)
+//!   util::nvme_auth (DH-HMAC-CHAP and TLS PSK files)
 //! ```
 
 pub mod backoff;
 pub mod error;
+pub mod nvme_auth;
 pub mod root;
 
 pub use backoff::Backoff;

@@ -62,6 +62,8 @@ pub struct SpdkVolumeController {
     /// Volumes whose export was checked for listeners left frozen (ANA
     /// inaccessible) by a snapshot that did not finish, since this start.
     thaw_checked: std::sync::Mutex<BTreeSet<String>>,
+    /// The data directory (DH-HMAC-CHAP secrets under `nvme-dhchap/`).
+    data_dir: Option<std::path::PathBuf>,
     /// The nodes of remote replicas, for their snapshots and growth.
     peers: Peers,
     /// (volume, remote replica) -> the size its node was asked to grow to,
@@ -85,6 +87,7 @@ impl SpdkVolumeController {
             claims_auto: selection_claims_auto,
             host_nqn: None,
             thaw_checked: std::sync::Mutex::default(),
+            data_dir: None,
             peers: Peers::default(),
             grown: std::sync::Mutex::default(),
         }
@@ -134,6 +137,12 @@ impl SpdkVolumeController {
     pub fn with_host_nqn(mut self, nqn: Option<String>) -> Self {
         self.ops = self.ops.with_host_nqn(nqn.clone());
         self.host_nqn = nqn;
+        self
+    }
+
+    /// Keeps DH-HMAC-CHAP secrets under `data_dir` (`NodeConfig.nvmeDhchap`).
+    pub fn with_data_dir(mut self, data_dir: std::path::PathBuf) -> Self {
+        self.data_dir = Some(data_dir);
         self
     }
 }
@@ -206,6 +215,8 @@ struct Job {
     snapshot_set: Option<BTreeSet<usize>>,
     /// Who may connect ([`export_hosts`]).
     hosts: Vec<String>,
+    /// `NodeConfig.replicaTlsPort`.
+    tls_port: u16,
 }
 
 /// What realizing one volume gave.
@@ -234,8 +245,14 @@ impl Realized {
 
 impl SpdkVolumeController {
     async fn realize(&self, inv: &Inventory, job: &Job, export: &ExportSpec) -> Realized {
+        // a served replica with TLS listens on the TLS port (and only there)
+        let port = match (&export.tls_data_dir, job.spec.serve_replica) {
+            (Some(_), Some(_)) => job.tls_port,
+            _ => export.port,
+        };
         let export = &ExportSpec {
             hosts: job.hosts.clone(),
+            port,
             ..export.clone()
         };
         let name = match ObjectName::parse("volume", &job.id) {
@@ -591,12 +608,45 @@ impl Controller for SpdkVolumeController {
                 return Ok(Requeue::OnInputChange);
             }
         };
+        if (node.nvme_dhchap || node.replica_tls) && self.data_dir.is_none() {
+            for v in &volumes {
+                let msg = "NodeConfig nvmeDhchap or replicaTls is set but this talon has no data directory for the secrets";
+                ctx.apply(v.id(), engine_status(ObjectState::Failed, msg))?;
+            }
+            return Ok(Requeue::OnInputChange);
+        }
+        if node.replica_tls && node.replica_tls_port == node.nvmf_port {
+            for v in &volumes {
+                let msg = format!(
+                    "NodeConfig replicaTlsPort {} is nvmfPort: TLS needs a port of its own",
+                    node.replica_tls_port
+                );
+                ctx.apply(v.id(), engine_status(ObjectState::Failed, msg))?;
+            }
+            return Ok(Requeue::OnInputChange);
+        }
+        let tls_data_dir = self.data_dir.clone().filter(|_| node.replica_tls);
+        let dhchap_data_dir = match (node.nvme_dhchap, &self.data_dir) {
+            (false, _) => None,
+            (true, Some(d)) => Some(d.clone()),
+            (true, None) => {
+                for v in &volumes {
+                    let msg =
+                        "NodeConfig nvmeDhchap is set but this talon has no data directory for the secrets";
+                    ctx.apply(v.id(), engine_status(ObjectState::Failed, msg))?;
+                }
+                return Ok(Requeue::OnInputChange);
+            }
+        };
         // hosts are set per volume (Job::hosts)
         let export = ExportSpec {
             address,
             port: node.nvmf_port,
             hosts: Vec::new(),
+            dhchap_data_dir,
+            tls_data_dir,
         };
+        let tls_port = node.replica_tls_port;
         let attached: BTreeSet<String> = ctx
             .list::<Attachment>()?
             .into_iter()
@@ -681,6 +731,7 @@ impl Controller for SpdkVolumeController {
                 in_sync: ledger.map(ReplicaLedger::in_sync_set),
                 snapshot_set,
                 hosts: export_hosts(&node, &v.spec, attached_by),
+                tls_port,
             });
         }
         // one TCP transport per target, made (or adopted) before the volumes

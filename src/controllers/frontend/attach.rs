@@ -337,10 +337,30 @@ impl Controller for AttachController {
                     continue;
                 }
             };
+            // this node's V2 exports require DH-HMAC-CHAP when the node says so: authenticate
+            // with this host's secret (the same file the engine gives spdk_tgt's keyring)
+            let dhchap_secret = if ctx.get::<NodeConfig>("node")?.is_some_and(|n| n.spec.nvme_dhchap) {
+                let (d, nqn) = (data_dir.clone(), ids.nqn.to_string());
+                match tokio::task::spawn_blocking(move || {
+                    crate::util::nvme_auth::load_or_create::<crate::util::nvme_auth::DhchapSecret>(&d, &nqn)
+                })
+                .await?
+                {
+                    Ok(s) => Some(s),
+                    Err(e) => {
+                        ctx.apply(&id, status(AttachState::Failed, crate::util::error_chain(&e)))?;
+                        requeue = Requeue::After(Duration::from_secs(10));
+                        continue;
+                    }
+                }
+            } else {
+                None
+            };
             // an attached volume goes through here again on every input change: attach finds the
             // live controller and the existing node, and changes nothing
             let opts = ConnectOptions {
                 nsid,
+                dhchap_secret,
                 ..self.opts.clone()
             };
             let connect = self.connect;

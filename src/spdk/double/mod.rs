@@ -73,10 +73,10 @@ use tokio::task::JoinHandle;
 use crate::spdk::rpc::{
     AddNamespace, AioCreate, AttachController, ByName, ByNqn, ByTag, CreateInitiatorGroup, CreatePortalGroup,
     CreateSubsystem, CreateTargetNode, CreateTransport, DeleteTargetNode, GetBdevs, GetControllers,
-    GetIostat, GetLvols, GetNotifications, GetRaids, GetSubsystems, GetTransports, ListenerAnaState,
-    LvolClone, LvolCreate, LvolResize, LvolSnapshot, LvstoreCreate, LvstoreSelector, MallocCreate,
-    NullCreate, RaidAddBaseBdev, RaidCategory, RaidCreate, RaidLevel, RemoveNamespace, SubsystemHostParams,
-    SubsystemListener,
+    GetIostat, GetLvols, GetNotifications, GetRaids, GetSubsystems, GetTransports, KeyringFileKey,
+    ListenerAnaState, LvolClone, LvolCreate, LvolResize, LvolSnapshot, LvstoreCreate, LvstoreSelector,
+    MallocCreate, NullCreate, RaidAddBaseBdev, RaidCategory, RaidCreate, RaidLevel, RemoveNamespace,
+    SubsystemHostKeys, SubsystemHostParams, SubsystemListener,
 };
 
 /// A fault to inject into one call.
@@ -220,6 +220,10 @@ struct Subsys {
     serial: String,
     model: String,
     hosts: Vec<String>,
+    /// DH-HMAC-CHAP keys of listed hosts: host NQN -> (key, controller key), by keyring name.
+    host_keys: BTreeMap<String, (Option<String>, Option<String>)>,
+    /// TLS PSKs of listed hosts: host NQN -> keyring name (not reported, as in v26.05).
+    host_psks: BTreeMap<String, String>,
     listeners: Vec<crate::spdk::rpc::ListenAddress>,
     /// Created with `ana_reporting`.
     ana_reporting: bool,
@@ -272,6 +276,10 @@ struct State {
     transports: Vec<String>,
     subsystems: Vec<Subsys>,
     ctrlrs: Vec<Ctrlr>,
+    /// The file keyring: key name -> key file.
+    keys: BTreeMap<String, PathBuf>,
+    /// Listening `traddr:trsvcid` made with `secure_channel` (TLS).
+    tls_ports: std::collections::BTreeSet<String>,
     portal_groups: BTreeMap<u32, Value>,
     initiator_groups: BTreeMap<u32, Value>,
     target_nodes: BTreeMap<String, Value>,
@@ -694,13 +702,18 @@ fn listens(sub: &Subsys, traddr: &str, trsvcid: &str) -> bool {
 /// gave this host.
 /// A connect, as SPDK's target answers it: only to a host the subsystem
 /// allows (`allow_any_host`, or its NQN among the hosts); `hostnqn` is the
-/// one the attach named, else the double's default.
+/// one the attach named, else the double's default. A host listed with a
+/// DH-HMAC-CHAP key must present the same secret (`secret`, the content of
+/// the attaching target's key file); a host listed without one connects
+/// without authentication whatever it presents.
 fn fabric_connect(
     traddr: &str,
     trsvcid: &str,
     nqn: &str,
     host_id: &str,
     hostnqn: Option<&str>,
+    secret: Option<&str>,
+    psk: Option<&str>,
 ) -> Option<(Vec<Ns>, u32)> {
     let hostnqn = hostnqn.map_or_else(
         || format!("nqn.2014-08.org.nvmexpress:uuid:{host_id}"),
@@ -708,10 +721,40 @@ fn fabric_connect(
     );
     for d in fabric() {
         let mut s = lock(&d);
+        let s = &mut *s;
         for sub in &mut s.subsystems {
             if sub.nqn == nqn && listens(sub, traddr, trsvcid) {
+                // TLS: a TLS port takes only a handshake with the host's PSK;
+                // a plain port refuses a TLS handshake
+                let tls_port = s.tls_ports.contains(&format!("{traddr}:{trsvcid}"));
+                match (tls_port, psk) {
+                    (false, None) => {}
+                    (true, Some(given)) => {
+                        let want = sub
+                            .host_psks
+                            .get(&hostnqn)
+                            .and_then(|k| s.keys.get(k))
+                            .and_then(|p| std::fs::read_to_string(p).ok());
+                        let valid = |x: &str| {
+                            <crate::util::nvme_auth::TlsPsk as crate::util::nvme_auth::Secret>::parse(x).ok()
+                        };
+                        match (want.as_deref().and_then(valid), valid(given)) {
+                            (Some(w), Some(g)) if w == g => {}
+                            _ => return None,
+                        }
+                    }
+                    _ => return None,
+                }
                 if !sub.allow_any_host && !sub.hosts.contains(&hostnqn) {
                     return None;
+                }
+                if let Some(key) = sub.host_keys.get(&hostnqn).and_then(|k| k.0.as_ref()) {
+                    let want = s.keys.get(key).and_then(|p| std::fs::read_to_string(p).ok());
+                    let valid = |x: &str| crate::util::nvme_auth::DhchapSecret::parse(x).ok();
+                    match (want.as_deref().and_then(valid), secret.and_then(valid)) {
+                        (Some(w), Some(g)) if w == g => {}
+                        _ => return None,
+                    }
                 }
                 let cntlid = sub.controllers.iter().map(|c| c.0).max().unwrap_or(0) + 1;
                 sub.controllers.push((cntlid, hostnqn, host_id.to_owned()));
@@ -732,6 +775,7 @@ fn fabric_disconnect(trid: &Value, cntlid: u32) {
     };
     for d in fabric() {
         let mut s = lock(&d);
+        let s = &mut *s;
         for sub in &mut s.subsystems {
             if sub.nqn == nqn && listens(sub, traddr, trsvcid) {
                 sub.controllers.retain(|c| c.0 != cntlid);
@@ -745,10 +789,25 @@ fn execute(state: &Arc<Mutex<State>>, method: &str, params: &Option<Value>) -> R
     // double's lock, so two doubles attaching to each other cannot deadlock.
     if method == "bdev_nvme_attach_controller" {
         let p: AttachController = decode(params)?;
-        let host_id = {
+        let (host_id, secret, psk) = {
             let s = lock(state);
             s.check_ctrlr_name(&p)?;
-            s.host_id.clone()
+            let psk = match &p.psk {
+                Some(k) => match s.keys.get(k) {
+                    Some(path) => Some(std::fs::read_to_string(path).unwrap_or_default()),
+                    None => return fail(-126, "Required key not available"),
+                },
+                None => None,
+            };
+            // bdev_nvme.c: a key name the keyring lacks is -ENOKEY before any connect
+            let secret = match &p.dhchap_key {
+                Some(k) => match s.keys.get(k) {
+                    Some(path) => Some(std::fs::read_to_string(path).unwrap_or_default()),
+                    None => return fail(-126, "Required key not available"),
+                },
+                None => None,
+            };
+            (s.host_id.clone(), secret, psk)
         };
         let remote = if p.trtype.eq_ignore_ascii_case("tcp") {
             let port = p.trsvcid.as_deref().unwrap_or("4420");
@@ -758,6 +817,8 @@ fn execute(state: &Arc<Mutex<State>>, method: &str, params: &Option<Value>) -> R
                 p.subnqn.as_deref().unwrap_or(""),
                 &host_id,
                 p.hostnqn.as_deref(),
+                secret.as_deref(),
+                psk.as_deref(),
             )
         } else {
             None
@@ -1015,6 +1076,7 @@ impl State {
             m if m.starts_with("bdev_raid_") => self.call_raid(m, params),
             m if m.starts_with("nvmf_") || m.starts_with("bdev_nvme_") => self.call_nvmf(m, params),
             m if m.starts_with("iscsi_") => self.call_iscsi(m, params),
+            m if m.starts_with("keyring_") => self.call_keyring(m, params),
             m if m.starts_with("bdev_") => self.call_bdev(m, params),
             _ => fail(-32601, "Method not found"),
         }
@@ -1193,6 +1255,10 @@ pub const METHODS: &[&str] = &[
     "nvmf_subsystem_allow_any_host",
     "nvmf_subsystem_remove_host",
     "nvmf_subsystem_get_controllers",
+    "nvmf_subsystem_set_keys",
+    "keyring_file_add_key",
+    "keyring_file_remove_key",
+    "keyring_get_keys",
     "bdev_nvme_attach_controller",
     "bdev_nvme_detach_controller",
     "bdev_nvme_get_controllers",

@@ -64,7 +64,14 @@ impl State {
                     out.push(json!({
                         "nqn": s.nqn, "subtype": "NVMe", "listen_addresses": s.listeners,
                         "allow_any_host": s.allow_any_host,
-                        "hosts": s.hosts.iter().map(|h| json!({"nqn": h})).collect::<Vec<_>>(),
+                        "hosts": s.hosts.iter().map(|h| {
+                            let mut v = json!({"nqn": h});
+                            if let Some((k, c)) = s.host_keys.get(h) {
+                                if let Some(k) = k { v["dhchap_key"] = json!(k); }
+                                if let Some(c) = c { v["dhchap_ctrlr_key"] = json!(c); }
+                            }
+                            v
+                        }).collect::<Vec<_>>(),
                         "serial_number": s.serial, "model_number": s.model, "max_namespaces": 32,
                         "namespaces": s.namespaces.iter().map(|n| {
                             let mut ns = json!({"nsid": n.nsid, "bdev_name": n.bdev,
@@ -129,7 +136,18 @@ impl State {
                 Ok(json!(true))
             }
             "nvmf_subsystem_add_listener" | "nvmf_subsystem_remove_listener" => {
-                let p: SubsystemListener = decode(params)?;
+                // add_listener also takes secure_channel (TLS on the whole port)
+                let secure = method.ends_with("add_listener")
+                    && params
+                        .as_ref()
+                        .and_then(|v| v.get("secure_channel"))
+                        .and_then(Value::as_bool)
+                        == Some(true);
+                let mut params = params.clone();
+                if let Some(Value::Object(m)) = params.as_mut() {
+                    m.remove("secure_channel");
+                }
+                let p: SubsystemListener = decode(&params)?;
                 let si = self.subsys(&p.nqn)?;
                 let same = |l: &crate::spdk::rpc::ListenAddress| {
                     l.trtype.eq_ignore_ascii_case(&p.listen_address.trtype)
@@ -138,8 +156,32 @@ impl State {
                 };
                 let exists = self.subsystems[si].listeners.iter().any(same);
                 if method.ends_with("add_listener") {
+                    if secure && self.subsystems[si].allow_any_host {
+                        return fail(
+                            -32603,
+                            "Cannot establish secure channel, when 'allow_any_host' is set",
+                        );
+                    }
                     if exists || !self.transports.contains(&p.listen_address.trtype.to_uppercase()) {
                         return e(INVALID_PARAMS);
+                    }
+                    // the first listener on a port decides whether it is TLS (spdk_tgt v26.05)
+                    let port = format!(
+                        "{}:{}",
+                        p.listen_address.traddr,
+                        p.listen_address.trsvcid.as_deref().unwrap_or_default()
+                    );
+                    let listened = self.subsystems.iter().any(|s| {
+                        s.listeners.iter().any(|l| {
+                            format!("{}:{}", l.traddr, l.trsvcid.as_deref().unwrap_or_default()) == port
+                        })
+                    });
+                    if !listened {
+                        if secure {
+                            self.tls_ports.insert(port);
+                        } else {
+                            self.tls_ports.remove(&port);
+                        }
                     }
                     self.subsystems[si].listeners.push(p.listen_address);
                 } else {
@@ -201,21 +243,71 @@ impl State {
                 self.subsystems[si].allow_any_host = p.allow_any_host;
                 Ok(json!(true))
             }
-            "nvmf_subsystem_add_host" | "nvmf_subsystem_remove_host" => {
+            // nvmf_rpc.c, rpc_nvmf_subsystem_add_host (relaxed decode): a key the keyring
+            // lacks is "Invalid parameters"; a host listed already, or a controller key
+            // without a host key, fails spdk_nvmf_subsystem_add_host_ext: "Internal error"
+            "nvmf_subsystem_add_host" => {
+                let p: SubsystemHostKeys = decode(params)?;
+                let si = self.subsys(&p.nqn)?;
+                for k in [&p.dhchap_key, &p.dhchap_ctrlr_key].into_iter().flatten() {
+                    if !self.keys.contains_key(k) {
+                        return e(INVALID_PARAMS);
+                    }
+                }
+                let sub = &mut self.subsystems[si];
+                if sub.hosts.contains(&p.host) || (p.dhchap_key.is_none() && p.dhchap_ctrlr_key.is_some()) {
+                    return fail(-32603, "Internal error");
+                }
+                // tcp.c, nvmf_tcp_subsystem_add_host: an unknown PSK fails the add
+                if let Some(psk) = &p.psk {
+                    if !self.keys.contains_key(psk) {
+                        return fail(-32603, "Internal error");
+                    }
+                    let sub = &mut self.subsystems[si];
+                    sub.host_psks.insert(p.host.clone(), psk.clone());
+                }
+                let sub = &mut self.subsystems[si];
+                if p.dhchap_key.is_some() {
+                    sub.host_keys
+                        .insert(p.host.clone(), (p.dhchap_key, p.dhchap_ctrlr_key));
+                }
+                sub.hosts.push(p.host);
+                Ok(json!(true))
+            }
+            "nvmf_subsystem_remove_host" => {
                 let p: SubsystemHostParams = decode(params)?;
                 let si = self.subsys(&p.nqn)?;
-                let hosts = &mut self.subsystems[si].hosts;
-                let exists = hosts.contains(&p.host);
-                if method.ends_with("add_host") {
-                    if exists {
+                let sub = &mut self.subsystems[si];
+                if !sub.hosts.contains(&p.host) {
+                    return e(INVALID_PARAMS);
+                }
+                sub.hosts.retain(|h| h != &p.host);
+                sub.host_keys.remove(&p.host);
+                sub.host_psks.remove(&p.host);
+                Ok(json!(true))
+            }
+            // nvmf_rpc.c, rpc_nvmf_subsystem_set_keys: unknown key "Invalid parameters";
+            // spdk_nvmf_subsystem_set_keys: a host not listed, or a controller key
+            // without a host key, is -EINVAL sent as is; no key clears both
+            "nvmf_subsystem_set_keys" => {
+                let p: SubsystemHostKeys = decode(params)?;
+                if p.psk.is_some() {
+                    return e(INVALID_PARAMS);
+                }
+                let si = self.subsys(&p.nqn)?;
+                for k in [&p.dhchap_key, &p.dhchap_ctrlr_key].into_iter().flatten() {
+                    if !self.keys.contains_key(k) {
                         return e(INVALID_PARAMS);
                     }
-                    hosts.push(p.host);
+                }
+                let sub = &mut self.subsystems[si];
+                if !sub.hosts.contains(&p.host) || (p.dhchap_key.is_none() && p.dhchap_ctrlr_key.is_some()) {
+                    return fail(-22, "Invalid argument");
+                }
+                if p.dhchap_key.is_some() {
+                    sub.host_keys.insert(p.host, (p.dhchap_key, p.dhchap_ctrlr_key));
                 } else {
-                    if !exists {
-                        return e(INVALID_PARAMS);
-                    }
-                    hosts.retain(|h| h != &p.host);
+                    sub.host_keys.remove(&p.host);
                 }
                 Ok(json!(true))
             }
@@ -246,6 +338,58 @@ impl State {
                 }
                 Ok(Value::Array(list))
             }
+            _ => fail(-32601, "Method not found"),
+        }
+    }
+}
+
+impl State {
+    /// The file keyring (`module/keyring/file`, `lib/keyring/keyring.c` of v26.05).
+    pub(super) fn call_keyring(&mut self, method: &str, params: &Option<Value>) -> RpcResult {
+        match method {
+            "keyring_file_add_key" => {
+                let p: KeyringFileKey = decode(params)?;
+                if p.name.find(':').is_some_and(|i| i > 0) {
+                    return fail(-22, "Invalid argument");
+                }
+                if self.keys.contains_key(&p.name) {
+                    return e(EEXIST);
+                }
+                if !p.path.starts_with('/') {
+                    return fail(-1, "Operation not permitted");
+                }
+                let m = match std::fs::metadata(&p.path) {
+                    Ok(m) => m,
+                    Err(err) => {
+                        let errno = i64::from(err.raw_os_error().unwrap_or(libc::EIO));
+                        let msg = std::io::Error::from_raw_os_error(errno as i32).to_string();
+                        let msg = msg.split(" (os error").next().unwrap_or_default().to_owned();
+                        return fail(-errno, msg);
+                    }
+                };
+                use std::os::unix::fs::MetadataExt;
+                if m.mode() & 0o077 != 0 || m.uid() != nix::unistd::getuid().as_raw() {
+                    return fail(-1, "Operation not permitted");
+                }
+                self.keys.insert(p.name, PathBuf::from(p.path));
+                Ok(json!(true))
+            }
+            "keyring_file_remove_key" => {
+                let p: ByName = decode(params)?;
+                if self.keys.remove(&p.name).is_none() {
+                    return fail(-126, "Required key not available");
+                }
+                Ok(json!(true))
+            }
+            "keyring_get_keys" => Ok(Value::Array(
+                self.keys
+                    .iter()
+                    .map(|(n, p)| {
+                        json!({"name": n, "module": "keyring_file", "removed": false,
+                        "probed": false, "refcnt": 1, "path": p})
+                    })
+                    .collect(),
+            )),
             _ => fail(-32601, "Method not found"),
         }
     }

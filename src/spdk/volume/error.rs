@@ -30,6 +30,15 @@ pub enum VolumeError {
         #[source]
         source: Box<ClientError>,
     },
+    /// A host's DH-HMAC-CHAP secret file is missing or invalid.
+    #[error("volume {volume}: DH-HMAC-CHAP")]
+    Dhchap {
+        /// The volume.
+        volume: String,
+        /// Which file and why (never the secret).
+        #[source]
+        source: crate::util::nvme_auth::DhchapFileError,
+    },
     /// Replicas cannot be placed on distinct ready disks (see [`crate::spdk::placement`]).
     #[error("volume {volume}: {reason}")]
     NoPlacement {

@@ -35,11 +35,12 @@ use super::error::ErrorKind;
 use super::placement::Blocked;
 use super::rpc::{
     AddNamespace, AllowAnyHost, AnaState, AttachController, ByName, ByNqn, CreateSubsystem, CreateTransport,
-    GetTransports, ListenAddress, ListenerAnaState, Lvol, LvolClone, LvolCreate, LvolResize, LvolSetParent,
-    LvolSnapshot, NullCreate, RaidAddBaseBdev, RaidCreate, RaidDelete, RaidLevel, RemoveNamespace,
-    SubsystemHostParams, SubsystemListener,
+    GetTransports, KeyringFileKey, ListenAddress, ListenerAnaState, Lvol, LvolClone, LvolCreate, LvolResize,
+    LvolSetParent, LvolSnapshot, NullCreate, RaidAddBaseBdev, RaidCreate, RaidDelete, RaidLevel,
+    RemoveNamespace, SecureListener, SubsystemHostKeys, SubsystemHostParams, SubsystemListener,
 };
 use crate::names::{NQN_PREFIX, Nqn, ObjectName, volume_uuid};
+use crate::util::nvme_auth::{self as dhchap, DhchapSecret, Secret, TlsPsk};
 
 // the names and the inventory moved to their own modules; kept here for callers
 pub mod error;
@@ -407,7 +408,18 @@ impl VolumeOps {
                         let _ = ignore_missing(self.client.bdev_nvme_detach_controller(&ByName::new(&ctrl)))
                             .await;
                     }
-                    match self.attach_replica(vol, &ctrl, *addr, *port, nqn.as_str()).await {
+                    match self
+                        .attach_replica(
+                            vol,
+                            &ctrl,
+                            *addr,
+                            *port,
+                            nqn.as_str(),
+                            plan.export.dhchap_data_dir.as_deref(),
+                            plan.export.tls_data_dir.as_deref(),
+                        )
+                        .await
+                    {
                         Ok(b) => self
                             .client
                             .bdev(&b)
@@ -518,14 +530,17 @@ impl VolumeOps {
             self.grow(vol, &grown, size_mib, &local_room).await?;
         }
 
-        // export: namespace, listener, hosts
+        // export: namespace, listener, hosts (a kernel host: never TLS)
         self.export_ns(
             inv,
             vol,
             &nqn,
             &device,
             volume_uuid(&plan.name),
-            &plan.export,
+            &ExportSpec {
+                tls_data_dir: None,
+                ..plan.export.clone()
+            },
             made,
         )
         .await?;
@@ -672,15 +687,67 @@ impl VolumeOps {
                 .iter()
                 .any(|l| l.traddr == listen.traddr && l.trsvcid == listen.trsvcid)
         });
-        if !has_listener {
-            if let Err(source) = self
-                .client
-                .nvmf_subsystem_add_listener(&SubsystemListener {
+        // TLS (served replicas only): the port is TLS as a whole; a
+        // listener elsewhere (the plain port before TLS was turned on, or the
+        // TLS port after it was turned off) is removed, so no other path stays
+        let tls = export.tls_data_dir.is_some();
+        if tls || nqn.as_str().contains(":replica:") {
+            let stale: Vec<ListenAddress> = sub
+                .map(|s| {
+                    s.listen_addresses
+                        .iter()
+                        .filter(|l| !(l.traddr == listen.traddr && l.trsvcid == listen.trsvcid))
+                        .cloned()
+                        .collect()
+                })
+                .unwrap_or_default();
+            for l in stale {
+                self.client
+                    .nvmf_subsystem_remove_listener(&SubsystemListener {
+                        nqn: nqn.as_str().to_owned(),
+                        listen_address: l.clone(),
+                    })
+                    .await
+                    .map_err(rpc(
+                        vol,
+                        format!(
+                            "removing listener {}:{} of {nqn}",
+                            l.traddr,
+                            l.trsvcid.as_deref().unwrap_or_default()
+                        ),
+                    ))?;
+            }
+        }
+        // a host listed before the TLS listener was made has no PSK (SPDK
+        // does not report one): listed again with it
+        let relist = tls && !has_listener;
+        if relist && sub.is_some_and(|s| s.allow_any_host) {
+            self.client
+                .nvmf_subsystem_allow_any_host(&AllowAnyHost {
                     nqn: nqn.as_str().to_owned(),
-                    listen_address: listen.clone(),
+                    allow_any_host: false,
                 })
                 .await
-            {
+                .map_err(rpc(vol, format!("allowing only listed hosts on {nqn}")))?;
+        }
+        if !has_listener {
+            let added = if tls {
+                self.client
+                    .nvmf_subsystem_add_listener_secure(&SecureListener {
+                        nqn: nqn.as_str().to_owned(),
+                        listen_address: listen.clone(),
+                        secure_channel: true,
+                    })
+                    .await
+            } else {
+                self.client
+                    .nvmf_subsystem_add_listener(&SubsystemListener {
+                        nqn: nqn.as_str().to_owned(),
+                        listen_address: listen.clone(),
+                    })
+                    .await
+            };
+            if let Err(source) = added {
                 let target = super::launch::socket_peer_pid(self.client.socket()).await;
                 return Err(listener_error(vol, &listen.traddr, export.port, target, source));
             }
@@ -696,17 +763,66 @@ impl VolumeOps {
                 .await
                 .map_err(rpc(vol, format!("allowing only listed hosts on {nqn}")))?;
         }
-        let have: BTreeSet<&str> = sub
+        let mut have: BTreeSet<&str> = sub
             .map(|s| s.hosts.iter().map(|h| h.nqn.as_str()).collect())
             .unwrap_or_default();
+        // with DH-HMAC-CHAP every host is listed with its key, and only then;
+        // with TLS, with its PSK
+        let keys = match &export.dhchap_data_dir {
+            Some(d) => Some(self.host_keys::<DhchapSecret>(vol, d, &export.hosts).await?),
+            None => None,
+        };
+        let psks = match &export.tls_data_dir {
+            Some(d) => Some(self.host_keys::<TlsPsk>(vol, d, &export.hosts).await?),
+            None => None,
+        };
+        let key_of = |h: &str| keys.as_ref().and_then(|k| k.get(h).cloned());
+        if relist {
+            for h in std::mem::take(&mut have) {
+                self.client
+                    .nvmf_subsystem_remove_host(&SubsystemHostParams {
+                        nqn: nqn.as_str().to_owned(),
+                        host: h.to_owned(),
+                    })
+                    .await
+                    .map_err(rpc(vol, format!("listing host {h} on {nqn} again with its PSK")))?;
+            }
+        }
         for h in export.hosts.iter().filter(|h| !have.contains(h.as_str())) {
             self.client
-                .nvmf_subsystem_add_host(&SubsystemHostParams {
+                .nvmf_subsystem_add_host_keys(&SubsystemHostKeys {
                     nqn: nqn.as_str().to_owned(),
                     host: h.clone(),
+                    dhchap_key: key_of(h),
+                    dhchap_ctrlr_key: None,
+                    psk: psks.as_ref().and_then(|k| k.get(h.as_str()).cloned()),
                 })
                 .await
                 .map_err(rpc(vol, format!("allowing host {h} on {nqn}")))?;
+        }
+        // hosts listed before DH-HMAC-CHAP was turned on (or off, or with another key)
+        for h in sub
+            .map(|s| s.hosts.as_slice())
+            .unwrap_or_default()
+            .iter()
+            .filter(|_| !relist)
+        {
+            let want = key_of(&h.nqn);
+            if export.hosts.contains(&h.nqn) && (h.dhchap_key != want || h.dhchap_ctrlr_key.is_some()) {
+                self.client
+                    .nvmf_subsystem_set_keys(&SubsystemHostKeys {
+                        nqn: nqn.as_str().to_owned(),
+                        host: h.nqn.clone(),
+                        dhchap_key: want,
+                        dhchap_ctrlr_key: None,
+                        psk: None,
+                    })
+                    .await
+                    .map_err(rpc(
+                        vol,
+                        format!("setting the DH-HMAC-CHAP key of host {} on {nqn}", h.nqn),
+                    ))?;
+            }
         }
         for h in have.iter().filter(|h| !export.hosts.iter().any(|x| x == *h)) {
             self.client
@@ -1535,6 +1651,30 @@ impl VolumeOps {
         port: u16,
         hosts: Vec<String>,
     ) -> Result<String, VolumeError> {
+        self.export_replica_as(
+            vol,
+            replica,
+            bdev,
+            ExportSpec {
+                address,
+                port,
+                hosts,
+                dhchap_data_dir: None,
+                tls_data_dir: None,
+            },
+        )
+        .await
+    }
+
+    /// [`VolumeOps::export_replica`] with the whole export spec (hosts with
+    /// DH-HMAC-CHAP when it has `dhchap_data_dir`).
+    pub async fn export_replica_as(
+        &self,
+        vol: &ObjectName,
+        replica: &str,
+        bdev: &str,
+        export: ExportSpec,
+    ) -> Result<String, VolumeError> {
         let v = vol.as_str();
         let nqn = Nqn::for_replica(vol, replica).map_err(|source| VolumeError::BadName {
             volume: v.to_owned(),
@@ -1543,7 +1683,6 @@ impl VolumeOps {
         let inv = Inventory::load(&self.client)
             .await
             .map_err(rpc(v, "listing the target"))?;
-        let export = ExportSpec { address, port, hosts };
         let id = uuid::Uuid::new_v5(&volume_uuid(vol), replica.as_bytes());
         let mut made = Vec::new();
         match self
@@ -1592,8 +1731,80 @@ impl VolumeOps {
         self.export_ns(inv, vol, nqn, bdev, id, export, made).await
     }
 
+    /// The keyring key of each host's DH-HMAC-CHAP secret, registered with
+    /// the target's file keyring where it is not yet. This node's own secret
+    /// is made when absent; another host's must be there (its file names it).
+    async fn host_keys<S: Secret>(
+        &self,
+        vol: &str,
+        data_dir: &std::path::Path,
+        hosts: &[String],
+    ) -> Result<std::collections::BTreeMap<String, String>, VolumeError> {
+        let registered: BTreeSet<String> = self
+            .client
+            .keyring_get_keys()
+            .await
+            .map_err(rpc(vol, "listing the keyring"))?
+            .into_iter()
+            .filter(|k| !k.removed)
+            .map(|k| k.name)
+            .collect();
+        let mut out = std::collections::BTreeMap::new();
+        for h in hosts {
+            let name = self.register_key::<S>(vol, data_dir, h, &registered).await?;
+            out.insert(h.clone(), name);
+        }
+        Ok(out)
+    }
+
+    /// Checks host `nqn`'s secret file (made when it is this node's own) and
+    /// gives it to the target's keyring unless `registered` has it; returns
+    /// the key name.
+    async fn register_key<S: Secret>(
+        &self,
+        vol: &str,
+        data_dir: &std::path::Path,
+        nqn: &str,
+        registered: &BTreeSet<String>,
+    ) -> Result<String, VolumeError> {
+        let bad = |source| VolumeError::Dhchap {
+            volume: vol.to_owned(),
+            source,
+        };
+        if self.host_nqn.as_deref() == Some(nqn) {
+            dhchap::load_or_create::<S>(data_dir, nqn).map_err(bad)?;
+        } else {
+            dhchap::load::<S>(data_dir, nqn).map_err(bad)?;
+        }
+        let name = dhchap::keyring_name::<S>(nqn);
+        if !registered.contains(&name) {
+            let path = dhchap::path::<S>(data_dir, nqn).map_err(bad)?;
+            match self
+                .client
+                .keyring_file_add_key(&KeyringFileKey {
+                    name: name.clone(),
+                    path: path.display().to_string(),
+                })
+                .await
+            {
+                Ok(_) => {}
+                Err(e) if e.is(ErrorKind::AlreadyExists) => {}
+                Err(e) => {
+                    return Err(rpc(
+                        vol,
+                        format!("giving {} to the target's keyring", path.display()),
+                    )(e));
+                }
+            }
+        }
+        Ok(name)
+    }
+
     /// Attaches a remote replica exported by [`VolumeOps::export_replica`];
-    /// returns its bdev (`<controller>n1`).
+    /// with `tls_data_dir`, over NVMe/TCP TLS with this node's own PSK;
+    /// returns its bdev (`<controller>n1`). With `dhchap_data_dir`, this node
+    /// authenticates with its own DH-HMAC-CHAP secret.
+    #[allow(clippy::too_many_arguments)]
     pub async fn attach_replica(
         &self,
         vol: &str,
@@ -1601,11 +1812,36 @@ impl VolumeOps {
         address: IpAddr,
         port: u16,
         nqn: &str,
+        dhchap_data_dir: Option<&std::path::Path>,
+        tls_data_dir: Option<&std::path::Path>,
     ) -> Result<String, VolumeError> {
+        let mut dhchap_key = None;
+        let mut psk = None;
+        if let Some(me) = self.host_nqn.as_deref()
+            && (dhchap_data_dir.is_some() || tls_data_dir.is_some())
+        {
+            let registered: BTreeSet<String> = self
+                .client
+                .keyring_get_keys()
+                .await
+                .map_err(rpc(vol, "listing the keyring"))?
+                .into_iter()
+                .filter(|k| !k.removed)
+                .map(|k| k.name)
+                .collect();
+            if let Some(d) = dhchap_data_dir {
+                dhchap_key = Some(self.register_key::<DhchapSecret>(vol, d, me, &registered).await?);
+            }
+            if let Some(d) = tls_data_dir {
+                psk = Some(self.register_key::<TlsPsk>(vol, d, me, &registered).await?);
+            }
+        }
         let bdevs = match self
             .client
             .bdev_nvme_attach_controller(&AttachController {
                 hostnqn: self.host_nqn.clone(),
+                dhchap_key,
+                psk,
                 ..AttachController::tcp(controller, address, port, nqn)
             })
             .await

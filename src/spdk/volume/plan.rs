@@ -26,6 +26,16 @@ pub struct ExportSpec {
     pub port: u16,
     /// The host NQNs allowed to connect; nobody else can (empty: nobody).
     pub hosts: Vec<String>,
+    /// `Some(<data-dir>)` when `NodeConfig.nvmeDhchap` is on:
+    /// every host must authenticate (DH-HMAC-CHAP) with the secret of its
+    /// file in `<data-dir>/nvme-dhchap/`, and remote replicas are attached with this node's own
+    /// (see [`crate::util::dhchap`]).
+    pub dhchap_data_dir: Option<std::path::PathBuf>,
+    /// `Some(<data-dir>)` when `NodeConfig.replicaTls` is on: a served
+    /// replica listens with TLS (`secure_channel`) and admits each host with
+    /// its PSK from `<data-dir>/nvme-tls/`; remote replicas are attached with
+    /// this node's own PSK. Volume exports (kernel hosts) never use it.
+    pub tls_data_dir: Option<std::path::PathBuf>,
 }
 
 /// What a volume should be.
@@ -454,6 +464,8 @@ mod tests {
                 address: [127, 0, 0, 1].into(),
                 port: 4420,
                 hosts: vec![],
+                dhchap_data_dir: None,
+                tls_data_dir: None,
             },
         );
         p.superblock = superblock;
