@@ -839,7 +839,7 @@ fn ppid(pid: u32) -> Option<u32> {
 /// Stops talon the way a rollout or a crash does: SIGTERM on even rounds,
 /// SIGKILL (a container killed, an OOM) on odd ones.
 fn stop_talon(child: &mut Child, round: usize, socket: &Path) {
-    if round % 2 == 0 {
+    if round.is_multiple_of(2) {
         sigterm_and_wait(child);
     } else {
         child.kill().expect("SIGKILL talon");
@@ -888,7 +888,9 @@ async fn kept_tgtd_serves_io_through_ten_talon_kills() {
     );
     let t = spec(&c, "TargetStatus", "tgtd").await.expect("TargetStatus tgtd");
     assert!(
-        t["message"].as_str().is_some_and(|m| m.contains("kept by talon keep-targets")),
+        t["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("kept by talon keep-targets")),
         "{t}"
     );
     drop(c);
@@ -1071,7 +1073,9 @@ async fn real_spdk_kept_spdk_tgt_serves_io_through_ten_talon_kills() {
         let t = spec(&c, "TargetStatus", "spdk").await.expect("TargetStatus spdk");
         assert_eq!(t["restarts"], 0, "round {round}: {t}");
         assert!(
-            t["message"].as_str().is_some_and(|m| m.contains("kept by talon keep-targets")),
+            t["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("kept by talon keep-targets")),
             "round {round}: {t}"
         );
         assert_eq!(
@@ -1108,7 +1112,10 @@ async fn real_spdk_kept_spdk_tgt_serves_io_through_ten_talon_kills() {
             trouble && !(at.len() == stopped_at.len() && at >= stopped_at.as_str())
         })
         .collect();
-    assert!(bad.is_empty(), "spdk_nvme_perf reported I/O trouble: {bad:?}\n{report}");
+    assert!(
+        bad.is_empty(),
+        "spdk_nvme_perf reported I/O trouble: {bad:?}\n{report}"
+    );
     let total = report
         .lines()
         .find(|l| l.trim_start().starts_with("Total"))

@@ -28,8 +28,8 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use serde::{Deserialize, Serialize};
 use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
 
 use crate::host::HostRoot;
 use crate::host::hugepages::free_hugepages_mib;
@@ -175,7 +175,10 @@ impl KeeperFiles {
 fn write_json<T: Serialize>(path: &Path, v: &T) -> std::io::Result<()> {
     use std::os::unix::fs::DirBuilderExt;
     let dir = path.parent().unwrap_or(Path::new("."));
-    std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir)?;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)?;
     let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
     let text = serde_json::to_vec_pretty(v).map_err(std::io::Error::other)?;
     std::fs::write(&tmp, text)?;
@@ -221,9 +224,15 @@ pub struct KeeperLock {
 
 /// Takes the keeper lock, waiting while another keeper (a pod being
 /// replaced) still holds it.
-pub async fn lock(files: &KeeperFiles, shutdown: &mut tokio::sync::watch::Receiver<bool>) -> std::io::Result<Option<KeeperLock>> {
+pub async fn lock(
+    files: &KeeperFiles,
+    shutdown: &mut tokio::sync::watch::Receiver<bool>,
+) -> std::io::Result<Option<KeeperLock>> {
     use std::os::unix::fs::DirBuilderExt;
-    std::fs::DirBuilder::new().recursive(true).mode(0o700).create(files.dir())?;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(files.dir())?;
     let path = files.dir().join("keeper.lock");
     let mut said = false;
     loop {
@@ -257,7 +266,10 @@ pub async fn lock(files: &KeeperFiles, shutdown: &mut tokio::sync::watch::Receiv
 }
 
 /// Runs the keeper until `shutdown`, then stops the targets it holds.
-pub async fn run(opts: KeeperOptions, shutdown: impl std::future::Future<Output = ()>) -> std::io::Result<()> {
+pub async fn run(
+    opts: KeeperOptions,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> std::io::Result<()> {
     let files = KeeperFiles::new(&opts.run_dir);
     let (tx, mut rx) = tokio::sync::watch::channel(false);
     let keep = async {
@@ -330,7 +342,11 @@ impl Kept {
 
     /// After it died: count a restart; the next start waits for the backoff.
     fn exited(&mut self, how: String) {
-        if self.up_since.take().is_some_and(|u| u.elapsed() > Duration::from_secs(60)) {
+        if self
+            .up_since
+            .take()
+            .is_some_and(|u| u.elapsed() > Duration::from_secs(60))
+        {
             self.backoff.reset();
         }
         self.status.restarts += 1;
@@ -403,7 +419,11 @@ impl SpdkKeeper {
                             let msg = if adopted {
                                 format!("adopted on {}", cfg.socket().display())
                             } else {
-                                format!("serving on {} with -s {} MiB", cfg.socket().display(), cfg.mem_size_mib())
+                                format!(
+                                    "serving on {} with -s {} MiB",
+                                    cfg.socket().display(),
+                                    cfg.mem_size_mib()
+                                )
                             };
                             tracing::info!(?pid, %msg, "spdk_tgt kept");
                             self.kept.running(pid, msg);
@@ -419,7 +439,8 @@ impl SpdkKeeper {
                         tracing::info!(%how, "stopped spdk_tgt: talon asked");
                         self.kept.status.mem_mib = None;
                         self.kept.status.memory_note = None;
-                        self.kept.set("stopped", None, format!("stopped as talon asked ({how})"));
+                        self.kept
+                            .set("stopped", None, format!("stopped as talon asked ({how})"));
                     }
                 }
                 _ => {}
@@ -446,7 +467,8 @@ impl SpdkKeeper {
                 .await
                 .unwrap_or_else(|e| e.to_string());
             tracing::info!(%how, "stopped spdk_tgt: the keeper stops");
-            self.kept.set("stopped", None, format!("the keeper stopped ({how})"));
+            self.kept
+                .set("stopped", None, format!("the keeper stopped ({how})"));
         }
     }
 }
@@ -498,7 +520,8 @@ impl TgtdKeeper {
                     Err(e) => e.to_string(),
                 };
                 tracing::info!(pid, %how, "stopped tgtd: talon asked (stop, or a new portal)");
-                self.kept.set("stopped", None, format!("stopped as talon asked ({how})"));
+                self.kept
+                    .set("stopped", None, format!("stopped as talon asked ({how})"));
             }
             if let Some(w) = &want
                 && w.run
@@ -552,8 +575,11 @@ mod tests {
         f.write_want("spdk", &w).expect("write");
         assert_eq!(f.read_want::<SpdkWant>("spdk"), Some(w));
         // a newer talon's field is ignored; a missing one takes its default
-        std::fs::write(f.want_path("tgtd"), r#"{"run": true, "portal": "127.0.0.1:3260", "newer": 1}"#)
-            .expect("write");
+        std::fs::write(
+            f.want_path("tgtd"),
+            r#"{"run": true, "portal": "127.0.0.1:3260", "newer": 1}"#,
+        )
+        .expect("write");
         let t: TgtdWant = f.read_want("tgtd").expect("read");
         assert!(t.run);
         assert_eq!(t.portal, Some("127.0.0.1:3260".parse().expect("addr")));

@@ -372,7 +372,11 @@ pub struct MemoryUse {
 /// program's floor plus [`MIB_PER_VOLUME`] each; never below the floor,
 /// rounded up to whole 2 MiB pages.
 pub fn sized_mem_mib(volumes: u32, nvmf: bool, seen: Option<&MemoryUse>) -> u64 {
-    let base = if nvmf { NVMF_TGT_BASE_MIB } else { SPDK_TGT_BASE_MIB };
+    let base = if nvmf {
+        NVMF_TGT_BASE_MIB
+    } else {
+        SPDK_TGT_BASE_MIB
+    };
     let mib = match seen.filter(|s| s.peak_mib > 0) {
         Some(s) => {
             let more = u64::from(volumes.saturating_sub(s.volumes));

@@ -5,9 +5,10 @@
 //! ```text
 //!   NodeConfig, Disk, Volume ──> reconcile ──needed?──> Target::start (adopt a target answering on
 //!        (selection: V2?)           │                     <run_dir>/spdk.sock, else spawn + wait for
-//!                                   │                     spdk_get_version), -s 512 + 43/volume MiB
-//!                                   │                     capped at the free hugepages, -u unless a
-//!                                   │                     Disk has `pci`
+//!                                   │                     spdk_get_version), -s from the use seen
+//!                                   │                     (or a floor + 8 MiB/volume) capped at the
+//!                                   │                     free hugepages, -u unless a Disk has `pci`
+//!              --target-keeper ─────┴──> keeper/spdk.want.json; adopt what `talon keep-targets` runs
 //!                                   └──> TargetStatus "spdk" {state, pid, version, restarts, ...}
 //!   every second: spdk_get_version answers? no -> restarts += 1, start again after backoff
 //!   (100 ms doubling to 30 s, back to 100 ms after a minute of uptime); the disk and
@@ -22,10 +23,19 @@
 //! period (10 s). `-s` is decided when the target starts; more volumes later
 //! do not restart a running target.
 //!
-//! Memory: with hugepages, `-s` is the per-volume formula capped at the
-//! hugepages free when the target is spawned, so that a smaller pool never
-//! keeps the target from starting (a restart after a crash included): it
-//! starts with what there is and `TargetStatus` reports the shortfall.
+//! Memory: with hugepages, `-s` is sized from use ([`sized_mem_mib`]): the
+//! high-water mark of the target's DPDK heap, measured every minute
+//! (`env_dpdk_get_mem_stats`) and kept in `<data_dir>/spdk-memory.json`, plus
+//! a quarter; before anything was measured, the program's floor (spdk_tgt
+//! 1024 MiB, nvmf_tgt 512) plus 8 MiB a volume. It is capped at the hugepages
+//! free when the target is spawned, so that a smaller pool never keeps the
+//! target from starting (a restart after a crash included): it starts with
+//! what there is and `TargetStatus` reports the shortfall.
+//!
+//! With a keeper (`--target-keeper`, [`crate::keeper`]) the controller never
+//! starts or stops the target: it writes what should run, adopts what the
+//! keeper runs, counts a restart when it stops answering, and shows the
+//! keeper's cause when it cannot start; a drain asks the keeper to stop it.
 //!
 //! In-process (`--engine spdk-embedded`): the same, except that the target is
 //! the SPDK framework on a thread of talon (pid = talon's), it is kept while
@@ -41,15 +51,15 @@ use tokio::sync::Mutex;
 use super::TargetsOnExit;
 use super::selection::{EngineSelection, free_hugepages_mib};
 use crate::host::HostRoot;
+use crate::keeper::{KeeperFiles, SpdkWant};
 use crate::resources::config::{Disk, NodeConfig, Volume};
 use crate::resources::engine::SPDK_STATUS_ID;
 use crate::resources::engine::{Engine, ObjectState, TargetStatus};
 use crate::runtime::{Controller, ControllerError, Input, Output, ReconcileContext, Requeue};
 use crate::spdk::ClientError;
-use crate::spdk::rpc::Version;
 pub use crate::spdk::launch::cap_memory;
-use crate::keeper::{KeeperFiles, SpdkWant};
 use crate::spdk::launch::{MemoryUse, heap_in_use_mib, interrupt_mode_program, sized_mem_mib};
+use crate::spdk::rpc::Version;
 use crate::spdk::target::{Memory, Origin, Target, TargetConfig};
 use crate::util::Backoff;
 
@@ -166,7 +176,11 @@ impl SpdkTargetController {
     }
 
     fn program(&self, cfg: &TargetConfig) -> &'static str {
-        if self.runs_nvmf(cfg) { "nvmf_tgt" } else { "spdk_tgt" }
+        if self.runs_nvmf(cfg) {
+            "nvmf_tgt"
+        } else {
+            "spdk_tgt"
+        }
     }
 
     /// `-s` for a start: from the use seen before ([`sized_mem_mib`]).
@@ -205,7 +219,12 @@ impl SpdkTargetController {
         }
         seen.peak_mib = seen.peak_mib.max(mib);
         seen.volumes = seen.volumes.max(volumes);
-        tracing::info!(program, in_use_mib = mib, volumes, "spdk memory use: a new high-water mark");
+        tracing::info!(
+            program,
+            in_use_mib = mib,
+            volumes,
+            "spdk memory use: a new high-water mark"
+        );
         let tmp = path.with_extension("json.tmp");
         let written = serde_json::to_vec_pretty(&record)
             .map_err(std::io::Error::other)
@@ -248,7 +267,10 @@ impl SpdkTargetController {
                 Some(n) => format!("{msg}; {n}"),
                 None => msg,
             };
-            ctx.apply(SPDK_STATUS_ID, status(&self.template, inner, ObjectState::Ready, msg))?;
+            ctx.apply(
+                SPDK_STATUS_ID,
+                status(&self.template, inner, ObjectState::Ready, msg),
+            )?;
             return Ok(Requeue::After(Duration::from_secs(1)));
         }
         let (state, msg) = match kept {
@@ -480,7 +502,9 @@ impl Controller for SpdkTargetController {
                     Memory::NoHuge { mem_size_mib } => mem_size_mib,
                     Memory::Hugepages { mem_size_mib } => mem_size_mib.unwrap_or(wanted),
                 };
-                return self.adopt_kept(ctx, &mut inner, k, SpdkWant::from_config(&cfg, mem_mib)).await;
+                return self
+                    .adopt_kept(ctx, &mut inner, k, SpdkWant::from_config(&cfg, mem_mib))
+                    .await;
             }
             let mut memory_note = None;
             if cfg.memory == (Memory::Hugepages { mem_size_mib: None }) && !cfg.embedded {
@@ -543,7 +567,8 @@ impl Controller for SpdkTargetController {
             SPDK_STATUS_ID,
             status(&self.template, &inner, ObjectState::Ready, msg),
         )?;
-        self.measure(&mut inner, u32::try_from(v2_volumes).unwrap_or(u32::MAX)).await;
+        self.measure(&mut inner, u32::try_from(v2_volumes).unwrap_or(u32::MAX))
+            .await;
         Ok(Requeue::After(Duration::from_secs(1)))
     }
 }

@@ -19,7 +19,11 @@ pub fn register(rt: &mut Runtime, deps: &Deps, selection: &EngineSelection) -> R
     let auto = selection.auto_engine();
     let target = TgtdController::new(&deps.run_dir, auto)
         .on_exit(deps.targets_on_exit.clone())
-        .with_keeper(deps.spdk.target_keeper.then(|| crate::keeper::KeeperFiles::new(&deps.run_dir)));
+        .with_keeper(
+            deps.spdk
+                .target_keeper
+                .then(|| crate::keeper::KeeperFiles::new(&deps.run_dir)),
+        );
     let admin = target.config().admin();
     rt.register(target)?;
     let initiators = match crate::attach::HostInitiators::load_or_create(&deps.host, &deps.data_dir) {

@@ -17,10 +17,10 @@ use tokio::sync::Mutex;
 
 use super::TargetsOnExit;
 use super::selection::engine_for;
+use crate::keeper::{KeeperFiles, TgtdWant};
 use crate::resources::config::{NodeConfig, Volume};
 use crate::resources::engine::{Engine, ObjectState, TGTD_STATUS_ID, TargetStatus};
 use crate::runtime::{Controller, ControllerError, Input, Output, ReconcileContext, Requeue};
-use crate::keeper::{KeeperFiles, TgtdWant};
 use crate::tgt::{DaemonError, Tgtd, TgtdConfig};
 
 #[derive(Debug, Default)]
@@ -181,7 +181,11 @@ impl TgtdController {
             let program = cfg.program.clone();
             inner.version = tokio::task::spawn_blocking(move || tgtd_version(&program)).await?;
         }
-        let keeper = self.keeper.as_ref().map(|k| k.read_status("tgtd")).unwrap_or_default();
+        let keeper = self
+            .keeper
+            .as_ref()
+            .map(|k| k.read_status("tgtd"))
+            .unwrap_or_default();
         if inner.tgtd.is_none() {
             let adopt_cfg = cfg.clone();
             let why = match tokio::task::spawn_blocking(move || Tgtd::adopt(adopt_cfg)).await? {
