@@ -794,20 +794,22 @@ struct Keeper(Child);
 
 impl Keeper {
     fn spawn(dir: &Path) -> Keeper {
+        Self::spawn_with(dir, |_| {})
+    }
+
+    fn spawn_with(dir: &Path, more: impl FnOnce(&mut Command)) -> Keeper {
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(dir.join("keeper.log"))
             .expect("keeper.log");
-        Keeper(
-            Command::new(env!("CARGO_BIN_EXE_talon"))
-                .args(["keep-targets", "--run-dir"])
-                .arg(dir.join("run"))
-                .stdout(Stdio::null())
-                .stderr(log)
-                .spawn()
-                .expect("spawn talon keep-targets"),
-        )
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_talon"));
+        cmd.args(["keep-targets", "--run-dir"])
+            .arg(dir.join("run"))
+            .stdout(Stdio::null())
+            .stderr(log);
+        more(&mut cmd);
+        Keeper(cmd.spawn().expect("spawn talon keep-targets"))
     }
 
     fn pid(&self) -> u32 {
@@ -1130,4 +1132,84 @@ async fn real_spdk_kept_spdk_tgt_serves_io_through_ten_talon_kills() {
         kill(Pid::from_raw(tgt as i32), None).is_err(),
         "spdk_tgt {tgt} stops with its keeper"
     );
+}
+
+/// A target the keeper cannot start says why in talon's `TargetStatus` at
+/// once (here: the keeper's image has no spdk_tgt), and stays `failed` with
+/// that cause while the keeper tries again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kept_target_that_cannot_start_says_why_in_talon() {
+    const TEST: &str = "a_kept_target_that_cannot_start_says_why_in_talon";
+    if !nix::unistd::Uid::effective().is_root() {
+        eprintln!("SKIP {TEST}: talon serve's data dir and keeper run as root here");
+        return;
+    }
+    let d = tempfile::tempdir().expect("tempdir");
+    let dir = d.path().to_path_buf();
+    // talon's side finds a spdk_tgt (it decides V2 can run); the keeper's does not
+    let bin = dir.join("bin/spdk_tgt");
+    std::fs::create_dir_all(bin.parent().expect("parent")).expect("mkdir");
+    std::fs::write(&bin, "#!/bin/sh\nexit 1\n").expect("write");
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    }
+    std::fs::write(
+        dir.join("talon.yaml"),
+        format!(
+            "node: {{ engine: v2, listenAddress: 127.0.0.1, nvmfPort: {} }}\n\
+             disks:\n  d1: {{ path: disks/d1.img, sizeBytes: 268435456 }}\n",
+            free_port()
+        ),
+    )
+    .expect("config");
+    let missing = dir.join("keeper-image/spdk_tgt");
+    let _keeper = Keeper::spawn_with(&dir, |c| {
+        c.arg("--spdk-tgt")
+            .arg(&missing)
+            .env_remove("TALON_SPDK_DIR")
+            .env("PATH", "/nonexistent");
+    });
+    let socket = dir.join("run/talon.sock");
+    let bin_arg = bin.display().to_string();
+    let _cleanup = Cleanup {
+        dir: dir.clone(),
+        talon: Some(spawn_talon(
+            &dir,
+            &[
+                "--engine",
+                "v2",
+                "--no-huge",
+                "--spdk-tgt",
+                &bin_arg,
+                "--target-keeper",
+            ],
+        )),
+        spdk_tgt: None,
+    };
+    let c = connect(&socket).await;
+    let t0 = Instant::now();
+    let msg = until("TargetStatus spdk failed with the keeper's cause", || async {
+        let t = spec(&c, "TargetStatus", "spdk").await?;
+        (t["state"] == "failed")
+            .then(|| t["message"].as_str().map(String::from))
+            .flatten()
+    })
+    .await;
+    let took = t0.elapsed();
+    assert!(
+        msg.contains("the target keeper cannot start spdk_tgt") && msg.contains("spdk_tgt was not found"),
+        "{msg}"
+    );
+    assert!(
+        msg.contains(&missing.display().to_string()),
+        "names where it looked: {msg}"
+    );
+    // it stays failed with the cause while the keeper tries again
+    for _ in 0..10 {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let t = spec(&c, "TargetStatus", "spdk").await.expect("TargetStatus spdk");
+        assert_eq!(t["state"], "failed", "{t}");
+    }
+    eprintln!("{TEST}: TargetStatus failed after {took:?}: {msg}");
 }

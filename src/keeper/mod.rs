@@ -355,6 +355,14 @@ impl Kept {
         self.set("starting", None, format!("exited ({how}); restarting"));
     }
 
+    /// A start begins; a failed one stays `failed` with its cause while the
+    /// next attempt runs (talon shows that cause, not a flicker of `starting`).
+    fn starting(&mut self) {
+        if self.status.state != "failed" {
+            self.set("starting", None, "starting".into());
+        }
+    }
+
     fn running(&mut self, pid: Option<u32>, message: String) {
         self.up_since = Some(Instant::now());
         self.set("running", pid, message);
@@ -409,7 +417,7 @@ impl SpdkKeeper {
             match (&want, held.is_some()) {
                 (Some(w), false) if w.run && Instant::now() >= self.kept.next_start => {
                     let (cfg, note) = self.config(w);
-                    self.kept.set("starting", None, "starting".into());
+                    self.kept.starting();
                     match Target::start(&cfg).await {
                         Ok(t) => {
                             let pid = t.pid().and_then(|p| u32::try_from(p).ok());
@@ -532,7 +540,7 @@ impl TgtdKeeper {
                 if let Some(p) = w.portal {
                     cfg.portal = p;
                 }
-                self.kept.set("starting", None, "starting".into());
+                self.kept.starting();
                 match tokio::task::spawn_blocking(move || Tgtd::start_or_adopt(cfg)).await {
                     Ok(Ok(t)) => {
                         let msg = format!("serving iSCSI on {}", t.portal());
