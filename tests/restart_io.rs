@@ -1124,13 +1124,34 @@ async fn real_spdk_kept_spdk_tgt_serves_io_through_ten_talon_kills() {
         .unwrap_or_else(|| panic!("no Total line in spdk_nvme_perf's report:\n{report}"));
     eprintln!("{TEST}: {ROUNDS} stops of talon with spdk_tgt in the keeper, no error, no reconnect; {total}");
 
+    // spdk_tgt dies: the keeper starts another, talon adopts it and exports the volume again
+    kill(Pid::from_raw(tgt as i32), Signal::SIGKILL).expect("SIGKILL spdk_tgt");
+    let c = connect(&socket).await;
+    let again = until("a new spdk_tgt from the keeper", || async {
+        let t = spec(&c, "TargetStatus", "spdk").await?;
+        let pid = t["pid"].as_u64().and_then(|p| u32::try_from(p).ok())?;
+        (t["state"] == "ready" && pid != tgt).then_some(pid)
+    })
+    .await;
+    cleanup.spdk_tgt = Some(again);
+    assert_eq!(ppid(again), Some(keeper.pid()), "the keeper started it");
+    let (pid, _, nqn_again) = served_v2(&c).await;
+    assert_eq!(
+        (pid, nqn_again.as_str()),
+        (again, nqn.as_str()),
+        "the same export on the new target"
+    );
+    let t = spec(&c, "TargetStatus", "spdk").await.expect("TargetStatus spdk");
+    assert_eq!(t["restarts"], 1, "{t}");
+    drop(c);
+
     // the keeper's own stop (its pod replaced on node maintenance) stops spdk_tgt cleanly
     let mut talon = cleanup.talon.take().expect("talon");
     sigterm_and_wait(&mut talon);
     drop(keeper);
     assert!(
-        kill(Pid::from_raw(tgt as i32), None).is_err(),
-        "spdk_tgt {tgt} stops with its keeper"
+        kill(Pid::from_raw(again as i32), None).is_err(),
+        "spdk_tgt {again} stops with its keeper"
     );
 }
 
