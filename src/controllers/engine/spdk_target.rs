@@ -458,8 +458,10 @@ impl Controller for SpdkTargetController {
             return Ok(Requeue::OnInputChange);
         }
 
+        // with a keeper, a dead target may be replaced before talon looks: the client reconnects
+        // to the new one on the same socket, so a gone pid counts as stopped too
         if let Some(t) = inner.target.as_ref()
-            && !answers(t).await
+            && ((self.keeper.is_some() && t.pid().is_some() && !pid_alive(t.pid())) || !answers(t).await)
         {
             tracing::warn!(pid = ?t.pid(), "spdk_tgt stopped answering; starting it again");
             inner.target = None;
