@@ -27,6 +27,7 @@ fn longhorn_protos() {
         "imrpc/disk.proto",
         "imrpc/proxy.proto",
         "ptypes/controller.proto",
+        "ptypes/syncagent.proto",
         "spdkrpc/spdk.proto",
     ];
     let root = "proto/longhorn";

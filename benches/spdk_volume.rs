@@ -235,7 +235,9 @@ async fn snapshots(spdk: &Path, ops: &VolumeOps, port: u16) {
                 let inv = Inventory::load(c).await.expect("inventory");
                 let s = ObjectName::parse("snapshot", &format!("b{i}")).expect("snap");
                 let t = Instant::now();
-                ops.snapshot(&inv, &p.name, &s, None).await.expect("snapshot");
+                ops.snapshot(&inv, &p.name, &s, None, vec![])
+                    .await
+                    .expect("snapshot");
                 lat.push(t.elapsed().as_secs_f64() * 1e3);
                 i += 1;
                 tokio::time::sleep(every).await;
@@ -309,7 +311,9 @@ async fn superblock(spdk: &Path, ops: &VolumeOps, port: u16) {
                 .map_or(0, |l| l.num_allocated_clusters);
             // revert: a snapshot, then back to it
             let s = ObjectName::parse("snapshot", "b").expect("snap");
-            ops.snapshot(&inv, &p.name, &s, None).await.expect("snapshot");
+            ops.snapshot(&inv, &p.name, &s, None, vec![])
+                .await
+                .expect("snapshot");
             let inv = Inventory::load(c).await.expect("inventory");
             let t = Instant::now();
             let set = ops

@@ -253,7 +253,14 @@ pub fn apply_config_file(state: &State, path: &Path, data_dir: &Path) -> Result<
                 "volume {name}: serveReplica needs replicaHosts (the engine node's hostNqn)"
             )));
         }
-        state.upsert_typed(name, vol)?;
+        // the replicas' layout is the data's: a volume already stored keeps
+        // the one it was made with, a new one gets what volume_create gives
+        let mut vol = vol.clone();
+        vol.raid_superblock = match state.get_typed::<Volume>(name)? {
+            Some(stored) => stored.spec.raid_superblock,
+            None => vol.wants_superblock(),
+        };
+        state.upsert_typed(name, &vol)?;
     }
     Ok(())
 }
@@ -353,46 +360,14 @@ pub async fn serve_with(
         apply_config_file(&state, cfg, &data_dir)?;
     }
 
-    let token = match (&opts.listen_tcp, &opts.token_file) {
-        (None, _) => None,
-        (Some(_), None) => return Err(ServeError::TokenMissing),
-        (Some(_), Some(p)) => {
-            use std::os::unix::fs::PermissionsExt;
-            let mode = std::fs::metadata(p)
-                .map_err(|e| ServeError::Token {
-                    path: p.clone(),
-                    source: Some(e),
-                })?
-                .permissions()
-                .mode();
-            if mode & 0o077 != 0 {
-                return Err(ServeError::TokenMode {
-                    path: p.clone(),
-                    mode: mode & 0o7777,
-                });
-            }
-            let t = std::fs::read_to_string(p)
-                .map_err(|e| ServeError::Token {
-                    path: p.clone(),
-                    source: Some(e),
-                })?
-                .trim()
-                .to_string();
-            if t.is_empty() {
-                return Err(ServeError::Token {
-                    path: p.clone(),
-                    source: None,
-                });
-            }
-            if t.len() < MIN_TOKEN_BYTES {
-                return Err(ServeError::TokenShort {
-                    path: p.clone(),
-                    len: t.len(),
-                });
-            }
-            Some(Arc::<str>::from(t))
-        }
+    // the TCP listener's token, also presented to the nodes of remote replicas
+    let token = match &opts.token_file {
+        None => None,
+        Some(p) => Some(read_token(p)?),
     };
+    if opts.listen_tcp.is_some() && token.is_none() {
+        return Err(ServeError::TokenMissing);
+    }
     let unix = crate::api::server::bind_unix(&opts.socket)?;
     let tcp = match opts.listen_tcp {
         Some(addr) => Some(
@@ -419,6 +394,7 @@ pub async fn serve_with(
         } else {
             TargetsOnExit::leave()
         },
+        peer_token: token.clone(),
     };
     // hugepages first: the engine selection below looks at the free pool
     controllers::host::prepare_at_start(&state, &deps);
@@ -486,11 +462,13 @@ pub async fn serve_with(
     let longhorn_task = match (longhorn_bound, longhorn) {
         (Some(bound), Some(l)) => {
             tracing::info!(addrs = ?bound.addrs(), "Longhorn instance-manager protocol");
+            let spdk_service_port = bound.addrs().last().map_or(8504, SocketAddr::port);
             let lh = crate::longhorn::server::Longhorn::new(
                 state.clone(),
                 crate::spdk::SpdkClient::new(opts.spdk.target_config(&opts.run_dir).socket()),
                 l.ports,
-            );
+            )
+            .with_peer_port(spdk_service_port);
             Some(tokio::spawn(crate::longhorn::server::serve(
                 bound,
                 lh,
@@ -527,4 +505,87 @@ pub async fn serve_with(
         tracing::info!("stopped; spdk_tgt and tgtd, where running, keep serving for the next talon");
     }
     Ok(())
+}
+
+/// Reads a bearer token file: private (no group/other bits), not empty, at
+/// least [`MIN_TOKEN_BYTES`] long.
+fn read_token(p: &std::path::Path) -> Result<Arc<str>, ServeError> {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(p)
+        .map_err(|e| ServeError::Token {
+            path: p.to_path_buf(),
+            source: Some(e),
+        })?
+        .permissions()
+        .mode();
+    if mode & 0o077 != 0 {
+        return Err(ServeError::TokenMode {
+            path: p.to_path_buf(),
+            mode: mode & 0o7777,
+        });
+    }
+    let t = std::fs::read_to_string(p)
+        .map_err(|e| ServeError::Token {
+            path: p.to_path_buf(),
+            source: Some(e),
+        })?
+        .trim()
+        .to_string();
+    if t.is_empty() {
+        return Err(ServeError::Token {
+            path: p.to_path_buf(),
+            source: None,
+        });
+    }
+    if t.len() < MIN_TOKEN_BYTES {
+        return Err(ServeError::TokenShort {
+            path: p.to_path_buf(),
+            len: t.len(),
+        });
+    }
+    Ok(Arc::<str>::from(t))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The config file cannot flip a stored volume's layout (its data offset)
+    /// and gives a new volume the one `volume_create` gives.
+    #[test]
+    fn a_config_file_keeps_a_stored_volume_layout_and_gives_new_ones_the_superblock() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let cfg = dir.path().join("talon.yaml");
+        std::fs::write(
+            &cfg,
+            "volumes:\n  new2:\n    sizeBytes: 16777216\n    replicas: 2\n    engine: v2\n  \
+             one:\n    sizeBytes: 16777216\n    replicas: 1\n    engine: v2\n  \
+             legacy:\n    sizeBytes: 16777216\n    replicas: 2\n    engine: v2\n",
+        )
+        .expect("config");
+        let state = State::in_memory();
+        let mut legacy: Volume =
+            serde_json::from_value(serde_json::json!({"sizeBytes": 16777216, "replicas": 2, "engine": "v2"}))
+                .expect("volume");
+        legacy.raid_superblock = false;
+        state.create_typed("legacy", "", &legacy).expect("legacy");
+        apply_config_file(&state, &cfg, dir.path()).expect("apply");
+        let layout = |n: &str| {
+            state
+                .get_typed::<Volume>(n)
+                .expect("get")
+                .expect("stored")
+                .spec
+                .raid_superblock
+        };
+        assert!(
+            layout("new2"),
+            "a new 2-replica volume gets the superblock layout"
+        );
+        assert!(!layout("one"), "one local replica has no raid");
+        assert!(!layout("legacy"), "a stored volume keeps its layout");
+        // applied again at the next start: nothing flips
+        apply_config_file(&state, &cfg, dir.path()).expect("apply again");
+        assert!(layout("new2") && !layout("legacy"));
+    }
 }

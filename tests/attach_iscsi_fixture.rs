@@ -469,6 +469,7 @@ async fn attach_controller_attaches_v1_volumes_through_iscsi() {
         run_dir: d.path().join("run"),
         spdk: Default::default(),
         targets_on_exit: Default::default(),
+        peer_token: None,
     };
     // a host without nvme_tcp, with iscsid: auto picks iSCSI
     let host = HostFrontends {

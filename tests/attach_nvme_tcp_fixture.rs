@@ -321,6 +321,7 @@ async fn attach_controller_attaches_and_detaches() {
         run_dir: data.join("run"),
         spdk: Default::default(),
         targets_on_exit: Default::default(),
+        peer_token: None,
     };
     let ctl = AttachController::with_connector(deps, ConnectOptions::default(), fake_kernel_connect);
     let rt = TestRuntime::with(ctl).expect("runtime");

@@ -385,6 +385,7 @@ fn serve_sizes_the_pool_before_choosing_the_engine() {
         run_dir: dir.path().join("run"),
         spdk: spdk.clone(),
         targets_on_exit: talon::controllers::engine::TargetsOnExit::stop(),
+        peer_token: None,
     };
     let state = State::in_memory();
     state

@@ -6,10 +6,14 @@
 //! target restart. The same flows against a real spdk_tgt are in
 //! `tests/spdk_volume_real.rs`.
 
+#[path = "support/peer_api.rs"]
+mod peer_api;
+
 use std::path::Path;
 use std::time::Duration;
 
 use serde_json::json;
+use talon::controllers::engine::peer::Peers;
 use talon::controllers::engine::spdk_volume::SpdkVolumeController;
 use talon::names::ObjectName;
 use talon::resources::config::{Disk, NodeConfig, Snapshot, Volume};
@@ -94,7 +98,11 @@ async fn setup(disks: &[&str]) -> Setup {
     let c2 = client.clone();
     let host = node_nqn(disks.first().copied().unwrap_or(""));
     let rt = TestRuntime::start(move |rt| {
-        rt.register(SpdkVolumeController::new(c2, false).with_host_nqn(Some(host)))
+        rt.register(
+            SpdkVolumeController::new(c2, false)
+                .with_host_nqn(Some(host))
+                .with_peers(Peers::new(Some(peer_api::TOKEN.into()))),
+        )
     })
     .expect("runtime");
     let state = rt.state.clone();
@@ -345,7 +353,7 @@ async fn a_failed_step_rolls_back_everything_it_created() {
     let inv = Inventory::load(&c).await.expect("inv");
     let v = ObjectName::parse("volume", "rb").expect("n");
     let sn = ObjectName::parse("snapshot", "s").expect("n");
-    ops.snapshot(&inv, &v, &sn, None)
+    ops.snapshot(&inv, &v, &sn, None, vec![])
         .await
         .expect_err("snapshot fails");
     let inv = Inventory::load(&c).await.expect("inv");
@@ -776,6 +784,7 @@ async fn a_remote_replica_served_by_another_node_joins_the_raid1() {
     engine_vol.remote_replicas = vec![talon::resources::config::RemoteReplica {
         address: "127.0.0.1".into(),
         port: 4432,
+        api: None,
     }];
     a.state.create_typed("rv", "", &engine_vol).expect("engine");
     let st = ready(&a.state, "rv", "engine on A").await;
@@ -824,6 +833,147 @@ async fn a_remote_replica_served_by_another_node_joins_the_raid1() {
     b.rt.stop().await;
 }
 
+/// Issue 12, remote replicas: a snapshot of a volume with a replica on
+/// another node takes that replica's snapshot there (through its admin
+/// API) inside the same freeze of the export; the point-in-time set counts
+/// it. A node that cannot be reached fails the snapshot naming the replica,
+/// with nothing left behind and the export thawed; the retry succeeds once
+/// it answers. Deleting the snapshot deletes it on the replica's node too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_snapshot_includes_remote_replicas_at_the_same_instant() {
+    let a = node("da", 4437).await;
+    let b = node("db", 4438).await;
+    let (api_b, server_b) = peer_api::serve(&b.state, b.rt.statuses(), "127.0.0.1:0").await;
+    let mut served = volume(16 * MIB, 1);
+    served.serve_replica = Some(1);
+    served.replica_hosts = vec![node_nqn("da")];
+    served.raid_superblock = true;
+    b.state.create_typed("rv", "", &served).expect("served");
+    ready(&b.state, "rv", "replica served on B").await;
+    let mut engine_vol = volume(16 * MIB, 1);
+    engine_vol.raid_superblock = true;
+    engine_vol.remote_replicas = vec![talon::resources::config::RemoteReplica {
+        address: "127.0.0.1".into(),
+        port: 4438,
+        api: Some(api_b.to_string()),
+    }];
+    a.state.create_typed("rv", "", &engine_vol).expect("engine");
+    let st = ready(&a.state, "rv", "engine on A").await;
+    let export = st.exports[0].name.clone();
+    ledger_becomes(&a.state, "rv", &[0, 1], "both replicas in A's ledger").await;
+
+    let snap_ready = |state: &State, id: &str| {
+        state
+            .get_typed::<SnapshotStatus>(id)
+            .ok()
+            .flatten()
+            .map(|s| s.spec)
+    };
+    a.state
+        .create_typed(
+            "rv@s1",
+            "",
+            &Snapshot {
+                volume: "rv".into(),
+                name: "s1".into(),
+            },
+        )
+        .expect("snapshot");
+    eventually("s1 taken on A", WAIT, || async {
+        snap_ready(&a.state, "rv@s1").filter(|s| s.state == ObjectState::Ready)
+    })
+    .await;
+    let sets = a
+        .state
+        .get_typed::<talon::resources::engine::ReplicaLedger>("rv")
+        .expect("get")
+        .expect("ledger")
+        .spec
+        .snapshots;
+    assert_eq!(
+        sets.get("s1"),
+        Some(&vec![0, 1]),
+        "the remote replica is in the point-in-time set"
+    );
+    let inv_b = Inventory::load(&b.client).await.expect("inv B");
+    assert_eq!(
+        inv_b
+            .snapshot_lvols("rv", "s1")
+            .into_iter()
+            .map(|(k, _)| k)
+            .collect::<Vec<_>>(),
+        vec![1],
+        "B holds r1's snapshot"
+    );
+    assert_eq!(
+        snap_ready(&b.state, "rv@s1").map(|s| s.state),
+        Some(ObjectState::Ready),
+        "B records the snapshot of its replica"
+    );
+    assert!(
+        a.double.snapshots_while_writable().is_empty(),
+        "{:?}",
+        a.double.snapshots_while_writable()
+    );
+    assert!(a.double.frozen_listeners(&export).is_empty(), "A's export thawed");
+
+    // B's API gone: the snapshot fails naming the remote replica, nothing kept, export thawed
+    server_b.abort();
+    let _ = server_b.await;
+    a.state
+        .create_typed(
+            "rv@s2",
+            "",
+            &Snapshot {
+                volume: "rv".into(),
+                name: "s2".into(),
+            },
+        )
+        .expect("snapshot 2");
+    let failed = eventually("s2 fails while B cannot be reached", WAIT, || async {
+        snap_ready(&a.state, "rv@s2").filter(|s| s.state == ObjectState::Failed)
+    })
+    .await;
+    assert!(failed.message.contains("remote replica r1"), "{}", failed.message);
+    let inv_a = Inventory::load(&a.client).await.expect("inv A");
+    assert!(
+        inv_a.snapshot_lvols("rv", "s2").is_empty(),
+        "A's own s2 was undone"
+    );
+    assert!(
+        a.double.frozen_listeners(&export).is_empty(),
+        "A's export thawed after the failure"
+    );
+    // B answers again (same address): the retry takes s2 on both
+    let (_, server_b) = peer_api::serve(&b.state, b.rt.statuses(), &api_b.to_string()).await;
+    eventually("s2 taken once B answers", WAIT, || async {
+        snap_ready(&a.state, "rv@s2").filter(|s| s.state == ObjectState::Ready)
+    })
+    .await;
+    let inv_b = Inventory::load(&b.client).await.expect("inv B");
+    assert_eq!(inv_b.snapshot_lvols("rv", "s2").len(), 1, "B holds r1's s2");
+
+    // deleting on A deletes on B
+    delete_and_wait::<Snapshot>(&a.state, "rv@s1").await;
+    assert!(
+        b.state.get_typed::<Snapshot>("rv@s1").expect("get").is_none(),
+        "B's rv@s1 gone"
+    );
+    let inv_b = Inventory::load(&b.client).await.expect("inv B");
+    assert!(
+        inv_b.snapshot_lvols("rv", "s1").is_empty(),
+        "B's snapshot lvol gone"
+    );
+    delete_and_wait::<Snapshot>(&a.state, "rv@s2").await;
+    delete_and_wait::<Volume>(&a.state, "rv").await;
+    delete_and_wait::<Volume>(&b.state, "rv").await;
+    assert_eq!(talon_objects(&a.client).await, Vec::<String>::new());
+    assert_eq!(talon_objects(&b.client).await, Vec::<String>::new());
+    server_b.abort();
+    a.rt.stop().await;
+    b.rt.stop().await;
+}
+
 /// The defect of issue 12: snapshots of raid members taken one after the
 /// other while writes continue. A multi-replica snapshot freezes the export
 /// (ANA inaccessible, which SPDK applies with the subsystem drained) around
@@ -852,7 +1002,7 @@ async fn multi_replica_snapshots_are_one_point_in_time_and_reverts_never_mix_ins
     );
 
     let s1 = ObjectName::parse("snapshot", "s1").expect("n");
-    let taken = ops.snapshot(&inv, &v, &s1, None).await.expect("snapshot");
+    let taken = ops.snapshot(&inv, &v, &s1, None, vec![]).await.expect("snapshot");
     assert_eq!(taken.lvols.len(), 3);
     assert_eq!(taken.point_in_time, [0, 1, 2].into());
     assert_eq!(
@@ -868,14 +1018,14 @@ async fn multi_replica_snapshots_are_one_point_in_time_and_reverts_never_mix_ins
     assert_eq!(double.calls("nvmf_subsystem_listener_set_ana_state"), 2);
     // taken again: nothing new, nothing frozen
     let inv = Inventory::load(&c).await.expect("inv");
-    let again = ops.snapshot(&inv, &v, &s1, None).await.expect("again");
+    let again = ops.snapshot(&inv, &v, &s1, None, vec![]).await.expect("again");
     assert!(again.point_in_time.is_empty());
     assert_eq!(double.calls("nvmf_subsystem_listener_set_ana_state"), 2);
 
     // one up-to-date replica: SPDK's own quiesce of that lvol is enough
     let s2 = ObjectName::parse("snapshot", "s2").expect("n");
     let one = ops
-        .snapshot(&inv, &v, &s2, Some(&[1].into()))
+        .snapshot(&inv, &v, &s2, Some(&[1].into()), vec![])
         .await
         .expect("one replica");
     assert_eq!(one.point_in_time, [1].into());
@@ -890,7 +1040,9 @@ async fn multi_replica_snapshots_are_one_point_in_time_and_reverts_never_mix_ins
     );
     let s3 = ObjectName::parse("snapshot", "s3").expect("n");
     let inv = Inventory::load(&c).await.expect("inv");
-    ops.snapshot(&inv, &v, &s3, None).await.expect_err("freeze fails");
+    ops.snapshot(&inv, &v, &s3, None, vec![])
+        .await
+        .expect_err("freeze fails");
     let inv = Inventory::load(&c).await.expect("inv");
     assert!(inv.lvols.keys().all(|a| !a.ends_with(".s.s3")));
 

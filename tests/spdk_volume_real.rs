@@ -4,6 +4,10 @@
 //! size a host sees, read through an NVMe/TCP attach), clone, delete with no
 //! leftovers; and `kill -9` of spdk_tgt in the middle of 20 creates.
 
+#[path = "support/peer_api.rs"]
+mod peer_api;
+#[path = "support/spdk_dd.rs"]
+mod spdk_dd;
 #[path = "support/spdk_perf.rs"]
 mod spdk_perf;
 
@@ -21,6 +25,8 @@ use talon::spdk::SpdkClient;
 use talon::spdk::rpc::{AioCreate, AttachController, ByName, GetBdevs, LvstoreCreate};
 use talon::spdk::target::{Memory, Target, TargetConfig};
 use talon::spdk::volume::Inventory;
+
+use spdk_dd::{dd, dd_as, read_bdev};
 
 const WAIT: Duration = Duration::from_secs(90);
 const MIB: u64 = 1 << 20;
@@ -120,7 +126,13 @@ fn node_nqn(port: u16) -> String {
 fn runtime(c: &SpdkClient, disks: &[&str], port: u16) -> TestRuntime {
     let c2 = c.clone();
     let rt = TestRuntime::start(move |rt| {
-        rt.register(SpdkVolumeController::new(c2, false).with_host_nqn(Some(node_nqn(port))))
+        rt.register(
+            SpdkVolumeController::new(c2, false)
+                .with_host_nqn(Some(node_nqn(port)))
+                .with_peers(talon::controllers::engine::peer::Peers::new(Some(
+                    peer_api::TOKEN.into(),
+                ))),
+        )
     })
     .expect("runtime");
     let state = rt.state.clone();
@@ -396,67 +408,6 @@ async fn real_spdk_kill9_during_20_creates() {
     t.stop(Duration::from_secs(5)).await.expect("stop");
 }
 
-/// Writes `data` at offset 0 of an export, or reads `len` bytes back, through
-/// SPDK's own NVMe/TCP initiator (`spdk_dd` with a JSON config that attaches
-/// the export): the data path the test checks, with no kernel initiator.
-fn dd(spdk: &Path, dir: &Path, port: u16, nqn: &str, write: Option<&[u8]>, len: usize) -> Vec<u8> {
-    let out = dd_as(spdk, dir, port, nqn, write, len, spdk_perf::HOST_NQN);
-    assert!(
-        out.status.success(),
-        "spdk_dd on {nqn} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    std::fs::read(dir.join("dd.bin")).expect("dd file")
-}
-
-/// [`dd`] as host `hostnqn`, whatever it gives.
-fn dd_as(
-    spdk: &Path,
-    dir: &Path,
-    port: u16,
-    nqn: &str,
-    write: Option<&[u8]>,
-    len: usize,
-    hostnqn: &str,
-) -> std::process::Output {
-    let conf = dir.join("dd.json");
-    // no examine in spdk_dd: a replica carries its raid's superblock, and
-    // spdk_dd's own raid module would claim it
-    let cfg = json!({"subsystems": [{"subsystem": "bdev", "config": [{
-        "method": "bdev_set_options", "params": {"bdev_auto_examine": false}}, {
-        "method": "bdev_nvme_attach_controller",
-        "params": {"name": "dd", "trtype": "tcp", "adrfam": "ipv4", "traddr": "127.0.0.1",
-                   "trsvcid": port.to_string(), "subnqn": nqn, "hostnqn": hostnqn}}]}]});
-    std::fs::write(&conf, cfg.to_string()).expect("dd config");
-    let file = dir.join("dd.bin");
-    let mut cmd = std::process::Command::new(spdk.join("build/bin/spdk_dd"));
-    cmd.args([
-        "--no-huge",
-        "-s",
-        "512",
-        "--disable-cpumask-locks",
-        "-c",
-        "0x2",
-        "-r",
-    ])
-    .arg(dir.join("dd.sock"))
-    .arg("--json")
-    .arg(&conf)
-    .args(["--bs", "65536"]);
-    match write {
-        Some(data) => {
-            std::fs::write(&file, data).expect("pattern");
-            cmd.arg("--if").arg(&file).args(["--ob", "ddn1"]);
-        }
-        None => {
-            cmd.args(["--ib", "ddn1", "--of"])
-                .arg(&file)
-                .args(["--count", &(len / 65536).to_string()]);
-        }
-    }
-    cmd.output().expect("spdk_dd")
-}
-
 fn pattern(seed: u8, len: usize) -> Vec<u8> {
     (0..len)
         .map(|i| (i as u32).wrapping_mul(2_654_435_761).to_le_bytes()[i % 4] ^ seed)
@@ -625,6 +576,7 @@ async fn real_spdk_remote_replica_on_another_target() {
     engine_vol.remote_replicas = vec![talon::resources::config::RemoteReplica {
         address: "127.0.0.1".into(),
         port: pb,
+        api: None,
     }];
     engine_vol.raid_superblock = true;
     rta.state.create_typed("rv", "", &engine_vol).expect("engine");
@@ -762,43 +714,6 @@ async fn real_spdk_remote_replica_on_another_target() {
     tb.stop(Duration::from_secs(5)).await.expect("stop B");
 }
 
-/// Exports bdev `bdev` alone as `nqn` on 127.0.0.1:`port` (a test subsystem,
-/// not talon's), reads `len` bytes of it with spdk_dd, and removes the export.
-async fn read_bdev(c: &SpdkClient, spdk: &Path, dir: &Path, port: u16, bdev: &str, len: usize) -> Vec<u8> {
-    use talon::spdk::rpc::{AddNamespace, ByNqn, CreateSubsystem, ListenAddress, SubsystemListener};
-    let nqn = "nqn.2016-06.io.spdk:talon-test-read";
-    c.nvmf_create_subsystem(&CreateSubsystem {
-        nqn: nqn.into(),
-        allow_any_host: Some(true),
-        serial_number: None,
-        model_number: None,
-        max_namespaces: Some(1),
-        ana_reporting: None,
-    })
-    .await
-    .expect("test subsystem");
-    let id = uuid::Uuid::new_v4();
-    c.nvmf_subsystem_add_ns(&AddNamespace::with_id(nqn, bdev, id))
-        .await
-        .expect("test ns");
-    c.nvmf_subsystem_add_listener(&SubsystemListener {
-        nqn: nqn.into(),
-        listen_address: ListenAddress::tcp([127, 0, 0, 1].into(), port),
-    })
-    .await
-    .expect("test listener");
-    let data = {
-        let (spdk, dir) = (spdk.to_path_buf(), dir.to_path_buf());
-        tokio::task::spawn_blocking(move || dd(&spdk, &dir, port, nqn, None, len))
-            .await
-            .expect("dd task")
-    };
-    c.nvmf_delete_subsystem(&ByNqn { nqn: nqn.into() })
-        .await
-        .expect("drop test subsystem");
-    data
-}
-
 /// Issue 12: 50 snapshots of a 2-replica volume taken while spdk_nvme_perf
 /// writes to it sequentially at QD32 (each write fills its 4 KiB block with
 /// the pattern of its queue slot, so a block's content moves with every pass;
@@ -903,7 +818,7 @@ async fn real_spdk_snapshots_under_writes_are_one_point_in_time() {
         still_writing &= !writer.is_finished();
         let inv = Inventory::load(&c).await.expect("inventory");
         let s = ObjectName::parse("snapshot", &format!("s{i}")).expect("snap");
-        let taken = ops.snapshot(&inv, &v, &s, None).await.expect("snapshot");
+        let taken = ops.snapshot(&inv, &v, &s, None, vec![]).await.expect("snapshot");
         assert_eq!(taken.point_in_time, BTreeSet::from([0, 1]), "snapshot {i}");
         names.push(s);
         tokio::time::sleep(Duration::from_millis(150)).await;
@@ -989,6 +904,284 @@ async fn real_spdk_snapshots_under_writes_are_one_point_in_time() {
         );
     }
     t.stop(Duration::from_secs(5)).await.expect("stop");
+}
+
+/// Issue 12 with a remote replica, on two real spdk_tgt (two nodes): a
+/// 2-replica volume, r0 on A, r1 served by B; spdk_nvme_perf writes through
+/// A's export all along while A takes 20 snapshots through its controller
+/// (Snapshot resources). Each takes r1's snapshot on B through B's admin
+/// API inside A's freeze. Afterwards every snapshot is read on each node
+/// separately (A's snapshot lvol on A, B's on B): identical block by block,
+/// and the data moved between snapshots.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_spdk_snapshots_with_a_remote_replica_are_one_point_in_time() {
+    let test = "real_spdk_snapshots_with_a_remote_replica_are_one_point_in_time";
+    let Some(spdk) = spdk_dir(test) else {
+        return;
+    };
+    for tool in ["spdk_dd", "spdk_nvme_perf"] {
+        if !spdk.join("build/bin").join(tool).exists() {
+            eprintln!("SKIP {test}: no build/bin/{tool} under {}", spdk.display());
+            return;
+        }
+    }
+    use talon::spdk::volume::naming;
+    const LEN: usize = 16 << 20;
+    const SNAPSHOTS: usize = 20;
+    let (da, db) = (
+        tempfile::tempdir().expect("tempdir"),
+        tempfile::tempdir().expect("tempdir"),
+    );
+    let (cfg_a, cfg_b) = (target_cfg(da.path(), &spdk), target_cfg(db.path(), &spdk));
+    let ta = Target::start(&cfg_a).await.expect("spdk_tgt A");
+    let _reap_a = Reaper(ta.pid());
+    let tb = Target::start(&cfg_b).await.expect("spdk_tgt B");
+    let _reap_b = Reaper(tb.pid());
+    let (ca, cb) = (SpdkClient::new(cfg_a.socket()), SpdkClient::new(cfg_b.socket()));
+    attach_disks(&ca, da.path(), &["da"], true).await;
+    attach_disks(&cb, db.path(), &["db"], true).await;
+    let (pa, pb, read_a, read_b) = (free_port(), free_port(), free_port(), free_port());
+    let (rta, rtb) = (runtime(&ca, &["da"], pa), runtime(&cb, &["db"], pb));
+    let (api_b, _server_b) = peer_api::serve(&rtb.state, rtb.statuses(), "127.0.0.1:0").await;
+
+    let mut served = volume(LEN as u64, 1);
+    served.serve_replica = Some(1);
+    served.replica_hosts = vec![node_nqn(pa)];
+    served.raid_superblock = true;
+    rtb.state.create_typed("pr", "", &served).expect("served");
+    ready(&rtb.state, "pr").await;
+    let mut engine_vol = volume(LEN as u64, 1);
+    engine_vol.remote_replicas = vec![talon::resources::config::RemoteReplica {
+        address: "127.0.0.1".into(),
+        port: pb,
+        api: Some(api_b.to_string()),
+    }];
+    engine_vol.raid_superblock = true;
+    rta.state.create_typed("pr", "", &engine_vol).expect("engine");
+    let st = ready(&rta.state, "pr").await;
+    ledger_becomes(&rta.state, "pr", &[0, 1], "both replicas up to date").await;
+    let nqn = st.exports[0].name.clone();
+    let inv = Inventory::load(&ca).await.expect("inventory");
+    let raid = inv.raid("talon-raid-pr").expect("raid");
+    let room_of = |remote: bool| {
+        raid.base_bdevs_list
+            .iter()
+            .find(|b| {
+                b.name
+                    .as_deref()
+                    .is_some_and(|n| n.starts_with("talon-remote-") == remote)
+            })
+            .map(|b| (b.data_offset * 4096) as usize)
+            .expect("member")
+    };
+    let (room_a, room_b) = (room_of(false), room_of(true));
+
+    let writer = {
+        let (spdk, nqn) = (spdk.clone(), nqn.clone());
+        std::thread::spawn(move || spdk_perf::run(&spdk, pa, &nqn, "write", 30))
+    };
+    tokio::time::sleep(Duration::from_secs(3)).await; // perf connects
+    let mut still_writing = true;
+    for i in 0..SNAPSHOTS {
+        still_writing &= !writer.is_finished();
+        let id = format!("pr@s{i}");
+        rta.state
+            .create_typed(
+                &id,
+                "",
+                &Snapshot {
+                    volume: "pr".into(),
+                    name: format!("s{i}"),
+                },
+            )
+            .expect("snapshot");
+        let st = eventually(&format!("{id} taken"), WAIT, || async {
+            rta.state
+                .get_typed::<SnapshotStatus>(&id)
+                .ok()
+                .flatten()
+                .map(|s| s.spec)
+                .filter(|s| s.state != ObjectState::Creating)
+        })
+        .await;
+        assert_eq!(st.state, ObjectState::Ready, "{id}: {}", st.message);
+        let set = rta
+            .state
+            .get_typed::<talon::resources::engine::ReplicaLedger>("pr")
+            .expect("get")
+            .expect("ledger")
+            .spec
+            .snapshots
+            .get(&format!("s{i}"))
+            .cloned();
+        assert_eq!(set, Some(vec![0, 1]), "{id}: both replicas at one instant");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    let out = writer.join().expect("perf thread");
+    let report = String::from_utf8_lossy(&out.stdout).to_string();
+    let iops = spdk_perf::total_iops(&report);
+    assert!(still_writing, "the writer ran through all {SNAPSHOTS} snapshots");
+    assert!(iops > 0.0, "writes went on: {report}");
+
+    let (inv_a, inv_b) = (
+        Inventory::load(&ca).await.expect("inventory A"),
+        Inventory::load(&cb).await.expect("inventory B"),
+    );
+    let (mut previous, mut moved) = (None::<Vec<u8>>, 0);
+    for i in 0..SNAPSHOTS {
+        let s = format!("s{i}");
+        let uuid = |inv: &Inventory, k: usize| {
+            inv.find_lvol(&naming::snapshot_lvol("pr", k, &s))
+                .unwrap_or_else(|| panic!("snapshot {s} of r{k}"))
+                .uuid
+                .clone()
+        };
+        let a = read_bdev(&ca, &spdk, da.path(), read_a, &uuid(&inv_a, 0), room_a + LEN).await;
+        let b = read_bdev(&cb, &spdk, db.path(), read_b, &uuid(&inv_b, 1), room_b + LEN).await;
+        let (a, b) = (&a[room_a..], &b[room_b..]);
+        if let Some(block) = a.chunks(4096).zip(b.chunks(4096)).position(|(x, y)| x != y) {
+            panic!("snapshot {s}: A's r0 and B's r1 differ first at block {block}");
+        }
+        if previous.as_deref().is_some_and(|p| p != a) {
+            moved += 1;
+        }
+        previous = Some(a.to_vec());
+    }
+    eprintln!(
+        "{test}: writer {iops:.0} IOPS; {SNAPSHOTS} snapshots, A's and B's replicas identical in every one; \
+         the data moved between {moved} of {} consecutive snapshots",
+        SNAPSHOTS - 1
+    );
+    assert!(
+        moved > 0,
+        "the writer never changed the data between two snapshots"
+    );
+
+    for i in 0..SNAPSHOTS {
+        let id = format!("pr@s{i}");
+        rta.state
+            .destroy("config", "Snapshot", &id, "")
+            .expect("delete snapshot");
+    }
+    eventually("A's snapshots gone, and B's", WAIT, || async {
+        (rta.state.list("config", "Snapshot").is_empty() && rtb.state.list("config", "Snapshot").is_empty())
+            .then_some(())
+    })
+    .await;
+    rta.state
+        .destroy("config", "Volume", "pr", "")
+        .expect("delete on A");
+    eventually("A clean", WAIT, || async {
+        rta.state.list("config", "Volume").is_empty().then_some(())
+    })
+    .await;
+    rtb.state
+        .destroy("config", "Volume", "pr", "")
+        .expect("delete on B");
+    eventually("B clean", WAIT, || async {
+        rtb.state.list("config", "Volume").is_empty().then_some(())
+    })
+    .await;
+    assert_eq!(leftovers(&ca).await, Vec::<String>::new());
+    assert_eq!(leftovers(&cb).await, Vec::<String>::new());
+    rta.stop().await;
+    rtb.stop().await;
+    ta.stop(Duration::from_secs(5)).await.expect("stop A");
+    tb.stop(Duration::from_secs(5)).await.expect("stop B");
+}
+
+/// Issue 17 for talon's own volumes: a volume with a replica on another
+/// node grows there too. A's Volume is expanded; A asks B (its admin API) to
+/// grow the replica it serves; B's served lvol grows, its NVMe namespace
+/// grows on A, and SPDK's raid1 grows to the new size: the export serves it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_spdk_a_remote_replica_grows_with_its_volume() {
+    let test = "real_spdk_a_remote_replica_grows_with_its_volume";
+    let Some(spdk) = spdk_dir(test) else {
+        return;
+    };
+    let (da, db) = (
+        tempfile::tempdir().expect("tempdir"),
+        tempfile::tempdir().expect("tempdir"),
+    );
+    let (cfg_a, cfg_b) = (target_cfg(da.path(), &spdk), target_cfg(db.path(), &spdk));
+    let ta = Target::start(&cfg_a).await.expect("spdk_tgt A");
+    let _reap_a = Reaper(ta.pid());
+    let tb = Target::start(&cfg_b).await.expect("spdk_tgt B");
+    let _reap_b = Reaper(tb.pid());
+    let (ca, cb) = (SpdkClient::new(cfg_a.socket()), SpdkClient::new(cfg_b.socket()));
+    attach_disks(&ca, da.path(), &["da"], true).await;
+    attach_disks(&cb, db.path(), &["db"], true).await;
+    let (pa, pb) = (free_port(), free_port());
+    let (rta, rtb) = (runtime(&ca, &["da"], pa), runtime(&cb, &["db"], pb));
+    let (api_b, _server_b) = peer_api::serve(&rtb.state, rtb.statuses(), "127.0.0.1:0").await;
+    let mut served = volume(16 * MIB, 1);
+    served.serve_replica = Some(1);
+    served.replica_hosts = vec![node_nqn(pa)];
+    served.raid_superblock = true;
+    rtb.state.create_typed("gr", "", &served).expect("served");
+    ready(&rtb.state, "gr").await;
+    let mut engine_vol = volume(16 * MIB, 1);
+    engine_vol.remote_replicas = vec![talon::resources::config::RemoteReplica {
+        address: "127.0.0.1".into(),
+        port: pb,
+        api: Some(api_b.to_string()),
+    }];
+    engine_vol.raid_superblock = true;
+    rta.state.create_typed("gr", "", &engine_vol).expect("engine");
+    let st = ready(&rta.state, "gr").await;
+    assert_eq!(st.size_bytes, 16 * MIB);
+    ledger_becomes(&rta.state, "gr", &[0, 1], "both replicas up to date").await;
+
+    let mut bigger = engine_vol.clone();
+    bigger.size_bytes = 48 * MIB;
+    rta.state
+        .update_typed("gr", "", None, &bigger)
+        .expect("expand on A");
+    eventually("B's Volume grown by A", WAIT, || async {
+        let v = rtb.state.get_typed::<Volume>("gr").ok().flatten()?;
+        (v.spec.size_bytes == 48 * MIB).then_some(())
+    })
+    .await;
+    eventually("A's raid1 at the new size", WAIT, || async {
+        let inv = Inventory::load(&ca).await.ok()?;
+        let raid = inv.bdevs.get("talon-raid-gr")?;
+        (raid.num_blocks * u64::from(raid.block_size) == 48 * MIB).then_some(())
+    })
+    .await;
+    let st = eventually("A's engine serves 48 MiB", WAIT, || async {
+        engine(&rta.state, "gr").filter(|e| e.size_bytes == 48 * MIB && e.state == ObjectState::Ready)
+    })
+    .await;
+    assert_eq!(
+        host_size(&ca, pa, &st.exports[0].name).await,
+        48 * MIB,
+        "the host sees the new size"
+    );
+    assert_eq!(
+        ledger(&rta.state, "gr"),
+        Some(vec![0, 1]),
+        "no replica dropped by the growth"
+    );
+
+    rta.state
+        .destroy("config", "Volume", "gr", "")
+        .expect("delete on A");
+    eventually("A clean", WAIT, || async {
+        rta.state.list("config", "Volume").is_empty().then_some(())
+    })
+    .await;
+    rtb.state
+        .destroy("config", "Volume", "gr", "")
+        .expect("delete on B");
+    eventually("B clean", WAIT, || async {
+        rtb.state.list("config", "Volume").is_empty().then_some(())
+    })
+    .await;
+    rta.stop().await;
+    rtb.stop().await;
+    ta.stop(Duration::from_secs(5)).await.expect("stop A");
+    tb.stop(Duration::from_secs(5)).await.expect("stop B");
 }
 
 /// Issue 12: the window between a replica leaving the raid and talon

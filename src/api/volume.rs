@@ -539,6 +539,15 @@ pub fn register(api: &mut ApiBuilder) {
                         r.address, r.port
                     )));
                 }
+                if let Some(api) = &r.api
+                    && api.parse::<std::net::SocketAddr>().is_err()
+                {
+                    return Err(ApiError::invalid(format!(
+                        "volume {name}: remote replica {}:{}: api {api:?} is not an IP address and port \
+                         (the node's talon --listen-tcp)",
+                        r.address, r.port
+                    )));
+                }
             }
             if let Some(k) = p.serve_replica
                 && (!p.remote_replicas.is_empty() || replicas != 1 || k > 8)
@@ -575,7 +584,7 @@ pub fn register(api: &mut ApiBuilder) {
                 live_snapshot(&ctx.state, s, &format!("clone it into volume {name}"))
                     .map_err(|e| ApiError::new(e.kind, format!("volume {name}: {}", e.message)))?;
             }
-            let spec = Volume {
+            let mut spec = Volume {
                 size_bytes,
                 replicas,
                 engine: p.engine.unwrap_or_default(),
@@ -584,14 +593,13 @@ pub fn register(api: &mut ApiBuilder) {
                 from_snapshot: p.from_snapshot,
                 revert_to: None,
                 revert_generation: 0,
-                // a raid of two or more members keeps a superblock; a served
-                // replica has room for its engine's
-                raid_superblock: replicas as usize + p.remote_replicas.len() >= 2
-                    || p.serve_replica.is_some(),
+                raid_superblock: false,
                 remote_replicas: p.remote_replicas,
                 serve_replica: p.serve_replica,
                 replica_hosts: p.replica_hosts,
             };
+            // every new volume of a shape that has one gets the superblock layout
+            spec.raid_superblock = spec.wants_superblock();
             let created = ctx
                 .state
                 .create_typed(name.as_str(), "", &spec)

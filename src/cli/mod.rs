@@ -102,7 +102,8 @@ pub struct ServeArgs {
     /// Also serve the API on this TCP address (needs --token-file).
     #[arg(long)]
     pub listen_tcp: Option<std::net::SocketAddr>,
-    /// File holding the bearer token required on the TCP listener.
+    /// File holding the bearer token required on the TCP listener; talon also
+    /// presents it to the nodes of remote replicas (one token for the cluster).
     #[arg(long)]
     pub token_file: Option<PathBuf>,
     /// Directory for the sockets of spdk_tgt and tgtd.

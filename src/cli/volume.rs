@@ -80,8 +80,10 @@ pub enum VolumeCommand {
         disks: Vec<String>,
         /// A replica kept by another talon node, `ADDRESS:PORT` of its NVMe/TCP
         /// listener (V2; repeat for more); that node runs `--serve-replica K`.
-        #[arg(long = "remote-replica", value_name = "ADDRESS:PORT")]
-        remote_replicas: Vec<std::net::SocketAddr>,
+        /// `,api=IP:PORT` names that node's talon admin API (its --listen-tcp):
+        /// snapshots then include the replica at the same instant.
+        #[arg(long = "remote-replica", value_name = "ADDRESS:PORT[,api=IP:PORT]")]
+        remote_replicas: Vec<RemoteArg>,
         /// Only keep replica K here, for an engine on another node (V2).
         #[arg(long, value_name = "K", conflicts_with = "remote_replicas")]
         serve_replica: Option<u32>,
@@ -448,8 +450,9 @@ pub async fn run_volume(c: &Client, cmd: VolumeCommand) -> Result<(), CliError> 
                 remote_replicas: remote_replicas
                     .iter()
                     .map(|a| RemoteReplica {
-                        address: a.ip().to_string(),
-                        port: a.port(),
+                        address: a.nvmf.ip().to_string(),
+                        port: a.nvmf.port(),
+                        api: a.api.map(|x| x.to_string()),
                     })
                     .collect(),
                 serve_replica,
@@ -665,5 +668,61 @@ mod tests {
             volume_line(&rebuilding()),
             "pvc-1 degraded (replica pvc-1-r1 is rebuilding); replicas: d0 ready, d1 rebuilding 42% rebuilt"
         );
+    }
+}
+
+/// `--remote-replica ADDRESS:PORT[,api=IP:PORT]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RemoteArg {
+    /// The replica's NVMe/TCP listener.
+    pub nvmf: std::net::SocketAddr,
+    /// The node's talon admin API on TCP.
+    pub api: Option<std::net::SocketAddr>,
+}
+
+impl std::str::FromStr for RemoteArg {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let (nvmf, rest) = match s.split_once(',') {
+            Some((a, r)) => (a, Some(r)),
+            None => (s, None),
+        };
+        let nvmf = nvmf
+            .parse()
+            .map_err(|_| format!("{nvmf:?} is not ADDRESS:PORT (an IP address and the NVMe/TCP port)"))?;
+        let api = match rest {
+            None => None,
+            Some(r) => {
+                let a = r
+                    .strip_prefix("api=")
+                    .ok_or_else(|| format!("{r:?}: only api=IP:PORT may follow the address"))?;
+                Some(
+                    a.parse()
+                        .map_err(|_| format!("api={a:?} is not IP:PORT (the node's talon --listen-tcp)"))?,
+                )
+            }
+        };
+        Ok(Self { nvmf, api })
+    }
+}
+
+#[cfg(test)]
+mod remote_arg_tests {
+    use super::RemoteArg;
+
+    #[test]
+    fn a_remote_replica_names_its_listener_and_may_name_its_api() {
+        let a: RemoteArg = "10.0.0.2:4420".parse().expect("plain");
+        assert_eq!((a.nvmf.to_string(), a.api), ("10.0.0.2:4420".into(), None));
+        let a: RemoteArg = "10.0.0.2:4420,api=10.0.0.2:7000".parse().expect("with api");
+        assert_eq!(a.api.map(|x| x.to_string()).as_deref(), Some("10.0.0.2:7000"));
+        for bad in [
+            "node-b:4420",
+            "10.0.0.2:4420,10.0.0.2:7000",
+            "10.0.0.2:4420,api=b:7",
+        ] {
+            assert!(bad.parse::<RemoteArg>().is_err(), "{bad}");
+        }
     }
 }

@@ -26,6 +26,10 @@ pub struct Deps {
     /// Whether a clean stop of talon stops spdk_tgt and tgtd or leaves them
     /// serving (`--stop-targets-on-exit`).
     pub targets_on_exit: engine::TargetsOnExit,
+    /// The bearer token for the admin API of the nodes that serve remote
+    /// replicas (this node's own `--token-file`: one token for the
+    /// cluster's talon nodes); none: their snapshots cannot be taken.
+    pub peer_token: Option<std::sync::Arc<str>>,
 }
 
 /// Registers every controller; `selection`: the engine selection detected
@@ -62,7 +66,8 @@ pub fn register_all(rt: &mut Runtime, deps: &Deps, selection: &EngineSelection) 
             crate::spdk::SpdkClient::new(socket),
             selection.auto_engine() == Engine::V2,
         )
-        .with_host_nqn(host_nqn.clone()),
+        .with_host_nqn(host_nqn.clone())
+        .with_peers(engine::peer::Peers::new(deps.peer_token.clone())),
     )?;
     rt.register(
         engine::longhorn::LonghornController::new(crate::spdk::SpdkClient::new(

@@ -18,6 +18,7 @@
 //! outside that subset answers gRPC UNIMPLEMENTED naming it.
 
 pub mod naming;
+pub mod proxy;
 pub mod server;
 
 /// Code generated from `proto/longhorn` (tonic + prost, parsed by protox).

@@ -138,6 +138,10 @@ pub struct Longhorn {
     /// Set when the servers stop: open watch streams end (a graceful stop
     /// waits for every open call).
     stopping: Arc<tokio::sync::watch::Sender<bool>>,
+    /// The SPDKService port of the other nodes (the same as this node's).
+    peer_port: u16,
+    /// The last iostat of each engine (MetricsGet reports rates).
+    io_samples: Arc<std::sync::Mutex<BTreeMap<String, super::proxy::IoSample>>>,
 }
 
 impl Longhorn {
@@ -149,7 +153,40 @@ impl Longhorn {
             ports,
             alloc: Arc::default(),
             stopping: Arc::new(tokio::sync::watch::channel(false).0),
+            peer_port: 8504,
+            io_samples: Arc::default(),
         }
+    }
+
+    /// Other nodes' SPDKService is on `port` (this node's own, base + 4).
+    pub fn with_peer_port(mut self, port: u16) -> Self {
+        self.peer_port = port;
+        self
+    }
+
+    pub(super) fn state(&self) -> &State {
+        &self.state
+    }
+
+    pub(super) fn client(&self) -> &SpdkClient {
+        &self.client
+    }
+
+    pub(super) fn peer_port(&self) -> u16 {
+        self.peer_port
+    }
+
+    /// Keeps `now` as engine `e`'s last iostat; returns the one before.
+    pub(super) fn swap_io_sample(
+        &self,
+        e: &str,
+        now: super::proxy::IoSample,
+    ) -> Option<super::proxy::IoSample> {
+        let mut m = self
+            .io_samples
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        m.insert(e.to_owned(), now)
     }
 }
 
@@ -581,7 +618,7 @@ impl Longhorn {
         Ok(())
     }
 
-    fn replica_message(&self, r: &Typed<LonghornReplica>) -> Result<spdkrpc::Replica, Status> {
+    pub(super) fn replica_message(&self, r: &Typed<LonghornReplica>) -> Result<spdkrpc::Replica, Status> {
         let o = self.observed(r.id(), InstanceKind::Replica)?;
         let s = o
             .status
@@ -991,17 +1028,7 @@ impl process_manager_service_server::ProcessManagerService for Longhorn {
     }
 }
 
-// ------------------------------------------------------------ 8501
-
-#[tonic::async_trait]
-impl proxy_engine_service_server::ProxyEngineService for Longhorn {
-    async fn server_version_get(
-        &self,
-        _: Request<imrpc::ProxyEngineRequest>,
-    ) -> Result<Response<imrpc::EngineVersionProxyResponse>, Status> {
-        Err(unimplemented("/imrpc.ProxyEngineService/ServerVersionGet"))
-    }
-}
+// ------------------------------------------------------------ 8501: proxy.rs
 
 // ------------------------------------------------------------ 8503
 
@@ -1420,6 +1447,23 @@ impl spdk_service_server::SpdkService for Longhorn {
         Ok(Response::new(self.replica_message(&r)?))
     }
 
+    async fn replica_snapshot_create(
+        &self,
+        req: Request<spdkrpc::SnapshotRequest>,
+    ) -> Result<Response<spdkrpc::Replica>, Status> {
+        Ok(Response::new(
+            self.replica_snapshot_create(req.into_inner()).await?,
+        ))
+    }
+
+    async fn replica_snapshot_delete(
+        &self,
+        req: Request<spdkrpc::SnapshotRequest>,
+    ) -> Result<Response<()>, Status> {
+        self.replica_snapshot_delete(req.into_inner()).await?;
+        Ok(Response::new(()))
+    }
+
     async fn replica_list(&self, _: Request<()>) -> Result<Response<spdkrpc::ReplicaListResponse>, Status> {
         let mut replicas = std::collections::HashMap::new();
         for r in self.state.list_typed::<LonghornReplica>().map_err(state_err)? {
@@ -1472,7 +1516,8 @@ mod tests {
         assert!(is_served("/spdkrpc.SPDKService/ShardGroupWatch"));
         assert!(is_served("/grpc.health.v1.Health/Check"));
         assert!(!is_served("/imrpc.InstanceService/InstanceLog"));
-        assert!(!is_served("/imrpc.ProxyEngineService/VolumeGet"));
+        assert!(is_served("/imrpc.ProxyEngineService/VolumeGet"));
+        assert!(!is_served("/imrpc.ProxyEngineService/ReplicaAdd"));
         assert!(!is_served("/ProcessManagerService/ProcessList"));
     }
 

@@ -227,6 +227,14 @@ pub struct RemoteReplica {
     /// The node's NVMe/TCP port.
     #[serde(default = "default_nvmf_port")]
     pub port: u16,
+    /// The node's talon admin API on TCP (`IP:PORT` of its `--listen-tcp`),
+    /// reached with this node's peer token. With it, a snapshot of the volume
+    /// includes this replica at the same instant as the local ones (taken on
+    /// that node while this node's export is frozen) and a snapshot's delete
+    /// deletes it there; without it, the replica gets no snapshot and a
+    /// revert or clone rebuilds it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api: Option<String>,
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -240,6 +248,26 @@ fn default_replicas() -> u32 {
 impl Spec for Volume {
     const TYPE: &'static str = "Volume";
     const NAMESPACE: &'static str = "config";
+}
+
+impl Volume {
+    /// The members of its raid1: local replicas, then remote ones.
+    pub fn raid_slots(&self) -> usize {
+        self.replicas.max(1) as usize + self.remote_replicas.len()
+    }
+
+    /// Whether a volume of this shape is made with the superblock layout: a
+    /// raid1 of two or more members keeps SPDK's superblock; a served replica
+    /// has room for its engine's.
+    pub fn wants_superblock(&self) -> bool {
+        self.raid_slots() >= 2 || self.serve_replica.is_some()
+    }
+
+    /// Whether its replicas carry (or have room for) a raid superblock: made
+    /// with the layout ([`Volume::raid_superblock`]) and of a shape that has one.
+    pub fn uses_superblock(&self) -> bool {
+        self.raid_superblock && self.wants_superblock()
+    }
 }
 
 /// A snapshot of a volume (id `<volume>@<name>`).

@@ -1,6 +1,7 @@
 //! Engine controllers: the V1 engine (tgtd) and the V2 engine (SPDK).
 
 pub mod longhorn;
+pub mod peer;
 pub mod selection;
 pub mod spdk_disk;
 pub mod spdk_events;

@@ -38,12 +38,15 @@ use crate::resources::engine::{
     SpdkEvents, TargetStatus,
 };
 use crate::resources::frontend::Attachment;
-use crate::runtime::{Controller, ControllerError, Input, Output, Phase, ReconcileContext, Requeue};
+use crate::runtime::{Controller, ControllerError, Input, Output, Phase, ReconcileContext, Requeue, Typed};
 use crate::spdk::SpdkClient;
 use crate::spdk::placement::DiskAway;
 use crate::spdk::volume::{
-    ExportSpec, Inventory, VolumeError, VolumeInfo, VolumeOps, VolumePlan, applied_revert, replica_heads,
+    ExportSpec, Inventory, RemoteSnapshot, VolumeError, VolumeInfo, VolumeOps, VolumePlan, applied_revert,
+    replica_heads,
 };
+
+use super::peer::Peers;
 
 /// Volumes realized concurrently in one reconcile.
 const CONCURRENCY: usize = 16;
@@ -59,6 +62,18 @@ pub struct SpdkVolumeController {
     /// Volumes whose export was checked for listeners left frozen (ANA
     /// inaccessible) by a snapshot that did not finish, since this start.
     thaw_checked: std::sync::Mutex<BTreeSet<String>>,
+    /// The nodes of remote replicas, for their snapshots and growth.
+    peers: Peers,
+    /// (volume, remote replica) -> the size its node was asked to grow to,
+    /// and when a failed ask may be tried again.
+    grown: std::sync::Mutex<BTreeMap<(String, usize), Grown>>,
+}
+
+/// What a remote replica's node was asked to grow to.
+#[derive(Debug, Clone, Copy)]
+enum Grown {
+    To(u64),
+    RetryAfter(std::time::Instant),
 }
 
 impl SpdkVolumeController {
@@ -70,7 +85,48 @@ impl SpdkVolumeController {
             claims_auto: selection_claims_auto,
             host_nqn: None,
             thaw_checked: std::sync::Mutex::default(),
+            peers: Peers::default(),
+            grown: std::sync::Mutex::default(),
         }
+    }
+
+    /// Calls the nodes of remote replicas (`RemoteReplica.api`) with `peers`.
+    pub fn with_peers(mut self, peers: Peers) -> Self {
+        self.peers = peers;
+        self
+    }
+
+    /// Asks the nodes of `v`'s callable remote replicas to grow them to the
+    /// volume's size (once per size; a failure is tried again after 30 s).
+    async fn grow_remotes(&self, v: &Typed<Volume>) {
+        for (k, api) in Self::callable_remotes(&v.spec) {
+            let key = (v.id().to_string(), k);
+            let due = match lock(&self.grown).get(&key) {
+                Some(Grown::To(s)) => *s < v.spec.size_bytes,
+                Some(Grown::RetryAfter(t)) => std::time::Instant::now() >= *t,
+                None => true,
+            };
+            if !due {
+                continue;
+            }
+            let next = match self.peers.expand(&api, v.id(), v.spec.size_bytes).await {
+                Ok(()) => Grown::To(v.spec.size_bytes),
+                Err(e) => {
+                    tracing::warn!(volume = %v.id(), replica = k, error = %e, "remote replica not grown");
+                    Grown::RetryAfter(std::time::Instant::now() + Duration::from_secs(30))
+                }
+            };
+            lock(&self.grown).insert(key, next);
+        }
+    }
+
+    /// The remote replicas of `spec` whose node talon can call: (index, api).
+    fn callable_remotes(spec: &Volume) -> Vec<(usize, String)> {
+        spec.remote_replicas
+            .iter()
+            .enumerate()
+            .filter_map(|(i, r)| Some((spec.replicas as usize + i, r.api.clone()?)))
+            .collect()
     }
 
     /// Exports attached volumes to this host's NQN and attaches remote
@@ -200,8 +256,8 @@ impl SpdkVolumeController {
         let mut in_sync = job.in_sync.clone();
         let replicas = job.spec.replicas.max(1) as usize;
         // the raid's superblock, or (a served replica) room for the engine's
-        let slots = replicas + job.spec.remote_replicas.len();
-        let superblock = job.spec.raid_superblock && (slots >= 2 || job.spec.serve_replica.is_some());
+        let slots = job.spec.raid_slots();
+        let superblock = job.spec.uses_superblock();
         // revert: once per generation, recorded in SPDK with the data
         let mut reloaded = None;
         if let Some(target) = &job.spec.revert_to
@@ -657,6 +713,10 @@ impl Controller for SpdkVolumeController {
             }
         };
         statuses.extend(run(plain, inv.clone()).await);
+        // a remote replica grows on its node when the volume grows
+        for v in volumes.iter().filter(|v| v.metadata.phase != Phase::TearingDown) {
+            self.grow_remotes(v).await;
+        }
 
         // snapshots of live volumes
         let mut snap_out: Vec<(String, SnapshotStatus)> = Vec::new();
@@ -721,7 +781,62 @@ impl Controller for SpdkVolumeController {
                         .find(|(id, _)| id == vol.as_str())
                         .and_then(|(_, r)| r.in_sync.clone())
                         .or_else(|| ledgers.get(vol.as_str()).map(ReplicaLedger::in_sync_set));
-                    match self.ops.snapshot(&inv, &vol, &snap, in_sync.as_ref()).await {
+                    let remotes = volumes
+                        .iter()
+                        .find(|x| x.id() == vol.as_str())
+                        .map(|x| Self::callable_remotes(&x.spec))
+                        .unwrap_or_default();
+                    // reach every remote node first: one that cannot be
+                    // reached fails the snapshot without freezing the export
+                    let mut clients = Vec::new();
+                    let mut unreachable = None;
+                    for (k, api) in &remotes {
+                        if in_sync.as_ref().is_some_and(|s| !s.contains(k)) {
+                            continue;
+                        }
+                        match self.peers.connect(api).await {
+                            Ok(c) => clients.push((*k, api.as_str(), c)),
+                            Err(message) => {
+                                unreachable = Some(VolumeError::PeerSnapshot {
+                                    snapshot: s.id().to_string(),
+                                    replica: *k,
+                                    message,
+                                });
+                                break;
+                            }
+                        }
+                    }
+                    let r = match unreachable {
+                        Some(e) => Err(e),
+                        None => {
+                            let remote: Vec<RemoteSnapshot<'_>> = clients
+                                .iter()
+                                .map(|(k, api, c)| {
+                                    let f: futures::future::BoxFuture<'_, Result<(), String>> =
+                                        Box::pin(self.peers.snapshot(c, api, vol.as_str(), snap.as_str()));
+                                    (*k, f)
+                                })
+                                .collect();
+                            let r = self
+                                .ops
+                                .snapshot(&inv, &vol, &snap, in_sync.as_ref(), remote)
+                                .await;
+                            if r.is_err() {
+                                // the local ones were undone; so go the remote
+                                // ones, before a retry can take them again
+                                for (k, api, _) in &clients {
+                                    if let Err(e) =
+                                        self.peers.delete_snapshot(api, vol.as_str(), snap.as_str()).await
+                                    {
+                                        tracing::warn!(snapshot = %s.id(), replica = k, error = %e,
+                                            "could not delete a remote replica's snapshot after a failed snapshot");
+                                    }
+                                }
+                            }
+                            r
+                        }
+                    };
+                    match r {
                         Ok(taken) => {
                             if !taken.point_in_time.is_empty() {
                                 snap_sets.push((
@@ -797,14 +912,33 @@ impl Controller for SpdkVolumeController {
             inv = Inventory::load(self.ops.client()).await?;
         }
         for s in &snap_deleting {
-            match self.ops.delete_snapshot(&inv, &s.spec.volume, &s.spec.name).await {
+            let mut deleted = self
+                .ops
+                .delete_snapshot(&inv, &s.spec.volume, &s.spec.name)
+                .await
+                .map_err(|e| err_text(&e));
+            if deleted.is_ok()
+                && let Some(v) = all_volumes.iter().find(|v| v.id() == s.spec.volume)
+            {
+                for (_, api) in Self::callable_remotes(&v.spec) {
+                    if let Err(e) = self
+                        .peers
+                        .delete_snapshot(&api, &s.spec.volume, &s.spec.name)
+                        .await
+                    {
+                        deleted = Err(e);
+                        break;
+                    }
+                }
+            }
+            match deleted {
                 Ok(()) => {
                     snap_sets.push((s.spec.volume.clone(), s.spec.name.clone(), None));
                     ctx.remove_finalizer::<Snapshot>(s.id())?
                 }
-                Err(e) => ctx.apply(
+                Err(m) => ctx.apply(
                     s.id(),
-                    snap_status(&s.spec.volume, ObjectState::Deleting, vec![], err_text(&e)),
+                    snap_status(&s.spec.volume, ObjectState::Deleting, vec![], m),
                 )?,
             }
         }

@@ -40,6 +40,16 @@ pub enum VolumeError {
         /// A failed disk is among the candidates (a wait fails at once).
         disk_failed: bool,
     },
+    /// The node that serves a remote replica did not take its snapshot.
+    #[error("snapshot {snapshot}: remote replica r{replica}: {message}")]
+    PeerSnapshot {
+        /// `<vol>@<snap>`.
+        snapshot: String,
+        /// The replica's index.
+        replica: usize,
+        /// What the peer (or reaching it) said.
+        message: String,
+    },
     /// A replica's snapshot is missing.
     #[error("volume {volume}: snapshot lvol {lvol} does not exist")]
     SnapshotMissing {

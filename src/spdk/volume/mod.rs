@@ -117,12 +117,16 @@ fn no_placement(volume: &str, b: &Blocked) -> VolumeError {
 /// What [`VolumeOps::snapshot`] took.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Snapshotted {
-    /// The snapshot lvol aliases of every replica that has one.
+    /// The snapshot lvol aliases of every local replica that has one.
     pub lvols: Vec<String>,
     /// The replicas whose snapshots this call took at one point in time
     /// (empty when they all existed already): what the ledger records.
     pub point_in_time: BTreeSet<usize>,
 }
+
+/// The snapshot of remote replica `k`, taken on its node by the caller's
+/// future (polled while this node's export is frozen).
+pub type RemoteSnapshot<'a> = (usize, futures::future::BoxFuture<'a, Result<(), String>>);
 
 /// One replica as it is.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -432,7 +436,8 @@ impl VolumeOps {
         }
 
         // grow local replicas that are smaller than asked (expand), then the engine
-        // follows; a remote replica grows on its own node. A head that gets its
+        // follows; a remote replica grows on its own node (the controller asks
+        // it to), and the raid1 follows its smallest member. A head that gets its
         // snapshot as parent below keeps the snapshot's size until then (SPDK
         // sets a parent of the same size only).
         let room_of: BTreeMap<usize, u64> = local.replicas.iter().map(|r| (r.k, r.room)).collect();
@@ -1135,15 +1140,24 @@ impl VolumeOps {
     /// export made before ANA reporting (no `anagrpid`) cannot be frozen:
     /// then only the lowest replica is snapshotted, and a revert or clone
     /// rebuilds the others from it (see [`point_in_time_set`]).
+    ///
+    /// Remote replicas (`remote`, those whose node talon can call) are
+    /// snapshotted by their own nodes inside the same freeze: the drain
+    /// means every write the raid sent them has completed, and no one else
+    /// writes to a served replica (its export admits only this engine). Any
+    /// failure undoes the local snapshots; the caller deletes remote ones.
     pub async fn snapshot(
         &self,
         inv: &Inventory,
         vol: &ObjectName,
         snap: &ObjectName,
         in_sync: Option<&BTreeSet<usize>>,
+        remote: Vec<RemoteSnapshot<'_>>,
     ) -> Result<Snapshotted, VolumeError> {
         let v = vol.as_str();
         let id = format!("{v}@{snap}");
+        let mut remote = remote;
+        remote.retain(|(k, _)| in_sync.is_none_or(|s| s.contains(k)));
         let mut heads = replica_heads(inv, v);
         heads.retain(|(k, _)| in_sync.is_none_or(|s| s.contains(k)));
         let mut done = Vec::new();
@@ -1176,7 +1190,7 @@ impl VolumeOps {
             .filter(|s| !s.namespaces.is_empty() && !s.listen_addresses.is_empty());
         let mut frozen = Vec::new();
         if let Some(sub) = export
-            && todo.len() > 1
+            && todo.len() + remote.len() > 1
         {
             if sub.ana_reporting() == Some(true) {
                 for l in &sub.listen_addresses {
@@ -1191,10 +1205,11 @@ impl VolumeOps {
                 tracing::warn!(%nqn, snapshot = %id, "export predates ANA reporting and cannot be frozen: \
                     snapshot taken on one replica; a revert or clone rebuilds the others from it");
                 todo.truncate(1);
+                remote.clear();
             }
         }
         let id_ref = &id;
-        let results = join_all(todo.iter().map(|(k, head, sname, alias)| async move {
+        let local = join_all(todo.iter().map(|(k, head, sname, alias)| async move {
             self.client
                 .bdev_lvol_snapshot(&LvolSnapshot {
                     lvol_name: head.clone(),
@@ -1203,8 +1218,15 @@ impl VolumeOps {
                 .await
                 .map(|_| (*k, alias.clone()))
                 .map_err(rpc(id_ref, format!("snapshotting {head}")))
-        }))
-        .await;
+        }));
+        let remote = join_all(remote.into_iter().map(|(k, f)| async move {
+            f.await.map(|()| k).map_err(|message| VolumeError::PeerSnapshot {
+                snapshot: id_ref.clone(),
+                replica: k,
+                message,
+            })
+        }));
+        let (results, remote_results) = futures::future::join(local, remote).await;
         let thawed = self.thaw(&nqn, &frozen).await;
         let mut err = None;
         let mut made = Vec::new();
@@ -1214,13 +1236,23 @@ impl VolumeOps {
                 Err(e) => err = err.or(Some(e)),
             }
         }
+        let mut remote_made = BTreeSet::new();
+        for r in remote_results {
+            match r {
+                Ok(k) => {
+                    remote_made.insert(k);
+                }
+                Err(e) => err = err.or(Some(e)),
+            }
+        }
         if let Some(e) = err {
             self.undo(made.into_iter().map(|(_, a)| Made::Lvol(a)).collect())
                 .await;
             return Err(e);
         }
         thawed.map_err(rpc(&id, format!("thawing {nqn} after the snapshot")))?;
-        let point_in_time = made.iter().map(|(k, _)| *k).collect();
+        let mut point_in_time: BTreeSet<usize> = made.iter().map(|(k, _)| *k).collect();
+        point_in_time.extend(remote_made);
         done.extend(made.into_iter().map(|(_, a)| a));
         Ok(Snapshotted {
             lvols: done,

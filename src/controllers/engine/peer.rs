@@ -1,0 +1,120 @@
+//! Calls to the other talon nodes that serve this node's remote replicas,
+//! through their admin API on TCP (`RemoteReplica.api`, bearer token: this
+//! node's peer token, one secret for the cluster's talon nodes).
+//!
+//! ```text
+//!   engine node                                  replica node (serveReplica k)
+//!   snapshot: export frozen ──snapshot_create(wait)──> lvol <vol>-r<k>.s.<snap>
+//!             local lvols snapshotted               (Snapshot resource there)
+//!             export thawed
+//!   delete:   local lvols ──snapshot_delete(wait)──> gone there too
+//!   expand:   Volume size grows ──volume_expand──> served lvol grows there; its
+//!             NVMe namespace grows, SPDK's raid1 follows its smallest member
+//! ```
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::api::ErrorKind;
+use crate::api::volume::{ExpandParams, SnapshotParams};
+use crate::client::{Client, ClientError};
+
+/// How long a peer may take to snapshot its replica: this node's export is
+/// frozen (hosts queue their I/O) while it does.
+pub const SNAPSHOT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Talks to peer talon nodes.
+#[derive(Clone, Default)]
+pub struct Peers {
+    token: Option<Arc<str>>,
+}
+
+impl std::fmt::Debug for Peers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // the token is a secret
+        f.debug_struct("Peers")
+            .field("token", &self.token.as_ref().map(|_| "<set>"))
+            .finish()
+    }
+}
+
+impl Peers {
+    /// Peers reached with `token` (none: every peer call fails, saying so).
+    pub fn new(token: Option<Arc<str>>) -> Self {
+        Self { token }
+    }
+
+    /// Connects to the peer at `api` (done before a freeze: a node that
+    /// cannot be reached never holds this node's export frozen).
+    pub async fn connect(&self, api: &str) -> Result<Client, String> {
+        let token = self.token.as_deref().ok_or_else(|| {
+            format!("no peer token on this node (talon serve --peer-token-file): cannot call {api}")
+        })?;
+        tokio::time::timeout(SNAPSHOT_TIMEOUT, Client::connect_tcp(api, token))
+            .await
+            .map_err(|_| format!("talon at {api} did not answer in {SNAPSHOT_TIMEOUT:?}"))?
+            .map_err(|e| format!("talon at {api}: {}", crate::util::error_chain(&e)))
+    }
+
+    /// Snapshots replica `volume` on the peer at `api` (connected as `c`)
+    /// as `snap`, waiting until it is taken.
+    pub async fn snapshot(&self, c: &Client, api: &str, volume: &str, snap: &str) -> Result<(), String> {
+        let params = SnapshotParams {
+            volume: volume.to_owned(),
+            name: snap.to_owned(),
+            wait: true,
+            timeout_seconds: Some(SNAPSHOT_TIMEOUT.as_secs()),
+        };
+        let call = c.call::<_, serde_json::Value>("snapshot_create", params);
+        match tokio::time::timeout(SNAPSHOT_TIMEOUT + Duration::from_secs(1), call).await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(e)) => Err(format!("talon at {api}: snapshot {volume}@{snap}: {e}")),
+            Err(_) => Err(format!(
+                "talon at {api}: snapshot {volume}@{snap} not taken in {SNAPSHOT_TIMEOUT:?}"
+            )),
+        }
+    }
+
+    /// Deletes snapshot `snap` of replica `volume` on the peer at `api`,
+    /// waiting until it is gone; one that is not there is no error.
+    pub async fn delete_snapshot(&self, api: &str, volume: &str, snap: &str) -> Result<(), String> {
+        let c = self.connect(api).await?;
+        let params = SnapshotParams {
+            volume: volume.to_owned(),
+            name: snap.to_owned(),
+            wait: true,
+            timeout_seconds: Some(60),
+        };
+        match c.call::<_, serde_json::Value>("snapshot_delete", params).await {
+            Ok(_) => Ok(()),
+            Err(ClientError::Rpc {
+                kind: Some(ErrorKind::NotFound),
+                ..
+            }) => Ok(()),
+            Err(e) => Err(format!("talon at {api}: deleting snapshot {volume}@{snap}: {e}")),
+        }
+    }
+
+    /// Asks the peer at `api` to grow replica `volume` to `size_bytes` (its
+    /// served lvol gets its superblock room on top); the same size is a no-op.
+    pub async fn expand(&self, api: &str, volume: &str, size_bytes: u64) -> Result<(), String> {
+        let c = self.connect(api).await?;
+        let params = ExpandParams {
+            name: volume.to_owned(),
+            size_bytes: Some(size_bytes),
+            size: None,
+            wait: false,
+            timeout_seconds: None,
+        };
+        let call = c.call::<_, serde_json::Value>("volume_expand", params);
+        match tokio::time::timeout(SNAPSHOT_TIMEOUT, call).await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(e)) => Err(format!(
+                "talon at {api}: expanding {volume} to {size_bytes} bytes: {e}"
+            )),
+            Err(_) => Err(format!(
+                "talon at {api}: expanding {volume}: no answer in {SNAPSHOT_TIMEOUT:?}"
+            )),
+        }
+    }
+}

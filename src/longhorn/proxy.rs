@@ -1,0 +1,839 @@
+//! 8501 `imrpc.ProxyEngineService` for the engines of this node, and the
+//! replica snapshot calls of 8504 that an engine snapshot fans out to.
+//!
+//! ```text
+//!   longhorn-manager engine monitor (every few seconds, on the engine's node):
+//!     VolumeGet ─ ReplicaList ─ SnapshotList ─ ReplicaRebuildingStatus ─
+//!     SnapshotPurgeStatus ─ SnapshotCloneStatus ─ BackupRestoreStatus ─ MetricsGet
+//!       └─> LonghornEngine spec + LonghornInstanceStatus + what spdk_tgt holds
+//!             (the raid1's members: in service = RW, rebuild target = WO, else ERR)
+//!   VolumeSnapshot(engine, name):
+//!     freeze the engine's export (every listener ANA inaccessible: SPDK drains it)
+//!       ├─ local replica:  bdev_lvol_snapshot <lvs>/<replica> -> <replica>-snap-<name>
+//!       └─ remote replica: its node's SPDKService ReplicaSnapshotCreate (<ip>:<its 8504>)
+//!     thaw always; any failure deletes what was made and names the replica
+//!   SnapshotRemove: the same lvols, deleted where they are
+//! ```
+//!
+//! Why the snapshots are one instant: the same argument as talon's own
+//! volumes (docs/architecture.md, "Snapshots at one point in time"): the
+//! freeze returns when nothing is in flight in the raid1 and lets nothing new
+//! in, and a remote replica's target has completed every write the raid sent
+//! it. Snapshots are named as Longhorn's V2 engine names them
+//! (`<replica>-snap-<snapshot>`), so Longhorn's view of a replica's lvols
+//! stays the same.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use tonic::{Request, Response, Status};
+
+use super::naming;
+use super::proto::imrpc::{self, proxy_engine_service_server};
+use super::proto::ptypes;
+use super::proto::spdkrpc::{self, spdk_service_client::SpdkServiceClient};
+use super::server::Longhorn;
+use crate::names::ObjectName;
+use crate::resources::longhorn::{
+    InstanceState, LonghornEngine, LonghornEngineFrontend, LonghornInstanceStatus, LonghornReplica,
+};
+use crate::runtime::Typed;
+use crate::spdk::ErrorKind;
+use crate::spdk::rpc::{AnaState, ByName, ByNqn, ListenAddress, ListenerAnaState, LvolSnapshot};
+use crate::spdk::volume::Inventory;
+
+/// Longhorn's name of the head in a snapshot list.
+pub const VOLUME_HEAD: &str = "volume-head";
+/// How long another node may take to snapshot its replica (the engine's
+/// export is frozen meanwhile).
+const REMOTE_TIMEOUT: Duration = Duration::from_secs(10);
+/// SPDK's longest lvol name (`SPDK_LVOL_NAME_MAX` less its NUL).
+const LVOL_NAME_MAX: usize = 63;
+
+/// `<replica>-snap-<snapshot>`: the lvol of a replica's snapshot (Longhorn's
+/// V2 name).
+pub fn snapshot_lvol(replica: &str, snapshot: &str) -> String {
+    format!("{replica}-snap-{snapshot}")
+}
+
+/// One member of an engine as the proxy reports it.
+#[derive(Debug, Clone, PartialEq)]
+struct Member {
+    replica: String,
+    address: String,
+    mode: ptypes::ReplicaMode,
+    /// Percent, while it is rebuilt.
+    progress: Option<u32>,
+}
+
+/// An iostat sample of an engine's bdev, for rates between two MetricsGet.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct IoSample {
+    at: Instant,
+    bytes_read: u64,
+    bytes_written: u64,
+    reads: u64,
+    writes: u64,
+    read_ticks: u64,
+    write_ticks: u64,
+}
+
+fn internal(what: &str, e: impl std::fmt::Display) -> Status {
+    Status::internal(format!("{what}: {e}"))
+}
+
+fn chain(e: &crate::spdk::ClientError) -> String {
+    crate::util::error_chain(e)
+}
+
+fn proxy_req(r: Option<imrpc::ProxyEngineRequest>) -> Result<imrpc::ProxyEngineRequest, Status> {
+    r.ok_or_else(|| Status::invalid_argument("proxy_engine_request is missing"))
+}
+
+impl Longhorn {
+    fn engine(&self, name: &str) -> Result<Typed<LonghornEngine>, Status> {
+        if name.is_empty() {
+            return Err(Status::invalid_argument("engine_name is empty"));
+        }
+        self.state()
+            .get_typed::<LonghornEngine>(name)
+            .map_err(|e| Status::internal(crate::util::error_chain(&e)))?
+            .ok_or_else(|| Status::not_found(format!("engine {name} is not on this node")))
+    }
+
+    fn status_of(&self, name: &str) -> Option<LonghornInstanceStatus> {
+        self.state()
+            .get_typed::<LonghornInstanceStatus>(name)
+            .ok()
+            .flatten()
+            .map(|s| s.spec)
+    }
+
+    fn local_replica(&self, name: &str) -> Option<LonghornReplica> {
+        self.state()
+            .get_typed::<LonghornReplica>(name)
+            .ok()
+            .flatten()
+            .map(|r| r.spec)
+    }
+
+    /// The members of engine `e` and their modes, read from spdk_tgt.
+    async fn members(&self, e: &Typed<LonghornEngine>) -> Result<Vec<Member>, Status> {
+        let running = self
+            .status_of(e.id())
+            .is_some_and(|s| s.state == InstanceState::Running);
+        let inv = Inventory::load(self.client())
+            .await
+            .map_err(|x| internal(&format!("engine {}: reading spdk_tgt", e.id()), chain(&x)))?;
+        let raid = inv.raid(e.id());
+        let mut out = Vec::new();
+        for (replica, address) in &e.spec.replica_address_map {
+            // the names a member may go by in the raid: local lvol (alias,
+            // UUID) or the remote controller's namespace bdev
+            let mut names = vec![format!("{replica}n1")];
+            if let Some(r) = self.local_replica(replica) {
+                let alias = naming::replica_alias(&r.disk, replica);
+                if let Some(l) = inv.lvols.get(&alias) {
+                    names.push(l.uuid.clone());
+                }
+                names.push(alias);
+            }
+            if let Some(b) = inv.bdevs.get(&names[0]) {
+                names.extend(b.uuid.clone());
+            }
+            let (mode, progress) = match raid {
+                _ if !running => (ptypes::ReplicaMode::Err, None),
+                // one replica: exported without a raid
+                None if e.spec.replica_address_map.len() == 1 => (ptypes::ReplicaMode::Rw, None),
+                None => (ptypes::ReplicaMode::Err, None),
+                Some(raid) => {
+                    let slot = raid.base_bdevs_list.iter().find(|b| {
+                        b.name.as_ref().is_some_and(|n| names.contains(n))
+                            || b.uuid.as_ref().is_some_and(|u| names.contains(u))
+                    });
+                    let rebuilding = raid.process.as_ref().filter(|p| {
+                        names.contains(&p.target) || slot.and_then(|s| s.name.as_ref()) == Some(&p.target)
+                    });
+                    match (slot, rebuilding) {
+                        (Some(_), Some(p)) => (ptypes::ReplicaMode::Wo, Some(p.progress.percent)),
+                        (Some(s), None) if s.is_configured && raid.state == "online" => {
+                            (ptypes::ReplicaMode::Rw, None)
+                        }
+                        _ => (ptypes::ReplicaMode::Err, None),
+                    }
+                }
+            };
+            out.push(Member {
+                replica: replica.clone(),
+                address: address.clone(),
+                mode,
+                progress,
+            });
+        }
+        Ok(out)
+    }
+
+    /// The engine-frontend of engine `e` on this node, if any (by name, or
+    /// the one that attaches it).
+    fn frontend_of(&self, e: &str, named: &str) -> Option<Typed<LonghornEngineFrontend>> {
+        let all = self.state().list_typed::<LonghornEngineFrontend>().ok()?;
+        all.into_iter()
+            .find(|f| (!named.is_empty() && f.id() == named) || (named.is_empty() && f.spec.engine_name == e))
+    }
+
+    /// The snapshot lvols of local replica `replica` (snapshot name -> its
+    /// `driver_specific.lvol` of `bdev_get_bdevs`, where SPDK names a clone's
+    /// `base_snapshot`), and its head's.
+    async fn replica_lvols(
+        &self,
+        replica: &str,
+        r: &LonghornReplica,
+    ) -> Result<(Option<serde_json::Value>, BTreeMap<String, serde_json::Value>), Status> {
+        let alias = naming::replica_alias(&r.disk, replica);
+        let lvs = alias.split('/').next().unwrap_or_default().to_owned();
+        let all: Vec<serde_json::Value> = self
+            .client()
+            .typed("bdev_get_bdevs", &serde_json::json!({}))
+            .await
+            .map_err(|x| internal(&format!("replica {replica}: listing the bdevs"), chain(&x)))?;
+        let prefix = snapshot_lvol(replica, "");
+        let mut head = None;
+        let mut snaps = BTreeMap::new();
+        for b in all {
+            let Some(name) = b["aliases"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|a| a.as_str()?.strip_prefix(&format!("{lvs}/")).map(str::to_owned))
+                .next()
+            else {
+                continue;
+            };
+            let lvol = b["driver_specific"]["lvol"].clone();
+            if name == replica {
+                head = Some(lvol);
+            } else if let Some(s) = name.strip_prefix(&prefix) {
+                snaps.insert(s.to_owned(), lvol);
+            }
+        }
+        Ok((head, snaps))
+    }
+
+    /// Snapshots a local replica's head as `lvol`; one that exists is kept.
+    async fn snapshot_local(&self, replica: &str, r: &LonghornReplica, lvol: &str) -> Result<(), String> {
+        let alias = naming::replica_alias(&r.disk, replica);
+        match self
+            .client()
+            .bdev_lvol_snapshot(&LvolSnapshot {
+                lvol_name: alias.clone(),
+                snapshot_name: lvol.to_owned(),
+            })
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(e) if e.is(ErrorKind::AlreadyExists) => Ok(()),
+            Err(e) => Err(format!("snapshotting {alias} as {lvol}: {}", chain(&e))),
+        }
+    }
+
+    async fn delete_local(&self, replica: &str, r: &LonghornReplica, lvol: &str) -> Result<(), Status> {
+        let alias = naming::replica_alias(&r.disk, replica);
+        let lvs = alias.split('/').next().unwrap_or_default();
+        let target = format!("{lvs}/{lvol}");
+        match self.client().bdev_lvol_delete(&ByName::new(&target)).await {
+            Ok(_) => Ok(()),
+            Err(e) if e.is(ErrorKind::NotFound) => Ok(()),
+            Err(e) if e.is(ErrorKind::Busy) => Err(Status::failed_precondition(format!(
+                "replica {replica}: SPDK refuses to delete {target} while more than one lvol depends on it: {}",
+                chain(&e)
+            ))),
+            Err(e) => Err(internal(
+                &format!("replica {replica}: deleting {target}"),
+                chain(&e),
+            )),
+        }
+    }
+
+    /// The SPDKService of the node that serves a replica at `address`
+    /// (`ip:port` of its export): the same IP, this node's SPDKService port
+    /// (every instance manager of a cluster listens on the same ports).
+    async fn replica_node(
+        &self,
+        replica: &str,
+        address: &str,
+    ) -> Result<SpdkServiceClient<tonic::transport::Channel>, String> {
+        let sa: SocketAddr = address
+            .parse()
+            .map_err(|_| format!("replica {replica}: address {address:?} is not ip:port"))?;
+        let url = format!("http://{}", SocketAddr::new(sa.ip(), self.peer_port()));
+        let ch = tonic::transport::Endpoint::from_shared(url.clone())
+            .map_err(|e| format!("replica {replica}: {url}: {e}"))?
+            .connect_timeout(REMOTE_TIMEOUT)
+            .timeout(REMOTE_TIMEOUT)
+            .connect()
+            .await
+            .map_err(|e| format!("replica {replica}: cannot reach its node at {url}: {e}"))?;
+        Ok(SpdkServiceClient::new(ch))
+    }
+
+    async fn snapshot_remote(&self, replica: &str, address: &str, snapshot: &str) -> Result<(), String> {
+        let mut c = self.replica_node(replica, address).await?;
+        c.replica_snapshot_create(spdkrpc::SnapshotRequest {
+            name: replica.to_owned(),
+            snapshot_name: snapshot.to_owned(),
+            user_created: true,
+            snapshot_timestamp: humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
+            labels: HashMap::new(),
+        })
+        .await
+        .map(|_| ())
+        .map_err(|s| format!("replica {replica}: its node: {}", s.message()))
+    }
+
+    async fn delete_remote(&self, replica: &str, address: &str, snapshot: &str) -> Result<(), String> {
+        let mut c = self.replica_node(replica, address).await?;
+        c.replica_snapshot_delete(spdkrpc::SnapshotRequest {
+            name: replica.to_owned(),
+            snapshot_name: snapshot.to_owned(),
+            ..Default::default()
+        })
+        .await
+        .map(|_| ())
+        .map_err(|s| format!("replica {replica}: its node: {}", s.message()))
+    }
+
+    async fn set_listeners(
+        &self,
+        nqn: &str,
+        listeners: &[ListenAddress],
+        state: AnaState,
+    ) -> Result<(), String> {
+        let mut first = Ok(());
+        for l in listeners {
+            if let Err(e) = self
+                .client()
+                .nvmf_subsystem_listener_set_ana_state(&ListenerAnaState {
+                    nqn: nqn.to_owned(),
+                    listen_address: l.clone(),
+                    ana_state: state,
+                })
+                .await
+            {
+                first = first.and(Err(format!(
+                    "setting {nqn} on {} {state:?}: {}",
+                    l.traddr,
+                    chain(&e)
+                )));
+            }
+        }
+        first
+    }
+
+    /// Snapshot `snap` of every replica of engine `e` at one instant.
+    async fn engine_snapshot(&self, e: &Typed<LonghornEngine>, snap: &str) -> Result<(), Status> {
+        let what = format!("snapshot {snap} of engine {}", e.id());
+        naming::instance_name("snapshot", snap)
+            .map_err(|x| Status::invalid_argument(format!("{what}: {x}")))?;
+        for replica in e.spec.replica_address_map.keys() {
+            let lvol = snapshot_lvol(replica, snap);
+            if lvol.len() > LVOL_NAME_MAX {
+                return Err(Status::invalid_argument(format!(
+                    "{what}: lvol name {lvol} is longer than SPDK's {LVOL_NAME_MAX} characters"
+                )));
+            }
+        }
+        if self
+            .status_of(e.id())
+            .is_none_or(|s| s.state != InstanceState::Running)
+        {
+            return Err(Status::failed_precondition(format!(
+                "{what}: the engine is not running"
+            )));
+        }
+        let volume = ObjectName::parse("volume", &e.spec.volume)
+            .map_err(|x| Status::invalid_argument(x.to_string()))?;
+        let nqn = naming::volume_nqn(&volume).map_err(|x| Status::invalid_argument(x.to_string()))?;
+        let listeners: Vec<ListenAddress> = match self
+            .client()
+            .nvmf_subsystem_get_listeners(&ByNqn {
+                nqn: nqn.as_str().to_owned(),
+            })
+            .await
+        {
+            Ok(l) => l.into_iter().map(|l| l.address).collect(),
+            Err(x) if x.is(ErrorKind::NotFound) || x.is(ErrorKind::InvalidParams) => Vec::new(),
+            Err(x) => {
+                return Err(internal(
+                    &format!("{what}: listing the listeners of {nqn}"),
+                    chain(&x),
+                ));
+            }
+        };
+        // freeze: SPDK drains the subsystem before it answers
+        if let Err(m) = self
+            .set_listeners(nqn.as_str(), &listeners, AnaState::Inaccessible)
+            .await
+        {
+            let _ = self
+                .set_listeners(nqn.as_str(), &listeners, AnaState::Optimized)
+                .await;
+            return Err(internal(&format!("{what}: freezing the export"), m));
+        }
+        let takes = e
+            .spec
+            .replica_address_map
+            .iter()
+            .map(|(replica, address)| async move {
+                let r = match self.local_replica(replica) {
+                    Some(r) => {
+                        self.snapshot_local(replica, &r, &snapshot_lvol(replica, snap))
+                            .await
+                    }
+                    None => self.snapshot_remote(replica, address, snap).await,
+                };
+                (replica.clone(), address.clone(), r)
+            });
+        let results = futures::future::join_all(takes).await;
+        let thawed = self
+            .set_listeners(nqn.as_str(), &listeners, AnaState::Optimized)
+            .await;
+        let failed: Vec<String> = results
+            .iter()
+            .filter_map(|(_, _, r)| r.as_ref().err().cloned())
+            .collect();
+        if !failed.is_empty() {
+            // nothing half-made: what was taken goes
+            for (replica, address, _) in &results {
+                let _ = match self.local_replica(replica) {
+                    Some(r) => self
+                        .delete_local(replica, &r, &snapshot_lvol(replica, snap))
+                        .await
+                        .map_err(|s| s.message().to_owned()),
+                    None => self.delete_remote(replica, address, snap).await,
+                };
+            }
+            return Err(Status::internal(format!("{what}: {}", failed.join("; "))));
+        }
+        thawed.map_err(|m| internal(&format!("{what}: thawing the export"), m))
+    }
+
+    // ----- 8504: another node's engine snapshots a replica of this node
+
+    /// `ReplicaSnapshotCreate`: snapshot of a replica of this node.
+    pub(super) async fn replica_snapshot_create(
+        &self,
+        req: spdkrpc::SnapshotRequest,
+    ) -> Result<spdkrpc::Replica, Status> {
+        let replica = naming::instance_name("replica", &req.name)
+            .map_err(|x| Status::invalid_argument(x.to_string()))?;
+        naming::instance_name("snapshot", &req.snapshot_name)
+            .map_err(|x| Status::invalid_argument(x.to_string()))?;
+        let t = self
+            .state()
+            .get_typed::<LonghornReplica>(replica.as_str())
+            .map_err(|e| Status::internal(crate::util::error_chain(&e)))?
+            .ok_or_else(|| Status::not_found(format!("replica {replica} does not exist")))?;
+        let lvol = snapshot_lvol(replica.as_str(), &req.snapshot_name);
+        if lvol.len() > LVOL_NAME_MAX {
+            return Err(Status::invalid_argument(format!(
+                "replica {replica}: lvol name {lvol} is longer than SPDK's {LVOL_NAME_MAX} characters"
+            )));
+        }
+        self.snapshot_local(replica.as_str(), &t.spec, &lvol)
+            .await
+            .map_err(|m| Status::internal(format!("replica {replica}: {m}")))?;
+        self.replica_message(&t)
+    }
+
+    /// `ReplicaSnapshotDelete`; a snapshot that is not there is no error.
+    pub(super) async fn replica_snapshot_delete(&self, req: spdkrpc::SnapshotRequest) -> Result<(), Status> {
+        let replica = naming::instance_name("replica", &req.name)
+            .map_err(|x| Status::invalid_argument(x.to_string()))?;
+        naming::instance_name("snapshot", &req.snapshot_name)
+            .map_err(|x| Status::invalid_argument(x.to_string()))?;
+        let t = self
+            .state()
+            .get_typed::<LonghornReplica>(replica.as_str())
+            .map_err(|e| Status::internal(crate::util::error_chain(&e)))?
+            .ok_or_else(|| Status::not_found(format!("replica {replica} does not exist")))?;
+        self.delete_local(
+            replica.as_str(),
+            &t.spec,
+            &snapshot_lvol(replica.as_str(), &req.snapshot_name),
+        )
+        .await
+    }
+}
+
+fn tcp(address: &str) -> String {
+    format!("tcp://{address}")
+}
+
+fn disk_info(
+    name: &str,
+    l: &serde_json::Value,
+    cluster: u64,
+    parent: &str,
+    children: &[&str],
+) -> imrpc::EngineSnapshotDiskInfo {
+    let clusters = l["num_allocated_clusters"].as_u64().unwrap_or(0);
+    imrpc::EngineSnapshotDiskInfo {
+        name: name.to_owned(),
+        parent: parent.to_owned(),
+        children: children.iter().map(|c| ((*c).to_owned(), true)).collect(),
+        removed: false,
+        user_created: name != VOLUME_HEAD,
+        // SPDK keeps no creation time an RPC reports
+        created: String::new(),
+        size: (clusters * cluster).to_string(),
+        labels: HashMap::new(),
+    }
+}
+
+#[tonic::async_trait]
+impl proxy_engine_service_server::ProxyEngineService for Longhorn {
+    async fn server_version_get(
+        &self,
+        _: Request<imrpc::ProxyEngineRequest>,
+    ) -> Result<Response<imrpc::EngineVersionProxyResponse>, Status> {
+        // a V1 engine's controller call: talon has no V1 Longhorn engine
+        Err(Status::unimplemented(
+            "/imrpc.ProxyEngineService/ServerVersionGet is not implemented by talon's Longhorn instance manager \
+             (it asks a V1 engine's controller; talon serves V2 engines)",
+        ))
+    }
+
+    async fn volume_get(
+        &self,
+        req: Request<imrpc::ProxyEngineRequest>,
+    ) -> Result<Response<imrpc::EngineVolumeGetProxyResponse>, Status> {
+        let req = req.into_inner();
+        let e = self.engine(&req.engine_name)?;
+        let st = self.status_of(e.id());
+        let running = st.as_ref().is_some_and(|s| s.state == InstanceState::Running);
+        let endpoint = match self.frontend_of(e.id(), &req.engine_frontend_name) {
+            Some(f) => self.status_of(f.id()).map(|s| s.endpoint).unwrap_or_default(),
+            None if e.spec.frontend == "spdk-tcp-nvmf" && running => st
+                .as_ref()
+                .map(|s| format!("nvmf://{}/{}", s.endpoint, s.nqn))
+                .unwrap_or_default(),
+            None => String::new(),
+        };
+        Ok(Response::new(imrpc::EngineVolumeGetProxyResponse {
+            volume: Some(ptypes::Volume {
+                name: e.spec.volume.clone(),
+                size: i64::try_from(e.spec.size_bytes).unwrap_or(i64::MAX),
+                replica_count: i32::try_from(e.spec.replica_address_map.len()).unwrap_or(i32::MAX),
+                endpoint,
+                frontend: e.spec.frontend.clone(),
+                frontend_state: if running { "up" } else { "down" }.to_owned(),
+                is_expanding: false,
+                last_expansion_error: String::new(),
+                last_expansion_failed_at: String::new(),
+                unmap_mark_snap_chain_removed: false,
+                snapshot_max_count: 0,
+                snapshot_max_size: 0,
+            }),
+        }))
+    }
+
+    async fn replica_list(
+        &self,
+        req: Request<imrpc::ProxyEngineRequest>,
+    ) -> Result<Response<imrpc::EngineReplicaListProxyResponse>, Status> {
+        let e = self.engine(&req.into_inner().engine_name)?;
+        let replicas = self
+            .members(&e)
+            .await?
+            .into_iter()
+            .map(|m| ptypes::ControllerReplica {
+                address: Some(ptypes::ReplicaAddress {
+                    address: tcp(&m.address),
+                    instance_name: m.replica,
+                }),
+                mode: m.mode as i32,
+            })
+            .collect();
+        Ok(Response::new(imrpc::EngineReplicaListProxyResponse {
+            replica_list: Some(ptypes::ReplicaListReply { replicas }),
+        }))
+    }
+
+    async fn replica_rebuilding_status(
+        &self,
+        req: Request<imrpc::ProxyEngineRequest>,
+    ) -> Result<Response<imrpc::EngineReplicaRebuildStatusProxyResponse>, Status> {
+        let e = self.engine(&req.into_inner().engine_name)?;
+        let members = self.members(&e).await?;
+        let sources: Vec<String> = members
+            .iter()
+            .filter(|m| m.mode == ptypes::ReplicaMode::Rw)
+            .map(|m| tcp(&m.address))
+            .collect();
+        let status = members
+            .into_iter()
+            .filter_map(|m| {
+                let p = m.progress?;
+                Some((
+                    tcp(&m.address),
+                    ptypes::ReplicaRebuildStatusResponse {
+                        is_rebuilding: true,
+                        error: String::new(),
+                        progress: i32::try_from(p).unwrap_or(100),
+                        state: "in_progress".into(),
+                        from_replica_address: sources.first().cloned().unwrap_or_default(),
+                        from_replica_address_list: sources.clone(),
+                    },
+                ))
+            })
+            .collect();
+        Ok(Response::new(imrpc::EngineReplicaRebuildStatusProxyResponse {
+            status,
+        }))
+    }
+
+    async fn snapshot_list(
+        &self,
+        req: Request<imrpc::ProxyEngineRequest>,
+    ) -> Result<Response<imrpc::EngineSnapshotListProxyResponse>, Status> {
+        let e = self.engine(&req.into_inner().engine_name)?;
+        let inv = Inventory::load(self.client())
+            .await
+            .map_err(|x| internal(&format!("engine {}: reading spdk_tgt", e.id()), chain(&x)))?;
+        let mut disks = HashMap::new();
+        // the chain as a local replica holds it (every replica holds the same names)
+        let local = e
+            .spec
+            .replica_address_map
+            .keys()
+            .find_map(|k| self.local_replica(k).map(|r| (k.clone(), r)));
+        let Some((replica, r)) = local else {
+            disks.insert(
+                VOLUME_HEAD.to_owned(),
+                disk_info(VOLUME_HEAD, &serde_json::Value::Null, 0, "", &[]),
+            );
+            return Ok(Response::new(imrpc::EngineSnapshotListProxyResponse { disks }));
+        };
+        let lvs = naming::replica_alias(&r.disk, &replica);
+        let lvs = lvs.split('/').next().unwrap_or_default();
+        let cluster = inv
+            .lvstores
+            .iter()
+            .find(|s| s.name == lvs)
+            .map(|s| s.cluster_size)
+            .unwrap_or(0);
+        let (head, snaps) = self.replica_lvols(&replica, &r).await?;
+        // parent of each: its base_snapshot, by lvol name
+        let name_of = |lvol: &str| -> Option<String> {
+            lvol.strip_prefix(&snapshot_lvol(&replica, "")).map(str::to_owned)
+        };
+        let parent = |l: &serde_json::Value| -> String {
+            l["base_snapshot"].as_str().and_then(name_of).unwrap_or_default()
+        };
+        let head_parent = head.as_ref().map(parent).unwrap_or_default();
+        for (s, l) in &snaps {
+            let p = parent(l);
+            let mut children: Vec<&str> = snaps
+                .iter()
+                .filter(|(_, c)| parent(c) == *s)
+                .map(|(c, _)| c.as_str())
+                .collect();
+            if head_parent == *s {
+                children.push(VOLUME_HEAD);
+            }
+            disks.insert(s.clone(), disk_info(s, l, cluster, &p, &children));
+        }
+        disks.insert(
+            VOLUME_HEAD.to_owned(),
+            disk_info(
+                VOLUME_HEAD,
+                head.as_ref().unwrap_or(&serde_json::Value::Null),
+                cluster,
+                &head_parent,
+                &[],
+            ),
+        );
+        Ok(Response::new(imrpc::EngineSnapshotListProxyResponse { disks }))
+    }
+
+    async fn volume_snapshot(
+        &self,
+        req: Request<imrpc::EngineVolumeSnapshotRequest>,
+    ) -> Result<Response<imrpc::EngineVolumeSnapshotProxyResponse>, Status> {
+        let req = req.into_inner();
+        let p = proxy_req(req.proxy_engine_request)?;
+        let e = self.engine(&p.engine_name)?;
+        let name = req
+            .snapshot_volume
+            .map(|s| s.name)
+            .filter(|n| !n.is_empty())
+            .unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
+        self.engine_snapshot(&e, &name).await?;
+        Ok(Response::new(imrpc::EngineVolumeSnapshotProxyResponse {
+            snapshot: Some(ptypes::VolumeSnapshotReply { name }),
+        }))
+    }
+
+    async fn snapshot_remove(
+        &self,
+        req: Request<imrpc::EngineSnapshotRemoveRequest>,
+    ) -> Result<Response<()>, Status> {
+        let req = req.into_inner();
+        let p = proxy_req(req.proxy_engine_request)?;
+        let e = self.engine(&p.engine_name)?;
+        for snap in &req.names {
+            naming::instance_name("snapshot", snap).map_err(|x| Status::invalid_argument(x.to_string()))?;
+            for (replica, address) in &e.spec.replica_address_map {
+                match self.local_replica(replica) {
+                    Some(r) => {
+                        self.delete_local(replica, &r, &snapshot_lvol(replica, snap))
+                            .await?
+                    }
+                    None => self.delete_remote(replica, address, snap).await.map_err(|m| {
+                        Status::unavailable(format!("snapshot {snap} of engine {}: {m}", e.id()))
+                    })?,
+                }
+            }
+        }
+        Ok(Response::new(()))
+    }
+
+    async fn snapshot_purge_status(
+        &self,
+        req: Request<imrpc::ProxyEngineRequest>,
+    ) -> Result<Response<imrpc::EngineSnapshotPurgeStatusProxyResponse>, Status> {
+        // talon purges nothing in the background: no purge is ever running
+        self.engine(&req.into_inner().engine_name)?;
+        Ok(Response::new(
+            imrpc::EngineSnapshotPurgeStatusProxyResponse::default(),
+        ))
+    }
+
+    async fn snapshot_clone_status(
+        &self,
+        req: Request<imrpc::ProxyEngineRequest>,
+    ) -> Result<Response<imrpc::EngineSnapshotCloneStatusProxyResponse>, Status> {
+        // SnapshotClone is not served: no clone is ever running
+        self.engine(&req.into_inner().engine_name)?;
+        Ok(Response::new(
+            imrpc::EngineSnapshotCloneStatusProxyResponse::default(),
+        ))
+    }
+
+    async fn backup_restore_status(
+        &self,
+        req: Request<imrpc::ProxyEngineRequest>,
+    ) -> Result<Response<imrpc::EngineBackupRestoreStatusProxyResponse>, Status> {
+        // BackupRestore is not served: no restore is ever running
+        self.engine(&req.into_inner().engine_name)?;
+        Ok(Response::new(
+            imrpc::EngineBackupRestoreStatusProxyResponse::default(),
+        ))
+    }
+
+    async fn metrics_get(
+        &self,
+        req: Request<imrpc::ProxyEngineRequest>,
+    ) -> Result<Response<imrpc::EngineMetricsGetProxyResponse>, Status> {
+        let e = self.engine(&req.into_inner().engine_name)?;
+        let bdev = self.status_of(e.id()).map(|s| s.bdev).unwrap_or_default();
+        if bdev.is_empty() {
+            return Ok(Response::new(imrpc::EngineMetricsGetProxyResponse {
+                metrics: Some(ptypes::Metrics::default()),
+            }));
+        }
+        let v: serde_json::Value = self
+            .client()
+            .typed("bdev_get_iostat", &serde_json::json!({"names": [bdev]}))
+            .await
+            .map_err(|x| internal(&format!("engine {}: iostat of {bdev}", e.id()), chain(&x)))?;
+        let tick_rate = v["tick_rate"].as_u64().unwrap_or(0);
+        let b = &v["bdevs"][0];
+        let now = IoSample {
+            at: Instant::now(),
+            bytes_read: b["bytes_read"].as_u64().unwrap_or(0),
+            bytes_written: b["bytes_written"].as_u64().unwrap_or(0),
+            reads: b["num_read_ops"].as_u64().unwrap_or(0),
+            writes: b["num_write_ops"].as_u64().unwrap_or(0),
+            read_ticks: b["read_latency_ticks"].as_u64().unwrap_or(0),
+            write_ticks: b["write_latency_ticks"].as_u64().unwrap_or(0),
+        };
+        let before = self.swap_io_sample(e.id(), now);
+        Ok(Response::new(imrpc::EngineMetricsGetProxyResponse {
+            metrics: Some(rates(before, now, tick_rate)),
+        }))
+    }
+}
+
+/// Rates between two iostat samples (per second; latency in ns per I/O);
+/// zeros without an earlier sample or after a counter reset (a restarted
+/// target).
+fn rates(before: Option<IoSample>, now: IoSample, tick_rate: u64) -> ptypes::Metrics {
+    let Some(b) = before else {
+        return ptypes::Metrics::default();
+    };
+    let secs = now.at.duration_since(b.at).as_secs_f64();
+    if secs <= 0.0 || now.reads < b.reads || now.writes < b.writes {
+        return ptypes::Metrics::default();
+    }
+    let per_sec = |d: u64| (d as f64 / secs) as u64;
+    let latency = |ticks: u64, ops: u64| {
+        if ops == 0 || tick_rate == 0 {
+            0
+        } else {
+            (ticks as f64 / ops as f64 / tick_rate as f64 * 1e9) as u64
+        }
+    };
+    let (reads, writes) = (now.reads - b.reads, now.writes - b.writes);
+    ptypes::Metrics {
+        read_throughput: per_sec(now.bytes_read.saturating_sub(b.bytes_read)),
+        write_throughput: per_sec(now.bytes_written.saturating_sub(b.bytes_written)),
+        read_latency: latency(now.read_ticks.saturating_sub(b.read_ticks), reads),
+        write_latency: latency(now.write_ticks.saturating_sub(b.write_ticks), writes),
+        read_iops: per_sec(reads),
+        write_iops: per_sec(writes),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample(at: Instant, ops: u64) -> IoSample {
+        IoSample {
+            at,
+            bytes_read: ops * 4096,
+            bytes_written: ops * 8192,
+            reads: ops,
+            writes: ops,
+            read_ticks: ops * 1000,
+            write_ticks: ops * 2000,
+        }
+    }
+
+    #[test]
+    fn metrics_are_rates_between_two_samples() {
+        let t0 = Instant::now();
+        let t1 = t0 + Duration::from_secs(2);
+        assert_eq!(
+            rates(None, sample(t1, 10), 1_000_000_000),
+            ptypes::Metrics::default()
+        );
+        let m = rates(Some(sample(t0, 100)), sample(t1, 300), 1_000_000_000);
+        assert_eq!((m.read_iops, m.write_iops), (100, 100));
+        assert_eq!((m.read_throughput, m.write_throughput), (409_600, 819_200));
+        // 1000 ticks per read at 1 GHz: 1 µs
+        assert_eq!((m.read_latency, m.write_latency), (1000, 2000));
+        // counters went back (a restarted target): no rates
+        assert_eq!(
+            rates(Some(sample(t0, 300)), sample(t1, 100), 1_000_000_000),
+            ptypes::Metrics::default()
+        );
+    }
+
+    #[test]
+    fn snapshot_lvols_are_named_as_longhorn_names_them() {
+        assert_eq!(snapshot_lvol("r-1", "s1"), "r-1-snap-s1");
+    }
+}

@@ -1,0 +1,630 @@
+//! Longhorn's engine proxy (`imrpc.ProxyEngineService`, port 8501) across two
+//! talon nodes, each `talon serve --longhorn-listen` on its own `SpdkDouble`
+//! (a TEST DOUBLE of spdk_tgt; the doubles share one NVMe/TCP fabric): node
+//! A (127.0.0.1) keeps replica `vol-r-a` and the engine, node B (127.0.0.2,
+//! the same ports, as every instance manager of a cluster) keeps `vol-r-b`.
+//! What longhorn-manager's engine monitor polls (VolumeGet, ReplicaList,
+//! SnapshotList, the status calls, MetricsGet) answers from the engine as
+//! it is; VolumeSnapshot takes both replicas' snapshots in one freeze of
+//! the engine's export (B's through B's SPDKService), SnapshotList shows the
+//! chain, SnapshotRemove deletes on both nodes, and a snapshot while B is
+//! away fails naming B's replica with nothing left behind. With a real
+//! spdk_tgt on each node (`TALON_SPDK_DIR`): snapshots through the proxy
+//! while spdk_nvme_perf writes through the engine are the same instant on
+//! A's replica and on B's (read back on each node, block by block).
+
+#[path = "support/spdk_dd.rs"]
+mod spdk_dd;
+#[path = "support/spdk_perf.rs"]
+mod spdk_perf;
+
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use talon::controllers::engine::selection::SpdkOptions;
+use talon::longhorn::proto::imrpc::{
+    self, disk_service_client::DiskServiceClient, instance_service_client::InstanceServiceClient,
+    proxy_engine_service_client::ProxyEngineServiceClient,
+};
+use talon::longhorn::proto::ptypes;
+use talon::longhorn::server::LonghornOptions;
+use talon::serve::{ServeOptions, serve_with};
+use talon::spdk::rpc::GetLvols;
+use talon::spdk::{SpdkClient, SpdkDouble};
+use tonic::Code;
+use tonic::transport::Channel;
+
+const MIB: u64 = 1 << 20;
+const WAIT: Duration = Duration::from_secs(30);
+
+/// `talon serve` options of a node at `ip`: on a double (adopted on the run
+/// dir's socket) or, with `spdk`, on a real spdk_tgt it spawns.
+fn opts(dir: &Path, ip: &str, spdk: Option<&Path>) -> ServeOptions {
+    let config = dir.join("node.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "node:\n  listenAddress: {ip}\n  allowedHosts: [\"{}\"]\n",
+            spdk_perf::HOST_NQN
+        ),
+    )
+    .expect("config");
+    let spdk = match spdk {
+        Some(d) => SpdkOptions {
+            spdk_dir: Some(d.to_path_buf()),
+            no_huge: true,
+            no_huge_mem_mib: 1024,
+            extra_args: vec!["--disable-cpumask-locks".into()],
+            ..Default::default()
+        },
+        None => {
+            // a stand-in binary: found, never run
+            let fake = dir.join("spdk_tgt");
+            std::fs::write(&fake, "#!/bin/sh\nexit 1\n").expect("fake spdk_tgt");
+            std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+            SpdkOptions {
+                spdk_tgt: Some(fake),
+                no_huge: true,
+                no_huge_mem_mib: 256,
+                ..Default::default()
+            }
+        }
+    };
+    ServeOptions {
+        data_dir: dir.join("data"),
+        config: Some(config),
+        socket: dir.join("run/talon.sock"),
+        listen_tcp: None,
+        token_file: None,
+        run_dir: dir.join("run"),
+        host_root: PathBuf::from("/"),
+        spdk,
+        stop_targets_on_exit: true,
+    }
+}
+
+/// Five consecutive ports free on both loopback addresses.
+fn free_base(ips: &[IpAddr]) -> u16 {
+    for _ in 0..200 {
+        let probe = std::net::TcpListener::bind("127.0.0.1:0").expect("probe");
+        let base = probe.local_addr().expect("addr").port();
+        drop(probe);
+        if base > 65000 {
+            continue;
+        }
+        let all: Vec<_> = ips
+            .iter()
+            .flat_map(|ip| (0..5).map(move |i| std::net::TcpListener::bind((*ip, base + i))))
+            .collect();
+        if all.iter().all(Result::is_ok) {
+            return base;
+        }
+    }
+    panic!("no five consecutive free ports");
+}
+
+struct Node {
+    dir: tempfile::TempDir,
+    /// The double, or None on a real spdk_tgt.
+    double: Option<SpdkDouble>,
+    real: Option<PathBuf>,
+    spdk: SpdkClient,
+    ip: IpAddr,
+    base: u16,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    task: Option<tokio::task::JoinHandle<Result<(), talon::serve::ServeError>>>,
+}
+
+impl Node {
+    async fn new(ip: IpAddr, base: u16, real: Option<&Path>) -> Node {
+        let dir = tempfile::tempdir().expect("tempdir");
+        std::fs::create_dir_all(dir.path().join("run")).expect("run dir");
+        let socket = dir.path().join("run/spdk.sock");
+        let double = match real {
+            Some(_) => None,
+            None => Some(SpdkDouble::start(&socket).await.expect("double")),
+        };
+        let spdk = SpdkClient::new(&socket);
+        let mut n = Node {
+            dir,
+            double,
+            real: real.map(Path::to_path_buf),
+            spdk,
+            ip,
+            base,
+            stop: None,
+            task: None,
+        };
+        n.start().await;
+        n
+    }
+
+    async fn start(&mut self) {
+        let (stop, rx) = tokio::sync::oneshot::channel::<()>();
+        let lh = LonghornOptions {
+            listen: SocketAddr::new(self.ip, self.base),
+            // instance ports: each node its own range (one machine here)
+            ports: if self.ip == IpAddr::from([127, 0, 0, 1]) {
+                33000..=33049
+            } else {
+                33050..=33099
+            },
+        };
+        let ip = self.ip.to_string();
+        self.task = Some(tokio::spawn(serve_with(
+            opts(self.dir.path(), &ip, self.real.as_deref()),
+            Some(lh),
+            async move {
+                let _ = rx.await;
+            },
+        )));
+        self.stop = Some(stop);
+        let url = self.url(3);
+        talon::runtime::testing::eventually("the Longhorn ports", WAIT, || async {
+            Channel::from_shared(url.clone()).ok()?.connect().await.ok()
+        })
+        .await;
+    }
+
+    async fn stop(&mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        if let Some(t) = self.task.take() {
+            t.await.expect("join").expect("clean stop");
+        }
+    }
+
+    fn url(&self, i: u16) -> String {
+        format!("http://{}:{}", self.ip, self.base + i)
+    }
+
+    async fn channel(&self, i: u16) -> Channel {
+        Channel::from_shared(self.url(i))
+            .expect("url")
+            .connect()
+            .await
+            .expect("connect")
+    }
+
+    async fn lvols(&self) -> Vec<String> {
+        let mut v: Vec<String> = self
+            .spdk
+            .bdev_lvol_get_lvols(&GetLvols::default())
+            .await
+            .expect("lvols")
+            .into_iter()
+            .map(|l| l.alias)
+            .collect();
+        v.sort();
+        v
+    }
+
+    /// A disk (aio file) and a running replica on it; returns its `ip:port`.
+    async fn replica(&self, disk: &str, name: &str, size: u64) -> String {
+        let f = self.dir.path().join(format!("{disk}.img"));
+        std::fs::File::create(&f)
+            .and_then(|f| f.set_len(256 * MIB))
+            .expect("disk file");
+        DiskServiceClient::new(self.channel(2).await)
+            .disk_create(imrpc::DiskCreateRequest {
+                disk_type: imrpc::DiskType::Block as i32,
+                disk_name: disk.into(),
+                disk_path: f.display().to_string(),
+                block_size: 4096,
+                disk_driver: "aio".into(),
+                ..Default::default()
+            })
+            .await
+            .unwrap_or_else(|e| panic!("DiskCreate {disk}: {e}"));
+        let mut inst = InstanceServiceClient::new(self.channel(3).await);
+        inst.instance_create(imrpc::InstanceCreateRequest {
+            spec: Some(imrpc::InstanceSpec {
+                name: name.into(),
+                r#type: "replica".into(),
+                volume_name: "vol".into(),
+                port_count: 1,
+                data_engine: imrpc::DataEngine::V2 as i32,
+                spdk_instance_spec: Some(imrpc::SpdkInstanceSpec {
+                    disk_name: disk.into(),
+                    size,
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            data_layout_type: 0,
+        })
+        .await
+        .unwrap_or_else(|e| panic!("create {name}: {e}"));
+        let st = running(&inst, name, "replica").await;
+        format!("{}:{}", self.ip, st.port_start)
+    }
+}
+
+async fn running(c: &InstanceServiceClient<Channel>, name: &str, ty: &str) -> imrpc::InstanceStatus {
+    talon::runtime::testing::eventually(&format!("{ty} {name} running"), WAIT, || async {
+        let mut c = c.clone();
+        let r = c
+            .instance_get(imrpc::InstanceGetRequest {
+                name: name.into(),
+                r#type: ty.into(),
+                data_engine: imrpc::DataEngine::V2 as i32,
+                ..Default::default()
+            })
+            .await
+            .ok()?;
+        r.into_inner().status.filter(|s| s.state == "running")
+    })
+    .await
+}
+
+fn double(n: &Node) -> &SpdkDouble {
+    n.double.as_ref().expect("a node on the double")
+}
+
+fn req(engine: &str) -> imrpc::ProxyEngineRequest {
+    imrpc::ProxyEngineRequest {
+        address: String::new(),
+        engine_name: engine.into(),
+        volume_name: "vol".into(),
+        data_engine: imrpc::DataEngine::V2 as i32,
+        ..Default::default()
+    }
+}
+
+async fn snapshot(p: &mut ProxyEngineServiceClient<Channel>, name: &str) -> Result<String, tonic::Status> {
+    p.volume_snapshot(imrpc::EngineVolumeSnapshotRequest {
+        proxy_engine_request: Some(req("vol-e-0")),
+        snapshot_volume: Some(ptypes::VolumeSnapshotRequest {
+            name: name.into(),
+            ..Default::default()
+        }),
+    })
+    .await
+    .map(|r| r.into_inner().snapshot.map(|s| s.name).unwrap_or_default())
+}
+
+async fn snapshot_list(
+    p: &mut ProxyEngineServiceClient<Channel>,
+) -> HashMap<String, imrpc::EngineSnapshotDiskInfo> {
+    p.snapshot_list(req("vol-e-0"))
+        .await
+        .expect("SnapshotList")
+        .into_inner()
+        .disks
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_engine_proxy_across_two_nodes() {
+    let (ip_a, ip_b) = (IpAddr::from([127, 0, 0, 1]), IpAddr::from([127, 0, 0, 2]));
+    let base = free_base(&[ip_a, ip_b]);
+    let a = Node::new(ip_a, base, None).await;
+    let mut b = Node::new(ip_b, base, None).await;
+    let size = 64 * MIB;
+    let addr_a = a.replica("disk-a", "vol-r-a", size).await;
+    let addr_b = b.replica("disk-b", "vol-r-b", size).await;
+    assert!(addr_b.starts_with("127.0.0.2:"), "{addr_b}");
+    let mut inst = InstanceServiceClient::new(a.channel(3).await);
+    let map: HashMap<String, String> = [("vol-r-a", &addr_a), ("vol-r-b", &addr_b)]
+        .into_iter()
+        .map(|(r, x)| (r.to_owned(), x.clone()))
+        .collect();
+    inst.instance_create(imrpc::InstanceCreateRequest {
+        spec: Some(imrpc::InstanceSpec {
+            name: "vol-e-0".into(),
+            r#type: "engine".into(),
+            volume_name: "vol".into(),
+            port_count: 1,
+            data_engine: imrpc::DataEngine::V2 as i32,
+            spdk_instance_spec: Some(imrpc::SpdkInstanceSpec {
+                replica_address_map: map,
+                size,
+                frontend: "spdk-tcp-nvmf".into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        data_layout_type: 0,
+    })
+    .await
+    .expect("engine create");
+    let est = running(&inst, "vol-e-0", "engine").await;
+    let mut p = ProxyEngineServiceClient::new(a.channel(1).await);
+
+    // what the engine monitor polls
+    let v = p
+        .volume_get(req("vol-e-0"))
+        .await
+        .expect("VolumeGet")
+        .into_inner()
+        .volume
+        .expect("volume");
+    assert_eq!(
+        (v.name.as_str(), v.size, v.replica_count),
+        ("vol", size as i64, 2)
+    );
+    assert_eq!(v.frontend, "spdk-tcp-nvmf");
+    assert_eq!(v.frontend_state, "up");
+    assert_eq!(
+        v.endpoint,
+        format!(
+            "nvmf://127.0.0.1:{}/nqn.2023-01.io.longhorn.spdk:volume-vol",
+            est.port_start
+        )
+    );
+    let mut modes: Vec<(String, i32)> = p
+        .replica_list(req("vol-e-0"))
+        .await
+        .expect("ReplicaList")
+        .into_inner()
+        .replica_list
+        .expect("list")
+        .replicas
+        .into_iter()
+        .map(|r| (r.address.map(|a| a.address).unwrap_or_default(), r.mode))
+        .collect();
+    modes.sort();
+    assert_eq!(
+        modes,
+        vec![
+            (format!("tcp://{addr_a}"), ptypes::ReplicaMode::Rw as i32),
+            (format!("tcp://{addr_b}"), ptypes::ReplicaMode::Rw as i32),
+        ]
+    );
+    let head_only = snapshot_list(&mut p).await;
+    assert_eq!(head_only.keys().collect::<Vec<_>>(), ["volume-head"]);
+    assert!(
+        p.replica_rebuilding_status(req("vol-e-0"))
+            .await
+            .expect("ReplicaRebuildingStatus")
+            .into_inner()
+            .status
+            .is_empty()
+    );
+    for r in [
+        p.snapshot_purge_status(req("vol-e-0")).await.map(|_| ()),
+        p.snapshot_clone_status(req("vol-e-0")).await.map(|_| ()),
+        p.backup_restore_status(req("vol-e-0")).await.map(|_| ()),
+        p.metrics_get(req("vol-e-0")).await.map(|_| ()),
+    ] {
+        r.expect("status call");
+    }
+    let e = p.volume_get(req("nope")).await.expect_err("unknown engine");
+    assert_eq!(e.code(), Code::NotFound);
+    assert!(e.message().contains("nope"), "{e}");
+
+    // snapshots: both replicas, one freeze of the engine's export
+    assert_eq!(snapshot(&mut p, "snap1").await.expect("snap1"), "snap1");
+    assert_eq!(snapshot(&mut p, "snap2").await.expect("snap2"), "snap2");
+    assert!(
+        a.lvols()
+            .await
+            .contains(&"talon-disk-a/vol-r-a-snap-snap1".to_string())
+    );
+    assert!(
+        b.lvols()
+            .await
+            .contains(&"talon-disk-b/vol-r-b-snap-snap1".to_string())
+    );
+    assert!(
+        b.lvols()
+            .await
+            .contains(&"talon-disk-b/vol-r-b-snap-snap2".to_string())
+    );
+    assert!(
+        double(&a).snapshots_while_writable().is_empty(),
+        "{:?}",
+        double(&a).snapshots_while_writable()
+    );
+    let nqn = "nqn.2023-01.io.longhorn.spdk:volume-vol";
+    assert!(
+        double(&a).frozen_listeners(nqn).is_empty(),
+        "the export is thawed"
+    );
+    let chain = snapshot_list(&mut p).await;
+    assert_eq!(chain["snap1"].parent, "");
+    assert_eq!(chain["snap1"].children.keys().collect::<Vec<_>>(), ["snap2"]);
+    assert_eq!(chain["snap2"].parent, "snap1");
+    assert_eq!(
+        chain["snap2"].children.keys().collect::<Vec<_>>(),
+        ["volume-head"]
+    );
+    assert_eq!(chain["volume-head"].parent, "snap2");
+    assert!(chain["snap1"].user_created);
+    // a name that would not be a valid lvol name: refused, nothing made
+    let e = snapshot(&mut p, "bad/name").await.expect_err("bad name");
+    assert_eq!(e.code(), Code::InvalidArgument, "{e}");
+
+    // removal deletes on both nodes
+    p.snapshot_remove(imrpc::EngineSnapshotRemoveRequest {
+        proxy_engine_request: Some(req("vol-e-0")),
+        names: vec!["snap1".into()],
+    })
+    .await
+    .expect("SnapshotRemove");
+    assert!(!a.lvols().await.iter().any(|l| l.ends_with("-snap-snap1")));
+    assert!(!b.lvols().await.iter().any(|l| l.ends_with("-snap-snap1")));
+    let chain = snapshot_list(&mut p).await;
+    assert!(!chain.contains_key("snap1"), "{chain:?}");
+    assert_eq!(chain["snap2"].parent, "");
+
+    // B's instance manager away: the snapshot fails naming B's replica, nothing kept, thawed
+    b.stop().await;
+    let e = snapshot(&mut p, "snap3").await.expect_err("B away");
+    assert!(e.message().contains("vol-r-b"), "{e}");
+    assert!(
+        !a.lvols().await.iter().any(|l| l.ends_with("-snap-snap3")),
+        "A's undone"
+    );
+    assert!(
+        double(&a).frozen_listeners(nqn).is_empty(),
+        "thawed after the failure"
+    );
+    // B back: it works again
+    b.start().await;
+    snapshot(&mut p, "snap3").await.expect("snap3 once B answers");
+    assert!(
+        b.lvols()
+            .await
+            .contains(&"talon-disk-b/vol-r-b-snap-snap3".to_string())
+    );
+
+    let mut a = a;
+    a.stop().await;
+    b.stop().await;
+}
+
+fn spdk_dir(test: &str) -> Option<PathBuf> {
+    let Some(d) = std::env::var_os("TALON_SPDK_DIR").map(PathBuf::from) else {
+        eprintln!("SKIP {test}: TALON_SPDK_DIR not set");
+        return None;
+    };
+    for tool in ["spdk_tgt", "spdk_dd", "spdk_nvme_perf"] {
+        if !d.join("build/bin").join(tool).exists() {
+            eprintln!("SKIP {test}: no build/bin/{tool} under {}", d.display());
+            return None;
+        }
+    }
+    Some(d)
+}
+
+/// Issue 17 (one instant on every replica, remote ones included) on two
+/// real spdk_tgt: spdk_nvme_perf writes sequentially (QD32) through A's
+/// engine while the proxy takes 10 snapshots; then every snapshot is read on
+/// A (its replica's lvol) and on B (its own), block by block: identical, and
+/// the data moved between snapshots.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_spdk_engine_snapshots_through_the_proxy_are_one_instant_on_both_nodes() {
+    let test = "real_spdk_engine_snapshots_through_the_proxy_are_one_instant_on_both_nodes";
+    let Some(spdk) = spdk_dir(test) else {
+        return;
+    };
+    const LEN: usize = 16 << 20;
+    const SNAPSHOTS: usize = 10;
+    let (ip_a, ip_b) = (IpAddr::from([127, 0, 0, 1]), IpAddr::from([127, 0, 0, 2]));
+    let base = free_base(&[ip_a, ip_b]);
+    let mut a = Node::new(ip_a, base, Some(&spdk)).await;
+    let mut b = Node::new(ip_b, base, Some(&spdk)).await;
+    let addr_a = a.replica("disk-a", "vol-r-a", LEN as u64).await;
+    let addr_b = b.replica("disk-b", "vol-r-b", LEN as u64).await;
+    let inst = InstanceServiceClient::new(a.channel(3).await);
+    let map: HashMap<String, String> = [("vol-r-a", &addr_a), ("vol-r-b", &addr_b)]
+        .into_iter()
+        .map(|(r, x)| (r.to_owned(), x.clone()))
+        .collect();
+    inst.clone()
+        .instance_create(imrpc::InstanceCreateRequest {
+            spec: Some(imrpc::InstanceSpec {
+                name: "vol-e-0".into(),
+                r#type: "engine".into(),
+                volume_name: "vol".into(),
+                port_count: 1,
+                data_engine: imrpc::DataEngine::V2 as i32,
+                spdk_instance_spec: Some(imrpc::SpdkInstanceSpec {
+                    replica_address_map: map,
+                    size: LEN as u64,
+                    frontend: "spdk-tcp-nvmf".into(),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            data_layout_type: 0,
+        })
+        .await
+        .expect("engine create");
+    let est = running(&inst, "vol-e-0", "engine").await;
+    let mut p = ProxyEngineServiceClient::new(a.channel(1).await);
+    let modes: Vec<i32> = p
+        .replica_list(req("vol-e-0"))
+        .await
+        .expect("ReplicaList")
+        .into_inner()
+        .replica_list
+        .expect("list")
+        .replicas
+        .iter()
+        .map(|r| r.mode)
+        .collect();
+    assert_eq!(modes, vec![ptypes::ReplicaMode::Rw as i32; 2]);
+
+    let nqn = "nqn.2023-01.io.longhorn.spdk:volume-vol";
+    let port = u16::try_from(est.port_start).expect("port");
+    let writer = {
+        let spdk = spdk.clone();
+        std::thread::spawn(move || spdk_perf::run(&spdk, port, nqn, "write", 25))
+    };
+    tokio::time::sleep(Duration::from_secs(3)).await; // perf connects
+    let mut still_writing = true;
+    for i in 0..SNAPSHOTS {
+        still_writing &= !writer.is_finished();
+        snapshot(&mut p, &format!("s{i}"))
+            .await
+            .unwrap_or_else(|e| panic!("snapshot s{i}: {e}"));
+        tokio::time::sleep(Duration::from_millis(1000)).await;
+    }
+    let out = writer.join().expect("perf thread");
+    let report = String::from_utf8_lossy(&out.stdout).to_string();
+    let iops = spdk_perf::total_iops(&report);
+    assert!(still_writing, "the writer ran through all {SNAPSHOTS} snapshots");
+    assert!(iops > 0.0, "writes went on: {report}");
+
+    let (read_a, read_b) = (free_port(), free_port());
+    let (mut previous, mut moved) = (None::<Vec<u8>>, 0);
+    for i in 0..SNAPSHOTS {
+        let x = spdk_dd::read_bdev(
+            &a.spdk,
+            &spdk,
+            a.dir.path(),
+            read_a,
+            &format!("talon-disk-a/vol-r-a-snap-s{i}"),
+            LEN,
+        )
+        .await;
+        let y = spdk_dd::read_bdev(
+            &b.spdk,
+            &spdk,
+            b.dir.path(),
+            read_b,
+            &format!("talon-disk-b/vol-r-b-snap-s{i}"),
+            LEN,
+        )
+        .await;
+        if let Some(block) = x.chunks(4096).zip(y.chunks(4096)).position(|(p, q)| p != q) {
+            panic!("snapshot s{i}: A's replica and B's differ first at block {block}");
+        }
+        if previous.as_ref().is_some_and(|p| *p != x) {
+            moved += 1;
+        }
+        previous = Some(x);
+    }
+    eprintln!(
+        "{test}: writer {iops:.0} IOPS; {SNAPSHOTS} snapshots, A's and B's replicas identical in every one; \
+         the data moved between {moved} of {} consecutive snapshots",
+        SNAPSHOTS - 1
+    );
+    assert!(
+        moved > 0,
+        "the writer never changed the data between two snapshots"
+    );
+    p.snapshot_remove(imrpc::EngineSnapshotRemoveRequest {
+        proxy_engine_request: Some(req("vol-e-0")),
+        names: (0..SNAPSHOTS).map(|i| format!("s{i}")).collect(),
+    })
+    .await
+    .expect("SnapshotRemove");
+    assert!(!a.lvols().await.iter().any(|l| l.contains("-snap-")));
+    assert!(!b.lvols().await.iter().any(|l| l.contains("-snap-")));
+    a.stop().await;
+    b.stop().await;
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("port")
+        .local_addr()
+        .expect("addr")
+        .port()
+}

@@ -1,0 +1,115 @@
+//! Reads and writes through SPDK's own NVMe/TCP initiator (`spdk_dd` with a
+//! JSON config that attaches an export): the data path the real-SPDK tests
+//! check, with no kernel initiator.
+
+use std::path::Path;
+
+use serde_json::json;
+use talon::spdk::SpdkClient;
+
+use super::spdk_perf;
+
+/// Writes `data` at offset 0 of an export, or reads `len` bytes back, through
+/// SPDK's own NVMe/TCP initiator (`spdk_dd` with a JSON config that attaches
+/// the export): the data path the test checks, with no kernel initiator.
+pub fn dd(spdk: &Path, dir: &Path, port: u16, nqn: &str, write: Option<&[u8]>, len: usize) -> Vec<u8> {
+    let out = dd_as(spdk, dir, port, nqn, write, len, spdk_perf::HOST_NQN);
+    assert!(
+        out.status.success(),
+        "spdk_dd on {nqn} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    std::fs::read(dir.join("dd.bin")).expect("dd file")
+}
+
+/// [`dd`] as host `hostnqn`, whatever it gives.
+pub fn dd_as(
+    spdk: &Path,
+    dir: &Path,
+    port: u16,
+    nqn: &str,
+    write: Option<&[u8]>,
+    len: usize,
+    hostnqn: &str,
+) -> std::process::Output {
+    let conf = dir.join("dd.json");
+    // no examine in spdk_dd: a replica carries its raid's superblock, and
+    // spdk_dd's own raid module would claim it
+    let cfg = json!({"subsystems": [{"subsystem": "bdev", "config": [{
+        "method": "bdev_set_options", "params": {"bdev_auto_examine": false}}, {
+        "method": "bdev_nvme_attach_controller",
+        "params": {"name": "dd", "trtype": "tcp", "adrfam": "ipv4", "traddr": "127.0.0.1",
+                   "trsvcid": port.to_string(), "subnqn": nqn, "hostnqn": hostnqn}}]}]});
+    std::fs::write(&conf, cfg.to_string()).expect("dd config");
+    let file = dir.join("dd.bin");
+    let mut cmd = std::process::Command::new(spdk.join("build/bin/spdk_dd"));
+    cmd.args([
+        "--no-huge",
+        "-s",
+        "512",
+        "--disable-cpumask-locks",
+        "-c",
+        "0x2",
+        "-r",
+    ])
+    .arg(dir.join("dd.sock"))
+    .arg("--json")
+    .arg(&conf)
+    .args(["--bs", "65536"]);
+    match write {
+        Some(data) => {
+            std::fs::write(&file, data).expect("pattern");
+            cmd.arg("--if").arg(&file).args(["--ob", "ddn1"]);
+        }
+        None => {
+            cmd.args(["--ib", "ddn1", "--of"])
+                .arg(&file)
+                .args(["--count", &(len / 65536).to_string()]);
+        }
+    }
+    cmd.output().expect("spdk_dd")
+}
+
+/// Exports bdev `bdev` alone as `nqn` on 127.0.0.1:`port` (a test subsystem,
+/// not talon's), reads `len` bytes of it with spdk_dd, and removes the export.
+pub async fn read_bdev(
+    c: &SpdkClient,
+    spdk: &Path,
+    dir: &Path,
+    port: u16,
+    bdev: &str,
+    len: usize,
+) -> Vec<u8> {
+    use talon::spdk::rpc::{AddNamespace, ByNqn, CreateSubsystem, ListenAddress, SubsystemListener};
+    let nqn = "nqn.2016-06.io.spdk:talon-test-read";
+    c.nvmf_create_subsystem(&CreateSubsystem {
+        nqn: nqn.into(),
+        allow_any_host: Some(true),
+        serial_number: None,
+        model_number: None,
+        max_namespaces: Some(1),
+        ana_reporting: None,
+    })
+    .await
+    .expect("test subsystem");
+    let id = uuid::Uuid::new_v4();
+    c.nvmf_subsystem_add_ns(&AddNamespace::with_id(nqn, bdev, id))
+        .await
+        .expect("test ns");
+    c.nvmf_subsystem_add_listener(&SubsystemListener {
+        nqn: nqn.into(),
+        listen_address: ListenAddress::tcp([127, 0, 0, 1].into(), port),
+    })
+    .await
+    .expect("test listener");
+    let data = {
+        let (spdk, dir) = (spdk.to_path_buf(), dir.to_path_buf());
+        tokio::task::spawn_blocking(move || dd(&spdk, &dir, port, nqn, None, len))
+            .await
+            .expect("dd task")
+    };
+    c.nvmf_delete_subsystem(&ByNqn { nqn: nqn.into() })
+        .await
+        .expect("drop test subsystem");
+    data
+}
