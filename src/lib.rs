@@ -23,6 +23,9 @@
 //!   (pure), `volume` (apply), `disk` (DiskOps); the test double (`double/`,
 //!   feature `testing`) one file per RPC family.
 //! - [`tgt`]: the V1 engine: tgtd supervision and file-backed iSCSI LUNs.
+//! - [`keeper`]: `talon keep-targets`, which starts and keeps spdk_tgt and tgtd
+//!   as `talon serve --target-keeper` asks through files in the run dir, so the
+//!   data path can outlive talon's pod.
 //! - [`attach`]: host frontends: kernel NVMe/TCP initiator and iSCSI fallback.
 //! - [`names`]: validated names (volumes, NQNs, IQNs) that reach the kernel or SPDK.
 //! - [`longhorn`]: Longhorn's V2 instance-manager gRPC protocol, mapped onto talon's
@@ -32,7 +35,7 @@
 //!   backoff); it uses nothing of talon's.
 //!
 //! Every `use crate::` arrow between these modules points down: cli/serve ->
-//! api/client -> controllers -> spdk/tgt/attach -> resources -> runtime ->
+//! api/client -> controllers -> keeper -> spdk/tgt/attach -> resources -> runtime ->
 //! host/ns -> names -> util (docs/architecture.md, "Module layout").
 
 pub mod api;
@@ -41,6 +44,7 @@ pub mod cli;
 pub mod client;
 pub mod controllers;
 pub mod host;
+pub mod keeper;
 pub mod longhorn;
 pub mod names;
 pub mod ns;

@@ -5,6 +5,8 @@
 //!   deploy/kubernetes/*.yaml ── kubernetes-validate --strict (schemas of Kubernetes 1.37)
 //!   daemonset.yaml: container args ── talon::cli::Cli::try_parse_from ── data dir, run dir, socket
 //!                   host paths in src/**/*.rs (string literals) ──┴── each mounted (or allowed, with the reason)
+//!   targets.yaml:   `talon keep-targets` args ── same run dir and data dir, on the same host paths;
+//!                   OnDelete, no liveness probe, hugepages; daemonset.yaml RollingUpdate + --target-keeper
 //! ```
 //!
 //! The schema validation needs the PyPI package `kubernetes-validate` (tests/pip-packages.txt);
@@ -62,6 +64,31 @@ fn daemonset() -> Value {
     docs.into_iter()
         .find(|d| d["kind"] == "DaemonSet")
         .expect("daemonset.yaml holds a DaemonSet")
+}
+
+fn targets_daemonset() -> Value {
+    let docs = documents(&repo().join("deploy/kubernetes/targets.yaml"));
+    docs.into_iter()
+        .find(|d| d["kind"] == "DaemonSet")
+        .expect("targets.yaml holds a DaemonSet")
+}
+
+/// The container's command line (command + args).
+fn argv_of(c: &Value) -> Vec<String> {
+    let mut argv: Vec<String> = c["command"]
+        .as_array()
+        .expect("command")
+        .iter()
+        .map(|a| str_of(a).into())
+        .collect();
+    argv.extend(
+        c["args"]
+            .as_array()
+            .expect("args")
+            .iter()
+            .map(|a| str_of(a).to_string()),
+    );
+    argv
 }
 
 fn str_of(v: &Value) -> &str {
@@ -222,19 +249,7 @@ fn daemonset_mounts_what_talon_opens() {
     let m = mounts(&ds);
 
     // The daemon's own paths, as the real CLI parses the container's command line.
-    let mut argv: Vec<String> = c["command"]
-        .as_array()
-        .expect("command")
-        .iter()
-        .map(|a| str_of(a).into())
-        .collect();
-    argv.extend(
-        c["args"]
-            .as_array()
-            .expect("args")
-            .iter()
-            .map(|a| str_of(a).to_string()),
-    );
+    let argv = argv_of(c);
     let cli =
         talon::cli::Cli::try_parse_from(&argv).unwrap_or_else(|e| panic!("talon rejects {argv:?}: {e}"));
     let talon::cli::Command::Serve(serve) = &cli.command else {
@@ -299,18 +314,14 @@ fn daemonset_mounts_what_talon_opens() {
         assert_eq!(pc.socket, cli.socket, "{probe} asks the daemon's socket");
     }
 
-    // Hugepages: a HugePages-2Mi volume and equal request and limit.
-    let hp = spec["volumes"]
-        .as_array()
-        .expect("volumes")
-        .iter()
-        .find(|v| v["emptyDir"]["medium"] == "HugePages-2Mi");
-    assert!(hp.is_some(), "a HugePages-2Mi emptyDir volume");
-    let res = &c["resources"];
-    assert!(res["limits"]["hugepages-2Mi"].is_string(), "hugepages-2Mi limit");
-    assert_eq!(
-        res["limits"]["hugepages-2Mi"], res["requests"]["hugepages-2Mi"],
-        "hugepage requests equal limits"
+    // The targets run in the talon-targets pod (targets.yaml): no hugepages here.
+    assert!(
+        serve.target_keeper,
+        "talon serve runs with --target-keeper: {argv:?}"
+    );
+    assert!(
+        c["resources"]["requests"]["hugepages-2Mi"].is_null(),
+        "talon's pod runs no SPDK and requests no hugepages"
     );
     let (_, ro, _) = m.get("/lib/modules").expect("/lib/modules is mounted");
     assert!(ro, "/lib/modules is read-only");
@@ -432,5 +443,126 @@ fn containerfile_runtime_holds_talon_and_tgt_only() {
     assert!(
         code.iter().any(|l| l.contains("--locked")),
         "the build uses Cargo.lock"
+    );
+}
+
+/// The split that keeps volume I/O going through a rollout of talon: the
+/// targets in a DaemonSet of their own that a template change does not
+/// replace (OnDelete), with no liveness probe (a restart would kill the
+/// targets), sharing talon's run dir and data dir on the same host paths and
+/// the host's PID namespace; talon's DaemonSet rolls (RollingUpdate) and
+/// adopts them (`--target-keeper`).
+#[test]
+fn targets_run_in_a_daemonset_that_talons_rollout_does_not_replace() {
+    let ctl = daemonset();
+    let tgt = targets_daemonset();
+    assert_eq!(ctl["spec"]["updateStrategy"]["type"], "RollingUpdate");
+    assert_eq!(
+        tgt["spec"]["updateStrategy"]["type"], "OnDelete",
+        "the targets' pods are replaced only when deleted (node maintenance)"
+    );
+    assert_ne!(
+        ctl["spec"]["selector"], tgt["spec"]["selector"],
+        "the two DaemonSets select different pods"
+    );
+    assert_eq!(
+        tgt["spec"]["selector"]["matchLabels"], tgt["spec"]["template"]["metadata"]["labels"],
+        "the targets' selector matches its pods"
+    );
+    let tspec = &tgt["spec"]["template"]["spec"];
+    assert_eq!(tspec["hostPID"], true, "pids mean the same in both pods");
+    assert_eq!(tspec["hostNetwork"], true, "listeners on the node's addresses");
+    let c = &tspec["containers"][0];
+    assert_eq!(c["securityContext"]["privileged"], true);
+    for probe in ["livenessProbe", "startupProbe"] {
+        assert!(
+            c[probe].is_null(),
+            "{probe} on the targets' container: a failed probe restarts it and kills the targets"
+        );
+    }
+    // the keeper, as the real CLI parses its command line
+    let argv = argv_of(c);
+    let cli =
+        talon::cli::Cli::try_parse_from(&argv).unwrap_or_else(|e| panic!("talon rejects {argv:?}: {e}"));
+    let talon::cli::Command::KeepTargets(keep) = &cli.command else {
+        panic!("the targets' container does not run `talon keep-targets`: {argv:?}")
+    };
+    let ctl_cli = talon::cli::Cli::try_parse_from(argv_of(&ctl["spec"]["template"]["spec"]["containers"][0]))
+        .expect("talon serve argv");
+    let talon::cli::Command::Serve(serve) = &ctl_cli.command else {
+        panic!("talon's container runs `talon serve`")
+    };
+    assert_eq!(
+        keep.run_dir, serve.run_dir,
+        "the keeper and talon share the run dir"
+    );
+    assert!(serve.target_keeper, "talon adopts the keeper's targets");
+    let (ctl_m, tgt_m) = (mounts(&ctl), mounts(&tgt));
+    for (what, p) in [
+        ("run dir", keep.run_dir.to_str().expect("utf-8").to_string()),
+        (
+            "data dir (disk files, V1 volume files)",
+            serve.data_dir.to_str().expect("utf-8").to_string(),
+        ),
+    ] {
+        let a = host_mount_of(&ctl_m, &p)
+            .unwrap_or_else(|| panic!("{what} {p} not on a host mount in talon's pod"));
+        let b = host_mount_of(&tgt_m, &p)
+            .unwrap_or_else(|| panic!("{what} {p} not on a host mount in the targets' pod"));
+        assert_eq!(a, b, "{what} {p}: the same host path in both pods");
+    }
+    for dev in ["/dev", "/sys"] {
+        assert!(host_mount_of(&tgt_m, dev).is_some(), "{dev} in the targets' pod");
+    }
+    // hugepages: a HugePages-2Mi volume, equal request and limit, at least the keeper's -s floor
+    let hp = tspec["volumes"]
+        .as_array()
+        .expect("volumes")
+        .iter()
+        .find(|v| v["emptyDir"]["medium"] == "HugePages-2Mi");
+    assert!(hp.is_some(), "a HugePages-2Mi emptyDir volume");
+    let res = &c["resources"];
+    assert_eq!(
+        res["limits"]["hugepages-2Mi"], res["requests"]["hugepages-2Mi"],
+        "hugepage requests equal limits"
+    );
+    let limit = str_of(&res["limits"]["hugepages-2Mi"]);
+    let mib = match limit.strip_suffix("Gi") {
+        Some(g) => g.parse::<u64>().expect("Gi") * 1024,
+        None => limit
+            .strip_suffix("Mi")
+            .expect("Mi or Gi")
+            .parse::<u64>()
+            .expect("Mi"),
+    };
+    assert!(
+        mib >= talon::spdk::launch::SPDK_TGT_BASE_MIB,
+        "hugepages-2Mi {limit} holds spdk_tgt's floor ({} MiB)",
+        talon::spdk::launch::SPDK_TGT_BASE_MIB
+    );
+    // SPDK in the image the keeper runs
+    let env: Vec<(&str, &str)> = c["env"]
+        .as_array()
+        .map(|e| {
+            e.iter()
+                .map(|v| (str_of(&v["name"]), v["value"].as_str().unwrap_or("")))
+                .collect()
+        })
+        .unwrap_or_default();
+    let spdk_dir = |c: &Value| -> Option<String> {
+        c["env"]
+            .as_array()?
+            .iter()
+            .find(|v| v["name"] == "TALON_SPDK_DIR")
+            .and_then(|v| v["value"].as_str().map(String::from))
+    };
+    assert!(
+        env.iter().any(|(n, _)| *n == "TALON_SPDK_DIR"),
+        "the keeper is told where SPDK is: {env:?}"
+    );
+    assert_eq!(
+        spdk_dir(c),
+        spdk_dir(&ctl["spec"]["template"]["spec"]["containers"][0]),
+        "talon decides what runs from the same SPDK the keeper runs"
     );
 }

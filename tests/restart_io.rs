@@ -787,3 +787,450 @@ async fn real_spdk_an_earlier_talons_spdk_tgt_is_adopted_with_io_running() {
     drop(c);
     sigterm_and_wait(&mut talon);
 }
+
+/// `talon keep-targets` on the test's run dir (the data path's own process,
+/// as the talon-targets pod runs it); killed when dropped.
+struct Keeper(Child);
+
+impl Keeper {
+    fn spawn(dir: &Path) -> Keeper {
+        Self::spawn_with(dir, |_| {})
+    }
+
+    fn spawn_with(dir: &Path, more: impl FnOnce(&mut Command)) -> Keeper {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(dir.join("keeper.log"))
+            .expect("keeper.log");
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_talon"));
+        cmd.args(["keep-targets", "--run-dir"])
+            .arg(dir.join("run"))
+            .stdout(Stdio::null())
+            .stderr(log);
+        more(&mut cmd);
+        Keeper(cmd.spawn().expect("spawn talon keep-targets"))
+    }
+
+    fn pid(&self) -> u32 {
+        self.0.id()
+    }
+}
+
+impl Drop for Keeper {
+    fn drop(&mut self) {
+        let _ = kill(Pid::from_raw(self.0.id() as i32), Signal::SIGTERM);
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while Instant::now() < deadline {
+            if self.0.try_wait().ok().flatten().is_some() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// The parent pid of `pid` (`/proc/<pid>/stat`, field 4).
+fn ppid(pid: u32) -> Option<u32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit(')').next()?.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// Stops talon the way a rollout or a crash does: SIGTERM on even rounds,
+/// SIGKILL (a container killed, an OOM) on odd ones.
+fn stop_talon(child: &mut Child, round: usize, socket: &Path) {
+    if round.is_multiple_of(2) {
+        sigterm_and_wait(child);
+    } else {
+        child.kill().expect("SIGKILL talon");
+        child.wait().expect("reap talon");
+        let _ = std::fs::remove_file(socket);
+    }
+}
+
+/// The DaemonSet split (deploy/kubernetes/targets.yaml): `talon keep-targets`
+/// starts tgtd as `talon serve --target-keeper` asks, and talon is stopped
+/// (SIGTERM and SIGKILL in turn) and started again 10 times while a
+/// libiscsi reader/writer runs: tgtd keeps its pid and its parent (the
+/// keeper), no I/O error, no reconnect. Then tgtd killed: the keeper starts
+/// it again and talon re-exports; `talon node drain` makes the keeper stop it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kept_tgtd_serves_io_through_ten_talon_kills() {
+    const TEST: &str = "kept_tgtd_serves_io_through_ten_talon_kills";
+    if !ready(TEST) {
+        return;
+    }
+    let d = tempfile::tempdir().expect("tempdir");
+    let dir = d.path().to_path_buf();
+    let port = free_port();
+    std::fs::write(
+        dir.join("talon.yaml"),
+        format!(
+            "node: {{ engine: v1, listenAddress: 127.0.0.1, iscsiPort: {port}, allowedHosts: [{INITIATOR}] }}\n\
+             volumes:\n  {VOLUME}: {{ sizeBytes: 16777216 }}\n"
+        ),
+    )
+    .expect("config");
+    let socket = dir.join("run/talon.sock");
+    let kept: &[&str] = &["--engine", "v1", "--target-keeper"];
+    let keeper = Keeper::spawn(&dir);
+    let mut cleanup = Cleanup {
+        dir: dir.clone(),
+        talon: Some(spawn_talon(&dir, kept)),
+        spdk_tgt: None,
+    };
+    let c = connect(&socket).await;
+    let (tgtd, portal, iqn) = served(&c).await;
+    assert_eq!(
+        ppid(tgtd),
+        Some(keeper.pid()),
+        "tgtd is the keeper's child, not talon's"
+    );
+    let t = spec(&c, "TargetStatus", "tgtd").await.expect("TargetStatus tgtd");
+    assert!(
+        t["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("kept by talon keep-targets")),
+        "{t}"
+    );
+    drop(c);
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let ops = Arc::new(AtomicU64::new(0));
+    let io = {
+        let (stop, ops) = (stop.clone(), ops.clone());
+        std::thread::spawn(move || io_loop(portal, iqn, stop, ops))
+    };
+    let progressed = |when: String| {
+        let ops = ops.clone();
+        let io = &io;
+        async move {
+            let after = ops.load(Ordering::SeqCst);
+            until(&format!("I/O to go on {when}"), || {
+                let n = ops.load(Ordering::SeqCst);
+                let dead = io.is_finished();
+                async move { (n > after + 20 || dead).then_some(()) }
+            })
+            .await;
+            assert!(!io.is_finished(), "the I/O loop ended {when}");
+        }
+    };
+    progressed("before the first kill".into()).await;
+    for round in 1..=ROUNDS {
+        let mut talon = cleanup.talon.take().expect("talon runs");
+        stop_talon(&mut talon, round, &socket);
+        assert!(is_tgtd(tgtd), "round {round}: tgtd {tgtd} outlives talon");
+        progressed(format!("with no talon (round {round})")).await;
+        cleanup.talon = Some(spawn_talon(&dir, kept));
+        let c = connect(&socket).await;
+        let (pid, _, _) = served(&c).await;
+        assert_eq!(pid, tgtd, "round {round}: the new talon adopts the kept tgtd");
+        let t = spec(&c, "TargetStatus", "tgtd").await.expect("TargetStatus tgtd");
+        assert_eq!(t["restarts"], 0, "round {round}: {t}");
+        progressed(format!("after restart {round}")).await;
+    }
+    stop.store(true, Ordering::SeqCst);
+    let (n, longest) = io
+        .join()
+        .expect("I/O thread")
+        .unwrap_or_else(|e| panic!("I/O failed across talon kills: {e}"));
+    eprintln!(
+        "{TEST}: {n} verified 4 KiB write+read pairs through {ROUNDS} stops of talon (SIGTERM/SIGKILL) \
+         with tgtd in the keeper, no error; longest pair {:.1} ms",
+        longest.as_secs_f64() * 1000.0
+    );
+
+    // tgtd dies: the keeper starts another, talon adopts it and exports the volume again
+    kill(Pid::from_raw(tgtd as i32), Signal::SIGKILL).expect("SIGKILL tgtd");
+    let c = connect(&socket).await;
+    let again = until("a new tgtd from the keeper", || async {
+        let t = spec(&c, "TargetStatus", "tgtd").await?;
+        let pid = t["pid"].as_u64().and_then(|p| u32::try_from(p).ok())?;
+        (t["state"] == "ready" && pid != tgtd).then_some(pid)
+    })
+    .await;
+    assert_eq!(ppid(again), Some(keeper.pid()), "the keeper started it");
+    let (pid, _, _) = served(&c).await;
+    assert_eq!(pid, again);
+    let status: Value = serde_json::from_slice(
+        &std::fs::read(dir.join("run/keeper/tgtd.status.json")).expect("keeper status"),
+    )
+    .expect("json");
+    assert_eq!(status["restarts"], 1, "{status}");
+    assert_eq!(status["pid"], again, "{status}");
+    drop(c);
+
+    // a drain: talon stops, and the keeper stops tgtd as talon asked; the keeper stays
+    let out = Command::new(env!("CARGO_BIN_EXE_talon"))
+        .arg("--socket")
+        .arg(&socket)
+        .args(["node", "drain"])
+        .output()
+        .expect("talon node drain");
+    assert!(out.status.success(), "{out:?}");
+    let status = cleanup.talon.take().expect("talon").wait().expect("wait");
+    assert!(status.success(), "talon exits cleanly on drain: {status}");
+    until("the keeper to stop tgtd on drain", || async {
+        (!is_tgtd(again)).then_some(())
+    })
+    .await;
+    assert!(
+        kill(Pid::from_raw(keeper.pid() as i32), None).is_ok(),
+        "the keeper still runs"
+    );
+    drop(keeper);
+}
+
+/// The same split with real SPDK: spdk_tgt started by `talon keep-targets`
+/// (with the settings `talon serve --target-keeper` wrote: `--no-huge`,
+/// `--disable-cpumask-locks`), spdk_nvme_perf running through 10 stops of
+/// talon (SIGTERM and SIGKILL in turn): the same pid and parent, the same
+/// controller ids (no reconnect), no I/O error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_spdk_kept_spdk_tgt_serves_io_through_ten_talon_kills() {
+    const TEST: &str = "real_spdk_kept_spdk_tgt_serves_io_through_ten_talon_kills";
+    let Some(spdk) = std::env::var_os("TALON_SPDK_DIR").map(PathBuf::from) else {
+        eprintln!("SKIP {TEST}: TALON_SPDK_DIR not set");
+        return;
+    };
+    if !nix::unistd::Uid::effective().is_root() {
+        eprintln!("SKIP {TEST}: spdk_tgt needs root");
+        return;
+    }
+    let perf_bin = spdk.join("build/bin/spdk_nvme_perf");
+    if !perf_bin.is_file() {
+        eprintln!("SKIP {TEST}: {} not found", perf_bin.display());
+        return;
+    }
+    let d = tempfile::tempdir().expect("tempdir");
+    let dir = d.path().to_path_buf();
+    std::fs::write(
+        dir.join("talon.yaml"),
+        format!(
+            "node: {{ engine: v2, listenAddress: 127.0.0.1, nvmfPort: {}, allowedHosts: [\"{HOST}\"] }}\n\
+             disks:\n  d1: {{ path: disks/d1.img, sizeBytes: 268435456 }}\n\
+             volumes:\n  {VOLUME}: {{ sizeBytes: 67108864 }}\n",
+            free_port()
+        ),
+    )
+    .expect("config");
+    let kept: &[&str] = &[
+        "--engine",
+        "v2",
+        "--no-huge",
+        "--no-huge-mem-mib",
+        "1024",
+        "--spdk-arg=--disable-cpumask-locks",
+        "--target-keeper",
+    ];
+    let socket = dir.join("run/talon.sock");
+    let spdk_sock = dir.join("run/spdk.sock");
+    let keeper = Keeper::spawn(&dir);
+    let mut cleanup = Cleanup {
+        dir: dir.clone(),
+        talon: Some(spawn_talon(&dir, kept)),
+        spdk_tgt: None,
+    };
+    let c = connect(&socket).await;
+    let (tgt, port, nqn) = served_v2(&c).await;
+    cleanup.spdk_tgt = Some(tgt);
+    assert_eq!(ppid(tgt), Some(keeper.pid()), "spdk_tgt is the keeper's child");
+    let cmdline = std::fs::read_to_string(format!("/proc/{tgt}/cmdline")).expect("cmdline");
+    assert!(
+        cmdline.contains("--no-huge") && cmdline.contains("--disable-cpumask-locks"),
+        "the keeper ran what talon asked: {cmdline:?}"
+    );
+    drop(c);
+
+    let mut perf = Command::new(&perf_bin)
+        .args(["--no-huge", "-s", "512", "-c", "0x2", "-q", "8", "-o", "4096"])
+        .args(["-w", "randrw", "-M", "50", "-t", "3600", "-r"])
+        .arg(format!(
+            "trtype:TCP adrfam:IPv4 traddr:127.0.0.1 trsvcid:{port} subnqn:{nqn} hostnqn:{HOST}"
+        ))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn spdk_nvme_perf");
+    let connected = until("spdk_nvme_perf to connect", || async {
+        let ids = cntlids(&spdk_sock, &nqn).await;
+        (!ids.is_empty()).then_some(ids)
+    })
+    .await;
+    for round in 1..=ROUNDS {
+        let mut talon = cleanup.talon.take().expect("talon runs");
+        stop_talon(&mut talon, round, &socket);
+        assert!(
+            kill(Pid::from_raw(tgt as i32), None).is_ok(),
+            "round {round}: spdk_tgt {tgt} outlives talon"
+        );
+        assert_eq!(cntlids(&spdk_sock, &nqn).await, connected, "round {round}");
+        cleanup.talon = Some(spawn_talon(&dir, kept));
+        let c = connect(&socket).await;
+        let (pid, _, _) = served_v2(&c).await;
+        assert_eq!(pid, tgt, "round {round}: the new talon adopts the kept spdk_tgt");
+        let t = spec(&c, "TargetStatus", "spdk").await.expect("TargetStatus spdk");
+        assert_eq!(t["restarts"], 0, "round {round}: {t}");
+        assert!(
+            t["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("kept by talon keep-targets")),
+            "round {round}: {t}"
+        );
+        assert_eq!(
+            cntlids(&spdk_sock, &nqn).await,
+            connected,
+            "round {round}: no reconnect"
+        );
+        assert!(
+            perf.try_wait().expect("perf status").is_none(),
+            "round {round}: spdk_nvme_perf ended early"
+        );
+    }
+    let date = Command::new("date")
+        .arg("+%Y-%m-%d %H:%M:%S.%6N")
+        .output()
+        .expect("date");
+    let stopped_at = String::from_utf8_lossy(&date.stdout).trim().to_string();
+    kill(Pid::from_raw(perf.id() as i32), Signal::SIGINT).expect("SIGINT spdk_nvme_perf");
+    let out = perf.wait_with_output().expect("spdk_nvme_perf output");
+    let report = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let bad: Vec<&str> = report
+        .lines()
+        .filter(|l| {
+            let lower = l.to_ascii_lowercase();
+            let trouble = lower.contains("error") || lower.contains("failed") || lower.contains("disconnect");
+            let at = l
+                .strip_prefix('[')
+                .and_then(|r| r.split(']').next())
+                .unwrap_or("");
+            trouble && !(at.len() == stopped_at.len() && at >= stopped_at.as_str())
+        })
+        .collect();
+    assert!(
+        bad.is_empty(),
+        "spdk_nvme_perf reported I/O trouble: {bad:?}\n{report}"
+    );
+    let total = report
+        .lines()
+        .find(|l| l.trim_start().starts_with("Total"))
+        .unwrap_or_else(|| panic!("no Total line in spdk_nvme_perf's report:\n{report}"));
+    eprintln!("{TEST}: {ROUNDS} stops of talon with spdk_tgt in the keeper, no error, no reconnect; {total}");
+
+    // spdk_tgt dies: the keeper starts another, talon adopts it and exports the volume again
+    kill(Pid::from_raw(tgt as i32), Signal::SIGKILL).expect("SIGKILL spdk_tgt");
+    let c = connect(&socket).await;
+    let again = until("a new spdk_tgt from the keeper", || async {
+        let t = spec(&c, "TargetStatus", "spdk").await?;
+        let pid = t["pid"].as_u64().and_then(|p| u32::try_from(p).ok())?;
+        (t["state"] == "ready" && pid != tgt).then_some(pid)
+    })
+    .await;
+    cleanup.spdk_tgt = Some(again);
+    assert_eq!(ppid(again), Some(keeper.pid()), "the keeper started it");
+    let (pid, _, nqn_again) = served_v2(&c).await;
+    assert_eq!(
+        (pid, nqn_again.as_str()),
+        (again, nqn.as_str()),
+        "the same export on the new target"
+    );
+    let t = spec(&c, "TargetStatus", "spdk").await.expect("TargetStatus spdk");
+    assert_eq!(t["restarts"], 1, "{t}");
+    drop(c);
+
+    // the keeper's own stop (its pod replaced on node maintenance) stops spdk_tgt cleanly
+    let mut talon = cleanup.talon.take().expect("talon");
+    sigterm_and_wait(&mut talon);
+    drop(keeper);
+    assert!(
+        kill(Pid::from_raw(again as i32), None).is_err(),
+        "spdk_tgt {again} stops with its keeper"
+    );
+}
+
+/// A target the keeper cannot start says why in talon's `TargetStatus` at
+/// once (here: the keeper's image has no spdk_tgt), and stays `failed` with
+/// that cause while the keeper tries again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kept_target_that_cannot_start_says_why_in_talon() {
+    const TEST: &str = "a_kept_target_that_cannot_start_says_why_in_talon";
+    if !nix::unistd::Uid::effective().is_root() {
+        eprintln!("SKIP {TEST}: talon serve's data dir and keeper run as root here");
+        return;
+    }
+    let d = tempfile::tempdir().expect("tempdir");
+    let dir = d.path().to_path_buf();
+    // talon's side finds a spdk_tgt (it decides V2 can run); the keeper's does not
+    let bin = dir.join("bin/spdk_tgt");
+    std::fs::create_dir_all(bin.parent().expect("parent")).expect("mkdir");
+    std::fs::write(&bin, "#!/bin/sh\nexit 1\n").expect("write");
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    }
+    std::fs::write(
+        dir.join("talon.yaml"),
+        format!(
+            "node: {{ engine: v2, listenAddress: 127.0.0.1, nvmfPort: {} }}\n\
+             disks:\n  d1: {{ path: disks/d1.img, sizeBytes: 268435456 }}\n",
+            free_port()
+        ),
+    )
+    .expect("config");
+    let missing = dir.join("keeper-image/spdk_tgt");
+    let _keeper = Keeper::spawn_with(&dir, |c| {
+        c.arg("--spdk-tgt")
+            .arg(&missing)
+            .env_remove("TALON_SPDK_DIR")
+            .env("PATH", "/nonexistent");
+    });
+    let socket = dir.join("run/talon.sock");
+    let bin_arg = bin.display().to_string();
+    let _cleanup = Cleanup {
+        dir: dir.clone(),
+        talon: Some(spawn_talon(
+            &dir,
+            &[
+                "--engine",
+                "v2",
+                "--no-huge",
+                "--spdk-tgt",
+                &bin_arg,
+                "--target-keeper",
+            ],
+        )),
+        spdk_tgt: None,
+    };
+    let c = connect(&socket).await;
+    let t0 = Instant::now();
+    let msg = until("TargetStatus spdk failed with the keeper's cause", || async {
+        let t = spec(&c, "TargetStatus", "spdk").await?;
+        (t["state"] == "failed")
+            .then(|| t["message"].as_str().map(String::from))
+            .flatten()
+    })
+    .await;
+    let took = t0.elapsed();
+    assert!(
+        msg.contains("the target keeper cannot start spdk_tgt") && msg.contains("spdk_tgt was not found"),
+        "{msg}"
+    );
+    assert!(
+        msg.contains(&missing.display().to_string()),
+        "names where it looked: {msg}"
+    );
+    // it stays failed with the cause while the keeper tries again
+    for _ in 0..10 {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let t = spec(&c, "TargetStatus", "spdk").await.expect("TargetStatus spdk");
+        assert_eq!(t["state"], "failed", "{t}");
+    }
+    eprintln!("{TEST}: TargetStatus failed after {took:?}: {msg}");
+}

@@ -7,12 +7,16 @@
 #     idle:  utime+stime of the target over $IDLE_SECS with no I/O, as % of one core
 #     I/O:   spdk_nvme_perf from core 1 (--no-huge), 4 KiB randread, QD1 and QD32, $IO_SECS each
 #
+# REPEAT=N runs the four modes N times in turn (round-robin, so the machine's load falls on each
+# mode alike) and prints a row per run with the 1-minute load average when it was measured.
+#
 # usage: TALON_SPDK_DIR=/opt/spdk benches/interrupt/run.sh   (as root; prints a markdown table)
 set -euo pipefail
 SPDK=${TALON_SPDK_DIR:?set TALON_SPDK_DIR to an SPDK build}
 IDLE_SECS=${IDLE_SECS:-10}
 IO_SECS=${IO_SECS:-5}
 PORT=${PORT:-14433}
+REPEAT=${REPEAT:-1}
 WORK=$(mktemp -d)
 trap 'kill -INT $TGT 2>/dev/null; sleep 2; kill -9 $TGT 2>/dev/null; rm -rf "$WORK"' EXIT
 TGT=
@@ -52,14 +56,16 @@ run_mode() { # label binary args...
 			-r "trtype:TCP adrfam:IPv4 traddr:127.0.0.1 trsvcid:$PORT subnqn:nqn.2026-11.io.talon.bench:v0" 2>/dev/null |
 			awk -F: '/^Total/ {split($2, f, " "); printf "%.0f", f[1]}')")
 	done
-	printf '| %s | %.1f %% | %s | %s |\n' "$label" "$idle" "${iops[0]}" "${iops[1]}"
+	printf '| %s | %.1f %% | %s | %s | %s |\n' "$label" "$idle" "${iops[0]}" "${iops[1]}" "$(cut -d' ' -f1 /proc/loadavg)"
 	kill -INT $TGT; wait $TGT 2>/dev/null || true
 	TGT=
 }
 
-echo "| target | idle CPU (10 volumes exported) | 4 KiB randread QD1 IOPS | QD32 IOPS |"
-echo "|---|---:|---:|---:|"
-run_mode "spdk_tgt, polling" spdk_tgt
-run_mode "spdk_tgt --interrupt-mode" spdk_tgt --interrupt-mode
-run_mode "nvmf_tgt, polling" nvmf_tgt
-run_mode "nvmf_tgt --interrupt-mode (talon's choice)" nvmf_tgt --interrupt-mode
+echo "| target | idle CPU (10 volumes exported) | 4 KiB randread QD1 IOPS | QD32 IOPS | load (1 min) |"
+echo "|---|---:|---:|---:|---:|"
+for _ in $(seq "$REPEAT"); do
+	run_mode "spdk_tgt, polling" spdk_tgt
+	run_mode "spdk_tgt --interrupt-mode" spdk_tgt --interrupt-mode
+	run_mode "nvmf_tgt, polling" nvmf_tgt
+	run_mode "nvmf_tgt --interrupt-mode (talon's choice)" nvmf_tgt --interrupt-mode
+done

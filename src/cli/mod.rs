@@ -55,6 +55,9 @@ pub enum Command {
     /// Run the node daemon (on SIGTERM/SIGINT spdk_tgt and tgtd keep serving
     /// and the next talon adopts them, unless --stop-targets-on-exit).
     Serve(ServeArgs),
+    /// Start spdk_tgt and tgtd as `talon serve --target-keeper` asks, and keep
+    /// them running (the data path's own pod; docs/upgrade.md).
+    KeepTargets(KeepTargetsArgs),
     /// Show resources: `get types`, `get controllers`, `get <type> [id]`.
     Get(GetArgs),
     /// This node.
@@ -141,6 +144,16 @@ pub struct ServeArgs {
         value_parser = clap::builder::BoolishValueParser::new()
     )]
     pub stop_targets_on_exit: bool,
+    /// spdk_tgt and tgtd are run by `talon keep-targets` (another pod sharing
+    /// the run dir): talon never starts or stops them itself, it writes what
+    /// should run under <run-dir>/keeper/ and adopts what the keeper started.
+    #[arg(
+        long,
+        env = "TALON_TARGET_KEEPER",
+        action = clap::ArgAction::SetTrue,
+        value_parser = clap::builder::BoolishValueParser::new()
+    )]
+    pub target_keeper: bool,
     /// Serve Longhorn's V2 instance-manager gRPC protocol on this address and
     /// the four ports after it (Longhorn: 0.0.0.0:8500, so 8500-8504).
     #[arg(long, value_name = "ADDR:PORT")]
@@ -148,6 +161,20 @@ pub struct ServeArgs {
     /// The ports Longhorn instances' NVMe/TCP exports are given from.
     #[arg(long, value_name = "LOW-HIGH", default_value = "20001-30000", value_parser = parse_port_range)]
     pub longhorn_port_range: std::ops::RangeInclusive<u16>,
+}
+
+/// `talon keep-targets`.
+#[derive(Debug, clap::Args)]
+pub struct KeepTargetsArgs {
+    /// The run dir shared with `talon serve` (sockets, tgtd's pid file, keeper/).
+    #[arg(long, default_value = "/run/talon")]
+    pub run_dir: PathBuf,
+    /// Where the host's / is (when the keeper runs in a container with the host mounted).
+    #[arg(long, default_value = "/")]
+    pub host_root: PathBuf,
+    /// The spdk_tgt binary (else $TALON_SPDK_DIR/build/bin/spdk_tgt, else PATH).
+    #[arg(long)]
+    pub spdk_tgt: Option<PathBuf>,
 }
 
 /// `LOW-HIGH`, both ports, LOW <= HIGH.
@@ -332,6 +359,7 @@ async fn run(cli: Cli) -> Result<ExitCode, CliError> {
                     engine: a.engine.into(),
                     embedded: a.engine == EngineArg::SpdkEmbedded,
                     extra_args: a.spdk_args,
+                    target_keeper: a.target_keeper,
                     ..Default::default()
                 },
                 stop_targets_on_exit: a.stop_targets_on_exit,
@@ -343,6 +371,15 @@ async fn run(cli: Cli) -> Result<ExitCode, CliError> {
                     ports: a.longhorn_port_range.clone(),
                 });
             crate::serve::serve_with(opts, longhorn, shutdown_signal()).await?;
+        }
+        Command::KeepTargets(a) => {
+            let opts = crate::keeper::KeeperOptions {
+                run_dir: a.run_dir,
+                host_root: a.host_root,
+                spdk_tgt: a.spdk_tgt,
+                poll: std::time::Duration::from_millis(500),
+            };
+            crate::keeper::run(opts, shutdown_signal()).await?;
         }
         Command::Get(a) => get(&cli.socket, a).await?,
         Command::Attach(a) => attach::run_attach(a)?,

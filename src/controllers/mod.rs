@@ -43,7 +43,13 @@ pub fn register_all(rt: &mut Runtime, deps: &Deps, selection: &EngineSelection) 
         selection.clone(),
     )
     .on_exit(deps.targets_on_exit.clone())
-    .with_host(deps.host.clone());
+    .with_host(deps.host.clone())
+    .with_data_dir(&deps.data_dir)
+    .with_keeper(
+        deps.spdk
+            .target_keeper
+            .then(|| crate::keeper::KeeperFiles::new(&deps.run_dir)),
+    );
     rt.register(target)?;
     rt.register(engine::spdk_disk::SpdkDiskController::new(
         &deps.run_dir,

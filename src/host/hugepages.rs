@@ -198,6 +198,27 @@ fn read_counter(root: &HostRoot, path: &str) -> Result<u64, HugepagesError> {
     })
 }
 
+/// Free hugepage memory in MiB, over every page size (`/sys/kernel/mm/hugepages`).
+pub fn free_hugepages_mib(host: &HostRoot) -> u64 {
+    let dir = "/sys/kernel/mm/hugepages";
+    let Ok(sizes) = host.list_dir(dir) else {
+        return 0;
+    };
+    sizes
+        .iter()
+        .filter_map(|s| {
+            let kb: u64 = s.strip_prefix("hugepages-")?.strip_suffix("kB")?.parse().ok()?;
+            let free: u64 = host
+                .read_attr(format!("{dir}/{s}/free_hugepages"))
+                .ok()?
+                .trim()
+                .parse()
+                .ok()?;
+            Some(kb.saturating_mul(free) / 1024)
+        })
+        .sum()
+}
+
 /// Reads one pool. `node = None` reads the global pool.
 pub fn read_pool(root: &HostRoot, size: PageSize, node: Option<u32>) -> Result<HugepagePool, HugepagesError> {
     let dir = pool_dir(size, node);

@@ -327,6 +327,81 @@ pub fn start_failure_cause(log: &str) -> String {
     }
 }
 
+/// `-s` for hugepages: the `wanted` MiB, or the `free` MiB when fewer are
+/// free (start with what there is), with a note of the shortfall. With no
+/// free hugepages at all there is nothing to start with: `wanted` is kept and
+/// the target's own failure names the cause.
+pub fn cap_memory(wanted: u64, free: u64, volumes: u32) -> (u64, Option<String>) {
+    if free >= wanted || free == 0 {
+        return (wanted, None);
+    }
+    let note = format!(
+        "hugepages short: started with -s {free} MiB, all that was free, instead of the {wanted} MiB \
+         sized for {volumes} volume(s) ({} MiB short)",
+        wanted - free
+    );
+    (free, Some(note))
+}
+
+/// `-s` floor of spdk_tgt v26.05: its DPDK heap holds 884 MiB with nothing
+/// configured (the iSCSI target's PDU and task pools, the bdev_io, fsdev_io
+/// and message pools; `benches/memory/run.sh`). It does not start with 512.
+pub const SPDK_TGT_BASE_MIB: u64 = 1024;
+/// `-s` floor of nvmf_tgt v26.05 (interrupt mode): 386 MiB in use empty.
+pub const NVMF_TGT_BASE_MIB: u64 = 512;
+/// `-s` per exported volume before any use was measured: an exported volume
+/// costs nothing measurable until a host connects; a connected controller
+/// with one I/O queue costs ~1.6 MiB (the TCP qpairs' buffers), a kernel
+/// initiator opens one I/O queue per host CPU.
+pub const MIB_PER_VOLUME: u64 = 8;
+
+/// The most of its DPDK heap a target was seen using, persisted in the data
+/// dir (`spdk-memory.json`) per program, so the next start is sized from use.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct MemoryUse {
+    /// The high-water mark of the heap in use, MiB.
+    pub peak_mib: u64,
+    /// Volumes exported when it was seen.
+    pub volumes: u32,
+}
+
+/// `-s` in MiB for a start of spdk_tgt (or nvmf_tgt, `nvmf`) with `volumes`
+/// exported: from the use seen before (its high-water mark plus a quarter,
+/// and [`MIB_PER_VOLUME`] for each volume more than then), else the
+/// program's floor plus [`MIB_PER_VOLUME`] each; never below the floor,
+/// rounded up to whole 2 MiB pages.
+pub fn sized_mem_mib(volumes: u32, nvmf: bool, seen: Option<&MemoryUse>) -> u64 {
+    let base = if nvmf {
+        NVMF_TGT_BASE_MIB
+    } else {
+        SPDK_TGT_BASE_MIB
+    };
+    let mib = match seen.filter(|s| s.peak_mib > 0) {
+        Some(s) => {
+            let more = u64::from(volumes.saturating_sub(s.volumes));
+            (s.peak_mib + s.peak_mib.div_ceil(4) + MIB_PER_VOLUME * more).max(base)
+        }
+        None => base + MIB_PER_VOLUME * u64::from(volumes),
+    };
+    mib.div_ceil(2) * 2
+}
+
+/// The MiB in use in a target's DPDK heaps, from the file
+/// `env_dpdk_get_mem_stats` writes (`rte_malloc_dump_stats`: an
+/// `Alloc_size:N,` line per heap after "DPDK malloc stats.").
+pub fn heap_in_use_mib(dump: &str) -> Option<u64> {
+    let stats = dump.split("DPDK malloc stats.").nth(1)?;
+    let stats = stats.split("DPDK malloc heaps.").next().unwrap_or(stats);
+    let bytes: Option<Vec<u64>> = stats
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("Alloc_size:"))
+        .map(|v| v.trim().trim_end_matches(',').parse::<u64>().ok())
+        .collect();
+    let bytes = bytes?;
+    (!bytes.is_empty()).then(|| bytes.iter().sum::<u64>().div_ceil(1 << 20))
+}
+
 /// SPDK memory for `volumes` exported volumes: 512 MiB + 43 MiB each.
 pub fn mem_size_mib_for(volumes: u32) -> u64 {
     512 + 43 * u64::from(volumes)
@@ -443,4 +518,48 @@ pub async fn probe(socket: &Path) -> Option<(SpdkClient, Version, Option<i32>)> 
         .ok()?;
     let pid = socket_peer_pid(socket).await;
     Some((client, version, pid))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn memory_is_sized_from_use_seen_with_a_floor() {
+        // nothing seen: the floor and 8 MiB a volume (the old formula asked 4812 for 100)
+        assert_eq!(sized_mem_mib(0, false, None), 1024);
+        assert_eq!(sized_mem_mib(100, false, None), 1824);
+        assert_eq!(sized_mem_mib(100, true, None), 1312);
+        // 100 volumes seen in 900 MiB: a quarter more, no more volumes since
+        let seen = MemoryUse {
+            peak_mib: 900,
+            volumes: 100,
+        };
+        assert_eq!(sized_mem_mib(100, false, Some(&seen)), 1126);
+        assert_eq!(sized_mem_mib(90, false, Some(&seen)), 1126);
+        assert_eq!(sized_mem_mib(110, false, Some(&seen)), 1206);
+        // never below the floor; whole 2 MiB pages
+        let small = MemoryUse {
+            peak_mib: 387,
+            volumes: 0,
+        };
+        assert_eq!(sized_mem_mib(0, false, Some(&small)), 1024);
+        assert_eq!(sized_mem_mib(0, true, Some(&small)), 512);
+        let odd = MemoryUse {
+            peak_mib: 901,
+            volumes: 0,
+        };
+        assert_eq!(sized_mem_mib(0, false, Some(&odd)), 1128);
+    }
+
+    #[test]
+    fn heap_use_is_read_from_the_mem_stats_dump() {
+        let dump = "DPDK memory size 1073741824\nDPDK mempools.\nAlloc_size:5,\nDPDK malloc stats.\nHeap id:0\n\
+                    \tHeap name:socket_0\n\tHeap_size:1073741824,\n\tFree_size:146716864,\n\
+                    \tAlloc_size:927024960,\n\tGreatest_free_size:145639744,\nHeap id:1\n\tAlloc_size:0,\n\
+                    DPDK malloc heaps.\n\tAlloc_size:99999999999,\n";
+        assert_eq!(heap_in_use_mib(dump), Some(885));
+        assert_eq!(heap_in_use_mib("DPDK memory size 1\n"), None);
+        assert_eq!(heap_in_use_mib("DPDK malloc stats.\nAlloc_size:x,\n"), None);
+    }
 }

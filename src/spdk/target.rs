@@ -14,8 +14,9 @@
 //!               thread of talon, same socket, same wait_ready; never restarted in-process
 //! ```
 //!
-//! Memory: `-s` is 512 MiB + 43 MiB per exported volume unless set; with
-//! `--no-huge` the same `-s` is taken from ordinary memory (development).
+//! Memory: `-s` is 512 MiB + 43 MiB per exported volume unless set (the
+//! target controller sets it from the use seen, [`super::launch::sized_mem_mib`]);
+//! with `--no-huge` the given `-s` is taken from ordinary memory (development).
 //! `-u` (no PCI) unless PCI NVMe disks are configured. The RPC socket lives
 //! under the run dir.
 

@@ -50,6 +50,10 @@ pub struct SpdkOptions {
     pub extra_args: Vec<OsString>,
     /// `--engine spdk-embedded`: SPDK in-process instead of spdk_tgt.
     pub embedded: bool,
+    /// `--target-keeper`: spdk_tgt and tgtd are run by `talon keep-targets`
+    /// (another pod); the target controllers write what should run under
+    /// `<run_dir>/keeper/` and adopt, never start or stop a target.
+    pub target_keeper: bool,
 }
 
 impl Default for SpdkOptions {
@@ -65,6 +69,7 @@ impl Default for SpdkOptions {
             engine: EngineKind::Auto,
             extra_args: Vec::new(),
             embedded: false,
+            target_keeper: false,
         }
     }
 }
@@ -103,26 +108,7 @@ pub struct EngineSelection {
     pub default_engine: EngineKind,
 }
 
-/// Free hugepage memory in MiB, over every page size (`/sys/kernel/mm/hugepages`).
-pub fn free_hugepages_mib(host: &HostRoot) -> u64 {
-    let dir = "/sys/kernel/mm/hugepages";
-    let Ok(sizes) = host.list_dir(dir) else {
-        return 0;
-    };
-    sizes
-        .iter()
-        .filter_map(|s| {
-            let kb: u64 = s.strip_prefix("hugepages-")?.strip_suffix("kB")?.parse().ok()?;
-            let free: u64 = host
-                .read_attr(format!("{dir}/{s}/free_hugepages"))
-                .ok()?
-                .trim()
-                .parse()
-                .ok()?;
-            Some(kb.saturating_mul(free) / 1024)
-        })
-        .sum()
-}
+pub use crate::host::hugepages::free_hugepages_mib;
 
 impl EngineSelection {
     /// Detects on the real host.

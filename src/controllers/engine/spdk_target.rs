@@ -5,9 +5,10 @@
 //! ```text
 //!   NodeConfig, Disk, Volume ──> reconcile ──needed?──> Target::start (adopt a target answering on
 //!        (selection: V2?)           │                     <run_dir>/spdk.sock, else spawn + wait for
-//!                                   │                     spdk_get_version), -s 512 + 43/volume MiB
-//!                                   │                     capped at the free hugepages, -u unless a
-//!                                   │                     Disk has `pci`
+//!                                   │                     spdk_get_version), -s from the use seen
+//!                                   │                     (or a floor + 8 MiB/volume) capped at the
+//!                                   │                     free hugepages, -u unless a Disk has `pci`
+//!              --target-keeper ─────┴──> keeper/spdk.want.json; adopt what `talon keep-targets` runs
 //!                                   └──> TargetStatus "spdk" {state, pid, version, restarts, ...}
 //!   every second: spdk_get_version answers? no -> restarts += 1, start again after backoff
 //!   (100 ms doubling to 30 s, back to 100 ms after a minute of uptime); the disk and
@@ -22,10 +23,19 @@
 //! period (10 s). `-s` is decided when the target starts; more volumes later
 //! do not restart a running target.
 //!
-//! Memory: with hugepages, `-s` is the per-volume formula capped at the
-//! hugepages free when the target is spawned, so that a smaller pool never
-//! keeps the target from starting (a restart after a crash included): it
-//! starts with what there is and `TargetStatus` reports the shortfall.
+//! Memory: with hugepages, `-s` is sized from use ([`sized_mem_mib`]): the
+//! high-water mark of the target's DPDK heap, measured every minute
+//! (`env_dpdk_get_mem_stats`) and kept in `<data_dir>/spdk-memory.json`, plus
+//! a quarter; before anything was measured, the program's floor (spdk_tgt
+//! 1024 MiB, nvmf_tgt 512) plus 8 MiB a volume. It is capped at the hugepages
+//! free when the target is spawned, so that a smaller pool never keeps the
+//! target from starting (a restart after a crash included): it starts with
+//! what there is and `TargetStatus` reports the shortfall.
+//!
+//! With a keeper (`--target-keeper`, [`crate::keeper`]) the controller never
+//! starts or stops the target: it writes what should run, adopts what the
+//! keeper runs, counts a restart when it stops answering, and shows the
+//! keeper's cause when it cannot start; a drain asks the keeper to stop it.
 //!
 //! In-process (`--engine spdk-embedded`): the same, except that the target is
 //! the SPDK framework on a thread of talon (pid = talon's), it is kept while
@@ -41,13 +51,16 @@ use tokio::sync::Mutex;
 use super::TargetsOnExit;
 use super::selection::{EngineSelection, free_hugepages_mib};
 use crate::host::HostRoot;
+use crate::keeper::{KeeperFiles, SpdkWant};
 use crate::resources::config::{Disk, NodeConfig, Volume};
 use crate::resources::engine::SPDK_STATUS_ID;
 use crate::resources::engine::{Engine, ObjectState, TargetStatus};
 use crate::runtime::{Controller, ControllerError, Input, Output, ReconcileContext, Requeue};
 use crate::spdk::ClientError;
+pub use crate::spdk::launch::cap_memory;
+use crate::spdk::launch::{MemoryUse, heap_in_use_mib, interrupt_mode_program, sized_mem_mib};
 use crate::spdk::rpc::Version;
-use crate::spdk::target::{Memory, Origin, Target, TargetConfig, mem_size_mib_for};
+use crate::spdk::target::{Memory, Origin, Target, TargetConfig};
 use crate::util::Backoff;
 
 #[derive(Debug)]
@@ -63,7 +76,16 @@ struct Inner {
     last_error: Option<String>,
     /// The hugepage shortfall the held target was started with, if any.
     memory_note: Option<String>,
+    /// The want last written for the keeper (`--target-keeper`).
+    want: Option<SpdkWant>,
+    /// When the held target's memory use was last measured.
+    measured: Option<Instant>,
 }
+
+/// How often a running target's memory use is measured (the first time
+/// [`FIRST_MEASURE`] after it is held).
+const MEASURE_EVERY: Duration = Duration::from_secs(60);
+const FIRST_MEASURE: Duration = Duration::from_secs(5);
 
 /// Uptime after which a crash restarts the backoff from its first delay.
 const STABLE_UPTIME: Duration = Duration::from_secs(60);
@@ -75,6 +97,10 @@ pub struct SpdkTargetController {
     selection: EngineSelection,
     on_exit: TargetsOnExit,
     host: HostRoot,
+    /// `--target-keeper`: the keeper runs the target; talon writes wants and adopts.
+    keeper: Option<KeeperFiles>,
+    /// Where the memory use seen is kept (`<data_dir>/spdk-memory.json`).
+    memory_file: Option<std::path::PathBuf>,
     inner: Mutex<Inner>,
 }
 
@@ -87,6 +113,8 @@ impl SpdkTargetController {
             selection,
             on_exit: TargetsOnExit::stop(),
             host: HostRoot::real(),
+            keeper: None,
+            memory_file: None,
             inner: Mutex::new(Inner {
                 target: None,
                 restarts: 0,
@@ -95,6 +123,8 @@ impl SpdkTargetController {
                 next_start: None,
                 last_error: None,
                 memory_note: None,
+                want: None,
+                measured: None,
             }),
         }
     }
@@ -112,26 +142,194 @@ impl SpdkTargetController {
         self
     }
 
+    /// `--target-keeper`: `talon keep-targets` runs spdk_tgt; this controller
+    /// writes what should run (`<run_dir>/keeper/spdk.want.json`), adopts the
+    /// target, and reports the keeper's cause when it cannot start; it never
+    /// starts or stops it itself.
+    pub fn with_keeper(mut self, keeper: Option<KeeperFiles>) -> Self {
+        self.keeper = keeper;
+        self
+    }
+
+    /// Keeps the memory use seen in `<data_dir>/spdk-memory.json` and sizes
+    /// `-s` from it ([`sized_mem_mib`]).
+    pub fn with_data_dir(mut self, data_dir: &std::path::Path) -> Self {
+        self.memory_file = Some(data_dir.join("spdk-memory.json"));
+        self
+    }
+
     /// The target settings.
     pub fn config(&self) -> &TargetConfig {
         &self.template
     }
 }
 
-/// `-s` for hugepages: the `wanted` MiB, or the `free` MiB when fewer are
-/// free (start with what there is), with a note of the shortfall. With no
-/// free hugepages at all there is nothing to start with: `wanted` is kept and
-/// the target's own failure names the cause.
-pub fn cap_memory(wanted: u64, free: u64, volumes: u32) -> (u64, Option<String>) {
-    if free >= wanted || free == 0 {
-        return (wanted, None);
+impl SpdkTargetController {
+    /// Whether the program that runs is nvmf_tgt (interrupt mode beside spdk_tgt).
+    fn runs_nvmf(&self, cfg: &TargetConfig) -> bool {
+        cfg.interrupt_mode
+            && self
+                .selection
+                .spdk_tgt
+                .as_deref()
+                .is_some_and(|b| interrupt_mode_program(b) != b)
     }
-    let note = format!(
-        "hugepages short: started with -s {free} MiB, all that was free, instead of the {wanted} MiB \
-         sized for {volumes} volume(s) ({} MiB short)",
-        wanted - free
-    );
-    (free, Some(note))
+
+    fn program(&self, cfg: &TargetConfig) -> &'static str {
+        if self.runs_nvmf(cfg) {
+            "nvmf_tgt"
+        } else {
+            "spdk_tgt"
+        }
+    }
+
+    /// `-s` for a start: from the use seen before ([`sized_mem_mib`]).
+    fn sized_mem_mib(&self, cfg: &TargetConfig) -> u64 {
+        let seen = self
+            .memory_file
+            .as_deref()
+            .map(read_memory)
+            .and_then(|mut r| r.remove(self.program(cfg)));
+        sized_mem_mib(cfg.exported_volumes, self.runs_nvmf(cfg), seen.as_ref())
+    }
+
+    /// Measures the held target's heap now and then; a new high-water mark
+    /// is kept for the next start.
+    async fn measure(&self, inner: &mut Inner, volumes: u32) {
+        let (Some(path), Some(t)) = (self.memory_file.as_deref(), inner.target.as_ref()) else {
+            return;
+        };
+        let due = match (inner.measured, inner.up_since) {
+            (Some(at), _) => at.elapsed() >= MEASURE_EVERY,
+            (None, Some(up)) => up.elapsed() >= FIRST_MEASURE,
+            (None, None) => true,
+        };
+        if !due {
+            return;
+        }
+        inner.measured = Some(Instant::now());
+        let Some(mib) = heap_in_use(t, &self.host).await else {
+            return;
+        };
+        let program = self.program(&self.template);
+        let mut record = read_memory(path);
+        let seen = record.entry(program.to_string()).or_default();
+        if mib <= seen.peak_mib && volumes <= seen.volumes {
+            return;
+        }
+        seen.peak_mib = seen.peak_mib.max(mib);
+        seen.volumes = seen.volumes.max(volumes);
+        tracing::info!(
+            program,
+            in_use_mib = mib,
+            volumes,
+            "spdk memory use: a new high-water mark"
+        );
+        let tmp = path.with_extension("json.tmp");
+        let written = serde_json::to_vec_pretty(&record)
+            .map_err(std::io::Error::other)
+            .and_then(|b| std::fs::write(&tmp, b))
+            .and_then(|()| std::fs::rename(&tmp, path));
+        if let Err(e) = written {
+            tracing::warn!(path = %path.display(), error = %e, "cannot keep the spdk memory use");
+        }
+    }
+
+    /// `--target-keeper`: writes what should run, adopts what the keeper
+    /// started, and says what the keeper says while there is nothing to adopt.
+    async fn adopt_kept(
+        &self,
+        ctx: &mut ReconcileContext,
+        inner: &mut Inner,
+        keeper: &KeeperFiles,
+        want: SpdkWant,
+    ) -> Result<Requeue, ControllerError> {
+        // a running target keeps what it was started with: the want changes only the next start
+        if inner.want.as_ref() != Some(&want) {
+            keeper
+                .write_want("spdk", &want)
+                .map_err(|e| format!("writing {}: {e}", keeper.want_path("spdk").display()))?;
+            inner.want = Some(want);
+        }
+        let socket = self.template.socket();
+        let kept = keeper.read_status("spdk");
+        if let Some(t) = Target::adopt(&socket).await {
+            tracing::info!(pid = ?t.pid(), version = %t.version().version, "adopted the kept spdk_tgt");
+            inner.memory_note = kept
+                .filter(|k| k.pid.is_some() && k.pid == t.pid().and_then(|p| u32::try_from(p).ok()))
+                .and_then(|k| k.memory_note);
+            inner.target = Some(t);
+            inner.up_since = Some(Instant::now());
+            inner.measured = None;
+            inner.last_error = None;
+            let msg = format!("adopted on {} (kept by talon keep-targets)", socket.display());
+            let msg = match &inner.memory_note {
+                Some(n) => format!("{msg}; {n}"),
+                None => msg,
+            };
+            ctx.apply(
+                SPDK_STATUS_ID,
+                status(&self.template, inner, ObjectState::Ready, msg),
+            )?;
+            return Ok(Requeue::After(Duration::from_secs(1)));
+        }
+        let (state, msg) = match kept {
+            Some(k) if k.state == "failed" => (
+                ObjectState::Failed,
+                format!("the target keeper cannot start spdk_tgt: {}", k.message),
+            ),
+            Some(k) => (
+                ObjectState::Creating,
+                format!(
+                    "waiting for the target keeper (pid {}) to start spdk_tgt on {}: {} ({})",
+                    k.keeper_pid,
+                    socket.display(),
+                    k.state,
+                    k.message
+                ),
+            ),
+            None => (
+                ObjectState::Creating,
+                format!(
+                    "waiting for the target keeper (talon keep-targets) to start spdk_tgt on {}: no keeper has \
+                     answered in {}",
+                    socket.display(),
+                    keeper.dir().display()
+                ),
+            ),
+        };
+        if state == ObjectState::Failed {
+            inner.last_error = Some(msg.clone());
+        }
+        ctx.apply(SPDK_STATUS_ID, status(&self.template, inner, state, msg))?;
+        Ok(Requeue::After(Duration::from_millis(500)))
+    }
+}
+
+/// The memory use seen per program (`spdk_tgt`, `nvmf_tgt`).
+type MemoryRecord = std::collections::BTreeMap<String, MemoryUse>;
+
+fn read_memory(path: &std::path::Path) -> MemoryRecord {
+    std::fs::read(path)
+        .ok()
+        .and_then(|t| serde_json::from_slice(&t).ok())
+        .unwrap_or_default()
+}
+
+/// The MiB a running target's DPDK heaps hold (`env_dpdk_get_mem_stats`
+/// writes its dump in the target's own /tmp, read through `/proc/<pid>/root`
+/// so that a target in another pod's mount namespace is read too).
+async fn heap_in_use(t: &Target, host: &HostRoot) -> Option<u64> {
+    let r: serde_json::Value = t
+        .client()
+        .call_with_timeout::<(), serde_json::Value>("env_dpdk_get_mem_stats", None, Duration::from_secs(10))
+        .await
+        .map_err(|e| tracing::debug!(error = %e, "env_dpdk_get_mem_stats"))
+        .ok()?;
+    let file = r["filename"].as_str()?;
+    let pid = t.pid()?;
+    let text = std::fs::read_to_string(host.path(format!("/proc/{pid}/root{file}"))).ok()?;
+    heap_in_use_mib(&text)
 }
 
 fn pid_alive(pid: Option<i32>) -> bool {
@@ -153,6 +351,20 @@ async fn answers(t: &Target) -> bool {
 
 impl Drop for SpdkTargetController {
     fn drop(&mut self) {
+        if let Some(k) = &self.keeper {
+            // the keeper holds the target: a drain asks it to stop it, a stop leaves it
+            if self.on_exit.stops() {
+                if let Err(e) = k.write_want("spdk", &SpdkWant::stop()) {
+                    tracing::warn!(error = %e, "cannot ask the target keeper to stop spdk_tgt");
+                } else {
+                    tracing::info!("asked the target keeper to stop spdk_tgt");
+                }
+            }
+            if let Some(t) = self.inner.get_mut().target.take() {
+                t.release();
+            }
+            return;
+        }
         let Some(t) = self.inner.get_mut().target.take() else {
             return;
         };
@@ -212,6 +424,18 @@ impl Controller for SpdkTargetController {
         let mut inner = self.inner.lock().await;
 
         if disks.is_empty() && v2_volumes == 0 {
+            if let Some(k) = &self.keeper {
+                // the keeper stops it; talon lets go of it
+                if inner.want.as_ref().is_none_or(|w| w.run) {
+                    k.write_want("spdk", &SpdkWant::stop())
+                        .map_err(|e| format!("writing {}: {e}", k.want_path("spdk").display()))?;
+                    inner.want = Some(SpdkWant::stop());
+                }
+                if let Some(t) = inner.target.take() {
+                    t.release();
+                }
+                return Ok(Requeue::OnInputChange);
+            }
             // no V2 work: no target (its hugepages and ports are free for others);
             // an in-process one stays: it could not be started again
             if inner
@@ -234,8 +458,10 @@ impl Controller for SpdkTargetController {
             return Ok(Requeue::OnInputChange);
         }
 
+        // with a keeper, a dead target may be replaced before talon looks: the client reconnects
+        // to the new one on the same socket, so a gone pid counts as stopped too
         if let Some(t) = inner.target.as_ref()
-            && !answers(t).await
+            && ((self.keeper.is_some() && t.pid().is_some() && !pid_alive(t.pid())) || !answers(t).await)
         {
             tracing::warn!(pid = ?t.pid(), "spdk_tgt stopped answering; starting it again");
             inner.target = None;
@@ -243,8 +469,11 @@ impl Controller for SpdkTargetController {
             if inner.up_since.take().is_some_and(|u| u.elapsed() > STABLE_UPTIME) {
                 inner.backoff.reset();
             }
-            let delay = inner.backoff.next_delay();
-            inner.next_start = Some(Instant::now() + delay);
+            // with a keeper, the keeper restarts it (with its own backoff); talon adopts it again
+            if self.keeper.is_none() {
+                let delay = inner.backoff.next_delay();
+                inner.next_start = Some(Instant::now() + delay);
+            }
             inner.last_error = None;
         }
         if inner.target.is_none() {
@@ -269,9 +498,18 @@ impl Controller for SpdkTargetController {
             let mut cfg = self.template.clone();
             cfg.exported_volumes = u32::try_from(v2_volumes).unwrap_or(u32::MAX);
             cfg.pci_disks = disks.iter().any(|d| d.spec.pci.is_some());
+            let wanted = self.sized_mem_mib(&cfg);
+            if let Some(k) = &self.keeper {
+                let mem_mib = match cfg.memory {
+                    Memory::NoHuge { mem_size_mib } => mem_size_mib,
+                    Memory::Hugepages { mem_size_mib } => mem_size_mib.unwrap_or(wanted),
+                };
+                return self
+                    .adopt_kept(ctx, &mut inner, k, SpdkWant::from_config(&cfg, mem_mib))
+                    .await;
+            }
             let mut memory_note = None;
             if cfg.memory == (Memory::Hugepages { mem_size_mib: None }) && !cfg.embedded {
-                let wanted = mem_size_mib_for(cfg.exported_volumes);
                 let (mib, note) = cap_memory(wanted, free_hugepages_mib(&self.host), cfg.exported_volumes);
                 cfg.memory = Memory::Hugepages {
                     mem_size_mib: Some(mib),
@@ -331,6 +569,8 @@ impl Controller for SpdkTargetController {
             SPDK_STATUS_ID,
             status(&self.template, &inner, ObjectState::Ready, msg),
         )?;
+        self.measure(&mut inner, u32::try_from(v2_volumes).unwrap_or(u32::MAX))
+            .await;
         Ok(Requeue::After(Duration::from_secs(1)))
     }
 }

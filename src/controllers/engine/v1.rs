@@ -17,7 +17,13 @@ use crate::runtime::{Runtime, RuntimeError};
 /// [`EngineSelection::auto_engine`] is V1 (no usable SPDK, or `--engine v1`).
 pub fn register(rt: &mut Runtime, deps: &Deps, selection: &EngineSelection) -> Result<(), RuntimeError> {
     let auto = selection.auto_engine();
-    let target = TgtdController::new(&deps.run_dir, auto).on_exit(deps.targets_on_exit.clone());
+    let target = TgtdController::new(&deps.run_dir, auto)
+        .on_exit(deps.targets_on_exit.clone())
+        .with_keeper(
+            deps.spdk
+                .target_keeper
+                .then(|| crate::keeper::KeeperFiles::new(&deps.run_dir)),
+        );
     let admin = target.config().admin();
     rt.register(target)?;
     let initiators = match crate::attach::HostInitiators::load_or_create(&deps.host, &deps.data_dir) {

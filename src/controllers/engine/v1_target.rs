@@ -17,16 +17,19 @@ use tokio::sync::Mutex;
 
 use super::TargetsOnExit;
 use super::selection::engine_for;
+use crate::keeper::{KeeperFiles, TgtdWant};
 use crate::resources::config::{NodeConfig, Volume};
 use crate::resources::engine::{Engine, ObjectState, TGTD_STATUS_ID, TargetStatus};
 use crate::runtime::{Controller, ControllerError, Input, Output, ReconcileContext, Requeue};
-use crate::tgt::{Tgtd, TgtdConfig};
+use crate::tgt::{DaemonError, Tgtd, TgtdConfig};
 
 #[derive(Debug, Default)]
 struct Inner {
     tgtd: Option<Tgtd>,
     restarts: u32,
     version: Option<String>,
+    /// The want last written for the keeper (`--target-keeper`).
+    want: Option<TgtdWant>,
 }
 
 /// Supervises tgtd for the V1 engine. When the controller is dropped (a clean
@@ -39,6 +42,8 @@ pub struct TgtdController {
     /// The engine of `auto` volumes on an `auto` node here.
     auto: Engine,
     on_exit: TargetsOnExit,
+    /// `--target-keeper`: the keeper runs tgtd; talon writes wants and adopts.
+    keeper: Option<KeeperFiles>,
     inner: Mutex<Inner>,
 }
 
@@ -57,6 +62,7 @@ impl TgtdController {
             template,
             auto,
             on_exit: TargetsOnExit::stop(),
+            keeper: None,
             inner: Mutex::new(Inner::default()),
         }
     }
@@ -66,6 +72,25 @@ impl TgtdController {
     pub fn on_exit(mut self, on_exit: TargetsOnExit) -> Self {
         self.on_exit = on_exit;
         self
+    }
+
+    /// `--target-keeper`: `talon keep-targets` runs tgtd; this controller
+    /// writes what should run (`<run_dir>/keeper/tgtd.want.json`) and adopts
+    /// it, never starts or stops it itself.
+    pub fn with_keeper(mut self, keeper: Option<KeeperFiles>) -> Self {
+        self.keeper = keeper;
+        self
+    }
+
+    /// Writes `want` for the keeper when it changed.
+    fn want(&self, inner: &mut Inner, want: TgtdWant) -> Result<(), ControllerError> {
+        let Some(k) = &self.keeper else { return Ok(()) };
+        if inner.want.as_ref() != Some(&want) {
+            k.write_want("tgtd", &want)
+                .map_err(|e| format!("writing {}: {e}", k.want_path("tgtd").display()))?;
+            inner.want = Some(want);
+        }
+        Ok(())
     }
 
     /// The tgtd settings (control socket and friends), portal aside.
@@ -100,6 +125,16 @@ fn tgtd_version(program: &std::path::Path) -> Option<String> {
 
 impl Drop for TgtdController {
     fn drop(&mut self) {
+        if let Some(k) = &self.keeper {
+            // the keeper holds tgtd: a drain asks it to stop it, a stop leaves it
+            if self.on_exit.stops() {
+                match k.write_want("tgtd", &TgtdWant::default()) {
+                    Ok(()) => tracing::info!("asked the target keeper to stop tgtd"),
+                    Err(e) => tracing::warn!(error = %e, "cannot ask the target keeper to stop tgtd"),
+                }
+            }
+            return;
+        }
         let Some(t) = self.inner.get_mut().tgtd.take() else {
             return;
         };
@@ -114,6 +149,84 @@ impl Drop for TgtdController {
         if let Err(e) = t.stop() {
             tracing::warn!(error = %e, "cannot stop tgtd");
         }
+    }
+}
+
+impl TgtdController {
+    /// `--target-keeper`: writes what should run, adopts the keeper's tgtd,
+    /// and says what the keeper says while there is nothing to adopt.
+    async fn adopt_kept(
+        &self,
+        ctx: &mut ReconcileContext,
+        inner: &mut Inner,
+        cfg: TgtdConfig,
+    ) -> Result<Requeue, ControllerError> {
+        self.want(
+            inner,
+            TgtdWant {
+                run: true,
+                portal: Some(cfg.portal),
+            },
+        )?;
+        if let Some(t) = inner.tgtd.as_mut()
+            && (!t.is_alive() || t.portal() != cfg.portal)
+        {
+            if !t.is_alive() {
+                tracing::warn!(pid = t.pid(), "tgtd died; the target keeper starts it again");
+                inner.restarts += 1;
+            }
+            inner.tgtd = None;
+        }
+        if inner.version.is_none() {
+            let program = cfg.program.clone();
+            inner.version = tokio::task::spawn_blocking(move || tgtd_version(&program)).await?;
+        }
+        let keeper = self
+            .keeper
+            .as_ref()
+            .map(|k| k.read_status("tgtd"))
+            .unwrap_or_default();
+        if inner.tgtd.is_none() {
+            let adopt_cfg = cfg.clone();
+            let why = match tokio::task::spawn_blocking(move || Tgtd::adopt(adopt_cfg)).await? {
+                Ok(Some(t)) => {
+                    inner.tgtd = Some(t);
+                    None
+                }
+                Ok(None) => Some("not running yet".to_string()),
+                // the keeper is moving it to a new portal
+                Err(e @ DaemonError::AdoptWrongPortal { .. }) => Some(crate::util::error_chain(&e)),
+                Err(e) => return Err(e.into()),
+            };
+            if let Some(why) = why {
+                let (state, msg) = match keeper {
+                    Some(k) if k.state == "failed" => (
+                        ObjectState::Failed,
+                        format!("the target keeper cannot start tgtd: {}", k.message),
+                    ),
+                    Some(k) => (
+                        ObjectState::Creating,
+                        format!(
+                            "waiting for the target keeper (pid {}) to serve iSCSI on {}: {why}; keeper: {} ({})",
+                            k.keeper_pid, cfg.portal, k.state, k.message
+                        ),
+                    ),
+                    None => (
+                        ObjectState::Creating,
+                        format!(
+                            "waiting for the target keeper (talon keep-targets) to serve iSCSI on {}: {why}",
+                            cfg.portal
+                        ),
+                    ),
+                };
+                ctx.apply(TGTD_STATUS_ID, status(state, None, &cfg, inner, msg))?;
+                return Ok(Requeue::After(Duration::from_millis(500)));
+            }
+        }
+        let pid = inner.tgtd.as_ref().map(Tgtd::pid);
+        let msg = format!("serving iSCSI on {} (kept by talon keep-targets)", cfg.portal);
+        ctx.apply(TGTD_STATUS_ID, status(ObjectState::Ready, pid, &cfg, inner, msg))?;
+        Ok(Requeue::After(Duration::from_secs(2)))
     }
 }
 
@@ -139,6 +252,12 @@ impl Controller for TgtdController {
             .any(|v| engine_for(&v.spec, &node, self.auto) == Engine::V1);
         let mut inner = self.inner.lock().await;
 
+        if !needed && self.keeper.is_some() {
+            // the keeper stops it; talon lets go of it
+            self.want(&mut inner, TgtdWant::default())?;
+            inner.tgtd = None;
+            return Ok(Requeue::OnInputChange);
+        }
         if !needed {
             // nothing to serve: no tgtd (it could hold the iSCSI port another target wants)
             if let Some(t) = inner.tgtd.take() {
@@ -160,6 +279,9 @@ impl Controller for TgtdController {
             }
         };
         cfg.portal = SocketAddr::new(ip, node.iscsi_port);
+        if self.keeper.is_some() {
+            return self.adopt_kept(ctx, &mut inner, cfg).await;
+        }
 
         if let Some(t) = inner.tgtd.as_mut() {
             if !t.is_alive() {
