@@ -303,12 +303,7 @@ impl LonghornController {
             }
         };
         let nqn = naming::replica_nqn(&name).map_err(|e| e.to_string())?;
-        let addr: IpAddr = node.listen_address.parse().map_err(|_| {
-            format!(
-                "the node's listenAddress {} is not an IP address",
-                node.listen_address
-            )
-        })?;
+        let addr: IpAddr = crate::longhorn::address::instance_ip(&node.listen_address)?;
         let mut st = status(InstanceKind::Replica, InstanceState::Running, "");
         st.bdev = alias.clone();
         st.uuid = lvol.uuid.clone();
@@ -423,12 +418,7 @@ impl LonghornController {
     ) -> Result<LonghornInstanceStatus, String> {
         let name = ObjectName::parse("engine", e.id()).map_err(|x| x.to_string())?;
         let volume = ObjectName::parse("volume", &e.spec.volume).map_err(|x| x.to_string())?;
-        let addr: IpAddr = node.listen_address.parse().map_err(|_| {
-            format!(
-                "the node's listenAddress {} is not an IP address",
-                node.listen_address
-            )
-        })?;
+        let addr: IpAddr = crate::longhorn::address::instance_ip(&node.listen_address)?;
         let (bdev, uuid) = match inv.raid(name.as_str()) {
             Some(raid) => (raid.name.clone(), raid.uuid.clone().unwrap_or_default()),
             None => {
@@ -555,6 +545,41 @@ impl LonghornController {
         Ok(st)
     }
 
+    /// Engine-frontends going away are detached (`going`), or the others
+    /// attached.
+    async fn reconcile_frontends(
+        &self,
+        ctx: &mut ReconcileContext,
+        frontends: &[Typed<LonghornEngineFrontend>],
+        going: bool,
+        errored: &mut BTreeSet<String>,
+    ) -> Result<(), ControllerError> {
+        for f in frontends {
+            if (f.metadata.phase == Phase::TearingDown) != going {
+                continue;
+            }
+            if going {
+                match self.remove_frontend(f).await {
+                    Ok(()) => ctx.remove_finalizer::<LonghornEngineFrontend>(f.id())?,
+                    Err(m) => {
+                        errored.insert(f.id().to_owned());
+                        ctx.apply(
+                            f.id(),
+                            status(InstanceKind::EngineFrontend, InstanceState::Error, m),
+                        )?
+                    }
+                }
+                continue;
+            }
+            let st = match self.ensure_frontend(f).await {
+                Ok(s) => s,
+                Err(m) => status(InstanceKind::EngineFrontend, InstanceState::Error, m),
+            };
+            ctx.apply(f.id(), st)?;
+        }
+        Ok(())
+    }
+
     async fn remove_frontend(&self, f: &Typed<LonghornEngineFrontend>) -> Result<(), String> {
         let Some((host, data_dir)) = self.host.clone() else {
             return Ok(());
@@ -621,8 +646,15 @@ impl Controller for LonghornController {
         let target_ready = ctx
             .get::<TargetStatus>(SPDK_STATUS_ID)?
             .is_some_and(|t| t.spec.state == ObjectState::Ready);
+        let mut errored: BTreeSet<String> = BTreeSet::new();
+        // engine-frontends are the kernel's (NVMe/TCP to an engine's export,
+        // here or on another node): they need no spdk_tgt on this node
+        self.reconcile_frontends(ctx, &frontends, true, &mut errored)
+            .await?;
         if !target_ready {
-            // nothing can be made or removed without the target: report and wait
+            self.reconcile_frontends(ctx, &frontends, false, &mut errored)
+                .await?;
+            // nothing of SPDK's can be made or removed without the target: report and wait
             let msg = "waiting for spdk_tgt";
             for r in &replicas {
                 ctx.apply(
@@ -633,12 +665,6 @@ impl Controller for LonghornController {
             for e in &engines {
                 ctx.apply(e.id(), status(InstanceKind::Engine, InstanceState::Starting, msg))?;
             }
-            for f in &frontends {
-                ctx.apply(
-                    f.id(),
-                    status(InstanceKind::EngineFrontend, InstanceState::Starting, msg),
-                )?;
-            }
             return Ok(Requeue::After(POLL));
         }
         let local: BTreeMap<String, LonghornReplica> = replicas
@@ -647,23 +673,7 @@ impl Controller for LonghornController {
             .map(|r| (r.id().to_owned(), r.spec.clone()))
             .collect();
 
-        let mut errored: BTreeSet<String> = BTreeSet::new();
-        // 1. frontends and engines going away
-        for f in frontends
-            .iter()
-            .filter(|f| f.metadata.phase == Phase::TearingDown)
-        {
-            match self.remove_frontend(f).await {
-                Ok(()) => ctx.remove_finalizer::<LonghornEngineFrontend>(f.id())?,
-                Err(m) => {
-                    errored.insert(f.id().to_owned());
-                    ctx.apply(
-                        f.id(),
-                        status(InstanceKind::EngineFrontend, InstanceState::Error, m),
-                    )?
-                }
-            }
-        }
+        // 1. engines going away
         let tearing_engines: Vec<&Typed<LonghornEngine>> = engines
             .iter()
             .filter(|e| e.metadata.phase == Phase::TearingDown)
@@ -743,14 +753,9 @@ impl Controller for LonghornController {
             ctx.apply(e.id(), st)?;
         }
 
-        // 4. engine-frontends
-        for f in frontends.iter().filter(|f| f.metadata.phase == Phase::Running) {
-            let st = match self.ensure_frontend(f).await {
-                Ok(s) => s,
-                Err(m) => status(InstanceKind::EngineFrontend, InstanceState::Error, m),
-            };
-            ctx.apply(f.id(), st)?;
-        }
+        // 4. engine-frontends (after the engines: one here may be what they attach)
+        self.reconcile_frontends(ctx, &frontends, false, &mut errored)
+            .await?;
         // instances still tearing down keep a status until they are gone
         let tearing = replicas
             .iter()
