@@ -36,8 +36,8 @@ use crate::resources::longhorn::{
 };
 use crate::runtime::{Controller, ControllerError, Input, Output, Phase, ReconcileContext, Requeue, Typed};
 use crate::spdk::rpc::{
-    AddNamespace, AttachController, ByName, ByNqn, CreateSubsystem, ListenAddress, LvolCreate, RaidCreate,
-    RaidDelete, RaidLevel, SubsystemHostParams, SubsystemListener,
+    AddNamespace, AttachController, ByName, ByNqn, CreateSubsystem, ListenAddress, Lvol, LvolCreate,
+    LvolStoreRef, RaidCreate, RaidDelete, RaidLevel, SubsystemHostParams, SubsystemListener,
 };
 use crate::spdk::volume::{Inventory, VolumeOps};
 use crate::spdk::{ErrorKind, SpdkClient};
@@ -139,12 +139,13 @@ struct ExportPlan<'a> {
 impl LonghornController {
     /// Makes the missing parts of an export (idempotent); a subsystem that
     /// serves another bdev is made again.
-    async fn export(&self, inv: &Inventory, p: &ExportPlan<'_>) -> Result<(), String> {
+    async fn export(&self, inv: &mut Inventory, p: &ExportPlan<'_>) -> Result<(), String> {
         if !inv.tcp_transport {
             self.ops
                 .ensure_transport()
                 .await
                 .map_err(|e| format!("creating the NVMe/TCP transport: {}", chain(&e)))?;
+            inv.tcp_transport = true;
         }
         let mut sub = inv.subsystem(p.nqn).cloned();
         if let Some(s) = &sub {
@@ -167,6 +168,7 @@ impl LonghornController {
                     )
                 })?;
                 sub = None;
+                inv.subsystems.retain(|s| s.nqn != p.nqn);
             }
         }
         let made = sub.is_none();
@@ -199,29 +201,38 @@ impl LonghornController {
                 .await
                 .map_err(|e| format!("creating subsystem {nqn}: {}", chain(&e)))?;
         }
-        if sub.is_none_or(|s| s.namespaces.is_empty()) {
-            self.client
-                .nvmf_subsystem_add_ns(&AddNamespace::with_id(nqn, p.bdev, p.ns_id))
-                .await
-                .map_err(|e| format!("exporting {} in {nqn}: {}", p.bdev, chain(&e)))?;
-        }
-        for h in p.hosts {
-            if sub.is_some_and(|s| s.hosts.iter().any(|x| &x.nqn == h)) {
-                continue;
+        // the namespace and the hosts in one round trip: spdk_tgt answers RPCs only when its
+        // reactor polls the socket, and adding a host is synchronous (a list under the
+        // subsystem's lock), so they need not wait for each other
+        let add_ns = async {
+            if sub.is_none_or(|s| s.namespaces.is_empty()) {
+                self.client
+                    .nvmf_subsystem_add_ns(&AddNamespace::with_id(nqn, p.bdev, p.ns_id))
+                    .await
+                    .map_err(|e| format!("exporting {} in {nqn}: {}", p.bdev, chain(&e)))?;
             }
-            match self
-                .client
-                .nvmf_subsystem_add_host(&SubsystemHostParams {
-                    nqn: nqn.into(),
-                    host: h.clone(),
-                })
-                .await
-            {
-                Ok(_) => {}
-                Err(e) if e.is(ErrorKind::AlreadyExists) => {}
-                Err(e) => return Err(format!("allowing host {h} on {nqn}: {}", chain(&e))),
-            }
-        }
+            Ok::<(), String>(())
+        };
+        let add_hosts = futures::future::try_join_all(
+            p.hosts
+                .iter()
+                .filter(|h| !sub.is_some_and(|s| s.hosts.iter().any(|x| &x.nqn == *h)))
+                .map(|h| async move {
+                    match self
+                        .client
+                        .nvmf_subsystem_add_host(&SubsystemHostParams {
+                            nqn: nqn.into(),
+                            host: h.clone(),
+                        })
+                        .await
+                    {
+                        Ok(_) => Ok(()),
+                        Err(e) if e.is(ErrorKind::AlreadyExists) => Ok(()),
+                        Err(e) => Err(format!("allowing host {h} on {nqn}: {}", chain(&e))),
+                    }
+                }),
+        );
+        tokio::try_join!(add_ns, add_hosts)?;
         let listening = sub.is_some_and(|s| {
             s.listen_addresses
                 .iter()
@@ -251,7 +262,7 @@ impl LonghornController {
         Ok(())
     }
 
-    async fn unexport(&self, inv: &Inventory, nqn: &str) -> Result<(), String> {
+    async fn unexport(&self, inv: &mut Inventory, nqn: &str) -> Result<(), String> {
         if inv.subsystem(nqn).is_none() {
             return Ok(());
         }
@@ -260,13 +271,15 @@ impl LonghornController {
                 .nvmf_delete_subsystem(&ByNqn { nqn: nqn.into() })
                 .await,
         )
-        .map_err(|e| format!("deleting subsystem {nqn}: {}", chain(&e)))
+        .map_err(|e| format!("deleting subsystem {nqn}: {}", chain(&e)))?;
+        inv.subsystems.retain(|s| s.nqn != nqn);
+        Ok(())
     }
 
     /// A replica: its lvol, exported unless `held` by an engine here.
     async fn ensure_replica(
         &self,
-        inv: &Inventory,
+        inv: &mut Inventory,
         ctx: &ReconcileContext,
         node: &NodeConfig,
         r: &Typed<LonghornReplica>,
@@ -283,7 +296,10 @@ impl LonghornController {
         let lvol = match inv.lvols.get(&alias) {
             Some(l) => l.clone(),
             None => {
-                self.client
+                // bdev_lvol_create answers the new lvol's UUID: the rest is known (thin,
+                // nothing allocated), so no listing of every lvol follows
+                let uuid = self
+                    .client
                     .bdev_lvol_create(&LvolCreate::thin(
                         &disk.spec.lvstore,
                         name.as_str(),
@@ -291,15 +307,21 @@ impl LonghornController {
                     ))
                     .await
                     .map_err(|e| format!("creating lvol {alias}: {}", chain(&e)))?;
-                let lvols = self
-                    .client
-                    .bdev_lvol_get_lvols(&Default::default())
-                    .await
-                    .map_err(|e| format!("listing lvols: {}", chain(&e)))?;
-                lvols
-                    .into_iter()
-                    .find(|l| l.alias == alias)
-                    .ok_or_else(|| format!("lvol {alias} is not listed after its creation"))?
+                let lvol = Lvol {
+                    alias: alias.clone(),
+                    uuid,
+                    name: name.as_str().to_owned(),
+                    is_thin_provisioned: true,
+                    is_snapshot: false,
+                    is_clone: false,
+                    num_allocated_clusters: 0,
+                    lvs: LvolStoreRef {
+                        name: disk.spec.lvstore.clone(),
+                        uuid: disk.spec.lvstore_uuid.clone(),
+                    },
+                };
+                inv.lvols.insert(alias.clone(), lvol.clone());
+                lvol
             }
         };
         let nqn = naming::replica_nqn(&name).map_err(|e| e.to_string())?;
@@ -332,7 +354,7 @@ impl LonghornController {
     }
 
     /// Removes a replica's export and, with `cleanup`, its lvol.
-    async fn remove_replica(&self, inv: &Inventory, r: &Typed<LonghornReplica>) -> Result<(), String> {
+    async fn remove_replica(&self, inv: &mut Inventory, r: &Typed<LonghornReplica>) -> Result<(), String> {
         let name = ObjectName::parse("replica", r.id()).map_err(|e| e.to_string())?;
         let nqn = naming::replica_nqn(&name).map_err(|e| e.to_string())?;
         self.unexport(inv, nqn.as_str()).await?;
@@ -341,6 +363,7 @@ impl LonghornController {
             if inv.lvols.contains_key(&alias) {
                 ignore_missing(self.client.bdev_lvol_delete(&ByName::new(&alias)).await)
                     .map_err(|e| format!("deleting lvol {alias}: {}", chain(&e)))?;
+                inv.lvols.remove(&alias);
             }
         }
         Ok(())
@@ -411,7 +434,7 @@ impl LonghornController {
     /// An engine: its members, raid1 (two or more) and export.
     async fn ensure_engine(
         &self,
-        inv: &Inventory,
+        inv: &mut Inventory,
         node: &NodeConfig,
         e: &Typed<LonghornEngine>,
         local: &BTreeMap<String, LonghornReplica>,
@@ -422,7 +445,7 @@ impl LonghornController {
         let (bdev, uuid) = match inv.raid(name.as_str()) {
             Some(raid) => (raid.name.clone(), raid.uuid.clone().unwrap_or_default()),
             None => {
-                let (members, missing) = self.members(inv, &e.spec, local).await;
+                let (members, missing) = self.members(&*inv, &e.spec, local).await;
                 if !missing.is_empty() || members.is_empty() {
                     return Err(format!("waiting for replicas: {}", missing.join("; ")));
                 }
@@ -481,7 +504,7 @@ impl LonghornController {
     /// Removes an engine's export, raid and remote attachments (replicas stay).
     async fn remove_engine(
         &self,
-        inv: &Inventory,
+        inv: &mut Inventory,
         e: &Typed<LonghornEngine>,
         local: &BTreeMap<String, LonghornReplica>,
     ) -> Result<(), String> {
@@ -491,6 +514,7 @@ impl LonghornController {
         if inv.raid(e.id()).is_some() {
             ignore_missing(self.client.bdev_raid_delete(&RaidDelete::new(e.id())).await)
                 .map_err(|x| format!("deleting raid {}: {}", e.id(), chain(&x)))?;
+            inv.raids.retain(|r| r.name != e.id());
         }
         for replica in e.spec.replica_address_map.keys() {
             if local.contains_key(replica) || !inv.controllers.iter().any(|c| c == replica) {
@@ -502,6 +526,8 @@ impl LonghornController {
                     .await,
             )
             .map_err(|x| format!("detaching replica {replica}: {}", chain(&x)))?;
+            inv.controllers.retain(|c| c != replica);
+            inv.bdevs.remove(&format!("{replica}n1"));
         }
         Ok(())
     }
@@ -674,17 +700,17 @@ impl Controller for LonghornController {
             .collect();
 
         // 1. engines going away
-        let tearing_engines: Vec<&Typed<LonghornEngine>> = engines
+        // one listing of the target per reconcile: what this reconcile changes it
+        // records in `inv` as it goes (lvols made, subsystems, raids and
+        // controllers removed), so later steps see it without listing again
+        let started = std::time::Instant::now();
+        let mut inv = Inventory::load(&self.client).await?;
+        let listed = started.elapsed();
+        for e in engines
             .iter()
             .filter(|e| e.metadata.phase == Phase::TearingDown)
-            .collect();
-        let inv = if tearing_engines.is_empty() {
-            Inventory::default()
-        } else {
-            Inventory::load(&self.client).await?
-        };
-        for e in tearing_engines {
-            match self.remove_engine(&inv, e, &local).await {
+        {
+            match self.remove_engine(&mut inv, e, &local).await {
                 Ok(()) => ctx.remove_finalizer::<LonghornEngine>(e.id())?,
                 Err(m) => {
                     errored.insert(e.id().to_owned());
@@ -704,7 +730,6 @@ impl Controller for LonghornController {
             .filter(|r| local.contains_key(*r))
             .map(String::as_str)
             .collect();
-        let inv = Inventory::load(&self.client).await?;
         for r in &replicas {
             if r.metadata.phase == Phase::TearingDown {
                 if held.contains(r.id()) && r.spec.cleanup {
@@ -716,7 +741,7 @@ impl Controller for LonghornController {
                     ctx.apply(r.id(), status(InstanceKind::Replica, InstanceState::Error, m))?;
                     continue;
                 }
-                match self.remove_replica(&inv, r).await {
+                match self.remove_replica(&mut inv, r).await {
                     Ok(()) => ctx.remove_finalizer::<LonghornReplica>(r.id())?,
                     Err(m) => {
                         errored.insert(r.id().to_owned());
@@ -731,7 +756,7 @@ impl Controller for LonghornController {
                 continue;
             }
             let st = match self
-                .ensure_replica(&inv, ctx, &node, r, held.contains(r.id()))
+                .ensure_replica(&mut inv, ctx, &node, r, held.contains(r.id()))
                 .await
             {
                 Ok(s) => s,
@@ -741,9 +766,9 @@ impl Controller for LonghornController {
         }
 
         // 3. engines
-        let inv = Inventory::load(&self.client).await?;
+        let replicas_done = started.elapsed();
         for e in &running_engines {
-            let st = match self.ensure_engine(&inv, &node, e, &local).await {
+            let st = match self.ensure_engine(&mut inv, &node, e, &local).await {
                 Ok(s) => s,
                 Err(m) if m.starts_with("waiting for replicas") => {
                     status(InstanceKind::Engine, InstanceState::Starting, m)
@@ -754,8 +779,19 @@ impl Controller for LonghornController {
         }
 
         // 4. engine-frontends (after the engines: one here may be what they attach)
+        let engines_done = started.elapsed();
         self.reconcile_frontends(ctx, &frontends, false, &mut errored)
             .await?;
+        tracing::debug!(
+            listing_ms = listed.as_secs_f64() * 1e3,
+            replicas_ms = (replicas_done - listed).as_secs_f64() * 1e3,
+            engines_ms = (engines_done - replicas_done).as_secs_f64() * 1e3,
+            frontends_ms = (started.elapsed() - engines_done).as_secs_f64() * 1e3,
+            replicas = replicas.len(),
+            engines = engines.len(),
+            frontends = frontends.len(),
+            "Longhorn reconcile"
+        );
         // instances still tearing down keep a status until they are gone
         let tearing = replicas
             .iter()
