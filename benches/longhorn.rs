@@ -139,7 +139,10 @@ async fn make_volume(
 ) -> (u16, [f64; 3]) {
     let mut map = HashMap::new();
     let mut took = [0.0; 3];
-    for (i, (k, disk)) in [("0000000a", disks[0]), ("0000000b", disks[1])].into_iter().enumerate() {
+    for (i, (k, disk)) in [("0000000a", disks[0]), ("0000000b", disks[1])]
+        .into_iter()
+        .enumerate()
+    {
         let t = Instant::now();
         let r = format!("{v}-r-{k}");
         let resp = c
@@ -284,9 +287,13 @@ async fn longhorn_topology(c: &SpdkClient, size: u64, tag: &str, disks: [&str; 2
     let nqn = format!("nqn.2016-06.io.spdk:{tag}");
     let port = free_port();
     c.nvmf_create_subsystem(&any_host(&nqn)).await.expect("subsystem");
-    c.nvmf_subsystem_add_ns(&AddNamespace::with_id(&nqn, format!("{tag}-raid"), uuid::Uuid::new_v4()))
-        .await
-        .expect("ns");
+    c.nvmf_subsystem_add_ns(&AddNamespace::with_id(
+        &nqn,
+        format!("{tag}-raid"),
+        uuid::Uuid::new_v4(),
+    ))
+    .await
+    .expect("ns");
     c.nvmf_subsystem_add_listener(&SubsystemListener {
         nqn: nqn.clone(),
         listen_address: ListenAddress::tcp([127, 0, 0, 1].into(), port),
@@ -297,7 +304,10 @@ async fn longhorn_topology(c: &SpdkClient, size: u64, tag: &str, disks: [&str; 2
 }
 
 fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
-    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
 }
 
 fn loadavg() -> String {
@@ -311,7 +321,13 @@ fn spread(v: &[f64], digits: usize) -> String {
     let mut v = v.to_vec();
     let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
     let hi = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-    format!("{:.*} ({lo:.*}-{hi:.*})", digits, pct(&mut v, 0.5), digits, digits)
+    format!(
+        "{:.*} ({lo:.*}-{hi:.*})",
+        digits,
+        pct(&mut v, 0.5),
+        digits,
+        digits
+    )
 }
 
 fn main() {

@@ -79,7 +79,9 @@ fn vm_guest_steps() {
 #[ignore = "a tool of the longhorn-frontend guest step, not a test of its own"]
 fn longhorn_client() {
     let (Ok(addr), Ok(call)) = (std::env::var("TALON_LH_ADDR"), std::env::var("TALON_LH_CALL")) else {
-        eprintln!("SKIP longhorn_client: TALON_LH_ADDR and TALON_LH_CALL are not set (a tool of tests/vm/steps/longhorn-frontend)");
+        eprintln!(
+            "SKIP longhorn_client: TALON_LH_ADDR and TALON_LH_CALL are not set (a tool of tests/vm/steps/longhorn-frontend)"
+        );
         return;
     };
     let addr: std::net::SocketAddr = addr.parse().expect("TALON_LH_ADDR is ip:port");
@@ -138,19 +140,24 @@ async fn longhorn_call(base: std::net::SocketAddr, args: &[String]) {
         }
         panic!("{ty} {name} is not running after 120 s: {last}");
     };
-    let create = |name: &str, ty: &str, volume: &str, sp: imrpc::SpdkInstanceSpec| imrpc::InstanceCreateRequest {
-        spec: Some(imrpc::InstanceSpec {
-            name: name.into(),
-            r#type: ty.into(),
-            volume_name: volume.into(),
-            port_count: 1,
-            data_engine: v2,
-            spdk_instance_spec: Some(sp),
-            ..Default::default()
-        }),
-        data_layout_type: 0,
+    let create =
+        |name: &str, ty: &str, volume: &str, sp: imrpc::SpdkInstanceSpec| imrpc::InstanceCreateRequest {
+            spec: Some(imrpc::InstanceSpec {
+                name: name.into(),
+                r#type: ty.into(),
+                volume_name: volume.into(),
+                port_count: 1,
+                data_engine: v2,
+                spdk_instance_spec: Some(sp),
+                ..Default::default()
+            }),
+            data_layout_type: 0,
+        };
+    let a = |i: usize| {
+        args.get(i)
+            .map(String::as_str)
+            .unwrap_or_else(|| panic!("{args:?}: argument {i} is missing"))
     };
-    let a = |i: usize| args.get(i).map(String::as_str).unwrap_or_else(|| panic!("{args:?}: argument {i} is missing"));
     let size = |i: usize| a(i).parse::<u64>().expect("size in bytes");
     match a(0) {
         "disk" => {
@@ -168,8 +175,14 @@ async fn longhorn_call(base: std::net::SocketAddr, args: &[String]) {
         }
         "replica" => {
             let mut c = InstanceServiceClient::new(channel(3).await);
-            let sp = imrpc::SpdkInstanceSpec { disk_name: a(3).into(), size: size(4), ..Default::default() };
-            c.instance_create(create(a(1), "replica", a(2), sp)).await.expect("InstanceCreate replica");
+            let sp = imrpc::SpdkInstanceSpec {
+                disk_name: a(3).into(),
+                size: size(4),
+                ..Default::default()
+            };
+            c.instance_create(create(a(1), "replica", a(2), sp))
+                .await
+                .expect("InstanceCreate replica");
             let s = running(c, "replica".into(), a(1).into()).await;
             println!("LH port={}", s.port_start);
         }
@@ -182,8 +195,14 @@ async fn longhorn_call(base: std::net::SocketAddr, args: &[String]) {
                     (k.to_owned(), v.to_owned())
                 })
                 .collect();
-            let sp = imrpc::SpdkInstanceSpec { replica_address_map: map, size: size(3), ..Default::default() };
-            c.instance_create(create(a(1), "engine", a(2), sp)).await.expect("InstanceCreate engine");
+            let sp = imrpc::SpdkInstanceSpec {
+                replica_address_map: map,
+                size: size(3),
+                ..Default::default()
+            };
+            c.instance_create(create(a(1), "engine", a(2), sp))
+                .await
+                .expect("InstanceCreate engine");
             let s = running(c, "engine".into(), a(1).into()).await;
             println!("LH port={}", s.port_start);
         }
@@ -193,13 +212,18 @@ async fn longhorn_call(base: std::net::SocketAddr, args: &[String]) {
                 a(1),
                 "engine-frontend",
                 a(2),
-                imrpc::SpdkInstanceSpec { size: size(5), ..Default::default() },
+                imrpc::SpdkInstanceSpec {
+                    size: size(5),
+                    ..Default::default()
+                },
             );
             if let Some(spec) = req.spec.as_mut() {
                 spec.engine_name = a(3).into();
                 spec.target_address = a(4).into();
             }
-            c.instance_create(req).await.expect("InstanceCreate engine-frontend");
+            c.instance_create(req)
+                .await
+                .expect("InstanceCreate engine-frontend");
             let s = running(c, "engine-frontend".into(), a(1).into()).await;
             println!("LH endpoint={}", s.endpoint);
         }
@@ -218,7 +242,12 @@ async fn longhorn_call(base: std::net::SocketAddr, args: &[String]) {
             loop {
                 match c.instance_get(get(a(1), a(2))).await {
                     Err(e) if e.code() == tonic::Code::NotFound => break,
-                    other => assert!(Instant::now() < until, "{} {} is not gone after 120 s: {other:?}", a(1), a(2)),
+                    other => assert!(
+                        Instant::now() < until,
+                        "{} {} is not gone after 120 s: {other:?}",
+                        a(1),
+                        a(2)
+                    ),
                 }
                 tokio::time::sleep(Duration::from_millis(200)).await;
             }

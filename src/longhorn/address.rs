@@ -32,7 +32,11 @@ pub fn instance_ip(listen_address: &str) -> Result<IpAddr, String> {
 }
 
 /// The choice itself, on what was found.
-pub fn choose(storage: Option<Ipv4Addr>, pod_ip: Option<&str>, listen_address: &str) -> Result<IpAddr, String> {
+pub fn choose(
+    storage: Option<Ipv4Addr>,
+    pod_ip: Option<&str>,
+    listen_address: &str,
+) -> Result<IpAddr, String> {
     if let Some(ip) = storage {
         return Ok(IpAddr::V4(ip));
     }
@@ -63,7 +67,10 @@ mod tests {
     #[test]
     fn storage_network_then_pod_ip_then_node() {
         let lh = Ipv4Addr::new(10, 42, 0, 7);
-        assert_eq!(choose(Some(lh), Some("10.0.0.5"), "192.168.1.2"), Ok(IpAddr::V4(lh)));
+        assert_eq!(
+            choose(Some(lh), Some("10.0.0.5"), "192.168.1.2"),
+            Ok(IpAddr::V4(lh))
+        );
         assert_eq!(
             choose(None, Some("10.0.0.5"), "192.168.1.2"),
             Ok("10.0.0.5".parse().expect("ip"))
@@ -72,10 +79,7 @@ mod tests {
             choose(None, Some(" "), "192.168.1.2"),
             Ok("192.168.1.2".parse().expect("ip"))
         );
-        assert_eq!(
-            choose(None, None, "fd00::1"),
-            Ok("fd00::1".parse().expect("ip"))
-        );
+        assert_eq!(choose(None, None, "fd00::1"), Ok("fd00::1".parse().expect("ip")));
         let e = choose(None, Some("pod"), "127.0.0.1").expect_err("bad POD_IP");
         assert!(e.contains("POD_IP=\"pod\""), "{e}");
         let e = choose(None, None, "").expect_err("nothing");

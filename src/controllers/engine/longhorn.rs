@@ -706,10 +706,7 @@ impl Controller for LonghornController {
         let started = std::time::Instant::now();
         let mut inv = Inventory::load(&self.client).await?;
         let listed = started.elapsed();
-        for e in engines
-            .iter()
-            .filter(|e| e.metadata.phase == Phase::TearingDown)
-        {
+        for e in engines.iter().filter(|e| e.metadata.phase == Phase::TearingDown) {
             match self.remove_engine(&mut inv, e, &local).await {
                 Ok(()) => ctx.remove_finalizer::<LonghornEngine>(e.id())?,
                 Err(m) => {
