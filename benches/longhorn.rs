@@ -4,23 +4,34 @@
 //!
 //! 1. control plane: a Longhorn volume (two replicas on two disks, an engine
 //!    over them, its export) made with three `InstanceCreate` calls, from the
-//!    first call until the engine is `running`: p50/p99 over `VOLUMES` (20);
+//!    first call until the engine is `running`: p50/p99 over `VOLUMES` (20),
+//!    and each call's share (replica a, replica b, engine);
 //! 2. data path: 4 KiB randread / randwrite at QD32 and QD1 with
 //!    spdk_nvme_perf over NVMe/TCP loopback, interleaved rounds over
 //!    (a) talon's engine: raid1 of the two local lvols, exported, and
-//!    (b) Longhorn's topology built by hand on the same target: each replica
-//!    lvol exported over NVMe/TCP, attached back with
-//!    `bdev_nvme_attach_controller`, raid1 over the attached bdevs, exported.
+//!    (b) Longhorn's topology built by hand on the same target as
+//!    longhorn-spdk-engine builds it (`connectReplicas`: every replica, the
+//!    local ones too, is attached with `bdev_nvme_attach_controller` to its
+//!    export; raid1 over the attached bdevs; exported).
 //!    Both are written in full first (a thin lvol reads unallocated clusters
-//!    as zeros without touching the disk).
+//!    as zeros without touching the disk). Each pair runs on two backings
+//!    (`LH_BACKINGS`, default both): `memory` (the aio files in /dev/shm: no
+//!    device limit, the CPU cost of the topology shows, as on fast NVMe) and
+//!    `disk` (the aio files in the temp dir on the machine's virtual disk,
+//!    which limits both alike).
 //!
 //! ```text
-//!   talon serve (in-process, --longhorn-listen) ── spdk_tgt core 0 ── aio files lb-a, lb-b
-//!   spdk_nvme_perf core 1 ──NVMe/TCP 127.0.0.1──> (a) raid1(lvol, lvol)
-//!                                                (b) raid1(nvme(lvol), nvme(lvol))
+//!   talon serve (in-process, --longhorn-listen) ── spdk_tgt: one reactor, core 0 (0x1) ── aio files
+//!   spdk_nvme_perf core 1 (-c 0x2) ──NVMe/TCP 127.0.0.1──> (a) raid1(lvol, lvol)
+//!                                                          (b) raid1(nvme(lvol), nvme(lvol))
 //! ```
 //!
-//! The machine is shared and noisy: compare within one run.
+//! Knobs: `VOLUMES`, `ROUNDS` (5), `SECS` (4), `LH_PARTS` (`cp,dp`),
+//! `LH_BACKINGS` (`memory,disk`), `LH_TGT_MASK` (`0x1`), `LH_PERF_MASK`
+//! (`0x2`). Every cell is the median of the rounds with min-max; the ratio
+//! is the median of the per-round ratios (a round runs (a) and (b) back to
+//! back) with their min-max. The machine is shared and noisy (load average
+//! printed): compare within one run.
 
 #[path = "../tests/support/spdk_perf.rs"]
 mod spdk_perf;
@@ -118,10 +129,21 @@ async fn running(c: &mut InstanceServiceClient<Channel>, name: &str, ty: &str) -
     }
 }
 
-/// A Longhorn volume `v` of `size`: two replicas, an engine; the engine's port.
-async fn make_volume(c: &mut InstanceServiceClient<Channel>, v: &str, size: u64) -> u16 {
+/// A Longhorn volume `v` of `size`: two replicas (on `disks`), an engine; the
+/// engine's port and the time each of the three calls took until running.
+async fn make_volume(
+    c: &mut InstanceServiceClient<Channel>,
+    v: &str,
+    size: u64,
+    disks: [&str; 2],
+) -> (u16, [f64; 3]) {
     let mut map = HashMap::new();
-    for (k, disk) in [("0000000a", "lb-a"), ("0000000b", "lb-b")] {
+    let mut took = [0.0; 3];
+    for (i, (k, disk)) in [("0000000a", disks[0]), ("0000000b", disks[1])]
+        .into_iter()
+        .enumerate()
+    {
+        let t = Instant::now();
         let r = format!("{v}-r-{k}");
         let resp = c
             .instance_create(create_req(
@@ -138,8 +160,11 @@ async fn make_volume(c: &mut InstanceServiceClient<Channel>, v: &str, size: u64)
             .expect("replica")
             .into_inner();
         let port = resp.status.map(|s| s.port_start).unwrap_or_default();
+        running(c, &r, "replica").await;
+        took[i] = t.elapsed().as_secs_f64() * 1000.0;
         map.insert(r, format!("127.0.0.1:{port}"));
     }
+    let t = Instant::now();
     let e = format!("{v}-e-0");
     c.instance_create(create_req(
         &e,
@@ -153,7 +178,9 @@ async fn make_volume(c: &mut InstanceServiceClient<Channel>, v: &str, size: u64)
     ))
     .await
     .expect("engine");
-    u16::try_from(running(c, &e, "engine").await.port_start).expect("port")
+    let port = u16::try_from(running(c, &e, "engine").await.port_start).expect("port");
+    took[2] = t.elapsed().as_secs_f64() * 1000.0;
+    (port, took)
 }
 
 async fn delete_volume(c: &mut InstanceServiceClient<Channel>, v: &str) {
@@ -176,8 +203,9 @@ async fn delete_volume(c: &mut InstanceServiceClient<Channel>, v: &str) {
 
 /// spdk_nvme_perf: IOPS of `workload` at queue depth `qd` and block size `bs`.
 fn perf(spdk: &Path, port: u16, nqn: &str, workload: &str, qd: u32, bs: u32, secs: u32) -> f64 {
+    let mask = std::env::var("LH_PERF_MASK").unwrap_or_else(|_| "0x2".into());
     let out = std::process::Command::new(spdk.join("build/bin/spdk_nvme_perf"))
-        .args(["--no-huge", "-s", "512", "-c", "0x2"])
+        .args(["--no-huge", "-s", "512", "-c", &mask])
         .args([
             "-q",
             &qd.to_string(),
@@ -206,7 +234,7 @@ fn perf(spdk: &Path, port: u16, nqn: &str, workload: &str, qd: u32, bs: u32, sec
 }
 
 /// Longhorn's topology by hand: replica lvols exported, attached back, raid1, exported.
-async fn longhorn_topology(c: &SpdkClient, size: u64) -> (u16, String) {
+async fn longhorn_topology(c: &SpdkClient, size: u64, tag: &str, disks: [&str; 2]) -> (u16, String) {
     let any_host = |nqn: &str| CreateSubsystem {
         nqn: nqn.into(),
         allow_any_host: Some(true),
@@ -216,8 +244,10 @@ async fn longhorn_topology(c: &SpdkClient, size: u64) -> (u16, String) {
         ana_reporting: None,
     };
     let mut members = Vec::new();
-    for (k, lvs) in [("a", "talon-lb-a"), ("b", "talon-lb-b")] {
-        let name = format!("lhtopo-{k}");
+    for (k, disk) in [("a", disks[0]), ("b", disks[1])] {
+        let lvs = format!("talon-{disk}");
+        let lvs = lvs.as_str();
+        let name = format!("{tag}-{k}");
         c.bdev_lvol_create(&LvolCreate::thin(lvs, &name, size / MIB))
             .await
             .expect("lvol");
@@ -237,7 +267,7 @@ async fn longhorn_topology(c: &SpdkClient, size: u64) -> (u16, String) {
         })
         .await
         .expect("listener");
-        let ctrl = format!("lhtopo{k}");
+        let ctrl = format!("{tag}{k}");
         let bdevs = c
             .bdev_nvme_attach_controller(&AttachController::tcp(&ctrl, [127, 0, 0, 1].into(), port, &nqn))
             .await
@@ -245,7 +275,7 @@ async fn longhorn_topology(c: &SpdkClient, size: u64) -> (u16, String) {
         members.push(bdevs.into_iter().next().expect("bdev"));
     }
     c.bdev_raid_create(&RaidCreate {
-        name: "lhtopo-raid".into(),
+        name: format!("{tag}-raid"),
         raid_level: RaidLevel::Raid1,
         base_bdevs: members,
         strip_size_kb: None,
@@ -254,12 +284,16 @@ async fn longhorn_topology(c: &SpdkClient, size: u64) -> (u16, String) {
     })
     .await
     .expect("raid");
-    let nqn = "nqn.2016-06.io.spdk:lhtopo".to_string();
+    let nqn = format!("nqn.2016-06.io.spdk:{tag}");
     let port = free_port();
     c.nvmf_create_subsystem(&any_host(&nqn)).await.expect("subsystem");
-    c.nvmf_subsystem_add_ns(&AddNamespace::with_id(&nqn, "lhtopo-raid", uuid::Uuid::new_v4()))
-        .await
-        .expect("ns");
+    c.nvmf_subsystem_add_ns(&AddNamespace::with_id(
+        &nqn,
+        format!("{tag}-raid"),
+        uuid::Uuid::new_v4(),
+    ))
+    .await
+    .expect("ns");
     c.nvmf_subsystem_add_listener(&SubsystemListener {
         nqn: nqn.clone(),
         listen_address: ListenAddress::tcp([127, 0, 0, 1].into(), port),
@@ -269,23 +303,51 @@ async fn longhorn_topology(c: &SpdkClient, size: u64) -> (u16, String) {
     (port, nqn)
 }
 
+fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_default()
+}
+
+/// `median (min-max)` of `v`.
+fn spread(v: &[f64], digits: usize) -> String {
+    let mut v = v.to_vec();
+    let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
+    let hi = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    format!(
+        "{:.*} ({lo:.*}-{hi:.*})",
+        digits,
+        pct(&mut v, 0.5),
+        digits,
+        digits
+    )
+}
+
 fn main() {
     let Some(spdk) = std::env::var_os("TALON_SPDK_DIR").map(PathBuf::from) else {
         eprintln!("SKIP longhorn bench: TALON_SPDK_DIR not set");
         return;
     };
-    let volumes: usize = std::env::var("VOLUMES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(20);
-    let rounds: usize = std::env::var("ROUNDS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(3);
-    let secs: u32 = std::env::var("SECS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(3);
+    if std::env::var_os("RUST_LOG").is_some() {
+        // profiling: e.g. RUST_LOG=talon::controllers::engine::longhorn=debug (one line per reconcile)
+        tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_writer(std::io::stderr)
+            .init();
+    }
+    let volumes: usize = env_or("VOLUMES", 20);
+    let rounds: usize = env_or("ROUNDS", 5);
+    let secs: u32 = env_or("SECS", 4);
+    let parts = std::env::var("LH_PARTS").unwrap_or_else(|_| "cp,dp".into());
+    let backings = std::env::var("LH_BACKINGS").unwrap_or_else(|_| "memory,disk".into());
+    let tgt_mask = std::env::var("LH_TGT_MASK").unwrap_or_else(|_| "0x1".into());
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -311,6 +373,7 @@ fn main() {
                 spdk_dir: Some(spdk.clone()),
                 no_huge: true,
                 no_huge_mem_mib: 2048,
+                cpumask: tgt_mask.clone(),
                 extra_args: vec!["--disable-cpumask-locks".into()],
                 ..Default::default()
             },
@@ -341,76 +404,142 @@ fn main() {
                 panic!("no Longhorn port at {u}");
             }
         };
+        // disk files: "disk" in the temp dir (the machine's disk), "memory" in /dev/shm
+        let shm = tempfile::tempdir_in("/dev/shm").ok();
         let mut disks = DiskServiceClient::new(ch(2).await);
-        for name in ["lb-a", "lb-b"] {
-            let f = dir.path().join(format!("{name}.img"));
-            std::fs::File::create(&f)
-                .and_then(|f| f.set_len(2048 * MIB))
-                .expect("disk file");
-            disks
-                .disk_create(imrpc::DiskCreateRequest {
-                    disk_type: imrpc::DiskType::Block as i32,
-                    disk_name: name.into(),
-                    disk_path: f.display().to_string(),
-                    disk_driver: "aio".into(),
-                    ..Default::default()
-                })
-                .await
-                .expect("disk");
+        let mut pairs: Vec<(&str, [&str; 2])> = Vec::new();
+        for (backing, names) in [("memory", ["lm-a", "lm-b"]), ("disk", ["lb-a", "lb-b"])] {
+            if !backings.split(',').any(|b| b == backing) {
+                continue;
+            }
+            let at = match backing {
+                "memory" => match &shm {
+                    Some(d) => d.path().to_owned(),
+                    None => {
+                        eprintln!("no /dev/shm: no memory backing");
+                        continue;
+                    }
+                },
+                _ => dir.path().to_owned(),
+            };
+            for name in names {
+                let f = at.join(format!("{name}.img"));
+                std::fs::File::create(&f)
+                    .and_then(|f| f.set_len(2048 * MIB))
+                    .expect("disk file");
+                disks
+                    .disk_create(imrpc::DiskCreateRequest {
+                        disk_type: imrpc::DiskType::Block as i32,
+                        disk_name: name.into(),
+                        disk_path: f.display().to_string(),
+                        disk_driver: "aio".into(),
+                        ..Default::default()
+                    })
+                    .await
+                    .expect("disk");
+            }
+            pairs.push((backing, names));
         }
         let mut inst = InstanceServiceClient::new(ch(3).await);
+        println!(
+            "\nspdk_tgt cpumask {tgt_mask}, spdk_nvme_perf -c {}; load average at start: {}",
+            std::env::var("LH_PERF_MASK").unwrap_or_else(|_| "0x2".into()),
+            loadavg()
+        );
 
         // 1. control plane
-        let mut times = Vec::new();
-        for i in 0..volumes {
-            let v = format!("cp{i}");
-            let t = Instant::now();
-            make_volume(&mut inst, &v, 64 * MIB).await;
-            times.push(t.elapsed().as_secs_f64() * 1000.0);
-        }
-        for i in 0..volumes {
-            delete_volume(&mut inst, &format!("cp{i}")).await;
-        }
-        let (p50, p99) = (pct(&mut times, 0.5), pct(&mut times, 0.99));
-        println!("\nLonghorn volume (2 replicas on 2 disks + engine + export) through InstanceCreate, {volumes} volumes:");
-        println!("| | p50 ms | p99 ms |");
-        println!("|---|---|---|");
-        println!("| InstanceCreate x3 -> engine running | {p50:.1} | {p99:.1} |");
-
-        // 2. data path
-        let size = 256 * MIB;
-        let talon_port = make_volume(&mut inst, "dp", size).await;
-        let talon_nqn = "nqn.2023-01.io.longhorn.spdk:volume-dp".to_string();
-        let c = SpdkClient::new(dir.path().join("run/spdk.sock"));
-        let (lh_port, lh_nqn) = longhorn_topology(&c, size).await;
-        let topo = [("talon engine (local lvols)", talon_port, talon_nqn), ("Longhorn topology (NVMe/TCP loopback)", lh_port, lh_nqn)];
-        for (_, port, nqn) in &topo {
-            let (spdk, nqn, port) = (spdk.clone(), nqn.clone(), *port);
-            // fill: 256 MiB sequentially in 128 KiB writes
-            tokio::task::spawn_blocking(move || perf(&spdk, port, &nqn, "write", 32, 131072, 4))
-                .await
-                .expect("fill");
-        }
-        let cases = [("randread", 32u32), ("randwrite", 32), ("randread", 1), ("randwrite", 1)];
-        let mut iops: HashMap<(usize, usize), Vec<f64>> = HashMap::new();
-        for _ in 0..rounds {
-            for (ci, (w, qd)) in cases.iter().enumerate() {
-                for (ti, (_, port, nqn)) in topo.iter().enumerate() {
-                    let (spdk, nqn, port, w, qd) = (spdk.clone(), nqn.clone(), *port, *w, *qd);
-                    let v = tokio::task::spawn_blocking(move || perf(&spdk, port, &nqn, w, qd, 4096, secs))
-                        .await
-                        .expect("perf");
-                    iops.entry((ci, ti)).or_default().push(v);
+        if parts.split(',').any(|p| p == "cp")
+            && let Some((_, cp_disks)) = pairs.first().copied()
+        {
+            let mut times = Vec::new();
+            let mut calls: [Vec<f64>; 3] = Default::default();
+            for i in 0..volumes {
+                let v = format!("cp{i}");
+                let t = Instant::now();
+                let (_, took) = make_volume(&mut inst, &v, 64 * MIB, cp_disks).await;
+                times.push(t.elapsed().as_secs_f64() * 1000.0);
+                for (k, x) in took.into_iter().enumerate() {
+                    calls[k].push(x);
                 }
             }
+            for i in 0..volumes {
+                delete_volume(&mut inst, &format!("cp{i}")).await;
+            }
+            let (p50, p99) = (pct(&mut times, 0.5), pct(&mut times, 0.99));
+            println!("\nLonghorn volume (2 replicas on 2 disks + engine + export) through InstanceCreate, {volumes} volumes:");
+            println!("| | p50 ms | p99 ms |");
+            println!("|---|---|---|");
+            println!("| InstanceCreate x3 -> engine running | {p50:.1} | {p99:.1} |");
+            for (k, what) in ["replica a -> running", "replica b -> running", "engine -> running"]
+                .into_iter()
+                .enumerate()
+            {
+                let (a, b) = (pct(&mut calls[k], 0.5), pct(&mut calls[k], 0.99));
+                println!("| {what} | {a:.1} | {b:.1} |");
+            }
         }
-        println!("\nData path, 4 KiB, spdk_nvme_perf over NVMe/TCP loopback, median of {rounds} interleaved rounds of {secs} s (IOPS):");
-        println!("| workload | {} | {} | ratio |", topo[0].0, topo[1].0);
-        println!("|---|---|---|---|");
-        for (ci, (w, qd)) in cases.iter().enumerate() {
-            let a = pct(iops.get_mut(&(ci, 0)).expect("a"), 0.5);
-            let b = pct(iops.get_mut(&(ci, 1)).expect("b"), 0.5);
-            println!("| {w} QD{qd} | {a:.0} | {b:.0} | {:.2}x |", a / b.max(1.0));
+
+        // 2. data path
+        if parts.split(',').any(|p| p == "dp") {
+            let size = 256 * MIB;
+            let c = SpdkClient::new(dir.path().join("run/spdk.sock"));
+            // (backing, topology, port, nqn)
+            let mut topo: Vec<(&str, &str, u16, String)> = Vec::new();
+            for (backing, d) in &pairs {
+                let v = format!("dp{}", &backing[..1]);
+                let (port, _) = make_volume(&mut inst, &v, size, *d).await;
+                topo.push((backing, "talon", port, format!("nqn.2023-01.io.longhorn.spdk:volume-{v}")));
+                let (lh_port, lh_nqn) = longhorn_topology(&c, size, &format!("lht{}", &backing[..1]), *d).await;
+                topo.push((backing, "longhorn", lh_port, lh_nqn));
+            }
+            for (_, _, port, nqn) in &topo {
+                let (spdk, nqn, port) = (spdk.clone(), nqn.clone(), *port);
+                // fill: 256 MiB sequentially in 128 KiB writes
+                tokio::task::spawn_blocking(move || perf(&spdk, port, &nqn, "write", 32, 131072, 4))
+                    .await
+                    .expect("fill");
+            }
+            let cases = [("randread", 32u32), ("randwrite", 32), ("randread", 1), ("randwrite", 1)];
+            let mut iops: HashMap<(usize, usize), Vec<f64>> = HashMap::new();
+            for r in 0..rounds {
+                for (ci, (w, qd)) in cases.iter().enumerate() {
+                    // alternate which of a pair goes first
+                    let mut order: Vec<usize> = (0..topo.len()).collect();
+                    if r % 2 == 1 {
+                        for p in order.chunks_mut(2) {
+                            p.reverse();
+                        }
+                    }
+                    for ti in order {
+                        let (_, _, port, nqn) = &topo[ti];
+                        let (spdk, nqn, port, w, qd) = (spdk.clone(), nqn.clone(), *port, *w, *qd);
+                        let v = tokio::task::spawn_blocking(move || perf(&spdk, port, &nqn, w, qd, 4096, secs))
+                            .await
+                            .expect("perf");
+                        iops.entry((ci, ti)).or_default().push(v);
+                    }
+                }
+            }
+            println!(
+                "\nData path, 4 KiB, spdk_nvme_perf over NVMe/TCP loopback, {rounds} interleaved rounds of {secs} s; IOPS median (min-max); load average at the end: {}",
+                loadavg()
+            );
+            println!("| backing | workload | talon engine (local lvols) | Longhorn topology (NVMe/TCP loopback) | ratio |");
+            println!("|---|---|---|---|---|");
+            for pi in 0..topo.len() / 2 {
+                for (ci, (w, qd)) in cases.iter().enumerate() {
+                    let a = &iops[&(ci, 2 * pi)];
+                    let b = &iops[&(ci, 2 * pi + 1)];
+                    let ratios: Vec<f64> = a.iter().zip(b).map(|(x, y)| x / y.max(1.0)).collect();
+                    println!(
+                        "| {} | {w} QD{qd} | {} | {} | {}x |",
+                        topo[2 * pi].0,
+                        spread(a, 0),
+                        spread(b, 0),
+                        spread(&ratios, 2)
+                    );
+                }
+            }
         }
         let _ = stop.send(());
         let _ = task.await;

@@ -9,6 +9,12 @@
 //! SKIPs (with the reason on stderr) when not root or when run.sh reports it cannot run here
 //! (exit 77: no apt sources, download failed, a host tool missing). `TALON_VM_STEPS=a,b` selects
 //! steps; the run.sh knobs (`TALON_VM_CACHE`, `TALON_VM_TIMEOUT`, ...) pass through.
+//!
+//! `longhorn_client` (ignored: not a test of its own) is a small client of Longhorn's
+//! instance-manager protocol on talon's protos, which the `longhorn-frontend` step runs on the host
+//! and in the guest (this test binary, handed over as `TALON_VM_LONGHORN_CLIENT`):
+//! `TALON_LH_ADDR=ip:base TALON_LH_CALL="<op> args.." <this binary> --ignored --exact longhorn_client`,
+//! answers on lines `LH key=value`; see [`longhorn_call`].
 
 use std::path::Path;
 use std::process::Command;
@@ -28,6 +34,9 @@ fn vm_guest_steps() {
         cmd.args(["--steps", &steps]);
     }
     cmd.arg(env!("CARGO_BIN_EXE_talon"));
+    if let Ok(me) = std::env::current_exe() {
+        cmd.env("TALON_VM_LONGHORN_CLIENT", me);
+    }
     let out = cmd.output().expect("run tests/vm/run.sh");
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -62,4 +71,188 @@ fn vm_guest_steps() {
         !summary.starts_with("vm-tests: 0 passed"),
         "no step ran: {summary}"
     );
+}
+
+/// The Longhorn client the `longhorn-frontend` step runs (see the module doc); without
+/// `TALON_LH_CALL` it says so and does nothing.
+#[test]
+#[ignore = "a tool of the longhorn-frontend guest step, not a test of its own"]
+fn longhorn_client() {
+    let (Ok(addr), Ok(call)) = (std::env::var("TALON_LH_ADDR"), std::env::var("TALON_LH_CALL")) else {
+        eprintln!(
+            "SKIP longhorn_client: TALON_LH_ADDR and TALON_LH_CALL are not set (a tool of tests/vm/steps/longhorn-frontend)"
+        );
+        return;
+    };
+    let addr: std::net::SocketAddr = addr.parse().expect("TALON_LH_ADDR is ip:port");
+    let args: Vec<String> = call.split_whitespace().map(str::to_owned).collect();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("tokio");
+    rt.block_on(longhorn_call(addr, &args));
+}
+
+/// One call, `args[0]` the operation (waits are up to 120 s: the guest runs under TCG):
+/// - `disk NAME PATH`: DiskCreate (aio);
+/// - `replica NAME VOLUME DISK SIZE`: InstanceCreate, running; `LH port=<port_start>`;
+/// - `engine NAME VOLUME SIZE R1=IP:PORT,R2=IP:PORT`: InstanceCreate, running; `LH port=<port>`;
+/// - `frontend NAME VOLUME ENGINE IP:PORT SIZE`: InstanceCreate, running; `LH endpoint=<endpoint>`;
+/// - `delete TYPE NAME [cleanup]`: InstanceDelete, then gone from InstanceGet; `LH gone=NAME`.
+async fn longhorn_call(base: std::net::SocketAddr, args: &[String]) {
+    use std::time::{Duration, Instant};
+    use talon::longhorn::proto::imrpc::{
+        self, disk_service_client::DiskServiceClient, instance_service_client::InstanceServiceClient,
+    };
+    use tonic::transport::Channel;
+
+    let channel = |i: u16| async move {
+        let url = format!("http://{}:{}", base.ip(), base.port() + i);
+        let until = Instant::now() + Duration::from_secs(120);
+        loop {
+            match Channel::from_shared(url.clone()).expect("url").connect().await {
+                Ok(c) => return c,
+                Err(e) if Instant::now() > until => panic!("no Longhorn service at {url}: {e}"),
+                Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+            }
+        }
+    };
+    let v2 = imrpc::DataEngine::V2 as i32;
+    let get = |ty: &str, name: &str| imrpc::InstanceGetRequest {
+        name: name.into(),
+        r#type: ty.into(),
+        data_engine: v2,
+        ..Default::default()
+    };
+    let running = |mut c: InstanceServiceClient<Channel>, ty: String, name: String| async move {
+        let until = Instant::now() + Duration::from_secs(120);
+        let mut last = String::new();
+        while Instant::now() < until {
+            if let Ok(r) = c.instance_get(get(&ty, &name)).await
+                && let Some(s) = r.into_inner().status
+            {
+                if s.state == "running" {
+                    return s;
+                }
+                last = format!("{} {}", s.state, s.error_msg);
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        panic!("{ty} {name} is not running after 120 s: {last}");
+    };
+    let create =
+        |name: &str, ty: &str, volume: &str, sp: imrpc::SpdkInstanceSpec| imrpc::InstanceCreateRequest {
+            spec: Some(imrpc::InstanceSpec {
+                name: name.into(),
+                r#type: ty.into(),
+                volume_name: volume.into(),
+                port_count: 1,
+                data_engine: v2,
+                spdk_instance_spec: Some(sp),
+                ..Default::default()
+            }),
+            data_layout_type: 0,
+        };
+    let a = |i: usize| {
+        args.get(i)
+            .map(String::as_str)
+            .unwrap_or_else(|| panic!("{args:?}: argument {i} is missing"))
+    };
+    let size = |i: usize| a(i).parse::<u64>().expect("size in bytes");
+    match a(0) {
+        "disk" => {
+            DiskServiceClient::new(channel(2).await)
+                .disk_create(imrpc::DiskCreateRequest {
+                    disk_type: imrpc::DiskType::Block as i32,
+                    disk_name: a(1).into(),
+                    disk_path: a(2).into(),
+                    disk_driver: "aio".into(),
+                    ..Default::default()
+                })
+                .await
+                .expect("DiskCreate");
+            println!("LH disk={}", a(1));
+        }
+        "replica" => {
+            let mut c = InstanceServiceClient::new(channel(3).await);
+            let sp = imrpc::SpdkInstanceSpec {
+                disk_name: a(3).into(),
+                size: size(4),
+                ..Default::default()
+            };
+            c.instance_create(create(a(1), "replica", a(2), sp))
+                .await
+                .expect("InstanceCreate replica");
+            let s = running(c, "replica".into(), a(1).into()).await;
+            println!("LH port={}", s.port_start);
+        }
+        "engine" => {
+            let mut c = InstanceServiceClient::new(channel(3).await);
+            let map = a(4)
+                .split(',')
+                .map(|kv| {
+                    let (k, v) = kv.split_once('=').expect("replica=ip:port");
+                    (k.to_owned(), v.to_owned())
+                })
+                .collect();
+            let sp = imrpc::SpdkInstanceSpec {
+                replica_address_map: map,
+                size: size(3),
+                ..Default::default()
+            };
+            c.instance_create(create(a(1), "engine", a(2), sp))
+                .await
+                .expect("InstanceCreate engine");
+            let s = running(c, "engine".into(), a(1).into()).await;
+            println!("LH port={}", s.port_start);
+        }
+        "frontend" => {
+            let mut c = InstanceServiceClient::new(channel(3).await);
+            let mut req = create(
+                a(1),
+                "engine-frontend",
+                a(2),
+                imrpc::SpdkInstanceSpec {
+                    size: size(5),
+                    ..Default::default()
+                },
+            );
+            if let Some(spec) = req.spec.as_mut() {
+                spec.engine_name = a(3).into();
+                spec.target_address = a(4).into();
+            }
+            c.instance_create(req)
+                .await
+                .expect("InstanceCreate engine-frontend");
+            let s = running(c, "engine-frontend".into(), a(1).into()).await;
+            println!("LH endpoint={}", s.endpoint);
+        }
+        "delete" => {
+            let mut c = InstanceServiceClient::new(channel(3).await);
+            c.instance_delete(imrpc::InstanceDeleteRequest {
+                name: a(2).into(),
+                r#type: a(1).into(),
+                cleanup_required: args.get(3).is_some_and(|x| x == "cleanup"),
+                data_engine: v2,
+                ..Default::default()
+            })
+            .await
+            .expect("InstanceDelete");
+            let until = Instant::now() + Duration::from_secs(120);
+            loop {
+                match c.instance_get(get(a(1), a(2))).await {
+                    Err(e) if e.code() == tonic::Code::NotFound => break,
+                    other => assert!(
+                        Instant::now() < until,
+                        "{} {} is not gone after 120 s: {other:?}",
+                        a(1),
+                        a(2)
+                    ),
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            println!("LH gone={}", a(2));
+        }
+        other => panic!("unknown operation {other:?}"),
+    }
 }

@@ -17,6 +17,7 @@
 //! longhorn-instance-manager v1.12.1 vendors) that talon serves. A method
 //! outside that subset answers gRPC UNIMPLEMENTED naming it.
 
+pub mod address;
 pub mod naming;
 pub mod proxy;
 pub mod server;

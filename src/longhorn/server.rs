@@ -630,12 +630,16 @@ impl Longhorn {
             .map_err(state_err)?
             .map(|d| d.spec.lvstore_uuid)
             .unwrap_or_default();
-        let ip = self
+        let listen = self
             .state
             .get_typed::<crate::resources::config::NodeConfig>("node")
             .map_err(state_err)?
             .map(|n| n.spec.listen_address)
             .unwrap_or_default();
+        // where the replica's export listens (the controller's choice too)
+        let ip = crate::longhorn::address::instance_ip(&listen)
+            .map(|a| a.to_string())
+            .unwrap_or(listen);
         let state = phase_state(r.metadata.phase, o.state);
         Ok(spdkrpc::Replica {
             name: r.id().to_owned(),

@@ -36,8 +36,8 @@ use crate::resources::longhorn::{
 };
 use crate::runtime::{Controller, ControllerError, Input, Output, Phase, ReconcileContext, Requeue, Typed};
 use crate::spdk::rpc::{
-    AddNamespace, AttachController, ByName, ByNqn, CreateSubsystem, ListenAddress, LvolCreate, RaidCreate,
-    RaidDelete, RaidLevel, SubsystemHostParams, SubsystemListener,
+    AddNamespace, AttachController, ByName, ByNqn, CreateSubsystem, ListenAddress, Lvol, LvolCreate,
+    LvolStoreRef, RaidCreate, RaidDelete, RaidLevel, SubsystemHostParams, SubsystemListener,
 };
 use crate::spdk::volume::{Inventory, VolumeOps};
 use crate::spdk::{ErrorKind, SpdkClient};
@@ -139,12 +139,13 @@ struct ExportPlan<'a> {
 impl LonghornController {
     /// Makes the missing parts of an export (idempotent); a subsystem that
     /// serves another bdev is made again.
-    async fn export(&self, inv: &Inventory, p: &ExportPlan<'_>) -> Result<(), String> {
+    async fn export(&self, inv: &mut Inventory, p: &ExportPlan<'_>) -> Result<(), String> {
         if !inv.tcp_transport {
             self.ops
                 .ensure_transport()
                 .await
                 .map_err(|e| format!("creating the NVMe/TCP transport: {}", chain(&e)))?;
+            inv.tcp_transport = true;
         }
         let mut sub = inv.subsystem(p.nqn).cloned();
         if let Some(s) = &sub {
@@ -167,6 +168,7 @@ impl LonghornController {
                     )
                 })?;
                 sub = None;
+                inv.subsystems.retain(|s| s.nqn != p.nqn);
             }
         }
         let made = sub.is_none();
@@ -199,29 +201,38 @@ impl LonghornController {
                 .await
                 .map_err(|e| format!("creating subsystem {nqn}: {}", chain(&e)))?;
         }
-        if sub.is_none_or(|s| s.namespaces.is_empty()) {
-            self.client
-                .nvmf_subsystem_add_ns(&AddNamespace::with_id(nqn, p.bdev, p.ns_id))
-                .await
-                .map_err(|e| format!("exporting {} in {nqn}: {}", p.bdev, chain(&e)))?;
-        }
-        for h in p.hosts {
-            if sub.is_some_and(|s| s.hosts.iter().any(|x| &x.nqn == h)) {
-                continue;
+        // the namespace and the hosts in one round trip: spdk_tgt answers RPCs only when its
+        // reactor polls the socket, and adding a host is synchronous (a list under the
+        // subsystem's lock), so they need not wait for each other
+        let add_ns = async {
+            if sub.is_none_or(|s| s.namespaces.is_empty()) {
+                self.client
+                    .nvmf_subsystem_add_ns(&AddNamespace::with_id(nqn, p.bdev, p.ns_id))
+                    .await
+                    .map_err(|e| format!("exporting {} in {nqn}: {}", p.bdev, chain(&e)))?;
             }
-            match self
-                .client
-                .nvmf_subsystem_add_host(&SubsystemHostParams {
-                    nqn: nqn.into(),
-                    host: h.clone(),
-                })
-                .await
-            {
-                Ok(_) => {}
-                Err(e) if e.is(ErrorKind::AlreadyExists) => {}
-                Err(e) => return Err(format!("allowing host {h} on {nqn}: {}", chain(&e))),
-            }
-        }
+            Ok::<(), String>(())
+        };
+        let add_hosts = futures::future::try_join_all(
+            p.hosts
+                .iter()
+                .filter(|h| !sub.is_some_and(|s| s.hosts.iter().any(|x| &x.nqn == *h)))
+                .map(|h| async move {
+                    match self
+                        .client
+                        .nvmf_subsystem_add_host(&SubsystemHostParams {
+                            nqn: nqn.into(),
+                            host: h.clone(),
+                        })
+                        .await
+                    {
+                        Ok(_) => Ok(()),
+                        Err(e) if e.is(ErrorKind::AlreadyExists) => Ok(()),
+                        Err(e) => Err(format!("allowing host {h} on {nqn}: {}", chain(&e))),
+                    }
+                }),
+        );
+        tokio::try_join!(add_ns, add_hosts)?;
         let listening = sub.is_some_and(|s| {
             s.listen_addresses
                 .iter()
@@ -251,7 +262,7 @@ impl LonghornController {
         Ok(())
     }
 
-    async fn unexport(&self, inv: &Inventory, nqn: &str) -> Result<(), String> {
+    async fn unexport(&self, inv: &mut Inventory, nqn: &str) -> Result<(), String> {
         if inv.subsystem(nqn).is_none() {
             return Ok(());
         }
@@ -260,13 +271,15 @@ impl LonghornController {
                 .nvmf_delete_subsystem(&ByNqn { nqn: nqn.into() })
                 .await,
         )
-        .map_err(|e| format!("deleting subsystem {nqn}: {}", chain(&e)))
+        .map_err(|e| format!("deleting subsystem {nqn}: {}", chain(&e)))?;
+        inv.subsystems.retain(|s| s.nqn != nqn);
+        Ok(())
     }
 
     /// A replica: its lvol, exported unless `held` by an engine here.
     async fn ensure_replica(
         &self,
-        inv: &Inventory,
+        inv: &mut Inventory,
         ctx: &ReconcileContext,
         node: &NodeConfig,
         r: &Typed<LonghornReplica>,
@@ -283,7 +296,10 @@ impl LonghornController {
         let lvol = match inv.lvols.get(&alias) {
             Some(l) => l.clone(),
             None => {
-                self.client
+                // bdev_lvol_create answers the new lvol's UUID: the rest is known (thin,
+                // nothing allocated), so no listing of every lvol follows
+                let uuid = self
+                    .client
                     .bdev_lvol_create(&LvolCreate::thin(
                         &disk.spec.lvstore,
                         name.as_str(),
@@ -291,24 +307,25 @@ impl LonghornController {
                     ))
                     .await
                     .map_err(|e| format!("creating lvol {alias}: {}", chain(&e)))?;
-                let lvols = self
-                    .client
-                    .bdev_lvol_get_lvols(&Default::default())
-                    .await
-                    .map_err(|e| format!("listing lvols: {}", chain(&e)))?;
-                lvols
-                    .into_iter()
-                    .find(|l| l.alias == alias)
-                    .ok_or_else(|| format!("lvol {alias} is not listed after its creation"))?
+                let lvol = Lvol {
+                    alias: alias.clone(),
+                    uuid,
+                    name: name.as_str().to_owned(),
+                    is_thin_provisioned: true,
+                    is_snapshot: false,
+                    is_clone: false,
+                    num_allocated_clusters: 0,
+                    lvs: LvolStoreRef {
+                        name: disk.spec.lvstore.clone(),
+                        uuid: disk.spec.lvstore_uuid.clone(),
+                    },
+                };
+                inv.lvols.insert(alias.clone(), lvol.clone());
+                lvol
             }
         };
         let nqn = naming::replica_nqn(&name).map_err(|e| e.to_string())?;
-        let addr: IpAddr = node.listen_address.parse().map_err(|_| {
-            format!(
-                "the node's listenAddress {} is not an IP address",
-                node.listen_address
-            )
-        })?;
+        let addr: IpAddr = crate::longhorn::address::instance_ip(&node.listen_address)?;
         let mut st = status(InstanceKind::Replica, InstanceState::Running, "");
         st.bdev = alias.clone();
         st.uuid = lvol.uuid.clone();
@@ -337,7 +354,7 @@ impl LonghornController {
     }
 
     /// Removes a replica's export and, with `cleanup`, its lvol.
-    async fn remove_replica(&self, inv: &Inventory, r: &Typed<LonghornReplica>) -> Result<(), String> {
+    async fn remove_replica(&self, inv: &mut Inventory, r: &Typed<LonghornReplica>) -> Result<(), String> {
         let name = ObjectName::parse("replica", r.id()).map_err(|e| e.to_string())?;
         let nqn = naming::replica_nqn(&name).map_err(|e| e.to_string())?;
         self.unexport(inv, nqn.as_str()).await?;
@@ -346,6 +363,7 @@ impl LonghornController {
             if inv.lvols.contains_key(&alias) {
                 ignore_missing(self.client.bdev_lvol_delete(&ByName::new(&alias)).await)
                     .map_err(|e| format!("deleting lvol {alias}: {}", chain(&e)))?;
+                inv.lvols.remove(&alias);
             }
         }
         Ok(())
@@ -416,23 +434,18 @@ impl LonghornController {
     /// An engine: its members, raid1 (two or more) and export.
     async fn ensure_engine(
         &self,
-        inv: &Inventory,
+        inv: &mut Inventory,
         node: &NodeConfig,
         e: &Typed<LonghornEngine>,
         local: &BTreeMap<String, LonghornReplica>,
     ) -> Result<LonghornInstanceStatus, String> {
         let name = ObjectName::parse("engine", e.id()).map_err(|x| x.to_string())?;
         let volume = ObjectName::parse("volume", &e.spec.volume).map_err(|x| x.to_string())?;
-        let addr: IpAddr = node.listen_address.parse().map_err(|_| {
-            format!(
-                "the node's listenAddress {} is not an IP address",
-                node.listen_address
-            )
-        })?;
+        let addr: IpAddr = crate::longhorn::address::instance_ip(&node.listen_address)?;
         let (bdev, uuid) = match inv.raid(name.as_str()) {
             Some(raid) => (raid.name.clone(), raid.uuid.clone().unwrap_or_default()),
             None => {
-                let (members, missing) = self.members(inv, &e.spec, local).await;
+                let (members, missing) = self.members(&*inv, &e.spec, local).await;
                 if !missing.is_empty() || members.is_empty() {
                     return Err(format!("waiting for replicas: {}", missing.join("; ")));
                 }
@@ -491,7 +504,7 @@ impl LonghornController {
     /// Removes an engine's export, raid and remote attachments (replicas stay).
     async fn remove_engine(
         &self,
-        inv: &Inventory,
+        inv: &mut Inventory,
         e: &Typed<LonghornEngine>,
         local: &BTreeMap<String, LonghornReplica>,
     ) -> Result<(), String> {
@@ -501,6 +514,7 @@ impl LonghornController {
         if inv.raid(e.id()).is_some() {
             ignore_missing(self.client.bdev_raid_delete(&RaidDelete::new(e.id())).await)
                 .map_err(|x| format!("deleting raid {}: {}", e.id(), chain(&x)))?;
+            inv.raids.retain(|r| r.name != e.id());
         }
         for replica in e.spec.replica_address_map.keys() {
             if local.contains_key(replica) || !inv.controllers.iter().any(|c| c == replica) {
@@ -512,6 +526,8 @@ impl LonghornController {
                     .await,
             )
             .map_err(|x| format!("detaching replica {replica}: {}", chain(&x)))?;
+            inv.controllers.retain(|c| c != replica);
+            inv.bdevs.remove(&format!("{replica}n1"));
         }
         Ok(())
     }
@@ -553,6 +569,41 @@ impl LonghornController {
             .to_owned();
         st.endpoint = format!("{DEV_DIR}/{volume}");
         Ok(st)
+    }
+
+    /// Engine-frontends going away are detached (`going`), or the others
+    /// attached.
+    async fn reconcile_frontends(
+        &self,
+        ctx: &mut ReconcileContext,
+        frontends: &[Typed<LonghornEngineFrontend>],
+        going: bool,
+        errored: &mut BTreeSet<String>,
+    ) -> Result<(), ControllerError> {
+        for f in frontends {
+            if (f.metadata.phase == Phase::TearingDown) != going {
+                continue;
+            }
+            if going {
+                match self.remove_frontend(f).await {
+                    Ok(()) => ctx.remove_finalizer::<LonghornEngineFrontend>(f.id())?,
+                    Err(m) => {
+                        errored.insert(f.id().to_owned());
+                        ctx.apply(
+                            f.id(),
+                            status(InstanceKind::EngineFrontend, InstanceState::Error, m),
+                        )?
+                    }
+                }
+                continue;
+            }
+            let st = match self.ensure_frontend(f).await {
+                Ok(s) => s,
+                Err(m) => status(InstanceKind::EngineFrontend, InstanceState::Error, m),
+            };
+            ctx.apply(f.id(), st)?;
+        }
+        Ok(())
     }
 
     async fn remove_frontend(&self, f: &Typed<LonghornEngineFrontend>) -> Result<(), String> {
@@ -621,8 +672,15 @@ impl Controller for LonghornController {
         let target_ready = ctx
             .get::<TargetStatus>(SPDK_STATUS_ID)?
             .is_some_and(|t| t.spec.state == ObjectState::Ready);
+        let mut errored: BTreeSet<String> = BTreeSet::new();
+        // engine-frontends are the kernel's (NVMe/TCP to an engine's export,
+        // here or on another node): they need no spdk_tgt on this node
+        self.reconcile_frontends(ctx, &frontends, true, &mut errored)
+            .await?;
         if !target_ready {
-            // nothing can be made or removed without the target: report and wait
+            self.reconcile_frontends(ctx, &frontends, false, &mut errored)
+                .await?;
+            // nothing of SPDK's can be made or removed without the target: report and wait
             let msg = "waiting for spdk_tgt";
             for r in &replicas {
                 ctx.apply(
@@ -633,12 +691,6 @@ impl Controller for LonghornController {
             for e in &engines {
                 ctx.apply(e.id(), status(InstanceKind::Engine, InstanceState::Starting, msg))?;
             }
-            for f in &frontends {
-                ctx.apply(
-                    f.id(),
-                    status(InstanceKind::EngineFrontend, InstanceState::Starting, msg),
-                )?;
-            }
             return Ok(Requeue::After(POLL));
         }
         let local: BTreeMap<String, LonghornReplica> = replicas
@@ -647,34 +699,15 @@ impl Controller for LonghornController {
             .map(|r| (r.id().to_owned(), r.spec.clone()))
             .collect();
 
-        let mut errored: BTreeSet<String> = BTreeSet::new();
-        // 1. frontends and engines going away
-        for f in frontends
-            .iter()
-            .filter(|f| f.metadata.phase == Phase::TearingDown)
-        {
-            match self.remove_frontend(f).await {
-                Ok(()) => ctx.remove_finalizer::<LonghornEngineFrontend>(f.id())?,
-                Err(m) => {
-                    errored.insert(f.id().to_owned());
-                    ctx.apply(
-                        f.id(),
-                        status(InstanceKind::EngineFrontend, InstanceState::Error, m),
-                    )?
-                }
-            }
-        }
-        let tearing_engines: Vec<&Typed<LonghornEngine>> = engines
-            .iter()
-            .filter(|e| e.metadata.phase == Phase::TearingDown)
-            .collect();
-        let inv = if tearing_engines.is_empty() {
-            Inventory::default()
-        } else {
-            Inventory::load(&self.client).await?
-        };
-        for e in tearing_engines {
-            match self.remove_engine(&inv, e, &local).await {
+        // 1. engines going away
+        // one listing of the target per reconcile: what this reconcile changes it
+        // records in `inv` as it goes (lvols made, subsystems, raids and
+        // controllers removed), so later steps see it without listing again
+        let started = std::time::Instant::now();
+        let mut inv = Inventory::load(&self.client).await?;
+        let listed = started.elapsed();
+        for e in engines.iter().filter(|e| e.metadata.phase == Phase::TearingDown) {
+            match self.remove_engine(&mut inv, e, &local).await {
                 Ok(()) => ctx.remove_finalizer::<LonghornEngine>(e.id())?,
                 Err(m) => {
                     errored.insert(e.id().to_owned());
@@ -694,7 +727,6 @@ impl Controller for LonghornController {
             .filter(|r| local.contains_key(*r))
             .map(String::as_str)
             .collect();
-        let inv = Inventory::load(&self.client).await?;
         for r in &replicas {
             if r.metadata.phase == Phase::TearingDown {
                 if held.contains(r.id()) && r.spec.cleanup {
@@ -706,7 +738,7 @@ impl Controller for LonghornController {
                     ctx.apply(r.id(), status(InstanceKind::Replica, InstanceState::Error, m))?;
                     continue;
                 }
-                match self.remove_replica(&inv, r).await {
+                match self.remove_replica(&mut inv, r).await {
                     Ok(()) => ctx.remove_finalizer::<LonghornReplica>(r.id())?,
                     Err(m) => {
                         errored.insert(r.id().to_owned());
@@ -721,7 +753,7 @@ impl Controller for LonghornController {
                 continue;
             }
             let st = match self
-                .ensure_replica(&inv, ctx, &node, r, held.contains(r.id()))
+                .ensure_replica(&mut inv, ctx, &node, r, held.contains(r.id()))
                 .await
             {
                 Ok(s) => s,
@@ -731,9 +763,9 @@ impl Controller for LonghornController {
         }
 
         // 3. engines
-        let inv = Inventory::load(&self.client).await?;
+        let replicas_done = started.elapsed();
         for e in &running_engines {
-            let st = match self.ensure_engine(&inv, &node, e, &local).await {
+            let st = match self.ensure_engine(&mut inv, &node, e, &local).await {
                 Ok(s) => s,
                 Err(m) if m.starts_with("waiting for replicas") => {
                     status(InstanceKind::Engine, InstanceState::Starting, m)
@@ -743,14 +775,20 @@ impl Controller for LonghornController {
             ctx.apply(e.id(), st)?;
         }
 
-        // 4. engine-frontends
-        for f in frontends.iter().filter(|f| f.metadata.phase == Phase::Running) {
-            let st = match self.ensure_frontend(f).await {
-                Ok(s) => s,
-                Err(m) => status(InstanceKind::EngineFrontend, InstanceState::Error, m),
-            };
-            ctx.apply(f.id(), st)?;
-        }
+        // 4. engine-frontends (after the engines: one here may be what they attach)
+        let engines_done = started.elapsed();
+        self.reconcile_frontends(ctx, &frontends, false, &mut errored)
+            .await?;
+        tracing::debug!(
+            listing_ms = listed.as_secs_f64() * 1e3,
+            replicas_ms = (replicas_done - listed).as_secs_f64() * 1e3,
+            engines_ms = (engines_done - replicas_done).as_secs_f64() * 1e3,
+            frontends_ms = (started.elapsed() - engines_done).as_secs_f64() * 1e3,
+            replicas = replicas.len(),
+            engines = engines.len(),
+            frontends = frontends.len(),
+            "Longhorn reconcile"
+        );
         // instances still tearing down keep a status until they are gone
         let tearing = replicas
             .iter()
