@@ -261,11 +261,11 @@ async fn auto_hugepages_follow_the_volumes_and_never_take_pages_in_use() {
         .create_typed("node", "", &NodeConfig::default())
         .expect("node");
 
-    // no volumes yet: the spdk_tgt base, 512 MiB = 256 pages, on node 0 only
-    let s = status_where(&state, "2M-node0", "node0 grown to 256", |s| s.total == 256).await;
-    assert_eq!((s.wanted, s.state), (Some(256), HugepagesState::Ok), "{s:?}");
-    assert!(s.reason.contains("talon grew 0 -> 256"), "{}", s.reason);
-    assert_eq!(pages(dir.path(), "nr_hugepages"), 256);
+    // no volumes yet: the spdk_tgt base, 1024 MiB = 512 pages, on node 0 only
+    let s = status_where(&state, "2M-node0", "node0 grown to 512", |s| s.total == 512).await;
+    assert_eq!((s.wanted, s.state), (Some(512), HugepagesState::Ok), "{s:?}");
+    assert!(s.reason.contains("talon grew 0 -> 512"), "{}", s.reason);
+    assert_eq!(pages(dir.path(), "nr_hugepages"), 512);
     let n1 = status_where(&state, "2M-node1", "node1 status", |_| true).await;
     assert_eq!(
         (n1.wanted, n1.total, n1.state),
@@ -275,10 +275,10 @@ async fn auto_hugepages_follow_the_volumes_and_never_take_pages_in_use() {
         get::<HugepagesLedger>(&state, "2M-node0")
     })
     .await;
-    assert_eq!(ledger, HugepagesLedger { before: 0, set: 256 });
+    assert_eq!(ledger, HugepagesLedger { before: 0, set: 512 });
     set_in_use(dir.path(), 0);
 
-    // two volumes: 512 + 2 × 43 = 598 MiB -> 299 pages
+    // two volumes: 1024 + 2 × 43 = 1110 MiB -> 555 pages
     for v in ["v1", "v2"] {
         state.create_typed(v, "", &volume()).expect("volume");
     }
@@ -286,54 +286,54 @@ async fn auto_hugepages_follow_the_volumes_and_never_take_pages_in_use() {
         get::<HugepagesSpec>(&state, "2M-node0").filter(|s| s.exported_volumes == 2)
     })
     .await;
-    assert_eq!((spec.wanted, spec.spdk_mem_mib), (Some(299), 598));
-    status_where(&state, "2M-node0", "grown to 299", |s| s.total == 299).await;
+    assert_eq!((spec.wanted, spec.spdk_mem_mib), (Some(555), 1110));
+    status_where(&state, "2M-node0", "grown to 555", |s| s.total == 555).await;
 
     // every page in use (SPDK mapped them), then the volumes go: nothing is taken away
-    set_in_use(dir.path(), 299);
+    set_in_use(dir.path(), 555);
     for v in ["v1", "v2"] {
         state.destroy("config", "Volume", v, "").expect("delete");
     }
-    let s = status_where(&state, "2M-node0", "wanted back to 256", |s| {
-        s.wanted == Some(256)
+    let s = status_where(&state, "2M-node0", "wanted back to 512", |s| {
+        s.wanted == Some(512)
     })
     .await;
     assert_eq!(
         (s.total, s.in_use, s.state),
-        (299, 299, HugepagesState::Ok),
+        (555, 555, HugepagesState::Ok),
         "{s:?}"
     );
-    // a few polls later still 299
-    status_where(&state, "2M-node0", "a later poll", |s| s.wanted == Some(256)).await;
-    assert_eq!(pages(dir.path(), "nr_hugepages"), 299);
+    // a few polls later still 555
+    status_where(&state, "2M-node0", "a later poll", |s| s.wanted == Some(512)).await;
+    assert_eq!(pages(dir.path(), "nr_hugepages"), 555);
 
     // the pages are released: the free ones talon added go back
     set_in_use(dir.path(), 0);
-    let s = status_where(&state, "2M-node0", "shrunk to 256", |s| s.total == 256).await;
+    let s = status_where(&state, "2M-node0", "shrunk to 512", |s| s.total == 512).await;
     assert!(s.reason.contains("gave back free pages"), "{}", s.reason);
 
-    // someone else grows the pool to 400: talon cannot tell its pages from
+    // someone else grows the pool to 800: talon cannot tell its pages from
     // theirs, so the whole pool is theirs now (talon added nothing): forgotten
-    write(dir.path(), &format!("{NODE0}/nr_hugepages"), "400\n");
+    write(dir.path(), &format!("{NODE0}/nr_hugepages"), "800\n");
     set_in_use(dir.path(), 0);
     eventually("ledger dropped after the foreign grow", WAIT, || async {
         get::<HugepagesLedger>(&state, "2M-node0").is_none().then_some(())
     })
     .await;
-    status_where(&state, "2M-node0", "400 left alone", |s| {
-        s.total == 400 && s.state == HugepagesState::Ok
+    status_where(&state, "2M-node0", "800 left alone", |s| {
+        s.total == 800 && s.state == HugepagesState::Ok
     })
     .await;
 
     // they shrink it to 100: talon grows it back to what SPDK needs
     write(dir.path(), &format!("{NODE0}/nr_hugepages"), "100\n");
     set_in_use(dir.path(), 0);
-    status_where(&state, "2M-node0", "grown from 100", |s| s.total == 256).await;
+    status_where(&state, "2M-node0", "grown from 100", |s| s.total == 512).await;
     assert_eq!(
         get::<HugepagesLedger>(&state, "2M-node0"),
         Some(HugepagesLedger {
             before: 100,
-            set: 256
+            set: 512
         })
     );
     set_in_use(dir.path(), 0);
@@ -367,13 +367,13 @@ async fn on_talos_hugepages_are_reported_with_the_patch_not_written() {
         s.state == HugepagesState::Short
     })
     .await;
-    assert_eq!((s.wanted, s.total), (Some(256), 0));
+    assert_eq!((s.wanted, s.total), (Some(512), 0));
     assert_eq!(pages(dir.path(), "nr_hugepages"), 0, "nothing written on Talos");
     assert!(s.reason.contains("machine config"), "{}", s.reason);
-    // two NUMA nodes: the kernel spreads the sysctl, so 2 × 256
+    // two NUMA nodes: the kernel spreads the sysctl, so 2 × 512
     let patch = s.talos_patch.expect("patch");
     assert!(
-        patch.contains("vm.nr_hugepages: '512'") && !patch.contains("kubelet"),
+        patch.contains("vm.nr_hugepages: '1024'") && !patch.contains("kubelet"),
         "{patch}"
     );
     assert!(s.reason.contains("2 NUMA nodes"), "{}", s.reason);
@@ -415,8 +415,8 @@ async fn a_refused_hugepage_write_is_reported_with_the_fix() {
     })
     .await;
     assert!(
-        s.reason.contains("cannot set 2M hugepages on NUMA node 0 to 256")
-            && s.reason.contains("talon host hugepages --set 256 --node 0"),
+        s.reason.contains("cannot set 2M hugepages on NUMA node 0 to 512")
+            && s.reason.contains("talon host hugepages --set 512 --node 0"),
         "{}",
         s.reason
     );
@@ -497,14 +497,14 @@ async fn the_hugepage_baseline_survives_a_restart() {
         ))
     })
     .expect("start");
-    status_where(&state, "2M-node0", "grown to 256", |s| s.total == 256).await;
+    status_where(&state, "2M-node0", "grown to 512", |s| s.total == 512).await;
     rt.stop().await;
     drop(state);
 
     let state = State::open(&db).expect("reopen");
     assert_eq!(
         get::<HugepagesLedger>(&state, "2M-node0"),
-        Some(HugepagesLedger { before: 10, set: 256 })
+        Some(HugepagesLedger { before: 10, set: 512 })
     );
     set_in_use(dir.path(), 0);
     let node = NodeConfig {

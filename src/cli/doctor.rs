@@ -176,7 +176,7 @@ mod tests {
         if nix::unistd::Uid::effective().is_root() {
             let c = engine_check(&root, &opts(Some(bin)), false, None);
             assert_eq!(c.status, Status::Pass, "{c:?}");
-            assert!(c.measured.contains("reserves 512 MiB"), "{c:?}");
+            assert!(c.measured.contains("reserves 1024 MiB"), "{c:?}");
         }
 
         let c = engine_check(&root, &opts(None), false, None);

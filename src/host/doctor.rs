@@ -205,7 +205,7 @@ pub fn run(root: &HostRoot, opts: &DoctorOptions) -> Result<Report, DoctorError>
     let sizing = match opts.hugepages_mib {
         Some(_) => format!("{want_mib} MiB asked"),
         None => format!(
-            "{want_mib} MiB for {} volumes (512 MiB + 43 MiB each)",
+            "{want_mib} MiB for {} volumes (1024 MiB + 43 MiB each)",
             opts.volumes
         ),
     };
@@ -490,10 +490,10 @@ mod tests {
             .iter()
             .find(|c| c.name == "hugepages-2M")
             .expect("hugepages");
-        assert!(hp.measured.contains("598 MiB for 2 volumes"), "{hp:?}");
+        assert!(hp.measured.contains("1110 MiB for 2 volumes"), "{hp:?}");
         let t = r.talos.as_ref().expect("talos");
         assert!(
-            t.machine_config_yaml.contains("vm.nr_hugepages: '299'"),
+            t.machine_config_yaml.contains("vm.nr_hugepages: '555'"),
             "{}",
             t.machine_config_yaml
         );

@@ -426,11 +426,21 @@ pub fn prove_usable(root: &HostRoot, size: PageSize) -> Result<(), HugepagesErro
     Ok(())
 }
 
-/// The 2 MiB hugepages SPDK needs for `volumes` attached NVMe/TCP volumes:
-/// about 512 MiB plus 43 MiB per volume (Longhorn issue 13817), rounded up to
-/// whole 2 MiB pages.
+/// What spdk_tgt v26.05 needs with nothing configured: its DPDK heap holds
+/// 884 MiB empty (the iSCSI target's PDU and task pools, the bdev_io, fsdev_io
+/// and message pools; measured with `benches/memory/run.sh`), and it does not
+/// start with 512.
+pub const SPDK_BASE_MIB: u64 = 1024;
+/// Hugepages per attached NVMe/TCP volume: its TCP qpairs' buffers (a
+/// kernel initiator opens one I/O queue per host CPU, ~1.6 MiB each; Longhorn
+/// issue 13817 measured ~43 MiB per volume).
+pub const SPDK_MIB_PER_VOLUME: u64 = 43;
+
+/// The 2 MiB hugepages SPDK needs for `volumes` attached NVMe/TCP volumes
+/// before any use was measured: [`SPDK_BASE_MIB`] plus
+/// [`SPDK_MIB_PER_VOLUME`] each, rounded up to whole 2 MiB pages.
 pub fn spdk_sizing_mib(volumes: u32) -> u64 {
-    let mib = 512 + 43 * u64::from(volumes);
+    let mib = SPDK_BASE_MIB + SPDK_MIB_PER_VOLUME * u64::from(volumes);
     mib.div_ceil(2) * 2
 }
 
@@ -648,9 +658,9 @@ mod tests {
         assert_eq!("2M".parse::<PageSize>().expect("2M"), PageSize::Size2M);
         assert_eq!("1g".parse::<PageSize>().expect("1G"), PageSize::Size1G);
         assert!("3M".parse::<PageSize>().is_err());
-        assert_eq!(spdk_sizing_mib(0), 512);
-        assert_eq!(spdk_sizing_mib(1), 556);
-        assert_eq!(spdk_sizing_mib(10), 942);
+        assert_eq!(spdk_sizing_mib(0), 1024);
+        assert_eq!(spdk_sizing_mib(1), 1068);
+        assert_eq!(spdk_sizing_mib(10), 1454);
         assert_eq!(super::super::mounts::unescape("/mnt/a\\040b"), "/mnt/a b");
         let d = tempfile::tempdir().expect("tempdir");
         let root = HostRoot::new(d.path());

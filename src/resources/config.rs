@@ -101,7 +101,7 @@ pub enum HugepagesSetting {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum HugepagesKeyword {
-    /// About 512 MiB + 43 MiB per exported NVMe/TCP volume while SPDK can run
+    /// About 1024 MiB + 43 MiB per exported NVMe/TCP volume while SPDK can run
     /// here (docs/sizing.md); nothing on a node without SPDK.
     Auto,
     /// talon neither grows nor shrinks the pool (pages it added earlier are

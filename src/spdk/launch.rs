@@ -346,7 +346,7 @@ pub fn cap_memory(wanted: u64, free: u64, volumes: u32) -> (u64, Option<String>)
 /// `-s` floor of spdk_tgt v26.05: its DPDK heap holds 884 MiB with nothing
 /// configured (the iSCSI target's PDU and task pools, the bdev_io, fsdev_io
 /// and message pools; `benches/memory/run.sh`). It does not start with 512.
-pub const SPDK_TGT_BASE_MIB: u64 = 1024;
+pub const SPDK_TGT_BASE_MIB: u64 = crate::host::hugepages::SPDK_BASE_MIB;
 /// `-s` floor of nvmf_tgt v26.05 (interrupt mode): 386 MiB in use empty.
 pub const NVMF_TGT_BASE_MIB: u64 = 512;
 /// `-s` per exported volume before any use was measured: an exported volume
@@ -402,9 +402,10 @@ pub fn heap_in_use_mib(dump: &str) -> Option<u64> {
     (!bytes.is_empty()).then(|| bytes.iter().sum::<u64>().div_ceil(1 << 20))
 }
 
-/// SPDK memory for `volumes` exported volumes: 512 MiB + 43 MiB each.
+/// SPDK memory for `volumes` exported volumes before any use was measured:
+/// the hugepage pool's figure ([`crate::host::hugepages::spdk_sizing_mib`]).
 pub fn mem_size_mib_for(volumes: u32) -> u64 {
-    512 + 43 * u64::from(volumes)
+    crate::host::hugepages::spdk_sizing_mib(volumes)
 }
 
 /// Finds spdk_tgt: the explicit path, then `<spdk_dir>/build/bin/spdk_tgt`,

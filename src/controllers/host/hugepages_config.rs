@@ -5,7 +5,7 @@
 //! ```text
 //!   NodeConfig.hugepages ─┐  auto: SPDK can run here? (spdk_tgt found, not --no-huge,
 //!   Volume (V2 ones) ─────┤        node not pinned to v1, or V2 work exists)
-//!   Disk ─────────────────┤        ─> 512 MiB + 43 MiB × exported volumes (docs/sizing.md)
+//!   Disk ─────────────────┤        ─> 1024 MiB + 43 MiB × exported volumes (docs/sizing.md)
 //!   --spdk-cpumask ───────┘  <MiB>: that;  off: nothing wanted
 //!        │ split over the NUMA nodes of the SPDK cores, in proportion to the cores
 //!        │ on each (as DPDK spreads -s), rounded up to whole pages
@@ -105,7 +105,9 @@ pub fn desired(
                 "auto".to_string(),
                 Some(spdk_mem_mib),
                 format!(
-                    "auto: 512 MiB + 43 MiB × {exported} exported volume(s) = {spdk_mem_mib} MiB for {what}"
+                    "auto: {} MiB + {} MiB × {exported} exported volume(s) = {spdk_mem_mib} MiB for {what}",
+                    crate::host::hugepages::SPDK_BASE_MIB,
+                    crate::host::hugepages::SPDK_MIB_PER_VOLUME
                 ),
             ),
             Err(why) => (
@@ -230,10 +232,10 @@ mod tests {
         let specs = desired(&root, &demand(true), &node, &[vol(), vol(), vol()], 0).expect("desired");
         assert_eq!(specs.len(), 1, "{specs:?}");
         let s = &specs[0];
-        // 512 + 3 × 43 = 641 MiB (spdk_tgt -s) -> 321 pages of 2 MiB, all on node 0 (core 0)
+        // 1024 + 3 × 43 = 1153 -> 1154 MiB (spdk_tgt -s) -> 577 pages of 2 MiB, all on node 0 (core 0)
         assert_eq!(
             (s.node, s.wanted, s.spdk_mem_mib, s.exported_volumes),
-            (Some(0), Some(321), 641, 3)
+            (Some(0), Some(577), 1154, 3)
         );
         assert!(s.reason.contains("43 MiB × 3 exported"), "{}", s.reason);
         assert!(s.reason.contains("NUMA node 0"), "{}", s.reason);
@@ -245,7 +247,8 @@ mod tests {
         };
         let specs = desired(&root, &two_nodes, &node, &[], 0).expect("desired");
         let wanted: Vec<_> = specs.iter().map(|s| (s.node, s.wanted)).collect();
-        assert_eq!(wanted, vec![(Some(0), Some(171)), (Some(1), Some(86))]);
+        // 1024 MiB = 512 pages: two thirds on node 0 (two cores), a third on node 1, rounded up
+        assert_eq!(wanted, vec![(Some(0), Some(342)), (Some(1), Some(171))]);
     }
 
     #[test]
@@ -274,7 +277,7 @@ mod tests {
         assert_eq!(specs[0].wanted, Some(0), "{}", specs[0].reason);
         // a disk is V2 work even on a v1 node
         let specs = desired(&root, &demand(true), &v1, &[], 1).expect("desired");
-        assert_eq!(specs[0].wanted, Some(256));
+        assert_eq!(specs[0].wanted, Some(512));
 
         let fixed = NodeConfig {
             hugepages: HugepagesSetting::Mib(1001),
@@ -287,7 +290,7 @@ mod tests {
             ..NodeConfig::default()
         };
         let specs = desired(&root, &demand(true), &off, &[vol()], 0).expect("desired");
-        assert_eq!((specs[0].wanted, specs[0].spdk_mem_mib), (None, 555));
+        assert_eq!((specs[0].wanted, specs[0].spdk_mem_mib), (None, 1068));
     }
 
     #[test]
@@ -296,7 +299,7 @@ mod tests {
         let root = HostRoot::new(d.path());
         let specs = desired(&root, &demand(true), &NodeConfig::default(), &[], 0).expect("desired");
         assert_eq!(specs.len(), 1);
-        assert_eq!((specs[0].node, specs[0].wanted), (None, Some(256)));
+        assert_eq!((specs[0].node, specs[0].wanted), (None, Some(512)));
         assert_eq!(pool_id(None), "2M");
         assert_eq!(pool_id(Some(1)), "2M-node1");
         let bad = SpdkDemand {
