@@ -567,7 +567,9 @@ async fn real_spdk_engine_snapshots_through_the_proxy_are_one_instant_on_both_no
     let port = u16::try_from(est.port_start).expect("port");
     let writer = {
         let spdk = spdk.clone();
-        std::thread::spawn(move || spdk_perf::run(&spdk, port, nqn, "write", 25))
+        // QD 31: the volume's blocks are not a multiple of it, so every pass
+        // writes each block from another queue slot (another pattern)
+        std::thread::spawn(move || spdk_perf::run(&spdk, port, nqn, "write -q 31", 25))
     };
     tokio::time::sleep(Duration::from_secs(3)).await; // perf connects
     let mut still_writing = true;

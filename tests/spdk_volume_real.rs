@@ -980,7 +980,9 @@ async fn real_spdk_snapshots_with_a_remote_replica_are_one_point_in_time() {
 
     let writer = {
         let (spdk, nqn) = (spdk.clone(), nqn.clone());
-        std::thread::spawn(move || spdk_perf::run(&spdk, pa, &nqn, "write", 30))
+        // QD 31: the volume's blocks are not a multiple of it, so every pass
+        // writes each block from another queue slot (another pattern)
+        std::thread::spawn(move || spdk_perf::run(&spdk, pa, &nqn, "write -q 31", 30))
     };
     tokio::time::sleep(Duration::from_secs(3)).await; // perf connects
     let mut still_writing = true;
