@@ -510,7 +510,7 @@ fn doctor_generic_host() {
             .fix
             .as_deref()
             .unwrap_or("")
-            .contains("--set 428"),
+            .contains("--set 684"),
         "{:?}",
         get("hugepages-2M")
     );
