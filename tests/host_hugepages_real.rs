@@ -265,45 +265,45 @@ async fn auto_pool_follows_volumes_and_keeps_pages_in_use() {
         .create_typed("node", "", &NodeConfig::default())
         .expect("node");
 
-    // no volumes: spdk_tgt's base, 512 MiB
-    let s = status(&state, &id, "the pool grown to 256", |s| s.total == 256).await;
-    assert_eq!((s.wanted, s.state), (Some(256), HugepagesState::Ok), "{s:?}");
+    // no volumes: spdk_tgt's base, 1024 MiB
+    let s = status(&state, &id, "the pool grown to 512", |s| s.total == 512).await;
+    assert_eq!((s.wanted, s.state), (Some(512), HugepagesState::Ok), "{s:?}");
     // what the kernel really has
     assert_eq!(
         hugepages::read_pool(&root, PageSize::Size2M, node)
             .expect("pool")
             .total,
-        256
+        512
     );
 
-    // four volumes: 512 + 4 × 43 = 684 MiB -> 342 pages
+    // four volumes: 1024 + 4 × 43 = 1196 MiB -> 598 pages
     for v in ["v1", "v2", "v3", "v4"] {
         state.create_typed(v, "", &volume()).expect("volume");
     }
-    status(&state, &id, "the pool grown to 342", |s| s.total == 342).await;
+    status(&state, &id, "the pool grown to 598", |s| s.total == 598).await;
 
-    // 300 pages mapped by this process, then the volumes go: the pool gives
+    // 550 pages mapped by this process (more than the base), then the volumes go: the pool gives
     // back only free pages and never goes below what is mapped
-    let held = Mapped::new(300).expect("map 300 hugepages");
+    let held = Mapped::new(550).expect("map 550 hugepages");
     for v in ["v1", "v2", "v3", "v4"] {
         state.destroy("config", "Volume", v, "").expect("delete");
     }
     let s = status(&state, &id, "free pages given back", |s| {
-        s.wanted == Some(256) && s.total < 342
+        s.wanted == Some(512) && s.total < 598
     })
     .await;
-    assert!(s.total >= 300 && s.in_use >= 300, "{s:?}");
+    assert!(s.total >= 550 && s.in_use >= 550, "{s:?}");
     assert!(held.intact(), "a page in use changed under the mapping");
     eprintln!(
-        "volumes 4 -> 0 with 300 pages mapped: wanted {:?}, pool {} pages, in use {}: {}",
+        "volumes 4 -> 0 with 550 pages mapped: wanted {:?}, pool {} pages, in use {}: {}",
         s.wanted, s.total, s.in_use, s.reason
     );
     let kernel = hugepages::read_pool(&root, PageSize::Size2M, node).expect("pool");
-    assert!(kernel.total >= 300, "{kernel:?}");
+    assert!(kernel.total >= 550, "{kernel:?}");
 
     // released: down to what SPDK's base needs
     drop(held);
-    status(&state, &id, "back to 256", |s| s.total == 256).await;
+    status(&state, &id, "back to 512", |s| s.total == 512).await;
 
     // off: talon gives back every page it added and forgets the pool
     let off = NodeConfig {
@@ -393,7 +393,7 @@ fn serve_sizes_the_pool_before_choosing_the_engine() {
         .expect("node");
     host::prepare_at_start(&state, &deps);
     let pool = hugepages::read_pool(&root, PageSize::Size2M, node).expect("pool");
-    assert_eq!(pool.total, 256, "{pool:?}");
+    assert_eq!(pool.total, 512, "{pool:?}");
     let after = EngineSelection::detect_on(&spdk, &root);
     assert!(after.v2_available, "{}", after.reason);
     eprintln!(
