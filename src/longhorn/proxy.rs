@@ -42,6 +42,7 @@ use crate::runtime::Typed;
 use crate::spdk::ErrorKind;
 use crate::spdk::rpc::{AnaState, ByName, ByNqn, ListenAddress, ListenerAnaState, LvolResize, LvolSnapshot};
 use crate::spdk::volume::Inventory;
+use crate::spdk::volume::naming::lvstore;
 
 /// Longhorn's name of the head in a snapshot list.
 pub const VOLUME_HEAD: &str = "volume-head";
@@ -191,8 +192,7 @@ impl Longhorn {
         replica: &str,
         r: &LonghornReplica,
     ) -> Result<(Option<serde_json::Value>, BTreeMap<String, serde_json::Value>), Status> {
-        let alias = naming::replica_alias(&r.disk, replica);
-        let lvs = alias.split('/').next().unwrap_or_default().to_owned();
+        let lvs = lvstore(&r.disk);
         let all: Vec<serde_json::Value> = self
             .client()
             .typed("bdev_get_bdevs", &serde_json::json!({}))
@@ -239,9 +239,7 @@ impl Longhorn {
     }
 
     async fn delete_local(&self, replica: &str, r: &LonghornReplica, lvol: &str) -> Result<(), Status> {
-        let alias = naming::replica_alias(&r.disk, replica);
-        let lvs = alias.split('/').next().unwrap_or_default();
-        let target = format!("{lvs}/{lvol}");
+        let target = format!("{}/{lvol}", lvstore(&r.disk));
         match self.client().bdev_lvol_delete(&ByName::new(&target)).await {
             Ok(_) => Ok(()),
             Err(e) if e.is(ErrorKind::NotFound) => Ok(()),
@@ -458,13 +456,7 @@ impl Longhorn {
         let inv = Inventory::load(self.client())
             .await
             .map_err(|x| internal(&format!("{what}: reading spdk_tgt"), chain(&x)))?;
-        let lvs = alias.split('/').next().unwrap_or_default();
-        let cluster = inv
-            .lvstores
-            .iter()
-            .find(|s| s.name == lvs)
-            .map(|s| s.cluster_size)
-            .unwrap_or(MIB);
+        let cluster = cluster_size(&inv, &lvstore(&t.spec.disk)).unwrap_or(MIB);
         if size == 0 || !size.is_multiple_of(cluster) {
             return Err(Status::invalid_argument(format!(
                 "{what}: size {size} is not a positive multiple of disk {}'s cluster size {cluster}",
@@ -564,15 +556,22 @@ impl Longhorn {
         Ok(())
     }
 
-    /// `ReplicaExpand` from another node's engine.
-    pub(super) async fn replica_expand(&self, req: spdkrpc::ReplicaExpandRequest) -> Result<(), Status> {
-        let replica = naming::instance_name("replica", &req.name)
-            .map_err(|x| Status::invalid_argument(x.to_string()))?;
+    /// A replica of this node asked for by another node: its name checked,
+    /// its desired state read.
+    fn stored_replica(&self, name: &str) -> Result<(ObjectName, Typed<LonghornReplica>), Status> {
+        let replica =
+            naming::instance_name("replica", name).map_err(|x| Status::invalid_argument(x.to_string()))?;
         let t = self
             .state()
             .get_typed::<LonghornReplica>(replica.as_str())
             .map_err(|e| Status::internal(crate::util::error_chain(&e)))?
             .ok_or_else(|| Status::not_found(format!("replica {replica} does not exist")))?;
+        Ok((replica, t))
+    }
+
+    /// `ReplicaExpand` from another node's engine.
+    pub(super) async fn replica_expand(&self, req: spdkrpc::ReplicaExpandRequest) -> Result<(), Status> {
+        let (replica, t) = self.stored_replica(&req.name)?;
         self.expand_local(replica.as_str(), &t, req.size).await
     }
 
@@ -583,15 +582,9 @@ impl Longhorn {
         &self,
         req: spdkrpc::SnapshotRequest,
     ) -> Result<spdkrpc::Replica, Status> {
-        let replica = naming::instance_name("replica", &req.name)
-            .map_err(|x| Status::invalid_argument(x.to_string()))?;
         naming::instance_name("snapshot", &req.snapshot_name)
             .map_err(|x| Status::invalid_argument(x.to_string()))?;
-        let t = self
-            .state()
-            .get_typed::<LonghornReplica>(replica.as_str())
-            .map_err(|e| Status::internal(crate::util::error_chain(&e)))?
-            .ok_or_else(|| Status::not_found(format!("replica {replica} does not exist")))?;
+        let (replica, t) = self.stored_replica(&req.name)?;
         let lvol = snapshot_lvol(replica.as_str(), &req.snapshot_name);
         if lvol.len() > LVOL_NAME_MAX {
             return Err(Status::invalid_argument(format!(
@@ -606,15 +599,9 @@ impl Longhorn {
 
     /// `ReplicaSnapshotDelete`; a snapshot that is not there is no error.
     pub(super) async fn replica_snapshot_delete(&self, req: spdkrpc::SnapshotRequest) -> Result<(), Status> {
-        let replica = naming::instance_name("replica", &req.name)
-            .map_err(|x| Status::invalid_argument(x.to_string()))?;
         naming::instance_name("snapshot", &req.snapshot_name)
             .map_err(|x| Status::invalid_argument(x.to_string()))?;
-        let t = self
-            .state()
-            .get_typed::<LonghornReplica>(replica.as_str())
-            .map_err(|e| Status::internal(crate::util::error_chain(&e)))?
-            .ok_or_else(|| Status::not_found(format!("replica {replica} does not exist")))?;
+        let (replica, t) = self.stored_replica(&req.name)?;
         self.delete_local(
             replica.as_str(),
             &t.spec,
@@ -622,6 +609,14 @@ impl Longhorn {
         )
         .await
     }
+}
+
+/// The cluster size of lvstore `lvs`.
+fn cluster_size(inv: &Inventory, lvs: &str) -> Option<u64> {
+    inv.lvstores
+        .iter()
+        .find(|s| s.name == lvs)
+        .map(|s| s.cluster_size)
 }
 
 fn tcp(address: &str) -> String {
@@ -789,14 +784,7 @@ impl proxy_engine_service_server::ProxyEngineService for Longhorn {
             );
             return Ok(Response::new(imrpc::EngineSnapshotListProxyResponse { disks }));
         };
-        let lvs = naming::replica_alias(&r.disk, &replica);
-        let lvs = lvs.split('/').next().unwrap_or_default();
-        let cluster = inv
-            .lvstores
-            .iter()
-            .find(|s| s.name == lvs)
-            .map(|s| s.cluster_size)
-            .unwrap_or(0);
+        let cluster = cluster_size(&inv, &lvstore(&r.disk)).unwrap_or(0);
         let (head, snaps) = self.replica_lvols(&replica, &r).await?;
         // parent of each: its base_snapshot, by lvol name
         let name_of = |lvol: &str| -> Option<String> {
