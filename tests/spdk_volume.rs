@@ -87,6 +87,10 @@ struct Setup {
 }
 
 async fn setup(disks: &[&str]) -> Setup {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_test_writer()
+        .try_init();
     let dir = tempfile::tempdir().expect("tempdir");
     let double = SpdkDouble::start(dir.path().join("spdk.sock"))
         .await
@@ -872,8 +876,9 @@ async fn a_replica_that_missed_writes_is_rebuilt_never_served_alone() {
     let s = setup(&["d1", "d2"]).await;
     s.double.set_rebuild_time(Duration::from_millis(600));
     let state = &s.state;
-    state.create_typed("m", "", &volume(16 * MIB, 2)).expect("m");
+    state.create_typed("m", "", &volume(200 * MIB, 2)).expect("m");
     ready(state, "m", "m").await;
+    s.double.write("talon-raid-m", 20);
     let (sync, disks) = ledger(state, "m").expect("ledger");
     assert_eq!(sync, vec![0, 1]);
     let (d0, d1) = (disks[0].clone(), disks[1].clone());
@@ -888,6 +893,8 @@ async fn a_replica_that_missed_writes_is_rebuilt_never_served_alone() {
         (ObjectState::Stale, d1.as_str())
     );
     assert_eq!(engine(state, "m").map(|e| e.state), Some(ObjectState::Degraded));
+    // written while degraded: r0 only
+    s.double.write("talon-raid-m", 100);
     let inv = Inventory::load(&s.client).await.expect("inv");
     assert_eq!(
         inv.lvols.keys().filter(|a| a.contains("/m-r")).count(),
@@ -904,6 +911,22 @@ async fn a_replica_that_missed_writes_is_rebuilt_never_served_alone() {
     .await;
     ledger_becomes(state, "m", &[0, 1], "r1 rebuilt").await;
     ready(state, "m", "m ready again").await;
+    // thin: r1 holds the clusters r0 holds (120 of 200), its rebuild
+    // snapshots merged away
+    let heads = eventually("rebuild snapshots merged", WAIT, || async {
+        let inv = Inventory::load(&s.client).await.ok()?;
+        if inv.lvols.keys().any(|a| a.contains(".s.rb.")) {
+            return None;
+        }
+        let alloc = |k: usize| {
+            inv.find_lvol(&format!("m-r{k}"))
+                .map(|l| l.num_allocated_clusters)
+        };
+        Some((alloc(0)?, alloc(1)?))
+    })
+    .await;
+    assert_eq!(heads, (120, 120), "r1 as thin as r0");
+    assert_eq!(s.double.calls("bdev_raid_add_base_bdev"), 0, "no full rebuild");
 
     // r0's disk goes, then the target restarts with only r0 (stale) back
     assert!(s.double.hot_remove(&format!("talon-disk-{d0}")));
@@ -963,9 +986,9 @@ async fn with_a_superblock_a_replica_that_left_just_before_a_crash_is_never_trus
     let s = setup(&["d1", "d2"]).await;
     s.double.set_rebuild_time(Duration::from_millis(600));
     let state = s.state.clone();
-    state.create_typed("w", "", &sb_volume(16 * MIB, 2)).expect("w");
+    state.create_typed("w", "", &sb_volume(160 * MIB, 2)).expect("w");
     let e = ready(&state, "w", "w").await;
-    assert_eq!(e.size_bytes, 16 * MIB, "the host sees the size asked");
+    assert_eq!(e.size_bytes, 160 * MIB, "the host sees the size asked");
     let (sync, disks) = ledger(&state, "w").expect("ledger");
     assert_eq!(sync, vec![0, 1]);
     let (d0, d1) = (disks[0].clone(), disks[1].clone());
@@ -978,7 +1001,7 @@ async fn with_a_superblock_a_replica_that_left_just_before_a_crash_is_never_trus
     );
     for k in 0..2 {
         let l = inv.find_lvol(&format!("w-r{k}")).expect("replica");
-        assert_eq!(inv.bdev_size(&l.uuid), Some(17 * MIB), "one cluster of room");
+        assert_eq!(inv.bdev_size(&l.uuid), Some(161 * MIB), "one cluster of room");
     }
 
     // talon stops: the ledger will never hear of what comes next
@@ -991,6 +1014,8 @@ async fn with_a_superblock_a_replica_that_left_just_before_a_crash_is_never_trus
     } = s;
     rt.stop().await;
     assert!(double.hot_remove(&format!("talon-disk-{d1}")));
+    // written after r1 left: r0 only
+    double.write("talon-raid-w", 100);
     // spdk_tgt dies too; it comes back with the stale r1's disk alone
     double.restart().await.expect("restart");
     add_disk(&client, dir.path(), &d1, false).await;

@@ -124,6 +124,10 @@ fn node_nqn(port: u16) -> String {
 }
 
 fn runtime(c: &SpdkClient, disks: &[&str], port: u16) -> TestRuntime {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_test_writer()
+        .try_init();
     let c2 = c.clone();
     let rt = TestRuntime::start(move |rt| {
         rt.register(
@@ -1303,9 +1307,13 @@ async fn real_spdk_replica_that_left_just_before_a_crash_is_never_trusted() {
             })
         })
         .await;
+        let first = read("first read").await;
         assert!(
-            read("first read").await == after,
-            "round {round}: the first read after recovery is not what was written last"
+            first == after,
+            "round {round}: the first read after recovery is not what was written last: {} bytes, first difference at {:?}, equal to the one before: {}",
+            first.len(),
+            first.iter().zip(&after).position(|(a, b)| a != b),
+            first == before
         );
         ledger_becomes(&state, "w", &[0, 1], "r1 rebuilt").await;
         ready(&state, "w").await;
