@@ -238,21 +238,28 @@ impl VolumeOps {
             // made by this reconcile: the next one sees it
             return Ok(Step::Copying(0));
         };
-        let dst_chain = inv.chain(&dst.alias);
-        let j = src_chain
-            .iter()
-            .zip(&dst_chain)
-            .take_while(|(s, d)| snap_of(inv, s).is_some() && snap_of(inv, s) == snap_of(inv, d))
-            .count();
-        // the dest head must be empty and right above the shared copies: a
-        // head with data of its own (what it held when it fell behind, or a
-        // copy that did not finish) or over other snapshots is made again
-        if head.num_allocated_clusters > 0 || dst_chain.len() != j {
+        // the copies the dest already has: its snapshots of the source's
+        // chain, from the oldest on, each over the one before (taken while
+        // it was in service, or copied by an earlier rebuild: that instant)
+        let mut shared: Vec<String> = Vec::new();
+        for s in &src_chain {
+            let Some(snap) = snap_of(inv, s) else { break };
+            let d = sibling(&dst.alias, &naming::snapshot_lvol(vol, dst.k, &snap));
+            if !inv.lvols.contains_key(&d) || inv.parent_of(&d) != shared.last().cloned() {
+                break;
+            }
+            shared.push(d);
+        }
+        let j = shared.len();
+        // the dest head must be empty and right above them: a head with data
+        // of its own (what it held when it fell behind, or a copy that did
+        // not finish) or over other snapshots is made again
+        if head.num_allocated_clusters > 0 || inv.chain(&dst.alias) != shared {
             ignore_missing(self.client.bdev_lvol_delete(&ByName::new(&dst.alias)))
                 .await
                 .map_err(rpc(vol, format!("deleting {} to rebuild it", dst.alias)))?;
             let name = naming::replica(vol, dst.k);
-            match dst_chain.get(j.wrapping_sub(1)).filter(|_| j > 0) {
+            match shared.last() {
                 Some(parent) => self
                     .client
                     .bdev_lvol_clone(&LvolClone {
