@@ -131,13 +131,18 @@ async fn rebuild(spdk: &Path, c: &SpdkClient, port: u16, rounds: usize) {
     let dir = tempfile::tempdir_in("/var/tmp").expect("tempdir");
     attach_disks(c, dir.path(), &["rb1", "rb2"], true).await;
     for round in 0..rounds {
-        for full in [false, true] {
+        for (mode, full, cap) in [
+            ("thin", false, None),
+            ("thin50", false, Some(50)),
+            ("full", true, None),
+        ] {
             let ops = VolumeOps::new(c.clone()).with_full_rebuild(full);
-            let name = format!("rb{}{round}", if full { "f" } else { "t" });
+            let name = format!("rb{}{round}", &mode[..mode.len().min(5)]);
             let mut p = plan(&name, 2, port);
             p.size_bytes = 1024 * MIB;
             p.disks = vec!["rb1".into(), "rb2".into()];
             p.superblock = true;
+            p.rebuild_mib_per_sec = cap;
             let inv = Inventory::load(c).await.expect("inventory");
             let info = ops.ensure(&inv, &p).await.expect("ensure");
             let data = vec![0x5au8; 102 << 20];
@@ -165,10 +170,17 @@ async fn rebuild(spdk: &Path, c: &SpdkClient, port: u16, rounds: usize) {
             p.in_sync = Some([0].into());
             let (secs, longest) = rebuild_until_joined(&ops, &p).await;
             let r1 = held(c, &name, 1).await;
+            let inv = Inventory::load(c).await.expect("inventory");
+            let limit = inv
+                .find_lvol(&format!("{name}-r1"))
+                .and_then(|l| inv.bdevs.get(&l.uuid))
+                .and_then(|b| b.assigned_rate_limits.clone())
+                .map_or(0, |l| l.rw_mbytes_per_sec);
+            assert_eq!(limit, 0, "{mode}: the cap is lifted once r1 is back");
             let copied = if full { 1024 } else { r1 };
             println!(
                 "{:<6} {:>5} {:>9.0} {:>9.0} {:>14} {:>14} {:>16.0}",
-                if full { "full" } else { "thin" },
+                mode,
                 round,
                 secs * 1e3,
                 copied as f64 / secs,
@@ -183,6 +195,9 @@ async fn rebuild(spdk: &Path, c: &SpdkClient, port: u16, rounds: usize) {
         }
     }
     println!("copied: clusters written to replica 1 (thin: what it holds; full: SPDK writes every block)");
+    println!(
+        "thin50: NodeConfig rebuildMibPerSec 50 (bdev_set_qos_limit on the replica rebuilt, lifted after)"
+    );
     println!("longest step: the longest single reconcile, for thin the switch (export closed inside it)");
 }
 

@@ -36,7 +36,7 @@ use super::placement::Blocked;
 use super::rpc::{
     AddNamespace, AllowAnyHost, AnaState, AttachController, ByName, ByNqn, CreateSubsystem, CreateTransport,
     GetTransports, KeyringFileKey, ListenAddress, ListenerAnaState, Lvol, LvolClone, LvolCreate, LvolResize,
-    LvolSetParent, LvolSnapshot, NullCreate, RaidAddBaseBdev, RaidCreate, RaidDelete, RaidLevel,
+    LvolSetParent, LvolSnapshot, NullCreate, QosLimit, RaidAddBaseBdev, RaidCreate, RaidDelete, RaidLevel,
     RemoveNamespace, SecureListener, SubsystemHostKeys, SubsystemHostParams, SubsystemListener,
 };
 use crate::names::{NQN_PREFIX, Nqn, ObjectName, volume_uuid};
@@ -954,6 +954,26 @@ impl VolumeOps {
             .iter()
             .filter(|r| !sync.in_sync.contains(&r.k) && sync.rebuilding.is_none_or(|(t, _)| t != r.k))
             .collect();
+        // a replica back in service loses its rebuild cap (set by talon;
+        // also one left by a rebuild a restart interrupted)
+        for r in replicas.iter().filter(|r| sync.in_sync.contains(&r.k)) {
+            let capped = inv
+                .bdevs
+                .get(&r.bdev)
+                .and_then(|b| b.assigned_rate_limits.as_ref())
+                .is_some_and(|l| l.rw_mbytes_per_sec > 0);
+            if capped
+                && let Err(e) = self
+                    .client
+                    .bdev_set_qos_limit(&QosLimit {
+                        name: r.bdev.clone(),
+                        rw_mbytes_per_sec: 0,
+                    })
+                    .await
+            {
+                tracing::warn!(volume = vol, replica = %r.name, error = %e, "rebuild cap not lifted yet");
+            }
+        }
         let mut behind = behind.into_iter();
         // thin: a local replica from a local up-to-date one, into a raid that
         // stands (SPDK's full rebuild for the others, and for a volume whose
@@ -1006,6 +1026,19 @@ impl VolumeOps {
                 Ok(_) => {
                     tracing::info!(volume = vol, replica = %r.name, "rebuilding replica from the up-to-date ones");
                     sync.rebuilding = Some((r.k, 0));
+                    // SPDK's rebuild writes to it (and so do the volume's
+                    // writes to the part already rebuilt): capped until it is back
+                    if let Some(mib) = plan.rebuild_mib_per_sec
+                        && let Err(e) = self
+                            .client
+                            .bdev_set_qos_limit(&QosLimit {
+                                name: r.bdev.clone(),
+                                rw_mbytes_per_sec: mib,
+                            })
+                            .await
+                    {
+                        tracing::warn!(volume = vol, replica = %r.name, error = %e, "rebuild runs uncapped");
+                    }
                 }
                 // another process runs (SPDK allows one): the next reconcile adds it
                 Err(e) if e.is(ErrorKind::Busy) => sync.stale.push(r.k),
