@@ -15,11 +15,11 @@
 //!      SIGTERM ─> exit 0, tgtd same pid, loop still counting ─> talon serve again ─> adopted ×10
 //! ```
 
-mod tgt_common;
 #[path = "support/previous_talon.rs"]
 mod previous_talon;
 #[path = "support/restart.rs"]
 mod restart;
+mod tgt_common;
 
 use std::path::PathBuf;
 use std::process::Command;

@@ -142,6 +142,10 @@ pub fn binary() -> Result<PathBuf, String> {
     std::fs::rename(&tmp, &bin).expect("rename");
     let _ = std::fs::remove_dir_all(&src);
     let _ = std::fs::remove_dir_all(&target);
-    eprintln!("built talon {short} in {:.0} s: {}", t0.elapsed().as_secs_f64(), bin.display());
+    eprintln!(
+        "built talon {short} in {:.0} s: {}",
+        t0.elapsed().as_secs_f64(),
+        bin.display()
+    );
     Ok(bin)
 }

@@ -121,7 +121,11 @@ pub enum Stop {
 impl Stop {
     /// SIGTERM on even rounds, SIGKILL on odd ones.
     pub fn alternating(round: usize) -> Stop {
-        if round.is_multiple_of(2) { Stop::Term } else { Stop::Kill }
+        if round.is_multiple_of(2) {
+            Stop::Term
+        } else {
+            Stop::Kill
+        }
     }
 
     pub fn label(self) -> &'static str {
@@ -394,6 +398,8 @@ pub struct IoCounts {
 pub struct IscsiLoop {
     stop: Arc<AtomicBool>,
     pairs: Arc<AtomicU64>,
+    /// The longest stall since the last [`IscsiLoop::take_max_stall`], in µs.
+    stall_us: Arc<AtomicU64>,
     thread: JoinHandle<Result<IoCounts, String>>,
 }
 
@@ -406,11 +412,26 @@ impl IscsiLoop {
     pub fn start_with(portal: String, iqn: String, strict: bool, pause: Duration) -> Self {
         let stop = Arc::new(AtomicBool::new(false));
         let pairs = Arc::new(AtomicU64::new(0));
+        let stall_us = Arc::new(AtomicU64::new(0));
         let thread = {
-            let (stop, pairs) = (stop.clone(), pairs.clone());
-            std::thread::spawn(move || iscsi_loop(&portal, &iqn, strict, pause, &stop, &pairs))
+            let shared = Shared {
+                stop: stop.clone(),
+                pairs: pairs.clone(),
+                stall_us: stall_us.clone(),
+            };
+            std::thread::spawn(move || iscsi_loop(&portal, &iqn, strict, pause, &shared))
         };
-        Self { stop, pairs, thread }
+        Self {
+            stop,
+            pairs,
+            stall_us,
+            thread,
+        }
+    }
+
+    /// The longest stall since the last call (or the start); starts over.
+    pub fn take_max_stall(&self) -> Duration {
+        Duration::from_micros(self.stall_us.swap(0, Ordering::SeqCst))
     }
 
     /// Verified pairs so far.
@@ -442,14 +463,21 @@ impl IscsiLoop {
     }
 }
 
+/// What the loop's thread shares with its [`IscsiLoop`].
+struct Shared {
+    stop: Arc<AtomicBool>,
+    pairs: Arc<AtomicU64>,
+    stall_us: Arc<AtomicU64>,
+}
+
 fn iscsi_loop(
     portal: &str,
     iqn: &str,
     strict: bool,
     pause: Duration,
-    stop: &AtomicBool,
-    pairs: &AtomicU64,
+    sh: &Shared,
 ) -> Result<IoCounts, String> {
+    let (stop, pairs) = (&sh.stop, &sh.pairs);
     let lib = Libiscsi::load()?;
     let login = || {
         let s = lib.connect(portal, iqn, INITIATOR, None)?;
@@ -479,8 +507,12 @@ fn iscsi_loop(
             });
         match done {
             Ok(()) => {
-                let since = failing_since.take().unwrap_or(t0);
-                n.max_stall = n.max_stall.max(since.elapsed());
+                let stall = failing_since.take().unwrap_or(t0).elapsed();
+                n.max_stall = n.max_stall.max(stall);
+                sh.stall_us.fetch_max(
+                    u64::try_from(stall.as_micros()).unwrap_or(u64::MAX),
+                    Ordering::SeqCst,
+                );
                 i += 1;
                 n.pairs = i;
                 pairs.store(i, Ordering::SeqCst);
