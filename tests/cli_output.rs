@@ -116,6 +116,13 @@ async fn sizes_status_and_waits_read_as_people_write_them() {
     assert_eq!(v["status"]["engine"]["state"], "ready", "{v}");
     assert_eq!(v["metadata"]["id"], "docs");
 
+    // a delete waits (telling what for) until the volume is gone
+    let (ok, _, err) = talon(&socket, &["volume", "delete", "docs"]);
+    assert!(ok, "volume delete: {err}");
+    let (ok, out, err) = talon(&socket, &["get", "volume"]);
+    assert!(ok, "{err}");
+    assert!(!out.contains("docs"), "deleted when the CLI returns: {out}");
+
     // a wait that cannot finish says why, at once
     let (ok, _, err) = talon(
         &socket,
