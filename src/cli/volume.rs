@@ -13,7 +13,7 @@ use crate::api::volume::{
 };
 use crate::client::Client;
 use crate::resources::config::{RemoteReplica, snapshot_id};
-use crate::resources::engine::{EngineStatus, Export, ObjectState, SnapshotStatus, TargetStatus};
+use crate::resources::engine::{DiskStatus, EngineStatus, Export, ObjectState, SnapshotStatus, TargetStatus};
 use crate::resources::frontend::AttachmentStatus;
 
 /// A value as the API writes it, as text: a string as is, `null` as nothing,
@@ -219,6 +219,9 @@ pub enum DiskCommand {
         /// Size of a file disk, e.g. `20GiB`.
         #[arg(long)]
         size: Option<String>,
+        /// Return at once instead of waiting until its lvstore is ready.
+        #[arg(long)]
+        no_wait: bool,
     },
     /// List disks.
     List,
@@ -283,6 +286,9 @@ fn state_and_message(type_: &str, spec: &Value) -> (String, String) {
         }
         "AttachmentStatus" => {
             serde_json::from_value::<AttachmentStatus>(spec.clone()).map(|s| (wire(&s.state), s.message))
+        }
+        "DiskStatus" => {
+            serde_json::from_value::<DiskStatus>(spec.clone()).map(|s| (wire(&s.state), s.message))
         }
         "SnapshotStatus" => {
             serde_json::from_value::<SnapshotStatus>(spec.clone()).map(|s| (wire(&s.state), s.message))
@@ -618,16 +624,19 @@ pub async fn run_disk(c: &Client, cmd: DiskCommand) -> Result<(), CliError> {
             path,
             pci,
             size,
+            no_wait,
         } => {
             let params = DiskAddParams {
-                name,
+                name: name.clone(),
                 path,
                 pci,
                 size_bytes: None,
                 size,
                 cluster_mib: None,
+                wait: !no_wait,
+                timeout_seconds: None,
             };
-            c.call("disk_add", params).await?
+            call_telling(c, "disk_add", params, "DiskStatus", &name).await?
         }
         DiskCommand::List => c.call("disk_list", NoParams {}).await?,
         DiskCommand::Remove { name } => c.call("disk_remove", name_params(&name, false)).await?,
