@@ -133,4 +133,12 @@ async fn sizes_status_and_waits_read_as_people_write_them() {
         err.contains("it waits for spdk_tgt, which is failed"),
         "the failure names the target at once: {err}"
     );
+    // `volume wait` says what it waits for while it waits, and why it gave up
+    let (ok, _, err) = talon(&socket, &["volume", "wait", "never", "--timeout", "1"]);
+    assert!(!ok, "never exported");
+    assert!(
+        err.contains("waiting: never creating (waiting for spdk_tgt"),
+        "the wait tells what it waits for: {err}"
+    );
+    assert!(err.contains("target spdk failed"), "and why it gave up: {err}");
 }

@@ -547,10 +547,22 @@ pub async fn run_volume(c: &Client, cmd: VolumeCommand) -> Result<(), CliError> 
         VolumeCommand::Wait { name, timeout } => {
             let mut sub = c.watch(Some("EngineStatus"), true).await?;
             let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(timeout);
+            let mut told = String::new();
             loop {
                 let v: VolumeView = c.call("volume_get", name_params(&name, false)).await?;
                 let state = v.engine.as_ref().map(|e| e.state);
                 let msg = v.engine.as_ref().map(|e| e.message.as_str()).unwrap_or("");
+                // say what it waits for, once per change
+                let line = volume_line(&v);
+                if line != told
+                    && !matches!(
+                        state,
+                        Some(ObjectState::Ready | ObjectState::Degraded | ObjectState::Failed)
+                    )
+                {
+                    eprintln!("waiting: {line}");
+                    told = line;
+                }
                 match state {
                     Some(ObjectState::Ready | ObjectState::Degraded) => {
                         for e in v.engine.iter().flat_map(|e| &e.exports) {
