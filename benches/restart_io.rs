@@ -2,7 +2,9 @@
 //! volume while `talon serve` is stopped and started again ROUNDS times (10),
 //! and the table says what the initiator saw, side by side for each target,
 //! each way of stopping talon, and with the targets started by talon itself
-//! or kept by `talon keep-targets` (the DaemonSet split).
+//! or kept by `talon keep-targets` (the DaemonSet split); and an upgrade: an earlier talon
+//! (tests/support/previous_talon.rs: `TALON_PREVIOUS_BIN`, or the pinned commit built from
+//! git history) started the targets, is killed, and this one adopts them.
 //!
 //! ```text
 //!   tgtd      <── libiscsi thread: 4 KiB WRITE16 + READ16 compared, no automatic reconnect
@@ -36,13 +38,16 @@ mod tgt_common;
 #[path = "../tests/support/restart.rs"]
 mod restart;
 
+#[path = "../tests/support/previous_talon.rs"]
+mod previous_talon;
+
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use comfy_table::Table;
 use restart::{
-    Cleanup, IscsiLoop, Keeper, Perf, Stop, V2_ARGS, connect, served, served_v2, spawn_talon, stop_talon,
-    until, write_v1_config, write_v2_config,
+    Cleanup, IscsiLoop, Keeper, Perf, Stop, V2_ARGS, connect, served, served_v2, spawn_program, spawn_talon,
+    stop_talon, until, write_v1_config, write_v2_config,
 };
 use tgt_common::free_port;
 
@@ -52,9 +57,42 @@ enum Engine {
     Spdk,
 }
 
+/// Who runs the targets, and which talon runs first.
+#[derive(Clone)]
+enum Layout {
+    /// `talon serve` starts them.
+    Talon,
+    /// `talon keep-targets` starts them (`talon serve --target-keeper`).
+    Keeper,
+    /// An earlier talon started them; this one adopts them (one restart: the upgrade).
+    Upgrade(PathBuf),
+}
+
+impl Layout {
+    fn label(&self) -> String {
+        match self {
+            Layout::Talon => "talon serve".into(),
+            Layout::Keeper => "talon keep-targets".into(),
+            Layout::Upgrade(_) => format!("talon {} -> this", &previous_talon::rev()[..9]),
+        }
+    }
+
+    fn keeper(&self) -> bool {
+        matches!(self, Layout::Keeper)
+    }
+
+    /// The first talon.
+    fn spawn_first(&self, dir: &Path, args: &[&str]) -> std::process::Child {
+        match self {
+            Layout::Upgrade(earlier) => spawn_program(earlier, dir, args),
+            _ => spawn_talon(dir, args),
+        }
+    }
+}
+
 struct Row {
     engine: &'static str,
-    keeper: bool,
+    layout: String,
     stop: Stop,
     rounds: usize,
     errors: u64,
@@ -95,28 +133,44 @@ async fn main() {
         }
         Some(_) => engines.push(Engine::Spdk),
     }
+    // the upgrade rows: an earlier talon's targets adopted by this one (kill -9: an earlier
+    // talon stops its targets on SIGTERM, docs/upgrade.md)
+    let earlier = match previous_talon::binary() {
+        Ok(p) => Some(p),
+        Err(why) => {
+            eprintln!("SKIP restart_io (upgrade rows): {why}");
+            None
+        }
+    };
+    let mut runs: Vec<(Layout, Stop, usize)> = Vec::new();
+    for layout in [Layout::Talon, Layout::Keeper] {
+        for stop in [Stop::Term, Stop::Kill] {
+            runs.push((layout.clone(), stop, rounds));
+        }
+    }
+    if let Some(p) = earlier {
+        runs.push((Layout::Upgrade(p), Stop::Kill, 1));
+    }
     let mut rows = Vec::new();
     for engine in engines {
-        for keeper in [false, true] {
-            for stop in [Stop::Term, Stop::Kill] {
-                let row = match engine {
-                    Engine::Tgtd => tgtd_row(keeper, stop, rounds, baseline).await,
-                    Engine::Spdk => {
-                        let spdk = PathBuf::from(std::env::var_os("TALON_SPDK_DIR").expect("checked"));
-                        spdk_row(&spdk, keeper, stop, rounds, baseline).await
-                    }
-                };
-                eprintln!(
-                    "restart_io: {} {} {}: {} errors, {} reconnects, max stall {:.1} ms",
-                    row.engine,
-                    if keeper { "keeper" } else { "talon" },
-                    stop.label(),
-                    row.errors,
-                    row.reconnects,
-                    row.max_stall.as_secs_f64() * 1000.0
-                );
-                rows.push(row);
-            }
+        for (layout, stop, rounds) in &runs {
+            let row = match engine {
+                Engine::Tgtd => tgtd_row(layout, *stop, *rounds, baseline).await,
+                Engine::Spdk => {
+                    let spdk = PathBuf::from(std::env::var_os("TALON_SPDK_DIR").expect("checked"));
+                    spdk_row(&spdk, layout, *stop, *rounds, baseline).await
+                }
+            };
+            eprintln!(
+                "restart_io: {} {} {}: {} errors, {} reconnects, max stall {:.1} ms",
+                row.engine,
+                row.layout,
+                stop.label(),
+                row.errors,
+                row.reconnects,
+                row.max_stall.as_secs_f64() * 1000.0
+            );
+            rows.push(row);
         }
     }
     if rows.is_empty() {
@@ -141,12 +195,7 @@ async fn main() {
     for r in &rows {
         t.add_row(vec![
             r.engine.to_string(),
-            if r.keeper {
-                "talon keep-targets"
-            } else {
-                "talon serve"
-            }
-            .to_string(),
+            r.layout.clone(),
             r.stop.label().to_string(),
             r.rounds.to_string(),
             r.errors.to_string(),
@@ -171,14 +220,15 @@ fn talon_args(base: &[&'static str], keeper: bool) -> Vec<&'static str> {
     a
 }
 
-async fn tgtd_row(keeper: bool, stop: Stop, rounds: usize, baseline: Duration) -> Row {
+async fn tgtd_row(layout: &Layout, stop: Stop, rounds: usize, baseline: Duration) -> Row {
+    let keeper = layout.keeper();
     let d = tempfile::tempdir().expect("tempdir");
     let dir = d.path().to_path_buf();
     write_v1_config(&dir, free_port());
     let socket = dir.join("run/talon.sock");
     let args = talon_args(&["--engine", "v1"], keeper);
     let kept = keeper.then(|| Keeper::spawn(&dir));
-    let mut cleanup = Cleanup::new(&dir, spawn_talon(&dir, &args));
+    let mut cleanup = Cleanup::new(&dir, layout.spawn_first(&dir, &args));
     let c = connect(&socket).await;
     let (first, portal, iqn) = served(&c).await;
     drop(c);
@@ -214,7 +264,7 @@ async fn tgtd_row(keeper: bool, stop: Stop, rounds: usize, baseline: Duration) -
     drop(cleanup);
     Row {
         engine: "tgtd",
-        keeper,
+        layout: layout.label(),
         stop,
         rounds,
         errors: n.errors,
@@ -228,22 +278,40 @@ async fn tgtd_row(keeper: bool, stop: Stop, rounds: usize, baseline: Duration) -
     }
 }
 
-async fn spdk_row(spdk: &Path, keeper: bool, stop: Stop, rounds: usize, baseline: Duration) -> Row {
+async fn spdk_row(spdk: &Path, layout: &Layout, stop: Stop, rounds: usize, baseline: Duration) -> Row {
+    let keeper = layout.keeper();
     let d = tempfile::tempdir().expect("tempdir");
     let dir = d.path().to_path_buf();
     write_v2_config(&dir, free_port());
     let socket = dir.join("run/talon.sock");
     let spdk_sock = dir.join("run/spdk.sock");
-    let args = talon_args(V2_ARGS, keeper);
+    // an earlier talon has no --spdk-arg (for --disable-cpumask-locks): the target takes
+    // core 1's lock then, and spdk_nvme_perf runs on core 0
+    let (base, perf_core): (&[&'static str], &str) = match layout {
+        Layout::Upgrade(_) => (
+            &[
+                "--engine",
+                "v2",
+                "--no-huge",
+                "--no-huge-mem-mib",
+                "1024",
+                "--spdk-cpumask",
+                "0x2",
+            ],
+            "0x1",
+        ),
+        _ => (V2_ARGS, "0x2"),
+    };
+    let args = talon_args(base, keeper);
     let kept = keeper.then(|| Keeper::spawn(&dir));
-    let mut cleanup = Cleanup::new(&dir, spawn_talon(&dir, &args));
+    let mut cleanup = Cleanup::new(&dir, layout.spawn_first(&dir, &args));
     let c = connect(&socket).await;
     let (first, port, nqn) = served_v2(&c).await;
     cleanup.spdk_tgt = Some(first);
     drop(c);
 
     // IOPS before: a run of its own, with talon running and left alone
-    let mut before = Perf::start(spdk, "0x2", port, &nqn, baseline.as_secs().max(1) as u32);
+    let mut before = Perf::start(spdk, perf_core, port, &nqn, baseline.as_secs().max(1) as u32);
     until("the baseline spdk_nvme_perf to end", || {
         let done = !before.running();
         async move { done.then_some(()) }
@@ -251,7 +319,7 @@ async fn spdk_row(spdk: &Path, keeper: bool, stop: Stop, rounds: usize, baseline
     .await;
     let before = before.finish();
 
-    let mut perf = Perf::start(spdk, "0x2", port, &nqn, 3600);
+    let mut perf = Perf::start(spdk, perf_core, port, &nqn, 3600);
     let mut connected = until("spdk_nvme_perf to connect", || async {
         let ids = restart::cntlids(&spdk_sock, &nqn).await;
         (!ids.is_empty()).then_some(ids)
@@ -285,7 +353,7 @@ async fn spdk_row(spdk: &Path, keeper: bool, stop: Stop, rounds: usize, baseline
     drop(cleanup);
     Row {
         engine: "spdk_tgt",
-        keeper,
+        layout: layout.label(),
         stop,
         rounds,
         errors: during.trouble.len() as u64 + u64::from(died && during.trouble.is_empty()),
