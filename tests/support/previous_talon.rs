@@ -63,19 +63,27 @@ pub fn binary() -> Result<PathBuf, String> {
     if bin.is_file() {
         return Ok(bin);
     }
-    let has_rev = Command::new("git")
+    let found = Command::new("git")
         .arg("-C")
         .arg(repo())
         .args(["cat-file", "-e", &format!("{rev}^{{commit}}")])
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    if !has_rev {
-        return Err(format!(
-            "TALON_PREVIOUS_BIN not set and commit {short} is not in {}'s git history \
-             (export TALON_PREVIOUS_BIN=$(tests/previous_talon.sh))",
-            repo().display()
-        ));
+        .output();
+    match found {
+        Ok(o) if o.status.success() => {}
+        Ok(o) => {
+            // a shallow clone or a source tarball; or git refusing the directory (safe.directory)
+            return Err(format!(
+                "TALON_PREVIOUS_BIN not set and commit {short} is not in {}'s git history ({}) \
+                 (export TALON_PREVIOUS_BIN=$(tests/previous_talon.sh REV))",
+                repo().display(),
+                String::from_utf8_lossy(&o.stderr).trim()
+            ));
+        }
+        Err(e) => {
+            return Err(format!(
+                "TALON_PREVIOUS_BIN not set and git cannot run ({e}) to build commit {short}"
+            ));
+        }
     }
     std::fs::create_dir_all(&cache).expect("target/previous-talon");
     // one build for all the tests (nextest runs each in its own process)
