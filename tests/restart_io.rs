@@ -76,7 +76,7 @@ fn assert_no_trouble(report: &restart::PerfReport, what: &str) {
         report.text
     );
     assert!(
-        !Perf::total_line(report).is_empty(),
+        !report.total_line().is_empty(),
         "no Total line in spdk_nvme_perf's report:\n{}",
         report.text
     );
@@ -215,7 +215,7 @@ async fn real_spdk_v2_io_runs_through_ten_talon_restarts() {
     assert_no_trouble(&report, "through the restarts");
     eprintln!(
         "{TEST}: {ROUNDS} restarts of talon under spdk_nvme_perf, no error, no reconnect; {}",
-        Perf::total_line(&report)
+        report.total_line()
     );
 
     // --stop-targets-on-exit stops spdk_tgt with talon
@@ -568,7 +568,7 @@ async fn real_spdk_kept_spdk_tgt_serves_io_through_ten_talon_kills() {
     assert_no_trouble(&report, "through the stops of talon");
     eprintln!(
         "{TEST}: {ROUNDS} stops of talon with spdk_tgt in the keeper, no error, no reconnect; {}",
-        Perf::total_line(&report)
+        report.total_line()
     );
 
     // spdk_tgt dies: the keeper starts another, talon adopts it and exports the volume again

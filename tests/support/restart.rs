@@ -571,6 +571,16 @@ pub struct PerfReport {
     pub max_latency_us: f64,
 }
 
+impl PerfReport {
+    /// The "Total" line, for a test's closing message ("" without one).
+    pub fn total_line(&self) -> &str {
+        self.text
+            .lines()
+            .find(|l| l.trim_start().starts_with("Total"))
+            .unwrap_or("")
+    }
+}
+
 impl Perf {
     /// Starts it for up to `secs` seconds.
     pub fn start(spdk: &Path, cpumask: &str, port: u16, nqn: &str, secs: u32) -> Self {
@@ -640,14 +650,5 @@ impl Perf {
             max_latency_us: total.get(4).copied().unwrap_or(0.0),
             text,
         }
-    }
-
-    /// The "Total" line, for a test's closing message.
-    pub fn total_line(report: &PerfReport) -> &str {
-        report
-            .text
-            .lines()
-            .find(|l| l.trim_start().starts_with("Total"))
-            .unwrap_or("")
     }
 }
