@@ -80,9 +80,10 @@ pub struct NodeConfig {
     /// SPDK, so it cannot share `nvmfPort`).
     #[serde(default = "default_replica_tls_port")]
     pub replica_tls_port: u16,
-    /// Caps a rebuild's copying into the replica being rebuilt, in MiB/s
-    /// (SPDK's `bdev_set_qos_limit` on it), so the volume's own I/O keeps
-    /// most of the disks; none by default. Lifted when the replica is back.
+    /// Caps SPDK's raid rebuild (remote replicas, and volumes whose thin
+    /// rebuilds failed) at this many MiB/s: `bdev_set_qos_limit` on the
+    /// member being rebuilt, lifted when it is back; none by default. Thin
+    /// rebuilds are not capped (see docs/architecture.md "Thin rebuild").
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rebuild_mib_per_sec: Option<u64>,
     /// The 2 MiB hugepage pool for SPDK: `auto` (sized from the volumes this

@@ -44,8 +44,8 @@ use super::{
 use crate::names::{Nqn, volume_uuid};
 use crate::spdk::naming::{LvolRole, NSID, parse_lvol};
 use crate::spdk::rpc::{
-    ByName, CheckShallowCopy, LvolClone, LvolCreate, LvolResize, LvolSnapshot, QosLimit, RaidBdev,
-    RaidDelete, RemoveNamespace, StartShallowCopy, SubsystemListener,
+    ByName, CheckShallowCopy, LvolClone, LvolCreate, LvolResize, LvolSnapshot, RaidBdev, RaidDelete,
+    RemoveNamespace, StartShallowCopy, SubsystemListener,
 };
 
 const MIB: u64 = 1 << 20;
@@ -305,8 +305,7 @@ impl VolumeOps {
                     ))?;
                 return Ok(Step::Copying(progress(0, j)));
             }
-            self.copy_into(vol, s, &snap, dst, plan.rebuild_mib_per_sec)
-                .await?;
+            self.copy_into(vol, s, &snap, dst).await?;
             return Ok(Step::Copying(progress(0, j)));
         }
 
@@ -334,28 +333,12 @@ impl VolumeOps {
     }
 
     /// Starts the shallow copy of source snapshot `s` (snapshot name `snap`)
-    /// into the dest head, grown to `s`'s size first, its writes capped at
-    /// `cap` MiB/s (`bdev_set_qos_limit` on the head; `Some(0)` lifts it).
-    async fn copy_into(
-        &self,
-        vol: &str,
-        s: &str,
-        snap: &str,
-        dst: &ReplicaInfo,
-        cap: Option<u64>,
-    ) -> Result<u32, VolumeError> {
-        if let Some(mib) = cap {
-            self.client
-                .bdev_set_qos_limit(&QosLimit {
-                    name: dst.alias.clone(),
-                    rw_mbytes_per_sec: mib,
-                })
-                .await
-                .map_err(rpc(
-                    vol,
-                    format!("capping {} at {mib} MiB/s for the rebuild", dst.alias),
-                ))?;
-        }
+    /// into the dest head, grown to `s`'s size first. Not capped by
+    /// `rebuildMibPerSec`: on v26.05 a QoS limit set on a bdev nobody has
+    /// open (the head, until a copy opens it) can never be changed or lifted
+    /// again (`bdev_set_qos_limit` answers EAGAIN from then on, seen on a
+    /// real target), and the head becomes a raid member.
+    async fn copy_into(&self, vol: &str, s: &str, snap: &str, dst: &ReplicaInfo) -> Result<u32, VolumeError> {
         let size = match self
             .client
             .bdev(s)
@@ -482,9 +465,7 @@ impl VolumeOps {
                 vol,
                 format!("taking rebuild snapshot {name} of {}", src.alias),
             ))?;
-        // the last copy runs with the export closed: as fast as it can
-        let lift = plan.rebuild_mib_per_sec.map(|_| 0);
-        let op = self.copy_into(vol, &s, &snap, dst, lift).await?;
+        let op = self.copy_into(vol, &s, &snap, dst).await?;
         let deadline = tokio::time::Instant::now() + SWITCH_COPY;
         loop {
             let st = self
