@@ -1620,7 +1620,7 @@ async fn a_thin_rebuild_goes_on_from_its_copies_after_talon_restarts() {
     c.bdev_raid_remove_base_bdev(&ByName::new(&info.replicas[1].bdev))
         .await
         .expect("r1 leaves");
-    c.bdev_lvol_delete(&ByName::new(&format!("{}/tr-r1.s.s2", lvs(1))))
+    c.bdev_lvol_delete(&ByName::new(format!("{}/tr-r1.s.s2", lvs(1))))
         .await
         .expect("r1's s2 goes too");
     p.in_sync = Some([0].into());

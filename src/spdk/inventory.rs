@@ -211,8 +211,8 @@ impl Inventory {
                 }
                 // a rebuild snapshot lives with its volume (the rebuild deletes it)
                 Some(LvolRole::Snapshot { volume, snap, .. })
-                    if !keep_snapshot(&volume, &snap)
-                        && !(super::naming::is_rebuild_snap(&snap) && keep_volume(&volume)) =>
+                    if !(keep_snapshot(&volume, &snap)
+                        || (super::naming::is_rebuild_snap(&snap) && keep_volume(&volume))) =>
                 {
                     snaps.push(Owned::Lvol(l.alias.clone()))
                 }
