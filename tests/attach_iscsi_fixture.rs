@@ -470,6 +470,7 @@ async fn attach_controller_attaches_v1_volumes_through_iscsi() {
         spdk: Default::default(),
         targets_on_exit: Default::default(),
         peer_token: None,
+        peer_tls: None,
     };
     // a host without nvme_tcp, with iscsid: auto picks iSCSI
     let host = HostFrontends {
