@@ -145,8 +145,31 @@ chmod 600 /tmp/chapdata/iscsi-chap
 expect_fail "CHAP target without CHAP" "login to $CHAP_IQN" talon attach iscsi --volume chap --portal "$P" --iqn "$CHAP_IQN" --initiator-name "$TALON_HOST_ISCSI_ACL_INITIATOR"
 expect_fail "CHAP target with a wrong secret" "login to $CHAP_IQN" talon attach iscsi --volume chap --portal "$P" --iqn "$CHAP_IQN" --initiator-name "$TALON_HOST_ISCSI_ACL_INITIATOR" --chap --data-dir /tmp/chapdata
 printf 'user=vmchap\nsecret=%s\n' "$TALON_HOST_ISCSI_CHAP_SECRET" >/tmp/chapdata/iscsi-chap
+# while it attaches, every process's argv is scanned for the secret (grep reads the pattern from
+# a file, so the scanner's own argv does not carry it); talon writes it into the node record
+printf '%s\n' "$TALON_HOST_ISCSI_CHAP_SECRET" >/tmp/secret-pattern
+: >/tmp/argv-hits
+: >/tmp/argv-scans
+(
+	while [ ! -e /tmp/argv-scan-stop ]; do
+		grep -lFf /tmp/secret-pattern /proc/[0-9]*/cmdline 2>/dev/null | while read -r f; do
+			printf '%s: %s\n' "$f" "$(tr '\0' ' ' <"$f" 2>/dev/null)" >>/tmp/argv-hits
+		done
+		echo >>/tmp/argv-scans
+	done
+) &
+SCAN=$!
 H talon attach iscsi --volume chap --portal "$P" --iqn "$CHAP_IQN" --initiator-name "$TALON_HOST_ISCSI_ACL_INITIATOR" --chap --data-dir /tmp/chapdata >/tmp/a5 2>&1 ||
 	bad "attach with CHAP: $(cat /tmp/a5)"
+touch /tmp/argv-scan-stop
+wait $SCAN 2>/dev/null
+echo "argv scans during the CHAP attach: $(wc -l </tmp/argv-scans)"
+[ -s /tmp/argv-hits ] && bad "the CHAP secret was in a process's argv: $(cat /tmp/argv-hits)"
+[ "$(wc -l </tmp/argv-scans)" -gt 0 ] || bad "the argv scanner never ran"
+REC=$(ext sh -c "find $NODEDIRS -path '*$CHAP_IQN*' -type f 2>/dev/null" | head -1)
+echo "node record: $REC, mode $(ext stat -c %a "$REC" 2>/dev/null), $(ext grep -c '^node.session.auth' "$REC" 2>/dev/null) auth lines"
+[ "$(ext stat -c %a "$REC" 2>/dev/null)" = 600 ] || bad "the node record holding the secret is not 0600"
+ext grep -q '^node.session.auth.authmethod = CHAP' "$REC" || bad "the node record does not ask for CHAP"
 cat /tmp/a5
 M=$(dd if=/dev/talon/chap bs=512 count=1 2>/dev/null | head -c 23)
 [ "$M" = TALON-ISCSI-CHAP-MARKER ] || bad "marker not read through /dev/talon/chap (read '$M')"
