@@ -146,15 +146,31 @@ expect_fail "CHAP target without CHAP" "login to $CHAP_IQN" talon attach iscsi -
 expect_fail "CHAP target with a wrong secret" "login to $CHAP_IQN" talon attach iscsi --volume chap --portal "$P" --iqn "$CHAP_IQN" --initiator-name "$TALON_HOST_ISCSI_ACL_INITIATOR" --chap --data-dir /tmp/chapdata
 printf 'user=vmchap\nsecret=%s\n' "$TALON_HOST_ISCSI_CHAP_SECRET" >/tmp/chapdata/iscsi-chap
 # while it attaches, every process's argv is scanned for the secret (grep reads the pattern from
-# a file, so the scanner's own argv does not carry it); talon writes it into the node record
+# a file, so the scanner's own argv does not carry it; NULs become newlines first: grep stops a
+# line at a NUL); talon writes the secret into the node record instead
 printf '%s\n' "$TALON_HOST_ISCSI_CHAP_SECRET" >/tmp/secret-pattern
 : >/tmp/argv-hits
 : >/tmp/argv-scans
+argv_has_secret() { cat /proc/[0-9]*/cmdline 2>/dev/null | tr '\0' '\n' | grep -qFf /tmp/secret-pattern; }
+argv_hits() {
+	for f in /proc/[0-9]*/cmdline; do
+		tr '\0' '\n' <"$f" 2>/dev/null | grep -qFf /tmp/secret-pattern && echo "$f: $(tr '\0' ' ' <"$f" 2>/dev/null)"
+	done
+}
+# the scanner sees a secret in argv: a process that carries it is found
+sh -c 'sleep 3; :' "$TALON_HOST_ISCSI_CHAP_SECRET" &
+DECOY=$!
+sleep 0.3
+argv_has_secret || bad "the argv scan does not see a secret in a process's argv"
+argv_hits | grep -q "/proc/$DECOY/" || bad "the argv scan does not name the process carrying a secret"
+kill $DECOY 2>/dev/null
+wait $DECOY 2>/dev/null
 (
 	while [ ! -e /tmp/argv-scan-stop ]; do
-		grep -lFf /tmp/secret-pattern /proc/[0-9]*/cmdline 2>/dev/null | while read -r f; do
-			printf '%s: %s\n' "$f" "$(tr '\0' ' ' <"$f" 2>/dev/null)" >>/tmp/argv-hits
-		done
+		if argv_has_secret; then
+			echo "a process's argv held the secret" >>/tmp/argv-hits
+			argv_hits >>/tmp/argv-hits
+		fi
 		echo >>/tmp/argv-scans
 	done
 ) &
