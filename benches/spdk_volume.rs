@@ -11,9 +11,10 @@
 //!    explicit NGUID, raid1 with a removed placeholder, exported again), and
 //!    (d) the alternative 1-replica engine talon did not choose (raid1 of the
 //!    local lvol + a removed placeholder);
-//! 3. rebuild: a replica of a 2-replica volume leaves the raid1 and joins
-//!    again behind (`VolumeOps::ensure` with the ledger saying so): time until
-//!    SPDK's rebuild is done, MiB/s, and what the thin replica holds after;
+//! 3. rebuild: a 1 GiB 2-replica volume with 10 % written gets an empty
+//!    replica back, rebuilt thin (shallow copies + the switch) and by SPDK's
+//!    raid rebuild, side by side: time, MiB copied, what the replica holds
+//!    after, and the longest reconcile step (the thin switch);
 //! 4. snapshot: a 2-replica volume under sequential QD32 writes, with no
 //!    snapshots and with one every 500 ms (each freezes the export, ANA
 //!    inaccessible, around the replicas' snapshots): writes per second that
@@ -41,6 +42,9 @@
 //!
 //! The machine is shared and noisy: compare within one run.
 
+#[path = "../tests/support/spdk_dd.rs"]
+#[allow(dead_code)]
+mod spdk_dd;
 #[path = "../tests/support/spdk_perf.rs"]
 mod spdk_perf;
 
@@ -51,8 +55,8 @@ use futures::StreamExt;
 use talon::names::ObjectName;
 use talon::spdk::SpdkClient;
 use talon::spdk::rpc::{
-    AddNamespace, ByName, CreateSubsystem, CreateTransport, GetRaids, ListenAddress, LvolCreate,
-    LvstoreCreate, MallocCreate, NullCreate, RaidCategory, RaidCreate, RaidLevel, SubsystemListener,
+    AddNamespace, ByName, CreateSubsystem, CreateTransport, ListenAddress, LvolCreate, LvstoreCreate,
+    MallocCreate, NullCreate, RaidCreate, RaidLevel, SubsystemListener,
 };
 use talon::spdk::target::{Memory, Target, TargetConfig};
 use talon::spdk::volume::{ExportSpec, Inventory, VolumeOps, VolumePlan};
@@ -80,61 +84,121 @@ fn plan(name: &str, replicas: usize, port: u16) -> VolumePlan {
     )
 }
 
-async fn rebuild(ops: &VolumeOps, port: u16) {
-    let c = ops.client();
-    println!("\nrebuild: a replica that missed writes joins the raid1 again (one idle target)");
-    println!(
-        "{:<10} {:>9} {:>9} {:>22}",
-        "volume", "ms", "MiB/s", "r1 allocated after"
-    );
-    for size_mib in [256u64, 1024] {
-        let name = format!("rb{size_mib}");
-        let mut p = plan(&name, 2, port);
-        p.size_bytes = size_mib * MIB;
-        let inv = Inventory::load(c).await.expect("inventory");
-        let info = ops.ensure(&inv, &p).await.expect("ensure");
-        c.bdev_raid_remove_base_bdev(&ByName::new(&info.replicas[1].bdev))
-            .await
-            .expect("r1 leaves");
-        p.in_sync = Some([0].into());
-        let t0 = Instant::now();
-        let inv = Inventory::load(c).await.expect("inventory");
-        let info = ops.ensure(&inv, &p).await.expect("ensure");
-        assert_eq!(info.rebuilding.map(|r| r.0), Some(1), "r1 rebuilding");
-        let raid = format!("talon-raid-{name}");
-        loop {
-            let raids = c
-                .bdev_raid_get_bdevs(&GetRaids {
-                    category: RaidCategory::All,
-                })
-                .await
-                .expect("raids");
-            if raids
-                .iter()
-                .find(|r| r.name == raid)
-                .is_some_and(|r| r.process.is_none())
-            {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
+/// Drives `ensure` (as the controller does every second while a rebuild
+/// runs) until replica 1 is up to date again; returns the seconds it took
+/// and the longest single `ensure` call (the thin switch lies in one).
+async fn rebuild_until_joined(ops: &VolumeOps, p: &VolumePlan) -> (f64, f64) {
+    let t0 = Instant::now();
+    let mut longest = 0f64;
+    loop {
+        let inv = Inventory::load(ops.client()).await.expect("inventory");
+        let t = Instant::now();
+        let info = ops.ensure(&inv, p).await.expect("ensure");
+        longest = longest.max(t.elapsed().as_secs_f64());
+        if info.in_sync.contains(&1) && info.rebuilding.is_none() {
+            return (t0.elapsed().as_secs_f64(), longest);
         }
-        let secs = t0.elapsed().as_secs_f64();
-        let inv = Inventory::load(c).await.expect("inventory");
-        let r1 = inv
-            .find_lvol(&format!("{name}-r1"))
-            .map(|l| l.num_allocated_clusters)
-            .unwrap_or(0);
-        println!(
-            "{:<10} {:>9.0} {:>9.0} {:>15} MiB of {size_mib}",
-            format!("{size_mib} MiB"),
-            secs * 1e3,
-            size_mib as f64 / secs,
-            r1
-        );
-        ops.delete(&inv, &ObjectName::parse("volume", &name).expect("n"))
-            .await
-            .expect("delete");
+        tokio::time::sleep(Duration::from_millis(5)).await;
     }
+}
+
+/// What replica k holds, its head and its snapshot chain, in clusters.
+async fn held(c: &SpdkClient, vol: &str, k: usize) -> u64 {
+    let inv = Inventory::load(c).await.expect("inventory");
+    let Some(head) = inv.find_lvol(&format!("{vol}-r{k}")) else {
+        return 0;
+    };
+    head.num_allocated_clusters
+        + inv
+            .chain(&head.alias)
+            .iter()
+            .map(|a| inv.lvols[a].num_allocated_clusters)
+            .sum::<u64>()
+}
+
+/// Thin rebuild (shallow copies of the source's chain, then the switch) and
+/// SPDK's raid rebuild (every block), side by side: a 2-replica 1 GiB volume
+/// with 10 % written (spdk_dd, sequential) loses replica 1 (its lvol
+/// deleted, as a replaced disk), and gets it back empty.
+async fn rebuild(spdk: &Path, c: &SpdkClient, port: u16, rounds: usize) {
+    println!(
+        "\nrebuild: a 1024 MiB 2-replica volume (superblock) with 102 MiB written gets an empty replica 1 back (two 4 GiB aio file disks, one target)"
+    );
+    println!(
+        "{:<6} {:>5} {:>9} {:>9} {:>14} {:>14} {:>16}",
+        "mode", "round", "ms", "MiB/s", "copied MiB", "r1 holds MiB", "longest step ms"
+    );
+    let dir = tempfile::tempdir_in("/var/tmp").expect("tempdir");
+    attach_disks(c, dir.path(), &["rb1", "rb2"], true).await;
+    for round in 0..rounds {
+        for (mode, full, cap) in [
+            ("thin", false, None),
+            ("thin50", false, Some(50)),
+            ("full", true, None),
+        ] {
+            let ops = VolumeOps::new(c.clone()).with_full_rebuild(full);
+            let name = format!("rb{}{round}", &mode[..mode.len().min(5)]);
+            let mut p = plan(&name, 2, port);
+            p.size_bytes = 1024 * MIB;
+            p.disks = vec!["rb1".into(), "rb2".into()];
+            p.superblock = true;
+            p.rebuild_mib_per_sec = cap;
+            let inv = Inventory::load(c).await.expect("inventory");
+            let info = ops.ensure(&inv, &p).await.expect("ensure");
+            let data = vec![0x5au8; 102 << 20];
+            let out = spdk_dd::dd_as(
+                spdk,
+                dir.path(),
+                port,
+                &info.nqn,
+                Some(&data),
+                data.len(),
+                spdk_perf::HOST_NQN,
+            );
+            assert!(
+                out.status.success(),
+                "dd: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            // replica 1 goes (a disk replaced): out of the raid, its lvol deleted
+            c.bdev_raid_remove_base_bdev(&ByName::new(&info.replicas[1].bdev))
+                .await
+                .expect("r1 leaves");
+            c.bdev_lvol_delete(&ByName::new(&info.replicas[1].alias))
+                .await
+                .expect("r1 deleted");
+            p.in_sync = Some([0].into());
+            let (secs, longest) = rebuild_until_joined(&ops, &p).await;
+            let r1 = held(c, &name, 1).await;
+            let inv = Inventory::load(c).await.expect("inventory");
+            let limit = inv
+                .find_lvol(&format!("{name}-r1"))
+                .and_then(|l| inv.bdevs.get(&l.uuid))
+                .and_then(|b| b.assigned_rate_limits.clone())
+                .map_or(0, |l| l.rw_mbytes_per_sec);
+            assert_eq!(limit, 0, "{mode}: the cap is lifted once r1 is back");
+            let copied = if full { 1024 } else { r1 };
+            println!(
+                "{:<6} {:>5} {:>9.0} {:>9.0} {:>14} {:>14} {:>16.0}",
+                mode,
+                round,
+                secs * 1e3,
+                copied as f64 / secs,
+                copied,
+                r1,
+                longest * 1e3
+            );
+            let inv = Inventory::load(c).await.expect("inventory");
+            ops.delete(&inv, &ObjectName::parse("volume", &name).expect("n"))
+                .await
+                .expect("delete");
+        }
+    }
+    println!("copied: clusters written to replica 1 (thin: what it holds; full: SPDK writes every block)");
+    println!(
+        "thin50: NodeConfig rebuildMibPerSec 50 (bdev_set_qos_limit on the replica rebuilt, lifted after)"
+    );
+    println!("longest step: the longest single reconcile, for thin the switch (export closed inside it)");
 }
 
 async fn control_plane(ops: &VolumeOps, port: u16) {
@@ -802,7 +866,11 @@ fn main() {
             control_plane(&ops, port).await;
         }
         if only.as_deref().is_none_or(|o| o == "rebuild") {
-            rebuild(&ops, port).await;
+            let rounds = std::env::var("ROUNDS")
+                .ok()
+                .and_then(|r| r.parse().ok())
+                .unwrap_or(3);
+            rebuild(&spdk, &c, port, rounds).await;
         }
         if only.as_deref().is_none_or(|o| o == "snapshot") {
             snapshots(&spdk, &ops, port).await;

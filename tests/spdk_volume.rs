@@ -87,6 +87,10 @@ struct Setup {
 }
 
 async fn setup(disks: &[&str]) -> Setup {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_test_writer()
+        .try_init();
     let dir = tempfile::tempdir().expect("tempdir");
     let double = SpdkDouble::start(dir.path().join("spdk.sock"))
         .await
@@ -872,8 +876,9 @@ async fn a_replica_that_missed_writes_is_rebuilt_never_served_alone() {
     let s = setup(&["d1", "d2"]).await;
     s.double.set_rebuild_time(Duration::from_millis(600));
     let state = &s.state;
-    state.create_typed("m", "", &volume(16 * MIB, 2)).expect("m");
+    state.create_typed("m", "", &volume(200 * MIB, 2)).expect("m");
     ready(state, "m", "m").await;
+    s.double.write("talon-raid-m", 20);
     let (sync, disks) = ledger(state, "m").expect("ledger");
     assert_eq!(sync, vec![0, 1]);
     let (d0, d1) = (disks[0].clone(), disks[1].clone());
@@ -888,6 +893,8 @@ async fn a_replica_that_missed_writes_is_rebuilt_never_served_alone() {
         (ObjectState::Stale, d1.as_str())
     );
     assert_eq!(engine(state, "m").map(|e| e.state), Some(ObjectState::Degraded));
+    // written while degraded: r0 only
+    s.double.write("talon-raid-m", 100);
     let inv = Inventory::load(&s.client).await.expect("inv");
     assert_eq!(
         inv.lvols.keys().filter(|a| a.contains("/m-r")).count(),
@@ -904,6 +911,22 @@ async fn a_replica_that_missed_writes_is_rebuilt_never_served_alone() {
     .await;
     ledger_becomes(state, "m", &[0, 1], "r1 rebuilt").await;
     ready(state, "m", "m ready again").await;
+    // thin: r1 holds the clusters r0 holds (120 of 200), its rebuild
+    // snapshots merged away
+    let heads = eventually("rebuild snapshots merged", WAIT, || async {
+        let inv = Inventory::load(&s.client).await.ok()?;
+        if inv.lvols.keys().any(|a| a.contains(".s.rb.")) {
+            return None;
+        }
+        let alloc = |k: usize| {
+            inv.find_lvol(&format!("m-r{k}"))
+                .map(|l| l.num_allocated_clusters)
+        };
+        Some((alloc(0)?, alloc(1)?))
+    })
+    .await;
+    assert_eq!(heads, (120, 120), "r1 as thin as r0");
+    assert_eq!(s.double.calls("bdev_raid_add_base_bdev"), 0, "no full rebuild");
 
     // r0's disk goes, then the target restarts with only r0 (stale) back
     assert!(s.double.hot_remove(&format!("talon-disk-{d0}")));
@@ -963,9 +986,9 @@ async fn with_a_superblock_a_replica_that_left_just_before_a_crash_is_never_trus
     let s = setup(&["d1", "d2"]).await;
     s.double.set_rebuild_time(Duration::from_millis(600));
     let state = s.state.clone();
-    state.create_typed("w", "", &sb_volume(16 * MIB, 2)).expect("w");
+    state.create_typed("w", "", &sb_volume(160 * MIB, 2)).expect("w");
     let e = ready(&state, "w", "w").await;
-    assert_eq!(e.size_bytes, 16 * MIB, "the host sees the size asked");
+    assert_eq!(e.size_bytes, 160 * MIB, "the host sees the size asked");
     let (sync, disks) = ledger(&state, "w").expect("ledger");
     assert_eq!(sync, vec![0, 1]);
     let (d0, d1) = (disks[0].clone(), disks[1].clone());
@@ -978,7 +1001,7 @@ async fn with_a_superblock_a_replica_that_left_just_before_a_crash_is_never_trus
     );
     for k in 0..2 {
         let l = inv.find_lvol(&format!("w-r{k}")).expect("replica");
-        assert_eq!(inv.bdev_size(&l.uuid), Some(17 * MIB), "one cluster of room");
+        assert_eq!(inv.bdev_size(&l.uuid), Some(161 * MIB), "one cluster of room");
     }
 
     // talon stops: the ledger will never hear of what comes next
@@ -991,6 +1014,8 @@ async fn with_a_superblock_a_replica_that_left_just_before_a_crash_is_never_trus
     } = s;
     rt.stop().await;
     assert!(double.hot_remove(&format!("talon-disk-{d1}")));
+    // written after r1 left: r0 only
+    double.write("talon-raid-w", 100);
     // spdk_tgt dies too; it comes back with the stale r1's disk alone
     double.restart().await.expect("restart");
     add_disk(&client, dir.path(), &d1, false).await;
@@ -1545,4 +1570,128 @@ async fn the_double_refuses_nvmf_subsystem_pause_as_v26_05_does() {
     ] {
         assert!(methods.iter().any(|x| x == m), "{m} not in the real list");
     }
+}
+
+/// Issue 17: a thin rebuild is derived from what the target holds, so a new
+/// talon (nothing in memory) goes on from the copies made: here talon stops
+/// while the copy of the second snapshot runs. The head that copy was
+/// filling is made again and filled again; the copy of the first snapshot is
+/// kept. At the end the replica has the chain and holds what its source
+/// holds, and no full rebuild ran.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thin_rebuild_goes_on_from_its_copies_after_talon_restarts() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let double = SpdkDouble::start(dir.path().join("spdk.sock"))
+        .await
+        .expect("double");
+    let c = SpdkClient::new(double.socket());
+    add_disk(&c, dir.path(), "d1", true).await;
+    add_disk(&c, dir.path(), "d2", true).await;
+    let mut p = plan("tr", 2);
+    p.size_bytes = 200 * MIB;
+    p.disks = vec!["d1".into(), "d2".into()];
+    p.superblock = true;
+    let ops = VolumeOps::new(c.clone());
+    let inv = Inventory::load(&c).await.expect("inv");
+    let info = ops.ensure(&inv, &p).await.expect("ensure");
+    let alias = |k: usize| {
+        info.replicas
+            .iter()
+            .find(|r| r.k == k)
+            .expect("replica")
+            .alias
+            .clone()
+    };
+    let lvs = |k: usize| alias(k).split_once('/').expect("alias").0.to_owned();
+    // two snapshots on both replicas (as VolumeOps::snapshot names them), data between
+    for (snap, clusters) in [("s1", 30), ("s2", 40)] {
+        double.write("talon-raid-tr", clusters);
+        for k in 0..2 {
+            c.bdev_lvol_snapshot(&talon::spdk::rpc::LvolSnapshot {
+                lvol_name: alias(k),
+                snapshot_name: format!("tr-r{k}.s.{snap}"),
+            })
+            .await
+            .expect("snapshot");
+        }
+    }
+    double.write("talon-raid-tr", 10);
+    // r1 is replaced: out of the raid, deleted; its snapshots stay (they are that instant)
+    c.bdev_raid_remove_base_bdev(&ByName::new(&info.replicas[1].bdev))
+        .await
+        .expect("r1 leaves");
+    c.bdev_lvol_delete(&ByName::new(&format!("{}/tr-r1.s.s2", lvs(1))))
+        .await
+        .expect("r1's s2 goes too");
+    p.in_sync = Some([0].into());
+
+    // first talon: until the copy of s2 runs
+    let step = |ops: VolumeOps, p: VolumePlan| {
+        let c = c.clone();
+        async move {
+            let inv = Inventory::load(&c).await.expect("inv");
+            ops.ensure(&inv, &p).await.expect("ensure")
+        }
+    };
+    let mut seen = Vec::new();
+    for _ in 0..10 {
+        let i = step(ops.clone(), p.clone()).await;
+        seen.push(i.rebuilding);
+        if double.calls("bdev_lvol_start_shallow_copy") == 1 {
+            break;
+        }
+    }
+    assert_eq!(double.calls("bdev_lvol_start_shallow_copy"), 1, "{seen:?}");
+    assert!(seen.iter().all(|r| r.is_some_and(|(k, _)| k == 1)), "{seen:?}");
+    drop(ops);
+
+    // a new talon: nothing in memory
+    let ops = VolumeOps::new(c.clone());
+    let mut joined = None;
+    for _ in 0..20 {
+        let i = step(ops.clone(), p.clone()).await;
+        if i.in_sync.contains(&1) {
+            joined = Some(i);
+            break;
+        }
+    }
+    let joined = joined.expect("r1 rebuilt");
+    assert_eq!(joined.in_sync, [0, 1].into());
+    // the half-filled head was filled again: s2 copied twice, then the head's rest
+    assert_eq!(double.calls("bdev_lvol_start_shallow_copy"), 3);
+    assert_eq!(double.calls("bdev_raid_add_base_bdev"), 0, "no full rebuild");
+    // and the rebuild snapshots are merged away at the next reconcile
+    let i = step(ops.clone(), p.clone()).await;
+    assert_eq!(i.in_sync, [0, 1].into());
+    let inv = Inventory::load(&c).await.expect("inv");
+    assert!(
+        !inv.lvols.keys().any(|a| a.contains(".s.rb.")),
+        "{:?}",
+        inv.lvols.keys()
+    );
+    let names = |k: usize| -> Vec<String> {
+        inv.chain(&alias(k))
+            .iter()
+            .map(|a| a.split_once('/').expect("alias").1.to_owned())
+            .collect()
+    };
+    assert_eq!(names(0), vec!["tr-r0.s.s1", "tr-r0.s.s2"]);
+    assert_eq!(
+        names(1),
+        vec!["tr-r1.s.s1", "tr-r1.s.s2"],
+        "the chain is rebuilt as a chain"
+    );
+    let held = |k: usize| {
+        inv.find_lvol(&format!("tr-r{k}"))
+            .expect("head")
+            .num_allocated_clusters
+            + inv
+                .chain(&alias(k))
+                .iter()
+                .map(|a| inv.lvols[a].num_allocated_clusters)
+                .sum::<u64>()
+    };
+    assert_eq!((held(0), held(1)), (80, 80), "r1 holds what r0 holds");
+    let raid = inv.raid("talon-raid-tr").expect("raid");
+    assert!(raid.superblock && raid.state == "online", "{raid:?}");
 }

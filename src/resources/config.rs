@@ -80,6 +80,11 @@ pub struct NodeConfig {
     /// SPDK, so it cannot share `nvmfPort`).
     #[serde(default = "default_replica_tls_port")]
     pub replica_tls_port: u16,
+    /// Caps a rebuild's copying into the replica being rebuilt, in MiB/s
+    /// (SPDK's `bdev_set_qos_limit` on it), so the volume's own I/O keeps
+    /// most of the disks; none by default. Lifted when the replica is back.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rebuild_mib_per_sec: Option<u64>,
     /// The 2 MiB hugepage pool for SPDK: `auto` (sized from the volumes this
     /// node exports, on the NUMA nodes of the SPDK cores), a fixed number of
     /// MiB, or `off` (talon leaves the pool alone).
@@ -157,6 +162,7 @@ impl Default for NodeConfig {
             nvme_dhchap: false,
             replica_tls: false,
             replica_tls_port: default_replica_tls_port(),
+            rebuild_mib_per_sec: None,
             hugepages: HugepagesSetting::AUTO,
         }
     }

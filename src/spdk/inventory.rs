@@ -95,6 +95,31 @@ impl Inventory {
         out
     }
 
+    /// The snapshot lvol `alias` is a clone of (its alias), from
+    /// `bdev_get_bdevs`' `driver_specific.lvol.base_snapshot` (an lvol name
+    /// in the same lvstore).
+    pub fn parent_of(&self, alias: &str) -> Option<String> {
+        let l = self.lvols.get(alias)?;
+        let b = self.bdevs.get(&l.uuid)?;
+        let parent = b.driver_specific["lvol"]["base_snapshot"].as_str()?;
+        Some(format!("{}/{parent}", l.lvs.name))
+    }
+
+    /// The snapshots below lvol `alias`, oldest first.
+    pub fn chain(&self, alias: &str) -> Vec<String> {
+        let mut out = Vec::new();
+        let mut at = alias.to_owned();
+        while let Some(p) = self.parent_of(&at) {
+            if out.contains(&p) || out.len() > 4096 {
+                break;
+            }
+            out.push(p.clone());
+            at = p;
+        }
+        out.reverse();
+        out
+    }
+
     /// Keeps only the lvstores of `disks` (and lvstores that are not talon's):
     /// replicas are placed on configured disks only.
     pub fn retain_disks(&mut self, disks: &std::collections::BTreeSet<String>) {
@@ -184,7 +209,11 @@ impl Inventory {
                 {
                     out.push(Owned::Lvol(l.alias.clone()))
                 }
-                Some(LvolRole::Snapshot { volume, snap, .. }) if !keep_snapshot(&volume, &snap) => {
+                // a rebuild snapshot lives with its volume (the rebuild deletes it)
+                Some(LvolRole::Snapshot { volume, snap, .. })
+                    if !keep_snapshot(&volume, &snap)
+                        && !(super::naming::is_rebuild_snap(&snap) && keep_volume(&volume)) =>
+                {
                     snaps.push(Owned::Lvol(l.alias.clone()))
                 }
                 _ => {}

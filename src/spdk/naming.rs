@@ -41,6 +41,20 @@ pub fn replica(vol: &str, k: usize) -> String {
 pub fn snapshot_lvol(vol: &str, k: usize, snap: &str) -> String {
     format!("{vol}-r{k}.s.{snap}")
 }
+/// `rb.<n>`: the snapshot name of a rebuild snapshot (taken by a thin
+/// rebuild, deleted when it ends); the '.' keeps it apart from every
+/// snapshot name a user can give.
+pub fn rebuild_snap(n: u32) -> String {
+    format!("rb.{n}")
+}
+/// `n` of a rebuild snapshot's name `rb.<n>`.
+pub fn rebuild_snap_number(snap: &str) -> Option<u32> {
+    snap.strip_prefix("rb.")?.parse().ok()
+}
+/// Whether a snapshot name is a rebuild snapshot's.
+pub fn is_rebuild_snap(snap: &str) -> bool {
+    rebuild_snap_number(snap).is_some()
+}
 /// `<vol>.rev.<generation>`: a thin empty lvol recording that revert
 /// generation N was applied (SPDK keeps it with the data, so a revert runs
 /// once even across talon restarts).

@@ -134,6 +134,9 @@ pub struct Bdev {
     /// The claim type when claimed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub claim_type: Option<String>,
+    /// The QoS limits set with `bdev_set_qos_limit` (0: none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub assigned_rate_limits: Option<RateLimits>,
     /// Module-specific details (`lvol`, `raid`, `nvme`, `aio`).
     #[serde(default)]
     pub driver_specific: Value,
@@ -435,6 +438,24 @@ pub struct ShallowCopyStatus {
     /// The error text when `state` is "error".
     #[serde(default)]
     pub error: Option<String>,
+}
+
+/// `bdev_get_bdevs`' `assigned_rate_limits`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RateLimits {
+    /// Reads and writes, MiB/s (0: no limit).
+    #[serde(default)]
+    pub rw_mbytes_per_sec: u64,
+}
+
+/// `bdev_set_qos_limit` params: limits not given stay as they are; 0 lifts one.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct QosLimit {
+    /// The bdev.
+    pub name: String,
+    /// Reads and writes together, in MiB/s (SPDK's "MB" are MiB).
+    pub rw_mbytes_per_sec: u64,
 }
 
 /// `bdev_lvol_set_parent` params.
@@ -1416,6 +1437,8 @@ impl SpdkClient {
         bdev_lvol_check_shallow_copy(CheckShallowCopy) -> ShallowCopyStatus);
     rpc!(/// Makes a snapshot the parent of an lvol.
         bdev_lvol_set_parent(LvolSetParent) -> bool);
+    rpc!(/// Caps (or with 0 lifts the cap on) a bdev's reads and writes.
+        bdev_set_qos_limit(QosLimit) -> bool);
     rpc!(/// Creates a raid bdev.
         bdev_raid_create(RaidCreate) -> bool);
     rpc!(/// Deletes a raid bdev (releases its members).

@@ -39,7 +39,13 @@ pub fn dd_as(
         "method": "bdev_set_options", "params": {"bdev_auto_examine": false}}, {
         "method": "bdev_nvme_attach_controller",
         "params": {"name": "dd", "trtype": "tcp", "adrfam": "ipv4", "traddr": "127.0.0.1",
-                   "trsvcid": port.to_string(), "subnqn": nqn, "hostnqn": hostnqn}}]}]});
+                   "trsvcid": port.to_string(), "subnqn": nqn, "hostnqn": hostnqn,
+                   // a host that rides through a lost connection as the
+                   // kernel's does (reconnect every 2 s, I/O held meanwhile):
+                   // spdk_dd itself ignores a failed read (its
+                   // _dd_read_bdev_done never looks at `success`) and
+                   // would write stale buffers out
+                   "reconnect_delay_sec": 1, "ctrlr_loss_timeout_sec": 30}}]}]});
     std::fs::write(&conf, cfg.to_string()).expect("dd config");
     let file = dir.join("dd.bin");
     let mut cmd = std::process::Command::new(spdk.join("build/bin/spdk_dd"));

@@ -217,6 +217,8 @@ struct Job {
     hosts: Vec<String>,
     /// `NodeConfig.replicaTlsPort`.
     tls_port: u16,
+    /// `NodeConfig.rebuildMibPerSec`.
+    rebuild_cap: Option<u64>,
 }
 
 /// What realizing one volume gave.
@@ -331,6 +333,7 @@ impl SpdkVolumeController {
             in_sync,
             remote,
             superblock,
+            rebuild_mib_per_sec: job.rebuild_cap,
         };
         let done = match job.spec.serve_replica {
             Some(k) => self.ops.ensure_served(inv, &plan, k as usize).await,
@@ -732,6 +735,7 @@ impl Controller for SpdkVolumeController {
                 snapshot_set,
                 hosts: export_hosts(&node, &v.spec, attached_by),
                 tls_port,
+                rebuild_cap: node.rebuild_mib_per_sec,
             });
         }
         // one TCP transport per target, made (or adopted) before the volumes

@@ -71,12 +71,12 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::spdk::rpc::{
-    AddNamespace, AioCreate, AttachController, ByName, ByNqn, ByTag, CreateInitiatorGroup, CreatePortalGroup,
-    CreateSubsystem, CreateTargetNode, CreateTransport, DeleteTargetNode, GetBdevs, GetControllers,
-    GetIostat, GetLvols, GetNotifications, GetRaids, GetSubsystems, GetTransports, KeyringFileKey,
-    ListenerAnaState, LvolClone, LvolCreate, LvolResize, LvolSnapshot, LvstoreCreate, LvstoreSelector,
-    MallocCreate, NullCreate, RaidAddBaseBdev, RaidCategory, RaidCreate, RaidLevel, RemoveNamespace,
-    SubsystemHostKeys, SubsystemHostParams, SubsystemListener,
+    AddNamespace, AioCreate, AttachController, ByName, ByNqn, ByTag, CheckShallowCopy, CreateInitiatorGroup,
+    CreatePortalGroup, CreateSubsystem, CreateTargetNode, CreateTransport, DeleteTargetNode, GetBdevs,
+    GetControllers, GetIostat, GetLvols, GetNotifications, GetRaids, GetSubsystems, GetTransports,
+    KeyringFileKey, ListenerAnaState, LvolClone, LvolCreate, LvolResize, LvolSnapshot, LvstoreCreate,
+    LvstoreSelector, MallocCreate, NullCreate, RaidAddBaseBdev, RaidCategory, RaidCreate, RaidLevel,
+    RemoveNamespace, StartShallowCopy, SubsystemHostKeys, SubsystemHostParams, SubsystemListener,
 };
 
 /// A fault to inject into one call.
@@ -154,6 +154,9 @@ struct LvolInfo {
     /// A raid superblock in this lvol's own first cluster (a clone without
     /// one reads its parent's, as examine does on a real target).
     sb: Option<Superblock>,
+    /// Its own first cluster holds zeros where a superblock was
+    /// (`bdev_raid_delete` with `clear_sb`): it hides a parent's superblock.
+    sb_cleared: bool,
 }
 
 /// A raid superblock as SPDK writes it on a member (`raid_bdev_superblock`:
@@ -303,6 +306,20 @@ struct State {
     /// Snapshots of an lvol that was exported (itself, or as a raid member)
     /// through a listener that accepted I/O when the snapshot was taken.
     snapshots_while_writable: Vec<String>,
+    /// Shallow copies by operation id (SPDK numbers them from 1 for the
+    /// process's life): clusters copied, clusters to copy, the error, and
+    /// how many checks saw it (one check sees it in progress, the next
+    /// complete, as a copy that takes a moment).
+    shallow_copies: Vec<ShallowCopy>,
+    shallow_copy_count: u32,
+}
+
+#[derive(Debug, Clone)]
+struct ShallowCopy {
+    id: u32,
+    total: u64,
+    error: Option<&'static str>,
+    checks: u32,
 }
 
 /// Every double in the process, for NVMe/TCP attach across doubles.
@@ -440,6 +457,33 @@ impl SpdkDouble {
     /// How long a raid1 rebuild takes from now on (zero: done at once).
     pub fn set_rebuild_time(&self, d: Duration) {
         lock(&self.state).rebuild_time = d;
+    }
+
+    /// A host writes `clusters` clusters that were never written through
+    /// bdev `name` (an lvol, or a raid: each member in service gets them),
+    /// as allocation counts: the double keeps no data.
+    pub fn write(&self, name: &str, clusters: u64) {
+        let mut s = lock(&self.state);
+        let Some(i) = s.find(name) else { return };
+        let targets: Vec<usize> = match &s.bdevs[i].kind {
+            BdevKind::Raid => {
+                let raid = s.bdevs[i].name.clone();
+                let members: Vec<String> = s
+                    .raids
+                    .iter()
+                    .find(|r| r.name == raid)
+                    .map(|r| r.slots.iter().flatten().cloned().collect())
+                    .unwrap_or_default();
+                members.iter().filter_map(|m| s.find(m)).collect()
+            }
+            BdevKind::Lvol(_) => vec![i],
+            _ => vec![],
+        };
+        for t in targets {
+            let total =
+                s.bdevs[t].num_blocks * u64::from(s.bdevs[t].block_size) / s.cluster_size_of(t).max(1);
+            s.set_lvol_info(t, |l| l.allocated = (l.allocated + clusters).min(total));
+        }
     }
 
     /// Pulls the AIO disk `bdev` as a failing device would go: its lvstore
@@ -1217,6 +1261,7 @@ fn unreachable_lvol() -> LvolInfo {
         parent: None,
         allocated: 0,
         sb: None,
+        sb_cleared: false,
     }
 }
 

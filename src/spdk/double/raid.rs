@@ -101,8 +101,12 @@ impl State {
                 for m in raid.slots.iter().flatten() {
                     if let Some(i) = self.find(m) {
                         self.bdevs[i].claimed_by = None;
+                        // zeros written over it: a parent's superblock stays hidden
                         if p.clear_sb == Some(true) && raid.sb.is_some() {
-                            self.set_lvol_info(i, |l| l.sb = None);
+                            self.set_lvol_info(i, |l| {
+                                l.sb = None;
+                                l.sb_cleared = true;
+                            });
                         }
                     }
                 }
@@ -215,6 +219,9 @@ impl State {
             if let Some(sb) = &l.sb {
                 return Some(sb.clone());
             }
+            if l.sb_cleared {
+                return None;
+            }
             i = self.find(l.parent.as_deref()?)?;
         }
         None
@@ -249,7 +256,10 @@ impl State {
         let members: Vec<String> = self.raids[ri].slots.iter().flatten().cloned().collect();
         for m in members {
             if let Some(i) = self.find(&m) {
-                self.set_lvol_info(i, |l| l.sb = Some(sb.clone()));
+                self.set_lvol_info(i, |l| {
+                    l.sb = Some(sb.clone());
+                    l.sb_cleared = false;
+                });
             }
         }
     }
@@ -292,6 +302,12 @@ impl State {
             self.raids[ri].rebuild = None;
             let Some(i) = self.find(&target) else { continue };
             let uuid = self.bdevs[i].uuid.clone();
+            // raid_bdev_process wrote every block of the target
+            if let BdevKind::Lvol(_) = &self.bdevs[i].kind {
+                let clusters = self.bdevs[i].num_blocks * u64::from(self.bdevs[i].block_size)
+                    / self.cluster_size_of(i).max(1);
+                self.set_lvol_info(i, |l| l.allocated = clusters);
+            }
             let Some(slot) = self.raids[ri]
                 .slots
                 .iter()

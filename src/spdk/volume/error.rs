@@ -49,6 +49,18 @@ pub enum VolumeError {
         /// A failed disk is among the candidates (a wait fails at once).
         disk_failed: bool,
     },
+    /// A step of a thin rebuild's copy failed (it is tried again).
+    #[error("volume {volume}: rebuilding replica {replica} from snapshot {snapshot}: {message}")]
+    RebuildCopy {
+        /// The volume.
+        volume: String,
+        /// The replica being rebuilt.
+        replica: String,
+        /// The source snapshot being copied.
+        snapshot: String,
+        /// What SPDK said.
+        message: String,
+    },
     /// The node that serves a remote replica did not take its snapshot.
     #[error("snapshot {snapshot}: remote replica r{replica}: {message}")]
     PeerSnapshot {

@@ -36,7 +36,7 @@ use super::placement::Blocked;
 use super::rpc::{
     AddNamespace, AllowAnyHost, AnaState, AttachController, ByName, ByNqn, CreateSubsystem, CreateTransport,
     GetTransports, KeyringFileKey, ListenAddress, ListenerAnaState, Lvol, LvolClone, LvolCreate, LvolResize,
-    LvolSetParent, LvolSnapshot, NullCreate, RaidAddBaseBdev, RaidCreate, RaidDelete, RaidLevel,
+    LvolSetParent, LvolSnapshot, NullCreate, QosLimit, RaidAddBaseBdev, RaidCreate, RaidDelete, RaidLevel,
     RemoveNamespace, SecureListener, SubsystemHostKeys, SubsystemHostParams, SubsystemListener,
 };
 use crate::names::{NQN_PREFIX, Nqn, ObjectName, volume_uuid};
@@ -45,6 +45,7 @@ use crate::util::nvme_auth::{self as dhchap, DhchapSecret, Secret, TlsPsk};
 // the names and the inventory moved to their own modules; kept here for callers
 pub mod error;
 pub mod plan;
+mod rebuild;
 
 pub use super::inventory::{Inventory, Owned, applied_revert, replica_heads};
 pub use super::naming::{
@@ -204,6 +205,11 @@ pub struct VolumeOps {
     /// The host NQN this node's target connects to remote replicas with (the
     /// serving node allows only it).
     host_nqn: Option<String>,
+    /// The thin rebuilds running (see [`rebuild`]).
+    rebuilds: rebuild::Rebuilds,
+    /// Whether replicas that are behind are rebuilt thin (else by SPDK's
+    /// raid rebuild, which writes every block).
+    thin_rebuild: bool,
 }
 
 impl VolumeOps {
@@ -213,7 +219,16 @@ impl VolumeOps {
             client,
             transport: Default::default(),
             host_nqn: None,
+            rebuilds: Default::default(),
+            thin_rebuild: true,
         }
+    }
+
+    /// Rebuilds replicas with SPDK's raid rebuild (every block written)
+    /// instead of thin copies (for comparison: `benches/`).
+    pub fn with_full_rebuild(mut self, full: bool) -> Self {
+        self.thin_rebuild = !full;
+        self
     }
 
     /// Makes sure the target has its one NVMe/TCP transport: an existing one
@@ -991,8 +1006,65 @@ impl VolumeOps {
             .iter()
             .filter(|r| !sync.in_sync.contains(&r.k) && sync.rebuilding.is_none_or(|(t, _)| t != r.k))
             .collect();
+        // a replica back in service loses its rebuild cap (set by talon;
+        // also one left by a rebuild a restart interrupted)
+        for r in replicas.iter().filter(|r| sync.in_sync.contains(&r.k)) {
+            let capped = inv
+                .bdevs
+                .get(&r.bdev)
+                .and_then(|b| b.assigned_rate_limits.as_ref())
+                .is_some_and(|l| l.rw_mbytes_per_sec > 0);
+            if capped
+                && let Err(e) = self
+                    .client
+                    .bdev_set_qos_limit(&QosLimit {
+                        name: r.bdev.clone(),
+                        rw_mbytes_per_sec: 0,
+                    })
+                    .await
+            {
+                tracing::warn!(volume = vol, replica = %r.name, error = %e, "rebuild cap not lifted yet");
+            }
+        }
         let mut behind = behind.into_iter();
+        // thin: a local replica from a local up-to-date one, into a raid that
+        // stands (SPDK's full rebuild for the others, and for a volume whose
+        // thin rebuilds keep failing)
+        let online = inv
+            .raid(&raid)
+            .filter(|r| r.state == "online" && r.process.is_none());
+        let source = replicas
+            .iter()
+            .filter(|r| r.k < plan.replicas && sync.in_sync.contains(&r.k))
+            .find(|r| inv.lvols.contains_key(&r.alias));
         if sync.rebuilding.is_none()
+            && self.thin_rebuild
+            && self.rebuilds.thin_allowed(vol)
+            && let (Some(online), Some(src)) = (online, source)
+            && let Some(r) = behind.clone().find(|r| r.k < plan.replicas)
+        {
+            let members: Vec<Option<String>> = (0..plan.replicas + plan.remote.len())
+                .map(|k| {
+                    replicas
+                        .iter()
+                        .find(|m| m.k == k && sync.in_sync.contains(&k))
+                        .map(|m| m.bdev.clone())
+                })
+                .collect();
+            let rest: Vec<&ReplicaInfo> = behind.filter(|b| b.k != r.k).collect();
+            match self.thin_rebuild(inv, plan, online, src, r, &members).await {
+                Ok(rebuild::Step::Copying(pct)) => sync.rebuilding = Some((r.k, pct)),
+                Ok(rebuild::Step::Joined) => {
+                    sync.in_sync.insert(r.k);
+                }
+                // logged with the failure count; the replica stays behind
+                Err(_) => sync.stale.push(r.k),
+            }
+            sync.stale.extend(rest.into_iter().map(|r| r.k));
+            return Ok((raid, sync));
+        }
+        if sync.rebuilding.is_none()
+            && !self.rebuilds.running(vol)
             && let Some(r) = behind.next()
         {
             match self
@@ -1006,6 +1078,19 @@ impl VolumeOps {
                 Ok(_) => {
                     tracing::info!(volume = vol, replica = %r.name, "rebuilding replica from the up-to-date ones");
                     sync.rebuilding = Some((r.k, 0));
+                    // SPDK's rebuild writes to it (and so do the volume's
+                    // writes to the part already rebuilt): capped until it is back
+                    if let Some(mib) = plan.rebuild_mib_per_sec
+                        && let Err(e) = self
+                            .client
+                            .bdev_set_qos_limit(&QosLimit {
+                                name: r.bdev.clone(),
+                                rw_mbytes_per_sec: mib,
+                            })
+                            .await
+                    {
+                        tracing::warn!(volume = vol, replica = %r.name, error = %e, "rebuild runs uncapped");
+                    }
                 }
                 // another process runs (SPDK allows one): the next reconcile adds it
                 Err(e) if e.is(ErrorKind::Busy) => sync.stale.push(r.k),
@@ -1028,6 +1113,10 @@ impl VolumeOps {
                     sync.stale.push(r.k);
                 }
             }
+        } else if sync.rebuilding.is_none() && !self.rebuilds.running(vol) && sync.in_sync.len() > 1 {
+            // nothing to rebuild: rebuild snapshots left by one that ended
+            // (or stopped) are merged away
+            self.drop_rebuild_snapshots(inv, vol).await;
         }
         sync.stale.extend(behind.map(|r| r.k));
         Ok((raid, sync))

@@ -79,6 +79,8 @@ pub struct VolumePlan {
     /// volume of one replica (no raid). A node that serves a replica for an
     /// engine elsewhere gives it the room when this is set.
     pub superblock: bool,
+    /// Cap on a rebuild's copying into the replica rebuilt, MiB/s.
+    pub rebuild_mib_per_sec: Option<u64>,
 }
 
 /// The room a raid superblock takes at the start of an lvol member: SPDK
@@ -138,6 +140,7 @@ impl VolumePlan {
             in_sync: None,
             remote: Vec::new(),
             superblock: replicas >= 2,
+            rebuild_mib_per_sec: None,
         }
     }
 

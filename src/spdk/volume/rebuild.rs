@@ -1,0 +1,607 @@
+//! Thin rebuild: a local replica that is behind is made again from a local
+//! up-to-date one by copying only the clusters the source holds, snapshot by
+//! snapshot, so the rebuilt replica is as thin as its source and has the
+//! same snapshot chain.
+//!
+//! SPDK's own raid1 rebuild (`bdev_raid_add_base_bdev`) reads the whole raid
+//! and writes every block to the new member (`raid_bdev_process` in v26.05's
+//! bdev_raid.c): a 10 GiB volume with 100 MiB written ends with 10 GiB
+//! allocated, and its snapshots are not rebuilt at all. Here instead:
+//!
+//! ```text
+//!  source r_s:  S1 <- S2 <- ... <- head (raid member, written)
+//!  dest   r_k:  S1' <- S2' <- ... <- head' (not in the raid: no I/O)
+//!   1. head' empty over the copies both chains share (a stale head' goes)
+//!   2. next snapshot of the source: bdev_lvol_start_shallow_copy S -> head'
+//!      (only S's own clusters), then head' is snapshotted as S' ; repeat
+//!   3. chain copied, the source head's own clusters are few: the switch
+//!      (a source head with many of them is snapshotted as `rb.<n>` first,
+//!      and that snapshot is copied the same way while I/O goes on)
+//!   4. switch: the export's listeners go (hosts keep their I/O queued and
+//!      reconnect), the namespace and the raid go (the superblock cleared on
+//!      the members), the source head (idle now) is snapshotted `rb.<n>`,
+//!      copied and snapshotted on the dest, the raid is made again over the
+//!      up-to-date members and head' (equal now: no resync), and exported
+//!      again with the same namespace ids
+//!   5. the `rb.<n>` snapshots are deleted (merged into their one clone)
+//! ```
+//!
+//! Every step is derived from what SPDK holds, so a restart of talon or of
+//! spdk_tgt goes on from the copies made so far; only the running copy's id
+//! is kept in memory (SPDK forgets it with a restart too, and the head it
+//! was copying into is then made again). Until the switch the dest is not in
+//! the raid and not in the ledger: it is never served while it is behind. A
+//! failure inside the switch leaves the raid missing, and the next reconcile
+//! makes it again from the replicas the ledger trusts (the dest is not one).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use super::{
+    ExportSpec, Inventory, Made, ReplicaInfo, VolumeError, VolumeOps, VolumePlan, ignore_missing, naming, rpc,
+};
+use crate::names::{Nqn, volume_uuid};
+use crate::spdk::naming::{LvolRole, NSID, parse_lvol};
+use crate::spdk::rpc::{
+    ByName, CheckShallowCopy, LvolClone, LvolCreate, LvolResize, LvolSnapshot, QosLimit, RaidBdev,
+    RaidDelete, RemoveNamespace, StartShallowCopy, SubsystemListener,
+};
+
+const MIB: u64 = 1 << 20;
+/// Rebuild snapshots of the source head taken while I/O goes on, before the
+/// switch copies what is left with the export closed.
+const MAX_ROUNDS: usize = 3;
+/// A source head with at most this many clusters of its own is copied
+/// inside the switch (with 4 MiB clusters: 256 MiB, a second or two here).
+const SWITCH_CLUSTERS: u64 = 64;
+/// Thin rebuilds of a volume that failed in a row before the volume falls
+/// back to SPDK's full rebuild.
+const MAX_FAILURES: u32 = 3;
+/// How long the switch waits for its last copy.
+const SWITCH_COPY: Duration = Duration::from_secs(120);
+
+/// A shallow copy running for a rebuild.
+#[derive(Debug, Clone)]
+struct Running {
+    /// The replica being rebuilt.
+    k: usize,
+    /// The source snapshot's snapshot name (`S` of `<vol>-r<s>.s.<S>`).
+    snap: String,
+    /// The dest head it copies into.
+    dst: String,
+    op: u32,
+}
+
+/// The thin rebuilds of one target: the running copies, and the failures in
+/// a row per volume.
+#[derive(Debug, Default, Clone)]
+pub(super) struct Rebuilds(Arc<Mutex<RebuildState>>);
+
+#[derive(Debug, Default)]
+struct RebuildState {
+    running: HashMap<String, Running>,
+    failures: HashMap<String, u32>,
+}
+
+impl Rebuilds {
+    fn lock(&self) -> std::sync::MutexGuard<'_, RebuildState> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+    /// Whether volume `vol` rebuilds thin (it has not failed too often).
+    pub(super) fn thin_allowed(&self, vol: &str) -> bool {
+        self.lock().failures.get(vol).copied().unwrap_or(0) < MAX_FAILURES
+    }
+    fn failed(&self, vol: &str) -> u32 {
+        let mut s = self.lock();
+        s.running.remove(vol);
+        let n = s.failures.entry(vol.to_owned()).or_default();
+        *n += 1;
+        *n
+    }
+    fn succeeded(&self, vol: &str) {
+        let mut s = self.lock();
+        s.running.remove(vol);
+        s.failures.remove(vol);
+    }
+    /// Whether a copy runs for volume `vol`.
+    pub(super) fn running(&self, vol: &str) -> bool {
+        self.lock().running.contains_key(vol)
+    }
+}
+
+/// Where a thin rebuild stands after one step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Step {
+    /// Copying; percent of the source's clusters copied.
+    Copying(u32),
+    /// The replica is a member of the raid again, up to date.
+    Joined,
+}
+
+/// The snapshot name of an lvol name (`S` of `<vol>-r<k>.s.<S>`).
+fn snap_of(inv: &Inventory, alias: &str) -> Option<String> {
+    match parse_lvol(&inv.lvols.get(alias)?.name)? {
+        LvolRole::Snapshot { snap, .. } => Some(snap),
+        _ => None,
+    }
+}
+
+fn allocated(inv: &Inventory, alias: &str) -> u64 {
+    inv.lvols.get(alias).map_or(0, |l| l.num_allocated_clusters)
+}
+
+/// `lvs/name` of an lvol named `name` in the lvstore of `alias`.
+fn sibling(alias: &str, name: &str) -> String {
+    let lvs = alias.split_once('/').map_or("", |(l, _)| l);
+    format!("{lvs}/{name}")
+}
+
+impl VolumeOps {
+    /// One step of the thin rebuild of local replica `dst` from local
+    /// replica `src` (in the raid, up to date). `members`: the raid's
+    /// up-to-date members by slot (`dst` joins its own slot at the switch).
+    pub(super) async fn thin_rebuild(
+        &self,
+        inv: &Inventory,
+        plan: &VolumePlan,
+        raid: &RaidBdev,
+        src: &ReplicaInfo,
+        dst: &ReplicaInfo,
+        members: &[Option<String>],
+    ) -> Result<Step, VolumeError> {
+        let vol = plan.name.as_str();
+        match self.thin_step(inv, plan, raid, src, dst, members).await {
+            Ok(Step::Joined) => {
+                self.rebuilds.succeeded(vol);
+                Ok(Step::Joined)
+            }
+            Ok(s) => Ok(s),
+            Err(e) => {
+                let n = self.rebuilds.failed(vol);
+                tracing::warn!(volume = vol, replica = %dst.name, failures = n, error = %crate::util::error_chain(&e),
+                    "thin rebuild step failed; tried again at the next reconcile{}",
+                    if n >= MAX_FAILURES { " with SPDK's full rebuild" } else { "" });
+                Err(e)
+            }
+        }
+    }
+
+    async fn thin_step(
+        &self,
+        inv: &Inventory,
+        plan: &VolumePlan,
+        raid: &RaidBdev,
+        src: &ReplicaInfo,
+        dst: &ReplicaInfo,
+        members: &[Option<String>],
+    ) -> Result<Step, VolumeError> {
+        let vol = plan.name.as_str();
+        let src_chain = inv.chain(&src.alias);
+        // copies done so far, for the progress
+        let progress = |copied_now: u64, j: usize| {
+            let total: u64 =
+                src_chain.iter().map(|a| allocated(inv, a)).sum::<u64>() + allocated(inv, &src.alias);
+            let done: u64 = src_chain[..j.min(src_chain.len())]
+                .iter()
+                .map(|a| allocated(inv, a))
+                .sum::<u64>()
+                + copied_now;
+            u32::try_from((done * 100).checked_div(total).unwrap_or(0).min(99)).unwrap_or(99)
+        };
+
+        // a copy that runs: done yet?
+        let running = self.rebuilds.lock().running.get(vol).cloned();
+        if let Some(c) = running {
+            let st = self
+                .client
+                .bdev_lvol_check_shallow_copy(&CheckShallowCopy { operation_id: c.op })
+                .await;
+            let j = src_chain
+                .iter()
+                .position(|a| snap_of(inv, a).as_deref() == Some(c.snap.as_str()))
+                .unwrap_or(0);
+            match st {
+                Ok(s) if s.state == "in progress" && c.k == dst.k => {
+                    return Ok(Step::Copying(progress(s.copied_clusters, j)));
+                }
+                Ok(s) if s.state == "complete" && c.k == dst.k => {
+                    self.rebuilds.lock().running.remove(vol);
+                    let name = naming::snapshot_lvol(vol, dst.k, &c.snap);
+                    self.client
+                        .bdev_lvol_snapshot(&LvolSnapshot {
+                            lvol_name: c.dst.clone(),
+                            snapshot_name: name.clone(),
+                        })
+                        .await
+                        .map_err(rpc(vol, format!("snapshotting rebuilt {} as {name}", c.dst)))?;
+                    return Ok(Step::Copying(progress(0, j + 1)));
+                }
+                Ok(s) if s.state == "error" => {
+                    self.rebuilds.lock().running.remove(vol);
+                    return Err(VolumeError::RebuildCopy {
+                        volume: vol.to_owned(),
+                        replica: dst.name.clone(),
+                        snapshot: c.snap,
+                        message: s.error.unwrap_or_else(|| "unknown error".into()),
+                    });
+                }
+                // SPDK forgot it (a restart of the target) or it was another
+                // replica's: the head it copied into is made again below
+                _ => {
+                    self.rebuilds.lock().running.remove(vol);
+                }
+            }
+        }
+
+        let Some(head) = inv.lvols.get(&dst.alias) else {
+            // made by this reconcile: the next one sees it
+            return Ok(Step::Copying(0));
+        };
+        // the copies the dest already has: its snapshots of the source's
+        // chain, from the oldest on, each over the one before (taken while
+        // it was in service, or copied by an earlier rebuild: that instant)
+        let mut shared: Vec<String> = Vec::new();
+        for s in &src_chain {
+            let Some(snap) = snap_of(inv, s) else { break };
+            let d = sibling(&dst.alias, &naming::snapshot_lvol(vol, dst.k, &snap));
+            if !inv.lvols.contains_key(&d) || inv.parent_of(&d) != shared.last().cloned() {
+                break;
+            }
+            shared.push(d);
+        }
+        let j = shared.len();
+        // the dest head must be empty and right above them: a head with data
+        // of its own (what it held when it fell behind, or a copy that did
+        // not finish) or over other snapshots is made again
+        if head.num_allocated_clusters > 0 || inv.chain(&dst.alias) != shared {
+            ignore_missing(self.client.bdev_lvol_delete(&ByName::new(&dst.alias)))
+                .await
+                .map_err(rpc(vol, format!("deleting {} to rebuild it", dst.alias)))?;
+            let name = naming::replica(vol, dst.k);
+            match shared.last() {
+                Some(parent) => self
+                    .client
+                    .bdev_lvol_clone(&LvolClone {
+                        snapshot_name: parent.clone(),
+                        clone_name: name.clone(),
+                    })
+                    .await
+                    .map(|_| ()),
+                None => {
+                    let lvs = dst.alias.split_once('/').map_or("", |(l, _)| l);
+                    self.client
+                        .bdev_lvol_create(&LvolCreate::thin(lvs, &name, src.size_bytes.div_ceil(MIB)))
+                        .await
+                        .map(|_| ())
+                }
+            }
+            .map_err(rpc(
+                vol,
+                format!("making {} again, empty, to rebuild it", dst.alias),
+            ))?;
+            tracing::info!(volume = vol, replica = %dst.name, shared = j, "rebuilding replica thin from r{}", src.k);
+            return Ok(Step::Copying(progress(0, j)));
+        }
+
+        // the next snapshot of the source's chain
+        if let Some(s) = src_chain.get(j) {
+            let Some(snap) = snap_of(inv, s) else {
+                return Err(VolumeError::RebuildCopy {
+                    volume: vol.to_owned(),
+                    replica: dst.name.clone(),
+                    snapshot: s.clone(),
+                    message: "the source's chain holds a snapshot that is not talon's".into(),
+                });
+            };
+            // a copy of it off the chain (an earlier attempt) is in the way
+            let copy = sibling(&dst.alias, &naming::snapshot_lvol(vol, dst.k, &snap));
+            if inv.lvols.contains_key(&copy) {
+                ignore_missing(self.client.bdev_lvol_delete(&ByName::new(&copy)))
+                    .await
+                    .map_err(rpc(
+                        vol,
+                        format!("deleting {copy}, an earlier copy off the chain"),
+                    ))?;
+                return Ok(Step::Copying(progress(0, j)));
+            }
+            self.copy_into(vol, s, &snap, dst, plan.rebuild_mib_per_sec)
+                .await?;
+            return Ok(Step::Copying(progress(0, j)));
+        }
+
+        // the chain is copied: what is left is the source head's own clusters
+        let rounds = src_chain
+            .iter()
+            .filter(|a| snap_of(inv, a).is_some_and(|s| naming::is_rebuild_snap(&s)))
+            .count();
+        if allocated(inv, &src.alias) > SWITCH_CLUSTERS && rounds < MAX_ROUNDS {
+            let name = naming::snapshot_lvol(vol, src.k, &self.next_rebuild_snap(inv, vol));
+            self.client
+                .bdev_lvol_snapshot(&LvolSnapshot {
+                    lvol_name: src.alias.clone(),
+                    snapshot_name: name.clone(),
+                })
+                .await
+                .map_err(rpc(
+                    vol,
+                    format!("taking rebuild snapshot {name} of {}", src.alias),
+                ))?;
+            return Ok(Step::Copying(progress(0, j)));
+        }
+        self.switch(inv, plan, raid, src, dst, members).await?;
+        Ok(Step::Joined)
+    }
+
+    /// Starts the shallow copy of source snapshot `s` (snapshot name `snap`)
+    /// into the dest head, grown to `s`'s size first, its writes capped at
+    /// `cap` MiB/s (`bdev_set_qos_limit` on the head; `Some(0)` lifts it).
+    async fn copy_into(
+        &self,
+        vol: &str,
+        s: &str,
+        snap: &str,
+        dst: &ReplicaInfo,
+        cap: Option<u64>,
+    ) -> Result<u32, VolumeError> {
+        if let Some(mib) = cap {
+            self.client
+                .bdev_set_qos_limit(&QosLimit {
+                    name: dst.alias.clone(),
+                    rw_mbytes_per_sec: mib,
+                })
+                .await
+                .map_err(rpc(
+                    vol,
+                    format!("capping {} at {mib} MiB/s for the rebuild", dst.alias),
+                ))?;
+        }
+        let size = match self
+            .client
+            .bdev(s)
+            .await
+            .map_err(rpc(vol, format!("looking up {s}")))?
+        {
+            Some(b) => b.size_bytes(),
+            None => 0,
+        };
+        let head = self
+            .client
+            .bdev(&dst.alias)
+            .await
+            .map_err(rpc(vol, format!("looking up {}", dst.alias)))?
+            .map_or(0, |b| b.size_bytes());
+        if head < size {
+            self.client
+                .bdev_lvol_resize(&LvolResize {
+                    name: dst.alias.clone(),
+                    size_in_mib: size.div_ceil(MIB),
+                })
+                .await
+                .map_err(rpc(vol, format!("growing {} to {s}'s size", dst.alias)))?;
+        }
+        let op = self
+            .client
+            .bdev_lvol_start_shallow_copy(&StartShallowCopy {
+                src_lvol_name: s.to_owned(),
+                dst_bdev_name: dst.alias.clone(),
+            })
+            .await
+            .map_err(rpc(vol, format!("copying {s}'s clusters to {}", dst.alias)))?
+            .operation_id;
+        self.rebuilds.lock().running.insert(
+            vol.to_owned(),
+            Running {
+                k: dst.k,
+                snap: snap.to_owned(),
+                dst: dst.alias.clone(),
+                op,
+            },
+        );
+        Ok(op)
+    }
+
+    /// The next free `rb.<n>` of a volume.
+    fn next_rebuild_snap(&self, inv: &Inventory, vol: &str) -> String {
+        let n = inv
+            .lvols
+            .values()
+            .filter_map(|l| match parse_lvol(&l.name)? {
+                LvolRole::Snapshot { volume, snap, .. } if volume == vol => {
+                    naming::rebuild_snap_number(&snap)
+                }
+                _ => None,
+            })
+            .max()
+            .map_or(1, |n| n + 1);
+        naming::rebuild_snap(n)
+    }
+
+    /// The switch: with the export closed, the raid is made again over the
+    /// up-to-date members and the dest, after the dest got the source head's
+    /// last clusters.
+    async fn switch(
+        &self,
+        inv: &Inventory,
+        plan: &VolumePlan,
+        raid: &RaidBdev,
+        src: &ReplicaInfo,
+        dst: &ReplicaInfo,
+        members: &[Option<String>],
+    ) -> Result<(), VolumeError> {
+        let vol = plan.name.as_str();
+        let nqn = Nqn::for_volume(&plan.name);
+        tracing::info!(volume = vol, replica = %dst.name, "rebuild: switching the raid to the rebuilt replica");
+        // hosts off: their connections drop, their I/O waits for the reconnect
+        if let Some(sub) = inv.subsystem(nqn.as_str()) {
+            for l in &sub.listen_addresses {
+                ignore_missing(self.client.nvmf_subsystem_remove_listener(&SubsystemListener {
+                    nqn: nqn.as_str().to_owned(),
+                    listen_address: l.clone(),
+                }))
+                .await
+                .map_err(rpc(
+                    vol,
+                    format!(
+                        "closing listener {}:{} of {nqn}",
+                        l.traddr,
+                        l.trsvcid.as_deref().unwrap_or_default()
+                    ),
+                ))?;
+            }
+            if sub.namespaces.iter().any(|n| n.nsid == NSID) {
+                ignore_missing(self.client.nvmf_subsystem_remove_ns(&RemoveNamespace {
+                    nqn: nqn.as_str().to_owned(),
+                    nsid: NSID,
+                }))
+                .await
+                .map_err(rpc(vol, format!("removing the namespace of {nqn}")))?;
+            }
+        }
+        // the raid goes; its superblock is cleared on its members so that
+        // they (and the dest, which gets the cleared cluster by the copy
+        // below) make a new raid without SPDK finding the old one
+        self.client
+            .bdev_raid_delete(&RaidDelete {
+                name: raid.name.clone(),
+                clear_sb: Some(raid.superblock),
+            })
+            .await
+            .map_err(rpc(vol, format!("deleting raid {} for the switch", raid.name)))?;
+        // the source head's last clusters
+        let snap = self.next_rebuild_snap(inv, vol);
+        let name = naming::snapshot_lvol(vol, src.k, &snap);
+        let s = sibling(&src.alias, &name);
+        self.client
+            .bdev_lvol_snapshot(&LvolSnapshot {
+                lvol_name: src.alias.clone(),
+                snapshot_name: name.clone(),
+            })
+            .await
+            .map_err(rpc(
+                vol,
+                format!("taking rebuild snapshot {name} of {}", src.alias),
+            ))?;
+        // the last copy runs with the export closed: as fast as it can
+        let lift = plan.rebuild_mib_per_sec.map(|_| 0);
+        let op = self.copy_into(vol, &s, &snap, dst, lift).await?;
+        let deadline = tokio::time::Instant::now() + SWITCH_COPY;
+        loop {
+            let st = self
+                .client
+                .bdev_lvol_check_shallow_copy(&CheckShallowCopy { operation_id: op })
+                .await
+                .map_err(rpc(vol, format!("checking the copy of {s}")))?;
+            match st.state.as_str() {
+                "complete" => break,
+                "error" => {
+                    self.rebuilds.lock().running.remove(vol);
+                    return Err(VolumeError::RebuildCopy {
+                        volume: vol.to_owned(),
+                        replica: dst.name.clone(),
+                        snapshot: snap,
+                        message: st.error.unwrap_or_else(|| "unknown error".into()),
+                    });
+                }
+                _ if tokio::time::Instant::now() > deadline => {
+                    return Err(VolumeError::RebuildCopy {
+                        volume: vol.to_owned(),
+                        replica: dst.name.clone(),
+                        snapshot: snap,
+                        message: format!("the last copy did not finish in {}s", SWITCH_COPY.as_secs()),
+                    });
+                }
+                _ => tokio::time::sleep(Duration::from_millis(20)).await,
+            }
+        }
+        self.rebuilds.lock().running.remove(vol);
+        let copy = naming::snapshot_lvol(vol, dst.k, &snap);
+        self.client
+            .bdev_lvol_snapshot(&LvolSnapshot {
+                lvol_name: dst.alias.clone(),
+                snapshot_name: copy.clone(),
+            })
+            .await
+            .map_err(rpc(vol, format!("snapshotting rebuilt {} as {copy}", dst.alias)))?;
+        // the same size as the source: the raid takes its smallest member
+        let dst_bdev = self
+            .client
+            .bdev(&dst.alias)
+            .await
+            .map_err(rpc(vol, format!("looking up {}", dst.alias)))?;
+        let gone = |what: &str| VolumeError::RebuildCopy {
+            volume: vol.to_owned(),
+            replica: dst.name.clone(),
+            snapshot: snap.clone(),
+            message: format!("{what} disappeared during the switch"),
+        };
+        let Some(dst_bdev) = dst_bdev else {
+            return Err(gone(&dst.alias));
+        };
+        let src_bdev = self
+            .client
+            .bdev(&src.alias)
+            .await
+            .map_err(rpc(vol, format!("looking up {}", src.alias)))?;
+        let Some(src_bdev) = src_bdev else {
+            return Err(gone(&src.alias));
+        };
+        // the raid again, over the same members in the same slots and the dest
+        let mut members = members.to_vec();
+        if let Some(m) = members.get_mut(dst.k) {
+            *m = Some(dst_bdev.name.clone());
+        }
+        let mut made = Vec::new();
+        let geometry = (src_bdev.block_size, src_bdev.num_blocks);
+        if let Err(e) = self
+            .create_raid(inv, vol, &members, geometry, raid.superblock, &mut made)
+            .await
+        {
+            self.undo(made).await;
+            return Err(e);
+        }
+        // exported again: the same namespace ids, the listener, the hosts
+        let now = Inventory::load(&self.client)
+            .await
+            .map_err(rpc(vol, "listing the target after the switch"))?;
+        let mut made: Vec<Made> = Vec::new();
+        self.export_ns(
+            &now,
+            vol,
+            &nqn,
+            &raid.name,
+            volume_uuid(&plan.name),
+            &ExportSpec {
+                tls_data_dir: None,
+                ..plan.export.clone()
+            },
+            &mut made,
+        )
+        .await?;
+        tracing::info!(volume = vol, replica = %dst.name, "rebuild: replica joined the raid, up to date");
+        Ok(())
+    }
+
+    /// Deletes a volume's rebuild snapshots (`<vol>-r<k>.s.rb.<n>`): each is
+    /// merged into its one clone. Best effort: one that cannot go now is
+    /// tried again at the next reconcile.
+    pub(super) async fn drop_rebuild_snapshots(&self, inv: &Inventory, vol: &str) {
+        let mut rb: Vec<(u32, String)> = inv
+            .lvols
+            .values()
+            .filter(|l| l.lvs.name.starts_with(naming::LVS_PREFIX))
+            .filter_map(|l| match parse_lvol(&l.name)? {
+                LvolRole::Snapshot { volume, snap, .. } if volume == vol => {
+                    Some((naming::rebuild_snap_number(&snap)?, l.alias.clone()))
+                }
+                _ => None,
+            })
+            .collect();
+        rb.sort();
+        for (_, alias) in rb {
+            if let Err(e) = ignore_missing(self.client.bdev_lvol_delete(&ByName::new(&alias))).await {
+                tracing::warn!(volume = vol, snapshot = %alias, error = %e, "rebuild snapshot not deleted yet");
+            }
+        }
+    }
+}
