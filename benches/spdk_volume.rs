@@ -201,6 +201,104 @@ async fn rebuild(spdk: &Path, c: &SpdkClient, port: u16, rounds: usize) {
     println!("longest step: the longest single reconcile, for thin the switch (export closed inside it)");
 }
 
+/// The volume's own 4 KiB QD32 I/O while a rebuild runs, beside the same
+/// with no rebuild: a 2-replica 1 GiB volume, 102 MiB written, replica 1
+/// replaced empty; spdk_nvme_perf (3 s) starts with the rebuild. Thin runs
+/// capped at 20 MiB/s so that its copying lasts past the 3 s (its switch,
+/// which closes the export for a moment, comes after: spdk_nvme_perf does
+/// not reconnect).
+async fn rebuild_io(spdk: &Path, c: &SpdkClient, port: u16) {
+    println!("\nrebuild I/O: the volume's 4 KiB QD32 IOPS while replica 1 is rebuilt (3 s each)");
+    println!(
+        "{:<14} {:>12} {:>12} {:>10} {:>10}",
+        "rebuild", "randread", "randwrite", "read %", "write %"
+    );
+    let dir = tempfile::tempdir_in("/var/tmp").expect("tempdir");
+    attach_disks(c, dir.path(), &["io1", "io2"], true).await;
+    let mut base = (0f64, 0f64);
+    for (mode, full, cap) in [
+        ("none", false, None),
+        ("full", true, None),
+        ("full cap 50", true, Some(50)),
+        ("thin cap 20", false, Some(20)),
+    ] {
+        let mut iops = Vec::new();
+        for workload in ["randread", "randwrite"] {
+            let ops = VolumeOps::new(c.clone()).with_full_rebuild(full);
+            let name = format!("ri{}{}", mode.len(), &workload[4..]);
+            let mut p = plan(&name, 2, port);
+            p.size_bytes = 1024 * MIB;
+            p.disks = vec!["io1".into(), "io2".into()];
+            p.superblock = true;
+            p.rebuild_mib_per_sec = cap;
+            let inv = Inventory::load(c).await.expect("inventory");
+            let info = ops.ensure(&inv, &p).await.expect("ensure");
+            let data = vec![0x5au8; 102 << 20];
+            let out = spdk_dd::dd_as(
+                spdk,
+                dir.path(),
+                port,
+                &info.nqn,
+                Some(&data),
+                data.len(),
+                spdk_perf::HOST_NQN,
+            );
+            assert!(
+                out.status.success(),
+                "dd: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            if mode != "none" {
+                c.bdev_raid_remove_base_bdev(&ByName::new(&info.replicas[1].bdev))
+                    .await
+                    .expect("r1 leaves");
+                c.bdev_lvol_delete(&ByName::new(&info.replicas[1].alias))
+                    .await
+                    .expect("r1 deleted");
+                p.in_sync = Some([0].into());
+            }
+            let (sp, nqn) = (spdk.to_path_buf(), info.nqn.clone());
+            let w = format!("{workload} -M 50");
+            let w = if workload == "randread" {
+                workload.to_string()
+            } else {
+                w.replace(" -M 50", "")
+            };
+            let perf = tokio::task::spawn_blocking(move || perf(&sp, port, &nqn, &w, 3));
+            // the controller's pace while a rebuild runs: a reconcile a second
+            let t0 = Instant::now();
+            while t0.elapsed() < Duration::from_millis(3500) && mode != "none" {
+                let inv = Inventory::load(c).await.expect("inventory");
+                let i = ops.ensure(&inv, &p).await.expect("ensure");
+                if i.in_sync.contains(&1) {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+            iops.push(perf.await.expect("perf"));
+            if mode != "none" {
+                rebuild_until_joined(&ops, &p).await;
+            }
+            let inv = Inventory::load(c).await.expect("inventory");
+            ops.delete(&inv, &ObjectName::parse("volume", &name).expect("n"))
+                .await
+                .expect("delete");
+        }
+        if mode == "none" {
+            base = (iops[0], iops[1]);
+        }
+        println!(
+            "{:<14} {:>12.0} {:>12.0} {:>10.0} {:>10.0}",
+            mode,
+            iops[0],
+            iops[1],
+            100.0 * iops[0] / base.0.max(1.0),
+            100.0 * iops[1] / base.1.max(1.0)
+        );
+    }
+    println!("%: of the IOPS with no rebuild; one shared 2-core machine: compare within this run only");
+}
+
 async fn control_plane(ops: &VolumeOps, port: u16) {
     println!("\ncontrol plane: volume create -> exported (VolumeOps::ensure), 100 volumes each");
     println!(
@@ -871,6 +969,7 @@ fn main() {
                 .and_then(|r| r.parse().ok())
                 .unwrap_or(3);
             rebuild(&spdk, &c, port, rounds).await;
+            rebuild_io(&spdk, &c, port).await;
         }
         if only.as_deref().is_none_or(|o| o == "snapshot") {
             snapshots(&spdk, &ops, port).await;

@@ -1,7 +1,8 @@
 //! V1 at scale, through a real `talon serve --engine v1` and a real tgtd: create N volumes
 //! (1,000 by default) with 16 requests in flight, idle with them all served, delete them all,
-//! and print a table. With `TALON_PREVIOUS_BIN` (tests/previous_talon.sh builds where this
-//! branch left main) the same run measures that binary too, on its own dirs and port.
+//! and print a table. With `TALON_PREVIOUS_BIN` (`tests/previous_talon.sh [REV]` builds one;
+//! by default the upgrade tests' pinned commit) the same run measures that binary too, on its
+//! own dirs and port.
 //!
 //! ```text
 //!   talon serve --engine v1 (this build | TALON_PREVIOUS_BIN) ── tgtd on 127.0.0.1:<free port>

@@ -1,6 +1,7 @@
 //! The CLI reads as people write (process test, real daemon, real tgtd):
 //! sizes in binary units in tables, `get volume NAME` with its status beside
-//! its spec, `-o json` with a `status`, and a wait that fails at once with its cause.
+//! its spec, `-o json` with a `status`, `--watch` a line per change until the volume is
+//! deleted, waits that say what they wait for, and a wait that fails at once with its cause.
 //!
 //! ```text
 //!   talon serve (node v1 on 127.0.0.1:<free port>) <── talon volume create / get / get volume NAME
@@ -116,6 +117,60 @@ async fn sizes_status_and_waits_read_as_people_write_them() {
     assert_eq!(v["status"]["engine"]["state"], "ready", "{v}");
     assert_eq!(v["metadata"]["id"], "docs");
 
+    // --watch: a line now and one per change, until the volume is deleted
+    let mut watch = Command::new(env!("CARGO_BIN_EXE_talon"))
+        .env("TALON_SOCKET", &socket)
+        .args(["get", "volume", "docs", "--watch"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("talon get volume --watch");
+    let (tx, rx) = std::sync::mpsc::channel::<String>();
+    let stdout = watch.stdout.take().expect("stdout");
+    let reader = std::thread::spawn(move || {
+        use std::io::BufRead;
+        for line in std::io::BufReader::new(stdout).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    // its first watch line is printed once it is subscribed: only then delete
+    let mut lines = Vec::new();
+    while !lines.iter().any(|l: &String| l.ends_with("  docs ready")) {
+        let l = rx
+            .recv_timeout(Duration::from_secs(30))
+            .unwrap_or_else(|e| panic!("the watch's line ({e}); so far: {lines:?}"));
+        lines.push(l);
+    }
+
+    // a delete waits (telling what for) until the volume is gone
+    let (ok, _, err) = talon(&socket, &["volume", "delete", "docs"]);
+    assert!(ok, "volume delete: {err}");
+    let (ok, out, err) = talon(&socket, &["get", "volume"]);
+    assert!(ok, "{err}");
+    assert!(!out.contains("docs"), "deleted when the CLI returns: {out}");
+    let status = tokio::task::spawn_blocking(move || {
+        let status = watch.wait();
+        reader.join().expect("reader");
+        status
+    })
+    .await
+    .expect("join")
+    .expect("watch status");
+    lines.extend(rx.try_iter());
+    let lines = lines.join("\n");
+    assert!(status.success(), "the watch ends with the volume: {lines}");
+    assert!(
+        lines.starts_with("Name:      docs\n"),
+        "the description first: {lines}"
+    );
+    assert!(
+        lines
+            .lines()
+            .last()
+            .is_some_and(|l| l.ends_with("  docs deleted")),
+        "and its end: {lines}"
+    );
+
     // a wait that cannot finish says why, at once
     let (ok, _, err) = talon(
         &socket,
@@ -126,4 +181,12 @@ async fn sizes_status_and_waits_read_as_people_write_them() {
         err.contains("it waits for spdk_tgt, which is failed"),
         "the failure names the target at once: {err}"
     );
+    // `volume wait` says what it waits for while it waits, and why it gave up
+    let (ok, _, err) = talon(&socket, &["volume", "wait", "never", "--timeout", "1"]);
+    assert!(!ok, "never exported");
+    assert!(
+        err.contains("waiting: never creating (waiting for spdk_tgt"),
+        "the wait tells what it waits for: {err}"
+    );
+    assert!(err.contains("target spdk failed"), "and why it gave up: {err}");
 }

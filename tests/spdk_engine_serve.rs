@@ -164,6 +164,18 @@ async fn real_spdk_serve_brings_a_config_disk_up() {
         })
         .await;
     assert_eq!(disk["lvstore"], "talon-d1");
+    // disk_add with wait returns once the lvstore is there
+    let added: serde_json::Value = d
+        .client
+        .call(
+            "disk_add",
+            serde_json::json!({"name": "d2", "path": dir.path().join("d2.img"),
+                               "sizeBytes": 134217728u64, "wait": true}),
+        )
+        .await
+        .expect("disk_add d2 with wait");
+    assert_eq!(added["status"]["state"], "ready", "{added}");
+    assert_eq!(added["status"]["lvstore"], "talon-d2", "{added}");
     let t = d.client.get("TargetStatus", "spdk").await.expect("TargetStatus");
     let pid = t.spec["pid"].as_u64().expect("pid");
     assert_eq!(t.spec["engine"], "v2");

@@ -144,6 +144,24 @@ async fn a_locked_core_is_named_in_the_status_and_fails_the_wait_at_once() {
         "the volume waits for its target: {}",
         e.spec
     );
+    // a disk's lvstore waits for the same target: `disk add` (which waits) fails at once too
+    let started = std::time::Instant::now();
+    let err = d
+        .client
+        .call::<_, Value>(
+            "disk_add",
+            json!({"name": "d1", "path": dir.path().join("d1.img"), "sizeBytes": 64u64 << 20,
+                   "wait": true, "timeoutSeconds": 120}),
+        )
+        .await
+        .expect_err("the disk cannot be made: the target cannot start")
+        .to_string();
+    assert!(
+        err.contains("adding disk d1 cannot finish: it waits for spdk_tgt, which is failed")
+            && err.contains("core 0 is locked by another SPDK process (pid 4242)"),
+        "the disk's wait names the cause: {err}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(60), "at once: {err}");
     d.stop().await;
 }
 

@@ -20,7 +20,7 @@ use crate::resources::config::{
     Disk, EngineKind, FrontendKind, RemoteReplica, Snapshot, Volume, snapshot_id,
 };
 use crate::resources::engine::{
-    Engine, EngineStatus, ObjectState, ReplicaStatus, SnapshotStatus, TargetStatus,
+    DiskStatus, Engine, EngineStatus, ObjectState, ReplicaStatus, SnapshotStatus, TargetStatus,
 };
 use crate::resources::frontend::{AttachState, Attachment, AttachmentStatus};
 use crate::runtime::{Destroyed, Phase, Spec, State, Typed};
@@ -297,6 +297,13 @@ pub struct DiskAddParams {
     /// lvstore cluster size in MiB (default 1).
     #[serde(default)]
     pub cluster_mib: Option<u32>,
+    /// Wait until its lvstore is ready (or failed); fails at once with
+    /// spdk_tgt's cause when that target is failed.
+    #[serde(default)]
+    pub wait: bool,
+    /// How long to wait, in seconds (default 120).
+    #[serde(default)]
+    pub timeout_seconds: Option<u64>,
 }
 
 /// `volume_attach` params.
@@ -468,6 +475,12 @@ impl OnTarget for SnapshotStatus {
     }
 }
 
+impl OnTarget for DiskStatus {
+    fn waits_for_target(&self) -> Option<Engine> {
+        (self.state == ObjectState::Creating).then_some(Engine::V2)
+    }
+}
+
 impl OnTarget for Volume {}
 impl OnTarget for Snapshot {}
 impl OnTarget for AttachmentStatus {}
@@ -535,6 +548,14 @@ fn engine_ready(size: u64) -> impl Fn(Option<&EngineStatus>) -> Option<Result<()
         Some(e) if matches!(e.state, ObjectState::Ready | ObjectState::Degraded) && e.size_bytes >= size => {
             Some(Ok(()))
         }
+        _ => None,
+    }
+}
+
+fn disk_ready(d: Option<&DiskStatus>) -> Option<Result<(), String>> {
+    match d {
+        Some(d) if d.state == ObjectState::Failed => Some(Err(d.message.clone())),
+        Some(d) if d.state == ObjectState::Ready => Some(Ok(())),
         _ => None,
     }
 }
@@ -966,6 +987,19 @@ pub fn register(api: &mut ApiBuilder) {
                     )));
                 }
             }
+            if p.wait
+                && let Some(v2) = (ctx.node_info)().engines.into_iter().find(|e| e.engine == "v2")
+                && !v2.available
+            {
+                // nothing would ever make its lvstore: say so before anything is recorded
+                return Err(ApiError::new(
+                    FailedPrecondition,
+                    format!(
+                        "disk {name}: this node cannot serve V2 volumes ({}); nothing was added",
+                        v2.detail
+                    ),
+                ));
+            }
             let spec = Disk {
                 path: p.path,
                 pci: p.pci,
@@ -975,6 +1009,16 @@ pub fn register(api: &mut ApiBuilder) {
             ctx.state
                 .create_typed(name.as_str(), "", &spec)
                 .map_err(|e| exists_as("disk", &name, e))?;
+            if p.wait {
+                wait_for(
+                    &ctx.state,
+                    name.as_str(),
+                    wait_timeout(p.timeout_seconds),
+                    &format!("adding disk {name}"),
+                    disk_ready,
+                )
+                .await?;
+            }
             disk_view(&ctx.state, name.as_str())
         },
     );

@@ -12,8 +12,8 @@ use crate::api::volume::{
     VolumeCreateParams, VolumeView,
 };
 use crate::client::Client;
-use crate::resources::config::RemoteReplica;
-use crate::resources::engine::{EngineStatus, Export, ObjectState, TargetStatus};
+use crate::resources::config::{RemoteReplica, snapshot_id};
+use crate::resources::engine::{DiskStatus, EngineStatus, Export, ObjectState, SnapshotStatus, TargetStatus};
 use crate::resources::frontend::AttachmentStatus;
 
 /// A value as the API writes it, as text: a string as is, `null` as nothing,
@@ -219,6 +219,9 @@ pub enum DiskCommand {
         /// Size of a file disk, e.g. `20GiB`.
         #[arg(long)]
         size: Option<String>,
+        /// Return at once instead of waiting until its lvstore is ready.
+        #[arg(long)]
+        no_wait: bool,
     },
     /// List disks.
     List,
@@ -261,7 +264,8 @@ async fn call_telling<P: Serialize>(
                     } else {
                         format!("{type_} {id}: {state}: {msg}")
                     };
-                    if line != last && !matches!(state, "ready" | "attached") {
+                    // an end state is not waited for: the call returns (a failure with its cause)
+                    if line != last && !matches!(state, "ready" | "attached" | "failed") {
                         eprintln!("waiting: {line}");
                         last = line;
                     }
@@ -282,6 +286,12 @@ fn state_and_message(type_: &str, spec: &Value) -> (String, String) {
         }
         "AttachmentStatus" => {
             serde_json::from_value::<AttachmentStatus>(spec.clone()).map(|s| (wire(&s.state), s.message))
+        }
+        "DiskStatus" => {
+            serde_json::from_value::<DiskStatus>(spec.clone()).map(|s| (wire(&s.state), s.message))
+        }
+        "SnapshotStatus" => {
+            serde_json::from_value::<SnapshotStatus>(spec.clone()).map(|s| (wire(&s.state), s.message))
         }
         _ => return Default::default(),
     };
@@ -478,7 +488,16 @@ pub async fn run_volume(c: &Client, cmd: VolumeCommand) -> Result<(), CliError> 
             }
             return print_value(&serde_json::to_value(&v)?, output);
         }
-        VolumeCommand::Delete { name } => c.call("volume_delete", name_params(&name, true)).await?,
+        VolumeCommand::Delete { name } => {
+            call_telling(
+                c,
+                "volume_delete",
+                name_params(&name, true),
+                "EngineStatus",
+                &name,
+            )
+            .await?
+        }
         VolumeCommand::Expand { name, size } => {
             let params = ExpandParams {
                 name: name.clone(),
@@ -515,14 +534,35 @@ pub async fn run_volume(c: &Client, cmd: VolumeCommand) -> Result<(), CliError> 
             };
             call_telling(c, "volume_attach", params, "AttachmentStatus", &name).await?
         }
-        VolumeCommand::Detach { name } => c.call("volume_detach", name_params(&name, true)).await?,
+        VolumeCommand::Detach { name } => {
+            call_telling(
+                c,
+                "volume_detach",
+                name_params(&name, true),
+                "AttachmentStatus",
+                &name,
+            )
+            .await?
+        }
         VolumeCommand::Wait { name, timeout } => {
             let mut sub = c.watch(Some("EngineStatus"), true).await?;
             let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(timeout);
+            let mut told = String::new();
             loop {
                 let v: VolumeView = c.call("volume_get", name_params(&name, false)).await?;
                 let state = v.engine.as_ref().map(|e| e.state);
                 let msg = v.engine.as_ref().map(|e| e.message.as_str()).unwrap_or("");
+                // say what it waits for, once per change
+                let line = volume_line(&v);
+                if line != told
+                    && !matches!(
+                        state,
+                        Some(ObjectState::Ready | ObjectState::Degraded | ObjectState::Failed)
+                    )
+                {
+                    eprintln!("waiting: {line}");
+                    told = line;
+                }
                 match state {
                     Some(ObjectState::Ready | ObjectState::Degraded) => {
                         for e in v.engine.iter().flat_map(|e| &e.exports) {
@@ -562,13 +602,27 @@ pub async fn run_volume(c: &Client, cmd: VolumeCommand) -> Result<(), CliError> 
 pub async fn run_snapshot(c: &Client, cmd: SnapshotCommand) -> Result<(), CliError> {
     let v: Value = match cmd {
         SnapshotCommand::Create { volume, name } => {
-            c.call("snapshot_create", snapshot_params(&volume, &name, true))
-                .await?
+            let id = snapshot_id(&volume, &name);
+            call_telling(
+                c,
+                "snapshot_create",
+                snapshot_params(&volume, &name, true),
+                "SnapshotStatus",
+                &id,
+            )
+            .await?
         }
         SnapshotCommand::List { volume } => c.call("snapshot_list", SnapshotListParams { volume }).await?,
         SnapshotCommand::Delete { volume, name } => {
-            c.call("snapshot_delete", snapshot_params(&volume, &name, true))
-                .await?
+            let id = snapshot_id(&volume, &name);
+            call_telling(
+                c,
+                "snapshot_delete",
+                snapshot_params(&volume, &name, true),
+                "SnapshotStatus",
+                &id,
+            )
+            .await?
         }
     };
     print_value(&v, Format::Yaml)
@@ -582,16 +636,19 @@ pub async fn run_disk(c: &Client, cmd: DiskCommand) -> Result<(), CliError> {
             path,
             pci,
             size,
+            no_wait,
         } => {
             let params = DiskAddParams {
-                name,
+                name: name.clone(),
                 path,
                 pci,
                 size_bytes: None,
                 size,
                 cluster_mib: None,
+                wait: !no_wait,
+                timeout_seconds: None,
             };
-            c.call("disk_add", params).await?
+            call_telling(c, "disk_add", params, "DiskStatus", &name).await?
         }
         DiskCommand::List => c.call("disk_list", NoParams {}).await?,
         DiskCommand::Remove { name } => c.call("disk_remove", name_params(&name, false)).await?,
@@ -668,6 +725,22 @@ mod tests {
             volume_line(&rebuilding()),
             "pvc-1 degraded (replica pvc-1-r1 is rebuilding); replicas: d0 ready, d1 rebuilding 42% rebuilt"
         );
+    }
+
+    #[test]
+    fn a_snapshot_wait_says_what_it_waits_for() {
+        let spec = json!({
+            "volume": "pvc-1", "engine": "v2", "state": "creating", "objects": [], "created": "",
+            "message": "waiting for remote replica pvc-1-r1 (10.0.0.2:9000)"
+        });
+        assert_eq!(
+            state_and_message("SnapshotStatus", &spec),
+            (
+                "creating".to_string(),
+                "waiting for remote replica pvc-1-r1 (10.0.0.2:9000)".to_string()
+            )
+        );
+        assert_eq!(state_and_message("Disk", &spec), Default::default());
     }
 }
 

@@ -453,6 +453,7 @@ mod tests {
                 uuid: None,
                 claimed: false,
                 claim_type: None,
+                assigned_rate_limits: None,
                 driver_specific: serde_json::Value::Null,
             },
         );
