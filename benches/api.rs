@@ -83,6 +83,7 @@ async fn api_round_trip() -> (Duration, Duration, usize) {
         socket: dir.path().join("talon.sock"),
         listen_tcp: None,
         token_file: None,
+        tls: Default::default(),
         run_dir: dir.path().join("run"),
         host_root: "/".into(),
         spdk: Default::default(),

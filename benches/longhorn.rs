@@ -367,6 +367,7 @@ fn main() {
             socket: dir.path().join("run/talon.sock"),
             listen_tcp: None,
             token_file: None,
+            tls: Default::default(),
             run_dir: dir.path().join("run"),
             host_root: PathBuf::from("/"),
             spdk: SpdkOptions {

@@ -42,6 +42,9 @@ pub struct ServeOptions {
     pub listen_tcp: Option<SocketAddr>,
     /// File holding the bearer token for the TCP listener.
     pub token_file: Option<PathBuf>,
+    /// TLS for the TCP listener and for calls to peer nodes (none set:
+    /// plain TCP, with a warning at start).
+    pub tls: crate::api::tls::TlsOptions,
     /// Directory for the sockets of spdk_tgt and tgtd.
     pub run_dir: PathBuf,
     /// The host's root (`/`, or where the host's / is mounted in a container).
@@ -105,6 +108,8 @@ pub enum ServeError {
     TokenMode { path: PathBuf, mode: u32 },
     #[error("the token in {path} has {len} bytes; at least {MIN_TOKEN_BYTES} are required")]
     TokenShort { path: PathBuf, len: usize },
+    #[error(transparent)]
+    Tls(#[from] crate::api::tls::TlsError),
     #[error("cannot listen on {addr}")]
     TcpBind {
         addr: SocketAddr,
@@ -368,6 +373,9 @@ pub async fn serve_with(
     if opts.listen_tcp.is_some() && token.is_none() {
         return Err(ServeError::TokenMissing);
     }
+    // every TLS file is read (and a key's mode checked) before anything listens
+    let tls_server = opts.tls.server()?;
+    let peer_tls = opts.tls.peer_client()?;
     let unix = crate::api::server::bind_unix(&opts.socket)?;
     let tcp = match opts.listen_tcp {
         Some(addr) => Some(
@@ -395,6 +403,7 @@ pub async fn serve_with(
             TargetsOnExit::leave()
         },
         peer_token: token.clone(),
+        peer_tls,
     };
     // hugepages first: the engine selection below looks at the free pool
     controllers::host::prepare_at_start(&state, &deps);
@@ -449,10 +458,16 @@ pub async fn serve_with(
     ));
     let tcp_task = match (tcp, token) {
         (Some(l), Some(token)) => {
-            tracing::info!(addr = ?opts.listen_tcp, "API also on TCP (bearer token required)");
-            Some(tokio::spawn(crate::api::server::serve_tcp(
+            if tls_server.is_some() {
+                tracing::info!(addr = ?opts.listen_tcp, client_certificates = opts.tls.client_ca.is_some(), "API also on TCP with TLS (bearer token required)");
+            } else {
+                tracing::warn!(addr = ?opts.listen_tcp, "API also on TCP WITHOUT TLS: the bearer token and every call cross the network unencrypted (set --tls-cert and --tls-key)");
+            }
+            Some(tokio::spawn(crate::api::server::serve_tcp_tls(
                 l,
                 token,
+                tls_server,
+                crate::api::server::TcpLimits::default(),
                 methods,
                 stopped(stop_rx.clone()),
             )))

@@ -6,6 +6,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -34,6 +35,8 @@ struct IscsiKernelDouble {
     login_code: i32,
     /// Discovery hangs until killed.
     discovery_hangs: bool,
+    /// Where iscsiadm keeps its node records.
+    node_db: &'static str,
     state: Mutex<DoubleState>,
 }
 
@@ -44,6 +47,8 @@ struct DoubleState {
     iface_name: Option<String>,
     next_session: u32,
     calls: Vec<String>,
+    /// The CHAP user and secret the last login read from its node record.
+    login_auth: Option<(String, String)>,
 }
 
 impl IscsiKernelDouble {
@@ -54,6 +59,7 @@ impl IscsiKernelDouble {
             lun_present: true,
             login_code: 0,
             discovery_hangs: false,
+            node_db: "/etc/iscsi/nodes",
             state: Mutex::new(DoubleState {
                 next_session: 1,
                 ..Default::default()
@@ -136,12 +142,41 @@ fn out(code: i32, stdout: &str) -> Result<AdmOutput, NsError> {
 }
 
 impl Iscsiadm for IscsiKernelDouble {
+    fn set_node_auth(
+        &self,
+        target: &IscsiTarget,
+        iface: &str,
+        chap: &ChapCredentials,
+    ) -> Result<Vec<PathBuf>, String> {
+        // the real record edit, on the fixture root's node directories
+        self.state
+            .lock()
+            .expect("lock")
+            .calls
+            .push(format!("<set_node_auth {} {iface}>", target.iqn));
+        let dirs: Vec<PathBuf> = talon::attach::iscsi::NODE_DIRS
+            .iter()
+            .map(|d| self.root.path(d))
+            .collect();
+        let files =
+            talon::attach::iscsi::node_record_files(&dirs, target.iqn.as_str(), &target.portal, iface);
+        for f in &files {
+            talon::attach::iscsi::set_record_auth(f, chap).map_err(|e| e.to_string())?;
+        }
+        Ok(files)
+    }
+
     fn run(&self, args: &[String], timeout: Duration) -> Result<AdmOutput, NsError> {
         let a: Vec<&str> = args.iter().map(String::as_str).collect();
         self.state.lock().expect("lock").calls.push(a.join(" "));
         let opt = |k: &str| a.iter().position(|x| *x == k).and_then(|i| a.get(i + 1)).copied();
         // `-I talon` at the end: through talon's interface, which must carry a name by then
         let mut a = a.clone();
+        let iface = if a.len() > 2 && a[a.len() - 2..] == ["-I", "talon"] {
+            "talon"
+        } else {
+            "default"
+        };
         if a.len() > 2 && a[a.len() - 2..] == ["-I", "talon"] && a[..2] != ["-m", "iface"] {
             if self.state.lock().expect("lock").iface_name.is_none() {
                 return out(6, "");
@@ -191,6 +226,23 @@ impl Iscsiadm for IscsiKernelDouble {
                     .expect("lock")
                     .nodes
                     .insert((iqn.to_string(), p.to_string()));
+                // the record file, laid out and written as open-iscsi 2.1 does
+                let addr: std::net::SocketAddr = p.parse().expect("portal");
+                let dir = self
+                    .root
+                    .path(format!("{}/{iqn}/{},{},-1", self.node_db, addr.ip(), addr.port()));
+                fs::create_dir_all(&dir).expect("record dir");
+                fs::write(
+                    dir.join(iface),
+                    format!(
+                        "# BEGIN RECORD 2.1.8\nnode.name = {iqn}\nnode.tpgt = -1\n\
+                         node.session.auth.authmethod = None\nnode.conn[0].address = {}\n\
+                         node.conn[0].port = {}\n# END RECORD\n",
+                        addr.ip(),
+                        addr.port()
+                    ),
+                )
+                .expect("record");
                 out(0, "New iSCSI node added")
             }
             ["-m", "node", "-T", iqn, "-p", p, "-o", "update", "-n", _, "-v", _] => {
@@ -203,6 +255,29 @@ impl Iscsiadm for IscsiKernelDouble {
                 out(if known { 0 } else { 21 }, "")
             }
             ["-m", "node", "-T", iqn, "-p", p, "--login"] => {
+                // iscsiadm reads the record file and hands it to iscsid
+                let addr: std::net::SocketAddr = p.parse().expect("portal");
+                let record = fs::read_to_string(self.root.path(format!(
+                    "{}/{iqn}/{},{},-1/{iface}",
+                    self.node_db,
+                    addr.ip(),
+                    addr.port()
+                )))
+                .unwrap_or_default();
+                let get = |k: &str| {
+                    record.lines().find_map(|l| {
+                        l.strip_prefix(k)
+                            .and_then(|r| r.trim_start().strip_prefix('='))
+                            .map(|v| v.trim().to_string())
+                    })
+                };
+                self.state.lock().expect("lock").login_auth =
+                    (get("node.session.auth.authmethod").as_deref() == Some("CHAP")).then(|| {
+                        (
+                            get("node.session.auth.username").unwrap_or_default(),
+                            get("node.session.auth.password").unwrap_or_default(),
+                        )
+                    });
                 if self.login_code != 0 {
                     return out(self.login_code, "");
                 }
@@ -346,14 +421,61 @@ fn chap_is_set_in_the_node_record_before_login() {
     let at = |needle: &str| {
         calls
             .iter()
-            .position(|c| c.ends_with(needle))
-            .unwrap_or_else(|| panic!("no iscsiadm call ending in {needle:?}: {calls:#?}"))
+            .position(|c| c.contains(needle))
+            .unwrap_or_else(|| panic!("no iscsiadm call with {needle:?}: {calls:#?}"))
     };
-    let method = at("-n node.session.auth.authmethod -v CHAP");
-    let user = at("-n node.session.auth.username -v talon");
-    let password = at(&format!("-n node.session.auth.password -v {secret}"));
-    let login = at("--login");
-    assert!(method < login && user < login && password < login, "{calls:#?}");
+    // the secret is in no iscsiadm argument: the record file carries it, 0600
+    assert!(!calls.iter().any(|c| c.contains(secret)), "{calls:#?}");
+    assert!(at("<set_node_auth") < at("--login"), "{calls:#?}");
+    let st = k.state.lock().expect("lock").login_auth.clone();
+    assert_eq!(
+        st,
+        Some(("talon".to_string(), secret.to_string())),
+        "the login read CHAP from the record"
+    );
+    let record = root.path("/etc/iscsi/nodes/iqn.2025-01.io.talon:v1/10.0.2.2,3260,-1/default");
+    let text = fs::read_to_string(&record).expect("record");
+    assert_eq!(text.matches("node.session.auth.authmethod").count(), 1, "{text}");
+    assert!(text.ends_with("# END RECORD\n"), "{text}");
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(
+        fs::metadata(&record).expect("stat").permissions().mode() & 0o777,
+        0o600
+    );
+}
+
+/// CHAP with no node record to write to (an iscsid whose node database is
+/// elsewhere) fails the attach clearly instead of passing the secret as an
+/// argument, and leaves nothing.
+#[test]
+fn chap_without_a_node_record_file_fails_clearly() {
+    if !is_root() {
+        eprintln!("SKIP chap_without_a_node_record_file_fails_clearly: /dev/talon nodes need mknod (root)");
+        return;
+    }
+    let (_d, root) = setup();
+    // the records land where talon does not look
+    let k = IscsiKernelDouble {
+        node_db: "/var/db/iscsi/nodes",
+        ..IscsiKernelDouble::new(&root)
+    };
+    let secret = "0123456789abcdef0123";
+    let t = IscsiTarget {
+        chap: Some(ChapCredentials {
+            user: ChapUser::parse("talon").expect("user"),
+            secret: ChapSecret::parse(secret).expect("secret"),
+        }),
+        ..target(IQN)
+    };
+    let e = attach(&root, &vol("v1"), &t, &opts(), &k).expect_err("no record to write");
+    let msg = talon::util::error_chain(&e);
+    assert!(msg.contains("CHAP") && msg.contains("node record"), "{msg}");
+    assert!(!msg.contains(secret));
+    assert!(!k.calls().iter().any(|c| c.contains(secret)));
+    assert!(
+        !k.calls().iter().any(|c| c.contains("--login")),
+        "no login without CHAP set"
+    );
 }
 
 #[test]
@@ -470,6 +592,7 @@ async fn attach_controller_attaches_v1_volumes_through_iscsi() {
         spdk: Default::default(),
         targets_on_exit: Default::default(),
         peer_token: None,
+        peer_tls: None,
     };
     // a host without nvme_tcp, with iscsid: auto picks iSCSI
     let host = HostFrontends {

@@ -322,6 +322,7 @@ async fn attach_controller_attaches_and_detaches() {
         spdk: Default::default(),
         targets_on_exit: Default::default(),
         peer_token: None,
+        peer_tls: None,
     };
     let ctl = AttachController::with_connector(deps, ConnectOptions::default(), fake_kernel_connect);
     let rt = TestRuntime::with(ctl).expect("runtime");

@@ -335,6 +335,11 @@ fn daemonset_mounts_what_talon_opens() {
         ("/etc/nvme/hostid", "as /etc/nvme/hostnqn"),
         ("/usr/lib/os-release", "fallback when /etc/os-release is missing"),
         ("/proc/thread-self/ns/", "talon's own namespaces"),
+        (
+            "/etc/iscsi/nodes",
+            "iscsiadm's node records, opened inside iscsid's mount namespace (setns), not the pod's",
+        ),
+        ("/var/lib/iscsi/nodes", "as /etc/iscsi/nodes"),
     ]
     .into();
     let mut checked = Vec::new();

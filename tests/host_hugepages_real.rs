@@ -386,6 +386,7 @@ fn serve_sizes_the_pool_before_choosing_the_engine() {
         spdk: spdk.clone(),
         targets_on_exit: talon::controllers::engine::TargetsOnExit::stop(),
         peer_token: None,
+        peer_tls: None,
     };
     let state = State::in_memory();
     state

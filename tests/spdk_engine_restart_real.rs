@@ -118,6 +118,7 @@ fn opts(dir: &Path, spdk: &Path, config: &Path) -> ServeOptions {
         socket: dir.join("run/talon.sock"),
         listen_tcp: None,
         token_file: None,
+        tls: Default::default(),
         run_dir: dir.join("run"),
         host_root: PathBuf::from("/"),
         // the test stops talon with its target, as a drain does (a plain stop leaves it serving)

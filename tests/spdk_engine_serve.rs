@@ -21,6 +21,7 @@ fn opts(dir: &Path, spdk: SpdkOptions) -> ServeOptions {
         socket: dir.join("run/talon.sock"),
         listen_tcp: None,
         token_file: None,
+        tls: Default::default(),
         run_dir: dir.join("run"),
         host_root: PathBuf::from("/"),
         spdk,

@@ -388,3 +388,121 @@ async fn v1_detach_and_allowed_hosts_change_cut_sessions() {
     drop((mine, other));
     node.rt.stop().await;
 }
+
+/// A delete removes its volume's target by the target id its export got, and
+/// lists none of tgtd's targets (its cost does not grow with the number of
+/// volumes; tgtadm runs through a recording wrapper). With an initiator
+/// logged in it waits, naming it. After tgtd restarts (new target ids) the
+/// remembered ids are not trusted: the right target goes, the others stay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn v1_delete_lists_no_targets_and_survives_a_tgtd_restart() {
+    if !ready("v1_delete_lists_no_targets_and_survives_a_tgtd_restart") {
+        return;
+    }
+    let node = Node::start(NodeConfig::default()).await;
+    for id in ["del1", "del2", "del3", "del4"] {
+        node.volume(id, false, &[]).await;
+    }
+    node.volume("del5", true, &[ME]).await;
+    let state = &node.rt.state;
+    let gone = |id: &'static str| async move {
+        eventually(&format!("{id} deleted"), WAIT, || async {
+            state
+                .get_typed::<Volume>(id)
+                .expect("get")
+                .is_none()
+                .then_some(())
+        })
+        .await
+    };
+    std::fs::write(&node.argv_log, "").expect("clear the argv log");
+    state
+        .destroy("config", "Volume", "del2", "")
+        .expect("delete del2");
+    gone("del2").await;
+    let argv = std::fs::read_to_string(&node.argv_log).expect("argv log");
+    assert!(
+        argv.lines()
+            .any(|l| l.contains("--op delete --mode target --tid")),
+        "the target was removed by its id: {argv}"
+    );
+    assert!(
+        !argv.contains("--op show --mode target"),
+        "a delete listed tgtd's targets: {argv}"
+    );
+    let plain = tgtd_admin(&node);
+    let names = |admin: &talon::tgt::TgtAdm| -> Vec<String> {
+        admin.show().expect("show").into_iter().map(|t| t.name).collect()
+    };
+    let have = names(&plain);
+    assert!(
+        !have.iter().any(|n| n.ends_with(":del2")),
+        "del2's target stays: {have:?}"
+    );
+    for id in ["del1", "del3", "del4", "del5"] {
+        assert!(
+            have.iter().any(|n| n.ends_with(&format!(":{id}"))),
+            "{id} lost its target"
+        );
+    }
+
+    // an initiator logged in: the delete waits and names it, then goes on
+    let lib = tgt_common::Libiscsi::load().expect("libiscsi");
+    let session = lib
+        .connect(&node.portal.to_string(), "iqn.2025-01.io.talon:del5", ME, None)
+        .expect("this host logs in");
+    session.no_reconnect();
+    state
+        .destroy("config", "Volume", "del5", "")
+        .expect("delete del5");
+    let msg = eventually("del5 waits for its session", WAIT, || async {
+        engine_status(state, "del5")
+            .filter(|s| s.state == ObjectState::Deleting && s.message.contains(ME))
+            .map(|s| s.message)
+    })
+    .await;
+    println!("delete with a session: {msg}");
+    drop(session);
+    gone("del5").await;
+
+    // tgtd restarts: the targets come back with new ids; deletes still hit the right one
+    let pid = state
+        .get_typed::<talon::resources::engine::TargetStatus>(talon::resources::engine::TGTD_STATUS_ID)
+        .expect("get")
+        .and_then(|t| t.spec.pid)
+        .expect("tgtd pid");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .expect("kill tgtd");
+    eventually("the targets are back", WAIT, || async {
+        let have = plain.show().ok()?.into_iter().map(|t| t.name).collect::<Vec<_>>();
+        ["del1", "del3", "del4"]
+            .iter()
+            .all(|id| have.iter().any(|n| n.ends_with(&format!(":{id}"))))
+            .then_some(())
+    })
+    .await;
+    state
+        .destroy("config", "Volume", "del3", "")
+        .expect("delete del3");
+    gone("del3").await;
+    let have = names(&plain);
+    assert!(
+        !have.iter().any(|n| n.ends_with(":del3")),
+        "del3's target stays: {have:?}"
+    );
+    for id in ["del1", "del4"] {
+        assert!(
+            have.iter().any(|n| n.ends_with(&format!(":{id}"))),
+            "{id} lost its target: {have:?}"
+        );
+    }
+    node.rt.stop().await;
+}
+
+/// tgtadm without the recording wrapper (the test's own listings stay out of the log).
+fn tgtd_admin(node: &Node) -> talon::tgt::TgtAdm {
+    talon::tgt::TgtAdm::new(node.admin.socket())
+}

@@ -13,6 +13,7 @@
 
 pub mod error;
 pub mod server;
+pub mod tls;
 pub mod types;
 pub mod volume;
 

@@ -14,7 +14,10 @@
 //! pings), and a refused request is answered 401 and closed. The Unix socket
 //! has its own accept loop and descriptors are kept free for it, so it stays
 //! reachable whatever TCP clients do. Refusals are logged at most once per
-//! 10 s, with the count.
+//! 10 s, with the count. With TLS ([`serve_tcp_tls`]), a connection first
+//! takes its slot, then has `handshake` to finish the TLS handshake (a client
+//! without a certificate the client CA signed, or one speaking plain HTTP, is
+//! closed there); the idle bound applies beneath TLS too.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -119,6 +122,8 @@ pub struct TcpLimits {
     pub max_per_peer: usize,
     /// A connection that reads and writes nothing for this long is closed.
     pub idle: Duration,
+    /// A TLS handshake not finished in this time is abandoned.
+    pub handshake: Duration,
 }
 
 impl Default for TcpLimits {
@@ -127,6 +132,7 @@ impl Default for TcpLimits {
             max_connections: 128,
             max_per_peer: 16,
             idle: Duration::from_secs(300),
+            handshake: Duration::from_secs(10),
         }
     }
 }
@@ -159,6 +165,7 @@ impl RateLimitedLog {
 
 static REFUSED_TOKEN: RateLimitedLog = RateLimitedLog::new();
 static REFUSED_CONN: RateLimitedLog = RateLimitedLog::new();
+static REFUSED_TLS: RateLimitedLog = RateLimitedLog::new();
 
 /// Open TCP connections, in all and per peer address.
 #[derive(Default)]
@@ -305,6 +312,7 @@ impl ApiListener for TcpListener {
 async fn serve_listener(
     listener: impl ApiListener,
     token: Option<Arc<str>>,
+    tls: Option<tokio_rustls::TlsAcceptor>,
     limits: TcpLimits,
     methods: Methods,
     shutdown: impl Future<Output = ()>,
@@ -333,13 +341,29 @@ async fn serve_listener(
                     let inner = builder.clone().build(methods.clone(), stop_handle.clone());
                     let svc = BearerAuth { inner, token: token.clone(), peer: peer_name };
                     let stopped = stop_handle.clone().shutdown();
-                    let idle = limits.idle;
+                    let (idle, handshake) = (limits.idle, limits.handshake);
+                    let tls = tls.clone();
                     tokio::spawn(async move {
                         let _slot = slot;
-                        let r = if peer.is_some() {
-                            serve_with_graceful_shutdown(IdleTimeout::new(stream, idle), svc, stopped).await
-                        } else {
-                            serve_with_graceful_shutdown(stream, svc, stopped).await
+                        let r = match (peer, tls) {
+                            (None, _) => serve_with_graceful_shutdown(stream, svc, stopped).await,
+                            (Some(_), None) => {
+                                serve_with_graceful_shutdown(IdleTimeout::new(stream, idle), svc, stopped).await
+                            }
+                            (Some(ip), Some(acceptor)) => {
+                                let accept = acceptor.accept(IdleTimeout::new(stream, idle));
+                                match tokio::time::timeout(handshake, accept).await {
+                                    Ok(Ok(tls)) => serve_with_graceful_shutdown(tls, svc, stopped).await,
+                                    Ok(Err(e)) => {
+                                        REFUSED_TLS.warn(&ip.to_string(), &format!("API connection refused: TLS handshake failed: {e}"));
+                                        return;
+                                    }
+                                    Err(_) => {
+                                        REFUSED_TLS.warn(&ip.to_string(), &format!("API connection refused: no TLS handshake in {handshake:?}"));
+                                        return;
+                                    }
+                                }
+                            }
                         };
                         if let Err(e) = r {
                             tracing::debug!(error = %e, "API connection ended with an error");
@@ -365,7 +389,7 @@ pub async fn serve_unix(
     methods: Methods,
     shutdown: impl Future<Output = ()>,
 ) {
-    serve_listener(listener, None, TcpLimits::default(), methods, shutdown).await;
+    serve_listener(listener, None, None, TcpLimits::default(), methods, shutdown).await;
     let _ = std::fs::remove_file(&path);
 }
 
@@ -408,7 +432,22 @@ pub async fn serve_tcp_with(
     methods: Methods,
     shutdown: impl Future<Output = ()>,
 ) {
-    serve_listener(listener, Some(token), limits, methods, shutdown).await;
+    serve_listener(listener, Some(token), None, limits, methods, shutdown).await;
+}
+
+/// [`serve_tcp_with`] over TLS when `tls` is given (plain TCP otherwise):
+/// the handshake is bounded by `limits.handshake` and happens after the
+/// connection took its slot, so the per-peer and total bounds hold for it.
+pub async fn serve_tcp_tls(
+    listener: TcpListener,
+    token: Arc<str>,
+    tls: Option<Arc<tokio_rustls::rustls::ServerConfig>>,
+    limits: TcpLimits,
+    methods: Methods,
+    shutdown: impl Future<Output = ()>,
+) {
+    let acceptor = tls.map(tokio_rustls::TlsAcceptor::from);
+    serve_listener(listener, Some(token), acceptor, limits, methods, shutdown).await;
 }
 
 /// Wraps the API service: with a token, a request without it gets HTTP 401 and

@@ -260,6 +260,109 @@ pub struct AdmOutput {
 pub trait Iscsiadm: Send + Sync + std::fmt::Debug {
     /// Runs `iscsiadm args...`, killed after `timeout` ([`NsError::CommandTimeout`]).
     fn run(&self, args: &[String], timeout: Duration) -> Result<AdmOutput, NsError>;
+
+    /// Sets CHAP (`node.session.auth.*`) in the node record of `target` that
+    /// `-o new` made, by rewriting the record file in iscsid's node database
+    /// (mode 0600): iscsiadm takes a setting's value only as an argument,
+    /// which every local user can read in /proc/<pid>/cmdline. Returns the
+    /// record files written.
+    fn set_node_auth(
+        &self,
+        target: &IscsiTarget,
+        iface: &str,
+        chap: &ChapCredentials,
+    ) -> Result<Vec<PathBuf>, String>;
+}
+
+/// Where open-iscsi keeps its node records: Debian's build, then the
+/// upstream default. iscsiadm reads the record at login and gives it to
+/// iscsid over its socket.
+pub const NODE_DIRS: [&str; 2] = ["/etc/iscsi/nodes", "/var/lib/iscsi/nodes"];
+
+/// The record settings [`set_record_auth`] owns.
+const AUTH_KEYS: [&str; 3] = [
+    "node.session.auth.authmethod",
+    "node.session.auth.username",
+    AUTH_PASSWORD,
+];
+
+/// The record files of `iqn` at `portal` through interface `iface` under the
+/// node directories `dirs`: `<dir>/<iqn>/<ip>,<port>,<tpgt>/<iface>` (open-iscsi
+/// 2.0.870 and later) or the older flat `<dir>/<iqn>/<ip>,<port>`.
+pub fn node_record_files(dirs: &[PathBuf], iqn: &str, portal: &SocketAddr, iface: &str) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let (flat, prefix) = (
+        format!("{},{}", portal.ip(), portal.port()),
+        format!("{},{},", portal.ip(), portal.port()),
+    );
+    for d in dirs {
+        let Ok(entries) = std::fs::read_dir(d.join(iqn)) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let path = e.path();
+            if name.starts_with(&prefix) && path.is_dir() && path.join(iface).is_file() {
+                out.push(path.join(iface));
+            } else if name == flat && path.is_file() {
+                out.push(path);
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// Rewrites the node record file `path` with CHAP on for `chap` (other
+/// settings kept; earlier auth lines replaced), as a new 0600 file renamed
+/// over the old one: the secret is never in a file others can read, nor in
+/// any argument.
+pub fn set_record_auth(path: &std::path::Path, chap: &ChapCredentials) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let text = std::fs::read_to_string(path)?;
+    let ours = |l: &str| {
+        let l = l.trim_start();
+        AUTH_KEYS.iter().any(|k| {
+            l.strip_prefix(k)
+                .is_some_and(|rest| rest.starts_with(|c: char| c == '=' || c.is_whitespace()))
+        })
+    };
+    let auth = format!(
+        "node.session.auth.authmethod = CHAP\nnode.session.auth.username = {}\n{AUTH_PASSWORD} = {}\n",
+        chap.user.as_str(),
+        chap.secret.expose()
+    );
+    let mut out = String::with_capacity(text.len() + auth.len());
+    let mut placed = false;
+    for l in text.lines().filter(|l| !ours(l)) {
+        if !placed && l.trim() == "# END RECORD" {
+            out.push_str(&auth);
+            placed = true;
+        }
+        out.push_str(l);
+        out.push('\n');
+    }
+    if !placed {
+        out.push_str(&auth);
+    }
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let tmp = path.with_file_name(format!(".{name}.talon-tmp"));
+    let _ = std::fs::remove_file(&tmp);
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&tmp)?;
+    let written = f.write_all(out.as_bytes()).and_then(|()| f.sync_all());
+    if let Err(e) = written.and_then(|()| std::fs::rename(&tmp, path)) {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e);
+    }
+    Ok(())
 }
 
 /// iscsiadm run inside iscsid's mount, network, IPC and UTS namespaces (no-op switches where
@@ -300,6 +403,31 @@ impl Iscsiadm for NsIscsiadm {
             stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
             stderr: summarize_stderr(&String::from_utf8_lossy(&out.stderr)),
         })
+    }
+
+    fn set_node_auth(
+        &self,
+        target: &IscsiTarget,
+        iface: &str,
+        chap: &ChapCredentials,
+    ) -> Result<Vec<PathBuf>, String> {
+        let (iqn, portal, iface, chap) = (
+            target.iqn.to_string(),
+            target.portal,
+            iface.to_string(),
+            chap.clone(),
+        );
+        let (res, label) =
+            crate::ns::in_mnt(&self.root, &self.target(), crate::ns::FILE_TIMEOUT, move || {
+                let dirs: Vec<PathBuf> = NODE_DIRS.iter().map(PathBuf::from).collect();
+                let files = node_record_files(&dirs, &iqn, &portal, &iface);
+                for f in &files {
+                    set_record_auth(f, &chap).map_err(|e| format!("writing {}: {e}", f.display()))?;
+                }
+                Ok::<_, String>(files)
+            })
+            .map_err(|e| e.to_string())?;
+        res.map_err(|e| format!("{e} (in the namespaces of {label})"))
     }
 }
 
@@ -603,19 +731,6 @@ fn create_node(iscsiadm: &dyn Iscsiadm, target: &IscsiTarget, opts: &IscsiOption
             "2",
         ]),
     ];
-    let update = |name: &str, value: &str| {
-        args(&[
-            "-m", "node", "-T", &iqn, "-p", &p, "-o", "update", "-n", name, "-v", value,
-        ])
-    };
-    let mut steps = steps.to_vec();
-    if let Some(chap) = &target.chap {
-        // iscsiadm takes the secret only as an argument: visible in /proc/<pid>/cmdline for
-        // the few milliseconds this iscsiadm runs (docs/security.md); never logged
-        steps.push(update("node.session.auth.authmethod", "CHAP"));
-        steps.push(update("node.session.auth.username", chap.user.as_str()));
-        steps.push(update(AUTH_PASSWORD, chap.secret.expose()));
-    }
     for a in steps {
         let out = adm(
             iscsiadm,
@@ -631,6 +746,39 @@ fn create_node(iscsiadm: &dyn Iscsiadm, target: &IscsiTarget, opts: &IscsiOption
                 code: out.code,
                 stderr: out.stderr,
             });
+        }
+    }
+    if let Some(chap) = &target.chap {
+        // never `-o update -n node.session.auth.password -v SECRET`: an argument is readable
+        // by every local user in /proc/<pid>/cmdline; the record file is written instead
+        let iface = if target.initiator.is_some() {
+            IFACE
+        } else {
+            "default"
+        };
+        match iscsiadm.set_node_auth(target, iface, chap) {
+            Ok(files) if !files.is_empty() => {
+                tracing::debug!(iqn = %iqn, portal = %p, records = ?files, "CHAP set in the node record");
+            }
+            Ok(_) => {
+                return Err(IscsiError::CreateNode {
+                    iqn,
+                    portal: p,
+                    code: -1,
+                    stderr: format!(
+                        "CHAP: no node record of this target and portal through interface {iface} under {} in iscsid's namespaces",
+                        NODE_DIRS.join(" or ")
+                    ),
+                });
+            }
+            Err(e) => {
+                return Err(IscsiError::CreateNode {
+                    iqn,
+                    portal: p,
+                    code: -1,
+                    stderr: format!("CHAP: {e}"),
+                });
+            }
         }
     }
     Ok(())
@@ -904,6 +1052,57 @@ pub type SharedIscsiadm = Arc<dyn Iscsiadm>;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The record edit replaces earlier auth lines, keeps the rest, writes
+    /// 0600, and finds both record layouts.
+    #[test]
+    fn record_auth_is_written_into_the_record_file_only() {
+        use std::os::unix::fs::PermissionsExt;
+        let d = tempfile::tempdir().expect("tempdir");
+        let iqn = "iqn.2025-01.io.talon:v1";
+        let portal: SocketAddr = "10.0.2.2:3260".parse().expect("portal");
+        let new = d.path().join("nodes").join(iqn).join("10.0.2.2,3260,1");
+        std::fs::create_dir_all(&new).expect("dir");
+        std::fs::write(
+            new.join("talon"),
+            "# BEGIN RECORD 2.1.8\nnode.name = iqn.2025-01.io.talon:v1\nnode.session.auth.authmethod = None\n\
+             node.session.auth.username = old\nnode.session.auth.password = old-secret\n\
+             node.session.auth.username_in = mutual\nnode.conn[0].port = 3260\n# END RECORD\n",
+        )
+        .expect("record");
+        std::fs::write(new.join("default"), "# BEGIN RECORD\n# END RECORD\n").expect("other iface");
+        let old = d.path().join("old").join(iqn);
+        std::fs::create_dir_all(&old).expect("dir");
+        std::fs::write(old.join("10.0.2.2,3260"), "node.name = x\n").expect("flat record");
+        std::fs::write(old.join("10.0.2.22,3260"), "node.name = y\n").expect("another portal");
+        let dirs = [d.path().join("nodes"), d.path().join("old")];
+        let files = node_record_files(&dirs, iqn, &portal, "talon");
+        assert_eq!(files, vec![new.join("talon"), old.join("10.0.2.2,3260")]);
+        let chap = ChapCredentials {
+            user: crate::tgt::ChapUser::parse("talon").expect("user"),
+            secret: crate::tgt::ChapSecret::parse("0123456789abcdef0123").expect("secret"),
+        };
+        set_record_auth(&files[0], &chap).expect("edit");
+        let text = std::fs::read_to_string(&files[0]).expect("read");
+        assert_eq!(
+            text,
+            "# BEGIN RECORD 2.1.8\nnode.name = iqn.2025-01.io.talon:v1\n\
+             node.session.auth.username_in = mutual\nnode.conn[0].port = 3260\n\
+             node.session.auth.authmethod = CHAP\nnode.session.auth.username = talon\n\
+             node.session.auth.password = 0123456789abcdef0123\n# END RECORD\n"
+        );
+        let mode = std::fs::metadata(&files[0]).expect("stat").permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+        // no temp file left beside it
+        assert_eq!(std::fs::read_dir(&new).expect("ls").count(), 2);
+        // the flat layout without an END line gets the lines at the end
+        set_record_auth(&files[1], &chap).expect("edit flat");
+        let flat = std::fs::read_to_string(&files[1]).expect("read");
+        assert!(
+            flat.ends_with("node.session.auth.password = 0123456789abcdef0123\n"),
+            "{flat}"
+        );
+    }
 
     #[test]
     fn parses_sendtargets_lines() {

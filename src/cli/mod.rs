@@ -106,6 +106,20 @@ pub struct ServeArgs {
     /// presents it to the nodes of remote replicas (one token for the cluster).
     #[arg(long)]
     pub token_file: Option<PathBuf>,
+    /// The TCP listener serves TLS with this certificate chain (PEM; with
+    /// --tls-key). It is also this node's client certificate towards peers.
+    #[arg(long, requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// The private key of --tls-cert (PEM, mode 0600 or 0400).
+    #[arg(long, requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// TCP clients must present a certificate signed by this CA (PEM).
+    #[arg(long, requires = "tls_cert")]
+    pub tls_client_ca: Option<PathBuf>,
+    /// Call the admin API of peer nodes (remote replicas) over TLS, checking
+    /// their certificates against this CA (PEM).
+    #[arg(long)]
+    pub tls_peer_ca: Option<PathBuf>,
     /// Directory for the sockets of spdk_tgt and tgtd.
     #[arg(long, default_value = "/run/talon")]
     pub run_dir: PathBuf,
@@ -348,6 +362,12 @@ async fn run(cli: Cli) -> Result<ExitCode, CliError> {
                 socket: cli.socket,
                 listen_tcp: a.listen_tcp,
                 token_file: a.token_file,
+                tls: crate::api::tls::TlsOptions {
+                    cert: a.tls_cert,
+                    key: a.tls_key,
+                    client_ca: a.tls_client_ca,
+                    peer_ca: a.tls_peer_ca,
+                },
                 run_dir: a.run_dir,
                 host_root: a.host_root,
                 spdk: crate::controllers::engine::selection::SpdkOptions {

@@ -18,6 +18,7 @@ use serde_json::Value;
 use serde_json::value::RawValue;
 
 use crate::api::ErrorKind;
+pub use crate::api::tls::TlsClient;
 use crate::api::types::NodeInfo;
 use crate::runtime::{ControllerStatus, Event, Resource, TypeInfo};
 
@@ -33,6 +34,8 @@ pub enum ClientError {
         #[source]
         source: std::io::Error,
     },
+    #[error("TLS handshake with talon at {endpoint} failed: {message}")]
+    Tls { endpoint: String, message: String },
     #[error("API handshake with {endpoint} failed: {message}")]
     Handshake { endpoint: String, message: String },
     /// The daemon answered with an error.
@@ -107,8 +110,25 @@ impl Client {
         })
     }
 
-    /// Connects to the daemon's TCP listener with a bearer token.
+    /// Connects to the daemon's TCP listener with a bearer token (plain TCP:
+    /// the token and every call cross the network unencrypted).
     pub async fn connect_tcp(addr: &str, token: &str) -> Result<Self, ClientError> {
+        Self::connect_tcp_with(addr, token, None).await
+    }
+
+    /// Connects to the daemon's TCP listener over TLS (`tls`: the CA the
+    /// server's certificate must be signed by, and a client certificate when
+    /// the server asks for one) with a bearer token.
+    pub async fn connect_tcp_tls(addr: &str, token: &str, tls: &TlsClient) -> Result<Self, ClientError> {
+        Self::connect_tcp_with(addr, token, Some(tls)).await
+    }
+
+    /// [`Client::connect_tcp`], over TLS when `tls` is given.
+    pub async fn connect_tcp_with(
+        addr: &str,
+        token: &str,
+        tls: Option<&TlsClient>,
+    ) -> Result<Self, ClientError> {
         let stream = tokio::net::TcpStream::connect(addr)
             .await
             .map_err(|source| ClientError::Connect {
@@ -120,17 +140,39 @@ impl Client {
         let value = http::HeaderValue::from_str(&format!("Bearer {token}"))
             .map_err(|e| ClientError::Transport(format!("token is not a valid header value: {e}")))?;
         headers.insert(http::header::AUTHORIZATION, value);
-        let (tx, rx) = WsTransportClientBuilder::default()
-            .set_headers(headers)
-            .build_with_stream(url, stream)
-            .await
-            .map_err(|e| ClientError::Handshake {
-                endpoint: addr.to_string(),
-                message: e.to_string(),
-            })?;
-        Ok(Self {
-            inner: builder().build_with_tokio(tx, rx),
-        })
+        let ws = WsTransportClientBuilder::default().set_headers(headers);
+        let handshake = |message: String| ClientError::Handshake {
+            endpoint: addr.to_string(),
+            message,
+        };
+        let inner = match tls {
+            None => {
+                let (tx, rx) = ws
+                    .build_with_stream(url, stream)
+                    .await
+                    .map_err(|e| handshake(e.to_string()))?;
+                builder().build_with_tokio(tx, rx)
+            }
+            Some(tls) => {
+                let (connector, name) = tls.connector(addr).map_err(|message| ClientError::Tls {
+                    endpoint: addr.to_string(),
+                    message,
+                })?;
+                let stream = connector
+                    .connect(name, stream)
+                    .await
+                    .map_err(|e| ClientError::Tls {
+                        endpoint: addr.to_string(),
+                        message: e.to_string(),
+                    })?;
+                let (tx, rx) = ws
+                    .build_with_stream(url, stream)
+                    .await
+                    .map_err(|e| handshake(e.to_string()))?;
+                builder().build_with_tokio(tx, rx)
+            }
+        };
+        Ok(Self { inner })
     }
 
     /// Calls a method with named params and decodes the result.

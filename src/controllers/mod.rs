@@ -30,6 +30,8 @@ pub struct Deps {
     /// replicas (this node's own `--token-file`: one token for the
     /// cluster's talon nodes); none: their snapshots cannot be taken.
     pub peer_token: Option<std::sync::Arc<str>>,
+    /// TLS for the calls to those nodes (`--tls-peer-ca`); none: plain TCP.
+    pub peer_tls: Option<crate::client::TlsClient>,
 }
 
 /// Registers every controller; `selection`: the engine selection detected
@@ -68,7 +70,7 @@ pub fn register_all(rt: &mut Runtime, deps: &Deps, selection: &EngineSelection) 
         )
         .with_host_nqn(host_nqn.clone())
         .with_data_dir(deps.data_dir.clone())
-        .with_peers(engine::peer::Peers::new(deps.peer_token.clone())),
+        .with_peers(engine::peer::Peers::new(deps.peer_token.clone()).with_tls(deps.peer_tls.clone())),
     )?;
     rt.register(
         engine::longhorn::LonghornController::new(crate::spdk::SpdkClient::new(

@@ -20,7 +20,9 @@ use super::{FILE_TIMEOUT, Namespaces, NsError, Target, TargetNamespaces};
 use crate::util::Backoff;
 use crate::util::HostRoot;
 
-fn in_mnt<T: Send + 'static>(
+/// Runs `f` inside the target's mount namespace (bounded by `timeout`);
+/// returns its result and the target's label for messages.
+pub fn in_mnt<T: Send + 'static>(
     root: &HostRoot,
     target: &Target,
     timeout: Duration,

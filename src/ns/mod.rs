@@ -28,7 +28,7 @@ use std::time::Duration;
 
 pub use command::{DEFAULT_COMMAND_TIMEOUT, NsCommand, exit_code};
 pub use error::NsError;
-pub use files::{NsLock, create_dir_all, lock, read_file, write_file};
+pub use files::{NsLock, create_dir_all, in_mnt, lock, read_file, write_file};
 pub use target::{MAX_RESOLVE_ATTEMPTS, Namespaces, NsKind, Target, TargetNamespaces, find_process};
 
 use crate::util::HostRoot;

@@ -1050,6 +1050,11 @@ pub struct KeyringKey {
     /// Removed but still referenced.
     #[serde(default)]
     pub removed: bool,
+    /// References: the keyring's own (until removed) plus one per user (a
+    /// subsystem host's key or PSK, an NVMe controller's); 1 = unused
+    /// (`lib/keyring/keyring.c` of v26.05).
+    #[serde(default)]
+    pub refcnt: Option<i64>,
 }
 
 /// A host controller connected to an nvmf subsystem.

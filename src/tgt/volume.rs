@@ -627,6 +627,24 @@ impl V1Store {
         self.delete_files(name, info)
     }
 
+    /// [`delete`](Self::delete) of a volume served by target `tid` of the
+    /// running tgtd (as its export returned it): removes that target without
+    /// listing the others, so its cost does not grow with the number of
+    /// volumes. When tgtd refuses (initiators logged in, the target gone or
+    /// replaced behind talon's back), falls back to [`delete`](Self::delete),
+    /// which lists the targets and names the sessions in its error.
+    pub fn delete_by_tid(&self, admin: &TgtAdm, name: &ObjectName, tid: Tid) -> Result<(), VolumeError> {
+        let info = self.info(name)?;
+        match admin.delete_target(tid, false) {
+            Ok(()) => self.delete_files(name, info),
+            Err(e) if e.tgtd_unreachable() => Err(admin_err("delete", name)(e)),
+            Err(e) => {
+                tracing::debug!(volume = %name, tid, error = %e, "removing the target by its id failed; listing the targets");
+                self.delete(admin, name)
+            }
+        }
+    }
+
     fn delete_files(&self, name: &ObjectName, info: VolumeInfo) -> Result<(), VolumeError> {
         fs::remove_file(&info.path).map_err(|source| VolumeError::Remove {
             path: info.path.clone(),

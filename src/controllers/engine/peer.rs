@@ -1,6 +1,8 @@
 //! Calls to the other talon nodes that serve this node's remote replicas,
 //! through their admin API on TCP (`RemoteReplica.api`, bearer token: this
-//! node's peer token, one secret for the cluster's talon nodes).
+//! node's peer token, one secret for the cluster's talon nodes), over TLS
+//! when the node has `--tls-peer-ca` (its own `--tls-cert` is its client
+//! certificate).
 //!
 //! ```text
 //!   engine node                                  replica node (serveReplica k)
@@ -17,7 +19,7 @@ use std::time::Duration;
 
 use crate::api::ErrorKind;
 use crate::api::volume::{ExpandParams, SnapshotParams};
-use crate::client::{Client, ClientError};
+use crate::client::{Client, ClientError, TlsClient};
 
 /// How long a peer may take to snapshot its replica: this node's export is
 /// frozen (hosts queue their I/O) while it does.
@@ -27,6 +29,7 @@ pub const SNAPSHOT_TIMEOUT: Duration = Duration::from_secs(10);
 #[derive(Clone, Default)]
 pub struct Peers {
     token: Option<Arc<str>>,
+    tls: Option<TlsClient>,
 }
 
 impl std::fmt::Debug for Peers {
@@ -34,6 +37,7 @@ impl std::fmt::Debug for Peers {
         // the token is a secret
         f.debug_struct("Peers")
             .field("token", &self.token.as_ref().map(|_| "<set>"))
+            .field("tls", &self.tls)
             .finish()
     }
 }
@@ -41,7 +45,13 @@ impl std::fmt::Debug for Peers {
 impl Peers {
     /// Peers reached with `token` (none: every peer call fails, saying so).
     pub fn new(token: Option<Arc<str>>) -> Self {
-        Self { token }
+        Self { token, tls: None }
+    }
+
+    /// Peers reached over TLS with `tls` (none: plain TCP).
+    pub fn with_tls(mut self, tls: Option<TlsClient>) -> Self {
+        self.tls = tls;
+        self
     }
 
     /// Connects to the peer at `api` (done before a freeze: a node that
@@ -50,10 +60,13 @@ impl Peers {
         let token = self.token.as_deref().ok_or_else(|| {
             format!("no peer token on this node (talon serve --peer-token-file): cannot call {api}")
         })?;
-        tokio::time::timeout(SNAPSHOT_TIMEOUT, Client::connect_tcp(api, token))
-            .await
-            .map_err(|_| format!("talon at {api} did not answer in {SNAPSHOT_TIMEOUT:?}"))?
-            .map_err(|e| format!("talon at {api}: {}", crate::util::error_chain(&e)))
+        tokio::time::timeout(
+            SNAPSHOT_TIMEOUT,
+            Client::connect_tcp_with(api, token, self.tls.as_ref()),
+        )
+        .await
+        .map_err(|_| format!("talon at {api} did not answer in {SNAPSHOT_TIMEOUT:?}"))?
+        .map_err(|e| format!("talon at {api}: {}", crate::util::error_chain(&e)))
     }
 
     /// Snapshots replica `volume` on the peer at `api` (connected as `c`)

@@ -20,6 +20,11 @@
 //! Deletion: the controller holds a finalizer on each V1 `Volume` and
 //! `Snapshot`; a delete waits (state `deleting`, message naming the sessions)
 //! until no initiator is logged in, then removes target, file and snapshots.
+//! A delete costs the same whatever the number of volumes: the target id the
+//! export got from this tgtd (same pid) is remembered and the target removed
+//! by it; only without one (after a tgtd or talon restart, before the full
+//! pass served the volume again) or when tgtd refuses (sessions, gone) are
+//! the targets listed.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -36,7 +41,9 @@ use crate::resources::frontend::Attachment;
 use crate::runtime::{Controller, ControllerError, Input, Output, Phase, ReconcileContext, Requeue};
 use crate::tgt::volume::ensure_chap_account;
 use crate::tgt::volume::{VOLUME_LUN, VolumeError};
-use crate::tgt::{AdminError, ChapCredentials, ExportOptions, InitiatorAcl, TargetInfo, TgtAdm, V1Store};
+use crate::tgt::{
+    AdminError, ChapCredentials, ExportOptions, InitiatorAcl, TargetInfo, TgtAdm, Tid, V1Store,
+};
 
 /// The iSCSI ACL of a volume, by initiator name only: this host's initiator
 /// name while the volume is attached here (`attached_by`), and the IQNs among
@@ -137,6 +144,8 @@ struct ServedKey {
 struct Served {
     key: ServedKey,
     status: EngineStatus,
+    /// The target id serving it in the tgtd of `key.tgtd_pid`.
+    tid: Tid,
 }
 
 /// tgtd's targets, listed at most once per reconcile and only when a volume
@@ -163,6 +172,11 @@ impl<'a> Listing<'a> {
                 }
             })
             .as_deref()
+    }
+
+    /// The targets if this reconcile listed them already (never lists).
+    fn get_if_listed(&self) -> Option<&[TargetInfo]> {
+        self.got.as_ref().and_then(|g| g.as_deref())
     }
 }
 
@@ -207,24 +221,37 @@ fn error_text(e: &VolumeError) -> String {
 impl V1Ops {
     /// `listing`: tgtd's targets, listed once for this reconcile if a volume
     /// needs them (a volume made now does not: its target is made without).
-    fn volume(&self, job: &VolumeJob, listing: &mut Listing<'_>) -> Realized<EngineStatus> {
+    /// `tid`: for a delete, the target id the volume's export got from the
+    /// running tgtd, if known (then nothing is listed). Returns the status,
+    /// and the target id of a volume served.
+    fn volume(
+        &self,
+        job: &VolumeJob,
+        listing: &mut Listing<'_>,
+        tid: Option<Tid>,
+    ) -> (Realized<EngineStatus>, Option<Tid>) {
         let name = match ObjectName::parse("volume", &job.id) {
             Ok(n) => n,
-            Err(e) => return Realized::Status(failed(e.to_string(), String::new())),
+            Err(e) => return (Realized::Status(failed(e.to_string(), String::new())), None),
         };
         let device = self.store.volume_path(&name).display().to_string();
         if job.deleting {
-            let deleted = match listing.get() {
-                Some(t) => self.store.delete_known(&self.admin, &name, t),
-                None => self.store.delete(&self.admin, &name),
+            let deleted = match (tid, listing.get_if_listed()) {
+                (Some(tid), None) => self.store.delete_by_tid(&self.admin, &name, tid),
+                (_, Some(t)) => self.store.delete_known(&self.admin, &name, t),
+                (None, None) => match listing.get() {
+                    Some(t) => self.store.delete_known(&self.admin, &name, t),
+                    None => self.store.delete(&self.admin, &name),
+                },
             };
-            return match deleted {
+            let out = match deleted {
                 Ok(()) | Err(VolumeError::NotFound { .. }) => Realized::Deleted,
                 Err(e) => Realized::Status(EngineStatus {
                     state: ObjectState::Deleting,
                     ..failed(error_text(&e), device)
                 }),
             };
+            return (out, None);
         }
         let mut message = String::new();
         let mut fresh = false;
@@ -235,16 +262,16 @@ impl V1Ops {
                 let made = match &job.spec.from_snapshot {
                     Some(source) => match split_snapshot_id(source) {
                         Ok((v, s)) => self.store.clone_snapshot(&v, &s, &name),
-                        Err(msg) => return Realized::Status(failed(msg, device)),
+                        Err(msg) => return (Realized::Status(failed(msg, device)), None),
                     },
                     None => self.store.create(&name, job.spec.size_bytes),
                 };
                 match made {
                     Ok(info) => info,
-                    Err(e) => return Realized::Status(failed(error_text(&e), device)),
+                    Err(e) => return (Realized::Status(failed(error_text(&e), device)), None),
                 }
             }
-            Err(e) => return Realized::Status(failed(error_text(&e), device)),
+            Err(e) => return (Realized::Status(failed(error_text(&e), device)), None),
         };
         let mut size = info.size;
         if job.spec.size_bytes > info.size {
@@ -281,7 +308,8 @@ impl V1Ops {
         } else {
             listed(listing)
         };
-        match exported {
+        let tid = exported.as_ref().ok().map(|e| e.tid);
+        let out = match exported {
             Ok(export) => Realized::Status(EngineStatus {
                 engine: Engine::V1,
                 state: ObjectState::Ready,
@@ -309,7 +337,8 @@ impl V1Ops {
                 size_bytes: size,
                 ..failed(error_text(&e), device)
             }),
-        }
+        };
+        (out, tid)
     }
 
     fn snapshot(&self, job: &SnapshotJob) -> Realized<SnapshotStatus> {
@@ -527,15 +556,18 @@ impl Controller for V1VolumeController {
                     vol_out.push((j.id.clone(), Realized::Status(s.status.clone())));
                     continue;
                 }
-                let out = ops.volume(j, &mut listing);
-                match &out {
+                let (out, tid) = ops.volume(j, &mut listing, None);
+                match (&out, tid) {
                     // only a volume served as asked is passed over next time
-                    Realized::Status(s) if s.state == ObjectState::Ready && s.message.is_empty() => {
+                    (Realized::Status(s), Some(tid))
+                        if s.state == ObjectState::Ready && s.message.is_empty() =>
+                    {
                         served.insert(
                             j.id.clone(),
                             Served {
                                 key,
                                 status: s.clone(),
+                                tid,
                             },
                         );
                     }
@@ -549,8 +581,12 @@ impl Controller for V1VolumeController {
                 snap_out.push((j.id.clone(), ops.snapshot(j)));
             }
             for j in vol_jobs.iter().filter(|j| j.deleting) {
-                served.remove(&j.id);
-                vol_out.push((j.id.clone(), ops.volume(j, &mut listing)));
+                // the target id is trusted only from the tgtd that gave it
+                let tid = served
+                    .remove(&j.id)
+                    .filter(|s| s.key.tgtd_pid == tgtd_pid)
+                    .map(|s| s.tid);
+                vol_out.push((j.id.clone(), ops.volume(j, &mut listing, tid).0));
             }
             // volumes gone from the config are forgotten
             served.retain(|id, _| known.contains(id));

@@ -256,6 +256,8 @@ struct Ctrlr {
     bdevs: Vec<String>,
     /// The remote subsystem's controller id, for the detach.
     cntlid: Option<u32>,
+    /// The keyring keys it holds a reference on (PSK, DH-HMAC-CHAP keys).
+    keys: Vec<String>,
 }
 
 #[derive(Debug, Clone)]
@@ -281,6 +283,9 @@ struct State {
     ctrlrs: Vec<Ctrlr>,
     /// The file keyring: key name -> key file.
     keys: BTreeMap<String, PathBuf>,
+    /// Keys removed while still referenced: kept (as `removed`) until their
+    /// last user lets go, as `lib/keyring/keyring.c` does.
+    removed_keys: BTreeMap<String, PathBuf>,
     /// Listening `traddr:trsvcid` made with `secure_channel` (TLS).
     tls_ports: std::collections::BTreeSet<String>,
     portal_groups: BTreeMap<u32, Value>,
@@ -1222,11 +1227,17 @@ impl State {
             });
             created.push(name);
         }
+        let keys = [&p.psk, &p.dhchap_key, &p.dhchap_ctrlr_key]
+            .into_iter()
+            .flatten()
+            .cloned()
+            .collect();
         self.ctrlrs.push(Ctrlr {
             name: p.name.clone(),
             trid,
             bdevs: created.clone(),
             cntlid,
+            keys,
         });
         Ok(json!(created))
     }

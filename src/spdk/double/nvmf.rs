@@ -344,6 +344,22 @@ impl State {
 }
 
 impl State {
+    /// How many users hold key `name`: subsystem hosts (DH-HMAC-CHAP keys, PSK)
+    /// and NVMe controllers attached with it.
+    fn key_users(&self, name: &str) -> i64 {
+        let mut n = 0;
+        for sub in &self.subsystems {
+            for (k, c) in sub.host_keys.values() {
+                n += i64::from(k.as_deref() == Some(name)) + i64::from(c.as_deref() == Some(name));
+            }
+            n += sub.host_psks.values().filter(|p| *p == name).count() as i64;
+        }
+        for c in &self.ctrlrs {
+            n += c.keys.iter().filter(|k| *k == name).count() as i64;
+        }
+        n
+    }
+
     /// The file keyring (`module/keyring/file`, `lib/keyring/keyring.c` of v26.05).
     pub(super) fn call_keyring(&mut self, method: &str, params: &Option<Value>) -> RpcResult {
         match method {
@@ -376,20 +392,37 @@ impl State {
             }
             "keyring_file_remove_key" => {
                 let p: ByName = decode(params)?;
-                if self.keys.remove(&p.name).is_none() {
+                let Some(path) = self.keys.remove(&p.name) else {
                     return fail(-126, "Required key not available");
+                };
+                // a key in use stays until its users let go (they keep working)
+                if self.key_users(&p.name) > 0 {
+                    self.removed_keys.insert(p.name, path);
                 }
                 Ok(json!(true))
             }
-            "keyring_get_keys" => Ok(Value::Array(
-                self.keys
-                    .iter()
-                    .map(|(n, p)| {
-                        json!({"name": n, "module": "keyring_file", "removed": false,
-                        "probed": false, "refcnt": 1, "path": p})
-                    })
-                    .collect(),
-            )),
+            "keyring_get_keys" => {
+                let users: Vec<_> = self
+                    .removed_keys
+                    .keys()
+                    .map(|n| (n.clone(), self.key_users(n)))
+                    .collect();
+                for (n, u) in users {
+                    if u == 0 {
+                        self.removed_keys.remove(&n);
+                    }
+                }
+                let live = self.keys.iter().map(|(n, p)| {
+                    json!({"name": n, "module": "keyring_file", "removed": false,
+                    "probed": false, "refcnt": 1 + self.key_users(n), "path": p})
+                });
+                // a removed key shows no module info (no path), as keyring_dump_key_info
+                let removed = self.removed_keys.keys().map(|n| {
+                    json!({"name": n, "module": "keyring_file", "removed": true,
+                    "probed": false, "refcnt": self.key_users(n)})
+                });
+                Ok(Value::Array(live.chain(removed).collect()))
+            }
             _ => fail(-32601, "Method not found"),
         }
     }

@@ -839,6 +839,21 @@ impl VolumeOps {
                     ))?;
             }
         }
+        // the keys hosts held here before: freed from the keyring below when
+        // nothing else uses them
+        let mut dropped: BTreeSet<String> = BTreeSet::new();
+        for h in sub.map(|s| s.hosts.as_slice()).unwrap_or_default() {
+            let removed = !export.hosts.contains(&h.nqn);
+            let want = key_of(&h.nqn);
+            for k in [&h.dhchap_key, &h.dhchap_ctrlr_key].into_iter().flatten() {
+                if removed || want.as_ref() != Some(k) {
+                    dropped.insert(k.clone());
+                }
+            }
+            if removed {
+                dropped.insert(dhchap::keyring_name::<TlsPsk>(&h.nqn));
+            }
+        }
         for h in have.iter().filter(|h| !export.hosts.iter().any(|x| x == *h)) {
             self.client
                 .nvmf_subsystem_remove_host(&SubsystemHostParams {
@@ -848,7 +863,44 @@ impl VolumeOps {
                 .await
                 .map_err(rpc(vol, format!("disallowing host {h} on {nqn}")))?;
         }
+        if !dropped.is_empty() {
+            self.release_unused_keys(vol, &dropped).await;
+        }
         Ok(())
+    }
+
+    /// Removes from the target's keyring each key of `names` that nothing
+    /// uses any more (refcnt 1: only the keyring's own reference), so a host
+    /// taken off every export leaves no key behind. A key still used (the
+    /// host is listed on another export, a controller attached with it) stays.
+    /// The secret files stay: they are the node's credentials (its own, or
+    /// copies the operator placed), read again if the host comes back.
+    /// Best effort: a failure is logged, the export stands.
+    async fn release_unused_keys(&self, vol: &str, names: &BTreeSet<String>) {
+        let keys = match self.client.keyring_get_keys().await {
+            Ok(k) => k,
+            Err(e) => {
+                tracing::warn!(volume = vol, error = %e, "cannot list the keyring to release unused host keys");
+                return;
+            }
+        };
+        for k in keys
+            .iter()
+            .filter(|k| names.contains(&k.name) && !k.removed && k.refcnt == Some(1))
+        {
+            match self
+                .client
+                .keyring_file_remove_key(&ByName { name: k.name.clone() })
+                .await
+            {
+                Ok(_) => {
+                    tracing::info!(volume = vol, key = %k.name, "host key no longer used: removed from the keyring")
+                }
+                Err(e) => {
+                    tracing::warn!(volume = vol, key = %k.name, error = %e, "cannot remove an unused host key from the keyring")
+                }
+            }
+        }
     }
 
     /// The raid1 of a volume with two or more replicas: made from the
@@ -1271,6 +1323,20 @@ impl VolumeOps {
     pub async fn delete(&self, inv: &Inventory, vol: &ObjectName) -> Result<(), VolumeError> {
         let v = vol.as_str();
         let nqn = Nqn::for_volume(vol);
+        let served = format!("{NQN_PREFIX}:replica:{v}:");
+        // the keys of the hosts of its exports, freed once the exports are gone
+        let dropped: BTreeSet<String> = inv
+            .subsystems
+            .iter()
+            .filter(|s| s.nqn == nqn.as_str() || s.nqn.starts_with(&served))
+            .flat_map(|s| s.hosts.iter())
+            .flat_map(|h| {
+                [h.dhchap_key.clone(), h.dhchap_ctrlr_key.clone()]
+                    .into_iter()
+                    .flatten()
+                    .chain([dhchap::keyring_name::<TlsPsk>(&h.nqn)])
+            })
+            .collect();
         if inv.subsystem(nqn.as_str()).is_some() {
             ignore_missing(self.client.nvmf_delete_subsystem(&ByNqn {
                 nqn: nqn.as_str().to_owned(),
@@ -1293,11 +1359,13 @@ impl VolumeOps {
                 .await
                 .map_err(rpc(v, format!("detaching remote replica {c}")))?;
         }
-        let served = format!("{NQN_PREFIX}:replica:{v}:");
         for sub in inv.subsystems.iter().filter(|s| s.nqn.starts_with(&served)) {
             ignore_missing(self.client.nvmf_delete_subsystem(&ByNqn { nqn: sub.nqn.clone() }))
                 .await
                 .map_err(rpc(v, format!("deleting replica export {}", sub.nqn)))?;
+        }
+        if !dropped.is_empty() {
+            self.release_unused_keys(v, &dropped).await;
         }
         let null = format!("{NULL_PREFIX}{v}");
         if inv.bdevs.contains_key(&null) {

@@ -145,8 +145,47 @@ chmod 600 /tmp/chapdata/iscsi-chap
 expect_fail "CHAP target without CHAP" "login to $CHAP_IQN" talon attach iscsi --volume chap --portal "$P" --iqn "$CHAP_IQN" --initiator-name "$TALON_HOST_ISCSI_ACL_INITIATOR"
 expect_fail "CHAP target with a wrong secret" "login to $CHAP_IQN" talon attach iscsi --volume chap --portal "$P" --iqn "$CHAP_IQN" --initiator-name "$TALON_HOST_ISCSI_ACL_INITIATOR" --chap --data-dir /tmp/chapdata
 printf 'user=vmchap\nsecret=%s\n' "$TALON_HOST_ISCSI_CHAP_SECRET" >/tmp/chapdata/iscsi-chap
+# while it attaches, every process's argv is scanned for the secret (grep reads the pattern from
+# a file, so the scanner's own argv does not carry it; NULs become newlines first: grep stops a
+# line at a NUL); talon writes the secret into the node record instead
+printf '%s\n' "$TALON_HOST_ISCSI_CHAP_SECRET" >/tmp/secret-pattern
+: >/tmp/argv-hits
+: >/tmp/argv-scans
+argv_has_secret() { cat /proc/[0-9]*/cmdline 2>/dev/null | tr '\0' '\n' | grep -qFf /tmp/secret-pattern; }
+argv_hits() {
+	for f in /proc/[0-9]*/cmdline; do
+		tr '\0' '\n' <"$f" 2>/dev/null | grep -qFf /tmp/secret-pattern && echo "$f: $(tr '\0' ' ' <"$f" 2>/dev/null)"
+	done
+}
+# the scanner sees a secret in argv: a process that carries it is found
+sh -c 'sleep 3; :' "$TALON_HOST_ISCSI_CHAP_SECRET" &
+DECOY=$!
+sleep 0.3
+argv_has_secret || bad "the argv scan does not see a secret in a process's argv"
+argv_hits | grep -q "/proc/$DECOY/" || bad "the argv scan does not name the process carrying a secret"
+kill $DECOY 2>/dev/null
+wait $DECOY 2>/dev/null
+(
+	while [ ! -e /tmp/argv-scan-stop ]; do
+		if argv_has_secret; then
+			echo "a process's argv held the secret" >>/tmp/argv-hits
+			argv_hits >>/tmp/argv-hits
+		fi
+		echo >>/tmp/argv-scans
+	done
+) &
+SCAN=$!
 H talon attach iscsi --volume chap --portal "$P" --iqn "$CHAP_IQN" --initiator-name "$TALON_HOST_ISCSI_ACL_INITIATOR" --chap --data-dir /tmp/chapdata >/tmp/a5 2>&1 ||
 	bad "attach with CHAP: $(cat /tmp/a5)"
+touch /tmp/argv-scan-stop
+wait $SCAN 2>/dev/null
+echo "argv scans during the CHAP attach: $(wc -l </tmp/argv-scans)"
+[ -s /tmp/argv-hits ] && bad "the CHAP secret was in a process's argv: $(cat /tmp/argv-hits)"
+[ "$(wc -l </tmp/argv-scans)" -gt 0 ] || bad "the argv scanner never ran"
+REC=$(ext sh -c "find $NODEDIRS -path '*$CHAP_IQN*' -type f 2>/dev/null" | head -1)
+echo "node record: $REC, mode $(ext stat -c %a "$REC" 2>/dev/null), $(ext grep -c '^node.session.auth' "$REC" 2>/dev/null) auth lines"
+[ "$(ext stat -c %a "$REC" 2>/dev/null)" = 600 ] || bad "the node record holding the secret is not 0600"
+ext grep -q '^node.session.auth.authmethod = CHAP' "$REC" || bad "the node record does not ask for CHAP"
 cat /tmp/a5
 M=$(dd if=/dev/talon/chap bs=512 count=1 2>/dev/null | head -c 23)
 [ "$M" = TALON-ISCSI-CHAP-MARKER ] || bad "marker not read through /dev/talon/chap (read '$M')"
