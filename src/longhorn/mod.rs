@@ -18,7 +18,9 @@
 //! outside that subset answers gRPC UNIMPLEMENTED naming it.
 
 pub mod address;
+pub mod engine_ops;
 pub mod naming;
+pub mod ops;
 pub mod proxy;
 pub mod server;
 

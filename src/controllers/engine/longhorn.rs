@@ -26,7 +26,7 @@ use std::time::Duration;
 
 use crate::attach::nvme_tcp::{self, ConnectOptions, NvmeTcpTarget};
 use crate::host::HostRoot;
-use crate::longhorn::naming;
+use crate::longhorn::{naming, ops};
 use crate::names::ObjectName;
 use crate::resources::config::{Disk, NodeConfig};
 use crate::resources::engine::{DiskStatus, ObjectState, TargetStatus};
@@ -36,8 +36,9 @@ use crate::resources::longhorn::{
 };
 use crate::runtime::{Controller, ControllerError, Input, Output, Phase, ReconcileContext, Requeue, Typed};
 use crate::spdk::rpc::{
-    AddNamespace, AttachController, ByName, ByNqn, CreateSubsystem, ListenAddress, Lvol, LvolCreate,
-    LvolStoreRef, RaidCreate, RaidDelete, RaidLevel, SubsystemHostParams, SubsystemListener,
+    AddNamespace, AttachController, ByName, ByNqn, CreateSubsystem, GetRaids, ListenAddress, Lvol,
+    LvolCreate, LvolStoreRef, RaidAddBaseBdev, RaidCategory, RaidCreate, RaidDelete, RaidLevel,
+    SubsystemHostParams, SubsystemListener,
 };
 use crate::spdk::volume::{Inventory, VolumeOps};
 use crate::spdk::{ErrorKind, SpdkClient};
@@ -111,6 +112,9 @@ fn status(kind: InstanceKind, state: InstanceState, message: impl Into<String>) 
         nqn: String::new(),
         endpoint: String::new(),
         allocated_bytes: 0,
+        rebuilds_started: BTreeMap::new(),
+        rebuild_errors: BTreeMap::new(),
+        rebuild: String::new(),
     }
 }
 
@@ -438,6 +442,7 @@ impl LonghornController {
         node: &NodeConfig,
         e: &Typed<LonghornEngine>,
         local: &BTreeMap<String, LonghornReplica>,
+        prev: Option<&LonghornInstanceStatus>,
     ) -> Result<LonghornInstanceStatus, String> {
         let name = ObjectName::parse("engine", e.id()).map_err(|x| x.to_string())?;
         let volume = ObjectName::parse("volume", &e.spec.volume).map_err(|x| x.to_string())?;
@@ -494,11 +499,188 @@ impl LonghornController {
         )
         .await?;
         let mut st = status(InstanceKind::Engine, InstanceState::Running, "");
+        if bdev == name.as_str() {
+            self.rebuilds(inv, e, local, prev, &mut st).await;
+        }
         st.bdev = bdev;
         st.uuid = uuid;
         st.nqn = nqn.as_str().to_owned();
         st.endpoint = SocketAddr::new(addr, e.spec.port).to_string();
         Ok(st)
+    }
+
+    /// The rebuilds of raid1 engine `e`: each `rebuildRequests` entry not
+    /// started yet is started (once per request number: one that fails
+    /// stays failed until the next `ReplicaAdd`), the running one is
+    /// reported, and a rebuild cap is lifted once no rebuild runs.
+    async fn rebuilds(
+        &self,
+        inv: &mut Inventory,
+        e: &Typed<LonghornEngine>,
+        local: &BTreeMap<String, LonghornReplica>,
+        prev: Option<&LonghornInstanceStatus>,
+        st: &mut LonghornInstanceStatus,
+    ) {
+        let mut started_one = false;
+        for (replica, request) in &e.spec.rebuild_requests {
+            let Some(address) = e.spec.replica_address_map.get(replica) else {
+                continue;
+            };
+            st.rebuilds_started.insert(replica.clone(), *request);
+            if let Some(p) = prev.filter(|p| p.rebuilds_started.get(replica) == Some(request)) {
+                if let Some(m) = p.rebuild_errors.get(replica) {
+                    st.rebuild_errors.insert(replica.clone(), m.clone());
+                }
+                continue;
+            }
+            started_one = true;
+            if let Err(m) = self
+                .start_rebuild(inv, e.id(), replica, address, local, e.spec.rebuild_qos_mbps)
+                .await
+            {
+                tracing::warn!(engine = e.id(), replica, error = %m, "rebuild did not start");
+                st.rebuild_errors.insert(replica.clone(), m);
+            }
+        }
+        let capped = crate::longhorn::ops::capped_of(e.id());
+        if !started_one && capped.is_empty() && inv.raid(e.id()).is_none_or(|r| r.process.is_none()) {
+            return;
+        }
+        // the raid as it is now (a rebuild may have started or ended)
+        let raid = match self
+            .client
+            .bdev_raid_get_bdevs(&GetRaids {
+                category: RaidCategory::All,
+            })
+            .await
+        {
+            Ok(all) => all.into_iter().find(|r| r.name == e.id()),
+            Err(_) => return,
+        };
+        if let Some(r) = raid.as_ref() {
+            inv.raids.retain(|x| x.name != r.name);
+            inv.raids.push(r.clone());
+        }
+        match raid.as_ref().and_then(|r| r.process.as_ref()) {
+            Some(p) => {
+                let (bs, blocks) = inv
+                    .bdevs
+                    .get(e.id())
+                    .map_or((0, 0), |b| (u64::from(b.block_size), b.num_blocks));
+                st.rebuild = format!(
+                    "{} {}% {}/{} bytes",
+                    p.target,
+                    p.progress.percent,
+                    p.progress.blocks * bs,
+                    blocks * bs
+                );
+            }
+            None => {
+                for member in capped {
+                    match set_rebuild_cap(&self.client, &member, 0).await {
+                        Ok(()) => crate::longhorn::ops::uncap(&member),
+                        Err(x) if x.is(ErrorKind::NotFound) => crate::longhorn::ops::uncap(&member),
+                        Err(x) => {
+                            tracing::warn!(member, error = %chain(&x), "lifting the rebuild cap failed")
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Starts rebuilding replica `replica` (at `address`) into raid1 `raid`:
+    /// the one place an engine's rebuild starts. Today it is SPDK's raid
+    /// rebuild (`bdev_raid_add_base_bdev`: the new member gets every block of
+    /// the volume); with `qos_mbps` the member's I/O is capped
+    /// (`bdev_set_qos_limit` rw_mbytes_per_sec) until the rebuild ends. A
+    /// remote replica is attached afresh (a controller left from before its
+    /// node restarted or its lvol was made again is dropped first); a member
+    /// still in a slot leaves it first.
+    pub async fn start_rebuild(
+        &self,
+        inv: &mut Inventory,
+        raid: &str,
+        replica: &str,
+        address: &str,
+        local: &BTreeMap<String, LonghornReplica>,
+        qos_mbps: i64,
+    ) -> Result<(), String> {
+        let (member, uuid) = match local.get(replica) {
+            Some(r) => {
+                let alias = naming::replica_alias(&r.disk, replica);
+                let uuid = inv
+                    .lvols
+                    .get(&alias)
+                    .map(|l| l.uuid.clone())
+                    .ok_or_else(|| format!("local replica {replica}: lvol {alias} is missing"))?;
+                (alias, Some(uuid))
+            }
+            None => {
+                if inv.controllers.iter().any(|c| c == replica) {
+                    ignore_missing(
+                        self.client
+                            .bdev_nvme_detach_controller(&ByName::new(replica))
+                            .await,
+                    )
+                    .map_err(|x| format!("replica {replica}: detaching its old controller: {}", chain(&x)))?;
+                    inv.controllers.retain(|c| c != replica);
+                    inv.bdevs.remove(&format!("{replica}n1"));
+                }
+                let b = self.attach_remote(inv, replica, address).await?;
+                (b, None)
+            }
+        };
+        let in_slot = inv.raid(raid).is_some_and(|r| {
+            r.base_bdevs_list.iter().any(|b| {
+                b.name.as_deref() == Some(member.as_str())
+                    || (uuid.is_some()
+                        && (b.name.as_ref() == uuid.as_ref() || b.uuid.as_ref() == uuid.as_ref()))
+            })
+        });
+        if in_slot {
+            ignore_missing(
+                self.client
+                    .bdev_raid_remove_base_bdev(&ByName::new(&member))
+                    .await,
+            )
+            .map_err(|x| {
+                format!(
+                    "replica {replica}: taking {member} out of raid {raid}: {}",
+                    chain(&x)
+                )
+            })?;
+        }
+        let capped = qos_mbps > 0;
+        if capped {
+            set_rebuild_cap(&self.client, &member, u64::try_from(qos_mbps).unwrap_or(0))
+                .await
+                .map_err(|x| {
+                    format!(
+                        "replica {replica}: capping {member} at {qos_mbps} MB/s: {}",
+                        chain(&x)
+                    )
+                })?;
+            crate::longhorn::ops::mark_capped(raid, &member);
+        }
+        if let Err(x) = self
+            .client
+            .bdev_raid_add_base_bdev(&RaidAddBaseBdev {
+                raid_bdev: raid.to_owned(),
+                base_bdev: member.clone(),
+            })
+            .await
+        {
+            if capped && set_rebuild_cap(&self.client, &member, 0).await.is_ok() {
+                crate::longhorn::ops::uncap(&member);
+            }
+            return Err(format!(
+                "replica {replica}: adding {member} to raid {raid}: {}",
+                chain(&x)
+            ));
+        }
+        tracing::info!(raid, replica, member, qos_mbps, "rebuild started");
+        Ok(())
     }
 
     /// Removes an engine's export, raid and remote attachments (replicas stay).
@@ -707,6 +889,9 @@ impl Controller for LonghornController {
         let mut inv = Inventory::load(&self.client).await?;
         let listed = started.elapsed();
         for e in engines.iter().filter(|e| e.metadata.phase == Phase::TearingDown) {
+            if ops::is_held(e.id()) {
+                continue;
+            }
             match self.remove_engine(&mut inv, e, &local).await {
                 Ok(()) => ctx.remove_finalizer::<LonghornEngine>(e.id())?,
                 Err(m) => {
@@ -728,6 +913,10 @@ impl Controller for LonghornController {
             .map(String::as_str)
             .collect();
         for r in &replicas {
+            // an operation of the proxy (a revert) works on it now
+            if ops::is_held(r.id()) {
+                continue;
+            }
             if r.metadata.phase == Phase::TearingDown {
                 if held.contains(r.id()) && r.spec.cleanup {
                     let m = format!(
@@ -765,7 +954,14 @@ impl Controller for LonghornController {
         // 3. engines
         let replicas_done = started.elapsed();
         for e in &running_engines {
-            let st = match self.ensure_engine(&mut inv, &node, e, &local).await {
+            if ops::is_held(e.id()) {
+                continue;
+            }
+            let prev = ctx.get::<LonghornInstanceStatus>(e.id())?.map(|s| s.spec);
+            let st = match self
+                .ensure_engine(&mut inv, &node, e, &local, prev.as_ref())
+                .await
+            {
                 Ok(s) => s,
                 Err(m) if m.starts_with("waiting for replicas") => {
                     status(InstanceKind::Engine, InstanceState::Starting, m)
@@ -813,6 +1009,22 @@ impl Controller for LonghornController {
         }
         Ok(Requeue::After(POLL))
     }
+}
+
+/// Caps (or with 0 lifts) the reads and writes of bdev `bdev` at `mbps`
+/// MB/s (SPDK's `bdev_set_qos_limit` rw_mbytes_per_sec; SPDK counts MiB).
+pub async fn set_rebuild_cap(
+    client: &SpdkClient,
+    bdev: &str,
+    mbps: u64,
+) -> Result<(), crate::spdk::ClientError> {
+    client
+        .typed::<_, bool>(
+            "bdev_set_qos_limit",
+            &serde_json::json!({"name": bdev, "rw_mbytes_per_sec": mbps}),
+        )
+        .await
+        .map(|_| ())
 }
 
 fn kind_type(kind: InstanceKind) -> &'static str {

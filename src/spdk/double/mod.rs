@@ -307,6 +307,9 @@ struct State {
     /// complete, as a copy that takes a moment).
     shallow_copies: Vec<ShallowCopy>,
     shallow_copy_count: u32,
+    /// `bdev_set_qos_limit` limits in force, by bdev name: (rw_ios_per_sec,
+    /// rw_mbytes_per_sec, r_mbytes_per_sec, w_mbytes_per_sec); 0 = none.
+    qos: BTreeMap<String, [u64; 4]>,
 }
 
 #[derive(Debug, Clone)]
@@ -958,6 +961,9 @@ impl State {
         if b.claimed_by.is_some() {
             v["claim_type"] = json!("exclusive_write");
         }
+        let q = self.qos.get(&b.name).copied().unwrap_or_default();
+        v["assigned_rate_limits"] = json!({"rw_ios_per_sec": q[0], "rw_mbytes_per_sec": q[1],
+            "r_mbytes_per_sec": q[2], "w_mbytes_per_sec": q[3]});
         v
     }
 
@@ -1061,6 +1067,7 @@ impl State {
     /// SPDK hot-removes them).
     fn remove_bdev(&mut self, i: usize) -> Bdev {
         let b = self.bdevs.remove(i);
+        self.qos.remove(&b.name);
         for s in &mut self.subsystems {
             s.namespaces.retain(|n| n.bdev != b.name);
         }
@@ -1263,6 +1270,7 @@ pub const METHODS: &[&str] = &[
     "bdev_examine",
     "bdev_get_bdevs",
     "bdev_get_iostat",
+    "bdev_set_qos_limit",
     "bdev_malloc_create",
     "bdev_malloc_delete",
     "bdev_aio_create",
