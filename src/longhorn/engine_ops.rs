@@ -65,15 +65,17 @@ impl Longhorn {
     }
 
     fn running(&self, e: &Typed<LonghornEngine>, what: &str) -> Result<(), Status> {
-        if self
-            .status_of(e.id())
-            .is_none_or(|s| s.state != InstanceState::Running)
-        {
-            return Err(Status::failed_precondition(format!(
+        match self.status_of(e.id()) {
+            Some(s) if s.state == InstanceState::Running => Ok(()),
+            Some(s) => Err(Status::failed_precondition(format!(
+                "{what}: the engine is not running ({}: {})",
+                s.state.as_str(),
+                s.message
+            ))),
+            None => Err(Status::failed_precondition(format!(
                 "{what}: the engine is not running"
-            )));
+            ))),
         }
-        Ok(())
     }
 
     /// The bdev replica `replica` is in engine `e`'s raid1 as.
@@ -497,7 +499,7 @@ impl Longhorn {
                 m.replica
             )));
         }
-        let st = self.status_of(e.id()).unwrap_or_else(|| unreachable_status());
+        let st = self.status_of(e.id()).unwrap_or_else(no_status);
         if e.spec
             .rebuild_requests
             .iter()
@@ -527,16 +529,24 @@ impl Longhorn {
                 "{what}: no replica is in service to rebuild from"
             )));
         }
-        let request = e.spec.rebuild_requests.values().max().map_or(1, |n| n + 1);
+        // request numbers never repeat (a status may still hold an older
+        // request of the same replica): the clock, past every one in use
+        let clock = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
+        let used = e
+            .spec
+            .rebuild_requests
+            .values()
+            .chain(st.rebuilds_started.values())
+            .max()
+            .copied()
+            .unwrap_or(0);
+        let request = clock.max(used + 1);
         self.update_engine(e, |s| {
             s.replica_address_map
                 .insert(replica.to_owned(), address.to_owned());
-            let n = s
-                .rebuild_requests
-                .values()
-                .max()
-                .map_or(request, |n| (n + 1).max(request));
-            s.rebuild_requests.insert(replica.to_owned(), n);
+            s.rebuild_requests.insert(replica.to_owned(), request);
         })?;
         let request = self
             .engine(e.id())?
@@ -734,7 +744,8 @@ fn mode_name(m: &Member) -> &'static str {
     }
 }
 
-fn unreachable_status() -> crate::resources::longhorn::LonghornInstanceStatus {
+/// An engine status before the controller wrote one.
+fn no_status() -> crate::resources::longhorn::LonghornInstanceStatus {
     crate::resources::longhorn::LonghornInstanceStatus {
         kind: crate::resources::longhorn::InstanceKind::Engine,
         state: InstanceState::Starting,

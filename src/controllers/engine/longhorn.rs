@@ -890,6 +890,7 @@ impl Controller for LonghornController {
         let listed = started.elapsed();
         for e in engines.iter().filter(|e| e.metadata.phase == Phase::TearingDown) {
             if ops::is_held(e.id()) {
+                keep_status(ctx, e.id())?;
                 continue;
             }
             match self.remove_engine(&mut inv, e, &local).await {
@@ -915,6 +916,7 @@ impl Controller for LonghornController {
         for r in &replicas {
             // an operation of the proxy (a revert) works on it now
             if ops::is_held(r.id()) {
+                keep_status(ctx, r.id())?;
                 continue;
             }
             if r.metadata.phase == Phase::TearingDown {
@@ -955,10 +957,11 @@ impl Controller for LonghornController {
         let replicas_done = started.elapsed();
         for e in &running_engines {
             if ops::is_held(e.id()) {
+                keep_status(ctx, e.id())?;
                 continue;
             }
             let prev = ctx.get::<LonghornInstanceStatus>(e.id())?.map(|s| s.spec);
-            let st = match self
+            let mut st = match self
                 .ensure_engine(&mut inv, &node, e, &local, prev.as_ref())
                 .await
             {
@@ -968,6 +971,13 @@ impl Controller for LonghornController {
                 }
                 Err(m) => status(InstanceKind::Engine, InstanceState::Error, m),
             };
+            if st.state != InstanceState::Running
+                && let Some(p) = prev
+            {
+                // the rebuilds started stay recorded (none is started twice)
+                st.rebuilds_started = p.rebuilds_started;
+                st.rebuild_errors = p.rebuild_errors;
+            }
             ctx.apply(e.id(), st)?;
         }
 
@@ -1025,6 +1035,15 @@ pub async fn set_rebuild_cap(
         )
         .await
         .map(|_| ())
+}
+
+/// An instance an operation of the proxy holds keeps the status it had (an
+/// output not applied by a reconcile would be destroyed).
+fn keep_status(ctx: &mut ReconcileContext, id: &str) -> Result<(), ControllerError> {
+    if let Some(s) = ctx.get::<LonghornInstanceStatus>(id)? {
+        ctx.apply(id, s.spec)?;
+    }
+    Ok(())
 }
 
 fn kind_type(kind: InstanceKind) -> &'static str {

@@ -484,6 +484,32 @@ impl SpdkDouble {
         }
     }
 
+    /// The NVMe/TCP controller `name` of this target loses its remote
+    /// subsystem for good (the replica's node is gone: SPDK's bdev_nvme
+    /// deletes the controller when its reconnect fails, ctrlr_loss_timeout_sec
+    /// 0 by default): its bdevs go, a raid loses them (degraded) and a
+    /// rebuild into one of them fails. Returns false without such a controller.
+    pub fn lose_controller(&self, name: &str) -> bool {
+        let c = {
+            let mut s = lock(&self.state);
+            let Some(ci) = s.ctrlrs.iter().position(|c| c.name == name) else {
+                return false;
+            };
+            let c = s.ctrlrs.remove(ci);
+            for b in &c.bdevs {
+                if let Some(i) = s.find(b) {
+                    s.remove_bdev(i);
+                }
+            }
+            s.sync_notifications();
+            c
+        };
+        if let Some(cntlid) = c.cntlid {
+            fabric_disconnect(&c.trid, cntlid);
+        }
+        true
+    }
+
     /// Pulls the AIO disk `bdev` as a failing device would go: its lvstore
     /// unloads (and comes back when the same file is attached again), its
     /// lvols vanish, raids lose them as members (degraded) and namespaces on
@@ -1075,6 +1101,13 @@ impl State {
         // superblock records it on the members left before I/O goes on
         let mut changed = Vec::new();
         for (ri, r) in self.raids.iter_mut().enumerate() {
+            // a rebuild into it fails (SPDK ends the raid's process)
+            if r.rebuild
+                .as_ref()
+                .is_some_and(|x| x.0 == b.name || b.aliases.contains(&x.0))
+            {
+                r.rebuild = None;
+            }
             for s in r.slots.iter_mut() {
                 if s.as_deref() == Some(b.name.as_str()) {
                     *s = None;
