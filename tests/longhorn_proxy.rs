@@ -205,6 +205,12 @@ impl Node {
 
     /// A disk (aio file) and a running replica on it; returns its `ip:port`.
     async fn replica(&self, disk: &str, name: &str, size: u64) -> String {
+        self.disk(disk).await;
+        self.replica_again(disk, name, size).await
+    }
+
+    /// A disk (aio file) made through Longhorn's DiskCreate.
+    async fn disk(&self, disk: &str) {
         let f = self.dir.path().join(format!("{disk}.img"));
         std::fs::File::create(&f)
             .and_then(|f| f.set_len(256 * MIB))
@@ -220,6 +226,10 @@ impl Node {
             })
             .await
             .unwrap_or_else(|e| panic!("DiskCreate {disk}: {e}"));
+    }
+
+    /// A running replica on disk `disk` (made already); returns its `ip:port`.
+    async fn replica_again(&self, disk: &str, name: &str, size: u64) -> String {
         let mut inst = InstanceServiceClient::new(self.channel(3).await);
         inst.instance_create(imrpc::InstanceCreateRequest {
             spec: Some(imrpc::InstanceSpec {
@@ -1026,6 +1036,170 @@ async fn real_spdk_engine_snapshots_through_the_proxy_are_one_instant_on_both_no
         .expect("get")
         .expect("B's replica");
     assert_eq!(rb.size_bytes(), 2 * LEN as u64, "B's replica grew on B");
+    a.stop().await;
+    b.stop().await;
+}
+
+/// Bytes that differ in every 8-byte word (`seed` tells two patterns apart).
+fn pattern(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed | 1;
+    let mut v = Vec::with_capacity(len);
+    while v.len() < len {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        v.extend_from_slice(&x.to_le_bytes());
+    }
+    v.truncate(len);
+    v
+}
+
+/// Issue 17's rebuild on two real spdk_tgt: B's replica is removed from the
+/// engine, deleted with its lvol and made again empty; A takes more writes
+/// alone; ReplicaAdd rebuilds B (WO, then RW); a snapshot through the proxy
+/// is then read on A and on B: both equal what was written, block by block.
+/// A second round with `ReplicaRebuildingQosSet` shows the cap on the
+/// rebuild target member (SPDK accepts `bdev_set_qos_limit` on a raid
+/// member) and the rebuild taking at least the volume over the cap; the
+/// cap is lifted after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_spdk_replica_add_rebuilds_a_replica_made_again_on_node_b() {
+    let test = "real_spdk_replica_add_rebuilds_a_replica_made_again_on_node_b";
+    let Some(spdk) = spdk_dir(test) else {
+        return;
+    };
+    const LEN: usize = 32 << 20;
+    const CAP_MBPS: i64 = 4;
+    let (ip_a, ip_b) = (IpAddr::from([127, 0, 0, 1]), IpAddr::from([127, 0, 0, 2]));
+    let base = free_base(&[ip_a, ip_b]);
+    let mut a = Node::new(ip_a, base, Some(&spdk)).await;
+    let mut b = Node::new(ip_b, base, Some(&spdk)).await;
+    let addr_a = a.replica("disk-a", "vol-r-a", LEN as u64).await;
+    let addr_b = b.replica("disk-b", "vol-r-b", LEN as u64).await;
+    engine(
+        &a,
+        &[("vol-r-a", &addr_a), ("vol-r-b", &addr_b)],
+        LEN as u64,
+        "spdk-tcp-nvmf",
+    )
+    .await;
+    let inst_a = InstanceServiceClient::new(a.channel(3).await);
+    let est = running(&inst_a, "vol-e-0", "engine").await;
+    let port = u16::try_from(est.port_start).expect("port");
+    let nqn = "nqn.2023-01.io.longhorn.spdk:volume-vol";
+    let mut p = ProxyEngineServiceClient::new(a.channel(1).await);
+    let ta = format!("tcp://{addr_a}");
+    let mut expected = pattern(LEN, 1);
+    spdk_dd::dd(&spdk, a.dir.path(), port, nqn, Some(&expected), LEN);
+
+    let (read_a, read_b) = (free_port(), free_port());
+    let mut inst_b = InstanceServiceClient::new(b.channel(3).await);
+    for (round, cap) in [(1u64, 0i64), (2, CAP_MBPS)] {
+        // B's replica leaves, is deleted with its lvol and made again empty
+        replica_remove(&mut p, "vol-r-b").await;
+        inst_b
+            .instance_delete(imrpc::InstanceDeleteRequest {
+                name: "vol-r-b".into(),
+                r#type: "replica".into(),
+                cleanup_required: true,
+                data_engine: imrpc::DataEngine::V2 as i32,
+                ..Default::default()
+            })
+            .await
+            .expect("delete B's replica");
+        talon::runtime::testing::eventually("B's lvol deleted", WAIT, || async {
+            (!b.lvols().await.iter().any(|l| l == "talon-disk-b/vol-r-b")).then_some(())
+        })
+        .await;
+        let addr_b = b.replica_again("disk-b", "vol-r-b", LEN as u64).await;
+        let tb = format!("tcp://{addr_b}");
+        // A alone takes more writes
+        let half = pattern(LEN / 2, 100 + round);
+        spdk_dd::dd(&spdk, a.dir.path(), port, nqn, Some(&half), LEN / 2);
+        expected[..LEN / 2].copy_from_slice(&half);
+
+        p.replica_rebuilding_qos_set(imrpc::EngineReplicaRebuildingQosSetRequest {
+            proxy_engine_request: Some(req("vol-e-0")),
+            qos_limit_mbps: cap,
+        })
+        .await
+        .expect("ReplicaRebuildingQosSet");
+        let started = std::time::Instant::now();
+        replica_add(&p, "vol-r-b", &addr_b).await.expect("ReplicaAdd");
+        let m = modes(&mut p).await;
+        if cap > 0 {
+            assert_eq!(
+                m,
+                vec![(ta.clone(), RW), (tb.clone(), WO)],
+                "capped: still rebuilding"
+            );
+            let limits = bdev_json(&a.spdk, "vol-r-bn1").await["assigned_rate_limits"].clone();
+            assert_eq!(
+                limits["rw_mbytes_per_sec"], cap,
+                "the rebuild target is capped: {limits}"
+            );
+        }
+        talon::runtime::testing::eventually("B rebuilt (RW)", Duration::from_secs(120), || async {
+            let mut p = p.clone();
+            (modes(&mut p).await == vec![(ta.clone(), RW), (tb.clone(), RW)]).then_some(())
+        })
+        .await;
+        let took = started.elapsed();
+        eprintln!(
+            "{test}: round {round}: rebuild of {} MiB with cap {cap} MB/s took {took:?}",
+            LEN >> 20
+        );
+        if cap > 0 {
+            let floor = Duration::from_secs_f64((LEN >> 20) as f64 / cap as f64 * 0.8);
+            assert!(
+                took >= floor,
+                "a {cap} MB/s cap on {} MiB: {took:?} < {floor:?}",
+                LEN >> 20
+            );
+            talon::runtime::testing::eventually("the cap lifted", WAIT, || async {
+                (bdev_json(&a.spdk, "vol-r-bn1").await["assigned_rate_limits"]["rw_mbytes_per_sec"] == 0)
+                    .then_some(())
+            })
+            .await;
+        }
+        // one instant on both replicas, read on each node
+        let snap = format!("check{round}");
+        snapshot(&mut p, &snap).await.expect("snapshot");
+        let x = spdk_dd::read_bdev(
+            &a.spdk,
+            &spdk,
+            a.dir.path(),
+            read_a,
+            &format!("talon-disk-a/vol-r-a-snap-{snap}"),
+            LEN,
+        )
+        .await;
+        let y = spdk_dd::read_bdev(
+            &b.spdk,
+            &spdk,
+            b.dir.path(),
+            read_b,
+            &format!("talon-disk-b/vol-r-b-snap-{snap}"),
+            LEN,
+        )
+        .await;
+        for (who, got) in [("A", &x), ("B", &y)] {
+            if let Some(block) = got
+                .chunks(4096)
+                .zip(expected.chunks(4096))
+                .position(|(g, w)| g != w)
+            {
+                panic!("round {round}: {who}'s replica differs from what was written at block {block}");
+            }
+        }
+        p.snapshot_remove(imrpc::EngineSnapshotRemoveRequest {
+            proxy_engine_request: Some(req("vol-e-0")),
+            names: vec![snap],
+        })
+        .await
+        .expect("SnapshotRemove");
+        inst_b = InstanceServiceClient::new(b.channel(3).await);
+    }
     a.stop().await;
     b.stop().await;
 }
