@@ -778,17 +778,31 @@ impl proxy_engine_service_server::ProxyEngineService for Longhorn {
             .filter(|m| m.mode == ptypes::ReplicaMode::Rw)
             .map(|m| tcp(&m.address))
             .collect();
+        // a rebuild ReplicaAdd asked for that could not start reports why
+        let errors = self
+            .status_of(e.id())
+            .map(|s| s.rebuild_errors)
+            .unwrap_or_default();
         let status = members
             .into_iter()
             .filter_map(|m| {
-                let p = m.progress?;
+                let (rebuilding, progress, error, state) = match (m.progress, errors.get(&m.replica)) {
+                    (Some(p), _) => (
+                        true,
+                        i32::try_from(p).unwrap_or(100),
+                        String::new(),
+                        "in_progress",
+                    ),
+                    (None, Some(x)) if m.mode == ptypes::ReplicaMode::Err => (false, 0, x.clone(), "error"),
+                    _ => return None,
+                };
                 Some((
                     tcp(&m.address),
                     ptypes::ReplicaRebuildStatusResponse {
-                        is_rebuilding: true,
-                        error: String::new(),
-                        progress: i32::try_from(p).unwrap_or(100),
-                        state: "in_progress".into(),
+                        is_rebuilding: rebuilding,
+                        error,
+                        progress,
+                        state: state.into(),
                         from_replica_address: sources.first().cloned().unwrap_or_default(),
                         from_replica_address_list: sources.clone(),
                     },
