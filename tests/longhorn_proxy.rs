@@ -841,6 +841,17 @@ async fn the_engine_proxy_reverts_purges_and_rebuilds_across_two_nodes() {
         .expect("VolumeSnapshot through B");
     assert_eq!(s.into_inner().snapshot.map(|s| s.name).as_deref(), Some("via-b"));
     assert!(snapshot_list(&mut p).await.contains_key("via-b"));
+    let v = pb
+        .volume_get(req("vol-e-0"))
+        .await
+        .expect("VolumeGet through B")
+        .into_inner()
+        .volume
+        .expect("volume");
+    assert_eq!(
+        (v.name.as_str(), v.size, v.replica_count),
+        ("vol", size as i64, 2)
+    );
     let e = pb
         .volume_get(req("other"))
         .await

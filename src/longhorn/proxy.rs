@@ -690,7 +690,23 @@ impl proxy_engine_service_server::ProxyEngineService for Longhorn {
         &self,
         req: Request<imrpc::ProxyEngineRequest>,
     ) -> Result<Response<imrpc::EngineVolumeGetProxyResponse>, Status> {
-        let req = forward!(self, req, Some(req.get_ref()), volume_get);
+        let forwarded = req.metadata().contains_key(FORWARDED);
+        if let Some(mut c) = self.forward_target(forwarded, Some(req.get_ref())).await? {
+            // the engine answers from its node; the endpoint is this node's
+            // engine-frontend's device
+            let p = req.into_inner();
+            let mut r = Request::new(p.clone());
+            r.metadata_mut()
+                .insert(FORWARDED, tonic::metadata::MetadataValue::from_static("1"));
+            let mut resp = c.volume_get(r).await?.into_inner();
+            if let (Some(v), Some(f)) = (
+                resp.volume.as_mut(),
+                self.frontend_for(&p.engine_name, &p.engine_frontend_name),
+            ) {
+                v.endpoint = self.status_of(f.id()).map(|s| s.endpoint).unwrap_or_default();
+            }
+            return Ok(Response::new(resp));
+        }
         let req = req.into_inner();
         let e = self.engine(&req.engine_name)?;
         let st = self.status_of(e.id());

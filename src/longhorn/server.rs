@@ -1554,7 +1554,8 @@ mod tests {
         assert!(is_served("/grpc.health.v1.Health/Check"));
         assert!(!is_served("/imrpc.InstanceService/InstanceLog"));
         assert!(is_served("/imrpc.ProxyEngineService/VolumeGet"));
-        assert!(!is_served("/imrpc.ProxyEngineService/ReplicaAdd"));
+        assert!(is_served("/imrpc.ProxyEngineService/ReplicaAdd"));
+        assert!(!is_served("/imrpc.ProxyEngineService/SnapshotClone"));
         assert!(!is_served("/ProcessManagerService/ProcessList"));
     }
 
