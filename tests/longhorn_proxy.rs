@@ -1072,7 +1072,9 @@ fn pattern(len: usize, seed: u64) -> Vec<u8> {
 /// A second round with `ReplicaRebuildingQosSet` shows the cap on the
 /// rebuild target member (SPDK accepts `bdev_set_qos_limit` on a raid
 /// member) and the rebuild taking at least the volume over the cap; the
-/// cap is lifted after.
+/// cap is lifted after. Last, everything is overwritten and both replicas
+/// are reverted to the second round's snapshot (B's by B's
+/// `ReplicaSnapshotRevert`): the engine reads that snapshot's data again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn real_spdk_replica_add_rebuilds_a_replica_made_again_on_node_b() {
     let test = "real_spdk_replica_add_rebuilds_a_replica_made_again_on_node_b";
@@ -1087,13 +1089,8 @@ async fn real_spdk_replica_add_rebuilds_a_replica_made_again_on_node_b() {
     let mut b = Node::new(ip_b, base, Some(&spdk)).await;
     let addr_a = a.replica("disk-a", "vol-r-a", LEN as u64).await;
     let addr_b = b.replica("disk-b", "vol-r-b", LEN as u64).await;
-    engine(
-        &a,
-        &[("vol-r-a", &addr_a), ("vol-r-b", &addr_b)],
-        LEN as u64,
-        "spdk-tcp-nvmf",
-    )
-    .await;
+    // no frontend (the export is there for spdk_dd): the engine can be reverted
+    engine(&a, &[("vol-r-a", &addr_a), ("vol-r-b", &addr_b)], LEN as u64, "").await;
     let inst_a = InstanceServiceClient::new(a.channel(3).await);
     let est = running(&inst_a, "vol-e-0", "engine").await;
     let port = u16::try_from(est.port_start).expect("port");
@@ -1203,14 +1200,39 @@ async fn real_spdk_replica_add_rebuilds_a_replica_made_again_on_node_b() {
                 panic!("round {round}: {who}'s replica differs from what was written at block {block}");
             }
         }
-        p.snapshot_remove(imrpc::EngineSnapshotRemoveRequest {
-            proxy_engine_request: Some(req("vol-e-0")),
-            names: vec![snap],
-        })
-        .await
-        .expect("SnapshotRemove");
+        if round == 1 {
+            p.snapshot_remove(imrpc::EngineSnapshotRemoveRequest {
+                proxy_engine_request: Some(req("vol-e-0")),
+                names: vec![snap],
+            })
+            .await
+            .expect("SnapshotRemove");
+        }
         inst_b = InstanceServiceClient::new(b.channel(3).await);
     }
+
+    // overwrite everything, then revert both replicas (B's on B) to check2
+    spdk_dd::dd(&spdk, a.dir.path(), port, nqn, Some(&pattern(LEN, 999)), LEN);
+    p.snapshot_revert(imrpc::EngineSnapshotRevertRequest {
+        proxy_engine_request: Some(req("vol-e-0")),
+        name: "check2".into(),
+    })
+    .await
+    .expect("SnapshotRevert check2");
+    let head_b = bdev_json(&b.spdk, "talon-disk-b/vol-r-b").await;
+    assert_eq!(
+        head_b["driver_specific"]["lvol"]["base_snapshot"], "vol-r-b-snap-check2",
+        "B's head is a clone of its check2: {head_b}"
+    );
+    let back = spdk_dd::dd(&spdk, a.dir.path(), port, nqn, None, LEN);
+    if let Some(block) = back
+        .chunks(4096)
+        .zip(expected.chunks(4096))
+        .position(|(g, w)| g != w)
+    {
+        panic!("after the revert the engine reads other data than check2's at block {block}");
+    }
+    eprintln!("{test}: reverted to check2 on both nodes; the engine reads check2's data");
     a.stop().await;
     b.stop().await;
 }

@@ -627,7 +627,7 @@ impl Longhorn {
                 }
             }
         }
-        if ops::capped_of(e.id()).contains(&member) {
+        if ops::is_capped(&member) {
             ops::uncap(&member);
         }
         if self.local_replica(&replica).is_none() {

@@ -11,6 +11,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Mutex, MutexGuard, OnceLock, PoisonError};
+use std::time::{Duration, Instant};
 
 fn lock<T>(m: &'static Mutex<T>) -> MutexGuard<'static, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
@@ -44,21 +45,58 @@ pub fn is_held(name: &str) -> bool {
     lock(held()).contains(name)
 }
 
-fn capped() -> &'static Mutex<BTreeMap<String, String>> {
-    static CAPPED: OnceLock<Mutex<BTreeMap<String, String>>> = OnceLock::new();
+/// A member carrying a rebuild cap: its raid, since when, and whether its
+/// rebuild was seen running.
+#[derive(Debug, Clone)]
+struct Cap {
+    raid: String,
+    since: Instant,
+    seen: bool,
+}
+
+fn capped() -> &'static Mutex<BTreeMap<String, Cap>> {
+    static CAPPED: OnceLock<Mutex<BTreeMap<String, Cap>>> = OnceLock::new();
     CAPPED.get_or_init(Mutex::default)
 }
 
 /// Records that member bdev `member` of raid `raid` carries a rebuild cap.
 pub fn mark_capped(raid: &str, member: &str) {
-    lock(capped()).insert(member.to_owned(), raid.to_owned());
+    let cap = Cap {
+        raid: raid.to_owned(),
+        since: Instant::now(),
+        seen: false,
+    };
+    lock(capped()).insert(member.to_owned(), cap);
 }
 
-/// The capped members of raid `raid`.
-pub fn capped_of(raid: &str) -> Vec<String> {
+/// Records that the rebuild into capped member `member` was seen running.
+pub fn seen_rebuilding(member: &str) {
+    if let Some(c) = lock(capped()).get_mut(member) {
+        c.seen = true;
+    }
+}
+
+/// The capped members of raid `raid` whose cap may be lifted when no
+/// rebuild runs: their rebuild was seen running, or was started `grace`
+/// ago (SPDK reports a raid's rebuild a moment after the member was added).
+pub fn capped_of(raid: &str, grace: Duration) -> Vec<String> {
     lock(capped())
         .iter()
-        .filter(|(_, r)| *r == raid)
+        .filter(|(_, c)| c.raid == raid && (c.seen || c.since.elapsed() >= grace))
+        .map(|(m, _)| m.clone())
+        .collect()
+}
+
+/// Whether member `member` carries a rebuild cap.
+pub fn is_capped(member: &str) -> bool {
+    lock(capped()).contains_key(member)
+}
+
+/// The capped members of raid `raid`, whatever their state.
+pub fn all_capped_of(raid: &str) -> Vec<String> {
+    lock(capped())
+        .iter()
+        .filter(|(_, c)| c.raid == raid)
         .map(|(m, _)| m.clone())
         .collect()
 }

@@ -54,6 +54,9 @@ const MIB: u64 = 1 << 20;
 /// Status poll while instances exist (a remote replica that comes back, a
 /// device that appears).
 const POLL: Duration = Duration::from_secs(3);
+/// A rebuild cap whose rebuild was never seen running is lifted this long
+/// after it was set (SPDK reports the rebuild a moment after the add).
+const CAP_GRACE: Duration = Duration::from_secs(10);
 
 /// Realizes Longhorn's instances.
 #[derive(Debug)]
@@ -542,8 +545,8 @@ impl LonghornController {
                 st.rebuild_errors.insert(replica.clone(), m);
             }
         }
-        let capped = crate::longhorn::ops::capped_of(e.id());
-        if !started_one && capped.is_empty() && inv.raid(e.id()).is_none_or(|r| r.process.is_none()) {
+        let all_capped = crate::longhorn::ops::all_capped_of(e.id());
+        if !started_one && all_capped.is_empty() && inv.raid(e.id()).is_none_or(|r| r.process.is_none()) {
             return;
         }
         // the raid as it is now (a rebuild may have started or ended)
@@ -563,6 +566,17 @@ impl LonghornController {
         }
         match raid.as_ref().and_then(|r| r.process.as_ref()) {
             Some(p) => {
+                // the member the rebuild writes (added by name; SPDK may name an lvol by UUID)
+                for m in &all_capped {
+                    let uuid = inv
+                        .lvols
+                        .get(m)
+                        .map(|l| l.uuid.clone())
+                        .or_else(|| inv.bdevs.get(m).and_then(|b| b.uuid.clone()));
+                    if p.target == *m || uuid.as_deref() == Some(p.target.as_str()) {
+                        crate::longhorn::ops::seen_rebuilding(m);
+                    }
+                }
                 let (bs, blocks) = inv
                     .bdevs
                     .get(e.id())
@@ -576,7 +590,7 @@ impl LonghornController {
                 );
             }
             None => {
-                for member in capped {
+                for member in crate::longhorn::ops::capped_of(e.id(), CAP_GRACE) {
                     match set_rebuild_cap(&self.client, &member, 0).await {
                         Ok(()) => crate::longhorn::ops::uncap(&member),
                         Err(x) if x.is(ErrorKind::NotFound) => crate::longhorn::ops::uncap(&member),
