@@ -660,7 +660,7 @@ impl Longhorn {
                 continue;
             }
             let member = self.member_bdev(&m.replica);
-            crate::controllers::engine::longhorn::set_rebuild_cap(self.client(), &member, mbps)
+            ops::set_rebuild_cap(self.client(), &member, mbps)
                 .await
                 .map_err(|x| internal(&format!("{what}: capping {member}"), chain(&x)))?;
             if mbps > 0 {

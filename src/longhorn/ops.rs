@@ -106,6 +106,22 @@ pub fn uncap(member: &str) {
     lock(capped()).remove(member);
 }
 
+/// Caps (or with 0 lifts) the reads and writes of bdev `bdev` at `mbps`
+/// MB/s (SPDK's `bdev_set_qos_limit` rw_mbytes_per_sec; SPDK counts MiB).
+pub async fn set_rebuild_cap(
+    client: &crate::spdk::SpdkClient,
+    bdev: &str,
+    mbps: u64,
+) -> Result<(), crate::spdk::ClientError> {
+    client
+        .typed::<_, bool>(
+            "bdev_set_qos_limit",
+            &serde_json::json!({"name": bdev, "rw_mbytes_per_sec": mbps}),
+        )
+        .await
+        .map(|_| ())
+}
+
 /// The last snapshot purge of an engine, per replica address: (error, if any).
 pub type PurgeResult = BTreeMap<String, Option<String>>;
 

@@ -591,7 +591,7 @@ impl LonghornController {
             }
             None => {
                 for member in crate::longhorn::ops::capped_of(e.id(), CAP_GRACE) {
-                    match set_rebuild_cap(&self.client, &member, 0).await {
+                    match ops::set_rebuild_cap(&self.client, &member, 0).await {
                         Ok(()) => crate::longhorn::ops::uncap(&member),
                         Err(x) if x.is(ErrorKind::NotFound) => crate::longhorn::ops::uncap(&member),
                         Err(x) => {
@@ -667,7 +667,7 @@ impl LonghornController {
         }
         let capped = qos_mbps > 0;
         if capped {
-            set_rebuild_cap(&self.client, &member, u64::try_from(qos_mbps).unwrap_or(0))
+            ops::set_rebuild_cap(&self.client, &member, u64::try_from(qos_mbps).unwrap_or(0))
                 .await
                 .map_err(|x| {
                     format!(
@@ -685,7 +685,7 @@ impl LonghornController {
             })
             .await
         {
-            if capped && set_rebuild_cap(&self.client, &member, 0).await.is_ok() {
+            if capped && ops::set_rebuild_cap(&self.client, &member, 0).await.is_ok() {
                 crate::longhorn::ops::uncap(&member);
             }
             return Err(format!(
@@ -1033,22 +1033,6 @@ impl Controller for LonghornController {
         }
         Ok(Requeue::After(POLL))
     }
-}
-
-/// Caps (or with 0 lifts) the reads and writes of bdev `bdev` at `mbps`
-/// MB/s (SPDK's `bdev_set_qos_limit` rw_mbytes_per_sec; SPDK counts MiB).
-pub async fn set_rebuild_cap(
-    client: &SpdkClient,
-    bdev: &str,
-    mbps: u64,
-) -> Result<(), crate::spdk::ClientError> {
-    client
-        .typed::<_, bool>(
-            "bdev_set_qos_limit",
-            &serde_json::json!({"name": bdev, "rw_mbytes_per_sec": mbps}),
-        )
-        .await
-        .map(|_| ())
 }
 
 /// An instance an operation of the proxy holds keeps the status it had (an
