@@ -114,10 +114,10 @@ pub async fn set_rebuild_cap(
     mbps: u64,
 ) -> Result<(), crate::spdk::ClientError> {
     client
-        .typed::<_, bool>(
-            "bdev_set_qos_limit",
-            &serde_json::json!({"name": bdev, "rw_mbytes_per_sec": mbps}),
-        )
+        .bdev_set_qos_limit(&crate::spdk::rpc::QosLimit {
+            name: bdev.to_owned(),
+            rw_mbytes_per_sec: mbps,
+        })
         .await
         .map(|_| ())
 }

@@ -607,7 +607,8 @@ impl LonghornController {
     /// the one place an engine's rebuild starts. Today it is SPDK's raid
     /// rebuild (`bdev_raid_add_base_bdev`: the new member gets every block of
     /// the volume); with `qos_mbps` the member's I/O is capped
-    /// (`bdev_set_qos_limit` rw_mbytes_per_sec) until the rebuild ends. A
+    /// (`bdev_set_qos_limit` rw_mbytes_per_sec, once the raid has it open)
+    /// until the rebuild ends. A
     /// remote replica is attached afresh (a controller left from before its
     /// node restarted or its lvol was made again is dropped first); a member
     /// still in a slot leaves it first.
@@ -665,33 +666,22 @@ impl LonghornController {
                 )
             })?;
         }
-        let capped = qos_mbps > 0;
-        if capped {
-            ops::set_rebuild_cap(&self.client, &member, u64::try_from(qos_mbps).unwrap_or(0))
-                .await
-                .map_err(|x| {
-                    format!(
-                        "replica {replica}: capping {member} at {qos_mbps} MB/s: {}",
-                        chain(&x)
-                    )
-                })?;
-            crate::longhorn::ops::mark_capped(raid, &member);
-        }
-        if let Err(x) = self
-            .client
+        self.client
             .bdev_raid_add_base_bdev(&RaidAddBaseBdev {
                 raid_bdev: raid.to_owned(),
                 base_bdev: member.clone(),
             })
             .await
-        {
-            if capped && ops::set_rebuild_cap(&self.client, &member, 0).await.is_ok() {
-                crate::longhorn::ops::uncap(&member);
+            .map_err(|x| format!("replica {replica}: adding {member} to raid {raid}: {}", chain(&x)))?;
+        // capped once the raid has it open: on v26.05 a QoS limit set on a
+        // bdev nobody has open can never be changed or lifted again (EAGAIN)
+        if qos_mbps > 0 {
+            match ops::set_rebuild_cap(&self.client, &member, u64::try_from(qos_mbps).unwrap_or(0)).await {
+                Ok(()) => ops::mark_capped(raid, &member),
+                Err(x) => {
+                    tracing::warn!(raid, replica, member, error = %chain(&x), "the rebuild runs uncapped")
+                }
             }
-            return Err(format!(
-                "replica {replica}: adding {member} to raid {raid}: {}",
-                chain(&x)
-            ));
         }
         tracing::info!(raid, replica, member, qos_mbps, "rebuild started");
         Ok(())
