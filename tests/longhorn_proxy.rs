@@ -206,6 +206,12 @@ impl Node {
 
     /// A disk (aio file) and a running replica on it; returns its `ip:port`.
     async fn replica(&self, disk: &str, name: &str, size: u64) -> String {
+        self.disk(disk).await;
+        self.replica_again(disk, name, size).await
+    }
+
+    /// A disk (aio file) made through Longhorn's DiskCreate.
+    async fn disk(&self, disk: &str) {
         let f = self.dir.path().join(format!("{disk}.img"));
         std::fs::File::create(&f)
             .and_then(|f| f.set_len(256 * MIB))
@@ -221,6 +227,10 @@ impl Node {
             })
             .await
             .unwrap_or_else(|e| panic!("DiskCreate {disk}: {e}"));
+    }
+
+    /// A running replica on disk `disk` (made already); returns its `ip:port`.
+    async fn replica_again(&self, disk: &str, name: &str, size: u64) -> String {
         let mut inst = InstanceServiceClient::new(self.channel(3).await);
         inst.instance_create(imrpc::InstanceCreateRequest {
             spec: Some(imrpc::InstanceSpec {
@@ -491,6 +501,368 @@ async fn the_engine_proxy_across_two_nodes() {
     b.stop().await;
 }
 
+async fn engine(a: &Node, replicas: &[(&str, &String)], size: u64, frontend: &str) {
+    let inst = InstanceServiceClient::new(a.channel(3).await);
+    let map: HashMap<String, String> = replicas
+        .iter()
+        .map(|(r, x)| ((*r).to_owned(), (*x).clone()))
+        .collect();
+    inst.clone()
+        .instance_create(imrpc::InstanceCreateRequest {
+            spec: Some(imrpc::InstanceSpec {
+                name: "vol-e-0".into(),
+                r#type: "engine".into(),
+                volume_name: "vol".into(),
+                port_count: 1,
+                data_engine: imrpc::DataEngine::V2 as i32,
+                spdk_instance_spec: Some(imrpc::SpdkInstanceSpec {
+                    replica_address_map: map,
+                    size,
+                    frontend: frontend.into(),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            data_layout_type: 0,
+        })
+        .await
+        .expect("engine create");
+    running(&inst, "vol-e-0", "engine").await;
+}
+
+/// `(address, mode)` of every replica of the engine, sorted.
+async fn modes(p: &mut ProxyEngineServiceClient<Channel>) -> Vec<(String, i32)> {
+    let mut m: Vec<(String, i32)> = p
+        .replica_list(req("vol-e-0"))
+        .await
+        .expect("ReplicaList")
+        .into_inner()
+        .replica_list
+        .expect("list")
+        .replicas
+        .into_iter()
+        .map(|r| (r.address.map(|a| a.address).unwrap_or_default(), r.mode))
+        .collect();
+    m.sort();
+    m
+}
+
+async fn replica_add(
+    p: &ProxyEngineServiceClient<Channel>,
+    name: &str,
+    address: &str,
+) -> Result<(), tonic::Status> {
+    p.clone()
+        .replica_add(imrpc::EngineReplicaAddRequest {
+            proxy_engine_request: Some(req("vol-e-0")),
+            replica_name: name.into(),
+            replica_address: format!("tcp://{address}"),
+            ..Default::default()
+        })
+        .await
+        .map(|_| ())
+}
+
+async fn replica_remove(p: &mut ProxyEngineServiceClient<Channel>, name: &str) {
+    p.replica_remove(imrpc::EngineReplicaRemoveRequest {
+        proxy_engine_request: Some(req("vol-e-0")),
+        replica_name: name.into(),
+        replica_address: String::new(),
+    })
+    .await
+    .unwrap_or_else(|e| panic!("ReplicaRemove {name}: {e}"));
+}
+
+/// `bdev_get_bdevs` of one bdev as JSON (rate limits, lvol parents).
+async fn bdev_json(spdk: &SpdkClient, name: &str) -> serde_json::Value {
+    let v: serde_json::Value = spdk
+        .typed("bdev_get_bdevs", &serde_json::json!({"name": name}))
+        .await
+        .unwrap_or_else(|e| panic!("bdev {name}: {e}"));
+    v[0].clone()
+}
+
+const RW: i32 = ptypes::ReplicaMode::Rw as i32;
+const WO: i32 = ptypes::ReplicaMode::Wo as i32;
+const ERR: i32 = ptypes::ReplicaMode::Err as i32;
+
+/// Part 2 of the proxy on the doubles: the snapshot count limit, revert of
+/// both replicas (B's through B's new `ReplicaSnapshotRevert`), a removal
+/// SPDK must defer (two children) marked removed and purged later,
+/// ReplicaRemove / ReplicaAdd (WO while the raid rebuilds, RW after, a
+/// second add at the same time refused with Longhorn's exact words, the
+/// rebuild cap on the target member and lifted after), a replica whose node
+/// is lost mid-rebuild (ERR, the next ReplicaAdd rebuilds it), and B's
+/// proxy answering for the engine on A through B's engine-frontend.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_engine_proxy_reverts_purges_and_rebuilds_across_two_nodes() {
+    let (ip_a, ip_b) = (IpAddr::from([127, 0, 0, 1]), IpAddr::from([127, 0, 0, 2]));
+    let base = free_base(&[ip_a, ip_b]);
+    let mut a = Node::new(ip_a, base, None).await;
+    let mut b = Node::new(ip_b, base, None).await;
+    let size = 64 * MIB;
+    let addr_a = a.replica("disk-a", "vol-r-a", size).await;
+    let addr_b = b.replica("disk-b", "vol-r-b", size).await;
+    // detached from any frontend: Longhorn reverts such an engine only
+    engine(&a, &[("vol-r-a", &addr_a), ("vol-r-b", &addr_b)], size, "").await;
+    let mut p = ProxyEngineServiceClient::new(a.channel(1).await);
+    let (ta, tb) = (format!("tcp://{addr_a}"), format!("tcp://{addr_b}"));
+    assert_eq!(modes(&mut p).await, vec![(ta.clone(), RW), (tb.clone(), RW)]);
+
+    // the snapshot count limit, with Longhorn's words
+    let max = |n: i32| imrpc::EngineVolumeSnapshotMaxCountSetRequest {
+        proxy_engine_request: Some(req("vol-e-0")),
+        count: Some(ptypes::VolumeSnapshotMaxCountSetRequest { count: n }),
+    };
+    p.volume_snapshot_max_count_set(max(2)).await.expect("max 2");
+    let v = p
+        .volume_get(req("vol-e-0"))
+        .await
+        .expect("VolumeGet")
+        .into_inner();
+    assert_eq!(v.volume.expect("volume").snapshot_max_count, 2);
+    snapshot(&mut p, "s1").await.expect("s1");
+    snapshot(&mut p, "s2").await.expect("s2");
+    let e = snapshot(&mut p, "s3").await.expect_err("beyond the limit");
+    assert!(
+        e.message()
+            .contains("snapshot count 2 is equal or larger than snapshotMaxCount 2"),
+        "{e}"
+    );
+    assert!(!a.lvols().await.iter().any(|l| l.ends_with("-snap-s3")));
+    p.volume_snapshot_max_count_set(max(0)).await.expect("no limit");
+
+    // revert: a snapshot that is not there changes nothing
+    let revert = |name: &str| imrpc::EngineSnapshotRevertRequest {
+        proxy_engine_request: Some(req("vol-e-0")),
+        name: name.into(),
+    };
+    let e = p
+        .snapshot_revert(revert("nope"))
+        .await
+        .expect_err("no such snapshot");
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e}");
+    assert_eq!(modes(&mut p).await, vec![(ta.clone(), RW), (tb.clone(), RW)]);
+    // both heads made again from s1: A's here, B's by B
+    p.snapshot_revert(revert("s1")).await.expect("SnapshotRevert s1");
+    assert_eq!(modes(&mut p).await, vec![(ta.clone(), RW), (tb.clone(), RW)]);
+    let head_b = bdev_json(&b.spdk, "talon-disk-b/vol-r-b").await;
+    assert_eq!(
+        head_b["driver_specific"]["lvol"]["base_snapshot"], "vol-r-b-snap-s1",
+        "B's head is a clone of its s1: {head_b}"
+    );
+    let chain = snapshot_list(&mut p).await;
+    assert_eq!(chain["volume-head"].parent, "s1");
+    let mut kids: Vec<&String> = chain["s1"].children.keys().collect();
+    kids.sort();
+    assert_eq!(kids, ["s2", "volume-head"]);
+
+    // s1 has two children: SPDK keeps it, Longhorn sees it removed; purge deletes it later
+    let remove = |name: &str| imrpc::EngineSnapshotRemoveRequest {
+        proxy_engine_request: Some(req("vol-e-0")),
+        names: vec![name.into()],
+    };
+    p.snapshot_remove(remove("s1"))
+        .await
+        .expect("remove s1 (deferred)");
+    let chain = snapshot_list(&mut p).await;
+    assert!(chain["s1"].removed, "{chain:?}");
+    assert!(
+        b.lvols()
+            .await
+            .contains(&"talon-disk-b/vol-r-b-snap-s1".to_string())
+    );
+    p.snapshot_remove(remove("s2")).await.expect("remove s2");
+    let purge = imrpc::EngineSnapshotPurgeRequest {
+        proxy_engine_request: Some(req("vol-e-0")),
+        skip_if_in_progress: false,
+    };
+    p.snapshot_purge(purge.clone()).await.expect("SnapshotPurge");
+    assert!(
+        !a.lvols().await.iter().any(|l| l.contains("-snap-")),
+        "{:?}",
+        a.lvols().await
+    );
+    assert!(
+        !b.lvols().await.iter().any(|l| l.contains("-snap-")),
+        "{:?}",
+        b.lvols().await
+    );
+    let st = p
+        .snapshot_purge_status(req("vol-e-0"))
+        .await
+        .expect("SnapshotPurgeStatus")
+        .into_inner()
+        .status;
+    assert_eq!(st.len(), 2, "{st:?}");
+    assert!(
+        st.values()
+            .all(|s| !s.is_purging && s.state == "complete" && s.error.is_empty()),
+        "{st:?}"
+    );
+
+    // ReplicaRemove: B leaves the raid1 and the map
+    replica_remove(&mut p, "vol-r-b").await;
+    assert_eq!(modes(&mut p).await, vec![(ta.clone(), RW)]);
+    // a second replica on B to race with
+    let addr_c = b.replica("disk-c", "vol-r-c", size).await;
+    let tc = format!("tcp://{addr_c}");
+
+    // ReplicaAdd with a rebuild cap: two at once, one is refused as Longhorn expects
+    double(&a).set_rebuild_time(Duration::from_secs(6));
+    p.replica_rebuilding_qos_set(imrpc::EngineReplicaRebuildingQosSetRequest {
+        proxy_engine_request: Some(req("vol-e-0")),
+        qos_limit_mbps: 10,
+    })
+    .await
+    .expect("ReplicaRebuildingQosSet");
+    let (rb, rc) = tokio::join!(
+        replica_add(&p, "vol-r-b", &addr_b),
+        replica_add(&p, "vol-r-c", &addr_c)
+    );
+    let (won, lost, twon, err) = match (rb, rc) {
+        (Ok(()), Err(e)) => ("vol-r-b", "vol-r-c", tb.clone(), e),
+        (Err(e), Ok(())) => ("vol-r-c", "vol-r-b", tc.clone(), e),
+        other => panic!("exactly one of two concurrent ReplicaAdd must start: {other:?}"),
+    };
+    assert!(
+        err.message().contains("replica add is already in progress"),
+        "{lost}: {err}"
+    );
+    assert_eq!(modes(&mut p).await, vec![(ta.clone(), RW), (twon.clone(), WO)]);
+    let e = replica_add(&p, lost, if lost == "vol-r-b" { &addr_b } else { &addr_c })
+        .await
+        .expect_err("while the rebuild runs");
+    assert!(e.message().contains("replica add is already in progress"), "{e}");
+    let rs = p
+        .replica_rebuilding_status(req("vol-e-0"))
+        .await
+        .expect("ReplicaRebuildingStatus")
+        .into_inner()
+        .status;
+    assert!(
+        rs.get(&twon)
+            .is_some_and(|s| s.is_rebuilding && s.from_replica_address == ta),
+        "{rs:?}"
+    );
+    let member = format!("{won}n1");
+    assert_eq!(
+        bdev_json(&a.spdk, &member).await["assigned_rate_limits"]["rw_mbytes_per_sec"],
+        10,
+        "the rebuild target is capped"
+    );
+    talon::runtime::testing::eventually("the rebuilt replica RW", WAIT, || async {
+        let mut p = p.clone();
+        (modes(&mut p).await == vec![(ta.clone(), RW), (twon.clone(), RW)]).then_some(())
+    })
+    .await;
+    talon::runtime::testing::eventually("the cap lifted", WAIT, || async {
+        (bdev_json(&a.spdk, &member).await["assigned_rate_limits"]["rw_mbytes_per_sec"] == 0).then_some(())
+    })
+    .await;
+    let e = replica_add(&p, won, if won == "vol-r-b" { &addr_b } else { &addr_c })
+        .await
+        .expect_err("already in service");
+    assert_eq!(e.code(), Code::AlreadyExists, "{e}");
+
+    // the replica's node is lost mid-rebuild: ERR; the next ReplicaAdd rebuilds it
+    replica_remove(&mut p, won).await;
+    double(&a).set_rebuild_time(Duration::from_secs(30));
+    let waddr = if won == "vol-r-b" {
+        addr_b.clone()
+    } else {
+        addr_c.clone()
+    };
+    replica_add(&p, won, &waddr).await.expect("ReplicaAdd again");
+    assert_eq!(
+        modes(&mut p).await,
+        vec![(ta.clone(), RW), (twon.clone(), WO)],
+        "{}",
+        bdev_json(&a.spdk, "vol-e-0").await
+    );
+    assert!(double(&a).lose_controller(won), "controller {won}");
+    assert_eq!(modes(&mut p).await, vec![(ta.clone(), RW), (twon.clone(), ERR)]);
+    double(&a).set_rebuild_time(Duration::from_secs(1));
+    replica_add(&p, won, &waddr)
+        .await
+        .expect("ReplicaAdd restarts the rebuild");
+    talon::runtime::testing::eventually("RW after the restarted rebuild", WAIT, || async {
+        let mut p = p.clone();
+        (modes(&mut p).await == vec![(ta.clone(), RW), (twon.clone(), RW)]).then_some(())
+    })
+    .await;
+
+    // B's proxy answers for the engine on A through B's engine-frontend
+    let inst_b = InstanceServiceClient::new(b.channel(3).await);
+    inst_b
+        .clone()
+        .instance_create(imrpc::InstanceCreateRequest {
+            spec: Some(imrpc::InstanceSpec {
+                name: "vol-ef-0".into(),
+                r#type: "engine-frontend".into(),
+                volume_name: "vol".into(),
+                engine_name: "vol-e-0".into(),
+                // the engine node's IP; nothing listens on port 1, so the
+                // kernel attach fails fast: only the forwarding is tested
+                target_address: "127.0.0.1:1".into(),
+                data_engine: imrpc::DataEngine::V2 as i32,
+                spdk_instance_spec: Some(imrpc::SpdkInstanceSpec {
+                    size,
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            data_layout_type: 0,
+        })
+        .await
+        .expect("engine-frontend on B");
+    let mut pb = ProxyEngineServiceClient::new(b.channel(1).await);
+    let mut via_b = pb
+        .replica_list(req("vol-e-0"))
+        .await
+        .expect("ReplicaList through B")
+        .into_inner()
+        .replica_list
+        .expect("list")
+        .replicas
+        .into_iter()
+        .map(|r| (r.address.map(|a| a.address).unwrap_or_default(), r.mode))
+        .collect::<Vec<_>>();
+    via_b.sort();
+    assert_eq!(via_b, modes(&mut p).await);
+    let s = pb
+        .volume_snapshot(imrpc::EngineVolumeSnapshotRequest {
+            proxy_engine_request: Some(req("vol-e-0")),
+            snapshot_volume: Some(ptypes::VolumeSnapshotRequest {
+                name: "via-b".into(),
+                ..Default::default()
+            }),
+        })
+        .await
+        .expect("VolumeSnapshot through B");
+    assert_eq!(s.into_inner().snapshot.map(|s| s.name).as_deref(), Some("via-b"));
+    assert!(snapshot_list(&mut p).await.contains_key("via-b"));
+    let v = pb
+        .volume_get(req("vol-e-0"))
+        .await
+        .expect("VolumeGet through B")
+        .into_inner()
+        .volume
+        .expect("volume");
+    assert_eq!(
+        (v.name.as_str(), v.size, v.replica_count),
+        ("vol", size as i64, 2)
+    );
+    let e = pb
+        .volume_get(req("other"))
+        .await
+        .expect_err("no such engine anywhere");
+    assert_eq!(e.code(), Code::NotFound, "{e}");
+
+    a.stop().await;
+    b.stop().await;
+}
+
 fn spdk_dir(test: &str) -> Option<PathBuf> {
     let Some(d) = std::env::var_os("TALON_SPDK_DIR").map(PathBuf::from) else {
         eprintln!("SKIP {test}: TALON_SPDK_DIR not set");
@@ -676,6 +1048,192 @@ async fn real_spdk_engine_snapshots_through_the_proxy_are_one_instant_on_both_no
         .expect("get")
         .expect("B's replica");
     assert_eq!(rb.size_bytes(), 2 * LEN as u64, "B's replica grew on B");
+    a.stop().await;
+    b.stop().await;
+}
+
+/// Bytes that differ in every 8-byte word (`seed` tells two patterns apart).
+fn pattern(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed | 1;
+    let mut v = Vec::with_capacity(len);
+    while v.len() < len {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        v.extend_from_slice(&x.to_le_bytes());
+    }
+    v.truncate(len);
+    v
+}
+
+/// Issue 17's rebuild on two real spdk_tgt: B's replica is removed from the
+/// engine, deleted with its lvol and made again empty; A takes more writes
+/// alone; ReplicaAdd rebuilds B (WO, then RW); a snapshot through the proxy
+/// is then read on A and on B: both equal what was written, block by block.
+/// A second round with `ReplicaRebuildingQosSet` shows the cap on the
+/// rebuild target member (SPDK accepts `bdev_set_qos_limit` on a raid
+/// member) and the rebuild taking at least the volume over the cap; the
+/// cap is lifted after. Last, everything is overwritten and both replicas
+/// are reverted to the second round's snapshot (B's by B's
+/// `ReplicaSnapshotRevert`): the engine reads that snapshot's data again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_spdk_replica_add_rebuilds_a_replica_made_again_on_node_b() {
+    let test = "real_spdk_replica_add_rebuilds_a_replica_made_again_on_node_b";
+    let Some(spdk) = spdk_dir(test) else {
+        return;
+    };
+    const LEN: usize = 32 << 20;
+    const CAP_MBPS: i64 = 4;
+    let (ip_a, ip_b) = (IpAddr::from([127, 0, 0, 1]), IpAddr::from([127, 0, 0, 2]));
+    let base = free_base(&[ip_a, ip_b]);
+    let mut a = Node::new(ip_a, base, Some(&spdk)).await;
+    let mut b = Node::new(ip_b, base, Some(&spdk)).await;
+    let addr_a = a.replica("disk-a", "vol-r-a", LEN as u64).await;
+    let addr_b = b.replica("disk-b", "vol-r-b", LEN as u64).await;
+    // no frontend (the export is there for spdk_dd): the engine can be reverted
+    engine(&a, &[("vol-r-a", &addr_a), ("vol-r-b", &addr_b)], LEN as u64, "").await;
+    let inst_a = InstanceServiceClient::new(a.channel(3).await);
+    let est = running(&inst_a, "vol-e-0", "engine").await;
+    let port = u16::try_from(est.port_start).expect("port");
+    let nqn = "nqn.2023-01.io.longhorn.spdk:volume-vol";
+    let mut p = ProxyEngineServiceClient::new(a.channel(1).await);
+    let ta = format!("tcp://{addr_a}");
+    let mut expected = pattern(LEN, 1);
+    spdk_dd::dd(&spdk, a.dir.path(), port, nqn, Some(&expected), LEN);
+
+    let (read_a, read_b) = (free_port(), free_port());
+    let mut inst_b = InstanceServiceClient::new(b.channel(3).await);
+    for (round, cap) in [(1u64, 0i64), (2, CAP_MBPS)] {
+        // B's replica leaves, is deleted with its lvol and made again empty
+        replica_remove(&mut p, "vol-r-b").await;
+        inst_b
+            .instance_delete(imrpc::InstanceDeleteRequest {
+                name: "vol-r-b".into(),
+                r#type: "replica".into(),
+                cleanup_required: true,
+                data_engine: imrpc::DataEngine::V2 as i32,
+                ..Default::default()
+            })
+            .await
+            .expect("delete B's replica");
+        talon::runtime::testing::eventually("B's lvol deleted", WAIT, || async {
+            (!b.lvols().await.iter().any(|l| l == "talon-disk-b/vol-r-b")).then_some(())
+        })
+        .await;
+        let addr_b = b.replica_again("disk-b", "vol-r-b", LEN as u64).await;
+        let tb = format!("tcp://{addr_b}");
+        // A alone takes more writes
+        let half = pattern(LEN / 2, 100 + round);
+        spdk_dd::dd(&spdk, a.dir.path(), port, nqn, Some(&half), LEN / 2);
+        expected[..LEN / 2].copy_from_slice(&half);
+
+        p.replica_rebuilding_qos_set(imrpc::EngineReplicaRebuildingQosSetRequest {
+            proxy_engine_request: Some(req("vol-e-0")),
+            qos_limit_mbps: cap,
+        })
+        .await
+        .expect("ReplicaRebuildingQosSet");
+        let started = std::time::Instant::now();
+        replica_add(&p, "vol-r-b", &addr_b).await.expect("ReplicaAdd");
+        let m = modes(&mut p).await;
+        if cap > 0 {
+            assert_eq!(
+                m,
+                vec![(ta.clone(), RW), (tb.clone(), WO)],
+                "capped: still rebuilding"
+            );
+            let limits = bdev_json(&a.spdk, "vol-r-bn1").await["assigned_rate_limits"].clone();
+            assert_eq!(
+                limits["rw_mbytes_per_sec"], cap,
+                "the rebuild target is capped: {limits}"
+            );
+        }
+        talon::runtime::testing::eventually("B rebuilt (RW)", Duration::from_secs(120), || async {
+            let mut p = p.clone();
+            (modes(&mut p).await == vec![(ta.clone(), RW), (tb.clone(), RW)]).then_some(())
+        })
+        .await;
+        let took = started.elapsed();
+        eprintln!(
+            "{test}: round {round}: rebuild of {} MiB with cap {cap} MB/s took {took:?}",
+            LEN >> 20
+        );
+        if cap > 0 {
+            let floor = Duration::from_secs_f64((LEN >> 20) as f64 / cap as f64 * 0.8);
+            assert!(
+                took >= floor,
+                "a {cap} MB/s cap on {} MiB: {took:?} < {floor:?}",
+                LEN >> 20
+            );
+            talon::runtime::testing::eventually("the cap lifted", WAIT, || async {
+                (bdev_json(&a.spdk, "vol-r-bn1").await["assigned_rate_limits"]["rw_mbytes_per_sec"] == 0)
+                    .then_some(())
+            })
+            .await;
+        }
+        // one instant on both replicas, read on each node
+        let snap = format!("check{round}");
+        snapshot(&mut p, &snap).await.expect("snapshot");
+        let x = spdk_dd::read_bdev(
+            &a.spdk,
+            &spdk,
+            a.dir.path(),
+            read_a,
+            &format!("talon-disk-a/vol-r-a-snap-{snap}"),
+            LEN,
+        )
+        .await;
+        let y = spdk_dd::read_bdev(
+            &b.spdk,
+            &spdk,
+            b.dir.path(),
+            read_b,
+            &format!("talon-disk-b/vol-r-b-snap-{snap}"),
+            LEN,
+        )
+        .await;
+        for (who, got) in [("A", &x), ("B", &y)] {
+            if let Some(block) = got
+                .chunks(4096)
+                .zip(expected.chunks(4096))
+                .position(|(g, w)| g != w)
+            {
+                panic!("round {round}: {who}'s replica differs from what was written at block {block}");
+            }
+        }
+        if round == 1 {
+            p.snapshot_remove(imrpc::EngineSnapshotRemoveRequest {
+                proxy_engine_request: Some(req("vol-e-0")),
+                names: vec![snap],
+            })
+            .await
+            .expect("SnapshotRemove");
+        }
+        inst_b = InstanceServiceClient::new(b.channel(3).await);
+    }
+
+    // overwrite everything, then revert both replicas (B's on B) to check2
+    spdk_dd::dd(&spdk, a.dir.path(), port, nqn, Some(&pattern(LEN, 999)), LEN);
+    p.snapshot_revert(imrpc::EngineSnapshotRevertRequest {
+        proxy_engine_request: Some(req("vol-e-0")),
+        name: "check2".into(),
+    })
+    .await
+    .expect("SnapshotRevert check2");
+    let head_b = bdev_json(&b.spdk, "talon-disk-b/vol-r-b").await;
+    assert_eq!(
+        head_b["driver_specific"]["lvol"]["base_snapshot"], "vol-r-b-snap-check2",
+        "B's head is a clone of its check2: {head_b}"
+    );
+    let back = spdk_dd::dd(&spdk, a.dir.path(), port, nqn, None, LEN);
+    if let Some(block) = back
+        .chunks(4096)
+        .zip(expected.chunks(4096))
+        .position(|(g, w)| g != w)
+    {
+        panic!("after the revert the engine reads other data than check2's at block {block}");
+    }
+    eprintln!("{test}: reverted to check2 on both nodes; the engine reads check2's data");
     a.stop().await;
     b.stop().await;
 }

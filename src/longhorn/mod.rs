@@ -4,7 +4,7 @@
 //!
 //! ```text
 //!   longhorn-manager ──gRPC──> base+0 ProcessManagerService (VersionGet)
-//!                              base+1 imrpc.ProxyEngineService (UNIMPLEMENTED, part 2)
+//!                              base+1 imrpc.ProxyEngineService (engines of this node; others forwarded)
 //!                              base+2 imrpc.DiskService ──> config/Disk (talon's disks)
 //!                              base+3 imrpc.InstanceService ─┐
 //!   other nodes' engines ────> base+4 spdkrpc.SPDKService ───┴> config/Longhorn{Replica,Engine,EngineFrontend}
@@ -18,7 +18,9 @@
 //! outside that subset answers gRPC UNIMPLEMENTED naming it.
 
 pub mod address;
+pub mod engine_ops;
 pub mod naming;
+pub mod ops;
 pub mod proxy;
 pub mod server;
 

@@ -29,6 +29,7 @@ use std::time::{Duration, Instant};
 
 use tonic::{Request, Response, Status};
 
+use super::engine_ops::FORWARDED;
 use super::naming;
 use super::proto::imrpc::{self, proxy_engine_service_server};
 use super::proto::ptypes;
@@ -48,10 +49,10 @@ use crate::spdk::volume::naming::lvstore;
 pub const VOLUME_HEAD: &str = "volume-head";
 /// How long another node may take to snapshot its replica (the engine's
 /// export is frozen meanwhile).
-const REMOTE_TIMEOUT: Duration = Duration::from_secs(10);
+pub(super) const REMOTE_TIMEOUT: Duration = Duration::from_secs(10);
 const MIB: u64 = 1 << 20;
 /// SPDK's longest lvol name (`SPDK_LVOL_NAME_MAX` less its NUL).
-const LVOL_NAME_MAX: usize = 63;
+pub(super) const LVOL_NAME_MAX: usize = 63;
 
 /// `<replica>-snap-<snapshot>`: the lvol of a replica's snapshot (Longhorn's
 /// V2 name).
@@ -61,12 +62,12 @@ pub fn snapshot_lvol(replica: &str, snapshot: &str) -> String {
 
 /// One member of an engine as the proxy reports it.
 #[derive(Debug, Clone, PartialEq)]
-struct Member {
-    replica: String,
-    address: String,
-    mode: ptypes::ReplicaMode,
+pub(super) struct Member {
+    pub(super) replica: String,
+    pub(super) address: String,
+    pub(super) mode: ptypes::ReplicaMode,
     /// Percent, while it is rebuilt.
-    progress: Option<u32>,
+    pub(super) progress: Option<u32>,
 }
 
 /// An iostat sample of an engine's bdev, for rates between two MetricsGet.
@@ -81,20 +82,20 @@ pub(super) struct IoSample {
     write_ticks: u64,
 }
 
-fn internal(what: &str, e: impl std::fmt::Display) -> Status {
+pub(super) fn internal(what: &str, e: impl std::fmt::Display) -> Status {
     Status::internal(format!("{what}: {e}"))
 }
 
-fn chain(e: &crate::spdk::ClientError) -> String {
+pub(super) fn chain(e: &crate::spdk::ClientError) -> String {
     crate::util::error_chain(e)
 }
 
-fn proxy_req(r: Option<imrpc::ProxyEngineRequest>) -> Result<imrpc::ProxyEngineRequest, Status> {
+pub(super) fn proxy_req(r: Option<imrpc::ProxyEngineRequest>) -> Result<imrpc::ProxyEngineRequest, Status> {
     r.ok_or_else(|| Status::invalid_argument("proxy_engine_request is missing"))
 }
 
 impl Longhorn {
-    fn engine(&self, name: &str) -> Result<Typed<LonghornEngine>, Status> {
+    pub(super) fn engine(&self, name: &str) -> Result<Typed<LonghornEngine>, Status> {
         if name.is_empty() {
             return Err(Status::invalid_argument("engine_name is empty"));
         }
@@ -104,7 +105,7 @@ impl Longhorn {
             .ok_or_else(|| Status::not_found(format!("engine {name} is not on this node")))
     }
 
-    fn status_of(&self, name: &str) -> Option<LonghornInstanceStatus> {
+    pub(super) fn status_of(&self, name: &str) -> Option<LonghornInstanceStatus> {
         self.state()
             .get_typed::<LonghornInstanceStatus>(name)
             .ok()
@@ -112,7 +113,7 @@ impl Longhorn {
             .map(|s| s.spec)
     }
 
-    fn local_replica(&self, name: &str) -> Option<LonghornReplica> {
+    pub(super) fn local_replica(&self, name: &str) -> Option<LonghornReplica> {
         self.state()
             .get_typed::<LonghornReplica>(name)
             .ok()
@@ -121,7 +122,7 @@ impl Longhorn {
     }
 
     /// The members of engine `e` and their modes, read from spdk_tgt.
-    async fn members(&self, e: &Typed<LonghornEngine>) -> Result<Vec<Member>, Status> {
+    pub(super) async fn members(&self, e: &Typed<LonghornEngine>) -> Result<Vec<Member>, Status> {
         let running = self
             .status_of(e.id())
             .is_some_and(|s| s.state == InstanceState::Running);
@@ -178,7 +179,7 @@ impl Longhorn {
 
     /// The engine-frontend of engine `e` on this node, if any (by name, or
     /// the one that attaches it).
-    fn frontend_of(&self, e: &str, named: &str) -> Option<Typed<LonghornEngineFrontend>> {
+    pub(super) fn frontend_of(&self, e: &str, named: &str) -> Option<Typed<LonghornEngineFrontend>> {
         let all = self.state().list_typed::<LonghornEngineFrontend>().ok()?;
         all.into_iter()
             .find(|f| (!named.is_empty() && f.id() == named) || (named.is_empty() && f.spec.engine_name == e))
@@ -187,7 +188,7 @@ impl Longhorn {
     /// The snapshot lvols of local replica `replica` (snapshot name -> its
     /// `driver_specific.lvol` of `bdev_get_bdevs`, where SPDK names a clone's
     /// `base_snapshot`), and its head's.
-    async fn replica_lvols(
+    pub(super) async fn replica_lvols(
         &self,
         replica: &str,
         r: &LonghornReplica,
@@ -238,7 +239,12 @@ impl Longhorn {
         }
     }
 
-    async fn delete_local(&self, replica: &str, r: &LonghornReplica, lvol: &str) -> Result<(), Status> {
+    pub(super) async fn delete_local(
+        &self,
+        replica: &str,
+        r: &LonghornReplica,
+        lvol: &str,
+    ) -> Result<(), Status> {
         let target = format!("{}/{lvol}", lvstore(&r.disk));
         match self.client().bdev_lvol_delete(&ByName::new(&target)).await {
             Ok(_) => Ok(()),
@@ -257,7 +263,7 @@ impl Longhorn {
     /// The SPDKService of the node that serves a replica at `address`
     /// (`ip:port` of its export): the same IP, this node's SPDKService port
     /// (every instance manager of a cluster listens on the same ports).
-    async fn replica_node(
+    pub(super) async fn replica_node(
         &self,
         replica: &str,
         address: &str,
@@ -290,7 +296,12 @@ impl Longhorn {
         .map_err(|s| format!("replica {replica}: its node: {}", s.message()))
     }
 
-    async fn delete_remote(&self, replica: &str, address: &str, snapshot: &str) -> Result<(), String> {
+    pub(super) async fn delete_remote(
+        &self,
+        replica: &str,
+        address: &str,
+        snapshot: &str,
+    ) -> Result<(), String> {
         let mut c = self.replica_node(replica, address).await?;
         c.replica_snapshot_delete(spdkrpc::SnapshotRequest {
             name: replica.to_owned(),
@@ -558,7 +569,7 @@ impl Longhorn {
 
     /// A replica of this node asked for by another node: its name checked,
     /// its desired state read.
-    fn stored_replica(&self, name: &str) -> Result<(ObjectName, Typed<LonghornReplica>), Status> {
+    pub(super) fn stored_replica(&self, name: &str) -> Result<(ObjectName, Typed<LonghornReplica>), Status> {
         let replica =
             naming::instance_name("replica", name).map_err(|x| Status::invalid_argument(x.to_string()))?;
         let t = self
@@ -619,7 +630,7 @@ fn cluster_size(inv: &Inventory, lvs: &str) -> Option<u64> {
         .map(|s| s.cluster_size)
 }
 
-fn tcp(address: &str) -> String {
+pub(super) fn tcp(address: &str) -> String {
     format!("tcp://{address}")
 }
 
@@ -629,19 +640,37 @@ fn disk_info(
     cluster: u64,
     parent: &str,
     children: &[&str],
+    removed: bool,
 ) -> imrpc::EngineSnapshotDiskInfo {
     let clusters = l["num_allocated_clusters"].as_u64().unwrap_or(0);
     imrpc::EngineSnapshotDiskInfo {
         name: name.to_owned(),
         parent: parent.to_owned(),
         children: children.iter().map(|c| ((*c).to_owned(), true)).collect(),
-        removed: false,
+        removed,
         user_created: name != VOLUME_HEAD,
         // SPDK keeps no creation time an RPC reports
         created: String::new(),
         size: (clusters * cluster).to_string(),
         labels: HashMap::new(),
     }
+}
+
+/// Forwards the call to the engine node's proxy when the engine is not on
+/// this node but its engine-frontend is (see `engine_ops::forward_target`);
+/// otherwise evaluates to the request.
+macro_rules! forward {
+    ($self:ident, $req:ident, $p:expr, $method:ident) => {{
+        let forwarded = $req.metadata().contains_key(FORWARDED);
+        let target = $self.forward_target(forwarded, $p).await?;
+        if let Some(mut c) = target {
+            let mut r = Request::new($req.into_inner());
+            r.metadata_mut()
+                .insert(FORWARDED, tonic::metadata::MetadataValue::from_static("1"));
+            return c.$method(r).await;
+        }
+        $req
+    }};
 }
 
 #[tonic::async_trait]
@@ -661,6 +690,23 @@ impl proxy_engine_service_server::ProxyEngineService for Longhorn {
         &self,
         req: Request<imrpc::ProxyEngineRequest>,
     ) -> Result<Response<imrpc::EngineVolumeGetProxyResponse>, Status> {
+        let forwarded = req.metadata().contains_key(FORWARDED);
+        if let Some(mut c) = self.forward_target(forwarded, Some(req.get_ref())).await? {
+            // the engine answers from its node; the endpoint is this node's
+            // engine-frontend's device
+            let p = req.into_inner();
+            let mut r = Request::new(p.clone());
+            r.metadata_mut()
+                .insert(FORWARDED, tonic::metadata::MetadataValue::from_static("1"));
+            let mut resp = c.volume_get(r).await?.into_inner();
+            if let (Some(v), Some(f)) = (
+                resp.volume.as_mut(),
+                self.frontend_for(&p.engine_name, &p.engine_frontend_name),
+            ) {
+                v.endpoint = self.status_of(f.id()).map(|s| s.endpoint).unwrap_or_default();
+            }
+            return Ok(Response::new(resp));
+        }
         let req = req.into_inner();
         let e = self.engine(&req.engine_name)?;
         let st = self.status_of(e.id());
@@ -685,7 +731,7 @@ impl proxy_engine_service_server::ProxyEngineService for Longhorn {
                 last_expansion_error: String::new(),
                 last_expansion_failed_at: String::new(),
                 unmap_mark_snap_chain_removed: false,
-                snapshot_max_count: 0,
+                snapshot_max_count: e.spec.snapshot_max_count,
                 snapshot_max_size: 0,
             }),
         }))
@@ -695,6 +741,12 @@ impl proxy_engine_service_server::ProxyEngineService for Longhorn {
         &self,
         req: Request<imrpc::EngineVolumeExpandRequest>,
     ) -> Result<Response<()>, Status> {
+        let req = forward!(
+            self,
+            req,
+            req.get_ref().proxy_engine_request.as_ref(),
+            volume_expand
+        );
         let req = req.into_inner();
         let p = proxy_req(req.proxy_engine_request)?;
         let e = self.engine(&p.engine_name)?;
@@ -711,6 +763,7 @@ impl proxy_engine_service_server::ProxyEngineService for Longhorn {
         &self,
         req: Request<imrpc::ProxyEngineRequest>,
     ) -> Result<Response<imrpc::EngineReplicaListProxyResponse>, Status> {
+        let req = forward!(self, req, Some(req.get_ref()), replica_list);
         let e = self.engine(&req.into_inner().engine_name)?;
         let replicas = self
             .members(&e)
@@ -733,6 +786,7 @@ impl proxy_engine_service_server::ProxyEngineService for Longhorn {
         &self,
         req: Request<imrpc::ProxyEngineRequest>,
     ) -> Result<Response<imrpc::EngineReplicaRebuildStatusProxyResponse>, Status> {
+        let req = forward!(self, req, Some(req.get_ref()), replica_rebuilding_status);
         let e = self.engine(&req.into_inner().engine_name)?;
         let members = self.members(&e).await?;
         let sources: Vec<String> = members
@@ -740,17 +794,31 @@ impl proxy_engine_service_server::ProxyEngineService for Longhorn {
             .filter(|m| m.mode == ptypes::ReplicaMode::Rw)
             .map(|m| tcp(&m.address))
             .collect();
+        // a rebuild ReplicaAdd asked for that could not start reports why
+        let errors = self
+            .status_of(e.id())
+            .map(|s| s.rebuild_errors)
+            .unwrap_or_default();
         let status = members
             .into_iter()
             .filter_map(|m| {
-                let p = m.progress?;
+                let (rebuilding, progress, error, state) = match (m.progress, errors.get(&m.replica)) {
+                    (Some(p), _) => (
+                        true,
+                        i32::try_from(p).unwrap_or(100),
+                        String::new(),
+                        "in_progress",
+                    ),
+                    (None, Some(x)) if m.mode == ptypes::ReplicaMode::Err => (false, 0, x.clone(), "error"),
+                    _ => return None,
+                };
                 Some((
                     tcp(&m.address),
                     ptypes::ReplicaRebuildStatusResponse {
-                        is_rebuilding: true,
-                        error: String::new(),
-                        progress: i32::try_from(p).unwrap_or(100),
-                        state: "in_progress".into(),
+                        is_rebuilding: rebuilding,
+                        error,
+                        progress,
+                        state: state.into(),
                         from_replica_address: sources.first().cloned().unwrap_or_default(),
                         from_replica_address_list: sources.clone(),
                     },
@@ -766,6 +834,7 @@ impl proxy_engine_service_server::ProxyEngineService for Longhorn {
         &self,
         req: Request<imrpc::ProxyEngineRequest>,
     ) -> Result<Response<imrpc::EngineSnapshotListProxyResponse>, Status> {
+        let req = forward!(self, req, Some(req.get_ref()), snapshot_list);
         let e = self.engine(&req.into_inner().engine_name)?;
         let inv = Inventory::load(self.client())
             .await
@@ -780,7 +849,7 @@ impl proxy_engine_service_server::ProxyEngineService for Longhorn {
         let Some((replica, r)) = local else {
             disks.insert(
                 VOLUME_HEAD.to_owned(),
-                disk_info(VOLUME_HEAD, &serde_json::Value::Null, 0, "", &[]),
+                disk_info(VOLUME_HEAD, &serde_json::Value::Null, 0, "", &[], false),
             );
             return Ok(Response::new(imrpc::EngineSnapshotListProxyResponse { disks }));
         };
@@ -804,7 +873,10 @@ impl proxy_engine_service_server::ProxyEngineService for Longhorn {
             if head_parent == *s {
                 children.push(VOLUME_HEAD);
             }
-            disks.insert(s.clone(), disk_info(s, l, cluster, &p, &children));
+            disks.insert(
+                s.clone(),
+                disk_info(s, l, cluster, &p, &children, e.spec.removed_snapshots.contains(s)),
+            );
         }
         disks.insert(
             VOLUME_HEAD.to_owned(),
@@ -814,6 +886,7 @@ impl proxy_engine_service_server::ProxyEngineService for Longhorn {
                 cluster,
                 &head_parent,
                 &[],
+                false,
             ),
         );
         Ok(Response::new(imrpc::EngineSnapshotListProxyResponse { disks }))
@@ -823,6 +896,12 @@ impl proxy_engine_service_server::ProxyEngineService for Longhorn {
         &self,
         req: Request<imrpc::EngineVolumeSnapshotRequest>,
     ) -> Result<Response<imrpc::EngineVolumeSnapshotProxyResponse>, Status> {
+        let req = forward!(
+            self,
+            req,
+            req.get_ref().proxy_engine_request.as_ref(),
+            volume_snapshot
+        );
         let req = req.into_inner();
         let p = proxy_req(req.proxy_engine_request)?;
         let e = self.engine(&p.engine_name)?;
@@ -831,6 +910,7 @@ impl proxy_engine_service_server::ProxyEngineService for Longhorn {
             .map(|s| s.name)
             .filter(|n| !n.is_empty())
             .unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
+        self.check_snapshot_count(&e).await?;
         self.engine_snapshot(&e, &name).await?;
         Ok(Response::new(imrpc::EngineVolumeSnapshotProxyResponse {
             snapshot: Some(ptypes::VolumeSnapshotReply { name }),
@@ -841,22 +921,19 @@ impl proxy_engine_service_server::ProxyEngineService for Longhorn {
         &self,
         req: Request<imrpc::EngineSnapshotRemoveRequest>,
     ) -> Result<Response<()>, Status> {
+        let req = forward!(
+            self,
+            req,
+            req.get_ref().proxy_engine_request.as_ref(),
+            snapshot_remove
+        );
         let req = req.into_inner();
         let p = proxy_req(req.proxy_engine_request)?;
         let e = self.engine(&p.engine_name)?;
         for snap in &req.names {
-            naming::instance_name("snapshot", snap).map_err(|x| Status::invalid_argument(x.to_string()))?;
-            for (replica, address) in &e.spec.replica_address_map {
-                match self.local_replica(replica) {
-                    Some(r) => {
-                        self.delete_local(replica, &r, &snapshot_lvol(replica, snap))
-                            .await?
-                    }
-                    None => self.delete_remote(replica, address, snap).await.map_err(|m| {
-                        Status::unavailable(format!("snapshot {snap} of engine {}: {m}", e.id()))
-                    })?,
-                }
-            }
+            // the spec as it is now (a removal may mark a snapshot removed)
+            let e = self.engine(e.id())?;
+            self.remove_snapshot(&e, snap).await?;
         }
         Ok(Response::new(()))
     }
@@ -865,17 +942,19 @@ impl proxy_engine_service_server::ProxyEngineService for Longhorn {
         &self,
         req: Request<imrpc::ProxyEngineRequest>,
     ) -> Result<Response<imrpc::EngineSnapshotPurgeStatusProxyResponse>, Status> {
-        // talon purges nothing in the background: no purge is ever running
-        self.engine(&req.into_inner().engine_name)?;
-        Ok(Response::new(
-            imrpc::EngineSnapshotPurgeStatusProxyResponse::default(),
-        ))
+        let req = forward!(self, req, Some(req.get_ref()), snapshot_purge_status);
+        // a purge runs within its SnapshotPurge call: the last one's result
+        let e = self.engine(&req.into_inner().engine_name)?;
+        Ok(Response::new(imrpc::EngineSnapshotPurgeStatusProxyResponse {
+            status: self.purge_status(&e),
+        }))
     }
 
     async fn snapshot_clone_status(
         &self,
         req: Request<imrpc::ProxyEngineRequest>,
     ) -> Result<Response<imrpc::EngineSnapshotCloneStatusProxyResponse>, Status> {
+        let req = forward!(self, req, Some(req.get_ref()), snapshot_clone_status);
         // SnapshotClone is not served: no clone is ever running
         self.engine(&req.into_inner().engine_name)?;
         Ok(Response::new(
@@ -887,6 +966,7 @@ impl proxy_engine_service_server::ProxyEngineService for Longhorn {
         &self,
         req: Request<imrpc::ProxyEngineRequest>,
     ) -> Result<Response<imrpc::EngineBackupRestoreStatusProxyResponse>, Status> {
+        let req = forward!(self, req, Some(req.get_ref()), backup_restore_status);
         // BackupRestore is not served: no restore is ever running
         self.engine(&req.into_inner().engine_name)?;
         Ok(Response::new(
@@ -894,10 +974,115 @@ impl proxy_engine_service_server::ProxyEngineService for Longhorn {
         ))
     }
 
+    async fn volume_snapshot_max_count_set(
+        &self,
+        req: Request<imrpc::EngineVolumeSnapshotMaxCountSetRequest>,
+    ) -> Result<Response<()>, Status> {
+        let req = forward!(
+            self,
+            req,
+            req.get_ref().proxy_engine_request.as_ref(),
+            volume_snapshot_max_count_set
+        );
+        let req = req.into_inner();
+        let e = self.engine(&proxy_req(req.proxy_engine_request)?.engine_name)?;
+        self.snapshot_max_count_set(&e, req.count.map_or(0, |c| c.count))?;
+        Ok(Response::new(()))
+    }
+
+    async fn snapshot_revert(
+        &self,
+        req: Request<imrpc::EngineSnapshotRevertRequest>,
+    ) -> Result<Response<()>, Status> {
+        let req = forward!(
+            self,
+            req,
+            req.get_ref().proxy_engine_request.as_ref(),
+            snapshot_revert
+        );
+        let req = req.into_inner();
+        let e = self.engine(&proxy_req(req.proxy_engine_request)?.engine_name)?;
+        self.revert(&e, &req.name).await?;
+        Ok(Response::new(()))
+    }
+
+    async fn snapshot_purge(
+        &self,
+        req: Request<imrpc::EngineSnapshotPurgeRequest>,
+    ) -> Result<Response<()>, Status> {
+        let req = forward!(
+            self,
+            req,
+            req.get_ref().proxy_engine_request.as_ref(),
+            snapshot_purge
+        );
+        let req = req.into_inner();
+        let e = self.engine(&proxy_req(req.proxy_engine_request)?.engine_name)?;
+        self.purge(&e).await?;
+        Ok(Response::new(()))
+    }
+
+    async fn replica_add(
+        &self,
+        req: Request<imrpc::EngineReplicaAddRequest>,
+    ) -> Result<Response<()>, Status> {
+        let req = forward!(
+            self,
+            req,
+            req.get_ref().proxy_engine_request.as_ref(),
+            replica_add
+        );
+        let req = req.into_inner();
+        let e = self.engine(&proxy_req(req.proxy_engine_request)?.engine_name)?;
+        if req.restore {
+            return Err(Status::unimplemented(format!(
+                "engine {}: restore replicas (backups) are not served by talon",
+                e.id()
+            )));
+        }
+        self.replica_add(&e, &req.replica_name, &req.replica_address)
+            .await?;
+        Ok(Response::new(()))
+    }
+
+    async fn replica_rebuilding_qos_set(
+        &self,
+        req: Request<imrpc::EngineReplicaRebuildingQosSetRequest>,
+    ) -> Result<Response<()>, Status> {
+        let req = forward!(
+            self,
+            req,
+            req.get_ref().proxy_engine_request.as_ref(),
+            replica_rebuilding_qos_set
+        );
+        let req = req.into_inner();
+        let e = self.engine(&proxy_req(req.proxy_engine_request)?.engine_name)?;
+        self.rebuild_qos_set(&e, req.qos_limit_mbps).await?;
+        Ok(Response::new(()))
+    }
+
+    async fn replica_remove(
+        &self,
+        req: Request<imrpc::EngineReplicaRemoveRequest>,
+    ) -> Result<Response<()>, Status> {
+        let req = forward!(
+            self,
+            req,
+            req.get_ref().proxy_engine_request.as_ref(),
+            replica_remove
+        );
+        let req = req.into_inner();
+        let e = self.engine(&proxy_req(req.proxy_engine_request)?.engine_name)?;
+        self.replica_remove(&e, &req.replica_name, &req.replica_address)
+            .await?;
+        Ok(Response::new(()))
+    }
+
     async fn metrics_get(
         &self,
         req: Request<imrpc::ProxyEngineRequest>,
     ) -> Result<Response<imrpc::EngineMetricsGetProxyResponse>, Status> {
+        let req = forward!(self, req, Some(req.get_ref()), metrics_get);
         let e = self.engine(&req.into_inner().engine_name)?;
         let bdev = self.status_of(e.id()).map(|s| s.bdev).unwrap_or_default();
         if bdev.is_empty() {

@@ -140,6 +140,8 @@ pub struct Longhorn {
     stopping: Arc<tokio::sync::watch::Sender<bool>>,
     /// The SPDKService port of the other nodes (the same as this node's).
     peer_port: u16,
+    /// The ProxyEngineService port of the other nodes (this node's own).
+    proxy_port: u16,
     /// The last iostat of each engine (MetricsGet reports rates).
     io_samples: Arc<std::sync::Mutex<BTreeMap<String, super::proxy::IoSample>>>,
 }
@@ -154,13 +156,17 @@ impl Longhorn {
             alloc: Arc::default(),
             stopping: Arc::new(tokio::sync::watch::channel(false).0),
             peer_port: 8504,
+            proxy_port: 8501,
             io_samples: Arc::default(),
         }
     }
 
-    /// Other nodes' SPDKService is on `port` (this node's own, base + 4).
+    /// Other nodes' SPDKService is on `port` (this node's own, base + 4),
+    /// and so their ProxyEngineService on base + 1 (the five services are
+    /// on consecutive ports in [`super::SERVICES`] order).
     pub fn with_peer_port(mut self, port: u16) -> Self {
         self.peer_port = port;
+        self.proxy_port = port.saturating_sub(3);
         self
     }
 
@@ -174,6 +180,10 @@ impl Longhorn {
 
     pub(super) fn peer_port(&self) -> u16 {
         self.peer_port
+    }
+
+    pub(super) fn proxy_port(&self) -> u16 {
+        self.proxy_port
     }
 
     /// Keeps `now` as engine `e`'s last iostat; returns the one before.
@@ -719,6 +729,10 @@ impl Longhorn {
                 replica_address_map: map,
                 port,
                 frontend: sp.frontend.clone(),
+                snapshot_max_count: sp.snapshot_max_count.max(0),
+                rebuild_qos_mbps: 0,
+                rebuild_requests: BTreeMap::new(),
+                removed_snapshots: BTreeSet::new(),
             },
         )
     }
@@ -986,6 +1000,9 @@ fn empty_status(kind: InstanceKind) -> LonghornInstanceStatus {
         nqn: String::new(),
         endpoint: String::new(),
         allocated_bytes: 0,
+        rebuilds_started: BTreeMap::new(),
+        rebuild_errors: BTreeMap::new(),
+        rebuild: String::new(),
     }
 }
 
@@ -1476,6 +1493,14 @@ impl spdk_service_server::SpdkService for Longhorn {
         Ok(Response::new(()))
     }
 
+    async fn replica_snapshot_revert(
+        &self,
+        req: Request<spdkrpc::SnapshotRequest>,
+    ) -> Result<Response<()>, Status> {
+        self.replica_snapshot_revert(req.into_inner()).await?;
+        Ok(Response::new(()))
+    }
+
     async fn replica_list(&self, _: Request<()>) -> Result<Response<spdkrpc::ReplicaListResponse>, Status> {
         let mut replicas = std::collections::HashMap::new();
         for r in self.state.list_typed::<LonghornReplica>().map_err(state_err)? {
@@ -1529,7 +1554,8 @@ mod tests {
         assert!(is_served("/grpc.health.v1.Health/Check"));
         assert!(!is_served("/imrpc.InstanceService/InstanceLog"));
         assert!(is_served("/imrpc.ProxyEngineService/VolumeGet"));
-        assert!(!is_served("/imrpc.ProxyEngineService/ReplicaAdd"));
+        assert!(is_served("/imrpc.ProxyEngineService/ReplicaAdd"));
+        assert!(!is_served("/imrpc.ProxyEngineService/SnapshotClone"));
         assert!(!is_served("/ProcessManagerService/ProcessList"));
     }
 

@@ -13,7 +13,7 @@
 //!                              engine/LonghornInstanceStatus <name>
 //! ```
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
@@ -64,6 +64,32 @@ pub struct LonghornEngine {
     /// Longhorn's frontend name (`spdk-tcp-nvmf`, `spdk-tcp-blockdev`, or empty).
     #[serde(default)]
     pub frontend: String,
+    /// Most snapshots the volume may hold (`VolumeSnapshotMaxCountSet`); 0:
+    /// no limit.
+    #[serde(default, skip_serializing_if = "is_zero_i32")]
+    pub snapshot_max_count: i32,
+    /// Cap of a rebuild's writes to its target member, MB/s
+    /// (`ReplicaRebuildingQosSet`, SPDK's `bdev_set_qos_limit`); 0: none.
+    #[serde(default, skip_serializing_if = "is_zero_i64")]
+    pub rebuild_qos_mbps: i64,
+    /// Replicas `ReplicaAdd` asked to join (replica -> request number): the
+    /// controller starts one rebuild per request number
+    /// (`LonghornInstanceStatus.rebuildsStarted`), so a rebuild that fails
+    /// stays failed (mode ERR) until the next `ReplicaAdd`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub rebuild_requests: BTreeMap<String, u64>,
+    /// Snapshots `SnapshotRemove` marked removed (SPDK keeps a snapshot with
+    /// more than one child): `SnapshotPurge` deletes them once it can.
+    #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
+    pub removed_snapshots: BTreeSet<String>,
+}
+
+fn is_zero_i32(v: &i32) -> bool {
+    *v == 0
+}
+
+fn is_zero_i64(v: &i64) -> bool {
+    *v == 0
 }
 
 impl Spec for LonghornEngine {
@@ -170,6 +196,16 @@ pub struct LonghornInstanceStatus {
     /// Allocated bytes (replicas).
     #[serde(default)]
     pub allocated_bytes: u64,
+    /// Engines: the `rebuildRequests` whose rebuild was started (replica ->
+    /// request number).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub rebuilds_started: BTreeMap<String, u64>,
+    /// Engines: why a requested rebuild could not start, by replica.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub rebuild_errors: BTreeMap<String, String>,
+    /// Engines: the rebuild running now (`<replica> <percent>% <bytes>/<total> bytes`).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub rebuild: String,
 }
 
 impl Spec for LonghornInstanceStatus {

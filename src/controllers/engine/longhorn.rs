@@ -26,7 +26,7 @@ use std::time::Duration;
 
 use crate::attach::nvme_tcp::{self, ConnectOptions, NvmeTcpTarget};
 use crate::host::HostRoot;
-use crate::longhorn::naming;
+use crate::longhorn::{naming, ops};
 use crate::names::ObjectName;
 use crate::resources::config::{Disk, NodeConfig};
 use crate::resources::engine::{DiskStatus, ObjectState, TargetStatus};
@@ -36,8 +36,9 @@ use crate::resources::longhorn::{
 };
 use crate::runtime::{Controller, ControllerError, Input, Output, Phase, ReconcileContext, Requeue, Typed};
 use crate::spdk::rpc::{
-    AddNamespace, AttachController, ByName, ByNqn, CreateSubsystem, ListenAddress, Lvol, LvolCreate,
-    LvolStoreRef, RaidCreate, RaidDelete, RaidLevel, SubsystemHostParams, SubsystemListener,
+    AddNamespace, AttachController, ByName, ByNqn, CreateSubsystem, GetRaids, ListenAddress, Lvol,
+    LvolCreate, LvolStoreRef, RaidAddBaseBdev, RaidCategory, RaidCreate, RaidDelete, RaidLevel,
+    SubsystemHostParams, SubsystemListener,
 };
 use crate::spdk::volume::{Inventory, VolumeOps};
 use crate::spdk::{ErrorKind, SpdkClient};
@@ -53,6 +54,9 @@ const MIB: u64 = 1 << 20;
 /// Status poll while instances exist (a remote replica that comes back, a
 /// device that appears).
 const POLL: Duration = Duration::from_secs(3);
+/// A rebuild cap whose rebuild was never seen running is lifted this long
+/// after it was set (SPDK reports the rebuild a moment after the add).
+const CAP_GRACE: Duration = Duration::from_secs(10);
 
 /// Realizes Longhorn's instances.
 #[derive(Debug)]
@@ -111,6 +115,9 @@ fn status(kind: InstanceKind, state: InstanceState, message: impl Into<String>) 
         nqn: String::new(),
         endpoint: String::new(),
         allocated_bytes: 0,
+        rebuilds_started: BTreeMap::new(),
+        rebuild_errors: BTreeMap::new(),
+        rebuild: String::new(),
     }
 }
 
@@ -438,6 +445,7 @@ impl LonghornController {
         node: &NodeConfig,
         e: &Typed<LonghornEngine>,
         local: &BTreeMap<String, LonghornReplica>,
+        prev: Option<&LonghornInstanceStatus>,
     ) -> Result<LonghornInstanceStatus, String> {
         let name = ObjectName::parse("engine", e.id()).map_err(|x| x.to_string())?;
         let volume = ObjectName::parse("volume", &e.spec.volume).map_err(|x| x.to_string())?;
@@ -494,11 +502,189 @@ impl LonghornController {
         )
         .await?;
         let mut st = status(InstanceKind::Engine, InstanceState::Running, "");
+        if bdev == name.as_str() {
+            self.rebuilds(inv, e, local, prev, &mut st).await;
+        }
         st.bdev = bdev;
         st.uuid = uuid;
         st.nqn = nqn.as_str().to_owned();
         st.endpoint = SocketAddr::new(addr, e.spec.port).to_string();
         Ok(st)
+    }
+
+    /// The rebuilds of raid1 engine `e`: each `rebuildRequests` entry not
+    /// started yet is started (once per request number: one that fails
+    /// stays failed until the next `ReplicaAdd`), the running one is
+    /// reported, and a rebuild cap is lifted once no rebuild runs.
+    async fn rebuilds(
+        &self,
+        inv: &mut Inventory,
+        e: &Typed<LonghornEngine>,
+        local: &BTreeMap<String, LonghornReplica>,
+        prev: Option<&LonghornInstanceStatus>,
+        st: &mut LonghornInstanceStatus,
+    ) {
+        let mut started_one = false;
+        for (replica, request) in &e.spec.rebuild_requests {
+            let Some(address) = e.spec.replica_address_map.get(replica) else {
+                continue;
+            };
+            st.rebuilds_started.insert(replica.clone(), *request);
+            if let Some(p) = prev.filter(|p| p.rebuilds_started.get(replica) == Some(request)) {
+                if let Some(m) = p.rebuild_errors.get(replica) {
+                    st.rebuild_errors.insert(replica.clone(), m.clone());
+                }
+                continue;
+            }
+            started_one = true;
+            if let Err(m) = self
+                .start_rebuild(inv, e.id(), replica, address, local, e.spec.rebuild_qos_mbps)
+                .await
+            {
+                tracing::warn!(engine = e.id(), replica, error = %m, "rebuild did not start");
+                st.rebuild_errors.insert(replica.clone(), m);
+            }
+        }
+        let all_capped = crate::longhorn::ops::all_capped_of(e.id());
+        if !started_one && all_capped.is_empty() && inv.raid(e.id()).is_none_or(|r| r.process.is_none()) {
+            return;
+        }
+        // the raid as it is now (a rebuild may have started or ended)
+        let raid = match self
+            .client
+            .bdev_raid_get_bdevs(&GetRaids {
+                category: RaidCategory::All,
+            })
+            .await
+        {
+            Ok(all) => all.into_iter().find(|r| r.name == e.id()),
+            Err(_) => return,
+        };
+        if let Some(r) = raid.as_ref() {
+            inv.raids.retain(|x| x.name != r.name);
+            inv.raids.push(r.clone());
+        }
+        match raid.as_ref().and_then(|r| r.process.as_ref()) {
+            Some(p) => {
+                // the member the rebuild writes (added by name; SPDK may name an lvol by UUID)
+                for m in &all_capped {
+                    let uuid = inv
+                        .lvols
+                        .get(m)
+                        .map(|l| l.uuid.clone())
+                        .or_else(|| inv.bdevs.get(m).and_then(|b| b.uuid.clone()));
+                    if p.target == *m || uuid.as_deref() == Some(p.target.as_str()) {
+                        crate::longhorn::ops::seen_rebuilding(m);
+                    }
+                }
+                let (bs, blocks) = inv
+                    .bdevs
+                    .get(e.id())
+                    .map_or((0, 0), |b| (u64::from(b.block_size), b.num_blocks));
+                st.rebuild = format!(
+                    "{} {}% {}/{} bytes",
+                    p.target,
+                    p.progress.percent,
+                    p.progress.blocks * bs,
+                    blocks * bs
+                );
+            }
+            None => {
+                for member in crate::longhorn::ops::capped_of(e.id(), CAP_GRACE) {
+                    match ops::set_rebuild_cap(&self.client, &member, 0).await {
+                        Ok(()) => crate::longhorn::ops::uncap(&member),
+                        Err(x) if x.is(ErrorKind::NotFound) => crate::longhorn::ops::uncap(&member),
+                        Err(x) => {
+                            tracing::warn!(member, error = %chain(&x), "lifting the rebuild cap failed")
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Starts rebuilding replica `replica` (at `address`) into raid1 `raid`:
+    /// the one place an engine's rebuild starts. Today it is SPDK's raid
+    /// rebuild (`bdev_raid_add_base_bdev`: the new member gets every block of
+    /// the volume); with `qos_mbps` the member's I/O is capped
+    /// (`bdev_set_qos_limit` rw_mbytes_per_sec, once the raid has it open)
+    /// until the rebuild ends. A
+    /// remote replica is attached afresh (a controller left from before its
+    /// node restarted or its lvol was made again is dropped first); a member
+    /// still in a slot leaves it first.
+    pub async fn start_rebuild(
+        &self,
+        inv: &mut Inventory,
+        raid: &str,
+        replica: &str,
+        address: &str,
+        local: &BTreeMap<String, LonghornReplica>,
+        qos_mbps: i64,
+    ) -> Result<(), String> {
+        let (member, uuid) = match local.get(replica) {
+            Some(r) => {
+                let alias = naming::replica_alias(&r.disk, replica);
+                let uuid = inv
+                    .lvols
+                    .get(&alias)
+                    .map(|l| l.uuid.clone())
+                    .ok_or_else(|| format!("local replica {replica}: lvol {alias} is missing"))?;
+                (alias, Some(uuid))
+            }
+            None => {
+                if inv.controllers.iter().any(|c| c == replica) {
+                    ignore_missing(
+                        self.client
+                            .bdev_nvme_detach_controller(&ByName::new(replica))
+                            .await,
+                    )
+                    .map_err(|x| format!("replica {replica}: detaching its old controller: {}", chain(&x)))?;
+                    inv.controllers.retain(|c| c != replica);
+                    inv.bdevs.remove(&format!("{replica}n1"));
+                }
+                let b = self.attach_remote(inv, replica, address).await?;
+                (b, None)
+            }
+        };
+        let in_slot = inv.raid(raid).is_some_and(|r| {
+            r.base_bdevs_list.iter().any(|b| {
+                b.name.as_deref() == Some(member.as_str())
+                    || (uuid.is_some()
+                        && (b.name.as_ref() == uuid.as_ref() || b.uuid.as_ref() == uuid.as_ref()))
+            })
+        });
+        if in_slot {
+            ignore_missing(
+                self.client
+                    .bdev_raid_remove_base_bdev(&ByName::new(&member))
+                    .await,
+            )
+            .map_err(|x| {
+                format!(
+                    "replica {replica}: taking {member} out of raid {raid}: {}",
+                    chain(&x)
+                )
+            })?;
+        }
+        self.client
+            .bdev_raid_add_base_bdev(&RaidAddBaseBdev {
+                raid_bdev: raid.to_owned(),
+                base_bdev: member.clone(),
+            })
+            .await
+            .map_err(|x| format!("replica {replica}: adding {member} to raid {raid}: {}", chain(&x)))?;
+        // capped once the raid has it open: on v26.05 a QoS limit set on a
+        // bdev nobody has open can never be changed or lifted again (EAGAIN)
+        if qos_mbps > 0 {
+            match ops::set_rebuild_cap(&self.client, &member, u64::try_from(qos_mbps).unwrap_or(0)).await {
+                Ok(()) => ops::mark_capped(raid, &member),
+                Err(x) => {
+                    tracing::warn!(raid, replica, member, error = %chain(&x), "the rebuild runs uncapped")
+                }
+            }
+        }
+        tracing::info!(raid, replica, member, qos_mbps, "rebuild started");
+        Ok(())
     }
 
     /// Removes an engine's export, raid and remote attachments (replicas stay).
@@ -707,6 +893,10 @@ impl Controller for LonghornController {
         let mut inv = Inventory::load(&self.client).await?;
         let listed = started.elapsed();
         for e in engines.iter().filter(|e| e.metadata.phase == Phase::TearingDown) {
+            if ops::is_held(e.id()) {
+                keep_status(ctx, e.id())?;
+                continue;
+            }
             match self.remove_engine(&mut inv, e, &local).await {
                 Ok(()) => ctx.remove_finalizer::<LonghornEngine>(e.id())?,
                 Err(m) => {
@@ -728,6 +918,11 @@ impl Controller for LonghornController {
             .map(String::as_str)
             .collect();
         for r in &replicas {
+            // an operation of the proxy (a revert) works on it now
+            if ops::is_held(r.id()) {
+                keep_status(ctx, r.id())?;
+                continue;
+            }
             if r.metadata.phase == Phase::TearingDown {
                 if held.contains(r.id()) && r.spec.cleanup {
                     let m = format!(
@@ -765,13 +960,28 @@ impl Controller for LonghornController {
         // 3. engines
         let replicas_done = started.elapsed();
         for e in &running_engines {
-            let st = match self.ensure_engine(&mut inv, &node, e, &local).await {
+            if ops::is_held(e.id()) {
+                keep_status(ctx, e.id())?;
+                continue;
+            }
+            let prev = ctx.get::<LonghornInstanceStatus>(e.id())?.map(|s| s.spec);
+            let mut st = match self
+                .ensure_engine(&mut inv, &node, e, &local, prev.as_ref())
+                .await
+            {
                 Ok(s) => s,
                 Err(m) if m.starts_with("waiting for replicas") => {
                     status(InstanceKind::Engine, InstanceState::Starting, m)
                 }
                 Err(m) => status(InstanceKind::Engine, InstanceState::Error, m),
             };
+            if st.state != InstanceState::Running
+                && let Some(p) = prev
+            {
+                // the rebuilds started stay recorded (none is started twice)
+                st.rebuilds_started = p.rebuilds_started;
+                st.rebuild_errors = p.rebuild_errors;
+            }
             ctx.apply(e.id(), st)?;
         }
 
@@ -813,6 +1023,15 @@ impl Controller for LonghornController {
         }
         Ok(Requeue::After(POLL))
     }
+}
+
+/// An instance an operation of the proxy holds keeps the status it had (an
+/// output not applied by a reconcile would be destroyed).
+fn keep_status(ctx: &mut ReconcileContext, id: &str) -> Result<(), ControllerError> {
+    if let Some(s) = ctx.get::<LonghornInstanceStatus>(id)? {
+        ctx.apply(id, s.spec)?;
+    }
+    Ok(())
 }
 
 fn kind_type(kind: InstanceKind) -> &'static str {

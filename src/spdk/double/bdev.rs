@@ -47,6 +47,44 @@ impl State {
                     .collect();
                 Ok(json!({"tick_rate": 1_000_000_000u64, "ticks": 0, "bdevs": bdevs}))
             }
+            "bdev_set_qos_limit" => {
+                // v26.05 `rpc_bdev_set_qos_limit`: limits not given stay as
+                // they are; none given is refused; MB/s are whole MiB, IOPS
+                // are rounded up to a multiple of 1000; 0 lifts a limit
+                #[derive(serde::Deserialize)]
+                #[serde(deny_unknown_fields)]
+                struct QosLimit {
+                    name: String,
+                    rw_ios_per_sec: Option<u64>,
+                    rw_mbytes_per_sec: Option<u64>,
+                    r_mbytes_per_sec: Option<u64>,
+                    w_mbytes_per_sec: Option<u64>,
+                }
+                let p: QosLimit = decode(params)?;
+                let i = self.find(&p.name).ok_or((ENODEV.0, ENODEV.1.to_owned()))?;
+                let given = [
+                    p.rw_ios_per_sec.map(|v| v.div_ceil(1000) * 1000),
+                    p.rw_mbytes_per_sec,
+                    p.r_mbytes_per_sec,
+                    p.w_mbytes_per_sec,
+                ];
+                if given.iter().all(Option::is_none) {
+                    return fail(-22, "No rate limits specified");
+                }
+                let name = self.bdevs[i].name.clone();
+                let mut now = self.qos.get(&name).copied().unwrap_or_default();
+                for (k, v) in given.iter().enumerate() {
+                    if let Some(v) = v {
+                        now[k] = *v;
+                    }
+                }
+                if now == [0; 4] {
+                    self.qos.remove(&name);
+                } else {
+                    self.qos.insert(name, now);
+                }
+                Ok(json!(true))
+            }
             "bdev_malloc_create" => {
                 if params.is_none() {
                     return fail(-32603, "spdk_json_decode_object failed");

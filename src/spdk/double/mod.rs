@@ -312,6 +312,9 @@ struct State {
     /// complete, as a copy that takes a moment).
     shallow_copies: Vec<ShallowCopy>,
     shallow_copy_count: u32,
+    /// `bdev_set_qos_limit` limits in force, by bdev name: (rw_ios_per_sec,
+    /// rw_mbytes_per_sec, r_mbytes_per_sec, w_mbytes_per_sec); 0 = none.
+    qos: BTreeMap<String, [u64; 4]>,
 }
 
 #[derive(Debug, Clone)]
@@ -484,6 +487,32 @@ impl SpdkDouble {
                 s.bdevs[t].num_blocks * u64::from(s.bdevs[t].block_size) / s.cluster_size_of(t).max(1);
             s.set_lvol_info(t, |l| l.allocated = (l.allocated + clusters).min(total));
         }
+    }
+
+    /// The NVMe/TCP controller `name` of this target loses its remote
+    /// subsystem for good (the replica's node is gone: SPDK's bdev_nvme
+    /// deletes the controller when its reconnect fails, ctrlr_loss_timeout_sec
+    /// 0 by default): its bdevs go, a raid loses them (degraded) and a
+    /// rebuild into one of them fails. Returns false without such a controller.
+    pub fn lose_controller(&self, name: &str) -> bool {
+        let c = {
+            let mut s = lock(&self.state);
+            let Some(ci) = s.ctrlrs.iter().position(|c| c.name == name) else {
+                return false;
+            };
+            let c = s.ctrlrs.remove(ci);
+            for b in &c.bdevs {
+                if let Some(i) = s.find(b) {
+                    s.remove_bdev(i);
+                }
+            }
+            s.sync_notifications();
+            c
+        };
+        if let Some(cntlid) = c.cntlid {
+            fabric_disconnect(&c.trid, cntlid);
+        }
+        true
     }
 
     /// Pulls the AIO disk `bdev` as a failing device would go: its lvstore
@@ -963,6 +992,9 @@ impl State {
         if b.claimed_by.is_some() {
             v["claim_type"] = json!("exclusive_write");
         }
+        let q = self.qos.get(&b.name).copied().unwrap_or_default();
+        v["assigned_rate_limits"] = json!({"rw_ios_per_sec": q[0], "rw_mbytes_per_sec": q[1],
+            "r_mbytes_per_sec": q[2], "w_mbytes_per_sec": q[3]});
         v
     }
 
@@ -1066,6 +1098,7 @@ impl State {
     /// SPDK hot-removes them).
     fn remove_bdev(&mut self, i: usize) -> Bdev {
         let b = self.bdevs.remove(i);
+        self.qos.remove(&b.name);
         for s in &mut self.subsystems {
             s.namespaces.retain(|n| n.bdev != b.name);
         }
@@ -1073,6 +1106,13 @@ impl State {
         // superblock records it on the members left before I/O goes on
         let mut changed = Vec::new();
         for (ri, r) in self.raids.iter_mut().enumerate() {
+            // a rebuild into it fails (SPDK ends the raid's process)
+            if r.rebuild
+                .as_ref()
+                .is_some_and(|x| x.0 == b.name || b.aliases.contains(&x.0))
+            {
+                r.rebuild = None;
+            }
             for s in r.slots.iter_mut() {
                 if s.as_deref() == Some(b.name.as_str()) {
                     *s = None;
@@ -1274,6 +1314,7 @@ pub const METHODS: &[&str] = &[
     "bdev_examine",
     "bdev_get_bdevs",
     "bdev_get_iostat",
+    "bdev_set_qos_limit",
     "bdev_malloc_create",
     "bdev_malloc_delete",
     "bdev_aio_create",

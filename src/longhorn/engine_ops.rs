@@ -1,0 +1,762 @@
+//! The engine operations of 8501 beyond the monitor's polls: snapshot revert
+//! and purge, the snapshot count limit, replica add (rebuild) and remove,
+//! the rebuild cap; the 8504 `ReplicaSnapshotRevert` a revert fans out to;
+//! and the forwarding of proxy calls for an engine on another node.
+//!
+//! ```text
+//!   SnapshotRevert(engine, s)   (Longhorn detaches the frontend first: refused while one is attached)
+//!     hold the engine ─ raid1 deleted ─ remote members detached
+//!       ├─ remote replica: its node's ReplicaSnapshotRevert (unexport, head deleted, clone of s)
+//!       └─ local replica:  head deleted, bdev_lvol_clone <r>-snap-<s> -> <r>
+//!     release ─ the controller makes the raid1 and the export again
+//!   ReplicaAdd(engine, r, tcp://ip:port)
+//!     rebuildRequests[r] = n ──> controller: start_rebuild (bdev_raid_add_base_bdev) ──> r is WO, then RW
+//!     while a rebuild of the engine runs: "replica add is already in progress"
+//!   ReplicaRemove: out of the raid1 (bdev_raid_remove_base_bdev), detached, out of the map
+//!   SnapshotPurge: snapshots marked removed are deleted where SPDK now lets them go
+//!   a call for an engine not here, whose engine-frontend is here:
+//!     forwarded to the engine node's proxy (the frontend's target IP, this node's proxy port)
+//! ```
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use tonic::Status;
+use tonic::transport::Channel;
+
+use super::naming;
+use super::ops;
+use super::proto::imrpc::{self, proxy_engine_service_client::ProxyEngineServiceClient};
+use super::proto::ptypes;
+use super::proto::spdkrpc;
+use super::proxy::{LVOL_NAME_MAX, Member, chain, internal, snapshot_lvol};
+use super::server::Longhorn;
+use crate::resources::longhorn::{InstanceState, LonghornEngine, LonghornEngineFrontend, LonghornReplica};
+use crate::runtime::Typed;
+use crate::spdk::ErrorKind;
+use crate::spdk::rpc::{ByName, ByNqn, LvolClone, RaidDelete};
+use crate::spdk::volume::naming::lvstore;
+
+/// Metadata of a forwarded proxy call (it is not forwarded again).
+pub const FORWARDED: &str = "talon-forwarded";
+/// How long a forwarded call or an engine operation may take.
+const OP_TIMEOUT: Duration = Duration::from_secs(60);
+
+fn state_err(e: impl std::error::Error + 'static) -> Status {
+    Status::internal(crate::util::error_chain(&e))
+}
+
+impl Longhorn {
+    fn update_engine(
+        &self,
+        e: &Typed<LonghornEngine>,
+        f: impl FnOnce(&mut LonghornEngine),
+    ) -> Result<(), Status> {
+        // the newest spec: another call may have changed it since `e` was read
+        let now = self.engine(e.id())?;
+        let mut spec = now.spec.clone();
+        f(&mut spec);
+        if spec != now.spec {
+            self.state()
+                .update_typed(e.id(), "", None, &spec)
+                .map_err(state_err)?;
+        }
+        Ok(())
+    }
+
+    fn running(&self, e: &Typed<LonghornEngine>, what: &str) -> Result<(), Status> {
+        match self.status_of(e.id()) {
+            Some(s) if s.state == InstanceState::Running => Ok(()),
+            Some(s) => Err(Status::failed_precondition(format!(
+                "{what}: the engine is not running ({}: {})",
+                s.state.as_str(),
+                s.message
+            ))),
+            None => Err(Status::failed_precondition(format!(
+                "{what}: the engine is not running"
+            ))),
+        }
+    }
+
+    /// The bdev replica `replica` is in engine `e`'s raid1 as.
+    fn member_bdev(&self, replica: &str) -> String {
+        match self.local_replica(replica) {
+            Some(r) => naming::replica_alias(&r.disk, replica),
+            None => format!("{replica}n1"),
+        }
+    }
+
+    // ----- VolumeSnapshotMaxCountSet, and its check before a snapshot
+
+    /// `VolumeSnapshotMaxCountSet`: kept on the engine (0: no limit).
+    pub(super) fn snapshot_max_count_set(&self, e: &Typed<LonghornEngine>, count: i32) -> Result<(), Status> {
+        if count < 0 {
+            return Err(Status::invalid_argument(format!(
+                "engine {}: snapshot max count {count} is negative",
+                e.id()
+            )));
+        }
+        self.update_engine(e, |s| s.snapshot_max_count = count)
+    }
+
+    /// Refuses a snapshot beyond the engine's limit, with Longhorn's text.
+    pub(super) async fn check_snapshot_count(&self, e: &Typed<LonghornEngine>) -> Result<(), Status> {
+        let max = e.spec.snapshot_max_count;
+        if max <= 0 {
+            return Ok(());
+        }
+        // the count as a local replica holds it (every replica holds the same)
+        let Some((replica, r)) = e
+            .spec
+            .replica_address_map
+            .keys()
+            .find_map(|k| self.local_replica(k).map(|r| (k.clone(), r)))
+        else {
+            return Ok(());
+        };
+        let (_, snaps) = self.replica_lvols(&replica, &r).await?;
+        if i32::try_from(snaps.len()).unwrap_or(i32::MAX) >= max {
+            return Err(Status::failed_precondition(format!(
+                "snapshot count {} is equal or larger than snapshotMaxCount {max}",
+                snaps.len()
+            )));
+        }
+        Ok(())
+    }
+
+    // ----- SnapshotRemove of a snapshot with two children, SnapshotPurge
+
+    /// How many lvols depend on snapshot `snap` (its clones), as a local
+    /// replica of `e` holds it; `None` without a local replica.
+    async fn snapshot_children(
+        &self,
+        e: &Typed<LonghornEngine>,
+        snap: &str,
+    ) -> Result<Option<usize>, Status> {
+        let Some((replica, r)) = e
+            .spec
+            .replica_address_map
+            .keys()
+            .find_map(|k| self.local_replica(k).map(|r| (k.clone(), r)))
+        else {
+            return Ok(None);
+        };
+        let (_, snaps) = self.replica_lvols(&replica, &r).await?;
+        Ok(Some(
+            snaps
+                .get(snap)
+                .map_or(0, |l| l["clones"].as_array().map_or(0, Vec::len)),
+        ))
+    }
+
+    /// Deletes snapshot `snap` of every replica of `e`; a snapshot SPDK must
+    /// keep (two or more lvols depend on it, after a revert) is marked
+    /// removed instead, for `SnapshotPurge`.
+    pub(super) async fn remove_snapshot(&self, e: &Typed<LonghornEngine>, snap: &str) -> Result<(), Status> {
+        naming::instance_name("snapshot", snap).map_err(|x| Status::invalid_argument(x.to_string()))?;
+        if self.snapshot_children(e, snap).await?.is_some_and(|n| n > 1) {
+            return self.update_engine(e, |s| {
+                s.removed_snapshots.insert(snap.to_owned());
+            });
+        }
+        for (replica, address) in &e.spec.replica_address_map {
+            match self.local_replica(replica) {
+                Some(r) => {
+                    self.delete_local(replica, &r, &snapshot_lvol(replica, snap))
+                        .await?
+                }
+                None => self
+                    .delete_remote(replica, address, snap)
+                    .await
+                    .map_err(|m| Status::unavailable(format!("snapshot {snap} of engine {}: {m}", e.id())))?,
+            }
+        }
+        self.update_engine(e, |s| {
+            s.removed_snapshots.remove(snap);
+        })
+    }
+
+    /// `SnapshotPurge`: every snapshot marked removed that SPDK now lets go
+    /// (one lvol or none depends on it) is deleted on every replica; the
+    /// result per replica is what `SnapshotPurgeStatus` reports.
+    pub(super) async fn purge(&self, e: &Typed<LonghornEngine>) -> Result<(), Status> {
+        let what = format!("purging the snapshots of engine {}", e.id());
+        self.running(e, &what)?;
+        if let Some(m) = self
+            .members(e)
+            .await?
+            .iter()
+            .find(|m| m.mode == ptypes::ReplicaMode::Wo)
+        {
+            return Err(Status::failed_precondition(format!(
+                "engine {} contains WO replica {} during snapshot purge",
+                e.id(),
+                m.replica
+            )));
+        }
+        let mut result: ops::PurgeResult = e
+            .spec
+            .replica_address_map
+            .values()
+            .map(|a| (super::proxy::tcp(a), None))
+            .collect();
+        for snap in &e.spec.removed_snapshots {
+            if self.snapshot_children(e, snap).await?.is_some_and(|n| n > 1) {
+                continue;
+            }
+            let mut all = true;
+            for (replica, address) in &e.spec.replica_address_map {
+                let r = match self.local_replica(replica) {
+                    Some(r) => self
+                        .delete_local(replica, &r, &snapshot_lvol(replica, snap))
+                        .await
+                        .map_err(|s| s.message().to_owned()),
+                    None => self.delete_remote(replica, address, snap).await,
+                };
+                if let Err(m) = r {
+                    all = false;
+                    result.insert(super::proxy::tcp(address), Some(format!("snapshot {snap}: {m}")));
+                }
+            }
+            if all {
+                self.update_engine(e, |s| {
+                    s.removed_snapshots.remove(snap);
+                })?;
+            }
+        }
+        ops::set_purge(e.id(), result.clone());
+        let failed: Vec<String> = result.into_values().flatten().collect();
+        if failed.is_empty() {
+            Ok(())
+        } else {
+            Err(Status::internal(format!("{what}: {}", failed.join("; "))))
+        }
+    }
+
+    /// `SnapshotPurgeStatus`: the last purge, per replica address.
+    pub(super) fn purge_status(
+        &self,
+        e: &Typed<LonghornEngine>,
+    ) -> std::collections::HashMap<String, ptypes::SnapshotPurgeStatusResponse> {
+        ops::purge_of(e.id())
+            .into_iter()
+            .map(|(a, err)| {
+                (
+                    a,
+                    ptypes::SnapshotPurgeStatusResponse {
+                        is_purging: false,
+                        state: if err.is_some() { "error" } else { "complete" }.into(),
+                        error: err.unwrap_or_default(),
+                        progress: 100,
+                    },
+                )
+            })
+            .collect()
+    }
+
+    // ----- SnapshotRevert
+
+    /// Makes local replica `replica`'s head again as a clone of its snapshot
+    /// `snap` (the old head is deleted). The snapshot is checked first:
+    /// nothing is deleted when it is missing.
+    async fn revert_local(&self, replica: &str, r: &LonghornReplica, snap: &str) -> Result<(), Status> {
+        let lvs = lvstore(&r.disk);
+        let alias = naming::replica_alias(&r.disk, replica);
+        let source = format!("{lvs}/{}", snapshot_lvol(replica, snap));
+        let what = format!("replica {replica}: reverting to snapshot {snap}");
+        if self
+            .client()
+            .bdev(&source)
+            .await
+            .map_err(|x| internal(&what, chain(&x)))?
+            .is_none()
+        {
+            return Err(Status::failed_precondition(format!(
+                "{what}: replica {replica} does not contain the reverting snapshot {snap} ({source})"
+            )));
+        }
+        match self.client().bdev_lvol_delete(&ByName::new(&alias)).await {
+            Ok(_) => {}
+            Err(x) if x.is(ErrorKind::NotFound) => {}
+            Err(x) => return Err(internal(&format!("{what}: deleting the head {alias}"), chain(&x))),
+        }
+        self.client()
+            .bdev_lvol_clone(&LvolClone {
+                snapshot_name: source.clone(),
+                clone_name: replica.to_owned(),
+            })
+            .await
+            .map_err(|x| internal(&format!("{what}: cloning {source} as {alias}"), chain(&x)))?;
+        Ok(())
+    }
+
+    /// `SnapshotRevert`: every replica of `e` back to snapshot `snap`. The
+    /// engine must be detached from its frontend (Longhorn detaches it and
+    /// makes the engine with an empty frontend) and every replica in service.
+    pub(super) async fn revert(&self, e: &Typed<LonghornEngine>, snap: &str) -> Result<(), Status> {
+        let what = format!("reverting engine {} to snapshot {snap}", e.id());
+        naming::instance_name("snapshot", snap)
+            .map_err(|x| Status::invalid_argument(format!("{what}: {x}")))?;
+        self.running(e, &what)?;
+        if !e.spec.frontend.is_empty() {
+            return Err(Status::failed_precondition(format!(
+                "invalid frontend {} for engine {} snapshot {snap} revert: the engine must be detached from its frontend",
+                e.spec.frontend,
+                e.id()
+            )));
+        }
+        if let Some(f) = self.frontend_for(e.id(), "") {
+            return Err(Status::failed_precondition(format!(
+                "{what}: engine-frontend {} attaches it; detach it first",
+                f.id()
+            )));
+        }
+        let volume = crate::names::ObjectName::parse("volume", &e.spec.volume)
+            .map_err(|x| Status::invalid_argument(x.to_string()))?;
+        let nqn = naming::volume_nqn(&volume).map_err(|x| Status::invalid_argument(x.to_string()))?;
+        match self
+            .client()
+            .nvmf_subsystem_get_controllers(&ByNqn {
+                nqn: nqn.as_str().to_owned(),
+            })
+            .await
+        {
+            Ok(c) if !c.is_empty() => {
+                return Err(Status::failed_precondition(format!(
+                    "{what}: {} host(s) are connected to its export {nqn}; detach them first",
+                    c.len()
+                )));
+            }
+            _ => {}
+        }
+        let members = self.members(e).await?;
+        if let Some(m) = members.iter().find(|m| m.mode != ptypes::ReplicaMode::Rw) {
+            return Err(Status::failed_precondition(format!(
+                "{what}: replica {} is {} (not in service); remove it before reverting",
+                m.replica,
+                mode_name(m)
+            )));
+        }
+        for replica in e.spec.replica_address_map.keys() {
+            if let Some(r) = self.local_replica(replica) {
+                let source = format!("{}/{}", lvstore(&r.disk), snapshot_lvol(replica, snap));
+                if self.client().bdev(&source).await.ok().flatten().is_none() {
+                    return Err(Status::failed_precondition(format!(
+                        "{what}: replica {replica} does not contain the reverting snapshot {snap}"
+                    )));
+                }
+            }
+        }
+        let _engine = ops::try_hold(e.id()).ok_or_else(|| {
+            Status::unavailable(format!("{what}: another operation on the engine is in progress"))
+        })?;
+        let locals: Vec<(String, LonghornReplica)> = e
+            .spec
+            .replica_address_map
+            .keys()
+            .filter_map(|k| self.local_replica(k).map(|r| (k.clone(), r)))
+            .collect();
+        let _replicas: Vec<ops::Hold> = locals.iter().filter_map(|(k, _)| ops::try_hold(k)).collect();
+        // the raid1 goes (its export's namespace with it); remote members are detached
+        match self.client().bdev_raid_delete(&RaidDelete::new(e.id())).await {
+            Ok(_) => {}
+            Err(x) if x.is(ErrorKind::NotFound) => {}
+            Err(x) => return Err(internal(&format!("{what}: deleting raid {}", e.id()), chain(&x))),
+        }
+        for replica in e.spec.replica_address_map.keys() {
+            if self.local_replica(replica).is_none() {
+                match self
+                    .client()
+                    .bdev_nvme_detach_controller(&ByName::new(replica))
+                    .await
+                {
+                    Ok(_) => {}
+                    Err(x) if x.is(ErrorKind::NotFound) => {}
+                    Err(x) => {
+                        return Err(internal(
+                            &format!("{what}: detaching replica {replica}"),
+                            chain(&x),
+                        ));
+                    }
+                }
+            }
+        }
+        // remote replicas first: each checks its snapshot before it deletes anything
+        for (replica, address) in &e.spec.replica_address_map {
+            if self.local_replica(replica).is_some() {
+                continue;
+            }
+            let mut c = self
+                .replica_node(replica, address)
+                .await
+                .map_err(|m| Status::unavailable(format!("{what}: {m}")))?;
+            c.replica_snapshot_revert(spdkrpc::SnapshotRequest {
+                name: replica.clone(),
+                snapshot_name: snap.to_owned(),
+                ..Default::default()
+            })
+            .await
+            .map_err(|s| {
+                Status::new(
+                    s.code(),
+                    format!("{what}: replica {replica}: its node: {}", s.message()),
+                )
+            })?;
+        }
+        for (replica, r) in &locals {
+            self.revert_local(replica, r, snap).await?;
+        }
+        drop(_replicas);
+        drop(_engine);
+        // the controller makes the raid1 again over the reverted heads
+        let deadline = Instant::now() + OP_TIMEOUT;
+        loop {
+            let m = self.members(e).await?;
+            let raid_back = self.client().bdev(e.id()).await.ok().flatten().is_some()
+                || e.spec.replica_address_map.len() == 1;
+            if raid_back && m.iter().all(|m| m.mode == ptypes::ReplicaMode::Rw) {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                return Err(Status::deadline_exceeded(format!(
+                    "{what}: every replica was reverted, but the engine is not serving them yet"
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// 8504 `ReplicaSnapshotRevert` from another node's engine: this node's
+    /// replica back to the snapshot (its export goes while the head is made
+    /// again; the controller makes it again).
+    pub(super) async fn replica_snapshot_revert(&self, req: spdkrpc::SnapshotRequest) -> Result<(), Status> {
+        naming::instance_name("snapshot", &req.snapshot_name)
+            .map_err(|x| Status::invalid_argument(x.to_string()))?;
+        let (replica, t) = self.stored_replica(&req.name)?;
+        let lvol = snapshot_lvol(replica.as_str(), &req.snapshot_name);
+        if lvol.len() > LVOL_NAME_MAX {
+            return Err(Status::invalid_argument(format!(
+                "replica {replica}: lvol name {lvol} is longer than SPDK's {LVOL_NAME_MAX} characters"
+            )));
+        }
+        let source = format!("{}/{lvol}", lvstore(&t.spec.disk));
+        if self.client().bdev(&source).await.ok().flatten().is_none() {
+            return Err(Status::failed_precondition(format!(
+                "replica {replica} does not contain the reverting snapshot {}",
+                req.snapshot_name
+            )));
+        }
+        let _hold = ops::try_hold(replica.as_str()).ok_or_else(|| {
+            Status::unavailable(format!("replica {replica}: another operation is in progress"))
+        })?;
+        let nqn = naming::replica_nqn(&replica).map_err(|x| Status::invalid_argument(x.to_string()))?;
+        match self
+            .client()
+            .nvmf_delete_subsystem(&ByNqn {
+                nqn: nqn.as_str().to_owned(),
+            })
+            .await
+        {
+            Ok(_) => {}
+            Err(x) if x.is(ErrorKind::NotFound) || x.is(ErrorKind::InvalidParams) => {}
+            Err(x) => {
+                return Err(internal(
+                    &format!("replica {replica}: unexporting {nqn}"),
+                    chain(&x),
+                ));
+            }
+        }
+        self.revert_local(replica.as_str(), &t.spec, &req.snapshot_name)
+            .await
+    }
+
+    // ----- ReplicaAdd, ReplicaRemove, ReplicaRebuildingQosSet
+
+    /// `ReplicaAdd`: replica `replica` at `address` joins engine `e`'s raid1;
+    /// returns once its rebuild runs (WO; the manager then waits for RW or
+    /// ERR).
+    pub(super) async fn replica_add(
+        &self,
+        e: &Typed<LonghornEngine>,
+        replica: &str,
+        address: &str,
+    ) -> Result<(), Status> {
+        let what = format!("adding replica {replica} to engine {}", e.id());
+        let replica = naming::instance_name("replica", replica)
+            .map_err(|x| Status::invalid_argument(format!("{what}: {x}")))?;
+        let replica = replica.as_str();
+        let address = address.strip_prefix("tcp://").unwrap_or(address);
+        address.parse::<SocketAddr>().map_err(|_| {
+            Status::invalid_argument(format!("{what}: address {address:?} is not [tcp://]ip:port"))
+        })?;
+        let busy = || Status::failed_precondition(format!("{what}: replica add is already in progress"));
+        let _adding = ops::try_hold(&format!("{}/replica-add", e.id())).ok_or_else(busy)?;
+        self.running(e, &what)?;
+        let members = self.members(e).await?;
+        if let Some(m) = members.iter().find(|m| m.mode == ptypes::ReplicaMode::Wo) {
+            return Err(Status::failed_precondition(format!(
+                "{what}: replica add is already in progress (replica {} is being rebuilt)",
+                m.replica
+            )));
+        }
+        let st = self.status_of(e.id()).unwrap_or_else(no_status);
+        if e.spec
+            .rebuild_requests
+            .iter()
+            .any(|(r, n)| st.rebuilds_started.get(r) != Some(n))
+        {
+            return Err(busy());
+        }
+        if self.client().bdev(e.id()).await.ok().flatten().is_none() {
+            return Err(Status::failed_precondition(format!(
+                "{what}: the engine has no raid1 (a single replica is exported as it is); \
+                 make the engine again with two or more replicas"
+            )));
+        }
+        if members
+            .iter()
+            .any(|m| m.replica == replica && m.mode == ptypes::ReplicaMode::Rw)
+        {
+            return Err(Status::already_exists(format!(
+                "{what}: replica {replica} already exists and is in service (RW)"
+            )));
+        }
+        if !members
+            .iter()
+            .any(|m| m.replica != replica && m.mode == ptypes::ReplicaMode::Rw)
+        {
+            return Err(Status::failed_precondition(format!(
+                "{what}: no replica is in service to rebuild from"
+            )));
+        }
+        // request numbers never repeat (a status may still hold an older
+        // request of the same replica): the clock, past every one in use
+        let clock = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
+        let used = e
+            .spec
+            .rebuild_requests
+            .values()
+            .chain(st.rebuilds_started.values())
+            .max()
+            .copied()
+            .unwrap_or(0);
+        let request = clock.max(used + 1);
+        self.update_engine(e, |s| {
+            s.replica_address_map
+                .insert(replica.to_owned(), address.to_owned());
+            s.rebuild_requests.insert(replica.to_owned(), request);
+        })?;
+        let request = self
+            .engine(e.id())?
+            .spec
+            .rebuild_requests
+            .get(replica)
+            .copied()
+            .unwrap_or(request);
+        // the controller starts the rebuild (start_rebuild) and records it
+        let deadline = Instant::now() + OP_TIMEOUT;
+        loop {
+            if let Some(st) = self.status_of(e.id())
+                && st.rebuilds_started.get(replica) == Some(&request)
+            {
+                return match st.rebuild_errors.get(replica) {
+                    Some(m) => Err(Status::internal(format!("{what}: {m}"))),
+                    None => Ok(()),
+                };
+            }
+            if Instant::now() > deadline {
+                return Err(Status::deadline_exceeded(format!(
+                    "{what}: the rebuild has not started yet"
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// `ReplicaRemove`: the replica (by name, or by address) leaves engine
+    /// `e`: out of the raid1, detached, out of the replica map. One that is
+    /// not there is no error.
+    pub(super) async fn replica_remove(
+        &self,
+        e: &Typed<LonghornEngine>,
+        name: &str,
+        address: &str,
+    ) -> Result<(), Status> {
+        let address = address.strip_prefix("tcp://").unwrap_or(address);
+        let Some(replica) = e
+            .spec
+            .replica_address_map
+            .iter()
+            .find(|(r, a)| {
+                (!name.is_empty() && r.as_str() == name) || (name.is_empty() && a.as_str() == address)
+            })
+            .map(|(r, _)| r.clone())
+        else {
+            return Ok(());
+        };
+        let what = format!("removing replica {replica} from engine {}", e.id());
+        if e.spec.replica_address_map.len() == 1 {
+            return Err(Status::failed_precondition(format!(
+                "{what}: it is the engine's only replica"
+            )));
+        }
+        let _engine = ops::try_hold(e.id()).ok_or_else(|| {
+            Status::unavailable(format!("{what}: another operation on the engine is in progress"))
+        })?;
+        let member = self.member_bdev(&replica);
+        let in_raid = self
+            .members(e)
+            .await?
+            .iter()
+            .any(|m| m.replica == replica && m.mode != ptypes::ReplicaMode::Err);
+        if in_raid {
+            match self
+                .client()
+                .bdev_raid_remove_base_bdev(&ByName::new(&member))
+                .await
+            {
+                Ok(_) => {}
+                Err(x) if x.is(ErrorKind::NotFound) => {}
+                Err(x) => {
+                    return Err(internal(
+                        &format!("{what}: taking {member} out of the raid1"),
+                        chain(&x),
+                    ));
+                }
+            }
+        }
+        if ops::is_capped(&member) {
+            ops::uncap(&member);
+        }
+        if self.local_replica(&replica).is_none() {
+            match self
+                .client()
+                .bdev_nvme_detach_controller(&ByName::new(&replica))
+                .await
+            {
+                Ok(_) => {}
+                Err(x) if x.is(ErrorKind::NotFound) => {}
+                Err(x) => return Err(internal(&format!("{what}: detaching it"), chain(&x))),
+            }
+        }
+        self.update_engine(e, |s| {
+            s.replica_address_map.remove(&replica);
+            s.rebuild_requests.remove(&replica);
+        })
+    }
+
+    /// `ReplicaRebuildingQosSet`: the cap is kept on the engine for the
+    /// next rebuilds and applied now to the member being rebuilt (0 lifts).
+    pub(super) async fn rebuild_qos_set(&self, e: &Typed<LonghornEngine>, mbps: i64) -> Result<(), Status> {
+        let what = format!("engine {}: rebuild QoS {mbps} MB/s", e.id());
+        let mbps = u64::try_from(mbps).map_err(|_| Status::invalid_argument(format!("{what}: negative")))?;
+        self.update_engine(e, |s| {
+            s.rebuild_qos_mbps = i64::try_from(mbps).unwrap_or(i64::MAX)
+        })?;
+        for m in self.members(e).await? {
+            if m.mode != ptypes::ReplicaMode::Wo {
+                continue;
+            }
+            let member = self.member_bdev(&m.replica);
+            ops::set_rebuild_cap(self.client(), &member, mbps)
+                .await
+                .map_err(|x| internal(&format!("{what}: capping {member}"), chain(&x)))?;
+            if mbps > 0 {
+                ops::mark_capped(e.id(), &member);
+            } else {
+                ops::uncap(&member);
+            }
+        }
+        Ok(())
+    }
+
+    // ----- forwarding
+
+    /// The engine-frontend of this node that attaches engine `engine`
+    /// (`named` first, when given).
+    pub(super) fn frontend_for(&self, engine: &str, named: &str) -> Option<Typed<LonghornEngineFrontend>> {
+        let all = self.state().list_typed::<LonghornEngineFrontend>().ok()?;
+        let mut of_engine = all.into_iter().filter(|f| f.spec.engine_name == engine);
+        let v: Vec<_> = of_engine.by_ref().collect();
+        v.iter()
+            .find(|f| !named.is_empty() && f.id() == named)
+            .or_else(|| v.first())
+            .cloned()
+    }
+
+    /// For a call about an engine that is not on this node but whose
+    /// engine-frontend is: the proxy of the engine's node (the frontend's
+    /// target IP, this node's own proxy port). `None`: answer here.
+    pub(super) async fn forward_target(
+        &self,
+        forwarded: bool,
+        p: Option<&imrpc::ProxyEngineRequest>,
+    ) -> Result<Option<ProxyEngineServiceClient<Channel>>, Status> {
+        let Some(p) = p else {
+            return Ok(None);
+        };
+        if forwarded || p.engine_name.is_empty() {
+            return Ok(None);
+        }
+        if self
+            .state()
+            .get_typed::<LonghornEngine>(&p.engine_name)
+            .map_err(state_err)?
+            .is_some()
+        {
+            return Ok(None);
+        }
+        let Some(f) = self.frontend_for(&p.engine_name, &p.engine_frontend_name) else {
+            return Ok(None);
+        };
+        let sa: SocketAddr = f.spec.target_address.parse().map_err(|_| {
+            Status::internal(format!(
+                "engine-frontend {}: target address {:?} is not ip:port",
+                f.id(),
+                f.spec.target_address
+            ))
+        })?;
+        let url = format!("http://{}", SocketAddr::new(sa.ip(), self.proxy_port()));
+        let ch = tonic::transport::Endpoint::from_shared(url.clone())
+            .map_err(|x| Status::internal(format!("{url}: {x}")))?
+            .connect_timeout(super::proxy::REMOTE_TIMEOUT)
+            .timeout(OP_TIMEOUT)
+            .connect()
+            .await
+            .map_err(|x| {
+                Status::unavailable(format!(
+                    "engine {} is on another node (engine-frontend {} attaches it); its proxy at {url}: {x}",
+                    p.engine_name,
+                    f.id()
+                ))
+            })?;
+        Ok(Some(ProxyEngineServiceClient::new(ch)))
+    }
+}
+
+fn mode_name(m: &Member) -> &'static str {
+    match m.mode {
+        ptypes::ReplicaMode::Rw => "RW",
+        ptypes::ReplicaMode::Wo => "WO",
+        ptypes::ReplicaMode::Err => "ERR",
+    }
+}
+
+/// An engine status before the controller wrote one.
+fn no_status() -> crate::resources::longhorn::LonghornInstanceStatus {
+    crate::resources::longhorn::LonghornInstanceStatus {
+        kind: crate::resources::longhorn::InstanceKind::Engine,
+        state: InstanceState::Starting,
+        message: String::new(),
+        bdev: String::new(),
+        uuid: String::new(),
+        nqn: String::new(),
+        endpoint: String::new(),
+        allocated_bytes: 0,
+        rebuilds_started: Default::default(),
+        rebuild_errors: Default::default(),
+        rebuild: String::new(),
+    }
+}
