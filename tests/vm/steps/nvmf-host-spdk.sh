@@ -5,7 +5,7 @@
 # 20 s) on the 2-replica volume vm-snap while the host snapshots it every second: fio must see no
 # I/O error (the kernel's NVMe multipath queues I/O while a snapshot freezes the export). Skipped by
 # the harness without SPDK.
-# vm-timeout: 150
+# vm-timeout: 240
 set -u
 VOL=hostspdk
 export TALON_DATA_DIR=/tmp/talon-data
@@ -44,6 +44,24 @@ IOPS=$(grep -m1 'write:' /tmp/snapfio.out | sed -n 's/.*IOPS=\([^,]*\),.*/\1/p')
 echo "SNAPFIO start=$START end=$END rc=$RC iops=$IOPS clat=[$CLAT]"
 [ "$RC" = 0 ] || { cat /tmp/snapfio.err; fail=1; }
 talon detach nvme-tcp --volume $SNAP || fail=1
+
+# thin rebuilds (with their switch: the export closes for a moment, the kernel reconnects) under fio
+RB=rbvol
+talon attach nvme-tcp --volume $RB --traddr "$TALON_HOST_ADDR" --trsvcid "$TALON_HOST_SPDK_NVMF_PORT" \
+	--nqn "$TALON_HOST_SPDK_RB_NQN" || exit 1
+START=$(date +%s)
+fio --name=rb --filename=/dev/talon/$RB --rw=randwrite --bs=4k --iodepth=16 --ioengine=libaio \
+	--direct=1 --time_based --runtime=40 >/tmp/rbfio.out 2>/tmp/rbfio.err
+RC=$?
+END=$(date +%s)
+IOPS=$(grep -m1 'write:' /tmp/rbfio.out | sed -n 's/.*IOPS=\([^,]*\),.*/\1/p')
+dd if=/dev/urandom of=/tmp/rbp bs=1M count=4 2>/dev/null
+dd if=/tmp/rbp of=/dev/talon/$RB bs=1M seek=8 count=4 oflag=direct 2>/dev/null || fail=1
+A=$(md5sum </tmp/rbp | cut -c1-32)
+B=$(dd if=/dev/talon/$RB bs=1M skip=8 count=4 iflag=direct 2>/dev/null | md5sum | cut -c1-32)
+echo "RBFIO start=$START end=$END rc=$RC iops=$IOPS md5=$A back=$B"
+[ "$RC" = 0 ] || { cat /tmp/rbfio.err; fail=1; }
+talon detach nvme-tcp --volume $RB || fail=1
 rm -f $TALON_DATA_DIR/nvme/hostid $TALON_DATA_DIR/nvme/hostnqn
 cp -a "$SAVED"/. $TALON_DATA_DIR/nvme/ 2>/dev/null
 exit $fail
