@@ -792,6 +792,34 @@ async fn the_engine_proxy_reverts_purges_and_rebuilds_across_two_nodes() {
     })
     .await;
 
+    // the raid goes while a rebuild runs (as with a restart of spdk_tgt): it is
+    // made again without the replica being rebuilt (it may hold half a
+    // rebuild; ERR for Longhorn), and the next ReplicaAdd rebuilds it
+    replica_remove(&mut p, won).await;
+    double(&a).set_rebuild_time(Duration::from_secs(60));
+    replica_add(&p, won, &waddr).await.expect("ReplicaAdd once more");
+    assert_eq!(modes(&mut p).await, vec![(ta.clone(), RW), (twon.clone(), WO)]);
+    // a reconcile records the rebuild as started (POLL is 3 s)
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    a.spdk
+        .bdev_raid_delete(&talon::spdk::rpc::RaidDelete::new("vol-e-0"))
+        .await
+        .expect("the raid goes");
+    talon::runtime::testing::eventually("made again without the half-rebuilt replica", WAIT, || async {
+        let mut p = p.clone();
+        (modes(&mut p).await == vec![(ta.clone(), RW), (twon.clone(), ERR)]).then_some(())
+    })
+    .await;
+    double(&a).set_rebuild_time(Duration::from_secs(1));
+    replica_add(&p, won, &waddr)
+        .await
+        .expect("ReplicaAdd rebuilds it into the raid made again");
+    talon::runtime::testing::eventually("RW after that rebuild", WAIT, || async {
+        let mut p = p.clone();
+        (modes(&mut p).await == vec![(ta.clone(), RW), (twon.clone(), RW)]).then_some(())
+    })
+    .await;
+
     // B's proxy answers for the engine on A through B's engine-frontend
     let inst_b = InstanceServiceClient::new(b.channel(3).await);
     inst_b

@@ -756,6 +756,7 @@ fn no_status() -> crate::resources::longhorn::LonghornInstanceStatus {
         endpoint: String::new(),
         allocated_bytes: 0,
         rebuilds_started: Default::default(),
+        rebuilds_done: Default::default(),
         rebuild_errors: Default::default(),
         rebuild: String::new(),
     }

@@ -1001,6 +1001,7 @@ fn empty_status(kind: InstanceKind) -> LonghornInstanceStatus {
         endpoint: String::new(),
         allocated_bytes: 0,
         rebuilds_started: BTreeMap::new(),
+        rebuilds_done: BTreeMap::new(),
         rebuild_errors: BTreeMap::new(),
         rebuild: String::new(),
     }

@@ -200,6 +200,12 @@ pub struct LonghornInstanceStatus {
     /// request number).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub rebuilds_started: BTreeMap<String, u64>,
+    /// Engines: the `rebuildRequests` whose rebuild was seen to end with the
+    /// replica in the raid (replica -> request number). A replica with a
+    /// request not here is never a member when the raid is made again (after
+    /// a restart of spdk_tgt): it may hold half a rebuild.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub rebuilds_done: BTreeMap<String, u64>,
     /// Engines: why a requested rebuild could not start, by replica.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub rebuild_errors: BTreeMap<String, String>,

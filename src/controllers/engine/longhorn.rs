@@ -116,6 +116,7 @@ fn status(kind: InstanceKind, state: InstanceState, message: impl Into<String>) 
         endpoint: String::new(),
         allocated_bytes: 0,
         rebuilds_started: BTreeMap::new(),
+        rebuilds_done: BTreeMap::new(),
         rebuild_errors: BTreeMap::new(),
         rebuild: String::new(),
     }
@@ -453,28 +454,75 @@ impl LonghornController {
         let (bdev, uuid) = match inv.raid(name.as_str()) {
             Some(raid) => (raid.name.clone(), raid.uuid.clone().unwrap_or_default()),
             None => {
-                let (members, missing) = self.members(&*inv, &e.spec, local).await;
+                // a replica whose last rebuild was not seen to end stays out
+                // (it may hold half a rebuild); Longhorn sees it ERR
+                let mut spec = e.spec.clone();
+                let done = prev.map(|p| &p.rebuilds_done);
+                spec.replica_address_map.retain(|r, _| {
+                    e.spec
+                        .rebuild_requests
+                        .get(r)
+                        .is_none_or(|req| done.and_then(|d| d.get(r)) == Some(req))
+                });
+                let (members, missing) = self.members(&*inv, &spec, local).await;
                 if !missing.is_empty() || members.is_empty() {
                     return Err(format!("waiting for replicas: {}", missing.join("; ")));
                 }
-                if members.len() == 1 {
+                if members.len() == 1 && e.spec.replica_address_map.len() == 1 {
                     let m = members[0].clone();
                     let uuid = inv.lvols.get(&m).map(|l| l.uuid.clone()).unwrap_or_default();
                     (m, uuid)
                 } else {
-                    self.client
+                    // one member of several (the others held out): a raid1
+                    // still, so the others can be rebuilt into it; SPDK makes
+                    // a raid1 of two or more only, so a short-lived bdev_null
+                    // holds the second slot while it is made
+                    let mut bases = members.clone();
+                    let placeholder = if members.len() == 1 {
+                        let n = format!("{}lh-{name}", crate::spdk::naming::NULL_PREFIX);
+                        let b = self
+                            .client
+                            .bdev(&members[0])
+                            .await
+                            .map_err(|x| format!("looking up {}: {}", members[0], chain(&x)))?
+                            .ok_or_else(|| format!("member {} is gone", members[0]))?;
+                        self.client
+                            .bdev_null_create(&crate::spdk::rpc::NullCreate {
+                                name: n.clone(),
+                                num_blocks: b.num_blocks,
+                                block_size: b.block_size,
+                            })
+                            .await
+                            .map_err(|x| format!("creating placeholder {n}: {}", chain(&x)))?;
+                        bases.push(n.clone());
+                        Some(n)
+                    } else {
+                        None
+                    };
+                    let made = self
+                        .client
                         .bdev_raid_create(&RaidCreate {
                             name: name.as_str().into(),
                             raid_level: RaidLevel::Raid1,
-                            base_bdevs: members.clone(),
+                            base_bdevs: bases.clone(),
                             strip_size_kb: None,
                             uuid: None,
                             superblock: None,
                         })
                         .await
                         .map_err(|x| {
-                            format!("creating raid1 {name} over {}: {}", members.join(", "), chain(&x))
-                        })?;
+                            format!("creating raid1 {name} over {}: {}", bases.join(", "), chain(&x))
+                        });
+                    if let Some(n) = &placeholder {
+                        if made.is_ok() {
+                            self.client
+                                .bdev_raid_remove_base_bdev(&ByName::new(n))
+                                .await
+                                .map_err(|x| format!("emptying placeholder {n}'s slot: {}", chain(&x)))?;
+                        }
+                        let _ = self.client.bdev_null_delete(&ByName::new(n)).await;
+                    }
+                    made?;
                     let uuid = self
                         .client
                         .bdev(name.as_str())
@@ -525,6 +573,25 @@ impl LonghornController {
         st: &mut LonghornInstanceStatus,
     ) {
         let mut started_one = false;
+        if let Some(p) = prev {
+            st.rebuilds_done = p
+                .rebuilds_done
+                .iter()
+                .filter(|(r, req)| e.spec.rebuild_requests.get(*r) == Some(*req))
+                .map(|(r, req)| (r.clone(), *req))
+                .collect();
+        }
+        // rebuilds started by an earlier reconcile and not seen to end yet
+        let unsettled: Vec<(&String, &u64)> = e
+            .spec
+            .rebuild_requests
+            .iter()
+            .filter(|(r, req)| {
+                st.rebuilds_done.get(*r) != Some(*req)
+                    && prev.and_then(|p| p.rebuilds_started.get(*r)) == Some(*req)
+                    && prev.is_none_or(|p| !p.rebuild_errors.contains_key(*r))
+            })
+            .collect();
         for (replica, request) in &e.spec.rebuild_requests {
             let Some(address) = e.spec.replica_address_map.get(replica) else {
                 continue;
@@ -546,7 +613,11 @@ impl LonghornController {
             }
         }
         let all_capped = crate::longhorn::ops::all_capped_of(e.id());
-        if !started_one && all_capped.is_empty() && inv.raid(e.id()).is_none_or(|r| r.process.is_none()) {
+        if !started_one
+            && unsettled.is_empty()
+            && all_capped.is_empty()
+            && inv.raid(e.id()).is_none_or(|r| r.process.is_none())
+        {
             return;
         }
         // the raid as it is now (a rebuild may have started or ended)
@@ -563,6 +634,28 @@ impl LonghornController {
         if let Some(r) = raid.as_ref() {
             inv.raids.retain(|x| x.name != r.name);
             inv.raids.push(r.clone());
+            // a rebuild started before this reconcile ended when its member
+            // is configured and no process writes it (SPDK reports the
+            // process a moment after the add: never judged in that reconcile)
+            for (replica, request) in &unsettled {
+                let names: Vec<String> = match local.get(*replica) {
+                    Some(l) => {
+                        let alias = naming::replica_alias(&l.disk, replica);
+                        let uuid = inv.lvols.get(&alias).map(|x| x.uuid.clone());
+                        std::iter::once(alias).chain(uuid).collect()
+                    }
+                    None => vec![format!("{replica}n1")],
+                };
+                let is = |n: &str| names.iter().any(|m| m == n);
+                let configured = r
+                    .base_bdevs_list
+                    .iter()
+                    .any(|b| b.is_configured && b.name.as_deref().is_some_and(is));
+                let writing = r.process.as_ref().is_some_and(|p| is(&p.target));
+                if configured && !writing {
+                    st.rebuilds_done.insert((*replica).clone(), **request);
+                }
+            }
         }
         match raid.as_ref().and_then(|r| r.process.as_ref()) {
             Some(p) => {
