@@ -1073,6 +1073,7 @@ impl Controller for LonghornController {
             {
                 // the rebuilds started stay recorded (none is started twice)
                 st.rebuilds_started = p.rebuilds_started;
+                st.rebuilds_done = p.rebuilds_done;
                 st.rebuild_errors = p.rebuild_errors;
             }
             ctx.apply(e.id(), st)?;

@@ -925,6 +925,8 @@ impl VolumeOps {
                 .map(|r| r.k)
         };
         let mut sync = SyncState::default();
+        // a replica taken out of SPDK's rebuild this call: rebuilt thin from the next call
+        let mut held_back: Option<usize> = None;
         // assembled by SPDK from a superblock that names members not here:
         // what they hold is newer than what is here, so nothing is touched
         if let Some(r) = inv.raid(&raid).filter(|r| r.state == "configuring") {
@@ -950,11 +952,10 @@ impl VolumeOps {
                             .map_err(rpc(vol, format!("removing placeholder {n} from {raid}")))?;
                     }
                 }
-                let target = r
+                let mut target = r
                     .process
                     .as_ref()
                     .and_then(|p| Some((k_of(&p.target)?, p.progress.percent)));
-                sync.rebuilding = target;
                 sync.in_sync = r
                     .base_bdevs_list
                     .iter()
@@ -962,6 +963,36 @@ impl VolumeOps {
                     .filter_map(|b| k_of(b.name.as_deref()?))
                     .filter(|k| target.is_none_or(|(t, _)| t != *k))
                     .collect();
+                // a local replica that came back with the raid's superblock is
+                // re-added by SPDK's examine with a full rebuild (every block):
+                // taken out again, it is rebuilt thin from a local one instead
+                if let (Some((t, _)), Some(p)) = (target, r.process.as_ref())
+                    && t < plan.replicas
+                    && self.thin_rebuild
+                    && self.rebuilds.thin_allowed(vol)
+                    && sync.in_sync.iter().any(|k| *k < plan.replicas)
+                {
+                    match self
+                        .client
+                        .bdev_raid_remove_base_bdev(&ByName::new(&p.target))
+                        .await
+                    {
+                        Ok(_) => {
+                            tracing::info!(
+                                volume = vol,
+                                replica = t,
+                                "SPDK's full rebuild of a returning replica stopped: rebuilt thin instead"
+                            );
+                            target = None;
+                            held_back = Some(t);
+                        }
+                        Err(e) => {
+                            tracing::warn!(volume = vol, replica = t, error = %crate::util::error_chain(&e),
+                                "SPDK's full rebuild of a returning replica could not be stopped; it goes on")
+                        }
+                    }
+                }
+                sync.rebuilding = target;
             }
             None => {
                 if let Some(r) = inv.raid(&raid) {
@@ -1025,6 +1056,11 @@ impl VolumeOps {
             {
                 tracing::warn!(volume = vol, replica = %r.name, error = %e, "rebuild cap not lifted yet");
             }
+        }
+        if let Some(k) = held_back {
+            sync.stale.extend(behind.iter().map(|r| r.k).filter(|b| *b != k));
+            sync.rebuilding = Some((k, 0));
+            return Ok((raid, sync));
         }
         let mut behind = behind.into_iter();
         // thin: a local replica from a local up-to-date one, into a raid that
