@@ -116,6 +116,54 @@ async fn held(c: &SpdkClient, vol: &str, k: usize) -> u64 {
             .sum::<u64>()
 }
 
+/// A 2-replica 1 GiB volume (superblock) on disks `disks`, its rebuilds
+/// capped at `cap`, with 102 MiB written (spdk_dd, sequential).
+async fn filled(
+    spdk: &Path,
+    ops: &VolumeOps,
+    dir: &Path,
+    port: u16,
+    name: &str,
+    disks: [&str; 2],
+    cap: Option<u64>,
+) -> (VolumePlan, talon::spdk::volume::VolumeInfo) {
+    let mut p = plan(name, 2, port);
+    p.size_bytes = 1024 * MIB;
+    p.disks = disks.iter().map(|d| d.to_string()).collect();
+    p.superblock = true;
+    p.rebuild_mib_per_sec = cap;
+    let inv = Inventory::load(ops.client()).await.expect("inventory");
+    let info = ops.ensure(&inv, &p).await.expect("ensure");
+    let data = vec![0x5au8; 102 << 20];
+    let out = spdk_dd::dd_as(
+        spdk,
+        dir,
+        port,
+        &info.nqn,
+        Some(&data),
+        data.len(),
+        spdk_perf::HOST_NQN,
+    );
+    assert!(
+        out.status.success(),
+        "dd: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (p, info)
+}
+
+/// Replica 1 goes, as a replaced disk: out of the raid, its lvol deleted;
+/// the plan's ledger then trusts replica 0 alone.
+async fn replace_r1(c: &SpdkClient, info: &talon::spdk::volume::VolumeInfo, p: &mut VolumePlan) {
+    c.bdev_raid_remove_base_bdev(&ByName::new(&info.replicas[1].bdev))
+        .await
+        .expect("r1 leaves");
+    c.bdev_lvol_delete(&ByName::new(&info.replicas[1].alias))
+        .await
+        .expect("r1 deleted");
+    p.in_sync = Some([0].into());
+}
+
 /// Thin rebuild (shallow copies of the source's chain, then the switch) and
 /// SPDK's raid rebuild (every block), side by side: a 2-replica 1 GiB volume
 /// with 10 % written (spdk_dd, sequential) loses replica 1 (its lvol
@@ -138,36 +186,8 @@ async fn rebuild(spdk: &Path, c: &SpdkClient, port: u16, rounds: usize) {
         ] {
             let ops = VolumeOps::new(c.clone()).with_full_rebuild(full);
             let name = format!("rb{}{round}", &mode[..mode.len().min(5)]);
-            let mut p = plan(&name, 2, port);
-            p.size_bytes = 1024 * MIB;
-            p.disks = vec!["rb1".into(), "rb2".into()];
-            p.superblock = true;
-            p.rebuild_mib_per_sec = cap;
-            let inv = Inventory::load(c).await.expect("inventory");
-            let info = ops.ensure(&inv, &p).await.expect("ensure");
-            let data = vec![0x5au8; 102 << 20];
-            let out = spdk_dd::dd_as(
-                spdk,
-                dir.path(),
-                port,
-                &info.nqn,
-                Some(&data),
-                data.len(),
-                spdk_perf::HOST_NQN,
-            );
-            assert!(
-                out.status.success(),
-                "dd: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-            // replica 1 goes (a disk replaced): out of the raid, its lvol deleted
-            c.bdev_raid_remove_base_bdev(&ByName::new(&info.replicas[1].bdev))
-                .await
-                .expect("r1 leaves");
-            c.bdev_lvol_delete(&ByName::new(&info.replicas[1].alias))
-                .await
-                .expect("r1 deleted");
-            p.in_sync = Some([0].into());
+            let (mut p, info) = filled(spdk, &ops, dir.path(), port, &name, ["rb1", "rb2"], cap).await;
+            replace_r1(c, &info, &mut p).await;
             let (secs, longest) = rebuild_until_joined(&ops, &p).await;
             let r1 = held(c, &name, 1).await;
             let inv = Inventory::load(c).await.expect("inventory");
@@ -188,7 +208,6 @@ async fn rebuild(spdk: &Path, c: &SpdkClient, port: u16, rounds: usize) {
                 r1,
                 longest * 1e3
             );
-            let inv = Inventory::load(c).await.expect("inventory");
             ops.delete(&inv, &ObjectName::parse("volume", &name).expect("n"))
                 .await
                 .expect("delete");
@@ -226,44 +245,12 @@ async fn rebuild_io(spdk: &Path, c: &SpdkClient, port: u16) {
         for workload in ["randread", "randwrite"] {
             let ops = VolumeOps::new(c.clone()).with_full_rebuild(full);
             let name = format!("ri{}{}", mode.len(), &workload[4..]);
-            let mut p = plan(&name, 2, port);
-            p.size_bytes = 1024 * MIB;
-            p.disks = vec!["io1".into(), "io2".into()];
-            p.superblock = true;
-            p.rebuild_mib_per_sec = cap;
-            let inv = Inventory::load(c).await.expect("inventory");
-            let info = ops.ensure(&inv, &p).await.expect("ensure");
-            let data = vec![0x5au8; 102 << 20];
-            let out = spdk_dd::dd_as(
-                spdk,
-                dir.path(),
-                port,
-                &info.nqn,
-                Some(&data),
-                data.len(),
-                spdk_perf::HOST_NQN,
-            );
-            assert!(
-                out.status.success(),
-                "dd: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
+            let (mut p, info) = filled(spdk, &ops, dir.path(), port, &name, ["io1", "io2"], cap).await;
             if mode != "none" {
-                c.bdev_raid_remove_base_bdev(&ByName::new(&info.replicas[1].bdev))
-                    .await
-                    .expect("r1 leaves");
-                c.bdev_lvol_delete(&ByName::new(&info.replicas[1].alias))
-                    .await
-                    .expect("r1 deleted");
-                p.in_sync = Some([0].into());
+                replace_r1(c, &info, &mut p).await;
             }
             let (sp, nqn) = (spdk.to_path_buf(), info.nqn.clone());
-            let w = format!("{workload} -M 50");
-            let w = if workload == "randread" {
-                workload.to_string()
-            } else {
-                w.replace(" -M 50", "")
-            };
+            let w = workload.to_string();
             let perf = tokio::task::spawn_blocking(move || perf(&sp, port, &nqn, &w, 3));
             // the controller's pace while a rebuild runs: a reconcile a second
             let t0 = Instant::now();

@@ -207,14 +207,7 @@ impl VolumeOps {
                 }
                 Ok(s) if s.state == "complete" && c.k == dst.k => {
                     self.rebuilds.lock().running.remove(vol);
-                    let name = naming::snapshot_lvol(vol, dst.k, &c.snap);
-                    self.client
-                        .bdev_lvol_snapshot(&LvolSnapshot {
-                            lvol_name: c.dst.clone(),
-                            snapshot_name: name.clone(),
-                        })
-                        .await
-                        .map_err(rpc(vol, format!("snapshotting rebuilt {} as {name}", c.dst)))?;
+                    self.keep_copy(vol, &c.dst, dst.k, &c.snap).await?;
                     return Ok(Step::Copying(progress(0, j + 1)));
                 }
                 Ok(s) if s.state == "error" => {
@@ -315,17 +308,7 @@ impl VolumeOps {
             .filter(|a| snap_of(inv, a).is_some_and(|s| naming::is_rebuild_snap(&s)))
             .count();
         if allocated(inv, &src.alias) > SWITCH_CLUSTERS && rounds < MAX_ROUNDS {
-            let name = naming::snapshot_lvol(vol, src.k, &self.next_rebuild_snap(inv, vol));
-            self.client
-                .bdev_lvol_snapshot(&LvolSnapshot {
-                    lvol_name: src.alias.clone(),
-                    snapshot_name: name.clone(),
-                })
-                .await
-                .map_err(rpc(
-                    vol,
-                    format!("taking rebuild snapshot {name} of {}", src.alias),
-                ))?;
+            self.take_rebuild_snapshot(inv, vol, src).await?;
             return Ok(Step::Copying(progress(0, j)));
         }
         self.switch(inv, plan, raid, src, dst, members).await?;
@@ -400,6 +383,43 @@ impl VolumeOps {
         naming::rebuild_snap(n)
     }
 
+    /// Snapshots the source head as the next `rb.<n>`; returns the snapshot
+    /// name and the snapshot lvol's alias.
+    async fn take_rebuild_snapshot(
+        &self,
+        inv: &Inventory,
+        vol: &str,
+        src: &ReplicaInfo,
+    ) -> Result<(String, String), VolumeError> {
+        let snap = self.next_rebuild_snap(inv, vol);
+        let name = naming::snapshot_lvol(vol, src.k, &snap);
+        self.client
+            .bdev_lvol_snapshot(&LvolSnapshot {
+                lvol_name: src.alias.clone(),
+                snapshot_name: name.clone(),
+            })
+            .await
+            .map_err(rpc(
+                vol,
+                format!("taking rebuild snapshot {name} of {}", src.alias),
+            ))?;
+        Ok((snap, sibling(&src.alias, &name)))
+    }
+
+    /// Keeps what a finished copy put in dest head `head` as replica `k`'s
+    /// snapshot `snap` (the head is its clone, empty, after).
+    async fn keep_copy(&self, vol: &str, head: &str, k: usize, snap: &str) -> Result<(), VolumeError> {
+        let name = naming::snapshot_lvol(vol, k, snap);
+        self.client
+            .bdev_lvol_snapshot(&LvolSnapshot {
+                lvol_name: head.to_owned(),
+                snapshot_name: name.clone(),
+            })
+            .await
+            .map_err(rpc(vol, format!("snapshotting rebuilt {head} as {name}")))?;
+        Ok(())
+    }
+
     /// The switch: with the export closed, the raid is made again over the
     /// up-to-date members and the dest, after the dest got the source head's
     /// last clusters.
@@ -452,19 +472,7 @@ impl VolumeOps {
             .await
             .map_err(rpc(vol, format!("deleting raid {} for the switch", raid.name)))?;
         // the source head's last clusters
-        let snap = self.next_rebuild_snap(inv, vol);
-        let name = naming::snapshot_lvol(vol, src.k, &snap);
-        let s = sibling(&src.alias, &name);
-        self.client
-            .bdev_lvol_snapshot(&LvolSnapshot {
-                lvol_name: src.alias.clone(),
-                snapshot_name: name.clone(),
-            })
-            .await
-            .map_err(rpc(
-                vol,
-                format!("taking rebuild snapshot {name} of {}", src.alias),
-            ))?;
+        let (snap, s) = self.take_rebuild_snapshot(inv, vol, src).await?;
         let op = self.copy_into(vol, &s, &snap, dst).await?;
         let deadline = tokio::time::Instant::now() + SWITCH_COPY;
         loop {
@@ -496,14 +504,7 @@ impl VolumeOps {
             }
         }
         self.rebuilds.lock().running.remove(vol);
-        let copy = naming::snapshot_lvol(vol, dst.k, &snap);
-        self.client
-            .bdev_lvol_snapshot(&LvolSnapshot {
-                lvol_name: dst.alias.clone(),
-                snapshot_name: copy.clone(),
-            })
-            .await
-            .map_err(rpc(vol, format!("snapshotting rebuilt {} as {copy}", dst.alias)))?;
+        self.keep_copy(vol, &dst.alias, dst.k, &snap).await?;
         // the same size as the source: the raid takes its smallest member
         let dst_bdev = self
             .client
