@@ -14,7 +14,18 @@
 //! 3. rebuild: a 1 GiB 2-replica volume with 10 % written gets an empty
 //!    replica back, rebuilt thin (shallow copies + the switch) and by SPDK's
 //!    raid rebuild, side by side: time, MiB copied, what the replica holds
-//!    after, and the longest reconcile step (the thin switch);
+//!    after, and the longest reconcile step (the thin switch); and
+//!    (`rebuild_io`, also run by `rebuild`) the volume's own 4 KiB QD32
+//!    randread / randwrite IOPS while a rebuild copies, rows none, thin,
+//!    full and full capped at 50 MiB/s interleaved over `ROUNDS` rounds
+//!    (median, % of none, each round, MiB copied during the run): an
+//!    896 MiB volume written three times with a snapshot after each (2688
+//!    MiB for a thin rebuild to copy, one shallow copy a snapshot) and once
+//!    more (no copy-on-write under randwrite), replica 1 replaced empty;
+//!    spdk_nvme_perf starts once the rebuild copies, and a thin rebuild is
+//!    reconciled during it only while a snapshot is left to copy, so its
+//!    switch (the export closed; spdk_nvme_perf does not reconnect) comes
+//!    after it and is timed apart;
 //! 4. snapshot: a 2-replica volume under sequential QD32 writes, with no
 //!    snapshots and with one every 500 ms (each freezes the export, ANA
 //!    inaccessible, around the replicas' snapshots): writes per second that
@@ -116,28 +127,45 @@ async fn held(c: &SpdkClient, vol: &str, k: usize) -> u64 {
             .sum::<u64>()
 }
 
-/// A 2-replica 1 GiB volume (superblock) on disks `disks`, its rebuilds
-/// capped at `cap`, with 102 MiB written (spdk_dd, sequential).
+/// A section's two disk files (4 GiB, sparse, in a folder of /var/tmp
+/// removed with it), attached by their names.
+struct Disks(tempfile::TempDir, [&'static str; 2]);
+
+impl Disks {
+    async fn attach(c: &SpdkClient, names: [&'static str; 2]) -> Disks {
+        let dir = tempfile::tempdir_in("/var/tmp").expect("tempdir");
+        attach_disks(c, dir.path(), &names, true).await;
+        Disks(dir, names)
+    }
+}
+
+/// A 2-replica volume (superblock) of `size_mib` on disks `disks`, its
+/// rebuilds capped at `cap`, with `written` MiB written from offset 0
+/// (spdk_dd), or with every block written (`None`: [`fill_all`]).
 async fn filled(
     spdk: &Path,
     ops: &VolumeOps,
-    dir: &Path,
+    Disks(dir, disks): &Disks,
     port: u16,
     name: &str,
-    disks: [&str; 2],
     cap: Option<u64>,
+    (size_mib, written): (u64, Option<u64>),
 ) -> (VolumePlan, talon::spdk::volume::VolumeInfo) {
     let mut p = plan(name, 2, port);
-    p.size_bytes = 1024 * MIB;
+    p.size_bytes = size_mib * MIB;
     p.disks = disks.iter().map(|d| d.to_string()).collect();
     p.superblock = true;
     p.rebuild_mib_per_sec = cap;
     let inv = Inventory::load(ops.client()).await.expect("inventory");
     let info = ops.ensure(&inv, &p).await.expect("ensure");
-    let data = vec![0x5au8; 102 << 20];
+    let Some(written) = written else {
+        fill_all(spdk, ops.client(), port, name, &info.nqn, size_mib).await;
+        return (p, info);
+    };
+    let data = vec![0x5au8; usize::try_from(written * MIB).expect("size")];
     let out = spdk_dd::dd_as(
         spdk,
-        dir,
+        dir.path(),
         port,
         &info.nqn,
         Some(&data),
@@ -152,15 +180,36 @@ async fn filled(
     (p, info)
 }
 
-/// Replica 1 goes, as a replaced disk: out of the raid, its lvol deleted;
-/// the plan's ledger then trusts replica 0 alone.
+/// Every block of volume `name` written again (spdk_nvme_perf sequential
+/// 128 KiB writes at QD32, far faster than spdk_dd's QD 2 on a loaded
+/// machine), for longer until replica 0's head holds every cluster.
+async fn fill_all(spdk: &Path, c: &SpdkClient, port: u16, name: &str, nqn: &str, size_mib: u64) {
+    let mut secs = 4;
+    loop {
+        let inv = Inventory::load(c).await.expect("inventory");
+        let head = inv.find_lvol(&format!("{name}-r0")).expect("r0");
+        if head.num_allocated_clusters >= size_mib {
+            return;
+        }
+        assert!(secs <= 64, "{name}: not filled in 64 s");
+        spdk_perf::run(spdk, port, nqn, "write -o 131072", secs);
+        secs *= 2;
+    }
+}
+
+/// Replica 1 goes, as a replaced disk: out of the raid, its lvol and its
+/// snapshots deleted; the plan's ledger then trusts replica 0 alone.
 async fn replace_r1(c: &SpdkClient, info: &talon::spdk::volume::VolumeInfo, p: &mut VolumePlan) {
     c.bdev_raid_remove_base_bdev(&ByName::new(&info.replicas[1].bdev))
         .await
         .expect("r1 leaves");
-    c.bdev_lvol_delete(&ByName::new(&info.replicas[1].alias))
+    let chain = Inventory::load(c)
         .await
-        .expect("r1 deleted");
+        .expect("inventory")
+        .chain(&info.replicas[1].alias);
+    for lvol in std::iter::once(&info.replicas[1].alias).chain(chain.iter().rev()) {
+        c.bdev_lvol_delete(&ByName::new(lvol)).await.expect("r1 deleted");
+    }
     p.in_sync = Some([0].into());
 }
 
@@ -176,8 +225,7 @@ async fn rebuild(spdk: &Path, c: &SpdkClient, port: u16, rounds: usize) {
         "{:<6} {:>5} {:>9} {:>9} {:>14} {:>14} {:>16}",
         "mode", "round", "ms", "MiB/s", "copied MiB", "r1 holds MiB", "longest step ms"
     );
-    let dir = tempfile::tempdir_in("/var/tmp").expect("tempdir");
-    attach_disks(c, dir.path(), &["rb1", "rb2"], true).await;
+    let disks = Disks::attach(c, ["rb1", "rb2"]).await;
     for round in 0..rounds {
         for (mode, full, cap) in [
             ("thin", false, None),
@@ -186,7 +234,7 @@ async fn rebuild(spdk: &Path, c: &SpdkClient, port: u16, rounds: usize) {
         ] {
             let ops = VolumeOps::new(c.clone()).with_full_rebuild(full);
             let name = format!("rb{}{round}", &mode[..mode.len().min(5)]);
-            let (mut p, info) = filled(spdk, &ops, dir.path(), port, &name, ["rb1", "rb2"], cap).await;
+            let (mut p, info) = filled(spdk, &ops, &disks, port, &name, cap, (1024, Some(102))).await;
             replace_r1(c, &info, &mut p).await;
             let (secs, longest) = rebuild_until_joined(&ops, &p).await;
             let r1 = held(c, &name, 1).await;
@@ -220,70 +268,201 @@ async fn rebuild(spdk: &Path, c: &SpdkClient, port: u16, rounds: usize) {
     println!("longest step: the longest single reconcile, for thin the switch (export closed inside it)");
 }
 
-/// The volume's own 4 KiB QD32 I/O while a rebuild runs, beside the same
-/// with no rebuild: a 2-replica 1 GiB volume, 102 MiB written, replica 1
-/// replaced empty; spdk_nvme_perf (3 s) starts with the rebuild. SPDK's
-/// rebuild only: a thin rebuild of this volume is over in about half a
-/// second and ends with its switch, which closes the export for a moment,
-/// and spdk_nvme_perf does not reconnect (the `rebuild` table has the
-/// switch's length).
-async fn rebuild_io(spdk: &Path, c: &SpdkClient, port: u16) {
-    println!("\nrebuild I/O: the volume's 4 KiB QD32 IOPS while replica 1 is rebuilt (3 s each)");
-    println!(
-        "{:<14} {:>12} {:>12} {:>10} {:>10}",
-        "rebuild", "randread", "randwrite", "read %", "write %"
-    );
-    let dir = tempfile::tempdir_in("/var/tmp").expect("tempdir");
-    attach_disks(c, dir.path(), &["io1", "io2"], true).await;
-    let mut base = (0f64, 0f64);
-    for (mode, full, cap) in [
+/// What volume `vol`'s rebuild has copied to replica 1 so far, in MiB, and
+/// whether it still copies: SPDK's rebuild process of its raid (`full`), or
+/// the clusters replica 1 holds, copying while it has fewer snapshots than
+/// replica 0 (read from the lvols: checking a copy that is complete would
+/// take its status from talon, SPDK forgets it once told).
+async fn copying(c: &SpdkClient, vol: &talon::spdk::volume::VolumeInfo, full: bool) -> (u64, bool) {
+    let inv = Inventory::load(c).await.expect("inventory");
+    if full {
+        let b = &inv.bdevs[&vol.device];
+        let raid = inv.raids.iter().find(|r| r.name == vol.device);
+        return match raid.and_then(|r| r.process.as_ref()) {
+            Some(p) => (p.progress.blocks * u64::from(b.block_size) / MIB, true),
+            None => (b.size_bytes() / MIB, false),
+        };
+    }
+    let name = vol.nqn.rsplit(':').next().expect("volume name");
+    // the bench's lvstores have 1 MiB clusters
+    let held = held(c, name, 1).await;
+    let (r1, r0) = chains(&inv, name);
+    (held, held > 0 && r1 < r0)
+}
+
+/// Deletes what is left of volume `vol`'s lvols after `VolumeOps::delete`
+/// (its snapshots, a thin rebuild's `rb.<n>` among them), newest first.
+async fn drop_lvols(c: &SpdkClient, vol: &str) {
+    loop {
+        let inv = Inventory::load(c).await.expect("inventory");
+        let left: Vec<&String> = inv
+            .lvols
+            .iter()
+            .filter(|(_, l)| l.name.starts_with(&format!("{vol}-r")))
+            .map(|(a, _)| a)
+            .collect();
+        if left.is_empty() {
+            return;
+        }
+        for a in left
+            .iter()
+            .filter(|a| !inv.lvols.keys().any(|o| inv.parent_of(o).as_ref() == Some(a)))
+        {
+            c.bdev_lvol_delete(&ByName::new(a.as_str()))
+                .await
+                .expect("lvol deleted");
+        }
+    }
+}
+
+/// How many snapshots replicas 1 and 0 of volume `vol` have.
+fn chains(inv: &Inventory, vol: &str) -> (usize, usize) {
+    let n = |k| {
+        inv.find_lvol(&format!("{vol}-r{k}"))
+            .map_or(0, |l| inv.chain(&l.alias).len())
+    };
+    (n(1), n(0))
+}
+
+/// The volume's own 4 KiB QD32 I/O while a rebuild copies, beside the same
+/// with no rebuild: a 2-replica 896 MiB volume written three times with a
+/// snapshot after each (the same on every row: 2688 MiB for a thin rebuild
+/// to copy, one shallow copy a snapshot) and once more (the head holds every
+/// cluster, so randwrite measures no copy-on-write; the first run without
+/// it measured mostly that), replica 1 replaced empty.
+/// Reconciles (`ensure`) run until the rebuild copies, then every 50 ms
+/// while spdk_nvme_perf (2 s) runs (the lvols are read on every row), a
+/// full rebuild's always, a thin rebuild's only while replica 1 has fewer
+/// snapshots than replica 0 (so none of them can start the switch, which
+/// closes the export for a moment: spdk_nvme_perf does not reconnect), none
+/// on the row without a rebuild; after perf, until replica 1 is back, the
+/// longest reconcile being the switch. Rows interleaved per round.
+async fn rebuild_io(spdk: &Path, c: &SpdkClient, port: u16, rounds: usize) {
+    const SIZE_MIB: u64 = 896;
+    const SNAPS: usize = 3;
+    const ROWS: [(&str, bool, Option<u64>); 4] = [
         ("none", false, None),
+        ("thin", false, None),
         ("full", true, None),
         ("full cap 50", true, Some(50)),
-    ] {
-        let mut iops = Vec::new();
-        for workload in ["randread", "randwrite"] {
-            let ops = VolumeOps::new(c.clone()).with_full_rebuild(full);
-            let name = format!("ri{}{}", mode.len(), &workload[4..]);
-            let (mut p, info) = filled(spdk, &ops, dir.path(), port, &name, ["io1", "io2"], cap).await;
-            if mode != "none" {
-                replace_r1(c, &info, &mut p).await;
-            }
-            let (sp, nqn) = (spdk.to_path_buf(), info.nqn.clone());
-            let w = workload.to_string();
-            let perf = tokio::task::spawn_blocking(move || perf(&sp, port, &nqn, &w, 3));
-            // the controller's pace while a rebuild runs: a reconcile a second
-            let t0 = Instant::now();
-            while t0.elapsed() < Duration::from_millis(3500) && mode != "none" {
-                let inv = Inventory::load(c).await.expect("inventory");
-                let i = ops.ensure(&inv, &p).await.expect("ensure");
-                if i.in_sync.contains(&1) {
-                    break;
+    ];
+    println!(
+        "\nrebuild I/O: the volume's 4 KiB QD32 IOPS (spdk_nvme_perf 2 s) while replica 1 is rebuilt; {SIZE_MIB} MiB 2-replica volume written {SNAPS} times with a snapshot after each and once more; {rounds} interleaved rounds, median\n{:<12} {:>9} {:>7} {:>9} {:>7} {:>12} {:>9}  per round: randread | randwrite",
+        "rebuild", "randread", "read %", "randwrite", "write %", "copied r/w", "switch ms"
+    );
+    let disks = Disks::attach(c, ["io1", "io2"]).await;
+    // per row and workload: IOPS, MiB copied during perf, whether the rebuild
+    // still copied when perf ended; per row: the longest reconcile after
+    let mut res = vec![[(); 2].map(|_| (Vec::new(), Vec::new(), Vec::new())); ROWS.len()];
+    let mut switch = vec![Vec::new(); ROWS.len()];
+    for round in 0..rounds {
+        for (row, (mode, full, cap)) in ROWS.iter().enumerate() {
+            for (w, workload) in ["randread", "randwrite"].into_iter().enumerate() {
+                let ops = VolumeOps::new(c.clone()).with_full_rebuild(*full);
+                let name = format!("ri{row}{w}{round}");
+                let (mut p, info) = filled(spdk, &ops, &disks, port, &name, *cap, (SIZE_MIB, None)).await;
+                for i in 0..SNAPS {
+                    let inv = Inventory::load(c).await.expect("inventory");
+                    let snap = ObjectName::parse("snapshot", &format!("s{i}")).expect("snap");
+                    ops.snapshot(&inv, &p.name, &snap, None, vec![])
+                        .await
+                        .expect("snapshot");
+                    // the head holds every cluster too: randwrite measures
+                    // no copy-on-write of 1 MiB clusters, the same on every row
+                    fill_all(spdk, c, port, &name, &info.nqn, SIZE_MIB).await;
                 }
-                tokio::time::sleep(Duration::from_secs(1)).await;
+                let rebuilds = *mode != "none";
+                let mut before = 0;
+                if rebuilds {
+                    replace_r1(c, &info, &mut p).await;
+                    let t0 = Instant::now();
+                    before = loop {
+                        let inv = Inventory::load(c).await.expect("inventory");
+                        ops.ensure(&inv, &p).await.expect("ensure");
+                        if let (m, true) = copying(c, &info, *full).await {
+                            break m;
+                        }
+                        assert!(t0.elapsed() < Duration::from_secs(60), "{mode}: no copy started");
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                    };
+                }
+                let (sp, nqn) = (spdk.to_path_buf(), info.nqn.clone());
+                let perf = tokio::task::spawn_blocking(move || perf(&sp, port, &nqn, workload, 2));
+                while !perf.is_finished() {
+                    let inv = Inventory::load(c).await.expect("inventory");
+                    let (r1, r0) = chains(&inv, &name);
+                    if *full || r1 < r0 {
+                        ops.ensure(&inv, &p).await.expect("ensure");
+                    }
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                let cell = &mut res[row][w];
+                cell.0.push(perf.await.expect("perf"));
+                if rebuilds {
+                    let (after, running) = copying(c, &info, *full).await;
+                    cell.1.push(after - before);
+                    cell.2.push(running);
+                    let (_, longest) = rebuild_until_joined(&ops, &p).await;
+                    switch[row].push(longest * 1e3);
+                }
+                let inv = Inventory::load(c).await.expect("inventory");
+                ops.delete(&inv, &ObjectName::parse("volume", &name).expect("n"))
+                    .await
+                    .expect("delete");
+                drop_lvols(c, &name).await;
             }
-            iops.push(perf.await.expect("perf"));
-            if mode != "none" {
-                rebuild_until_joined(&ops, &p).await;
+        }
+    }
+    let med = |v: &[f64]| pct(&mut v.to_vec(), 0.5);
+    let base = [med(&res[0][0].0), med(&res[0][1].0)];
+    let mut ended = 0;
+    for (row, (mode, ..)) in ROWS.iter().enumerate() {
+        let [r, w] = [0, 1].map(|i| med(&res[row][i].0));
+        let [cr, cw] = [0, 1].map(|i| {
+            let v: Vec<f64> = res[row][i].1.iter().map(|&m| m as f64).collect();
+            if v.is_empty() {
+                "-".into()
+            } else {
+                format!("{:.0}", med(&v))
             }
-            let inv = Inventory::load(c).await.expect("inventory");
-            ops.delete(&inv, &ObjectName::parse("volume", &name).expect("n"))
-                .await
-                .expect("delete");
-        }
-        if mode == "none" {
-            base = (iops[0], iops[1]);
-        }
+        });
+        let rounds = [0, 1].map(|i| {
+            let cell = &res[row][i];
+            let ran = |k: usize| cell.2.get(k).copied().unwrap_or(true);
+            ended += (0..cell.0.len()).filter(|&k| !ran(k)).count();
+            (0..cell.0.len())
+                .map(|k| format!("{:.0}{}", cell.0[k], if ran(k) { "" } else { "*" }))
+                .collect::<Vec<_>>()
+                .join(" ")
+        });
+        let sw = if *mode == "thin" {
+            format!("{:.0}", med(&switch[row]))
+        } else {
+            "-".into()
+        };
         println!(
-            "{:<14} {:>12.0} {:>12.0} {:>10.0} {:>10.0}",
-            mode,
-            iops[0],
-            iops[1],
-            100.0 * iops[0] / base.0.max(1.0),
-            100.0 * iops[1] / base.1.max(1.0)
+            "{mode:<12} {r:>9.0} {:>7.0} {w:>9.0} {:>7.0} {:>12} {sw:>9}  {} | {}",
+            100.0 * r / base[0].max(1.0),
+            100.0 * w / base[1].max(1.0),
+            format!("{cr}/{cw}"),
+            rounds[0],
+            rounds[1]
         );
     }
-    println!("%: of the IOPS with no rebuild; one shared 2-core machine: compare within this run only");
+    println!(
+        "%: of the median IOPS with no rebuild; one shared 2-core machine: compare within this run only"
+    );
+    println!(
+        "copied: MiB the rebuild wrote to replica 1 while spdk_nvme_perf ran (median, randread/randwrite)"
+    );
+    println!(
+        "thin: its copy phase (a shallow copy per snapshot); not capped (a QoS limit on the head could never be lifted on v26.05), so no capped row"
+    );
+    println!("switch: the thin rebuild's longest reconcile after perf, the switch (export closed inside it)");
+    println!("full cap 50: NodeConfig rebuildMibPerSec 50 (bdev_set_qos_limit on the member SPDK rebuilds)");
+    if ended > 0 {
+        println!("*: {ended} run(s) whose rebuild had stopped copying before spdk_nvme_perf ended");
+    }
 }
 
 async fn control_plane(ops: &VolumeOps, port: u16) {
@@ -950,13 +1129,18 @@ fn main() {
         if only.as_deref().is_none_or(|o| o == "control") {
             control_plane(&ops, port).await;
         }
+        let rounds = std::env::var("ROUNDS")
+            .ok()
+            .and_then(|r| r.parse().ok())
+            .unwrap_or(3);
         if only.as_deref().is_none_or(|o| o == "rebuild") {
-            let rounds = std::env::var("ROUNDS")
-                .ok()
-                .and_then(|r| r.parse().ok())
-                .unwrap_or(3);
             rebuild(&spdk, &c, port, rounds).await;
-            rebuild_io(&spdk, &c, port).await;
+        }
+        if only
+            .as_deref()
+            .is_none_or(|o| o == "rebuild" || o == "rebuild_io")
+        {
+            rebuild_io(&spdk, &c, port, rounds).await;
         }
         if only.as_deref().is_none_or(|o| o == "snapshot") {
             snapshots(&spdk, &ops, port).await;
@@ -965,10 +1149,6 @@ fn main() {
             superblock(&spdk, &ops, port).await;
         }
         if only.as_deref().is_none_or(|o| o == "data") {
-            let rounds = std::env::var("ROUNDS")
-                .ok()
-                .and_then(|r| r.parse().ok())
-                .unwrap_or(3);
             data_path(&spdk, &ops, port, rounds, 3).await;
         }
         t.stop(Duration::from_secs(5)).await.expect("stop");
