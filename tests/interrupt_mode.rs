@@ -7,16 +7,19 @@
 //!   talon serve --interrupt-mode (TALON_SPDK_DIR) ──spawn──> nvmf_tgt --interrupt-mode ──NVMe/TCP──> spdk_nvme_perf
 //! ```
 
+#[path = "support/serve_daemon.rs"]
+mod serve_daemon;
 #[path = "support/spdk_perf.rs"]
 mod spdk_perf;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
+use serve_daemon::opts;
 use talon::client::Client;
 use talon::controllers::engine::selection::SpdkOptions;
 use talon::runtime::testing::eventually;
-use talon::serve::{ServeOptions, serve};
+use talon::serve::serve;
 
 /// The host NQN spdk_nvme_perf connects with (tests/support/spdk_perf.rs): the
 /// V2 export admits it through `allowedHosts` (by default only the host a
@@ -26,21 +29,6 @@ const HOST: &str = spdk_perf::HOST_NQN;
 fn free_port() -> u16 {
     let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
     l.local_addr().expect("addr").port()
-}
-
-fn opts(dir: &Path, spdk: SpdkOptions) -> ServeOptions {
-    ServeOptions {
-        data_dir: dir.join("data"),
-        config: None,
-        socket: dir.join("run/talon.sock"),
-        listen_tcp: None,
-        token_file: None,
-        tls: Default::default(),
-        run_dir: dir.join("run"),
-        host_root: PathBuf::from("/"),
-        spdk,
-        stop_targets_on_exit: true,
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

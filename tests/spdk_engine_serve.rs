@@ -3,58 +3,18 @@
 //! a daemon started with `--no-huge` that brings a config-file disk up on a
 //! real spdk_tgt and stops it on a clean shutdown.
 
+#[path = "support/serve_daemon.rs"]
+mod serve_daemon;
+
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use clap::Parser;
+use serve_daemon::{opts, start};
 use talon::cli::{Cli, Command};
-use talon::client::Client;
 use talon::controllers::engine::selection::SpdkOptions;
 use talon::resources::config::EngineKind;
-use talon::serve::{ServeOptions, serve};
-
-fn opts(dir: &Path, spdk: SpdkOptions) -> ServeOptions {
-    ServeOptions {
-        data_dir: dir.join("data"),
-        config: None,
-        socket: dir.join("run/talon.sock"),
-        listen_tcp: None,
-        token_file: None,
-        tls: Default::default(),
-        run_dir: dir.join("run"),
-        host_root: PathBuf::from("/"),
-        spdk,
-        // in-process daemons of these tests stop what they start
-        stop_targets_on_exit: true,
-    }
-}
-
-struct Daemon {
-    stop: tokio::sync::oneshot::Sender<()>,
-    task: tokio::task::JoinHandle<Result<(), talon::serve::ServeError>>,
-    client: Client,
-}
-
-async fn start(o: ServeOptions) -> Daemon {
-    let (stop, rx) = tokio::sync::oneshot::channel::<()>();
-    let socket = o.socket.clone();
-    let task = tokio::spawn(serve(o, async move {
-        let _ = rx.await;
-    }));
-    let client = talon::runtime::testing::eventually("the API socket", Duration::from_secs(30), || async {
-        Client::connect_unix(&socket).await.ok()
-    })
-    .await;
-    Daemon { stop, task, client }
-}
-
-impl Daemon {
-    async fn stop(self) {
-        let _ = self.stop.send(());
-        self.task.await.expect("join").expect("clean stop");
-    }
-}
 
 #[test]
 fn serve_flags_parse_into_spdk_options() {

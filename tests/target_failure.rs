@@ -13,57 +13,20 @@
 //! and exits 1; with it, a real spdk_tgt holds core 0 and talon's real spdk_tgt
 //! is refused by it.
 
+#[path = "support/serve_daemon.rs"]
+mod serve_daemon;
+
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use talon::client::Client;
+use serve_daemon::{Daemon, opts, start};
 use talon::controllers::engine::selection::SpdkOptions;
 use talon::runtime::testing::eventually;
-use talon::serve::{ServeOptions, serve};
-
-fn opts(dir: &Path, spdk: SpdkOptions) -> ServeOptions {
-    ServeOptions {
-        data_dir: dir.join("data"),
-        config: None,
-        socket: dir.join("run/talon.sock"),
-        listen_tcp: None,
-        token_file: None,
-        tls: Default::default(),
-        run_dir: dir.join("run"),
-        host_root: PathBuf::from("/"),
-        spdk,
-        stop_targets_on_exit: true,
-    }
-}
-
-struct Daemon {
-    stop: tokio::sync::oneshot::Sender<()>,
-    task: tokio::task::JoinHandle<Result<(), talon::serve::ServeError>>,
-    client: Client,
-}
-
-async fn start(o: ServeOptions) -> Daemon {
-    let (stop, rx) = tokio::sync::oneshot::channel::<()>();
-    let socket = o.socket.clone();
-    let task = tokio::spawn(serve(o, async move {
-        let _ = rx.await;
-    }));
-    let client = eventually("the API socket", Duration::from_secs(30), || async {
-        Client::connect_unix(&socket).await.ok()
-    })
-    .await;
-    Daemon { stop, task, client }
-}
 
 impl Daemon {
-    async fn stop(self) {
-        let _ = self.stop.send(());
-        self.task.await.expect("join").expect("clean stop");
-    }
-
     /// The spdk TargetStatus once it is `failed`.
     async fn target_failed(&self) -> Value {
         eventually("TargetStatus spdk failed", Duration::from_secs(60), || async {
