@@ -9,10 +9,12 @@
 
 #[path = "support/longhorn_daemon.rs"]
 mod longhorn_daemon;
+#[path = "support/serve_daemon.rs"]
+mod serve_daemon;
 
 use std::collections::HashMap;
 use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -37,22 +39,15 @@ fn opts(dir: &Path) -> ServeOptions {
     let fake = dir.join("spdk_tgt");
     std::fs::write(&fake, "#!/bin/sh\nexit 1\n").expect("fake spdk_tgt");
     std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let spdk = SpdkOptions {
+        spdk_tgt: Some(fake),
+        no_huge: true,
+        no_huge_mem_mib: 256,
+        ..Default::default()
+    };
     ServeOptions {
-        data_dir: dir.join("data"),
-        config: None,
-        socket: dir.join("run/talon.sock"),
-        listen_tcp: None,
-        token_file: None,
-        tls: Default::default(),
-        run_dir: dir.join("run"),
-        host_root: PathBuf::from("/"),
-        spdk: SpdkOptions {
-            spdk_tgt: Some(fake),
-            no_huge: true,
-            no_huge_mem_mib: 256,
-            ..Default::default()
-        },
         stop_targets_on_exit: false,
+        ..serve_daemon::opts(dir, spdk)
     }
 }
 

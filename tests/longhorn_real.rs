@@ -8,13 +8,15 @@
 
 #[path = "support/longhorn_daemon.rs"]
 mod longhorn_daemon;
+#[path = "support/serve_daemon.rs"]
+mod serve_daemon;
 #[path = "support/spdk_perf.rs"]
 mod spdk_perf;
 #[path = "support/spdk_real.rs"]
 mod spdk_real;
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use longhorn_daemon::{Daemon, free_base};
@@ -32,32 +34,20 @@ const WAIT: Duration = Duration::from_secs(120);
 
 impl Daemon {
     async fn start(dir: &Path, spdk: &Path, base: u16, stop_targets: bool) -> Daemon {
-        let config = dir.join("talon.yaml");
-        std::fs::write(
-            &config,
-            format!(
-                "node:\n  listenAddress: 127.0.0.1\n  allowedHosts: [\"{}\"]\n",
-                spdk_perf::HOST_NQN
-            ),
-        )
-        .expect("config");
+        let yaml = format!(
+            "node:\n  listenAddress: 127.0.0.1\n  allowedHosts: [\"{}\"]\n",
+            spdk_perf::HOST_NQN
+        );
+        let spdk = SpdkOptions {
+            spdk_dir: Some(spdk.to_path_buf()),
+            no_huge: true,
+            no_huge_mem_mib: 1024,
+            extra_args: vec!["--disable-cpumask-locks".into()],
+            ..Default::default()
+        };
         let opts = ServeOptions {
-            data_dir: dir.join("data"),
-            config: Some(config),
-            socket: dir.join("run/talon.sock"),
-            listen_tcp: None,
-            token_file: None,
-            tls: Default::default(),
-            run_dir: dir.join("run"),
-            host_root: PathBuf::from("/"),
-            spdk: SpdkOptions {
-                spdk_dir: Some(spdk.to_path_buf()),
-                no_huge: true,
-                no_huge_mem_mib: 1024,
-                extra_args: vec!["--disable-cpumask-locks".into()],
-                ..Default::default()
-            },
             stop_targets_on_exit: stop_targets,
+            ..serve_daemon::opts_with_config(dir, spdk, &yaml)
         };
         Daemon::serve(opts, base, 32000..=32099).await
     }

@@ -26,7 +26,6 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 use serve_daemon::start;
 use spdk_real::{free_port, spdk_dir};
-use talon::controllers::engine::selection::SpdkOptions;
 use talon::serve::ServeOptions;
 use talon::spdk::SpdkClient;
 use talon::spdk::target::{Memory, TargetConfig, find_spdk_tgt, wait_ready};
@@ -103,18 +102,7 @@ fn opts(dir: &Path, spdk: &Path, config: &Path) -> ServeOptions {
         config: Some(config.to_path_buf()),
         // the test stops talon with its target, as a drain does (a plain stop leaves it serving)
         stop_targets_on_exit: true,
-        ..serve_daemon::opts(
-            dir,
-            SpdkOptions {
-                spdk_tgt: None,
-                spdk_dir: Some(spdk.to_path_buf()),
-                path_var: None,
-                no_huge: true,
-                no_huge_mem_mib: 2048,
-                extra_args: vec!["--disable-cpumask-locks".into()],
-                ..SpdkOptions::default()
-            },
-        )
+        ..serve_daemon::opts(dir, serve_daemon::real_spdk(spdk, 2048))
     }
 }
 

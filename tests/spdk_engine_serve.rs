@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use clap::Parser;
-use serve_daemon::{opts, start};
+use serve_daemon::{opts, opts_with_config, real_spdk, start};
 use talon::cli::{Cli, Command};
 use talon::controllers::engine::selection::SpdkOptions;
 use talon::resources::config::EngineKind;
@@ -96,27 +96,12 @@ async fn real_spdk_serve_brings_a_config_disk_up() {
         return;
     };
     let dir = tempfile::tempdir().expect("tempdir");
-    let cfg = dir.path().join("talon.yaml");
-    std::fs::write(
-        &cfg,
-        "disks:\n  d1:\n    path: disks/d1.img\n    sizeBytes: 134217728\n",
-    )
-    .expect("config");
-    let mut o = opts(
+    let d = start(opts_with_config(
         dir.path(),
-        SpdkOptions {
-            spdk_tgt: None,
-            spdk_dir: Some(spdk_dir),
-            path_var: None,
-            no_huge: true,
-            no_huge_mem_mib: 1024,
-            // other jobs may run SPDK on core 0
-            extra_args: vec!["--disable-cpumask-locks".into()],
-            ..SpdkOptions::default()
-        },
-    );
-    o.config = Some(cfg);
-    let d = start(o).await;
+        real_spdk(&spdk_dir, 1024),
+        "disks:\n  d1:\n    path: disks/d1.img\n    sizeBytes: 134217728\n",
+    ))
+    .await;
     let disk =
         talon::runtime::testing::eventually("DiskStatus d1 ready", Duration::from_secs(90), || async {
             let r = d.client.get("DiskStatus", "d1").await.ok()?;

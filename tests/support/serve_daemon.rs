@@ -33,6 +33,31 @@ pub fn opts(dir: &Path, spdk: SpdkOptions) -> ServeOptions {
     }
 }
 
+/// [`opts`] with `yaml` as the daemon's config file, written to `dir/talon.yaml`.
+pub fn opts_with_config(dir: &Path, spdk: SpdkOptions, yaml: &str) -> ServeOptions {
+    let config = dir.join("talon.yaml");
+    std::fs::write(&config, yaml).expect("config");
+    ServeOptions {
+        config: Some(config),
+        ..opts(dir, spdk)
+    }
+}
+
+/// The V2 engine on a real spdk_tgt under `spdk_dir` on a host without
+/// hugepages: `mem_mib` of ordinary memory, no cpumask locks (other jobs may
+/// run SPDK on core 0).
+pub fn real_spdk(spdk_dir: &Path, mem_mib: u64) -> SpdkOptions {
+    SpdkOptions {
+        spdk_tgt: None,
+        spdk_dir: Some(spdk_dir.to_path_buf()),
+        path_var: None,
+        no_huge: true,
+        no_huge_mem_mib: mem_mib,
+        extra_args: vec!["--disable-cpumask-locks".into()],
+        ..SpdkOptions::default()
+    }
+}
+
 /// A running `serve` task and a client on its API socket.
 pub struct Daemon {
     stop: tokio::sync::oneshot::Sender<()>,
