@@ -22,21 +22,12 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
-use scale::{Idle, Timing, free_port, idle, in_flight};
+use scale::{Run, free_port, idle, in_flight};
 use serde_json::{Value, json};
 use talon::client::Client;
 
 /// How long one wait of the run may take.
 const LIMIT: Duration = Duration::from_secs(300);
-
-struct Row {
-    label: String,
-    n: usize,
-    create: Timing,
-    delete: Timing,
-    idle_secs: u64,
-    idle: Idle,
-}
 
 struct Serve {
     child: Child,
@@ -53,7 +44,7 @@ impl Drop for Serve {
     }
 }
 
-async fn run(label: &str, program: &Path, n: usize, idle_secs: u64) -> Row {
+async fn run(program: &Path, n: usize, idle_secs: u64) -> Run {
     let d = tempfile::tempdir().expect("tempdir");
     let dir = d.path().to_path_buf();
     let port = free_port();
@@ -130,13 +121,12 @@ async fn run(label: &str, program: &Path, n: usize, idle_secs: u64) -> Row {
     })
     .await;
     drop(serve);
-    Row {
-        label: label.to_string(),
+    Run {
         n,
         create,
-        delete,
         idle_secs,
         idle,
+        delete,
     }
 }
 
@@ -162,30 +152,15 @@ fn main() {
         .enable_all()
         .build()
         .expect("tokio");
-    let rows: Vec<Row> = bins
+    let rows: Vec<(&String, Run)> = bins
         .iter()
-        .map(|(label, bin)| rt.block_on(run(label, bin, n, idle)))
+        .map(|(label, bin)| (label, rt.block_on(run(bin, n, idle))))
         .collect();
     println!(
         "| talon | volumes | create p50 | create p99 | create total | idle talon CPU | idle tgtd CPU | V1 reconciles idle | talon RSS | delete p50 | delete p99 | delete total |"
     );
     println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
-    for r in rows {
-        println!(
-            "| {} | {} | {:.1?} | {:.1?} | {:.1?} | {:.1} % | {:.1} % | {} in {} s | {:.1} MiB | {:.1?} | {:.1?} | {:.1?} |",
-            r.label,
-            r.n,
-            r.create.0,
-            r.create.1,
-            r.create.2,
-            r.idle.talon_cpu,
-            r.idle.target_cpu,
-            r.idle.reconciles,
-            r.idle_secs,
-            r.idle.rss_mib,
-            r.delete.0,
-            r.delete.1,
-            r.delete.2
-        );
+    for (label, r) in rows {
+        println!("| {label} {}", r.cells());
     }
 }

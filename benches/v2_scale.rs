@@ -25,19 +25,11 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
-use scale::{Idle, Timing, free_port, idle, in_flight, wait_for};
+use scale::{Run, free_port, idle, in_flight, wait_for};
 use serde_json::{Value, json};
 use talon::client::Client;
 
 const VOLUME_BYTES: u64 = 16 << 20;
-
-struct Row {
-    n: usize,
-    create: Timing,
-    delete: Timing,
-    idle_secs: u64,
-    idle: Idle,
-}
 
 /// The daemon; dropped: SIGTERM (`--stop-targets-on-exit` stops spdk_tgt
 /// too), then SIGKILL of spdk_tgt should it still run.
@@ -69,7 +61,7 @@ struct Opts {
     interrupt: bool,
 }
 
-async fn run(program: &Path, o: &Opts) -> Row {
+async fn run(program: &Path, o: &Opts) -> Run {
     let d = tempfile::tempdir().expect("tempdir");
     let dir = d.path().to_path_buf();
     let disk_dir = o.disk_dir.clone().unwrap_or_else(|| dir.join("disks"));
@@ -170,12 +162,12 @@ async fn run(program: &Path, o: &Opts) -> Row {
     .await;
     drop(serve);
     let _ = std::fs::remove_file(&disk);
-    Row {
+    Run {
         n: o.n,
         create,
-        delete,
         idle_secs: o.idle_secs,
         idle,
+        delete,
     }
 }
 
@@ -214,19 +206,5 @@ fn main() {
         if o.interrupt { "interrupt mode" } else { "polling" }
     );
     println!("|---|---|---|---|---|---|---|---|---|---|---|");
-    println!(
-        "| {} | {:.1?} | {:.1?} | {:.1?} | {:.1} % | {:.1} % | {} in {} s | {:.1} MiB | {:.1?} | {:.1?} | {:.1?} |",
-        r.n,
-        r.create.0,
-        r.create.1,
-        r.create.2,
-        r.idle.talon_cpu,
-        r.idle.target_cpu,
-        r.idle.reconciles,
-        r.idle_secs,
-        r.idle.rss_mib,
-        r.delete.0,
-        r.delete.1,
-        r.delete.2
-    );
+    println!("{}", r.cells());
 }

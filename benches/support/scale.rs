@@ -5,6 +5,7 @@
 //! ```text
 //!   in_flight(n, op)            -> (p50, p99, total) of op(0..n), 16 at a time
 //!   idle(c, talon, target, ..)  -> talon CPU %, target CPU %, talon RSS, reconciles
+//!   Run::cells()                -> | volumes | create p50 … | idle … | delete … total |
 //! ```
 
 use std::future::Future;
@@ -123,5 +124,35 @@ pub async fn idle(c: &Client, talon: u32, target: u32, controller: &str, secs: u
         target_cpu: cpu(target0, target1),
         rss_mib: rss as f64 / 1024.0,
         reconciles: r1 - r0,
+    }
+}
+
+/// One measured run: N volumes created, idle, deleted.
+pub struct Run {
+    pub n: usize,
+    pub create: Timing,
+    pub idle_secs: u64,
+    pub idle: Idle,
+    pub delete: Timing,
+}
+
+impl Run {
+    /// The table cells from "volumes" to "delete total", with the `|` around them.
+    pub fn cells(&self) -> String {
+        format!(
+            "| {} | {:.1?} | {:.1?} | {:.1?} | {:.1} % | {:.1} % | {} in {} s | {:.1} MiB | {:.1?} | {:.1?} | {:.1?} |",
+            self.n,
+            self.create.0,
+            self.create.1,
+            self.create.2,
+            self.idle.talon_cpu,
+            self.idle.target_cpu,
+            self.idle.reconciles,
+            self.idle_secs,
+            self.idle.rss_mib,
+            self.delete.0,
+            self.delete.1,
+            self.delete.2
+        )
     }
 }
