@@ -514,53 +514,31 @@ async fn volumes_come_back_after_a_target_restart() {
     s.rt.stop().await;
 }
 
-/// Two SpdkDoubles sharing a fabric in this process as two nodes: `a` has
-/// disk `da` and on it a 32 MiB lvol `<volume>-r1` (`remote`) to serve to `b`.
-/// Bind every field: a double left out of the pattern stops at once.
-struct TwoNodes {
-    dir: tempfile::TempDir,
-    _a: SpdkDouble,
-    b: SpdkDouble,
-    ca: SpdkClient,
-    cb: SpdkClient,
-    remote: String,
-    vol: ObjectName,
-}
+/// One node on a SpdkDouble: the double and a client on its socket.
+struct Double(SpdkDouble, SpdkClient);
 
-async fn two_nodes(volume: &str) -> TwoNodes {
+/// Two SpdkDoubles sharing a fabric in this process as two nodes, a and b,
+/// in a temp dir: a has disk `da` and on it a 32 MiB lvol `<volume>-r1`
+/// (returned fourth) to serve to b; the volume's name comes last. Bind every
+/// double to a name: one bound to `_` stops at once.
+async fn two_nodes(volume: &str) -> (tempfile::TempDir, Double, Double, String, ObjectName) {
     let dir = tempfile::tempdir().expect("tempdir");
     let a = SpdkDouble::start(dir.path().join("a.sock")).await.expect("a");
     let b = SpdkDouble::start(dir.path().join("b.sock")).await.expect("b");
     let (ca, cb) = (SpdkClient::new(a.socket()), SpdkClient::new(b.socket()));
     add_disk(&ca, dir.path(), "da", true).await;
     let remote = ca
-        .bdev_lvol_create(&LvolCreate::thin("talon-da", &format!("{volume}-r1"), 32))
+        .bdev_lvol_create(&LvolCreate::thin("talon-da", format!("{volume}-r1"), 32))
         .await
         .expect("lvol a");
     let vol = ObjectName::parse("volume", volume).expect("n");
-    TwoNodes {
-        dir,
-        _a: a,
-        b,
-        ca,
-        cb,
-        remote,
-        vol,
-    }
+    (dir, Double(a, ca), Double(b, cb), remote, vol)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_exported_on_one_target_joins_a_raid1_on_another() {
     // two SpdkDoubles share a fabric in this process (TEST DOUBLE: no data moves)
-    let TwoNodes {
-        dir,
-        _a,
-        b: _b,
-        ca,
-        cb,
-        remote,
-        vol,
-    } = two_nodes("rv").await;
+    let (dir, Double(_a, ca), Double(_b, cb), remote, vol) = two_nodes("rv").await;
     add_disk(&cb, dir.path(), "db", true).await;
     let local = cb
         .bdev_lvol_create(&LvolCreate::thin("talon-db", "rv-r0", 32))
@@ -614,15 +592,7 @@ async fn a_replica_with_dhchap_is_attached_only_with_the_engine_nodes_secret() {
     // moves; the double compares the secrets of both keyrings' files as a
     // real target's DH-HMAC-CHAP would accept or refuse them)
     use talon::util::nvme_auth::{self as dhchap, DhchapSecret};
-    let TwoNodes {
-        dir,
-        _a,
-        b,
-        ca,
-        cb,
-        remote,
-        vol,
-    } = two_nodes("dv").await;
+    let (dir, Double(_a, ca), Double(b, cb), remote, vol) = two_nodes("dv").await;
     let (data_a, data_b) = (dir.path().join("data-a"), dir.path().join("data-b"));
     const ENGINE: &str = "nqn.2025-01.io.talon.test:node:b";
     const SERVER: &str = "nqn.2025-01.io.talon.test:node:a";
@@ -742,15 +712,7 @@ async fn a_replica_with_tls_is_attached_only_over_tls_with_the_engine_nodes_psk(
     // two SpdkDoubles (TEST DOUBLE: the PSKs of both keyrings' files are
     // compared as a real TLS handshake would accept or refuse them)
     use talon::util::nvme_auth::{self, TlsPsk};
-    let TwoNodes {
-        dir,
-        _a,
-        b: _b,
-        ca,
-        cb,
-        remote,
-        vol,
-    } = two_nodes("tv").await;
+    let (dir, Double(_a, ca), Double(_b, cb), remote, vol) = two_nodes("tv").await;
     let (data_a, data_b) = (dir.path().join("data-a"), dir.path().join("data-b"));
     const ENGINE: &str = "nqn.2025-01.io.talon.test:node:b";
     let oa = VolumeOps::new(ca.clone()).with_host_nqn(Some("nqn.2025-01.io.talon.test:node:a".into()));
