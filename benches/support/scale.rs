@@ -7,6 +7,10 @@
 //!   idle(c, talon, target, ..)  -> talon CPU %, target CPU %, talon RSS, reconciles
 //!   Run::cells()                -> | volumes | create p50 … | idle … | delete … total |
 //! ```
+//!
+//! `benches/api.rs` reads a process's CPU and RSS with [`proc_stat`] too.
+
+#![allow(dead_code)] // benches/api.rs uses proc_stat alone
 
 use std::future::Future;
 use std::sync::Arc;
@@ -33,7 +37,7 @@ pub fn free_port() -> u16 {
 }
 
 /// (utime + stime in clock ticks, RSS in kB) of a process.
-fn proc_stat(pid: u32) -> Option<(u64, u64)> {
+pub fn proc_stat(pid: u32) -> Option<(u64, u64)> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     let rest = stat.rsplit(')').next()?;
     let f: Vec<&str> = rest.split_whitespace().collect();
