@@ -3,9 +3,13 @@
 //! - runtime: 10,000 resource updates through a chain of two controllers until quiescent;
 //! - daemon idle: RSS and CPU of a `talon serve` process over 30 s (`TALON_BENCH_IDLE_SECS`).
 
+#[path = "support/scale.rs"]
+mod scale;
+
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use scale::proc_stat;
 use serde::{Deserialize, Serialize};
 use talon::runtime::testing::TestRuntime;
 use talon::runtime::{Controller, ControllerError, Input, Output, ReconcileContext, Requeue, Spec};
@@ -147,22 +151,6 @@ async fn runtime_chain() -> Duration {
     let el = t.elapsed();
     rt.stop().await;
     el
-}
-
-fn proc_stat(pid: u32) -> Option<(u64, u64)> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let rest = &stat[stat.rfind(')')? + 2..];
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    let ticks = f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?;
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let rss_kb = status
-        .lines()
-        .find(|l| l.starts_with("VmRSS:"))?
-        .split_whitespace()
-        .nth(1)?
-        .parse()
-        .ok()?;
-    Some((ticks, rss_kb))
 }
 
 fn idle(secs: u64) -> Option<(f64, f64)> {

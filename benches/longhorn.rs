@@ -33,6 +33,8 @@
 //! back) with their min-max. The machine is shared and noisy (load average
 //! printed): compare within one run.
 
+#[path = "../tests/support/longhorn_daemon.rs"]
+mod longhorn_daemon;
 #[path = "../tests/support/spdk_perf.rs"]
 mod spdk_perf;
 
@@ -41,6 +43,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use longhorn_daemon::free_base;
 use talon::controllers::engine::selection::SpdkOptions;
 use talon::longhorn::proto::imrpc::{
     self, disk_service_client::DiskServiceClient, instance_service_client::InstanceServiceClient,
@@ -60,24 +63,6 @@ fn pct(v: &mut [f64], p: f64) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
     let i = ((v.len() as f64 - 1.0) * p).round() as usize;
     v[i.min(v.len() - 1)]
-}
-
-fn free_base() -> u16 {
-    for _ in 0..200 {
-        let probe = std::net::TcpListener::bind("127.0.0.1:0").expect("probe");
-        let base = probe.local_addr().expect("addr").port();
-        drop(probe);
-        if base > 65000 {
-            continue;
-        }
-        let all: Vec<_> = (0..5)
-            .map(|i| std::net::TcpListener::bind(("127.0.0.1", base + i)))
-            .collect();
-        if all.iter().all(Result::is_ok) {
-            return base;
-        }
-    }
-    panic!("no five consecutive free ports");
 }
 
 fn free_port() -> u16 {

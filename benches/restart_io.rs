@@ -320,11 +320,7 @@ async fn spdk_row(spdk: &Path, layout: &Layout, stop: Stop, rounds: usize, basel
     let before = before.finish();
 
     let mut perf = Perf::start(spdk, perf_core, port, &nqn, 3600);
-    let mut connected = until("spdk_nvme_perf to connect", || async {
-        let ids = restart::cntlids(&spdk_sock, &nqn).await;
-        (!ids.is_empty()).then_some(ids)
-    })
-    .await;
+    let mut connected = restart::perf_connected(&spdk_sock, &nqn).await;
     let t1 = Instant::now();
     let mut pid = first;
     let (mut target_restarts, mut reconnects) = (0, 0);

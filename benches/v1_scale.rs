@@ -14,56 +14,20 @@
 //!
 //! Run as root: `cargo bench --bench v1_scale` (`V1_SCALE_VOLUMES=1000`).
 
+#[path = "support/scale.rs"]
+mod scale;
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use scale::{Run, free_port, idle, in_flight};
 use serde_json::{Value, json};
 use talon::client::Client;
 
-const IN_FLIGHT: usize = 16;
-
-fn pct(v: &mut [Duration], p: f64) -> Duration {
-    v.sort();
-    v[((v.len() as f64 - 1.0) * p).round() as usize]
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("port")
-        .port()
-}
-
-/// (utime + stime in clock ticks, RSS in kB) of a process.
-fn proc_stat(pid: u32) -> Option<(u64, u64)> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let rest = stat.rsplit(')').next()?;
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    let ticks = f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?;
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let rss = status
-        .lines()
-        .find(|l| l.starts_with("VmRSS:"))?
-        .split_whitespace()
-        .nth(1)?
-        .parse()
-        .ok()?;
-    Some((ticks, rss))
-}
-
-struct Row {
-    label: String,
-    n: usize,
-    create: (Duration, Duration, Duration),
-    delete: (Duration, Duration, Duration),
-    idle_secs: u64,
-    talon_cpu: f64,
-    tgtd_cpu: f64,
-    rss_mib: f64,
-    reconciles: u64,
-}
+/// How long one wait of the run may take.
+const LIMIT: Duration = Duration::from_secs(300);
 
 struct Serve {
     child: Child,
@@ -80,30 +44,7 @@ impl Drop for Serve {
     }
 }
 
-async fn wait_for<T, F: std::future::Future<Output = Option<T>>>(what: &str, mut f: impl FnMut() -> F) -> T {
-    let start = Instant::now();
-    loop {
-        if let Some(v) = f().await {
-            return v;
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(300),
-            "gave up waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
-async fn v1_reconciles(c: &Client) -> u64 {
-    c.controllers()
-        .await
-        .ok()
-        .and_then(|cs| cs.into_iter().find(|s| s.name == "engine.V1VolumeController"))
-        .map(|s| s.reconciles)
-        .unwrap_or(0)
-}
-
-async fn run(label: &str, program: &Path, n: usize, idle_secs: u64) -> Row {
+async fn run(program: &Path, n: usize, idle_secs: u64) -> Run {
     let d = tempfile::tempdir().expect("tempdir");
     let dir = d.path().to_path_buf();
     let port = free_port();
@@ -131,16 +72,16 @@ async fn run(label: &str, program: &Path, n: usize, idle_secs: u64) -> Row {
         dir: dir.clone(),
     };
     let socket = dir.join("run/talon.sock");
-    let c = Arc::new(wait_for("the API", || async { Client::connect_unix(&socket).await.ok() }).await);
+    let c = Arc::new(
+        scale::wait_for("the API", LIMIT, || async {
+            Client::connect_unix(&socket).await.ok()
+        })
+        .await,
+    );
     c.node_info().await.expect("node_info");
-    let sem = Arc::new(tokio::sync::Semaphore::new(IN_FLIGHT));
-    let t0 = Instant::now();
-    let mut tasks = tokio::task::JoinSet::new();
-    for i in 0..n {
-        let (c, sem) = (c.clone(), sem.clone());
-        tasks.spawn(async move {
-            let _slot = sem.acquire().await.expect("semaphore");
-            let t = Instant::now();
+    let create = in_flight(n, |i| {
+        let c = c.clone();
+        async move {
             let r: Result<Value, _> = c
                 .call(
                     "volume_create",
@@ -148,57 +89,44 @@ async fn run(label: &str, program: &Path, n: usize, idle_secs: u64) -> Row {
                 )
                 .await;
             r.unwrap_or_else(|e| panic!("create s{i}: {e}"));
-            t.elapsed()
-        });
-    }
-    let mut create: Vec<Duration> = tasks.join_all().await;
-    let create_total = t0.elapsed();
+        }
+    })
+    .await;
 
     // tgtd runs while V1 volumes exist
-    let tgtd_pid = wait_for("tgtd ready", || async {
+    let tgtd_pid = scale::wait_for("tgtd ready", LIMIT, || async {
         let t = c.get("TargetStatus", "tgtd").await.ok()?.spec;
         (t["state"] == "ready").then(|| t["pid"].as_u64()).flatten()
     })
     .await as u32;
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    let (talon0, _) = proc_stat(serve.child.id()).expect("talon stat");
-    let (tgtd0, _) = proc_stat(tgtd_pid).expect("tgtd stat");
-    let r0 = v1_reconciles(&c).await;
-    tokio::time::sleep(Duration::from_secs(idle_secs)).await;
-    let (talon1, rss) = proc_stat(serve.child.id()).expect("talon stat");
-    let (tgtd1, _) = proc_stat(tgtd_pid).expect("tgtd stat");
-    let r1 = v1_reconciles(&c).await;
-    let cpu = |a: u64, b: u64| (b - a) as f64 / 100.0 / idle_secs as f64 * 100.0;
+    let idle = idle(
+        &c,
+        serve.child.id(),
+        tgtd_pid,
+        "engine.V1VolumeController",
+        idle_secs,
+    )
+    .await;
 
-    let t0 = Instant::now();
-    let mut tasks = tokio::task::JoinSet::new();
-    for i in 0..n {
-        let (c, sem) = (c.clone(), sem.clone());
-        tasks.spawn(async move {
-            let _slot = sem.acquire().await.expect("semaphore");
-            let t = Instant::now();
+    let delete = in_flight(n, |i| {
+        let c = c.clone();
+        async move {
             let r: Result<Value, _> = c.call("volume_delete", json!({"name": format!("s{i}")})).await;
             r.unwrap_or_else(|e| panic!("delete s{i}: {e}"));
-            wait_for("the volume gone", || async {
+            scale::wait_for("the volume gone", LIMIT, || async {
                 c.get("Volume", &format!("s{i}")).await.is_err().then_some(())
             })
             .await;
-            t.elapsed()
-        });
-    }
-    let mut delete: Vec<Duration> = tasks.join_all().await;
-    let delete_total = t0.elapsed();
+        }
+    })
+    .await;
     drop(serve);
-    Row {
-        label: label.to_string(),
+    Run {
         n,
-        create: (pct(&mut create, 0.5), pct(&mut create, 0.99), create_total),
-        delete: (pct(&mut delete, 0.5), pct(&mut delete, 0.99), delete_total),
+        create,
         idle_secs,
-        talon_cpu: cpu(talon0, talon1),
-        tgtd_cpu: cpu(tgtd0, tgtd1),
-        rss_mib: rss as f64 / 1024.0,
-        reconciles: r1 - r0,
+        idle,
+        delete,
     }
 }
 
@@ -224,30 +152,15 @@ fn main() {
         .enable_all()
         .build()
         .expect("tokio");
-    let rows: Vec<Row> = bins
+    let rows: Vec<(&String, Run)> = bins
         .iter()
-        .map(|(label, bin)| rt.block_on(run(label, bin, n, idle)))
+        .map(|(label, bin)| (label, rt.block_on(run(bin, n, idle))))
         .collect();
     println!(
         "| talon | volumes | create p50 | create p99 | create total | idle talon CPU | idle tgtd CPU | V1 reconciles idle | talon RSS | delete p50 | delete p99 | delete total |"
     );
     println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
-    for r in rows {
-        println!(
-            "| {} | {} | {:.1?} | {:.1?} | {:.1?} | {:.1} % | {:.1} % | {} in {} s | {:.1} MiB | {:.1?} | {:.1?} | {:.1?} |",
-            r.label,
-            r.n,
-            r.create.0,
-            r.create.1,
-            r.create.2,
-            r.talon_cpu,
-            r.tgtd_cpu,
-            r.reconciles,
-            r.idle_secs,
-            r.rss_mib,
-            r.delete.0,
-            r.delete.1,
-            r.delete.2
-        );
+    for (label, r) in rows {
+        println!("| {label} {}", r.cells());
     }
 }

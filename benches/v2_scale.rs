@@ -17,56 +17,19 @@
 //! disk file, default a temp dir; `V2_SCALE_INTERRUPT=1` runs spdk_tgt in
 //! interrupt mode, else it polls and uses a core whatever the load).
 
+#[path = "support/scale.rs"]
+mod scale;
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use scale::{Run, free_port, idle, in_flight, wait_for};
 use serde_json::{Value, json};
 use talon::client::Client;
 
-const IN_FLIGHT: usize = 16;
 const VOLUME_BYTES: u64 = 16 << 20;
-
-fn pct(v: &mut [Duration], p: f64) -> Duration {
-    v.sort();
-    v[((v.len() as f64 - 1.0) * p).round() as usize]
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("port")
-        .port()
-}
-
-/// (utime + stime in clock ticks, RSS in kB) of a process.
-fn proc_stat(pid: u32) -> Option<(u64, u64)> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let rest = stat.rsplit(')').next()?;
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    let ticks = f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?;
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let rss = status
-        .lines()
-        .find(|l| l.starts_with("VmRSS:"))?
-        .split_whitespace()
-        .nth(1)?
-        .parse()
-        .ok()?;
-    Some((ticks, rss))
-}
-
-struct Row {
-    n: usize,
-    create: (Duration, Duration, Duration),
-    delete: (Duration, Duration, Duration),
-    idle_secs: u64,
-    talon_cpu: f64,
-    spdk_cpu: f64,
-    rss_mib: f64,
-    reconciles: u64,
-}
 
 /// The daemon; dropped: SIGTERM (`--stop-targets-on-exit` stops spdk_tgt
 /// too), then SIGKILL of spdk_tgt should it still run.
@@ -89,30 +52,6 @@ impl Drop for Serve {
     }
 }
 
-async fn wait_for<T, F: std::future::Future<Output = Option<T>>>(
-    what: &str,
-    limit: Duration,
-    mut f: impl FnMut() -> F,
-) -> T {
-    let start = Instant::now();
-    loop {
-        if let Some(v) = f().await {
-            return v;
-        }
-        assert!(start.elapsed() < limit, "gave up waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
-async fn v2_reconciles(c: &Client) -> u64 {
-    c.controllers()
-        .await
-        .ok()
-        .and_then(|cs| cs.into_iter().find(|s| s.name == "engine.SpdkVolumeController"))
-        .map(|s| s.reconciles)
-        .unwrap_or(0)
-}
-
 struct Opts {
     spdk_dir: PathBuf,
     n: usize,
@@ -122,7 +61,7 @@ struct Opts {
     interrupt: bool,
 }
 
-async fn run(program: &Path, o: &Opts) -> Row {
+async fn run(program: &Path, o: &Opts) -> Run {
     let d = tempfile::tempdir().expect("tempdir");
     let dir = d.path().to_path_buf();
     let disk_dir = o.disk_dir.clone().unwrap_or_else(|| dir.join("disks"));
@@ -184,68 +123,51 @@ async fn run(program: &Path, o: &Opts) -> Row {
         (r.spec["state"] == "ready").then_some(())
     })
     .await;
-    let sem = Arc::new(tokio::sync::Semaphore::new(IN_FLIGHT));
-    let t0 = Instant::now();
-    let mut tasks = tokio::task::JoinSet::new();
-    for i in 0..o.n {
-        let (c, sem) = (c.clone(), sem.clone());
-        tasks.spawn(async move {
-            let _slot = sem.acquire().await.expect("semaphore");
-            let t = Instant::now();
+    let create = in_flight(o.n, |i| {
+        let c = c.clone();
+        async move {
             let r: Result<Value, _> = c
                 .call(
                     "volume_create",
                     json!({"name": format!("s{i}"), "sizeBytes": VOLUME_BYTES, "engine": "v2",
-                           "replicas": 1, "wait": true, "timeoutSeconds": 3600}),
+                       "replicas": 1, "wait": true, "timeoutSeconds": 3600}),
                 )
                 .await;
             r.unwrap_or_else(|e| panic!("create s{i}: {e}"));
-            t.elapsed()
-        });
-    }
-    let mut create: Vec<Duration> = tasks.join_all().await;
-    let create_total = t0.elapsed();
-    eprintln!("v2_scale: {} volumes created in {create_total:.1?}", o.n);
+        }
+    })
+    .await;
+    eprintln!("v2_scale: {} volumes created in {:.1?}", o.n, create.2);
 
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    let (talon0, _) = proc_stat(serve.child.id()).expect("talon stat");
-    let (spdk0, _) = proc_stat(spdk_pid).expect("spdk_tgt stat");
-    let r0 = v2_reconciles(&c).await;
-    tokio::time::sleep(Duration::from_secs(o.idle_secs)).await;
-    let (talon1, rss) = proc_stat(serve.child.id()).expect("talon stat");
-    let (spdk1, _) = proc_stat(spdk_pid).expect("spdk_tgt stat");
-    let r1 = v2_reconciles(&c).await;
-    let cpu = |a: u64, b: u64| (b - a) as f64 / 100.0 / o.idle_secs as f64 * 100.0;
+    let idle = idle(
+        &c,
+        serve.child.id(),
+        spdk_pid,
+        "engine.SpdkVolumeController",
+        o.idle_secs,
+    )
+    .await;
 
-    let t0 = Instant::now();
-    let mut tasks = tokio::task::JoinSet::new();
-    for i in 0..o.n {
-        let (c, sem) = (c.clone(), sem.clone());
-        tasks.spawn(async move {
-            let _slot = sem.acquire().await.expect("semaphore");
-            let t = Instant::now();
+    let delete = in_flight(o.n, |i| {
+        let c = c.clone();
+        async move {
             let r: Result<Value, _> = c.call("volume_delete", json!({"name": format!("s{i}")})).await;
             r.unwrap_or_else(|e| panic!("delete s{i}: {e}"));
             wait_for("the volume gone", Duration::from_secs(3600), || async {
                 c.get("Volume", &format!("s{i}")).await.is_err().then_some(())
             })
             .await;
-            t.elapsed()
-        });
-    }
-    let mut delete: Vec<Duration> = tasks.join_all().await;
-    let delete_total = t0.elapsed();
+        }
+    })
+    .await;
     drop(serve);
     let _ = std::fs::remove_file(&disk);
-    Row {
+    Run {
         n: o.n,
-        create: (pct(&mut create, 0.5), pct(&mut create, 0.99), create_total),
-        delete: (pct(&mut delete, 0.5), pct(&mut delete, 0.99), delete_total),
+        create,
         idle_secs: o.idle_secs,
-        talon_cpu: cpu(talon0, talon1),
-        spdk_cpu: cpu(spdk0, spdk1),
-        rss_mib: rss as f64 / 1024.0,
-        reconciles: r1 - r0,
+        idle,
+        delete,
     }
 }
 
@@ -284,19 +206,5 @@ fn main() {
         if o.interrupt { "interrupt mode" } else { "polling" }
     );
     println!("|---|---|---|---|---|---|---|---|---|---|---|");
-    println!(
-        "| {} | {:.1?} | {:.1?} | {:.1?} | {:.1} % | {:.1} % | {} in {} s | {:.1} MiB | {:.1?} | {:.1?} | {:.1?} |",
-        r.n,
-        r.create.0,
-        r.create.1,
-        r.create.2,
-        r.talon_cpu,
-        r.spdk_cpu,
-        r.reconciles,
-        r.idle_secs,
-        r.rss_mib,
-        r.delete.0,
-        r.delete.1,
-        r.delete.2
-    );
+    println!("{}", r.cells());
 }

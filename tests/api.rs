@@ -1,5 +1,8 @@
 //! Admin API process tests (tier 3): a real daemon on a temp Unix socket.
 
+#[path = "support/serve_daemon.rs"]
+mod serve_daemon;
+
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -22,19 +25,7 @@ struct Daemon {
 const TOKEN: &str = "0123456789abcdef0123456789abcdef-test";
 
 fn opts(dir: &Path) -> ServeOptions {
-    ServeOptions {
-        data_dir: dir.join("data"),
-        config: None,
-        socket: dir.join("run/talon.sock"),
-        listen_tcp: None,
-        token_file: None,
-        tls: Default::default(),
-        run_dir: dir.join("run"),
-        host_root: PathBuf::from("/"),
-        spdk: Default::default(),
-        // in-process daemons of these tests stop what they start
-        stop_targets_on_exit: true,
-    }
+    serve_daemon::opts(dir, Default::default())
 }
 
 async fn start(o: ServeOptions) -> Daemon {

@@ -7,16 +7,17 @@
 //!   talon serve --interrupt-mode (TALON_SPDK_DIR) ──spawn──> nvmf_tgt --interrupt-mode ──NVMe/TCP──> spdk_nvme_perf
 //! ```
 
+#[path = "support/serve_daemon.rs"]
+mod serve_daemon;
 #[path = "support/spdk_perf.rs"]
 mod spdk_perf;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
-use talon::client::Client;
+use serve_daemon::{opts_with_config, real_spdk, start};
 use talon::controllers::engine::selection::SpdkOptions;
 use talon::runtime::testing::eventually;
-use talon::serve::{ServeOptions, serve};
 
 /// The host NQN spdk_nvme_perf connects with (tests/support/spdk_perf.rs): the
 /// V2 export admits it through `allowedHosts` (by default only the host a
@@ -26,21 +27,6 @@ const HOST: &str = spdk_perf::HOST_NQN;
 fn free_port() -> u16 {
     let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
     l.local_addr().expect("addr").port()
-}
-
-fn opts(dir: &Path, spdk: SpdkOptions) -> ServeOptions {
-    ServeOptions {
-        data_dir: dir.join("data"),
-        config: None,
-        socket: dir.join("run/talon.sock"),
-        listen_tcp: None,
-        token_file: None,
-        tls: Default::default(),
-        run_dir: dir.join("run"),
-        host_root: PathBuf::from("/"),
-        spdk,
-        stop_targets_on_exit: true,
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -60,40 +46,17 @@ async fn real_spdk_interrupt_mode_serves_with_nvmf_tgt() {
     }
     let dir = tempfile::tempdir().expect("tempdir");
     let port = free_port();
-    let cfg = dir.path().join("talon.yaml");
-    std::fs::write(
-        &cfg,
-        format!(
-            "node: {{ engine: v2, listenAddress: 127.0.0.1, nvmfPort: {port}, allowedHosts: [\"{HOST}\"] }}\n\
+    let yaml = format!(
+        "node: {{ engine: v2, listenAddress: 127.0.0.1, nvmfPort: {port}, allowedHosts: [\"{HOST}\"] }}\n\
              disks:\n  d1: {{ path: disks/d1.img, sizeBytes: 268435456 }}\n\
              volumes:\n  quiet: {{ sizeBytes: 67108864 }}\n"
-        ),
-    )
-    .expect("config");
-    let mut o = opts(
-        dir.path(),
-        SpdkOptions {
-            spdk_tgt: None,
-            spdk_dir: Some(spdk.clone()),
-            path_var: None,
-            no_huge: true,
-            no_huge_mem_mib: 1024,
-            interrupt_mode: true,
-            // other jobs may run SPDK on core 0
-            extra_args: vec!["--disable-cpumask-locks".into()],
-            ..SpdkOptions::default()
-        },
     );
-    o.config = Some(cfg);
-    let socket = o.socket.clone();
-    let (stop, rx) = tokio::sync::oneshot::channel::<()>();
-    let task = tokio::spawn(serve(o, async move {
-        let _ = rx.await;
-    }));
-    let c = eventually("the API", Duration::from_secs(30), || async {
-        Client::connect_unix(&socket).await.ok()
-    })
-    .await;
+    let spdk_opts = SpdkOptions {
+        interrupt_mode: true,
+        ..real_spdk(&spdk, 1024)
+    };
+    let d = start(opts_with_config(dir.path(), spdk_opts, &yaml)).await;
+    let c = &d.client;
     let nqn = eventually("EngineStatus quiet ready", Duration::from_secs(120), || async {
         let e = c.get("EngineStatus", "quiet").await.ok()?.spec;
         (e["state"] == "ready").then(|| e["exports"][0]["name"].as_str().map(String::from))?
@@ -114,7 +77,5 @@ async fn real_spdk_interrupt_mode_serves_with_nvmf_tgt() {
     let iops = spdk_perf::total_iops(&report);
     assert!(iops > 0.0, "I/O through nvmf_tgt in interrupt mode: {report}");
     eprintln!("{TEST}: nvmf_tgt --interrupt-mode served {iops:.0} IOPS (4 KiB randrw QD32, loaded machine)");
-    drop(c);
-    let _ = stop.send(());
-    task.await.expect("join").expect("clean stop");
+    d.stop().await;
 }

@@ -7,13 +7,18 @@
 //! every port; bad input refused with nothing made; UNIMPLEMENTED names the
 //! method.
 
+#[path = "support/longhorn_daemon.rs"]
+mod longhorn_daemon;
+#[path = "support/serve_daemon.rs"]
+mod serve_daemon;
+
 use std::collections::HashMap;
-use std::net::SocketAddr;
 use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use futures::StreamExt;
+use longhorn_daemon::{Daemon, free_base};
 use talon::controllers::engine::selection::SpdkOptions;
 use talon::longhorn::proto::imrpc::{
     self, disk_service_client::DiskServiceClient, instance_service_client::InstanceServiceClient,
@@ -21,8 +26,7 @@ use talon::longhorn::proto::imrpc::{
 };
 use talon::longhorn::proto::process_manager_service_client::ProcessManagerServiceClient;
 use talon::longhorn::proto::spdkrpc::{self, spdk_service_client::SpdkServiceClient};
-use talon::longhorn::server::LonghornOptions;
-use talon::serve::{ServeOptions, serve_with};
+use talon::serve::ServeOptions;
 use talon::spdk::rpc::GetLvols;
 use talon::spdk::{SpdkClient, SpdkDouble};
 use tonic::Code;
@@ -35,84 +39,21 @@ fn opts(dir: &Path) -> ServeOptions {
     let fake = dir.join("spdk_tgt");
     std::fs::write(&fake, "#!/bin/sh\nexit 1\n").expect("fake spdk_tgt");
     std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let spdk = SpdkOptions {
+        spdk_tgt: Some(fake),
+        no_huge: true,
+        no_huge_mem_mib: 256,
+        ..Default::default()
+    };
     ServeOptions {
-        data_dir: dir.join("data"),
-        config: None,
-        socket: dir.join("run/talon.sock"),
-        listen_tcp: None,
-        token_file: None,
-        tls: Default::default(),
-        run_dir: dir.join("run"),
-        host_root: PathBuf::from("/"),
-        spdk: SpdkOptions {
-            spdk_tgt: Some(fake),
-            no_huge: true,
-            no_huge_mem_mib: 256,
-            ..Default::default()
-        },
         stop_targets_on_exit: false,
+        ..serve_daemon::opts(dir, spdk)
     }
-}
-
-/// Five consecutive free ports on loopback.
-fn free_base() -> u16 {
-    for _ in 0..200 {
-        let probe = std::net::TcpListener::bind("127.0.0.1:0").expect("probe");
-        let base = probe.local_addr().expect("addr").port();
-        drop(probe);
-        if base > 65000 {
-            continue;
-        }
-        let all: Vec<_> = (0..5)
-            .map(|i| std::net::TcpListener::bind(("127.0.0.1", base + i)))
-            .collect();
-        if all.iter().all(Result::is_ok) {
-            return base;
-        }
-    }
-    panic!("no five consecutive free ports");
-}
-
-struct Daemon {
-    stop: tokio::sync::oneshot::Sender<()>,
-    task: tokio::task::JoinHandle<Result<(), talon::serve::ServeError>>,
-    base: u16,
 }
 
 impl Daemon {
     async fn start(dir: &Path, ports: std::ops::RangeInclusive<u16>) -> Daemon {
-        let base = free_base();
-        let (stop, rx) = tokio::sync::oneshot::channel::<()>();
-        let lh = LonghornOptions {
-            listen: SocketAddr::from(([127, 0, 0, 1], base)),
-            ports,
-        };
-        let task = tokio::spawn(serve_with(opts(dir), Some(lh), async move {
-            let _ = rx.await;
-        }));
-        let d = Daemon { stop, task, base };
-        talon::runtime::testing::eventually("the Longhorn ports", Duration::from_secs(30), || async {
-            Channel::from_shared(d.url(3)).ok()?.connect().await.ok()
-        })
-        .await;
-        d
-    }
-
-    fn url(&self, i: u16) -> String {
-        format!("http://127.0.0.1:{}", self.base + i)
-    }
-
-    async fn channel(&self, i: u16) -> Channel {
-        Channel::from_shared(self.url(i))
-            .expect("url")
-            .connect()
-            .await
-            .expect("connect")
-    }
-
-    async fn stop(self) {
-        let _ = self.stop.send(());
-        self.task.await.expect("join").expect("clean stop");
+        Daemon::serve(opts(dir), free_base(), ports).await
     }
 }
 

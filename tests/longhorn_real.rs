@@ -6,122 +6,50 @@
 //! instance running again, and the pattern read back through the engine and
 //! from each replica alone.
 
+#[path = "support/longhorn_daemon.rs"]
+mod longhorn_daemon;
+#[path = "support/serve_daemon.rs"]
+mod serve_daemon;
 #[path = "support/spdk_perf.rs"]
 mod spdk_perf;
+#[path = "support/spdk_real.rs"]
+mod spdk_real;
 
 use std::collections::HashMap;
-use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
+use longhorn_daemon::{Daemon, free_base};
 use serde_json::json;
+use spdk_real::spdk_dir;
 use talon::controllers::engine::selection::SpdkOptions;
 use talon::longhorn::proto::imrpc::{
     self, disk_service_client::DiskServiceClient, instance_service_client::InstanceServiceClient,
 };
-use talon::longhorn::server::LonghornOptions;
-use talon::serve::{ServeOptions, serve_with};
+use talon::serve::ServeOptions;
 use tonic::transport::Channel;
 
 const MIB: u64 = 1 << 20;
 const WAIT: Duration = Duration::from_secs(120);
 
-fn spdk_dir(test: &str) -> Option<PathBuf> {
-    let Some(d) = std::env::var_os("TALON_SPDK_DIR").map(PathBuf::from) else {
-        eprintln!("SKIP {test}: TALON_SPDK_DIR not set");
-        return None;
-    };
-    if !d.join("build/bin/spdk_tgt").exists() {
-        eprintln!("SKIP {test}: no build/bin/spdk_tgt under {}", d.display());
-        return None;
-    }
-    Some(d)
-}
-
-fn free_base() -> u16 {
-    for _ in 0..200 {
-        let probe = std::net::TcpListener::bind("127.0.0.1:0").expect("probe");
-        let base = probe.local_addr().expect("addr").port();
-        drop(probe);
-        if base > 65000 {
-            continue;
-        }
-        let all: Vec<_> = (0..5)
-            .map(|i| std::net::TcpListener::bind(("127.0.0.1", base + i)))
-            .collect();
-        if all.iter().all(Result::is_ok) {
-            return base;
-        }
-    }
-    panic!("no five consecutive free ports");
-}
-
-struct Daemon {
-    stop: tokio::sync::oneshot::Sender<()>,
-    task: tokio::task::JoinHandle<Result<(), talon::serve::ServeError>>,
-    base: u16,
-}
-
 impl Daemon {
     async fn start(dir: &Path, spdk: &Path, base: u16, stop_targets: bool) -> Daemon {
-        let config = dir.join("talon.yaml");
-        std::fs::write(
-            &config,
-            format!(
-                "node:\n  listenAddress: 127.0.0.1\n  allowedHosts: [\"{}\"]\n",
-                spdk_perf::HOST_NQN
-            ),
-        )
-        .expect("config");
+        let yaml = format!(
+            "node:\n  listenAddress: 127.0.0.1\n  allowedHosts: [\"{}\"]\n",
+            spdk_perf::HOST_NQN
+        );
+        let spdk = SpdkOptions {
+            spdk_dir: Some(spdk.to_path_buf()),
+            no_huge: true,
+            no_huge_mem_mib: 1024,
+            extra_args: vec!["--disable-cpumask-locks".into()],
+            ..Default::default()
+        };
         let opts = ServeOptions {
-            data_dir: dir.join("data"),
-            config: Some(config),
-            socket: dir.join("run/talon.sock"),
-            listen_tcp: None,
-            token_file: None,
-            tls: Default::default(),
-            run_dir: dir.join("run"),
-            host_root: PathBuf::from("/"),
-            spdk: SpdkOptions {
-                spdk_dir: Some(spdk.to_path_buf()),
-                no_huge: true,
-                no_huge_mem_mib: 1024,
-                extra_args: vec!["--disable-cpumask-locks".into()],
-                ..Default::default()
-            },
             stop_targets_on_exit: stop_targets,
+            ..serve_daemon::opts_with_config(dir, spdk, &yaml)
         };
-        let (stop, rx) = tokio::sync::oneshot::channel::<()>();
-        let lh = LonghornOptions {
-            listen: SocketAddr::from(([127, 0, 0, 1], base)),
-            ports: 32000..=32099,
-        };
-        let task = tokio::spawn(serve_with(opts, Some(lh), async move {
-            let _ = rx.await;
-        }));
-        let d = Daemon { stop, task, base };
-        talon::runtime::testing::eventually("the Longhorn ports", Duration::from_secs(30), || async {
-            Channel::from_shared(d.url(3)).ok()?.connect().await.ok()
-        })
-        .await;
-        d
-    }
-
-    fn url(&self, i: u16) -> String {
-        format!("http://127.0.0.1:{}", self.base + i)
-    }
-
-    async fn channel(&self, i: u16) -> Channel {
-        Channel::from_shared(self.url(i))
-            .expect("url")
-            .connect()
-            .await
-            .expect("connect")
-    }
-
-    async fn stop(self) {
-        let _ = self.stop.send(());
-        self.task.await.expect("join").expect("clean stop");
+        Daemon::serve(opts, base, 32000..=32099).await
     }
 }
 

@@ -21,18 +21,19 @@ mod previous_talon;
 mod restart;
 mod tgt_common;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use restart::{
-    Cleanup, IscsiLoop, Keeper, Perf, Stop, V2_ARGS, alive, cntlids, connect, is_tgtd, ppid, served,
-    served_v2, sigterm_and_wait, spawn_program, spawn_talon, spec, stop_talon, until, write_v1_config,
-    write_v2_config,
+    Cleanup, IscsiLoop, Keeper, Perf, Stop, V2_ARGS, alive, cntlids, connect, is_tgtd, perf_connected, ppid,
+    served, served_v2, sigterm_and_wait, spawn_program, spawn_talon, spec, stop_talon, until,
+    write_v1_config, write_v2_config,
 };
 use serde_json::Value;
+use talon::client::Client;
 use tgt_common::{free_port, ready};
 
 const V1: &[&str] = &["--engine", "v1"];
@@ -82,6 +83,38 @@ fn assert_no_trouble(report: &restart::PerfReport, what: &str) {
     );
 }
 
+/// The new talon on `socket` serves the volume on the `target` ("tgtd" or
+/// "spdk") it found running as `pid`: adopted, not restarted. Returns its
+/// client and the TargetStatus; `what` leads the assert messages.
+async fn adopted(socket: &Path, target: &str, pid: u32, what: &str) -> (Client, Value) {
+    let c = connect(socket).await;
+    let serving = match target {
+        "tgtd" => served(&c).await.0,
+        "spdk" => served_v2(&c).await.0,
+        other => panic!("no target {other}"),
+    };
+    assert_eq!(serving, pid, "{what}: the new talon adopts {target} {pid}");
+    let t = spec(&c, "TargetStatus", target)
+        .await
+        .unwrap_or_else(|| panic!("TargetStatus {target}"));
+    assert_eq!(t["restarts"], 0, "{what}: {target} was not restarted: {t}");
+    (c, t)
+}
+
+/// Stops `cleanup`'s talon; then one more talon with `args` and
+/// `--stop-targets-on-exit` adopts spdk_tgt `tgt` and is stopped with SIGTERM.
+async fn stop_with_targets(cleanup: &mut Cleanup, dir: &Path, args: &[&str], tgt: u32) {
+    let mut talon = cleanup.take();
+    sigterm_and_wait(&mut talon);
+    let mut args = args.to_vec();
+    args.push("--stop-targets-on-exit");
+    let mut talon = spawn_talon(dir, &args);
+    let c = connect(&dir.join("run/talon.sock")).await;
+    assert_eq!(served_v2(&c).await.0, tgt, "still the same spdk_tgt");
+    drop(c);
+    sigterm_and_wait(&mut talon);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn v1_io_runs_through_ten_talon_restarts() {
     const TEST: &str = "v1_io_runs_through_ten_talon_restarts";
@@ -116,14 +149,7 @@ async fn v1_io_runs_through_ten_talon_restarts() {
             .await;
 
         cleanup.talon = Some(spawn_talon(&dir, V1));
-        let c = connect(&socket).await;
-        let (pid, _, _) = served(&c).await;
-        assert_eq!(
-            pid, tgtd,
-            "round {round}: the new talon adopts tgtd instead of starting another"
-        );
-        let t = spec(&c, "TargetStatus", "tgtd").await.expect("TargetStatus tgtd");
-        assert_eq!(t["restarts"], 0, "round {round}: tgtd was not restarted: {t}");
+        adopted(&socket, "tgtd", tgtd, &format!("round {round}")).await;
         io.progressed(&format!("after restart {round}")).await;
     }
 
@@ -175,11 +201,7 @@ async fn real_spdk_v2_io_runs_through_ten_talon_restarts() {
 
     // the reader/writer: 50/50 random 4 KiB I/O at QD8 from core 1 until SIGINT
     let mut perf = Perf::start(&spdk, "0x2", port, &nqn, 3600);
-    let connected = until("spdk_nvme_perf to connect", || async {
-        let ids = cntlids(&spdk_sock, &nqn).await;
-        (!ids.is_empty()).then_some(ids)
-    })
-    .await;
+    let connected = perf_connected(&spdk_sock, &nqn).await;
 
     for round in 1..=ROUNDS {
         let mut talon = cleanup.take();
@@ -194,11 +216,7 @@ async fn real_spdk_v2_io_runs_through_ten_talon_restarts() {
             "round {round}: the initiator stays connected while talon is stopped"
         );
         cleanup.talon = Some(spawn_talon(&dir, V2_ARGS));
-        let c = connect(&socket).await;
-        let (pid, _, _) = served_v2(&c).await;
-        assert_eq!(pid, tgt, "round {round}: the new talon adopts spdk_tgt");
-        let t = spec(&c, "TargetStatus", "spdk").await.expect("TargetStatus spdk");
-        assert_eq!(t["restarts"], 0, "round {round}: spdk_tgt was not restarted: {t}");
+        let (_, t) = adopted(&socket, "spdk", tgt, &format!("round {round}")).await;
         assert!(
             t["message"].as_str().is_some_and(|m| m.starts_with("adopted")),
             "round {round}: {t}"
@@ -219,15 +237,7 @@ async fn real_spdk_v2_io_runs_through_ten_talon_restarts() {
     );
 
     // --stop-targets-on-exit stops spdk_tgt with talon
-    let mut talon = cleanup.take();
-    sigterm_and_wait(&mut talon);
-    let mut args = V2_ARGS.to_vec();
-    args.push("--stop-targets-on-exit");
-    let mut talon = spawn_talon(&dir, &args);
-    let c = connect(&socket).await;
-    assert_eq!(served_v2(&c).await.0, tgt, "still the same spdk_tgt");
-    drop(c);
-    sigterm_and_wait(&mut talon);
+    stop_with_targets(&mut cleanup, &dir, V2_ARGS, tgt).await;
     assert!(
         !alive(tgt),
         "spdk_tgt {tgt} is stopped with --stop-targets-on-exit"
@@ -315,11 +325,7 @@ async fn an_earlier_talons_tgtd_is_adopted_with_io_running() {
     io.progressed("with no talon").await;
 
     cleanup.talon = Some(spawn_talon(&dir, V1));
-    let c = connect(&socket).await;
-    let (pid, _, _) = served(&c).await;
-    assert_eq!(pid, tgtd, "this talon adopts the earlier talon's tgtd");
-    let t = spec(&c, "TargetStatus", "tgtd").await.expect("TargetStatus tgtd");
-    assert_eq!(t["restarts"], 0, "{t}");
+    let (c, _) = adopted(&socket, "tgtd", tgtd, "this talon after the earlier one").await;
     // the earlier talon's state store is read, not recreated: the volume it
     // made keeps its identity (the export's name is derived from it)
     let v = spec(&c, "Volume", restart::VOLUME).await.expect("Volume io");
@@ -370,20 +376,12 @@ async fn real_spdk_an_earlier_talons_spdk_tgt_is_adopted_with_io_running() {
     cleanup.spdk_tgt = Some(tgt);
     drop(c);
     let mut perf = Perf::start(&spdk, "0x1", port, &nqn, 3600);
-    let connected = until("spdk_nvme_perf to connect", || async {
-        let ids = cntlids(&spdk_sock, &nqn).await;
-        (!ids.is_empty()).then_some(ids)
-    })
-    .await;
+    let connected = perf_connected(&spdk_sock, &nqn).await;
 
     let mut old = cleanup.take();
     stop_talon(&mut old, Stop::Kill, &socket);
     cleanup.talon = Some(spawn_talon(&dir, v2));
-    let c = connect(&socket).await;
-    let (pid, _, _) = served_v2(&c).await;
-    assert_eq!(pid, tgt, "this talon adopts the earlier talon's spdk_tgt");
-    let t = spec(&c, "TargetStatus", "spdk").await.expect("TargetStatus spdk");
-    assert_eq!(t["restarts"], 0, "{t}");
+    adopted(&socket, "spdk", tgt, "this talon after the earlier one").await;
     assert_eq!(cntlids(&spdk_sock, &nqn).await, connected, "no reconnect");
     assert!(perf.running(), "spdk_nvme_perf still runs");
 
@@ -394,15 +392,7 @@ async fn real_spdk_an_earlier_talons_spdk_tgt_is_adopted_with_io_running() {
         previous.display()
     );
     // stop spdk_tgt with this talon
-    let mut talon = cleanup.take();
-    sigterm_and_wait(&mut talon);
-    let mut args = v2.to_vec();
-    args.push("--stop-targets-on-exit");
-    let mut talon = spawn_talon(&dir, &args);
-    let c = connect(&socket).await;
-    assert_eq!(served_v2(&c).await.0, tgt);
-    drop(c);
-    sigterm_and_wait(&mut talon);
+    stop_with_targets(&mut cleanup, &dir, v2, tgt).await;
 }
 
 /// The DaemonSet split (deploy/kubernetes/targets.yaml): `talon keep-targets`
@@ -448,11 +438,7 @@ async fn kept_tgtd_serves_io_through_ten_talon_kills() {
         assert!(is_tgtd(tgtd), "round {round}: tgtd {tgtd} outlives talon");
         io.progressed(&format!("with no talon (round {round})")).await;
         cleanup.talon = Some(spawn_talon(&dir, kept));
-        let c = connect(&socket).await;
-        let (pid, _, _) = served(&c).await;
-        assert_eq!(pid, tgtd, "round {round}: the new talon adopts the kept tgtd");
-        let t = spec(&c, "TargetStatus", "tgtd").await.expect("TargetStatus tgtd");
-        assert_eq!(t["restarts"], 0, "round {round}: {t}");
+        adopted(&socket, "tgtd", tgtd, &format!("round {round}")).await;
         io.progressed(&format!("after restart {round}")).await;
     }
     let n = io
@@ -535,22 +521,14 @@ async fn real_spdk_kept_spdk_tgt_serves_io_through_ten_talon_kills() {
     drop(c);
 
     let mut perf = Perf::start(&spdk, "0x2", port, &nqn, 3600);
-    let connected = until("spdk_nvme_perf to connect", || async {
-        let ids = cntlids(&spdk_sock, &nqn).await;
-        (!ids.is_empty()).then_some(ids)
-    })
-    .await;
+    let connected = perf_connected(&spdk_sock, &nqn).await;
     for round in 1..=ROUNDS {
         let mut talon = cleanup.take();
         stop_talon(&mut talon, Stop::alternating(round), &socket);
         assert!(alive(tgt), "round {round}: spdk_tgt {tgt} outlives talon");
         assert_eq!(cntlids(&spdk_sock, &nqn).await, connected, "round {round}");
         cleanup.talon = Some(spawn_talon(&dir, &kept));
-        let c = connect(&socket).await;
-        let (pid, _, _) = served_v2(&c).await;
-        assert_eq!(pid, tgt, "round {round}: the new talon adopts the kept spdk_tgt");
-        let t = spec(&c, "TargetStatus", "spdk").await.expect("TargetStatus spdk");
-        assert_eq!(t["restarts"], 0, "round {round}: {t}");
+        let (_, t) = adopted(&socket, "spdk", tgt, &format!("round {round}")).await;
         assert!(
             t["message"]
                 .as_str()

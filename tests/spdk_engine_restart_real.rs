@@ -15,37 +15,23 @@
 //! it on `<run_dir>/spdk.sock` as it adopts a target that survived a crash;
 //! a clean stop of talon stops the adopted target, like a drain of the node.
 
+#[path = "support/serve_daemon.rs"]
+mod serve_daemon;
+#[path = "support/spdk_real.rs"]
+mod spdk_real;
+
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
-use talon::client::Client;
-use talon::controllers::engine::selection::SpdkOptions;
-use talon::serve::{ServeOptions, serve};
+use serve_daemon::start;
+use spdk_real::{free_port, spdk_dir};
+use talon::serve::ServeOptions;
 use talon::spdk::SpdkClient;
 use talon::spdk::target::{Memory, TargetConfig, find_spdk_tgt, wait_ready};
 use talon::spdk::volume::Inventory;
 
 const WAIT: Duration = Duration::from_secs(180);
-
-fn spdk_dir(test: &str) -> Option<PathBuf> {
-    let Some(d) = std::env::var_os("TALON_SPDK_DIR").map(PathBuf::from) else {
-        eprintln!("SKIP {test}: TALON_SPDK_DIR not set");
-        return None;
-    };
-    if !d.join("build/bin/spdk_tgt").exists() {
-        eprintln!("SKIP {test}: no build/bin/spdk_tgt under {}", d.display());
-        return None;
-    }
-    Some(d)
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("free port")
-}
 
 /// A spdk_tgt spawned by the test, its output in `log`; reaped in the
 /// background (so a SIGINT from talon ends it at once) and killed when dropped.
@@ -113,51 +99,10 @@ impl Tgt {
 
 fn opts(dir: &Path, spdk: &Path, config: &Path) -> ServeOptions {
     ServeOptions {
-        data_dir: dir.join("data"),
         config: Some(config.to_path_buf()),
-        socket: dir.join("run/talon.sock"),
-        listen_tcp: None,
-        token_file: None,
-        tls: Default::default(),
-        run_dir: dir.join("run"),
-        host_root: PathBuf::from("/"),
         // the test stops talon with its target, as a drain does (a plain stop leaves it serving)
         stop_targets_on_exit: true,
-        spdk: SpdkOptions {
-            spdk_tgt: None,
-            spdk_dir: Some(spdk.to_path_buf()),
-            path_var: None,
-            no_huge: true,
-            no_huge_mem_mib: 2048,
-            extra_args: vec!["--disable-cpumask-locks".into()],
-            ..SpdkOptions::default()
-        },
-    }
-}
-
-struct Daemon {
-    stop: tokio::sync::oneshot::Sender<()>,
-    task: tokio::task::JoinHandle<Result<(), talon::serve::ServeError>>,
-    client: Client,
-}
-
-async fn start(o: ServeOptions) -> Daemon {
-    let (stop, rx) = tokio::sync::oneshot::channel::<()>();
-    let socket = o.socket.clone();
-    let task = tokio::spawn(serve(o, async move {
-        let _ = rx.await;
-    }));
-    let client = talon::runtime::testing::eventually("the API socket", Duration::from_secs(30), || async {
-        Client::connect_unix(&socket).await.ok()
-    })
-    .await;
-    Daemon { stop, task, client }
-}
-
-impl Daemon {
-    async fn stop(self) {
-        let _ = self.stop.send(());
-        self.task.await.expect("join").expect("clean stop");
+        ..serve_daemon::opts(dir, serve_daemon::real_spdk(spdk, 2048))
     }
 }
 

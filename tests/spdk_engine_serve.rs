@@ -3,58 +3,18 @@
 //! a daemon started with `--no-huge` that brings a config-file disk up on a
 //! real spdk_tgt and stops it on a clean shutdown.
 
+#[path = "support/serve_daemon.rs"]
+mod serve_daemon;
+
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use clap::Parser;
+use serve_daemon::{opts, opts_with_config, real_spdk, start};
 use talon::cli::{Cli, Command};
-use talon::client::Client;
 use talon::controllers::engine::selection::SpdkOptions;
 use talon::resources::config::EngineKind;
-use talon::serve::{ServeOptions, serve};
-
-fn opts(dir: &Path, spdk: SpdkOptions) -> ServeOptions {
-    ServeOptions {
-        data_dir: dir.join("data"),
-        config: None,
-        socket: dir.join("run/talon.sock"),
-        listen_tcp: None,
-        token_file: None,
-        tls: Default::default(),
-        run_dir: dir.join("run"),
-        host_root: PathBuf::from("/"),
-        spdk,
-        // in-process daemons of these tests stop what they start
-        stop_targets_on_exit: true,
-    }
-}
-
-struct Daemon {
-    stop: tokio::sync::oneshot::Sender<()>,
-    task: tokio::task::JoinHandle<Result<(), talon::serve::ServeError>>,
-    client: Client,
-}
-
-async fn start(o: ServeOptions) -> Daemon {
-    let (stop, rx) = tokio::sync::oneshot::channel::<()>();
-    let socket = o.socket.clone();
-    let task = tokio::spawn(serve(o, async move {
-        let _ = rx.await;
-    }));
-    let client = talon::runtime::testing::eventually("the API socket", Duration::from_secs(30), || async {
-        Client::connect_unix(&socket).await.ok()
-    })
-    .await;
-    Daemon { stop, task, client }
-}
-
-impl Daemon {
-    async fn stop(self) {
-        let _ = self.stop.send(());
-        self.task.await.expect("join").expect("clean stop");
-    }
-}
 
 #[test]
 fn serve_flags_parse_into_spdk_options() {
@@ -136,27 +96,12 @@ async fn real_spdk_serve_brings_a_config_disk_up() {
         return;
     };
     let dir = tempfile::tempdir().expect("tempdir");
-    let cfg = dir.path().join("talon.yaml");
-    std::fs::write(
-        &cfg,
-        "disks:\n  d1:\n    path: disks/d1.img\n    sizeBytes: 134217728\n",
-    )
-    .expect("config");
-    let mut o = opts(
+    let d = start(opts_with_config(
         dir.path(),
-        SpdkOptions {
-            spdk_tgt: None,
-            spdk_dir: Some(spdk_dir),
-            path_var: None,
-            no_huge: true,
-            no_huge_mem_mib: 1024,
-            // other jobs may run SPDK on core 0
-            extra_args: vec!["--disable-cpumask-locks".into()],
-            ..SpdkOptions::default()
-        },
-    );
-    o.config = Some(cfg);
-    let d = start(o).await;
+        real_spdk(&spdk_dir, 1024),
+        "disks:\n  d1:\n    path: disks/d1.img\n    sizeBytes: 134217728\n",
+    ))
+    .await;
     let disk =
         talon::runtime::testing::eventually("DiskStatus d1 ready", Duration::from_secs(90), || async {
             let r = d.client.get("DiskStatus", "d1").await.ok()?;

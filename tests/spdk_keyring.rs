@@ -4,16 +4,21 @@
 //! models the keyring's reference counts as `lib/keyring/keyring.c` of v26.05
 //! keeps them) and, with `TALON_SPDK_DIR` and as root, on a real spdk_tgt.
 
-use std::path::{Path, PathBuf};
+#[path = "support/spdk_real.rs"]
+mod spdk_real;
+
+use std::path::Path;
 
 use talon::names::ObjectName;
 use talon::spdk::SpdkClient;
 use talon::spdk::double::SpdkDouble;
 use talon::spdk::inventory::Inventory;
 use talon::spdk::rpc::{KeyringKey, MallocCreate};
-use talon::spdk::target::{Memory, Target, TargetConfig};
+use talon::spdk::target::Target;
 use talon::spdk::volume::{ExportSpec, VolumeOps};
 use talon::util::nvme_auth::{self as dhchap, DhchapSecret};
+
+use spdk_real::{Reaper, free_port, spdk_dir_as_root, target_cfg};
 
 const H1: &str = "nqn.2025-01.io.talon.test:node:one";
 const H2: &str = "nqn.2025-01.io.talon.test:node:two";
@@ -127,53 +132,17 @@ async fn double_removed_hosts_keys_leave_the_keyring() {
     removed_hosts_keys_leave_the_keyring(&c, &dir.path().join("data"), 4460).await;
 }
 
-fn spdk_dir(test: &str) -> Option<PathBuf> {
-    let Some(d) = std::env::var_os("TALON_SPDK_DIR").map(PathBuf::from) else {
-        eprintln!("SKIP {test}: TALON_SPDK_DIR not set");
-        return None;
-    };
-    if !d.join("build/bin/spdk_tgt").exists() {
-        eprintln!("SKIP {test}: no build/bin/spdk_tgt under {}", d.display());
-        return None;
-    }
-    Some(d)
-}
-
-/// Kills the spawned spdk_tgt when the test ends, even early.
-struct Reaper(Option<i32>);
-
-impl Drop for Reaper {
-    fn drop(&mut self) {
-        if let Some(pid) = self.0 {
-            let _ =
-                nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
-        }
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn real_spdk_removed_hosts_keys_leave_the_keyring() {
     let test = "real_spdk_removed_hosts_keys_leave_the_keyring";
-    let Some(spdk) = spdk_dir(test) else {
+    let Some(spdk) = spdk_dir_as_root(test) else {
         return;
     };
-    if nix::unistd::geteuid().as_raw() != 0 {
-        // SPDK's file keyring wants key files owned by spdk_tgt's uid; talon runs as root
-        eprintln!("SKIP {test}: not root");
-        return;
-    }
     let d = tempfile::tempdir().expect("tempdir");
-    let mut cfg = TargetConfig::new(d.path().join("run"));
-    cfg.spdk_dir = Some(spdk);
-    cfg.memory = Memory::NoHuge { mem_size_mib: 1024 };
-    cfg.cpumask = "0x1".into();
-    cfg.extra_args = vec!["--disable-cpumask-locks".into()];
+    let cfg = target_cfg(&d.path().join("run"), &spdk, 1024);
     let t = Target::start(&cfg).await.expect("spdk_tgt");
     let _r = Reaper(t.pid());
     let c = SpdkClient::new(cfg.socket());
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("free port");
+    let port = free_port();
     removed_hosts_keys_leave_the_keyring(&c, &d.path().join("data"), port).await;
 }

@@ -6,82 +6,45 @@
 //! attaches; no key, another secret, or a host listed without its secret are
 //! refused.
 
+#[path = "support/spdk_real.rs"]
+mod spdk_real;
+
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use talon::names::ObjectName;
 use talon::spdk::SpdkClient;
 use talon::spdk::rpc::{ByName, MallocCreate};
-use talon::spdk::target::{Memory, Target, TargetConfig};
+use talon::spdk::target::Target;
 use talon::spdk::volume::{ExportSpec, VolumeOps};
 use talon::util::nvme_auth::{self as dhchap, DhchapSecret, Secret, TlsPsk};
+
+use spdk_real::{Reaper, free_port, spdk_dir_as_root, target_cfg};
 
 const MIB: u64 = 1 << 20;
 const ENGINE: &str = "nqn.2025-01.io.talon.test:node:engine";
 const SERVER: &str = "nqn.2025-01.io.talon.test:node:server";
 
-fn spdk_dir(test: &str) -> Option<PathBuf> {
-    let Some(d) = std::env::var_os("TALON_SPDK_DIR").map(PathBuf::from) else {
-        eprintln!("SKIP {test}: TALON_SPDK_DIR not set");
-        return None;
-    };
-    if !d.join("build/bin/spdk_tgt").exists() {
-        eprintln!("SKIP {test}: no build/bin/spdk_tgt under {}", d.display());
-        return None;
-    }
-    Some(d)
+/// One talon node: its spdk_tgt, the reaper that kills it if the test ends
+/// early, a client, and its `VolumeOps` with the node's host NQN.
+struct Node(Target, Reaper, SpdkClient, VolumeOps);
+
+async fn node(run: &Path, spdk: &Path, nqn: &str, what: &str) -> Node {
+    let cfg = target_cfg(run, spdk, 1024);
+    let t = Target::start(&cfg).await.expect(what);
+    let reap = Reaper(t.pid());
+    let c = SpdkClient::new(cfg.socket());
+    let ops = VolumeOps::new(c.clone()).with_host_nqn(Some(nqn.into()));
+    Node(t, reap, c, ops)
 }
 
-/// Kills a spawned spdk_tgt when the test ends early.
-struct Reaper(Option<i32>);
-
-impl Drop for Reaper {
-    fn drop(&mut self) {
-        if let Some(pid) = self.0 {
-            let _ =
-                nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
-        }
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("free port")
-}
-
-fn target_cfg(run: &Path, spdk: &Path) -> TargetConfig {
-    let mut cfg = TargetConfig::new(run.to_path_buf());
-    cfg.spdk_dir = Some(spdk.to_path_buf());
-    cfg.memory = Memory::NoHuge { mem_size_mib: 1024 };
-    cfg.cpumask = "0x1".into();
-    cfg.extra_args = vec!["--disable-cpumask-locks".into()];
-    cfg
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn real_spdk_dhchap_replica_needs_the_engine_nodes_secret() {
-    let test = "real_spdk_dhchap_replica_needs_the_engine_nodes_secret";
-    let Some(spdk) = spdk_dir(test) else {
-        return;
-    };
-    if nix::unistd::geteuid().as_raw() != 0 {
-        // SPDK's file keyring wants key files owned by spdk_tgt's uid; talon runs as root
-        eprintln!("SKIP {test}: not root");
-        return;
-    }
-    let d = tempfile::tempdir().expect("tempdir");
-    let (data_a, data_b) = (d.path().join("data-a"), d.path().join("data-b"));
-    let ca_cfg = target_cfg(&d.path().join("run-a"), &spdk);
-    let cb_cfg = target_cfg(&d.path().join("run-b"), &spdk);
-    let ta = Target::start(&ca_cfg).await.expect("spdk_tgt a");
-    let _ra = Reaper(ta.pid());
-    let tb = Target::start(&cb_cfg).await.expect("spdk_tgt b");
-    let _rb = Reaper(tb.pid());
-    let (ca, cb) = (SpdkClient::new(ca_cfg.socket()), SpdkClient::new(cb_cfg.socket()));
-    let bdev = ca
-        .bdev_malloc_create(&MallocCreate {
+/// Two spdk_tgt under `d` as two talon nodes: `a` serves (as [`SERVER`]) its
+/// 32 MiB malloc bdev, whose name comes third; `b` attaches as [`ENGINE`].
+async fn two_nodes(d: &Path, spdk: &Path) -> (Node, Node, String) {
+    let a = node(&d.join("run-a"), spdk, SERVER, "spdk_tgt a").await;
+    let b = node(&d.join("run-b"), spdk, ENGINE, "spdk_tgt b").await;
+    let bdev =
+        a.2.bdev_malloc_create(&MallocCreate {
             name: Some("served".into()),
             num_blocks: 32 * MIB / 512,
             block_size: 512,
@@ -89,10 +52,20 @@ async fn real_spdk_dhchap_replica_needs_the_engine_nodes_secret() {
         })
         .await
         .expect("malloc");
+    (a, b, bdev)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_spdk_dhchap_replica_needs_the_engine_nodes_secret() {
+    let test = "real_spdk_dhchap_replica_needs_the_engine_nodes_secret";
+    let Some(spdk) = spdk_dir_as_root(test) else {
+        return;
+    };
+    let d = tempfile::tempdir().expect("tempdir");
+    let (data_a, data_b) = (d.path().join("data-a"), d.path().join("data-b"));
+    let (Node(ta, _ra, ca, oa), Node(tb, _rb, cb, ob), bdev) = two_nodes(d.path(), &spdk).await;
     let vol = ObjectName::parse("volume", "dh").expect("name");
     let port = free_port();
-    let oa = VolumeOps::new(ca.clone()).with_host_nqn(Some(SERVER.into()));
-    let ob = VolumeOps::new(cb.clone()).with_host_nqn(Some(ENGINE.into()));
     let export = ExportSpec {
         address: [127, 0, 0, 1].into(),
         port,
@@ -239,35 +212,14 @@ async fn real_spdk_dhchap_replica_needs_the_engine_nodes_secret() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn real_spdk_tls_replica_needs_the_engine_nodes_psk() {
     let test = "real_spdk_tls_replica_needs_the_engine_nodes_psk";
-    let Some(spdk) = spdk_dir(test) else {
+    let Some(spdk) = spdk_dir_as_root(test) else {
         return;
     };
-    if nix::unistd::geteuid().as_raw() != 0 {
-        eprintln!("SKIP {test}: not root");
-        return;
-    }
     let d = tempfile::tempdir().expect("tempdir");
     let (data_a, data_b) = (d.path().join("data-a"), d.path().join("data-b"));
-    let ca_cfg = target_cfg(&d.path().join("run-a"), &spdk);
-    let cb_cfg = target_cfg(&d.path().join("run-b"), &spdk);
-    let ta = Target::start(&ca_cfg).await.expect("spdk_tgt a");
-    let _ra = Reaper(ta.pid());
-    let tb = Target::start(&cb_cfg).await.expect("spdk_tgt b");
-    let _rb = Reaper(tb.pid());
-    let (ca, cb) = (SpdkClient::new(ca_cfg.socket()), SpdkClient::new(cb_cfg.socket()));
-    let bdev = ca
-        .bdev_malloc_create(&MallocCreate {
-            name: Some("served".into()),
-            num_blocks: 32 * MIB / 512,
-            block_size: 512,
-            uuid: None,
-        })
-        .await
-        .expect("malloc");
+    let (Node(ta, _ra, ca, oa), Node(tb, _rb, cb, ob), bdev) = two_nodes(d.path(), &spdk).await;
     let vol = ObjectName::parse("volume", "tl").expect("name");
     let (plain_port, tls_port) = (free_port(), free_port());
-    let oa = VolumeOps::new(ca.clone()).with_host_nqn(Some(SERVER.into()));
-    let ob = VolumeOps::new(cb.clone()).with_host_nqn(Some(ENGINE.into()));
     // first plain, as before TLS was turned on
     let plain = ExportSpec {
         address: [127, 0, 0, 1].into(),

@@ -78,6 +78,27 @@ fn node_nqn(disk: &str) -> String {
     format!("nqn.2025-01.io.talon.test:node:{disk}")
 }
 
+/// A 16 MiB Volume whose replica 1 this node serves to the engine of the
+/// node whose first disk is `engine_disk`.
+fn served_replica(engine_disk: &str) -> Volume {
+    let mut v = volume(16 * MIB, 1);
+    v.serve_replica = Some(1);
+    v.replica_hosts = vec![node_nqn(engine_disk)];
+    v
+}
+
+/// A 16 MiB Volume with a local replica 0 and replica 1 served by the node
+/// at 127.0.0.1:`port` (its admin API at `api`).
+fn with_remote_replica(port: u16, api: Option<String>) -> Volume {
+    let mut v = volume(16 * MIB, 1);
+    v.remote_replicas = vec![talon::resources::config::RemoteReplica {
+        address: "127.0.0.1".into(),
+        port,
+        api,
+    }];
+    v
+}
+
 struct Setup {
     dir: tempfile::TempDir,
     double: SpdkDouble,
@@ -493,24 +514,36 @@ async fn volumes_come_back_after_a_target_restart() {
     s.rt.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_replica_exported_on_one_target_joins_a_raid1_on_another() {
-    // two SpdkDoubles share a fabric in this process (TEST DOUBLE: no data moves)
+/// One node on a SpdkDouble: the double and a client on its socket.
+struct Double(SpdkDouble, SpdkClient);
+
+/// Two SpdkDoubles sharing a fabric in this process as two nodes, a and b,
+/// in a temp dir: a has disk `da` and on it a 32 MiB lvol `<volume>-r1`
+/// (returned fourth) to serve to b; the volume's name comes last. Bind every
+/// double to a name: one bound to `_` stops at once.
+async fn two_nodes(volume: &str) -> (tempfile::TempDir, Double, Double, String, ObjectName) {
     let dir = tempfile::tempdir().expect("tempdir");
     let a = SpdkDouble::start(dir.path().join("a.sock")).await.expect("a");
     let b = SpdkDouble::start(dir.path().join("b.sock")).await.expect("b");
     let (ca, cb) = (SpdkClient::new(a.socket()), SpdkClient::new(b.socket()));
     add_disk(&ca, dir.path(), "da", true).await;
-    add_disk(&cb, dir.path(), "db", true).await;
     let remote = ca
-        .bdev_lvol_create(&LvolCreate::thin("talon-da", "rv-r1", 32))
+        .bdev_lvol_create(&LvolCreate::thin("talon-da", format!("{volume}-r1"), 32))
         .await
         .expect("lvol a");
+    let vol = ObjectName::parse("volume", volume).expect("n");
+    (dir, Double(a, ca), Double(b, cb), remote, vol)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_exported_on_one_target_joins_a_raid1_on_another() {
+    // two SpdkDoubles share a fabric in this process (TEST DOUBLE: no data moves)
+    let (dir, Double(_a, ca), Double(_b, cb), remote, vol) = two_nodes("rv").await;
+    add_disk(&cb, dir.path(), "db", true).await;
     let local = cb
         .bdev_lvol_create(&LvolCreate::thin("talon-db", "rv-r0", 32))
         .await
         .expect("lvol b");
-    let vol = ObjectName::parse("volume", "rv").expect("n");
     const ENGINE: &str = "nqn.2025-01.io.talon.test:node:b";
     let oa = VolumeOps::new(ca.clone());
     let ob = VolumeOps::new(cb.clone()).with_host_nqn(Some(ENGINE.into()));
@@ -559,17 +592,8 @@ async fn a_replica_with_dhchap_is_attached_only_with_the_engine_nodes_secret() {
     // moves; the double compares the secrets of both keyrings' files as a
     // real target's DH-HMAC-CHAP would accept or refuse them)
     use talon::util::nvme_auth::{self as dhchap, DhchapSecret};
-    let dir = tempfile::tempdir().expect("tempdir");
+    let (dir, Double(_a, ca), Double(b, cb), remote, vol) = two_nodes("dv").await;
     let (data_a, data_b) = (dir.path().join("data-a"), dir.path().join("data-b"));
-    let a = SpdkDouble::start(dir.path().join("a.sock")).await.expect("a");
-    let b = SpdkDouble::start(dir.path().join("b.sock")).await.expect("b");
-    let (ca, cb) = (SpdkClient::new(a.socket()), SpdkClient::new(b.socket()));
-    add_disk(&ca, dir.path(), "da", true).await;
-    let remote = ca
-        .bdev_lvol_create(&LvolCreate::thin("talon-da", "dv-r1", 32))
-        .await
-        .expect("lvol a");
-    let vol = ObjectName::parse("volume", "dv").expect("n");
     const ENGINE: &str = "nqn.2025-01.io.talon.test:node:b";
     const SERVER: &str = "nqn.2025-01.io.talon.test:node:a";
     let oa = VolumeOps::new(ca.clone()).with_host_nqn(Some(SERVER.into()));
@@ -688,17 +712,8 @@ async fn a_replica_with_tls_is_attached_only_over_tls_with_the_engine_nodes_psk(
     // two SpdkDoubles (TEST DOUBLE: the PSKs of both keyrings' files are
     // compared as a real TLS handshake would accept or refuse them)
     use talon::util::nvme_auth::{self, TlsPsk};
-    let dir = tempfile::tempdir().expect("tempdir");
+    let (dir, Double(_a, ca), Double(_b, cb), remote, vol) = two_nodes("tv").await;
     let (data_a, data_b) = (dir.path().join("data-a"), dir.path().join("data-b"));
-    let a = SpdkDouble::start(dir.path().join("a.sock")).await.expect("a");
-    let b = SpdkDouble::start(dir.path().join("b.sock")).await.expect("b");
-    let (ca, cb) = (SpdkClient::new(a.socket()), SpdkClient::new(b.socket()));
-    add_disk(&ca, dir.path(), "da", true).await;
-    let remote = ca
-        .bdev_lvol_create(&LvolCreate::thin("talon-da", "tv-r1", 32))
-        .await
-        .expect("lvol a");
-    let vol = ObjectName::parse("volume", "tv").expect("n");
     const ENGINE: &str = "nqn.2025-01.io.talon.test:node:b";
     let oa = VolumeOps::new(ca.clone()).with_host_nqn(Some("nqn.2025-01.io.talon.test:node:a".into()));
     let ob = VolumeOps::new(cb.clone()).with_host_nqn(Some(ENGINE.into()));
@@ -1138,9 +1153,7 @@ async fn a_remote_replica_over_dhchap_and_tls_through_the_controllers() {
     use talon::util::nvme_auth::{self, DhchapSecret, TlsPsk};
     let (a, data_a) = secure_node("sa", 4441, 4442).await;
     let (b, data_b) = secure_node("sb", 4443, 4444).await;
-    let mut served = volume(16 * MIB, 1);
-    served.serve_replica = Some(1);
-    served.replica_hosts = vec![node_nqn("sa")];
+    let served = served_replica("sa");
     b.state.create_typed("sv", "", &served).expect("served");
     let failed = eventually("no secret for A on B", WAIT, || async {
         engine(&b.state, "sv").filter(|e| e.state == ObjectState::Failed)
@@ -1174,12 +1187,7 @@ async fn a_remote_replica_over_dhchap_and_tls_through_the_controllers() {
         sub.hosts[0].dhchap_key.as_deref(),
         Some(nvme_auth::keyring_name::<DhchapSecret>(&node_nqn("sa")).as_str())
     );
-    let mut engine_vol = volume(16 * MIB, 1);
-    engine_vol.remote_replicas = vec![talon::resources::config::RemoteReplica {
-        address: "127.0.0.1".into(),
-        port: 4444,
-        api: None,
-    }];
+    let engine_vol = with_remote_replica(4444, None);
     a.state.create_typed("sv", "", &engine_vol).expect("engine");
     let st = ready(&a.state, "sv", "engine on A with the remote replica").await;
     assert_eq!(st.replicas, vec!["sv-r0", "sv-r1"]);
@@ -1206,20 +1214,13 @@ async fn a_remote_replica_served_by_another_node_joins_the_raid1() {
     let a = node("da", 4431).await;
     let b = node("db", 4432).await;
     a.double.set_rebuild_time(Duration::from_millis(300));
-    let mut served = volume(16 * MIB, 1);
-    served.serve_replica = Some(1);
-    served.replica_hosts = vec![node_nqn("da")];
+    let served = served_replica("da");
     b.state.create_typed("rv", "", &served).expect("served");
     let exported = ready(&b.state, "rv", "replica served on B").await;
     assert_eq!(exported.exports[0].name, "nqn.2025-01.io.talon:replica:rv:r1");
     assert_eq!(exported.exports[0].port, 4432);
 
-    let mut engine_vol = volume(16 * MIB, 1);
-    engine_vol.remote_replicas = vec![talon::resources::config::RemoteReplica {
-        address: "127.0.0.1".into(),
-        port: 4432,
-        api: None,
-    }];
+    let engine_vol = with_remote_replica(4432, None);
     a.state.create_typed("rv", "", &engine_vol).expect("engine");
     let st = ready(&a.state, "rv", "engine on A").await;
     assert_eq!(st.device, "talon-raid-rv");
@@ -1278,19 +1279,12 @@ async fn a_snapshot_includes_remote_replicas_at_the_same_instant() {
     let a = node("da", 4437).await;
     let b = node("db", 4438).await;
     let (api_b, server_b) = peer_api::serve(&b.state, b.rt.statuses(), "127.0.0.1:0").await;
-    let mut served = volume(16 * MIB, 1);
-    served.serve_replica = Some(1);
-    served.replica_hosts = vec![node_nqn("da")];
+    let mut served = served_replica("da");
     served.raid_superblock = true;
     b.state.create_typed("rv", "", &served).expect("served");
     ready(&b.state, "rv", "replica served on B").await;
-    let mut engine_vol = volume(16 * MIB, 1);
+    let mut engine_vol = with_remote_replica(4438, Some(api_b.to_string()));
     engine_vol.raid_superblock = true;
-    engine_vol.remote_replicas = vec![talon::resources::config::RemoteReplica {
-        address: "127.0.0.1".into(),
-        port: 4438,
-        api: Some(api_b.to_string()),
-    }];
     a.state.create_typed("rv", "", &engine_vol).expect("engine");
     let st = ready(&a.state, "rv", "engine on A").await;
     let export = st.exports[0].name.clone();

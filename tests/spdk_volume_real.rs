@@ -10,8 +10,10 @@ mod peer_api;
 mod spdk_dd;
 #[path = "support/spdk_perf.rs"]
 mod spdk_perf;
+#[path = "support/spdk_real.rs"]
+mod spdk_real;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use serde_json::json;
@@ -23,53 +25,17 @@ use talon::runtime::State;
 use talon::runtime::testing::{TestRuntime, eventually};
 use talon::spdk::SpdkClient;
 use talon::spdk::rpc::{AioCreate, AttachController, ByName, GetBdevs, LvstoreCreate};
-use talon::spdk::target::{Memory, Target, TargetConfig};
+use talon::spdk::target::{Target, TargetConfig};
 use talon::spdk::volume::Inventory;
 
 use spdk_dd::{dd, dd_as, read_bdev};
+use spdk_real::{Reaper, free_port, spdk_dir, spdk_dir_with};
 
 const WAIT: Duration = Duration::from_secs(90);
 const MIB: u64 = 1 << 20;
 
-fn spdk_dir(test: &str) -> Option<PathBuf> {
-    let Some(d) = std::env::var_os("TALON_SPDK_DIR").map(PathBuf::from) else {
-        eprintln!("SKIP {test}: TALON_SPDK_DIR not set");
-        return None;
-    };
-    if !d.join("build/bin/spdk_tgt").exists() {
-        eprintln!("SKIP {test}: no build/bin/spdk_tgt under {}", d.display());
-        return None;
-    }
-    Some(d)
-}
-
-/// Kills a spawned spdk_tgt when a test ends early (a failed assert): a
-/// Target is meant to outlive its holder (talon adopts it after a restart).
-struct Reaper(Option<i32>);
-
-impl Drop for Reaper {
-    fn drop(&mut self) {
-        if let Some(pid) = self.0 {
-            let _ =
-                nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
-        }
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("free port")
-}
-
 fn target_cfg(dir: &Path, spdk: &Path) -> TargetConfig {
-    let mut cfg = TargetConfig::new(dir.join("run"));
-    cfg.spdk_dir = Some(spdk.to_path_buf());
-    cfg.memory = Memory::NoHuge { mem_size_mib: 2048 };
-    cfg.cpumask = "0x1".into();
-    cfg.extra_args = vec!["--disable-cpumask-locks".into()];
-    cfg
+    spdk_real::target_cfg(&dir.join("run"), spdk, 2048)
 }
 
 /// Attaches the disk files by contract names; the lvstore is made only when
@@ -210,17 +176,109 @@ async fn leftovers(c: &SpdkClient) -> Vec<String> {
     out
 }
 
+/// One spdk_tgt (one talon node): its temp dir, its config, the target, its
+/// reaper and a client; its disks attached with new lvstores. Destructured in
+/// the test, the bindings drop in reverse order: the reaper kills the target
+/// before its dir goes (bind the dir to a name: `_` would drop it at once).
+struct Node(tempfile::TempDir, TargetConfig, Target, Reaper, SpdkClient);
+
+async fn node(spdk: &Path, disks: &[&str], what: &str) -> Node {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cfg = target_cfg(dir.path(), spdk);
+    let t = Target::start(&cfg).await.expect(what);
+    let reap = Reaper(t.pid());
+    let c = SpdkClient::new(cfg.socket());
+    attach_disks(&c, dir.path(), disks, true).await;
+    Node(dir, cfg, t, reap, c)
+}
+
+/// spdk_tgt again on `cfg` after it stopped or was killed, the disks
+/// attached again (their lvstores come back by examine).
+async fn restart(
+    cfg: &TargetConfig,
+    c: &SpdkClient,
+    dir: &Path,
+    disks: &[&str],
+    what: &str,
+) -> (Target, Reaper) {
+    let t = Target::start(cfg).await.expect(what);
+    let reap = Reaper(t.pid());
+    attach_disks(c, dir, disks, false).await;
+    (t, reap)
+}
+
+/// `kill -9` of spdk_tgt, and its exit reaped.
+async fn kill9(t: &mut Target, what: &str) {
+    if let Some(pid) = t.pid() {
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL)
+            .expect(what);
+    }
+    let _ = t.wait_exit().await;
+}
+
+/// Tells the controller the target restarted (the `restarts`-th time).
+fn restarted(state: &State, restarts: u32, what: &str) {
+    state
+        .update_typed(SPDK_STATUS_ID, "", None, &target_status(restarts))
+        .expect(what);
+}
+
+/// The disk that replica `k` of `volume` is on.
+fn replica_disk(state: &State, volume: &str, k: u32) -> String {
+    state
+        .get_typed::<talon::resources::engine::ReplicaStatus>(&format!("{volume}-r{k}"))
+        .ok()
+        .flatten()
+        .map(|r| r.spec.disk)
+        .expect("replica status")
+}
+
+/// Deletes Volume `id` on one node and waits until it has none left.
+async fn delete_volume(state: &State, id: &str, node: &str) {
+    state
+        .destroy("config", "Volume", id, "")
+        .unwrap_or_else(|e| panic!("delete on {node}: {e}"));
+    eventually(&format!("{node} clean"), WAIT, || async {
+        state.list("config", "Volume").is_empty().then_some(())
+    })
+    .await;
+}
+
+/// Volume `id` over two nodes: B (`rtb`) serves replica 1 to A's engine,
+/// A (`rta`, port `pa`) keeps replica 0 and attaches B's (port `pb`, admin
+/// API `api`); a raid superblock on both. Returns the export of B's replica,
+/// A's engine status and A's Volume.
+async fn served_by_b(
+    rta: &State,
+    rtb: &State,
+    id: &str,
+    size: u64,
+    (pa, pb): (u16, u16),
+    api: Option<String>,
+) -> (String, EngineStatus, Volume) {
+    let mut served = volume(size, 1);
+    served.serve_replica = Some(1);
+    served.replica_hosts = vec![node_nqn(pa)];
+    served.raid_superblock = true;
+    rtb.create_typed(id, "", &served).expect("served");
+    let replica_nqn = ready(rtb, id).await.exports[0].name.clone();
+    let mut engine_vol = volume(size, 1);
+    engine_vol.remote_replicas = vec![talon::resources::config::RemoteReplica {
+        address: "127.0.0.1".into(),
+        port: pb,
+        api,
+    }];
+    engine_vol.raid_superblock = true;
+    rta.create_typed(id, "", &engine_vol).expect("engine");
+    (replica_nqn, ready(rta, id).await, engine_vol)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn real_spdk_volume_life_cycle() {
     let Some(spdk) = spdk_dir("real_spdk_volume_life_cycle") else {
         return;
     };
-    let dir = tempfile::tempdir().expect("tempdir");
-    let cfg = target_cfg(dir.path(), &spdk);
-    let t = Target::start(&cfg).await.expect("spdk_tgt");
-    let _reap = Reaper(t.pid());
-    let c = t.client().clone();
-    attach_disks(&c, dir.path(), &["d1", "d2"], true).await;
+    let Node(_dir, _, t, _reap, c) = node(&spdk, &["d1", "d2"], "spdk_tgt").await;
     let port = free_port();
     let rt = runtime(&c, &["d1", "d2"], port);
     let state = rt.state.clone();
@@ -321,12 +379,7 @@ async fn real_spdk_kill9_during_20_creates() {
     let Some(spdk) = spdk_dir("real_spdk_kill9_during_20_creates") else {
         return;
     };
-    let dir = tempfile::tempdir().expect("tempdir");
-    let cfg = target_cfg(dir.path(), &spdk);
-    let mut t = Target::start(&cfg).await.expect("spdk_tgt");
-    let _reap = Reaper(t.pid());
-    let c = SpdkClient::new(cfg.socket());
-    attach_disks(&c, dir.path(), &["d1", "d2"], true).await;
+    let Node(dir, cfg, mut t, _reap, c) = node(&spdk, &["d1", "d2"], "spdk_tgt").await;
     let port = free_port();
     let rt = runtime(&c, &["d1", "d2"], port);
     let state = rt.state.clone();
@@ -357,9 +410,7 @@ async fn real_spdk_kill9_during_20_creates() {
         .collect();
     eprintln!("killed spdk_tgt with {} of 20 acknowledged", acked.len());
 
-    let t = Target::start(&cfg).await.expect("restart");
-    let _reap = Reaper(t.pid());
-    attach_disks(&c, dir.path(), &["d1", "d2"], false).await;
+    let (t, _reap) = restart(&cfg, &c, dir.path(), &["d1", "d2"], "restart").await;
     let inv = Inventory::load(&c).await.expect("inv");
     eprintln!(
         "after restart: {} lvols came back, {} subsystems, {} raids",
@@ -367,9 +418,7 @@ async fn real_spdk_kill9_during_20_creates() {
         inv.subsystems.len(),
         inv.raids.len()
     );
-    state
-        .update_typed(SPDK_STATUS_ID, "", None, &target_status(1))
-        .expect("restarts");
+    restarted(&state, 1, "restarts");
     // the outcome in SPDK, not the (stale) statuses
     eventually("all 20 exported again", WAIT, || async {
         let inv = Inventory::load(&c).await.ok()?;
@@ -440,34 +489,17 @@ fn ledger(state: &State, id: &str) -> Option<Vec<u32>> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn real_spdk_replica_that_missed_writes_is_rebuilt() {
     let test = "real_spdk_replica_that_missed_writes_is_rebuilt";
-    let Some(spdk) = spdk_dir(test) else {
+    let Some(spdk) = spdk_dir_with(test, &["spdk_dd"]) else {
         return;
     };
-    if !spdk.join("build/bin/spdk_dd").exists() {
-        eprintln!("SKIP {test}: no build/bin/spdk_dd under {}", spdk.display());
-        return;
-    }
     const LEN: usize = 8 << 20;
-    let dir = tempfile::tempdir().expect("tempdir");
-    let cfg = target_cfg(dir.path(), &spdk);
-    let t = Target::start(&cfg).await.expect("spdk_tgt");
-    let _reap = Reaper(t.pid());
-    let c = SpdkClient::new(cfg.socket());
-    attach_disks(&c, dir.path(), &["d1", "d2"], true).await;
+    let Node(dir, cfg, t, _reap, c) = node(&spdk, &["d1", "d2"], "spdk_tgt").await;
     let port = free_port();
     let rt = runtime(&c, &["d1", "d2"], port);
     let state = rt.state.clone();
     state.create_typed("m", "", &volume(32 * MIB, 2)).expect("m");
     let nqn = ready(&state, "m").await.exports[0].name.clone();
-    let replica_disk = |k: u32| {
-        state
-            .get_typed::<talon::resources::engine::ReplicaStatus>(&format!("m-r{k}"))
-            .ok()
-            .flatten()
-            .map(|r| r.spec.disk)
-            .expect("replica status")
-    };
-    let (d0, d1) = (replica_disk(0), replica_disk(1));
+    let (d0, d1) = (replica_disk(&state, "m", 0), replica_disk(&state, "m", 1));
     assert_ne!(d0, d1, "replicas on distinct disks");
     assert_eq!(ledger(&state, "m"), Some(vec![0, 1]));
 
@@ -506,12 +538,8 @@ async fn real_spdk_replica_that_missed_writes_is_rebuilt() {
 
     // spdk_tgt restarts with only the stale r0 present: not served
     t.stop(Duration::from_secs(5)).await.expect("stop");
-    let t = Target::start(&cfg).await.expect("restart");
-    let _reap = Reaper(t.pid());
-    attach_disks(&c, dir.path(), &[&d0], false).await;
-    state
-        .update_typed(SPDK_STATUS_ID, "", None, &target_status(1))
-        .expect("restarts");
+    let (t, _reap) = restart(&cfg, &c, dir.path(), &[&d0], "restart").await;
+    restarted(&state, 1, "restarts");
     let held = eventually("m held back", WAIT, || async {
         engine(&state, "m").filter(|e| e.state == ObjectState::Failed)
     })
@@ -550,44 +578,16 @@ async fn real_spdk_replica_that_missed_writes_is_rebuilt() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn real_spdk_remote_replica_on_another_target() {
     let test = "real_spdk_remote_replica_on_another_target";
-    let Some(spdk) = spdk_dir(test) else {
+    let Some(spdk) = spdk_dir_with(test, &["spdk_dd"]) else {
         return;
     };
-    if !spdk.join("build/bin/spdk_dd").exists() {
-        eprintln!("SKIP {test}: no build/bin/spdk_dd under {}", spdk.display());
-        return;
-    }
     const LEN: usize = 4 << 20;
-    let (da, db) = (
-        tempfile::tempdir().expect("tempdir"),
-        tempfile::tempdir().expect("tempdir"),
-    );
-    let (cfg_a, cfg_b) = (target_cfg(da.path(), &spdk), target_cfg(db.path(), &spdk));
-    let ta = Target::start(&cfg_a).await.expect("spdk_tgt A");
-    let _reap_a = Reaper(ta.pid());
-    let tb = Target::start(&cfg_b).await.expect("spdk_tgt B");
-    let _reap_b = Reaper(tb.pid());
-    let (ca, cb) = (SpdkClient::new(cfg_a.socket()), SpdkClient::new(cfg_b.socket()));
-    attach_disks(&ca, da.path(), &["da"], true).await;
-    attach_disks(&cb, db.path(), &["db"], true).await;
+    let Node(da, cfg_a, ta, _reap_a, ca) = node(&spdk, &["da"], "spdk_tgt A").await;
+    let Node(db, cfg_b, tb, _reap_b, cb) = node(&spdk, &["db"], "spdk_tgt B").await;
     let (pa, pb) = (free_port(), free_port());
     let (rta, rtb) = (runtime(&ca, &["da"], pa), runtime(&cb, &["db"], pb));
 
-    let mut served = volume(32 * MIB, 1);
-    served.serve_replica = Some(1);
-    served.replica_hosts = vec![node_nqn(pa)];
-    served.raid_superblock = true;
-    rtb.state.create_typed("rv", "", &served).expect("served");
-    let replica_nqn = ready(&rtb.state, "rv").await.exports[0].name.clone();
-    let mut engine_vol = volume(32 * MIB, 1);
-    engine_vol.remote_replicas = vec![talon::resources::config::RemoteReplica {
-        address: "127.0.0.1".into(),
-        port: pb,
-        api: None,
-    }];
-    engine_vol.raid_superblock = true;
-    rta.state.create_typed("rv", "", &engine_vol).expect("engine");
-    let st = ready(&rta.state, "rv").await;
+    let (replica_nqn, st, _) = served_by_b(&rta.state, &rtb.state, "rv", 32 * MIB, (pa, pb), None).await;
     assert_eq!(st.device, "talon-raid-rv");
     assert_eq!(ledger(&rta.state, "rv"), Some(vec![0, 1]));
     let inv = Inventory::load(&ca).await.expect("inventory");
@@ -646,21 +646,13 @@ async fn real_spdk_remote_replica_on_another_target() {
     // in the replica and makes a `configuring` raid of it there; talon
     // releases the replica and exports it again, A takes it back by a rebuild
     let mut tb = tb;
-    if let Some(pid) = tb.pid() {
-        nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL)
-            .expect("kill -9 B");
-    }
-    let _ = tb.wait_exit().await;
+    kill9(&mut tb, "kill -9 B").await;
     // a write fails on B's side: the raid drops it and goes on with A's
     let more = pattern(0x77, LEN);
     dd(&spdk, da.path(), pa, &st.exports[0].name, Some(&more), LEN);
     ledger_becomes(&rta.state, "rv", &[0], "B's replica out of A's ledger").await;
-    let tb = Target::start(&cfg_b).await.expect("restart B");
-    let _reap_b = Reaper(tb.pid());
-    attach_disks(&cb, db.path(), &["db"], false).await;
-    rtb.state
-        .update_typed(SPDK_STATUS_ID, "", None, &target_status(1))
-        .expect("B restarts");
+    let (tb, _reap_b) = restart(&cfg_b, &cb, db.path(), &["db"], "restart B").await;
+    restarted(&rtb.state, 1, "B restarts");
     ready(&rtb.state, "rv").await;
     ledger_becomes(&rta.state, "rv", &[0, 1], "B's replica rebuilt").await;
     assert!(read_b() == more, "B's replica was rebuilt with what it missed");
@@ -668,17 +660,9 @@ async fn real_spdk_remote_replica_on_another_target() {
     // A's target dies and comes back: its raid waits for B's replica (the
     // superblock names it) until talon attaches it, then serves both
     let mut ta = ta;
-    if let Some(pid) = ta.pid() {
-        nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL)
-            .expect("kill -9 A");
-    }
-    let _ = ta.wait_exit().await;
-    let ta = Target::start(&cfg_a).await.expect("restart A");
-    let _reap_a = Reaper(ta.pid());
-    attach_disks(&ca, da.path(), &["da"], false).await;
-    rta.state
-        .update_typed(SPDK_STATUS_ID, "", None, &target_status(1))
-        .expect("A restarts");
+    kill9(&mut ta, "kill -9 A").await;
+    let (ta, _reap_a) = restart(&cfg_a, &ca, da.path(), &["da"], "restart A").await;
+    restarted(&rta.state, 1, "A restarts");
     // the status may still be the one from before the kill: wait for the
     // new target to hold the raid over both and the export again
     let export_nqn = st.exports[0].name.clone();
@@ -699,21 +683,9 @@ async fn real_spdk_remote_replica_on_another_target() {
         "A serves what was written before its target died"
     );
 
-    rta.state
-        .destroy("config", "Volume", "rv", "")
-        .expect("delete on A");
-    eventually("A clean", WAIT, || async {
-        rta.state.list("config", "Volume").is_empty().then_some(())
-    })
-    .await;
+    delete_volume(&rta.state, "rv", "A").await;
     assert_eq!(leftovers(&ca).await, Vec::<String>::new());
-    rtb.state
-        .destroy("config", "Volume", "rv", "")
-        .expect("delete on B");
-    eventually("B clean", WAIT, || async {
-        rtb.state.list("config", "Volume").is_empty().then_some(())
-    })
-    .await;
+    delete_volume(&rtb.state, "rv", "B").await;
     assert_eq!(leftovers(&cb).await, Vec::<String>::new());
     rta.stop().await;
     rtb.stop().await;
@@ -735,26 +707,15 @@ async fn real_spdk_remote_replica_on_another_target() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn real_spdk_snapshots_under_writes_are_one_point_in_time() {
     let test = "real_spdk_snapshots_under_writes_are_one_point_in_time";
-    let Some(spdk) = spdk_dir(test) else {
+    let Some(spdk) = spdk_dir_with(test, &["spdk_dd", "spdk_nvme_perf"]) else {
         return;
     };
-    for tool in ["spdk_dd", "spdk_nvme_perf"] {
-        if !spdk.join("build/bin").join(tool).exists() {
-            eprintln!("SKIP {test}: no build/bin/{tool} under {}", spdk.display());
-            return;
-        }
-    }
     use std::collections::BTreeSet;
     use talon::names::{Nqn, ObjectName};
     use talon::spdk::volume::{ExportSpec, VolumeOps, VolumePlan, naming};
     const LEN: usize = 16 << 20;
     const SNAPSHOTS: usize = 50;
-    let dir = tempfile::tempdir().expect("tempdir");
-    let cfg = target_cfg(dir.path(), &spdk);
-    let t = Target::start(&cfg).await.expect("spdk_tgt");
-    let _reap = Reaper(t.pid());
-    let c = SpdkClient::new(cfg.socket());
-    attach_disks(&c, dir.path(), &["d1", "d2"], true).await;
+    let Node(dir, _, t, _reap, c) = node(&spdk, &["d1", "d2"], "spdk_tgt").await;
     let (port, read_port) = (free_port(), free_port());
     let ops = VolumeOps::new(c.clone());
     let v = ObjectName::parse("volume", "pit").expect("name");
@@ -925,49 +886,20 @@ async fn real_spdk_snapshots_under_writes_are_one_point_in_time() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn real_spdk_snapshots_with_a_remote_replica_are_one_point_in_time() {
     let test = "real_spdk_snapshots_with_a_remote_replica_are_one_point_in_time";
-    let Some(spdk) = spdk_dir(test) else {
+    let Some(spdk) = spdk_dir_with(test, &["spdk_dd", "spdk_nvme_perf"]) else {
         return;
     };
-    for tool in ["spdk_dd", "spdk_nvme_perf"] {
-        if !spdk.join("build/bin").join(tool).exists() {
-            eprintln!("SKIP {test}: no build/bin/{tool} under {}", spdk.display());
-            return;
-        }
-    }
     use talon::spdk::volume::naming;
     const LEN: usize = 16 << 20;
     const SNAPSHOTS: usize = 20;
-    let (da, db) = (
-        tempfile::tempdir().expect("tempdir"),
-        tempfile::tempdir().expect("tempdir"),
-    );
-    let (cfg_a, cfg_b) = (target_cfg(da.path(), &spdk), target_cfg(db.path(), &spdk));
-    let ta = Target::start(&cfg_a).await.expect("spdk_tgt A");
-    let _reap_a = Reaper(ta.pid());
-    let tb = Target::start(&cfg_b).await.expect("spdk_tgt B");
-    let _reap_b = Reaper(tb.pid());
-    let (ca, cb) = (SpdkClient::new(cfg_a.socket()), SpdkClient::new(cfg_b.socket()));
-    attach_disks(&ca, da.path(), &["da"], true).await;
-    attach_disks(&cb, db.path(), &["db"], true).await;
+    let Node(da, _, ta, _reap_a, ca) = node(&spdk, &["da"], "spdk_tgt A").await;
+    let Node(db, _, tb, _reap_b, cb) = node(&spdk, &["db"], "spdk_tgt B").await;
     let (pa, pb, read_a, read_b) = (free_port(), free_port(), free_port(), free_port());
     let (rta, rtb) = (runtime(&ca, &["da"], pa), runtime(&cb, &["db"], pb));
     let (api_b, _server_b) = peer_api::serve(&rtb.state, rtb.statuses(), "127.0.0.1:0").await;
 
-    let mut served = volume(LEN as u64, 1);
-    served.serve_replica = Some(1);
-    served.replica_hosts = vec![node_nqn(pa)];
-    served.raid_superblock = true;
-    rtb.state.create_typed("pr", "", &served).expect("served");
-    ready(&rtb.state, "pr").await;
-    let mut engine_vol = volume(LEN as u64, 1);
-    engine_vol.remote_replicas = vec![talon::resources::config::RemoteReplica {
-        address: "127.0.0.1".into(),
-        port: pb,
-        api: Some(api_b.to_string()),
-    }];
-    engine_vol.raid_superblock = true;
-    rta.state.create_typed("pr", "", &engine_vol).expect("engine");
-    let st = ready(&rta.state, "pr").await;
+    let api = Some(api_b.to_string());
+    let (_, st, _) = served_by_b(&rta.state, &rtb.state, "pr", LEN as u64, (pa, pb), api).await;
     ledger_becomes(&rta.state, "pr", &[0, 1], "both replicas up to date").await;
     let nqn = st.exports[0].name.clone();
     let inv = Inventory::load(&ca).await.expect("inventory");
@@ -1079,20 +1011,8 @@ async fn real_spdk_snapshots_with_a_remote_replica_are_one_point_in_time() {
             .then_some(())
     })
     .await;
-    rta.state
-        .destroy("config", "Volume", "pr", "")
-        .expect("delete on A");
-    eventually("A clean", WAIT, || async {
-        rta.state.list("config", "Volume").is_empty().then_some(())
-    })
-    .await;
-    rtb.state
-        .destroy("config", "Volume", "pr", "")
-        .expect("delete on B");
-    eventually("B clean", WAIT, || async {
-        rtb.state.list("config", "Volume").is_empty().then_some(())
-    })
-    .await;
+    delete_volume(&rta.state, "pr", "A").await;
+    delete_volume(&rtb.state, "pr", "B").await;
     assert_eq!(leftovers(&ca).await, Vec::<String>::new());
     assert_eq!(leftovers(&cb).await, Vec::<String>::new());
     rta.stop().await;
@@ -1111,36 +1031,13 @@ async fn real_spdk_a_remote_replica_grows_with_its_volume() {
     let Some(spdk) = spdk_dir(test) else {
         return;
     };
-    let (da, db) = (
-        tempfile::tempdir().expect("tempdir"),
-        tempfile::tempdir().expect("tempdir"),
-    );
-    let (cfg_a, cfg_b) = (target_cfg(da.path(), &spdk), target_cfg(db.path(), &spdk));
-    let ta = Target::start(&cfg_a).await.expect("spdk_tgt A");
-    let _reap_a = Reaper(ta.pid());
-    let tb = Target::start(&cfg_b).await.expect("spdk_tgt B");
-    let _reap_b = Reaper(tb.pid());
-    let (ca, cb) = (SpdkClient::new(cfg_a.socket()), SpdkClient::new(cfg_b.socket()));
-    attach_disks(&ca, da.path(), &["da"], true).await;
-    attach_disks(&cb, db.path(), &["db"], true).await;
+    let Node(_da, _, ta, _reap_a, ca) = node(&spdk, &["da"], "spdk_tgt A").await;
+    let Node(_db, _, tb, _reap_b, cb) = node(&spdk, &["db"], "spdk_tgt B").await;
     let (pa, pb) = (free_port(), free_port());
     let (rta, rtb) = (runtime(&ca, &["da"], pa), runtime(&cb, &["db"], pb));
     let (api_b, _server_b) = peer_api::serve(&rtb.state, rtb.statuses(), "127.0.0.1:0").await;
-    let mut served = volume(16 * MIB, 1);
-    served.serve_replica = Some(1);
-    served.replica_hosts = vec![node_nqn(pa)];
-    served.raid_superblock = true;
-    rtb.state.create_typed("gr", "", &served).expect("served");
-    ready(&rtb.state, "gr").await;
-    let mut engine_vol = volume(16 * MIB, 1);
-    engine_vol.remote_replicas = vec![talon::resources::config::RemoteReplica {
-        address: "127.0.0.1".into(),
-        port: pb,
-        api: Some(api_b.to_string()),
-    }];
-    engine_vol.raid_superblock = true;
-    rta.state.create_typed("gr", "", &engine_vol).expect("engine");
-    let st = ready(&rta.state, "gr").await;
+    let api = Some(api_b.to_string());
+    let (_, st, engine_vol) = served_by_b(&rta.state, &rtb.state, "gr", 16 * MIB, (pa, pb), api).await;
     assert_eq!(st.size_bytes, 16 * MIB);
     ledger_becomes(&rta.state, "gr", &[0, 1], "both replicas up to date").await;
 
@@ -1175,20 +1072,8 @@ async fn real_spdk_a_remote_replica_grows_with_its_volume() {
         "no replica dropped by the growth"
     );
 
-    rta.state
-        .destroy("config", "Volume", "gr", "")
-        .expect("delete on A");
-    eventually("A clean", WAIT, || async {
-        rta.state.list("config", "Volume").is_empty().then_some(())
-    })
-    .await;
-    rtb.state
-        .destroy("config", "Volume", "gr", "")
-        .expect("delete on B");
-    eventually("B clean", WAIT, || async {
-        rtb.state.list("config", "Volume").is_empty().then_some(())
-    })
-    .await;
+    delete_volume(&rta.state, "gr", "A").await;
+    delete_volume(&rtb.state, "gr", "B").await;
     rta.stop().await;
     rtb.stop().await;
     ta.stop(Duration::from_secs(5)).await.expect("stop A");
@@ -1208,21 +1093,12 @@ async fn real_spdk_a_remote_replica_grows_with_its_volume() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn real_spdk_replica_that_left_just_before_a_crash_is_never_trusted() {
     let test = "real_spdk_replica_that_left_just_before_a_crash_is_never_trusted";
-    let Some(spdk) = spdk_dir(test) else {
+    let Some(spdk) = spdk_dir_with(test, &["spdk_dd"]) else {
         return;
     };
-    if !spdk.join("build/bin/spdk_dd").exists() {
-        eprintln!("SKIP {test}: no build/bin/spdk_dd under {}", spdk.display());
-        return;
-    }
     const ROUNDS: u8 = 20;
     const LEN: usize = 4 << 20;
-    let dir = tempfile::tempdir().expect("tempdir");
-    let cfg = target_cfg(dir.path(), &spdk);
-    let mut t = Target::start(&cfg).await.expect("spdk_tgt");
-    let mut _reap = Reaper(t.pid());
-    let c = SpdkClient::new(cfg.socket());
-    attach_disks(&c, dir.path(), &["d1", "d2"], true).await;
+    let Node(dir, cfg, mut t, mut _reap, c) = node(&spdk, &["d1", "d2"], "spdk_tgt").await;
     let port = free_port();
     let rt = runtime(&c, &["d1", "d2"], port);
     let state = rt.state.clone();
@@ -1235,15 +1111,7 @@ async fn real_spdk_replica_that_left_just_before_a_crash_is_never_trusted() {
     let inv = Inventory::load(&c).await.expect("inventory");
     let raid = inv.raid("talon-raid-w").expect("raid");
     assert!(raid.superblock, "{raid:?}");
-    let replica_disk = |k: u32| {
-        state
-            .get_typed::<talon::resources::engine::ReplicaStatus>(&format!("w-r{k}"))
-            .ok()
-            .flatten()
-            .map(|r| r.spec.disk)
-            .expect("replica status")
-    };
-    let (d0, d1) = (replica_disk(0), replica_disk(1));
+    let (d0, d1) = (replica_disk(&state, "w", 0), replica_disk(&state, "w", 1));
     let read = |what: &'static str| {
         let (spdk, dir, nqn) = (spdk.clone(), dir.path().to_path_buf(), nqn.clone());
         async move {
@@ -1282,11 +1150,7 @@ async fn real_spdk_replica_that_left_just_before_a_crash_is_never_trusted() {
         let after = pattern(round.wrapping_mul(2).wrapping_add(1), LEN);
         write(after.clone()).await;
         tokio::time::sleep(Duration::from_millis(25 * u64::from(round))).await;
-        if let Some(pid) = t.pid() {
-            nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL)
-                .expect("kill -9 spdk_tgt");
-        }
-        let _ = t.wait_exit().await;
+        kill9(&mut t, "kill -9 spdk_tgt").await;
         assert_eq!(
             ledger(&state, "w"),
             Some(vec![0, 1]),
@@ -1301,9 +1165,7 @@ async fn real_spdk_replica_that_left_just_before_a_crash_is_never_trusted() {
             attach_disks(&c, dir.path(), &[d.as_str()], false).await;
         }
         rt = Some(TestRuntime::start_on(state.clone(), register(c.clone())).expect("runtime"));
-        state
-            .update_typed(SPDK_STATUS_ID, "", None, &target_status(u32::from(round) + 1))
-            .expect("restarts");
+        restarted(&state, u32::from(round) + 1, "restarts");
         eventually("w exported again", WAIT, || async {
             engine(&state, "w").filter(|e| {
                 matches!(e.state, ObjectState::Ready | ObjectState::Degraded) && !e.exports.is_empty()
@@ -1352,12 +1214,7 @@ async fn real_spdk_removed_host_loses_its_connection() {
     let Some(spdk) = spdk_dir("real_spdk_removed_host_loses_its_connection") else {
         return;
     };
-    let d = tempfile::tempdir().expect("tempdir");
-    let cfg = target_cfg(d.path(), &spdk);
-    let t = Target::start(&cfg).await.expect("spdk_tgt");
-    let _reap = Reaper(t.pid());
-    let c = SpdkClient::new(cfg.socket());
-    attach_disks(&c, d.path(), &["dc"], true).await;
+    let Node(_dir, _, t, _reap, c) = node(&spdk, &["dc"], "spdk_tgt").await;
     let port = free_port();
     let rt = runtime(&c, &["dc"], port);
     rt.state
@@ -1425,19 +1282,10 @@ async fn real_spdk_removed_host_loses_its_connection() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn real_spdk_a_rebuilt_replica_is_as_thin_as_its_source_and_keeps_the_chain() {
     let test = "real_spdk_a_rebuilt_replica_is_as_thin_as_its_source_and_keeps_the_chain";
-    let Some(spdk) = spdk_dir(test) else {
+    let Some(spdk) = spdk_dir_with(test, &["spdk_dd"]) else {
         return;
     };
-    if !spdk.join("build/bin/spdk_dd").exists() {
-        eprintln!("SKIP {test}: no build/bin/spdk_dd under {}", spdk.display());
-        return;
-    }
-    let dir = tempfile::tempdir().expect("tempdir");
-    let cfg = target_cfg(dir.path(), &spdk);
-    let t = Target::start(&cfg).await.expect("spdk_tgt");
-    let _reap = Reaper(t.pid());
-    let c = SpdkClient::new(cfg.socket());
-    attach_disks(&c, dir.path(), &["d1", "d2"], true).await;
+    let Node(dir, _, t, _reap, c) = node(&spdk, &["d1", "d2"], "spdk_tgt").await;
     let port = free_port();
     let rt = runtime(&c, &["d1", "d2"], port);
     let state = rt.state.clone();
@@ -1447,15 +1295,7 @@ async fn real_spdk_a_rebuilt_replica_is_as_thin_as_its_source_and_keeps_the_chai
     .expect("volume");
     state.create_typed("t", "", &vol).expect("t");
     let nqn = ready(&state, "t").await.exports[0].name.clone();
-    let replica_disk = |k: u32| {
-        state
-            .get_typed::<talon::resources::engine::ReplicaStatus>(&format!("t-r{k}"))
-            .ok()
-            .flatten()
-            .map(|r| r.spec.disk)
-            .expect("replica status")
-    };
-    let (d0, d1) = (replica_disk(0), replica_disk(1));
+    let (d0, d1) = (replica_disk(&state, "t", 0), replica_disk(&state, "t", 1));
     let io = |data: Option<Vec<u8>>, len: usize| {
         let (spdk, dir, nqn) = (spdk.clone(), dir.path().to_path_buf(), nqn.clone());
         async move {

@@ -13,57 +13,20 @@
 //! and exits 1; with it, a real spdk_tgt holds core 0 and talon's real spdk_tgt
 //! is refused by it.
 
+#[path = "support/serve_daemon.rs"]
+mod serve_daemon;
+
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use talon::client::Client;
+use serve_daemon::{Daemon, opts, opts_with_config, real_spdk, start};
 use talon::controllers::engine::selection::SpdkOptions;
 use talon::runtime::testing::eventually;
-use talon::serve::{ServeOptions, serve};
-
-fn opts(dir: &Path, spdk: SpdkOptions) -> ServeOptions {
-    ServeOptions {
-        data_dir: dir.join("data"),
-        config: None,
-        socket: dir.join("run/talon.sock"),
-        listen_tcp: None,
-        token_file: None,
-        tls: Default::default(),
-        run_dir: dir.join("run"),
-        host_root: PathBuf::from("/"),
-        spdk,
-        stop_targets_on_exit: true,
-    }
-}
-
-struct Daemon {
-    stop: tokio::sync::oneshot::Sender<()>,
-    task: tokio::task::JoinHandle<Result<(), talon::serve::ServeError>>,
-    client: Client,
-}
-
-async fn start(o: ServeOptions) -> Daemon {
-    let (stop, rx) = tokio::sync::oneshot::channel::<()>();
-    let socket = o.socket.clone();
-    let task = tokio::spawn(serve(o, async move {
-        let _ = rx.await;
-    }));
-    let client = eventually("the API socket", Duration::from_secs(30), || async {
-        Client::connect_unix(&socket).await.ok()
-    })
-    .await;
-    Daemon { stop, task, client }
-}
 
 impl Daemon {
-    async fn stop(self) {
-        let _ = self.stop.send(());
-        self.task.await.expect("join").expect("clean stop");
-    }
-
     /// The spdk TargetStatus once it is `failed`.
     async fn target_failed(&self) -> Value {
         eventually("TargetStatus spdk failed", Duration::from_secs(60), || async {
@@ -284,15 +247,12 @@ async fn v1_an_iscsi_port_in_use_is_named_with_its_holder() {
     let squatter = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
     let port = squatter.local_addr().expect("addr").port();
     let dir = tempfile::tempdir().expect("tempdir");
-    let cfg = dir.path().join("talon.yaml");
-    std::fs::write(
-        &cfg,
-        format!("node: {{ engine: v1, listenAddress: 127.0.0.1, iscsiPort: {port} }}\n"),
-    )
-    .expect("config");
-    let mut o = opts(dir.path(), SpdkOptions::default());
-    o.config = Some(cfg);
-    let d = start(o).await;
+    let d = start(opts_with_config(
+        dir.path(),
+        SpdkOptions::default(),
+        &format!("node: {{ engine: v1, listenAddress: 127.0.0.1, iscsiPort: {port} }}\n"),
+    ))
+    .await;
     let want = format!("the port is in use by pid {} (", std::process::id());
     let e = d
         .client
@@ -332,30 +292,15 @@ async fn real_spdk_an_nvmf_port_in_use_is_named_with_its_holder() {
     let squatter = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
     let port = squatter.local_addr().expect("addr").port();
     let dir = tempfile::tempdir().expect("tempdir");
-    let cfg = dir.path().join("talon.yaml");
-    std::fs::write(
-        &cfg,
-        format!(
+    let d = start(opts_with_config(
+        dir.path(),
+        real_spdk(&spdk_dir, 1024),
+        &format!(
             "node: {{ engine: v2, listenAddress: 127.0.0.1, nvmfPort: {port} }}\n\
              disks:\n  d1: {{ path: disks/d1.img, sizeBytes: 134217728 }}\n"
         ),
-    )
-    .expect("config");
-    let mut o = opts(
-        dir.path(),
-        SpdkOptions {
-            spdk_tgt: None,
-            spdk_dir: Some(spdk_dir),
-            path_var: None,
-            no_huge: true,
-            no_huge_mem_mib: 1024,
-            // other jobs may run SPDK on core 0
-            extra_args: vec!["--disable-cpumask-locks".into()],
-            ..SpdkOptions::default()
-        },
-    );
-    o.config = Some(cfg);
-    let d = start(o).await;
+    ))
+    .await;
     let e = d
         .client
         .call::<_, Value>(

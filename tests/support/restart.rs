@@ -207,39 +207,44 @@ pub async fn spec(c: &Client, type_: &str, id: &str) -> Option<Value> {
 /// Waits until tgtd is ready and [`VOLUME`] exported; returns tgtd's pid
 /// and the volume's (portal, iqn).
 pub async fn served(c: &Client) -> (u32, String, String) {
-    let pid = until("TargetStatus tgtd ready", || async {
-        let t = spec(c, "TargetStatus", "tgtd").await?;
-        (t["state"] == "ready").then(|| t["pid"].as_u64()).flatten()
-    })
-    .await;
-    let (portal, iqn) = until("EngineStatus io ready", || async {
-        let e = spec(c, "EngineStatus", VOLUME).await?;
-        if e["state"] != "ready" {
-            return None;
-        }
-        let x = e["exports"]
-            .as_array()?
-            .iter()
-            .find(|x| x["transport"] == "iscsi")?
-            .clone();
+    let (pid, (portal, iqn)) = served_by(c, "tgtd", "iscsi", |x| {
         Some((
             format!("{}:{}", x["address"].as_str()?, x["port"].as_u64()?),
             x["name"].as_str()?.to_string(),
         ))
     })
     .await;
-    (u32::try_from(pid).expect("pid"), portal, iqn)
+    (pid, portal, iqn)
 }
 
 /// Waits until spdk_tgt is ready and [`VOLUME`] exported over NVMe/TCP;
 /// returns spdk_tgt's pid, the port and the subsystem NQN.
 pub async fn served_v2(c: &Client) -> (u32, u16, String) {
-    let pid = until("TargetStatus spdk ready", || async {
-        let t = spec(c, "TargetStatus", "spdk").await?;
+    let (pid, (port, nqn)) = served_by(c, "spdk", "nvme-tcp", |x| {
+        Some((
+            u16::try_from(x["port"].as_u64()?).ok()?,
+            x["name"].as_str()?.to_string(),
+        ))
+    })
+    .await;
+    (pid, port, nqn)
+}
+
+/// Waits until TargetStatus `target` is ready and [`VOLUME`] ready with an
+/// export over `transport` that `export` can read; returns the target's pid
+/// and what `export` read.
+async fn served_by<T>(
+    c: &Client,
+    target: &str,
+    transport: &str,
+    export: impl Fn(&Value) -> Option<T>,
+) -> (u32, T) {
+    let pid = until(&format!("TargetStatus {target} ready"), || async {
+        let t = spec(c, "TargetStatus", target).await?;
         (t["state"] == "ready").then(|| t["pid"].as_u64()).flatten()
     })
     .await;
-    let (port, nqn) = until("EngineStatus io ready", || async {
+    let got = until("EngineStatus io ready", || async {
         let e = spec(c, "EngineStatus", VOLUME).await?;
         if e["state"] != "ready" {
             return None;
@@ -247,15 +252,22 @@ pub async fn served_v2(c: &Client) -> (u32, u16, String) {
         let x = e["exports"]
             .as_array()?
             .iter()
-            .find(|x| x["transport"] == "nvme-tcp")?
+            .find(|x| x["transport"] == transport)?
             .clone();
-        Some((
-            u16::try_from(x["port"].as_u64()?).ok()?,
-            x["name"].as_str()?.to_string(),
-        ))
+        export(&x)
     })
     .await;
-    (u32::try_from(pid).expect("pid"), port, nqn)
+    (u32::try_from(pid).expect("pid"), got)
+}
+
+/// Waits until an initiator (spdk_nvme_perf) is connected to `nqn`; returns
+/// its controller ids (the same ids later mean no reconnect).
+pub async fn perf_connected(spdk_sock: &Path, nqn: &str) -> Vec<u64> {
+    until("spdk_nvme_perf to connect", || async {
+        let ids = cntlids(spdk_sock, nqn).await;
+        (!ids.is_empty()).then_some(ids)
+    })
+    .await
 }
 
 /// The controller ids connected to `nqn` (spdk_tgt at `spdk_sock`): the same

@@ -1,0 +1,84 @@
+//! `talon serve` in-process with its Longhorn instance-manager listeners
+//! (`#[path]`-included): five consecutive free ports from a base (the
+//! process manager, proxy, disk, instance and SPDK services), a daemon
+//! serving them, a gRPC channel to one, and a clean stop.
+//!
+//! ```text
+//!   free_base() = b ──Daemon::serve(opts, b, ports)──> 127.0.0.1:b..=b+4 ──channel(i)──> b+i
+//! ```
+
+#![allow(dead_code)] // each includer uses a part
+
+use std::net::SocketAddr;
+use std::ops::RangeInclusive;
+use std::time::Duration;
+
+use talon::longhorn::server::LonghornOptions;
+use talon::serve::{ServeOptions, serve_with};
+use tonic::transport::Channel;
+
+/// The first of five consecutive free ports on loopback.
+pub fn free_base() -> u16 {
+    for _ in 0..200 {
+        let probe = std::net::TcpListener::bind("127.0.0.1:0").expect("probe");
+        let base = probe.local_addr().expect("addr").port();
+        drop(probe);
+        if base > 65000 {
+            continue;
+        }
+        let all: Vec<_> = (0..5)
+            .map(|i| std::net::TcpListener::bind(("127.0.0.1", base + i)))
+            .collect();
+        if all.iter().all(Result::is_ok) {
+            return base;
+        }
+    }
+    panic!("no five consecutive free ports");
+}
+
+/// A running `serve_with` task with the Longhorn listeners from `base`.
+pub struct Daemon {
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<Result<(), talon::serve::ServeError>>,
+    pub base: u16,
+}
+
+impl Daemon {
+    /// Serves `opts` with the Longhorn listeners from `base` (instances get
+    /// ports from `ports`); returns once the instance service answers.
+    pub async fn serve(opts: ServeOptions, base: u16, ports: RangeInclusive<u16>) -> Daemon {
+        let (stop, rx) = tokio::sync::oneshot::channel::<()>();
+        let lh = LonghornOptions {
+            listen: SocketAddr::from(([127, 0, 0, 1], base)),
+            ports,
+        };
+        let task = tokio::spawn(serve_with(opts, Some(lh), async move {
+            let _ = rx.await;
+        }));
+        let d = Daemon { stop, task, base };
+        talon::runtime::testing::eventually("the Longhorn ports", Duration::from_secs(30), || async {
+            Channel::from_shared(d.url(3)).ok()?.connect().await.ok()
+        })
+        .await;
+        d
+    }
+
+    /// The URL of listener `i` (0 to 4).
+    pub fn url(&self, i: u16) -> String {
+        format!("http://127.0.0.1:{}", self.base + i)
+    }
+
+    pub async fn channel(&self, i: u16) -> Channel {
+        Channel::from_shared(self.url(i))
+            .expect("url")
+            .connect()
+            .await
+            .expect("connect")
+    }
+
+    /// Asks the daemon to stop; it must end without an error.
+    pub async fn stop(self) {
+        let _ = self.stop.send(());
+        self.task.await.expect("join").expect("clean stop");
+    }
+}

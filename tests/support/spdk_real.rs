@@ -1,0 +1,74 @@
+//! What the tests against a real spdk_tgt (`TALON_SPDK_DIR`) share
+//! (`#[path]`-included): where SPDK is (or a `SKIP` line when it is not), a
+//! target config for a host without hugepages, a guard that kills a spawned
+//! spdk_tgt when a test ends early, and a free TCP port on 127.0.0.1.
+
+#![allow(dead_code)] // each includer uses a part
+
+use std::path::{Path, PathBuf};
+
+use talon::spdk::target::{Memory, TargetConfig};
+
+/// The SPDK tree at `TALON_SPDK_DIR` with a built spdk_tgt; `None` after
+/// printing `SKIP <test>: <reason>` when there is none.
+pub fn spdk_dir(test: &str) -> Option<PathBuf> {
+    spdk_dir_with(test, &[])
+}
+
+/// [`spdk_dir`] that also needs each of `tools` under `build/bin`.
+pub fn spdk_dir_with(test: &str, tools: &[&str]) -> Option<PathBuf> {
+    let Some(d) = std::env::var_os("TALON_SPDK_DIR").map(PathBuf::from) else {
+        eprintln!("SKIP {test}: TALON_SPDK_DIR not set");
+        return None;
+    };
+    for tool in std::iter::once(&"spdk_tgt").chain(tools) {
+        if !d.join("build/bin").join(tool).exists() {
+            eprintln!("SKIP {test}: no build/bin/{tool} under {}", d.display());
+            return None;
+        }
+    }
+    Some(d)
+}
+
+/// Kills a spawned spdk_tgt when a test ends early (a failed assert): a
+/// Target is meant to outlive its holder (talon adopts it after a restart).
+pub struct Reaper(pub Option<i32>);
+
+impl Drop for Reaper {
+    fn drop(&mut self) {
+        if let Some(pid) = self.0 {
+            let _ =
+                nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
+        }
+    }
+}
+
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("free port")
+}
+
+/// A spdk_tgt with its run directory (socket, log) at `run`: `mem_size_mib`
+/// of ordinary memory (the host has no hugepages), core 0, no cpumask locks
+/// (several targets run at once).
+pub fn target_cfg(run: &Path, spdk: &Path, mem_size_mib: u64) -> TargetConfig {
+    let mut cfg = TargetConfig::new(run.to_path_buf());
+    cfg.spdk_dir = Some(spdk.to_path_buf());
+    cfg.memory = Memory::NoHuge { mem_size_mib };
+    cfg.cpumask = "0x1".into();
+    cfg.extra_args = vec!["--disable-cpumask-locks".into()];
+    cfg
+}
+
+/// [`spdk_dir`] for a test that must run as root: SPDK's file keyring wants
+/// key files owned by spdk_tgt's uid, and talon runs as root.
+pub fn spdk_dir_as_root(test: &str) -> Option<PathBuf> {
+    let d = spdk_dir(test)?;
+    if nix::unistd::geteuid().as_raw() != 0 {
+        eprintln!("SKIP {test}: not root");
+        return None;
+    }
+    Some(d)
+}
