@@ -404,6 +404,10 @@ pub async fn serve_with(
         },
         peer_token: token.clone(),
         peer_tls,
+        longhorn_peer_port: longhorn_bound
+            .as_ref()
+            .and_then(|b| b.addrs().last().map(SocketAddr::port))
+            .unwrap_or(8504),
     };
     // hugepages first: the engine selection below looks at the free pool
     controllers::host::prepare_at_start(&state, &deps);

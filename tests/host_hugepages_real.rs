@@ -387,6 +387,7 @@ fn serve_sizes_the_pool_before_choosing_the_engine() {
         targets_on_exit: talon::controllers::engine::TargetsOnExit::stop(),
         peer_token: None,
         peer_tls: None,
+        longhorn_peer_port: 8504,
     };
     let state = State::in_memory();
     state

@@ -32,6 +32,10 @@ pub struct Deps {
     pub peer_token: Option<std::sync::Arc<str>>,
     /// TLS for the calls to those nodes (`--tls-peer-ca`); none: plain TCP.
     pub peer_tls: Option<crate::client::TlsClient>,
+    /// The SPDKService port of the other nodes' Longhorn services (this
+    /// node's own, `--longhorn-listen` base + 4): a Longhorn engine's
+    /// rebuilds call the replica nodes there.
+    pub longhorn_peer_port: u16,
 }
 
 /// Registers every controller; `selection`: the engine selection detected
@@ -77,7 +81,8 @@ pub fn register_all(rt: &mut Runtime, deps: &Deps, selection: &EngineSelection) 
             deps.spdk.target_config(&deps.run_dir).socket(),
         ))
         .with_host_nqn(host_nqn)
-        .with_host(deps.host.clone(), deps.data_dir.clone()),
+        .with_host(deps.host.clone(), deps.data_dir.clone())
+        .with_peer_port(deps.longhorn_peer_port),
     )?;
     rt.register(frontend::attach::AttachController::new(deps.clone()))?;
     host::register_config(rt, &deps.host, host::SpdkDemand::new(&deps.spdk, selection))?;

@@ -105,20 +105,19 @@ impl Longhorn {
         if max <= 0 {
             return Ok(());
         }
-        // the count as a local replica holds it (every replica holds the same)
-        let Some((replica, r)) = e
-            .spec
-            .replica_address_map
-            .keys()
-            .find_map(|k| self.local_replica(k).map(|r| (k.clone(), r)))
-        else {
+        // the count as a replica holds it (every replica holds the same);
+        // rebuild snapshots are talon's, for a moment, and not counted
+        let Some(view) = self.engine_lvols(e).await? else {
             return Ok(());
         };
-        let (_, snaps) = self.replica_lvols(&replica, &r).await?;
-        if i32::try_from(snaps.len()).unwrap_or(i32::MAX) >= max {
+        let n = view
+            .snapshots
+            .keys()
+            .filter(|s| !crate::longhorn::rebuild::is_rebuild_snap(s))
+            .count();
+        if i32::try_from(n).unwrap_or(i32::MAX) >= max {
             return Err(Status::failed_precondition(format!(
-                "snapshot count {} is equal or larger than snapshotMaxCount {max}",
-                snaps.len()
+                "snapshot count {n} is equal or larger than snapshotMaxCount {max}"
             )));
         }
         Ok(())
@@ -126,27 +125,17 @@ impl Longhorn {
 
     // ----- SnapshotRemove of a snapshot with two children, SnapshotPurge
 
-    /// How many lvols depend on snapshot `snap` (its clones), as a local
-    /// replica of `e` holds it; `None` without a local replica.
+    /// How many lvols depend on snapshot `snap` (its clones), as a replica
+    /// of `e` holds it; `None` when no replica answers.
     async fn snapshot_children(
         &self,
         e: &Typed<LonghornEngine>,
         snap: &str,
     ) -> Result<Option<usize>, Status> {
-        let Some((replica, r)) = e
-            .spec
-            .replica_address_map
-            .keys()
-            .find_map(|k| self.local_replica(k).map(|r| (k.clone(), r)))
-        else {
-            return Ok(None);
-        };
-        let (_, snaps) = self.replica_lvols(&replica, &r).await?;
-        Ok(Some(
-            snaps
-                .get(snap)
-                .map_or(0, |l| l["clones"].as_array().map_or(0, Vec::len)),
-        ))
+        Ok(self.engine_lvols(e).await?.map(|v| {
+            v.snapshots.values().filter(|(p, _)| p.as_deref() == Some(snap)).count()
+                + usize::from(v.head_parent.as_deref() == Some(snap))
+        }))
     }
 
     /// Deletes snapshot `snap` of every replica of `e`; a snapshot SPDK must
@@ -746,18 +735,9 @@ fn mode_name(m: &Member) -> &'static str {
 
 /// An engine status before the controller wrote one.
 fn no_status() -> crate::resources::longhorn::LonghornInstanceStatus {
-    crate::resources::longhorn::LonghornInstanceStatus {
-        kind: crate::resources::longhorn::InstanceKind::Engine,
-        state: InstanceState::Starting,
-        message: String::new(),
-        bdev: String::new(),
-        uuid: String::new(),
-        nqn: String::new(),
-        endpoint: String::new(),
-        allocated_bytes: 0,
-        rebuilds_started: Default::default(),
-        rebuilds_done: Default::default(),
-        rebuild_errors: Default::default(),
-        rebuild: String::new(),
-    }
+    crate::resources::longhorn::LonghornInstanceStatus::new(
+        crate::resources::longhorn::InstanceKind::Engine,
+        InstanceState::Starting,
+        "",
+    )
 }

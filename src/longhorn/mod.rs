@@ -22,6 +22,7 @@ pub mod engine_ops;
 pub mod naming;
 pub mod ops;
 pub mod proxy;
+pub mod rebuild;
 pub mod server;
 
 /// Code generated from `proto/longhorn` (tonic + prost, parsed by protox).

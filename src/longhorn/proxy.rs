@@ -23,7 +23,7 @@
 //! (`<replica>-snap-<snapshot>`), so Longhorn's view of a replica's lvols
 //! stays the same.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
@@ -44,6 +44,7 @@ use crate::spdk::ErrorKind;
 use crate::spdk::rpc::{AnaState, ByName, ByNqn, ListenAddress, ListenerAnaState, LvolResize, LvolSnapshot};
 use crate::spdk::volume::Inventory;
 use crate::spdk::volume::naming::lvstore;
+use super::rebuild::{ReplicaLvols, is_rebuild_snap};
 
 /// Longhorn's name of the head in a snapshot list.
 pub const VOLUME_HEAD: &str = "volume-head";
@@ -58,6 +59,31 @@ pub(super) const LVOL_NAME_MAX: usize = 63;
 /// V2 name).
 pub fn snapshot_lvol(replica: &str, snapshot: &str) -> String {
     format!("{replica}-snap-{snapshot}")
+}
+
+/// The SPDKService of the node that serves a replica at `address` (`ip:port`
+/// of its export): the same IP, SPDKService port `port` (every instance
+/// manager of a cluster listens on the same ports); calls time out after
+/// `timeout`.
+pub async fn peer_client(
+    replica: &str,
+    address: &str,
+    port: u16,
+    timeout: Duration,
+) -> Result<SpdkServiceClient<tonic::transport::Channel>, String> {
+    let address = address.strip_prefix("tcp://").unwrap_or(address);
+    let sa: SocketAddr = address
+        .parse()
+        .map_err(|_| format!("replica {replica}: address {address:?} is not ip:port"))?;
+    let url = format!("http://{}", SocketAddr::new(sa.ip(), port));
+    let ch = tonic::transport::Endpoint::from_shared(url.clone())
+        .map_err(|e| format!("replica {replica}: {url}: {e}"))?
+        .connect_timeout(REMOTE_TIMEOUT)
+        .timeout(timeout)
+        .connect()
+        .await
+        .map_err(|e| format!("replica {replica}: cannot reach its node at {url}: {e}"))?;
+    Ok(SpdkServiceClient::new(ch))
 }
 
 /// One member of an engine as the proxy reports it.
@@ -123,9 +149,10 @@ impl Longhorn {
 
     /// The members of engine `e` and their modes, read from spdk_tgt.
     pub(super) async fn members(&self, e: &Typed<LonghornEngine>) -> Result<Vec<Member>, Status> {
-        let running = self
-            .status_of(e.id())
-            .is_some_and(|s| s.state == InstanceState::Running);
+        let status = self.status_of(e.id());
+        let running = status.as_ref().is_some_and(|s| s.state == InstanceState::Running);
+        // replicas rebuilt thin: out of the raid until they equal their source
+        let thin = status.map(|s| s.thin_rebuilds).unwrap_or_default();
         let inv = Inventory::load(self.client())
             .await
             .map_err(|x| internal(&format!("engine {}: reading spdk_tgt", e.id()), chain(&x)))?;
@@ -160,6 +187,9 @@ impl Longhorn {
                     });
                     match (slot, rebuilding) {
                         (Some(_), Some(p)) => (ptypes::ReplicaMode::Wo, Some(p.progress.percent)),
+                        (None, _) if thin.contains_key(replica) => {
+                            (ptypes::ReplicaMode::Wo, thin.get(replica).copied())
+                        }
                         (Some(s), None) if s.is_configured && raid.state == "online" => {
                             (ptypes::ReplicaMode::Rw, None)
                         }
@@ -185,41 +215,31 @@ impl Longhorn {
             .find(|f| (!named.is_empty() && f.id() == named) || (named.is_empty() && f.spec.engine_name == e))
     }
 
-    /// The snapshot lvols of local replica `replica` (snapshot name -> its
-    /// `driver_specific.lvol` of `bdev_get_bdevs`, where SPDK names a clone's
-    /// `base_snapshot`), and its head's.
-    pub(super) async fn replica_lvols(
-        &self,
-        replica: &str,
-        r: &LonghornReplica,
-    ) -> Result<(Option<serde_json::Value>, BTreeMap<String, serde_json::Value>), Status> {
-        let lvs = lvstore(&r.disk);
-        let all: Vec<serde_json::Value> = self
-            .client()
-            .typed("bdev_get_bdevs", &serde_json::json!({}))
-            .await
-            .map_err(|x| internal(&format!("replica {replica}: listing the bdevs"), chain(&x)))?;
-        let prefix = snapshot_lvol(replica, "");
-        let mut head = None;
-        let mut snaps = BTreeMap::new();
-        for b in all {
-            let Some(name) = b["aliases"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .filter_map(|a| a.as_str()?.strip_prefix(&format!("{lvs}/")).map(str::to_owned))
-                .next()
-            else {
+    /// The lvols of engine `e`'s replicas as one of them holds them (every
+    /// replica in service holds the same snapshots): a replica of this node
+    /// read from spdk_tgt, else one of another node's (its `ReplicaGet`);
+    /// `None` when none answers.
+    pub(super) async fn engine_lvols(&self, e: &Typed<LonghornEngine>) -> Result<Option<ReplicaLvols>, Status> {
+        if let Some((replica, r)) = e
+            .spec
+            .replica_address_map
+            .keys()
+            .find_map(|k| self.local_replica(k).map(|r| (k.clone(), r)))
+        {
+            return self.replica_lvols_now(&replica, &r.disk).await.map(Some);
+        }
+        for (replica, address) in &e.spec.replica_address_map {
+            let Ok(mut c) = self.replica_node(replica, address).await else {
                 continue;
             };
-            let lvol = b["driver_specific"]["lvol"].clone();
-            if name == replica {
-                head = Some(lvol);
-            } else if let Some(s) = name.strip_prefix(&prefix) {
-                snaps.insert(s.to_owned(), lvol);
+            if let Ok(r) = c
+                .replica_get(spdkrpc::ReplicaGetRequest { name: replica.clone() })
+                .await
+            {
+                return Ok(Some(ReplicaLvols::from_message(&r.into_inner())));
             }
         }
-        Ok((head, snaps))
+        Ok(None)
     }
 
     /// Snapshots a local replica's head as `lvol`; one that exists is kept.
@@ -268,18 +288,7 @@ impl Longhorn {
         replica: &str,
         address: &str,
     ) -> Result<SpdkServiceClient<tonic::transport::Channel>, String> {
-        let sa: SocketAddr = address
-            .parse()
-            .map_err(|_| format!("replica {replica}: address {address:?} is not ip:port"))?;
-        let url = format!("http://{}", SocketAddr::new(sa.ip(), self.peer_port()));
-        let ch = tonic::transport::Endpoint::from_shared(url.clone())
-            .map_err(|e| format!("replica {replica}: {url}: {e}"))?
-            .connect_timeout(REMOTE_TIMEOUT)
-            .timeout(REMOTE_TIMEOUT)
-            .connect()
-            .await
-            .map_err(|e| format!("replica {replica}: cannot reach its node at {url}: {e}"))?;
-        Ok(SpdkServiceClient::new(ch))
+        peer_client(replica, address, self.peer_port(), REMOTE_TIMEOUT).await
     }
 
     async fn snapshot_remote(&self, replica: &str, address: &str, snapshot: &str) -> Result<(), String> {
@@ -634,15 +643,7 @@ pub(super) fn tcp(address: &str) -> String {
     format!("tcp://{address}")
 }
 
-fn disk_info(
-    name: &str,
-    l: &serde_json::Value,
-    cluster: u64,
-    parent: &str,
-    children: &[&str],
-    removed: bool,
-) -> imrpc::EngineSnapshotDiskInfo {
-    let clusters = l["num_allocated_clusters"].as_u64().unwrap_or(0);
+fn disk_info(name: &str, bytes: u64, parent: &str, children: &[&str], removed: bool) -> imrpc::EngineSnapshotDiskInfo {
     imrpc::EngineSnapshotDiskInfo {
         name: name.to_owned(),
         parent: parent.to_owned(),
@@ -651,7 +652,7 @@ fn disk_info(
         user_created: name != VOLUME_HEAD,
         // SPDK keeps no creation time an RPC reports
         created: String::new(),
-        size: (clusters * cluster).to_string(),
+        size: bytes.to_string(),
         labels: HashMap::new(),
     }
 }
@@ -836,38 +837,22 @@ impl proxy_engine_service_server::ProxyEngineService for Longhorn {
     ) -> Result<Response<imrpc::EngineSnapshotListProxyResponse>, Status> {
         let req = forward!(self, req, Some(req.get_ref()), snapshot_list);
         let e = self.engine(&req.into_inner().engine_name)?;
-        let inv = Inventory::load(self.client())
-            .await
-            .map_err(|x| internal(&format!("engine {}: reading spdk_tgt", e.id()), chain(&x)))?;
         let mut disks = HashMap::new();
-        // the chain as a local replica holds it (every replica holds the same names)
-        let local = e
-            .spec
-            .replica_address_map
-            .keys()
-            .find_map(|k| self.local_replica(k).map(|r| (k.clone(), r)));
-        let Some((replica, r)) = local else {
-            disks.insert(
-                VOLUME_HEAD.to_owned(),
-                disk_info(VOLUME_HEAD, &serde_json::Value::Null, 0, "", &[], false),
-            );
-            return Ok(Response::new(imrpc::EngineSnapshotListProxyResponse { disks }));
+        let view = self.engine_lvols(&e).await?.unwrap_or_default();
+        // rebuild snapshots are talon's, for the moment of a rebuild: not
+        // listed, their children shown on their parents
+        let shown = |mut p: Option<String>| {
+            while let Some(x) = p.as_ref().filter(|x| is_rebuild_snap(x)) {
+                p = view.snapshots.get(x).and_then(|(pp, _)| pp.clone());
+            }
+            p.unwrap_or_default()
         };
-        let cluster = cluster_size(&inv, &lvstore(&r.disk)).unwrap_or(0);
-        let (head, snaps) = self.replica_lvols(&replica, &r).await?;
-        // parent of each: its base_snapshot, by lvol name
-        let name_of = |lvol: &str| -> Option<String> {
-            lvol.strip_prefix(&snapshot_lvol(&replica, "")).map(str::to_owned)
-        };
-        let parent = |l: &serde_json::Value| -> String {
-            l["base_snapshot"].as_str().and_then(name_of).unwrap_or_default()
-        };
-        let head_parent = head.as_ref().map(parent).unwrap_or_default();
-        for (s, l) in &snaps {
-            let p = parent(l);
-            let mut children: Vec<&str> = snaps
+        let head_parent = shown(view.head_parent.clone());
+        for (s, (p, bytes)) in view.snapshots.iter().filter(|(s, _)| !is_rebuild_snap(s)) {
+            let mut children: Vec<&str> = view
+                .snapshots
                 .iter()
-                .filter(|(_, c)| parent(c) == *s)
+                .filter(|(c, (cp, _))| !is_rebuild_snap(c) && shown(cp.clone()) == *s)
                 .map(|(c, _)| c.as_str())
                 .collect();
             if head_parent == *s {
@@ -875,19 +860,12 @@ impl proxy_engine_service_server::ProxyEngineService for Longhorn {
             }
             disks.insert(
                 s.clone(),
-                disk_info(s, l, cluster, &p, &children, e.spec.removed_snapshots.contains(s)),
+                disk_info(s, *bytes, &shown(p.clone()), &children, e.spec.removed_snapshots.contains(s)),
             );
         }
         disks.insert(
             VOLUME_HEAD.to_owned(),
-            disk_info(
-                VOLUME_HEAD,
-                head.as_ref().unwrap_or(&serde_json::Value::Null),
-                cluster,
-                &head_parent,
-                &[],
-                false,
-            ),
+            disk_info(VOLUME_HEAD, view.head_bytes, &head_parent, &[], false),
         );
         Ok(Response::new(imrpc::EngineSnapshotListProxyResponse { disks }))
     }

@@ -991,20 +991,7 @@ impl Longhorn {
 type WatchStream = Pin<Box<dyn Stream<Item = Result<(), Status>> + Send>>;
 
 fn empty_status(kind: InstanceKind) -> LonghornInstanceStatus {
-    LonghornInstanceStatus {
-        kind,
-        state: InstanceState::Starting,
-        message: String::new(),
-        bdev: String::new(),
-        uuid: String::new(),
-        nqn: String::new(),
-        endpoint: String::new(),
-        allocated_bytes: 0,
-        rebuilds_started: BTreeMap::new(),
-        rebuilds_done: BTreeMap::new(),
-        rebuild_errors: BTreeMap::new(),
-        rebuild: String::new(),
-    }
+    LonghornInstanceStatus::new(kind, InstanceState::Starting, "")
 }
 
 fn phase_state(phase: Phase, observed: InstanceState) -> InstanceState {
@@ -1466,7 +1453,10 @@ impl spdk_service_server::SpdkService for Longhorn {
             .get_typed::<LonghornReplica>(&name)
             .map_err(state_err)?
             .ok_or_else(|| Status::not_found(format!("replica {name} does not exist")))?;
-        Ok(Response::new(self.replica_message(&r)?))
+        let mut m = self.replica_message(&r)?;
+        // the head's parent and the snapshots as spdk_tgt holds them now
+        self.replica_lvols_now(r.id(), &r.spec.disk).await?.fill(&mut m);
+        Ok(Response::new(m))
     }
 
     async fn replica_expand(
@@ -1499,6 +1489,59 @@ impl spdk_service_server::SpdkService for Longhorn {
         req: Request<spdkrpc::SnapshotRequest>,
     ) -> Result<Response<()>, Status> {
         self.replica_snapshot_revert(req.into_inner()).await?;
+        Ok(Response::new(()))
+    }
+
+    async fn replica_rebuilding_src_start(
+        &self,
+        req: Request<spdkrpc::ReplicaRebuildingSrcStartRequest>,
+    ) -> Result<Response<spdkrpc::ReplicaRebuildingSrcStartResponse>, Status> {
+        Ok(Response::new(self.rebuilding_src_start(req.into_inner()).await?))
+    }
+
+    async fn replica_rebuilding_src_finish(
+        &self,
+        req: Request<spdkrpc::ReplicaRebuildingSrcFinishRequest>,
+    ) -> Result<Response<()>, Status> {
+        self.rebuilding_src_finish(req.into_inner()).await?;
+        Ok(Response::new(()))
+    }
+
+    async fn replica_rebuilding_src_shallow_copy_start(
+        &self,
+        req: Request<spdkrpc::ReplicaRebuildingSrcShallowCopyStartRequest>,
+    ) -> Result<Response<()>, Status> {
+        self.rebuilding_src_copy_start(req.into_inner()).await?;
+        Ok(Response::new(()))
+    }
+
+    async fn replica_rebuilding_src_shallow_copy_check(
+        &self,
+        req: Request<spdkrpc::ReplicaRebuildingSrcShallowCopyCheckRequest>,
+    ) -> Result<Response<spdkrpc::ReplicaRebuildingSrcShallowCopyCheckResponse>, Status> {
+        Ok(Response::new(self.rebuilding_src_copy_check(req.into_inner()).await?))
+    }
+
+    async fn replica_rebuilding_dst_start(
+        &self,
+        req: Request<spdkrpc::ReplicaRebuildingDstStartRequest>,
+    ) -> Result<Response<spdkrpc::ReplicaRebuildingDstStartResponse>, Status> {
+        Ok(Response::new(self.rebuilding_dst_start(req.into_inner()).await?))
+    }
+
+    async fn replica_rebuilding_dst_snapshot_create(
+        &self,
+        req: Request<spdkrpc::SnapshotRequest>,
+    ) -> Result<Response<()>, Status> {
+        self.replica_snapshot_create(req.into_inner()).await?;
+        Ok(Response::new(()))
+    }
+
+    async fn replica_rebuilding_dst_set_qos_limit(
+        &self,
+        req: Request<spdkrpc::ReplicaRebuildingDstSetQosLimitRequest>,
+    ) -> Result<Response<()>, Status> {
+        self.rebuilding_dst_qos(req.into_inner()).await?;
         Ok(Response::new(()))
     }
 

@@ -209,9 +209,34 @@ pub struct LonghornInstanceStatus {
     /// Engines: why a requested rebuild could not start, by replica.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub rebuild_errors: BTreeMap<String, String>,
+    /// Engines: the replicas being rebuilt thin (out of the raid until they
+    /// equal their source; WO for Longhorn), with the percent copied.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub thin_rebuilds: BTreeMap<String, u32>,
     /// Engines: the rebuild running now (`<replica> <percent>% <bytes>/<total> bytes`).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub rebuild: String,
+}
+
+impl LonghornInstanceStatus {
+    /// A status of `kind` in `state` (why: `message`), nothing else known.
+    pub fn new(kind: InstanceKind, state: InstanceState, message: impl Into<String>) -> Self {
+        Self {
+            kind,
+            state,
+            message: message.into(),
+            bdev: String::new(),
+            uuid: String::new(),
+            nqn: String::new(),
+            endpoint: String::new(),
+            allocated_bytes: 0,
+            rebuilds_started: BTreeMap::new(),
+            rebuilds_done: BTreeMap::new(),
+            rebuild_errors: BTreeMap::new(),
+            thin_rebuilds: BTreeMap::new(),
+            rebuild: String::new(),
+        }
+    }
 }
 
 impl Spec for LonghornInstanceStatus {

@@ -54,6 +54,8 @@ const MIB: u64 = 1 << 20;
 /// Status poll while instances exist (a remote replica that comes back, a
 /// device that appears).
 const POLL: Duration = Duration::from_secs(3);
+/// The poll while a thin rebuild runs (a step per reconcile).
+const THIN_POLL: Duration = Duration::from_millis(500);
 /// A rebuild cap whose rebuild was never seen running is lifted this long
 /// after it was set (SPDK reports the rebuild a moment after the add).
 const CAP_GRACE: Duration = Duration::from_secs(10);
@@ -67,7 +69,14 @@ pub struct LonghornController {
     host_nqn: Option<String>,
     /// The host, for engine-frontends; `None` refuses them (tests on a double).
     host: Option<(HostRoot, PathBuf)>,
+    /// The SPDKService port of the other nodes (rebuilds call them).
+    peer_port: u16,
+    /// The thin rebuilds running.
+    thin: thin::ThinRebuilds,
 }
+
+#[path = "longhorn_thin.rs"]
+mod thin;
 
 impl LonghornController {
     /// A controller driving the target behind `client`.
@@ -77,7 +86,15 @@ impl LonghornController {
             client,
             host_nqn: None,
             host: None,
+            peer_port: 8504,
+            thin: thin::ThinRebuilds::default(),
         }
+    }
+
+    /// Other nodes' SPDKService is on `port` (this node's own).
+    pub fn with_peer_port(mut self, port: u16) -> Self {
+        self.peer_port = port;
+        self
     }
 
     /// Admits this host's NQN on the exports.
@@ -106,20 +123,7 @@ impl LonghornController {
 }
 
 fn status(kind: InstanceKind, state: InstanceState, message: impl Into<String>) -> LonghornInstanceStatus {
-    LonghornInstanceStatus {
-        kind,
-        state,
-        message: message.into(),
-        bdev: String::new(),
-        uuid: String::new(),
-        nqn: String::new(),
-        endpoint: String::new(),
-        allocated_bytes: 0,
-        rebuilds_started: BTreeMap::new(),
-        rebuilds_done: BTreeMap::new(),
-        rebuild_errors: BTreeMap::new(),
-        rebuild: String::new(),
-    }
+    LonghornInstanceStatus::new(kind, state, message)
 }
 
 fn chain(e: &crate::spdk::ClientError) -> String {
@@ -537,21 +541,18 @@ impl LonghornController {
         };
         let nqn = naming::volume_nqn(&volume).map_err(|x| x.to_string())?;
         let hosts = self.hosts(node);
-        self.export(
-            inv,
-            &ExportPlan {
-                nqn: nqn.as_str(),
-                bdev: &bdev,
-                ns_id: naming::namespace_id(&format!("volume-{volume}")),
-                model: "talon-longhorn-engine",
-                listen: ListenAddress::tcp(addr, e.spec.port),
-                hosts: &hosts,
-            },
-        )
-        .await?;
+        let plan = ExportPlan {
+            nqn: nqn.as_str(),
+            bdev: &bdev,
+            ns_id: naming::namespace_id(&format!("volume-{volume}")),
+            model: "talon-longhorn-engine",
+            listen: ListenAddress::tcp(addr, e.spec.port),
+            hosts: &hosts,
+        };
+        self.export(inv, &plan).await?;
         let mut st = status(InstanceKind::Engine, InstanceState::Running, "");
         if bdev == name.as_str() {
-            self.rebuilds(inv, e, local, prev, &mut st).await;
+            self.rebuilds(inv, e, local, prev, &mut st, &plan).await;
         }
         st.bdev = bdev;
         st.uuid = uuid;
@@ -571,6 +572,7 @@ impl LonghornController {
         local: &BTreeMap<String, LonghornReplica>,
         prev: Option<&LonghornInstanceStatus>,
         st: &mut LonghornInstanceStatus,
+        plan: &ExportPlan<'_>,
     ) {
         let mut started_one = false;
         if let Some(p) = prev {
@@ -600,16 +602,57 @@ impl LonghornController {
             if let Some(p) = prev.filter(|p| p.rebuilds_started.get(replica) == Some(request)) {
                 if let Some(m) = p.rebuild_errors.get(replica) {
                     st.rebuild_errors.insert(replica.clone(), m.clone());
+                    continue;
                 }
-                continue;
+                // done, or SPDK's rebuild writes it (judged below)
+                let names = self.member_names(inv, local, replica);
+                let in_slot = inv.raid(e.id()).is_some_and(|r| {
+                    r.base_bdevs_list.iter().any(|b| {
+                        b.name.as_ref().is_some_and(|n| names.contains(n))
+                            || b.uuid.as_ref().is_some_and(|u| names.contains(u))
+                    })
+                });
+                if st.rebuilds_done.get(replica) == Some(request) || in_slot {
+                    continue;
+                }
+            } else {
+                // a new request starts afresh
+                self.thin.forget(e.id(), replica);
             }
-            started_one = true;
-            if let Err(m) = self
-                .start_rebuild(inv, e.id(), replica, address, local, e.spec.rebuild_qos_mbps)
-                .await
-            {
-                tracing::warn!(engine = e.id(), replica, error = %m, "rebuild did not start");
-                st.rebuild_errors.insert(replica.clone(), m);
+            match self.thin_step(inv, e, local, replica, plan).await {
+                Ok(thin::Thin::Copying { copied, total }) => {
+                    let pct = u32::try_from((copied * 100).checked_div(total).unwrap_or(0).min(99)).unwrap_or(99);
+                    st.thin_rebuilds.insert(replica.clone(), pct);
+                    st.rebuild = format!("{replica} {pct}% {copied}/{total} bytes");
+                }
+                Ok(thin::Thin::Joined) => {
+                    self.thin.forget(e.id(), replica);
+                    st.rebuilds_done.insert(replica.clone(), *request);
+                    if let Ok(now) = Inventory::load(&self.client).await {
+                        *inv = now;
+                    }
+                }
+                Ok(thin::Thin::Unsupported(why)) => {
+                    tracing::info!(engine = e.id(), replica, why, "rebuilding with SPDK's raid rebuild (every block)");
+                    started_one = true;
+                    if let Err(m) = self
+                        .start_rebuild(inv, e.id(), replica, address, local, e.spec.rebuild_qos_mbps)
+                        .await
+                    {
+                        tracing::warn!(engine = e.id(), replica, error = %m, "rebuild did not start");
+                        st.rebuild_errors.insert(replica.clone(), m);
+                    }
+                }
+                Err(m) => {
+                    let n = self.thin.failed(e.id(), replica);
+                    tracing::warn!(engine = e.id(), replica, failures = n, error = %m, "thin rebuild step failed");
+                    if n >= thin::MAX_FAILURES {
+                        self.thin.forget(e.id(), replica);
+                        st.rebuild_errors.insert(replica.clone(), m);
+                    } else {
+                        st.thin_rebuilds.insert(replica.clone(), 0);
+                    }
+                }
             }
         }
         let all_capped = crate::longhorn::ops::all_capped_of(e.id());
@@ -1052,6 +1095,8 @@ impl Controller for LonghornController {
 
         // 3. engines
         let replicas_done = started.elapsed();
+        // a thin rebuild goes one step per reconcile: the next one soon
+        let mut fast = false;
         for e in &running_engines {
             if ops::is_held(e.id()) {
                 keep_status(ctx, e.id())?;
@@ -1076,6 +1121,7 @@ impl Controller for LonghornController {
                 st.rebuilds_done = p.rebuilds_done;
                 st.rebuild_errors = p.rebuild_errors;
             }
+            fast |= !st.thin_rebuilds.is_empty();
             ctx.apply(e.id(), st)?;
         }
 
@@ -1115,7 +1161,7 @@ impl Controller for LonghornController {
                 ctx.apply(id, status(kind, InstanceState::Stopping, ""))?;
             }
         }
-        Ok(Requeue::After(POLL))
+        Ok(Requeue::After(if fast { THIN_POLL } else { POLL }))
     }
 }
 

@@ -1,0 +1,642 @@
+//! The engine's side of a Longhorn replica's thin rebuild (the replica
+//! nodes' side and the picture: `crate::longhorn::rebuild`): one step per
+//! reconcile, derived from what the replicas' lvstores hold, so a restart of
+//! talon goes on from the copies made so far. Only the running copy is kept
+//! in memory (spdk_tgt forgets it with a restart too; the dest's head is
+//! then made again). The dest is in no raid and never read until the
+//! switch, when it equals the source.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tonic::transport::Channel;
+
+use super::{ExportPlan, LonghornController, chain, ignore_missing};
+use crate::longhorn::proto::spdkrpc;
+use crate::longhorn::proto::spdkrpc::spdk_service_client::SpdkServiceClient;
+use crate::longhorn::proxy::snapshot_lvol;
+use crate::longhorn::rebuild::{REBUILD_SNAP_PREFIX, ReplicaLvols, is_rebuild_snap, reset_head, start_copy};
+use crate::longhorn::naming;
+use crate::resources::longhorn::{LonghornEngine, LonghornReplica};
+use crate::runtime::Typed;
+use crate::spdk::rpc::{
+    ByName, CheckShallowCopy, LvolSnapshot, RaidCreate, RaidDelete, RaidLevel, RemoveNamespace,
+    SubsystemListener,
+};
+use crate::spdk::volume::Inventory;
+use crate::spdk::volume::naming::lvstore;
+
+/// A source head holding at most this much of its own is copied inside the
+/// switch (the export closed); more is snapshotted and copied first.
+const SWITCH_BYTES: u64 = 256 << 20;
+/// Rebuild snapshots of the source head taken while I/O goes on.
+const MAX_ROUNDS: usize = 3;
+/// Failed steps in a row before the rebuild is reported failed (ERR).
+pub(super) const MAX_FAILURES: u32 = 3;
+/// How long the switch waits for its last copy.
+const SWITCH_COPY: Duration = Duration::from_secs(120);
+/// How long a call to another node may take.
+const PEER_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Where a copy runs.
+#[derive(Debug, Clone)]
+enum Copier {
+    /// In this node's target: the operation id.
+    Here(u32),
+    /// On the source replica's node.
+    Peer,
+}
+
+#[derive(Debug, Clone)]
+struct Run {
+    dst: String,
+    snap: String,
+    copier: Copier,
+}
+
+#[derive(Debug, Default)]
+struct ThinState {
+    /// The copy running per engine.
+    running: HashMap<String, Run>,
+    /// Failed steps in a row per (engine, replica).
+    failures: HashMap<(String, String), u32>,
+    /// The cap applied on a dest's node per (engine, replica).
+    caps: HashMap<(String, String), u64>,
+}
+
+/// The thin rebuilds of this node's engines.
+#[derive(Debug, Default, Clone)]
+pub(super) struct ThinRebuilds(Arc<Mutex<ThinState>>);
+
+impl ThinRebuilds {
+    fn lock(&self) -> std::sync::MutexGuard<'_, ThinState> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+    /// Counts a failed step; returns the failures in a row.
+    pub(super) fn failed(&self, engine: &str, replica: &str) -> u32 {
+        let mut s = self.lock();
+        s.running.remove(engine);
+        let n = s.failures.entry((engine.to_owned(), replica.to_owned())).or_default();
+        *n += 1;
+        *n
+    }
+    /// Forgets a rebuild (joined, failed for good, or no longer asked).
+    pub(super) fn forget(&self, engine: &str, replica: &str) {
+        let mut s = self.lock();
+        if s.running.get(engine).is_some_and(|r| r.dst == replica) {
+            s.running.remove(engine);
+        }
+        let k = (engine.to_owned(), replica.to_owned());
+        s.failures.remove(&k);
+        s.caps.remove(&k);
+    }
+}
+
+/// Where a thin rebuild stands after one step.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum Thin {
+    /// Copying: bytes of the source copied so far, of its total.
+    Copying { copied: u64, total: u64 },
+    /// The replica is a member of the raid again, equal to the source.
+    Joined,
+    /// Cannot be rebuilt thin (why): SPDK's raid rebuild does it.
+    Unsupported(String),
+}
+
+/// One end of a rebuild: a replica of this node or of another.
+#[derive(Debug, Clone)]
+enum End {
+    Here { replica: String, lvs: String, size: u64 },
+    Peer { replica: String, address: String },
+}
+
+impl End {
+    fn replica(&self) -> &str {
+        match self {
+            End::Here { replica, .. } | End::Peer { replica, .. } => replica,
+        }
+    }
+}
+
+impl LonghornController {
+    /// The SPDKService of the node that serves a replica at `address`.
+    async fn peer(&self, replica: &str, address: &str) -> Result<SpdkServiceClient<Channel>, String> {
+        crate::longhorn::proxy::peer_client(replica, address, self.peer_port, PEER_TIMEOUT).await
+    }
+
+    fn end(&self, local: &BTreeMap<String, LonghornReplica>, replica: &str, address: &str) -> End {
+        match local.get(replica) {
+            Some(r) => End::Here {
+                replica: replica.to_owned(),
+                lvs: lvstore(&r.disk),
+                size: r.size_bytes,
+            },
+            None => End::Peer {
+                replica: replica.to_owned(),
+                address: address.to_owned(),
+            },
+        }
+    }
+
+    async fn lvols_of(&self, inv: &Inventory, end: &End) -> Result<ReplicaLvols, String> {
+        match end {
+            End::Here { replica, lvs, .. } => Ok(ReplicaLvols::from_inventory(inv, lvs, replica)),
+            End::Peer { replica, address } => {
+                let r = self
+                    .peer(replica, address)
+                    .await?
+                    .replica_get(spdkrpc::ReplicaGetRequest { name: replica.clone() })
+                    .await
+                    .map_err(|s| format!("replica {replica}: its node: {}", s.message()))?
+                    .into_inner();
+                Ok(ReplicaLvols::from_message(&r))
+            }
+        }
+    }
+
+    /// Snapshots the head of `end` as snapshot `snap`.
+    async fn snapshot_end(&self, end: &End, snap: &str, dst: bool) -> Result<(), String> {
+        match end {
+            End::Here { replica, lvs, .. } => {
+                let name = snapshot_lvol(replica, snap);
+                match self
+                    .client
+                    .bdev_lvol_snapshot(&LvolSnapshot {
+                        lvol_name: format!("{lvs}/{replica}"),
+                        snapshot_name: name.clone(),
+                    })
+                    .await
+                {
+                    Ok(_) => Ok(()),
+                    Err(e) => Err(format!("snapshotting {lvs}/{replica} as {name}: {}", chain(&e))),
+                }
+            }
+            End::Peer { replica, address } => {
+                let req = spdkrpc::SnapshotRequest {
+                    name: replica.clone(),
+                    snapshot_name: snap.to_owned(),
+                    ..Default::default()
+                };
+                let mut c = self.peer(replica, address).await?;
+                let r = if dst {
+                    c.replica_rebuilding_dst_snapshot_create(req).await.map(|_| ())
+                } else {
+                    c.replica_snapshot_create(req).await.map(|_| ())
+                };
+                r.map_err(|s| format!("replica {replica}: snapshotting it as {snap} on its node: {}", s.message()))
+            }
+        }
+    }
+
+    async fn delete_snapshot_of(&self, end: &End, snap: &str) -> Result<(), String> {
+        match end {
+            End::Here { replica, lvs, .. } => {
+                let a = format!("{lvs}/{}", snapshot_lvol(replica, snap));
+                ignore_missing(self.client.bdev_lvol_delete(&ByName::new(&a)).await)
+                    .map_err(|e| format!("deleting {a}: {}", chain(&e)))
+            }
+            End::Peer { replica, address } => self
+                .peer(replica, address)
+                .await?
+                .replica_snapshot_delete(spdkrpc::SnapshotRequest {
+                    name: replica.clone(),
+                    snapshot_name: snap.to_owned(),
+                    ..Default::default()
+                })
+                .await
+                .map(|_| ())
+                .map_err(|s| format!("replica {replica}: deleting snapshot {snap} on its node: {}", s.message())),
+        }
+    }
+
+    /// The bdev this node writes a dest's head through: its lvol, or its
+    /// export attached.
+    async fn dst_bdev(&self, inv: &Inventory, dst: &End) -> Result<String, String> {
+        match dst {
+            End::Here { replica, lvs, .. } => Ok(format!("{lvs}/{replica}")),
+            End::Peer { replica, address } => self.attach_remote(inv, replica, address).await,
+        }
+    }
+
+    /// Starts copying snapshot `snap` of `src` into `dst`'s head.
+    async fn copy(&self, inv: &Inventory, e: &str, src: &End, dst: &End, snap: &str) -> Result<(), String> {
+        let copier = match src {
+            End::Here { replica, lvs, .. } => {
+                let to = self.dst_bdev(inv, dst).await?;
+                Copier::Here(start_copy(&self.client, &format!("{lvs}/{}", snapshot_lvol(replica, snap)), &to).await?)
+            }
+            End::Peer { replica, address } => {
+                let End::Peer { address: to, .. } = dst else {
+                    return Err(format!("replica {}: a replica of this node is copied from here only", dst.replica()));
+                };
+                let mut c = self.peer(replica, address).await?;
+                let fail = |s: tonic::Status| format!("replica {replica}: its node: {}", s.message());
+                c.replica_rebuilding_src_start(spdkrpc::ReplicaRebuildingSrcStartRequest {
+                    name: replica.clone(),
+                    dst_replica_name: dst.replica().to_owned(),
+                    dst_replica_address: to.clone(),
+                    exposed_snapshot_name: String::new(),
+                })
+                .await
+                .map_err(fail)?;
+                c.replica_rebuilding_src_shallow_copy_start(spdkrpc::ReplicaRebuildingSrcShallowCopyStartRequest {
+                    name: replica.clone(),
+                    snapshot_name: snap.to_owned(),
+                    dst_rebuilding_lvol_address: to.clone(),
+                })
+                .await
+                .map_err(fail)?;
+                Copier::Peer
+            }
+        };
+        self.thin.lock().running.insert(
+            e.to_owned(),
+            Run {
+                dst: dst.replica().to_owned(),
+                snap: snap.to_owned(),
+                copier,
+            },
+        );
+        Ok(())
+    }
+
+    /// Where the running copy stands: `Ok(Some((state, copied bytes)))`, or
+    /// `Ok(None)` when it is not known (spdk_tgt or a node restarted).
+    async fn check(&self, src: &End, run: &Run, cluster: u64) -> Result<Option<(String, u64)>, String> {
+        let s = match (&run.copier, src) {
+            (Copier::Here(op), _) => match self
+                .client
+                .bdev_lvol_check_shallow_copy(&CheckShallowCopy { operation_id: *op })
+                .await
+            {
+                Ok(s) => (s.state, s.copied_clusters, s.error),
+                Err(_) => return Ok(None),
+            },
+            (Copier::Peer, End::Peer { replica, address }) => {
+                match self
+                    .peer(replica, address)
+                    .await?
+                    .replica_rebuilding_src_shallow_copy_check(spdkrpc::ReplicaRebuildingSrcShallowCopyCheckRequest {
+                        name: replica.clone(),
+                        dst_replica_name: run.dst.clone(),
+                        snapshot_name: run.snap.clone(),
+                    })
+                    .await
+                {
+                    Ok(r) => {
+                        let r = r.into_inner();
+                        (r.state, r.handled_clusters, Some(r.error_msg).filter(|m| !m.is_empty()))
+                    }
+                    Err(s) if s.code() == tonic::Code::NotFound => return Ok(None),
+                    Err(s) => return Err(format!("replica {replica}: its node: {}", s.message())),
+                }
+            }
+            (Copier::Peer, End::Here { .. }) => return Ok(None),
+        };
+        match s {
+            (state, _, err) if state == "error" => Err(format!(
+                "copying snapshot {} to replica {}: {}",
+                run.snap,
+                run.dst,
+                err.unwrap_or_else(|| "unknown error".into())
+            )),
+            (state, copied, _) => Ok(Some((state, copied * cluster))),
+        }
+    }
+
+    /// The cap the rebuild of `dst` runs at (its node's head; a dest of this
+    /// node is not capped: its head is open to nobody until it joins, and on
+    /// v26.05 a cap set so can never be lifted again).
+    async fn cap(&self, e: &str, dst: &End, mbps: u64) -> Result<(), String> {
+        let End::Peer { replica, address } = dst else {
+            return Ok(());
+        };
+        let k = (e.to_owned(), replica.clone());
+        if self.thin.lock().caps.get(&k).copied().unwrap_or(0) == mbps {
+            return Ok(());
+        }
+        self.peer(replica, address)
+            .await?
+            .replica_rebuilding_dst_set_qos_limit(spdkrpc::ReplicaRebuildingDstSetQosLimitRequest {
+                name: replica.clone(),
+                qos_limit_mbps: i64::try_from(mbps).unwrap_or(i64::MAX),
+            })
+            .await
+            .map_err(|s| format!("replica {replica}: capping its rebuild on its node: {}", s.message()))?;
+        self.thin.lock().caps.insert(k, mbps);
+        Ok(())
+    }
+
+    /// One step of the thin rebuild of replica `dst` (at `dst_address`) of
+    /// raid1 engine `e`.
+    pub(super) async fn thin_step(
+        &self,
+        inv: &Inventory,
+        e: &Typed<LonghornEngine>,
+        local: &BTreeMap<String, LonghornReplica>,
+        dst_name: &str,
+        plan: &ExportPlan<'_>,
+    ) -> Result<Thin, String> {
+        let engine = e.id();
+        let raid = inv.raid(engine).ok_or_else(|| format!("engine {engine} has no raid1"))?;
+        let dst_address = e.spec.replica_address_map.get(dst_name).cloned().unwrap_or_default();
+        let dst = self.end(local, dst_name, &dst_address);
+        // the members in service, by the name the raid knows each by
+        let mut in_service: Vec<(End, String)> = Vec::new();
+        for (r, address) in &e.spec.replica_address_map {
+            let names = self.member_names(inv, local, r);
+            let slot = raid.base_bdevs_list.iter().find(|b| {
+                b.name.as_ref().is_some_and(|n| names.contains(n)) || b.uuid.as_ref().is_some_and(|u| names.contains(u))
+            });
+            if r == dst_name {
+                if let Some(s) = slot.and_then(|s| s.name.clone()) {
+                    // it left its slot's data behind when it fell out: out again
+                    ignore_missing(self.client.bdev_raid_remove_base_bdev(&ByName::new(&s)).await)
+                        .map_err(|x| format!("taking {s} out of raid {engine}: {}", chain(&x)))?;
+                }
+                continue;
+            }
+            if let Some(s) = slot.filter(|s| s.is_configured).and_then(|s| s.name.clone()) {
+                in_service.push((self.end(local, r, address), s));
+            }
+        }
+        // a source here first: the copy runs in this target
+        in_service.sort_by_key(|(end, _)| matches!(end, End::Peer { .. }));
+        let Some((src, _)) = in_service.first().cloned() else {
+            return Err(format!("engine {engine}: no replica in service to rebuild {dst_name} from"));
+        };
+        if matches!((&src, &dst), (End::Peer { .. }, End::Here { .. })) {
+            return Ok(Thin::Unsupported(format!(
+                "replica {dst_name} of this node is held out of its export by the engine; its source is on another node"
+            )));
+        }
+        let have_src = self.lvols_of(inv, &src).await?;
+        let have_dst = self.lvols_of(inv, &dst).await?;
+        let chain_src = have_src.chain();
+        if let Some(bad) = chain_src.iter().find(|s| naming::instance_name("snapshot", s).is_err()) {
+            return Ok(Thin::Unsupported(format!("source snapshot {bad:?} is not a Longhorn snapshot name")));
+        }
+        let bytes = |s: &str| have_src.snapshots.get(s).map_or(0, |(_, b)| *b);
+        let total: u64 = chain_src.iter().map(|s| bytes(s)).sum::<u64>() + have_src.head_bytes;
+        let copied_before = |j: usize| chain_src[..j].iter().map(|s| bytes(s)).sum::<u64>();
+        let cluster = inv.lvstores.first().map_or(1, |l| l.cluster_size);
+
+        // a copy that runs: done yet?
+        let running = self.thin.lock().running.get(engine).cloned();
+        if let Some(run) = running.filter(|r| r.dst == dst_name) {
+            let j = chain_src.iter().position(|s| *s == run.snap).unwrap_or(0);
+            match self.check(&src, &run, cluster).await? {
+                Some((state, copied)) if state == "in progress" => {
+                    return Ok(Thin::Copying {
+                        copied: copied_before(j) + copied,
+                        total,
+                    });
+                }
+                Some((state, _)) if state == "complete" => {
+                    self.thin.lock().running.remove(engine);
+                    self.snapshot_end(&dst, &run.snap, true).await?;
+                    return Ok(Thin::Copying {
+                        copied: copied_before(j + 1),
+                        total,
+                    });
+                }
+                // not known any more: the dest's head is made again below
+                _ => {
+                    self.thin.lock().running.remove(engine);
+                }
+            }
+        }
+
+        let j = have_dst.shared(&chain_src);
+        if !have_dst.ready_over(&chain_src, j) {
+            self.reset_dst(inv, &src, &dst, &have_dst, &chain_src).await?;
+            tracing::info!(engine, replica = dst_name, source = src.replica(), shared = j,
+                "rebuilding replica thin: its head made again over the snapshots it shares");
+            return Ok(Thin::Copying {
+                copied: copied_before(j),
+                total,
+            });
+        }
+        let qos = u64::try_from(e.spec.rebuild_qos_mbps).unwrap_or(0);
+        if let Some(s) = chain_src.get(j) {
+            self.cap(engine, &dst, qos).await?;
+            self.copy(inv, engine, &src, &dst, s).await?;
+            return Ok(Thin::Copying {
+                copied: copied_before(j),
+                total,
+            });
+        }
+        let rounds = chain_src.iter().filter(|s| is_rebuild_snap(s)).count();
+        if have_src.head_bytes > SWITCH_BYTES && rounds < MAX_ROUNDS {
+            self.snapshot_end(&src, &next_rebuild_snap(&have_src, &have_dst), false).await?;
+            return Ok(Thin::Copying {
+                copied: copied_before(j),
+                total,
+            });
+        }
+        self.cap(engine, &dst, 0).await?;
+        let members: Vec<String> = in_service.iter().map(|(_, n)| n.clone()).collect();
+        let last = self.switch(inv, engine, &src, &dst, &have_src, &have_dst, &members, plan).await?;
+        // the rebuild snapshots are merged away on both, the oldest first
+        // (best effort: what is left goes after the next rebuild)
+        let mut rb: Vec<&String> = have_src
+            .snapshots
+            .keys()
+            .chain(have_dst.snapshots.keys())
+            .chain(std::iter::once(&last))
+            .filter(|s| is_rebuild_snap(s))
+            .collect();
+        rb.sort_by_key(|s| rebuild_snap_number(s));
+        rb.dedup();
+        for end in [&src, &dst] {
+            for s in &rb {
+                if let Err(m) = self.delete_snapshot_of(end, s).await {
+                    tracing::warn!(engine, replica = end.replica(), error = %m, "rebuild snapshot not merged away");
+                }
+            }
+        }
+        Ok(Thin::Joined)
+    }
+
+    /// The dest's head empty right above the snapshots it shares with the
+    /// source (on its node for a replica of another).
+    async fn reset_dst(
+        &self,
+        inv: &Inventory,
+        src: &End,
+        dst: &End,
+        have: &ReplicaLvols,
+        chain_src: &[String],
+    ) -> Result<(), String> {
+        match dst {
+            End::Here { replica, lvs, size } => reset_head(&self.client, lvs, replica, *size, have, chain_src)
+                .await
+                .map(|_| ()),
+            End::Peer { replica, address } => {
+                // this node's controller of it goes: the head is a new namespace
+                if inv.controllers.iter().any(|c| c == replica) {
+                    ignore_missing(self.client.bdev_nvme_detach_controller(&ByName::new(replica)).await)
+                        .map_err(|x| format!("replica {replica}: detaching its old controller: {}", chain(&x)))?;
+                }
+                let list = chain_src
+                    .iter()
+                    .enumerate()
+                    .map(|(i, s)| spdkrpc::Lvol {
+                        name: s.clone(),
+                        parent: i.checked_sub(1).map(|p| chain_src[p].clone()).unwrap_or_default(),
+                        ..Default::default()
+                    })
+                    .collect();
+                let src_address = match src {
+                    End::Peer { address, .. } => address.clone(),
+                    End::Here { .. } => String::new(),
+                };
+                self.peer(replica, address)
+                    .await?
+                    .replica_rebuilding_dst_start(spdkrpc::ReplicaRebuildingDstStartRequest {
+                        name: replica.clone(),
+                        src_replica_name: src.replica().to_owned(),
+                        src_replica_address: src_address,
+                        rebuilding_snapshot_list: list,
+                        ..Default::default()
+                    })
+                    .await
+                    .map(|_| ())
+                    .map_err(|s| format!("replica {replica}: making its head again on its node: {}", s.message()))
+            }
+        }
+    }
+
+    /// The switch: with the engine's export closed, the source's last
+    /// clusters are copied and the raid is made again with the dest.
+    #[allow(clippy::too_many_arguments)]
+    async fn switch(
+        &self,
+        inv: &Inventory,
+        engine: &str,
+        src: &End,
+        dst: &End,
+        have_src: &ReplicaLvols,
+        have_dst: &ReplicaLvols,
+        members: &[String],
+        plan: &ExportPlan<'_>,
+    ) -> Result<String, String> {
+        tracing::info!(engine, replica = dst.replica(), "rebuild: switching the raid to the rebuilt replica");
+        // hosts off: their connections drop, their I/O waits for the reconnect
+        if let Some(sub) = inv.subsystem(plan.nqn) {
+            for l in &sub.listen_addresses {
+                ignore_missing(
+                    self.client
+                        .nvmf_subsystem_remove_listener(&SubsystemListener {
+                            nqn: plan.nqn.to_owned(),
+                            listen_address: l.clone(),
+                        })
+                        .await,
+                )
+                .map_err(|x| format!("closing a listener of {}: {}", plan.nqn, chain(&x)))?;
+            }
+            for n in &sub.namespaces {
+                ignore_missing(
+                    self.client
+                        .nvmf_subsystem_remove_ns(&RemoveNamespace {
+                            nqn: plan.nqn.to_owned(),
+                            nsid: n.nsid,
+                        })
+                        .await,
+                )
+                .map_err(|x| format!("removing the namespace of {}: {}", plan.nqn, chain(&x)))?;
+            }
+        }
+        ignore_missing(self.client.bdev_raid_delete(&RaidDelete::new(engine)).await)
+            .map_err(|x| format!("deleting raid {engine} for the switch: {}", chain(&x)))?;
+        // the source head's last clusters (idle now)
+        let snap = next_rebuild_snap(have_src, have_dst);
+        self.snapshot_end(src, &snap, false).await?;
+        let now = Inventory::load(&self.client)
+            .await
+            .map_err(|x| format!("listing the target in the switch: {}", chain(&x)))?;
+        self.copy(&now, engine, src, dst, &snap).await?;
+        let deadline = tokio::time::Instant::now() + SWITCH_COPY;
+        let cluster = now.lvstores.first().map_or(1, |l| l.cluster_size);
+        loop {
+            let run = self.thin.lock().running.get(engine).cloned();
+            let Some(run) = run else {
+                return Err(format!("the switch's copy of {snap} was lost"));
+            };
+            match self.check(src, &run, cluster).await? {
+                Some((s, _)) if s == "complete" => break,
+                Some(_) if tokio::time::Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                Some(_) => {
+                    return Err(format!(
+                        "the switch's copy of {snap} did not finish in {}s",
+                        SWITCH_COPY.as_secs()
+                    ));
+                }
+                None => return Err(format!("the switch's copy of {snap} was lost")),
+            }
+        }
+        self.thin.lock().running.remove(engine);
+        self.snapshot_end(dst, &snap, true).await?;
+        let dst_bdev = self.dst_bdev(&now, dst).await?;
+        let mut bases = members.to_vec();
+        bases.push(dst_bdev);
+        self.client
+            .bdev_raid_create(&RaidCreate {
+                name: engine.into(),
+                raid_level: RaidLevel::Raid1,
+                base_bdevs: bases.clone(),
+                strip_size_kb: None,
+                uuid: None,
+                superblock: None,
+            })
+            .await
+            .map_err(|x| format!("making raid1 {engine} again over {}: {}", bases.join(", "), chain(&x)))?;
+        let mut now = Inventory::load(&self.client)
+            .await
+            .map_err(|x| format!("listing the target after the switch: {}", chain(&x)))?;
+        self.export(&mut now, plan).await?;
+        tracing::info!(engine, replica = dst.replica(), "rebuild: replica joined the raid, equal to its source");
+        Ok(snap)
+    }
+
+    /// The names raid1 `e` may know replica `r` by: its lvol's alias and
+    /// UUID here, or the namespace bdev of its controller.
+    pub(super) fn member_names(
+        &self,
+        inv: &Inventory,
+        local: &BTreeMap<String, LonghornReplica>,
+        r: &str,
+    ) -> Vec<String> {
+        match local.get(r) {
+            Some(l) => {
+                let alias = naming::replica_alias(&l.disk, r);
+                let uuid = inv.lvols.get(&alias).map(|x| x.uuid.clone());
+                std::iter::once(alias).chain(uuid).collect()
+            }
+            None => {
+                let b = format!("{r}n1");
+                let uuid = inv.bdevs.get(&b).and_then(|x| x.uuid.clone());
+                std::iter::once(b).chain(uuid).collect()
+            }
+        }
+    }
+}
+
+fn rebuild_snap_number(s: &str) -> Option<u64> {
+    s.strip_prefix(REBUILD_SNAP_PREFIX)?.parse().ok()
+}
+
+/// The next `talon-rb-<n>` neither replica holds.
+fn next_rebuild_snap(a: &ReplicaLvols, b: &ReplicaLvols) -> String {
+    let n = a
+        .snapshots
+        .keys()
+        .chain(b.snapshots.keys())
+        .filter_map(|s| rebuild_snap_number(s))
+        .max()
+        .map_or(1, |n| n + 1);
+    format!("{REBUILD_SNAP_PREFIX}{n}")
+}

@@ -1,0 +1,570 @@
+//! Thin rebuild of a Longhorn engine's replica across nodes: the replica
+//! node's side (8504 `ReplicaRebuilding*` calls) and what both sides share.
+//!
+//! The engine's controller drives it (`engine::longhorn_rebuild`), one step
+//! per reconcile, from what the replicas' lvstores hold:
+//!
+//! ```text
+//!   source S (RW, in the raid)        dest D (held out of the raid)
+//!   S-snap-a <- S-snap-b <- S         D-snap-a <- D            shared: a
+//!   1. D's head empty right above the snapshots both share (DstStart)
+//!   2. copy S-snap-b's own clusters into D's head, where S lives:
+//!      its own target (engine node) or S's node (SrcStart, SrcShallowCopyStart,
+//!      SrcShallowCopyCheck: S's target attaches D's export)
+//!   3. D's head snapshotted as D-snap-b (DstSnapshotCreate); repeat
+//!   4. the switch (engine node): export closed, raid deleted, S's head
+//!      snapshotted as the next `talon-rb-<n>`, copied, raid made again with D
+//! ```
+//!
+//! Only the clusters a snapshot holds of its own are copied
+//! (`bdev_lvol_start_shallow_copy`), so D ends as thin as S, with the same
+//! chain. The calls keep Longhorn's names and field numbers; what each does
+//! on a talon node is talon's (Longhorn's own engine is not their caller).
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use tonic::Status;
+
+use super::naming;
+use super::proto::spdkrpc;
+use super::proxy::snapshot_lvol;
+use super::server::Longhorn;
+use crate::spdk::rpc::{
+    AttachController, ByName, ByNqn, CheckShallowCopy, LvolClone, LvolCreate, QosLimit, StartShallowCopy,
+};
+use crate::spdk::volume::Inventory;
+use crate::spdk::volume::naming::lvstore;
+use crate::spdk::{ClientError, ErrorKind, SpdkClient};
+
+const MIB: u64 = 1 << 20;
+/// The snapshot name prefix of rebuild snapshots (`talon-rb-<n>`): taken of
+/// the source's head for a rebuild and merged away after it.
+pub const REBUILD_SNAP_PREFIX: &str = "talon-rb-";
+/// How long DstStart waits for the controller to export the new head.
+const EXPORT_WAIT: Duration = Duration::from_secs(20);
+
+/// Whether snapshot name `snap` is a rebuild snapshot.
+pub fn is_rebuild_snap(snap: &str) -> bool {
+    snap.strip_prefix(REBUILD_SNAP_PREFIX)
+        .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+}
+
+/// A replica's lvols as a rebuild sees them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ReplicaLvols {
+    /// Whether the head exists.
+    pub head: bool,
+    /// The head's parent snapshot (its snapshot name).
+    pub head_parent: Option<String>,
+    /// Bytes the head holds of its own.
+    pub head_bytes: u64,
+    /// Snapshot name -> (its parent snapshot, bytes of its own).
+    pub snapshots: BTreeMap<String, (Option<String>, u64)>,
+}
+
+impl ReplicaLvols {
+    /// Replica `replica`'s lvols in lvstore `lvs`, from a listing.
+    pub fn from_inventory(inv: &Inventory, lvs: &str, replica: &str) -> Self {
+        let cluster = inv
+            .lvstores
+            .iter()
+            .find(|s| s.name == lvs)
+            .map_or(0, |s| s.cluster_size);
+        let prefix = snapshot_lvol(replica, "");
+        let snap_of = |alias: &str| {
+            alias
+                .strip_prefix(lvs)
+                .and_then(|a| a.strip_prefix('/'))
+                .and_then(|n| n.strip_prefix(&prefix))
+                .map(str::to_owned)
+        };
+        let mut out = Self::default();
+        for (alias, l) in inv.lvols.range(format!("{lvs}/")..) {
+            if !alias.starts_with(&format!("{lvs}/")) {
+                break;
+            }
+            let bytes = l.num_allocated_clusters * cluster;
+            let parent = inv.parent_of(alias).and_then(|p| snap_of(&p));
+            if l.name == replica {
+                out.head = true;
+                out.head_parent = parent;
+                out.head_bytes = bytes;
+            } else if let Some(s) = snap_of(alias) {
+                out.snapshots.insert(s, (parent, bytes));
+            }
+        }
+        out
+    }
+
+    /// From another node's `ReplicaGet` answer.
+    pub fn from_message(r: &spdkrpc::Replica) -> Self {
+        let parent = |p: &str| (!p.is_empty()).then(|| p.to_owned());
+        Self {
+            head: r.head.is_some(),
+            head_parent: r.head.as_ref().and_then(|h| parent(&h.parent)),
+            head_bytes: r.head.as_ref().map_or(0, |h| h.actual_size),
+            snapshots: r
+                .snapshots
+                .iter()
+                .map(|(n, l)| (n.clone(), (parent(&l.parent), l.actual_size)))
+                .collect(),
+        }
+    }
+
+    /// The head's snapshots, oldest first.
+    pub fn chain(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        let mut at = self.head_parent.clone();
+        while let Some(p) = at {
+            if out.contains(&p) || out.len() > 4096 {
+                break;
+            }
+            at = self.snapshots.get(&p).and_then(|(pp, _)| pp.clone());
+            out.push(p);
+        }
+        out.reverse();
+        out
+    }
+
+    /// How many snapshots of `chain` (oldest first) this replica holds, each
+    /// over the one before: the copies a rebuild keeps.
+    pub fn shared(&self, chain: &[String]) -> usize {
+        let mut prev: Option<&String> = None;
+        for (i, s) in chain.iter().enumerate() {
+            match self.snapshots.get(s) {
+                Some((p, _)) if p.as_ref() == prev => prev = Some(s),
+                _ => return i,
+            }
+        }
+        chain.len()
+    }
+
+    /// Whether the head is empty right above the first `j` snapshots of
+    /// `chain` and holds no other copy of them: ready for the next copy.
+    pub fn ready_over(&self, chain: &[String], j: usize) -> bool {
+        self.head
+            && self.head_bytes == 0
+            && self.head_parent.as_ref() == j.checked_sub(1).map(|i| &chain[i])
+            && chain[j..].iter().all(|s| !self.snapshots.contains_key(s))
+    }
+
+    /// The head and snapshots as `ReplicaGet` reports them.
+    pub fn fill(&self, r: &mut spdkrpc::Replica) {
+        if let Some(h) = r.head.as_mut() {
+            h.parent = self.head_parent.clone().unwrap_or_default();
+            h.actual_size = self.head_bytes;
+        }
+        let mut children: BTreeMap<&str, Vec<String>> = BTreeMap::new();
+        for (s, (p, _)) in &self.snapshots {
+            if let Some(p) = p {
+                children.entry(p).or_default().push(s.clone());
+            }
+        }
+        if let Some(p) = &self.head_parent {
+            children.entry(p).or_default().push(r.name.clone());
+        }
+        r.snapshots = self
+            .snapshots
+            .iter()
+            .map(|(s, (p, bytes))| {
+                let lvol = spdkrpc::Lvol {
+                    name: s.clone(),
+                    spec_size: r.spec_size,
+                    actual_size: *bytes,
+                    parent: p.clone().unwrap_or_default(),
+                    children: children
+                        .get(s.as_str())
+                        .into_iter()
+                        .flatten()
+                        .map(|c| (c.clone(), true))
+                        .collect(),
+                    ..Default::default()
+                };
+                (s.clone(), lvol)
+            })
+            .collect();
+    }
+}
+
+fn chain_err(e: &ClientError) -> String {
+    crate::util::error_chain(e)
+}
+
+/// Makes replica `replica`'s head (in lvstore `lvs`, `size` bytes) empty
+/// right above the snapshots of `chain` it shares: the head and every
+/// snapshot it does not share are deleted (the newest first), the head made
+/// again as a clone of the last shared one (or empty). Returns how many it
+/// shares.
+pub async fn reset_head(
+    client: &SpdkClient,
+    lvs: &str,
+    replica: &str,
+    size: u64,
+    have: &ReplicaLvols,
+    chain: &[String],
+) -> Result<usize, String> {
+    let j = have.shared(chain);
+    let shared = &chain[..j];
+    let alias = |name: &str| format!("{lvs}/{name}");
+    let delete = |a: String| async move {
+        match client.bdev_lvol_delete(&ByName::new(&a)).await {
+            Ok(_) => Ok(()),
+            Err(e) if e.is(ErrorKind::NotFound) => Ok(()),
+            Err(e) => Err(format!("deleting {a}: {}", chain_err(&e))),
+        }
+    };
+    delete(alias(replica)).await?;
+    // the snapshots not shared, the newest first (a child before its parent)
+    let depth = |s: &String| {
+        let mut d = 0;
+        let mut at = have.snapshots.get(s).and_then(|(p, _)| p.clone());
+        while let Some(p) = at {
+            d += 1;
+            if d > 4096 {
+                break;
+            }
+            at = have.snapshots.get(&p).and_then(|(pp, _)| pp.clone());
+        }
+        d
+    };
+    let mut stale: Vec<&String> = have.snapshots.keys().filter(|s| !shared.contains(s)).collect();
+    stale.sort_by_key(|s| std::cmp::Reverse(depth(s)));
+    for s in stale {
+        delete(alias(&snapshot_lvol(replica, s))).await?;
+    }
+    match shared.last() {
+        Some(p) => client
+            .bdev_lvol_clone(&LvolClone {
+                snapshot_name: alias(&snapshot_lvol(replica, p)),
+                clone_name: replica.to_owned(),
+            })
+            .await
+            .map(|_| ()),
+        None => client
+            .bdev_lvol_create(&LvolCreate::thin(lvs, replica, size.div_ceil(MIB)))
+            .await
+            .map(|_| ()),
+    }
+    .map_err(|e| format!("making {} again, empty, to rebuild it: {}", alias(replica), chain_err(&e)))?;
+    Ok(j)
+}
+
+/// Starts copying the clusters snapshot lvol `src` holds of its own into
+/// bdev `dst`; returns the operation id.
+pub async fn start_copy(client: &SpdkClient, src: &str, dst: &str) -> Result<u32, String> {
+    client
+        .bdev_lvol_start_shallow_copy(&StartShallowCopy {
+            src_lvol_name: src.to_owned(),
+            dst_bdev_name: dst.to_owned(),
+        })
+        .await
+        .map(|s| s.operation_id)
+        .map_err(|e| format!("copying {src}'s clusters to {dst}: {}", chain_err(&e)))
+}
+
+/// A copy this node runs for another node's engine: source replica, dest
+/// replica -> the dest's export attached here and the copies by snapshot.
+#[derive(Debug, Default, Clone)]
+struct SrcCopy {
+    address: String,
+    bdev: String,
+    ops: BTreeMap<String, u32>,
+}
+
+fn src_copies() -> &'static Mutex<BTreeMap<(String, String), SrcCopy>> {
+    static COPIES: OnceLock<Mutex<BTreeMap<(String, String), SrcCopy>>> = OnceLock::new();
+    COPIES.get_or_init(Mutex::default)
+}
+
+fn copies() -> std::sync::MutexGuard<'static, BTreeMap<(String, String), SrcCopy>> {
+    src_copies().lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The controller this node attaches a rebuild's dest replica with (not the
+/// name an engine here attaches it with).
+fn src_controller(dst: &str) -> String {
+    format!("rb-{dst}")
+}
+
+fn internal(what: &str, e: &ClientError) -> Status {
+    Status::internal(format!("{what}: {}", chain_err(e)))
+}
+
+impl Longhorn {
+    /// The lvols of replica `replica` of this node, read from spdk_tgt.
+    pub(super) async fn replica_lvols_now(&self, replica: &str, disk: &str) -> Result<ReplicaLvols, Status> {
+        let inv = Inventory::load(self.client())
+            .await
+            .map_err(|e| internal(&format!("replica {replica}: listing spdk_tgt"), &e))?;
+        Ok(ReplicaLvols::from_inventory(&inv, &lvstore(disk), replica))
+    }
+
+    /// `ReplicaRebuildingDstStart`: replica `name` becomes a rebuild's dest:
+    /// its head empty right above the snapshots of `rebuilding_snapshot_list`
+    /// (the source's chain, oldest first) it shares; the rest of its
+    /// snapshots are deleted. A head already so is kept. Answers the head's
+    /// export once the controller has made it again.
+    pub(super) async fn rebuilding_dst_start(
+        &self,
+        req: spdkrpc::ReplicaRebuildingDstStartRequest,
+    ) -> Result<spdkrpc::ReplicaRebuildingDstStartResponse, Status> {
+        let (replica, t) = self.stored_replica(&req.name)?;
+        let chain: Vec<String> = req.rebuilding_snapshot_list.iter().map(|l| l.name.clone()).collect();
+        for s in &chain {
+            naming::instance_name("snapshot", s).map_err(|x| Status::invalid_argument(x.to_string()))?;
+        }
+        let what = format!("replica {replica}: starting a rebuild from {}", req.src_replica_name);
+        let have = self.replica_lvols_now(replica.as_str(), &t.spec.disk).await?;
+        let j = have.shared(&chain);
+        let nqn = naming::replica_nqn(&replica).map_err(|x| Status::invalid_argument(x.to_string()))?;
+        if !have.ready_over(&chain, j) {
+            let _hold = super::ops::try_hold(replica.as_str())
+                .ok_or_else(|| Status::unavailable(format!("{what}: another operation is in progress")))?;
+            match self
+                .client()
+                .nvmf_delete_subsystem(&ByNqn {
+                    nqn: nqn.as_str().to_owned(),
+                })
+                .await
+            {
+                Ok(_) => {}
+                Err(x) if x.is(ErrorKind::NotFound) || x.is(ErrorKind::InvalidParams) => {}
+                Err(x) => return Err(internal(&format!("{what}: unexporting {nqn}"), &x)),
+            }
+            reset_head(
+                self.client(),
+                &lvstore(&t.spec.disk),
+                replica.as_str(),
+                t.spec.size_bytes,
+                &have,
+                &chain,
+            )
+            .await
+            .map_err(|m| Status::internal(format!("{what}: {m}")))?;
+        }
+        // the controller exports the head (again)
+        let deadline = Instant::now() + EXPORT_WAIT;
+        loop {
+            let subs = self.client().nvmf_get_subsystems(&Default::default()).await;
+            let exported = subs.is_ok_and(|s| {
+                s.iter()
+                    .any(|s| s.nqn == nqn.as_str() && !s.namespaces.is_empty() && !s.listen_addresses.is_empty())
+            });
+            if exported && let Some(st) = self.status_of(replica.as_str()) && !st.endpoint.is_empty() {
+                return Ok(spdkrpc::ReplicaRebuildingDstStartResponse {
+                    dst_head_lvol_address: st.endpoint,
+                });
+            }
+            if Instant::now() > deadline {
+                return Err(Status::deadline_exceeded(format!(
+                    "{what}: its head is not exported again after {}s",
+                    EXPORT_WAIT.as_secs()
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// `ReplicaRebuildingDstSetQosLimit`: caps (0 lifts) the writes into a
+    /// rebuild dest's head. Its export holds it open, so SPDK can lift the
+    /// cap again (on v26.05 a cap set on a bdev nobody has open cannot).
+    pub(super) async fn rebuilding_dst_qos(
+        &self,
+        req: spdkrpc::ReplicaRebuildingDstSetQosLimitRequest,
+    ) -> Result<(), Status> {
+        let (replica, t) = self.stored_replica(&req.name)?;
+        let mbps = u64::try_from(req.qos_limit_mbps)
+            .map_err(|_| Status::invalid_argument(format!("replica {replica}: negative QoS limit")))?;
+        let head = naming::replica_alias(&t.spec.disk, replica.as_str());
+        self.client()
+            .bdev_set_qos_limit(&QosLimit {
+                name: head.clone(),
+                rw_mbytes_per_sec: mbps,
+            })
+            .await
+            .map(|_| ())
+            .map_err(|e| internal(&format!("replica {replica}: capping {head} at {mbps} MB/s"), &e))
+    }
+
+    /// `ReplicaRebuildingSrcStart`: this node's replica `name` is a rebuild's
+    /// source; the dest replica's export is attached (afresh: a dest made
+    /// again is a new namespace).
+    pub(super) async fn rebuilding_src_start(
+        &self,
+        req: spdkrpc::ReplicaRebuildingSrcStartRequest,
+    ) -> Result<spdkrpc::ReplicaRebuildingSrcStartResponse, Status> {
+        let (replica, _) = self.stored_replica(&req.name)?;
+        let dst = naming::instance_name("replica", &req.dst_replica_name)
+            .map_err(|x| Status::invalid_argument(x.to_string()))?;
+        let what = format!("replica {replica}: rebuilding {dst}");
+        let sa: SocketAddr = req
+            .dst_replica_address
+            .strip_prefix("tcp://")
+            .unwrap_or(&req.dst_replica_address)
+            .parse()
+            .map_err(|_| {
+                Status::invalid_argument(format!(
+                    "{what}: address {:?} is not ip:port",
+                    req.dst_replica_address
+                ))
+            })?;
+        let ctrl = src_controller(dst.as_str());
+        match self.client().bdev_nvme_detach_controller(&ByName::new(&ctrl)).await {
+            Ok(_) => {}
+            Err(x) if x.is(ErrorKind::NotFound) => {}
+            Err(x) => return Err(internal(&format!("{what}: detaching {ctrl}"), &x)),
+        }
+        let nqn = naming::replica_nqn(&dst).map_err(|x| Status::invalid_argument(x.to_string()))?;
+        let bdev = self
+            .client()
+            .bdev_nvme_attach_controller(&AttachController {
+                hostnqn: Some(naming::internal_host_nqn()),
+                ..AttachController::tcp(&ctrl, sa.ip(), sa.port(), nqn.as_str())
+            })
+            .await
+            .map_err(|x| internal(&format!("{what}: attaching {nqn} at {sa}"), &x))?
+            .into_iter()
+            .next()
+            .ok_or_else(|| Status::internal(format!("{what}: {nqn} at {sa} has no namespace")))?;
+        copies().insert(
+            (replica.as_str().to_owned(), dst.as_str().to_owned()),
+            SrcCopy {
+                address: sa.to_string(),
+                bdev,
+                ops: BTreeMap::new(),
+            },
+        );
+        Ok(spdkrpc::ReplicaRebuildingSrcStartResponse::default())
+    }
+
+    /// `ReplicaRebuildingSrcShallowCopyStart`: copies the clusters snapshot
+    /// `snapshot_name` of replica `name` holds of its own into the dest
+    /// attached by SrcStart at `dst_rebuilding_lvol_address`.
+    pub(super) async fn rebuilding_src_copy_start(
+        &self,
+        req: spdkrpc::ReplicaRebuildingSrcShallowCopyStartRequest,
+    ) -> Result<(), Status> {
+        let (replica, t) = self.stored_replica(&req.name)?;
+        naming::instance_name("snapshot", &req.snapshot_name)
+            .map_err(|x| Status::invalid_argument(x.to_string()))?;
+        let address = req
+            .dst_rebuilding_lvol_address
+            .strip_prefix("tcp://")
+            .unwrap_or(&req.dst_rebuilding_lvol_address)
+            .to_owned();
+        let (dst, bdev) = copies()
+            .iter()
+            .find(|((s, _), c)| s == replica.as_str() && c.address == address)
+            .map(|((_, d), c)| (d.clone(), c.bdev.clone()))
+            .ok_or_else(|| {
+                Status::failed_precondition(format!(
+                    "replica {replica}: no rebuild to {address} was started (ReplicaRebuildingSrcStart first)"
+                ))
+            })?;
+        let src = format!(
+            "{}/{}",
+            lvstore(&t.spec.disk),
+            snapshot_lvol(replica.as_str(), &req.snapshot_name)
+        );
+        let op = start_copy(self.client(), &src, &bdev)
+            .await
+            .map_err(|m| Status::internal(format!("replica {replica}: {m}")))?;
+        if let Some(c) = copies().get_mut(&(replica.as_str().to_owned(), dst)) {
+            c.ops.insert(req.snapshot_name, op);
+        }
+        Ok(())
+    }
+
+    /// `ReplicaRebuildingSrcShallowCopyCheck`: where that copy stands. One
+    /// this node does not know (talon or spdk_tgt restarted) is NOT_FOUND.
+    pub(super) async fn rebuilding_src_copy_check(
+        &self,
+        req: spdkrpc::ReplicaRebuildingSrcShallowCopyCheckRequest,
+    ) -> Result<spdkrpc::ReplicaRebuildingSrcShallowCopyCheckResponse, Status> {
+        let key = (req.name.clone(), req.dst_replica_name.clone());
+        let op = copies()
+            .get(&key)
+            .and_then(|c| c.ops.get(&req.snapshot_name).copied())
+            .ok_or_else(|| {
+                Status::not_found(format!(
+                    "replica {}: no copy of snapshot {} to {} runs here",
+                    req.name, req.snapshot_name, req.dst_replica_name
+                ))
+            })?;
+        let s = self
+            .client()
+            .bdev_lvol_check_shallow_copy(&CheckShallowCopy { operation_id: op })
+            .await
+            .map_err(|e| match e.is(ErrorKind::NotFound) || e.is(ErrorKind::InvalidParams) {
+                true => Status::not_found(format!("replica {}: spdk_tgt forgot copy {op}", req.name)),
+                false => internal(&format!("replica {}: checking copy {op}", req.name), &e),
+            })?;
+        Ok(spdkrpc::ReplicaRebuildingSrcShallowCopyCheckResponse {
+            state: s.state,
+            copied_clusters: s.copied_clusters,
+            total_clusters: s.total_clusters,
+            error_msg: s.error.unwrap_or_default(),
+            handled_clusters: s.copied_clusters,
+        })
+    }
+
+    /// `ReplicaRebuildingSrcFinish`: the dest's export is detached.
+    pub(super) async fn rebuilding_src_finish(
+        &self,
+        req: spdkrpc::ReplicaRebuildingSrcFinishRequest,
+    ) -> Result<(), Status> {
+        copies().remove(&(req.name.clone(), req.dst_replica_name.clone()));
+        let ctrl = src_controller(&req.dst_replica_name);
+        match self.client().bdev_nvme_detach_controller(&ByName::new(&ctrl)).await {
+            Ok(_) => Ok(()),
+            Err(x) if x.is(ErrorKind::NotFound) => Ok(()),
+            Err(x) => Err(internal(&format!("replica {}: detaching {ctrl}", req.name), &x)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lvols(head_parent: Option<&str>, head_bytes: u64, snaps: &[(&str, Option<&str>)]) -> ReplicaLvols {
+        ReplicaLvols {
+            head: true,
+            head_parent: head_parent.map(str::to_owned),
+            head_bytes,
+            snapshots: snaps
+                .iter()
+                .map(|(s, p)| ((*s).to_owned(), (p.map(str::to_owned), 0)))
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn a_dest_shares_the_prefix_of_the_chain_it_holds_in_the_same_order() {
+        let chain: Vec<String> = ["a", "b", "c"].map(String::from).to_vec();
+        let d = lvols(Some("b"), 4096, &[("a", None), ("b", Some("a"))]);
+        assert_eq!(d.shared(&chain), 2);
+        assert_eq!(d.chain(), vec!["a", "b"]);
+        assert!(!d.ready_over(&chain, 2), "its head holds data");
+        let d = lvols(Some("b"), 0, &[("a", None), ("b", Some("a"))]);
+        assert!(d.ready_over(&chain, 2));
+        // b over another parent: only a is shared; a stale copy of c is in the way
+        let d = lvols(Some("a"), 0, &[("a", None), ("b", Some("x")), ("c", Some("a"))]);
+        assert_eq!(d.shared(&chain), 1);
+        assert!(!d.ready_over(&chain, 1));
+        assert_eq!(lvols(None, 0, &[]).shared(&chain), 0);
+        assert!(lvols(None, 0, &[]).ready_over(&chain, 0));
+    }
+
+    #[test]
+    fn rebuild_snapshots_are_named_talon_rb_and_a_number() {
+        assert!(is_rebuild_snap("talon-rb-1"));
+        assert!(is_rebuild_snap("talon-rb-42"));
+        assert!(!is_rebuild_snap("talon-rb-"));
+        assert!(!is_rebuild_snap("talon-rb-x"));
+        assert!(!is_rebuild_snap("snap-1"));
+    }
+}
