@@ -29,10 +29,11 @@ use talon::longhorn::proto::imrpc::{
     self, disk_service_client::DiskServiceClient, instance_service_client::InstanceServiceClient,
     proxy_engine_service_client::ProxyEngineServiceClient,
 };
+use talon::longhorn::proto::spdkrpc::{self, spdk_service_client::SpdkServiceClient};
 use talon::longhorn::proto::ptypes;
 use talon::longhorn::server::LonghornOptions;
 use talon::serve::{ServeOptions, serve_with};
-use talon::spdk::rpc::GetLvols;
+use talon::spdk::rpc::{GetLvols, LvstoreSelector};
 use talon::spdk::{SpdkClient, SpdkDouble};
 use tonic::Code;
 use tonic::transport::Channel;
@@ -121,6 +122,11 @@ struct Node {
 
 impl Node {
     async fn new(ip: IpAddr, base: u16, real: Option<&Path>) -> Node {
+        // the daemons' logs with RUST_LOG (they run in this process)
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_test_writer()
+            .try_init();
         let dir = tempfile::tempdir().expect("tempdir");
         std::fs::create_dir_all(dir.path().join("run")).expect("run dir");
         let socket = dir.path().join("run/spdk.sock");
@@ -707,6 +713,10 @@ async fn the_engine_proxy_reverts_purges_and_rebuilds_across_two_nodes() {
     // a second replica on B to race with
     let addr_c = b.replica("disk-c", "vol-r-c", size).await;
     let tc = format!("tcp://{addr_c}");
+    // data A holds alone, in a snapshot: a thin rebuild copies it (a shallow
+    // copy of the double takes its rebuild time)
+    double(&a).write("vol-e-0", 4);
+    snapshot(&mut p, "s4").await.expect("s4");
 
     // ReplicaAdd with a rebuild cap: two at once, one is refused as Longhorn expects
     double(&a).set_rebuild_time(Duration::from_secs(6));
@@ -745,80 +755,146 @@ async fn the_engine_proxy_reverts_purges_and_rebuilds_across_two_nodes() {
             .is_some_and(|s| s.is_rebuilding && s.from_replica_address == ta),
         "{rs:?}"
     );
-    let member = format!("{won}n1");
-    assert_eq!(
-        bdev_json(&a.spdk, &member).await["assigned_rate_limits"]["rw_mbytes_per_sec"],
-        10,
-        "the rebuild target is capped"
-    );
+    // the cap is on the rebuilt replica's head, on its node, while it copies
+    let wdisk = if won == "vol-r-b" { "disk-b" } else { "disk-c" };
+    let head = format!("talon-{wdisk}/{won}");
+    let rate = |spdk: SpdkClient, name: String| async move {
+        bdev_json(&spdk, &name).await["assigned_rate_limits"]["rw_mbytes_per_sec"].clone()
+    };
+    talon::runtime::testing::eventually("the rebuilt replica's head capped", WAIT, || async {
+        (rate(b.spdk.clone(), head.clone()).await == 10).then_some(())
+    })
+    .await;
     talon::runtime::testing::eventually("the rebuilt replica RW", WAIT, || async {
         let mut p = p.clone();
         (modes(&mut p).await == vec![(ta.clone(), RW), (twon.clone(), RW)]).then_some(())
     })
     .await;
-    talon::runtime::testing::eventually("the cap lifted", WAIT, || async {
-        (bdev_json(&a.spdk, &member).await["assigned_rate_limits"]["rw_mbytes_per_sec"] == 0).then_some(())
-    })
-    .await;
+    assert_eq!(rate(b.spdk.clone(), head.clone()).await, 0, "the cap lifted");
+    // thin: the copy of s4 holds what A's s4 holds; nothing of the
+    // rebuild's own snapshots is left on either node
+    let allocated = |n: &Node, lvol: String| {
+        let spdk = n.spdk.clone();
+        async move {
+            spdk.bdev_lvol_get_lvols(&GetLvols::default())
+                .await
+                .expect("lvols")
+                .into_iter()
+                .find(|l| l.alias == lvol)
+                .map(|l| l.num_allocated_clusters)
+        }
+    };
+    let a_s4 = allocated(&a, "talon-disk-a/vol-r-a-snap-s4".into()).await;
+    assert!(a_s4.is_some_and(|n| n >= 4), "{a_s4:?}");
+    assert_eq!(allocated(&b, format!("talon-{wdisk}/{won}-snap-s4")).await, a_s4);
+    for n in [&a, &b] {
+        let rb: Vec<String> = n.lvols().await.into_iter().filter(|l| l.contains("talon-rb-")).collect();
+        assert!(rb.is_empty(), "{rb:?}");
+    }
+    assert!(!snapshot_list(&mut p).await.keys().any(|k| k.starts_with("talon-")));
     let e = replica_add(&p, won, if won == "vol-r-b" { &addr_b } else { &addr_c })
         .await
         .expect_err("already in service");
     assert_eq!(e.code(), Code::AlreadyExists, "{e}");
-
-    // the replica's node is lost mid-rebuild: ERR; the next ReplicaAdd rebuilds it
-    replica_remove(&mut p, won).await;
-    double(&a).set_rebuild_time(Duration::from_secs(30));
     let waddr = if won == "vol-r-b" {
         addr_b.clone()
     } else {
         addr_c.clone()
     };
+    // the rebuilt replica WO, the other RW
+    let pc = p.clone();
+    let copying = |what: &'static str| {
+        let p = pc.clone();
+        let (ta, twon) = (ta.clone(), twon.clone());
+        async move {
+            let mut p = p;
+            assert_eq!(modes(&mut p).await, vec![(ta, RW), (twon, WO)], "{what}");
+        }
+    };
+
+    // the link to the rebuilt replica is lost mid-copy: the copy starts
+    // again by itself, the replica WO until it is done
+    replica_remove(&mut p, won).await;
+    double(&a).write("vol-e-0", 4);
+    snapshot(&mut p, "s5").await.expect("s5");
+    double(&a).set_rebuild_time(Duration::from_secs(30));
     replica_add(&p, won, &waddr).await.expect("ReplicaAdd again");
-    assert_eq!(
-        modes(&mut p).await,
-        vec![(ta.clone(), RW), (twon.clone(), WO)],
-        "{}",
-        bdev_json(&a.spdk, "vol-e-0").await
-    );
-    assert!(double(&a).lose_controller(won), "controller {won}");
-    assert_eq!(modes(&mut p).await, vec![(ta.clone(), RW), (twon.clone(), ERR)]);
+    copying("after ReplicaAdd").await;
+    talon::runtime::testing::eventually("the copy's controller on A", WAIT, || async {
+        double(&a).lose_controller(won).then_some(())
+    })
+    .await;
+    copying("after the controller was lost").await;
     double(&a).set_rebuild_time(Duration::from_secs(1));
-    replica_add(&p, won, &waddr)
+    talon::runtime::testing::eventually("RW after the copy started again", WAIT, || async {
+        let mut p = p.clone();
+        (modes(&mut p).await == vec![(ta.clone(), RW), (twon.clone(), RW)]).then_some(())
+    })
+    .await;
+    assert_eq!(
+        allocated(&b, format!("talon-{wdisk}/{won}-snap-s5")).await,
+        allocated(&a, "talon-disk-a/vol-r-a-snap-s5".into()).await
+    );
+
+    // the raid goes mid-copy (as with a restart of spdk_tgt): it is made
+    // again over A, and the rebuild, which copies beside it, goes on
+    replica_remove(&mut p, won).await;
+    double(&a).write("vol-e-0", 4);
+    snapshot(&mut p, "s6").await.expect("s6");
+    double(&a).set_rebuild_time(Duration::from_secs(4));
+    replica_add(&p, won, &waddr).await.expect("ReplicaAdd once more");
+    copying("after ReplicaAdd").await;
+    a.spdk
+        .bdev_raid_delete(&talon::spdk::rpc::RaidDelete::new("vol-e-0"))
         .await
-        .expect("ReplicaAdd restarts the rebuild");
-    talon::runtime::testing::eventually("RW after the restarted rebuild", WAIT, || async {
+        .expect("the raid goes");
+    talon::runtime::testing::eventually("RW after the raid was made again", WAIT, || async {
         let mut p = p.clone();
         (modes(&mut p).await == vec![(ta.clone(), RW), (twon.clone(), RW)]).then_some(())
     })
     .await;
 
-    // the raid goes while a rebuild runs (as with a restart of spdk_tgt): it is
-    // made again without the replica being rebuilt (it may hold half a
-    // rebuild; ERR for Longhorn), and the next ReplicaAdd rebuilds it
+    // the replica's node is lost mid-rebuild: ERR; once it is back, the next
+    // ReplicaAdd rebuilds it
     replica_remove(&mut p, won).await;
+    double(&a).write("vol-e-0", 4);
+    snapshot(&mut p, "s7").await.expect("s7");
     double(&a).set_rebuild_time(Duration::from_secs(60));
-    replica_add(&p, won, &waddr).await.expect("ReplicaAdd once more");
-    assert_eq!(modes(&mut p).await, vec![(ta.clone(), RW), (twon.clone(), WO)]);
-    // a reconcile records the rebuild as started (POLL is 3 s)
-    tokio::time::sleep(Duration::from_secs(4)).await;
-    a.spdk
-        .bdev_raid_delete(&talon::spdk::rpc::RaidDelete::new("vol-e-0"))
-        .await
-        .expect("the raid goes");
-    talon::runtime::testing::eventually("made again without the half-rebuilt replica", WAIT, || async {
+    replica_add(&p, won, &waddr).await.expect("ReplicaAdd before B goes");
+    talon::runtime::testing::eventually("the copy's controller on A", WAIT, || async {
+        double(&a).lose_controller(won).then_some(())
+    })
+    .await;
+    b.stop().await;
+    talon::runtime::testing::eventually("ERR with B gone", WAIT, || async {
         let mut p = p.clone();
         (modes(&mut p).await == vec![(ta.clone(), RW), (twon.clone(), ERR)]).then_some(())
     })
     .await;
+    let rs = p
+        .replica_rebuilding_status(req("vol-e-0"))
+        .await
+        .expect("ReplicaRebuildingStatus")
+        .into_inner()
+        .status;
+    assert!(
+        rs.get(&twon).is_some_and(|s| !s.is_rebuilding && !s.error.is_empty()),
+        "{rs:?}"
+    );
+    b.start().await;
     double(&a).set_rebuild_time(Duration::from_secs(1));
     replica_add(&p, won, &waddr)
         .await
-        .expect("ReplicaAdd rebuilds it into the raid made again");
-    talon::runtime::testing::eventually("RW after that rebuild", WAIT, || async {
+        .expect("ReplicaAdd with B back");
+    talon::runtime::testing::eventually("RW after B came back", WAIT, || async {
         let mut p = p.clone();
         (modes(&mut p).await == vec![(ta.clone(), RW), (twon.clone(), RW)]).then_some(())
     })
     .await;
+    assert_eq!(
+        allocated(&b, format!("talon-{wdisk}/{won}-snap-s7")).await,
+        allocated(&a, "talon-disk-a/vol-r-a-snap-s7".into()).await
+    );
 
     // B's proxy answers for the engine on A through B's engine-frontend
     let inst_b = InstanceServiceClient::new(b.channel(3).await);
@@ -1094,24 +1170,47 @@ fn pattern(len: usize, seed: u64) -> Vec<u8> {
     v
 }
 
-/// Issue 17's rebuild on two real spdk_tgt: B's replica is removed from the
-/// engine, deleted with its lvol and made again empty; A takes more writes
-/// alone; ReplicaAdd rebuilds B (WO, then RW); a snapshot through the proxy
-/// is then read on A and on B: both equal what was written, block by block.
-/// A second round with `ReplicaRebuildingQosSet` shows the cap on the
-/// rebuild target member (SPDK accepts `bdev_set_qos_limit` on a raid
-/// member) and the rebuild taking at least the volume over the cap; the
-/// cap is lifted after. Last, everything is overwritten and both replicas
-/// are reverted to the second round's snapshot (B's by B's
-/// `ReplicaSnapshotRevert`): the engine reads that snapshot's data again.
+/// The bytes the lvols of `replica` hold on `n` (its head and snapshots,
+/// the rebuild's own included): allocated clusters times the cluster size.
+async fn allocated_bytes(n: &Node, replica: &str) -> u64 {
+    let cluster = n
+        .spdk
+        .bdev_lvol_get_lvstores(&LvstoreSelector::default())
+        .await
+        .expect("lvstores")
+        .first()
+        .map_or(0, |l| l.cluster_size);
+    let prefix = format!("{replica}-snap-");
+    n.spdk
+        .bdev_lvol_get_lvols(&GetLvols::default())
+        .await
+        .expect("lvols")
+        .iter()
+        .filter(|l| l.name == replica || l.name.starts_with(&prefix) || l.name.starts_with("talon-rb-"))
+        .map(|l| l.num_allocated_clusters * cluster)
+        .sum()
+}
+
+/// Issue 17's rebuild on two real spdk_tgt. A 1 GiB volume, one replica on
+/// each node: 32 MiB written, snapshot s1, 16 MiB more; node B stops (its
+/// spdk_tgt too) and A alone takes 16 MiB more; B comes back with its stale
+/// replica (ERR), and ReplicaRemove + ReplicaAdd rebuild it thin (WO, then
+/// RW): its head made again over the s1 it shares, A's head's clusters
+/// copied. B then holds the 64 MiB A holds, not 1 GiB. A second round makes
+/// B's replica again empty and rebuilds it under a `ReplicaRebuildingQosSet`
+/// cap: the cap sits on B's head while s1 is copied and is lifted after.
+/// Then a revert through the proxy (B's by B's `ReplicaSnapshotRevert`)
+/// brings back a snapshot's data. Last, node A stops and every block of B's
+/// replica, read on B alone, equals what was written.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn real_spdk_replica_add_rebuilds_a_replica_made_again_on_node_b() {
     let test = "real_spdk_replica_add_rebuilds_a_replica_made_again_on_node_b";
     let Some(spdk) = spdk_dir(test) else {
         return;
     };
-    const LEN: usize = 32 << 20;
-    const CAP_MBPS: i64 = 4;
+    const LEN: usize = 1 << 30;
+    const MIB: usize = 1 << 20;
+    const CAP_MBPS: i64 = 8;
     let (ip_a, ip_b) = (IpAddr::from([127, 0, 0, 1]), IpAddr::from([127, 0, 0, 2]));
     let base = free_base(&[ip_a, ip_b]);
     let mut a = Node::new(ip_a, base, Some(&spdk)).await;
@@ -1126,143 +1225,155 @@ async fn real_spdk_replica_add_rebuilds_a_replica_made_again_on_node_b() {
     let nqn = "nqn.2023-01.io.longhorn.spdk:volume-vol";
     let mut p = ProxyEngineServiceClient::new(a.channel(1).await);
     let ta = format!("tcp://{addr_a}");
-    let mut expected = pattern(LEN, 1);
-    spdk_dd::dd(&spdk, a.dir.path(), port, nqn, Some(&expected), LEN);
+    let tb = format!("tcp://{addr_b}");
+    let mut expected = vec![0u8; LEN];
+    let mut write = |data: Vec<u8>, at: usize| {
+        spdk_dd::dd_write_at(&spdk, a.dir.path(), port, nqn, &data, at);
+        expected[at..at + data.len()].copy_from_slice(&data);
+    };
+    write(pattern(32 * MIB, 1), 0);
+    snapshot(&mut p, "s1").await.expect("s1");
+    write(pattern(16 * MIB, 2), 512 * MIB);
 
-    let (read_a, read_b) = (free_port(), free_port());
-    let mut inst_b = InstanceServiceClient::new(b.channel(3).await);
-    for (round, cap) in [(1u64, 0i64), (2, CAP_MBPS)] {
-        // B's replica leaves, is deleted with its lvol and made again empty
-        replica_remove(&mut p, "vol-r-b").await;
-        inst_b
-            .instance_delete(imrpc::InstanceDeleteRequest {
-                name: "vol-r-b".into(),
-                r#type: "replica".into(),
-                cleanup_required: true,
-                data_engine: imrpc::DataEngine::V2 as i32,
-                ..Default::default()
-            })
-            .await
-            .expect("delete B's replica");
-        talon::runtime::testing::eventually("B's lvol deleted", WAIT, || async {
-            (!b.lvols().await.iter().any(|l| l == "talon-disk-b/vol-r-b")).then_some(())
-        })
-        .await;
-        let addr_b = b.replica_again("disk-b", "vol-r-b", LEN as u64).await;
-        let tb = format!("tcp://{addr_b}");
-        // A alone takes more writes
-        let half = pattern(LEN / 2, 100 + round);
-        spdk_dd::dd(&spdk, a.dir.path(), port, nqn, Some(&half), LEN / 2);
-        expected[..LEN / 2].copy_from_slice(&half);
+    // node B goes (talon and its spdk_tgt); A alone takes more writes
+    b.stop().await;
+    talon::runtime::testing::eventually("B's replica ERR", Duration::from_secs(60), || async {
+        let mut p = p.clone();
+        (modes(&mut p).await == vec![(ta.clone(), RW), (tb.clone(), ERR)]).then_some(())
+    })
+    .await;
+    write(pattern(16 * MIB, 3), 256 * MIB);
+    // B comes back with its replica as it was: stale, it is not served
+    b.start().await;
+    assert_eq!(modes(&mut p).await, vec![(ta.clone(), RW), (tb.clone(), ERR)]);
+    replica_remove(&mut p, "vol-r-b").await;
+    let started = std::time::Instant::now();
+    replica_add(&p, "vol-r-b", &addr_b).await.expect("ReplicaAdd");
+    assert_eq!(modes(&mut p).await, vec![(ta.clone(), RW), (tb.clone(), WO)]);
+    talon::runtime::testing::eventually("B rebuilt (RW)", Duration::from_secs(120), || async {
+        let mut p = p.clone();
+        (modes(&mut p).await == vec![(ta.clone(), RW), (tb.clone(), RW)]).then_some(())
+    })
+    .await;
+    let (held_a, held_b) = (allocated_bytes(&a, "vol-r-a").await, allocated_bytes(&b, "vol-r-b").await);
+    eprintln!(
+        "{test}: round 1 (stale B): rebuilt in {:?}; A holds {} MiB, B {} MiB of a {} MiB volume",
+        started.elapsed(),
+        held_a >> 20,
+        held_b >> 20,
+        LEN >> 20
+    );
+    assert!(
+        held_b >= 64 * MIB as u64 && held_b <= held_a + 4 * MIB as u64,
+        "B holds {held_b} bytes, A {held_a}: the rebuilt replica is thin"
+    );
+    assert!(!b.lvols().await.iter().any(|l| l.contains("talon-rb-")), "{:?}", b.lvols().await);
 
-        p.replica_rebuilding_qos_set(imrpc::EngineReplicaRebuildingQosSetRequest {
-            proxy_engine_request: Some(req("vol-e-0")),
-            qos_limit_mbps: cap,
+    // round 2: B's replica made again empty, rebuilt under a cap
+    replica_remove(&mut p, "vol-r-b").await;
+    InstanceServiceClient::new(b.channel(3).await)
+        .instance_delete(imrpc::InstanceDeleteRequest {
+            name: "vol-r-b".into(),
+            r#type: "replica".into(),
+            cleanup_required: true,
+            data_engine: imrpc::DataEngine::V2 as i32,
+            ..Default::default()
         })
         .await
-        .expect("ReplicaRebuildingQosSet");
-        let started = std::time::Instant::now();
-        replica_add(&p, "vol-r-b", &addr_b).await.expect("ReplicaAdd");
-        let m = modes(&mut p).await;
-        if cap > 0 {
-            assert_eq!(
-                m,
-                vec![(ta.clone(), RW), (tb.clone(), WO)],
-                "capped: still rebuilding"
-            );
-            let limits = bdev_json(&a.spdk, "vol-r-bn1").await["assigned_rate_limits"].clone();
-            assert_eq!(
-                limits["rw_mbytes_per_sec"], cap,
-                "the rebuild target is capped: {limits}"
-            );
-        }
-        talon::runtime::testing::eventually("B rebuilt (RW)", Duration::from_secs(120), || async {
-            let mut p = p.clone();
-            (modes(&mut p).await == vec![(ta.clone(), RW), (tb.clone(), RW)]).then_some(())
-        })
-        .await;
-        let took = started.elapsed();
-        eprintln!(
-            "{test}: round {round}: rebuild of {} MiB with cap {cap} MB/s took {took:?}",
-            LEN >> 20
-        );
-        if cap > 0 {
-            let floor = Duration::from_secs_f64((LEN >> 20) as f64 / cap as f64 * 0.8);
-            assert!(
-                took >= floor,
-                "a {cap} MB/s cap on {} MiB: {took:?} < {floor:?}",
-                LEN >> 20
-            );
-            talon::runtime::testing::eventually("the cap lifted", WAIT, || async {
-                (bdev_json(&a.spdk, "vol-r-bn1").await["assigned_rate_limits"]["rw_mbytes_per_sec"] == 0)
-                    .then_some(())
-            })
-            .await;
-        }
-        // one instant on both replicas, read on each node
-        let snap = format!("check{round}");
-        snapshot(&mut p, &snap).await.expect("snapshot");
-        let x = spdk_dd::read_bdev(
-            &a.spdk,
-            &spdk,
-            a.dir.path(),
-            read_a,
-            &format!("talon-disk-a/vol-r-a-snap-{snap}"),
-            LEN,
-        )
-        .await;
-        let y = spdk_dd::read_bdev(
-            &b.spdk,
-            &spdk,
-            b.dir.path(),
-            read_b,
-            &format!("talon-disk-b/vol-r-b-snap-{snap}"),
-            LEN,
-        )
-        .await;
-        for (who, got) in [("A", &x), ("B", &y)] {
-            if let Some(block) = got
-                .chunks(4096)
-                .zip(expected.chunks(4096))
-                .position(|(g, w)| g != w)
-            {
-                panic!("round {round}: {who}'s replica differs from what was written at block {block}");
-            }
-        }
-        if round == 1 {
-            p.snapshot_remove(imrpc::EngineSnapshotRemoveRequest {
-                proxy_engine_request: Some(req("vol-e-0")),
-                names: vec![snap],
-            })
-            .await
-            .expect("SnapshotRemove");
-        }
-        inst_b = InstanceServiceClient::new(b.channel(3).await);
-    }
-
-    // overwrite everything, then revert both replicas (B's on B) to check2
-    spdk_dd::dd(&spdk, a.dir.path(), port, nqn, Some(&pattern(LEN, 999)), LEN);
-    p.snapshot_revert(imrpc::EngineSnapshotRevertRequest {
+        .expect("delete B's replica");
+    talon::runtime::testing::eventually("B's lvols deleted", WAIT, || async {
+        (!b.lvols().await.iter().any(|l| l.contains("vol-r-b"))).then_some(())
+    })
+    .await;
+    let addr_b = b.replica_again("disk-b", "vol-r-b", LEN as u64).await;
+    let tb = format!("tcp://{addr_b}");
+    p.replica_rebuilding_qos_set(imrpc::EngineReplicaRebuildingQosSetRequest {
         proxy_engine_request: Some(req("vol-e-0")),
-        name: "check2".into(),
+        qos_limit_mbps: CAP_MBPS,
     })
     .await
-    .expect("SnapshotRevert check2");
-    let head_b = bdev_json(&b.spdk, "talon-disk-b/vol-r-b").await;
-    assert_eq!(
-        head_b["driver_specific"]["lvol"]["base_snapshot"], "vol-r-b-snap-check2",
-        "B's head is a clone of its check2: {head_b}"
+    .expect("ReplicaRebuildingQosSet");
+    let started = std::time::Instant::now();
+    replica_add(&p, "vol-r-b", &addr_b).await.expect("ReplicaAdd");
+    let head_b = "talon-disk-b/vol-r-b";
+    talon::runtime::testing::eventually("B's head capped while s1 is copied", WAIT, || async {
+        (bdev_json(&b.spdk, head_b).await["assigned_rate_limits"]["rw_mbytes_per_sec"] == CAP_MBPS).then_some(())
+    })
+    .await;
+    assert_eq!(modes(&mut p).await, vec![(ta.clone(), RW), (tb.clone(), WO)]);
+    talon::runtime::testing::eventually("B rebuilt again (RW)", Duration::from_secs(120), || async {
+        let mut p = p.clone();
+        (modes(&mut p).await == vec![(ta.clone(), RW), (tb.clone(), RW)]).then_some(())
+    })
+    .await;
+    let took = started.elapsed();
+    let held_b = allocated_bytes(&b, "vol-r-b").await;
+    eprintln!(
+        "{test}: round 2 (empty B, cap {CAP_MBPS} MB/s): rebuilt in {took:?}; B holds {} MiB",
+        held_b >> 20
     );
-    let back = spdk_dd::dd(&spdk, a.dir.path(), port, nqn, None, LEN);
+    // s1's 32 MiB go under the cap (the head's, at the switch, do not)
+    let floor = Duration::from_secs_f64(32.0 / CAP_MBPS as f64 * 0.8);
+    assert!(took >= floor, "a {CAP_MBPS} MB/s cap on s1's 32 MiB: {took:?} < {floor:?}");
+    assert_eq!(
+        bdev_json(&b.spdk, head_b).await["assigned_rate_limits"]["rw_mbytes_per_sec"],
+        0,
+        "the cap lifted"
+    );
+    assert!(
+        held_b >= 64 * MIB as u64 && held_b <= held_a + 4 * MIB as u64,
+        "B holds {held_b} bytes, A {held_a}"
+    );
+    let chain = snapshot_list(&mut p).await;
+    assert_eq!(chain["volume-head"].parent, "s1", "the chain is kept: {chain:?}");
+    assert!(!chain.keys().any(|k| k.starts_with("talon-")), "{chain:?}");
+
+    // a snapshot, an overwrite, and a revert on both nodes
+    snapshot(&mut p, "s2").await.expect("s2");
+    spdk_dd::dd_write_at(&spdk, a.dir.path(), port, nqn, &pattern(32 * MIB, 999), 0);
+    p.snapshot_revert(imrpc::EngineSnapshotRevertRequest {
+        proxy_engine_request: Some(req("vol-e-0")),
+        name: "s2".into(),
+    })
+    .await
+    .expect("SnapshotRevert s2");
+    let head = bdev_json(&b.spdk, head_b).await;
+    assert_eq!(
+        head["driver_specific"]["lvol"]["base_snapshot"], "vol-r-b-snap-s2",
+        "B's head is a clone of its s2: {head}"
+    );
+    let back = spdk_dd::dd(&spdk, a.dir.path(), port, nqn, None, 64 * MIB);
     if let Some(block) = back
         .chunks(4096)
-        .zip(expected.chunks(4096))
+        .zip(expected[..64 * MIB].chunks(4096))
         .position(|(g, w)| g != w)
     {
-        panic!("after the revert the engine reads other data than check2's at block {block}");
+        panic!("after the revert the engine reads other data than s2's at block {block}");
     }
-    eprintln!("{test}: reverted to check2 on both nodes; the engine reads check2's data");
+
+    // node A goes: B alone holds every block that was written
     a.stop().await;
+    SpdkServiceClient::new(b.channel(4).await)
+        .replica_snapshot_create(spdkrpc::SnapshotRequest {
+            name: "vol-r-b".into(),
+            snapshot_name: "final".into(),
+            ..Default::default()
+        })
+        .await
+        .expect("a snapshot of B's replica on B");
+    let got = spdk_dd::read_bdev(
+        &b.spdk,
+        &spdk,
+        b.dir.path(),
+        free_port(),
+        "talon-disk-b/vol-r-b-snap-final",
+        LEN,
+    )
+    .await;
+    if let Some(block) = got.chunks(4096).zip(expected.chunks(4096)).position(|(g, w)| g != w) {
+        panic!("B's replica, read on B alone, differs from what was written at block {block}");
+    }
+    eprintln!("{test}: node A stopped; all {} MiB of B's replica read on B equal what was written", LEN >> 20);
     b.stop().await;
 }
 

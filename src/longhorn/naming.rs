@@ -40,6 +40,20 @@ pub fn instance_name(what: &'static str, value: &str) -> Result<ObjectName, Inva
     Ok(name)
 }
 
+/// Validates the name of a snapshot of one replica, as the replica calls
+/// (`ReplicaSnapshotCreate/Delete`, the rebuilding calls) take it: a
+/// Longhorn snapshot name ([`instance_name`]), or one of the `talon-rb-<n>`
+/// snapshots a thin rebuild takes of the source's head and merges away after
+/// ([`crate::longhorn::rebuild::is_rebuild_snap`]). Engine calls (Longhorn's
+/// `VolumeSnapshot`, revert, remove) take [`instance_name`] only, so a user
+/// never makes or reverts to one.
+pub fn replica_snapshot_name(value: &str) -> Result<ObjectName, InvalidName> {
+    if crate::longhorn::rebuild::is_rebuild_snap(value) {
+        return ObjectName::parse("snapshot", value);
+    }
+    instance_name("snapshot", value)
+}
+
 /// The NQN of a replica's export.
 pub fn replica_nqn(replica: &ObjectName) -> Result<Nqn, InvalidName> {
     Nqn::parse(&format!("{NQN_PREFIX}:{replica}"))

@@ -176,6 +176,14 @@ impl Longhorn {
                 _ if !running => (ptypes::ReplicaMode::Err, None),
                 // one replica: exported without a raid
                 None if e.spec.replica_address_map.len() == 1 => (ptypes::ReplicaMode::Rw, None),
+                // a thin rebuild's switch: the raid is made again over the
+                // members in service and the rebuilt one within this step
+                // (any other loss of the raid ends the rebuild, see the
+                // controller); the manager must not see ERR for the others
+                None if !thin.is_empty() => match thin.get(replica) {
+                    Some(p) => (ptypes::ReplicaMode::Wo, Some(*p)),
+                    None => (ptypes::ReplicaMode::Rw, None),
+                },
                 None => (ptypes::ReplicaMode::Err, None),
                 Some(raid) => {
                     let slot = raid.base_bdevs_list.iter().find(|b| {
@@ -602,7 +610,7 @@ impl Longhorn {
         &self,
         req: spdkrpc::SnapshotRequest,
     ) -> Result<spdkrpc::Replica, Status> {
-        naming::instance_name("snapshot", &req.snapshot_name)
+        naming::replica_snapshot_name(&req.snapshot_name)
             .map_err(|x| Status::invalid_argument(x.to_string()))?;
         let (replica, t) = self.stored_replica(&req.name)?;
         let lvol = snapshot_lvol(replica.as_str(), &req.snapshot_name);
@@ -619,7 +627,7 @@ impl Longhorn {
 
     /// `ReplicaSnapshotDelete`; a snapshot that is not there is no error.
     pub(super) async fn replica_snapshot_delete(&self, req: spdkrpc::SnapshotRequest) -> Result<(), Status> {
-        naming::instance_name("snapshot", &req.snapshot_name)
+        naming::replica_snapshot_name(&req.snapshot_name)
             .map_err(|x| Status::invalid_argument(x.to_string()))?;
         let (replica, t) = self.stored_replica(&req.name)?;
         self.delete_local(

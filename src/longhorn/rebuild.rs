@@ -314,7 +314,7 @@ impl Longhorn {
         let (replica, t) = self.stored_replica(&req.name)?;
         let chain: Vec<String> = req.rebuilding_snapshot_list.iter().map(|l| l.name.clone()).collect();
         for s in &chain {
-            naming::instance_name("snapshot", s).map_err(|x| Status::invalid_argument(x.to_string()))?;
+            naming::replica_snapshot_name(s).map_err(|x| Status::invalid_argument(x.to_string()))?;
         }
         let what = format!("replica {replica}: starting a rebuild from {}", req.src_replica_name);
         let have = self.replica_lvols_now(replica.as_str(), &t.spec.disk).await?;
@@ -448,7 +448,7 @@ impl Longhorn {
         req: spdkrpc::ReplicaRebuildingSrcShallowCopyStartRequest,
     ) -> Result<(), Status> {
         let (replica, t) = self.stored_replica(&req.name)?;
-        naming::instance_name("snapshot", &req.snapshot_name)
+        naming::replica_snapshot_name(&req.snapshot_name)
             .map_err(|x| Status::invalid_argument(x.to_string()))?;
         let address = req
             .dst_rebuilding_lvol_address

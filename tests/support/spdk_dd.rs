@@ -22,6 +22,19 @@ pub fn dd(spdk: &Path, dir: &Path, port: u16, nqn: &str, write: Option<&[u8]>, l
     std::fs::read(dir.join("dd.bin")).expect("dd file")
 }
 
+/// Writes `data` at byte `offset` (a multiple of 64 KiB) of an export, as
+/// [`dd`] does at offset 0.
+#[allow(dead_code)]
+pub fn dd_write_at(spdk: &Path, dir: &Path, port: u16, nqn: &str, data: &[u8], offset: usize) {
+    assert_eq!(offset % 65536, 0, "spdk_dd seeks in 64 KiB blocks here");
+    let out = run(spdk, dir, port, nqn, Some(data), data.len(), spdk_perf::HOST_NQN, offset / 65536);
+    assert!(
+        out.status.success(),
+        "spdk_dd on {nqn} at {offset} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// [`dd`] as host `hostnqn`, whatever it gives.
 pub fn dd_as(
     spdk: &Path,
@@ -31,6 +44,20 @@ pub fn dd_as(
     write: Option<&[u8]>,
     len: usize,
     hostnqn: &str,
+) -> std::process::Output {
+    run(spdk, dir, port, nqn, write, len, hostnqn, 0)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn run(
+    spdk: &Path,
+    dir: &Path,
+    port: u16,
+    nqn: &str,
+    write: Option<&[u8]>,
+    len: usize,
+    hostnqn: &str,
+    seek: usize,
 ) -> std::process::Output {
     let conf = dir.join("dd.json");
     // no examine in spdk_dd: a replica carries its raid's superblock, and
@@ -66,6 +93,9 @@ pub fn dd_as(
         Some(data) => {
             std::fs::write(&file, data).expect("pattern");
             cmd.arg("--if").arg(&file).args(["--ob", "ddn1"]);
+            if seek > 0 {
+                cmd.args(["--seek", &seek.to_string()]);
+            }
         }
         None => {
             cmd.args(["--ib", "ddn1", "--of"])

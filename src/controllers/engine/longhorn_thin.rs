@@ -374,7 +374,7 @@ impl LonghornController {
         let have_src = self.lvols_of(inv, &src).await?;
         let have_dst = self.lvols_of(inv, &dst).await?;
         let chain_src = have_src.chain();
-        if let Some(bad) = chain_src.iter().find(|s| naming::instance_name("snapshot", s).is_err()) {
+        if let Some(bad) = chain_src.iter().find(|s| naming::replica_snapshot_name(s).is_err()) {
             return Ok(Thin::Unsupported(format!("source snapshot {bad:?} is not a Longhorn snapshot name")));
         }
         let bytes = |s: &str| have_src.snapshots.get(s).map_or(0, |(_, b)| *b);

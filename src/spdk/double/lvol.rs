@@ -321,6 +321,23 @@ impl State {
                 if error.is_none() {
                     // the source's own clusters land in the destination's
                     // own clusters (the first one: a superblock or its zeros)
+                    // through NVMe/TCP: into the remote double's lvol
+                    if let BdevKind::Nvme { ctrlr } = &self.bdevs[di].kind {
+                        let nsid = self.bdevs[di]
+                            .name
+                            .rsplit_once('n')
+                            .and_then(|(_, n)| n.parse().ok())
+                            .unwrap_or(1);
+                        if let Some(c) = self.ctrlrs.iter().find(|c| &c.name == ctrlr) {
+                            let sb = (src.sb.is_some() || src.sb_cleared).then(|| (src.sb.clone(), src.sb_cleared));
+                            self.fabric_writes.push(super::FabricWrite {
+                                trid: c.trid.clone(),
+                                nsid,
+                                clusters: src.allocated,
+                                sb,
+                            });
+                        }
+                    }
                     if let BdevKind::Lvol(_) = &self.bdevs[di].kind {
                         let clusters = dst_bytes / self.cluster_size_of(di).max(1);
                         self.set_lvol_info(di, |l| {
@@ -337,6 +354,9 @@ impl State {
                     total: src.allocated,
                     error,
                     checks: 0,
+                    done_at: std::time::Instant::now()
+                        + if src.allocated > 0 { self.rebuild_time } else { Duration::ZERO },
+                    dst: p.dst_bdev_name.clone(),
                 });
                 Ok(json!({ "operation_id": id }))
             }
@@ -345,8 +365,13 @@ impl State {
                 let Some(pos) = self.shallow_copies.iter().position(|c| c.id == p.operation_id) else {
                     return e(ENODEV);
                 };
+                let gone = std::time::Instant::now() < self.shallow_copies[pos].done_at
+                    && self.find(&self.shallow_copies[pos].dst).is_none();
                 let c = &mut self.shallow_copies[pos];
                 c.checks += 1;
+                if gone && c.error.is_none() {
+                    c.error = Some("Input/output error");
+                }
                 let (total, error) = (c.total, c.error);
                 // reported once when it ended, then forgotten (as SPDK does)
                 if let Some(err) = error {
@@ -354,7 +379,7 @@ impl State {
                     return Ok(json!({"copied_clusters": 0, "total_clusters": total,
                         "state": "error", "error": err}));
                 }
-                if c.checks == 1 && total > 1 {
+                if (c.checks == 1 && total > 1) || std::time::Instant::now() < c.done_at {
                     return Ok(json!({"copied_clusters": total / 2, "total_clusters": total,
                         "state": "in progress"}));
                 }

@@ -38,7 +38,10 @@
 //! not exist is refused with -19 where SPDK would leave the raid
 //! "configuring"; a rebuild (a member added to an online raid1) takes
 //! [`SpdkDouble::set_rebuild_time`] (zero by default: done at once) and
-//! copies nothing. NVMe/TCP attach finds subsystems
+//! copies nothing; a shallow copy of a snapshot with allocated clusters
+//! takes that time too (and is "in progress" at its first check); one whose
+//! destination bdev goes before it ends reports state "error" with
+//! "Input/output error" (not recorded from a real target). NVMe/TCP attach finds subsystems
 //! of every `SpdkDouble` in the process (a fabric shared by the doubles) by
 //! listener address and NQN; PCIe controllers are those added with
 //! [`SpdkDouble::add_pcie_nvme`].
@@ -311,6 +314,9 @@ struct State {
     /// how many checks saw it (one check sees it in progress, the next
     /// complete, as a copy that takes a moment).
     shallow_copies: Vec<ShallowCopy>,
+    /// Clusters a shallow copy wrote through an NVMe/TCP namespace bdev,
+    /// applied to the remote double's lvol once this double's lock is let go.
+    fabric_writes: Vec<FabricWrite>,
     shallow_copy_count: u32,
     /// `bdev_set_qos_limit` limits in force, by bdev name: (rw_ios_per_sec,
     /// rw_mbytes_per_sec, r_mbytes_per_sec, w_mbytes_per_sec); 0 = none.
@@ -323,6 +329,22 @@ struct ShallowCopy {
     total: u64,
     error: Option<&'static str>,
     checks: u32,
+    /// When it ends: the rebuild time after its start (a copy of no
+    /// clusters ends at once).
+    done_at: std::time::Instant,
+    /// The destination bdev: a copy whose destination goes (a lost
+    /// controller) ends in error.
+    dst: String,
+}
+
+/// Clusters written through NVMe/TCP namespace `nsid` of subsystem `trid`
+/// (a shallow copy into another double's replica).
+#[derive(Debug, Clone)]
+struct FabricWrite {
+    trid: Value,
+    nsid: u32,
+    clusters: u64,
+    sb: Option<(Option<Superblock>, bool)>,
 }
 
 /// Every double in the process, for NVMe/TCP attach across doubles.
@@ -457,7 +479,8 @@ impl SpdkDouble {
         self.listen()
     }
 
-    /// How long a raid1 rebuild takes from now on (zero: done at once).
+    /// How long a raid1 rebuild, or a shallow copy of a snapshot with
+    /// clusters, takes from now on (zero: done at once).
     pub fn set_rebuild_time(&self, d: Duration) {
         lock(&self.state).rebuild_time = d;
     }
@@ -843,6 +866,42 @@ fn fabric_connect(
     None
 }
 
+/// A write through the fabric lands in the lvol behind the namespace.
+fn fabric_write(w: &FabricWrite) {
+    let (Some(traddr), Some(trsvcid), Some(nqn)) = (
+        w.trid["traddr"].as_str(),
+        w.trid["trsvcid"].as_str(),
+        w.trid["subnqn"].as_str(),
+    ) else {
+        return;
+    };
+    for d in fabric() {
+        let mut s = lock(&d);
+        let Some(bdev) = s
+            .subsystems
+            .iter()
+            .find(|sub| sub.nqn == nqn && listens(sub, traddr, trsvcid))
+            .and_then(|sub| sub.namespaces.iter().find(|n| n.nsid == w.nsid))
+            .map(|n| n.bdev.clone())
+        else {
+            continue;
+        };
+        let Some(i) = s.find(&bdev) else { return };
+        if !matches!(s.bdevs[i].kind, BdevKind::Lvol(_)) {
+            return;
+        }
+        let total = s.bdevs[i].num_blocks * u64::from(s.bdevs[i].block_size) / s.cluster_size_of(i).max(1);
+        s.set_lvol_info(i, |l| {
+            l.allocated = (l.allocated + w.clusters).min(total);
+            if let Some((sb, cleared)) = &w.sb {
+                l.sb = sb.clone();
+                l.sb_cleared = *cleared;
+            }
+        });
+        return;
+    }
+}
+
 fn fabric_disconnect(trid: &Value, cntlid: u32) {
     let (Some(traddr), Some(trsvcid), Some(nqn)) = (
         trid["traddr"].as_str(),
@@ -919,9 +978,15 @@ fn execute(state: &Arc<Mutex<State>>, method: &str, params: &Option<Value>) -> R
         }
         return Ok(json!(true));
     }
-    let mut s = lock(state);
-    let r = s.call(method, params);
-    s.sync_notifications();
+    let (r, writes) = {
+        let mut s = lock(state);
+        let r = s.call(method, params);
+        s.sync_notifications();
+        (r, std::mem::take(&mut s.fabric_writes))
+    };
+    for w in writes {
+        fabric_write(&w);
+    }
     r
 }
 
