@@ -1235,14 +1235,15 @@ async fn real_spdk_replica_add_rebuilds_a_replica_made_again_on_node_b() {
     snapshot(&mut p, "s1").await.expect("s1");
     write(pattern(16 * MIB, 2), 512 * MIB);
 
-    // node B goes (talon and its spdk_tgt); A alone takes more writes
+    // node B goes (talon and its spdk_tgt); A alone takes more writes (the
+    // first write B's member fails takes it out of the raid: SPDK's raid1)
     b.stop().await;
-    talon::runtime::testing::eventually("B's replica ERR", Duration::from_secs(60), || async {
+    write(pattern(16 * MIB, 3), 256 * MIB);
+    talon::runtime::testing::eventually("B's replica ERR", WAIT, || async {
         let mut p = p.clone();
         (modes(&mut p).await == vec![(ta.clone(), RW), (tb.clone(), ERR)]).then_some(())
     })
     .await;
-    write(pattern(16 * MIB, 3), 256 * MIB);
     // B comes back with its replica as it was: stale, it is not served
     b.start().await;
     assert_eq!(modes(&mut p).await, vec![(ta.clone(), RW), (tb.clone(), ERR)]);

@@ -365,18 +365,46 @@ impl LonghornController {
         Ok(st)
     }
 
-    /// Removes a replica's export and, with `cleanup`, its lvol.
+    /// Removes a replica's export and, with `cleanup`, its lvols: the head
+    /// and every snapshot of its chain (as Longhorn's replica delete does),
+    /// each after the lvols that depend on it.
     async fn remove_replica(&self, inv: &mut Inventory, r: &Typed<LonghornReplica>) -> Result<(), String> {
         let name = ObjectName::parse("replica", r.id()).map_err(|e| e.to_string())?;
         let nqn = naming::replica_nqn(&name).map_err(|e| e.to_string())?;
         self.unexport(inv, nqn.as_str()).await?;
-        if r.spec.cleanup {
-            let alias = naming::replica_alias(&r.spec.disk, name.as_str());
-            if inv.lvols.contains_key(&alias) {
-                ignore_missing(self.client.bdev_lvol_delete(&ByName::new(&alias)).await)
-                    .map_err(|e| format!("deleting lvol {alias}: {}", chain(&e)))?;
-                inv.lvols.remove(&alias);
+        if !r.spec.cleanup {
+            return Ok(());
+        }
+        let head = naming::replica_alias(&r.spec.disk, name.as_str());
+        let snaps = format!("{head}-snap-");
+        let mut left: Vec<String> = inv
+            .lvols
+            .keys()
+            .filter(|a| **a == head || a.starts_with(&snaps))
+            .cloned()
+            .collect();
+        while !left.is_empty() {
+            // the lvols no other lvol of the replica is a clone of
+            let leaves: Vec<String> = left
+                .iter()
+                .filter(|a| {
+                    !left
+                        .iter()
+                        .any(|o| inv.parent_of(o).is_some_and(|p| p == **a))
+                })
+                .cloned()
+                .collect();
+            if leaves.is_empty() {
+                return Err(format!("replica {name}: lvols {left:?} depend on each other"));
             }
+            for alias in leaves {
+                ignore_missing(self.client.bdev_lvol_delete(&ByName::new(&alias)).await)
+                    .map_err(|e| format!("replica {name}: deleting lvol {alias}: {}", chain(&e)))?;
+                left.retain(|a| *a != alias);
+            }
+        }
+        for a in inv.lvols.keys().filter(|a| **a == head || a.starts_with(&snaps)).cloned().collect::<Vec<_>>() {
+            inv.lvols.remove(&a);
         }
         Ok(())
     }
