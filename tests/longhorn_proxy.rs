@@ -29,8 +29,8 @@ use talon::longhorn::proto::imrpc::{
     self, disk_service_client::DiskServiceClient, instance_service_client::InstanceServiceClient,
     proxy_engine_service_client::ProxyEngineServiceClient,
 };
-use talon::longhorn::proto::spdkrpc::{self, spdk_service_client::SpdkServiceClient};
 use talon::longhorn::proto::ptypes;
+use talon::longhorn::proto::spdkrpc::{self, spdk_service_client::SpdkServiceClient};
 use talon::longhorn::server::LonghornOptions;
 use talon::serve::{ServeOptions, serve_with};
 use talon::spdk::rpc::{GetLvols, LvstoreSelector};
@@ -88,24 +88,29 @@ fn opts(dir: &Path, ip: &str, spdk: Option<&Path>) -> ServeOptions {
     }
 }
 
-/// Five consecutive ports free on both loopback addresses.
+/// Ports free on both loopback addresses from `base`: five for the gRPC
+/// services, then each node's instance ports (`INSTANCE_PORTS` each), so two
+/// runs at once (a bench, another test) never share an export's port.
+const SPAN: u16 = 5 + 2 * INSTANCE_PORTS;
+const INSTANCE_PORTS: u16 = 50;
+
 fn free_base(ips: &[IpAddr]) -> u16 {
     for _ in 0..200 {
         let probe = std::net::TcpListener::bind("127.0.0.1:0").expect("probe");
         let base = probe.local_addr().expect("addr").port();
         drop(probe);
-        if base > 65000 {
+        if base > 65000 - SPAN {
             continue;
         }
         let all: Vec<_> = ips
             .iter()
-            .flat_map(|ip| (0..5).map(move |i| std::net::TcpListener::bind((*ip, base + i))))
+            .flat_map(|ip| (0..SPAN).map(move |i| std::net::TcpListener::bind((*ip, base + i))))
             .collect();
         if all.iter().all(Result::is_ok) {
             return base;
         }
     }
-    panic!("no five consecutive free ports");
+    panic!("no {SPAN} consecutive free ports");
 }
 
 struct Node {
@@ -154,10 +159,15 @@ impl Node {
         let lh = LonghornOptions {
             listen: SocketAddr::new(self.ip, self.base),
             // instance ports: each node its own range (one machine here)
-            ports: if self.ip == IpAddr::from([127, 0, 0, 1]) {
-                33000..=33049
-            } else {
-                33050..=33099
+            ports: {
+                let first = self.base
+                    + 5
+                    + if self.ip == IpAddr::from([127, 0, 0, 1]) {
+                        0
+                    } else {
+                        INSTANCE_PORTS
+                    };
+                first..=first + INSTANCE_PORTS - 1
             },
         };
         let ip = self.ip.to_string();
@@ -569,6 +579,13 @@ async fn replica_add(
         .map(|_| ())
 }
 
+/// Replica `b` RW and `a` WO (being rebuilt), in address order.
+async fn copying_a(p: &mut ProxyEngineServiceClient<Channel>, a: &str, b: &str) {
+    let mut want = vec![(a.to_owned(), WO), (b.to_owned(), RW)];
+    want.sort();
+    assert_eq!(modes(p).await, want);
+}
+
 async fn replica_remove(p: &mut ProxyEngineServiceClient<Channel>, name: &str) {
     p.replica_remove(imrpc::EngineReplicaRemoveRequest {
         proxy_engine_request: Some(req("vol-e-0")),
@@ -788,10 +805,20 @@ async fn the_engine_proxy_reverts_purges_and_rebuilds_across_two_nodes() {
     assert!(a_s4.is_some_and(|n| n >= 4), "{a_s4:?}");
     assert_eq!(allocated(&b, format!("talon-{wdisk}/{won}-snap-s4")).await, a_s4);
     for n in [&a, &b] {
-        let rb: Vec<String> = n.lvols().await.into_iter().filter(|l| l.contains("talon-rb-")).collect();
+        let rb: Vec<String> = n
+            .lvols()
+            .await
+            .into_iter()
+            .filter(|l| l.contains("talon-rb-"))
+            .collect();
         assert!(rb.is_empty(), "{rb:?}");
     }
-    assert!(!snapshot_list(&mut p).await.keys().any(|k| k.starts_with("talon-")));
+    assert!(
+        !snapshot_list(&mut p)
+            .await
+            .keys()
+            .any(|k| k.starts_with("talon-"))
+    );
     let e = replica_add(&p, won, if won == "vol-r-b" { &addr_b } else { &addr_c })
         .await
         .expect_err("already in service");
@@ -860,7 +887,9 @@ async fn the_engine_proxy_reverts_purges_and_rebuilds_across_two_nodes() {
     double(&a).write("vol-e-0", 4);
     snapshot(&mut p, "s7").await.expect("s7");
     double(&a).set_rebuild_time(Duration::from_secs(60));
-    replica_add(&p, won, &waddr).await.expect("ReplicaAdd before B goes");
+    replica_add(&p, won, &waddr)
+        .await
+        .expect("ReplicaAdd before B goes");
     talon::runtime::testing::eventually("the copy's controller on A", WAIT, || async {
         double(&a).lose_controller(won).then_some(())
     })
@@ -878,7 +907,8 @@ async fn the_engine_proxy_reverts_purges_and_rebuilds_across_two_nodes() {
         .into_inner()
         .status;
     assert!(
-        rs.get(&twon).is_some_and(|s| !s.is_rebuilding && !s.error.is_empty()),
+        rs.get(&twon)
+            .is_some_and(|s| !s.is_rebuilding && !s.error.is_empty()),
         "{rs:?}"
     );
     b.start().await;
@@ -895,6 +925,43 @@ async fn the_engine_proxy_reverts_purges_and_rebuilds_across_two_nodes() {
         allocated(&b, format!("talon-{wdisk}/{won}-snap-s7")).await,
         allocated(&a, "talon-disk-a/vol-r-a-snap-s7".into()).await
     );
+
+    // A's own replica rebuilt from the one on B: A's replica is exported for
+    // B's target to copy into (the engine does not hold it meanwhile), and
+    // held again, out of its export, once it joined
+    replica_remove(&mut p, "vol-r-a").await;
+    assert_eq!(modes(&mut p).await, vec![(twon.clone(), RW)]);
+    double(&b).write(&head, 4);
+    snapshot(&mut p, "s8").await.expect("s8");
+    double(&b).set_rebuild_time(Duration::from_secs(3));
+    replica_add(&p, "vol-r-a", &addr_a)
+        .await
+        .expect("ReplicaAdd of A's replica");
+    copying_a(&mut p, &ta, &twon).await;
+    let a_nqn = "nqn.2023-01.io.longhorn.spdk:vol-r-a";
+    let exported = |n: &Node| {
+        let spdk = n.spdk.clone();
+        async move {
+            talon::spdk::volume::Inventory::load(&spdk)
+                .await
+                .expect("inventory")
+                .subsystem(a_nqn)
+                .is_some()
+        }
+    };
+    talon::runtime::testing::eventually("A's replica exported for the copy", WAIT, || async {
+        exported(&a).await.then_some(())
+    })
+    .await;
+    talon::runtime::testing::eventually("A's replica RW", WAIT, || async {
+        let mut p = p.clone();
+        (modes(&mut p).await == vec![(ta.clone(), RW), (twon.clone(), RW)]).then_some(())
+    })
+    .await;
+    assert!(!exported(&a).await, "held by the engine again");
+    let b_s8 = allocated(&b, format!("talon-{wdisk}/{won}-snap-s8")).await;
+    assert!(b_s8.is_some_and(|n| n >= 4), "{b_s8:?}");
+    assert_eq!(allocated(&a, "talon-disk-a/vol-r-a-snap-s8".into()).await, b_s8);
 
     // B's proxy answers for the engine on A through B's engine-frontend
     let inst_b = InstanceServiceClient::new(b.channel(3).await);
@@ -1256,7 +1323,10 @@ async fn real_spdk_replica_add_rebuilds_a_replica_made_again_on_node_b() {
         (modes(&mut p).await == vec![(ta.clone(), RW), (tb.clone(), RW)]).then_some(())
     })
     .await;
-    let (held_a, held_b) = (allocated_bytes(&a, "vol-r-a").await, allocated_bytes(&b, "vol-r-b").await);
+    let (held_a, held_b) = (
+        allocated_bytes(&a, "vol-r-a").await,
+        allocated_bytes(&b, "vol-r-b").await,
+    );
     eprintln!(
         "{test}: round 1 (stale B): rebuilt in {:?}; A holds {} MiB, B {} MiB of a {} MiB volume",
         started.elapsed(),
@@ -1268,7 +1338,11 @@ async fn real_spdk_replica_add_rebuilds_a_replica_made_again_on_node_b() {
         held_b >= 64 * MIB as u64 && held_b <= held_a + 4 * MIB as u64,
         "B holds {held_b} bytes, A {held_a}: the rebuilt replica is thin"
     );
-    assert!(!b.lvols().await.iter().any(|l| l.contains("talon-rb-")), "{:?}", b.lvols().await);
+    assert!(
+        !b.lvols().await.iter().any(|l| l.contains("talon-rb-")),
+        "{:?}",
+        b.lvols().await
+    );
 
     // round 2: B's replica made again empty, rebuilt under a cap
     replica_remove(&mut p, "vol-r-b").await;
@@ -1298,7 +1372,8 @@ async fn real_spdk_replica_add_rebuilds_a_replica_made_again_on_node_b() {
     replica_add(&p, "vol-r-b", &addr_b).await.expect("ReplicaAdd");
     let head_b = "talon-disk-b/vol-r-b";
     talon::runtime::testing::eventually("B's head capped while s1 is copied", WAIT, || async {
-        (bdev_json(&b.spdk, head_b).await["assigned_rate_limits"]["rw_mbytes_per_sec"] == CAP_MBPS).then_some(())
+        (bdev_json(&b.spdk, head_b).await["assigned_rate_limits"]["rw_mbytes_per_sec"] == CAP_MBPS)
+            .then_some(())
     })
     .await;
     assert_eq!(modes(&mut p).await, vec![(ta.clone(), RW), (tb.clone(), WO)]);
@@ -1315,7 +1390,10 @@ async fn real_spdk_replica_add_rebuilds_a_replica_made_again_on_node_b() {
     );
     // s1's 32 MiB go under the cap (the head's, at the switch, do not)
     let floor = Duration::from_secs_f64(32.0 / CAP_MBPS as f64 * 0.8);
-    assert!(took >= floor, "a {CAP_MBPS} MB/s cap on s1's 32 MiB: {took:?} < {floor:?}");
+    assert!(
+        took >= floor,
+        "a {CAP_MBPS} MB/s cap on s1's 32 MiB: {took:?} < {floor:?}"
+    );
     assert_eq!(
         bdev_json(&b.spdk, head_b).await["assigned_rate_limits"]["rw_mbytes_per_sec"],
         0,
@@ -1328,6 +1406,49 @@ async fn real_spdk_replica_add_rebuilds_a_replica_made_again_on_node_b() {
     let chain = snapshot_list(&mut p).await;
     assert_eq!(chain["volume-head"].parent, "s1", "the chain is kept: {chain:?}");
     assert!(!chain.keys().any(|k| k.starts_with("talon-")), "{chain:?}");
+
+    // round 3: A's own replica made again empty and rebuilt from B's (A's is
+    // exported for B's target to copy into until it joins)
+    replica_remove(&mut p, "vol-r-a").await;
+    inst_a
+        .clone()
+        .instance_delete(imrpc::InstanceDeleteRequest {
+            name: "vol-r-a".into(),
+            r#type: "replica".into(),
+            cleanup_required: true,
+            data_engine: imrpc::DataEngine::V2 as i32,
+            ..Default::default()
+        })
+        .await
+        .expect("delete A's replica");
+    talon::runtime::testing::eventually("A's lvols deleted", WAIT, || async {
+        (!a.lvols().await.iter().any(|l| l.contains("vol-r-a"))).then_some(())
+    })
+    .await;
+    let addr_a = a.replica_again("disk-a", "vol-r-a", LEN as u64).await;
+    let ta = format!("tcp://{addr_a}");
+    let started = std::time::Instant::now();
+    replica_add(&p, "vol-r-a", &addr_a)
+        .await
+        .expect("ReplicaAdd of A's replica");
+    talon::runtime::testing::eventually("A rebuilt from B (RW)", Duration::from_secs(120), || async {
+        let mut p = p.clone();
+        (modes(&mut p).await == vec![(ta.clone(), RW), (tb.clone(), RW)]).then_some(())
+    })
+    .await;
+    let (held_a, held_b) = (
+        allocated_bytes(&a, "vol-r-a").await,
+        allocated_bytes(&b, "vol-r-b").await,
+    );
+    eprintln!(
+        "{test}: round 3 (A's replica from B's): rebuilt in {:?}; A holds {} MiB",
+        started.elapsed(),
+        held_a >> 20
+    );
+    assert!(
+        held_a >= 64 * MIB as u64 && held_a <= held_b + 4 * MIB as u64,
+        "A holds {held_a} bytes, B {held_b}"
+    );
 
     // a snapshot, an overwrite, and a revert on both nodes
     snapshot(&mut p, "s2").await.expect("s2");
@@ -1371,10 +1492,17 @@ async fn real_spdk_replica_add_rebuilds_a_replica_made_again_on_node_b() {
         LEN,
     )
     .await;
-    if let Some(block) = got.chunks(4096).zip(expected.chunks(4096)).position(|(g, w)| g != w) {
+    if let Some(block) = got
+        .chunks(4096)
+        .zip(expected.chunks(4096))
+        .position(|(g, w)| g != w)
+    {
         panic!("B's replica, read on B alone, differs from what was written at block {block}");
     }
-    eprintln!("{test}: node A stopped; all {} MiB of B's replica read on B equal what was written", LEN >> 20);
+    eprintln!(
+        "{test}: node A stopped; all {} MiB of B's replica read on B equal what was written",
+        LEN >> 20
+    );
     b.stop().await;
 }
 

@@ -133,7 +133,10 @@ impl Longhorn {
         snap: &str,
     ) -> Result<Option<usize>, Status> {
         Ok(self.engine_lvols(e).await?.map(|v| {
-            v.snapshots.values().filter(|(p, _)| p.as_deref() == Some(snap)).count()
+            v.snapshots
+                .values()
+                .filter(|(p, _)| p.as_deref() == Some(snap))
+                .count()
                 + usize::from(v.head_parent.as_deref() == Some(snap))
         }))
     }

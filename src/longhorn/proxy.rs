@@ -34,6 +34,7 @@ use super::naming;
 use super::proto::imrpc::{self, proxy_engine_service_server};
 use super::proto::ptypes;
 use super::proto::spdkrpc::{self, spdk_service_client::SpdkServiceClient};
+use super::rebuild::{ReplicaLvols, is_rebuild_snap};
 use super::server::Longhorn;
 use crate::names::ObjectName;
 use crate::resources::longhorn::{
@@ -44,7 +45,6 @@ use crate::spdk::ErrorKind;
 use crate::spdk::rpc::{AnaState, ByName, ByNqn, ListenAddress, ListenerAnaState, LvolResize, LvolSnapshot};
 use crate::spdk::volume::Inventory;
 use crate::spdk::volume::naming::lvstore;
-use super::rebuild::{ReplicaLvols, is_rebuild_snap};
 
 /// Longhorn's name of the head in a snapshot list.
 pub const VOLUME_HEAD: &str = "volume-head";
@@ -227,7 +227,10 @@ impl Longhorn {
     /// replica in service holds the same snapshots): a replica of this node
     /// read from spdk_tgt, else one of another node's (its `ReplicaGet`);
     /// `None` when none answers.
-    pub(super) async fn engine_lvols(&self, e: &Typed<LonghornEngine>) -> Result<Option<ReplicaLvols>, Status> {
+    pub(super) async fn engine_lvols(
+        &self,
+        e: &Typed<LonghornEngine>,
+    ) -> Result<Option<ReplicaLvols>, Status> {
         if let Some((replica, r)) = e
             .spec
             .replica_address_map
@@ -241,7 +244,9 @@ impl Longhorn {
                 continue;
             };
             if let Ok(r) = c
-                .replica_get(spdkrpc::ReplicaGetRequest { name: replica.clone() })
+                .replica_get(spdkrpc::ReplicaGetRequest {
+                    name: replica.clone(),
+                })
                 .await
             {
                 return Ok(Some(ReplicaLvols::from_message(&r.into_inner())));
@@ -651,7 +656,13 @@ pub(super) fn tcp(address: &str) -> String {
     format!("tcp://{address}")
 }
 
-fn disk_info(name: &str, bytes: u64, parent: &str, children: &[&str], removed: bool) -> imrpc::EngineSnapshotDiskInfo {
+fn disk_info(
+    name: &str,
+    bytes: u64,
+    parent: &str,
+    children: &[&str],
+    removed: bool,
+) -> imrpc::EngineSnapshotDiskInfo {
     imrpc::EngineSnapshotDiskInfo {
         name: name.to_owned(),
         parent: parent.to_owned(),
@@ -868,7 +879,13 @@ impl proxy_engine_service_server::ProxyEngineService for Longhorn {
             }
             disks.insert(
                 s.clone(),
-                disk_info(s, *bytes, &shown(p.clone()), &children, e.spec.removed_snapshots.contains(s)),
+                disk_info(
+                    s,
+                    *bytes,
+                    &shown(p.clone()),
+                    &children,
+                    e.spec.removed_snapshots.contains(s),
+                ),
             );
         }
         disks.insert(

@@ -248,7 +248,13 @@ pub async fn reset_head(
             .await
             .map(|_| ()),
     }
-    .map_err(|e| format!("making {} again, empty, to rebuild it: {}", alias(replica), chain_err(&e)))?;
+    .map_err(|e| {
+        format!(
+            "making {} again, empty, to rebuild it: {}",
+            alias(replica),
+            chain_err(&e)
+        )
+    })?;
     Ok(j)
 }
 
@@ -312,11 +318,18 @@ impl Longhorn {
         req: spdkrpc::ReplicaRebuildingDstStartRequest,
     ) -> Result<spdkrpc::ReplicaRebuildingDstStartResponse, Status> {
         let (replica, t) = self.stored_replica(&req.name)?;
-        let chain: Vec<String> = req.rebuilding_snapshot_list.iter().map(|l| l.name.clone()).collect();
+        let chain: Vec<String> = req
+            .rebuilding_snapshot_list
+            .iter()
+            .map(|l| l.name.clone())
+            .collect();
         for s in &chain {
             naming::replica_snapshot_name(s).map_err(|x| Status::invalid_argument(x.to_string()))?;
         }
-        let what = format!("replica {replica}: starting a rebuild from {}", req.src_replica_name);
+        let what = format!(
+            "replica {replica}: starting a rebuild from {}",
+            req.src_replica_name
+        );
         let have = self.replica_lvols_now(replica.as_str(), &t.spec.disk).await?;
         let j = have.shared(&chain);
         let nqn = naming::replica_nqn(&replica).map_err(|x| Status::invalid_argument(x.to_string()))?;
@@ -350,10 +363,14 @@ impl Longhorn {
         loop {
             let subs = self.client().nvmf_get_subsystems(&Default::default()).await;
             let exported = subs.is_ok_and(|s| {
-                s.iter()
-                    .any(|s| s.nqn == nqn.as_str() && !s.namespaces.is_empty() && !s.listen_addresses.is_empty())
+                s.iter().any(|s| {
+                    s.nqn == nqn.as_str() && !s.namespaces.is_empty() && !s.listen_addresses.is_empty()
+                })
             });
-            if exported && let Some(st) = self.status_of(replica.as_str()) && !st.endpoint.is_empty() {
+            if exported
+                && let Some(st) = self.status_of(replica.as_str())
+                && !st.endpoint.is_empty()
+            {
                 return Ok(spdkrpc::ReplicaRebuildingDstStartResponse {
                     dst_head_lvol_address: st.endpoint,
                 });
@@ -412,7 +429,11 @@ impl Longhorn {
                 ))
             })?;
         let ctrl = src_controller(dst.as_str());
-        match self.client().bdev_nvme_detach_controller(&ByName::new(&ctrl)).await {
+        match self
+            .client()
+            .bdev_nvme_detach_controller(&ByName::new(&ctrl))
+            .await
+        {
             Ok(_) => {}
             Err(x) if x.is(ErrorKind::NotFound) => {}
             Err(x) => return Err(internal(&format!("{what}: detaching {ctrl}"), &x)),
@@ -498,10 +519,12 @@ impl Longhorn {
             .client()
             .bdev_lvol_check_shallow_copy(&CheckShallowCopy { operation_id: op })
             .await
-            .map_err(|e| match e.is(ErrorKind::NotFound) || e.is(ErrorKind::InvalidParams) {
-                true => Status::not_found(format!("replica {}: spdk_tgt forgot copy {op}", req.name)),
-                false => internal(&format!("replica {}: checking copy {op}", req.name), &e),
-            })?;
+            .map_err(
+                |e| match e.is(ErrorKind::NotFound) || e.is(ErrorKind::InvalidParams) {
+                    true => Status::not_found(format!("replica {}: spdk_tgt forgot copy {op}", req.name)),
+                    false => internal(&format!("replica {}: checking copy {op}", req.name), &e),
+                },
+            )?;
         Ok(spdkrpc::ReplicaRebuildingSrcShallowCopyCheckResponse {
             state: s.state,
             copied_clusters: s.copied_clusters,
@@ -518,7 +541,11 @@ impl Longhorn {
     ) -> Result<(), Status> {
         copies().remove(&(req.name.clone(), req.dst_replica_name.clone()));
         let ctrl = src_controller(&req.dst_replica_name);
-        match self.client().bdev_nvme_detach_controller(&ByName::new(&ctrl)).await {
+        match self
+            .client()
+            .bdev_nvme_detach_controller(&ByName::new(&ctrl))
+            .await
+        {
             Ok(_) => Ok(()),
             Err(x) if x.is(ErrorKind::NotFound) => Ok(()),
             Err(x) => Err(internal(&format!("replica {}: detaching {ctrl}", req.name), &x)),

@@ -1519,7 +1519,9 @@ impl spdk_service_server::SpdkService for Longhorn {
         &self,
         req: Request<spdkrpc::ReplicaRebuildingSrcShallowCopyCheckRequest>,
     ) -> Result<Response<spdkrpc::ReplicaRebuildingSrcShallowCopyCheckResponse>, Status> {
-        Ok(Response::new(self.rebuilding_src_copy_check(req.into_inner()).await?))
+        Ok(Response::new(
+            self.rebuilding_src_copy_check(req.into_inner()).await?,
+        ))
     }
 
     async fn replica_rebuilding_dst_start(

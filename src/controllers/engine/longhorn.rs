@@ -387,11 +387,7 @@ impl LonghornController {
             // the lvols no other lvol of the replica is a clone of
             let leaves: Vec<String> = left
                 .iter()
-                .filter(|a| {
-                    !left
-                        .iter()
-                        .any(|o| inv.parent_of(o).is_some_and(|p| p == **a))
-                })
+                .filter(|a| !left.iter().any(|o| inv.parent_of(o).is_some_and(|p| p == **a)))
                 .cloned()
                 .collect();
             if leaves.is_empty() {
@@ -403,7 +399,13 @@ impl LonghornController {
                 left.retain(|a| *a != alias);
             }
         }
-        for a in inv.lvols.keys().filter(|a| **a == head || a.starts_with(&snaps)).cloned().collect::<Vec<_>>() {
+        for a in inv
+            .lvols
+            .keys()
+            .filter(|a| **a == head || a.starts_with(&snaps))
+            .cloned()
+            .collect::<Vec<_>>()
+        {
             inv.lvols.remove(&a);
         }
         Ok(())
@@ -649,7 +651,8 @@ impl LonghornController {
             }
             match self.thin_step(inv, e, local, replica, plan).await {
                 Ok(thin::Thin::Copying { copied, total }) => {
-                    let pct = u32::try_from((copied * 100).checked_div(total).unwrap_or(0).min(99)).unwrap_or(99);
+                    let pct =
+                        u32::try_from((copied * 100).checked_div(total).unwrap_or(0).min(99)).unwrap_or(99);
                     st.thin_rebuilds.insert(replica.clone(), pct);
                     st.rebuild = format!("{replica} {pct}% {copied}/{total} bytes");
                 }
@@ -661,7 +664,12 @@ impl LonghornController {
                     }
                 }
                 Ok(thin::Thin::Unsupported(why)) => {
-                    tracing::info!(engine = e.id(), replica, why, "rebuilding with SPDK's raid rebuild (every block)");
+                    tracing::info!(
+                        engine = e.id(),
+                        replica,
+                        why,
+                        "rebuilding with SPDK's raid rebuild (every block)"
+                    );
                     started_one = true;
                     if let Err(m) = self
                         .start_rebuild(inv, e.id(), replica, address, local, e.spec.rebuild_qos_mbps)
@@ -1075,10 +1083,12 @@ impl Controller for LonghornController {
             .iter()
             .filter(|e| e.metadata.phase == Phase::Running)
             .collect();
+        // (a replica rebuilt from another node is exported for it instead)
+        let rebuilt_from_afar = self.thin.exported_dsts();
         let held: BTreeSet<&str> = running_engines
             .iter()
             .flat_map(|e| e.spec.replica_address_map.keys())
-            .filter(|r| local.contains_key(*r))
+            .filter(|r| local.contains_key(*r) && !rebuilt_from_afar.contains(*r))
             .map(String::as_str)
             .collect();
         for r in &replicas {

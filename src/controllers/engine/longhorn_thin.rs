@@ -6,22 +6,22 @@
 //! then made again). The dest is in no raid and never read until the
 //! switch, when it equals the source.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tonic::transport::Channel;
 
 use super::{ExportPlan, LonghornController, chain, ignore_missing};
+use crate::longhorn::naming;
 use crate::longhorn::proto::spdkrpc;
 use crate::longhorn::proto::spdkrpc::spdk_service_client::SpdkServiceClient;
 use crate::longhorn::proxy::snapshot_lvol;
 use crate::longhorn::rebuild::{REBUILD_SNAP_PREFIX, ReplicaLvols, is_rebuild_snap, reset_head, start_copy};
-use crate::longhorn::naming;
 use crate::resources::longhorn::{LonghornEngine, LonghornReplica};
 use crate::runtime::Typed;
 use crate::spdk::rpc::{
-    ByName, CheckShallowCopy, LvolSnapshot, RaidCreate, RaidDelete, RaidLevel, RemoveNamespace,
+    ByName, ByNqn, CheckShallowCopy, LvolSnapshot, RaidCreate, RaidDelete, RaidLevel, RemoveNamespace,
     SubsystemListener,
 };
 use crate::spdk::volume::Inventory;
@@ -63,6 +63,10 @@ struct ThinState {
     failures: HashMap<(String, String), u32>,
     /// The cap applied on a dest's node per (engine, replica).
     caps: HashMap<(String, String), u64>,
+    /// Dests of this node copied from a source on another node: exported
+    /// (not held by their engine) until the switch, so that node's target
+    /// can write them, per (engine, replica).
+    exported: BTreeSet<(String, String)>,
 }
 
 /// The thin rebuilds of this node's engines.
@@ -77,7 +81,10 @@ impl ThinRebuilds {
     pub(super) fn failed(&self, engine: &str, replica: &str) -> u32 {
         let mut s = self.lock();
         s.running.remove(engine);
-        let n = s.failures.entry((engine.to_owned(), replica.to_owned())).or_default();
+        let n = s
+            .failures
+            .entry((engine.to_owned(), replica.to_owned()))
+            .or_default();
         *n += 1;
         *n
     }
@@ -90,6 +97,12 @@ impl ThinRebuilds {
         let k = (engine.to_owned(), replica.to_owned());
         s.failures.remove(&k);
         s.caps.remove(&k);
+        s.exported.remove(&k);
+    }
+    /// The replicas of this node that a rebuild from another node writes
+    /// through their export: their engine does not hold them.
+    pub(super) fn exported_dsts(&self) -> BTreeSet<String> {
+        self.lock().exported.iter().map(|(_, r)| r.clone()).collect()
     }
 }
 
@@ -146,7 +159,9 @@ impl LonghornController {
                 let r = self
                     .peer(replica, address)
                     .await?
-                    .replica_get(spdkrpc::ReplicaGetRequest { name: replica.clone() })
+                    .replica_get(spdkrpc::ReplicaGetRequest {
+                        name: replica.clone(),
+                    })
                     .await
                     .map_err(|s| format!("replica {replica}: its node: {}", s.message()))?
                     .into_inner();
@@ -184,7 +199,12 @@ impl LonghornController {
                 } else {
                     c.replica_snapshot_create(req).await.map(|_| ())
                 };
-                r.map_err(|s| format!("replica {replica}: snapshotting it as {snap} on its node: {}", s.message()))
+                r.map_err(|s| {
+                    format!(
+                        "replica {replica}: snapshotting it as {snap} on its node: {}",
+                        s.message()
+                    )
+                })
             }
         }
     }
@@ -206,7 +226,12 @@ impl LonghornController {
                 })
                 .await
                 .map(|_| ())
-                .map_err(|s| format!("replica {replica}: deleting snapshot {snap} on its node: {}", s.message())),
+                .map_err(|s| {
+                    format!(
+                        "replica {replica}: deleting snapshot {snap} on its node: {}",
+                        s.message()
+                    )
+                }),
         }
     }
 
@@ -219,16 +244,40 @@ impl LonghornController {
         }
     }
 
-    /// Starts copying snapshot `snap` of `src` into `dst`'s head.
-    async fn copy(&self, inv: &Inventory, e: &str, src: &End, dst: &End, snap: &str) -> Result<(), String> {
+    /// Starts copying snapshot `snap` of `src` into `dst`'s head
+    /// (`dst_export`: the address a dest of this node is exported at, for a
+    /// source on another node).
+    async fn copy(
+        &self,
+        inv: &Inventory,
+        e: &str,
+        src: &End,
+        dst: &End,
+        dst_export: Option<String>,
+        snap: &str,
+    ) -> Result<(), String> {
         let copier = match src {
             End::Here { replica, lvs, .. } => {
                 let to = self.dst_bdev(inv, dst).await?;
-                Copier::Here(start_copy(&self.client, &format!("{lvs}/{}", snapshot_lvol(replica, snap)), &to).await?)
+                Copier::Here(
+                    start_copy(
+                        &self.client,
+                        &format!("{lvs}/{}", snapshot_lvol(replica, snap)),
+                        &to,
+                    )
+                    .await?,
+                )
             }
             End::Peer { replica, address } => {
-                let End::Peer { address: to, .. } = dst else {
-                    return Err(format!("replica {}: a replica of this node is copied from here only", dst.replica()));
+                let to = match dst {
+                    End::Peer { address, .. } => address.clone(),
+                    // exported for this rebuild (see `exported`)
+                    End::Here { .. } => dst_export.ok_or_else(|| {
+                        format!(
+                            "replica {}: not exported for the copy from {replica}",
+                            dst.replica()
+                        )
+                    })?,
                 };
                 let mut c = self.peer(replica, address).await?;
                 let fail = |s: tonic::Status| format!("replica {replica}: its node: {}", s.message());
@@ -240,11 +289,13 @@ impl LonghornController {
                 })
                 .await
                 .map_err(fail)?;
-                c.replica_rebuilding_src_shallow_copy_start(spdkrpc::ReplicaRebuildingSrcShallowCopyStartRequest {
-                    name: replica.clone(),
-                    snapshot_name: snap.to_owned(),
-                    dst_rebuilding_lvol_address: to.clone(),
-                })
+                c.replica_rebuilding_src_shallow_copy_start(
+                    spdkrpc::ReplicaRebuildingSrcShallowCopyStartRequest {
+                        name: replica.clone(),
+                        snapshot_name: snap.to_owned(),
+                        dst_rebuilding_lvol_address: to.clone(),
+                    },
+                )
                 .await
                 .map_err(fail)?;
                 Copier::Peer
@@ -277,16 +328,22 @@ impl LonghornController {
                 match self
                     .peer(replica, address)
                     .await?
-                    .replica_rebuilding_src_shallow_copy_check(spdkrpc::ReplicaRebuildingSrcShallowCopyCheckRequest {
-                        name: replica.clone(),
-                        dst_replica_name: run.dst.clone(),
-                        snapshot_name: run.snap.clone(),
-                    })
+                    .replica_rebuilding_src_shallow_copy_check(
+                        spdkrpc::ReplicaRebuildingSrcShallowCopyCheckRequest {
+                            name: replica.clone(),
+                            dst_replica_name: run.dst.clone(),
+                            snapshot_name: run.snap.clone(),
+                        },
+                    )
                     .await
                 {
                     Ok(r) => {
                         let r = r.into_inner();
-                        (r.state, r.handled_clusters, Some(r.error_msg).filter(|m| !m.is_empty()))
+                        (
+                            r.state,
+                            r.handled_clusters,
+                            Some(r.error_msg).filter(|m| !m.is_empty()),
+                        )
                     }
                     Err(s) if s.code() == tonic::Code::NotFound => return Ok(None),
                     Err(s) => return Err(format!("replica {replica}: its node: {}", s.message())),
@@ -309,13 +366,27 @@ impl LonghornController {
     /// node is not capped: its head is open to nobody until it joins, and on
     /// v26.05 a cap set so can never be lifted again).
     async fn cap(&self, e: &str, dst: &End, mbps: u64) -> Result<(), String> {
-        let End::Peer { replica, address } = dst else {
-            return Ok(());
-        };
-        let k = (e.to_owned(), replica.clone());
+        let k = (e.to_owned(), dst.replica().to_owned());
         if self.thin.lock().caps.get(&k).copied().unwrap_or(0) == mbps {
             return Ok(());
         }
+        let (replica, address) = match dst {
+            End::Peer { replica, address } => (replica, address),
+            // exported for a copy from another node: open by the export
+            End::Here { replica, lvs, .. } if self.thin.lock().exported.contains(&k) => {
+                let head = format!("{lvs}/{replica}");
+                self.client
+                    .bdev_set_qos_limit(&crate::spdk::rpc::QosLimit {
+                        name: head.clone(),
+                        rw_mbytes_per_sec: mbps,
+                    })
+                    .await
+                    .map_err(|x| format!("replica {replica}: capping its head {head}: {}", chain(&x)))?;
+                self.thin.lock().caps.insert(k, mbps);
+                return Ok(());
+            }
+            End::Here { .. } => return Ok(()),
+        };
         self.peer(replica, address)
             .await?
             .replica_rebuilding_dst_set_qos_limit(spdkrpc::ReplicaRebuildingDstSetQosLimitRequest {
@@ -323,7 +394,12 @@ impl LonghornController {
                 qos_limit_mbps: i64::try_from(mbps).unwrap_or(i64::MAX),
             })
             .await
-            .map_err(|s| format!("replica {replica}: capping its rebuild on its node: {}", s.message()))?;
+            .map_err(|s| {
+                format!(
+                    "replica {replica}: capping its rebuild on its node: {}",
+                    s.message()
+                )
+            })?;
         self.thin.lock().caps.insert(k, mbps);
         Ok(())
     }
@@ -339,15 +415,23 @@ impl LonghornController {
         plan: &ExportPlan<'_>,
     ) -> Result<Thin, String> {
         let engine = e.id();
-        let raid = inv.raid(engine).ok_or_else(|| format!("engine {engine} has no raid1"))?;
-        let dst_address = e.spec.replica_address_map.get(dst_name).cloned().unwrap_or_default();
+        let raid = inv
+            .raid(engine)
+            .ok_or_else(|| format!("engine {engine} has no raid1"))?;
+        let dst_address = e
+            .spec
+            .replica_address_map
+            .get(dst_name)
+            .cloned()
+            .unwrap_or_default();
         let dst = self.end(local, dst_name, &dst_address);
         // the members in service, by the name the raid knows each by
         let mut in_service: Vec<(End, String)> = Vec::new();
         for (r, address) in &e.spec.replica_address_map {
             let names = self.member_names(inv, local, r);
             let slot = raid.base_bdevs_list.iter().find(|b| {
-                b.name.as_ref().is_some_and(|n| names.contains(n)) || b.uuid.as_ref().is_some_and(|u| names.contains(u))
+                b.name.as_ref().is_some_and(|n| names.contains(n))
+                    || b.uuid.as_ref().is_some_and(|u| names.contains(u))
             });
             if r == dst_name {
                 if let Some(s) = slot.and_then(|s| s.name.clone()) {
@@ -364,18 +448,27 @@ impl LonghornController {
         // a source here first: the copy runs in this target
         in_service.sort_by_key(|(end, _)| matches!(end, End::Peer { .. }));
         let Some((src, _)) = in_service.first().cloned() else {
-            return Err(format!("engine {engine}: no replica in service to rebuild {dst_name} from"));
+            return Err(format!(
+                "engine {engine}: no replica in service to rebuild {dst_name} from"
+            ));
         };
-        if matches!((&src, &dst), (End::Peer { .. }, End::Here { .. })) {
-            return Ok(Thin::Unsupported(format!(
-                "replica {dst_name} of this node is held out of its export by the engine; its source is on another node"
-            )));
-        }
+        // a dest of this node copied from another node: exported for it
+        let remote_into_here = matches!((&src, &dst), (End::Peer { .. }, End::Here { .. }));
+        let key = (engine.to_owned(), dst_name.to_owned());
+        let dst_nqn = naming::replica_nqn(
+            &crate::names::ObjectName::parse("replica", dst_name).map_err(|x| x.to_string())?,
+        )
+        .map_err(|x| x.to_string())?;
         let have_src = self.lvols_of(inv, &src).await?;
         let have_dst = self.lvols_of(inv, &dst).await?;
         let chain_src = have_src.chain();
-        if let Some(bad) = chain_src.iter().find(|s| naming::replica_snapshot_name(s).is_err()) {
-            return Ok(Thin::Unsupported(format!("source snapshot {bad:?} is not a Longhorn snapshot name")));
+        if let Some(bad) = chain_src
+            .iter()
+            .find(|s| naming::replica_snapshot_name(s).is_err())
+        {
+            return Ok(Thin::Unsupported(format!(
+                "source snapshot {bad:?} is not a Longhorn snapshot name"
+            )));
         }
         let bytes = |s: &str| have_src.snapshots.get(s).map_or(0, |(_, b)| *b);
         let total: u64 = chain_src.iter().map(|s| bytes(s)).sum::<u64>() + have_src.head_bytes;
@@ -410,18 +503,51 @@ impl LonghornController {
 
         let j = have_dst.shared(&chain_src);
         if !have_dst.ready_over(&chain_src, j) {
+            if remote_into_here {
+                // its export goes while its head is made again (made again
+                // by the replica's controller at the next reconcile)
+                ignore_missing(
+                    self.client
+                        .nvmf_delete_subsystem(&ByNqn {
+                            nqn: dst_nqn.as_str().into(),
+                        })
+                        .await,
+                )
+                .map_err(|x| format!("replica {dst_name}: removing its export {dst_nqn}: {}", chain(&x)))?;
+            }
             self.reset_dst(inv, &src, &dst, &have_dst, &chain_src).await?;
-            tracing::info!(engine, replica = dst_name, source = src.replica(), shared = j,
-                "rebuilding replica thin: its head made again over the snapshots it shares");
+            tracing::info!(
+                engine,
+                replica = dst_name,
+                source = src.replica(),
+                shared = j,
+                "rebuilding replica thin: its head made again over the snapshots it shares"
+            );
             return Ok(Thin::Copying {
                 copied: copied_before(j),
                 total,
             });
         }
+        let dst_export = if remote_into_here {
+            let newly = self.thin.lock().exported.insert(key.clone());
+            let ready = inv
+                .subsystem(dst_nqn.as_str())
+                .is_some_and(|s| !s.namespaces.is_empty() && !s.listen_addresses.is_empty());
+            if newly || !ready {
+                // the replica's controller exports it at the next reconcile
+                return Ok(Thin::Copying {
+                    copied: copied_before(j),
+                    total,
+                });
+            }
+            Some(dst_address.clone())
+        } else {
+            None
+        };
         let qos = u64::try_from(e.spec.rebuild_qos_mbps).unwrap_or(0);
         if let Some(s) = chain_src.get(j) {
             self.cap(engine, &dst, qos).await?;
-            self.copy(inv, engine, &src, &dst, s).await?;
+            self.copy(inv, engine, &src, &dst, dst_export, s).await?;
             return Ok(Thin::Copying {
                 copied: copied_before(j),
                 total,
@@ -429,7 +555,8 @@ impl LonghornController {
         }
         let rounds = chain_src.iter().filter(|s| is_rebuild_snap(s)).count();
         if have_src.head_bytes > SWITCH_BYTES && rounds < MAX_ROUNDS {
-            self.snapshot_end(&src, &next_rebuild_snap(&have_src, &have_dst), false).await?;
+            self.snapshot_end(&src, &next_rebuild_snap(&have_src, &have_dst), false)
+                .await?;
             return Ok(Thin::Copying {
                 copied: copied_before(j),
                 total,
@@ -437,7 +564,16 @@ impl LonghornController {
         }
         self.cap(engine, &dst, 0).await?;
         let members: Vec<String> = in_service.iter().map(|(_, n)| n.clone()).collect();
-        let last = self.switch(inv, engine, &src, &dst, &have_src, &have_dst, &members, plan).await?;
+        let last = self
+            .switch(
+                inv,
+                engine,
+                (&src, &dst, dst_export),
+                (&have_src, &have_dst),
+                &members,
+                plan,
+            )
+            .await?;
         // the rebuild snapshots are merged away on both, the oldest first
         // (best effort: what is left goes after the next rebuild)
         let mut rb: Vec<&String> = have_src
@@ -470,14 +606,20 @@ impl LonghornController {
         chain_src: &[String],
     ) -> Result<(), String> {
         match dst {
-            End::Here { replica, lvs, size } => reset_head(&self.client, lvs, replica, *size, have, chain_src)
-                .await
-                .map(|_| ()),
+            End::Here { replica, lvs, size } => {
+                reset_head(&self.client, lvs, replica, *size, have, chain_src)
+                    .await
+                    .map(|_| ())
+            }
             End::Peer { replica, address } => {
                 // this node's controller of it goes: the head is a new namespace
                 if inv.controllers.iter().any(|c| c == replica) {
-                    ignore_missing(self.client.bdev_nvme_detach_controller(&ByName::new(replica)).await)
-                        .map_err(|x| format!("replica {replica}: detaching its old controller: {}", chain(&x)))?;
+                    ignore_missing(
+                        self.client
+                            .bdev_nvme_detach_controller(&ByName::new(replica))
+                            .await,
+                    )
+                    .map_err(|x| format!("replica {replica}: detaching its old controller: {}", chain(&x)))?;
                 }
                 let list = chain_src
                     .iter()
@@ -503,26 +645,32 @@ impl LonghornController {
                     })
                     .await
                     .map(|_| ())
-                    .map_err(|s| format!("replica {replica}: making its head again on its node: {}", s.message()))
+                    .map_err(|s| {
+                        format!(
+                            "replica {replica}: making its head again on its node: {}",
+                            s.message()
+                        )
+                    })
             }
         }
     }
 
     /// The switch: with the engine's export closed, the source's last
     /// clusters are copied and the raid is made again with the dest.
-    #[allow(clippy::too_many_arguments)]
     async fn switch(
         &self,
         inv: &Inventory,
         engine: &str,
-        src: &End,
-        dst: &End,
-        have_src: &ReplicaLvols,
-        have_dst: &ReplicaLvols,
+        (src, dst, dst_export): (&End, &End, Option<String>),
+        (have_src, have_dst): (&ReplicaLvols, &ReplicaLvols),
         members: &[String],
         plan: &ExportPlan<'_>,
     ) -> Result<String, String> {
-        tracing::info!(engine, replica = dst.replica(), "rebuild: switching the raid to the rebuilt replica");
+        tracing::info!(
+            engine,
+            replica = dst.replica(),
+            "rebuild: switching the raid to the rebuilt replica"
+        );
         // hosts off: their connections drop, their I/O waits for the reconnect
         if let Some(sub) = inv.subsystem(plan.nqn) {
             for l in &sub.listen_addresses {
@@ -556,7 +704,8 @@ impl LonghornController {
         let now = Inventory::load(&self.client)
             .await
             .map_err(|x| format!("listing the target in the switch: {}", chain(&x)))?;
-        self.copy(&now, engine, src, dst, &snap).await?;
+        self.copy(&now, engine, src, dst, dst_export.clone(), &snap)
+            .await?;
         let deadline = tokio::time::Instant::now() + SWITCH_COPY;
         let cluster = now.lvstores.first().map_or(1, |l| l.cluster_size);
         loop {
@@ -580,6 +729,48 @@ impl LonghornController {
         }
         self.thin.lock().running.remove(engine);
         self.snapshot_end(dst, &snap, true).await?;
+        if let End::Peer { replica, address } = src {
+            // the source's node lets the dest go (best effort: its next
+            // SrcStart detaches a controller left behind)
+            let finish = async {
+                self.peer(replica, address)
+                    .await?
+                    .replica_rebuilding_src_finish(spdkrpc::ReplicaRebuildingSrcFinishRequest {
+                        name: replica.clone(),
+                        dst_replica_name: dst.replica().to_owned(),
+                    })
+                    .await
+                    .map_err(|s| s.message().to_owned())
+            };
+            if let Err(m) = finish.await {
+                tracing::warn!(engine, replica, error = %m, "the source's node did not let the dest go");
+            }
+        }
+        if dst_export.is_some() {
+            // held by the engine from now on: its export goes
+            let nqn = naming::replica_nqn(
+                &crate::names::ObjectName::parse("replica", dst.replica()).map_err(|x| x.to_string())?,
+            )
+            .map_err(|x| x.to_string())?;
+            ignore_missing(
+                self.client
+                    .nvmf_delete_subsystem(&ByNqn {
+                        nqn: nqn.as_str().into(),
+                    })
+                    .await,
+            )
+            .map_err(|x| {
+                format!(
+                    "replica {}: removing its export {nqn}: {}",
+                    dst.replica(),
+                    chain(&x)
+                )
+            })?;
+            self.thin
+                .lock()
+                .exported
+                .remove(&(engine.to_owned(), dst.replica().to_owned()));
+        }
         let dst_bdev = self.dst_bdev(&now, dst).await?;
         let mut bases = members.to_vec();
         bases.push(dst_bdev);
@@ -593,12 +784,22 @@ impl LonghornController {
                 superblock: None,
             })
             .await
-            .map_err(|x| format!("making raid1 {engine} again over {}: {}", bases.join(", "), chain(&x)))?;
+            .map_err(|x| {
+                format!(
+                    "making raid1 {engine} again over {}: {}",
+                    bases.join(", "),
+                    chain(&x)
+                )
+            })?;
         let mut now = Inventory::load(&self.client)
             .await
             .map_err(|x| format!("listing the target after the switch: {}", chain(&x)))?;
         self.export(&mut now, plan).await?;
-        tracing::info!(engine, replica = dst.replica(), "rebuild: replica joined the raid, equal to its source");
+        tracing::info!(
+            engine,
+            replica = dst.replica(),
+            "rebuild: replica joined the raid, equal to its source"
+        );
         Ok(snap)
     }
 

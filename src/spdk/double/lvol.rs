@@ -329,7 +329,8 @@ impl State {
                             .and_then(|(_, n)| n.parse().ok())
                             .unwrap_or(1);
                         if let Some(c) = self.ctrlrs.iter().find(|c| &c.name == ctrlr) {
-                            let sb = (src.sb.is_some() || src.sb_cleared).then(|| (src.sb.clone(), src.sb_cleared));
+                            let sb = (src.sb.is_some() || src.sb_cleared)
+                                .then(|| (src.sb.clone(), src.sb_cleared));
                             self.fabric_writes.push(super::FabricWrite {
                                 trid: c.trid.clone(),
                                 nsid,
@@ -355,7 +356,11 @@ impl State {
                     error,
                     checks: 0,
                     done_at: std::time::Instant::now()
-                        + if src.allocated > 0 { self.rebuild_time } else { Duration::ZERO },
+                        + if src.allocated > 0 {
+                            self.rebuild_time
+                        } else {
+                            Duration::ZERO
+                        },
                     dst: p.dst_bdev_name.clone(),
                 });
                 Ok(json!({ "operation_id": id }))
