@@ -1517,6 +1517,36 @@ impl VolumeOps {
                 remote.clear();
             }
         }
+        // the members the raid serves now, drained: the up-to-date set the
+        // caller passed was read before the freeze, and a member the raid
+        // failed since then (a write it could not take) missed writes the
+        // others hold. Such a replica gets no snapshot.
+        if inv.raid(&naming::raid(v)).is_some() {
+            let live = match self.raid_serves(v).await {
+                Ok(live) => live,
+                Err(e) => {
+                    let _ = self.thaw(&nqn, &frozen).await;
+                    return Err(rpc(&id, format!("reading raid {}", naming::raid(v)))(e));
+                }
+            };
+            let before = todo.len() + remote.len();
+            todo.retain(|(_, head, _, _)| {
+                let uuid = inv.lvols.get(head).map(|l| l.uuid.as_str());
+                live.contains(head.as_str()) || uuid.is_some_and(|u| live.contains(u))
+            });
+            remote.retain(|(k, _)| live.contains(&format!("{REMOTE_PREFIX}{}n1", naming::replica(v, *k))));
+            if todo.len() + remote.len() < before {
+                tracing::warn!(snapshot = %id, "a replica left the raid since it was last seen up to date: \
+                    snapshot taken without it");
+            }
+            if todo.is_empty() && remote.is_empty() {
+                let _ = self.thaw(&nqn, &frozen).await;
+                return Err(VolumeError::SnapshotMissing {
+                    volume: id,
+                    lvol: naming::replica(v, 0),
+                });
+            }
+        }
         let id_ref = &id;
         let local = join_all(todo.iter().map(|(k, head, sname, alias)| async move {
             self.client
@@ -1567,6 +1597,28 @@ impl VolumeOps {
             lvols: done,
             point_in_time,
         })
+    }
+
+    /// The members raid `naming::raid(vol)` serves from now: configured
+    /// and not the target of a rebuild (by name; empty when it is gone).
+    async fn raid_serves(&self, vol: &str) -> Result<BTreeSet<String>, ClientError> {
+        let raid = naming::raid(vol);
+        let all = self
+            .client
+            .bdev_raid_get_bdevs(&super::rpc::GetRaids {
+                category: super::rpc::RaidCategory::All,
+            })
+            .await?;
+        let Some(r) = all.into_iter().find(|r| r.name == raid) else {
+            return Ok(BTreeSet::new());
+        };
+        let target = r.process.as_ref().map(|p| p.target.clone());
+        Ok(r.base_bdevs_list
+            .into_iter()
+            .filter(|b| b.is_configured)
+            .filter_map(|b| b.name)
+            .filter(|n| Some(n) != target.as_ref())
+            .collect())
     }
 
     async fn set_ana(&self, nqn: &Nqn, l: &ListenAddress, state: AnaState) -> Result<bool, ClientError> {
