@@ -45,6 +45,44 @@ pub fn is_held(name: &str) -> bool {
     lock(held()).contains(name)
 }
 
+/// An engine in a thin rebuild's switch: the replica joining and those in
+/// service (by replica name).
+#[derive(Debug, Clone)]
+pub struct SwitchModes {
+    pub joining: String,
+    pub in_service: BTreeSet<String>,
+}
+
+fn switching() -> &'static Mutex<BTreeMap<String, SwitchModes>> {
+    static SWITCHING: OnceLock<Mutex<BTreeMap<String, SwitchModes>>> = OnceLock::new();
+    SWITCHING.get_or_init(Mutex::default)
+}
+
+/// A thin rebuild's switch of an engine, from raid delete to export: while it
+/// lasts the raid is missing or being assembled, and `ReplicaList` reports the
+/// modes from before it (the manager must not take the replicas in service
+/// for failed). Ends when dropped.
+#[derive(Debug)]
+pub struct Switch(String);
+
+impl Switch {
+    pub fn start(engine: &str, modes: SwitchModes) -> Switch {
+        lock(switching()).insert(engine.to_owned(), modes);
+        Switch(engine.to_owned())
+    }
+}
+
+impl Drop for Switch {
+    fn drop(&mut self) {
+        lock(switching()).remove(&self.0);
+    }
+}
+
+/// The modes an engine had when its switch started, while it lasts.
+pub fn switch_of(engine: &str) -> Option<SwitchModes> {
+    lock(switching()).get(engine).cloned()
+}
+
 /// A member carrying a rebuild cap: its raid, since when, and whether its
 /// rebuild was seen running.
 #[derive(Debug, Clone)]

@@ -157,6 +157,7 @@ impl Longhorn {
             .await
             .map_err(|x| internal(&format!("engine {}: reading spdk_tgt", e.id()), chain(&x)))?;
         let raid = inv.raid(e.id());
+        let switch = crate::longhorn::ops::switch_of(e.id());
         let mut out = Vec::new();
         for (replica, address) in &e.spec.replica_address_map {
             // the names a member may go by in the raid: local lvol (alias,
@@ -173,17 +174,18 @@ impl Longhorn {
                 names.extend(b.uuid.clone());
             }
             let (mode, progress) = match raid {
+                // a thin rebuild's switch: the modes from before it
+                _ if switch.is_some() => match switch.as_ref() {
+                    Some(s) if s.in_service.contains(replica) => (ptypes::ReplicaMode::Rw, None),
+                    Some(s) if s.joining == *replica || thin.contains_key(replica) => (
+                        ptypes::ReplicaMode::Wo,
+                        Some(thin.get(replica).copied().unwrap_or(99)),
+                    ),
+                    _ => (ptypes::ReplicaMode::Err, None),
+                },
                 _ if !running => (ptypes::ReplicaMode::Err, None),
                 // one replica: exported without a raid
                 None if e.spec.replica_address_map.len() == 1 => (ptypes::ReplicaMode::Rw, None),
-                // a thin rebuild's switch: the raid is made again over the
-                // members in service and the rebuilt one within this step
-                // (any other loss of the raid ends the rebuild, see the
-                // controller); the manager must not see ERR for the others
-                None if !thin.is_empty() => match thin.get(replica) {
-                    Some(p) => (ptypes::ReplicaMode::Wo, Some(*p)),
-                    None => (ptypes::ReplicaMode::Rw, None),
-                },
                 None => (ptypes::ReplicaMode::Err, None),
                 Some(raid) => {
                     let slot = raid.base_bdevs_list.iter().find(|b| {

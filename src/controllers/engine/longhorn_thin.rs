@@ -566,13 +566,17 @@ impl LonghornController {
         }
         self.cap(engine, &dst, 0).await?;
         let members: Vec<String> = in_service.iter().map(|(_, n)| n.clone()).collect();
+        let serving: Vec<String> = in_service
+            .iter()
+            .map(|(end, _)| end.replica().to_owned())
+            .collect();
         let last = self
             .switch(
                 inv,
                 engine,
                 (&src, &dst, dst_export),
                 (&have_src, &have_dst),
-                &members,
+                (&members, &serving),
                 plan,
             )
             .await?;
@@ -665,13 +669,21 @@ impl LonghornController {
         engine: &str,
         (src, dst, dst_export): (&End, &End, Option<String>),
         (have_src, have_dst): (&ReplicaLvols, &ReplicaLvols),
-        members: &[String],
+        (members, in_service): (&[String], &[String]),
         plan: &ExportPlan<'_>,
     ) -> Result<String, String> {
         tracing::info!(
             engine,
             replica = dst.replica(),
             "rebuild: switching the raid to the rebuilt replica"
+        );
+        // ReplicaList keeps the modes from before until the export is back
+        let _switch = crate::longhorn::ops::Switch::start(
+            engine,
+            crate::longhorn::ops::SwitchModes {
+                joining: dst.replica().to_owned(),
+                in_service: in_service.iter().cloned().collect(),
+            },
         );
         // hosts off: their connections drop, their I/O waits for the reconnect
         if let Some(sub) = inv.subsystem(plan.nqn) {
