@@ -387,7 +387,12 @@ const RB_LIMIT: Duration = Duration::from_secs(600);
 /// ReplicaList shows it RW, the bytes B's lvols hold then, and how long
 /// ReplicaList showed a replica ERR meanwhile (what longhorn-manager would
 /// take for a failed replica).
-async fn rb_thin(a_addr: &str, b: &Node, p: &mut ProxyEngineServiceClient<Channel>) -> (f64, u64, f64) {
+async fn rb_thin(
+    a_addr: &str,
+    src_held: u64,
+    b: &Node,
+    p: &mut ProxyEngineServiceClient<Channel>,
+) -> (f64, u64, f64) {
     replica_remove(p, "vol-r-b").await;
     InstanceServiceClient::new(b.channel(3).await)
         .instance_delete(imrpc::InstanceDeleteRequest {
@@ -442,7 +447,20 @@ async fn rb_thin(a_addr: &str, b: &Node, p: &mut ProxyEngineServiceClient<Channe
     }
     let secs = t.elapsed().as_secs_f64();
     err += err_since.map_or(0.0, |s| s.elapsed().as_secs_f64());
-    (secs, allocated_bytes(b, "vol-r-b").await, err)
+    let held = allocated_bytes(b, "vol-r-b").await;
+    if held < src_held {
+        // a rebuilt replica holding less than its source: B's lvols now and a second later (stderr)
+        for when in ["at RW", "1 s later"] {
+            let l = b.spdk.bdev_lvol_get_lvols(&GetLvols::default()).await.expect("lvols");
+            let l: Vec<_> = l
+                .iter()
+                .map(|l| (l.name.clone(), l.num_allocated_clusters, l.is_snapshot, l.is_clone))
+                .collect();
+            eprintln!("thin rebuild: B holds {held} bytes < source's {src_held}; B's lvols {when}: {l:?}");
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+    }
+    (secs, held, err)
 }
 
 /// One full rebuild by SPDK's raid1, built by hand: an empty thin lvol on B
@@ -622,7 +640,7 @@ async fn rebuild_part(spdk: &Path, rounds: usize) {
         let order = if r % 2 == 0 { [0, 1] } else { [1, 0] };
         for k in order {
             let (secs, bytes) = if k == 0 {
-                let (secs, bytes, err) = rb_thin(&addr_a, &b, &mut p).await;
+                let (secs, bytes, err) = rb_thin(&addr_a, held_thin, &b, &mut p).await;
                 errs.push(err);
                 (secs, bytes)
             } else {
@@ -722,6 +740,13 @@ fn main() {
         .build()
         .expect("tokio");
     rt.block_on(async move {
+        if !parts.split(',').any(|p| p == "cp" || p == "dp") {
+            // the rebuild alone: no single-node talon to start
+            if parts.split(',').any(|p| p == "rb") {
+                rebuild_part(&spdk, rounds).await;
+            }
+            return;
+        }
         let dir = tempfile::tempdir().expect("tempdir");
         let config = dir.path().join("talon.yaml");
         std::fs::write(
