@@ -49,7 +49,9 @@
 //!    num_allocated_clusters x cluster size, head and snapshots). A note
 //!    follows the table when `ReplicaList` showed a replica ERR during a
 //!    thin rebuild (what longhorn-manager would take for a failed replica);
-//!    the modes as they change go to stderr.
+//!    the modes as they change go to stderr. The part takes about 1 min 45 s
+//!    (5 rounds; most of it spdk_dd writing the 2 x 102 MiB, its core shared
+//!    with B's polling reactor), so it runs by default.
 //!
 //! ```text
 //!   talon serve (in-process, --longhorn-listen) ── spdk_tgt: one reactor, core 0 (0x1) ── aio files
@@ -72,6 +74,7 @@ mod longhorn_daemon;
 #[path = "../tests/support/longhorn_nodes.rs"]
 mod longhorn_nodes;
 #[path = "../tests/support/spdk_dd.rs"]
+#[allow(dead_code)]
 mod spdk_dd;
 #[path = "../tests/support/spdk_perf.rs"]
 mod spdk_perf;
@@ -451,10 +454,21 @@ async fn rb_thin(
     if held < src_held {
         // a rebuilt replica holding less than its source: B's lvols now and a second later (stderr)
         for when in ["at RW", "1 s later"] {
-            let l = b.spdk.bdev_lvol_get_lvols(&GetLvols::default()).await.expect("lvols");
+            let l = b
+                .spdk
+                .bdev_lvol_get_lvols(&GetLvols::default())
+                .await
+                .expect("lvols");
             let l: Vec<_> = l
                 .iter()
-                .map(|l| (l.name.clone(), l.num_allocated_clusters, l.is_snapshot, l.is_clone))
+                .map(|l| {
+                    (
+                        l.name.clone(),
+                        l.num_allocated_clusters,
+                        l.is_snapshot,
+                        l.is_clone,
+                    )
+                })
                 .collect();
             eprintln!("thin rebuild: B holds {held} bytes < source's {src_held}; B's lvols {when}: {l:?}");
             tokio::time::sleep(Duration::from_secs(1)).await;
@@ -573,8 +587,8 @@ async fn rb_full(a: &Node, b: &Node, src: &str) -> (f64, u64) {
     (secs, bytes)
 }
 
-/// 3. Issue 17's rebuild of a 1 GiB replica with 10 % written, across two
-/// nodes: talon's thin rebuild vs SPDK's raid1 rebuild of every block.
+/// Part 3, issue 17's rebuild of a 1 GiB replica with 10 % written, across
+/// two nodes: talon's thin rebuild vs SPDK's raid1 rebuild of every block.
 async fn rebuild_part(spdk: &Path, rounds: usize) {
     const HALF: usize = 51 << 20;
     let setup = Instant::now();

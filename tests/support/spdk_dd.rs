@@ -2,8 +2,6 @@
 //! JSON config that attaches an export): the data path the real-SPDK tests
 //! check, with no kernel initiator.
 
-#![allow(dead_code)] // each includer uses a part
-
 use std::path::Path;
 
 use serde_json::json;
@@ -26,6 +24,7 @@ pub fn dd(spdk: &Path, dir: &Path, port: u16, nqn: &str, write: Option<&[u8]>, l
 
 /// Writes `data` at byte `offset` (a multiple of 64 KiB) of an export, as
 /// [`dd`] does at offset 0.
+#[allow(dead_code)]
 pub fn dd_write_at(spdk: &Path, dir: &Path, port: u16, nqn: &str, data: &[u8], offset: usize) {
     assert_eq!(offset % 65536, 0, "spdk_dd seeks in 64 KiB blocks here");
     let out = run(
