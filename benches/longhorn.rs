@@ -20,13 +20,49 @@
 //!    `disk` (the aio files in the temp dir on the machine's virtual disk,
 //!    which limits both alike).
 //!
+//! 3. rebuild (`rb`, issue 17): a 1 GiB replica with 10 % written rebuilt
+//!    across two nodes, after the part's own talon and spdk_tgt above are
+//!    stopped. Two talon nodes in this process (tests/support/longhorn_nodes.rs),
+//!    each `serve_with` with its own spdk_tgt (A core 0, B core 1), data
+//!    dir, 2 GiB aio disk in its temp dir and Longhorn ports, on 127.0.0.1
+//!    and 127.0.0.2. The volume: replica A on A, replica B on B, engine on A
+//!    without a frontend; 51 MiB written through the engine's export with
+//!    spdk_dd, a `VolumeSnapshot` through the proxy, 51 MiB more (a
+//!    snapshot and a head). Rows, interleaved per round (the order
+//!    alternates):
+//!    - thin (talon): `ReplicaRemove` B, B's replica deleted with its lvols
+//!      (`InstanceDelete` cleanup_required) and made again empty,
+//!      `ReplicaAdd` through the 8501 proxy; the time until `ReplicaList`
+//!      shows B RW;
+//!    - full (SPDK raid1 rebuild), the path talon does not take here, built
+//!      by hand on the same targets: a thin lvol on A holding the same
+//!      bytes (written through a hand-made export, then unexported), an
+//!      empty thin 1 GiB lvol on B exported on 127.0.0.2 and attached on A
+//!      (`bdev_nvme_attach_controller`), raid1 over both (no superblock),
+//!      B's member removed (`bdev_raid_remove_base_bdev`: the raid stays
+//!      online, the slot empties) and added back (`bdev_raid_add_base_bdev`:
+//!      v26.05 starts a rebuild of every block onto a member added to an
+//!      online raid); the time from the add until `bdev_raid_get_bdevs`
+//!      shows no `process`. Every hand-made object is deleted after.
+//!
+//!    Bytes copied = what B's lvols hold after (`bdev_lvol_get_lvols`
+//!    num_allocated_clusters x cluster size, head and snapshots). A note
+//!    follows the table when `ReplicaList` showed a replica ERR during a
+//!    thin rebuild (what longhorn-manager would take for a failed replica);
+//!    the modes as they change go to stderr. The part takes about 1 min 45 s
+//!    (5 rounds; most of it spdk_dd writing the 2 x 102 MiB, its core shared
+//!    with B's polling reactor), so it runs by default.
+//!
 //! ```text
 //!   talon serve (in-process, --longhorn-listen) ── spdk_tgt: one reactor, core 0 (0x1) ── aio files
 //!   spdk_nvme_perf core 1 (-c 0x2) ──NVMe/TCP 127.0.0.1──> (a) raid1(lvol, lvol)
 //!                                                          (b) raid1(nvme(lvol), nvme(lvol))
+//!   rb: node A 127.0.0.1 (spdk_tgt 0x1): engine raid1(lvol A, nvme(B's replica)) ── 8501 proxy
+//!       node B 127.0.0.2 (spdk_tgt 0x2): replica B ── thin copies from A
+//!       full: raid1(lvol on A, nvme(lvol on B)) on A's spdk_tgt, B's member removed and added back
 //! ```
 //!
-//! Knobs: `VOLUMES`, `ROUNDS` (5), `SECS` (4), `LH_PARTS` (`cp,dp`),
+//! Knobs: `VOLUMES`, `ROUNDS` (5), `SECS` (4), `LH_PARTS` (`cp,dp,rb`),
 //! `LH_BACKINGS` (`memory,disk`), `LH_TGT_MASK` (`0x1`), `LH_PERF_MASK`
 //! (`0x2`). Every cell is the median of the rounds with min-max; the ratio
 //! is the median of the per-round ratios (a round runs (a) and (b) back to
@@ -35,24 +71,34 @@
 
 #[path = "../tests/support/longhorn_daemon.rs"]
 mod longhorn_daemon;
+#[path = "../tests/support/longhorn_nodes.rs"]
+mod longhorn_nodes;
+#[path = "../tests/support/spdk_dd.rs"]
+#[allow(dead_code)]
+mod spdk_dd;
 #[path = "../tests/support/spdk_perf.rs"]
 mod spdk_perf;
 
 use std::collections::HashMap;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use longhorn_daemon::free_base;
+use longhorn_nodes::{
+    Node, RW, allocated_bytes, engine, modes, pattern, replica_add, replica_remove, snapshot,
+};
 use talon::controllers::engine::selection::SpdkOptions;
 use talon::longhorn::proto::imrpc::{
     self, disk_service_client::DiskServiceClient, instance_service_client::InstanceServiceClient,
+    proxy_engine_service_client::ProxyEngineServiceClient,
 };
 use talon::longhorn::server::LonghornOptions;
 use talon::serve::{ServeOptions, serve_with};
 use talon::spdk::SpdkClient;
 use talon::spdk::rpc::{
-    AddNamespace, AttachController, CreateSubsystem, ListenAddress, LvolCreate, RaidCreate, RaidLevel,
+    AddNamespace, AttachController, ByName, ByNqn, CreateSubsystem, GetLvols, GetRaids, ListenAddress,
+    LvolCreate, LvstoreSelector, RaidAddBaseBdev, RaidCategory, RaidCreate, RaidDelete, RaidLevel,
     SubsystemListener,
 };
 use tonic::transport::Channel;
@@ -288,6 +334,375 @@ async fn longhorn_topology(c: &SpdkClient, size: u64, tag: &str, disks: [&str; 2
     (port, nqn)
 }
 
+/// A hand-made export of bdev `bdev` as `nqn` on `ip:port` (any host).
+async fn export(c: &SpdkClient, nqn: &str, bdev: &str, ip: IpAddr, port: u16) {
+    c.nvmf_create_subsystem(&CreateSubsystem {
+        nqn: nqn.into(),
+        allow_any_host: Some(true),
+        serial_number: None,
+        model_number: None,
+        max_namespaces: Some(1),
+        ana_reporting: None,
+    })
+    .await
+    .expect("subsystem");
+    c.nvmf_subsystem_add_ns(&AddNamespace::with_id(nqn, bdev, uuid::Uuid::new_v4()))
+        .await
+        .expect("ns");
+    c.nvmf_subsystem_add_listener(&SubsystemListener {
+        nqn: nqn.into(),
+        listen_address: ListenAddress::tcp(ip, port),
+    })
+    .await
+    .expect("listener");
+}
+
+/// `data` written at byte `at` of an export on 127.0.0.1 with spdk_dd.
+async fn dd_write(spdk: &Path, dir: &Path, port: u16, nqn: &str, data: Vec<u8>, at: usize) {
+    let (spdk, dir, nqn) = (spdk.to_path_buf(), dir.to_path_buf(), nqn.to_owned());
+    tokio::task::spawn_blocking(move || spdk_dd::dd_write_at(&spdk, &dir, port, &nqn, &data, at))
+        .await
+        .expect("spdk_dd");
+}
+
+/// Allocated bytes of lvol `name` (`lvs/lvol`) on `c`.
+async fn lvol_bytes(c: &SpdkClient, alias: &str) -> u64 {
+    let cluster = c
+        .bdev_lvol_get_lvstores(&LvstoreSelector::default())
+        .await
+        .expect("lvstores")
+        .first()
+        .map_or(0, |l| l.cluster_size);
+    c.bdev_lvol_get_lvols(&GetLvols::default())
+        .await
+        .expect("lvols")
+        .iter()
+        .find(|l| l.alias == alias)
+        .map_or(0, |l| l.num_allocated_clusters * cluster)
+}
+
+const RB_VOLUME: u64 = 1 << 30;
+const RB_POLL: Duration = Duration::from_millis(20);
+const RB_LIMIT: Duration = Duration::from_secs(600);
+
+/// One thin rebuild: B's replica removed from the engine, deleted with its
+/// lvols and made again empty, added back through the proxy; the time until
+/// ReplicaList shows it RW, the bytes B's lvols hold then, and how long
+/// ReplicaList showed a replica ERR meanwhile (what longhorn-manager would
+/// take for a failed replica).
+async fn rb_thin(
+    a_addr: &str,
+    src_held: u64,
+    b: &Node,
+    p: &mut ProxyEngineServiceClient<Channel>,
+) -> (f64, u64, f64) {
+    replica_remove(p, "vol-r-b").await;
+    InstanceServiceClient::new(b.channel(3).await)
+        .instance_delete(imrpc::InstanceDeleteRequest {
+            name: "vol-r-b".into(),
+            r#type: "replica".into(),
+            cleanup_required: true,
+            data_engine: imrpc::DataEngine::V2 as i32,
+            ..Default::default()
+        })
+        .await
+        .expect("delete B's replica");
+    talon::runtime::testing::eventually("B's replica lvols deleted", RB_LIMIT, || async {
+        (!b.lvols()
+            .await
+            .iter()
+            .any(|l| l.contains("vol-r-b") || l.contains("talon-rb-")))
+        .then_some(())
+    })
+    .await;
+    let addr_b = b.replica_again("disk-b", "vol-r-b", RB_VOLUME).await;
+    let want = vec![(format!("tcp://{a_addr}"), RW), (format!("tcp://{addr_b}"), RW)];
+    let t = Instant::now();
+    replica_add(p, "vol-r-b", &addr_b).await.expect("ReplicaAdd");
+    let (mut err, mut err_since, mut last) = (0.0, None::<Instant>, Vec::new());
+    loop {
+        let m = modes(p).await;
+        if m != last {
+            // the modes longhorn-manager would see, each time they change (stderr)
+            eprintln!(
+                "thin rebuild +{:.3}s: ReplicaList {m:?}",
+                t.elapsed().as_secs_f64()
+            );
+            last = m.clone();
+        }
+        if m == want {
+            break;
+        }
+        match (m.iter().any(|(_, mode)| *mode == longhorn_nodes::ERR), err_since) {
+            (true, None) => err_since = Some(Instant::now()),
+            (false, Some(s)) => {
+                err += s.elapsed().as_secs_f64();
+                err_since = None;
+            }
+            _ => {}
+        }
+        assert!(
+            t.elapsed() < RB_LIMIT,
+            "thin rebuild: {m:?} after {:?}",
+            t.elapsed()
+        );
+        tokio::time::sleep(RB_POLL).await;
+    }
+    let secs = t.elapsed().as_secs_f64();
+    err += err_since.map_or(0.0, |s| s.elapsed().as_secs_f64());
+    let held = allocated_bytes(b, "vol-r-b").await;
+    if held < src_held {
+        // a rebuilt replica holding less than its source: B's lvols now and a second later (stderr)
+        for when in ["at RW", "1 s later"] {
+            let l = b
+                .spdk
+                .bdev_lvol_get_lvols(&GetLvols::default())
+                .await
+                .expect("lvols");
+            let l: Vec<_> = l
+                .iter()
+                .map(|l| {
+                    (
+                        l.name.clone(),
+                        l.num_allocated_clusters,
+                        l.is_snapshot,
+                        l.is_clone,
+                    )
+                })
+                .collect();
+            eprintln!("thin rebuild: B holds {held} bytes < source's {src_held}; B's lvols {when}: {l:?}");
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+    }
+    (secs, held, err)
+}
+
+/// One full rebuild by SPDK's raid1, built by hand: an empty thin lvol on B
+/// exported on 127.0.0.2, attached on A, raid1 over A's source lvol and it,
+/// the member removed and added back (SPDK v26.05 starts a rebuild of
+/// every block onto a member added to an online raid1); the time from the
+/// add until the raid reports no process, the bytes B's lvol holds then.
+/// Every object it makes it deletes.
+async fn rb_full(a: &Node, b: &Node, src: &str) -> (f64, u64) {
+    let (lvol_b, nqn_b, ctrl, raid) = (
+        "talon-disk-b/bench-full-b",
+        "nqn.2016-06.io.spdk:bench-full-b",
+        "benchfullb",
+        "bench-full",
+    );
+    b.spdk
+        .bdev_lvol_create(&LvolCreate::thin("talon-disk-b", "bench-full-b", RB_VOLUME / MIB))
+        .await
+        .expect("B's lvol");
+    let port = std::net::TcpListener::bind((b.ip, 0))
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("free port on B");
+    export(&b.spdk, nqn_b, lvol_b, b.ip, port).await;
+    let member = a
+        .spdk
+        .bdev_nvme_attach_controller(&AttachController::tcp(ctrl, b.ip, port, nqn_b))
+        .await
+        .expect("attach B's lvol on A")
+        .into_iter()
+        .next()
+        .expect("a namespace bdev");
+    a.spdk
+        .bdev_raid_create(&RaidCreate {
+            name: raid.into(),
+            raid_level: RaidLevel::Raid1,
+            base_bdevs: vec![src.into(), member.clone()],
+            strip_size_kb: None,
+            uuid: None,
+            superblock: None,
+        })
+        .await
+        .expect("raid1");
+    let get = || async {
+        a.spdk
+            .bdev_raid_get_bdevs(&GetRaids {
+                category: RaidCategory::All,
+            })
+            .await
+            .expect("raids")
+            .into_iter()
+            .find(|r| r.name == raid)
+            .expect("the raid")
+    };
+    a.spdk
+        .bdev_raid_remove_base_bdev(&ByName::new(&member))
+        .await
+        .expect("remove B's member");
+    talon::runtime::testing::eventually("B's member out of the raid", RB_LIMIT, || async {
+        let r = get().await;
+        (r.num_base_bdevs_discovered == 1 && r.state == "online").then_some(())
+    })
+    .await;
+    let t = Instant::now();
+    a.spdk
+        .bdev_raid_add_base_bdev(&RaidAddBaseBdev {
+            raid_bdev: raid.into(),
+            base_bdev: member.clone(),
+        })
+        .await
+        .expect("add B's member back");
+    // the process is attached after every channel knows it: done once it has
+    // been seen and is gone, with both members in service
+    let mut seen = false;
+    loop {
+        let r = get().await;
+        match &r.process {
+            Some(p) => {
+                assert_eq!(p.target, member, "the rebuild writes B's member");
+                seen = true;
+            }
+            None if seen && r.num_base_bdevs_operational == 2 => break,
+            None => {}
+        }
+        assert!(
+            t.elapsed() < RB_LIMIT,
+            "full rebuild: {r:?} after {:?}",
+            t.elapsed()
+        );
+        tokio::time::sleep(RB_POLL).await;
+    }
+    let secs = t.elapsed().as_secs_f64();
+    let bytes = lvol_bytes(&b.spdk, lvol_b).await;
+    a.spdk
+        .bdev_raid_delete(&RaidDelete::new(raid))
+        .await
+        .expect("raid delete");
+    a.spdk
+        .bdev_nvme_detach_controller(&ByName::new(ctrl))
+        .await
+        .expect("detach");
+    b.spdk
+        .nvmf_delete_subsystem(&ByNqn { nqn: nqn_b.into() })
+        .await
+        .expect("B's export");
+    b.spdk
+        .bdev_lvol_delete(&ByName::new(lvol_b))
+        .await
+        .expect("B's lvol");
+    (secs, bytes)
+}
+
+/// Part 3, issue 17's rebuild of a 1 GiB replica with 10 % written, across
+/// two nodes: talon's thin rebuild vs SPDK's raid1 rebuild of every block.
+async fn rebuild_part(spdk: &Path, rounds: usize) {
+    const HALF: usize = 51 << 20;
+    let setup = Instant::now();
+    let (ip_a, ip_b) = (IpAddr::from([127, 0, 0, 1]), IpAddr::from([127, 0, 0, 2]));
+    let base = longhorn_nodes::free_base(&[ip_a, ip_b]);
+    let mut a = Node::with_cpumask(ip_a, base, Some(spdk), "0x1").await;
+    let mut b = Node::with_cpumask(ip_b, base, Some(spdk), "0x2").await;
+    // B's disk holds the full rebuild's 1 GiB next to the thin replica
+    a.disk_sized("disk-a", 2048 * MIB).await;
+    b.disk_sized("disk-b", 2048 * MIB).await;
+    let addr_a = a.replica_again("disk-a", "vol-r-a", RB_VOLUME).await;
+    let addr_b = b.replica_again("disk-b", "vol-r-b", RB_VOLUME).await;
+    engine(&a, &[("vol-r-a", &addr_a), ("vol-r-b", &addr_b)], RB_VOLUME, "").await;
+    let est = longhorn_nodes::running(
+        &InstanceServiceClient::new(a.channel(3).await),
+        "vol-e-0",
+        "engine",
+    )
+    .await;
+    let port = u16::try_from(est.port_start).expect("engine port");
+    let mut p = ProxyEngineServiceClient::new(a.channel(1).await);
+    eprintln!("rb: nodes and volume up in {:.1}s", setup.elapsed().as_secs_f64());
+    let halves = [(pattern(HALF, 1), 0), (pattern(HALF, 2), 512 << 20)];
+    // the volume: half, a snapshot through the proxy, half (a snapshot and a head)
+    let nqn = "nqn.2023-01.io.longhorn.spdk:volume-vol";
+    dd_write(spdk, a.dir.path(), port, nqn, halves[0].0.clone(), halves[0].1).await;
+    snapshot(&mut p, "s1").await.expect("VolumeSnapshot s1");
+    dd_write(spdk, a.dir.path(), port, nqn, halves[1].0.clone(), halves[1].1).await;
+    // the full rebuild's source: one thin lvol on A with the same bytes
+    let src = "talon-disk-a/bench-full-a";
+    a.spdk
+        .bdev_lvol_create(&LvolCreate::thin("talon-disk-a", "bench-full-a", RB_VOLUME / MIB))
+        .await
+        .expect("A's source lvol");
+    let (src_nqn, src_port) = ("nqn.2016-06.io.spdk:bench-full-a", free_port());
+    export(&a.spdk, src_nqn, src, ip_a, src_port).await;
+    for (data, at) in &halves {
+        dd_write(spdk, a.dir.path(), src_port, src_nqn, data.clone(), *at).await;
+    }
+    a.spdk
+        .nvmf_delete_subsystem(&ByNqn { nqn: src_nqn.into() })
+        .await
+        .expect("drop the source's export");
+    eprintln!(
+        "rb: volume and source written in {:.1}s",
+        setup.elapsed().as_secs_f64()
+    );
+    let held_thin = allocated_bytes(&a, "vol-r-a").await;
+    let held_full = lvol_bytes(&a.spdk, src).await;
+    println!(
+        "\nRebuild of a {} MiB replica across two nodes (127.0.0.1 spdk_tgt 0x1, 127.0.0.2 spdk_tgt 0x2), {} MiB written; \
+         sources hold {} MiB (A's replica: a snapshot and a head) and {} MiB (A's lvol under the raid); load average at start: {}",
+        RB_VOLUME / MIB,
+        2 * HALF as u64 / MIB,
+        held_thin / MIB,
+        held_full / MIB,
+        loadavg()
+    );
+    // per row: seconds, bytes
+    let mut rows: [(Vec<f64>, Vec<f64>); 2] = Default::default();
+    let mut errs = Vec::new();
+    for r in 0..rounds {
+        let order = if r % 2 == 0 { [0, 1] } else { [1, 0] };
+        for k in order {
+            let (secs, bytes) = if k == 0 {
+                let (secs, bytes, err) = rb_thin(&addr_a, held_thin, &b, &mut p).await;
+                errs.push(err);
+                (secs, bytes)
+            } else {
+                rb_full(&a, &b, src).await
+            };
+            rows[k].0.push(secs);
+            rows[k].1.push(bytes as f64);
+        }
+    }
+    println!(
+        "{rounds} interleaved rounds; median (min-max); load average at the end: {}",
+        loadavg()
+    );
+    println!("| rebuild | time s | bytes copied MiB | MiB/s | B holds, % of the volume |");
+    println!("|---|---|---|---|---|");
+    for (k, what) in ["thin (talon)", "full (SPDK raid1 rebuild)"]
+        .into_iter()
+        .enumerate()
+    {
+        let (secs, bytes) = &rows[k];
+        let mib: Vec<f64> = bytes.iter().map(|b| b / MIB as f64).collect();
+        let rate: Vec<f64> = mib.iter().zip(secs).map(|(m, s)| m / s).collect();
+        let share: Vec<f64> = bytes.iter().map(|b| b * 100.0 / RB_VOLUME as f64).collect();
+        println!(
+            "| {what} | {} | {} | {} | {} |",
+            spread(secs, 2),
+            spread(&mib, 0),
+            spread(&rate, 0),
+            spread(&share, 1)
+        );
+    }
+    let shown = errs.iter().filter(|e| **e > 0.0).count();
+    if shown > 0 {
+        println!(
+            "NOTE: during {shown} of {rounds} thin rebuilds ReplicaList showed a replica ERR (polled every {} ms; \
+             the longest {:.0} ms)",
+            RB_POLL.as_millis(),
+            errs.iter().copied().fold(0.0, f64::max) * 1000.0
+        );
+    }
+    a.spdk
+        .bdev_lvol_delete(&ByName::new(src))
+        .await
+        .expect("A's source lvol");
+    a.stop().await;
+    b.stop().await;
+}
+
 fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
     std::env::var(name)
         .ok()
@@ -330,7 +745,7 @@ fn main() {
     let volumes: usize = env_or("VOLUMES", 20);
     let rounds: usize = env_or("ROUNDS", 5);
     let secs: u32 = env_or("SECS", 4);
-    let parts = std::env::var("LH_PARTS").unwrap_or_else(|_| "cp,dp".into());
+    let parts = std::env::var("LH_PARTS").unwrap_or_else(|_| "cp,dp,rb".into());
     let backings = std::env::var("LH_BACKINGS").unwrap_or_else(|_| "memory,disk".into());
     let tgt_mask = std::env::var("LH_TGT_MASK").unwrap_or_else(|_| "0x1".into());
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -339,6 +754,13 @@ fn main() {
         .build()
         .expect("tokio");
     rt.block_on(async move {
+        if !parts.split(',').any(|p| p == "cp" || p == "dp") {
+            // the rebuild alone: no single-node talon to start
+            if parts.split(',').any(|p| p == "rb") {
+                rebuild_part(&spdk, rounds).await;
+            }
+            return;
+        }
         let dir = tempfile::tempdir().expect("tempdir");
         let config = dir.path().join("talon.yaml");
         std::fs::write(
@@ -529,5 +951,10 @@ fn main() {
         }
         let _ = stop.send(());
         let _ = task.await;
+
+        // 3. rebuild across two nodes (their own targets: the one above is gone)
+        if parts.split(',').any(|p| p == "rb") {
+            rebuild_part(&spdk, rounds).await;
+        }
     });
 }

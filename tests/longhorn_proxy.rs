@@ -13,305 +13,38 @@
 //! while spdk_nvme_perf writes through the engine are the same instant on
 //! A's replica and on B's (read back on each node, block by block).
 
+#[path = "support/longhorn_nodes.rs"]
+mod longhorn_nodes;
 #[path = "support/spdk_dd.rs"]
 mod spdk_dd;
 #[path = "support/spdk_perf.rs"]
 mod spdk_perf;
 
 use std::collections::HashMap;
-use std::net::{IpAddr, SocketAddr};
-use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
+use std::net::IpAddr;
+use std::path::PathBuf;
 use std::time::Duration;
 
-use talon::controllers::engine::selection::SpdkOptions;
 use talon::longhorn::proto::imrpc::{
-    self, disk_service_client::DiskServiceClient, instance_service_client::InstanceServiceClient,
+    self, instance_service_client::InstanceServiceClient,
     proxy_engine_service_client::ProxyEngineServiceClient,
 };
 use talon::longhorn::proto::ptypes;
 use talon::longhorn::proto::spdkrpc::{self, spdk_service_client::SpdkServiceClient};
-use talon::longhorn::server::LonghornOptions;
-use talon::serve::{ServeOptions, serve_with};
-use talon::spdk::rpc::{GetLvols, LvstoreSelector};
+use talon::spdk::rpc::GetLvols;
 use talon::spdk::{SpdkClient, SpdkDouble};
 use tonic::Code;
 use tonic::transport::Channel;
 
+use longhorn_nodes::{
+    ERR, Node, RW, WAIT, WO, allocated_bytes, engine, free_base, modes, pattern, replica_add, replica_remove,
+    req, running, snapshot,
+};
+
 const MIB: u64 = 1 << 20;
-const WAIT: Duration = Duration::from_secs(30);
-
-/// `talon serve` options of a node at `ip`: on a double (adopted on the run
-/// dir's socket) or, with `spdk`, on a real spdk_tgt it spawns.
-fn opts(dir: &Path, ip: &str, spdk: Option<&Path>) -> ServeOptions {
-    let config = dir.join("node.yaml");
-    std::fs::write(
-        &config,
-        format!(
-            "node:\n  listenAddress: {ip}\n  allowedHosts: [\"{}\"]\n",
-            spdk_perf::HOST_NQN
-        ),
-    )
-    .expect("config");
-    let spdk = match spdk {
-        Some(d) => SpdkOptions {
-            spdk_dir: Some(d.to_path_buf()),
-            no_huge: true,
-            no_huge_mem_mib: 1024,
-            extra_args: vec!["--disable-cpumask-locks".into()],
-            ..Default::default()
-        },
-        None => {
-            // a stand-in binary: found, never run
-            let fake = dir.join("spdk_tgt");
-            std::fs::write(&fake, "#!/bin/sh\nexit 1\n").expect("fake spdk_tgt");
-            std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).expect("chmod");
-            SpdkOptions {
-                spdk_tgt: Some(fake),
-                no_huge: true,
-                no_huge_mem_mib: 256,
-                ..Default::default()
-            }
-        }
-    };
-    ServeOptions {
-        data_dir: dir.join("data"),
-        config: Some(config),
-        socket: dir.join("run/talon.sock"),
-        listen_tcp: None,
-        token_file: None,
-        tls: Default::default(),
-        run_dir: dir.join("run"),
-        host_root: PathBuf::from("/"),
-        spdk,
-        stop_targets_on_exit: true,
-    }
-}
-
-/// Ports free on both loopback addresses from `base`: five for the gRPC
-/// services, then each node's instance ports (`INSTANCE_PORTS` each), so two
-/// runs at once (a bench, another test) never share an export's port.
-const SPAN: u16 = 5 + 2 * INSTANCE_PORTS;
-const INSTANCE_PORTS: u16 = 50;
-
-fn free_base(ips: &[IpAddr]) -> u16 {
-    for _ in 0..200 {
-        let probe = std::net::TcpListener::bind("127.0.0.1:0").expect("probe");
-        let base = probe.local_addr().expect("addr").port();
-        drop(probe);
-        if base > 65000 - SPAN {
-            continue;
-        }
-        let all: Vec<_> = ips
-            .iter()
-            .flat_map(|ip| (0..SPAN).map(move |i| std::net::TcpListener::bind((*ip, base + i))))
-            .collect();
-        if all.iter().all(Result::is_ok) {
-            return base;
-        }
-    }
-    panic!("no {SPAN} consecutive free ports");
-}
-
-struct Node {
-    dir: tempfile::TempDir,
-    /// The double, or None on a real spdk_tgt.
-    double: Option<SpdkDouble>,
-    real: Option<PathBuf>,
-    spdk: SpdkClient,
-    ip: IpAddr,
-    base: u16,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    task: Option<tokio::task::JoinHandle<Result<(), talon::serve::ServeError>>>,
-}
-
-impl Node {
-    async fn new(ip: IpAddr, base: u16, real: Option<&Path>) -> Node {
-        // the daemons' logs with RUST_LOG (they run in this process)
-        let _ = tracing_subscriber::fmt()
-            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-            .with_test_writer()
-            .try_init();
-        let dir = tempfile::tempdir().expect("tempdir");
-        std::fs::create_dir_all(dir.path().join("run")).expect("run dir");
-        let socket = dir.path().join("run/spdk.sock");
-        let double = match real {
-            Some(_) => None,
-            None => Some(SpdkDouble::start(&socket).await.expect("double")),
-        };
-        let spdk = SpdkClient::new(&socket);
-        let mut n = Node {
-            dir,
-            double,
-            real: real.map(Path::to_path_buf),
-            spdk,
-            ip,
-            base,
-            stop: None,
-            task: None,
-        };
-        n.start().await;
-        n
-    }
-
-    async fn start(&mut self) {
-        let (stop, rx) = tokio::sync::oneshot::channel::<()>();
-        let lh = LonghornOptions {
-            listen: SocketAddr::new(self.ip, self.base),
-            // instance ports: each node its own range (one machine here)
-            ports: {
-                let first = self.base
-                    + 5
-                    + if self.ip == IpAddr::from([127, 0, 0, 1]) {
-                        0
-                    } else {
-                        INSTANCE_PORTS
-                    };
-                first..=first + INSTANCE_PORTS - 1
-            },
-        };
-        let ip = self.ip.to_string();
-        self.task = Some(tokio::spawn(serve_with(
-            opts(self.dir.path(), &ip, self.real.as_deref()),
-            Some(lh),
-            async move {
-                let _ = rx.await;
-            },
-        )));
-        self.stop = Some(stop);
-        let url = self.url(3);
-        talon::runtime::testing::eventually("the Longhorn ports", WAIT, || async {
-            Channel::from_shared(url.clone()).ok()?.connect().await.ok()
-        })
-        .await;
-    }
-
-    async fn stop(&mut self) {
-        if let Some(s) = self.stop.take() {
-            let _ = s.send(());
-        }
-        if let Some(t) = self.task.take() {
-            t.await.expect("join").expect("clean stop");
-        }
-    }
-
-    fn url(&self, i: u16) -> String {
-        format!("http://{}:{}", self.ip, self.base + i)
-    }
-
-    async fn channel(&self, i: u16) -> Channel {
-        Channel::from_shared(self.url(i))
-            .expect("url")
-            .connect()
-            .await
-            .expect("connect")
-    }
-
-    async fn lvols(&self) -> Vec<String> {
-        let mut v: Vec<String> = self
-            .spdk
-            .bdev_lvol_get_lvols(&GetLvols::default())
-            .await
-            .expect("lvols")
-            .into_iter()
-            .map(|l| l.alias)
-            .collect();
-        v.sort();
-        v
-    }
-
-    /// A disk (aio file) and a running replica on it; returns its `ip:port`.
-    async fn replica(&self, disk: &str, name: &str, size: u64) -> String {
-        self.disk(disk).await;
-        self.replica_again(disk, name, size).await
-    }
-
-    /// A disk (aio file) made through Longhorn's DiskCreate.
-    async fn disk(&self, disk: &str) {
-        let f = self.dir.path().join(format!("{disk}.img"));
-        std::fs::File::create(&f)
-            .and_then(|f| f.set_len(256 * MIB))
-            .expect("disk file");
-        DiskServiceClient::new(self.channel(2).await)
-            .disk_create(imrpc::DiskCreateRequest {
-                disk_type: imrpc::DiskType::Block as i32,
-                disk_name: disk.into(),
-                disk_path: f.display().to_string(),
-                block_size: 4096,
-                disk_driver: "aio".into(),
-                ..Default::default()
-            })
-            .await
-            .unwrap_or_else(|e| panic!("DiskCreate {disk}: {e}"));
-    }
-
-    /// A running replica on disk `disk` (made already); returns its `ip:port`.
-    async fn replica_again(&self, disk: &str, name: &str, size: u64) -> String {
-        let mut inst = InstanceServiceClient::new(self.channel(3).await);
-        inst.instance_create(imrpc::InstanceCreateRequest {
-            spec: Some(imrpc::InstanceSpec {
-                name: name.into(),
-                r#type: "replica".into(),
-                volume_name: "vol".into(),
-                port_count: 1,
-                data_engine: imrpc::DataEngine::V2 as i32,
-                spdk_instance_spec: Some(imrpc::SpdkInstanceSpec {
-                    disk_name: disk.into(),
-                    size,
-                    ..Default::default()
-                }),
-                ..Default::default()
-            }),
-            data_layout_type: 0,
-        })
-        .await
-        .unwrap_or_else(|e| panic!("create {name}: {e}"));
-        let st = running(&inst, name, "replica").await;
-        format!("{}:{}", self.ip, st.port_start)
-    }
-}
-
-async fn running(c: &InstanceServiceClient<Channel>, name: &str, ty: &str) -> imrpc::InstanceStatus {
-    talon::runtime::testing::eventually(&format!("{ty} {name} running"), WAIT, || async {
-        let mut c = c.clone();
-        let r = c
-            .instance_get(imrpc::InstanceGetRequest {
-                name: name.into(),
-                r#type: ty.into(),
-                data_engine: imrpc::DataEngine::V2 as i32,
-                ..Default::default()
-            })
-            .await
-            .ok()?;
-        r.into_inner().status.filter(|s| s.state == "running")
-    })
-    .await
-}
 
 fn double(n: &Node) -> &SpdkDouble {
     n.double.as_ref().expect("a node on the double")
-}
-
-fn req(engine: &str) -> imrpc::ProxyEngineRequest {
-    imrpc::ProxyEngineRequest {
-        address: String::new(),
-        engine_name: engine.into(),
-        volume_name: "vol".into(),
-        data_engine: imrpc::DataEngine::V2 as i32,
-        ..Default::default()
-    }
-}
-
-async fn snapshot(p: &mut ProxyEngineServiceClient<Channel>, name: &str) -> Result<String, tonic::Status> {
-    p.volume_snapshot(imrpc::EngineVolumeSnapshotRequest {
-        proxy_engine_request: Some(req("vol-e-0")),
-        snapshot_volume: Some(ptypes::VolumeSnapshotRequest {
-            name: name.into(),
-            ..Default::default()
-        }),
-    })
-    .await
-    .map(|r| r.into_inner().snapshot.map(|s| s.name).unwrap_or_default())
 }
 
 async fn snapshot_list(
@@ -517,83 +250,11 @@ async fn the_engine_proxy_across_two_nodes() {
     b.stop().await;
 }
 
-async fn engine(a: &Node, replicas: &[(&str, &String)], size: u64, frontend: &str) {
-    let inst = InstanceServiceClient::new(a.channel(3).await);
-    let map: HashMap<String, String> = replicas
-        .iter()
-        .map(|(r, x)| ((*r).to_owned(), (*x).clone()))
-        .collect();
-    inst.clone()
-        .instance_create(imrpc::InstanceCreateRequest {
-            spec: Some(imrpc::InstanceSpec {
-                name: "vol-e-0".into(),
-                r#type: "engine".into(),
-                volume_name: "vol".into(),
-                port_count: 1,
-                data_engine: imrpc::DataEngine::V2 as i32,
-                spdk_instance_spec: Some(imrpc::SpdkInstanceSpec {
-                    replica_address_map: map,
-                    size,
-                    frontend: frontend.into(),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            }),
-            data_layout_type: 0,
-        })
-        .await
-        .expect("engine create");
-    running(&inst, "vol-e-0", "engine").await;
-}
-
-/// `(address, mode)` of every replica of the engine, sorted.
-async fn modes(p: &mut ProxyEngineServiceClient<Channel>) -> Vec<(String, i32)> {
-    let mut m: Vec<(String, i32)> = p
-        .replica_list(req("vol-e-0"))
-        .await
-        .expect("ReplicaList")
-        .into_inner()
-        .replica_list
-        .expect("list")
-        .replicas
-        .into_iter()
-        .map(|r| (r.address.map(|a| a.address).unwrap_or_default(), r.mode))
-        .collect();
-    m.sort();
-    m
-}
-
-async fn replica_add(
-    p: &ProxyEngineServiceClient<Channel>,
-    name: &str,
-    address: &str,
-) -> Result<(), tonic::Status> {
-    p.clone()
-        .replica_add(imrpc::EngineReplicaAddRequest {
-            proxy_engine_request: Some(req("vol-e-0")),
-            replica_name: name.into(),
-            replica_address: format!("tcp://{address}"),
-            ..Default::default()
-        })
-        .await
-        .map(|_| ())
-}
-
 /// Replica `b` RW and `a` WO (being rebuilt), in address order.
 async fn copying_a(p: &mut ProxyEngineServiceClient<Channel>, a: &str, b: &str) {
     let mut want = vec![(a.to_owned(), WO), (b.to_owned(), RW)];
     want.sort();
     assert_eq!(modes(p).await, want);
-}
-
-async fn replica_remove(p: &mut ProxyEngineServiceClient<Channel>, name: &str) {
-    p.replica_remove(imrpc::EngineReplicaRemoveRequest {
-        proxy_engine_request: Some(req("vol-e-0")),
-        replica_name: name.into(),
-        replica_address: String::new(),
-    })
-    .await
-    .unwrap_or_else(|e| panic!("ReplicaRemove {name}: {e}"));
 }
 
 /// `bdev_get_bdevs` of one bdev as JSON (rate limits, lvol parents).
@@ -604,10 +265,6 @@ async fn bdev_json(spdk: &SpdkClient, name: &str) -> serde_json::Value {
         .unwrap_or_else(|e| panic!("bdev {name}: {e}"));
     v[0].clone()
 }
-
-const RW: i32 = ptypes::ReplicaMode::Rw as i32;
-const WO: i32 = ptypes::ReplicaMode::Wo as i32;
-const ERR: i32 = ptypes::ReplicaMode::Err as i32;
 
 /// Part 2 of the proxy on the doubles: the snapshot count limit, revert of
 /// both replicas (B's through B's new `ReplicaSnapshotRevert`), a removal
@@ -1221,39 +878,19 @@ async fn real_spdk_engine_snapshots_through_the_proxy_are_one_instant_on_both_no
     b.stop().await;
 }
 
-/// Bytes that differ in every 8-byte word (`seed` tells two patterns apart).
-fn pattern(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed | 1;
-    let mut v = Vec::with_capacity(len);
-    while v.len() < len {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        v.extend_from_slice(&x.to_le_bytes());
+/// What a just rebuilt replica holds once it holds `at_least` bytes (the
+/// replica is RW from the switch on; its rebuild snapshots are merged into
+/// its head just after, and SPDK's listing may lag the merge), or what it
+/// holds after `WAIT`.
+async fn held_after_rebuild(n: &Node, replica: &str, at_least: u64) -> u64 {
+    let deadline = std::time::Instant::now() + WAIT;
+    loop {
+        let held = allocated_bytes(n, replica).await;
+        if held >= at_least || std::time::Instant::now() > deadline {
+            return held;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    v.truncate(len);
-    v
-}
-
-/// The bytes the lvols of `replica` hold on `n` (its head and snapshots, a
-/// rebuild's `talon-rb-*` included): allocated clusters times the cluster size.
-async fn allocated_bytes(n: &Node, replica: &str) -> u64 {
-    let cluster = n
-        .spdk
-        .bdev_lvol_get_lvstores(&LvstoreSelector::default())
-        .await
-        .expect("lvstores")
-        .first()
-        .map_or(0, |l| l.cluster_size);
-    let prefix = format!("{replica}-snap-");
-    n.spdk
-        .bdev_lvol_get_lvols(&GetLvols::default())
-        .await
-        .expect("lvols")
-        .iter()
-        .filter(|l| l.name == replica || l.name.starts_with(&prefix))
-        .map(|l| l.num_allocated_clusters * cluster)
-        .sum()
 }
 
 /// Issue 17's rebuild on two real spdk_tgt. A 1 GiB volume, one replica on
@@ -1323,7 +960,7 @@ async fn real_spdk_replica_add_rebuilds_a_replica_made_again_on_node_b() {
     .await;
     let (held_a, held_b) = (
         allocated_bytes(&a, "vol-r-a").await,
-        allocated_bytes(&b, "vol-r-b").await,
+        held_after_rebuild(&b, "vol-r-b", 64 * MIB as u64).await,
     );
     eprintln!(
         "{test}: round 1 (stale B): rebuilt in {:?}; A holds {} MiB, B {} MiB of a {} MiB volume",
@@ -1383,7 +1020,7 @@ async fn real_spdk_replica_add_rebuilds_a_replica_made_again_on_node_b() {
     })
     .await;
     let took = started.elapsed();
-    let held_b = allocated_bytes(&b, "vol-r-b").await;
+    let held_b = held_after_rebuild(&b, "vol-r-b", 64 * MIB as u64).await;
     eprintln!(
         "{test}: round 2 (empty B, cap {CAP_MBPS} MB/s): rebuilt in {took:?}; B holds {} MiB",
         held_b >> 20
@@ -1437,7 +1074,7 @@ async fn real_spdk_replica_add_rebuilds_a_replica_made_again_on_node_b() {
     })
     .await;
     let (held_a, held_b) = (
-        allocated_bytes(&a, "vol-r-a").await,
+        held_after_rebuild(&a, "vol-r-a", 64 * MIB as u64).await,
         allocated_bytes(&b, "vol-r-b").await,
     );
     eprintln!(
