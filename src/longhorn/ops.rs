@@ -61,21 +61,34 @@ fn switching() -> &'static Mutex<BTreeMap<String, SwitchModes>> {
 /// A thin rebuild's switch of an engine, from raid delete to export: while it
 /// lasts the raid is missing or being assembled, and `ReplicaList` reports the
 /// modes from before it (the manager must not take the replicas in service
-/// for failed). Ends when dropped.
+/// for failed). Ends when dropped, or, after [`Switch::keep`], when the
+/// engine's raid is there again ([`switch_done`]).
 #[derive(Debug)]
-pub struct Switch(String);
+pub struct Switch(Option<String>);
 
 impl Switch {
     pub fn start(engine: &str, modes: SwitchModes) -> Switch {
         lock(switching()).insert(engine.to_owned(), modes);
-        Switch(engine.to_owned())
+        Switch(Some(engine.to_owned()))
+    }
+
+    /// A switch that failed: the modes stay until [`switch_done`].
+    pub fn keep(mut self) {
+        self.0 = None;
     }
 }
 
 impl Drop for Switch {
     fn drop(&mut self) {
-        lock(switching()).remove(&self.0);
+        if let Some(e) = self.0.take() {
+            lock(switching()).remove(&e);
+        }
     }
+}
+
+/// The raid of `engine` is there again (after a switch that failed).
+pub fn switch_done(engine: &str) {
+    lock(switching()).remove(engine);
 }
 
 /// The modes an engine had when its switch started, while it lasts.

@@ -174,6 +174,7 @@ impl Longhorn {
                 names.extend(b.uuid.clone());
             }
             let (mode, progress) = match raid {
+                _ if !running => (ptypes::ReplicaMode::Err, None),
                 // a thin rebuild's switch: the modes from before it
                 _ if switch.is_some() => match switch.as_ref() {
                     Some(s) if s.in_service.contains(replica) => (ptypes::ReplicaMode::Rw, None),
@@ -183,7 +184,6 @@ impl Longhorn {
                     ),
                     _ => (ptypes::ReplicaMode::Err, None),
                 },
-                _ if !running => (ptypes::ReplicaMode::Err, None),
                 // one replica: exported without a raid
                 None if e.spec.replica_address_map.len() == 1 => (ptypes::ReplicaMode::Rw, None),
                 None => (ptypes::ReplicaMode::Err, None),

@@ -569,6 +569,10 @@ impl LonghornController {
                 }
             }
         };
+        // a switch that failed is over once the raid is there again
+        if bdev == name.as_str() {
+            crate::longhorn::ops::switch_done(name.as_str());
+        }
         let nqn = naming::volume_nqn(&volume).map_err(|x| x.to_string())?;
         let hosts = self.hosts(node);
         let plan = ExportPlan {

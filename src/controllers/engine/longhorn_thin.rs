@@ -662,29 +662,51 @@ impl LonghornController {
     }
 
     /// The switch: with the engine's export closed, the source's last
-    /// clusters are copied and the raid is made again with the dest.
+    /// clusters are copied and the raid is made again with the dest. After a
+    /// switch that fails, `ReplicaList` keeps the modes from before it until
+    /// the next reconcile has made the raid again without the dest.
     async fn switch(
         &self,
         inv: &Inventory,
         engine: &str,
-        (src, dst, dst_export): (&End, &End, Option<String>),
-        (have_src, have_dst): (&ReplicaLvols, &ReplicaLvols),
+        ends: (&End, &End, Option<String>),
+        haves: (&ReplicaLvols, &ReplicaLvols),
         (members, in_service): (&[String], &[String]),
         plan: &ExportPlan<'_>,
     ) -> Result<String, String> {
+        let dst = ends.1;
         tracing::info!(
             engine,
             replica = dst.replica(),
             "rebuild: switching the raid to the rebuilt replica"
         );
         // ReplicaList keeps the modes from before until the export is back
-        let _switch = crate::longhorn::ops::Switch::start(
+        let switch = crate::longhorn::ops::Switch::start(
             engine,
             crate::longhorn::ops::SwitchModes {
                 joining: dst.replica().to_owned(),
                 in_service: in_service.iter().cloned().collect(),
             },
         );
+        let r = self.switch_steps(inv, engine, ends, haves, members, plan).await;
+        if r.is_err() {
+            // the raid may be missing until the next reconcile makes it
+            // again over the members in service: they stay RW meanwhile
+            self.thin.lock().running.remove(engine);
+            switch.keep();
+        }
+        r
+    }
+
+    async fn switch_steps(
+        &self,
+        inv: &Inventory,
+        engine: &str,
+        (src, dst, dst_export): (&End, &End, Option<String>),
+        (have_src, have_dst): (&ReplicaLvols, &ReplicaLvols),
+        members: &[String],
+        plan: &ExportPlan<'_>,
+    ) -> Result<String, String> {
         // hosts off: their connections drop, their I/O waits for the reconnect
         if let Some(sub) = inv.subsystem(plan.nqn) {
             for l in &sub.listen_addresses {
