@@ -618,6 +618,33 @@ async fn the_engine_proxy_reverts_purges_and_rebuilds_across_two_nodes() {
     assert!(b_s8.is_some_and(|n| n >= 4), "{b_s8:?}");
     assert_eq!(allocated(&a, "talon-disk-a/vol-r-a-snap-s8".into()).await, b_s8);
 
+    // a switch that fails (its raid create refused once): the replica in
+    // service is RW throughout (never ERR for the manager), the raid is made
+    // again without the dest, and the rebuild goes on to RW
+    replica_remove(&mut p, won).await;
+    double(&b).set_rebuild_time(Duration::ZERO);
+    double(&a).set_rebuild_time(Duration::ZERO);
+    double(&a).fail_nth("bdev_raid_create", 1, -5, "Input/output error");
+    replica_add(&p, won, &waddr)
+        .await
+        .expect("ReplicaAdd (its switch fails once)");
+    let mut seen = Vec::new();
+    let deadline = std::time::Instant::now() + WAIT;
+    loop {
+        let m = modes(&mut p).await;
+        let done = m == vec![(ta.clone(), RW), (twon.clone(), RW)];
+        seen.push(m);
+        if done {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "never RW: {seen:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        seen.iter().all(|m| m.contains(&(ta.clone(), RW))),
+        "A stays RW through the failed switch: {seen:?}"
+    );
+
     // B's proxy answers for the engine on A through B's engine-frontend
     let inst_b = InstanceServiceClient::new(b.channel(3).await);
     inst_b

@@ -653,6 +653,13 @@ impl LonghornController {
                 // a new request starts afresh
                 self.thin.forget(e.id(), replica);
             }
+            // a raid this reconcile made (after a failed switch) is not in
+            // the listing yet
+            if inv.raid(e.id()).is_none()
+                && let Ok(now) = Inventory::load(&self.client).await
+            {
+                *inv = now;
+            }
             match self.thin_step(inv, e, local, replica, plan).await {
                 Ok(thin::Thin::Copying { copied, total }) => {
                     let pct =
