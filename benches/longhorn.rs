@@ -397,25 +397,9 @@ async fn rb_thin(
     p: &mut ProxyEngineServiceClient<Channel>,
 ) -> (f64, u64, f64) {
     replica_remove(p, "vol-r-b").await;
-    InstanceServiceClient::new(b.channel(3).await)
-        .instance_delete(imrpc::InstanceDeleteRequest {
-            name: "vol-r-b".into(),
-            r#type: "replica".into(),
-            cleanup_required: true,
-            data_engine: imrpc::DataEngine::V2 as i32,
-            ..Default::default()
-        })
-        .await
-        .expect("delete B's replica");
-    talon::runtime::testing::eventually("B's replica lvols deleted", RB_LIMIT, || async {
-        (!b.lvols()
-            .await
-            .iter()
-            .any(|l| l.contains("vol-r-b") || l.contains("talon-rb-")))
-        .then_some(())
-    })
-    .await;
-    let addr_b = b.replica_again("disk-b", "vol-r-b", RB_VOLUME).await;
+    let addr_b = b
+        .replica_remade_empty("disk-b", "vol-r-b", RB_VOLUME, RB_LIMIT)
+        .await;
     let want = vec![(format!("tcp://{a_addr}"), RW), (format!("tcp://{addr_b}"), RW)];
     let t = Instant::now();
     replica_add(p, "vol-r-b", &addr_b).await.expect("ReplicaAdd");

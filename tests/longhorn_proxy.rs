@@ -1011,21 +1011,9 @@ async fn real_spdk_replica_add_rebuilds_a_replica_made_again_on_node_b() {
 
     // round 2: B's replica made again empty, rebuilt under a cap
     replica_remove(&mut p, "vol-r-b").await;
-    InstanceServiceClient::new(b.channel(3).await)
-        .instance_delete(imrpc::InstanceDeleteRequest {
-            name: "vol-r-b".into(),
-            r#type: "replica".into(),
-            cleanup_required: true,
-            data_engine: imrpc::DataEngine::V2 as i32,
-            ..Default::default()
-        })
-        .await
-        .expect("delete B's replica");
-    talon::runtime::testing::eventually("B's lvols deleted", WAIT, || async {
-        (!b.lvols().await.iter().any(|l| l.contains("vol-r-b"))).then_some(())
-    })
-    .await;
-    let addr_b = b.replica_again("disk-b", "vol-r-b", LEN as u64).await;
+    let addr_b = b
+        .replica_remade_empty("disk-b", "vol-r-b", LEN as u64, WAIT)
+        .await;
     let tb = format!("tcp://{addr_b}");
     p.replica_rebuilding_qos_set(imrpc::EngineReplicaRebuildingQosSetRequest {
         proxy_engine_request: Some(req("vol-e-0")),
@@ -1075,22 +1063,9 @@ async fn real_spdk_replica_add_rebuilds_a_replica_made_again_on_node_b() {
     // round 3: A's own replica made again empty and rebuilt from B's (A's is
     // exported for B's target to copy into until it joins)
     replica_remove(&mut p, "vol-r-a").await;
-    inst_a
-        .clone()
-        .instance_delete(imrpc::InstanceDeleteRequest {
-            name: "vol-r-a".into(),
-            r#type: "replica".into(),
-            cleanup_required: true,
-            data_engine: imrpc::DataEngine::V2 as i32,
-            ..Default::default()
-        })
-        .await
-        .expect("delete A's replica");
-    talon::runtime::testing::eventually("A's lvols deleted", WAIT, || async {
-        (!a.lvols().await.iter().any(|l| l.contains("vol-r-a"))).then_some(())
-    })
-    .await;
-    let addr_a = a.replica_again("disk-a", "vol-r-a", LEN as u64).await;
+    let addr_a = a
+        .replica_remade_empty("disk-a", "vol-r-a", LEN as u64, WAIT)
+        .await;
     let ta = format!("tcp://{addr_a}");
     let started = std::time::Instant::now();
     replica_add(&p, "vol-r-a", &addr_a)

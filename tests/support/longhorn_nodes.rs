@@ -265,6 +265,32 @@ impl Node {
             .unwrap_or_else(|e| panic!("DiskCreate {disk}: {e}"));
     }
 
+    /// Replica `name` deleted with its lvols (`cleanup_required`) and made
+    /// again empty on disk `disk`, once none of its lvols and no rebuild
+    /// snapshot is left (within `wait`); returns its `ip:port`.
+    pub async fn replica_remade_empty(&self, disk: &str, name: &str, size: u64, wait: Duration) -> String {
+        InstanceServiceClient::new(self.channel(3).await)
+            .instance_delete(imrpc::InstanceDeleteRequest {
+                name: name.into(),
+                r#type: "replica".into(),
+                cleanup_required: true,
+                data_engine: imrpc::DataEngine::V2 as i32,
+                ..Default::default()
+            })
+            .await
+            .unwrap_or_else(|e| panic!("delete replica {name}: {e}"));
+        talon::runtime::testing::eventually(&format!("replica {name}'s lvols deleted"), wait, || async {
+            (!self
+                .lvols()
+                .await
+                .iter()
+                .any(|l| l.contains(name) || l.contains("talon-rb-")))
+            .then_some(())
+        })
+        .await;
+        self.replica_again(disk, name, size).await
+    }
+
     /// A running replica on disk `disk` (made already); returns its `ip:port`.
     pub async fn replica_again(&self, disk: &str, name: &str, size: u64) -> String {
         let mut inst = InstanceServiceClient::new(self.channel(3).await);
