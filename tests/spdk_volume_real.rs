@@ -1398,3 +1398,135 @@ async fn real_spdk_a_rebuilt_replica_is_as_thin_as_its_source_and_keeps_the_chai
     rt.stop().await;
     t.stop(Duration::from_secs(5)).await.expect("stop");
 }
+
+/// Issue 17: a remote replica (node B serves it, A's engine calls B's admin
+/// API) that missed writes is rebuilt thin through B's node: B's snapshot
+/// that both share is kept, B's head is made again over it, and only what A
+/// holds after it is copied, from A's target into B's head over NVMe/TCP.
+/// B ends as thin as A, with the same chain, and serves what was written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_spdk_a_remote_replica_is_rebuilt_thin_through_its_node() {
+    let test = "real_spdk_a_remote_replica_is_rebuilt_thin_through_its_node";
+    let Some(spdk) = spdk_dir_with(test, &["spdk_dd"]) else {
+        return;
+    };
+    let Node(da, _, ta, _reap_a, ca) = node(&spdk, &["da"], "spdk_tgt A").await;
+    let Node(db, cfg_b, tb, _reap_b, cb) = node(&spdk, &["db"], "spdk_tgt B").await;
+    let (pa, pb) = (free_port(), free_port());
+    let (rta, rtb) = (runtime(&ca, &["da"], pa), runtime(&cb, &["db"], pb));
+    let (api_b, _server_b) = peer_api::serve(&rtb.state, rtb.statuses(), "127.0.0.1:0").await;
+    let api = Some(api_b.to_string());
+    let (replica_nqn, st, _) = served_by_b(&rta.state, &rtb.state, "tr", 1024 * MIB, (pa, pb), api).await;
+    ledger_becomes(&rta.state, "tr", &[0, 1], "both replicas up to date").await;
+    let nqn = st.exports[0].name.clone();
+    let inv = Inventory::load(&ca).await.expect("inventory");
+    let remote_room = inv
+        .raid("talon-raid-tr")
+        .expect("raid")
+        .base_bdevs_list
+        .iter()
+        .find(|b| b.name.as_deref().is_some_and(|n| n.starts_with("talon-remote-")))
+        .map(|b| (b.data_offset * 4096) as usize)
+        .expect("remote member");
+    let io = |data: Option<Vec<u8>>, len: usize| {
+        let (spdk, dir, nqn) = (spdk.clone(), da.path().to_path_buf(), nqn.clone());
+        async move {
+            tokio::task::spawn_blocking(move || dd(&spdk, &dir, pa, &nqn, data.as_deref(), len))
+                .await
+                .expect("dd")
+        }
+    };
+    io(Some(pattern(0x11, 32 << 20)), 32 << 20).await;
+    rta.state
+        .create_typed(
+            "tr@s1",
+            "",
+            &Snapshot {
+                volume: "tr".into(),
+                name: "s1".into(),
+            },
+        )
+        .expect("snapshot");
+    let s1 = eventually("s1 taken", WAIT, || async {
+        rta.state
+            .get_typed::<SnapshotStatus>("tr@s1")
+            .ok()
+            .flatten()
+            .map(|s| s.spec)
+            .filter(|s| s.state != ObjectState::Creating)
+    })
+    .await;
+    assert_eq!(s1.state, ObjectState::Ready, "{}", s1.message);
+    let mut b = pattern(0x22, 64 << 20);
+    io(Some(b.clone()), b.len()).await;
+
+    // B's target dies; 16 MiB more land on A alone
+    let mut tb = tb;
+    kill9(&mut tb, "kill -9 B").await;
+    let cc = pattern(0x33, 16 << 20);
+    io(Some(cc.clone()), cc.len()).await;
+    b[..cc.len()].copy_from_slice(&cc);
+    ledger_becomes(&rta.state, "tr", &[0], "B's replica out of A's ledger").await;
+
+    // B back with what it held: rebuilt thin through B's node
+    let (tb, _reap_b) = restart(&cfg_b, &cb, db.path(), &["db"], "restart B").await;
+    restarted(&rtb.state, 1, "B restarts");
+    ledger_becomes(&rta.state, "tr", &[0, 1], "B's replica rebuilt").await;
+    let (inv_a, inv_b) = eventually("rebuild snapshots merged", WAIT, || async {
+        let (a, b) = (Inventory::load(&ca).await.ok()?, Inventory::load(&cb).await.ok()?);
+        let rb = |i: &Inventory| i.lvols.keys().any(|a| a.contains(".s.rb."));
+        (!rb(&a) && !rb(&b)).then_some((a, b))
+    })
+    .await;
+    let total = |inv: &Inventory, name: &str| {
+        let head = inv
+            .find_lvol(name)
+            .unwrap_or_else(|| panic!("{name}: {:?}", inv.lvols.keys()));
+        let chain = inv.chain(&head.alias);
+        let sum: u64 = chain.iter().map(|a| inv.lvols[a].num_allocated_clusters).sum();
+        (head.num_allocated_clusters + sum, chain)
+    };
+    let (ta_clusters, chain_a) = total(&inv_a, "tr-r0");
+    let (tb_clusters, chain_b) = total(&inv_b, "tr-r1");
+    let snap = |inv: &Inventory, n: &str| inv.find_lvol(n).map(|l| l.num_allocated_clusters);
+    eprintln!(
+        "{test}: A holds {ta_clusters} clusters, rebuilt B {tb_clusters}; s1: A {:?}, B {:?}",
+        snap(&inv_a, "tr-r0.s.s1"),
+        snap(&inv_b, "tr-r1.s.s1")
+    );
+    assert!(
+        tb_clusters <= ta_clusters + 2 && tb_clusters + 2 >= ta_clusters,
+        "B ({tb_clusters}) holds what A ({ta_clusters}) holds"
+    );
+    assert!(
+        tb_clusters < 128,
+        "thin: {tb_clusters} clusters of a 1024 MiB volume with 96 MiB written"
+    );
+    assert_eq!(
+        snap(&inv_b, "tr-r1.s.s1"),
+        snap(&inv_a, "tr-r0.s.s1"),
+        "s1 kept on B"
+    );
+    assert_eq!(chain_a.len(), 1, "{chain_a:?}");
+    assert_eq!(
+        chain_b,
+        vec![inv_b.find_lvol("tr-r1.s.s1").expect("s1 on B").alias.clone()],
+        "B's head is a clone of its s1"
+    );
+    // B's replica holds what was written, read on B
+    let got = dd(&spdk, db.path(), pb, &replica_nqn, None, remote_room + b.len())[remote_room..].to_vec();
+    assert!(
+        got == b,
+        "B's rebuilt replica holds the data: first difference at {:?}",
+        got.iter().zip(&b).position(|(x, y)| x != y)
+    );
+    // and the volume serves it
+    assert!(io(None, b.len()).await == b, "A's export serves the data");
+
+    delete_volume(&rta.state, "tr", "A").await;
+    delete_volume(&rtb.state, "tr", "B").await;
+    rta.stop().await;
+    rtb.stop().await;
+    ta.stop(Duration::from_secs(5)).await.expect("stop A");
+    tb.stop(Duration::from_secs(5)).await.expect("stop B");
+}

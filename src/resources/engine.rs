@@ -237,6 +237,51 @@ impl Spec for EngineStatus {
     const NAMESPACE: &'static str = "engine";
 }
 
+/// A request from a volume's engine node to the node that serves one of its
+/// replicas (`serveReplica`), made through the peer API: get the served
+/// replica ready for the next shallow copy of a thin rebuild (id = volume).
+/// Not persisted: a request dies with the process that was to answer it, so
+/// a restart never acts on an old one (the engine asks again).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct RebuildDest {
+    /// The source replica's snapshots, oldest first: the dest keeps the ones
+    /// it holds of them in that order from the first on, and its head is
+    /// made empty right above them.
+    pub chain: Vec<String>,
+    /// Raised by each request; the answer carries the one it answers.
+    pub generation: u64,
+}
+
+impl Spec for RebuildDest {
+    const TYPE: &'static str = "RebuildDest";
+    const NAMESPACE: &'static str = "engine";
+}
+
+/// The answer to a [`RebuildDest`] (id = volume).
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct RebuildDestStatus {
+    /// The request's generation this answers.
+    pub generation: u64,
+    /// How many snapshots of the chain the replica holds, from the first on.
+    pub shared: u32,
+    /// Snapshots of the replica that are not among those: nothing was made
+    /// again while they are there (the engine deletes them first, through
+    /// `snapshot_delete`, which keeps this node's Snapshot resources right).
+    pub stale: Vec<String>,
+    /// Whether the head was made again by this request (its export's
+    /// namespace went and came back: an engine attached to it attaches again).
+    pub reset: bool,
+    /// Empty, or why the request failed.
+    pub message: String,
+}
+
+impl Spec for RebuildDestStatus {
+    const TYPE: &'static str = "RebuildDestStatus";
+    const NAMESPACE: &'static str = "engine";
+}
+
 /// A snapshot as the engine holds it (id = snapshot id).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]

@@ -5,7 +5,7 @@
 //! |---|---|
 //! | `config` | NodeConfig, Disk, Volume, Snapshot, LonghornReplica, LonghornEngine, LonghornEngineFrontend (persisted) |
 //! | `host` | HugepagesSpec, HugepagesStatus, KernelModuleStatus, PciDevice, PciBindingStatus, HostCapabilities |
-//! | `engine` | TargetStatus, DiskStatus, ReplicaStatus, EngineStatus, LonghornInstanceStatus |
+//! | `engine` | TargetStatus, DiskStatus, ReplicaStatus, EngineStatus, LonghornInstanceStatus, RebuildDest, RebuildDestStatus |
 //! | `frontend` | AttachmentStatus |
 //! | `ledger` | ReplicaLedger, HugepagesLedger, PciBindIntent (persisted) |
 
@@ -98,6 +98,19 @@ pub fn register_types(reg: &mut TypeRegistry) {
     reg.register::<engine::SnapshotStatus>(
         "A snapshot as the engine holds it",
         &[("VOLUME", "/volume"), ("ENGINE", "/engine"), ("STATE", "/state")],
+    );
+    reg.register::<engine::RebuildDest>(
+        "An engine node's request to the node serving its replica: ready for the next copy of a thin rebuild",
+        &[("GENERATION", "/generation")],
+    );
+    reg.register::<engine::RebuildDestStatus>(
+        "The answer to a RebuildDest",
+        &[
+            ("GENERATION", "/generation"),
+            ("SHARED", "/shared"),
+            ("RESET", "/reset"),
+            ("MESSAGE", "/message"),
+        ],
     );
     reg.register::<frontend::AttachmentStatus>(
         "A volume attached on this host",

@@ -18,8 +18,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::api::ErrorKind;
-use crate::api::volume::{ExpandParams, SnapshotParams};
+use crate::api::volume::{ExpandParams, RebuildPrepareParams, SnapshotParams};
 use crate::client::{Client, ClientError, TlsClient};
+use crate::resources::engine::RebuildDestStatus;
+use crate::spdk::volume::RemoteDest;
+
+/// How long a peer may take to make its replica ready for a rebuild's copy.
+const PREPARE_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// How long a peer may take to snapshot its replica: this node's export is
 /// frozen (hosts queue their I/O) while it does.
@@ -129,5 +134,54 @@ impl Peers {
                 "talon at {api}: expanding {volume}: no answer in {SNAPSHOT_TIMEOUT:?}"
             )),
         }
+    }
+}
+
+/// The node serving remote replica `volume` (admin API `api`), as a thin
+/// rebuild of that replica calls it.
+#[derive(Debug, Clone)]
+pub struct PeerDest {
+    peers: Peers,
+    api: String,
+    volume: String,
+}
+
+impl PeerDest {
+    /// The replica of `volume` served by the talon at `api`.
+    pub fn new(peers: Peers, api: String, volume: String) -> Self {
+        Self { peers, api, volume }
+    }
+}
+
+#[async_trait::async_trait]
+impl RemoteDest for PeerDest {
+    async fn prepare(&self, chain: &[String]) -> Result<RebuildDestStatus, String> {
+        let c = self.peers.connect(&self.api).await?;
+        let params = RebuildPrepareParams {
+            volume: self.volume.clone(),
+            chain: chain.to_vec(),
+            timeout_seconds: Some(PREPARE_TIMEOUT.as_secs()),
+        };
+        let call = c.call::<_, RebuildDestStatus>("replica_rebuild_prepare", params);
+        match tokio::time::timeout(PREPARE_TIMEOUT + Duration::from_secs(1), call).await {
+            Ok(Ok(a)) => Ok(a),
+            Ok(Err(e)) => Err(format!(
+                "talon at {}: making replica {} ready for its rebuild: {e}",
+                self.api, self.volume
+            )),
+            Err(_) => Err(format!(
+                "talon at {}: replica {} not ready for its rebuild in {PREPARE_TIMEOUT:?}",
+                self.api, self.volume
+            )),
+        }
+    }
+
+    async fn snapshot(&self, snap: &str) -> Result<(), String> {
+        let c = self.peers.connect(&self.api).await?;
+        self.peers.snapshot(&c, &self.api, &self.volume, snap).await
+    }
+
+    async fn delete_snapshot(&self, snap: &str) -> Result<(), String> {
+        self.peers.delete_snapshot(&self.api, &self.volume, snap).await
     }
 }

@@ -25,6 +25,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -34,19 +35,19 @@ use crate::names::ObjectName;
 use crate::resources::config::{Disk, NodeConfig, Snapshot, Volume, split_snapshot_id};
 use crate::resources::engine::SPDK_STATUS_ID;
 use crate::resources::engine::{
-    DiskStatus, Engine, EngineStatus, Export, ObjectState, ReplicaLedger, ReplicaStatus, SnapshotStatus,
-    SpdkEvents, TargetStatus,
+    DiskStatus, Engine, EngineStatus, Export, ObjectState, RebuildDest, RebuildDestStatus, ReplicaLedger,
+    ReplicaStatus, SnapshotStatus, SpdkEvents, TargetStatus,
 };
 use crate::resources::frontend::Attachment;
 use crate::runtime::{Controller, ControllerError, Input, Output, Phase, ReconcileContext, Requeue, Typed};
 use crate::spdk::SpdkClient;
 use crate::spdk::placement::DiskAway;
 use crate::spdk::volume::{
-    ExportSpec, Inventory, RemoteSnapshot, VolumeError, VolumeInfo, VolumeOps, VolumePlan, applied_revert,
-    replica_heads,
+    ExportSpec, Inventory, RemoteDest, RemoteSnapshot, VolumeError, VolumeInfo, VolumeOps, VolumePlan,
+    applied_revert, replica_heads,
 };
 
-use super::peer::Peers;
+use super::peer::{PeerDest, Peers};
 
 /// Volumes realized concurrently in one reconcile.
 const CONCURRENCY: usize = 16;
@@ -219,6 +220,8 @@ struct Job {
     tls_port: u16,
     /// `NodeConfig.rebuildMibPerSec`.
     rebuild_cap: Option<u64>,
+    /// A served replica: its engine's request not answered yet.
+    dest_request: Option<RebuildDest>,
 }
 
 /// What realizing one volume gave.
@@ -231,6 +234,8 @@ struct Realized {
     disks: BTreeMap<usize, String>,
     /// A rebuild runs (poll for its progress).
     rebuilding: bool,
+    /// The answer to the job's `dest_request`.
+    dest_answer: Option<RebuildDestStatus>,
 }
 
 impl Realized {
@@ -241,6 +246,7 @@ impl Realized {
             in_sync: None,
             disks: BTreeMap::new(),
             rebuilding: false,
+            dest_answer: None,
         }
     }
 }
@@ -307,6 +313,33 @@ impl SpdkVolumeController {
             }
             message = format!("reverted to {target} (generation {})", job.spec.revert_generation);
         }
+        // a served replica: its engine's request for the next copy of a
+        // thin rebuild, answered before the replica is exported (again)
+        let mut dest_answer = None;
+        if let (Some(k), Some(req)) = (job.spec.serve_replica, &job.dest_request) {
+            let plan = VolumePlan::new(name.clone(), job.spec.size_bytes, 1, export.clone());
+            let answer = match self.ops.prepare_dest(inv, &plan, k as usize, &req.chain).await {
+                Ok(a) => a,
+                Err(e) => RebuildDestStatus {
+                    message: err_text(&e),
+                    ..RebuildDestStatus::default()
+                },
+            };
+            if answer.reset {
+                match Inventory::load(self.ops.client()).await {
+                    Ok(mut i) => {
+                        let disks: BTreeSet<String> = inv.disks().into_iter().map(|(d, _)| d).collect();
+                        i.retain_disks(&disks);
+                        reloaded = Some(i);
+                    }
+                    Err(e) => return Realized::failed(ObjectState::Failed, e.to_string()),
+                }
+            }
+            dest_answer = Some(RebuildDestStatus {
+                generation: req.generation,
+                ..answer
+            });
+        }
         let inv = reloaded.as_ref().unwrap_or(inv);
         let mut remote = Vec::new();
         for r in &job.spec.remote_replicas {
@@ -334,12 +367,23 @@ impl SpdkVolumeController {
             remote,
             superblock,
             rebuild_mib_per_sec: job.rebuild_cap,
+            remote_dests: job
+                .spec
+                .remote_replicas
+                .iter()
+                .map(|r| {
+                    let api = r.api.clone()?;
+                    let d: Arc<dyn RemoteDest> =
+                        Arc::new(PeerDest::new(self.peers.clone(), api, job.id.clone()));
+                    Some(d)
+                })
+                .collect(),
         };
         let done = match job.spec.serve_replica {
             Some(k) => self.ops.ensure_served(inv, &plan, k as usize).await,
             None => self.ops.ensure(inv, &plan).await,
         };
-        match done {
+        let mut realized = match done {
             Ok(info) => {
                 if job.spec.serve_replica.is_none() {
                     self.thaw_once(&name).await;
@@ -360,6 +404,7 @@ impl SpdkVolumeController {
                     in_sync,
                     disks,
                     rebuilding,
+                    dest_answer: None,
                 }
             }
             // No valid placement: a wait while the disks it needs come up (DiskStatus
@@ -386,7 +431,9 @@ impl SpdkVolumeController {
                 Realized::failed(ObjectState::Failed, m)
             }
             Err(e) => Realized::failed(ObjectState::Failed, err_text(&e)),
-        }
+        };
+        realized.dest_answer = dest_answer;
+        realized
     }
 }
 
@@ -535,6 +582,8 @@ impl Controller for SpdkVolumeController {
             Input::of::<Attachment>(),
             // a bdev went away (a raid member): look now, not at the next poll
             Input::of::<SpdkEvents>(),
+            // an engine node's request for a replica served here
+            Input::of::<RebuildDest>(),
         ]
     }
 
@@ -544,6 +593,7 @@ impl Controller for SpdkVolumeController {
             Output::shared::<SnapshotStatus>(),
             Output::exclusive::<ReplicaStatus>(),
             Output::exclusive::<ReplicaLedger>(),
+            Output::exclusive::<RebuildDestStatus>(),
         ]
     }
 
@@ -700,6 +750,20 @@ impl Controller for SpdkVolumeController {
 
         let disk_away = disks_away(&disk_list, &ctx.list::<DiskStatus>()?, &inv);
 
+        // engine nodes' requests for replicas served here, and the answers so far
+        let dest_requests: BTreeMap<String, RebuildDest> = ctx
+            .list::<RebuildDest>()?
+            .into_iter()
+            .map(|r| (r.id().to_string(), r.spec))
+            .collect();
+        let mut answers: BTreeMap<String, RebuildDestStatus> = BTreeMap::new();
+        for a in ctx.list::<RebuildDestStatus>()? {
+            if live_vols.contains(a.id()) {
+                ctx.apply(a.id(), a.spec.clone())?;
+                answers.insert(a.id().to_string(), a.spec);
+            }
+        }
+
         // finalizers and jobs
         let mut live = Vec::new();
         let mut deleting = Vec::new();
@@ -736,6 +800,12 @@ impl Controller for SpdkVolumeController {
                 hosts: export_hosts(&node, &v.spec, attached_by),
                 tls_port,
                 rebuild_cap: node.rebuild_mib_per_sec,
+                dest_request: v
+                    .spec
+                    .serve_replica
+                    .and_then(|_| dest_requests.get(v.id()))
+                    .filter(|r| answers.get(v.id()).is_none_or(|a| a.generation < r.generation))
+                    .cloned(),
             });
         }
         // one TCP transport per target, made (or adopted) before the volumes
@@ -934,6 +1004,9 @@ impl Controller for SpdkVolumeController {
         for (id, r) in statuses {
             rebuilding |= r.rebuilding;
             ctx.apply(&id, r.status)?;
+            if let Some(a) = r.dest_answer {
+                ctx.apply(&id, a)?;
+            }
             for (rid, rs) in r.replicas {
                 ctx.apply(&rid, rs)?;
             }

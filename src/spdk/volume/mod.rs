@@ -46,6 +46,7 @@ use crate::util::nvme_auth::{self as dhchap, DhchapSecret, Secret, TlsPsk};
 pub mod error;
 pub mod plan;
 mod rebuild;
+pub use rebuild::RemoteDest;
 
 pub use super::inventory::{Inventory, Owned, applied_revert, replica_heads};
 pub use super::naming::{
@@ -963,11 +964,12 @@ impl VolumeOps {
                     .filter_map(|b| k_of(b.name.as_deref()?))
                     .filter(|k| target.is_none_or(|(t, _)| t != *k))
                     .collect();
-                // a local replica that came back with the raid's superblock is
-                // re-added by SPDK's examine with a full rebuild (every block):
-                // taken out again, it is rebuilt thin from a local one instead
+                // a replica that came back with the raid's superblock (a local
+                // one, or a remote one whose node talon can call) is re-added
+                // by SPDK's examine with a full rebuild (every block): taken
+                // out again, it is rebuilt thin from a local one instead
                 if let (Some((t, _)), Some(p)) = (target, r.process.as_ref())
-                    && t < plan.replicas
+                    && (t < plan.replicas || rebuild::remote_dest(plan, t).is_some())
                     && self.thin_rebuild
                     && self.rebuilds.thin_allowed(vol)
                     && sync.in_sync.iter().any(|k| *k < plan.replicas)
@@ -1063,9 +1065,10 @@ impl VolumeOps {
             return Ok((raid, sync));
         }
         let mut behind = behind.into_iter();
-        // thin: a local replica from a local up-to-date one, into a raid that
-        // stands (SPDK's full rebuild for the others, and for a volume whose
-        // thin rebuilds keep failing)
+        // thin: a local replica, or a remote one whose node talon can call,
+        // from a local up-to-date one, into a raid that stands (SPDK's full
+        // rebuild for the others, and for a volume whose thin rebuilds keep
+        // failing)
         let online = inv
             .raid(&raid)
             .filter(|r| r.state == "online" && r.process.is_none());
@@ -1077,7 +1080,9 @@ impl VolumeOps {
             && self.thin_rebuild
             && self.rebuilds.thin_allowed(vol)
             && let (Some(online), Some(src)) = (online, source)
-            && let Some(r) = behind.clone().find(|r| r.k < plan.replicas)
+            && let Some(r) = behind
+                .clone()
+                .find(|r| r.k < plan.replicas || rebuild::remote_dest(plan, r.k).is_some())
         {
             let members: Vec<Option<String>> = (0..plan.replicas + plan.remote.len())
                 .map(|k| {

@@ -81,6 +81,10 @@ pub struct VolumePlan {
     pub superblock: bool,
     /// Cap on a rebuild's copying into the replica rebuilt, MiB/s.
     pub rebuild_mib_per_sec: Option<u64>,
+    /// The nodes of the remote replicas that talon can call (`remote[i]`
+    /// at `remote_dests[i]`): those are rebuilt thin; the others (and every
+    /// remote replica when this is empty) by SPDK's full rebuild.
+    pub remote_dests: Vec<Option<std::sync::Arc<dyn super::rebuild::RemoteDest>>>,
 }
 
 /// The room a raid superblock takes at the start of an lvol member: SPDK
@@ -141,6 +145,7 @@ impl VolumePlan {
             remote: Vec::new(),
             superblock: replicas >= 2,
             rebuild_mib_per_sec: None,
+            remote_dests: Vec::new(),
         }
     }
 

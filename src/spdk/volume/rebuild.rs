@@ -42,7 +42,8 @@ use super::{
     ExportSpec, Inventory, Made, ReplicaInfo, VolumeError, VolumeOps, VolumePlan, ignore_missing, naming, rpc,
 };
 use crate::names::{Nqn, volume_uuid};
-use crate::spdk::naming::{LvolRole, NSID, parse_lvol};
+use crate::resources::engine::RebuildDestStatus;
+use crate::spdk::naming::{LvolRole, NSID, REMOTE_PREFIX, parse_lvol};
 use crate::spdk::rpc::{
     ByName, CheckShallowCopy, LvolClone, LvolCreate, LvolResize, LvolSnapshot, RaidBdev, RaidDelete,
     RemoveNamespace, StartShallowCopy, SubsystemListener,
@@ -82,6 +83,10 @@ pub(super) struct Rebuilds(Arc<Mutex<RebuildState>>);
 struct RebuildState {
     running: HashMap<String, Running>,
     failures: HashMap<String, u32>,
+    /// Per volume: the source's rebuild snapshots copied into a remote
+    /// dest's head since it was last made ready (they are not snapshotted
+    /// there: the head keeps their clusters until the switch).
+    remote_rb: HashMap<String, Vec<String>>,
 }
 
 impl Rebuilds {
@@ -95,6 +100,7 @@ impl Rebuilds {
     fn failed(&self, vol: &str) -> u32 {
         let mut s = self.lock();
         s.running.remove(vol);
+        s.remote_rb.remove(vol);
         let n = s.failures.entry(vol.to_owned()).or_default();
         *n += 1;
         *n
@@ -102,6 +108,7 @@ impl Rebuilds {
     fn succeeded(&self, vol: &str) {
         let mut s = self.lock();
         s.running.remove(vol);
+        s.remote_rb.remove(vol);
         s.failures.remove(vol);
     }
     /// Whether a copy runs for volume `vol`.
@@ -137,6 +144,22 @@ fn sibling(alias: &str, name: &str) -> String {
     format!("{lvs}/{name}")
 }
 
+/// The bdev a rebuild copies into: a local dest's head, or the NVMe/TCP
+/// bdev of a remote one (its head on its node).
+fn dst_target(dst: &ReplicaInfo) -> String {
+    if dst.bdev.starts_with(REMOTE_PREFIX) {
+        dst.bdev.clone()
+    } else {
+        dst.alias.clone()
+    }
+}
+
+/// The node of remote replica `k` of `plan`, when talon can call it.
+pub(super) fn remote_dest(plan: &VolumePlan, k: usize) -> Option<&dyn RemoteDest> {
+    let i = k.checked_sub(plan.replicas)?;
+    plan.remote_dests.get(i)?.as_deref()
+}
+
 impl VolumeOps {
     /// One step of the thin rebuild of local replica `dst` from local
     /// replica `src` (in the raid, up to date). `members`: the raid's
@@ -151,7 +174,11 @@ impl VolumeOps {
         members: &[Option<String>],
     ) -> Result<Step, VolumeError> {
         let vol = plan.name.as_str();
-        match self.thin_step(inv, plan, raid, src, dst, members).await {
+        let step = match remote_dest(plan, dst.k) {
+            Some(d) => self.thin_step_remote(inv, plan, raid, src, dst, d, members).await,
+            None => self.thin_step(inv, plan, raid, src, dst, members).await,
+        };
+        match step {
             Ok(Step::Joined) => {
                 self.rebuilds.succeeded(vol);
                 Ok(Step::Joined)
@@ -315,6 +342,154 @@ impl VolumeOps {
         Ok(Step::Joined)
     }
 
+    /// One step of the thin rebuild of remote replica `dst` (its node `dest`
+    /// answers for its head and snapshots) from local replica `src`: the
+    /// same steps as a local dest's, the copies written from here into the
+    /// remote head through its NVMe/TCP bdev. The source's rebuild
+    /// snapshots are not snapshotted there: the head keeps their clusters
+    /// until the switch (what the engine then serves from it).
+    #[allow(clippy::too_many_arguments)]
+    async fn thin_step_remote(
+        &self,
+        inv: &Inventory,
+        plan: &VolumePlan,
+        raid: &RaidBdev,
+        src: &ReplicaInfo,
+        dst: &ReplicaInfo,
+        dest: &dyn RemoteDest,
+        members: &[Option<String>],
+    ) -> Result<Step, VolumeError> {
+        let vol = plan.name.as_str();
+        let src_chain = inv.chain(&src.alias);
+        let snaps: Vec<String> = src_chain.iter().filter_map(|a| snap_of(inv, a)).collect();
+        if snaps.len() != src_chain.len() {
+            return Err(VolumeError::RebuildCopy {
+                volume: vol.to_owned(),
+                replica: dst.name.clone(),
+                snapshot: String::new(),
+                message: "the source's chain holds a snapshot that is not talon's".into(),
+            });
+        }
+        let named: Vec<String> = snaps
+            .iter()
+            .filter(|s| !naming::is_rebuild_snap(s))
+            .cloned()
+            .collect();
+        let total: u64 =
+            src_chain.iter().map(|a| allocated(inv, a)).sum::<u64>() + allocated(inv, &src.alias);
+        let progress = |done_snaps: usize, copied_now: u64| {
+            let done: u64 = src_chain[..done_snaps.min(src_chain.len())]
+                .iter()
+                .map(|a| allocated(inv, a))
+                .sum::<u64>()
+                + copied_now;
+            u32::try_from((done * 100).checked_div(total).unwrap_or(0).min(99)).unwrap_or(99)
+        };
+        let failed = |snapshot: &str, message: String| VolumeError::RebuildCopy {
+            volume: vol.to_owned(),
+            replica: dst.name.clone(),
+            snapshot: snapshot.to_owned(),
+            message,
+        };
+        let pos = |snap: &str| snaps.iter().position(|s| s == snap).unwrap_or(0);
+
+        // a copy that runs: done yet?
+        let running = self.rebuilds.lock().running.get(vol).cloned();
+        if let Some(c) = running {
+            let st = self
+                .client
+                .bdev_lvol_check_shallow_copy(&CheckShallowCopy { operation_id: c.op })
+                .await;
+            match st {
+                Ok(s) if s.state == "in progress" && c.k == dst.k => {
+                    return Ok(Step::Copying(progress(pos(&c.snap), s.copied_clusters)));
+                }
+                Ok(s) if s.state == "complete" && c.k == dst.k => {
+                    self.rebuilds.lock().running.remove(vol);
+                    if naming::is_rebuild_snap(&c.snap) {
+                        self.rebuilds
+                            .lock()
+                            .remote_rb
+                            .entry(vol.to_owned())
+                            .or_default()
+                            .push(c.snap.clone());
+                    } else {
+                        dest.snapshot(&c.snap).await.map_err(|m| failed(&c.snap, m))?;
+                    }
+                    return Ok(Step::Copying(progress(pos(&c.snap) + 1, 0)));
+                }
+                Ok(s) if s.state == "error" => {
+                    self.rebuilds.lock().running.remove(vol);
+                    self.reattach(vol, dst).await;
+                    return Err(failed(&c.snap, s.error.unwrap_or_else(|| "unknown error".into())));
+                }
+                // SPDK forgot it (a restart of the target) or it was another
+                // replica's: the dest's head is made ready again below
+                _ => {
+                    let mut st = self.rebuilds.lock();
+                    st.running.remove(vol);
+                    st.remote_rb.remove(vol);
+                }
+            }
+        }
+
+        let copied_rb = self
+            .rebuilds
+            .lock()
+            .remote_rb
+            .get(vol)
+            .cloned()
+            .unwrap_or_default();
+        if copied_rb.is_empty() {
+            // the dest's head empty right above the snapshots it shares
+            let st = dest.prepare(&named).await.map_err(|m| failed("", m))?;
+            if !st.stale.is_empty() {
+                for s in &st.stale {
+                    dest.delete_snapshot(s).await.map_err(|m| failed(s, m))?;
+                }
+                tracing::info!(volume = vol, replica = %dst.name, stale = ?st.stale,
+                    "snapshots the source does not hold at their place deleted on the remote replica");
+                return Ok(Step::Copying(0));
+            }
+            if st.reset {
+                // its namespace went and came back: attached afresh (next reconcile)
+                tracing::info!(volume = vol, replica = %dst.name, shared = st.shared,
+                    "rebuilding remote replica thin from r{}", src.k);
+                self.reattach(vol, dst).await;
+                return Ok(Step::Copying(progress(st.shared as usize, 0)));
+            }
+            if let Some(snap) = named.get(st.shared as usize) {
+                let s = &src_chain[pos(snap)];
+                self.copy_into(vol, s, snap, dst).await?;
+                return Ok(Step::Copying(progress(pos(snap), 0)));
+            }
+        }
+        // the named chain is there: the rebuild snapshots taken so far, in order
+        if let Some(i) = snaps
+            .iter()
+            .position(|s| naming::is_rebuild_snap(s) && !copied_rb.contains(s))
+        {
+            self.copy_into(vol, &src_chain[i], &snaps[i], dst).await?;
+            return Ok(Step::Copying(progress(i, 0)));
+        }
+        let rounds = snaps.iter().filter(|s| naming::is_rebuild_snap(s)).count();
+        if allocated(inv, &src.alias) > SWITCH_CLUSTERS && rounds < MAX_ROUNDS {
+            self.take_rebuild_snapshot(inv, vol, src).await?;
+            return Ok(Step::Copying(progress(snaps.len(), 0)));
+        }
+        self.switch(inv, plan, raid, src, dst, members).await?;
+        Ok(Step::Joined)
+    }
+
+    /// Detaches the controller of remote replica `dst` (best effort): the
+    /// next reconcile attaches it afresh.
+    async fn reattach(&self, vol: &str, dst: &ReplicaInfo) {
+        let ctrl = format!("{REMOTE_PREFIX}{}", dst.name);
+        if let Err(e) = ignore_missing(self.client.bdev_nvme_detach_controller(&ByName::new(&ctrl))).await {
+            tracing::warn!(volume = vol, replica = %dst.name, error = %e, "remote replica not detached");
+        }
+    }
+
     /// Starts the shallow copy of source snapshot `s` (snapshot name `snap`)
     /// into the dest head, grown to `s`'s size first. Not capped by
     /// `rebuildMibPerSec`: on v26.05 a QoS limit set on a bdev nobody has
@@ -322,6 +497,11 @@ impl VolumeOps {
     /// again (`bdev_set_qos_limit` answers EAGAIN from then on, seen on a
     /// real target), and the head becomes a raid member.
     async fn copy_into(&self, vol: &str, s: &str, snap: &str, dst: &ReplicaInfo) -> Result<u32, VolumeError> {
+        let target = dst_target(dst);
+        if target != dst.alias {
+            // a remote head: its node sizes it (to the volume's size)
+            return self.start_copy(vol, s, snap, dst, &target).await;
+        }
         let size = match self
             .client
             .bdev(s)
@@ -346,21 +526,34 @@ impl VolumeOps {
                 .await
                 .map_err(rpc(vol, format!("growing {} to {s}'s size", dst.alias)))?;
         }
+        self.start_copy(vol, s, snap, dst, &dst.alias).await
+    }
+
+    /// Starts the shallow copy of source snapshot `s` into bdev `target`
+    /// (the dest head, or a remote one's NVMe/TCP bdev).
+    async fn start_copy(
+        &self,
+        vol: &str,
+        s: &str,
+        snap: &str,
+        dst: &ReplicaInfo,
+        target: &str,
+    ) -> Result<u32, VolumeError> {
         let op = self
             .client
             .bdev_lvol_start_shallow_copy(&StartShallowCopy {
                 src_lvol_name: s.to_owned(),
-                dst_bdev_name: dst.alias.clone(),
+                dst_bdev_name: target.to_owned(),
             })
             .await
-            .map_err(rpc(vol, format!("copying {s}'s clusters to {}", dst.alias)))?
+            .map_err(rpc(vol, format!("copying {s}'s clusters to {target}")))?
             .operation_id;
         self.rebuilds.lock().running.insert(
             vol.to_owned(),
             Running {
                 k: dst.k,
                 snap: snap.to_owned(),
-                dst: dst.alias.clone(),
+                dst: target.to_owned(),
                 op,
             },
         );
@@ -504,13 +697,18 @@ impl VolumeOps {
             }
         }
         self.rebuilds.lock().running.remove(vol);
-        self.keep_copy(vol, &dst.alias, dst.k, &snap).await?;
+        let target = dst_target(dst);
+        // a local dest keeps the copy as a snapshot, merged away with the
+        // source's; a remote one keeps it in its head
+        if target == dst.alias {
+            self.keep_copy(vol, &dst.alias, dst.k, &snap).await?;
+        }
         // the same size as the source: the raid takes its smallest member
         let dst_bdev = self
             .client
-            .bdev(&dst.alias)
+            .bdev(&target)
             .await
-            .map_err(rpc(vol, format!("looking up {}", dst.alias)))?;
+            .map_err(rpc(vol, format!("looking up {target}")))?;
         let gone = |what: &str| VolumeError::RebuildCopy {
             volume: vol.to_owned(),
             replica: dst.name.clone(),
@@ -518,7 +716,7 @@ impl VolumeOps {
             message: format!("{what} disappeared during the switch"),
         };
         let Some(dst_bdev) = dst_bdev else {
-            return Err(gone(&dst.alias));
+            return Err(gone(&target));
         };
         let src_bdev = self
             .client
@@ -585,5 +783,125 @@ impl VolumeOps {
                 tracing::warn!(volume = vol, snapshot = %alias, error = %e, "rebuild snapshot not deleted yet");
             }
         }
+    }
+}
+
+/// The node that serves a remote replica, as the thin rebuild of that
+/// replica needs it (talon's peer API there). The copies run on this node's
+/// target, from a local snapshot into the remote replica's NVMe/TCP bdev.
+#[async_trait::async_trait]
+pub trait RemoteDest: Send + Sync + std::fmt::Debug {
+    /// Makes the served replica ready for the next copy: its head empty
+    /// right above the snapshots of `chain` (the source's, oldest first) it
+    /// holds, in that order from the first on ([`RebuildDestStatus`]).
+    async fn prepare(&self, chain: &[String]) -> Result<RebuildDestStatus, String>;
+    /// Snapshots the served replica's head (a copy of the source's `snap`) as `snap`.
+    async fn snapshot(&self, snap: &str) -> Result<(), String>;
+    /// Deletes the served replica's snapshot `snap`.
+    async fn delete_snapshot(&self, snap: &str) -> Result<(), String>;
+}
+
+impl VolumeOps {
+    /// The served replica `k` of `plan` (this node serves it to an engine
+    /// elsewhere) made ready for the next copy of its thin rebuild: its
+    /// snapshots that are `chain`'s first ones in order are kept, and its
+    /// head is made again empty right above them unless it is so already.
+    /// Nothing is made again while it holds other snapshots: they are
+    /// answered (`stale`), for the engine to delete first.
+    pub async fn prepare_dest(
+        &self,
+        inv: &Inventory,
+        plan: &VolumePlan,
+        k: usize,
+        chain: &[String],
+    ) -> Result<RebuildDestStatus, VolumeError> {
+        let vol = plan.name.as_str();
+        let name = naming::replica(vol, k);
+        let mut out = RebuildDestStatus::default();
+        let Some(head) = inv.find_lvol(&name).cloned() else {
+            // no head: the controller makes it empty (a served replica starts so)
+            return Ok(out);
+        };
+        let own_snap = |alias: &str| match parse_lvol(&inv.lvols.get(alias)?.name)? {
+            LvolRole::Snapshot { volume, k: sk, snap } if volume == vol && sk == k => Some(snap),
+            _ => None,
+        };
+        let below: Vec<String> = inv
+            .chain(&head.alias)
+            .iter()
+            .filter_map(|a| own_snap(a))
+            .collect();
+        let j = below.iter().zip(chain).take_while(|(a, b)| a == b).count();
+        out.shared = u32::try_from(j).unwrap_or(u32::MAX);
+        let mut stale: Vec<(usize, String)> = inv
+            .lvols
+            .values()
+            .filter(|l| l.lvs.name == head.lvs.name)
+            .filter_map(|l| own_snap(&l.alias).map(|s| (inv.chain(&l.alias).len(), s)))
+            .filter(|(_, s)| !below[..j].contains(s))
+            .collect();
+        // the newest first: a child before its parent
+        stale.sort_by(|a, b| b.cmp(a));
+        out.stale = stale.into_iter().map(|(_, s)| s).collect();
+        if !out.stale.is_empty() {
+            return Ok(out);
+        }
+        // every snapshot of the chain held: what the head holds of its own
+        // stays. It was written after the last of them, and the source got
+        // each such write too (a raid1 member that misses a write leaves the
+        // raid): the copies of the source's clusters since then, which come
+        // next, overwrite every cluster of it. The same goes for what SPDK's
+        // own rebuild wrote into it before talon stopped that rebuild.
+        if j == chain.len() || head.num_allocated_clusters == 0 {
+            return Ok(out);
+        }
+        // a snapshot of the chain to copy, over a head that holds data: the
+        // head must be empty over the last snapshot kept. A clone of that
+        // snapshot would carry the engine's raid superblock (written before
+        // it was taken), and the engine's SPDK would add the head back to
+        // its raid by a full rebuild as soon as it sees it again (examine
+        // matches the namespace's UUID), writing into it. So the replica's
+        // snapshots are given up (answered stale: the engine deletes them)
+        // and it is copied from the first on, into an empty head.
+        if j > 0 {
+            out.stale = below[..j].iter().rev().cloned().collect();
+            return Ok(out);
+        }
+        // the namespace goes first: its engine never reads the head half made
+        let nqn = Nqn::for_replica(&plan.name, &format!("r{k}")).map_err(|source| VolumeError::BadName {
+            volume: vol.to_owned(),
+            source,
+        })?;
+        if inv
+            .subsystem(nqn.as_str())
+            .is_some_and(|s| s.namespaces.iter().any(|n| n.nsid == NSID))
+        {
+            ignore_missing(self.client.nvmf_subsystem_remove_ns(&RemoveNamespace {
+                nqn: nqn.as_str().to_owned(),
+                nsid: NSID,
+            }))
+            .await
+            .map_err(rpc(
+                vol,
+                format!("removing the namespace of {nqn} to rebuild {name}"),
+            ))?;
+        }
+        ignore_missing(self.client.bdev_lvol_delete(&ByName::new(&head.alias)))
+            .await
+            .map_err(rpc(vol, format!("deleting {} to rebuild it", head.alias)))?;
+        let size = inv
+            .bdevs
+            .get(&head.uuid)
+            .map_or(plan.size_bytes, |b| b.size_bytes());
+        self.client
+            .bdev_lvol_create(&LvolCreate::thin(&head.lvs.name, &name, size.div_ceil(MIB)))
+            .await
+            .map_err(rpc(
+                vol,
+                format!("making {} again, empty, to rebuild it", head.alias),
+            ))?;
+        tracing::info!(volume = vol, replica = %name, shared = j, "served replica made ready for its rebuild");
+        out.reset = true;
+        Ok(out)
     }
 }
