@@ -1689,3 +1689,110 @@ async fn a_thin_rebuild_goes_on_from_its_copies_after_talon_restarts() {
     let raid = inv.raid("talon-raid-tr").expect("raid");
     assert!(raid.superblock && raid.state == "online", "{raid:?}");
 }
+
+/// Issue 17, remote replicas: a remote replica whose node talon can call
+/// (its admin API) is rebuilt thin through that node after it missed
+/// writes: the snapshot both hold is kept there, the copies run from A's
+/// target into B's head over NVMe/TCP (no SPDK full rebuild), B answers
+/// each request by generation, and no rebuild snapshot is left on either.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_remote_replica_whose_node_answers_is_rebuilt_thin_keeping_the_snapshot_both_hold() {
+    let a = node("da", 4451).await;
+    let b = node("db", 4452).await;
+    let (api_b, _server_b) = peer_api::serve(&b.state, b.rt.statuses(), "127.0.0.1:0").await;
+    let mut served = served_replica("da");
+    served.raid_superblock = true;
+    b.state.create_typed("rv", "", &served).expect("served");
+    ready(&b.state, "rv", "replica served on B").await;
+    let mut engine_vol = with_remote_replica(4452, Some(api_b.to_string()));
+    engine_vol.raid_superblock = true;
+    a.state.create_typed("rv", "", &engine_vol).expect("engine");
+    ready(&a.state, "rv", "engine on A").await;
+    ledger_becomes(&a.state, "rv", &[0, 1], "both replicas in A's ledger").await;
+
+    a.double.write("talon-raid-rv", 3);
+    a.state
+        .create_typed(
+            "rv@s1",
+            "",
+            &Snapshot {
+                volume: "rv".into(),
+                name: "s1".into(),
+            },
+        )
+        .expect("snapshot");
+    eventually("s1 taken", WAIT, || async {
+        a.state
+            .get_typed::<SnapshotStatus>("rv@s1")
+            .ok()
+            .flatten()
+            .filter(|s| s.spec.state == ObjectState::Ready)
+    })
+    .await;
+    a.double.write("talon-raid-rv", 2);
+
+    let copies = a.double.calls("bdev_lvol_start_shallow_copy");
+
+    // B's target restarts and A's path to it is lost: A goes on alone and
+    // gets writes B misses
+    b.double.restart().await.expect("restart B");
+    a.client
+        .bdev_nvme_detach_controller(&ByName::new("talon-remote-rv-r1"))
+        .await
+        .expect("path lost");
+    ledger_becomes(&a.state, "rv", &[0], "r1 out of A's ledger").await;
+    a.double.write("talon-raid-rv", 4);
+    add_disk(&b.client, b.dir.path(), "db", false).await;
+    b.state
+        .update_typed(SPDK_STATUS_ID, "", None, &target_status(1))
+        .expect("B restarts");
+    ledger_becomes(&a.state, "rv", &[0, 1], "r1 rebuilt thin through B").await;
+
+    assert_eq!(
+        a.double.calls("bdev_raid_add_base_bdev"),
+        0,
+        "no SPDK full rebuild"
+    );
+    assert!(a.double.calls("bdev_lvol_start_shallow_copy") > copies);
+    let answer = b
+        .state
+        .get_typed::<talon::resources::engine::RebuildDestStatus>("rv")
+        .expect("get")
+        .expect("B answered a request")
+        .spec;
+    assert!(answer.generation >= 1 && answer.message.is_empty(), "{answer:?}");
+    let (inv_a, inv_b) = eventually("rebuild snapshots merged", WAIT, || async {
+        let (x, y) = (
+            Inventory::load(&a.client).await.ok()?,
+            Inventory::load(&b.client).await.ok()?,
+        );
+        let rb = |i: &Inventory| i.lvols.keys().any(|l| l.contains(".s.rb."));
+        (!rb(&x) && !rb(&y)).then_some((x, y))
+    })
+    .await;
+    let head_b = inv_b.find_lvol("rv-r1").expect("B's head");
+    let s1_b = inv_b.find_lvol("rv-r1.s.s1").expect("s1 kept on B");
+    assert_eq!(
+        inv_b.chain(&head_b.alias),
+        vec![s1_b.alias.clone()],
+        "B's head over its s1"
+    );
+    let held = |inv: &Inventory, name: &str| {
+        let h = inv.find_lvol(name).expect("head");
+        h.num_allocated_clusters
+            + inv
+                .chain(&h.alias)
+                .iter()
+                .map(|x| inv.lvols[x].num_allocated_clusters)
+                .sum::<u64>()
+    };
+    let (ha, hb) = (held(&inv_a, "rv-r0"), held(&inv_b, "rv-r1"));
+    eprintln!("A holds {ha} clusters, B {hb}");
+    assert!(hb <= ha + 1, "B ({hb}) is as thin as A ({ha})");
+
+    delete_and_wait::<Snapshot>(&a.state, "rv@s1").await;
+    delete_and_wait::<Volume>(&a.state, "rv").await;
+    assert_eq!(talon_objects(&a.client).await, Vec::<String>::new());
+    a.rt.stop().await;
+    b.rt.stop().await;
+}

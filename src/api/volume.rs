@@ -1491,6 +1491,95 @@ mod lifecycle_tests {
             assert!(!snap || vol, "{v} was deleted with snapshot {v}@s");
         }
     }
+
+    #[tokio::test]
+    async fn a_rebuild_prepare_is_asked_of_a_served_replica_and_answered_by_generation() {
+        let state = State::in_memory();
+        let m = api(&state);
+        volume(&state, "engine-here");
+        state
+            .create(
+                "config",
+                "Volume",
+                "served",
+                "",
+                json!({"sizeBytes": 1 << 20, "engine": "v2", "serveReplica": 1,
+                       "replicaHosts": ["nqn.2014-08.org.nvmexpress:uuid:host1"]}),
+                BTreeMap::new(),
+            )
+            .expect("served volume");
+        // refused before anything is stored
+        let refused = [
+            (
+                json!({"volume": "nope", "chain": []}),
+                ErrorKind::NotFound,
+                "nope",
+            ),
+            (
+                json!({"volume": "engine-here", "chain": []}),
+                ErrorKind::FailedPrecondition,
+                "not a replica this node serves",
+            ),
+            (
+                json!({"volume": "served", "chain": ["s1", "rb.1"]}),
+                ErrorKind::InvalidParams,
+                "rb.1",
+            ),
+        ];
+        for (params, kind, why) in refused {
+            let (code, msg) = call(&m, "replica_rebuild_prepare", params.clone())
+                .await
+                .expect_err(why);
+            assert_eq!(code, kind.code(), "{params}: {msg}");
+            assert!(msg.contains(why), "{params}: {msg}");
+        }
+        assert!(state.list("engine", "RebuildDest").is_empty());
+
+        // asked twice: each request raises the generation, each waits for its own answer
+        for generation in 1..=2u64 {
+            let answer = {
+                let state = state.clone();
+                tokio::spawn(async move {
+                    let req = crate::runtime::testing::eventually(
+                        "the request",
+                        Duration::from_secs(5),
+                        || async {
+                            state
+                                .get_typed::<RebuildDest>("served")
+                                .ok()
+                                .flatten()
+                                .filter(|r| r.spec.generation == generation)
+                        },
+                    )
+                    .await;
+                    assert_eq!(req.spec.chain, vec!["s1".to_string(), "s2".to_string()]);
+                    let a = RebuildDestStatus {
+                        generation,
+                        shared: 1,
+                        reset: true,
+                        ..RebuildDestStatus::default()
+                    };
+                    match state.get_typed::<RebuildDestStatus>("served").expect("get") {
+                        Some(cur) => state
+                            .update_typed("served", "", Some(cur.metadata.version), &a)
+                            .expect("answer"),
+                        None => state.create_typed("served", "", &a).expect("answer"),
+                    };
+                })
+            };
+            let got = call(
+                &m,
+                "replica_rebuild_prepare",
+                json!({"volume": "served", "chain": ["s1", "s2"], "timeoutSeconds": 10}),
+            )
+            .await
+            .expect("answered");
+            answer.await.expect("answerer");
+            assert_eq!(got["generation"], generation);
+            assert_eq!(got["shared"], 1);
+            assert_eq!(got["reset"], true);
+        }
+    }
 }
 
 #[cfg(test)]
