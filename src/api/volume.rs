@@ -744,6 +744,12 @@ pub fn register(api: &mut ApiBuilder) {
             let d = ctx
                 .state
                 .destroy(Volume::NAMESPACE, Volume::TYPE, &v.metadata.id, "")?;
+            // an engine node's rebuild request for the replica served here
+            // goes with it (a volume made again under the name starts anew)
+            if ctx.state.get_typed::<RebuildDest>(&p.name)?.is_some() {
+                ctx.state
+                    .destroy(RebuildDest::NAMESPACE, RebuildDest::TYPE, &p.name, "")?;
+            }
             drop(guard);
             let mut res = DeleteResult {
                 name: p.name.clone(),
@@ -1579,6 +1585,13 @@ mod lifecycle_tests {
             assert_eq!(got["shared"], 1);
             assert_eq!(got["reset"], true);
         }
+        call(&m, "volume_delete", json!({"name": "served"}))
+            .await
+            .expect("delete");
+        assert!(
+            state.list("engine", "RebuildDest").is_empty(),
+            "the request goes with its volume"
+        );
     }
 }
 
