@@ -1578,6 +1578,8 @@ async fn a_thin_rebuild_goes_on_from_its_copies_after_talon_restarts() {
     let double = SpdkDouble::start(dir.path().join("spdk.sock"))
         .await
         .expect("double");
+    // a copy outlasts the wait of the step that starts it: talon stops mid-copy
+    double.set_rebuild_time(Duration::from_millis(600));
     let c = SpdkClient::new(double.socket());
     add_disk(&c, dir.path(), "d1", true).await;
     add_disk(&c, dir.path(), "d2", true).await;
@@ -1642,12 +1644,14 @@ async fn a_thin_rebuild_goes_on_from_its_copies_after_talon_restarts() {
     // a new talon: nothing in memory
     let ops = VolumeOps::new(c.clone());
     let mut joined = None;
-    for _ in 0..20 {
+    for _ in 0..60 {
         let i = step(ops.clone(), p.clone()).await;
         if i.in_sync.contains(&1) {
             joined = Some(i);
             break;
         }
+        // the controller's poll while a rebuild runs
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let joined = joined.expect("r1 rebuilt");
     assert_eq!(joined.in_sync, [0, 1].into());

@@ -55,7 +55,7 @@ const MIB: u64 = 1 << 20;
 /// device that appears).
 const POLL: Duration = Duration::from_secs(3);
 /// The poll while a thin rebuild runs (a step per reconcile).
-const THIN_POLL: Duration = Duration::from_millis(500);
+const THIN_POLL: Duration = Duration::from_millis(200);
 /// A rebuild cap whose rebuild was never seen running is lifted this long
 /// after it was set (SPDK reports the rebuild a moment after the add).
 const CAP_GRACE: Duration = Duration::from_secs(10);

@@ -38,6 +38,9 @@ const MAX_ROUNDS: usize = 3;
 pub(super) const MAX_FAILURES: u32 = 3;
 /// How long the switch waits for its last copy.
 const SWITCH_COPY: Duration = Duration::from_secs(120);
+/// How long a step waits for the copy it started (a small one is done in
+/// this step instead of at the next poll).
+const COPY_SETTLE: Duration = Duration::from_millis(300);
 /// How long a call to another node may take.
 const PEER_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -314,6 +317,27 @@ impl LonghornController {
         Ok(())
     }
 
+    /// Waits up to [`COPY_SETTLE`] for engine `e`'s running copy to finish;
+    /// true (and the copy no longer running) when it did.
+    async fn settled(&self, e: &str, src: &End, cluster: u64) -> Result<bool, String> {
+        let deadline = tokio::time::Instant::now() + COPY_SETTLE;
+        loop {
+            let Some(run) = self.thin.lock().running.get(e).cloned() else {
+                return Ok(false);
+            };
+            match self.check(src, &run, cluster).await? {
+                Some((state, _)) if state == "complete" => {
+                    self.thin.lock().running.remove(e);
+                    return Ok(true);
+                }
+                Some((state, _)) if state == "in progress" && tokio::time::Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(15)).await;
+                }
+                _ => return Ok(false),
+            }
+        }
+    }
+
     /// Where the running copy stands: `Ok(Some((state, copied bytes)))`, or
     /// `Ok(None)` when it is not known (spdk_tgt or a node restarted).
     async fn check(&self, src: &End, run: &Run, cluster: u64) -> Result<Option<(String, u64)>, String> {
@@ -550,6 +574,14 @@ impl LonghornController {
         if let Some(s) = chain_src.get(j) {
             self.cap(engine, &dst, qos).await?;
             self.copy(inv, engine, &src, &dst, dst_export, s).await?;
+            // a small copy is often done at once: kept now, not a poll later
+            if self.settled(engine, &src, cluster).await? {
+                self.snapshot_end(&dst, s, true).await?;
+                return Ok(Thin::Copying {
+                    copied: copied_before(j + 1),
+                    total,
+                });
+            }
             return Ok(Thin::Copying {
                 copied: copied_before(j),
                 total,

@@ -1082,7 +1082,8 @@ impl Controller for SpdkVolumeController {
             .iter()
             .any(|v| v.spec.replicas as usize + v.spec.remote_replicas.len() > 1);
         Ok(Requeue::After(if rebuilding {
-            Duration::from_secs(1)
+            // a thin rebuild takes one step per reconcile
+            Duration::from_millis(300)
         } else if raids {
             Duration::from_secs(2)
         } else {

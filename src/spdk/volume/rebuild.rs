@@ -61,6 +61,9 @@ const SWITCH_CLUSTERS: u64 = 64;
 const MAX_FAILURES: u32 = 3;
 /// How long the switch waits for its last copy.
 const SWITCH_COPY: Duration = Duration::from_secs(120);
+/// How long a step waits for the copy it started (a small one is done in
+/// this step instead of at the next reconcile).
+const COPY_SETTLE: Duration = Duration::from_millis(300);
 
 /// A shallow copy running for a rebuild.
 #[derive(Debug, Clone)]
@@ -325,7 +328,12 @@ impl VolumeOps {
                     ))?;
                 return Ok(Step::Copying(progress(0, j)));
             }
-            self.copy_into(vol, s, &snap, dst).await?;
+            let op = self.copy_into(vol, s, &snap, dst).await?;
+            // a small copy is often done at once: kept now, not a poll later
+            if self.settled(vol, op).await {
+                self.keep_copy(vol, &dst.alias, dst.k, &snap).await?;
+                return Ok(Step::Copying(progress(0, j + 1)));
+            }
             return Ok(Step::Copying(progress(0, j)));
         }
 
@@ -460,7 +468,11 @@ impl VolumeOps {
             }
             if let Some(snap) = named.get(st.shared as usize) {
                 let s = &src_chain[pos(snap)];
-                self.copy_into(vol, s, snap, dst).await?;
+                let op = self.copy_into(vol, s, snap, dst).await?;
+                if self.settled(vol, op).await {
+                    dest.snapshot(snap).await.map_err(|m| failed(snap, m))?;
+                    return Ok(Step::Copying(progress(pos(snap) + 1, 0)));
+                }
                 return Ok(Step::Copying(progress(pos(snap), 0)));
             }
         }
@@ -469,7 +481,15 @@ impl VolumeOps {
             .iter()
             .position(|s| naming::is_rebuild_snap(s) && !copied_rb.contains(s))
         {
-            self.copy_into(vol, &src_chain[i], &snaps[i], dst).await?;
+            let op = self.copy_into(vol, &src_chain[i], &snaps[i], dst).await?;
+            if self.settled(vol, op).await {
+                let mut st = self.rebuilds.lock();
+                st.remote_rb
+                    .entry(vol.to_owned())
+                    .or_default()
+                    .push(snaps[i].clone());
+                return Ok(Step::Copying(progress(i + 1, 0)));
+            }
             return Ok(Step::Copying(progress(i, 0)));
         }
         let rounds = snaps.iter().filter(|s| naming::is_rebuild_snap(s)).count();
@@ -479,6 +499,28 @@ impl VolumeOps {
         }
         self.switch(inv, plan, raid, src, dst, members).await?;
         Ok(Step::Joined)
+    }
+
+    /// Waits up to [`COPY_SETTLE`] for copy `op` of volume `vol` to finish;
+    /// true (and the copy no longer running) when it did.
+    async fn settled(&self, vol: &str, op: u32) -> bool {
+        let deadline = tokio::time::Instant::now() + COPY_SETTLE;
+        loop {
+            match self
+                .client
+                .bdev_lvol_check_shallow_copy(&CheckShallowCopy { operation_id: op })
+                .await
+            {
+                Ok(s) if s.state == "complete" => {
+                    self.rebuilds.lock().running.remove(vol);
+                    return true;
+                }
+                Ok(s) if s.state == "in progress" && tokio::time::Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(15)).await;
+                }
+                _ => return false,
+            }
+        }
     }
 
     /// Detaches the controller of remote replica `dst` (best effort): the
