@@ -1794,6 +1794,71 @@ async fn a_remote_replica_whose_node_answers_is_rebuilt_thin_keeping_the_snapsho
     eprintln!("A holds {ha} clusters, B {hb}");
     assert!(hb <= ha + 1, "B ({hb}) is as thin as A ({ha})");
 
+    // again, and a snapshot s2 is taken on A while B is away: B's s1 is
+    // given up (its head over it holds data) and B is copied from s1 on
+    let copies = a.double.calls("bdev_lvol_start_shallow_copy");
+    b.double.restart().await.expect("restart B");
+    a.client
+        .bdev_nvme_detach_controller(&ByName::new("talon-remote-rv-r1"))
+        .await
+        .expect("path lost");
+    ledger_becomes(&a.state, "rv", &[0], "r1 out again").await;
+    a.double.write("talon-raid-rv", 2);
+    a.state
+        .create_typed(
+            "rv@s2",
+            "",
+            &Snapshot {
+                volume: "rv".into(),
+                name: "s2".into(),
+            },
+        )
+        .expect("snapshot s2");
+    eventually("s2 taken on A alone", WAIT, || async {
+        a.state
+            .get_typed::<SnapshotStatus>("rv@s2")
+            .ok()
+            .flatten()
+            .filter(|s| s.spec.state == ObjectState::Ready)
+    })
+    .await;
+    a.double.write("talon-raid-rv", 3);
+    add_disk(&b.client, b.dir.path(), "db", false).await;
+    b.state
+        .update_typed(SPDK_STATUS_ID, "", None, &target_status(2))
+        .expect("B restarts");
+    ledger_becomes(&a.state, "rv", &[0, 1], "r1 rebuilt with s2").await;
+    assert_eq!(
+        a.double.calls("bdev_raid_add_base_bdev"),
+        0,
+        "no SPDK full rebuild"
+    );
+    assert!(
+        a.double.calls("bdev_lvol_start_shallow_copy") >= copies + 2,
+        "s1 and s2 copied again"
+    );
+    let inv_b = eventually("B's chain s1, s2", WAIT, || async {
+        let i = Inventory::load(&b.client).await.ok()?;
+        let head = i.find_lvol("rv-r1")?;
+        let names: Vec<String> = i
+            .chain(&head.alias)
+            .iter()
+            .map(|x| i.lvols[x].name.clone())
+            .collect();
+        (names == ["rv-r1.s.s1", "rv-r1.s.s2"]).then_some(i)
+    })
+    .await;
+    drop(inv_b);
+    for snap in ["s1", "s2"] {
+        let st = b
+            .state
+            .get_typed::<SnapshotStatus>(&format!("rv@{snap}"))
+            .expect("get")
+            .map(|s| s.spec.state);
+        assert_eq!(st, Some(ObjectState::Ready), "B's Snapshot resource {snap}");
+    }
+
+    delete_and_wait::<Snapshot>(&a.state, "rv@s2").await;
     delete_and_wait::<Snapshot>(&a.state, "rv@s1").await;
     delete_and_wait::<Volume>(&a.state, "rv").await;
     assert_eq!(talon_objects(&a.client).await, Vec::<String>::new());

@@ -1523,6 +1523,84 @@ async fn real_spdk_a_remote_replica_is_rebuilt_thin_through_its_node() {
     // and the volume serves it
     assert!(io(None, b.len()).await == b, "A's export serves the data");
 
+    // B away again, and a snapshot s2 taken on A alone: B's s1 is given up
+    // (a clone of it would carry A's raid superblock) and B is copied from
+    // s1 on, into an empty head; it ends with both, as thin as A
+    let mut tb = tb;
+    kill9(&mut tb, "kill -9 B again").await;
+    let dd2 = pattern(0x44, 8 << 20);
+    io(Some(dd2.clone()), dd2.len()).await;
+    b[..dd2.len()].copy_from_slice(&dd2);
+    ledger_becomes(&rta.state, "tr", &[0], "B's replica out again").await;
+    rta.state
+        .create_typed(
+            "tr@s2",
+            "",
+            &Snapshot {
+                volume: "tr".into(),
+                name: "s2".into(),
+            },
+        )
+        .expect("snapshot s2");
+    let s2 = eventually("s2 taken on A alone", WAIT, || async {
+        rta.state
+            .get_typed::<SnapshotStatus>("tr@s2")
+            .ok()
+            .flatten()
+            .map(|s| s.spec)
+            .filter(|s| s.state != ObjectState::Creating)
+    })
+    .await;
+    assert_eq!(s2.state, ObjectState::Ready, "{}", s2.message);
+    let ee = pattern(0x55, 4 << 20);
+    io(Some(ee.clone()), ee.len()).await;
+    b[..ee.len()].copy_from_slice(&ee);
+    let (tb, _reap_b2) = restart(&cfg_b, &cb, db.path(), &["db"], "restart B again").await;
+    restarted(&rtb.state, 2, "B restarts again");
+    ledger_becomes(&rta.state, "tr", &[0, 1], "B's replica rebuilt with s2").await;
+    let (inv_a, inv_b) = eventually("rebuild snapshots merged again", WAIT, || async {
+        let (a, b) = (Inventory::load(&ca).await.ok()?, Inventory::load(&cb).await.ok()?);
+        let rb = |i: &Inventory| i.lvols.keys().any(|a| a.contains(".s.rb."));
+        (!rb(&a) && !rb(&b)).then_some((a, b))
+    })
+    .await;
+    let names = |inv: &Inventory, head: &str| -> Vec<String> {
+        let h = inv.find_lvol(head).expect("head");
+        inv.chain(&h.alias)
+            .iter()
+            .map(|x| inv.lvols[x].name.clone())
+            .collect()
+    };
+    assert_eq!(names(&inv_b, "tr-r1"), ["tr-r1.s.s1", "tr-r1.s.s2"], "B's chain");
+    for s in ["s1", "s2"] {
+        assert_eq!(
+            snap(&inv_b, &format!("tr-r1.s.{s}")),
+            snap(&inv_a, &format!("tr-r0.s.{s}")),
+            "{s} on B as on A"
+        );
+    }
+    let ((ta2, _), (tb2, _)) = (total(&inv_a, "tr-r0"), total(&inv_b, "tr-r1"));
+    eprintln!("{test}: second rebuild: A holds {ta2} clusters, B {tb2}");
+    assert!(
+        tb2 <= ta2 + 2 && tb2 + 2 >= ta2,
+        "B ({tb2}) holds what A ({ta2}) holds"
+    );
+    let got = dd(&spdk, db.path(), pb, &replica_nqn, None, remote_room + b.len())[remote_room..].to_vec();
+    assert!(
+        got == b,
+        "B's replica rebuilt again holds the data: first difference at {:?}",
+        got.iter().zip(&b).position(|(x, y)| x != y)
+    );
+
+    for s in ["s2", "s1"] {
+        rta.state
+            .destroy("config", "Snapshot", &format!("tr@{s}"), "")
+            .expect("delete snapshot");
+    }
+    eventually("snapshots gone on A", WAIT, || async {
+        rta.state.list("config", "Snapshot").is_empty().then_some(())
+    })
+    .await;
     delete_volume(&rta.state, "tr", "A").await;
     delete_volume(&rtb.state, "tr", "B").await;
     rta.stop().await;
