@@ -21,10 +21,12 @@ use crate::api::ErrorKind;
 use crate::api::volume::{ExpandParams, RebuildPrepareParams, SnapshotParams};
 use crate::client::{Client, ClientError, TlsClient};
 use crate::resources::engine::RebuildDestStatus;
-use crate::spdk::volume::RemoteDest;
+use crate::spdk::volume::{PrepareError, RemoteDest};
 
-/// How long a peer may take to make its replica ready for a rebuild's copy.
-const PREPARE_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a peer may take to make its replica ready for a rebuild's copy
+/// (its volume controller answers in its next reconcile; the engine's
+/// reconcile waits for it, so a node that is down is not waited for long).
+const PREPARE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// How long a peer may take to snapshot its replica: this node's export is
 /// frozen (hosts queue their I/O) while it does.
@@ -155,24 +157,46 @@ impl PeerDest {
 
 #[async_trait::async_trait]
 impl RemoteDest for PeerDest {
-    async fn prepare(&self, chain: &[String]) -> Result<RebuildDestStatus, String> {
-        let c = self.peers.connect(&self.api).await?;
+    async fn prepare(&self, chain: &[String]) -> Result<RebuildDestStatus, PrepareError> {
+        let c = tokio::time::timeout(PREPARE_TIMEOUT, self.peers.connect(&self.api))
+            .await
+            .map_err(|_| {
+                PrepareError::NoAnswer(format!(
+                    "talon at {} did not answer in {PREPARE_TIMEOUT:?}",
+                    self.api
+                ))
+            })?
+            .map_err(PrepareError::NoAnswer)?;
         let params = RebuildPrepareParams {
             volume: self.volume.clone(),
             chain: chain.to_vec(),
             timeout_seconds: Some(PREPARE_TIMEOUT.as_secs()),
         };
         let call = c.call::<_, RebuildDestStatus>("replica_rebuild_prepare", params);
-        match tokio::time::timeout(PREPARE_TIMEOUT + Duration::from_secs(1), call).await {
-            Ok(Ok(a)) => Ok(a),
-            Ok(Err(e)) => Err(format!(
+        let what = |e: &dyn std::fmt::Display| {
+            format!(
                 "talon at {}: making replica {} ready for its rebuild: {e}",
                 self.api, self.volume
-            )),
-            Err(_) => Err(format!(
+            )
+        };
+        match tokio::time::timeout(PREPARE_TIMEOUT + Duration::from_secs(1), call).await {
+            Ok(Ok(a)) if a.message.is_empty() => Ok(a),
+            Ok(Ok(a)) => Err(PrepareError::Refused(what(&a.message))),
+            // its controller did not answer in time (its target down or restarting)
+            Ok(Err(
+                e @ ClientError::Rpc {
+                    kind: Some(ErrorKind::Unavailable),
+                    ..
+                },
+            ))
+            | Ok(Err(e @ (ClientError::Transport(_) | ClientError::Connect { .. }))) => {
+                Err(PrepareError::NoAnswer(what(&e)))
+            }
+            Ok(Err(e)) => Err(PrepareError::Refused(what(&e))),
+            Err(_) => Err(PrepareError::NoAnswer(format!(
                 "talon at {}: replica {} not ready for its rebuild in {PREPARE_TIMEOUT:?}",
                 self.api, self.volume
-            )),
+            ))),
         }
     }
 

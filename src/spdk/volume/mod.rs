@@ -46,7 +46,7 @@ use crate::util::nvme_auth::{self as dhchap, DhchapSecret, Secret, TlsPsk};
 pub mod error;
 pub mod plan;
 mod rebuild;
-pub use rebuild::RemoteDest;
+pub use rebuild::{PrepareError, RemoteDest};
 
 pub use super::inventory::{Inventory, Owned, applied_revert, replica_heads};
 pub use super::naming::{

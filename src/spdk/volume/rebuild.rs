@@ -61,6 +61,8 @@ const SWITCH_CLUSTERS: u64 = 64;
 const MAX_FAILURES: u32 = 3;
 /// How long the switch waits for its last copy.
 const SWITCH_COPY: Duration = Duration::from_secs(120);
+/// How long a remote dest's node that did not answer is left alone.
+const NO_ANSWER_PAUSE: Duration = Duration::from_secs(3);
 /// How long a step waits for the copy it started (a small one is done in
 /// this step instead of at the next reconcile).
 const COPY_SETTLE: Duration = Duration::from_millis(300);
@@ -90,6 +92,8 @@ struct RebuildState {
     /// dest's head since it was last made ready (they are not snapshotted
     /// there: the head keeps their clusters until the switch).
     remote_rb: HashMap<String, Vec<String>>,
+    /// Per volume: when a remote dest's node that did not answer is asked again.
+    asked: HashMap<String, tokio::time::Instant>,
 }
 
 impl Rebuilds {
@@ -450,7 +454,25 @@ impl VolumeOps {
             .unwrap_or_default();
         if copied_rb.is_empty() {
             // the dest's head empty right above the snapshots it shares
-            let st = dest.prepare(&named).await.map_err(|m| failed("", m))?;
+            // (a node that does not answer is asked again after a pause,
+            // without holding up this reconcile or counting a failure)
+            let now = tokio::time::Instant::now();
+            if self.rebuilds.lock().asked.get(vol).is_some_and(|t| *t > now) {
+                return Ok(Step::Copying(0));
+            }
+            let st = match dest.prepare(&named).await {
+                Ok(st) => st,
+                Err(PrepareError::NoAnswer(m)) => {
+                    tracing::info!(volume = vol, replica = %dst.name, why = %m,
+                        "remote replica's node does not answer; its rebuild waits");
+                    self.rebuilds
+                        .lock()
+                        .asked
+                        .insert(vol.to_owned(), now + NO_ANSWER_PAUSE);
+                    return Ok(Step::Copying(0));
+                }
+                Err(PrepareError::Refused(m)) => return Err(failed("", m)),
+            };
             if !st.stale.is_empty() {
                 for s in &st.stale {
                     dest.delete_snapshot(s).await.map_err(|m| failed(s, m))?;
@@ -828,6 +850,18 @@ impl VolumeOps {
     }
 }
 
+/// Why a remote replica's node did not make it ready.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PrepareError {
+    /// No answer in time (the node, or its target, is down or restarting):
+    /// asked again later, not counted as a failed rebuild.
+    #[error("{0}")]
+    NoAnswer(String),
+    /// The node answered with an error.
+    #[error("{0}")]
+    Refused(String),
+}
+
 /// The node that serves a remote replica, as the thin rebuild of that
 /// replica needs it (talon's peer API there). The copies run on this node's
 /// target, from a local snapshot into the remote replica's NVMe/TCP bdev.
@@ -836,7 +870,7 @@ pub trait RemoteDest: Send + Sync + std::fmt::Debug {
     /// Makes the served replica ready for the next copy: its head empty
     /// right above the snapshots of `chain` (the source's, oldest first) it
     /// holds, in that order from the first on ([`RebuildDestStatus`]).
-    async fn prepare(&self, chain: &[String]) -> Result<RebuildDestStatus, String>;
+    async fn prepare(&self, chain: &[String]) -> Result<RebuildDestStatus, PrepareError>;
     /// Snapshots the served replica's head (a copy of the source's `snap`) as `snap`.
     async fn snapshot(&self, snap: &str) -> Result<(), String>;
     /// Deletes the served replica's snapshot `snap`.
