@@ -1865,3 +1865,51 @@ async fn a_remote_replica_whose_node_answers_is_rebuilt_thin_keeping_the_snapsho
     a.rt.stop().await;
     b.rt.stop().await;
 }
+
+/// A thin copy keeps each cluster's offset, so it needs the raid's data to
+/// start at the same place on source and dest: with a superblock that is 1
+/// MiB rounded up to an lvol's cluster. Replicas on disks of 1 and 4 MiB
+/// clusters are rebuilt by SPDK's rebuild instead (no shallow copy).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_whose_data_starts_at_different_offsets_are_not_rebuilt_thin() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let double = SpdkDouble::start(dir.path().join("spdk.sock"))
+        .await
+        .expect("double");
+    let c = SpdkClient::new(double.socket());
+    add_disk(&c, dir.path(), "d1", true).await;
+    add_disk(&c, dir.path(), "d4", false).await;
+    c.bdev_lvol_create_lvstore(&LvstoreCreate {
+        bdev_name: "talon-disk-d4".into(),
+        lvs_name: "talon-d4".into(),
+        cluster_sz: Some(4 * MIB as u32),
+        clear_method: None,
+    })
+    .await
+    .expect("lvstore of 4 MiB clusters");
+    let mut p = plan("mo", 2);
+    p.size_bytes = 64 * MIB;
+    p.disks = vec!["d1".into(), "d4".into()];
+    p.superblock = true;
+    let ops = VolumeOps::new(c.clone());
+    let inv = Inventory::load(&c).await.expect("inv");
+    let info = ops.ensure(&inv, &p).await.expect("ensure");
+    double.write("talon-raid-mo", 5);
+    c.bdev_raid_remove_base_bdev(&ByName::new(&info.replicas[1].bdev))
+        .await
+        .expect("r1 leaves");
+    p.in_sync = Some([0].into());
+    let mut joined = false;
+    for _ in 0..30 {
+        let inv = Inventory::load(&c).await.expect("inv");
+        let i = ops.ensure(&inv, &p).await.expect("ensure");
+        if i.in_sync.contains(&1) {
+            joined = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(joined, "r1 rebuilt");
+    assert_eq!(double.calls("bdev_lvol_start_shallow_copy"), 0, "no thin copy");
+    assert!(double.calls("bdev_raid_add_base_bdev") >= 1, "SPDK's rebuild");
+}

@@ -1080,9 +1080,10 @@ impl VolumeOps {
             && self.thin_rebuild
             && self.rebuilds.thin_allowed(vol)
             && let (Some(online), Some(src)) = (online, source)
-            && let Some(r) = behind
-                .clone()
-                .find(|r| r.k < plan.replicas || rebuild::remote_dest(plan, r.k).is_some())
+            && let Some(r) = behind.clone().find(|r| {
+                (r.k < plan.replicas || rebuild::remote_dest(plan, r.k).is_some())
+                    && rebuild::same_room(inv, plan, src, r)
+            })
         {
             let members: Vec<Option<String>> = (0..plan.replicas + plan.remote.len())
                 .map(|k| {

@@ -161,6 +161,29 @@ fn dst_target(dst: &ReplicaInfo) -> String {
     }
 }
 
+/// Whether a thin copy from `src` to `dst` lands where the raid reads it:
+/// with a superblock, the raid's data starts at 1 MiB rounded up to a
+/// member's optimal I/O boundary (v26.05 `raid_bdev_configure_base_bdev`),
+/// an lvol's cluster (see [`superblock_room`]), and on a remote replica's
+/// NVMe/TCP bdev at 1 MiB (the target reports an NOIOB of at most its
+/// 128 KiB I/O size). The copies keep offsets, so the two must be equal.
+pub(super) fn same_room(inv: &Inventory, plan: &VolumePlan, src: &ReplicaInfo, dst: &ReplicaInfo) -> bool {
+    if !plan.uses_superblock() {
+        return true;
+    }
+    let room = |r: &ReplicaInfo| {
+        if r.bdev.starts_with(REMOTE_PREFIX) {
+            return Some(MIB);
+        }
+        let lvs = r.alias.split_once('/')?.0;
+        inv.lvstores
+            .iter()
+            .find(|l| l.name == lvs)
+            .map(|l| super::superblock_room(l.cluster_size))
+    };
+    room(src).is_some_and(|a| room(dst) == Some(a))
+}
+
 /// The node of remote replica `k` of `plan`, when talon can call it.
 pub(super) fn remote_dest(plan: &VolumePlan, k: usize) -> Option<&dyn RemoteDest> {
     let i = k.checked_sub(plan.replicas)?;
@@ -808,6 +831,36 @@ impl VolumeOps {
         let now = Inventory::load(&self.client)
             .await
             .map_err(rpc(vol, "listing the target after the switch"))?;
+        // the copies put each cluster at the source's offset: the raid's data
+        // must start at the same place on both, or the dest is not served
+        let offset_of = |name: &str| {
+            now.raid(&raid.name)?
+                .base_bdevs_list
+                .iter()
+                .find(|b| b.name.as_deref() == Some(name))
+                .map(|b| b.data_offset)
+        };
+        let (so, dso) = (offset_of(&src_bdev.name), offset_of(&dst_bdev.name));
+        if so != dso {
+            ignore_missing(
+                self.client
+                    .bdev_raid_remove_base_bdev(&ByName::new(&dst_bdev.name)),
+            )
+            .await
+            .map_err(rpc(
+                vol,
+                format!("taking {} out of {} again", dst_bdev.name, raid.name),
+            ))?;
+            return Err(VolumeError::RebuildCopy {
+                volume: vol.to_owned(),
+                replica: dst.name.clone(),
+                snapshot: snap,
+                message: format!(
+                    "the raid's data starts at block {so:?} on the source and {dso:?} on the rebuilt replica: \
+                     taken out again (rebuilt by SPDK's rebuild)"
+                ),
+            });
+        }
         let mut made: Vec<Made> = Vec::new();
         self.export_ns(
             &now,
