@@ -181,6 +181,31 @@ async fn talon_objects(c: &SpdkClient) -> Vec<String> {
     out
 }
 
+/// Takes snapshot `snap` of volume `vol` through a Snapshot resource and
+/// waits until the engine has done with it (Ready or Failed).
+async fn snapshot(state: &State, vol: &str, snap: &str) -> SnapshotStatus {
+    let id = format!("{vol}@{snap}");
+    state
+        .create_typed(
+            &id,
+            "",
+            &Snapshot {
+                volume: vol.into(),
+                name: snap.into(),
+            },
+        )
+        .expect("snapshot");
+    eventually(&format!("{id} taken"), WAIT, || async {
+        state
+            .get_typed::<SnapshotStatus>(&id)
+            .ok()
+            .flatten()
+            .map(|s| s.spec)
+            .filter(|s| s.state != ObjectState::Creating)
+    })
+    .await
+}
+
 async fn delete_and_wait<S: talon::runtime::Spec>(state: &State, id: &str) {
     state.destroy(S::NAMESPACE, S::TYPE, id, "").expect("destroy");
     eventually(&format!("{} {id} deleted", S::TYPE), WAIT, || async {
@@ -1297,20 +1322,8 @@ async fn a_snapshot_includes_remote_replicas_at_the_same_instant() {
             .flatten()
             .map(|s| s.spec)
     };
-    a.state
-        .create_typed(
-            "rv@s1",
-            "",
-            &Snapshot {
-                volume: "rv".into(),
-                name: "s1".into(),
-            },
-        )
-        .expect("snapshot");
-    eventually("s1 taken on A", WAIT, || async {
-        snap_ready(&a.state, "rv@s1").filter(|s| s.state == ObjectState::Ready)
-    })
-    .await;
+    let s1 = snapshot(&a.state, "rv", "s1").await;
+    assert_eq!(s1.state, ObjectState::Ready, "{}", s1.message);
     let sets = a
         .state
         .get_typed::<talon::resources::engine::ReplicaLedger>("rv")
@@ -1348,20 +1361,9 @@ async fn a_snapshot_includes_remote_replicas_at_the_same_instant() {
     // B's API gone: the snapshot fails naming the remote replica, nothing kept, export thawed
     server_b.abort();
     let _ = server_b.await;
-    a.state
-        .create_typed(
-            "rv@s2",
-            "",
-            &Snapshot {
-                volume: "rv".into(),
-                name: "s2".into(),
-            },
-        )
-        .expect("snapshot 2");
-    let failed = eventually("s2 fails while B cannot be reached", WAIT, || async {
-        snap_ready(&a.state, "rv@s2").filter(|s| s.state == ObjectState::Failed)
-    })
-    .await;
+    // s2 fails while B cannot be reached
+    let failed = snapshot(&a.state, "rv", "s2").await;
+    assert_eq!(failed.state, ObjectState::Failed, "{failed:?}");
     assert!(failed.message.contains("remote replica r1"), "{}", failed.message);
     let inv_a = Inventory::load(&a.client).await.expect("inv A");
     assert!(
@@ -1715,24 +1717,8 @@ async fn a_remote_replica_whose_node_answers_is_rebuilt_thin_keeping_the_snapsho
     ledger_becomes(&a.state, "rv", &[0, 1], "both replicas in A's ledger").await;
 
     a.double.write("talon-raid-rv", 3);
-    a.state
-        .create_typed(
-            "rv@s1",
-            "",
-            &Snapshot {
-                volume: "rv".into(),
-                name: "s1".into(),
-            },
-        )
-        .expect("snapshot");
-    eventually("s1 taken", WAIT, || async {
-        a.state
-            .get_typed::<SnapshotStatus>("rv@s1")
-            .ok()
-            .flatten()
-            .filter(|s| s.spec.state == ObjectState::Ready)
-    })
-    .await;
+    let s1 = snapshot(&a.state, "rv", "s1").await;
+    assert_eq!(s1.state, ObjectState::Ready, "{}", s1.message);
     a.double.write("talon-raid-rv", 2);
 
     let copies = a.double.calls("bdev_lvol_start_shallow_copy");
@@ -1804,24 +1790,9 @@ async fn a_remote_replica_whose_node_answers_is_rebuilt_thin_keeping_the_snapsho
         .expect("path lost");
     ledger_becomes(&a.state, "rv", &[0], "r1 out again").await;
     a.double.write("talon-raid-rv", 2);
-    a.state
-        .create_typed(
-            "rv@s2",
-            "",
-            &Snapshot {
-                volume: "rv".into(),
-                name: "s2".into(),
-            },
-        )
-        .expect("snapshot s2");
-    eventually("s2 taken on A alone", WAIT, || async {
-        a.state
-            .get_typed::<SnapshotStatus>("rv@s2")
-            .ok()
-            .flatten()
-            .filter(|s| s.spec.state == ObjectState::Ready)
-    })
-    .await;
+    // taken on A alone
+    let s2 = snapshot(&a.state, "rv", "s2").await;
+    assert_eq!(s2.state, ObjectState::Ready, "{}", s2.message);
     a.double.write("talon-raid-rv", 3);
     add_disk(&b.client, b.dir.path(), "db", false).await;
     b.state

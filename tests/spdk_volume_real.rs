@@ -233,6 +233,31 @@ fn replica_disk(state: &State, volume: &str, k: u32) -> String {
         .expect("replica status")
 }
 
+/// Takes snapshot `snap` of volume `vol` through a Snapshot resource and
+/// waits until the engine has done with it (Ready or Failed).
+async fn snapshot(state: &State, vol: &str, snap: &str) -> SnapshotStatus {
+    let id = format!("{vol}@{snap}");
+    state
+        .create_typed(
+            &id,
+            "",
+            &Snapshot {
+                volume: vol.into(),
+                name: snap.into(),
+            },
+        )
+        .expect("snapshot");
+    eventually(&format!("{id} taken"), WAIT, || async {
+        state
+            .get_typed::<SnapshotStatus>(&id)
+            .ok()
+            .flatten()
+            .map(|s| s.spec)
+            .filter(|s| s.state != ObjectState::Creating)
+    })
+    .await
+}
+
 /// Deletes Volume `id` on one node and waits until it has none left.
 async fn delete_volume(state: &State, id: &str, node: &str) {
     state
@@ -306,25 +331,9 @@ async fn real_spdk_volume_life_cycle() {
     assert!(written.spec.allocated_bytes <= 64 * MIB);
 
     // snapshot (export frozen around it), expand the raid1, clone
-    state
-        .create_typed(
-            "two@s1",
-            "",
-            &Snapshot {
-                volume: "two".into(),
-                name: "s1".into(),
-            },
-        )
-        .expect("snapshot");
-    let snap = eventually("snapshot", WAIT, || async {
-        state
-            .get_typed::<SnapshotStatus>("two@s1")
-            .ok()
-            .flatten()
-            .filter(|s| s.spec.state == ObjectState::Ready)
-    })
-    .await;
-    assert_eq!(snap.spec.objects.len(), 2, "{:?}", snap.spec);
+    let snap = snapshot(&state, "two", "s1").await;
+    assert_eq!(snap.state, ObjectState::Ready, "{}", snap.message);
+    assert_eq!(snap.objects.len(), 2, "{snap:?}");
     state
         .update_typed("two", "", None, &volume(128 * MIB, 2))
         .expect("expand");
@@ -928,25 +937,7 @@ async fn real_spdk_snapshots_with_a_remote_replica_are_one_point_in_time() {
     for i in 0..SNAPSHOTS {
         still_writing &= !writer.is_finished();
         let id = format!("pr@s{i}");
-        rta.state
-            .create_typed(
-                &id,
-                "",
-                &Snapshot {
-                    volume: "pr".into(),
-                    name: format!("s{i}"),
-                },
-            )
-            .expect("snapshot");
-        let st = eventually(&format!("{id} taken"), WAIT, || async {
-            rta.state
-                .get_typed::<SnapshotStatus>(&id)
-                .ok()
-                .flatten()
-                .map(|s| s.spec)
-                .filter(|s| s.state != ObjectState::Creating)
-        })
-        .await;
+        let st = snapshot(&rta.state, "pr", &format!("s{i}")).await;
         assert_eq!(st.state, ObjectState::Ready, "{id}: {}", st.message);
         let set = rta
             .state
@@ -1328,24 +1319,8 @@ async fn real_spdk_a_rebuilt_replica_is_as_thin_as_its_source_and_keeps_the_chai
     };
     let a = pattern(0x11, 32 << 20);
     io(Some(a.clone()), a.len()).await;
-    state
-        .create_typed(
-            "t@s1",
-            "",
-            &Snapshot {
-                volume: "t".into(),
-                name: "s1".into(),
-            },
-        )
-        .expect("snapshot");
-    eventually("snapshot", WAIT, || async {
-        state
-            .get_typed::<SnapshotStatus>("t@s1")
-            .ok()
-            .flatten()
-            .filter(|s| s.spec.state == ObjectState::Ready)
-    })
-    .await;
+    let s1 = snapshot(&state, "t", "s1").await;
+    assert_eq!(s1.state, ObjectState::Ready, "{}", s1.message);
     let mut b = pattern(0x22, 64 << 20);
     io(Some(b.clone()), b.len()).await;
 
@@ -1459,25 +1434,7 @@ async fn real_spdk_a_remote_replica_is_rebuilt_thin_through_its_node() {
         }
     };
     io(Some(pattern(0x11, 32 << 20)), 32 << 20).await;
-    rta.state
-        .create_typed(
-            "tr@s1",
-            "",
-            &Snapshot {
-                volume: "tr".into(),
-                name: "s1".into(),
-            },
-        )
-        .expect("snapshot");
-    let s1 = eventually("s1 taken", WAIT, || async {
-        rta.state
-            .get_typed::<SnapshotStatus>("tr@s1")
-            .ok()
-            .flatten()
-            .map(|s| s.spec)
-            .filter(|s| s.state != ObjectState::Creating)
-    })
-    .await;
+    let s1 = snapshot(&rta.state, "tr", "s1").await;
     assert_eq!(s1.state, ObjectState::Ready, "{}", s1.message);
     let mut b = pattern(0x22, 64 << 20);
     io(Some(b.clone()), b.len()).await;
@@ -1554,25 +1511,7 @@ async fn real_spdk_a_remote_replica_is_rebuilt_thin_through_its_node() {
     io(Some(dd2.clone()), dd2.len()).await;
     b[..dd2.len()].copy_from_slice(&dd2);
     ledger_becomes(&rta.state, "tr", &[0], "B's replica out again").await;
-    rta.state
-        .create_typed(
-            "tr@s2",
-            "",
-            &Snapshot {
-                volume: "tr".into(),
-                name: "s2".into(),
-            },
-        )
-        .expect("snapshot s2");
-    let s2 = eventually("s2 taken on A alone", WAIT, || async {
-        rta.state
-            .get_typed::<SnapshotStatus>("tr@s2")
-            .ok()
-            .flatten()
-            .map(|s| s.spec)
-            .filter(|s| s.state != ObjectState::Creating)
-    })
-    .await;
+    let s2 = snapshot(&rta.state, "tr", "s2").await;
     assert_eq!(s2.state, ObjectState::Ready, "{}", s2.message);
     let ee = pattern(0x55, 4 << 20);
     io(Some(ee.clone()), ee.len()).await;

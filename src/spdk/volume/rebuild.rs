@@ -46,7 +46,7 @@ use crate::resources::engine::RebuildDestStatus;
 use crate::spdk::naming::{LvolRole, NSID, REMOTE_PREFIX, parse_lvol};
 use crate::spdk::rpc::{
     ByName, CheckShallowCopy, LvolClone, LvolCreate, LvolResize, LvolSnapshot, RaidBdev, RaidDelete,
-    RemoveNamespace, StartShallowCopy, SubsystemListener,
+    RemoveNamespace, ShallowCopyStatus, StartShallowCopy, SubsystemListener,
 };
 
 const MIB: u64 = 1 << 20;
@@ -145,6 +145,19 @@ fn allocated(inv: &Inventory, alias: &str) -> u64 {
     inv.lvols.get(alias).map_or(0, |l| l.num_allocated_clusters)
 }
 
+/// How far a rebuild from the head `head` over `chain` (oldest first) is,
+/// in percent of the clusters to copy (99 at most: done is `Joined`), with
+/// the first `j` snapshots copied and `copied_now` clusters of the next.
+fn percent(inv: &Inventory, chain: &[String], head: &str, j: usize, copied_now: u64) -> u32 {
+    let total: u64 = chain.iter().map(|a| allocated(inv, a)).sum::<u64>() + allocated(inv, head);
+    let done: u64 = chain[..j.min(chain.len())]
+        .iter()
+        .map(|a| allocated(inv, a))
+        .sum::<u64>()
+        + copied_now;
+    u32::try_from((done * 100).checked_div(total).unwrap_or(0).min(99)).unwrap_or(99)
+}
+
 /// `lvs/name` of an lvol named `name` in the lvstore of `alias`.
 fn sibling(alias: &str, name: &str) -> String {
     let lvs = alias.split_once('/').map_or("", |(l, _)| l);
@@ -235,17 +248,7 @@ impl VolumeOps {
     ) -> Result<Step, VolumeError> {
         let vol = plan.name.as_str();
         let src_chain = inv.chain(&src.alias);
-        // copies done so far, for the progress
-        let progress = |copied_now: u64, j: usize| {
-            let total: u64 =
-                src_chain.iter().map(|a| allocated(inv, a)).sum::<u64>() + allocated(inv, &src.alias);
-            let done: u64 = src_chain[..j.min(src_chain.len())]
-                .iter()
-                .map(|a| allocated(inv, a))
-                .sum::<u64>()
-                + copied_now;
-            u32::try_from((done * 100).checked_div(total).unwrap_or(0).min(99)).unwrap_or(99)
-        };
+        let progress = |copied_now: u64, j: usize| percent(inv, &src_chain, &src.alias, j, copied_now);
 
         // a copy that runs: done yet?
         let running = self.rebuilds.lock().running.get(vol).cloned();
@@ -410,16 +413,7 @@ impl VolumeOps {
             .filter(|s| !naming::is_rebuild_snap(s))
             .cloned()
             .collect();
-        let total: u64 =
-            src_chain.iter().map(|a| allocated(inv, a)).sum::<u64>() + allocated(inv, &src.alias);
-        let progress = |done_snaps: usize, copied_now: u64| {
-            let done: u64 = src_chain[..done_snaps.min(src_chain.len())]
-                .iter()
-                .map(|a| allocated(inv, a))
-                .sum::<u64>()
-                + copied_now;
-            u32::try_from((done * 100).checked_div(total).unwrap_or(0).min(99)).unwrap_or(99)
-        };
+        let progress = |j: usize, copied_now: u64| percent(inv, &src_chain, &src.alias, j, copied_now);
         let failed = |snapshot: &str, message: String| VolumeError::RebuildCopy {
             volume: vol.to_owned(),
             replica: dst.name.clone(),
@@ -549,22 +543,29 @@ impl VolumeOps {
     /// Waits up to [`COPY_SETTLE`] for copy `op` of volume `vol` to finish;
     /// true (and the copy no longer running) when it did.
     async fn settled(&self, vol: &str, op: u32) -> bool {
-        let deadline = tokio::time::Instant::now() + COPY_SETTLE;
+        let done = matches!(self.wait_copy(op, COPY_SETTLE).await, Ok(s) if s.state == "complete");
+        if done {
+            self.rebuilds.lock().running.remove(vol);
+        }
+        done
+    }
+
+    /// Copy `op`'s state once it is no longer "in progress", or after `within`.
+    async fn wait_copy(
+        &self,
+        op: u32,
+        within: Duration,
+    ) -> Result<ShallowCopyStatus, crate::spdk::ClientError> {
+        let deadline = tokio::time::Instant::now() + within;
         loop {
-            match self
+            let s = self
                 .client
                 .bdev_lvol_check_shallow_copy(&CheckShallowCopy { operation_id: op })
-                .await
-            {
-                Ok(s) if s.state == "complete" => {
-                    self.rebuilds.lock().running.remove(vol);
-                    return true;
-                }
-                Ok(s) if s.state == "in progress" && tokio::time::Instant::now() < deadline => {
-                    tokio::time::sleep(Duration::from_millis(15)).await;
-                }
-                _ => return false,
+                .await?;
+            if s.state != "in progress" || tokio::time::Instant::now() >= deadline {
+                return Ok(s);
             }
+            tokio::time::sleep(Duration::from_millis(15)).await;
         }
     }
 
@@ -754,33 +755,28 @@ impl VolumeOps {
         // the source head's last clusters
         let (snap, s) = self.take_rebuild_snapshot(inv, vol, src).await?;
         let op = self.copy_into(vol, &s, &snap, dst).await?;
-        let deadline = tokio::time::Instant::now() + SWITCH_COPY;
-        loop {
-            let st = self
-                .client
-                .bdev_lvol_check_shallow_copy(&CheckShallowCopy { operation_id: op })
-                .await
-                .map_err(rpc(vol, format!("checking the copy of {s}")))?;
-            match st.state.as_str() {
-                "complete" => break,
-                "error" => {
-                    self.rebuilds.lock().running.remove(vol);
-                    return Err(VolumeError::RebuildCopy {
-                        volume: vol.to_owned(),
-                        replica: dst.name.clone(),
-                        snapshot: snap,
-                        message: st.error.unwrap_or_else(|| "unknown error".into()),
-                    });
-                }
-                _ if tokio::time::Instant::now() > deadline => {
-                    return Err(VolumeError::RebuildCopy {
-                        volume: vol.to_owned(),
-                        replica: dst.name.clone(),
-                        snapshot: snap,
-                        message: format!("the last copy did not finish in {}s", SWITCH_COPY.as_secs()),
-                    });
-                }
-                _ => tokio::time::sleep(Duration::from_millis(20)).await,
+        let st = self
+            .wait_copy(op, SWITCH_COPY)
+            .await
+            .map_err(rpc(vol, format!("checking the copy of {s}")))?;
+        match st.state.as_str() {
+            "complete" => {}
+            "error" => {
+                self.rebuilds.lock().running.remove(vol);
+                return Err(VolumeError::RebuildCopy {
+                    volume: vol.to_owned(),
+                    replica: dst.name.clone(),
+                    snapshot: snap,
+                    message: st.error.unwrap_or_else(|| "unknown error".into()),
+                });
+            }
+            _ => {
+                return Err(VolumeError::RebuildCopy {
+                    volume: vol.to_owned(),
+                    replica: dst.name.clone(),
+                    snapshot: snap,
+                    message: format!("the last copy did not finish in {}s", SWITCH_COPY.as_secs()),
+                });
             }
         }
         self.rebuilds.lock().running.remove(vol);
