@@ -25,7 +25,7 @@ struct Daemon {
 const TOKEN: &str = "0123456789abcdef0123456789abcdef-test";
 
 fn opts(dir: &Path) -> ServeOptions {
-    serve_daemon::opts(dir, Default::default())
+    serve_daemon::opts(dir, serve_daemon::no_spdk())
 }
 
 async fn start(o: ServeOptions) -> Daemon {

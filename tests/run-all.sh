@@ -32,12 +32,37 @@ if [ ! -x "$VENV/bin/kubernetes-validate" ]; then
 fi
 export PATH="$PWD/$VENV/bin:$PATH"
 
+# The real-SPDK tests (the V2 data path) run against the prebuilt SPDK v26.05 beside the
+# checkout when there is one (../shared/spdk/v26.05, as in CI); an explicit TALON_SPDK_DIR wins.
+if [ -z "${TALON_SPDK_DIR:-}" ] && [ -x ../shared/spdk/v26.05/build/bin/spdk_tgt ]; then
+	TALON_SPDK_DIR=$(cd ../shared/spdk/v26.05 && pwd)
+fi
+if [ -n "${TALON_SPDK_DIR:-}" ]; then
+	export TALON_SPDK_DIR
+	echo "run-all: real-SPDK tests use TALON_SPDK_DIR=$TALON_SPDK_DIR"
+else
+	echo "run-all: no SPDK (set TALON_SPDK_DIR to an SPDK build): the real-SPDK tests will skip"
+fi
+
 # One clean build gains nothing from incremental state (gigabytes on disk).
 export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
 
+T0=$(date +%s)
 cargo build --workspace --all-targets
+# The upgrade tests' earlier talon (tests/data/previous-talon.rev) is built here, while the
+# machine is otherwise idle (~1.5 min), not inside a test under the suite's load (690 s seen).
+if [ -z "${TALON_PREVIOUS_BIN:-}" ]; then
+	if bin=$(tests/previous_talon.sh 2>/tmp/talon-previous-build.log); then
+		export TALON_PREVIOUS_BIN=$bin
+		echo "run-all: earlier talon for the upgrade tests: $bin"
+	else
+		echo "run-all: could not build the earlier talon (tests/previous_talon.sh; the upgrade tests try again):"
+		tail -5 /tmp/talon-previous-build.log
+	fi
+fi
 rc=0
 cargo nextest run --workspace --no-fail-fast "$@" || rc=$?
 # skips are reported as skips, with their reasons, not as passes (tests/summary.py)
 python3 tests/summary.py target/nextest/default/junit.xml || true
+echo "run-all: build and tests took $(($(date +%s) - T0)) s"
 exit "$rc"

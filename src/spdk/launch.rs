@@ -408,8 +408,9 @@ pub fn mem_size_mib_for(volumes: u32) -> u64 {
     crate::host::hugepages::spdk_sizing_mib(volumes)
 }
 
-/// Finds spdk_tgt: the explicit path, then `<spdk_dir>/build/bin/spdk_tgt`,
-/// then each directory of `path_var`.
+/// Finds spdk_tgt: the explicit path alone when there is one (missing: an
+/// error naming it); else `<spdk_dir>/build/bin/spdk_tgt`, then each directory
+/// of `path_var`.
 pub fn find_spdk_tgt(
     explicit: Option<&Path>,
     spdk_dir: Option<&Path>,
@@ -417,8 +418,15 @@ pub fn find_spdk_tgt(
 ) -> Result<PathBuf, TargetError> {
     let mut searched = Vec::new();
     let mut candidates = Vec::new();
+    // an explicit binary is the only one: a wrong `--spdk-tgt` is an error, never
+    // quietly replaced by another SPDK found in the environment
     if let Some(p) = explicit {
-        candidates.push(p.to_path_buf());
+        if is_executable(p) {
+            return Ok(p.to_path_buf());
+        }
+        return Err(TargetError::NotFound {
+            searched: p.display().to_string(),
+        });
     }
     if let Some(d) = spdk_dir {
         candidates.push(d.join("build/bin/spdk_tgt"));

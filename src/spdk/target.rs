@@ -635,19 +635,24 @@ mod tests {
         let in_dir = d.path().join("spdk/build/bin/spdk_tgt");
         let in_path = d.path().join("bin/spdk_tgt");
         let path_var = std::env::join_paths([d.path().join("nope"), d.path().join("bin")]).expect("join");
-        let e =
-            find_spdk_tgt(Some(&explicit), Some(&d.path().join("spdk")), Some(&path_var)).expect_err("none");
+        let e = find_spdk_tgt(None, Some(&d.path().join("spdk")), Some(&path_var)).expect_err("none");
         assert!(e.to_string().contains("spdk_tgt was not found"), "{e}");
         mk(&in_path);
         assert_eq!(
-            find_spdk_tgt(Some(&explicit), Some(&d.path().join("spdk")), Some(&path_var)).expect("p"),
+            find_spdk_tgt(None, Some(&d.path().join("spdk")), Some(&path_var)).expect("p"),
             in_path
         );
         mk(&in_dir);
         assert_eq!(
-            find_spdk_tgt(Some(&explicit), Some(&d.path().join("spdk")), Some(&path_var)).expect("d"),
+            find_spdk_tgt(None, Some(&d.path().join("spdk")), Some(&path_var)).expect("d"),
             in_dir
         );
+        // an explicit binary that is missing is an error naming it, even with
+        // others to be found: a wrong --spdk-tgt is never replaced quietly
+        let e = find_spdk_tgt(Some(&explicit), Some(&d.path().join("spdk")), Some(&path_var))
+            .expect_err("explicit missing");
+        assert!(e.to_string().contains(&explicit.display().to_string()), "{e}");
+        assert!(!e.to_string().contains("build/bin"), "{e}");
         mk(&explicit);
         assert_eq!(
             find_spdk_tgt(Some(&explicit), Some(&d.path().join("spdk")), Some(&path_var)).expect("e"),

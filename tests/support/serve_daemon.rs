@@ -43,6 +43,19 @@ pub fn opts_with_config(dir: &Path, spdk: SpdkOptions, yaml: &str) -> ServeOptio
     }
 }
 
+/// No SPDK, whatever the environment has (`TALON_SPDK_DIR`, `PATH`): the
+/// daemon serves with the V1 engine and sizes no hugepages. Tests of the
+/// daemon's API use this, so a run with SPDK (CI) does not start spdk_tgt on
+/// core 0 for them nor leave the host's hugepage pool sized for it.
+pub fn no_spdk() -> SpdkOptions {
+    SpdkOptions {
+        spdk_tgt: None,
+        spdk_dir: None,
+        path_var: Some(std::ffi::OsString::new()),
+        ..SpdkOptions::default()
+    }
+}
+
 /// The V2 engine on a real spdk_tgt under `spdk_dir` on a host without
 /// hugepages: `mem_mib` of ordinary memory, no cpumask locks (other jobs may
 /// run SPDK on core 0).

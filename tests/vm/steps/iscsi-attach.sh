@@ -157,10 +157,15 @@ argv_hits() {
 		tr '\0' '\n' <"$f" 2>/dev/null | grep -qFf /tmp/secret-pattern && echo "$f: $(tr '\0' ' ' <"$f" 2>/dev/null)"
 	done
 }
-# the scanner sees a secret in argv: a process that carries it is found
-sh -c 'sleep 3; :' "$TALON_HOST_ISCSI_CHAP_SECRET" &
+# the scanner sees a secret in argv: a process that carries it is found. The decoy lives until it
+# is killed (a loaded TCG guest can take seconds per scan; a decoy on a timer raced it) and is
+# scanned only once its argv is in place.
+sh -c 'while :; do sleep 1; done' "$TALON_HOST_ISCSI_CHAP_SECRET" &
 DECOY=$!
-sleep 0.3
+i=0
+while ! tr '\0' '\n' <"/proc/$DECOY/cmdline" 2>/dev/null | grep -qFf /tmp/secret-pattern && [ $i -lt 100 ]; do
+	sleep 0.1; i=$((i + 1))
+done
 argv_has_secret || bad "the argv scan does not see a secret in a process's argv"
 argv_hits | grep -q "/proc/$DECOY/" || bad "the argv scan does not name the process carrying a secret"
 kill $DECOY 2>/dev/null

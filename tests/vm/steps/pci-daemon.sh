@@ -10,7 +10,7 @@
 # in between; an NVMe with a mounted file system is refused and left alone.
 # The guest has no SPDK: the daemon runs with V2 unavailable, which does not
 # stop the binding (SPDK's disk controller holds nothing here). Exit 0 = pass.
-# vm-timeout: 420
+# vm-timeout: 600
 set -u
 SERIAL=talon-test-1
 fail=0
