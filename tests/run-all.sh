@@ -23,8 +23,10 @@ command -v cargo-nextest >/dev/null || cargo install --locked cargo-nextest
 
 # Python tools the tests use (tests/pip-packages.txt), in a venv inside target/.
 VENV=target/test-venv
-if [ ! -x "$VENV/bin/kubernetes-validate" ]; then
+# (again when the list changed since: its stamp is older)
+if [ ! -f "$VENV/.pip-stamp" ] || [ tests/pip-packages.txt -nt "$VENV/.pip-stamp" ]; then
 	if python3 -m venv "$VENV" && "$VENV/bin/pip" install -q -r tests/pip-packages.txt; then
+		touch "$VENV/.pip-stamp"
 		echo "run-all: installed tests/pip-packages.txt into $VENV"
 	else
 		echo "run-all: could not install tests/pip-packages.txt; the tests that need it will skip"

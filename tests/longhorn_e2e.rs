@@ -1,0 +1,165 @@
+//! talon under Longhorn's real control plane (issue 28): longhorn-manager
+//! v1.12.1 and kube-apiserver v1.36.2 from `../shared/longhorn/v1.12.1/`
+//! beside the checkout, etcd (Debian's etcd-server), no kubelet: a stand-in
+//! kubelet runs the V2 instance-manager pod as `talon serve` on real SPDK
+//! (`TALON_SPDK_DIR`). The harness is `tests/longhorn_e2e/` (Python, the
+//! official `kubernetes` client); this test finds what it needs, runs it with
+//! a time bound and turns its verdict into the test's.
+//!
+//! ```text
+//!   cargo test ──> driver.py ──> netns: etcd, kube-apiserver, longhorn-manager,
+//!        │            │                 stand-in kubelet ──> talon serve ──> spdk_tgt
+//!        │            └── STEP <name> <s> lines (stdout), logs tail on failure (stderr)
+//!        └── Guard: whatever state.json names (netns, loop devices) is removed
+//!            even when the driver could not clean up itself
+//! ```
+
+#[path = "support/spdk_real.rs"]
+mod spdk_real;
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+const TEST: &str = "longhorn_e2e";
+/// The driver's whole run; a pass takes a few minutes (the steps' own bounds are shorter).
+const BOUND: Duration = Duration::from_secs(900);
+const PROGRAMS: &[&str] = &[
+    "etcd", "ip", "losetup", "unshare", "chroot", "nsenter", "openssl", "nc", "pgrep", "iscsiadm",
+];
+
+fn skip(reason: impl std::fmt::Display) {
+    eprintln!("SKIP {TEST}: {reason}");
+}
+
+fn on_path(prog: &str) -> bool {
+    std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).any(|d| d.join(prog).is_file()))
+        .unwrap_or(false)
+}
+
+/// The Python with the `kubernetes` client: run-all's venv, else the one on PATH.
+fn python(root: &Path) -> Option<PathBuf> {
+    let venv = root.join("target/test-venv/bin/python3");
+    [venv, PathBuf::from("python3")].into_iter().find(|py| {
+        Command::new(py)
+            .args(["-c", "import kubernetes, yaml"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    })
+}
+
+/// Removes what the driver's `state.json` names when the driver did not: every process
+/// left in its network namespace, the namespace, its loop devices.
+struct Guard(PathBuf);
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        let Ok(text) = std::fs::read_to_string(self.0.join("state.json")) else {
+            return;
+        };
+        let Ok(state) = serde_json::from_str::<serde_json::Value>(&text) else {
+            return;
+        };
+        if let Some(ns) = state["netns"].as_str() {
+            if let Ok(out) = Command::new("ip").args(["netns", "pids", ns]).output() {
+                for pid in String::from_utf8_lossy(&out.stdout).split_whitespace() {
+                    if let Ok(pid) = pid.parse::<i32>() {
+                        let _ = nix::sys::signal::kill(
+                            nix::unistd::Pid::from_raw(pid),
+                            nix::sys::signal::Signal::SIGKILL,
+                        );
+                    }
+                }
+            }
+            std::thread::sleep(Duration::from_millis(500));
+            let _ = Command::new("ip").args(["netns", "del", ns]).status();
+        }
+        for dev in state["loops"].as_array().into_iter().flatten() {
+            if let Some(dev) = dev.as_str() {
+                let _ = Command::new("losetup").args(["-d", dev]).status();
+            }
+        }
+    }
+}
+
+fn tail(path: &Path, lines: usize) -> String {
+    let mut s = String::new();
+    let _ = std::fs::File::open(path).and_then(|mut f| f.read_to_string(&mut s));
+    let all: Vec<&str> = s.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+#[test]
+fn longhorn_manager_drives_talon_end_to_end() {
+    if !nix::unistd::geteuid().is_root() {
+        return skip("not root (network namespaces, loop devices, mounts)");
+    }
+    let Some(spdk) = spdk_real::spdk_dir_with(TEST, &["spdk_dd"]) else {
+        return;
+    };
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let longhorn = root.join("../shared/longhorn/v1.12.1");
+    for f in ["longhorn-manager.xz", "kube-apiserver.xz", "longhorn-crds.yaml"] {
+        if !longhorn.join(f).is_file() {
+            return skip(format!("no {} (Longhorn's control plane beside the checkout)", longhorn.join(f).display()));
+        }
+    }
+    if let Some(p) = PROGRAMS.iter().find(|p| !on_path(p)) {
+        return skip(format!("no `{p}` on PATH (tests/apt-packages.txt)"));
+    }
+    let Some(py) = python(root) else {
+        return skip("no Python with the kubernetes client (tests/pip-packages.txt into target/test-venv)");
+    };
+    let work = tempfile::tempdir().expect("work dir");
+    let cache = Path::new(env!("CARGO_TARGET_TMPDIR")).join("longhorn-e2e");
+    let (out, err) = (work.path().join("driver.out"), work.path().join("driver.err"));
+    let _guard = Guard(work.path().to_path_buf());
+    let t0 = Instant::now();
+    let mut child = Command::new(&py)
+        .arg(root.join("tests/longhorn_e2e/driver.py"))
+        .arg("--work")
+        .arg(work.path())
+        .arg("--longhorn")
+        .arg(longhorn.canonicalize().expect("longhorn dir"))
+        .arg("--cache")
+        .arg(&cache)
+        .arg("--spdk")
+        .arg(&spdk)
+        .arg("--talon")
+        .arg(env!("CARGO_BIN_EXE_talon"))
+        .current_dir(root.join("tests/longhorn_e2e"))
+        .stdin(Stdio::null())
+        .stdout(std::fs::File::create(&out).expect("driver.out"))
+        .stderr(std::fs::File::create(&err).expect("driver.err"))
+        .spawn()
+        .expect("driver.py");
+    let status = loop {
+        if let Some(s) = child.try_wait().expect("driver") {
+            break s;
+        }
+        if t0.elapsed() > BOUND {
+            // SIGTERM: the driver cleans up; then SIGKILL, and the guard cleans up
+            let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+            let end = Instant::now() + Duration::from_secs(90);
+            while Instant::now() < end && child.try_wait().ok().flatten().is_none() {
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            let _ = child.kill();
+            break child.wait().expect("driver");
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let steps = std::fs::read_to_string(&out).unwrap_or_default();
+    eprintln!("{steps}wall time {:.0} s", t0.elapsed().as_secs_f64());
+    assert!(
+        status.success(),
+        "{TEST}: the driver failed ({status}{}); its steps:\n{steps}\nits log's tail:\n{}",
+        if t0.elapsed() > BOUND { ", out of time" } else { "" },
+        tail(&err, 150)
+    );
+}
