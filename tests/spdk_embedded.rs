@@ -157,9 +157,7 @@ async fn real_spdk_embedded_serves_volumes() {
     let has_dev_files = ["build/lib/pkgconfig", "lib/pkgconfig", "lib64/pkgconfig"]
         .iter()
         .any(|d| spdk.join(d).join("spdk_event.pc").is_file());
-    if !cfg!(feature = "spdk-embedded")
-        && std::env::var_os("TALON_EMBEDDED_BIN").is_none()
-        && !has_dev_files
+    if !cfg!(feature = "spdk-embedded") && std::env::var_os("TALON_EMBEDDED_BIN").is_none() && !has_dev_files
     {
         eprintln!(
             "SKIP {test}: {} is a runtime-only SPDK (no spdk_event.pc, no headers) and \

@@ -214,6 +214,8 @@ async fn longhorn_call(base: std::net::SocketAddr, args: &[String]) {
                 a(2),
                 imrpc::SpdkInstanceSpec {
                     size: size(5),
+                    // Longhorn's blockdev frontend: the kernel's NVMe/TCP initiator attaches
+                    frontend: "spdk-tcp-blockdev".into(),
                     ..Default::default()
                 },
             );

@@ -47,7 +47,7 @@ fn state_err(e: impl std::error::Error + 'static) -> Status {
 }
 
 impl Longhorn {
-    fn update_engine(
+    pub(super) fn update_engine(
         &self,
         e: &Typed<LonghornEngine>,
         f: impl FnOnce(&mut LonghornEngine),
@@ -165,6 +165,7 @@ impl Longhorn {
         }
         self.update_engine(e, |s| {
             s.removed_snapshots.remove(snap);
+            s.snapshot_info.remove(snap);
         })
     }
 
@@ -297,10 +298,15 @@ impl Longhorn {
                 e.id()
             )));
         }
-        if let Some(f) = self.frontend_for(e.id(), "") {
+        // an engine-frontend with its frontend disabled (maintenance mode, where
+        // Longhorn v1.12 reverts) attaches nothing; any other one is attached
+        if let Some(f) = self.frontend_for(e.id(), "")
+            && naming::FrontendMode::of(&f.spec.frontend) != Ok(naming::FrontendMode::Disabled)
+        {
             return Err(Status::failed_precondition(format!(
-                "{what}: engine-frontend {} attaches it; detach it first",
-                f.id()
+                "{what}: engine-frontend {} attaches it with frontend {:?}; detach it first",
+                f.id(),
+                f.spec.frontend
             )));
         }
         let volume = crate::names::ObjectName::parse("volume", &e.spec.volume)

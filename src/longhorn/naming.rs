@@ -78,6 +78,39 @@ pub fn namespace_id(name: &str) -> uuid::Uuid {
     )
 }
 
+/// What an engine-frontend does on this node, by Longhorn's frontend name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FrontendMode {
+    /// `spdk-tcp-blockdev`: the host kernel's NVMe/TCP initiator attaches the
+    /// engine's export; the endpoint is `/dev/longhorn/<volume>`.
+    KernelBlockdev,
+    /// `spdk-tcp-nvmf`: no initiator; the endpoint is the export,
+    /// `nvmf://ip:port/nqn`, for the workload's own initiator.
+    NvmfEndpoint,
+    /// `""`: attached with the frontend disabled (maintenance mode); nothing
+    /// to attach, no endpoint.
+    Disabled,
+}
+
+impl FrontendMode {
+    /// The mode of Longhorn's frontend name; others (`ublk`) are refused by name.
+    pub fn of(frontend: &str) -> Result<Self, String> {
+        match frontend {
+            "spdk-tcp-blockdev" => Ok(Self::KernelBlockdev),
+            "spdk-tcp-nvmf" => Ok(Self::NvmfEndpoint),
+            "" => Ok(Self::Disabled),
+            other => Err(format!(
+                "frontend {other:?} is not served by talon (spdk-tcp-blockdev, spdk-tcp-nvmf, or \"\" for none)"
+            )),
+        }
+    }
+}
+
+/// Longhorn's endpoint of an NVMe-oF export: `nvmf://ip:port/nqn`.
+pub fn nvmf_endpoint(target: std::net::SocketAddr, nqn: &str) -> String {
+    format!("nvmf://{target}/{nqn}")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -111,5 +144,30 @@ mod tests {
             "nqn.2023-01.io.longhorn.spdk:volume-v"
         );
         assert_ne!(namespace_id("a"), namespace_id("b"));
+    }
+
+    #[test]
+    fn frontend_modes_are_longhorns_names_and_others_are_refused_by_name() {
+        assert_eq!(
+            FrontendMode::of("spdk-tcp-blockdev"),
+            Ok(FrontendMode::KernelBlockdev)
+        );
+        assert_eq!(FrontendMode::of("spdk-tcp-nvmf"), Ok(FrontendMode::NvmfEndpoint));
+        assert_eq!(FrontendMode::of(""), Ok(FrontendMode::Disabled));
+        let e = FrontendMode::of("ublk").expect_err("ublk");
+        assert!(e.contains("\"ublk\" is not served by talon"), "{e}");
+    }
+
+    #[test]
+    fn nvmf_endpoints_are_longhorns_urls() {
+        let nqn = "nqn.2023-01.io.longhorn.spdk:vol-e-0";
+        assert_eq!(
+            nvmf_endpoint("10.0.0.2:20001".parse().expect("v4"), nqn),
+            format!("nvmf://10.0.0.2:20001/{nqn}")
+        );
+        assert_eq!(
+            nvmf_endpoint("[fd00::2]:20001".parse().expect("v6"), nqn),
+            format!("nvmf://[fd00::2]:20001/{nqn}")
+        );
     }
 }

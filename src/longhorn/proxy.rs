@@ -39,6 +39,7 @@ use super::server::Longhorn;
 use crate::names::ObjectName;
 use crate::resources::longhorn::{
     InstanceState, LonghornEngine, LonghornEngineFrontend, LonghornInstanceStatus, LonghornReplica,
+    SnapshotInfo,
 };
 use crate::runtime::Typed;
 use crate::spdk::ErrorKind;
@@ -128,7 +129,7 @@ impl Longhorn {
         self.state()
             .get_typed::<LonghornEngine>(name)
             .map_err(|e| Status::internal(crate::util::error_chain(&e)))?
-            .ok_or_else(|| Status::not_found(format!("engine {name} is not on this node")))
+            .ok_or_else(|| super::server::cannot_find("engine", name))
     }
 
     pub(super) fn status_of(&self, name: &str) -> Option<LonghornInstanceStatus> {
@@ -600,7 +601,7 @@ impl Longhorn {
             .state()
             .get_typed::<LonghornReplica>(replica.as_str())
             .map_err(|e| Status::internal(crate::util::error_chain(&e)))?
-            .ok_or_else(|| Status::not_found(format!("replica {replica} does not exist")))?;
+            .ok_or_else(|| super::server::cannot_find("replica", replica.as_str()))?;
         Ok((replica, t))
     }
 
@@ -671,7 +672,8 @@ fn disk_info(
         children: children.iter().map(|c| ((*c).to_owned(), true)).collect(),
         removed,
         user_created: name != VOLUME_HEAD,
-        // SPDK keeps no creation time an RPC reports
+        // SPDK v26.05 keeps no creation time an RPC reports: the engine's
+        // snapshot_info has it for the snapshots taken through it
         created: String::new(),
         size: bytes.to_string(),
         labels: HashMap::new(),
@@ -733,13 +735,20 @@ impl proxy_engine_service_server::ProxyEngineService for Longhorn {
         let e = self.engine(&req.engine_name)?;
         let st = self.status_of(e.id());
         let running = st.as_ref().is_some_and(|s| s.state == InstanceState::Running);
-        let endpoint = match self.frontend_of(e.id(), &req.engine_frontend_name) {
-            Some(f) => self.status_of(f.id()).map(|s| s.endpoint).unwrap_or_default(),
-            None if e.spec.frontend == "spdk-tcp-nvmf" && running => st
-                .as_ref()
-                .map(|s| format!("nvmf://{}/{}", s.endpoint, s.nqn))
-                .unwrap_or_default(),
-            None => String::new(),
+        // the frontend is up when the engine runs and, with an engine-frontend,
+        // when that runs too (an engine-frontend in error is no frontend)
+        let (endpoint, frontend_up) = match self.frontend_of(e.id(), &req.engine_frontend_name) {
+            Some(f) => match self.status_of(f.id()) {
+                Some(s) if s.state == InstanceState::Running => (s.endpoint, running),
+                _ => (String::new(), false),
+            },
+            None if e.spec.frontend == "spdk-tcp-nvmf" && running => (
+                st.as_ref()
+                    .map(|s| format!("nvmf://{}/{}", s.endpoint, s.nqn))
+                    .unwrap_or_default(),
+                true,
+            ),
+            None => (String::new(), running),
         };
         Ok(Response::new(imrpc::EngineVolumeGetProxyResponse {
             volume: Some(ptypes::Volume {
@@ -748,7 +757,7 @@ impl proxy_engine_service_server::ProxyEngineService for Longhorn {
                 replica_count: i32::try_from(e.spec.replica_address_map.len()).unwrap_or(i32::MAX),
                 endpoint,
                 frontend: e.spec.frontend.clone(),
-                frontend_state: if running { "up" } else { "down" }.to_owned(),
+                frontend_state: if frontend_up { "up" } else { "down" }.to_owned(),
                 is_expanding: false,
                 last_expansion_error: String::new(),
                 last_expansion_failed_at: String::new(),
@@ -879,16 +888,18 @@ impl proxy_engine_service_server::ProxyEngineService for Longhorn {
             if head_parent == *s {
                 children.push(VOLUME_HEAD);
             }
-            disks.insert(
-                s.clone(),
-                disk_info(
-                    s,
-                    *bytes,
-                    &shown(p.clone()),
-                    &children,
-                    e.spec.removed_snapshots.contains(s),
-                ),
+            let mut d = disk_info(
+                s,
+                *bytes,
+                &shown(p.clone()),
+                &children,
+                e.spec.removed_snapshots.contains(s),
             );
+            if let Some(i) = e.spec.snapshot_info.get(s) {
+                d.created = i.created.clone();
+                d.labels = i.labels.clone().into_iter().collect();
+            }
+            disks.insert(s.clone(), d);
         }
         disks.insert(
             VOLUME_HEAD.to_owned(),
@@ -910,13 +921,28 @@ impl proxy_engine_service_server::ProxyEngineService for Longhorn {
         let req = req.into_inner();
         let p = proxy_req(req.proxy_engine_request)?;
         let e = self.engine(&p.engine_name)?;
-        let name = req
+        let (name, labels) = req
             .snapshot_volume
-            .map(|s| s.name)
-            .filter(|n| !n.is_empty())
-            .unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
+            .map(|s| (s.name, s.labels))
+            .unwrap_or_default();
+        let name = if name.is_empty() {
+            uuid::Uuid::new_v4().to_string()
+        } else {
+            name
+        };
         self.check_snapshot_count(&e).await?;
+        let created = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string();
         self.engine_snapshot(&e, &name).await?;
+        // its time and labels, for SnapshotList (SPDK keeps neither)
+        self.update_engine(&e, |s| {
+            s.snapshot_info.insert(
+                name.clone(),
+                SnapshotInfo {
+                    created,
+                    labels: labels.into_iter().collect(),
+                },
+            );
+        })?;
         Ok(Response::new(imrpc::EngineVolumeSnapshotProxyResponse {
             snapshot: Some(ptypes::VolumeSnapshotReply { name }),
         }))

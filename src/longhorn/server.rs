@@ -355,11 +355,19 @@ fn unimplemented(method: &str) -> Status {
 
 fn state_err(e: StateError) -> Status {
     match e {
-        StateError::NotFound { .. } => Status::not_found(e.to_string()),
+        StateError::NotFound { type_, id } => Status::not_found(format!("cannot find {type_} {id}")),
         StateError::AlreadyExists { .. } => Status::already_exists(e.to_string()),
         StateError::Conflict { .. } => Status::aborted(e.to_string()),
         _ => Status::internal(crate::util::error_chain(&e)),
     }
+}
+
+/// NotFound in Longhorn's words: longhorn-manager goes on (creates the instance,
+/// takes it as gone) only when the text says `cannot find` (its
+/// `types.ErrorIsNotFound`), as Longhorn's SPDK engine says `cannot find
+/// replica|engine|engine frontend <name>`.
+pub(super) fn cannot_find(noun: &str, name: &str) -> Status {
+    Status::not_found(format!("cannot find {noun} {name}"))
 }
 
 fn invalid(e: crate::names::InvalidName) -> Status {
@@ -493,7 +501,7 @@ impl Longhorn {
             .map_err(state_err)?
             .is_none()
         {
-            return Err(Status::not_found(format!("{what}: disk {disk} does not exist")));
+            return Err(Status::not_found(format!("{what}: cannot find disk {disk}")));
         }
         match self
             .state
@@ -733,6 +741,7 @@ impl Longhorn {
                 rebuild_qos_mbps: 0,
                 rebuild_requests: BTreeMap::new(),
                 removed_snapshots: BTreeSet::new(),
+                snapshot_info: BTreeMap::new(),
             },
         )
     }
@@ -749,6 +758,8 @@ impl Longhorn {
             ))
         })?;
         let sp = spec.spdk_instance_spec.clone().unwrap_or_default();
+        naming::FrontendMode::of(&sp.frontend)
+            .map_err(|e| Status::invalid_argument(format!("{what}: {e}")))?;
         let want = LonghornEngineFrontend {
             volume: volume.as_str().to_owned(),
             engine_name: spec.engine_name.clone(),
@@ -843,6 +854,10 @@ impl Longhorn {
                         .parse::<SocketAddr>()
                         .map(|a| i32::from(a.port()))
                         .unwrap_or(0);
+                    // the frontend is reached where the engine exports the volume: the
+                    // manager addresses an engine-frontend as ip:port_start
+                    status.port_start = port;
+                    status.port_end = port;
                     status.target_port_start = port;
                     status.target_port_end = port;
                     status.engine_name = engine_name;
@@ -938,7 +953,7 @@ impl Longhorn {
             .state
             .get_typed::<Disk>(name)
             .map_err(state_err)?
-            .ok_or_else(|| Status::not_found(format!("disk {name} does not exist")))?;
+            .ok_or_else(|| cannot_find("disk", name))?;
         let st = self
             .state
             .get_typed::<DiskStatus>(name)
@@ -1123,9 +1138,7 @@ impl instance_service_server::InstanceService for Longhorn {
         let kind = kind_of(&req.r#type, &req.name)?;
         self.instance_response(kind, &req.name)?
             .map(Response::new)
-            .ok_or_else(|| {
-                Status::not_found(format!("{} instance {} does not exist", kind.as_str(), req.name))
-            })
+            .ok_or_else(|| cannot_find(&kind.as_str().replace('-', " "), &req.name))
     }
 
     async fn instance_list(&self, _: Request<()>) -> Result<Response<imrpc::InstanceListResponse>, Status> {
@@ -1452,7 +1465,7 @@ impl spdk_service_server::SpdkService for Longhorn {
             .state
             .get_typed::<LonghornReplica>(&name)
             .map_err(state_err)?
-            .ok_or_else(|| Status::not_found(format!("replica {name} does not exist")))?;
+            .ok_or_else(|| cannot_find("replica", &name))?;
         let mut m = self.replica_message(&r)?;
         // the head's parent and the snapshots as spdk_tgt holds them now
         self.replica_lvols_now(r.id(), &r.spec.disk).await?.fill(&mut m);

@@ -82,6 +82,23 @@ pub struct LonghornEngine {
     /// more than one child): `SnapshotPurge` deletes them once it can.
     #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
     pub removed_snapshots: BTreeSet<String>,
+    /// What Longhorn lists of each snapshot taken through this engine that
+    /// SPDK v26.05 keeps nowhere an RPC reports (no lvol xattr RPC upstream):
+    /// its creation time and labels. longhorn-manager's snapshot controller
+    /// waits for `created` before it lets a volume detach.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub snapshot_info: BTreeMap<String, SnapshotInfo>,
+}
+
+/// A snapshot's creation time and labels ([`LonghornEngine::snapshot_info`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct SnapshotInfo {
+    /// RFC 3339, seconds, UTC (as Longhorn's `created`).
+    pub created: String,
+    /// Longhorn's snapshot labels.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
 }
 
 fn is_zero_i32(v: &i32) -> bool {

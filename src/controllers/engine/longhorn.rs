@@ -901,24 +901,41 @@ impl LonghornController {
         Ok(())
     }
 
-    /// An engine-frontend: the kernel attaches the engine's export.
+    /// An engine-frontend, by its frontend ([`naming::FrontendMode`]): the kernel
+    /// attaches the engine's export (`spdk-tcp-blockdev`), or the export is the
+    /// endpoint itself (`spdk-tcp-nvmf`: `nvmf://ip:port/nqn`, no initiator), or
+    /// there is nothing to attach (`""`: the volume is attached with its
+    /// frontend disabled, Longhorn's maintenance mode).
     async fn ensure_frontend(
         &self,
         f: &Typed<LonghornEngineFrontend>,
     ) -> Result<LonghornInstanceStatus, String> {
-        let Some((host, data_dir)) = self.host.clone() else {
-            return Err("engine-frontends need the host's kernel (not available to this controller)".into());
-        };
+        let mode = naming::FrontendMode::of(&f.spec.frontend)?;
         let volume = ObjectName::parse("volume", &f.spec.volume).map_err(|x| x.to_string())?;
         let sa: SocketAddr = f
             .spec
             .target_address
             .parse()
             .map_err(|_| format!("target address {:?} is not ip:port", f.spec.target_address))?;
+        let nqn = naming::volume_nqn(&volume).map_err(|x| x.to_string())?;
+        match mode {
+            naming::FrontendMode::KernelBlockdev => {}
+            naming::FrontendMode::NvmfEndpoint | naming::FrontendMode::Disabled => {
+                let mut st = status(InstanceKind::EngineFrontend, InstanceState::Running, "");
+                st.nqn = nqn.as_str().to_owned();
+                if mode == naming::FrontendMode::NvmfEndpoint {
+                    st.endpoint = naming::nvmf_endpoint(sa, nqn.as_str());
+                }
+                return Ok(st);
+            }
+        }
+        let Some((host, data_dir)) = self.host.clone() else {
+            return Err("engine-frontends need the host's kernel (not available to this controller)".into());
+        };
         let target = NvmeTcpTarget {
             traddr: sa.ip(),
             trsvcid: sa.port(),
-            nqn: naming::volume_nqn(&volume).map_err(|x| x.to_string())?,
+            nqn,
         };
         let v = volume.clone();
         let attached = tokio::task::spawn_blocking(move || {
@@ -976,6 +993,11 @@ impl LonghornController {
     }
 
     async fn remove_frontend(&self, f: &Typed<LonghornEngineFrontend>) -> Result<(), String> {
+        // only a kernel attach leaves something on the host (an unknown frontend
+        // never attached either)
+        if naming::FrontendMode::of(&f.spec.frontend) != Ok(naming::FrontendMode::KernelBlockdev) {
+            return Ok(());
+        }
         let Some((host, data_dir)) = self.host.clone() else {
             return Ok(());
         };
