@@ -58,6 +58,9 @@ SETTINGS = {
     # no default disk on /var/lib/longhorn: the test registers a block disk itself
     "create-default-disk-labeled-nodes": "true",
 }
+# The test's NVMe/TCP initiator (spdk_dd): talon exports admit listed hosts only (docs/security.md:
+# no any-host export), so the pod's talon.yaml lists it, as a site would its initiators.
+HOST_NQN = "nqn.2014-08.org.nvmexpress:uuid:8b1c6d2e-4a51-4e7b-9f0c-2d5e6a7b8c90"
 CLONE_NEWNET = 0x40000000
 MANAGER_RESTARTS = 5
 
@@ -143,8 +146,8 @@ class Cluster:
                 lines = f.readlines()
         except OSError:
             return f"(no log of {name})"
-        if skip:
-            lines = [line for line in lines if skip not in line]
+        skip = (skip,) if isinstance(skip, str) else skip or ()
+        lines = [line for line in lines if not any(x in line for x in skip)]
         return "".join(line[:width].rstrip() + "\n" for line in lines[-n:])
 
     def spawn(self, name, argv, env=None, **kw):
@@ -513,7 +516,7 @@ class Cluster:
         os.makedirs(f"{self.work}/{pod}/data", exist_ok=True)
         os.makedirs(f"{self.work}/{pod}/run", exist_ok=True)
         with open(f"{self.work}/{pod}/talon.yaml", "w") as f:
-            f.write(f"node:\n  listenAddress: {ip}\n")
+            f.write(f"node:\n  listenAddress: {ip}\n  allowedHosts: [\"{HOST_NQN}\"]\n")
         argv += ["--data-dir", f"{self.work}/{pod}/data", "--run-dir", f"{self.work}/{pod}/run",
                  "--config", f"{self.work}/{pod}/talon.yaml", "--engine", "v2",
                  "--no-huge", "--no-huge-mem-mib", memory, "--spdk-arg=--disable-cpumask-locks",

@@ -20,13 +20,12 @@ import time
 import traceback
 
 import cluster as lh
-from cluster import NS, wait_for
+from cluster import HOST_NQN, NS, wait_for
 
 NODE = "e2e-node-1"
 VOLUME = "e2e-vol-1"
 MIB = 1 << 20
 SIZE = 128 * MIB
-HOST_NQN = "nqn.2014-08.org.nvmexpress:uuid:8b1c6d2e-4a51-4e7b-9f0c-2d5e6a7b8c90"
 GROUP, VERSION = "longhorn.io", "v1beta2"
 T_MANAGER, T_STEP = 240, 120
 
@@ -63,7 +62,8 @@ class Scenario:
         """What the failure message carries: the manager's and talon's logs tail, the objects."""
         out = [f"--- longhorn-manager log tail ---\n{self.c.tail('longhorn-manager', 60, skip='level=debug')}"]
         for name in [n for n in self.c.procs if n.startswith("talon-")]:
-            out.append(f"--- {name} log tail ---\n{self.c.tail(name, 60)}")
+            noise = ("kernel module not loaded", "Longhorn asked for")
+            out.append(f"--- {name} log tail ---\n{self.c.tail(name, 60, skip=noise)}")
         for plural in ["volumes", "engines", "replicas", "instancemanagers"]:
             try:
                 items = self.list(plural)
@@ -114,11 +114,14 @@ class Scenario:
         say(f"instance manager {self.im} at {im['status'].get('ip')}")
 
     def disk(self):
-        dev = self.c.loop_device("disk-1", 1024 * MIB)
+        """The block disk, registered on Longhorn's Node CR as soon as it exists: the manager's
+        disk monitor looks every 30 s, so this overlaps with the instance manager's start."""
+        self.dev = self.c.loop_device("disk-1", 1024 * MIB)
         self.patch("nodes", NODE, {"spec": {"disks": {"disk-1": {
-            "path": dev, "diskType": "block", "diskDriver": "aio", "allowScheduling": True,
+            "path": self.dev, "diskType": "block", "diskDriver": "aio", "allowScheduling": True,
             "evictionRequested": False, "storageReserved": 0, "tags": []}}}})
 
+    def disk_ready(self):
         def ready():
             ds = self.get("nodes", NODE).get("status", {}).get("diskStatus", {}).get("disk-1")
             if not ds:
@@ -126,8 +129,8 @@ class Scenario:
             conds = {x["type"]: x["status"] for x in ds.get("conditions", [])}
             return conds.get("Ready") == "True" and conds.get("Schedulable") == "True" and ds
 
-        ds = self.wait(f"disk-1 ({dev}) Ready and Schedulable", ready)
-        say(f"disk-1: {dev}, uuid {ds.get('diskUUID')}, max {ds.get('storageMaximum')}")
+        ds = self.wait(f"disk-1 ({self.dev}) Ready and Schedulable", ready)
+        say(f"disk-1: {self.dev}, uuid {ds.get('diskUUID')}, max {ds.get('storageMaximum')}")
 
     def volume(self):
         self.c.custom.create_namespaced_custom_object(GROUP, VERSION, NS, "volumes", {
@@ -228,6 +231,8 @@ class Scenario:
                     and VOLUME in json.dumps(b)] + \
                    [b["name"] for b in bdevs if b.get("product_name") in ("Raid Volume", "NVMe disk")]
             left += [s["nqn"] for s in subs if s.get("subtype") != "Discovery"]
+            self.spdk_seen = ([f"{b['name']} ({b.get('product_name')})" for b in bdevs],
+                              [s["nqn"] for s in subs])
             im = self.get("instancemanagers", pod).get("status", {})
             for k in ["instanceEngines", "instanceReplicas", "instances"]:
                 left += [f"{k}/{n}" for n in (im.get(k) or {})]
@@ -244,6 +249,7 @@ class Scenario:
             self.wait("nothing of the volume left in SPDK and talon", empty, 60)
         except TimeoutError as e:
             raise AssertionError(f"left behind: {left}") from e
+        say(f"SPDK after the delete: bdevs {self.spdk_seen[0]}, subsystems {self.spdk_seen[1]}")
 
 
 def main():
@@ -261,8 +267,9 @@ def main():
         s.step("control-plane", s.control_plane)
         s.step("crds", s.crds)
         s.step("manager", s.manager)
-        s.step("instance-manager", s.instance_manager)
         s.step("disk", s.disk)
+        s.step("instance-manager", s.instance_manager)
+        s.step("disk-ready", s.disk_ready)
         s.step("volume-create", s.volume)
         s.step("attach", s.attach)
         s.step("io", s.io)
