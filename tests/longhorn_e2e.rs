@@ -22,15 +22,14 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-const TEST: &str = "longhorn_e2e";
 /// The driver's whole run; a pass takes a few minutes (the steps' own bounds are shorter).
 const BOUND: Duration = Duration::from_secs(900);
 const PROGRAMS: &[&str] = &[
     "etcd", "ip", "losetup", "unshare", "chroot", "nsenter", "openssl", "nc", "pgrep", "iscsiadm",
 ];
 
-fn skip(reason: impl std::fmt::Display) {
-    eprintln!("SKIP {TEST}: {reason}");
+fn skip(test: &str, reason: impl std::fmt::Display) {
+    eprintln!("SKIP {test}: {reason}");
 }
 
 fn on_path(prog: &str) -> bool {
@@ -64,7 +63,8 @@ impl Drop for Guard {
         let Ok(state) = serde_json::from_str::<serde_json::Value>(&text) else {
             return;
         };
-        if let Some(ns) = state["netns"].as_str() {
+        let netns: Vec<&str> = state["netns"].as_array().into_iter().flatten().filter_map(|n| n.as_str()).collect();
+        for ns in &netns {
             if let Ok(out) = Command::new("ip").args(["netns", "pids", ns]).output() {
                 for pid in String::from_utf8_lossy(&out.stdout).split_whitespace() {
                     if let Ok(pid) = pid.parse::<i32>() {
@@ -75,7 +75,9 @@ impl Drop for Guard {
                     }
                 }
             }
-            std::thread::sleep(Duration::from_millis(500));
+        }
+        std::thread::sleep(Duration::from_millis(500));
+        for ns in netns.iter().rev() {
             let _ = Command::new("ip").args(["netns", "del", ns]).status();
         }
         for dev in state["loops"].as_array().into_iter().flatten() {
@@ -93,26 +95,44 @@ fn tail(path: &Path, lines: usize) -> String {
     all[all.len().saturating_sub(lines)..].join("\n")
 }
 
+/// One at a time within this binary (`cargo test` runs tests on threads; nextest runs them in the
+/// real-spdk group): each starts a control plane, talon and spdk_tgt.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Scenario 1: one node, a V2 volume of 1 replica (nvmf) attached, written and read back,
+/// snapshotted, detached and deleted, nothing left in SPDK or talon.
 #[test]
-fn longhorn_manager_drives_talon_end_to_end() {
+fn one_node_volume_lifecycle() {
+    run_scenario("longhorn_e2e one_node_volume_lifecycle", "one-node");
+}
+
+/// Two nodes, 2 replicas: kill -9 of one node's talon and spdk_tgt and the manager rebuilding the
+/// replica, online expansion, a revert in maintenance mode, then delete and nothing left.
+#[test]
+fn two_nodes_rebuild_expand_revert() {
+    run_scenario("longhorn_e2e two_nodes_rebuild_expand_revert", "two-nodes");
+}
+
+fn run_scenario(test: &str, scenario: &str) {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     if !nix::unistd::geteuid().is_root() {
-        return skip("not root (network namespaces, loop devices, mounts)");
+        return skip(test, "not root (network namespaces, loop devices, mounts)");
     }
-    let Some(spdk) = spdk_real::spdk_dir_with(TEST, &["spdk_dd"]) else {
+    let Some(spdk) = spdk_real::spdk_dir_with(test, &["spdk_dd"]) else {
         return;
     };
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let longhorn = root.join("../shared/longhorn/v1.12.1");
     for f in ["longhorn-manager.xz", "kube-apiserver.xz", "longhorn-crds.yaml"] {
         if !longhorn.join(f).is_file() {
-            return skip(format!("no {} (Longhorn's control plane beside the checkout)", longhorn.join(f).display()));
+            return skip(test, format!("no {} (Longhorn's control plane beside the checkout)", longhorn.join(f).display()));
         }
     }
     if let Some(p) = PROGRAMS.iter().find(|p| !on_path(p)) {
-        return skip(format!("no `{p}` on PATH (tests/apt-packages.txt)"));
+        return skip(test, format!("no `{p}` on PATH (tests/apt-packages.txt)"));
     }
     let Some(py) = python(root) else {
-        return skip("no Python with the kubernetes client (tests/pip-packages.txt into target/test-venv)");
+        return skip(test, "no Python with the kubernetes client (tests/pip-packages.txt into target/test-venv)");
     };
     let work = tempfile::tempdir().expect("work dir");
     let cache = Path::new(env!("CARGO_TARGET_TMPDIR")).join("longhorn-e2e");
@@ -121,6 +141,7 @@ fn longhorn_manager_drives_talon_end_to_end() {
     let t0 = Instant::now();
     let mut child = Command::new(&py)
         .arg(root.join("tests/longhorn_e2e/driver.py"))
+        .args(["--scenario", scenario])
         .arg("--work")
         .arg(work.path())
         .arg("--longhorn")
@@ -158,7 +179,7 @@ fn longhorn_manager_drives_talon_end_to_end() {
     eprintln!("{steps}wall time {:.0} s", t0.elapsed().as_secs_f64());
     assert!(
         status.success(),
-        "{TEST}: the driver failed ({status}{}); its steps:\n{steps}\nits log's tail:\n{}",
+        "{test}: the driver failed ({status}{}); its steps:\n{steps}\nits log's tail:\n{}",
         if t0.elapsed() > BOUND { ", out of time" } else { "" },
         tail(&err, 150)
     );

@@ -1,16 +1,18 @@
 """Longhorn's real control plane around talon, with no kubelet and no container runtime.
 
-Everything runs inside one network namespace made for the test (this process moves into
-it first, so every child is there too); the addresses below live on its loopback.
+Everything runs in network namespaces made for the test: a hub (this process moves into it
+first) with etcd, the apiserver and a bridge, and one namespace per node on that bridge, where
+the node's longhorn-manager, talon and spdk_tgt run (two managers cannot share one: each binds
+9500-9503). Pod IPs are addresses on the node's interface.
 
 ```text
-  etcd 127.0.0.1:2379 <── kube-apiserver 10.244.0.1:6443 ──webhooks──> ClusterIPs 10.96.0.1x
-        (certs and the SA signing key made here)       │                (port == targetPort, local)
-                                                       v                        │
-  stand-in kubelet (a thread) ── Node Ready + Lease,  longhorn-manager  <───────┘
-     pods Running/Ready with their IP;                (chroot: /host/{proc,dev,etc}, SA token,
-     the V2 instance-manager pod ──> talon serve       /etc/hosts naming the Services)
-        (its argv translated) on the pod's IP:8500 ──> spdk_tgt --no-huge
+  hub: etcd 127.0.0.1:2379 <── kube-apiserver 10.250.0.1:6443 (bridge lhbr 10.250.0.0/16)
+        (certs and the SA signing key made here)   │ webhooks: ClusterIPs 10.96.0.1x, routed to node 1
+  node k (netns, eth0 10.250.k.1 on lhbr)          v (port == targetPort, addresses on node 1's lo)
+     longhorn-manager 10.250.k.2   (chroot: /host/{proc,dev,etc}, SA token, /etc/hosts naming the Services)
+     instance-manager pod 10.250.k.10.. ──> talon serve (its argv translated) ──> spdk_tgt --no-huge
+  stand-in kubelet (a thread): Nodes Ready + Leases, pods Running with their IP, the pod's
+     liveness probe on its schedule, restartPolicy Always (a manager or talon that exits starts again)
 ```
 
 Longhorn's facts used here come from `../shared/longhorn/v1.12.1/README.md` and
@@ -38,9 +40,8 @@ from kubernetes import client, dynamic
 from kubernetes.client.rest import ApiException
 
 NS = "longhorn-system"
-API_IP = "10.244.0.1"  # apiserver, and the node's InternalIP
-MANAGER_IP = "10.244.0.2"  # the longhorn-manager pod
-POD_NET = "10.244.0."  # instance-manager pods from .10 on
+API_IP = "10.250.0.1"  # the apiserver, on the hub's bridge
+NET = "10.250"  # node k: 10.250.k.1 (InternalIP), .2 (its manager pod), .10.. (instance-manager pods)
 API_PORT = 6443
 # Services the manager and the apiserver reach (types.go, webhook.go); port == targetPort
 SERVICES = {
@@ -57,6 +58,8 @@ SETTINGS = {
     "data-engine-cpu-mask": '{"v2":"0x1"}',
     # no default disk on /var/lib/longhorn: the test registers a block disk itself
     "create-default-disk-labeled-nodes": "true",
+    # a failed replica is rebuilt at once (the default waits 600 s for it to come back)
+    "replica-replenishment-wait-interval": "0",
 }
 # The test's NVMe/TCP initiator (spdk_dd): talon exports admit listed hosts only (docs/security.md:
 # no any-host export), so the pod's talon.yaml lists it, as a site would its initiators.
@@ -122,12 +125,13 @@ class Cluster:
         self.work, self.spdk_dir, self.talon_bin, self.log = work, spdk_dir, talon_bin, log
         self.longhorn_dir, self.cache = longhorn_dir, cache
         self.netns = f"talon-lh-e2e-{os.getpid()}"
+        self.node_ns = []  # the nodes' namespaces
         self.procs = {}  # name -> Popen
         self.loops = []
-        self.nodes = {}  # node name -> {"ip":..., "talon": pod name or None}
+        self.nodes = {}  # node name -> {"ip", "ns", "k", "next_ip"}
         self.pods = {}  # "ns/name" -> {"ip", "proc", "probe"...}
-        self.next_ip = 10
         self.stop_kubelet = threading.Event()
+        self.manager_cmd, self.manager_restarts = {}, {}
         self.kubelet_error = None
         self.lock = threading.Lock()
         os.makedirs(f"{work}/logs", exist_ok=True)
@@ -135,7 +139,7 @@ class Cluster:
     # ---- bookkeeping -------------------------------------------------------------------------
     def save_state(self):
         with open(f"{self.work}/state.json", "w") as f:
-            json.dump({"netns": self.netns, "loops": self.loops}, f)
+            json.dump({"netns": [self.netns] + self.node_ns, "loops": self.loops}, f)
 
     def logfile(self, name):
         return f"{self.work}/logs/{name}.log"
@@ -185,11 +189,36 @@ class Cluster:
             raise OSError(ctypes.get_errno(), "setns into the test's network namespace")
         os.close(fd)
         run("ip", "link", "set", "lo", "up")
-        for ip in [API_IP, MANAGER_IP] + [ip for ip, _ in SERVICES.values()]:
-            self.add_ip(ip)
+        run("ip", "link", "add", "lhbr", "type", "bridge")
+        run("ip", "addr", "add", f"{API_IP}/16", "dev", "lhbr")
+        run("ip", "link", "set", "lhbr", "up")
+        # the Services' ClusterIPs live on node 1 (its manager serves the webhooks)
+        run("ip", "route", "add", "10.96.0.0/24", "via", f"{NET}.1.1")
 
-    def add_ip(self, ip):
-        run("ip", "addr", "add", f"{ip}/32", "dev", "lo")
+    def node_netns(self, name):
+        """Node k's namespace on the hub's bridge, with its InternalIP and its manager pod's IP."""
+        k = len(self.nodes) + 1
+        ns = f"{self.netns}-n{k}"
+        run("ip", "netns", "add", ns)
+        self.node_ns.append(ns)
+        self.save_state()
+        run("ip", "link", "add", f"lhv{k}", "type", "veth", "peer", "name", "eth0", "netns", ns)
+        run("ip", "link", "set", f"lhv{k}", "master", "lhbr", "up")
+        run("ip", "-n", ns, "link", "set", "lo", "up")
+        run("ip", "-n", ns, "addr", "add", f"{NET}.{k}.1/16", "dev", "eth0")
+        run("ip", "-n", ns, "addr", "add", f"{NET}.{k}.2/32", "dev", "eth0")
+        run("ip", "-n", ns, "link", "set", "eth0", "up")
+        if k == 1:
+            for ip, _ in SERVICES.values():
+                run("ip", "-n", ns, "addr", "add", f"{ip}/32", "dev", "lo")
+        else:
+            run("ip", "-n", ns, "route", "add", "10.96.0.0/24", "via", f"{NET}.1.1")
+        self.nodes[name] = {"ip": f"{NET}.{k}.1", "ns": ns, "k": k, "next_ip": 10}
+        return self.nodes[name]
+
+    def in_node(self, node, argv):
+        """argv run in `node`'s network namespace."""
+        return ["nsenter", f"--net=/run/netns/{self.nodes[node]['ns']}", "--"] + list(argv)
 
     # ---- etcd, the apiserver and its certificates --------------------------------------------
     def certs(self):
@@ -284,6 +313,8 @@ class Cluster:
 
     # ---- the objects the manager needs ---------------------------------------------------------
     def bootstrap(self, node_names):
+        for n in node_names:
+            self.node_netns(n)
         core, apps = self.core, client.AppsV1Api(self.api)
         core.create_namespace({"metadata": {"name": NS}})
         core.create_namespaced_service_account(NS, {"metadata": {"name": "longhorn-service-account"}})
@@ -314,12 +345,11 @@ class Cluster:
                                                   "controller": True}]},
                 "spec": {"nodeName": n, "serviceAccountName": "longhorn-service-account",
                          "containers": [container]}})
-            self.pods[f"{NS}/longhorn-manager-{n}"] = {"ip": MANAGER_IP}
+            self.pods[f"{NS}/longhorn-manager-{n}"] = {"ip": f"{NET}.{self.nodes[n]['k']}.2"}
 
     def create_node(self, name):
         self.core.create_node({"metadata": {"name": name, "labels": {
             "kubernetes.io/hostname": name, "kubernetes.io/os": "linux"}}})
-        self.nodes[name] = {"ip": API_IP}
         self.node_status(name)
 
     def node_status(self, name):
@@ -351,7 +381,7 @@ class Cluster:
     def start_manager(self, node):
         mgr = unpack(f"{self.longhorn_dir}/longhorn-manager.xz", f"{self.cache}/longhorn-manager")
         sa = f"{self.work}/sa"
-        os.makedirs(sa)
+        os.makedirs(sa, exist_ok=True)
         tok = self.core.create_namespaced_service_account_token(
             "longhorn-service-account", NS,
             {"spec": {"audiences": ["https://kubernetes.default.svc"], "expirationSeconds": 86400}})
@@ -366,7 +396,7 @@ class Cluster:
             for name, (ip, _) in SERVICES.items():
                 f.write(f"{ip} {name} {name}.{NS} {name}.{NS}.svc {name}.{NS}.svc.cluster.local\n")
         # the pod's view: a chroot of bind mounts in a mount namespace of its own
-        root = f"{self.work}/manager-root"
+        root = f"{self.work}/manager-root-{node}"
         for d in ["usr", "etc", "proc", "sys", "dev", "tmp", "run", "opt/lh", "var/lib/longhorn",
                   "host/proc", "host/dev", "host/etc", "host/boot", "host/var/lib/longhorn"]:
             os.makedirs(f"{root}/{d}", exist_ok=True)
@@ -385,7 +415,7 @@ class Cluster:
         script += [f"mount {how} {src} {root}/{dst}" for how, src, dst in mounts]
         script += [f"mount --bind {sa} {root}/run/secrets/kubernetes.io/serviceaccount",
                    f"exec chroot {root} /opt/lh/longhorn-manager \"$@\""]
-        argv = ["unshare", "--mount", "--", "sh", "-c", "\n".join(script), "manager",
+        argv = self.in_node(node, ["unshare", "--mount", "--", "sh", "-c", "\n".join(script), "manager",
                 "-d", "daemon",
                 "--engine-image", IMAGE.format("longhorn-engine"),
                 "--instance-manager-image", IMAGE.format("longhorn-instance-manager"),
@@ -393,42 +423,50 @@ class Cluster:
                 "--backing-image-manager-image", IMAGE.format("backing-image-manager"),
                 "--support-bundle-manager-image", "longhornio/support-bundle-kit:v0.0.79",
                 "--manager-image", IMAGE.format("longhorn-manager"),
-                "--service-account", "longhorn-service-account"]
+                "--service-account", "longhorn-service-account"])
         env = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-               "POD_NAME": f"longhorn-manager-{node}", "POD_NAMESPACE": NS, "POD_IP": MANAGER_IP,
+               "POD_NAME": f"longhorn-manager-{node}", "POD_NAMESPACE": NS,
+               "POD_IP": f"{NET}.{self.nodes[node]['k']}.2",
                "NODE_NAME": node, "KUBERNETES_SERVICE_HOST": API_IP,
                "KUBERNETES_SERVICE_PORT": str(API_PORT), "HOME": "/tmp"}
-        self.manager_cmd = (argv, env)
-        self.manager_restarts = 0
-        self.spawn("longhorn-manager", argv, env=env)
+        self.manager_cmd[node] = (argv, env)
+        self.manager_restarts.setdefault(node, 0)
+        self.spawn(f"longhorn-manager-{node}", argv, env=env)
 
-    def restart_manager(self):
+    def restart_managers(self):
+        for node in list(self.manager_cmd):
+            self.restart_manager(node)
+
+    def restart_manager(self, node):
         """The pod's restartPolicy Always: a manager that exited is started again (v1.12.1 can
         exit at its first start, racing itself on creating a setting: `Error starting manager:
         Operation cannot be fulfilled on settings.longhorn.io "support-bundle-manager-image"`)."""
-        p = self.procs.get("longhorn-manager")
-        if p is None or p.poll() is None or self.manager_restarts >= MANAGER_RESTARTS:
+        name = f"longhorn-manager-{node}"
+        p = self.procs.get(name)
+        if p is None or p.poll() is None or self.manager_restarts[node] >= MANAGER_RESTARTS:
             return
-        last = self.tail("longhorn-manager", 1).strip()
-        self.manager_restarts += 1
-        self.log(f"kubelet: longhorn-manager exited ({p.returncode}: {last}); restart {self.manager_restarts}")
-        with open(self.logfile("longhorn-manager"), "a") as f:
-            f.write(f"--- restart {self.manager_restarts} by the stand-in kubelet ---\n")
-        self.spawn("longhorn-manager", *self.manager_cmd)
+        last = self.tail(name, 1).strip()
+        self.manager_restarts[node] += 1
+        self.log(f"kubelet: {name} exited ({p.returncode}: {last}); restart {self.manager_restarts[node]}")
+        with open(self.logfile(name), "a") as f:
+            f.write(f"--- restart {self.manager_restarts[node]} by the stand-in kubelet ---\n")
+        self.spawn(name, *self.manager_cmd[node])
 
     def manager_alive(self):
-        p = self.procs.get("longhorn-manager")
-        if p is not None and p.poll() is not None and self.manager_restarts >= MANAGER_RESTARTS:
-            raise Dead(f"longhorn-manager exited {self.manager_restarts + 1} times:\n"
-                       f"{self.tail('longhorn-manager', 20, skip='level=debug')}")
+        for node, n in self.manager_restarts.items():
+            p = self.procs.get(f"longhorn-manager-{node}")
+            if p is not None and p.poll() is not None and n >= MANAGER_RESTARTS:
+                raise Dead(f"longhorn-manager-{node} exited {n + 1} times:\n"
+                           f"{self.tail(f'longhorn-manager-{node}', 20, skip='level=debug')}")
 
-    def start_iscsid(self):
+    def start_iscsid(self, node):
         """A process named iscsid: the manager's environment check runs `iscsiadm` in its
         namespaces (the host's mount namespace, where open-iscsi's iscsiadm is)."""
         fake = f"{self.work}/bin/iscsid"
         os.makedirs(os.path.dirname(fake), exist_ok=True)
-        shutil.copy("/usr/bin/sleep", fake)
-        self.spawn("iscsid", [fake, "infinity"])
+        if not os.path.exists(fake):
+            shutil.copy("/usr/bin/sleep", fake)
+        self.spawn(f"iscsid-{node}", self.in_node(node, [fake, "infinity"]))
 
     # ---- the stand-in kubelet -------------------------------------------------------------------
     def start_kubelet(self):
@@ -440,7 +478,8 @@ class Cluster:
         last_beat = 0.0
         while not self.stop_kubelet.is_set():
             try:
-                self.restart_manager()
+                self.restart_managers()
+                self.restart_talons()
                 if time.monotonic() - last_beat > 10:
                     for n in list(self.nodes):
                         self.node_status(n)
@@ -472,9 +511,11 @@ class Cluster:
         if st is None:
             st = {"ip": None}
             if args and args[0] == "start-spdk-tgt":
-                st["ip"] = f"{POD_NET}{self.next_ip}"
-                self.next_ip += 1
-                self.add_ip(st["ip"])
+                node = self.nodes[pod.spec.node_name]
+                st["ip"] = f"{NET}.{node['k']}.{node['next_ip']}"
+                node["next_ip"] += 1
+                run("ip", "-n", node["ns"], "addr", "add", f"{st['ip']}/32", "dev", "eth0")
+                st.update(pod=pod.metadata.name, node=pod.spec.node_name, args=args[1:], restarts=0)
                 st["proc"] = self.start_talon(pod.metadata.name, pod.spec.node_name, st["ip"], args[1:])
                 st["probe"] = pod.spec.containers[0].liveness_probe.to_dict()
                 st["started"] = time.monotonic()
@@ -484,9 +525,10 @@ class Cluster:
                 self.pods[key] = st
         if pod.status.phase != "Running":
             t = now().isoformat()
-            ip = st["ip"] or API_IP
+            ip = st["ip"]
+            host = self.nodes[pod.spec.node_name]["ip"]
             self.core.patch_namespaced_pod_status(pod.metadata.name, pod.metadata.namespace, {"status": {
-                "phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}], "hostIP": API_IP, "startTime": t,
+                "phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}], "hostIP": host, "startTime": t,
                 "conditions": [{"type": t_, "status": "True", "lastTransitionTime": t}
                                for t_ in ["PodScheduled", "Initialized", "ContainersReady", "Ready"]],
                 "containerStatuses": [{"name": c.name, "image": c.image, "imageID": c.image, "ready": True,
@@ -523,8 +565,20 @@ class Cluster:
                  "--stop-targets-on-exit"]
         env = dict(os.environ, TALON_SPDK_DIR=self.spdk_dir, POD_IP=ip, NODE_NAME=node, TALON_LOG="info",
                    NO_COLOR="1")
-        self.log(f"kubelet: instance-manager pod {pod} -> {' '.join(argv)}")
-        return self.spawn(f"talon-{pod}", argv, env=env)
+        self.log(f"kubelet: instance-manager pod {pod} on {node} -> {' '.join(argv)}")
+        return self.spawn(f"talon-{pod}", self.in_node(node, argv), env=env)
+
+    def restart_talons(self):
+        """restartPolicy Always for the instance-manager container: a talon that exited (killed
+        by a test step) is started again with the same arguments, as a kubelet would."""
+        with self.lock:
+            pods = [s for s in self.pods.values() if s.get("proc")]
+        for st in pods:
+            if st["proc"].poll() is None or time.monotonic() < st.get("hold_until", 0):
+                continue
+            st["restarts"] += 1
+            self.log(f"kubelet: talon of {st['pod']} exited ({st['proc'].returncode}); restart {st['restarts']}")
+            st["proc"] = self.start_talon(st["pod"], st["node"], st["ip"], st["args"])
 
     def stop_talon(self, proc):
         for name, p in list(self.procs.items()):
@@ -537,7 +591,7 @@ class Cluster:
         A real kubelet restarts the container after failureThreshold failures in a row; this
         one records that (`threshold_reached`) and the test fails on it at its end."""
         pr = st["probe"]
-        cmd = [c.replace("localhost", st["ip"]) for c in pr["_exec"]["command"]]
+        cmd = self.in_node(st["node"], [c.replace("localhost", st["ip"]) for c in pr["_exec"]["command"]])
         try:
             ok = subprocess.run(cmd, capture_output=True, timeout=pr.get("timeout_seconds") or 10).returncode == 0
         except subprocess.TimeoutExpired:
@@ -549,7 +603,7 @@ class Cluster:
         st["failed_probes"] += 1
         if st["first_failure"] is None:
             ports = [p for p in range(8500, 8505)
-                     if subprocess.run(["nc", "-z", st["ip"], str(p)]).returncode != 0]
+                     if subprocess.run(["nc", "-z", "-w", "2", st["ip"], str(p)]).returncode != 0]
             spdk = subprocess.run(["pgrep", "-f", "^spdk_tgt"], capture_output=True).returncode == 0
             st["first_failure"] = (f"{time.monotonic() - st['started']:.0f} s after start: ports not "
                                    f"answering {ports}, a process `^spdk_tgt`: {spdk}")
@@ -584,13 +638,15 @@ class Cluster:
             t.join(15)
         for name in [n for n in self.procs if n.startswith("talon-")]:
             self.stop(name, grace=30)
-        for name in ["longhorn-manager", "kube-apiserver", "etcd"]:
+        for name in [n for n in self.procs if n.startswith("longhorn-manager")] + ["kube-apiserver", "etcd"]:
             self.stop(name)
         for name in list(self.procs):
             self.stop(name, grace=3)
         # whatever else runs in the namespace (spdk_tgt of a talon that died, nsenter, ...)
-        r = run("ip", "netns", "pids", self.netns, check=False)
-        for pid in r.stdout.split():
+        pids = []
+        for ns in [self.netns] + self.node_ns:
+            pids += run("ip", "netns", "pids", ns, check=False).stdout.split()
+        for pid in pids:
             if pid == str(os.getpid()):
                 continue  # this process moved into the namespace itself
             try:
@@ -600,4 +656,6 @@ class Cluster:
         time.sleep(0.5)
         for dev in self.loops:
             run("losetup", "-d", dev, check=False)
-        run("ip", "netns", "del", self.netns, check=False)
+        for ns in self.node_ns + [self.netns]:
+            run("ip", "netns", "del", ns, check=False)
+        os.remove(f"{self.work}/state.json")

@@ -1,12 +1,16 @@
-"""Scenario 1 of the end-to-end test with Longhorn's real control plane (tests/longhorn_e2e.rs):
-one node, a block disk on a loop device registered through Longhorn's Node CR, a V2 volume
-(1 replica, frontend nvmf) attached with a VolumeAttachment ticket, a pattern written and read
-back over its NVMe/TCP endpoint with spdk_dd, a snapshot, detach, delete; then nothing of it
-left in SPDK or talon.
+"""The scenarios of the end-to-end test with Longhorn's real control plane (tests/longhorn_e2e.rs).
 
-    driver.py --work DIR --longhorn DIR --cache DIR --spdk DIR --talon BIN
+one-node: one node, a block disk on a loop device registered through Longhorn's Node CR, a V2
+  volume (1 replica, frontend nvmf) attached with a VolumeAttachment ticket, a pattern written
+  and read back over its NVMe/TCP endpoint with spdk_dd, a snapshot, detach, delete; then
+  nothing of it left in SPDK or talon.
+two-nodes: two nodes (two talon, two spdk_tgt), 2 replicas; talon and spdk_tgt of the node
+  without the engine killed (-9) and the manager rebuilding its replica; online expansion;
+  a revert to a snapshot in maintenance mode; detach, delete, nothing left on either node.
 
-Exit 0 when every step passed; else the failing step, with the manager's and talon's logs
+    driver.py --scenario one-node|two-nodes --work DIR --longhorn DIR --cache DIR --spdk DIR --talon BIN
+
+Exit 0 when every step passed; else the failing step, with the managers' and talon's logs
 tail, on stderr. One line per step on stdout: `STEP <name> <seconds>`.
 """
 
@@ -24,10 +28,15 @@ from cluster import HOST_NQN, NS, wait_for
 
 NODE = "e2e-node-1"
 VOLUME = "e2e-vol-1"
+NOISE = ("kernel module not loaded", "Longhorn asked for")
 MIB = 1 << 20
 SIZE = 128 * MIB
 GROUP, VERSION = "longhorn.io", "v1beta2"
 T_MANAGER, T_STEP = 240, 120
+
+
+def pattern(seed):
+    return bytes(((i * 2654435761) >> (8 * (i % 4))) & 0xFF ^ seed for i in range(8 * MIB))
 
 
 def say(msg):
@@ -35,8 +44,10 @@ def say(msg):
 
 
 class Scenario:
-    def __init__(self, c, spdk_dir):
+    def __init__(self, c, spdk_dir, nodes, replicas):
         self.c, self.spdk_dir, self.times = c, spdk_dir, []
+        self.nodes, self.replicas = nodes, replicas
+        self.im, self.dev = {}, {}
 
     def step(self, name, fn):
         say(f"step {name}")
@@ -60,10 +71,11 @@ class Scenario:
 
     def diag(self):
         """What the failure message carries: the manager's and talon's logs tail, the objects."""
-        out = [f"--- longhorn-manager log tail ---\n{self.c.tail('longhorn-manager', 60, skip='level=debug')}"]
+        out = []
+        for name in [n for n in self.c.procs if n.startswith("longhorn-manager-")]:
+            out.append(f"--- {name} log tail ---\n{self.c.tail(name, 50, skip='level=debug')}")
         for name in [n for n in self.c.procs if n.startswith("talon-")]:
-            noise = ("kernel module not loaded", "Longhorn asked for")
-            out.append(f"--- {name} log tail ---\n{self.c.tail(name, 60, skip=noise)}")
+            out.append(f"--- {name} log tail ---\n{self.c.tail(name, 50, skip=NOISE)}")
         for plural in ["volumes", "engines", "replicas", "instancemanagers"]:
             try:
                 items = self.list(plural)
@@ -96,76 +108,92 @@ class Scenario:
         say(f"{n} CRDs established")
 
     def manager(self):
+        """The managers one after the other: the first serves the webhooks (the Services'
+        ClusterIPs are on its node)."""
         c = self.c
-        c.bootstrap([NODE])
-        c.start_iscsid()
+        c.bootstrap(self.nodes)
         c.start_kubelet()
-        c.start_manager(NODE)
-        self.wait("Longhorn Node CR of the node", lambda: self.get("nodes", NODE), T_MANAGER)
+        for n in self.nodes:
+            c.start_iscsid(n)
+            c.start_manager(n)
+            self.wait(f"Longhorn Node CR of {n}", lambda n=n: self.get("nodes", n), T_MANAGER)
 
     def instance_manager(self):
-        def running():
-            ims = [im for im in self.list("instancemanagers")
-                   if im["spec"].get("dataEngine") == "v2" and im["spec"].get("nodeID") == NODE]
-            return ims and ims[0].get("status", {}).get("currentState") == "running" and ims[0]
+        for n in self.nodes:
+            def running(n=n):
+                ims = [im for im in self.list("instancemanagers")
+                       if im["spec"].get("dataEngine") == "v2" and im["spec"].get("nodeID") == n]
+                return ims and ims[0].get("status", {}).get("currentState") == "running" and ims[0]
 
-        im = self.wait("the V2 instance manager running (talon serving it)", running, T_MANAGER)
-        self.im = im["metadata"]["name"]
-        say(f"instance manager {self.im} at {im['status'].get('ip')}")
+            im = self.wait(f"the V2 instance manager of {n} running (talon serving it)", running, T_MANAGER)
+            self.im[n] = im["metadata"]["name"]
+            say(f"instance manager {self.im[n]} at {im['status'].get('ip')}")
 
     def disk(self):
-        """The block disk, registered on Longhorn's Node CR as soon as it exists: the manager's
-        disk monitor looks every 30 s, so this overlaps with the instance manager's start."""
-        self.dev = self.c.loop_device("disk-1", 1024 * MIB)
-        self.patch("nodes", NODE, {"spec": {"disks": {"disk-1": {
-            "path": self.dev, "diskType": "block", "diskDriver": "aio", "allowScheduling": True,
-            "evictionRequested": False, "storageReserved": 0, "tags": []}}}})
+        """The block disks, registered on Longhorn's Node CRs as soon as they exist: the manager's
+        disk monitor looks every 30 s, so this overlaps with the instance managers' start."""
+        for n in self.nodes:
+            self.dev[n] = self.c.loop_device(f"disk-{n}", 1024 * MIB)
+            self.patch("nodes", n, {"spec": {"disks": {"disk-1": {
+                "path": self.dev[n], "diskType": "block", "diskDriver": "aio", "allowScheduling": True,
+                "evictionRequested": False, "storageReserved": 0, "tags": []}}}})
 
     def disk_ready(self):
-        def ready():
-            ds = self.get("nodes", NODE).get("status", {}).get("diskStatus", {}).get("disk-1")
-            if not ds:
-                return False
-            conds = {x["type"]: x["status"] for x in ds.get("conditions", [])}
-            return conds.get("Ready") == "True" and conds.get("Schedulable") == "True" and ds
+        for n in self.nodes:
+            def ready(n=n):
+                ds = self.get("nodes", n).get("status", {}).get("diskStatus", {}).get("disk-1")
+                if not ds:
+                    return False
+                conds = {x["type"]: x["status"] for x in ds.get("conditions", [])}
+                return conds.get("Ready") == "True" and conds.get("Schedulable") == "True" and ds
 
-        ds = self.wait(f"disk-1 ({self.dev}) Ready and Schedulable", ready)
-        say(f"disk-1: {self.dev}, uuid {ds.get('diskUUID')}, max {ds.get('storageMaximum')}")
+            ds = self.wait(f"disk-1 of {n} ({self.dev[n]}) Ready and Schedulable", ready)
+            say(f"{n} disk-1: {self.dev[n]}, uuid {ds.get('diskUUID')}, max {ds.get('storageMaximum')}")
 
     def volume(self):
         self.c.custom.create_namespaced_custom_object(GROUP, VERSION, NS, "volumes", {
             "apiVersion": f"{GROUP}/{VERSION}", "kind": "Volume", "metadata": {"name": VOLUME},
-            "spec": {"size": str(SIZE), "numberOfReplicas": 1, "dataEngine": "v2", "frontend": "nvmf",
+            "spec": {"size": str(SIZE), "numberOfReplicas": self.replicas, "dataEngine": "v2", "frontend": "nvmf",
                      "accessMode": "rwo"}})
         self.wait("volume detached (created)",
                   lambda: self.get("volumes", VOLUME).get("status", {}).get("state") == "detached")
 
-    def attach(self):
+    def attach(self, maintenance=False):
         self.wait("the volume's VolumeAttachment", lambda: self.get("volumeattachments", VOLUME))
         self.patch("volumeattachments", VOLUME, {"spec": {"attachmentTickets": {"e2e": {
             "id": "e2e", "type": "longhorn-api", "nodeID": NODE,
-            "parameters": {"disableFrontend": "false"}}}}})
-
-        def attached():
-            st = self.get("volumes", VOLUME).get("status", {})
-            return st.get("state") == "attached" and st.get("robustness") == "healthy"
-
-        self.wait("volume attached and healthy", attached)
-        engines = self.list("engines", f"longhornvolume={VOLUME}")
+            "parameters": {"disableFrontend": "true" if maintenance else "false"}}}}})
+        self.wait_healthy("volume attached and healthy")
+        if maintenance:
+            return
         ep = self.wait("the engine's endpoint",
                        lambda: self.list("engines", f"longhornvolume={VOLUME}")[0]["status"].get("endpoint"))
-        say(f"engine {engines[0]['metadata']['name']} endpoint {ep}")
+        say(f"engine endpoint {ep}")
         rest = ep.split("://", 1)[-1]
         hostport, _, nqn = rest.partition("/")
         self.addr, self.port = hostport.rsplit(":", 1)
         self.nqn = nqn
 
-    def io(self):
-        data = bytes((i * 2654435761 >> (8 * (i % 4))) & 0xFF ^ 0x5A for i in range(8 * MIB))
+    def wait_healthy(self, what, timeout=T_STEP):
+        def healthy():
+            st = self.get("volumes", VOLUME).get("status", {})
+            reps = self.list("replicas", f"longhornvolume={VOLUME}")
+            running = [r for r in reps if r.get("status", {}).get("currentState") == "running"]
+            return (st.get("state") == "attached" and st.get("robustness") == "healthy"
+                    and len(running) == self.replicas)
+
+        self.wait(what, healthy, timeout)
+
+    def io(self, seed=0x5A):
+        data = pattern(seed)
         self.dd(data)
+        self.check(data, "the data read back over the volume's NVMe/TCP endpoint")
+        return data
+
+    def check(self, data, what):
         back = self.dd(None, len(data))
         if back != data:
-            raise AssertionError("the data read back over the volume's NVMe/TCP endpoint differs")
+            raise AssertionError(f"{what} differs from what was written")
 
     def dd(self, data, length=0):
         w = self.c.work
@@ -193,12 +221,12 @@ class Scenario:
             return open(f, "rb").read()
         return None
 
-    def snapshot(self):
+    def snapshot(self, name="e2e-snap-1"):
         self.c.custom.create_namespaced_custom_object(GROUP, VERSION, NS, "snapshots", {
-            "apiVersion": f"{GROUP}/{VERSION}", "kind": "Snapshot", "metadata": {"name": "e2e-snap-1"},
+            "apiVersion": f"{GROUP}/{VERSION}", "kind": "Snapshot", "metadata": {"name": name},
             "spec": {"volume": VOLUME, "createSnapshot": True}})
-        st = self.wait("snapshot e2e-snap-1 readyToUse",
-                       lambda: (s := self.get("snapshots", "e2e-snap-1").get("status", {})).get("readyToUse") and s)
+        st = self.wait(f"snapshot {name} readyToUse",
+                       lambda: (s := self.get("snapshots", name).get("status", {})).get("readyToUse") and s)
         say(f"snapshot: {json.dumps(st)[:400]}")
 
     def detach(self):
@@ -220,25 +248,24 @@ class Scenario:
         self.wait("volume, engine and replicas deleted", gone)
 
     def nothing_left(self):
-        pod = self.im
-        sock = f"{self.c.work}/{pod}/run/spdk.sock"
-        rpc = f"{self.spdk_dir}/scripts/rpc.py"
+        left, seen = [], {}
 
         def leftovers():
-            bdevs = json.loads(lh.run(sys.executable, rpc, "-s", sock, "bdev_get_bdevs").stdout)
-            subs = json.loads(lh.run(sys.executable, rpc, "-s", sock, "nvmf_get_subsystems").stdout)
-            left = [b["name"] for b in bdevs if b.get("product_name") != "AIO disk"
-                    and VOLUME in json.dumps(b)] + \
-                   [b["name"] for b in bdevs if b.get("product_name") in ("Raid Volume", "NVMe disk")]
-            left += [s["nqn"] for s in subs if s.get("subtype") != "Discovery"]
-            self.spdk_seen = ([f"{b['name']} ({b.get('product_name')})" for b in bdevs],
-                              [s["nqn"] for s in subs])
-            im = self.get("instancemanagers", pod).get("status", {})
-            for k in ["instanceEngines", "instanceReplicas", "instances"]:
-                left += [f"{k}/{n}" for n in (im.get(k) or {})]
-            return left
-
-        left = []
+            out = []
+            for n, pod in self.im.items():
+                sock = f"{self.c.work}/{pod}/run/spdk.sock"
+                rpc = [sys.executable, f"{self.spdk_dir}/scripts/rpc.py", "-s", sock]
+                bdevs = json.loads(lh.run(*rpc, "bdev_get_bdevs").stdout)
+                subs = json.loads(lh.run(*rpc, "nvmf_get_subsystems").stdout)
+                out += [f"{n}: bdev {b['name']}" for b in bdevs
+                        if (b.get("product_name") != "AIO disk" and VOLUME in json.dumps(b))
+                        or b.get("product_name") in ("Raid Volume", "NVMe disk")]
+                out += [f"{n}: subsystem {x['nqn']}" for x in subs if x.get("subtype") != "Discovery"]
+                seen[n] = ([f"{b['name']} ({b.get('product_name')})" for b in bdevs], [x["nqn"] for x in subs])
+                im = self.get("instancemanagers", pod).get("status", {})
+                for k in ["instanceEngines", "instanceReplicas", "instances"]:
+                    out += [f"{n}: {k}/{x}" for x in (im.get(k) or {})]
+            return out
 
         def empty():
             nonlocal left
@@ -249,18 +276,89 @@ class Scenario:
             self.wait("nothing of the volume left in SPDK and talon", empty, 60)
         except TimeoutError as e:
             raise AssertionError(f"left behind: {left}") from e
-        say(f"SPDK after the delete: bdevs {self.spdk_seen[0]}, subsystems {self.spdk_seen[1]}")
+        say(f"SPDK after the delete (bdevs, subsystems): {seen}")
+
+    # ---- two nodes -----------------------------------------------------------------------------
+    def kill_node(self, node, outage=20):
+        """kill -9 of talon and spdk_tgt of `node`'s instance manager, which the stand-in kubelet
+        starts again only `outage` s later (a node down for a while); a pattern written through
+        the engine meanwhile fails the replica there, and the manager must rebuild it."""
+        pod = self.im[node]
+        run_dir = f"{self.c.work}/{pod}/run"
+        with self.c.lock:
+            st = self.c.pods[f"{NS}/{pod}"]
+        st["hold_until"] = time.monotonic() + outage
+        pids = []
+        for d in os.listdir("/proc"):
+            if d.isdigit():
+                try:
+                    cmd = open(f"/proc/{d}/cmdline", "rb").read().replace(b"\0", b" ").decode(errors="replace")
+                except OSError:
+                    continue
+                if run_dir in cmd and ("spdk_tgt" in cmd or "talon" in cmd):
+                    pids.append(int(d))
+        say(f"kill -9 {pids} (talon and spdk_tgt of {pod}), back in {outage} s")
+        for pid in pids:
+            os.kill(pid, signal.SIGKILL)
+        t0 = time.monotonic()
+        data = self.io(0x3C)
+        say(f"written and read back through the engine with {node} down in {time.monotonic() - t0:.1f} s")
+
+        def failed():
+            st = self.get("volumes", VOLUME).get("status", {})
+            reps = self.list("replicas", f"longhornvolume={VOLUME}")
+            return st.get("robustness") == "degraded" or any(
+                r.get("spec", {}).get("failedAt") for r in reps)
+
+        self.wait("the replica on the killed node failed (volume degraded)", failed, 90)
+        return data
+
+    def rebuilt(self):
+        self.wait_healthy("the replica rebuilt: the volume healthy again, 2 replicas running", 240)
+
+    def expand(self):
+        new = 2 * SIZE
+        self.patch("volumes", VOLUME, {"spec": {"size": str(new)}})
+
+        def grown():
+            e = self.list("engines", f"longhornvolume={VOLUME}")[0].get("status", {})
+            st = self.get("volumes", VOLUME).get("status", {})
+            return int(e.get("currentSize") or 0) == new and not e.get("isExpanding") \
+                and st.get("expansionRequired") is not True
+
+        self.wait(f"the volume expanded online to {new}", grown)
+        self.wait_healthy("healthy after the expansion")
+
+    def revert(self, snap):
+        """Detach, attach in maintenance mode (frontend disabled), revert through the manager's
+        REST API (port 9500 of node 1's manager), detach, attach again."""
+        self.detach()
+        self.attach(maintenance=True)
+        k = self.c.nodes[NODE]["k"]
+        body = json.dumps({"name": snap}).encode()
+        conn = lh.http.client.HTTPConnection(f"{lh.NET}.{k}.2", 9500, timeout=60)
+        conn.request("POST", f"/v1/volumes/{VOLUME}?action=snapshotRevert", body,
+                     {"Content-Type": "application/json"})
+        r = conn.getresponse()
+        text = r.read().decode(errors="replace")
+        if r.status != 200:
+            raise RuntimeError(f"snapshotRevert to {snap}: HTTP {r.status}: {text[:1000]}")
+        self.detach()
+        self.attach()
 
 
 def main():
     ap = argparse.ArgumentParser()
     for a in ["work", "longhorn", "cache", "spdk", "talon"]:
         ap.add_argument(f"--{a}", required=True)
+    ap.add_argument("--scenario", choices=["one-node", "two-nodes"], default="one-node")
     a = ap.parse_args()
     # a SIGTERM (the Rust test's timeout) unwinds through the cleanup below
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     c = lh.Cluster(a.work, a.longhorn, a.cache, a.spdk, a.talon, say)
-    s = Scenario(c, a.spdk)
+    two = a.scenario == "two-nodes"
+    nodes = [NODE, "e2e-node-2"] if two else [NODE]
+    s = Scenario(c, a.spdk, nodes, 2 if two else 1)
     t0 = time.monotonic()
     failed = None
     try:
@@ -272,8 +370,17 @@ def main():
         s.step("disk-ready", s.disk_ready)
         s.step("volume-create", s.volume)
         s.step("attach", s.attach)
-        s.step("io", s.io)
+        first = s.step("io", s.io)
         s.step("snapshot", s.snapshot)
+        if two:
+            s.step("io-2", lambda: s.io(0xA5))
+            third = s.step("kill-node-2", lambda: s.kill_node(nodes[1]))
+            s.step("rebuild", s.rebuilt)
+            s.step("read-after-rebuild", lambda: s.check(third, "the data after the rebuild"))
+            s.step("expand", s.expand)
+            s.step("read-after-expand", lambda: s.check(third, "the data after the expansion"))
+            s.step("revert", lambda: s.revert("e2e-snap-1"))
+            s.step("read-after-revert", lambda: s.check(first, "the data after the revert to e2e-snap-1"))
         s.step("detach", s.detach)
         s.step("delete", s.delete)
         s.step("nothing-left", s.nothing_left)
