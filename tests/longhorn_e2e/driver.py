@@ -76,15 +76,16 @@ class Scenario:
             out.append(f"--- {name} log tail ---\n{self.c.tail(name, 50, skip='level=debug')}")
         for name in [n for n in self.c.procs if n.startswith("talon-")]:
             out.append(f"--- {name} log tail ---\n{self.c.tail(name, 50, skip=NOISE)}")
-        for plural in ["volumes", "engines", "replicas", "instancemanagers"]:
+        for plural in ["volumes", "engines", "enginefrontends", "replicas", "instancemanagers"]:
             try:
                 items = self.list(plural)
             except Exception as e:  # noqa: BLE001
                 items = [repr(e)]
             for it in items:
                 st = it.get("status", {}) if isinstance(it, dict) else it
+                spec = it.get("spec", {}) if isinstance(it, dict) and plural == "enginefrontends" else {}
                 out.append(f"--- {plural} {it.get('metadata', {}).get('name') if isinstance(it, dict) else ''}: "
-                           f"{json.dumps(st)[:1500]}")
+                           f"{json.dumps(st)[:1500]}" + (f" spec {json.dumps(spec)[:600]}" if spec else ""))
         if self.c.kubelet_error:
             out.append(f"--- stand-in kubelet: {self.c.kubelet_error}")
         return "\n".join(out)
@@ -377,10 +378,10 @@ def main():
             third = s.step("kill-node-2", lambda: s.kill_node(nodes[1]))
             s.step("rebuild", s.rebuilt)
             s.step("read-after-rebuild", lambda: s.check(third, "the data after the rebuild"))
-            s.step("expand", s.expand)
-            s.step("read-after-expand", lambda: s.check(third, "the data after the expansion"))
             s.step("revert", lambda: s.revert("e2e-snap-1"))
             s.step("read-after-revert", lambda: s.check(first, "the data after the revert to e2e-snap-1"))
+            s.step("expand", s.expand)
+            s.step("read-after-expand", lambda: s.check(first, "the data after the expansion"))
         s.step("detach", s.detach)
         s.step("delete", s.delete)
         s.step("nothing-left", s.nothing_left)
