@@ -427,6 +427,7 @@ pub fn find_spdk_tgt(
             return Ok(p.to_path_buf());
         }
         return Err(TargetError::NotFound {
+            count: 1,
             searched: p.display().to_string(),
         });
     }
