@@ -26,7 +26,7 @@ use crate::controllers::engine::selection::{EngineSelection, SpdkOptions};
 use crate::controllers::{self, Deps};
 use crate::host::HostRoot;
 use crate::names::ObjectName;
-use crate::resources::config::{Disk, NodeConfig, Volume};
+use crate::resources::config::{Disk, EngineKind, NodeConfig, Volume};
 use crate::runtime::{Runtime, State, StateError};
 
 /// Options of `talon serve`.
@@ -235,8 +235,8 @@ pub fn apply_config_file(state: &State, path: &Path, data_dir: &Path) -> Result<
     };
     let de = serde_yaml_ng::Deserializer::from_str(&text);
     let cfg: ConfigFile = serde_path_to_error::deserialize(de).map_err(|e| invalid(e.to_string()))?;
-    if let Some(node) = cfg.node {
-        state.upsert_typed("node", &node)?;
+    if let Some(node) = &cfg.node {
+        state.upsert_typed("node", node)?;
     }
     for (name, disk) in &cfg.disks {
         ObjectName::parse("disk", name).map_err(|e| invalid(e.to_string()))?;
@@ -253,6 +253,17 @@ pub fn apply_config_file(state: &State, path: &Path, data_dir: &Path) -> Result<
         // the same checks as volume_create: nothing the engines cannot serve is stored
         crate::api::volume::check_volume_size(&format!("volume {name}"), vol.size_bytes)
             .map_err(|e| invalid(e.message))?;
+        let node_v1 = state
+            .get_typed::<NodeConfig>("node")?
+            .is_some_and(|n| n.spec.engine == EngineKind::V1);
+        let v1 = vol.engine == EngineKind::V1 || (vol.engine == EngineKind::Auto && node_v1);
+        if v1 && vol.replicas as usize + vol.remote_replicas.len() > 1 {
+            return Err(invalid(format!(
+                "volume {name}: the V1 engine keeps one replica (one file), not {}: set replicas to 1, \
+                 or use engine v2",
+                vol.replicas as usize + vol.remote_replicas.len()
+            )));
+        }
         if vol.serve_replica.is_some() && vol.replica_hosts.is_empty() {
             return Err(invalid(format!(
                 "volume {name}: serveReplica needs replicaHosts (the engine node's hostNqn)"

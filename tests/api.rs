@@ -256,6 +256,76 @@ async fn watch_streams_create_update_destroy_and_state_survives_restart() {
     d.stop().await;
 }
 
+/// What a newcomer gets wrong is refused with the volume's name and the rule:
+/// more than one replica where the volume would be V1, an unknown size unit,
+/// a name that cannot be a volume's; a missing volume reads `volume "x" not found`.
+#[tokio::test]
+async fn v1_replicas_units_and_names_are_refused_clearly() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = start(serve_daemon::opts_with_config(
+        dir.path(),
+        Default::default(),
+        "node: { engine: v1 }\n",
+    ))
+    .await;
+    let c = d.client().await;
+    let e = c
+        .call::<_, Value>(
+            "volume_create",
+            json!({"name": "r2", "size": "1GiB", "replicas": 2}),
+        )
+        .await
+        .expect_err("V1 keeps one replica");
+    assert_eq!(rpc_kind(&e), Some(ErrorKind::InvalidParams), "{e}");
+    assert!(
+        e.to_string()
+            .contains("volume r2: engine auto is v1 on this node (its node config), and V1 keeps one replica (one file), not 2"),
+        "{e}"
+    );
+    let e = c
+        .call::<_, Value>(
+            "volume_create",
+            json!({"name": "r2", "size": "1GiB", "replicas": 2, "engine": "v1"}),
+        )
+        .await
+        .expect_err("V1 keeps one replica");
+    assert!(
+        e.to_string()
+            .contains("volume r2: engine v1, and V1 keeps one replica"),
+        "{e}"
+    );
+    assert!(c.get("volume", "r2").await.is_err(), "nothing stored");
+    let e = c
+        .call::<_, Value>("volume_create", json!({"name": "u", "size": "1XB"}))
+        .await
+        .expect_err("unknown unit");
+    assert!(
+        e.to_string()
+            .contains("unknown unit \"xb\" (valid: B, K/KiB, M/MiB, G/GiB, T/TiB, KB, MB, GB, TB)"),
+        "{e}"
+    );
+    for method in ["volume_get", "volume_delete", "volume_attach"] {
+        let e = c
+            .call::<_, Value>(method, json!({"name": "a/b"}))
+            .await
+            .expect_err("not a volume name");
+        assert_eq!(rpc_kind(&e), Some(ErrorKind::InvalidParams), "{method}: {e}");
+        assert!(e.to_string().contains("invalid volume \"a/b\""), "{method}: {e}");
+        let e = c
+            .call::<_, Value>(method, json!({"name": "nope"}))
+            .await
+            .expect_err("no such volume");
+        assert!(
+            e.to_string().contains("volume \"nope\" not found"),
+            "{method}: {e}"
+        );
+    }
+    let e = c.get("volume", "nope").await.expect_err("resource_get");
+    assert!(e.to_string().contains("volume \"nope\" not found"), "{e}");
+    drop(c);
+    d.stop().await;
+}
+
 /// A data dir as `mkdir -p` or a hostPath `DirectoryOrCreate` leaves it (0755,
 /// files 0644) is made private at start: directories 0700, files 0600; a
 /// damaged state store is refused with an error that names it.
@@ -625,7 +695,15 @@ fn cli_get_types_and_controllers_against_a_running_daemon() {
     let v: Value = serde_json::from_str(&out).expect("json");
     assert_eq!(v["metadata"]["id"], "node");
     let (ok, _, err) = run(&["get", "volume", "nope"]);
-    assert!(!ok && err.contains("\"nope\" not found"), "{err}");
+    assert!(!ok && err.contains("volume \"nope\" not found"), "{err}");
+    let (ok, _, err) = run(&["get", "enginestatus", "nope"]);
+    assert!(!ok && err.contains("engine status \"nope\" not found"), "{err}");
+    // a name that cannot be a volume's is refused as such, with the rule
+    let (ok, _, err) = run(&["get", "volume", "a/b"]);
+    assert!(
+        !ok && err.contains("invalid volume \"a/b\": character '/' is not allowed (use a-z, 0-9 and '-')"),
+        "{err}"
+    );
     let (ok, _, err) = run(&["--socket", "/nonexistent/talon.sock", "node", "info"]);
     assert!(!ok && err.contains("/nonexistent/talon.sock"), "{err}");
     let _ = nix::sys::signal::kill(

@@ -91,9 +91,24 @@ async fn sizes_status_and_waits_read_as_people_write_them() {
     assert!(ok, "{err}");
     assert!(out.contains("1.5 GiB"), "SIZE in GiB: {out}");
     assert!(!out.contains("1610612736"), "no raw byte count: {out}");
-    let (ok, out, err) = talon(&socket, &["volume", "list"]);
+    // the engine as asked and as resolved, the same in every view
+    assert!(out.contains("auto (v1)"), "{out}");
+    let (ok, list, err) = talon(&socket, &["volume", "list"]);
     assert!(ok, "{err}");
-    assert!(out.contains("1.5 GiB"), "{out}");
+    assert!(list.contains("1.5 GiB") && list.contains("auto (v1)"), "{list}");
+    assert_eq!(out, list, "get volume and volume list are one table");
+    // -o table: a table, the volume's row of it
+    let (ok, out, err) = talon(&socket, &["get", "volume", "docs", "-o", "table"]);
+    assert!(ok, "{err}");
+    let lines: Vec<&str> = out.lines().collect();
+    assert!(
+        lines.len() == 2 && lines[0].contains("NAME") && lines[0].contains("ENGINE"),
+        "{out}"
+    );
+    assert!(
+        lines[1].contains("docs") && lines[1].contains("auto (v1)"),
+        "{out}"
+    );
     let (ok, out, err) = talon(&socket, &["get", "enginestatus"]);
     assert!(ok, "{err}");
     assert!(out.contains("1.5 GiB"), "{out}");
@@ -103,7 +118,7 @@ async fn sizes_status_and_waits_read_as_people_write_them() {
     assert!(ok, "{err}");
     for want in [
         "Name:      docs",
-        "Spec:      1.5 GiB, 1 replica(s)",
+        "Spec:      1.5 GiB, 1 replica(s), engine auto (v1)",
         "State:     ready (v1), serving 1.5 GiB",
         "Exports:   iscsi 127.0.0.1:",
         "Attached:  no",

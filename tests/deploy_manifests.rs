@@ -571,3 +571,43 @@ fn targets_run_in_a_daemonset_that_talons_rollout_does_not_replace() {
         "talon decides what runs from the same SPDK the keeper runs"
     );
 }
+
+/// The quick start's config is one the daemon takes, and it admits the iSCSI client whose IQN
+/// `deploy/quickstart.sh` prints in its `iscsi-inq -i ...` line (else that line gets "Target not
+/// found").
+#[test]
+fn the_quickstart_admits_the_client_it_prints() {
+    let script = std::fs::read_to_string(repo().join("deploy/quickstart.sh")).expect("quickstart.sh");
+    let iqn = script
+        .lines()
+        .find_map(|l| l.strip_prefix("CLIENT_IQN="))
+        .expect("CLIENT_IQN= in quickstart.sh");
+    assert!(
+        script.contains("iscsi-inq -i $CLIENT_IQN"),
+        "the printed command logs in as it"
+    );
+    let port = script
+        .lines()
+        .find_map(|l| l.strip_prefix("PORTAL=127.0.0.1:"))
+        .expect("PORTAL= in quickstart.sh");
+    let state = talon::runtime::State::in_memory();
+    let data = tempfile::tempdir().expect("tempdir");
+    talon::serve::apply_config_file(&state, &repo().join("deploy/quickstart.yaml"), data.path())
+        .expect("the daemon takes quickstart.yaml");
+    let node = state
+        .get_typed::<talon::resources::config::NodeConfig>("node")
+        .expect("get")
+        .expect("a node config")
+        .spec;
+    assert!(
+        node.allowed_hosts.iter().any(|h| h == iqn),
+        "{:?}",
+        node.allowed_hosts
+    );
+    assert_eq!(node.iscsi_port.to_string(), port);
+    let demo = state
+        .get_typed::<talon::resources::config::Volume>("demo")
+        .expect("get")
+        .expect("the volume demo");
+    assert_eq!(demo.spec.replicas, 1, "V1 keeps one replica");
+}

@@ -73,6 +73,18 @@ async fn real_spdk_interrupt_mode_serves_with_nvmf_tgt() {
     );
     let cmdline = std::fs::read_to_string(format!("/proc/{pid}/cmdline")).expect("cmdline");
     assert!(cmdline.contains("--interrupt-mode"), "{cmdline:?}");
+    // Longhorn's V2 instance-manager pod is alive while `pgrep -f '^spdk_tgt'` finds a
+    // process: the command line starts with the name of the program asked for
+    assert!(cmdline.starts_with("spdk_tgt\0"), "{cmdline:?}");
+    let probe = std::process::Command::new("pgrep")
+        .args(["-f", "^spdk_tgt"])
+        .output()
+        .expect("pgrep");
+    let found = String::from_utf8_lossy(&probe.stdout);
+    assert!(
+        found.lines().any(|l| l.trim() == pid.to_string()),
+        "Longhorn's liveness probe `pgrep -f '^spdk_tgt'` does not find nvmf_tgt {pid}: {found:?}"
+    );
     let report = spdk_perf::report(&spdk, port, &nqn, "randrw -M 50", 2);
     let iops = spdk_perf::total_iops(&report);
     assert!(iops > 0.0, "I/O through nvmf_tgt in interrupt mode: {report}");

@@ -647,6 +647,12 @@ async fn longhorn_managers_contract_on_the_double() {
         .expect_err("ReplicaGet");
     assert!(e.message().contains("cannot find replica nope-r"), "{e}");
 
+    // the backup-target controller's call every ~90 s: nothing is mounted, OK
+    ProxyEngineServiceClient::new(d.channel(1).await)
+        .cleanup_backup_mount_points(())
+        .await
+        .expect("CleanupBackupMountPoints");
+
     // a replica and an engine over it
     let f = dir.path().join("disk-a.img");
     std::fs::File::create(&f)

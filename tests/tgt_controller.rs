@@ -78,6 +78,22 @@ async fn desired_volume_is_served_grown_restored_and_deleted() {
         (export.transport.as_str(), export.port, export.lun),
         ("iscsi", port, 1)
     );
+    // V1 keeps one file per volume: a new volume that asks for two replicas is refused, by name
+    let mut two = volume(16 << 20);
+    two.replicas = 2;
+    state.create_typed("two", "", &two).expect("volume");
+    let refused = eventually("two refused", WAIT, || async {
+        engine_status(&state, "two").filter(|s| s.state == ObjectState::Failed)
+    })
+    .await;
+    assert!(
+        refused
+            .message
+            .starts_with("volume two: the V1 engine keeps one replica (one file), not 2"),
+        "{refused:?}"
+    );
+    assert!(refused.exports.is_empty(), "{refused:?}");
+    state.destroy("config", "Volume", "two", "").expect("delete two");
     assert_eq!(export.name, "iqn.2025-01.io.talon:cv1");
     let url = format!("iscsi://{portal}/{}/1", export.name);
     assert_eq!(read_capacity_as(&url, Some(INITIATOR)), 16 << 20);

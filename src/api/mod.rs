@@ -259,9 +259,10 @@ pub fn register_core(api: &mut ApiBuilder) {
         &[ErrorKind::NotFound],
         |p: GetParams, ctx: Arc<ApiContext>| async move {
             let t = ctx.resolve_type(&p.type_)?;
-            ctx.state
-                .get(&t.namespace, &t.type_, &p.id)
-                .ok_or_else(|| ApiError::not_found(format!("{} {:?} not found", t.type_, p.id)))
+            ctx.state.get(&t.namespace, &t.type_, &p.id).ok_or_else(|| {
+                let noun = crate::runtime::resource::type_noun(&t.type_);
+                ApiError::not_found(format!("{noun} {:?} not found", p.id))
+            })
         },
     );
     api.method(

@@ -51,7 +51,11 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         "mb" => 1_000_000,
         "gb" => 1_000_000_000,
         "tb" => 1_000_000_000_000,
-        u => return Err(format!("size {s:?} has an unknown unit {u:?}")),
+        u => {
+            return Err(format!(
+                "size {s:?} has an unknown unit {u:?} (valid: B, K/KiB, M/MiB, G/GiB, T/TiB, KB, MB, GB, TB)"
+            ));
+        }
     };
     let out_of_range = || format!("size {s:?} is out of range");
     // the number as digits / 10^frac.len(), times the unit, in u128
@@ -99,30 +103,52 @@ pub(crate) fn check_volume_size(what: &str, size: u64) -> Result<u64, ApiError> 
     Ok(size)
 }
 
-/// Checks a size against the file size limit of the data directory's
-/// filesystem when the volume would be V1 here (a file: 16 TiB - 4 KiB on
-/// ext4 with 4 KiB blocks), so that the spec is never stored for the engine
-/// to refuse. The engine is the one `selection::engine_for` picks: the
-/// volume's, else the node's, else V2 when this node has it available.
-fn check_v1_file_size(ctx: &ApiContext, what: &str, spec: &Volume) -> Result<(), ApiError> {
+/// Whether `spec` would be V1 here, the engine `selection::engine_for`
+/// picks: the volume's, else the node's, else V2 when this node has it
+/// available. `Some(how)` when V1, with how it came to be V1.
+fn v1_here(ctx: &ApiContext, spec: &Volume) -> Result<Option<&'static str>, ApiError> {
     let node = ctx
         .state
         .get_typed::<crate::resources::config::NodeConfig>("node")?
         .map(|n| n.spec)
         .unwrap_or_default();
-    use crate::resources::config::EngineKind;
-    let info = || (ctx.node_info)();
-    let v1 = match (spec.engine, node.engine) {
-        (EngineKind::V1, _) | (EngineKind::Auto, EngineKind::V1) => true,
-        (EngineKind::V2, _) | (EngineKind::Auto, EngineKind::V2) => false,
-        (EngineKind::Auto, EngineKind::Auto) => {
-            !info().engines.iter().any(|e| e.engine == "v2" && e.available)
-        }
-    };
-    if !v1 {
+    Ok(match (spec.engine, node.engine) {
+        (EngineKind::V1, _) => Some("engine v1"),
+        (EngineKind::Auto, EngineKind::V1) => Some("engine auto is v1 on this node (its node config)"),
+        (EngineKind::V2, _) | (EngineKind::Auto, EngineKind::V2) => None,
+        (EngineKind::Auto, EngineKind::Auto) => (!(ctx.node_info)()
+            .engines
+            .iter()
+            .any(|e| e.engine == "v2" && e.available))
+        .then_some("engine auto is v1 on this node (no usable spdk_tgt)"),
+    })
+}
+
+/// Refuses more than one replica when `spec` would be V1 here: a V1 volume
+/// is one file, and a second replica asked for would silently not be kept.
+fn check_v1_replicas(ctx: &ApiContext, what: &str, spec: &Volume) -> Result<(), ApiError> {
+    let wanted = spec.replicas as usize + spec.remote_replicas.len();
+    if wanted <= 1 {
         return Ok(());
     }
-    let dir = std::path::PathBuf::from(info().data_dir);
+    match v1_here(ctx, spec)? {
+        Some(how) => Err(ApiError::invalid(format!(
+            "{what}: {how}, and V1 keeps one replica (one file), not {wanted}: ask for 1 replica, \
+             or engine v2 on a node with SPDK"
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// Checks a size against the file size limit of the data directory's
+/// filesystem when the volume would be V1 here (a file: 16 TiB - 4 KiB on
+/// ext4 with 4 KiB blocks), so that the spec is never stored for the engine
+/// to refuse.
+fn check_v1_file_size(ctx: &ApiContext, what: &str, spec: &Volume) -> Result<(), ApiError> {
+    if v1_here(ctx, spec)?.is_none() {
+        return Ok(());
+    }
+    let dir = std::path::PathBuf::from((ctx.node_info)().data_dir);
     if let Some((fs, max)) =
         crate::tgt::volume::filesystem_limit(&dir).filter(|(_, max)| spec.size_bytes > *max)
     {
@@ -411,7 +437,10 @@ fn volume_name(s: &str) -> Result<ObjectName, ApiError> {
     Ok(ObjectName::parse("volume", s)?)
 }
 
+/// A volume by name; a name that cannot be one is refused as invalid, with
+/// the rule, before any lookup.
 fn get_volume(state: &State, name: &str) -> Result<Typed<Volume>, ApiError> {
+    volume_name(name)?;
     state
         .get_typed::<Volume>(name)?
         .ok_or_else(|| ApiError::not_found(format!("volume {name:?} not found")))
@@ -674,6 +703,7 @@ pub fn register(api: &mut ApiBuilder) {
             };
             // every new volume of a shape that has one gets the superblock layout
             spec.raid_superblock = spec.wants_superblock();
+            check_v1_replicas(&ctx, &what, &spec)?;
             check_v1_file_size(&ctx, &what, &spec)?;
             let created = ctx
                 .state
@@ -1606,7 +1636,11 @@ mod tests {
         assert_eq!(parse_size("1GB"), Ok(1_000_000_000));
         assert_eq!(parse_size("4096"), Ok(4096));
         assert!(parse_size("ten").is_err());
-        assert!(parse_size("1XB").is_err());
+        let e = parse_size("1XB").expect_err("unknown unit");
+        assert!(
+            e.contains("unknown unit \"xb\"") && e.contains("valid: B, K/KiB"),
+            "{e}"
+        );
         assert!(parse_size("0").is_err());
     }
 

@@ -53,12 +53,11 @@ pub enum ChooseError {
         offered: String,
     },
 
-    #[error(
-        "no usable frontend for volume {volume}: the host has [{host}] (nvme_tcp loaded or loadable; iscsid or iscsiadm), the engine exports [{offered}]"
-    )]
+    #[error("no usable frontend for volume {volume}: its engine exports [{offered}]; looked for {looked}")]
     NoFrontend {
         volume: String,
-        host: String,
+        /// Each initiator looked for, and why it is not usable.
+        looked: String,
         offered: String,
     },
 }
@@ -92,15 +91,30 @@ impl HostFrontends {
         }
     }
 
-    fn describe(&self) -> String {
-        let mut v = Vec::new();
-        if self.nvme_tcp {
-            v.push("nvme-tcp");
-        }
-        if self.iscsi {
-            v.push("iscsi");
-        }
-        v.join(", ")
+    /// Each initiator looked for and why it is not usable for `exports`
+    /// ("nvme-tcp (the nvme_tcp kernel module is neither loaded nor installed)").
+    fn why_unusable(&self, exports: &[Export]) -> String {
+        let exported = |t: Transport| exports.iter().any(|e| e.transport == t.as_str());
+        let why = |t: Transport, here: bool, missing: &str| {
+            if here && !exported(t) {
+                format!("{t} (usable on this host, but the engine does not export it)")
+            } else {
+                format!("{t} ({missing})")
+            }
+        };
+        format!(
+            "{} and {}",
+            why(
+                Transport::NvmeTcp,
+                self.nvme_tcp,
+                "the nvme_tcp kernel module is neither loaded nor installed"
+            ),
+            why(
+                Transport::Iscsi,
+                self.iscsi,
+                "no iscsid runs and no iscsiadm is installed: install open-iscsi"
+            ),
+        )
     }
 }
 
@@ -186,7 +200,7 @@ pub fn choose(
     }
     Err(ChooseError::NoFrontend {
         volume: volume.to_string(),
-        host: host.describe(),
+        looked: host.why_unusable(exports),
         offered: offered(),
     })
 }
@@ -276,9 +290,22 @@ mod tests {
             "{err}"
         );
         let none = HostFrontends::default();
-        let err = choose("v", none, FrontendKind::Auto, &v2).expect_err("nothing");
+        let err = choose("v", none, FrontendKind::Auto, &v1).expect_err("nothing");
+        assert_eq!(
+            err.to_string(),
+            "no usable frontend for volume v: its engine exports [iscsi]; looked for nvme-tcp (the nvme_tcp \
+             kernel module is neither loaded nor installed) and iscsi (no iscsid runs and no iscsiadm is \
+             installed: install open-iscsi)"
+        );
+        let nvme_only = HostFrontends {
+            nvme_tcp: true,
+            iscsi: false,
+        };
+        let err = choose("v", nvme_only, FrontendKind::Auto, &v1).expect_err("not exported");
         assert!(
-            err.to_string().contains("no usable frontend for volume v"),
+            err.to_string().contains(
+                "looked for nvme-tcp (usable on this host, but the engine does not export it) and iscsi (no iscsid"
+            ),
             "{err}"
         );
         assert_eq!(

@@ -262,9 +262,9 @@ pub struct GetArgs {
     pub what: String,
     /// A resource id.
     pub id: Option<String>,
-    /// Output format.
-    #[arg(short, long, value_enum, default_value_t = Format::Table)]
-    pub output: Format,
+    /// Output format (default: a table; for `volume NAME`, its description).
+    #[arg(short, long, value_enum)]
+    pub output: Option<Format>,
     /// Keep streaming changes.
     #[arg(short, long)]
     pub watch: bool,
@@ -289,8 +289,11 @@ pub enum NodeCommand {
 fn init_logging(format: LogFormat) {
     use tracing_subscriber::EnvFilter;
     let filter = EnvFilter::try_from_env("TALON_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
+    // colours only for a person at a terminal: a log file or journal gets plain text
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(ansi)
         .with_writer(std::io::stderr);
     let _ = match format {
         LogFormat::Human => builder.try_init(),
@@ -449,19 +452,27 @@ async fn run(cli: Cli) -> Result<ExitCode, CliError> {
 
 /// `talon get volume NAME`: the resource with its status beside it (the
 /// engine's state and exports, replicas with their state and a rebuild's
-/// progress, the attachment, the last error); with `--watch`, a line each
-/// time one of them changes.
-async fn get_volume(c: &Client, name: &str, output: Format, watch: bool) -> Result<(), CliError> {
-    let r = c.get("Volume", name).await?;
+/// progress, the attachment, the last error; `-o table`: its row of `volume
+/// list`); with `--watch`, a line each time one of them changes.
+async fn get_volume(c: &Client, name: &str, output: Option<Format>, watch: bool) -> Result<(), CliError> {
     let by_name = || crate::api::volume::NameParams {
         name: name.to_string(),
         wait: false,
         timeout_seconds: None,
     };
+    // volume_get first: it checks the name and says "volume ... not found"
     let view: VolumeView = c.call("volume_get", by_name()).await?;
-    match output {
-        Format::Table => print!("{}", volume::describe_volume(&view)),
-        _ => {
+    let output = match output {
+        None => {
+            print!("{}", volume::describe_volume(&view));
+            Format::Table
+        }
+        Some(Format::Table) => {
+            volume::volume_rows(std::slice::from_ref(&view));
+            Format::Table
+        }
+        Some(output) => {
+            let r = c.get("Volume", name).await?;
             let mut v = serde_json::to_value(&r)?;
             v["status"] = serde_json::json!({
                 "engine": view.engine,
@@ -469,8 +480,9 @@ async fn get_volume(c: &Client, name: &str, output: Format, watch: bool) -> Resu
                 "attachment": view.attachment,
             });
             print_value(&v, output)?;
+            output
         }
-    }
+    };
     if !watch {
         return Ok(());
     }
@@ -525,25 +537,35 @@ fn chrono_now() -> String {
 
 async fn get(socket: &std::path::Path, a: GetArgs) -> Result<(), CliError> {
     let c = Client::connect_unix(socket).await?;
+    let is_volume = ["volume", "volumes"]
+        .iter()
+        .any(|v| a.what.eq_ignore_ascii_case(v));
+    if is_volume && a.id.is_some() {
+        return get_volume(&c, a.id.as_deref().unwrap_or_default(), a.output, a.watch).await;
+    }
+    let fmt = a.output.unwrap_or(Format::Table);
+    if is_volume && fmt == Format::Table && !a.watch {
+        // the same table as `volume list`: the engine as asked and as resolved
+        let v: Vec<VolumeView> = c.call("volume_list", crate::api::types::NoParams {}).await?;
+        volume::volume_rows(&v);
+        return Ok(());
+    }
     match a.what.as_str() {
         "types" | "type" => {
             let types = c.types().await?;
-            if a.output == Format::Table {
+            if fmt == Format::Table {
                 output::print_types(&types);
             } else {
-                print_value(&serde_json::to_value(types)?, a.output)?;
+                print_value(&serde_json::to_value(types)?, fmt)?;
             }
         }
         "controllers" | "controller" => {
             let cs = c.controllers().await?;
-            if a.output == Format::Table {
+            if fmt == Format::Table {
                 output::print_controllers(&cs);
             } else {
-                print_value(&serde_json::to_value(cs)?, a.output)?;
+                print_value(&serde_json::to_value(cs)?, fmt)?;
             }
-        }
-        what if a.id.is_some() && ["volume", "volumes"].iter().any(|v| what.eq_ignore_ascii_case(v)) => {
-            get_volume(&c, a.id.as_deref().unwrap_or_default(), a.output, a.watch).await?;
         }
         what => {
             let types = c.types().await?;
@@ -558,12 +580,12 @@ async fn get(socket: &std::path::Path, a: GetArgs) -> Result<(), CliError> {
                 Some(id) => vec![c.get(what, id).await?],
                 None => c.list(what).await?,
             };
-            if a.output == Format::Table {
+            if fmt == Format::Table {
                 output::print_resources(&items, info.as_ref());
             } else if a.id.is_some() {
-                print_value(&serde_json::to_value(&items[0])?, a.output)?;
+                print_value(&serde_json::to_value(&items[0])?, fmt)?;
             } else {
-                print_value(&serde_json::to_value(&items)?, a.output)?;
+                print_value(&serde_json::to_value(&items)?, fmt)?;
             }
             if a.watch {
                 let mut sub = c.watch(Some(what), false).await?;
@@ -572,7 +594,7 @@ async fn get(socket: &std::path::Path, a: GetArgs) -> Result<(), CliError> {
                     if a.id.as_ref().is_some_and(|id| id != &ev.resource.metadata.id) {
                         continue;
                     }
-                    output::print_event(&ev, a.output, info.as_ref())?;
+                    output::print_event(&ev, fmt, info.as_ref())?;
                 }
             }
         }

@@ -50,11 +50,27 @@ pub fn human_bytes(n: u64) -> String {
     }
 }
 
+/// The widest text a table cell shows; longer text (a message listing every
+/// place looked at, a Talos patch) is cut there, whole in `-o yaml|json`.
+const CELL_MAX: usize = 100;
+
+/// A table cell's text: its first line, at most [`CELL_MAX`] characters, `…`
+/// where it was cut (so that one long message does not widen every row).
+fn short(s: String) -> String {
+    let first = s.lines().next().unwrap_or_default();
+    if first.len() == s.len() && s.chars().count() <= CELL_MAX {
+        return s;
+    }
+    let mut out: String = first.chars().take(CELL_MAX - 1).collect();
+    out.push('…');
+    out
+}
+
 /// A table cell; a column whose pointer ends in `Bytes` shows a size for people.
 fn column_cell(v: Option<&Value>, pointer: &str) -> String {
     match v.and_then(Value::as_u64) {
         Some(n) if pointer.ends_with("Bytes") => human_bytes(n),
-        _ => cell(v),
+        _ => short(cell(v)),
     }
 }
 
@@ -104,7 +120,7 @@ pub fn print_controllers(cs: &[ControllerStatus]) {
                 .map(|v| cell(Some(&v)))
                 .unwrap_or_default(),
             c.restarts.to_string(),
-            c.last_error.clone().unwrap_or_default(),
+            short(c.last_error.clone().unwrap_or_default()),
         ]);
     }
     println!("{t}");
@@ -180,5 +196,25 @@ mod tests {
         assert_eq!(human_bytes(10 << 40), "10 TiB");
         assert_eq!(column_cell(Some(&Value::from(1u64 << 30)), "/sizeBytes"), "1 GiB");
         assert_eq!(column_cell(Some(&Value::from(3)), "/replicas"), "3");
+    }
+
+    #[test]
+    fn long_messages_are_cut_in_tables() {
+        let long = format!(
+            "spdk_tgt was not found (40 places looked at: {})",
+            "/usr/local/sbin/spdk_tgt, ".repeat(40)
+        );
+        let c = column_cell(Some(&Value::from(long.clone())), "/message");
+        assert_eq!(c.chars().count(), CELL_MAX, "{c}");
+        assert!(
+            c.starts_with("spdk_tgt was not found (40 places looked at: /usr") && c.ends_with('…'),
+            "{c}"
+        );
+        let c = column_cell(
+            Some(&Value::from("wanted: x; apply\nmachine:\n  kernel: {}")),
+            "/message",
+        );
+        assert_eq!(c, "wanted: x; apply…");
+        assert_eq!(column_cell(Some(&Value::from("ok")), "/message"), "ok");
     }
 }

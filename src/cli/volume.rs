@@ -161,16 +161,29 @@ pub enum VolumeCommand {
     },
 }
 
-/// How an initiator reaches an export, as commands to paste.
+/// How an initiator reaches an export, as commands to paste. The target
+/// admits only the initiators in `export.hosts` (the node's allowedHosts and
+/// the host the volume is attached to): the libiscsi line logs in as the
+/// first of them, and says so when there is none.
 pub fn connect_help(name: &str, export: &Export) -> String {
     let (addr, port, target, lun) = (&export.address, export.port, &export.name, export.lun);
     match export.transport.as_str() {
-        "iscsi" => format!(
-            "volume {name} is served over iSCSI at {addr}:{port}\n  target: {target}  LUN {lun}\n  \
-             libiscsi:  iscsi-inq iscsi://{addr}:{port}/{target}/{lun}\n  \
-             open-iscsi: iscsiadm -m discovery -t sendtargets -p {addr}:{port} && iscsiadm -m node -T {target} -p {addr}:{port} --login\n  \
-             talon:     talon volume attach {name}   (-> /dev/talon/{name})"
-        ),
+        "iscsi" => {
+            let libiscsi = match export.hosts.first() {
+                Some(iqn) => format!("iscsi-inq -i {iqn} iscsi://{addr}:{port}/{target}/{lun}"),
+                None => "none: the target admits only allowedHosts (node config) and the host \
+                         it is attached to, and has neither now"
+                    .to_string(),
+            };
+            format!(
+                "volume {name} is served over iSCSI at {addr}:{port}\n  target: {target}  LUN {lun}\n  \
+                 admits: [{}]\n  \
+                 libiscsi:  {libiscsi}\n  \
+                 open-iscsi: iscsiadm -m discovery -t sendtargets -p {addr}:{port} && iscsiadm -m node -T {target} -p {addr}:{port} --login\n  \
+                 talon:     talon volume attach {name}   (-> /dev/talon/{name})",
+                export.hosts.join(", ")
+            )
+        }
         _ => format!(
             "volume {name} is served over NVMe/TCP at {addr}:{port}\n  subsystem: {target}\n  \
              nvme-cli: nvme connect -t tcp -a {addr} -s {port} -n {target}\n  \
@@ -298,9 +311,20 @@ fn state_and_message(type_: &str, spec: &Value) -> (String, String) {
     decoded.unwrap_or_default()
 }
 
-/// A volume for people (`talon get volume NAME`, `talon volume get NAME -o
-/// table`): desired state beside what the engine, replicas and attachment
-/// report, and the last error. `v` is a `volume_get` answer.
+/// A volume's engine as asked and as resolved: `v1`, or `auto (v1)` once the
+/// engine has taken an `auto` volume (`auto` until then). Every view of a
+/// volume says it this way.
+pub fn engine_text(v: &VolumeView) -> String {
+    let asked = wire(&v.spec.engine);
+    match v.engine.as_ref().map(|e| wire(&e.engine)) {
+        Some(got) if !got.is_empty() && got != asked => format!("{asked} ({got})"),
+        _ => asked,
+    }
+}
+
+/// A volume for people (`talon get volume NAME`): desired state beside what
+/// the engine, replicas and attachment report, and the last error. `v` is a
+/// `volume_get` answer.
 pub fn describe_volume(v: &VolumeView) -> String {
     let mut out = String::new();
     let mut line = |k: &str, val: String| {
@@ -310,17 +334,14 @@ pub fn describe_volume(v: &VolumeView) -> String {
     };
     line("Name:", v.name.clone());
     let mut want = format!(
-        "{}, {} replica(s)",
+        "{}, {} replica(s), engine {}",
         human_bytes(v.spec.size_bytes),
-        v.spec.replicas
+        v.spec.replicas,
+        engine_text(v)
     );
-    for (label, x) in [
-        ("engine", wire(&v.spec.engine)),
-        ("frontend", wire(&v.spec.frontend)),
-    ] {
-        if !x.is_empty() && x != "auto" {
-            want.push_str(&format!(", {label} {x}"));
-        }
+    let frontend = wire(&v.spec.frontend);
+    if !frontend.is_empty() && frontend != "auto" {
+        want.push_str(&format!(", frontend {frontend}"));
     }
     line("Spec:", want);
     if wire(&v.phase) == "tearing-down" {
@@ -353,7 +374,14 @@ pub fn describe_volume(v: &VolumeView) -> String {
     match &v.attachment {
         None => line("Attached:", "no".into()),
         Some(a) => {
-            let mut text = format!("{} {} ({})", wire(&a.state), a.path, a.transport);
+            // a failed attach has no path and maybe no transport: no empty "()"
+            let mut text = wire(&a.state);
+            if !a.path.is_empty() {
+                text.push_str(&format!(" {}", a.path));
+            }
+            if !a.transport.is_empty() {
+                text.push_str(&format!(" ({})", a.transport));
+            }
             if !a.message.is_empty() {
                 text.push_str(&format!(": {}", a.message));
             }
@@ -410,7 +438,8 @@ pub fn volume_line(v: &VolumeView) -> String {
     line
 }
 
-fn volume_rows(volumes: &[VolumeView]) {
+/// Volumes as a table, one row each (`volume list`, `get volume`, `get volume NAME -o table`).
+pub fn volume_rows(volumes: &[VolumeView]) {
     let mut t = comfy_table::Table::new();
     t.load_preset(comfy_table::presets::NOTHING);
     t.set_header(vec![
@@ -422,7 +451,7 @@ fn volume_rows(volumes: &[VolumeView]) {
             v.name.clone(),
             human_bytes(v.spec.size_bytes),
             v.spec.replicas.to_string(),
-            e.map(|e| wire(&e.engine)).unwrap_or_else(|| wire(&v.spec.engine)),
+            engine_text(v),
             e.map(|e| wire(&e.state)).unwrap_or_else(|| "pending".into()),
             e.and_then(|e| e.exports.first())
                 .map(|x| x.name.clone())
@@ -475,7 +504,7 @@ pub async fn run_volume(c: &Client, cmd: VolumeCommand) -> Result<(), CliError> 
         VolumeCommand::Get { name, output } => {
             let v: VolumeView = c.call("volume_get", name_params(&name, false)).await?;
             if output == Format::Table {
-                print!("{}", describe_volume(&v));
+                volume_rows(std::slice::from_ref(&v));
                 return Ok(());
             }
             return print_value(&serde_json::to_value(&v)?, output);
@@ -692,7 +721,7 @@ mod tests {
         let out = describe_volume(&rebuilding());
         for want in [
             "Name:      pvc-1",
-            "Spec:      10 GiB, 2 replica(s)",
+            "Spec:      10 GiB, 2 replica(s), engine auto (v2)",
             "State:     degraded (v2), serving 10 GiB",
             "Exports:   nvme-tcp 10.0.0.1:4420 nqn.2025-01.io.talon:vol:pvc-1",
             "Message:   replica pvc-1-r1 is rebuilding",
@@ -717,6 +746,64 @@ mod tests {
         )
         .expect("a pending volume");
         assert!(describe_volume(&pending).contains("State:     pending"));
+        assert!(
+            describe_volume(&pending).contains("engine auto\n"),
+            "not resolved yet"
+        );
+    }
+
+    #[test]
+    fn a_failed_attach_says_why_without_empty_parentheses() {
+        let mut v = rebuilding();
+        v.attachment = Some(
+            serde_json::from_value(json!({
+                "transport": "", "device": "", "path": "", "controller": "", "state": "failed",
+                "message": "no usable frontend for volume pvc-1: its engine exports [iscsi]; looked for ..."
+            }))
+            .expect("an attachment status"),
+        );
+        let out = describe_volume(&v);
+        assert!(
+            out.contains("Attached:  failed: no usable frontend for volume pvc-1"),
+            "{out}"
+        );
+        assert!(!out.contains("()"), "{out}");
+    }
+
+    #[test]
+    fn the_engine_is_shown_as_asked_and_as_resolved() {
+        let mut v = rebuilding();
+        assert_eq!(engine_text(&v), "auto (v2)");
+        v.spec.engine = crate::resources::config::EngineKind::V2;
+        assert_eq!(engine_text(&v), "v2");
+        v.engine = None;
+        assert_eq!(engine_text(&v), "v2");
+    }
+
+    #[test]
+    fn the_iscsi_hint_logs_in_as_an_admitted_initiator() {
+        let mut e = Export {
+            transport: "iscsi".into(),
+            address: "127.0.0.1".into(),
+            port: 3262,
+            name: "iqn.2025-01.io.talon:demo".into(),
+            lun: 1,
+            hosts: vec!["iqn.2025-01.io.talon.quickstart:client".into()],
+        };
+        let out = connect_help("demo", &e);
+        assert!(
+            out.contains(
+                "libiscsi:  iscsi-inq -i iqn.2025-01.io.talon.quickstart:client \
+                 iscsi://127.0.0.1:3262/iqn.2025-01.io.talon:demo/1"
+            ),
+            "{out}"
+        );
+        e.hosts.clear();
+        let out = connect_help("demo", &e);
+        assert!(
+            out.contains("libiscsi:  none: the target admits only allowedHosts"),
+            "{out}"
+        );
     }
 
     #[test]

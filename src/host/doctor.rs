@@ -239,9 +239,18 @@ pub fn run(root: &HostRoot, opts: &DoctorOptions) -> Result<Report, DoctorError>
                 t.total_mib(),
                 t.free_mib()
             );
-            let status = if t.total >= want_pages && t.free > 0 {
+            // the pages SPDK can take are the free ones: a pool big enough but held by others
+            // does not pass
+            let mut measured = measured;
+            let status = if t.free >= want_pages {
                 Status::Pass
             } else if t.total > 0 {
+                if t.total >= want_pages {
+                    measured.push_str(&format!(
+                        " (free is {} MiB short: other processes hold pages)",
+                        (want_pages - t.free) * PageSize::Size2M.mib()
+                    ));
+                }
                 Status::Warn
             } else {
                 Status::Fail
@@ -470,6 +479,34 @@ pub fn run(root: &HostRoot, opts: &DoctorOptions) -> Result<Report, DoctorError>
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn hugepages_pass_only_when_free_covers_the_need() {
+        let d = tempfile::tempdir().expect("tempdir");
+        let root = HostRoot::new(d.path());
+        let dir = root.path("/sys/kernel/mm/hugepages/hugepages-2048kB");
+        std::fs::create_dir_all(&dir).expect("mkdir");
+        let hp = |total: u64, free: u64| {
+            std::fs::write(dir.join("nr_hugepages"), format!("{total}\n")).expect("w");
+            std::fs::write(dir.join("free_hugepages"), format!("{free}\n")).expect("w");
+            let opts = DoctorOptions {
+                hugepages_mib: Some(1024),
+                ..Default::default()
+            };
+            let r = run(&root, &opts).expect("doctor");
+            r.checks
+                .into_iter()
+                .find(|c| c.name == "hugepages-2M")
+                .expect("hugepages")
+        };
+        let c = hp(512, 512);
+        assert_eq!(c.status, Status::Pass, "{c:?}");
+        let c = hp(600, 10);
+        assert_eq!(c.status, Status::Warn, "free 20 MiB < need 1024 MiB: {c:?}");
+        assert!(c.measured.contains("1200 MiB total, 20 MiB free"), "{c:?}");
+        assert!(c.measured.contains("free is 1004 MiB short"), "{c:?}");
+        assert_eq!(hp(0, 0).status, Status::Fail);
+    }
 
     #[test]
     fn an_empty_root_fails_clearly_and_renders_in_every_format() {

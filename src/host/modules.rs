@@ -41,6 +41,8 @@ pub enum ModuleError {
         "cannot load kernel module {module}: the host root {root} is not the real / (modprobe runs only on the real host)"
     )]
     LoadNotLocal { module: String, root: String },
+    #[error("cannot load kernel module {module}: modprobe is not installed (not found on PATH)")]
+    ModprobeMissing { module: String },
     #[error("cannot run modprobe for kernel module {module}")]
     SpawnModprobe {
         module: String,
@@ -144,6 +146,15 @@ fn path_module_name(path: &str) -> String {
     stem.replace('-', "_")
 }
 
+/// Why modprobe did not start: not installed (said plainly), or another error.
+fn spawn_error(module: &str, source: std::io::Error) -> ModuleError {
+    let module = module.to_string();
+    match source.kind() {
+        std::io::ErrorKind::NotFound => ModuleError::ModprobeMissing { module },
+        _ => ModuleError::SpawnModprobe { module, source },
+    }
+}
+
 /// Loads a module with modprobe unless it is already present; verifies it is
 /// loaded afterwards. Never called on Talos by talon (the caller checks the OS).
 pub fn ensure_loaded(root: &HostRoot, name: &str) -> Result<ModuleState, ModuleError> {
@@ -162,10 +173,7 @@ pub fn ensure_loaded(root: &HostRoot, name: &str) -> Result<ModuleState, ModuleE
         .arg("--")
         .arg(&module)
         .output()
-        .map_err(|source| ModuleError::SpawnModprobe {
-            module: module.clone(),
-            source,
-        })?;
+        .map_err(|source| spawn_error(&module, source))?;
     if !out.status.success() {
         let stderr = String::from_utf8_lossy(&out.stderr).trim().to_string();
         return Err(ModuleError::Modprobe { module, stderr });
@@ -181,6 +189,20 @@ pub fn ensure_loaded(root: &HostRoot, name: &str) -> Result<ModuleState, ModuleE
 mod tests {
     use super::*;
     use std::fs;
+
+    #[test]
+    fn a_missing_modprobe_is_named() {
+        let e = spawn_error("nvme_tcp", std::io::Error::from(std::io::ErrorKind::NotFound));
+        assert_eq!(
+            e.to_string(),
+            "cannot load kernel module nvme_tcp: modprobe is not installed (not found on PATH)"
+        );
+        let e = spawn_error(
+            "nvme_tcp",
+            std::io::Error::from(std::io::ErrorKind::PermissionDenied),
+        );
+        assert!(matches!(e, ModuleError::SpawnModprobe { .. }), "{e:?}");
+    }
 
     fn fixture() -> (tempfile::TempDir, HostRoot) {
         let dir = tempfile::tempdir().expect("tempdir");

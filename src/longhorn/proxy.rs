@@ -699,6 +699,12 @@ macro_rules! forward {
 
 #[tonic::async_trait]
 impl proxy_engine_service_server::ProxyEngineService for Longhorn {
+    async fn cleanup_backup_mount_points(&self, _: Request<()>) -> Result<Response<()>, Status> {
+        // longhorn-manager's backup-target controller calls this every ~90 s; talon
+        // mounts no backup store (no NFS or CIFS target), so there is nothing to unmount
+        Ok(Response::new(()))
+    }
+
     async fn server_version_get(
         &self,
         _: Request<imrpc::ProxyEngineRequest>,

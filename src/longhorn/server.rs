@@ -339,10 +339,62 @@ where
     fn call(&mut self, req: http::Request<tonic::body::Body>) -> Self::Future {
         let path = req.uri().path().to_owned();
         if is_served(&path) {
-            return Box::pin(self.inner.call(req));
+            let started = std::time::Instant::now();
+            let call = self.inner.call(req);
+            return Box::pin(async move {
+                let resp = call.await;
+                if let Ok(r) = &resp {
+                    log_call(&path, r, started.elapsed());
+                }
+                resp
+            });
         }
+        tracing::info!(method = %path, "longhorn gRPC call answered UNIMPLEMENTED");
         Box::pin(async move { Ok(unimplemented(&path).into_http()) })
     }
+}
+
+/// One line per Longhorn call, so talon's log says what the manager asked:
+/// calls that change something at info, reads and watches at debug, and any
+/// call that failed at info with its code and message (from the headers:
+/// tonic puts a unary error there; a stream's end status comes later and is
+/// not seen here).
+fn log_call(path: &str, resp: &http::Response<tonic::body::Body>, took: std::time::Duration) {
+    let method = path.rsplit('/').next().unwrap_or(path);
+    let code = resp
+        .headers()
+        .get("grpc-status")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<i32>().ok())
+        .map(tonic::Code::from)
+        .unwrap_or(tonic::Code::Ok);
+    let ms = took.as_secs_f64() * 1e3;
+    if code != tonic::Code::Ok {
+        let message = resp
+            .headers()
+            .get("grpc-message")
+            .and_then(|v| v.to_str().ok())
+            // percent-encoded on the wire (gRPC over HTTP/2)
+            .map(|m| {
+                percent_encoding::percent_decode_str(m)
+                    .decode_utf8_lossy()
+                    .into_owned()
+            })
+            .unwrap_or_default();
+        tracing::info!(method = %path, ?code, %message, ms, "longhorn gRPC call failed");
+    } else if is_read(method) {
+        tracing::debug!(method = %path, ms, "longhorn gRPC call");
+    } else {
+        tracing::info!(method = %path, ms, "longhorn gRPC call");
+    }
+}
+
+/// Methods that only read (or watch, or check health).
+fn is_read(method: &str) -> bool {
+    ["Get", "List", "Watch", "Check", "Status", "Version", "Log"]
+        .iter()
+        .any(|w| method.starts_with(w) || method.ends_with(w))
+        || method.contains("Status")
 }
 
 fn unimplemented(method: &str) -> Status {

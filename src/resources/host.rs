@@ -318,10 +318,12 @@ pub fn register_types(reg: &mut crate::runtime::TypeRegistry) {
         "A hugepage pool per size and NUMA node: wanted, have, why",
         &[
             ("STATE", "/state"),
-            ("WANTED", "/wanted"),
-            ("TOTAL", "/total"),
-            ("FREE", "/free"),
-            ("IN-USE", "/inUse"),
+            ("WANTED-PAGES", "/wanted"),
+            ("TOTAL-PAGES", "/total"),
+            ("FREE-PAGES", "/free"),
+            ("IN-USE-PAGES", "/inUse"),
+            ("TOTAL-MiB", "/totalMib"),
+            ("FREE-MiB", "/freeMib"),
             ("REASON", "/reason"),
         ],
     );
@@ -386,4 +388,23 @@ pub fn register_types(reg: &mut crate::runtime::TypeRegistry) {
             ("HUGEPAGES-FREE-MiB", "/hugepagesFreeMib"),
         ],
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_pool_is_named_for_its_page_size() {
+        let pool = |size, node| HugepagePool {
+            size,
+            node,
+            total: 2,
+            free: 1,
+        };
+        let s = HugepagesStatus::from(&pool(PageSize::Size1G, Some(0)));
+        assert_eq!(s.id(), "1G-node0");
+        assert_eq!((s.total_mib, s.free_mib), (2048, 1024));
+        assert_eq!(HugepagesStatus::from(&pool(PageSize::Size2M, None)).id(), "2M");
+    }
 }

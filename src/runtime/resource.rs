@@ -54,6 +54,20 @@ pub struct Metadata {
     pub updated: String,
 }
 
+/// A resource type as a noun in a sentence: `Volume` -> `volume`,
+/// `EngineStatus` -> `engine status` ("volume \"x\" not found", as the API's
+/// own messages say it).
+pub fn type_noun(type_: &str) -> String {
+    let mut out = String::with_capacity(type_.len() + 4);
+    for (i, c) in type_.chars().enumerate() {
+        if c.is_ascii_uppercase() && i > 0 {
+            out.push(' ');
+        }
+        out.push(c.to_ascii_lowercase());
+    }
+    out
+}
+
 /// Now, as an RFC 3339 string with milliseconds.
 pub fn now_rfc3339() -> String {
     humantime::format_rfc3339_millis(SystemTime::now()).to_string()

@@ -26,7 +26,7 @@ const RESOURCES: TableDefinition<&str, &[u8]> = TableDefinition::new("resources"
 /// What went wrong in the state store; names the resource.
 #[derive(Debug, thiserror::Error)]
 pub enum StateError {
-    #[error("{type_} {id:?} not found")]
+    #[error("{} {id:?} not found", super::resource::type_noun(type_))]
     NotFound { type_: String, id: String },
     #[error("{type_} {id:?} already exists")]
     AlreadyExists { type_: String, id: String },
@@ -569,6 +569,20 @@ fn decode<S: Spec>(r: Resource) -> Result<Typed<S>, StateError> {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn not_found_names_the_type_as_a_noun() {
+        let s = State::in_memory();
+        let e = s
+            .destroy("engine", "EngineStatus", "x", "c")
+            .expect_err("nothing there");
+        assert_eq!(e.to_string(), "engine status \"x\" not found");
+        let e = StateError::NotFound {
+            type_: "Volume".into(),
+            id: "x".into(),
+        };
+        assert_eq!(e.to_string(), "volume \"x\" not found");
+    }
 
     #[test]
     fn config_and_ledger_survive_reopen_and_others_do_not() {

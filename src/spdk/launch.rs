@@ -25,8 +25,10 @@ use crate::util::Backoff;
 #[derive(Debug, thiserror::Error)]
 pub enum TargetError {
     /// No spdk_tgt binary was found.
-    #[error("spdk_tgt was not found (looked at: {searched})")]
+    #[error("spdk_tgt was not found ({count} places looked at: {searched})")]
     NotFound {
+        /// How many places were looked at.
+        count: usize,
         /// The places looked at.
         searched: String,
     },
@@ -425,6 +427,7 @@ pub fn find_spdk_tgt(
             return Ok(p.to_path_buf());
         }
         return Err(TargetError::NotFound {
+            count: 1,
             searched: p.display().to_string(),
         });
     }
@@ -441,6 +444,7 @@ pub fn find_spdk_tgt(
         searched.push(c.display().to_string());
     }
     Err(TargetError::NotFound {
+        count: searched.len(),
         searched: if searched.is_empty() {
             "nothing".into()
         } else {

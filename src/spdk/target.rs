@@ -173,6 +173,14 @@ impl Target {
             cfg.spdk_dir.as_deref(),
             path_var.as_deref(),
         )?;
+        // argv[0] is the bare name of the program asked for: Longhorn's liveness probe
+        // of the V2 instance-manager pod looks for a process whose command line starts
+        // with `spdk_tgt` (`pgrep -f '^spdk_tgt'`), also when interrupt mode runs
+        // nvmf_tgt in its place (/proc/<pid>/exe and the log name the real binary)
+        let arg0 = bin
+            .file_name()
+            .map(|n| n.to_os_string())
+            .unwrap_or_else(|| bin.clone().into());
         if cfg.interrupt_mode {
             bin = interrupt_mode_program(&bin);
         }
@@ -195,12 +203,6 @@ impl Target {
             .open(&log_path)
             .map_err(log_err)?;
         let log2 = log.try_clone().map_err(log_err)?;
-        // argv[0] is the bare program name: Longhorn's liveness probe looks for a
-        // process whose command line starts with `spdk_tgt` (`pgrep -f '^spdk_tgt'`)
-        let arg0 = bin
-            .file_name()
-            .map(|n| n.to_os_string())
-            .unwrap_or_else(|| bin.clone().into());
         let mut child = Command::new(&bin)
             .arg0(arg0)
             .args(cfg.argv())

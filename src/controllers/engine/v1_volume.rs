@@ -255,8 +255,23 @@ impl V1Ops {
         }
         let mut message = String::new();
         let mut fresh = false;
+        // a V1 volume is one file: more replicas are refused, not silently dropped (one made by
+        // an earlier talon keeps serving, and says so)
+        let replicas = job.spec.replicas as usize + job.spec.remote_replicas.len();
+        let one_replica = format!(
+            "volume {name}: the V1 engine keeps one replica (one file), not {replicas}: \
+             set replicas to 1, or use engine v2 on a node with SPDK"
+        );
         let info = match self.store.info(&name) {
-            Ok(info) => info,
+            Ok(info) => {
+                if replicas > 1 {
+                    message = one_replica;
+                }
+                info
+            }
+            Err(VolumeError::NotFound { .. }) if replicas > 1 => {
+                return (Realized::Status(failed(one_replica, device)), None);
+            }
             Err(VolumeError::NotFound { .. }) => {
                 fresh = true;
                 let made = match &job.spec.from_snapshot {

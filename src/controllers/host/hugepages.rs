@@ -256,7 +256,7 @@ pub fn size_at_start(host: &HostRoot, state: &State, specs: &[HugepagesSpec]) ->
         &|_, _| false,
         &mut record,
     )? {
-        tracing::info!(pool = %pool_id(s.node), wanted = ?s.wanted, total = s.total, state = ?s.state, reason = %s.reason, "hugepages at start");
+        tracing::info!(pool = %s.id(), wanted = ?s.wanted, total = s.total, state = ?s.state, reason = %s.reason, "hugepages at start");
     }
     Ok(())
 }
@@ -383,11 +383,7 @@ impl Controller for HugepagesController {
             {
                 s.reason.push_str(m);
             }
-            let id = match s.node {
-                Some(n) => format!("{}-node{n}", s.size),
-                None => s.size.to_string(),
-            };
-            ctx.apply(&id, s)?;
+            ctx.apply(&s.id(), s)?;
         }
         Ok(Requeue::After(self.interval))
     }

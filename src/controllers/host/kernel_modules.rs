@@ -13,6 +13,8 @@
 //!                                                                └─ modprobe, verify ─> KernelModuleStatus
 //! ```
 
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::host::modules::{self, ModuleState};
@@ -30,6 +32,30 @@ use super::hugepages::talos_version;
 pub struct KernelModuleController {
     pub host: HostRoot,
     pub interval: Duration,
+    /// The load failure last warned about, per module: the same one again is
+    /// logged at debug (a host without modprobe fails every poll).
+    pub warned: Arc<Mutex<BTreeMap<&'static str, String>>>,
+}
+
+impl KernelModuleController {
+    /// Polls `host` every `interval`.
+    pub fn new(host: HostRoot, interval: Duration) -> Self {
+        Self {
+            host,
+            interval,
+            warned: Arc::default(),
+        }
+    }
+
+    /// Whether `msg` is news for `module` (then it is warned about once).
+    fn first_time(&self, module: &'static str, msg: &str) -> bool {
+        let mut w = self.warned.lock().unwrap_or_else(|p| p.into_inner());
+        if w.get(module).is_some_and(|m| m == msg) {
+            return false;
+        }
+        w.insert(module, msg.to_string());
+        true
+    }
 }
 
 /// Which of talon's modules are wanted, and why.
@@ -102,11 +128,16 @@ impl Controller for KernelModuleController {
                 (Some(why), false, None) => match modules::ensure_loaded(&self.host, m) {
                     Ok(now) => {
                         tracing::info!(module = m, state = ?now, "kernel module loaded");
+                        self.warned.lock().unwrap_or_else(|p| p.into_inner()).remove(m);
                         (now, format!("wanted: {why}; loaded by talon"))
                     }
                     Err(e) => {
                         let msg = error_chain(&e);
-                        tracing::warn!(module = m, error = %msg, "kernel module not loaded");
+                        if self.first_time(m, &msg) {
+                            tracing::warn!(module = m, error = %msg, "kernel module not loaded");
+                        } else {
+                            tracing::debug!(module = m, error = %msg, "kernel module not loaded");
+                        }
                         (
                             modules::module_state(&self.host, m).unwrap_or(state),
                             format!("wanted: {why}; {msg}"),
@@ -125,5 +156,26 @@ impl Controller for KernelModuleController {
             )?;
         }
         Ok(Requeue::After(self.interval))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_load_failure_is_warned_about_once() {
+        let c = KernelModuleController::new(HostRoot::new("/nonexistent"), Duration::from_secs(30));
+        let msg = "cannot load kernel module nvme_tcp: modprobe is not installed (not found on PATH)";
+        assert!(c.first_time("nvme_tcp", msg));
+        assert!(
+            !c.first_time("nvme_tcp", msg),
+            "the same failure again is not news"
+        );
+        assert!(c.first_time("iscsi_tcp", msg), "per module");
+        assert!(
+            c.first_time("nvme_tcp", "modprobe nvme_tcp failed: x"),
+            "a new failure is"
+        );
     }
 }

@@ -46,10 +46,7 @@ pub fn register_config(rt: &mut Runtime, host: &HostRoot, demand: SpdkDemand) ->
 /// Registers the host controllers, polling every `interval`.
 pub fn register(rt: &mut Runtime, host: &HostRoot, interval: Duration) -> Result<(), RuntimeError> {
     rt.register(HugepagesController::new(host.clone(), interval))?;
-    rt.register(KernelModuleController {
-        host: host.clone(),
-        interval,
-    })?;
+    rt.register(KernelModuleController::new(host.clone(), interval))?;
     rt.register(PciDeviceStatusController {
         host: host.clone(),
         interval,
