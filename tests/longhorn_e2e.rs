@@ -177,10 +177,17 @@ fn run_scenario(test: &str, scenario: &str) {
     };
     let steps = std::fs::read_to_string(&out).unwrap_or_default();
     eprintln!("{steps}wall time {:.0} s", t0.elapsed().as_secs_f64());
+    let failed: Vec<String> = std::fs::read_to_string(&err)
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.contains("FAILED:"))
+        .map(str::to_owned)
+        .collect();
     assert!(
         status.success(),
-        "{test}: the driver failed ({status}{}); its steps:\n{steps}\nits log's tail:\n{}",
+        "{test}: the driver failed ({status}{}): {}\nits steps:\n{steps}\nits log's tail:\n{}",
         if t0.elapsed() > BOUND { ", out of time" } else { "" },
+        failed.join("\n"),
         tail(&err, 150)
     );
 }
