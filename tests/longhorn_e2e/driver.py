@@ -56,6 +56,10 @@ class Scenario:
         dt = time.monotonic() - t0
         self.times.append((name, dt))
         print(f"STEP {name} {dt:.1f}", flush=True)
+        hold = os.environ.get("TALON_E2E_HOLD", "")  # STEP:SECONDS, to look at the cluster by hand
+        if hold.partition(":")[0] == name:
+            say(f"holding {hold.partition(':')[2]} s after {name} (work dir {self.c.work})")
+            time.sleep(float(hold.partition(":")[2]))
         return r
 
     # ---- Longhorn objects ------------------------------------------------------------------
