@@ -127,6 +127,19 @@ async fn state_of(
     }
 }
 
+/// Deletes an instance (with cleanup) and waits until InstanceGet no longer finds it.
+async fn delete_and_wait(c: &mut InstanceServiceClient<Channel>, name: &str, ty: &str) {
+    c.instance_delete(delete_req(name, ty, true))
+        .await
+        .unwrap_or_else(|e| panic!("delete {ty} {name}: {e}"));
+    let what = format!("{ty} {name} gone");
+    talon::runtime::testing::eventually(&what, Duration::from_secs(30), || async {
+        let mut c = c.clone();
+        state_of(&mut c, name, ty).await.is_none().then_some(())
+    })
+    .await;
+}
+
 async fn wait_state(
     c: &mut InstanceServiceClient<Channel>,
     name: &str,
@@ -769,32 +782,8 @@ async fn longhorn_managers_contract_on_the_double() {
     // maintenance mode: the nvmf frontend goes, one with the frontend disabled
     // comes; the engine is made again without a frontend, and a revert goes
     // through while that engine-frontend is there
-    inst.instance_delete(delete_req("vol-ef-0", "engine-frontend", true))
-        .await
-        .expect("delete frontend");
-    talon::runtime::testing::eventually(
-        "the nvmf engine-frontend gone",
-        Duration::from_secs(30),
-        || async {
-            let mut c = inst.clone();
-            state_of(&mut c, "vol-ef-0", "engine-frontend")
-                .await
-                .is_none()
-                .then_some(())
-        },
-    )
-    .await;
-    inst.instance_delete(delete_req("vol-e-0", "engine", true))
-        .await
-        .expect("delete engine");
-    talon::runtime::testing::eventually("the engine gone", Duration::from_secs(30), || async {
-        let mut c = inst.clone();
-        state_of(&mut c, "vol-e-0", "engine")
-            .await
-            .is_none()
-            .then_some(())
-    })
-    .await;
+    delete_and_wait(&mut inst, "vol-ef-0", "engine-frontend").await;
+    delete_and_wait(&mut inst, "vol-e-0", "engine").await;
     let mut maint = engine_spec(
         "vol-e-0",
         HashMap::from([(

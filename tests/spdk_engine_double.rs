@@ -420,7 +420,7 @@ async fn without_v2_the_target_reports_why_and_disks_wait() {
     let rt = start_with(
         d.path(),
         State::in_memory(),
-        EngineSelection::fixed(false, "spdk_tgt was not found (0 places looked at: nothing)"),
+        EngineSelection::fixed(false, "spdk_tgt was not found (looked at 0: nothing)"),
     );
     let st = rt.state.clone();
     st.create_typed("d1", "", &file_disk(&d.path().join("d1.img"), Some(32 << 20)))

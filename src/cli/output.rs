@@ -201,13 +201,13 @@ mod tests {
     #[test]
     fn long_messages_are_cut_in_tables() {
         let long = format!(
-            "spdk_tgt was not found (40 places looked at: {})",
+            "spdk_tgt was not found (looked at 40: {})",
             "/usr/local/sbin/spdk_tgt, ".repeat(40)
         );
         let c = column_cell(Some(&Value::from(long.clone())), "/message");
         assert_eq!(c.chars().count(), CELL_MAX, "{c}");
         assert!(
-            c.starts_with("spdk_tgt was not found (40 places looked at: /usr") && c.ends_with('…'),
+            c.starts_with("spdk_tgt was not found (looked at 40: /usr") && c.ends_with('…'),
             "{c}"
         );
         let c = column_cell(

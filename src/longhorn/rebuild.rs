@@ -443,7 +443,7 @@ impl Longhorn {
             .client()
             .bdev_nvme_attach_controller(&AttachController {
                 hostnqn: Some(naming::internal_host_nqn()),
-                ..AttachController::tcp(&ctrl, sa.ip(), sa.port(), nqn.as_str())
+                ..AttachController::tcp(&ctrl, sa.ip(), sa.port(), nqn.as_str()).with_longhorn_link_timeouts()
             })
             .await
             .map_err(|x| internal(&format!("{what}: attaching {nqn} at {sa}"), &x))?

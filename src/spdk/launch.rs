@@ -25,7 +25,7 @@ use crate::util::Backoff;
 #[derive(Debug, thiserror::Error)]
 pub enum TargetError {
     /// No spdk_tgt binary was found.
-    #[error("spdk_tgt was not found ({count} places looked at: {searched})")]
+    #[error("spdk_tgt was not found (looked at {count}: {searched})")]
     NotFound {
         /// How many places were looked at.
         count: usize,

@@ -1146,6 +1146,20 @@ impl AttachController {
         }
     }
 
+    /// This attach with Longhorn's replica-link timeouts (go-spdk-helper's
+    /// defaults, which Longhorn's SPDK engine attaches replicas with): a lost
+    /// link is retried every 2 s, its I/O failed after 10 s, the controller
+    /// given up after 15 s. SPDK's own defaults (no reconnect) fail a replica at
+    /// the first blip, as one was under a stalled machine.
+    pub fn with_longhorn_link_timeouts(self) -> Self {
+        AttachController {
+            ctrlr_loss_timeout_sec: Some(15),
+            reconnect_delay_sec: Some(2),
+            fast_io_fail_timeout_sec: Some(10),
+            ..self
+        }
+    }
+
     /// A local PCIe controller at `bdf`.
     pub fn pcie(name: impl Into<String>, bdf: impl Into<String>) -> Self {
         AttachController {

@@ -455,6 +455,7 @@ impl LonghornController {
             .bdev_nvme_attach_controller(&AttachController {
                 hostnqn: Some(naming::internal_host_nqn()),
                 ..AttachController::tcp(replica, sa.ip(), sa.port(), nqn.as_str())
+                    .with_longhorn_link_timeouts()
             })
             .await
         {
