@@ -37,7 +37,7 @@ echo "$OUT (rc=$rc, $(el $T)s)"
 check [ $rc = 0 ]
 check [ -b /dev/talon/$VOL ]
 DEV=$(echo "$OUT" | sed -n 's/.*device=\(\/dev\/[a-z0-9]*\).*/\1/p')
-CTRL=$(echo "$OUT" | sed -n 's/.*controller=\(nvme[0-9]*\).*/\1/p')
+CTRL=$(echo "$OUT" | grep "^device=" | sed -n 's/.*controller=\(nvme[0-9]*\).*/\1/p')
 echo "device $DEV controller $CTRL hostnqn=$(cat /tmp/talon-data/nvme/hostnqn 2>/dev/null)"
 Q=$(dmesg | grep "$CTRL: mapped" | tail -1)
 echo "kernel: $Q"
@@ -60,7 +60,8 @@ check [ "$A" = "$B" ]
 echo "--- second attach reuses the live controller"
 OUT2=$(talon attach nvme-tcp --volume $VOL --traddr 127.0.0.1 --trsvcid $PORT --nqn $NQN 2>&1)
 echo "$OUT2"
-check [ "$(echo "$OUT2" | sed -n 's/.*controller=\(nvme[0-9]*\).*/\1/p')" = "$CTRL" ]
+# the result line (log lines name the controller too, now without colour codes)
+check [ "$(echo "$OUT2" | grep '^device=' | sed -n 's/.*controller=\(nvme[0-9]*\).*/\1/p')" = "$CTRL" ]
 echo "$OUT2" | grep -q reused=true || { echo "FAILED: not reused"; fail=1; }
 check [ "$(ctrls | wc -l)" = 1 ]
 

@@ -25,7 +25,7 @@ mkdir $S && echo 1 >$S/attr_allow_any_host && mkdir $S/namespaces/1 &&
 export TALON_DATA_DIR=/tmp/talon-data
 OUT=$(talon attach nvme-tcp --volume $VOL --traddr 127.0.0.1 --trsvcid $PORT --nqn $NQN) || fail=1
 echo "$OUT"
-CTRL=$(echo "$OUT" | sed -n 's/.*controller=\(nvme[0-9]*\).*/\1/p')
+CTRL=$(echo "$OUT" | grep "^device=" | sed -n 's/.*controller=\(nvme[0-9]*\).*/\1/p')
 DEV=$(echo "$OUT" | sed -n 's/.*device=\/dev\/\([a-z0-9]*\).*/\1/p')
 echo "namespace devices under $CTRL: $(ls /sys/class/nvme/$CTRL 2>/dev/null | grep '^nvme' | tr '\n' ' ')"
 # without multipath the block device sits directly under its controller
