@@ -63,7 +63,12 @@ impl Drop for Guard {
         let Ok(state) = serde_json::from_str::<serde_json::Value>(&text) else {
             return;
         };
-        let netns: Vec<&str> = state["netns"].as_array().into_iter().flatten().filter_map(|n| n.as_str()).collect();
+        let netns: Vec<&str> = state["netns"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|n| n.as_str())
+            .collect();
         for ns in &netns {
             if let Ok(out) = Command::new("ip").args(["netns", "pids", ns]).output() {
                 for pid in String::from_utf8_lossy(&out.stdout).split_whitespace() {
@@ -136,14 +141,23 @@ fn run_scenario(test: &str, scenario: &str) {
     let longhorn = root.join("../shared/longhorn/v1.12.1");
     for f in ["longhorn-manager.xz", "kube-apiserver.xz", "longhorn-crds.yaml"] {
         if !longhorn.join(f).is_file() {
-            return skip(test, format!("no {} (Longhorn's control plane beside the checkout)", longhorn.join(f).display()));
+            return skip(
+                test,
+                format!(
+                    "no {} (Longhorn's control plane beside the checkout)",
+                    longhorn.join(f).display()
+                ),
+            );
         }
     }
     if let Some(p) = PROGRAMS.iter().find(|p| !on_path(p)) {
         return skip(test, format!("no `{p}` on PATH (tests/apt-packages.txt)"));
     }
     let Some(py) = python(root) else {
-        return skip(test, "no Python with the kubernetes client (tests/pip-packages.txt into target/test-venv)");
+        return skip(
+            test,
+            "no Python with the kubernetes client (tests/pip-packages.txt into target/test-venv)",
+        );
     };
     let work = tempfile::tempdir().expect("work dir");
     let cache = Path::new(env!("CARGO_TARGET_TMPDIR")).join("longhorn-e2e");

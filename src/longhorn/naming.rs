@@ -106,8 +106,9 @@ impl FrontendMode {
     }
 }
 
-/// Longhorn's endpoint of an NVMe-oF export: `nvmf://ip:port/nqn`.
-pub fn nvmf_endpoint(target: std::net::SocketAddr, nqn: &str) -> String {
+/// Longhorn's endpoint of an NVMe-oF export: `nvmf://ip:port/nqn` (`target`: a
+/// `SocketAddr`, or the `ip:port` an engine's status holds).
+pub fn nvmf_endpoint(target: impl std::fmt::Display, nqn: &str) -> String {
     format!("nvmf://{target}/{nqn}")
 }
 
@@ -162,11 +163,14 @@ mod tests {
     fn nvmf_endpoints_are_longhorns_urls() {
         let nqn = "nqn.2023-01.io.longhorn.spdk:vol-e-0";
         assert_eq!(
-            nvmf_endpoint("10.0.0.2:20001".parse().expect("v4"), nqn),
+            nvmf_endpoint("10.0.0.2:20001".parse::<std::net::SocketAddr>().expect("v4"), nqn),
             format!("nvmf://10.0.0.2:20001/{nqn}")
         );
         assert_eq!(
-            nvmf_endpoint("[fd00::2]:20001".parse().expect("v6"), nqn),
+            nvmf_endpoint(
+                "[fd00::2]:20001".parse::<std::net::SocketAddr>().expect("v6"),
+                nqn
+            ),
             format!("nvmf://[fd00::2]:20001/{nqn}")
         );
     }

@@ -750,7 +750,7 @@ impl proxy_engine_service_server::ProxyEngineService for Longhorn {
             },
             None if e.spec.frontend == "spdk-tcp-nvmf" && running => (
                 st.as_ref()
-                    .map(|s| format!("nvmf://{}/{}", s.endpoint, s.nqn))
+                    .map(|s| naming::nvmf_endpoint(&s.endpoint, &s.nqn))
                     .unwrap_or_default(),
                 true,
             ),
