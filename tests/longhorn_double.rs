@@ -173,10 +173,7 @@ async fn lvols(spdk: &SpdkClient) -> HashMap<String, String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn longhorn_lifecycle_on_the_double() {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-        .with_test_writer()
-        .try_init();
+    talon::runtime::testing::capture_logs();
     let dir = tempfile::tempdir().expect("tempdir");
     std::fs::create_dir_all(dir.path().join("run")).expect("run dir");
     let double = SpdkDouble::start(dir.path().join("run/spdk.sock"))

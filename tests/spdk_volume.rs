@@ -108,10 +108,7 @@ struct Setup {
 }
 
 async fn setup(disks: &[&str]) -> Setup {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-        .with_test_writer()
-        .try_init();
+    talon::runtime::testing::capture_logs();
     let dir = tempfile::tempdir().expect("tempdir");
     let double = SpdkDouble::start(dir.path().join("spdk.sock"))
         .await

@@ -90,10 +90,7 @@ fn node_nqn(port: u16) -> String {
 }
 
 fn runtime(c: &SpdkClient, disks: &[&str], port: u16) -> TestRuntime {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-        .with_test_writer()
-        .try_init();
+    talon::runtime::testing::capture_logs();
     let c2 = c.clone();
     let rt = TestRuntime::start(move |rt| {
         rt.register(

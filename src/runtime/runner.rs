@@ -100,11 +100,21 @@ impl std::fmt::Debug for Runtime {
 }
 
 /// A running runtime; dropping it does not stop the controllers, `shutdown` does.
-#[derive(Debug)]
 pub struct RuntimeHandle {
     stop: watch::Sender<bool>,
     tasks: JoinSet<()>,
     statuses: Statuses,
+    /// The controllers, dropped only once every task has ended (see `shutdown`).
+    held: Vec<Arc<dyn Controller>>,
+}
+
+impl std::fmt::Debug for RuntimeHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RuntimeHandle")
+            .field("tasks", &self.tasks.len())
+            .field("controllers", &self.held.len())
+            .finish()
+    }
 }
 
 impl Runtime {
@@ -172,6 +182,7 @@ impl Runtime {
     pub fn start(self) -> RuntimeHandle {
         let (stop, stop_rx) = watch::channel(false);
         let mut tasks = JoinSet::new();
+        let held = self.controllers.clone();
         for c in self.controllers {
             let (state, statuses, stop_rx) = (self.state.clone(), self.statuses.clone(), stop_rx.clone());
             tasks.spawn(run_controller(c, state, statuses, stop_rx));
@@ -180,6 +191,7 @@ impl Runtime {
             stop,
             tasks,
             statuses: self.statuses,
+            held,
         }
     }
 
@@ -201,6 +213,11 @@ impl RuntimeHandle {
     pub async fn shutdown(mut self) {
         let _ = self.stop.send(true);
         while self.tasks.join_next().await.is_some() {}
+        // only now: a controller that owns a target stops it when dropped,
+        // and another's reconcile must not run against a target shutting
+        // down (a disk reconcile found its lvstore unloaded mid-shutdown and
+        // asked for a new one over it)
+        self.held.clear();
     }
 }
 

@@ -7,6 +7,19 @@ use super::controller::Controller;
 use super::runner::{Runtime, RuntimeError, RuntimeHandle, Statuses};
 use super::state::State;
 
+/// Sends this test's logs (talon's at info, others' warnings) to the test's
+/// output, which the test runner shows when the test fails; `RUST_LOG`
+/// chooses otherwise. Once per process; later calls do nothing.
+pub fn capture_logs() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,talon=info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(false)
+        .with_test_writer()
+        .try_init();
+}
+
 /// An in-memory runtime running the given controllers.
 #[derive(Debug)]
 pub struct TestRuntime {

@@ -141,11 +141,8 @@ impl Node {
 
     /// [`Node::new`] with the real spdk_tgt on `cpumask`.
     pub async fn with_cpumask(ip: IpAddr, base: u16, real: Option<&Path>, cpumask: &str) -> Node {
-        // the daemons' logs with RUST_LOG (they run in this process)
-        let _ = tracing_subscriber::fmt()
-            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-            .with_test_writer()
-            .try_init();
+        // the daemons' logs (they run in this process), shown when a test fails
+        talon::runtime::testing::capture_logs();
         let dir = tempfile::tempdir().expect("tempdir");
         std::fs::create_dir_all(dir.path().join("run")).expect("run dir");
         let socket = dir.path().join("run/spdk.sock");

@@ -22,7 +22,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::attach::nvme_tcp::{self, ConnectOptions, NvmeTcpTarget};
 use crate::host::HostRoot;
@@ -654,6 +654,15 @@ impl LonghornController {
                 // a new request starts afresh
                 self.thin.forget(e.id(), replica);
             }
+            // its last step failed a moment ago: it stays where it was
+            if self.thin.pausing(e.id(), replica, Instant::now()) {
+                let pct = prev
+                    .and_then(|p| p.thin_rebuilds.get(replica))
+                    .copied()
+                    .unwrap_or(0);
+                st.thin_rebuilds.insert(replica.clone(), pct);
+                continue;
+            }
             // a raid this reconcile made (after a failed switch) is not in
             // the listing yet
             if inv.raid(e.id()).is_none()
@@ -691,16 +700,17 @@ impl LonghornController {
                         st.rebuild_errors.insert(replica.clone(), m);
                     }
                 }
-                Err(m) => {
-                    let n = self.thin.failed(e.id(), replica);
-                    tracing::warn!(engine = e.id(), replica, failures = n, error = %m, "thin rebuild step failed");
-                    if n >= thin::MAX_FAILURES {
-                        self.thin.forget(e.id(), replica);
-                        st.rebuild_errors.insert(replica.clone(), m);
-                    } else {
+                Err(m) => match self.thin.failed(e.id(), replica, Instant::now()) {
+                    thin::Failed::Retry(n) => {
+                        tracing::warn!(engine = e.id(), replica, failures = n, error = %m, "thin rebuild step failed; tried again");
                         st.thin_rebuilds.insert(replica.clone(), 0);
                     }
-                }
+                    thin::Failed::ForGood(n) => {
+                        tracing::warn!(engine = e.id(), replica, failures = n, error = %m, "thin rebuild failed");
+                        self.thin.forget(e.id(), replica);
+                        st.rebuild_errors.insert(replica.clone(), m);
+                    }
+                },
             }
         }
         let all_capped = crate::longhorn::ops::all_capped_of(e.id());
@@ -1095,7 +1105,7 @@ impl Controller for LonghornController {
         // one listing of the target per reconcile: what this reconcile changes it
         // records in `inv` as it goes (lvols made, subsystems, raids and
         // controllers removed), so later steps see it without listing again
-        let started = std::time::Instant::now();
+        let started = Instant::now();
         let mut inv = Inventory::load(&self.client).await?;
         let listed = started.elapsed();
         for e in engines.iter().filter(|e| e.metadata.phase == Phase::TearingDown) {

@@ -8,7 +8,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tonic::transport::Channel;
 
@@ -34,8 +34,13 @@ use crate::spdk::volume::naming::lvstore;
 const SWITCH_BYTES: u64 = 16 << 20;
 /// Rebuild snapshots of the source head taken while I/O goes on.
 const MAX_ROUNDS: usize = 3;
-/// Failed steps in a row before the rebuild is reported failed (ERR).
+/// Failed steps in a row before the rebuild is reported failed (ERR)...
 pub(super) const MAX_FAILURES: u32 = 3;
+/// ...and for at least this long: a peer whose talon or spdk_tgt is still
+/// starting (seconds on a loaded node) is waited for, not failed at once.
+const FAIL_AFTER: Duration = Duration::from_secs(60);
+/// The pause after a failed step: doubles from 1 s, at most this.
+const MAX_RETRY_PAUSE: Duration = Duration::from_secs(8);
 /// How long the switch waits for its last copy.
 const SWITCH_COPY: Duration = Duration::from_secs(120);
 /// How long a step waits for the copy it started (a small one is done in
@@ -60,12 +65,32 @@ struct Run {
     copier: Copier,
 }
 
+/// A rebuild whose last steps failed.
+#[derive(Debug, Clone, Copy)]
+struct Failing {
+    /// Failed steps in a row.
+    count: u32,
+    /// When the first of them failed.
+    since: Instant,
+    /// No step before this.
+    retry_at: Instant,
+}
+
+/// What a failed step means for its rebuild.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Failed {
+    /// Tried again after a pause: failed steps in a row so far.
+    Retry(u32),
+    /// Failed for good ([`MAX_FAILURES`] in a row over [`FAIL_AFTER`]).
+    ForGood(u32),
+}
+
 #[derive(Debug, Default)]
 struct ThinState {
     /// The copy running per engine.
     running: HashMap<String, Run>,
     /// Failed steps in a row per (engine, replica).
-    failures: HashMap<(String, String), u32>,
+    failures: HashMap<(String, String), Failing>,
     /// The cap applied on a dest's node per (engine, replica).
     caps: HashMap<(String, String), u64>,
     /// Dests of this node copied from a source on another node: exported
@@ -82,16 +107,33 @@ impl ThinRebuilds {
     fn lock(&self) -> std::sync::MutexGuard<'_, ThinState> {
         self.0.lock().unwrap_or_else(|p| p.into_inner())
     }
-    /// Counts a failed step; returns the failures in a row.
-    pub(super) fn failed(&self, engine: &str, replica: &str) -> u32 {
+    /// Counts a failed step at `now`: retried after a pause, or failed for good.
+    pub(super) fn failed(&self, engine: &str, replica: &str, now: Instant) -> Failed {
         let mut s = self.lock();
         s.running.remove(engine);
-        let n = s
+        let f = s
             .failures
             .entry((engine.to_owned(), replica.to_owned()))
-            .or_default();
-        *n += 1;
-        *n
+            .or_insert(Failing {
+                count: 0,
+                since: now,
+                retry_at: now,
+            });
+        f.count += 1;
+        let pause = Duration::from_secs(1u64 << (f.count - 1).min(8)).min(MAX_RETRY_PAUSE);
+        f.retry_at = now + pause;
+        if f.count >= MAX_FAILURES && now.duration_since(f.since) >= FAIL_AFTER {
+            Failed::ForGood(f.count)
+        } else {
+            Failed::Retry(f.count)
+        }
+    }
+    /// Whether the rebuild's next step waits (its last one failed a moment ago).
+    pub(super) fn pausing(&self, engine: &str, replica: &str, now: Instant) -> bool {
+        self.lock()
+            .failures
+            .get(&(engine.to_owned(), replica.to_owned()))
+            .is_some_and(|f| now < f.retry_at)
     }
     /// Forgets a rebuild (joined, failed for good, or no longer asked).
     pub(super) fn forget(&self, engine: &str, replica: &str) {
@@ -908,4 +950,35 @@ fn next_rebuild_snap(a: &ReplicaLvols, b: &ReplicaLvols) -> String {
         .max()
         .map_or(1, |n| n + 1);
     format!("{REBUILD_SNAP_PREFIX}{n}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failing_step_is_retried_after_pauses_and_fails_for_good_only_after_a_minute() {
+        let t = ThinRebuilds::default();
+        let t0 = Instant::now();
+        // a peer still starting: three fast failures are not the end
+        assert_eq!(t.failed("e", "r", t0), Failed::Retry(1));
+        assert!(t.pausing("e", "r", t0 + Duration::from_millis(900)));
+        assert!(!t.pausing("e", "r", t0 + Duration::from_secs(1)));
+        assert_eq!(t.failed("e", "r", t0 + Duration::from_secs(1)), Failed::Retry(2));
+        assert!(t.pausing("e", "r", t0 + Duration::from_millis(2900)));
+        assert_eq!(t.failed("e", "r", t0 + Duration::from_secs(3)), Failed::Retry(3));
+        // the pause stops growing at 8 s
+        for i in 4..10 {
+            let _ = t.failed("e", "r", t0 + Duration::from_secs(3 + i));
+        }
+        let late = t0 + Duration::from_secs(13);
+        assert!(t.pausing("e", "r", late) && !t.pausing("e", "r", late + MAX_RETRY_PAUSE));
+        // failing for a minute and more: for good
+        assert_eq!(t.failed("e", "r", t0 + FAIL_AFTER), Failed::ForGood(10));
+        // another replica, and a forgotten one, start afresh
+        assert_eq!(t.failed("e", "r2", t0), Failed::Retry(1));
+        t.forget("e", "r");
+        assert!(!t.pausing("e", "r", t0));
+        assert_eq!(t.failed("e", "r", t0 + FAIL_AFTER), Failed::Retry(1));
+    }
 }
