@@ -717,7 +717,7 @@ fn cli_get_types_and_controllers_against_a_running_daemon() {
 /// did not make, a mounted block device; it takes a new path and the same
 /// block device once nobody holds it.
 #[tokio::test]
-async fn disk_add_refuses_foreign_files_and_block_devices_in_use() {
+async fn disk_add_refuses_data_and_devices_in_use_accepts_zeros_and_wipes_on_request() {
     let dir = tempfile::tempdir().expect("tempdir");
     let d = start(opts(dir.path())).await;
     let c = d.client().await;
@@ -734,8 +734,16 @@ async fn disk_add_refuses_foreign_files_and_block_devices_in_use() {
     c.call::<_, serde_json::Value>("disk_add", add("d2", &dir.path().join("new.img")))
         .await
         .expect("a new path");
+    // `truncate -s`: a sparse file of zeros is the usual file disk
+    let zeros = dir.path().join("zeros.img");
+    std::fs::File::create(&zeros)
+        .and_then(|f| f.set_len(1 << 30))
+        .expect("sparse file");
+    c.call::<_, serde_json::Value>("disk_add", add("d4", &zeros))
+        .await
+        .expect("a sparse file of zeros");
 
-    let test = "disk_add_refuses_foreign_files_and_block_devices_in_use";
+    let test = "disk_add_refuses_data_and_devices_in_use_accepts_zeros_and_wipes_on_request";
     if !nix::unistd::Uid::effective().is_root() {
         eprintln!("SKIP {test} (block device part): needs root (losetup, mount)");
         d.stop().await;
@@ -772,9 +780,31 @@ async fn disk_add_refuses_foreign_files_and_block_devices_in_use() {
     assert_eq!(rpc_kind(&e), Some(ErrorKind::FailedPrecondition), "{e}");
     assert!(e.to_string().contains("in use"), "{e}");
     assert!(run("umount", &[mnt.as_os_str()]));
-    c.call::<_, serde_json::Value>("disk_add", add("d3", &dev))
+    // unmounted, its file system is still data: refused by name, until wiped
+    let e = c
+        .call::<_, serde_json::Value>("disk_add", add("d3", &dev))
         .await
-        .expect("the device once unmounted");
+        .expect_err("a device with a file system");
+    assert_eq!(rpc_kind(&e), Some(ErrorKind::FailedPrecondition), "{e}");
+    assert!(
+        e.to_string().contains("ext2/3/4 file system") && e.to_string().contains("--wipe"),
+        "{e}"
+    );
+    let mut wiped = add("d3", &dev);
+    wiped["wipe"] = json!(true);
+    c.call::<_, serde_json::Value>("disk_add", wiped)
+        .await
+        .expect("the device, wiped");
+    let probe = std::process::Command::new("blkid")
+        .arg("-p")
+        .arg(&dev)
+        .output()
+        .expect("blkid");
+    assert!(
+        !String::from_utf8_lossy(&probe.stdout).contains("ext4"),
+        "blkid still finds the file system: {}",
+        String::from_utf8_lossy(&probe.stdout)
+    );
     assert!(run("losetup", &["-d".as_ref(), dev.as_os_str()]));
     d.stop().await;
 }

@@ -597,6 +597,38 @@ async fn longhorn_lifecycle_on_the_double() {
     assert_eq!(lvols(&spdk).await, lvols_before, "no lvol made");
     assert_eq!(double.subsystem_nqns(), subs_before, "no export made");
     assert!(admin.get("Disk", "disk-c").await.is_err(), "no disk made");
+    // the rule disk_add follows: a file holding a file system is not a disk
+    // (an lvstore would overwrite it); it is left as it was
+    let fs_file = dir.path().join("fs.img");
+    {
+        use std::io::{Seek, SeekFrom, Write};
+        let mut f = std::fs::File::create(&fs_file).expect("fs file");
+        f.set_len(64 * MIB).expect("len");
+        f.seek(SeekFrom::Start(1080)).expect("seek");
+        f.write_all(&[0x53, 0xef]).expect("ext4 magic");
+    }
+    let e = disks
+        .disk_create(imrpc::DiskCreateRequest {
+            disk_type: imrpc::DiskType::Block as i32,
+            disk_name: "disk-fs".into(),
+            disk_path: fs_file.display().to_string(),
+            block_size: 4096,
+            disk_driver: "aio".into(),
+            ..Default::default()
+        })
+        .await
+        .expect_err("a file with a file system");
+    assert!(
+        e.message().contains("disk-fs") && e.message().contains("ext2/3/4 file system"),
+        "{e}"
+    );
+    talon::runtime::testing::eventually("no disk-fs left", Duration::from_secs(10), || async {
+        admin.get("Disk", "disk-fs").await.is_err().then_some(())
+    })
+    .await;
+    let head = std::fs::read(&fs_file).expect("read");
+    assert_eq!(&head[1080..1082], &[0x53, 0xef], "the file is as it was");
+    assert!(!lvols(&spdk).await.keys().any(|k| k.starts_with("talon-disk-fs")));
 
     d.stop().await;
     double.stop().await;

@@ -337,6 +337,11 @@ pub struct DiskAddParams {
     /// lvstore cluster size in MiB (default 1).
     #[serde(default)]
     pub cluster_mib: Option<u32>,
+    /// Overwrite what the path holds (a file system, a partition table,
+    /// other data): its first and last MiB are zeroed before it is added.
+    /// Never an lvstore's.
+    #[serde(default)]
+    pub wipe: bool,
     /// Wait until its lvstore is ready (or failed); fails at once with
     /// spdk_tgt's cause when that target is failed.
     #[serde(default)]
@@ -1015,18 +1020,27 @@ pub fn register(api: &mut ApiBuilder) {
             };
             match (&p.path, &p.pci) {
                 (Some(path), None) if path.starts_with('/') => {
-                    // an lvstore overwrites what is there: only talon's files, new paths and
-                    // block devices nobody holds
+                    // an lvstore overwrites what is there: new paths, zeros, lvstores,
+                    // and with `wipe` what else a device nobody holds carries
                     let path = std::path::PathBuf::from(path);
-                    tokio::task::spawn_blocking(move || crate::host::disk_target::check(&path))
-                        .await
-                        .map_err(|e| ApiError::new(ErrorKind::Internal, e.to_string()))?
-                        .map_err(|e| {
-                            ApiError::new(
-                                FailedPrecondition,
-                                format!("disk {name}: {}", crate::util::error_chain(&e)),
-                            )
-                        })?;
+                    let wipe = p.wipe;
+                    tokio::task::spawn_blocking(move || {
+                        use crate::host::disk_target;
+                        let content = disk_target::check(&path, wipe)?;
+                        if wipe && !content.is_blank() && content != disk_target::Content::Lvstore {
+                            disk_target::wipe(&path)?;
+                            tracing::warn!(path = %path.display(), was = %content, "disk wiped (its first and last MiB zeroed)");
+                        }
+                        Ok::<_, disk_target::DiskTargetError>(())
+                    })
+                    .await
+                    .map_err(|e| ApiError::new(ErrorKind::Internal, e.to_string()))?
+                    .map_err(|e| {
+                        ApiError::new(
+                            FailedPrecondition,
+                            format!("disk {name}: {}", crate::util::error_chain(&e)),
+                        )
+                    })?;
                 }
                 (Some(path), None) => {
                     return Err(ApiError::invalid(format!(

@@ -232,6 +232,10 @@ pub enum DiskCommand {
         /// Size of a file disk, e.g. `20GiB`.
         #[arg(long)]
         size: Option<String>,
+        /// Overwrite what the path holds (a file system, partition table or
+        /// other data; never an lvstore): its first and last MiB are zeroed.
+        #[arg(long)]
+        wipe: bool,
         /// Return at once instead of waiting until its lvstore is ready.
         #[arg(long)]
         no_wait: bool,
@@ -665,6 +669,7 @@ pub async fn run_disk(c: &Client, cmd: DiskCommand) -> Result<(), CliError> {
             path,
             pci,
             size,
+            wipe,
             no_wait,
         } => {
             let params = DiskAddParams {
@@ -674,6 +679,7 @@ pub async fn run_disk(c: &Client, cmd: DiskCommand) -> Result<(), CliError> {
                 size_bytes: None,
                 size,
                 cluster_mib: None,
+                wipe,
                 wait: !no_wait,
                 timeout_seconds: None,
             };

@@ -557,7 +557,7 @@ fn mounted_at(
 }
 
 /// Looks for data in the first 68 KiB of a block device: GPT, MBR, ext2/3/4,
-/// XFS, btrfs, LVM2 physical volume, swap.
+/// XFS, btrfs, LVM2 physical volume, LUKS, md (1.1, 1.2), swap.
 pub fn signature(root: &HostRoot, bdf: &str, ns: &str) -> Result<Option<&'static str>, PciError> {
     let dev = format!("/dev/{ns}");
     let path = root.path(&dev);
@@ -580,6 +580,13 @@ pub fn detect_signature(buf: &[u8]) -> Option<&'static str> {
     }
     if (0..4).any(|s| at(s * 512, b"LABELONE") && at(s * 512 + 0x18, b"LVM2 001")) {
         return Some("an LVM2 physical volume");
+    }
+    if at(0, b"LUKS\xba\xbe") {
+        return Some("a LUKS volume");
+    }
+    // md superblocks 1.1 (at 0) and 1.2 (at 4 KiB); 0.90 and 1.0 live at the end
+    if at(0, &0xa92b_4efc_u32.to_le_bytes()) || at(4096, &0xa92b_4efc_u32.to_le_bytes()) {
+        return Some("an md RAID member");
     }
     if at(0, b"XFSB") {
         return Some("an XFS file system");

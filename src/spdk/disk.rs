@@ -11,7 +11,8 @@
 //!                    ├─ pci: bdev_nvme_attach_controller "talon-disk-<d>" at its BDF
 //!                    │        └─> bdev "talon-disk-<d>n1"
 //!                    ├─ bdev_wait_for_examine ─> lvstore "talon-<d>" imported?
-//!                    │        no ─> bdev_lvol_create_lvstore (cluster clusterMib)
+//!                    │        no ─> the path blank (zeros)? no ─> refused (host::disk_target)
+//!                    │              yes ─> bdev_lvol_create_lvstore (cluster clusterMib)
 //!                    │              fails ─> roll back the bdev/file made here
 //!                    └─> the lvstore (sizes for DiskStatus)
 //!   DiskOps::teardown: lvols left? ─yes─> Some("still holds lvols: ...")
@@ -32,6 +33,7 @@ use super::rpc::{
 };
 use super::{ClientError, ErrorKind, SpdkClient};
 use crate::host::HostRoot;
+use crate::host::disk_target;
 use crate::host::mounts::{fs_type_at, parse_mountinfo};
 use crate::names::ObjectName;
 use crate::resources::config::Disk;
@@ -135,6 +137,18 @@ pub enum DiskError {
         disk: String,
         /// The lvstore.
         lvstore: String,
+    },
+    /// The path holds something an lvstore would overwrite: data, a
+    /// signature, or an lvstore SPDK did not load as this disk's.
+    #[error("Disk {disk}: no lvstore {lvstore} is loaded from it, and it is not blank")]
+    NotBlank {
+        /// The disk.
+        disk: String,
+        /// The lvstore looked for.
+        lvstore: String,
+        /// What the path holds.
+        #[source]
+        source: disk_target::DiskTargetError,
     },
     /// An SPDK call failed.
     #[error("Disk {disk}: {op} failed")]
@@ -404,6 +418,27 @@ impl DiskOps {
                 });
             }
             return Ok(l);
+        }
+        // the last look before an lvstore overwrites the disk: only over
+        // zeros (an lvstore that did not load, e.g. while the target shuts
+        // down or another node's, is never overwritten)
+        if let Some(path) = &spec.path {
+            let (path, shown) = (PathBuf::from(path), PathBuf::from(path));
+            let blank = tokio::task::spawn_blocking(move || disk_target::check_blank(&path))
+                .await
+                .unwrap_or_else(|e| {
+                    Err(disk_target::DiskTargetError::Inspect {
+                        path: shown,
+                        source: std::io::Error::other(e),
+                    })
+                });
+            if let Err(source) = blank {
+                return Err(DiskError::NotBlank {
+                    disk: n.disk.clone(),
+                    lvstore: n.lvstore.clone(),
+                    source,
+                });
+            }
         }
         let params = LvstoreCreate {
             bdev_name: n.bdev.clone(),

@@ -37,8 +37,10 @@ const MAX_ROUNDS: usize = 3;
 /// Failed steps in a row before the rebuild is reported failed (ERR)...
 pub(super) const MAX_FAILURES: u32 = 3;
 /// ...and for at least this long: a peer whose talon or spdk_tgt is still
-/// starting (seconds on a loaded node) is waited for, not failed at once.
-const FAIL_AFTER: Duration = Duration::from_secs(60);
+/// starting (seconds on a loaded node) is waited for, not failed at once; one
+/// gone for this long is failed, the bound Longhorn gives a remote replica's
+/// link (ctrlr_loss_timeout 15 s).
+const FAIL_AFTER: Duration = Duration::from_secs(15);
 /// The pause after a failed step: doubles from 1 s, at most this.
 const MAX_RETRY_PAUSE: Duration = Duration::from_secs(8);
 /// How long the switch waits for its last copy.
@@ -957,7 +959,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_failing_step_is_retried_after_pauses_and_fails_for_good_only_after_a_minute() {
+    fn a_failing_step_is_retried_after_pauses_and_fails_for_good_only_after_15_s() {
         let t = ThinRebuilds::default();
         let t0 = Instant::now();
         // a peer still starting: three fast failures are not the end
@@ -973,7 +975,7 @@ mod tests {
         }
         let late = t0 + Duration::from_secs(13);
         assert!(t.pausing("e", "r", late) && !t.pausing("e", "r", late + MAX_RETRY_PAUSE));
-        // failing for a minute and more: for good
+        // failing for 15 s and more: for good
         assert_eq!(t.failed("e", "r", t0 + FAIL_AFTER), Failed::ForGood(10));
         // another replica, and a forgotten one, start afresh
         assert_eq!(t.failed("e", "r2", t0), Failed::Retry(1));
