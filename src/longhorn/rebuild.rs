@@ -86,7 +86,7 @@ impl ReplicaLvols {
             if !alias.starts_with(&format!("{lvs}/")) {
                 break;
             }
-            let bytes = l.num_allocated_clusters * cluster;
+            let bytes = l.num_allocated_clusters.saturating_mul(cluster);
             let parent = inv.parent_of(alias).and_then(|p| snap_of(&p));
             if l.name == replica {
                 out.head = true;

@@ -1409,7 +1409,7 @@ impl disk_service_server::DiskService for Longhorn {
                     disk_name: name.as_str().to_owned(),
                     disk_uuid: d.lvstore_uuid.clone(),
                     spec_size,
-                    actual_size: l.num_allocated_clusters * d.cluster_bytes,
+                    actual_size: l.num_allocated_clusters.saturating_mul(d.cluster_bytes),
                 },
             );
         }

@@ -142,13 +142,15 @@ impl Inventory {
         self.raids.iter().find(|r| r.name == name)
     }
 
-    /// Disk names with a talon lvstore, with free bytes.
+    /// Disk names with a talon lvstore, with free bytes. An lvstore whose
+    /// figures make no sense is left out (no replica is placed on it; the
+    /// disk controller reports it failed, saying why).
     pub fn disks(&self) -> Vec<(String, u64)> {
         self.lvstores
             .iter()
             .filter_map(|l| {
                 let d = l.name.strip_prefix(LVS_PREFIX)?;
-                Some((d.to_owned(), l.free_clusters * l.cluster_size))
+                Some((d.to_owned(), l.bytes().ok()?.free))
             })
             .collect()
     }

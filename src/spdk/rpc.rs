@@ -288,6 +288,49 @@ pub struct Lvstore {
     pub cluster_size: u64,
 }
 
+/// An lvstore's sizes in bytes, from figures that make sense.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LvstoreBytes {
+    /// Its data clusters, in bytes.
+    pub total: u64,
+    /// Its free clusters, in bytes.
+    pub free: u64,
+    /// One cluster.
+    pub cluster: u64,
+}
+
+impl Lvstore {
+    /// Its sizes, when SPDK's figures make sense: a cluster size that is a
+    /// power of two and a multiple of the block size, no more free clusters
+    /// than clusters, and byte counts that fit in 64 bits. Otherwise why not
+    /// (a disk pulled under its lvstore was seen reporting such figures).
+    pub fn bytes(&self) -> Result<LvstoreBytes, String> {
+        let what = |why: String| format!("lvstore {} reports {why}", self.name);
+        let (c, b) = (self.cluster_size, u64::from(self.block_size));
+        if !c.is_power_of_two() || b == 0 || c % b != 0 {
+            return Err(what(format!("a cluster size of {c} bytes on {b}-byte blocks")));
+        }
+        if self.free_clusters > self.total_data_clusters {
+            return Err(what(format!(
+                "{} free clusters of {}",
+                self.free_clusters, self.total_data_clusters
+            )));
+        }
+        let total = self.total_data_clusters.checked_mul(c).ok_or_else(|| {
+            what(format!(
+                "{} clusters of {c} bytes (more than 2^64 bytes)",
+                self.total_data_clusters
+            ))
+        })?;
+        Ok(LvstoreBytes {
+            total,
+            // no more than total: cannot overflow
+            free: self.free_clusters * c,
+            cluster: c,
+        })
+    }
+}
+
 /// `bdev_lvol_create` params.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -1578,6 +1621,53 @@ impl SpdkClient {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn lvstore_figures_that_make_no_sense_are_refused_never_overflow() {
+        let lvs = |total: u64, free: u64, cluster: u64| Lvstore {
+            uuid: "u".into(),
+            name: "talon-d1".into(),
+            base_bdev: "talon-disk-d1".into(),
+            total_data_clusters: total,
+            free_clusters: free,
+            block_size: 4096,
+            cluster_size: cluster,
+        };
+        let mib = 1 << 20;
+        assert_eq!(
+            lvs(1024, 1000, mib).bytes(),
+            Ok(LvstoreBytes {
+                total: 1024 * mib,
+                free: 1000 * mib,
+                cluster: mib
+            })
+        );
+        // seen: a disk pulled under its lvstore, free_clusters * cluster_size overflowed
+        let e = lvs(u64::MAX, u64::MAX, mib).bytes().expect_err("2^84 bytes");
+        assert!(e.contains("talon-d1") && e.contains("2^64"), "{e}");
+        assert!(
+            lvs(10, 11, mib)
+                .bytes()
+                .expect_err("free > total")
+                .contains("11 free clusters of 10")
+        );
+        assert!(lvs(10, 1, 0).bytes().is_err(), "no cluster size");
+        assert!(lvs(10, 1, 3 * mib).bytes().is_err(), "not a power of two");
+        assert!(lvs(10, 1, 2048).bytes().is_err(), "smaller than a block");
+        let mut inv = crate::spdk::inventory::Inventory::default();
+        inv.lvstores = vec![
+            lvs(u64::MAX, u64::MAX, mib),
+            Lvstore {
+                name: "talon-d2".into(),
+                ..lvs(1024, 512, mib)
+            },
+        ];
+        assert_eq!(
+            inv.disks(),
+            vec![("d2".to_string(), 512 * mib)],
+            "d1 is never placed on"
+        );
+    }
 
     #[test]
     fn thin_lvol_params_match_spdk() {

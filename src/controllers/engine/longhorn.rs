@@ -341,7 +341,9 @@ impl LonghornController {
         let mut st = status(InstanceKind::Replica, InstanceState::Running, "");
         st.bdev = alias.clone();
         st.uuid = lvol.uuid.clone();
-        st.allocated_bytes = lvol.num_allocated_clusters * disk.spec.cluster_bytes;
+        st.allocated_bytes = lvol
+            .num_allocated_clusters
+            .saturating_mul(disk.spec.cluster_bytes);
         if held {
             self.unexport(inv, nqn.as_str()).await?;
             st.message = "held by an engine on this node (its raid1 claims the lvol)".into();

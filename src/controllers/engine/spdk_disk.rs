@@ -54,9 +54,9 @@ fn disk_status(n: &DiskNames, state: ObjectState, lvs: Option<&Lvstore>, message
         bdev: n.bdev.clone(),
         lvstore: n.lvstore.clone(),
         lvstore_uuid: lvs.map(|l| l.uuid.clone()).unwrap_or_default(),
-        total_bytes: lvs.map_or(0, |l| l.total_data_clusters.saturating_mul(l.cluster_size)),
-        free_bytes: lvs.map_or(0, |l| l.free_clusters.saturating_mul(l.cluster_size)),
-        cluster_bytes: lvs.map_or(0, |l| l.cluster_size),
+        total_bytes: lvs.and_then(|l| l.bytes().ok()).map_or(0, |b| b.total),
+        free_bytes: lvs.and_then(|l| l.bytes().ok()).map_or(0, |b| b.free),
+        cluster_bytes: lvs.and_then(|l| l.bytes().ok()).map_or(0, |b| b.cluster),
         message,
     }
 }
@@ -188,10 +188,19 @@ impl Controller for SpdkDiskController {
                 }
             };
             match self.ops.ensure(&n, &spec).await {
-                Ok(l) => {
-                    let msg = format!("lvstore {} on {}", n.lvstore, n.bdev);
-                    ctx.apply(d.id(), disk_status(&n, ObjectState::Ready, Some(&l), msg))?;
-                }
+                Ok(l) => match l.bytes() {
+                    Ok(_) => {
+                        let msg = format!("lvstore {} on {}", n.lvstore, n.bdev);
+                        ctx.apply(d.id(), disk_status(&n, ObjectState::Ready, Some(&l), msg))?;
+                    }
+                    Err(why) => {
+                        // never placed on (Inventory::disks leaves it out)
+                        retry = true;
+                        let msg = format!("{why}: the disk is not used until its figures make sense");
+                        tracing::warn!(disk = %n.disk, error = %msg, "disk not ready");
+                        ctx.apply(d.id(), disk_status(&n, ObjectState::Failed, None, msg))?;
+                    }
+                },
                 Err(e) => {
                     retry = true;
                     let msg = crate::util::error_chain(&e);

@@ -390,7 +390,7 @@ impl VolumeOps {
         for r in &local.replicas {
             let cluster = inv.lvstore(&r.disk).map_or(MIB, |s| s.cluster_size);
             let (bdev, allocated) = match inv.lvols.get(&r.alias) {
-                Some(l) => (l.uuid.clone(), l.num_allocated_clusters * cluster),
+                Some(l) => (l.uuid.clone(), l.num_allocated_clusters.saturating_mul(cluster)),
                 None => (new_bdevs.get(&r.alias).cloned().unwrap_or_default(), 0),
             };
             replicas.push(ReplicaInfo {
@@ -1294,7 +1294,7 @@ impl VolumeOps {
         let (disk, alias) = (r.disk.clone(), r.alias.clone());
         let cluster = inv.lvstore(&disk).map_or(MIB, |s| s.cluster_size);
         let (bdev, allocated) = match (&r.make, inv.lvols.get(&alias)) {
-            (None, Some(l)) => (l.uuid.clone(), l.num_allocated_clusters * cluster),
+            (None, Some(l)) => (l.uuid.clone(), l.num_allocated_clusters.saturating_mul(cluster)),
             (make, _) => {
                 // a served replica starts thin and empty (its engine rebuilds it)
                 let thin = Make::Thin {

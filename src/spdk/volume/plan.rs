@@ -268,7 +268,7 @@ pub fn local_for(
     let sb = superblock;
     let cluster = |disk: &str| inv.lvstore(disk).map_or(MIB, |l| l.cluster_size.max(1));
     let room = |disk: &str| if sb { superblock_room(cluster(disk)) } else { 0 };
-    let whole = |bytes: u64, disk: &str| bytes.div_ceil(cluster(disk)) * cluster(disk);
+    let whole = |bytes: u64, disk: &str| bytes.div_ceil(cluster(disk)).saturating_mul(cluster(disk));
     let lvol_mib = |disk: &str| mib + room(disk).div_ceil(MIB);
     let mut existing = BTreeMap::new();
     for &k in ks {
@@ -373,7 +373,7 @@ pub fn local_for(
                 ),
                 None => (
                     Some(Make::Thin { mib: lvol_mib(disk) }),
-                    whole(lvol_mib(disk) * MIB, disk),
+                    whole(lvol_mib(disk).saturating_mul(MIB), disk),
                 ),
             }
         };
