@@ -1654,14 +1654,16 @@ mod tests {
         assert!(lvs(10, 1, 0).bytes().is_err(), "no cluster size");
         assert!(lvs(10, 1, 3 * mib).bytes().is_err(), "not a power of two");
         assert!(lvs(10, 1, 2048).bytes().is_err(), "smaller than a block");
-        let mut inv = crate::spdk::inventory::Inventory::default();
-        inv.lvstores = vec![
-            lvs(u64::MAX, u64::MAX, mib),
-            Lvstore {
-                name: "talon-d2".into(),
-                ..lvs(1024, 512, mib)
-            },
-        ];
+        let inv = crate::spdk::inventory::Inventory {
+            lvstores: vec![
+                lvs(u64::MAX, u64::MAX, mib),
+                Lvstore {
+                    name: "talon-d2".into(),
+                    ..lvs(1024, 512, mib)
+                },
+            ],
+            ..Default::default()
+        };
         assert_eq!(
             inv.disks(),
             vec![("d2".to_string(), 512 * mib)],
