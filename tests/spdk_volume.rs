@@ -1247,7 +1247,7 @@ async fn a_remote_replica_served_by_another_node_joins_the_raid1() {
     let st = ready(&a.state, "rv", "engine on A").await;
     assert_eq!(st.device, "talon-raid-rv");
     assert_eq!(st.replicas, vec!["rv-r0", "rv-r1"]);
-    assert_eq!(ledger(&a.state, "rv").map(|l| l.0), Some(vec![0, 1]));
+    ledger_becomes(&a.state, "rv", &[0, 1], "both replicas in A's ledger").await;
     let raid = a.client.bdev("talon-raid-rv").await.expect("get").expect("raid");
     assert_eq!(raid.size_bytes(), 16 * MIB);
     let r1 = replica(&a.state, "rv-r1").expect("remote replica status");

@@ -286,9 +286,41 @@ pub enum NodeCommand {
     Drain,
 }
 
-fn init_logging(format: LogFormat) {
+/// Directives added to every log filter: the HTTP and gRPC libraries'
+/// trace output carries request headers (the TCP listener's bearer token),
+/// so they log at debug at most, whatever `TALON_LOG` says.
+const NEVER_TRACED: &[&str] = &[
+    "hyper=debug",
+    "hyper_util=debug",
+    "h2=debug",
+    // jsonrpsee's targets are `jsonrpsee`, `jsonrpsee-server`, `jsonrpsee-client`
+    // (prefixes match); its trace has request bodies too (CHAP and DH-HMAC secrets)
+    "jsonrpsee=debug",
+    "jsonrpsee_server=debug",
+    "jsonrpsee_core=debug",
+    "soketto=debug",
+    "tonic=debug",
+    "tower=debug",
+    "tower_http=debug",
+];
+
+/// The log filter for `spec` (`TALON_LOG`'s syntax; `info` when none or
+/// invalid), with the HTTP libraries capped below trace.
+pub fn log_filter(spec: Option<&str>) -> tracing_subscriber::EnvFilter {
     use tracing_subscriber::EnvFilter;
-    let filter = EnvFilter::try_from_env("TALON_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
+    let mut f = spec
+        .and_then(|s| EnvFilter::try_new(s).ok())
+        .unwrap_or_else(|| EnvFilter::new("info"));
+    for d in NEVER_TRACED {
+        if let Ok(d) = d.parse() {
+            f = f.add_directive(d);
+        }
+    }
+    f
+}
+
+fn init_logging(format: LogFormat) {
+    let filter = log_filter(std::env::var("TALON_LOG").ok().as_deref());
     // colours only for a person at a terminal: a log file or journal gets plain text
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let builder = tracing_subscriber::fmt()

@@ -184,7 +184,7 @@ impl Target {
         if cfg.interrupt_mode {
             bin = interrupt_mode_program(&bin);
         }
-        std::fs::create_dir_all(&cfg.run_dir).map_err(|source| TargetError::RunDir {
+        crate::util::private::dir(&cfg.run_dir).map_err(|source| TargetError::RunDir {
             path: cfg.run_dir.clone(),
             source,
         })?;
@@ -196,12 +196,9 @@ impl Target {
             path: log_path.clone(),
             source,
         };
-        // afresh for each target, appended to (so that a copytruncate rotation leaves no hole)
-        std::fs::File::create(&log_path).map_err(log_err)?;
-        let log = std::fs::OpenOptions::new()
-            .append(true)
-            .open(&log_path)
-            .map_err(log_err)?;
+        // afresh for each target, appended to (so that a copytruncate rotation
+        // leaves no hole), root's only
+        let log = crate::util::private::log(&log_path, true).map_err(log_err)?;
         let log2 = log.try_clone().map_err(log_err)?;
         let mut child = Command::new(&bin)
             .arg0(arg0)

@@ -17,7 +17,7 @@
 //! port is taken, which is why the listening check is not optional.
 
 use std::collections::HashSet;
-use std::fs::{self, OpenOptions};
+use std::fs;
 use std::io;
 use std::net::SocketAddr;
 use std::os::unix::process::CommandExt;
@@ -213,19 +213,15 @@ impl Tgtd {
     /// Starts tgtd, waits until it answers and checks that it listens on the
     /// portal only; otherwise stops it and fails.
     pub fn start(cfg: TgtdConfig) -> Result<Self, DaemonError> {
-        fs::create_dir_all(&cfg.run_dir).map_err(|source| DaemonError::RunDir {
+        crate::util::private::dir(&cfg.run_dir).map_err(|source| DaemonError::RunDir {
             path: cfg.run_dir.clone(),
             source,
         })?;
         let log_path = cfg.log_path();
-        let log = OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&log_path)
-            .map_err(|source| DaemonError::RunDir {
-                path: log_path.clone(),
-                source,
-            })?;
+        let log = crate::util::private::log(&log_path, false).map_err(|source| DaemonError::RunDir {
+            path: log_path.clone(),
+            source,
+        })?;
         let log2 = log.try_clone().map_err(|source| DaemonError::RunDir {
             path: log_path.clone(),
             source,

@@ -6,12 +6,13 @@
 //!        │  (every arrow points down; util imports no crate:: module)
 //!        v
 //!   util::error (error_chain)   util::backoff (Backoff)   util::root (HostRoot)
-//!   util::nvme_auth (DH-HMAC-CHAP and TLS PSK files)
+//!   util::nvme_auth (DH-HMAC-CHAP and TLS PSK files)   util::private (0700 dirs, 0600 logs)
 //! ```
 
 pub mod backoff;
 pub mod error;
 pub mod nvme_auth;
+pub mod private;
 pub mod root;
 
 pub use backoff::Backoff;
