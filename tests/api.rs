@@ -256,6 +256,64 @@ async fn watch_streams_create_update_destroy_and_state_survives_restart() {
     d.stop().await;
 }
 
+/// A V1 snapshot that failed (the data dir's file system has no reflink)
+/// holds nothing: it does not block `volume_delete`, and goes with it. One
+/// that was taken still does.
+#[tokio::test]
+async fn a_snapshot_that_failed_and_holds_nothing_goes_with_its_volume() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    // its own iSCSI port: other tests' daemons hold 3260
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port();
+    let d = start(serve_daemon::opts_with_config(
+        dir.path(),
+        serve_daemon::no_spdk(),
+        &format!("node: {{ engine: v1, listenAddress: 127.0.0.1, iscsiPort: {port} }}\n"),
+    ))
+    .await;
+    let c = d.client().await;
+    let _: Value = c
+        .call(
+            "volume_create",
+            json!({"name": "plain", "size": "4MiB", "wait": true, "timeoutSeconds": 30}),
+        )
+        .await
+        .expect("create");
+    let taken = c
+        .call::<_, Value>(
+            "snapshot_create",
+            json!({"volume": "plain", "name": "s1", "wait": true, "timeoutSeconds": 30}),
+        )
+        .await;
+    if taken.is_ok() {
+        eprintln!(
+            "SKIP a_snapshot_that_failed_and_holds_nothing_goes_with_its_volume: {} supports reflink",
+            dir.path().display()
+        );
+        d.stop().await;
+        return;
+    }
+    let e = taken.expect_err("no reflink");
+    assert!(e.to_string().contains("reflink"), "{e}");
+    let _: Value = c
+        .call("volume_delete", json!({"name": "plain"}))
+        .await
+        .expect("delete, the failed snapshot with it");
+    talon::runtime::testing::eventually(
+        "the volume and its failed snapshot gone",
+        Duration::from_secs(10),
+        || async {
+            (c.get("volume", "plain").await.is_err() && c.get("snapshot", "plain@s1").await.is_err())
+                .then_some(())
+        },
+    )
+    .await;
+    d.stop().await;
+}
+
 /// What a newcomer gets wrong is refused with the volume's name and the rule:
 /// more than one replica where the volume would be V1, an unknown size unit,
 /// a name that cannot be a volume's; a missing volume reads `volume "x" not found`.

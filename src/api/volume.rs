@@ -759,13 +759,21 @@ pub fn register(api: &mut ApiBuilder) {
                     format!("volume {:?} is attached on this host; detach it first", p.name),
                 ));
             }
-            let clones: Vec<String> = ctx
+            // a snapshot that failed and holds nothing (V1 on a file system
+            // without reflink) goes with the volume; any other is kept
+            let (never_taken, clones): (Vec<String>, Vec<String>) = ctx
                 .state
                 .list_typed::<Snapshot>()?
                 .into_iter()
                 .filter(|s| s.spec.volume == p.name)
                 .map(|s| s.metadata.id)
-                .collect();
+                .partition(|id| {
+                    ctx.state
+                        .get_typed::<SnapshotStatus>(id)
+                        .ok()
+                        .flatten()
+                        .is_some_and(|st| st.spec.state == ObjectState::Failed && st.spec.objects.is_empty())
+                });
             if !clones.is_empty() {
                 return Err(ApiError::new(
                     FailedPrecondition,
@@ -775,6 +783,9 @@ pub fn register(api: &mut ApiBuilder) {
                         clones.join(", ")
                     ),
                 ));
+            }
+            for id in &never_taken {
+                ctx.state.destroy(Snapshot::NAMESPACE, Snapshot::TYPE, id, "")?;
             }
             let d = ctx
                 .state
