@@ -92,6 +92,7 @@ async fn api_round_trip() -> (Duration, Duration, usize) {
         host_root: "/".into(),
         spdk: Default::default(),
         stop_targets_on_exit: true,
+        set_aside_orphan_data: false,
     };
     let socket = opts.socket.clone();
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();

@@ -770,6 +770,7 @@ fn main() {
                 ..Default::default()
             },
             stop_targets_on_exit: true,
+            set_aside_orphan_data: false,
         };
         let base = free_base();
         let (stop, rx) = tokio::sync::oneshot::channel::<()>();

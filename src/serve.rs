@@ -1,7 +1,8 @@
 //! `talon serve`: the node daemon.
 //!
 //! ```text
-//!   data dir ──flock talon.lock──> State::open(state.redb) ──> config file applied (desired state)
+//!   data dir ──flock talon.lock──> State::open_typed(state.redb) ──> config file applied (desired state)
+//!        │        (every record decoded; a missing store beside V1 volume files refused)
 //!        └──> hugepages sized for the desired state (host::prepare_at_start)
 //!        └──> Runtime (controllers::register_all) ──start──┐
 //!   API: bind_unix(socket 0600) [+ TCP with token] ────────┼──> serve until SIGINT/SIGTERM
@@ -27,7 +28,7 @@ use crate::controllers::{self, Deps};
 use crate::host::HostRoot;
 use crate::names::ObjectName;
 use crate::resources::config::{Disk, EngineKind, NodeConfig, Volume};
-use crate::runtime::{Runtime, State, StateError};
+use crate::runtime::{Runtime, Spec, State, StateError};
 
 /// Options of `talon serve`.
 #[derive(Debug, Clone)]
@@ -54,6 +55,10 @@ pub struct ServeOptions {
     /// Stop spdk_tgt and tgtd when talon stops (a drain of the node); by
     /// default they keep serving and the next talon adopts them.
     pub stop_targets_on_exit: bool,
+    /// Start although `state.redb` is missing while `<data_dir>/v1` holds
+    /// volume data: the files are set aside under `<data_dir>/v1/orphaned/`
+    /// (kept, never served). Without it talon refuses to start.
+    pub set_aside_orphan_data: bool,
 }
 
 /// The shortest bearer token the TCP listener accepts (256 bits of a random
@@ -85,6 +90,22 @@ pub enum ServeError {
     },
     #[error(transparent)]
     State(#[from] StateError),
+    #[error(
+        "state store {store} does not exist, but the data directory holds volume data it described: \
+         {files}; the store that described them is missing (deleted or moved), and starting as an \
+         empty node would serve a new volume of an old name from its old file. Put the store back \
+         (or restore it from a backup), or start with --set-aside-orphan-data to move these to \
+         {orphaned}/ (kept, never served) and start empty",
+        files = list_paths(files),
+        orphaned = orphaned.display()
+    )]
+    OrphanData {
+        store: PathBuf,
+        files: Vec<PathBuf>,
+        orphaned: PathBuf,
+    },
+    #[error(transparent)]
+    V1Data(#[from] crate::tgt::VolumeError),
     #[error("config file {path} cannot be read")]
     ConfigRead {
         path: PathBuf,
@@ -120,6 +141,58 @@ pub enum ServeError {
     Target(#[from] crate::spdk::target::TargetError),
     #[error(transparent)]
     Longhorn(#[from] crate::longhorn::server::LonghornError),
+}
+
+/// Up to ten paths, comma-separated, then how many more.
+fn list_paths(paths: &[PathBuf]) -> String {
+    let mut s = paths
+        .iter()
+        .take(10)
+        .map(|p| p.display().to_string())
+        .collect::<Vec<_>>()
+        .join(", ");
+    if paths.len() > 10 {
+        s.push_str(&format!(" and {} more", paths.len() - 10));
+    }
+    s
+}
+
+/// Opens the state store, decoding every record with its typed spec, and
+/// deals with V1 volume data no record describes:
+///
+/// - the store does not exist but volume files do: refused
+///   ([`ServeError::OrphanData`]) unless `set_aside` (`--set-aside-orphan-data`);
+/// - otherwise files of volumes the store does not hold (a store restored from
+///   an older backup) are moved to `<data_dir>/v1/orphaned/<time>/` with a
+///   warning, so that a new volume of the same name never serves an old file.
+fn open_store(data_dir: &Path, set_aside: bool) -> Result<State, ServeError> {
+    let path = data_dir.join("state.redb");
+    let v1 = crate::tgt::V1Store::new(data_dir);
+    let missing =
+        matches!(std::fs::symlink_metadata(&path), Err(e) if e.kind() == std::io::ErrorKind::NotFound);
+    if missing && !set_aside {
+        let files = v1.orphans(&Default::default())?;
+        if !files.is_empty() {
+            return Err(ServeError::OrphanData {
+                store: path,
+                files,
+                orphaned: data_dir.join("v1/orphaned"),
+            });
+        }
+    }
+    let state = State::open_typed(&path, &crate::resources::registry())?;
+    let known = state
+        .list(Volume::NAMESPACE, Volume::TYPE)
+        .into_iter()
+        .map(|r| r.metadata.id)
+        .collect();
+    let orphans = v1.orphans(&known)?;
+    if !orphans.is_empty() {
+        let to = v1.set_aside(&orphans)?;
+        tracing::warn!(files = %list_paths(&orphans), to = %to.display(),
+            "volume data that no volume of the state store describes was set aside (kept, never served)");
+    }
+    Ok(state)
 }
 
 /// The desired state a config file may carry.
@@ -367,7 +440,7 @@ pub async fn serve_with(
     })?;
     let _lock = lock_data_dir(&data_dir)?;
     make_private(&data_dir)?;
-    let state = State::open(&data_dir.join("state.redb"))?;
+    let state = open_store(&data_dir, opts.set_aside_orphan_data)?;
     make_private(&data_dir.join("state.redb"))?;
     if state.get_typed::<NodeConfig>("node")?.is_none() {
         state.create_typed("node", "", &NodeConfig::default())?;

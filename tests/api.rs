@@ -405,13 +405,20 @@ async fn the_data_dir_is_made_private_and_a_damaged_store_refused() {
         std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o644)).expect("chmod");
     }
     let etc_mode = std::fs::metadata("/etc/hostname").map(|m| m.permissions().mode());
-    let d = start(opts(dir.path())).await;
+    // no store beside a volume file: it is set aside (kept, its mode made private first)
+    let d = start(ServeOptions {
+        set_aside_orphan_data: true,
+        ..opts(dir.path())
+    })
+    .await;
+    let aside = set_aside_dirs(&data);
+    assert_eq!(aside.len(), 1, "{aside:?}");
     let mode = |p: &Path| std::fs::symlink_metadata(p).expect("stat").permissions().mode() & 0o7777;
     for p in [data.clone(), data.join("v1"), vols.clone(), data.join("nvme")] {
         assert_eq!(mode(&p), 0o700, "{}", p.display());
     }
     for p in [
-        vols.join("old.img"),
+        aside[0].join("volumes/old.img"),
         data.join("nvme/hostnqn"),
         data.join("state.redb"),
     ] {
@@ -435,6 +442,136 @@ async fn the_data_dir_is_made_private_and_a_damaged_store_refused() {
         msg.contains("damaged") && msg.contains(&data.join("state.redb").display().to_string()),
         "{msg}"
     );
+}
+
+/// The directories `--set-aside-orphan-data` (or a start on a store that does
+/// not describe some volume files) moved volume data to.
+fn set_aside_dirs(data: &Path) -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = match std::fs::read_dir(data.join("v1/orphaned")) {
+        Ok(d) => d.map(|e| e.expect("entry").path()).collect(),
+        Err(_) => Vec::new(),
+    };
+    v.sort();
+    v
+}
+
+/// `state.redb` deleted while V1 volume files stay: talon refuses to start,
+/// naming the files and the missing store, and makes no store (so the next
+/// start refuses too). With `--set-aside-orphan-data` it starts empty and the
+/// files are moved, data intact, under `v1/orphaned/`: a new volume of an old
+/// name gets a new file, never the old one at its old size. A store that does
+/// not describe a volume file (restored from an older backup) has it set
+/// aside at start the same way.
+#[tokio::test]
+async fn a_missing_store_beside_volume_files_refuses_the_start_until_set_aside() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    let old = data.join("v1/volumes/old.img");
+    let snaps = data.join("v1/snapshots/old");
+    std::fs::create_dir_all(old.parent().expect("dir")).expect("mkdir");
+    std::fs::create_dir_all(&snaps).expect("mkdir");
+    std::fs::write(&old, b"old data").expect("volume file");
+    std::fs::write(snaps.join("s1.img"), b"snapshot").expect("snapshot file");
+
+    for attempt in ["first", "second"] {
+        let err = serve(opts(dir.path()), async {})
+            .await
+            .expect_err("a missing store beside volume files");
+        let msg = err.to_string();
+        for part in [
+            data.join("state.redb").display().to_string(),
+            old.display().to_string(),
+            snaps.display().to_string(),
+            "missing".to_string(),
+            "--set-aside-orphan-data".to_string(),
+        ] {
+            assert!(msg.contains(&part), "{attempt} start: {part:?} not in: {msg}");
+        }
+        assert!(
+            !data.join("state.redb").exists(),
+            "a refused start makes no store"
+        );
+        assert_eq!(std::fs::read(&old).expect("kept"), b"old data");
+    }
+
+    let d = start(ServeOptions {
+        set_aside_orphan_data: true,
+        ..opts(dir.path())
+    })
+    .await;
+    let c = d.client().await;
+    assert!(c.list("Volume").await.expect("list").is_empty(), "an empty node");
+    assert!(
+        !old.exists() && !snaps.exists(),
+        "the old name is free of old data"
+    );
+    let aside = set_aside_dirs(&data);
+    assert_eq!(aside.len(), 1, "{aside:?}");
+    assert_eq!(
+        std::fs::read(aside[0].join("volumes/old.img")).expect("set aside"),
+        b"old data"
+    );
+    assert_eq!(
+        std::fs::read(aside[0].join("snapshots/old/s1.img")).expect("set aside"),
+        b"snapshot"
+    );
+    c.call::<_, Value>("volume_create", json!({"name": "kept", "sizeBytes": 1u64 << 20}))
+        .await
+        .expect("create a volume");
+    d.stop().await;
+
+    // the store exists now; a volume file it does not describe is set aside at start,
+    // the file of a volume it holds is not
+    let stray = data.join("v1/volumes/stray.img");
+    std::fs::write(&stray, b"stray").expect("stray file");
+    let kept = data.join("v1/volumes/kept.img");
+    std::fs::write(&kept, b"kept").expect("a described file");
+    let d = start(opts(dir.path())).await;
+    d.stop().await;
+    assert!(!stray.exists(), "set aside");
+    // (grown to its volume's size if a tgtd served it meanwhile)
+    assert!(std::fs::read(&kept).expect("kept").starts_with(b"kept"));
+    let found: Vec<PathBuf> = set_aside_dirs(&data)
+        .iter()
+        .map(|d| d.join("volumes/stray.img"))
+        .filter(|p| p.exists())
+        .collect();
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert_eq!(std::fs::read(&found[0]).expect("read"), b"stray");
+}
+
+/// A store record a newer talon wrote (a field this talon does not know)
+/// stops the start with an error naming the record, instead of a daemon whose
+/// controllers fail on it forever and whose new volumes never finish.
+#[tokio::test]
+async fn a_store_record_this_talon_cannot_read_refuses_the_start() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    std::fs::create_dir_all(&data).expect("mkdir");
+    {
+        let s = talon::runtime::State::open(&data.join("state.redb")).expect("store");
+        s.create(
+            "config",
+            "Volume",
+            "from-newer",
+            "",
+            json!({"sizeBytes": 1u64 << 20, "stripes": 4}),
+            Default::default(),
+        )
+        .expect("record");
+    }
+    let err = serve(opts(dir.path()), async {})
+        .await
+        .expect_err("an unreadable record");
+    let msg = err.to_string();
+    for part in [
+        "Volume \"from-newer\"",
+        "unknown field `stripes`",
+        "run the talon version that wrote it",
+    ] {
+        assert!(msg.contains(part), "{part:?} not in: {msg}");
+    }
+    assert!(!dir.path().join("run/talon.sock").exists(), "nothing serves");
 }
 
 #[tokio::test]

@@ -299,6 +299,7 @@ fn serve_opts(dir: &Path, pki: &Pki, tls: TlsOptions, port: u16) -> talon::serve
             ..Default::default()
         },
         stop_targets_on_exit: true,
+        set_aside_orphan_data: false,
     }
 }
 

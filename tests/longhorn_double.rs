@@ -48,6 +48,7 @@ fn opts(dir: &Path) -> ServeOptions {
     };
     ServeOptions {
         stop_targets_on_exit: false,
+        set_aside_orphan_data: false,
         ..serve_daemon::opts(dir, spdk)
     }
 }

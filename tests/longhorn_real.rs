@@ -47,6 +47,7 @@ impl Daemon {
         };
         let opts = ServeOptions {
             stop_targets_on_exit: stop_targets,
+            set_aside_orphan_data: false,
             ..serve_daemon::opts_with_config(dir, spdk, &yaml)
         };
         Daemon::serve(opts, base, 32000..=32099).await

@@ -102,6 +102,7 @@ fn opts(dir: &Path, spdk: &Path, config: &Path) -> ServeOptions {
         config: Some(config.to_path_buf()),
         // the test stops talon with its target, as a drain does (a plain stop leaves it serving)
         stop_targets_on_exit: true,
+        set_aside_orphan_data: false,
         ..serve_daemon::opts(dir, serve_daemon::real_spdk(spdk, 2048))
     }
 }

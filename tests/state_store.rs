@@ -1,7 +1,9 @@
 //! The persisted state store on a real filesystem that fills up: a write that
 //! fails for lack of space is refused (naming the resource), nothing
 //! acknowledged is lost, and once there is room again writes (deletes
-//! included) work without a restart.
+//! included) work without a restart. A record another talon version wrote
+//! (a field or an enum value this one does not know) is refused when the
+//! store opens, naming it.
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -124,4 +126,57 @@ fn a_full_disk_fails_writes_clearly_and_they_work_again_without_a_restart() {
     found.sort();
     acked.sort();
     assert_eq!(found, acked);
+}
+
+/// A record a newer talon wrote (a field or an enum value this talon does not
+/// know) is refused when the store opens, naming the record, what did not
+/// decode and what to do, instead of being loaded for its controllers to fail
+/// on forever ("spec of volume ... does not decode"). A record of a type this
+/// talon does not know is loaded as it is (nothing of this talon reads it).
+#[test]
+fn a_record_this_talon_cannot_read_is_refused_at_open_naming_it() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = dir.path().join("state.redb");
+    let types = talon::resources::registry();
+    let write = |id: &str, ty: &str, spec: serde_json::Value| {
+        let s = State::open(&db).expect("open");
+        s.create("config", ty, id, "", spec, BTreeMap::new())
+            .expect("record");
+    };
+    write("good", "Volume", json!({"sizeBytes": 1u64 << 20, "engine": "v1"}));
+    write("x", "TypeOfANewerTalon", json!({"anything": 1}));
+    State::open_typed(&db, &types).expect("a store this talon wrote opens");
+
+    for (id, spec, what) in [
+        (
+            "newer-field",
+            json!({"sizeBytes": 1u64 << 20, "stripes": 4}),
+            "unknown field `stripes`",
+        ),
+        (
+            "newer-engine",
+            json!({"sizeBytes": 1u64 << 20, "engine": "v3"}),
+            "unknown variant `v3`",
+        ),
+    ] {
+        write(id, "Volume", spec);
+        let e = State::open_typed(&db, &types).expect_err(id);
+        assert!(matches!(e, StateError::Unreadable { .. }), "{e:?}");
+        let msg = e.to_string();
+        for part in [
+            db.display().to_string(),
+            format!("Volume \"{id}\""),
+            what.to_string(),
+            "run the talon version that wrote it".to_string(),
+        ] {
+            assert!(msg.contains(&part), "{part:?} not in: {msg}");
+        }
+        // the refusal leaves the store as it was: the record is still there
+        let s = State::open(&db).expect("open untyped");
+        assert!(s.get("config", "Volume", id).is_some(), "{id} kept");
+        s.destroy("config", "Volume", id, "").expect("remove the record");
+    }
+    let s = State::open_typed(&db, &types).expect("opens once the record is gone");
+    assert!(s.get("config", "Volume", "good").is_some());
+    assert!(s.get("config", "TypeOfANewerTalon", "x").is_some());
 }

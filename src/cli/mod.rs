@@ -158,6 +158,13 @@ pub struct ServeArgs {
         value_parser = clap::builder::BoolishValueParser::new()
     )]
     pub stop_targets_on_exit: bool,
+    /// Start although <data-dir>/state.redb is missing while <data-dir>/v1
+    /// holds volume files (the store that described them was deleted or
+    /// moved): they are moved to <data-dir>/v1/orphaned/<time>/ (kept, never
+    /// served, copy the data out by hand) and talon starts as an empty node.
+    /// Without it talon refuses to start and names the files.
+    #[arg(long)]
+    pub set_aside_orphan_data: bool,
     /// spdk_tgt and tgtd are run by `talon keep-targets` (another pod sharing
     /// the run dir): talon never starts or stops them itself, it writes what
     /// should run under <run-dir>/keeper/ and adopts what the keeper started.
@@ -418,6 +425,7 @@ async fn run(cli: Cli) -> Result<ExitCode, CliError> {
                     ..Default::default()
                 },
                 stop_targets_on_exit: a.stop_targets_on_exit,
+                set_aside_orphan_data: a.set_aside_orphan_data,
             };
             let longhorn = a
                 .longhorn_listen

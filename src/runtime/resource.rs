@@ -164,10 +164,14 @@ pub struct TypeInfo {
     pub schema: Value,
 }
 
+/// Decodes a spec with its type's serde rules, keeping only whether it did.
+type SpecCheck = fn(&Value) -> Result<(), serde_json::Error>;
+
 /// The registry of resource types.
 #[derive(Debug, Clone, Default)]
 pub struct TypeRegistry {
     types: BTreeMap<String, TypeInfo>,
+    checks: BTreeMap<String, SpecCheck>,
 }
 
 /// The namespaces persisted in the embedded store: desired state (`config`)
@@ -189,6 +193,8 @@ impl TypeRegistry {
     /// Registers a spec type with a description and table columns (`(header, pointer)`).
     pub fn register<S: Spec + schemars::JsonSchema>(&mut self, description: &str, columns: &[(&str, &str)]) {
         let schema = serde_json::to_value(schemars::schema_for!(S)).unwrap_or(Value::Null);
+        self.checks
+            .insert(S::TYPE.to_string(), |v| S::deserialize(v).map(drop));
         self.types.insert(
             S::TYPE.to_string(),
             TypeInfo {
@@ -219,6 +225,13 @@ impl TypeRegistry {
             let tl = t.type_.to_ascii_lowercase();
             tl == lower || format!("{tl}s") == lower || format!("{tl}es") == lower
         })
+    }
+
+    /// Whether `spec` decodes as the spec of `type_` (exact name), as
+    /// [`crate::runtime::State::get_typed`] would decode it: `None` for a type
+    /// that is not registered.
+    pub fn check_spec(&self, type_: &str, spec: &Value) -> Option<Result<(), serde_json::Error>> {
+        self.checks.get(type_).map(|check| check(spec))
     }
 
     /// Every registered type, sorted by namespace then name.

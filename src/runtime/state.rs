@@ -64,6 +64,19 @@ pub enum StateError {
          silently vanishes: restore it from a backup, or move it away to start as an empty node"
     )]
     Damaged { path: PathBuf, reason: String },
+    #[error(
+        "state store at {path} holds {type_} {id:?}, which this talon cannot read ({reason}): another \
+         talon version wrote it (a newer schema, or one left after a downgrade); talon does not start \
+         on it, so that the record is neither dropped nor rewritten without its fields: run the talon \
+         version that wrote it and delete or change {type_} {id:?} there, or restore the store from a \
+         backup this talon wrote"
+    )]
+    Unreadable {
+        path: PathBuf,
+        type_: String,
+        id: String,
+        reason: String,
+    },
     #[error("state store write of {type_} {id:?} failed")]
     Persist {
         type_: String,
@@ -154,6 +167,15 @@ impl State {
     /// Opens (or creates) the store at `path` and loads the persisted `config`
     /// namespace.
     pub fn open(path: &Path) -> Result<Self, StateError> {
+        Self::open_typed(path, &super::TypeRegistry::new())
+    }
+
+    /// [`State::open`], and every record of a type in `types` is decoded with
+    /// its typed spec in the same pass: a record that does not (an unknown
+    /// field or enum value, written by a newer talon) is refused
+    /// ([`StateError::Unreadable`]) rather than left for its controllers to fail
+    /// on forever. Records of types not in `types` are loaded as they are.
+    pub fn open_typed(path: &Path, types: &super::TypeRegistry) -> Result<Self, StateError> {
         let open_err = |e: redb::Error| match e {
             redb::Error::DatabaseAlreadyOpen => StateError::Locked {
                 path: path.to_path_buf(),
@@ -192,6 +214,14 @@ impl State {
                         let r = serde_json::from_slice::<Resource>(v.value())
                             .map_err(|e| damaged(format!("record {:?} does not decode: {e}", k.value())))?;
                         let m = &r.metadata;
+                        if let Some(Err(e)) = types.check_spec(&m.type_, &r.spec) {
+                            return Err(StateError::Unreadable {
+                                path: path.to_path_buf(),
+                                type_: m.type_.clone(),
+                                id: m.id.clone(),
+                                reason: format!("its spec does not decode: {e}"),
+                            });
+                        }
                         mem.insert(key(&m.namespace, &m.type_, &m.id), r);
                     }
                 }

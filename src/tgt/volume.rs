@@ -21,6 +21,7 @@
 //! - export / reexport_all: idempotent; after a restart of tgtd or talon every
 //!   volume file is served again.
 
+use std::collections::BTreeSet;
 use std::fs::{self, File, OpenOptions};
 use std::io;
 use std::os::fd::AsRawFd;
@@ -76,6 +77,13 @@ pub enum VolumeError {
     #[error("cannot remove {path}")]
     Remove {
         path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("cannot move {path} to {to}")]
+    SetAside {
+        path: PathBuf,
+        to: PathBuf,
         #[source]
         source: io::Error,
     },
@@ -346,6 +354,69 @@ impl V1Store {
         }
         out.sort_by(|a, b| a.name.cmp(&b.name));
         Ok(out)
+    }
+
+    /// The volume data under `<data_dir>/v1` of volumes not in `known` (the
+    /// volumes a state store describes): `volumes/<name>.img` files and
+    /// `snapshots/<name>/` directories, sorted. Nothing under `orphaned/`.
+    pub fn orphans(&self, known: &BTreeSet<String>) -> Result<Vec<PathBuf>, VolumeError> {
+        let mut out: Vec<PathBuf> = img_names(&self.volumes_dir())?
+            .into_iter()
+            .filter(|n| !known.contains(n))
+            .map(|n| self.volumes_dir().join(format!("{n}.img")))
+            .collect();
+        let snaps = self.root.join("snapshots");
+        match fs::read_dir(&snaps) {
+            Ok(entries) => {
+                for e in entries {
+                    let e = e.map_err(|source| VolumeError::Stat {
+                        path: snaps.clone(),
+                        source,
+                    })?;
+                    let name = e.file_name().to_string_lossy().into_owned();
+                    if !known.contains(&name) {
+                        out.push(e.path());
+                    }
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(source) => return Err(VolumeError::Stat { path: snaps, source }),
+        }
+        out.sort();
+        Ok(out)
+    }
+
+    /// Moves `paths` (from [`V1Store::orphans`]) to
+    /// `<data_dir>/v1/orphaned/<unix seconds>/`, each keeping its place under
+    /// `v1` (`volumes/x.img`, `snapshots/x/`): kept, never served, and no new
+    /// volume of the same name finds them. Returns the directory.
+    pub fn set_aside(&self, paths: &[PathBuf]) -> Result<PathBuf, VolumeError> {
+        let secs = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0);
+        let mut to = self.root.join("orphaned").join(secs.to_string());
+        for n in 1.. {
+            if !to.exists() {
+                break;
+            }
+            to = self.root.join("orphaned").join(format!("{secs}.{n}"));
+        }
+        for p in paths {
+            let rel = p.strip_prefix(&self.root).unwrap_or(p);
+            let dst = to.join(rel);
+            let dir = dst.parent().unwrap_or(&to).to_path_buf();
+            let moved = private_dir(&dir)
+                .and_then(|()| fs::rename(p, &dst))
+                .and_then(|()| sync_dir(&dir))
+                .and_then(|()| sync_dir(p.parent().unwrap_or(&self.root)));
+            moved.map_err(|source| VolumeError::SetAside {
+                path: p.clone(),
+                to: dst,
+                source,
+            })?;
+        }
+        Ok(to)
     }
 
     /// The targets of tgtd serving this volume's file (by backing path, so a

@@ -88,6 +88,7 @@ pub fn opts(dir: &Path, ip: &str, spdk: Option<&Path>, cpumask: &str) -> ServeOp
         host_root: PathBuf::from("/"),
         spdk,
         stop_targets_on_exit: true,
+        set_aside_orphan_data: false,
     }
 }
 

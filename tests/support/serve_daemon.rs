@@ -30,6 +30,7 @@ pub fn opts(dir: &Path, spdk: SpdkOptions) -> ServeOptions {
         host_root: PathBuf::from("/"),
         spdk,
         stop_targets_on_exit: true,
+        set_aside_orphan_data: false,
     }
 }
 
