@@ -314,6 +314,60 @@ async fn a_snapshot_that_failed_and_holds_nothing_goes_with_its_volume() {
     d.stop().await;
 }
 
+/// A `volume_attach` that waits and fails (this host has neither NVMe/TCP
+/// nor iSCSI in its kernel here, or none works) withdraws the attachment it
+/// made: the export is not left open to this host.
+#[tokio::test]
+async fn a_failed_attach_leaves_no_attachment() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port();
+    let d = start(serve_daemon::opts_with_config(
+        dir.path(),
+        serve_daemon::no_spdk(),
+        &format!("node: {{ engine: v1, listenAddress: 127.0.0.1, iscsiPort: {port} }}\n"),
+    ))
+    .await;
+    let c = d.client().await;
+    let _: Value = c
+        .call(
+            "volume_create",
+            json!({"name": "att", "size": "4MiB", "wait": true, "timeoutSeconds": 30}),
+        )
+        .await
+        .expect("create");
+    let attached = c
+        .call::<_, Value>(
+            "volume_attach",
+            json!({"name": "att", "wait": true, "timeoutSeconds": 30}),
+        )
+        .await;
+    if attached.is_ok() {
+        eprintln!("SKIP a_failed_attach_leaves_no_attachment: this host attached it (it has an initiator)");
+        let _: Value = c
+            .call("volume_detach", json!({"name": "att"}))
+            .await
+            .expect("detach");
+        d.stop().await;
+        return;
+    }
+    let e = attached.expect_err("no initiator");
+    assert!(e.to_string().contains("att"), "{e}");
+    talon::runtime::testing::eventually("no attachment left", Duration::from_secs(10), || async {
+        c.get("attachment", "att").await.is_err().then_some(())
+    })
+    .await;
+    // nothing holds the volume: it can be deleted at once
+    let _: Value = c
+        .call("volume_delete", json!({"name": "att"}))
+        .await
+        .expect("delete: no attachment holds it");
+    d.stop().await;
+}
+
 /// What a newcomer gets wrong is refused with the volume's name and the rule:
 /// more than one replica where the volume would be V1, an unknown size unit,
 /// a name that cannot be a volume's; a missing volume reads `volume "x" not found`.

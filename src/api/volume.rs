@@ -1155,10 +1155,11 @@ pub fn register(api: &mut ApiBuilder) {
             let spec = Attachment {
                 frontend: p.frontend.unwrap_or_default(),
             };
+            let existed = ctx.state.get_typed::<Attachment>(&p.name)?.is_some();
             ctx.state.upsert_typed(&p.name, &spec)?;
             drop(guard);
             if p.wait {
-                wait_for::<AttachmentStatus>(
+                let attached = wait_for::<AttachmentStatus>(
                     &ctx.state,
                     &p.name,
                     wait_timeout(p.timeout_seconds),
@@ -1169,7 +1170,18 @@ pub fn register(api: &mut ApiBuilder) {
                         _ => None,
                     },
                 )
-                .await?;
+                .await;
+                if let Err(e) = attached {
+                    // the caller is told it failed: what this call made goes
+                    // (the export is not left open to this host); an
+                    // attachment that was there before stays
+                    if !existed {
+                        let _guard = LIFECYCLE.lock().await;
+                        ctx.state
+                            .destroy(Attachment::NAMESPACE, Attachment::TYPE, &p.name, "")?;
+                    }
+                    return Err(e);
+                }
             }
             view(&ctx.state, get_volume(&ctx.state, &p.name)?)
         },
