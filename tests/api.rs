@@ -262,18 +262,7 @@ async fn watch_streams_create_update_destroy_and_state_survives_restart() {
 #[tokio::test]
 async fn a_snapshot_that_failed_and_holds_nothing_goes_with_its_volume() {
     let dir = tempfile::tempdir().expect("tempdir");
-    // its own iSCSI port: other tests' daemons hold 3260
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .expect("bind")
-        .local_addr()
-        .expect("addr")
-        .port();
-    let d = start(serve_daemon::opts_with_config(
-        dir.path(),
-        serve_daemon::no_spdk(),
-        &format!("node: {{ engine: v1, listenAddress: 127.0.0.1, iscsiPort: {port} }}\n"),
-    ))
-    .await;
+    let d = start(serve_daemon::v1_opts(dir.path())).await;
     let c = d.client().await;
     let _: Value = c
         .call(
@@ -320,17 +309,7 @@ async fn a_snapshot_that_failed_and_holds_nothing_goes_with_its_volume() {
 #[tokio::test]
 async fn a_failed_attach_leaves_no_attachment() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .expect("bind")
-        .local_addr()
-        .expect("addr")
-        .port();
-    let d = start(serve_daemon::opts_with_config(
-        dir.path(),
-        serve_daemon::no_spdk(),
-        &format!("node: {{ engine: v1, listenAddress: 127.0.0.1, iscsiPort: {port} }}\n"),
-    ))
-    .await;
+    let d = start(serve_daemon::v1_opts(dir.path())).await;
     let c = d.client().await;
     let _: Value = c
         .call(

@@ -47,11 +47,7 @@ async fn trace_logs_never_hold_the_bearer_token() {
         .init();
     tracing::trace!(target: "talon::test", "trace is on");
     let dir = tempfile::tempdir().expect("tempdir");
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .expect("bind")
-        .local_addr()
-        .expect("addr")
-        .port();
+    let port = serve_daemon::free_port();
     let token_file = dir.path().join("token");
     std::fs::write(&token_file, format!("{TOKEN}\n")).expect("token");
     use std::os::unix::fs::PermissionsExt;

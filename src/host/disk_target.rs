@@ -201,14 +201,11 @@ pub fn check_blank(path: &Path) -> Result<(), DiskTargetError> {
 /// Zeroes the first and last MiB of `path` (every signature [`classify`]
 /// knows lives there); refuses an lvstore, which is never wiped.
 pub fn wipe(path: &Path) -> Result<(), DiskTargetError> {
-    let content = inspect(path)?;
-    if content == Content::Lvstore {
-        return Err(DiskTargetError::AnLvstore {
-            path: path.to_path_buf(),
-        });
-    }
-    if content.is_blank() {
-        return Ok(());
+    // blank: nothing to wipe; an lvstore (or what cannot be read): refused
+    match check_blank(path) {
+        Ok(()) => return Ok(()),
+        Err(DiskTargetError::Foreign { .. }) => {}
+        Err(e) => return Err(e),
     }
     let io = |source| DiskTargetError::Inspect {
         path: path.to_path_buf(),

@@ -34,6 +34,28 @@ pub fn opts(dir: &Path, spdk: SpdkOptions) -> ServeOptions {
     }
 }
 
+/// A TCP port free on 127.0.0.1 a moment ago.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port()
+}
+
+/// [`opts`] for a V1 node (no SPDK) whose iSCSI target listens on a free
+/// port of its own: other tests' daemons hold 3260.
+pub fn v1_opts(dir: &Path) -> ServeOptions {
+    opts_with_config(
+        dir,
+        no_spdk(),
+        &format!(
+            "node: {{ engine: v1, listenAddress: 127.0.0.1, iscsiPort: {} }}\n",
+            free_port()
+        ),
+    )
+}
+
 /// [`opts`] with `yaml` as the daemon's config file, written to `dir/talon.yaml`.
 pub fn opts_with_config(dir: &Path, spdk: SpdkOptions, yaml: &str) -> ServeOptions {
     let config = dir.join("talon.yaml");
