@@ -48,15 +48,16 @@ impl SpdkDiskController {
 }
 
 fn disk_status(n: &DiskNames, state: ObjectState, lvs: Option<&Lvstore>, message: String) -> DiskStatus {
+    let bytes = lvs.and_then(|l| l.bytes().ok());
     DiskStatus {
         engine: Engine::V2,
         state,
         bdev: n.bdev.clone(),
         lvstore: n.lvstore.clone(),
         lvstore_uuid: lvs.map(|l| l.uuid.clone()).unwrap_or_default(),
-        total_bytes: lvs.and_then(|l| l.bytes().ok()).map_or(0, |b| b.total),
-        free_bytes: lvs.and_then(|l| l.bytes().ok()).map_or(0, |b| b.free),
-        cluster_bytes: lvs.and_then(|l| l.bytes().ok()).map_or(0, |b| b.cluster),
+        total_bytes: bytes.map_or(0, |b| b.total),
+        free_bytes: bytes.map_or(0, |b| b.free),
+        cluster_bytes: bytes.map_or(0, |b| b.cluster),
         message,
     }
 }
