@@ -213,18 +213,25 @@ async fn watch_streams_create_update_destroy_and_state_survives_restart() {
         .await
         .expect_err("shrink");
     assert_eq!(rpc_kind(&e), Some(ErrorKind::FailedPrecondition));
-    let mut seen = Vec::new();
+    // a controller adding its finalizer is an update too: only updates that
+    // change what the test asked for are counted
+    let mut seen: Vec<(EventKind, String, Option<u64>)> = Vec::new();
     while seen.len() < 4 {
         let ev = tokio::time::timeout(Duration::from_secs(10), sub.next())
             .await
             .expect("event in time")
             .expect("open")
             .expect("decodes");
-        seen.push((
+        let now = (
             ev.kind,
             ev.resource.metadata.id.clone(),
             ev.resource.spec["sizeBytes"].as_u64(),
-        ));
+        );
+        let last_of_id = seen.iter().rev().find(|(_, id, _)| *id == now.1);
+        if now.0 == EventKind::Updated && last_of_id.is_some_and(|l| l.2 == now.2) {
+            continue;
+        }
+        seen.push(now);
     }
     assert_eq!(
         seen,

@@ -1003,13 +1003,8 @@ impl Controller for SpdkVolumeController {
         let mut rebuilding = false;
         for (id, r) in statuses {
             rebuilding |= r.rebuilding;
-            ctx.apply(&id, r.status)?;
-            if let Some(a) = r.dest_answer {
-                ctx.apply(&id, a)?;
-            }
-            for (rid, rs) in r.replicas {
-                ctx.apply(&rid, rs)?;
-            }
+            // the ledger first: a status that says Ready or Degraded is never
+            // seen before the up-to-date set it was reached with is persisted
             if let Some(next) = r
                 .in_sync
                 .and_then(|now| next_ledger(ledgers.get(&id), &now, &r.disks))
@@ -1017,6 +1012,13 @@ impl Controller for SpdkVolumeController {
                 tracing::info!(volume = %id, in_sync = ?next.in_sync, reason = %next.reason, "replica ledger");
                 ctx.apply(&id, next.clone())?;
                 ledgers.insert(id.clone(), next);
+            }
+            ctx.apply(&id, r.status)?;
+            if let Some(a) = r.dest_answer {
+                ctx.apply(&id, a)?;
+            }
+            for (rid, rs) in r.replicas {
+                ctx.apply(&rid, rs)?;
             }
         }
         record_snapshots(ctx, &mut ledgers, &mut snap_sets)?;
