@@ -779,6 +779,7 @@ fn main() {
             Some(LonghornOptions {
                 listen: SocketAddr::from(([127, 0, 0, 1], base)),
                 ports: 33000..=33999,
+                limits: Default::default(),
             }),
             async move {
                 let _ = rx.await;

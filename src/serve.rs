@@ -65,6 +65,11 @@ pub struct ServeOptions {
 /// hex or base64 string).
 pub const MIN_TOKEN_BYTES: usize = 32;
 
+/// Descriptors the daemon keeps for itself (the store, SPDK's and tgtd's
+/// sockets, children's pipes, host files, the admin socket's clients),
+/// never given to network clients.
+const OWN_DESCRIPTORS: u64 = 512;
+
 /// Why the daemon could not start or stop cleanly.
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
@@ -461,6 +466,18 @@ pub async fn serve_with(
     let tls_server = opts.tls.server()?;
     let peer_tls = opts.tls.peer_client()?;
     let unix = crate::api::server::bind_unix(&opts.socket)?;
+    // network clients may hold what is left of the descriptor limit once the
+    // daemon's own (store, SPDK and tgtd sockets, children, the admin
+    // socket's clients) and the admin TCP listener's are set aside
+    let nofile = match crate::util::conn::raise_nofile() {
+        Ok(n) => n.soft,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot read or raise the descriptor limit; assuming 1024");
+            1024
+        }
+    };
+    let network_fds = nofile
+        .saturating_sub(OWN_DESCRIPTORS + crate::api::server::TcpLimits::default().max_connections as u64);
     let tcp = match opts.listen_tcp {
         Some(addr) => Some(
             tokio::net::TcpListener::bind(addr)
@@ -575,6 +592,7 @@ pub async fn serve_with(
             Some(tokio::spawn(crate::longhorn::server::serve(
                 bound,
                 lh,
+                l.limits.clone().within(network_fds),
                 stopped(stop_rx.clone()),
             )))
         }

@@ -735,11 +735,15 @@ async fn tcp_listener_refuses_calls_without_the_token() {
     d.stop().await;
 }
 
-/// A TCP connection that stalls (a half-sent request) or says nothing is closed
-/// after the idle bound, while an authorized client is served.
-#[tokio::test]
-async fn stalled_and_idle_tcp_connections_are_closed() {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+/// The core API served on a fresh loopback TCP port within `limits` (an
+/// in-memory state): its address, the stop sender, and the server task.
+async fn tcp_api(
+    limits: talon::api::server::TcpLimits,
+) -> (
+    std::net::SocketAddr,
+    tokio::sync::oneshot::Sender<()>,
+    tokio::task::JoinHandle<()>,
+) {
     let dir = tempfile::tempdir().expect("tempdir");
     let ctx = talon::api::ApiContext {
         state: talon::runtime::State::in_memory(),
@@ -756,10 +760,6 @@ async fn stalled_and_idle_tcp_connections_are_closed() {
     talon::api::register_core(&mut api);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("addr");
-    let limits = talon::api::server::TcpLimits {
-        idle: Duration::from_secs(1),
-        ..Default::default()
-    };
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     let server = tokio::spawn(talon::api::server::serve_tcp_with(
         listener,
@@ -770,6 +770,19 @@ async fn stalled_and_idle_tcp_connections_are_closed() {
             let _ = rx.await;
         },
     ));
+    (addr, tx, server)
+}
+
+/// A TCP connection that stalls (a half-sent request) or says nothing is closed
+/// after the idle bound, while an authorized client is served.
+#[tokio::test]
+async fn stalled_and_idle_tcp_connections_are_closed() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (addr, tx, server) = tcp_api(talon::api::server::TcpLimits {
+        idle: Duration::from_secs(1),
+        ..Default::default()
+    })
+    .await;
     let mut half = tokio::net::TcpStream::connect(addr).await.expect("tcp");
     half.write_all(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Len")
         .await
@@ -786,6 +799,71 @@ async fn stalled_and_idle_tcp_connections_are_closed() {
     c.node_info().await.expect("call");
     let _ = tx.send(());
     server.await.expect("server");
+}
+
+/// A token holder's WebSocket connections count against the per-peer bound
+/// for as long as they are open, not only until the HTTP upgrade: past the
+/// bound a new one is refused, and one closed makes room again.
+#[tokio::test]
+async fn websockets_count_against_the_tcp_bounds_while_they_are_open() {
+    let (addr, tx, server) = tcp_api(talon::api::server::TcpLimits {
+        max_per_peer: 4,
+        ..Default::default()
+    })
+    .await;
+    let addr = addr.to_string();
+    let mut open = Vec::new();
+    let mut refused = 0;
+    for _ in 0..10 {
+        match Client::connect_tcp(&addr, TOKEN).await {
+            Ok(c) => {
+                c.node_info().await.expect("an open WebSocket is served");
+                open.push(c);
+            }
+            Err(_) => refused += 1,
+        }
+    }
+    assert_eq!(
+        (open.len(), refused),
+        (4, 6),
+        "4 WebSockets from one peer at most"
+    );
+    drop(open.pop());
+    let again = talon::runtime::testing::eventually("room for one more", Duration::from_secs(10), || async {
+        Client::connect_tcp(&addr, TOKEN).await.ok()
+    })
+    .await;
+    again.node_info().await.expect("served");
+    drop((open, again));
+    let _ = tx.send(());
+    server.await.expect("server");
+}
+
+/// Clients holding the admin socket (half-sent requests, idle WebSockets)
+/// never make a CLI call wait or get 429: the Unix socket has no connection
+/// cap of its own (jsonrpsee's 256 answered 429 before).
+#[tokio::test]
+async fn the_admin_socket_answers_while_400_clients_hold_it() {
+    use tokio::io::AsyncWriteExt;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = start(serve_daemon::v1_opts(dir.path())).await;
+    let socket = dir.path().join("run/talon.sock");
+    let (mut half, mut idle) = (Vec::new(), Vec::new());
+    for i in 0..300 {
+        if i % 3 == 0 {
+            let mut s = tokio::net::UnixStream::connect(&socket).await.expect("unix");
+            s.write_all(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
+                .await
+                .expect("half a request");
+            half.push(s);
+        }
+        idle.push(Client::connect_unix(&socket).await.expect("an idle WebSocket"));
+    }
+    let c = Client::connect_unix(&socket).await.expect("the CLI connects");
+    c.node_info().await.expect("and is answered");
+    drop((half, idle));
+    drop(c);
+    d.stop().await;
 }
 
 /// A daemon without SPDK, whatever the environment has: its volumes are V1

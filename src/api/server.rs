@@ -8,25 +8,26 @@
 //! ```
 //!
 //! The TCP listener is bounded ([`TcpLimits`]): connections in total and per
-//! peer address (over the bound a connection is closed at once), a connection
-//! that moves no byte either way for `idle` is closed (half-sent requests,
-//! half WebSocket frames, idle clients; WebSocket clients answer the server's
-//! pings), and a refused request is answered 401 and closed. The Unix socket
-//! has its own accept loop and descriptors are kept free for it, so it stays
-//! reachable whatever TCP clients do. Refusals are logged at most once per
-//! 10 s, with the count. With TLS ([`serve_tcp_tls`]), a connection first
-//! takes its slot, then has `handshake` to finish the TLS handshake (a client
-//! without a certificate the client CA signed, or one speaking plain HTTP, is
-//! closed there); the idle bound applies beneath TLS too.
+//! peer address (over the bound a connection is closed at once), counted for
+//! as long as the socket is open (a WebSocket the connection was upgraded to
+//! included), a connection that moves no byte either way for `idle` is closed
+//! (half-sent requests, half WebSocket frames, idle clients; WebSocket clients
+//! answer the server's pings), and a refused request is answered 401 and
+//! closed. The Unix socket has its own accept loop and no connection cap of
+//! its own (only the idle bound), so a CLI call is never answered 429 however
+//! many clients hold it; `serve` raises the descriptor limit and sizes the
+//! TCP bounds under it, so TCP clients cannot take the descriptors it needs.
+//! Refusals are logged at most once per 10 s, with the count. With TLS
+//! ([`serve_tcp_tls`]), a connection first takes its slot, then has
+//! `handshake` to finish the TLS handshake (a client without a certificate
+//! the client CA signed, or one speaking plain HTTP, is closed there); the
+//! idle bound applies beneath TLS too.
 
-use std::collections::HashMap;
 use std::future::Future;
 use std::net::IpAddr;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use jsonrpsee::Methods;
 use jsonrpsee::server::{
@@ -38,6 +39,8 @@ use std::task::{Context, Poll};
 use tokio::net::{TcpListener, UnixListener};
 
 use tower::Service;
+
+use crate::util::conn::{Bounded, ConnCounter, RateLimitedLog};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 
@@ -99,9 +102,11 @@ pub fn bind_unix(path: &Path) -> Result<UnixListener, ServeError> {
 
 use std::os::unix::fs::DirBuilderExt;
 
-fn config() -> ServerConfig {
+/// jsonrpsee's settings; `max_connections` past which a connection is
+/// answered 429 (the TCP listener's own bounds close connections before).
+fn config(max_connections: u32) -> ServerConfig {
     ServerConfig::builder()
-        .max_connections(256)
+        .max_connections(max_connections)
         .max_subscriptions_per_connection(64)
         // a WebSocket client that answers no ping for 90 s is gone; the pings
         // keep a watching client's connection active for the idle timeout
@@ -137,151 +142,9 @@ impl Default for TcpLimits {
     }
 }
 
-/// Logs a warning at most once per 10 s, with how many were not logged.
-struct RateLimitedLog {
-    last: Mutex<Option<Instant>>,
-    suppressed: AtomicU64,
-}
-
-impl RateLimitedLog {
-    const fn new() -> Self {
-        Self {
-            last: Mutex::new(None),
-            suppressed: AtomicU64::new(0),
-        }
-    }
-
-    fn warn(&self, peer: &str, what: &str) {
-        let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
-        if last.is_some_and(|t| t.elapsed() < Duration::from_secs(10)) {
-            self.suppressed.fetch_add(1, Ordering::Relaxed);
-            return;
-        }
-        *last = Some(Instant::now());
-        let more = self.suppressed.swap(0, Ordering::Relaxed);
-        tracing::warn!(%peer, suppressed = more, "{what} (at most one such line per 10 s)");
-    }
-}
-
 static REFUSED_TOKEN: RateLimitedLog = RateLimitedLog::new();
 static REFUSED_CONN: RateLimitedLog = RateLimitedLog::new();
 static REFUSED_TLS: RateLimitedLog = RateLimitedLog::new();
-
-/// Open TCP connections, in all and per peer address.
-#[derive(Default)]
-struct ConnCount {
-    total: usize,
-    per_peer: HashMap<IpAddr, usize>,
-}
-
-/// A counted connection; uncounted when dropped.
-struct ConnSlot {
-    counts: Arc<Mutex<ConnCount>>,
-    peer: IpAddr,
-}
-
-impl Drop for ConnSlot {
-    fn drop(&mut self) {
-        let mut c = self.counts.lock().unwrap_or_else(|p| p.into_inner());
-        c.total -= 1;
-        if let Some(n) = c.per_peer.get_mut(&self.peer) {
-            *n -= 1;
-            if *n == 0 {
-                c.per_peer.remove(&self.peer);
-            }
-        }
-    }
-}
-
-impl ConnSlot {
-    /// A slot for a connection from `peer`, or why not.
-    fn take(counts: &Arc<Mutex<ConnCount>>, peer: IpAddr, limits: &TcpLimits) -> Result<Self, &'static str> {
-        let mut c = counts.lock().unwrap_or_else(|p| p.into_inner());
-        if c.total >= limits.max_connections {
-            return Err("API connection refused: too many TCP connections");
-        }
-        let n = c.per_peer.entry(peer).or_insert(0);
-        if *n >= limits.max_per_peer {
-            return Err("API connection refused: too many TCP connections from this peer");
-        }
-        *n += 1;
-        c.total += 1;
-        Ok(Self {
-            counts: counts.clone(),
-            peer,
-        })
-    }
-}
-
-/// A stream that fails with `TimedOut` once it has read and written nothing
-/// for `idle`.
-struct IdleTimeout<S> {
-    inner: S,
-    idle: Duration,
-    sleep: Pin<Box<tokio::time::Sleep>>,
-}
-
-impl<S> IdleTimeout<S> {
-    fn new(inner: S, idle: Duration) -> Self {
-        Self {
-            inner,
-            idle,
-            sleep: Box::pin(tokio::time::sleep(idle)),
-        }
-    }
-
-    fn active(&mut self) {
-        let at = tokio::time::Instant::now() + self.idle;
-        self.sleep.as_mut().reset(at);
-    }
-}
-
-impl<S: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for IdleTimeout<S> {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut tokio::io::ReadBuf<'_>,
-    ) -> Poll<std::io::Result<()>> {
-        let before = buf.filled().len();
-        match Pin::new(&mut self.inner).poll_read(cx, buf) {
-            Poll::Ready(r) => {
-                if buf.filled().len() > before {
-                    self.active();
-                }
-                Poll::Ready(r)
-            }
-            Poll::Pending => match self.sleep.as_mut().poll(cx) {
-                Poll::Ready(()) => Poll::Ready(Err(std::io::Error::new(
-                    std::io::ErrorKind::TimedOut,
-                    "idle API connection",
-                ))),
-                Poll::Pending => Poll::Pending,
-            },
-        }
-    }
-}
-
-impl<S: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for IdleTimeout<S> {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        data: &[u8],
-    ) -> Poll<std::io::Result<usize>> {
-        let r = Pin::new(&mut self.inner).poll_write(cx, data);
-        if matches!(r, Poll::Ready(Ok(n)) if n > 0) {
-            self.active();
-        }
-        r
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.inner).poll_flush(cx)
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.inner).poll_shutdown(cx)
-    }
-}
 
 /// A listener the API can serve on.
 trait ApiListener: Send + 'static {
@@ -318,10 +181,18 @@ async fn serve_listener(
     shutdown: impl Future<Output = ()>,
 ) {
     let (stop_handle, server_handle) = stop_channel();
+    // the Unix socket (0600, this node's root) is bounded by descriptors
+    // only: a CLI call always finds a connection; TCP closes connections
+    // over its own bounds before jsonrpsee would answer 429
+    let max = if token.is_none() {
+        u32::MAX
+    } else {
+        limits.max_connections.saturating_add(1) as u32
+    };
     let builder = jsonrpsee::server::Server::builder()
-        .set_config(config())
+        .set_config(config(max))
         .to_service_builder();
-    let counts: Arc<Mutex<ConnCount>> = Arc::default();
+    let counts = ConnCounter::default();
     tokio::pin!(shutdown);
     loop {
         tokio::select! {
@@ -329,10 +200,10 @@ async fn serve_listener(
                 Ok((stream, peer)) => {
                     let (slot, peer_name) = match peer {
                         None => (None, "unix socket".to_string()),
-                        Some(ip) => match ConnSlot::take(&counts, ip, &limits) {
+                        Some(ip) => match counts.take(ip, limits.max_connections, limits.max_per_peer) {
                             Ok(s) => (Some(s), ip.to_string()),
                             Err(why) => {
-                                REFUSED_CONN.warn(&ip.to_string(), why);
+                                REFUSED_CONN.warn(&ip.to_string(), &format!("API connection refused: {why}"));
                                 drop(stream);
                                 continue;
                             }
@@ -341,17 +212,16 @@ async fn serve_listener(
                     let inner = builder.clone().build(methods.clone(), stop_handle.clone());
                     let svc = BearerAuth { inner, token: token.clone(), peer: peer_name };
                     let stopped = stop_handle.clone().shutdown();
-                    let (idle, handshake) = (limits.idle, limits.handshake);
+                    let handshake = limits.handshake;
+                    // the socket holds the slot: a WebSocket the connection
+                    // was upgraded to (served by a task of its own) counts
+                    // until its descriptor is closed
+                    let stream = Bounded::new(stream, limits.idle, slot);
                     let tls = tls.clone();
                     tokio::spawn(async move {
-                        let _slot = slot;
                         let r = match (peer, tls) {
-                            (None, _) => serve_with_graceful_shutdown(stream, svc, stopped).await,
-                            (Some(_), None) => {
-                                serve_with_graceful_shutdown(IdleTimeout::new(stream, idle), svc, stopped).await
-                            }
                             (Some(ip), Some(acceptor)) => {
-                                let accept = acceptor.accept(IdleTimeout::new(stream, idle));
+                                let accept = acceptor.accept(stream);
                                 match tokio::time::timeout(handshake, accept).await {
                                     Ok(Ok(tls)) => serve_with_graceful_shutdown(tls, svc, stopped).await,
                                     Ok(Err(e)) => {
@@ -364,6 +234,7 @@ async fn serve_listener(
                                     }
                                 }
                             }
+                            _ => serve_with_graceful_shutdown(stream, svc, stopped).await,
                         };
                         if let Err(e) = r {
                             tracing::debug!(error = %e, "API connection ended with an error");

@@ -432,6 +432,7 @@ async fn run(cli: Cli) -> Result<ExitCode, CliError> {
                 .map(|listen| crate::longhorn::server::LonghornOptions {
                     listen,
                     ports: a.longhorn_port_range.clone(),
+                    limits: Default::default(),
                 });
             crate::serve::serve_with(opts, longhorn, shutdown_signal()).await?;
         }

@@ -18,6 +18,7 @@
 //! outside that subset answers gRPC UNIMPLEMENTED naming it.
 
 pub mod address;
+pub mod bounds;
 pub mod engine_ops;
 pub mod naming;
 pub mod ops;

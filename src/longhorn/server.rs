@@ -53,6 +53,8 @@ pub struct LonghornOptions {
     pub listen: SocketAddr,
     /// The ports instances' exports are given from (persisted with each instance).
     pub ports: RangeInclusive<u16>,
+    /// Connection, stream and message bounds of the five ports.
+    pub limits: super::bounds::GrpcLimits,
 }
 
 impl LonghornOptions {
@@ -200,23 +202,34 @@ impl Longhorn {
     }
 }
 
-/// Serves the five ports until `shutdown`.
+/// Serves the five ports until `shutdown`, within `limits` (the connection
+/// bounds hold for the five ports together).
 pub async fn serve(
     bound: Bound,
     lh: Longhorn,
+    limits: super::bounds::GrpcLimits,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), LonghornError> {
     let (tx, rx) = tokio::sync::watch::channel(false);
+    let counter = crate::util::conn::ConnCounter::default();
     let mut tasks = Vec::new();
     for (i, (addr, listener)) in bound.listeners.into_iter().enumerate() {
         let service = super::SERVICES[i];
         let routes = routes(i, &lh).await?;
         let mut rx = rx.clone();
+        let incoming = super::bounds::incoming(listener, counter.clone(), limits.clone());
+        let message = limits.message;
+        let server = tonic::transport::Server::builder()
+            .max_concurrent_streams(limits.max_streams)
+            .http2_keepalive_interval(Some(limits.ping))
+            .http2_keepalive_timeout(Some(Duration::from_secs(20)))
+            .layer(tower::layer::layer_fn(move |inner| NamedUnimplemented {
+                inner,
+                message,
+            }))
+            .add_routes(routes);
         tasks.push(tokio::spawn(async move {
-            let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
-            tonic::transport::Server::builder()
-                .layer(tower::layer::layer_fn(|inner| NamedUnimplemented { inner }))
-                .add_routes(routes)
+            server
                 .serve_with_incoming_shutdown(incoming, async move {
                     let _ = rx.wait_for(|s| *s).await;
                 })
@@ -228,7 +241,7 @@ pub async fn serve(
                 })
         }));
     }
-    tracing::info!(services = ?super::SERVICES, "serving Longhorn's instance-manager protocol");
+    tracing::info!(services = ?super::SERVICES, ?limits, "serving Longhorn's instance-manager protocol");
     shutdown.await;
     lh.stopping.send_replace(true);
     let _ = tx.send(true);
@@ -317,6 +330,8 @@ fn is_served(path: &str) -> bool {
 #[derive(Debug, Clone)]
 struct NamedUnimplemented<S> {
     inner: S,
+    /// A request's message must come within this time of its headers.
+    message: Duration,
 }
 
 type BoxFuture<T> = Pin<Box<dyn std::future::Future<Output = T> + Send>>;
@@ -338,6 +353,8 @@ where
 
     fn call(&mut self, req: http::Request<tonic::body::Body>) -> Self::Future {
         let path = req.uri().path().to_owned();
+        let message = self.message;
+        let req = req.map(|b| tonic::body::Body::new(super::bounds::MessageTimeout::new(b, message)));
         if is_served(&path) {
             let started = std::time::Instant::now();
             let call = self.inner.call(req);

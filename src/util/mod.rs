@@ -7,9 +7,11 @@
 //!        v
 //!   util::error (error_chain)   util::backoff (Backoff)   util::root (HostRoot)
 //!   util::nvme_auth (DH-HMAC-CHAP and TLS PSK files)   util::private (0700 dirs, 0600 logs)
+//!   util::conn (connection bounds, idle sockets, descriptor limit)
 //! ```
 
 pub mod backoff;
+pub mod conn;
 pub mod error;
 pub mod nvme_auth;
 pub mod private;

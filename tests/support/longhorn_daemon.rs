@@ -13,6 +13,7 @@ use std::net::SocketAddr;
 use std::ops::RangeInclusive;
 use std::time::Duration;
 
+use talon::longhorn::bounds::GrpcLimits;
 use talon::longhorn::server::LonghornOptions;
 use talon::serve::{ServeOptions, serve_with};
 use tonic::transport::Channel;
@@ -47,10 +48,21 @@ impl Daemon {
     /// Serves `opts` with the Longhorn listeners from `base` (instances get
     /// ports from `ports`); returns once the instance service answers.
     pub async fn serve(opts: ServeOptions, base: u16, ports: RangeInclusive<u16>) -> Daemon {
+        Self::serve_within(opts, base, ports, GrpcLimits::default()).await
+    }
+
+    /// [`Daemon::serve`] with other gRPC bounds.
+    pub async fn serve_within(
+        opts: ServeOptions,
+        base: u16,
+        ports: RangeInclusive<u16>,
+        limits: GrpcLimits,
+    ) -> Daemon {
         let (stop, rx) = tokio::sync::oneshot::channel::<()>();
         let lh = LonghornOptions {
             listen: SocketAddr::from(([127, 0, 0, 1], base)),
             ports,
+            limits,
         };
         let task = tokio::spawn(serve_with(opts, Some(lh), async move {
             let _ = rx.await;

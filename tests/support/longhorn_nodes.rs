@@ -182,6 +182,7 @@ impl Node {
                     };
                 first..=first + INSTANCE_PORTS - 1
             },
+            limits: Default::default(),
         };
         let ip = self.ip.to_string();
         self.task = Some(tokio::spawn(serve_with(
