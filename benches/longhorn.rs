@@ -111,11 +111,10 @@ fn pct(v: &mut [f64], p: f64) -> f64 {
     v[i.min(v.len() - 1)]
 }
 
+/// A port for a listener, from this process's reserved block below the
+/// ephemeral range (`runtime::testing::free_port`).
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("free port")
+    talon::runtime::testing::free_port()
 }
 
 fn create_req(
@@ -778,7 +777,7 @@ fn main() {
             opts,
             Some(LonghornOptions {
                 listen: SocketAddr::from(([127, 0, 0, 1], base)),
-                ports: 33000..=33999,
+                ports: longhorn_daemon::instance_ports(base),
                 limits: Default::default(),
             }),
             async move {

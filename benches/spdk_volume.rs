@@ -881,11 +881,10 @@ async fn data_path(spdk: &Path, ops: &VolumeOps, port: u16, rounds: usize, secs:
     }
 }
 
+/// A port for a listener, from this process's reserved block below the
+/// ephemeral range (`runtime::testing::free_port`).
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("port")
+    talon::runtime::testing::free_port()
 }
 
 /// Attaches the disk files by contract names (what the disk controller does);

@@ -303,12 +303,10 @@ fn serve_opts(dir: &Path, pki: &Pki, tls: TlsOptions, port: u16) -> talon::serve
     }
 }
 
+/// A port for a listener, from this process's reserved block below the
+/// ephemeral range (`runtime::testing::free_port`).
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .expect("bind")
-        .local_addr()
-        .expect("addr")
-        .port()
+    talon::runtime::testing::free_port()
 }
 
 /// `talon serve` with TLS: served over TLS with the client CA's

@@ -24,9 +24,10 @@ use talon::runtime::testing::eventually;
 /// volume is attached to may connect).
 const HOST: &str = spdk_perf::HOST_NQN;
 
+/// A port for a listener, from this process's reserved block below the
+/// ephemeral range (`runtime::testing::free_port`).
 fn free_port() -> u16 {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    l.local_addr().expect("addr").port()
+    talon::runtime::testing::free_port()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

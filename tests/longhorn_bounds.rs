@@ -14,7 +14,7 @@ mod serve_daemon;
 use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 
-use longhorn_daemon::{Daemon, free_base};
+use longhorn_daemon::{Daemon, free_base, instance_ports};
 use talon::client::Client;
 use talon::longhorn::bounds::GrpcLimits;
 use talon::longhorn::proto::imrpc::instance_service_client::InstanceServiceClient;
@@ -76,10 +76,11 @@ async fn good_call(d: &Daemon) -> Result<(), String> {
 async fn idle_connections_and_stalled_streams_are_bounded_and_the_good_client_served() {
     talon::runtime::testing::capture_logs();
     let dir = tempfile::tempdir().expect("tempdir");
+    let base = free_base();
     let d = Daemon::serve_within(
         serve_daemon::v1_opts(dir.path()),
-        free_base(),
-        40000..=40099,
+        base,
+        instance_ports(base),
         LIMITS,
     )
     .await;

@@ -18,7 +18,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use futures::StreamExt;
-use longhorn_daemon::{Daemon, free_base};
+use longhorn_daemon::{Daemon, free_base, instance_ports};
 use talon::controllers::engine::selection::SpdkOptions;
 use talon::longhorn::proto::imrpc::{
     self, disk_service_client::DiskServiceClient, instance_service_client::InstanceServiceClient,
@@ -54,8 +54,9 @@ fn opts(dir: &Path) -> ServeOptions {
 }
 
 impl Daemon {
-    async fn start(dir: &Path, ports: std::ops::RangeInclusive<u16>) -> Daemon {
-        Daemon::serve(opts(dir), free_base(), ports).await
+    async fn start(dir: &Path) -> Daemon {
+        let base = free_base();
+        Daemon::serve(opts(dir), base, instance_ports(base)).await
     }
 }
 
@@ -181,7 +182,9 @@ async fn longhorn_lifecycle_on_the_double() {
         .await
         .expect("double");
     let spdk = SpdkClient::new(double.socket());
-    let d = Daemon::start(dir.path(), 31000..=31099).await;
+    let d = Daemon::start(dir.path()).await;
+    let instance_range = instance_ports(d.base);
+    let instance_range = i32::from(*instance_range.start())..=i32::from(*instance_range.end());
 
     eprintln!("STEP health on every port");
     // health on every port, VersionGet where the service has one
@@ -302,7 +305,7 @@ async fn longhorn_lifecycle_on_the_double() {
             .unwrap_or_else(|e| panic!("create {r}: {e}"))
             .into_inner();
         let st = wait_state(&mut inst, r, "replica", "running").await;
-        assert!((31000..=31099).contains(&st.port_start), "{st:?}");
+        assert!(instance_range.contains(&st.port_start), "{st:?}");
         assert_eq!(resp.spec.as_ref().map(|s| s.r#type.as_str()), Some("replica"));
         ports.insert(r.to_string(), st.port_start);
         talon::runtime::testing::eventually("a watch event", Duration::from_secs(10), || async {
@@ -380,7 +383,7 @@ async fn longhorn_lifecycle_on_the_double() {
         .await
         .expect("engine create");
     let est = wait_state(&mut inst, "vol-e-0", "engine", "running").await;
-    assert!((31000..=31099).contains(&est.port_start), "{est:?}");
+    assert!(instance_range.contains(&est.port_start), "{est:?}");
     talon::runtime::testing::eventually("an engine watch event", Duration::from_secs(10), || async {
         (seen(&events) > before).then_some(())
     })
@@ -650,7 +653,7 @@ async fn longhorn_managers_contract_on_the_double() {
     let _double = SpdkDouble::start(dir.path().join("run/spdk.sock"))
         .await
         .expect("double");
-    let d = Daemon::start(dir.path(), 31300..=31399).await;
+    let d = Daemon::start(dir.path()).await;
     let mut inst = InstanceServiceClient::new(d.channel(3).await);
     let mut disks = DiskServiceClient::new(d.channel(2).await);
 

@@ -1146,10 +1146,8 @@ async fn real_spdk_replica_add_rebuilds_a_replica_made_again_on_node_b() {
     b.stop().await;
 }
 
+/// A port for a listener, from this process's reserved block below the
+/// ephemeral range (`runtime::testing::free_port`).
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .expect("port")
-        .local_addr()
-        .expect("addr")
-        .port()
+    talon::runtime::testing::free_port()
 }

@@ -19,7 +19,7 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::time::Duration;
 
-use longhorn_daemon::{Daemon, free_base};
+use longhorn_daemon::{Daemon, free_base, instance_ports};
 use serde_json::json;
 use spdk_real::spdk_dir;
 use talon::controllers::engine::selection::SpdkOptions;
@@ -50,7 +50,7 @@ impl Daemon {
             set_aside_orphan_data: false,
             ..serve_daemon::opts_with_config(dir, spdk, &yaml)
         };
-        Daemon::serve(opts, base, 32000..=32099).await
+        Daemon::serve(opts, base, instance_ports(base)).await
     }
 }
 

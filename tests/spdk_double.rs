@@ -41,13 +41,10 @@ fn sparse_file(dir: &std::path::Path, name: &str, size: u64) -> PathBuf {
     p
 }
 
-/// A free TCP port on 127.0.0.1 (bound to port 0, then released).
+/// A port for a listener, from this process's reserved block below the
+/// ephemeral range (`runtime::testing::free_port`).
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .expect("bind")
-        .local_addr()
-        .expect("addr")
-        .port()
+    talon::runtime::testing::free_port()
 }
 
 /// Replays every recorded call through `c` and returns the differences from

@@ -93,11 +93,10 @@ fn embedded_talon(spdk: &Path) -> PathBuf {
     target.join("debug/talon")
 }
 
+/// A port for a listener, from this process's reserved block below the
+/// ephemeral range (`runtime::testing::free_port`).
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("free port")
+    talon::runtime::testing::free_port()
 }
 
 /// Processes whose parent is `pid` (from /proc).

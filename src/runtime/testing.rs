@@ -89,3 +89,85 @@ where
         tokio::time::sleep(delay.next_delay()).await;
     }
 }
+
+/// Ports a test's listeners may use, reserved among every test process on
+/// this machine: a block of [`PORT_BLOCK`] consecutive ports below the
+/// kernel's ephemeral range (as Longhorn's own instance ports, 20001-30000),
+/// so no outgoing connection takes one of them as its local port before the
+/// listener that comes later (an SPDK export) binds it, and no concurrent
+/// test chooses an overlapping range. The reservation is a file under
+/// `$TMPDIR/talon-test-ports` naming this process; it holds until the
+/// process ends (a test process), and a file whose process is gone is taken
+/// over. Every port of the block was free on each of `ips` when reserved.
+pub fn reserve_ports(ips: &[std::net::IpAddr]) -> u16 {
+    use std::io::Write;
+    let lo = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse::<u16>().ok())
+        .filter(|lo| *lo > FIRST_PORT + 4 * PORT_BLOCK)
+        .unwrap_or(32768);
+    let blocks = (lo - FIRST_PORT) / PORT_BLOCK;
+    let dir = std::env::temp_dir().join("talon-test-ports");
+    let _ = std::fs::create_dir_all(&dir);
+    let me = std::process::id();
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos())
+        ^ me.rotate_left(16);
+    for attempt in 0..(4 * u32::from(blocks)) {
+        let k = (seed.wrapping_add(attempt.wrapping_mul(7919)) % u32::from(blocks)) as u16;
+        let base = FIRST_PORT + k * PORT_BLOCK;
+        let marker = dir.join(base.to_string());
+        match std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&marker)
+        {
+            Ok(mut f) => {
+                let _ = writeln!(f, "{me}");
+                let free = ips
+                    .iter()
+                    .all(|ip| (0..PORT_BLOCK).all(|i| std::net::TcpListener::bind((*ip, base + i)).is_ok()));
+                if free {
+                    return base;
+                }
+                let _ = std::fs::remove_file(&marker);
+            }
+            Err(_) => {
+                let owner = std::fs::read_to_string(&marker)
+                    .ok()
+                    .and_then(|s| s.trim().parse::<u32>().ok());
+                let alive =
+                    owner.is_some_and(|p| p == me || std::path::Path::new(&format!("/proc/{p}")).exists());
+                if !alive && owner.is_some() {
+                    let _ = std::fs::remove_file(&marker);
+                }
+            }
+        }
+    }
+    panic!("no free block of {PORT_BLOCK} ports below {lo} on {ips:?}");
+}
+
+/// The size of a [`reserve_ports`] block.
+pub const PORT_BLOCK: u16 = 128;
+const FIRST_PORT: u16 = 20000;
+
+/// A port on 127.0.0.1 for a listener of this test, free now and handed out
+/// once per process: taken in turn from this process's [`reserve_ports`]
+/// blocks (below the ephemeral range, reserved among test processes), never
+/// from the ephemeral range an outgoing connection may take it from.
+pub fn free_port() -> u16 {
+    static NEXT: std::sync::Mutex<Option<(u16, u16)>> = std::sync::Mutex::new(None);
+    let local = [std::net::IpAddr::from([127, 0, 0, 1])];
+    let mut next = NEXT.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    loop {
+        let (base, i) = match *next {
+            Some((base, i)) if i < PORT_BLOCK => (base, i),
+            _ => (reserve_ports(&local), 0),
+        };
+        *next = Some((base, i + 1));
+        if std::net::TcpListener::bind((local[0], base + i)).is_ok() {
+            return base + i;
+        }
+    }
+}

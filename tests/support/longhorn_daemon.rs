@@ -18,23 +18,16 @@ use talon::longhorn::server::LonghornOptions;
 use talon::serve::{ServeOptions, serve_with};
 use tonic::transport::Channel;
 
-/// The first of five consecutive free ports on loopback.
+/// The first of five consecutive free ports on 127.0.0.1, in a block
+/// reserved for this test process (`reserve_ports`): the services at
+/// base..=base+4, the instances' ports from [`instance_ports`].
 pub fn free_base() -> u16 {
-    for _ in 0..200 {
-        let probe = std::net::TcpListener::bind("127.0.0.1:0").expect("probe");
-        let base = probe.local_addr().expect("addr").port();
-        drop(probe);
-        if base > 65000 {
-            continue;
-        }
-        let all: Vec<_> = (0..5)
-            .map(|i| std::net::TcpListener::bind(("127.0.0.1", base + i)))
-            .collect();
-        if all.iter().all(Result::is_ok) {
-            return base;
-        }
-    }
-    panic!("no five consecutive free ports");
+    talon::runtime::testing::reserve_ports(&[std::net::IpAddr::from([127, 0, 0, 1])])
+}
+
+/// The instance ports of the block that starts at `base`.
+pub fn instance_ports(base: u16) -> RangeInclusive<u16> {
+    base + 5..=base + talon::runtime::testing::PORT_BLOCK - 1
 }
 
 /// A running `serve_with` task with the Longhorn listeners from `base`.

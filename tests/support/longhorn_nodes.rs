@@ -92,29 +92,16 @@ pub fn opts(dir: &Path, ip: &str, spdk: Option<&Path>, cpumask: &str) -> ServeOp
     }
 }
 
-/// Ports free on both loopback addresses from `base`: five for the gRPC
-/// services, then each node's instance ports (`INSTANCE_PORTS` each), so two
-/// runs at once (a bench, another test) never share an export's port.
+/// Ports free on both loopback addresses from `base`, in a block reserved
+/// for this test process (`reserve_ports`): five for the gRPC services, then
+/// each node's instance ports (`INSTANCE_PORTS` each), so two runs at once (a
+/// bench, another test) never share an export's port.
 const SPAN: u16 = 5 + 2 * INSTANCE_PORTS;
 const INSTANCE_PORTS: u16 = 50;
 
 pub fn free_base(ips: &[IpAddr]) -> u16 {
-    for _ in 0..200 {
-        let probe = std::net::TcpListener::bind("127.0.0.1:0").expect("probe");
-        let base = probe.local_addr().expect("addr").port();
-        drop(probe);
-        if base > 65000 - SPAN {
-            continue;
-        }
-        let all: Vec<_> = ips
-            .iter()
-            .flat_map(|ip| (0..SPAN).map(move |i| std::net::TcpListener::bind((*ip, base + i))))
-            .collect();
-        if all.iter().all(Result::is_ok) {
-            return base;
-        }
-    }
-    panic!("no {SPAN} consecutive free ports");
+    const { assert!(SPAN <= talon::runtime::testing::PORT_BLOCK) };
+    talon::runtime::testing::reserve_ports(ips)
 }
 
 /// One talon node: its temp dir (data, run dir, disk files), its SPDK and

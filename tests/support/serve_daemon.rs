@@ -34,13 +34,10 @@ pub fn opts(dir: &Path, spdk: SpdkOptions) -> ServeOptions {
     }
 }
 
-/// A TCP port free on 127.0.0.1 a moment ago.
+/// A port for a listener, from this process's reserved block below the
+/// ephemeral range (`runtime::testing::free_port`).
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .expect("bind")
-        .local_addr()
-        .expect("addr")
-        .port()
+    talon::runtime::testing::free_port()
 }
 
 /// [`opts`] for a V1 node (no SPDK) whose iSCSI target listens on a free

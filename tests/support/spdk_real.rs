@@ -43,11 +43,10 @@ impl Drop for Reaper {
     }
 }
 
+/// A port for a listener, from this process's reserved block below the
+/// ephemeral range (`runtime::testing::free_port`).
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("free port")
+    talon::runtime::testing::free_port()
 }
 
 /// A spdk_tgt with its run directory (socket, log) at `run`: `mem_size_mib`

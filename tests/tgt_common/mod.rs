@@ -5,7 +5,7 @@
 #![allow(dead_code)]
 
 use std::ffi::{CStr, CString, c_char, c_int, c_void};
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::path::Path;
 use std::process::Command;
 
@@ -38,10 +38,10 @@ pub fn ready(test: &str) -> bool {
     true
 }
 
-/// A port on 127.0.0.1 that was free a moment ago.
+/// A port for a listener, from this process's reserved block below the
+/// ephemeral range (`runtime::testing::free_port`).
 pub fn free_port() -> u16 {
-    let l = TcpListener::bind("127.0.0.1:0").expect("bind port 0");
-    l.local_addr().expect("local addr").port()
+    talon::runtime::testing::free_port()
 }
 
 /// A tgtd started for one test, stopped when dropped.

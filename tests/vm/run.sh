@@ -135,10 +135,17 @@ trap cleanup EXIT
 trap 'exit 130' INT TERM
 
 # a free TCP port on 127.0.0.1 (nothing accepts a connection to it, and not handed out twice in a run)
+# A port for a listener that starts later (the guest's targets, SPDK's
+# exports): below the kernel's ephemeral range, so no outgoing connection of
+# another process can take it meanwhile (seen: an export's port from the
+# ephemeral range was in use as a client's local port by the time spdk_tgt
+# listened); 32 ports of room above it for runs of consecutive ports.
 free_port() {
-	local p
+	local p lo
+	lo=$(cut -f1 /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || echo 32768)
+	[ "$lo" -gt 20100 ] || lo=32768
 	for _ in $(seq 200); do
-		p=$((20000 + RANDOM % 30000))
+		p=$((20000 + RANDOM % (lo - 20032)))
 		grep -qx "$p" "$HOSTDIR/ports" 2>/dev/null && continue
 		if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then echo "$p" >>"$HOSTDIR/ports"; echo "$p"; return 0; fi
 	done
