@@ -30,10 +30,7 @@ fn pct(v: &mut [Duration], p: f64) -> Duration {
 }
 
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("port")
-        .port()
+    talon::runtime::testing::free_port()
 }
 
 /// (utime + stime in clock ticks, RSS in kB) of a process.
