@@ -115,7 +115,11 @@ async fn run() {
             _ => kept.push(s),
         }
     }
-    let good = if good_call(base).await { "; 127.0.0.1 served" } else { "; 127.0.0.1 NOT served" };
+    let good = if good_call(base).await {
+        "; 127.0.0.1 served"
+    } else {
+        "; 127.0.0.1 NOT served"
+    };
     rows.push([
         "1,100 idle connections from one peer".into(),
         kept.len().to_string(),
@@ -144,11 +148,13 @@ async fn run() {
                 let Ok(mut h2) = h2.ready().await else {
                     return;
                 };
-                let req = http::Request::post(format!("http://127.0.0.1:{port}/imrpc.InstanceService/InstanceList"))
-                    .header("content-type", "application/grpc")
-                    .header("te", "trailers")
-                    .body(())
-                    .expect("request");
+                let req = http::Request::post(format!(
+                    "http://127.0.0.1:{port}/imrpc.InstanceService/InstanceList"
+                ))
+                .header("content-type", "application/grpc")
+                .header("te", "trailers")
+                .body(())
+                .expect("request");
                 if let Ok((resp, body)) = h2.send_request(req, false) {
                     let _ = resp.await;
                     drop(body);
@@ -192,7 +198,10 @@ async fn run() {
         format!("served again in {:.1} ms", again.as_secs_f64() * 1e3),
     ]);
 
-    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), nix::sys::signal::Signal::SIGTERM);
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    );
     let _ = child.wait();
 
     println!("\nLonghorn gRPC ports under hostile clients (default bounds; talon serve without SPDK)\n");

@@ -779,6 +779,7 @@ fn main() {
                 listen: SocketAddr::from(([127, 0, 0, 1], base)),
                 ports: longhorn_daemon::instance_ports(base),
                 limits: Default::default(),
+                overcommit_percent: LonghornOptions::DEFAULT_OVERCOMMIT_PERCENT,
             }),
             async move {
                 let _ = rx.await;

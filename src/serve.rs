@@ -588,7 +588,8 @@ pub async fn serve_with(
                 crate::spdk::SpdkClient::new(opts.spdk.target_config(&opts.run_dir).socket()),
                 l.ports,
             )
-            .with_peer_port(spdk_service_port);
+            .with_peer_port(spdk_service_port)
+            .with_overcommit(l.overcommit_percent);
             Some(tokio::spawn(crate::longhorn::server::serve(
                 bound,
                 lh,

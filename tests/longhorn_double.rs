@@ -343,6 +343,25 @@ async fn longhorn_lifecycle_on_the_double() {
     assert_eq!(ra.spec_size, size);
     assert_eq!(ra.head.as_ref().map(|h| h.uuid.as_str()), Some(uuid_a.as_str()));
     assert_eq!(ra.state, "running");
+    // growing past the overcommit bound is refused, the replica kept as it was
+    let e = sp
+        .replica_expand(spdkrpc::ReplicaExpandRequest {
+            name: "vol-r-aaaa1111".into(),
+            size: 1 << 50,
+            ..Default::default()
+        })
+        .await
+        .expect_err("ReplicaExpand to 1 PiB");
+    assert_eq!(e.code(), Code::ResourceExhausted, "{e}");
+    assert!(e.message().contains("disk-a"), "{e}");
+    let ra = sp
+        .replica_get(spdkrpc::ReplicaGetRequest {
+            name: "vol-r-aaaa1111".into(),
+        })
+        .await
+        .expect("ReplicaGet")
+        .into_inner();
+    assert_eq!(ra.spec_size, size, "the refused expansion changed nothing");
     assert!(
         sp.shard_list(())
             .await
@@ -562,6 +581,19 @@ async fn longhorn_lifecycle_on_the_double() {
             ),
             Code::InvalidArgument,
             "not-an-address",
+        ),
+        // a multiple of the cluster size, but 2^63 bytes (it was accepted,
+        // and the instance went to error holding its name) and 1 PiB (it
+        // became running on this small disk): over the overcommit bound
+        (
+            replica_spec("vol-r-cccc3333", "disk-a", 1 << 63),
+            Code::ResourceExhausted,
+            "disk-a",
+        ),
+        (
+            replica_spec("vol-r-cccc3333", "disk-a", 1 << 50),
+            Code::ResourceExhausted,
+            "over 500%",
         ),
     ];
     for (req, code, needle) in cases {

@@ -182,6 +182,12 @@ pub struct ServeArgs {
     /// The ports Longhorn instances' NVMe/TCP exports are given from.
     #[arg(long, value_name = "LOW-HIGH", default_value = "20001-30000", value_parser = parse_port_range)]
     pub longhorn_port_range: std::ops::RangeInclusive<u16>,
+    /// The Longhorn replicas on one disk may add up to this percentage of
+    /// its capacity (thin replicas; keep it at or above Longhorn's
+    /// storage-over-provisioning-percentage); a ReplicaCreate or expansion
+    /// past it is refused with RESOURCE_EXHAUSTED.
+    #[arg(long, value_name = "PERCENT", default_value_t = crate::longhorn::server::LonghornOptions::DEFAULT_OVERCOMMIT_PERCENT, value_parser = clap::value_parser!(u32).range(100..=100_000))]
+    pub longhorn_overcommit_percent: u32,
 }
 
 /// `talon keep-targets`.
@@ -433,6 +439,7 @@ async fn run(cli: Cli) -> Result<ExitCode, CliError> {
                     listen,
                     ports: a.longhorn_port_range.clone(),
                     limits: Default::default(),
+                    overcommit_percent: a.longhorn_overcommit_percent,
                 });
             crate::serve::serve_with(opts, longhorn, shutdown_signal()).await?;
         }

@@ -488,6 +488,10 @@ impl Longhorn {
                 t.spec.size_bytes
             )));
         }
+        if size > t.spec.size_bytes {
+            let d = self.ready_disk(&what, &t.spec.disk)?;
+            self.check_room(&what, &t.spec.disk, d.total_bytes, Some(t.id()), size)?;
+        }
         let alias = naming::replica_alias(&t.spec.disk, replica);
         let inv = Inventory::load(self.client())
             .await

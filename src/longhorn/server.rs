@@ -55,11 +55,19 @@ pub struct LonghornOptions {
     pub ports: RangeInclusive<u16>,
     /// Connection, stream and message bounds of the five ports.
     pub limits: super::bounds::GrpcLimits,
+    /// The replicas on one disk may add up to this percentage of its
+    /// capacity (thin: they are not all written); a ReplicaCreate past it
+    /// is refused.
+    pub overcommit_percent: u32,
 }
 
 impl LonghornOptions {
     /// The default instance port range.
     pub const DEFAULT_PORTS: RangeInclusive<u16> = 20001..=30000;
+    /// The default overcommit bound: five times the disk, room for
+    /// Longhorn's storage-over-provisioning-percentage (default 100) set
+    /// up to 500.
+    pub const DEFAULT_OVERCOMMIT_PERCENT: u32 = 500;
 }
 
 /// Why the servers could not start.
@@ -146,6 +154,8 @@ pub struct Longhorn {
     proxy_port: u16,
     /// The last iostat of each engine (MetricsGet reports rates).
     io_samples: Arc<std::sync::Mutex<BTreeMap<String, super::proxy::IoSample>>>,
+    /// See [`LonghornOptions::overcommit_percent`].
+    overcommit_percent: u32,
 }
 
 impl Longhorn {
@@ -160,7 +170,14 @@ impl Longhorn {
             peer_port: 8504,
             proxy_port: 8501,
             io_samples: Arc::default(),
+            overcommit_percent: LonghornOptions::DEFAULT_OVERCOMMIT_PERCENT,
         }
+    }
+
+    /// The replicas on one disk may add up to `percent` of its capacity.
+    pub fn with_overcommit(mut self, percent: u32) -> Self {
+        self.overcommit_percent = percent;
+        self
     }
 
     /// Other nodes' SPDKService is on `port` (this node's own, base + 4),
@@ -253,6 +270,28 @@ pub async fn serve(
         }
     }
     first_err.map_or(Ok(()), Err)
+}
+
+/// Refuses a replica of `size` bytes on a disk of `total` bytes that holds
+/// replicas of `committed` bytes when they would add up to more than
+/// `percent` of the disk (checked arithmetic: a size near 2^64 is refused,
+/// never wrapped).
+fn check_commitment(
+    what: &str,
+    disk: &str,
+    total: u64,
+    committed: u64,
+    size: u64,
+    percent: u32,
+) -> Result<(), Status> {
+    let limit = u128::from(total) * u128::from(percent) / 100;
+    let after = u128::from(committed) + u128::from(size);
+    if after <= limit {
+        return Ok(());
+    }
+    Err(Status::resource_exhausted(format!(
+        "{what}: {size} bytes on disk {disk} would make its replicas {after} bytes, over {percent}% of its {total} bytes ({limit}); {committed} bytes are given already (talon serve --longhorn-overcommit-percent)"
+    )))
 }
 
 /// Health, reflection and the service of port `i`.
@@ -562,7 +601,7 @@ impl Longhorn {
         )))
     }
 
-    fn ready_disk(&self, what: &str, disk: &str) -> Result<DiskStatus, Status> {
+    pub(super) fn ready_disk(&self, what: &str, disk: &str) -> Result<DiskStatus, Status> {
         let name = naming::instance_name("disk", disk).map_err(invalid)?;
         if self
             .state
@@ -586,6 +625,27 @@ impl Longhorn {
                 "{what}: disk {disk} is not ready yet"
             ))),
         }
+    }
+
+    /// Refuses `size` bytes more on `disk` (of `total` bytes) when its
+    /// replicas, `except` the one growing, would add up to more than the
+    /// overcommit bound.
+    pub(super) fn check_room(
+        &self,
+        what: &str,
+        disk: &str,
+        total: u64,
+        except: Option<&str>,
+        size: u64,
+    ) -> Result<(), Status> {
+        let committed = self
+            .state
+            .list_typed::<LonghornReplica>()
+            .map_err(state_err)?
+            .iter()
+            .filter(|r| r.spec.disk == disk && Some(r.id()) != except)
+            .fold(0u64, |sum, r| sum.saturating_add(r.spec.size_bytes));
+        check_commitment(what, disk, total, committed, size, self.overcommit_percent)
     }
 
     fn create_user<S: Spec>(&self, id: &str, spec: &S) -> Result<(), Status> {
@@ -641,6 +701,7 @@ impl Longhorn {
                 cur.spec.disk, cur.spec.size_bytes
             )));
         }
+        self.check_room(&what, disk, d.total_bytes, None, size)?;
         let count = u16::try_from(port_count.clamp(1, 64)).unwrap_or(1);
         let (port_start, port_end) = self.free_ports(&what, count)?;
         self.create_user(
@@ -1673,6 +1734,18 @@ impl spdk_service_server::SpdkService for Longhorn {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn replicas_on_a_disk_add_up_to_the_overcommit_bound_and_no_further() {
+        const G: u64 = 1 << 30;
+        assert!(check_commitment("r", "d", 4 * G, 0, 20 * G, 500).is_ok());
+        assert!(check_commitment("r", "d", 4 * G, 16 * G, 4 * G, 500).is_ok());
+        let e = check_commitment("r", "d", 4 * G, 16 * G, 4 * G + 1, 500).expect_err("past 500%");
+        assert_eq!(e.code(), tonic::Code::ResourceExhausted);
+        // sizes near 2^64 are compared, never wrapped
+        assert!(check_commitment("r", "d", 4 * G, u64::MAX, u64::MAX, 100_000).is_err());
+        assert!(check_commitment("r", "d", u64::MAX, 0, u64::MAX, 100).is_ok());
+    }
 
     #[test]
     fn served_paths_come_from_the_protos() {

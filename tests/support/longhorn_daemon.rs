@@ -56,6 +56,7 @@ impl Daemon {
             listen: SocketAddr::from(([127, 0, 0, 1], base)),
             ports,
             limits,
+            overcommit_percent: LonghornOptions::DEFAULT_OVERCOMMIT_PERCENT,
         };
         let task = tokio::spawn(serve_with(opts, Some(lh), async move {
             let _ = rx.await;

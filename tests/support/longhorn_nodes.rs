@@ -170,6 +170,7 @@ impl Node {
                 first..=first + INSTANCE_PORTS - 1
             },
             limits: Default::default(),
+            overcommit_percent: LonghornOptions::DEFAULT_OVERCOMMIT_PERCENT,
         };
         let ip = self.ip.to_string();
         self.task = Some(tokio::spawn(serve_with(
