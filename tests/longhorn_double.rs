@@ -348,7 +348,6 @@ async fn longhorn_lifecycle_on_the_double() {
         .replica_expand(spdkrpc::ReplicaExpandRequest {
             name: "vol-r-aaaa1111".into(),
             size: 1 << 50,
-            ..Default::default()
         })
         .await
         .expect_err("ReplicaExpand to 1 PiB");
