@@ -469,9 +469,8 @@ impl Controller for SpdkTargetController {
             tracing::warn!(pid = ?t.pid(), "spdk_tgt stopped answering; starting it again");
             inner.target = None;
             inner.restarts += 1;
-            if inner.up_since.take().is_some_and(|u| u.elapsed() > STABLE_UPTIME) {
-                inner.backoff.reset();
-            }
+            let up_for = inner.up_since.take().map(|u| u.elapsed());
+            note_stop(&mut inner.backoff, up_for);
             // with a keeper, the keeper restarts it (with its own backoff); talon adopts it again
             if self.keeper.is_none() {
                 let delay = inner.backoff.next_delay();
@@ -580,9 +579,52 @@ impl Controller for SpdkTargetController {
     }
 }
 
+/// A target stopped after `up_for` of answering (`None`: it never did):
+/// one that ran longer than [`STABLE_UPTIME`] starts the backoff over, so a
+/// crash after hours waits 100 ms, not the 30 s earlier crashes built up.
+fn note_stop(backoff: &mut crate::util::Backoff, up_for: Option<Duration>) {
+    if up_for.is_some_and(|u| u > STABLE_UPTIME) {
+        backoff.reset();
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_restart_backoff_grows_with_quick_deaths_and_resets_after_healthy_running() {
+        let mut b = crate::util::Backoff::new(Duration::from_millis(100), Duration::from_secs(30));
+        let mut delays = Vec::new();
+        // killed every few seconds, and once a target that never answered
+        for up in [
+            Some(2),
+            Some(3),
+            None,
+            Some(5),
+            Some(1),
+            Some(2),
+            Some(4),
+            Some(9),
+            Some(3),
+            Some(2),
+        ] {
+            note_stop(&mut b, up.map(Duration::from_secs));
+            delays.push(b.next_delay());
+        }
+        assert_eq!(
+            delays.last(),
+            Some(&Duration::from_secs(30)),
+            "capped: {delays:?}"
+        );
+        assert!(delays.windows(2).all(|w| w[0] <= w[1]), "{delays:?}");
+        // then it ran 11 s: back to the first pause
+        note_stop(&mut b, Some(Duration::from_secs(11)));
+        assert_eq!(b.next_delay(), Duration::from_millis(100));
+        // 10 s exactly is not yet healthy running
+        note_stop(&mut b, Some(STABLE_UPTIME));
+        assert_eq!(b.next_delay(), Duration::from_millis(200));
+    }
 
     #[test]
     fn memory_is_capped_at_the_free_hugepages_with_the_shortfall_named() {
