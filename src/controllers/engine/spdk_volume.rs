@@ -997,22 +997,27 @@ impl Controller for SpdkVolumeController {
             statuses.extend(run(derived, inv.clone()).await);
         }
 
+        // the ledgers first: a volume status that says Ready or Degraded, or a
+        // snapshot status that says Ready, is never seen before the set it
+        // was reached with is persisted
+        for (id, r) in &statuses {
+            if let Some(next) = r
+                .in_sync
+                .as_ref()
+                .and_then(|now| next_ledger(ledgers.get(id), now, &r.disks))
+            {
+                tracing::info!(volume = %id, in_sync = ?next.in_sync, reason = %next.reason, "replica ledger");
+                ctx.apply(id, next.clone())?;
+                ledgers.insert(id.clone(), next);
+            }
+        }
+        record_snapshots(ctx, &mut ledgers, &mut snap_sets)?;
         for (id, st) in snap_out {
             ctx.apply(&id, st)?;
         }
         let mut rebuilding = false;
         for (id, r) in statuses {
             rebuilding |= r.rebuilding;
-            // the ledger first: a status that says Ready or Degraded is never
-            // seen before the up-to-date set it was reached with is persisted
-            if let Some(next) = r
-                .in_sync
-                .and_then(|now| next_ledger(ledgers.get(&id), &now, &r.disks))
-            {
-                tracing::info!(volume = %id, in_sync = ?next.in_sync, reason = %next.reason, "replica ledger");
-                ctx.apply(&id, next.clone())?;
-                ledgers.insert(id.clone(), next);
-            }
             ctx.apply(&id, r.status)?;
             if let Some(a) = r.dest_answer {
                 ctx.apply(&id, a)?;
@@ -1021,7 +1026,6 @@ impl Controller for SpdkVolumeController {
                 ctx.apply(&rid, rs)?;
             }
         }
-        record_snapshots(ctx, &mut ledgers, &mut snap_sets)?;
 
         // deletions: volumes first (their heads may be clones of snapshots), then snapshots
         if !deleting.is_empty() || !snap_deleting.is_empty() {
