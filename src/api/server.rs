@@ -15,8 +15,9 @@
 //! answer the server's pings), and a refused request is answered 401 and
 //! closed. The Unix socket has its own accept loop and no connection cap of
 //! its own (only the idle bound), so a CLI call is never answered 429 however
-//! many clients hold it; `serve` raises the descriptor limit and sizes the
-//! TCP bounds under it, so TCP clients cannot take the descriptors it needs.
+//! many clients hold it; `serve` raises the descriptor limit and keeps
+//! descriptors back from every network listener (this one's 128, Longhorn's
+//! ports sized under the rest), so TCP clients cannot take the ones it needs.
 //! Refusals are logged at most once per 10 s, with the count. With TLS
 //! ([`serve_tcp_tls`]), a connection first takes its slot, then has
 //! `handshake` to finish the TLS handshake (a client without a certificate
@@ -187,7 +188,7 @@ async fn serve_listener(
     let max = if token.is_none() {
         u32::MAX
     } else {
-        limits.max_connections.saturating_add(1) as u32
+        u32::try_from(limits.max_connections.saturating_add(1)).unwrap_or(u32::MAX)
     };
     let builder = jsonrpsee::server::Server::builder()
         .set_config(config(max))
