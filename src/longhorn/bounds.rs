@@ -13,7 +13,6 @@
 //!   each request's message must arrive within `message` (MessageTimeout), else DEADLINE_EXCEEDED
 //! ```
 
-use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -86,7 +85,7 @@ pub fn incoming(
     listener: tokio::net::TcpListener,
     counter: ConnCounter,
     limits: GrpcLimits,
-) -> impl futures::Stream<Item = Result<Conn, std::io::Error>> + Send + 'static {
+) -> impl futures::Stream<Item = Result<Bounded<tokio::net::TcpStream>, std::io::Error>> + Send + 'static {
     futures::stream::unfold(
         (listener, counter, limits),
         |(listener, counter, limits)| async move {
@@ -96,10 +95,7 @@ pub fn incoming(
                         match counter.take(peer.ip(), limits.max_connections, limits.max_per_peer) {
                             Ok(slot) => {
                                 let _ = s.set_nodelay(true);
-                                let conn = Conn {
-                                    io: Bounded::new(s, limits.idle, Some(slot)),
-                                    peer,
-                                };
+                                let conn = Bounded::new(s, limits.idle, Some(slot));
                                 return Some((Ok(conn), (listener, counter, limits)));
                             }
                             Err(why) => {
@@ -120,53 +116,13 @@ pub fn incoming(
     )
 }
 
-/// An accepted, counted gRPC connection.
-#[derive(Debug)]
-pub struct Conn {
-    io: Bounded<tokio::net::TcpStream>,
-    peer: SocketAddr,
-}
-
-impl Conn {
-    /// Who is on the other end.
-    pub fn peer(&self) -> IpAddr {
-        self.peer.ip()
-    }
-}
-
-impl tonic::transport::server::Connected for Conn {
+/// An accepted, counted gRPC connection: tonic learns its addresses from
+/// the socket inside.
+impl tonic::transport::server::Connected for Bounded<tokio::net::TcpStream> {
     type ConnectInfo = tonic::transport::server::TcpConnectInfo;
 
     fn connect_info(&self) -> Self::ConnectInfo {
-        self.io.get_ref().connect_info()
-    }
-}
-
-impl tokio::io::AsyncRead for Conn {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut tokio::io::ReadBuf<'_>,
-    ) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.io).poll_read(cx, buf)
-    }
-}
-
-impl tokio::io::AsyncWrite for Conn {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        data: &[u8],
-    ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.io).poll_write(cx, data)
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.io).poll_flush(cx)
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.io).poll_shutdown(cx)
+        self.get_ref().connect_info()
     }
 }
 
