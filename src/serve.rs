@@ -509,6 +509,7 @@ pub async fn serve_with(
             .as_ref()
             .and_then(|b| b.addrs().last().map(SocketAddr::port))
             .unwrap_or(8504),
+        longhorn: longhorn_bound.is_some(),
     };
     // hugepages first: the engine selection below looks at the free pool
     controllers::host::prepare_at_start(&state, &deps);

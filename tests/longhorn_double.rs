@@ -688,6 +688,22 @@ async fn longhorn_managers_contract_on_the_double() {
     let mut inst = InstanceServiceClient::new(d.channel(3).await);
     let mut disks = DiskServiceClient::new(d.channel(2).await);
 
+    // spdk_tgt runs before any disk: the V2 instance-manager pod's liveness probe
+    // (`pgrep -f '^spdk_tgt'`) wants it from 3 s after the start, and Longhorn adds disks later
+    // (talon started it only with a disk: ~70 s without one restarted the pod in a loop)
+    let admin = talon::client::Client::connect_unix(&dir.path().join("run/talon.sock"))
+        .await
+        .expect("admin socket");
+    talon::runtime::testing::eventually(
+        "TargetStatus spdk ready with no disk",
+        Duration::from_secs(20),
+        || async {
+            let t = admin.get("TargetStatus", "spdk").await.ok()?;
+            (t.spec["state"] == "ready").then_some(())
+        },
+    )
+    .await;
+
     // NotFound in Longhorn's words, for each type
     for (ty, words) in [
         ("replica", "cannot find replica nope-r"),
@@ -797,6 +813,22 @@ async fn longhorn_managers_contract_on_the_double() {
     );
     assert_eq!(format!("127.0.0.1:{}", st.port_start), target, "{st:?}");
     assert_eq!(st.port_start, st.port_end);
+    // its one path, active: the manager's engine-frontend monitor takes the target from it (with
+    // none it wrote an empty target back and never kept the size it observed)
+    assert_eq!(st.active_path, target, "{st:?}");
+    assert_eq!(st.preferred_path, target, "{st:?}");
+    assert_eq!(
+        st.paths,
+        vec![imrpc::EngineFrontendNvmeTcpPath {
+            engine_name: "vol-e-0".into(),
+            target_ip: "127.0.0.1".into(),
+            target_port: st.port_start,
+            nqn: "nqn.2023-01.io.longhorn.spdk:volume-vol".into(),
+            nguid: String::new(),
+            ana_state: "optimized".into(),
+        }],
+        "{st:?}"
+    );
     let mut proxy = ProxyEngineServiceClient::new(d.channel(1).await);
     let preq = imrpc::ProxyEngineRequest {
         engine_name: "vol-e-0".into(),

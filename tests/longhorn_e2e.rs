@@ -202,6 +202,9 @@ fn run_scenario(test: &str, scenario: &str) {
     };
     let steps = std::fs::read_to_string(&out).unwrap_or_default();
     eprintln!("{steps}wall time {:.0} s", t0.elapsed().as_secs_f64());
+    if !status.success() {
+        keep_logs(work.path(), &cache, scenario);
+    }
     let failed: Vec<String> = std::fs::read_to_string(&err)
         .unwrap_or_default()
         .lines()
@@ -210,9 +213,50 @@ fn run_scenario(test: &str, scenario: &str) {
         .collect();
     assert!(
         status.success(),
-        "{test}: the driver failed ({status}{}): {}\nits steps:\n{steps}\nits log's tail:\n{}",
+        "{test}: the driver failed ({status}{}): {}\nits steps:\n{steps}\nthe logs are kept in {}\nits log's tail:\n{}",
         if t0.elapsed() > BOUND { ", out of time" } else { "" },
         failed.join("\n"),
+        kept_logs(&cache, scenario).display(),
         tail(&err, 150)
     );
+}
+
+/// Where a failed scenario's logs are kept (the work dir goes with the test).
+fn kept_logs(cache: &Path, scenario: &str) -> PathBuf {
+    cache.join("failed").join(scenario)
+}
+
+/// Keeps the logs of a failed run (the manager's, talon's, spdk_tgt's, the driver's), replacing
+/// an earlier failure's.
+fn keep_logs(work: &Path, cache: &Path, scenario: &str) {
+    let to = kept_logs(cache, scenario);
+    let _ = std::fs::remove_dir_all(&to);
+    if std::fs::create_dir_all(&to).is_err() {
+        return;
+    }
+    let mut logs: Vec<PathBuf> = ["driver.out", "driver.err"].iter().map(|f| work.join(f)).collect();
+    logs.extend(
+        std::fs::read_dir(work.join("logs"))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.path()),
+    );
+    for pod in std::fs::read_dir(work).into_iter().flatten().flatten() {
+        let log = pod.path().join("run/spdk_tgt.log");
+        if log.is_file() {
+            logs.push(log);
+        }
+    }
+    for f in logs {
+        let name = if f.ends_with("run/spdk_tgt.log") {
+            format!(
+                "spdk_tgt-{}.log",
+                f.ancestors().nth(2).and_then(|p| p.file_name()).map(|n| n.to_string_lossy().into_owned()).unwrap_or_default()
+            )
+        } else {
+            f.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default()
+        };
+        let _ = std::fs::copy(&f, to.join(name));
+    }
 }

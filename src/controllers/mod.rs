@@ -36,6 +36,9 @@ pub struct Deps {
     /// node's own, `--longhorn-listen` base + 4): a Longhorn engine's
     /// rebuilds call the replica nodes there.
     pub longhorn_peer_port: u16,
+    /// Whether talon serves Longhorn's instance-manager protocol (`--longhorn-listen`): then
+    /// spdk_tgt runs from the start, as in Longhorn's V2 instance-manager pod.
+    pub longhorn: bool,
 }
 
 /// Registers every controller; `selection`: the engine selection detected
@@ -51,6 +54,7 @@ pub fn register_all(rt: &mut Runtime, deps: &Deps, selection: &EngineSelection) 
     .on_exit(deps.targets_on_exit.clone())
     .with_host(deps.host.clone())
     .with_data_dir(&deps.data_dir)
+    .always(deps.longhorn)
     .with_keeper(
         deps.spdk
             .target_keeper

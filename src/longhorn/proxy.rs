@@ -760,6 +760,14 @@ impl proxy_engine_service_server::ProxyEngineService for Longhorn {
             ),
             None => (String::new(), running),
         };
+        tracing::debug!(
+            engine = %e.id(),
+            engine_frontend = %req.engine_frontend_name,
+            size = e.spec.size_bytes,
+            %endpoint,
+            frontend_up,
+            "VolumeGet answered"
+        );
         Ok(Response::new(imrpc::EngineVolumeGetProxyResponse {
             volume: Some(ptypes::Volume {
                 name: e.spec.volume.clone(),

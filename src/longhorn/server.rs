@@ -978,18 +978,36 @@ impl Longhorn {
                     .get_typed::<LonghornEngineFrontend>(name)
                     .map_err(state_err)?
                 {
-                    let port = f
-                        .spec
-                        .target_address
-                        .parse::<SocketAddr>()
-                        .map(|a| i32::from(a.port()))
-                        .unwrap_or(0);
+                    let target = f.spec.target_address.parse::<SocketAddr>().ok();
+                    let port = target.map(|a| i32::from(a.port())).unwrap_or(0);
                     // the frontend is reached where the engine exports the volume: the
                     // manager addresses an engine-frontend as ip:port_start
                     status.port_start = port;
                     status.port_end = port;
                     status.target_port_start = port;
                     status.target_port_end = port;
+                    // its one NVMe/TCP path, the engine's export, active (Longhorn's engine
+                    // lists its paths so): the manager's engine-frontend monitor takes the
+                    // target from the active path and writes an empty one back without it,
+                    // against the instance handler's target, so the size it observed (the
+                    // online expansion's end) never got written
+                    if let Some(t) = target {
+                        let path = t.to_string();
+                        status.active_path = path.clone();
+                        status.preferred_path = path;
+                        status.paths = vec![imrpc::EngineFrontendNvmeTcpPath {
+                            engine_name: engine_name.clone(),
+                            target_ip: t.ip().to_string(),
+                            target_port: port,
+                            nqn: crate::names::ObjectName::parse("volume", &volume)
+                                .ok()
+                                .and_then(|v| naming::volume_nqn(&v).ok())
+                                .map(|n| n.to_string())
+                                .unwrap_or_default(),
+                            nguid: String::new(),
+                            ana_state: "optimized".to_owned(),
+                        }];
+                    }
                     status.engine_name = engine_name;
                     status.frontend = f.spec.frontend.clone();
                     if o.state == InstanceState::Running {

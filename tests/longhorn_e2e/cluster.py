@@ -563,7 +563,7 @@ class Cluster:
                  "--config", f"{self.work}/{pod}/talon.yaml", "--engine", "v2",
                  "--no-huge", "--no-huge-mem-mib", memory, "--spdk-arg=--disable-cpumask-locks",
                  "--stop-targets-on-exit"]
-        env = dict(os.environ, TALON_SPDK_DIR=self.spdk_dir, POD_IP=ip, NODE_NAME=node, TALON_LOG="info",
+        env = dict(os.environ, TALON_SPDK_DIR=self.spdk_dir, POD_IP=ip, NODE_NAME=node, TALON_LOG=os.environ.get("TALON_E2E_LOG", "info"),
                    NO_COLOR="1")
         self.log(f"kubelet: instance-manager pod {pod} on {node} -> {' '.join(argv)}")
         return self.spawn(f"talon-{pod}", self.in_node(node, argv), env=env)

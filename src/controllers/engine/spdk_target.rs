@@ -1,5 +1,6 @@
 //! `engine.SpdkTargetController`: runs spdk_tgt while the V2 engine has work
-//! (any `Disk`, or any volume [`EngineSelection::engine_for`] gives V2),
+//! (any `Disk`, or any volume [`EngineSelection::engine_for`] gives V2), and always while
+//! talon serves Longhorn's instance-manager protocol ([`SpdkTargetController::always`]),
 //! restarts it with backoff when it dies, and reports it as `TargetStatus` `spdk`.
 //!
 //! ```text
@@ -104,6 +105,8 @@ pub struct SpdkTargetController {
     keeper: Option<KeeperFiles>,
     /// Where the memory use seen is kept (`<data_dir>/spdk-memory.json`).
     memory_file: Option<std::path::PathBuf>,
+    /// The target runs from the start, disks or not ([`SpdkTargetController::always`]).
+    always: bool,
     inner: Mutex<Inner>,
 }
 
@@ -118,6 +121,7 @@ impl SpdkTargetController {
             host: HostRoot::real(),
             keeper: None,
             memory_file: None,
+            always: false,
             inner: Mutex::new(Inner {
                 target: None,
                 restarts: 0,
@@ -158,6 +162,14 @@ impl SpdkTargetController {
     /// `-s` from it ([`sized_mem_mib`]).
     pub fn with_data_dir(mut self, data_dir: &std::path::Path) -> Self {
         self.memory_file = Some(data_dir.join("spdk-memory.json"));
+        self
+    }
+
+    /// Runs the target from the start, before any disk or volume: a Longhorn V2
+    /// instance manager is alive only while an `spdk_tgt` process runs (its pod's liveness
+    /// probe, `pgrep -f '^spdk_tgt'`, from 3 s after the start), and Longhorn adds disks later.
+    pub fn always(mut self, always: bool) -> Self {
+        self.always = always;
         self
     }
 
@@ -426,7 +438,7 @@ impl Controller for SpdkTargetController {
             .count();
         let mut inner = self.inner.lock().await;
 
-        if disks.is_empty() && v2_volumes == 0 {
+        if disks.is_empty() && v2_volumes == 0 && !self.always {
             if let Some(k) = &self.keeper {
                 // the keeper stops it; talon lets go of it
                 if inner.want.as_ref().is_none_or(|w| w.run) {
