@@ -112,21 +112,11 @@ fn one_node_volume_lifecycle() {
 }
 
 /// Two nodes, 2 replicas: kill -9 of one node's talon and spdk_tgt and the manager rebuilding the
-/// replica, online expansion, a revert in maintenance mode, then delete and nothing left.
-///
-/// Not yet passing: the manager's online expansion does not finish (docs/longhorn.md, issue 28).
-/// It runs with `TALON_E2E_TWO_NODES=1`; otherwise it is reported as skipped, with that reason.
+/// replica, a revert in maintenance mode, online expansion (written and read past the old end),
+/// then delete and nothing left.
 #[test]
 fn two_nodes_rebuild_expand_revert() {
-    let test = "longhorn_e2e two_nodes_rebuild_expand_revert";
-    if std::env::var_os("TALON_E2E_TWO_NODES").is_none() {
-        return skip(
-            test,
-            "not passing yet (online expansion through the real manager does not finish, \
-             docs/longhorn.md); set TALON_E2E_TWO_NODES=1 to run it",
-        );
-    }
-    run_scenario(test, "two-nodes");
+    run_scenario("longhorn_e2e two_nodes_rebuild_expand_revert", "two-nodes");
 }
 
 fn run_scenario(test: &str, scenario: &str) {

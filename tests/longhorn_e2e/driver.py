@@ -195,12 +195,19 @@ class Scenario:
         self.check(data, "the data read back over the volume's NVMe/TCP endpoint")
         return data
 
-    def check(self, data, what):
-        back = self.dd(None, len(data))
+    def check(self, data, what, offset=0):
+        back = self.dd(None, len(data), offset)
         if back != data:
             raise AssertionError(f"{what} differs from what was written")
 
-    def dd(self, data, length=0):
+    def beyond_old_end(self):
+        """Written and read back past the size before the expansion: the endpoint serves the new
+        size."""
+        data = pattern(0xC3)
+        self.dd(data, offset=SIZE)
+        self.check(data, f"the data at {SIZE} (past the size before the expansion)", SIZE)
+
+    def dd(self, data, length=0, offset=0):
         w = self.c.work
         conf = f"{w}/dd.json"
         with open(conf, "w") as f:
@@ -214,11 +221,11 @@ class Scenario:
         if data is not None:
             with open(f, "wb") as out:
                 out.write(data)
-            argv += ["--if", f, "--ob", "ddn1"]
+            argv += ["--if", f, "--ob", "ddn1", "--seek", str(offset // 65536)]
         else:
             if os.path.exists(f):
                 os.remove(f)
-            argv += ["--ib", "ddn1", "--of", f, "--count", str(length // 65536)]
+            argv += ["--ib", "ddn1", "--of", f, "--count", str(length // 65536), "--skip", str(offset // 65536)]
         r = subprocess.run(argv, capture_output=True, text=True, timeout=120)
         if r.returncode != 0:
             raise RuntimeError(f"spdk_dd: exit {r.returncode}\n{r.stdout[-3000:]}{r.stderr[-3000:]}")
@@ -386,6 +393,7 @@ def main():
             s.step("read-after-revert", lambda: s.check(first, "the data after the revert to e2e-snap-1"))
             s.step("expand", s.expand)
             s.step("read-after-expand", lambda: s.check(first, "the data after the expansion"))
+            s.step("io-beyond-old-end", s.beyond_old_end)
         s.step("detach", s.detach)
         s.step("delete", s.delete)
         s.step("nothing-left", s.nothing_left)
