@@ -1881,3 +1881,46 @@ async fn replicas_whose_data_starts_at_different_offsets_are_not_rebuilt_thin() 
     assert_eq!(double.calls("bdev_lvol_start_shallow_copy"), 0, "no thin copy");
     assert!(double.calls("bdev_raid_add_base_bdev") >= 1, "SPDK's rebuild");
 }
+
+/// The overcommit bound (issue 31): the thin replicas on one disk may promise up to 500% of its
+/// capacity (`NodeConfig.overcommitPercent`); a volume or an expansion past it is refused naming
+/// the disk and the figures, and nothing is made or grown (1 PiB became a running volume on a
+/// 4 GiB disk).
+#[tokio::test]
+async fn a_disk_never_promises_past_the_overcommit_bound() {
+    let s = setup(&["d1"]).await; // 256 MiB: 1280 MiB may be promised
+    let state = &s.state;
+    state.create_typed("big", "", &volume(1024 * MIB, 1)).expect("big");
+    ready(state, "big", "big ready").await;
+    state.create_typed("more", "", &volume(512 * MIB, 1)).expect("more");
+    let e = eventually("more refused", WAIT, || async {
+        engine(state, "more").filter(|e| e.message.contains("d1 is full"))
+    })
+    .await;
+    assert!(
+        e.message.contains("would pass 500% of its") && e.message.contains("overcommitPercent"),
+        "{e:?}"
+    );
+    assert!(
+        !talon_objects(&s.client).await.iter().any(|o| o.contains("more")),
+        "nothing of it made"
+    );
+    delete_and_wait::<Volume>(state, "more").await;
+    // growing past it is refused too, and the replica keeps its size
+    state
+        .update_typed("big", "", None, &volume(2048 * MIB, 1))
+        .expect("expand");
+    let e = eventually("growth refused", WAIT, || async {
+        engine(state, "big").filter(|e| e.message.contains("cannot grow"))
+    })
+    .await;
+    assert!(e.message.contains("on disk d1") && e.message.contains("would pass 500%"), "{e:?}");
+    let lvol = s
+        .client
+        .bdev("talon-d1/big-r0")
+        .await
+        .expect("bdev_get_bdevs")
+        .expect("big-r0");
+    assert_eq!(lvol.size_bytes(), 1024 * MIB, "not grown");
+    delete_and_wait::<Volume>(state, "big").await;
+}

@@ -67,7 +67,7 @@ impl LonghornOptions {
     /// The default overcommit bound: five times the disk, room for
     /// Longhorn's storage-over-provisioning-percentage (default 100) set
     /// up to 500.
-    pub const DEFAULT_OVERCOMMIT_PERCENT: u32 = 500;
+    pub const DEFAULT_OVERCOMMIT_PERCENT: u32 = crate::spdk::placement::DEFAULT_OVERCOMMIT_PERCENT;
 }
 
 /// Why the servers could not start.

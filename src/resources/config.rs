@@ -86,6 +86,11 @@ pub struct NodeConfig {
     /// rebuilds are not capped (see docs/architecture.md "Thin rebuild").
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rebuild_mib_per_sec: Option<u64>,
+    /// How far the sizes of the thin replicas on one disk may add up past its capacity, in
+    /// percent of it: a new replica (or an expansion) that would go past it is refused, naming
+    /// the disk and the figures. Default 500 (Longhorn's `--longhorn-overcommit-percent` too).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub overcommit_percent: Option<u32>,
     /// The 2 MiB hugepage pool for SPDK: `auto` (sized from the volumes this
     /// node exports, on the NUMA nodes of the SPDK cores), a fixed number of
     /// MiB, or `off` (talon leaves the pool alone).
@@ -164,6 +169,7 @@ impl Default for NodeConfig {
             replica_tls: false,
             replica_tls_port: default_replica_tls_port(),
             rebuild_mib_per_sec: None,
+            overcommit_percent: None,
             hugepages: HugepagesSetting::AUTO,
         }
     }

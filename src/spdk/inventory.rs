@@ -155,6 +155,22 @@ impl Inventory {
             .collect()
     }
 
+    /// The bytes the thin lvols (heads and clones, not snapshots) in `disk`'s lvstore promise,
+    /// added up; `None` when a figure makes no sense (past 2^64 bytes).
+    pub fn committed(&self, disk: &str) -> Option<u64> {
+        let lvs = naming::lvstore(disk);
+        self.lvols
+            .values()
+            .filter(|l| l.lvs.name == lvs && !l.is_snapshot)
+            .try_fold(0u64, |sum, l| {
+                let size = self
+                    .bdevs
+                    .get(&l.uuid)
+                    .map_or(Some(0), |b| b.num_blocks.checked_mul(u64::from(b.block_size)))?;
+                sum.checked_add(size)
+            })
+    }
+
     /// Every talon object of a volume that is not wanted (`keep_volume`
     /// false) or a snapshot lvol not wanted (`keep_snapshot(vol, snap)` false).
     /// Foreign objects are never listed.

@@ -18,7 +18,8 @@
 //!   that is away is waited for there (it may hold the newest data), never
 //!   made again elsewhere;
 //! - a new replica goes on a ready disk that holds no other replica of the
-//!   volume (existing, being created, or waited for), and only on a listed
+//!   volume (existing, being created, or waited for), is not full (the overcommit
+//!   bound: what its thin replicas promise), and only on a listed
 //!   disk when the volume lists disks; among those, the most free bytes wins
 //!   (ties: the first name);
 //! - a volume that has no replica yet is placed whole or not at all: it
@@ -33,6 +34,9 @@
 //!   kept those apart.
 
 use std::collections::{BTreeMap, BTreeSet};
+
+/// How far the thin replicas on one disk may promise past its capacity by default, percent.
+pub const DEFAULT_OVERCOMMIT_PERCENT: u32 = 500;
 
 /// Why a configured disk is not ready.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -97,6 +101,8 @@ pub struct Request<'a> {
     pub ready: &'a BTreeMap<String, u64>,
     /// Configured disks that are not ready, and why.
     pub away: &'a BTreeMap<String, DiskAway>,
+    /// Ready disks that cannot take a new replica (the overcommit bound), and why.
+    pub full: &'a BTreeMap<String, String>,
     /// Replicas whose lvol exists (k -> disk).
     pub existing: &'a BTreeMap<usize, String>,
     /// Where replicas were placed before (k -> disk), from the ledger and
@@ -137,7 +143,7 @@ pub fn place(req: &Request<'_>) -> Placement {
         let best = req
             .ready
             .iter()
-            .filter(|(d, _)| allowed(d) && !taken.contains_key(*d))
+            .filter(|(d, _)| allowed(d) && !taken.contains_key(*d) && !req.full.contains_key(*d))
             .max_by(|(da, fa), (db, fb)| fa.cmp(fb).then_with(|| db.cmp(da)));
         match best {
             Some((d, _)) => {
@@ -189,6 +195,7 @@ fn blocked(
             .filter(|k| slots.get(k).is_some_and(|s| s.disk() == Some(d)));
         let what = match (holder, req.ready.contains_key(*d), req.away.get(*d)) {
             (Some(k), _, _) => format!("{d} holds r{k}"),
+            (None, true, _) if req.full.contains_key(*d) => format!("{d} is full: {}", req.full[*d]),
             (None, true, _) => format!("{d} is ready"),
             (None, false, Some(DiskAway::Failed(m))) => {
                 failed = true;
@@ -239,6 +246,7 @@ mod tests {
             listed: &listed,
             ready: &ready,
             away: &away,
+            full: &BTreeMap::new(),
             existing: &none,
             placed: &none,
             clone_of: None,
@@ -251,6 +259,31 @@ mod tests {
     }
 
     #[test]
+    fn a_full_disk_takes_no_new_replica_and_is_named() {
+        // the most free bytes, but its thin replicas already promise past the bound
+        let ready = BTreeMap::from([("a".to_string(), 900), ("b".to_string(), 10)]);
+        let full = BTreeMap::from([("a".to_string(), "the replicas would promise 6 GiB".to_string())]);
+        let none = BTreeMap::new();
+        let away = BTreeMap::new();
+        let req = |wanted: &'static [usize]| Request {
+            wanted,
+            listed: &[],
+            ready: &ready,
+            away: &away,
+            full: &full,
+            existing: &none,
+            placed: &none,
+            clone_of: None,
+        };
+        let p = place(&req(&[0]));
+        assert_eq!(p.slots[&0], Slot::Create("b".into()));
+        let p = place(&req(&[0, 1]));
+        let b = p.blocked.expect("blocked");
+        assert!(b.reason.contains("a is full: the replicas would promise 6 GiB"), "{}", b.reason);
+        assert!(!b.disk_failed);
+    }
+
+    #[test]
     fn an_existing_volume_gets_what_can_be_placed() {
         let ready = BTreeMap::from([("a".to_string(), 10), ("b".to_string(), 5)]);
         let away = BTreeMap::new();
@@ -260,6 +293,7 @@ mod tests {
             listed: &[],
             ready: &ready,
             away: &away,
+            full: &BTreeMap::new(),
             existing: &existing,
             placed: &BTreeMap::new(),
             clone_of: None,
@@ -282,6 +316,7 @@ mod tests {
             listed: &[],
             ready: &ready,
             away: &BTreeMap::new(),
+            full: &BTreeMap::new(),
             existing: &none,
             placed: &none,
             clone_of: None,
@@ -299,6 +334,7 @@ mod tests {
             listed: &[],
             ready: &ready,
             away: &BTreeMap::new(),
+            full: &BTreeMap::new(),
             existing: &none,
             placed: &none,
             clone_of: Some(&pins),
@@ -369,6 +405,7 @@ mod tests {
             listed: &case.listed,
             ready: &ready,
             away: &away,
+            full: &BTreeMap::new(),
             existing: &existing,
             placed: &w.placed,
             clone_of: None,

@@ -220,6 +220,8 @@ struct Job {
     tls_port: u16,
     /// `NodeConfig.rebuildMibPerSec`.
     rebuild_cap: Option<u64>,
+    /// `NodeConfig.overcommitPercent`.
+    overcommit_percent: u32,
     /// A served replica: its engine's request not answered yet.
     dest_request: Option<RebuildDest>,
 }
@@ -367,6 +369,7 @@ impl SpdkVolumeController {
             remote,
             superblock,
             rebuild_mib_per_sec: job.rebuild_cap,
+            overcommit_percent: job.overcommit_percent,
             remote_dests: job
                 .spec
                 .remote_replicas
@@ -800,6 +803,9 @@ impl Controller for SpdkVolumeController {
                 hosts: export_hosts(&node, &v.spec, attached_by),
                 tls_port,
                 rebuild_cap: node.rebuild_mib_per_sec,
+                overcommit_percent: node
+                    .overcommit_percent
+                    .unwrap_or(crate::spdk::placement::DEFAULT_OVERCOMMIT_PERCENT),
                 dest_request: v
                     .spec
                     .serve_replica

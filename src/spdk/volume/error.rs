@@ -49,6 +49,20 @@ pub enum VolumeError {
         /// A failed disk is among the candidates (a wait fails at once).
         disk_failed: bool,
     },
+    /// Growing a replica would take its disk past the overcommit bound.
+    #[error("volume {volume}: replica {replica} cannot grow to {bytes} bytes on disk {disk}: {reason}")]
+    Overcommit {
+        /// The volume.
+        volume: String,
+        /// The replica's lvol.
+        replica: String,
+        /// The disk.
+        disk: String,
+        /// The size asked for.
+        bytes: u64,
+        /// The figures.
+        reason: String,
+    },
     /// A step of a thin rebuild's copy failed (it is tried again).
     #[error("volume {volume}: rebuilding replica {replica} from snapshot {snapshot}: {message}")]
     RebuildCopy {

@@ -85,6 +85,9 @@ pub struct VolumePlan {
     /// at `remote_dests[i]`): those are rebuilt thin; the others (and every
     /// remote replica when this is empty) by SPDK's full rebuild.
     pub remote_dests: Vec<Option<std::sync::Arc<dyn super::rebuild::RemoteDest>>>,
+    /// How far the thin replicas on one disk may promise past its capacity, percent
+    /// (`NodeConfig.overcommitPercent`): a new replica or a growth past it is refused.
+    pub overcommit_percent: u32,
 }
 
 /// The room a raid superblock takes at the start of an lvol member: SPDK
@@ -146,6 +149,7 @@ impl VolumePlan {
             superblock: replicas >= 2,
             rebuild_mib_per_sec: None,
             remote_dests: Vec::new(),
+            overcommit_percent: placement::DEFAULT_OVERCOMMIT_PERCENT,
         }
     }
 
@@ -153,6 +157,27 @@ impl VolumePlan {
     pub fn uses_superblock(&self) -> bool {
         self.superblock && self.replicas + self.remote.len() >= 2
     }
+}
+
+/// Whether `disk` can promise `more` bytes within `percent` of its capacity, on top of what its
+/// thin lvols promise now ([`Inventory::committed`]); the error says why not, with the figures.
+pub fn within_overcommit(inv: &Inventory, disk: &str, more: u64, percent: u32) -> Result<(), String> {
+    let total = inv
+        .lvstore(disk)
+        .ok_or_else(|| "it has no lvstore".to_owned())?
+        .bytes()?
+        .total;
+    let committed = inv
+        .committed(disk)
+        .ok_or_else(|| "the sizes of its lvols add up past 2^64 bytes".to_owned())?;
+    let bound = u128::from(total) * u128::from(percent) / 100;
+    if u128::from(committed) + u128::from(more) > bound {
+        return Err(format!(
+            "its thin replicas promise {committed} bytes, and {more} more would pass {percent}% of its \
+             {total} bytes (overcommitPercent)"
+        ));
+    }
+    Ok(())
 }
 
 /// Disks with a talon lvstore (free bytes), less those the plan says are away
@@ -303,11 +328,22 @@ pub fn local_for(
             .collect()
     });
     let ready = ready_disks(inv, plan);
+    // a new replica promises its whole size on the disk it goes to
+    let full: BTreeMap<String, String> = ready
+        .keys()
+        .filter_map(|d| {
+            let more = whole(lvol_mib(d).saturating_mul(MIB), d);
+            within_overcommit(inv, d, more, plan.overcommit_percent)
+                .err()
+                .map(|why| (d.clone(), why))
+        })
+        .collect();
     let decided = placement::place(&placement::Request {
         wanted: ks,
         listed: &plan.disks,
         ready: &ready,
         away: &plan.disk_away,
+        full: &full,
         existing: &existing,
         placed: &plan.placed,
         clone_of: clone_of.as_ref(),
@@ -597,6 +633,37 @@ mod tests {
         ));
         let e = local(&i, &p).expect_err("no snapshot");
         assert!(e.to_string().contains("src-r0.s.s1"), "{e}");
+    }
+
+    #[test]
+    fn a_disk_whose_thin_replicas_promise_past_the_bound_takes_no_new_one() {
+        // 1024 clusters of CLUSTER bytes each; 500%: 5120 clusters' worth may be promised
+        let cap = 1024 * CLUSTER;
+        let mut i = inv(&["a", "b"]);
+        lvol(&mut i, "a", "old-r0", 4 * cap, false, false);
+        lvol(&mut i, "a", "old-r0.s.s1", 4 * cap, true, false);
+        assert_eq!(i.committed("a"), Some(4 * cap), "snapshots promise nothing more");
+        let big = vplan("v", 2 * cap / MIB, 1, false);
+        let p = local(&i, &big).expect("plan");
+        assert_eq!(p.replicas[0].disk, "b", "a would pass 500%: {p:?}");
+        // one disk only: refused, naming the disk and the figures
+        i.lvstores.retain(|l| l.name == "talon-a");
+        let e = local(&i, &big).expect_err("full");
+        let m = e.to_string();
+        assert!(matches!(e, VolumeError::NoPlacement { disk_failed: false, .. }), "{m}");
+        assert!(
+            m.contains("a is full: its thin replicas promise") && m.contains("would pass 500%"),
+            "{m}"
+        );
+        // a higher bound takes it
+        let mut more = vplan("v", 2 * cap / MIB, 1, false);
+        more.overcommit_percent = 700;
+        assert_eq!(local(&i, &more).expect("plan").replicas[0].disk, "a");
+        // figures past 2^64 make the disk full, never a panic or a wrap
+        lvol(&mut i, "a", "huge-r0", u64::MAX, false, false);
+        assert_eq!(i.committed("a"), None);
+        let e = local(&i, &vplan("w", 1, 1, false)).expect_err("nonsense");
+        assert!(e.to_string().contains("past 2^64 bytes"), "{e}");
     }
 
     #[test]
