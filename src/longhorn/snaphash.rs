@@ -104,12 +104,12 @@ impl Hashes {
     /// mid-hash): every file under the directory, and the aio bdevs named
     /// [`BDEV_PREFIX`]`*` in spdk_tgt (when it runs).
     pub async fn sweep(&self, client: &SpdkClient) {
-        if let Some(dir) = &self.dir {
-            if let Ok(entries) = std::fs::read_dir(dir) {
-                for e in entries.flatten() {
-                    if let Err(x) = std::fs::remove_file(e.path()) {
-                        tracing::warn!(file = %e.path().display(), error = %x, "removing a snapshot hash file");
-                    }
+        if let Some(dir) = &self.dir
+            && let Ok(entries) = std::fs::read_dir(dir)
+        {
+            for e in entries.flatten() {
+                if let Err(x) = std::fs::remove_file(e.path()) {
+                    tracing::warn!(file = %e.path().display(), error = %x, "removing a snapshot hash file");
                 }
             }
         }
