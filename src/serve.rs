@@ -590,7 +590,8 @@ pub async fn serve_with(
                 l.ports,
             )
             .with_peer_port(spdk_service_port)
-            .with_overcommit(l.overcommit_percent);
+            .with_overcommit(l.overcommit_percent)
+            .with_hash_dir(data_dir.join("snaphash"));
             Some(tokio::spawn(crate::longhorn::server::serve(
                 bound,
                 lh,

@@ -25,6 +25,7 @@ pub mod ops;
 pub mod proxy;
 pub mod rebuild;
 pub mod server;
+pub mod snaphash;
 
 /// Code generated from `proto/longhorn` (tonic + prost, parsed by protox).
 #[allow(

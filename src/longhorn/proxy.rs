@@ -987,6 +987,36 @@ impl proxy_engine_service_server::ProxyEngineService for Longhorn {
         Ok(Response::new(()))
     }
 
+    async fn snapshot_hash(&self, req: Request<imrpc::EngineSnapshotHashRequest>) -> Result<Response<()>, Status> {
+        let req = forward!(
+            self,
+            req,
+            req.get_ref().proxy_engine_request.as_ref(),
+            snapshot_hash
+        );
+        let req = req.into_inner();
+        let e = self.engine(&proxy_req(req.proxy_engine_request)?.engine_name)?;
+        self.engine_hash(&e, &req.snapshot_name, req.rehash).await?;
+        Ok(Response::new(()))
+    }
+
+    async fn snapshot_hash_status(
+        &self,
+        req: Request<imrpc::EngineSnapshotHashStatusRequest>,
+    ) -> Result<Response<imrpc::EngineSnapshotHashStatusProxyResponse>, Status> {
+        let req = forward!(
+            self,
+            req,
+            req.get_ref().proxy_engine_request.as_ref(),
+            snapshot_hash_status
+        );
+        let req = req.into_inner();
+        let e = self.engine(&proxy_req(req.proxy_engine_request)?.engine_name)?;
+        Ok(Response::new(imrpc::EngineSnapshotHashStatusProxyResponse {
+            status: self.engine_hash_status(&e, &req.snapshot_name).await?,
+        }))
+    }
+
     async fn snapshot_purge_status(
         &self,
         req: Request<imrpc::ProxyEngineRequest>,

@@ -156,6 +156,8 @@ pub struct Longhorn {
     io_samples: Arc<std::sync::Mutex<BTreeMap<String, super::proxy::IoSample>>>,
     /// See [`LonghornOptions::overcommit_percent`].
     overcommit_percent: u32,
+    /// The snapshot hash jobs of this node's replicas.
+    hashes: Arc<super::snaphash::Hashes>,
 }
 
 impl Longhorn {
@@ -171,7 +173,19 @@ impl Longhorn {
             proxy_port: 8501,
             io_samples: Arc::default(),
             overcommit_percent: LonghornOptions::DEFAULT_OVERCOMMIT_PERCENT,
+            hashes: Arc::new(super::snaphash::Hashes::new(None)),
         }
+    }
+
+    /// Snapshot hashes copy into files under `dir` (talon's data dir: a
+    /// copy holds up to the snapshot's data); without one they are refused.
+    pub fn with_hash_dir(mut self, dir: std::path::PathBuf) -> Self {
+        self.hashes = Arc::new(super::snaphash::Hashes::new(Some(dir)));
+        self
+    }
+
+    pub(super) fn hashes(&self) -> &Arc<super::snaphash::Hashes> {
+        &self.hashes
     }
 
     /// The replicas on one disk may add up to `percent` of its capacity.
@@ -227,6 +241,8 @@ pub async fn serve(
     limits: super::bounds::GrpcLimits,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), LonghornError> {
+    // what a hash left behind when talon stopped mid-hash
+    lh.hashes.sweep(&lh.client).await;
     let (tx, rx) = tokio::sync::watch::channel(false);
     let counter = crate::util::conn::ConnCounter::default();
     let mut tasks = Vec::new();
@@ -1651,6 +1667,22 @@ impl spdk_service_server::SpdkService for Longhorn {
     ) -> Result<Response<()>, Status> {
         self.replica_snapshot_revert(req.into_inner()).await?;
         Ok(Response::new(()))
+    }
+
+    async fn replica_snapshot_hash(&self, req: Request<spdkrpc::SnapshotHashRequest>) -> Result<Response<()>, Status> {
+        let req = req.into_inner();
+        self.replica_hash(&req.name, &req.snapshot_name, req.rehash).await?;
+        Ok(Response::new(()))
+    }
+
+    async fn replica_snapshot_hash_status(
+        &self,
+        req: Request<spdkrpc::SnapshotHashStatusRequest>,
+    ) -> Result<Response<spdkrpc::ReplicaSnapshotHashStatusResponse>, Status> {
+        let req = req.into_inner();
+        Ok(Response::new(
+            self.replica_hash_status(&req.name, &req.snapshot_name).await?,
+        ))
     }
 
     async fn replica_rebuilding_src_start(

@@ -1,0 +1,520 @@
+//! Longhorn's snapshot integrity hash: `SnapshotHash`/`SnapshotHashStatus`
+//! of the engine proxy (8501), which longhorn-manager's snapshot monitor
+//! calls to compare a snapshot's checksum across the engine's replicas, and
+//! the replica node's side of it (8504 `ReplicaSnapshotHash`/`Status`).
+//!
+//! ```text
+//!   SnapshotHash(engine, s, rehash) ──> each RW member: here Hashes::start, elsewhere its
+//!                                       node's ReplicaSnapshotHash (a WO member: refused)
+//!   one job per replica and snapshot, in the background, one at a time per node:
+//!     sparse file <data dir>/snaphash/<replica>@<s>, the snapshot's size
+//!       └─ bdev_aio_create talon-hash-<replica>@<s> (the snapshot's block size)
+//!     the chain root .. s, oldest first: bdev_lvol_start_shallow_copy <lvs>/<replica>-snap-<x>
+//!       -> the aio bdev, polled with bdev_lvol_check_shallow_copy
+//!       (each writes the clusters it holds: the file ends as s reads)
+//!     bdev_aio_delete; SHA-256 over the file (checksum); the file removed
+//!   SnapshotHashStatus ──> {replica ip:port: "" | in_progress | complete + checksum | error}
+//! ```
+//!
+//! Why the whole chain: a snapshot's own clusters depend on allocation (a
+//! replica rebuilt, or a parent deleted and merged into it, holds the same
+//! data in other clusters); what the snapshot reads does not. The checksum
+//! is SHA-256 over the snapshot's size and every 1 MiB chunk that is not all
+//! zeros (with its offset): a hole and written zeros hash alike, so equal
+//! data gives an equal checksum on every replica. SPDK v26.05 has no
+//! checksum RPC (Longhorn's fork has `bdev_lvol_register_snapshot_checksum`),
+//! so the data comes out through a shallow copy, as a thin rebuild copies.
+//!
+//! Nothing is left behind: the aio bdev and the file go on every path; a
+//! talon restart mid-hash leaves them to [`Hashes::sweep`] at the next start.
+
+use std::collections::{BTreeMap, HashMap};
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use tonic::{Code, Status};
+
+use super::naming;
+use super::proto::{ptypes, spdkrpc};
+use super::proxy::{Member, REMOTE_TIMEOUT, snapshot_lvol};
+use super::rebuild::{ReplicaLvols, start_copy};
+use super::server::Longhorn;
+use crate::resources::longhorn::LonghornEngine;
+use crate::runtime::Typed;
+use crate::spdk::rpc::{AioCreate, ByName, CheckShallowCopy};
+use crate::spdk::volume::Inventory;
+use crate::spdk::volume::naming::lvstore;
+use crate::spdk::{ErrorKind, SpdkClient};
+
+/// The states Longhorn's snapshot monitor reads (`SnapshotHashStatus` in
+/// longhorn-manager's `k8s/pkg/apis/longhorn/v1beta2/snapshot.go`).
+pub const IN_PROGRESS: &str = "in_progress";
+/// See [`IN_PROGRESS`].
+pub const COMPLETE: &str = "complete";
+/// See [`IN_PROGRESS`].
+pub const ERROR: &str = "error";
+/// The name prefix of the aio bdevs a hash copies into.
+pub const BDEV_PREFIX: &str = "talon-hash-";
+/// The chunk the checksum skips when it is all zeros.
+const CHUNK: u64 = 1 << 20;
+/// How often a running copy is polled.
+const POLL: Duration = Duration::from_millis(200);
+
+/// Where one replica's hash of one snapshot stands.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Job {
+    /// Queued or copying.
+    Running,
+    /// The checksum.
+    Complete(String),
+    /// Why it failed.
+    Failed(String),
+}
+
+/// The hash jobs of this node's replicas, by (replica, snapshot), and the
+/// directory their files live in. Kept by the server (talon's Longhorn
+/// services), for as long as it runs: a restart forgets them, and the next
+/// `SnapshotHash` hashes again.
+#[derive(Debug)]
+pub struct Hashes {
+    dir: Option<PathBuf>,
+    jobs: Mutex<BTreeMap<(String, String), Job>>,
+    /// One copy at a time on this node.
+    one: tokio::sync::Semaphore,
+}
+
+impl Hashes {
+    /// Jobs whose files go under `dir` (none: hashing is refused).
+    pub fn new(dir: Option<PathBuf>) -> Self {
+        Self {
+            dir,
+            jobs: Mutex::default(),
+            one: tokio::sync::Semaphore::new(1),
+        }
+    }
+
+    fn jobs(&self) -> MutexGuard<'_, BTreeMap<(String, String), Job>> {
+        self.jobs.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Removes what a hash left behind before this start (a restart
+    /// mid-hash): every file under the directory, and the aio bdevs named
+    /// [`BDEV_PREFIX`]`*` in spdk_tgt (when it runs).
+    pub async fn sweep(&self, client: &SpdkClient) {
+        if let Some(dir) = &self.dir
+            && let Ok(entries) = std::fs::read_dir(dir)
+        {
+            for e in entries.flatten() {
+                if let Err(x) = std::fs::remove_file(e.path()) {
+                    tracing::warn!(file = %e.path().display(), error = %x, "removing a snapshot hash file");
+                }
+            }
+        }
+        // spdk_tgt may not run yet (it starts with the first disk): then it
+        // holds no bdev of a hash either
+        let listed = tokio::time::timeout(Duration::from_secs(2), Inventory::load(client)).await;
+        if let Ok(Ok(inv)) = listed {
+            for b in inv.bdevs.keys().filter(|b| b.starts_with(BDEV_PREFIX)) {
+                if let Err(x) = client.bdev_aio_delete(&ByName::new(b)).await
+                    && !x.is(ErrorKind::NotFound)
+                {
+                    tracing::warn!(bdev = %b, error = %crate::util::error_chain(&x), "removing a snapshot hash bdev");
+                }
+            }
+        }
+    }
+}
+
+/// The file and bdev name of replica `replica`'s hash of snapshot `snap`.
+fn job_name(replica: &str, snap: &str) -> String {
+    format!("{replica}@{snap}")
+}
+
+fn to_hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The checksum of the first `size` bytes of `path`: SHA-256 over `size`
+/// and each 1 MiB chunk that is not all zeros, with its offset. Holes are
+/// skipped without reading them (`SEEK_DATA`).
+pub fn checksum(path: &Path, size: u64) -> io::Result<String> {
+    let f = std::fs::File::open(path)?;
+    let mut ctx = ring::digest::Context::new(&ring::digest::SHA256);
+    ctx.update(b"talon-snaphash-1");
+    ctx.update(&size.to_le_bytes());
+    let mut buf = vec![0u8; CHUNK as usize];
+    let mut at = 0u64;
+    while at < size {
+        // the next data at or after `at` (holes read as zeros: skipped)
+        let offset = i64::try_from(at).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+        match nix::unistd::lseek(&f, offset, nix::unistd::Whence::SeekData) {
+            Ok(d) => at = (u64::try_from(d).unwrap_or(at) / CHUNK * CHUNK).max(at),
+            Err(nix::errno::Errno::ENXIO) => break,
+            Err(_) => {}
+        }
+        if at >= size {
+            break;
+        }
+        let n = usize::try_from((size - at).min(CHUNK)).unwrap_or(buf.len());
+        let chunk = &mut buf[..n];
+        f.read_exact_at(chunk, at)?;
+        if chunk.iter().any(|b| *b != 0) {
+            ctx.update(&at.to_le_bytes());
+            ctx.update(chunk);
+        }
+        at += CHUNK;
+    }
+    Ok(to_hex(ctx.finish().as_ref()))
+}
+
+/// What a hash copies: the snapshot's lvols, its root first, its size and
+/// block size.
+#[derive(Debug)]
+struct Plan {
+    chain: Vec<String>,
+    size: u64,
+    block_size: u32,
+}
+
+/// Replica `replica`'s snapshot `snap` in lvstore `lvs` as spdk_tgt holds
+/// it now; `None` when it is not there.
+fn plan_of(inv: &Inventory, lvs: &str, replica: &str, snap: &str) -> Option<Plan> {
+    let lvols = ReplicaLvols::from_inventory(inv, lvs, replica);
+    lvols.snapshots.get(snap)?;
+    let alias = format!("{lvs}/{}", snapshot_lvol(replica, snap));
+    let bdev = inv.bdevs.get(&inv.lvols.get(&alias)?.uuid)?;
+    let mut chain = vec![alias];
+    let mut at = lvols.snapshots.get(snap).and_then(|(p, _)| p.clone());
+    while let Some(p) = at {
+        if chain.len() > 4096 {
+            break;
+        }
+        chain.push(format!("{lvs}/{}", snapshot_lvol(replica, &p)));
+        at = lvols.snapshots.get(&p).and_then(|(pp, _)| pp.clone());
+    }
+    chain.reverse();
+    Some(Plan {
+        chain,
+        size: bdev.num_blocks.saturating_mul(u64::from(bdev.block_size)),
+        block_size: bdev.block_size,
+    })
+}
+
+/// Copies `plan`'s chain into aio bdev `bdev` over `file`, oldest first.
+async fn copy_chain(client: &SpdkClient, plan: &Plan, file: &Path, bdev: &str) -> Result<(), String> {
+    std::fs::File::create(file)
+        .and_then(|f| f.set_len(plan.size))
+        .map_err(|e| format!("making {}: {e}", file.display()))?;
+    client
+        .bdev_aio_create(&AioCreate {
+            filename: file.display().to_string(),
+            name: bdev.to_owned(),
+            block_size: Some(plan.block_size),
+            readonly: false,
+            fallocate: false,
+        })
+        .await
+        .map_err(|e| format!("bdev_aio_create {bdev}: {}", crate::util::error_chain(&e)))?;
+    for src in &plan.chain {
+        let op = start_copy(client, src, bdev).await?;
+        loop {
+            let s = client
+                .bdev_lvol_check_shallow_copy(&CheckShallowCopy { operation_id: op })
+                .await
+                .map_err(|e| format!("copying {src}: copy {op}: {}", crate::util::error_chain(&e)))?;
+            match s.state.as_str() {
+                "complete" => break,
+                "error" => {
+                    return Err(format!(
+                        "copying {src}'s clusters to {bdev}: {}",
+                        s.error.unwrap_or_default()
+                    ));
+                }
+                _ => tokio::time::sleep(POLL).await,
+            }
+        }
+    }
+    Ok(())
+}
+
+/// One job: the copy, the checksum, and everything removed again.
+async fn run(client: &SpdkClient, dir: &Path, lvs: &str, replica: &str, snap: &str) -> Result<String, String> {
+    let what = |m: String| format!("replica {replica}: hashing snapshot {snap}: {m}");
+    let gone = || format!("replica {replica}: snapshot {snap} was deleted while it was hashed");
+    let inv = Inventory::load(client)
+        .await
+        .map_err(|e| what(format!("listing spdk_tgt: {}", crate::util::error_chain(&e))))?;
+    let plan = plan_of(&inv, lvs, replica, snap).ok_or_else(gone)?;
+    std::fs::create_dir_all(dir).map_err(|e| what(format!("making {}: {e}", dir.display())))?;
+    let name = job_name(replica, snap);
+    let file = dir.join(&name);
+    let bdev = format!("{BDEV_PREFIX}{name}");
+    // one an earlier job left (talon stopped mid-hash, spdk_tgt stayed)
+    let _ = client.bdev_aio_delete(&ByName::new(&bdev)).await;
+    let copied = copy_chain(client, &plan, &file, &bdev).await;
+    let deleted = match client.bdev_aio_delete(&ByName::new(&bdev)).await {
+        Ok(_) => Ok(()),
+        Err(e) if e.is(ErrorKind::NotFound) => Ok(()),
+        Err(e) => Err(format!("bdev_aio_delete {bdev}: {}", crate::util::error_chain(&e))),
+    };
+    let sum = match (copied, deleted) {
+        (Ok(()), Ok(())) => {
+            let (f, size) = (file.clone(), plan.size);
+            tokio::task::spawn_blocking(move || checksum(&f, size))
+                .await
+                .map_err(|e| e.to_string())
+                .and_then(|r| r.map_err(|e| format!("reading {}: {e}", file.display())))
+        }
+        (Err(m), _) | (_, Err(m)) => Err(m),
+    };
+    if let Err(e) = std::fs::remove_file(&file)
+        && e.kind() != io::ErrorKind::NotFound
+    {
+        tracing::warn!(file = %file.display(), error = %e, "removing a snapshot hash file");
+    }
+    // a snapshot deleted meanwhile (its copy may have failed for it, or
+    // ended before): no checksum of it
+    let now = Inventory::load(client).await.ok();
+    let still = now.as_ref().and_then(|inv| plan_of(inv, lvs, replica, snap));
+    match (sum, still) {
+        (_, None) if now.is_some() => Err(gone()),
+        (Ok(s), _) => Ok(s),
+        (Err(m), _) => Err(what(m)),
+    }
+}
+
+fn status_message(job: Option<Job>) -> spdkrpc::ReplicaSnapshotHashStatusResponse {
+    let (state, checksum, error) = match job {
+        None => ("", String::new(), String::new()),
+        Some(Job::Running) => (IN_PROGRESS, String::new(), String::new()),
+        Some(Job::Complete(c)) => (COMPLETE, c, String::new()),
+        Some(Job::Failed(e)) => (ERROR, String::new(), e),
+    };
+    spdkrpc::ReplicaSnapshotHashStatusResponse {
+        state: state.to_owned(),
+        checksum,
+        error,
+        // talon keeps no earlier checksum to find silent corruption by
+        // (Longhorn's V2 engine reports false too)
+        silently_corrupted: false,
+    }
+}
+
+impl Longhorn {
+    /// `ReplicaSnapshotHash` (and an engine's member on this node): starts
+    /// hashing snapshot `snap` of replica `name`, unless a hash of it runs
+    /// (no second one) or one completed and `rehash` is false.
+    pub(super) async fn replica_hash(&self, name: &str, snap: &str, rehash: bool) -> Result<(), Status> {
+        naming::replica_snapshot_name(snap).map_err(|x| Status::invalid_argument(x.to_string()))?;
+        let (replica, t) = self.stored_replica(name)?;
+        let lvs = lvstore(&t.spec.disk);
+        let have = self.replica_lvols_now(replica.as_str(), &t.spec.disk).await?;
+        if !have.snapshots.contains_key(snap) {
+            return Err(Status::not_found(format!(
+                "replica {replica}: cannot find snapshot {snap} ({})",
+                snapshot_lvol(replica.as_str(), snap)
+            )));
+        }
+        let hashes = self.hashes().clone();
+        let Some(dir) = hashes.dir.clone() else {
+            return Err(Status::failed_precondition(format!(
+                "replica {replica}: snapshot {snap}: this node has no directory for snapshot hashes"
+            )));
+        };
+        let key = (replica.as_str().to_owned(), snap.to_owned());
+        {
+            let mut jobs = hashes.jobs();
+            match jobs.get(&key) {
+                Some(Job::Running) => return Ok(()),
+                Some(Job::Complete(_)) if !rehash => return Ok(()),
+                _ => {}
+            }
+            jobs.insert(key.clone(), Job::Running);
+        }
+        let client = self.client().clone();
+        tokio::spawn(async move {
+            let r = match hashes.one.acquire().await {
+                Ok(_one) => run(&client, &dir, &lvs, &key.0, &key.1).await,
+                Err(_) => Err(format!("replica {}: hashing snapshot {}: stopped", key.0, key.1)),
+            };
+            match &r {
+                Ok(sum) => tracing::info!(replica = %key.0, snapshot = %key.1, checksum = %sum, "snapshot hashed"),
+                Err(m) => tracing::info!(replica = %key.0, snapshot = %key.1, error = %m, "snapshot hash failed"),
+            }
+            let job = r.map_or_else(Job::Failed, Job::Complete);
+            hashes.jobs().insert(key, job);
+        });
+        Ok(())
+    }
+
+    /// `ReplicaSnapshotHashStatus`: where replica `name`'s hash of `snap`
+    /// stands (state "" when it was never hashed). A snapshot that is not
+    /// there is NOT_FOUND, unless its hash failed (that error names it).
+    pub(super) async fn replica_hash_status(
+        &self,
+        name: &str,
+        snap: &str,
+    ) -> Result<spdkrpc::ReplicaSnapshotHashStatusResponse, Status> {
+        let (replica, t) = self.stored_replica(name)?;
+        let key = (replica.as_str().to_owned(), snap.to_owned());
+        let job = self.hashes().jobs().get(&key).cloned();
+        if matches!(job, Some(Job::Running | Job::Failed(_))) {
+            return Ok(status_message(job));
+        }
+        let have = self.replica_lvols_now(replica.as_str(), &t.spec.disk).await?;
+        if !have.snapshots.contains_key(snap) {
+            self.hashes().jobs().remove(&key);
+            return Err(Status::not_found(format!(
+                "replica {replica}: cannot find snapshot {snap} ({})",
+                snapshot_lvol(replica.as_str(), snap)
+            )));
+        }
+        Ok(status_message(job))
+    }
+
+    /// The members of engine `e` a hash asks: those in service (RW). A
+    /// member being rebuilt (WO) refuses the hash, as Longhorn's V2 engine
+    /// does; one in error is left out.
+    async fn hash_members(&self, e: &Typed<LonghornEngine>) -> Result<Vec<Member>, Status> {
+        let members = self.members(e).await?;
+        if let Some(m) = members.iter().find(|m| m.mode == ptypes::ReplicaMode::Wo) {
+            return Err(Status::failed_precondition(format!(
+                "engine {} contains WO replica {} during snapshot hash",
+                e.id(),
+                m.replica
+            )));
+        }
+        Ok(members
+            .into_iter()
+            .filter(|m| m.mode == ptypes::ReplicaMode::Rw)
+            .collect())
+    }
+
+    /// `SnapshotHash`: each replica in service hashes snapshot `snap` where
+    /// it lives. Errors name the replica; the first one's code is answered.
+    pub(super) async fn engine_hash(&self, e: &Typed<LonghornEngine>, snap: &str, rehash: bool) -> Result<(), Status> {
+        naming::replica_snapshot_name(snap).map_err(|x| Status::invalid_argument(x.to_string()))?;
+        let mut errors: Vec<(Code, String)> = Vec::new();
+        for m in self.hash_members(e).await? {
+            let r = match self.local_replica(&m.replica) {
+                Some(_) => self.replica_hash(&m.replica, snap, rehash).await,
+                None => match self.replica_node(&m.replica, &m.address).await {
+                    Ok(mut c) => c
+                        .replica_snapshot_hash(spdkrpc::SnapshotHashRequest {
+                            name: m.replica.clone(),
+                            snapshot_name: snap.to_owned(),
+                            rehash,
+                        })
+                        .await
+                        .map(|_| ())
+                        .map_err(|s| Status::new(s.code(), format!("replica {}: its node: {}", m.replica, s.message()))),
+                    Err(x) => Err(Status::unavailable(x)),
+                },
+            };
+            if let Err(s) = r {
+                errors.push((s.code(), s.message().to_owned()));
+            }
+        }
+        match errors.first() {
+            None => Ok(()),
+            Some((code, _)) => Err(Status::new(
+                *code,
+                errors.iter().map(|(_, m)| m.as_str()).collect::<Vec<_>>().join("; "),
+            )),
+        }
+    }
+
+    /// `SnapshotHashStatus`: each replica in service, by its address.
+    pub(super) async fn engine_hash_status(
+        &self,
+        e: &Typed<LonghornEngine>,
+        snap: &str,
+    ) -> Result<HashMap<String, ptypes::SnapshotHashStatusResponse>, Status> {
+        let mut out = HashMap::new();
+        for m in self.hash_members(e).await? {
+            let s = match self.local_replica(&m.replica) {
+                Some(_) => self.replica_hash_status(&m.replica, snap).await?,
+                None => {
+                    let mut c = super::proxy::peer_client(&m.replica, &m.address, self.peer_port(), REMOTE_TIMEOUT)
+                        .await
+                        .map_err(Status::unavailable)?;
+                    c.replica_snapshot_hash_status(spdkrpc::SnapshotHashStatusRequest {
+                        name: m.replica.clone(),
+                        snapshot_name: snap.to_owned(),
+                    })
+                    .await
+                    .map_err(|s| Status::new(s.code(), format!("replica {}: its node: {}", m.replica, s.message())))?
+                    .into_inner()
+                }
+            };
+            out.insert(
+                m.address.clone(),
+                ptypes::SnapshotHashStatusResponse {
+                    state: s.state,
+                    checksum: s.checksum,
+                    error: s.error,
+                    silently_corrupted: s.silently_corrupted,
+                },
+            );
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn file_with(chunks: &[(u64, &[u8])], size: u64) -> tempfile::NamedTempFile {
+        let f = tempfile::NamedTempFile::new().expect("temp file");
+        f.as_file().set_len(size).expect("size");
+        for (at, data) in chunks {
+            f.as_file().write_all_at(data, *at).expect("write");
+        }
+        f
+    }
+
+    #[test]
+    fn equal_data_gives_an_equal_checksum_whatever_is_allocated() {
+        let size = 8 * CHUNK;
+        let data = vec![7u8; 4096];
+        let sparse = file_with(&[(3 * CHUNK + 512, &data)], size);
+        // the same data, with zeros written where the other has holes
+        let zeros = vec![0u8; 2 * CHUNK as usize];
+        let dense = file_with(&[(0, &zeros), (5 * CHUNK, &zeros), (3 * CHUNK + 512, &data)], size);
+        let a = checksum(sparse.path(), size).expect("checksum");
+        assert_eq!(a, checksum(dense.path(), size).expect("checksum"));
+        assert_eq!(a.len(), 64, "SHA-256 in hex: {a}");
+        // the same bytes elsewhere, other bytes, another size: another checksum
+        let moved = file_with(&[(4 * CHUNK + 512, &data)], size);
+        assert_ne!(a, checksum(moved.path(), size).expect("checksum"));
+        let other = file_with(&[(3 * CHUNK + 512, &vec![8u8; 4096])], size);
+        assert_ne!(a, checksum(other.path(), size).expect("checksum"));
+        let bigger = file_with(&[(3 * CHUNK + 512, &data)], size + CHUNK);
+        assert_ne!(a, checksum(bigger.path(), size + CHUNK).expect("checksum"));
+    }
+
+    #[test]
+    fn a_size_that_is_not_a_multiple_of_the_chunk_is_hashed_to_its_end() {
+        let size = CHUNK + 4096;
+        let a = file_with(&[(CHUNK, &[1u8; 4096])], size);
+        let b = file_with(&[(CHUNK, &[2u8; 4096])], size);
+        assert_ne!(
+            checksum(a.path(), size).expect("checksum"),
+            checksum(b.path(), size).expect("checksum")
+        );
+    }
+
+    #[test]
+    fn the_status_carries_longhorns_states() {
+        assert_eq!(status_message(None).state, "");
+        assert_eq!(status_message(Some(Job::Running)).state, "in_progress");
+        let c = status_message(Some(Job::Complete("ab".into())));
+        assert_eq!((c.state.as_str(), c.checksum.as_str()), ("complete", "ab"));
+        let e = status_message(Some(Job::Failed("gone".into())));
+        assert_eq!((e.state.as_str(), e.error.as_str()), ("error", "gone"));
+    }
+}

@@ -1,0 +1,294 @@
+//! Longhorn's snapshot integrity hash (`SnapshotHash`/`SnapshotHashStatus`,
+//! what longhorn-manager's snapshot monitor calls) on an engine of node A
+//! over replica `vol-r-a` (A) and `vol-r-b` (node B, asked through B's
+//! SPDKService `ReplicaSnapshotHash`/`Status`), with Longhorn's field
+//! numbers (talon's protos). On `SpdkDouble`s (a TEST DOUBLE of spdk_tgt,
+//! whose shallow copy into an aio file writes bytes that follow from the
+//! clusters the snapshot holds) and on two real spdk_tgt (`TALON_SPDK_DIR`):
+//! both replicas give one checksum for a snapshot, another snapshot another
+//! one; in_progress then complete; an unknown snapshot is NOT_FOUND naming
+//! it; one deleted while hashed is an error naming it; no aio bdev and no
+//! file is left.
+
+#[path = "support/longhorn_nodes.rs"]
+mod longhorn_nodes;
+#[path = "support/spdk_dd.rs"]
+#[allow(dead_code)]
+mod spdk_dd;
+#[path = "support/spdk_perf.rs"]
+#[allow(dead_code)]
+mod spdk_perf;
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use talon::longhorn::proto::imrpc::{self, proxy_engine_service_client::ProxyEngineServiceClient};
+use talon::longhorn::proto::ptypes;
+use talon::longhorn::proto::spdkrpc::{self, spdk_service_client::SpdkServiceClient};
+use tonic::Code;
+use tonic::transport::Channel;
+
+use longhorn_nodes::{Node, WAIT, engine, free_base, pattern, req, running, snapshot};
+
+const MIB: u64 = 1 << 20;
+
+async fn hash(p: &mut ProxyEngineServiceClient<Channel>, snap: &str, rehash: bool) -> Result<(), tonic::Status> {
+    p.snapshot_hash(imrpc::EngineSnapshotHashRequest {
+        proxy_engine_request: Some(req("vol-e-0")),
+        snapshot_name: snap.into(),
+        rehash,
+    })
+    .await
+    .map(|_| ())
+}
+
+async fn status(
+    p: &mut ProxyEngineServiceClient<Channel>,
+    snap: &str,
+) -> Result<HashMap<String, ptypes::SnapshotHashStatusResponse>, tonic::Status> {
+    p.snapshot_hash_status(imrpc::EngineSnapshotHashStatusRequest {
+        proxy_engine_request: Some(req("vol-e-0")),
+        snapshot_name: snap.into(),
+    })
+    .await
+    .map(|r| r.into_inner().status)
+}
+
+/// The statuses of `snap` once no replica is in progress any more.
+async fn settled(
+    p: &ProxyEngineServiceClient<Channel>,
+    snap: &str,
+    wait: Duration,
+) -> HashMap<String, ptypes::SnapshotHashStatusResponse> {
+    talon::runtime::testing::eventually(&format!("snapshot {snap} hashed"), wait, || async {
+        let s = status(&mut p.clone(), snap).await.ok()?;
+        s.values().all(|x| x.state != "in_progress").then_some(s)
+    })
+    .await
+}
+
+/// The one checksum both replicas report for a snapshot, complete.
+fn one_checksum(s: &HashMap<String, ptypes::SnapshotHashStatusResponse>, addrs: &[&String]) -> String {
+    let mut keys: Vec<&String> = s.keys().collect();
+    keys.sort();
+    let mut want = addrs.to_vec();
+    want.sort();
+    assert_eq!(keys, want, "one status per replica address: {s:?}");
+    for x in s.values() {
+        assert_eq!(x.state, "complete", "{s:?}");
+        assert!(!x.silently_corrupted);
+    }
+    let sums: Vec<&str> = s.values().map(|x| x.checksum.as_str()).collect();
+    assert!(sums.iter().all(|c| *c == sums[0]), "both replicas agree: {s:?}");
+    assert_eq!(sums[0].len(), 64, "SHA-256 in hex: {s:?}");
+    sums[0].to_owned()
+}
+
+/// Nothing a hash makes is left on `n`: no aio bdev, no file.
+async fn nothing_left(n: &Node) {
+    let bdevs: Vec<String> = n
+        .spdk
+        .bdev_get_bdevs(&Default::default())
+        .await
+        .expect("bdevs")
+        .into_iter()
+        .map(|b| b.name)
+        .filter(|b| b.starts_with("talon-hash-"))
+        .collect();
+    assert!(bdevs.is_empty(), "hash bdevs left: {bdevs:?}");
+    let dir = n.dir.path().join("data/snaphash");
+    let files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .map(|d| d.flatten().map(|e| e.path()).collect())
+        .unwrap_or_default();
+    assert!(files.is_empty(), "hash files left: {files:?}");
+}
+
+/// Two nodes, a replica on each, an engine on A over both; returns the
+/// nodes, the replicas' addresses and the engine's export port.
+async fn two_nodes(real: Option<&std::path::Path>, size: u64) -> (Node, Node, String, String, u16) {
+    let (ip_a, ip_b) = (IpAddr::from([127, 0, 0, 1]), IpAddr::from([127, 0, 0, 2]));
+    let base = free_base(&[ip_a, ip_b]);
+    let a = Node::new(ip_a, base, real).await;
+    let b = Node::new(ip_b, base, real).await;
+    let addr_a = a.replica("disk-a", "vol-r-a", size).await;
+    let addr_b = b.replica("disk-b", "vol-r-b", size).await;
+    engine(&a, &[("vol-r-a", &addr_a), ("vol-r-b", &addr_b)], size, "spdk-tcp-nvmf").await;
+    let inst = talon::longhorn::proto::imrpc::instance_service_client::InstanceServiceClient::new(a.channel(3).await);
+    let port = running(&inst, "vol-e-0", "engine").await.port_start;
+    (a, b, addr_a, addr_b, u16::try_from(port).expect("port"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn snapshot_hashes_agree_across_two_nodes_on_the_double() {
+    let size = 64 * MIB;
+    let (mut a, mut b, addr_a, addr_b, _) = two_nodes(None, size).await;
+    let (da, db) = (a.double.as_ref().expect("double"), b.double.as_ref().expect("double"));
+    let mut p = ProxyEngineServiceClient::new(a.channel(1).await);
+    // equal writes on both replicas, a snapshot after each
+    for d in [da, db] {
+        d.write("talon-disk-a/vol-r-a", 2);
+        d.write("talon-disk-b/vol-r-b", 2);
+    }
+    snapshot(&mut p, "s1").await.expect("snapshot s1");
+    for d in [da, db] {
+        d.write("talon-disk-a/vol-r-a", 1);
+        d.write("talon-disk-b/vol-r-b", 1);
+    }
+    snapshot(&mut p, "s2").await.expect("snapshot s2");
+
+    // a copy takes 1 s: the hash is seen in progress, and a second request
+    // meanwhile starts no second one
+    da.set_rebuild_time(Duration::from_secs(1));
+    db.set_rebuild_time(Duration::from_secs(1));
+    let aio_before = (da.calls("bdev_aio_create"), db.calls("bdev_aio_create"));
+    assert_eq!(
+        status(&mut p, "s1").await.expect("status before").values().map(|s| s.state.as_str()).collect::<Vec<_>>(),
+        vec!["", ""],
+        "never hashed"
+    );
+    hash(&mut p, "s1", false).await.expect("SnapshotHash s1");
+    hash(&mut p, "s1", false).await.expect("SnapshotHash s1 again");
+    let s = status(&mut p, "s1").await.expect("status");
+    assert!(s.values().all(|x| x.state == "in_progress"), "{s:?}");
+    let s1 = one_checksum(&settled(&p, "s1", WAIT).await, &[&addr_a, &addr_b]);
+    assert_eq!(
+        (da.calls("bdev_aio_create"), db.calls("bdev_aio_create")),
+        (aio_before.0 + 1, aio_before.1 + 1),
+        "one copy per node for two requests"
+    );
+    // done and not asked to rehash: kept
+    hash(&mut p, "s1", false).await.expect("SnapshotHash s1, done");
+    assert_eq!(da.calls("bdev_aio_create"), aio_before.0 + 1);
+
+    hash(&mut p, "s2", false).await.expect("SnapshotHash s2");
+    let s2 = one_checksum(&settled(&p, "s2", WAIT).await, &[&addr_a, &addr_b]);
+    assert_ne!(s1, s2, "other data, another checksum");
+    // a rehash gives the same again
+    hash(&mut p, "s1", true).await.expect("rehash s1");
+    assert_eq!(one_checksum(&settled(&p, "s1", WAIT).await, &[&addr_a, &addr_b]), s1);
+
+    // B's SPDKService with Longhorn's field numbers, directly
+    let mut sb = SpdkServiceClient::new(b.channel(4).await);
+    let r = sb
+        .replica_snapshot_hash_status(spdkrpc::SnapshotHashStatusRequest {
+            name: "vol-r-b".into(),
+            snapshot_name: "s2".into(),
+        })
+        .await
+        .expect("ReplicaSnapshotHashStatus")
+        .into_inner();
+    assert_eq!((r.state.as_str(), r.checksum.as_str()), ("complete", s2.as_str()));
+
+    // an unknown snapshot: NOT_FOUND naming it, at both calls
+    let e = hash(&mut p, "nosuch", false).await.expect_err("unknown snapshot");
+    assert_eq!(e.code(), Code::NotFound, "{e:?}");
+    assert!(e.message().contains("nosuch"), "{e:?}");
+    let e = status(&mut p, "nosuch").await.expect_err("unknown snapshot");
+    assert_eq!(e.code(), Code::NotFound, "{e:?}");
+    assert!(e.message().contains("nosuch"), "{e:?}");
+
+    // deleted while hashed: an error naming it
+    da.set_rebuild_time(Duration::from_secs(2));
+    db.set_rebuild_time(Duration::from_secs(2));
+    hash(&mut p, "s2", true).await.expect("rehash s2");
+    p.snapshot_remove(imrpc::EngineSnapshotRemoveRequest {
+        proxy_engine_request: Some(req("vol-e-0")),
+        names: vec!["s2".into()],
+    })
+    .await
+    .expect("SnapshotRemove s2");
+    let s = settled(&p, "s2", WAIT).await;
+    assert_eq!(s.len(), 2, "{s:?}");
+    for x in s.values() {
+        assert_eq!(x.state, "error", "{s:?}");
+        assert!(x.error.contains("s2") && x.error.contains("deleted"), "{s:?}");
+    }
+
+    nothing_left(&a).await;
+    nothing_left(&b).await;
+    a.stop().await;
+    b.stop().await;
+}
+
+fn spdk_dir(test: &str) -> Option<PathBuf> {
+    let Some(d) = std::env::var_os("TALON_SPDK_DIR").map(PathBuf::from) else {
+        eprintln!("SKIP {test}: TALON_SPDK_DIR not set");
+        return None;
+    };
+    for tool in ["spdk_tgt", "spdk_dd"] {
+        if !d.join("build/bin").join(tool).exists() {
+            eprintln!("SKIP {test}: no build/bin/{tool} under {}", d.display());
+            return None;
+        }
+    }
+    Some(d)
+}
+
+/// The checksum talon gives a snapshot that reads as `writes` (offset,
+/// bytes) over zeros, `size` bytes: the same function over a local file.
+fn expected(size: u64, writes: &[(u64, &[u8])]) -> String {
+    use std::os::unix::fs::FileExt;
+    let f = tempfile::NamedTempFile::new().expect("temp file");
+    f.as_file().set_len(size).expect("size");
+    for (at, data) in writes {
+        f.as_file().write_all_at(data, *at).expect("write");
+    }
+    talon::longhorn::snaphash::checksum(f.path(), size).expect("checksum")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_spdk_snapshot_hashes_agree_across_two_nodes() {
+    let test = "real_spdk_snapshot_hashes_agree_across_two_nodes";
+    let Some(spdk) = spdk_dir(test) else {
+        return;
+    };
+    let size = 16 * MIB;
+    let (mut a, mut b, addr_a, addr_b, port) = two_nodes(Some(&spdk), size).await;
+    let mut p = ProxyEngineServiceClient::new(a.channel(1).await);
+    let nqn = "nqn.2023-01.io.longhorn.spdk:volume-vol";
+    let first = pattern(2 * MIB as usize, 1);
+    let second = pattern(MIB as usize / 2, 2);
+    let (d1, d2) = (a.dir.path().to_path_buf(), first.clone());
+    let sp = spdk.clone();
+    tokio::task::spawn_blocking(move || spdk_dd::dd_write_at(&sp, &d1, port, nqn, &d2, 0))
+        .await
+        .expect("dd");
+    snapshot(&mut p, "s1").await.expect("snapshot s1");
+    // s2 overwrites part of what s1 holds, and writes beyond it
+    let (d1, d2) = (a.dir.path().to_path_buf(), second.clone());
+    let sp = spdk.clone();
+    tokio::task::spawn_blocking(move || spdk_dd::dd_write_at(&sp, &d1, port, nqn, &d2, 3 * MIB as usize / 2))
+        .await
+        .expect("dd");
+    snapshot(&mut p, "s2").await.expect("snapshot s2");
+
+    hash(&mut p, "s1", false).await.expect("SnapshotHash s1");
+    let first_seen = status(&mut p, "s1").await.expect("status");
+    assert!(
+        first_seen.values().all(|x| x.state == "in_progress" || x.state == "complete"),
+        "{first_seen:?}"
+    );
+    let s1 = one_checksum(&settled(&p, "s1", WAIT).await, &[&addr_a, &addr_b]);
+    hash(&mut p, "s2", false).await.expect("SnapshotHash s2");
+    let s2 = one_checksum(&settled(&p, "s2", WAIT).await, &[&addr_a, &addr_b]);
+    assert_ne!(s1, s2, "other data, another checksum");
+    // what each snapshot reads: s2 is s1's data with the second write over it
+    assert_eq!(s1, expected(size, &[(0, &first)]), "s1 hashes as it reads");
+    assert_eq!(
+        s2,
+        expected(size, &[(0, &first), (3 * MIB / 2, &second)]),
+        "s2 hashes as it reads, s1's clusters included"
+    );
+    eprintln!("{test}: first status {first_seen:?}, s1 {s1}, s2 {s2}");
+
+    let e = hash(&mut p, "nosuch", false).await.expect_err("unknown snapshot");
+    assert_eq!(e.code(), Code::NotFound, "{e:?}");
+    assert!(e.message().contains("nosuch"), "{e:?}");
+
+    nothing_left(&a).await;
+    nothing_left(&b).await;
+    a.stop().await;
+    b.stop().await;
+}
