@@ -241,6 +241,27 @@ class Scenario:
                        lambda: (s := self.get("snapshots", name).get("status", {})).get("readyToUse") and s)
         say(f"snapshot: {json.dumps(st)[:400]}")
 
+    def snapshot_hash(self, name="e2e-snap-1"):
+        """The manager's snapshot data integrity check (V2 default `fast-check`) on its cron, made
+        every minute here: it hashes the snapshot on both replicas (SnapshotHash, then
+        SnapshotHashStatus every 5 s), votes, and writes the checksum on the Snapshot CR; a
+        replica whose checksum lost the vote would be reported corrupted in its log."""
+        cron = "snapshot-data-integrity-cronjob"
+        before = self.get("settings", cron)["value"]
+        self.patch("settings", cron, {"value": json.dumps({"v1": "0 0 */7 * *", "v2": "* * * * *"})})
+        try:
+            st = self.wait(f"the checksum of snapshot {name} on its Snapshot CR",
+                           lambda: (s := self.get("snapshots", name).get("status", {})).get("checksum") and s,
+                           150)
+        finally:
+            self.patch("settings", cron, {"value": before})
+        say(f"snapshot {name} checksum {st['checksum']} at {st.get('checksumCalculatedAt')}")
+        for node in self.nodes:
+            with open(self.c.logfile(f"longhorn-manager-{node}")) as f:
+                bad = [l for l in f if "Detected corrupted replica" in l or "Failed to check the data integrity" in l]
+            if bad:
+                raise AssertionError(f"the manager on {node} found the replicas' checksums differ: {bad[:3]}")
+
     def detach(self):
         self.patch("volumeattachments", VOLUME, {"spec": {"attachmentTickets": {"e2e": None}}})
         self.wait("volume detached",
@@ -386,6 +407,7 @@ def main():
         s.step("snapshot", s.snapshot)
         if two:
             s.step("io-2", lambda: s.io(0xA5))
+            s.step("snapshot-hash", s.snapshot_hash)
             third = s.step("kill-node-2", lambda: s.kill_node(nodes[1]))
             s.step("rebuild", s.rebuilt)
             s.step("read-after-rebuild", lambda: s.check(third, "the data after the rebuild"))
