@@ -205,3 +205,30 @@ async fn sizes_status_and_waits_read_as_people_write_them() {
     );
     assert!(err.contains("target spdk failed"), "and why it gave up: {err}");
 }
+
+/// The Longhorn gRPC bounds are flags of `talon serve` (issue 31); values that would disable a
+/// bound, or close live connections between two pings, are refused naming the flag, before
+/// anything starts.
+#[test]
+fn longhorn_bounds_are_flags_and_nonsense_is_refused_naming_them() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let socket = dir.path().join("talon.sock");
+    let (ok, help, err) = talon(&socket, &["serve", "--help"]);
+    assert!(ok, "{err}");
+    for flag in [
+        "--longhorn-max-connections <N>",
+        "--longhorn-max-connections-per-peer <N>",
+        "--longhorn-idle-timeout <SECONDS>",
+    ] {
+        assert!(help.contains(flag), "{flag} in:\n{help}");
+    }
+    for (flag, value) in [
+        ("--longhorn-max-connections", "0"),
+        ("--longhorn-max-connections-per-peer", "0"),
+        ("--longhorn-idle-timeout", "5"),
+    ] {
+        let (ok, _, err) = talon(&socket, &["serve", "--longhorn-listen", "127.0.0.1:1", flag, value]);
+        assert!(!ok, "{flag} {value} accepted");
+        assert!(err.contains(flag) && err.contains(value), "{flag} {value}: {err}");
+    }
+}

@@ -188,6 +188,17 @@ pub struct ServeArgs {
     /// past it is refused with RESOURCE_EXHAUSTED.
     #[arg(long, value_name = "PERCENT", default_value_t = crate::longhorn::server::LonghornOptions::DEFAULT_OVERCOMMIT_PERCENT, value_parser = clap::value_parser!(u32).range(100..=100_000))]
     pub longhorn_overcommit_percent: u32,
+    /// Open connections to the five Longhorn ports in all; past it a connection is closed on
+    /// accept (lowered, with a warning, to fit the descriptor limit).
+    #[arg(long, value_name = "N", default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub longhorn_max_connections: u32,
+    /// Open connections to the Longhorn ports from one peer address.
+    #[arg(long, value_name = "N", default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub longhorn_max_connections_per_peer: u32,
+    /// A Longhorn connection that moves no byte either way for this many seconds is closed (a
+    /// live client answers the HTTP/2 pings sent every 30 s).
+    #[arg(long, value_name = "SECONDS", default_value_t = 120, value_parser = clap::value_parser!(u64).range(31..=86_400))]
+    pub longhorn_idle_timeout: u64,
 }
 
 /// `talon keep-targets`.
@@ -438,7 +449,12 @@ async fn run(cli: Cli) -> Result<ExitCode, CliError> {
                 .map(|listen| crate::longhorn::server::LonghornOptions {
                     listen,
                     ports: a.longhorn_port_range.clone(),
-                    limits: Default::default(),
+                    limits: crate::longhorn::bounds::GrpcLimits {
+                        max_connections: a.longhorn_max_connections as usize,
+                        max_per_peer: a.longhorn_max_connections_per_peer as usize,
+                        idle: std::time::Duration::from_secs(a.longhorn_idle_timeout),
+                        ..Default::default()
+                    },
                     overcommit_percent: a.longhorn_overcommit_percent,
                 });
             crate::serve::serve_with(opts, longhorn, shutdown_signal()).await?;
