@@ -496,6 +496,40 @@ async fn a_dead_target_is_counted_retried_with_backoff_and_readopted() {
     rt.stop().await;
 }
 
+/// The target gets Longhorn's 10 s NVMe keep-alive (`bdev_nvme_set_options`)
+/// when it is adopted, before the disk controller attaches anything, and again
+/// when a new target is adopted after the first died (the option lives in the
+/// process).
+#[tokio::test]
+async fn the_target_gets_the_nvme_keep_alive_when_adopted() {
+    let d = tempfile::tempdir().expect("tempdir");
+    let double = SpdkDouble::start(d.path().join("spdk.sock"))
+        .await
+        .expect("double");
+    let rt = start(d.path(), State::in_memory());
+    let st = rt.state.clone();
+    st.create_typed("d1", "", &file_disk(&d.path().join("d1.img"), Some(32 << 20)))
+        .expect("disk");
+    status(&st, "d1", ObjectState::Ready).await;
+    assert_eq!(double.nvme_keep_alive_set(), Some(10_000));
+    assert_eq!(double.calls("bdev_nvme_set_options"), 1);
+
+    // the target dies and a new one (nothing set) answers: adopted, and set again
+    double.stop().await;
+    eventually("the dead target counted", WAIT, || async {
+        st.get_typed::<TargetStatus>(SPDK_STATUS_ID)
+            .expect("get")
+            .filter(|t| t.spec.restarts == 1)
+    })
+    .await;
+    double.restart().await.expect("restart");
+    eventually("keep-alive set on the new target", WAIT, || async {
+        double.nvme_keep_alive_set().filter(|ms| *ms == 10_000)
+    })
+    .await;
+    rt.stop().await;
+}
+
 /// `engine.SpdkEventsController` counts bdev_unregister events of the target
 /// (a disk pulled, with its lvols): the change is what wakes the volume
 /// controller; after a target restart it follows the new target's ids.
