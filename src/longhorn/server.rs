@@ -25,6 +25,7 @@ use futures::Stream;
 use tonic::{Request, Response, Status};
 
 use super::CONTROLLER;
+use super::lifecycle::{self, Op};
 use super::naming;
 use super::proto::imrpc::{self, disk_service_server, instance_service_server, proxy_engine_service_server};
 use super::proto::spdkrpc::{self, spdk_service_server};
@@ -529,6 +530,15 @@ struct Observed {
 }
 
 impl Longhorn {
+    /// The engine-frontend instance `name`, if there is one.
+    fn frontend(&self, name: &str) -> Result<Option<LonghornEngineFrontend>, Status> {
+        Ok(self
+            .state
+            .get_typed::<LonghornEngineFrontend>(name)
+            .map_err(state_err)?
+            .map(|f| f.spec))
+    }
+
     fn observed(&self, name: &str, kind: InstanceKind) -> Result<Observed, Status> {
         let status = self
             .state
@@ -1281,6 +1291,77 @@ impl instance_service_server::InstanceService for Longhorn {
 
     async fn instance_watch(&self, _: Request<()>) -> Result<Response<Self::InstanceWatchStream>, Status> {
         Ok(Response::new(self.watch_stream()))
+    }
+
+    async fn instance_suspend(
+        &self,
+        req: Request<imrpc::InstanceSuspendRequest>,
+    ) -> Result<Response<()>, Status> {
+        let req = req.into_inner();
+        let v1 = req.data_engine == imrpc::DataEngine::V1 as i32;
+        lifecycle::check(Op::Suspend, v1, &req.r#type, &req.name)?;
+        Err(lifecycle::suspend_or_resume(
+            Op::Suspend,
+            &req.name,
+            self.frontend(&req.name)?.as_ref(),
+        ))
+    }
+
+    async fn instance_resume(
+        &self,
+        req: Request<imrpc::InstanceResumeRequest>,
+    ) -> Result<Response<()>, Status> {
+        let req = req.into_inner();
+        let v1 = req.data_engine == imrpc::DataEngine::V1 as i32;
+        lifecycle::check(Op::Resume, v1, &req.r#type, &req.name)?;
+        Err(lifecycle::suspend_or_resume(
+            Op::Resume,
+            &req.name,
+            self.frontend(&req.name)?.as_ref(),
+        ))
+    }
+
+    async fn instance_switch_over_target(
+        &self,
+        req: Request<imrpc::InstanceSwitchOverTargetRequest>,
+    ) -> Result<Response<()>, Status> {
+        let req = req.into_inner();
+        let v1 = req.data_engine == imrpc::DataEngine::V1 as i32;
+        lifecycle::check(Op::SwitchOver, v1, &req.r#type, &req.name)?;
+        // as Longhorn: by its name, else the only engine-frontend of the engine so named
+        let found = match self.frontend(&req.name)? {
+            Some(ef) => Some(ef),
+            None => {
+                let mut of_engine = self
+                    .state
+                    .list_typed::<LonghornEngineFrontend>()
+                    .map_err(state_err)?
+                    .into_iter()
+                    .filter(|f| f.spec.engine_name == req.name);
+                match (of_engine.next(), of_engine.next()) {
+                    (Some(f), None) => Some(f.spec),
+                    (Some(_), Some(_)) => {
+                        return Err(Status::failed_precondition(format!(
+                            "multiple engine frontends found for engine {}",
+                            req.name
+                        )));
+                    }
+                    _ => None,
+                }
+            }
+        };
+        lifecycle::switch_over(&req.name, found.as_ref(), &req.target_address, &req.engine_name)?;
+        Ok(Response::new(()))
+    }
+
+    async fn instance_delete_target(
+        &self,
+        req: Request<imrpc::InstanceDeleteTargetRequest>,
+    ) -> Result<Response<()>, Status> {
+        let req = req.into_inner();
+        let v1 = req.data_engine == imrpc::DataEngine::V1 as i32;
+        lifecycle::check(Op::DeleteTarget, v1, &req.r#type, &req.name)?;
+        Ok(Response::new(()))
     }
 
     async fn log_set_level(&self, req: Request<imrpc::LogSetLevelRequest>) -> Result<Response<()>, Status> {
