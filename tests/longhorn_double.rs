@@ -1070,3 +1070,70 @@ async fn suspend_resume_and_switch_over_answer_as_longhorns_engine_on_the_double
     );
     d.stop().await;
 }
+
+/// DiskCreate's `block_size` is the aio bdev's block size, as Longhorn's SPDK
+/// engine passes it to `bdev_aio_create` (longhorn-manager gives 512); one
+/// SPDK refuses (not a power of two, below 512) is refused naming the disk,
+/// and nothing is made.
+#[tokio::test]
+async fn disk_create_takes_the_block_size_on_the_double() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::create_dir_all(dir.path().join("run")).expect("run dir");
+    let _double = SpdkDouble::start(dir.path().join("run/spdk.sock"))
+        .await
+        .expect("double");
+    let d = Daemon::start(dir.path()).await;
+    let mut disks = DiskServiceClient::new(d.channel(2).await);
+    let spdk = SpdkClient::new(dir.path().join("run/spdk.sock"));
+    let create = |name: &str, block_size: i64| {
+        let f = dir.path().join(format!("{name}.img"));
+        std::fs::File::create(&f)
+            .and_then(|f| f.set_len(64 * MIB))
+            .expect("disk file");
+        imrpc::DiskCreateRequest {
+            disk_type: imrpc::DiskType::Block as i32,
+            disk_name: name.into(),
+            disk_path: f.display().to_string(),
+            block_size,
+            disk_driver: "aio".into(),
+            ..Default::default()
+        }
+    };
+    for (name, block_size) in [("disk-a", 512), ("disk-b", 4096)] {
+        let made = disks
+            .disk_create(create(name, block_size))
+            .await
+            .unwrap_or_else(|e| panic!("DiskCreate {name}: {e}"))
+            .into_inner();
+        assert_eq!(made.block_size, block_size, "{made:?}");
+        let bdev = spdk
+            .bdev(&format!("talon-disk-{name}"))
+            .await
+            .expect("bdev_get_bdevs")
+            .expect("the disk's aio bdev");
+        assert_eq!(i64::from(bdev.block_size), block_size, "{bdev:?}");
+    }
+    for bad in [1000, 256, -512] {
+        let e = disks
+            .disk_create(create("disk-c", bad))
+            .await
+            .expect_err("a block size SPDK refuses");
+        assert_eq!(e.code(), Code::InvalidArgument, "{e}");
+        assert!(
+            e.message().contains(&format!(
+                "disk disk-c: block size {bad} is not a power of two of at least 512"
+            )),
+            "{e}"
+        );
+        let e = disks
+            .disk_get(imrpc::DiskGetRequest {
+                disk_name: "disk-c".into(),
+                disk_type: imrpc::DiskType::Block as i32,
+                ..Default::default()
+            })
+            .await
+            .expect_err("nothing made");
+        assert_eq!(e.code(), Code::NotFound, "{e}");
+    }
+    d.stop().await;
+}

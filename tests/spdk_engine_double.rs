@@ -51,6 +51,7 @@ fn file_disk(path: &Path, size: Option<u64>) -> Disk {
         pci: None,
         size_bytes: size,
         cluster_mib: 1,
+        block_size: None,
     }
 }
 
@@ -196,6 +197,7 @@ async fn bad_disks_fail_with_a_clear_message() {
         pci: Some("S4EVNF0M123456".into()),
         size_bytes: None,
         cluster_mib: 1,
+        block_size: None,
     };
     st.create_typed("serial", "", &pci).expect("disk");
 
@@ -239,6 +241,7 @@ async fn pci_disk_attaches_an_nvme_controller() {
         pci: Some("0000:00:04.0".into()),
         size_bytes: None,
         cluster_mib: 4,
+        block_size: None,
     };
     st.create_typed("nvme0", "", &pci).expect("disk");
     let s = status(&st, "nvme0", ObjectState::Ready).await;

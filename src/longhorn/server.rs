@@ -454,6 +454,23 @@ fn is_read(method: &str) -> bool {
         || method.contains("Status")
 }
 
+/// `DiskCreate`'s `block_size` for an aio disk: 0 leaves it to SPDK; else a
+/// power of two of at least 512, which SPDK v26.05's `bdev_aio_create` takes
+/// (it refuses others with -22: "must be a power of 2", "must be at least
+/// 512"). One below the device's own block size is refused by SPDK when the
+/// disk is made, and `DiskCreate` answers its words.
+fn aio_block_size(what: &str, block_size: i64) -> Result<Option<u32>, Status> {
+    if block_size == 0 {
+        return Ok(None);
+    }
+    match u32::try_from(block_size) {
+        Ok(b) if b >= 512 && b.is_power_of_two() => Ok(Some(b)),
+        _ => Err(Status::invalid_argument(format!(
+            "{what}: block size {block_size} is not a power of two of at least 512"
+        ))),
+    }
+}
+
 fn unimplemented(method: &str) -> Status {
     Status::unimplemented(format!(
         "{method} is not implemented by talon's Longhorn instance manager"
@@ -1422,6 +1439,12 @@ impl disk_service_server::DiskService for Longhorn {
             pci: pci.then(|| req.disk_path.clone()),
             size_bytes: None,
             cluster_mib: 1,
+            // as Longhorn's engine: the aio bdev's block size (an NVMe disk has its own)
+            block_size: if pci {
+                None
+            } else {
+                aio_block_size(&what, req.block_size)?
+            },
         };
         let made = match self.state.get_typed::<Disk>(name.as_str()).map_err(state_err)? {
             Some(cur) if cur.spec.path == want.path && cur.spec.pci == want.pci => false,
