@@ -913,3 +913,259 @@ async fn longhorn_managers_contract_on_the_double() {
         .expect("revert in maintenance mode");
     d.stop().await;
 }
+
+/// A replica and an engine over it on disk `disk-a`, and an nvmf
+/// engine-frontend `vol-ef-0` of it: the engine's target address.
+async fn one_volume(dir: &Path, d: &Daemon) -> String {
+    let mut inst = InstanceServiceClient::new(d.channel(3).await);
+    let mut disks = DiskServiceClient::new(d.channel(2).await);
+    let f = dir.join("disk-a.img");
+    std::fs::File::create(&f)
+        .and_then(|f| f.set_len(256 * MIB))
+        .expect("disk file");
+    disks
+        .disk_create(imrpc::DiskCreateRequest {
+            disk_type: imrpc::DiskType::Block as i32,
+            disk_name: "disk-a".into(),
+            disk_path: f.display().to_string(),
+            block_size: 4096,
+            disk_driver: "aio".into(),
+            ..Default::default()
+        })
+        .await
+        .expect("DiskCreate");
+    let size = 16 * MIB;
+    inst.instance_create(replica_spec("vol-r-aaaa1111", "disk-a", size))
+        .await
+        .expect("replica");
+    let r = wait_state(&mut inst, "vol-r-aaaa1111", "replica", "running").await;
+    let map = HashMap::from([(
+        "vol-r-aaaa1111".to_string(),
+        format!("127.0.0.1:{}", r.port_start),
+    )]);
+    inst.instance_create(engine_spec("vol-e-0", map, size))
+        .await
+        .expect("engine");
+    let e = wait_state(&mut inst, "vol-e-0", "engine", "running").await;
+    let target = format!("127.0.0.1:{}", e.port_start);
+    inst.instance_create(imrpc::InstanceCreateRequest {
+        spec: Some(imrpc::InstanceSpec {
+            name: "vol-ef-0".into(),
+            r#type: "engine-frontend".into(),
+            volume_name: "vol".into(),
+            engine_name: "vol-e-0".into(),
+            target_address: target.clone(),
+            data_engine: imrpc::DataEngine::V2 as i32,
+            spdk_instance_spec: Some(imrpc::SpdkInstanceSpec {
+                size,
+                frontend: "spdk-tcp-nvmf".into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        data_layout_type: 0,
+    })
+    .await
+    .expect("engine-frontend");
+    wait_state(&mut inst, "vol-ef-0", "engine-frontend", "running").await;
+    target
+}
+
+/// InstanceSuspend/Resume, InstanceSwitchOverTarget and InstanceDeleteTarget
+/// (Longhorn's field numbers) answer what longhorn-instance-manager v1.12.1's
+/// V2 ops answer where talon cannot do it, and change nothing: the
+/// engine-frontend keeps running on its target.
+#[tokio::test]
+async fn suspend_resume_and_switch_over_answer_as_longhorns_engine_on_the_double() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::create_dir_all(dir.path().join("run")).expect("run dir");
+    let _double = SpdkDouble::start(dir.path().join("run/spdk.sock"))
+        .await
+        .expect("double");
+    let d = Daemon::start(dir.path()).await;
+    let target = one_volume(dir.path(), &d).await;
+    let mut inst = InstanceServiceClient::new(d.channel(3).await);
+    let v2 = imrpc::DataEngine::V2 as i32;
+    let suspend = |name: &str, ty: &str| imrpc::InstanceSuspendRequest {
+        data_engine: v2,
+        name: name.into(),
+        r#type: ty.into(),
+    };
+    let resume = |name: &str, ty: &str| imrpc::InstanceResumeRequest {
+        data_engine: v2,
+        name: name.into(),
+        r#type: ty.into(),
+    };
+    let switch = |name: &str, ty: &str, to: &str, engine: &str| imrpc::InstanceSwitchOverTargetRequest {
+        data_engine: v2,
+        name: name.into(),
+        r#type: ty.into(),
+        target_address: to.into(),
+        engine_name: engine.into(),
+        switchover_phase: "preparing".into(),
+    };
+    let check = |r: Result<tonic::Response<()>, tonic::Status>, code: Code, words: &str| {
+        let e = r.expect_err(words);
+        assert_eq!(e.code(), code, "{e}");
+        assert!(e.message().contains(words), "{e}");
+    };
+
+    check(
+        inst.instance_suspend(suspend("vol-ef-0", "engine-frontend"))
+            .await,
+        Code::Unimplemented,
+        "failed to suspend engine frontend vol-ef-0: suspend frontend spdk-tcp-nvmf is unimplemented",
+    );
+    check(
+        inst.instance_resume(resume("vol-ef-0", "engine-frontend")).await,
+        Code::Unimplemented,
+        "resume frontend spdk-tcp-nvmf is unimplemented",
+    );
+    check(
+        inst.instance_suspend(suspend("vol-e-0", "engine")).await,
+        Code::Unimplemented,
+        "suspend is not supported for instance type engine",
+    );
+    check(
+        inst.instance_resume(resume("vol-r-aaaa1111", "replica")).await,
+        Code::InvalidArgument,
+        "resume is not supported for instance type replica",
+    );
+    check(
+        inst.instance_suspend(suspend("nope-ef", "engine-frontend")).await,
+        Code::NotFound,
+        "cannot find engine frontend nope-ef for suspension",
+    );
+    check(
+        inst.instance_suspend(imrpc::InstanceSuspendRequest {
+            data_engine: imrpc::DataEngine::V1 as i32,
+            ..suspend("vol-ef-0", "engine-frontend")
+        })
+        .await,
+        Code::Unimplemented,
+        "v1 data engine instance suspend is not supported",
+    );
+
+    // the target it has: a no-op (by its name, or by its engine's); another one: refused
+    inst.instance_switch_over_target(switch("vol-ef-0", "engine-frontend", &target, "vol-e-0"))
+        .await
+        .expect("switch over to the target it has");
+    inst.instance_switch_over_target(switch("vol-e-0", "engine-frontend", &target, ""))
+        .await
+        .expect("switch over by the engine's name");
+    check(
+        inst.instance_switch_over_target(switch(
+            "vol-ef-0",
+            "engine-frontend",
+            "127.0.0.2:20001",
+            "vol-e-1",
+        ))
+        .await,
+        Code::Unimplemented,
+        "failed to switch over target for engine frontend vol-ef-0",
+    );
+    check(
+        inst.instance_switch_over_target(switch("vol-ef-0", "engine-frontend", "127.0.0.2", "vol-e-1"))
+            .await,
+        Code::InvalidArgument,
+        "invalid target address",
+    );
+    check(
+        inst.instance_switch_over_target(switch("vol-e-0", "engine", &target, ""))
+            .await,
+        Code::Unimplemented,
+        "switch over target for engine has been replaced by engine frontend switch over",
+    );
+    check(
+        inst.instance_switch_over_target(switch("nope-ef", "engine-frontend", &target, ""))
+            .await,
+        Code::NotFound,
+        "cannot find engine frontend or engine nope-ef",
+    );
+    check(
+        inst.instance_delete_target(imrpc::InstanceDeleteTargetRequest {
+            data_engine: v2,
+            name: "vol-e-0".into(),
+            r#type: "engine".into(),
+        })
+        .await,
+        Code::Internal,
+        "EngineDeleteTarget is not implemented yet",
+    );
+
+    // nothing changed: the frontend runs on its target
+    let st = wait_state(&mut inst, "vol-ef-0", "engine-frontend", "running").await;
+    assert_eq!(format!("127.0.0.1:{}", st.port_start), target, "{st:?}");
+    assert_eq!(
+        st.endpoint,
+        format!("nvmf://{target}/nqn.2023-01.io.longhorn.spdk:volume-vol")
+    );
+    d.stop().await;
+}
+
+/// DiskCreate's `block_size` is the aio bdev's block size, as Longhorn's SPDK
+/// engine passes it to `bdev_aio_create` (longhorn-manager gives 512); one
+/// SPDK refuses (not a power of two, below 512) is refused naming the disk,
+/// and nothing is made.
+#[tokio::test]
+async fn disk_create_takes_the_block_size_on_the_double() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::create_dir_all(dir.path().join("run")).expect("run dir");
+    let _double = SpdkDouble::start(dir.path().join("run/spdk.sock"))
+        .await
+        .expect("double");
+    let d = Daemon::start(dir.path()).await;
+    let mut disks = DiskServiceClient::new(d.channel(2).await);
+    let spdk = SpdkClient::new(dir.path().join("run/spdk.sock"));
+    let create = |name: &str, block_size: i64| {
+        let f = dir.path().join(format!("{name}.img"));
+        std::fs::File::create(&f)
+            .and_then(|f| f.set_len(64 * MIB))
+            .expect("disk file");
+        imrpc::DiskCreateRequest {
+            disk_type: imrpc::DiskType::Block as i32,
+            disk_name: name.into(),
+            disk_path: f.display().to_string(),
+            block_size,
+            disk_driver: "aio".into(),
+            ..Default::default()
+        }
+    };
+    for (name, block_size) in [("disk-a", 512), ("disk-b", 4096)] {
+        let made = disks
+            .disk_create(create(name, block_size))
+            .await
+            .unwrap_or_else(|e| panic!("DiskCreate {name}: {e}"))
+            .into_inner();
+        assert_eq!(made.block_size, block_size, "{made:?}");
+        let bdev = spdk
+            .bdev(&format!("talon-disk-{name}"))
+            .await
+            .expect("bdev_get_bdevs")
+            .expect("the disk's aio bdev");
+        assert_eq!(i64::from(bdev.block_size), block_size, "{bdev:?}");
+    }
+    for bad in [1000, 256, -512] {
+        let e = disks
+            .disk_create(create("disk-c", bad))
+            .await
+            .expect_err("a block size SPDK refuses");
+        assert_eq!(e.code(), Code::InvalidArgument, "{e}");
+        assert!(
+            e.message().contains(&format!(
+                "disk disk-c: block size {bad} is not a power of two of at least 512"
+            )),
+            "{e}"
+        );
+        let e = disks
+            .disk_get(imrpc::DiskGetRequest {
+                disk_name: "disk-c".into(),
+                disk_type: imrpc::DiskType::Block as i32,
+                ..Default::default()
+            })
+            .await
+            .expect_err("nothing made");
+        assert_eq!(e.code(), Code::NotFound, "{e}");
+    }
+    d.stop().await;
+}

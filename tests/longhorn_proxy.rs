@@ -439,11 +439,55 @@ async fn the_engine_proxy_reverts_purges_and_rebuilds_across_two_nodes() {
         (rate(b.spdk.clone(), head.clone()).await == 10).then_some(())
     })
     .await;
-    talon::runtime::testing::eventually("the rebuilt replica RW", WAIT, || async {
-        let mut p = p.clone();
-        (modes(&mut p).await == vec![(ta.clone(), RW), (twon.clone(), RW)]).then_some(())
-    })
-    .await;
+    // ReplicaRebuildingStatus as Longhorn's engine reports a rebuild: from its
+    // source, in_progress with a percent that never goes back, then complete
+    // with 100 (until the next ReplicaAdd of it)
+    let mut progress = Vec::new();
+    let deadline = std::time::Instant::now() + WAIT;
+    while modes(&mut p).await != vec![(ta.clone(), RW), (twon.clone(), RW)] {
+        assert!(std::time::Instant::now() < deadline, "never RW: {progress:?}");
+        let rs = p
+            .replica_rebuilding_status(req("vol-e-0"))
+            .await
+            .expect("ReplicaRebuildingStatus")
+            .into_inner()
+            .status;
+        if let Some(s) = rs.get(&twon).filter(|s| s.state == "in_progress") {
+            assert!(s.is_rebuilding, "{s:?}");
+            assert_eq!(s.from_replica_address_list, vec![ta.clone()], "{s:?}");
+            progress.push(s.progress);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(!progress.is_empty(), "never seen in progress");
+    assert!(
+        progress.windows(2).all(|w| w[0] <= w[1]),
+        "went back: {progress:?}"
+    );
+    assert!(progress.iter().all(|p| (0..100).contains(p)), "{progress:?}");
+    let rs = p
+        .replica_rebuilding_status(req("vol-e-0"))
+        .await
+        .expect("ReplicaRebuildingStatus")
+        .into_inner()
+        .status;
+    let done = rs.get(&twon).expect("the rebuilt replica still reported");
+    assert_eq!(
+        (
+            done.state.as_str(),
+            done.progress,
+            done.is_rebuilding,
+            done.error.as_str()
+        ),
+        ("complete", 100, false, ""),
+        "{done:?}"
+    );
+    assert_eq!(done.from_replica_address, ta);
+    assert_eq!(done.from_replica_address_list, vec![ta.clone()]);
+    assert!(
+        !rs.contains_key(&ta),
+        "a replica never rebuilt is not reported: {rs:?}"
+    );
     assert_eq!(rate(b.spdk.clone(), head.clone()).await, 0, "the cap lifted");
     // thin: the copy of s4 holds what A's s4 holds; nothing of the
     // rebuild's own snapshots is left on either node
@@ -614,6 +658,23 @@ async fn the_engine_proxy_reverts_purges_and_rebuilds_across_two_nodes() {
     })
     .await;
     assert!(!exported(&a).await, "held by the engine again");
+    let rs = p
+        .replica_rebuilding_status(req("vol-e-0"))
+        .await
+        .expect("ReplicaRebuildingStatus")
+        .into_inner()
+        .status;
+    let done = rs.get(&ta).expect("A's rebuilt replica reported");
+    assert_eq!(
+        (done.state.as_str(), done.progress),
+        ("complete", 100),
+        "{done:?}"
+    );
+    assert_eq!(
+        done.from_replica_address_list,
+        vec![twon.clone()],
+        "from B's replica: {done:?}"
+    );
     let b_s8 = allocated(&b, format!("talon-{wdisk}/{won}-snap-s8")).await;
     assert!(b_s8.is_some_and(|n| n >= 4), "{b_s8:?}");
     assert_eq!(allocated(&a, "talon-disk-a/vol-r-a-snap-s8".into()).await, b_s8);

@@ -161,17 +161,20 @@ async fn longhorn_lifecycle_io_and_restarts_on_real_spdk() {
         std::fs::File::create(&f)
             .and_then(|f| f.set_len(256 * MIB))
             .expect("disk file");
-        disks
+        // longhorn-manager's block size: the aio bdev's, on a real target too
+        let made = disks
             .disk_create(imrpc::DiskCreateRequest {
                 disk_type: imrpc::DiskType::Block as i32,
                 disk_name: name.into(),
                 disk_path: f.display().to_string(),
-                block_size: 4096,
+                block_size: 512,
                 disk_driver: "aio".into(),
                 ..Default::default()
             })
             .await
-            .unwrap_or_else(|e| panic!("DiskCreate {name}: {e}"));
+            .unwrap_or_else(|e| panic!("DiskCreate {name}: {e}"))
+            .into_inner();
+        assert_eq!(made.block_size, 512, "{made:?}");
     }
     let mut inst = InstanceServiceClient::new(d.channel(3).await);
     let size = 64 * MIB;

@@ -51,6 +51,7 @@ fn file_disk(path: &Path, size: Option<u64>) -> Disk {
         pci: None,
         size_bytes: size,
         cluster_mib: 1,
+        block_size: None,
     }
 }
 
@@ -196,6 +197,7 @@ async fn bad_disks_fail_with_a_clear_message() {
         pci: Some("S4EVNF0M123456".into()),
         size_bytes: None,
         cluster_mib: 1,
+        block_size: None,
     };
     st.create_typed("serial", "", &pci).expect("disk");
 
@@ -239,6 +241,7 @@ async fn pci_disk_attaches_an_nvme_controller() {
         pci: Some("0000:00:04.0".into()),
         size_bytes: None,
         cluster_mib: 4,
+        block_size: None,
     };
     st.create_typed("nvme0", "", &pci).expect("disk");
     let s = status(&st, "nvme0", ObjectState::Ready).await;
@@ -493,6 +496,40 @@ async fn a_dead_target_is_counted_retried_with_backoff_and_readopted() {
     assert_eq!(t.restarts, 1);
     let s2 = status(&st, "d1", ObjectState::Ready).await;
     assert_eq!(s2.lvstore_uuid, s1.lvstore_uuid);
+    rt.stop().await;
+}
+
+/// The target gets Longhorn's 10 s NVMe keep-alive (`bdev_nvme_set_options`)
+/// when it is adopted, before the disk controller attaches anything, and again
+/// when a new target is adopted after the first died (the option lives in the
+/// process).
+#[tokio::test]
+async fn the_target_gets_the_nvme_keep_alive_when_adopted() {
+    let d = tempfile::tempdir().expect("tempdir");
+    let double = SpdkDouble::start(d.path().join("spdk.sock"))
+        .await
+        .expect("double");
+    let rt = start(d.path(), State::in_memory());
+    let st = rt.state.clone();
+    st.create_typed("d1", "", &file_disk(&d.path().join("d1.img"), Some(32 << 20)))
+        .expect("disk");
+    status(&st, "d1", ObjectState::Ready).await;
+    assert_eq!(double.nvme_keep_alive_set(), Some(10_000));
+    assert_eq!(double.calls("bdev_nvme_set_options"), 1);
+
+    // the target dies and a new one (nothing set) answers: adopted, and set again
+    double.stop().await;
+    eventually("the dead target counted", WAIT, || async {
+        st.get_typed::<TargetStatus>(SPDK_STATUS_ID)
+            .expect("get")
+            .filter(|t| t.spec.restarts == 1)
+    })
+    .await;
+    double.restart().await.expect("restart");
+    eventually("keep-alive set on the new target", WAIT, || async {
+        double.nvme_keep_alive_set().filter(|ms| *ms == 10_000)
+    })
+    .await;
     rt.stop().await;
 }
 

@@ -57,6 +57,7 @@ fn file_disk(path: &Path, size: Option<u64>) -> Disk {
         pci: None,
         size_bytes: size,
         cluster_mib: 1,
+        block_size: None,
     }
 }
 

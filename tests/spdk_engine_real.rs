@@ -87,6 +87,7 @@ async fn real_spdk_target_and_disk_survive_restarts() {
         pci: None,
         size_bytes: Some(256 << 20),
         cluster_mib: 1,
+        block_size: None,
     };
 
     // 1. talon starts spdk_tgt; the file disk gets an lvstore

@@ -5,11 +5,15 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use talon::spdk::rpc::{ByName, MallocCreate};
+use talon::spdk::launch::{nvme_keep_alive_ms, set_nvme_keep_alive};
+use talon::spdk::rpc::{
+    AddNamespace, AttachController, ByName, CreateSubsystem, CreateTransport, ListenAddress, MallocCreate,
+    NvmeOptions, SubsystemListener,
+};
 use talon::spdk::target::{
     Memory, Origin, Target, TargetConfig, TargetError, TargetEvent, supervise, wait_ready,
 };
-use talon::spdk::{SpdkClient, SpdkDouble};
+use talon::spdk::{ClientError, SpdkClient, SpdkDouble};
 use tokio::sync::{mpsc, oneshot};
 
 #[tokio::test]
@@ -168,4 +172,109 @@ async fn real_spdk_tgt_life_cycle() {
     stop_tx.send(()).expect("shutdown");
     assert!(matches!(rx.recv().await, Some(TargetEvent::Stopped { .. })));
     sup.await.expect("supervisor");
+}
+
+/// `bdev_nvme_set_options` is taken before the first NVMe controller and
+/// refused while one exists (-1 "RPC not permitted with nvme controllers
+/// already attached", recorded from v26.05), taken again once it is gone;
+/// [`set_nvme_keep_alive`] then checks the keep-alive the target reports.
+async fn nvme_keep_alive_only_without_controllers(c: &SpdkClient, port: u16) {
+    assert_eq!(set_nvme_keep_alive(c).await.expect("set"), None);
+    assert_eq!(nvme_keep_alive_ms(c).await.expect("config"), Some(10_000));
+    c.nvmf_create_transport(&CreateTransport::tcp())
+        .await
+        .expect("transport");
+    c.bdev_malloc_create(&MallocCreate {
+        name: Some("KA".into()),
+        num_blocks: 256,
+        block_size: 4096,
+        uuid: None,
+    })
+    .await
+    .expect("malloc");
+    let nqn = "nqn.2024-01.io.talon:keep-alive";
+    c.nvmf_create_subsystem(&CreateSubsystem {
+        nqn: nqn.into(),
+        allow_any_host: Some(true),
+        serial_number: None,
+        model_number: None,
+        max_namespaces: None,
+        ana_reporting: None,
+    })
+    .await
+    .expect("subsystem");
+    let id = uuid::Uuid::from_u128(0x6a1e_55d0_0c3b_4e5f_9a8b_7c6d_5e4f_3a2b);
+    c.nvmf_subsystem_add_ns(&AddNamespace::with_id(nqn, "KA", id))
+        .await
+        .expect("ns");
+    c.nvmf_subsystem_add_listener(&SubsystemListener {
+        nqn: nqn.into(),
+        listen_address: ListenAddress::tcp([127, 0, 0, 1].into(), port),
+    })
+    .await
+    .expect("listener");
+    c.bdev_nvme_attach_controller(&AttachController::tcp("KA", [127, 0, 0, 1].into(), port, nqn))
+        .await
+        .expect("attach");
+    let opts = NvmeOptions {
+        keep_alive_timeout_ms: Some(5_000),
+    };
+    match c.bdev_nvme_set_options(&opts).await {
+        Err(ClientError::Rpc(e)) => {
+            assert_eq!(e.code, -1, "{e}");
+            assert_eq!(
+                e.message,
+                "RPC not permitted with nvme controllers already attached"
+            );
+        }
+        other => panic!("taken with a controller attached: {other:?}"),
+    }
+    // refused, but the target has the keep-alive: nothing to note
+    assert_eq!(set_nvme_keep_alive(c).await.expect("set"), None);
+    c.bdev_nvme_detach_controller(&ByName::new("KA"))
+        .await
+        .expect("detach");
+    c.bdev_nvme_set_options(&opts)
+        .await
+        .expect("taken again without controllers");
+    assert_eq!(nvme_keep_alive_ms(c).await.expect("config"), Some(5_000));
+    // a target left with another keep-alive and a controller is named in the note
+    c.bdev_nvme_attach_controller(&AttachController::tcp("KA", [127, 0, 0, 1].into(), port, nqn))
+        .await
+        .expect("attach again");
+    let note = set_nvme_keep_alive(c).await.expect("set").expect("a note");
+    assert!(
+        note.contains("NVMe keep-alive is 5000 ms, not 10000 ms"),
+        "{note}"
+    );
+    c.bdev_nvme_detach_controller(&ByName::new("KA"))
+        .await
+        .expect("detach");
+}
+
+#[tokio::test]
+async fn nvme_keep_alive_only_without_controllers_on_the_double() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let double = SpdkDouble::start(dir.path().join("spdk.sock"))
+        .await
+        .expect("double");
+    nvme_keep_alive_only_without_controllers(&SpdkClient::new(double.socket()), 4431).await;
+    assert_eq!(double.nvme_keep_alive_set(), Some(5_000));
+}
+
+#[tokio::test]
+async fn real_nvme_keep_alive_only_without_controllers() {
+    let Some(spdk_dir) = std::env::var_os("TALON_SPDK_DIR").map(PathBuf::from) else {
+        eprintln!("SKIP real_nvme_keep_alive_only_without_controllers: TALON_SPDK_DIR is not set");
+        return;
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut cfg = TargetConfig::new(dir.path());
+    cfg.spdk_dir = Some(spdk_dir);
+    cfg.memory = Memory::NoHuge { mem_size_mib: 1024 };
+    cfg.cpumask = "0x1".into();
+    let t = Target::start(&cfg).await.expect("spawn spdk_tgt");
+    let c = t.client().clone();
+    nvme_keep_alive_only_without_controllers(&c, 24431).await;
+    t.stop(cfg.stop_grace).await.expect("stop");
 }

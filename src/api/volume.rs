@@ -1083,6 +1083,7 @@ pub fn register(api: &mut ApiBuilder) {
                 pci: p.pci,
                 size_bytes,
                 cluster_mib: p.cluster_mib.unwrap_or(1),
+                block_size: None,
             };
             ctx.state
                 .create_typed(name.as_str(), "", &spec)

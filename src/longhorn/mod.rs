@@ -20,6 +20,7 @@
 pub mod address;
 pub mod bounds;
 pub mod engine_ops;
+pub mod lifecycle;
 pub mod naming;
 pub mod ops;
 pub mod proxy;

@@ -38,8 +38,8 @@ use super::rebuild::{ReplicaLvols, is_rebuild_snap};
 use super::server::Longhorn;
 use crate::names::ObjectName;
 use crate::resources::longhorn::{
-    InstanceState, LonghornEngine, LonghornEngineFrontend, LonghornInstanceStatus, LonghornReplica,
-    SnapshotInfo,
+    InstanceKind, InstanceState, LonghornEngine, LonghornEngineFrontend, LonghornInstanceStatus,
+    LonghornReplica, SnapshotInfo,
 };
 use crate::runtime::Typed;
 use crate::spdk::ErrorKind;
@@ -838,41 +838,17 @@ impl proxy_engine_service_server::ProxyEngineService for Longhorn {
         let req = forward!(self, req, Some(req.get_ref()), replica_rebuilding_status);
         let e = self.engine(&req.into_inner().engine_name)?;
         let members = self.members(&e).await?;
-        let sources: Vec<String> = members
+        let in_service: Vec<String> = members
             .iter()
             .filter(|m| m.mode == ptypes::ReplicaMode::Rw)
             .map(|m| tcp(&m.address))
             .collect();
-        // a rebuild ReplicaAdd asked for that could not start reports why
-        let errors = self
-            .status_of(e.id())
-            .map(|s| s.rebuild_errors)
-            .unwrap_or_default();
+        let status = self.status_of(e.id()).unwrap_or_else(|| {
+            LonghornInstanceStatus::new(InstanceKind::Engine, InstanceState::Starting, "")
+        });
         let status = members
             .into_iter()
-            .filter_map(|m| {
-                let (rebuilding, progress, error, state) = match (m.progress, errors.get(&m.replica)) {
-                    (Some(p), _) => (
-                        true,
-                        i32::try_from(p).unwrap_or(100),
-                        String::new(),
-                        "in_progress",
-                    ),
-                    (None, Some(x)) if m.mode == ptypes::ReplicaMode::Err => (false, 0, x.clone(), "error"),
-                    _ => return None,
-                };
-                Some((
-                    tcp(&m.address),
-                    ptypes::ReplicaRebuildStatusResponse {
-                        is_rebuilding: rebuilding,
-                        error,
-                        progress,
-                        state: state.into(),
-                        from_replica_address: sources.first().cloned().unwrap_or_default(),
-                        from_replica_address_list: sources.clone(),
-                    },
-                ))
-            })
+            .filter_map(|m| rebuild_status(&e.spec, &status, &in_service, &m).map(|r| (tcp(&m.address), r)))
             .collect();
         Ok(Response::new(imrpc::EngineReplicaRebuildStatusProxyResponse {
             status,
@@ -1220,6 +1196,57 @@ fn rates(before: Option<IoSample>, now: IoSample, tick_rate: u64) -> ptypes::Met
         read_iops: per_sec(reads),
         write_iops: per_sec(writes),
     }
+}
+
+/// What `ReplicaRebuildingStatus` reports for member `m` of engine `e`
+/// (`None`: nothing, it was never rebuilt or its rebuild was not asked for
+/// now), as Longhorn's V2 engine reports a rebuild's dest
+/// (longhorn-spdk-engine `RebuildingDstShallowCopyCheck`): `in_progress`
+/// with the percent copied, never less than reported before for that
+/// rebuild; `error` with the reason; `complete` with 100 once the replica
+/// joined (until the next `ReplicaAdd` of it). The source is the replica the
+/// rebuild copies from, `tcp://ip:port`, in `from_replica_address_list` (what
+/// longhorn-manager reads) and in the deprecated `from_replica_address`; a
+/// rebuild by SPDK's raid (no thin source) names the replicas in service.
+pub(super) fn rebuild_status(
+    e: &LonghornEngine,
+    st: &LonghornInstanceStatus,
+    in_service: &[String],
+    m: &Member,
+) -> Option<ptypes::ReplicaRebuildStatusResponse> {
+    let request = e.rebuild_requests.get(&m.replica);
+    let (is_rebuilding, progress, error, state) = match (m.progress, st.rebuild_errors.get(&m.replica)) {
+        (Some(p), _) => (true, p.min(99), String::new(), "in_progress"),
+        (None, Some(x)) if m.mode == ptypes::ReplicaMode::Err => (false, 0, x.clone(), "error"),
+        (None, _)
+            if m.mode == ptypes::ReplicaMode::Rw
+                && request.is_some()
+                && st.rebuilds_done.get(&m.replica) == request =>
+        {
+            (false, 100, String::new(), "complete")
+        }
+        _ => return None,
+    };
+    let from: Vec<String> = match st
+        .rebuild_sources
+        .get(&m.replica)
+        .and_then(|src| e.replica_address_map.get(src))
+    {
+        Some(address) => vec![tcp(address)],
+        None => in_service
+            .iter()
+            .filter(|a| **a != tcp(&m.address))
+            .cloned()
+            .collect(),
+    };
+    Some(ptypes::ReplicaRebuildStatusResponse {
+        is_rebuilding,
+        error,
+        progress: i32::try_from(progress).unwrap_or(100),
+        state: state.into(),
+        from_replica_address: from.first().cloned().unwrap_or_default(),
+        from_replica_address_list: from,
+    })
 }
 
 #[cfg(test)]

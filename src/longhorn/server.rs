@@ -25,6 +25,7 @@ use futures::Stream;
 use tonic::{Request, Response, Status};
 
 use super::CONTROLLER;
+use super::lifecycle::{self, Op};
 use super::naming;
 use super::proto::imrpc::{self, disk_service_server, instance_service_server, proxy_engine_service_server};
 use super::proto::spdkrpc::{self, spdk_service_server};
@@ -469,6 +470,23 @@ fn is_read(method: &str) -> bool {
         || method.contains("Status")
 }
 
+/// `DiskCreate`'s `block_size` for an aio disk: 0 leaves it to SPDK; else a
+/// power of two of at least 512, which SPDK v26.05's `bdev_aio_create` takes
+/// (it refuses others with -22: "must be a power of 2", "must be at least
+/// 512"). One below the device's own block size is refused by SPDK when the
+/// disk is made, and `DiskCreate` answers its words.
+fn aio_block_size(what: &str, block_size: i64) -> Result<Option<u32>, Status> {
+    if block_size == 0 {
+        return Ok(None);
+    }
+    match u32::try_from(block_size) {
+        Ok(b) if b >= 512 && b.is_power_of_two() => Ok(Some(b)),
+        _ => Err(Status::invalid_argument(format!(
+            "{what}: block size {block_size} is not a power of two of at least 512"
+        ))),
+    }
+}
+
 fn unimplemented(method: &str) -> Status {
     Status::unimplemented(format!(
         "{method} is not implemented by talon's Longhorn instance manager"
@@ -545,6 +563,15 @@ struct Observed {
 }
 
 impl Longhorn {
+    /// The engine-frontend instance `name`, if there is one.
+    fn frontend(&self, name: &str) -> Result<Option<LonghornEngineFrontend>, Status> {
+        Ok(self
+            .state
+            .get_typed::<LonghornEngineFrontend>(name)
+            .map_err(state_err)?
+            .map(|f| f.spec))
+    }
+
     fn observed(&self, name: &str, kind: InstanceKind) -> Result<Observed, Status> {
         let status = self
             .state
@@ -1317,6 +1344,77 @@ impl instance_service_server::InstanceService for Longhorn {
         Ok(Response::new(self.watch_stream()))
     }
 
+    async fn instance_suspend(
+        &self,
+        req: Request<imrpc::InstanceSuspendRequest>,
+    ) -> Result<Response<()>, Status> {
+        let req = req.into_inner();
+        let v1 = req.data_engine == imrpc::DataEngine::V1 as i32;
+        lifecycle::check(Op::Suspend, v1, &req.r#type, &req.name)?;
+        Err(lifecycle::suspend_or_resume(
+            Op::Suspend,
+            &req.name,
+            self.frontend(&req.name)?.as_ref(),
+        ))
+    }
+
+    async fn instance_resume(
+        &self,
+        req: Request<imrpc::InstanceResumeRequest>,
+    ) -> Result<Response<()>, Status> {
+        let req = req.into_inner();
+        let v1 = req.data_engine == imrpc::DataEngine::V1 as i32;
+        lifecycle::check(Op::Resume, v1, &req.r#type, &req.name)?;
+        Err(lifecycle::suspend_or_resume(
+            Op::Resume,
+            &req.name,
+            self.frontend(&req.name)?.as_ref(),
+        ))
+    }
+
+    async fn instance_switch_over_target(
+        &self,
+        req: Request<imrpc::InstanceSwitchOverTargetRequest>,
+    ) -> Result<Response<()>, Status> {
+        let req = req.into_inner();
+        let v1 = req.data_engine == imrpc::DataEngine::V1 as i32;
+        lifecycle::check(Op::SwitchOver, v1, &req.r#type, &req.name)?;
+        // as Longhorn: by its name, else the only engine-frontend of the engine so named
+        let found = match self.frontend(&req.name)? {
+            Some(ef) => Some(ef),
+            None => {
+                let mut of_engine = self
+                    .state
+                    .list_typed::<LonghornEngineFrontend>()
+                    .map_err(state_err)?
+                    .into_iter()
+                    .filter(|f| f.spec.engine_name == req.name);
+                match (of_engine.next(), of_engine.next()) {
+                    (Some(f), None) => Some(f.spec),
+                    (Some(_), Some(_)) => {
+                        return Err(Status::failed_precondition(format!(
+                            "multiple engine frontends found for engine {}",
+                            req.name
+                        )));
+                    }
+                    _ => None,
+                }
+            }
+        };
+        lifecycle::switch_over(&req.name, found.as_ref(), &req.target_address, &req.engine_name)?;
+        Ok(Response::new(()))
+    }
+
+    async fn instance_delete_target(
+        &self,
+        req: Request<imrpc::InstanceDeleteTargetRequest>,
+    ) -> Result<Response<()>, Status> {
+        let req = req.into_inner();
+        let v1 = req.data_engine == imrpc::DataEngine::V1 as i32;
+        lifecycle::check(Op::DeleteTarget, v1, &req.r#type, &req.name)?;
+        Ok(Response::new(()))
+    }
+
     async fn log_set_level(&self, req: Request<imrpc::LogSetLevelRequest>) -> Result<Response<()>, Status> {
         tracing::info!(level = %req.get_ref().level, "Longhorn asked for a log level (talon's is set by RUST_LOG)");
         Ok(Response::new(()))
@@ -1375,6 +1473,12 @@ impl disk_service_server::DiskService for Longhorn {
             pci: pci.then(|| req.disk_path.clone()),
             size_bytes: None,
             cluster_mib: 1,
+            // as Longhorn's engine: the aio bdev's block size (an NVMe disk has its own)
+            block_size: if pci {
+                None
+            } else {
+                aio_block_size(&what, req.block_size)?
+            },
         };
         let made = match self.state.get_typed::<Disk>(name.as_str()).map_err(state_err)? {
             Some(cur) if cur.spec.path == want.path && cur.spec.pci == want.pci => false,

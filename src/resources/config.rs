@@ -196,6 +196,11 @@ pub struct Disk {
     /// lvstore cluster size in MiB (default 1).
     #[serde(default = "default_cluster_mib")]
     pub cluster_mib: u32,
+    /// Block size of an aio disk's bdev in bytes (a power of two, at least
+    /// 512, not below the device's own); SPDK detects it when absent (4096
+    /// for a file). Longhorn's `DiskCreate` gives 512.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub block_size: Option<u32>,
 }
 
 fn default_cluster_mib() -> u32 {

@@ -230,6 +230,10 @@ pub struct LonghornInstanceStatus {
     /// equal their source; WO for Longhorn), with the percent copied.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub thin_rebuilds: BTreeMap<String, u32>,
+    /// Engines: the replica each thin rebuild copies from, by replica; kept
+    /// with `rebuildsDone` once it ended, until the next request.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub rebuild_sources: BTreeMap<String, String>,
     /// Engines: the rebuild running now (`<replica> <percent>% <bytes>/<total> bytes`).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub rebuild: String,
@@ -251,6 +255,7 @@ impl LonghornInstanceStatus {
             rebuilds_done: BTreeMap::new(),
             rebuild_errors: BTreeMap::new(),
             thin_rebuilds: BTreeMap::new(),
+            rebuild_sources: BTreeMap::new(),
             rebuild: String::new(),
         }
     }

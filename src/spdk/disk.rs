@@ -309,19 +309,26 @@ impl DiskOps {
                         true
                     }
                 };
-                // SPDK detects the block size of a block device, not of a
-                // regular file ("Block size could not be auto-detected")
+                // the block size asked for (Longhorn's DiskCreate gives 512), else SPDK
+                // detects a block device's, not a regular file's ("Block size could not
+                // be auto-detected"); v26.05 refuses one below the device's own (-22)
                 let params = AioCreate {
                     filename: path.display().to_string(),
                     name: n.base.clone(),
-                    block_size: is_file.then_some(FILE_BLOCK_SIZE),
+                    block_size: spec.block_size.or(is_file.then_some(FILE_BLOCK_SIZE)),
                     readonly: false,
                     fallocate: false,
                 };
                 match self.client.bdev_aio_create(&params).await {
                     Ok(_) => created.bdev = true,
                     Err(e) if e.is(ErrorKind::AlreadyExists) => {}
-                    Err(e) => return Err(rpc(&n.disk, format!("bdev_aio_create {}", n.base))(e)),
+                    Err(e) => {
+                        let what = match spec.block_size {
+                            Some(b) => format!("bdev_aio_create {} with block size {b}", n.base),
+                            None => format!("bdev_aio_create {}", n.base),
+                        };
+                        return Err(rpc(&n.disk, what)(e));
+                    }
                 }
             }
             (None, Some(pci)) => {

@@ -18,7 +18,7 @@ use nix::sys::signal::Signal;
 use tokio::process::Child;
 
 use super::client::{ClientError, SpdkClient};
-use super::rpc::Version;
+use super::rpc::{GetConfig, NVME_KEEP_ALIVE_MS, NvmeOptions, Version};
 use crate::util::Backoff;
 
 /// Errors of target supervision.
@@ -519,6 +519,47 @@ pub async fn wait_ready(
 pub(crate) async fn socket_peer_pid(socket: &Path) -> Option<i32> {
     let s = tokio::net::UnixStream::connect(socket).await.ok()?;
     s.peer_cred().ok()?.pid()
+}
+
+/// Sets the NVMe keep-alive ([`NVME_KEEP_ALIVE_MS`]) on a target talon has
+/// just started or adopted, before any controller is attached, as Longhorn's
+/// SPDK engine does when it starts. SPDK takes the option only while no NVMe
+/// controller exists: an adopted target that already has some (talon
+/// restarted under running volumes) refuses it, and then the keep-alive it
+/// reports (`framework_get_config bdev`) is checked instead. `Ok(None)`: the
+/// target has the keep-alive; `Ok(Some(note))`: it runs with another one, and
+/// controllers attached since keep it (the note says so).
+pub async fn set_nvme_keep_alive(client: &SpdkClient) -> Result<Option<String>, ClientError> {
+    let opts = NvmeOptions {
+        keep_alive_timeout_ms: Some(NVME_KEEP_ALIVE_MS),
+    };
+    let refused = match client.bdev_nvme_set_options(&opts).await {
+        Ok(_) => return Ok(None),
+        Err(ClientError::Rpc(e)) if e.code == -1 => e.message,
+        Err(e) => return Err(e),
+    };
+    let have = nvme_keep_alive_ms(client).await?;
+    if have == Some(NVME_KEEP_ALIVE_MS) {
+        return Ok(None);
+    }
+    let have = have.map_or_else(|| "unknown".to_owned(), |ms| format!("{ms} ms"));
+    Ok(Some(format!(
+        "NVMe keep-alive is {have}, not {NVME_KEEP_ALIVE_MS} ms: the target refused to change it ({refused})"
+    )))
+}
+
+/// The NVMe keep-alive a target applies to new controllers, from its `bdev`
+/// configuration (v26.05 has no getter of NVMe options); `None` if it reports
+/// none.
+pub async fn nvme_keep_alive_ms(client: &SpdkClient) -> Result<Option<u32>, ClientError> {
+    let config = client
+        .framework_get_config(&GetConfig { name: "bdev".into() })
+        .await?;
+    Ok(config
+        .iter()
+        .find(|c| c.method == "bdev_nvme_set_options")
+        .and_then(|c| c.params.get("keep_alive_timeout_ms")?.as_u64())
+        .and_then(|ms| u32::try_from(ms).ok()))
 }
 
 /// A target answering `spdk_get_version` on `socket` (within 2 s): its

@@ -1117,6 +1117,41 @@ pub struct NvmfController {
 
 // --------------------------------------------------------------- bdev_nvme
 
+/// The NVMe keep-alive talon sets on every target, as Longhorn's SPDK engine
+/// does (`replicaKeepAliveTimeoutMs`): 10 s.
+pub const NVME_KEEP_ALIVE_MS: u32 = 10_000;
+
+/// `bdev_nvme_set_options` params: global options of SPDK's NVMe bdev module,
+/// taken only while no NVMe controller exists (-1 "RPC not permitted with nvme
+/// controllers already attached" after one). talon sets only the keep-alive;
+/// the reconnect options go with each `bdev_nvme_attach_controller`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NvmeOptions {
+    /// Keep-alive timeout of the controllers attached later (ms).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub keep_alive_timeout_ms: Option<u32>,
+}
+
+/// `framework_get_config` params.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GetConfig {
+    /// The subsystem (`bdev`, `nvmf`, ...).
+    pub name: String,
+}
+
+/// One call of a subsystem's configuration (`framework_get_config`): the
+/// method that would make the state again and its params.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ConfigCall {
+    /// The method (`bdev_nvme_set_options`, ...).
+    pub method: String,
+    /// Its params as SPDK reports them.
+    #[serde(default)]
+    pub params: Value,
+}
+
 /// `bdev_nvme_attach_controller` params.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -1554,6 +1589,10 @@ impl SpdkClient {
     rpc!(/// Attaches an NVMe controller; returns the bdev names created
         /// (possibly none, see [`NamespaceParams::nguid`]). Long timeout.
         bdev_nvme_attach_controller(AttachController) -> Vec<String>);
+    rpc!(/// Sets global NVMe bdev options (only before the first controller).
+        bdev_nvme_set_options(NvmeOptions) -> bool);
+    rpc!(/// A subsystem's configuration as the calls that make it.
+        framework_get_config(GetConfig) -> Vec<ConfigCall>);
     rpc!(/// Detaches an NVMe controller.
         bdev_nvme_detach_controller(ByName) -> bool);
     rpc!(/// Lists NVMe controllers.

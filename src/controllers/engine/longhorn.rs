@@ -619,7 +619,25 @@ impl LonghornController {
                 .filter(|(r, req)| e.spec.rebuild_requests.get(*r) == Some(*req))
                 .map(|(r, req)| (r.clone(), *req))
                 .collect();
+            // a source stays known for the rebuild it served (also once it ended)
+            st.rebuild_sources = p
+                .rebuild_sources
+                .iter()
+                .filter(|(r, _)| {
+                    let req = e.spec.rebuild_requests.get(*r);
+                    req.is_some() && p.rebuilds_started.get(*r) == req
+                })
+                .map(|(r, s)| (r.clone(), s.clone()))
+                .collect();
         }
+        // the percent reported last for the same rebuild: what is reported never goes back
+        // (a later round of a rebuild copies more, a failed step starts its copy again)
+        let shown = |replica: &str, request: u64| {
+            prev.filter(|p| p.rebuilds_started.get(replica) == Some(&request))
+                .and_then(|p| p.thin_rebuilds.get(replica))
+                .copied()
+                .unwrap_or(0)
+        };
         // rebuilds started by an earlier reconcile and not seen to end yet
         let unsettled: Vec<(&String, &u64)> = e
             .spec
@@ -672,10 +690,15 @@ impl LonghornController {
             {
                 *inv = now;
             }
-            match self.thin_step(inv, e, local, replica, plan).await {
+            let step = self.thin_step(inv, e, local, replica, plan).await;
+            if let Some(src) = self.thin.source(e.id(), replica) {
+                st.rebuild_sources.insert(replica.clone(), src);
+            }
+            match step {
                 Ok(thin::Thin::Copying { copied, total }) => {
                     let pct =
                         u32::try_from((copied * 100).checked_div(total).unwrap_or(0).min(99)).unwrap_or(99);
+                    let pct = pct.max(shown(replica, *request));
                     st.thin_rebuilds.insert(replica.clone(), pct);
                     st.rebuild = format!("{replica} {pct}% {copied}/{total} bytes");
                 }
@@ -705,7 +728,7 @@ impl LonghornController {
                 Err(m) => match self.thin.failed(e.id(), replica, Instant::now()) {
                     thin::Failed::Retry(n) => {
                         tracing::warn!(engine = e.id(), replica, failures = n, error = %m, "thin rebuild step failed; tried again");
-                        st.thin_rebuilds.insert(replica.clone(), 0);
+                        st.thin_rebuilds.insert(replica.clone(), shown(replica, *request));
                     }
                     thin::Failed::ForGood(n) => {
                         tracing::warn!(engine = e.id(), replica, failures = n, error = %m, "thin rebuild failed");

@@ -99,6 +99,9 @@ struct ThinState {
     /// (not held by their engine) until the switch, so that node's target
     /// can write them, per (engine, replica).
     exported: BTreeSet<(String, String)>,
+    /// The source replica each rebuild copies from, per (engine, replica):
+    /// the last one a step chose.
+    sources: HashMap<(String, String), String>,
 }
 
 /// The thin rebuilds of this node's engines.
@@ -147,6 +150,14 @@ impl ThinRebuilds {
         s.failures.remove(&k);
         s.caps.remove(&k);
         s.exported.remove(&k);
+        s.sources.remove(&k);
+    }
+    /// The replica the rebuild of `replica` copies from (known once a step ran).
+    pub(super) fn source(&self, engine: &str, replica: &str) -> Option<String> {
+        self.lock()
+            .sources
+            .get(&(engine.to_owned(), replica.to_owned()))
+            .cloned()
     }
     /// The replicas of this node that a rebuild from another node writes
     /// through their export: their engine does not hold them.
@@ -525,6 +536,10 @@ impl LonghornController {
         // a dest of this node copied from another node: exported for it
         let remote_into_here = matches!((&src, &dst), (End::Peer { .. }, End::Here { .. }));
         let key = (engine.to_owned(), dst_name.to_owned());
+        self.thin
+            .lock()
+            .sources
+            .insert(key.clone(), src.replica().to_owned());
         let dst_nqn = naming::replica_nqn(
             &crate::names::ObjectName::parse("replica", dst_name).map_err(|x| x.to_string())?,
         )

@@ -59,7 +59,9 @@ use crate::resources::engine::{Engine, ObjectState, TargetStatus};
 use crate::runtime::{Controller, ControllerError, Input, Output, ReconcileContext, Requeue};
 use crate::spdk::ClientError;
 pub use crate::spdk::launch::cap_memory;
-use crate::spdk::launch::{MemoryUse, heap_in_use_mib, interrupt_mode_program, sized_mem_mib};
+use crate::spdk::launch::{
+    MemoryUse, heap_in_use_mib, interrupt_mode_program, set_nvme_keep_alive, sized_mem_mib,
+};
 use crate::spdk::rpc::Version;
 use crate::spdk::target::{Memory, Origin, Target, TargetConfig};
 use crate::util::Backoff;
@@ -77,6 +79,8 @@ struct Inner {
     last_error: Option<String>,
     /// The hugepage shortfall the held target was started with, if any.
     memory_note: Option<String>,
+    /// Why the held target runs without talon's NVMe keep-alive, if it does.
+    nvme_note: Option<String>,
     /// The want last written for the keeper (`--target-keeper`).
     want: Option<SpdkWant>,
     /// When the held target's memory use was last measured.
@@ -130,6 +134,7 @@ impl SpdkTargetController {
                 next_start: None,
                 last_error: None,
                 memory_note: None,
+                nvme_note: None,
                 want: None,
                 measured: None,
             }),
@@ -273,15 +278,13 @@ impl SpdkTargetController {
             inner.memory_note = kept
                 .filter(|k| k.pid.is_some() && k.pid == t.pid().and_then(|p| u32::try_from(p).ok()))
                 .and_then(|k| k.memory_note);
+            inner.nvme_note = configure(&t).await;
             inner.target = Some(t);
             inner.up_since = Some(Instant::now());
             inner.measured = None;
             inner.last_error = None;
             let msg = format!("adopted on {} (kept by talon keep-targets)", socket.display());
-            let msg = match &inner.memory_note {
-                Some(n) => format!("{msg}; {n}"),
-                None => msg,
-            };
+            let msg = with_notes(msg, inner);
             ctx.apply(
                 SPDK_STATUS_ID,
                 status(&self.template, inner, ObjectState::Ready, msg),
@@ -538,6 +541,7 @@ impl Controller for SpdkTargetController {
                     if let Some(n) = &inner.memory_note {
                         tracing::warn!("{n}");
                     }
+                    inner.nvme_note = configure(&t).await;
                     inner.target = Some(t);
                     inner.up_since = Some(Instant::now());
                     inner.next_start = None;
@@ -577,10 +581,7 @@ impl Controller for SpdkTargetController {
             ),
             _ => format!("serving on {}", self.template.socket().display()),
         };
-        let msg = match &inner.memory_note {
-            Some(n) => format!("{msg}; {n}"),
-            None => msg,
-        };
+        let msg = with_notes(msg, &inner);
         ctx.apply(
             SPDK_STATUS_ID,
             status(&self.template, &inner, ObjectState::Ready, msg),
@@ -589,6 +590,33 @@ impl Controller for SpdkTargetController {
             .await;
         Ok(Requeue::After(Duration::from_secs(1)))
     }
+}
+
+/// What talon sets on a target it has just started or adopted, before the
+/// disk and volume controllers attach any NVMe controller: the NVMe keep-alive
+/// (Longhorn's 10 s). A target that cannot take it (controllers attached
+/// before talon adopted it, or the call failed) runs on with the note
+/// returned; the next start or adoption tries again.
+async fn configure(t: &Target) -> Option<String> {
+    let note = match set_nvme_keep_alive(t.client()).await {
+        Ok(note) => note,
+        Err(e) => Some(format!(
+            "setting the NVMe keep-alive failed: {}",
+            crate::util::error_chain(&e)
+        )),
+    };
+    if let Some(n) = &note {
+        tracing::warn!("{n}");
+    }
+    note
+}
+
+/// The status message with the notes on the held target appended.
+fn with_notes(msg: String, inner: &Inner) -> String {
+    [&inner.memory_note, &inner.nvme_note]
+        .into_iter()
+        .flatten()
+        .fold(msg, |m, n| format!("{m}; {n}"))
 }
 
 /// A target stopped after `up_for` of answering (`None`: it never did):

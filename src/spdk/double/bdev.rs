@@ -143,8 +143,10 @@ impl State {
                 if self.name_taken(&p.name) {
                     return e(EEXIST);
                 }
+                // v26.05 (bdev_aio.c create_aio_bdev): a power of two, at least 512 (-22);
+                // a file's block size is not detected (the double takes 512 for it)
                 let bs = p.block_size.unwrap_or(512);
-                if bs == 0 || !bs.is_multiple_of(512) {
+                if bs < 512 || !bs.is_power_of_two() {
                     return fail(-22, "Invalid argument");
                 }
                 let filename =

@@ -76,7 +76,7 @@ use tokio::task::JoinHandle;
 use crate::spdk::rpc::{
     AddNamespace, AioCreate, AttachController, ByName, ByNqn, ByTag, CheckShallowCopy, CreateInitiatorGroup,
     CreatePortalGroup, CreateSubsystem, CreateTargetNode, CreateTransport, DeleteTargetNode, GetBdevs,
-    GetControllers, GetIostat, GetLvols, GetNotifications, GetRaids, GetSubsystems, GetTransports,
+    GetConfig, GetControllers, GetIostat, GetLvols, GetNotifications, GetRaids, GetSubsystems, GetTransports,
     KeyringFileKey, ListenerAnaState, LvolClone, LvolCreate, LvolResize, LvolSnapshot, LvstoreCreate,
     LvstoreSelector, MallocCreate, NullCreate, RaidAddBaseBdev, RaidCategory, RaidCreate, RaidLevel,
     RemoveNamespace, StartShallowCopy, SubsystemHostKeys, SubsystemHostParams, SubsystemListener,
@@ -321,7 +321,14 @@ struct State {
     /// `bdev_set_qos_limit` limits in force, by bdev name: (rw_ios_per_sec,
     /// rw_mbytes_per_sec, r_mbytes_per_sec, w_mbytes_per_sec); 0 = none.
     qos: BTreeMap<String, [u64; 4]>,
+    /// The NVMe keep-alive `bdev_nvme_set_options` set (`None`: v26.05's
+    /// default, [`NVME_KEEP_ALIVE_DEFAULT_MS`]).
+    nvme_keep_alive_ms: Option<u32>,
 }
+
+/// v26.05's NVMe keep-alive when nobody set one (`framework_get_config bdev`
+/// of a fresh spdk_tgt).
+const NVME_KEEP_ALIVE_DEFAULT_MS: u32 = 10_000;
 
 #[derive(Debug, Clone)]
 struct ShallowCopy {
@@ -615,6 +622,11 @@ impl SpdkDouble {
             .find(|s| s.nqn == nqn)
             .map(|s| s.ana.keys().cloned().collect())
             .unwrap_or_default()
+    }
+
+    /// The NVMe keep-alive a `bdev_nvme_set_options` set (`None`: none did).
+    pub fn nvme_keep_alive_set(&self) -> Option<u32> {
+        lock(&self.state).nvme_keep_alive_ms
     }
 
     /// How many times `method` was called.
@@ -1226,6 +1238,17 @@ impl State {
                 "fields": {"major": 26, "minor": 5, "patch": 0, "suffix": "-double"}})),
             "rpc_get_methods" => Ok(json!(METHODS)),
             "framework_wait_init" | "bdev_wait_for_examine" => Ok(json!(true)),
+            "framework_get_config" => {
+                let p: GetConfig = decode(params)?;
+                // only the NVMe options of the bdev subsystem (v26.05 lists every bdev's call too)
+                Ok(match p.name.as_str() {
+                    "bdev" => json!([{"method": "bdev_nvme_set_options", "params": {
+                        "keep_alive_timeout_ms": self.nvme_keep_alive_ms.unwrap_or(NVME_KEEP_ALIVE_DEFAULT_MS),
+                        "transport_ack_timeout": 0, "ctrlr_loss_timeout_sec": 0,
+                        "reconnect_delay_sec": 0, "fast_io_fail_timeout_sec": 0}}]),
+                    _ => json!([]),
+                })
+            }
             m if m.starts_with("bdev_lvol_") => self.call_lvol(m, params),
             m if m.starts_with("bdev_raid_") => self.call_raid(m, params),
             m if m.starts_with("nvmf_") || m.starts_with("bdev_nvme_") => self.call_nvmf(m, params),

@@ -325,6 +325,27 @@ impl State {
                         .collect(),
                 ))
             }
+            "bdev_nvme_set_options" => {
+                // the params v26.05 decodes (its `framework_get_config bdev` lists them); any
+                // other field, or a keep-alive that is not a u32, fails decoding
+                let Some(Value::Object(p)) = params else {
+                    return fail(-32603, "spdk_json_decode_object failed");
+                };
+                let keep_alive = p
+                    .get("keep_alive_timeout_ms")
+                    .map(|v| v.as_u64().and_then(|ms| u32::try_from(ms).ok()));
+                if p.keys().any(|k| !NVME_OPTIONS.contains(&k.as_str())) || keep_alive == Some(None) {
+                    return fail(-32603, "spdk_json_decode_object failed");
+                }
+                // a global option: taken only before the first controller (recorded)
+                if !self.ctrlrs.is_empty() {
+                    return fail(-1, "RPC not permitted with nvme controllers already attached");
+                }
+                if let Some(Some(ms)) = keep_alive {
+                    self.nvme_keep_alive_ms = Some(ms);
+                }
+                Ok(json!(true))
+            }
             "bdev_nvme_get_controllers" => {
                 let p: GetControllers = decode(params)?;
                 let list: Vec<Value> = self
@@ -427,3 +448,41 @@ impl State {
         }
     }
 }
+
+/// The params `bdev_nvme_set_options` of v26.05 decodes (those its
+/// `framework_get_config bdev` reports).
+const NVME_OPTIONS: &[&str] = &[
+    "action_on_timeout",
+    "timeout_us",
+    "timeout_admin_us",
+    "keep_alive_timeout_ms",
+    "arbitration_burst",
+    "low_priority_weight",
+    "medium_priority_weight",
+    "high_priority_weight",
+    "nvme_adminq_poll_period_us",
+    "nvme_ioq_poll_period_us",
+    "io_queue_requests",
+    "delay_cmd_submit",
+    "transport_retry_count",
+    "bdev_retry_count",
+    "transport_ack_timeout",
+    "ctrlr_loss_timeout_sec",
+    "reconnect_delay_sec",
+    "fast_io_fail_timeout_sec",
+    "disable_auto_failback",
+    "generate_uuids",
+    "transport_tos",
+    "nvme_error_stat",
+    "rdma_srq_size",
+    "io_path_stat",
+    "allow_accel_sequence",
+    "rdma_max_cq_size",
+    "rdma_cm_event_timeout_ms",
+    "dhchap_digests",
+    "dhchap_dhgroups",
+    "rdma_umr_per_io",
+    "tcp_connect_timeout_ms",
+    "enable_flush",
+    "multipath_opts",
+];
