@@ -184,8 +184,15 @@ class Scenario:
             st = self.get("volumes", VOLUME).get("status", {})
             reps = self.list("replicas", f"longhornvolume={VOLUME}")
             running = [r for r in reps if r.get("status", {}).get("currentState") == "running"]
+            # the manager's view of a replica that just failed lags: its Replica CR still says
+            # running and the volume healthy for a moment, so a replica failed (failedAt) or not
+            # RW in the engine's mode map is not healthy yet (a rebuild wait passed at once)
+            engines = self.list("engines", f"longhornvolume={VOLUME}")
+            modes = (engines[0].get("status", {}).get("replicaModeMap") or {}) if engines else {}
             return (st.get("state") == "attached" and st.get("robustness") == "healthy"
-                    and len(running) == self.replicas)
+                    and len(running) == self.replicas
+                    and not any(r.get("spec", {}).get("failedAt") for r in reps)
+                    and len(modes) == self.replicas and all(m == "RW" for m in modes.values()))
 
         self.wait(what, healthy, timeout)
 
