@@ -227,7 +227,10 @@ fn longhorn_bounds_are_flags_and_nonsense_is_refused_naming_them() {
         ("--longhorn-max-connections-per-peer", "0"),
         ("--longhorn-idle-timeout", "5"),
     ] {
-        let (ok, _, err) = talon(&socket, &["serve", "--longhorn-listen", "127.0.0.1:1", flag, value]);
+        let (ok, _, err) = talon(
+            &socket,
+            &["serve", "--longhorn-listen", "127.0.0.1:1", flag, value],
+        );
         assert!(!ok, "{flag} {value} accepted");
         assert!(err.contains(flag) && err.contains(value), "{flag} {value}: {err}");
     }

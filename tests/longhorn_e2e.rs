@@ -224,7 +224,10 @@ fn keep_logs(work: &Path, cache: &Path, scenario: &str) {
     if std::fs::create_dir_all(&to).is_err() {
         return;
     }
-    let mut logs: Vec<PathBuf> = ["driver.out", "driver.err"].iter().map(|f| work.join(f)).collect();
+    let mut logs: Vec<PathBuf> = ["driver.out", "driver.err"]
+        .iter()
+        .map(|f| work.join(f))
+        .collect();
     logs.extend(
         std::fs::read_dir(work.join("logs"))
             .into_iter()
@@ -242,10 +245,16 @@ fn keep_logs(work: &Path, cache: &Path, scenario: &str) {
         let name = if f.ends_with("run/spdk_tgt.log") {
             format!(
                 "spdk_tgt-{}.log",
-                f.ancestors().nth(2).and_then(|p| p.file_name()).map(|n| n.to_string_lossy().into_owned()).unwrap_or_default()
+                f.ancestors()
+                    .nth(2)
+                    .and_then(|p| p.file_name())
+                    .map(|n| n.to_string_lossy().into_owned())
+                    .unwrap_or_default()
             )
         } else {
-            f.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default()
+            f.file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default()
         };
         let _ = std::fs::copy(&f, to.join(name));
     }

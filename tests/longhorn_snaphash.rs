@@ -34,7 +34,11 @@ use longhorn_nodes::{Node, WAIT, engine, free_base, pattern, req, running, snaps
 
 const MIB: u64 = 1 << 20;
 
-async fn hash(p: &mut ProxyEngineServiceClient<Channel>, snap: &str, rehash: bool) -> Result<(), tonic::Status> {
+async fn hash(
+    p: &mut ProxyEngineServiceClient<Channel>,
+    snap: &str,
+    rehash: bool,
+) -> Result<(), tonic::Status> {
     p.snapshot_hash(imrpc::EngineSnapshotHashRequest {
         proxy_engine_request: Some(req("vol-e-0")),
         snapshot_name: snap.into(),
@@ -114,8 +118,16 @@ async fn two_nodes(real: Option<&std::path::Path>, size: u64) -> (Node, Node, St
     let b = Node::new(ip_b, base, real).await;
     let addr_a = a.replica("disk-a", "vol-r-a", size).await;
     let addr_b = b.replica("disk-b", "vol-r-b", size).await;
-    engine(&a, &[("vol-r-a", &addr_a), ("vol-r-b", &addr_b)], size, "spdk-tcp-nvmf").await;
-    let inst = talon::longhorn::proto::imrpc::instance_service_client::InstanceServiceClient::new(a.channel(3).await);
+    engine(
+        &a,
+        &[("vol-r-a", &addr_a), ("vol-r-b", &addr_b)],
+        size,
+        "spdk-tcp-nvmf",
+    )
+    .await;
+    let inst = talon::longhorn::proto::imrpc::instance_service_client::InstanceServiceClient::new(
+        a.channel(3).await,
+    );
     let port = running(&inst, "vol-e-0", "engine").await.port_start;
     (a, b, addr_a, addr_b, u16::try_from(port).expect("port"))
 }
@@ -124,7 +136,10 @@ async fn two_nodes(real: Option<&std::path::Path>, size: u64) -> (Node, Node, St
 async fn snapshot_hashes_agree_across_two_nodes_on_the_double() {
     let size = 64 * MIB;
     let (mut a, mut b, addr_a, addr_b, _) = two_nodes(None, size).await;
-    let (da, db) = (a.double.as_ref().expect("double"), b.double.as_ref().expect("double"));
+    let (da, db) = (
+        a.double.as_ref().expect("double"),
+        b.double.as_ref().expect("double"),
+    );
     let mut p = ProxyEngineServiceClient::new(a.channel(1).await);
     // equal writes on both replicas, a snapshot after each
     for d in [da, db] {
@@ -144,7 +159,12 @@ async fn snapshot_hashes_agree_across_two_nodes_on_the_double() {
     db.set_rebuild_time(Duration::from_secs(1));
     let aio_before = (da.calls("bdev_aio_create"), db.calls("bdev_aio_create"));
     assert_eq!(
-        status(&mut p, "s1").await.expect("status before").values().map(|s| s.state.as_str()).collect::<Vec<_>>(),
+        status(&mut p, "s1")
+            .await
+            .expect("status before")
+            .values()
+            .map(|s| s.state.as_str())
+            .collect::<Vec<_>>(),
         vec!["", ""],
         "never hashed"
     );
@@ -167,7 +187,10 @@ async fn snapshot_hashes_agree_across_two_nodes_on_the_double() {
     assert_ne!(s1, s2, "other data, another checksum");
     // a rehash gives the same again
     hash(&mut p, "s1", true).await.expect("rehash s1");
-    assert_eq!(one_checksum(&settled(&p, "s1", WAIT).await, &[&addr_a, &addr_b]), s1);
+    assert_eq!(
+        one_checksum(&settled(&p, "s1", WAIT).await, &[&addr_a, &addr_b]),
+        s1
+    );
 
     // B's SPDKService with Longhorn's field numbers, directly
     let mut sb = SpdkServiceClient::new(b.channel(4).await);
@@ -267,7 +290,9 @@ async fn real_spdk_snapshot_hashes_agree_across_two_nodes() {
     hash(&mut p, "s1", false).await.expect("SnapshotHash s1");
     let first_seen = status(&mut p, "s1").await.expect("status");
     assert!(
-        first_seen.values().all(|x| x.state == "in_progress" || x.state == "complete"),
+        first_seen
+            .values()
+            .all(|x| x.state == "in_progress" || x.state == "complete"),
         "{first_seen:?}"
     );
     let s1 = one_checksum(&settled(&p, "s1", WAIT).await, &[&addr_a, &addr_b]);

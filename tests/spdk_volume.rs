@@ -1890,9 +1890,13 @@ async fn replicas_whose_data_starts_at_different_offsets_are_not_rebuilt_thin() 
 async fn a_disk_never_promises_past_the_overcommit_bound() {
     let s = setup(&["d1"]).await; // 256 MiB: 1280 MiB may be promised
     let state = &s.state;
-    state.create_typed("big", "", &volume(1024 * MIB, 1)).expect("big");
+    state
+        .create_typed("big", "", &volume(1024 * MIB, 1))
+        .expect("big");
     ready(state, "big", "big ready").await;
-    state.create_typed("more", "", &volume(512 * MIB, 1)).expect("more");
+    state
+        .create_typed("more", "", &volume(512 * MIB, 1))
+        .expect("more");
     let e = eventually("more refused", WAIT, || async {
         engine(state, "more").filter(|e| e.message.contains("d1 is full"))
     })
@@ -1914,7 +1918,10 @@ async fn a_disk_never_promises_past_the_overcommit_bound() {
         engine(state, "big").filter(|e| e.message.contains("cannot grow"))
     })
     .await;
-    assert!(e.message.contains("on disk d1") && e.message.contains("would pass 500%"), "{e:?}");
+    assert!(
+        e.message.contains("on disk d1") && e.message.contains("would pass 500%"),
+        "{e:?}"
+    );
     let lvol = s
         .client
         .bdev("talon-d1/big-r0")

@@ -963,7 +963,10 @@ impl proxy_engine_service_server::ProxyEngineService for Longhorn {
         Ok(Response::new(()))
     }
 
-    async fn snapshot_hash(&self, req: Request<imrpc::EngineSnapshotHashRequest>) -> Result<Response<()>, Status> {
+    async fn snapshot_hash(
+        &self,
+        req: Request<imrpc::EngineSnapshotHashRequest>,
+    ) -> Result<Response<()>, Status> {
         let req = forward!(
             self,
             req,

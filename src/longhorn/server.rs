@@ -1773,9 +1773,13 @@ impl spdk_service_server::SpdkService for Longhorn {
         Ok(Response::new(()))
     }
 
-    async fn replica_snapshot_hash(&self, req: Request<spdkrpc::SnapshotHashRequest>) -> Result<Response<()>, Status> {
+    async fn replica_snapshot_hash(
+        &self,
+        req: Request<spdkrpc::SnapshotHashRequest>,
+    ) -> Result<Response<()>, Status> {
         let req = req.into_inner();
-        self.replica_hash(&req.name, &req.snapshot_name, req.rehash).await?;
+        self.replica_hash(&req.name, &req.snapshot_name, req.rehash)
+            .await?;
         Ok(Response::new(()))
     }
 

@@ -241,7 +241,13 @@ async fn copy_chain(client: &SpdkClient, plan: &Plan, file: &Path, bdev: &str) -
 }
 
 /// One job: the copy, the checksum, and everything removed again.
-async fn run(client: &SpdkClient, dir: &Path, lvs: &str, replica: &str, snap: &str) -> Result<String, String> {
+async fn run(
+    client: &SpdkClient,
+    dir: &Path,
+    lvs: &str,
+    replica: &str,
+    snap: &str,
+) -> Result<String, String> {
     let what = |m: String| format!("replica {replica}: hashing snapshot {snap}: {m}");
     let gone = || format!("replica {replica}: snapshot {snap} was deleted while it was hashed");
     let inv = Inventory::load(client)
@@ -258,7 +264,10 @@ async fn run(client: &SpdkClient, dir: &Path, lvs: &str, replica: &str, snap: &s
     let deleted = match client.bdev_aio_delete(&ByName::new(&bdev)).await {
         Ok(_) => Ok(()),
         Err(e) if e.is(ErrorKind::NotFound) => Ok(()),
-        Err(e) => Err(format!("bdev_aio_delete {bdev}: {}", crate::util::error_chain(&e))),
+        Err(e) => Err(format!(
+            "bdev_aio_delete {bdev}: {}",
+            crate::util::error_chain(&e)
+        )),
     };
     let sum = match (copied, deleted) {
         (Ok(()), Ok(())) => {
@@ -341,8 +350,12 @@ impl Longhorn {
                 Err(_) => Err(format!("replica {}: hashing snapshot {}: stopped", key.0, key.1)),
             };
             match &r {
-                Ok(sum) => tracing::info!(replica = %key.0, snapshot = %key.1, checksum = %sum, "snapshot hashed"),
-                Err(m) => tracing::info!(replica = %key.0, snapshot = %key.1, error = %m, "snapshot hash failed"),
+                Ok(sum) => {
+                    tracing::info!(replica = %key.0, snapshot = %key.1, checksum = %sum, "snapshot hashed")
+                }
+                Err(m) => {
+                    tracing::info!(replica = %key.0, snapshot = %key.1, error = %m, "snapshot hash failed")
+                }
             }
             let job = r.map_or_else(Job::Failed, Job::Complete);
             hashes.jobs().insert(key, job);
@@ -395,7 +408,12 @@ impl Longhorn {
 
     /// `SnapshotHash`: each replica in service hashes snapshot `snap` where
     /// it lives. Errors name the replica; the first one's code is answered.
-    pub(super) async fn engine_hash(&self, e: &Typed<LonghornEngine>, snap: &str, rehash: bool) -> Result<(), Status> {
+    pub(super) async fn engine_hash(
+        &self,
+        e: &Typed<LonghornEngine>,
+        snap: &str,
+        rehash: bool,
+    ) -> Result<(), Status> {
         naming::replica_snapshot_name(snap).map_err(|x| Status::invalid_argument(x.to_string()))?;
         let mut errors: Vec<(Code, String)> = Vec::new();
         for m in self.hash_members(e).await? {
@@ -410,7 +428,12 @@ impl Longhorn {
                         })
                         .await
                         .map(|_| ())
-                        .map_err(|s| Status::new(s.code(), format!("replica {}: its node: {}", m.replica, s.message()))),
+                        .map_err(|s| {
+                            Status::new(
+                                s.code(),
+                                format!("replica {}: its node: {}", m.replica, s.message()),
+                            )
+                        }),
                     Err(x) => Err(Status::unavailable(x)),
                 },
             };
@@ -422,7 +445,11 @@ impl Longhorn {
             None => Ok(()),
             Some((code, _)) => Err(Status::new(
                 *code,
-                errors.iter().map(|(_, m)| m.as_str()).collect::<Vec<_>>().join("; "),
+                errors
+                    .iter()
+                    .map(|(_, m)| m.as_str())
+                    .collect::<Vec<_>>()
+                    .join("; "),
             )),
         }
     }
@@ -438,15 +465,21 @@ impl Longhorn {
             let s = match self.local_replica(&m.replica) {
                 Some(_) => self.replica_hash_status(&m.replica, snap).await?,
                 None => {
-                    let mut c = super::proxy::peer_client(&m.replica, &m.address, self.peer_port(), REMOTE_TIMEOUT)
-                        .await
-                        .map_err(Status::unavailable)?;
+                    let mut c =
+                        super::proxy::peer_client(&m.replica, &m.address, self.peer_port(), REMOTE_TIMEOUT)
+                            .await
+                            .map_err(Status::unavailable)?;
                     c.replica_snapshot_hash_status(spdkrpc::SnapshotHashStatusRequest {
                         name: m.replica.clone(),
                         snapshot_name: snap.to_owned(),
                     })
                     .await
-                    .map_err(|s| Status::new(s.code(), format!("replica {}: its node: {}", m.replica, s.message())))?
+                    .map_err(|s| {
+                        Status::new(
+                            s.code(),
+                            format!("replica {}: its node: {}", m.replica, s.message()),
+                        )
+                    })?
                     .into_inner()
                 }
             };
@@ -484,7 +517,10 @@ mod tests {
         let sparse = file_with(&[(3 * CHUNK + 512, &data)], size);
         // the same data, with zeros written where the other has holes
         let zeros = vec![0u8; 2 * CHUNK as usize];
-        let dense = file_with(&[(0, &zeros), (5 * CHUNK, &zeros), (3 * CHUNK + 512, &data)], size);
+        let dense = file_with(
+            &[(0, &zeros), (5 * CHUNK, &zeros), (3 * CHUNK + 512, &data)],
+            size,
+        );
         let a = checksum(sparse.path(), size).expect("checksum");
         assert_eq!(a, checksum(dense.path(), size).expect("checksum"));
         assert_eq!(a.len(), 64, "SHA-256 in hex: {a}");

@@ -279,7 +279,11 @@ mod tests {
         assert_eq!(p.slots[&0], Slot::Create("b".into()));
         let p = place(&req(&[0, 1]));
         let b = p.blocked.expect("blocked");
-        assert!(b.reason.contains("a is full: the replicas would promise 6 GiB"), "{}", b.reason);
+        assert!(
+            b.reason.contains("a is full: the replicas would promise 6 GiB"),
+            "{}",
+            b.reason
+        );
         assert!(!b.disk_failed);
     }
 

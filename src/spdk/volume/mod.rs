@@ -482,15 +482,14 @@ impl VolumeOps {
             .cloned()
             .collect();
         for r in &grow {
-            plan::within_overcommit(inv, &r.disk, wanted(r) - r.size_bytes, plan.overcommit_percent).map_err(
-                |reason| VolumeError::Overcommit {
+            plan::within_overcommit(inv, &r.disk, wanted(r) - r.size_bytes, plan.overcommit_percent)
+                .map_err(|reason| VolumeError::Overcommit {
                     volume: vol.to_owned(),
                     replica: r.alias.clone(),
                     disk: r.disk.clone(),
                     bytes: wanted(r),
                     reason,
-                },
-            )?;
+                })?;
         }
         self.grow(vol, &grow, size_mib, &local_room).await?;
         for r in replicas

@@ -650,7 +650,16 @@ mod tests {
         i.lvstores.retain(|l| l.name == "talon-a");
         let e = local(&i, &big).expect_err("full");
         let m = e.to_string();
-        assert!(matches!(e, VolumeError::NoPlacement { disk_failed: false, .. }), "{m}");
+        assert!(
+            matches!(
+                e,
+                VolumeError::NoPlacement {
+                    disk_failed: false,
+                    ..
+                }
+            ),
+            "{m}"
+        );
         assert!(
             m.contains("a is full: its thin replicas promise") && m.contains("would pass 500%"),
             "{m}"
