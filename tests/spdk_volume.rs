@@ -1403,9 +1403,10 @@ async fn a_snapshot_includes_remote_replicas_at_the_same_instant() {
 
 /// The defect of issue 12: snapshots of raid members taken one after the
 /// other while writes continue. A multi-replica snapshot freezes the export
-/// (ANA inaccessible, which SPDK applies with the subsystem drained) around
-/// the snapshots; the double records any snapshot of an exported lvol taken
-/// while a listener still accepted I/O.
+/// (ANA inaccessible, then each namespace drained by moving it to its own ANA
+/// group) around the snapshots; the double records any snapshot of an
+/// exported lvol taken while a listener still accepted I/O or before the
+/// namespace was drained.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn multi_replica_snapshots_are_one_point_in_time_and_reverts_never_mix_instants() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -1443,6 +1444,7 @@ async fn multi_replica_snapshots_are_one_point_in_time_and_reverts_never_mix_ins
         "thawed"
     );
     assert_eq!(double.calls("nvmf_subsystem_listener_set_ana_state"), 2);
+    assert_eq!(double.calls("nvmf_subsystem_set_ns_ana_group"), 1, "drained");
     // taken again: nothing new, nothing frozen
     let inv = Inventory::load(&c).await.expect("inv");
     let again = ops.snapshot(&inv, &v, &s1, None, vec![]).await.expect("again");

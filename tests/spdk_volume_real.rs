@@ -758,14 +758,9 @@ async fn real_spdk_snapshots_under_writes_are_one_point_in_time() {
         std::thread::spawn(move || spdk_perf::run(&spdk, port, &nqn, "write", 45))
     };
     tokio::time::sleep(Duration::from_secs(3)).await; // perf connects
-    // frozen by hand: not one write reaches the raid while the listener is inaccessible
+    // frozen as a snapshot freezes it: not one write completes in the raid meanwhile
     {
-        use talon::spdk::rpc::{AnaState, ListenAddress, ListenerAnaState};
-        let set = |ana_state| ListenerAnaState {
-            nqn: nqn.clone(),
-            listen_address: ListenAddress::tcp([127, 0, 0, 1].into(), port),
-            ana_state,
-        };
+        use talon::spdk::volume::freeze;
         let writes = || async {
             let v: serde_json::Value = c
                 .typed("bdev_get_iostat", &json!({"names": ["talon-raid-pit"]}))
@@ -774,17 +769,14 @@ async fn real_spdk_snapshots_under_writes_are_one_point_in_time() {
             v["bdevs"][0]["num_write_ops"].as_u64().expect("num_write_ops")
         };
         let before = writes().await;
-        c.nvmf_subsystem_listener_set_ana_state(&set(AnaState::Inaccessible))
-            .await
-            .expect("freeze");
+        let sub = c.subsystem(&nqn).await.expect("subsystems").expect("export");
+        let frozen = freeze::freeze(&c, &sub).await.expect("freeze");
         let (a, _) = (
             writes().await,
             tokio::time::sleep(Duration::from_millis(300)).await,
         );
         let b = writes().await;
-        c.nvmf_subsystem_listener_set_ana_state(&set(AnaState::Optimized))
-            .await
-            .expect("thaw");
+        freeze::thaw(&c, &frozen).await.expect("thaw");
         assert!(a > before, "the writer was writing");
         assert_eq!(a, b, "writes reached the raid while the export was frozen");
     }
@@ -879,6 +871,150 @@ async fn real_spdk_snapshots_under_writes_are_one_point_in_time() {
             "read {round} after the revert differs from the snapshot"
         );
     }
+    t.stop(Duration::from_secs(5)).await.expect("stop");
+}
+
+/// The freeze that makes a snapshot one instant must wait for the writes
+/// already in flight, not only stop new ones. On a real spdk_tgt, an export
+/// of a `bdev_delay` (every write takes 1 s) under spdk_nvme_perf at QD8:
+/// setting the listener ANA inaccessible (SPDK pauses no namespace for it)
+/// returns while writes are in flight, and they complete after it; talon's
+/// freeze returns only when none is, and none completes after it. A second
+/// freeze right after the thaw finds the writer back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_spdk_a_freeze_waits_for_the_writes_in_flight() {
+    let test = "real_spdk_a_freeze_waits_for_the_writes_in_flight";
+    let Some(spdk) = spdk_dir_with(test, &["spdk_nvme_perf"]) else {
+        return;
+    };
+    use talon::spdk::rpc::{
+        AddNamespace, AnaState, CreateSubsystem, CreateTransport, ListenAddress, ListenerAnaState,
+        NamespaceParams, SubsystemListener,
+    };
+    use talon::spdk::volume::freeze;
+    let Node(_dir, _, t, _reap, c) = node(&spdk, &[], "spdk_tgt").await;
+    let port = free_port();
+    let nqn = "nqn.2025-01.io.talon.test:freeze";
+    let _: serde_json::Value = c
+        .typed(
+            "bdev_malloc_create",
+            &json!({"name": "m0", "num_blocks": 4096, "block_size": 4096}),
+        )
+        .await
+        .expect("malloc");
+    // latencies in microseconds: every write takes 1 s, reads 100 us
+    let _: serde_json::Value = c
+        .typed(
+            "bdev_delay_create",
+            &json!({"base_bdev_name": "m0", "name": "slow", "avg_read_latency": 100, "p99_read_latency": 100,
+                "avg_write_latency": 1_000_000, "p99_write_latency": 1_000_000}),
+        )
+        .await
+        .expect("delay bdev");
+    let _ = c.nvmf_create_transport(&CreateTransport::tcp()).await;
+    c.nvmf_create_subsystem(&CreateSubsystem {
+        nqn: nqn.into(),
+        allow_any_host: Some(true),
+        serial_number: None,
+        model_number: None,
+        max_namespaces: Some(1),
+        ana_reporting: Some(true),
+    })
+    .await
+    .expect("subsystem");
+    c.nvmf_subsystem_add_ns(&AddNamespace {
+        nqn: nqn.into(),
+        namespace: NamespaceParams {
+            bdev_name: "slow".into(),
+            nsid: None,
+            nguid: None,
+            uuid: None,
+        },
+    })
+    .await
+    .expect("namespace");
+    let listener = ListenAddress::tcp([127, 0, 0, 1].into(), port);
+    c.nvmf_subsystem_add_listener(&SubsystemListener {
+        nqn: nqn.into(),
+        listen_address: listener.clone(),
+    })
+    .await
+    .expect("listener");
+    let writer = {
+        let spdk = spdk.clone();
+        std::thread::spawn(move || spdk_perf::run(&spdk, port, nqn, "write -q 8", 25))
+    };
+    let writes = || async {
+        let v: serde_json::Value = c
+            .typed("bdev_get_iostat", &json!({"names": ["slow"]}))
+            .await
+            .expect("iostat");
+        v["bdevs"][0]["num_write_ops"].as_u64().expect("num_write_ops")
+    };
+    // until the count grows from one look to the next: writes are flowing
+    let flowing = || async {
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        let mut seen = writes().await;
+        loop {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            let now = writes().await;
+            if now > seen && seen > 0 {
+                return;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the writer never wrote: {now} writes"
+            );
+            seen = now;
+        }
+    };
+    // the writer is writing: 8 writes in flight all the time
+    flowing().await;
+    let set = |ana_state| ListenerAnaState {
+        nqn: nqn.into(),
+        listen_address: listener.clone(),
+        ana_state,
+    };
+    // the ANA state alone: writes in flight complete after it returned
+    c.nvmf_subsystem_listener_set_ana_state(&set(AnaState::Inaccessible))
+        .await
+        .expect("inaccessible");
+    let at_return = writes().await;
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let later = writes().await;
+    c.nvmf_subsystem_listener_set_ana_state(&set(AnaState::Optimized))
+        .await
+        .expect("optimized");
+    assert!(
+        later > at_return,
+        "SPDK drained the namespace for an ANA state change ({at_return} writes at its return, {later} later): \
+         the freeze's second step would not be needed"
+    );
+    eprintln!(
+        "{test}: ANA state alone: {} writes completed after it returned",
+        later - at_return
+    );
+    for round in 0..2 {
+        flowing().await;
+        let sub = c.subsystem(nqn).await.expect("subsystems").expect("subsystem");
+        let started = std::time::Instant::now();
+        let frozen = freeze::freeze(&c, &sub).await.expect("freeze");
+        let took = started.elapsed();
+        let at_return = writes().await;
+        tokio::time::sleep(Duration::from_millis(2500)).await;
+        let later = writes().await;
+        freeze::thaw(&c, &frozen).await.expect("thaw");
+        assert_eq!(
+            at_return, later,
+            "round {round}: writes completed after the freeze returned"
+        );
+        eprintln!("{test}: round {round}: the freeze returned after {took:?}; no write completed after it");
+    }
+    let out = writer.join().expect("perf");
+    assert!(
+        spdk_perf::total_iops(&String::from_utf8_lossy(&out.stdout)) > 0.0,
+        "the writer wrote"
+    );
     t.stop(Duration::from_secs(5)).await.expect("stop");
 }
 

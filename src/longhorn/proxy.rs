@@ -8,7 +8,7 @@
 //!       └─> LonghornEngine spec + LonghornInstanceStatus + what spdk_tgt holds
 //!             (the raid1's members: in service = RW, rebuild target = WO, else ERR)
 //!   VolumeSnapshot(engine, name):
-//!     freeze the engine's export (every listener ANA inaccessible: SPDK drains it)
+//!     freeze the engine's export (spdk::volume::freeze: no I/O enters, none in flight)
 //!       ├─ local replica:  bdev_lvol_snapshot <lvs>/<replica> -> <replica>-snap-<name>
 //!       └─ remote replica: its node's SPDKService ReplicaSnapshotCreate (<ip>:<its 8504>)
 //!     thaw always; any failure deletes what was made and names the replica
@@ -43,9 +43,9 @@ use crate::resources::longhorn::{
 };
 use crate::runtime::Typed;
 use crate::spdk::ErrorKind;
-use crate::spdk::rpc::{AnaState, ByName, ByNqn, ListenAddress, ListenerAnaState, LvolResize, LvolSnapshot};
-use crate::spdk::volume::Inventory;
+use crate::spdk::rpc::{ByName, LvolResize, LvolSnapshot};
 use crate::spdk::volume::naming::lvstore;
+use crate::spdk::volume::{Inventory, freeze};
 
 /// Longhorn's name of the head in a snapshot list.
 pub const VOLUME_HEAD: &str = "volume-head";
@@ -338,33 +338,6 @@ impl Longhorn {
         .map_err(|s| format!("replica {replica}: its node: {}", s.message()))
     }
 
-    async fn set_listeners(
-        &self,
-        nqn: &str,
-        listeners: &[ListenAddress],
-        state: AnaState,
-    ) -> Result<(), String> {
-        let mut first = Ok(());
-        for l in listeners {
-            if let Err(e) = self
-                .client()
-                .nvmf_subsystem_listener_set_ana_state(&ListenerAnaState {
-                    nqn: nqn.to_owned(),
-                    listen_address: l.clone(),
-                    ana_state: state,
-                })
-                .await
-            {
-                first = first.and(Err(format!(
-                    "setting {nqn} on {} {state:?}: {}",
-                    l.traddr,
-                    chain(&e)
-                )));
-            }
-        }
-        first
-    }
-
     /// Snapshot `snap` of every replica of engine `e` at one instant.
     async fn engine_snapshot(&self, e: &Typed<LonghornEngine>, snap: &str) -> Result<(), Status> {
         let what = format!("snapshot {snap} of engine {}", e.id());
@@ -389,41 +362,25 @@ impl Longhorn {
         let volume = ObjectName::parse("volume", &e.spec.volume)
             .map_err(|x| Status::invalid_argument(x.to_string()))?;
         let nqn = naming::volume_nqn(&volume).map_err(|x| Status::invalid_argument(x.to_string()))?;
-        let listeners: Vec<ListenAddress> = match self
+        let sub = self
             .client()
-            .nvmf_subsystem_get_listeners(&ByNqn {
-                nqn: nqn.as_str().to_owned(),
-            })
+            .subsystem(nqn.as_str())
             .await
-        {
-            Ok(l) => l.into_iter().map(|l| l.address).collect(),
-            Err(x) if x.is(ErrorKind::NotFound) || x.is(ErrorKind::InvalidParams) => Vec::new(),
-            Err(x) => {
-                return Err(internal(
-                    &format!("{what}: listing the listeners of {nqn}"),
-                    chain(&x),
-                ));
-            }
+            .map_err(|x| internal(&format!("{what}: reading subsystem {nqn}"), chain(&x)))?;
+        // an engine without its export (starting, or its export gone) takes no I/O
+        let frozen = match sub.filter(|s| !s.namespaces.is_empty() && !s.listen_addresses.is_empty()) {
+            Some(sub) => freeze::freeze(self.client(), &sub)
+                .await
+                .map_err(|x| internal(&format!("{what}: {}", x.what), chain(&x.source)))?,
+            None => freeze::Frozen::default(),
         };
-        // freeze: SPDK drains the subsystem before it answers
-        if let Err(m) = self
-            .set_listeners(nqn.as_str(), &listeners, AnaState::Inaccessible)
-            .await
-        {
-            let _ = self
-                .set_listeners(nqn.as_str(), &listeners, AnaState::Optimized)
-                .await;
-            return Err(internal(&format!("{what}: freezing the export"), m));
-        }
         // only the replicas in service when the export froze hold every
         // acknowledged write; one that left the raid1 (ERR) or is being
         // rebuilt (WO) is not snapshotted
         let members = match self.members(e).await {
             Ok(m) => m,
             Err(st) => {
-                let _ = self
-                    .set_listeners(nqn.as_str(), &listeners, AnaState::Optimized)
-                    .await;
+                let _ = freeze::thaw(self.client(), &frozen).await;
                 return Err(st);
             }
         };
@@ -438,9 +395,7 @@ impl Longhorn {
             })
             .collect();
         if in_service.is_empty() {
-            let _ = self
-                .set_listeners(nqn.as_str(), &listeners, AnaState::Optimized)
-                .await;
+            let _ = freeze::thaw(self.client(), &frozen).await;
             return Err(Status::failed_precondition(format!(
                 "{what}: no replica is in service"
             )));
@@ -456,9 +411,7 @@ impl Longhorn {
             (replica.clone(), address.clone(), r)
         });
         let results = futures::future::join_all(takes).await;
-        let thawed = self
-            .set_listeners(nqn.as_str(), &listeners, AnaState::Optimized)
-            .await;
+        let thawed = freeze::thaw(self.client(), &frozen).await.map_err(|x| chain(&x));
         let failed: Vec<String> = results
             .iter()
             .filter_map(|(_, _, r)| r.as_ref().err().cloned())
@@ -1221,10 +1174,13 @@ pub(super) fn rebuild_status(
     let (is_rebuilding, progress, error, state) = match (m.progress, st.rebuild_errors.get(&m.replica)) {
         (Some(p), _) => (true, p.min(99), String::new(), "in_progress"),
         (None, Some(x)) if m.mode == ptypes::ReplicaMode::Err => (false, 0, x.clone(), "error"),
-        (None, _)
+        // RW in the raid is done: the controller records the rebuild as done
+        // only when its reconcile ends, a moment after the raid took the member
+        (None, None)
             if m.mode == ptypes::ReplicaMode::Rw
                 && request.is_some()
-                && st.rebuilds_done.get(&m.replica) == request =>
+                && (st.rebuilds_done.get(&m.replica) == request
+                    || st.rebuilds_started.get(&m.replica) == request) =>
         {
             (false, 100, String::new(), "complete")
         }
@@ -1291,5 +1247,64 @@ mod tests {
     #[test]
     fn snapshot_lvols_are_named_as_longhorn_names_them() {
         assert_eq!(snapshot_lvol("r-1", "s1"), "r-1-snap-s1");
+    }
+
+    /// The raid takes the rebuilt member during a reconcile; the controller
+    /// records the rebuild done when that reconcile ends. In between, the
+    /// member is RW and its rebuild complete, never unreported.
+    #[test]
+    fn a_member_rw_after_its_started_rebuild_is_complete_before_the_status_says_done() {
+        let e = LonghornEngine {
+            volume: "v".into(),
+            size_bytes: 1 << 20,
+            replica_address_map: [
+                ("ra".to_string(), "127.0.0.1:20001".to_string()),
+                ("rb".to_string(), "127.0.0.2:20001".to_string()),
+            ]
+            .into(),
+            port: 20000,
+            frontend: String::new(),
+            snapshot_max_count: 0,
+            rebuild_qos_mbps: 0,
+            rebuild_requests: [("rb".to_string(), 3)].into(),
+            removed_snapshots: Default::default(),
+            snapshot_info: Default::default(),
+        };
+        let member = |mode| Member {
+            replica: "rb".into(),
+            address: "127.0.0.2:20001".into(),
+            mode,
+            progress: None,
+        };
+        let in_service = vec!["tcp://127.0.0.1:20001".to_string()];
+        let mut st = LonghornInstanceStatus::new(InstanceKind::Engine, InstanceState::Running, "");
+        // asked, not started yet: not reported
+        assert_eq!(
+            rebuild_status(&e, &st, &in_service, &member(ptypes::ReplicaMode::Rw)),
+            None
+        );
+        st.rebuilds_started.insert("rb".into(), 3);
+        let done = rebuild_status(&e, &st, &in_service, &member(ptypes::ReplicaMode::Rw)).expect("reported");
+        assert_eq!(
+            (done.state.as_str(), done.progress, done.is_rebuilding),
+            ("complete", 100, false)
+        );
+        assert_eq!(done.from_replica_address, "tcp://127.0.0.1:20001");
+        // started, out of the raid: not complete
+        assert_eq!(
+            rebuild_status(&e, &st, &in_service, &member(ptypes::ReplicaMode::Err)),
+            None
+        );
+        // a started rebuild that failed is never complete
+        st.rebuild_errors.insert("rb".into(), "copy failed".into());
+        assert_eq!(
+            rebuild_status(&e, &st, &in_service, &member(ptypes::ReplicaMode::Rw)),
+            None
+        );
+        let failed = rebuild_status(&e, &st, &in_service, &member(ptypes::ReplicaMode::Err)).expect("error");
+        assert_eq!(
+            (failed.state.as_str(), failed.error.as_str()),
+            ("error", "copy failed")
+        );
     }
 }

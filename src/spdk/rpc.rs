@@ -969,9 +969,12 @@ pub enum AnaState {
 }
 
 /// `nvmf_subsystem_listener_set_ana_state` params. SPDK pauses the subsystem
-/// (every namespace, waiting for outstanding I/O to complete) while it
-/// changes the state, then resumes it (`nvmf_rpc.c`,
-/// `rpc_nvmf_subsystem_listener_set_ana_state` -> `spdk_nvmf_subsystem_pause(subsystem, 0, ...)`).
+/// with nsid 0 while it changes the state, then resumes it (`nvmf_rpc.c`,
+/// `rpc_nvmf_subsystem_listener_set_ana_state` -> `spdk_nvmf_subsystem_pause(subsystem, 0, ...)`):
+/// nsid 0 pauses no namespace, so it waits for outstanding admin commands
+/// only, never for I/O (`nvmf.c`, `nvmf_poll_group_pause_subsystem`; "If 0,
+/// pause no namespaces", `nvmf.h`). I/O already past the ANA check goes on
+/// after the call returns; [`SetNsAnaGroup`] is what waits for it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ListenerAnaState {
@@ -982,6 +985,25 @@ pub struct ListenerAnaState {
     pub listen_address: ListenAddress,
     /// The state for every ANA group of the listener.
     pub ana_state: AnaState,
+}
+
+/// `nvmf_subsystem_set_ns_ana_group` params. SPDK pauses namespace `nsid`
+/// (`spdk_nvmf_subsystem_pause(subsystem, nsid, ...)`): it waits until no
+/// I/O is outstanding on it in any poll group, moves it to `anagrpid`, and
+/// resumes it; commands that arrive meanwhile are queued and run after.
+/// Refused with -32602 "Invalid parameters" for an unknown subsystem or
+/// namespace, an `anagrpid` of 0 or above the subsystem's `max_namespaces`
+/// (checked on v26.05). Setting the group a namespace already has changes
+/// nothing but the drain (and a namespace-changed notice to hosts).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SetNsAnaGroup {
+    /// The subsystem.
+    pub nqn: String,
+    /// The namespace.
+    pub nsid: u32,
+    /// The ANA group it joins.
+    pub anagrpid: u32,
 }
 
 /// One listener of `nvmf_subsystem_get_listeners`.
@@ -1565,9 +1587,12 @@ impl SpdkClient {
         nvmf_subsystem_add_listener(SubsystemListener) -> bool);
     rpc!(/// Removes a listener.
         nvmf_subsystem_remove_listener(SubsystemListener) -> bool);
-    rpc!(/// Sets the ANA state of a listener (the subsystem is paused and
-        /// drained while it changes).
+    rpc!(/// Sets the ANA state of a listener (waits for no I/O: see
+        /// [`ListenerAnaState`]).
         nvmf_subsystem_listener_set_ana_state(ListenerAnaState) -> bool);
+    rpc!(/// Moves a namespace to an ANA group, with the namespace paused and
+        /// drained (see [`SetNsAnaGroup`]).
+        nvmf_subsystem_set_ns_ana_group(SetNsAnaGroup) -> bool);
     rpc!(/// The listeners of a subsystem with their ANA states.
         nvmf_subsystem_get_listeners(ByNqn) -> Vec<ListenerInfo>);
     rpc!(/// Allows a host.

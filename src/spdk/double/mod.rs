@@ -233,6 +233,8 @@ struct Subsys {
     listeners: Vec<crate::spdk::rpc::ListenAddress>,
     /// Created with `ana_reporting`.
     ana_reporting: bool,
+    /// `max_namespaces` (SPDK's default 32 when not given): also the highest ANA group.
+    max_namespaces: u32,
     /// Listeners set to a state other than optimized, by `traddr:trsvcid`.
     ana: BTreeMap<String, crate::spdk::rpc::AnaState>,
     namespaces: Vec<Ns>,
@@ -250,6 +252,12 @@ struct Ns {
     derived_nguid: bool,
     num_blocks: u64,
     block_size: u32,
+    /// Its ANA group (its nsid until `nvmf_subsystem_set_ns_ana_group`).
+    anagrpid: u32,
+    /// No I/O can be in flight on it: a `nvmf_subsystem_set_ns_ana_group`
+    /// (which pauses and drains the namespace) came after the last ANA
+    /// state change. The ANA state RPC drains nothing, so it clears this.
+    drained: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -307,7 +315,8 @@ struct State {
     notifications: Vec<(&'static str, String)>,
     seen: std::collections::BTreeSet<String>,
     /// Snapshots of an lvol that was exported (itself, or as a raid member)
-    /// through a listener that accepted I/O when the snapshot was taken.
+    /// through a listener that accepted I/O, or not drained since its
+    /// listeners changed state, when the snapshot was taken.
     snapshots_while_writable: Vec<String>,
     /// Shallow copies by operation id (SPDK numbers them from 1 for the
     /// process's life): clusters copied, clusters to copy, the error, and
@@ -607,9 +616,11 @@ impl SpdkDouble {
         self.inject(method, nth, Fault::DropConnection { after_execute: false });
     }
 
-    /// Snapshots (`lvs/name`) taken of an lvol that a listener accepting I/O
-    /// exported (directly or as a raid member) at that moment: each one may
-    /// be a different instant from its siblings'.
+    /// Snapshots (`lvs/name`) taken of an lvol exported (directly or as a
+    /// raid member) by a subsystem that could have I/O in flight at that
+    /// moment (a listener accepting I/O, or the namespace not drained since
+    /// its listeners were made inaccessible): each one may be a different
+    /// instant from its siblings'.
     pub fn snapshots_while_writable(&self) -> Vec<String> {
         lock(&self.state).snapshots_while_writable.clone()
     }
@@ -1142,7 +1153,9 @@ impl State {
     }
 
     /// Whether bdev `i` (or the raid it is a member of) is a namespace of a
-    /// subsystem with a listener that serves I/O (ANA optimized).
+    /// subsystem that may have I/O in flight in it or take new I/O: a
+    /// listener serves I/O (ANA optimized), or the namespace was not drained
+    /// since the last ANA state change.
     fn writable_export(&self, i: usize) -> bool {
         let b = &self.bdevs[i];
         let device = match &b.claimed_by {
@@ -1150,11 +1163,14 @@ impl State {
             _ => b.name.clone(),
         };
         self.subsystems.iter().any(|s| {
-            s.namespaces.iter().any(|n| n.bdev == device)
-                && s.listeners.iter().any(|l| {
-                    let key = format!("{}:{}", l.traddr, l.trsvcid.as_deref().unwrap_or_default());
-                    !s.ana.contains_key(&key)
-                })
+            s.namespaces.iter().any(|n| {
+                n.bdev == device
+                    && (!n.drained
+                        || s.listeners.iter().any(|l| {
+                            let key = format!("{}:{}", l.traddr, l.trsvcid.as_deref().unwrap_or_default());
+                            !s.ana.contains_key(&key)
+                        }))
+            })
         })
     }
 
@@ -1435,6 +1451,7 @@ pub const METHODS: &[&str] = &[
     "nvmf_subsystem_add_listener",
     "nvmf_subsystem_remove_listener",
     "nvmf_subsystem_listener_set_ana_state",
+    "nvmf_subsystem_set_ns_ana_group",
     "nvmf_subsystem_get_listeners",
     "nvmf_subsystem_add_host",
     "nvmf_subsystem_allow_any_host",

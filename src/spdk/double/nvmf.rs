@@ -44,6 +44,7 @@ impl State {
                     serial: p.serial_number.unwrap_or_else(|| format!("SPDK{n:014}")),
                     model: p.model_number.unwrap_or_else(|| "SPDK bdev Controller".into()),
                     ana_reporting: p.ana_reporting.unwrap_or(false),
+                    max_namespaces: p.max_namespaces.filter(|n| *n > 0).unwrap_or(32),
                     ..Subsys::default()
                 });
                 Ok(json!(true))
@@ -72,12 +73,12 @@ impl State {
                             }
                             v
                         }).collect::<Vec<_>>(),
-                        "serial_number": s.serial, "model_number": s.model, "max_namespaces": 32,
+                        "serial_number": s.serial, "model_number": s.model, "max_namespaces": s.max_namespaces,
                         "namespaces": s.namespaces.iter().map(|n| {
                             let mut ns = json!({"nsid": n.nsid, "bdev_name": n.bdev,
                                 "name": n.bdev, "nguid": n.nguid, "uuid": n.uuid});
                             if s.ana_reporting {
-                                ns["anagrpid"] = json!(n.nsid);
+                                ns["anagrpid"] = json!(n.anagrpid);
                             }
                             ns
                         }).collect::<Vec<_>>(),
@@ -121,6 +122,8 @@ impl State {
                     derived_nguid,
                     num_blocks: b.num_blocks,
                     block_size: b.block_size,
+                    anagrpid: nsid,
+                    drained: false,
                 });
                 sub.namespaces.sort_by_key(|n| n.nsid);
                 Ok(json!(nsid))
@@ -231,10 +234,35 @@ impl State {
                     return fail(-32603, "error setting ANA state: -22");
                 }
                 let key = format!("{}:{}", l.traddr, l.trsvcid.as_deref().unwrap_or_default());
+                // v26.05 changes the state with no namespace paused: I/O past
+                // the ANA check goes on (see `rpc::ListenerAnaState`)
+                for n in &mut sub.namespaces {
+                    n.drained = false;
+                }
                 match p.ana_state {
                     crate::spdk::rpc::AnaState::Optimized => sub.ana.remove(&key),
                     other => sub.ana.insert(key, other),
                 };
+                Ok(json!(true))
+            }
+            // v26.05 answers -32602 "Invalid parameters" to every refusal
+            // (an unknown subsystem or namespace, a group of 0 or above
+            // max_namespaces). The real one pauses the namespace until no I/O
+            // is outstanding on it; the double has none in flight.
+            "nvmf_subsystem_set_ns_ana_group" => {
+                let p: crate::spdk::rpc::SetNsAnaGroup = decode(params)?;
+                let Ok(si) = self.subsys(&p.nqn) else {
+                    return e(INVALID_PARAMS);
+                };
+                let sub = &mut self.subsystems[si];
+                if p.anagrpid == 0 || p.anagrpid > sub.max_namespaces {
+                    return e(INVALID_PARAMS);
+                }
+                let Some(ns) = sub.namespaces.iter_mut().find(|n| n.nsid == p.nsid) else {
+                    return e(INVALID_PARAMS);
+                };
+                ns.anagrpid = p.anagrpid;
+                ns.drained = true;
                 Ok(json!(true))
             }
             "nvmf_subsystem_allow_any_host" => {

@@ -34,16 +34,17 @@ use super::client::{ClientError, SpdkClient};
 use super::error::ErrorKind;
 use super::placement::Blocked;
 use super::rpc::{
-    AddNamespace, AllowAnyHost, AnaState, AttachController, ByName, ByNqn, CreateSubsystem, CreateTransport,
-    GetTransports, KeyringFileKey, ListenAddress, ListenerAnaState, Lvol, LvolClone, LvolCreate, LvolResize,
-    LvolSetParent, LvolSnapshot, NullCreate, QosLimit, RaidAddBaseBdev, RaidCreate, RaidDelete, RaidLevel,
-    RemoveNamespace, SecureListener, SubsystemHostKeys, SubsystemHostParams, SubsystemListener,
+    AddNamespace, AllowAnyHost, AttachController, ByName, ByNqn, CreateSubsystem, CreateTransport,
+    GetTransports, KeyringFileKey, ListenAddress, Lvol, LvolClone, LvolCreate, LvolResize, LvolSetParent,
+    LvolSnapshot, NullCreate, QosLimit, RaidAddBaseBdev, RaidCreate, RaidDelete, RaidLevel, RemoveNamespace,
+    SecureListener, SubsystemHostKeys, SubsystemHostParams, SubsystemListener,
 };
 use crate::names::{NQN_PREFIX, Nqn, ObjectName, volume_uuid};
 use crate::util::nvme_auth::{self as dhchap, DhchapSecret, Secret, TlsPsk};
 
 // the names and the inventory moved to their own modules; kept here for callers
 pub mod error;
+pub mod freeze;
 pub mod plan;
 mod rebuild;
 pub use rebuild::{PrepareError, RemoteDest};
@@ -1454,14 +1455,11 @@ impl VolumeOps {
     /// copy would not be the volume's.
     ///
     /// One point in time: SPDK quiesces only the lvol it snapshots
-    /// (`bdev_lvol_snapshot`), not its raid siblings, and v26.05 has no
-    /// `nvmf_subsystem_pause` RPC. So the export is frozen first: every
-    /// listener of the volume's subsystem is set ANA inaccessible, which SPDK
-    /// does with the subsystem paused and drained (no I/O outstanding in the
-    /// raid when the call returns), after which every new I/O command is
-    /// failed with a retryable path error before it reaches the raid (hosts
-    /// with NVMe multipath queue it). The snapshots are taken, the listeners
-    /// set optimized again, always. A volume not exported takes no I/O. An
+    /// (`bdev_lvol_snapshot`), not its raid siblings. So the export is
+    /// frozen first ([`freeze::freeze`]): no new I/O command reaches the
+    /// raid (each is failed with a retryable path error that hosts with NVMe
+    /// multipath queue), and none is in flight in it. The snapshots are
+    /// taken, the listeners set optimized again, always. A volume not exported takes no I/O. An
     /// export made before ANA reporting (no `anagrpid`) cannot be frozen:
     /// then only the lowest replica is snapshotted, and a revert or clone
     /// rebuilds the others from it (see [`point_in_time_set`]).
@@ -1513,19 +1511,14 @@ impl VolumeOps {
         let export = inv
             .subsystem(nqn.as_str())
             .filter(|s| !s.namespaces.is_empty() && !s.listen_addresses.is_empty());
-        let mut frozen = Vec::new();
+        let mut frozen = freeze::Frozen::default();
         if let Some(sub) = export
             && todo.len() + remote.len() > 1
         {
             if sub.ana_reporting() == Some(true) {
-                for l in &sub.listen_addresses {
-                    if let Err(e) = self.set_ana(&nqn, l, AnaState::Inaccessible).await {
-                        // thaw logs its own failures; the freeze error is the one to report
-                        let _ = self.thaw(&nqn, &frozen).await;
-                        return Err(rpc(&id, format!("freezing {nqn} on {}", l.traddr))(e));
-                    }
-                    frozen.push(l.clone());
-                }
+                frozen = freeze::freeze(&self.client, sub)
+                    .await
+                    .map_err(|e| rpc(&id, e.what)(e.source))?;
             } else {
                 tracing::warn!(%nqn, snapshot = %id, "export predates ANA reporting and cannot be frozen: \
                     snapshot taken on one replica; a revert or clone rebuilds the others from it");
@@ -1541,7 +1534,7 @@ impl VolumeOps {
             let live = match self.raid_serves(v).await {
                 Ok(live) => live,
                 Err(e) => {
-                    let _ = self.thaw(&nqn, &frozen).await;
+                    let _ = freeze::thaw(&self.client, &frozen).await;
                     return Err(rpc(&id, format!("reading raid {}", naming::raid(v)))(e));
                 }
             };
@@ -1556,7 +1549,7 @@ impl VolumeOps {
                     snapshot taken without it");
             }
             if todo.is_empty() && remote.is_empty() {
-                let _ = self.thaw(&nqn, &frozen).await;
+                let _ = freeze::thaw(&self.client, &frozen).await;
                 return Err(VolumeError::SnapshotMissing {
                     volume: id,
                     lvol: naming::replica(v, 0),
@@ -1582,7 +1575,7 @@ impl VolumeOps {
             })
         }));
         let (results, remote_results) = futures::future::join(local, remote).await;
-        let thawed = self.thaw(&nqn, &frozen).await;
+        let thawed = freeze::thaw(&self.client, &frozen).await;
         let mut err = None;
         let mut made = Vec::new();
         for r in results {
@@ -1637,29 +1630,6 @@ impl VolumeOps {
             .collect())
     }
 
-    async fn set_ana(&self, nqn: &Nqn, l: &ListenAddress, state: AnaState) -> Result<bool, ClientError> {
-        self.client
-            .nvmf_subsystem_listener_set_ana_state(&ListenerAnaState {
-                nqn: nqn.as_str().to_owned(),
-                listen_address: l.clone(),
-                ana_state: state,
-            })
-            .await
-    }
-
-    /// Sets `listeners` of `nqn` optimized again; every one is tried, the
-    /// first error returned.
-    async fn thaw(&self, nqn: &Nqn, listeners: &[ListenAddress]) -> Result<(), ClientError> {
-        let mut first = Ok(());
-        for l in listeners {
-            if let Err(e) = self.set_ana(nqn, l, AnaState::Optimized).await {
-                tracing::error!(%nqn, listener = %l.traddr, error = %e, "could not thaw the export after a snapshot");
-                first = first.and(Err(e));
-            }
-        }
-        first
-    }
-
     /// Sets every listener of the volume's export that is not optimized
     /// (left frozen by a snapshot that talon did not finish: a crash between
     /// freeze and thaw) optimized again. Returns how many it thawed.
@@ -1676,18 +1646,21 @@ impl VolumeOps {
             Err(e) if e.is(ErrorKind::InvalidParams) || e.is(ErrorKind::NotFound) => return Ok(0),
             Err(e) => return Err(rpc(vol.as_str(), format!("listing the listeners of {nqn}"))(e)),
         };
-        let frozen: Vec<ListenAddress> = listeners
-            .into_iter()
-            .filter(|l| l.ana_states.iter().any(|s| s.ana_state != "optimized"))
-            .map(|l| l.address)
-            .collect();
-        if !frozen.is_empty() {
-            tracing::warn!(%nqn, listeners = frozen.len(), "export was left frozen: thawing it");
+        let frozen = freeze::Frozen {
+            nqn: nqn.as_str().to_owned(),
+            listeners: listeners
+                .into_iter()
+                .filter(|l| l.ana_states.iter().any(|s| s.ana_state != "optimized"))
+                .map(|l| l.address)
+                .collect(),
+        };
+        if !frozen.listeners.is_empty() {
+            tracing::warn!(%nqn, listeners = frozen.listeners.len(), "export was left frozen: thawing it");
         }
-        self.thaw(&nqn, &frozen)
+        freeze::thaw(&self.client, &frozen)
             .await
             .map_err(rpc(vol.as_str(), format!("thawing {nqn}")))?;
-        Ok(frozen.len())
+        Ok(frozen.listeners.len())
     }
 
     /// Deletes every replica's snapshot lvol `<vol>-r<k>.s.<snap>`; a clear

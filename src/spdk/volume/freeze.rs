@@ -1,0 +1,118 @@
+//! One instant across a volume's replicas: freezing its NVMe-oF export.
+//!
+//! SPDK quiesces only the lvol `bdev_lvol_snapshot` snapshots, not its raid1
+//! siblings, and v26.05 registers no `nvmf_subsystem_pause` RPC. A freeze
+//! has to do two things: stop new I/O from entering the raid, and wait until
+//! none is in flight in it. Upstream v26.05 offers each as a side effect of
+//! another RPC, checked in its source and on a real target:
+//!
+//! 1. every listener of the subsystem is set ANA `inaccessible`
+//!    (`nvmf_subsystem_listener_set_ana_state`): from then on every I/O
+//!    command is completed with the path error "ANA inaccessible" (no DNR)
+//!    before it reaches a bdev (`ctrlr.c`, `nvmf_ctrlr_process_io_cmd`). That
+//!    RPC pauses the subsystem with nsid 0, which pauses no namespace: it
+//!    does NOT wait for I/O already past the check;
+//! 2. every namespace is moved to the ANA group it is already in
+//!    (`nvmf_subsystem_set_ns_ana_group`), which SPDK does with that
+//!    namespace paused: it waits until no I/O is outstanding on it in any
+//!    poll group (`nvmf_poll_group_pause_subsystem`), so every write the
+//!    raid1 took has completed on every member (raid1 completes a write
+//!    when all its members did) before the call returns.
+//!
+//! Seen on a real v26.05 target with a `bdev_delay` namespace (2 s writes,
+//! QD4): after step 1 alone, writes kept completing for up to 2 s; after
+//! step 2 (which took the 1.8 s the writes still had), none did.
+//!
+//! A thaw sets the listeners `optimized` again. A host with NVMe multipath
+//! queues the failed I/O until the ANA change notice and loses nothing.
+
+use super::super::client::{ClientError, SpdkClient};
+use super::super::rpc::{AnaState, ListenAddress, ListenerAnaState, SetNsAnaGroup, Subsystem};
+
+/// What a freeze set inaccessible: the listeners a thaw sets optimized again.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Frozen {
+    /// The subsystem.
+    pub nqn: String,
+    /// Its listeners that are inaccessible now.
+    pub listeners: Vec<ListenAddress>,
+}
+
+/// A freeze that failed: what it was doing, and SPDK's answer. Whatever it
+/// had set inaccessible was set optimized again.
+#[derive(Debug, thiserror::Error)]
+#[error("{what}: {source}")]
+pub struct FreezeError {
+    /// The step, naming the listener or namespace.
+    pub what: String,
+    /// SPDK's error.
+    #[source]
+    pub source: ClientError,
+}
+
+/// Freezes export `sub`: no I/O command reaches its namespaces' bdevs and
+/// none is in flight in them when this returns `Ok` (see the module). A
+/// subsystem created without ANA reporting cannot be frozen: the caller
+/// checks [`Subsystem::ana_reporting`] first (SPDK refuses the ANA state
+/// with -32603).
+pub async fn freeze(client: &SpdkClient, sub: &Subsystem) -> Result<Frozen, FreezeError> {
+    let mut frozen = Frozen {
+        nqn: sub.nqn.clone(),
+        listeners: Vec::new(),
+    };
+    for l in &sub.listen_addresses {
+        if let Err(source) = set_ana(client, &sub.nqn, l, AnaState::Inaccessible).await {
+            // thaw logs its own failures; the freeze error is the one to report
+            let _ = thaw(client, &frozen).await;
+            return Err(FreezeError {
+                what: format!("freezing {} on {}", sub.nqn, l.traddr),
+                source,
+            });
+        }
+        frozen.listeners.push(l.clone());
+    }
+    for ns in &sub.namespaces {
+        let drain = SetNsAnaGroup {
+            nqn: sub.nqn.clone(),
+            nsid: ns.nsid,
+            // SPDK puts a namespace added without one in the group of its nsid
+            anagrpid: ns.anagrpid.unwrap_or(ns.nsid),
+        };
+        if let Err(source) = client.nvmf_subsystem_set_ns_ana_group(&drain).await {
+            let _ = thaw(client, &frozen).await;
+            return Err(FreezeError {
+                what: format!("draining namespace {} of {}", ns.nsid, sub.nqn),
+                source,
+            });
+        }
+    }
+    Ok(frozen)
+}
+
+/// Sets every listener a freeze made inaccessible optimized again; every one
+/// is tried, the first error returned.
+pub async fn thaw(client: &SpdkClient, frozen: &Frozen) -> Result<(), ClientError> {
+    let mut first = Ok(());
+    for l in &frozen.listeners {
+        if let Err(e) = set_ana(client, &frozen.nqn, l, AnaState::Optimized).await {
+            tracing::error!(nqn = %frozen.nqn, listener = %l.traddr, error = %e, "could not thaw an export");
+            first = first.and(Err(e));
+        }
+    }
+    first
+}
+
+async fn set_ana(
+    client: &SpdkClient,
+    nqn: &str,
+    l: &ListenAddress,
+    state: AnaState,
+) -> Result<bool, ClientError> {
+    client
+        .nvmf_subsystem_listener_set_ana_state(&ListenerAnaState {
+            nqn: nqn.to_owned(),
+            listen_address: l.clone(),
+            ana_state: state,
+        })
+        .await
+}
