@@ -54,7 +54,7 @@ pub enum LogFormat {
 pub enum Command {
     /// Run the node daemon (on SIGTERM/SIGINT spdk_tgt and tgtd keep serving
     /// and the next talon adopts them, unless --stop-targets-on-exit).
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Start spdk_tgt and tgtd as `talon serve --target-keeper` asks, and keep
     /// them running (the data path's own pod; docs/upgrade.md).
     KeepTargets(KeepTargetsArgs),
