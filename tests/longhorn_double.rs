@@ -361,6 +361,30 @@ async fn longhorn_lifecycle_on_the_double() {
         .expect("ReplicaGet")
         .into_inner();
     assert_eq!(ra.spec_size, size, "the refused expansion changed nothing");
+    // one overcommit rule for the disk: a thin lvol on its lvstore that is not
+    // a Longhorn replica (a talon volume's) counts too. 600 MiB fits disk-a's
+    // bound (500% of ~511 MiB) alone, not beside 2 GiB promised elsewhere.
+    let other = spdk
+        .bdev_lvol_create(&talon::spdk::rpc::LvolCreate::thin(
+            "talon-disk-a",
+            "talon-vol-other",
+            2048,
+        ))
+        .await
+        .expect("a thin lvol beside the replicas");
+    let grow = |size: u64| spdkrpc::ReplicaExpandRequest {
+        name: "vol-r-aaaa1111".into(),
+        size,
+    };
+    let e = sp
+        .replica_expand(grow(600 * MIB))
+        .await
+        .expect_err("ReplicaExpand past the bound with the other lvol");
+    assert_eq!(e.code(), Code::ResourceExhausted, "{e}");
+    assert!(e.message().contains("would pass 500%"), "{e}");
+    spdk.bdev_lvol_delete(&talon::spdk::rpc::ByName::new(&other))
+        .await
+        .expect("delete the other lvol");
     assert!(
         sp.shard_list(())
             .await
@@ -592,7 +616,7 @@ async fn longhorn_lifecycle_on_the_double() {
         (
             replica_spec("vol-r-cccc3333", "disk-a", 1 << 50),
             Code::ResourceExhausted,
-            "over 500%",
+            "would pass 500%",
         ),
     ];
     for (req, code, needle) in cases {

@@ -443,7 +443,8 @@ impl Longhorn {
         }
         if size > t.spec.size_bytes {
             let d = self.ready_disk(&what, &t.spec.disk)?;
-            self.check_room(&what, &t.spec.disk, d.total_bytes, Some(t.id()), size)?;
+            self.check_room(&what, &t.spec.disk, d.total_bytes, Some(t.id()), size)
+                .await?;
         }
         let alias = naming::replica_alias(&t.spec.disk, replica);
         let inv = Inventory::load(self.client())

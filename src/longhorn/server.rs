@@ -30,6 +30,7 @@ use super::naming;
 use super::proto::imrpc::{self, disk_service_server, instance_service_server, proxy_engine_service_server};
 use super::proto::spdkrpc::{self, spdk_service_server};
 use super::proto::{self, process_manager_service_server};
+use super::proxy::{chain, internal};
 use crate::names::ObjectName;
 use crate::resources::config::Disk;
 use crate::resources::engine::{DiskStatus, ObjectState};
@@ -40,6 +41,7 @@ use crate::resources::longhorn::{
 use crate::runtime::{Phase, Spec, State, StateError, Typed};
 use crate::spdk::SpdkClient;
 use crate::spdk::rpc::{GetLvols, LvstoreSelector};
+use crate::spdk::volume::{Inventory, plan};
 
 /// How long a create or delete waits for the controller before it answers
 /// with the state reached so far (Longhorn polls the state anyway).
@@ -287,28 +289,6 @@ pub async fn serve(
         }
     }
     first_err.map_or(Ok(()), Err)
-}
-
-/// Refuses a replica of `size` bytes on a disk of `total` bytes that holds
-/// replicas of `committed` bytes when they would add up to more than
-/// `percent` of the disk (checked arithmetic: a size near 2^64 is refused,
-/// never wrapped).
-fn check_commitment(
-    what: &str,
-    disk: &str,
-    total: u64,
-    committed: u64,
-    size: u64,
-    percent: u32,
-) -> Result<(), Status> {
-    let limit = u128::from(total) * u128::from(percent) / 100;
-    let after = u128::from(committed) + u128::from(size);
-    if after <= limit {
-        return Ok(());
-    }
-    Err(Status::resource_exhausted(format!(
-        "{what}: {size} bytes on disk {disk} would make its replicas {after} bytes, over {percent}% of its {total} bytes ({limit}); {committed} bytes are given already (talon serve --longhorn-overcommit-percent)"
-    )))
 }
 
 /// Health, reflection and the service of port `i`.
@@ -673,7 +653,13 @@ impl Longhorn {
     /// Refuses `size` bytes more on `disk` (of `total` bytes) when its
     /// replicas, `except` the one growing, would add up to more than the
     /// overcommit bound.
-    pub(super) fn check_room(
+    /// Whether disk `disk` (`total` bytes) can promise `size` more bytes to
+    /// replica `what` (`except`: a replica growing, whose present size is
+    /// not counted), by the one overcommit rule of talon's own volumes
+    /// ([`plan::commitment`]). What the disk promises: every thin lvol on its
+    /// lvstore (talon's volumes too), with each Longhorn replica counted at
+    /// its recorded size whether its lvol exists yet or not.
+    pub(super) async fn check_room(
         &self,
         what: &str,
         disk: &str,
@@ -681,14 +667,36 @@ impl Longhorn {
         except: Option<&str>,
         size: u64,
     ) -> Result<(), Status> {
-        let committed = self
-            .state
-            .list_typed::<LonghornReplica>()
-            .map_err(state_err)?
+        let inv = Inventory::load(&self.client)
+            .await
+            .map_err(|x| internal(&format!("{what}: reading spdk_tgt"), chain(&x)))?;
+        let replicas = self.state.list_typed::<LonghornReplica>().map_err(state_err)?;
+        let committed = replicas
             .iter()
-            .filter(|r| r.spec.disk == disk && Some(r.id()) != except)
-            .fold(0u64, |sum, r| sum.saturating_add(r.spec.size_bytes));
-        check_commitment(what, disk, total, committed, size, self.overcommit_percent)
+            .filter(|r| r.spec.disk == disk)
+            .fold(inv.committed(disk), |sum, r| {
+                let made = inv
+                    .lvols
+                    .get(&naming::replica_alias(disk, r.id()))
+                    .and_then(|l| inv.bdev_size(&l.uuid))
+                    .unwrap_or(0);
+                let recorded = if Some(r.id()) == except {
+                    0
+                } else {
+                    r.spec.size_bytes
+                };
+                sum?.checked_sub(made)?.checked_add(recorded)
+            })
+            .ok_or_else(|| {
+                Status::internal(format!(
+                    "{what}: disk {disk}: the sizes of its lvols add up past 2^64 bytes"
+                ))
+            })?;
+        plan::commitment(total, committed, size, self.overcommit_percent).map_err(|e| {
+            Status::resource_exhausted(format!(
+                "{what}: {size} bytes on disk {disk}: {e} (talon serve --longhorn-overcommit-percent)"
+            ))
+        })
     }
 
     fn create_user<S: Spec>(&self, id: &str, spec: &S) -> Result<(), Status> {
@@ -744,7 +752,7 @@ impl Longhorn {
                 cur.spec.disk, cur.spec.size_bytes
             )));
         }
-        self.check_room(&what, disk, d.total_bytes, None, size)?;
+        self.check_room(&what, disk, d.total_bytes, None, size).await?;
         let count = u16::try_from(port_count.clamp(1, 64)).unwrap_or(1);
         let (port_start, port_end) = self.free_ports(&what, count)?;
         self.create_user(
@@ -1892,18 +1900,6 @@ impl spdk_service_server::SpdkService for Longhorn {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn replicas_on_a_disk_add_up_to_the_overcommit_bound_and_no_further() {
-        const G: u64 = 1 << 30;
-        assert!(check_commitment("r", "d", 4 * G, 0, 20 * G, 500).is_ok());
-        assert!(check_commitment("r", "d", 4 * G, 16 * G, 4 * G, 500).is_ok());
-        let e = check_commitment("r", "d", 4 * G, 16 * G, 4 * G + 1, 500).expect_err("past 500%");
-        assert_eq!(e.code(), tonic::Code::ResourceExhausted);
-        // sizes near 2^64 are compared, never wrapped
-        assert!(check_commitment("r", "d", 4 * G, u64::MAX, u64::MAX, 100_000).is_err());
-        assert!(check_commitment("r", "d", u64::MAX, 0, u64::MAX, 100).is_ok());
-    }
 
     #[test]
     fn served_paths_come_from_the_protos() {

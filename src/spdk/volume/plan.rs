@@ -159,6 +159,40 @@ impl VolumePlan {
     }
 }
 
+/// A promise a disk cannot make: `more` bytes of thin lvols on top of the
+/// `committed` it has would pass `percent`% of its `total` bytes.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "its thin lvols promise {committed} bytes, and {more} more would pass {percent}% of its {total} bytes"
+)]
+pub struct Overcommit {
+    /// The disk's capacity.
+    pub total: u64,
+    /// What its thin lvols promise now.
+    pub committed: u64,
+    /// What was asked for.
+    pub more: u64,
+    /// The bound, in percent of `total`.
+    pub percent: u32,
+}
+
+/// The one overcommit rule, for every thin lvol talon makes on a disk
+/// (talon's volumes and Longhorn's replicas alike): what the disk promises
+/// stays within `percent`% of its capacity. Compared in 128 bits: sizes near
+/// 2^64 never wrap.
+pub fn commitment(total: u64, committed: u64, more: u64, percent: u32) -> Result<(), Overcommit> {
+    let bound = u128::from(total) * u128::from(percent) / 100;
+    if u128::from(committed) + u128::from(more) > bound {
+        return Err(Overcommit {
+            total,
+            committed,
+            more,
+            percent,
+        });
+    }
+    Ok(())
+}
+
 /// Whether `disk` can promise `more` bytes within `percent` of its capacity, on top of what its
 /// thin lvols promise now ([`Inventory::committed`]); the error says why not, with the figures.
 pub fn within_overcommit(inv: &Inventory, disk: &str, more: u64, percent: u32) -> Result<(), String> {
@@ -170,14 +204,7 @@ pub fn within_overcommit(inv: &Inventory, disk: &str, more: u64, percent: u32) -
     let committed = inv
         .committed(disk)
         .ok_or_else(|| "the sizes of its lvols add up past 2^64 bytes".to_owned())?;
-    let bound = u128::from(total) * u128::from(percent) / 100;
-    if u128::from(committed) + u128::from(more) > bound {
-        return Err(format!(
-            "its thin replicas promise {committed} bytes, and {more} more would pass {percent}% of its \
-             {total} bytes (overcommitPercent)"
-        ));
-    }
-    Ok(())
+    commitment(total, committed, more, percent).map_err(|e| format!("{e} (overcommitPercent)"))
 }
 
 /// Disks with a talon lvstore (free bytes), less those the plan says are away
@@ -442,6 +469,26 @@ mod tests {
     //! The local plan against hand-built inventories: no double, no SPDK.
 
     use super::*;
+
+    #[test]
+    fn thin_lvols_on_a_disk_add_up_to_the_overcommit_bound_and_no_further() {
+        const G: u64 = 1 << 30;
+        assert!(commitment(4 * G, 0, 20 * G, 500).is_ok());
+        assert!(commitment(4 * G, 16 * G, 4 * G, 500).is_ok());
+        let e = commitment(4 * G, 16 * G, 4 * G + 1, 500).expect_err("past 500%");
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "its thin lvols promise {} bytes, and {} more would pass 500% of its {} bytes",
+                16 * G,
+                4 * G + 1,
+                4 * G
+            )
+        );
+        // sizes near 2^64 are compared, never wrapped
+        assert!(commitment(4 * G, u64::MAX, u64::MAX, 100_000).is_err());
+        assert!(commitment(u64::MAX, 0, u64::MAX, 100).is_ok());
+    }
     use crate::spdk::rpc::{Bdev, Lvol, LvolStoreRef, Lvstore};
 
     const CLUSTER: u64 = 4 * MIB;
@@ -661,7 +708,7 @@ mod tests {
             "{m}"
         );
         assert!(
-            m.contains("a is full: its thin replicas promise") && m.contains("would pass 500%"),
+            m.contains("a is full: its thin lvols promise") && m.contains("would pass 500%"),
             "{m}"
         );
         // a higher bound takes it
