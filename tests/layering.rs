@@ -108,7 +108,6 @@ fn spdk_writes_outside_spdk_only_ever_go_down() {
         ("longhorn/ops.rs", 1),
         ("longhorn/proxy.rs", 3),
         ("longhorn/rebuild.rs", 9),
-        ("longhorn/snaphash.rs", 4),
     ]
     .into_iter()
     .collect();

@@ -40,14 +40,14 @@ use tonic::{Code, Status};
 use super::naming;
 use super::proto::{ptypes, spdkrpc};
 use super::proxy::{Member, REMOTE_TIMEOUT, snapshot_lvol};
-use super::rebuild::{ReplicaLvols, start_copy};
+use super::rebuild::ReplicaLvols;
 use super::server::Longhorn;
 use crate::resources::longhorn::LonghornEngine;
 use crate::runtime::Typed;
-use crate::spdk::rpc::{AioCreate, ByName, CheckShallowCopy};
+use crate::spdk::SpdkClient;
 use crate::spdk::volume::Inventory;
 use crate::spdk::volume::naming::lvstore;
-use crate::spdk::{ErrorKind, SpdkClient};
+use crate::spdk::volume::to_file::{self, Chain};
 
 /// The states Longhorn's snapshot monitor reads (`SnapshotHashStatus` in
 /// longhorn-manager's `k8s/pkg/apis/longhorn/v1beta2/snapshot.go`).
@@ -60,8 +60,6 @@ pub const ERROR: &str = "error";
 pub const BDEV_PREFIX: &str = "talon-hash-";
 /// The chunk the checksum skips when it is all zeros.
 const CHUNK: u64 = 1 << 20;
-/// How often a running copy is polled.
-const POLL: Duration = Duration::from_millis(200);
 
 /// Where one replica's hash of one snapshot stands.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -118,9 +116,7 @@ impl Hashes {
         let listed = tokio::time::timeout(Duration::from_secs(2), Inventory::load(client)).await;
         if let Ok(Ok(inv)) = listed {
             for b in inv.bdevs.keys().filter(|b| b.starts_with(BDEV_PREFIX)) {
-                if let Err(x) = client.bdev_aio_delete(&ByName::new(b)).await
-                    && !x.is(ErrorKind::NotFound)
-                {
+                if let Err(x) = to_file::remove_bdev(client, b).await {
                     tracing::warn!(bdev = %b, error = %crate::util::error_chain(&x), "removing a snapshot hash bdev");
                 }
             }
@@ -170,74 +166,13 @@ pub fn checksum(path: &Path, size: u64) -> io::Result<String> {
     Ok(to_hex(ctx.finish().as_ref()))
 }
 
-/// What a hash copies: the snapshot's lvols, its root first, its size and
-/// block size.
-#[derive(Debug)]
-struct Plan {
-    chain: Vec<String>,
-    size: u64,
-    block_size: u32,
-}
-
 /// Replica `replica`'s snapshot `snap` in lvstore `lvs` as spdk_tgt holds
 /// it now; `None` when it is not there.
-fn plan_of(inv: &Inventory, lvs: &str, replica: &str, snap: &str) -> Option<Plan> {
-    let lvols = ReplicaLvols::from_inventory(inv, lvs, replica);
-    lvols.snapshots.get(snap)?;
-    let alias = format!("{lvs}/{}", snapshot_lvol(replica, snap));
-    let bdev = inv.bdevs.get(&inv.lvols.get(&alias)?.uuid)?;
-    let mut chain = vec![alias];
-    let mut at = lvols.snapshots.get(snap).and_then(|(p, _)| p.clone());
-    while let Some(p) = at {
-        if chain.len() > 4096 {
-            break;
-        }
-        chain.push(format!("{lvs}/{}", snapshot_lvol(replica, &p)));
-        at = lvols.snapshots.get(&p).and_then(|(pp, _)| pp.clone());
-    }
-    chain.reverse();
-    Some(Plan {
-        chain,
-        size: bdev.num_blocks.saturating_mul(u64::from(bdev.block_size)),
-        block_size: bdev.block_size,
-    })
-}
-
-/// Copies `plan`'s chain into aio bdev `bdev` over `file`, oldest first.
-async fn copy_chain(client: &SpdkClient, plan: &Plan, file: &Path, bdev: &str) -> Result<(), String> {
-    std::fs::File::create(file)
-        .and_then(|f| f.set_len(plan.size))
-        .map_err(|e| format!("making {}: {e}", file.display()))?;
-    client
-        .bdev_aio_create(&AioCreate {
-            filename: file.display().to_string(),
-            name: bdev.to_owned(),
-            block_size: Some(plan.block_size),
-            readonly: false,
-            fallocate: false,
-        })
-        .await
-        .map_err(|e| format!("bdev_aio_create {bdev}: {}", crate::util::error_chain(&e)))?;
-    for src in &plan.chain {
-        let op = start_copy(client, src, bdev).await?;
-        loop {
-            let s = client
-                .bdev_lvol_check_shallow_copy(&CheckShallowCopy { operation_id: op })
-                .await
-                .map_err(|e| format!("copying {src}: copy {op}: {}", crate::util::error_chain(&e)))?;
-            match s.state.as_str() {
-                "complete" => break,
-                "error" => {
-                    return Err(format!(
-                        "copying {src}'s clusters to {bdev}: {}",
-                        s.error.unwrap_or_default()
-                    ));
-                }
-                _ => tokio::time::sleep(POLL).await,
-            }
-        }
-    }
-    Ok(())
+fn plan_of(inv: &Inventory, lvs: &str, replica: &str, snap: &str) -> Option<Chain> {
+    ReplicaLvols::from_inventory(inv, lvs, replica)
+        .snapshots
+        .get(snap)?;
+    Chain::of(inv, &format!("{lvs}/{}", snapshot_lvol(replica, snap)))
 }
 
 /// One job: the copy, the checksum, and everything removed again.
@@ -258,26 +193,16 @@ async fn run(
     let name = job_name(replica, snap);
     let file = dir.join(&name);
     let bdev = format!("{BDEV_PREFIX}{name}");
-    // one an earlier job left (talon stopped mid-hash, spdk_tgt stayed)
-    let _ = client.bdev_aio_delete(&ByName::new(&bdev)).await;
-    let copied = copy_chain(client, &plan, &file, &bdev).await;
-    let deleted = match client.bdev_aio_delete(&ByName::new(&bdev)).await {
-        Ok(_) => Ok(()),
-        Err(e) if e.is(ErrorKind::NotFound) => Ok(()),
-        Err(e) => Err(format!(
-            "bdev_aio_delete {bdev}: {}",
-            crate::util::error_chain(&e)
-        )),
-    };
-    let sum = match (copied, deleted) {
-        (Ok(()), Ok(())) => {
+    let copied = to_file::copy_to_file(client, &plan, &file, &bdev).await;
+    let sum = match copied {
+        Ok(()) => {
             let (f, size) = (file.clone(), plan.size);
             tokio::task::spawn_blocking(move || checksum(&f, size))
                 .await
                 .map_err(|e| e.to_string())
                 .and_then(|r| r.map_err(|e| format!("reading {}: {e}", file.display())))
         }
-        (Err(m), _) | (_, Err(m)) => Err(m),
+        Err(m) => Err(m),
     };
     if let Err(e) = std::fs::remove_file(&file)
         && e.kind() != io::ErrorKind::NotFound

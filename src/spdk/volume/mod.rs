@@ -47,6 +47,7 @@ pub mod error;
 pub mod freeze;
 pub mod plan;
 mod rebuild;
+pub mod to_file;
 pub use rebuild::{PrepareError, RemoteDest};
 
 pub use super::inventory::{Inventory, Owned, applied_revert, replica_heads};
