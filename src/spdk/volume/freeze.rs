@@ -25,9 +25,18 @@
 //!
 //! A thaw sets the listeners `optimized` again. A host with NVMe multipath
 //! queues the failed I/O until the ANA change notice and loses nothing.
+//!
+//! A stop between freeze and thaw leaves the export frozen: its hosts' I/O
+//! queued for good. The engines' controllers call [`thaw_leftover`] once per
+//! export and start; it never thaws a freeze this process holds (a snapshot
+//! in progress), which [`freeze`] records until [`thaw`].
+
+use std::collections::BTreeMap;
+use std::sync::{Mutex, MutexGuard, OnceLock};
 
 use super::super::client::{ClientError, SpdkClient};
-use super::super::rpc::{AnaState, ListenAddress, ListenerAnaState, SetNsAnaGroup, Subsystem};
+use super::super::error::ErrorKind;
+use super::super::rpc::{AnaState, ByNqn, ListenAddress, ListenerAnaState, SetNsAnaGroup, Subsystem};
 
 /// What a freeze set inaccessible: the listeners a thaw sets optimized again.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -36,6 +45,16 @@ pub struct Frozen {
     pub nqn: String,
     /// Its listeners that are inaccessible now.
     pub listeners: Vec<ListenAddress>,
+    /// Recorded as held by this process (made by [`freeze`]).
+    held: bool,
+}
+
+/// The exports this process holds frozen: NQN -> freezes in progress.
+fn held() -> MutexGuard<'static, BTreeMap<String, usize>> {
+    static HELD: OnceLock<Mutex<BTreeMap<String, usize>>> = OnceLock::new();
+    HELD.get_or_init(Mutex::default)
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// A freeze that failed: what it was doing, and SPDK's answer. Whatever it
@@ -56,9 +75,11 @@ pub struct FreezeError {
 /// checks [`Subsystem::ana_reporting`] first (SPDK refuses the ANA state
 /// with -32603).
 pub async fn freeze(client: &SpdkClient, sub: &Subsystem) -> Result<Frozen, FreezeError> {
+    *held().entry(sub.nqn.clone()).or_default() += 1;
     let mut frozen = Frozen {
         nqn: sub.nqn.clone(),
         listeners: Vec::new(),
+        held: true,
     };
     for l in &sub.listen_addresses {
         if let Err(source) = set_ana(client, &sub.nqn, l, AnaState::Inaccessible).await {
@@ -90,7 +111,8 @@ pub async fn freeze(client: &SpdkClient, sub: &Subsystem) -> Result<Frozen, Free
 }
 
 /// Sets every listener a freeze made inaccessible optimized again; every one
-/// is tried, the first error returned.
+/// is tried, the first error returned. The freeze is no longer held either
+/// way (a listener left inaccessible is [`thaw_leftover`]'s).
 pub async fn thaw(client: &SpdkClient, frozen: &Frozen) -> Result<(), ClientError> {
     let mut first = Ok(());
     for l in &frozen.listeners {
@@ -99,7 +121,49 @@ pub async fn thaw(client: &SpdkClient, frozen: &Frozen) -> Result<(), ClientErro
             first = first.and(Err(e));
         }
     }
+    if frozen.held {
+        let mut h = held();
+        if let Some(n) = h.get_mut(&frozen.nqn) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                h.remove(&frozen.nqn);
+            }
+        }
+    }
     first
+}
+
+/// Sets the listeners of export `nqn` that are not optimized optimized
+/// again, unless a freeze of this process holds it: what a stop between a
+/// freeze and its thaw left. Returns how many it thawed (0 for an export
+/// that is not there).
+pub async fn thaw_leftover(client: &SpdkClient, nqn: &str) -> Result<usize, ClientError> {
+    if held().contains_key(nqn) {
+        return Ok(0);
+    }
+    let listeners = match client
+        .nvmf_subsystem_get_listeners(&ByNqn { nqn: nqn.to_owned() })
+        .await
+    {
+        Ok(l) => l,
+        Err(e) if e.is(ErrorKind::InvalidParams) || e.is(ErrorKind::NotFound) => return Ok(0),
+        Err(e) => return Err(e),
+    };
+    let left = Frozen {
+        nqn: nqn.to_owned(),
+        listeners: listeners
+            .into_iter()
+            .filter(|l| l.ana_states.iter().any(|s| s.ana_state != "optimized"))
+            .map(|l| l.address)
+            .collect(),
+        held: false,
+    };
+    if left.listeners.is_empty() || held().contains_key(nqn) {
+        return Ok(0);
+    }
+    tracing::warn!(%nqn, listeners = left.listeners.len(), "export was left frozen: thawing it");
+    thaw(client, &left).await?;
+    Ok(left.listeners.len())
 }
 
 async fn set_ana(

@@ -1636,32 +1636,9 @@ impl VolumeOps {
     /// freeze and thaw) optimized again. Returns how many it thawed.
     pub async fn thaw_export(&self, vol: &ObjectName) -> Result<usize, VolumeError> {
         let nqn = Nqn::for_volume(vol);
-        let listeners = match self
-            .client
-            .nvmf_subsystem_get_listeners(&ByNqn {
-                nqn: nqn.as_str().to_owned(),
-            })
+        freeze::thaw_leftover(&self.client, nqn.as_str())
             .await
-        {
-            Ok(l) => l,
-            Err(e) if e.is(ErrorKind::InvalidParams) || e.is(ErrorKind::NotFound) => return Ok(0),
-            Err(e) => return Err(rpc(vol.as_str(), format!("listing the listeners of {nqn}"))(e)),
-        };
-        let frozen = freeze::Frozen {
-            nqn: nqn.as_str().to_owned(),
-            listeners: listeners
-                .into_iter()
-                .filter(|l| l.ana_states.iter().any(|s| s.ana_state != "optimized"))
-                .map(|l| l.address)
-                .collect(),
-        };
-        if !frozen.listeners.is_empty() {
-            tracing::warn!(%nqn, listeners = frozen.listeners.len(), "export was left frozen: thawing it");
-        }
-        freeze::thaw(&self.client, &frozen)
-            .await
-            .map_err(rpc(vol.as_str(), format!("thawing {nqn}")))?;
-        Ok(frozen.listeners.len())
+            .map_err(rpc(vol.as_str(), format!("thawing {nqn}")))
     }
 
     /// Deletes every replica's snapshot lvol `<vol>-r<k>.s.<snap>`; a clear
