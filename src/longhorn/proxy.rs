@@ -880,7 +880,12 @@ impl proxy_engine_service_server::ProxyEngineService for Longhorn {
         };
         self.check_snapshot_count(&e).await?;
         let created = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string();
-        self.engine_snapshot(&e, &name).await?;
+        // in a task of its own: a caller that goes away (its deadline, a reset
+        // stream) drops this handler, never a freeze before its thaw
+        let (lh, engine, snap) = (self.clone(), e.clone(), name.clone());
+        tokio::spawn(async move { lh.engine_snapshot(&engine, &snap).await })
+            .await
+            .map_err(|x| Status::internal(format!("snapshot {name} of engine {}: {x}", e.id())))??;
         // its time and labels, for SnapshotList (SPDK keeps neither)
         self.update_engine(&e, |s| {
             s.snapshot_info.insert(
