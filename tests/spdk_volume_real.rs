@@ -699,6 +699,15 @@ async fn real_spdk_remote_replica_on_another_target() {
     tb.stop(Duration::from_secs(5)).await.expect("stop B");
 }
 
+/// The writes bdev `bdev` has completed (`bdev_get_iostat`).
+async fn completed_writes(c: &SpdkClient, bdev: &str) -> u64 {
+    let v: serde_json::Value = c
+        .typed("bdev_get_iostat", &json!({"names": [bdev]}))
+        .await
+        .expect("iostat");
+    v["bdevs"][0]["num_write_ops"].as_u64().expect("num_write_ops")
+}
+
 /// Issue 12: 50 snapshots of a 2-replica volume taken while spdk_nvme_perf
 /// writes to it sequentially at QD32 (each write fills its 4 KiB block with
 /// the pattern of its queue slot, so a block's content moves with every pass;
@@ -761,13 +770,7 @@ async fn real_spdk_snapshots_under_writes_are_one_point_in_time() {
     // frozen as a snapshot freezes it: not one write completes in the raid meanwhile
     {
         use talon::spdk::volume::freeze;
-        let writes = || async {
-            let v: serde_json::Value = c
-                .typed("bdev_get_iostat", &json!({"names": ["talon-raid-pit"]}))
-                .await
-                .expect("iostat");
-            v["bdevs"][0]["num_write_ops"].as_u64().expect("num_write_ops")
-        };
+        let writes = || completed_writes(&c, "talon-raid-pit");
         let before = writes().await;
         let sub = c.subsystem(&nqn).await.expect("subsystems").expect("export");
         let frozen = freeze::freeze(&c, &sub).await.expect("freeze");
@@ -944,13 +947,7 @@ async fn real_spdk_a_freeze_waits_for_the_writes_in_flight() {
         let spdk = spdk.clone();
         std::thread::spawn(move || spdk_perf::run(&spdk, port, nqn, "write -q 8", 25))
     };
-    let writes = || async {
-        let v: serde_json::Value = c
-            .typed("bdev_get_iostat", &json!({"names": ["slow"]}))
-            .await
-            .expect("iostat");
-        v["bdevs"][0]["num_write_ops"].as_u64().expect("num_write_ops")
-    };
+    let writes = || completed_writes(&c, "slow");
     // until the count grows from one look to the next: writes are flowing
     let flowing = || async {
         let deadline = std::time::Instant::now() + Duration::from_secs(20);
