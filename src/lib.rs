@@ -27,6 +27,8 @@
 //!   as `talon serve --target-keeper` asks through files in the run dir, so the
 //!   data path can outlive talon's pod.
 //! - [`attach`]: host frontends: kernel NVMe/TCP initiator and iSCSI fallback.
+//! - [`backupstore`]: backups in Longhorn's backupstore format (S3, local folders):
+//!   format, targets, locks, backup/restore/delete, and a volume snapshot's image.
 //! - [`names`]: validated names (volumes, NQNs, IQNs) that reach the kernel or SPDK.
 //! - [`longhorn`]: Longhorn's V2 instance-manager gRPC protocol, mapped onto talon's
 //!   resources (`talon serve --longhorn-listen`).
@@ -40,6 +42,7 @@
 
 pub mod api;
 pub mod attach;
+pub mod backupstore;
 pub mod cli;
 pub mod client;
 pub mod controllers;

@@ -1,0 +1,52 @@
+//! What a backup, restore or delete can fail on, each naming its object.
+
+/// A backupstore error.
+#[derive(Debug, thiserror::Error)]
+pub enum BackupError {
+    /// The target URL or its credentials are unusable.
+    #[error("backup target {url:?}: {reason}")]
+    Target { url: String, reason: String },
+    /// A name that would become an object key breaks Longhorn's rule.
+    #[error(
+        "{what} name {name:?} is invalid: it must start with a letter or digit and hold only letters, digits, '_', '.' and '-' (2 characters or more)"
+    )]
+    InvalidName { what: String, name: String },
+    /// The store refused or failed a call.
+    #[error("backup store {op} {path}: {source}")]
+    Store {
+        op: &'static str,
+        path: String,
+        #[source]
+        source: object_store::Error,
+    },
+    /// A config does not parse.
+    #[error("{object}: {reason}")]
+    Format { object: String, reason: String },
+    /// A block does not decompress to what its name says.
+    #[error("block {block} is corrupt: {reason}")]
+    CorruptBlock { block: String, reason: String },
+    /// Something asked for is not in the store.
+    #[error("{0} not found in the backup store")]
+    NotFound(String),
+    /// The request cannot be carried out as asked.
+    #[error("{0}")]
+    Invalid(String),
+    /// Another writer holds the volume (Longhorn's lock protocol).
+    #[error("backup volume {volume} is locked by a {held} in progress; try again later")]
+    Locked { volume: String, held: &'static str },
+    /// Local file I/O.
+    #[error("{path}: {source}")]
+    Io {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl BackupError {
+    /// Local I/O on `path` failed.
+    pub fn io(path: impl std::fmt::Display) -> impl FnOnce(std::io::Error) -> BackupError {
+        let path = path.to_string();
+        move |source| BackupError::Io { path, source }
+    }
+}

@@ -1,0 +1,21 @@
+//! Backups of V2 volumes in Longhorn's backupstore format, on S3 or a
+//! local folder: `format` (layout, configs, blocks), `store` (targets and
+//! credentials), `lock` (Longhorn's lock protocol), `image` (a snapshot's
+//! sparse-file copy), `ops` (backup, restore, list, delete) and
+//! `snapshot` (a talon volume's snapshot, read out of spdk_tgt).
+//!
+//! Longhorn lists and restores what talon writes here, and talon restores
+//! what Longhorn wrote (docs/backups.md).
+
+pub mod error;
+pub mod format;
+pub mod image;
+pub mod lock;
+pub mod ops;
+pub mod store;
+
+pub use error::BackupError;
+pub use format::{BackupCfg, Compression, VolumeCfg};
+pub use image::SparseImage;
+pub use ops::{BackupRequest, BackupStats, Progress, RestoreStats};
+pub use store::{Credentials, Store};

@@ -1,0 +1,558 @@
+//! Backups, restores, listings and deletions on a store, in Longhorn's
+//! order (`deltablock.go`): a backup is listed complete only once its
+//! config is written with a creation time, after every block it maps is
+//! in the store; `volume.cfg` follows it. A deletion drops the config
+//! first and then only blocks no complete backup maps, and none while
+//! another backup is in progress.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use futures::{StreamExt, TryStreamExt};
+
+use super::error::BackupError;
+use super::format::{self, BackupCfg, BlockRef, Compression, VolumeCfg};
+use super::image::SparseImage;
+use super::lock::{Lock, LockKind};
+use super::store::Store;
+
+/// Blocks read, compressed and uploaded at once.
+const PARALLEL: usize = 4;
+
+/// What a backup records of its volume and snapshot.
+#[derive(Debug, Clone, Default)]
+pub struct BackupRequest {
+    /// The backup volume's name (Longhorn's volume name).
+    pub volume: String,
+    /// The backup's name.
+    pub name: String,
+    pub snapshot: String,
+    /// The snapshot's creation time (RFC 3339).
+    pub snapshot_created_at: String,
+    /// The volume's size in bytes.
+    pub size: u64,
+    pub labels: BTreeMap<String, String>,
+    /// Used when the backup volume is new; an existing one keeps its own.
+    pub compression: Compression,
+    /// Upload every block, even those the store holds (Longhorn's `full` mode).
+    pub full: bool,
+    /// `v1` or `v2`.
+    pub data_engine: String,
+}
+
+/// What a backup did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct BackupStats {
+    /// Blocks of data read from the image.
+    pub blocks_read: u64,
+    /// Blocks written to the store (new, or again in full mode).
+    pub blocks_uploaded: u64,
+    /// Compressed bytes written.
+    pub bytes_uploaded: u64,
+    /// Blocks the complete backup maps.
+    pub blocks_mapped: u64,
+}
+
+/// Progress of a running operation, 0-100.
+#[derive(Debug, Default)]
+pub struct Progress(AtomicU32);
+
+impl Progress {
+    pub fn get(&self) -> u32 {
+        self.0.load(Ordering::Relaxed)
+    }
+    fn set(&self, done: u64, total: u64) {
+        let p = if total == 0 {
+            100
+        } else {
+            (done * 100 / total) as u32
+        };
+        self.0.store(p.min(100), Ordering::Relaxed);
+    }
+}
+
+/// The volume's config, `None` when the store has no such backup volume.
+pub async fn volume(store: &Store, volume: &str) -> Result<Option<VolumeCfg>, BackupError> {
+    format::check_name("backup volume", volume)?;
+    let path = format::volume_cfg_path(volume);
+    match store.read(&path).await? {
+        Some(b) => format::decode(&path, &b).map(Some),
+        None => Ok(None),
+    }
+}
+
+/// Backup `name` of `volume`'s config (complete or not).
+pub async fn backup(store: &Store, volume: &str, name: &str) -> Result<BackupCfg, BackupError> {
+    format::check_name("backup volume", volume)?;
+    format::check_name("backup", name)?;
+    let path = format::backup_cfg_path(volume, name);
+    let b = store
+        .read(&path)
+        .await?
+        .ok_or_else(|| BackupError::NotFound(format!("backup {name} of volume {volume}")))?;
+    format::decode(&path, &b)
+}
+
+/// The backup volumes of the store.
+pub async fn volumes(store: &Store) -> Result<Vec<String>, BackupError> {
+    let base = format!("{}/volumes", format::BASE);
+    let mut out = Vec::new();
+    for l1 in store.list(&base).await? {
+        for l2 in store.list(&format!("{base}/{l1}")).await? {
+            for v in store.list(&format!("{base}/{l1}/{l2}")).await? {
+                if format::valid_name(&v) {
+                    out.push(v);
+                }
+            }
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// The names of `volume`'s backups, in progress ones included.
+pub async fn backup_names(store: &Store, volume: &str) -> Result<Vec<String>, BackupError> {
+    format::check_name("backup volume", volume)?;
+    Ok(store
+        .list(&format::backups_dir(volume))
+        .await?
+        .into_iter()
+        .filter_map(|f| {
+            f.strip_prefix("backup_")
+                .and_then(|f| f.strip_suffix(".cfg"))
+                .filter(|n| format::valid_name(n))
+                .map(str::to_owned)
+        })
+        .collect())
+}
+
+/// `volume`'s complete backups, oldest snapshot first.
+pub async fn complete_backups(store: &Store, volume: &str) -> Result<Vec<BackupCfg>, BackupError> {
+    let mut out = Vec::new();
+    for n in backup_names(store, volume).await? {
+        let b = backup(store, volume, &n).await?;
+        if b.complete() {
+            out.push(b);
+        }
+    }
+    out.sort_by(|a, b| {
+        (a.snapshot_created_at.as_str(), a.created_time.as_str())
+            .cmp(&(b.snapshot_created_at.as_str(), b.created_time.as_str()))
+    });
+    Ok(out)
+}
+
+/// The backup an incremental backup of `volume` builds on: its
+/// `LastBackupName`, when that is complete.
+pub async fn last_backup(store: &Store, volume_name: &str) -> Result<Option<BackupCfg>, BackupError> {
+    let Some(v) = volume(store, volume_name).await? else {
+        return Ok(None);
+    };
+    if v.last_backup_name.is_empty() {
+        return Ok(None);
+    }
+    match backup(store, volume_name, &v.last_backup_name).await {
+        Ok(b) if b.complete() => Ok(Some(b)),
+        Ok(_) | Err(BackupError::NotFound(_)) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// Backs `image` up as `req` says. `base` is the backup `image` is a delta
+/// over (its holes within a changed block are read from `base`'s block), or
+/// `None` when `image` holds the whole snapshot.
+pub async fn create(
+    store: &Store,
+    req: &BackupRequest,
+    image: &SparseImage,
+    base: Option<&BackupCfg>,
+    progress: &Progress,
+) -> Result<(BackupCfg, BackupStats), BackupError> {
+    format::check_name("backup volume", &req.volume)?;
+    format::check_name("backup", &req.name)?;
+    let bs = format::DEFAULT_BLOCK_SIZE;
+    if req.size == 0 || req.size % bs != 0 {
+        return Err(BackupError::Invalid(format!(
+            "volume {} is {} bytes: a backup needs a whole number of {bs}-byte blocks",
+            req.volume, req.size
+        )));
+    }
+    if let Some(b) = base
+        && b.block_size()? != bs
+    {
+        return Err(BackupError::Invalid(format!(
+            "backup {} has blocks of {} bytes, not {bs}: back up in full",
+            b.name,
+            b.block_size()?
+        )));
+    }
+    let lock = Lock::acquire(store, &req.volume, LockKind::Use).await?;
+    let out = create_locked(store, req, image, base, progress).await;
+    lock.release().await;
+    out
+}
+
+async fn create_locked(
+    store: &Store,
+    req: &BackupRequest,
+    image: &SparseImage,
+    base: Option<&BackupCfg>,
+    progress: &Progress,
+) -> Result<(BackupCfg, BackupStats), BackupError> {
+    let bs = format::DEFAULT_BLOCK_SIZE;
+    let cfg_path = format::backup_cfg_path(&req.volume, &req.name);
+    if store.exists(&cfg_path).await? {
+        return Err(BackupError::Invalid(format!(
+            "backup {} of volume {} already exists",
+            req.name, req.volume
+        )));
+    }
+    let vol = match volume(store, &req.volume).await? {
+        Some(v) => v,
+        None => {
+            let v = VolumeCfg {
+                name: req.volume.clone(),
+                size: req.size,
+                labels: Some(req.labels.clone()),
+                created_time: format::now(),
+                compression_method: req.compression.as_str().to_owned(),
+                data_engine: req.data_engine.clone(),
+                ..Default::default()
+            };
+            store
+                .write(&format::volume_cfg_path(&req.volume), format::encode(&v))
+                .await?;
+            v
+        }
+    };
+    let method = Compression::parse(&vol.compression_method)?;
+    // in progress until the final write
+    let mut cfg = BackupCfg {
+        name: req.name.clone(),
+        volume_name: req.volume.clone(),
+        compression_method: method.as_str().to_owned(),
+        ..Default::default()
+    };
+    store.write(&cfg_path, format::encode(&cfg)).await?;
+
+    let base_blocks: BTreeMap<u64, String> = base
+        .map(|b| b.blocks.iter().map(|r| (r.offset, r.checksum.clone())).collect())
+        .unwrap_or_default();
+    let base_method = match base {
+        Some(b) => b.compression()?,
+        None => method,
+    };
+    let offsets = image.blocks(bs);
+    let total = offsets.len() as u64;
+    let done = Arc::new(AtomicU32::new(0));
+    let results: Vec<(u64, String, Option<u64>)> = futures::stream::iter(offsets.into_iter())
+        .map(|offset| {
+            let image = image.clone();
+            let under = base_blocks.get(&offset).cloned();
+            let (store, volume, done) = (store.clone(), req.volume.clone(), done.clone());
+            let full = req.full;
+            async move {
+                let mut data = {
+                    let image = image.clone();
+                    tokio::task::spawn_blocking(move || {
+                        let mut buf = vec![0u8; bs as usize];
+                        image.read(offset, &mut buf).map(|()| buf)
+                    })
+                    .await
+                    .expect("reading a block")?
+                };
+                // a delta's holes are what the base backup holds there
+                if let Some(sum) = under
+                    && !image.whole(offset, bs)
+                {
+                    let path = format::block_path(&volume, &sum);
+                    let raw = store
+                        .read(&path)
+                        .await?
+                        .ok_or_else(|| BackupError::NotFound(format!("block {path} of the base backup")))?;
+                    let old = format::open_block(&raw, base_method, &sum, bs)?;
+                    fill_holes(&image, offset, &mut data, &old)?;
+                }
+                let sum = format::checksum(&data);
+                let path = format::block_path(&volume, &sum);
+                let uploaded = if full || !store.exists(&path).await? {
+                    let z = tokio::task::spawn_blocking(move || method.compress(&data))
+                        .await
+                        .expect("compressing a block");
+                    let n = z.len() as u64;
+                    store.write(&path, z).await?;
+                    Some(n)
+                } else {
+                    None
+                };
+                done.fetch_add(1, Ordering::Relaxed);
+                Ok::<_, BackupError>((offset, sum, uploaded))
+            }
+        })
+        .buffered(PARALLEL)
+        .inspect(|_| progress.set(u64::from(done.load(Ordering::Relaxed)), total + 1))
+        .try_collect()
+        .await?;
+
+    let mut stats = BackupStats {
+        blocks_read: total,
+        ..Default::default()
+    };
+    let mut blocks: BTreeMap<u64, String> = base_blocks;
+    let mut fresh = BTreeSet::new();
+    for (offset, sum, uploaded) in results {
+        if let Some(n) = uploaded {
+            stats.blocks_uploaded += 1;
+            stats.bytes_uploaded += n;
+            // a block two offsets share is uploaded once, by whichever wrote first
+            fresh.insert(sum.clone());
+        }
+        blocks.insert(offset, sum);
+    }
+    blocks.retain(|&o, _| o < req.size);
+    cfg.blocks = blocks
+        .into_iter()
+        .map(|(offset, checksum)| BlockRef { offset, checksum })
+        .collect();
+    stats.blocks_mapped = cfg.blocks.len() as u64;
+    cfg.snapshot_name = req.snapshot.clone();
+    cfg.snapshot_created_at = req.snapshot_created_at.clone();
+    cfg.size = stats.blocks_mapped * bs;
+    cfg.labels = Some(req.labels.clone());
+    cfg.parameters = Some(BTreeMap::from([(
+        format::PARAM_MODE.to_owned(),
+        if req.full { "full" } else { "incremental" }.to_owned(),
+    )]));
+    cfg.is_incremental = base.is_some();
+    if req.full {
+        cfg.re_uploaded_data_size = stats.bytes_uploaded;
+    } else {
+        cfg.newly_uploaded_data_size = stats.bytes_uploaded;
+    }
+    cfg.created_time = format::now();
+    // the commit point
+    store.write(&cfg_path, format::encode(&cfg)).await?;
+
+    let mut vol = volume(store, &req.volume)
+        .await?
+        .ok_or_else(|| BackupError::NotFound(format!("volume.cfg of {}", req.volume)))?;
+    vol.last_backup_name = cfg.name.clone();
+    vol.last_backup_at = cfg.snapshot_created_at.clone();
+    vol.block_count += if req.full { 0 } else { fresh.len() as u64 };
+    vol.size = req.size;
+    vol.labels = Some(req.labels.clone());
+    if vol.data_engine.is_empty() {
+        vol.data_engine = req.data_engine.clone();
+    }
+    store
+        .write(&format::volume_cfg_path(&req.volume), format::encode(&vol))
+        .await?;
+    progress.set(1, 1);
+    Ok((cfg, stats))
+}
+
+/// Copies the hole ranges of `image`'s block at `offset` from `old`.
+fn fill_holes(image: &SparseImage, offset: u64, data: &mut [u8], old: &[u8]) -> Result<(), BackupError> {
+    const STEP: u64 = 4096;
+    let mut at = 0u64;
+    while at < data.len() as u64 {
+        if !image.whole(offset + at, STEP) {
+            let (s, e) = (at as usize, (at + STEP) as usize);
+            data[s..e].copy_from_slice(&old[s..e]);
+        }
+        at += STEP;
+    }
+    Ok(())
+}
+
+/// What a restore did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RestoreStats {
+    pub blocks: u64,
+    /// Bytes written (all-zero blocks are left as holes).
+    pub bytes_written: u64,
+    /// The volume's size.
+    pub size: u64,
+}
+
+/// Restores backup `name` of `volume` into `file` (made anew: a sparse
+/// file of `data_offset` plus the volume's size, the volume's data at
+/// `data_offset`). Every block is checked against its checksum; a missing
+/// or damaged block fails the restore, naming it.
+pub async fn restore_to_file(
+    store: &Store,
+    volume_name: &str,
+    name: &str,
+    file: &Path,
+    data_offset: u64,
+    progress: &Progress,
+) -> Result<RestoreStats, BackupError> {
+    let lock = Lock::acquire(store, volume_name, LockKind::Use).await?;
+    let out = restore_locked(store, volume_name, name, file, data_offset, progress).await;
+    lock.release().await;
+    out
+}
+
+async fn restore_locked(
+    store: &Store,
+    volume_name: &str,
+    name: &str,
+    file: &Path,
+    data_offset: u64,
+    progress: &Progress,
+) -> Result<RestoreStats, BackupError> {
+    let vol = volume(store, volume_name)
+        .await?
+        .ok_or_else(|| BackupError::NotFound(format!("backup volume {volume_name}")))?;
+    let b = backup(store, volume_name, name).await?;
+    if !b.complete() {
+        return Err(BackupError::Invalid(format!(
+            "backup {name} of volume {volume_name} is still in progress"
+        )));
+    }
+    let bs = b.block_size()?;
+    let method = b.compression()?;
+    if vol.size == 0 || vol.size % bs != 0 {
+        return Err(BackupError::Format {
+            object: format::volume_cfg_path(volume_name),
+            reason: format!("size {} is not a whole number of {bs}-byte blocks", vol.size),
+        });
+    }
+    if let Some(r) = b
+        .blocks
+        .iter()
+        .find(|r| r.offset % bs != 0 || r.offset >= vol.size)
+    {
+        return Err(BackupError::Format {
+            object: format::backup_cfg_path(volume_name, name),
+            reason: format!(
+                "block offset {} is not a block of the {}-byte volume",
+                r.offset, vol.size
+            ),
+        });
+    }
+    let f = std::fs::File::create(file).map_err(BackupError::io(file.display()))?;
+    f.set_len(data_offset + vol.size)
+        .map_err(BackupError::io(file.display()))?;
+    let f = Arc::new(f);
+    let total = b.blocks.len() as u64;
+    let done = AtomicU32::new(0);
+    let written: Vec<u64> = futures::stream::iter(b.blocks.iter().cloned())
+        .map(|r| {
+            let (store, f) = (store.clone(), f.clone());
+            let path = format::block_path(volume_name, &r.checksum);
+            let shown = file.display().to_string();
+            async move {
+                let raw = store
+                    .read(&path)
+                    .await?
+                    .ok_or_else(|| BackupError::NotFound(format!("block {path} of backup {name}")))?;
+                tokio::task::spawn_blocking(move || {
+                    use std::os::unix::fs::FileExt;
+                    let data = format::open_block(&raw, method, &r.checksum, bs)?;
+                    if data.iter().all(|&x| x == 0) {
+                        return Ok(0);
+                    }
+                    f.write_all_at(&data, data_offset + r.offset)
+                        .map_err(BackupError::io(shown))?;
+                    Ok(bs)
+                })
+                .await
+                .expect("writing a block")
+            }
+        })
+        .buffered(PARALLEL)
+        .inspect(|_| {
+            let d = done.fetch_add(1, Ordering::Relaxed) + 1;
+            progress.set(u64::from(d), total + 1);
+        })
+        .try_collect()
+        .await?;
+    f.sync_all().map_err(BackupError::io(file.display()))?;
+    progress.set(1, 1);
+    Ok(RestoreStats {
+        blocks: total,
+        bytes_written: written.iter().sum(),
+        size: vol.size,
+    })
+}
+
+/// Deletes backup `name` of `volume`, then the blocks no other backup maps
+/// (none while a backup is in progress or a config does not read: a
+/// block a backup may need is never deleted).
+pub async fn delete(store: &Store, volume_name: &str, name: &str) -> Result<u64, BackupError> {
+    format::check_name("backup volume", volume_name)?;
+    format::check_name("backup", name)?;
+    let lock = Lock::acquire(store, volume_name, LockKind::Delete).await?;
+    let out = delete_locked(store, volume_name, name).await;
+    lock.release().await;
+    out
+}
+
+async fn delete_locked(store: &Store, volume_name: &str, name: &str) -> Result<u64, BackupError> {
+    let cfg_path = format::backup_cfg_path(volume_name, name);
+    if !store.exists(&cfg_path).await? {
+        return Err(BackupError::NotFound(format!(
+            "backup {name} of volume {volume_name}"
+        )));
+    }
+    store.remove(&cfg_path).await?;
+    let mut vol = volume(store, volume_name)
+        .await?
+        .ok_or_else(|| BackupError::NotFound(format!("backup volume {volume_name}")))?;
+    let names = backup_names(store, volume_name).await?;
+    let mut gc = true;
+    let mut referenced = BTreeSet::new();
+    let mut latest: Option<BackupCfg> = None;
+    for n in &names {
+        match backup(store, volume_name, n).await {
+            Ok(b) if b.complete() => {
+                referenced.extend(b.blocks.iter().map(|r| r.checksum.clone()));
+                if latest
+                    .as_ref()
+                    .is_none_or(|l| b.snapshot_created_at > l.snapshot_created_at)
+                {
+                    latest = Some(b);
+                }
+            }
+            Ok(_) | Err(_) => gc = false,
+        }
+    }
+    if vol.last_backup_name == name {
+        let (n, at) = latest
+            .map(|b| (b.name, b.snapshot_created_at))
+            .unwrap_or_default();
+        vol.last_backup_name = n;
+        vol.last_backup_at = at;
+    }
+    if backup_names(store, volume_name).await? != names {
+        gc = false;
+    }
+    let mut removed = 0;
+    if gc {
+        let dir = format::blocks_dir(volume_name);
+        let mut present = 0u64;
+        for l1 in store.list(&dir).await? {
+            for l2 in store.list(&format!("{dir}/{l1}")).await? {
+                for f in store.list(&format!("{dir}/{l1}/{l2}")).await? {
+                    let Some(sum) = f.strip_suffix(".blk") else {
+                        continue;
+                    };
+                    if referenced.contains(sum) {
+                        present += 1;
+                    } else {
+                        store.remove(&format!("{dir}/{l1}/{l2}/{f}")).await?;
+                        removed += 1;
+                    }
+                }
+            }
+        }
+        vol.block_count = present;
+    }
+    store
+        .write(&format::volume_cfg_path(volume_name), format::encode(&vol))
+        .await?;
+    Ok(removed)
+}

@@ -1,0 +1,73 @@
+//! A real S3 server for backup tests and benchmarks: s3s-fs (S3's REST
+//! API with SigV4 checks, objects as files) on 127.0.0.1, in-process.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto::Builder as ConnBuilder;
+use s3s::auth::SimpleAuth;
+use s3s::service::S3ServiceBuilder;
+
+/// The access key the server takes.
+pub const ACCESS_KEY: &str = "talon-test";
+/// Its secret.
+pub const SECRET_KEY: &str = "talon-test-secret";
+
+/// A running server; it stops when dropped.
+pub struct S3Server {
+    pub addr: SocketAddr,
+    /// Where its objects are files (`<root>/<bucket>/<key>`).
+    pub root: PathBuf,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl S3Server {
+    /// Serves `root` with bucket `bucket` made.
+    pub async fn start(root: &Path, bucket: &str) -> S3Server {
+        std::fs::create_dir_all(root.join(bucket)).expect("bucket folder");
+        let fs = s3s_fs::FileSystem::new(root).expect("s3s-fs root");
+        let mut b = S3ServiceBuilder::new(fs);
+        b.set_auth(SimpleAuth::from_single(ACCESS_KEY, SECRET_KEY));
+        let service = b.build();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((socket, _)) = listener.accept().await else {
+                    continue;
+                };
+                let service = service.clone();
+                tokio::spawn(async move {
+                    let _ = ConnBuilder::new(TokioExecutor::new())
+                        .serve_connection(TokioIo::new(socket), service)
+                        .await;
+                });
+            }
+        });
+        S3Server {
+            addr,
+            root: root.to_owned(),
+            task,
+        }
+    }
+
+    /// Its endpoint URL.
+    pub fn endpoint(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// A secret manifest with its credentials (or `secret` as the secret key).
+    pub fn secret_manifest(&self, secret: &str) -> String {
+        format!(
+            "apiVersion: v1\nkind: Secret\nmetadata:\n  name: s3\nstringData:\n  AWS_ACCESS_KEY_ID: {ACCESS_KEY}\n  AWS_SECRET_ACCESS_KEY: {secret}\n  AWS_ENDPOINTS: {}\n",
+            self.endpoint()
+        )
+    }
+}
+
+impl Drop for S3Server {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
