@@ -176,7 +176,7 @@ fn size_of(size_bytes: Option<u64>, size: &Option<String>, what: &str) -> Result
 }
 
 /// How long a `wait` may take.
-fn wait_timeout(timeout_seconds: Option<u64>) -> Duration {
+pub(crate) fn wait_timeout(timeout_seconds: Option<u64>) -> Duration {
     Duration::from_secs(timeout_seconds.unwrap_or(120))
 }
 
@@ -428,7 +428,7 @@ pub struct DeleteResult {
 
 /// A create that found the object already there, said in the API's words
 /// (`volume "v1" already exists`); any other store error maps as usual.
-fn exists_as(what: &str, id: &dyn std::fmt::Display, e: crate::runtime::StateError) -> ApiError {
+pub(crate) fn exists_as(what: &str, id: &dyn std::fmt::Display, e: crate::runtime::StateError) -> ApiError {
     match e {
         crate::runtime::StateError::AlreadyExists { .. } => ApiError::new(
             ErrorKind::AlreadyExists,
@@ -456,11 +456,11 @@ fn get_volume(state: &State, name: &str) -> Result<Typed<Volume>, ApiError> {
 /// snapshots", "not being deleted") still holds when the write lands: no
 /// volume is deleted while it has snapshots, in whichever order the requests
 /// come. Held for the check and the write only, never across a `wait`.
-static LIFECYCLE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+pub(crate) static LIFECYCLE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// A volume that is not being deleted: requests on one that is tearing down
 /// are refused (its engine objects are going away).
-fn live_volume(state: &State, name: &str, action: &str) -> Result<Typed<Volume>, ApiError> {
+pub(crate) fn live_volume(state: &State, name: &str, action: &str) -> Result<Typed<Volume>, ApiError> {
     let v = get_volume(state, name)?;
     if v.metadata.phase == Phase::TearingDown {
         return Err(ApiError::new(
@@ -472,7 +472,7 @@ fn live_volume(state: &State, name: &str, action: &str) -> Result<Typed<Volume>,
 }
 
 /// A snapshot that exists and is not being deleted.
-fn live_snapshot(state: &State, id: &str, action: &str) -> Result<Typed<Snapshot>, ApiError> {
+pub(crate) fn live_snapshot(state: &State, id: &str, action: &str) -> Result<Typed<Snapshot>, ApiError> {
     let s = state
         .get_typed::<Snapshot>(id)?
         .ok_or_else(|| ApiError::not_found(format!("snapshot {id:?} not found")))?;
@@ -504,7 +504,7 @@ fn view(state: &State, v: Typed<Volume>) -> Result<VolumeView, ApiError> {
 }
 
 /// A status a wait may hang on because its engine's target cannot start.
-trait OnTarget: Spec {
+pub(crate) trait OnTarget: Spec {
     /// The engine whose target this status waits for, if it waits.
     fn waits_for_target(&self) -> Option<Engine> {
         None
@@ -551,7 +551,7 @@ fn target_failure(state: &State, engine: Engine) -> Result<Option<String>, ApiEr
 /// timeout passes. `done` returns `Some(Ok)` when finished, `Some(Err)` on failure.
 /// A status that waits for a target whose `TargetStatus` is `failed` fails at
 /// once with the target's cause.
-async fn wait_for<S: OnTarget>(
+pub(crate) async fn wait_for<S: OnTarget>(
     state: &State,
     id: &str,
     timeout: Duration,
@@ -610,7 +610,7 @@ fn disk_ready(d: Option<&DiskStatus>) -> Option<Result<(), String>> {
     }
 }
 
-fn wait_gone<S: Spec>(s: Option<&S>) -> Option<Result<(), String>> {
+pub(crate) fn wait_gone<S: Spec>(s: Option<&S>) -> Option<Result<(), String>> {
     s.is_none().then_some(Ok(()))
 }
 
@@ -699,6 +699,7 @@ pub fn register(api: &mut ApiBuilder) {
                 frontend: p.frontend.unwrap_or_default(),
                 disks: p.disks,
                 from_snapshot: p.from_snapshot,
+                from_backup: None,
                 revert_to: None,
                 revert_generation: 0,
                 raid_superblock: false,
@@ -973,6 +974,7 @@ pub fn register(api: &mut ApiBuilder) {
             // replicas read the snapshot's data at the same offset
             let spec = Volume {
                 from_snapshot: Some(sid),
+                from_backup: None,
                 revert_to: None,
                 revert_generation: 0,
                 ..src.spec

@@ -88,6 +88,10 @@ pub fn register_all(rt: &mut Runtime, deps: &Deps, selection: &EngineSelection) 
         .with_host(deps.host.clone(), deps.data_dir.clone())
         .with_peer_port(deps.longhorn_peer_port),
     )?;
+    rt.register(engine::backup::BackupController::new(
+        crate::spdk::SpdkClient::new(deps.spdk.target_config(&deps.run_dir).socket()),
+        &deps.data_dir,
+    ))?;
     rt.register(frontend::attach::AttachController::new(deps.clone()))?;
     host::register_config(rt, &deps.host, host::SpdkDemand::new(&deps.spdk, selection))?;
     host::register(rt, &deps.host, host::POLL)?;

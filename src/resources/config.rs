@@ -233,6 +233,10 @@ pub struct Volume {
     /// Create as a clone of this snapshot (`<volume>@<name>`).
     #[serde(default)]
     pub from_snapshot: Option<String>,
+    /// Create with the data of a backup (V2, local replicas): restored once,
+    /// before the volume is first served.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from_backup: Option<BackupSource>,
     /// Revert the volume's data to this snapshot (`<volume>@<name>`); the engine
     /// does it once per change of `revertGeneration`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -263,6 +267,22 @@ pub struct Volume {
     /// before keep their layout (the flag absent).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub raid_superblock: bool,
+}
+
+/// A backup a new volume is restored from.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct BackupSource {
+    /// The backup target (`s3://<bucket>@<region>/<path>`, `vfs:///<dir>`).
+    pub target: String,
+    /// The target's credentials on this node (a mounted secret or a Secret
+    /// manifest file), as `Backup.credentialSecret`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub credential_secret: Option<String>,
+    /// The backup volume in the store.
+    pub backup_volume: String,
+    /// The backup.
+    pub backup: String,
 }
 
 /// Where another talon node serves a replica (its NVMe/TCP listener).

@@ -3,12 +3,13 @@
 //!
 //! | namespace | types |
 //! |---|---|
-//! | `config` | NodeConfig, Disk, Volume, Snapshot, LonghornReplica, LonghornEngine, LonghornEngineFrontend (persisted) |
+//! | `config` | NodeConfig, Disk, Volume, Snapshot, Backup, LonghornReplica, LonghornEngine, LonghornEngineFrontend (persisted) |
 //! | `host` | HugepagesSpec, HugepagesStatus, KernelModuleStatus, PciDevice, PciBindingStatus, HostCapabilities |
-//! | `engine` | TargetStatus, DiskStatus, ReplicaStatus, EngineStatus, LonghornInstanceStatus, RebuildDest, RebuildDestStatus |
+//! | `engine` | BackupStatus, TargetStatus, DiskStatus, ReplicaStatus, EngineStatus, LonghornInstanceStatus, RebuildDest, RebuildDestStatus |
 //! | `frontend` | AttachmentStatus |
 //! | `ledger` | ReplicaLedger, HugepagesLedger, PciBindIntent (persisted) |
 
+pub mod backup;
 pub mod config;
 pub mod engine;
 pub mod frontend;
@@ -41,6 +42,10 @@ pub fn register_types(reg: &mut TypeRegistry) {
         ],
     );
     reg.register::<config::Snapshot>("A snapshot of a volume", &[("VOLUME", "/volume")]);
+    reg.register::<backup::Backup>(
+        "A backup of a volume's snapshot to a backup target",
+        &[("VOLUME", "/volume"), ("SNAPSHOT", "/snapshot"), ("TARGET", "/target")],
+    );
     reg.register::<frontend::Attachment>(
         "A request to attach a volume on this host",
         &[("FRONTEND", "/frontend")],
@@ -94,6 +99,10 @@ pub fn register_types(reg: &mut TypeRegistry) {
             ("SIZE", "/sizeBytes"),
             ("EXPORT", "/exports/0/name"),
         ],
+    );
+    reg.register::<backup::BackupStatus>(
+        "A backup as it went",
+        &[("STATE", "/state"), ("PROGRESS", "/progress"), ("UPLOADED", "/blocksUploaded")],
     );
     reg.register::<engine::SnapshotStatus>(
         "A snapshot as the engine holds it",

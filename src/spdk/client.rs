@@ -169,6 +169,7 @@ impl Timeouts {
         "bdev_lvol_delete_lvstore",
         "bdev_nvme_attach_controller",
         "bdev_lvol_start_shallow_copy",
+        "bdev_lvol_decouple_parent",
         "bdev_wait_for_examine",
         "framework_wait_init",
     ];

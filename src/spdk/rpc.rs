@@ -427,6 +427,9 @@ pub struct Lvol {
     /// A clone of a snapshot.
     #[serde(default)]
     pub is_clone: bool,
+    /// A clone of a bdev (an external snapshot, `bdev_lvol_set_parent_bdev`).
+    #[serde(default)]
+    pub is_esnap_clone: bool,
     /// Allocated clusters.
     #[serde(default)]
     pub num_allocated_clusters: u64,
@@ -499,6 +502,17 @@ pub struct QosLimit {
     pub name: String,
     /// Reads and writes together, in MiB/s (SPDK's "MB" are MiB).
     pub rw_mbytes_per_sec: u64,
+}
+
+/// `bdev_lvol_set_parent_bdev` params: makes a bdev the external snapshot
+/// (esnap) of a thin lvol, which then reads what it has not written from it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LvolSetParentBdev {
+    /// The lvol.
+    pub lvol_name: String,
+    /// The bdev that becomes its parent.
+    pub parent_name: String,
 }
 
 /// `bdev_lvol_set_parent` params.
@@ -1551,6 +1565,12 @@ impl SpdkClient {
         bdev_lvol_check_shallow_copy(CheckShallowCopy) -> ShallowCopyStatus);
     rpc!(/// Makes a snapshot the parent of an lvol.
         bdev_lvol_set_parent(LvolSetParent) -> bool);
+    rpc!(/// Makes a bdev the external snapshot of a thin lvol.
+        bdev_lvol_set_parent_bdev(LvolSetParentBdev) -> bool);
+    rpc!(/// Copies the parent's clusters into the lvol and drops the parent
+        /// (long timeout: SPDK answers when the copy is done; of an external
+        /// snapshot, every cluster is copied).
+        bdev_lvol_decouple_parent(ByName) -> bool);
     rpc!(/// Caps (or with 0 lifts the cap on) a bdev's reads and writes.
         bdev_set_qos_limit(QosLimit) -> bool);
     rpc!(/// Creates a raid bdev.

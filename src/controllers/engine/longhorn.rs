@@ -353,6 +353,7 @@ impl LonghornController {
                     is_thin_provisioned: true,
                     is_snapshot: false,
                     is_clone: false,
+                    is_esnap_clone: false,
                     num_allocated_clusters: 0,
                     lvs: LvolStoreRef {
                         name: disk.spec.lvstore.clone(),

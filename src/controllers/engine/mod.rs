@@ -1,7 +1,9 @@
 //! Engine controllers: the V1 engine (tgtd) and the V2 engine (SPDK).
 
+pub mod backup;
 pub mod longhorn;
 pub mod peer;
+pub mod restore;
 pub mod selection;
 pub mod spdk_disk;
 pub mod spdk_events;

@@ -48,6 +48,7 @@ use crate::spdk::volume::{
 };
 
 use super::peer::{PeerDest, Peers};
+use super::restore::{Restores, Step as RestoreStep};
 
 /// Volumes realized concurrently in one reconcile.
 const CONCURRENCY: usize = 16;
@@ -67,6 +68,8 @@ pub struct SpdkVolumeController {
     data_dir: Option<std::path::PathBuf>,
     /// The nodes of remote replicas, for their snapshots and growth.
     peers: Peers,
+    /// Volumes made from backups, being restored.
+    restores: Restores,
     /// (volume, remote replica) -> the size its node was asked to grow to,
     /// and when a failed ask may be tried again.
     grown: std::sync::Mutex<BTreeMap<(String, usize), Grown>>,
@@ -90,6 +93,7 @@ impl SpdkVolumeController {
             thaw_checked: std::sync::Mutex::default(),
             data_dir: None,
             peers: Peers::default(),
+            restores: Restores::default(),
             grown: std::sync::Mutex::default(),
         }
     }
@@ -141,8 +145,10 @@ impl SpdkVolumeController {
         self
     }
 
-    /// Keeps DH-HMAC-CHAP secrets under `data_dir` (`NodeConfig.nvmeDhchap`).
+    /// Keeps DH-HMAC-CHAP secrets under `data_dir` (`NodeConfig.nvmeDhchap`)
+    /// and restores volumes from backups under `<data_dir>/restore/`.
     pub fn with_data_dir(mut self, data_dir: std::path::PathBuf) -> Self {
+        self.restores = Restores::new(&data_dir);
         self.data_dir = Some(data_dir);
         self
     }
@@ -355,6 +361,22 @@ impl SpdkVolumeController {
                 }
             }
         }
+        // a new volume from a backup: restored into a file first
+        let restore = match self
+            .restores
+            .step(self.ops.client(), inv, &job.id, &job.spec, job.in_sync.is_some(), superblock)
+            .await
+        {
+            RestoreStep::None => None,
+            RestoreStep::Ready(f) => Some(f),
+            RestoreStep::Failed(m) => return Realized::failed(ObjectState::Failed, m),
+            RestoreStep::Waiting(m) => {
+                let mut r = Realized::failed(ObjectState::Creating, m);
+                r.rebuilding = true;
+                return r;
+            }
+        };
+        let restoring = restore.is_some();
         let plan = VolumePlan {
             name: name.clone(),
             size_bytes: job.spec.size_bytes,
@@ -365,6 +387,7 @@ impl SpdkVolumeController {
             from_snapshot,
             snapshot_set: job.snapshot_set.clone(),
             export: export.clone(),
+            restore,
             in_sync,
             remote,
             superblock,
@@ -390,6 +413,13 @@ impl SpdkVolumeController {
             Ok(info) => {
                 if job.spec.serve_replica.is_none() {
                     self.thaw_once(&name).await;
+                }
+                if restoring {
+                    self.restores.finish(&job.id);
+                    message = format!(
+                        "restored from backup {}",
+                        job.spec.from_backup.as_ref().map_or("", |b| b.backup.as_str())
+                    );
                 }
                 // a served replica's engine (and ledger) is on another node
                 let in_sync = job.spec.serve_replica.is_none().then(|| info.in_sync.clone());

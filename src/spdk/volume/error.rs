@@ -30,6 +30,17 @@ pub enum VolumeError {
         #[source]
         source: Box<ClientError>,
     },
+    /// A replica could not be filled with a restored backup (the lvol was
+    /// removed again).
+    #[error("volume {volume}: restoring replica {replica} from its backup: {reason}")]
+    Restore {
+        /// The volume.
+        volume: String,
+        /// The replica lvol.
+        replica: String,
+        /// The step that failed and SPDK's answer.
+        reason: String,
+    },
     /// A host's DH-HMAC-CHAP secret file is missing or invalid.
     #[error("volume {volume}: DH-HMAC-CHAP")]
     Dhchap {

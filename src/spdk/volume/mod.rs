@@ -45,6 +45,7 @@ use crate::util::nvme_auth::{self as dhchap, DhchapSecret, Secret, TlsPsk};
 // the names and the inventory moved to their own modules; kept here for callers
 pub mod error;
 pub mod freeze;
+pub mod from_file;
 pub mod plan;
 mod rebuild;
 pub mod to_file;
@@ -514,6 +515,11 @@ impl VolumeOps {
             Some(s) => s.contains(&k) && !created.contains(&k),
             // a new clone: only the replicas cloned from one point in time
             None if plan.from_snapshot.is_some() => local.clone_set.contains(&k),
+            // a new volume from a backup: the replicas restored now, or by a run
+            // that got that far (one cut off in its copy is removed before)
+            None if plan.restore.is_some() => {
+                local.restored.contains(&k) || (k < plan.replicas && !created.contains(&k) && !fresh)
+            }
             None => fresh || !created.contains(&k),
         };
         let (device, sync) = if plan.replicas + plan.remote.len() <= 1 {
@@ -647,8 +653,36 @@ impl VolumeOps {
                     })
                     .await
             }
+            Make::Restore { mib, file } => {
+                let uuid = self
+                    .client
+                    .bdev_lvol_create(&LvolCreate::thin(&lvs, name, *mib))
+                    .await
+                    .map_err(rpc(vol, format!("creating replica lvol {lvs}/{name}")))?;
+                let alias = format!("{lvs}/{name}");
+                let block = self.lvstore_block_size(&lvs).await;
+                let bdev = format!("talon-restore-{name}");
+                if let Err(why) = from_file::copy_from_file(&self.client, file, block, &alias, &bdev).await {
+                    // nothing half-made stays: the lvol goes (copy_from_file may have deleted it)
+                    let _ = ignore_missing(self.client.bdev_lvol_delete(&ByName::new(&alias))).await;
+                    return Err(VolumeError::Restore {
+                        volume: vol.to_owned(),
+                        replica: alias,
+                        reason: why,
+                    });
+                }
+                Ok(uuid)
+            }
         };
         made.map_err(rpc(vol, format!("creating replica lvol {lvs}/{name}")))
+    }
+
+    /// The block size of lvstore `lvs` (4096 when it cannot be listed).
+    async fn lvstore_block_size(&self, lvs: &str) -> u32 {
+        match self.client.bdev_lvol_get_lvstores(&Default::default()).await {
+            Ok(list) => list.iter().find(|l| l.name == lvs).map_or(4096, |l| l.block_size),
+            Err(_) => 4096,
+        }
     }
 
     /// Grows local replicas to the volume's `size_mib` plus their superblock

@@ -64,6 +64,9 @@ pub struct VolumePlan {
     pub snapshot_set: Option<BTreeSet<usize>>,
     /// The export.
     pub export: ExportSpec,
+    /// A new volume's data, restored from a backup into a sparse file: its
+    /// first local replicas are made from it ([`Make::Restore`]).
+    pub restore: Option<RestoreFile>,
     /// The replicas last known to hold the newest data (the persisted
     /// [`crate::resources::engine::ReplicaLedger`]); `None` when nothing was
     /// recorded yet: then replicas that exist are trusted, and new ones only
@@ -144,6 +147,7 @@ impl VolumePlan {
             from_snapshot: None,
             snapshot_set: None,
             export,
+            restore: None,
             in_sync: None,
             remote: Vec::new(),
             superblock: replicas >= 2,
@@ -240,6 +244,15 @@ pub enum Make {
         /// The snapshot lvol's alias.
         snapshot: String,
     },
+    /// A thin lvol of `mib` MiB filled with `file`'s data (a restored
+    /// backup): its every cluster allocated
+    /// ([`super::from_file::copy_from_file`]).
+    Restore {
+        /// Its size.
+        mib: u64,
+        /// The restored data.
+        file: std::path::PathBuf,
+    },
     /// A fresh thin lvol of the snapshot's size (`mib`) that gets `snapshot`
     /// as its parent once the raid's superblock is in its own first cluster:
     /// SPDK refuses a member that shows another raid's superblock, and a
@@ -250,6 +263,17 @@ pub enum Make {
         /// The snapshot lvol's alias.
         snapshot: String,
     },
+}
+
+/// A backup restored into a sparse file for a new volume's replicas: the
+/// volume's data at `data_offset` (the raid superblock's room on the
+/// replicas it is made for), the file as large as such a replica.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RestoreFile {
+    /// The file.
+    pub file: std::path::PathBuf,
+    /// Where the volume's data starts in it.
+    pub data_offset: u64,
 }
 
 /// One local replica: where it is or goes, how a missing one is made, and
@@ -285,6 +309,10 @@ pub struct LocalPlan {
     /// The replicas of a clone taken from its snapshot as they are (one
     /// point in time); the others start empty and are rebuilt.
     pub clone_set: BTreeSet<usize>,
+    /// The replicas of a new volume made from its restored backup now
+    /// ([`Make::Restore`]): with those that exist, the ones up to date;
+    /// the others start empty and are rebuilt.
+    pub restored: BTreeSet<usize>,
     /// Heads that get their snapshot (alias) as parent after the raid is
     /// made: those made now as [`Make::Head`], and those of a clone never
     /// exported (no ledger yet) that have none, left by a run that stopped
@@ -354,6 +382,10 @@ pub fn local_for(
             })
             .collect()
     });
+    let restore = plan
+        .restore
+        .as_ref()
+        .filter(|_| existing.is_empty() && plan.in_sync.is_none() && source.is_none());
     let ready = ready_disks(inv, plan);
     // a new replica promises its whole size on the disk it goes to
     let full: BTreeMap<String, String> = ready
@@ -389,6 +421,7 @@ pub fn local_for(
         waiting: Vec::new(),
         unplaced: None,
         clone_set: clone_set.clone(),
+        restored: BTreeSet::new(),
         parents: BTreeMap::new(),
         wanted: BTreeMap::new(),
     };
@@ -434,6 +467,19 @@ pub fn local_for(
                     }),
                     snap_bytes,
                 ),
+                // a new volume from a backup: only before anything of it
+                // exists or was served, on disks whose room matches the file
+                None if restore.is_some_and(|r| r.data_offset == room(disk)) => {
+                    out.restored.insert(*k);
+                    let file = restore.map(|r| r.file.clone()).unwrap_or_default();
+                    (
+                        Some(Make::Restore {
+                            mib: lvol_mib(disk),
+                            file,
+                        }),
+                        whole(lvol_mib(disk).saturating_mul(MIB), disk),
+                    )
+                }
                 None => (
                     Some(Make::Thin { mib: lvol_mib(disk) }),
                     whole(lvol_mib(disk).saturating_mul(MIB), disk),
@@ -523,6 +569,7 @@ mod tests {
                 is_thin_provisioned: true,
                 is_snapshot: snapshot,
                 is_clone: clone,
+                is_esnap_clone: false,
                 num_allocated_clusters: 0,
                 lvs: LvolStoreRef {
                     name: format!("talon-{d}"),
@@ -578,6 +625,40 @@ mod tests {
         }
         assert_ne!(p.replicas[0].disk, p.replicas[1].disk, "distinct disks");
         assert!(p.parents.is_empty() && p.waiting.is_empty() && p.unplaced.is_none());
+    }
+
+    #[test]
+    fn a_new_volume_from_a_backup_makes_its_replicas_from_the_file_only_while_nothing_of_it_exists() {
+        let file = std::path::PathBuf::from("/data/restore/v.img");
+        let restore = |offset| RestoreFile {
+            file: file.clone(),
+            data_offset: offset,
+        };
+        let i = inv(&["a", "b"]);
+        let mut p = vplan("v", 10, 2, true);
+        p.restore = Some(restore(CLUSTER));
+        let l = local(&i, &p).expect("plan");
+        assert_eq!(l.restored, [0, 1].into());
+        for r in &l.replicas {
+            assert_eq!(r.make, Some(Make::Restore { mib: 14, file: file.clone() }), "{r:?}");
+        }
+        // a file made for another room: those replicas start empty (rebuilt)
+        p.restore = Some(restore(MIB));
+        let l = local(&i, &p).expect("plan");
+        assert!(l.restored.is_empty());
+        assert!(l.replicas.iter().all(|r| matches!(r.make, Some(Make::Thin { .. }))));
+        // one replica exists already (a run that got that far): the other is not restored again
+        let mut j = inv(&["a", "b"]);
+        lvol(&mut j, "a", "v-r0", 16 * MIB, false, false);
+        p.restore = Some(restore(CLUSTER));
+        let l = local(&j, &p).expect("plan");
+        assert!(l.restored.is_empty());
+        assert_eq!(l.replicas.iter().filter(|r| r.make.is_some()).count(), 1);
+        assert!(matches!(l.replicas.iter().find(|r| r.k == 1).and_then(|r| r.make.clone()), Some(Make::Thin { .. })));
+        // served before (a ledger): never restored again
+        p.in_sync = Some([0].into());
+        let l = local(&i, &p).expect("plan");
+        assert!(l.restored.is_empty());
     }
 
     #[test]

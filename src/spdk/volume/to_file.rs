@@ -53,6 +53,74 @@ impl Chain {
     }
 }
 
+impl Chain {
+    /// The part of `chain` after lvol `base` (an ancestor of the snapshot):
+    /// copied into a file, it holds every cluster written since `base`,
+    /// whole, and holes elsewhere. `None` when `base` is not in the chain.
+    pub fn after(&self, base: &str) -> Option<Chain> {
+        let at = self.lvols.iter().position(|l| l == base)?;
+        Some(Chain {
+            lvols: self.lvols[at + 1..].to_vec(),
+            ..self.clone()
+        })
+    }
+}
+
+/// Where a backup reads volume `vol`'s snapshot `snap` on this node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SnapshotSource {
+    /// The replica read.
+    pub k: usize,
+    /// Its snapshot lvol's chain, the root first.
+    pub chain: Chain,
+    /// Where the volume's data starts in it (a raid superblock's room).
+    pub data_offset: u64,
+}
+
+/// The local replica a backup of `vol`'s snapshot `snap` reads: one of
+/// the point-in-time set (`recorded`, from the ledger), preferring one
+/// whose chain holds `base_snap` (the last backed-up snapshot), so that
+/// the backup can read only what changed since. `superblock`: whether the
+/// volume's replicas hold a raid superblock before its data.
+pub fn snapshot_source(
+    inv: &Inventory,
+    vol: &str,
+    snap: &str,
+    recorded: Option<&std::collections::BTreeSet<usize>>,
+    base_snap: Option<&str>,
+    superblock: bool,
+) -> Option<(SnapshotSource, Option<Chain>)> {
+    use super::super::naming;
+    let set = super::plan::point_in_time_set(inv, vol, snap, recorded);
+    let mut best: Option<(SnapshotSource, Option<Chain>)> = None;
+    for k in set {
+        let Some(l) = inv
+            .lvols
+            .values()
+            .find(|l| l.name == naming::snapshot_lvol(vol, k, snap) && l.lvs.name.starts_with(naming::LVS_PREFIX))
+        else {
+            continue;
+        };
+        let alias = format!("{}/{}", l.lvs.name, l.name);
+        let Some(chain) = Chain::of(inv, &alias) else { continue };
+        let data_offset = if superblock {
+            inv.lvstores
+                .iter()
+                .find(|s| s.name == l.lvs.name)
+                .map_or(0, |s| super::plan::superblock_room(s.cluster_size))
+        } else {
+            0
+        };
+        let delta = base_snap.and_then(|b| chain.after(&format!("{}/{}", l.lvs.name, naming::snapshot_lvol(vol, k, b))));
+        let src = SnapshotSource { k, chain, data_offset };
+        let better = best.as_ref().is_none_or(|(_, d)| d.is_none() && delta.is_some());
+        if better {
+            best = Some((src, delta));
+        }
+    }
+    best
+}
+
 /// Copies `chain` into sparse file `file` (made anew, the snapshot's size)
 /// through aio bdev `bdev`, oldest lvol first; `bdev` is deleted on every
 /// path (one an earlier copy left under that name too). The error names the

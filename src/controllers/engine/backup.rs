@@ -1,0 +1,322 @@
+//! `engine.BackupController`: carries out `Backup`s of V2 volumes' snapshots
+//! to their backup targets, one at a time, and reports `BackupStatus`.
+//!
+//! ```text
+//!   Backup (config) ── its SnapshotStatus Ready (V2) ──> a task:
+//!     store's last backup of the volume ── its snapshot in this replica's chain?
+//!        yes: copy the chain after it (what changed since) ┐
+//!        no:  copy the whole chain                         ├─> sparse file ─> backupstore::ops::create
+//!     (spdk::volume::to_file, one replica of the snapshot's point-in-time set)
+//!   BackupStatus <name>: Pending -> InProgress (progress) -> Completed | Error
+//! ```
+//!
+//! A backup that a restart of talon cut off starts again (its unfinished
+//! config in the store is replaced); one the store holds complete is
+//! reported complete. A deleted `Backup` stops its task and leaves the
+//! store as Longhorn leaves a failed backup: an unfinished config that no
+//! restore, listing or block collection trusts.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use crate::backupstore::{self, BackupCfg, BackupRequest, BackupStats, Credentials, Progress, SparseImage, Store};
+use crate::resources::backup::{Backup, BackupState, BackupStatus};
+use crate::resources::config::{Volume, snapshot_id};
+use crate::resources::engine::{Engine, ObjectState, ReplicaLedger, SnapshotStatus};
+use crate::runtime::{Controller, ControllerError, Input, Output, ReconcileContext, Requeue, Typed};
+use crate::spdk::SpdkClient;
+use crate::spdk::volume::Inventory;
+use crate::spdk::volume::to_file;
+
+/// How often a running backup's progress is published.
+const POLL: Duration = Duration::from_secs(1);
+
+type Outcome = Result<(BackupCfg, BackupStats, bool), String>;
+
+#[derive(Debug)]
+struct Running {
+    progress: Arc<Progress>,
+    task: tokio::task::JoinHandle<Outcome>,
+}
+
+/// Backs up V2 volumes' snapshots.
+#[derive(Debug)]
+pub struct BackupController {
+    client: SpdkClient,
+    /// Where snapshot images are made (sparse files, removed after).
+    work_dir: PathBuf,
+    running: Mutex<BTreeMap<String, Running>>,
+}
+
+impl BackupController {
+    /// Backs up through the target behind `client`, making images under
+    /// `<data_dir>/backup/`.
+    pub fn new(client: SpdkClient, data_dir: &std::path::Path) -> Self {
+        Self {
+            client,
+            work_dir: data_dir.join("backup"),
+            running: Mutex::default(),
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Longhorn's backup URL (`EncodeBackupURL`: query keys sorted).
+pub fn backup_url(target: &str, backup: &str, volume: &str) -> String {
+    let sep = if target.contains('?') { '&' } else { '?' };
+    format!("{target}{sep}backup={backup}&volume={volume}")
+}
+
+/// The store of `b`'s target with its credentials.
+pub fn open_store(target: &str, secret: Option<&str>) -> Result<Store, String> {
+    let creds = match secret {
+        Some(p) => Credentials::from_secret(std::path::Path::new(p)).map_err(|e| e.to_string())?,
+        None => Credentials::none(),
+    };
+    Store::open(target, &creds).map_err(|e| e.to_string())
+}
+
+fn status(state: BackupState, message: impl Into<String>) -> BackupStatus {
+    BackupStatus {
+        state,
+        message: message.into(),
+        ..Default::default()
+    }
+}
+
+fn completed(b: &Typed<Backup>, cfg: &BackupCfg, stats: Option<&BackupStats>, incremental: bool) -> BackupStatus {
+    BackupStatus {
+        state: BackupState::Completed,
+        progress: 100,
+        url: backup_url(&b.spec.target, b.id(), b.spec.backup_volume()),
+        incremental,
+        blocks_read: stats.map_or(0, |s| s.blocks_read),
+        blocks_uploaded: stats.map_or(0, |s| s.blocks_uploaded),
+        bytes_uploaded: stats.map_or(0, |s| s.bytes_uploaded),
+        size: cfg.size,
+        completed: cfg.created_time.clone(),
+        message: String::new(),
+    }
+}
+
+/// What a backup task needs.
+struct Job {
+    client: SpdkClient,
+    file: PathBuf,
+    backup: Backup,
+    name: String,
+    volume_size: u64,
+    superblock: bool,
+    recorded: Option<BTreeSet<usize>>,
+    snapshot_created: String,
+    progress: Arc<Progress>,
+}
+
+impl Job {
+    async fn run(self) -> Outcome {
+        let store = open_store(&self.backup.target, self.backup.credential_secret.as_deref())?;
+        let bvol = self.backup.backup_volume().to_owned();
+        let named = |e: backupstore::BackupError| format!("backup {}: {e}", self.name);
+        if let Ok(b) = backupstore::ops::backup(&store, &bvol, &self.name).await
+            && b.complete()
+        {
+            // done before a restart of talon
+            return Ok((b, BackupStats::default(), false));
+        }
+        let base = if self.backup.full {
+            None
+        } else {
+            backupstore::ops::last_backup(&store, &bvol).await.map_err(named)?
+        };
+        let inv = Inventory::load(&self.client)
+            .await
+            .map_err(|e| format!("listing spdk_tgt: {}", crate::util::error_chain(&e)))?;
+        let (vol, snap) = (self.backup.volume.as_str(), self.backup.snapshot.as_str());
+        let base_snap = base
+            .as_ref()
+            .map(|b| b.snapshot_name.as_str())
+            .filter(|s| *s != snap);
+        let (src, delta) = to_file::snapshot_source(&inv, vol, snap, self.recorded.as_ref(), base_snap, self.superblock)
+            .ok_or_else(|| format!("no replica of volume {vol} on this node holds snapshot {snap}"))?;
+        let (chain, base) = match delta {
+            Some(d) if base_snap.is_some() => (d, base),
+            _ => (src.chain.clone(), None),
+        };
+        let bdev = format!("talon-backup-{}", self.name);
+        let made = async {
+            to_file::copy_to_file(&self.client, &chain, &self.file, &bdev)
+                .await
+                .map_err(|e| format!("reading snapshot {snap} of {vol}: {e}"))?;
+            let image = SparseImage::open(&self.file, src.data_offset, self.volume_size).map_err(named)?;
+            let bs = backupstore::format::DEFAULT_BLOCK_SIZE;
+            let req = BackupRequest {
+                volume: bvol.clone(),
+                name: self.name.clone(),
+                snapshot: snap.to_owned(),
+                snapshot_created_at: self.snapshot_created.clone(),
+                size: self.volume_size.div_ceil(bs) * bs,
+                labels: self.backup.labels.clone(),
+                full: self.backup.full,
+                data_engine: "v2".into(),
+                ..Default::default()
+            };
+            backupstore::ops::create(&store, &req, &image, base.as_ref(), &self.progress)
+                .await
+                .map_err(named)
+        }
+        .await;
+        let _ = std::fs::remove_file(&self.file);
+        let incremental = base.is_some();
+        made.map(|(cfg, stats)| (cfg, stats, incremental))
+    }
+}
+
+#[async_trait::async_trait]
+impl Controller for BackupController {
+    fn name(&self) -> &'static str {
+        "engine.BackupController"
+    }
+
+    fn inputs(&self) -> Vec<Input> {
+        vec![
+            Input::of::<Backup>(),
+            Input::of::<Volume>(),
+            Input::of::<SnapshotStatus>(),
+            Input::of::<ReplicaLedger>(),
+        ]
+    }
+
+    fn outputs(&self) -> Vec<Output> {
+        vec![Output::exclusive::<BackupStatus>()]
+    }
+
+    async fn reconcile(&self, ctx: &mut ReconcileContext) -> Result<Requeue, ControllerError> {
+        let backups = ctx.list::<Backup>()?;
+        let wanted: BTreeSet<String> = backups.iter().map(|b| b.id().to_string()).collect();
+        // a deleted Backup: its task stops (the lock is released in the background)
+        lock(&self.running).retain(|id, r| {
+            let keep = wanted.contains(id);
+            if !keep {
+                r.task.abort();
+            }
+            keep
+        });
+        for s in ctx.list::<BackupStatus>()? {
+            if !wanted.contains(s.id()) {
+                ctx.destroy::<BackupStatus>(s.id())?;
+            }
+        }
+        let mut busy = lock(&self.running).keys().next().cloned();
+        for b in &backups {
+            let id = b.id().to_string();
+            let prev = ctx.get::<BackupStatus>(&id)?.map(|s| s.spec);
+            if let Some(s) = &prev
+                && matches!(s.state, BackupState::Completed | BackupState::Error)
+            {
+                ctx.apply(&id, s.clone())?;
+                continue;
+            }
+            let finished = {
+                let mut running = lock(&self.running);
+                match running.get(&id) {
+                    Some(r) if r.task.is_finished() => running.remove(&id),
+                    Some(r) => {
+                        let mut s = prev.clone().unwrap_or_default();
+                        s.state = BackupState::InProgress;
+                        s.progress = r.progress.get().min(99);
+                        drop(running);
+                        ctx.apply(&id, s)?;
+                        continue;
+                    }
+                    None => None,
+                }
+            };
+            if let Some(r) = finished {
+                let s = match r.task.await {
+                    Ok(Ok((cfg, stats, incremental))) => completed(b, &cfg, Some(&stats), incremental),
+                    Ok(Err(e)) => status(BackupState::Error, e),
+                    Err(e) => status(BackupState::Error, format!("backup task: {e}")),
+                };
+                if busy.as_deref() == Some(id.as_str()) {
+                    busy = None;
+                }
+                ctx.apply(&id, s)?;
+                continue;
+            }
+            if let Some(other) = &busy {
+                ctx.apply(&id, status(BackupState::Pending, format!("waiting for backup {other}")))?;
+                continue;
+            }
+            if let Err(e) = backupstore::format::check_name("backup", &id)
+                .and_then(|_| backupstore::format::check_name("backup volume", b.spec.backup_volume()))
+            {
+                ctx.apply(&id, status(BackupState::Error, e.to_string()))?;
+                continue;
+            }
+            let sid = snapshot_id(&b.spec.volume, &b.spec.snapshot);
+            let snap = ctx.get::<SnapshotStatus>(&sid)?.map(|s| s.spec);
+            let Some(snap) = snap.filter(|s| s.state == ObjectState::Ready) else {
+                ctx.apply(&id, status(BackupState::Pending, format!("waiting for snapshot {sid} to be ready")))?;
+                continue;
+            };
+            if snap.engine != Engine::V2 {
+                ctx.apply(
+                    &id,
+                    status(BackupState::Error, format!("snapshot {sid} is a V1 snapshot: backups are of V2 volumes")),
+                )?;
+                continue;
+            }
+            let Some(vol) = ctx.get::<Volume>(&b.spec.volume)?.map(|v| v.spec) else {
+                ctx.apply(&id, status(BackupState::Error, format!("volume {} not found", b.spec.volume)))?;
+                continue;
+            };
+            let recorded = ctx
+                .get::<ReplicaLedger>(&b.spec.volume)?
+                .and_then(|l| l.spec.snapshot_set(&b.spec.snapshot));
+            if let Err(e) = std::fs::create_dir_all(&self.work_dir) {
+                ctx.apply(
+                    &id,
+                    status(BackupState::Error, format!("making {}: {e}", self.work_dir.display())),
+                )?;
+                continue;
+            }
+            let progress = Arc::new(Progress::default());
+            let job = Job {
+                client: self.client.clone(),
+                file: self.work_dir.join(format!("{id}.img")),
+                backup: b.spec.clone(),
+                name: id.clone(),
+                volume_size: vol.size_bytes,
+                superblock: vol.raid_superblock && vol.replicas + vol.remote_replicas.len() as u32 > 1,
+                recorded,
+                snapshot_created: snap.created.clone(),
+                progress: progress.clone(),
+            };
+            lock(&self.running).insert(
+                id.clone(),
+                Running {
+                    progress,
+                    task: tokio::spawn(job.run()),
+                },
+            );
+            busy = Some(id.clone());
+            ctx.apply(
+                &id,
+                BackupStatus {
+                    state: BackupState::InProgress,
+                    ..Default::default()
+                },
+            )?;
+        }
+        if lock(&self.running).is_empty() {
+            Ok(Requeue::OnInputChange)
+        } else {
+            Ok(Requeue::After(POLL))
+        }
+    }
+}

@@ -1,0 +1,89 @@
+//! Backups of V2 volumes to a backup target, in Longhorn's backupstore
+//! format ([`crate::backupstore`]).
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::runtime::Spec;
+
+/// A backup of a volume's snapshot (id: the backup's name, Longhorn's rule:
+/// letters, digits, `_.-`). Persisted; done once.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct Backup {
+    /// The volume.
+    pub volume: String,
+    /// Its snapshot backed up.
+    pub snapshot: String,
+    /// The backup target (`s3://<bucket>@<region>/<path>`, `vfs:///<dir>`).
+    pub target: String,
+    /// The target's credentials on this node: a mounted Kubernetes secret
+    /// (one file per key) or a Secret manifest file (Longhorn's keys:
+    /// `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_ENDPOINTS`, ...).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub credential_secret: Option<String>,
+    /// The backup volume's name in the store (default: the volume's name).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backup_volume: Option<String>,
+    /// Upload every block, not only those the store lacks.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub full: bool,
+    /// Labels recorded with the backup.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+}
+
+impl Backup {
+    /// The backup volume's name in the store.
+    pub fn backup_volume(&self) -> &str {
+        self.backup_volume.as_deref().unwrap_or(&self.volume)
+    }
+}
+
+impl Spec for Backup {
+    const TYPE: &'static str = "Backup";
+    const NAMESPACE: &'static str = "config";
+}
+
+/// Where a backup is.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum BackupState {
+    /// Waiting for its snapshot (or for another backup to finish).
+    #[default]
+    Pending,
+    InProgress,
+    Completed,
+    Error,
+}
+
+/// A backup as it went (id: the backup's name).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct BackupStatus {
+    pub state: BackupState,
+    /// Percent done.
+    pub progress: u32,
+    /// Longhorn's backup URL (`<target>?backup=<name>&volume=<volume>`).
+    pub url: String,
+    /// Whether it built on the last backup (read only what changed since).
+    pub incremental: bool,
+    /// Blocks read from the snapshot.
+    pub blocks_read: u64,
+    /// Blocks uploaded (the others were in the store already).
+    pub blocks_uploaded: u64,
+    /// Compressed bytes uploaded.
+    pub bytes_uploaded: u64,
+    /// Bytes of data the backup maps.
+    pub size: u64,
+    /// When it completed (RFC 3339).
+    pub completed: String,
+    /// What went wrong, or what it waits for.
+    pub message: String,
+}
+
+impl Spec for BackupStatus {
+    const TYPE: &'static str = "BackupStatus";
+    const NAMESPACE: &'static str = "engine";
+}

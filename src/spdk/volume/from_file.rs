@@ -1,0 +1,100 @@
+//! A file's data copied into a thin lvol: the other way of [`super::to_file`],
+//! for restoring a backup.
+//!
+//! SPDK v26.05 has no RPC that writes data into an lvol. It can make a bdev
+//! the external snapshot (esnap) of a thin lvol (`bdev_lvol_set_parent_bdev`)
+//! and then copy its parent into the lvol and drop it
+//! (`bdev_lvol_decouple_parent`). Of an external snapshot the blobstore
+//! copies every cluster (`bs_cluster_needs_allocation`: an esnap clone's
+//! unallocated clusters all need allocation; checked on a real v26.05
+//! target: 64 of 64 clusters allocated for 5 MiB of data), so a restored
+//! lvol is fully allocated.
+//!
+//! ```text
+//!   bdev_aio_create <file> <bdev> (read-only)
+//!   bdev_lvol_set_parent_bdev <lvol> <bdev>   the lvol reads the file
+//!   bdev_lvol_decouple_parent <lvol>           copied; the file no longer used
+//!   bdev_aio_delete <bdev>, always
+//! ```
+
+use std::path::Path;
+
+use super::super::client::SpdkClient;
+use super::super::rpc::{AioCreate, ByName, LvolSetParentBdev};
+use super::to_file::remove_bdev;
+
+/// Fills thin lvol `lvol` (`lvs/name`, as large as `file`, nothing written
+/// yet) with `file`'s data through aio bdev `bdev`. On an error after the
+/// file became its parent the lvol is deleted before the aio bdev (an aio
+/// bdev deleted under an esnap clone hung a real v26.05 target): the
+/// caller makes it again. The error names the step.
+pub async fn copy_from_file(
+    client: &SpdkClient,
+    file: &Path,
+    block_size: u32,
+    lvol: &str,
+    bdev: &str,
+) -> Result<(), String> {
+    let err = |step: String| move |e: super::super::client::ClientError| format!("{step}: {}", crate::util::error_chain(&e));
+    remove_bdev(client, bdev)
+        .await
+        .map_err(err(format!("bdev_aio_delete {bdev} (left by an earlier copy)")))?;
+    client
+        .bdev_aio_create(&AioCreate {
+            filename: file.display().to_string(),
+            name: bdev.to_owned(),
+            block_size: Some(block_size),
+            readonly: true,
+            fallocate: false,
+        })
+        .await
+        .map_err(err(format!("bdev_aio_create {bdev} over {}", file.display())))?;
+    let copied = match client
+        .bdev_lvol_set_parent_bdev(&LvolSetParentBdev {
+            lvol_name: lvol.to_owned(),
+            parent_name: bdev.to_owned(),
+        })
+        .await
+    {
+        Err(e) => Err(err(format!("making {bdev} the parent of {lvol}"))(e)),
+        Ok(_) => match client.bdev_lvol_decouple_parent(&ByName::new(lvol)).await {
+            Ok(_) => Ok(true),
+            Err(e) => {
+                let e = err(format!("copying {} into {lvol}", file.display()))(e);
+                match client.bdev_lvol_delete(&ByName::new(lvol)).await {
+                    Ok(_) => Err(e),
+                    Err(d) => Err(format!("{e}; deleting {lvol}: {}", crate::util::error_chain(&d))),
+                }
+            }
+        },
+    };
+    let removed = remove_bdev(client, bdev)
+        .await
+        .map_err(err(format!("bdev_aio_delete {bdev}")));
+    copied.and(removed).map(|_| ())
+}
+
+/// Deletes the replica lvols of volume `vol` that still have a bdev as
+/// their parent: a restore cut off between `bdev_lvol_set_parent_bdev` and
+/// the end of its copy (a stop of talon or spdk_tgt); such a replica is
+/// never served. Returns the lvols deleted.
+pub async fn remove_unfinished(
+    client: &SpdkClient,
+    inv: &super::Inventory,
+    vol: &str,
+) -> Result<Vec<String>, String> {
+    use super::super::naming::{LVS_PREFIX, LvolRole, parse_lvol};
+    let mut out = Vec::new();
+    for l in inv.lvols.values() {
+        let mine = l.lvs.name.starts_with(LVS_PREFIX)
+            && matches!(parse_lvol(&l.name), Some(LvolRole::Replica { volume, .. }) if volume == vol);
+        if mine && l.is_esnap_clone {
+            match client.bdev_lvol_delete(&ByName::new(&l.alias)).await {
+                Ok(_) => out.push(l.alias.clone()),
+                Err(e) if e.is(super::super::error::ErrorKind::NotFound) => {}
+                Err(e) => return Err(format!("deleting {}: {}", l.alias, crate::util::error_chain(&e))),
+            }
+        }
+    }
+    Ok(out)
+}
