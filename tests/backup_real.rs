@@ -84,7 +84,9 @@ async fn backup(c: &talon::client::Client, secret: &Path, name: &str, snap: &str
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn real_spdk_backups_of_a_volume_round_trip_through_s3_full_then_incremental() {
     let test = "real_spdk_backups_of_a_volume_round_trip_through_s3_full_then_incremental";
-    let Some(spdk) = spdk_real::spdk_dir_with(test, &["spdk_dd"]) else { return };
+    let Some(spdk) = spdk_real::spdk_dir_with(test, &["spdk_dd"]) else {
+        return;
+    };
     let dir = tempfile::tempdir().unwrap();
     let port = spdk_real::free_port();
     let mut y = format!(
@@ -153,25 +155,38 @@ async fn real_spdk_backups_of_a_volume_round_trip_through_s3_full_then_increment
     eprintln!("backup-two: {s2}");
     assert_eq!(s2["state"], "completed", "{s2}");
     assert_eq!(s2["incremental"], true, "{s2}");
-    assert_eq!((s2["blocksRead"].as_u64(), s2["blocksUploaded"].as_u64()), (Some(2), Some(2)), "{s2}");
+    assert_eq!(
+        (s2["blocksRead"].as_u64(), s2["blocksUploaded"].as_u64()),
+        (Some(2), Some(2)),
+        "{s2}"
+    );
 
     // both restore to what was written, checked end to end
     let store = Store::open(target, &Credentials::from_secret(&secret).unwrap()).unwrap();
     let p = Progress::default();
     for (name, expect) in [("backup-one", &at_s1), ("backup-two", &model)] {
         let out = dir.path().join(format!("{name}.img"));
-        let r = ops::restore_to_file(&store, "vol", name, &out, 0, &p).await.unwrap();
+        let r = ops::restore_to_file(&store, "vol", name, &out, 0, &p)
+            .await
+            .unwrap();
         assert_eq!(r.size, SIZE);
         assert_eq!(sha(&out, SIZE), sha(expect, SIZE), "restore of {name}");
     }
     let v = ops::volume(&store, "vol").await.unwrap().unwrap();
-    assert_eq!((v.last_backup_name.as_str(), v.size, v.data_engine.as_str()), ("backup-two", SIZE, "v2"));
+    assert_eq!(
+        (v.last_backup_name.as_str(), v.size, v.data_engine.as_str()),
+        ("backup-two", SIZE, "v2")
+    );
 
     // a restored image into a thin lvol of the same target reads back the same
     let restored = dir.path().join("backup-two.img");
     let lvol = "talon-d1/restore-check";
     spdk_client
-        .bdev_lvol_create(&talon::spdk::rpc::LvolCreate::thin("talon-d1", "restore-check", SIZE / MIB))
+        .bdev_lvol_create(&talon::spdk::rpc::LvolCreate::thin(
+            "talon-d1",
+            "restore-check",
+            SIZE / MIB,
+        ))
         .await
         .expect("thin lvol");
     talon::spdk::volume::from_file::copy_from_file(&spdk_client, &restored, 4096, lvol, "restore-check-src")
@@ -190,6 +205,37 @@ async fn real_spdk_backups_of_a_volume_round_trip_through_s3_full_then_increment
     talon::spdk::volume::to_file::copy_to_file(&spdk_client, &chain, &back, "restore-check-dst")
         .await
         .expect("copy_to_file");
-    assert_eq!(sha(&back, SIZE), sha(&model, SIZE), "the lvol restored from backup-two");
+    assert_eq!(
+        sha(&back, SIZE),
+        sha(&model, SIZE),
+        "the lvol restored from backup-two"
+    );
+
+    // a new volume of two replicas restored from backup-two serves what was written
+    let v: Value = d
+        .client
+        .call(
+            "backup_restore",
+            json!({"backup": "backup-two", "backupVolume": "vol", "target": TARGET,
+                   "credentialSecret": secret.display().to_string(), "volume": "back",
+                   "replicas": 2, "wait": true, "timeoutSeconds": 600}),
+        )
+        .await
+        .expect("backup_restore");
+    eprintln!("restored volume: {}", v["status"]);
+    let back_nqn = format!("{}:vol:back", talon::names::NQN_PREFIX);
+    let data = spdk_dd::dd(&spdk, &work, port, &back_nqn, None, SIZE as usize);
+    let f = dir.path().join("back-volume.img");
+    std::fs::write(&f, &data).unwrap();
+    drop(data);
+    assert_eq!(
+        sha(&f, SIZE),
+        sha(&model, SIZE),
+        "volume back, restored from backup-two"
+    );
+    assert!(
+        !dir.path().join("data/restore/back.img").exists() && !dir.path().join("restore/back.img").exists(),
+        "the restore file is removed once the volume is served"
+    );
     d.stop().await;
 }

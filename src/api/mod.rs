@@ -11,6 +11,7 @@
 //! Every method is registered through [`ApiBuilder`], which also records its
 //! params/result schemas and errors for the OpenRPC document (`rpc.discover`).
 
+pub mod backup;
 pub mod error;
 pub mod server;
 pub mod tls;
@@ -275,6 +276,8 @@ pub fn register_core(api: &mut ApiBuilder) {
         },
     );
     register_watch(api);
+    // the backup methods ride with the core: serve.rs registers the core and `volume::register`
+    backup::register(api);
 }
 
 fn register_watch(api: &mut ApiBuilder) {

@@ -438,7 +438,7 @@ pub(crate) fn exists_as(what: &str, id: &dyn std::fmt::Display, e: crate::runtim
     }
 }
 
-fn volume_name(s: &str) -> Result<ObjectName, ApiError> {
+pub(crate) fn volume_name(s: &str) -> Result<ObjectName, ApiError> {
     Ok(ObjectName::parse("volume", s)?)
 }
 
@@ -485,7 +485,7 @@ pub(crate) fn live_snapshot(state: &State, id: &str, action: &str) -> Result<Typ
     Ok(s)
 }
 
-fn view(state: &State, v: Typed<Volume>) -> Result<VolumeView, ApiError> {
+pub(crate) fn view(state: &State, v: Typed<Volume>) -> Result<VolumeView, ApiError> {
     let name = v.metadata.id.clone();
     let replicas = state
         .list_typed::<ReplicaStatus>()?
@@ -592,7 +592,7 @@ pub(crate) async fn wait_for<S: OnTarget>(
     }
 }
 
-fn engine_ready(size: u64) -> impl Fn(Option<&EngineStatus>) -> Option<Result<(), String>> {
+pub(crate) fn engine_ready(size: u64) -> impl Fn(Option<&EngineStatus>) -> Option<Result<(), String>> {
     move |e| match e {
         Some(e) if e.state == ObjectState::Failed => Some(Err(e.message.clone())),
         Some(e) if matches!(e.state, ObjectState::Ready | ObjectState::Degraded) && e.size_bytes >= size => {

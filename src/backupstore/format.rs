@@ -104,6 +104,13 @@ pub fn locks_dir(volume: &str) -> String {
     format!("{}/locks", volume_dir(volume))
 }
 
+/// Longhorn's backup URL (`EncodeBackupURL`: the target with `backup` and
+/// `volume` added to its query, keys sorted).
+pub fn backup_url(target: &str, backup: &str, volume: &str) -> String {
+    let sep = if target.contains('?') { '&' } else { '?' };
+    format!("{target}{sep}backup={backup}&volume={volume}")
+}
+
 /// Now in Longhorn's time format (`util.Now`: RFC 3339, whole seconds, `Z`).
 pub fn now() -> String {
     humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string()
@@ -460,6 +467,18 @@ mod tests {
                 &s[..2],
                 &s[2..4]
             )
+        );
+    }
+
+    #[test]
+    fn backup_urls_are_longhorns() {
+        assert_eq!(
+            backup_url("vfs:///b", "backup-1", "pvc-1"),
+            "vfs:///b?backup=backup-1&volume=pvc-1"
+        );
+        assert_eq!(
+            backup_url("nfs://h:/x?nfsOptions=soft", "b2", "v2"),
+            "nfs://h:/x?nfsOptions=soft&backup=b2&volume=v2"
         );
     }
 

@@ -264,6 +264,16 @@ impl Store {
         })
     }
 
+    /// Opens `url` with the credentials of secret `secret` (a path, see
+    /// [`Credentials::from_secret`]), or none.
+    pub fn open_with_secret(url: &str, secret: Option<&FsPath>) -> Result<Store, BackupError> {
+        let creds = match secret {
+            Some(p) => Credentials::from_secret(p)?,
+            None => Credentials::none(),
+        };
+        Store::open(url, &creds)
+    }
+
     /// The target's URL.
     pub fn url(&self) -> &str {
         &self.url

@@ -7,6 +7,7 @@
 //! ```
 
 pub mod attach;
+pub mod backup;
 pub mod doctor;
 pub mod host;
 pub mod longhorn_pod;
@@ -72,6 +73,9 @@ pub enum Command {
     /// Disks: add, list, remove.
     #[command(subcommand)]
     Disk(volume::DiskCommand),
+    /// Backups to a backup target (S3, vfs): create, list, get, delete, store-list.
+    #[command(subcommand)]
+    Backup(backup::BackupCommand),
     /// What this host lacks for V2 volumes, and the Talos patch that fixes it (no daemon needed).
     Doctor(doctor::DoctorArgs),
     /// Host operations that need no daemon.
@@ -492,6 +496,7 @@ async fn run(cli: Cli) -> Result<ExitCode, CliError> {
             volume::run_snapshot(&Client::connect_unix(&cli.socket).await?, cmd).await?
         }
         Command::Disk(cmd) => volume::run_disk(&Client::connect_unix(&cli.socket).await?, cmd).await?,
+        Command::Backup(cmd) => backup::run(&Client::connect_unix(&cli.socket).await?, cmd).await?,
         Command::Doctor(a) => tokio::task::block_in_place(|| doctor::run(a))?,
         Command::Host(h) => {
             let root = crate::host::HostRoot::new(&h.host_root);

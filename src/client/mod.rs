@@ -6,6 +6,8 @@
 //!   client.call("volume_create", json!({...})) / typed helpers / watch() subscription
 //! ```
 
+mod backup;
+
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 

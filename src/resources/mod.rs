@@ -44,7 +44,11 @@ pub fn register_types(reg: &mut TypeRegistry) {
     reg.register::<config::Snapshot>("A snapshot of a volume", &[("VOLUME", "/volume")]);
     reg.register::<backup::Backup>(
         "A backup of a volume's snapshot to a backup target",
-        &[("VOLUME", "/volume"), ("SNAPSHOT", "/snapshot"), ("TARGET", "/target")],
+        &[
+            ("VOLUME", "/volume"),
+            ("SNAPSHOT", "/snapshot"),
+            ("TARGET", "/target"),
+        ],
     );
     reg.register::<frontend::Attachment>(
         "A request to attach a volume on this host",
@@ -102,7 +106,11 @@ pub fn register_types(reg: &mut TypeRegistry) {
     );
     reg.register::<backup::BackupStatus>(
         "A backup as it went",
-        &[("STATE", "/state"), ("PROGRESS", "/progress"), ("UPLOADED", "/blocksUploaded")],
+        &[
+            ("STATE", "/state"),
+            ("PROGRESS", "/progress"),
+            ("UPLOADED", "/blocksUploaded"),
+        ],
     );
     reg.register::<engine::SnapshotStatus>(
         "A snapshot as the engine holds it",

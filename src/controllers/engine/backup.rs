@@ -21,7 +21,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::backupstore::{self, BackupCfg, BackupRequest, BackupStats, Credentials, Progress, SparseImage, Store};
+use crate::backupstore::{self, BackupCfg, BackupRequest, BackupStats, Progress, SparseImage, Store};
 use crate::resources::backup::{Backup, BackupState, BackupStatus};
 use crate::resources::config::{Volume, snapshot_id};
 use crate::resources::engine::{Engine, ObjectState, ReplicaLedger, SnapshotStatus};
@@ -66,19 +66,9 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// Longhorn's backup URL (`EncodeBackupURL`: query keys sorted).
-pub fn backup_url(target: &str, backup: &str, volume: &str) -> String {
-    let sep = if target.contains('?') { '&' } else { '?' };
-    format!("{target}{sep}backup={backup}&volume={volume}")
-}
-
-/// The store of `b`'s target with its credentials.
+/// The store of a target with the credentials of secret `secret`.
 pub fn open_store(target: &str, secret: Option<&str>) -> Result<Store, String> {
-    let creds = match secret {
-        Some(p) => Credentials::from_secret(std::path::Path::new(p)).map_err(|e| e.to_string())?,
-        None => Credentials::none(),
-    };
-    Store::open(target, &creds).map_err(|e| e.to_string())
+    Store::open_with_secret(target, secret.map(std::path::Path::new)).map_err(|e| e.to_string())
 }
 
 fn status(state: BackupState, message: impl Into<String>) -> BackupStatus {
@@ -89,11 +79,16 @@ fn status(state: BackupState, message: impl Into<String>) -> BackupStatus {
     }
 }
 
-fn completed(b: &Typed<Backup>, cfg: &BackupCfg, stats: Option<&BackupStats>, incremental: bool) -> BackupStatus {
+fn completed(
+    b: &Typed<Backup>,
+    cfg: &BackupCfg,
+    stats: Option<&BackupStats>,
+    incremental: bool,
+) -> BackupStatus {
     BackupStatus {
         state: BackupState::Completed,
         progress: 100,
-        url: backup_url(&b.spec.target, b.id(), b.spec.backup_volume()),
+        url: backupstore::format::backup_url(&b.spec.target, b.id(), b.spec.backup_volume()),
         incremental,
         blocks_read: stats.map_or(0, |s| s.blocks_read),
         blocks_uploaded: stats.map_or(0, |s| s.blocks_uploaded),
@@ -125,13 +120,22 @@ impl Job {
         if let Ok(b) = backupstore::ops::backup(&store, &bvol, &self.name).await
             && b.complete()
         {
+            if b.snapshot_name != self.backup.snapshot {
+                return Err(format!(
+                    "backup {}: the target holds a complete backup of that name of snapshot {:?} of {bvol}; \
+                     pick another name",
+                    self.name, b.snapshot_name
+                ));
+            }
             // done before a restart of talon
             return Ok((b, BackupStats::default(), false));
         }
         let base = if self.backup.full {
             None
         } else {
-            backupstore::ops::last_backup(&store, &bvol).await.map_err(named)?
+            backupstore::ops::last_backup(&store, &bvol)
+                .await
+                .map_err(named)?
         };
         let inv = Inventory::load(&self.client)
             .await
@@ -141,8 +145,15 @@ impl Job {
             .as_ref()
             .map(|b| b.snapshot_name.as_str())
             .filter(|s| *s != snap);
-        let (src, delta) = to_file::snapshot_source(&inv, vol, snap, self.recorded.as_ref(), base_snap, self.superblock)
-            .ok_or_else(|| format!("no replica of volume {vol} on this node holds snapshot {snap}"))?;
+        let (src, delta) = to_file::snapshot_source(
+            &inv,
+            vol,
+            snap,
+            self.recorded.as_ref(),
+            base_snap,
+            self.superblock,
+        )
+        .ok_or_else(|| format!("no replica of volume {vol} on this node holds snapshot {snap}"))?;
         let (chain, base) = match delta {
             Some(d) if base_snap.is_some() => (d, base),
             _ => (src.chain.clone(), None),
@@ -249,7 +260,10 @@ impl Controller for BackupController {
                 continue;
             }
             if let Some(other) = &busy {
-                ctx.apply(&id, status(BackupState::Pending, format!("waiting for backup {other}")))?;
+                ctx.apply(
+                    &id,
+                    status(BackupState::Pending, format!("waiting for backup {other}")),
+                )?;
                 continue;
             }
             if let Err(e) = backupstore::format::check_name("backup", &id)
@@ -261,18 +275,30 @@ impl Controller for BackupController {
             let sid = snapshot_id(&b.spec.volume, &b.spec.snapshot);
             let snap = ctx.get::<SnapshotStatus>(&sid)?.map(|s| s.spec);
             let Some(snap) = snap.filter(|s| s.state == ObjectState::Ready) else {
-                ctx.apply(&id, status(BackupState::Pending, format!("waiting for snapshot {sid} to be ready")))?;
+                ctx.apply(
+                    &id,
+                    status(
+                        BackupState::Pending,
+                        format!("waiting for snapshot {sid} to be ready"),
+                    ),
+                )?;
                 continue;
             };
             if snap.engine != Engine::V2 {
                 ctx.apply(
                     &id,
-                    status(BackupState::Error, format!("snapshot {sid} is a V1 snapshot: backups are of V2 volumes")),
+                    status(
+                        BackupState::Error,
+                        format!("snapshot {sid} is a V1 snapshot: backups are of V2 volumes"),
+                    ),
                 )?;
                 continue;
             }
             let Some(vol) = ctx.get::<Volume>(&b.spec.volume)?.map(|v| v.spec) else {
-                ctx.apply(&id, status(BackupState::Error, format!("volume {} not found", b.spec.volume)))?;
+                ctx.apply(
+                    &id,
+                    status(BackupState::Error, format!("volume {} not found", b.spec.volume)),
+                )?;
                 continue;
             };
             let recorded = ctx
@@ -281,7 +307,10 @@ impl Controller for BackupController {
             if let Err(e) = std::fs::create_dir_all(&self.work_dir) {
                 ctx.apply(
                     &id,
-                    status(BackupState::Error, format!("making {}: {e}", self.work_dir.display())),
+                    status(
+                        BackupState::Error,
+                        format!("making {}: {e}", self.work_dir.display()),
+                    ),
                 )?;
                 continue;
             }

@@ -23,9 +23,9 @@ use crate::backupstore::{self, Progress};
 use crate::resources::config::Volume;
 use crate::spdk::SpdkClient;
 use crate::spdk::naming;
+use crate::spdk::volume::Inventory;
 use crate::spdk::volume::from_file;
 use crate::spdk::volume::plan::{RestoreFile, superblock_room};
-use crate::spdk::volume::Inventory;
 
 const MIB: u64 = 1 << 20;
 
@@ -96,7 +96,8 @@ impl Restores {
                 "volume {vol}: a restore from a backup makes local replicas only (no remoteReplicas, no serveReplica)"
             ));
         }
-        let exists = (0..spec.replicas.max(1) as usize).any(|k| inv.find_lvol(&naming::replica(vol, k)).is_some());
+        let exists =
+            (0..spec.replicas.max(1) as usize).any(|k| inv.find_lvol(&naming::replica(vol, k)).is_some());
         if exists {
             match from_file::remove_unfinished(client, inv, vol).await {
                 Ok(gone) if !gone.is_empty() => {
@@ -171,7 +172,8 @@ impl Restores {
         let handle = tokio::spawn(async move {
             std::fs::create_dir_all(&dir).map_err(|e| format!("making {}: {e}", dir.display()))?;
             let store = super::backup::open_store(&src.target, src.credential_secret.as_deref())?;
-            let named = |e: backupstore::BackupError| format!("backup {} of {}: {e}", src.backup, src.backup_volume);
+            let named =
+                |e: backupstore::BackupError| format!("backup {} of {}: {e}", src.backup, src.backup_volume);
             let cfg = backupstore::ops::volume(&store, &src.backup_volume)
                 .await
                 .map_err(named)?
@@ -182,9 +184,16 @@ impl Restores {
                     src.backup, cfg.size
                 ));
             }
-            backupstore::ops::restore_to_file(&store, &src.backup_volume, &src.backup, &file, data_offset, &p)
-                .await
-                .map_err(named)?;
+            backupstore::ops::restore_to_file(
+                &store,
+                &src.backup_volume,
+                &src.backup,
+                &file,
+                data_offset,
+                &p,
+            )
+            .await
+            .map_err(named)?;
             // as large as a replica lvol: the volume's whole MiB after the room
             let len = data_offset + size.div_ceil(MIB) * MIB;
             std::fs::OpenOptions::new()

@@ -364,7 +364,14 @@ impl SpdkVolumeController {
         // a new volume from a backup: restored into a file first
         let restore = match self
             .restores
-            .step(self.ops.client(), inv, &job.id, &job.spec, job.in_sync.is_some(), superblock)
+            .step(
+                self.ops.client(),
+                inv,
+                &job.id,
+                &job.spec,
+                job.in_sync.is_some(),
+                superblock,
+            )
             .await
         {
             RestoreStep::None => None,

@@ -35,7 +35,9 @@ pub async fn copy_from_file(
     lvol: &str,
     bdev: &str,
 ) -> Result<(), String> {
-    let err = |step: String| move |e: super::super::client::ClientError| format!("{step}: {}", crate::util::error_chain(&e));
+    let err = |step: String| {
+        move |e: super::super::client::ClientError| format!("{step}: {}", crate::util::error_chain(&e))
+    };
     remove_bdev(client, bdev)
         .await
         .map_err(err(format!("bdev_aio_delete {bdev} (left by an earlier copy)")))?;

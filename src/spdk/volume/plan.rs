@@ -640,13 +640,24 @@ mod tests {
         let l = local(&i, &p).expect("plan");
         assert_eq!(l.restored, [0, 1].into());
         for r in &l.replicas {
-            assert_eq!(r.make, Some(Make::Restore { mib: 14, file: file.clone() }), "{r:?}");
+            assert_eq!(
+                r.make,
+                Some(Make::Restore {
+                    mib: 14,
+                    file: file.clone()
+                }),
+                "{r:?}"
+            );
         }
         // a file made for another room: those replicas start empty (rebuilt)
         p.restore = Some(restore(MIB));
         let l = local(&i, &p).expect("plan");
         assert!(l.restored.is_empty());
-        assert!(l.replicas.iter().all(|r| matches!(r.make, Some(Make::Thin { .. }))));
+        assert!(
+            l.replicas
+                .iter()
+                .all(|r| matches!(r.make, Some(Make::Thin { .. })))
+        );
         // one replica exists already (a run that got that far): the other is not restored again
         let mut j = inv(&["a", "b"]);
         lvol(&mut j, "a", "v-r0", 16 * MIB, false, false);
@@ -654,7 +665,10 @@ mod tests {
         let l = local(&j, &p).expect("plan");
         assert!(l.restored.is_empty());
         assert_eq!(l.replicas.iter().filter(|r| r.make.is_some()).count(), 1);
-        assert!(matches!(l.replicas.iter().find(|r| r.k == 1).and_then(|r| r.make.clone()), Some(Make::Thin { .. })));
+        assert!(matches!(
+            l.replicas.iter().find(|r| r.k == 1).and_then(|r| r.make.clone()),
+            Some(Make::Thin { .. })
+        ));
         // served before (a ledger): never restored again
         p.in_sync = Some([0].into());
         let l = local(&i, &p).expect("plan");

@@ -94,15 +94,15 @@ pub fn snapshot_source(
     let set = super::plan::point_in_time_set(inv, vol, snap, recorded);
     let mut best: Option<(SnapshotSource, Option<Chain>)> = None;
     for k in set {
-        let Some(l) = inv
-            .lvols
-            .values()
-            .find(|l| l.name == naming::snapshot_lvol(vol, k, snap) && l.lvs.name.starts_with(naming::LVS_PREFIX))
-        else {
+        let Some(l) = inv.lvols.values().find(|l| {
+            l.name == naming::snapshot_lvol(vol, k, snap) && l.lvs.name.starts_with(naming::LVS_PREFIX)
+        }) else {
             continue;
         };
         let alias = format!("{}/{}", l.lvs.name, l.name);
-        let Some(chain) = Chain::of(inv, &alias) else { continue };
+        let Some(chain) = Chain::of(inv, &alias) else {
+            continue;
+        };
         let data_offset = if superblock {
             inv.lvstores
                 .iter()
@@ -111,8 +111,13 @@ pub fn snapshot_source(
         } else {
             0
         };
-        let delta = base_snap.and_then(|b| chain.after(&format!("{}/{}", l.lvs.name, naming::snapshot_lvol(vol, k, b))));
-        let src = SnapshotSource { k, chain, data_offset };
+        let delta = base_snap
+            .and_then(|b| chain.after(&format!("{}/{}", l.lvs.name, naming::snapshot_lvol(vol, k, b))));
+        let src = SnapshotSource {
+            k,
+            chain,
+            data_offset,
+        };
         let better = best.as_ref().is_none_or(|(_, d)| d.is_none() && delta.is_some());
         if better {
             best = Some((src, delta));
