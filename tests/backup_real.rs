@@ -44,13 +44,13 @@ fn pattern(seed: u64, len: usize) -> Vec<u8> {
 }
 
 fn sha(path: &Path, len: u64) -> String {
-    let f = std::fs::File::open(path).unwrap();
+    let f = std::fs::File::open(path).expect("open");
     let mut ctx = ring::digest::Context::new(&ring::digest::SHA256);
     let mut buf = vec![0u8; 8 << 20];
     let mut at = 0;
     while at < len {
         let n = (len - at).min(buf.len() as u64) as usize;
-        f.read_exact_at(&mut buf[..n], at).unwrap();
+        f.read_exact_at(&mut buf[..n], at).expect("read_exact_at");
         ctx.update(&buf[..n]);
         at += n as u64;
     }
@@ -87,7 +87,7 @@ async fn real_spdk_backups_of_a_volume_round_trip_through_s3_full_then_increment
     let Some(spdk) = spdk_real::spdk_dir_with(test, &["spdk_dd"]) else {
         return;
     };
-    let dir = tempfile::tempdir().unwrap();
+    let dir = tempfile::tempdir().expect("tempdir");
     let port = spdk_real::free_port();
     let mut y = format!(
         "node:\n  engine: v2\n  listenAddress: 127.0.0.1\n  nvmfPort: {port}\n  allowedHosts: [\"{}\"]\ndisks:\n",
@@ -101,7 +101,7 @@ async fn real_spdk_backups_of_a_volume_round_trip_through_s3_full_then_increment
         ));
     }
     let config = dir.path().join("talon.yaml");
-    std::fs::write(&config, y).unwrap();
+    std::fs::write(&config, y).expect("write");
     let d = serve_daemon::start(ServeOptions {
         config: Some(config),
         stop_targets_on_exit: true,
@@ -111,7 +111,7 @@ async fn real_spdk_backups_of_a_volume_round_trip_through_s3_full_then_increment
     let spdk_client = SpdkClient::new(dir.path().join("run/spdk.sock"));
     let server = s3_server::S3Server::start(&dir.path().join("s3"), "backups").await;
     let secret = dir.path().join("s3-secret.yaml");
-    std::fs::write(&secret, server.secret_manifest(s3_server::SECRET_KEY)).unwrap();
+    std::fs::write(&secret, server.secret_manifest(s3_server::SECRET_KEY)).expect("secret_manifest");
     let target = TARGET;
 
     let _: Value = d
@@ -126,15 +126,21 @@ async fn real_spdk_backups_of_a_volume_round_trip_through_s3_full_then_increment
 
     // what the volume holds, kept beside it: 128 MiB in 8 regions of 16 MiB
     let model = dir.path().join("model.img");
-    std::fs::File::create(&model).unwrap().set_len(SIZE).unwrap();
-    let m = std::fs::OpenOptions::new().write(true).open(&model).unwrap();
+    std::fs::File::create(&model)
+        .expect("create")
+        .set_len(SIZE)
+        .expect("set_len");
+    let m = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&model)
+        .expect("open");
     let work = dir.path().join("dd");
-    std::fs::create_dir_all(&work).unwrap();
+    std::fs::create_dir_all(&work).expect("create_dir_all");
     for i in 0..8u64 {
         let at = i * 120 * MIB + 4 * MIB;
         let data = pattern(i + 1, 16 * MIB as usize);
         spdk_dd::dd_write_at(&spdk, &work, port, &nqn, &data, at as usize);
-        m.write_all_at(&data, at).unwrap();
+        m.write_all_at(&data, at).expect("write_all_at");
     }
     snapshot(&d.client, "s1").await;
     let s1 = backup(&d.client, &secret, "backup-one", "s1").await;
@@ -143,12 +149,12 @@ async fn real_spdk_backups_of_a_volume_round_trip_through_s3_full_then_increment
     assert_eq!(s1["incremental"], false, "{s1}");
     assert_eq!(s1["blocksUploaded"], 64, "128 MiB of distinct data: {s1}");
     let at_s1 = dir.path().join("model-s1.img");
-    std::fs::copy(&model, &at_s1).unwrap();
+    std::fs::copy(&model, &at_s1).expect("copy");
 
     // 3 MiB over two blocks changes; the second backup reads and uploads those two only
     let change = pattern(99, 3 * MIB as usize);
     spdk_dd::dd_write_at(&spdk, &work, port, &nqn, &change, (101 * MIB) as usize);
-    m.write_all_at(&change, 101 * MIB).unwrap();
+    m.write_all_at(&change, 101 * MIB).expect("write_all_at");
     drop(m);
     snapshot(&d.client, "s2").await;
     let s2 = backup(&d.client, &secret, "backup-two", "s2").await;
@@ -162,17 +168,18 @@ async fn real_spdk_backups_of_a_volume_round_trip_through_s3_full_then_increment
     );
 
     // both restore to what was written, checked end to end
-    let store = Store::open(target, &Credentials::from_secret(&secret).unwrap()).unwrap();
+    let store =
+        Store::open(target, &Credentials::from_secret(&secret).expect("from_secret")).expect("unwrap");
     let p = Progress::default();
     for (name, expect) in [("backup-one", &at_s1), ("backup-two", &model)] {
         let out = dir.path().join(format!("{name}.img"));
         let r = ops::restore_to_file(&store, "vol", name, &out, 0, &p)
             .await
-            .unwrap();
+            .expect("restore_to_file");
         assert_eq!(r.size, SIZE);
         assert_eq!(sha(&out, SIZE), sha(expect, SIZE), "restore of {name}");
     }
-    let v = ops::volume(&store, "vol").await.unwrap().unwrap();
+    let v = ops::volume(&store, "vol").await.expect("volume").expect("unwrap");
     assert_eq!(
         (v.last_backup_name.as_str(), v.size, v.data_engine.as_str()),
         ("backup-two", SIZE, "v2")
@@ -199,7 +206,9 @@ async fn real_spdk_backups_of_a_volume_round_trip_through_s3_full_then_increment
         })
         .await
         .expect("snapshot of the restored lvol");
-    let inv = talon::spdk::volume::Inventory::load(&spdk_client).await.unwrap();
+    let inv = talon::spdk::volume::Inventory::load(&spdk_client)
+        .await
+        .expect("load");
     let chain = talon::spdk::volume::to_file::Chain::of(&inv, "talon-d1/restore-check-snap").expect("chain");
     let back = dir.path().join("back.img");
     talon::spdk::volume::to_file::copy_to_file(&spdk_client, &chain, &back, "restore-check-dst")
@@ -226,7 +235,7 @@ async fn real_spdk_backups_of_a_volume_round_trip_through_s3_full_then_increment
     let back_nqn = format!("{}:vol:back", talon::names::NQN_PREFIX);
     let data = spdk_dd::dd(&spdk, &work, port, &back_nqn, None, SIZE as usize);
     let f = dir.path().join("back-volume.img");
-    std::fs::write(&f, &data).unwrap();
+    std::fs::write(&f, &data).expect("write");
     drop(data);
     assert_eq!(
         sha(&f, SIZE),

@@ -20,9 +20,9 @@ const MIB: u64 = 1 << 20;
 const ROOM: u64 = MIB;
 
 fn sha(path: &Path, from: u64, len: u64) -> String {
-    let f = std::fs::File::open(path).unwrap();
+    let f = std::fs::File::open(path).expect("open");
     let mut buf = vec![0u8; len as usize];
-    f.read_exact_at(&mut buf, from).unwrap();
+    f.read_exact_at(&mut buf, from).expect("read_exact_at");
     format::checksum(&buf)
 }
 
@@ -34,20 +34,20 @@ fn pattern(seed: u8, len: usize) -> Vec<u8> {
 
 /// A sparse image file: ROOM, then `size` bytes with `writes` at volume offsets.
 fn image(path: &Path, size: u64, writes: &[(u64, Vec<u8>)]) -> SparseImage {
-    let f = std::fs::File::create(path).unwrap();
-    f.set_len(ROOM + size).unwrap();
+    let f = std::fs::File::create(path).expect("create");
+    f.set_len(ROOM + size).expect("set_len");
     for (at, data) in writes {
-        f.write_all_at(data, ROOM + at).unwrap();
+        f.write_all_at(data, ROOM + at).expect("write_all_at");
     }
     drop(f);
-    SparseImage::open(path, ROOM, size).unwrap()
+    SparseImage::open(path, ROOM, size).expect("open")
 }
 
 async fn s3_store(server: &S3Server, dir: &Path, secret: &str) -> Store {
     let f = dir.join(format!("secret-{secret}.yaml"));
-    std::fs::write(&f, server.secret_manifest(secret)).unwrap();
-    let creds = Credentials::from_secret(&f).unwrap();
-    Store::open("s3://backups@us-east-1/cluster-a/", &creds).unwrap()
+    std::fs::write(&f, server.secret_manifest(secret)).expect("secret_manifest");
+    let creds = Credentials::from_secret(&f).expect("from_secret");
+    Store::open("s3://backups@us-east-1/cluster-a/", &creds).expect("open")
 }
 
 fn request(name: &str, snapshot: &str, size: u64) -> BackupRequest {
@@ -65,10 +65,10 @@ fn request(name: &str, snapshot: &str, size: u64) -> BackupRequest {
 
 #[tokio::test]
 async fn backups_round_trip_through_s3_and_an_incremental_uploads_only_changed_blocks() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = tempfile::tempdir().expect("tempdir");
     let server = S3Server::start(&dir.path().join("s3"), "backups").await;
     let store = s3_store(&server, dir.path(), s3_server::SECRET_KEY).await;
-    store.check().await.unwrap();
+    store.check().await.expect("check");
     let size = 64 * MIB;
 
     // snapshot 1: 5 MiB at 8 MiB (blocks 4, 5, 6), 2 MiB at 40 MiB (block 20), twice the same 2 MiB
@@ -85,7 +85,7 @@ async fn backups_round_trip_through_s3_and_an_incremental_uploads_only_changed_b
     let p = Progress::default();
     let (b1, st1) = ops::create(&store, &request("backup-one", "s1", size), &full, None, &p)
         .await
-        .unwrap();
+        .expect("request");
     assert_eq!(p.get(), 100);
     assert_eq!(st1.blocks_read, 5, "{st1:?}");
     assert_eq!(b1.blocks.len(), 5);
@@ -96,7 +96,7 @@ async fn backups_round_trip_through_s3_and_an_incremental_uploads_only_changed_b
     let restored = dir.path().join("r1.img");
     let rs = ops::restore_to_file(&store, "pvc-data", "backup-one", &restored, ROOM, &p)
         .await
-        .unwrap();
+        .expect("restore_to_file");
     assert_eq!(rs.size, size);
     assert_eq!(
         sha(&restored, ROOM, size),
@@ -116,7 +116,7 @@ async fn backups_round_trip_through_s3_and_an_incremental_uploads_only_changed_b
     );
     let base = ops::last_backup(&store, "pvc-data")
         .await
-        .unwrap()
+        .expect("last_backup")
         .expect("backup-one is the last");
     assert_eq!(base.name, "backup-one");
     let (b2, st2) = ops::create(
@@ -127,7 +127,7 @@ async fn backups_round_trip_through_s3_and_an_incremental_uploads_only_changed_b
         &p,
     )
     .await
-    .unwrap();
+    .expect("ome");
     assert_eq!(
         (st2.blocks_read, st2.blocks_uploaded),
         (2, 2),
@@ -137,23 +137,30 @@ async fn backups_round_trip_through_s3_and_an_incremental_uploads_only_changed_b
     assert_eq!(b2.blocks.len(), 6);
     // what snapshot 2 reads: snapshot 1 with the two changes
     let expect = dir.path().join("s2.img");
-    std::fs::copy(&full.file, &expect).unwrap();
-    let f = std::fs::OpenOptions::new().write(true).open(&expect).unwrap();
-    f.write_all_at(&pattern(7, MIB as usize), ROOM + 9 * MIB).unwrap();
+    std::fs::copy(&full.file, &expect).expect("copy");
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&expect)
+        .expect("open");
+    f.write_all_at(&pattern(7, MIB as usize), ROOM + 9 * MIB)
+        .expect("write_all_at");
     f.write_all_at(&pattern(8, MIB as usize), ROOM + 30 * MIB)
-        .unwrap();
+        .expect("write_all_at");
     drop(f);
     let r2 = dir.path().join("r2.img");
     ops::restore_to_file(&store, "pvc-data", "backup-two", &r2, ROOM, &p)
         .await
-        .unwrap();
+        .expect("restore_to_file");
     assert_eq!(
         sha(&r2, ROOM, size),
         sha(&expect, ROOM, size),
         "restore of backup-two"
     );
 
-    let vol = ops::volume(&store, "pvc-data").await.unwrap().unwrap();
+    let vol = ops::volume(&store, "pvc-data")
+        .await
+        .expect("volume")
+        .expect("unwrap");
     assert_eq!(vol.last_backup_name, "backup-two");
     assert_eq!(vol.compression_method, "lz4");
     assert_eq!(vol.block_count, 6);
@@ -163,26 +170,36 @@ async fn backups_round_trip_through_s3_and_an_incremental_uploads_only_changed_b
             .join("backups/cluster-a")
             .join(format::volume_cfg_path("pvc-data")),
     )
-    .unwrap();
+    .expect("volume_cfg_path");
     assert!(
         raw.contains(r#""CompressionMethod":"\"lz4\"""#),
         "Longhorn's quoting: {raw}"
     );
-    assert_eq!(ops::volumes(&store).await.unwrap(), vec!["pvc-data".to_owned()]);
+    assert_eq!(
+        ops::volumes(&store).await.expect("volumes"),
+        vec!["pvc-data".to_owned()]
+    );
 
     // deleting backup-one keeps every block backup-two maps; then backup-two restores the same
-    let removed = ops::delete(&store, "pvc-data", "backup-one").await.unwrap();
+    let removed = ops::delete(&store, "pvc-data", "backup-one")
+        .await
+        .expect("delete");
     assert_eq!(removed, 1, "the old version of block 4 only");
     let r3 = dir.path().join("r3.img");
     ops::restore_to_file(&store, "pvc-data", "backup-two", &r3, ROOM, &p)
         .await
-        .unwrap();
+        .expect("restore_to_file");
     assert_eq!(sha(&r3, ROOM, size), sha(&expect, ROOM, size));
-    let removed = ops::delete(&store, "pvc-data", "backup-two").await.unwrap();
+    let removed = ops::delete(&store, "pvc-data", "backup-two")
+        .await
+        .expect("delete");
     assert_eq!(removed, 5);
     assert_eq!(walk(&server.root.join("backups"), ".blk"), 0);
     assert_eq!(walk(&server.root.join("backups"), ".lck"), 0, "no lock left");
-    let vol = ops::volume(&store, "pvc-data").await.unwrap().unwrap();
+    let vol = ops::volume(&store, "pvc-data")
+        .await
+        .expect("volume")
+        .expect("unwrap");
     assert_eq!((vol.last_backup_name.as_str(), vol.block_count), ("", 0));
 }
 
@@ -203,10 +220,10 @@ fn walk(dir: &Path, suffix: &str) -> usize {
 
 #[tokio::test]
 async fn bad_credentials_damaged_blocks_and_unfinished_backups_are_refused() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = tempfile::tempdir().expect("tempdir");
     let server = S3Server::start(&dir.path().join("s3"), "backups").await;
     let wrong = s3_store(&server, dir.path(), "not-the-secret").await;
-    let e = wrong.check().await.unwrap_err().to_string();
+    let e = wrong.check().await.expect_err("check fails").to_string();
     assert!(e.contains("backup store list"), "{e}");
     assert!(e.contains("403") || e.to_lowercase().contains("signature"), "{e}");
 
@@ -220,16 +237,16 @@ async fn bad_credentials_damaged_blocks_and_unfinished_backups_are_refused() {
     let p = Progress::default();
     let (b, _) = ops::create(&store, &request("backup-a", "sa", size), &img, None, &p)
         .await
-        .unwrap();
+        .expect("request");
     // the same name again is refused, and the first stays as it was
     let e = ops::create(&store, &request("backup-a", "sb", size), &img, None, &p)
         .await
-        .unwrap_err()
+        .expect_err("request fails")
         .to_string();
     assert!(e.contains("backup-a") && e.contains("already exists"), "{e}");
     let e = ops::create(&store, &request("../x", "sb", size), &img, None, &p)
         .await
-        .unwrap_err()
+        .expect_err("request fails")
         .to_string();
     assert!(e.contains("\"../x\" is invalid"), "{e}");
 
@@ -239,19 +256,19 @@ async fn bad_credentials_damaged_blocks_and_unfinished_backups_are_refused() {
         .root
         .join("backups/cluster-a")
         .join(format::block_path("pvc-data", sum));
-    let mut raw = std::fs::read(&blk).unwrap();
+    let mut raw = std::fs::read(&blk).expect("read");
     let n = raw.len();
     raw[n / 2] ^= 0x5a;
-    std::fs::write(&blk, &raw).unwrap();
+    std::fs::write(&blk, &raw).expect("write");
     let e = ops::restore_to_file(&store, "pvc-data", "backup-a", &dir.path().join("x.img"), 0, &p)
         .await
-        .unwrap_err()
+        .expect_err("restore_to_file fails")
         .to_string();
     assert!(e.contains(sum.as_str()), "{e}");
-    std::fs::remove_file(&blk).unwrap();
+    std::fs::remove_file(&blk).expect("remove_file");
     let e = ops::restore_to_file(&store, "pvc-data", "backup-a", &dir.path().join("x.img"), 0, &p)
         .await
-        .unwrap_err()
+        .expect_err("restore_to_file fails")
         .to_string();
     assert!(e.contains("not found") && e.contains(sum.as_str()), "{e}");
 
@@ -269,13 +286,19 @@ async fn bad_credentials_damaged_blocks_and_unfinished_backups_are_refused() {
             format::encode(&placeholder),
         )
         .await
-        .unwrap();
+        .expect("encode");
     let e = ops::restore_to_file(&store, "pvc-data", "backup-cut", &dir.path().join("y.img"), 0, &p)
         .await
-        .unwrap_err()
+        .expect_err("restore_to_file fails")
         .to_string();
     assert!(e.contains("still in progress"), "{e}");
-    assert_eq!(ops::complete_backups(&store, "pvc-data").await.unwrap().len(), 1);
+    assert_eq!(
+        ops::complete_backups(&store, "pvc-data")
+            .await
+            .expect("complete_backups")
+            .len(),
+        1
+    );
     let img2 = image(
         &dir.path().join("b.img"),
         size,
@@ -283,21 +306,21 @@ async fn bad_credentials_damaged_blocks_and_unfinished_backups_are_refused() {
     );
     ops::create(&store, &request("backup-b", "sb", size), &img2, None, &p)
         .await
-        .unwrap();
-    let removed = ops::delete(&store, "pvc-data", "backup-a").await.unwrap();
+        .expect("request");
+    let removed = ops::delete(&store, "pvc-data", "backup-a").await.expect("delete");
     assert_eq!(removed, 0, "no block collected while a backup is in progress");
     let e = ops::delete(&store, "pvc-data", "backup-a")
         .await
-        .unwrap_err()
+        .expect_err("delete fails")
         .to_string();
     assert!(e.contains("backup-a") && e.contains("not found"), "{e}");
 }
 
 #[tokio::test]
 async fn a_local_folder_target_holds_the_same_layout() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = tempfile::tempdir().expect("tempdir");
     let target = format!("vfs://{}", dir.path().join("vfs").display());
-    let store = Store::open(&target, &Credentials::none()).unwrap();
+    let store = Store::open(&target, &Credentials::none()).expect("none");
     let size = 8 * MIB;
     let img = image(
         &dir.path().join("a.img"),
@@ -307,7 +330,7 @@ async fn a_local_folder_target_holds_the_same_layout() {
     let p = Progress::default();
     let mut req = request("backup-g", "sg", size);
     req.compression = Compression::Gzip;
-    ops::create(&store, &req, &img, None, &p).await.unwrap();
+    ops::create(&store, &req, &img, None, &p).await.expect("create");
     assert!(
         dir.path()
             .join("vfs")
@@ -317,7 +340,7 @@ async fn a_local_folder_target_holds_the_same_layout() {
     let out = dir.path().join("out.img");
     ops::restore_to_file(&store, "pvc-data", "backup-g", &out, 0, &p)
         .await
-        .unwrap();
+        .expect("restore_to_file");
     assert_eq!(sha(&out, 0, size), sha(&img.file, ROOM, size));
-    assert_eq!(std::fs::metadata(&out).unwrap().len(), size);
+    assert_eq!(std::fs::metadata(&out).expect("metadata").len(), size);
 }

@@ -427,10 +427,10 @@ mod double_encoded {
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
         let outer: Option<String> = Option::deserialize(d)?;
         let outer = outer.unwrap_or_default();
-        if outer.starts_with('"') {
-            if let Ok(inner) = serde_json::from_str::<String>(&outer) {
-                return Ok(inner);
-            }
+        if outer.starts_with('"')
+            && let Ok(inner) = serde_json::from_str::<String>(&outer)
+        {
+            return Ok(inner);
         }
         Ok(outer)
     }
@@ -496,12 +496,12 @@ mod tests {
     fn volume_cfg_reads_longhorns_and_writes_its_quoting() {
         // the example of Longhorn's backupstore layout documentation
         let doc = r#"{"Name":"pvc-0123abcd-test","Size":"18874368","Labels":{"k":"v"},"CreatedTime":"2026-10-05T00:40:38Z","LastBackupName":"backup-854f6ced7b4942d4","LastBackupAt":"2026-10-05T00:40:38Z","BlockCount":"4","BackingImageName":"\"\"","BackingImageChecksum":"\"\"","CompressionMethod":"\"lz4\"","StorageClassName":"\"\"","DataEngine":"\"v1\"","LinkedCloneSourceVolume":"\"\""}"#;
-        let v: VolumeCfg = decode("volume.cfg", doc.as_bytes()).unwrap();
+        let v: VolumeCfg = decode("volume.cfg", doc.as_bytes()).expect("decode");
         assert_eq!(v.size, 18874368);
         assert_eq!(v.block_count, 4);
         assert_eq!(v.compression_method, "lz4");
         assert_eq!(v.data_engine, "v1");
-        let text = String::from_utf8(encode(&v)).unwrap();
+        let text = String::from_utf8(encode(&v)).expect("encode");
         assert!(text.contains(r#""Size":"18874368""#), "{text}");
         assert!(text.contains(r#""CompressionMethod":"\"lz4\"""#), "{text}");
         assert!(text.contains(r#""BackingImageName":"\"\"""#), "{text}");
@@ -511,29 +511,33 @@ mod tests {
         );
         // plain strings and bare numbers are read too
         let v: VolumeCfg =
-            decode("v", br#"{"Name":"a1","Size":4194304,"CompressionMethod":"gzip"}"#).unwrap();
+            decode("v", br#"{"Name":"a1","Size":4194304,"CompressionMethod":"gzip"}"#).expect("decode");
         assert_eq!((v.size, v.compression_method.as_str()), (4194304, "gzip"));
     }
 
     #[test]
     fn backup_cfg_round_trips_in_longhorns_form() {
         let doc = r#"{"Name":"backup-854f6ced7b4942d4","VolumeName":"pvc-0123abcd-test","SnapshotName":"snap-1","SnapshotCreatedAt":"2026-10-05T00:40:38Z","CreatedTime":"2026-10-05T00:40:43Z","Size":"4194304","Labels":{"k":"v"},"Parameters":null,"IsIncremental":true,"CompressionMethod":"lz4","NewlyUploadedDataSize":"2097171","ReUploadedDataSize":"0","ProcessingBlocks":{},"Blocks":[{"Offset":0,"BlockChecksum":"d9cf"},{"Offset":2097152,"BlockChecksum":"bb9d"}],"SingleFile":{"FilePath":""}}"#;
-        let b: BackupCfg = decode("b", doc.as_bytes()).unwrap();
+        let b: BackupCfg = decode("b", doc.as_bytes()).expect("decode");
         assert!(b.complete() && b.is_incremental);
         assert_eq!(b.blocks.len(), 2);
-        assert_eq!(b.block_size().unwrap(), DEFAULT_BLOCK_SIZE);
-        assert_eq!(b.compression().unwrap(), Compression::Lz4);
-        let text = String::from_utf8(encode(&b)).unwrap();
+        assert_eq!(b.block_size().expect("block_size"), DEFAULT_BLOCK_SIZE);
+        assert_eq!(b.compression().expect("compression"), Compression::Lz4);
+        let text = String::from_utf8(encode(&b)).expect("encode");
         assert!(text.contains(r#""ProcessingBlocks":null"#), "{text}");
         assert!(text.contains(r#""CompressionMethod":"lz4""#), "{text}");
         assert!(text.contains(r#""Size":"4194304""#), "{text}");
-        assert_eq!(decode::<BackupCfg>("b", &encode(&b)).unwrap(), b);
+        assert_eq!(decode::<BackupCfg>("b", &encode(&b)).expect("encode"), b);
         // an in-progress placeholder has no blocks key at all
         let p = BackupCfg {
             name: "b1".into(),
             ..Default::default()
         };
-        assert!(!String::from_utf8(encode(&p)).unwrap().contains("\"Blocks\""));
+        assert!(
+            !String::from_utf8(encode(&p))
+                .expect("encode")
+                .contains("\"Blocks\"")
+        );
         assert!(!p.complete());
     }
 
@@ -546,26 +550,33 @@ mod tests {
         let sum = checksum(&data);
         for m in [Compression::None, Compression::Gzip, Compression::Lz4] {
             let z = m.compress(&data);
-            assert_eq!(open_block(&z, m, &sum, 2 << 20).unwrap(), data, "{m:?}");
+            assert_eq!(
+                open_block(&z, m, &sum, 2 << 20).expect("open_block"),
+                data,
+                "{m:?}"
+            );
         }
         let lz = Compression::Lz4.compress(&data);
         // Longhorn's defaults: LZ4 frame, 4 MiB blocks, content checksum
         assert_eq!(&lz[..7], &[0x04, 0x22, 0x4d, 0x18, 0x64, 0x70, 0xb9]);
         // a gzip volume's lz4 block is still read
-        assert_eq!(open_block(&lz, Compression::Gzip, &sum, 2 << 20).unwrap(), data);
+        assert_eq!(
+            open_block(&lz, Compression::Gzip, &sum, 2 << 20).expect("open_block"),
+            data
+        );
         let mut bad = lz.clone();
         let n = bad.len();
         bad[n / 2] ^= 0xff;
         let e = open_block(&bad, Compression::Lz4, &sum, 2 << 20)
-            .unwrap_err()
+            .expect_err("open_block fails")
             .to_string();
         assert!(e.contains(&sum), "{e}");
         let e = open_block(&lz, Compression::Lz4, &checksum(b"other"), 2 << 20)
-            .unwrap_err()
+            .expect_err("checksum fails")
             .to_string();
         assert!(e.contains("checksum"), "{e}");
         let e = open_block(&lz, Compression::Lz4, &sum, 4 << 20)
-            .unwrap_err()
+            .expect_err("open_block fails")
             .to_string();
         assert!(e.contains("not the block size"), "{e}");
     }
@@ -575,9 +586,11 @@ mod tests {
         assert_eq!(parse_quantity("16Mi"), Some(16 << 20));
         assert_eq!(parse_quantity("2097152"), Some(2 << 20));
         assert_eq!(parse_quantity("2Qi"), None);
-        let mut b = BackupCfg::default();
-        b.parameters = Some([(PARAM_BLOCK_SIZE.to_owned(), "16Mi".to_owned())].into());
-        assert_eq!(b.block_size().unwrap(), 16 << 20);
+        let mut b = BackupCfg {
+            parameters: Some([(PARAM_BLOCK_SIZE.to_owned(), "16Mi".to_owned())].into()),
+            ..Default::default()
+        };
+        assert_eq!(b.block_size().expect("block_size"), 16 << 20);
         b.parameters = Some([(PARAM_BLOCK_SIZE.to_owned(), "3000".to_owned())].into());
         assert!(b.block_size().is_err());
     }

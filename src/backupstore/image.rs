@@ -103,22 +103,24 @@ mod tests {
 
     #[test]
     fn a_sparse_file_names_its_data_blocks() {
-        let d = tempfile::tempdir().unwrap();
+        let d = tempfile::tempdir().expect("tempdir");
         let p = d.path().join("img");
-        let f = std::fs::File::create(&p).unwrap();
+        let f = std::fs::File::create(&p).expect("create");
         let room = 1 << 20;
-        f.set_len(room + (16 << 20)).unwrap();
+        f.set_len(room + (16 << 20)).expect("set_len");
         // 1 MiB at volume offset 4 MiB + 1 MiB, 4 KiB at 10 MiB
-        f.write_all_at(&[7u8; 1 << 20], room + (5 << 20)).unwrap();
-        f.write_all_at(&[9u8; 4096], room + (10 << 20)).unwrap();
-        f.write_all_at(&[1u8; 4096], 0).unwrap(); // the superblock room is not the volume's
+        f.write_all_at(&[7u8; 1 << 20], room + (5 << 20))
+            .expect("write_all_at");
+        f.write_all_at(&[9u8; 4096], room + (10 << 20))
+            .expect("write_all_at");
+        f.write_all_at(&[1u8; 4096], 0).expect("write_all_at"); // the superblock room is not the volume's
         drop(f);
-        let img = SparseImage::open(&p, room, 16 << 20).unwrap();
+        let img = SparseImage::open(&p, room, 16 << 20).expect("open");
         assert_eq!(img.blocks(2 << 20), vec![4 << 20, 10 << 20]);
         assert!(!img.whole(4 << 20, 2 << 20));
         assert!(img.whole(5 << 20, 1 << 20));
         let mut buf = vec![0u8; 2 << 20];
-        img.read(4 << 20, &mut buf).unwrap();
+        img.read(4 << 20, &mut buf).expect("read");
         assert!(buf[..1 << 20].iter().all(|&b| b == 0) && buf[1 << 20..].iter().all(|&b| b == 7));
     }
 }

@@ -64,11 +64,7 @@ impl Progress {
         self.0.load(Ordering::Relaxed)
     }
     fn set(&self, done: u64, total: u64) {
-        let p = if total == 0 {
-            100
-        } else {
-            (done * 100 / total) as u32
-        };
+        let p = (done * 100).checked_div(total).map_or(100, |p| p as u32);
         self.0.store(p.min(100), Ordering::Relaxed);
     }
 }
@@ -173,7 +169,7 @@ pub async fn create(
     format::check_name("backup volume", &req.volume)?;
     format::check_name("backup", &req.name)?;
     let bs = format::DEFAULT_BLOCK_SIZE;
-    if req.size == 0 || req.size % bs != 0 {
+    if req.size == 0 || !req.size.is_multiple_of(bs) {
         return Err(BackupError::Invalid(format!(
             "volume {} is {} bytes: a backup needs a whole number of {bs}-byte blocks",
             req.volume, req.size
@@ -247,7 +243,7 @@ async fn create_locked(
     let offsets = image.blocks(bs);
     let total = offsets.len() as u64;
     let done = Arc::new(AtomicU32::new(0));
-    let results: Vec<(u64, String, Option<u64>)> = futures::stream::iter(offsets.into_iter())
+    let results: Vec<(u64, String, Option<u64>)> = futures::stream::iter(offsets)
         .map(|offset| {
             let image = image.clone();
             let under = base_blocks.get(&offset).cloned();
@@ -414,7 +410,7 @@ async fn restore_locked(
     }
     let bs = b.block_size()?;
     let method = b.compression()?;
-    if vol.size == 0 || vol.size % bs != 0 {
+    if vol.size == 0 || !vol.size.is_multiple_of(bs) {
         return Err(BackupError::Format {
             object: format::volume_cfg_path(volume_name),
             reason: format!("size {} is not a whole number of {bs}-byte blocks", vol.size),

@@ -384,7 +384,7 @@ mod tests {
     #[test]
     fn target_urls_parse_as_longhorns() {
         assert_eq!(
-            Target::parse("s3://backups@us-east-1/talon/x").unwrap(),
+            Target::parse("s3://backups@us-east-1/talon/x").expect("target_urls_parse_as_longhorns"),
             Target::S3 {
                 bucket: "backups".into(),
                 region: Some("us-east-1".into()),
@@ -392,7 +392,7 @@ mod tests {
             }
         );
         assert_eq!(
-            Target::parse("s3://backups/").unwrap(),
+            Target::parse("s3://backups/").expect("ome"),
             Target::S3 {
                 bucket: "backups".into(),
                 region: None,
@@ -400,7 +400,7 @@ mod tests {
             }
         );
         assert_eq!(
-            Target::parse("vfs:///var/b").unwrap(),
+            Target::parse("vfs:///var/b").expect("unwrap"),
             Target::Dir("/var/b".into())
         );
         for (bad, says) in [
@@ -411,36 +411,40 @@ mod tests {
             ("nfs://10.0.0.1:/b", "not supported"),
             ("/plain", "no scheme"),
         ] {
-            let e = Target::parse(bad).unwrap_err().to_string();
+            let e = Target::parse(bad).expect_err("parse fails").to_string();
             assert!(e.contains(says) && e.contains(bad), "{bad}: {e}");
         }
     }
 
     #[test]
     fn credentials_read_a_secret_manifest_and_a_mounted_secret() {
-        let d = tempfile::tempdir().unwrap();
+        let d = tempfile::tempdir().expect("tempdir");
         let f = d.path().join("secret.yaml");
         std::fs::write(
             &f,
             "apiVersion: v1\nkind: Secret\nmetadata: {name: s3}\ndata:\n  AWS_ACCESS_KEY_ID: dGFsb24=\nstringData:\n  AWS_SECRET_ACCESS_KEY: s3cr3t\n  AWS_ENDPOINTS: http://127.0.0.1:9000\n  OTHER: x\n",
         )
-        .unwrap();
-        let c = Credentials::from_secret(&f).unwrap();
+        .expect("write");
+        let c = Credentials::from_secret(&f).expect("from_secret");
         assert_eq!(c.get("AWS_ACCESS_KEY_ID"), Some("talon"));
         assert_eq!(c.get("AWS_SECRET_ACCESS_KEY"), Some("s3cr3t"));
         assert_eq!(c.get("OTHER"), None);
         assert!(!format!("{c:?}").contains("s3cr3t"));
         let m = d.path().join("mounted");
-        std::fs::create_dir(&m).unwrap();
-        std::fs::write(m.join("AWS_ACCESS_KEY_ID"), "talon\n").unwrap();
-        std::fs::write(m.join("AWS_SECRET_ACCESS_KEY"), "s3cr3t").unwrap();
-        let c2 = Credentials::from_secret(&m).unwrap();
+        std::fs::create_dir(&m).expect("create_dir");
+        std::fs::write(m.join("AWS_ACCESS_KEY_ID"), "talon\n").expect("write");
+        std::fs::write(m.join("AWS_SECRET_ACCESS_KEY"), "s3cr3t").expect("write");
+        let c2 = Credentials::from_secret(&m).expect("from_secret");
         assert_eq!(c2.get("AWS_ACCESS_KEY_ID"), Some("talon"));
-        std::fs::write(&f, "data:\n  AWS_ACCESS_KEY_ID: '%%%'\n").unwrap();
-        let e = Credentials::from_secret(&f).unwrap_err().to_string();
+        std::fs::write(&f, "data:\n  AWS_ACCESS_KEY_ID: '%%%'\n").expect("write");
+        let e = Credentials::from_secret(&f)
+            .expect_err("from_secret fails")
+            .to_string();
         assert!(e.contains("AWS_ACCESS_KEY_ID is not base64"), "{e}");
         let one = Credentials::from_pairs([("AWS_ACCESS_KEY_ID".to_owned(), "a".to_owned())]);
-        let e = Store::open("s3://bkt/", &one).unwrap_err().to_string();
+        let e = Store::open("s3://bkt/", &one)
+            .expect_err("open fails")
+            .to_string();
         assert!(e.contains("without the other"), "{e}");
     }
 }
