@@ -211,6 +211,19 @@ impl Restores {
         ))
     }
 
+    /// Stops the restores of volumes not in `live` (deleted, or being
+    /// deleted) and removes their files.
+    pub fn retain(&self, live: &std::collections::BTreeSet<String>) {
+        let gone: Vec<String> = lock(&self.tasks)
+            .keys()
+            .filter(|v| !live.contains(*v))
+            .cloned()
+            .collect();
+        for v in gone {
+            self.finish(&v);
+        }
+    }
+
     /// The volume is served (or gone): its restore file is removed.
     pub fn finish(&self, vol: &str) {
         let removed = lock(&self.tasks).remove(vol);

@@ -648,6 +648,14 @@ impl Controller for SpdkVolumeController {
             .cloned()
             .collect();
         let mine: BTreeSet<String> = volumes.iter().map(|v| v.id().to_string()).collect();
+        // a restore of a volume that is being deleted (or gone) stops, its file goes
+        self.restores.retain(
+            &volumes
+                .iter()
+                .filter(|v| v.metadata.phase != crate::runtime::Phase::TearingDown)
+                .map(|v| v.id().to_string())
+                .collect(),
+        );
         let snapshots: Vec<_> = ctx
             .list::<Snapshot>()?
             .into_iter()
