@@ -314,6 +314,16 @@ async fn bad_credentials_damaged_blocks_and_unfinished_backups_are_refused() {
         .expect_err("delete fails")
         .to_string();
     assert!(e.contains("backup-a") && e.contains("not found"), "{e}");
+
+    // the cut-off backup is made again under its name (a restart of talon does that)
+    let (again, _) = ops::create(&store, &request("backup-cut", "sc", size), &img2, None, &p)
+        .await
+        .expect("the cut-off backup made again");
+    assert!(again.complete());
+    let r = ops::restore_to_file(&store, "pvc-data", "backup-cut", &dir.path().join("z.img"), 0, &p)
+        .await
+        .expect("restore of the backup made again");
+    assert_eq!(r.size, size);
 }
 
 #[tokio::test]

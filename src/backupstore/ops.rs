@@ -199,7 +199,10 @@ async fn create_locked(
 ) -> Result<(BackupCfg, BackupStats), BackupError> {
     let bs = format::DEFAULT_BLOCK_SIZE;
     let cfg_path = format::backup_cfg_path(&req.volume, &req.name);
-    if store.exists(&cfg_path).await? {
+    // one cut off before (a crash, a stop) is written anew; a complete one stays
+    if let Some(b) = store.read(&cfg_path).await?
+        && format::decode::<BackupCfg>(&cfg_path, &b).is_ok_and(|c| c.complete())
+    {
         return Err(BackupError::Invalid(format!(
             "backup {} of volume {} already exists",
             req.name, req.volume
