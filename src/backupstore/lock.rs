@@ -128,6 +128,20 @@ impl Lock {
         Ok(lock)
     }
 
+    /// Runs `work` under a `kind` lock on `volume`, and releases the lock
+    /// whatever `work` returns.
+    pub async fn holding<T>(
+        store: &Store,
+        volume: &str,
+        kind: LockKind,
+        work: impl Future<Output = Result<T, BackupError>>,
+    ) -> Result<T, BackupError> {
+        let lock = Lock::acquire(store, volume, kind).await?;
+        let out = work.await;
+        lock.release().await;
+        out
+    }
+
     /// Stops refreshing and removes the lock file.
     pub async fn release(mut self) {
         if let Some(h) = self.heartbeat.take() {

@@ -184,10 +184,8 @@ pub async fn create(
             b.block_size()?
         )));
     }
-    let lock = Lock::acquire(store, &req.volume, LockKind::Use).await?;
-    let out = create_locked(store, req, image, base, progress).await;
-    lock.release().await;
-    out
+    let work = create_locked(store, req, image, base, progress);
+    Lock::holding(store, &req.volume, LockKind::Use, work).await
 }
 
 async fn create_locked(
@@ -388,10 +386,8 @@ pub async fn restore_to_file(
     data_offset: u64,
     progress: &Progress,
 ) -> Result<RestoreStats, BackupError> {
-    let lock = Lock::acquire(store, volume_name, LockKind::Use).await?;
-    let out = restore_locked(store, volume_name, name, file, data_offset, progress).await;
-    lock.release().await;
-    out
+    let work = restore_locked(store, volume_name, name, file, data_offset, progress);
+    Lock::holding(store, volume_name, LockKind::Use, work).await
 }
 
 async fn restore_locked(
@@ -484,10 +480,8 @@ async fn restore_locked(
 pub async fn delete(store: &Store, volume_name: &str, name: &str) -> Result<u64, BackupError> {
     format::check_name("backup volume", volume_name)?;
     format::check_name("backup", name)?;
-    let lock = Lock::acquire(store, volume_name, LockKind::Delete).await?;
-    let out = delete_locked(store, volume_name, name).await;
-    lock.release().await;
-    out
+    let work = delete_locked(store, volume_name, name);
+    Lock::holding(store, volume_name, LockKind::Delete, work).await
 }
 
 async fn delete_locked(store: &Store, volume_name: &str, name: &str) -> Result<u64, BackupError> {
