@@ -7,7 +7,9 @@ use std::path::{Path, PathBuf};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto::Builder as ConnBuilder;
 use s3s::auth::SimpleAuth;
+use s3s::dto::*;
 use s3s::service::S3ServiceBuilder;
+use s3s::{S3, S3Request, S3Response, S3Result};
 
 /// The access key the server takes.
 pub const ACCESS_KEY: &str = "talon-test";
@@ -27,7 +29,7 @@ impl S3Server {
     pub async fn start(root: &Path, bucket: &str) -> S3Server {
         std::fs::create_dir_all(root.join(bucket)).expect("bucket folder");
         let fs = s3s_fs::FileSystem::new(root).expect("s3s-fs root");
-        let mut b = S3ServiceBuilder::new(fs);
+        let mut b = S3ServiceBuilder::new(AwsDelimiter(fs));
         b.set_auth(SimpleAuth::from_single(ACCESS_KEY, SECRET_KEY));
         let service = b.build();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
@@ -70,4 +72,56 @@ impl Drop for S3Server {
     fn drop(&mut self) {
         self.task.abort();
     }
+}
+
+/// s3s-fs 0.14.1 with one S3 rule it misses: an empty `delimiter` is no
+/// delimiter (AWS's behaviour; s3s-fs panics on it). Longhorn's backupstore
+/// lists with `delimiter=` before it deletes a prefix. Every other call goes
+/// to s3s-fs as it is.
+struct AwsDelimiter(s3s_fs::FileSystem);
+
+macro_rules! aws_delimiter {
+    ($($name:ident: $input:ty => $output:ty;)*) => {
+        #[async_trait::async_trait]
+        impl S3 for AwsDelimiter {
+            $(
+                async fn $name(&self, req: S3Request<$input>) -> S3Result<S3Response<$output>> {
+                    self.0.$name(req).await
+                }
+            )*
+
+            async fn list_objects(
+                &self,
+                mut req: S3Request<ListObjectsInput>,
+            ) -> S3Result<S3Response<ListObjectsOutput>> {
+                req.input.delimiter = req.input.delimiter.filter(|d| !d.is_empty());
+                self.0.list_objects(req).await
+            }
+
+            async fn list_objects_v2(
+                &self,
+                mut req: S3Request<ListObjectsV2Input>,
+            ) -> S3Result<S3Response<ListObjectsV2Output>> {
+                req.input.delimiter = req.input.delimiter.filter(|d| !d.is_empty());
+                self.0.list_objects_v2(req).await
+            }
+        }
+    };
+}
+
+aws_delimiter! {
+    create_bucket: CreateBucketInput => CreateBucketOutput;
+    copy_object: CopyObjectInput => CopyObjectOutput;
+    delete_object: DeleteObjectInput => DeleteObjectOutput;
+    delete_objects: DeleteObjectsInput => DeleteObjectsOutput;
+    get_bucket_location: GetBucketLocationInput => GetBucketLocationOutput;
+    get_object: GetObjectInput => GetObjectOutput;
+    head_bucket: HeadBucketInput => HeadBucketOutput;
+    head_object: HeadObjectInput => HeadObjectOutput;
+    list_buckets: ListBucketsInput => ListBucketsOutput;
+    put_object: PutObjectInput => PutObjectOutput;
+    create_multipart_upload: CreateMultipartUploadInput => CreateMultipartUploadOutput;
+    upload_part: UploadPartInput => UploadPartOutput;
+    complete_multipart_upload: CompleteMultipartUploadInput => CompleteMultipartUploadOutput;
+    abort_multipart_upload: AbortMultipartUploadInput => AbortMultipartUploadOutput;
 }
