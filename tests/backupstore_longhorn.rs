@@ -7,7 +7,10 @@
 //!   still restores in talon;
 //! - talon lists and restores Longhorn's full and incremental backups, and
 //!   makes an incremental backup on top of Longhorn's last one, which
-//!   Longhorn restores.
+//!   Longhorn restores;
+//! - talon run as Longhorn's engine binary (`longhorn backup ls|inspect|...`,
+//!   what longhorn-manager's backup target controller runs) prints what
+//!   Longhorn's own commands print for the same store.
 //!
 //! Longhorn's code is not in this repository and is not built by it: the
 //! test runs a program built outside it from Longhorn's library, named by
@@ -22,6 +25,9 @@
 //!   list <dest> <volume>             (List)
 //!   inspect <backup url>             (InspectBackup)
 //!   inspect-volume <volume url>      (InspectVolume)
+//!   backup ... | system-backup ...   (Longhorn's engine binary's backup target commands:
+//!                                     backupstore/cmd's ls, inspect-volume, inspect, head,
+//!                                     rm, ls-backing-image, system-backup list)
 //!   delete <backup url>              (DeleteDeltaBlockBackup)
 //! ```
 //!
@@ -76,13 +82,9 @@ fn write_image(path: &Path, base: Option<&Path>, writes: &[(u64, u64, u8)]) {
             f.set_len(SIZE).expect("set_len");
         }
     }
-    let f = std::fs::OpenOptions::new()
-        .write(true)
-        .open(path)
-        .expect("open");
+    let f = std::fs::OpenOptions::new().write(true).open(path).expect("open");
     for (at, len, seed) in writes {
-        f.write_all_at(&pattern(*seed, *len), *at)
-            .expect("write_all_at");
+        f.write_all_at(&pattern(*seed, *len), *at).expect("write_all_at");
     }
 }
 
@@ -168,7 +170,11 @@ async fn cross_check(store: &Store, target: &str, lh: &Longhorn, dir: &Path) {
     let backups = listed[VOLUME]["Backups"].as_object().expect("Backups");
     let mut names: Vec<&String> = backups.keys().collect();
     names.sort();
-    assert_eq!(names, ["talon-1", "talon-2"], "Longhorn lists talon's backups: {listed}");
+    assert_eq!(
+        names,
+        ["talon-1", "talon-2"],
+        "Longhorn lists talon's backups: {listed}"
+    );
     assert_eq!(listed[VOLUME]["Messages"], serde_json::json!({}), "{listed}");
     let vol = lh.json(&["inspect-volume", &format!("{target}?volume={VOLUME}")]);
     assert_eq!(vol["Size"], SIZE.to_string(), "{vol}");
@@ -180,7 +186,10 @@ async fn cross_check(store: &Store, target: &str, lh: &Longhorn, dir: &Path) {
     assert_eq!(info["VolumeSize"], SIZE.to_string(), "{info}");
     assert_eq!(info["IsIncremental"], true, "{info}");
     assert_eq!(info["CompressionMethod"], "lz4", "{info}");
-    assert!(info["Messages"].as_object().is_none_or(|m| m.is_empty()), "{info}");
+    assert!(
+        info["Messages"].as_object().is_none_or(|m| m.is_empty()),
+        "{info}"
+    );
     for (n, expect) in [("talon-1", "s1.img"), ("talon-2", "s2.img")] {
         let out = file(&format!("lh-restore-{n}.img"));
         lh.run(&[
@@ -188,11 +197,7 @@ async fn cross_check(store: &Store, target: &str, lh: &Longhorn, dir: &Path) {
             &format::backup_url(target, n, VOLUME),
             &out.to_string_lossy(),
         ]);
-        assert_eq!(
-            sha(&out),
-            sha(&file(expect)),
-            "Longhorn's restore of talon's {n}"
-        );
+        assert_eq!(sha(&out), sha(&file(expect)), "Longhorn's restore of talon's {n}");
     }
 
     // ---- Longhorn -> talon ------------------------------------------------------------------
@@ -213,7 +218,10 @@ async fn cross_check(store: &Store, target: &str, lh: &Longhorn, dir: &Path) {
         &SIZE.to_string(),
         "lz4",
     ]);
-    assert_eq!(made["incremental"], true, "Longhorn's backup over talon's: {made}");
+    assert_eq!(
+        made["incremental"], true,
+        "Longhorn's backup over talon's: {made}"
+    );
     let b3 = ops::backup(store, VOLUME, "longhorn-3")
         .await
         .expect("talon reads Longhorn's backup config");
@@ -255,6 +263,9 @@ async fn cross_check(store: &Store, target: &str, lh: &Longhorn, dir: &Path) {
     ]);
     assert_eq!(sha(&out), sha(&file("s4.img")), "Longhorn's restore of talon-4");
 
+    // talon as Longhorn's engine binary answers the manager's calls as Longhorn's library does
+    same_answers(target, lh, dir).await;
+
     // Longhorn's delete of talon's first backup keeps what the later ones map (its block
     // collection reads talon's configs); talon still restores talon-2 and talon-4
     lh.run(&["delete", &format::backup_url(target, "talon-1", VOLUME)]);
@@ -263,7 +274,11 @@ async fn cross_check(store: &Store, target: &str, lh: &Longhorn, dir: &Path) {
         ops::restore_to_file(store, VOLUME, n, &out, 0, &p)
             .await
             .expect("restore after Longhorn's delete");
-        assert_eq!(sha(&out), sha(&file(expect)), "{n} after Longhorn deleted talon-1");
+        assert_eq!(
+            sha(&out),
+            sha(&file(expect)),
+            "{n} after Longhorn deleted talon-1"
+        );
     }
     // and talon's delete of Longhorn's backup keeps what Longhorn restores
     ops::delete(store, VOLUME, "longhorn-3")
@@ -275,7 +290,86 @@ async fn cross_check(store: &Store, target: &str, lh: &Longhorn, dir: &Path) {
         &format::backup_url(target, "talon-4", VOLUME),
         &out.to_string_lossy(),
     ]);
-    assert_eq!(sha(&out), sha(&file("s4.img")), "talon-4 after talon deleted longhorn-3");
+    assert_eq!(
+        sha(&out),
+        sha(&file("s4.img")),
+        "talon-4 after talon deleted longhorn-3"
+    );
+}
+
+/// talon run as `longhorn` (a link), with the same environment.
+fn talon_as_engine_binary(lh: &Longhorn, dir: &Path) -> Longhorn {
+    let link = dir.join("engine-binary").join("longhorn");
+    if !link.exists() {
+        std::fs::create_dir_all(link.parent().expect("parent")).expect("dir");
+        std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_talon"), &link).expect("symlink");
+    }
+    Longhorn {
+        bin: link,
+        env: lh.env.clone(),
+    }
+}
+
+/// The backup target calls longhorn-manager makes of the engine binary
+/// (`engineapi/backups.go`), answered by Longhorn's library (through its
+/// `backupstore/cmd` commands, as longhorn-engine's binary runs them) and by
+/// talon: the same JSON, the same "cannot find" for what is not there.
+async fn same_answers(target: &str, lh: &Longhorn, dir: &Path) {
+    let talon = talon_as_engine_binary(lh, dir);
+    let vol_url = format!("{target}?volume={VOLUME}");
+    let b2 = format::backup_url(target, "talon-2", VOLUME);
+    let b3 = format::backup_url(target, "longhorn-3", VOLUME);
+    let b2_head = format!("{target}?backup=talon-2&volume={VOLUME}");
+    for args in [
+        &["backup", "ls", "--volume-only", target][..],
+        &["backup", "ls", "--volume", VOLUME, target],
+        &["backup", "ls", target],
+        &["backup", "inspect-volume", &vol_url],
+        &["backup", "inspect", &b2],
+        &["backup", "inspect", &b3],
+        &["system-backup", "list", target],
+    ] {
+        let (want, got) = (lh.json(args), talon.json(args));
+        assert_eq!(
+            got, want,
+            "talon's answer to {args:?} (left) vs Longhorn's (right)"
+        );
+    }
+    // a config's modification time: the same instant
+    for url in [&vol_url, &b2_head] {
+        let (want, got) = (
+            lh.json(&["backup", "head", url]),
+            talon.json(&["backup", "head", url]),
+        );
+        let t = |v: &serde_json::Value| {
+            humantime::parse_rfc3339(v["ModificationTime"].as_str().expect("ModificationTime"))
+                .expect("RFC 3339")
+        };
+        assert_eq!(t(&got), t(&want), "head {url}: {got} vs {want}");
+    }
+    // backing image backups: none, as a list
+    let names = |v: serde_json::Value| v.as_array().cloned().unwrap_or_default();
+    assert_eq!(
+        names(talon.json(&["backup", "ls-backing-image", target])),
+        names(lh.json(&["backup", "ls-backing-image", target]))
+    );
+    // what is not there: both fail, in the words the manager looks for ("cannot find")
+    let missing = format::backup_url(target, "no-such-backup", VOLUME);
+    for bin in [lh, &talon] {
+        let out = tokio::task::block_in_place(|| {
+            Command::new(&bin.bin)
+                .args(["backup", "inspect", &missing])
+                .envs(bin.env.iter().map(|(k, v)| (k, v)))
+                .output()
+        })
+        .expect("run");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && text.contains("cannot find"),
+            "{}: {text}",
+            bin.bin.display()
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -302,8 +396,7 @@ async fn longhorn_and_talon_read_each_others_backups_on_s3() {
     let secret = dir.path().join("secret.yaml");
     std::fs::write(&secret, server.secret_manifest(s3_server::SECRET_KEY)).expect("secret");
     let target = "s3://backups@us-east-1/cluster-x/";
-    let store = Store::open(target, &Credentials::from_secret(&secret).expect("from_secret"))
-        .expect("open");
+    let store = Store::open(target, &Credentials::from_secret(&secret).expect("from_secret")).expect("open");
     let lh = Longhorn {
         bin,
         env: vec![

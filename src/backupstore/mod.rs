@@ -1,8 +1,9 @@
 //! Backups of V2 volumes in Longhorn's backupstore format, on S3 or a
 //! local folder: `format` (layout, configs, blocks), `store` (targets and
 //! credentials), `lock` (Longhorn's lock protocol), `image` (a snapshot's
-//! sparse-file copy), `ops` (backup, restore, list, delete) and
-//! `snapshot` (a talon volume's snapshot, read out of spdk_tgt).
+//! sparse-file copy), `ops` (backup, restore, list, delete) and `info`
+//! (the JSON Longhorn's engine binary answers about a store). A V2
+//! snapshot is read out of spdk_tgt by `spdk::volume::to_file`.
 //!
 //! Longhorn lists and restores what talon writes here, and talon restores
 //! what Longhorn wrote (docs/backups.md).
@@ -10,6 +11,7 @@
 pub mod error;
 pub mod format;
 pub mod image;
+pub mod info;
 pub mod lock;
 pub mod ops;
 pub mod store;

@@ -474,6 +474,14 @@ async fn restore_locked(
     })
 }
 
+/// Deletes backup volume `volume` whole: its configs, blocks and locks
+/// (Longhorn's `DeleteBackupVolume`, under a delete lock).
+pub async fn delete_volume(store: &Store, volume_name: &str) -> Result<(), BackupError> {
+    format::check_name("backup volume", volume_name)?;
+    let dir = format::volume_dir(volume_name);
+    Lock::holding(store, volume_name, LockKind::Delete, store.remove_all(&dir)).await
+}
+
 /// Deletes backup `name` of `volume`, then the blocks no other backup maps
 /// (none while a backup is in progress or a config does not read: a
 /// block a backup may need is never deleted).

@@ -10,6 +10,7 @@ pub mod attach;
 pub mod backup;
 pub mod doctor;
 pub mod host;
+pub mod longhorn_engine;
 pub mod longhorn_pod;
 pub mod ns;
 pub mod output;
@@ -364,6 +365,10 @@ fn init_logging(format: LogFormat) {
 /// Entry point of the `talon` binary.
 pub fn main() -> ExitCode {
     let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    if longhorn_engine::is_engine_argv(&argv) {
+        // longhorn-manager's backup target calls of Longhorn's engine binary
+        return longhorn_engine::main(argv);
+    }
     let cli = if longhorn_pod::is_pod_argv(&argv) {
         // Longhorn's instance-manager pod arguments
         let skip = if argv.get(1).and_then(|a| a.to_str()) == Some(longhorn_pod::START) {
