@@ -295,6 +295,34 @@ async fn cross_check(store: &Store, target: &str, lh: &Longhorn, dir: &Path) {
         sha(&file("s4.img")),
         "talon-4 after talon deleted longhorn-3"
     );
+
+    // the manager's deletes through talon as the engine binary: a backup, then the whole volume
+    let talon = talon_as_engine_binary(lh, dir);
+    talon.run(&["backup", "rm", &format::backup_url(target, "talon-2", VOLUME)]);
+    let listed = lh.json(&["backup", "ls", "--volume", VOLUME, target]);
+    let left: Vec<&String> = listed[VOLUME]["Backups"]
+        .as_object()
+        .expect("Backups")
+        .keys()
+        .collect();
+    assert_eq!(left, ["talon-4"], "Longhorn lists what talon left: {listed}");
+    let out = file("lh-after-rm-talon-4.img");
+    lh.run(&[
+        "restore",
+        &format::backup_url(target, "talon-4", VOLUME),
+        &out.to_string_lossy(),
+    ]);
+    assert_eq!(
+        sha(&out),
+        sha(&file("s4.img")),
+        "talon-4 after talon's engine-binary rm of talon-2"
+    );
+    talon.run(&["backup", "rm", "--volume", VOLUME, target]);
+    assert_eq!(
+        lh.json(&["backup", "ls", "--volume-only", target]),
+        serde_json::json!({}),
+        "no backup volume left for Longhorn to list"
+    );
 }
 
 /// talon run as `longhorn` (a link), with the same environment.

@@ -184,6 +184,9 @@ pub struct Store {
     /// The target's path, prefixed to every key.
     prefix: String,
     url: String,
+    /// A local folder target's folder (its directories are Longhorn's
+    /// listing: a folder emptied is removed too).
+    local: Option<std::path::PathBuf>,
 }
 
 impl std::fmt::Debug for Store {
@@ -199,6 +202,10 @@ impl Store {
         let bad = |reason: String| BackupError::Target {
             url: url.to_owned(),
             reason,
+        };
+        let local = match &target {
+            Target::Dir(dir) => Some(dir.clone()),
+            Target::S3 { .. } => None,
         };
         let (inner, prefix): (Arc<dyn ObjectStore>, String) = match target {
             Target::S3 {
@@ -261,6 +268,7 @@ impl Store {
             inner,
             prefix,
             url: url.to_owned(),
+            local,
         })
     }
 
@@ -357,7 +365,9 @@ impl Store {
         }
     }
 
-    /// Deletes every object below folder `rel`.
+    /// Deletes every object below folder `rel`, and on a local folder target
+    /// the folder itself (Longhorn lists a folder left behind as a backup
+    /// volume whose `volume.cfg` is missing).
     pub async fn remove_all(&self, rel: &str) -> Result<(), BackupError> {
         use futures::TryStreamExt;
         let key = self.key(rel)?;
@@ -371,6 +381,14 @@ impl Store {
             match self.inner.delete(&o.location).await {
                 Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
                 Err(e) => return Err(Self::failed("delete", o.location.as_ref())(e)),
+            }
+        }
+        if let Some(root) = &self.local {
+            let dir = root.join(key.as_ref());
+            match std::fs::remove_dir_all(&dir) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(BackupError::io(dir.display())(e)),
             }
         }
         Ok(())
