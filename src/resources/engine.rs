@@ -176,13 +176,18 @@ impl Spec for ReplicaLedger {
 }
 
 /// Bdev events of spdk_tgt (id `spdk`), counted from its notify library: a
-/// change wakes the volume controller (a raid member that went away).
+/// change wakes the volume controller (a raid member that went away, or a
+/// replica's lvol that came back and that SPDK's examine may be rebuilding
+/// in full).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct SpdkEvents {
     /// bdev_unregister events seen since talon started.
     pub bdev_unregistered: u64,
-    /// The last bdev unregistered.
+    /// bdev_register events seen since talon started.
+    #[serde(default)]
+    pub bdev_registered: u64,
+    /// The last bdev registered or unregistered.
     pub last_bdev: String,
 }
 

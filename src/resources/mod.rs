@@ -85,7 +85,11 @@ pub fn register_types(reg: &mut TypeRegistry) {
     );
     reg.register::<engine::SpdkEvents>(
         "Bdev events of spdk_tgt (wake the volume controller)",
-        &[("UNREGISTERED", "/bdevUnregistered"), ("LAST", "/lastBdev")],
+        &[
+            ("UNREGISTERED", "/bdevUnregistered"),
+            ("REGISTERED", "/bdevRegistered"),
+            ("LAST", "/lastBdev"),
+        ],
     );
     reg.register::<engine::ReplicaLedger>(
         "Which replicas of a volume are up to date (persisted)",

@@ -5,11 +5,19 @@
 //! the smaller the window in which a crash of spdk_tgt could let it be
 //! trusted again.
 //!
+//! Registrations wake it too: a replica's disk that comes back brings its
+//! lvol back, and SPDK's examine re-adds it to its raid (superblock) with a
+//! full rebuild of every block. The volume controller stops that rebuild and
+//! rebuilds thin instead, but only if it sees it: a 1 GiB full rebuild can
+//! end within the 2 s poll (seen in a CI rehearsal: the returning replica
+//! came back fully allocated).
+//!
 //! ```text
 //!   spdk_tgt notify_get_notifications(id = cursor) ──> bdev_unregister seen?
-//!        │ (every 200 ms while the target is ready)          │ yes
+//!        │ (every 200 ms while the target is ready)          │ yes (or bdev_register)
 //!        v                                                   v
-//!   cursor kept in memory (reset when TargetStatus    SpdkEvents "spdk" {bdevUnregistered += n}
+//!   cursor kept in memory (reset when TargetStatus    SpdkEvents "spdk" {bdevUnregistered += n,
+//!                                                                        bdevRegistered += m}
 //!   restarts changes: ids count from 0 again)          ──> input of engine.SpdkVolumeController
 //! ```
 
@@ -89,8 +97,12 @@ impl Controller for SpdkEventsController {
                     let mut c = self.cursor.lock().unwrap_or_else(|p| p.into_inner());
                     c.1 = last.id + 1;
                 }
-                for n in list.iter().filter(|n| n.kind == "bdev_unregister") {
-                    events.bdev_unregistered += 1;
+                for n in &list {
+                    match n.kind.as_str() {
+                        "bdev_unregister" => events.bdev_unregistered += 1,
+                        "bdev_register" => events.bdev_registered += 1,
+                        _ => continue,
+                    }
                     events.last_bdev = n.ctx.clone();
                 }
             }
