@@ -117,6 +117,13 @@ impl Longhorn {
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
+    /// Longhorn's restore of backup `name` into `out`; the checksum of what it wrote.
+    fn restore(&self, target: &str, name: &str, out: &Path) -> String {
+        let url = format::backup_url(target, name, VOLUME);
+        self.run(&["restore", &url, &out.to_string_lossy()]);
+        sha(out)
+    }
+
     fn json(&self, args: &[&str]) -> serde_json::Value {
         let out = self.run(args);
         serde_json::from_str(&out).unwrap_or_else(|e| panic!("{args:?}: {e}: {out}"))
@@ -191,13 +198,11 @@ async fn cross_check(store: &Store, target: &str, lh: &Longhorn, dir: &Path) {
         "{info}"
     );
     for (n, expect) in [("talon-1", "s1.img"), ("talon-2", "s2.img")] {
-        let out = file(&format!("lh-restore-{n}.img"));
-        lh.run(&[
-            "restore",
-            &format::backup_url(target, n, VOLUME),
-            &out.to_string_lossy(),
-        ]);
-        assert_eq!(sha(&out), sha(&file(expect)), "Longhorn's restore of talon's {n}");
+        assert_eq!(
+            lh.restore(target, n, &file(&format!("lh-restore-{n}.img"))),
+            sha(&file(expect)),
+            "Longhorn's restore of talon's {n}"
+        );
     }
 
     // ---- Longhorn -> talon ------------------------------------------------------------------
@@ -255,13 +260,11 @@ async fn cross_check(store: &Store, target: &str, lh: &Longhorn, dir: &Path) {
         .await
         .expect("talon's incremental over Longhorn's");
     assert_eq!(st4.blocks_read, 2, "{st4:?}");
-    let out = file("lh-restore-talon-4.img");
-    lh.run(&[
-        "restore",
-        &format::backup_url(target, "talon-4", VOLUME),
-        &out.to_string_lossy(),
-    ]);
-    assert_eq!(sha(&out), sha(&file("s4.img")), "Longhorn's restore of talon-4");
+    assert_eq!(
+        lh.restore(target, "talon-4", &file("lh-restore-talon-4.img")),
+        sha(&file("s4.img")),
+        "Longhorn's restore of talon-4"
+    );
 
     // talon as Longhorn's engine binary answers the manager's calls as Longhorn's library does
     same_answers(target, lh, dir).await;
@@ -284,14 +287,8 @@ async fn cross_check(store: &Store, target: &str, lh: &Longhorn, dir: &Path) {
     ops::delete(store, VOLUME, "longhorn-3")
         .await
         .expect("talon deletes Longhorn's backup");
-    let out = file("lh-after-delete-talon-4.img");
-    lh.run(&[
-        "restore",
-        &format::backup_url(target, "talon-4", VOLUME),
-        &out.to_string_lossy(),
-    ]);
     assert_eq!(
-        sha(&out),
+        lh.restore(target, "talon-4", &file("lh-after-delete-talon-4.img")),
         sha(&file("s4.img")),
         "talon-4 after talon deleted longhorn-3"
     );
@@ -306,14 +303,8 @@ async fn cross_check(store: &Store, target: &str, lh: &Longhorn, dir: &Path) {
         .keys()
         .collect();
     assert_eq!(left, ["talon-4"], "Longhorn lists what talon left: {listed}");
-    let out = file("lh-after-rm-talon-4.img");
-    lh.run(&[
-        "restore",
-        &format::backup_url(target, "talon-4", VOLUME),
-        &out.to_string_lossy(),
-    ]);
     assert_eq!(
-        sha(&out),
+        lh.restore(target, "talon-4", &file("lh-after-rm-talon-4.img")),
         sha(&file("s4.img")),
         "talon-4 after talon's engine-binary rm of talon-2"
     );
