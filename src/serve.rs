@@ -591,7 +591,8 @@ pub async fn serve_with(
             )
             .with_peer_port(spdk_service_port)
             .with_overcommit(l.overcommit_percent)
-            .with_hash_dir(data_dir.join("snaphash"));
+            .with_hash_dir(data_dir.join("snaphash"))
+            .with_backup_dir(data_dir.join("backup"));
             Some(tokio::spawn(crate::longhorn::server::serve(
                 bound,
                 lh,

@@ -491,6 +491,8 @@ pub fn register(api: &mut ApiBuilder) {
                 backup_volume: p.backup_volume,
                 full: p.full,
                 labels: p.labels,
+                compression: None,
+                longhorn: None,
             };
             let created = ctx
                 .state

@@ -18,6 +18,7 @@
 //! outside that subset answers gRPC UNIMPLEMENTED naming it.
 
 pub mod address;
+pub mod backup;
 pub mod bounds;
 pub mod engine_ops;
 pub mod lifecycle;

@@ -56,11 +56,7 @@ const MIB: u64 = 1 << 20;
 /// SPDK's longest lvol name (`SPDK_LVOL_NAME_MAX` less its NUL).
 pub(super) const LVOL_NAME_MAX: usize = 63;
 
-/// `<replica>-snap-<snapshot>`: the lvol of a replica's snapshot (Longhorn's
-/// V2 name).
-pub fn snapshot_lvol(replica: &str, snapshot: &str) -> String {
-    format!("{replica}-snap-{snapshot}")
-}
+pub use crate::resources::longhorn::snapshot_lvol;
 
 /// The SPDKService of the node that serves a replica at `address` (`ip:port`
 /// of its export): the same IP, SPDKService port `port` (every instance
@@ -976,6 +972,39 @@ impl proxy_engine_service_server::ProxyEngineService for Longhorn {
         self.engine(&req.into_inner().engine_name)?;
         Ok(Response::new(
             imrpc::EngineSnapshotCloneStatusProxyResponse::default(),
+        ))
+    }
+
+    async fn snapshot_backup(
+        &self,
+        req: Request<imrpc::EngineSnapshotBackupRequest>,
+    ) -> Result<Response<imrpc::EngineSnapshotBackupProxyResponse>, Status> {
+        let req = forward!(
+            self,
+            req,
+            req.get_ref().proxy_engine_request.as_ref(),
+            snapshot_backup
+        );
+        let mut req = req.into_inner();
+        let e = self.engine(&proxy_req(req.proxy_engine_request.take())?.engine_name)?;
+        Ok(Response::new(self.engine_backup(&e, req).await?))
+    }
+
+    async fn snapshot_backup_status(
+        &self,
+        req: Request<imrpc::EngineSnapshotBackupStatusRequest>,
+    ) -> Result<Response<imrpc::EngineSnapshotBackupStatusProxyResponse>, Status> {
+        let req = forward!(
+            self,
+            req,
+            req.get_ref().proxy_engine_request.as_ref(),
+            snapshot_backup_status
+        );
+        let req = req.into_inner();
+        let e = self.engine(&proxy_req(req.proxy_engine_request)?.engine_name)?;
+        Ok(Response::new(
+            self.engine_backup_status(&e, &req.backup_name, &req.replica_address)
+                .await?,
         ))
     }
 

@@ -161,6 +161,9 @@ pub struct Longhorn {
     overcommit_percent: u32,
     /// The snapshot hash jobs of this node's replicas.
     hashes: Arc<super::snaphash::Hashes>,
+    /// talon's backup work dir (`<data dir>/backup`): Longhorn's backup
+    /// credentials are kept under it while a backup runs.
+    backup_dir: Option<std::path::PathBuf>,
 }
 
 impl Longhorn {
@@ -177,7 +180,19 @@ impl Longhorn {
             io_samples: Arc::default(),
             overcommit_percent: LonghornOptions::DEFAULT_OVERCOMMIT_PERCENT,
             hashes: Arc::new(super::snaphash::Hashes::new(None)),
+            backup_dir: None,
         }
+    }
+
+    /// Backups of Longhorn replicas keep their credentials under `dir`
+    /// (talon's `<data dir>/backup`); without one they are refused.
+    pub fn with_backup_dir(mut self, dir: std::path::PathBuf) -> Self {
+        self.backup_dir = Some(dir);
+        self
+    }
+
+    pub(super) fn backup_dir(&self) -> Option<&std::path::Path> {
+        self.backup_dir.as_deref()
     }
 
     /// Snapshot hashes copy into files under `dir` (talon's data dir: a
@@ -1798,6 +1813,22 @@ impl spdk_service_server::SpdkService for Longhorn {
         let req = req.into_inner();
         Ok(Response::new(
             self.replica_hash_status(&req.name, &req.snapshot_name).await?,
+        ))
+    }
+
+    async fn replica_backup_create(
+        &self,
+        req: Request<spdkrpc::BackupCreateRequest>,
+    ) -> Result<Response<spdkrpc::BackupCreateResponse>, Status> {
+        Ok(Response::new(self.replica_backup_create(req.into_inner()).await?))
+    }
+
+    async fn replica_backup_status(
+        &self,
+        req: Request<spdkrpc::BackupStatusRequest>,
+    ) -> Result<Response<spdkrpc::BackupStatusResponse>, Status> {
+        Ok(Response::new(
+            self.replica_backup_status(&req.into_inner().backup)?,
         ))
     }
 

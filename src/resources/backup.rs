@@ -32,6 +32,28 @@ pub struct Backup {
     /// Labels recorded with the backup.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub labels: BTreeMap<String, String>,
+    /// How a new backup volume's blocks are compressed: `lz4` (the
+    /// default), `gzip` or `none`; an existing backup volume keeps its own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compression: Option<String>,
+    /// The snapshot is a Longhorn replica's (asked through Longhorn's
+    /// backup calls), not a talon volume's: `volume` is then the Longhorn
+    /// volume.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub longhorn: Option<LonghornSource>,
+}
+
+/// A Longhorn replica's snapshot that a backup reads: lvol
+/// `<replica>-snap-<snapshot>` in the replica's lvstore on this node, and
+/// the snapshots below it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct LonghornSource {
+    /// The replica instance.
+    pub replica: String,
+    /// When the engine took the snapshot (RFC 3339; empty: unknown).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub snapshot_created: String,
 }
 
 impl Backup {

@@ -40,6 +40,12 @@ pub struct LonghornReplica {
     pub cleanup: bool,
 }
 
+/// `<replica>-snap-<snapshot>`: the lvol of a replica's snapshot (Longhorn's
+/// V2 name).
+pub fn snapshot_lvol(replica: &str, snapshot: &str) -> String {
+    format!("{replica}-snap-{snapshot}")
+}
+
 impl Spec for LonghornReplica {
     const TYPE: &'static str = "LonghornReplica";
     const NAMESPACE: &'static str = "config";

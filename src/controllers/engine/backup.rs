@@ -25,9 +25,11 @@ use crate::backupstore::{self, BackupCfg, BackupRequest, BackupStats, Progress, 
 use crate::resources::backup::{Backup, BackupState, BackupStatus};
 use crate::resources::config::{Volume, snapshot_id};
 use crate::resources::engine::{Engine, ObjectState, ReplicaLedger, SnapshotStatus};
+use crate::resources::longhorn::{LonghornReplica, snapshot_lvol};
 use crate::runtime::{Controller, ControllerError, Input, Output, ReconcileContext, Requeue, Typed};
 use crate::spdk::SpdkClient;
 use crate::spdk::volume::Inventory;
+use crate::spdk::volume::naming::lvstore;
 use crate::spdk::volume::to_file;
 
 /// How often a running backup's progress is published.
@@ -59,6 +61,14 @@ impl BackupController {
             work_dir: data_dir.join("backup"),
             running: Mutex::default(),
         }
+    }
+}
+
+impl BackupController {
+    /// Removes the credentials a Longhorn backup call left for backup `id`
+    /// (`<work dir>/credentials/<id>`, see `longhorn::backup`).
+    fn forget_credentials(&self, id: &str) {
+        let _ = std::fs::remove_dir_all(self.work_dir.join("credentials").join(id));
     }
 }
 
@@ -99,6 +109,20 @@ fn completed(
     }
 }
 
+/// Where a backup task reads its snapshot.
+enum Source {
+    /// A talon volume's snapshot: a replica of its point-in-time set
+    /// (`recorded`, from the ledger); `superblock`: whether the replicas
+    /// hold a raid superblock before the volume's data.
+    Volume {
+        recorded: Option<BTreeSet<usize>>,
+        superblock: bool,
+    },
+    /// A Longhorn replica's snapshot lvol in lvstore `lvs` (no superblock:
+    /// Longhorn's raids are made without one).
+    Longhorn { lvs: String, replica: String },
+}
+
 /// What a backup task needs.
 struct Job {
     client: SpdkClient,
@@ -106,8 +130,7 @@ struct Job {
     backup: Backup,
     name: String,
     volume_size: u64,
-    superblock: bool,
-    recorded: Option<BTreeSet<usize>>,
+    source: Source,
     snapshot_created: String,
     progress: Arc<Progress>,
 }
@@ -145,26 +168,39 @@ impl Job {
             .as_ref()
             .map(|b| b.snapshot_name.as_str())
             .filter(|s| *s != snap);
-        let (src, delta) = to_file::snapshot_source(
-            &inv,
-            vol,
-            snap,
-            self.recorded.as_ref(),
-            base_snap,
-            self.superblock,
-        )
-        .ok_or_else(|| format!("no replica of volume {vol} on this node holds snapshot {snap}"))?;
+        let (whole, data_offset, delta) = match &self.source {
+            Source::Volume { recorded, superblock } => {
+                let (src, delta) =
+                    to_file::snapshot_source(&inv, vol, snap, recorded.as_ref(), base_snap, *superblock)
+                        .ok_or_else(|| {
+                            format!("no replica of volume {vol} on this node holds snapshot {snap}")
+                        })?;
+                (src.chain, src.data_offset, delta)
+            }
+            Source::Longhorn { lvs, replica } => {
+                let lvol = |s: &str| format!("{lvs}/{}", snapshot_lvol(replica, s));
+                let chain = to_file::Chain::of(&inv, &lvol(snap)).ok_or_else(|| {
+                    format!("replica {replica} of {vol} holds no snapshot {snap} on this node")
+                })?;
+                let delta = base_snap.and_then(|b| chain.after(&lvol(b)));
+                (chain, 0, delta)
+            }
+        };
         let (chain, base) = match delta {
             Some(d) if base_snap.is_some() => (d, base),
-            _ => (src.chain.clone(), None),
+            _ => (whole, None),
         };
         let bdev = format!("talon-backup-{}", self.name);
         let made = async {
             to_file::copy_to_file(&self.client, &chain, &self.file, &bdev)
                 .await
                 .map_err(|e| format!("reading snapshot {snap} of {vol}: {e}"))?;
-            let image = SparseImage::open(&self.file, src.data_offset, self.volume_size).map_err(named)?;
+            let image = SparseImage::open(&self.file, data_offset, self.volume_size).map_err(named)?;
             let bs = backupstore::format::DEFAULT_BLOCK_SIZE;
+            let compression = match &self.backup.compression {
+                Some(c) => backupstore::format::Compression::parse(c).map_err(named)?,
+                None => Default::default(),
+            };
             let req = BackupRequest {
                 volume: bvol.clone(),
                 name: self.name.clone(),
@@ -174,7 +210,7 @@ impl Job {
                 labels: self.backup.labels.clone(),
                 full: self.backup.full,
                 data_engine: "v2".into(),
-                ..Default::default()
+                compression,
             };
             backupstore::ops::create(&store, &req, &image, base.as_ref(), &self.progress)
                 .await
@@ -185,6 +221,65 @@ impl Job {
         let incremental = base.is_some();
         made.map(|(cfg, stats)| (cfg, stats, incremental))
     }
+}
+
+/// Where backup `b` reads its snapshot, the volume's size and the
+/// snapshot's time; `Err`: the status to report instead (waiting, or why
+/// it cannot be done).
+fn source(
+    ctx: &ReconcileContext,
+    b: &Typed<Backup>,
+) -> Result<Result<(Source, u64, String), BackupStatus>, ControllerError> {
+    if let Some(lh) = &b.spec.longhorn {
+        let Some(r) = ctx.get::<LonghornReplica>(&lh.replica)?.map(|r| r.spec) else {
+            return Ok(Err(status(
+                BackupState::Error,
+                format!("Longhorn replica {} is not on this node", lh.replica),
+            )));
+        };
+        if r.volume != b.spec.volume {
+            return Ok(Err(status(
+                BackupState::Error,
+                format!(
+                    "Longhorn replica {} is of volume {}, not {}",
+                    lh.replica, r.volume, b.spec.volume
+                ),
+            )));
+        }
+        let source = Source::Longhorn {
+            lvs: lvstore(&r.disk),
+            replica: lh.replica.clone(),
+        };
+        return Ok(Ok((source, r.size_bytes, lh.snapshot_created.clone())));
+    }
+    let sid = snapshot_id(&b.spec.volume, &b.spec.snapshot);
+    let snap = ctx.get::<SnapshotStatus>(&sid)?.map(|s| s.spec);
+    let Some(snap) = snap.filter(|s| s.state == ObjectState::Ready) else {
+        return Ok(Err(status(
+            BackupState::Pending,
+            format!("waiting for snapshot {sid} to be ready"),
+        )));
+    };
+    if snap.engine != Engine::V2 {
+        return Ok(Err(status(
+            BackupState::Error,
+            format!("snapshot {sid} is a V1 snapshot: backups are of V2 volumes"),
+        )));
+    }
+    let Some(vol) = ctx.get::<Volume>(&b.spec.volume)?.map(|v| v.spec) else {
+        return Ok(Err(status(
+            BackupState::Error,
+            format!("volume {} not found", b.spec.volume),
+        )));
+    };
+    let recorded = ctx
+        .get::<ReplicaLedger>(&b.spec.volume)?
+        .and_then(|l| l.spec.snapshot_set(&b.spec.snapshot));
+    let source = Source::Volume {
+        recorded,
+        superblock: vol.raid_superblock && vol.replicas + vol.remote_replicas.len() as u32 > 1,
+    };
+    Ok(Ok((source, vol.size_bytes, snap.created)))
 }
 
 #[async_trait::async_trait]
@@ -199,6 +294,7 @@ impl Controller for BackupController {
             Input::of::<Volume>(),
             Input::of::<SnapshotStatus>(),
             Input::of::<ReplicaLedger>(),
+            Input::of::<LonghornReplica>(),
         ]
     }
 
@@ -214,6 +310,7 @@ impl Controller for BackupController {
             let keep = wanted.contains(id);
             if !keep {
                 r.task.abort();
+                self.forget_credentials(id);
             }
             keep
         });
@@ -256,6 +353,9 @@ impl Controller for BackupController {
                 if busy.as_deref() == Some(id.as_str()) {
                     busy = None;
                 }
+                if b.spec.longhorn.is_some() {
+                    self.forget_credentials(&id);
+                }
                 ctx.apply(&id, s)?;
                 continue;
             }
@@ -272,38 +372,13 @@ impl Controller for BackupController {
                 ctx.apply(&id, status(BackupState::Error, e.to_string()))?;
                 continue;
             }
-            let sid = snapshot_id(&b.spec.volume, &b.spec.snapshot);
-            let snap = ctx.get::<SnapshotStatus>(&sid)?.map(|s| s.spec);
-            let Some(snap) = snap.filter(|s| s.state == ObjectState::Ready) else {
-                ctx.apply(
-                    &id,
-                    status(
-                        BackupState::Pending,
-                        format!("waiting for snapshot {sid} to be ready"),
-                    ),
-                )?;
-                continue;
+            let (source, volume_size, snapshot_created) = match source(ctx, b)? {
+                Ok(found) => found,
+                Err(s) => {
+                    ctx.apply(&id, s)?;
+                    continue;
+                }
             };
-            if snap.engine != Engine::V2 {
-                ctx.apply(
-                    &id,
-                    status(
-                        BackupState::Error,
-                        format!("snapshot {sid} is a V1 snapshot: backups are of V2 volumes"),
-                    ),
-                )?;
-                continue;
-            }
-            let Some(vol) = ctx.get::<Volume>(&b.spec.volume)?.map(|v| v.spec) else {
-                ctx.apply(
-                    &id,
-                    status(BackupState::Error, format!("volume {} not found", b.spec.volume)),
-                )?;
-                continue;
-            };
-            let recorded = ctx
-                .get::<ReplicaLedger>(&b.spec.volume)?
-                .and_then(|l| l.spec.snapshot_set(&b.spec.snapshot));
             if let Err(e) = std::fs::create_dir_all(&self.work_dir) {
                 ctx.apply(
                     &id,
@@ -320,10 +395,9 @@ impl Controller for BackupController {
                 file: self.work_dir.join(format!("{id}.img")),
                 backup: b.spec.clone(),
                 name: id.clone(),
-                volume_size: vol.size_bytes,
-                superblock: vol.raid_superblock && vol.replicas + vol.remote_replicas.len() as u32 > 1,
-                recorded,
-                snapshot_created: snap.created.clone(),
+                volume_size,
+                source,
+                snapshot_created,
                 progress: progress.clone(),
             };
             lock(&self.running).insert(

@@ -1,0 +1,499 @@
+//! Longhorn's backup calls as desired state: a backup of an engine's
+//! snapshot becomes a talon `Backup` whose source is one replica's snapshot
+//! lvol, carried out by `engine.BackupController` like a talon volume's
+//! backup; its status is read back from `BackupStatus`.
+//!
+//! ```text
+//!   backup monitor ── proxy SnapshotBackup(engine, snapshot, backup, target, envs)
+//!       a replica in service (RW), this node's first:
+//!         local ──> ReplicaBackupCreate here ──┐
+//!         remote ─> its node's SPDKService ReplicaBackupCreate
+//!                                               v
+//!                 config/Backup <name> {volume, snapshot, target, credentials,
+//!                                       longhorn: {replica, snapshotCreated}}
+//!   SnapshotBackupStatus(backup, replica address) ── BackupStatus <name>
+//!       Pending|InProgress -> in_progress · Completed -> complete + URL · Error -> error
+//! ```
+//!
+//! Credentials come with the call (`KEY=VALUE`); only the keys Longhorn's
+//! instance manager allows are taken, written as one file per key (a
+//! Kubernetes secret's mounted shape) under `<data dir>/backup/credentials/
+//! <backup>/`, 0600; the backup controller removes them when the backup
+//! ends. Backup parameters
+//! (`backup-mode`, `backup-block-size`) travel to another node's replica as
+//! labels under `longhorn.io/backup-parameter.`, as Longhorn's V2 engine
+//! sends them.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use tonic::Status;
+
+use super::proto::imrpc;
+use super::proto::ptypes;
+use super::proto::spdkrpc;
+use super::proxy::{Member, internal, tcp};
+use super::server::Longhorn;
+use crate::backupstore::format::{Compression, DEFAULT_BLOCK_SIZE, check_name};
+use crate::backupstore::store::Target;
+use crate::resources::backup::{Backup, BackupState, BackupStatus, LonghornSource};
+use crate::resources::longhorn::LonghornEngine;
+use crate::runtime::Typed;
+
+/// The credential keys Longhorn's instance manager takes from a backup
+/// call (longhorn-instance-manager `backupEnvAllowlist`); any other key
+/// refuses the call.
+const ALLOWED_KEYS: [&str; 15] = [
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_ENDPOINTS",
+    "AWS_CERT",
+    "VIRTUAL_HOSTED_STYLE",
+    "AWS_SIGN_ACCEPT_ENCODING",
+    "CIFS_USERNAME",
+    "CIFS_PASSWORD",
+    "AZBLOB_ACCOUNT_NAME",
+    "AZBLOB_ACCOUNT_KEY",
+    "AZBLOB_ENDPOINT",
+    "AZBLOB_CERT",
+    "HTTPS_PROXY",
+    "HTTP_PROXY",
+    "NO_PROXY",
+];
+/// Of those, the ones talon's S3 client reads; the others must be empty.
+const USED_KEYS: [&str; 5] = [
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_ENDPOINTS",
+    "AWS_CERT",
+    "VIRTUAL_HOSTED_STYLE",
+];
+/// Where backup parameters ride in a replica backup's labels.
+const PARAMETER_LABEL: &str = "longhorn.io/backup-parameter.";
+const BACKUP_MODE: &str = "backup-mode";
+const BLOCK_SIZE: &str = "backup-block-size";
+
+/// `KEY=VALUE` entries as a credential map; a key outside Longhorn's
+/// allowlist, or one talon cannot honour with a value, refuses the whole
+/// call (the error names the key, never a value).
+pub fn credentials_from_envs(envs: &[String]) -> Result<BTreeMap<String, String>, String> {
+    let mut out = BTreeMap::new();
+    for env in envs {
+        let Some((k, v)) = env.split_once('=') else {
+            return Err("a credential entry is not KEY=VALUE".into());
+        };
+        out.insert(k.to_owned(), v.to_owned());
+    }
+    check_credentials(&out)?;
+    Ok(out)
+}
+
+fn check_credentials(creds: &BTreeMap<String, String>) -> Result<(), String> {
+    for (k, v) in creds {
+        if !ALLOWED_KEYS.contains(&k.as_str()) {
+            return Err(format!("credential key {k:?} is not one a backup target takes"));
+        }
+        if !v.is_empty() && !USED_KEYS.contains(&k.as_str()) {
+            return Err(format!(
+                "credential key {k} is set, but talon reaches S3 targets directly (no proxy, CIFS or Azure)"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Writes `creds` as a secret folder (one 0600 file per non-empty key)
+/// `<dir>/<backup>`, replacing one there.
+fn write_credentials(dir: &Path, backup: &str, creds: &BTreeMap<String, String>) -> std::io::Result<PathBuf> {
+    use std::io::Write as _;
+    use std::os::unix::fs::{DirBuilderExt as _, OpenOptionsExt as _};
+    let at = dir.join(backup);
+    let _ = std::fs::remove_dir_all(&at);
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(&at)?;
+    for (k, v) in creds.iter().filter(|(_, v)| !v.is_empty()) {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(at.join(k))?
+            .write_all(v.as_bytes())?;
+    }
+    Ok(at)
+}
+
+type Pairs = BTreeMap<String, String>;
+
+/// `k=v` labels and the parameters among them (`PARAMETER_LABEL<key>`).
+fn split_labels(labels: &[String]) -> Result<(Pairs, Pairs), String> {
+    let (mut plain, mut params) = (BTreeMap::new(), BTreeMap::new());
+    for l in labels {
+        let Some((k, v)) = l.split_once('=') else {
+            return Err(format!("label {l:?} is not k=v"));
+        };
+        match k.strip_prefix(PARAMETER_LABEL) {
+            Some(p) => params.insert(p.to_owned(), v.to_owned()),
+            None => plain.insert(k.to_owned(), v.to_owned()),
+        };
+    }
+    Ok((plain, params))
+}
+
+/// Whether parameters ask a full backup; a block size other than
+/// Longhorn's 2 MiB default is refused.
+fn full_backup(params: &BTreeMap<String, String>) -> Result<bool, String> {
+    if let Some(bs) = params.get(BLOCK_SIZE).filter(|s| !s.is_empty()) {
+        let n: i64 = bs
+            .parse()
+            .map_err(|_| format!("backup block size {bs:?} is not a number"))?;
+        if n > 0 && n as u64 != DEFAULT_BLOCK_SIZE {
+            return Err(format!(
+                "backup block size {n}: talon writes {DEFAULT_BLOCK_SIZE}-byte blocks only"
+            ));
+        }
+    }
+    match params.get(BACKUP_MODE).map(String::as_str) {
+        None | Some("" | "incremental") => Ok(false),
+        Some("full") => Ok(true),
+        Some(other) => Err(format!("backup mode {other:?} is neither full nor incremental")),
+    }
+}
+
+/// Longhorn's words for a backup's state.
+fn backup_state(s: BackupState) -> &'static str {
+    match s {
+        BackupState::Pending | BackupState::InProgress => "in_progress",
+        BackupState::Completed => "complete",
+        BackupState::Error => "error",
+    }
+}
+
+impl Longhorn {
+    /// Where Longhorn's backup credentials are kept while a backup runs.
+    fn credentials_dir(&self) -> Result<PathBuf, Status> {
+        self.backup_dir()
+            .map(|d| d.join("credentials"))
+            .ok_or_else(|| Status::failed_precondition("backups need talon's data dir (none was given)"))
+    }
+
+    /// A backup of local replica `req.replica_name`'s snapshot: a `Backup`
+    /// resource. Asked again with the same request, the same backup.
+    pub(super) async fn replica_backup_create(
+        &self,
+        req: spdkrpc::BackupCreateRequest,
+    ) -> Result<spdkrpc::BackupCreateResponse, Status> {
+        let what = format!(
+            "backup {} of snapshot {} of replica {}",
+            req.backup_name, req.snapshot_name, req.replica_name
+        );
+        let bad = |e: String| Status::invalid_argument(format!("{what}: {e}"));
+        check_name("backup", &req.backup_name).map_err(|e| bad(e.to_string()))?;
+        Target::parse(&req.backup_target).map_err(|e| bad(e.to_string()))?;
+        let compression = (!req.compression_method.is_empty()).then(|| req.compression_method.clone());
+        if let Some(c) = &compression {
+            Compression::parse(c).map_err(|e| bad(e.to_string()))?;
+        }
+        let creds: BTreeMap<String, String> = req.credential.clone().into_iter().collect();
+        check_credentials(&creds).map_err(&bad)?;
+        let (labels, params) = split_labels(&req.labels).map_err(&bad)?;
+        let full = full_backup(&params).map_err(&bad)?;
+        let r = self
+            .local_replica(&req.replica_name)
+            .ok_or_else(|| Status::not_found(format!("{what}: the replica is not on this node")))?;
+        if !req.volume_name.is_empty() && r.volume != req.volume_name {
+            return Err(bad(format!("the replica is of volume {}", r.volume)));
+        }
+        let inv = crate::spdk::volume::Inventory::load(self.client())
+            .await
+            .map_err(|x| internal(&format!("{what}: reading spdk_tgt"), super::proxy::chain(&x)))?;
+        let lvol = format!(
+            "{}/{}",
+            crate::spdk::volume::naming::lvstore(&r.disk),
+            super::proxy::snapshot_lvol(&req.replica_name, &req.snapshot_name)
+        );
+        if !inv.lvols.contains_key(&lvol) {
+            return Err(Status::not_found(format!(
+                "{what}: could not find snapshot {} ({lvol})",
+                req.snapshot_name
+            )));
+        }
+        let created = self
+            .engine(&req.engine_name)
+            .ok()
+            .and_then(|e| {
+                e.spec
+                    .snapshot_info
+                    .get(&req.snapshot_name)
+                    .map(|i| i.created.clone())
+            })
+            .unwrap_or_default();
+        let secret = write_credentials(&self.credentials_dir()?, &req.backup_name, &creds)
+            .map_err(|e| internal(&format!("{what}: writing its credentials"), e))?;
+        let spec = Backup {
+            volume: r.volume.clone(),
+            snapshot: req.snapshot_name.clone(),
+            target: req.backup_target.clone(),
+            credential_secret: Some(secret.display().to_string()),
+            backup_volume: None,
+            full,
+            labels,
+            compression,
+            longhorn: Some(LonghornSource {
+                replica: req.replica_name.clone(),
+                snapshot_created: created,
+            }),
+        };
+        match self.state().get_typed::<Backup>(&req.backup_name) {
+            Ok(Some(b)) if b.spec == spec => {}
+            Ok(Some(_)) => {
+                return Err(Status::already_exists(format!(
+                    "{what}: a backup of that name exists with another source or target"
+                )));
+            }
+            _ => {
+                self.state()
+                    .create_typed(&req.backup_name, "", &spec)
+                    .map_err(|e| internal(&format!("{what}: recording it"), e))?;
+            }
+        }
+        Ok(spdkrpc::BackupCreateResponse {
+            backup: req.backup_name,
+            // the store's last backup decides; its status reports it
+            is_incremental: !full,
+            replica_address: String::new(),
+        })
+    }
+
+    /// Backup `backup`'s status on this node.
+    pub(super) fn replica_backup_status(
+        &self,
+        backup: &str,
+    ) -> Result<spdkrpc::BackupStatusResponse, Status> {
+        let b = self
+            .state()
+            .get_typed::<Backup>(backup)
+            .map_err(|e| internal(&format!("backup {backup}"), e))?
+            .ok_or_else(|| Status::not_found(format!("backup {backup} is not on this node")))?;
+        let s = self
+            .state()
+            .get_typed::<BackupStatus>(backup)
+            .map_err(|e| internal(&format!("backup {backup}"), e))?
+            .map(|s| s.spec)
+            .unwrap_or_default();
+        Ok(spdkrpc::BackupStatusResponse {
+            progress: s.progress as i32,
+            backup_url: if s.state == BackupState::Completed {
+                s.url
+            } else {
+                String::new()
+            },
+            error: if s.state == BackupState::Error {
+                s.message
+            } else {
+                String::new()
+            },
+            snapshot_name: b.spec.snapshot.clone(),
+            state: backup_state(s.state).into(),
+            replica_address: String::new(),
+        })
+    }
+
+    /// The proxy's `SnapshotBackup` of engine `e`: the backup of a replica in
+    /// service, this node's if it has one.
+    pub(super) async fn engine_backup(
+        &self,
+        e: &Typed<LonghornEngine>,
+        req: imrpc::EngineSnapshotBackupRequest,
+    ) -> Result<imrpc::EngineSnapshotBackupProxyResponse, Status> {
+        let what = format!("backup {} of engine {}", req.backup_name, e.id());
+        if req.snapshot_name.is_empty() || req.snapshot_name == super::proxy::VOLUME_HEAD {
+            return Err(Status::invalid_argument(format!(
+                "{what}: name a snapshot (not {:?})",
+                req.snapshot_name
+            )));
+        }
+        let creds =
+            credentials_from_envs(&req.envs).map_err(|x| Status::invalid_argument(format!("{what}: {x}")))?;
+        let mut labels: Vec<String> = req.labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        labels.extend([BACKUP_MODE, BLOCK_SIZE].iter().filter_map(|k| {
+            req.parameters
+                .get(*k)
+                .map(|v| format!("{PARAMETER_LABEL}{k}={v}"))
+        }));
+        let members = self.members(e).await?;
+        let rw: Vec<&Member> = members
+            .iter()
+            .filter(|m| m.mode == ptypes::ReplicaMode::Rw)
+            .collect();
+        let m = rw
+            .iter()
+            .find(|m| self.local_replica(&m.replica).is_some())
+            .or_else(|| rw.first())
+            .ok_or_else(|| Status::failed_precondition(format!("{what}: no replica is in service")))?;
+        let ask = spdkrpc::BackupCreateRequest {
+            snapshot_name: req.snapshot_name,
+            backup_target: req.backup_target,
+            volume_name: e.spec.volume.clone(),
+            size: i64::try_from(e.spec.size_bytes).unwrap_or(i64::MAX),
+            engine_name: e.id().to_owned(),
+            replica_name: m.replica.clone(),
+            labels,
+            credential: creds.into_iter().collect(),
+            backing_image_name: req.backing_image_name,
+            backing_image_checksum: req.backing_image_checksum,
+            backup_name: req.backup_name,
+            compression_method: req.compression_method,
+            concurrent_limit: req.concurrent_limit,
+            storage_class_name: req.storage_class_name,
+        };
+        let made = if self.local_replica(&m.replica).is_some() {
+            self.replica_backup_create(ask).await?
+        } else {
+            let mut c = self
+                .replica_node(&m.replica, &m.address)
+                .await
+                .map_err(|x| Status::unavailable(format!("{what}: {x}")))?;
+            c.replica_backup_create(ask).await?.into_inner()
+        };
+        Ok(imrpc::EngineSnapshotBackupProxyResponse {
+            backup_id: made.backup,
+            replica: tcp(&m.address),
+            is_incremental: made.is_incremental,
+        })
+    }
+
+    /// The proxy's `SnapshotBackupStatus`: asked of the replica at
+    /// `address` (`tcp://ip:port`), or of each replica in service when
+    /// empty (the first that knows the backup answers).
+    pub(super) async fn engine_backup_status(
+        &self,
+        e: &Typed<LonghornEngine>,
+        backup: &str,
+        address: &str,
+    ) -> Result<imrpc::EngineSnapshotBackupStatusProxyResponse, Status> {
+        let address = address.strip_prefix("tcp://").unwrap_or(address);
+        let mut asked: Vec<(String, String)> = Vec::new();
+        if address.is_empty() {
+            for m in self.members(e).await? {
+                if m.mode == ptypes::ReplicaMode::Rw {
+                    asked.push((m.replica, m.address));
+                }
+            }
+        } else {
+            let replica = e
+                .spec
+                .replica_address_map
+                .iter()
+                .find(|(_, a)| a.as_str() == address)
+                .map(|(r, _)| r.clone())
+                .unwrap_or_default();
+            asked.push((replica, address.to_owned()));
+        }
+        let mut not_found = None;
+        for (replica, address) in asked {
+            let got = if self.local_replica(&replica).is_some() || replica.is_empty() {
+                self.replica_backup_status(backup)
+            } else {
+                match self.replica_node(&replica, &address).await {
+                    Ok(mut c) => c
+                        .replica_backup_status(spdkrpc::BackupStatusRequest {
+                            backup: backup.to_owned(),
+                            engine_name: e.id().to_owned(),
+                            replica_address: address.clone(),
+                        })
+                        .await
+                        .map(tonic::Response::into_inner),
+                    Err(x) => Err(Status::unavailable(x)),
+                }
+            };
+            match got {
+                Ok(s) => {
+                    return Ok(imrpc::EngineSnapshotBackupStatusProxyResponse {
+                        backup_url: s.backup_url,
+                        error: s.error,
+                        progress: s.progress,
+                        snapshot_name: s.snapshot_name,
+                        state: s.state,
+                        replica_address: tcp(&address),
+                    });
+                }
+                Err(s) if s.code() == tonic::Code::NotFound => not_found = Some(s),
+                Err(s) => return Err(s),
+            }
+        }
+        Err(not_found.unwrap_or_else(|| {
+            Status::not_found(format!("backup {backup}: no replica of engine {} has it", e.id()))
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn credentials_take_longhorns_keys_only_and_name_the_key_never_the_value() {
+        let ok = credentials_from_envs(&[
+            "AWS_ACCESS_KEY_ID=ak".into(),
+            "AWS_SECRET_ACCESS_KEY=s=k".into(),
+            "HTTPS_PROXY=".into(),
+        ])
+        .expect("allowed");
+        assert_eq!(ok["AWS_SECRET_ACCESS_KEY"], "s=k");
+        let e = credentials_from_envs(&["LD_PRELOAD=/tmp/x.so".into()]).expect_err("refused");
+        assert!(e.contains("LD_PRELOAD") && !e.contains("/tmp/x.so"), "{e}");
+        let e = credentials_from_envs(&["HTTPS_PROXY=http://secret@proxy".into()]).expect_err("refused");
+        assert!(e.contains("HTTPS_PROXY") && !e.contains("secret"), "{e}");
+        assert!(credentials_from_envs(&["novalue".into()]).is_err());
+    }
+
+    #[test]
+    fn parameters_ride_in_labels_as_longhorns_v2_engine_sends_them() {
+        let (plain, params) = split_labels(&[
+            "app=db".into(),
+            "longhorn.io/backup-parameter.backup-mode=full".into(),
+            "longhorn.io/backup-parameter.backup-block-size=2097152".into(),
+        ])
+        .expect("labels");
+        assert_eq!(plain, [("app".to_owned(), "db".to_owned())].into());
+        assert_eq!(full_backup(&params), Ok(true));
+        assert_eq!(full_backup(&BTreeMap::new()), Ok(false));
+        let odd: BTreeMap<_, _> = [(BLOCK_SIZE.to_owned(), "16777216".to_owned())].into();
+        assert!(full_backup(&odd).is_err());
+        let odd: BTreeMap<_, _> = [(BACKUP_MODE.to_owned(), "sometimes".to_owned())].into();
+        assert!(full_backup(&odd).is_err());
+    }
+
+    #[test]
+    fn credentials_are_a_secret_folder_only_root_reads() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir = tempfile::tempdir().expect("tmp");
+        let creds: BTreeMap<_, _> = [
+            ("AWS_ACCESS_KEY_ID".to_owned(), "ak".to_owned()),
+            ("HTTPS_PROXY".to_owned(), String::new()),
+        ]
+        .into();
+        let at = write_credentials(dir.path(), "b1", &creds).expect("written");
+        assert_eq!(
+            std::fs::read_to_string(at.join("AWS_ACCESS_KEY_ID")).expect("key"),
+            "ak"
+        );
+        assert!(!at.join("HTTPS_PROXY").exists());
+        let mode = std::fs::metadata(at.join("AWS_ACCESS_KEY_ID"))
+            .expect("meta")
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600);
+        // again: replaced, not refused
+        write_credentials(dir.path(), "b1", &creds).expect("rewritten");
+    }
+
+    #[test]
+    fn states_are_longhorns_words() {
+        assert_eq!(backup_state(BackupState::Pending), "in_progress");
+        assert_eq!(backup_state(BackupState::Completed), "complete");
+        assert_eq!(backup_state(BackupState::Error), "error");
+    }
+}
