@@ -14,7 +14,14 @@
 //!   longhorn backup cleanup-all-mounts
 //!   longhorn backup ls-backing-image <target>
 //!   longhorn system-backup list <target>
+//!   longhorn version --client-only
 //! ```
+//!
+//! `version --client-only` is what the manager's engine image controller
+//! (and the engine image pod's readiness probe) runs: it reports the CLI,
+//! controller and data format API versions of longhorn-engine v1.12.1
+//! (`pkg/meta/version.go`), so that the manager takes the image as
+//! compatible; of that CLI talon answers the backup target calls above.
 //!
 //! Each prints the JSON Longhorn's binary prints ([`crate::backupstore::info`])
 //! and exits 0, or says why on stderr and exits 1 ("cannot find ..." for a
@@ -59,6 +66,50 @@ enum Top {
     /// Longhorn's system backups in a backup target.
     #[command(subcommand)]
     SystemBackup(SystemBackupCmd),
+    /// The API versions this binary speaks.
+    Version {
+        /// Only this binary's (without it an engine process is asked: a
+        /// V1 engine's, which talon has not).
+        #[arg(long)]
+        client_only: bool,
+    },
+}
+
+/// longhorn-engine's `EngineVersionDetails` (field names and order as its
+/// JSON).
+#[derive(Debug, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+struct VersionDetails {
+    version: String,
+    git_commit: String,
+    build_date: String,
+    #[serde(rename = "cliAPIVersion")]
+    cli_api_version: u32,
+    #[serde(rename = "cliAPIMinVersion")]
+    cli_api_min_version: u32,
+    #[serde(rename = "controllerAPIVersion")]
+    controller_api_version: u32,
+    #[serde(rename = "controllerAPIMinVersion")]
+    controller_api_min_version: u32,
+    data_format_version: u32,
+    data_format_min_version: u32,
+}
+
+/// `version --client-only`'s answer: longhorn-engine v1.12.1's API
+/// versions (`pkg/meta/version.go`), talon's own version.
+fn client_version() -> serde_json::Value {
+    let details = VersionDetails {
+        version: format!("talon-{}", env!("CARGO_PKG_VERSION")),
+        git_commit: String::new(),
+        build_date: String::new(),
+        cli_api_version: 12,
+        cli_api_min_version: 8,
+        controller_api_version: 6,
+        controller_api_min_version: 4,
+        data_format_version: 1,
+        data_format_min_version: 1,
+    };
+    serde_json::json!({"clientVersion": details, "serverVersion": null})
 }
 
 #[derive(Debug, clap::Subcommand)]
@@ -179,6 +230,10 @@ pub fn main(argv: Vec<OsString>) -> ExitCode {
             Top::SystemBackup(SystemBackupCmd::List { target }) => {
                 json(&info::system_backups(&store(&target)?).await?)
             }
+            Top::Version { client_only: true } => json(&client_version()),
+            Top::Version { client_only: false } => Err(BackupError::Invalid(
+                "version without --client-only asks a V1 engine process; talon serves V2 engines".into(),
+            )),
         }
     });
     match out {
@@ -202,6 +257,22 @@ pub fn main(argv: Vec<OsString>) -> ExitCode {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The manager decodes `clientVersion` into `EngineVersionDetails` and
+    /// checks its CLI API range against its own (12, min 8).
+    #[test]
+    fn the_client_version_is_longhorn_engines_api_range() {
+        let v = client_version();
+        let c = &v["clientVersion"];
+        assert_eq!(
+            (c["cliAPIVersion"].as_u64(), c["cliAPIMinVersion"].as_u64()),
+            (Some(12), Some(8))
+        );
+        assert_eq!(c["controllerAPIVersion"], 6);
+        assert_eq!(c["dataFormatMinVersion"], 1);
+        assert!(c["version"].as_str().is_some_and(|s| s.starts_with("talon-")));
+        assert!(v["serverVersion"].is_null());
+    }
 
     #[test]
     fn only_a_link_named_longhorn_is_the_engine_binary() {
@@ -227,6 +298,7 @@ mod tests {
             &["longhorn", "backup", "cleanup-all-mounts"],
             &["longhorn", "backup", "ls-backing-image", "s3://b@r/p"],
             &["longhorn", "system-backup", "list", "s3://b@r/p"],
+            &["longhorn", "version", "--client-only"],
         ] {
             EngineBinary::try_parse_from(argv).unwrap_or_else(|e| panic!("{argv:?}: {e}"));
         }
