@@ -14,6 +14,9 @@
 //!            even when the driver could not clean up itself
 //! ```
 
+#[allow(dead_code)] // the secret manifest is other tests'
+#[path = "support/s3_server.rs"]
+mod s3_server;
 #[path = "support/spdk_real.rs"]
 mod spdk_real;
 
@@ -85,6 +88,16 @@ impl Drop for Guard {
         for ns in netns.iter().rev() {
             let _ = Command::new("ip").args(["netns", "del", ns]).status();
         }
+        // folders the harness made outside its work dir (the engine image's binaries), newest first
+        let made: Vec<&str> = state["made"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|d| d.as_str())
+            .collect();
+        for d in made.iter().rev() {
+            let _ = std::fs::remove_dir_all(d);
+        }
         for dev in state["loops"].as_array().into_iter().flatten() {
             if let Some(dev) = dev.as_str() {
                 let _ = Command::new("losetup").args(["-d", dev]).status();
@@ -98,6 +111,78 @@ fn tail(path: &Path, lines: usize) -> String {
     let _ = std::fs::File::open(path).and_then(|mut f| f.read_to_string(&mut s));
     let all: Vec<&str> = s.lines().collect();
     all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+/// The hub's S3 server: on the apiserver's bridge address, which every node reaches.
+const S3_PORT: u16 = 9000;
+const S3_BUCKET: &str = "backups";
+const S3_ENDPOINT: &str = "http://10.250.0.1:9000";
+
+/// A real S3 server (s3s-fs) for the manager's backup target, in the driver's hub network
+/// namespace (`talon-lh-e2e-<driver pid>`) once the driver made it: a thread of this test enters
+/// that namespace, binds 0.0.0.0:9000 there and serves objects as files under `root`
+/// (`<root>/<bucket>/<key>`, so the test reads the store afterwards as a folder target).
+fn s3_in_hub(driver: u32, root: PathBuf) {
+    std::thread::spawn(move || {
+        let ns = PathBuf::from(format!("/run/netns/talon-lh-e2e-{driver}"));
+        let end = Instant::now() + Duration::from_secs(300);
+        // the file appears before `ip netns add` mounts the namespace on it
+        loop {
+            let entered = std::fs::File::open(&ns)
+                .ok()
+                .is_some_and(|f| nix::sched::setns(&f, nix::sched::CloneFlags::CLONE_NEWNET).is_ok());
+            if entered {
+                break;
+            }
+            if Instant::now() > end {
+                eprintln!("the hub namespace {} never appeared: no S3 server", ns.display());
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let Ok(rt) = tokio::runtime::Builder::new_current_thread().enable_all().build() else {
+            return;
+        };
+        rt.block_on(async move {
+            let listener = tokio::net::TcpListener::bind(("0.0.0.0", S3_PORT))
+                .await
+                .expect("S3 server: bind 0.0.0.0:9000 in the hub namespace");
+            let _server = s3_server::S3Server::start_on(listener, &root, S3_BUCKET);
+            std::future::pending::<()>().await
+        });
+    });
+}
+
+/// What the manager's backup wrote, read back through talon's backupstore reader from the S3
+/// server's files (a folder target over the same layout): the driver's pattern (seed 0x5A, 8 MiB)
+/// at the start, zeros after.
+fn check_backup(s3_root: &Path, work: &Path) {
+    let target = format!("vfs://{}", s3_root.join(S3_BUCKET).display());
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let out = work.join("restored.img");
+    let (volume, backup) = ("e2e-vol-1", "e2e-backup-1");
+    rt.block_on(async {
+        let store = talon::backupstore::Store::open(&target, &talon::backupstore::Credentials::none())
+            .expect("the S3 server's files as a folder target");
+        talon::backupstore::ops::restore_to_file(&store, volume, backup, &out, 0, &Default::default())
+            .await
+            .unwrap_or_else(|e| panic!("restoring {backup} of {volume} from {target}: {e}"));
+    });
+    let got = std::fs::read(&out).expect("restored image");
+    let mib = 1 << 20;
+    let pattern: Vec<u8> = (0..8 * mib)
+        .map(|i: usize| (((i as u64 * 2_654_435_761) >> (8 * (i % 4))) & 0xFF) as u8 ^ 0x5A)
+        .collect();
+    assert_eq!(got.len(), 128 * mib, "the volume's size");
+    assert!(
+        got[..8 * mib] == pattern[..],
+        "backup {backup} holds the pattern written through the volume"
+    );
+    assert!(got[8 * mib..].iter().all(|b| *b == 0), "and zeros after it");
+    eprintln!("backup {backup} of {volume}: restored from the S3 server's files, the pattern and zeros");
 }
 
 /// One at a time within this binary (`cargo test` runs tests on threads; nextest runs them in the
@@ -154,6 +239,7 @@ fn run_scenario(test: &str, scenario: &str) {
     let (out, err) = (work.path().join("driver.out"), work.path().join("driver.err"));
     let _guard = Guard(work.path().to_path_buf());
     let t0 = Instant::now();
+    let s3_root = work.path().join("s3");
     let mut child = Command::new(&py)
         .arg(root.join("tests/longhorn_e2e/driver.py"))
         .args(["--scenario", scenario])
@@ -167,12 +253,14 @@ fn run_scenario(test: &str, scenario: &str) {
         .arg(&spdk)
         .arg("--talon")
         .arg(env!("CARGO_BIN_EXE_talon"))
+        .args(["--s3-endpoint", S3_ENDPOINT])
         .current_dir(root.join("tests/longhorn_e2e"))
         .stdin(Stdio::null())
         .stdout(std::fs::File::create(&out).expect("driver.out"))
         .stderr(std::fs::File::create(&err).expect("driver.err"))
         .spawn()
         .expect("driver.py");
+    s3_in_hub(child.id(), s3_root.clone());
     let status = loop {
         if let Some(s) = child.try_wait().expect("driver") {
             break s;
@@ -209,6 +297,7 @@ fn run_scenario(test: &str, scenario: &str) {
         kept_logs(&cache, scenario).display(),
         tail(&err, 150)
     );
+    check_backup(&s3_root, work.path());
 }
 
 /// Where a failed scenario's logs are kept (the work dir goes with the test).

@@ -65,6 +65,11 @@ SETTINGS = {
 # no any-host export), so the pod's talon.yaml lists it, as a site would its initiators.
 HOST_NQN = "nqn.2014-08.org.nvmexpress:uuid:8b1c6d2e-4a51-4e7b-9f0c-2d5e6a7b8c90"
 CLONE_NEWNET = 0x40000000
+# Where the engine image puts its binary on the host, and where the manager pod sees it (the
+# same path, a hostPath mount): some of the manager's threads join the host's mount namespace
+# (/host/proc/1/ns/mnt) and look there, so the harness puts it on this machine's path too, and
+# removes what it made there when it closes.
+ENGINE_BINARIES = "/var/lib/longhorn/engine-binaries"
 MANAGER_RESTARTS = 5
 
 
@@ -128,6 +133,7 @@ class Cluster:
         self.node_ns = []  # the nodes' namespaces
         self.procs = {}  # name -> Popen
         self.loops = []
+        self.made = []  # paths this harness made outside its work dir, removed on close
         self.nodes = {}  # node name -> {"ip", "ns", "k", "next_ip"}
         self.pods = {}  # "ns/name" -> {"ip", "proc", "probe"...}
         self.stop_kubelet = threading.Event()
@@ -139,7 +145,20 @@ class Cluster:
     # ---- bookkeeping -------------------------------------------------------------------------
     def save_state(self):
         with open(f"{self.work}/state.json", "w") as f:
-            json.dump({"netns": [self.netns] + self.node_ns, "loops": self.loops}, f)
+            json.dump({"netns": [self.netns] + self.node_ns, "loops": self.loops, "made": self.made}, f)
+
+    def make_dirs(self, path):
+        """os.makedirs outside the work dir, each folder it made recorded (removed on close)."""
+        missing = []
+        p = path
+        while not os.path.exists(p):
+            missing.append(p)
+            p = os.path.dirname(p)
+        for d in reversed(missing):
+            os.mkdir(d)
+            self.made.append(d)
+        if missing:
+            self.save_state()
 
     def logfile(self, name):
         return f"{self.work}/logs/{name}.log"
@@ -397,7 +416,8 @@ class Cluster:
                 f.write(f"{ip} {name} {name}.{NS} {name}.{NS}.svc {name}.{NS}.svc.cluster.local\n")
         # the pod's view: a chroot of bind mounts in a mount namespace of its own
         root = f"{self.work}/manager-root-{node}"
-        for d in ["usr", "etc", "proc", "sys", "dev", "tmp", "run", "opt/lh", "var/lib/longhorn",
+        self.make_dirs(ENGINE_BINARIES)
+        for d in ["usr", "etc", "proc", "sys", "dev", "tmp", "run", "opt/lh", "var/lib/longhorn/engine-binaries",
                   "host/proc", "host/dev", "host/etc", "host/boot", "host/var/lib/longhorn"]:
             os.makedirs(f"{root}/{d}", exist_ok=True)
         for link in ["bin", "lib", "lib64", "sbin"]:
@@ -407,7 +427,8 @@ class Cluster:
         mounts = [("--rbind", "/usr", "usr"), ("--bind", "/etc", "etc"), ("--bind", hosts, "etc/hosts"),
                   ("--rbind", "/proc", "proc"), ("--rbind", "/sys", "sys"), ("--rbind", "/dev", "dev"),
                   ("--rbind", "/proc", "host/proc"), ("--rbind", "/dev", "host/dev"),
-                  ("--bind", "/etc", "host/etc"), ("--bind", os.path.dirname(mgr), "opt/lh")]
+                  ("--bind", "/etc", "host/etc"), ("--bind", os.path.dirname(mgr), "opt/lh"),
+                  ("--bind", ENGINE_BINARIES, "var/lib/longhorn/engine-binaries")]
         if os.path.isdir("/boot"):
             mounts.append(("--bind", "/boot", "host/boot"))
         script = ["set -e", "mount --make-rprivate /", f"mount -t tmpfs tmpfs {root}/run",
@@ -484,6 +505,7 @@ class Cluster:
                     for n in list(self.nodes):
                         self.node_status(n)
                     last_beat = time.monotonic()
+                self._engine_image_daemonsets()
                 for n in list(self.nodes):
                     pods = self.core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={n}")
                     for pod in pods.items:
@@ -493,6 +515,51 @@ class Cluster:
                 self.kubelet_error = f"{e!r} {getattr(e, 'body', '')}"
                 self.log(f"stand-in kubelet: {self.kubelet_error}")
             self.stop_kubelet.wait(1)
+
+    def _engine_image_daemonsets(self):
+        """The DaemonSet controller's part (no kube-controller-manager here) for the engine
+        image's DaemonSet that the manager makes: one pod per node, from its template."""
+        apps = client.AppsV1Api(self.api)
+        for ds in apps.list_namespaced_daemon_set(NS, label_selector="longhorn.io/component=engine-image").items:
+            for n in list(self.nodes):
+                name = f"{ds.metadata.name}-{self.nodes[n]['k']}"
+                try:
+                    self.core.read_namespaced_pod(name, NS)
+                    continue
+                except ApiException as e:
+                    if e.status != 404:
+                        raise
+                spec = self.api.sanitize_for_serialization(ds.spec.template.spec)
+                spec["nodeName"] = n
+                self.core.create_namespaced_pod(NS, {
+                    "apiVersion": "v1", "kind": "Pod",
+                    "metadata": {"name": name, "namespace": NS, "labels": ds.spec.template.metadata.labels,
+                                 "ownerReferences": [{"apiVersion": "apps/v1", "kind": "DaemonSet",
+                                                      "name": ds.metadata.name, "uid": ds.metadata.uid,
+                                                      "controller": True, "blockOwnerDeletion": True}]},
+                    "spec": spec})
+                self.log(f"kubelet: engine image pod {name} made for node {n}")
+
+    def _install_engine_binary(self, pod):
+        """What the engine image pod does on its node: puts the image's `longhorn` binary at
+        /var/lib/longhorn/engine-binaries/<image, ':' and '/' as '-'>/longhorn (ENGINE_BINARIES),
+        where the manager runs it. The image is talon's: talon run
+        as `longhorn`. Ready only if the binary answers the pod's readiness check (`longhorn
+        version --client-only`)."""
+        image = pod.spec.containers[0].image
+        cname = image.replace(":", "-").replace("/", "-")
+        d = f"{ENGINE_BINARIES}/{cname}"
+        self.make_dirs(d)
+        dest = f"{d}/longhorn"
+        if not os.path.exists(dest):
+            try:
+                os.link(self.talon_bin, dest)
+            except OSError:
+                shutil.copy2(self.talon_bin, dest)
+        out = run(dest, "version", "--client-only").stdout
+        if "clientVersion" not in json.loads(out):
+            raise RuntimeError(f"the engine binary {dest}: version --client-only: {out}")
+        self.log(f"kubelet: engine binary of {image} installed on {pod.spec.node_name}")
 
     def _sync_pod(self, pod):
         key = f"{pod.metadata.namespace}/{pod.metadata.name}"
@@ -510,6 +577,8 @@ class Cluster:
             st = self.pods.get(key)
         if st is None:
             st = {"ip": None}
+            if (pod.metadata.labels or {}).get("longhorn.io/component") == "engine-image":
+                self._install_engine_binary(pod)
             if args and args[0] == "start-spdk-tgt":
                 node = self.nodes[pod.spec.node_name]
                 st["ip"] = f"{NET}.{node['k']}.{node['next_ip']}"
@@ -525,8 +594,8 @@ class Cluster:
                 self.pods[key] = st
         if pod.status.phase != "Running":
             t = now().isoformat()
-            ip = st["ip"]
             host = self.nodes[pod.spec.node_name]["ip"]
+            ip = st["ip"] or host
             self.core.patch_namespaced_pod_status(pod.metadata.name, pod.metadata.namespace, {"status": {
                 "phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}], "hostIP": host, "startTime": t,
                 "conditions": [{"type": t_, "status": "True", "lastTransitionTime": t}
@@ -658,4 +727,6 @@ class Cluster:
             run("losetup", "-d", dev, check=False)
         for ns in self.node_ns + [self.netns]:
             run("ip", "netns", "del", ns, check=False)
+        for d in reversed(self.made):
+            shutil.rmtree(d, ignore_errors=True)
         os.remove(f"{self.work}/state.json")

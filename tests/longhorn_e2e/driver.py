@@ -7,8 +7,12 @@ one-node: one node, a block disk on a loop device registered through Longhorn's 
 two-nodes: two nodes (two talon, two spdk_tgt), 2 replicas; talon and spdk_tgt of the node
   without the engine killed (-9) and the manager rebuilding its replica; online expansion;
   a revert to a snapshot in maintenance mode; detach, delete, nothing left on either node.
+both: after the first snapshot, an S3 backup target (the Rust test's S3 server in the hub
+  namespace) that the manager finds available, and a backup of that snapshot that the manager
+  takes through talon and records Completed (the Rust test restores it afterwards).
 
     driver.py --scenario one-node|two-nodes --work DIR --longhorn DIR --cache DIR --spdk DIR --talon BIN
+              --s3-endpoint URL
 
 Exit 0 when every step passed; else the failing step, with the managers' and talon's logs
 tail, on stderr. One line per step on stdout: `STEP <name> <seconds>`.
@@ -18,6 +22,7 @@ import argparse
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -28,6 +33,10 @@ from cluster import HOST_NQN, NS, wait_for
 
 NODE = "e2e-node-1"
 VOLUME = "e2e-vol-1"
+BACKUP = "e2e-backup-1"
+# the Rust test's S3 server (s3s-fs): its bucket and credentials (tests/support/s3_server.rs)
+S3_TARGET = "s3://backups@us-east-1/"
+S3_KEYS = {"AWS_ACCESS_KEY_ID": "talon-test", "AWS_SECRET_ACCESS_KEY": "talon-test-secret"}
 NOISE = ("kernel module not loaded", "Longhorn asked for")
 MIB = 1 << 20
 SIZE = 128 * MIB
@@ -80,7 +89,8 @@ class Scenario:
             out.append(f"--- {name} log tail ---\n{self.c.tail(name, 50, skip='level=debug')}")
         for name in [n for n in self.c.procs if n.startswith("talon-")]:
             out.append(f"--- {name} log tail ---\n{self.c.tail(name, 50, skip=NOISE)}")
-        for plural in ["volumes", "engines", "enginefrontends", "replicas", "instancemanagers"]:
+        for plural in ["volumes", "engines", "enginefrontends", "replicas", "instancemanagers", "engineimages",
+                       "backuptargets", "backups", "backupvolumes"]:
             try:
                 items = self.list(plural)
             except Exception as e:  # noqa: BLE001
@@ -248,6 +258,51 @@ class Scenario:
                        lambda: (s := self.get("snapshots", name).get("status", {})).get("readyToUse") and s)
         say(f"snapshot: {json.dumps(st)[:400]}")
 
+    def backup_target(self):
+        """Longhorn's default BackupTarget on the S3 server, its credentials in a Secret: the
+        manager's backup target controller finds it available when the engine image's binary
+        (talon, installed by the stand-in kubelet's engine image pod) answers `system-backup
+        list` with those credentials."""
+        host, port = self.s3.split("://", 1)[-1].rsplit(":", 1)
+        wait_for("the S3 server in the hub namespace",
+                 lambda: socket.create_connection((host, int(port)), timeout=2).close() or True, T_STEP)
+        self.c.core.create_namespaced_secret(NS, {
+            "apiVersion": "v1", "kind": "Secret", "metadata": {"name": "e2e-s3"},
+            "stringData": {**S3_KEYS, "AWS_ENDPOINTS": self.s3}})
+        self.wait("the engine image deployed",
+                  lambda: any((ei.get("status") or {}).get("state") == "deployed"
+                              for ei in self.list("engineimages")), T_MANAGER)
+        self.patch("backuptargets", "default", {"spec": {
+            "backupTargetURL": S3_TARGET, "credentialSecret": "e2e-s3", "pollInterval": "10s"}})
+        self.wait("the backup target available",
+                  lambda: (self.get("backuptargets", "default").get("status") or {}).get("available"), T_MANAGER)
+
+    def backup(self, snap="e2e-snap-1"):
+        """A Backup CR of the snapshot: the manager's backup controller asks talon's proxy
+        (SnapshotBackup, then SnapshotBackupStatus until complete), then reads the backup from
+        the store through the engine binary (`backup inspect`) into the CR, and the backup
+        volume controller lists it on the BackupVolume."""
+        self.c.custom.create_namespaced_custom_object(GROUP, VERSION, NS, "backups", {
+            "apiVersion": f"{GROUP}/{VERSION}", "kind": "Backup",
+            "metadata": {"name": BACKUP, "labels": {"backup-volume": VOLUME}},
+            "spec": {"snapshotName": snap, "labels": {"e2e": "talon"}}})
+
+        def completed():
+            st = self.get("backups", BACKUP).get("status") or {}
+            if st.get("state") == "Error":
+                raise AssertionError(f"backup {BACKUP}: Error: {st.get('error') or st.get('messages')}")
+            return st.get("state") == "Completed" and st.get("url") and st
+        st = self.wait(f"backup {BACKUP} Completed", completed, T_MANAGER)
+        say(f"backup: {json.dumps(st)[:600]}")
+        if st.get("snapshotName") != snap or int(st.get("volumeSize") or 0) != SIZE:
+            raise AssertionError(f"backup {BACKUP}: snapshot {st.get('snapshotName')}, "
+                                 f"size {st.get('volumeSize')} (wanted {snap}, {SIZE})")
+        bv = self.wait("the backup volume listing the backup",
+                       lambda: next((b for b in self.list("backupvolumes")
+                                     if (b.get("status") or {}).get("lastBackupName") == BACKUP), None),
+                       T_MANAGER)
+        say(f"backup volume: {json.dumps(bv.get('status'))[:400]}")
+
     def snapshot_hash(self, name="e2e-snap-1"):
         """The manager's snapshot data integrity check (V2 default `fast-check`) on its cron, made
         every minute here: it hashes the snapshot on both replicas (SnapshotHash, then
@@ -389,7 +444,7 @@ class Scenario:
 
 def main():
     ap = argparse.ArgumentParser()
-    for a in ["work", "longhorn", "cache", "spdk", "talon"]:
+    for a in ["work", "longhorn", "cache", "spdk", "talon", "s3-endpoint"]:
         ap.add_argument(f"--{a}", required=True)
     ap.add_argument("--scenario", choices=["one-node", "two-nodes"], default="one-node")
     a = ap.parse_args()
@@ -399,6 +454,7 @@ def main():
     two = a.scenario == "two-nodes"
     nodes = [NODE, "e2e-node-2"] if two else [NODE]
     s = Scenario(c, a.spdk, nodes, 2 if two else 1)
+    s.s3 = a.s3_endpoint
     t0 = time.monotonic()
     failed = None
     try:
@@ -412,6 +468,8 @@ def main():
         s.step("attach", s.attach)
         first = s.step("io", s.io)
         s.step("snapshot", s.snapshot)
+        s.step("backup-target", s.backup_target)
+        s.step("backup", s.backup)
         if two:
             s.step("io-2", lambda: s.io(0xA5))
             s.step("snapshot-hash", s.snapshot_hash)

@@ -25,14 +25,20 @@ pub struct S3Server {
 }
 
 impl S3Server {
-    /// Serves `root` with bucket `bucket` made.
+    /// Serves `root` with bucket `bucket` made, on 127.0.0.1.
     pub async fn start(root: &Path, bucket: &str) -> S3Server {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        Self::start_on(listener, root, bucket)
+    }
+
+    /// Serves `root` with bucket `bucket` made, on `listener` (one bound in
+    /// another network namespace, say).
+    pub fn start_on(listener: tokio::net::TcpListener, root: &Path, bucket: &str) -> S3Server {
         std::fs::create_dir_all(root.join(bucket)).expect("bucket folder");
         let fs = s3s_fs::FileSystem::new(root).expect("s3s-fs root");
         let mut b = S3ServiceBuilder::new(AwsDelimiter(fs));
         b.set_auth(SimpleAuth::from_single(ACCESS_KEY, SECRET_KEY));
         let service = b.build();
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("addr");
         let task = tokio::spawn(async move {
             loop {
