@@ -684,9 +684,13 @@ impl Longhorn {
             .cloned()
     }
 
-    /// For a call about an engine that is not on this node but whose
-    /// engine-frontend is: the proxy of the engine's node (the frontend's
-    /// target IP, this node's own proxy port). `None`: answer here.
+    /// For a call about an engine that is not on this node: the proxy of
+    /// the engine's node (this node's own proxy port), at the IP of the
+    /// engine-frontend's target when this node attaches the engine, else at
+    /// the IP of the call's `address` (the engine's `ip:port`, where
+    /// Longhorn's own proxy sends it: a backup's owner node asks its own
+    /// instance manager about an engine on another node). `None`: answer
+    /// here.
     pub(super) async fn forward_target(
         &self,
         forwarded: bool,
@@ -706,16 +710,26 @@ impl Longhorn {
         {
             return Ok(None);
         }
-        let Some(f) = self.frontend_for(&p.engine_name, &p.engine_frontend_name) else {
-            return Ok(None);
+        let (sa, via): (SocketAddr, String) = match self.frontend_for(&p.engine_name, &p.engine_frontend_name)
+        {
+            Some(f) => (
+                f.spec.target_address.parse().map_err(|_| {
+                    Status::internal(format!(
+                        "engine-frontend {}: target address {:?} is not ip:port",
+                        f.id(),
+                        f.spec.target_address
+                    ))
+                })?,
+                format!("engine-frontend {} attaches it", f.id()),
+            ),
+            None => {
+                let a = p.address.strip_prefix("tcp://").unwrap_or(&p.address);
+                let Ok(sa) = a.parse::<SocketAddr>() else {
+                    return Ok(None);
+                };
+                (sa, format!("the call's address {a}"))
+            }
         };
-        let sa: SocketAddr = f.spec.target_address.parse().map_err(|_| {
-            Status::internal(format!(
-                "engine-frontend {}: target address {:?} is not ip:port",
-                f.id(),
-                f.spec.target_address
-            ))
-        })?;
         let url = format!("http://{}", SocketAddr::new(sa.ip(), self.proxy_port()));
         let ch = tonic::transport::Endpoint::from_shared(url.clone())
             .map_err(|x| Status::internal(format!("{url}: {x}")))?
@@ -725,9 +739,8 @@ impl Longhorn {
             .await
             .map_err(|x| {
                 Status::unavailable(format!(
-                    "engine {} is on another node (engine-frontend {} attaches it); its proxy at {url}: {x}",
-                    p.engine_name,
-                    f.id()
+                    "engine {} is on another node ({via}); its proxy at {url}: {x}",
+                    p.engine_name
                 ))
             })?;
         Ok(Some(ProxyEngineServiceClient::new(ch)))
