@@ -467,6 +467,7 @@ async fn longhorn_snapshot_backup_through_the_proxy_on_real_spdk() {
             .unwrap_or_else(|e| panic!("SnapshotBackup {backup}: {e}"))
             .into_inner();
         assert_eq!(made.backup_id, backup);
+        assert_eq!(made.is_incremental, i == 1, "builds on the first: {made:?}");
         assert!(
             map.values().any(|a| made.replica == format!("tcp://{a}")),
             "{made:?}"

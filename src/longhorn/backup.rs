@@ -161,6 +161,22 @@ fn full_backup(params: &BTreeMap<String, String>) -> Result<bool, String> {
     }
 }
 
+/// Whether the store at `target` holds a complete backup of `volume` (a
+/// new backup then builds on it); no answer within 10 s, or an error: no.
+async fn has_backups(target: &str, creds: &Pairs, volume: &str) -> bool {
+    let Ok(store) = crate::backupstore::Store::open(
+        target,
+        &crate::backupstore::Credentials::from_pairs(creds.clone()),
+    ) else {
+        return false;
+    };
+    let last = crate::backupstore::ops::last_backup(&store, volume);
+    matches!(
+        tokio::time::timeout(std::time::Duration::from_secs(10), last).await,
+        Ok(Ok(Some(_)))
+    )
+}
+
 /// Longhorn's words for a backup's state.
 fn backup_state(s: BackupState) -> &'static str {
     match s {
@@ -229,13 +245,12 @@ impl Longhorn {
                     .map(|i| i.created.clone())
             })
             .unwrap_or_default();
-        let secret = write_credentials(&self.credentials_dir()?, &req.backup_name, &creds)
-            .map_err(|e| internal(&format!("{what}: writing its credentials"), e))?;
+        let dir = self.credentials_dir()?;
         let spec = Backup {
             volume: r.volume.clone(),
             snapshot: req.snapshot_name.clone(),
             target: req.backup_target.clone(),
-            credential_secret: Some(secret.display().to_string()),
+            credential_secret: Some(dir.join(&req.backup_name).display().to_string()),
             backup_volume: None,
             full,
             labels,
@@ -245,23 +260,32 @@ impl Longhorn {
                 snapshot_created: created,
             }),
         };
-        match self.state().get_typed::<Backup>(&req.backup_name) {
-            Ok(Some(b)) if b.spec == spec => {}
+        let is_incremental = match self.state().get_typed::<Backup>(&req.backup_name) {
+            // asked again: the same backup (its credentials as they were)
+            Ok(Some(b)) if b.spec == spec => self
+                .state()
+                .get_typed::<BackupStatus>(&req.backup_name)
+                .ok()
+                .flatten()
+                .is_some_and(|s| s.spec.incremental),
             Ok(Some(_)) => {
                 return Err(Status::already_exists(format!(
                     "{what}: a backup of that name exists with another source or target"
                 )));
             }
             _ => {
-                self.state()
-                    .create_typed(&req.backup_name, "", &spec)
-                    .map_err(|e| internal(&format!("{what}: recording it"), e))?;
+                write_credentials(&dir, &req.backup_name, &creds)
+                    .map_err(|e| internal(&format!("{what}: writing its credentials"), e))?;
+                if let Err(e) = self.state().create_typed(&req.backup_name, "", &spec) {
+                    let _ = std::fs::remove_dir_all(dir.join(&req.backup_name));
+                    return Err(internal(&format!("{what}: recording it"), e));
+                }
+                !full && has_backups(&req.backup_target, &creds, &r.volume).await
             }
-        }
+        };
         Ok(spdkrpc::BackupCreateResponse {
             backup: req.backup_name,
-            // the store's last backup decides; its status reports it
-            is_incremental: !full,
+            is_incremental,
             replica_address: String::new(),
         })
     }

@@ -62,9 +62,7 @@ impl BackupController {
             running: Mutex::default(),
         }
     }
-}
 
-impl BackupController {
     /// Removes the credentials a Longhorn backup call left for backup `id`
     /// (`<work dir>/credentials/<id>`, see `longhorn::backup`).
     fn forget_credentials(&self, id: &str) {
