@@ -140,6 +140,67 @@ fn dd(spdk: &Path, dir: &Path, port: u16, nqn: &str, data: Option<&[u8]>, len: u
     std::fs::read(&file).expect("dd output")
 }
 
+/// An aio disk `name` on a 256 MiB file in `dir`, made through `DiskCreate`
+/// with longhorn-manager's block size (512, the aio bdev's on a real target
+/// too).
+async fn aio_disk(disks: &mut DiskServiceClient<Channel>, dir: &Path, name: &str) -> imrpc::Disk {
+    let f = dir.join(format!("{name}.img"));
+    std::fs::File::create(&f)
+        .and_then(|f| f.set_len(256 * MIB))
+        .expect("disk file");
+    disks
+        .disk_create(imrpc::DiskCreateRequest {
+            disk_type: imrpc::DiskType::Block as i32,
+            disk_name: name.into(),
+            disk_path: f.display().to_string(),
+            block_size: 512,
+            disk_driver: "aio".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_or_else(|e| panic!("DiskCreate {name}: {e}"))
+        .into_inner()
+}
+
+/// Replicas `(name, disk)` of `size` bytes and engine `lhvol-e-0` over them
+/// (nvmf), each running: the replicas' addresses and the engine's port.
+async fn engine_over(
+    inst: &mut InstanceServiceClient<Channel>,
+    replicas: &[(&str, &str)],
+    size: u64,
+) -> (HashMap<String, String>, u16) {
+    let mut map = HashMap::new();
+    for (r, disk) in replicas {
+        inst.instance_create(create_req(
+            r,
+            "replica",
+            imrpc::SpdkInstanceSpec {
+                disk_name: (*disk).into(),
+                size,
+                ..Default::default()
+            },
+        ))
+        .await
+        .unwrap_or_else(|e| panic!("replica {r}: {e}"));
+        let st = wait_running(inst, r, "replica").await;
+        map.insert((*r).to_string(), format!("127.0.0.1:{}", st.port_start));
+    }
+    inst.instance_create(create_req(
+        "lhvol-e-0",
+        "engine",
+        imrpc::SpdkInstanceSpec {
+            replica_address_map: map.clone(),
+            size,
+            frontend: "spdk-tcp-nvmf".into(),
+            ..Default::default()
+        },
+    ))
+    .await
+    .expect("engine");
+    let est = wait_running(inst, "lhvol-e-0", "engine").await;
+    (map, u16::try_from(est.port_start).expect("port"))
+}
+
 fn pattern(seed: u8, len: usize) -> Vec<u8> {
     (0..len)
         .map(|i| (i as u32).wrapping_mul(2_654_435_761).to_le_bytes()[i % 4] ^ seed)
@@ -160,57 +221,17 @@ async fn longhorn_lifecycle_io_and_restarts_on_real_spdk() {
     let d = Daemon::start(dir.path(), &spdk, base, false).await;
     let mut disks = DiskServiceClient::new(d.channel(2).await);
     for name in ["lh-a", "lh-b"] {
-        let f = dir.path().join(format!("{name}.img"));
-        std::fs::File::create(&f)
-            .and_then(|f| f.set_len(256 * MIB))
-            .expect("disk file");
-        // longhorn-manager's block size: the aio bdev's, on a real target too
-        let made = disks
-            .disk_create(imrpc::DiskCreateRequest {
-                disk_type: imrpc::DiskType::Block as i32,
-                disk_name: name.into(),
-                disk_path: f.display().to_string(),
-                block_size: 512,
-                disk_driver: "aio".into(),
-                ..Default::default()
-            })
-            .await
-            .unwrap_or_else(|e| panic!("DiskCreate {name}: {e}"))
-            .into_inner();
+        let made = aio_disk(&mut disks, dir.path(), name).await;
         assert_eq!(made.block_size, 512, "{made:?}");
     }
     let mut inst = InstanceServiceClient::new(d.channel(3).await);
     let size = 64 * MIB;
-    let mut map = HashMap::new();
-    for (r, disk) in [("lhvol-r-0000aaaa", "lh-a"), ("lhvol-r-0000bbbb", "lh-b")] {
-        inst.instance_create(create_req(
-            r,
-            "replica",
-            imrpc::SpdkInstanceSpec {
-                disk_name: disk.into(),
-                size,
-                ..Default::default()
-            },
-        ))
-        .await
-        .unwrap_or_else(|e| panic!("replica {r}: {e}"));
-        let st = wait_running(&mut inst, r, "replica").await;
-        map.insert(r.to_string(), format!("127.0.0.1:{}", st.port_start));
-    }
-    inst.instance_create(create_req(
-        "lhvol-e-0",
-        "engine",
-        imrpc::SpdkInstanceSpec {
-            replica_address_map: map,
-            size,
-            frontend: "spdk-tcp-nvmf".into(),
-            ..Default::default()
-        },
-    ))
-    .await
-    .expect("engine");
-    let est = wait_running(&mut inst, "lhvol-e-0", "engine").await;
-    let port = u16::try_from(est.port_start).expect("port");
+    let (_, port) = engine_over(
+        &mut inst,
+        &[("lhvol-r-0000aaaa", "lh-a"), ("lhvol-r-0000bbbb", "lh-b")],
+        size,
+    )
+    .await;
     let nqn = "nqn.2023-01.io.longhorn.spdk:volume-lhvol";
 
     // I/O through the engine's export
@@ -355,53 +376,15 @@ async fn longhorn_snapshot_backup_through_the_proxy_on_real_spdk() {
     let base = free_base();
     let d = Daemon::start(dir.path(), &spdk, base, true).await;
     let mut disks = DiskServiceClient::new(d.channel(2).await);
-    let f = dir.path().join("bk.img");
-    std::fs::File::create(&f)
-        .and_then(|f| f.set_len(256 * MIB))
-        .expect("disk file");
-    disks
-        .disk_create(imrpc::DiskCreateRequest {
-            disk_type: imrpc::DiskType::Block as i32,
-            disk_name: "bk".into(),
-            disk_path: f.display().to_string(),
-            block_size: 512,
-            disk_driver: "aio".into(),
-            ..Default::default()
-        })
-        .await
-        .expect("DiskCreate");
+    aio_disk(&mut disks, dir.path(), "bk").await;
     let mut inst = InstanceServiceClient::new(d.channel(3).await);
     let size = 32 * MIB;
-    let mut map = HashMap::new();
-    for r in ["lhvol-r-0000aaaa", "lhvol-r-0000bbbb"] {
-        inst.instance_create(create_req(
-            r,
-            "replica",
-            imrpc::SpdkInstanceSpec {
-                disk_name: "bk".into(),
-                size,
-                ..Default::default()
-            },
-        ))
-        .await
-        .unwrap_or_else(|e| panic!("replica {r}: {e}"));
-        let st = wait_running(&mut inst, r, "replica").await;
-        map.insert(r.to_string(), format!("127.0.0.1:{}", st.port_start));
-    }
-    inst.instance_create(create_req(
-        "lhvol-e-0",
-        "engine",
-        imrpc::SpdkInstanceSpec {
-            replica_address_map: map.clone(),
-            size,
-            frontend: "spdk-tcp-nvmf".into(),
-            ..Default::default()
-        },
-    ))
-    .await
-    .expect("engine");
-    let est = wait_running(&mut inst, "lhvol-e-0", "engine").await;
-    let port = u16::try_from(est.port_start).expect("port");
+    let (map, port) = engine_over(
+        &mut inst,
+        &[("lhvol-r-0000aaaa", "bk"), ("lhvol-r-0000bbbb", "bk")],
+        size,
+    )
+    .await;
     let nqn = "nqn.2023-01.io.longhorn.spdk:volume-lhvol";
     let mut proxy = ProxyEngineServiceClient::new(d.channel(1).await);
     let admin = talon::client::Client::connect_unix(&dir.path().join("run/talon.sock"))
