@@ -574,5 +574,130 @@ async fn longhorn_snapshot_backup_through_the_proxy_on_real_spdk() {
         .await
         .expect_err("no such backup");
     assert_eq!(e.code(), tonic::Code::NotFound, "{e}");
+
+    // Longhorn's restore (BackupRestore): a new engine over two new replicas
+    // restores backup-two; each replica reports it restored, and the engine
+    // reads it back
+    inst.instance_delete(imrpc::InstanceDeleteRequest {
+        name: "lhvol-e-0".into(),
+        r#type: "engine".into(),
+        cleanup_required: true,
+        data_engine: imrpc::DataEngine::V2 as i32,
+        ..Default::default()
+    })
+    .await
+    .expect("engine delete");
+    talon::runtime::testing::eventually("the first engine gone", WAIT, || {
+        let mut inst = inst.clone();
+        async move {
+            let list = inst.instance_list(()).await.expect("list").into_inner();
+            (!list.processes.contains_key("lhvol-e-0")).then_some(())
+        }
+    })
+    .await;
+    let (map, port) = engine_over(
+        &mut inst,
+        &[("lhvol-r-0000cccc", "bk"), ("lhvol-r-0000dddd", "bk")],
+        size,
+    )
+    .await;
+    let restore = |url: &str, envs: Vec<String>| imrpc::EngineBackupRestoreRequest {
+        proxy_engine_request: engine(),
+        envs,
+        url: url.into(),
+        target: target.into(),
+        volume_name: "lhvol".into(),
+        concurrent_limit: 2,
+        ..Default::default()
+    };
+    let before = proxy
+        .backup_restore_status(engine().expect("req"))
+        .await
+        .expect("BackupRestoreStatus")
+        .into_inner();
+    assert_eq!(
+        before.status.len(),
+        2,
+        "a status per replica before any restore: {before:?}"
+    );
+    assert!(
+        before
+            .status
+            .values()
+            .all(|s| !s.is_restoring && s.last_restored.is_empty()),
+        "{before:?}"
+    );
+    let started = proxy
+        .backup_restore(restore(&urls[1], envs.clone()))
+        .await
+        .expect("BackupRestore")
+        .into_inner();
+    assert!(
+        started.task_error.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&started.task_error)
+    );
+    let done = talon::runtime::testing::eventually("both replicas restored backup-two", WAIT, || {
+        let mut proxy = proxy.clone();
+        async move {
+            let s = proxy
+                .backup_restore_status(engine().expect("req"))
+                .await
+                .expect("BackupRestoreStatus")
+                .into_inner();
+            assert!(s.status.values().all(|r| r.error.is_empty()), "{s:?}");
+            s.status
+                .values()
+                .all(|r| !r.is_restoring && r.last_restored == "backup-two")
+                .then_some(s)
+        }
+    })
+    .await;
+    for a in map.values() {
+        let r = &done.status[&format!("tcp://{a}")];
+        assert_eq!((r.state.as_str(), r.progress), ("complete", 100), "{r:?}");
+        assert_eq!(r.backup_url, urls[1]);
+    }
+    let back = talon::runtime::testing::eventually("the restored data read through the engine", WAIT, || {
+        let (spdk, dir) = (spdk.clone(), dir.path().to_path_buf());
+        async move {
+            blocking(move || std::panic::catch_unwind(|| dd(&spdk, &dir, port, nqn, None, 2 * len)).ok())
+                .await
+        }
+    })
+    .await;
+    assert!(back[..len] == expected[1][..], "the restored backup's data");
+    assert!(
+        back[len..].iter().all(|b| *b == 0),
+        "zeros after the backed-up data"
+    );
+    assert!(
+        !dir.path()
+            .join("data/backup/restore-credentials")
+            .join("lhvol-r-0000cccc")
+            .exists(),
+        "a restore's credentials are removed when it ends"
+    );
+    // a second backup into the same replicas is refused, replica by replica,
+    // in the JSON the manager reads (no incremental restore)
+    let again = proxy
+        .backup_restore(restore(&urls[0], envs.clone()))
+        .await
+        .expect("BackupRestore of another backup")
+        .into_inner();
+    let err: serde_json::Value = serde_json::from_slice(&again.task_error).expect("TaskError JSON");
+    let errs = err["ReplicaErrors"].as_array().expect("ReplicaErrors");
+    assert_eq!(errs.len(), 2, "{err}");
+    assert!(
+        errs.iter().all(|x| x["Message"]
+            .as_str()
+            .is_some_and(|m| m.contains("holds backup backup-two"))),
+        "{err}"
+    );
+    let e = proxy
+        .backup_restore(restore(&urls[1], vec!["LD_PRELOAD=/tmp/evil.so".into()]))
+        .await
+        .expect_err("a key outside the allowlist");
+    assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e}");
     d.stop().await;
 }

@@ -92,6 +92,10 @@ pub fn register_all(rt: &mut Runtime, deps: &Deps, selection: &EngineSelection) 
         crate::spdk::SpdkClient::new(deps.spdk.target_config(&deps.run_dir).socket()),
         &deps.data_dir,
     ))?;
+    rt.register(engine::longhorn_restore::LonghornRestoreController::new(
+        crate::spdk::SpdkClient::new(deps.spdk.target_config(&deps.run_dir).socket()),
+        &deps.data_dir,
+    ))?;
     rt.register(frontend::attach::AttachController::new(deps.clone()))?;
     host::register_config(rt, &deps.host, host::SpdkDemand::new(&deps.spdk, selection))?;
     host::register(rt, &deps.host, host::POLL)?;

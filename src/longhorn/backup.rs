@@ -88,7 +88,7 @@ pub fn credentials_from_envs(envs: &[String]) -> Result<BTreeMap<String, String>
     Ok(out)
 }
 
-fn check_credentials(creds: &BTreeMap<String, String>) -> Result<(), String> {
+pub(super) fn check_credentials(creds: &BTreeMap<String, String>) -> Result<(), String> {
     for (k, v) in creds {
         if !ALLOWED_KEYS.contains(&k.as_str()) {
             return Err(format!("credential key {k:?} is not one a backup target takes"));
@@ -104,7 +104,11 @@ fn check_credentials(creds: &BTreeMap<String, String>) -> Result<(), String> {
 
 /// Writes `creds` as a secret folder (one 0600 file per non-empty key)
 /// `<dir>/<backup>`, replacing one there.
-fn write_credentials(dir: &Path, backup: &str, creds: &BTreeMap<String, String>) -> std::io::Result<PathBuf> {
+pub(super) fn write_credentials(
+    dir: &Path,
+    backup: &str,
+    creds: &BTreeMap<String, String>,
+) -> std::io::Result<PathBuf> {
     use std::io::Write as _;
     use std::os::unix::fs::{DirBuilderExt as _, OpenOptionsExt as _};
     let at = dir.join(backup);

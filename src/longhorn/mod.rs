@@ -26,6 +26,7 @@ pub mod naming;
 pub mod ops;
 pub mod proxy;
 pub mod rebuild;
+pub mod restore;
 pub mod server;
 pub mod snaphash;
 

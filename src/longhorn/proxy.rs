@@ -1013,11 +1013,23 @@ impl proxy_engine_service_server::ProxyEngineService for Longhorn {
         req: Request<imrpc::ProxyEngineRequest>,
     ) -> Result<Response<imrpc::EngineBackupRestoreStatusProxyResponse>, Status> {
         let req = forward!(self, req, Some(req.get_ref()), backup_restore_status);
-        // BackupRestore is not served: no restore is ever running
-        self.engine(&req.into_inner().engine_name)?;
-        Ok(Response::new(
-            imrpc::EngineBackupRestoreStatusProxyResponse::default(),
-        ))
+        let e = self.engine(&req.into_inner().engine_name)?;
+        Ok(Response::new(self.engine_restore_status(&e).await?))
+    }
+
+    async fn backup_restore(
+        &self,
+        req: Request<imrpc::EngineBackupRestoreRequest>,
+    ) -> Result<Response<imrpc::EngineBackupRestoreProxyResponse>, Status> {
+        let req = forward!(
+            self,
+            req,
+            req.get_ref().proxy_engine_request.as_ref(),
+            backup_restore
+        );
+        let req = req.into_inner();
+        let e = self.engine(&proxy_req(req.proxy_engine_request.clone())?.engine_name)?;
+        Ok(Response::new(self.engine_backup_restore(&e, req).await?))
     }
 
     async fn volume_snapshot_max_count_set(

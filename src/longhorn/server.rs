@@ -827,6 +827,19 @@ impl Longhorn {
         self.state
             .destroy("config", LonghornReplica::TYPE, id, "")
             .map_err(state_err)?;
+        // a restore into it goes with it (its status and credentials with that)
+        use crate::resources::backup::LonghornRestore;
+        use crate::runtime::Spec as _;
+        if self
+            .state
+            .get_typed::<LonghornRestore>(id)
+            .map_err(state_err)?
+            .is_some()
+        {
+            self.state
+                .destroy("config", LonghornRestore::TYPE, id, "")
+                .map_err(state_err)?;
+        }
         drop(_one);
         self.settle_gone(LonghornReplica::TYPE, id).await;
         Ok(())
@@ -1829,6 +1842,23 @@ impl spdk_service_server::SpdkService for Longhorn {
     ) -> Result<Response<spdkrpc::BackupStatusResponse>, Status> {
         Ok(Response::new(
             self.replica_backup_status(&req.into_inner().backup)?,
+        ))
+    }
+
+    async fn replica_backup_restore(
+        &self,
+        req: Request<spdkrpc::ReplicaBackupRestoreRequest>,
+    ) -> Result<Response<()>, Status> {
+        self.replica_backup_restore(req.into_inner())?;
+        Ok(Response::new(()))
+    }
+
+    async fn replica_restore_status(
+        &self,
+        req: Request<spdkrpc::ReplicaRestoreStatusRequest>,
+    ) -> Result<Response<spdkrpc::ReplicaRestoreStatusResponse>, Status> {
+        Ok(Response::new(
+            self.replica_restore_status(&req.into_inner().replica_name)?,
         ))
     }
 

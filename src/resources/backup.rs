@@ -109,3 +109,53 @@ impl Spec for BackupStatus {
     const TYPE: &'static str = "BackupStatus";
     const NAMESPACE: &'static str = "engine";
 }
+
+/// A backup restored into a Longhorn replica of this node (id: the replica
+/// instance), asked through Longhorn's `BackupRestore`: the backup's data
+/// becomes the replica's, before the engine serves it. Persisted; done
+/// once (a replica restores one backup: no incremental restore).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct LonghornRestore {
+    /// The backup target (`s3://<bucket>@<region>/<path>`, `vfs:///<dir>`).
+    pub target: String,
+    /// The backup volume's name in the store.
+    pub backup_volume: String,
+    /// The backup.
+    pub backup: String,
+    /// The target's credentials on this node (a secret folder, removed
+    /// when the restore ends).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub credential_secret: Option<String>,
+}
+
+impl LonghornRestore {
+    /// Longhorn's URL of the backup.
+    pub fn url(&self) -> String {
+        crate::backupstore::format::backup_url(&self.target, &self.backup, &self.backup_volume)
+    }
+}
+
+impl Spec for LonghornRestore {
+    const TYPE: &'static str = "LonghornRestore";
+    const NAMESPACE: &'static str = "config";
+}
+
+/// A `LonghornRestore` as it went (id: the replica instance).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct LonghornRestoreStatus {
+    /// Pending (not started), InProgress, Completed (the replica holds the
+    /// backup), Error (`message`).
+    pub state: BackupState,
+    /// Percent done.
+    pub progress: u32,
+    /// What went wrong.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub message: String,
+}
+
+impl Spec for LonghornRestoreStatus {
+    const TYPE: &'static str = "LonghornRestoreStatus";
+    const NAMESPACE: &'static str = "engine";
+}

@@ -3,9 +3,9 @@
 //!
 //! | namespace | types |
 //! |---|---|
-//! | `config` | NodeConfig, Disk, Volume, Snapshot, Backup, LonghornReplica, LonghornEngine, LonghornEngineFrontend (persisted) |
+//! | `config` | NodeConfig, Disk, Volume, Snapshot, Backup, LonghornReplica, LonghornEngine, LonghornEngineFrontend, LonghornRestore (persisted) |
 //! | `host` | HugepagesSpec, HugepagesStatus, KernelModuleStatus, PciDevice, PciBindingStatus, HostCapabilities |
-//! | `engine` | BackupStatus, TargetStatus, DiskStatus, ReplicaStatus, EngineStatus, LonghornInstanceStatus, RebuildDest, RebuildDestStatus |
+//! | `engine` | BackupStatus, LonghornRestoreStatus, TargetStatus, DiskStatus, ReplicaStatus, EngineStatus, LonghornInstanceStatus, RebuildDest, RebuildDestStatus |
 //! | `frontend` | AttachmentStatus |
 //! | `ledger` | ReplicaLedger, HugepagesLedger, PciBindIntent (persisted) |
 
@@ -114,6 +114,22 @@ pub fn register_types(reg: &mut TypeRegistry) {
             ("STATE", "/state"),
             ("PROGRESS", "/progress"),
             ("UPLOADED", "/blocksUploaded"),
+        ],
+    );
+    reg.register::<backup::LonghornRestore>(
+        "A backup restored into a Longhorn replica (Longhorn's BackupRestore)",
+        &[
+            ("BACKUP", "/backup"),
+            ("VOLUME", "/backupVolume"),
+            ("TARGET", "/target"),
+        ],
+    );
+    reg.register::<backup::LonghornRestoreStatus>(
+        "A Longhorn replica's restore as it went",
+        &[
+            ("STATE", "/state"),
+            ("PROGRESS", "/progress"),
+            ("MESSAGE", "/message"),
         ],
     );
     reg.register::<engine::SnapshotStatus>(

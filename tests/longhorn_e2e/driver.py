@@ -9,7 +9,9 @@ two-nodes: two nodes (two talon, two spdk_tgt), 2 replicas; talon and spdk_tgt o
   a revert to a snapshot in maintenance mode; detach, delete, nothing left on either node.
 both: after the first snapshot, an S3 backup target (the Rust test's S3 server in the hub
   namespace) that the manager finds available, and a backup of that snapshot that the manager
-  takes through talon and records Completed (the Rust test restores it afterwards).
+  takes through talon and records Completed; after the volume is deleted, a new volume restored
+  from that backup by the manager through talon, read back (the Rust test also restores the
+  backup through talon's own reader afterwards).
 
     driver.py --scenario one-node|two-nodes --work DIR --longhorn DIR --cache DIR --spdk DIR --talon BIN
               --s3-endpoint URL
@@ -33,6 +35,7 @@ from cluster import HOST_NQN, NS, wait_for
 
 NODE = "e2e-node-1"
 VOLUME = "e2e-vol-1"
+RESTORED = "e2e-vol-1-restored"
 BACKUP = "e2e-backup-1"
 # the Rust test's S3 server (s3s-fs): its bucket and credentials (tests/support/s3_server.rs)
 S3_TARGET = "s3://backups@us-east-1/"
@@ -57,6 +60,7 @@ class Scenario:
         self.c, self.spdk_dir, self.times = c, spdk_dir, []
         self.nodes, self.replicas = nodes, replicas
         self.im, self.dev = {}, {}
+        self.vol = VOLUME  # the volume the steps act on
 
     def step(self, name, fn):
         say(f"step {name}")
@@ -165,24 +169,28 @@ class Scenario:
             ds = self.wait(f"disk-1 of {n} ({self.dev[n]}) Ready and Schedulable", ready)
             say(f"{n} disk-1: {self.dev[n]}, uuid {ds.get('diskUUID')}, max {ds.get('storageMaximum')}")
 
-    def volume(self):
+    def volume(self, from_backup=None):
+        spec = {"size": str(SIZE), "numberOfReplicas": self.replicas, "dataEngine": "v2", "frontend": "nvmf",
+                "accessMode": "rwo"}
+        if from_backup:
+            spec["fromBackup"] = from_backup
         self.c.custom.create_namespaced_custom_object(GROUP, VERSION, NS, "volumes", {
-            "apiVersion": f"{GROUP}/{VERSION}", "kind": "Volume", "metadata": {"name": VOLUME},
-            "spec": {"size": str(SIZE), "numberOfReplicas": self.replicas, "dataEngine": "v2", "frontend": "nvmf",
-                     "accessMode": "rwo"}})
+            "apiVersion": f"{GROUP}/{VERSION}", "kind": "Volume", "metadata": {"name": self.vol}, "spec": spec})
+        if from_backup:
+            return
         self.wait("volume detached (created)",
-                  lambda: self.get("volumes", VOLUME).get("status", {}).get("state") == "detached")
+                  lambda: self.get("volumes", self.vol).get("status", {}).get("state") == "detached")
 
     def attach(self, maintenance=False):
-        self.wait("the volume's VolumeAttachment", lambda: self.get("volumeattachments", VOLUME))
-        self.patch("volumeattachments", VOLUME, {"spec": {"attachmentTickets": {"e2e": {
+        self.wait("the volume's VolumeAttachment", lambda: self.get("volumeattachments", self.vol))
+        self.patch("volumeattachments", self.vol, {"spec": {"attachmentTickets": {"e2e": {
             "id": "e2e", "type": "longhorn-api", "nodeID": NODE,
             "parameters": {"disableFrontend": "true" if maintenance else "false"}}}}})
         self.wait_healthy("volume attached and healthy")
         if maintenance:
             return
         ep = self.wait("the engine's endpoint",
-                       lambda: self.list("engines", f"longhornvolume={VOLUME}")[0]["status"].get("endpoint"))
+                       lambda: self.list("engines", f"longhornvolume={self.vol}")[0]["status"].get("endpoint"))
         say(f"engine endpoint {ep}")
         rest = ep.split("://", 1)[-1]
         hostport, _, nqn = rest.partition("/")
@@ -191,13 +199,13 @@ class Scenario:
 
     def wait_healthy(self, what, timeout=T_STEP):
         def healthy():
-            st = self.get("volumes", VOLUME).get("status", {})
-            reps = self.list("replicas", f"longhornvolume={VOLUME}")
+            st = self.get("volumes", self.vol).get("status", {})
+            reps = self.list("replicas", f"longhornvolume={self.vol}")
             running = [r for r in reps if r.get("status", {}).get("currentState") == "running"]
             # the manager's view of a replica that just failed lags: its Replica CR still says
             # running and the volume healthy for a moment, so a replica failed (failedAt) or not
             # RW in the engine's mode map is not healthy yet (a rebuild wait passed at once)
-            engines = self.list("engines", f"longhornvolume={VOLUME}")
+            engines = self.list("engines", f"longhornvolume={self.vol}")
             modes = (engines[0].get("status", {}).get("replicaModeMap") or {}) if engines else {}
             return (st.get("state") == "attached" and st.get("robustness") == "healthy"
                     and len(running) == self.replicas
@@ -253,7 +261,7 @@ class Scenario:
     def snapshot(self, name="e2e-snap-1"):
         self.c.custom.create_namespaced_custom_object(GROUP, VERSION, NS, "snapshots", {
             "apiVersion": f"{GROUP}/{VERSION}", "kind": "Snapshot", "metadata": {"name": name},
-            "spec": {"volume": VOLUME, "createSnapshot": True}})
+            "spec": {"volume": self.vol, "createSnapshot": True}})
         st = self.wait(f"snapshot {name} readyToUse",
                        lambda: (s := self.get("snapshots", name).get("status", {})).get("readyToUse") and s)
         say(f"snapshot: {json.dumps(st)[:400]}")
@@ -303,6 +311,36 @@ class Scenario:
                        T_MANAGER)
         say(f"backup volume: {json.dumps(bv.get('status'))[:400]}")
 
+    def restore(self, first):
+        """A volume made from the backup (`fromBackup`): the manager attaches it with its frontend
+        disabled, asks talon's proxy BackupRestore (each replica restores the backup on its node),
+        polls BackupRestoreStatus until every replica reports the backup restored, finishes the
+        restore and detaches it. Attached again, it reads the backed-up snapshot's pattern, with
+        zeros after it; then it is detached and deleted."""
+        url = self.get("backups", BACKUP)["status"]["url"]
+        self.vol = RESTORED
+        try:
+            self.volume(from_backup=url)
+
+            def restored():
+                st = self.get("volumes", RESTORED).get("status") or {}
+                for c in st.get("conditions") or []:
+                    if c.get("type") == "Restore" and c.get("reason") == "RestoreFailure":
+                        raise AssertionError(f"volume {RESTORED}: restore failed: {c.get('message')}")
+                return (st.get("restoreInitiated") and not st.get("restoreRequired")
+                        and st.get("state") == "detached" and st)
+            st = self.wait(f"volume {RESTORED} restored from {url} and detached", restored, T_MANAGER)
+            engines = self.list("engines", f"longhornvolume={RESTORED}")
+            last = engines[0].get("status", {}).get("lastRestoredBackup") if engines else None
+            say(f"restored: {json.dumps(st)[:400]}; engine lastRestoredBackup {last}")
+            self.attach()
+            self.check(first, "the data of the volume restored from the backup")
+            self.check(bytes(8 * MIB), "the restored volume after the backed-up data (zeros)", 8 * MIB)
+            self.detach()
+            self.delete()
+        finally:
+            self.vol = VOLUME
+
     def snapshot_hash(self, name="e2e-snap-1"):
         """The manager's snapshot data integrity check (V2 default `fast-check`) on its cron, made
         every minute here: it hashes the snapshot on both replicas (SnapshotHash, then
@@ -325,20 +363,20 @@ class Scenario:
                 raise AssertionError(f"the manager on {node} found the replicas' checksums differ: {bad[:3]}")
 
     def detach(self):
-        self.patch("volumeattachments", VOLUME, {"spec": {"attachmentTickets": {"e2e": None}}})
+        self.patch("volumeattachments", self.vol, {"spec": {"attachmentTickets": {"e2e": None}}})
         self.wait("volume detached",
-                  lambda: self.get("volumes", VOLUME).get("status", {}).get("state") == "detached")
+                  lambda: self.get("volumes", self.vol).get("status", {}).get("state") == "detached")
 
     def delete(self):
-        self.c.custom.delete_namespaced_custom_object(GROUP, VERSION, NS, "volumes", VOLUME)
+        self.c.custom.delete_namespaced_custom_object(GROUP, VERSION, NS, "volumes", self.vol)
 
         def gone():
             try:
-                self.get("volumes", VOLUME)
+                self.get("volumes", self.vol)
                 return False
             except lh.ApiException as e:
-                return e.status == 404 and not self.list("replicas", f"longhornvolume={VOLUME}") \
-                    and not self.list("engines", f"longhornvolume={VOLUME}")
+                return e.status == 404 and not self.list("replicas", f"longhornvolume={self.vol}") \
+                    and not self.list("engines", f"longhornvolume={self.vol}")
 
         self.wait("volume, engine and replicas deleted", gone)
 
@@ -400,8 +438,8 @@ class Scenario:
         say(f"written and read back through the engine with {node} down in {time.monotonic() - t0:.1f} s")
 
         def failed():
-            st = self.get("volumes", VOLUME).get("status", {})
-            reps = self.list("replicas", f"longhornvolume={VOLUME}")
+            st = self.get("volumes", self.vol).get("status", {})
+            reps = self.list("replicas", f"longhornvolume={self.vol}")
             return st.get("robustness") == "degraded" or any(
                 r.get("spec", {}).get("failedAt") for r in reps)
 
@@ -413,11 +451,11 @@ class Scenario:
 
     def expand(self):
         new = 2 * SIZE
-        self.patch("volumes", VOLUME, {"spec": {"size": str(new)}})
+        self.patch("volumes", self.vol, {"spec": {"size": str(new)}})
 
         def grown():
-            e = self.list("engines", f"longhornvolume={VOLUME}")[0].get("status", {})
-            st = self.get("volumes", VOLUME).get("status", {})
+            e = self.list("engines", f"longhornvolume={self.vol}")[0].get("status", {})
+            st = self.get("volumes", self.vol).get("status", {})
             return int(e.get("currentSize") or 0) == new and not e.get("isExpanding") \
                 and st.get("expansionRequired") is not True
 
@@ -432,7 +470,7 @@ class Scenario:
         k = self.c.nodes[NODE]["k"]
         body = json.dumps({"name": snap}).encode()
         conn = lh.http.client.HTTPConnection(f"{lh.NET}.{k}.2", 9500, timeout=60)
-        conn.request("POST", f"/v1/volumes/{VOLUME}?action=snapshotRevert", body,
+        conn.request("POST", f"/v1/volumes/{self.vol}?action=snapshotRevert", body,
                      {"Content-Type": "application/json"})
         r = conn.getresponse()
         text = r.read().decode(errors="replace")
@@ -483,6 +521,7 @@ def main():
             s.step("io-beyond-old-end", s.beyond_old_end)
         s.step("detach", s.detach)
         s.step("delete", s.delete)
+        s.step("restore", lambda: s.restore(first))
         s.step("nothing-left", s.nothing_left)
         probe = {k: (v["failed_probes"], v["first_failure"]) for k, v in c.pods.items() if v.get("probe")}
         say(f"liveness probe of the instance-manager pods (failed probes, first failure): {probe}")

@@ -2,6 +2,7 @@
 
 pub mod backup;
 pub mod longhorn;
+pub mod longhorn_restore;
 pub mod peer;
 pub mod restore;
 pub mod selection;

@@ -1,0 +1,305 @@
+//! `engine.LonghornRestoreController`: restores backups into Longhorn
+//! replicas of this node (`LonghornRestore`, asked through Longhorn's
+//! `BackupRestore`) and reports `LonghornRestoreStatus`.
+//!
+//! ```text
+//!   LonghornRestore <replica> {target, backupVolume, backup} ─> a task:
+//!     the replica's lvol is new (thin, no parent, nothing allocated)?
+//!       no ──> Error (a backup restores into a new replica only)
+//!     the backup ──> <data>/restore/lh-<replica>.img (sparse, each block checked)
+//!       ──> the lvol filled from it (spdk::volume::from_file: esnap + decouple)
+//!   LonghornRestoreStatus <replica>: Pending -> InProgress (progress) -> Completed | Error
+//! ```
+//!
+//! The replicas of a restoring engine are written beneath its raid1 while
+//! the engine serves no I/O: Longhorn attaches a volume being restored
+//! with its frontend disabled, and the raid (made without a superblock)
+//! keeps nothing of its members' data. A restore that a restart of talon
+//! cut off starts again if the lvol is still untouched; otherwise it ends
+//! in Error (the replica is never served as restored).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use crate::backupstore::{self, Progress};
+use crate::resources::backup::{BackupState, LonghornRestore, LonghornRestoreStatus};
+use crate::resources::longhorn::LonghornReplica;
+use crate::runtime::{Controller, ControllerError, Input, Output, ReconcileContext, Requeue};
+use crate::spdk::SpdkClient;
+use crate::spdk::volume::Inventory;
+use crate::spdk::volume::from_file;
+use crate::spdk::volume::naming::lvstore;
+
+/// How often a running restore's progress is published.
+const POLL: Duration = Duration::from_secs(1);
+
+#[derive(Debug)]
+struct Running {
+    progress: Arc<Progress>,
+    task: tokio::task::JoinHandle<Result<(), String>>,
+}
+
+/// Restores backups into Longhorn replicas.
+#[derive(Debug)]
+pub struct LonghornRestoreController {
+    client: SpdkClient,
+    /// Where restored images are made (sparse files, removed after).
+    work_dir: PathBuf,
+    /// Where `longhorn::restore` leaves each restore's credentials.
+    credentials_dir: PathBuf,
+    running: Mutex<BTreeMap<String, Running>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn status(state: BackupState, progress: u32, message: impl Into<String>) -> LonghornRestoreStatus {
+    LonghornRestoreStatus {
+        state,
+        progress,
+        message: message.into(),
+    }
+}
+
+/// Where a restore's credentials are kept under talon's data dir (one
+/// folder per replica): `<data>/backup/restore-credentials`.
+pub fn credentials_dir(data_dir: &std::path::Path) -> PathBuf {
+    data_dir.join("backup").join("restore-credentials")
+}
+
+impl LonghornRestoreController {
+    /// Restores through the target behind `client`, making images under
+    /// `<data_dir>/restore/`.
+    pub fn new(client: SpdkClient, data_dir: &std::path::Path) -> Self {
+        Self {
+            client,
+            work_dir: data_dir.join("restore"),
+            credentials_dir: credentials_dir(data_dir),
+            running: Mutex::default(),
+        }
+    }
+
+    fn forget_credentials(&self, id: &str) {
+        let _ = std::fs::remove_dir_all(self.credentials_dir.join(id));
+    }
+
+    fn file(&self, id: &str) -> PathBuf {
+        self.work_dir.join(format!("lh-{id}.img"))
+    }
+
+    /// The replica's lvol, checked new; its alias and bdev's block size
+    /// and size in bytes.
+    fn new_lvol(inv: &Inventory, id: &str, r: &LonghornReplica) -> Result<(String, u32, u64), String> {
+        let alias = format!("{}/{id}", lvstore(&r.disk));
+        let l = inv
+            .lvols
+            .get(&alias)
+            .ok_or_else(|| format!("replica {id}: its lvol {alias} is not made yet"))?;
+        if l.is_clone || l.is_esnap_clone || l.is_snapshot || l.num_allocated_clusters > 0 {
+            return Err(format!(
+                "replica {id} holds data ({alias}: {} clusters allocated{}): a backup restores into a new replica only",
+                l.num_allocated_clusters,
+                if l.is_clone || l.is_esnap_clone {
+                    ", a clone"
+                } else {
+                    ""
+                }
+            ));
+        }
+        let b = inv
+            .bdevs
+            .get(&l.uuid)
+            .ok_or_else(|| format!("replica {id}: no bdev {} for {alias}", l.uuid))?;
+        Ok((alias, b.block_size, u64::from(b.block_size) * b.num_blocks))
+    }
+}
+
+/// One restore: the backup into a file, the file into the lvol.
+struct Job {
+    client: SpdkClient,
+    restore: LonghornRestore,
+    replica: String,
+    file: PathBuf,
+    alias: String,
+    block_size: u32,
+    lvol_bytes: u64,
+    progress: Arc<Progress>,
+}
+
+impl Job {
+    async fn run(self) -> Result<(), String> {
+        let r = &self.restore;
+        let named = |e: backupstore::BackupError| format!("backup {} of {}: {e}", r.backup, r.backup_volume);
+        let store = super::backup::open_store(&r.target, r.credential_secret.as_deref())?;
+        let cfg = backupstore::ops::volume(&store, &r.backup_volume)
+            .await
+            .map_err(named)?
+            .ok_or_else(|| format!("backup volume {} not found in {}", r.backup_volume, r.target))?;
+        if cfg.size > self.lvol_bytes {
+            return Err(format!(
+                "backup {} holds {} bytes: more than replica {}'s {}",
+                r.backup, cfg.size, self.replica, self.lvol_bytes
+            ));
+        }
+        if let Some(dir) = self.file.parent() {
+            std::fs::create_dir_all(dir).map_err(|e| format!("making {}: {e}", dir.display()))?;
+        }
+        let done = async {
+            backupstore::ops::restore_to_file(
+                &store,
+                &r.backup_volume,
+                &r.backup,
+                &self.file,
+                0,
+                &self.progress,
+            )
+            .await
+            .map_err(named)?;
+            std::fs::OpenOptions::new()
+                .write(true)
+                .open(&self.file)
+                .and_then(|f| f.set_len(self.lvol_bytes))
+                .map_err(|e| format!("{}: {e}", self.file.display()))?;
+            from_file::copy_from_file(
+                &self.client,
+                &self.file,
+                self.block_size,
+                &self.alias,
+                &format!("talon-restore-{}", self.replica),
+            )
+            .await
+            .map_err(|e| format!("replica {}: {e}", self.replica))
+        }
+        .await;
+        let _ = std::fs::remove_file(&self.file);
+        done
+    }
+}
+
+#[async_trait::async_trait]
+impl Controller for LonghornRestoreController {
+    fn name(&self) -> &'static str {
+        "engine.LonghornRestoreController"
+    }
+
+    fn inputs(&self) -> Vec<Input> {
+        vec![Input::of::<LonghornRestore>(), Input::of::<LonghornReplica>()]
+    }
+
+    fn outputs(&self) -> Vec<Output> {
+        vec![Output::exclusive::<LonghornRestoreStatus>()]
+    }
+
+    async fn reconcile(&self, ctx: &mut ReconcileContext) -> Result<Requeue, ControllerError> {
+        let restores = ctx.list::<LonghornRestore>()?;
+        let wanted: BTreeSet<String> = restores.iter().map(|r| r.id().to_string()).collect();
+        lock(&self.running).retain(|id, r| {
+            let keep = wanted.contains(id);
+            if !keep {
+                r.task.abort();
+            }
+            keep
+        });
+        for s in ctx.list::<LonghornRestoreStatus>()? {
+            if !wanted.contains(s.id()) {
+                self.forget_credentials(s.id());
+                let _ = std::fs::remove_file(self.file(s.id()));
+                ctx.destroy::<LonghornRestoreStatus>(s.id())?;
+            }
+        }
+        let mut inv: Option<Inventory> = None;
+        for r in &restores {
+            let id = r.id().to_string();
+            let prev = ctx.get::<LonghornRestoreStatus>(&id)?.map(|s| s.spec);
+            if let Some(s) = &prev
+                && matches!(s.state, BackupState::Completed | BackupState::Error)
+            {
+                ctx.apply(&id, s.clone())?;
+                continue;
+            }
+            let finished = {
+                let mut running = lock(&self.running);
+                match running.get(&id) {
+                    Some(t) if t.task.is_finished() => running.remove(&id),
+                    Some(t) => {
+                        let p = t.progress.get().min(99);
+                        drop(running);
+                        ctx.apply(&id, status(BackupState::InProgress, p, ""))?;
+                        continue;
+                    }
+                    None => None,
+                }
+            };
+            if let Some(t) = finished {
+                let s = match t.task.await {
+                    Ok(Ok(())) => status(BackupState::Completed, 100, ""),
+                    Ok(Err(e)) => status(BackupState::Error, 0, e),
+                    Err(e) => status(BackupState::Error, 0, format!("restore task: {e}")),
+                };
+                self.forget_credentials(&id);
+                ctx.apply(&id, s)?;
+                continue;
+            }
+            let Some(replica) = ctx.get::<LonghornReplica>(&id)? else {
+                self.forget_credentials(&id);
+                ctx.apply(
+                    &id,
+                    status(BackupState::Error, 0, format!("replica {id} is not on this node")),
+                )?;
+                continue;
+            };
+            if inv.is_none() {
+                match Inventory::load(&self.client).await {
+                    Ok(i) => inv = Some(i),
+                    Err(e) => {
+                        let why = format!("reading spdk_tgt: {}", crate::util::error_chain(&e));
+                        ctx.apply(&id, status(BackupState::Pending, 0, why))?;
+                        continue;
+                    }
+                }
+            }
+            let Some(found) = inv.as_ref() else { continue };
+            let (alias, block_size, lvol_bytes) = match Self::new_lvol(found, &id, &replica.spec) {
+                Ok(l) => l,
+                Err(why) => {
+                    // after a restart of talon: a restore cut off in its copy touched the lvol
+                    let why = if prev.is_some_and(|s| s.state == BackupState::InProgress) {
+                        format!("restore cut off (talon restarted) after it wrote the lvol: {why}")
+                    } else {
+                        why
+                    };
+                    self.forget_credentials(&id);
+                    ctx.apply(&id, status(BackupState::Error, 0, why))?;
+                    continue;
+                }
+            };
+            let progress = Arc::new(Progress::default());
+            let job = Job {
+                client: self.client.clone(),
+                restore: r.spec.clone(),
+                replica: id.clone(),
+                file: self.file(&id),
+                alias,
+                block_size,
+                lvol_bytes,
+                progress: progress.clone(),
+            };
+            lock(&self.running).insert(
+                id.clone(),
+                Running {
+                    progress,
+                    task: tokio::spawn(job.run()),
+                },
+            );
+            ctx.apply(&id, status(BackupState::InProgress, 0, ""))?;
+        }
+        if lock(&self.running).is_empty() {
+            Ok(Requeue::OnInputChange)
+        } else {
+            Ok(Requeue::After(POLL))
+        }
+    }
+}

@@ -1,0 +1,314 @@
+//! Longhorn's restore calls as desired state: a restore of a backup into an
+//! engine becomes a `LonghornRestore` of each of its replicas, on the
+//! replica's own node, carried out by `engine.LonghornRestoreController`;
+//! the engine's restore status is read back from each replica's
+//! `LonghornRestoreStatus`.
+//!
+//! ```text
+//!   engine monitor ── proxy BackupRestore(engine, url, envs)
+//!       every replica in service (RW), the backup's size the engine's
+//!         local ──> ReplicaBackupRestore here ──┐
+//!         remote ─> its node's SPDKService ReplicaBackupRestore
+//!                                                v
+//!                 config/LonghornRestore <replica> {target, backupVolume, backup, credentials}
+//!   BackupRestoreStatus(engine) ── each replica's LonghornRestoreStatus, by tcp://address:
+//!       Pending|InProgress -> isRestoring · Completed -> lastRestored · Error -> error
+//! ```
+//!
+//! A replica restores one backup, into its new lvol: a second backup (a DR
+//! volume's incremental restore) is refused, naming what is missing.
+
+use std::collections::BTreeMap;
+
+use tonic::Status;
+
+use super::proto::imrpc;
+use super::proto::ptypes;
+use super::proto::spdkrpc;
+use super::proxy::{internal, tcp};
+use super::server::Longhorn;
+use crate::backupstore::format::check_name;
+use crate::backupstore::info::decode_url;
+use crate::resources::backup::{BackupState, LonghornRestore, LonghornRestoreStatus};
+use crate::resources::longhorn::LonghornEngine;
+use crate::runtime::Typed;
+
+/// Longhorn's words for a restore's state.
+fn restore_state(s: BackupState) -> &'static str {
+    match s {
+        BackupState::Pending | BackupState::InProgress => "in_progress",
+        BackupState::Completed => "complete",
+        BackupState::Error => "error",
+    }
+}
+
+/// The JSON of longhorn-instance-manager's `TaskError`: the replicas that
+/// refused to start, by `tcp://` address (the manager records each
+/// message in that replica's restore status).
+fn task_error(errors: &[(String, String)]) -> Vec<u8> {
+    if errors.is_empty() {
+        return Vec::new();
+    }
+    let list: Vec<serde_json::Value> = errors
+        .iter()
+        .map(|(a, m)| serde_json::json!({"Address": a, "Message": m}))
+        .collect();
+    serde_json::json!({ "ReplicaErrors": list })
+        .to_string()
+        .into_bytes()
+}
+
+impl Longhorn {
+    /// A restore of `req.backup_url` into local replica `req.replica_name`:
+    /// a `LonghornRestore`. Asked again for the same backup, the same
+    /// restore; another backup is refused (a replica restores one).
+    pub(super) fn replica_backup_restore(
+        &self,
+        req: spdkrpc::ReplicaBackupRestoreRequest,
+    ) -> Result<(), Status> {
+        let what = format!("restore of {} into replica {}", req.backup_url, req.replica_name);
+        let bad = |e: String| Status::invalid_argument(format!("{what}: {e}"));
+        let (target, backup_volume, backup) = decode_url(&req.backup_url).map_err(|e| bad(e.to_string()))?;
+        let backup = backup.ok_or_else(|| bad("the URL names no backup".into()))?;
+        check_name("backup", &backup).map_err(|e| bad(e.to_string()))?;
+        crate::backupstore::store::Target::parse(&target).map_err(|e| bad(e.to_string()))?;
+        let creds: BTreeMap<String, String> = req.credential.into_iter().collect();
+        super::backup::check_credentials(&creds).map_err(&bad)?;
+        if self.local_replica(&req.replica_name).is_none() {
+            return Err(Status::not_found(format!(
+                "{what}: the replica is not on this node"
+            )));
+        }
+        let dir = self
+            .backup_dir()
+            .map(|d| d.join("restore-credentials"))
+            .ok_or_else(|| Status::failed_precondition("restores need talon's data dir (none was given)"))?;
+        let spec = LonghornRestore {
+            target,
+            backup_volume,
+            backup: backup.clone(),
+            credential_secret: Some(dir.join(&req.replica_name).display().to_string()),
+        };
+        let id = req.replica_name.as_str();
+        if let Some(have) = self
+            .state()
+            .get_typed::<LonghornRestore>(id)
+            .map_err(|e| internal(&what, e))?
+        {
+            if have.spec == spec {
+                return Ok(());
+            }
+            let st = self.restore_status_of(id);
+            return Err(match st.state {
+                BackupState::Completed => Status::failed_precondition(format!(
+                    "{what}: the replica holds backup {} restored; a second restore into it (an incremental \
+                     restore, as of a DR volume) is not served by talon",
+                    have.spec.backup
+                )),
+                BackupState::Error => Status::failed_precondition(format!(
+                    "{what}: its restore of backup {} failed ({}); the replica must be made again",
+                    have.spec.backup, st.message
+                )),
+                _ => Status::failed_precondition(format!(
+                    "{what}: restoring backup {} is already in progress",
+                    have.spec.backup
+                )),
+            });
+        }
+        super::backup::write_credentials(&dir, id, &creds)
+            .map_err(|e| internal(&format!("{what}: writing its credentials"), e))?;
+        if let Err(e) = self.state().create_typed(id, "", &spec) {
+            let _ = std::fs::remove_dir_all(dir.join(id));
+            return Err(internal(&format!("{what}: recording it"), e));
+        }
+        Ok(())
+    }
+
+    fn restore_status_of(&self, replica: &str) -> LonghornRestoreStatus {
+        self.state()
+            .get_typed::<LonghornRestoreStatus>(replica)
+            .ok()
+            .flatten()
+            .map(|s| s.spec)
+            .unwrap_or_default()
+    }
+
+    /// The restore status of local replica `replica`: empty (not
+    /// restoring, nothing restored) when it was never asked to restore.
+    pub(super) fn replica_restore_status(
+        &self,
+        replica: &str,
+    ) -> Result<spdkrpc::ReplicaRestoreStatusResponse, Status> {
+        let mut out = spdkrpc::ReplicaRestoreStatusResponse {
+            replica_name: replica.to_owned(),
+            ..Default::default()
+        };
+        let Some(r) = self
+            .state()
+            .get_typed::<LonghornRestore>(replica)
+            .map_err(|e| internal(&format!("restore of replica {replica}"), e))?
+        else {
+            return Ok(out);
+        };
+        let s = self.restore_status_of(replica);
+        out.backup_url = r.spec.url();
+        out.state = restore_state(s.state).into();
+        out.progress = s.progress as i32;
+        match s.state {
+            BackupState::Pending | BackupState::InProgress => {
+                out.is_restoring = true;
+                out.current_restoring_backup = r.spec.backup.clone();
+            }
+            BackupState::Completed => out.last_restored = r.spec.backup.clone(),
+            BackupState::Error => out.error = s.message,
+        }
+        Ok(out)
+    }
+
+    /// The proxy's `BackupRestore` into engine `e`: every replica restores
+    /// the backup on its node. Refused before any replica is asked when a
+    /// replica is not in service or the backup's size is not the engine's
+    /// (Longhorn's V2 engine's checks).
+    pub(super) async fn engine_backup_restore(
+        &self,
+        e: &Typed<LonghornEngine>,
+        req: imrpc::EngineBackupRestoreRequest,
+    ) -> Result<imrpc::EngineBackupRestoreProxyResponse, Status> {
+        let what = format!("restore of {} into engine {}", req.url, e.id());
+        let bad = |x: String| Status::invalid_argument(format!("{what}: {x}"));
+        let creds = super::backup::credentials_from_envs(&req.envs).map_err(&bad)?;
+        let (target, backup_volume, backup) = decode_url(&req.url).map_err(|x| bad(x.to_string()))?;
+        let backup = backup.ok_or_else(|| bad("the URL names no backup".into()))?;
+        let members = self.members(e).await?;
+        if members.is_empty() {
+            return Err(Status::failed_precondition(format!(
+                "{what}: no replicas available"
+            )));
+        }
+        if let Some(m) = members.iter().find(|m| m.mode != ptypes::ReplicaMode::Rw) {
+            return Err(Status::failed_precondition(format!(
+                "{what}: replica {} is in mode {:?}",
+                m.address, m.mode
+            )));
+        }
+        // the backup, read as Longhorn's engine inspects it (bounded: the store may hang)
+        let store = crate::backupstore::Store::open(
+            &target,
+            &crate::backupstore::Credentials::from_pairs(creds.clone()),
+        )
+        .map_err(|x| bad(x.to_string()))?;
+        let look = async {
+            let cfg = crate::backupstore::ops::backup(&store, &backup_volume, &backup).await?;
+            let vol = crate::backupstore::ops::volume(&store, &backup_volume).await?;
+            Ok::<_, crate::backupstore::BackupError>((cfg, vol))
+        };
+        let (cfg, vol) = match tokio::time::timeout(std::time::Duration::from_secs(30), look).await {
+            Ok(Ok(found)) => found,
+            Ok(Err(x)) => return Err(Status::failed_precondition(format!("{what}: {x}"))),
+            Err(_) => {
+                return Err(Status::unavailable(format!(
+                    "{what}: the backup target did not answer within 30 s"
+                )));
+            }
+        };
+        if !cfg.complete() {
+            return Err(Status::failed_precondition(format!(
+                "{what}: backup {backup} is not complete"
+            )));
+        }
+        let size = vol.map_or(0, |v| v.size);
+        if size != e.spec.size_bytes {
+            return Err(Status::failed_precondition(format!(
+                "{what}: the backup volume {backup_volume} size {size} must be the same as the Longhorn volume size {}",
+                e.spec.size_bytes
+            )));
+        }
+        let mut errors = Vec::new();
+        for m in &members {
+            let ask = spdkrpc::ReplicaBackupRestoreRequest {
+                backup_url: req.url.clone(),
+                replica_name: m.replica.clone(),
+                snapshot_name: cfg.snapshot_name.clone(),
+                credential: creds.clone().into_iter().collect(),
+                concurrent_limit: req.concurrent_limit,
+            };
+            let done = if self.local_replica(&m.replica).is_some() {
+                self.replica_backup_restore(ask)
+            } else {
+                match self.replica_node(&m.replica, &m.address).await {
+                    Ok(mut c) => c.replica_backup_restore(ask).await.map(|_| ()),
+                    Err(x) => Err(Status::unavailable(x)),
+                }
+            };
+            if let Err(s) = done {
+                errors.push((tcp(&m.address), s.message().to_owned()));
+            }
+        }
+        Ok(imrpc::EngineBackupRestoreProxyResponse {
+            task_error: task_error(&errors),
+        })
+    }
+
+    /// The proxy's `BackupRestoreStatus` of engine `e`: each replica's, by
+    /// `tcp://` address.
+    pub(super) async fn engine_restore_status(
+        &self,
+        e: &Typed<LonghornEngine>,
+    ) -> Result<imrpc::EngineBackupRestoreStatusProxyResponse, Status> {
+        let mut out = imrpc::EngineBackupRestoreStatusProxyResponse::default();
+        for (replica, address) in &e.spec.replica_address_map {
+            let s = if self.local_replica(replica).is_some() {
+                self.replica_restore_status(replica)?
+            } else {
+                let mut c = self
+                    .replica_node(replica, address)
+                    .await
+                    .map_err(|x| Status::unavailable(format!("restore status of engine {}: {x}", e.id())))?;
+                c.replica_restore_status(spdkrpc::ReplicaRestoreStatusRequest {
+                    replica_name: replica.clone(),
+                })
+                .await?
+                .into_inner()
+            };
+            out.status.insert(
+                tcp(address),
+                imrpc::EngineBackupRestoreStatus {
+                    is_restoring: s.is_restoring,
+                    last_restored: s.last_restored,
+                    current_restoring_backup: s.current_restoring_backup,
+                    progress: s.progress,
+                    error: s.error,
+                    filename: s.dest_file_name,
+                    state: s.state,
+                    backup_url: s.backup_url,
+                },
+            );
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn task_errors_are_the_json_longhorns_manager_reads() {
+        assert!(task_error(&[]).is_empty());
+        let j: serde_json::Value =
+            serde_json::from_slice(&task_error(&[("tcp://10.0.0.1:20001".into(), "no".into())]))
+                .expect("json");
+        assert_eq!(
+            j,
+            serde_json::json!({"ReplicaErrors": [{"Address": "tcp://10.0.0.1:20001", "Message": "no"}]})
+        );
+    }
+
+    #[test]
+    fn restore_states_are_longhorns_words() {
+        assert_eq!(restore_state(BackupState::Pending), "in_progress");
+        assert_eq!(restore_state(BackupState::InProgress), "in_progress");
+        assert_eq!(restore_state(BackupState::Completed), "complete");
+        assert_eq!(restore_state(BackupState::Error), "error");
+    }
+}
