@@ -591,7 +591,7 @@ async fn longhorn_snapshot_backup_through_the_proxy_on_real_spdk() {
         let mut inst = inst.clone();
         async move {
             let list = inst.instance_list(()).await.expect("list").into_inner();
-            (!list.processes.contains_key("lhvol-e-0")).then_some(())
+            (!list.instances.contains_key("lhvol-e-0")).then_some(())
         }
     })
     .await;
@@ -666,7 +666,19 @@ async fn longhorn_snapshot_backup_through_the_proxy_on_real_spdk() {
         }
     })
     .await;
-    assert!(back[..len] == expected[1][..], "the restored backup's data");
+    assert!(
+        back[..len] == expected[1][..],
+        "the restored backup's data: {} of {len} bytes differ, {} nonzero; first {:?} vs {:?}; equal to backup-one's: {}",
+        back[..len]
+            .iter()
+            .zip(&expected[1])
+            .filter(|(a, b)| a != b)
+            .count(),
+        back[..len].iter().filter(|b| **b != 0).count(),
+        &back[..8],
+        &expected[1][..8],
+        back[..len] == expected[0][..]
+    );
     assert!(
         back[len..].iter().all(|b| *b == 0),
         "zeros after the backed-up data"
