@@ -711,5 +711,11 @@ async fn longhorn_snapshot_backup_through_the_proxy_on_real_spdk() {
         .await
         .expect_err("a key outside the allowlist");
     assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e}");
+    let e = proxy
+        .backup_restore(restore(&urls[1].replace("backup-two", "nosuch"), envs.clone()))
+        .await
+        .expect_err("no such backup");
+    assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{e}");
+    assert!(e.message().contains("nosuch"), "{e}");
     d.stop().await;
 }

@@ -196,13 +196,11 @@ impl Controller for LonghornRestoreController {
     async fn reconcile(&self, ctx: &mut ReconcileContext) -> Result<Requeue, ControllerError> {
         let restores = ctx.list::<LonghornRestore>()?;
         let wanted: BTreeSet<String> = restores.iter().map(|r| r.id().to_string()).collect();
-        lock(&self.running).retain(|id, r| {
-            let keep = wanted.contains(id);
-            if !keep {
-                r.task.abort();
-            }
-            keep
-        });
+        // a restore no longer wanted (its replica deleted) is let run to its end,
+        // not aborted: a copy stopped between its SPDK calls would leave its aio
+        // bdev under an esnap clone; without the lvol the copy fails and removes
+        // what it made
+        lock(&self.running).retain(|id, _| wanted.contains(id));
         for s in ctx.list::<LonghornRestoreStatus>()? {
             if !wanted.contains(s.id()) {
                 self.forget_credentials(s.id());
