@@ -711,11 +711,20 @@ async fn longhorn_snapshot_backup_through_the_proxy_on_real_spdk() {
         .await
         .expect_err("a key outside the allowlist");
     assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e}");
-    let e = proxy
+    // a missing backup fails every replica's restore, naming it
+    let missing = proxy
         .backup_restore(restore(&urls[1].replace("backup-two", "nosuch"), envs.clone()))
         .await
-        .expect_err("no such backup");
-    assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{e}");
-    assert!(e.message().contains("nosuch"), "{e}");
+        .expect("BackupRestore of a missing backup")
+        .into_inner();
+    let err: serde_json::Value = serde_json::from_slice(&missing.task_error).expect("TaskError JSON");
+    let errs = err["ReplicaErrors"].as_array().expect("ReplicaErrors");
+    assert_eq!(errs.len(), 2, "{err}");
+    assert!(
+        errs.iter().all(|x| x["Message"]
+            .as_str()
+            .is_some_and(|m| m.contains("nosuch") && m.contains("not found"))),
+        "{err}"
+    );
     d.stop().await;
 }

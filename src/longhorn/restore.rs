@@ -167,8 +167,10 @@ impl Longhorn {
 
     /// The proxy's `BackupRestore` into engine `e`: every replica restores
     /// the backup on its node. Refused before any replica is asked when a
-    /// replica is not in service or the backup's size is not the engine's
-    /// (Longhorn's V2 engine's checks).
+    /// replica is not in service (an error: tried again), or when the
+    /// backup is missing, incomplete or not of the engine's size (every
+    /// replica's restore fails with the reason): Longhorn's V2 engine's
+    /// checks.
     pub(super) async fn engine_backup_restore(
         &self,
         e: &Typed<LonghornEngine>,
@@ -202,9 +204,24 @@ impl Longhorn {
             let vol = crate::backupstore::ops::volume(&store, &backup_volume).await?;
             Ok::<_, crate::backupstore::BackupError>((cfg, vol))
         };
+        // a backup that cannot be restored fails every replica's restore (the manager
+        // records the message in each replica's restore status, as Longhorn's V2
+        // engine records it); a target that does not answer is tried again later
+        let refused = |why: String| imrpc::EngineBackupRestoreProxyResponse {
+            task_error: task_error(
+                &members
+                    .iter()
+                    .map(|m| (tcp(&m.address), format!("{what}: {why}")))
+                    .collect::<Vec<_>>(),
+            ),
+        };
         let (cfg, vol) = match tokio::time::timeout(std::time::Duration::from_secs(30), look).await {
             Ok(Ok(found)) => found,
-            Ok(Err(x)) => return Err(Status::failed_precondition(format!("{what}: {x}"))),
+            Ok(Err(
+                x @ (crate::backupstore::BackupError::NotFound(_)
+                | crate::backupstore::BackupError::Format { .. }),
+            )) => return Ok(refused(x.to_string())),
+            Ok(Err(x)) => return Err(Status::unavailable(format!("{what}: {x}"))),
             Err(_) => {
                 return Err(Status::unavailable(format!(
                     "{what}: the backup target did not answer within 30 s"
@@ -212,14 +229,12 @@ impl Longhorn {
             }
         };
         if !cfg.complete() {
-            return Err(Status::failed_precondition(format!(
-                "{what}: backup {backup} is not complete"
-            )));
+            return Ok(refused(format!("backup {backup} is not complete")));
         }
         let size = vol.map_or(0, |v| v.size);
         if size != e.spec.size_bytes {
-            return Err(Status::failed_precondition(format!(
-                "{what}: the backup volume {backup_volume} size {size} must be the same as the Longhorn volume size {}",
+            return Ok(refused(format!(
+                "the backup volume {backup_volume} size {size} must be the same as the Longhorn volume size {}",
                 e.spec.size_bytes
             )));
         }
