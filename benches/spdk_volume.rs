@@ -36,6 +36,8 @@
 //!    randwrite / randread QD32, what each replica holds after create, and a
 //!    revert to a snapshot (fresh heads + raid + set_parent with it, clones
 //!    without).
+//! 6. restore (`restore`): a restored backup's file copied into new thin
+//!    lvols (esnap + decouple), one replica and two one after the other.
 //!
 //! ```text
 //!   spdk_tgt core 0 ── malloc "talon-disk-bench" ── lvstore talon-bench ── lvols
@@ -1070,6 +1072,84 @@ restart: {volumes} volumes (half 2 replicas) exported again after a restart (2 a
     t.stop(Duration::from_secs(10)).await.expect("stop");
 }
 
+/// 6. restore (`restore`): a restored backup's file copied into new thin
+/// lvols as a restore makes a replica (`spdk::volume::from_file`: esnap +
+/// decouple, one copy at a time), 512 MiB lvols from a sparse file with
+/// 128 MiB written in 16 MiB runs: one replica, and two replicas one after
+/// the other (as a two-replica Longhorn restore on one node); seconds,
+/// lvol MiB/s and clusters each lvol holds after.
+async fn restore(c: &SpdkClient, rounds: usize) {
+    let size = 512 * MIB;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("restored.img");
+    {
+        use std::io::{Seek, SeekFrom, Write};
+        let mut f = std::fs::File::create(&file).expect("file");
+        f.set_len(size).expect("len");
+        let run = vec![0xA7u8; 16 * MIB as usize];
+        for k in 0..8u64 {
+            f.seek(SeekFrom::Start(k * 64 * MIB)).expect("seek");
+            f.write_all(&run).expect("write");
+        }
+        f.sync_all().expect("sync");
+    }
+    println!(
+        "\nrestore: a file of {} MiB ({} MiB written) copied into new thin lvols (esnap + decouple)",
+        size / MIB,
+        128
+    );
+    println!(
+        "{:<14} {:>5} {:>9} {:>12} {:>18}",
+        "replicas", "round", "seconds", "lvol MiB/s", "clusters after"
+    );
+    for round in 0..rounds {
+        for n in [1usize, 2] {
+            let names: Vec<String> = (0..n).map(|k| format!("rst{round}{n}-r{k}")).collect();
+            for name in &names {
+                c.bdev_lvol_create(&LvolCreate::thin("talon-bench", name, size / MIB))
+                    .await
+                    .expect("lvol");
+            }
+            let t0 = Instant::now();
+            for name in &names {
+                talon::spdk::volume::from_file::copy_from_file(
+                    c,
+                    &file,
+                    4096,
+                    &format!("talon-bench/{name}"),
+                    &format!("talon-restore-{name}"),
+                )
+                .await
+                .expect("copy");
+            }
+            let secs = t0.elapsed().as_secs_f64();
+            let inv = Inventory::load(c).await.expect("inventory");
+            let held: Vec<String> = names
+                .iter()
+                .map(|nm| {
+                    inv.lvols
+                        .get(&format!("talon-bench/{nm}"))
+                        .map_or(0, |l| l.num_allocated_clusters)
+                        .to_string()
+                })
+                .collect();
+            println!(
+                "{:<14} {:>5} {:>9.2} {:>12.0} {:>18}",
+                n,
+                round + 1,
+                secs,
+                (n as u64 * size / MIB) as f64 / secs,
+                held.join(" + ")
+            );
+            for name in &names {
+                c.bdev_lvol_delete(&ByName::new(&format!("talon-bench/{name}")))
+                    .await
+                    .expect("lvol deleted");
+            }
+        }
+    }
+}
+
 fn main() {
     let Some(spdk) = std::env::var_os("TALON_SPDK_DIR").map(PathBuf::from) else {
         eprintln!("SKIP spdk_volume bench: TALON_SPDK_DIR not set");
@@ -1149,6 +1229,9 @@ fn main() {
         }
         if only.as_deref().is_none_or(|o| o == "data") {
             data_path(&spdk, &ops, port, rounds, 3).await;
+        }
+        if only.as_deref().is_none_or(|o| o == "restore") {
+            restore(&c, rounds).await;
         }
         t.stop(Duration::from_secs(5)).await.expect("stop");
     });
