@@ -209,6 +209,7 @@ impl Controller for LonghornRestoreController {
             }
         }
         let mut inv: Option<Inventory> = None;
+        let mut waiting = false;
         for r in &restores {
             let id = r.id().to_string();
             let prev = ctx.get::<LonghornRestoreStatus>(&id)?.map(|s| s.spec);
@@ -254,12 +255,28 @@ impl Controller for LonghornRestoreController {
                     Ok(i) => inv = Some(i),
                     Err(e) => {
                         let why = format!("reading spdk_tgt: {}", crate::util::error_chain(&e));
+                        waiting = true;
                         ctx.apply(&id, status(BackupState::Pending, 0, why))?;
                         continue;
                     }
                 }
             }
             let Some(found) = inv.as_ref() else { continue };
+            if !found
+                .lvols
+                .contains_key(&format!("{}/{id}", lvstore(&replica.spec.disk)))
+            {
+                waiting = true;
+                ctx.apply(
+                    &id,
+                    status(
+                        BackupState::Pending,
+                        0,
+                        format!("waiting for replica {id}'s lvol"),
+                    ),
+                )?;
+                continue;
+            }
             let (alias, block_size, lvol_bytes) = match Self::new_lvol(found, &id, &replica.spec) {
                 Ok(l) => l,
                 Err(why) => {
@@ -294,7 +311,7 @@ impl Controller for LonghornRestoreController {
             );
             ctx.apply(&id, status(BackupState::InProgress, 0, ""))?;
         }
-        if lock(&self.running).is_empty() {
+        if lock(&self.running).is_empty() && !waiting {
             Ok(Requeue::OnInputChange)
         } else {
             Ok(Requeue::After(POLL))
