@@ -1072,7 +1072,7 @@ restart: {volumes} volumes (half 2 replicas) exported again after a restart (2 a
     t.stop(Duration::from_secs(10)).await.expect("stop");
 }
 
-/// 6. restore (`restore`): a restored backup's file copied into new thin
+/// The restore section (`restore`): a restored backup's file copied into new thin
 /// lvols as a restore makes a replica (`spdk::volume::from_file`: esnap +
 /// decouple, one copy at a time), 512 MiB lvols from a sparse file with
 /// 128 MiB written in 16 MiB runs: one replica, and two replicas one after
@@ -1142,7 +1142,7 @@ async fn restore(c: &SpdkClient, rounds: usize) {
                 held.join(" + ")
             );
             for name in &names {
-                c.bdev_lvol_delete(&ByName::new(&format!("talon-bench/{name}")))
+                c.bdev_lvol_delete(&ByName::new(format!("talon-bench/{name}")))
                     .await
                     .expect("lvol deleted");
             }
