@@ -1241,12 +1241,26 @@ async fn real_spdk_replica_that_left_just_before_a_crash_is_never_trusted() {
                 .unwrap_or_else(|e| panic!("{what}: {e}"))
         }
     };
+    // a rebuild's switch closes the export for a moment (a host reconnects,
+    // spdk_dd does not): a write that could not connect is made again
     let write = |data: Vec<u8>| {
         let (spdk, dir, nqn) = (spdk.clone(), dir.path().to_path_buf(), nqn.clone());
         async move {
-            tokio::task::spawn_blocking(move || dd(&spdk, &dir, port, &nqn, Some(&data), LEN))
+            for _ in 0..20 {
+                let (spdk, d, nqn, data) = (spdk.clone(), dir.clone(), nqn.clone(), data.clone());
+                let done = tokio::task::spawn_blocking(move || {
+                    dd_as(&spdk, &d, port, &nqn, Some(&data), LEN, spdk_perf::HOST_NQN)
+                        .status
+                        .success()
+                })
                 .await
                 .expect("write");
+                if done {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+            panic!("write: spdk_dd never finished");
         }
     };
     let register = |c: SpdkClient| {
