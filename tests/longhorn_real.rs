@@ -162,6 +162,19 @@ async fn aio_disk(disks: &mut DiskServiceClient<Channel>, dir: &Path, name: &str
         .into_inner()
 }
 
+/// Deletes engine `lhvol-e-0` (cleanup required).
+async fn delete_engine(inst: &mut InstanceServiceClient<Channel>) {
+    inst.instance_delete(imrpc::InstanceDeleteRequest {
+        name: "lhvol-e-0".into(),
+        r#type: "engine".into(),
+        cleanup_required: true,
+        data_engine: imrpc::DataEngine::V2 as i32,
+        ..Default::default()
+    })
+    .await
+    .expect("engine delete");
+}
+
 /// Replicas `(name, disk)` of `size` bytes and engine `lhvol-e-0` over them
 /// (nvmf), each running: the replicas' addresses and the engine's port.
 async fn engine_over(
@@ -316,15 +329,7 @@ async fn longhorn_lifecycle_io_and_restarts_on_real_spdk() {
     assert!(back == data, "data after kill -9 of spdk_tgt");
 
     // each replica alone holds it: the engine goes, the replicas are exported again
-    inst.instance_delete(imrpc::InstanceDeleteRequest {
-        name: "lhvol-e-0".into(),
-        r#type: "engine".into(),
-        cleanup_required: true,
-        data_engine: imrpc::DataEngine::V2 as i32,
-        ..Default::default()
-    })
-    .await
-    .expect("engine delete");
+    delete_engine(&mut inst).await;
     for r in ["lhvol-r-0000aaaa", "lhvol-r-0000bbbb"] {
         let st = wait_running(&mut inst, r, "replica").await;
         let rport = u16::try_from(st.port_start).expect("port");
@@ -578,15 +583,7 @@ async fn longhorn_snapshot_backup_through_the_proxy_on_real_spdk() {
     // Longhorn's restore (BackupRestore): a new engine over two new replicas
     // restores backup-two; each replica reports it restored, and the engine
     // reads it back
-    inst.instance_delete(imrpc::InstanceDeleteRequest {
-        name: "lhvol-e-0".into(),
-        r#type: "engine".into(),
-        cleanup_required: true,
-        data_engine: imrpc::DataEngine::V2 as i32,
-        ..Default::default()
-    })
-    .await
-    .expect("engine delete");
+    delete_engine(&mut inst).await;
     talon::runtime::testing::eventually("the first engine gone", WAIT, || {
         let mut inst = inst.clone();
         async move {
