@@ -113,6 +113,35 @@ fn tail(path: &Path, lines: usize) -> String {
     all[all.len().saturating_sub(lines)..].join("\n")
 }
 
+/// The last `lines` WARN and ERROR lines of each talon log kept in `dir`: a CI run's clone (and
+/// its kept logs) is gone after the run, so what talon said goes into the failure message.
+fn talon_warnings(dir: &Path, lines: usize) -> String {
+    let mut logs: Vec<PathBuf> = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("talon-")))
+        .collect();
+    logs.sort();
+    let mut out = String::new();
+    for log in logs {
+        let mut s = String::new();
+        let _ = std::fs::File::open(&log).and_then(|mut f| f.read_to_string(&mut s));
+        let hits: Vec<&str> = s
+            .lines()
+            .filter(|l| l.contains(" WARN ") || l.contains(" ERROR "))
+            .collect();
+        out += &format!(
+            "talon's warnings and errors in {} (last {lines} of {}):\n{}\n",
+            log.display(),
+            hits.len(),
+            hits[hits.len().saturating_sub(lines)..].join("\n")
+        );
+    }
+    out
+}
+
 /// The hub's S3 server: on the apiserver's bridge address, which every node reaches.
 const S3_PORT: u16 = 9000;
 const S3_BUCKET: &str = "backups";
@@ -291,9 +320,10 @@ fn run_scenario(test: &str, scenario: &str) {
         .collect();
     assert!(
         status.success(),
-        "{test}: the driver failed ({status}{}): {}\nits steps:\n{steps}\nthe logs are kept in {}\nits log's tail:\n{}",
+        "{test}: the driver failed ({status}{}): {}\n{}its steps:\n{steps}\nthe logs are kept in {}\nits log's tail:\n{}",
         if t0.elapsed() > BOUND { ", out of time" } else { "" },
         failed.join("\n"),
+        talon_warnings(&kept_logs(&cache, scenario), 25),
         kept_logs(&cache, scenario).display(),
         tail(&err, 150)
     );

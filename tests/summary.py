@@ -13,6 +13,24 @@ import sys
 import xml.etree.ElementTree as ET
 
 SKIP = re.compile(r"^SKIP ([^:]+): (.*)$")
+# The lines that say why a test failed: the panic's place and its first line, a driver's FAILED,
+# a guest step's FAIL. A CI log is shown cut in the middle, so the summary repeats them.
+WHY = re.compile(r"panicked at |FAILED: |^vm: step \S+ FAIL|^vm: the guest never")
+
+
+def reasons(out: str, most: int = 8) -> list:
+    """The first `most` lines of `out` that say why its test failed (a panic's next line too)."""
+    lines, found = out.splitlines(), []
+    for i, line in enumerate(lines):
+        if WHY.search(line):
+            found.append(line.strip()[:400])
+            if "panicked at " in line and i + 1 < len(lines):
+                found.append(lines[i + 1].strip()[:400])
+    seen = []
+    for f in found:
+        if f not in seen:
+            seen.append(f)
+    return seen[:most]
 
 
 def main(path: str) -> None:
@@ -28,7 +46,7 @@ def main(path: str) -> None:
         short = name.rsplit("::", 1)[-1]
         out = "\n".join((e.text or "") for e in case if e.tag in ("system-out", "system-err"))
         if any(e.tag in ("failure", "error") for e in case):
-            failed.append(f"{binary} {name}")
+            failed.append((f"{binary} {name}", reasons(out)))
             continue
         if any(e.tag == "skipped" for e in case):
             skipped.append((f"{binary} {name}", "filtered or ignored"))
@@ -52,8 +70,10 @@ def main(path: str) -> None:
         print(f"SKIPPED  {t}: {why}")
     for p in parts:
         print(f"PART SKIPPED  {p}")
-    for f in failed:
+    for f, lines in failed:
         print(f"FAILED   {f}")
+        for line in lines:
+            print(f"    {line}")
     print(
         f"talon tests: {passed} passed, {len(skipped)} skipped, {len(failed)} failed"
         + (f" ({len(parts)} skipped parts of passed tests listed above)" if parts else "")
