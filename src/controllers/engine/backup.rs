@@ -16,9 +16,9 @@
 //! store as Longhorn leaves a failed backup: an unfinished config that no
 //! restore, listing or block collection trusts.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::backupstore::{self, BackupCfg, BackupRequest, BackupStats, Progress, SparseImage, Store};
@@ -32,16 +32,12 @@ use crate::spdk::volume::Inventory;
 use crate::spdk::volume::naming::lvstore;
 use crate::spdk::volume::to_file;
 
+use super::tasks::{Seen, Tasks};
+
 /// How often a running backup's progress is published.
 const POLL: Duration = Duration::from_secs(1);
 
 type Outcome = Result<(BackupCfg, BackupStats, bool), String>;
-
-#[derive(Debug)]
-struct Running {
-    progress: Arc<Progress>,
-    task: tokio::task::JoinHandle<Outcome>,
-}
 
 /// Backs up V2 volumes' snapshots.
 #[derive(Debug)]
@@ -49,7 +45,7 @@ pub struct BackupController {
     client: SpdkClient,
     /// Where snapshot images are made (sparse files, removed after).
     work_dir: PathBuf,
-    running: Mutex<BTreeMap<String, Running>>,
+    running: Tasks<(BackupCfg, BackupStats, bool)>,
 }
 
 impl BackupController {
@@ -59,7 +55,7 @@ impl BackupController {
         Self {
             client,
             work_dir: data_dir.join("backup"),
-            running: Mutex::default(),
+            running: Tasks::new("backup task"),
         }
     }
 
@@ -68,10 +64,6 @@ impl BackupController {
     fn forget_credentials(&self, id: &str) {
         let _ = std::fs::remove_dir_all(self.work_dir.join("credentials").join(id));
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// The store of a target with the credentials of secret `secret`.
@@ -304,20 +296,15 @@ impl Controller for BackupController {
         let backups = ctx.list::<Backup>()?;
         let wanted: BTreeSet<String> = backups.iter().map(|b| b.id().to_string()).collect();
         // a deleted Backup: its task stops (the lock is released in the background)
-        lock(&self.running).retain(|id, r| {
-            let keep = wanted.contains(id);
-            if !keep {
-                r.task.abort();
-                self.forget_credentials(id);
-            }
-            keep
-        });
+        for id in self.running.keep_only(&wanted, true) {
+            self.forget_credentials(&id);
+        }
         for s in ctx.list::<BackupStatus>()? {
             if !wanted.contains(s.id()) {
                 ctx.destroy::<BackupStatus>(s.id())?;
             }
         }
-        let mut busy = lock(&self.running).keys().next().cloned();
+        let mut busy = self.running.any();
         for b in &backups {
             let id = b.id().to_string();
             let prev = ctx.get::<BackupStatus>(&id)?.map(|s| s.spec);
@@ -327,35 +314,29 @@ impl Controller for BackupController {
                 ctx.apply(&id, s.clone())?;
                 continue;
             }
-            let finished = {
-                let mut running = lock(&self.running);
-                match running.get(&id) {
-                    Some(r) if r.task.is_finished() => running.remove(&id),
-                    Some(r) => {
-                        let mut s = prev.clone().unwrap_or_default();
-                        s.state = BackupState::InProgress;
-                        s.progress = r.progress.get().min(99);
-                        drop(running);
-                        ctx.apply(&id, s)?;
-                        continue;
+            match self.running.seen(&id).await {
+                Seen::Absent => {}
+                Seen::Running(p) => {
+                    let mut s = prev.clone().unwrap_or_default();
+                    s.state = BackupState::InProgress;
+                    s.progress = p.min(99);
+                    ctx.apply(&id, s)?;
+                    continue;
+                }
+                Seen::Ended(outcome) => {
+                    let s = match outcome {
+                        Ok((cfg, stats, incremental)) => completed(b, &cfg, Some(&stats), incremental),
+                        Err(e) => status(BackupState::Error, e),
+                    };
+                    if busy.as_deref() == Some(id.as_str()) {
+                        busy = None;
                     }
-                    None => None,
+                    if b.spec.longhorn.is_some() {
+                        self.forget_credentials(&id);
+                    }
+                    ctx.apply(&id, s)?;
+                    continue;
                 }
-            };
-            if let Some(r) = finished {
-                let s = match r.task.await {
-                    Ok(Ok((cfg, stats, incremental))) => completed(b, &cfg, Some(&stats), incremental),
-                    Ok(Err(e)) => status(BackupState::Error, e),
-                    Err(e) => status(BackupState::Error, format!("backup task: {e}")),
-                };
-                if busy.as_deref() == Some(id.as_str()) {
-                    busy = None;
-                }
-                if b.spec.longhorn.is_some() {
-                    self.forget_credentials(&id);
-                }
-                ctx.apply(&id, s)?;
-                continue;
             }
             if let Some(other) = &busy {
                 ctx.apply(
@@ -398,13 +379,7 @@ impl Controller for BackupController {
                 snapshot_created,
                 progress: progress.clone(),
             };
-            lock(&self.running).insert(
-                id.clone(),
-                Running {
-                    progress,
-                    task: tokio::spawn(job.run()),
-                },
-            );
+            self.running.start(&id, progress, job.run());
             busy = Some(id.clone());
             ctx.apply(
                 &id,
@@ -414,7 +389,7 @@ impl Controller for BackupController {
                 },
             )?;
         }
-        if lock(&self.running).is_empty() {
+        if self.running.is_empty() {
             Ok(Requeue::OnInputChange)
         } else {
             Ok(Requeue::After(POLL))

@@ -18,9 +18,9 @@
 //! cut off starts again if the lvol is still untouched; otherwise it ends
 //! in Error (the replica is never served as restored).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::backupstore::{self, Progress};
@@ -32,14 +32,10 @@ use crate::spdk::volume::Inventory;
 use crate::spdk::volume::from_file;
 use crate::spdk::volume::naming::lvstore;
 
+use super::tasks::{Seen, Tasks};
+
 /// How often a running restore's progress is published.
 const POLL: Duration = Duration::from_secs(1);
-
-#[derive(Debug)]
-struct Running {
-    progress: Arc<Progress>,
-    task: tokio::task::JoinHandle<Result<(), String>>,
-}
 
 /// Restores backups into Longhorn replicas.
 #[derive(Debug)]
@@ -49,11 +45,7 @@ pub struct LonghornRestoreController {
     work_dir: PathBuf,
     /// Where `longhorn::restore` leaves each restore's credentials.
     credentials_dir: PathBuf,
-    running: Mutex<BTreeMap<String, Running>>,
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
+    running: Tasks<()>,
 }
 
 fn status(state: BackupState, progress: u32, message: impl Into<String>) -> LonghornRestoreStatus {
@@ -78,7 +70,7 @@ impl LonghornRestoreController {
             client,
             work_dir: data_dir.join("restore"),
             credentials_dir: credentials_dir(data_dir),
-            running: Mutex::default(),
+            running: Tasks::new("restore task"),
         }
     }
 
@@ -200,7 +192,7 @@ impl Controller for LonghornRestoreController {
         // not aborted: a copy stopped between its SPDK calls would leave its aio
         // bdev under an esnap clone; without the lvol the copy fails and removes
         // what it made
-        lock(&self.running).retain(|id, _| wanted.contains(id));
+        self.running.keep_only(&wanted, false);
         for s in ctx.list::<LonghornRestoreStatus>()? {
             if !wanted.contains(s.id()) {
                 self.forget_credentials(s.id());
@@ -219,28 +211,21 @@ impl Controller for LonghornRestoreController {
                 ctx.apply(&id, s.clone())?;
                 continue;
             }
-            let finished = {
-                let mut running = lock(&self.running);
-                match running.get(&id) {
-                    Some(t) if t.task.is_finished() => running.remove(&id),
-                    Some(t) => {
-                        let p = t.progress.get().min(99);
-                        drop(running);
-                        ctx.apply(&id, status(BackupState::InProgress, p, ""))?;
-                        continue;
-                    }
-                    None => None,
+            match self.running.seen(&id).await {
+                Seen::Absent => {}
+                Seen::Running(p) => {
+                    ctx.apply(&id, status(BackupState::InProgress, p.min(99), ""))?;
+                    continue;
                 }
-            };
-            if let Some(t) = finished {
-                let s = match t.task.await {
-                    Ok(Ok(())) => status(BackupState::Completed, 100, ""),
-                    Ok(Err(e)) => status(BackupState::Error, 0, e),
-                    Err(e) => status(BackupState::Error, 0, format!("restore task: {e}")),
-                };
-                self.forget_credentials(&id);
-                ctx.apply(&id, s)?;
-                continue;
+                Seen::Ended(outcome) => {
+                    let s = match outcome {
+                        Ok(()) => status(BackupState::Completed, 100, ""),
+                        Err(e) => status(BackupState::Error, 0, e),
+                    };
+                    self.forget_credentials(&id);
+                    ctx.apply(&id, s)?;
+                    continue;
+                }
             }
             let Some(replica) = ctx.get::<LonghornReplica>(&id)? else {
                 self.forget_credentials(&id);
@@ -302,16 +287,10 @@ impl Controller for LonghornRestoreController {
                 lvol_bytes,
                 progress: progress.clone(),
             };
-            lock(&self.running).insert(
-                id.clone(),
-                Running {
-                    progress,
-                    task: tokio::spawn(job.run()),
-                },
-            );
+            self.running.start(&id, progress, job.run());
             ctx.apply(&id, status(BackupState::InProgress, 0, ""))?;
         }
-        if lock(&self.running).is_empty() && !waiting {
+        if self.running.is_empty() && !waiting {
             Ok(Requeue::OnInputChange)
         } else {
             Ok(Requeue::After(POLL))

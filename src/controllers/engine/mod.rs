@@ -10,6 +10,7 @@ pub mod spdk_disk;
 pub mod spdk_events;
 pub mod spdk_target;
 pub mod spdk_volume;
+pub mod tasks;
 pub mod v1;
 pub mod v1_target;
 pub mod v1_volume;
