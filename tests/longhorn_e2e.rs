@@ -121,7 +121,10 @@ fn talon_warnings(dir: &Path, lines: usize) -> String {
         .flatten()
         .flatten()
         .map(|e| e.path())
-        .filter(|p| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("talon-")))
+        .filter(|p| {
+            p.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("talon-"))
+        })
         .collect();
     logs.sort();
     let mut out = String::new();

@@ -75,7 +75,7 @@ pub struct LonghornController {
     thin: thin::ThinRebuilds,
     /// Engine exports checked since this start for a freeze a stop left
     /// (`freeze::thaw_leftover`).
-    thaw_checked: std::sync::Mutex<std::collections::BTreeSet<String>>,
+    thaw_checked: crate::spdk::volume::freeze::ThawOnce,
 }
 
 #[path = "longhorn_thin.rs"]
@@ -153,29 +153,6 @@ struct ExportPlan<'a> {
 }
 
 impl LonghornController {
-    /// Once per engine export and start: thaws it if a snapshot's freeze
-    /// was left (talon stopped between freeze and thaw: the hosts' I/O would
-    /// stay queued); tried again until it succeeds.
-    async fn thaw_once(&self, nqn: &str) {
-        let checked = |m: &std::sync::Mutex<std::collections::BTreeSet<String>>| {
-            m.lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .contains(nqn)
-        };
-        if checked(&self.thaw_checked) {
-            return;
-        }
-        match crate::spdk::volume::freeze::thaw_leftover(&self.client, nqn).await {
-            Ok(_) => {
-                self.thaw_checked
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner)
-                    .insert(nqn.to_owned());
-            }
-            Err(e) => tracing::warn!(%nqn, error = %chain(&e), "could not check the export for a freeze"),
-        }
-    }
-
     /// Makes the missing parts of an export (idempotent); a subsystem that
     /// serves another bdev is made again.
     async fn export(&self, inv: &mut Inventory, p: &ExportPlan<'_>) -> Result<(), String> {
@@ -615,7 +592,8 @@ impl LonghornController {
             hosts: &hosts,
         };
         self.export(inv, &plan).await?;
-        self.thaw_once(nqn.as_str()).await;
+        // a snapshot's freeze left by a talon stopped before its thaw
+        self.thaw_checked.check(&self.client, nqn.as_str()).await;
         let mut st = status(InstanceKind::Engine, InstanceState::Running, "");
         if bdev == name.as_str() {
             self.rebuilds(inv, e, local, prev, &mut st, &plan).await;

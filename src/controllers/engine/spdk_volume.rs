@@ -63,7 +63,7 @@ pub struct SpdkVolumeController {
     host_nqn: Option<String>,
     /// Volumes whose export was checked for listeners left frozen (ANA
     /// inaccessible) by a snapshot that did not finish, since this start.
-    thaw_checked: std::sync::Mutex<BTreeSet<String>>,
+    thaw_checked: crate::spdk::volume::freeze::ThawOnce,
     /// The data directory (DH-HMAC-CHAP secrets under `nvme-dhchap/`).
     data_dir: Option<std::path::PathBuf>,
     /// The nodes of remote replicas, for their snapshots and growth.
@@ -90,7 +90,7 @@ impl SpdkVolumeController {
             ops: VolumeOps::new(client),
             claims_auto: selection_claims_auto,
             host_nqn: None,
-            thaw_checked: std::sync::Mutex::default(),
+            thaw_checked: Default::default(),
             data_dir: None,
             peers: Peers::default(),
             restores: Restores::default(),
@@ -419,7 +419,9 @@ impl SpdkVolumeController {
         let mut realized = match done {
             Ok(info) => {
                 if job.spec.serve_replica.is_none() {
-                    self.thaw_once(&name).await;
+                    // a snapshot's freeze left by a talon stopped before its thaw
+                    let nqn = crate::names::Nqn::for_volume(&name);
+                    self.thaw_checked.check(self.ops.client(), nqn.as_str()).await;
                 }
                 if restoring {
                     self.restores.finish(&job.id);
@@ -474,24 +476,6 @@ impl SpdkVolumeController {
         };
         realized.dest_answer = dest_answer;
         realized
-    }
-}
-
-impl SpdkVolumeController {
-    /// Once per volume and start: thaws an export a snapshot left frozen
-    /// (talon stopped between freeze and thaw); retried until it succeeds.
-    async fn thaw_once(&self, name: &ObjectName) {
-        if lock(&self.thaw_checked).contains(name.as_str()) {
-            return;
-        }
-        match self.ops.thaw_export(name).await {
-            Ok(_) => {
-                lock(&self.thaw_checked).insert(name.to_string());
-            }
-            Err(e) => {
-                tracing::warn!(volume = %name, error = %err_text(&e), "could not check the export for a freeze")
-            }
-        }
     }
 }
 
@@ -1025,7 +1009,8 @@ impl Controller for SpdkVolumeController {
                         }
                         Err(e) => {
                             // a thaw may have failed: look again at the next reconcile
-                            lock(&self.thaw_checked).remove(vol.as_str());
+                            self.thaw_checked
+                                .forget(crate::names::Nqn::for_volume(&vol).as_str());
                             snap_status(&s.spec.volume, ObjectState::Failed, vec![], err_text(&e))
                         }
                     }

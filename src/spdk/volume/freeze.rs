@@ -28,10 +28,11 @@
 //!
 //! A stop between freeze and thaw leaves the export frozen: its hosts' I/O
 //! queued for good. The engines' controllers call [`thaw_leftover`] once per
-//! export and start; it never thaws a freeze this process holds (a snapshot
-//! in progress), which [`freeze`] records until [`thaw`].
+//! export and start (through a [`ThawOnce`]); it never thaws a freeze this
+//! process holds (a snapshot in progress), which [`freeze`] records until
+//! [`thaw`].
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 
 use super::super::client::{ClientError, SpdkClient};
@@ -164,6 +165,43 @@ pub async fn thaw_leftover(client: &SpdkClient, nqn: &str) -> Result<usize, Clie
     tracing::warn!(%nqn, listeners = left.listeners.len(), "export was left frozen: thawing it");
     thaw(client, &left).await?;
     Ok(left.listeners.len())
+}
+
+/// The exports an engine controller has checked with [`thaw_leftover`]
+/// since talon started: each is checked once, and again after a failed
+/// check or a [`forget`](ThawOnce::forget) (a snapshot whose thaw may have
+/// failed).
+#[derive(Debug, Default)]
+pub struct ThawOnce(Mutex<BTreeSet<String>>);
+
+impl ThawOnce {
+    fn checked(&self) -> MutexGuard<'_, BTreeSet<String>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Thaws export `nqn` if a stopped talon left it frozen, unless done
+    /// already; a failure is logged (the hosts' I/O stays queued) and the
+    /// export is checked again on the next call.
+    pub async fn check(&self, client: &SpdkClient, nqn: &str) {
+        if self.checked().contains(nqn) {
+            return;
+        }
+        match thaw_leftover(client, nqn).await {
+            Ok(_) => {
+                self.checked().insert(nqn.to_owned());
+            }
+            Err(e) => tracing::warn!(
+                %nqn,
+                error = %crate::util::error_chain(&e),
+                "could not check the export for a freeze"
+            ),
+        }
+    }
+
+    /// Export `nqn` is checked again on the next [`check`](ThawOnce::check).
+    pub fn forget(&self, nqn: &str) {
+        self.checked().remove(nqn);
+    }
 }
 
 async fn set_ana(
