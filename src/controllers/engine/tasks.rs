@@ -54,17 +54,16 @@ impl<T: Send + 'static> Tasks<T> {
         self.jobs.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Runs `job` as `id`, which reports into `progress`. A job of the same
-    /// id that still runs is aborted (callers start an id only when `seen`
-    /// says `Absent`).
+    /// Runs `job` as `id`, which reports into `progress`. Callers start an
+    /// id only when `seen` says `Absent`; a job of the same id still tracked
+    /// would run on to its end unobserved (never aborted between two of its
+    /// steps), as `keep_only` without abort leaves one.
     pub fn start<F>(&self, id: &str, progress: Arc<Progress>, job: F)
     where
         F: Future<Output = Result<T, String>> + Send + 'static,
     {
         let task = tokio::spawn(job);
-        if let Some(old) = self.jobs().insert(id.to_owned(), Job { progress, task }) {
-            old.task.abort();
-        }
+        self.jobs().insert(id.to_owned(), Job { progress, task });
     }
 
     /// What job `id` is doing; an ended job's outcome is given here once.
