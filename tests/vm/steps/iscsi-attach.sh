@@ -10,7 +10,7 @@
 # through /dev/talon/<vol> is checked in the LUN file on the host (iscsi-attach.host); two
 # concurrent attaches make one session (per-volume lock); bad input fails fast leaving no session
 # and no node record; detach leaves nothing.
-# vm-timeout: 180
+# vm-timeout: 300 (TCG: 86 s alone, 157 s with a build beside it)
 set -u
 P=$TALON_HOST_ADDR:$TALON_HOST_ISCSI_ATTACH_PORT
 IQN=$TALON_HOST_ISCSI_ATTACH_IQN
