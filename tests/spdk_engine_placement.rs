@@ -89,6 +89,14 @@ async fn disk_is(st: &State, id: &str, want: ObjectState) -> DiskStatus {
     .await
 }
 
+/// Volume `id`'s engine status once it is Ready.
+async fn served(st: &State, id: &str) -> EngineStatus {
+    eventually(&format!("{id} ready"), WAIT, || async {
+        engine(st, id).filter(|e| e.state == ObjectState::Ready)
+    })
+    .await
+}
+
 async fn lvols_of(c: &SpdkClient, vol: &str) -> Vec<String> {
     let mut v: Vec<String> = c
         .bdev_lvol_get_lvols(&GetLvols::default())
@@ -159,10 +167,7 @@ async fn two_replicas_wait_for_two_disks_and_never_share_one() {
     std::fs::File::create(&img1)
         .and_then(|f| f.set_len(256 * MIB))
         .expect("ram1 file");
-    let ready = eventually("v ready", WAIT, || async {
-        engine(&st, "v").filter(|e| e.state == ObjectState::Ready)
-    })
-    .await;
+    let ready = served(&st, "v").await;
     assert_eq!(ready.replicas.len(), 2, "{ready:?}");
     let mut disks: Vec<String> = ["v-r0", "v-r1"]
         .iter()
@@ -201,10 +206,7 @@ async fn twenty_volumes_after_a_target_restart_make_one_transport() {
             .expect("volume");
     }
     for n in &names {
-        eventually(&format!("{n} ready"), WAIT, || async {
-            engine(&st, n).filter(|e| e.state == ObjectState::Ready)
-        })
-        .await;
+        served(&st, n).await;
     }
     assert_eq!(double.calls("nvmf_create_transport"), 1);
 
@@ -251,10 +253,7 @@ async fn a_volume_whose_disk_failed_says_so() {
         .expect("disk file");
     st.create_typed("d1", "", &file_disk(&img, None)).expect("disk");
     st.create_typed("v", "", &volume(1, &[])).expect("volume");
-    eventually("v ready", WAIT, || async {
-        engine(&st, "v").filter(|e| e.state == ObjectState::Ready)
-    })
-    .await;
+    served(&st, "v").await;
 
     // the disk's file goes, then the target restarts: the disk cannot come back
     std::fs::remove_file(&img).expect("rm");
@@ -283,10 +282,7 @@ async fn an_export_left_frozen_by_a_stop_is_thawed_at_the_next_start() {
     st.create_typed("d1", "", &file_disk(&d.path().join("d1.img"), Some(512 * MIB)))
         .expect("disk");
     st.create_typed("fz", "", &volume(1, &[])).expect("volume");
-    eventually("fz ready", WAIT, || async {
-        engine(&st, "fz").filter(|e| e.state == ObjectState::Ready)
-    })
-    .await;
+    served(&st, "fz").await;
     rt.stop().await;
 
     // frozen as a freeze leaves it (by hand: a freeze made in this process
