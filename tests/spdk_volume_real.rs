@@ -28,7 +28,7 @@ use talon::spdk::rpc::{AioCreate, AttachController, ByName, GetBdevs, LvstoreCre
 use talon::spdk::target::{Target, TargetConfig};
 use talon::spdk::volume::Inventory;
 
-use spdk_dd::{dd, dd_as, read_bdev};
+use spdk_dd::{dd, dd_as, dd_retried, read_bdev};
 use spdk_real::{Reaper, free_port, spdk_dir, spdk_dir_with};
 
 const WAIT: Duration = Duration::from_secs(90);
@@ -1246,21 +1246,11 @@ async fn real_spdk_replica_that_left_just_before_a_crash_is_never_trusted() {
     let write = |data: Vec<u8>| {
         let (spdk, dir, nqn) = (spdk.clone(), dir.path().to_path_buf(), nqn.clone());
         async move {
-            for _ in 0..20 {
-                let (spdk, d, nqn, data) = (spdk.clone(), dir.clone(), nqn.clone(), data.clone());
-                let done = tokio::task::spawn_blocking(move || {
-                    dd_as(&spdk, &d, port, &nqn, Some(&data), LEN, spdk_perf::HOST_NQN)
-                        .status
-                        .success()
-                })
-                .await
-                .expect("write");
-                if done {
-                    return;
-                }
-                tokio::time::sleep(Duration::from_millis(250)).await;
-            }
-            panic!("write: spdk_dd never finished");
+            tokio::task::spawn_blocking(move || {
+                dd_retried(&spdk, &dir, port, &nqn, Some(&data), LEN, "write");
+            })
+            .await
+            .expect("write");
         }
     };
     let register = |c: SpdkClient| {
@@ -1311,24 +1301,10 @@ async fn real_spdk_replica_that_left_just_before_a_crash_is_never_trusted() {
         // for a moment: a host reconnects, spdk_dd does not, so a read that
         // could not finish is tried again (what it reads is the point)
         let first = {
-            let mut got = None;
-            for _ in 0..20 {
-                let (spdk, d, nqn) = (spdk.clone(), dir.path().to_path_buf(), nqn.clone());
-                let out = tokio::task::spawn_blocking(move || {
-                    let out = dd_as(&spdk, &d, port, &nqn, None, LEN, spdk_perf::HOST_NQN);
-                    out.status
-                        .success()
-                        .then(|| std::fs::read(d.join("dd.bin")).expect("dd file"))
-                })
+            let (spdk, d, nqn) = (spdk.clone(), dir.path().to_path_buf(), nqn.clone());
+            tokio::task::spawn_blocking(move || dd_retried(&spdk, &d, port, &nqn, None, LEN, "first read"))
                 .await
-                .expect("first read");
-                if out.is_some() {
-                    got = out;
-                    break;
-                }
-                tokio::time::sleep(Duration::from_millis(250)).await;
-            }
-            got.expect("first read: spdk_dd never finished")
+                .expect("first read")
         };
         assert!(
             first == after,

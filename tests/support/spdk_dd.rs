@@ -22,6 +22,31 @@ pub fn dd(spdk: &Path, dir: &Path, port: u16, nqn: &str, write: Option<&[u8]>, l
     std::fs::read(dir.join("dd.bin")).expect("dd file")
 }
 
+/// [`dd`], made again (up to 20 times, 250 ms apart) while spdk_dd cannot
+/// finish: a rebuild's switch closes an export for a moment, and a host
+/// reconnects where spdk_dd does not. `what` names it if it never finishes.
+#[allow(dead_code)]
+pub fn dd_retried(
+    spdk: &Path,
+    dir: &Path,
+    port: u16,
+    nqn: &str,
+    write: Option<&[u8]>,
+    len: usize,
+    what: &str,
+) -> Vec<u8> {
+    for _ in 0..20 {
+        if dd_as(spdk, dir, port, nqn, write, len, spdk_perf::HOST_NQN)
+            .status
+            .success()
+        {
+            return std::fs::read(dir.join("dd.bin")).expect("dd file");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(250));
+    }
+    panic!("{what}: spdk_dd never finished");
+}
+
 /// Writes `data` at byte `offset` (a multiple of 64 KiB) of an export, as
 /// [`dd`] does at offset 0.
 #[allow(dead_code)]

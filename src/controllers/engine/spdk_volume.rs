@@ -61,7 +61,7 @@ pub struct SpdkVolumeController {
     /// This host's NQN: allowed on the exports of volumes attached here, and
     /// presented when attaching remote replicas.
     host_nqn: Option<String>,
-    /// Volumes whose export was checked for listeners left frozen (ANA
+    /// The volumes' exports (by NQN) checked for listeners left frozen (ANA
     /// inaccessible) by a snapshot that did not finish, since this start.
     thaw_checked: crate::spdk::volume::freeze::ThawOnce,
     /// The data directory (DH-HMAC-CHAP secrets under `nvme-dhchap/`).

@@ -1665,16 +1665,6 @@ impl VolumeOps {
             .collect())
     }
 
-    /// Sets every listener of the volume's export that is not optimized
-    /// (left frozen by a snapshot that talon did not finish: a crash between
-    /// freeze and thaw) optimized again. Returns how many it thawed.
-    pub async fn thaw_export(&self, vol: &ObjectName) -> Result<usize, VolumeError> {
-        let nqn = Nqn::for_volume(vol);
-        freeze::thaw_leftover(&self.client, nqn.as_str())
-            .await
-            .map_err(rpc(vol.as_str(), format!("thawing {nqn}")))
-    }
-
     /// Deletes every replica's snapshot lvol `<vol>-r<k>.s.<snap>`; a clear
     /// error when SPDK refuses because clones exist.
     pub async fn delete_snapshot(&self, inv: &Inventory, vol: &str, snap: &str) -> Result<(), VolumeError> {
