@@ -134,6 +134,7 @@ fn talon_warnings(dir: &Path, lines: usize) -> String {
         let hits: Vec<&str> = s
             .lines()
             .filter(|l| l.contains(" WARN ") || l.contains(" ERROR "))
+            .filter(|l| !l.contains("kernel module not loaded"))
             .collect();
         out += &format!(
             "talon's warnings and errors in {} (last {lines} of {}):\n{}\n",
@@ -318,7 +319,7 @@ fn run_scenario(test: &str, scenario: &str) {
     let failed: Vec<String> = std::fs::read_to_string(&err)
         .unwrap_or_default()
         .lines()
-        .filter(|l| l.contains("FAILED:"))
+        .filter(|l| l.contains("FAILED:") || l.starts_with("why: "))
         .map(str::to_owned)
         .collect();
     assert!(

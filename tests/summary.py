@@ -15,10 +15,12 @@ import xml.etree.ElementTree as ET
 SKIP = re.compile(r"^SKIP ([^:]+): (.*)$")
 # The lines that say why a test failed: the panic's place and its first line, a driver's FAILED,
 # a guest step's FAIL. A CI log is shown cut in the middle, so the summary repeats them.
-WHY = re.compile(r"panicked at |FAILED: |^vm: step \S+ FAIL|^vm: the guest never")
+# A driver's `why: ` lines are its failure's state (the Longhorn objects, the last words of the
+# manager and talon), printed right after its FAILED.
+WHY = re.compile(r"panicked at |FAILED: |^\s*why: |^vm: step \S+ FAIL|^vm: the guest never")
 
 
-def reasons(out: str, most: int = 8) -> list:
+def reasons(out: str, most: int = 60) -> list:
     """The first `most` lines of `out` that say why its test failed (a panic's next line too)."""
     lines, found = out.splitlines(), []
     for i, line in enumerate(lines):

@@ -449,7 +449,20 @@ fn log_call(path: &str, resp: &http::Response<tonic::body::Body>, took: std::tim
                     .into_owned()
             })
             .unwrap_or_default();
-        tracing::info!(method = %path, ?code, %message, ms, "longhorn gRPC call failed");
+        // the manager polls for instances it expects to be gone (NotFound) and retries what it
+        // asked too early: those are its routine; talon's own failures are an operator's business
+        if matches!(
+            code,
+            tonic::Code::Internal
+                | tonic::Code::Unknown
+                | tonic::Code::DataLoss
+                | tonic::Code::DeadlineExceeded
+                | tonic::Code::Unavailable
+        ) {
+            tracing::warn!(method = %path, ?code, %message, ms, "longhorn gRPC call failed");
+        } else {
+            tracing::info!(method = %path, ?code, %message, ms, "longhorn gRPC call failed");
+        }
     } else if is_read(method) {
         tracing::debug!(method = %path, ms, "longhorn gRPC call");
     } else {

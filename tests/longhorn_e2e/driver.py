@@ -16,8 +16,14 @@ both: after the first snapshot, an S3 backup target (the Rust test's S3 server i
     driver.py --scenario one-node|two-nodes --work DIR --longhorn DIR --cache DIR --spdk DIR --talon BIN
               --s3-endpoint URL
 
-Exit 0 when every step passed; else the failing step, with the managers' and talon's logs
-tail, on stderr. One line per step on stdout: `STEP <name> <seconds>`.
+Exit 0 when every step passed; else the failing step on stderr: its `FAILED:` line, then its
+`why: ` lines (the volume's Longhorn objects one per line, the managers' and talon's last words
+on it: what the Rust test's message and tests/summary.py repeat), then the logs' tails. One line
+per step on stdout: `STEP <name> <seconds>`.
+
+By hand: TALON_E2E_HOLD=STEP:SECONDS holds the cluster after STEP (to look at it);
+TALON_E2E_FAIL_AFTER=STEP fails after STEP (to see a failure's report, the logs kept);
+TALON_E2E_OUTAGE=SECONDS is how long the killed node stays down (20).
 """
 
 import argparse
@@ -73,6 +79,8 @@ class Scenario:
         if hold.partition(":")[0] == name:
             say(f"holding {hold.partition(':')[2]} s after {name} (work dir {self.c.work})")
             time.sleep(float(hold.partition(":")[2]))
+        if os.environ.get("TALON_E2E_FAIL_AFTER") == name:  # to see a failure's report
+            raise AssertionError(f"TALON_E2E_FAIL_AFTER={name}")
         return r
 
     # ---- Longhorn objects ------------------------------------------------------------------
@@ -107,6 +115,49 @@ class Scenario:
         if self.c.kubelet_error:
             out.append(f"--- stand-in kubelet: {self.c.kubelet_error}")
         return "\n".join(out)
+
+    def why(self):
+        """A failure's few lines that CI shows (`why: ` lines, repeated by tests/summary.py): one
+        line per Longhorn object of the volume, then the manager's and talon's last words on it."""
+        out = []
+
+        def brief(plural, it, keys, spec_keys=()):
+            st, sp = it.get("status", {}), it.get("spec", {})
+            kv = [f"{k}={json.dumps(st.get(k), separators=(',', ':'))}" for k in keys if st.get(k) not in (None, "", {}, [])]
+            kv += [f"spec.{k}={json.dumps(sp.get(k), separators=(',', ':'))}" for k in spec_keys
+                   if sp.get(k) not in (None, "", {}, [], False)]
+            out.append(f"{plural[:-1]} {it['metadata']['name']}: {' '.join(kv)}"[:600])
+
+        sel = f"longhornvolume={self.vol}"
+        try:
+            brief("volumes", self.get("volumes", self.vol), ["state", "robustness", "currentNodeID"])
+            for e in self.list("engines", sel):
+                brief("engines", e, ["currentState", "replicaModeMap", "rebuildStatus"], ["replicaAddressMap"])
+            for f in self.list("enginefrontends"):
+                brief("enginefrontends", f, ["currentState", "targetIP", "targetPort"], ["engineName"])
+            for r in self.list("replicas", sel):
+                brief("replicas", r, ["currentState", "instanceManagerName", "ip", "port"],
+                      ["nodeID", "desireState", "failedAt", "lastFailedAt", "healthyAt", "rebuildRetryCount"])
+            for im in self.list("instancemanagers"):
+                brief("instancemanagers", im, ["currentState"], ["nodeID"])
+        except Exception as e:  # noqa: BLE001
+            out.append(f"(the objects: {e!r})"[:300])
+        words = ("ebuild", "eplica", self.vol)
+        for name in sorted(self.c.procs):
+            if name.startswith("longhorn-manager-"):
+                pick = lambda l: ("level=warning" in l or "level=error" in l or "ebuild" in l) and \
+                    "token_source" not in l and "Request (user:" not in l
+            elif name.startswith("talon-"):
+                pick = lambda l: any(w in l for w in words) and not any(x in l for x in NOISE)
+            else:
+                continue
+            try:
+                with open(self.c.logfile(name), errors="replace") as f:
+                    lines = [l.rstrip() for l in f if pick(l)]
+            except OSError:
+                continue
+            out += [f"{name}: {l[:300]}" for l in lines[-8:]]
+        return out
 
     def wait(self, what, fn, timeout=T_STEP):
         def checked():
@@ -513,7 +564,7 @@ def main():
         if two:
             s.step("io-2", lambda: s.io(0xA5))
             s.step("snapshot-hash", s.snapshot_hash)
-            third = s.step("kill-node-2", lambda: s.kill_node(nodes[1]))
+            third = s.step("kill-node-2", lambda: s.kill_node(nodes[1], float(os.environ.get("TALON_E2E_OUTAGE", "20"))))
             s.step("rebuild", s.rebuilt)
             s.step("read-after-rebuild", lambda: s.check(third, "the data after the rebuild"))
             s.step("revert", lambda: s.revert("e2e-snap-1"))
@@ -534,6 +585,11 @@ def main():
     except Exception as e:  # noqa: BLE001 (reported with the logs)
         failed = e
         say(f"FAILED: {e}\n{traceback.format_exc()}")
+        try:
+            for line in s.why():
+                print(f"why: {line}", file=sys.stderr, flush=True)
+        except Exception as w:  # noqa: BLE001
+            print(f"why: (not gathered: {w!r})", file=sys.stderr, flush=True)
         try:
             say(s.diag())
         except Exception:  # noqa: BLE001
