@@ -797,6 +797,61 @@ fn spdk_dir(test: &str) -> Option<PathBuf> {
 /// engine while the proxy takes 10 snapshots; then every snapshot is read on
 /// A (its replica's lvol) and on B (its own), block by block: identical, and
 /// the data moved between snapshots.
+/// A replica `ReplicaAdd` put in the engine's map is joining (WO) until the controller takes
+/// the request up, never ERR: longhorn-manager polls ReplicaList beside its ReplicaAdd, fails a
+/// replica it sees in ERR, and a new replica it made for the rebuild gets one try only (its
+/// `rebuildRetryCount` starts at the most), so an ERR there made it make replica after replica.
+/// B's first lvol listing is held 3 s on its double: the controller's first step asks B for
+/// the replica's lvols (ReplicaGet), which keeps the request untaken that long.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_being_added_is_listed_wo_until_its_rebuild_starts_never_err() {
+    let (ip_a, ip_b) = (IpAddr::from([127, 0, 0, 1]), IpAddr::from([127, 0, 0, 2]));
+    let base = free_base(&[ip_a, ip_b]);
+    let a = Node::new(ip_a, base, None).await;
+    let b = Node::new(ip_b, base, None).await;
+    let size = 64 * MIB;
+    let addr_a = a.replica("disk-a", "vol-r-a", size).await;
+    let addr_b = b.replica("disk-b", "vol-r-b", size).await;
+    engine(&a, &[("vol-r-a", &addr_a), ("vol-r-b", &addr_b)], size, "").await;
+    let mut p = ProxyEngineServiceClient::new(a.channel(1).await);
+    let (ta, tb) = (format!("tcp://{addr_a}"), format!("tcp://{addr_b}"));
+    replica_remove(&mut p, "vol-r-b").await;
+    assert_eq!(modes(&mut p).await, vec![(ta.clone(), RW)]);
+
+    double(&b).inject(
+        "bdev_lvol_get_lvols",
+        1,
+        talon::spdk::double::Fault::Delay(Duration::from_secs(3)),
+    );
+    let adding = tokio::spawn({
+        let p = p.clone();
+        let addr_b = addr_b.clone();
+        async move { replica_add(&p, "vol-r-b", &addr_b).await }
+    });
+    let mut seen = Vec::new();
+    while !adding.is_finished() {
+        let m = modes(&mut p).await;
+        assert!(
+            !m.contains(&(tb.clone(), ERR)),
+            "the replica being added was listed ERR: {m:?} (seen before: {seen:?})"
+        );
+        if !seen.contains(&m) {
+            seen.push(m);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    adding.await.expect("ReplicaAdd task").expect("ReplicaAdd");
+    assert!(
+        seen.contains(&vec![(ta.clone(), RW), (tb.clone(), WO)]),
+        "the replica was never seen joining (WO) while ReplicaAdd ran: {seen:?}"
+    );
+    talon::runtime::testing::eventually("vol-r-b back in service", WAIT, || async {
+        let mut p = p.clone();
+        (modes(&mut p).await == vec![(ta.clone(), RW), (tb.clone(), RW)]).then_some(())
+    })
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn real_spdk_engine_snapshots_through_the_proxy_are_one_instant_on_both_nodes() {
     let test = "real_spdk_engine_snapshots_through_the_proxy_are_one_instant_on_both_nodes";

@@ -23,7 +23,7 @@
 //! (`<replica>-snap-<snapshot>`), so Longhorn's view of a replica's lvols
 //! stays the same.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
@@ -148,6 +148,17 @@ impl Longhorn {
     pub(super) async fn members(&self, e: &Typed<LonghornEngine>) -> Result<Vec<Member>, Status> {
         let status = self.status_of(e.id());
         let running = status.as_ref().is_some_and(|s| s.state == InstanceState::Running);
+        // a `ReplicaAdd` the controller has not taken up yet (it records the request in
+        // `rebuildsStarted` when its reconcile ends): the replica is joining, WO at 0 %, as
+        // Longhorn's engine lists a replica it adds. ERR there made the manager fail the
+        // replica while its ReplicaAdd still ran, and a new replica (one try only) for good.
+        let pending: BTreeSet<&String> = e
+            .spec
+            .rebuild_requests
+            .iter()
+            .filter(|(r, n)| status.as_ref().and_then(|s| s.rebuilds_started.get(*r)) != Some(*n))
+            .map(|(r, _)| r)
+            .collect();
         // replicas rebuilt thin: out of the raid until they equal their source
         let thin = status.map(|s| s.thin_rebuilds).unwrap_or_default();
         let inv = Inventory::load(self.client())
@@ -179,6 +190,7 @@ impl Longhorn {
                         ptypes::ReplicaMode::Wo,
                         Some(thin.get(replica).copied().unwrap_or(99)),
                     ),
+                    _ if pending.contains(replica) => (ptypes::ReplicaMode::Wo, Some(0)),
                     _ => (ptypes::ReplicaMode::Err, None),
                 },
                 // one replica: exported without a raid
@@ -197,6 +209,7 @@ impl Longhorn {
                         (None, _) if thin.contains_key(replica) => {
                             (ptypes::ReplicaMode::Wo, thin.get(replica).copied())
                         }
+                        (None, _) if pending.contains(replica) => (ptypes::ReplicaMode::Wo, Some(0)),
                         (Some(s), None) if s.is_configured && raid.state == "online" => {
                             (ptypes::ReplicaMode::Rw, None)
                         }
