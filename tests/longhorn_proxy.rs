@@ -47,6 +47,41 @@ fn double(n: &Node) -> &SpdkDouble {
     n.double.as_ref().expect("a node on the double")
 }
 
+/// Node A keeping replica `vol-r-a` and engine `vol-e-0` (no frontend: Longhorn reverts such an
+/// engine only), node B keeping `vol-r-b`, both in service; `ta`/`tb`: the replicas' addresses
+/// as ReplicaList gives them.
+struct TwoNodes {
+    a: Node,
+    b: Node,
+    addr_a: String,
+    addr_b: String,
+    p: ProxyEngineServiceClient<Channel>,
+    ta: String,
+    tb: String,
+}
+
+async fn two_nodes(size: u64) -> TwoNodes {
+    let (ip_a, ip_b) = (IpAddr::from([127, 0, 0, 1]), IpAddr::from([127, 0, 0, 2]));
+    let base = free_base(&[ip_a, ip_b]);
+    let a = Node::new(ip_a, base, None).await;
+    let b = Node::new(ip_b, base, None).await;
+    let addr_a = a.replica("disk-a", "vol-r-a", size).await;
+    let addr_b = b.replica("disk-b", "vol-r-b", size).await;
+    engine(&a, &[("vol-r-a", &addr_a), ("vol-r-b", &addr_b)], size, "").await;
+    let mut p = ProxyEngineServiceClient::new(a.channel(1).await);
+    let (ta, tb) = (format!("tcp://{addr_a}"), format!("tcp://{addr_b}"));
+    assert_eq!(modes(&mut p).await, vec![(ta.clone(), RW), (tb.clone(), RW)]);
+    TwoNodes {
+        a,
+        b,
+        addr_a,
+        addr_b,
+        p,
+        ta,
+        tb,
+    }
+}
+
 async fn snapshot_list(
     p: &mut ProxyEngineServiceClient<Channel>,
 ) -> HashMap<String, imrpc::EngineSnapshotDiskInfo> {
@@ -276,18 +311,16 @@ async fn bdev_json(spdk: &SpdkClient, name: &str) -> serde_json::Value {
 /// proxy answering for the engine on A through B's engine-frontend.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_engine_proxy_reverts_purges_and_rebuilds_across_two_nodes() {
-    let (ip_a, ip_b) = (IpAddr::from([127, 0, 0, 1]), IpAddr::from([127, 0, 0, 2]));
-    let base = free_base(&[ip_a, ip_b]);
-    let mut a = Node::new(ip_a, base, None).await;
-    let mut b = Node::new(ip_b, base, None).await;
     let size = 64 * MIB;
-    let addr_a = a.replica("disk-a", "vol-r-a", size).await;
-    let addr_b = b.replica("disk-b", "vol-r-b", size).await;
-    // detached from any frontend: Longhorn reverts such an engine only
-    engine(&a, &[("vol-r-a", &addr_a), ("vol-r-b", &addr_b)], size, "").await;
-    let mut p = ProxyEngineServiceClient::new(a.channel(1).await);
-    let (ta, tb) = (format!("tcp://{addr_a}"), format!("tcp://{addr_b}"));
-    assert_eq!(modes(&mut p).await, vec![(ta.clone(), RW), (tb.clone(), RW)]);
+    let TwoNodes {
+        mut a,
+        mut b,
+        addr_a,
+        addr_b,
+        mut p,
+        ta,
+        tb,
+    } = two_nodes(size).await;
 
     // the snapshot count limit, with Longhorn's words
     let max = |n: i32| imrpc::EngineVolumeSnapshotMaxCountSetRequest {
@@ -805,16 +838,15 @@ fn spdk_dir(test: &str) -> Option<PathBuf> {
 /// the replica's lvols (ReplicaGet), which keeps the request untaken that long.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_being_added_is_listed_wo_until_its_rebuild_starts_never_err() {
-    let (ip_a, ip_b) = (IpAddr::from([127, 0, 0, 1]), IpAddr::from([127, 0, 0, 2]));
-    let base = free_base(&[ip_a, ip_b]);
-    let a = Node::new(ip_a, base, None).await;
-    let b = Node::new(ip_b, base, None).await;
-    let size = 64 * MIB;
-    let addr_a = a.replica("disk-a", "vol-r-a", size).await;
-    let addr_b = b.replica("disk-b", "vol-r-b", size).await;
-    engine(&a, &[("vol-r-a", &addr_a), ("vol-r-b", &addr_b)], size, "").await;
-    let mut p = ProxyEngineServiceClient::new(a.channel(1).await);
-    let (ta, tb) = (format!("tcp://{addr_a}"), format!("tcp://{addr_b}"));
+    let TwoNodes {
+        a: _a, // held: node A serves the engine until the test ends
+        b,
+        addr_b,
+        mut p,
+        ta,
+        tb,
+        ..
+    } = two_nodes(64 * MIB).await;
     replica_remove(&mut p, "vol-r-b").await;
     assert_eq!(modes(&mut p).await, vec![(ta.clone(), RW)]);
 
