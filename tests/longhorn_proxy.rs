@@ -834,8 +834,8 @@ fn spdk_dir(test: &str) -> Option<PathBuf> {
 /// the request up, never ERR: longhorn-manager polls ReplicaList beside its ReplicaAdd, fails a
 /// replica it sees in ERR, and a new replica it made for the rebuild gets one try only (its
 /// `rebuildRetryCount` starts at the most), so an ERR there made it make replica after replica.
-/// B's first lvol listing is held 3 s on its double: the controller's first step asks B for
-/// the replica's lvols (ReplicaGet), which keeps the request untaken that long.
+/// B's next lvol listings are held 3 s each on its double: the controller's first step asks B
+/// for the replica's lvols (ReplicaGet), which keeps the request untaken that long.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_being_added_is_listed_wo_until_its_rebuild_starts_never_err() {
     let TwoNodes {
@@ -850,11 +850,15 @@ async fn a_replica_being_added_is_listed_wo_until_its_rebuild_starts_never_err()
     replica_remove(&mut p, "vol-r-b").await;
     assert_eq!(modes(&mut p).await, vec![(ta.clone(), RW)]);
 
-    double(&b).inject(
-        "bdev_lvol_get_lvols",
-        1,
-        talon::spdk::double::Fault::Delay(Duration::from_secs(3)),
-    );
+    // B's own controller lists lvols too and may take a held call first (each call it makes
+    // then waits 3 s): the next 4 are held, so the ReplicaGet is among them
+    for nth in 1..=4 {
+        double(&b).inject(
+            "bdev_lvol_get_lvols",
+            nth,
+            talon::spdk::double::Fault::Delay(Duration::from_secs(3)),
+        );
+    }
     let adding = tokio::spawn({
         let p = p.clone();
         let addr_b = addr_b.clone();
