@@ -413,6 +413,11 @@ async fn the_engine_proxy_reverts_purges_and_rebuilds_across_two_nodes() {
             .all(|s| !s.is_purging && s.state == "complete" && s.error.is_empty()),
         "{st:?}"
     );
+    let chain = snapshot_list(&mut p).await;
+    assert!(
+        !chain.contains_key("s1") && !chain.contains_key("s2"),
+        "purged snapshots still listed: {chain:?}"
+    );
 
     // ReplicaRemove: B leaves the raid1 and the map
     replica_remove(&mut p, "vol-r-b").await;
@@ -451,6 +456,31 @@ async fn the_engine_proxy_reverts_purges_and_rebuilds_across_two_nodes() {
         .await
         .expect_err("while the rebuild runs");
     assert!(e.message().contains("replica add is already in progress"), "{e}");
+    // no snapshot goes while a replica is rebuilt from them, in Longhorn's words
+    let e = p
+        .snapshot_remove(remove("s4"))
+        .await
+        .expect_err("SnapshotRemove while WO");
+    let wo = format!("engine vol-e-0 contains WO replica {won} during snapshot s4 delete");
+    assert!(
+        e.code() == Code::FailedPrecondition && e.message().contains(&wo),
+        "{e}"
+    );
+    let e = p
+        .snapshot_purge(purge.clone())
+        .await
+        .expect_err("SnapshotPurge while WO");
+    let wo = format!("engine vol-e-0 contains WO replica {won} during snapshot purge");
+    assert!(
+        e.code() == Code::FailedPrecondition && e.message().contains(&wo),
+        "{e}"
+    );
+    assert!(!snapshot_list(&mut p).await["s4"].removed);
+    assert!(
+        a.lvols()
+            .await
+            .contains(&"talon-disk-a/vol-r-a-snap-s4".to_string())
+    );
     let rs = p
         .replica_rebuilding_status(req("vol-e-0"))
         .await

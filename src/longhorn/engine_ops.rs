@@ -13,7 +13,9 @@
 //!     rebuildRequests[r] = n ──> controller: start_rebuild (bdev_raid_add_base_bdev) ──> r is WO, then RW
 //!     while a rebuild of the engine runs: "replica add is already in progress"
 //!   ReplicaRemove: out of the raid1 (bdev_raid_remove_base_bdev), detached, out of the map
-//!   SnapshotPurge: snapshots marked removed are deleted where SPDK now lets them go
+//!   SnapshotRemove(s) / SnapshotPurge
+//!     removedSnapshots += s, purgeRequest = n ──> controller: each removed snapshot SPDK lets go
+//!     deleted on every replica ──> status.purge { request: n, deleted, kept, errors } ──> the call returns
 //!   a call for an engine not here, whose engine-frontend is here:
 //!     forwarded to the engine node's proxy (the frontend's target IP, this node's proxy port)
 //! ```
@@ -31,7 +33,10 @@ use super::proto::ptypes;
 use super::proto::spdkrpc;
 use super::proxy::{LVOL_NAME_MAX, Member, chain, internal, snapshot_lvol};
 use super::server::Longhorn;
-use crate::resources::longhorn::{InstanceState, LonghornEngine, LonghornEngineFrontend, LonghornReplica};
+use crate::resources::longhorn::{
+    InstanceState, LonghornEngine, LonghornEngineFrontend, LonghornInstanceStatus, LonghornReplica,
+    PurgeStatus,
+};
 use crate::runtime::Typed;
 use crate::spdk::ErrorKind;
 use crate::spdk::rpc::{ByName, ByNqn, LvolClone, RaidDelete};
@@ -123,50 +128,93 @@ impl Longhorn {
         Ok(())
     }
 
-    // ----- SnapshotRemove of a snapshot with two children, SnapshotPurge
+    // ----- SnapshotRemove, SnapshotPurge: a purge request the controller carries out
 
-    /// How many lvols depend on snapshot `snap` (its clones), as a replica
-    /// of `e` holds it; `None` when no replica answers.
-    async fn snapshot_children(
-        &self,
-        e: &Typed<LonghornEngine>,
-        snap: &str,
-    ) -> Result<Option<usize>, Status> {
-        Ok(self.engine_lvols(e).await?.map(|v| {
-            v.snapshots
-                .values()
-                .filter(|(p, _)| p.as_deref() == Some(snap))
-                .count()
-                + usize::from(v.head_parent.as_deref() == Some(snap))
-        }))
+    /// Refuses `what` while a replica of `e` is being rebuilt (WO), in
+    /// Longhorn's words (`during`: what Longhorn says after the replica).
+    async fn refuse_wo(&self, e: &Typed<LonghornEngine>, during: &str) -> Result<(), Status> {
+        match self
+            .members(e)
+            .await?
+            .iter()
+            .find(|m| m.mode == ptypes::ReplicaMode::Wo)
+        {
+            Some(m) => Err(Status::failed_precondition(format!(
+                "engine {} contains WO replica {} during {during}",
+                e.id(),
+                m.replica
+            ))),
+            None => Ok(()),
+        }
     }
 
-    /// Deletes snapshot `snap` of every replica of `e`; a snapshot SPDK must
-    /// keep (two or more lvols depend on it, after a revert) is marked
-    /// removed instead, for `SnapshotPurge`.
-    pub(super) async fn remove_snapshot(&self, e: &Typed<LonghornEngine>, snap: &str) -> Result<(), Status> {
-        naming::instance_name("snapshot", snap).map_err(|x| Status::invalid_argument(x.to_string()))?;
-        if self.snapshot_children(e, snap).await?.is_some_and(|n| n > 1) {
-            return self.update_engine(e, |s| {
-                s.removed_snapshots.insert(snap.to_owned());
-            });
-        }
-        for (replica, address) in &e.spec.replica_address_map {
-            match self.local_replica(replica) {
-                Some(r) => {
-                    self.delete_local(replica, &r, &snapshot_lvol(replica, snap))
-                        .await?
-                }
-                None => self
-                    .delete_remote(replica, address, snap)
-                    .await
-                    .map_err(|m| Status::unavailable(format!("snapshot {snap} of engine {}: {m}", e.id())))?,
-            }
-        }
+    /// Numbers a purge request on `e` (with `mark`'s change of the spec)
+    /// and waits for the controller to carry it out; the snapshots it
+    /// deleted everywhere are forgotten.
+    async fn request_purge(
+        &self,
+        e: &Typed<LonghornEngine>,
+        what: &str,
+        mark: impl FnOnce(&mut LonghornEngine),
+    ) -> Result<PurgeStatus, Status> {
+        let done = self
+            .status_of(e.id())
+            .and_then(|s| s.purge)
+            .map_or(0, |p| p.request);
+        let request = next_request(self.engine(e.id())?.spec.purge_request.max(done));
         self.update_engine(e, |s| {
-            s.removed_snapshots.remove(snap);
-            s.snapshot_info.remove(snap);
-        })
+            mark(s);
+            // a later request of another call stands: it covers this one
+            s.purge_request = s.purge_request.max(request);
+        })?;
+        let p = self
+            .wait_status(e.id(), what, |st| {
+                if st.state == InstanceState::Error {
+                    return Some(Err(Status::failed_precondition(format!(
+                        "{what}: the engine is not running: {}",
+                        st.message
+                    ))));
+                }
+                st.purge
+                    .as_ref()
+                    .filter(|p| p.request >= request)
+                    .cloned()
+                    .map(Ok)
+            })
+            .await?;
+        if !p.deleted.is_empty() {
+            self.update_engine(e, |s| {
+                for d in &p.deleted {
+                    s.removed_snapshots.remove(d);
+                    s.snapshot_info.remove(d);
+                }
+            })?;
+        }
+        Ok(p)
+    }
+
+    /// `SnapshotRemove`: snapshot `snap` of every replica of `e` is marked
+    /// removed and deleted; one SPDK must keep (two or more lvols depend on
+    /// it, after a revert) stays marked removed, for `SnapshotPurge`.
+    pub(super) async fn remove_snapshot(&self, e: &Typed<LonghornEngine>, snap: &str) -> Result<(), Status> {
+        let what = format!("deleting snapshot {snap} of engine {}", e.id());
+        naming::instance_name("snapshot", snap)
+            .map_err(|x| Status::invalid_argument(format!("{what}: {x}")))?;
+        self.running(e, &what)?;
+        self.refuse_wo(e, &format!("snapshot {snap} delete")).await?;
+        let p = self
+            .request_purge(e, &what, |s| {
+                s.removed_snapshots.insert(snap.to_owned());
+            })
+            .await?;
+        if p.deleted.contains(snap) || p.kept.contains(snap) {
+            return Ok(());
+        }
+        if !p.refused.is_empty() {
+            return Err(Status::failed_precondition(format!("{what}: {}", p.refused)));
+        }
+        let errors: Vec<&str> = p.errors.values().map(String::as_str).collect();
+        Err(Status::unavailable(format!("{what}: {}", errors.join("; "))))
     }
 
     /// `SnapshotPurge`: every snapshot marked removed that SPDK now lets go
@@ -175,74 +223,53 @@ impl Longhorn {
     pub(super) async fn purge(&self, e: &Typed<LonghornEngine>) -> Result<(), Status> {
         let what = format!("purging the snapshots of engine {}", e.id());
         self.running(e, &what)?;
-        if let Some(m) = self
-            .members(e)
-            .await?
-            .iter()
-            .find(|m| m.mode == ptypes::ReplicaMode::Wo)
-        {
-            return Err(Status::failed_precondition(format!(
-                "engine {} contains WO replica {} during snapshot purge",
-                e.id(),
-                m.replica
-            )));
+        self.refuse_wo(e, "snapshot purge").await?;
+        let p = self.request_purge(e, &what, |_| {}).await?;
+        if !p.refused.is_empty() {
+            return Err(Status::failed_precondition(p.refused));
         }
-        let mut result: ops::PurgeResult = e
-            .spec
-            .replica_address_map
-            .values()
-            .map(|a| (super::proxy::tcp(a), None))
-            .collect();
-        for snap in &e.spec.removed_snapshots {
-            if self.snapshot_children(e, snap).await?.is_some_and(|n| n > 1) {
-                continue;
-            }
-            let mut all = true;
-            for (replica, address) in &e.spec.replica_address_map {
-                let r = match self.local_replica(replica) {
-                    Some(r) => self
-                        .delete_local(replica, &r, &snapshot_lvol(replica, snap))
-                        .await
-                        .map_err(|s| s.message().to_owned()),
-                    None => self.delete_remote(replica, address, snap).await,
-                };
-                if let Err(m) = r {
-                    all = false;
-                    result.insert(super::proxy::tcp(address), Some(format!("snapshot {snap}: {m}")));
-                }
-            }
-            if all {
-                self.update_engine(e, |s| {
-                    s.removed_snapshots.remove(snap);
-                })?;
-            }
-        }
-        ops::set_purge(e.id(), result.clone());
-        let failed: Vec<String> = result.into_values().flatten().collect();
-        if failed.is_empty() {
+        if p.errors.is_empty() {
             Ok(())
         } else {
-            Err(Status::internal(format!("{what}: {}", failed.join("; "))))
+            let errors: Vec<&str> = p.errors.values().map(String::as_str).collect();
+            Err(Status::internal(format!("{what}: {}", errors.join("; "))))
         }
     }
 
-    /// `SnapshotPurgeStatus`: the last purge, per replica address.
+    /// `SnapshotPurgeStatus`: the last purge per replica address, or the
+    /// one asked for and not carried out yet.
     pub(super) fn purge_status(
         &self,
         e: &Typed<LonghornEngine>,
     ) -> std::collections::HashMap<String, ptypes::SnapshotPurgeStatusResponse> {
-        ops::purge_of(e.id())
-            .into_iter()
-            .map(|(a, err)| {
-                (
-                    a,
-                    ptypes::SnapshotPurgeStatusResponse {
-                        is_purging: false,
-                        state: if err.is_some() { "error" } else { "complete" }.into(),
-                        error: err.unwrap_or_default(),
-                        progress: 100,
-                    },
-                )
+        let last = self.status_of(e.id()).and_then(|s| s.purge);
+        let purging = e.spec.purge_request > last.as_ref().map_or(0, |p| p.request);
+        if last.is_none() && !purging {
+            return std::collections::HashMap::new();
+        }
+        e.spec
+            .replica_address_map
+            .values()
+            .map(|a| {
+                let a = super::proxy::tcp(a);
+                let error = match &last {
+                    _ if purging => None,
+                    Some(p) if !p.refused.is_empty() => Some(p.refused.clone()),
+                    Some(p) => p.errors.get(&a).cloned(),
+                    None => None,
+                };
+                let state = match (&error, purging) {
+                    (_, true) => "in_progress",
+                    (Some(_), false) => "error",
+                    (None, false) => "complete",
+                };
+                let s = ptypes::SnapshotPurgeStatusResponse {
+                    is_purging: purging,
+                    state: state.into(),
+                    error: error.unwrap_or_default(),
+                    progress: if purging { 0 } else { 100 },
+                };
+                (a, s)
             })
             .collect()
     }
@@ -528,10 +555,7 @@ impl Longhorn {
             )));
         }
         // request numbers never repeat (a status may still hold an older
-        // request of the same replica): the clock, past every one in use
-        let clock = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
+        // request of the same replica)
         let used = e
             .spec
             .rebuild_requests
@@ -540,7 +564,7 @@ impl Longhorn {
             .max()
             .copied()
             .unwrap_or(0);
-        let request = clock.max(used + 1);
+        let request = next_request(used);
         self.update_engine(e, |s| {
             s.replica_address_map
                 .insert(replica.to_owned(), address.to_owned());
@@ -554,19 +578,34 @@ impl Longhorn {
             .copied()
             .unwrap_or(request);
         // the controller starts the rebuild (start_rebuild) and records it
-        let deadline = Instant::now() + OP_TIMEOUT;
-        loop {
-            if let Some(st) = self.status_of(e.id())
-                && st.rebuilds_started.get(replica) == Some(&request)
-            {
-                return match st.rebuild_errors.get(replica) {
+        self.wait_status(e.id(), &what, |st| {
+            (st.rebuilds_started.get(replica) == Some(&request)).then(|| {
+                match st.rebuild_errors.get(replica) {
                     Some(m) => Err(Status::internal(format!("{what}: {m}"))),
                     None => Ok(()),
-                };
+                }
+            })
+        })
+        .await
+    }
+
+    /// Waits for the controller: until `done` makes something of engine
+    /// `engine`'s status, at most [`OP_TIMEOUT`].
+    async fn wait_status<T>(
+        &self,
+        engine: &str,
+        what: &str,
+        mut done: impl FnMut(&LonghornInstanceStatus) -> Option<Result<T, Status>>,
+    ) -> Result<T, Status> {
+        let deadline = Instant::now() + OP_TIMEOUT;
+        loop {
+            if let Some(r) = self.status_of(engine).as_ref().and_then(&mut done) {
+                return r;
             }
             if Instant::now() > deadline {
                 return Err(Status::deadline_exceeded(format!(
-                    "{what}: the rebuild has not started yet"
+                    "{what}: the engine's controller has not done it in {} s",
+                    OP_TIMEOUT.as_secs()
                 )));
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
@@ -756,6 +795,14 @@ fn mode_name(m: &Member) -> &'static str {
 }
 
 /// An engine status before the controller wrote one.
+/// A request number past `used` that never repeats (the clock, in ns).
+fn next_request(used: u64) -> u64 {
+    let clock = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
+    clock.max(used.saturating_add(1))
+}
+
 fn no_status() -> crate::resources::longhorn::LonghornInstanceStatus {
     crate::resources::longhorn::LonghornInstanceStatus::new(
         crate::resources::longhorn::InstanceKind::Engine,

@@ -1,7 +1,7 @@
 //! What the proxy's engine operations share with `engine.LonghornController`
 //! in this process: instances an operation holds (the controller leaves them
-//! alone until it is done), member bdevs capped for a rebuild, and the last
-//! snapshot purge of each engine.
+//! alone until it is done), member bdevs capped for a rebuild, and the
+//! switch of a thin rebuild.
 //!
 //! ```text
 //!   SnapshotRevert / ReplicaRemove ── hold(engine), hold(local replicas) ──> controller skips them
@@ -171,24 +171,6 @@ pub async fn set_rebuild_cap(
         })
         .await
         .map(|_| ())
-}
-
-/// The last snapshot purge of an engine, per replica address: (error, if any).
-pub type PurgeResult = BTreeMap<String, Option<String>>;
-
-fn purges() -> &'static Mutex<BTreeMap<String, PurgeResult>> {
-    static PURGES: OnceLock<Mutex<BTreeMap<String, PurgeResult>>> = OnceLock::new();
-    PURGES.get_or_init(Mutex::default)
-}
-
-/// Records engine `engine`'s last purge.
-pub fn set_purge(engine: &str, result: PurgeResult) {
-    lock(purges()).insert(engine.to_owned(), result);
-}
-
-/// Engine `engine`'s last purge.
-pub fn purge_of(engine: &str) -> PurgeResult {
-    lock(purges()).get(engine).cloned().unwrap_or_default()
 }
 
 #[cfg(test)]

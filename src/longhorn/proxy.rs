@@ -622,7 +622,8 @@ fn cluster_size(inv: &Inventory, lvs: &str) -> Option<u64> {
         .map(|s| s.cluster_size)
 }
 
-pub(super) fn tcp(address: &str) -> String {
+/// `tcp://<address>`: a replica address as Longhorn writes it.
+pub fn tcp(address: &str) -> String {
     format!("tcp://{address}")
 }
 
@@ -969,7 +970,7 @@ impl proxy_engine_service_server::ProxyEngineService for Longhorn {
         req: Request<imrpc::ProxyEngineRequest>,
     ) -> Result<Response<imrpc::EngineSnapshotPurgeStatusProxyResponse>, Status> {
         let req = forward!(self, req, Some(req.get_ref()), snapshot_purge_status);
-        // a purge runs within its SnapshotPurge call: the last one's result
+        // the last purge the controller carried out, or the one asked for
         let e = self.engine(&req.into_inner().engine_name)?;
         Ok(Response::new(imrpc::EngineSnapshotPurgeStatusProxyResponse {
             status: self.purge_status(&e),
@@ -1328,6 +1329,7 @@ mod tests {
             rebuild_qos_mbps: 0,
             rebuild_requests: [("rb".to_string(), 3)].into(),
             removed_snapshots: Default::default(),
+            purge_request: 0,
             snapshot_info: Default::default(),
         };
         let member = |mode| Member {

@@ -963,6 +963,7 @@ impl Longhorn {
                 rebuild_qos_mbps: 0,
                 rebuild_requests: BTreeMap::new(),
                 removed_snapshots: BTreeSet::new(),
+                purge_request: 0,
                 snapshot_info: BTreeMap::new(),
             },
         )

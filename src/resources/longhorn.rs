@@ -88,6 +88,12 @@ pub struct LonghornEngine {
     /// more than one child): `SnapshotPurge` deletes them once it can.
     #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
     pub removed_snapshots: BTreeSet<String>,
+    /// The last `SnapshotPurge` or `SnapshotRemove` asked for (a request
+    /// number; 0: none): the controller deletes the snapshots of
+    /// `removedSnapshots` that SPDK lets go, once per number, and reports it
+    /// in `LonghornInstanceStatus.purge`.
+    #[serde(default, skip_serializing_if = "is_zero_u64")]
+    pub purge_request: u64,
     /// What Longhorn lists of each snapshot taken through this engine that
     /// SPDK v26.05 keeps nowhere an RPC reports (no lvol xattr RPC upstream):
     /// its creation time and labels. longhorn-manager's snapshot controller
@@ -112,6 +118,10 @@ fn is_zero_i32(v: &i32) -> bool {
 }
 
 fn is_zero_i64(v: &i64) -> bool {
+    *v == 0
+}
+
+fn is_zero_u64(v: &u64) -> bool {
     *v == 0
 }
 
@@ -243,6 +253,31 @@ pub struct LonghornInstanceStatus {
     /// Engines: the rebuild running now (`<replica> <percent>% <bytes>/<total> bytes`).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub rebuild: String,
+    /// Engines: the last purge carried out (`LonghornEngine.purgeRequest`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub purge: Option<PurgeStatus>,
+}
+
+/// What the controller made of a purge request ([`LonghornEngine::purge_request`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct PurgeStatus {
+    /// The request number carried out.
+    pub request: u64,
+    /// Why nothing was purged (a replica being rebuilt); empty: it ran.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub refused: String,
+    /// Removed snapshots deleted on every replica.
+    #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
+    pub deleted: BTreeSet<String>,
+    /// Removed snapshots kept: more than one lvol depends on each (SPDK
+    /// refuses to delete them until one goes).
+    #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
+    pub kept: BTreeSet<String>,
+    /// What failed, per replica address (`tcp://ip:port`); a replica
+    /// missing here had every deletion done.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub errors: BTreeMap<String, String>,
 }
 
 impl LonghornInstanceStatus {
@@ -263,6 +298,7 @@ impl LonghornInstanceStatus {
             thin_rebuilds: BTreeMap::new(),
             rebuild_sources: BTreeMap::new(),
             rebuild: String::new(),
+            purge: None,
         }
     }
 }

@@ -6,7 +6,9 @@ one-node: one node, a block disk on a loop device registered through Longhorn's 
   nothing of it left in SPDK or talon.
 two-nodes: two nodes (two talon, two spdk_tgt), 2 replicas; talon and spdk_tgt of the node
   without the engine killed (-9) and the manager rebuilding its replica; online expansion;
-  a revert to a snapshot in maintenance mode; detach, delete, nothing left on either node.
+  a revert to a snapshot in maintenance mode; a second snapshot whose CR is deleted (the
+  manager's SnapshotRemove and SnapshotPurge through talon, its lvols gone on both nodes);
+  detach, delete, nothing left on either node.
 both: after the first snapshot, an S3 backup target (the Rust test's S3 server in the hub
   namespace) that the manager finds available, and a backup of that snapshot that the manager
   takes through talon and records Completed; after the volume is deleted, a new volume restored
@@ -325,6 +327,40 @@ class Scenario:
                        lambda: (s := self.get("snapshots", name).get("status", {})).get("readyToUse") and s)
         say(f"snapshot: {json.dumps(st)[:400]}")
 
+    def snapshot_lvols(self, name):
+        """The lvols of snapshot `name` on every node (`<replica>-snap-<name>`), as spdk_tgt lists them."""
+        out = []
+        for n, pod in self.im.items():
+            sock = f"{self.c.work}/{pod}/run/spdk.sock"
+            rpc = [sys.executable, f"{self.spdk_dir}/scripts/rpc.py", "-s", sock]
+            lvols = json.loads(lh.run(*rpc, "bdev_lvol_get_lvols").stdout)
+            out += [f"{n}: {x['alias']}" for x in lvols if x.get("alias", "").endswith(f"-snap-{name}")]
+        return out
+
+    def snapshot_delete(self, name="e2e-snap-2"):
+        """A second snapshot, then its Snapshot CR deleted: the manager's snapshot controller calls
+        talon's SnapshotRemove, SnapshotPurgeStatus and SnapshotPurge, and lets the CR go once
+        SnapshotGet no longer finds it. Its lvols are then gone from every replica, the other node's
+        through that node's ReplicaSnapshotDelete."""
+        self.snapshot(name)
+        made = self.snapshot_lvols(name)
+        if len(made) != self.replicas:
+            raise AssertionError(f"snapshot {name}: {len(made)} lvols for {self.replicas} replicas: {made}")
+        self.c.custom.delete_namespaced_custom_object(GROUP, VERSION, NS, "snapshots", name)
+
+        def gone():
+            try:
+                self.get("snapshots", name)
+                return False
+            except lh.ApiException as e:
+                return e.status == 404
+
+        self.wait(f"snapshot {name}'s CR deleted", gone)
+        left = self.snapshot_lvols(name)
+        if left:
+            raise AssertionError(f"snapshot {name} deleted, its lvols left: {left}")
+        say(f"snapshot {name} deleted: {made} gone")
+
     def backup_target(self):
         """Longhorn's default BackupTarget on the S3 server, its credentials in a Secret: the
         manager's backup target controller finds it available when the engine image's binary
@@ -580,6 +616,7 @@ def main():
             s.step("expand", s.expand)
             s.step("read-after-expand", lambda: s.check(first, "the data after the expansion"))
             s.step("io-beyond-old-end", s.beyond_old_end)
+            s.step("snapshot-delete", s.snapshot_delete)
         s.step("detach", s.detach)
         s.step("delete", s.delete)
         s.step("restore", lambda: s.restore(first))

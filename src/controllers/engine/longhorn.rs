@@ -81,6 +81,9 @@ pub struct LonghornController {
 #[path = "longhorn_thin.rs"]
 mod thin;
 
+#[path = "longhorn_purge.rs"]
+mod purge;
+
 impl LonghornController {
     /// A controller driving the target behind `client`.
     pub fn new(client: SpdkClient) -> Self {
@@ -598,6 +601,7 @@ impl LonghornController {
         if bdev == name.as_str() {
             self.rebuilds(inv, e, local, prev, &mut st, &plan).await;
         }
+        self.purge(inv, e, local, prev, &mut st).await;
         st.bdev = bdev;
         st.uuid = uuid;
         st.nqn = nqn.as_str().to_owned();
@@ -1234,6 +1238,7 @@ impl Controller for LonghornController {
                 st.rebuilds_started = p.rebuilds_started;
                 st.rebuilds_done = p.rebuilds_done;
                 st.rebuild_errors = p.rebuild_errors;
+                st.purge = p.purge;
             }
             fast |= !st.thin_rebuilds.is_empty();
             ctx.apply(e.id(), st)?;

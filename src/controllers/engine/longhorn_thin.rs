@@ -194,7 +194,11 @@ impl End {
 
 impl LonghornController {
     /// The SPDKService of the node that serves a replica at `address`.
-    async fn peer(&self, replica: &str, address: &str) -> Result<SpdkServiceClient<Channel>, String> {
+    pub(super) async fn peer(
+        &self,
+        replica: &str,
+        address: &str,
+    ) -> Result<SpdkServiceClient<Channel>, String> {
         crate::longhorn::proxy::peer_client(replica, address, self.peer_port, PEER_TIMEOUT).await
     }
 
