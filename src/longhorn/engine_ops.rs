@@ -295,11 +295,9 @@ impl Longhorn {
                 "{what}: replica {replica} does not contain the reverting snapshot {snap} ({source})"
             )));
         }
-        match self.client().bdev_lvol_delete(&ByName::new(&alias)).await {
-            Ok(_) => {}
-            Err(x) if x.is(ErrorKind::NotFound) => {}
-            Err(x) => return Err(internal(&format!("{what}: deleting the head {alias}"), chain(&x))),
-        }
+        crate::spdk::volume::lvol::delete_lvol(self.client(), &alias)
+            .await
+            .map_err(|x| internal(&format!("{what}: deleting the head {alias}"), chain(&x)))?;
         self.client()
             .bdev_lvol_clone(&LvolClone {
                 snapshot_name: source.clone(),

@@ -43,7 +43,8 @@ use crate::resources::longhorn::{
 };
 use crate::runtime::Typed;
 use crate::spdk::ErrorKind;
-use crate::spdk::rpc::{ByName, LvolResize, LvolSnapshot};
+use crate::spdk::rpc::{LvolResize, LvolSnapshot};
+use crate::spdk::volume::lvol::delete_lvol;
 use crate::spdk::volume::naming::lvstore;
 use crate::spdk::volume::{Inventory, freeze};
 
@@ -291,9 +292,8 @@ impl Longhorn {
         lvol: &str,
     ) -> Result<(), Status> {
         let target = format!("{}/{lvol}", lvstore(&r.disk));
-        match self.client().bdev_lvol_delete(&ByName::new(&target)).await {
-            Ok(_) => Ok(()),
-            Err(e) if e.is(ErrorKind::NotFound) => Ok(()),
+        match delete_lvol(self.client(), &target).await {
+            Ok(()) => Ok(()),
             Err(e) if e.is(ErrorKind::Busy) => Err(Status::failed_precondition(format!(
                 "replica {replica}: SPDK refuses to delete {target} while more than one lvol depends on it: {}",
                 chain(&e)

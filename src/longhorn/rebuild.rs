@@ -210,11 +210,9 @@ pub async fn reset_head(
     let shared = &chain[..j];
     let alias = |name: &str| format!("{lvs}/{name}");
     let delete = |a: String| async move {
-        match client.bdev_lvol_delete(&ByName::new(&a)).await {
-            Ok(_) => Ok(()),
-            Err(e) if e.is(ErrorKind::NotFound) => Ok(()),
-            Err(e) => Err(format!("deleting {a}: {}", chain_err(&e))),
-        }
+        crate::spdk::volume::lvol::delete_lvol(client, &a)
+            .await
+            .map_err(|e| format!("deleting {a}: {}", chain_err(&e)))
     };
     delete(alias(replica)).await?;
     // the snapshots not shared, the newest first (a child before its parent)

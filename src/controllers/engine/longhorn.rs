@@ -404,7 +404,8 @@ impl LonghornController {
                 return Err(format!("replica {name}: lvols {left:?} depend on each other"));
             }
             for alias in leaves {
-                ignore_missing(self.client.bdev_lvol_delete(&ByName::new(&alias)).await)
+                crate::spdk::volume::lvol::delete_lvol(&self.client, &alias)
+                    .await
                     .map_err(|e| format!("replica {name}: deleting lvol {alias}: {}", chain(&e)))?;
                 left.retain(|a| *a != alias);
             }

@@ -8,7 +8,7 @@
 //!                      each of removedSnapshots:
 //!                        more than one lvol depends on it ──> kept (SPDK refuses it)
 //!                        else, on every replica:
-//!                          this node's:    bdev_lvol_delete <lvs>/<replica>-snap-<s>
+//!                          this node's:    lvol <lvs>/<replica>-snap-<s> deleted
 //!                          another node's: its ReplicaSnapshotDelete
 //!                        ──> deleted, or an error per replica address
 //!                  ──> status.purge { request: n, deleted, kept, errors }
@@ -24,8 +24,8 @@ use crate::longhorn::rebuild::ReplicaLvols;
 use crate::resources::longhorn::{LonghornEngine, LonghornInstanceStatus, LonghornReplica, PurgeStatus};
 use crate::runtime::Typed;
 use crate::spdk::ErrorKind;
-use crate::spdk::rpc::ByName;
 use crate::spdk::volume::Inventory;
+use crate::spdk::volume::lvol::delete_lvol;
 use crate::spdk::volume::naming::lvstore;
 
 impl LonghornController {
@@ -134,12 +134,11 @@ impl LonghornController {
         snap: &str,
     ) -> Result<(), String> {
         let target = format!("{}/{}", lvstore(&r.disk), snapshot_lvol(replica, snap));
-        match self.client.bdev_lvol_delete(&ByName::new(&target)).await {
-            Ok(_) => {
+        match delete_lvol(&self.client, &target).await {
+            Ok(()) => {
                 inv.lvols.remove(&target);
                 Ok(())
             }
-            Err(x) if x.is(ErrorKind::NotFound) => Ok(()),
             Err(x) if x.is(ErrorKind::Busy) => Err(format!(
                 "replica {replica}: SPDK refuses to delete {target} while more than one lvol depends on it: {}",
                 chain(&x)

@@ -277,7 +277,8 @@ impl LonghornController {
         match end {
             End::Here { replica, lvs, .. } => {
                 let a = format!("{lvs}/{}", snapshot_lvol(replica, snap));
-                ignore_missing(self.client.bdev_lvol_delete(&ByName::new(&a)).await)
+                crate::spdk::volume::lvol::delete_lvol(&self.client, &a)
+                    .await
                     .map_err(|e| format!("deleting {a}: {}", chain(&e)))
             }
             End::Peer { replica, address } => self

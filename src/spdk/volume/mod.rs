@@ -46,6 +46,7 @@ use crate::util::nvme_auth::{self as dhchap, DhchapSecret, Secret, TlsPsk};
 pub mod error;
 pub mod freeze;
 pub mod from_file;
+pub mod lvol;
 pub mod plan;
 mod rebuild;
 pub mod to_file;
