@@ -256,14 +256,18 @@ class Scenario:
             reps = self.list("replicas", f"longhornvolume={self.vol}")
             running = [r for r in reps if r.get("status", {}).get("currentState") == "running"]
             # the manager's view of a replica that just failed lags: its Replica CR still says
-            # running and the volume healthy for a moment, so a replica failed (failedAt) or not
-            # RW in the engine's mode map is not healthy yet (a rebuild wait passed at once)
+            # running and the volume healthy for a moment, so a running replica failed (failedAt)
+            # or not RW in the engine's mode map is not healthy yet (a rebuild wait passed at
+            # once). A failed replica the manager replaced by a new one instead of reusing it
+            # stays, stopped, with its failedAt (Longhorn keeps it for staleReplicaTimeout): the
+            # running ones are what count, and they must be the engine's RW replicas.
             engines = self.list("engines", f"longhornvolume={self.vol}")
             modes = (engines[0].get("status", {}).get("replicaModeMap") or {}) if engines else {}
+            names = {r["metadata"]["name"] for r in running}
             return (st.get("state") == "attached" and st.get("robustness") == "healthy"
                     and len(running) == self.replicas
-                    and not any(r.get("spec", {}).get("failedAt") for r in reps)
-                    and len(modes) == self.replicas and all(m == "RW" for m in modes.values()))
+                    and not any(r.get("spec", {}).get("failedAt") for r in running)
+                    and set(modes) == names and all(m == "RW" for m in modes.values()))
 
         self.wait(what, healthy, timeout)
 
