@@ -12,7 +12,7 @@
 //!   ReplicaAdd(engine, r, tcp://ip:port)
 //!     rebuildRequests[r] = n ──> controller: start_rebuild (bdev_raid_add_base_bdev) ──> r is WO, then RW
 //!     while a rebuild of the engine runs: "replica add is already in progress"
-//!   ReplicaRemove: out of the raid1 (bdev_raid_remove_base_bdev), detached, out of the map
+//!   ReplicaRemove: out of the map ──> controller: out of the raid1, detached ──> status.observedVersion
 //!   SnapshotRemove(s) / SnapshotPurge
 //!     removedSnapshots += s, purgeRequest = n ──> controller: each removed snapshot SPDK lets go
 //!     deleted on every replica ──> status.purge { request: n, deleted, kept, errors } ──> the call returns
@@ -57,16 +57,26 @@ impl Longhorn {
         e: &Typed<LonghornEngine>,
         f: impl FnOnce(&mut LonghornEngine),
     ) -> Result<(), Status> {
+        self.change_engine(e, f).map(|_| ())
+    }
+
+    /// [`Self::update_engine`], giving the engine's version after it.
+    fn change_engine(
+        &self,
+        e: &Typed<LonghornEngine>,
+        f: impl FnOnce(&mut LonghornEngine),
+    ) -> Result<u64, Status> {
         // the newest spec: another call may have changed it since `e` was read
         let now = self.engine(e.id())?;
         let mut spec = now.spec.clone();
         f(&mut spec);
-        if spec != now.spec {
-            self.state()
-                .update_typed(e.id(), "", None, &spec)
-                .map_err(state_err)?;
+        if spec == now.spec {
+            return Ok(now.metadata.version);
         }
-        Ok(())
+        self.state()
+            .update_typed(e.id(), "", None, &spec)
+            .map(|t| t.metadata.version)
+            .map_err(state_err)
     }
 
     fn running(&self, e: &Typed<LonghornEngine>, what: &str) -> Result<(), Status> {
@@ -637,49 +647,23 @@ impl Longhorn {
                 "{what}: it is the engine's only replica"
             )));
         }
-        let _engine = ops::try_hold(e.id()).ok_or_else(|| {
-            Status::unavailable(format!("{what}: another operation on the engine is in progress"))
-        })?;
-        let member = self.member_bdev(&replica);
-        let in_raid = self
-            .members(e)
-            .await?
-            .iter()
-            .any(|m| m.replica == replica && m.mode != ptypes::ReplicaMode::Err);
-        if in_raid {
-            match self
-                .client()
-                .bdev_raid_remove_base_bdev(&ByName::new(&member))
-                .await
-            {
-                Ok(_) => {}
-                Err(x) if x.is(ErrorKind::NotFound) => {}
-                Err(x) => {
-                    return Err(internal(
-                        &format!("{what}: taking {member} out of the raid1"),
-                        chain(&x),
-                    ));
-                }
-            }
+        if ops::is_held(e.id()) {
+            return Err(Status::unavailable(format!(
+                "{what}: another operation on the engine is in progress"
+            )));
         }
-        if ops::is_capped(&member) {
-            ops::uncap(&member);
-        }
-        if self.local_replica(&replica).is_none() {
-            match self
-                .client()
-                .bdev_nvme_detach_controller(&ByName::new(&replica))
-                .await
-            {
-                Ok(_) => {}
-                Err(x) if x.is(ErrorKind::NotFound) => {}
-                Err(x) => return Err(internal(&format!("{what}: detaching it"), chain(&x))),
-            }
-        }
-        self.update_engine(e, |s| {
+        // the controller takes it out of the raid1 and detaches it
+        let version = self.change_engine(e, |s| {
             s.replica_address_map.remove(&replica);
             s.rebuild_requests.remove(&replica);
+        })?;
+        self.wait_status(e.id(), &what, |st| {
+            (st.observed_version >= version).then(|| match st.state {
+                InstanceState::Error => Err(Status::internal(format!("{what}: {}", st.message))),
+                _ => Ok(()),
+            })
         })
+        .await
     }
 
     /// `ReplicaRebuildingQosSet`: the cap is kept on the engine for the

@@ -253,6 +253,15 @@ pub struct LonghornInstanceStatus {
     /// Engines: the rebuild running now (`<replica> <percent>% <bytes>/<total> bytes`).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub rebuild: String,
+    /// Engines: the version of the `LonghornEngine` this status was made
+    /// from (a call that changed the spec waits for it).
+    #[serde(default, skip_serializing_if = "is_zero_u64")]
+    pub observed_version: u64,
+    /// Engines: the replicas of the map served from other nodes (attached
+    /// as NVMe/TCP controllers named after them), so one that leaves the
+    /// map is detached.
+    #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
+    pub remote_members: BTreeSet<String>,
     /// Engines: the last purge carried out (`LonghornEngine.purgeRequest`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub purge: Option<PurgeStatus>,
@@ -298,6 +307,8 @@ impl LonghornInstanceStatus {
             thin_rebuilds: BTreeMap::new(),
             rebuild_sources: BTreeMap::new(),
             rebuild: String::new(),
+            observed_version: 0,
+            remote_members: BTreeSet::new(),
             purge: None,
         }
     }

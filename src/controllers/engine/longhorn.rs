@@ -84,6 +84,9 @@ mod thin;
 #[path = "longhorn_purge.rs"]
 mod purge;
 
+#[path = "longhorn_members.rs"]
+mod members;
+
 impl LonghornController {
     /// A controller driving the target behind `client`.
     pub fn new(client: SpdkClient) -> Self {
@@ -497,6 +500,7 @@ impl LonghornController {
         let name = ObjectName::parse("engine", e.id()).map_err(|x| x.to_string())?;
         let volume = ObjectName::parse("volume", &e.spec.volume).map_err(|x| x.to_string())?;
         let addr: IpAddr = crate::longhorn::address::instance_ip(&node.listen_address)?;
+        self.drop_removed(inv, e, local, prev).await?;
         let (bdev, uuid) = match inv.raid(name.as_str()) {
             Some(raid) => (raid.name.clone(), raid.uuid.clone().unwrap_or_default()),
             None => {
@@ -1240,7 +1244,12 @@ impl Controller for LonghornController {
                 st.rebuilds_done = p.rebuilds_done;
                 st.rebuild_errors = p.rebuild_errors;
                 st.purge = p.purge;
+                // what is still to detach stays known
+                st.remote_members = p.remote_members;
             }
+            st.remote_members
+                .extend(members::remote_members(&e.spec.replica_address_map, &local));
+            st.observed_version = e.metadata.version;
             fast |= !st.thin_rebuilds.is_empty();
             ctx.apply(e.id(), st)?;
         }
