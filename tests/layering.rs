@@ -104,7 +104,7 @@ fn spdk_writes_outside_spdk_only_ever_go_down() {
     let allowed: BTreeMap<&str, usize> = [
         ("controllers/engine/longhorn.rs", 18),
         ("controllers/engine/longhorn_thin.rs", 10),
-        ("longhorn/engine_ops.rs", 6),
+        ("longhorn/engine_ops.rs", 4),
         ("longhorn/ops.rs", 1),
         ("longhorn/proxy.rs", 2),
         ("longhorn/rebuild.rs", 8),

@@ -423,7 +423,9 @@ async fn the_engine_proxy_reverts_purges_and_rebuilds_across_two_nodes() {
     replica_remove(&mut p, "vol-r-b").await;
     assert_eq!(modes(&mut p).await, vec![(ta.clone(), RW)]);
     // the call returned once A's controller had it out of the raid1 and detached
-    let inv = talon::spdk::volume::Inventory::load(&a.spdk).await.expect("A's listing");
+    let inv = talon::spdk::volume::Inventory::load(&a.spdk)
+        .await
+        .expect("A's listing");
     let raid = inv.raid("vol-e-0").expect("A's raid1");
     assert!(
         !raid
@@ -432,7 +434,11 @@ async fn the_engine_proxy_reverts_purges_and_rebuilds_across_two_nodes() {
             .any(|b| b.name.as_deref() == Some("vol-r-bn1")),
         "{raid:?}"
     );
-    assert!(!inv.controllers.contains(&"vol-r-b".to_string()), "{:?}", inv.controllers);
+    assert!(
+        !inv.controllers.contains(&"vol-r-b".to_string()),
+        "{:?}",
+        inv.controllers
+    );
     // a second replica on B to race with
     let addr_c = b.replica("disk-c", "vol-r-c", size).await;
     let tc = format!("tcp://{addr_c}");

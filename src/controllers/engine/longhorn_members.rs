@@ -5,18 +5,18 @@
 //!
 //! ```text
 //!   ReplicaRemove(r) ──> replicaAddressMap -= r (engine version v) ──> waits: status.observedVersion >= v
-//!   reconcile: raid1 slot of a replica not in the map ──> bdev_raid_remove_base_bdev
+//!   reconcile: raid1 slot of a replica not in the map ──> out of the raid1
 //!              a remote member attached before (status.remoteMembers), not in the map ──> detached
 //! ```
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::{LonghornController, chain, ignore_missing};
+use super::{LonghornController, chain};
 use crate::longhorn::ops;
 use crate::resources::longhorn::{LonghornEngine, LonghornInstanceStatus, LonghornReplica};
 use crate::runtime::Typed;
-use crate::spdk::rpc::ByName;
 use crate::spdk::volume::Inventory;
+use crate::spdk::volume::lvol::{detach_controller, remove_raid_member};
 
 impl LonghornController {
     /// Takes the replicas that left engine `e`'s map out of its raid1 and
@@ -39,15 +39,23 @@ impl LonghornController {
             let Some((replica, member)) = removed_member(inv, map, &slot) else {
                 continue;
             };
-            ignore_missing(self.client.bdev_raid_remove_base_bdev(&ByName::new(&slot)).await).map_err(
-                |x| {
-                    format!(
-                        "replica {replica} left engine {}: taking {member} out of the raid1: {}",
-                        e.id(),
-                        chain(&x)
-                    )
-                },
-            )?;
+            remove_raid_member(&self.client, &slot).await.map_err(|x| {
+                format!(
+                    "replica {replica} left engine {}: taking {member} out of the raid1: {}",
+                    e.id(),
+                    chain(&x)
+                )
+            })?;
+            for b in inv
+                .raids
+                .iter_mut()
+                .filter(|r| r.name == e.id())
+                .flat_map(|r| r.base_bdevs_list.iter_mut())
+                .filter(|b| b.name.as_deref() == Some(slot.as_str()))
+            {
+                b.name = None;
+                b.is_configured = false;
+            }
             ops::uncap(&member);
             ops::uncap(&slot);
             tracing::info!(
@@ -66,12 +74,7 @@ impl LonghornController {
             .cloned()
             .collect();
         for replica in attached {
-            ignore_missing(
-                self.client
-                    .bdev_nvme_detach_controller(&ByName::new(&replica))
-                    .await,
-            )
-            .map_err(|x| {
+            detach_controller(&self.client, &replica).await.map_err(|x| {
                 format!(
                     "replica {replica} left engine {}: detaching it: {}",
                     e.id(),

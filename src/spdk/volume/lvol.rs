@@ -1,4 +1,5 @@
-//! Single lvol writes the Longhorn layer shares with talon's volumes.
+//! Single writes the Longhorn layer shares: an lvol deleted, a raid member
+//! taken out, a controller detached, each done when already so.
 
 use crate::spdk::rpc::ByName;
 use crate::spdk::{ClientError, ErrorKind, SpdkClient};
@@ -8,6 +9,26 @@ use crate::spdk::{ClientError, ErrorKind, SpdkClient};
 /// not permitted", `ErrorKind::Busy`).
 pub async fn delete_lvol(client: &SpdkClient, alias: &str) -> Result<(), ClientError> {
     match client.bdev_lvol_delete(&ByName::new(alias)).await {
+        Ok(_) => Ok(()),
+        Err(e) if e.is(ErrorKind::NotFound) => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// Takes bdev `member` out of the raid that holds it; one in no raid (or
+/// not there) is no error.
+pub async fn remove_raid_member(client: &SpdkClient, member: &str) -> Result<(), ClientError> {
+    match client.bdev_raid_remove_base_bdev(&ByName::new(member)).await {
+        Ok(_) => Ok(()),
+        Err(e) if e.is(ErrorKind::NotFound) => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// Detaches NVMe controller `name` (and its namespace bdevs); one that is
+/// not there is no error.
+pub async fn detach_controller(client: &SpdkClient, name: &str) -> Result<(), ClientError> {
+    match client.bdev_nvme_detach_controller(&ByName::new(name)).await {
         Ok(_) => Ok(()),
         Err(e) if e.is(ErrorKind::NotFound) => Ok(()),
         Err(e) => Err(e),
