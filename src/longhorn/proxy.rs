@@ -84,6 +84,30 @@ pub async fn peer_client(
     Ok(SpdkServiceClient::new(ch))
 }
 
+/// The lvols of a replica of `map` (replica -> `ip:port`) as its node
+/// lists them (its `ReplicaGet`), from the first that answers; calls to
+/// SPDKService port `port` time out after `timeout`.
+pub async fn remote_lvols(
+    map: &std::collections::BTreeMap<String, String>,
+    port: u16,
+    timeout: Duration,
+) -> Option<ReplicaLvols> {
+    for (replica, address) in map {
+        let Ok(mut c) = peer_client(replica, address, port, timeout).await else {
+            continue;
+        };
+        if let Ok(r) = c
+            .replica_get(spdkrpc::ReplicaGetRequest {
+                name: replica.clone(),
+            })
+            .await
+        {
+            return Some(ReplicaLvols::from_message(&r.into_inner()));
+        }
+    }
+    None
+}
+
 /// One member of an engine as the proxy reports it.
 #[derive(Debug, Clone, PartialEq)]
 pub(super) struct Member {
@@ -252,20 +276,7 @@ impl Longhorn {
         {
             return self.replica_lvols_now(&replica, &r.disk).await.map(Some);
         }
-        for (replica, address) in &e.spec.replica_address_map {
-            let Ok(mut c) = self.replica_node(replica, address).await else {
-                continue;
-            };
-            if let Ok(r) = c
-                .replica_get(spdkrpc::ReplicaGetRequest {
-                    name: replica.clone(),
-                })
-                .await
-            {
-                return Ok(Some(ReplicaLvols::from_message(&r.into_inner())));
-            }
-        }
-        Ok(None)
+        Ok(remote_lvols(&e.spec.replica_address_map, self.peer_port(), REMOTE_TIMEOUT).await)
     }
 
     /// Snapshots a local replica's head as `lvol`; one that exists is kept.

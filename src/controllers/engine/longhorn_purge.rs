@@ -19,7 +19,7 @@ use std::collections::BTreeMap;
 use super::{LonghornController, chain};
 use crate::longhorn::naming;
 use crate::longhorn::proto::spdkrpc;
-use crate::longhorn::proxy::{snapshot_lvol, tcp};
+use crate::longhorn::proxy::{remote_lvols, snapshot_lvol, tcp};
 use crate::longhorn::rebuild::ReplicaLvols;
 use crate::resources::longhorn::{LonghornEngine, LonghornInstanceStatus, LonghornReplica, PurgeStatus};
 use crate::runtime::Typed;
@@ -108,20 +108,12 @@ impl LonghornController {
         {
             return Some(ReplicaLvols::from_inventory(inv, &lvstore(&r.disk), replica));
         }
-        for (replica, address) in &e.spec.replica_address_map {
-            let Ok(mut c) = self.peer(replica, address).await else {
-                continue;
-            };
-            if let Ok(r) = c
-                .replica_get(spdkrpc::ReplicaGetRequest {
-                    name: replica.clone(),
-                })
-                .await
-            {
-                return Some(ReplicaLvols::from_message(&r.into_inner()));
-            }
-        }
-        None
+        remote_lvols(
+            &e.spec.replica_address_map,
+            self.peer_port,
+            super::thin::PEER_TIMEOUT,
+        )
+        .await
     }
 
     /// Deletes snapshot `snap` of this node's replica `replica`; one that is

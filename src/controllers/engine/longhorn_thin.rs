@@ -49,7 +49,7 @@ const SWITCH_COPY: Duration = Duration::from_secs(120);
 /// this step instead of at the next poll).
 const COPY_SETTLE: Duration = Duration::from_millis(300);
 /// How long a call to another node may take.
-const PEER_TIMEOUT: Duration = Duration::from_secs(30);
+pub(super) const PEER_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Where a copy runs.
 #[derive(Debug, Clone)]
