@@ -35,11 +35,10 @@ use super::proxy::{LVOL_NAME_MAX, Member, chain, internal, snapshot_lvol};
 use super::server::Longhorn;
 use crate::resources::longhorn::{
     InstanceState, LonghornEngine, LonghornEngineFrontend, LonghornInstanceStatus, LonghornReplica,
-    PurgeStatus,
+    PurgeStatus, RevertRequest, RevertStatus,
 };
 use crate::runtime::Typed;
-use crate::spdk::ErrorKind;
-use crate::spdk::rpc::{ByName, ByNqn, LvolClone, RaidDelete};
+use crate::spdk::rpc::ByNqn;
 use crate::spdk::volume::naming::lvstore;
 
 /// Metadata of a forwarded proxy call (it is not forwarded again).
@@ -286,38 +285,6 @@ impl Longhorn {
 
     // ----- SnapshotRevert
 
-    /// Makes local replica `replica`'s head again as a clone of its snapshot
-    /// `snap` (the old head is deleted). The snapshot is checked first:
-    /// nothing is deleted when it is missing.
-    async fn revert_local(&self, replica: &str, r: &LonghornReplica, snap: &str) -> Result<(), Status> {
-        let lvs = lvstore(&r.disk);
-        let alias = naming::replica_alias(&r.disk, replica);
-        let source = format!("{lvs}/{}", snapshot_lvol(replica, snap));
-        let what = format!("replica {replica}: reverting to snapshot {snap}");
-        if self
-            .client()
-            .bdev(&source)
-            .await
-            .map_err(|x| internal(&what, chain(&x)))?
-            .is_none()
-        {
-            return Err(Status::failed_precondition(format!(
-                "{what}: replica {replica} does not contain the reverting snapshot {snap} ({source})"
-            )));
-        }
-        crate::spdk::volume::lvol::delete_lvol(self.client(), &alias)
-            .await
-            .map_err(|x| internal(&format!("{what}: deleting the head {alias}"), chain(&x)))?;
-        self.client()
-            .bdev_lvol_clone(&LvolClone {
-                snapshot_name: source.clone(),
-                clone_name: replica.to_owned(),
-            })
-            .await
-            .map_err(|x| internal(&format!("{what}: cloning {source} as {alias}"), chain(&x)))?;
-        Ok(())
-    }
-
     /// `SnapshotRevert`: every replica of `e` back to snapshot `snap`. The
     /// engine must be detached from its frontend (Longhorn detaches it and
     /// makes the engine with an empty frontend) and every replica in service.
@@ -380,83 +347,28 @@ impl Longhorn {
                 }
             }
         }
-        let _engine = ops::try_hold(e.id()).ok_or_else(|| {
-            Status::unavailable(format!("{what}: another operation on the engine is in progress"))
-        })?;
-        let locals: Vec<(String, LonghornReplica)> = e
-            .spec
-            .replica_address_map
-            .keys()
-            .filter_map(|k| self.local_replica(k).map(|r| (k.clone(), r)))
-            .collect();
-        let _replicas: Vec<ops::Hold> = locals.iter().filter_map(|(k, _)| ops::try_hold(k)).collect();
-        // the raid1 goes (its export's namespace with it); remote members are detached
-        match self.client().bdev_raid_delete(&RaidDelete::new(e.id())).await {
-            Ok(_) => {}
-            Err(x) if x.is(ErrorKind::NotFound) => {}
-            Err(x) => return Err(internal(&format!("{what}: deleting raid {}", e.id()), chain(&x))),
-        }
-        for replica in e.spec.replica_address_map.keys() {
-            if self.local_replica(replica).is_none() {
-                match self
-                    .client()
-                    .bdev_nvme_detach_controller(&ByName::new(replica))
-                    .await
-                {
-                    Ok(_) => {}
-                    Err(x) if x.is(ErrorKind::NotFound) => {}
-                    Err(x) => {
-                        return Err(internal(
-                            &format!("{what}: detaching replica {replica}"),
-                            chain(&x),
-                        ));
-                    }
-                }
-            }
-        }
-        // remote replicas first: each checks its snapshot before it deletes anything
-        for (replica, address) in &e.spec.replica_address_map {
-            if self.local_replica(replica).is_some() {
-                continue;
-            }
-            let mut c = self
-                .replica_node(replica, address)
-                .await
-                .map_err(|m| Status::unavailable(format!("{what}: {m}")))?;
-            c.replica_snapshot_revert(spdkrpc::SnapshotRequest {
-                name: replica.clone(),
-                snapshot_name: snap.to_owned(),
-                ..Default::default()
+        // the controller takes the raid1 down, reverts every head and makes
+        // the raid1 again
+        let done = self
+            .status_of(e.id())
+            .and_then(|s| s.revert)
+            .map_or(0, |r| r.request);
+        let asked = self.engine(e.id())?.spec.revert.map_or(0, |r| r.request);
+        let request = next_request(asked.max(done));
+        self.update_engine(e, |s| {
+            s.revert = Some(RevertRequest {
+                request,
+                snapshot: snap.to_owned(),
             })
-            .await
-            .map_err(|s| {
-                Status::new(
-                    s.code(),
-                    format!("{what}: replica {replica}: its node: {}", s.message()),
-                )
-            })?;
-        }
-        for (replica, r) in &locals {
-            self.revert_local(replica, r, snap).await?;
-        }
-        drop(_replicas);
-        drop(_engine);
-        // the controller makes the raid1 again over the reverted heads
-        let deadline = Instant::now() + OP_TIMEOUT;
-        loop {
-            let m = self.members(e).await?;
-            let raid_back = self.client().bdev(e.id()).await.ok().flatten().is_some()
-                || e.spec.replica_address_map.len() == 1;
-            if raid_back && m.iter().all(|m| m.mode == ptypes::ReplicaMode::Rw) {
-                return Ok(());
+        })?;
+        self.wait_status(e.id(), &what, |st| {
+            let r = st.revert.as_ref().filter(|r| r.request >= request)?;
+            if let Some(x) = revert_failure(r, &what) {
+                return Some(Err(x));
             }
-            if Instant::now() > deadline {
-                return Err(Status::deadline_exceeded(format!(
-                    "{what}: every replica was reverted, but the engine is not serving them yet"
-                )));
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
+            (st.state == InstanceState::Running).then_some(Ok(()))
+        })
+        .await
     }
 
     /// 8504 `ReplicaSnapshotRevert` from another node's engine: this node's
@@ -479,28 +391,32 @@ impl Longhorn {
                 req.snapshot_name
             )));
         }
-        let _hold = ops::try_hold(replica.as_str()).ok_or_else(|| {
-            Status::unavailable(format!("replica {replica}: another operation is in progress"))
-        })?;
-        let nqn = naming::replica_nqn(&replica).map_err(|x| Status::invalid_argument(x.to_string()))?;
-        match self
-            .client()
-            .nvmf_delete_subsystem(&ByNqn {
-                nqn: nqn.as_str().to_owned(),
-            })
-            .await
-        {
-            Ok(_) => {}
-            Err(x) if x.is(ErrorKind::NotFound) || x.is(ErrorKind::InvalidParams) => {}
-            Err(x) => {
-                return Err(internal(
-                    &format!("replica {replica}: unexporting {nqn}"),
-                    chain(&x),
-                ));
+        // the controller takes its export down, reverts the head and
+        // exports it again
+        let done = self
+            .status_of(replica.as_str())
+            .and_then(|s| s.revert)
+            .map_or(0, |r| r.request);
+        let request = next_request(t.spec.revert.as_ref().map_or(0, |r| r.request).max(done));
+        let spec = LonghornReplica {
+            revert: Some(RevertRequest {
+                request,
+                snapshot: req.snapshot_name.clone(),
+            }),
+            ..t.spec.clone()
+        };
+        self.state()
+            .update_typed(replica.as_str(), "", None, &spec)
+            .map_err(state_err)?;
+        let what = format!("replica {replica}: reverting to snapshot {}", req.snapshot_name);
+        self.wait_status(replica.as_str(), &what, |st| {
+            let r = st.revert.as_ref().filter(|r| r.request >= request)?;
+            if let Some(x) = revert_failure(r, &what) {
+                return Some(Err(x));
             }
-        }
-        self.revert_local(replica.as_str(), &t.spec, &req.snapshot_name)
-            .await
+            (st.state == InstanceState::Running).then_some(Ok(()))
+        })
+        .await
     }
 
     // ----- ReplicaAdd, ReplicaRemove, ReplicaRebuildingQosSet
@@ -612,7 +528,7 @@ impl Longhorn {
             }
             if Instant::now() > deadline {
                 return Err(Status::deadline_exceeded(format!(
-                    "{what}: the engine's controller has not done it in {} s",
+                    "{what}: the controller has not done it in {} s",
                     OP_TIMEOUT.as_secs()
                 )));
             }
@@ -647,9 +563,12 @@ impl Longhorn {
                 "{what}: it is the engine's only replica"
             )));
         }
-        if ops::is_held(e.id()) {
+        if let Some(r) = &e.spec.revert
+            && RevertStatus::pending(self.status_of(e.id()).and_then(|s| s.revert).as_ref(), r)
+        {
             return Err(Status::unavailable(format!(
-                "{what}: another operation on the engine is in progress"
+                "{what}: a revert of the engine to snapshot {} is in progress",
+                r.snapshot
             )));
         }
         // the controller takes it out of the raid1 and detaches it
@@ -778,6 +697,15 @@ fn mode_name(m: &Member) -> &'static str {
 
 /// An engine status before the controller wrote one.
 /// A request number past `used` that never repeats (the clock, in ns).
+/// Why a revert carried out did not revert, if so: refused (nothing
+/// touched), or failed half way (the controller tries it again).
+fn revert_failure(r: &RevertStatus, what: &str) -> Option<Status> {
+    if !r.refused.is_empty() {
+        return Some(Status::failed_precondition(format!("{what}: {}", r.refused)));
+    }
+    (!r.error.is_empty()).then(|| Status::internal(format!("{what}: {}", r.error)))
+}
+
 fn next_request(used: u64) -> u64 {
     let clock = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)

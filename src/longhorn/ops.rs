@@ -4,10 +4,13 @@
 //! switch of a thin rebuild.
 //!
 //! ```text
-//!   SnapshotRevert / ReplicaRemove ── hold(engine), hold(local replicas) ──> controller skips them
+//!   RebuildingSrcCopyStart (a head made again) ── hold(replica) ──> controller skips it
 //!   ReplicaAdd ── hold("<engine>/replica-add") ── a second one: "replica add is already in progress"
 //!   rebuild start (bdev_set_qos_limit on the target) ── capped ──> lifted when the raid's rebuild ends
 //! ```
+//!
+//! Reverts, removals and purges are not here: they are numbered requests on
+//! the instance that the controller carries out.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Mutex, MutexGuard, OnceLock, PoisonError};

@@ -184,6 +184,14 @@ impl Longhorn {
             .filter(|(r, n)| status.as_ref().and_then(|s| s.rebuilds_started.get(*r)) != Some(*n))
             .map(|(r, _)| r)
             .collect();
+        // a revert not carried out yet (the call checked every replica RW):
+        // the modes from before it while the controller takes the raid1 down
+        let reverting = e.spec.revert.as_ref().is_some_and(|r| {
+            status
+                .as_ref()
+                .and_then(|s| s.revert.as_ref())
+                .is_none_or(|d| d.request < r.request)
+        });
         // replicas rebuilt thin: out of the raid until they equal their source
         let thin = status.map(|s| s.thin_rebuilds).unwrap_or_default();
         let inv = Inventory::load(self.client())
@@ -207,6 +215,7 @@ impl Longhorn {
                 names.extend(b.uuid.clone());
             }
             let (mode, progress) = match raid {
+                _ if reverting => (ptypes::ReplicaMode::Rw, None),
                 _ if !running => (ptypes::ReplicaMode::Err, None),
                 // a thin rebuild's switch: the modes from before it
                 _ if switch.is_some() => match switch.as_ref() {
@@ -1341,6 +1350,7 @@ mod tests {
             rebuild_requests: [("rb".to_string(), 3)].into(),
             removed_snapshots: Default::default(),
             purge_request: 0,
+            revert: None,
             snapshot_info: Default::default(),
         };
         let member = |mode| Member {

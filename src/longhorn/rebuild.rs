@@ -33,7 +33,7 @@ use super::proto::spdkrpc;
 use super::proxy::snapshot_lvol;
 use super::server::Longhorn;
 use crate::spdk::rpc::{
-    AttachController, ByName, ByNqn, CheckShallowCopy, LvolClone, LvolCreate, QosLimit, StartShallowCopy,
+    AttachController, ByNqn, CheckShallowCopy, LvolClone, LvolCreate, QosLimit, StartShallowCopy,
 };
 use crate::spdk::volume::Inventory;
 use crate::spdk::volume::naming::lvstore;
@@ -427,15 +427,9 @@ impl Longhorn {
                 ))
             })?;
         let ctrl = src_controller(dst.as_str());
-        match self
-            .client()
-            .bdev_nvme_detach_controller(&ByName::new(&ctrl))
+        crate::spdk::volume::lvol::detach_controller(self.client(), &ctrl)
             .await
-        {
-            Ok(_) => {}
-            Err(x) if x.is(ErrorKind::NotFound) => {}
-            Err(x) => return Err(internal(&format!("{what}: detaching {ctrl}"), &x)),
-        }
+            .map_err(|x| internal(&format!("{what}: detaching {ctrl}"), &x))?;
         let nqn = naming::replica_nqn(&dst).map_err(|x| Status::invalid_argument(x.to_string()))?;
         let bdev = self
             .client()
@@ -539,15 +533,9 @@ impl Longhorn {
     ) -> Result<(), Status> {
         copies().remove(&(req.name.clone(), req.dst_replica_name.clone()));
         let ctrl = src_controller(&req.dst_replica_name);
-        match self
-            .client()
-            .bdev_nvme_detach_controller(&ByName::new(&ctrl))
+        crate::spdk::volume::lvol::detach_controller(self.client(), &ctrl)
             .await
-        {
-            Ok(_) => Ok(()),
-            Err(x) if x.is(ErrorKind::NotFound) => Ok(()),
-            Err(x) => Err(internal(&format!("replica {}: detaching {ctrl}", req.name), &x)),
-        }
+            .map_err(|x| internal(&format!("replica {}: detaching {ctrl}", req.name), &x))
     }
 }
 

@@ -792,6 +792,7 @@ impl Longhorn {
                 port_start,
                 port_end,
                 cleanup: false,
+                revert: None,
             },
         )
     }
@@ -833,6 +834,7 @@ impl Longhorn {
                         port_start: 0,
                         port_end: 0,
                         cleanup: true,
+                        revert: None,
                     },
                 )?;
             }
@@ -964,6 +966,7 @@ impl Longhorn {
                 rebuild_requests: BTreeMap::new(),
                 removed_snapshots: BTreeSet::new(),
                 purge_request: 0,
+                revert: None,
                 snapshot_info: BTreeMap::new(),
             },
         )

@@ -38,6 +38,22 @@ pub struct LonghornReplica {
     /// Set by a delete with `cleanup_required`: the lvol goes with the instance.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub cleanup: bool,
+    /// The last revert another node's engine asked for
+    /// (`ReplicaSnapshotRevert`): the controller makes the head a clone of
+    /// the snapshot once per request number, unexported meanwhile, and
+    /// reports it in `LonghornInstanceStatus.revert`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revert: Option<RevertRequest>,
+}
+
+/// A numbered revert of an instance to one of its snapshots.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct RevertRequest {
+    /// The request number (each call takes a greater one).
+    pub request: u64,
+    /// The Longhorn snapshot name.
+    pub snapshot: String,
 }
 
 /// `<replica>-snap-<snapshot>`: the lvol of a replica's snapshot (Longhorn's
@@ -94,6 +110,13 @@ pub struct LonghornEngine {
     /// in `LonghornInstanceStatus.purge`.
     #[serde(default, skip_serializing_if = "is_zero_u64")]
     pub purge_request: u64,
+    /// The last `SnapshotRevert` asked for: the controller takes the raid1
+    /// down, makes every replica's head a clone of the snapshot (another
+    /// node's through its `ReplicaSnapshotRevert`) and makes the raid1 again,
+    /// once per request number, and reports it in
+    /// `LonghornInstanceStatus.revert`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revert: Option<RevertRequest>,
     /// What Longhorn lists of each snapshot taken through this engine that
     /// SPDK v26.05 keeps nowhere an RPC reports (no lvol xattr RPC upstream):
     /// its creation time and labels. longhorn-manager's snapshot controller
@@ -265,6 +288,41 @@ pub struct LonghornInstanceStatus {
     /// Engines: the last purge carried out (`LonghornEngine.purgeRequest`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub purge: Option<PurgeStatus>,
+    /// Engines and replicas: the last revert carried out
+    /// (`LonghornEngine.revert`, `LonghornReplica.revert`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revert: Option<RevertStatus>,
+}
+
+/// What the controller made of a revert request ([`RevertRequest`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct RevertStatus {
+    /// The request number.
+    pub request: u64,
+    /// The snapshot.
+    pub snapshot: String,
+    /// Why nothing was reverted (a replica being rebuilt, a frontend, a
+    /// replica without the snapshot); the request is over.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub refused: String,
+    /// What failed after the first head was touched: the replicas may
+    /// differ, so the instance is not served and every reconcile tries the
+    /// request again until it is done.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub error: String,
+}
+
+impl RevertStatus {
+    /// Whether request `r` still has to be carried out given this status
+    /// (`None`: nothing carried out yet): a newer number, or the same one
+    /// that failed half way.
+    pub fn pending(done: Option<&RevertStatus>, r: &RevertRequest) -> bool {
+        match done {
+            None => true,
+            Some(d) => d.request < r.request || (d.request == r.request && !d.error.is_empty()),
+        }
+    }
 }
 
 /// What the controller made of a purge request ([`LonghornEngine::purge_request`]).
@@ -310,6 +368,7 @@ impl LonghornInstanceStatus {
             observed_version: 0,
             remote_members: BTreeSet::new(),
             purge: None,
+            revert: None,
         }
     }
 }

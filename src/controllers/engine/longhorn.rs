@@ -32,13 +32,13 @@ use crate::resources::config::{Disk, NodeConfig};
 use crate::resources::engine::{DiskStatus, ObjectState, TargetStatus};
 use crate::resources::longhorn::{
     InstanceKind, InstanceState, LonghornEngine, LonghornEngineFrontend, LonghornInstanceStatus,
-    LonghornReplica,
+    LonghornReplica, RevertStatus,
 };
 use crate::runtime::{Controller, ControllerError, Input, Output, Phase, ReconcileContext, Requeue, Typed};
 use crate::spdk::rpc::{
     AddNamespace, AttachController, ByName, ByNqn, CreateSubsystem, GetRaids, ListenAddress, Lvol,
-    LvolCreate, LvolStoreRef, RaidAddBaseBdev, RaidCategory, RaidCreate, RaidDelete, RaidLevel,
-    SubsystemHostParams, SubsystemListener,
+    LvolCreate, LvolStoreRef, RaidAddBaseBdev, RaidCategory, RaidCreate, RaidLevel, SubsystemHostParams,
+    SubsystemListener,
 };
 use crate::spdk::volume::{Inventory, VolumeOps};
 use crate::spdk::{ErrorKind, SpdkClient};
@@ -86,6 +86,9 @@ mod purge;
 
 #[path = "longhorn_members.rs"]
 mod members;
+
+#[path = "longhorn_revert.rs"]
+mod revert;
 
 impl LonghornController {
     /// A controller driving the target behind `client`.
@@ -315,6 +318,25 @@ impl LonghornController {
             .filter(|d| d.spec.state == ObjectState::Ready)
             .ok_or_else(|| format!("disk {} is not ready", spec.disk))?;
         let alias = naming::replica_alias(&spec.disk, name.as_str());
+        // a revert another node's engine asked for, before the lvol is read
+        let prev = ctx
+            .get::<LonghornInstanceStatus>(r.id())
+            .map_err(|e| e.to_string())?
+            .map(|s| s.spec);
+        let done = prev.and_then(|p| p.revert);
+        let mut revert = done.clone();
+        if let Some(rq) = spec
+            .revert
+            .as_ref()
+            .filter(|rq| RevertStatus::pending(done.as_ref(), rq))
+        {
+            let first = done.as_ref().is_none_or(|d| d.request < rq.request);
+            let out = self.revert_replica(inv, &name, spec, rq, held, first).await;
+            if !out.error.is_empty() {
+                return Ok(revert::half_reverted(InstanceKind::Replica, &out));
+            }
+            revert = Some(out);
+        }
         let lvol = match inv.lvols.get(&alias) {
             Some(l) => l.clone(),
             None => {
@@ -375,6 +397,7 @@ impl LonghornController {
             st.nqn = nqn.as_str().to_owned();
             st.endpoint = SocketAddr::new(addr, spec.port_start).to_string();
         }
+        st.revert = revert;
         Ok(st)
     }
 
@@ -868,12 +891,11 @@ impl LonghornController {
             }
             None => {
                 if inv.controllers.iter().any(|c| c == replica) {
-                    ignore_missing(
-                        self.client
-                            .bdev_nvme_detach_controller(&ByName::new(replica))
-                            .await,
-                    )
-                    .map_err(|x| format!("replica {replica}: detaching its old controller: {}", chain(&x)))?;
+                    crate::spdk::volume::lvol::detach_controller(&self.client, replica)
+                        .await
+                        .map_err(|x| {
+                            format!("replica {replica}: detaching its old controller: {}", chain(&x))
+                        })?;
                     inv.controllers.retain(|c| c != replica);
                     inv.bdevs.remove(&format!("{replica}n1"));
                 }
@@ -889,17 +911,14 @@ impl LonghornController {
             })
         });
         if in_slot {
-            ignore_missing(
-                self.client
-                    .bdev_raid_remove_base_bdev(&ByName::new(&member))
-                    .await,
-            )
-            .map_err(|x| {
-                format!(
-                    "replica {replica}: taking {member} out of raid {raid}: {}",
-                    chain(&x)
-                )
-            })?;
+            crate::spdk::volume::lvol::remove_raid_member(&self.client, &member)
+                .await
+                .map_err(|x| {
+                    format!(
+                        "replica {replica}: taking {member} out of raid {raid}: {}",
+                        chain(&x)
+                    )
+                })?;
         }
         self.client
             .bdev_raid_add_base_bdev(&RaidAddBaseBdev {
@@ -933,7 +952,8 @@ impl LonghornController {
         let nqn = naming::volume_nqn(&volume).map_err(|x| x.to_string())?;
         self.unexport(inv, nqn.as_str()).await?;
         if inv.raid(e.id()).is_some() {
-            ignore_missing(self.client.bdev_raid_delete(&RaidDelete::new(e.id())).await)
+            crate::spdk::volume::lvol::delete_raid(&self.client, e.id())
+                .await
                 .map_err(|x| format!("deleting raid {}: {}", e.id(), chain(&x)))?;
             inv.raids.retain(|r| r.name != e.id());
         }
@@ -941,12 +961,9 @@ impl LonghornController {
             if local.contains_key(replica) || !inv.controllers.iter().any(|c| c == replica) {
                 continue;
             }
-            ignore_missing(
-                self.client
-                    .bdev_nvme_detach_controller(&ByName::new(replica))
-                    .await,
-            )
-            .map_err(|x| format!("detaching replica {replica}: {}", chain(&x)))?;
+            crate::spdk::volume::lvol::detach_controller(&self.client, replica)
+                .await
+                .map_err(|x| format!("detaching replica {replica}: {}", chain(&x)))?;
             inv.controllers.retain(|c| c != replica);
             inv.bdevs.remove(&format!("{replica}n1"));
         }
@@ -1150,10 +1167,6 @@ impl Controller for LonghornController {
         let mut inv = Inventory::load(&self.client).await?;
         let listed = started.elapsed();
         for e in engines.iter().filter(|e| e.metadata.phase == Phase::TearingDown) {
-            if ops::is_held(e.id()) {
-                keep_status(ctx, e.id())?;
-                continue;
-            }
             match self.remove_engine(&mut inv, e, &local).await {
                 Ok(()) => ctx.remove_finalizer::<LonghornEngine>(e.id())?,
                 Err(m) => {
@@ -1177,7 +1190,7 @@ impl Controller for LonghornController {
             .map(String::as_str)
             .collect();
         for r in &replicas {
-            // an operation of the proxy (a revert) works on it now
+            // an operation of the proxy (a rebuild source copy making its head again) works on it now
             if ops::is_held(r.id()) {
                 keep_status(ctx, r.id())?;
                 continue;
@@ -1211,7 +1224,14 @@ impl Controller for LonghornController {
                 .await
             {
                 Ok(s) => s,
-                Err(m) => status(InstanceKind::Replica, InstanceState::Error, m),
+                Err(m) => {
+                    let mut st = status(InstanceKind::Replica, InstanceState::Error, m);
+                    // a revert carried out stays known (the call waits on it)
+                    st.revert = ctx
+                        .get::<LonghornInstanceStatus>(r.id())?
+                        .and_then(|s| s.spec.revert);
+                    st
+                }
             };
             ctx.apply(r.id(), st)?;
         }
@@ -1221,21 +1241,24 @@ impl Controller for LonghornController {
         // a thin rebuild goes one step per reconcile: the next one soon
         let mut fast = false;
         for e in &running_engines {
-            if ops::is_held(e.id()) {
-                keep_status(ctx, e.id())?;
-                continue;
-            }
             let prev = ctx.get::<LonghornInstanceStatus>(e.id())?.map(|s| s.spec);
-            let mut st = match self
-                .ensure_engine(&mut inv, &node, e, &local, prev.as_ref())
-                .await
-            {
-                Ok(s) => s,
-                Err(m) if m.starts_with("waiting for replicas") => {
-                    status(InstanceKind::Engine, InstanceState::Starting, m)
-                }
-                Err(m) => status(InstanceKind::Engine, InstanceState::Error, m),
+            // a revert first: the raid1 is made again over the reverted heads
+            let revert = self.revert(&mut inv, e, &local, prev.as_ref()).await;
+            let half = revert.as_ref().filter(|r| !r.error.is_empty());
+            let mut st = match half {
+                Some(r) => revert::half_reverted(InstanceKind::Engine, r),
+                None => match self
+                    .ensure_engine(&mut inv, &node, e, &local, prev.as_ref())
+                    .await
+                {
+                    Ok(s) => s,
+                    Err(m) if m.starts_with("waiting for replicas") => {
+                        status(InstanceKind::Engine, InstanceState::Starting, m)
+                    }
+                    Err(m) => status(InstanceKind::Engine, InstanceState::Error, m),
+                },
             };
+            st.revert = revert;
             if st.state != InstanceState::Running
                 && let Some(p) = prev
             {

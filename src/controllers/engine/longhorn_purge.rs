@@ -157,7 +157,7 @@ impl LonghornController {
 
 /// A replica of `e` being rebuilt (Longhorn sees it WO): a rebuild request
 /// not seen to end, and not failed.
-fn rebuilding<'a>(
+pub(super) fn rebuilding<'a>(
     e: &'a LonghornEngine,
     prev: Option<&LonghornInstanceStatus>,
     st: &LonghornInstanceStatus,
@@ -204,6 +204,7 @@ mod tests {
             rebuild_requests: requests.iter().map(|(r, n)| (r.to_string(), *n)).collect(),
             removed_snapshots: Default::default(),
             purge_request: 1,
+            revert: None,
             snapshot_info: Default::default(),
         }
     }

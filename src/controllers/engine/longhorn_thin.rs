@@ -21,8 +21,7 @@ use crate::longhorn::rebuild::{REBUILD_SNAP_PREFIX, ReplicaLvols, is_rebuild_sna
 use crate::resources::longhorn::{LonghornEngine, LonghornReplica};
 use crate::runtime::Typed;
 use crate::spdk::rpc::{
-    ByName, ByNqn, CheckShallowCopy, LvolSnapshot, RaidCreate, RaidDelete, RaidLevel, RemoveNamespace,
-    SubsystemListener,
+    ByNqn, CheckShallowCopy, LvolSnapshot, RaidCreate, RaidLevel, RemoveNamespace, SubsystemListener,
 };
 use crate::spdk::volume::Inventory;
 use crate::spdk::volume::naming::lvstore;
@@ -522,7 +521,8 @@ impl LonghornController {
             if r == dst_name {
                 if let Some(s) = slot.and_then(|s| s.name.clone()) {
                     // it left its slot's data behind when it fell out: out again
-                    ignore_missing(self.client.bdev_raid_remove_base_bdev(&ByName::new(&s)).await)
+                    crate::spdk::volume::lvol::remove_raid_member(&self.client, &s)
+                        .await
                         .map_err(|x| format!("taking {s} out of raid {engine}: {}", chain(&x)))?;
                 }
                 continue;
@@ -716,12 +716,11 @@ impl LonghornController {
             End::Peer { replica, address } => {
                 // this node's controller of it goes: the head is a new namespace
                 if inv.controllers.iter().any(|c| c == replica) {
-                    ignore_missing(
-                        self.client
-                            .bdev_nvme_detach_controller(&ByName::new(replica))
-                            .await,
-                    )
-                    .map_err(|x| format!("replica {replica}: detaching its old controller: {}", chain(&x)))?;
+                    crate::spdk::volume::lvol::detach_controller(&self.client, replica)
+                        .await
+                        .map_err(|x| {
+                            format!("replica {replica}: detaching its old controller: {}", chain(&x))
+                        })?;
                 }
                 let list = chain_src
                     .iter()
@@ -828,7 +827,8 @@ impl LonghornController {
                 .map_err(|x| format!("removing the namespace of {}: {}", plan.nqn, chain(&x)))?;
             }
         }
-        ignore_missing(self.client.bdev_raid_delete(&RaidDelete::new(engine)).await)
+        crate::spdk::volume::lvol::delete_raid(&self.client, engine)
+            .await
             .map_err(|x| format!("deleting raid {engine} for the switch: {}", chain(&x)))?;
         // the source head's last clusters (idle now)
         let snap = next_rebuild_snap(have_src, have_dst);

@@ -1,0 +1,270 @@
+//! Reverts: `SnapshotRevert` numbers a request on the engine
+//! (`LonghornEngine.revert`), `ReplicaSnapshotRevert` (another node's
+//! engine) one on the replica (`LonghornReplica.revert`); this carries each
+//! out once per number and reports it in `LonghornInstanceStatus.revert`,
+//! which the calls wait on.
+//!
+//! ```text
+//!   engine revert n ──> refused, nothing touched: a frontend, a replica being rebuilt (WO),
+//!                       a replica of this node without the snapshot
+//!                   ──> raid1 deleted, remote members detached
+//!                       another node's replicas: its ReplicaSnapshotRevert (each checks first)
+//!                       this node's: head <lvs>/<replica> deleted, cloned again from <replica>-snap-<s>
+//!                   ──> failed half way: status.revert.error, the engine not served
+//!                       (its replicas may differ), tried again every reconcile
+//!                   ──> done: the rest of the reconcile makes the raid1 over the new heads
+//!   replica revert n ─> its export down, head cloned again, exported again
+//! ```
+
+use std::collections::BTreeMap;
+
+use super::purge::rebuilding;
+use super::{LonghornController, chain, status};
+use crate::longhorn::naming;
+use crate::longhorn::proto::spdkrpc;
+use crate::names::ObjectName;
+use crate::resources::longhorn::{
+    InstanceKind, InstanceState, LonghornEngine, LonghornInstanceStatus, LonghornReplica, RevertRequest,
+    RevertStatus, snapshot_lvol,
+};
+use crate::runtime::Typed;
+use crate::spdk::volume::Inventory;
+use crate::spdk::volume::lvol::{delete_raid, detach_controller, revert_head};
+use crate::spdk::volume::naming::lvstore;
+
+impl LonghornController {
+    /// Carries out engine `e`'s revert request unless it was (`prev` holds
+    /// the last one); gives the revert status to report. `inv` is listed
+    /// again after a revert.
+    pub(super) async fn revert(
+        &self,
+        inv: &mut Inventory,
+        e: &Typed<LonghornEngine>,
+        local: &BTreeMap<String, LonghornReplica>,
+        prev: Option<&LonghornInstanceStatus>,
+    ) -> Option<RevertStatus> {
+        let done = prev.and_then(|p| p.revert.as_ref());
+        let Some(r) = e.spec.revert.as_ref().filter(|r| RevertStatus::pending(done, r)) else {
+            return done.cloned();
+        };
+        let mut out = RevertStatus {
+            request: r.request,
+            snapshot: r.snapshot.clone(),
+            ..RevertStatus::default()
+        };
+        // a request tried before got past the checks (and may have touched heads)
+        let retry = done.is_some_and(|d| d.request == r.request);
+        if !retry && let Err(m) = self.revert_allowed(inv, e, local, prev, &r.snapshot) {
+            tracing::info!(engine = e.id(), request = r.request, refused = %m, "snapshot revert");
+            out.refused = m;
+            return Some(out);
+        }
+        if let Err(m) = self.revert_replicas(inv, e, local, &r.snapshot).await {
+            out.error = m;
+        }
+        match Inventory::load(&self.client).await {
+            Ok(i) => *inv = i,
+            Err(x) if out.error.is_empty() => {
+                out.error = format!("listing spdk_tgt after the revert: {}", chain(&x));
+            }
+            Err(_) => {}
+        }
+        if out.error.is_empty() {
+            tracing::info!(engine = e.id(), request = r.request, snapshot = %r.snapshot, "snapshot revert");
+        } else {
+            tracing::warn!(engine = e.id(), request = r.request, error = %out.error, "snapshot revert");
+        }
+        Some(out)
+    }
+
+    /// Why engine `e` may not be reverted to `snap` now, if so.
+    fn revert_allowed(
+        &self,
+        inv: &Inventory,
+        e: &Typed<LonghornEngine>,
+        local: &BTreeMap<String, LonghornReplica>,
+        prev: Option<&LonghornInstanceStatus>,
+        snap: &str,
+    ) -> Result<(), String> {
+        naming::instance_name("snapshot", snap).map_err(|x| x.to_string())?;
+        if !e.spec.frontend.is_empty() {
+            return Err(format!(
+                "invalid frontend {} for engine {} snapshot {snap} revert: the engine must be detached from its frontend",
+                e.spec.frontend,
+                e.id()
+            ));
+        }
+        let now = LonghornInstanceStatus::new(InstanceKind::Engine, InstanceState::Running, "");
+        if let Some(r) = rebuilding(&e.spec, prev, &now) {
+            return Err(format!(
+                "engine {} contains WO replica {r} during snapshot {snap} revert",
+                e.id()
+            ));
+        }
+        for replica in e.spec.replica_address_map.keys() {
+            if let Some(r) = local.get(replica) {
+                let source = format!("{}/{}", lvstore(&r.disk), snapshot_lvol(replica, snap));
+                if !inv.lvols.contains_key(&source) {
+                    return Err(format!(
+                        "replica {replica} does not contain the reverting snapshot {snap}"
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Takes engine `e`'s raid1 down and makes every replica's head a clone
+    /// of snapshot `snap`: another node's first (each checks its snapshot
+    /// before it deletes anything), then this node's.
+    async fn revert_replicas(
+        &self,
+        inv: &mut Inventory,
+        e: &Typed<LonghornEngine>,
+        local: &BTreeMap<String, LonghornReplica>,
+        snap: &str,
+    ) -> Result<(), String> {
+        // the raid1 goes (its export's namespace with it)
+        delete_raid(&self.client, e.id())
+            .await
+            .map_err(|x| format!("deleting raid {}: {}", e.id(), chain(&x)))?;
+        inv.raids.retain(|r| r.name != e.id());
+        let map = &e.spec.replica_address_map;
+        for replica in map.keys().filter(|r| !local.contains_key(*r)) {
+            detach_controller(&self.client, replica)
+                .await
+                .map_err(|x| format!("detaching replica {replica}: {}", chain(&x)))?;
+            inv.controllers.retain(|c| c != replica);
+        }
+        for (replica, address) in map.iter().filter(|(r, _)| !local.contains_key(*r)) {
+            let mut c = self.peer(replica, address).await?;
+            c.replica_snapshot_revert(spdkrpc::SnapshotRequest {
+                name: replica.clone(),
+                snapshot_name: snap.to_owned(),
+                ..Default::default()
+            })
+            .await
+            .map_err(|s| format!("replica {replica}: its node: {}", s.message()))?;
+        }
+        for (replica, r) in map.keys().filter_map(|k| local.get(k).map(|r| (k, r))) {
+            revert_head(
+                &self.client,
+                &lvstore(&r.disk),
+                replica,
+                &snapshot_lvol(replica, snap),
+            )
+            .await
+            .map_err(|x| {
+                format!(
+                    "replica {replica}: reverting its head to snapshot {snap}: {}",
+                    chain(&x)
+                )
+            })?;
+        }
+        Ok(())
+    }
+
+    /// Carries out replica `name`'s revert request `rq` (another node's
+    /// engine reverts): unexported, its head a clone of the snapshot again;
+    /// the caller exports it again. `first`: not tried before (a retry got
+    /// past the checks). `inv` is listed again after a revert.
+    pub(super) async fn revert_replica(
+        &self,
+        inv: &mut Inventory,
+        name: &ObjectName,
+        r: &LonghornReplica,
+        rq: &RevertRequest,
+        held: bool,
+        first: bool,
+    ) -> RevertStatus {
+        let mut out = RevertStatus {
+            request: rq.request,
+            snapshot: rq.snapshot.clone(),
+            ..RevertStatus::default()
+        };
+        let lvs = lvstore(&r.disk);
+        let source = snapshot_lvol(name.as_str(), &rq.snapshot);
+        if first {
+            if let Err(x) = naming::instance_name("snapshot", &rq.snapshot) {
+                out.refused = x.to_string();
+            } else if held {
+                out.refused = format!("replica {name} is held by an engine on this node: revert the engine");
+            } else if !inv.lvols.contains_key(&format!("{lvs}/{source}")) {
+                out.refused = format!(
+                    "replica {name} does not contain the reverting snapshot {}",
+                    rq.snapshot
+                );
+            }
+            if !out.refused.is_empty() {
+                return out;
+            }
+        }
+        let done = async {
+            let nqn = naming::replica_nqn(name).map_err(|x| x.to_string())?;
+            self.unexport(inv, nqn.as_str()).await?;
+            revert_head(&self.client, &lvs, name.as_str(), &source)
+                .await
+                .map_err(|x| format!("reverting the head of replica {name} to {source}: {}", chain(&x)))?;
+            *inv = Inventory::load(&self.client)
+                .await
+                .map_err(|x| format!("listing spdk_tgt after the revert: {}", chain(&x)))?;
+            Ok::<(), String>(())
+        };
+        if let Err(m) = done.await {
+            out.error = m;
+        }
+        tracing::info!(replica = name.as_str(), request = rq.request, error = %out.error, "replica revert");
+        out
+    }
+}
+
+/// The status of an instance whose revert failed half way: not served.
+pub(super) fn half_reverted(kind: InstanceKind, r: &RevertStatus) -> LonghornInstanceStatus {
+    let mut st = status(
+        kind,
+        InstanceState::Error,
+        format!(
+            "reverting to snapshot {}: {}; the replicas may differ, so it is not served until the revert is done",
+            r.snapshot, r.error
+        ),
+    );
+    st.revert = Some(r.clone());
+    st
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn req(n: u64) -> RevertRequest {
+        RevertRequest {
+            request: n,
+            snapshot: "s1".into(),
+        }
+    }
+
+    /// A request is carried out once, and again only while it failed half
+    /// way; one refused is over.
+    #[test]
+    fn a_revert_request_is_carried_out_until_done_or_refused() {
+        assert!(RevertStatus::pending(None, &req(1)));
+        let done = RevertStatus {
+            request: 1,
+            snapshot: "s1".into(),
+            ..RevertStatus::default()
+        };
+        assert!(!RevertStatus::pending(Some(&done), &req(1)));
+        assert!(RevertStatus::pending(Some(&done), &req(2)));
+        let refused = RevertStatus {
+            refused: "a frontend".into(),
+            ..done.clone()
+        };
+        assert!(!RevertStatus::pending(Some(&refused), &req(1)));
+        let failed = RevertStatus {
+            error: "lost".into(),
+            ..done
+        };
+        assert!(RevertStatus::pending(Some(&failed), &req(1)));
+        assert!(!RevertStatus::pending(Some(&failed), &req(0)));
+    }
+}
