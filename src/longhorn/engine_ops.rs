@@ -31,7 +31,7 @@ use super::ops;
 use super::proto::imrpc::{self, proxy_engine_service_client::ProxyEngineServiceClient};
 use super::proto::ptypes;
 use super::proto::spdkrpc;
-use super::proxy::{LVOL_NAME_MAX, Member, chain, internal, snapshot_lvol};
+use super::proxy::{LVOL_NAME_MAX, Member, snapshot_lvol};
 use super::server::Longhorn;
 use crate::resources::longhorn::{
     InstanceState, LonghornEngine, LonghornEngineFrontend, LonghornInstanceStatus, LonghornReplica,
@@ -89,14 +89,6 @@ impl Longhorn {
             None => Err(Status::failed_precondition(format!(
                 "{what}: the engine is not running"
             ))),
-        }
-    }
-
-    /// The bdev replica `replica` is in engine `e`'s raid1 as.
-    fn member_bdev(&self, replica: &str) -> String {
-        match self.local_replica(replica) {
-            Some(r) => naming::replica_alias(&r.disk, replica),
-            None => format!("{replica}n1"),
         }
     }
 
@@ -586,28 +578,18 @@ impl Longhorn {
     }
 
     /// `ReplicaRebuildingQosSet`: the cap is kept on the engine for the
-    /// next rebuilds and applied now to the member being rebuilt (0 lifts).
+    /// next rebuilds; the controller brings the running rebuild's member to
+    /// it (0 lifts) and the call returns once a reconcile has seen it.
     pub(super) async fn rebuild_qos_set(&self, e: &Typed<LonghornEngine>, mbps: i64) -> Result<(), Status> {
         let what = format!("engine {}: rebuild QoS {mbps} MB/s", e.id());
-        let mbps = u64::try_from(mbps).map_err(|_| Status::invalid_argument(format!("{what}: negative")))?;
-        self.update_engine(e, |s| {
-            s.rebuild_qos_mbps = i64::try_from(mbps).unwrap_or(i64::MAX)
-        })?;
-        for m in self.members(e).await? {
-            if m.mode != ptypes::ReplicaMode::Wo {
-                continue;
-            }
-            let member = self.member_bdev(&m.replica);
-            ops::set_rebuild_cap(self.client(), &member, mbps)
-                .await
-                .map_err(|x| internal(&format!("{what}: capping {member}"), chain(&x)))?;
-            if mbps > 0 {
-                ops::mark_capped(e.id(), &member);
-            } else {
-                ops::uncap(&member);
-            }
+        if mbps < 0 {
+            return Err(Status::invalid_argument(format!("{what}: negative")));
         }
-        Ok(())
+        let version = self.change_engine(e, |s| s.rebuild_qos_mbps = mbps)?;
+        self.wait_status(e.id(), &what, |st| {
+            (st.observed_version >= version).then_some(Ok(()))
+        })
+        .await
     }
 
     // ----- forwarding
@@ -706,7 +688,7 @@ fn revert_failure(r: &RevertStatus, what: &str) -> Option<Status> {
     (!r.error.is_empty()).then(|| Status::internal(format!("{what}: {}", r.error)))
 }
 
-fn next_request(used: u64) -> u64 {
+pub(super) fn next_request(used: u64) -> u64 {
     let clock = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));

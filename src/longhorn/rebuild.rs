@@ -32,8 +32,9 @@ use super::naming;
 use super::proto::spdkrpc;
 use super::proxy::snapshot_lvol;
 use super::server::Longhorn;
+use crate::resources::longhorn::{DstStartRequest, LonghornReplica};
 use crate::spdk::rpc::{
-    AttachController, ByNqn, CheckShallowCopy, LvolClone, LvolCreate, QosLimit, StartShallowCopy,
+    AttachController, CheckShallowCopy, LvolClone, LvolCreate, QosLimit, StartShallowCopy,
 };
 use crate::spdk::volume::Inventory;
 use crate::spdk::volume::naming::lvstore;
@@ -45,6 +46,9 @@ const MIB: u64 = 1 << 20;
 pub const REBUILD_SNAP_PREFIX: &str = "talon-rb-";
 /// How long DstStart waits for the controller to export the new head.
 const EXPORT_WAIT: Duration = Duration::from_secs(20);
+/// How long a rebuild start waits for the controller to make the dest's
+/// head again (its reconcile may be busy with another instance first).
+const RESET_WAIT: Duration = Duration::from_secs(60);
 
 /// Whether snapshot name `snap` is a rebuild snapshot.
 pub fn is_rebuild_snap(snap: &str) -> bool {
@@ -329,32 +333,46 @@ impl Longhorn {
             req.src_replica_name
         );
         let have = self.replica_lvols_now(replica.as_str(), &t.spec.disk).await?;
-        let j = have.shared(&chain);
         let nqn = naming::replica_nqn(&replica).map_err(|x| Status::invalid_argument(x.to_string()))?;
-        if !have.ready_over(&chain, j) {
-            let _hold = super::ops::try_hold(replica.as_str())
-                .ok_or_else(|| Status::unavailable(format!("{what}: another operation is in progress")))?;
-            match self
-                .client()
-                .nvmf_delete_subsystem(&ByNqn {
-                    nqn: nqn.as_str().to_owned(),
-                })
-                .await
-            {
-                Ok(_) => {}
-                Err(x) if x.is(ErrorKind::NotFound) || x.is(ErrorKind::InvalidParams) => {}
-                Err(x) => return Err(internal(&format!("{what}: unexporting {nqn}"), &x)),
+        if !have.ready_over(&chain, have.shared(&chain)) {
+            // the controller takes the export down, makes the head again
+            // and exports it again
+            let done = self
+                .status_of(replica.as_str())
+                .and_then(|s| s.dst_start)
+                .map_or(0, |d| d.request);
+            let asked = t.spec.dst_start.as_ref().map_or(0, |d| d.request);
+            let request = super::engine_ops::next_request(asked.max(done));
+            let spec = LonghornReplica {
+                dst_start: Some(DstStartRequest {
+                    request,
+                    chain: chain.clone(),
+                }),
+                ..t.spec.clone()
+            };
+            self.state()
+                .update_typed(replica.as_str(), "", None, &spec)
+                .map_err(|e| Status::internal(crate::util::error_chain(&e)))?;
+            let deadline = Instant::now() + RESET_WAIT;
+            loop {
+                if let Some(d) = self
+                    .status_of(replica.as_str())
+                    .and_then(|s| s.dst_start)
+                    .filter(|d| d.request >= request)
+                {
+                    if !d.error.is_empty() {
+                        return Err(Status::internal(format!("{what}: {}", d.error)));
+                    }
+                    break;
+                }
+                if Instant::now() > deadline {
+                    return Err(Status::deadline_exceeded(format!(
+                        "{what}: the controller has not made its head again in {} s",
+                        RESET_WAIT.as_secs()
+                    )));
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
             }
-            reset_head(
-                self.client(),
-                &lvstore(&t.spec.disk),
-                replica.as_str(),
-                t.spec.size_bytes,
-                &have,
-                &chain,
-            )
-            .await
-            .map_err(|m| Status::internal(format!("{what}: {m}")))?;
         }
         // the controller exports the head (again)
         let deadline = Instant::now() + EXPORT_WAIT;

@@ -793,6 +793,7 @@ impl Longhorn {
                 port_end,
                 cleanup: false,
                 revert: None,
+                dst_start: None,
             },
         )
     }
@@ -835,6 +836,7 @@ impl Longhorn {
                         port_end: 0,
                         cleanup: true,
                         revert: None,
+                        dst_start: None,
                     },
                 )?;
             }

@@ -44,6 +44,35 @@ pub struct LonghornReplica {
     /// reports it in `LonghornInstanceStatus.revert`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub revert: Option<RevertRequest>,
+    /// The last rebuild another node's engine starts into this replica
+    /// (`ReplicaRebuildingDstStart`): unless the head is already empty right
+    /// above the snapshots it shares with the source's chain, the controller
+    /// makes it so (the snapshots not shared deleted), unexported meanwhile,
+    /// once per request number, and reports it in
+    /// `LonghornInstanceStatus.dstStart`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dst_start: Option<DstStartRequest>,
+}
+
+/// A numbered start of a rebuild into a replica ([`LonghornReplica::dst_start`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct DstStartRequest {
+    /// The request number (each call takes a greater one).
+    pub request: u64,
+    /// The source's snapshots, oldest first (Longhorn snapshot names).
+    pub chain: Vec<String>,
+}
+
+/// What the controller made of a [`DstStartRequest`].
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct DstStartStatus {
+    /// The request number.
+    pub request: u64,
+    /// What failed; empty: the head is ready for the rebuild.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub error: String,
 }
 
 /// A numbered revert of an instance to one of its snapshots.
@@ -234,7 +263,8 @@ pub struct LonghornInstanceStatus {
     pub kind: InstanceKind,
     /// Its state.
     pub state: InstanceState,
-    /// Why it is not running.
+    /// Why it is not running, or what a running one could not do yet (it is
+    /// tried again).
     #[serde(default)]
     pub message: String,
     /// The bdev that holds or serves the data (lvol alias, raid or member).
@@ -292,6 +322,9 @@ pub struct LonghornInstanceStatus {
     /// (`LonghornEngine.revert`, `LonghornReplica.revert`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub revert: Option<RevertStatus>,
+    /// Replicas: the last rebuild start carried out (`LonghornReplica.dstStart`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dst_start: Option<DstStartStatus>,
 }
 
 /// What the controller made of a revert request ([`RevertRequest`]).
@@ -369,6 +402,7 @@ impl LonghornInstanceStatus {
             remote_members: BTreeSet::new(),
             purge: None,
             revert: None,
+            dst_start: None,
         }
     }
 }

@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 
 use crate::attach::nvme_tcp::{self, ConnectOptions, NvmeTcpTarget};
 use crate::host::HostRoot;
-use crate::longhorn::{naming, ops};
+use crate::longhorn::naming;
 use crate::names::ObjectName;
 use crate::resources::config::{Disk, NodeConfig};
 use crate::resources::engine::{DiskStatus, ObjectState, TargetStatus};
@@ -40,6 +40,7 @@ use crate::spdk::rpc::{
     LvolCreate, LvolStoreRef, RaidAddBaseBdev, RaidCategory, RaidCreate, RaidLevel, SubsystemHostParams,
     SubsystemListener,
 };
+use crate::spdk::volume::lvol::set_qos_cap;
 use crate::spdk::volume::{Inventory, VolumeOps};
 use crate::spdk::{ErrorKind, SpdkClient};
 
@@ -76,6 +77,8 @@ pub struct LonghornController {
     /// Engine exports checked since this start for a freeze a stop left
     /// (`freeze::thaw_leftover`).
     thaw_checked: crate::spdk::volume::freeze::ThawOnce,
+    /// The raid1 rebuild members this controller capped.
+    caps: caps::Caps,
 }
 
 #[path = "longhorn_thin.rs"]
@@ -90,6 +93,9 @@ mod members;
 #[path = "longhorn_revert.rs"]
 mod revert;
 
+#[path = "longhorn_caps.rs"]
+mod caps;
+
 impl LonghornController {
     /// A controller driving the target behind `client`.
     pub fn new(client: SpdkClient) -> Self {
@@ -101,6 +107,7 @@ impl LonghornController {
             peer_port: 8504,
             thin: thin::ThinRebuilds::default(),
             thaw_checked: Default::default(),
+            caps: caps::Caps::default(),
         }
     }
 
@@ -323,7 +330,7 @@ impl LonghornController {
             .get::<LonghornInstanceStatus>(r.id())
             .map_err(|e| e.to_string())?
             .map(|s| s.spec);
-        let done = prev.and_then(|p| p.revert);
+        let done = prev.as_ref().and_then(|p| p.revert.clone());
         let mut revert = done.clone();
         if let Some(rq) = spec
             .revert
@@ -336,6 +343,15 @@ impl LonghornController {
                 return Ok(revert::half_reverted(InstanceKind::Replica, &out));
             }
             revert = Some(out);
+        }
+        // a rebuild another node's engine starts into it
+        let mut dst_start = prev.as_ref().and_then(|p| p.dst_start.clone());
+        if let Some(rq) = spec
+            .dst_start
+            .as_ref()
+            .filter(|rq| dst_start.as_ref().is_none_or(|d| d.request < rq.request))
+        {
+            dst_start = Some(self.dst_start(inv, &name, spec, rq).await);
         }
         let lvol = match inv.lvols.get(&alias) {
             Some(l) => l.clone(),
@@ -398,6 +414,7 @@ impl LonghornController {
             st.endpoint = SocketAddr::new(addr, spec.port_start).to_string();
         }
         st.revert = revert;
+        st.dst_start = dst_start;
         Ok(st)
     }
 
@@ -523,7 +540,7 @@ impl LonghornController {
         let name = ObjectName::parse("engine", e.id()).map_err(|x| x.to_string())?;
         let volume = ObjectName::parse("volume", &e.spec.volume).map_err(|x| x.to_string())?;
         let addr: IpAddr = crate::longhorn::address::instance_ip(&node.listen_address)?;
-        self.drop_removed(inv, e, local, prev).await?;
+        let left = self.drop_removed(inv, e, local, prev).await;
         let (bdev, uuid) = match inv.raid(name.as_str()) {
             Some(raid) => (raid.name.clone(), raid.uuid.clone().unwrap_or_default()),
             None => {
@@ -625,7 +642,12 @@ impl LonghornController {
         self.export(inv, &plan).await?;
         // a snapshot's freeze left by a talon stopped before its thaw
         self.thaw_checked.check(&self.client, nqn.as_str()).await;
-        let mut st = status(InstanceKind::Engine, InstanceState::Running, "");
+        let mut st = status(
+            InstanceKind::Engine,
+            InstanceState::Running,
+            left.errors.join("; "),
+        );
+        st.remote_members = left.attached;
         if bdev == name.as_str() {
             self.rebuilds(inv, e, local, prev, &mut st, &plan).await;
         }
@@ -777,7 +799,7 @@ impl LonghornController {
                 },
             }
         }
-        let all_capped = crate::longhorn::ops::all_capped_of(e.id());
+        let all_capped = self.caps.all_of(e.id());
         if !started_one
             && unsettled.is_empty()
             && all_capped.is_empty()
@@ -825,6 +847,7 @@ impl LonghornController {
         match raid.as_ref().and_then(|r| r.process.as_ref()) {
             Some(p) => {
                 // the member the rebuild writes (added by name; SPDK may name an lvol by UUID)
+                let mut target = p.target.clone();
                 for m in &all_capped {
                     let uuid = inv
                         .lvols
@@ -832,7 +855,22 @@ impl LonghornController {
                         .map(|l| l.uuid.clone())
                         .or_else(|| inv.bdevs.get(m).and_then(|b| b.uuid.clone()));
                     if p.target == *m || uuid.as_deref() == Some(p.target.as_str()) {
-                        crate::longhorn::ops::seen_rebuilding(m);
+                        self.caps.seen(m);
+                        target = m.clone();
+                    }
+                }
+                // at the engine's cap (ReplicaRebuildingQosSet changes it)
+                let want = u64::try_from(e.spec.rebuild_qos_mbps).unwrap_or(0);
+                if self.caps.of(&target) != want {
+                    match set_qos_cap(&self.client, &target, want).await {
+                        Ok(()) => {
+                            self.caps.set(e.id(), &target, want);
+                            self.caps.seen(&target);
+                            tracing::info!(engine = e.id(), member = target, mbps = want, "rebuild cap");
+                        }
+                        Err(x) => {
+                            tracing::warn!(member = target, error = %chain(&x), "setting the rebuild cap failed")
+                        }
                     }
                 }
                 let (bs, blocks) = inv
@@ -848,10 +886,10 @@ impl LonghornController {
                 );
             }
             None => {
-                for member in crate::longhorn::ops::capped_of(e.id(), CAP_GRACE) {
-                    match ops::set_rebuild_cap(&self.client, &member, 0).await {
-                        Ok(()) => crate::longhorn::ops::uncap(&member),
-                        Err(x) if x.is(ErrorKind::NotFound) => crate::longhorn::ops::uncap(&member),
+                for member in self.caps.liftable(e.id(), CAP_GRACE) {
+                    match set_qos_cap(&self.client, &member, 0).await {
+                        Ok(()) => self.caps.forget(&member),
+                        Err(x) if x.is(ErrorKind::NotFound) => self.caps.forget(&member),
                         Err(x) => {
                             tracing::warn!(member, error = %chain(&x), "lifting the rebuild cap failed")
                         }
@@ -930,8 +968,9 @@ impl LonghornController {
         // capped once the raid has it open: on v26.05 a QoS limit set on a
         // bdev nobody has open can never be changed or lifted again (EAGAIN)
         if qos_mbps > 0 {
-            match ops::set_rebuild_cap(&self.client, &member, u64::try_from(qos_mbps).unwrap_or(0)).await {
-                Ok(()) => ops::mark_capped(raid, &member),
+            let mbps = u64::try_from(qos_mbps).unwrap_or(0);
+            match set_qos_cap(&self.client, &member, mbps).await {
+                Ok(()) => self.caps.set(raid, &member, mbps),
                 Err(x) => {
                     tracing::warn!(raid, replica, member, error = %chain(&x), "the rebuild runs uncapped")
                 }
@@ -1190,11 +1229,6 @@ impl Controller for LonghornController {
             .map(String::as_str)
             .collect();
         for r in &replicas {
-            // an operation of the proxy (a rebuild source copy making its head again) works on it now
-            if ops::is_held(r.id()) {
-                keep_status(ctx, r.id())?;
-                continue;
-            }
             if r.metadata.phase == Phase::TearingDown {
                 if held.contains(r.id()) && r.spec.cleanup {
                     let m = format!(
@@ -1226,10 +1260,11 @@ impl Controller for LonghornController {
                 Ok(s) => s,
                 Err(m) => {
                     let mut st = status(InstanceKind::Replica, InstanceState::Error, m);
-                    // a revert carried out stays known (the call waits on it)
-                    st.revert = ctx
-                        .get::<LonghornInstanceStatus>(r.id())?
-                        .and_then(|s| s.spec.revert);
+                    // the requests carried out stay known (the calls wait on them)
+                    if let Some(p) = ctx.get::<LonghornInstanceStatus>(r.id())? {
+                        st.revert = p.spec.revert;
+                        st.dst_start = p.spec.dst_start;
+                    }
                     st
                 }
             };
@@ -1315,15 +1350,6 @@ impl Controller for LonghornController {
         }
         Ok(Requeue::After(if fast { THIN_POLL } else { POLL }))
     }
-}
-
-/// An instance an operation of the proxy holds keeps the status it had (an
-/// output not applied by a reconcile would be destroyed).
-fn keep_status(ctx: &mut ReconcileContext, id: &str) -> Result<(), ControllerError> {
-    if let Some(s) = ctx.get::<LonghornInstanceStatus>(id)? {
-        ctx.apply(id, s.spec)?;
-    }
-    Ok(())
 }
 
 fn kind_type(kind: InstanceKind) -> &'static str {

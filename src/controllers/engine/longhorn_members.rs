@@ -12,7 +12,6 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::{LonghornController, chain};
-use crate::longhorn::ops;
 use crate::resources::longhorn::{LonghornEngine, LonghornInstanceStatus, LonghornReplica};
 use crate::runtime::Typed;
 use crate::spdk::volume::Inventory;
@@ -22,14 +21,18 @@ impl LonghornController {
     /// Takes the replicas that left engine `e`'s map out of its raid1 and
     /// detaches the remote ones (`prev.remoteMembers`). Only a slot this can
     /// name as a replica not in the map is touched: an lvol of this node, or
-    /// the namespace `<replica>n1` of a controller.
+    /// the namespace `<replica>n1` of a controller. What SPDK refuses does
+    /// not stop the engine: it is logged and given back (a slot stays in
+    /// the raid1 and a controller stays in the status's `remoteMembers`, so
+    /// the next reconcile tries again).
     pub(super) async fn drop_removed(
         &self,
         inv: &mut Inventory,
         e: &Typed<LonghornEngine>,
         local: &BTreeMap<String, LonghornReplica>,
         prev: Option<&LonghornInstanceStatus>,
-    ) -> Result<(), String> {
+    ) -> Left {
+        let mut left = Left::default();
         let map = &e.spec.replica_address_map;
         let slots: Vec<String> = inv
             .raid(e.id())
@@ -39,13 +42,16 @@ impl LonghornController {
             let Some((replica, member)) = removed_member(inv, map, &slot) else {
                 continue;
             };
-            remove_raid_member(&self.client, &slot).await.map_err(|x| {
-                format!(
-                    "replica {replica} left engine {}: taking {member} out of the raid1: {}",
+            if let Err(x) = remove_raid_member(&self.client, &slot).await {
+                left.failed(
                     e.id(),
-                    chain(&x)
-                )
-            })?;
+                    format!(
+                        "replica {replica} left: taking {member} out of the raid1: {}",
+                        chain(&x)
+                    ),
+                );
+                continue;
+            }
             for b in inv
                 .raids
                 .iter_mut()
@@ -56,8 +62,8 @@ impl LonghornController {
                 b.name = None;
                 b.is_configured = false;
             }
-            ops::uncap(&member);
-            ops::uncap(&slot);
+            self.caps.forget(&member);
+            self.caps.forget(&slot);
             tracing::info!(
                 engine = e.id(),
                 replica,
@@ -74,13 +80,14 @@ impl LonghornController {
             .cloned()
             .collect();
         for replica in attached {
-            detach_controller(&self.client, &replica).await.map_err(|x| {
-                format!(
-                    "replica {replica} left engine {}: detaching it: {}",
+            if let Err(x) = detach_controller(&self.client, &replica).await {
+                left.failed(
                     e.id(),
-                    chain(&x)
-                )
-            })?;
+                    format!("replica {replica} left: detaching it: {}", chain(&x)),
+                );
+                left.attached.insert(replica);
+                continue;
+            }
             inv.controllers.retain(|c| *c != replica);
             inv.bdevs.remove(&format!("{replica}n1"));
             tracing::info!(
@@ -89,7 +96,23 @@ impl LonghornController {
                 "remote replica detached (ReplicaRemove)"
             );
         }
-        Ok(())
+        left
+    }
+}
+
+/// What [`LonghornController::drop_removed`] could not do.
+#[derive(Debug, Default)]
+pub(super) struct Left {
+    /// Remote replicas gone from the map still attached.
+    pub attached: BTreeSet<String>,
+    /// What SPDK refused, one line each.
+    pub errors: Vec<String>,
+}
+
+impl Left {
+    fn failed(&mut self, engine: &str, m: String) {
+        tracing::warn!(engine, "{m}; tried again at the next reconcile");
+        self.errors.push(m);
     }
 }
 

@@ -1,4 +1,4 @@
-//! Reverts: `SnapshotRevert` numbers a request on the engine
+//! Reverts and rebuild starts: `SnapshotRevert` numbers a request on the engine
 //! (`LonghornEngine.revert`), `ReplicaSnapshotRevert` (another node's
 //! engine) one on the replica (`LonghornReplica.revert`); this carries each
 //! out once per number and reports it in `LonghornInstanceStatus.revert`,
@@ -14,6 +14,8 @@
 //!                       (its replicas may differ), tried again every reconcile
 //!                   ──> done: the rest of the reconcile makes the raid1 over the new heads
 //!   replica revert n ─> its export down, head cloned again, exported again
+//!   replica dstStart n (ReplicaRebuildingDstStart) ─> head not empty over the shared snapshots?
+//!                       its export down, the snapshots not shared deleted, head made again, exported again
 //! ```
 
 use std::collections::BTreeMap;
@@ -22,10 +24,11 @@ use super::purge::rebuilding;
 use super::{LonghornController, chain, status};
 use crate::longhorn::naming;
 use crate::longhorn::proto::spdkrpc;
+use crate::longhorn::rebuild::{ReplicaLvols, reset_head};
 use crate::names::ObjectName;
 use crate::resources::longhorn::{
-    InstanceKind, InstanceState, LonghornEngine, LonghornInstanceStatus, LonghornReplica, RevertRequest,
-    RevertStatus, snapshot_lvol,
+    DstStartRequest, DstStartStatus, InstanceKind, InstanceState, LonghornEngine, LonghornInstanceStatus,
+    LonghornReplica, RevertRequest, RevertStatus, snapshot_lvol,
 };
 use crate::runtime::Typed;
 use crate::spdk::volume::Inventory;
@@ -54,7 +57,7 @@ impl LonghornController {
         };
         // a request tried before got past the checks (and may have touched heads)
         let retry = done.is_some_and(|d| d.request == r.request);
-        if !retry && let Err(m) = self.revert_allowed(inv, e, local, prev, &r.snapshot) {
+        if !retry && let Err(m) = revert_allowed(inv, e.id(), &e.spec, local, prev, &r.snapshot) {
             tracing::info!(engine = e.id(), request = r.request, refused = %m, "snapshot revert");
             out.refused = m;
             return Some(out);
@@ -75,43 +78,6 @@ impl LonghornController {
             tracing::warn!(engine = e.id(), request = r.request, error = %out.error, "snapshot revert");
         }
         Some(out)
-    }
-
-    /// Why engine `e` may not be reverted to `snap` now, if so.
-    fn revert_allowed(
-        &self,
-        inv: &Inventory,
-        e: &Typed<LonghornEngine>,
-        local: &BTreeMap<String, LonghornReplica>,
-        prev: Option<&LonghornInstanceStatus>,
-        snap: &str,
-    ) -> Result<(), String> {
-        naming::instance_name("snapshot", snap).map_err(|x| x.to_string())?;
-        if !e.spec.frontend.is_empty() {
-            return Err(format!(
-                "invalid frontend {} for engine {} snapshot {snap} revert: the engine must be detached from its frontend",
-                e.spec.frontend,
-                e.id()
-            ));
-        }
-        let now = LonghornInstanceStatus::new(InstanceKind::Engine, InstanceState::Running, "");
-        if let Some(r) = rebuilding(&e.spec, prev, &now) {
-            return Err(format!(
-                "engine {} contains WO replica {r} during snapshot {snap} revert",
-                e.id()
-            ));
-        }
-        for replica in e.spec.replica_address_map.keys() {
-            if let Some(r) = local.get(replica) {
-                let source = format!("{}/{}", lvstore(&r.disk), snapshot_lvol(replica, snap));
-                if !inv.lvols.contains_key(&source) {
-                    return Err(format!(
-                        "replica {replica} does not contain the reverting snapshot {snap}"
-                    ));
-                }
-            }
-        }
-        Ok(())
     }
 
     /// Takes engine `e`'s raid1 down and makes every replica's head a clone
@@ -218,6 +184,94 @@ impl LonghornController {
     }
 }
 
+impl LonghornController {
+    /// Carries out replica `name`'s rebuild start `rq` (another node's
+    /// engine rebuilds into it): unless its head is already empty right
+    /// above the snapshots it shares with `rq.chain`, unexported and the
+    /// head made so (`rebuild::reset_head`); the caller exports it again.
+    /// `inv` is listed again after a change.
+    pub(super) async fn dst_start(
+        &self,
+        inv: &mut Inventory,
+        name: &ObjectName,
+        r: &LonghornReplica,
+        rq: &DstStartRequest,
+    ) -> DstStartStatus {
+        let lvs = lvstore(&r.disk);
+        let done = async {
+            for s in &rq.chain {
+                naming::replica_snapshot_name(s).map_err(|x| x.to_string())?;
+            }
+            let have = ReplicaLvols::from_inventory(inv, &lvs, name.as_str());
+            if have.ready_over(&rq.chain, have.shared(&rq.chain)) {
+                return Ok(());
+            }
+            let nqn = naming::replica_nqn(name).map_err(|x| x.to_string())?;
+            self.unexport(inv, nqn.as_str()).await?;
+            let kept = reset_head(&self.client, &lvs, name.as_str(), r.size_bytes, &have, &rq.chain).await;
+            *inv = Inventory::load(&self.client)
+                .await
+                .map_err(|x| format!("listing spdk_tgt after the reset: {}", chain(&x)))?;
+            let kept = kept?;
+            tracing::info!(
+                replica = name.as_str(),
+                request = rq.request,
+                kept,
+                "rebuild dest head made again"
+            );
+            Ok::<(), String>(())
+        };
+        let error = done.await.err().unwrap_or_default();
+        if !error.is_empty() {
+            tracing::warn!(
+                replica = name.as_str(),
+                request = rq.request,
+                error,
+                "rebuild dest start"
+            );
+        }
+        DstStartStatus {
+            request: rq.request,
+            error,
+        }
+    }
+}
+
+/// Why engine `id` (`spec`) may not be reverted to `snap` now, if so.
+fn revert_allowed(
+    inv: &Inventory,
+    id: &str,
+    spec: &LonghornEngine,
+    local: &BTreeMap<String, LonghornReplica>,
+    prev: Option<&LonghornInstanceStatus>,
+    snap: &str,
+) -> Result<(), String> {
+    naming::instance_name("snapshot", snap).map_err(|x| x.to_string())?;
+    if !spec.frontend.is_empty() {
+        return Err(format!(
+            "invalid frontend {} for engine {id} snapshot {snap} revert: the engine must be detached from its frontend",
+            spec.frontend
+        ));
+    }
+    let now = LonghornInstanceStatus::new(InstanceKind::Engine, InstanceState::Running, "");
+    if let Some(r) = rebuilding(spec, prev, &now) {
+        return Err(format!(
+            "engine {id} contains WO replica {r} during snapshot {snap} revert"
+        ));
+    }
+    for replica in spec.replica_address_map.keys() {
+        if let Some(r) = local.get(replica) {
+            let source = format!("{}/{}", lvstore(&r.disk), snapshot_lvol(replica, snap));
+            if !inv.lvols.contains_key(&source) {
+                return Err(format!(
+                    "replica {replica} does not contain the reverting snapshot {snap}"
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// The status of an instance whose revert failed half way: not served.
 pub(super) fn half_reverted(kind: InstanceKind, r: &RevertStatus) -> LonghornInstanceStatus {
     let mut st = status(
@@ -241,6 +295,78 @@ mod tests {
             request: n,
             snapshot: "s1".into(),
         }
+    }
+
+    fn inv() -> Inventory {
+        let l: crate::spdk::rpc::Lvol = serde_json::from_value(serde_json::json!({
+            "alias": "talon-d/ra-snap-s1", "uuid": "u-s1", "name": "ra-snap-s1",
+            "lvs": { "name": "talon-d", "uuid": "u-d" }
+        }))
+        .expect("lvol");
+        Inventory {
+            lvstores: vec![],
+            lvols: [(l.alias.clone(), l)].into(),
+            bdevs: Default::default(),
+            raids: vec![],
+            subsystems: vec![],
+            tcp_transport: true,
+            controllers: vec![],
+        }
+    }
+
+    fn engine() -> LonghornEngine {
+        LonghornEngine {
+            volume: "v".into(),
+            size_bytes: 1 << 20,
+            replica_address_map: [("ra", "127.0.0.1:20001"), ("rb", "127.0.0.2:20001")]
+                .map(|(r, a)| (r.to_string(), a.to_string()))
+                .into(),
+            port: 20000,
+            frontend: String::new(),
+            snapshot_max_count: 0,
+            rebuild_qos_mbps: 0,
+            rebuild_requests: Default::default(),
+            removed_snapshots: Default::default(),
+            purge_request: 0,
+            revert: Some(req(1)),
+            snapshot_info: Default::default(),
+        }
+    }
+
+    /// The controller refuses, touching nothing, what the call refuses: a
+    /// frontend, a replica being rebuilt, a local replica without the
+    /// snapshot, a bad name; a remote replica's snapshot is its node's check.
+    #[test]
+    fn a_revert_is_refused_before_anything_is_touched() {
+        let local: BTreeMap<String, LonghornReplica> = [(
+            "ra".to_string(),
+            LonghornReplica {
+                volume: "v".into(),
+                disk: "d".into(),
+                size_bytes: 1 << 20,
+                port_start: 20001,
+                port_end: 20001,
+                cleanup: false,
+                revert: None,
+                dst_start: None,
+            },
+        )]
+        .into();
+        let e = engine();
+        assert_eq!(revert_allowed(&inv(), "e", &e, &local, None, "s1"), Ok(()));
+        let no = |e: &LonghornEngine, snap: &str| {
+            revert_allowed(&inv(), "e", e, &local, None, snap).expect_err("refused")
+        };
+        assert!(no(&e, "s2").contains("replica ra does not contain the reverting snapshot s2"));
+        assert!(no(&e, "../x").contains("snapshot"));
+        let f = LonghornEngine {
+            frontend: "spdk-tcp-blockdev".into(),
+            ..engine()
+        };
+        assert!(no(&f, "s1").contains("must be detached from its frontend"));
+        let mut r = engine();
+        r.rebuild_requests.insert("rb".into(), 3);
+        assert!(no(&r, "s1").contains("engine e contains WO replica rb during snapshot s1 revert"));
     }
 
     /// A request is carried out once, and again only while it failed half

@@ -1,6 +1,7 @@
 //! Single writes the Longhorn layer shares: an lvol deleted, a raid member
 //! taken out, a raid deleted, a controller detached, each done when already
-//! so; an lvol head made a clone of a snapshot again (a revert).
+//! so; an lvol head made a clone of a snapshot again (a revert); a bdev's
+//! QoS cap.
 
 use crate::spdk::rpc::ByName;
 use crate::spdk::{ClientError, ErrorKind, SpdkClient};
@@ -63,6 +64,20 @@ pub async fn revert_head(
         .bdev_lvol_clone(&crate::spdk::rpc::LvolClone {
             snapshot_name: format!("{lvs}/{snapshot}"),
             clone_name: head.to_owned(),
+        })
+        .await
+        .map(|_| ())
+}
+
+/// Caps (with 0 lifts) the reads and writes of bdev `bdev` at `mbps` MB/s
+/// (SPDK's `bdev_set_qos_limit` `rw_mbytes_per_sec`). On v26.05 a limit set
+/// on a bdev nobody has open cannot be changed or lifted again (EAGAIN):
+/// cap only what is open (a raid member, an exported head).
+pub async fn set_qos_cap(client: &SpdkClient, bdev: &str, mbps: u64) -> Result<(), ClientError> {
+    client
+        .bdev_set_qos_limit(&crate::spdk::rpc::QosLimit {
+            name: bdev.to_owned(),
+            rw_mbytes_per_sec: mbps,
         })
         .await
         .map(|_| ())
