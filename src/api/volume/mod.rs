@@ -1,6 +1,8 @@
-//! Volume, snapshot, disk and attachment methods. They validate names, write
-//! desired state (`config` resources) and, when asked, wait for the engine's or
-//! frontend's status; the controllers do the work.
+//! Volume methods, and beside them one module per noun: snapshots
+//! (`snapshot`), disks (`disk`), attachments (`attach`), thin rebuilds'
+//! peer calls (`rebuild`). They validate names, write desired state (`config`
+//! resources) and, when asked, wait for the engine's or frontend's status;
+//! the controllers do the work.
 //!
 //! ```text
 //!   volume_create ──validate──> Volume (config, persisted) ──> engine controller ──> EngineStatus
@@ -25,6 +27,11 @@ use crate::resources::engine::{
 };
 use crate::resources::frontend::{AttachState, Attachment, AttachmentStatus};
 use crate::runtime::{Destroyed, Phase, Spec, State, Typed};
+
+mod attach;
+mod disk;
+mod rebuild;
+mod snapshot;
 
 /// Parses a size: bytes, or a number with a binary (`KiB`, `MiB`, `GiB`, `TiB`,
 /// or `K`/`M`/`G`/`T`) or decimal (`KB`, `MB`, `GB`, `TB`) unit. Exact, in
@@ -616,7 +623,10 @@ pub(crate) fn wait_gone<S: Spec>(s: Option<&S>) -> Option<Result<(), String>> {
 
 /// Registers the volume, snapshot, disk and attachment methods.
 pub fn register(api: &mut ApiBuilder) {
-    rebuild_methods(api);
+    rebuild::register(api);
+    snapshot::register(api);
+    disk::register(api);
+    attach::register(api);
     use ErrorKind::*;
     api.method(
         "volume_create",
@@ -739,7 +749,7 @@ pub fn register(api: &mut ApiBuilder) {
         "volume_list",
         "Every volume.",
         &[],
-        |_: super::types::NoParams, ctx: Arc<ApiContext>| async move {
+        |_: crate::api::types::NoParams, ctx: Arc<ApiContext>| async move {
             ctx.state
                 .list_typed::<Volume>()?
                 .into_iter()
@@ -867,99 +877,6 @@ pub fn register(api: &mut ApiBuilder) {
         },
     );
     api.method(
-        "snapshot_create",
-        "Snapshot a volume (all replicas, consistently).",
-        &[NotFound, AlreadyExists, FailedPrecondition],
-        |p: SnapshotParams, ctx: Arc<ApiContext>| async move {
-            ObjectName::parse("snapshot", &p.name)?;
-            let guard = LIFECYCLE.lock().await;
-            live_volume(&ctx.state, &p.volume, &format!("snapshot it as {:?}", p.name))?;
-            let id = snapshot_id(&p.volume, &p.name);
-            let spec = Snapshot {
-                volume: p.volume.clone(),
-                name: p.name.clone(),
-            };
-            ctx.state
-                .create_typed(&id, "", &spec)
-                .map_err(|e| exists_as("snapshot", &id, e))?;
-            drop(guard);
-            if p.wait {
-                wait_for::<SnapshotStatus>(
-                    &ctx.state,
-                    &id,
-                    wait_timeout(p.timeout_seconds),
-                    &format!("snapshot {id}"),
-                    |s| match s {
-                        Some(s) if s.state == ObjectState::Failed => Some(Err(s.message.clone())),
-                        Some(s) if s.state == ObjectState::Ready => Some(Ok(())),
-                        _ => None,
-                    },
-                )
-                .await?;
-            }
-            snapshot_view(&ctx.state, &id)
-        },
-    );
-    api.method(
-        "snapshot_list",
-        "Snapshots, of one volume or all.",
-        &[],
-        |p: SnapshotListParams, ctx: Arc<ApiContext>| async move {
-            let mut out = Vec::new();
-            for s in ctx.state.list_typed::<Snapshot>()? {
-                if p.volume.as_ref().is_none_or(|v| v == &s.spec.volume) {
-                    out.push(snapshot_view(&ctx.state, s.id())?);
-                }
-            }
-            Ok(out)
-        },
-    );
-    api.method(
-        "snapshot_delete",
-        "Delete a snapshot (refused while clones depend on it).",
-        &[NotFound, FailedPrecondition],
-        |p: SnapshotParams, ctx: Arc<ApiContext>| async move {
-            let id = snapshot_id(&p.volume, &p.name);
-            let guard = LIFECYCLE.lock().await;
-            if ctx.state.get_typed::<Snapshot>(&id)?.is_none() {
-                return Err(ApiError::not_found(format!("snapshot {id:?} not found")));
-            }
-            let clones: Vec<String> = ctx
-                .state
-                .list_typed::<Volume>()?
-                .into_iter()
-                .filter(|v| v.spec.from_snapshot.as_deref() == Some(id.as_str()))
-                .map(|v| v.metadata.id)
-                .collect();
-            if !clones.is_empty() {
-                return Err(ApiError::new(
-                    FailedPrecondition,
-                    format!(
-                        "snapshot {id:?} has clones ({}); delete them first",
-                        clones.join(", ")
-                    ),
-                ));
-            }
-            let d = ctx.state.destroy(Snapshot::NAMESPACE, Snapshot::TYPE, &id, "")?;
-            drop(guard);
-            if p.wait && d == Destroyed::TearingDown {
-                wait_for::<Snapshot>(
-                    &ctx.state,
-                    &id,
-                    wait_timeout(p.timeout_seconds),
-                    &format!("deleting snapshot {id}"),
-                    wait_gone,
-                )
-                .await?;
-            }
-            Ok(DeleteResult {
-                name: id,
-                deleted: true,
-                tearing_down: false,
-            })
-        },
-    );
-    api.method(
         "volume_clone",
         "Create a volume from a snapshot.",
         &[NotFound, AlreadyExists],
@@ -1018,269 +935,6 @@ pub fn register(api: &mut ApiBuilder) {
             ctx.state
                 .update_typed(&p.volume, "", Some(v.metadata.version), &spec)?;
             view(&ctx.state, get_volume(&ctx.state, &p.volume)?)
-        },
-    );
-    api.method(
-        "disk_add",
-        "Add a disk for replicas: a file/block device, or an NVMe PCI device.",
-        &[AlreadyExists, FailedPrecondition],
-        |p: DiskAddParams, ctx: Arc<ApiContext>| async move {
-            let name = ObjectName::parse("disk", &p.name)?;
-            let size_bytes = if p.size_bytes.is_some() || p.size.is_some() {
-                Some(size_of(p.size_bytes, &p.size, &format!("disk {name}"))?)
-            } else {
-                None
-            };
-            match (&p.path, &p.pci) {
-                (Some(path), None) if path.starts_with('/') => {
-                    // an lvstore overwrites what is there: new paths, zeros, lvstores,
-                    // and with `wipe` what else a device nobody holds carries
-                    let path = std::path::PathBuf::from(path);
-                    let wipe = p.wipe;
-                    tokio::task::spawn_blocking(move || {
-                        use crate::host::disk_target;
-                        let content = disk_target::check(&path, wipe)?;
-                        if wipe && !content.is_blank() && content != disk_target::Content::Lvstore {
-                            disk_target::wipe(&path)?;
-                            tracing::warn!(path = %path.display(), was = %content, "disk wiped (its first and last MiB zeroed)");
-                        }
-                        Ok::<_, disk_target::DiskTargetError>(())
-                    })
-                    .await
-                    .map_err(|e| ApiError::new(ErrorKind::Internal, e.to_string()))?
-                    .map_err(|e| {
-                        ApiError::new(
-                            FailedPrecondition,
-                            format!("disk {name}: {}", crate::util::error_chain(&e)),
-                        )
-                    })?;
-                }
-                (Some(path), None) => {
-                    return Err(ApiError::invalid(format!(
-                        "disk {name}: path {path:?} must be absolute"
-                    )));
-                }
-                (None, Some(_)) => {}
-                _ => {
-                    return Err(ApiError::invalid(format!(
-                        "disk {name}: give exactly one of path or pci"
-                    )));
-                }
-            }
-            if p.wait
-                && let Some(v2) = (ctx.node_info)().engines.into_iter().find(|e| e.engine == "v2")
-                && !v2.available
-            {
-                // nothing would ever make its lvstore: say so before anything is recorded
-                return Err(ApiError::new(
-                    FailedPrecondition,
-                    format!(
-                        "disk {name}: this node cannot serve V2 volumes ({}); nothing was added",
-                        v2.detail
-                    ),
-                ));
-            }
-            let spec = Disk {
-                path: p.path,
-                pci: p.pci,
-                size_bytes,
-                cluster_mib: p.cluster_mib.unwrap_or(1),
-                block_size: None,
-            };
-            ctx.state
-                .create_typed(name.as_str(), "", &spec)
-                .map_err(|e| exists_as("disk", &name, e))?;
-            if p.wait {
-                wait_for(
-                    &ctx.state,
-                    name.as_str(),
-                    wait_timeout(p.timeout_seconds),
-                    &format!("adding disk {name}"),
-                    disk_ready,
-                )
-                .await?;
-            }
-            disk_view(&ctx.state, name.as_str())
-        },
-    );
-    api.method(
-        "disk_list",
-        "Every disk with its engine status.",
-        &[],
-        |_: super::types::NoParams, ctx: Arc<ApiContext>| async move {
-            ctx.state
-                .list_typed::<Disk>()?
-                .into_iter()
-                .map(|d| disk_view(&ctx.state, d.id()))
-                .collect::<Result<Vec<_>, _>>()
-        },
-    );
-    api.method(
-        "disk_remove",
-        "Remove a disk (refused while replicas live on it).",
-        &[NotFound, FailedPrecondition],
-        |p: NameParams, ctx: Arc<ApiContext>| async move {
-            if ctx.state.get_typed::<Disk>(&p.name)?.is_none() {
-                return Err(ApiError::not_found(format!("disk {:?} not found", p.name)));
-            }
-            let on: Vec<String> = ctx
-                .state
-                .list_typed::<ReplicaStatus>()?
-                .into_iter()
-                .filter(|r| r.spec.disk == p.name)
-                .map(|r| r.metadata.id)
-                .collect();
-            if !on.is_empty() {
-                return Err(ApiError::new(
-                    FailedPrecondition,
-                    format!(
-                        "disk {:?} holds replicas ({}); delete their volumes first",
-                        p.name,
-                        on.join(", ")
-                    ),
-                ));
-            }
-            let d = ctx.state.destroy(Disk::NAMESPACE, Disk::TYPE, &p.name, "")?;
-            Ok(DeleteResult {
-                name: p.name,
-                deleted: d == Destroyed::Gone,
-                tearing_down: d == Destroyed::TearingDown,
-            })
-        },
-    );
-    api.method(
-        "volume_attach",
-        "Attach a volume on this host (NVMe/TCP, else iSCSI): /dev/talon/<name>.",
-        &[NotFound, FailedPrecondition, Unavailable],
-        |p: AttachParams, ctx: Arc<ApiContext>| async move {
-            let guard = LIFECYCLE.lock().await;
-            live_volume(&ctx.state, &p.name, "attach it")?;
-            let spec = Attachment {
-                frontend: p.frontend.unwrap_or_default(),
-            };
-            let existed = ctx.state.get_typed::<Attachment>(&p.name)?.is_some();
-            ctx.state.upsert_typed(&p.name, &spec)?;
-            drop(guard);
-            if p.wait {
-                let attached = wait_for::<AttachmentStatus>(
-                    &ctx.state,
-                    &p.name,
-                    wait_timeout(p.timeout_seconds),
-                    &format!("attaching volume {}", p.name),
-                    |a| match a {
-                        Some(a) if a.state == AttachState::Failed => Some(Err(a.message.clone())),
-                        Some(a) if a.state == AttachState::Attached => Some(Ok(())),
-                        _ => None,
-                    },
-                )
-                .await;
-                if let Err(e) = attached {
-                    // the caller is told it failed: what this call made goes
-                    // (the export is not left open to this host); an
-                    // attachment that was there before stays
-                    if !existed {
-                        let _guard = LIFECYCLE.lock().await;
-                        ctx.state
-                            .destroy(Attachment::NAMESPACE, Attachment::TYPE, &p.name, "")?;
-                    }
-                    return Err(e);
-                }
-            }
-            view(&ctx.state, get_volume(&ctx.state, &p.name)?)
-        },
-    );
-    api.method(
-        "volume_detach",
-        "Detach a volume from this host.",
-        &[NotFound],
-        |p: NameParams, ctx: Arc<ApiContext>| async move {
-            if ctx.state.get_typed::<Attachment>(&p.name)?.is_none() {
-                return Err(ApiError::not_found(format!(
-                    "volume {:?} is not attached on this host",
-                    p.name
-                )));
-            }
-            ctx.state
-                .destroy(Attachment::NAMESPACE, Attachment::TYPE, &p.name, "")?;
-            if p.wait {
-                wait_for::<AttachmentStatus>(
-                    &ctx.state,
-                    &p.name,
-                    wait_timeout(p.timeout_seconds),
-                    &format!("detaching volume {}", p.name),
-                    wait_gone,
-                )
-                .await?;
-            }
-            view(&ctx.state, get_volume(&ctx.state, &p.name)?)
-        },
-    );
-}
-
-/// `replica_rebuild_prepare`: the engine node of a volume whose replica this
-/// node serves gets it ready for the next copy of a thin rebuild.
-fn rebuild_methods(api: &mut ApiBuilder) {
-    api.method(
-        "replica_rebuild_prepare",
-        "Peer call: make a served replica ready for the next copy of its thin rebuild \
-         (its head empty right above the snapshots of the source's chain it shares).",
-        &[
-            ErrorKind::NotFound,
-            ErrorKind::FailedPrecondition,
-            ErrorKind::InvalidParams,
-        ],
-        |p: RebuildPrepareParams, ctx: Arc<ApiContext>| async move {
-            for s in &p.chain {
-                ObjectName::parse("snapshot", s)?;
-            }
-            let v = live_volume(&ctx.state, &p.volume, "rebuild its replica")?;
-            if v.spec.serve_replica.is_none() {
-                return Err(ApiError::new(
-                    ErrorKind::FailedPrecondition,
-                    format!(
-                        "volume {:?} is not a replica this node serves (serveReplica): its engine is here",
-                        p.volume
-                    ),
-                ));
-            }
-            let generation = {
-                let _guard = LIFECYCLE.lock().await;
-                let cur = ctx.state.get_typed::<RebuildDest>(&p.volume)?;
-                let answered = ctx
-                    .state
-                    .get_typed::<RebuildDestStatus>(&p.volume)?
-                    .map_or(0, |a| a.spec.generation);
-                let generation = cur.as_ref().map_or(0, |c| c.spec.generation).max(answered) + 1;
-                let spec = RebuildDest {
-                    chain: p.chain.clone(),
-                    generation,
-                };
-                match cur {
-                    Some(c) => ctx
-                        .state
-                        .update_typed(&p.volume, "", Some(c.metadata.version), &spec)?,
-                    None => ctx.state.create_typed(&p.volume, "", &spec)?,
-                };
-                generation
-            };
-            wait_for::<RebuildDestStatus>(
-                &ctx.state,
-                &p.volume,
-                wait_timeout(p.timeout_seconds),
-                &format!("making replica {} ready for its rebuild", p.volume),
-                |a| match a {
-                    Some(a) if a.generation >= generation && !a.message.is_empty() => {
-                        Some(Err(a.message.clone()))
-                    }
-                    Some(a) if a.generation >= generation => Some(Ok(())),
-                    _ => None,
-                },
-            )
-            .await?;
-            ctx.state
-                .get_typed::<RebuildDestStatus>(&p.volume)?
-                .map(|a| a.spec)
-                .ok_or_else(|| ApiError::not_found(format!("volume {:?}: its answer went", p.volume)))
         },
     );
 }

@@ -1,0 +1,135 @@
+//! Disk methods: `disk_add`, `disk_list`, `disk_remove`.
+
+use super::*;
+
+pub(super) fn register(api: &mut ApiBuilder) {
+    use ErrorKind::*;
+    api.method(
+        "disk_add",
+        "Add a disk for replicas: a file/block device, or an NVMe PCI device.",
+        &[AlreadyExists, FailedPrecondition],
+        |p: DiskAddParams, ctx: Arc<ApiContext>| async move {
+            let name = ObjectName::parse("disk", &p.name)?;
+            let size_bytes = if p.size_bytes.is_some() || p.size.is_some() {
+                Some(size_of(p.size_bytes, &p.size, &format!("disk {name}"))?)
+            } else {
+                None
+            };
+            match (&p.path, &p.pci) {
+                (Some(path), None) if path.starts_with('/') => {
+                    // an lvstore overwrites what is there: new paths, zeros, lvstores,
+                    // and with `wipe` what else a device nobody holds carries
+                    let path = std::path::PathBuf::from(path);
+                    let wipe = p.wipe;
+                    tokio::task::spawn_blocking(move || {
+                        use crate::host::disk_target;
+                        let content = disk_target::check(&path, wipe)?;
+                        if wipe && !content.is_blank() && content != disk_target::Content::Lvstore {
+                            disk_target::wipe(&path)?;
+                            tracing::warn!(path = %path.display(), was = %content, "disk wiped (its first and last MiB zeroed)");
+                        }
+                        Ok::<_, disk_target::DiskTargetError>(())
+                    })
+                    .await
+                    .map_err(|e| ApiError::new(ErrorKind::Internal, e.to_string()))?
+                    .map_err(|e| {
+                        ApiError::new(
+                            FailedPrecondition,
+                            format!("disk {name}: {}", crate::util::error_chain(&e)),
+                        )
+                    })?;
+                }
+                (Some(path), None) => {
+                    return Err(ApiError::invalid(format!(
+                        "disk {name}: path {path:?} must be absolute"
+                    )));
+                }
+                (None, Some(_)) => {}
+                _ => {
+                    return Err(ApiError::invalid(format!(
+                        "disk {name}: give exactly one of path or pci"
+                    )));
+                }
+            }
+            if p.wait
+                && let Some(v2) = (ctx.node_info)().engines.into_iter().find(|e| e.engine == "v2")
+                && !v2.available
+            {
+                // nothing would ever make its lvstore: say so before anything is recorded
+                return Err(ApiError::new(
+                    FailedPrecondition,
+                    format!(
+                        "disk {name}: this node cannot serve V2 volumes ({}); nothing was added",
+                        v2.detail
+                    ),
+                ));
+            }
+            let spec = Disk {
+                path: p.path,
+                pci: p.pci,
+                size_bytes,
+                cluster_mib: p.cluster_mib.unwrap_or(1),
+                block_size: None,
+            };
+            ctx.state
+                .create_typed(name.as_str(), "", &spec)
+                .map_err(|e| exists_as("disk", &name, e))?;
+            if p.wait {
+                wait_for(
+                    &ctx.state,
+                    name.as_str(),
+                    wait_timeout(p.timeout_seconds),
+                    &format!("adding disk {name}"),
+                    disk_ready,
+                )
+                .await?;
+            }
+            disk_view(&ctx.state, name.as_str())
+        },
+    );
+    api.method(
+        "disk_list",
+        "Every disk with its engine status.",
+        &[],
+        |_: crate::api::types::NoParams, ctx: Arc<ApiContext>| async move {
+            ctx.state
+                .list_typed::<Disk>()?
+                .into_iter()
+                .map(|d| disk_view(&ctx.state, d.id()))
+                .collect::<Result<Vec<_>, _>>()
+        },
+    );
+    api.method(
+        "disk_remove",
+        "Remove a disk (refused while replicas live on it).",
+        &[NotFound, FailedPrecondition],
+        |p: NameParams, ctx: Arc<ApiContext>| async move {
+            if ctx.state.get_typed::<Disk>(&p.name)?.is_none() {
+                return Err(ApiError::not_found(format!("disk {:?} not found", p.name)));
+            }
+            let on: Vec<String> = ctx
+                .state
+                .list_typed::<ReplicaStatus>()?
+                .into_iter()
+                .filter(|r| r.spec.disk == p.name)
+                .map(|r| r.metadata.id)
+                .collect();
+            if !on.is_empty() {
+                return Err(ApiError::new(
+                    FailedPrecondition,
+                    format!(
+                        "disk {:?} holds replicas ({}); delete their volumes first",
+                        p.name,
+                        on.join(", ")
+                    ),
+                ));
+            }
+            let d = ctx.state.destroy(Disk::NAMESPACE, Disk::TYPE, &p.name, "")?;
+            Ok(DeleteResult {
+                name: p.name,
+                deleted: d == Destroyed::Gone,
+                tearing_down: d == Destroyed::TearingDown,
+            })
+        },
+    );
+}
