@@ -353,14 +353,7 @@ impl Longhorn {
                 snapshot: snap.to_owned(),
             })
         })?;
-        self.wait_status(e.id(), &what, |st| {
-            let r = st.revert.as_ref().filter(|r| r.request >= request)?;
-            if let Some(x) = revert_failure(r, &what) {
-                return Some(Err(x));
-            }
-            (st.state == InstanceState::Running).then_some(Ok(()))
-        })
-        .await
+        self.wait_reverted(e.id(), &what, request).await
     }
 
     /// 8504 `ReplicaSnapshotRevert` from another node's engine: this node's
@@ -401,9 +394,16 @@ impl Longhorn {
             .update_typed(replica.as_str(), "", None, &spec)
             .map_err(state_err)?;
         let what = format!("replica {replica}: reverting to snapshot {}", req.snapshot_name);
-        self.wait_status(replica.as_str(), &what, |st| {
+        self.wait_reverted(replica.as_str(), &what, request).await
+    }
+
+    /// Waits until instance `id`'s controller has carried out revert
+    /// request `request` and serves it again: refused or failed half way is
+    /// the call's error.
+    async fn wait_reverted(&self, id: &str, what: &str, request: u64) -> Result<(), Status> {
+        self.wait_status(id, what, |st| {
             let r = st.revert.as_ref().filter(|r| r.request >= request)?;
-            if let Some(x) = revert_failure(r, &what) {
+            if let Some(x) = revert_failure(r, what) {
                 return Some(Err(x));
             }
             (st.state == InstanceState::Running).then_some(Ok(()))

@@ -477,6 +477,140 @@ impl SpdkVolumeController {
         realized.dest_answer = dest_answer;
         realized
     }
+
+    /// Takes snapshot `snap` (resource `s`) of live volume `vol` on its
+    /// replicas in sync (`in_sync`; `None`: all) and on its remote replicas
+    /// (`remotes`, each on its node): every remote node is reached first, and
+    /// one that cannot be fails the snapshot without freezing the export; a
+    /// failure undoes what was taken. Gives the snapshot's status and, when
+    /// taken, the replicas it was taken at one instant on.
+    async fn take_snapshot(
+        &self,
+        inv: &Inventory,
+        s: &Typed<Snapshot>,
+        vol: &ObjectName,
+        snap: &ObjectName,
+        in_sync: Option<BTreeSet<usize>>,
+        remotes: Vec<(usize, String)>,
+    ) -> (SnapshotStatus, Option<BTreeSet<usize>>) {
+        let mut clients = Vec::new();
+        let mut unreachable = None;
+        for (k, api) in &remotes {
+            if in_sync.as_ref().is_some_and(|s| !s.contains(k)) {
+                continue;
+            }
+            match self.peers.connect(api).await {
+                Ok(c) => clients.push((*k, api.as_str(), c)),
+                Err(message) => {
+                    unreachable = Some(VolumeError::PeerSnapshot {
+                        snapshot: s.id().to_string(),
+                        replica: *k,
+                        message,
+                    });
+                    break;
+                }
+            }
+        }
+        let r = match unreachable {
+            Some(e) => Err(e),
+            None => {
+                let remote: Vec<RemoteSnapshot<'_>> = clients
+                    .iter()
+                    .map(|(k, api, c)| {
+                        let f: futures::future::BoxFuture<'_, Result<(), String>> =
+                            Box::pin(self.peers.snapshot(c, api, vol.as_str(), snap.as_str()));
+                        (*k, f)
+                    })
+                    .collect();
+                let r = self.ops.snapshot(inv, vol, snap, in_sync.as_ref(), remote).await;
+                if r.is_err() {
+                    // the local ones were undone; so go the remote
+                    // ones, before a retry can take them again
+                    for (k, api, _) in &clients {
+                        if let Err(e) = self.peers.delete_snapshot(api, vol.as_str(), snap.as_str()).await {
+                            tracing::warn!(snapshot = %s.id(), replica = k, error = %e,
+                                "could not delete a remote replica's snapshot after a failed snapshot");
+                        }
+                    }
+                }
+                r
+            }
+        };
+        match r {
+            Ok(taken) => {
+                let set = (!taken.point_in_time.is_empty()).then_some(taken.point_in_time);
+                (
+                    snap_status(&s.spec.volume, ObjectState::Ready, taken.lvols, ""),
+                    set,
+                )
+            }
+            Err(e) => {
+                // a thaw may have failed: look again at the next reconcile
+                self.thaw_checked
+                    .forget(crate::names::Nqn::for_volume(vol).as_str());
+                (
+                    snap_status(&s.spec.volume, ObjectState::Failed, vec![], err_text(&e)),
+                    None,
+                )
+            }
+        }
+    }
+
+    /// Removes the talon-named SPDK objects no desired resource accounts for
+    /// (any engine's volume counts); whether any was.
+    async fn remove_orphans(
+        &self,
+        inv: &Inventory,
+        all_volumes: &[Typed<Volume>],
+        live_vols: &BTreeSet<String>,
+        known_snaps: &BTreeSet<String>,
+    ) -> bool {
+        let orphans = inv.orphans(
+            |v| live_vols.contains(v) || all_volumes.iter().any(|x| x.id() == v),
+            |v, s| known_snaps.contains(&format!("{v}@{s}")),
+            |v, k| {
+                all_volumes.iter().any(|x| {
+                    x.id() == v
+                        && x.metadata.phase != Phase::TearingDown
+                        && (x.spec.replicas as usize..x.spec.replicas as usize + x.spec.remote_replicas.len())
+                            .contains(&k)
+                })
+            },
+        );
+        if orphans.is_empty() {
+            return false;
+        }
+        let (removed, errors) = self.ops.remove_orphans(orphans).await;
+        for r in &removed {
+            tracing::info!(object = ?r, "removed orphaned SPDK object");
+        }
+        for e in errors {
+            tracing::warn!("{e}");
+        }
+        true
+    }
+
+    /// Deletes snapshot `s` on this node's replicas, then on the remote
+    /// replicas of its volume (each on its node); the first failure stops it.
+    async fn delete_snapshot_everywhere(
+        &self,
+        inv: &Inventory,
+        s: &Typed<Snapshot>,
+        all_volumes: &[Typed<Volume>],
+    ) -> Result<(), String> {
+        self.ops
+            .delete_snapshot(inv, &s.spec.volume, &s.spec.name)
+            .await
+            .map_err(|e| err_text(&e))?;
+        if let Some(v) = all_volumes.iter().find(|v| v.id() == s.spec.volume) {
+            for (_, api) in Self::callable_remotes(&v.spec) {
+                self.peers
+                    .delete_snapshot(&api, &s.spec.volume, &s.spec.name)
+                    .await?;
+            }
+        }
+        Ok(())
+    }
 }
 
 fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -675,61 +809,14 @@ impl Controller for SpdkVolumeController {
             }
             return Ok(Requeue::After(Duration::from_secs(2)));
         }
-        let address: IpAddr = match node.listen_address.parse() {
-            Ok(a) => a,
-            Err(_) => {
+        let export = match export_spec(&node, self.data_dir.as_ref()) {
+            Ok(e) => e,
+            Err(msg) => {
                 for v in &volumes {
-                    ctx.apply(
-                        v.id(),
-                        engine_status(
-                            ObjectState::Failed,
-                            format!(
-                                "NodeConfig listenAddress {:?} is not an IP address",
-                                node.listen_address
-                            ),
-                        ),
-                    )?;
+                    ctx.apply(v.id(), engine_status(ObjectState::Failed, msg.clone()))?;
                 }
                 return Ok(Requeue::OnInputChange);
             }
-        };
-        if (node.nvme_dhchap || node.replica_tls) && self.data_dir.is_none() {
-            for v in &volumes {
-                let msg = "NodeConfig nvmeDhchap or replicaTls is set but this talon has no data directory for the secrets";
-                ctx.apply(v.id(), engine_status(ObjectState::Failed, msg))?;
-            }
-            return Ok(Requeue::OnInputChange);
-        }
-        if node.replica_tls && node.replica_tls_port == node.nvmf_port {
-            for v in &volumes {
-                let msg = format!(
-                    "NodeConfig replicaTlsPort {} is nvmfPort: TLS needs a port of its own",
-                    node.replica_tls_port
-                );
-                ctx.apply(v.id(), engine_status(ObjectState::Failed, msg))?;
-            }
-            return Ok(Requeue::OnInputChange);
-        }
-        let tls_data_dir = self.data_dir.clone().filter(|_| node.replica_tls);
-        let dhchap_data_dir = match (node.nvme_dhchap, &self.data_dir) {
-            (false, _) => None,
-            (true, Some(d)) => Some(d.clone()),
-            (true, None) => {
-                for v in &volumes {
-                    let msg =
-                        "NodeConfig nvmeDhchap is set but this talon has no data directory for the secrets";
-                    ctx.apply(v.id(), engine_status(ObjectState::Failed, msg))?;
-                }
-                return Ok(Requeue::OnInputChange);
-            }
-        };
-        // hosts are set per volume (Job::hosts)
-        let export = ExportSpec {
-            address,
-            port: node.nvmf_port,
-            hosts: Vec::new(),
-            dhchap_data_dir,
-            tls_data_dir,
         };
         let tls_port = node.replica_tls_port;
         let attached: BTreeSet<String> = ctx
@@ -745,7 +832,6 @@ impl Controller for SpdkVolumeController {
         // only lvstores of configured disks are usable
         inv.retain_disks(&disks);
 
-        // orphans: talon-named objects with no desired resource (any engine's volume counts)
         let live_vols: BTreeSet<String> = all_volumes
             .iter()
             .filter(|v| v.metadata.phase != Phase::TearingDown)
@@ -756,26 +842,10 @@ impl Controller for SpdkVolumeController {
             .iter()
             .map(|s| s.id().to_string())
             .collect();
-        let orphans = inv.orphans(
-            |v| live_vols.contains(v) || all_volumes.iter().any(|x| x.id() == v),
-            |v, s| known_snaps.contains(&format!("{v}@{s}")),
-            |v, k| {
-                all_volumes.iter().any(|x| {
-                    x.id() == v
-                        && x.metadata.phase != Phase::TearingDown
-                        && (x.spec.replicas as usize..x.spec.replicas as usize + x.spec.remote_replicas.len())
-                            .contains(&k)
-                })
-            },
-        );
-        if !orphans.is_empty() {
-            let (removed, errors) = self.ops.remove_orphans(orphans).await;
-            for r in &removed {
-                tracing::info!(object = ?r, "removed orphaned SPDK object");
-            }
-            for e in errors {
-                tracing::warn!("{e}");
-            }
+        if self
+            .remove_orphans(&inv, &all_volumes, &live_vols, &known_snaps)
+            .await
+        {
             inv = Inventory::load(self.ops.client()).await?;
             inv.retain_disks(&disks);
         }
@@ -946,74 +1016,11 @@ impl Controller for SpdkVolumeController {
                         .find(|x| x.id() == vol.as_str())
                         .map(|x| Self::callable_remotes(&x.spec))
                         .unwrap_or_default();
-                    // reach every remote node first: one that cannot be
-                    // reached fails the snapshot without freezing the export
-                    let mut clients = Vec::new();
-                    let mut unreachable = None;
-                    for (k, api) in &remotes {
-                        if in_sync.as_ref().is_some_and(|s| !s.contains(k)) {
-                            continue;
-                        }
-                        match self.peers.connect(api).await {
-                            Ok(c) => clients.push((*k, api.as_str(), c)),
-                            Err(message) => {
-                                unreachable = Some(VolumeError::PeerSnapshot {
-                                    snapshot: s.id().to_string(),
-                                    replica: *k,
-                                    message,
-                                });
-                                break;
-                            }
-                        }
+                    let (st, set) = self.take_snapshot(&inv, s, &vol, &snap, in_sync, remotes).await;
+                    if let Some(set) = set {
+                        snap_sets.push((vol.to_string(), snap.to_string(), Some(set)));
                     }
-                    let r = match unreachable {
-                        Some(e) => Err(e),
-                        None => {
-                            let remote: Vec<RemoteSnapshot<'_>> = clients
-                                .iter()
-                                .map(|(k, api, c)| {
-                                    let f: futures::future::BoxFuture<'_, Result<(), String>> =
-                                        Box::pin(self.peers.snapshot(c, api, vol.as_str(), snap.as_str()));
-                                    (*k, f)
-                                })
-                                .collect();
-                            let r = self
-                                .ops
-                                .snapshot(&inv, &vol, &snap, in_sync.as_ref(), remote)
-                                .await;
-                            if r.is_err() {
-                                // the local ones were undone; so go the remote
-                                // ones, before a retry can take them again
-                                for (k, api, _) in &clients {
-                                    if let Err(e) =
-                                        self.peers.delete_snapshot(api, vol.as_str(), snap.as_str()).await
-                                    {
-                                        tracing::warn!(snapshot = %s.id(), replica = k, error = %e,
-                                            "could not delete a remote replica's snapshot after a failed snapshot");
-                                    }
-                                }
-                            }
-                            r
-                        }
-                    };
-                    match r {
-                        Ok(taken) => {
-                            if !taken.point_in_time.is_empty() {
-                                snap_sets.push((
-                                    vol.to_string(),
-                                    snap.to_string(),
-                                    Some(taken.point_in_time),
-                                ));
-                            }
-                            snap_status(&s.spec.volume, ObjectState::Ready, taken.lvols, "")
-                        }
-                        Err(e) => {
-                            // a thaw may have failed: look again at the next reconcile
-                            self.thaw_checked
-                                .forget(crate::names::Nqn::for_volume(&vol).as_str());
-                            snap_status(&s.spec.volume, ObjectState::Failed, vec![], err_text(&e))
-                        }
-                    }
+                    st
                 }
             };
             let mut st = st;
@@ -1082,25 +1089,7 @@ impl Controller for SpdkVolumeController {
             inv = Inventory::load(self.ops.client()).await?;
         }
         for s in &snap_deleting {
-            let mut deleted = self
-                .ops
-                .delete_snapshot(&inv, &s.spec.volume, &s.spec.name)
-                .await
-                .map_err(|e| err_text(&e));
-            if deleted.is_ok()
-                && let Some(v) = all_volumes.iter().find(|v| v.id() == s.spec.volume)
-            {
-                for (_, api) in Self::callable_remotes(&v.spec) {
-                    if let Err(e) = self
-                        .peers
-                        .delete_snapshot(&api, &s.spec.volume, &s.spec.name)
-                        .await
-                    {
-                        deleted = Err(e);
-                        break;
-                    }
-                }
-            }
+            let deleted = self.delete_snapshot_everywhere(&inv, s, &all_volumes).await;
             match deleted {
                 Ok(()) => {
                     snap_sets.push((s.spec.volume.clone(), s.spec.name.clone(), None));
@@ -1132,6 +1121,38 @@ impl Controller for SpdkVolumeController {
             Duration::from_secs(10)
         }))
     }
+}
+
+/// What this node's exports are made with, from its `NodeConfig`: the
+/// listen address, the NVMe/TCP port, and the secrets' folder for DH-HMAC-CHAP
+/// and TLS when they are on (`data_dir`). Hosts are set per volume
+/// (`Job::hosts`). Why not, naming the field, when the config cannot be served.
+fn export_spec(node: &NodeConfig, data_dir: Option<&std::path::PathBuf>) -> Result<ExportSpec, String> {
+    let address: IpAddr = node.listen_address.parse().map_err(|_| {
+        format!(
+            "NodeConfig listenAddress {:?} is not an IP address",
+            node.listen_address
+        )
+    })?;
+    if (node.nvme_dhchap || node.replica_tls) && data_dir.is_none() {
+        return Err(
+            "NodeConfig nvmeDhchap or replicaTls is set but this talon has no data directory for the secrets"
+                .into(),
+        );
+    }
+    if node.replica_tls && node.replica_tls_port == node.nvmf_port {
+        return Err(format!(
+            "NodeConfig replicaTlsPort {} is nvmfPort: TLS needs a port of its own",
+            node.replica_tls_port
+        ));
+    }
+    Ok(ExportSpec {
+        address,
+        port: node.nvmf_port,
+        hosts: Vec::new(),
+        dhchap_data_dir: data_dir.filter(|_| node.nvme_dhchap).cloned(),
+        tls_data_dir: data_dir.filter(|_| node.replica_tls).cloned(),
+    })
 }
 
 /// Configured disks that take no new replica, and why: those whose lvstore
@@ -1236,6 +1257,59 @@ fn ledger_reason(before: Option<&[u32]>, now: &[u32]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The export settings come from the NodeConfig, and a config that
+    /// cannot be served is refused naming its field.
+    #[test]
+    fn exports_are_refused_naming_the_node_config_field_that_cannot_be_served() {
+        let dir = std::path::PathBuf::from("/var/lib/talon");
+        let node = NodeConfig {
+            listen_address: "10.0.0.5".into(),
+            nvmf_port: 4420,
+            ..NodeConfig::default()
+        };
+        let e = export_spec(&node, None).expect("plain");
+        assert_eq!((e.address.to_string(), e.port), ("10.0.0.5".into(), 4420));
+        assert!(e.dhchap_data_dir.is_none() && e.tls_data_dir.is_none());
+        let bad = NodeConfig {
+            listen_address: "node-a".into(),
+            ..node.clone()
+        };
+        assert!(
+            export_spec(&bad, Some(&dir))
+                .expect_err("name")
+                .contains("listenAddress \"node-a\"")
+        );
+        let dhchap = NodeConfig {
+            nvme_dhchap: true,
+            ..node.clone()
+        };
+        assert!(
+            export_spec(&dhchap, None)
+                .expect_err("no dir")
+                .contains("no data directory")
+        );
+        let e = export_spec(&dhchap, Some(&dir)).expect("dhchap");
+        assert_eq!((e.dhchap_data_dir, e.tls_data_dir), (Some(dir.clone()), None));
+        let tls = NodeConfig {
+            replica_tls: true,
+            replica_tls_port: 4420,
+            ..node.clone()
+        };
+        assert!(
+            export_spec(&tls, Some(&dir))
+                .expect_err("one port")
+                .contains("replicaTlsPort 4420 is nvmfPort")
+        );
+        let tls = NodeConfig {
+            replica_tls_port: 4421,
+            ..tls
+        };
+        assert_eq!(
+            export_spec(&tls, Some(&dir)).expect("tls").tls_data_dir,
+            Some(dir)
+        );
+    }
 
     #[test]
     fn ledger_moves_its_reason_only_with_the_up_to_date_set() {
