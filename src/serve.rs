@@ -493,6 +493,7 @@ pub async fn serve_with(
     };
 
     let host = HostRoot::new(&opts.host_root);
+    let longhorn_session = crate::resources::longhorn::new_session();
     let deps = Deps {
         host: host.clone(),
         data_dir: data_dir.clone(),
@@ -510,6 +511,7 @@ pub async fn serve_with(
             .and_then(|b| b.addrs().last().map(SocketAddr::port))
             .unwrap_or(8504),
         longhorn: longhorn_bound.is_some(),
+        longhorn_session,
     };
     // hugepages first: the engine selection below looks at the free pool
     controllers::host::prepare_at_start(&state, &deps);
@@ -592,7 +594,8 @@ pub async fn serve_with(
             .with_peer_port(spdk_service_port)
             .with_overcommit(l.overcommit_percent)
             .with_hash_dir(data_dir.join("snaphash"))
-            .with_backup_dir(data_dir.join("backup"));
+            .with_backup_dir(data_dir.join("backup"))
+            .with_session(longhorn_session);
             Some(tokio::spawn(crate::longhorn::server::serve(
                 bound,
                 lh,

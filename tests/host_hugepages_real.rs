@@ -388,6 +388,7 @@ fn serve_sizes_the_pool_before_choosing_the_engine() {
         peer_token: None,
         peer_tls: None,
         longhorn_peer_port: 8504,
+        longhorn_session: talon::resources::longhorn::new_session(),
         longhorn: false,
     };
     let state = State::in_memory();

@@ -182,6 +182,17 @@ async fn engine_over(
     replicas: &[(&str, &str)],
     size: u64,
 ) -> (HashMap<String, String>, u16) {
+    engine_over_with(inst, replicas, size, "spdk-tcp-nvmf").await
+}
+
+/// [`engine_over`] with Longhorn's frontend name `frontend` (`""`: none,
+/// as Longhorn makes an engine to revert).
+async fn engine_over_with(
+    inst: &mut InstanceServiceClient<Channel>,
+    replicas: &[(&str, &str)],
+    size: u64,
+    frontend: &str,
+) -> (HashMap<String, String>, u16) {
     let mut map = HashMap::new();
     for (r, disk) in replicas {
         inst.instance_create(create_req(
@@ -204,7 +215,7 @@ async fn engine_over(
         imrpc::SpdkInstanceSpec {
             replica_address_map: map.clone(),
             size,
-            frontend: "spdk-tcp-nvmf".into(),
+            frontend: frontend.into(),
             ..Default::default()
         },
     ))
@@ -722,6 +733,110 @@ async fn longhorn_snapshot_backup_through_the_proxy_on_real_spdk() {
             .as_str()
             .is_some_and(|m| m.contains("nosuch") && m.contains("not found"))),
         "{err}"
+    );
+    d.stop().await;
+}
+
+/// A revert is carried out once: after a restart of talon the request it
+/// left in the engine's persisted spec is not carried out again (its status
+/// is gone with the restart), so what was written after the revert stays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_revert_is_not_carried_out_again_after_a_restart_of_talon() {
+    use talon::longhorn::proto::imrpc::proxy_engine_service_client::ProxyEngineServiceClient;
+    let Some(spdk) = spdk_dir("a_revert_is_not_carried_out_again_after_a_restart_of_talon") else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let base = free_base();
+    let d = Daemon::start(dir.path(), &spdk, base, false).await;
+    let mut disks = DiskServiceClient::new(d.channel(2).await);
+    for name in ["lh-a", "lh-b"] {
+        aio_disk(&mut disks, dir.path(), name).await;
+    }
+    let mut inst = InstanceServiceClient::new(d.channel(3).await);
+    let size = 32 * MIB;
+    // no frontend: Longhorn reverts an engine it made without one
+    let (_, port) = engine_over_with(
+        &mut inst,
+        &[("lhvol-r-0000aaaa", "lh-a"), ("lhvol-r-0000bbbb", "lh-b")],
+        size,
+        "",
+    )
+    .await;
+    let nqn = "nqn.2023-01.io.longhorn.spdk:volume-lhvol";
+    let len = 4 * MIB as usize;
+    let write = |data: Vec<u8>| {
+        let (spdk, dir) = (spdk.clone(), dir.path().to_path_buf());
+        async move {
+            // the first connect may come before the export admits this host
+            talon::runtime::testing::eventually("a pattern written through the engine", WAIT, || {
+                let (spdk, dir, data) = (spdk.clone(), dir.clone(), data.clone());
+                async move {
+                    blocking(move || {
+                        std::panic::catch_unwind(|| dd(&spdk, &dir, port, nqn, Some(&data), len)).ok()
+                    })
+                    .await
+                }
+            })
+            .await;
+        }
+    };
+    let read = || {
+        let (spdk, dir) = (spdk.clone(), dir.path().to_path_buf());
+        async move { blocking(move || dd(&spdk, &dir, port, nqn, None, len)).await }
+    };
+    let engine = || {
+        Some(imrpc::ProxyEngineRequest {
+            engine_name: "lhvol-e-0".into(),
+            volume_name: "lhvol".into(),
+            data_engine: imrpc::DataEngine::V2 as i32,
+            ..Default::default()
+        })
+    };
+    let (a, b, c) = (pattern(0x11, len), pattern(0x22, len), pattern(0x33, len));
+    write(a.clone()).await;
+    let mut proxy = ProxyEngineServiceClient::new(d.channel(1).await);
+    proxy
+        .volume_snapshot(imrpc::EngineVolumeSnapshotRequest {
+            proxy_engine_request: engine(),
+            snapshot_volume: Some(talon::longhorn::proto::ptypes::VolumeSnapshotRequest {
+                name: "s1".into(),
+                ..Default::default()
+            }),
+        })
+        .await
+        .expect("snapshot s1");
+    write(b).await;
+    proxy
+        .snapshot_revert(imrpc::EngineSnapshotRevertRequest {
+            proxy_engine_request: engine(),
+            name: "s1".into(),
+        })
+        .await
+        .expect("SnapshotRevert s1");
+    assert!(read().await == a, "the engine reads s1 after the revert");
+    write(c.clone()).await;
+
+    d.stop().await;
+    let d = Daemon::start(dir.path(), &spdk, base, false).await;
+    let mut inst = InstanceServiceClient::new(d.channel(3).await);
+    for (n, t) in [
+        ("lhvol-r-0000aaaa", "replica"),
+        ("lhvol-r-0000bbbb", "replica"),
+        ("lhvol-e-0", "engine"),
+    ] {
+        wait_running(&mut inst, n, t).await;
+    }
+    // a reconcile or two after the start: a revert carried out again would be done by now
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let back = read().await;
+    assert!(
+        back != a,
+        "the revert was carried out again after the restart: s1's data is back"
+    );
+    assert!(
+        back == c,
+        "what was written after the revert, after a restart of talon"
     );
     d.stop().await;
 }

@@ -350,6 +350,7 @@ impl Longhorn {
         self.update_engine(e, |s| {
             s.revert = Some(RevertRequest {
                 request,
+                session: self.session(),
                 snapshot: snap.to_owned(),
             })
         })?;
@@ -386,6 +387,7 @@ impl Longhorn {
         let spec = LonghornReplica {
             revert: Some(RevertRequest {
                 request,
+                session: self.session(),
                 snapshot: req.snapshot_name.clone(),
             }),
             ..t.spec.clone()
@@ -556,7 +558,11 @@ impl Longhorn {
             )));
         }
         if let Some(r) = &e.spec.revert
-            && RevertStatus::pending(self.status_of(e.id()).and_then(|s| s.revert).as_ref(), r)
+            && RevertStatus::pending(
+                self.status_of(e.id()).and_then(|s| s.revert).as_ref(),
+                r,
+                self.session(),
+            )
         {
             return Err(Status::unavailable(format!(
                 "{what}: a revert of the engine to snapshot {} is in progress",

@@ -39,7 +39,7 @@ use super::server::Longhorn;
 use crate::names::ObjectName;
 use crate::resources::longhorn::{
     InstanceKind, InstanceState, LonghornEngine, LonghornEngineFrontend, LonghornInstanceStatus,
-    LonghornReplica, SnapshotInfo,
+    LonghornReplica, RevertStatus, SnapshotInfo,
 };
 use crate::runtime::Typed;
 use crate::spdk::ErrorKind;
@@ -187,10 +187,11 @@ impl Longhorn {
         // a revert not carried out yet (the call checked every replica RW):
         // the modes from before it while the controller takes the raid1 down
         let reverting = e.spec.revert.as_ref().is_some_and(|r| {
-            status
-                .as_ref()
-                .and_then(|s| s.revert.as_ref())
-                .is_none_or(|d| d.request < r.request)
+            RevertStatus::pending(status.as_ref().and_then(|s| s.revert.as_ref()), r, self.session())
+                && status
+                    .as_ref()
+                    .and_then(|s| s.revert.as_ref())
+                    .is_none_or(|d| d.request < r.request)
         });
         // replicas rebuilt thin: out of the raid until they equal their source
         let thin = status.map(|s| s.thin_rebuilds).unwrap_or_default();

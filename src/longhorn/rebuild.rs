@@ -346,6 +346,7 @@ impl Longhorn {
             let spec = LonghornReplica {
                 dst_start: Some(DstStartRequest {
                     request,
+                    session: self.session(),
                     chain: chain.clone(),
                 }),
                 ..t.spec.clone()

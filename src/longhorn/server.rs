@@ -164,6 +164,10 @@ pub struct Longhorn {
     /// talon's backup work dir (`<data dir>/backup`): Longhorn's backup
     /// credentials are kept under it while a backup runs.
     backup_dir: Option<std::path::PathBuf>,
+    /// This serve's session (`resources::longhorn::new_session`), shared
+    /// with `engine.LonghornController`: the reverts and rebuild starts the
+    /// calls write carry it.
+    session: u64,
 }
 
 impl Longhorn {
@@ -181,7 +185,18 @@ impl Longhorn {
             overcommit_percent: LonghornOptions::DEFAULT_OVERCOMMIT_PERCENT,
             hashes: Arc::new(super::snaphash::Hashes::new(None)),
             backup_dir: None,
+            session: crate::resources::longhorn::new_session(),
         }
+    }
+
+    /// The session `engine.LonghornController` of this serve carries out.
+    pub fn with_session(mut self, session: u64) -> Self {
+        self.session = session;
+        self
+    }
+
+    pub(super) fn session(&self) -> u64 {
+        self.session
     }
 
     /// Backups of Longhorn replicas keep their credentials under `dir`

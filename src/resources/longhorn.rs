@@ -60,6 +60,10 @@ pub struct LonghornReplica {
 pub struct DstStartRequest {
     /// The request number (each call takes a greater one).
     pub request: u64,
+    /// The session ([`new_session`]) of the talon that wrote it: only that
+    /// session carries it out.
+    #[serde(default)]
+    pub session: u64,
     /// The source's snapshots, oldest first (Longhorn snapshot names).
     pub chain: Vec<String>,
 }
@@ -81,6 +85,10 @@ pub struct DstStartStatus {
 pub struct RevertRequest {
     /// The request number (each call takes a greater one).
     pub request: u64,
+    /// The session ([`new_session`]) of the talon that wrote it: only that
+    /// session carries it out.
+    #[serde(default)]
+    pub session: u64,
     /// The Longhorn snapshot name.
     pub snapshot: String,
 }
@@ -346,11 +354,34 @@ pub struct RevertStatus {
     pub error: String,
 }
 
+/// A new session token, nonzero, one per start of `talon serve` (its
+/// Longhorn services and `engine.LonghornController` share it). A revert or
+/// a rebuild start is carried out only in the session whose call wrote it
+/// and waits for it: what says it was done (`LonghornInstanceStatus`) is
+/// observed state, gone with a restart, while the request stays in the
+/// persisted spec; carried out again after a restart it would undo every
+/// write since (a revert) or empty a rebuilt replica (a rebuild start). A
+/// call cut off by a restart failed for its caller, who calls again.
+pub fn new_session() -> u64 {
+    static COUNT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| {
+            u64::try_from(d.as_nanos() % u128::from(u64::MAX)).unwrap_or(0)
+        });
+    let n = COUNT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    (nanos ^ (u64::from(std::process::id()) << 40) ^ (n << 56)) | 1
+}
+
 impl RevertStatus {
     /// Whether request `r` still has to be carried out given this status
-    /// (`None`: nothing carried out yet): a newer number, or the same one
-    /// that failed half way.
-    pub fn pending(done: Option<&RevertStatus>, r: &RevertRequest) -> bool {
+    /// (`None`: nothing carried out yet): a request of this `session`
+    /// ([`new_session`]) with a newer number, or the same one that failed
+    /// half way.
+    pub fn pending(done: Option<&RevertStatus>, r: &RevertRequest, session: u64) -> bool {
+        if r.session != session {
+            return false;
+        }
         match done {
             None => true,
             Some(d) => d.request < r.request || (d.request == r.request && !d.error.is_empty()),

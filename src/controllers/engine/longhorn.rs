@@ -79,6 +79,9 @@ pub struct LonghornController {
     thaw_checked: crate::spdk::volume::freeze::ThawOnce,
     /// The raid1 rebuild members this controller capped.
     caps: caps::Caps,
+    /// This serve's session (`resources::longhorn::new_session`): only the
+    /// reverts and rebuild starts written in it are carried out.
+    session: u64,
 }
 
 #[path = "longhorn_thin.rs"]
@@ -108,7 +111,14 @@ impl LonghornController {
             thin: thin::ThinRebuilds::default(),
             thaw_checked: Default::default(),
             caps: caps::Caps::default(),
+            session: crate::resources::longhorn::new_session(),
         }
+    }
+
+    /// The session this serve's Longhorn services write their requests in.
+    pub fn with_session(mut self, session: u64) -> Self {
+        self.session = session;
+        self
     }
 
     /// Other nodes' SPDKService is on `port` (this node's own).
@@ -335,7 +345,7 @@ impl LonghornController {
         if let Some(rq) = spec
             .revert
             .as_ref()
-            .filter(|rq| RevertStatus::pending(done.as_ref(), rq))
+            .filter(|rq| RevertStatus::pending(done.as_ref(), rq, self.session))
         {
             let first = done.as_ref().is_none_or(|d| d.request < rq.request);
             let out = self.revert_replica(inv, &name, spec, rq, held, first).await;
@@ -349,6 +359,9 @@ impl LonghornController {
         if let Some(rq) = spec
             .dst_start
             .as_ref()
+            // only this session's (see `new_session`): a rebuild start
+            // carried out again after a restart would empty a rebuilt replica
+            .filter(|rq| rq.session == self.session)
             .filter(|rq| dst_start.as_ref().is_none_or(|d| d.request < rq.request))
         {
             dst_start = Some(self.dst_start(inv, &name, spec, rq).await);

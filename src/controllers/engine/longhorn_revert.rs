@@ -47,7 +47,12 @@ impl LonghornController {
         prev: Option<&LonghornInstanceStatus>,
     ) -> Option<RevertStatus> {
         let done = prev.and_then(|p| p.revert.as_ref());
-        let Some(r) = e.spec.revert.as_ref().filter(|r| RevertStatus::pending(done, r)) else {
+        let Some(r) = e
+            .spec
+            .revert
+            .as_ref()
+            .filter(|r| RevertStatus::pending(done, r, self.session))
+        else {
             return done.cloned();
         };
         let mut out = RevertStatus {
@@ -290,9 +295,12 @@ pub(super) fn half_reverted(kind: InstanceKind, r: &RevertStatus) -> LonghornIns
 mod tests {
     use super::*;
 
+    const SESSION: u64 = 7;
+
     fn req(n: u64) -> RevertRequest {
         RevertRequest {
             request: n,
+            session: SESSION,
             snapshot: "s1".into(),
         }
     }
@@ -370,27 +378,36 @@ mod tests {
     }
 
     /// A request is carried out once, and again only while it failed half
-    /// way; one refused is over.
+    /// way; one refused is over; one an earlier process wrote never.
     #[test]
     fn a_revert_request_is_carried_out_until_done_or_refused() {
-        assert!(RevertStatus::pending(None, &req(1)));
+        let pending = |d: Option<&RevertStatus>, r: &RevertRequest| RevertStatus::pending(d, r, SESSION);
+        assert!(pending(None, &req(1)));
         let done = RevertStatus {
             request: 1,
             snapshot: "s1".into(),
             ..RevertStatus::default()
         };
-        assert!(!RevertStatus::pending(Some(&done), &req(1)));
-        assert!(RevertStatus::pending(Some(&done), &req(2)));
+        assert!(!pending(Some(&done), &req(1)));
+        assert!(pending(Some(&done), &req(2)));
         let refused = RevertStatus {
             refused: "a frontend".into(),
             ..done.clone()
         };
-        assert!(!RevertStatus::pending(Some(&refused), &req(1)));
+        assert!(!pending(Some(&refused), &req(1)));
         let failed = RevertStatus {
             error: "lost".into(),
             ..done
         };
-        assert!(RevertStatus::pending(Some(&failed), &req(1)));
-        assert!(!RevertStatus::pending(Some(&failed), &req(0)));
+        assert!(pending(Some(&failed), &req(1)));
+        assert!(!pending(Some(&failed), &req(0)));
+        // written by an earlier talon (its status gone with the restart): never again
+        let stale = RevertRequest {
+            session: SESSION + 2,
+            ..req(5)
+        };
+        assert!(!pending(None, &stale));
+        let before_sessions = RevertRequest { session: 0, ..req(5) };
+        assert!(!pending(None, &before_sessions));
     }
 }
