@@ -818,7 +818,8 @@ async fn a_revert_is_not_carried_out_again_after_a_restart_of_talon() {
     write(c.clone()).await;
 
     d.stop().await;
-    let d = Daemon::start(dir.path(), &spdk, base, false).await;
+    // (this talon stops the target with it)
+    let d = Daemon::start(dir.path(), &spdk, base, true).await;
     let mut inst = InstanceServiceClient::new(d.channel(3).await);
     for (n, t) in [
         ("lhvol-r-0000aaaa", "replica"),
