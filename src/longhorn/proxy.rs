@@ -39,7 +39,7 @@ use super::server::Longhorn;
 use crate::names::ObjectName;
 use crate::resources::longhorn::{
     InstanceKind, InstanceState, LonghornEngine, LonghornEngineFrontend, LonghornInstanceStatus,
-    LonghornReplica, RevertStatus, SnapshotInfo,
+    LonghornReplica, SnapshotInfo,
 };
 use crate::runtime::Typed;
 use crate::spdk::ErrorKind;
@@ -187,7 +187,7 @@ impl Longhorn {
         // a revert not carried out yet (the call checked every replica RW):
         // the modes from before it while the controller takes the raid1 down
         let reverting = e.spec.revert.as_ref().is_some_and(|r| {
-            RevertStatus::pending(status.as_ref().and_then(|s| s.revert.as_ref()), r, self.session())
+            r.session == self.session()
                 && status
                     .as_ref()
                     .and_then(|s| s.revert.as_ref())
