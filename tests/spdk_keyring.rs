@@ -141,7 +141,7 @@ async fn real_spdk_removed_hosts_keys_leave_the_keyring() {
     let d = tempfile::tempdir().expect("tempdir");
     let cfg = target_cfg(&d.path().join("run"), &spdk, 1024);
     let t = Target::start(&cfg).await.expect("spdk_tgt");
-    let _r = Reaper(t.pid());
+    let _r = Reaper::new(&t, &cfg);
     let c = SpdkClient::new(cfg.socket());
     let port = free_port();
     removed_hosts_keys_leave_the_keyring(&c, &d.path().join("data"), port).await;

@@ -32,7 +32,7 @@ struct Node(Target, Reaper, SpdkClient, VolumeOps);
 async fn node(run: &Path, spdk: &Path, nqn: &str, what: &str) -> Node {
     let cfg = target_cfg(run, spdk, 1024);
     let t = Target::start(&cfg).await.expect(what);
-    let reap = Reaper(t.pid());
+    let reap = Reaper::new(&t, &cfg);
     let c = SpdkClient::new(cfg.socket());
     let ops = VolumeOps::new(c.clone()).with_host_nqn(Some(nqn.into()));
     Node(t, reap, c, ops)

@@ -183,7 +183,7 @@ async fn node(spdk: &Path, disks: &[&str], what: &str) -> Node {
     let dir = tempfile::tempdir().expect("tempdir");
     let cfg = target_cfg(dir.path(), spdk);
     let t = Target::start(&cfg).await.expect(what);
-    let reap = Reaper(t.pid());
+    let reap = Reaper::new(&t, &cfg);
     let c = SpdkClient::new(cfg.socket());
     attach_disks(&c, dir.path(), disks, true).await;
     Node(dir, cfg, t, reap, c)
@@ -199,7 +199,7 @@ async fn restart(
     what: &str,
 ) -> (Target, Reaper) {
     let t = Target::start(cfg).await.expect(what);
-    let reap = Reaper(t.pid());
+    let reap = Reaper::new(&t, &cfg);
     attach_disks(c, dir, disks, false).await;
     (t, reap)
 }
@@ -1284,7 +1284,7 @@ async fn real_spdk_replica_that_left_just_before_a_crash_is_never_trusted() {
 
         // both come back, one disk at a time
         t = Target::start(&cfg).await.expect("restart spdk_tgt");
-        _reap = Reaper(t.pid());
+        _reap = Reaper::new(&t, &cfg);
         let order = if round % 2 == 0 { [&d1, &d0] } else { [&d0, &d1] };
         for d in order {
             attach_disks(&c, dir.path(), &[d.as_str()], false).await;

@@ -26,7 +26,6 @@ use std::time::{Duration, Instant};
 use tonic::Status;
 use tonic::transport::Channel;
 
-use super::naming;
 use super::ops;
 use super::proto::imrpc::{self, proxy_engine_service_client::ProxyEngineServiceClient};
 use super::proto::ptypes;
@@ -38,6 +37,7 @@ use crate::resources::longhorn::{
     PurgeStatus, RevertRequest, RevertStatus,
 };
 use crate::runtime::Typed;
+use crate::spdk::naming::longhorn as naming;
 use crate::spdk::rpc::ByNqn;
 use crate::spdk::volume::naming::lvstore;
 
@@ -119,7 +119,7 @@ impl Longhorn {
         let n = view
             .snapshots
             .keys()
-            .filter(|s| !crate::longhorn::rebuild::is_rebuild_snap(s))
+            .filter(|s| !naming::is_rebuild_snap(s))
             .count();
         if i32::try_from(n).unwrap_or(i32::MAX) >= max {
             return Err(Status::failed_precondition(format!(

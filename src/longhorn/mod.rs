@@ -22,7 +22,6 @@ pub mod backup;
 pub mod bounds;
 pub mod engine_ops;
 pub mod lifecycle;
-pub mod naming;
 pub mod ops;
 pub mod proxy;
 pub mod rebuild;

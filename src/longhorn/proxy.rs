@@ -30,11 +30,10 @@ use std::time::{Duration, Instant};
 use tonic::{Request, Response, Status};
 
 use super::engine_ops::FORWARDED;
-use super::naming;
 use super::proto::imrpc::{self, proxy_engine_service_server};
 use super::proto::ptypes;
 use super::proto::spdkrpc::{self, spdk_service_client::SpdkServiceClient};
-use super::rebuild::{ReplicaLvols, is_rebuild_snap};
+use super::rebuild::ReplicaLvols;
 use super::server::Longhorn;
 use crate::names::ObjectName;
 use crate::resources::longhorn::{
@@ -43,6 +42,7 @@ use crate::resources::longhorn::{
 };
 use crate::runtime::Typed;
 use crate::spdk::ErrorKind;
+use crate::spdk::naming::longhorn::{self as naming, is_rebuild_snap};
 use crate::spdk::rpc::{LvolResize, LvolSnapshot};
 use crate::spdk::volume::lvol::delete_lvol;
 use crate::spdk::volume::naming::lvstore;

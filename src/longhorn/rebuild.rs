@@ -28,11 +28,11 @@ use std::time::{Duration, Instant};
 
 use tonic::Status;
 
-use super::naming;
 use super::proto::spdkrpc;
 use super::proxy::snapshot_lvol;
 use super::server::Longhorn;
 use crate::resources::longhorn::{DstStartRequest, LonghornReplica};
+use crate::spdk::naming::longhorn as naming;
 use crate::spdk::rpc::{
     AttachController, CheckShallowCopy, LvolClone, LvolCreate, QosLimit, StartShallowCopy,
 };
@@ -41,20 +41,11 @@ use crate::spdk::volume::naming::lvstore;
 use crate::spdk::{ClientError, ErrorKind, SpdkClient};
 
 const MIB: u64 = 1 << 20;
-/// The snapshot name prefix of rebuild snapshots (`talon-rb-<n>`): taken of
-/// the source's head for a rebuild and merged away after it.
-pub const REBUILD_SNAP_PREFIX: &str = "talon-rb-";
 /// How long DstStart waits for the controller to export the new head.
 const EXPORT_WAIT: Duration = Duration::from_secs(20);
 /// How long a rebuild start waits for the controller to make the dest's
 /// head again (its reconcile may be busy with another instance first).
 const RESET_WAIT: Duration = Duration::from_secs(60);
-
-/// Whether snapshot name `snap` is a rebuild snapshot.
-pub fn is_rebuild_snap(snap: &str) -> bool {
-    snap.strip_prefix(REBUILD_SNAP_PREFIX)
-        .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
-}
 
 /// A replica's lvols as a rebuild sees them.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -589,14 +580,5 @@ mod tests {
         assert!(!d.ready_over(&chain, 1));
         assert_eq!(lvols(None, 0, &[]).shared(&chain), 0);
         assert!(lvols(None, 0, &[]).ready_over(&chain, 0));
-    }
-
-    #[test]
-    fn rebuild_snapshots_are_named_talon_rb_and_a_number() {
-        assert!(is_rebuild_snap("talon-rb-1"));
-        assert!(is_rebuild_snap("talon-rb-42"));
-        assert!(!is_rebuild_snap("talon-rb-"));
-        assert!(!is_rebuild_snap("talon-rb-x"));
-        assert!(!is_rebuild_snap("snap-1"));
     }
 }

@@ -26,7 +26,6 @@ use tonic::{Request, Response, Status};
 
 use super::CONTROLLER;
 use super::lifecycle::{self, Op};
-use super::naming;
 use super::proto::imrpc::{self, disk_service_server, instance_service_server, proxy_engine_service_server};
 use super::proto::spdkrpc::{self, spdk_service_server};
 use super::proto::{self, process_manager_service_server};
@@ -40,6 +39,7 @@ use crate::resources::longhorn::{
 };
 use crate::runtime::{Phase, Spec, State, StateError, Typed};
 use crate::spdk::SpdkClient;
+use crate::spdk::naming::longhorn as naming;
 use crate::spdk::rpc::{GetLvols, LvstoreSelector};
 use crate::spdk::volume::{Inventory, plan};
 

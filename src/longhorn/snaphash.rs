@@ -37,7 +37,6 @@ use std::time::Duration;
 
 use tonic::{Code, Status};
 
-use super::naming;
 use super::proto::{ptypes, spdkrpc};
 use super::proxy::{Member, REMOTE_TIMEOUT, snapshot_lvol};
 use super::rebuild::ReplicaLvols;
@@ -45,6 +44,7 @@ use super::server::Longhorn;
 use crate::resources::longhorn::LonghornEngine;
 use crate::runtime::Typed;
 use crate::spdk::SpdkClient;
+use crate::spdk::naming::longhorn as naming;
 use crate::spdk::volume::Inventory;
 use crate::spdk::volume::naming::lvstore;
 use crate::spdk::volume::to_file::{self, Chain};

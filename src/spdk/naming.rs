@@ -6,6 +6,8 @@
 
 use crate::names::{ObjectName, volume_uuid};
 
+pub mod longhorn;
+
 /// Prefix of talon's lvstores (`talon-<disk>`).
 pub const LVS_PREFIX: &str = "talon-";
 /// Prefix of talon's raid bdevs.

@@ -32,11 +32,42 @@ pub fn spdk_dir_with(test: &str, tools: &[&str]) -> Option<PathBuf> {
 
 /// Kills a spawned spdk_tgt when a test ends early (a failed assert): a
 /// Target is meant to outlive its holder (talon adopts it after a restart).
-pub struct Reaper(pub Option<i32>);
+/// A test that panics also gets the end of the target's log on stderr: what
+/// spdk_tgt said last is often why an RPC timed out or the socket closed.
+pub struct Reaper {
+    pid: Option<i32>,
+    log: PathBuf,
+}
+
+impl Reaper {
+    /// The guard of `t`, started from `cfg`.
+    pub fn new(t: &talon::spdk::target::Target, cfg: &TargetConfig) -> Reaper {
+        Reaper {
+            pid: t.pid(),
+            log: cfg.log_path(),
+        }
+    }
+}
+
+/// Lines of a target's log a failed test prints.
+const LOG_TAIL: usize = 60;
 
 impl Drop for Reaper {
     fn drop(&mut self) {
-        if let Some(pid) = self.0 {
+        if std::thread::panicking() {
+            let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+            let lines: Vec<&str> = text.lines().collect();
+            eprintln!(
+                "--- the last {} lines of {} (pid {:?}) ---",
+                LOG_TAIL.min(lines.len()),
+                self.log.display(),
+                self.pid
+            );
+            for l in &lines[lines.len().saturating_sub(LOG_TAIL)..] {
+                eprintln!("{l}");
+            }
+        }
+        if let Some(pid) = self.pid {
             let _ =
                 nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
         }

@@ -16,7 +16,7 @@
 //! creates: lvols come back with their lvstore (the disk controller examines
 //! it), the raid and the exports are made again. A replica deleted without
 //! `cleanup` keeps its lvol; one deleted with it loses it. Objects are named
-//! by Longhorn's scheme ([`crate::longhorn::naming`]), which talon's own
+//! by Longhorn's scheme ([`crate::spdk::naming::longhorn`]), which talon's own
 //! orphan cleanup never matches.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -26,7 +26,6 @@ use std::time::{Duration, Instant};
 
 use crate::attach::nvme_tcp::{self, ConnectOptions, NvmeTcpTarget};
 use crate::host::HostRoot;
-use crate::longhorn::naming;
 use crate::names::ObjectName;
 use crate::resources::config::{Disk, NodeConfig};
 use crate::resources::engine::{DiskStatus, ObjectState, TargetStatus};
@@ -35,6 +34,7 @@ use crate::resources::longhorn::{
     LonghornReplica, RevertStatus,
 };
 use crate::runtime::{Controller, ControllerError, Input, Output, Phase, ReconcileContext, Requeue, Typed};
+use crate::spdk::naming::longhorn as naming;
 use crate::spdk::rpc::{
     AddNamespace, AttachController, ByName, ByNqn, CreateSubsystem, GetRaids, ListenAddress, Lvol,
     LvolCreate, LvolStoreRef, RaidAddBaseBdev, RaidCategory, RaidCreate, RaidLevel, SubsystemHostParams,

@@ -22,7 +22,6 @@ use std::collections::BTreeMap;
 
 use super::purge::rebuilding;
 use super::{LonghornController, chain, status};
-use crate::longhorn::naming;
 use crate::longhorn::proto::spdkrpc;
 use crate::longhorn::rebuild::{ReplicaLvols, reset_head};
 use crate::names::ObjectName;
@@ -31,6 +30,7 @@ use crate::resources::longhorn::{
     LonghornReplica, RevertRequest, RevertStatus, snapshot_lvol,
 };
 use crate::runtime::Typed;
+use crate::spdk::naming::longhorn as naming;
 use crate::spdk::volume::Inventory;
 use crate::spdk::volume::lvol::{delete_raid, detach_controller, revert_head};
 use crate::spdk::volume::naming::lvstore;

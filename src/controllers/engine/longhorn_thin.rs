@@ -13,13 +13,13 @@ use std::time::{Duration, Instant};
 use tonic::transport::Channel;
 
 use super::{ExportPlan, LonghornController, chain, ignore_missing};
-use crate::longhorn::naming;
 use crate::longhorn::proto::spdkrpc;
 use crate::longhorn::proto::spdkrpc::spdk_service_client::SpdkServiceClient;
 use crate::longhorn::proxy::snapshot_lvol;
-use crate::longhorn::rebuild::{REBUILD_SNAP_PREFIX, ReplicaLvols, is_rebuild_snap, reset_head, start_copy};
+use crate::longhorn::rebuild::{ReplicaLvols, reset_head, start_copy};
 use crate::resources::longhorn::{LonghornEngine, LonghornReplica};
 use crate::runtime::Typed;
+use crate::spdk::naming::longhorn::{self as naming, REBUILD_SNAP_PREFIX, is_rebuild_snap};
 use crate::spdk::rpc::{
     ByNqn, CheckShallowCopy, LvolSnapshot, RaidCreate, RaidLevel, RemoveNamespace, SubsystemListener,
 };

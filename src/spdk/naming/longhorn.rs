@@ -9,6 +9,16 @@
 
 use crate::names::{InvalidName, Nqn, ObjectName};
 
+/// The snapshot name prefix of rebuild snapshots (`talon-rb-<n>`): taken of
+/// the source's head for a rebuild and merged away after it.
+pub const REBUILD_SNAP_PREFIX: &str = "talon-rb-";
+
+/// Whether snapshot name `snap` is a rebuild snapshot.
+pub fn is_rebuild_snap(snap: &str) -> bool {
+    snap.strip_prefix(REBUILD_SNAP_PREFIX)
+        .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+}
+
 /// Longhorn's NQN prefix (go-spdk-helper `types.NQNPrefix`).
 pub const NQN_PREFIX: &str = "nqn.2023-01.io.longhorn.spdk";
 
@@ -44,11 +54,11 @@ pub fn instance_name(what: &'static str, value: &str) -> Result<ObjectName, Inva
 /// (`ReplicaSnapshotCreate/Delete`, the rebuilding calls) take it: a
 /// Longhorn snapshot name ([`instance_name`]), or one of the `talon-rb-<n>`
 /// snapshots a thin rebuild takes of the source's head and merges away after
-/// ([`crate::longhorn::rebuild::is_rebuild_snap`]). Engine calls (Longhorn's
+/// ([`is_rebuild_snap`]). Engine calls (Longhorn's
 /// `VolumeSnapshot`, revert, remove) take [`instance_name`] only, so a user
 /// never makes or reverts to one.
 pub fn replica_snapshot_name(value: &str) -> Result<ObjectName, InvalidName> {
-    if crate::longhorn::rebuild::is_rebuild_snap(value) {
+    if is_rebuild_snap(value) {
         return ObjectName::parse("snapshot", value);
     }
     instance_name("snapshot", value)
@@ -115,6 +125,15 @@ pub fn nvmf_endpoint(target: impl std::fmt::Display, nqn: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rebuild_snapshots_are_named_talon_rb_and_a_number() {
+        assert!(is_rebuild_snap("talon-rb-1"));
+        assert!(is_rebuild_snap("talon-rb-42"));
+        assert!(!is_rebuild_snap("talon-rb-"));
+        assert!(!is_rebuild_snap("talon-rb-x"));
+        assert!(!is_rebuild_snap("snap-1"));
+    }
 
     #[test]
     fn longhorn_names_pass_and_injections_do_not() {
