@@ -586,7 +586,7 @@ pub async fn serve_with(
         (Some(bound), Some(l)) => {
             tracing::info!(addrs = ?bound.addrs(), "Longhorn instance-manager protocol");
             let spdk_service_port = bound.addrs().last().map_or(8504, SocketAddr::port);
-            let lh = crate::longhorn::server::Longhorn::new(
+            let lh = crate::longhorn::service::Longhorn::new(
                 state.clone(),
                 crate::spdk::SpdkClient::new(opts.spdk.target_config(&opts.run_dir).socket()),
                 l.ports,

@@ -105,7 +105,7 @@ fn spdk_writes_outside_spdk_only_ever_go_down() {
         ("controllers/engine/longhorn.rs", 14),
         ("controllers/engine/longhorn_thin.rs", 7),
         ("longhorn/proxy.rs", 2),
-        ("longhorn/rebuild.rs", 5),
+        ("longhorn/rebuild.rs", 2),
     ]
     .into_iter()
     .collect();

@@ -32,8 +32,8 @@ use tonic::Status;
 use super::proto::imrpc;
 use super::proto::ptypes;
 use super::proto::spdkrpc;
-use super::proxy::{Member, internal, tcp};
-use super::server::Longhorn;
+use super::proxy::{Member, tcp};
+use super::service::{Longhorn, internal};
 use crate::backupstore::format::{Compression, DEFAULT_BLOCK_SIZE, check_name};
 use crate::backupstore::store::Target;
 use crate::resources::backup::{Backup, BackupState, BackupStatus, LonghornSource};
@@ -227,7 +227,7 @@ impl Longhorn {
         }
         let inv = crate::spdk::volume::Inventory::load(self.client())
             .await
-            .map_err(|x| internal(&format!("{what}: reading spdk_tgt"), super::proxy::chain(&x)))?;
+            .map_err(|x| internal(&format!("{what}: reading spdk_tgt"), super::service::chain(&x)))?;
         let lvol = format!(
             "{}/{}",
             crate::spdk::volume::naming::lvstore(&r.disk),

@@ -31,7 +31,7 @@ use super::proto::imrpc::{self, proxy_engine_service_client::ProxyEngineServiceC
 use super::proto::ptypes;
 use super::proto::spdkrpc;
 use super::proxy::{LVOL_NAME_MAX, Member, snapshot_lvol};
-use super::server::Longhorn;
+use super::service::{Longhorn, next_request};
 use crate::resources::longhorn::{
     InstanceState, LonghornEngine, LonghornEngineFrontend, LonghornInstanceStatus, LonghornReplica,
     PurgeStatus, RevertRequest, RevertStatus,
@@ -41,8 +41,6 @@ use crate::spdk::naming::longhorn as naming;
 use crate::spdk::rpc::ByNqn;
 use crate::spdk::volume::naming::lvstore;
 
-/// Metadata of a forwarded proxy call (it is not forwarded again).
-pub const FORWARDED: &str = "talon-forwarded";
 /// How long a forwarded call or an engine operation may take.
 const OP_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -692,13 +690,6 @@ fn revert_failure(r: &RevertStatus, what: &str) -> Option<Status> {
         return Some(Status::failed_precondition(format!("{what}: {}", r.refused)));
     }
     (!r.error.is_empty()).then(|| Status::internal(format!("{what}: {}", r.error)))
-}
-
-pub(super) fn next_request(used: u64) -> u64 {
-    let clock = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
-    clock.max(used.saturating_add(1))
 }
 
 fn no_status() -> crate::resources::longhorn::LonghornInstanceStatus {

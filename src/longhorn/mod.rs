@@ -25,9 +25,12 @@ pub mod lifecycle;
 pub mod ops;
 pub mod proxy;
 pub mod rebuild;
+mod replica_msg;
 pub mod restore;
 pub mod server;
+pub mod service;
 pub mod snaphash;
+mod snaphash_ops;
 
 /// Code generated from `proto/longhorn` (tonic + prost, parsed by protox).
 #[allow(

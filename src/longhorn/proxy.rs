@@ -29,12 +29,10 @@ use std::time::{Duration, Instant};
 
 use tonic::{Request, Response, Status};
 
-use super::engine_ops::FORWARDED;
 use super::proto::imrpc::{self, proxy_engine_service_server};
 use super::proto::ptypes;
 use super::proto::spdkrpc::{self, spdk_service_client::SpdkServiceClient};
-use super::rebuild::ReplicaLvols;
-use super::server::Longhorn;
+use super::service::{FORWARDED, IoSample, Longhorn, chain, internal};
 use crate::names::ObjectName;
 use crate::resources::longhorn::{
     InstanceKind, InstanceState, LonghornEngine, LonghornEngineFrontend, LonghornInstanceStatus,
@@ -46,6 +44,7 @@ use crate::spdk::naming::longhorn::{self as naming, is_rebuild_snap};
 use crate::spdk::rpc::{LvolResize, LvolSnapshot};
 use crate::spdk::volume::lvol::delete_lvol;
 use crate::spdk::volume::naming::lvstore;
+use crate::spdk::volume::replica_lvols::ReplicaLvols;
 use crate::spdk::volume::{Inventory, freeze};
 
 /// Longhorn's name of the head in a snapshot list.
@@ -102,7 +101,7 @@ pub async fn remote_lvols(
             })
             .await
         {
-            return Some(ReplicaLvols::from_message(&r.into_inner()));
+            return Some(ReplicaLvols::from(&r.into_inner()));
         }
     }
     None
@@ -118,26 +117,6 @@ pub(super) struct Member {
     pub(super) progress: Option<u32>,
 }
 
-/// An iostat sample of an engine's bdev, for rates between two MetricsGet.
-#[derive(Debug, Clone, Copy)]
-pub(super) struct IoSample {
-    at: Instant,
-    bytes_read: u64,
-    bytes_written: u64,
-    reads: u64,
-    writes: u64,
-    read_ticks: u64,
-    write_ticks: u64,
-}
-
-pub(super) fn internal(what: &str, e: impl std::fmt::Display) -> Status {
-    Status::internal(format!("{what}: {e}"))
-}
-
-pub(super) fn chain(e: &crate::spdk::ClientError) -> String {
-    crate::util::error_chain(e)
-}
-
 pub(super) fn proxy_req(r: Option<imrpc::ProxyEngineRequest>) -> Result<imrpc::ProxyEngineRequest, Status> {
     r.ok_or_else(|| Status::invalid_argument("proxy_engine_request is missing"))
 }
@@ -150,7 +129,7 @@ impl Longhorn {
         self.state()
             .get_typed::<LonghornEngine>(name)
             .map_err(|e| Status::internal(crate::util::error_chain(&e)))?
-            .ok_or_else(|| super::server::cannot_find("engine", name))
+            .ok_or_else(|| super::service::cannot_find("engine", name))
     }
 
     pub(super) fn status_of(&self, name: &str) -> Option<LonghornInstanceStatus> {
@@ -589,7 +568,7 @@ impl Longhorn {
             .state()
             .get_typed::<LonghornReplica>(replica.as_str())
             .map_err(|e| Status::internal(crate::util::error_chain(&e)))?
-            .ok_or_else(|| super::server::cannot_find("replica", replica.as_str()))?;
+            .ok_or_else(|| super::service::cannot_find("replica", replica.as_str()))?;
         Ok((replica, t))
     }
 

@@ -29,239 +29,23 @@ use std::time::{Duration, Instant};
 use tonic::Status;
 
 use super::proto::spdkrpc;
-use super::proxy::snapshot_lvol;
-use super::server::Longhorn;
-use crate::resources::longhorn::{DstStartRequest, LonghornReplica};
+use super::service::Longhorn;
+use crate::resources::longhorn::{DstStartRequest, LonghornReplica, snapshot_lvol};
 use crate::spdk::naming::longhorn as naming;
-use crate::spdk::rpc::{
-    AttachController, CheckShallowCopy, LvolClone, LvolCreate, QosLimit, StartShallowCopy,
-};
+use crate::spdk::rpc::{AttachController, CheckShallowCopy, QosLimit};
 use crate::spdk::volume::Inventory;
 use crate::spdk::volume::naming::lvstore;
-use crate::spdk::{ClientError, ErrorKind, SpdkClient};
+use crate::spdk::volume::replica_lvols::{ReplicaLvols, start_copy};
+use crate::spdk::{ClientError, ErrorKind};
 
-const MIB: u64 = 1 << 20;
 /// How long DstStart waits for the controller to export the new head.
 const EXPORT_WAIT: Duration = Duration::from_secs(20);
 /// How long a rebuild start waits for the controller to make the dest's
 /// head again (its reconcile may be busy with another instance first).
 const RESET_WAIT: Duration = Duration::from_secs(60);
 
-/// A replica's lvols as a rebuild sees them.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct ReplicaLvols {
-    /// Whether the head exists.
-    pub head: bool,
-    /// The head's parent snapshot (its snapshot name).
-    pub head_parent: Option<String>,
-    /// Bytes the head holds of its own.
-    pub head_bytes: u64,
-    /// Snapshot name -> (its parent snapshot, bytes of its own).
-    pub snapshots: BTreeMap<String, (Option<String>, u64)>,
-}
-
-impl ReplicaLvols {
-    /// Replica `replica`'s lvols in lvstore `lvs`, from a listing.
-    pub fn from_inventory(inv: &Inventory, lvs: &str, replica: &str) -> Self {
-        let cluster = inv
-            .lvstores
-            .iter()
-            .find(|s| s.name == lvs)
-            .map_or(0, |s| s.cluster_size);
-        let prefix = snapshot_lvol(replica, "");
-        let snap_of = |alias: &str| {
-            alias
-                .strip_prefix(lvs)
-                .and_then(|a| a.strip_prefix('/'))
-                .and_then(|n| n.strip_prefix(&prefix))
-                .map(str::to_owned)
-        };
-        let mut out = Self::default();
-        for (alias, l) in inv.lvols.range(format!("{lvs}/")..) {
-            if !alias.starts_with(&format!("{lvs}/")) {
-                break;
-            }
-            let bytes = l.num_allocated_clusters.saturating_mul(cluster);
-            let parent = inv.parent_of(alias).and_then(|p| snap_of(&p));
-            if l.name == replica {
-                out.head = true;
-                out.head_parent = parent;
-                out.head_bytes = bytes;
-            } else if let Some(s) = snap_of(alias) {
-                out.snapshots.insert(s, (parent, bytes));
-            }
-        }
-        out
-    }
-
-    /// From another node's `ReplicaGet` answer.
-    pub fn from_message(r: &spdkrpc::Replica) -> Self {
-        let parent = |p: &str| (!p.is_empty()).then(|| p.to_owned());
-        Self {
-            head: r.head.is_some(),
-            head_parent: r.head.as_ref().and_then(|h| parent(&h.parent)),
-            head_bytes: r.head.as_ref().map_or(0, |h| h.actual_size),
-            snapshots: r
-                .snapshots
-                .iter()
-                .map(|(n, l)| (n.clone(), (parent(&l.parent), l.actual_size)))
-                .collect(),
-        }
-    }
-
-    /// The head's snapshots, oldest first.
-    pub fn chain(&self) -> Vec<String> {
-        let mut out = Vec::new();
-        let mut at = self.head_parent.clone();
-        while let Some(p) = at {
-            if out.contains(&p) || out.len() > 4096 {
-                break;
-            }
-            at = self.snapshots.get(&p).and_then(|(pp, _)| pp.clone());
-            out.push(p);
-        }
-        out.reverse();
-        out
-    }
-
-    /// How many snapshots of `chain` (oldest first) this replica holds, each
-    /// over the one before: the copies a rebuild keeps.
-    pub fn shared(&self, chain: &[String]) -> usize {
-        let mut prev: Option<&String> = None;
-        for (i, s) in chain.iter().enumerate() {
-            match self.snapshots.get(s) {
-                Some((p, _)) if p.as_ref() == prev => prev = Some(s),
-                _ => return i,
-            }
-        }
-        chain.len()
-    }
-
-    /// Whether the head is empty right above the first `j` snapshots of
-    /// `chain` and holds no other copy of them: ready for the next copy.
-    pub fn ready_over(&self, chain: &[String], j: usize) -> bool {
-        self.head
-            && self.head_bytes == 0
-            && self.head_parent.as_ref() == j.checked_sub(1).map(|i| &chain[i])
-            && chain[j..].iter().all(|s| !self.snapshots.contains_key(s))
-    }
-
-    /// The head and snapshots as `ReplicaGet` reports them.
-    pub fn fill(&self, r: &mut spdkrpc::Replica) {
-        if let Some(h) = r.head.as_mut() {
-            h.parent = self.head_parent.clone().unwrap_or_default();
-            h.actual_size = self.head_bytes;
-        }
-        let mut children: BTreeMap<&str, Vec<String>> = BTreeMap::new();
-        for (s, (p, _)) in &self.snapshots {
-            if let Some(p) = p {
-                children.entry(p).or_default().push(s.clone());
-            }
-        }
-        if let Some(p) = &self.head_parent {
-            children.entry(p).or_default().push(r.name.clone());
-        }
-        r.snapshots = self
-            .snapshots
-            .iter()
-            .map(|(s, (p, bytes))| {
-                let lvol = spdkrpc::Lvol {
-                    name: s.clone(),
-                    spec_size: r.spec_size,
-                    actual_size: *bytes,
-                    parent: p.clone().unwrap_or_default(),
-                    children: children
-                        .get(s.as_str())
-                        .into_iter()
-                        .flatten()
-                        .map(|c| (c.clone(), true))
-                        .collect(),
-                    ..Default::default()
-                };
-                (s.clone(), lvol)
-            })
-            .collect();
-    }
-}
-
 fn chain_err(e: &ClientError) -> String {
     crate::util::error_chain(e)
-}
-
-/// Makes replica `replica`'s head (in lvstore `lvs`, `size` bytes) empty
-/// right above the snapshots of `chain` it shares: the head and every
-/// snapshot it does not share are deleted (the newest first), the head made
-/// again as a clone of the last shared one (or empty). Returns how many it
-/// shares.
-pub async fn reset_head(
-    client: &SpdkClient,
-    lvs: &str,
-    replica: &str,
-    size: u64,
-    have: &ReplicaLvols,
-    chain: &[String],
-) -> Result<usize, String> {
-    let j = have.shared(chain);
-    let shared = &chain[..j];
-    let alias = |name: &str| format!("{lvs}/{name}");
-    let delete = |a: String| async move {
-        crate::spdk::volume::lvol::delete_lvol(client, &a)
-            .await
-            .map_err(|e| format!("deleting {a}: {}", chain_err(&e)))
-    };
-    delete(alias(replica)).await?;
-    // the snapshots not shared, the newest first (a child before its parent)
-    let depth = |s: &String| {
-        let mut d = 0;
-        let mut at = have.snapshots.get(s).and_then(|(p, _)| p.clone());
-        while let Some(p) = at {
-            d += 1;
-            if d > 4096 {
-                break;
-            }
-            at = have.snapshots.get(&p).and_then(|(pp, _)| pp.clone());
-        }
-        d
-    };
-    let mut stale: Vec<&String> = have.snapshots.keys().filter(|s| !shared.contains(s)).collect();
-    stale.sort_by_key(|s| std::cmp::Reverse(depth(s)));
-    for s in stale {
-        delete(alias(&snapshot_lvol(replica, s))).await?;
-    }
-    match shared.last() {
-        Some(p) => client
-            .bdev_lvol_clone(&LvolClone {
-                snapshot_name: alias(&snapshot_lvol(replica, p)),
-                clone_name: replica.to_owned(),
-            })
-            .await
-            .map(|_| ()),
-        None => client
-            .bdev_lvol_create(&LvolCreate::thin(lvs, replica, size.div_ceil(MIB)))
-            .await
-            .map(|_| ()),
-    }
-    .map_err(|e| {
-        format!(
-            "making {} again, empty, to rebuild it: {}",
-            alias(replica),
-            chain_err(&e)
-        )
-    })?;
-    Ok(j)
-}
-
-/// Starts copying the clusters snapshot lvol `src` holds of its own into
-/// bdev `dst`; returns the operation id.
-pub async fn start_copy(client: &SpdkClient, src: &str, dst: &str) -> Result<u32, String> {
-    client
-        .bdev_lvol_start_shallow_copy(&StartShallowCopy {
-            src_lvol_name: src.to_owned(),
-            dst_bdev_name: dst.to_owned(),
-        })
-        .await
-        .map(|s| s.operation_id)
-        .map_err(|e| format!("copying {src}'s clusters to {dst}: {}", chain_err(&e)))
 }
 
 /// A copy this node runs for another node's engine: source replica, dest
@@ -333,7 +117,7 @@ impl Longhorn {
                 .and_then(|s| s.dst_start)
                 .map_or(0, |d| d.request);
             let asked = t.spec.dst_start.as_ref().map_or(0, |d| d.request);
-            let request = super::engine_ops::next_request(asked.max(done));
+            let request = super::service::next_request(asked.max(done));
             let spec = LonghornReplica {
                 dst_start: Some(DstStartRequest {
                     request,
@@ -546,39 +330,5 @@ impl Longhorn {
         crate::spdk::volume::lvol::detach_controller(self.client(), &ctrl)
             .await
             .map_err(|x| internal(&format!("replica {}: detaching {ctrl}", req.name), &x))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn lvols(head_parent: Option<&str>, head_bytes: u64, snaps: &[(&str, Option<&str>)]) -> ReplicaLvols {
-        ReplicaLvols {
-            head: true,
-            head_parent: head_parent.map(str::to_owned),
-            head_bytes,
-            snapshots: snaps
-                .iter()
-                .map(|(s, p)| ((*s).to_owned(), (p.map(str::to_owned), 0)))
-                .collect(),
-        }
-    }
-
-    #[test]
-    fn a_dest_shares_the_prefix_of_the_chain_it_holds_in_the_same_order() {
-        let chain: Vec<String> = ["a", "b", "c"].map(String::from).to_vec();
-        let d = lvols(Some("b"), 4096, &[("a", None), ("b", Some("a"))]);
-        assert_eq!(d.shared(&chain), 2);
-        assert_eq!(d.chain(), vec!["a", "b"]);
-        assert!(!d.ready_over(&chain, 2), "its head holds data");
-        let d = lvols(Some("b"), 0, &[("a", None), ("b", Some("a"))]);
-        assert!(d.ready_over(&chain, 2));
-        // b over another parent: only a is shared; a stale copy of c is in the way
-        let d = lvols(Some("a"), 0, &[("a", None), ("b", Some("x")), ("c", Some("a"))]);
-        assert_eq!(d.shared(&chain), 1);
-        assert!(!d.ready_over(&chain, 1));
-        assert_eq!(lvols(None, 0, &[]).shared(&chain), 0);
-        assert!(lvols(None, 0, &[]).ready_over(&chain, 0));
     }
 }

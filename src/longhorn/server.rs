@@ -17,7 +17,6 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::ops::RangeInclusive;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -29,7 +28,8 @@ use super::lifecycle::{self, Op};
 use super::proto::imrpc::{self, disk_service_server, instance_service_server, proxy_engine_service_server};
 use super::proto::spdkrpc::{self, spdk_service_server};
 use super::proto::{self, process_manager_service_server};
-use super::proxy::{chain, internal};
+use super::replica_msg::fill_replica;
+use super::service::{Longhorn, cannot_find, chain, internal};
 use crate::names::ObjectName;
 use crate::resources::config::Disk;
 use crate::resources::engine::{DiskStatus, ObjectState};
@@ -37,8 +37,7 @@ use crate::resources::longhorn::{
     InstanceKind, InstanceState, LonghornEngine, LonghornEngineFrontend, LonghornInstanceStatus,
     LonghornReplica,
 };
-use crate::runtime::{Phase, Spec, State, StateError, Typed};
-use crate::spdk::SpdkClient;
+use crate::runtime::{Phase, Spec, StateError, Typed};
 use crate::spdk::naming::longhorn as naming;
 use crate::spdk::rpc::{GetLvols, LvstoreSelector};
 use crate::spdk::volume::{Inventory, plan};
@@ -140,132 +139,6 @@ pub async fn bind(opts: &LonghornOptions) -> Result<Bound, LonghornError> {
     Ok(Bound { listeners })
 }
 
-/// The state every service works on.
-#[derive(Debug, Clone)]
-pub struct Longhorn {
-    state: State,
-    client: SpdkClient,
-    ports: RangeInclusive<u16>,
-    /// One port allocation at a time.
-    alloc: Arc<tokio::sync::Mutex<()>>,
-    /// Set when the servers stop: open watch streams end (a graceful stop
-    /// waits for every open call).
-    stopping: Arc<tokio::sync::watch::Sender<bool>>,
-    /// The SPDKService port of the other nodes (the same as this node's).
-    peer_port: u16,
-    /// The ProxyEngineService port of the other nodes (this node's own).
-    proxy_port: u16,
-    /// The last iostat of each engine (MetricsGet reports rates).
-    io_samples: Arc<std::sync::Mutex<BTreeMap<String, super::proxy::IoSample>>>,
-    /// See [`LonghornOptions::overcommit_percent`].
-    overcommit_percent: u32,
-    /// The snapshot hash jobs of this node's replicas.
-    hashes: Arc<super::snaphash::Hashes>,
-    /// talon's backup work dir (`<data dir>/backup`): Longhorn's backup
-    /// credentials are kept under it while a backup runs.
-    backup_dir: Option<std::path::PathBuf>,
-    /// This serve's session (`resources::longhorn::new_session`), shared
-    /// with `engine.LonghornController`: the reverts and rebuild starts the
-    /// calls write carry it.
-    session: u64,
-}
-
-impl Longhorn {
-    /// Services on `state`, reading SPDK through `client`.
-    pub fn new(state: State, client: SpdkClient, ports: RangeInclusive<u16>) -> Self {
-        Self {
-            state,
-            client,
-            ports,
-            alloc: Arc::default(),
-            stopping: Arc::new(tokio::sync::watch::channel(false).0),
-            peer_port: 8504,
-            proxy_port: 8501,
-            io_samples: Arc::default(),
-            overcommit_percent: LonghornOptions::DEFAULT_OVERCOMMIT_PERCENT,
-            hashes: Arc::new(super::snaphash::Hashes::new(None)),
-            backup_dir: None,
-            session: crate::resources::longhorn::new_session(),
-        }
-    }
-
-    /// The session `engine.LonghornController` of this serve carries out.
-    pub fn with_session(mut self, session: u64) -> Self {
-        self.session = session;
-        self
-    }
-
-    pub(super) fn session(&self) -> u64 {
-        self.session
-    }
-
-    /// Backups of Longhorn replicas keep their credentials under `dir`
-    /// (talon's `<data dir>/backup`); without one they are refused.
-    pub fn with_backup_dir(mut self, dir: std::path::PathBuf) -> Self {
-        self.backup_dir = Some(dir);
-        self
-    }
-
-    pub(super) fn backup_dir(&self) -> Option<&std::path::Path> {
-        self.backup_dir.as_deref()
-    }
-
-    /// Snapshot hashes copy into files under `dir` (talon's data dir: a
-    /// copy holds up to the snapshot's data); without one they are refused.
-    pub fn with_hash_dir(mut self, dir: std::path::PathBuf) -> Self {
-        self.hashes = Arc::new(super::snaphash::Hashes::new(Some(dir)));
-        self
-    }
-
-    pub(super) fn hashes(&self) -> &Arc<super::snaphash::Hashes> {
-        &self.hashes
-    }
-
-    /// The replicas on one disk may add up to `percent` of its capacity.
-    pub fn with_overcommit(mut self, percent: u32) -> Self {
-        self.overcommit_percent = percent;
-        self
-    }
-
-    /// Other nodes' SPDKService is on `port` (this node's own, base + 4),
-    /// and so their ProxyEngineService on base + 1 (the five services are
-    /// on consecutive ports in [`super::SERVICES`] order).
-    pub fn with_peer_port(mut self, port: u16) -> Self {
-        self.peer_port = port;
-        self.proxy_port = port.saturating_sub(3);
-        self
-    }
-
-    pub(super) fn state(&self) -> &State {
-        &self.state
-    }
-
-    pub(super) fn client(&self) -> &SpdkClient {
-        &self.client
-    }
-
-    pub(super) fn peer_port(&self) -> u16 {
-        self.peer_port
-    }
-
-    pub(super) fn proxy_port(&self) -> u16 {
-        self.proxy_port
-    }
-
-    /// Keeps `now` as engine `e`'s last iostat; returns the one before.
-    pub(super) fn swap_io_sample(
-        &self,
-        e: &str,
-        now: super::proxy::IoSample,
-    ) -> Option<super::proxy::IoSample> {
-        let mut m = self
-            .io_samples
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        m.insert(e.to_owned(), now)
-    }
-}
-
 /// Serves the five ports until `shutdown`, within `limits` (the connection
 /// bounds hold for the five ports together).
 pub async fn serve(
@@ -275,7 +148,7 @@ pub async fn serve(
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), LonghornError> {
     // what a hash left behind when talon stopped mid-hash
-    lh.hashes.sweep(&lh.client).await;
+    lh.hashes().sweep(lh.client()).await;
     let (tx, rx) = tokio::sync::watch::channel(false);
     let counter = crate::util::conn::ConnCounter::default();
     let mut tasks = Vec::new();
@@ -527,14 +400,6 @@ fn state_err(e: StateError) -> Status {
     }
 }
 
-/// NotFound in Longhorn's words: longhorn-manager goes on (creates the instance,
-/// takes it as gone) only when the text says `cannot find` (its
-/// `types.ErrorIsNotFound`), as Longhorn's SPDK engine says `cannot find
-/// replica|engine|engine frontend <name>`.
-pub(super) fn cannot_find(noun: &str, name: &str) -> Status {
-    Status::not_found(format!("cannot find {noun} {name}"))
-}
-
 fn invalid(e: crate::names::InvalidName) -> Status {
     Status::invalid_argument(e.to_string())
 }
@@ -589,7 +454,7 @@ impl Longhorn {
     /// The engine-frontend instance `name`, if there is one.
     fn frontend(&self, name: &str) -> Result<Option<LonghornEngineFrontend>, Status> {
         Ok(self
-            .state
+            .state()
             .get_typed::<LonghornEngineFrontend>(name)
             .map_err(state_err)?
             .map(|f| f.spec))
@@ -597,7 +462,7 @@ impl Longhorn {
 
     fn observed(&self, name: &str, kind: InstanceKind) -> Result<Observed, Status> {
         let status = self
-            .state
+            .state()
             .get_typed::<LonghornInstanceStatus>(name)
             .map_err(state_err)?
             .map(|s| s.spec)
@@ -610,7 +475,7 @@ impl Longhorn {
 
     /// Waits until the instance is running or failed (or [`SETTLE`] passed).
     async fn settle(&self, name: &str, kind: InstanceKind) {
-        let (_, mut rx) = self.state.watch(Some(("engine", LonghornInstanceStatus::TYPE)));
+        let (_, mut rx) = self.state().watch(Some(("engine", LonghornInstanceStatus::TYPE)));
         let deadline = tokio::time::Instant::now() + SETTLE;
         loop {
             if let Ok(o) = self.observed(name, kind)
@@ -628,9 +493,9 @@ impl Longhorn {
 
     /// Waits until the desired-state resource is gone (or [`SETTLE`] passed).
     async fn settle_gone(&self, ty: &str, name: &str) {
-        let (_, mut rx) = self.state.watch(Some(("config", ty)));
+        let (_, mut rx) = self.state().watch(Some(("config", ty)));
         let deadline = tokio::time::Instant::now() + SETTLE;
-        while self.state.get("config", ty, name).is_some() {
+        while self.state().get("config", ty, name).is_some() {
             match tokio::time::timeout_at(deadline, rx.recv()).await {
                 Err(_) | Ok(Err(tokio::sync::broadcast::error::RecvError::Closed)) => return,
                 Ok(_) => {}
@@ -641,10 +506,10 @@ impl Longhorn {
     /// Ports every Longhorn instance holds.
     fn used_ports(&self) -> Result<BTreeSet<u16>, Status> {
         let mut used = BTreeSet::new();
-        for r in self.state.list_typed::<LonghornReplica>().map_err(state_err)? {
+        for r in self.state().list_typed::<LonghornReplica>().map_err(state_err)? {
             used.extend(r.spec.port_start..=r.spec.port_end);
         }
-        for e in self.state.list_typed::<LonghornEngine>().map_err(state_err)? {
+        for e in self.state().list_typed::<LonghornEngine>().map_err(state_err)? {
             used.insert(e.spec.port);
         }
         Ok(used)
@@ -670,7 +535,7 @@ impl Longhorn {
     pub(super) fn ready_disk(&self, what: &str, disk: &str) -> Result<DiskStatus, Status> {
         let name = naming::instance_name("disk", disk).map_err(invalid)?;
         if self
-            .state
+            .state()
             .get_typed::<Disk>(name.as_str())
             .map_err(state_err)?
             .is_none()
@@ -678,7 +543,7 @@ impl Longhorn {
             return Err(Status::not_found(format!("{what}: cannot find disk {disk}")));
         }
         match self
-            .state
+            .state()
             .get_typed::<DiskStatus>(name.as_str())
             .map_err(state_err)?
         {
@@ -710,10 +575,10 @@ impl Longhorn {
         except: Option<&str>,
         size: u64,
     ) -> Result<(), Status> {
-        let inv = Inventory::load(&self.client)
+        let inv = Inventory::load(self.client())
             .await
             .map_err(|x| internal(&format!("{what}: reading spdk_tgt"), chain(&x)))?;
-        let replicas = self.state.list_typed::<LonghornReplica>().map_err(state_err)?;
+        let replicas = self.state().list_typed::<LonghornReplica>().map_err(state_err)?;
         let committed = replicas
             .iter()
             .filter(|r| r.spec.disk == disk)
@@ -743,9 +608,9 @@ impl Longhorn {
     }
 
     fn create_user<S: Spec>(&self, id: &str, spec: &S) -> Result<(), Status> {
-        self.state.create_typed(id, "", spec).map_err(state_err)?;
+        self.state().create_typed(id, "", spec).map_err(state_err)?;
         // the controller's finalizer from the start: a delete always goes through it
-        self.state
+        self.state()
             .add_finalizer(S::NAMESPACE, S::TYPE, id, CONTROLLER)
             .map_err(state_err)
     }
@@ -780,7 +645,7 @@ impl Longhorn {
         }
         let _one = self.alloc.lock().await;
         if let Some(cur) = self
-            .state
+            .state()
             .get_typed::<LonghornReplica>(rname.as_str())
             .map_err(state_err)?
         {
@@ -820,10 +685,10 @@ impl Longhorn {
         let rname = naming::instance_name("replica", name).map_err(invalid)?;
         let id = rname.as_str();
         let _one = self.alloc.lock().await;
-        match self.state.get_typed::<LonghornReplica>(id).map_err(state_err)? {
+        match self.state().get_typed::<LonghornReplica>(id).map_err(state_err)? {
             Some(cur) => {
                 if cleanup && !cur.spec.cleanup {
-                    self.state
+                    self.state()
                         .update_typed(
                             id,
                             "",
@@ -856,19 +721,19 @@ impl Longhorn {
                 )?;
             }
         }
-        self.state
+        self.state()
             .destroy("config", LonghornReplica::TYPE, id, "")
             .map_err(state_err)?;
         // a restore into it goes with it (its status and credentials with that)
         use crate::resources::backup::LonghornRestore;
         use crate::runtime::Spec as _;
         if self
-            .state
+            .state()
             .get_typed::<LonghornRestore>(id)
             .map_err(state_err)?
             .is_some()
         {
-            self.state
+            self.state()
                 .destroy("config", LonghornRestore::TYPE, id, "")
                 .map_err(state_err)?;
         }
@@ -884,13 +749,13 @@ impl Longhorn {
             .clone()
             .unwrap_or_else(|| empty_status(InstanceKind::Replica));
         let lvs_uuid = self
-            .state
+            .state()
             .get_typed::<DiskStatus>(&r.spec.disk)
             .map_err(state_err)?
             .map(|d| d.spec.lvstore_uuid)
             .unwrap_or_default();
         let listen = self
-            .state
+            .state()
             .get_typed::<crate::resources::config::NodeConfig>("node")
             .map_err(state_err)?
             .map(|n| n.spec.listen_address)
@@ -950,7 +815,7 @@ impl Longhorn {
         }
         naming::volume_nqn(volume).map_err(invalid)?;
         let _one = self.alloc.lock().await;
-        for e in self.state.list_typed::<LonghornEngine>().map_err(state_err)? {
+        for e in self.state().list_typed::<LonghornEngine>().map_err(state_err)? {
             if e.id() == name.as_str() {
                 if e.metadata.phase == Phase::TearingDown {
                     return Err(Status::unavailable(format!("{what} is being deleted; retry")));
@@ -1012,7 +877,7 @@ impl Longhorn {
         };
         let _one = self.alloc.lock().await;
         if let Some(cur) = self
-            .state
+            .state()
             .get_typed::<LonghornEngineFrontend>(name.as_str())
             .map_err(state_err)?
         {
@@ -1027,7 +892,7 @@ impl Longhorn {
     async fn delete_other(&self, kind: InstanceKind, name: &str) -> Result<(), Status> {
         let n = naming::instance_name("instance", name).map_err(invalid)?;
         let ty = type_of(kind);
-        match self.state.destroy("config", ty, n.as_str(), "") {
+        match self.state().destroy("config", ty, n.as_str(), "") {
             Ok(_) | Err(StateError::NotFound { .. }) => {}
             Err(e) => return Err(state_err(e)),
         }
@@ -1044,18 +909,26 @@ impl Longhorn {
     ) -> Result<Option<imrpc::InstanceResponse>, Status> {
         let (phase, volume, engine_name) = match kind {
             InstanceKind::Replica => {
-                match self.state.get_typed::<LonghornReplica>(name).map_err(state_err)? {
+                match self
+                    .state()
+                    .get_typed::<LonghornReplica>(name)
+                    .map_err(state_err)?
+                {
                     Some(r) => (r.metadata.phase, r.spec.volume, String::new()),
                     None => return Ok(None),
                 }
             }
-            InstanceKind::Engine => match self.state.get_typed::<LonghornEngine>(name).map_err(state_err)? {
+            InstanceKind::Engine => match self
+                .state()
+                .get_typed::<LonghornEngine>(name)
+                .map_err(state_err)?
+            {
                 Some(e) => (e.metadata.phase, e.spec.volume, String::new()),
                 None => return Ok(None),
             },
             InstanceKind::EngineFrontend => {
                 match self
-                    .state
+                    .state()
                     .get_typed::<LonghornEngineFrontend>(name)
                     .map_err(state_err)?
                 {
@@ -1074,20 +947,28 @@ impl Longhorn {
         };
         match kind {
             InstanceKind::Replica => {
-                if let Some(r) = self.state.get_typed::<LonghornReplica>(name).map_err(state_err)? {
+                if let Some(r) = self
+                    .state()
+                    .get_typed::<LonghornReplica>(name)
+                    .map_err(state_err)?
+                {
                     status.port_start = i32::from(r.spec.port_start);
                     status.port_end = i32::from(r.spec.port_end);
                 }
             }
             InstanceKind::Engine => {
-                if let Some(e) = self.state.get_typed::<LonghornEngine>(name).map_err(state_err)? {
+                if let Some(e) = self
+                    .state()
+                    .get_typed::<LonghornEngine>(name)
+                    .map_err(state_err)?
+                {
                     status.port_start = i32::from(e.spec.port);
                     status.port_end = i32::from(e.spec.port);
                 }
             }
             InstanceKind::EngineFrontend => {
                 if let Some(f) = self
-                    .state
+                    .state()
                     .get_typed::<LonghornEngineFrontend>(name)
                     .map_err(state_err)?
                 {
@@ -1146,7 +1027,7 @@ impl Longhorn {
     fn all_instances(&self) -> Result<BTreeMap<String, imrpc::InstanceResponse>, Status> {
         let mut out = BTreeMap::new();
         let ids = |ty: &str| -> Vec<String> {
-            self.state
+            self.state()
                 .list("config", ty)
                 .into_iter()
                 .map(|r| r.metadata.id)
@@ -1169,7 +1050,7 @@ impl Longhorn {
     /// A stream that yields once per change of any Longhorn instance (and
     /// once at the start).
     fn watch_stream(&self) -> WatchStream {
-        let (_, mut rx) = self.state.watch(None);
+        let (_, mut rx) = self.state().watch(None);
         let (tx, out) = tokio::sync::mpsc::channel(16);
         let mut stopping = self.stopping.subscribe();
         tokio::spawn(async move {
@@ -1211,12 +1092,12 @@ impl Longhorn {
 
     fn disk_message(&self, name: &str) -> Result<imrpc::Disk, Status> {
         let disk = self
-            .state
+            .state()
             .get_typed::<Disk>(name)
             .map_err(state_err)?
             .ok_or_else(|| cannot_find("disk", name))?;
         let st = self
-            .state
+            .state()
             .get_typed::<DiskStatus>(name)
             .map_err(state_err)?
             .map(|s| s.spec);
@@ -1255,7 +1136,7 @@ impl Longhorn {
 
     async fn block_size(&self, disk: &str) -> Option<i64> {
         let lvs = crate::spdk::volume::naming::lvstore(disk);
-        self.client
+        self.client()
             .bdev_lvol_get_lvstores(&LvstoreSelector::name(&lvs))
             .await
             .ok()?
@@ -1374,7 +1255,7 @@ impl instance_service_server::InstanceService for Longhorn {
             InstanceKind::Replica => {
                 let disk = (!req.disk_uuid.is_empty())
                     .then(|| {
-                        self.state
+                        self.state()
                             .list_typed::<DiskStatus>()
                             .ok()?
                             .into_iter()
@@ -1454,7 +1335,7 @@ impl instance_service_server::InstanceService for Longhorn {
             Some(ef) => Some(ef),
             None => {
                 let mut of_engine = self
-                    .state
+                    .state()
                     .list_typed::<LonghornEngineFrontend>()
                     .map_err(state_err)?
                     .into_iter()
@@ -1550,7 +1431,7 @@ impl disk_service_server::DiskService for Longhorn {
                 aio_block_size(&what, req.block_size)?
             },
         };
-        let made = match self.state.get_typed::<Disk>(name.as_str()).map_err(state_err)? {
+        let made = match self.state().get_typed::<Disk>(name.as_str()).map_err(state_err)? {
             Some(cur) if cur.spec.path == want.path && cur.spec.pci == want.pci => false,
             Some(cur) => {
                 return Err(Status::already_exists(format!(
@@ -1559,18 +1440,18 @@ impl disk_service_server::DiskService for Longhorn {
                 )));
             }
             None => {
-                self.state
+                self.state()
                     .create_typed(name.as_str(), "", &want)
                     .map_err(state_err)?;
                 true
             }
         };
         // wait for its lvstore; a disk that cannot come up is not left behind
-        let (_, mut rx) = self.state.watch(Some(("engine", DiskStatus::TYPE)));
+        let (_, mut rx) = self.state().watch(Some(("engine", DiskStatus::TYPE)));
         let deadline = tokio::time::Instant::now() + DISK_READY;
         let failure = loop {
             match self
-                .state
+                .state()
                 .get_typed::<DiskStatus>(name.as_str())
                 .map_err(state_err)?
             {
@@ -1595,7 +1476,7 @@ impl disk_service_server::DiskService for Longhorn {
         };
         if let Some(f) = failure {
             if made {
-                let _ = self.state.destroy("config", Disk::TYPE, name.as_str(), "");
+                let _ = self.state().destroy("config", Disk::TYPE, name.as_str(), "");
             }
             return Err(f);
         }
@@ -1612,7 +1493,7 @@ impl disk_service_server::DiskService for Longhorn {
         let req = req.into_inner();
         let name = naming::instance_name("disk", &req.disk_name).map_err(invalid)?;
         let on_it: Vec<String> = self
-            .state
+            .state()
             .list_typed::<LonghornReplica>()
             .map_err(state_err)?
             .into_iter()
@@ -1625,7 +1506,7 @@ impl disk_service_server::DiskService for Longhorn {
                 on_it.join(", ")
             )));
         }
-        match self.state.destroy("config", Disk::TYPE, name.as_str(), "") {
+        match self.state().destroy("config", Disk::TYPE, name.as_str(), "") {
             Ok(_) | Err(StateError::NotFound { .. }) => Ok(Response::new(())),
             Err(e) => Err(state_err(e)),
         }
@@ -1667,7 +1548,7 @@ impl disk_service_server::DiskService for Longhorn {
         let name = naming::instance_name("disk", &req.disk_name).map_err(invalid)?;
         let d = self.ready_disk(&format!("disk {name}"), name.as_str())?;
         let lvols = self
-            .client
+            .client()
             .bdev_lvol_get_lvols(&GetLvols::default())
             .await
             .map_err(|e| Status::unavailable(format!("listing the lvols of disk {name}: {e}")))?;
@@ -1681,7 +1562,7 @@ impl disk_service_server::DiskService for Longhorn {
                 continue;
             }
             let spec_size = self
-                .state
+                .state()
                 .get_typed::<LonghornReplica>(&l.name)
                 .ok()
                 .flatten()
@@ -1776,7 +1657,7 @@ impl spdk_service_server::SpdkService for Longhorn {
         .await?;
         self.settle(&req.name, InstanceKind::Replica).await;
         let r = self
-            .state
+            .state()
             .get_typed::<LonghornReplica>(&req.name)
             .map_err(state_err)?
             .ok_or_else(|| {
@@ -1800,13 +1681,13 @@ impl spdk_service_server::SpdkService for Longhorn {
     ) -> Result<Response<spdkrpc::Replica>, Status> {
         let name = req.into_inner().name;
         let r = self
-            .state
+            .state()
             .get_typed::<LonghornReplica>(&name)
             .map_err(state_err)?
             .ok_or_else(|| cannot_find("replica", &name))?;
         let mut m = self.replica_message(&r)?;
         // the head's parent and the snapshots as spdk_tgt holds them now
-        self.replica_lvols_now(r.id(), &r.spec.disk).await?.fill(&mut m);
+        fill_replica(&self.replica_lvols_now(r.id(), &r.spec.disk).await?, &mut m);
         Ok(Response::new(m))
     }
 
@@ -1953,7 +1834,7 @@ impl spdk_service_server::SpdkService for Longhorn {
 
     async fn replica_list(&self, _: Request<()>) -> Result<Response<spdkrpc::ReplicaListResponse>, Status> {
         let mut replicas = std::collections::HashMap::new();
-        for r in self.state.list_typed::<LonghornReplica>().map_err(state_err)? {
+        for r in self.state().list_typed::<LonghornReplica>().map_err(state_err)? {
             replicas.insert(r.id().to_owned(), self.replica_message(&r)?);
         }
         Ok(Response::new(spdkrpc::ReplicaListResponse { replicas }))

@@ -28,25 +28,21 @@
 //! Nothing is left behind: the aio bdev and the file go on every path; a
 //! talon restart mid-hash leaves them to [`Hashes::sweep`] at the next start.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use tonic::{Code, Status};
+use tonic::Status;
 
-use super::proto::{ptypes, spdkrpc};
-use super::proxy::{Member, REMOTE_TIMEOUT, snapshot_lvol};
-use super::rebuild::ReplicaLvols;
-use super::server::Longhorn;
-use crate::resources::longhorn::LonghornEngine;
-use crate::runtime::Typed;
+use super::proto::spdkrpc;
+use crate::names::ObjectName;
+use crate::resources::longhorn::snapshot_lvol;
 use crate::spdk::SpdkClient;
-use crate::spdk::naming::longhorn as naming;
 use crate::spdk::volume::Inventory;
-use crate::spdk::volume::naming::lvstore;
+use crate::spdk::volume::replica_lvols::ReplicaLvols;
 use crate::spdk::volume::to_file::{self, Chain};
 
 /// The states Longhorn's snapshot monitor reads (`SnapshotHashStatus` in
@@ -92,6 +88,63 @@ impl Hashes {
             jobs: Mutex::default(),
             one: tokio::sync::Semaphore::new(1),
         }
+    }
+
+    /// Starts hashing snapshot `snap` of `replica` (in lvstore `lvs`) in the
+    /// background, unless a hash of it runs (no second one) or one completed
+    /// and `rehash` is false. Refused on a node without a hash directory.
+    pub(super) fn start(
+        self: &Arc<Self>,
+        client: &SpdkClient,
+        lvs: String,
+        replica: &ObjectName,
+        snap: &str,
+        rehash: bool,
+    ) -> Result<(), Status> {
+        let hashes = Arc::clone(self);
+        let Some(dir) = hashes.dir.clone() else {
+            return Err(Status::failed_precondition(format!(
+                "replica {replica}: snapshot {snap}: this node has no directory for snapshot hashes"
+            )));
+        };
+        let key = (replica.as_str().to_owned(), snap.to_owned());
+        {
+            let mut jobs = hashes.jobs();
+            match jobs.get(&key) {
+                Some(Job::Running) => return Ok(()),
+                Some(Job::Complete(_)) if !rehash => return Ok(()),
+                _ => {}
+            }
+            jobs.insert(key.clone(), Job::Running);
+        }
+        let client = client.clone();
+        tokio::spawn(async move {
+            let r = match hashes.one.acquire().await {
+                Ok(_one) => run(&client, &dir, &lvs, &key.0, &key.1).await,
+                Err(_) => Err(format!("replica {}: hashing snapshot {}: stopped", key.0, key.1)),
+            };
+            match &r {
+                Ok(sum) => {
+                    tracing::info!(replica = %key.0, snapshot = %key.1, checksum = %sum, "snapshot hashed")
+                }
+                Err(m) => {
+                    tracing::info!(replica = %key.0, snapshot = %key.1, error = %m, "snapshot hash failed")
+                }
+            }
+            let job = r.map_or_else(Job::Failed, Job::Complete);
+            hashes.jobs().insert(key, job);
+        });
+        Ok(())
+    }
+
+    /// Where the hash of a (replica, snapshot) stands.
+    pub(super) fn job(&self, key: &(String, String)) -> Option<Job> {
+        self.jobs().get(key).cloned()
+    }
+
+    /// Forgets the hash of a (replica, snapshot) that is gone.
+    pub(super) fn forget(&self, key: &(String, String)) {
+        self.jobs().remove(key);
     }
 
     fn jobs(&self) -> MutexGuard<'_, BTreeMap<(String, String), Job>> {
@@ -220,7 +273,7 @@ async fn run(
     }
 }
 
-fn status_message(job: Option<Job>) -> spdkrpc::ReplicaSnapshotHashStatusResponse {
+pub(super) fn status_message(job: Option<Job>) -> spdkrpc::ReplicaSnapshotHashStatusResponse {
     let (state, checksum, error) = match job {
         None => ("", String::new(), String::new()),
         Some(Job::Running) => (IN_PROGRESS, String::new(), String::new()),
@@ -234,191 +287,6 @@ fn status_message(job: Option<Job>) -> spdkrpc::ReplicaSnapshotHashStatusRespons
         // talon keeps no earlier checksum to find silent corruption by
         // (Longhorn's V2 engine reports false too)
         silently_corrupted: false,
-    }
-}
-
-impl Longhorn {
-    /// `ReplicaSnapshotHash` (and an engine's member on this node): starts
-    /// hashing snapshot `snap` of replica `name`, unless a hash of it runs
-    /// (no second one) or one completed and `rehash` is false.
-    pub(super) async fn replica_hash(&self, name: &str, snap: &str, rehash: bool) -> Result<(), Status> {
-        naming::replica_snapshot_name(snap).map_err(|x| Status::invalid_argument(x.to_string()))?;
-        let (replica, t) = self.stored_replica(name)?;
-        let lvs = lvstore(&t.spec.disk);
-        let have = self.replica_lvols_now(replica.as_str(), &t.spec.disk).await?;
-        if !have.snapshots.contains_key(snap) {
-            return Err(Status::not_found(format!(
-                "replica {replica}: cannot find snapshot {snap} ({})",
-                snapshot_lvol(replica.as_str(), snap)
-            )));
-        }
-        let hashes = self.hashes().clone();
-        let Some(dir) = hashes.dir.clone() else {
-            return Err(Status::failed_precondition(format!(
-                "replica {replica}: snapshot {snap}: this node has no directory for snapshot hashes"
-            )));
-        };
-        let key = (replica.as_str().to_owned(), snap.to_owned());
-        {
-            let mut jobs = hashes.jobs();
-            match jobs.get(&key) {
-                Some(Job::Running) => return Ok(()),
-                Some(Job::Complete(_)) if !rehash => return Ok(()),
-                _ => {}
-            }
-            jobs.insert(key.clone(), Job::Running);
-        }
-        let client = self.client().clone();
-        tokio::spawn(async move {
-            let r = match hashes.one.acquire().await {
-                Ok(_one) => run(&client, &dir, &lvs, &key.0, &key.1).await,
-                Err(_) => Err(format!("replica {}: hashing snapshot {}: stopped", key.0, key.1)),
-            };
-            match &r {
-                Ok(sum) => {
-                    tracing::info!(replica = %key.0, snapshot = %key.1, checksum = %sum, "snapshot hashed")
-                }
-                Err(m) => {
-                    tracing::info!(replica = %key.0, snapshot = %key.1, error = %m, "snapshot hash failed")
-                }
-            }
-            let job = r.map_or_else(Job::Failed, Job::Complete);
-            hashes.jobs().insert(key, job);
-        });
-        Ok(())
-    }
-
-    /// `ReplicaSnapshotHashStatus`: where replica `name`'s hash of `snap`
-    /// stands (state "" when it was never hashed). A snapshot that is not
-    /// there is NOT_FOUND, unless its hash failed (that error names it).
-    pub(super) async fn replica_hash_status(
-        &self,
-        name: &str,
-        snap: &str,
-    ) -> Result<spdkrpc::ReplicaSnapshotHashStatusResponse, Status> {
-        let (replica, t) = self.stored_replica(name)?;
-        let key = (replica.as_str().to_owned(), snap.to_owned());
-        let job = self.hashes().jobs().get(&key).cloned();
-        if matches!(job, Some(Job::Running | Job::Failed(_))) {
-            return Ok(status_message(job));
-        }
-        let have = self.replica_lvols_now(replica.as_str(), &t.spec.disk).await?;
-        if !have.snapshots.contains_key(snap) {
-            self.hashes().jobs().remove(&key);
-            return Err(Status::not_found(format!(
-                "replica {replica}: cannot find snapshot {snap} ({})",
-                snapshot_lvol(replica.as_str(), snap)
-            )));
-        }
-        Ok(status_message(job))
-    }
-
-    /// The members of engine `e` a hash asks: those in service (RW). A
-    /// member being rebuilt (WO) refuses the hash, as Longhorn's V2 engine
-    /// does; one in error is left out.
-    async fn hash_members(&self, e: &Typed<LonghornEngine>) -> Result<Vec<Member>, Status> {
-        let members = self.members(e).await?;
-        if let Some(m) = members.iter().find(|m| m.mode == ptypes::ReplicaMode::Wo) {
-            return Err(Status::failed_precondition(format!(
-                "engine {} contains WO replica {} during snapshot hash",
-                e.id(),
-                m.replica
-            )));
-        }
-        Ok(members
-            .into_iter()
-            .filter(|m| m.mode == ptypes::ReplicaMode::Rw)
-            .collect())
-    }
-
-    /// `SnapshotHash`: each replica in service hashes snapshot `snap` where
-    /// it lives. Errors name the replica; the first one's code is answered.
-    pub(super) async fn engine_hash(
-        &self,
-        e: &Typed<LonghornEngine>,
-        snap: &str,
-        rehash: bool,
-    ) -> Result<(), Status> {
-        naming::replica_snapshot_name(snap).map_err(|x| Status::invalid_argument(x.to_string()))?;
-        let mut errors: Vec<(Code, String)> = Vec::new();
-        for m in self.hash_members(e).await? {
-            let r = match self.local_replica(&m.replica) {
-                Some(_) => self.replica_hash(&m.replica, snap, rehash).await,
-                None => match self.replica_node(&m.replica, &m.address).await {
-                    Ok(mut c) => c
-                        .replica_snapshot_hash(spdkrpc::SnapshotHashRequest {
-                            name: m.replica.clone(),
-                            snapshot_name: snap.to_owned(),
-                            rehash,
-                        })
-                        .await
-                        .map(|_| ())
-                        .map_err(|s| {
-                            Status::new(
-                                s.code(),
-                                format!("replica {}: its node: {}", m.replica, s.message()),
-                            )
-                        }),
-                    Err(x) => Err(Status::unavailable(x)),
-                },
-            };
-            if let Err(s) = r {
-                errors.push((s.code(), s.message().to_owned()));
-            }
-        }
-        match errors.first() {
-            None => Ok(()),
-            Some((code, _)) => Err(Status::new(
-                *code,
-                errors
-                    .iter()
-                    .map(|(_, m)| m.as_str())
-                    .collect::<Vec<_>>()
-                    .join("; "),
-            )),
-        }
-    }
-
-    /// `SnapshotHashStatus`: each replica in service, by its address.
-    pub(super) async fn engine_hash_status(
-        &self,
-        e: &Typed<LonghornEngine>,
-        snap: &str,
-    ) -> Result<HashMap<String, ptypes::SnapshotHashStatusResponse>, Status> {
-        let mut out = HashMap::new();
-        for m in self.hash_members(e).await? {
-            let s = match self.local_replica(&m.replica) {
-                Some(_) => self.replica_hash_status(&m.replica, snap).await?,
-                None => {
-                    let mut c =
-                        super::proxy::peer_client(&m.replica, &m.address, self.peer_port(), REMOTE_TIMEOUT)
-                            .await
-                            .map_err(Status::unavailable)?;
-                    c.replica_snapshot_hash_status(spdkrpc::SnapshotHashStatusRequest {
-                        name: m.replica.clone(),
-                        snapshot_name: snap.to_owned(),
-                    })
-                    .await
-                    .map_err(|s| {
-                        Status::new(
-                            s.code(),
-                            format!("replica {}: its node: {}", m.replica, s.message()),
-                        )
-                    })?
-                    .into_inner()
-                }
-            };
-            out.insert(
-                m.address.clone(),
-                ptypes::SnapshotHashStatusResponse {
-                    state: s.state,
-                    checksum: s.checksum,
-                    error: s.error,
-                    silently_corrupted: s.silently_corrupted,
-                },
-            );
-        }
-        Ok(out)
     }
 }
 

@@ -19,7 +19,6 @@ use std::collections::BTreeMap;
 use super::{LonghornController, chain};
 use crate::longhorn::proto::spdkrpc;
 use crate::longhorn::proxy::{remote_lvols, snapshot_lvol, tcp};
-use crate::longhorn::rebuild::ReplicaLvols;
 use crate::resources::longhorn::{LonghornEngine, LonghornInstanceStatus, LonghornReplica, PurgeStatus};
 use crate::runtime::Typed;
 use crate::spdk::ErrorKind;
@@ -27,6 +26,7 @@ use crate::spdk::naming::longhorn as naming;
 use crate::spdk::volume::Inventory;
 use crate::spdk::volume::lvol::delete_lvol;
 use crate::spdk::volume::naming::lvstore;
+use crate::spdk::volume::replica_lvols::ReplicaLvols;
 
 impl LonghornController {
     /// Carries out engine `e`'s purge request unless it was (`prev` holds

@@ -23,7 +23,6 @@ use std::collections::BTreeMap;
 use super::purge::rebuilding;
 use super::{LonghornController, chain, status};
 use crate::longhorn::proto::spdkrpc;
-use crate::longhorn::rebuild::{ReplicaLvols, reset_head};
 use crate::names::ObjectName;
 use crate::resources::longhorn::{
     DstStartRequest, DstStartStatus, InstanceKind, InstanceState, LonghornEngine, LonghornInstanceStatus,
@@ -34,6 +33,7 @@ use crate::spdk::naming::longhorn as naming;
 use crate::spdk::volume::Inventory;
 use crate::spdk::volume::lvol::{delete_raid, detach_controller, revert_head};
 use crate::spdk::volume::naming::lvstore;
+use crate::spdk::volume::replica_lvols::{ReplicaLvols, reset_head};
 
 impl LonghornController {
     /// Carries out engine `e`'s revert request unless it was (`prev` holds

@@ -16,7 +16,6 @@ use super::{ExportPlan, LonghornController, chain, ignore_missing};
 use crate::longhorn::proto::spdkrpc;
 use crate::longhorn::proto::spdkrpc::spdk_service_client::SpdkServiceClient;
 use crate::longhorn::proxy::snapshot_lvol;
-use crate::longhorn::rebuild::{ReplicaLvols, reset_head, start_copy};
 use crate::resources::longhorn::{LonghornEngine, LonghornReplica};
 use crate::runtime::Typed;
 use crate::spdk::naming::longhorn::{self as naming, REBUILD_SNAP_PREFIX, is_rebuild_snap};
@@ -25,6 +24,7 @@ use crate::spdk::rpc::{
 };
 use crate::spdk::volume::Inventory;
 use crate::spdk::volume::naming::lvstore;
+use crate::spdk::volume::replica_lvols::{ReplicaLvols, reset_head, start_copy};
 
 /// A source head holding at most this much of its own is copied inside the
 /// switch (the export closed: hosts wait); more is snapshotted and copied
@@ -228,7 +228,7 @@ impl LonghornController {
                     .await
                     .map_err(|s| format!("replica {replica}: its node: {}", s.message()))?
                     .into_inner();
-                Ok(ReplicaLvols::from_message(&r))
+                Ok(ReplicaLvols::from(&r))
             }
         }
     }

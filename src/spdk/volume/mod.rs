@@ -49,6 +49,7 @@ pub mod from_file;
 pub mod lvol;
 pub mod plan;
 mod rebuild;
+pub mod replica_lvols;
 pub mod to_file;
 pub use rebuild::{PrepareError, RemoteDest};
 

@@ -1,0 +1,179 @@
+//! What every Longhorn service handler shares: the [`Longhorn`] state the
+//! five services work on, and the few words they answer in (NotFound as
+//! Longhorn reads it, an internal error with its cause). A leaf of
+//! `src/longhorn`: the handler files (`server`, `proxy`, `engine_ops`,
+//! `rebuild`, `snaphash_ops`, ...) each add their `impl Longhorn` over it
+//! and never import each other for it.
+
+use std::collections::BTreeMap;
+use std::ops::RangeInclusive;
+use std::sync::Arc;
+use std::time::Instant;
+
+use tonic::Status;
+
+use super::snaphash::Hashes;
+use crate::runtime::State;
+use crate::spdk::SpdkClient;
+
+/// Metadata of a forwarded proxy call (it is not forwarded again).
+pub const FORWARDED: &str = "talon-forwarded";
+
+/// The state every service works on.
+#[derive(Debug, Clone)]
+pub struct Longhorn {
+    state: State,
+    client: SpdkClient,
+    pub(super) ports: RangeInclusive<u16>,
+    /// One port allocation at a time.
+    pub(super) alloc: Arc<tokio::sync::Mutex<()>>,
+    /// Set when the servers stop: open watch streams end (a graceful stop
+    /// waits for every open call).
+    pub(super) stopping: Arc<tokio::sync::watch::Sender<bool>>,
+    /// The SPDKService port of the other nodes (the same as this node's).
+    peer_port: u16,
+    /// The ProxyEngineService port of the other nodes (this node's own).
+    proxy_port: u16,
+    /// The last iostat of each engine (MetricsGet reports rates).
+    io_samples: Arc<std::sync::Mutex<BTreeMap<String, IoSample>>>,
+    /// See [`LonghornOptions::overcommit_percent`].
+    pub(super) overcommit_percent: u32,
+    /// The snapshot hash jobs of this node's replicas.
+    hashes: Arc<Hashes>,
+    /// talon's backup work dir (`<data dir>/backup`): Longhorn's backup
+    /// credentials are kept under it while a backup runs.
+    backup_dir: Option<std::path::PathBuf>,
+    /// This serve's session (`resources::longhorn::new_session`), shared
+    /// with `engine.LonghornController`: the reverts and rebuild starts the
+    /// calls write carry it.
+    session: u64,
+}
+
+impl Longhorn {
+    /// Services on `state`, reading SPDK through `client`.
+    pub fn new(state: State, client: SpdkClient, ports: RangeInclusive<u16>) -> Self {
+        Self {
+            state,
+            client,
+            ports,
+            alloc: Arc::default(),
+            stopping: Arc::new(tokio::sync::watch::channel(false).0),
+            peer_port: 8504,
+            proxy_port: 8501,
+            io_samples: Arc::default(),
+            overcommit_percent: crate::spdk::placement::DEFAULT_OVERCOMMIT_PERCENT,
+            hashes: Arc::new(Hashes::new(None)),
+            backup_dir: None,
+            session: crate::resources::longhorn::new_session(),
+        }
+    }
+
+    /// The session `engine.LonghornController` of this serve carries out.
+    pub fn with_session(mut self, session: u64) -> Self {
+        self.session = session;
+        self
+    }
+
+    pub(super) fn session(&self) -> u64 {
+        self.session
+    }
+
+    /// Backups of Longhorn replicas keep their credentials under `dir`
+    /// (talon's `<data dir>/backup`); without one they are refused.
+    pub fn with_backup_dir(mut self, dir: std::path::PathBuf) -> Self {
+        self.backup_dir = Some(dir);
+        self
+    }
+
+    pub(super) fn backup_dir(&self) -> Option<&std::path::Path> {
+        self.backup_dir.as_deref()
+    }
+
+    /// Snapshot hashes copy into files under `dir` (talon's data dir: a
+    /// copy holds up to the snapshot's data); without one they are refused.
+    pub fn with_hash_dir(mut self, dir: std::path::PathBuf) -> Self {
+        self.hashes = Arc::new(Hashes::new(Some(dir)));
+        self
+    }
+
+    pub(super) fn hashes(&self) -> &Arc<Hashes> {
+        &self.hashes
+    }
+
+    /// The replicas on one disk may add up to `percent` of its capacity.
+    pub fn with_overcommit(mut self, percent: u32) -> Self {
+        self.overcommit_percent = percent;
+        self
+    }
+
+    /// Other nodes' SPDKService is on `port` (this node's own, base + 4),
+    /// and so their ProxyEngineService on base + 1 (the five services are
+    /// on consecutive ports in [`super::SERVICES`] order).
+    pub fn with_peer_port(mut self, port: u16) -> Self {
+        self.peer_port = port;
+        self.proxy_port = port.saturating_sub(3);
+        self
+    }
+
+    pub(super) fn state(&self) -> &State {
+        &self.state
+    }
+
+    pub(super) fn client(&self) -> &SpdkClient {
+        &self.client
+    }
+
+    pub(super) fn peer_port(&self) -> u16 {
+        self.peer_port
+    }
+
+    pub(super) fn proxy_port(&self) -> u16 {
+        self.proxy_port
+    }
+
+    /// Keeps `now` as engine `e`'s last iostat; returns the one before.
+    pub(super) fn swap_io_sample(&self, e: &str, now: IoSample) -> Option<IoSample> {
+        let mut m = self
+            .io_samples
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        m.insert(e.to_owned(), now)
+    }
+}
+
+/// An iostat sample of an engine's bdev, for rates between two MetricsGet.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct IoSample {
+    pub(super) at: Instant,
+    pub(super) bytes_read: u64,
+    pub(super) bytes_written: u64,
+    pub(super) reads: u64,
+    pub(super) writes: u64,
+    pub(super) read_ticks: u64,
+    pub(super) write_ticks: u64,
+}
+
+/// NotFound in Longhorn's words: longhorn-manager goes on (creates the instance,
+/// takes it as gone) only when the text says `cannot find` (its
+/// `types.ErrorIsNotFound`), as Longhorn's SPDK engine says `cannot find
+/// replica|engine|engine frontend <name>`.
+pub(super) fn cannot_find(noun: &str, name: &str) -> Status {
+    Status::not_found(format!("cannot find {noun} {name}"))
+}
+
+pub(super) fn internal(what: &str, e: impl std::fmt::Display) -> Status {
+    Status::internal(format!("{what}: {e}"))
+}
+
+pub(super) fn chain(e: &crate::spdk::ClientError) -> String {
+    crate::util::error_chain(e)
+}
+
+/// A request number above `used` (the last one on the resource): the
+/// clock's nanoseconds, so a number is not used again after a restart.
+pub(super) fn next_request(used: u64) -> u64 {
+    let clock = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
+    clock.max(used.saturating_add(1))
+}

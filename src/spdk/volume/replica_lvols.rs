@@ -1,0 +1,216 @@
+//! A Longhorn-named replica's lvols as a thin rebuild sees them (its head
+//! `<lvs>/<r>` and snapshots `<lvs>/<r>-snap-<s>`), and the two writes a
+//! rebuild makes of them: the head made empty again right above the
+//! snapshots it shares with the source ([`reset_head`]), and a snapshot's own
+//! clusters copied into a dest bdev ([`start_copy`],
+//! `bdev_lvol_start_shallow_copy`). The engine's controller and the replica
+//! node's rebuild calls both use them.
+
+use std::collections::BTreeMap;
+
+use super::Inventory;
+use crate::resources::longhorn::snapshot_lvol;
+use crate::spdk::SpdkClient;
+use crate::spdk::rpc::{LvolClone, LvolCreate, StartShallowCopy};
+
+const MIB: u64 = 1 << 20;
+
+/// A replica's lvols as a rebuild sees them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ReplicaLvols {
+    /// Whether the head exists.
+    pub head: bool,
+    /// The head's parent snapshot (its snapshot name).
+    pub head_parent: Option<String>,
+    /// Bytes the head holds of its own.
+    pub head_bytes: u64,
+    /// Snapshot name -> (its parent snapshot, bytes of its own).
+    pub snapshots: BTreeMap<String, (Option<String>, u64)>,
+}
+
+impl ReplicaLvols {
+    /// Replica `replica`'s lvols in lvstore `lvs`, from a listing.
+    pub fn from_inventory(inv: &Inventory, lvs: &str, replica: &str) -> Self {
+        let cluster = inv
+            .lvstores
+            .iter()
+            .find(|s| s.name == lvs)
+            .map_or(0, |s| s.cluster_size);
+        let prefix = snapshot_lvol(replica, "");
+        let snap_of = |alias: &str| {
+            alias
+                .strip_prefix(lvs)
+                .and_then(|a| a.strip_prefix('/'))
+                .and_then(|n| n.strip_prefix(&prefix))
+                .map(str::to_owned)
+        };
+        let mut out = Self::default();
+        for (alias, l) in inv.lvols.range(format!("{lvs}/")..) {
+            if !alias.starts_with(&format!("{lvs}/")) {
+                break;
+            }
+            let bytes = l.num_allocated_clusters.saturating_mul(cluster);
+            let parent = inv.parent_of(alias).and_then(|p| snap_of(&p));
+            if l.name == replica {
+                out.head = true;
+                out.head_parent = parent;
+                out.head_bytes = bytes;
+            } else if let Some(s) = snap_of(alias) {
+                out.snapshots.insert(s, (parent, bytes));
+            }
+        }
+        out
+    }
+
+    /// The head's snapshots, oldest first.
+    pub fn chain(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        let mut at = self.head_parent.clone();
+        while let Some(p) = at {
+            if out.contains(&p) || out.len() > 4096 {
+                break;
+            }
+            at = self.snapshots.get(&p).and_then(|(pp, _)| pp.clone());
+            out.push(p);
+        }
+        out.reverse();
+        out
+    }
+
+    /// How many snapshots of `chain` (oldest first) this replica holds, each
+    /// over the one before: the copies a rebuild keeps.
+    pub fn shared(&self, chain: &[String]) -> usize {
+        let mut prev: Option<&String> = None;
+        for (i, s) in chain.iter().enumerate() {
+            match self.snapshots.get(s) {
+                Some((p, _)) if p.as_ref() == prev => prev = Some(s),
+                _ => return i,
+            }
+        }
+        chain.len()
+    }
+
+    /// Whether the head is empty right above the first `j` snapshots of
+    /// `chain` and holds no other copy of them: ready for the next copy.
+    pub fn ready_over(&self, chain: &[String], j: usize) -> bool {
+        self.head
+            && self.head_bytes == 0
+            && self.head_parent.as_ref() == j.checked_sub(1).map(|i| &chain[i])
+            && chain[j..].iter().all(|s| !self.snapshots.contains_key(s))
+    }
+}
+
+/// Makes replica `replica`'s head (in lvstore `lvs`, `size` bytes) empty
+/// right above the snapshots of `chain` it shares: the head and every
+/// snapshot it does not share are deleted (the newest first), the head made
+/// again as a clone of the last shared one (or empty). Returns how many it
+/// shares.
+pub async fn reset_head(
+    client: &SpdkClient,
+    lvs: &str,
+    replica: &str,
+    size: u64,
+    have: &ReplicaLvols,
+    chain: &[String],
+) -> Result<usize, String> {
+    let j = have.shared(chain);
+    let shared = &chain[..j];
+    let alias = |name: &str| format!("{lvs}/{name}");
+    let delete = |a: String| async move {
+        crate::spdk::volume::lvol::delete_lvol(client, &a)
+            .await
+            .map_err(|e| format!("deleting {a}: {}", crate::util::error_chain(&e)))
+    };
+    delete(alias(replica)).await?;
+    // the snapshots not shared, the newest first (a child before its parent)
+    let depth = |s: &String| {
+        let mut d = 0;
+        let mut at = have.snapshots.get(s).and_then(|(p, _)| p.clone());
+        while let Some(p) = at {
+            d += 1;
+            if d > 4096 {
+                break;
+            }
+            at = have.snapshots.get(&p).and_then(|(pp, _)| pp.clone());
+        }
+        d
+    };
+    let mut stale: Vec<&String> = have.snapshots.keys().filter(|s| !shared.contains(s)).collect();
+    stale.sort_by_key(|s| std::cmp::Reverse(depth(s)));
+    for s in stale {
+        delete(alias(&snapshot_lvol(replica, s))).await?;
+    }
+    match shared.last() {
+        Some(p) => client
+            .bdev_lvol_clone(&LvolClone {
+                snapshot_name: alias(&snapshot_lvol(replica, p)),
+                clone_name: replica.to_owned(),
+            })
+            .await
+            .map(|_| ()),
+        None => client
+            .bdev_lvol_create(&LvolCreate::thin(lvs, replica, size.div_ceil(MIB)))
+            .await
+            .map(|_| ()),
+    }
+    .map_err(|e| {
+        format!(
+            "making {} again, empty, to rebuild it: {}",
+            alias(replica),
+            crate::util::error_chain(&e)
+        )
+    })?;
+    Ok(j)
+}
+
+/// Starts copying the clusters snapshot lvol `src` holds of its own into
+/// bdev `dst`; returns the operation id.
+pub async fn start_copy(client: &SpdkClient, src: &str, dst: &str) -> Result<u32, String> {
+    client
+        .bdev_lvol_start_shallow_copy(&StartShallowCopy {
+            src_lvol_name: src.to_owned(),
+            dst_bdev_name: dst.to_owned(),
+        })
+        .await
+        .map(|s| s.operation_id)
+        .map_err(|e| {
+            format!(
+                "copying {src}'s clusters to {dst}: {}",
+                crate::util::error_chain(&e)
+            )
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lvols(head_parent: Option<&str>, head_bytes: u64, snaps: &[(&str, Option<&str>)]) -> ReplicaLvols {
+        ReplicaLvols {
+            head: true,
+            head_parent: head_parent.map(str::to_owned),
+            head_bytes,
+            snapshots: snaps
+                .iter()
+                .map(|(s, p)| ((*s).to_owned(), (p.map(str::to_owned), 0)))
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn a_dest_shares_the_prefix_of_the_chain_it_holds_in_the_same_order() {
+        let chain: Vec<String> = ["a", "b", "c"].map(String::from).to_vec();
+        let d = lvols(Some("b"), 4096, &[("a", None), ("b", Some("a"))]);
+        assert_eq!(d.shared(&chain), 2);
+        assert_eq!(d.chain(), vec!["a", "b"]);
+        assert!(!d.ready_over(&chain, 2), "its head holds data");
+        let d = lvols(Some("b"), 0, &[("a", None), ("b", Some("a"))]);
+        assert!(d.ready_over(&chain, 2));
+        // b over another parent: only a is shared; a stale copy of c is in the way
+        let d = lvols(Some("a"), 0, &[("a", None), ("b", Some("x")), ("c", Some("a"))]);
+        assert_eq!(d.shared(&chain), 1);
+        assert!(!d.ready_over(&chain, 1));
+        assert_eq!(lvols(None, 0, &[]).shared(&chain), 0);
+        assert!(lvols(None, 0, &[]).ready_over(&chain, 0));
+    }
+}
