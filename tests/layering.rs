@@ -1,6 +1,8 @@
 //! Every `crate::` arrow between talon's top-level modules runs one way: no
-//! two modules use each other (doc comments and unit-test modules aside).
-//! Read from the sources, so a new circle fails here with the files named.
+//! two modules use each other (doc comments and unit-test modules aside);
+//! no files take names from each other in a circle either, inside a module
+//! or across; SPDK writes outside `src/spdk` only go down. Read from the
+//! sources, so a new circle fails here with the files named.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -159,5 +161,128 @@ fn spdk_writes_outside_spdk_only_ever_go_down() {
         "SPDK write methods called outside src/spdk beyond what is left to move (issue 29): \
          move the work into spdk::volume instead:\n{}",
         over.join("\n")
+    );
+}
+
+/// The file a path of module names (`["longhorn", "proxy"]`, from `src`)
+/// names: the longest prefix that is a file (`<p>.rs` or `<p>/mod.rs`).
+fn module_file(src: &Path, segments: &[String]) -> Option<PathBuf> {
+    let mut dir = src.to_path_buf();
+    let mut found = None;
+    for s in segments {
+        let file = dir.join(format!("{s}.rs"));
+        let module = dir.join(s).join("mod.rs");
+        if file.is_file() {
+            found = Some(file);
+        } else if module.is_file() {
+            found = Some(module);
+        } else {
+            break;
+        }
+        dir = dir.join(s);
+    }
+    found
+}
+
+/// The module path (from `src`) of the module `file` is.
+fn module_path(src: &Path, file: &Path) -> Vec<String> {
+    let rel = file.strip_prefix(src).expect("under src").with_extension("");
+    let mut out: Vec<String> = rel.iter().map(|c| c.to_string_lossy().into_owned()).collect();
+    if out.last().is_some_and(|l| l == "mod") {
+        out.pop();
+    }
+    out
+}
+
+/// The files `file` takes names from, by `crate::a::b::..` and
+/// `super::..::x` paths (a path into a folder's `mod.rs` names that file).
+fn file_imports(src: &Path, file: &Path) -> BTreeSet<PathBuf> {
+    let text = std::fs::read_to_string(file).expect("source");
+    let code = text.split("#[cfg(test)]\nmod tests").next().unwrap_or("");
+    let here = module_path(src, file);
+    let ident = |s: &str| -> String {
+        s.chars()
+            .take_while(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == '_')
+            .collect()
+    };
+    let mut out = BTreeSet::new();
+    for line in code.lines().filter(|l| !l.trim_start().starts_with("//")) {
+        let mut rest = line;
+        while let Some(i) = rest.find("crate::").or_else(|| rest.find("super::")) {
+            let (from, mut tail) = if rest[i..].starts_with("crate::") {
+                (Vec::new(), &rest[i + 7..])
+            } else {
+                let mut up = here.clone();
+                up.pop();
+                let mut t = &rest[i + 7..];
+                while let Some(x) = t.strip_prefix("super::") {
+                    up.pop();
+                    t = x;
+                }
+                (up, t)
+            };
+            let mut segments = from;
+            loop {
+                let s = ident(tail);
+                if s.is_empty() || !tail[s.len()..].starts_with("::") {
+                    // a last lowercase segment may be a module too (`use super::naming;`)
+                    if !s.is_empty() {
+                        segments.push(s);
+                    }
+                    break;
+                }
+                tail = &tail[s.len() + 2..];
+                segments.push(s);
+            }
+            if let Some(f) = module_file(src, &segments)
+                && f != file
+                && !f.ends_with("lib.rs")
+            {
+                out.insert(f);
+            }
+            rest = &rest[i + 7..];
+        }
+    }
+    out
+}
+
+/// Issue 29: inside a module too, files take names from each other one way:
+/// a file circle (`proxy.rs` -> `engine_ops.rs` -> `proxy.rs`) is how one
+/// engine grew into two. Shared state goes into a leaf (`longhorn/service.rs`),
+/// shared facts where both sides can reach them. A new circle fails here,
+/// its files named.
+#[test]
+fn files_never_take_names_from_each_other_in_a_circle() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    let edges: BTreeMap<PathBuf, BTreeSet<PathBuf>> =
+        files.iter().map(|f| (f.clone(), file_imports(&src, f))).collect();
+    // every file that reaches back to itself, with the circle found
+    let mut circles: BTreeSet<Vec<String>> = BTreeSet::new();
+    for start in edges.keys() {
+        // depth-first, keeping the path, from `start` back to `start`
+        let mut stack: Vec<(PathBuf, Vec<PathBuf>)> = vec![(start.clone(), vec![start.clone()])];
+        let mut seen: BTreeSet<PathBuf> = BTreeSet::new();
+        while let Some((at, path)) = stack.pop() {
+            for next in edges.get(&at).into_iter().flatten() {
+                if next == start {
+                    let mut c: Vec<String> = path
+                        .iter()
+                        .map(|p| p.strip_prefix(&src).expect("src").display().to_string())
+                        .collect();
+                    c.sort();
+                    circles.insert(c);
+                } else if seen.insert(next.clone()) {
+                    let mut p = path.clone();
+                    p.push(next.clone());
+                    stack.push((next.clone(), p));
+                }
+            }
+        }
+    }
+    assert!(
+        circles.is_empty(),
+        "files that take names from each other in a circle: {circles:#?}"
     );
 }
