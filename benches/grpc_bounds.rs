@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use scale::proc_stat;
 use talon::client::Client;
-use talon::longhorn::proto::imrpc::instance_service_client::InstanceServiceClient;
+use talon::proto::imrpc::instance_service_client::InstanceServiceClient;
 use tokio::io::AsyncReadExt;
 use tokio::net::{TcpSocket, TcpStream};
 

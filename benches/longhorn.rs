@@ -89,11 +89,11 @@ use longhorn_nodes::{
     Node, RW, allocated_bytes, engine, modes, pattern, replica_add, replica_remove, snapshot,
 };
 use talon::controllers::engine::selection::SpdkOptions;
-use talon::longhorn::proto::imrpc::{
+use talon::longhorn::server::LonghornOptions;
+use talon::proto::imrpc::{
     self, disk_service_client::DiskServiceClient, instance_service_client::InstanceServiceClient,
     proxy_engine_service_client::ProxyEngineServiceClient,
 };
-use talon::longhorn::server::LonghornOptions;
 use talon::serve::{ServeOptions, serve_with};
 use talon::spdk::SpdkClient;
 use talon::spdk::rpc::{

@@ -51,6 +51,7 @@ pub mod keeper;
 pub mod longhorn;
 pub mod names;
 pub mod ns;
+pub mod proto;
 pub mod resources;
 pub mod runtime;
 pub mod serve;

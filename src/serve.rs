@@ -511,7 +511,7 @@ pub async fn serve_with(
             .and_then(|b| b.addrs().last().map(SocketAddr::port))
             .unwrap_or(8504),
         longhorn: longhorn_bound.is_some(),
-        longhorn_session,
+        longhorn_session: longhorn_session.clone(),
     };
     // hugepages first: the engine selection below looks at the free pool
     controllers::host::prepare_at_start(&state, &deps);

@@ -286,3 +286,25 @@ fn files_never_take_names_from_each_other_in_a_circle() {
         "files that take names from each other in a circle: {circles:#?}"
     );
 }
+
+/// Issue 29: the Longhorn layer is an adapter over talon's controllers, not
+/// a part of them: `controllers` takes nothing from `crate::longhorn` (the
+/// wire types are `crate::proto`, Longhorn's names `spdk::naming::longhorn`,
+/// what a serve's services and controller share `resources::longhorn`).
+#[test]
+fn controllers_never_use_the_longhorn_adapter() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    rust_files(&src.join("controllers"), &mut files);
+    let mut uses = Vec::new();
+    for f in files {
+        let text = std::fs::read_to_string(&f).expect("source");
+        let code = text.split("#[cfg(test)]\nmod tests").next().unwrap_or("");
+        for (n, line) in code.lines().enumerate() {
+            if !line.trim_start().starts_with("//") && line.contains("crate::longhorn") {
+                uses.push(format!("{}:{}: {}", f.display(), n + 1, line.trim()));
+            }
+        }
+    }
+    assert!(uses.is_empty(), "controllers use the Longhorn adapter: {uses:#?}");
+}

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use longhorn_daemon::{Daemon, free_base, instance_ports};
 use talon::client::Client;
 use talon::longhorn::bounds::GrpcLimits;
-use talon::longhorn::proto::imrpc::instance_service_client::InstanceServiceClient;
+use talon::proto::imrpc::instance_service_client::InstanceServiceClient;
 use tokio::io::AsyncReadExt;
 use tokio::net::{TcpSocket, TcpStream};
 

@@ -20,13 +20,13 @@ use std::time::Duration;
 use futures::StreamExt;
 use longhorn_daemon::{Daemon, free_base, instance_ports};
 use talon::controllers::engine::selection::SpdkOptions;
-use talon::longhorn::proto::imrpc::{
+use talon::proto::imrpc::{
     self, disk_service_client::DiskServiceClient, instance_service_client::InstanceServiceClient,
     proxy_engine_service_client::ProxyEngineServiceClient,
 };
-use talon::longhorn::proto::process_manager_service_client::ProcessManagerServiceClient;
-use talon::longhorn::proto::ptypes;
-use talon::longhorn::proto::spdkrpc::{self, spdk_service_client::SpdkServiceClient};
+use talon::proto::process_manager_service_client::ProcessManagerServiceClient;
+use talon::proto::ptypes;
+use talon::proto::spdkrpc::{self, spdk_service_client::SpdkServiceClient};
 use talon::serve::ServeOptions;
 use talon::spdk::rpc::GetLvols;
 use talon::spdk::{SpdkClient, SpdkDouble};

@@ -25,12 +25,12 @@ use std::net::IpAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use talon::longhorn::proto::imrpc::{
+use talon::proto::imrpc::{
     self, instance_service_client::InstanceServiceClient,
     proxy_engine_service_client::ProxyEngineServiceClient,
 };
-use talon::longhorn::proto::ptypes;
-use talon::longhorn::proto::spdkrpc::{self, spdk_service_client::SpdkServiceClient};
+use talon::proto::ptypes;
+use talon::proto::spdkrpc::{self, spdk_service_client::SpdkServiceClient};
 use talon::spdk::rpc::GetLvols;
 use talon::spdk::{SpdkClient, SpdkDouble};
 use tonic::Code;

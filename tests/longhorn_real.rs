@@ -26,7 +26,7 @@ use longhorn_daemon::{Daemon, free_base, instance_ports};
 use serde_json::json;
 use spdk_real::spdk_dir;
 use talon::controllers::engine::selection::SpdkOptions;
-use talon::longhorn::proto::imrpc::{
+use talon::proto::imrpc::{
     self, disk_service_client::DiskServiceClient, instance_service_client::InstanceServiceClient,
 };
 use talon::serve::ServeOptions;
@@ -372,7 +372,7 @@ async fn longhorn_lifecycle_io_and_restarts_on_real_spdk() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn longhorn_snapshot_backup_through_the_proxy_on_real_spdk() {
     use talon::backupstore::{Credentials, Progress, Store, ops};
-    use talon::longhorn::proto::imrpc::proxy_engine_service_client::ProxyEngineServiceClient;
+    use talon::proto::imrpc::proxy_engine_service_client::ProxyEngineServiceClient;
     let Some(spdk) = spdk_dir("longhorn_snapshot_backup_through_the_proxy_on_real_spdk") else {
         return;
     };
@@ -438,7 +438,7 @@ async fn longhorn_snapshot_backup_through_the_proxy_on_real_spdk() {
         proxy
             .volume_snapshot(imrpc::EngineVolumeSnapshotRequest {
                 proxy_engine_request: engine(),
-                snapshot_volume: Some(talon::longhorn::proto::ptypes::VolumeSnapshotRequest {
+                snapshot_volume: Some(talon::proto::ptypes::VolumeSnapshotRequest {
                     name: snap.into(),
                     ..Default::default()
                 }),
@@ -742,7 +742,7 @@ async fn longhorn_snapshot_backup_through_the_proxy_on_real_spdk() {
 /// is gone with the restart), so what was written after the revert stays.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_revert_is_not_carried_out_again_after_a_restart_of_talon() {
-    use talon::longhorn::proto::imrpc::proxy_engine_service_client::ProxyEngineServiceClient;
+    use talon::proto::imrpc::proxy_engine_service_client::ProxyEngineServiceClient;
     let Some(spdk) = spdk_dir("a_revert_is_not_carried_out_again_after_a_restart_of_talon") else {
         return;
     };
@@ -799,7 +799,7 @@ async fn a_revert_is_not_carried_out_again_after_a_restart_of_talon() {
     proxy
         .volume_snapshot(imrpc::EngineVolumeSnapshotRequest {
             proxy_engine_request: engine(),
-            snapshot_volume: Some(talon::longhorn::proto::ptypes::VolumeSnapshotRequest {
+            snapshot_volume: Some(talon::proto::ptypes::VolumeSnapshotRequest {
                 name: "s1".into(),
                 ..Default::default()
             }),

@@ -24,9 +24,9 @@ use std::net::IpAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use talon::longhorn::proto::imrpc::{self, proxy_engine_service_client::ProxyEngineServiceClient};
-use talon::longhorn::proto::ptypes;
-use talon::longhorn::proto::spdkrpc::{self, spdk_service_client::SpdkServiceClient};
+use talon::proto::imrpc::{self, proxy_engine_service_client::ProxyEngineServiceClient};
+use talon::proto::ptypes;
+use talon::proto::spdkrpc::{self, spdk_service_client::SpdkServiceClient};
 use tonic::Code;
 use tonic::transport::Channel;
 
@@ -125,9 +125,7 @@ async fn two_nodes(real: Option<&std::path::Path>, size: u64) -> (Node, Node, St
         "spdk-tcp-nvmf",
     )
     .await;
-    let inst = talon::longhorn::proto::imrpc::instance_service_client::InstanceServiceClient::new(
-        a.channel(3).await,
-    );
+    let inst = talon::proto::imrpc::instance_service_client::InstanceServiceClient::new(a.channel(3).await);
     let port = running(&inst, "vol-e-0", "engine").await.port_start;
     (a, b, addr_a, addr_b, u16::try_from(port).expect("port"))
 }

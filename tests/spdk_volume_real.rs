@@ -199,7 +199,7 @@ async fn restart(
     what: &str,
 ) -> (Target, Reaper) {
     let t = Target::start(cfg).await.expect(what);
-    let reap = Reaper::new(&t, &cfg);
+    let reap = Reaper::new(&t, cfg);
     attach_disks(c, dir, disks, false).await;
     (t, reap)
 }

@@ -101,7 +101,7 @@ fn longhorn_client() {
 /// - `delete TYPE NAME [cleanup]`: InstanceDelete, then gone from InstanceGet; `LH gone=NAME`.
 async fn longhorn_call(base: std::net::SocketAddr, args: &[String]) {
     use std::time::{Duration, Instant};
-    use talon::longhorn::proto::imrpc::{
+    use talon::proto::imrpc::{
         self, disk_service_client::DiskServiceClient, instance_service_client::InstanceServiceClient,
     };
     use tonic::transport::Channel;

@@ -38,7 +38,7 @@ pub struct Deps {
     pub longhorn_peer_port: u16,
     /// This serve's Longhorn session (`resources::longhorn::new_session`),
     /// shared by the Longhorn services and `engine.LonghornController`.
-    pub longhorn_session: u64,
+    pub longhorn_session: crate::resources::longhorn::Session,
     /// Whether talon serves Longhorn's instance-manager protocol (`--longhorn-listen`): then
     /// spdk_tgt runs from the start, as in Longhorn's V2 instance-manager pod.
     pub longhorn: bool,
@@ -90,7 +90,7 @@ pub fn register_all(rt: &mut Runtime, deps: &Deps, selection: &EngineSelection) 
         .with_host_nqn(host_nqn)
         .with_host(deps.host.clone(), deps.data_dir.clone())
         .with_peer_port(deps.longhorn_peer_port)
-        .with_session(deps.longhorn_session),
+        .with_session(deps.longhorn_session.clone()),
     )?;
     rt.register(engine::backup::BackupController::new(
         crate::spdk::SpdkClient::new(deps.spdk.target_config(&deps.run_dir).socket()),

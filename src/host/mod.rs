@@ -10,6 +10,7 @@
 pub mod disk_target;
 pub mod doctor;
 pub mod hugepages;
+pub mod longhorn_address;
 pub mod modules;
 pub mod mounts;
 pub mod net;

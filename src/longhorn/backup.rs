@@ -29,16 +29,17 @@ use std::path::{Path, PathBuf};
 
 use tonic::Status;
 
-use super::proto::imrpc;
-use super::proto::ptypes;
-use super::proto::spdkrpc;
-use super::proxy::{Member, tcp};
+use super::proxy::Member;
 use super::service::{Longhorn, internal};
 use crate::backupstore::format::{Compression, DEFAULT_BLOCK_SIZE, check_name};
 use crate::backupstore::store::Target;
+use crate::proto::imrpc;
+use crate::proto::ptypes;
+use crate::proto::spdkrpc;
 use crate::resources::backup::{Backup, BackupState, BackupStatus, LonghornSource};
 use crate::resources::longhorn::LonghornEngine;
 use crate::runtime::Typed;
+use crate::spdk::naming::longhorn::tcp;
 
 /// The credential keys Longhorn's instance manager takes from a backup
 /// call (longhorn-instance-manager `backupEnvAllowlist`); any other key
@@ -231,7 +232,7 @@ impl Longhorn {
         let lvol = format!(
             "{}/{}",
             crate::spdk::volume::naming::lvstore(&r.disk),
-            super::proxy::snapshot_lvol(&req.replica_name, &req.snapshot_name)
+            crate::resources::longhorn::snapshot_lvol(&req.replica_name, &req.snapshot_name)
         );
         if !inv.lvols.contains_key(&lvol) {
             return Err(Status::not_found(format!(

@@ -26,12 +26,12 @@ use std::time::{Duration, Instant};
 use tonic::Status;
 use tonic::transport::Channel;
 
-use super::ops;
-use super::proto::imrpc::{self, proxy_engine_service_client::ProxyEngineServiceClient};
-use super::proto::ptypes;
-use super::proto::spdkrpc;
-use super::proxy::{LVOL_NAME_MAX, Member, snapshot_lvol};
+use super::proxy::{LVOL_NAME_MAX, Member};
 use super::service::{Longhorn, next_request};
+use crate::proto::imrpc::{self, proxy_engine_service_client::ProxyEngineServiceClient};
+use crate::proto::ptypes;
+use crate::proto::spdkrpc;
+use crate::resources::longhorn::snapshot_lvol;
 use crate::resources::longhorn::{
     InstanceState, LonghornEngine, LonghornEngineFrontend, LonghornInstanceStatus, LonghornReplica,
     PurgeStatus, RevertRequest, RevertStatus,
@@ -250,7 +250,7 @@ impl Longhorn {
             .replica_address_map
             .values()
             .map(|a| {
-                let a = super::proxy::tcp(a);
+                let a = naming::tcp(a);
                 let error = match &last {
                     _ if purging => None,
                     Some(p) if !p.refused.is_empty() => Some(p.refused.clone()),
@@ -431,7 +431,9 @@ impl Longhorn {
             Status::invalid_argument(format!("{what}: address {address:?} is not [tcp://]ip:port"))
         })?;
         let busy = || Status::failed_precondition(format!("{what}: replica add is already in progress"));
-        let _adding = ops::try_hold(&format!("{}/replica-add", e.id())).ok_or_else(busy)?;
+        let _adding = self
+            .try_hold(&format!("{}/replica-add", e.id()))
+            .ok_or_else(busy)?;
         self.running(e, &what)?;
         let members = self.members(e).await?;
         if let Some(m) = members.iter().find(|m| m.mode == ptypes::ReplicaMode::Wo) {

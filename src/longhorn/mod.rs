@@ -17,12 +17,10 @@
 //! longhorn-instance-manager v1.12.1 vendors) that talon serves. A method
 //! outside that subset answers gRPC UNIMPLEMENTED naming it.
 
-pub mod address;
 pub mod backup;
 pub mod bounds;
 pub mod engine_ops;
 pub mod lifecycle;
-pub mod ops;
 pub mod proxy;
 pub mod rebuild;
 mod replica_msg;
@@ -32,37 +30,6 @@ pub mod service;
 pub mod snaphash;
 mod snaphash_ops;
 
-/// Code generated from `proto/longhorn` (tonic + prost, parsed by protox).
-#[allow(
-    missing_docs,
-    missing_debug_implementations,
-    clippy::all,
-    clippy::pedantic,
-    clippy::unwrap_used
-)]
-pub mod proto {
-    include!(concat!(env!("OUT_DIR"), "/_.rs"));
-
-    /// Package `imrpc`.
-    pub mod imrpc {
-        include!(concat!(env!("OUT_DIR"), "/imrpc.rs"));
-    }
-    /// Package `ptypes`.
-    pub mod ptypes {
-        include!(concat!(env!("OUT_DIR"), "/ptypes.rs"));
-    }
-    /// Package `spdkrpc`.
-    pub mod spdkrpc {
-        include!(concat!(env!("OUT_DIR"), "/spdkrpc.rs"));
-    }
-}
-
-/// The encoded descriptor set of talon's Longhorn protos (for reflection).
-pub const FILE_DESCRIPTOR_SET: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/longhorn_descriptor.bin"));
-
-/// The controller that realizes Longhorn's instances
-/// (`engine.LonghornController`), also its finalizer on them.
-pub const CONTROLLER: &str = "engine.LonghornController";
 /// `instanceManagerAPIVersion` and its minimum, as longhorn-instance-manager
 /// v1.12.1 reports them (`pkg/meta/version.go`); longhorn-manager v1.12
 /// accepts an instance manager whose version is at least 4 and whose

@@ -24,23 +24,23 @@
 //! stays the same.
 
 use std::collections::{BTreeSet, HashMap};
-use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use tonic::{Request, Response, Status};
 
-use super::proto::imrpc::{self, proxy_engine_service_server};
-use super::proto::ptypes;
-use super::proto::spdkrpc::{self, spdk_service_client::SpdkServiceClient};
 use super::service::{FORWARDED, IoSample, Longhorn, chain, internal};
 use crate::names::ObjectName;
+use crate::proto::imrpc::{self, proxy_engine_service_server};
+use crate::proto::peer::{peer_client, remote_lvols};
+use crate::proto::ptypes;
+use crate::proto::spdkrpc::{self, spdk_service_client::SpdkServiceClient};
 use crate::resources::longhorn::{
     InstanceKind, InstanceState, LonghornEngine, LonghornEngineFrontend, LonghornInstanceStatus,
     LonghornReplica, SnapshotInfo,
 };
 use crate::runtime::Typed;
 use crate::spdk::ErrorKind;
-use crate::spdk::naming::longhorn::{self as naming, is_rebuild_snap};
+use crate::spdk::naming::longhorn::{self as naming, is_rebuild_snap, tcp};
 use crate::spdk::rpc::{LvolResize, LvolSnapshot};
 use crate::spdk::volume::lvol::delete_lvol;
 use crate::spdk::volume::naming::lvstore;
@@ -57,55 +57,6 @@ const MIB: u64 = 1 << 20;
 pub(super) const LVOL_NAME_MAX: usize = 63;
 
 pub use crate::resources::longhorn::snapshot_lvol;
-
-/// The SPDKService of the node that serves a replica at `address` (`ip:port`
-/// of its export): the same IP, SPDKService port `port` (every instance
-/// manager of a cluster listens on the same ports); calls time out after
-/// `timeout`.
-pub async fn peer_client(
-    replica: &str,
-    address: &str,
-    port: u16,
-    timeout: Duration,
-) -> Result<SpdkServiceClient<tonic::transport::Channel>, String> {
-    let address = address.strip_prefix("tcp://").unwrap_or(address);
-    let sa: SocketAddr = address
-        .parse()
-        .map_err(|_| format!("replica {replica}: address {address:?} is not ip:port"))?;
-    let url = format!("http://{}", SocketAddr::new(sa.ip(), port));
-    let ch = tonic::transport::Endpoint::from_shared(url.clone())
-        .map_err(|e| format!("replica {replica}: {url}: {e}"))?
-        .connect_timeout(REMOTE_TIMEOUT)
-        .timeout(timeout)
-        .connect()
-        .await
-        .map_err(|e| format!("replica {replica}: cannot reach its node at {url}: {e}"))?;
-    Ok(SpdkServiceClient::new(ch))
-}
-
-/// The lvols of a replica of `map` (replica -> `ip:port`) as its node
-/// lists them (its `ReplicaGet`), from the first that answers; calls to
-/// SPDKService port `port` time out after `timeout`.
-pub async fn remote_lvols(
-    map: &std::collections::BTreeMap<String, String>,
-    port: u16,
-    timeout: Duration,
-) -> Option<ReplicaLvols> {
-    for (replica, address) in map {
-        let Ok(mut c) = peer_client(replica, address, port, timeout).await else {
-            continue;
-        };
-        if let Ok(r) = c
-            .replica_get(spdkrpc::ReplicaGetRequest {
-                name: replica.clone(),
-            })
-            .await
-        {
-            return Some(ReplicaLvols::from(&r.into_inner()));
-        }
-    }
-    None
-}
 
 /// One member of an engine as the proxy reports it.
 #[derive(Debug, Clone, PartialEq)]
@@ -178,7 +129,7 @@ impl Longhorn {
             .await
             .map_err(|x| internal(&format!("engine {}: reading spdk_tgt", e.id()), chain(&x)))?;
         let raid = inv.raid(e.id());
-        let switch = crate::longhorn::ops::switch_of(e.id());
+        let switch = self.switch_of(e.id());
         let mut out = Vec::new();
         for (replica, address) in &e.spec.replica_address_map {
             // the names a member may go by in the raid: local lvol (alias,
@@ -620,11 +571,6 @@ fn cluster_size(inv: &Inventory, lvs: &str) -> Option<u64> {
         .iter()
         .find(|s| s.name == lvs)
         .map(|s| s.cluster_size)
-}
-
-/// `tcp://<address>`: a replica address as Longhorn writes it.
-pub fn tcp(address: &str) -> String {
-    format!("tcp://{address}")
 }
 
 fn disk_info(

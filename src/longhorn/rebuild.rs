@@ -23,13 +23,12 @@
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use tonic::Status;
 
-use super::proto::spdkrpc;
 use super::service::Longhorn;
+use crate::proto::spdkrpc;
 use crate::resources::longhorn::{DstStartRequest, LonghornReplica, snapshot_lvol};
 use crate::spdk::naming::longhorn as naming;
 use crate::spdk::rpc::{AttachController, CheckShallowCopy, QosLimit};
@@ -46,24 +45,6 @@ const RESET_WAIT: Duration = Duration::from_secs(60);
 
 fn chain_err(e: &ClientError) -> String {
     crate::util::error_chain(e)
-}
-
-/// A copy this node runs for another node's engine: source replica, dest
-/// replica -> the dest's export attached here and the copies by snapshot.
-#[derive(Debug, Default, Clone)]
-struct SrcCopy {
-    address: String,
-    bdev: String,
-    ops: BTreeMap<String, u32>,
-}
-
-fn src_copies() -> &'static Mutex<BTreeMap<(String, String), SrcCopy>> {
-    static COPIES: OnceLock<Mutex<BTreeMap<(String, String), SrcCopy>>> = OnceLock::new();
-    COPIES.get_or_init(Mutex::default)
-}
-
-fn copies() -> std::sync::MutexGuard<'static, BTreeMap<(String, String), SrcCopy>> {
-    src_copies().lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// The controller this node attaches a rebuild's dest replica with (not the
@@ -236,9 +217,9 @@ impl Longhorn {
             .into_iter()
             .next()
             .ok_or_else(|| Status::internal(format!("{what}: {nqn} at {sa} has no namespace")))?;
-        copies().insert(
+        self.src_copies().insert(
             (replica.as_str().to_owned(), dst.as_str().to_owned()),
-            SrcCopy {
+            super::service::SrcCopy {
                 address: sa.to_string(),
                 bdev,
                 ops: BTreeMap::new(),
@@ -262,7 +243,8 @@ impl Longhorn {
             .strip_prefix("tcp://")
             .unwrap_or(&req.dst_rebuilding_lvol_address)
             .to_owned();
-        let (dst, bdev) = copies()
+        let (dst, bdev) = self
+            .src_copies()
             .iter()
             .find(|((s, _), c)| s == replica.as_str() && c.address == address)
             .map(|((_, d), c)| (d.clone(), c.bdev.clone()))
@@ -279,7 +261,7 @@ impl Longhorn {
         let op = start_copy(self.client(), &src, &bdev)
             .await
             .map_err(|m| Status::internal(format!("replica {replica}: {m}")))?;
-        if let Some(c) = copies().get_mut(&(replica.as_str().to_owned(), dst)) {
+        if let Some(c) = self.src_copies().get_mut(&(replica.as_str().to_owned(), dst)) {
             c.ops.insert(req.snapshot_name, op);
         }
         Ok(())
@@ -292,7 +274,8 @@ impl Longhorn {
         req: spdkrpc::ReplicaRebuildingSrcShallowCopyCheckRequest,
     ) -> Result<spdkrpc::ReplicaRebuildingSrcShallowCopyCheckResponse, Status> {
         let key = (req.name.clone(), req.dst_replica_name.clone());
-        let op = copies()
+        let op = self
+            .src_copies()
             .get(&key)
             .and_then(|c| c.ops.get(&req.snapshot_name).copied())
             .ok_or_else(|| {
@@ -325,7 +308,8 @@ impl Longhorn {
         &self,
         req: spdkrpc::ReplicaRebuildingSrcFinishRequest,
     ) -> Result<(), Status> {
-        copies().remove(&(req.name.clone(), req.dst_replica_name.clone()));
+        self.src_copies()
+            .remove(&(req.name.clone(), req.dst_replica_name.clone()));
         let ctrl = src_controller(&req.dst_replica_name);
         crate::spdk::volume::lvol::detach_controller(self.client(), &ctrl)
             .await

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use super::proto::spdkrpc;
+use crate::proto::spdkrpc;
 use crate::spdk::volume::replica_lvols::ReplicaLvols;
 
 /// From another node's `ReplicaGet` answer.

@@ -22,16 +22,16 @@ use std::collections::BTreeMap;
 
 use tonic::Status;
 
-use super::proto::imrpc;
-use super::proto::ptypes;
-use super::proto::spdkrpc;
-use super::proxy::tcp;
 use super::service::{Longhorn, internal};
 use crate::backupstore::format::check_name;
 use crate::backupstore::info::decode_url;
+use crate::proto::imrpc;
+use crate::proto::ptypes;
+use crate::proto::spdkrpc;
 use crate::resources::backup::{BackupState, LonghornRestore, LonghornRestoreStatus};
 use crate::resources::longhorn::LonghornEngine;
 use crate::runtime::Typed;
+use crate::spdk::naming::longhorn::tcp;
 
 /// Longhorn's words for a restore's state.
 fn restore_state(s: BackupState) -> &'static str {

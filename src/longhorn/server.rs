@@ -23,16 +23,16 @@ use std::time::Duration;
 use futures::Stream;
 use tonic::{Request, Response, Status};
 
-use super::CONTROLLER;
 use super::lifecycle::{self, Op};
-use super::proto::imrpc::{self, disk_service_server, instance_service_server, proxy_engine_service_server};
-use super::proto::spdkrpc::{self, spdk_service_server};
-use super::proto::{self, process_manager_service_server};
 use super::replica_msg::fill_replica;
 use super::service::{Longhorn, cannot_find, chain, internal};
 use crate::names::ObjectName;
+use crate::proto::imrpc::{self, disk_service_server, instance_service_server, proxy_engine_service_server};
+use crate::proto::spdkrpc::{self, spdk_service_server};
+use crate::proto::{self, process_manager_service_server};
 use crate::resources::config::Disk;
 use crate::resources::engine::{DiskStatus, ObjectState};
+use crate::resources::longhorn::CONTROLLER;
 use crate::resources::longhorn::{
     InstanceKind, InstanceState, LonghornEngine, LonghornEngineFrontend, LonghornInstanceStatus,
     LonghornReplica,
@@ -204,11 +204,11 @@ async fn routes(i: usize, lh: &Longhorn) -> Result<tonic::service::Routes, Longh
         .set_service_status(super::SERVICES[i], tonic_health::ServingStatus::Serving)
         .await;
     let reflection_v1 = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(super::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(crate::proto::FILE_DESCRIPTOR_SET)
         .build_v1()
         .map_err(LonghornError::Reflection)?;
     let reflection_v1alpha = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(super::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(crate::proto::FILE_DESCRIPTOR_SET)
         .build_v1alpha()
         .map_err(LonghornError::Reflection)?;
     let routes = tonic::service::Routes::new(health)
@@ -237,7 +237,7 @@ fn served_paths() -> &'static BTreeSet<String> {
     PATHS.get_or_init(|| {
         let mut paths = BTreeSet::new();
         if let Ok(fds) =
-            <prost_types::FileDescriptorSet as prost::Message>::decode(super::FILE_DESCRIPTOR_SET)
+            <prost_types::FileDescriptorSet as prost::Message>::decode(crate::proto::FILE_DESCRIPTOR_SET)
         {
             for f in fds.file {
                 let pkg = f.package.unwrap_or_default();
@@ -761,7 +761,7 @@ impl Longhorn {
             .map(|n| n.spec.listen_address)
             .unwrap_or_default();
         // where the replica's export listens (the controller's choice too)
-        let ip = crate::longhorn::address::instance_ip(&listen)
+        let ip = crate::host::longhorn_address::instance_ip(&listen)
             .map(|a| a.to_string())
             .unwrap_or(listen);
         let state = phase_state(r.metadata.phase, o.state);

@@ -5,14 +5,15 @@
 //! `rebuild`, `snaphash_ops`, ...) each add their `impl Longhorn` over it
 //! and never import each other for it.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::ops::RangeInclusive;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Instant;
 
 use tonic::Status;
 
 use super::snaphash::Hashes;
+use crate::resources::longhorn::{Session, SwitchModes};
 use crate::runtime::State;
 use crate::spdk::SpdkClient;
 
@@ -46,7 +47,13 @@ pub struct Longhorn {
     /// This serve's session (`resources::longhorn::new_session`), shared
     /// with `engine.LonghornController`: the reverts and rebuild starts the
     /// calls write carry it.
-    session: u64,
+    session: Session,
+    /// The operations in progress that a second one is refused on
+    /// (`<engine>/replica-add`).
+    held: Arc<Mutex<BTreeSet<String>>>,
+    /// The copies this node runs for other nodes' engines' rebuilds, by
+    /// (source replica, dest replica).
+    src_copies: Arc<Mutex<BTreeMap<(String, String), SrcCopy>>>,
 }
 
 impl Longhorn {
@@ -65,17 +72,39 @@ impl Longhorn {
             hashes: Arc::new(Hashes::new(None)),
             backup_dir: None,
             session: crate::resources::longhorn::new_session(),
+            held: Arc::default(),
+            src_copies: Arc::default(),
         }
     }
 
     /// The session `engine.LonghornController` of this serve carries out.
-    pub fn with_session(mut self, session: u64) -> Self {
+    pub fn with_session(mut self, session: Session) -> Self {
         self.session = session;
         self
     }
 
     pub(super) fn session(&self) -> u64 {
-        self.session
+        self.session.id()
+    }
+
+    /// Holds operation `name` (`<engine>/<operation>`) until the [`Hold`]
+    /// is dropped, unless one holds it already.
+    pub(super) fn try_hold(&self, name: &str) -> Option<Hold> {
+        lock(&self.held).insert(name.to_owned()).then(|| Hold {
+            held: Arc::clone(&self.held),
+            name: name.to_owned(),
+        })
+    }
+
+    /// The copies this node runs for other nodes' rebuilds.
+    pub(super) fn src_copies(&self) -> MutexGuard<'_, BTreeMap<(String, String), SrcCopy>> {
+        lock(&self.src_copies)
+    }
+
+    /// The modes engine `e` had when a thin rebuild's switch of it started,
+    /// while the switch lasts.
+    pub(super) fn switch_of(&self, e: &str) -> Option<SwitchModes> {
+        self.session.switch_of(e)
     }
 
     /// Backups of Longhorn replicas keep their credentials under `dir`
@@ -153,6 +182,32 @@ pub(super) struct IoSample {
     pub(super) write_ticks: u64,
 }
 
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// An operation in progress ([`Longhorn::try_hold`]); over when dropped.
+#[derive(Debug)]
+pub(super) struct Hold {
+    held: Arc<Mutex<BTreeSet<String>>>,
+    name: String,
+}
+
+impl Drop for Hold {
+    fn drop(&mut self) {
+        lock(&self.held).remove(&self.name);
+    }
+}
+
+/// A copy this node runs for another node's engine: source replica, dest
+/// replica -> the dest's export attached here and the copies by snapshot.
+#[derive(Debug, Default, Clone)]
+pub(super) struct SrcCopy {
+    pub(super) address: String,
+    pub(super) bdev: String,
+    pub(super) ops: BTreeMap<String, u32>,
+}
+
 /// NotFound in Longhorn's words: longhorn-manager goes on (creates the instance,
 /// takes it as gone) only when the text says `cannot find` (its
 /// `types.ErrorIsNotFound`), as Longhorn's SPDK engine says `cannot find
@@ -176,4 +231,22 @@ pub(super) fn next_request(used: u64) -> u64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
     clock.max(used.saturating_add(1))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_hold_is_exclusive_until_dropped() {
+        let lh = Longhorn::new(State::in_memory(), SpdkClient::new("/nonexistent"), 1..=2);
+        let h = lh.try_hold("e/replica-add").expect("first hold");
+        assert!(lh.try_hold("e/replica-add").is_none());
+        assert!(
+            lh.clone().try_hold("e/replica-add").is_none(),
+            "a clone shares the holds"
+        );
+        drop(h);
+        assert!(lh.try_hold("e/replica-add").is_some());
+    }
 }

@@ -37,8 +37,8 @@ use std::time::Duration;
 
 use tonic::Status;
 
-use super::proto::spdkrpc;
 use crate::names::ObjectName;
+use crate::proto::spdkrpc;
 use crate::resources::longhorn::snapshot_lvol;
 use crate::spdk::SpdkClient;
 use crate::spdk::volume::Inventory;

@@ -6,10 +6,10 @@ use std::collections::HashMap;
 
 use tonic::{Code, Status};
 
-use super::proto::{ptypes, spdkrpc};
 use super::proxy::{Member, REMOTE_TIMEOUT};
 use super::service::Longhorn;
 use super::snaphash::{Job, status_message};
+use crate::proto::{ptypes, spdkrpc};
 use crate::resources::longhorn::{LonghornEngine, snapshot_lvol};
 use crate::runtime::Typed;
 use crate::spdk::naming::longhorn as naming;
@@ -136,10 +136,14 @@ impl Longhorn {
             let s = match self.local_replica(&m.replica) {
                 Some(_) => self.replica_hash_status(&m.replica, snap).await?,
                 None => {
-                    let mut c =
-                        super::proxy::peer_client(&m.replica, &m.address, self.peer_port(), REMOTE_TIMEOUT)
-                            .await
-                            .map_err(Status::unavailable)?;
+                    let mut c = crate::proto::peer::peer_client(
+                        &m.replica,
+                        &m.address,
+                        self.peer_port(),
+                        REMOTE_TIMEOUT,
+                    )
+                    .await
+                    .map_err(Status::unavailable)?;
                     c.replica_snapshot_hash_status(spdkrpc::SnapshotHashStatusRequest {
                         name: m.replica.clone(),
                         snapshot_name: snap.to_owned(),

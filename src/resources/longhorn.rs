@@ -93,6 +93,10 @@ pub struct RevertRequest {
     pub snapshot: String,
 }
 
+/// The controller that realizes Longhorn's instances
+/// (`engine.LonghornController`), also its finalizer on them.
+pub const CONTROLLER: &str = "engine.LonghornController";
+
 /// `<replica>-snap-<snapshot>`: the lvol of a replica's snapshot (Longhorn's
 /// V2 name).
 pub fn snapshot_lvol(replica: &str, snapshot: &str) -> String {
@@ -354,7 +358,17 @@ pub struct RevertStatus {
     pub error: String,
 }
 
-/// A new session token, nonzero, one per start of `talon serve` (its
+/// What one start of `talon serve` shares between its Longhorn services and
+/// `engine.LonghornController` ([`new_session`]): the session token, and the
+/// engines in a thin rebuild's switch. Made by the serve and handed to both;
+/// gone with the process, as what it says is.
+#[derive(Debug, Clone)]
+pub struct Session {
+    id: u64,
+    switches: std::sync::Arc<std::sync::Mutex<BTreeMap<String, SwitchModes>>>,
+}
+
+/// A new session, its token nonzero, one per start of `talon serve` (its
 /// Longhorn services and `engine.LonghornController` share it). A revert or
 /// a rebuild start is carried out only in the session whose call wrote it
 /// and waits for it: what says it was done (`LonghornInstanceStatus`) is
@@ -362,7 +376,14 @@ pub struct RevertStatus {
 /// persisted spec; carried out again after a restart it would undo every
 /// write since (a revert) or empty a rebuilt replica (a rebuild start). A
 /// call cut off by a restart failed for its caller, who calls again.
-pub fn new_session() -> u64 {
+pub fn new_session() -> Session {
+    Session {
+        id: new_token(),
+        switches: std::sync::Arc::default(),
+    }
+}
+
+fn new_token() -> u64 {
     static COUNT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -371,6 +392,74 @@ pub fn new_session() -> u64 {
         });
     let n = COUNT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     (nanos ^ (u64::from(std::process::id()) << 40) ^ (n << 56)) | 1
+}
+
+/// An engine in a thin rebuild's switch: the replica joining and those in
+/// service (by replica name).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SwitchModes {
+    /// The replica the switch takes into the raid.
+    pub joining: String,
+    /// The replicas in service before it.
+    pub in_service: BTreeSet<String>,
+}
+
+impl Session {
+    /// The token the requests of this session carry.
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    fn switches(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, SwitchModes>> {
+        self.switches
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// A thin rebuild's switch of `engine` starts, from raid delete to
+    /// export: while it lasts the raid is missing or being assembled, and
+    /// `ReplicaList` reports the modes from before it (the manager must not
+    /// take the replicas in service for failed). Ends when the [`Switch`] is
+    /// dropped, or, after [`Switch::keep`], at [`Session::switch_done`].
+    pub fn start_switch(&self, engine: &str, modes: SwitchModes) -> Switch {
+        self.switches().insert(engine.to_owned(), modes);
+        Switch {
+            session: self.clone(),
+            engine: Some(engine.to_owned()),
+        }
+    }
+
+    /// The raid of `engine` is there again (after a switch that failed).
+    pub fn switch_done(&self, engine: &str) {
+        self.switches().remove(engine);
+    }
+
+    /// The modes `engine` had when its switch started, while it lasts.
+    pub fn switch_of(&self, engine: &str) -> Option<SwitchModes> {
+        self.switches().get(engine).cloned()
+    }
+}
+
+/// A switch in progress ([`Session::start_switch`]); over when dropped.
+#[derive(Debug)]
+pub struct Switch {
+    session: Session,
+    engine: Option<String>,
+}
+
+impl Switch {
+    /// A switch that failed: the modes stay until [`Session::switch_done`].
+    pub fn keep(mut self) {
+        self.engine = None;
+    }
+}
+
+impl Drop for Switch {
+    fn drop(&mut self) {
+        if let Some(e) = self.engine.take() {
+            self.session.switch_done(&e);
+        }
+    }
 }
 
 impl RevertStatus {

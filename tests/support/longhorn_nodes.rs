@@ -22,12 +22,12 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use talon::controllers::engine::selection::SpdkOptions;
-use talon::longhorn::proto::imrpc::{
+use talon::longhorn::server::LonghornOptions;
+use talon::proto::imrpc::{
     self, disk_service_client::DiskServiceClient, instance_service_client::InstanceServiceClient,
     proxy_engine_service_client::ProxyEngineServiceClient,
 };
-use talon::longhorn::proto::ptypes;
-use talon::longhorn::server::LonghornOptions;
+use talon::proto::ptypes;
 use talon::serve::{ServeOptions, serve_with};
 use talon::spdk::rpc::{GetLvols, LvstoreSelector};
 use talon::spdk::{SpdkClient, SpdkDouble};

@@ -31,7 +31,7 @@ use crate::resources::config::{Disk, NodeConfig};
 use crate::resources::engine::{DiskStatus, ObjectState, TargetStatus};
 use crate::resources::longhorn::{
     InstanceKind, InstanceState, LonghornEngine, LonghornEngineFrontend, LonghornInstanceStatus,
-    LonghornReplica, RevertStatus,
+    LonghornReplica, RevertStatus, Session,
 };
 use crate::runtime::{Controller, ControllerError, Input, Output, Phase, ReconcileContext, Requeue, Typed};
 use crate::spdk::naming::longhorn as naming;
@@ -48,7 +48,7 @@ use crate::resources::engine::SPDK_STATUS_ID;
 
 /// The controller's name (also its finalizer on Longhorn's instances, which
 /// the gRPC handlers add: it lives with them, below the controllers).
-pub use crate::longhorn::CONTROLLER as NAME;
+pub use crate::resources::longhorn::CONTROLLER as NAME;
 /// Where engine-frontends put their device nodes.
 pub const DEV_DIR: &str = "/dev/longhorn";
 const MIB: u64 = 1 << 20;
@@ -81,7 +81,7 @@ pub struct LonghornController {
     caps: caps::Caps,
     /// This serve's session (`resources::longhorn::new_session`): only the
     /// reverts and rebuild starts written in it are carried out.
-    session: u64,
+    session: Session,
 }
 
 #[path = "longhorn_thin.rs"]
@@ -116,7 +116,7 @@ impl LonghornController {
     }
 
     /// The session this serve's Longhorn services write their requests in.
-    pub fn with_session(mut self, session: u64) -> Self {
+    pub fn with_session(mut self, session: Session) -> Self {
         self.session = session;
         self
     }
@@ -345,7 +345,7 @@ impl LonghornController {
         if let Some(rq) = spec
             .revert
             .as_ref()
-            .filter(|rq| RevertStatus::pending(done.as_ref(), rq, self.session))
+            .filter(|rq| RevertStatus::pending(done.as_ref(), rq, self.session.id()))
         {
             let first = done.as_ref().is_none_or(|d| d.request < rq.request);
             let out = self.revert_replica(inv, &name, spec, rq, held, first).await;
@@ -361,7 +361,7 @@ impl LonghornController {
             .as_ref()
             // only this session's (see `new_session`): a rebuild start
             // carried out again after a restart would empty a rebuilt replica
-            .filter(|rq| rq.session == self.session)
+            .filter(|rq| rq.session == self.session.id())
             .filter(|rq| dst_start.as_ref().is_none_or(|d| d.request < rq.request))
         {
             dst_start = Some(self.dst_start(inv, &name, spec, rq).await);
@@ -399,7 +399,7 @@ impl LonghornController {
             }
         };
         let nqn = naming::replica_nqn(&name).map_err(|e| e.to_string())?;
-        let addr: IpAddr = crate::longhorn::address::instance_ip(&node.listen_address)?;
+        let addr: IpAddr = crate::host::longhorn_address::instance_ip(&node.listen_address)?;
         let mut st = status(InstanceKind::Replica, InstanceState::Running, "");
         st.bdev = alias.clone();
         st.uuid = lvol.uuid.clone();
@@ -552,7 +552,7 @@ impl LonghornController {
     ) -> Result<LonghornInstanceStatus, String> {
         let name = ObjectName::parse("engine", e.id()).map_err(|x| x.to_string())?;
         let volume = ObjectName::parse("volume", &e.spec.volume).map_err(|x| x.to_string())?;
-        let addr: IpAddr = crate::longhorn::address::instance_ip(&node.listen_address)?;
+        let addr: IpAddr = crate::host::longhorn_address::instance_ip(&node.listen_address)?;
         let left = self.drop_removed(inv, e, local, prev).await;
         let (bdev, uuid) = match inv.raid(name.as_str()) {
             Some(raid) => (raid.name.clone(), raid.uuid.clone().unwrap_or_default()),
@@ -640,7 +640,7 @@ impl LonghornController {
         };
         // a switch that failed is over once the raid is there again
         if bdev == name.as_str() {
-            crate::longhorn::ops::switch_done(name.as_str());
+            self.session.switch_done(name.as_str());
         }
         let nqn = naming::volume_nqn(&volume).map_err(|x| x.to_string())?;
         let hosts = self.hosts(node);

@@ -17,12 +17,14 @@
 use std::collections::BTreeMap;
 
 use super::{LonghornController, chain};
-use crate::longhorn::proto::spdkrpc;
-use crate::longhorn::proxy::{remote_lvols, snapshot_lvol, tcp};
+use crate::proto::peer::remote_lvols;
+use crate::proto::spdkrpc;
+use crate::resources::longhorn::snapshot_lvol;
 use crate::resources::longhorn::{LonghornEngine, LonghornInstanceStatus, LonghornReplica, PurgeStatus};
 use crate::runtime::Typed;
 use crate::spdk::ErrorKind;
 use crate::spdk::naming::longhorn as naming;
+use crate::spdk::naming::longhorn::tcp;
 use crate::spdk::volume::Inventory;
 use crate::spdk::volume::lvol::delete_lvol;
 use crate::spdk::volume::naming::lvstore;

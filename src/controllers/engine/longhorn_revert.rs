@@ -22,8 +22,8 @@ use std::collections::BTreeMap;
 
 use super::purge::rebuilding;
 use super::{LonghornController, chain, status};
-use crate::longhorn::proto::spdkrpc;
 use crate::names::ObjectName;
+use crate::proto::spdkrpc;
 use crate::resources::longhorn::{
     DstStartRequest, DstStartStatus, InstanceKind, InstanceState, LonghornEngine, LonghornInstanceStatus,
     LonghornReplica, RevertRequest, RevertStatus, snapshot_lvol,
@@ -51,7 +51,7 @@ impl LonghornController {
             .spec
             .revert
             .as_ref()
-            .filter(|r| RevertStatus::pending(done, r, self.session))
+            .filter(|r| RevertStatus::pending(done, r, self.session.id()))
         else {
             return done.cloned();
         };

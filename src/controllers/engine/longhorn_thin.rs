@@ -13,9 +13,9 @@ use std::time::{Duration, Instant};
 use tonic::transport::Channel;
 
 use super::{ExportPlan, LonghornController, chain, ignore_missing};
-use crate::longhorn::proto::spdkrpc;
-use crate::longhorn::proto::spdkrpc::spdk_service_client::SpdkServiceClient;
-use crate::longhorn::proxy::snapshot_lvol;
+use crate::proto::spdkrpc;
+use crate::proto::spdkrpc::spdk_service_client::SpdkServiceClient;
+use crate::resources::longhorn::snapshot_lvol;
 use crate::resources::longhorn::{LonghornEngine, LonghornReplica};
 use crate::runtime::Typed;
 use crate::spdk::naming::longhorn::{self as naming, REBUILD_SNAP_PREFIX, is_rebuild_snap};
@@ -198,7 +198,7 @@ impl LonghornController {
         replica: &str,
         address: &str,
     ) -> Result<SpdkServiceClient<Channel>, String> {
-        crate::longhorn::proxy::peer_client(replica, address, self.peer_port, PEER_TIMEOUT).await
+        crate::proto::peer::peer_client(replica, address, self.peer_port, PEER_TIMEOUT).await
     }
 
     fn end(&self, local: &BTreeMap<String, LonghornReplica>, replica: &str, address: &str) -> End {
@@ -776,9 +776,9 @@ impl LonghornController {
             "rebuild: switching the raid to the rebuilt replica"
         );
         // ReplicaList keeps the modes from before until the export is back
-        let switch = crate::longhorn::ops::Switch::start(
+        let switch = self.session.start_switch(
             engine,
-            crate::longhorn::ops::SwitchModes {
+            crate::resources::longhorn::SwitchModes {
                 joining: dst.replica().to_owned(),
                 in_service: in_service.iter().cloned().collect(),
             },

@@ -122,6 +122,11 @@ pub fn nvmf_endpoint(target: impl std::fmt::Display, nqn: &str) -> String {
     format!("nvmf://{target}/{nqn}")
 }
 
+/// `tcp://<address>`: a replica address as Longhorn writes it.
+pub fn tcp(address: &str) -> String {
+    format!("tcp://{address}")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
