@@ -1,0 +1,652 @@
+//! The NVMe-oF side of [`VolumeOps`]: a volume's export (subsystem,
+//! namespace, listener, hosts and their DH-HMAC-CHAP keys, TLS PSK), an
+//! export made again over the bdev that serves now, a replica exported to
+//! another node's engine and another node's replica attached here.
+
+use std::collections::BTreeSet;
+use std::net::IpAddr;
+
+use super::plan::{self, Make, check_len};
+use super::{
+    ExportSpec, Inventory, MIB, Made, NSID, ReplicaInfo, VolumeError, VolumeInfo, VolumeOps, VolumePlan,
+    ignore_missing, naming, no_placement, rpc,
+};
+use crate::names::{Nqn, ObjectName, volume_uuid};
+use crate::spdk::client::ClientError;
+use crate::spdk::error::ErrorKind;
+use crate::spdk::placement::Blocked;
+use crate::spdk::rpc::{
+    AddNamespace, AllowAnyHost, AttachController, ByName, CreateSubsystem, KeyringFileKey, ListenAddress,
+    LvolResize, RaidDelete, RemoveNamespace, SecureListener, SubsystemHostKeys, SubsystemHostParams,
+    SubsystemListener,
+};
+use crate::util::nvme_auth::{self as dhchap, DhchapSecret, Secret, TlsPsk};
+
+/// A failed `nvmf_subsystem_add_listener`: named [`VolumeError::PortInUse`]
+/// when another process listens on the port (SPDK says only "Invalid
+/// parameters"; its bind error is in its log).
+/// `target` is spdk_tgt's pid (its own listeners on the port are no conflict).
+fn listener_error(
+    volume: &str,
+    address: &str,
+    port: u16,
+    target: Option<i32>,
+    source: ClientError,
+) -> VolumeError {
+    let except = target.and_then(|p| u32::try_from(p).ok());
+    let holder = address.parse::<IpAddr>().ok().and_then(|ip| {
+        crate::host::net::port_holder(&crate::host::HostRoot::real(), (ip, port).into(), except)
+    });
+    match holder {
+        Some(holder) => VolumeError::PortInUse {
+            volume: volume.to_owned(),
+            listen: format!("{address}:{port}"),
+            holder,
+            source: Box::new(source),
+        },
+        None => rpc(volume, format!("listening on {address}:{port}"))(source),
+    }
+}
+
+impl VolumeOps {
+    /// Puts `device` as namespace 1 of the existing subsystem `nqn` (replacing
+    /// another bdev there), with its listener and exactly the allowed hosts.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) async fn export_ns(
+        &self,
+        inv: &Inventory,
+        vol: &str,
+        nqn: &Nqn,
+        device: &str,
+        id: uuid::Uuid,
+        export: &ExportSpec,
+        made: &mut Vec<Made>,
+    ) -> Result<(), VolumeError> {
+        let sub = inv.subsystem(nqn.as_str());
+        let ns = sub.and_then(|s| s.namespaces.iter().find(|n| n.nsid == NSID));
+        if let Some(ns) = ns
+            && ns.bdev_name != *device
+        {
+            self.client
+                .nvmf_subsystem_remove_ns(&RemoveNamespace {
+                    nqn: nqn.as_str().to_owned(),
+                    nsid: NSID,
+                })
+                .await
+                .map_err(rpc(vol, format!("replacing the namespace of {nqn}")))?;
+        }
+        if ns.is_none_or(|ns| ns.bdev_name != *device) {
+            let mut p = AddNamespace::with_id(nqn.as_str(), device, id);
+            p.namespace.nsid = Some(NSID);
+            self.client
+                .nvmf_subsystem_add_ns(&p)
+                .await
+                .map_err(rpc(vol, format!("adding bdev {device} to {nqn}")))?;
+            made.push(Made::Namespace(nqn.as_str().to_owned()));
+        }
+        let listen = ListenAddress::tcp(export.address, export.port);
+        let has_listener = sub.is_some_and(|s| {
+            s.listen_addresses
+                .iter()
+                .any(|l| l.traddr == listen.traddr && l.trsvcid == listen.trsvcid)
+        });
+        // TLS (served replicas only): the port is TLS as a whole; a
+        // listener elsewhere (the plain port before TLS was turned on, or the
+        // TLS port after it was turned off) is removed, so no other path stays
+        let tls = export.tls_data_dir.is_some();
+        if tls || nqn.as_str().contains(":replica:") {
+            let stale: Vec<ListenAddress> = sub
+                .map(|s| {
+                    s.listen_addresses
+                        .iter()
+                        .filter(|l| !(l.traddr == listen.traddr && l.trsvcid == listen.trsvcid))
+                        .cloned()
+                        .collect()
+                })
+                .unwrap_or_default();
+            for l in stale {
+                self.client
+                    .nvmf_subsystem_remove_listener(&SubsystemListener {
+                        nqn: nqn.as_str().to_owned(),
+                        listen_address: l.clone(),
+                    })
+                    .await
+                    .map_err(rpc(
+                        vol,
+                        format!(
+                            "removing listener {}:{} of {nqn}",
+                            l.traddr,
+                            l.trsvcid.as_deref().unwrap_or_default()
+                        ),
+                    ))?;
+            }
+        }
+        // a host listed before the TLS listener was made has no PSK (SPDK
+        // does not report one): listed again with it
+        let relist = tls && !has_listener;
+        if relist && sub.is_some_and(|s| s.allow_any_host) {
+            self.client
+                .nvmf_subsystem_allow_any_host(&AllowAnyHost {
+                    nqn: nqn.as_str().to_owned(),
+                    allow_any_host: false,
+                })
+                .await
+                .map_err(rpc(vol, format!("allowing only listed hosts on {nqn}")))?;
+        }
+        if !has_listener {
+            let added = if tls {
+                self.client
+                    .nvmf_subsystem_add_listener_secure(&SecureListener {
+                        nqn: nqn.as_str().to_owned(),
+                        listen_address: listen.clone(),
+                        secure_channel: true,
+                    })
+                    .await
+            } else {
+                self.client
+                    .nvmf_subsystem_add_listener(&SubsystemListener {
+                        nqn: nqn.as_str().to_owned(),
+                        listen_address: listen.clone(),
+                    })
+                    .await
+            };
+            if let Err(source) = added {
+                let target = crate::spdk::launch::socket_peer_pid(self.client.socket()).await;
+                return Err(listener_error(vol, &listen.traddr, export.port, target, source));
+            }
+            made.push(Made::Listener(nqn.as_str().to_owned(), listen));
+        }
+        // exports made before access control allowed any host
+        if sub.is_some_and(|s| s.allow_any_host) {
+            self.client
+                .nvmf_subsystem_allow_any_host(&AllowAnyHost {
+                    nqn: nqn.as_str().to_owned(),
+                    allow_any_host: false,
+                })
+                .await
+                .map_err(rpc(vol, format!("allowing only listed hosts on {nqn}")))?;
+        }
+        let mut have: BTreeSet<&str> = sub
+            .map(|s| s.hosts.iter().map(|h| h.nqn.as_str()).collect())
+            .unwrap_or_default();
+        // with DH-HMAC-CHAP every host is listed with its key, and only then;
+        // with TLS, with its PSK
+        let keys = match &export.dhchap_data_dir {
+            Some(d) => Some(self.host_keys::<DhchapSecret>(vol, d, &export.hosts).await?),
+            None => None,
+        };
+        let psks = match &export.tls_data_dir {
+            Some(d) => Some(self.host_keys::<TlsPsk>(vol, d, &export.hosts).await?),
+            None => None,
+        };
+        let key_of = |h: &str| keys.as_ref().and_then(|k| k.get(h).cloned());
+        if relist {
+            for h in std::mem::take(&mut have) {
+                self.client
+                    .nvmf_subsystem_remove_host(&SubsystemHostParams {
+                        nqn: nqn.as_str().to_owned(),
+                        host: h.to_owned(),
+                    })
+                    .await
+                    .map_err(rpc(vol, format!("listing host {h} on {nqn} again with its PSK")))?;
+            }
+        }
+        for h in export.hosts.iter().filter(|h| !have.contains(h.as_str())) {
+            self.client
+                .nvmf_subsystem_add_host_keys(&SubsystemHostKeys {
+                    nqn: nqn.as_str().to_owned(),
+                    host: h.clone(),
+                    dhchap_key: key_of(h),
+                    dhchap_ctrlr_key: None,
+                    psk: psks.as_ref().and_then(|k| k.get(h.as_str()).cloned()),
+                })
+                .await
+                .map_err(rpc(vol, format!("allowing host {h} on {nqn}")))?;
+        }
+        // hosts listed before DH-HMAC-CHAP was turned on (or off, or with another key)
+        for h in sub
+            .map(|s| s.hosts.as_slice())
+            .unwrap_or_default()
+            .iter()
+            .filter(|_| !relist)
+        {
+            let want = key_of(&h.nqn);
+            if export.hosts.contains(&h.nqn) && (h.dhchap_key != want || h.dhchap_ctrlr_key.is_some()) {
+                self.client
+                    .nvmf_subsystem_set_keys(&SubsystemHostKeys {
+                        nqn: nqn.as_str().to_owned(),
+                        host: h.nqn.clone(),
+                        dhchap_key: want,
+                        dhchap_ctrlr_key: None,
+                        psk: None,
+                    })
+                    .await
+                    .map_err(rpc(
+                        vol,
+                        format!("setting the DH-HMAC-CHAP key of host {} on {nqn}", h.nqn),
+                    ))?;
+            }
+        }
+        // the keys hosts held here before: freed from the keyring below when
+        // nothing else uses them
+        let mut dropped: BTreeSet<String> = BTreeSet::new();
+        for h in sub.map(|s| s.hosts.as_slice()).unwrap_or_default() {
+            let removed = !export.hosts.contains(&h.nqn);
+            let want = key_of(&h.nqn);
+            for k in [&h.dhchap_key, &h.dhchap_ctrlr_key].into_iter().flatten() {
+                if removed || want.as_ref() != Some(k) {
+                    dropped.insert(k.clone());
+                }
+            }
+            if removed {
+                dropped.insert(dhchap::keyring_name::<TlsPsk>(&h.nqn));
+            }
+        }
+        for h in have.iter().filter(|h| !export.hosts.iter().any(|x| x == *h)) {
+            self.client
+                .nvmf_subsystem_remove_host(&SubsystemHostParams {
+                    nqn: nqn.as_str().to_owned(),
+                    host: (*h).to_owned(),
+                })
+                .await
+                .map_err(rpc(vol, format!("disallowing host {h} on {nqn}")))?;
+        }
+        if !dropped.is_empty() {
+            self.release_unused_keys(vol, &dropped).await;
+        }
+        Ok(())
+    }
+
+    /// Removes from the target's keyring each key of `names` that nothing
+    /// uses any more (refcnt 1: only the keyring's own reference), so a host
+    /// taken off every export leaves no key behind. A key still used (the
+    /// host is listed on another export, a controller attached with it) stays.
+    /// The secret files stay: they are the node's credentials (its own, or
+    /// copies the operator placed), read again if the host comes back.
+    /// Best effort: a failure is logged, the export stands.
+    pub(super) async fn release_unused_keys(&self, vol: &str, names: &BTreeSet<String>) {
+        let keys = match self.client.keyring_get_keys().await {
+            Ok(k) => k,
+            Err(e) => {
+                tracing::warn!(volume = vol, error = %e, "cannot list the keyring to release unused host keys");
+                return;
+            }
+        };
+        for k in keys
+            .iter()
+            .filter(|k| names.contains(&k.name) && !k.removed && k.refcnt == Some(1))
+        {
+            match self
+                .client
+                .keyring_file_remove_key(&ByName { name: k.name.clone() })
+                .await
+            {
+                Ok(_) => {
+                    tracing::info!(volume = vol, key = %k.name, "host key no longer used: removed from the keyring")
+                }
+                Err(e) => {
+                    tracing::warn!(volume = vol, key = %k.name, error = %e, "cannot remove an unused host key from the keyring")
+                }
+            }
+        }
+    }
+
+    /// Keeps replica `k` of a volume whose engine runs on another node: the
+    /// thin lvol `<vol>-r<k>` (made on the disk with the most free space, or
+    /// waited for on the disk it was placed on), grown to the size, and
+    /// exported as `Nqn::for_replica(vol, "r<k>")` with an NGUID/UUID derived
+    /// from the replica, on the node's listener, to the allowed hosts. Rolls
+    /// back what it made when a step fails.
+    pub async fn ensure_served(
+        &self,
+        inv: &Inventory,
+        plan: &VolumePlan,
+        k: usize,
+    ) -> Result<VolumeInfo, VolumeError> {
+        let mut made = Vec::new();
+        match self.ensure_served_inner(inv, plan, k, &mut made).await {
+            Ok(i) => Ok(i),
+            Err(e) => {
+                self.undo(made).await;
+                Err(e)
+            }
+        }
+    }
+
+    pub(super) async fn ensure_served_inner(
+        &self,
+        inv: &Inventory,
+        plan: &VolumePlan,
+        k: usize,
+        made: &mut Vec<Made>,
+    ) -> Result<VolumeInfo, VolumeError> {
+        let vol = plan.name.as_str();
+        let name = naming::replica(vol, k);
+        check_len(vol, &name)?;
+        let nqn = Nqn::for_replica(&plan.name, &format!("r{k}")).map_err(|source| VolumeError::BadName {
+            volume: vol.to_owned(),
+            source,
+        })?;
+        let mut info = VolumeInfo {
+            device: String::new(),
+            size_bytes: 0,
+            nqn: nqn.as_str().to_owned(),
+            replicas: Vec::new(),
+            wanted: 1,
+            waiting: Vec::new(),
+            in_sync: BTreeSet::new(),
+            rebuilding: None,
+            stale: Vec::new(),
+            unplaced: None,
+        };
+        // the lvol: the same pure plan as the engine's replicas, for k alone
+        let lp = plan::local_for(inv, plan, &[k], plan.superblock)?;
+        if let Some(w) = lp.waiting.first() {
+            info.waiting.push(w.clone());
+            return Ok(info);
+        }
+        let Some(r) = lp.replicas.iter().find(|r| r.k == k) else {
+            let b = lp.unplaced.unwrap_or_else(|| Blocked {
+                replicas: vec![k],
+                reason: format!("replica r{k} has no disk"),
+                disk_failed: false,
+            });
+            return Err(no_placement(vol, &b));
+        };
+        let (disk, alias) = (r.disk.clone(), r.alias.clone());
+        let cluster = inv.lvstore(&disk).map_or(MIB, |s| s.cluster_size);
+        let (bdev, allocated) = match (&r.make, inv.lvols.get(&alias)) {
+            (None, Some(l)) => (l.uuid.clone(), l.num_allocated_clusters.saturating_mul(cluster)),
+            (make, _) => {
+                // a served replica starts thin and empty (its engine rebuilds it)
+                let thin = Make::Thin {
+                    mib: lp.wanted[&k].div_ceil(MIB),
+                };
+                let make = match make {
+                    Some(m @ Make::Thin { .. }) => m,
+                    _ => &thin,
+                };
+                let uuid = self.make_replica(vol, &disk, &name, make).await?;
+                made.push(Made::Lvol(alias.clone()));
+                (uuid, 0)
+            }
+        };
+        let want = lp.wanted[&k];
+        let size = if r.size_bytes < want {
+            let mib = want.div_ceil(MIB);
+            self.client
+                .bdev_lvol_resize(&LvolResize {
+                    name: alias.clone(),
+                    size_in_mib: mib,
+                })
+                .await
+                .map_err(rpc(vol, format!("resizing replica {alias} to {mib} MiB")))?;
+            want
+        } else {
+            r.size_bytes
+        };
+        // the engine's raid superblock is in this lvol: SPDK's examine (this
+        // target restarted) made a `configuring` raid of it here, which claims
+        // it. That raid is the engine node's, not this one's: it goes, and the
+        // superblock stays for the engine
+        let raid = naming::raid(vol);
+        if inv.raid(&raid).is_some_and(|r| {
+            r.state == "configuring"
+                && r.base_bdevs_list
+                    .iter()
+                    .any(|b| b.name.as_deref() == Some(bdev.as_str()))
+        }) {
+            ignore_missing(self.client.bdev_raid_delete(&RaidDelete::new(&raid)))
+                .await
+                .map_err(rpc(
+                    vol,
+                    format!("releasing {alias} from the raid {raid} its superblock made here"),
+                ))?;
+        }
+        let id = uuid::Uuid::new_v5(&volume_uuid(&plan.name), format!("r{k}").as_bytes());
+        self.export_replica_in(inv, vol, &nqn, &bdev, id, &plan.export, made)
+            .await?;
+        info.device = bdev.clone();
+        // what the engine gets: the lvol less its superblock's room
+        info.size_bytes = size.saturating_sub(r.room);
+        info.in_sync.insert(k);
+        info.replicas.push(ReplicaInfo {
+            k,
+            name,
+            disk,
+            bdev,
+            alias,
+            size_bytes: size,
+            allocated_bytes: allocated,
+        });
+        Ok(info)
+    }
+
+    /// Exports replica `replica` (bdev `bdev`, an lvol) of `vol` to a remote
+    /// engine: subsystem `Nqn::for_replica`, namespace with explicit
+    /// NGUID/UUID derived from the replica (so an attach inside the same
+    /// target registers a bdev), to exactly `hosts`. Idempotent; rolls back on
+    /// error.
+    pub async fn export_replica(
+        &self,
+        vol: &ObjectName,
+        replica: &str,
+        bdev: &str,
+        address: IpAddr,
+        port: u16,
+        hosts: Vec<String>,
+    ) -> Result<String, VolumeError> {
+        self.export_replica_as(
+            vol,
+            replica,
+            bdev,
+            ExportSpec {
+                address,
+                port,
+                hosts,
+                dhchap_data_dir: None,
+                tls_data_dir: None,
+            },
+        )
+        .await
+    }
+
+    /// [`VolumeOps::export_replica`] with the whole export spec (hosts with
+    /// DH-HMAC-CHAP when it has `dhchap_data_dir`).
+    pub async fn export_replica_as(
+        &self,
+        vol: &ObjectName,
+        replica: &str,
+        bdev: &str,
+        export: ExportSpec,
+    ) -> Result<String, VolumeError> {
+        let v = vol.as_str();
+        let nqn = Nqn::for_replica(vol, replica).map_err(|source| VolumeError::BadName {
+            volume: v.to_owned(),
+            source,
+        })?;
+        let inv = Inventory::load(&self.client)
+            .await
+            .map_err(rpc(v, "listing the target"))?;
+        let id = uuid::Uuid::new_v5(&volume_uuid(vol), replica.as_bytes());
+        let mut made = Vec::new();
+        match self
+            .export_replica_in(&inv, v, &nqn, bdev, id, &export, &mut made)
+            .await
+        {
+            Ok(()) => Ok(nqn.as_str().to_owned()),
+            Err(e) => {
+                self.undo(made).await;
+                Err(e)
+            }
+        }
+    }
+
+    /// The TCP transport, the replica subsystem `nqn` and its namespace.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) async fn export_replica_in(
+        &self,
+        inv: &Inventory,
+        vol: &str,
+        nqn: &Nqn,
+        bdev: &str,
+        id: uuid::Uuid,
+        export: &ExportSpec,
+        made: &mut Vec<Made>,
+    ) -> Result<(), VolumeError> {
+        if !inv.tcp_transport {
+            self.ensure_transport()
+                .await
+                .map_err(rpc(vol, "creating the TCP transport"))?;
+        }
+        if inv.subsystem(nqn.as_str()).is_none() {
+            self.client
+                .nvmf_create_subsystem(&CreateSubsystem {
+                    nqn: nqn.as_str().to_owned(),
+                    allow_any_host: Some(false),
+                    serial_number: None,
+                    model_number: Some("talon-replica".into()),
+                    max_namespaces: Some(1),
+                    ana_reporting: None,
+                })
+                .await
+                .map_err(rpc(vol, format!("creating subsystem {nqn}")))?;
+            made.push(Made::Subsystem(nqn.as_str().to_owned()));
+        }
+        self.export_ns(inv, vol, nqn, bdev, id, export, made).await
+    }
+
+    /// The keyring key of each host's DH-HMAC-CHAP secret, registered with
+    /// the target's file keyring where it is not yet. This node's own secret
+    /// is made when absent; another host's must be there (its file names it).
+    pub(super) async fn host_keys<S: Secret>(
+        &self,
+        vol: &str,
+        data_dir: &std::path::Path,
+        hosts: &[String],
+    ) -> Result<std::collections::BTreeMap<String, String>, VolumeError> {
+        let registered: BTreeSet<String> = self
+            .client
+            .keyring_get_keys()
+            .await
+            .map_err(rpc(vol, "listing the keyring"))?
+            .into_iter()
+            .filter(|k| !k.removed)
+            .map(|k| k.name)
+            .collect();
+        let mut out = std::collections::BTreeMap::new();
+        for h in hosts {
+            let name = self.register_key::<S>(vol, data_dir, h, &registered).await?;
+            out.insert(h.clone(), name);
+        }
+        Ok(out)
+    }
+
+    /// Checks host `nqn`'s secret file (made when it is this node's own) and
+    /// gives it to the target's keyring unless `registered` has it; returns
+    /// the key name.
+    pub(super) async fn register_key<S: Secret>(
+        &self,
+        vol: &str,
+        data_dir: &std::path::Path,
+        nqn: &str,
+        registered: &BTreeSet<String>,
+    ) -> Result<String, VolumeError> {
+        let bad = |source| VolumeError::Dhchap {
+            volume: vol.to_owned(),
+            source,
+        };
+        if self.host_nqn.as_deref() == Some(nqn) {
+            dhchap::load_or_create::<S>(data_dir, nqn).map_err(bad)?;
+        } else {
+            dhchap::load::<S>(data_dir, nqn).map_err(bad)?;
+        }
+        let name = dhchap::keyring_name::<S>(nqn);
+        if !registered.contains(&name) {
+            let path = dhchap::path::<S>(data_dir, nqn).map_err(bad)?;
+            match self
+                .client
+                .keyring_file_add_key(&KeyringFileKey {
+                    name: name.clone(),
+                    path: path.display().to_string(),
+                })
+                .await
+            {
+                Ok(_) => {}
+                Err(e) if e.is(ErrorKind::AlreadyExists) => {}
+                Err(e) => {
+                    return Err(rpc(
+                        vol,
+                        format!("giving {} to the target's keyring", path.display()),
+                    )(e));
+                }
+            }
+        }
+        Ok(name)
+    }
+
+    /// Attaches a remote replica exported by [`VolumeOps::export_replica`];
+    /// with `tls_data_dir`, over NVMe/TCP TLS with this node's own PSK;
+    /// returns its bdev (`<controller>n1`). With `dhchap_data_dir`, this node
+    /// authenticates with its own DH-HMAC-CHAP secret.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn attach_replica(
+        &self,
+        vol: &str,
+        controller: &str,
+        address: IpAddr,
+        port: u16,
+        nqn: &str,
+        dhchap_data_dir: Option<&std::path::Path>,
+        tls_data_dir: Option<&std::path::Path>,
+    ) -> Result<String, VolumeError> {
+        let mut dhchap_key = None;
+        let mut psk = None;
+        if let Some(me) = self.host_nqn.as_deref()
+            && (dhchap_data_dir.is_some() || tls_data_dir.is_some())
+        {
+            let registered: BTreeSet<String> = self
+                .client
+                .keyring_get_keys()
+                .await
+                .map_err(rpc(vol, "listing the keyring"))?
+                .into_iter()
+                .filter(|k| !k.removed)
+                .map(|k| k.name)
+                .collect();
+            if let Some(d) = dhchap_data_dir {
+                dhchap_key = Some(self.register_key::<DhchapSecret>(vol, d, me, &registered).await?);
+            }
+            if let Some(d) = tls_data_dir {
+                psk = Some(self.register_key::<TlsPsk>(vol, d, me, &registered).await?);
+            }
+        }
+        let bdevs = match self
+            .client
+            .bdev_nvme_attach_controller(&AttachController {
+                hostnqn: self.host_nqn.clone(),
+                dhchap_key,
+                psk,
+                ..AttachController::tcp(controller, address, port, nqn)
+            })
+            .await
+        {
+            Ok(b) => b,
+            Err(e) if e.is(ErrorKind::AlreadyExists) => vec![format!("{controller}n1")],
+            Err(e) => return Err(rpc(vol, format!("attaching {nqn} at {address}:{port}"))(e)),
+        };
+        match bdevs.into_iter().next() {
+            Some(b) => Ok(b),
+            None => {
+                let _ = self
+                    .client
+                    .bdev_nvme_detach_controller(&ByName::new(controller))
+                    .await;
+                Err(VolumeError::AttachedNoBdev {
+                    volume: vol.to_owned(),
+                    nqn: nqn.to_owned(),
+                })
+            }
+        }
+    }
+}
