@@ -1036,6 +1036,84 @@ async fn an_engine_export_left_frozen_by_a_stop_is_thawed_at_the_next_start() {
     d.stop().await;
 }
 
+/// A raid1 rebuild cap left on a member by a talon that stopped (its rebuild
+/// ended while talon was down) is lifted by the next talon, which never set
+/// it: SPDK lists the cap (`assigned_rate_limits`), and a cap nobody lifts
+/// would throttle the volume's writes for good. Failed before the fix: the
+/// controller only lifted the caps it remembered setting.
+#[tokio::test]
+async fn a_rebuild_cap_left_by_a_stopped_talon_is_lifted_by_the_next() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::create_dir_all(dir.path().join("run")).expect("run dir");
+    let double = SpdkDouble::start(dir.path().join("run/spdk.sock"))
+        .await
+        .expect("double");
+    let spdk = SpdkClient::new(double.socket());
+    let d = Daemon::start(dir.path()).await;
+    // an engine over two replicas of this node: a raid1
+    let mut inst = InstanceServiceClient::new(d.channel(3).await);
+    let f = dir.path().join("disk-a.img");
+    std::fs::File::create(&f)
+        .and_then(|f| f.set_len(256 * MIB))
+        .expect("disk file");
+    DiskServiceClient::new(d.channel(2).await)
+        .disk_create(imrpc::DiskCreateRequest {
+            disk_type: imrpc::DiskType::Block as i32,
+            disk_name: "disk-a".into(),
+            disk_path: f.display().to_string(),
+            block_size: 4096,
+            disk_driver: "aio".into(),
+            ..Default::default()
+        })
+        .await
+        .expect("DiskCreate");
+    let size = 16 * MIB;
+    let mut map = HashMap::new();
+    for r in ["vol-r-aaaa1111", "vol-r-bbbb2222"] {
+        inst.instance_create(replica_spec(r, "disk-a", size))
+            .await
+            .expect("replica");
+        let st = wait_state(&mut inst, r, "replica", "running").await;
+        map.insert(r.to_string(), format!("127.0.0.1:{}", st.port_start));
+    }
+    inst.instance_create(engine_spec("vol-e-0", map, size))
+        .await
+        .expect("engine");
+    wait_state(&mut inst, "vol-e-0", "engine", "running").await;
+    d.stop().await;
+    let member = "talon-disk-a/vol-r-aaaa1111";
+    let raid = spdk
+        .bdev_raid_get_bdevs(&talon::spdk::rpc::GetRaids {
+            category: talon::spdk::rpc::RaidCategory::All,
+        })
+        .await
+        .expect("raids")
+        .into_iter()
+        .find(|r| r.name == "vol-e-0")
+        .expect("the engine's raid1");
+    assert_eq!(raid.process, None, "no rebuild runs");
+    let cap = |spdk: SpdkClient| async move {
+        spdk.bdev(member)
+            .await
+            .expect("bdev_get_bdevs")
+            .and_then(|b| b.assigned_rate_limits)
+            .map_or(0, |l| l.rw_mbytes_per_sec)
+    };
+    spdk.bdev_set_qos_limit(&talon::spdk::rpc::QosLimit {
+        name: member.into(),
+        rw_mbytes_per_sec: 8,
+    })
+    .await
+    .expect("a cap as a rebuild sets it");
+    assert_eq!(cap(spdk.clone()).await, 8);
+    let d = Daemon::start(dir.path()).await;
+    talon::runtime::testing::eventually("the cap lifted", Duration::from_secs(20), || async {
+        (cap(spdk.clone()).await == 0).then_some(())
+    })
+    .await;
+    d.stop().await;
+}
+
 /// InstanceSuspend/Resume, InstanceSwitchOverTarget and InstanceDeleteTarget
 /// (Longhorn's field numbers) answer what longhorn-instance-manager v1.12.1's
 /// V2 ops answer where talon cannot do it, and change nothing: the

@@ -813,9 +813,11 @@ impl LonghornController {
             }
         }
         let all_capped = self.caps.all_of(e.id());
+        let observed = caps::observed(inv, e.id());
         if !started_one
             && unsettled.is_empty()
             && all_capped.is_empty()
+            && observed.is_empty()
             && inv.raid(e.id()).is_none_or(|r| r.process.is_none())
         {
             return;
@@ -899,7 +901,8 @@ impl LonghornController {
                 );
             }
             None => {
-                for member in self.caps.liftable(e.id(), CAP_GRACE) {
+                let lift = caps::to_lift(self.caps.liftable(e.id(), CAP_GRACE), &all_capped, &observed);
+                for member in lift {
                     match set_qos_cap(&self.client, &member, 0).await {
                         Ok(()) => self.caps.forget(&member),
                         Err(x) if x.is(ErrorKind::NotFound) => self.caps.forget(&member),

@@ -9,8 +9,12 @@
 //!   no rebuild runs, the capped member's rebuild seen (or 10 s gone) ──> lifted
 //! ```
 //!
-//! What this holds is this controller's memory of the caps it set: SPDK
-//! reports no QoS limit in a listing the reconcile reads.
+//! What [`Caps`] holds is this controller's memory of the caps it set, for
+//! the grace and "seen" rules. SPDK lists the cap a bdev carries
+//! (`bdev_get_bdevs` `assigned_rate_limits`), and [`observed`] reads it: a
+//! cap the memory does not know (set before a restart of talon, whose
+//! rebuild ended while talon was down) is lifted too, or it would throttle
+//! the volume's writes for good.
 
 use std::collections::BTreeMap;
 use std::sync::{Mutex, MutexGuard, PoisonError};
@@ -91,9 +95,66 @@ impl Caps {
     }
 }
 
+/// The members of raid `raid` that carry a rebuild cap as SPDK lists them
+/// (`rw_mbytes_per_sec` > 0), each by the name the raid lists and, when
+/// known, the lvol alias the cap was set on.
+pub(super) fn observed(inv: &crate::spdk::volume::Inventory, raid: &str) -> Vec<(String, Option<String>)> {
+    let Some(r) = inv.raid(raid) else {
+        return Vec::new();
+    };
+    r.base_bdevs_list
+        .iter()
+        .filter_map(|b| b.name.clone())
+        .filter(|n| {
+            inv.bdevs
+                .get(n)
+                .and_then(|b| b.assigned_rate_limits.as_ref())
+                .is_some_and(|l| l.rw_mbytes_per_sec > 0)
+        })
+        .map(|n| {
+            let alias = inv
+                .lvols
+                .iter()
+                .find(|(_, l)| l.uuid == n || l.name == n)
+                .map(|(a, _)| a.clone());
+            (n, alias)
+        })
+        .collect()
+}
+
+/// What to lift when no rebuild runs: the caps the memory says may go, and
+/// every cap SPDK lists on a member the memory does not know.
+pub(super) fn to_lift(
+    liftable: Vec<String>,
+    known: &[String],
+    observed: &[(String, Option<String>)],
+) -> Vec<String> {
+    let mut out = liftable;
+    for (name, alias) in observed {
+        let knows = known.iter().any(|k| k == name || Some(k) == alias.as_ref());
+        if !knows && !out.contains(name) {
+            out.push(name.clone());
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// After a restart the memory is empty: a cap SPDK still lists is lifted;
+    /// a cap the memory knows waits for its grace.
+    #[test]
+    fn a_cap_from_before_a_restart_is_lifted_a_known_one_waits() {
+        let seen = [("uuid-m".to_owned(), Some("lvs/m".to_owned()))];
+        assert_eq!(to_lift(Vec::new(), &[], &seen), ["uuid-m"]);
+        assert!(to_lift(Vec::new(), &["lvs/m".to_owned()], &seen).is_empty());
+        assert_eq!(
+            to_lift(vec!["lvs/m".to_owned()], &["lvs/m".to_owned()], &seen),
+            ["lvs/m"]
+        );
+    }
 
     /// A cap is liftable once its rebuild was seen or the grace is over;
     /// one set to 0 is gone; a changed cap keeps "seen".
