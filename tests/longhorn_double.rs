@@ -938,16 +938,13 @@ async fn longhorn_managers_contract_on_the_double() {
     d.stop().await;
 }
 
-/// A replica and an engine over it on disk `disk-a`, and an nvmf
-/// engine-frontend `vol-ef-0` of it: the engine's target address.
-async fn one_volume(dir: &Path, d: &Daemon) -> String {
-    let mut inst = InstanceServiceClient::new(d.channel(3).await);
-    let mut disks = DiskServiceClient::new(d.channel(2).await);
+/// Disk `disk-a`: a 256 MiB file under `dir`, made a Longhorn disk of `d`.
+async fn disk_a(dir: &Path, d: &Daemon) {
     let f = dir.join("disk-a.img");
     std::fs::File::create(&f)
         .and_then(|f| f.set_len(256 * MIB))
         .expect("disk file");
-    disks
+    DiskServiceClient::new(d.channel(2).await)
         .disk_create(imrpc::DiskCreateRequest {
             disk_type: imrpc::DiskType::Block as i32,
             disk_name: "disk-a".into(),
@@ -958,6 +955,13 @@ async fn one_volume(dir: &Path, d: &Daemon) -> String {
         })
         .await
         .expect("DiskCreate");
+}
+
+/// A replica and an engine over it on disk `disk-a`, and an nvmf
+/// engine-frontend `vol-ef-0` of it: the engine's target address.
+async fn one_volume(dir: &Path, d: &Daemon) -> String {
+    let mut inst = InstanceServiceClient::new(d.channel(3).await);
+    disk_a(dir, d).await;
     let size = 16 * MIB;
     inst.instance_create(replica_spec("vol-r-aaaa1111", "disk-a", size))
         .await
@@ -1052,21 +1056,7 @@ async fn a_rebuild_cap_left_by_a_stopped_talon_is_lifted_by_the_next() {
     let d = Daemon::start(dir.path()).await;
     // an engine over two replicas of this node: a raid1
     let mut inst = InstanceServiceClient::new(d.channel(3).await);
-    let f = dir.path().join("disk-a.img");
-    std::fs::File::create(&f)
-        .and_then(|f| f.set_len(256 * MIB))
-        .expect("disk file");
-    DiskServiceClient::new(d.channel(2).await)
-        .disk_create(imrpc::DiskCreateRequest {
-            disk_type: imrpc::DiskType::Block as i32,
-            disk_name: "disk-a".into(),
-            disk_path: f.display().to_string(),
-            block_size: 4096,
-            disk_driver: "aio".into(),
-            ..Default::default()
-        })
-        .await
-        .expect("DiskCreate");
+    disk_a(dir.path(), &d).await;
     let size = 16 * MIB;
     let mut map = HashMap::new();
     for r in ["vol-r-aaaa1111", "vol-r-bbbb2222"] {
