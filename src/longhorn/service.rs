@@ -37,7 +37,7 @@ pub struct Longhorn {
     proxy_port: u16,
     /// The last iostat of each engine (MetricsGet reports rates).
     io_samples: Arc<std::sync::Mutex<BTreeMap<String, IoSample>>>,
-    /// See [`LonghornOptions::overcommit_percent`].
+    /// See [`super::server::LonghornOptions::overcommit_percent`].
     pub(super) overcommit_percent: u32,
     /// The snapshot hash jobs of this node's replicas.
     hashes: Arc<Hashes>,
