@@ -516,6 +516,19 @@ impl VolumeOps {
         self.export_ns(inv, vol, nqn, bdev, id, export, made).await
     }
 
+    /// The names of the keys in spdk_tgt's keyring (removed ones left out).
+    async fn registered_keys(&self, vol: &str) -> Result<BTreeSet<String>, VolumeError> {
+        Ok(self
+            .client
+            .keyring_get_keys()
+            .await
+            .map_err(rpc(vol, "listing the keyring"))?
+            .into_iter()
+            .filter(|k| !k.removed)
+            .map(|k| k.name)
+            .collect())
+    }
+
     /// The keyring key of each host's DH-HMAC-CHAP secret, registered with
     /// the target's file keyring where it is not yet. This node's own secret
     /// is made when absent; another host's must be there (its file names it).
@@ -525,15 +538,7 @@ impl VolumeOps {
         data_dir: &std::path::Path,
         hosts: &[String],
     ) -> Result<std::collections::BTreeMap<String, String>, VolumeError> {
-        let registered: BTreeSet<String> = self
-            .client
-            .keyring_get_keys()
-            .await
-            .map_err(rpc(vol, "listing the keyring"))?
-            .into_iter()
-            .filter(|k| !k.removed)
-            .map(|k| k.name)
-            .collect();
+        let registered = self.registered_keys(vol).await?;
         let mut out = std::collections::BTreeMap::new();
         for h in hosts {
             let name = self.register_key::<S>(vol, data_dir, h, &registered).await?;
@@ -605,15 +610,7 @@ impl VolumeOps {
         if let Some(me) = self.host_nqn.as_deref()
             && (dhchap_data_dir.is_some() || tls_data_dir.is_some())
         {
-            let registered: BTreeSet<String> = self
-                .client
-                .keyring_get_keys()
-                .await
-                .map_err(rpc(vol, "listing the keyring"))?
-                .into_iter()
-                .filter(|k| !k.removed)
-                .map(|k| k.name)
-                .collect();
+            let registered = self.registered_keys(vol).await?;
             if let Some(d) = dhchap_data_dir {
                 dhchap_key = Some(self.register_key::<DhchapSecret>(vol, d, me, &registered).await?);
             }
