@@ -36,9 +36,8 @@ use crate::resources::longhorn::{
 use crate::runtime::{Controller, ControllerError, Input, Output, Phase, ReconcileContext, Requeue, Typed};
 use crate::spdk::naming::longhorn as naming;
 use crate::spdk::rpc::{
-    AddNamespace, AttachController, ByName, ByNqn, CreateSubsystem, GetRaids, ListenAddress, Lvol,
-    LvolCreate, LvolStoreRef, RaidAddBaseBdev, RaidCategory, RaidCreate, RaidLevel, SubsystemHostParams,
-    SubsystemListener,
+    AddNamespace, AttachController, ByNqn, CreateSubsystem, GetRaids, ListenAddress, Lvol, LvolCreate,
+    LvolStoreRef, RaidAddBaseBdev, RaidCategory, SubsystemHostParams, SubsystemListener,
 };
 use crate::spdk::volume::lvol::set_qos_cap;
 use crate::spdk::volume::{Inventory, VolumeOps};
@@ -580,52 +579,24 @@ impl LonghornController {
                     // still, so the others can be rebuilt into it; SPDK makes
                     // a raid1 of two or more only, so a short-lived bdev_null
                     // holds the second slot while it is made
-                    let mut bases = members.clone();
-                    let placeholder = if members.len() == 1 {
-                        let n = format!("{}lh-{name}", crate::spdk::naming::NULL_PREFIX);
+                    let mut slots: Vec<Option<String>> = members.iter().cloned().map(Some).collect();
+                    let geometry = if members.len() == 1 {
+                        slots.push(None);
                         let b = self
                             .client
                             .bdev(&members[0])
                             .await
                             .map_err(|x| format!("looking up {}: {}", members[0], chain(&x)))?
                             .ok_or_else(|| format!("member {} is gone", members[0]))?;
-                        self.client
-                            .bdev_null_create(&crate::spdk::rpc::NullCreate {
-                                name: n.clone(),
-                                num_blocks: b.num_blocks,
-                                block_size: b.block_size,
-                            })
-                            .await
-                            .map_err(|x| format!("creating placeholder {n}: {}", chain(&x)))?;
-                        bases.push(n.clone());
-                        Some(n)
+                        (b.block_size, b.num_blocks)
                     } else {
-                        None
+                        (0, 0)
                     };
-                    let made = self
-                        .client
-                        .bdev_raid_create(&RaidCreate {
-                            name: name.as_str().into(),
-                            raid_level: RaidLevel::Raid1,
-                            base_bdevs: bases.clone(),
-                            strip_size_kb: None,
-                            uuid: None,
-                            superblock: None,
-                        })
+                    let placeholder = |_: usize| format!("{}lh-{name}", crate::spdk::naming::NULL_PREFIX);
+                    self.ops
+                        .make_raid1(inv, name.as_str(), &slots, geometry, None, &placeholder)
                         .await
-                        .map_err(|x| {
-                            format!("creating raid1 {name} over {}: {}", bases.join(", "), chain(&x))
-                        });
-                    if let Some(n) = &placeholder {
-                        if made.is_ok() {
-                            self.client
-                                .bdev_raid_remove_base_bdev(&ByName::new(n))
-                                .await
-                                .map_err(|x| format!("emptying placeholder {n}'s slot: {}", chain(&x)))?;
-                        }
-                        let _ = self.client.bdev_null_delete(&ByName::new(n)).await;
-                    }
-                    made?;
+                        .map_err(|x| crate::util::error_chain(&x))?;
                     let uuid = self
                         .client
                         .bdev(name.as_str())

@@ -19,9 +19,7 @@ use crate::resources::longhorn::snapshot_lvol;
 use crate::resources::longhorn::{LonghornEngine, LonghornReplica};
 use crate::runtime::Typed;
 use crate::spdk::naming::longhorn::{self as naming, REBUILD_SNAP_PREFIX, is_rebuild_snap};
-use crate::spdk::rpc::{
-    ByNqn, CheckShallowCopy, LvolSnapshot, RaidCreate, RaidLevel, RemoveNamespace, SubsystemListener,
-};
+use crate::spdk::rpc::{ByNqn, CheckShallowCopy, LvolSnapshot, RemoveNamespace, SubsystemListener};
 use crate::spdk::volume::Inventory;
 use crate::spdk::volume::naming::lvstore;
 use crate::spdk::volume::replica_lvols::{ReplicaLvols, reset_head, start_copy};
@@ -904,25 +902,12 @@ impl LonghornController {
                 .remove(&(engine.to_owned(), dst.replica().to_owned()));
         }
         let dst_bdev = self.dst_bdev(&now, dst).await?;
-        let mut bases = members.to_vec();
-        bases.push(dst_bdev);
-        self.client
-            .bdev_raid_create(&RaidCreate {
-                name: engine.into(),
-                raid_level: RaidLevel::Raid1,
-                base_bdevs: bases.clone(),
-                strip_size_kb: None,
-                uuid: None,
-                superblock: None,
-            })
+        let slots: Vec<Option<String>> = members.iter().cloned().chain([dst_bdev]).map(Some).collect();
+        let placeholder = |_: usize| format!("{}lh-{engine}", crate::spdk::naming::NULL_PREFIX);
+        self.ops
+            .make_raid1(&now, engine, &slots, (0, 0), None, &placeholder)
             .await
-            .map_err(|x| {
-                format!(
-                    "making raid1 {engine} again over {}: {}",
-                    bases.join(", "),
-                    chain(&x)
-                )
-            })?;
+            .map_err(|x| format!("making raid1 {engine} again: {}", crate::util::error_chain(&x)))?;
         let mut now = Inventory::load(&self.client)
             .await
             .map_err(|x| format!("listing the target after the switch: {}", chain(&x)))?;

@@ -275,27 +275,89 @@ impl VolumeOps {
     }
 
     /// Creates raid1 `talon-raid-<vol>` over `members` (slot k: a bdev, or
-    /// `None` for a replica that joins later): a missing slot is held by a
-    /// `bdev_null` placeholder of the members' geometry while the raid is
-    /// made, then emptied (SPDK makes a raid1 of two or more bdevs only).
-    /// With `superblock`, SPDK writes the raid's superblock on the members.
+    /// `None` for a replica that joins later): see [`Self::raid1_in`], the
+    /// placeholders named `talon-null-<vol>-r<k>`. With `superblock`, SPDK
+    /// writes the raid's superblock on the members.
     pub(super) async fn create_raid(
         &self,
         inv: &Inventory,
         vol: &str,
         members: &[Option<String>],
-        (block_size, num_blocks): (u32, u64),
+        geometry: (u32, u64),
         superblock: bool,
         made: &mut Vec<Made>,
     ) -> Result<(), VolumeError> {
-        let raid = naming::raid(vol);
+        let slot = |k: usize| format!("{NULL_PREFIX}{}", naming::replica(vol, k));
+        self.raid1_in(
+            inv,
+            vol,
+            &naming::raid(vol),
+            members,
+            geometry,
+            Some(superblock),
+            &slot,
+            made,
+        )
+        .await
+    }
+
+    /// Makes raid1 `name` over `slots` by another naming scheme (Longhorn's
+    /// engines: the raid is the engine's name): as [`Self::create_raid`],
+    /// `superblock` `None` leaving SPDK's default (none), and nothing left
+    /// behind on error. The one raid1 assembly of the V2 engine.
+    pub async fn make_raid1(
+        &self,
+        inv: &Inventory,
+        name: &str,
+        slots: &[Option<String>],
+        geometry: (u32, u64),
+        superblock: Option<bool>,
+        placeholder: &(dyn Fn(usize) -> String + Sync),
+    ) -> Result<(), VolumeError> {
+        let mut made = Vec::new();
+        let r = self
+            .raid1_in(
+                inv,
+                name,
+                name,
+                slots,
+                geometry,
+                superblock,
+                placeholder,
+                &mut made,
+            )
+            .await;
+        if r.is_err() {
+            self.undo(made).await;
+        }
+        r
+    }
+
+    /// Raid1 `raid` over `members` (slot k: a bdev, or `None` for one that
+    /// joins later): a missing slot is held by a `bdev_null` placeholder
+    /// (`placeholder(k)`, of `geometry`: block size, blocks) while the raid
+    /// is made, then emptied (SPDK makes a raid1 of two or more bdevs only).
+    /// Errors name `vol`; what it made is in `made` for the caller to undo.
+    #[allow(clippy::too_many_arguments)]
+    async fn raid1_in(
+        &self,
+        inv: &Inventory,
+        vol: &str,
+        raid: &str,
+        members: &[Option<String>],
+        (block_size, num_blocks): (u32, u64),
+        superblock: Option<bool>,
+        placeholder: &(dyn Fn(usize) -> String + Sync),
+        made: &mut Vec<Made>,
+    ) -> Result<(), VolumeError> {
+        let raid = raid.to_owned();
         let mut bases = Vec::new();
         let mut nulls = Vec::new();
         for (k, m) in members.iter().enumerate() {
             match m {
                 Some(b) => bases.push(b.clone()),
                 None => {
-                    let n = format!("{NULL_PREFIX}{}", naming::replica(vol, k));
+                    let n = placeholder(k);
                     if !inv.bdevs.contains_key(&n) {
                         self.client
                             .bdev_null_create(&NullCreate {
@@ -316,14 +378,17 @@ impl VolumeOps {
             .bdev_raid_create(&RaidCreate {
                 name: raid.clone(),
                 raid_level: RaidLevel::Raid1,
-                base_bdevs: bases,
+                base_bdevs: bases.clone(),
                 strip_size_kb: None,
                 uuid: None,
-                superblock: Some(superblock),
+                superblock,
             })
             .await
-            .map_err(rpc(vol, format!("creating raid1 {raid}")))?;
-        made.push(Made::Raid(raid.clone(), superblock));
+            .map_err(rpc(
+                vol,
+                format!("creating raid1 {raid} over {}", bases.join(", ")),
+            ))?;
+        made.push(Made::Raid(raid.clone(), superblock.unwrap_or(false)));
         for n in &nulls {
             self.client
                 .bdev_raid_remove_base_bdev(&ByName::new(n))
