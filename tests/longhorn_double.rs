@@ -36,6 +36,11 @@ use tonic::transport::Channel;
 const MIB: u64 = 1 << 20;
 
 fn opts(dir: &Path) -> ServeOptions {
+    opts_with(dir, None)
+}
+
+/// [`opts`] with `yaml` as the daemon's config file.
+fn opts_with(dir: &Path, yaml: Option<&str>) -> ServeOptions {
     // a stand-in binary: found, never run (the double answers on the socket and is adopted)
     let fake = dir.join("spdk_tgt");
     std::fs::write(&fake, "#!/bin/sh\nexit 1\n").expect("fake spdk_tgt");
@@ -46,10 +51,14 @@ fn opts(dir: &Path) -> ServeOptions {
         no_huge_mem_mib: 256,
         ..Default::default()
     };
+    let base = match yaml {
+        Some(y) => serve_daemon::opts_with_config(dir, spdk, y),
+        None => serve_daemon::opts(dir, spdk),
+    };
     ServeOptions {
         stop_targets_on_exit: false,
         set_aside_orphan_data: false,
-        ..serve_daemon::opts(dir, spdk)
+        ..base
     }
 }
 
@@ -1099,6 +1108,54 @@ async fn a_rebuild_cap_left_by_a_stopped_talon_is_lifted_by_the_next() {
     let d = Daemon::start(dir.path()).await;
     talon::runtime::testing::eventually("the cap lifted", Duration::from_secs(20), || async {
         (cap(spdk.clone()).await == 0).then_some(())
+    })
+    .await;
+    d.stop().await;
+}
+
+/// A host taken off the node's `allowedHosts` loses access to the Longhorn
+/// exports, as to talon's own: the next talon takes it off the engine's
+/// subsystem (SPDK then ends its connections). Failed before the fix: the
+/// Longhorn export only ever added hosts.
+#[tokio::test]
+async fn a_host_taken_off_allowed_hosts_loses_the_longhorn_export() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::create_dir_all(dir.path().join("run")).expect("run dir");
+    let double = SpdkDouble::start(dir.path().join("run/spdk.sock"))
+        .await
+        .expect("double");
+    let spdk = SpdkClient::new(double.socket());
+    let gone = "nqn.2014-08.org.nvmexpress:uuid:0d6c1c39-3c51-4d2e-9f0c-3b1d2c4e5f60";
+    let yaml = |hosts: &str| format!("node:\n  listenAddress: 127.0.0.1\n  allowedHosts: [{hosts}]\n");
+    let base = free_base();
+    let d = Daemon::serve(
+        opts_with(dir.path(), Some(&yaml(&format!("\"{gone}\"")))),
+        base,
+        instance_ports(base),
+    )
+    .await;
+    one_volume(dir.path(), &d).await;
+    d.stop().await;
+    let nqn = "nqn.2023-01.io.longhorn.spdk:volume-vol";
+    let hosts = |spdk: SpdkClient| async move {
+        spdk.subsystem(nqn)
+            .await
+            .expect("subsystems")
+            .expect("the engine's export")
+            .hosts
+            .into_iter()
+            .map(|h| h.nqn)
+            .collect::<Vec<_>>()
+    };
+    assert!(
+        hosts(spdk.clone()).await.iter().any(|h| h == gone),
+        "allowed at first"
+    );
+    let base = free_base();
+    let d = Daemon::serve(opts_with(dir.path(), Some(&yaml(""))), base, instance_ports(base)).await;
+    talon::runtime::testing::eventually("the host taken off", Duration::from_secs(20), || async {
+        let now = hosts(spdk.clone()).await;
+        (!now.iter().any(|h| h == gone) && !now.is_empty()).then_some(())
     })
     .await;
     d.stop().await;

@@ -274,6 +274,17 @@ impl LonghornController {
                 }),
         );
         tokio::try_join!(add_ns, add_hosts)?;
+        // a host no longer allowed (taken off `allowedHosts`) loses access,
+        // and SPDK ends its connections, as on talon's own exports
+        for h in sub
+            .into_iter()
+            .flat_map(|s| &s.hosts)
+            .filter(|h| !p.hosts.contains(&h.nqn))
+        {
+            crate::spdk::volume::lvol::disallow_host(&self.client, nqn, &h.nqn)
+                .await
+                .map_err(|e| format!("disallowing host {} on {nqn}: {}", h.nqn, chain(&e)))?;
+        }
         let listening = sub.is_some_and(|s| {
             s.listen_addresses
                 .iter()

@@ -82,3 +82,20 @@ pub async fn set_qos_cap(client: &SpdkClient, bdev: &str, mbps: u64) -> Result<(
         .await
         .map(|_| ())
 }
+
+/// Takes host `host` off subsystem `nqn`'s allowed hosts; SPDK then
+/// disconnects it (`nvmf_subsystem_remove_host` ends its connections). One
+/// not listed (or a subsystem that is not there) is no error.
+pub async fn disallow_host(client: &SpdkClient, nqn: &str, host: &str) -> Result<(), ClientError> {
+    match client
+        .nvmf_subsystem_remove_host(&crate::spdk::rpc::SubsystemHostParams {
+            nqn: nqn.to_owned(),
+            host: host.to_owned(),
+        })
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(e) if e.is(ErrorKind::NotFound) => Ok(()),
+        Err(e) => Err(e),
+    }
+}
