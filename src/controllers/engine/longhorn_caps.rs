@@ -115,7 +115,7 @@ pub(super) fn observed(inv: &crate::spdk::volume::Inventory, raid: &str) -> Vec<
             let alias = inv
                 .lvols
                 .iter()
-                .find(|(_, l)| l.uuid == n || l.name == n)
+                .find(|(_, l)| l.uuid == n)
                 .map(|(a, _)| a.clone());
             (n, alias)
         })
