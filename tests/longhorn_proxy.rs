@@ -444,7 +444,7 @@ async fn the_engine_proxy_reverts_purges_and_rebuilds_across_two_nodes() {
     let tc = format!("tcp://{addr_c}");
     // data A holds alone, in a snapshot: a thin rebuild copies it (a shallow
     // copy of the double takes its rebuild time)
-    double(&a).write("vol-e-0", 4);
+    assert!(double(&a).write("vol-e-0", 4), "vol-e-0 takes the write");
     snapshot(&mut p, "s4").await.expect("s4");
 
     // ReplicaAdd with a rebuild cap: two at once, one is refused as Longhorn expects
@@ -621,7 +621,7 @@ async fn the_engine_proxy_reverts_purges_and_rebuilds_across_two_nodes() {
     // the link to the rebuilt replica is lost mid-copy: the copy starts
     // again by itself, the replica WO until it is done
     replica_remove(&mut p, won).await;
-    double(&a).write("vol-e-0", 4);
+    assert!(double(&a).write("vol-e-0", 4), "vol-e-0 takes the write");
     snapshot(&mut p, "s5").await.expect("s5");
     double(&a).set_rebuild_time(Duration::from_secs(30));
     replica_add(&p, won, &waddr).await.expect("ReplicaAdd again");
@@ -645,7 +645,7 @@ async fn the_engine_proxy_reverts_purges_and_rebuilds_across_two_nodes() {
     // the raid goes mid-copy (as with a restart of spdk_tgt): it is made
     // again over A, and the rebuild, which copies beside it, goes on
     replica_remove(&mut p, won).await;
-    double(&a).write("vol-e-0", 4);
+    assert!(double(&a).write("vol-e-0", 4), "vol-e-0 takes the write");
     snapshot(&mut p, "s6").await.expect("s6");
     double(&a).set_rebuild_time(Duration::from_secs(4));
     replica_add(&p, won, &waddr).await.expect("ReplicaAdd once more");
@@ -663,7 +663,7 @@ async fn the_engine_proxy_reverts_purges_and_rebuilds_across_two_nodes() {
     // the replica's node is lost mid-rebuild: ERR; once it is back, the next
     // ReplicaAdd rebuilds it
     replica_remove(&mut p, won).await;
-    double(&a).write("vol-e-0", 4);
+    assert!(double(&a).write("vol-e-0", 4), "vol-e-0 takes the write");
     snapshot(&mut p, "s7").await.expect("s7");
     double(&a).set_rebuild_time(Duration::from_secs(60));
     replica_add(&p, won, &waddr)
@@ -710,7 +710,7 @@ async fn the_engine_proxy_reverts_purges_and_rebuilds_across_two_nodes() {
     // held again, out of its export, once it joined
     replica_remove(&mut p, "vol-r-a").await;
     assert_eq!(modes(&mut p).await, vec![(twon.clone(), RW)]);
-    double(&b).write(&head, 4);
+    assert!(double(&b).write(&head, 4), "B's head takes the write");
     snapshot(&mut p, "s8").await.expect("s8");
     double(&b).set_rebuild_time(Duration::from_secs(3));
     replica_add(&p, "vol-r-a", &addr_a)

@@ -140,15 +140,11 @@ async fn snapshot_hashes_agree_across_two_nodes_on_the_double() {
     );
     let mut p = ProxyEngineServiceClient::new(a.channel(1).await);
     // equal writes on both replicas, a snapshot after each
-    for d in [da, db] {
-        d.write("talon-disk-a/vol-r-a", 2);
-        d.write("talon-disk-b/vol-r-b", 2);
-    }
+    assert!(da.write("talon-disk-a/vol-r-a", 2), "A's replica takes the write");
+    assert!(db.write("talon-disk-b/vol-r-b", 2), "B's replica takes the write");
     snapshot(&mut p, "s1").await.expect("snapshot s1");
-    for d in [da, db] {
-        d.write("talon-disk-a/vol-r-a", 1);
-        d.write("talon-disk-b/vol-r-b", 1);
-    }
+    assert!(da.write("talon-disk-a/vol-r-a", 1), "A's replica takes the write");
+    assert!(db.write("talon-disk-b/vol-r-b", 1), "B's replica takes the write");
     snapshot(&mut p, "s2").await.expect("snapshot s2");
 
     // a copy takes 1 s: the hash is seen in progress, and a second request

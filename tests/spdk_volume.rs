@@ -915,7 +915,7 @@ async fn a_replica_that_missed_writes_is_rebuilt_never_served_alone() {
     let state = &s.state;
     state.create_typed("m", "", &volume(200 * MIB, 2)).expect("m");
     ready(state, "m", "m").await;
-    s.double.write("talon-raid-m", 20);
+    assert!(s.double.write("talon-raid-m", 20), "m's raid takes a write");
     let (sync, disks) = ledger(state, "m").expect("ledger");
     assert_eq!(sync, vec![0, 1]);
     let (d0, d1) = (disks[0].clone(), disks[1].clone());
@@ -933,7 +933,10 @@ async fn a_replica_that_missed_writes_is_rebuilt_never_served_alone() {
     // written while degraded: r0 only. (A thin rebuild step that started
     // as the disk went may have left its snapshot of r0, `m-r0.s.rb.<n>`:
     // scratch the next rebuild merges away, not a replica.)
-    s.double.write("talon-raid-m", 100);
+    assert!(
+        s.double.write("talon-raid-m", 100),
+        "degraded m's raid takes a write"
+    );
     let inv = Inventory::load(&s.client).await.expect("inv");
     assert_eq!(
         inv.lvols
@@ -1057,7 +1060,7 @@ async fn with_a_superblock_a_replica_that_left_just_before_a_crash_is_never_trus
     rt.stop().await;
     assert!(double.hot_remove(&format!("talon-disk-{d1}")));
     // written after r1 left: r0 only
-    double.write("talon-raid-w", 100);
+    assert!(double.write("talon-raid-w", 100), "talon-raid-w takes the write");
     // spdk_tgt dies too; it comes back with the stale r1's disk alone
     double.restart().await.expect("restart");
     add_disk(&client, dir.path(), &d1, false).await;
@@ -1608,7 +1611,10 @@ async fn a_thin_rebuild_goes_on_from_its_copies_after_talon_restarts() {
     let lvs = |k: usize| alias(k).split_once('/').expect("alias").0.to_owned();
     // two snapshots on both replicas (as VolumeOps::snapshot names them), data between
     for (snap, clusters) in [("s1", 30), ("s2", 40)] {
-        double.write("talon-raid-tr", clusters);
+        assert!(
+            double.write("talon-raid-tr", clusters),
+            "talon-raid-tr takes the write"
+        );
         for k in 0..2 {
             c.bdev_lvol_snapshot(&talon::spdk::rpc::LvolSnapshot {
                 lvol_name: alias(k),
@@ -1618,7 +1624,7 @@ async fn a_thin_rebuild_goes_on_from_its_copies_after_talon_restarts() {
             .expect("snapshot");
         }
     }
-    double.write("talon-raid-tr", 10);
+    assert!(double.write("talon-raid-tr", 10), "talon-raid-tr takes the write");
     // r1 is replaced: out of the raid, deleted; its snapshots stay (they are that instant)
     c.bdev_raid_remove_base_bdev(&ByName::new(&info.replicas[1].bdev))
         .await
@@ -1721,10 +1727,16 @@ async fn a_remote_replica_whose_node_answers_is_rebuilt_thin_keeping_the_snapsho
     ready(&a.state, "rv", "engine on A").await;
     ledger_becomes(&a.state, "rv", &[0, 1], "both replicas in A's ledger").await;
 
-    a.double.write("talon-raid-rv", 3);
+    assert!(
+        a.double.write("talon-raid-rv", 3),
+        "talon-raid-rv takes the write"
+    );
     let s1 = snapshot(&a.state, "rv", "s1").await;
     assert_eq!(s1.state, ObjectState::Ready, "{}", s1.message);
-    a.double.write("talon-raid-rv", 2);
+    assert!(
+        a.double.write("talon-raid-rv", 2),
+        "talon-raid-rv takes the write"
+    );
 
     let copies = a.double.calls("bdev_lvol_start_shallow_copy");
 
@@ -1736,7 +1748,10 @@ async fn a_remote_replica_whose_node_answers_is_rebuilt_thin_keeping_the_snapsho
         .await
         .expect("path lost");
     ledger_becomes(&a.state, "rv", &[0], "r1 out of A's ledger").await;
-    a.double.write("talon-raid-rv", 4);
+    assert!(
+        a.double.write("talon-raid-rv", 4),
+        "talon-raid-rv takes the write"
+    );
     add_disk(&b.client, b.dir.path(), "db", false).await;
     b.state
         .update_typed(SPDK_STATUS_ID, "", None, &target_status(1))
@@ -1794,11 +1809,17 @@ async fn a_remote_replica_whose_node_answers_is_rebuilt_thin_keeping_the_snapsho
         .await
         .expect("path lost");
     ledger_becomes(&a.state, "rv", &[0], "r1 out again").await;
-    a.double.write("talon-raid-rv", 2);
+    assert!(
+        a.double.write("talon-raid-rv", 2),
+        "talon-raid-rv takes the write"
+    );
     // taken on A alone
     let s2 = snapshot(&a.state, "rv", "s2").await;
     assert_eq!(s2.state, ObjectState::Ready, "{}", s2.message);
-    a.double.write("talon-raid-rv", 3);
+    assert!(
+        a.double.write("talon-raid-rv", 3),
+        "talon-raid-rv takes the write"
+    );
     add_disk(&b.client, b.dir.path(), "db", false).await;
     b.state
         .update_typed(SPDK_STATUS_ID, "", None, &target_status(2))
@@ -1870,7 +1891,7 @@ async fn replicas_whose_data_starts_at_different_offsets_are_not_rebuilt_thin() 
     let ops = VolumeOps::new(c.clone());
     let inv = Inventory::load(&c).await.expect("inv");
     let info = ops.ensure(&inv, &p).await.expect("ensure");
-    double.write("talon-raid-mo", 5);
+    assert!(double.write("talon-raid-mo", 5), "talon-raid-mo takes the write");
     c.bdev_raid_remove_base_bdev(&ByName::new(&info.replicas[1].bdev))
         .await
         .expect("r1 leaves");

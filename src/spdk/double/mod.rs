@@ -503,10 +503,12 @@ impl SpdkDouble {
 
     /// A host writes `clusters` clusters that were never written through
     /// bdev `name` (an lvol, or a raid: each member in service gets them),
-    /// as allocation counts: the double keeps no data.
-    pub fn write(&self, name: &str, clusters: u64) {
+    /// as allocation counts: the double keeps no data. False when there is
+    /// no such bdev (a host's write would fail): nothing was written.
+    #[must_use = "a write to a missing bdev lands nowhere"]
+    pub fn write(&self, name: &str, clusters: u64) -> bool {
         let mut s = lock(&self.state);
-        let Some(i) = s.find(name) else { return };
+        let Some(i) = s.find(name) else { return false };
         let targets: Vec<usize> = match &s.bdevs[i].kind {
             BdevKind::Raid => {
                 let raid = s.bdevs[i].name.clone();
@@ -526,6 +528,7 @@ impl SpdkDouble {
                 s.bdevs[t].num_blocks * u64::from(s.bdevs[t].block_size) / s.cluster_size_of(t).max(1);
             s.set_lvol_info(t, |l| l.allocated = (l.allocated + clusters).min(total));
         }
+        true
     }
 
     /// The NVMe/TCP controller `name` of this target loses its remote

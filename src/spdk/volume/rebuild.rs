@@ -715,6 +715,23 @@ impl VolumeOps {
     ) -> Result<(), VolumeError> {
         let vol = plan.name.as_str();
         let nqn = Nqn::for_volume(&plan.name);
+        // the listing this step works from is a moment old: a dest whose
+        // disk went since is not switched to (the raid would go for nothing)
+        let target = dst_target(dst);
+        if self
+            .client
+            .bdev(&target)
+            .await
+            .map_err(rpc(vol, format!("looking up {target}")))?
+            .is_none()
+        {
+            return Err(VolumeError::RebuildCopy {
+                volume: vol.to_owned(),
+                replica: dst.name.clone(),
+                snapshot: String::new(),
+                message: format!("{target} went before the switch: the raid stays as it is"),
+            });
+        }
         tracing::info!(volume = vol, replica = %dst.name, "rebuild: switching the raid to the rebuilt replica");
         // hosts off: their connections drop, their I/O waits for the reconnect
         if let Some(sub) = inv.subsystem(nqn.as_str()) {
@@ -752,6 +769,30 @@ impl VolumeOps {
             })
             .await
             .map_err(rpc(vol, format!("deleting raid {} for the switch", raid.name)))?;
+        match self.switch_to(inv, plan, raid, src, dst, members).await {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                // the volume is served again over the members it had, not
+                // left without a raid until the next reconcile
+                self.restore_after_switch(plan, raid, src, members).await;
+                Err(e)
+            }
+        }
+    }
+
+    /// The rest of [`Self::switch`] once the raid is gone: the source head's
+    /// last clusters copied, the raid made again with the dest, exported.
+    async fn switch_to(
+        &self,
+        inv: &Inventory,
+        plan: &VolumePlan,
+        raid: &RaidBdev,
+        src: &ReplicaInfo,
+        dst: &ReplicaInfo,
+        members: &[Option<String>],
+    ) -> Result<(), VolumeError> {
+        let vol = plan.name.as_str();
+        let nqn = Nqn::for_volume(&plan.name);
         // the source head's last clusters
         let (snap, s) = self.take_rebuild_snapshot(inv, vol, src).await?;
         let op = self.copy_into(vol, &s, &snap, dst).await?;
@@ -873,6 +914,74 @@ impl VolumeOps {
         .await?;
         tracing::info!(volume = vol, replica = %dst.name, "rebuild: replica joined the raid, up to date");
         Ok(())
+    }
+
+    /// After a switch that failed past the raid's deletion: the raid made
+    /// again over the members it had (the dest's slot empty) where it is
+    /// missing, and exported again. Best effort: what cannot be done now
+    /// the next reconcile does (the failure is already the step's error).
+    async fn restore_after_switch(
+        &self,
+        plan: &VolumePlan,
+        raid: &RaidBdev,
+        src: &ReplicaInfo,
+        members: &[Option<String>],
+    ) {
+        let vol = plan.name.as_str();
+        let restored = async {
+            let inv = Inventory::load(&self.client)
+                .await
+                .map_err(rpc(vol, "listing the target to restore the raid"))?;
+            if inv.raid(&raid.name).is_none() {
+                let src_bdev = self
+                    .client
+                    .bdev(&src.alias)
+                    .await
+                    .map_err(rpc(vol, format!("looking up {}", src.alias)))?;
+                let Some(src_bdev) = src_bdev else {
+                    return Err(VolumeError::RebuildCopy {
+                        volume: vol.to_owned(),
+                        replica: src.name.clone(),
+                        snapshot: String::new(),
+                        message: format!("{} went too: the raid is not made again here", src.alias),
+                    });
+                };
+                let geometry = (src_bdev.block_size, src_bdev.num_blocks);
+                let mut made = Vec::new();
+                if let Err(e) = self
+                    .create_raid(&inv, vol, members, geometry, raid.superblock, &mut made)
+                    .await
+                {
+                    self.undo(made).await;
+                    return Err(e);
+                }
+            }
+            let now = Inventory::load(&self.client)
+                .await
+                .map_err(rpc(vol, "listing the target after restoring the raid"))?;
+            let mut made: Vec<Made> = Vec::new();
+            self.export_ns(
+                &now,
+                vol,
+                &Nqn::for_volume(&plan.name),
+                &raid.name,
+                volume_uuid(&plan.name),
+                &ExportSpec {
+                    tls_data_dir: None,
+                    ..plan.export.clone()
+                },
+                &mut made,
+            )
+            .await
+        };
+        match restored.await {
+            Ok(()) => tracing::info!(
+                volume = vol,
+                "rebuild: the switch failed; the raid serves again over the members it had"
+            ),
+            Err(e) => tracing::warn!(volume = vol, error = %crate::util::error_chain(&e),
+                "rebuild: the switch failed and the raid could not be made again now; the next reconcile does"),
+        }
     }
 
     /// Deletes a volume's rebuild snapshots (`<vol>-r<k>.s.rb.<n>`): each is
