@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 
 use crate::attach::nvme_tcp::{self, ConnectOptions, NvmeTcpTarget};
 use crate::host::HostRoot;
-use crate::names::ObjectName;
+use crate::names::{Nqn, ObjectName};
 use crate::resources::config::{Disk, NodeConfig};
 use crate::resources::engine::{DiskStatus, ObjectState, TargetStatus};
 use crate::resources::longhorn::{
@@ -36,11 +36,10 @@ use crate::resources::longhorn::{
 use crate::runtime::{Controller, ControllerError, Input, Output, Phase, ReconcileContext, Requeue, Typed};
 use crate::spdk::naming::longhorn as naming;
 use crate::spdk::rpc::{
-    AddNamespace, AttachController, ByNqn, CreateSubsystem, GetRaids, ListenAddress, Lvol, LvolCreate,
-    LvolStoreRef, RaidAddBaseBdev, RaidCategory, SubsystemHostParams, SubsystemListener,
+    AttachController, GetRaids, Lvol, LvolCreate, LvolStoreRef, RaidAddBaseBdev, RaidCategory,
 };
 use crate::spdk::volume::lvol::set_qos_cap;
-use crate::spdk::volume::{Inventory, VolumeOps};
+use crate::spdk::volume::{Export, ExportSpec, Inventory, NewSubsystem, VolumeOps};
 use crate::spdk::{ErrorKind, SpdkClient};
 
 use crate::resources::engine::SPDK_STATUS_ID;
@@ -139,7 +138,9 @@ impl LonghornController {
         self
     }
 
-    fn hosts(&self, node: &NodeConfig) -> Vec<String> {
+    /// An export on `address:port` to the hosts Longhorn's flows present
+    /// (the internal host NQN, this node's) and the node's `allowedHosts`.
+    fn export_spec(&self, node: &NodeConfig, address: IpAddr, port: u16) -> ExportSpec {
         let mut hosts = vec![naming::internal_host_nqn()];
         hosts.extend(self.host_nqn.clone());
         for h in &node.allowed_hosts {
@@ -147,7 +148,13 @@ impl LonghornController {
                 hosts.push(h.clone());
             }
         }
-        hosts
+        ExportSpec {
+            address,
+            port,
+            hosts,
+            dhchap_data_dir: None,
+            tls_data_dir: None,
+        }
     }
 }
 
@@ -159,158 +166,37 @@ fn chain(e: &crate::spdk::ClientError) -> String {
     crate::util::error_chain(e)
 }
 
-fn ignore_missing<T>(r: Result<T, crate::spdk::ClientError>) -> Result<(), crate::spdk::ClientError> {
-    match r {
-        Ok(_) => Ok(()),
-        Err(e) if e.is(ErrorKind::NotFound) => Ok(()),
-        Err(e) => Err(e),
-    }
-}
-
 /// One export to make: subsystem, namespace, listener, hosts.
 struct ExportPlan<'a> {
-    nqn: &'a str,
+    nqn: &'a Nqn,
     bdev: &'a str,
     ns_id: uuid::Uuid,
     model: &'a str,
-    listen: ListenAddress,
-    hosts: &'a [String],
+    spec: ExportSpec,
 }
 
 impl LonghornController {
-    /// Makes the missing parts of an export (idempotent); a subsystem that
-    /// serves another bdev is made again.
+    /// Makes the missing parts of an export (idempotent; see
+    /// [`crate::spdk::volume::VolumeOps::export`]): a subsystem that serves
+    /// another bdev serves this one.
     async fn export(&self, inv: &mut Inventory, p: &ExportPlan<'_>) -> Result<(), String> {
-        if !inv.tcp_transport {
-            self.ops
-                .ensure_transport()
-                .await
-                .map_err(|e| format!("creating the NVMe/TCP transport: {}", chain(&e)))?;
-            inv.tcp_transport = true;
-        }
-        let mut sub = inv.subsystem(p.nqn).cloned();
-        if let Some(s) = &sub {
-            let bdev_uuid = inv.lvols.get(p.bdev).map(|l| l.uuid.as_str());
-            let serves = s
-                .namespaces
-                .iter()
-                .any(|n| n.bdev_name == p.bdev || Some(n.bdev_name.as_str()) == bdev_uuid);
-            if !s.namespaces.is_empty() && !serves {
-                ignore_missing(
-                    self.client
-                        .nvmf_delete_subsystem(&ByNqn { nqn: p.nqn.into() })
-                        .await,
-                )
-                .map_err(|e| {
-                    format!(
-                        "deleting subsystem {} (it serves another bdev): {}",
-                        p.nqn,
-                        chain(&e)
-                    )
-                })?;
-                sub = None;
-                inv.subsystems.retain(|s| s.nqn != p.nqn);
-            }
-        }
-        let made = sub.is_none();
-        let result = self.export_in(sub.as_ref(), p).await;
-        if result.is_err() && made {
-            let _ = self
-                .client
-                .nvmf_delete_subsystem(&ByNqn { nqn: p.nqn.into() })
-                .await;
-        }
-        result
-    }
-
-    async fn export_in(
-        &self,
-        sub: Option<&crate::spdk::rpc::Subsystem>,
-        p: &ExportPlan<'_>,
-    ) -> Result<(), String> {
-        let nqn = p.nqn;
-        if sub.is_none() {
-            self.client
-                .nvmf_create_subsystem(&CreateSubsystem {
-                    nqn: nqn.into(),
-                    allow_any_host: Some(false),
-                    serial_number: None,
-                    model_number: Some(p.model.into()),
-                    max_namespaces: Some(1),
-                    ana_reporting: Some(true),
-                })
-                .await
-                .map_err(|e| format!("creating subsystem {nqn}: {}", chain(&e)))?;
-        }
-        // the namespace and the hosts in one round trip: spdk_tgt answers RPCs only when its
-        // reactor polls the socket, and adding a host is synchronous (a list under the
-        // subsystem's lock), so they need not wait for each other
-        let add_ns = async {
-            if sub.is_none_or(|s| s.namespaces.is_empty()) {
-                self.client
-                    .nvmf_subsystem_add_ns(&AddNamespace::with_id(nqn, p.bdev, p.ns_id))
-                    .await
-                    .map_err(|e| format!("exporting {} in {nqn}: {}", p.bdev, chain(&e)))?;
-            }
-            Ok::<(), String>(())
+        let e = Export {
+            nqn: p.nqn,
+            bdev: p.bdev,
+            ns_uuid: p.ns_id,
+            subsystem: NewSubsystem {
+                model: p.model.to_owned(),
+                serial: None,
+                ana: true,
+            },
+            spec: &p.spec,
+            only_listener: false,
         };
-        let add_hosts = futures::future::try_join_all(
-            p.hosts
-                .iter()
-                .filter(|h| !sub.is_some_and(|s| s.hosts.iter().any(|x| &x.nqn == *h)))
-                .map(|h| async move {
-                    match self
-                        .client
-                        .nvmf_subsystem_add_host(&SubsystemHostParams {
-                            nqn: nqn.into(),
-                            host: h.clone(),
-                        })
-                        .await
-                    {
-                        Ok(_) => Ok(()),
-                        Err(e) if e.is(ErrorKind::AlreadyExists) => Ok(()),
-                        Err(e) => Err(format!("allowing host {h} on {nqn}: {}", chain(&e))),
-                    }
-                }),
-        );
-        tokio::try_join!(add_ns, add_hosts)?;
-        // a host no longer allowed (taken off `allowedHosts`) loses access,
-        // and SPDK ends its connections, as on talon's own exports
-        for h in sub
-            .into_iter()
-            .flat_map(|s| &s.hosts)
-            .filter(|h| !p.hosts.contains(&h.nqn))
-        {
-            crate::spdk::volume::lvol::disallow_host(&self.client, nqn, &h.nqn)
-                .await
-                .map_err(|e| format!("disallowing host {} on {nqn}: {}", h.nqn, chain(&e)))?;
-        }
-        let listening = sub.is_some_and(|s| {
-            s.listen_addresses
-                .iter()
-                .any(|l| l.traddr == p.listen.traddr && l.trsvcid == p.listen.trsvcid)
-        });
-        if !listening {
-            match self
-                .client
-                .nvmf_subsystem_add_listener(&SubsystemListener {
-                    nqn: nqn.into(),
-                    listen_address: p.listen.clone(),
-                })
-                .await
-            {
-                Ok(_) => {}
-                Err(e) if e.is(ErrorKind::AlreadyExists) => {}
-                Err(e) => {
-                    return Err(format!(
-                        "listening on {}:{} for {nqn}: {}",
-                        p.listen.traddr,
-                        p.listen.trsvcid.as_deref().unwrap_or(""),
-                        chain(&e)
-                    ));
-                }
-            }
-        }
+        self.ops
+            .export(inv, p.nqn.as_str(), &e)
+            .await
+            .map_err(|x| crate::util::error_chain(&x))?;
+        inv.tcp_transport = true;
         Ok(())
     }
 
@@ -318,12 +204,10 @@ impl LonghornController {
         if inv.subsystem(nqn).is_none() {
             return Ok(());
         }
-        ignore_missing(
-            self.client
-                .nvmf_delete_subsystem(&ByNqn { nqn: nqn.into() })
-                .await,
-        )
-        .map_err(|e| format!("deleting subsystem {nqn}: {}", chain(&e)))?;
+        self.ops
+            .unexport(nqn, nqn)
+            .await
+            .map_err(|x| crate::util::error_chain(&x))?;
         inv.subsystems.retain(|s| s.nqn != nqn);
         Ok(())
     }
@@ -420,16 +304,14 @@ impl LonghornController {
             self.unexport(inv, nqn.as_str()).await?;
             st.message = "held by an engine on this node (its raid1 claims the lvol)".into();
         } else {
-            let hosts = self.hosts(node);
             self.export(
                 inv,
                 &ExportPlan {
-                    nqn: nqn.as_str(),
+                    nqn: &nqn,
                     bdev: &alias,
                     ns_id: naming::namespace_id(name.as_str()),
                     model: "talon-longhorn-replica",
-                    listen: ListenAddress::tcp(addr, spec.port_start),
-                    hosts: &hosts,
+                    spec: self.export_spec(node, addr, spec.port_start),
                 },
             )
             .await?;
@@ -625,14 +507,12 @@ impl LonghornController {
             self.session.switch_done(name.as_str());
         }
         let nqn = naming::volume_nqn(&volume).map_err(|x| x.to_string())?;
-        let hosts = self.hosts(node);
         let plan = ExportPlan {
-            nqn: nqn.as_str(),
+            nqn: &nqn,
             bdev: &bdev,
             ns_id: naming::namespace_id(&format!("volume-{volume}")),
             model: "talon-longhorn-engine",
-            listen: ListenAddress::tcp(addr, e.spec.port),
-            hosts: &hosts,
+            spec: self.export_spec(node, addr, e.spec.port),
         };
         self.export(inv, &plan).await?;
         // a snapshot's freeze left by a talon stopped before its thaw

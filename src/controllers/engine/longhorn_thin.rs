@@ -12,14 +12,14 @@ use std::time::{Duration, Instant};
 
 use tonic::transport::Channel;
 
-use super::{ExportPlan, LonghornController, chain, ignore_missing};
+use super::{ExportPlan, LonghornController, chain};
 use crate::proto::spdkrpc;
 use crate::proto::spdkrpc::spdk_service_client::SpdkServiceClient;
 use crate::resources::longhorn::snapshot_lvol;
 use crate::resources::longhorn::{LonghornEngine, LonghornReplica};
 use crate::runtime::Typed;
 use crate::spdk::naming::longhorn::{self as naming, REBUILD_SNAP_PREFIX, is_rebuild_snap};
-use crate::spdk::rpc::{ByNqn, CheckShallowCopy, LvolSnapshot, RemoveNamespace, SubsystemListener};
+use crate::spdk::rpc::{CheckShallowCopy, LvolSnapshot};
 use crate::spdk::volume::Inventory;
 use crate::spdk::volume::naming::lvstore;
 use crate::spdk::volume::replica_lvols::{ReplicaLvols, reset_head, start_copy};
@@ -594,14 +594,10 @@ impl LonghornController {
             if remote_into_here {
                 // its export goes while its head is made again (made again
                 // by the replica's controller at the next reconcile)
-                ignore_missing(
-                    self.client
-                        .nvmf_delete_subsystem(&ByNqn {
-                            nqn: dst_nqn.as_str().into(),
-                        })
-                        .await,
-                )
-                .map_err(|x| format!("replica {dst_name}: removing its export {dst_nqn}: {}", chain(&x)))?;
+                self.ops
+                    .unexport(dst_name, dst_nqn.as_str())
+                    .await
+                    .map_err(|x| format!("replica {dst_name}: {}", crate::util::error_chain(&x)))?;
             }
             self.reset_dst(inv, &src, &dst, &have_dst, &chain_src).await?;
             tracing::info!(
@@ -801,30 +797,10 @@ impl LonghornController {
         plan: &ExportPlan<'_>,
     ) -> Result<String, String> {
         // hosts off: their connections drop, their I/O waits for the reconnect
-        if let Some(sub) = inv.subsystem(plan.nqn) {
-            for l in &sub.listen_addresses {
-                ignore_missing(
-                    self.client
-                        .nvmf_subsystem_remove_listener(&SubsystemListener {
-                            nqn: plan.nqn.to_owned(),
-                            listen_address: l.clone(),
-                        })
-                        .await,
-                )
-                .map_err(|x| format!("closing a listener of {}: {}", plan.nqn, chain(&x)))?;
-            }
-            for n in &sub.namespaces {
-                ignore_missing(
-                    self.client
-                        .nvmf_subsystem_remove_ns(&RemoveNamespace {
-                            nqn: plan.nqn.to_owned(),
-                            nsid: n.nsid,
-                        })
-                        .await,
-                )
-                .map_err(|x| format!("removing the namespace of {}: {}", plan.nqn, chain(&x)))?;
-            }
-        }
+        self.ops
+            .close_export(inv, engine, plan.nqn.as_str())
+            .await
+            .map_err(|x| crate::util::error_chain(&x))?;
         crate::spdk::volume::lvol::delete_raid(&self.client, engine)
             .await
             .map_err(|x| format!("deleting raid {engine} for the switch: {}", chain(&x)))?;
@@ -882,20 +858,10 @@ impl LonghornController {
                 &crate::names::ObjectName::parse("replica", dst.replica()).map_err(|x| x.to_string())?,
             )
             .map_err(|x| x.to_string())?;
-            ignore_missing(
-                self.client
-                    .nvmf_delete_subsystem(&ByNqn {
-                        nqn: nqn.as_str().into(),
-                    })
-                    .await,
-            )
-            .map_err(|x| {
-                format!(
-                    "replica {}: removing its export {nqn}: {}",
-                    dst.replica(),
-                    chain(&x)
-                )
-            })?;
+            self.ops
+                .unexport(dst.replica(), nqn.as_str())
+                .await
+                .map_err(|x| format!("replica {}: {}", dst.replica(), crate::util::error_chain(&x)))?;
             self.thin
                 .lock()
                 .exported

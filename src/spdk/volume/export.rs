@@ -48,24 +48,184 @@ fn listener_error(
     }
 }
 
+/// The subsystem an [`Export`] makes when it is missing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewSubsystem {
+    /// Its model number.
+    pub model: String,
+    /// Its serial number (`None`: SPDK's default).
+    pub serial: Option<String>,
+    /// ANA reporting: a snapshot can then freeze it (its listeners
+    /// inaccessible) while the host waits instead of failing.
+    pub ana: bool,
+}
+
+impl NewSubsystem {
+    pub(super) fn create(&self, nqn: &Nqn) -> CreateSubsystem {
+        CreateSubsystem {
+            nqn: nqn.as_str().to_owned(),
+            allow_any_host: Some(false),
+            serial_number: self.serial.clone(),
+            model_number: Some(self.model.clone()),
+            max_namespaces: Some(1),
+            ana_reporting: self.ana.then_some(true),
+        }
+    }
+}
+
+/// One NVMe-oF export under any naming scheme (talon's volumes and served
+/// replicas, Longhorn's engines and replicas): subsystem `nqn`, made as
+/// `subsystem` says when missing, with `bdev` as its one namespace
+/// (identity `ns_uuid`), listening and admitting exactly the hosts `spec`
+/// gives (with their keys).
+#[derive(Debug, Clone)]
+pub struct Export<'a> {
+    /// The subsystem.
+    pub nqn: &'a Nqn,
+    /// What it serves: a bdev name, or an lvol's alias `lvs/name`.
+    pub bdev: &'a str,
+    /// The namespace's UUID (and NGUID): what a host knows it by.
+    pub ns_uuid: uuid::Uuid,
+    /// The subsystem, when it has to be made.
+    pub subsystem: NewSubsystem,
+    /// Listener, hosts, keys.
+    pub spec: &'a ExportSpec,
+    /// The subsystem listens on the spec's address only: another listener
+    /// (the plain port before TLS was turned on, or the TLS port after it
+    /// was turned off) is removed, so no other path stays. Always so with TLS.
+    pub only_listener: bool,
+}
+
+/// The subsystem of talon volume `plan`'s export to kernel hosts.
+pub(super) fn volume_subsystem(plan: &VolumePlan) -> NewSubsystem {
+    NewSubsystem {
+        model: "talon".into(),
+        serial: Some(naming::serial(&plan.name)),
+        // so that a snapshot can freeze it (VolumeOps::snapshot)
+        ana: true,
+    }
+}
+
+/// Talon volume `plan`'s export of `bdev` (its raid, or its one replica)
+/// to kernel hosts as `spec` says.
+pub(super) fn volume_export<'a>(
+    plan: &VolumePlan,
+    nqn: &'a Nqn,
+    bdev: &'a str,
+    spec: &'a ExportSpec,
+) -> Export<'a> {
+    Export {
+        nqn,
+        bdev,
+        ns_uuid: volume_uuid(&plan.name),
+        subsystem: volume_subsystem(plan),
+        spec,
+        only_listener: false,
+    }
+}
+
 impl VolumeOps {
-    /// Puts `device` as namespace 1 of the existing subsystem `nqn` (replacing
-    /// another bdev there), with its listener and exactly the allowed hosts.
-    #[allow(clippy::too_many_arguments)]
+    /// Exports as `e` says, in one target: the TCP transport, the subsystem
+    /// (when missing), the namespace (replacing another bdev there), the
+    /// listener and exactly the hosts. Idempotent; what it made is undone
+    /// when a step fails. Errors name `vol`.
+    pub async fn export(&self, inv: &Inventory, vol: &str, e: &Export<'_>) -> Result<(), VolumeError> {
+        let mut made = Vec::new();
+        let r = self.export_in(inv, vol, e, &mut made).await;
+        if r.is_err() {
+            self.undo(made).await;
+        }
+        r
+    }
+
+    /// Takes subsystem `nqn` away (its hosts lose their connections);
+    /// nothing to do when it is not there.
+    pub async fn unexport(&self, vol: &str, nqn: &str) -> Result<(), VolumeError> {
+        ignore_missing(
+            self.client
+                .nvmf_delete_subsystem(&crate::spdk::rpc::ByNqn { nqn: nqn.into() }),
+        )
+        .await
+        .map_err(rpc(vol, format!("deleting subsystem {nqn}")))
+    }
+
+    /// Closes export `nqn` for a moment (a switch of what it serves): its
+    /// listeners and namespace go, so hosts' connections drop and their I/O
+    /// waits for the reconnect; the subsystem and its hosts stay for
+    /// [`Self::export`] to open it again.
+    pub async fn close_export(&self, inv: &Inventory, vol: &str, nqn: &str) -> Result<(), VolumeError> {
+        let Some(sub) = inv.subsystem(nqn) else {
+            return Ok(());
+        };
+        for l in &sub.listen_addresses {
+            ignore_missing(self.client.nvmf_subsystem_remove_listener(&SubsystemListener {
+                nqn: nqn.to_owned(),
+                listen_address: l.clone(),
+            }))
+            .await
+            .map_err(rpc(
+                vol,
+                format!(
+                    "closing listener {}:{} of {nqn}",
+                    l.traddr,
+                    l.trsvcid.as_deref().unwrap_or_default()
+                ),
+            ))?;
+        }
+        for n in &sub.namespaces {
+            ignore_missing(self.client.nvmf_subsystem_remove_ns(&RemoveNamespace {
+                nqn: nqn.to_owned(),
+                nsid: n.nsid,
+            }))
+            .await
+            .map_err(rpc(vol, format!("removing the namespace of {nqn}")))?;
+        }
+        Ok(())
+    }
+
+    /// [`Self::export`], what it made pushed on `made` for the caller.
+    pub(super) async fn export_in(
+        &self,
+        inv: &Inventory,
+        vol: &str,
+        e: &Export<'_>,
+        made: &mut Vec<Made>,
+    ) -> Result<(), VolumeError> {
+        if !inv.tcp_transport {
+            self.ensure_transport()
+                .await
+                .map_err(rpc(vol, "creating the TCP transport"))?;
+        }
+        if inv.subsystem(e.nqn.as_str()).is_none() {
+            self.client
+                .nvmf_create_subsystem(&e.subsystem.create(e.nqn))
+                .await
+                .map_err(rpc(vol, format!("creating subsystem {}", e.nqn)))?;
+            made.push(Made::Subsystem(e.nqn.as_str().to_owned()));
+        }
+        self.export_ns(inv, vol, e, made).await
+    }
+
+    /// Puts `e.bdev` as namespace 1 of the existing subsystem `e.nqn`
+    /// (replacing another bdev there), with its listener and exactly the
+    /// allowed hosts.
     pub(super) async fn export_ns(
         &self,
         inv: &Inventory,
         vol: &str,
-        nqn: &Nqn,
-        device: &str,
-        id: uuid::Uuid,
-        export: &ExportSpec,
+        e: &Export<'_>,
         made: &mut Vec<Made>,
     ) -> Result<(), VolumeError> {
+        let (nqn, device, id, export) = (e.nqn, e.bdev, e.ns_uuid, e.spec);
         let sub = inv.subsystem(nqn.as_str());
         let ns = sub.and_then(|s| s.namespaces.iter().find(|n| n.nsid == NSID));
+        // SPDK lists a namespace by its bdev's name: an lvol's is its UUID
+        let device_uuid = inv.lvols.get(device).map(|l| l.uuid.as_str());
+        let serves = |ns: &crate::spdk::rpc::SubsystemNamespace| {
+            ns.bdev_name == device || Some(ns.bdev_name.as_str()) == device_uuid
+        };
         if let Some(ns) = ns
-            && ns.bdev_name != *device
+            && !serves(ns)
         {
             self.client
                 .nvmf_subsystem_remove_ns(&RemoveNamespace {
@@ -75,7 +235,7 @@ impl VolumeOps {
                 .await
                 .map_err(rpc(vol, format!("replacing the namespace of {nqn}")))?;
         }
-        if ns.is_none_or(|ns| ns.bdev_name != *device) {
+        if ns.is_none_or(|ns| !serves(ns)) {
             let mut p = AddNamespace::with_id(nqn.as_str(), device, id);
             p.namespace.nsid = Some(NSID);
             self.client
@@ -94,7 +254,7 @@ impl VolumeOps {
         // listener elsewhere (the plain port before TLS was turned on, or the
         // TLS port after it was turned off) is removed, so no other path stays
         let tls = export.tls_data_dir.is_some();
-        if tls || nqn.as_str().contains(":replica:") {
+        if tls || e.only_listener {
             let stale: Vec<ListenAddress> = sub
                 .map(|s| {
                     s.listen_addresses
@@ -150,11 +310,15 @@ impl VolumeOps {
                     })
                     .await
             };
-            if let Err(source) = added {
-                let target = crate::spdk::launch::socket_peer_pid(self.client.socket()).await;
-                return Err(listener_error(vol, &listen.traddr, export.port, target, source));
+            match added {
+                Ok(_) => made.push(Made::Listener(nqn.as_str().to_owned(), listen)),
+                // listed since the listing this works from
+                Err(source) if source.is(ErrorKind::AlreadyExists) => {}
+                Err(source) => {
+                    let target = crate::spdk::launch::socket_peer_pid(self.client.socket()).await;
+                    return Err(listener_error(vol, &listen.traddr, export.port, target, source));
+                }
             }
-            made.push(Made::Listener(nqn.as_str().to_owned(), listen));
         }
         // exports made before access control allowed any host
         if sub.is_some_and(|s| s.allow_any_host) {
@@ -191,18 +355,31 @@ impl VolumeOps {
                     .map_err(rpc(vol, format!("listing host {h} on {nqn} again with its PSK")))?;
             }
         }
-        for h in export.hosts.iter().filter(|h| !have.contains(h.as_str())) {
-            self.client
-                .nvmf_subsystem_add_host_keys(&SubsystemHostKeys {
-                    nqn: nqn.as_str().to_owned(),
-                    host: h.clone(),
-                    dhchap_key: key_of(h),
-                    dhchap_ctrlr_key: None,
-                    psk: psks.as_ref().and_then(|k| k.get(h.as_str()).cloned()),
-                })
-                .await
-                .map_err(rpc(vol, format!("allowing host {h} on {nqn}")))?;
-        }
+        // each host in its own call, all at once: adding one is synchronous
+        // in spdk_tgt (a list under the subsystem's lock)
+        let (key_of, psks) = (&key_of, &psks);
+        futures::future::try_join_all(export.hosts.iter().filter(|h| !have.contains(h.as_str())).map(
+            |h| async move {
+                let added = self
+                    .client
+                    .nvmf_subsystem_add_host_keys(&SubsystemHostKeys {
+                        nqn: nqn.as_str().to_owned(),
+                        host: h.clone(),
+                        dhchap_key: key_of(h),
+                        dhchap_ctrlr_key: None,
+                        psk: psks.as_ref().and_then(|k| k.get(h.as_str()).cloned()),
+                    })
+                    .await;
+                match added {
+                    // listed since the listing this works from
+                    Err(e) if e.is(ErrorKind::AlreadyExists) && !relist => Ok(()),
+                    r => r
+                        .map(|_| ())
+                        .map_err(rpc(vol, format!("allowing host {h} on {nqn}"))),
+                }
+            },
+        ))
+        .await?;
         // hosts listed before DH-HMAC-CHAP was turned on (or off, or with another key)
         for h in sub
             .map(|s| s.hosts.as_slice())
@@ -242,12 +419,9 @@ impl VolumeOps {
                 dropped.insert(dhchap::keyring_name::<TlsPsk>(&h.nqn));
             }
         }
+        // a host no longer allowed loses access, and SPDK ends its connections
         for h in have.iter().filter(|h| !export.hosts.iter().any(|x| x == *h)) {
-            self.client
-                .nvmf_subsystem_remove_host(&SubsystemHostParams {
-                    nqn: nqn.as_str().to_owned(),
-                    host: (*h).to_owned(),
-                })
+            super::lvol::disallow_host(&self.client, nqn.as_str(), h)
                 .await
                 .map_err(rpc(vol, format!("disallowing host {h} on {nqn}")))?;
         }
@@ -494,26 +668,19 @@ impl VolumeOps {
         export: &ExportSpec,
         made: &mut Vec<Made>,
     ) -> Result<(), VolumeError> {
-        if !inv.tcp_transport {
-            self.ensure_transport()
-                .await
-                .map_err(rpc(vol, "creating the TCP transport"))?;
-        }
-        if inv.subsystem(nqn.as_str()).is_none() {
-            self.client
-                .nvmf_create_subsystem(&CreateSubsystem {
-                    nqn: nqn.as_str().to_owned(),
-                    allow_any_host: Some(false),
-                    serial_number: None,
-                    model_number: Some("talon-replica".into()),
-                    max_namespaces: Some(1),
-                    ana_reporting: None,
-                })
-                .await
-                .map_err(rpc(vol, format!("creating subsystem {nqn}")))?;
-            made.push(Made::Subsystem(nqn.as_str().to_owned()));
-        }
-        self.export_ns(inv, vol, nqn, bdev, id, export, made).await
+        let e = Export {
+            nqn,
+            bdev,
+            ns_uuid: id,
+            subsystem: NewSubsystem {
+                model: "talon-replica".into(),
+                serial: None,
+                ana: false,
+            },
+            spec: export,
+            only_listener: true,
+        };
+        self.export_in(inv, vol, &e, made).await
     }
 
     /// The names of the keys in spdk_tgt's keyring (removed ones left out).

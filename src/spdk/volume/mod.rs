@@ -38,10 +38,10 @@ use super::client::{ClientError, SpdkClient};
 use super::error::ErrorKind;
 use super::placement::Blocked;
 use super::rpc::{
-    ByName, ByNqn, CreateSubsystem, CreateTransport, GetTransports, ListenAddress, Lvol, LvolClone,
-    LvolCreate, LvolResize, LvolSetParent, RaidDelete, RemoveNamespace, SubsystemListener,
+    ByName, ByNqn, CreateTransport, GetTransports, ListenAddress, Lvol, LvolClone, LvolCreate, LvolResize,
+    LvolSetParent, RaidDelete, RemoveNamespace, SubsystemListener,
 };
-use crate::names::{NQN_PREFIX, Nqn, ObjectName, volume_uuid};
+use crate::names::{NQN_PREFIX, Nqn, ObjectName};
 use crate::util::nvme_auth::{self as dhchap, TlsPsk};
 
 // the names and the inventory moved to their own modules; kept here for callers
@@ -56,6 +56,8 @@ mod rebuild;
 pub mod replica_lvols;
 mod snapshot;
 pub mod to_file;
+pub use export::{Export, NewSubsystem};
+use export::{volume_export, volume_subsystem};
 pub use rebuild::{PrepareError, RemoteDest};
 
 pub use super::inventory::{Inventory, Owned, applied_revert, replica_heads};
@@ -335,15 +337,7 @@ impl VolumeOps {
                 return Ok(false);
             }
             self.client
-                .nvmf_create_subsystem(&CreateSubsystem {
-                    nqn: nqn.as_str().to_owned(),
-                    allow_any_host: Some(false),
-                    serial_number: Some(naming::serial(&plan.name)),
-                    model_number: Some("talon".into()),
-                    max_namespaces: Some(1),
-                    // so that a snapshot can freeze it (VolumeOps::snapshot)
-                    ana_reporting: Some(true),
-                })
+                .nvmf_create_subsystem(&volume_subsystem(plan).create(&nqn))
                 .await
                 .map(|_| true)
                 .map_err(rpc(vol, format!("creating subsystem {nqn}")))
@@ -546,19 +540,12 @@ impl VolumeOps {
         }
 
         // export: namespace, listener, hosts (a kernel host: never TLS)
-        self.export_ns(
-            inv,
-            vol,
-            &nqn,
-            &device,
-            volume_uuid(&plan.name),
-            &ExportSpec {
-                tls_data_dir: None,
-                ..plan.export.clone()
-            },
-            made,
-        )
-        .await?;
+        let spec = ExportSpec {
+            tls_data_dir: None,
+            ..plan.export.clone()
+        };
+        self.export_ns(inv, vol, &volume_export(plan, &nqn, &device, &spec), made)
+            .await?;
 
         // the size the host sees: looked up only when it may differ from the replicas'
         let min_replica = replicas

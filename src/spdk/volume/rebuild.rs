@@ -39,14 +39,15 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use super::{
-    ExportSpec, Inventory, Made, ReplicaInfo, VolumeError, VolumeOps, VolumePlan, ignore_missing, naming, rpc,
+    ExportSpec, Inventory, Made, ReplicaInfo, VolumeError, VolumeOps, VolumePlan, ignore_missing, naming,
+    rpc, volume_export,
 };
-use crate::names::{Nqn, volume_uuid};
+use crate::names::Nqn;
 use crate::resources::engine::RebuildDestStatus;
 use crate::spdk::naming::{LvolRole, NSID, REMOTE_PREFIX, parse_lvol};
 use crate::spdk::rpc::{
     ByName, CheckShallowCopy, LvolClone, LvolCreate, LvolResize, LvolSnapshot, RaidBdev, RaidDelete,
-    RemoveNamespace, ShallowCopyStatus, StartShallowCopy, SubsystemListener,
+    RemoveNamespace, ShallowCopyStatus, StartShallowCopy,
 };
 
 const MIB: u64 = 1 << 20;
@@ -734,31 +735,7 @@ impl VolumeOps {
         }
         tracing::info!(volume = vol, replica = %dst.name, "rebuild: switching the raid to the rebuilt replica");
         // hosts off: their connections drop, their I/O waits for the reconnect
-        if let Some(sub) = inv.subsystem(nqn.as_str()) {
-            for l in &sub.listen_addresses {
-                ignore_missing(self.client.nvmf_subsystem_remove_listener(&SubsystemListener {
-                    nqn: nqn.as_str().to_owned(),
-                    listen_address: l.clone(),
-                }))
-                .await
-                .map_err(rpc(
-                    vol,
-                    format!(
-                        "closing listener {}:{} of {nqn}",
-                        l.traddr,
-                        l.trsvcid.as_deref().unwrap_or_default()
-                    ),
-                ))?;
-            }
-            if sub.namespaces.iter().any(|n| n.nsid == NSID) {
-                ignore_missing(self.client.nvmf_subsystem_remove_ns(&RemoveNamespace {
-                    nqn: nqn.as_str().to_owned(),
-                    nsid: NSID,
-                }))
-                .await
-                .map_err(rpc(vol, format!("removing the namespace of {nqn}")))?;
-            }
-        }
+        self.close_export(inv, vol, nqn.as_str()).await?;
         // the raid goes; its superblock is cleared on its members so that
         // they (and the dest, which gets the cleared cluster by the copy
         // below) make a new raid without SPDK finding the old one
@@ -898,17 +875,15 @@ impl VolumeOps {
                 ),
             });
         }
+        let spec = ExportSpec {
+            tls_data_dir: None,
+            ..plan.export.clone()
+        };
         let mut made: Vec<Made> = Vec::new();
         self.export_ns(
             &now,
             vol,
-            &nqn,
-            &raid.name,
-            volume_uuid(&plan.name),
-            &ExportSpec {
-                tls_data_dir: None,
-                ..plan.export.clone()
-            },
+            &volume_export(plan, &nqn, &raid.name, &spec),
             &mut made,
         )
         .await?;
@@ -959,17 +934,16 @@ impl VolumeOps {
             let now = Inventory::load(&self.client)
                 .await
                 .map_err(rpc(vol, "listing the target after restoring the raid"))?;
+            let spec = ExportSpec {
+                tls_data_dir: None,
+                ..plan.export.clone()
+            };
+            let nqn = Nqn::for_volume(&plan.name);
             let mut made: Vec<Made> = Vec::new();
             self.export_ns(
                 &now,
                 vol,
-                &Nqn::for_volume(&plan.name),
-                &raid.name,
-                volume_uuid(&plan.name),
-                &ExportSpec {
-                    tls_data_dir: None,
-                    ..plan.export.clone()
-                },
+                &volume_export(plan, &nqn, &raid.name, &spec),
                 &mut made,
             )
             .await
