@@ -31,10 +31,10 @@ use super::service::Longhorn;
 use crate::proto::spdkrpc;
 use crate::resources::longhorn::{DstStartRequest, LonghornReplica, snapshot_lvol};
 use crate::spdk::naming::longhorn as naming;
-use crate::spdk::rpc::{AttachController, CheckShallowCopy, QosLimit};
-use crate::spdk::volume::Inventory;
+use crate::spdk::rpc::CheckShallowCopy;
 use crate::spdk::volume::naming::lvstore;
 use crate::spdk::volume::replica_lvols::{ReplicaLvols, start_copy};
+use crate::spdk::volume::{Inventory, RemoteAttach};
 use crate::spdk::{ClientError, ErrorKind};
 
 /// How long DstStart waits for the controller to export the new head.
@@ -169,13 +169,8 @@ impl Longhorn {
         let mbps = u64::try_from(req.qos_limit_mbps)
             .map_err(|_| Status::invalid_argument(format!("replica {replica}: negative QoS limit")))?;
         let head = naming::replica_alias(&t.spec.disk, replica.as_str());
-        self.client()
-            .bdev_set_qos_limit(&QosLimit {
-                name: head.clone(),
-                rw_mbytes_per_sec: mbps,
-            })
+        crate::spdk::volume::lvol::set_qos_cap(self.client(), &head, mbps)
             .await
-            .map(|_| ())
             .map_err(|e| internal(&format!("replica {replica}: capping {head} at {mbps} MB/s"), &e))
     }
 
@@ -206,17 +201,19 @@ impl Longhorn {
             .await
             .map_err(|x| internal(&format!("{what}: detaching {ctrl}"), &x))?;
         let nqn = naming::replica_nqn(&dst).map_err(|x| Status::invalid_argument(x.to_string()))?;
+        let a = RemoteAttach {
+            controller: &ctrl,
+            address: sa.ip(),
+            port: sa.port(),
+            nqn: nqn.as_str(),
+            host_nqn: Some(naming::internal_host_nqn()),
+            longhorn_link: true,
+        };
         let bdev = self
-            .client()
-            .bdev_nvme_attach_controller(&AttachController {
-                hostnqn: Some(naming::internal_host_nqn()),
-                ..AttachController::tcp(&ctrl, sa.ip(), sa.port(), nqn.as_str()).with_longhorn_link_timeouts()
-            })
+            .ops()
+            .attach_remote(replica.as_str(), &a)
             .await
-            .map_err(|x| internal(&format!("{what}: attaching {nqn} at {sa}"), &x))?
-            .into_iter()
-            .next()
-            .ok_or_else(|| Status::internal(format!("{what}: {nqn} at {sa} has no namespace")))?;
+            .map_err(|x| Status::internal(format!("{what}: {}", crate::util::error_chain(&x))))?;
         self.src_copies().insert(
             (replica.as_str().to_owned(), dst.as_str().to_owned()),
             super::service::SrcCopy {

@@ -25,6 +25,8 @@ pub const FORWARDED: &str = "talon-forwarded";
 pub struct Longhorn {
     state: State,
     client: SpdkClient,
+    /// The V2 engine's operations over `client` (what this layer asks of SPDK).
+    ops: crate::spdk::volume::VolumeOps,
     pub(super) ports: RangeInclusive<u16>,
     /// One port allocation at a time.
     pub(super) alloc: Arc<tokio::sync::Mutex<()>>,
@@ -61,6 +63,7 @@ impl Longhorn {
     pub fn new(state: State, client: SpdkClient, ports: RangeInclusive<u16>) -> Self {
         Self {
             state,
+            ops: crate::spdk::volume::VolumeOps::new(client.clone()),
             client,
             ports,
             alloc: Arc::default(),
@@ -150,6 +153,10 @@ impl Longhorn {
 
     pub(super) fn client(&self) -> &SpdkClient {
         &self.client
+    }
+
+    pub(super) fn ops(&self) -> &crate::spdk::volume::VolumeOps {
+        &self.ops
     }
 
     pub(super) fn peer_port(&self) -> u16 {

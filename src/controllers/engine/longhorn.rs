@@ -35,11 +35,9 @@ use crate::resources::longhorn::{
 };
 use crate::runtime::{Controller, ControllerError, Input, Output, Phase, ReconcileContext, Requeue, Typed};
 use crate::spdk::naming::longhorn as naming;
-use crate::spdk::rpc::{
-    AttachController, GetRaids, Lvol, LvolCreate, LvolStoreRef, RaidAddBaseBdev, RaidCategory,
-};
+use crate::spdk::rpc::{GetRaids, Lvol, LvolCreate, LvolStoreRef, RaidCategory};
 use crate::spdk::volume::lvol::set_qos_cap;
-use crate::spdk::volume::{Export, ExportSpec, Inventory, NewSubsystem, VolumeOps};
+use crate::spdk::volume::{Export, ExportSpec, Inventory, NewSubsystem, RemoteAttach, VolumeOps};
 use crate::spdk::{ErrorKind, SpdkClient};
 
 use crate::resources::engine::SPDK_STATUS_ID;
@@ -409,28 +407,18 @@ impl LonghornController {
             .parse()
             .map_err(|_| format!("replica {replica}: address {address:?} is not ip:port"))?;
         let nqn = naming::replica_nqn(&name).map_err(|e| e.to_string())?;
-        let bdevs = match self
-            .client
-            .bdev_nvme_attach_controller(&AttachController {
-                hostnqn: Some(naming::internal_host_nqn()),
-                ..AttachController::tcp(replica, sa.ip(), sa.port(), nqn.as_str())
-                    .with_longhorn_link_timeouts()
-            })
-            .await
-        {
-            Ok(b) => b,
-            Err(e) if e.is(ErrorKind::AlreadyExists) => vec![bdev.clone()],
-            Err(e) => {
-                return Err(format!(
-                    "replica {replica}: attaching {nqn} at {sa}: {}",
-                    chain(&e)
-                ));
-            }
+        let a = RemoteAttach {
+            controller: replica,
+            address: sa.ip(),
+            port: sa.port(),
+            nqn: nqn.as_str(),
+            host_nqn: Some(naming::internal_host_nqn()),
+            longhorn_link: true,
         };
-        bdevs
-            .into_iter()
-            .next()
-            .ok_or_else(|| format!("replica {replica}: {nqn} at {sa} has no namespace"))
+        self.ops
+            .attach_remote(replica, &a)
+            .await
+            .map_err(|x| crate::util::error_chain(&x))
     }
 
     /// An engine: its members, raid1 (two or more) and export.
@@ -836,23 +824,15 @@ impl LonghornController {
                     )
                 })?;
         }
-        self.client
-            .bdev_raid_add_base_bdev(&RaidAddBaseBdev {
-                raid_bdev: raid.to_owned(),
-                base_bdev: member.clone(),
-            })
+        // capped once the raid has it open
+        let mbps = u64::try_from(qos_mbps).unwrap_or(0);
+        let capped = self
+            .ops
+            .add_member(raid, &member, Some(mbps))
             .await
             .map_err(|x| format!("replica {replica}: adding {member} to raid {raid}: {}", chain(&x)))?;
-        // capped once the raid has it open: on v26.05 a QoS limit set on a
-        // bdev nobody has open can never be changed or lifted again (EAGAIN)
-        if qos_mbps > 0 {
-            let mbps = u64::try_from(qos_mbps).unwrap_or(0);
-            match set_qos_cap(&self.client, &member, mbps).await {
-                Ok(()) => self.caps.set(raid, &member, mbps),
-                Err(x) => {
-                    tracing::warn!(raid, replica, member, error = %chain(&x), "the rebuild runs uncapped")
-                }
-            }
+        if capped {
+            self.caps.set(raid, &member, mbps);
         }
         tracing::info!(raid, replica, member, qos_mbps, "rebuild started");
         Ok(())

@@ -458,11 +458,7 @@ impl LonghornController {
             // exported for a copy from another node: open by the export
             End::Here { replica, lvs, .. } if self.thin.lock().exported.contains(&k) => {
                 let head = format!("{lvs}/{replica}");
-                self.client
-                    .bdev_set_qos_limit(&crate::spdk::rpc::QosLimit {
-                        name: head.clone(),
-                        rw_mbytes_per_sec: mbps,
-                    })
+                crate::spdk::volume::lvol::set_qos_cap(&self.client, &head, mbps)
                     .await
                     .map_err(|x| format!("replica {replica}: capping its head {head}: {}", chain(&x)))?;
                 self.thin.lock().caps.insert(k, mbps);

@@ -96,6 +96,24 @@ pub struct Export<'a> {
     pub only_listener: bool,
 }
 
+/// A remote replica to attach: NVMe/TCP controller `controller` to
+/// subsystem `nqn` at `address:port`.
+#[derive(Debug, Clone)]
+pub struct RemoteAttach<'a> {
+    /// The controller's name (its bdev is `<controller>n1`).
+    pub controller: &'a str,
+    /// The replica's node.
+    pub address: IpAddr,
+    /// Its port.
+    pub port: u16,
+    /// The replica's subsystem.
+    pub nqn: &'a str,
+    /// The host NQN this node connects as (`None`: SPDK's own).
+    pub host_nqn: Option<String>,
+    /// With the link timeouts Longhorn's engines use.
+    pub longhorn_link: bool,
+}
+
 /// The subsystem of talon volume `plan`'s export to kernel hosts.
 pub(super) fn volume_subsystem(plan: &VolumePlan) -> NewSubsystem {
     NewSubsystem {
@@ -785,19 +803,49 @@ impl VolumeOps {
                 psk = Some(self.register_key::<TlsPsk>(vol, d, me, &registered).await?);
             }
         }
-        let bdevs = match self
-            .client
-            .bdev_nvme_attach_controller(&AttachController {
-                hostnqn: self.host_nqn.clone(),
-                dhchap_key,
-                psk,
-                ..AttachController::tcp(controller, address, port, nqn)
-            })
-            .await
-        {
+        let a = RemoteAttach {
+            controller,
+            address,
+            port,
+            nqn,
+            host_nqn: self.host_nqn.clone(),
+            longhorn_link: false,
+        };
+        self.attach_keyed(vol, &a, dhchap_key, psk).await
+    }
+
+    /// Attaches the remote replica `a` says (no keys): its bdev
+    /// (`<controller>n1`); one attached already is that bdev. A controller
+    /// with no namespace is detached again.
+    pub async fn attach_remote(&self, vol: &str, a: &RemoteAttach<'_>) -> Result<String, VolumeError> {
+        self.attach_keyed(vol, a, None, None).await
+    }
+
+    async fn attach_keyed(
+        &self,
+        vol: &str,
+        a: &RemoteAttach<'_>,
+        dhchap_key: Option<String>,
+        psk: Option<String>,
+    ) -> Result<String, VolumeError> {
+        let (controller, nqn) = (a.controller, a.nqn);
+        let mut p = AttachController {
+            hostnqn: a.host_nqn.clone(),
+            dhchap_key,
+            psk,
+            ..AttachController::tcp(controller, a.address, a.port, nqn)
+        };
+        if a.longhorn_link {
+            p = p.with_longhorn_link_timeouts();
+        }
+        let bdevs = match self.client.bdev_nvme_attach_controller(&p).await {
             Ok(b) => b,
             Err(e) if e.is(ErrorKind::AlreadyExists) => vec![format!("{controller}n1")],
-            Err(e) => return Err(rpc(vol, format!("attaching {nqn} at {address}:{port}"))(e)),
+            Err(e) => {
+                return Err(rpc(vol, format!("attaching {nqn} at {}:{}", a.address, a.port))(
+                    e,
+                ));
+            }
         };
         match bdevs.into_iter().next() {
             Some(b) => Ok(b),

@@ -56,7 +56,7 @@ mod rebuild;
 pub mod replica_lvols;
 mod snapshot;
 pub mod to_file;
-pub use export::{Export, NewSubsystem};
+pub use export::{Export, NewSubsystem, RemoteAttach};
 use export::{volume_export, volume_subsystem};
 pub use rebuild::{PrepareError, RemoteDest};
 

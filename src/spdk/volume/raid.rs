@@ -219,30 +219,12 @@ impl VolumeOps {
             && !self.rebuilds.running(vol)
             && let Some(r) = behind.next()
         {
-            match self
-                .client
-                .bdev_raid_add_base_bdev(&RaidAddBaseBdev {
-                    raid_bdev: raid.clone(),
-                    base_bdev: r.bdev.clone(),
-                })
-                .await
-            {
+            // SPDK's rebuild writes to it (and so do the volume's writes to
+            // the part already rebuilt): capped until it is back
+            match self.add_member(&raid, &r.bdev, plan.rebuild_mib_per_sec).await {
                 Ok(_) => {
                     tracing::info!(volume = vol, replica = %r.name, "rebuilding replica from the up-to-date ones");
                     sync.rebuilding = Some((r.k, 0));
-                    // SPDK's rebuild writes to it (and so do the volume's
-                    // writes to the part already rebuilt): capped until it is back
-                    if let Some(mib) = plan.rebuild_mib_per_sec
-                        && let Err(e) = self
-                            .client
-                            .bdev_set_qos_limit(&QosLimit {
-                                name: r.bdev.clone(),
-                                rw_mbytes_per_sec: mib,
-                            })
-                            .await
-                    {
-                        tracing::warn!(volume = vol, replica = %r.name, error = %e, "rebuild runs uncapped");
-                    }
                 }
                 // another process runs (SPDK allows one): the next reconcile adds it
                 Err(e) if e.is(ErrorKind::Busy) => sync.stale.push(r.k),
@@ -402,6 +384,30 @@ impl VolumeOps {
                 .map_err(rpc(vol, format!("deleting placeholder {n}")))?;
         }
         Ok(())
+    }
+
+    /// Adds `member` to raid1 `raid`: SPDK's rebuild writes it from the
+    /// other members. With `cap` (MB/s), its reads and writes are capped
+    /// once the raid has it open (on v26.05 a limit set on a bdev nobody has
+    /// open cannot be changed or lifted again). Returns whether the cap is
+    /// on: one SPDK refuses is logged, and the rebuild runs uncapped.
+    pub async fn add_member(&self, raid: &str, member: &str, cap: Option<u64>) -> Result<bool, ClientError> {
+        self.client
+            .bdev_raid_add_base_bdev(&RaidAddBaseBdev {
+                raid_bdev: raid.to_owned(),
+                base_bdev: member.to_owned(),
+            })
+            .await?;
+        let Some(mbps) = cap.filter(|m| *m > 0) else {
+            return Ok(false);
+        };
+        match super::lvol::set_qos_cap(&self.client, member, mbps).await {
+            Ok(()) => Ok(true),
+            Err(e) => {
+                tracing::warn!(raid, member, error = %crate::util::error_chain(&e), "the rebuild runs uncapped");
+                Ok(false)
+            }
+        }
     }
 
     /// The members raid `naming::raid(vol)` serves from now: configured
