@@ -146,13 +146,7 @@ impl LonghornController {
                 hosts.push(h.clone());
             }
         }
-        ExportSpec {
-            address,
-            port,
-            hosts,
-            dhchap_data_dir: None,
-            tls_data_dir: None,
-        }
+        ExportSpec::plain(address, port, hosts)
     }
 }
 

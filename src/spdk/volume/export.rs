@@ -628,19 +628,8 @@ impl VolumeOps {
         port: u16,
         hosts: Vec<String>,
     ) -> Result<String, VolumeError> {
-        self.export_replica_as(
-            vol,
-            replica,
-            bdev,
-            ExportSpec {
-                address,
-                port,
-                hosts,
-                dhchap_data_dir: None,
-                tls_data_dir: None,
-            },
-        )
-        .await
+        self.export_replica_as(vol, replica, bdev, ExportSpec::plain(address, port, hosts))
+            .await
     }
 
     /// [`VolumeOps::export_replica`] with the whole export spec (hosts with

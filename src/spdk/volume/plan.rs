@@ -38,6 +38,19 @@ pub struct ExportSpec {
     pub tls_data_dir: Option<std::path::PathBuf>,
 }
 
+impl ExportSpec {
+    /// An export on `address:port` to `hosts`, with no keys.
+    pub fn plain(address: IpAddr, port: u16, hosts: Vec<String>) -> Self {
+        Self {
+            address,
+            port,
+            hosts,
+            dhchap_data_dir: None,
+            tls_data_dir: None,
+        }
+    }
+}
+
 /// What a volume should be.
 #[derive(Debug, Clone)]
 pub struct VolumePlan {

@@ -769,7 +769,6 @@ impl VolumeOps {
         members: &[Option<String>],
     ) -> Result<(), VolumeError> {
         let vol = plan.name.as_str();
-        let nqn = Nqn::for_volume(&plan.name);
         // the source head's last clusters
         let (snap, s) = self.take_rebuild_snapshot(inv, vol, src).await?;
         let op = self.copy_into(vol, &s, &snap, dst).await?;
@@ -875,20 +874,27 @@ impl VolumeOps {
                 ),
             });
         }
+        self.export_raid(&now, plan, &raid.name).await?;
+        tracing::info!(volume = vol, replica = %dst.name, "rebuild: replica joined the raid, up to date");
+        Ok(())
+    }
+
+    /// Exports volume `plan`'s raid `raid` again after a switch (to kernel
+    /// hosts: never TLS), in its subsystem as it was.
+    async fn export_raid(&self, now: &Inventory, plan: &VolumePlan, raid: &str) -> Result<(), VolumeError> {
         let spec = ExportSpec {
             tls_data_dir: None,
             ..plan.export.clone()
         };
+        let nqn = Nqn::for_volume(&plan.name);
         let mut made: Vec<Made> = Vec::new();
         self.export_ns(
-            &now,
-            vol,
-            &volume_export(plan, &nqn, &raid.name, &spec),
+            now,
+            plan.name.as_str(),
+            &volume_export(plan, &nqn, raid, &spec),
             &mut made,
         )
-        .await?;
-        tracing::info!(volume = vol, replica = %dst.name, "rebuild: replica joined the raid, up to date");
-        Ok(())
+        .await
     }
 
     /// After a switch that failed past the raid's deletion: the raid made
@@ -934,19 +940,7 @@ impl VolumeOps {
             let now = Inventory::load(&self.client)
                 .await
                 .map_err(rpc(vol, "listing the target after restoring the raid"))?;
-            let spec = ExportSpec {
-                tls_data_dir: None,
-                ..plan.export.clone()
-            };
-            let nqn = Nqn::for_volume(&plan.name);
-            let mut made: Vec<Made> = Vec::new();
-            self.export_ns(
-                &now,
-                vol,
-                &volume_export(plan, &nqn, &raid.name, &spec),
-                &mut made,
-            )
-            .await
+            self.export_raid(&now, plan, &raid.name).await
         };
         match restored.await {
             Ok(()) => tracing::info!(
