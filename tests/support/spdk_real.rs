@@ -49,8 +49,10 @@ impl Reaper {
     }
 }
 
-/// Lines of a target's log a failed test prints.
-const LOG_TAIL: usize = 60;
+/// Lines of a target's log a failed test prints, each as a `why: ` line
+/// (tests/summary.py repeats those in the test summary, which is what a
+/// cut CI log still shows).
+const LOG_TAIL: usize = 30;
 
 impl Drop for Reaper {
     fn drop(&mut self) {
@@ -64,7 +66,7 @@ impl Drop for Reaper {
                 self.pid
             );
             for l in &lines[lines.len().saturating_sub(LOG_TAIL)..] {
-                eprintln!("{l}");
+                eprintln!("why: spdk_tgt: {l}");
             }
         }
         if let Some(pid) = self.pid {

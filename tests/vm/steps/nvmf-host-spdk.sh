@@ -5,7 +5,7 @@
 # 20 s) on the 2-replica volume vm-snap while the host snapshots it every second: fio must see no
 # I/O error (the kernel's NVMe multipath queues I/O while a snapshot freezes the export). Skipped by
 # the harness without SPDK.
-# vm-timeout: 240
+# vm-timeout: 360
 set -u
 VOL=hostspdk
 export TALON_DATA_DIR=/tmp/talon-data
@@ -47,8 +47,14 @@ talon detach nvme-tcp --volume $SNAP || fail=1
 
 # thin rebuilds (with their switch: the export closes for a moment, the kernel reconnects) under fio
 RB=rbvol
-talon attach nvme-tcp --volume $RB --traddr "$TALON_HOST_ADDR" --trsvcid "$TALON_HOST_SPDK_NVMF_PORT" \
-	--nqn "$TALON_HOST_SPDK_RB_NQN" || exit 1
+# the host's hook starts a rebuild every 15 s: a switch that closes the export while the kernel
+# connects fails that connect (after the kernel's admin timeout, up to 60 s: "Property Get
+# error"), and the next connect, after the switch, succeeds
+attach_rb() {
+	talon attach nvme-tcp --volume $RB --traddr "$TALON_HOST_ADDR" --trsvcid "$TALON_HOST_SPDK_NVMF_PORT" \
+		--nqn "$TALON_HOST_SPDK_RB_NQN" --connect-timeout 90
+}
+attach_rb || { echo "attach of $RB failed (a rebuild's switch?): once more"; sleep 3; attach_rb; } || exit 1
 START=$(date +%s)
 fio --name=rb --filename=/dev/talon/$RB --rw=randwrite --bs=4k --iodepth=16 --ioengine=libaio \
 	--direct=1 --time_based --runtime=40 >/tmp/rbfio.out 2>/tmp/rbfio.err
