@@ -103,13 +103,7 @@ fn spdk_write_methods(src: &Path) -> BTreeSet<String> {
 #[test]
 fn spdk_writes_outside_spdk_only_ever_go_down() {
     // file (under src/) -> call sites of SPDK write methods, as of this test
-    let allowed: BTreeMap<&str, usize> = [
-        ("controllers/engine/longhorn.rs", 2),
-        ("controllers/engine/longhorn_thin.rs", 1),
-        ("longhorn/proxy.rs", 2),
-    ]
-    .into_iter()
-    .collect();
+    let allowed: BTreeMap<&str, usize> = [("longhorn/proxy.rs", 2)].into_iter().collect();
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
     let methods = spdk_write_methods(&src);
     assert!(

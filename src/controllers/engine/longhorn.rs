@@ -35,7 +35,7 @@ use crate::resources::longhorn::{
 };
 use crate::runtime::{Controller, ControllerError, Input, Output, Phase, ReconcileContext, Requeue, Typed};
 use crate::spdk::naming::longhorn as naming;
-use crate::spdk::rpc::{GetRaids, Lvol, LvolCreate, LvolStoreRef, RaidCategory};
+use crate::spdk::rpc::{GetRaids, Lvol, LvolStoreRef, RaidCategory};
 use crate::spdk::volume::lvol::set_qos_cap;
 use crate::spdk::volume::{Export, ExportSpec, Inventory, NewSubsystem, RemoteAttach, VolumeOps};
 use crate::spdk::{ErrorKind, SpdkClient};
@@ -257,15 +257,14 @@ impl LonghornController {
             None => {
                 // bdev_lvol_create answers the new lvol's UUID: the rest is known (thin,
                 // nothing allocated), so no listing of every lvol follows
-                let uuid = self
-                    .client
-                    .bdev_lvol_create(&LvolCreate::thin(
-                        &disk.spec.lvstore,
-                        name.as_str(),
-                        spec.size_bytes.div_ceil(MIB),
-                    ))
-                    .await
-                    .map_err(|e| format!("creating lvol {alias}: {}", chain(&e)))?;
+                let uuid = crate::spdk::volume::lvol::create_thin(
+                    &self.client,
+                    &disk.spec.lvstore,
+                    name.as_str(),
+                    spec.size_bytes.div_ceil(MIB),
+                )
+                .await
+                .map_err(|e| format!("creating lvol {alias}: {}", chain(&e)))?;
                 let lvol = Lvol {
                     alias: alias.clone(),
                     uuid,

@@ -19,7 +19,7 @@ use crate::resources::longhorn::snapshot_lvol;
 use crate::resources::longhorn::{LonghornEngine, LonghornReplica};
 use crate::runtime::Typed;
 use crate::spdk::naming::longhorn::{self as naming, REBUILD_SNAP_PREFIX, is_rebuild_snap};
-use crate::spdk::rpc::{CheckShallowCopy, LvolSnapshot};
+use crate::spdk::rpc::CheckShallowCopy;
 use crate::spdk::volume::Inventory;
 use crate::spdk::volume::naming::lvstore;
 use crate::spdk::volume::replica_lvols::{ReplicaLvols, reset_head, start_copy};
@@ -236,17 +236,9 @@ impl LonghornController {
         match end {
             End::Here { replica, lvs, .. } => {
                 let name = snapshot_lvol(replica, snap);
-                match self
-                    .client
-                    .bdev_lvol_snapshot(&LvolSnapshot {
-                        lvol_name: format!("{lvs}/{replica}"),
-                        snapshot_name: name.clone(),
-                    })
+                crate::spdk::volume::lvol::snapshot(&self.client, &format!("{lvs}/{replica}"), &name)
                     .await
-                {
-                    Ok(_) => Ok(()),
-                    Err(e) => Err(format!("snapshotting {lvs}/{replica} as {name}: {}", chain(&e))),
-                }
+                    .map_err(|e| format!("snapshotting {lvs}/{replica} as {name}: {}", chain(&e)))
             }
             End::Peer { replica, address } => {
                 let req = spdkrpc::SnapshotRequest {

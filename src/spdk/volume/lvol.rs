@@ -69,6 +69,29 @@ pub async fn revert_head(
         .map(|_| ())
 }
 
+/// Makes thin lvol `name` of `mib` MiB in lvstore `lvs`; answers its UUID.
+pub async fn create_thin(
+    client: &SpdkClient,
+    lvs: &str,
+    name: &str,
+    mib: u64,
+) -> Result<String, ClientError> {
+    client
+        .bdev_lvol_create(&crate::spdk::rpc::LvolCreate::thin(lvs, name, mib))
+        .await
+}
+
+/// Snapshots lvol `lvol` (an alias `lvs/name`) as `snapshot` in its lvstore.
+pub async fn snapshot(client: &SpdkClient, lvol: &str, snapshot: &str) -> Result<(), ClientError> {
+    client
+        .bdev_lvol_snapshot(&crate::spdk::rpc::LvolSnapshot {
+            lvol_name: lvol.to_owned(),
+            snapshot_name: snapshot.to_owned(),
+        })
+        .await
+        .map(|_| ())
+}
+
 /// Caps (with 0 lifts) the reads and writes of bdev `bdev` at `mbps` MB/s
 /// (SPDK's `bdev_set_qos_limit` `rw_mbytes_per_sec`). On v26.05 a limit set
 /// on a bdev nobody has open cannot be changed or lifted again (EAGAIN):

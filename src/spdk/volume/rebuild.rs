@@ -675,11 +675,7 @@ impl VolumeOps {
     ) -> Result<(String, String), VolumeError> {
         let snap = self.next_rebuild_snap(inv, vol);
         let name = naming::snapshot_lvol(vol, src.k, &snap);
-        self.client
-            .bdev_lvol_snapshot(&LvolSnapshot {
-                lvol_name: src.alias.clone(),
-                snapshot_name: name.clone(),
-            })
+        super::lvol::snapshot(&self.client, &src.alias, &name)
             .await
             .map_err(rpc(
                 vol,
