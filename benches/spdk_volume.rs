@@ -468,6 +468,24 @@ async fn rebuild_io(spdk: &Path, c: &SpdkClient, port: u16, rounds: usize) {
 }
 
 async fn control_plane(ops: &VolumeOps, port: u16) {
+    // a second disk: each replica of a volume needs its own
+    let c = ops.client();
+    c.bdev_malloc_create(&MallocCreate {
+        name: Some("talon-disk-cpbench".into()),
+        num_blocks: 1024 * MIB / 4096,
+        block_size: 4096,
+        uuid: None,
+    })
+    .await
+    .expect("malloc");
+    c.bdev_lvol_create_lvstore(&LvstoreCreate {
+        bdev_name: "talon-disk-cpbench".into(),
+        lvs_name: "talon-cpbench".into(),
+        cluster_sz: Some(MIB as u32),
+        clear_method: None,
+    })
+    .await
+    .expect("lvstore");
     println!("\ncontrol plane: volume create -> exported (VolumeOps::ensure), 100 volumes each");
     println!(
         "{:<34} {:>9} {:>9} {:>11}",
