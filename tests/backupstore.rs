@@ -156,6 +156,26 @@ async fn backups_round_trip_through_s3_and_an_incremental_uploads_only_changed_b
         sha(&expect, ROOM, size),
         "restore of backup-two"
     );
+    // an incremental restore (a DR volume's): backup-one's restore brought to backup-two
+    // fetches only the two blocks it lacks; brought back to backup-one, block 4's old
+    // version is fetched and block 15 (30 MiB, not in backup-one) becomes a hole
+    let dr = dir.path().join("dr.img");
+    std::fs::copy(&restored, &dr).expect("copy");
+    let d = ops::restore_delta_to_file(&store, "pvc-data", "backup-one", "backup-two", &dr, ROOM, &p)
+        .await
+        .expect("restore_delta_to_file");
+    assert_eq!((d.blocks, d.blocks_downloaded), (6, 2), "{d:?}");
+    assert_eq!(sha(&dr, ROOM, size), sha(&expect, ROOM, size), "backup-one + delta");
+    let d = ops::restore_delta_to_file(&store, "pvc-data", "backup-two", "backup-one", &dr, ROOM, &p)
+        .await
+        .expect("restore_delta_to_file back");
+    assert_eq!((d.blocks, d.blocks_downloaded), (5, 1), "{d:?}");
+    assert_eq!(sha(&dr, ROOM, size), sha(&full.file, ROOM, size), "back to backup-one");
+    // a base that is no backup of the volume: refused, nothing fetched
+    let e = ops::restore_delta_to_file(&store, "pvc-data", "nosuch", "backup-two", &dr, ROOM, &p)
+        .await
+        .expect_err("an unknown base");
+    assert!(e.to_string().contains("nosuch"), "{e}");
 
     let vol = ops::volume(&store, "pvc-data")
         .await

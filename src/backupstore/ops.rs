@@ -368,6 +368,9 @@ fn fill_holes(image: &SparseImage, offset: u64, data: &mut [u8], old: &[u8]) -> 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct RestoreStats {
     pub blocks: u64,
+    /// Blocks fetched from the store (all of them in a full restore; in an
+    /// incremental one, those not already held at their offset).
+    pub blocks_downloaded: u64,
     /// Bytes written (all-zero blocks are left as holes).
     pub bytes_written: u64,
     /// The volume's size.
@@ -386,29 +389,32 @@ pub async fn restore_to_file(
     data_offset: u64,
     progress: &Progress,
 ) -> Result<RestoreStats, BackupError> {
-    let work = restore_locked(store, volume_name, name, file, data_offset, progress);
+    let work = restore_locked(store, volume_name, name, None, file, data_offset, progress);
     Lock::holding(store, volume_name, LockKind::Use, work).await
 }
 
-async fn restore_locked(
+/// Brings `file`, which reads as backup `base` of `volume` restored (at
+/// `data_offset`), to backup `name` of the same volume: only the blocks
+/// `base` does not hold at their offset are fetched and written, and the
+/// blocks `base` maps that `name` does not are made holes (Longhorn's
+/// incremental restore, as a DR volume follows its source's backups).
+/// Both backups must be complete. A failure leaves `file` part way between
+/// the two: the caller does not use it.
+pub async fn restore_delta_to_file(
     store: &Store,
     volume_name: &str,
+    base: &str,
     name: &str,
     file: &Path,
     data_offset: u64,
     progress: &Progress,
 ) -> Result<RestoreStats, BackupError> {
-    let vol = volume(store, volume_name)
-        .await?
-        .ok_or_else(|| BackupError::NotFound(format!("backup volume {volume_name}")))?;
-    let b = backup(store, volume_name, name).await?;
-    if !b.complete() {
-        return Err(BackupError::Invalid(format!(
-            "backup {name} of volume {volume_name} is still in progress"
-        )));
-    }
-    let bs = b.block_size()?;
-    let method = b.compression()?;
+    let work = restore_locked(store, volume_name, name, Some(base), file, data_offset, progress);
+    Lock::holding(store, volume_name, LockKind::Use, work).await
+}
+
+/// A restore's blocks checked against the volume: whole blocks inside it.
+fn check_blocks(vol: &VolumeCfg, b: &BackupCfg, volume_name: &str, bs: u64) -> Result<(), BackupError> {
     if vol.size == 0 || !vol.size.is_multiple_of(bs) {
         return Err(BackupError::Format {
             object: format::volume_cfg_path(volume_name),
@@ -421,20 +427,105 @@ async fn restore_locked(
         .find(|r| r.offset % bs != 0 || r.offset >= vol.size)
     {
         return Err(BackupError::Format {
-            object: format::backup_cfg_path(volume_name, name),
+            object: format::backup_cfg_path(volume_name, &b.name),
             reason: format!(
                 "block offset {} is not a block of the {}-byte volume",
                 r.offset, vol.size
             ),
         });
     }
-    let f = std::fs::File::create(file).map_err(BackupError::io(file.display()))?;
-    f.set_len(data_offset + vol.size)
-        .map_err(BackupError::io(file.display()))?;
+    Ok(())
+}
+
+/// A complete backup's config.
+async fn complete(store: &Store, volume_name: &str, name: &str) -> Result<BackupCfg, BackupError> {
+    let b = backup(store, volume_name, name).await?;
+    if !b.complete() {
+        return Err(BackupError::Invalid(format!(
+            "backup {name} of volume {volume_name} is still in progress"
+        )));
+    }
+    Ok(b)
+}
+
+/// Makes `len` bytes of `f` at `at` a hole (they read zeros).
+fn punch(f: &std::fs::File, at: u64, len: u64) -> std::io::Result<()> {
+    use nix::fcntl::{FallocateFlags, fallocate};
+    let off = |x: u64| i64::try_from(x).map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput));
+    fallocate(
+        f,
+        FallocateFlags::FALLOC_FL_PUNCH_HOLE | FallocateFlags::FALLOC_FL_KEEP_SIZE,
+        off(at)?,
+        off(len)?,
+    )
+    .map_err(std::io::Error::from)
+}
+
+async fn restore_locked(
+    store: &Store,
+    volume_name: &str,
+    name: &str,
+    base: Option<&str>,
+    file: &Path,
+    data_offset: u64,
+    progress: &Progress,
+) -> Result<RestoreStats, BackupError> {
+    let vol = volume(store, volume_name)
+        .await?
+        .ok_or_else(|| BackupError::NotFound(format!("backup volume {volume_name}")))?;
+    let b = complete(store, volume_name, name).await?;
+    let bs = b.block_size()?;
+    let method = b.compression()?;
+    check_blocks(&vol, &b, volume_name, bs)?;
+    // what the file holds already (incremental): the base's blocks by offset
+    let (f, held) = match base {
+        None => {
+            let f = std::fs::File::create(file).map_err(BackupError::io(file.display()))?;
+            f.set_len(data_offset + vol.size)
+                .map_err(BackupError::io(file.display()))?;
+            (f, BTreeMap::new())
+        }
+        Some(base) => {
+            let old = complete(store, volume_name, base).await?;
+            if old.block_size()? != bs {
+                return Err(BackupError::Invalid(format!(
+                    "backups {base} and {name} of volume {volume_name} have different block sizes: \
+                     an incremental restore needs one"
+                )));
+            }
+            check_blocks(&vol, &old, volume_name, bs)?;
+            let f = std::fs::OpenOptions::new()
+                .write(true)
+                .open(file)
+                .map_err(BackupError::io(file.display()))?;
+            let len = f.metadata().map_err(BackupError::io(file.display()))?.len();
+            if len < data_offset + vol.size {
+                return Err(BackupError::Invalid(format!(
+                    "{}: {len} bytes, less than the volume's {} at offset {data_offset}",
+                    file.display(),
+                    vol.size
+                )));
+            }
+            let held: BTreeMap<u64, String> = old.blocks.into_iter().map(|r| (r.offset, r.checksum)).collect();
+            (f, held)
+        }
+    };
+    let wanted: BTreeSet<u64> = b.blocks.iter().map(|r| r.offset).collect();
+    // blocks the base maps and this backup does not read zeros
+    for at in held.keys().filter(|at| !wanted.contains(at)) {
+        punch(&f, data_offset + at, bs).map_err(BackupError::io(file.display()))?;
+    }
+    let fetch: Vec<BlockRef> = b
+        .blocks
+        .iter()
+        .filter(|r| held.get(&r.offset) != Some(&r.checksum))
+        .cloned()
+        .collect();
     let f = Arc::new(f);
-    let total = b.blocks.len() as u64;
+    let total = fetch.len() as u64;
     let done = AtomicU32::new(0);
-    let written: Vec<u64> = futures::stream::iter(b.blocks.iter().cloned())
+    let incremental = base.is_some();
+    let written: Vec<u64> = futures::stream::iter(fetch)
         .map(|r| {
             let (store, f) = (store.clone(), f.clone());
             let path = format::block_path(volume_name, &r.checksum);
@@ -448,6 +539,10 @@ async fn restore_locked(
                     use std::os::unix::fs::FileExt;
                     let data = format::open_block(&raw, method, &r.checksum, bs)?;
                     if data.iter().all(|&x| x == 0) {
+                        // a new file reads zeros there; an old one may not
+                        if incremental {
+                            punch(&f, data_offset + r.offset, bs).map_err(BackupError::io(shown))?;
+                        }
                         return Ok(0);
                     }
                     f.write_all_at(&data, data_offset + r.offset)
@@ -468,7 +563,8 @@ async fn restore_locked(
     f.sync_all().map_err(BackupError::io(file.display()))?;
     progress.set(1, 1);
     Ok(RestoreStats {
-        blocks: total,
+        blocks: b.blocks.len() as u64,
+        blocks_downloaded: total,
         bytes_written: written.iter().sum(),
         size: vol.size,
     })

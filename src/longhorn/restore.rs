@@ -15,8 +15,9 @@
 //!       Pending|InProgress -> isRestoring · Completed -> lastRestored · Error -> error
 //! ```
 //!
-//! A replica restores one backup, into its new lvol: a second backup (a DR
-//! volume's incremental restore) is refused, naming what is missing.
+//! A replica restores its first backup into its new lvol; a later backup of
+//! the same backup volume (a DR volume following its source) goes on from
+//! the one it holds, fetching only the blocks that changed.
 
 use std::collections::BTreeMap;
 
@@ -61,7 +62,9 @@ fn task_error(errors: &[(String, String)]) -> Vec<u8> {
 impl Longhorn {
     /// A restore of `req.backup_url` into local replica `req.replica_name`:
     /// a `LonghornRestore`. Asked again for the same backup, the same
-    /// restore; another backup is refused (a replica restores one).
+    /// restore; for another backup of the same backup volume and target once
+    /// the last is restored, an incremental restore from it (a DR volume);
+    /// refused while one runs, after one failed, or from another volume.
     pub(super) fn replica_backup_restore(
         &self,
         req: spdkrpc::ReplicaBackupRestoreRequest,
@@ -83,41 +86,60 @@ impl Longhorn {
             .backup_dir()
             .map(|d| d.join("restore-credentials"))
             .ok_or_else(|| Status::failed_precondition("restores need talon's data dir (none was given)"))?;
-        let spec = LonghornRestore {
+        let mut spec = LonghornRestore {
             target,
             backup_volume,
             backup: backup.clone(),
             credential_secret: Some(dir.join(&req.replica_name).display().to_string()),
+            base: None,
         };
         let id = req.replica_name.as_str();
-        if let Some(have) = self
+        let have = self
             .state()
             .get_typed::<LonghornRestore>(id)
-            .map_err(|e| internal(&what, e))?
-        {
-            if have.spec == spec {
+            .map_err(|e| internal(&what, e))?;
+        if let Some(have) = &have {
+            let h = &have.spec;
+            if (&h.target, &h.backup_volume, &h.backup) == (&spec.target, &spec.backup_volume, &spec.backup) {
                 return Ok(());
             }
             let st = self.restore_status_of(id);
-            return Err(match st.state {
-                BackupState::Completed => Status::failed_precondition(format!(
-                    "{what}: the replica holds backup {} restored; a second restore into it (an incremental \
-                     restore, as of a DR volume) is not served by talon",
-                    have.spec.backup
-                )),
-                BackupState::Error => Status::failed_precondition(format!(
-                    "{what}: its restore of backup {} failed ({}); the replica must be made again",
-                    have.spec.backup, st.message
-                )),
-                _ => Status::failed_precondition(format!(
-                    "{what}: restoring backup {} is already in progress",
-                    have.spec.backup
-                )),
-            });
+            // a status of the backup asked before this one is of no restore yet
+            let current = st.backup.is_empty() || st.backup == h.backup;
+            match st.state {
+                BackupState::Completed if current && (&h.target, &h.backup_volume) == (&spec.target, &spec.backup_volume) => {
+                    spec.base = Some(h.backup.clone());
+                }
+                BackupState::Completed if current => {
+                    return Err(Status::failed_precondition(format!(
+                        "{what}: the replica holds backup {} of backup volume {} in {}; an incremental \
+                         restore goes on from a backup of the same volume and target only",
+                        h.backup, h.backup_volume, h.target
+                    )));
+                }
+                BackupState::Error if current => {
+                    return Err(Status::failed_precondition(format!(
+                        "{what}: its restore of backup {} failed ({}); the replica must be made again",
+                        h.backup, st.message
+                    )));
+                }
+                _ => {
+                    return Err(Status::failed_precondition(format!(
+                        "{what}: restoring backup {} is already in progress",
+                        h.backup
+                    )));
+                }
+            }
         }
         super::backup::write_credentials(&dir, id, &creds)
             .map_err(|e| internal(&format!("{what}: writing its credentials"), e))?;
-        if let Err(e) = self.state().create_typed(id, "", &spec) {
+        let recorded = match &have {
+            None => self.state().create_typed(id, "", &spec),
+            Some(h) => self
+                .state()
+                .update_typed(id, "", Some(h.metadata.version), &spec),
+        };
+        if let Err(e) = recorded {
             let _ = std::fs::remove_dir_all(dir.join(id));
             return Err(internal(&format!("{what}: recording it"), e));
         }
@@ -150,7 +172,11 @@ impl Longhorn {
         else {
             return Ok(out);
         };
-        let s = self.restore_status_of(replica);
+        let mut s = self.restore_status_of(replica);
+        if !s.backup.is_empty() && s.backup != r.spec.backup {
+            // the status of the backup before: this one is not started yet
+            s = LonghornRestoreStatus::default();
+        }
         out.backup_url = r.spec.url();
         out.state = restore_state(s.state).into();
         out.progress = s.progress as i32;
@@ -158,6 +184,8 @@ impl Longhorn {
             BackupState::Pending | BackupState::InProgress => {
                 out.is_restoring = true;
                 out.current_restoring_backup = r.spec.backup.clone();
+                // what the replica held before this restore (an incremental one)
+                out.last_restored = r.spec.base.clone().unwrap_or_default();
             }
             BackupState::Completed => out.last_restored = r.spec.backup.clone(),
             BackupState::Error => out.error = s.message,

@@ -112,8 +112,10 @@ impl Spec for BackupStatus {
 
 /// A backup restored into a Longhorn replica of this node (id: the replica
 /// instance), asked through Longhorn's `BackupRestore`: the backup's data
-/// becomes the replica's, before the engine serves it. Persisted; done
-/// once (a replica restores one backup: no incremental restore).
+/// becomes the replica's, before the engine serves it. Persisted. Asked
+/// again for another backup of the same backup volume once the last is
+/// restored, the replica goes on from it (`base`): a DR volume's
+/// incremental restores.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct LonghornRestore {
@@ -127,6 +129,11 @@ pub struct LonghornRestore {
     /// when the restore ends).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub credential_secret: Option<String>,
+    /// The backup of the same backup volume the replica holds restored, when
+    /// this restore goes on from it (incremental: a DR volume following its
+    /// source's backups); `None` restores into a new lvol.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub base: Option<String>,
 }
 
 impl LonghornRestore {
@@ -153,6 +160,14 @@ pub struct LonghornRestoreStatus {
     /// What went wrong.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub message: String,
+    /// The backup this status is of (the spec's when it was set); a spec
+    /// naming another backup starts a new restore.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub backup: String,
+    /// Blocks fetched from the backup target (an incremental restore
+    /// fetches only the blocks its base lacks).
+    #[serde(default)]
+    pub blocks_downloaded: u64,
 }
 
 impl Spec for LonghornRestoreStatus {

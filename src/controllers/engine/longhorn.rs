@@ -326,12 +326,10 @@ impl LonghornController {
         }
         let head = naming::replica_alias(&r.spec.disk, name.as_str());
         let snaps = format!("{head}-snap-");
-        let mut left: Vec<String> = inv
-            .lvols
-            .keys()
-            .filter(|a| **a == head || a.starts_with(&snaps))
-            .cloned()
-            .collect();
+        // and the snapshot of an incremental restore a restart cut off
+        let restore = naming::replica_alias(&r.spec.disk, &naming::restore_snapshot(name.as_str()));
+        let mine = |a: &String| *a == head || a.starts_with(&snaps) || *a == restore;
+        let mut left: Vec<String> = inv.lvols.keys().filter(|a| mine(a)).cloned().collect();
         while !left.is_empty() {
             // the lvols no other lvol of the replica is a clone of
             let leaves: Vec<String> = left
@@ -352,7 +350,7 @@ impl LonghornController {
         for a in inv
             .lvols
             .keys()
-            .filter(|a| **a == head || a.starts_with(&snaps))
+            .filter(|a| mine(a))
             .cloned()
             .collect::<Vec<_>>()
         {

@@ -3,12 +3,20 @@
 //! `BackupRestore`) and reports `LonghornRestoreStatus`.
 //!
 //! ```text
-//!   LonghornRestore <replica> {target, backupVolume, backup} ─> a task:
-//!     the replica's lvol is new (thin, no parent, nothing allocated)?
-//!       no ──> Error (a backup restores into a new replica only)
-//!     the backup ──> <data>/restore/lh-<replica>.img (sparse, each block checked)
-//!       ──> the lvol filled from it (spdk::volume::from_file: esnap + decouple)
-//!   LonghornRestoreStatus <replica>: Pending -> InProgress (progress) -> Completed | Error
+//!   LonghornRestore <replica> {target, backupVolume, backup, base?} ─> a task:
+//!     full (no base): the replica's lvol is new (thin, no parent, nothing allocated)?
+//!       no ──> Error (a first backup restores into a new replica only)
+//!       the backup ──> <data>/restore/lh-<replica>.img (sparse, each block checked)
+//!         ──> the lvol filled from it (spdk::volume::from_file: esnap + decouple)
+//!     incremental (base: the backup the lvol holds, a DR volume's next backup):
+//!       bdev_lvol_snapshot <lvs>/<replica> -> <replica>.restore (the lvol, now empty, clones it)
+//!       <replica>.restore ──> lh-<replica>.img (spdk::volume::to_file: shallow copy)
+//!       only the blocks base lacks fetched into it, base's blocks the backup
+//!         lacks made holes (backupstore::ops::restore_delta_to_file)
+//!       ──> the lvol filled from it (from_file: its parent becomes the file, decoupled)
+//!       <replica>.restore deleted (on a failure too: with the lvol still its
+//!         clone, the delete merges it back and the lvol reads base again)
+//!   LonghornRestoreStatus <replica> {backup}: Pending -> InProgress (progress) -> Completed | Error
 //! ```
 //!
 //! The replicas of a restoring engine are written beneath its raid1 while
@@ -29,8 +37,9 @@ use crate::resources::longhorn::LonghornReplica;
 use crate::runtime::{Controller, ControllerError, Input, Output, ReconcileContext, Requeue};
 use crate::spdk::SpdkClient;
 use crate::spdk::volume::Inventory;
-use crate::spdk::volume::from_file;
+use crate::spdk::naming::longhorn::restore_snapshot;
 use crate::spdk::volume::naming::lvstore;
+use crate::spdk::volume::{from_file, lvol, to_file};
 
 use super::tasks::{Seen, Tasks};
 
@@ -45,7 +54,8 @@ pub struct LonghornRestoreController {
     work_dir: PathBuf,
     /// Where `longhorn::restore` leaves each restore's credentials.
     credentials_dir: PathBuf,
-    running: Tasks<()>,
+    /// Each task answers the blocks it fetched.
+    running: Tasks<u64>,
 }
 
 fn status(state: BackupState, progress: u32, message: impl Into<String>) -> LonghornRestoreStatus {
@@ -53,6 +63,7 @@ fn status(state: BackupState, progress: u32, message: impl Into<String>) -> Long
         state,
         progress,
         message: message.into(),
+        ..Default::default()
     }
 }
 
@@ -82,15 +93,27 @@ impl LonghornRestoreController {
         self.work_dir.join(format!("lh-{id}.img"))
     }
 
-    /// The replica's lvol, checked new; its alias and bdev's block size
-    /// and size in bytes.
-    fn new_lvol(inv: &Inventory, id: &str, r: &LonghornReplica) -> Result<(String, u32, u64), String> {
+    /// The replica's lvol, checked new (`fresh`) or checked to hold a
+    /// restore of its own (not a clone of anything); its alias and bdev's
+    /// block size and size in bytes.
+    fn replica_lvol(
+        inv: &Inventory,
+        id: &str,
+        r: &LonghornReplica,
+        fresh: bool,
+    ) -> Result<(String, u32, u64), String> {
         let alias = format!("{}/{id}", lvstore(&r.disk));
         let l = inv
             .lvols
             .get(&alias)
             .ok_or_else(|| format!("replica {id}: its lvol {alias} is not made yet"))?;
-        if l.is_clone || l.is_esnap_clone || l.is_snapshot || l.num_allocated_clusters > 0 {
+        if !fresh && (l.is_clone || l.is_esnap_clone || l.is_snapshot) {
+            return Err(format!(
+                "replica {id}: its lvol {alias} is a clone, not the restore it held: an incremental \
+                 restore goes on from a replica's own restored data only"
+            ));
+        }
+        if fresh && (l.is_clone || l.is_esnap_clone || l.is_snapshot || l.num_allocated_clusters > 0) {
             return Err(format!(
                 "replica {id} holds data ({alias}: {} clusters allocated{}): a backup restores into a new replica only",
                 l.num_allocated_clusters,
@@ -122,7 +145,96 @@ struct Job {
 }
 
 impl Job {
-    async fn run(self) -> Result<(), String> {
+    /// The restore: a full one, or incremental from `restore.base`.
+    async fn run(self) -> Result<u64, String> {
+        match self.restore.base.clone() {
+            None => self.full().await,
+            Some(base) => self.incremental(&base).await,
+        }
+    }
+
+    /// The bdev name the copies use.
+    fn bdev(&self) -> String {
+        format!("talon-restore-{}", self.replica)
+    }
+
+    async fn incremental(self, base: &str) -> Result<u64, String> {
+        let r = &self.restore;
+        let named = |e: backupstore::BackupError| {
+            format!(
+                "backup {} of {} (incremental from {base}): {e}",
+                r.backup, r.backup_volume
+            )
+        };
+        let store = super::backup::open_store(&r.target, r.credential_secret.as_deref())?;
+        let cfg = backupstore::ops::volume(&store, &r.backup_volume)
+            .await
+            .map_err(named)?
+            .ok_or_else(|| format!("backup volume {} not found in {}", r.backup_volume, r.target))?;
+        if cfg.size > self.lvol_bytes {
+            return Err(format!(
+                "backup {} holds {} bytes: more than replica {}'s {}",
+                r.backup, cfg.size, self.replica, self.lvol_bytes
+            ));
+        }
+        if let Some(dir) = self.file.parent() {
+            std::fs::create_dir_all(dir).map_err(|e| format!("making {}: {e}", dir.display()))?;
+        }
+        let lvs = self.alias.split_once('/').map_or("", |(l, _)| l);
+        let snap = restore_snapshot(&self.replica);
+        let snap_alias = format!("{lvs}/{snap}");
+        let failed = |step: &str, e: crate::spdk::ClientError| {
+            format!("replica {}: {step}: {}", self.replica, crate::util::error_chain(&e))
+        };
+        // one a cut-off run left (the lvol then reads it still: deleting merges it back)
+        lvol::delete_lvol(&self.client, &snap_alias)
+            .await
+            .map_err(|e| failed(&format!("deleting {snap_alias} (left by an earlier restore)"), e))?;
+        lvol::snapshot(&self.client, &self.alias, &snap)
+            .await
+            .map_err(|e| failed(&format!("snapshotting {} as {snap}", self.alias), e))?;
+        let done = async {
+            let inv = Inventory::load(&self.client)
+                .await
+                .map_err(|e| failed("reading spdk_tgt", e))?;
+            let chain =
+                to_file::Chain::of(&inv, &snap_alias).ok_or_else(|| format!("{snap_alias} is gone after its making"))?;
+            to_file::copy_to_file(&self.client, &chain, &self.file, &self.bdev())
+                .await
+                .map_err(|e| format!("replica {}: copying out what it holds: {e}", self.replica))?;
+            let stats = backupstore::ops::restore_delta_to_file(
+                &store,
+                &r.backup_volume,
+                base,
+                &r.backup,
+                &self.file,
+                0,
+                &self.progress,
+            )
+            .await
+            .map_err(named)?;
+            from_file::copy_from_file(&self.client, &self.file, self.block_size, &self.alias, &self.bdev())
+                .await
+                .map_err(|e| format!("replica {}: {e}", self.replica))?;
+            Ok(stats.blocks_downloaded)
+        }
+        .await;
+        let _ = std::fs::remove_file(&self.file);
+        // after the copy the lvol no longer depends on the snapshot; before it,
+        // the lvol is its one clone and the delete merges it back (base again)
+        let dropped = lvol::delete_lvol(&self.client, &snap_alias)
+            .await
+            .map_err(|e| failed(&format!("deleting {snap_alias}"), e));
+        match done {
+            Ok(n) => dropped.map(|()| n),
+            Err(e) => Err(match dropped {
+                Ok(()) => e,
+                Err(d) => format!("{e}; {d}"),
+            }),
+        }
+    }
+
+    async fn full(self) -> Result<u64, String> {
         let r = &self.restore;
         let named = |e: backupstore::BackupError| format!("backup {} of {}: {e}", r.backup, r.backup_volume);
         let store = super::backup::open_store(&r.target, r.credential_secret.as_deref())?;
@@ -140,7 +252,7 @@ impl Job {
             std::fs::create_dir_all(dir).map_err(|e| format!("making {}: {e}", dir.display()))?;
         }
         let done = async {
-            backupstore::ops::restore_to_file(
+            let stats = backupstore::ops::restore_to_file(
                 &store,
                 &r.backup_volume,
                 &r.backup,
@@ -155,15 +267,10 @@ impl Job {
                 .open(&self.file)
                 .and_then(|f| f.set_len(self.lvol_bytes))
                 .map_err(|e| format!("{}: {e}", self.file.display()))?;
-            from_file::copy_from_file(
-                &self.client,
-                &self.file,
-                self.block_size,
-                &self.alias,
-                &format!("talon-restore-{}", self.replica),
-            )
-            .await
-            .map_err(|e| format!("replica {}: {e}", self.replica))
+            from_file::copy_from_file(&self.client, &self.file, self.block_size, &self.alias, &self.bdev())
+                .await
+                .map_err(|e| format!("replica {}: {e}", self.replica))?;
+            Ok(stats.blocks_downloaded)
         }
         .await;
         let _ = std::fs::remove_file(&self.file);
@@ -204,34 +311,65 @@ impl Controller for LonghornRestoreController {
         let mut waiting = false;
         for r in &restores {
             let id = r.id().to_string();
-            let prev = ctx.get::<LonghornRestoreStatus>(&id)?.map(|s| s.spec);
+            let backup = r.spec.backup.as_str();
+            // a status of the backup before this one (an incremental restore's base)
+            // is no status of this restore; one from before statuses named their
+            // backup is of the spec's, unless the spec goes on from a base
+            let prev = ctx
+                .get::<LonghornRestoreStatus>(&id)?
+                .map(|s| s.spec)
+                .filter(|s| s.backup == backup || (s.backup.is_empty() && r.spec.base.is_none()));
             if let Some(s) = &prev
                 && matches!(s.state, BackupState::Completed | BackupState::Error)
             {
                 ctx.apply(&id, s.clone())?;
                 continue;
             }
+            let of = |mut s: LonghornRestoreStatus| {
+                s.backup = backup.to_owned();
+                s
+            };
             match self.running.seen(&id).await {
                 Seen::Absent => {}
                 Seen::Running(p) => {
-                    ctx.apply(&id, status(BackupState::InProgress, p.min(99), ""))?;
+                    ctx.apply(&id, of(status(BackupState::InProgress, p.min(99), "")))?;
                     continue;
                 }
                 Seen::Ended(outcome) => {
                     let s = match outcome {
-                        Ok(()) => status(BackupState::Completed, 100, ""),
+                        Ok(n) => LonghornRestoreStatus {
+                            blocks_downloaded: n,
+                            ..status(BackupState::Completed, 100, "")
+                        },
                         Err(e) => status(BackupState::Error, 0, e),
                     };
                     self.forget_credentials(&id);
-                    ctx.apply(&id, s)?;
+                    ctx.apply(&id, of(s))?;
                     continue;
                 }
+            }
+            let incremental = r.spec.base.is_some();
+            if incremental && prev.as_ref().is_some_and(|s| s.state == BackupState::InProgress) {
+                // after a restart of talon: the copy may have left the lvol part way
+                self.forget_credentials(&id);
+                ctx.apply(
+                    &id,
+                    of(status(
+                        BackupState::Error,
+                        0,
+                        format!(
+                            "incremental restore of backup {backup} cut off (talon restarted): \
+                             the replica must be made again"
+                        ),
+                    )),
+                )?;
+                continue;
             }
             let Some(replica) = ctx.get::<LonghornReplica>(&id)? else {
                 self.forget_credentials(&id);
                 ctx.apply(
                     &id,
-                    status(BackupState::Error, 0, format!("replica {id} is not on this node")),
+                    of(status(BackupState::Error, 0, format!("replica {id} is not on this node"))),
                 )?;
                 continue;
             };
@@ -241,7 +379,7 @@ impl Controller for LonghornRestoreController {
                     Err(e) => {
                         let why = format!("reading spdk_tgt: {}", crate::util::error_chain(&e));
                         waiting = true;
-                        ctx.apply(&id, status(BackupState::Pending, 0, why))?;
+                        ctx.apply(&id, of(status(BackupState::Pending, 0, why)))?;
                         continue;
                     }
                 }
@@ -254,15 +392,15 @@ impl Controller for LonghornRestoreController {
                 waiting = true;
                 ctx.apply(
                     &id,
-                    status(
+                    of(status(
                         BackupState::Pending,
                         0,
                         format!("waiting for replica {id}'s lvol"),
-                    ),
+                    )),
                 )?;
                 continue;
             }
-            let (alias, block_size, lvol_bytes) = match Self::new_lvol(found, &id, &replica.spec) {
+            let (alias, block_size, lvol_bytes) = match Self::replica_lvol(found, &id, &replica.spec, !incremental) {
                 Ok(l) => l,
                 Err(why) => {
                     // after a restart of talon: a restore cut off in its copy touched the lvol
@@ -272,7 +410,7 @@ impl Controller for LonghornRestoreController {
                         why
                     };
                     self.forget_credentials(&id);
-                    ctx.apply(&id, status(BackupState::Error, 0, why))?;
+                    ctx.apply(&id, of(status(BackupState::Error, 0, why)))?;
                     continue;
                 }
             };
@@ -288,7 +426,7 @@ impl Controller for LonghornRestoreController {
                 progress: progress.clone(),
             };
             self.running.start(&id, progress, job.run());
-            ctx.apply(&id, status(BackupState::InProgress, 0, ""))?;
+            ctx.apply(&id, of(status(BackupState::InProgress, 0, "")))?;
         }
         if self.running.is_empty() && !waiting {
             Ok(Requeue::OnInputChange)

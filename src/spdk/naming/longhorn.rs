@@ -64,6 +64,14 @@ pub fn replica_snapshot_name(value: &str) -> Result<ObjectName, InvalidName> {
     instance_name("snapshot", value)
 }
 
+/// The snapshot an incremental restore takes of replica `replica`'s lvol
+/// while it fills it anew (`engine.LonghornRestoreController`): a name no
+/// Longhorn snapshot (`<replica>-snap-<s>`) or replica (a DNS label, no
+/// dot) has.
+pub fn restore_snapshot(replica: &str) -> String {
+    format!("{replica}.restore")
+}
+
 /// The NQN of a replica's export.
 pub fn replica_nqn(replica: &ObjectName) -> Result<Nqn, InvalidName> {
     Nqn::parse(&format!("{NQN_PREFIX}:{replica}"))
