@@ -635,36 +635,54 @@ async fn longhorn_snapshot_backup_through_the_proxy_on_real_spdk() {
             .all(|s| !s.is_restoring && s.last_restored.is_empty()),
         "{before:?}"
     );
-    let started = proxy
-        .backup_restore(restore(&urls[1], envs.clone()))
-        .await
-        .expect("BackupRestore")
-        .into_inner();
-    assert!(
-        started.task_error.is_empty(),
-        "{}",
-        String::from_utf8_lossy(&started.task_error)
-    );
-    let done = talon::runtime::testing::eventually("both replicas restored backup-two", WAIT, || {
-        let mut proxy = proxy.clone();
-        async move {
-            let s = proxy
-                .backup_restore_status(engine().expect("req"))
-                .await
-                .expect("BackupRestoreStatus")
-                .into_inner();
-            assert!(s.status.values().all(|r| r.error.is_empty()), "{s:?}");
-            s.status
-                .values()
-                .all(|r| !r.is_restoring && r.last_restored == "backup-two")
-                .then_some(s)
+    // backup-one in full, then backup-two incrementally (as a DR volume follows its
+    // source's backups): each replica fetches only the 4 blocks that changed
+    for (i, name) in ["backup-one", "backup-two"].into_iter().enumerate() {
+        let started = proxy
+            .backup_restore(restore(&urls[i], envs.clone()))
+            .await
+            .expect("BackupRestore")
+            .into_inner();
+        assert!(
+            started.task_error.is_empty(),
+            "{name}: {}",
+            String::from_utf8_lossy(&started.task_error)
+        );
+        let done = talon::runtime::testing::eventually(&format!("both replicas restored {name}"), WAIT, || {
+            let mut proxy = proxy.clone();
+            async move {
+                let s = proxy
+                    .backup_restore_status(engine().expect("req"))
+                    .await
+                    .expect("BackupRestoreStatus")
+                    .into_inner();
+                assert!(s.status.values().all(|r| r.error.is_empty()), "{s:?}");
+                s.status
+                    .values()
+                    .all(|r| !r.is_restoring && r.last_restored == name)
+                    .then_some(s)
+            }
+        })
+        .await;
+        for a in map.values() {
+            let r = &done.status[&format!("tcp://{a}")];
+            assert_eq!((r.state.as_str(), r.progress), ("complete", 100), "{name}: {r:?}");
+            assert_eq!(r.backup_url, urls[i]);
         }
-    })
-    .await;
-    for a in map.values() {
-        let r = &done.status[&format!("tcp://{a}")];
-        assert_eq!((r.state.as_str(), r.progress), ("complete", 100), "{r:?}");
-        assert_eq!(r.backup_url, urls[1]);
+        for replica in ["lhvol-r-0000cccc", "lhvol-r-0000dddd"] {
+            let st = admin
+                .get("LonghornRestoreStatus", replica)
+                .await
+                .expect("LonghornRestoreStatus")
+                .spec;
+            assert_eq!(st["backup"], name, "{st}");
+            assert_eq!(
+                st["blocksDownloaded"],
+                4,
+                "{name} into {replica}: the 4 blocks of 2 MiB written (backup-one) or changed \
+                 (backup-two), no more: {st}"
+            );
+        }
     }
     let back = talon::runtime::testing::eventually("the restored data read through the engine", WAIT, || {
         let (spdk, dir) = (spdk.clone(), dir.path().to_path_buf());
@@ -698,20 +716,29 @@ async fn longhorn_snapshot_backup_through_the_proxy_on_real_spdk() {
             .exists(),
         "a restore's credentials are removed when it ends"
     );
-    // a second backup into the same replicas is refused, replica by replica,
-    // in the JSON the manager reads (no incremental restore)
-    let again = proxy
-        .backup_restore(restore(&urls[0], envs.clone()))
+    // the snapshot each incremental restore took is gone
+    let left: Vec<String> = talon::spdk::SpdkClient::new(dir.path().join("run/spdk.sock"))
+        .bdev_lvol_get_lvols(&talon::spdk::rpc::GetLvols::default())
         .await
-        .expect("BackupRestore of another backup")
+        .expect("lvols")
+        .into_iter()
+        .map(|l| l.name)
+        .filter(|n| n.ends_with(".restore"))
+        .collect();
+    assert!(left.is_empty(), "restore snapshots left: {left:?}");
+    // a backup of another backup volume into the same replicas is refused, replica by
+    // replica, in the JSON the manager reads
+    let other = urls[0].replace("volume=lhvol", "volume=othervol");
+    let again = proxy
+        .backup_restore(restore(&other, envs.clone()))
+        .await
+        .expect("BackupRestore of another volume's backup")
         .into_inner();
     let err: serde_json::Value = serde_json::from_slice(&again.task_error).expect("TaskError JSON");
     let errs = err["ReplicaErrors"].as_array().expect("ReplicaErrors");
     assert_eq!(errs.len(), 2, "{err}");
     assert!(
-        errs.iter().all(|x| x["Message"]
-            .as_str()
-            .is_some_and(|m| m.contains("holds backup backup-two"))),
+        errs.iter().all(|x| x["Message"].as_str().is_some_and(|m| m.contains("othervol"))),
         "{err}"
     );
     let e = proxy
