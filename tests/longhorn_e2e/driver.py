@@ -45,6 +45,8 @@ NODE = "e2e-node-1"
 VOLUME = "e2e-vol-1"
 RESTORED = "e2e-vol-1-restored"
 BACKUP = "e2e-backup-1"
+BACKUP_2 = "e2e-backup-2"
+DR = "e2e-vol-1-dr"
 # the Rust test's S3 server (s3s-fs): its bucket and credentials (tests/support/s3_server.rs)
 S3_TARGET = "s3://backups@us-east-1/"
 S3_KEYS = {"AWS_ACCESS_KEY_ID": "talon-test", "AWS_SECRET_ACCESS_KEY": "talon-test-secret"}
@@ -222,11 +224,12 @@ class Scenario:
             ds = self.wait(f"disk-1 of {n} ({self.dev[n]}) Ready and Schedulable", ready)
             say(f"{n} disk-1: {self.dev[n]}, uuid {ds.get('diskUUID')}, max {ds.get('storageMaximum')}")
 
-    def volume(self, from_backup=None):
+    def volume(self, from_backup=None, standby=False):
         spec = {"size": str(SIZE), "numberOfReplicas": self.replicas, "dataEngine": "v2", "frontend": "nvmf",
                 "accessMode": "rwo"}
         if from_backup:
             spec["fromBackup"] = from_backup
+            spec["Standby"] = standby  # its JSON name in v1.12.1's Volume CRD
         self.c.custom.create_namespaced_custom_object(GROUP, VERSION, NS, "volumes", {
             "apiVersion": f"{GROUP}/{VERSION}", "kind": "Volume", "metadata": {"name": self.vol}, "spec": spec})
         if from_backup:
@@ -384,29 +387,29 @@ class Scenario:
         self.wait("the backup target available",
                   lambda: (self.get("backuptargets", "default").get("status") or {}).get("available"), T_MANAGER)
 
-    def backup(self, snap="e2e-snap-1"):
+    def backup(self, snap="e2e-snap-1", name=BACKUP):
         """A Backup CR of the snapshot: the manager's backup controller asks talon's proxy
         (SnapshotBackup, then SnapshotBackupStatus until complete), then reads the backup from
         the store through the engine binary (`backup inspect`) into the CR, and the backup
         volume controller lists it on the BackupVolume."""
         self.c.custom.create_namespaced_custom_object(GROUP, VERSION, NS, "backups", {
             "apiVersion": f"{GROUP}/{VERSION}", "kind": "Backup",
-            "metadata": {"name": BACKUP, "labels": {"backup-volume": VOLUME}},
+            "metadata": {"name": name, "labels": {"backup-volume": VOLUME}},
             "spec": {"snapshotName": snap, "labels": {"e2e": "talon"}}})
 
         def completed():
-            st = self.get("backups", BACKUP).get("status") or {}
+            st = self.get("backups", name).get("status") or {}
             if st.get("state") == "Error":
-                raise AssertionError(f"backup {BACKUP}: Error: {st.get('error') or st.get('messages')}")
+                raise AssertionError(f"backup {name}: Error: {st.get('error') or st.get('messages')}")
             return st.get("state") == "Completed" and st.get("url") and st
-        st = self.wait(f"backup {BACKUP} Completed", completed, T_MANAGER)
+        st = self.wait(f"backup {name} Completed", completed, T_MANAGER)
         say(f"backup: {json.dumps(st)[:600]}")
         if st.get("snapshotName") != snap or int(st.get("volumeSize") or 0) != SIZE:
-            raise AssertionError(f"backup {BACKUP}: snapshot {st.get('snapshotName')}, "
+            raise AssertionError(f"backup {name}: snapshot {st.get('snapshotName')}, "
                                  f"size {st.get('volumeSize')} (wanted {snap}, {SIZE})")
         bv = self.wait("the backup volume listing the backup",
                        lambda: next((b for b in self.list("backupvolumes")
-                                     if (b.get("status") or {}).get("lastBackupName") == BACKUP), None),
+                                     if (b.get("status") or {}).get("lastBackupName") == name), None),
                        T_MANAGER)
         say(f"backup volume: {json.dumps(bv.get('status'))[:400]}")
 
@@ -435,6 +438,60 @@ class Scenario:
             self.attach()
             self.check(first, "the data of the volume restored from the backup")
             self.check(bytes(8 * MIB), "the restored volume after the backed-up data (zeros)", 8 * MIB)
+            self.detach()
+            self.delete()
+        finally:
+            self.vol = VOLUME
+
+    def dr_restored(self, backup):
+        """Waits until the DR volume's engine reports `backup` restored by every replica (the
+        manager's engine monitor reads talon's BackupRestoreStatus), the volume still standby."""
+        def done():
+            st = self.get("volumes", DR).get("status") or {}
+            for c in st.get("conditions") or []:
+                if c.get("type") == "Restore" and c.get("reason") == "RestoreFailure":
+                    raise AssertionError(f"volume {DR}: restore failed: {c.get('message')}")
+            engines = self.list("engines", f"longhornvolume={DR}")
+            last = engines[0].get("status", {}).get("lastRestoredBackup") if engines else None
+            return st.get("isStandby") and last == backup and st
+        st = self.wait(f"DR volume {DR} standby with {backup} restored", done, T_MANAGER)
+        say(f"DR volume: {json.dumps(st)[:400]}")
+
+    def dr_create(self):
+        """A DR (standby) volume of the backup volume, from its first backup: the manager attaches
+        it with its frontend disabled and asks talon's proxy BackupRestore; each replica restores
+        the backup in full."""
+        url = self.get("backups", BACKUP)["status"]["url"]
+        self.vol = DR
+        try:
+            self.volume(from_backup=url, standby=True)
+            self.dr_restored(BACKUP)
+        finally:
+            self.vol = VOLUME
+
+    def dr_follow(self):
+        """The source's second backup, found by the manager's backup volume poll (10 s), becomes
+        the DR engine's requested restore: talon's replicas restore it incrementally (only the
+        changed blocks fetched) from the one they hold."""
+        self.dr_restored(BACKUP_2)
+
+    def dr_activate(self, data):
+        """The DR volume activated (standby off, frontend nvmf: the manager's REST `activate` takes
+        blockdev or iscsi only, which need a kernel initiator this host lacks, so the Volume's spec
+        is patched as that action patches it): the manager finishes the restore and detaches it;
+        attached, it reads the source's second pattern; then it is detached and deleted."""
+        self.vol = DR
+        try:
+            self.patch("volumes", DR, {"spec": {"Standby": False, "frontend": "nvmf"}})
+
+            def active():
+                st = self.get("volumes", DR).get("status") or {}
+                return (not st.get("isStandby") and not st.get("restoreRequired")
+                        and st.get("state") == "detached" and st)
+            st = self.wait(f"DR volume {DR} activated and detached", active, T_MANAGER)
+            say(f"activated: {json.dumps(st)[:400]}")
+            self.attach()
+            self.check(data, "the data of the activated DR volume (the source's second backup)")
             self.detach()
             self.delete()
         finally:
@@ -609,6 +666,14 @@ def main():
         s.step("snapshot", s.snapshot)
         s.step("backup-target", s.backup_target)
         s.step("backup", s.backup)
+        if not two:
+            # a DR volume follows the source's backups, then is activated
+            s.step("dr-volume", s.dr_create)
+            second = s.step("io-2", lambda: s.io(0xA5))
+            s.step("snapshot-2", lambda: s.snapshot("e2e-snap-2"))
+            s.step("backup-2", lambda: s.backup("e2e-snap-2", BACKUP_2))
+            s.step("dr-follow", s.dr_follow)
+            s.step("dr-activate", lambda: s.dr_activate(second))
         if two:
             s.step("io-2", lambda: s.io(0xA5))
             s.step("snapshot-hash", s.snapshot_hash)
