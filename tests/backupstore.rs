@@ -165,12 +165,20 @@ async fn backups_round_trip_through_s3_and_an_incremental_uploads_only_changed_b
         .await
         .expect("restore_delta_to_file");
     assert_eq!((d.blocks, d.blocks_downloaded), (6, 2), "{d:?}");
-    assert_eq!(sha(&dr, ROOM, size), sha(&expect, ROOM, size), "backup-one + delta");
+    assert_eq!(
+        sha(&dr, ROOM, size),
+        sha(&expect, ROOM, size),
+        "backup-one + delta"
+    );
     let d = ops::restore_delta_to_file(&store, "pvc-data", "backup-two", "backup-one", &dr, ROOM, &p)
         .await
         .expect("restore_delta_to_file back");
     assert_eq!((d.blocks, d.blocks_downloaded), (5, 1), "{d:?}");
-    assert_eq!(sha(&dr, ROOM, size), sha(&full.file, ROOM, size), "back to backup-one");
+    assert_eq!(
+        sha(&dr, ROOM, size),
+        sha(&full.file, ROOM, size),
+        "back to backup-one"
+    );
     // a base that is no backup of the volume: refused, nothing fetched
     let e = ops::restore_delta_to_file(&store, "pvc-data", "nosuch", "backup-two", &dr, ROOM, &p)
         .await

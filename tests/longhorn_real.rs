@@ -648,22 +648,23 @@ async fn longhorn_snapshot_backup_through_the_proxy_on_real_spdk() {
             "{name}: {}",
             String::from_utf8_lossy(&started.task_error)
         );
-        let done = talon::runtime::testing::eventually(&format!("both replicas restored {name}"), WAIT, || {
-            let mut proxy = proxy.clone();
-            async move {
-                let s = proxy
-                    .backup_restore_status(engine().expect("req"))
-                    .await
-                    .expect("BackupRestoreStatus")
-                    .into_inner();
-                assert!(s.status.values().all(|r| r.error.is_empty()), "{s:?}");
-                s.status
-                    .values()
-                    .all(|r| !r.is_restoring && r.last_restored == name)
-                    .then_some(s)
-            }
-        })
-        .await;
+        let done =
+            talon::runtime::testing::eventually(&format!("both replicas restored {name}"), WAIT, || {
+                let mut proxy = proxy.clone();
+                async move {
+                    let s = proxy
+                        .backup_restore_status(engine().expect("req"))
+                        .await
+                        .expect("BackupRestoreStatus")
+                        .into_inner();
+                    assert!(s.status.values().all(|r| r.error.is_empty()), "{s:?}");
+                    s.status
+                        .values()
+                        .all(|r| !r.is_restoring && r.last_restored == name)
+                        .then_some(s)
+                }
+            })
+            .await;
         for a in map.values() {
             let r = &done.status[&format!("tcp://{a}")];
             assert_eq!((r.state.as_str(), r.progress), ("complete", 100), "{name}: {r:?}");
@@ -677,8 +678,7 @@ async fn longhorn_snapshot_backup_through_the_proxy_on_real_spdk() {
                 .spec;
             assert_eq!(st["backup"], name, "{st}");
             assert_eq!(
-                st["blocksDownloaded"],
-                4,
+                st["blocksDownloaded"], 4,
                 "{name} into {replica}: the 4 blocks of 2 MiB written (backup-one) or changed \
                  (backup-two), no more: {st}"
             );
@@ -738,7 +738,8 @@ async fn longhorn_snapshot_backup_through_the_proxy_on_real_spdk() {
     let errs = err["ReplicaErrors"].as_array().expect("ReplicaErrors");
     assert_eq!(errs.len(), 2, "{err}");
     assert!(
-        errs.iter().all(|x| x["Message"].as_str().is_some_and(|m| m.contains("othervol"))),
+        errs.iter()
+            .all(|x| x["Message"].as_str().is_some_and(|m| m.contains("othervol"))),
         "{err}"
     );
     let e = proxy

@@ -506,7 +506,8 @@ async fn restore_locked(
                     vol.size
                 )));
             }
-            let held: BTreeMap<u64, String> = old.blocks.into_iter().map(|r| (r.offset, r.checksum)).collect();
+            let held: BTreeMap<u64, String> =
+                old.blocks.into_iter().map(|r| (r.offset, r.checksum)).collect();
             (f, held)
         }
     };

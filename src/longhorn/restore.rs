@@ -107,7 +107,9 @@ impl Longhorn {
             // a status of the backup asked before this one is of no restore yet
             let current = st.backup.is_empty() || st.backup == h.backup;
             match st.state {
-                BackupState::Completed if current && (&h.target, &h.backup_volume) == (&spec.target, &spec.backup_volume) => {
+                BackupState::Completed
+                    if current && (&h.target, &h.backup_volume) == (&spec.target, &spec.backup_volume) =>
+                {
                     spec.base = Some(h.backup.clone());
                 }
                 BackupState::Completed if current => {
@@ -135,9 +137,7 @@ impl Longhorn {
             .map_err(|e| internal(&format!("{what}: writing its credentials"), e))?;
         let recorded = match &have {
             None => self.state().create_typed(id, "", &spec),
-            Some(h) => self
-                .state()
-                .update_typed(id, "", Some(h.metadata.version), &spec),
+            Some(h) => self.state().update_typed(id, "", Some(h.metadata.version), &spec),
         };
         if let Err(e) = recorded {
             let _ = std::fs::remove_dir_all(dir.join(id));

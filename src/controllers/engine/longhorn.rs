@@ -347,13 +347,7 @@ impl LonghornController {
                 left.retain(|a| *a != alias);
             }
         }
-        for a in inv
-            .lvols
-            .keys()
-            .filter(|a| mine(a))
-            .cloned()
-            .collect::<Vec<_>>()
-        {
+        for a in inv.lvols.keys().filter(|a| mine(a)).cloned().collect::<Vec<_>>() {
             inv.lvols.remove(&a);
         }
         Ok(())

@@ -36,8 +36,8 @@ use crate::resources::backup::{BackupState, LonghornRestore, LonghornRestoreStat
 use crate::resources::longhorn::LonghornReplica;
 use crate::runtime::{Controller, ControllerError, Input, Output, ReconcileContext, Requeue};
 use crate::spdk::SpdkClient;
-use crate::spdk::volume::Inventory;
 use crate::spdk::naming::longhorn::restore_snapshot;
+use crate::spdk::volume::Inventory;
 use crate::spdk::volume::naming::lvstore;
 use crate::spdk::volume::{from_file, lvol, to_file};
 
@@ -153,19 +153,13 @@ impl Job {
         }
     }
 
-    /// The bdev name the copies use.
-    fn bdev(&self) -> String {
-        format!("talon-restore-{}", self.replica)
-    }
-
-    async fn incremental(self, base: &str) -> Result<u64, String> {
+    /// The backup target, its backup volume checked to fit the replica,
+    /// and the folder of the file made.
+    async fn open(
+        &self,
+        named: &impl Fn(backupstore::BackupError) -> String,
+    ) -> Result<backupstore::Store, String> {
         let r = &self.restore;
-        let named = |e: backupstore::BackupError| {
-            format!(
-                "backup {} of {} (incremental from {base}): {e}",
-                r.backup, r.backup_volume
-            )
-        };
         let store = super::backup::open_store(&r.target, r.credential_secret.as_deref())?;
         let cfg = backupstore::ops::volume(&store, &r.backup_volume)
             .await
@@ -180,11 +174,32 @@ impl Job {
         if let Some(dir) = self.file.parent() {
             std::fs::create_dir_all(dir).map_err(|e| format!("making {}: {e}", dir.display()))?;
         }
+        Ok(store)
+    }
+
+    /// The bdev name the copies use.
+    fn bdev(&self) -> String {
+        format!("talon-restore-{}", self.replica)
+    }
+
+    async fn incremental(self, base: &str) -> Result<u64, String> {
+        let r = &self.restore;
+        let named = |e: backupstore::BackupError| {
+            format!(
+                "backup {} of {} (incremental from {base}): {e}",
+                r.backup, r.backup_volume
+            )
+        };
+        let store = self.open(&named).await?;
         let lvs = self.alias.split_once('/').map_or("", |(l, _)| l);
         let snap = restore_snapshot(&self.replica);
         let snap_alias = format!("{lvs}/{snap}");
         let failed = |step: &str, e: crate::spdk::ClientError| {
-            format!("replica {}: {step}: {}", self.replica, crate::util::error_chain(&e))
+            format!(
+                "replica {}: {step}: {}",
+                self.replica,
+                crate::util::error_chain(&e)
+            )
         };
         // one a cut-off run left (the lvol then reads it still: deleting merges it back)
         lvol::delete_lvol(&self.client, &snap_alias)
@@ -197,8 +212,8 @@ impl Job {
             let inv = Inventory::load(&self.client)
                 .await
                 .map_err(|e| failed("reading spdk_tgt", e))?;
-            let chain =
-                to_file::Chain::of(&inv, &snap_alias).ok_or_else(|| format!("{snap_alias} is gone after its making"))?;
+            let chain = to_file::Chain::of(&inv, &snap_alias)
+                .ok_or_else(|| format!("{snap_alias} is gone after its making"))?;
             to_file::copy_to_file(&self.client, &chain, &self.file, &self.bdev())
                 .await
                 .map_err(|e| format!("replica {}: copying out what it holds: {e}", self.replica))?;
@@ -213,9 +228,15 @@ impl Job {
             )
             .await
             .map_err(named)?;
-            from_file::copy_from_file(&self.client, &self.file, self.block_size, &self.alias, &self.bdev())
-                .await
-                .map_err(|e| format!("replica {}: {e}", self.replica))?;
+            from_file::copy_from_file(
+                &self.client,
+                &self.file,
+                self.block_size,
+                &self.alias,
+                &self.bdev(),
+            )
+            .await
+            .map_err(|e| format!("replica {}: {e}", self.replica))?;
             Ok(stats.blocks_downloaded)
         }
         .await;
@@ -237,20 +258,7 @@ impl Job {
     async fn full(self) -> Result<u64, String> {
         let r = &self.restore;
         let named = |e: backupstore::BackupError| format!("backup {} of {}: {e}", r.backup, r.backup_volume);
-        let store = super::backup::open_store(&r.target, r.credential_secret.as_deref())?;
-        let cfg = backupstore::ops::volume(&store, &r.backup_volume)
-            .await
-            .map_err(named)?
-            .ok_or_else(|| format!("backup volume {} not found in {}", r.backup_volume, r.target))?;
-        if cfg.size > self.lvol_bytes {
-            return Err(format!(
-                "backup {} holds {} bytes: more than replica {}'s {}",
-                r.backup, cfg.size, self.replica, self.lvol_bytes
-            ));
-        }
-        if let Some(dir) = self.file.parent() {
-            std::fs::create_dir_all(dir).map_err(|e| format!("making {}: {e}", dir.display()))?;
-        }
+        let store = self.open(&named).await?;
         let done = async {
             let stats = backupstore::ops::restore_to_file(
                 &store,
@@ -267,9 +275,15 @@ impl Job {
                 .open(&self.file)
                 .and_then(|f| f.set_len(self.lvol_bytes))
                 .map_err(|e| format!("{}: {e}", self.file.display()))?;
-            from_file::copy_from_file(&self.client, &self.file, self.block_size, &self.alias, &self.bdev())
-                .await
-                .map_err(|e| format!("replica {}: {e}", self.replica))?;
+            from_file::copy_from_file(
+                &self.client,
+                &self.file,
+                self.block_size,
+                &self.alias,
+                &self.bdev(),
+            )
+            .await
+            .map_err(|e| format!("replica {}: {e}", self.replica))?;
             Ok(stats.blocks_downloaded)
         }
         .await;
@@ -369,7 +383,11 @@ impl Controller for LonghornRestoreController {
                 self.forget_credentials(&id);
                 ctx.apply(
                     &id,
-                    of(status(BackupState::Error, 0, format!("replica {id} is not on this node"))),
+                    of(status(
+                        BackupState::Error,
+                        0,
+                        format!("replica {id} is not on this node"),
+                    )),
                 )?;
                 continue;
             };
@@ -400,20 +418,21 @@ impl Controller for LonghornRestoreController {
                 )?;
                 continue;
             }
-            let (alias, block_size, lvol_bytes) = match Self::replica_lvol(found, &id, &replica.spec, !incremental) {
-                Ok(l) => l,
-                Err(why) => {
-                    // after a restart of talon: a restore cut off in its copy touched the lvol
-                    let why = if prev.is_some_and(|s| s.state == BackupState::InProgress) {
-                        format!("restore cut off (talon restarted) after it wrote the lvol: {why}")
-                    } else {
-                        why
-                    };
-                    self.forget_credentials(&id);
-                    ctx.apply(&id, of(status(BackupState::Error, 0, why)))?;
-                    continue;
-                }
-            };
+            let (alias, block_size, lvol_bytes) =
+                match Self::replica_lvol(found, &id, &replica.spec, !incremental) {
+                    Ok(l) => l,
+                    Err(why) => {
+                        // after a restart of talon: a restore cut off in its copy touched the lvol
+                        let why = if prev.is_some_and(|s| s.state == BackupState::InProgress) {
+                            format!("restore cut off (talon restarted) after it wrote the lvol: {why}")
+                        } else {
+                            why
+                        };
+                        self.forget_credentials(&id);
+                        ctx.apply(&id, of(status(BackupState::Error, 0, why)))?;
+                        continue;
+                    }
+                };
             let progress = Arc::new(Progress::default());
             let job = Job {
                 client: self.client.clone(),
