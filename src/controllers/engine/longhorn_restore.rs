@@ -182,6 +182,19 @@ impl Job {
         format!("talon-restore-{}", self.replica)
     }
 
+    /// The replica's lvol filled from the file.
+    async fn fill_lvol(&self) -> Result<(), String> {
+        from_file::copy_from_file(
+            &self.client,
+            &self.file,
+            self.block_size,
+            &self.alias,
+            &self.bdev(),
+        )
+        .await
+        .map_err(|e| format!("replica {}: {e}", self.replica))
+    }
+
     async fn incremental(self, base: &str) -> Result<u64, String> {
         let r = &self.restore;
         let named = |e: backupstore::BackupError| {
@@ -228,15 +241,7 @@ impl Job {
             )
             .await
             .map_err(named)?;
-            from_file::copy_from_file(
-                &self.client,
-                &self.file,
-                self.block_size,
-                &self.alias,
-                &self.bdev(),
-            )
-            .await
-            .map_err(|e| format!("replica {}: {e}", self.replica))?;
+            self.fill_lvol().await?;
             Ok(stats.blocks_downloaded)
         }
         .await;
@@ -275,15 +280,7 @@ impl Job {
                 .open(&self.file)
                 .and_then(|f| f.set_len(self.lvol_bytes))
                 .map_err(|e| format!("{}: {e}", self.file.display()))?;
-            from_file::copy_from_file(
-                &self.client,
-                &self.file,
-                self.block_size,
-                &self.alias,
-                &self.bdev(),
-            )
-            .await
-            .map_err(|e| format!("replica {}: {e}", self.replica))?;
+            self.fill_lvol().await?;
             Ok(stats.blocks_downloaded)
         }
         .await;
