@@ -170,6 +170,15 @@ async fn backups_round_trip_through_s3_and_an_incremental_uploads_only_changed_b
         sha(&expect, ROOM, size),
         "backup-one + delta"
     );
+    // applied again to what it made (a restore that runs again after a restart): the same
+    ops::restore_delta_to_file(&store, "pvc-data", "backup-one", "backup-two", &dr, ROOM, &p)
+        .await
+        .expect("restore_delta_to_file again");
+    assert_eq!(
+        sha(&dr, ROOM, size),
+        sha(&expect, ROOM, size),
+        "the delta applied twice"
+    );
     let d = ops::restore_delta_to_file(&store, "pvc-data", "backup-two", "backup-one", &dr, ROOM, &p)
         .await
         .expect("restore_delta_to_file back");

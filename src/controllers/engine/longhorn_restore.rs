@@ -22,9 +22,10 @@
 //! The replicas of a restoring engine are written beneath its raid1 while
 //! the engine serves no I/O: Longhorn attaches a volume being restored
 //! with its frontend disabled, and the raid (made without a superblock)
-//! keeps nothing of its members' data. A restore that a restart of talon
-//! cut off starts again if the lvol is still untouched; otherwise it ends
-//! in Error (the replica is never served as restored).
+//! keeps nothing of its members' data. A full restore that a restart of
+//! talon cut off starts again if the lvol is still untouched; otherwise it
+//! ends in Error (the replica is never served as restored). An incremental
+//! one starts again unless the cut left the lvol a clone of the file.
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
@@ -359,23 +360,13 @@ impl Controller for LonghornRestoreController {
                     continue;
                 }
             }
+            // an incremental restore runs again from its start after a restart of
+            // talon (statuses are not persisted): a step cut off left the lvol
+            // standalone, holding the base or the new backup (the changed blocks
+            // applied again give the new backup), or the clone of its snapshot (the
+            // first step deletes the snapshot: merged back), or an esnap clone of
+            // the file (refused below: Error)
             let incremental = r.spec.base.is_some();
-            if incremental && prev.as_ref().is_some_and(|s| s.state == BackupState::InProgress) {
-                // after a restart of talon: the copy may have left the lvol part way
-                self.forget_credentials(&id);
-                ctx.apply(
-                    &id,
-                    of(status(
-                        BackupState::Error,
-                        0,
-                        format!(
-                            "incremental restore of backup {backup} cut off (talon restarted): \
-                             the replica must be made again"
-                        ),
-                    )),
-                )?;
-                continue;
-            }
             let Some(replica) = ctx.get::<LonghornReplica>(&id)? else {
                 self.forget_credentials(&id);
                 ctx.apply(
