@@ -1,13 +1,16 @@
 //! Backup and restore throughput against a real S3 server on loopback
 //! (s3s-fs, SigV4), in Longhorn's backupstore format: a 4 GiB volume with
 //! 25 % written (1 GiB of incompressible data in 64 MiB runs), backed up in
-//! full, then incrementally after 64 MiB more changed, then restored; each
+//! full, then incrementally after 64 MiB more changed, then restored (in
+//! full, and incrementally from the full backup's restore); each
 //! with lz4 (Longhorn's default) and with no compression, side by side.
 //!
 //! ```text
 //!   sparse image (SEEK_DATA finds the data) -> backupstore::ops::create -> S3
 //!   delta image (the changed runs only)     -> create over the full backup
 //!   S3 -> backupstore::ops::restore_to_file (every block checked)
+//!   S3 -> restore_delta_to_file: the full backup's restore brought to the
+//!         incremental one (a DR volume's next restore: the changed blocks only)
 //! ```
 //!
 //! What a V2 backup adds on top (the snapshot's shallow copy out of
@@ -138,6 +141,22 @@ async fn main() {
             r.bytes_written,
             t.elapsed().as_secs_f64(),
             r.blocks,
+        );
+        // a DR volume's next restore: what holds "full" brought to "incremental",
+        // fetching only the blocks that changed
+        ops::restore_to_file(&store, &vol, "full", &out, 0, &p)
+            .await
+            .expect("restore of full");
+        let t = Instant::now();
+        let r = ops::restore_delta_to_file(&store, &vol, "full", "incremental", &out, 0, &p)
+            .await
+            .expect("incremental restore");
+        row(
+            "incremental restore",
+            method.as_str(),
+            r.blocks_downloaded * 2 * MIB,
+            t.elapsed().as_secs_f64(),
+            r.blocks_downloaded,
         );
         let _ = std::fs::remove_file(&out);
     }
