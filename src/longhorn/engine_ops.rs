@@ -509,7 +509,7 @@ impl Longhorn {
 
     /// Waits for the controller: until `done` makes something of engine
     /// `engine`'s status, at most [`OP_TIMEOUT`].
-    async fn wait_status<T>(
+    pub(super) async fn wait_status<T>(
         &self,
         engine: &str,
         what: &str,

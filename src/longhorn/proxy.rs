@@ -41,7 +41,6 @@ use crate::resources::longhorn::{
 use crate::runtime::Typed;
 use crate::spdk::ErrorKind;
 use crate::spdk::naming::longhorn::{self as naming, is_rebuild_snap, tcp};
-use crate::spdk::rpc::{LvolResize, LvolSnapshot};
 use crate::spdk::volume::lvol::delete_lvol;
 use crate::spdk::volume::naming::lvstore;
 use crate::spdk::volume::replica_lvols::ReplicaLvols;
@@ -222,14 +221,7 @@ impl Longhorn {
     /// Snapshots a local replica's head as `lvol`; one that exists is kept.
     async fn snapshot_local(&self, replica: &str, r: &LonghornReplica, lvol: &str) -> Result<(), String> {
         let alias = naming::replica_alias(&r.disk, replica);
-        match self
-            .client()
-            .bdev_lvol_snapshot(&LvolSnapshot {
-                lvol_name: alias.clone(),
-                snapshot_name: lvol.to_owned(),
-            })
-            .await
-        {
+        match crate::spdk::volume::lvol::snapshot(self.client(), &alias, lvol).await {
             Ok(_) => Ok(()),
             Err(e) if e.is(ErrorKind::AlreadyExists) => Ok(()),
             Err(e) => Err(format!("snapshotting {alias} as {lvol}: {}", chain(&e))),
@@ -392,7 +384,9 @@ impl Longhorn {
         thawed.map_err(|m| internal(&format!("{what}: thawing the export"), m))
     }
 
-    /// Grows local replica `replica` to `size` bytes and records it.
+    /// Grows local replica `replica` to `size` bytes: checked (it grows, the
+    /// disk has room, whole clusters), recorded in its spec, and carried out
+    /// by the controller, whose status this waits for.
     async fn expand_local(&self, replica: &str, t: &Typed<LonghornReplica>, size: u64) -> Result<(), Status> {
         let what = format!("replica {replica}");
         if size < t.spec.size_bytes {
@@ -417,13 +411,6 @@ impl Longhorn {
                 t.spec.disk
             )));
         }
-        self.client()
-            .bdev_lvol_resize(&LvolResize {
-                name: alias.clone(),
-                size_in_mib: size / MIB,
-            })
-            .await
-            .map_err(|x| internal(&format!("{what}: resizing {alias}"), chain(&x)))?;
         if t.spec.size_bytes != size {
             let mut spec = t.spec.clone();
             spec.size_bytes = size;
@@ -431,7 +418,23 @@ impl Longhorn {
                 .update_typed(t.id(), "", None, &spec)
                 .map_err(|e| Status::internal(crate::util::error_chain(&e)))?;
         }
-        Ok(())
+        // the controller grows the lvol (ensure_replica) and reports its size
+        self.wait_status(
+            replica,
+            &format!("{what}: growing {alias} to {size} bytes"),
+            |st| {
+                if st.size_bytes >= size {
+                    return Some(Ok(()));
+                }
+                (st.state == InstanceState::Error).then(|| {
+                    Err(Status::internal(format!(
+                        "{what}: growing {alias} to {size} bytes: {}",
+                        st.message
+                    )))
+                })
+            },
+        )
+        .await
     }
 
     async fn expand_remote(&self, replica: &str, address: &str, size: u64) -> Result<(), String> {

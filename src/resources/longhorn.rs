@@ -294,6 +294,10 @@ pub struct LonghornInstanceStatus {
     /// Allocated bytes (replicas).
     #[serde(default)]
     pub allocated_bytes: u64,
+    /// Replicas: the lvol's size in bytes, as served (grown to the spec's
+    /// `sizeBytes` by the controller; an expansion waits for it).
+    #[serde(default, skip_serializing_if = "is_zero_u64")]
+    pub size_bytes: u64,
     /// Engines: the `rebuildRequests` whose rebuild was started (replica ->
     /// request number).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
@@ -512,6 +516,7 @@ impl LonghornInstanceStatus {
             nqn: String::new(),
             endpoint: String::new(),
             allocated_bytes: 0,
+            size_bytes: 0,
             rebuilds_started: BTreeMap::new(),
             rebuilds_done: BTreeMap::new(),
             rebuild_errors: BTreeMap::new(),

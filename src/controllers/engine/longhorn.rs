@@ -283,11 +283,30 @@ impl LonghornController {
                 lvol
             }
         };
+        // an expansion (ReplicaExpand, or the engine's on this node) grew the spec
+        let mut size = inv
+            .bdevs
+            .get(&lvol.uuid)
+            .map_or(spec.size_bytes, |b| u64::from(b.block_size) * b.num_blocks);
+        if size < spec.size_bytes {
+            crate::spdk::volume::lvol::resize(&self.client, &alias, spec.size_bytes.div_ceil(MIB))
+                .await
+                .map_err(|e| format!("growing lvol {alias} to {} bytes: {}", spec.size_bytes, chain(&e)))?;
+            size = match self.client.bdev(&alias).await {
+                Ok(Some(b)) => b.size_bytes(),
+                Ok(None) => return Err(format!("lvol {alias} is gone after growing it")),
+                Err(e) => return Err(format!("reading lvol {alias} after growing it: {}", chain(&e))),
+            };
+            if let Some(b) = inv.bdevs.get_mut(&lvol.uuid) {
+                b.num_blocks = size / u64::from(b.block_size.max(1));
+            }
+        }
         let nqn = naming::replica_nqn(&name).map_err(|e| e.to_string())?;
         let addr: IpAddr = crate::host::longhorn_address::instance_ip(&node.listen_address)?;
         let mut st = status(InstanceKind::Replica, InstanceState::Running, "");
         st.bdev = alias.clone();
         st.uuid = lvol.uuid.clone();
+        st.size_bytes = size;
         st.allocated_bytes = lvol
             .num_allocated_clusters
             .saturating_mul(disk.spec.cluster_bytes);

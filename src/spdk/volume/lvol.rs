@@ -1,7 +1,7 @@
 //! Single writes the Longhorn layer shares: an lvol deleted, a raid member
 //! taken out, a raid deleted, a controller detached, each done when already
-//! so; an lvol head made a clone of a snapshot again (a revert); a bdev's
-//! QoS cap.
+//! so; an lvol head made a clone of a snapshot again (a revert); an lvol
+//! grown; a bdev's QoS cap.
 
 use crate::spdk::rpc::ByName;
 use crate::spdk::{ClientError, ErrorKind, SpdkClient};
@@ -79,6 +79,18 @@ pub async fn create_thin(
     client
         .bdev_lvol_create(&crate::spdk::rpc::LvolCreate::thin(lvs, name, mib))
         .await
+}
+
+/// Grows lvol `lvol` (an alias `lvs/name`) to `mib` MiB (SPDK rounds up to
+/// whole clusters); an lvol under a raid or an export grows in place.
+pub async fn resize(client: &SpdkClient, lvol: &str, mib: u64) -> Result<(), ClientError> {
+    client
+        .bdev_lvol_resize(&crate::spdk::rpc::LvolResize {
+            name: lvol.to_owned(),
+            size_in_mib: mib,
+        })
+        .await
+        .map(|_| ())
 }
 
 /// Snapshots lvol `lvol` (an alias `lvs/name`) as `snapshot` in its lvstore.
