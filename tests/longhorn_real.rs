@@ -390,7 +390,7 @@ async fn longhorn_snapshot_backup_through_the_proxy_on_real_spdk() {
         "VIRTUAL_HOSTED_STYLE=".to_owned(),
     ];
     let base = free_base();
-    let d = Daemon::start(dir.path(), &spdk, base, true).await;
+    let mut d = Daemon::start(dir.path(), &spdk, base, true).await;
     let mut disks = DiskServiceClient::new(d.channel(2).await);
     aio_disk(&mut disks, dir.path(), "bk").await;
     let mut inst = InstanceServiceClient::new(d.channel(3).await);
@@ -403,7 +403,7 @@ async fn longhorn_snapshot_backup_through_the_proxy_on_real_spdk() {
     .await;
     let nqn = "nqn.2023-01.io.longhorn.spdk:volume-lhvol";
     let mut proxy = ProxyEngineServiceClient::new(d.channel(1).await);
-    let admin = talon::client::Client::connect_unix(&dir.path().join("run/talon.sock"))
+    let mut admin = talon::client::Client::connect_unix(&dir.path().join("run/talon.sock"))
         .await
         .expect("admin");
     let engine = || {
@@ -638,11 +638,21 @@ async fn longhorn_snapshot_backup_through_the_proxy_on_real_spdk() {
     // backup-one in full, then backup-two incrementally (as a DR volume follows its
     // source's backups): each replica fetches only the 4 blocks that changed
     for (i, name) in ["backup-one", "backup-two"].into_iter().enumerate() {
-        let started = proxy
-            .backup_restore(restore(&urls[i], envs.clone()))
-            .await
-            .expect("BackupRestore")
-            .into_inner();
+        // after the restart below, the target is being started again and a replica is
+        // out of service (ERR) until the engine has it again: refused then, and asked
+        // again (as the manager does)
+        let started =
+            talon::runtime::testing::eventually(&format!("BackupRestore of {name} taken"), WAIT, || {
+                let (mut proxy, ask) = (proxy.clone(), restore(&urls[i], envs.clone()));
+                async move {
+                    match proxy.backup_restore(ask).await {
+                        Ok(r) => Some(r.into_inner()),
+                        Err(e) if e.code() != tonic::Code::InvalidArgument => None,
+                        Err(e) => panic!("BackupRestore of {name}: {e}"),
+                    }
+                }
+            })
+            .await;
         assert!(
             started.task_error.is_empty(),
             "{name}: {}",
@@ -683,6 +693,39 @@ async fn longhorn_snapshot_backup_through_the_proxy_on_real_spdk() {
                  (backup-two), no more: {st}"
             );
         }
+        // talon restarted (its statuses gone, spdk_tgt made again): a finished full
+        // restore still reads restored, and an incremental one is carried out again
+        // to the same end (the read below is after it)
+        d.stop().await;
+        d = Daemon::start(dir.path(), &spdk, base, true).await;
+        proxy = ProxyEngineServiceClient::new(d.channel(1).await);
+        admin = talon::client::Client::connect_unix(&dir.path().join("run/talon.sock"))
+            .await
+            .expect("admin after the restart");
+        talon::runtime::testing::eventually(
+            &format!("{name} restored after a restart of talon"),
+            WAIT,
+            || {
+                let mut proxy = proxy.clone();
+                async move {
+                    let s = proxy
+                        .backup_restore_status(engine().expect("req"))
+                        .await
+                        .ok()?
+                        .into_inner();
+                    assert!(
+                        s.status.values().all(|r| r.error.is_empty()),
+                        "{name} after a restart: {s:?}"
+                    );
+                    (s.status.len() == 2
+                        && s.status
+                            .values()
+                            .all(|r| !r.is_restoring && r.last_restored == name))
+                    .then_some(())
+                }
+            },
+        )
+        .await;
     }
     let back = talon::runtime::testing::eventually("the restored data read through the engine", WAIT, || {
         let (spdk, dir) = (spdk.clone(), dir.path().to_path_buf());

@@ -174,3 +174,20 @@ impl Spec for LonghornRestoreStatus {
     const TYPE: &'static str = "LonghornRestoreStatus";
     const NAMESPACE: &'static str = "engine";
 }
+
+/// The backup a Longhorn replica's lvol holds restored (id: the replica),
+/// written when its restore completes; persisted, so that after a restart
+/// of talon (its statuses gone) a finished restore reads finished, and a
+/// DR replica's next restore goes on from it. Goes with its
+/// `LonghornRestore`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct LonghornRestoreLedger {
+    /// The backup restored.
+    pub backup: String,
+}
+
+impl Spec for LonghornRestoreLedger {
+    const TYPE: &'static str = "LonghornRestoreLedger";
+    const NAMESPACE: &'static str = "ledger";
+}

@@ -7,7 +7,7 @@
 //! | `host` | HugepagesSpec, HugepagesStatus, KernelModuleStatus, PciDevice, PciBindingStatus, HostCapabilities |
 //! | `engine` | BackupStatus, LonghornRestoreStatus, TargetStatus, DiskStatus, ReplicaStatus, EngineStatus, LonghornInstanceStatus, RebuildDest, RebuildDestStatus |
 //! | `frontend` | AttachmentStatus |
-//! | `ledger` | ReplicaLedger, HugepagesLedger, PciBindIntent (persisted) |
+//! | `ledger` | ReplicaLedger, HugepagesLedger, PciBindIntent, LonghornRestoreLedger (persisted) |
 
 pub mod backup;
 pub mod config;
@@ -123,6 +123,10 @@ pub fn register_types(reg: &mut TypeRegistry) {
             ("VOLUME", "/backupVolume"),
             ("TARGET", "/target"),
         ],
+    );
+    reg.register::<backup::LonghornRestoreLedger>(
+        "The backup a Longhorn replica's lvol holds restored (kept across restarts)",
+        &[("BACKUP", "/backup")],
     );
     reg.register::<backup::LonghornRestoreStatus>(
         "A Longhorn replica's restore as it went",

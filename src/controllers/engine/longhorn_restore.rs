@@ -25,7 +25,9 @@
 //! keeps nothing of its members' data. A full restore that a restart of
 //! talon cut off starts again if the lvol is still untouched; otherwise it
 //! ends in Error (the replica is never served as restored). An incremental
-//! one starts again unless the cut left the lvol a clone of the file.
+//! one starts again unless the cut left the lvol a clone of the file. A
+//! restore that completed is recorded in `LonghornRestoreLedger`
+//! (persisted): after a restart it reads completed, not run again.
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
@@ -33,7 +35,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::backupstore::{self, Progress};
-use crate::resources::backup::{BackupState, LonghornRestore, LonghornRestoreStatus};
+use crate::resources::backup::{BackupState, LonghornRestore, LonghornRestoreLedger, LonghornRestoreStatus};
 use crate::resources::longhorn::LonghornReplica;
 use crate::runtime::{Controller, ControllerError, Input, Output, ReconcileContext, Requeue};
 use crate::spdk::SpdkClient;
@@ -108,7 +110,10 @@ impl LonghornRestoreController {
             .lvols
             .get(&alias)
             .ok_or_else(|| format!("replica {id}: its lvol {alias} is not made yet"))?;
-        if !fresh && (l.is_clone || l.is_esnap_clone || l.is_snapshot) {
+        // the one clone of the snapshot a cut-off incremental restore took
+        // (its first step deletes that snapshot: merged back)
+        let own = inv.parent_of(&alias) == Some(format!("{}/{}", lvstore(&r.disk), restore_snapshot(id)));
+        if !fresh && ((l.is_clone && !own) || l.is_esnap_clone || l.is_snapshot) {
             return Err(format!(
                 "replica {id}: its lvol {alias} is a clone, not the restore it held: an incremental \
                  restore goes on from a replica's own restored data only"
@@ -301,7 +306,10 @@ impl Controller for LonghornRestoreController {
     }
 
     fn outputs(&self) -> Vec<Output> {
-        vec![Output::exclusive::<LonghornRestoreStatus>()]
+        vec![
+            Output::exclusive::<LonghornRestoreStatus>(),
+            Output::exclusive::<LonghornRestoreLedger>(),
+        ]
     }
 
     async fn reconcile(&self, ctx: &mut ReconcileContext) -> Result<Requeue, ControllerError> {
@@ -319,11 +327,18 @@ impl Controller for LonghornRestoreController {
                 ctx.destroy::<LonghornRestoreStatus>(s.id())?;
             }
         }
+        // the ledger of a restore no longer wanted goes with the outputs this
+        // reconcile does not apply
         let mut inv: Option<Inventory> = None;
         let mut waiting = false;
         for r in &restores {
             let id = r.id().to_string();
             let backup = r.spec.backup.as_str();
+            // kept: outputs a reconcile does not apply are destroyed after it
+            let ledger = ctx.get::<LonghornRestoreLedger>(&id)?.map(|l| l.spec);
+            if let Some(l) = &ledger {
+                ctx.apply(&id, l.clone())?;
+            }
             // a status of the backup before this one (an incremental restore's base)
             // is no status of this restore; one from before statuses named their
             // backup is of the spec's, unless the spec goes on from a base
@@ -341,6 +356,13 @@ impl Controller for LonghornRestoreController {
                 s.backup = backup.to_owned();
                 s
             };
+            // restored before a restart of talon (its statuses gone with it); the
+            // ledger is written only once a restore of this backup completed
+            if ledger.is_some_and(|l| l.backup == backup) {
+                self.forget_credentials(&id);
+                ctx.apply(&id, of(status(BackupState::Completed, 100, "")))?;
+                continue;
+            }
             match self.running.seen(&id).await {
                 Seen::Absent => {}
                 Seen::Running(p) => {
@@ -349,10 +371,18 @@ impl Controller for LonghornRestoreController {
                 }
                 Seen::Ended(outcome) => {
                     let s = match outcome {
-                        Ok(n) => LonghornRestoreStatus {
-                            blocks_downloaded: n,
-                            ..status(BackupState::Completed, 100, "")
-                        },
+                        Ok(n) => {
+                            ctx.apply(
+                                &id,
+                                LonghornRestoreLedger {
+                                    backup: backup.to_owned(),
+                                },
+                            )?;
+                            LonghornRestoreStatus {
+                                blocks_downloaded: n,
+                                ..status(BackupState::Completed, 100, "")
+                            }
+                        }
                         Err(e) => status(BackupState::Error, 0, e),
                     };
                     self.forget_credentials(&id);
