@@ -467,25 +467,37 @@ async fn rebuild_io(spdk: &Path, c: &SpdkClient, port: u16, rounds: usize) {
     }
 }
 
-async fn control_plane(ops: &VolumeOps, port: u16) {
-    // a second disk: each replica of a volume needs its own
-    let c = ops.client();
+/// A disk for the bench's volumes: malloc bdev `bdev` of `mib` MiB with
+/// lvstore `lvs` (1 MiB clusters) on it.
+async fn malloc_disk(
+    c: &SpdkClient,
+    bdev: &str,
+    lvs: &str,
+    mib: u64,
+) -> Result<(), talon::spdk::ClientError> {
     c.bdev_malloc_create(&MallocCreate {
-        name: Some("talon-disk-cpbench".into()),
-        num_blocks: 1024 * MIB / 4096,
+        name: Some(bdev.into()),
+        num_blocks: mib * MIB / 4096,
         block_size: 4096,
         uuid: None,
     })
-    .await
-    .expect("malloc");
+    .await?;
     c.bdev_lvol_create_lvstore(&LvstoreCreate {
-        bdev_name: "talon-disk-cpbench".into(),
-        lvs_name: "talon-cpbench".into(),
+        bdev_name: bdev.into(),
+        lvs_name: lvs.into(),
         cluster_sz: Some(MIB as u32),
         clear_method: None,
     })
-    .await
-    .expect("lvstore");
+    .await?;
+    Ok(())
+}
+
+async fn control_plane(ops: &VolumeOps, port: u16) {
+    // a second disk: each replica of a volume needs its own
+    let c = ops.client();
+    malloc_disk(c, "talon-disk-cpbench", "talon-cpbench", 1024)
+        .await
+        .expect("a malloc disk");
     println!("\ncontrol plane: volume create -> exported (VolumeOps::ensure), 100 volumes each");
     println!(
         "{:<34} {:>9} {:>9} {:>11}",
@@ -534,22 +546,9 @@ async fn control_plane(ops: &VolumeOps, port: u16) {
 
 async fn snapshots(spdk: &Path, ops: &VolumeOps, port: u16) {
     let c = ops.client();
-    c.bdev_malloc_create(&MallocCreate {
-        name: Some("talon-disk-bench2".into()),
-        num_blocks: 1024 * MIB / 4096,
-        block_size: 4096,
-        uuid: None,
-    })
-    .await
-    .expect("malloc");
-    c.bdev_lvol_create_lvstore(&LvstoreCreate {
-        bdev_name: "talon-disk-bench2".into(),
-        lvs_name: "talon-bench2".into(),
-        cluster_sz: Some(MIB as u32),
-        clear_method: None,
-    })
-    .await
-    .expect("lvstore");
+    malloc_disk(c, "talon-disk-bench2", "talon-bench2", 1024)
+        .await
+        .expect("a malloc disk");
     let p = plan("snapbench", 2, port);
     let inv = Inventory::load(c).await.expect("inventory");
     ops.ensure(&inv, &p).await.expect("volume");
@@ -620,22 +619,8 @@ async fn snapshots(spdk: &Path, ops: &VolumeOps, port: u16) {
 async fn superblock(spdk: &Path, ops: &VolumeOps, port: u16) {
     let c = ops.client();
     // a second disk of its own (replicas live on distinct disks)
-    let _ = c
-        .bdev_malloc_create(&MallocCreate {
-            name: Some("talon-disk-sbbench".into()),
-            num_blocks: 1024 * MIB / 4096,
-            block_size: 4096,
-            uuid: None,
-        })
-        .await;
-    let _ = c
-        .bdev_lvol_create_lvstore(&LvstoreCreate {
-            bdev_name: "talon-disk-sbbench".into(),
-            lvs_name: "talon-sbbench".into(),
-            cluster_sz: Some(MIB as u32),
-            clear_method: None,
-        })
-        .await;
+    // made once per target: one a rerun finds is used as it is
+    let _ = malloc_disk(c, "talon-disk-sbbench", "talon-sbbench", 1024).await;
     const ROUNDS: usize = 2;
     println!("\nsuperblock: 2-replica 64 MiB volume, 4 KiB QD32, {ROUNDS} interleaved rounds");
     println!(
@@ -1201,22 +1186,9 @@ fn main() {
         cfg.ready_timeout = Duration::from_secs(60);
         let t = Target::start(&cfg).await.expect("spdk_tgt");
         let c = t.client().clone();
-        c.bdev_malloc_create(&MallocCreate {
-            name: Some("talon-disk-bench".into()),
-            num_blocks: 2048 * MIB / 4096,
-            block_size: 4096,
-            uuid: None,
-        })
-        .await
-        .expect("malloc");
-        c.bdev_lvol_create_lvstore(&LvstoreCreate {
-            bdev_name: "talon-disk-bench".into(),
-            lvs_name: "talon-bench".into(),
-            cluster_sz: Some(MIB as u32),
-            clear_method: None,
-        })
-        .await
-        .expect("lvstore");
+        malloc_disk(&c, "talon-disk-bench", "talon-bench", 2048)
+            .await
+            .expect("a malloc disk");
         let _ = c.nvmf_create_transport(&CreateTransport::tcp()).await;
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())
