@@ -17,8 +17,7 @@ use crate::spdk::error::ErrorKind;
 use crate::spdk::placement::Blocked;
 use crate::spdk::rpc::{
     AddNamespace, AllowAnyHost, AttachController, ByName, CreateSubsystem, KeyringFileKey, ListenAddress,
-    LvolResize, RaidDelete, RemoveNamespace, SecureListener, SubsystemHostKeys, SubsystemHostParams,
-    SubsystemListener,
+    RaidDelete, RemoveNamespace, SecureListener, SubsystemHostKeys, SubsystemHostParams, SubsystemListener,
 };
 use crate::util::nvme_auth::{self as dhchap, DhchapSecret, Secret, TlsPsk};
 
@@ -566,11 +565,7 @@ impl VolumeOps {
         let want = lp.wanted[&k];
         let size = if r.size_bytes < want {
             let mib = want.div_ceil(MIB);
-            self.client
-                .bdev_lvol_resize(&LvolResize {
-                    name: alias.clone(),
-                    size_in_mib: mib,
-                })
+            super::lvol::resize(&self.client, &alias, mib)
                 .await
                 .map_err(rpc(vol, format!("resizing replica {alias} to {mib} MiB")))?;
             want

@@ -38,8 +38,8 @@ use super::client::{ClientError, SpdkClient};
 use super::error::ErrorKind;
 use super::placement::Blocked;
 use super::rpc::{
-    ByName, ByNqn, CreateTransport, GetTransports, ListenAddress, Lvol, LvolClone, LvolCreate, LvolResize,
-    LvolSetParent, RaidDelete, RemoveNamespace, SubsystemListener,
+    ByName, ByNqn, CreateTransport, GetTransports, ListenAddress, Lvol, LvolClone, LvolCreate, LvolSetParent,
+    RaidDelete, RemoveNamespace, SubsystemListener,
 };
 use crate::names::{NQN_PREFIX, Nqn, ObjectName};
 use crate::util::nvme_auth::{self as dhchap, TlsPsk};
@@ -664,11 +664,7 @@ impl VolumeOps {
     ) -> Result<(), VolumeError> {
         try_join_all(grow.iter().map(|r| async move {
             let mib = size_mib + room(r).div_ceil(MIB);
-            self.client
-                .bdev_lvol_resize(&LvolResize {
-                    name: r.alias.clone(),
-                    size_in_mib: mib,
-                })
+            lvol::resize(&self.client, &r.alias, mib)
                 .await
                 .map_err(rpc(vol, format!("resizing replica {} to {mib} MiB", r.alias)))
         }))

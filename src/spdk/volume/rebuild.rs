@@ -46,8 +46,8 @@ use crate::names::Nqn;
 use crate::resources::engine::RebuildDestStatus;
 use crate::spdk::naming::{LvolRole, NSID, REMOTE_PREFIX, parse_lvol};
 use crate::spdk::rpc::{
-    ByName, CheckShallowCopy, LvolClone, LvolCreate, LvolResize, LvolSnapshot, RaidBdev, RaidDelete,
-    RemoveNamespace, ShallowCopyStatus, StartShallowCopy,
+    ByName, CheckShallowCopy, LvolClone, LvolCreate, LvolSnapshot, RaidBdev, RaidDelete, RemoveNamespace,
+    ShallowCopyStatus, StartShallowCopy,
 };
 
 const MIB: u64 = 1 << 20;
@@ -607,11 +607,7 @@ impl VolumeOps {
             .map_err(rpc(vol, format!("looking up {}", dst.alias)))?
             .map_or(0, |b| b.size_bytes());
         if head < size {
-            self.client
-                .bdev_lvol_resize(&LvolResize {
-                    name: dst.alias.clone(),
-                    size_in_mib: size.div_ceil(MIB),
-                })
+            super::lvol::resize(&self.client, &dst.alias, size.div_ceil(MIB))
                 .await
                 .map_err(rpc(vol, format!("growing {} to {s}'s size", dst.alias)))?;
         }
