@@ -39,7 +39,7 @@ use crate::resources::backup::{BackupState, LonghornRestore, LonghornRestoreLedg
 use crate::resources::longhorn::LonghornReplica;
 use crate::runtime::{Controller, ControllerError, Input, Output, ReconcileContext, Requeue};
 use crate::spdk::SpdkClient;
-use crate::spdk::naming::longhorn::restore_snapshot;
+use crate::spdk::naming::longhorn::{replica_alias, restore_snapshot};
 use crate::spdk::volume::Inventory;
 use crate::spdk::volume::naming::lvstore;
 use crate::spdk::volume::{from_file, lvol, to_file};
@@ -112,7 +112,7 @@ impl LonghornRestoreController {
             .ok_or_else(|| format!("replica {id}: its lvol {alias} is not made yet"))?;
         // the one clone of the snapshot a cut-off incremental restore took
         // (its first step deletes that snapshot: merged back)
-        let own = inv.parent_of(&alias) == Some(format!("{}/{}", lvstore(&r.disk), restore_snapshot(id)));
+        let own = inv.parent_of(&alias) == Some(replica_alias(&r.disk, &restore_snapshot(id)));
         if !fresh && ((l.is_clone && !own) || l.is_esnap_clone || l.is_snapshot) {
             return Err(format!(
                 "replica {id}: its lvol {alias} is a clone, not the restore it held: an incremental \
