@@ -3,8 +3,11 @@
 //! of two replicas written through its NVMe-oF export (spdk_dd), backed up
 //! in full and then incrementally (only the changed 2 MiB blocks read and
 //! uploaded), each backup restored and checksummed against what was
-//! written; and a restored image copied into a thin lvol on the same target
-//! (`spdk::volume::from_file`) reads back the same.
+//! written; a restored image copied into a thin lvol on the same target
+//! (`spdk::volume::from_file`) reads back the same; and a standby (DR)
+//! volume made from the first backup keeps its file over a restart,
+//! follows the second (fetching only its changed blocks) and, activated,
+//! serves it.
 
 #[path = "support/s3_server.rs"]
 #[allow(dead_code)]
@@ -81,6 +84,20 @@ async fn backup(c: &talon::client::Client, secret: &Path, name: &str, snap: &str
     v["status"].clone()
 }
 
+/// The engine status of standby volume `vol` once it holds `backup` (bounded).
+async fn standby_engine(c: &talon::client::Client, vol: &str, backup: &str) -> Value {
+    talon::runtime::testing::eventually(
+        &format!("standby volume {vol} holding {backup}"),
+        std::time::Duration::from_secs(300),
+        || async {
+            let v: Value = c.call("volume_get", json!({"name": vol})).await.ok()?;
+            let e = &v["engine"];
+            (e["restoredBackup"] == backup).then(|| e.clone())
+        },
+    )
+    .await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn real_spdk_backups_of_a_volume_round_trip_through_s3_full_then_incremental() {
     let test = "real_spdk_backups_of_a_volume_round_trip_through_s3_full_then_incremental";
@@ -102,12 +119,12 @@ async fn real_spdk_backups_of_a_volume_round_trip_through_s3_full_then_increment
     }
     let config = dir.path().join("talon.yaml");
     std::fs::write(&config, y).expect("write");
-    let d = serve_daemon::start(ServeOptions {
+    let opts = ServeOptions {
         config: Some(config),
         stop_targets_on_exit: true,
         ..serve_daemon::opts(dir.path(), serve_daemon::real_spdk(&spdk, 2048))
-    })
-    .await;
+    };
+    let mut d = serve_daemon::start(opts.clone()).await;
     let spdk_client = SpdkClient::new(dir.path().join("run/spdk.sock"));
     let server = s3_server::S3Server::start(&dir.path().join("s3"), "backups").await;
     let secret = dir.path().join("s3-secret.yaml");
@@ -151,6 +168,59 @@ async fn real_spdk_backups_of_a_volume_round_trip_through_s3_full_then_increment
     let at_s1 = dir.path().join("model-s1.img");
     std::fs::copy(&model, &at_s1).expect("copy");
 
+    // a standby (DR) volume of two replicas from backup-one: held, not served
+    let dr: Value = d
+        .client
+        .call(
+            "backup_restore",
+            json!({"backup": "backup-one", "backupVolume": "vol", "target": TARGET,
+                   "credentialSecret": secret.display().to_string(), "volume": "dr",
+                   "replicas": 2, "standby": true, "pollSeconds": 1, "wait": true,
+                   "timeoutSeconds": 600}),
+        )
+        .await
+        .expect("backup_restore of a standby volume");
+    assert_eq!(
+        (
+            dr["engine"]["state"].as_str(),
+            dr["engine"]["restoredBackup"].as_str()
+        ),
+        (Some("standby"), Some("backup-one")),
+        "{dr}"
+    );
+    assert!(
+        dr["replicas"].as_array().is_some_and(|r| r.is_empty()),
+        "no replica yet: {dr}"
+    );
+    for (method, params) in [
+        ("volume_attach", json!({"name": "dr"})),
+        ("snapshot_create", json!({"volume": "dr", "name": "s"})),
+    ] {
+        let e = d
+            .client
+            .call::<_, Value>(method, params)
+            .await
+            .expect_err("a standby volume is not served");
+        assert!(e.to_string().contains("standby (DR) volume"), "{method}: {e}");
+    }
+    // talon restarted (spdk_tgt too): the standby takes its file up again, not restored anew
+    let held = ["data/restore/dr.img", "restore/dr.img"]
+        .map(|p| dir.path().join(p))
+        .into_iter()
+        .find(|p| p.exists())
+        .expect("the standby's restore file");
+    let mtime = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).expect("mtime");
+    let written = mtime(&held);
+    d.stop().await;
+    d = serve_daemon::start(opts.clone()).await;
+    let e = standby_engine(&d.client, "dr", "backup-one").await;
+    assert_eq!(e["state"], "standby", "{e}");
+    assert_eq!(
+        mtime(&held),
+        written,
+        "the held file is not restored again after a restart"
+    );
+
     // 3 MiB over two blocks changes; the second backup reads and uploads those two only
     let change = pattern(99, 3 * MIB as usize);
     spdk_dd::dd_write_at(&spdk, &work, port, &nqn, &change, (101 * MIB) as usize);
@@ -166,6 +236,56 @@ async fn real_spdk_backups_of_a_volume_round_trip_through_s3_full_then_increment
         (Some(2), Some(2)),
         "{s2}"
     );
+
+    // the standby follows: backup-two applied to what it holds, then activated, it
+    // serves backup-two from two new replicas
+    let e = standby_engine(&d.client, "dr", "backup-two").await;
+    eprintln!("standby after backup-two: {e}");
+    assert!(
+        e["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("fetched 2 of 66 blocks")),
+        "only backup-two's 2 changed blocks fetched: {e}"
+    );
+    let v: Value = d
+        .client
+        .call(
+            "volume_activate",
+            json!({"name": "dr", "wait": true, "timeoutSeconds": 600}),
+        )
+        .await
+        .expect("volume_activate");
+    assert_eq!(v["engine"]["state"], "ready", "{v}");
+    assert_eq!(v["spec"]["standby"], Value::Null, "activated: {v}");
+    let dr_nqn = format!("{}:vol:dr", talon::names::NQN_PREFIX);
+    let data = spdk_dd::dd(&spdk, &work, port, &dr_nqn, None, SIZE as usize);
+    let f = dir.path().join("dr-volume.img");
+    std::fs::write(&f, &data).expect("write");
+    drop(data);
+    assert_eq!(
+        sha(&f, SIZE),
+        sha(&model, SIZE),
+        "the activated standby volume reads backup-two"
+    );
+    std::fs::remove_file(&f).expect("remove_file");
+    assert!(
+        !held.exists(),
+        "the restore file is removed once the volume is served"
+    );
+    let e = d
+        .client
+        .call::<_, Value>("volume_activate", json!({"name": "dr"}))
+        .await
+        .expect_err("activated twice");
+    assert!(e.to_string().contains("not a standby volume"), "{e}");
+    let _: Value = d
+        .client
+        .call(
+            "volume_delete",
+            json!({"name": "dr", "wait": true, "timeoutSeconds": 120}),
+        )
+        .await
+        .expect("volume_delete");
 
     // both restore to what was written, checked end to end
     let store =
@@ -231,7 +351,7 @@ async fn real_spdk_backups_of_a_volume_round_trip_through_s3_full_then_increment
         )
         .await
         .expect("backup_restore");
-    eprintln!("restored volume: {}", v["status"]);
+    eprintln!("restored volume: {}", v["engine"]);
     let back_nqn = format!("{}:vol:back", talon::names::NQN_PREFIX);
     let data = spdk_dd::dd(&spdk, &work, port, &back_nqn, None, SIZE as usize);
     let f = dir.path().join("back-volume.img");

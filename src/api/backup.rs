@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 
 use super::error::{ApiError, ErrorKind};
 use super::volume::{
-    LIFECYCLE, OnTarget, exists_as, live_snapshot, live_volume, wait_for, wait_gone, wait_timeout,
+    LIFECYCLE, NameParams, OnTarget, exists_as, live_snapshot, live_volume, wait_for, wait_gone, wait_timeout,
 };
 use super::{ApiBuilder, ApiContext};
 use crate::backupstore::store::Target;
@@ -25,6 +25,7 @@ use crate::backupstore::{BackupError, Compression, Credentials, Store, format, o
 use crate::names::ObjectName;
 use crate::resources::backup::{Backup, BackupState, BackupStatus};
 use crate::resources::config::snapshot_id;
+use crate::resources::engine::{EngineStatus, ObjectState};
 use crate::runtime::{Destroyed, Phase, Spec, State, Typed};
 
 /// `backup_create` params.
@@ -137,7 +138,16 @@ pub struct BackupRestoreParams {
     /// The disks to place replicas on (any disk when empty).
     #[serde(default)]
     pub disks: Vec<String>,
-    /// Wait until the volume is restored and served.
+    /// A standby (DR) volume: not served; it follows the backup volume's
+    /// newest complete backup (incremental restores) until `volume_activate`.
+    #[serde(default)]
+    pub standby: bool,
+    /// A standby volume's check for a newer backup, every this many seconds
+    /// (default 60, at least 1).
+    #[serde(default)]
+    pub poll_seconds: Option<u32>,
+    /// Wait until the volume is restored and served (a standby volume:
+    /// until it holds the backup).
     #[serde(default)]
     pub wait: bool,
     /// How long a wait may take (seconds; default 120).
@@ -353,9 +363,56 @@ async fn store_volume(store: &Store, target: &str, volume: &str) -> StoreVolumeV
     v
 }
 
+/// A standby volume's wait: done once it holds a backup.
+fn standby_holds_a_backup(e: Option<&EngineStatus>) -> Option<Result<(), String>> {
+    match e {
+        Some(e) if e.state == ObjectState::Failed => Some(Err(e.message.clone())),
+        Some(e) if e.state == ObjectState::Standby && e.restored_backup.is_some() => Some(Ok(())),
+        _ => None,
+    }
+}
+
 /// Registers the backup methods.
 pub fn register(api: &mut ApiBuilder) {
     use ErrorKind::*;
+    api.method(
+        "volume_activate",
+        "Serve a standby (DR) volume: the backup volume's newest complete backup is \
+         restored, its replicas made and it is served; with wait, return once it is.",
+        &[NotFound, FailedPrecondition],
+        |p: NameParams, ctx: Arc<ApiContext>| async move {
+            let guard = LIFECYCLE.lock().await;
+            let v = super::volume::get_volume(&ctx.state, &p.name)?;
+            if v.metadata.phase == Phase::TearingDown {
+                return Err(ApiError::new(
+                    FailedPrecondition,
+                    format!("volume {:?} is being deleted; cannot activate it", p.name),
+                ));
+            }
+            if !v.spec.standby {
+                return Err(ApiError::new(
+                    FailedPrecondition,
+                    format!("volume {:?} is not a standby volume; nothing to activate", p.name),
+                ));
+            }
+            let mut spec = v.spec.clone();
+            spec.standby = false;
+            ctx.state
+                .update_typed(&p.name, "", Some(v.metadata.version), &spec)?;
+            drop(guard);
+            if p.wait {
+                wait_for(
+                    &ctx.state,
+                    &p.name,
+                    wait_timeout(p.timeout_seconds),
+                    &format!("activating volume {}", p.name),
+                    super::volume::engine_ready(spec.size_bytes),
+                )
+                .await?;
+            }
+            super::volume::view(&ctx.state, super::volume::get_volume(&ctx.state, &p.name)?)
+        },
+    );
     api.method(
         "backup_restore",
         "Create a V2 volume with the data of a backup (talon's or Longhorn's); with wait, \
@@ -375,6 +432,19 @@ pub fn register(api: &mut ApiBuilder) {
             }
             for d in &p.disks {
                 ObjectName::parse("disk", d)?;
+            }
+            match (p.standby, p.poll_seconds) {
+                (false, Some(_)) => {
+                    return Err(ApiError::invalid(format!(
+                        "{what}: pollSeconds is for a standby volume (standby: true)"
+                    )));
+                }
+                (true, Some(0)) => {
+                    return Err(ApiError::invalid(format!(
+                        "{what}: pollSeconds must be 1 or more"
+                    )));
+                }
+                _ => {}
             }
             let store = open_store(&what, &p.target, p.credential_secret.as_deref())?;
             let cfg = ops::volume(&store, &p.backup_volume)
@@ -424,7 +494,9 @@ pub fn register(api: &mut ApiBuilder) {
                     credential_secret: p.credential_secret.clone(),
                     backup_volume: p.backup_volume.clone(),
                     backup: p.backup.clone(),
+                    poll_seconds: p.poll_seconds,
                 }),
+                standby: p.standby,
                 revert_to: None,
                 revert_generation: 0,
                 raid_superblock: false,
@@ -438,7 +510,16 @@ pub fn register(api: &mut ApiBuilder) {
                 .create_typed(name.as_str(), "", &spec)
                 .map_err(|e| exists_as("volume", &name, e))?;
             drop(guard);
-            if p.wait {
+            if p.wait && p.standby {
+                wait_for(
+                    &ctx.state,
+                    name.as_str(),
+                    wait_timeout(p.timeout_seconds),
+                    &what,
+                    standby_holds_a_backup,
+                )
+                .await?;
+            } else if p.wait {
                 wait_for(
                     &ctx.state,
                     name.as_str(),

@@ -94,6 +94,14 @@ pub enum BackupCommand {
         /// Replicas (default 1).
         #[arg(long)]
         replicas: Option<u32>,
+        /// A standby (DR) volume: not served; it follows the backup volume's
+        /// newest backup until `talon volume activate`.
+        #[arg(long)]
+        standby: bool,
+        /// A standby volume's check for a newer backup, every this many
+        /// seconds (default 60).
+        #[arg(long, value_name = "SECONDS", requires = "standby")]
+        poll: Option<u32>,
         /// How long to wait, seconds.
         #[arg(long, default_value_t = 3600)]
         timeout: u64,
@@ -334,6 +342,8 @@ pub async fn run(c: &Client, cmd: BackupCommand) -> Result<(), CliError> {
             secret,
             size,
             replicas,
+            standby,
+            poll,
             timeout,
             output,
         } => {
@@ -346,6 +356,8 @@ pub async fn run(c: &Client, cmd: BackupCommand) -> Result<(), CliError> {
                 size,
                 replicas,
                 disks: Vec::new(),
+                standby,
+                poll_seconds: poll,
                 wait: true,
                 timeout_seconds: Some(timeout),
             };

@@ -122,6 +122,15 @@ pub enum VolumeCommand {
         #[arg(long)]
         size: String,
     },
+    /// Serve a standby (DR) volume: its backup volume's newest backup is
+    /// restored, its replicas made, and it is served.
+    Activate {
+        /// Name.
+        name: String,
+        /// How long to wait, seconds.
+        #[arg(long, default_value_t = 3600)]
+        timeout: u64,
+    },
     /// Create a volume from a snapshot.
     Clone {
         /// New volume.
@@ -540,6 +549,14 @@ pub async fn run_volume(c: &Client, cmd: VolumeCommand) -> Result<(), CliError> 
                 timeout_seconds: None,
             };
             call_telling(c, "volume_expand", params, "EngineStatus", &name).await?
+        }
+        VolumeCommand::Activate { name, timeout } => {
+            let params = crate::api::volume::NameParams {
+                name: name.clone(),
+                wait: true,
+                timeout_seconds: Some(timeout),
+            };
+            call_telling(c, "volume_activate", params, "EngineStatus", &name).await?
         }
         VolumeCommand::Clone { name, from } => {
             let (volume, snapshot) = from

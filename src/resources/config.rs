@@ -237,6 +237,13 @@ pub struct Volume {
     /// before the volume is first served.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub from_backup: Option<BackupSource>,
+    /// A standby (DR) volume (with `fromBackup`): not served; its data is
+    /// kept at the backup volume's newest complete backup, each new one
+    /// restored incrementally as it appears (every `fromBackup.pollSeconds`).
+    /// `volume_activate` clears it: the newest backup restored, the
+    /// replicas are made and the volume is served.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub standby: bool,
     /// Revert the volume's data to this snapshot (`<volume>@<name>`); the engine
     /// does it once per change of `revertGeneration`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -281,8 +288,12 @@ pub struct BackupSource {
     pub credential_secret: Option<String>,
     /// The backup volume in the store.
     pub backup_volume: String,
-    /// The backup.
+    /// The backup (a standby volume's first; it then follows the newest).
     pub backup: String,
+    /// A standby volume's check for a newer backup, every this many seconds
+    /// (default 60).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub poll_seconds: Option<u32>,
 }
 
 /// Where another talon node serves a replica (its NVMe/TCP listener).

@@ -33,6 +33,9 @@ pub enum ObjectState {
     Rebuilding,
     /// A replica that missed writes; it is rebuilt before it serves again.
     Stale,
+    /// A standby (DR) volume: restored from backups, not served until
+    /// activated.
+    Standby,
 }
 
 /// The id of spdk_tgt's [`TargetStatus`] and of its [`SpdkEvents`].
@@ -235,6 +238,10 @@ pub struct EngineStatus {
     pub exports: Vec<Export>,
     /// What went wrong, or what it is doing.
     pub message: String,
+    /// A standby volume's data: the backup it holds (restored from its
+    /// backup volume), until the volume is activated.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restored_backup: Option<String>,
 }
 
 impl Spec for EngineStatus {

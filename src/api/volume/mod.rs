@@ -451,7 +451,7 @@ pub(crate) fn volume_name(s: &str) -> Result<ObjectName, ApiError> {
 
 /// A volume by name; a name that cannot be one is refused as invalid, with
 /// the rule, before any lookup.
-fn get_volume(state: &State, name: &str) -> Result<Typed<Volume>, ApiError> {
+pub(crate) fn get_volume(state: &State, name: &str) -> Result<Typed<Volume>, ApiError> {
     volume_name(name)?;
     state
         .get_typed::<Volume>(name)?
@@ -473,6 +473,14 @@ pub(crate) fn live_volume(state: &State, name: &str, action: &str) -> Result<Typ
         return Err(ApiError::new(
             ErrorKind::FailedPrecondition,
             format!("volume {name:?} is being deleted; cannot {action}"),
+        ));
+    }
+    if v.spec.standby {
+        return Err(ApiError::new(
+            ErrorKind::FailedPrecondition,
+            format!(
+                "volume {name:?} is a standby (DR) volume, not served; activate it (volume_activate) to {action}"
+            ),
         ));
     }
     Ok(v)
@@ -710,6 +718,7 @@ pub fn register(api: &mut ApiBuilder) {
                 disks: p.disks,
                 from_snapshot: p.from_snapshot,
                 from_backup: None,
+                standby: false,
                 revert_to: None,
                 revert_generation: 0,
                 raid_superblock: false,

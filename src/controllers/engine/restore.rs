@@ -1,26 +1,39 @@
 //! The restore of a new V2 volume from a backup (`Volume.fromBackup`), as
 //! the volume controller asks for it before the volume's first replicas
-//! are made.
+//! are made, and a standby (DR) volume's data kept at its backup volume's
+//! newest backup until it is activated.
 //!
 //! ```text
 //!   no replica of it yet, no ledger ─> a task: the backup restored into
 //!     <data_dir>/restore/<volume>.img (sparse; the data at the raid
-//!     superblock's room), each block checked ─> Ready(file)
-//!   VolumePlan.restore = file ─> its local replicas made from it
-//!     (Make::Restore) ─> served ─> the file removed
+//!     superblock's room), each block checked; what it holds recorded
+//!     beside it (<volume>.img.json) ─> Held
+//!   Held, standby ─> every pollSeconds: the backup volume's newest complete
+//!     backup, when another, applied to the file (only the blocks that
+//!     differ fetched; idempotent) ─> Held (the newer one)
+//!   Held, standby cleared (activated) ─> brought to the newest once more
+//!   Held, not standby ─> Ready(file) ─> VolumePlan.restore = file ─> its
+//!     local replicas made from it (Make::Restore) ─> served ─> file removed
 //!   a replica cut off in its copy (still an esnap clone) ─> deleted first
 //! ```
 //!
 //! Once a replica of the volume exists or it was served (a ledger), the
 //! backup is never restored again: a replica made later is rebuilt from
-//! the others like any new replica.
+//! the others like any new replica. A talon restarted while a volume is
+//! held (standby, or between its restore and its replicas) takes the file
+//! up again from its record; a file without one (a restore or a first
+//! follow cut off) is restored again in full, and a follow cut off is
+//! applied again from the backup the record names.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
 
 use crate::backupstore::{self, Progress};
-use crate::resources::config::Volume;
+use crate::resources::config::{BackupSource, Volume};
 use crate::spdk::SpdkClient;
 use crate::spdk::naming;
 use crate::spdk::volume::Inventory;
@@ -28,6 +41,8 @@ use crate::spdk::volume::from_file;
 use crate::spdk::volume::plan::{RestoreFile, superblock_room};
 
 const MIB: u64 = 1 << 20;
+/// A standby volume's check for a newer backup, by default.
+const DEFAULT_POLL_SECONDS: u32 = 60;
 
 /// What the volume controller does about a volume's restore now.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -40,15 +55,69 @@ pub enum Step {
     Failed(String),
     /// Make the replicas from this file.
     Ready(RestoreFile),
+    /// A standby volume, not served: the backup its data is.
+    Standby {
+        /// What it does.
+        message: String,
+        /// The backup it holds.
+        backup: String,
+        /// A newer backup is being restored.
+        busy: bool,
+    },
+}
+
+/// What a restore file holds: recorded beside it (`<volume>.img.json`)
+/// once it holds it whole.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Held {
+    target: String,
+    backup_volume: String,
+    backup: String,
+    data_offset: u64,
+    /// Made for a standby volume: brought to the newest backup before its
+    /// replicas are made.
+    follows: bool,
+}
+
+impl Held {
+    fn of(src: &BackupSource, backup: &str, data_offset: u64, follows: bool) -> Self {
+        Self {
+            target: src.target.clone(),
+            backup_volume: src.backup_volume.clone(),
+            backup: backup.to_owned(),
+            data_offset,
+            follows,
+        }
+    }
+
+    fn file(&self, file: &Path) -> RestoreFile {
+        RestoreFile {
+            file: file.to_owned(),
+            data_offset: self.data_offset,
+        }
+    }
 }
 
 #[derive(Debug)]
 enum Task {
     Running {
         progress: Arc<Progress>,
-        handle: tokio::task::JoinHandle<Result<RestoreFile, String>>,
+        handle: tokio::task::JoinHandle<Result<(Held, Option<backupstore::ops::RestoreStats>), String>>,
+        /// What the file held before (a standby's follow).
+        before: Option<Held>,
+        /// The backup being restored, when known.
+        doing: String,
     },
-    Ready(RestoreFile),
+    Held {
+        held: Held,
+        /// The last look for a newer backup.
+        checked: Option<Instant>,
+        /// How that look failed, if it did.
+        error: Option<String>,
+        /// What the last restore into the file fetched: blocks, of how many.
+        fetched: Option<(u64, u64)>,
+    },
     Failed(String),
 }
 
@@ -62,6 +131,36 @@ pub struct Restores {
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Where the record of what `file` holds is.
+fn record_path(file: &Path) -> PathBuf {
+    let mut p = file.as_os_str().to_owned();
+    p.push(".json");
+    PathBuf::from(p)
+}
+
+/// The record of what `file` holds, if it is there and readable.
+fn read_record(file: &Path) -> Option<Held> {
+    let b = std::fs::read(record_path(file)).ok()?;
+    serde_json::from_slice(&b).ok()
+}
+
+/// Records what `file` holds (written whole, then renamed into place, after
+/// the file's data is on disk).
+fn write_record(file: &Path, held: &Held) -> Result<(), String> {
+    let path = record_path(file);
+    let tmp = path.with_extension("json.tmp");
+    let err = |e: std::io::Error| format!("recording {}: {e}", path.display());
+    std::fs::File::open(file)
+        .and_then(|f| f.sync_all())
+        .map_err(err)?;
+    let body = serde_json::to_vec(held).map_err(|e| format!("recording {}: {e}", path.display()))?;
+    std::fs::write(&tmp, body).map_err(err)?;
+    std::fs::File::open(&tmp)
+        .and_then(|f| f.sync_all())
+        .map_err(err)?;
+    std::fs::rename(&tmp, &path).map_err(err)
 }
 
 impl Restores {
@@ -114,40 +213,6 @@ impl Restores {
                 Err(e) => return Step::Failed(format!("volume {vol}: {e}")),
             }
         }
-        // decided under the lock, awaited after it
-        let finished = {
-            let mut tasks = lock(&self.tasks);
-            match tasks.get(vol) {
-                Some(Task::Ready(f)) => return Step::Ready(f.clone()),
-                Some(Task::Failed(m)) => return Step::Failed(m.clone()),
-                Some(Task::Running { progress, handle }) if !handle.is_finished() => {
-                    return Step::Waiting(format!(
-                        "restoring backup {} of {} from {}: {}%",
-                        src.backup,
-                        src.backup_volume,
-                        src.target,
-                        progress.get()
-                    ));
-                }
-                Some(Task::Running { .. }) => match tasks.remove(vol) {
-                    Some(Task::Running { handle, .. }) => Some(handle),
-                    _ => None,
-                },
-                None => None,
-            }
-        };
-        if let Some(handle) = finished {
-            let done = match handle.await {
-                Ok(r) => r,
-                Err(e) => Err(format!("restore task: {e}")),
-            };
-            let (step, task) = match done {
-                Ok(f) => (Step::Ready(f.clone()), Task::Ready(f)),
-                Err(m) => (Step::Failed(m.clone()), Task::Failed(m)),
-            };
-            lock(&self.tasks).insert(vol.to_owned(), task);
-            return step;
-        }
         let Some(dir) = &self.work_dir else {
             return Step::Failed("no data directory for restores".into());
         };
@@ -166,11 +231,163 @@ impl Restores {
         } else {
             0
         };
-        let progress = Arc::new(Progress::default());
         let file = dir.join(format!("{vol}.img"));
+        // a finished task's result taken, then decided again (at most twice)
+        for _ in 0..3 {
+            let finished = {
+                let mut tasks = lock(&self.tasks);
+                if !tasks.contains_key(vol) {
+                    // a talon restarted: the file is taken up again when its record fits
+                    if let Some(held) = read_record(&file).filter(|h| {
+                        h.target == src.target
+                            && h.backup_volume == src.backup_volume
+                            && h.data_offset == data_offset
+                            && file.exists()
+                    }) {
+                        tasks.insert(
+                            vol.to_owned(),
+                            Task::Held {
+                                held,
+                                checked: None,
+                                error: None,
+                                fetched: None,
+                            },
+                        );
+                    }
+                }
+                match tasks.get(vol) {
+                    None => None,
+                    Some(Task::Failed(m)) => return Step::Failed(m.clone()),
+                    Some(Task::Running {
+                        progress,
+                        handle,
+                        before,
+                        doing,
+                    }) if !handle.is_finished() => {
+                        return match before {
+                            Some(h) if spec.standby => Step::Standby {
+                                message: format!(
+                                    "standby: holds backup {} of {}; restoring backup {doing}: {}%",
+                                    h.backup,
+                                    src.backup_volume,
+                                    progress.get()
+                                ),
+                                backup: h.backup.clone(),
+                                busy: true,
+                            },
+                            Some(h) => Step::Waiting(format!(
+                                "activating: holds backup {}; restoring the newest backup {doing}: {}%",
+                                h.backup,
+                                progress.get()
+                            )),
+                            None => Step::Waiting(format!(
+                                "restoring backup {doing} of {} from {}: {}%",
+                                src.backup_volume,
+                                src.target,
+                                progress.get()
+                            )),
+                        };
+                    }
+                    Some(Task::Running { .. }) => match tasks.remove(vol) {
+                        Some(Task::Running { handle, before, .. }) => Some((handle, before)),
+                        _ => None,
+                    },
+                    Some(Task::Held {
+                        held,
+                        checked,
+                        error,
+                        fetched,
+                    }) => {
+                        let poll = Duration::from_secs(
+                            src.poll_seconds.unwrap_or(DEFAULT_POLL_SECONDS).max(1).into(),
+                        );
+                        let due = checked.is_none_or(|c| c.elapsed() >= poll);
+                        if spec.standby && !due {
+                            let mut message =
+                                format!("standby: holds backup {} of {}", held.backup, src.backup_volume);
+                            if let Some((n, of)) = fetched {
+                                message.push_str(&format!(" (its restore fetched {n} of {of} blocks)"));
+                            }
+                            if let Some(e) = error {
+                                message.push_str(&format!("; the last look for a newer backup failed: {e}"));
+                            }
+                            return Step::Standby {
+                                message,
+                                backup: held.backup.clone(),
+                                busy: false,
+                            };
+                        }
+                        if !spec.standby && !held.follows {
+                            return Step::Ready(held.file(&file));
+                        }
+                        // a standby's look for a newer backup, or an activation's last one
+                        let before = held.clone();
+                        let progress = Arc::new(Progress::default());
+                        let handle = tokio::spawn(follow(
+                            src.clone(),
+                            before.clone(),
+                            file.clone(),
+                            spec.size_bytes,
+                            spec.standby,
+                            progress.clone(),
+                        ));
+                        tasks.insert(
+                            vol.to_owned(),
+                            Task::Running {
+                                progress,
+                                handle,
+                                before: Some(before),
+                                doing: "(the newest)".into(),
+                            },
+                        );
+                        continue;
+                    }
+                }
+            };
+            let Some((handle, before)) = finished else {
+                break;
+            };
+            let done = match handle.await {
+                Ok(r) => r,
+                Err(e) => Err(format!("restore task: {e}")),
+            };
+            let mut tasks = lock(&self.tasks);
+            let last = match tasks.remove(vol) {
+                Some(Task::Held { fetched, .. }) => fetched,
+                _ => None,
+            };
+            let task = match (done, before) {
+                (Ok((held, stats)), _) => Task::Held {
+                    held,
+                    checked: Some(Instant::now()),
+                    error: None,
+                    fetched: stats.map(|s| (s.blocks_downloaded, s.blocks)).or(last),
+                },
+                // a failed look leaves the file as it was: tried again at the next poll
+                (Err(m), Some(held)) => Task::Held {
+                    held,
+                    checked: Some(Instant::now()),
+                    error: Some(m),
+                    fetched: last,
+                },
+                (Err(m), None) => Task::Failed(m),
+            };
+            tasks.insert(vol.to_owned(), task);
+        }
+        if lock(&self.tasks).contains_key(vol) {
+            return Step::Waiting(format!(
+                "restoring backup {} of {}",
+                src.backup, src.backup_volume
+            ));
+        }
+        // nothing held: the backup restored in full
+        let progress = Arc::new(Progress::default());
         let (src, size, p, dir) = (src.clone(), spec.size_bytes, progress.clone(), dir.clone());
+        let follows = spec.standby;
+        let doing = src.backup.clone();
         let handle = tokio::spawn(async move {
             std::fs::create_dir_all(&dir).map_err(|e| format!("making {}: {e}", dir.display()))?;
+            let _ = std::fs::remove_file(record_path(&file));
             let store = super::backup::open_store(&src.target, src.credential_secret.as_deref())?;
             let named =
                 |e: backupstore::BackupError| format!("backup {} of {}: {e}", src.backup, src.backup_volume);
@@ -184,7 +401,7 @@ impl Restores {
                     src.backup, cfg.size
                 ));
             }
-            backupstore::ops::restore_to_file(
+            let stats = backupstore::ops::restore_to_file(
                 &store,
                 &src.backup_volume,
                 &src.backup,
@@ -201,14 +418,24 @@ impl Restores {
                 .open(&file)
                 .and_then(|f| f.set_len(len))
                 .map_err(|e| format!("{}: {e}", file.display()))?;
-            Ok(RestoreFile { file, data_offset })
+            let held = Held::of(&src, &src.backup, data_offset, follows);
+            write_record(&file, &held)?;
+            Ok((held, Some(stats)))
         });
-        lock(&self.tasks).insert(vol.to_owned(), Task::Running { progress, handle });
-        Step::Waiting(format!(
-            "restoring backup {} of {}: started",
-            spec.from_backup.as_ref().map_or("", |s| s.backup.as_str()),
+        let message = format!(
+            "restoring backup {doing} of {}: started",
             spec.from_backup.as_ref().map_or("", |s| s.backup_volume.as_str())
-        ))
+        );
+        lock(&self.tasks).insert(
+            vol.to_owned(),
+            Task::Running {
+                progress,
+                handle,
+                before: None,
+                doing,
+            },
+        );
+        Step::Waiting(message)
     }
 
     /// Stops the restores of volumes not in `live` (deleted, or being
@@ -227,15 +454,72 @@ impl Restores {
     /// The volume is served (or gone): its restore file is removed.
     pub fn finish(&self, vol: &str) {
         let removed = lock(&self.tasks).remove(vol);
-        match removed {
-            Some(Task::Ready(f)) => {
-                let _ = std::fs::remove_file(&f.file);
-            }
-            Some(Task::Running { handle, .. }) => handle.abort(),
-            _ => {}
+        if let Some(Task::Running { handle, .. }) = removed {
+            handle.abort();
         }
         if let Some(dir) = &self.work_dir {
-            let _ = std::fs::remove_file(dir.join(format!("{vol}.img")));
+            let file = dir.join(format!("{vol}.img"));
+            let _ = std::fs::remove_file(record_path(&file));
+            let _ = std::fs::remove_file(file);
         }
     }
+}
+
+/// Brings a standby volume's file (holding `held`) to its backup volume's
+/// newest complete backup, when that is another: only the blocks that
+/// differ are fetched, and the record is written after them. `standby`
+/// false: the activation's last look (the file is used once it ends).
+async fn follow(
+    src: BackupSource,
+    held: Held,
+    file: PathBuf,
+    size: u64,
+    standby: bool,
+    progress: Arc<Progress>,
+) -> Result<(Held, Option<backupstore::ops::RestoreStats>), String> {
+    let store = super::backup::open_store(&src.target, src.credential_secret.as_deref())?;
+    let cfg = backupstore::ops::volume(&store, &src.backup_volume)
+        .await
+        .map_err(|e| format!("backup volume {}: {e}", src.backup_volume))?
+        .ok_or_else(|| format!("backup volume {} not found in {}", src.backup_volume, src.target))?;
+    let newest = cfg.last_backup_name;
+    let mut next = Held {
+        follows: standby,
+        ..held.clone()
+    };
+    let mut stats = None;
+    if !newest.is_empty() && newest != held.backup {
+        if cfg.size > size {
+            return Err(format!(
+                "backup {newest} of {} holds {} bytes: more than the volume's {size}",
+                src.backup_volume, cfg.size
+            ));
+        }
+        let named = |e: backupstore::BackupError| format!("backup {newest} of {}: {e}", src.backup_volume);
+        let b = backupstore::ops::backup(&store, &src.backup_volume, &newest)
+            .await
+            .map_err(named)?;
+        if !b.complete() {
+            // volume.cfg names a backup only once it is complete; a store that says otherwise waits
+            return Ok((held, None));
+        }
+        stats = Some(
+            backupstore::ops::restore_delta_to_file(
+                &store,
+                &src.backup_volume,
+                &held.backup,
+                &newest,
+                &file,
+                held.data_offset,
+                &progress,
+            )
+            .await
+            .map_err(named)?,
+        );
+        next.backup = newest;
+    }
+    if next != held {
+        write_record(&file, &next)?;
+    }
+    Ok((next, stats))
 }

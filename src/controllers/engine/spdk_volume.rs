@@ -190,6 +190,7 @@ fn engine_status(state: ObjectState, message: impl Into<String>) -> EngineStatus
         replicas: Vec::new(),
         exports: Vec::new(),
         message: message.into(),
+        restored_backup: None,
     }
 }
 
@@ -380,6 +381,18 @@ impl SpdkVolumeController {
             RestoreStep::Waiting(m) => {
                 let mut r = Realized::failed(ObjectState::Creating, m);
                 r.rebuilding = true;
+                return r;
+            }
+            // a standby volume is not served: it holds a backup until activated
+            RestoreStep::Standby {
+                message,
+                backup,
+                busy,
+            } => {
+                let mut r = Realized::failed(ObjectState::Standby, message);
+                r.status.size_bytes = job.spec.size_bytes;
+                r.status.restored_backup = Some(backup);
+                r.rebuilding = busy;
                 return r;
             }
         };
@@ -719,6 +732,7 @@ fn status_of(
             hosts: export.hosts.clone(),
         }],
         message,
+        restored_backup: None,
     };
     (status, replicas)
 }

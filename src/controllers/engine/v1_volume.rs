@@ -211,6 +211,7 @@ fn failed(engine_msg: impl Into<String>, device: String) -> EngineStatus {
         replicas: Vec::new(),
         exports: Vec::new(),
         message: engine_msg.into(),
+        restored_backup: None,
     }
 }
 
@@ -340,6 +341,7 @@ impl V1Ops {
                     hosts: job.opts.initiators.iter().map(|a| a.to_string()).collect(),
                 }],
                 message,
+                restored_backup: None,
             }),
             // tgtd stopping or restarting: the volume waits for it (a `wait` goes on, and
             // fails at once only if tgtd's TargetStatus turns failed)
