@@ -111,9 +111,9 @@ async fn backups_are_validated_recorded_and_listed_from_their_target() {
             vec!["snapshot \"vol-a@nosnap\" not found"],
         ),
         (
-            create("vol-a", "s1", "nfs://x:/y"),
+            create("vol-a", "s1", "cifs://x/y"),
             ErrorKind::InvalidParams,
-            vec!["nfs://x:/y", "not supported"],
+            vec!["cifs://x/y", "not supported"],
         ),
         (
             BackupCreateParams {
@@ -292,7 +292,7 @@ async fn backups_are_validated_recorded_and_listed_from_their_target() {
             ErrorKind::InvalidParams,
             "\"../x\" is invalid",
         ),
-        (None, "nfs://x:/y", ErrorKind::InvalidParams, "not supported"),
+        (None, "cifs://x/y", ErrorKind::InvalidParams, "not supported"),
     ] {
         let (got, msg) = failure(c.backup_store_list(target, None, volume).await, want);
         assert_eq!(got, Some(kind), "{msg}");

@@ -258,3 +258,136 @@ async fn longhorn_call(base: std::net::SocketAddr, args: &[String]) {
         other => panic!("unknown operation {other:?}"),
     }
 }
+
+/// The `nfs-backup` step's client, run in the guest against the guest kernel's nfsd
+/// (`TALON_NFS_TARGET`, an `nfs://` target): talon mounts the share itself (mount(2), no
+/// mount.nfs), backs a 16 MiB image up in full and then incrementally (1 block uploaded),
+/// restores both and compares them byte for byte, deletes the first (the second still
+/// restores), refuses a path the server does not have with nothing left mounted, and
+/// unmounts what it mounted. Prints `NFS ok` at the end.
+#[test]
+#[ignore = "a tool of the nfs-backup guest step, not a test of its own"]
+fn nfs_backup_client() {
+    let Ok(target) = std::env::var("TALON_NFS_TARGET") else {
+        eprintln!(
+            "SKIP nfs_backup_client: TALON_NFS_TARGET is not set (a tool of tests/vm/steps/nfs-backup)"
+        );
+        return;
+    };
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("tokio");
+    rt.block_on(nfs_round_trip(&target));
+}
+
+async fn nfs_round_trip(target: &str) {
+    use std::os::unix::fs::FileExt;
+    use talon::backupstore::{
+        BackupRequest, Compression, Credentials, Progress, SparseImage, Store, format, nfs, ops,
+    };
+    const MIB: u64 = 1 << 20;
+    let size = 16 * MIB;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pattern = |seed: u8, len: usize| -> Vec<u8> {
+        (0..len)
+            .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+            .collect()
+    };
+    let image = |name: &str, writes: &[(u64, Vec<u8>)]| {
+        let p = dir.path().join(name);
+        let f = std::fs::File::create(&p).expect("create");
+        f.set_len(size).expect("set_len");
+        for (at, d) in writes {
+            f.write_all_at(d, *at).expect("write_all_at");
+        }
+        SparseImage::open(&p, 0, size).expect("open")
+    };
+    let request = |name: &str, snap: &str| BackupRequest {
+        volume: "vol".into(),
+        name: name.into(),
+        snapshot: snap.into(),
+        snapshot_created_at: format::now(),
+        size,
+        compression: Compression::Lz4,
+        data_engine: "v2".into(),
+        ..Default::default()
+    };
+    let restored = |name: &str| dir.path().join(format!("{name}.out"));
+    let store = Store::open(target, &Credentials::none()).unwrap_or_else(|e| panic!("open {target}: {e}"));
+    let mounted = std::fs::read_to_string("/proc/self/mounts").expect("mounts");
+    let line = mounted
+        .lines()
+        .find(|l| l.contains(" nfs4 ") && l.contains(nfs::DEFAULT_MOUNT_ROOT))
+        .unwrap_or_else(|| panic!("no NFS mount under {}: {mounted}", nfs::DEFAULT_MOUNT_ROOT));
+    println!("NFS mounted: {line}");
+
+    // backup-one: 6 MiB at 2 MiB (blocks 1-3) and 2 MiB at 10 MiB (block 5)
+    let one = [
+        (2 * MIB, pattern(1, 6 * MIB as usize)),
+        (10 * MIB, pattern(2, 2 * MIB as usize)),
+    ];
+    let full = image("one.img", &one);
+    let p = Progress::default();
+    let (b1, st1) = ops::create(&store, &request("backup-one", "s1"), &full, None, &p)
+        .await
+        .expect("backup-one");
+    assert_eq!((st1.blocks_uploaded, b1.blocks.len()), (4, 4), "{st1:?}");
+    // backup-two: 1 MiB changed inside block 2
+    let change = (4 * MIB + 512 * 1024, pattern(3, MIB as usize));
+    let delta = image("delta.img", std::slice::from_ref(&change));
+    let (b2, st2) = ops::create(&store, &request("backup-two", "s2"), &delta, Some(&b1), &p)
+        .await
+        .expect("backup-two");
+    assert!(b2.is_incremental && b2.complete(), "{b2:?}");
+    assert_eq!(st2.blocks_uploaded, 1, "only the changed block: {st2:?}");
+    let mut two = std::fs::read(&full.file).expect("read");
+    two[change.0 as usize..change.0 as usize + change.1.len()].copy_from_slice(&change.1);
+    for (name, want) in [
+        ("backup-one", std::fs::read(&full.file).expect("read")),
+        ("backup-two", two.clone()),
+    ] {
+        let r = ops::restore_to_file(&store, "vol", name, &restored(name), 0, &p)
+            .await
+            .unwrap_or_else(|e| panic!("restore {name}: {e}"));
+        assert_eq!(r.size, size);
+        assert!(
+            std::fs::read(restored(name)).expect("read") == want,
+            "{name} restored from NFS differs"
+        );
+    }
+    let listed: Vec<String> = ops::complete_backups(&store, "vol")
+        .await
+        .expect("complete_backups")
+        .into_iter()
+        .map(|b| b.name)
+        .collect();
+    assert_eq!(listed, ["backup-one", "backup-two"]);
+    ops::delete(&store, "vol", "backup-one")
+        .await
+        .expect("delete backup-one");
+    let r = restored("again");
+    ops::restore_to_file(&store, "vol", "backup-two", &r, 0, &p)
+        .await
+        .expect("restore backup-two after backup-one's delete");
+    assert!(
+        std::fs::read(&r).expect("read") == two,
+        "backup-two after the delete"
+    );
+    println!("NFS backups: one {st1:?}, two {st2:?}");
+
+    // a path the server does not have: a clear error, nothing mounted
+    let missing = target.replace("/store", "/missing");
+    let e = Store::open(&missing, &Credentials::none()).expect_err("a path the server does not have");
+    assert!(e.to_string().contains("mounting NFS share"), "{e}");
+    println!("NFS refused: {e}");
+
+    let left = nfs::unmount_all();
+    assert!(left.is_empty(), "{left:?}");
+    let mounted = std::fs::read_to_string("/proc/self/mounts").expect("mounts");
+    assert!(
+        !mounted.contains(nfs::DEFAULT_MOUNT_ROOT),
+        "left mounted: {mounted}"
+    );
+    println!("NFS ok");
+}

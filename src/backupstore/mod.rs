@@ -1,6 +1,6 @@
-//! Backups of V2 volumes in Longhorn's backupstore format, on S3 or a
+//! Backups of V2 volumes in Longhorn's backupstore format, on S3, NFS or a
 //! local folder: `format` (layout, configs, blocks), `store` (targets and
-//! credentials), `lock` (Longhorn's lock protocol), `image` (a snapshot's
+//! credentials), `nfs` (NFS shares mounted by talon), `lock` (Longhorn's lock protocol), `image` (a snapshot's
 //! sparse-file copy), `ops` (backup, restore, list, delete) and `info`
 //! (the JSON Longhorn's engine binary answers about a store). A V2
 //! snapshot is read out of spdk_tgt by `spdk::volume::to_file`.
@@ -13,6 +13,7 @@ pub mod format;
 pub mod image;
 pub mod info;
 pub mod lock;
+pub mod nfs;
 pub mod ops;
 pub mod store;
 

@@ -122,6 +122,8 @@ pub enum Target {
         prefix: String,
     },
     Dir(std::path::PathBuf),
+    /// An NFS share (`nfs://<server>:/<export>`), mounted by talon.
+    Nfs(super::nfs::NfsTarget),
 }
 
 impl Target {
@@ -133,7 +135,7 @@ impl Target {
         };
         let (scheme, rest) = url
             .split_once("://")
-            .ok_or_else(|| bad("no scheme (s3://, vfs://)"))?;
+            .ok_or_else(|| bad("no scheme (s3://, nfs://, vfs://)"))?;
         match scheme {
             "s3" => {
                 let (host, path) = rest.split_once('/').ok_or_else(|| {
@@ -169,10 +171,11 @@ impl Target {
                 }
                 Ok(Target::Dir(dir))
             }
-            "nfs" | "cifs" | "azblob" => Err(bad(
-                "this target kind is not supported by talon yet (S3 and vfs:// are); mount the share and use vfs:///<mount>",
+            "nfs" => super::nfs::NfsTarget::parse(rest, bad).map(Target::Nfs),
+            "cifs" | "azblob" => Err(bad(
+                "this target kind is not supported by talon yet (S3, NFS and vfs:// are); mount the share and use vfs:///<mount>",
             )),
-            _ => Err(bad("unknown scheme (s3://, vfs://)")),
+            _ => Err(bad("unknown scheme (s3://, nfs://, vfs://)")),
         }
     }
 }
@@ -203,11 +206,14 @@ impl Store {
             url: url.to_owned(),
             reason,
         };
-        let local = match &target {
-            Target::Dir(dir) => Some(dir.clone()),
-            Target::S3 { .. } => None,
+        let folder = |dir: &std::path::Path| -> Result<Arc<dyn ObjectStore>, BackupError> {
+            std::fs::create_dir_all(dir).map_err(|e| bad(format!("creating {}: {e}", dir.display())))?;
+            let fs =
+                object_store::local::LocalFileSystem::new_with_prefix(dir).map_err(|e| bad(e.to_string()))?;
+            Ok(Arc::new(fs))
         };
-        let (inner, prefix): (Arc<dyn ObjectStore>, String) = match target {
+        let (inner, prefix, local): (Arc<dyn ObjectStore>, String, Option<std::path::PathBuf>) = match target
+        {
             Target::S3 {
                 bucket,
                 region,
@@ -255,13 +261,13 @@ impl Store {
                     }
                     b = b.with_client_options(opts);
                 }
-                (Arc::new(b.build().map_err(|e| bad(e.to_string()))?), prefix)
+                (Arc::new(b.build().map_err(|e| bad(e.to_string()))?), prefix, None)
             }
-            Target::Dir(dir) => {
-                std::fs::create_dir_all(&dir).map_err(|e| bad(format!("creating {}: {e}", dir.display())))?;
-                let fs = object_store::local::LocalFileSystem::new_with_prefix(&dir)
-                    .map_err(|e| bad(e.to_string()))?;
-                (Arc::new(fs), String::new())
+            Target::Dir(dir) => (folder(&dir)?, String::new(), Some(dir)),
+            // an NFS share is a local folder once mounted
+            Target::Nfs(t) => {
+                let dir = super::nfs::ensure_mounted(&t, url)?;
+                (folder(&dir)?, String::new(), Some(dir))
             }
         };
         Ok(Store {
@@ -426,7 +432,8 @@ mod tests {
             ("s3://Bad_Bucket/", "bucket name"),
             ("s3://bkt/../x", "'..'"),
             ("vfs://rel/path", "absolute"),
-            ("nfs://10.0.0.1:/b", "not supported"),
+            ("cifs://10.0.0.1/b", "not supported"),
+            ("nfs://10.0.0.1/b", "nfs://<server>:/<export>"),
             ("/plain", "no scheme"),
         ] {
             let e = Target::parse(bad).expect_err("parse fails").to_string();

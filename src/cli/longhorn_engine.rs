@@ -137,7 +137,7 @@ enum BackupCmd {
         volume: Option<String>,
         url: String,
     },
-    /// Unmounts what backups mounted: talon mounts nothing.
+    /// Unmounts the NFS backup targets' shares talon mounted.
     CleanupAllMounts,
     /// The names of the backing image backups.
     LsBackingImage { target: String },
@@ -199,7 +199,17 @@ async fn backup(cmd: BackupCmd) -> Result<Option<String>, BackupError> {
             ops::delete(&store(&dest)?, &volume, &name).await?;
             Ok(None)
         }
-        BackupCmd::CleanupAllMounts => Ok(None),
+        BackupCmd::CleanupAllMounts => {
+            let failed = crate::backupstore::nfs::unmount_all();
+            if failed.is_empty() {
+                Ok(None)
+            } else {
+                Err(BackupError::Invalid(format!(
+                    "cannot unmount {}",
+                    failed.join(", ")
+                )))
+            }
+        }
         BackupCmd::LsBackingImage { target } => json(&info::backing_images(&store(&target)?).await?),
     }
 }

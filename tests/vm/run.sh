@@ -169,6 +169,9 @@ PKGS=(
 	nvme-cli libnvme1 libjson-c5 open-iscsi libisns0 libopeniscsiusr
 	fio libnuma1 libnbd0 libpmemblk1 libboost-thread1.74.0 libfmt9 libgfxdr0 libglusterfs0
 	libgfrpc0 libgfapi0 librados2 librbd1
+	# the nfs-backup step's server (the kernel's nfsd; exportfs, rpc.mountd, rpc.nfsd)
+	nfs-kernel-server libtirpc3 libtirpc-common libwrap0 libnsl2 libgssapi-krb5-2 libkrb5-3
+	libk5crypto3 libkrb5support0 libkeyutils1
 )
 mkdir -p "$CACHE"
 exec 9>"$CACHE/.lock"
@@ -257,13 +260,15 @@ cp "$ROOT/bin/busybox" "$STAGE/bin/busybox"
 for a in $("$STAGE/bin/busybox" --list-full); do
 	[ -e "$STAGE/$a" ] || ln -s /bin/busybox "$STAGE/$a"
 done
-BINS=("$ROOT/bin/kmod" "$ROOT/usr/sbin/nvme" "$ROOT/sbin/iscsiadm" "$ROOT/sbin/iscsid" "$ROOT/sbin/iscsi-iname" "$ROOT/usr/bin/fio")
+BINS=("$ROOT/bin/kmod" "$ROOT/usr/sbin/nvme" "$ROOT/sbin/iscsiadm" "$ROOT/sbin/iscsid" "$ROOT/sbin/iscsi-iname" "$ROOT/usr/bin/fio"
+	"$ROOT/usr/sbin/exportfs" "$ROOT/usr/sbin/rpc.mountd" "$ROOT/usr/sbin/rpc.nfsd")
 cp "$ROOT/bin/kmod" "$STAGE/bin/kmod"
 for t in modprobe lsmod rmmod insmod modinfo depmod; do ln -sf /bin/kmod "$STAGE/sbin/$t"; done
 cp "$ROOT/usr/sbin/nvme" "$STAGE/usr/sbin/"
 cp "$ROOT/sbin/iscsiadm" "$ROOT/sbin/iscsid" "$ROOT/sbin/iscsi-iname" "$STAGE/sbin/"
 cp "$ROOT/etc/iscsi/iscsid.conf" "$STAGE/etc/iscsi/"
 cp "$ROOT/usr/bin/fio" "$STAGE/usr/bin/"
+cp "$ROOT/usr/sbin/exportfs" "$ROOT/usr/sbin/rpc.mountd" "$ROOT/usr/sbin/rpc.nfsd" "$STAGE/usr/sbin/"
 # without debug info (a debug build is >100 MB; the guest loads the initramfs at TCG speed)
 if command -v objcopy >/dev/null; then
 	objcopy --strip-debug "$TALON_BIN" "$STAGE/usr/bin/talon"
@@ -289,7 +294,7 @@ printf '/lib/x86_64-linux-gnu\n/usr/lib/x86_64-linux-gnu\n' >"$STAGE/etc/ld.so.c
 ldconfig -r "$STAGE"
 MODS="nvme-core nvme nvme-fabrics nvme-tcp nvmet nvmet-tcp vfio vfio-pci vfio_iommu_type1 uio uio_pci_generic
       iscsi_tcp libiscsi libiscsi_tcp scsi_transport_iscsi sd_mod virtio_pci virtio_net brd loop configfs
-      crc32c_generic dm-mod ext4"
+      crc32c_generic dm-mod ext4 nfsd nfsv4"
 for m in $MODS; do
 	LD_LIBRARY_PATH=$HOSTLIBS "$ROOT/.tools/modprobe" -d "$ROOT" -S "$KVER" --show-depends "$m" | awk '$1=="insmod"{print $2}'
 done | sort -u | while read -r ko; do
