@@ -6,8 +6,8 @@
 //! written; a restored image copied into a thin lvol on the same target
 //! (`spdk::volume::from_file`) reads back the same; and a standby (DR)
 //! volume made from the first backup keeps its file over a restart,
-//! follows the second (fetching only its changed blocks) and, activated,
-//! serves it.
+//! follows the second and the third (fetching only their changed blocks)
+//! and, activated, serves the third.
 
 #[path = "support/s3_server.rs"]
 #[allow(dead_code)]
@@ -237,8 +237,7 @@ async fn real_spdk_backups_of_a_volume_round_trip_through_s3_full_then_increment
         "{s2}"
     );
 
-    // the standby follows: backup-two applied to what it holds, then activated, it
-    // serves backup-two from two new replicas
+    // the standby follows: backup-two applied to what it holds
     let e = standby_engine(&d.client, "dr", "backup-two").await;
     eprintln!("standby after backup-two: {e}");
     assert!(
@@ -247,6 +246,38 @@ async fn real_spdk_backups_of_a_volume_round_trip_through_s3_full_then_increment
             .is_some_and(|m| m.contains("fetched 2 of 66 blocks")),
         "only backup-two's 2 changed blocks fetched: {e}"
     );
+    let at_s2 = dir.path().join("model-s2.img");
+    std::fs::copy(&model, &at_s2).expect("copy");
+
+    // a third backup (1 MiB in a block no backup mapped): the standby follows it too
+    let third = pattern(7, MIB as usize);
+    spdk_dd::dd_write_at(&spdk, &work, port, &nqn, &third, (700 * MIB) as usize);
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&model)
+        .and_then(|m| m.write_all_at(&third, 700 * MIB))
+        .expect("write_all_at");
+    snapshot(&d.client, "s3").await;
+    let s3 = backup(&d.client, &secret, "backup-three", "s3").await;
+    assert_eq!(
+        (
+            s3["state"].as_str(),
+            s3["incremental"].as_bool(),
+            s3["blocksUploaded"].as_u64()
+        ),
+        (Some("completed"), Some(true), Some(1)),
+        "{s3}"
+    );
+    let e = standby_engine(&d.client, "dr", "backup-three").await;
+    eprintln!("standby after backup-three: {e}");
+    assert!(
+        e["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("fetched 1 of 67 blocks")),
+        "only backup-three's new block fetched: {e}"
+    );
+
+    // activated, it serves backup-three from two new replicas
     let v: Value = d
         .client
         .call(
@@ -265,7 +296,7 @@ async fn real_spdk_backups_of_a_volume_round_trip_through_s3_full_then_increment
     assert_eq!(
         sha(&f, SIZE),
         sha(&model, SIZE),
-        "the activated standby volume reads backup-two"
+        "the activated standby volume reads backup-three"
     );
     std::fs::remove_file(&f).expect("remove_file");
     assert!(
@@ -291,7 +322,11 @@ async fn real_spdk_backups_of_a_volume_round_trip_through_s3_full_then_increment
     let store =
         Store::open(target, &Credentials::from_secret(&secret).expect("from_secret")).expect("unwrap");
     let p = Progress::default();
-    for (name, expect) in [("backup-one", &at_s1), ("backup-two", &model)] {
+    for (name, expect) in [
+        ("backup-one", &at_s1),
+        ("backup-two", &at_s2),
+        ("backup-three", &model),
+    ] {
         let out = dir.path().join(format!("{name}.img"));
         let r = ops::restore_to_file(&store, "vol", name, &out, 0, &p)
             .await
@@ -302,7 +337,7 @@ async fn real_spdk_backups_of_a_volume_round_trip_through_s3_full_then_increment
     let v = ops::volume(&store, "vol").await.expect("volume").expect("unwrap");
     assert_eq!(
         (v.last_backup_name.as_str(), v.size, v.data_engine.as_str()),
-        ("backup-two", SIZE, "v2")
+        ("backup-three", SIZE, "v2")
     );
 
     // a restored image into a thin lvol of the same target reads back the same
@@ -336,7 +371,7 @@ async fn real_spdk_backups_of_a_volume_round_trip_through_s3_full_then_increment
         .expect("copy_to_file");
     assert_eq!(
         sha(&back, SIZE),
-        sha(&model, SIZE),
+        sha(&at_s2, SIZE),
         "the lvol restored from backup-two"
     );
 
@@ -359,7 +394,7 @@ async fn real_spdk_backups_of_a_volume_round_trip_through_s3_full_then_increment
     drop(data);
     assert_eq!(
         sha(&f, SIZE),
-        sha(&model, SIZE),
+        sha(&at_s2, SIZE),
         "volume back, restored from backup-two"
     );
     assert!(

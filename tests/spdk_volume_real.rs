@@ -90,16 +90,24 @@ fn node_nqn(port: u16) -> String {
 }
 
 fn runtime(c: &SpdkClient, disks: &[&str], port: u16) -> TestRuntime {
+    runtime_in(c, disks, port, None)
+}
+
+/// [`runtime`] with a data directory (restores from backups are made there).
+fn runtime_in(c: &SpdkClient, disks: &[&str], port: u16, data_dir: Option<&Path>) -> TestRuntime {
     talon::runtime::testing::capture_logs();
     let c2 = c.clone();
+    let data_dir = data_dir.map(Path::to_path_buf);
     let rt = TestRuntime::start(move |rt| {
-        rt.register(
-            SpdkVolumeController::new(c2, false)
-                .with_host_nqn(Some(node_nqn(port)))
-                .with_peers(talon::controllers::engine::peer::Peers::new(Some(
-                    peer_api::TOKEN.into(),
-                ))),
-        )
+        let mut ctl = SpdkVolumeController::new(c2, false)
+            .with_host_nqn(Some(node_nqn(port)))
+            .with_peers(talon::controllers::engine::peer::Peers::new(Some(
+                peer_api::TOKEN.into(),
+            )));
+        if let Some(d) = data_dir {
+            ctl = ctl.with_data_dir(d);
+        }
+        rt.register(ctl)
     })
     .expect("runtime");
     let state = rt.state.clone();
@@ -1696,6 +1704,125 @@ async fn real_spdk_a_remote_replica_is_rebuilt_thin_through_its_node() {
     .await;
     delete_volume(&rta.state, "tr", "A").await;
     delete_volume(&rtb.state, "tr", "B").await;
+    rta.stop().await;
+    rtb.stop().await;
+    ta.stop(Duration::from_secs(5)).await.expect("stop A");
+    tb.stop(Duration::from_secs(5)).await.expect("stop B");
+}
+
+/// Issue 30: a backup restored into a volume with a remote replica. A's
+/// local replica is made from the restored file; B's served replica starts
+/// empty, is never trusted, and is rebuilt from A's: then both read the
+/// backup's bytes (B's read directly through its replica export).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_spdk_a_backup_restores_into_a_volume_with_a_remote_replica() {
+    use std::os::unix::fs::FileExt;
+    use talon::backupstore::{
+        BackupRequest, Compression, Credentials, Progress, SparseImage, Store, format, ops,
+    };
+    use talon::resources::config::{BackupSource, RemoteReplica};
+    let test = "real_spdk_a_backup_restores_into_a_volume_with_a_remote_replica";
+    let Some(spdk) = spdk_dir_with(test, &["spdk_dd"]) else {
+        return;
+    };
+    const SIZE: u64 = 16 * MIB;
+    let Node(da, _, ta, _reap_a, ca) = node(&spdk, &["da"], "spdk_tgt A").await;
+    let Node(db, _, tb, _reap_b, cb) = node(&spdk, &["db"], "spdk_tgt B").await;
+    let (pa, pb) = (free_port(), free_port());
+    let rta = runtime_in(&ca, &["da"], pa, Some(&da.path().join("data")));
+    let rtb = runtime(&cb, &["db"], pb);
+
+    // a backup of 16 MiB: 6 MiB of data in three places, the rest holes
+    let store_dir = da.path().join("store");
+    let target = format!("vfs://{}", store_dir.display());
+    let store = Store::open(&target, &Credentials::none()).expect("store");
+    let image = da.path().join("image.img");
+    let f = std::fs::File::create(&image).expect("create");
+    f.set_len(SIZE).expect("set_len");
+    for (at, seed) in [(0, 0x11u8), (5 * MIB, 0x22), (13 * MIB, 0x33)] {
+        f.write_all_at(&pattern(seed, 2 * MIB as usize), at)
+            .expect("write_all_at");
+    }
+    drop(f);
+    let req = BackupRequest {
+        volume: "src".into(),
+        name: "backup-r".into(),
+        snapshot: "s".into(),
+        snapshot_created_at: format::now(),
+        size: SIZE,
+        compression: Compression::Lz4,
+        data_engine: "v2".into(),
+        ..Default::default()
+    };
+    let img = SparseImage::open(&image, 0, SIZE).expect("image");
+    ops::create(&store, &req, &img, None, &Progress::default())
+        .await
+        .expect("backup");
+    let want = std::fs::read(&image).expect("read");
+
+    // B serves replica 1 (empty); A's volume restores the backup with B's replica in its raid1
+    let mut served = volume(SIZE, 1);
+    served.serve_replica = Some(1);
+    served.replica_hosts = vec![node_nqn(pa)];
+    served.raid_superblock = true;
+    rtb.state.create_typed("rr", "", &served).expect("served");
+    let replica_nqn = ready(&rtb.state, "rr").await.exports[0].name.clone();
+    let mut vol = volume(SIZE, 1);
+    vol.remote_replicas = vec![RemoteReplica {
+        address: "127.0.0.1".into(),
+        port: pb,
+        api: None,
+    }];
+    vol.raid_superblock = true;
+    vol.from_backup = Some(BackupSource {
+        target: target.clone(),
+        credential_secret: None,
+        backup_volume: "src".into(),
+        backup: "backup-r".into(),
+        poll_seconds: None,
+    });
+    rta.state
+        .create_typed("rr", "", &vol)
+        .expect("volume from the backup");
+    let st = ready(&rta.state, "rr").await;
+    ledger_becomes(
+        &rta.state,
+        "rr",
+        &[0, 1],
+        "B's replica rebuilt from the restored one",
+    )
+    .await;
+
+    let read_a = dd(&spdk, da.path(), pa, &st.exports[0].name, None, SIZE as usize);
+    assert!(read_a == want, "the volume reads the backup");
+    let inv = Inventory::load(&ca).await.expect("inventory");
+    let remote_room = inv
+        .raid("talon-raid-rr")
+        .expect("raid")
+        .base_bdevs_list
+        .iter()
+        .find(|b| b.name.as_deref().is_some_and(|n| n.starts_with("talon-remote-")))
+        .map(|b| (b.data_offset * 4096) as usize)
+        .expect("remote member");
+    let read_b = dd(
+        &spdk,
+        db.path(),
+        pb,
+        &replica_nqn,
+        None,
+        remote_room + SIZE as usize,
+    );
+    assert!(
+        read_b[remote_room..] == want[..],
+        "B's replica holds the backup after its rebuild"
+    );
+    assert!(
+        !da.path().join("data/restore/rr.img").exists(),
+        "the restore file is removed once the volume is served"
+    );
+
+    delete_volume(&rta.state, "rr", "A").await;
+    delete_volume(&rtb.state, "rr", "B").await;
     rta.stop().await;
     rtb.stop().await;
     ta.stop(Duration::from_secs(5)).await.expect("stop A");

@@ -24,7 +24,7 @@ use crate::backupstore::store::Target;
 use crate::backupstore::{BackupError, Compression, Credentials, Store, format, ops};
 use crate::names::ObjectName;
 use crate::resources::backup::{Backup, BackupState, BackupStatus};
-use crate::resources::config::snapshot_id;
+use crate::resources::config::{RemoteReplica, snapshot_id};
 use crate::resources::engine::{EngineStatus, ObjectState};
 use crate::runtime::{Destroyed, Phase, Spec, State, Typed};
 
@@ -138,6 +138,11 @@ pub struct BackupRestoreParams {
     /// The disks to place replicas on (any disk when empty).
     #[serde(default)]
     pub disks: Vec<String>,
+    /// Replicas kept by other talon nodes, as `volume_create`'s (each node
+    /// runs the volume with `serveReplica`): made from the restored local
+    /// replicas, as a rebuild.
+    #[serde(default)]
+    pub remote_replicas: Vec<RemoteReplica>,
     /// A standby (DR) volume: not served; it follows the backup volume's
     /// newest complete backup (incremental restores) until `volume_activate`.
     #[serde(default)]
@@ -430,6 +435,13 @@ pub fn register(api: &mut ApiBuilder) {
                     "{what}: replicas must be 1 to 3, not {replicas}"
                 )));
             }
+            super::volume::check_remote_replicas(&what, &p.remote_replicas)?;
+            if replicas as usize + p.remote_replicas.len() > 3 {
+                return Err(ApiError::invalid(format!(
+                    "{what}: at most 3 replicas in all, not {replicas} local + {} remote",
+                    p.remote_replicas.len()
+                )));
+            }
             for d in &p.disks {
                 ObjectName::parse("disk", d)?;
             }
@@ -500,7 +512,7 @@ pub fn register(api: &mut ApiBuilder) {
                 revert_to: None,
                 revert_generation: 0,
                 raid_superblock: false,
-                remote_replicas: Vec::new(),
+                remote_replicas: p.remote_replicas.clone(),
                 serve_replica: None,
                 replica_hosts: Vec::new(),
             };

@@ -201,8 +201,7 @@ pub fn ensure_mounted(t: &NfsTarget, url: &str) -> Result<PathBuf, BackupError> 
     if nfs_mounts().iter().any(|(p, _)| *p == dir) {
         return Ok(dir);
     }
-    let addr = (t.server.as_str(), 2049)
-        .to_socket_addrs()
+    let addr = blocking(|| (t.server.as_str(), 2049).to_socket_addrs())
         .map_err(|e| failed(format!("resolving NFS server {}: {e}", t.server)))?
         .map(|a| a.ip())
         .next()
@@ -211,7 +210,7 @@ pub fn ensure_mounted(t: &NfsTarget, url: &str) -> Result<PathBuf, BackupError> 
     let source = t.source();
     let mut tried = Vec::new();
     for data in t.attempts(addr) {
-        match mount_bounded(&source, &dir, &data) {
+        match blocking(|| mount_bounded(&source, &dir, &data)) {
             Ok(()) => {
                 tracing::info!(source = %source, dir = %dir.display(), options = %data, "NFS backup target mounted");
                 return Ok(dir);
@@ -225,6 +224,17 @@ pub fn ensure_mounted(t: &NfsTarget, url: &str) -> Result<PathBuf, BackupError> 
         dir.display(),
         tried.join("; ")
     )))
+}
+
+/// Runs `f`, which may block for seconds, without stalling the other tasks
+/// of a multi-threaded runtime it is called from.
+fn blocking<T>(f: impl FnOnce() -> T) -> T {
+    match tokio::runtime::Handle::try_current() {
+        Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
+            tokio::task::block_in_place(f)
+        }
+        _ => f(),
+    }
 }
 
 /// One mount(2), in a thread so a server that does not answer costs at

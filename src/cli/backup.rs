@@ -94,6 +94,10 @@ pub enum BackupCommand {
         /// Replicas (default 1).
         #[arg(long)]
         replicas: Option<u32>,
+        /// A replica kept by another talon node (repeatable), as `talon
+        /// volume create --remote-replica`: rebuilt from the restored ones.
+        #[arg(long = "remote-replica", value_name = "ADDRESS:PORT[,api=IP:PORT]")]
+        remote_replicas: Vec<super::volume::RemoteArg>,
         /// A standby (DR) volume: not served; it follows the backup volume's
         /// newest backup until `talon volume activate`.
         #[arg(long)]
@@ -342,6 +346,7 @@ pub async fn run(c: &Client, cmd: BackupCommand) -> Result<(), CliError> {
             secret,
             size,
             replicas,
+            remote_replicas,
             standby,
             poll,
             timeout,
@@ -356,6 +361,10 @@ pub async fn run(c: &Client, cmd: BackupCommand) -> Result<(), CliError> {
                 size,
                 replicas,
                 disks: Vec::new(),
+                remote_replicas: remote_replicas
+                    .iter()
+                    .map(super::volume::RemoteArg::replica)
+                    .collect(),
                 standby,
                 poll_seconds: poll,
                 wait: true,

@@ -499,14 +499,7 @@ pub async fn run_volume(c: &Client, cmd: VolumeCommand) -> Result<(), CliError> 
                 frontend: from_opt_word("--frontend", frontend)?,
                 disks,
                 from_snapshot: None,
-                remote_replicas: remote_replicas
-                    .iter()
-                    .map(|a| RemoteReplica {
-                        address: a.nvmf.ip().to_string(),
-                        port: a.nvmf.port(),
-                        api: a.api.map(|x| x.to_string()),
-                    })
-                    .collect(),
+                remote_replicas: remote_replicas.iter().map(RemoteArg::replica).collect(),
                 serve_replica,
                 replica_hosts,
                 wait: !no_wait,
@@ -861,6 +854,17 @@ pub struct RemoteArg {
     pub nvmf: std::net::SocketAddr,
     /// The node's talon admin API on TCP.
     pub api: Option<std::net::SocketAddr>,
+}
+
+impl RemoteArg {
+    /// The `RemoteReplica` it names.
+    pub fn replica(&self) -> RemoteReplica {
+        RemoteReplica {
+            address: self.nvmf.ip().to_string(),
+            port: self.nvmf.port(),
+            api: self.api.map(|x| x.to_string()),
+        }
+    }
 }
 
 impl std::str::FromStr for RemoteArg {

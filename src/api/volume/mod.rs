@@ -486,6 +486,29 @@ pub(crate) fn live_volume(state: &State, name: &str, action: &str) -> Result<Typ
     Ok(v)
 }
 
+/// `remoteReplicas` of a new volume (`what` names it): IP addresses and
+/// ports, and an `api` that is `IP:PORT`.
+pub(crate) fn check_remote_replicas(what: &str, remote: &[RemoteReplica]) -> Result<(), ApiError> {
+    for r in remote {
+        if r.address.parse::<std::net::IpAddr>().is_err() || r.port == 0 {
+            return Err(ApiError::invalid(format!(
+                "{what}: remote replica {:?}:{} is not an IP address and port",
+                r.address, r.port
+            )));
+        }
+        if let Some(api) = &r.api
+            && api.parse::<std::net::SocketAddr>().is_err()
+        {
+            return Err(ApiError::invalid(format!(
+                "{what}: remote replica {}:{}: api {api:?} is not an IP address and port \
+                 (the node's talon --listen-tcp)",
+                r.address, r.port
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// A snapshot that exists and is not being deleted.
 pub(crate) fn live_snapshot(state: &State, id: &str, action: &str) -> Result<Typed<Snapshot>, ApiError> {
     let s = state
@@ -658,23 +681,7 @@ pub fn register(api: &mut ApiBuilder) {
                     )));
                 }
             }
-            for r in &p.remote_replicas {
-                if r.address.parse::<std::net::IpAddr>().is_err() || r.port == 0 {
-                    return Err(ApiError::invalid(format!(
-                        "volume {name}: remote replica {:?}:{} is not an IP address and port",
-                        r.address, r.port
-                    )));
-                }
-                if let Some(api) = &r.api
-                    && api.parse::<std::net::SocketAddr>().is_err()
-                {
-                    return Err(ApiError::invalid(format!(
-                        "volume {name}: remote replica {}:{}: api {api:?} is not an IP address and port \
-                         (the node's talon --listen-tcp)",
-                        r.address, r.port
-                    )));
-                }
-            }
+            check_remote_replicas(&format!("volume {name}"), &p.remote_replicas)?;
             if let Some(k) = p.serve_replica
                 && (!p.remote_replicas.is_empty() || replicas != 1 || k > 8)
             {

@@ -190,9 +190,10 @@ impl Restores {
             self.finish(vol);
             return Step::None;
         }
-        if !spec.remote_replicas.is_empty() || spec.serve_replica.is_some() {
+        // remote replicas are not made from the file: they are rebuilt from the local ones
+        if spec.serve_replica.is_some() {
             return Step::Failed(format!(
-                "volume {vol}: a restore from a backup makes local replicas only (no remoteReplicas, no serveReplica)"
+                "volume {vol}: a served replica (serveReplica) is not restored from a backup: its engine's node restores the volume"
             ));
         }
         let exists =
