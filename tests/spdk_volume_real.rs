@@ -181,6 +181,19 @@ async fn leftovers(c: &SpdkClient) -> Vec<String> {
     out
 }
 
+/// Where the raid1 of volume `vol` keeps its data on its remote member (the
+/// NVMe bdev of the other node's replica), in bytes.
+async fn remote_room(c: &SpdkClient, vol: &str) -> usize {
+    let inv = Inventory::load(c).await.expect("inventory");
+    inv.raid(&format!("talon-raid-{vol}"))
+        .expect("raid")
+        .base_bdevs_list
+        .iter()
+        .find(|b| b.name.as_deref().is_some_and(|n| n.starts_with("talon-remote-")))
+        .map(|b| (b.data_offset * 4096) as usize)
+        .expect("remote member")
+}
+
 /// One spdk_tgt (one talon node): its temp dir, its config, the target, its
 /// reaper and a client; its disks attached with new lvstores. Destructured in
 /// the test, the bindings drop in reverse order: the reaper kills the target
@@ -608,12 +621,7 @@ async fn real_spdk_remote_replica_on_another_target() {
     let raid = inv.raid("talon-raid-rv").expect("raid");
     assert!(raid.superblock, "{raid:?}");
     // where the raid's data starts on B's replica (its NVMe bdev here)
-    let remote_room = raid
-        .base_bdevs_list
-        .iter()
-        .find(|b| b.name.as_deref().is_some_and(|n| n.starts_with("talon-remote-")))
-        .map(|b| (b.data_offset * 4096) as usize)
-        .expect("remote member");
+    let remote_room = remote_room(&ca, "rv").await;
 
     let data = pattern(0x5a, LEN);
     dd(&spdk, da.path(), pa, &st.exports[0].name, Some(&data), LEN);
@@ -1556,15 +1564,7 @@ async fn real_spdk_a_remote_replica_is_rebuilt_thin_through_its_node() {
     let (replica_nqn, st, _) = served_by_b(&rta.state, &rtb.state, "tr", 1024 * MIB, (pa, pb), api).await;
     ledger_becomes(&rta.state, "tr", &[0, 1], "both replicas up to date").await;
     let nqn = st.exports[0].name.clone();
-    let inv = Inventory::load(&ca).await.expect("inventory");
-    let remote_room = inv
-        .raid("talon-raid-tr")
-        .expect("raid")
-        .base_bdevs_list
-        .iter()
-        .find(|b| b.name.as_deref().is_some_and(|n| n.starts_with("talon-remote-")))
-        .map(|b| (b.data_offset * 4096) as usize)
-        .expect("remote member");
+    let remote_room = remote_room(&ca, "tr").await;
     let io = |data: Option<Vec<u8>>, len: usize| {
         let (spdk, dir, nqn) = (spdk.clone(), da.path().to_path_buf(), nqn.clone());
         async move {
@@ -1795,15 +1795,7 @@ async fn real_spdk_a_backup_restores_into_a_volume_with_a_remote_replica() {
 
     let read_a = dd(&spdk, da.path(), pa, &st.exports[0].name, None, SIZE as usize);
     assert!(read_a == want, "the volume reads the backup");
-    let inv = Inventory::load(&ca).await.expect("inventory");
-    let remote_room = inv
-        .raid("talon-raid-rr")
-        .expect("raid")
-        .base_bdevs_list
-        .iter()
-        .find(|b| b.name.as_deref().is_some_and(|n| n.starts_with("talon-remote-")))
-        .map(|b| (b.data_offset * 4096) as usize)
-        .expect("remote member");
+    let remote_room = remote_room(&ca, "rr").await;
     let read_b = dd(
         &spdk,
         db.path(),

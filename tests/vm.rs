@@ -263,7 +263,8 @@ async fn longhorn_call(base: std::net::SocketAddr, args: &[String]) {
 /// (`TALON_NFS_TARGET`, an `nfs://` target): talon mounts the share itself (mount(2), no
 /// mount.nfs), backs a 16 MiB image up in full and then incrementally (1 block uploaded),
 /// restores both and compares them byte for byte, deletes the first (the second still
-/// restores), refuses a path the server does not have with nothing left mounted, and
+/// restores), refuses a path the server does not have and a port nobody answers with
+/// nothing left mounted, and
 /// unmounts what it mounted. Prints `NFS ok` at the end.
 #[test]
 #[ignore = "a tool of the nfs-backup guest step, not a test of its own"]
@@ -381,6 +382,15 @@ async fn nfs_round_trip(target: &str) {
     let e = Store::open(&missing, &Credentials::none()).expect_err("a path the server does not have");
     assert!(e.to_string().contains("mounting NFS share"), "{e}");
     println!("NFS refused: {e}");
+    // a server that does not answer where it is asked (port 1): refused in bounded time
+    let closed = format!(
+        "{}?nfsOptions=nfsvers=4.2,port=1,soft,timeo=10,retrans=1",
+        target.replace("/store", "/closed")
+    );
+    let t0 = std::time::Instant::now();
+    let e = Store::open(&closed, &Credentials::none()).expect_err("a closed port");
+    assert!(e.to_string().contains("mounting NFS share"), "{e}");
+    println!("NFS unreachable, refused after {:?}: {e}", t0.elapsed());
 
     let left = nfs::unmount_all();
     assert!(left.is_empty(), "{left:?}");

@@ -99,11 +99,39 @@ impl Held {
     }
 }
 
+/// A restore into a volume's file: what it holds once it ends, with what
+/// the restore fetched (none when there was nothing newer).
+type RestoreTask = tokio::task::JoinHandle<Result<(Held, Option<backupstore::ops::RestoreStats>), String>>;
+
+/// One volume's restore, as [`Restores::step`] works on it.
+struct Job<'a> {
+    vol: &'a str,
+    src: &'a BackupSource,
+    spec: &'a Volume,
+    /// `<dir>/<volume>.img`.
+    file: PathBuf,
+    dir: &'a Path,
+    /// Where the volume's data starts in the file.
+    data_offset: u64,
+}
+
+/// What [`Restores::decide`] found.
+enum Decision {
+    /// The step to report.
+    Now(Step),
+    /// No task and no file held: a full restore starts.
+    Start,
+    /// A task ended: its result is taken, then decided again.
+    Settle(RestoreTask, Option<Held>),
+    /// A task was started: decided again.
+    Again,
+}
+
 #[derive(Debug)]
 enum Task {
     Running {
         progress: Arc<Progress>,
-        handle: tokio::task::JoinHandle<Result<(Held, Option<backupstore::ops::RestoreStats>), String>>,
+        handle: RestoreTask,
         /// What the file held before (a standby's follow).
         before: Option<Held>,
         /// The backup being restored, when known.
@@ -232,160 +260,179 @@ impl Restores {
         } else {
             0
         };
-        let file = dir.join(format!("{vol}.img"));
+        let job = Job {
+            vol,
+            src,
+            spec,
+            file: dir.join(format!("{vol}.img")),
+            dir,
+            data_offset,
+        };
         // a finished task's result taken, then decided again (at most twice)
         for _ in 0..3 {
-            let finished = {
-                let mut tasks = lock(&self.tasks);
-                if !tasks.contains_key(vol) {
-                    // a talon restarted: the file is taken up again when its record fits
-                    if let Some(held) = read_record(&file).filter(|h| {
-                        h.target == src.target
-                            && h.backup_volume == src.backup_volume
-                            && h.data_offset == data_offset
-                            && file.exists()
-                    }) {
-                        tasks.insert(
-                            vol.to_owned(),
-                            Task::Held {
-                                held,
-                                checked: None,
-                                error: None,
-                                fetched: None,
-                            },
-                        );
+            match self.decide(&job) {
+                Decision::Now(step) => return step,
+                Decision::Start => return self.start_full(&job),
+                Decision::Settle(handle, before) => self.settle(vol, handle, before).await,
+                Decision::Again => {}
+            }
+        }
+        Step::Waiting(format!(
+            "restoring backup {} of {}",
+            src.backup, src.backup_volume
+        ))
+    }
+
+    /// What the volume's task says now (under the lock, which is not held
+    /// across an await): a step, a finished task to settle, or none yet.
+    fn decide(&self, job: &Job<'_>) -> Decision {
+        let (vol, src, spec) = (job.vol, job.src, job.spec);
+        let mut tasks = lock(&self.tasks);
+        if !tasks.contains_key(vol) {
+            // a talon restarted: the file is taken up again when its record fits
+            match read_record(&job.file).filter(|h| {
+                h.target == src.target
+                    && h.backup_volume == src.backup_volume
+                    && h.data_offset == job.data_offset
+                    && job.file.exists()
+            }) {
+                Some(held) => tasks.insert(
+                    vol.to_owned(),
+                    Task::Held {
+                        held,
+                        checked: None,
+                        error: None,
+                        fetched: None,
+                    },
+                ),
+                None => return Decision::Start,
+            };
+        }
+        match tasks.get(vol) {
+            None => Decision::Start,
+            Some(Task::Failed(m)) => Decision::Now(Step::Failed(m.clone())),
+            Some(Task::Running {
+                progress,
+                handle,
+                before,
+                doing,
+            }) if !handle.is_finished() => {
+                let pct = progress.get();
+                Decision::Now(match before {
+                    Some(h) if spec.standby => Step::Standby {
+                        message: format!(
+                            "standby: holds backup {} of {}; restoring backup {doing}: {pct}%",
+                            h.backup, src.backup_volume
+                        ),
+                        backup: h.backup.clone(),
+                        busy: true,
+                    },
+                    Some(h) => Step::Waiting(format!(
+                        "activating: holds backup {}; restoring the newest backup {doing}: {pct}%",
+                        h.backup
+                    )),
+                    None => Step::Waiting(format!(
+                        "restoring backup {doing} of {} from {}: {pct}%",
+                        src.backup_volume, src.target
+                    )),
+                })
+            }
+            Some(Task::Running { .. }) => match tasks.remove(vol) {
+                Some(Task::Running { handle, before, .. }) => Decision::Settle(handle, before),
+                _ => Decision::Start,
+            },
+            Some(Task::Held {
+                held,
+                checked,
+                error,
+                fetched,
+            }) => {
+                let poll =
+                    Duration::from_secs(src.poll_seconds.unwrap_or(DEFAULT_POLL_SECONDS).max(1).into());
+                let due = checked.is_none_or(|c| c.elapsed() >= poll);
+                if spec.standby && !due {
+                    let mut message =
+                        format!("standby: holds backup {} of {}", held.backup, src.backup_volume);
+                    if let Some((n, of)) = fetched {
+                        message.push_str(&format!(" (its restore fetched {n} of {of} blocks)"));
                     }
+                    if let Some(e) = error {
+                        message.push_str(&format!("; the last look for a newer backup failed: {e}"));
+                    }
+                    return Decision::Now(Step::Standby {
+                        message,
+                        backup: held.backup.clone(),
+                        busy: false,
+                    });
                 }
-                match tasks.get(vol) {
-                    None => None,
-                    Some(Task::Failed(m)) => return Step::Failed(m.clone()),
-                    Some(Task::Running {
+                if !spec.standby && !held.follows {
+                    return Decision::Now(Step::Ready(held.file(&job.file)));
+                }
+                // a standby's look for a newer backup, or an activation's last one
+                let before = held.clone();
+                let progress = Arc::new(Progress::default());
+                let handle = tokio::spawn(follow(
+                    src.clone(),
+                    before.clone(),
+                    job.file.clone(),
+                    spec.size_bytes,
+                    spec.standby,
+                    progress.clone(),
+                ));
+                tasks.insert(
+                    vol.to_owned(),
+                    Task::Running {
                         progress,
                         handle,
-                        before,
-                        doing,
-                    }) if !handle.is_finished() => {
-                        return match before {
-                            Some(h) if spec.standby => Step::Standby {
-                                message: format!(
-                                    "standby: holds backup {} of {}; restoring backup {doing}: {}%",
-                                    h.backup,
-                                    src.backup_volume,
-                                    progress.get()
-                                ),
-                                backup: h.backup.clone(),
-                                busy: true,
-                            },
-                            Some(h) => Step::Waiting(format!(
-                                "activating: holds backup {}; restoring the newest backup {doing}: {}%",
-                                h.backup,
-                                progress.get()
-                            )),
-                            None => Step::Waiting(format!(
-                                "restoring backup {doing} of {} from {}: {}%",
-                                src.backup_volume,
-                                src.target,
-                                progress.get()
-                            )),
-                        };
-                    }
-                    Some(Task::Running { .. }) => match tasks.remove(vol) {
-                        Some(Task::Running { handle, before, .. }) => Some((handle, before)),
-                        _ => None,
+                        before: Some(before),
+                        doing: "(the newest)".into(),
                     },
-                    Some(Task::Held {
-                        held,
-                        checked,
-                        error,
-                        fetched,
-                    }) => {
-                        let poll = Duration::from_secs(
-                            src.poll_seconds.unwrap_or(DEFAULT_POLL_SECONDS).max(1).into(),
-                        );
-                        let due = checked.is_none_or(|c| c.elapsed() >= poll);
-                        if spec.standby && !due {
-                            let mut message =
-                                format!("standby: holds backup {} of {}", held.backup, src.backup_volume);
-                            if let Some((n, of)) = fetched {
-                                message.push_str(&format!(" (its restore fetched {n} of {of} blocks)"));
-                            }
-                            if let Some(e) = error {
-                                message.push_str(&format!("; the last look for a newer backup failed: {e}"));
-                            }
-                            return Step::Standby {
-                                message,
-                                backup: held.backup.clone(),
-                                busy: false,
-                            };
-                        }
-                        if !spec.standby && !held.follows {
-                            return Step::Ready(held.file(&file));
-                        }
-                        // a standby's look for a newer backup, or an activation's last one
-                        let before = held.clone();
-                        let progress = Arc::new(Progress::default());
-                        let handle = tokio::spawn(follow(
-                            src.clone(),
-                            before.clone(),
-                            file.clone(),
-                            spec.size_bytes,
-                            spec.standby,
-                            progress.clone(),
-                        ));
-                        tasks.insert(
-                            vol.to_owned(),
-                            Task::Running {
-                                progress,
-                                handle,
-                                before: Some(before),
-                                doing: "(the newest)".into(),
-                            },
-                        );
-                        continue;
-                    }
-                }
-            };
-            let Some((handle, before)) = finished else {
-                break;
-            };
-            let done = match handle.await {
-                Ok(r) => r,
-                Err(e) => Err(format!("restore task: {e}")),
-            };
-            let mut tasks = lock(&self.tasks);
-            let last = match tasks.remove(vol) {
-                Some(Task::Held { fetched, .. }) => fetched,
-                _ => None,
-            };
-            let task = match (done, before) {
-                (Ok((held, stats)), _) => Task::Held {
-                    held,
-                    checked: Some(Instant::now()),
-                    error: None,
-                    fetched: stats.map(|s| (s.blocks_downloaded, s.blocks)).or(last),
-                },
-                // a failed look leaves the file as it was: tried again at the next poll
-                (Err(m), Some(held)) => Task::Held {
-                    held,
-                    checked: Some(Instant::now()),
-                    error: Some(m),
-                    fetched: last,
-                },
-                (Err(m), None) => Task::Failed(m),
-            };
-            tasks.insert(vol.to_owned(), task);
+                );
+                // decided again: the task just started reports itself
+                Decision::Again
+            }
         }
-        if lock(&self.tasks).contains_key(vol) {
-            return Step::Waiting(format!(
-                "restoring backup {} of {}",
-                src.backup, src.backup_volume
-            ));
-        }
-        // nothing held: the backup restored in full
+    }
+
+    /// Takes a finished task's result: what the file holds now, or why the
+    /// first restore failed (a failed look keeps what was held, and is tried
+    /// again at the next poll).
+    async fn settle(&self, vol: &str, handle: RestoreTask, before: Option<Held>) {
+        let done = match handle.await {
+            Ok(r) => r,
+            Err(e) => Err(format!("restore task: {e}")),
+        };
+        let mut tasks = lock(&self.tasks);
+        let last = match tasks.remove(vol) {
+            Some(Task::Held { fetched, .. }) => fetched,
+            _ => None,
+        };
+        let task = match (done, before) {
+            (Ok((held, stats)), _) => Task::Held {
+                held,
+                checked: Some(Instant::now()),
+                error: None,
+                fetched: stats.map(|s| (s.blocks_downloaded, s.blocks)).or(last),
+            },
+            (Err(m), Some(held)) => Task::Held {
+                held,
+                checked: Some(Instant::now()),
+                error: Some(m),
+                fetched: last,
+            },
+            (Err(m), None) => Task::Failed(m),
+        };
+        tasks.insert(vol.to_owned(), task);
+    }
+
+    /// Nothing held: the backup restored in full into the file, then recorded.
+    fn start_full(&self, job: &Job<'_>) -> Step {
         let progress = Arc::new(Progress::default());
-        let (src, size, p, dir) = (src.clone(), spec.size_bytes, progress.clone(), dir.clone());
-        let follows = spec.standby;
+        let (src, size, p) = (job.src.clone(), job.spec.size_bytes, progress.clone());
+        let (file, dir, data_offset) = (job.file.clone(), job.dir.to_owned(), job.data_offset);
+        let follows = job.spec.standby;
         let doing = src.backup.clone();
+        let message = format!("restoring backup {doing} of {}: started", src.backup_volume);
         let handle = tokio::spawn(async move {
             std::fs::create_dir_all(&dir).map_err(|e| format!("making {}: {e}", dir.display()))?;
             let _ = std::fs::remove_file(record_path(&file));
@@ -423,12 +470,8 @@ impl Restores {
             write_record(&file, &held)?;
             Ok((held, Some(stats)))
         });
-        let message = format!(
-            "restoring backup {doing} of {}: started",
-            spec.from_backup.as_ref().map_or("", |s| s.backup_volume.as_str())
-        );
         lock(&self.tasks).insert(
-            vol.to_owned(),
+            job.vol.to_owned(),
             Task::Running {
                 progress,
                 handle,
@@ -523,4 +566,147 @@ async fn follow(
         write_record(&file, &next)?;
     }
     Ok((next, stats))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::FileExt;
+
+    use super::*;
+    use crate::backupstore::{
+        BackupCfg, BackupRequest, Compression, Credentials, SparseImage, Store, format, ops,
+    };
+
+    const SIZE: u64 = 8 * MIB;
+
+    /// A backup of an image of SIZE bytes with `writes` (at, seed), on top of `base`.
+    async fn backup(
+        store: &Store,
+        dir: &Path,
+        name: &str,
+        writes: &[(u64, u8)],
+        base: Option<&BackupCfg>,
+    ) -> BackupCfg {
+        let image = dir.join(format!("{name}.src"));
+        let f = std::fs::File::create(&image).expect("create");
+        f.set_len(SIZE).expect("set_len");
+        for (at, seed) in writes {
+            f.write_all_at(&vec![*seed; MIB as usize], *at)
+                .expect("write_all_at");
+        }
+        let req = BackupRequest {
+            volume: "src".into(),
+            name: name.into(),
+            snapshot: name.into(),
+            snapshot_created_at: format::now(),
+            size: SIZE,
+            compression: Compression::Lz4,
+            data_engine: "v2".into(),
+            ..Default::default()
+        };
+        let img = SparseImage::open(&image, 0, SIZE).expect("image");
+        ops::create(store, &req, &img, base, &Progress::default())
+            .await
+            .expect("backup")
+            .0
+    }
+
+    /// Steps until `done` says so (bounded).
+    async fn step_until(r: &Restores, spec: &Volume, done: impl Fn(&Step) -> bool) -> Step {
+        let (client, inv) = (SpdkClient::new("/nonexistent/spdk.sock"), Inventory::default());
+        for _ in 0..400 {
+            let s = r.step(&client, &inv, "dr", spec, false, false).await;
+            if done(&s) {
+                return s;
+            }
+            assert!(!matches!(s, Step::Failed(_)), "{s:?}");
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        panic!("no such step");
+    }
+
+    fn holds(backup: &str) -> impl Fn(&Step) -> bool + '_ {
+        move |s| matches!(s, Step::Standby { backup: b, busy: false, .. } if b == backup)
+    }
+
+    #[tokio::test]
+    async fn a_standby_volume_follows_its_backups_keeps_them_over_a_restart_and_is_ready_once_activated() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let target = format!("vfs://{}", dir.path().join("store").display());
+        let store = Store::open(&target, &Credentials::none()).expect("store");
+        let b1 = backup(&store, dir.path(), "b1", &[(0, 1), (4 * MIB, 2)], None).await;
+        let mut spec = Volume {
+            size_bytes: SIZE,
+            replicas: 1,
+            engine: Default::default(),
+            frontend: Default::default(),
+            disks: Vec::new(),
+            from_snapshot: None,
+            from_backup: Some(BackupSource {
+                target: target.clone(),
+                credential_secret: None,
+                backup_volume: "src".into(),
+                backup: "b1".into(),
+                poll_seconds: Some(1),
+            }),
+            standby: true,
+            revert_to: None,
+            revert_generation: 0,
+            remote_replicas: Vec::new(),
+            serve_replica: None,
+            replica_hosts: Vec::new(),
+            raid_superblock: false,
+        };
+        let data = dir.path().join("data");
+        let r = Restores::new(&data);
+        step_until(&r, &spec, holds("b1")).await;
+        let file = data.join("restore/dr.img");
+        assert_eq!(read_record(&file).map(|h| h.backup), Some("b1".into()));
+
+        // b2 changes the second MiB: only its block is fetched
+        let b2 = backup(&store, dir.path(), "b2", &[(MIB, 3)], Some(&b1)).await;
+        let s = step_until(&r, &spec, holds("b2")).await;
+        assert!(
+            matches!(&s, Step::Standby { message, .. } if message.contains("fetched 1 of")),
+            "{s:?}"
+        );
+
+        // a new process (a restart of talon): the file is taken up again, not restored anew
+        let written = std::fs::metadata(&file)
+            .and_then(|m| m.modified())
+            .expect("mtime");
+        let r = Restores::new(&data);
+        step_until(&r, &spec, holds("b2")).await;
+        assert_eq!(
+            std::fs::metadata(&file)
+                .and_then(|m| m.modified())
+                .expect("mtime"),
+            written
+        );
+
+        // activated after b3: the newest is restored once more, then the file is used
+        backup(&store, dir.path(), "b3", &[(6 * MIB, 4)], Some(&b2)).await;
+        spec.standby = false;
+        let s = step_until(&r, &spec, |s| matches!(s, Step::Ready(_))).await;
+        let Step::Ready(f) = s else { panic!("not ready") };
+        let want = dir.path().join("want.img");
+        ops::restore_to_file(&store, "src", "b3", &want, 0, &Progress::default())
+            .await
+            .expect("restore b3");
+        let got = std::fs::read(&f.file).expect("read");
+        assert!(
+            got[..SIZE as usize] == std::fs::read(&want).expect("read")[..],
+            "the file holds b3"
+        );
+        assert_eq!(
+            read_record(&file).map(|h| (h.backup, h.follows)),
+            Some(("b3".into(), false))
+        );
+
+        r.finish("dr");
+        assert!(
+            !file.exists() && !record_path(&file).exists(),
+            "finish removes the file and its record"
+        );
+    }
 }
