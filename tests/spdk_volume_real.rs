@@ -1820,3 +1820,31 @@ async fn real_spdk_a_backup_restores_into_a_volume_with_a_remote_replica() {
     ta.stop(Duration::from_secs(5)).await.expect("stop A");
     tb.stop(Duration::from_secs(5)).await.expect("stop B");
 }
+
+/// The NVMe/TCP transport is made once on a target even when the parts that
+/// export on it (talon's volume controller, the Longhorn controller and
+/// services: each with its own client and operations, as serve makes them)
+/// ask at the same moment: spdk_tgt makes one and refuses the others
+/// ("already exists"), which each takes as the transport being there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_spdk_concurrent_exports_through_separate_operations_make_one_transport() {
+    use talon::spdk::volume::VolumeOps;
+    let test = "real_spdk_concurrent_exports_through_separate_operations_make_one_transport";
+    let Some(spdk) = spdk_dir(test) else {
+        return;
+    };
+    let Node(_d, cfg, t, _reap, _c) = node(&spdk, &[], "spdk_tgt").await;
+    // separate clients and operations, as serve makes them
+    let ops: Vec<VolumeOps> = (0..4)
+        .map(|_| VolumeOps::new(SpdkClient::new(cfg.socket())))
+        .collect();
+    let made = futures::future::join_all(ops.iter().map(|o| o.ensure_transport())).await;
+    let made: Vec<bool> = made.into_iter().map(|r| r.expect("ensure_transport")).collect();
+    assert_eq!(made.iter().filter(|m| **m).count(), 1, "{made:?}");
+    let transports = SpdkClient::new(cfg.socket())
+        .nvmf_get_transports(&Default::default())
+        .await
+        .expect("nvmf_get_transports");
+    assert_eq!(transports.len(), 1, "{transports:?}");
+    t.stop(Duration::from_secs(5)).await.expect("stop");
+}

@@ -184,10 +184,13 @@ enum Made {
 #[derive(Debug, Clone)]
 pub struct VolumeOps {
     client: SpdkClient,
-    /// Held while the TCP transport is looked up and made: SPDK checks for
-    /// an existing transport when `nvmf_create_transport` arrives but adds
-    /// the new one only when its creation completes, so concurrent calls
-    /// each make one (each with its own buffers and poll groups).
+    /// Held while the TCP transport is looked up and made, so the clones of
+    /// these operations ask once. Operations of their own (the Longhorn
+    /// controller's, its services') may ask at the same time: spdk_tgt v26.05
+    /// makes one transport and refuses the others (-32603 "Transport type
+    /// 'TCP' already exists", checked on a real target with four concurrent
+    /// creates through four connections), which [`VolumeOps::ensure_transport`]
+    /// takes as the transport being there.
     transport: std::sync::Arc<tokio::sync::Mutex<()>>,
     /// The host NQN this node's target connects to remote replicas with (the
     /// serving node allows only it).
