@@ -379,7 +379,7 @@ async fn backups_are_validated_recorded_and_listed_from_their_target() {
         "create",
         "vol-a@s1",
         "--target",
-        "nfs://x:/y",
+        "cifs://x/y",
         "--no-wait",
     ]);
     assert!(!ok && err.contains("not supported"), "{err}");

@@ -753,13 +753,13 @@ mod tests {
             e.message
         );
         let e = store_error(
-            "backup target \"nfs://x\"",
+            "backup target \"cifs://x\"",
             BackupError::Target {
-                url: "nfs://x".into(),
+                url: "cifs://x".into(),
                 reason: "not supported".into(),
             },
         );
-        assert_eq!(e.message, "backup target \"nfs://x\": not supported");
+        assert_eq!(e.message, "backup target \"cifs://x\": not supported");
         assert_eq!(e.kind, ErrorKind::InvalidParams);
         let e = store_error(
             "backup b1",
