@@ -17,7 +17,9 @@
 //! first: the server is a host name or an IP address, the export an absolute
 //! path of plain characters, each option `key` or `key=value` of plain
 //! characters (no `,`); `addr` is talon's to set. Mounts stay (Longhorn's do
-//! too); [`unmount_all`] removes them (`longhorn backup cleanup-all-mounts`).
+//! too); [`unmount_all`] removes them for `longhorn backup cleanup-all-mounts`
+//! (the engine binary's call). The daemon never calls it: an unmount under a
+//! running backup would send its writes to the folder beneath.
 
 use std::net::{IpAddr, ToSocketAddrs};
 use std::path::{Path, PathBuf};

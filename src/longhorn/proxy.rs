@@ -617,8 +617,11 @@ macro_rules! forward {
 #[tonic::async_trait]
 impl proxy_engine_service_server::ProxyEngineService for Longhorn {
     async fn cleanup_backup_mount_points(&self, _: Request<()>) -> Result<Response<()>, Status> {
-        // longhorn-manager's backup-target controller calls this every ~90 s; talon
-        // mounts no backup store (no NFS or CIFS target), so there is nothing to unmount
+        // longhorn-manager's backup-target controller calls this while the backup target
+        // URL is empty. talon's daemon keeps its NFS mounts: a backup or restore of
+        // talon's own may be using one, and an unmount under it would send its writes
+        // to the folder beneath. `longhorn backup cleanup-all-mounts` (the engine
+        // binary's call, in the manager's pod) unmounts what that binary mounted.
         Ok(Response::new(()))
     }
 
