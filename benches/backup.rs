@@ -25,9 +25,7 @@ use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::time::Instant;
 
-use talon::backupstore::{
-    BackupRequest, Compression, Credentials, Progress, SparseImage, Store, format, ops,
-};
+use talon::backupstore::{BackupRequest, Compression, Credentials, Progress, SparseImage, Store, ops};
 
 const MIB: u64 = 1 << 20;
 const RUN: u64 = 64 * MIB;
@@ -98,14 +96,8 @@ async fn main() {
     for (i, method) in [Compression::Lz4, Compression::None].into_iter().enumerate() {
         let vol = format!("bench-{}", method.as_str());
         let req = |name: &str| BackupRequest {
-            volume: vol.clone(),
-            name: name.to_owned(),
-            snapshot: name.to_owned(),
-            snapshot_created_at: format::now(),
-            size,
             compression: method,
-            data_engine: "v2".into(),
-            ..Default::default()
+            ..BackupRequest::v2(&vol, name, name, size)
         };
         let p = Progress::default();
         let t = Instant::now();

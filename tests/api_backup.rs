@@ -21,9 +21,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use talon::api::ErrorKind;
 use talon::api::backup::{BackupCreateParams, BackupDeleteResult, BackupView, StoreVolumeView};
-use talon::backupstore::{
-    BackupRequest, Compression, Credentials, Progress, SparseImage, Store, format, ops,
-};
+use talon::backupstore::{BackupRequest, Credentials, Progress, SparseImage, Store, format, ops};
 use talon::client::{Client, ClientError};
 
 const MIB: u64 = 1 << 20;
@@ -54,16 +52,7 @@ async fn write_backup(store: &Store, dir: &Path, volume: &str, name: &str) {
     f.write_all_at(&vec![0x5a; MIB as usize], 0).expect("data");
     drop(f);
     let image = SparseImage::open(&file, 0, 4 * MIB).expect("sparse image");
-    let req = BackupRequest {
-        volume: volume.into(),
-        name: name.into(),
-        snapshot: "s1".into(),
-        snapshot_created_at: format::now(),
-        size: 4 * MIB,
-        compression: Compression::Lz4,
-        data_engine: "v2".into(),
-        ..Default::default()
-    };
+    let req = BackupRequest::v2(volume, name, "s1", 4 * MIB);
     let (cfg, _) = ops::create(store, &req, &image, None, &Progress::default())
         .await
         .expect("backup written");

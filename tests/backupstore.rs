@@ -51,16 +51,7 @@ async fn s3_store(server: &S3Server, dir: &Path, secret: &str) -> Store {
 }
 
 fn request(name: &str, snapshot: &str, size: u64) -> BackupRequest {
-    BackupRequest {
-        volume: "pvc-data".into(),
-        name: name.into(),
-        snapshot: snapshot.into(),
-        snapshot_created_at: format::now(),
-        size,
-        compression: Compression::Lz4,
-        data_engine: "v2".into(),
-        ..Default::default()
-    }
+    BackupRequest::v2("pvc-data", name, snapshot, size)
 }
 
 #[tokio::test]

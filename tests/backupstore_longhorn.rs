@@ -44,9 +44,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use s3_server::S3Server;
-use talon::backupstore::{
-    BackupRequest, Compression, Credentials, Progress, SparseImage, Store, format, ops,
-};
+use talon::backupstore::{BackupRequest, Credentials, Progress, SparseImage, Store, format, ops};
 
 const MIB: u64 = 1 << 20;
 const SIZE: u64 = 64 * MIB;
@@ -131,16 +129,7 @@ impl Longhorn {
 }
 
 fn request(name: &str, snapshot: &str) -> BackupRequest {
-    BackupRequest {
-        volume: VOLUME.into(),
-        name: name.into(),
-        snapshot: snapshot.into(),
-        snapshot_created_at: format::now(),
-        size: SIZE,
-        compression: Compression::Lz4,
-        data_engine: "v2".into(),
-        ..Default::default()
-    }
+    BackupRequest::v2(VOLUME, name, snapshot, SIZE)
 }
 
 /// Both directions against one store, `target` as Longhorn writes it.

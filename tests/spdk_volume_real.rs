@@ -1717,9 +1717,7 @@ async fn real_spdk_a_remote_replica_is_rebuilt_thin_through_its_node() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn real_spdk_a_backup_restores_into_a_volume_with_a_remote_replica() {
     use std::os::unix::fs::FileExt;
-    use talon::backupstore::{
-        BackupRequest, Compression, Credentials, Progress, SparseImage, Store, format, ops,
-    };
+    use talon::backupstore::{BackupRequest, Credentials, Progress, SparseImage, Store, ops};
     use talon::resources::config::{BackupSource, RemoteReplica};
     let test = "real_spdk_a_backup_restores_into_a_volume_with_a_remote_replica";
     let Some(spdk) = spdk_dir_with(test, &["spdk_dd"]) else {
@@ -1744,16 +1742,7 @@ async fn real_spdk_a_backup_restores_into_a_volume_with_a_remote_replica() {
             .expect("write_all_at");
     }
     drop(f);
-    let req = BackupRequest {
-        volume: "src".into(),
-        name: "backup-r".into(),
-        snapshot: "s".into(),
-        snapshot_created_at: format::now(),
-        size: SIZE,
-        compression: Compression::Lz4,
-        data_engine: "v2".into(),
-        ..Default::default()
-    };
+    let req = BackupRequest::v2("src", "backup-r", "s", SIZE);
     let img = SparseImage::open(&image, 0, SIZE).expect("image");
     ops::create(&store, &req, &img, None, &Progress::default())
         .await

@@ -284,9 +284,7 @@ fn nfs_backup_client() {
 
 async fn nfs_round_trip(target: &str) {
     use std::os::unix::fs::FileExt;
-    use talon::backupstore::{
-        BackupRequest, Compression, Credentials, Progress, SparseImage, Store, format, nfs, ops,
-    };
+    use talon::backupstore::{BackupRequest, Credentials, Progress, SparseImage, Store, nfs, ops};
     const MIB: u64 = 1 << 20;
     let size = 16 * MIB;
     let dir = tempfile::tempdir().expect("tempdir");
@@ -304,16 +302,7 @@ async fn nfs_round_trip(target: &str) {
         }
         SparseImage::open(&p, 0, size).expect("open")
     };
-    let request = |name: &str, snap: &str| BackupRequest {
-        volume: "vol".into(),
-        name: name.into(),
-        snapshot: snap.into(),
-        snapshot_created_at: format::now(),
-        size,
-        compression: Compression::Lz4,
-        data_engine: "v2".into(),
-        ..Default::default()
-    };
+    let request = |name: &str, snap: &str| BackupRequest::v2("vol", name, snap, size);
     let restored = |name: &str| dir.path().join(format!("{name}.out"));
     let store = Store::open(target, &Credentials::none()).unwrap_or_else(|e| panic!("open {target}: {e}"));
     let mounted = std::fs::read_to_string("/proc/self/mounts").expect("mounts");

@@ -42,6 +42,23 @@ pub struct BackupRequest {
     pub data_engine: String,
 }
 
+impl BackupRequest {
+    /// A backup `name` of snapshot `snapshot` (taken now) of a V2 volume of
+    /// `size` bytes, into backup volume `volume`, lz4-compressed.
+    pub fn v2(volume: &str, name: &str, snapshot: &str, size: u64) -> Self {
+        Self {
+            volume: volume.to_owned(),
+            name: name.to_owned(),
+            snapshot: snapshot.to_owned(),
+            snapshot_created_at: format::now(),
+            size,
+            compression: Compression::Lz4,
+            data_engine: "v2".into(),
+            ..Default::default()
+        }
+    }
+}
+
 /// What a backup did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct BackupStats {

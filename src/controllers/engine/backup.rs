@@ -192,15 +192,11 @@ impl Job {
                 None => Default::default(),
             };
             let req = BackupRequest {
-                volume: bvol.clone(),
-                name: self.name.clone(),
-                snapshot: snap.to_owned(),
                 snapshot_created_at: self.snapshot_created.clone(),
-                size: self.volume_size.div_ceil(bs) * bs,
                 labels: self.backup.labels.clone(),
                 full: self.backup.full,
-                data_engine: "v2".into(),
                 compression,
+                ..BackupRequest::v2(&bvol, &self.name, snap, self.volume_size.div_ceil(bs) * bs)
             };
             backupstore::ops::create(&store, &req, &image, base.as_ref(), &self.progress)
                 .await

@@ -573,9 +573,7 @@ mod tests {
     use std::os::unix::fs::FileExt;
 
     use super::*;
-    use crate::backupstore::{
-        BackupCfg, BackupRequest, Compression, Credentials, SparseImage, Store, format, ops,
-    };
+    use crate::backupstore::{BackupCfg, BackupRequest, Credentials, SparseImage, Store, ops};
 
     const SIZE: u64 = 8 * MIB;
 
@@ -594,16 +592,7 @@ mod tests {
             f.write_all_at(&vec![*seed; MIB as usize], *at)
                 .expect("write_all_at");
         }
-        let req = BackupRequest {
-            volume: "src".into(),
-            name: name.into(),
-            snapshot: name.into(),
-            snapshot_created_at: format::now(),
-            size: SIZE,
-            compression: Compression::Lz4,
-            data_engine: "v2".into(),
-            ..Default::default()
-        };
+        let req = BackupRequest::v2("src", name, name, SIZE);
         let img = SparseImage::open(&image, 0, SIZE).expect("image");
         ops::create(store, &req, &img, base, &Progress::default())
             .await
