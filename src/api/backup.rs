@@ -727,7 +727,86 @@ pub fn register(api: &mut ApiBuilder) {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeMap;
+
+    use serde_json::{Value, json};
+
+    use super::super::volume::get_volume;
+    use super::super::volume::lifecycle_tests::{api_with, call};
     use super::*;
+
+    #[tokio::test]
+    async fn a_standby_volume_is_refused_what_needs_it_served_until_it_is_activated() {
+        let state = State::in_memory();
+        let m = api_with(&state, "", register);
+        state
+            .create(
+                "config",
+                "Volume",
+                "dr",
+                "",
+                json!({"sizeBytes": 1 << 20, "engine": "v2", "standby": true,
+                       "fromBackup": {"target": "vfs:///nonexistent", "backupVolume": "v", "backup": "b"}}),
+                BTreeMap::new(),
+            )
+            .expect("volume");
+        for (method, params) in [
+            ("volume_attach", json!({"name": "dr"})),
+            ("snapshot_create", json!({"volume": "dr", "name": "s"})),
+            ("volume_expand", json!({"name": "dr", "sizeBytes": 2 << 20})),
+            (
+                "volume_clone",
+                json!({"name": "c", "volume": "dr", "snapshot": "s"}),
+            ),
+            ("volume_revert", json!({"volume": "dr", "name": "s"})),
+        ] {
+            let (code, msg) = call(&m, method, params).await.expect_err(method);
+            assert_eq!(code, ErrorKind::FailedPrecondition.code(), "{method}: {msg}");
+            assert!(
+                msg.contains("\"dr\" is a standby (DR) volume") && msg.contains("volume_activate"),
+                "{method}: {msg}"
+            );
+        }
+        assert!(state.get("config", "Attachment", "dr").is_none());
+        assert!(state.get("config", "Snapshot", "dr@s").is_none());
+
+        let v = call(&m, "volume_activate", json!({"name": "dr"}))
+            .await
+            .expect("volume_activate");
+        assert_eq!(v["spec"]["standby"], Value::Null, "{v}");
+        assert!(!get_volume(&state, "dr").expect("volume").spec.standby);
+        let (code, msg) = call(&m, "volume_activate", json!({"name": "dr"}))
+            .await
+            .expect_err("activated twice");
+        assert_eq!(code, ErrorKind::FailedPrecondition.code(), "{msg}");
+        assert!(msg.contains("not a standby volume"), "{msg}");
+        let (code, msg) = call(&m, "volume_activate", json!({"name": "nope"}))
+            .await
+            .expect_err("no such volume");
+        assert_eq!(code, ErrorKind::NotFound.code(), "{msg}");
+
+        // pollSeconds: only for a standby volume, and at least 1 (refused before the store is read)
+        let restore = |extra: Value| {
+            let mut p = json!({"backup": "backup-1", "backupVolume": "vol-1", "target": "vfs:///nonexistent",
+                               "volume": "r"});
+            for (k, v) in extra.as_object().expect("object") {
+                p[k] = v.clone();
+            }
+            p
+        };
+        for (extra, says) in [
+            (json!({"pollSeconds": 5}), "pollSeconds is for a standby volume"),
+            (
+                json!({"standby": true, "pollSeconds": 0}),
+                "pollSeconds must be 1 or more",
+            ),
+        ] {
+            let (code, msg) = call(&m, "backup_restore", restore(extra)).await.expect_err(says);
+            assert_eq!(code, ErrorKind::InvalidParams.code(), "{msg}");
+            assert!(msg.contains(says), "{msg}");
+        }
+        assert!(state.get("config", "Volume", "r").is_none());
+    }
 
     #[test]
     fn generated_names_are_longhorns_form() {
