@@ -160,36 +160,13 @@ pub fn mount_root() -> PathBuf {
 }
 
 /// The NFS mounts of this mount namespace: (mount point, source), from
-/// `/proc/self/mountinfo` (its octal escapes undone).
+/// `/proc/self/mountinfo`.
 fn nfs_mounts() -> Vec<(PathBuf, String)> {
-    let unescape = |s: &str| {
-        let mut out = Vec::new();
-        let b = s.as_bytes();
-        let mut i = 0;
-        while i < b.len() {
-            if b[i] == b'\\' && i + 3 < b.len() && b[i + 1..i + 4].iter().all(u8::is_ascii_digit) {
-                let n = (b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0');
-                out.push(n);
-                i += 4;
-            } else {
-                out.push(b[i]);
-                i += 1;
-            }
-        }
-        String::from_utf8_lossy(&out).into_owned()
-    };
     let text = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-    text.lines()
-        .filter_map(|l| {
-            let (left, right) = l.split_once(" - ")?;
-            let point = left.split(' ').nth(4)?;
-            let mut r = right.split(' ');
-            let fstype = r.next()?;
-            let source = r.next()?;
-            fstype
-                .starts_with("nfs")
-                .then(|| (PathBuf::from(unescape(point)), unescape(source)))
-        })
+    crate::host::mounts::parse_mountinfo(&text)
+        .into_iter()
+        .filter(|m| m.fs_type.starts_with("nfs"))
+        .map(|m| (PathBuf::from(m.mount_point), m.source))
         .collect()
 }
 
