@@ -20,7 +20,7 @@ mod spdk_dd;
 #[path = "support/spdk_perf.rs"]
 mod spdk_perf;
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::net::IpAddr;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -856,6 +856,52 @@ async fn the_engine_proxy_reverts_purges_and_rebuilds_across_two_nodes() {
 
     a.stop().await;
     b.stop().await;
+}
+
+/// The snapshot lvols node `n` holds (`<lvs>/<name>`).
+async fn snapshot_lvols(n: &Node) -> BTreeSet<String> {
+    talon::spdk::volume::Inventory::load(&n.spdk)
+        .await
+        .expect("inventory")
+        .lvols
+        .into_keys()
+        .filter(|a| a.contains("-snap-"))
+        .collect()
+}
+
+/// Snapshots are taken by the controller from numbered requests on the
+/// engine: calls at once each get theirs on every replica, and one that
+/// fails on another node leaves nothing on this one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn engine_snapshots_at_once_each_land_and_a_failed_one_leaves_nothing() {
+    let TwoNodes { mut a, mut b, p, .. } = two_nodes(64 * MIB).await;
+    let names: Vec<String> = (0..4).map(|i| format!("at-once-{i}")).collect();
+    let calls = names.iter().map(|n| {
+        let mut p = p.clone();
+        async move { snapshot(&mut p, n).await }
+    });
+    for (n, r) in names.iter().zip(futures::future::join_all(calls).await) {
+        assert_eq!(r.expect("a snapshot of four at once"), *n);
+    }
+    let listed = snapshot_list(&mut p.clone()).await;
+    let on_a = snapshot_lvols(&a).await;
+    let on_b = snapshot_lvols(&b).await;
+    for n in &names {
+        assert!(listed.contains_key(n), "{n} listed: {:?}", listed.keys());
+        assert!(on_a.contains(&format!("talon-disk-a/vol-r-a-snap-{n}")), "{n} on A: {on_a:?}");
+        assert!(on_b.contains(&format!("talon-disk-b/vol-r-b-snap-{n}")), "{n} on B: {on_b:?}");
+    }
+
+    // B's node gone: its replica cannot be snapshotted, so A's is not kept
+    b.stop().await;
+    let e = snapshot(&mut p.clone(), "lost").await.expect_err("B's node is down");
+    assert!(e.message().contains("vol-r-b"), "names the replica: {e}");
+    assert!(
+        !snapshot_lvols(&a).await.iter().any(|l| l.ends_with("-snap-lost")),
+        "A's half of the failed snapshot was deleted"
+    );
+    assert!(!snapshot_list(&mut p.clone()).await.contains_key("lost"));
+    a.stop().await;
 }
 
 fn spdk_dir(test: &str) -> Option<PathBuf> {

@@ -52,28 +52,36 @@ impl Longhorn {
     pub(super) fn update_engine(
         &self,
         e: &Typed<LonghornEngine>,
-        f: impl FnOnce(&mut LonghornEngine),
+        f: impl FnMut(&mut LonghornEngine),
     ) -> Result<(), Status> {
         self.change_engine(e, f).map(|_| ())
     }
 
-    /// [`Self::update_engine`], giving the engine's version after it.
+    /// [`Self::update_engine`], giving the engine's version after it. `f`
+    /// changes the newest spec, written only over the version it read: two
+    /// calls at once (two snapshots of one engine) each keep the other's
+    /// change (a write between is read again, and `f` applied again).
     fn change_engine(
         &self,
         e: &Typed<LonghornEngine>,
-        f: impl FnOnce(&mut LonghornEngine),
+        mut f: impl FnMut(&mut LonghornEngine),
     ) -> Result<u64, Status> {
-        // the newest spec: another call may have changed it since `e` was read
-        let now = self.engine(e.id())?;
-        let mut spec = now.spec.clone();
-        f(&mut spec);
-        if spec == now.spec {
-            return Ok(now.metadata.version);
+        loop {
+            let now = self.engine(e.id())?;
+            let mut spec = now.spec.clone();
+            f(&mut spec);
+            if spec == now.spec {
+                return Ok(now.metadata.version);
+            }
+            match self
+                .state()
+                .update_typed(e.id(), "", Some(now.metadata.version), &spec)
+            {
+                Ok(t) => return Ok(t.metadata.version),
+                Err(crate::runtime::StateError::Conflict { .. }) => continue,
+                Err(x) => return Err(state_err(x)),
+            }
         }
-        self.state()
-            .update_typed(e.id(), "", None, &spec)
-            .map(|t| t.metadata.version)
-            .map_err(state_err)
     }
 
     fn running(&self, e: &Typed<LonghornEngine>, what: &str) -> Result<(), Status> {
@@ -154,7 +162,7 @@ impl Longhorn {
         &self,
         e: &Typed<LonghornEngine>,
         what: &str,
-        mark: impl FnOnce(&mut LonghornEngine),
+        mut mark: impl FnMut(&mut LonghornEngine),
     ) -> Result<PurgeStatus, Status> {
         let done = self
             .status_of(e.id())

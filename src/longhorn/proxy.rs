@@ -8,10 +8,15 @@
 //!       └─> LonghornEngine spec + LonghornInstanceStatus + what spdk_tgt holds
 //!             (the raid1's members: in service = RW, rebuild target = WO, else ERR)
 //!   VolumeSnapshot(engine, name):
-//!     freeze the engine's export (spdk::volume::freeze: no I/O enters, none in flight)
+//!     checked here, then numbered on the engine (snapshotRequests) and waited for:
+//!     the controller (controllers/engine/longhorn_snapshot.rs) freezes the export and
+//!     snapshots every replica in service with talon's own point-in-time core
+//!     (VolumeOps::take_at_one_instant):
 //!       ├─ local replica:  bdev_lvol_snapshot <lvs>/<replica> -> <replica>-snap-<name>
 //!       └─ remote replica: its node's SPDKService ReplicaSnapshotCreate (<ip>:<its 8504>)
 //!     thaw always; any failure deletes what was made and names the replica
+//!   ReplicaSnapshotCreate (another node's engine, inside its freeze): this
+//!     node's lvol snapshotted at once (a controller's round would hold the freeze)
 //!   SnapshotRemove: the same lvols, deleted where they are
 //! ```
 //!
@@ -28,7 +33,7 @@ use std::time::{Duration, Instant};
 
 use tonic::{Request, Response, Status};
 
-use super::service::{FORWARDED, IoSample, Longhorn, chain, internal};
+use super::service::{FORWARDED, IoSample, Longhorn, chain, internal, next_request};
 use crate::names::ObjectName;
 use crate::proto::imrpc::{self, proxy_engine_service_server};
 use crate::proto::peer::{peer_client, remote_lvols};
@@ -36,7 +41,7 @@ use crate::proto::ptypes;
 use crate::proto::spdkrpc::{self, spdk_service_client::SpdkServiceClient};
 use crate::resources::longhorn::{
     InstanceKind, InstanceState, LonghornEngine, LonghornEngineFrontend, LonghornInstanceStatus,
-    LonghornReplica, SnapshotInfo,
+    LonghornReplica, SnapshotInfo, SnapshotRequest,
 };
 use crate::runtime::Typed;
 use crate::spdk::ErrorKind;
@@ -44,7 +49,7 @@ use crate::spdk::naming::longhorn::{self as naming, is_rebuild_snap, tcp};
 use crate::spdk::volume::lvol::delete_lvol;
 use crate::spdk::volume::naming::lvstore;
 use crate::spdk::volume::replica_lvols::ReplicaLvols;
-use crate::spdk::volume::{Inventory, freeze};
+use crate::spdk::volume::Inventory;
 
 /// Longhorn's name of the head in a snapshot list.
 pub const VOLUME_HEAD: &str = "volume-head";
@@ -259,39 +264,16 @@ impl Longhorn {
         peer_client(replica, address, self.peer_port(), REMOTE_TIMEOUT).await
     }
 
-    async fn snapshot_remote(&self, replica: &str, address: &str, snapshot: &str) -> Result<(), String> {
-        let mut c = self.replica_node(replica, address).await?;
-        c.replica_snapshot_create(spdkrpc::SnapshotRequest {
-            name: replica.to_owned(),
-            snapshot_name: snapshot.to_owned(),
-            user_created: true,
-            snapshot_timestamp: humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
-            labels: HashMap::new(),
-        })
-        .await
-        .map(|_| ())
-        .map_err(|s| format!("replica {replica}: its node: {}", s.message()))
-    }
-
-    pub(super) async fn delete_remote(
+    /// Snapshot `snap` of every replica of engine `e` in service at one
+    /// instant: checked here, numbered on the engine
+    /// (`snapshotRequests`), taken by the controller; this waits for its
+    /// status and records the snapshot's time and labels with it.
+    async fn engine_snapshot(
         &self,
-        replica: &str,
-        address: &str,
-        snapshot: &str,
-    ) -> Result<(), String> {
-        let mut c = self.replica_node(replica, address).await?;
-        c.replica_snapshot_delete(spdkrpc::SnapshotRequest {
-            name: replica.to_owned(),
-            snapshot_name: snapshot.to_owned(),
-            ..Default::default()
-        })
-        .await
-        .map(|_| ())
-        .map_err(|s| format!("replica {replica}: its node: {}", s.message()))
-    }
-
-    /// Snapshot `snap` of every replica of engine `e` at one instant.
-    async fn engine_snapshot(&self, e: &Typed<LonghornEngine>, snap: &str) -> Result<(), Status> {
+        e: &Typed<LonghornEngine>,
+        snap: &str,
+        info: SnapshotInfo,
+    ) -> Result<(), Status> {
         let what = format!("snapshot {snap} of engine {}", e.id());
         naming::instance_name("snapshot", snap)
             .map_err(|x| Status::invalid_argument(format!("{what}: {x}")))?;
@@ -311,77 +293,44 @@ impl Longhorn {
                 "{what}: the engine is not running"
             )));
         }
-        let volume = ObjectName::parse("volume", &e.spec.volume)
-            .map_err(|x| Status::invalid_argument(x.to_string()))?;
-        let nqn = naming::volume_nqn(&volume).map_err(|x| Status::invalid_argument(x.to_string()))?;
-        let sub = self
-            .client()
-            .subsystem(nqn.as_str())
-            .await
-            .map_err(|x| internal(&format!("{what}: reading subsystem {nqn}"), chain(&x)))?;
-        // an engine without its export (starting, or its export gone) takes no I/O
-        let frozen = match sub.filter(|s| !s.namespaces.is_empty() && !s.listen_addresses.is_empty()) {
-            Some(sub) => freeze::freeze(self.client(), &sub)
-                .await
-                .map_err(|x| internal(&format!("{what}: {}", x.what), chain(&x.source)))?,
-            None => freeze::Frozen::default(),
-        };
-        // only the replicas in service when the export froze hold every
-        // acknowledged write; one that left the raid1 (ERR) or is being
-        // rebuilt (WO) is not snapshotted
-        let members = match self.members(e).await {
-            Ok(m) => m,
-            Err(st) => {
-                let _ = freeze::thaw(self.client(), &frozen).await;
-                return Err(st);
-            }
-        };
-        let in_service: Vec<(&String, &String)> = e
+        let done = self
+            .status_of(e.id())
+            .and_then(|s| s.snapshots.get(snap).map(|d| d.request))
+            .unwrap_or(0);
+        let asked = self
+            .engine(e.id())?
             .spec
-            .replica_address_map
-            .iter()
-            .filter(|(r, _)| {
-                members
-                    .iter()
-                    .any(|m| &m.replica == *r && m.mode == ptypes::ReplicaMode::Rw)
+            .snapshot_requests
+            .get(snap)
+            .map_or(0, |r| r.request);
+        let request = next_request(asked.max(done));
+        let session = self.session();
+        self.update_engine(e, |s| {
+            // a request of an earlier serve has no call waiting on it
+            s.snapshot_requests.retain(|_, r| r.session == session);
+            s.snapshot_requests
+                .insert(snap.to_owned(), SnapshotRequest { request, session });
+        })?;
+        let taken = self
+            .wait_status(e.id(), &what, |st| {
+                let d = st.snapshots.get(snap).filter(|d| d.request >= request)?;
+                Some(match d.error.as_str() {
+                    "" => Ok(()),
+                    m => Err(Status::internal(m.to_owned())),
+                })
             })
-            .collect();
-        if in_service.is_empty() {
-            let _ = freeze::thaw(self.client(), &frozen).await;
-            return Err(Status::failed_precondition(format!(
-                "{what}: no replica is in service"
-            )));
-        }
-        let takes = in_service.into_iter().map(|(replica, address)| async move {
-            let r = match self.local_replica(replica) {
-                Some(r) => {
-                    self.snapshot_local(replica, &r, &snapshot_lvol(replica, snap))
-                        .await
-                }
-                None => self.snapshot_remote(replica, address, snap).await,
-            };
-            (replica.clone(), address.clone(), r)
-        });
-        let results = futures::future::join_all(takes).await;
-        let thawed = freeze::thaw(self.client(), &frozen).await.map_err(|x| chain(&x));
-        let failed: Vec<String> = results
-            .iter()
-            .filter_map(|(_, _, r)| r.as_ref().err().cloned())
-            .collect();
-        if !failed.is_empty() {
-            // nothing half-made: what was taken goes
-            for (replica, address, _) in &results {
-                let _ = match self.local_replica(replica) {
-                    Some(r) => self
-                        .delete_local(replica, &r, &snapshot_lvol(replica, snap))
-                        .await
-                        .map_err(|s| s.message().to_owned()),
-                    None => self.delete_remote(replica, address, snap).await,
-                };
+            .await;
+        // the answer is had: the request goes, the snapshot's time and labels
+        // (for SnapshotList; SPDK keeps neither) come with a snapshot taken
+        self.update_engine(e, |s| {
+            if s.snapshot_requests.get(snap).is_some_and(|r| r.request == request) {
+                s.snapshot_requests.remove(snap);
             }
-            return Err(Status::internal(format!("{what}: {}", failed.join("; "))));
-        }
-        thawed.map_err(|m| internal(&format!("{what}: thawing the export"), m))
+            if taken.is_ok() {
+                s.snapshot_info.insert(snap.to_owned(), info.clone());
+            }
+        })?;
+        taken
     }
 
     /// Grows local replica `replica` to `size` bytes: checked (it grows, the
@@ -841,23 +790,16 @@ impl proxy_engine_service_server::ProxyEngineService for Longhorn {
             name
         };
         self.check_snapshot_count(&e).await?;
-        let created = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string();
+        let info = SnapshotInfo {
+            created: humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
+            labels: labels.into_iter().collect(),
+        };
         // in a task of its own: a caller that goes away (its deadline, a reset
-        // stream) drops this handler, never a freeze before its thaw
+        // stream) drops this handler, never the request's answer and record
         let (lh, engine, snap) = (self.clone(), e.clone(), name.clone());
-        tokio::spawn(async move { lh.engine_snapshot(&engine, &snap).await })
+        tokio::spawn(async move { lh.engine_snapshot(&engine, &snap, info).await })
             .await
             .map_err(|x| Status::internal(format!("snapshot {name} of engine {}: {x}", e.id())))??;
-        // its time and labels, for SnapshotList (SPDK keeps neither)
-        self.update_engine(&e, |s| {
-            s.snapshot_info.insert(
-                name.clone(),
-                SnapshotInfo {
-                    created,
-                    labels: labels.into_iter().collect(),
-                },
-            );
-        })?;
         Ok(Response::new(imrpc::EngineVolumeSnapshotProxyResponse {
             snapshot: Some(ptypes::VolumeSnapshotReply { name }),
         }))
@@ -1283,6 +1225,7 @@ mod tests {
             removed_snapshots: Default::default(),
             purge_request: 0,
             revert: None,
+            snapshot_requests: Default::default(),
             snapshot_info: Default::default(),
         };
         let member = |mode| Member {

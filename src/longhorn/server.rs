@@ -849,6 +849,7 @@ impl Longhorn {
                 removed_snapshots: BTreeSet::new(),
                 purge_request: 0,
                 revert: None,
+                snapshot_requests: BTreeMap::new(),
                 snapshot_info: BTreeMap::new(),
             },
         )

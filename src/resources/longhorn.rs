@@ -93,6 +93,29 @@ pub struct RevertRequest {
     pub snapshot: String,
 }
 
+/// A numbered snapshot of an engine ([`LonghornEngine::snapshot_requests`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct SnapshotRequest {
+    /// The request number (each call takes a greater one).
+    pub request: u64,
+    /// The session ([`new_session`]) of the talon that wrote it: only that
+    /// session carries it out (no call waits on an older one's).
+    pub session: u64,
+}
+
+/// What the controller made of a snapshot request ([`SnapshotRequest`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct SnapshotStatus {
+    /// The request number carried out.
+    pub request: u64,
+    /// Why the snapshot was not taken (nothing of it is left); empty: every
+    /// replica in service holds it.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub error: String,
+}
+
 /// The controller that realizes Longhorn's instances
 /// (`engine.LonghornController`), also its finalizer on them.
 pub const CONTROLLER: &str = "engine.LonghornController";
@@ -158,6 +181,13 @@ pub struct LonghornEngine {
     /// `LonghornInstanceStatus.revert`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub revert: Option<RevertRequest>,
+    /// Snapshots `VolumeSnapshot` asks for (snapshot name -> request): the
+    /// controller takes each of every replica in service at one instant,
+    /// once per request number, and reports it in
+    /// `LonghornInstanceStatus.snapshots`; the call removes its request when
+    /// it has the answer.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub snapshot_requests: BTreeMap<String, SnapshotRequest>,
     /// What Longhorn lists of each snapshot taken through this engine that
     /// SPDK v26.05 keeps nowhere an RPC reports (no lvol xattr RPC upstream):
     /// its creation time and labels. longhorn-manager's snapshot controller
@@ -341,6 +371,10 @@ pub struct LonghornInstanceStatus {
     /// Replicas: the last rebuild start carried out (`LonghornReplica.dstStart`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dst_start: Option<DstStartStatus>,
+    /// Engines: the snapshot requests carried out, by snapshot name (while
+    /// `LonghornEngine.snapshotRequests` holds them).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub snapshots: BTreeMap<String, SnapshotStatus>,
 }
 
 /// What the controller made of a revert request ([`RevertRequest`]).
@@ -528,6 +562,7 @@ impl LonghornInstanceStatus {
             purge: None,
             revert: None,
             dst_start: None,
+            snapshots: BTreeMap::new(),
         }
     }
 }

@@ -95,6 +95,9 @@ mod revert;
 #[path = "longhorn_caps.rs"]
 mod caps;
 
+#[path = "longhorn_snapshot.rs"]
+mod snapshot;
+
 impl LonghornController {
     /// A controller driving the target behind `client`.
     pub fn new(client: SpdkClient) -> Self {
@@ -1156,6 +1159,13 @@ impl Controller for LonghornController {
                 },
             };
             st.revert = revert;
+            let running = match st.state {
+                InstanceState::Running => Ok(()),
+                _ => Err(st.message.as_str()),
+            };
+            st.snapshots = self
+                .snapshots(&inv, e, &local, prev.as_ref(), running)
+                .await;
             if st.state != InstanceState::Running
                 && let Some(p) = prev
             {

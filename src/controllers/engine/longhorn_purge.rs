@@ -207,6 +207,7 @@ mod tests {
             removed_snapshots: Default::default(),
             purge_request: 1,
             revert: None,
+            snapshot_requests: BTreeMap::new(),
             snapshot_info: Default::default(),
         }
     }

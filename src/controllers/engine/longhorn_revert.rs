@@ -337,6 +337,7 @@ mod tests {
             removed_snapshots: Default::default(),
             purge_request: 0,
             revert: Some(req(1)),
+            snapshot_requests: BTreeMap::new(),
             snapshot_info: Default::default(),
         }
     }

@@ -96,6 +96,17 @@ pub enum VolumeError {
         /// What the peer (or reaching it) said.
         message: String,
     },
+    /// A snapshot of several replicas on an export that cannot be frozen.
+    #[error(
+        "snapshot {snapshot}: export {nqn} was made without ANA reporting and cannot be frozen, \
+         so its replicas cannot be snapshotted at one instant; serve it again (detach and attach) first"
+    )]
+    Unfreezable {
+        /// `<vol>@<snap>`.
+        snapshot: String,
+        /// The export.
+        nqn: String,
+    },
     /// A replica's snapshot is missing.
     #[error("volume {volume}: snapshot lvol {lvol} does not exist")]
     SnapshotMissing {

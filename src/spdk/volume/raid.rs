@@ -410,10 +410,9 @@ impl VolumeOps {
         }
     }
 
-    /// The members raid `naming::raid(vol)` serves from now: configured
-    /// and not the target of a rebuild (by name; empty when it is gone).
-    pub(super) async fn raid_serves(&self, vol: &str) -> Result<BTreeSet<String>, ClientError> {
-        let raid = naming::raid(vol);
+    /// The members raid `raid` serves from now: configured and not the
+    /// target of a rebuild (by name; empty when it is gone).
+    pub(super) async fn raid_serves(&self, raid: &str) -> Result<BTreeSet<String>, ClientError> {
         let all = self
             .client
             .bdev_raid_get_bdevs(&crate::spdk::rpc::GetRaids {

@@ -8,8 +8,9 @@ use futures::future::join_all;
 use super::freeze;
 use super::plan::check_len;
 use super::{
-    Inventory, LVS_PREFIX, LvolRole, MIB, Made, REMOTE_PREFIX, RemoteSnapshot, Snapshotted, VolumeError,
-    VolumeOps, ignore_missing, naming, parse_lvol, point_in_time_set, replica_heads, rpc,
+    Inventory, LVS_PREFIX, LvolRole, MIB, Made, Member, PointInTime, REMOTE_PREFIX, RemoteSnapshot,
+    Snapshotted, Taken, Unfreezable, VolumeError, VolumeOps, ignore_missing, naming, parse_lvol,
+    point_in_time_set, replica_heads, rpc,
 };
 use crate::names::{Nqn, ObjectName};
 use crate::spdk::error::ErrorKind;
@@ -74,105 +75,185 @@ impl VolumeOps {
                 point_in_time: BTreeSet::new(),
             });
         }
-        let nqn = Nqn::for_volume(vol);
-        let export = inv
-            .subsystem(nqn.as_str())
+        let raid = inv.raid(&naming::raid(v)).map(|_| naming::raid(v));
+        let mut members: Vec<Member<'_>> = todo
+            .into_iter()
+            .map(|(key, head, snapshot, _)| Member::Local { key, head, snapshot })
+            .collect();
+        members.extend(remote.into_iter().map(|(key, take)| Member::Remote {
+            key,
+            bdev: format!("{REMOTE_PREFIX}{}n1", naming::replica(v, key)),
+            take,
+        }));
+        let taken = self
+            .take_at_one_instant(
+                inv,
+                PointInTime {
+                    id: id.clone(),
+                    export: Nqn::for_volume(vol).as_str().to_owned(),
+                    raid,
+                    members,
+                    unfreezable: Unfreezable::OneReplica,
+                },
+            )
+            .await?;
+        if taken.is_empty() {
+            return Err(VolumeError::SnapshotMissing {
+                volume: id,
+                lvol: naming::replica(v, 0),
+            });
+        }
+        let mut point_in_time: BTreeSet<usize> = taken.local.iter().map(|(k, _)| *k).collect();
+        point_in_time.extend(taken.remote);
+        done.extend(taken.local.into_iter().map(|(_, a)| a));
+        Ok(Snapshotted {
+            lvols: done,
+            point_in_time,
+        })
+    }
+
+    /// Takes the snapshots of `p.members` at one instant: the one core of
+    /// talon's volume snapshots ([`Self::snapshot`]) and a Longhorn engine's
+    /// (`VolumeSnapshot`), which differ only in their names.
+    ///
+    /// 1. `p.export` (when it is served and more than one member is taken)
+    ///    is frozen ([`freeze::freeze`]): no new command reaches the raid and
+    ///    none is in flight in it. An export made without ANA reporting
+    ///    cannot be frozen: [`Unfreezable`] says what then.
+    /// 2. The members `p.raid` serves now, drained, are kept: one the raid
+    ///    failed since the caller chose (a write it could not take) missed
+    ///    writes the others hold, and one being rebuilt is not the volume's
+    ///    copy yet. Without a raid (one member exported as it is) all are kept.
+    /// 3. Local heads are snapshotted (`bdev_lvol_snapshot`) and remote
+    ///    members' futures run, together; the export is thawed, always.
+    /// 4. Any failure deletes the local snapshots this made and is returned;
+    ///    the caller deletes remote ones (their nodes made them).
+    ///
+    /// An empty [`Taken`]: no member was left in service (nothing made).
+    pub async fn take_at_one_instant(
+        &self,
+        inv: &Inventory,
+        p: PointInTime<'_>,
+    ) -> Result<Taken, VolumeError> {
+        let PointInTime {
+            id,
+            export,
+            raid,
+            mut members,
+            unfreezable,
+        } = p;
+        let sub = inv
+            .subsystem(&export)
             .filter(|s| !s.namespaces.is_empty() && !s.listen_addresses.is_empty());
         let mut frozen = freeze::Frozen::default();
-        if let Some(sub) = export
-            && todo.len() + remote.len() > 1
+        if let Some(sub) = sub
+            && members.len() > 1
         {
             if sub.ana_reporting() == Some(true) {
                 frozen = freeze::freeze(&self.client, sub)
                     .await
                     .map_err(|e| rpc(&id, e.what)(e.source))?;
             } else {
-                tracing::warn!(%nqn, snapshot = %id, "export predates ANA reporting and cannot be frozen: \
-                    snapshot taken on one replica; a revert or clone rebuilds the others from it");
-                todo.truncate(1);
-                remote.clear();
+                match unfreezable {
+                    Unfreezable::OneReplica => {
+                        tracing::warn!(nqn = %export, snapshot = %id, "export predates ANA reporting and cannot be frozen: \
+                            snapshot taken on one replica; a revert or clone rebuilds the others from it");
+                        let first = members
+                            .iter()
+                            .position(|m| matches!(m, Member::Local { .. }))
+                            .unwrap_or(0);
+                        members = vec![members.swap_remove(first)];
+                    }
+                    Unfreezable::Refuse => {
+                        return Err(VolumeError::Unfreezable {
+                            snapshot: id,
+                            nqn: export,
+                        });
+                    }
+                }
             }
         }
-        // the members the raid serves now, drained: the up-to-date set the
-        // caller passed was read before the freeze, and a member the raid
-        // failed since then (a write it could not take) missed writes the
-        // others hold. Such a replica gets no snapshot.
-        if inv.raid(&naming::raid(v)).is_some() {
-            let live = match self.raid_serves(v).await {
+        if let Some(raid) = &raid {
+            let live = match self.raid_serves(raid).await {
                 Ok(live) => live,
                 Err(e) => {
                     let _ = freeze::thaw(&self.client, &frozen).await;
-                    return Err(rpc(&id, format!("reading raid {}", naming::raid(v)))(e));
+                    return Err(rpc(&id, format!("reading raid {raid}"))(e));
                 }
             };
-            let before = todo.len() + remote.len();
-            todo.retain(|(_, head, _, _)| {
-                let uuid = inv.lvols.get(head).map(|l| l.uuid.as_str());
-                live.contains(head.as_str()) || uuid.is_some_and(|u| live.contains(u))
+            let before = members.len();
+            members.retain(|m| match m {
+                Member::Local { head, .. } => {
+                    let uuid = inv.lvols.get(head).map(|l| l.uuid.as_str());
+                    live.contains(head.as_str()) || uuid.is_some_and(|u| live.contains(u))
+                }
+                Member::Remote { bdev, .. } => {
+                    let uuid = inv.bdevs.get(bdev).and_then(|b| b.uuid.as_deref());
+                    live.contains(bdev.as_str()) || uuid.is_some_and(|u| live.contains(u))
+                }
             });
-            remote.retain(|(k, _)| live.contains(&format!("{REMOTE_PREFIX}{}n1", naming::replica(v, *k))));
-            if todo.len() + remote.len() < before {
-                tracing::warn!(snapshot = %id, "a replica left the raid since it was last seen up to date: \
+            if members.len() < before {
+                tracing::warn!(snapshot = %id, "a replica left the raid since it was last seen in service: \
                     snapshot taken without it");
             }
-            if todo.is_empty() && remote.is_empty() {
+            if members.is_empty() {
                 let _ = freeze::thaw(&self.client, &frozen).await;
-                return Err(VolumeError::SnapshotMissing {
-                    volume: id,
-                    lvol: naming::replica(v, 0),
-                });
+                return Ok(Taken::default());
             }
         }
         let id_ref = &id;
-        let local = join_all(todo.iter().map(|(k, head, sname, alias)| async move {
-            self.client
-                .bdev_lvol_snapshot(&LvolSnapshot {
-                    lvol_name: head.clone(),
-                    snapshot_name: sname.clone(),
-                })
-                .await
-                .map(|_| (*k, alias.clone()))
-                .map_err(rpc(id_ref, format!("snapshotting {head}")))
-        }));
-        let remote = join_all(remote.into_iter().map(|(k, f)| async move {
-            f.await.map(|()| k).map_err(|message| VolumeError::PeerSnapshot {
-                snapshot: id_ref.clone(),
-                replica: k,
-                message,
-            })
-        }));
-        let (results, remote_results) = futures::future::join(local, remote).await;
+        let mut local = Vec::new();
+        let mut remote = Vec::new();
+        for m in members {
+            match m {
+                Member::Local { key, head, snapshot } => local.push(async move {
+                    let lvs = head.split_once('/').map_or("", |(l, _)| l);
+                    let alias = format!("{lvs}/{snapshot}");
+                    self.client
+                        .bdev_lvol_snapshot(&LvolSnapshot {
+                            lvol_name: head.clone(),
+                            snapshot_name: snapshot,
+                        })
+                        .await
+                        .map(|_| (key, alias))
+                        .map_err(rpc(id_ref, format!("snapshotting {head}")))
+                }),
+                Member::Remote { key, take, .. } => remote.push(async move {
+                    take.await
+                        .map(|()| key)
+                        .map_err(|message| VolumeError::PeerSnapshot {
+                            snapshot: id_ref.clone(),
+                            replica: key,
+                            message,
+                        })
+                }),
+            }
+        }
+        let (results, remote_results) = futures::future::join(join_all(local), join_all(remote)).await;
         let thawed = freeze::thaw(&self.client, &frozen).await;
         let mut err = None;
-        let mut made = Vec::new();
+        let mut taken = Taken::default();
         for r in results {
             match r {
-                Ok(a) => made.push(a),
+                Ok(a) => taken.local.push(a),
                 Err(e) => err = err.or(Some(e)),
             }
         }
-        let mut remote_made = BTreeSet::new();
         for r in remote_results {
             match r {
                 Ok(k) => {
-                    remote_made.insert(k);
+                    taken.remote.insert(k);
                 }
                 Err(e) => err = err.or(Some(e)),
             }
         }
         if let Some(e) = err {
-            self.undo(made.into_iter().map(|(_, a)| Made::Lvol(a)).collect())
+            self.undo(taken.local.into_iter().map(|(_, a)| Made::Lvol(a)).collect())
                 .await;
             return Err(e);
         }
-        thawed.map_err(rpc(&id, format!("thawing {nqn} after the snapshot")))?;
-        let mut point_in_time: BTreeSet<usize> = made.iter().map(|(k, _)| *k).collect();
-        point_in_time.extend(remote_made);
-        done.extend(made.into_iter().map(|(_, a)| a));
-        Ok(Snapshotted {
-            lvols: done,
-            point_in_time,
-        })
+        thawed.map_err(rpc(&id, format!("thawing {export} after the snapshot")))?;
+        Ok(taken)
     }
 
     /// Deletes every replica's snapshot lvol `<vol>-r<k>.s.<snap>`; a clear

@@ -1,0 +1,185 @@
+//! Engine snapshots: `VolumeSnapshot` numbers a request on the engine
+//! (`LonghornEngine.snapshotRequests`); this takes it once per number with
+//! the same point-in-time core as talon's own volumes
+//! ([`VolumeOps::take_at_one_instant`]) and reports it in
+//! `LonghornInstanceStatus.snapshots`, which the call waits on.
+//!
+//! ```text
+//!   request (name, n) ──> refused: the engine not running
+//!                     ──> export frozen (no I/O enters, none in flight in the raid1)
+//!                           this node's replicas:  bdev_lvol_snapshot <lvs>/<replica> -> <replica>-snap-<name>
+//!                           another node's:        its ReplicaSnapshotCreate (inside the freeze)
+//!                           a replica the raid1 does not serve (ERR, or WO: rebuilt) gets none
+//!                         thawed, always
+//!                     ──> failed: what was made is deleted, the error reported
+//! ```
+//!
+//! The call takes no SPDK step itself: a freeze held by a gRPC handler
+//! outlived the caller that dropped it, and the engine's replicas in service
+//! are the controller's to know (the raid it made).
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
+
+use futures::FutureExt;
+
+use super::LonghornController;
+use crate::names::ObjectName;
+use crate::proto::spdkrpc;
+use crate::resources::longhorn::{
+    LonghornEngine, LonghornInstanceStatus, LonghornReplica, SnapshotStatus, snapshot_lvol,
+};
+use crate::runtime::Typed;
+use crate::spdk::naming::longhorn as naming;
+use crate::spdk::volume::{Inventory, Member, PointInTime, Unfreezable};
+
+/// How long another node may take to snapshot its replica: the engine's
+/// export is frozen meanwhile.
+const REMOTE_TIMEOUT: Duration = Duration::from_secs(10);
+
+impl LonghornController {
+    /// Carries out engine `e`'s snapshot requests not carried out yet
+    /// (`prev` holds those that were); gives the statuses to report, one per
+    /// request still in the spec. `running`: the engine is served (else
+    /// each new request is refused, naming `why`).
+    pub(super) async fn snapshots(
+        &self,
+        inv: &Inventory,
+        e: &Typed<LonghornEngine>,
+        local: &BTreeMap<String, LonghornReplica>,
+        prev: Option<&LonghornInstanceStatus>,
+        running: Result<(), &str>,
+    ) -> BTreeMap<String, SnapshotStatus> {
+        let mut out = BTreeMap::new();
+        for (name, r) in &e.spec.snapshot_requests {
+            let done = prev.and_then(|p| p.snapshots.get(name));
+            if done.is_some_and(|d| d.request >= r.request) || r.session != self.session.id() {
+                out.extend(done.map(|d| (name.clone(), d.clone())));
+                continue;
+            }
+            let error = match running {
+                Err(why) => format!("snapshot {name} of engine {}: the engine is not running: {why}", e.id()),
+                Ok(()) => match self.snapshot(inv, e, local, name).await {
+                    Ok(()) => String::new(),
+                    Err(m) => m,
+                },
+            };
+            if error.is_empty() {
+                tracing::info!(engine = e.id(), request = r.request, snapshot = %name, "engine snapshot");
+            } else {
+                tracing::warn!(engine = e.id(), request = r.request, %error, "engine snapshot");
+            }
+            out.insert(
+                name.clone(),
+                SnapshotStatus {
+                    request: r.request,
+                    error,
+                },
+            );
+        }
+        out
+    }
+
+    /// Snapshot `snap` of every replica of engine `e` in service, at one
+    /// instant; nothing of it left on error.
+    async fn snapshot(
+        &self,
+        inv: &Inventory,
+        e: &Typed<LonghornEngine>,
+        local: &BTreeMap<String, LonghornReplica>,
+        snap: &str,
+    ) -> Result<(), String> {
+        let what = format!("snapshot {snap} of engine {}", e.id());
+        let volume = ObjectName::parse("volume", &e.spec.volume).map_err(|x| format!("{what}: {x}"))?;
+        let nqn = naming::volume_nqn(&volume).map_err(|x| format!("{what}: {x}"))?;
+        let replicas: Vec<(&String, &String)> = e.spec.replica_address_map.iter().collect();
+        let stamp = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string();
+        let mut members = Vec::new();
+        for (key, (replica, address)) in replicas.iter().enumerate() {
+            match local.get(*replica) {
+                Some(r) => {
+                    let head = naming::replica_alias(&r.disk, replica);
+                    let lvol = snapshot_lvol(replica, snap);
+                    let lvs = crate::spdk::volume::naming::lvstore(&r.disk);
+                    // taken before (a call tried again): kept
+                    if !inv.lvols.contains_key(&format!("{lvs}/{lvol}")) {
+                        members.push(Member::Local {
+                            key,
+                            head,
+                            snapshot: lvol,
+                        });
+                    }
+                }
+                None => members.push(Member::Remote {
+                    key,
+                    bdev: format!("{replica}n1"),
+                    take: self.snapshot_remote(replica, address, snap, &stamp).boxed(),
+                }),
+            }
+        }
+        if members.is_empty() {
+            return Ok(());
+        }
+        let remote: Vec<usize> = members
+            .iter()
+            .filter_map(|m| match m {
+                Member::Remote { key, .. } => Some(*key),
+                Member::Local { .. } => None,
+            })
+            .collect();
+        let taken = self
+            .ops
+            .take_at_one_instant(
+                inv,
+                PointInTime {
+                    id: format!("{}@{snap}", e.id()),
+                    export: nqn.as_str().to_owned(),
+                    raid: inv.raid(e.id()).map(|r| r.name.clone()),
+                    members,
+                    unfreezable: Unfreezable::Refuse,
+                },
+            )
+            .await;
+        match taken {
+            Ok(t) if t.is_empty() => Err(format!("{what}: no replica is in service")),
+            Ok(_) => Ok(()),
+            Err(x) => {
+                // this node's were deleted; another node's are asked to go
+                for k in remote {
+                    let (replica, address) = replicas[k];
+                    if let Err(m) = self.delete_remote_snapshot(replica, address, snap).await {
+                        tracing::warn!(engine = e.id(), %m, "a failed snapshot left on another node");
+                    }
+                }
+                Err(format!("{what}: {}", crate::util::error_chain(&x)))
+            }
+        }
+    }
+
+    /// Has the node of remote replica `replica` (at `address`) snapshot it.
+    async fn snapshot_remote(&self, replica: &str, address: &str, snap: &str, stamp: &str) -> Result<(), String> {
+        let mut c = crate::proto::peer::peer_client(replica, address, self.peer_port, REMOTE_TIMEOUT).await?;
+        c.replica_snapshot_create(spdkrpc::SnapshotRequest {
+            name: replica.to_owned(),
+            snapshot_name: snap.to_owned(),
+            user_created: true,
+            snapshot_timestamp: stamp.to_owned(),
+            labels: HashMap::new(),
+        })
+        .await
+        .map(|_| ())
+        .map_err(|s| format!("replica {replica}: its node: {}", s.message()))
+    }
+
+    async fn delete_remote_snapshot(&self, replica: &str, address: &str, snap: &str) -> Result<(), String> {
+        let mut c = self.peer(replica, address).await?;
+        c.replica_snapshot_delete(spdkrpc::SnapshotRequest {
+            name: replica.to_owned(),
+            snapshot_name: snap.to_owned(),
+            ..Default::default()
+        })
+        .await
+        .map(|_| ())
+        .map_err(|s| format!("replica {replica}: its node: {}", s.message()))
+    }
+}
