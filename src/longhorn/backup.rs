@@ -74,14 +74,41 @@ const PARAMETER_LABEL: &str = "longhorn.io/backup-parameter.";
 const BACKUP_MODE: &str = "backup-mode";
 const BLOCK_SIZE: &str = "backup-block-size";
 
+/// A backup call's credential, label or parameter that talon refuses: it
+/// names the key or label, never a credential's value.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ParameterError {
+    /// A credential entry without `=`.
+    #[error("a credential entry is not KEY=VALUE")]
+    NotKeyValue,
+    /// A credential key outside Longhorn's allowlist.
+    #[error("credential key {0:?} is not one a backup target takes")]
+    UnknownKey(String),
+    /// A credential talon cannot honour (a proxy, CIFS, Azure).
+    #[error("credential key {0} is set, but talon reaches S3 targets directly (no proxy, CIFS or Azure)")]
+    Unhonoured(String),
+    /// A label without `=`.
+    #[error("label {0:?} is not k=v")]
+    Label(String),
+    /// A block size that is not a number.
+    #[error("backup block size {0:?} is not a number")]
+    BlockSizeNotNumber(String),
+    /// A block size other than Longhorn's default.
+    #[error("backup block size {0}: talon writes {DEFAULT_BLOCK_SIZE}-byte blocks only")]
+    BlockSize(i64),
+    /// A backup mode other than full or incremental.
+    #[error("backup mode {0:?} is neither full nor incremental")]
+    Mode(String),
+}
+
 /// `KEY=VALUE` entries as a credential map; a key outside Longhorn's
 /// allowlist, or one talon cannot honour with a value, refuses the whole
 /// call (the error names the key, never a value).
-pub fn credentials_from_envs(envs: &[String]) -> Result<BTreeMap<String, String>, String> {
+pub fn credentials_from_envs(envs: &[String]) -> Result<BTreeMap<String, String>, ParameterError> {
     let mut out = BTreeMap::new();
     for env in envs {
         let Some((k, v)) = env.split_once('=') else {
-            return Err("a credential entry is not KEY=VALUE".into());
+            return Err(ParameterError::NotKeyValue);
         };
         out.insert(k.to_owned(), v.to_owned());
     }
@@ -89,15 +116,13 @@ pub fn credentials_from_envs(envs: &[String]) -> Result<BTreeMap<String, String>
     Ok(out)
 }
 
-pub(super) fn check_credentials(creds: &BTreeMap<String, String>) -> Result<(), String> {
+pub(super) fn check_credentials(creds: &BTreeMap<String, String>) -> Result<(), ParameterError> {
     for (k, v) in creds {
         if !ALLOWED_KEYS.contains(&k.as_str()) {
-            return Err(format!("credential key {k:?} is not one a backup target takes"));
+            return Err(ParameterError::UnknownKey(k.clone()));
         }
         if !v.is_empty() && !USED_KEYS.contains(&k.as_str()) {
-            return Err(format!(
-                "credential key {k} is set, but talon reaches S3 targets directly (no proxy, CIFS or Azure)"
-            ));
+            return Err(ParameterError::Unhonoured(k.clone()));
         }
     }
     Ok(())
@@ -132,11 +157,11 @@ pub(super) fn write_credentials(
 type Pairs = BTreeMap<String, String>;
 
 /// `k=v` labels and the parameters among them (`PARAMETER_LABEL<key>`).
-fn split_labels(labels: &[String]) -> Result<(Pairs, Pairs), String> {
+fn split_labels(labels: &[String]) -> Result<(Pairs, Pairs), ParameterError> {
     let (mut plain, mut params) = (BTreeMap::new(), BTreeMap::new());
     for l in labels {
         let Some((k, v)) = l.split_once('=') else {
-            return Err(format!("label {l:?} is not k=v"));
+            return Err(ParameterError::Label(l.clone()));
         };
         match k.strip_prefix(PARAMETER_LABEL) {
             Some(p) => params.insert(p.to_owned(), v.to_owned()),
@@ -148,21 +173,19 @@ fn split_labels(labels: &[String]) -> Result<(Pairs, Pairs), String> {
 
 /// Whether parameters ask a full backup; a block size other than
 /// Longhorn's 2 MiB default is refused.
-fn full_backup(params: &BTreeMap<String, String>) -> Result<bool, String> {
+fn full_backup(params: &BTreeMap<String, String>) -> Result<bool, ParameterError> {
     if let Some(bs) = params.get(BLOCK_SIZE).filter(|s| !s.is_empty()) {
         let n: i64 = bs
             .parse()
-            .map_err(|_| format!("backup block size {bs:?} is not a number"))?;
+            .map_err(|_| ParameterError::BlockSizeNotNumber(bs.clone()))?;
         if n > 0 && n as u64 != DEFAULT_BLOCK_SIZE {
-            return Err(format!(
-                "backup block size {n}: talon writes {DEFAULT_BLOCK_SIZE}-byte blocks only"
-            ));
+            return Err(ParameterError::BlockSize(n));
         }
     }
     match params.get(BACKUP_MODE).map(String::as_str) {
         None | Some("" | "incremental") => Ok(false),
         Some("full") => Ok(true),
-        Some(other) => Err(format!("backup mode {other:?} is neither full nor incremental")),
+        Some(other) => Err(ParameterError::Mode(other.to_owned())),
     }
 }
 
@@ -217,9 +240,9 @@ impl Longhorn {
             Compression::parse(c).map_err(|e| bad(e.to_string()))?;
         }
         let creds: BTreeMap<String, String> = req.credential.clone().into_iter().collect();
-        check_credentials(&creds).map_err(&bad)?;
-        let (labels, params) = split_labels(&req.labels).map_err(&bad)?;
-        let full = full_backup(&params).map_err(&bad)?;
+        check_credentials(&creds).map_err(|e| bad(e.to_string()))?;
+        let (labels, params) = split_labels(&req.labels).map_err(|e| bad(e.to_string()))?;
+        let full = full_backup(&params).map_err(|e| bad(e.to_string()))?;
         let r = self
             .local_replica(&req.replica_name)
             .ok_or_else(|| Status::not_found(format!("{what}: the replica is not on this node")))?;
@@ -471,9 +494,13 @@ mod tests {
         ])
         .expect("allowed");
         assert_eq!(ok["AWS_SECRET_ACCESS_KEY"], "s=k");
-        let e = credentials_from_envs(&["LD_PRELOAD=/tmp/x.so".into()]).expect_err("refused");
+        let e = credentials_from_envs(&["LD_PRELOAD=/tmp/x.so".into()])
+            .expect_err("refused")
+            .to_string();
         assert!(e.contains("LD_PRELOAD") && !e.contains("/tmp/x.so"), "{e}");
-        let e = credentials_from_envs(&["HTTPS_PROXY=http://secret@proxy".into()]).expect_err("refused");
+        let e = credentials_from_envs(&["HTTPS_PROXY=http://secret@proxy".into()])
+            .expect_err("refused")
+            .to_string();
         assert!(e.contains("HTTPS_PROXY") && !e.contains("secret"), "{e}");
         assert!(credentials_from_envs(&["novalue".into()]).is_err());
     }

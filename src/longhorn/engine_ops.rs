@@ -44,8 +44,8 @@ use crate::spdk::volume::naming::lvstore;
 /// How long a forwarded call or an engine operation may take.
 const OP_TIMEOUT: Duration = Duration::from_secs(60);
 
-fn state_err(e: impl std::error::Error + 'static) -> Status {
-    Status::internal(crate::util::error_chain(&e))
+fn state_err(e: crate::runtime::StateError) -> Status {
+    super::error::LonghornError::State(e).into()
 }
 
 impl Longhorn {

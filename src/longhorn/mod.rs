@@ -20,6 +20,7 @@
 pub mod backup;
 pub mod bounds;
 pub mod engine_ops;
+pub mod error;
 pub mod lifecycle;
 pub mod proxy;
 pub mod rebuild;
@@ -29,6 +30,8 @@ pub mod server;
 pub mod service;
 pub mod snaphash;
 mod snaphash_ops;
+
+pub use error::LonghornError;
 
 /// `instanceManagerAPIVersion` and its minimum, as longhorn-instance-manager
 /// v1.12.1 reports them (`pkg/meta/version.go`); longhorn-manager v1.12

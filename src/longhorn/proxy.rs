@@ -33,6 +33,7 @@ use std::time::{Duration, Instant};
 
 use tonic::{Request, Response, Status};
 
+use super::error::LonghornError;
 use super::service::{FORWARDED, IoSample, Longhorn, chain, internal, next_request};
 use crate::names::ObjectName;
 use crate::proto::imrpc::{self, proxy_engine_service_server};
@@ -224,12 +225,15 @@ impl Longhorn {
     }
 
     /// Snapshots a local replica's head as `lvol`; one that exists is kept.
-    async fn snapshot_local(&self, replica: &str, r: &LonghornReplica, lvol: &str) -> Result<(), String> {
+    async fn snapshot_local(&self, replica: &str, r: &LonghornReplica, lvol: &str) -> Result<(), LonghornError> {
         let alias = naming::replica_alias(&r.disk, replica);
         match crate::spdk::volume::lvol::snapshot(self.client(), &alias, lvol).await {
             Ok(_) => Ok(()),
             Err(e) if e.is(ErrorKind::AlreadyExists) => Ok(()),
-            Err(e) => Err(format!("snapshotting {alias} as {lvol}: {}", chain(&e))),
+            Err(e) => Err(LonghornError::spdk(
+                format!("replica {replica}: snapshotting {alias} as {lvol}"),
+                e,
+            )),
         }
     }
 
@@ -386,15 +390,22 @@ impl Longhorn {
         .await
     }
 
-    async fn expand_remote(&self, replica: &str, address: &str, size: u64) -> Result<(), String> {
-        let mut c = self.replica_node(replica, address).await?;
+    async fn expand_remote(&self, replica: &str, address: &str, size: u64) -> Result<(), LonghornError> {
+        let peer = |message: &str| LonghornError::Peer {
+            replica: replica.to_owned(),
+            message: message.to_owned(),
+        };
+        // reaching it: the message names the replica already
+        let mut c = self.replica_node(replica, address).await.map_err(|m| {
+            peer(m.strip_prefix(&format!("replica {replica}: ")).unwrap_or(&m))
+        })?;
         c.replica_expand(spdkrpc::ReplicaExpandRequest {
             name: replica.to_owned(),
             size,
         })
         .await
         .map(|_| ())
-        .map_err(|s| format!("replica {replica}: its node: {}", s.message()))
+        .map_err(|s| peer(&format!("its node: {}", s.message())))
     }
 
     /// Grows every replica of engine `e`, waits until the raid1 (its smallest
@@ -497,9 +508,7 @@ impl Longhorn {
                 "replica {replica}: lvol name {lvol} is longer than SPDK's {LVOL_NAME_MAX} characters"
             )));
         }
-        self.snapshot_local(replica.as_str(), &t.spec, &lvol)
-            .await
-            .map_err(|m| Status::internal(format!("replica {replica}: {m}")))?;
+        self.snapshot_local(replica.as_str(), &t.spec, &lvol).await?;
         self.replica_message(&t)
     }
 

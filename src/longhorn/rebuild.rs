@@ -54,7 +54,7 @@ fn src_controller(dst: &str) -> String {
 }
 
 fn internal(what: &str, e: &ClientError) -> Status {
-    Status::internal(format!("{what}: {}", chain_err(e)))
+    super::error::LonghornError::internal(what, chain_err(e)).into()
 }
 
 impl Longhorn {

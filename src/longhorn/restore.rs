@@ -76,7 +76,7 @@ impl Longhorn {
         check_name("backup", &backup).map_err(|e| bad(e.to_string()))?;
         crate::backupstore::store::Target::parse(&target).map_err(|e| bad(e.to_string()))?;
         let creds: BTreeMap<String, String> = req.credential.into_iter().collect();
-        super::backup::check_credentials(&creds).map_err(&bad)?;
+        super::backup::check_credentials(&creds).map_err(|e| bad(e.to_string()))?;
         if self.local_replica(&req.replica_name).is_none() {
             return Err(Status::not_found(format!(
                 "{what}: the replica is not on this node"
@@ -206,7 +206,7 @@ impl Longhorn {
     ) -> Result<imrpc::EngineBackupRestoreProxyResponse, Status> {
         let what = format!("restore of {} into engine {}", req.url, e.id());
         let bad = |x: String| Status::invalid_argument(format!("{what}: {x}"));
-        let creds = super::backup::credentials_from_envs(&req.envs).map_err(&bad)?;
+        let creds = super::backup::credentials_from_envs(&req.envs).map_err(|x| bad(x.to_string()))?;
         let (target, backup_volume, backup) = decode_url(&req.url).map_err(|x| bad(x.to_string()))?;
         let backup = backup.ok_or_else(|| bad("the URL names no backup".into()))?;
         let members = self.members(e).await?;

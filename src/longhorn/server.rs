@@ -392,16 +392,11 @@ fn unimplemented(method: &str) -> Status {
 // ------------------------------------------------------------ helpers
 
 fn state_err(e: StateError) -> Status {
-    match e {
-        StateError::NotFound { type_, id } => Status::not_found(format!("cannot find {type_} {id}")),
-        StateError::AlreadyExists { .. } => Status::already_exists(e.to_string()),
-        StateError::Conflict { .. } => Status::aborted(e.to_string()),
-        _ => Status::internal(crate::util::error_chain(&e)),
-    }
+    super::error::LonghornError::State(e).into()
 }
 
 fn invalid(e: crate::names::InvalidName) -> Status {
-    Status::invalid_argument(e.to_string())
+    super::error::LonghornError::Invalid(e.to_string()).into()
 }
 
 fn v2_only(what: &str, data_engine: i32, driver: i32) -> Result<(), Status> {

@@ -15,6 +15,7 @@ use tonic::Status;
 use super::snaphash::Hashes;
 use crate::resources::longhorn::{Session, SwitchModes};
 use crate::runtime::State;
+use super::error::LonghornError;
 use crate::spdk::SpdkClient;
 
 /// Metadata of a forwarded proxy call (it is not forwarded again).
@@ -220,11 +221,11 @@ pub(super) struct SrcCopy {
 /// `types.ErrorIsNotFound`), as Longhorn's SPDK engine says `cannot find
 /// replica|engine|engine frontend <name>`.
 pub(super) fn cannot_find(noun: &str, name: &str) -> Status {
-    Status::not_found(format!("cannot find {noun} {name}"))
+    LonghornError::not_found(noun, name).into()
 }
 
 pub(super) fn internal(what: &str, e: impl std::fmt::Display) -> Status {
-    Status::internal(format!("{what}: {e}"))
+    LonghornError::internal(what, e).into()
 }
 
 pub(super) fn chain(e: &crate::spdk::ClientError) -> String {
