@@ -888,13 +888,21 @@ async fn engine_snapshots_at_once_each_land_and_a_failed_one_leaves_nothing() {
     let on_b = snapshot_lvols(&b).await;
     for n in &names {
         assert!(listed.contains_key(n), "{n} listed: {:?}", listed.keys());
-        assert!(on_a.contains(&format!("talon-disk-a/vol-r-a-snap-{n}")), "{n} on A: {on_a:?}");
-        assert!(on_b.contains(&format!("talon-disk-b/vol-r-b-snap-{n}")), "{n} on B: {on_b:?}");
+        assert!(
+            on_a.contains(&format!("talon-disk-a/vol-r-a-snap-{n}")),
+            "{n} on A: {on_a:?}"
+        );
+        assert!(
+            on_b.contains(&format!("talon-disk-b/vol-r-b-snap-{n}")),
+            "{n} on B: {on_b:?}"
+        );
     }
 
     // B's node gone: its replica cannot be snapshotted, so A's is not kept
     b.stop().await;
-    let e = snapshot(&mut p.clone(), "lost").await.expect_err("B's node is down");
+    let e = snapshot(&mut p.clone(), "lost")
+        .await
+        .expect_err("B's node is down");
     assert!(e.message().contains("vol-r-b"), "names the replica: {e}");
     assert!(
         !snapshot_lvols(&a).await.iter().any(|l| l.ends_with("-snap-lost")),

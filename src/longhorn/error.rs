@@ -119,9 +119,21 @@ mod tests {
     #[test]
     fn each_error_maps_to_the_code_and_words_longhorn_reads() {
         let cases: Vec<(LonghornError, Code, &str)> = vec![
-            (LonghornError::Invalid("address \"x\" is not ip:port".into()), Code::InvalidArgument, "address \"x\" is not ip:port"),
-            (LonghornError::not_found("engine", "vol-e-0"), Code::NotFound, "cannot find engine vol-e-0"),
-            (LonghornError::Refused("replica r is WO".into()), Code::FailedPrecondition, "replica r is WO"),
+            (
+                LonghornError::Invalid("address \"x\" is not ip:port".into()),
+                Code::InvalidArgument,
+                "address \"x\" is not ip:port",
+            ),
+            (
+                LonghornError::not_found("engine", "vol-e-0"),
+                Code::NotFound,
+                "cannot find engine vol-e-0",
+            ),
+            (
+                LonghornError::Refused("replica r is WO".into()),
+                Code::FailedPrecondition,
+                "replica r is WO",
+            ),
             (
                 LonghornError::Peer {
                     replica: "vol-r-b".into(),
@@ -139,7 +151,11 @@ mod tests {
                 Code::NotFound,
                 "cannot find LonghornEngine e",
             ),
-            (LonghornError::internal("engine e: reading spdk_tgt", "closed"), Code::Internal, "engine e: reading spdk_tgt: closed"),
+            (
+                LonghornError::internal("engine e: reading spdk_tgt", "closed"),
+                Code::Internal,
+                "engine e: reading spdk_tgt: closed",
+            ),
         ];
         for (e, code, message) in cases {
             let s = Status::from(e);

@@ -47,10 +47,10 @@ use crate::resources::longhorn::{
 use crate::runtime::Typed;
 use crate::spdk::ErrorKind;
 use crate::spdk::naming::longhorn::{self as naming, is_rebuild_snap, tcp};
+use crate::spdk::volume::Inventory;
 use crate::spdk::volume::lvol::delete_lvol;
 use crate::spdk::volume::naming::lvstore;
 use crate::spdk::volume::replica_lvols::ReplicaLvols;
-use crate::spdk::volume::Inventory;
 
 /// Longhorn's name of the head in a snapshot list.
 pub const VOLUME_HEAD: &str = "volume-head";
@@ -225,7 +225,12 @@ impl Longhorn {
     }
 
     /// Snapshots a local replica's head as `lvol`; one that exists is kept.
-    async fn snapshot_local(&self, replica: &str, r: &LonghornReplica, lvol: &str) -> Result<(), LonghornError> {
+    async fn snapshot_local(
+        &self,
+        replica: &str,
+        r: &LonghornReplica,
+        lvol: &str,
+    ) -> Result<(), LonghornError> {
         let alias = naming::replica_alias(&r.disk, replica);
         match crate::spdk::volume::lvol::snapshot(self.client(), &alias, lvol).await {
             Ok(_) => Ok(()),
@@ -327,7 +332,10 @@ impl Longhorn {
         // the answer is had: the request goes, the snapshot's time and labels
         // (for SnapshotList; SPDK keeps neither) come with a snapshot taken
         self.update_engine(e, |s| {
-            if s.snapshot_requests.get(snap).is_some_and(|r| r.request == request) {
+            if s.snapshot_requests
+                .get(snap)
+                .is_some_and(|r| r.request == request)
+            {
                 s.snapshot_requests.remove(snap);
             }
             if taken.is_ok() {
@@ -396,9 +404,10 @@ impl Longhorn {
             message: message.to_owned(),
         };
         // reaching it: the message names the replica already
-        let mut c = self.replica_node(replica, address).await.map_err(|m| {
-            peer(m.strip_prefix(&format!("replica {replica}: ")).unwrap_or(&m))
-        })?;
+        let mut c = self
+            .replica_node(replica, address)
+            .await
+            .map_err(|m| peer(m.strip_prefix(&format!("replica {replica}: ")).unwrap_or(&m)))?;
         c.replica_expand(spdkrpc::ReplicaExpandRequest {
             name: replica.to_owned(),
             size,

@@ -12,10 +12,10 @@ use std::time::Instant;
 
 use tonic::Status;
 
+use super::error::LonghornError;
 use super::snaphash::Hashes;
 use crate::resources::longhorn::{Session, SwitchModes};
 use crate::runtime::State;
-use super::error::LonghornError;
 use crate::spdk::SpdkClient;
 
 /// Metadata of a forwarded proxy call (it is not forwarded again).

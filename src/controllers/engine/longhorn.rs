@@ -1163,9 +1163,7 @@ impl Controller for LonghornController {
                 InstanceState::Running => Ok(()),
                 _ => Err(st.message.as_str()),
             };
-            st.snapshots = self
-                .snapshots(&inv, e, &local, prev.as_ref(), running)
-                .await;
+            st.snapshots = self.snapshots(&inv, e, &local, prev.as_ref(), running).await;
             if st.state != InstanceState::Running
                 && let Some(p) = prev
             {

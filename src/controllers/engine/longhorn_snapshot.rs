@@ -58,7 +58,10 @@ impl LonghornController {
                 continue;
             }
             let error = match running {
-                Err(why) => format!("snapshot {name} of engine {}: the engine is not running: {why}", e.id()),
+                Err(why) => format!(
+                    "snapshot {name} of engine {}: the engine is not running: {why}",
+                    e.id()
+                ),
                 Ok(()) => match self.snapshot(inv, e, local, name).await {
                     Ok(()) => String::new(),
                     Err(m) => m,
@@ -142,7 +145,21 @@ impl LonghornController {
             .await;
         match taken {
             Ok(t) if t.is_empty() => Err(format!("{what}: no replica is in service")),
-            Ok(_) => Ok(()),
+            Ok(t) => {
+                // ERR ones, which Longhorn's engine skips too (isBackendDispatchable);
+                // WO ones, which it would snapshot: here their copy is not the
+                // volume's until the rebuild ends (as before this moved here)
+                let without: Vec<&str> = t.left_out.iter().map(|k| replicas[*k].0.as_str()).collect();
+                if !without.is_empty() {
+                    tracing::info!(
+                        engine = e.id(),
+                        snapshot = snap,
+                        ?without,
+                        "snapshot of the replicas in service"
+                    );
+                }
+                Ok(())
+            }
             Err(x) => {
                 // this node's were deleted; another node's are asked to go
                 for k in remote {
@@ -157,7 +174,13 @@ impl LonghornController {
     }
 
     /// Has the node of remote replica `replica` (at `address`) snapshot it.
-    async fn snapshot_remote(&self, replica: &str, address: &str, snap: &str, stamp: &str) -> Result<(), String> {
+    async fn snapshot_remote(
+        &self,
+        replica: &str,
+        address: &str,
+        snap: &str,
+        stamp: &str,
+    ) -> Result<(), String> {
         let mut c = crate::proto::peer::peer_client(replica, address, self.peer_port, REMOTE_TIMEOUT).await?;
         c.replica_snapshot_create(spdkrpc::SnapshotRequest {
             name: replica.to_owned(),

@@ -193,6 +193,9 @@ pub struct Taken {
     pub local: Vec<(usize, String)>,
     /// The keys of the remote members whose nodes took theirs.
     pub remote: BTreeSet<usize>,
+    /// The keys of the members the raid does not serve now (failed, or the
+    /// target of a rebuild): none was taken of them.
+    pub left_out: BTreeSet<usize>,
 }
 
 impl Taken {

@@ -97,6 +97,10 @@ impl VolumeOps {
                 },
             )
             .await?;
+        if !taken.left_out.is_empty() {
+            tracing::warn!(snapshot = %id, replicas = ?taken.left_out, "a replica left the raid since it was \
+                last seen up to date: snapshot taken without it");
+        }
         if taken.is_empty() {
             return Err(VolumeError::SnapshotMissing {
                 volume: id,
@@ -129,7 +133,8 @@ impl VolumeOps {
     /// 4. Any failure deletes the local snapshots this made and is returned;
     ///    the caller deletes remote ones (their nodes made them).
     ///
-    /// An empty [`Taken`]: no member was left in service (nothing made).
+    /// An empty [`Taken`]: no member was left in service (nothing made);
+    /// [`Taken::left_out`] names those the raid does not serve.
     pub async fn take_at_one_instant(
         &self,
         inv: &Inventory,
@@ -173,6 +178,7 @@ impl VolumeOps {
                 }
             }
         }
+        let mut left_out = BTreeSet::new();
         if let Some(raid) = &raid {
             let live = match self.raid_serves(raid).await {
                 Ok(live) => live,
@@ -181,24 +187,35 @@ impl VolumeOps {
                     return Err(rpc(&id, format!("reading raid {raid}"))(e));
                 }
             };
-            let before = members.len();
-            members.retain(|m| match m {
-                Member::Local { head, .. } => {
-                    let uuid = inv.lvols.get(head).map(|l| l.uuid.as_str());
-                    live.contains(head.as_str()) || uuid.is_some_and(|u| live.contains(u))
+            let left_out = &mut left_out;
+            members.retain(|m| {
+                let (key, serves) = match m {
+                    Member::Local { key, head, .. } => {
+                        let uuid = inv.lvols.get(head).map(|l| l.uuid.as_str());
+                        (
+                            *key,
+                            live.contains(head.as_str()) || uuid.is_some_and(|u| live.contains(u)),
+                        )
+                    }
+                    Member::Remote { key, bdev, .. } => {
+                        let uuid = inv.bdevs.get(bdev).and_then(|b| b.uuid.as_deref());
+                        (
+                            *key,
+                            live.contains(bdev.as_str()) || uuid.is_some_and(|u| live.contains(u)),
+                        )
+                    }
+                };
+                if !serves {
+                    left_out.insert(key);
                 }
-                Member::Remote { bdev, .. } => {
-                    let uuid = inv.bdevs.get(bdev).and_then(|b| b.uuid.as_deref());
-                    live.contains(bdev.as_str()) || uuid.is_some_and(|u| live.contains(u))
-                }
+                serves
             });
-            if members.len() < before {
-                tracing::warn!(snapshot = %id, "a replica left the raid since it was last seen in service: \
-                    snapshot taken without it");
-            }
             if members.is_empty() {
                 let _ = freeze::thaw(&self.client, &frozen).await;
-                return Ok(Taken::default());
+                return Ok(Taken {
+                    left_out: left_out.clone(),
+                    ..Taken::default()
+                });
             }
         }
         let id_ref = &id;
@@ -232,7 +249,10 @@ impl VolumeOps {
         let (results, remote_results) = futures::future::join(join_all(local), join_all(remote)).await;
         let thawed = freeze::thaw(&self.client, &frozen).await;
         let mut err = None;
-        let mut taken = Taken::default();
+        let mut taken = Taken {
+            left_out,
+            ..Taken::default()
+        };
         for r in results {
             match r {
                 Ok(a) => taken.local.push(a),
