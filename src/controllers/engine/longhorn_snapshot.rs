@@ -115,6 +115,7 @@ impl LonghornController {
                 }
                 None => members.push(Member::Remote {
                     key,
+                    name: (*replica).clone(),
                     bdev: format!("{replica}n1"),
                     take: self.snapshot_remote(replica, address, snap, &stamp).boxed(),
                 }),
@@ -181,7 +182,11 @@ impl LonghornController {
         snap: &str,
         stamp: &str,
     ) -> Result<(), String> {
-        let mut c = crate::proto::peer::peer_client(replica, address, self.peer_port, REMOTE_TIMEOUT).await?;
+        // the error names the replica already (VolumeError::PeerSnapshot)
+        let named = format!("replica {replica}: ");
+        let mut c = crate::proto::peer::peer_client(replica, address, self.peer_port, REMOTE_TIMEOUT)
+            .await
+            .map_err(|m| m.strip_prefix(&named).map_or(m.clone(), str::to_owned))?;
         c.replica_snapshot_create(spdkrpc::SnapshotRequest {
             name: replica.to_owned(),
             snapshot_name: snap.to_owned(),
@@ -191,7 +196,7 @@ impl LonghornController {
         })
         .await
         .map(|_| ())
-        .map_err(|s| format!("replica {replica}: its node: {}", s.message()))
+        .map_err(|s| format!("its node: {}", s.message()))
     }
 
     async fn delete_remote_snapshot(&self, replica: &str, address: &str, snap: &str) -> Result<(), String> {

@@ -517,7 +517,7 @@ impl SpdkVolumeController {
                 Err(message) => {
                     unreachable = Some(VolumeError::PeerSnapshot {
                         snapshot: s.id().to_string(),
-                        replica: *k,
+                        replica: format!("r{k}"),
                         message,
                     });
                     break;

@@ -87,12 +87,13 @@ pub enum VolumeError {
         message: String,
     },
     /// The node that serves a remote replica did not take its snapshot.
-    #[error("snapshot {snapshot}: remote replica r{replica}: {message}")]
+    #[error("snapshot {snapshot}: remote replica {replica}: {message}")]
     PeerSnapshot {
         /// `<vol>@<snap>`.
         snapshot: String,
-        /// The replica's index.
-        replica: usize,
+        /// The replica as its volume names it (`r<k>`, or a Longhorn
+        /// replica's name).
+        replica: String,
         /// What the peer (or reaching it) said.
         message: String,
     },

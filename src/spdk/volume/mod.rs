@@ -150,6 +150,8 @@ pub enum Member<'a> {
     Remote {
         /// The caller's key.
         key: usize,
+        /// What an error calls it.
+        name: String,
         /// Its namespace bdev in the raid.
         bdev: String,
         /// The call to its node.
@@ -166,9 +168,10 @@ impl std::fmt::Debug for Member<'_> {
                 .field("head", head)
                 .field("snapshot", snapshot)
                 .finish(),
-            Member::Remote { key, bdev, .. } => f
+            Member::Remote { key, name, bdev, .. } => f
                 .debug_struct("Remote")
                 .field("key", key)
+                .field("name", name)
                 .field("bdev", bdev)
                 .finish(),
         }

@@ -82,6 +82,7 @@ impl VolumeOps {
             .collect();
         members.extend(remote.into_iter().map(|(key, take)| Member::Remote {
             key,
+            name: format!("r{key}"),
             bdev: format!("{REMOTE_PREFIX}{}n1", naming::replica(v, key)),
             take,
         }));
@@ -235,12 +236,12 @@ impl VolumeOps {
                         .map(|_| (key, alias))
                         .map_err(rpc(id_ref, format!("snapshotting {head}")))
                 }),
-                Member::Remote { key, take, .. } => remote.push(async move {
+                Member::Remote { key, name, take, .. } => remote.push(async move {
                     take.await
                         .map(|()| key)
                         .map_err(|message| VolumeError::PeerSnapshot {
                             snapshot: id_ref.clone(),
-                            replica: key,
+                            replica: name,
                             message,
                         })
                 }),
