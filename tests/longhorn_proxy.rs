@@ -903,7 +903,10 @@ async fn engine_snapshots_at_once_each_land_and_a_failed_one_leaves_nothing() {
     let e = snapshot(&mut p.clone(), "lost")
         .await
         .expect_err("B's node is down");
-    assert!(e.message().contains("remote replica vol-r-b: "), "names the replica: {e}");
+    assert!(
+        e.message().contains("remote replica vol-r-b: "),
+        "names the replica: {e}"
+    );
     assert!(
         !snapshot_lvols(&a).await.iter().any(|l| l.ends_with("-snap-lost")),
         "A's half of the failed snapshot was deleted"

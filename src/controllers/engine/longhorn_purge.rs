@@ -143,7 +143,12 @@ impl LonghornController {
 
     /// Deletes snapshot `snap` of replica `replica` on the node that serves
     /// it at `address` (its `ReplicaSnapshotDelete`).
-    async fn delete_snapshot_there(&self, replica: &str, address: &str, snap: &str) -> Result<(), String> {
+    pub(super) async fn delete_snapshot_there(
+        &self,
+        replica: &str,
+        address: &str,
+        snap: &str,
+    ) -> Result<(), String> {
         naming::instance_name("snapshot", snap).map_err(|x| x.to_string())?;
         let mut c = self.peer(replica, address).await?;
         c.replica_snapshot_delete(spdkrpc::SnapshotRequest {

@@ -165,7 +165,7 @@ impl LonghornController {
                 // this node's were deleted; another node's are asked to go
                 for k in remote {
                     let (replica, address) = replicas[k];
-                    if let Err(m) = self.delete_remote_snapshot(replica, address, snap).await {
+                    if let Err(m) = self.delete_snapshot_there(replica, address, snap).await {
                         tracing::warn!(engine = e.id(), %m, "a failed snapshot left on another node");
                     }
                 }
@@ -197,17 +197,5 @@ impl LonghornController {
         .await
         .map(|_| ())
         .map_err(|s| format!("its node: {}", s.message()))
-    }
-
-    async fn delete_remote_snapshot(&self, replica: &str, address: &str, snap: &str) -> Result<(), String> {
-        let mut c = self.peer(replica, address).await?;
-        c.replica_snapshot_delete(spdkrpc::SnapshotRequest {
-            name: replica.to_owned(),
-            snapshot_name: snap.to_owned(),
-            ..Default::default()
-        })
-        .await
-        .map(|_| ())
-        .map_err(|s| format!("replica {replica}: its node: {}", s.message()))
     }
 }
