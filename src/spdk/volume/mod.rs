@@ -67,6 +67,7 @@ pub use super::naming::{
 pub use error::VolumeError;
 use plan::Make;
 pub use plan::{ExportSpec, VolumePlan, point_in_time_set, superblock_room};
+pub use snapshot::{Member, PointInTime, Taken, Unfreezable};
 const MIB: u64 = 1 << 20;
 
 fn rpc(volume: &str, step: impl Into<String>) -> impl FnOnce(ClientError) -> VolumeError {
@@ -116,97 +117,6 @@ pub struct Snapshotted {
 /// The snapshot of remote replica `k`, taken on its node by the caller's
 /// future (polled while this node's export is frozen).
 pub type RemoteSnapshot<'a> = (usize, futures::future::BoxFuture<'a, Result<(), String>>);
-
-/// What [`VolumeOps::take_at_one_instant`] snapshots, at one instant.
-#[derive(Debug)]
-pub struct PointInTime<'a> {
-    /// What errors name (`<volume>@<snapshot>`).
-    pub id: String,
-    /// The NQN of the export frozen meanwhile.
-    pub export: String,
-    /// The raid1 whose members are checked in service (`None`: one member
-    /// exported as it is).
-    pub raid: Option<String>,
-    /// The replicas to snapshot.
-    pub members: Vec<Member<'a>>,
-    /// What to do when the export cannot be frozen.
-    pub unfreezable: Unfreezable,
-}
-
-/// One replica of a [`PointInTime`]; `key` is the caller's to tell them apart.
-pub enum Member<'a> {
-    /// An lvol of this target: its head (`<lvs>/<lvol>`) and the name of the
-    /// snapshot lvol to take of it (in the same lvstore).
-    Local {
-        /// The caller's key.
-        key: usize,
-        /// The head's alias.
-        head: String,
-        /// The snapshot lvol's name.
-        snapshot: String,
-    },
-    /// Another node's replica: its bdev in the raid, and the future that has
-    /// its node take the snapshot (polled while the export is frozen).
-    Remote {
-        /// The caller's key.
-        key: usize,
-        /// What an error calls it.
-        name: String,
-        /// Its namespace bdev in the raid.
-        bdev: String,
-        /// The call to its node.
-        take: futures::future::BoxFuture<'a, Result<(), String>>,
-    },
-}
-
-impl std::fmt::Debug for Member<'_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Member::Local { key, head, snapshot } => f
-                .debug_struct("Local")
-                .field("key", key)
-                .field("head", head)
-                .field("snapshot", snapshot)
-                .finish(),
-            Member::Remote { key, name, bdev, .. } => f
-                .debug_struct("Remote")
-                .field("key", key)
-                .field("name", name)
-                .field("bdev", bdev)
-                .finish(),
-        }
-    }
-}
-
-/// An export made before ANA reporting cannot be frozen (SPDK refuses the
-/// ANA state): what a snapshot of more than one replica does then.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Unfreezable {
-    /// Snapshot one local replica only; the caller rebuilds the others from
-    /// it when it reverts or clones (talon's volumes: the ledger knows).
-    OneReplica,
-    /// Refuse: the caller needs every replica's snapshot.
-    Refuse,
-}
-
-/// What [`VolumeOps::take_at_one_instant`] made.
-#[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub struct Taken {
-    /// (key, snapshot lvol alias) of each local member.
-    pub local: Vec<(usize, String)>,
-    /// The keys of the remote members whose nodes took theirs.
-    pub remote: BTreeSet<usize>,
-    /// The keys of the members the raid does not serve now (failed, or the
-    /// target of a rebuild): none was taken of them.
-    pub left_out: BTreeSet<usize>,
-}
-
-impl Taken {
-    /// Nothing was taken: no member was left in service.
-    pub fn is_empty(&self) -> bool {
-        self.local.is_empty() && self.remote.is_empty()
-    }
-}
 
 /// One replica as it is.
 #[derive(Debug, Clone, PartialEq, Eq)]

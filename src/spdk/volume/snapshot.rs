@@ -8,13 +8,103 @@ use futures::future::join_all;
 use super::freeze;
 use super::plan::check_len;
 use super::{
-    Inventory, LVS_PREFIX, LvolRole, MIB, Made, Member, PointInTime, REMOTE_PREFIX, RemoteSnapshot,
-    Snapshotted, Taken, Unfreezable, VolumeError, VolumeOps, ignore_missing, naming, parse_lvol,
-    point_in_time_set, replica_heads, rpc,
+    Inventory, LVS_PREFIX, LvolRole, MIB, Made, REMOTE_PREFIX, RemoteSnapshot, Snapshotted, VolumeError,
+    VolumeOps, ignore_missing, naming, parse_lvol, point_in_time_set, replica_heads, rpc,
 };
 use crate::names::{Nqn, ObjectName};
 use crate::spdk::error::ErrorKind;
 use crate::spdk::rpc::{ByName, ByNqn, Lvol, LvolClone, LvolCreate, LvolSetParent, LvolSnapshot, RaidDelete};
+
+/// What [`VolumeOps::take_at_one_instant`] snapshots, at one instant.
+#[derive(Debug)]
+pub struct PointInTime<'a> {
+    /// What errors name (`<volume>@<snapshot>`).
+    pub id: String,
+    /// The NQN of the export frozen meanwhile.
+    pub export: String,
+    /// The raid1 whose members are checked in service (`None`: one member
+    /// exported as it is).
+    pub raid: Option<String>,
+    /// The replicas to snapshot.
+    pub members: Vec<Member<'a>>,
+    /// What to do when the export cannot be frozen.
+    pub unfreezable: Unfreezable,
+}
+
+/// One replica of a [`PointInTime`]; `key` is the caller's to tell them apart.
+pub enum Member<'a> {
+    /// An lvol of this target: its head (`<lvs>/<lvol>`) and the name of the
+    /// snapshot lvol to take of it (in the same lvstore).
+    Local {
+        /// The caller's key.
+        key: usize,
+        /// The head's alias.
+        head: String,
+        /// The snapshot lvol's name.
+        snapshot: String,
+    },
+    /// Another node's replica: its bdev in the raid, and the future that has
+    /// its node take the snapshot (polled while the export is frozen).
+    Remote {
+        /// The caller's key.
+        key: usize,
+        /// What an error calls it.
+        name: String,
+        /// Its namespace bdev in the raid.
+        bdev: String,
+        /// The call to its node.
+        take: futures::future::BoxFuture<'a, Result<(), String>>,
+    },
+}
+
+impl std::fmt::Debug for Member<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Member::Local { key, head, snapshot } => f
+                .debug_struct("Local")
+                .field("key", key)
+                .field("head", head)
+                .field("snapshot", snapshot)
+                .finish(),
+            Member::Remote { key, name, bdev, .. } => f
+                .debug_struct("Remote")
+                .field("key", key)
+                .field("name", name)
+                .field("bdev", bdev)
+                .finish(),
+        }
+    }
+}
+
+/// An export made before ANA reporting cannot be frozen (SPDK refuses the
+/// ANA state): what a snapshot of more than one replica does then.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unfreezable {
+    /// Snapshot one local replica only; the caller rebuilds the others from
+    /// it when it reverts or clones (talon's volumes: the ledger knows).
+    OneReplica,
+    /// Refuse: the caller needs every replica's snapshot.
+    Refuse,
+}
+
+/// What [`VolumeOps::take_at_one_instant`] made.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Taken {
+    /// (key, snapshot lvol alias) of each local member.
+    pub local: Vec<(usize, String)>,
+    /// The keys of the remote members whose nodes took theirs.
+    pub remote: BTreeSet<usize>,
+    /// The keys of the members the raid does not serve now (failed, or the
+    /// target of a rebuild): none was taken of them.
+    pub left_out: BTreeSet<usize>,
+}
+
+impl Taken {
+    /// Nothing was taken: no member was left in service.
+    pub fn is_empty(&self) -> bool {
+        self.local.is_empty() && self.remote.is_empty()
+    }
+}
 
 impl VolumeOps {
     /// Snapshots every up-to-date replica of a volume (`in_sync`; `None`:
