@@ -270,7 +270,9 @@ impl Longhorn {
         replica: &str,
         address: &str,
     ) -> Result<SpdkServiceClient<tonic::transport::Channel>, String> {
-        peer_client(replica, address, self.peer_port(), REMOTE_TIMEOUT).await
+        peer_client(address, self.peer_port(), REMOTE_TIMEOUT)
+            .await
+            .map_err(|e| format!("replica {replica}: {}", crate::util::error_chain(&e)))
     }
 
     /// Snapshot `snap` of every replica of engine `e` in service at one
@@ -403,11 +405,9 @@ impl Longhorn {
             replica: replica.to_owned(),
             message: message.to_owned(),
         };
-        // reaching it: the message names the replica already
-        let mut c = self
-            .replica_node(replica, address)
+        let mut c = peer_client(address, self.peer_port(), REMOTE_TIMEOUT)
             .await
-            .map_err(|m| peer(m.strip_prefix(&format!("replica {replica}: ")).unwrap_or(&m)))?;
+            .map_err(|e| peer(&crate::util::error_chain(&e)))?;
         c.replica_expand(spdkrpc::ReplicaExpandRequest {
             name: replica.to_owned(),
             size,

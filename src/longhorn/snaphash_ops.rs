@@ -6,7 +6,7 @@ use std::collections::HashMap;
 
 use tonic::{Code, Status};
 
-use super::proxy::{Member, REMOTE_TIMEOUT};
+use super::proxy::Member;
 use super::service::Longhorn;
 use super::snaphash::{Job, status_message};
 use crate::proto::{ptypes, spdkrpc};
@@ -136,14 +136,10 @@ impl Longhorn {
             let s = match self.local_replica(&m.replica) {
                 Some(_) => self.replica_hash_status(&m.replica, snap).await?,
                 None => {
-                    let mut c = crate::proto::peer::peer_client(
-                        &m.replica,
-                        &m.address,
-                        self.peer_port(),
-                        REMOTE_TIMEOUT,
-                    )
-                    .await
-                    .map_err(Status::unavailable)?;
+                    let mut c = self
+                        .replica_node(&m.replica, &m.address)
+                        .await
+                        .map_err(Status::unavailable)?;
                     c.replica_snapshot_hash_status(spdkrpc::SnapshotHashStatusRequest {
                         name: m.replica.clone(),
                         snapshot_name: snap.to_owned(),

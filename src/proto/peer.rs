@@ -11,28 +11,45 @@ use crate::spdk::volume::replica_lvols::ReplicaLvols;
 /// How long a connection to another node may take.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// Why another node's SPDKService cannot be reached. It does not name the
+/// replica: each caller names it once, in its own words.
+#[derive(Debug, thiserror::Error)]
+pub enum PeerError {
+    #[error("address {0:?} is not ip:port")]
+    Address(String),
+    #[error("cannot reach its node at {url}")]
+    Unreachable {
+        url: String,
+        #[source]
+        source: tonic::transport::Error,
+    },
+}
+
 /// The SPDKService of the node that serves a replica at `address` (`ip:port`
 /// of its export): the same IP, SPDKService port `port` (every instance
 /// manager of a cluster listens on the same ports); calls time out after
 /// `timeout`.
 pub async fn peer_client(
-    replica: &str,
     address: &str,
     port: u16,
     timeout: Duration,
-) -> Result<SpdkServiceClient<tonic::transport::Channel>, String> {
+) -> Result<SpdkServiceClient<tonic::transport::Channel>, PeerError> {
     let address = address.strip_prefix("tcp://").unwrap_or(address);
     let sa: SocketAddr = address
         .parse()
-        .map_err(|_| format!("replica {replica}: address {address:?} is not ip:port"))?;
+        .map_err(|_| PeerError::Address(address.to_owned()))?;
     let url = format!("http://{}", SocketAddr::new(sa.ip(), port));
+    let unreachable = |source| PeerError::Unreachable {
+        url: url.clone(),
+        source,
+    };
     let ch = tonic::transport::Endpoint::from_shared(url.clone())
-        .map_err(|e| format!("replica {replica}: {url}: {e}"))?
+        .map_err(unreachable)?
         .connect_timeout(CONNECT_TIMEOUT)
         .timeout(timeout)
         .connect()
         .await
-        .map_err(|e| format!("replica {replica}: cannot reach its node at {url}: {e}"))?;
+        .map_err(unreachable)?;
     Ok(SpdkServiceClient::new(ch))
 }
 
@@ -45,7 +62,7 @@ pub async fn remote_lvols(
     timeout: Duration,
 ) -> Option<ReplicaLvols> {
     for (replica, address) in map {
-        let Ok(mut c) = peer_client(replica, address, port, timeout).await else {
+        let Ok(mut c) = peer_client(address, port, timeout).await else {
             continue;
         };
         if let Ok(r) = c

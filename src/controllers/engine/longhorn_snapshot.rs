@@ -182,11 +182,10 @@ impl LonghornController {
         snap: &str,
         stamp: &str,
     ) -> Result<(), String> {
-        // the error names the replica already (VolumeError::PeerSnapshot)
-        let named = format!("replica {replica}: ");
-        let mut c = crate::proto::peer::peer_client(replica, address, self.peer_port, REMOTE_TIMEOUT)
+        // the error names the replica (VolumeError::PeerSnapshot)
+        let mut c = crate::proto::peer::peer_client(address, self.peer_port, REMOTE_TIMEOUT)
             .await
-            .map_err(|m| m.strip_prefix(&named).map_or(m.clone(), str::to_owned))?;
+            .map_err(|e| crate::util::error_chain(&e))?;
         c.replica_snapshot_create(spdkrpc::SnapshotRequest {
             name: replica.to_owned(),
             snapshot_name: snap.to_owned(),

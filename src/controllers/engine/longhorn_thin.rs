@@ -196,7 +196,9 @@ impl LonghornController {
         replica: &str,
         address: &str,
     ) -> Result<SpdkServiceClient<Channel>, String> {
-        crate::proto::peer::peer_client(replica, address, self.peer_port, PEER_TIMEOUT).await
+        crate::proto::peer::peer_client(address, self.peer_port, PEER_TIMEOUT)
+            .await
+            .map_err(|e| format!("replica {replica}: {}", crate::util::error_chain(&e)))
     }
 
     fn end(&self, local: &BTreeMap<String, LonghornReplica>, replica: &str, address: &str) -> End {
