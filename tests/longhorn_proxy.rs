@@ -8,7 +8,8 @@
 //! it is; VolumeSnapshot takes both replicas' snapshots in one freeze of
 //! the engine's export (B's through B's SPDKService), SnapshotList shows the
 //! chain, SnapshotRemove deletes on both nodes, and a snapshot while B is
-//! away fails naming B's replica with nothing left behind. With a real
+//! away fails naming B's replica with nothing left behind; one asked of an
+//! engine that is deleted meanwhile is answered ABORTED. With a real
 //! spdk_tgt on each node (`TALON_SPDK_DIR`): snapshots through the proxy
 //! while spdk_nvme_perf writes through the engine are the same instant on
 //! A's replica and on B's (read back on each node, block by block).
@@ -913,6 +914,55 @@ async fn engine_snapshots_at_once_each_land_and_a_failed_one_leaves_nothing() {
     );
     assert!(!snapshot_list(&mut p.clone()).await.contains_key("lost"));
     a.stop().await;
+}
+
+/// A snapshot call waits for the controller; an engine deleted meanwhile
+/// carries out nothing more, so the call is answered ABORTED at once, not
+/// left to the adapter's timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_snapshot_of_an_engine_being_deleted_is_aborted() {
+    let TwoNodes { mut a, mut b, p, .. } = two_nodes(64 * MIB).await;
+    // the controller's snapshot of A's replica hangs (the engine's delete
+    // then waits for it too)
+    double(&a).inject(
+        "bdev_lvol_snapshot",
+        1,
+        talon::spdk::double::Fault::Delay(Duration::from_secs(30)),
+    );
+    let call = tokio::spawn({
+        let mut p = p.clone();
+        async move { snapshot(&mut p, "late").await }
+    });
+    talon::runtime::testing::eventually("the controller taking the snapshot", WAIT, || async {
+        (double(&a).calls("bdev_lvol_snapshot") > 0).then_some(())
+    })
+    .await;
+    let delete = tokio::spawn({
+        let inst = InstanceServiceClient::new(a.channel(3).await);
+        async move {
+            inst.clone()
+                .instance_delete(imrpc::InstanceDeleteRequest {
+                    name: "vol-e-0".into(),
+                    r#type: "engine".into(),
+                    cleanup_required: true,
+                    data_engine: imrpc::DataEngine::V2 as i32,
+                    ..Default::default()
+                })
+                .await
+        }
+    });
+    let e = call
+        .await
+        .expect("the call's task")
+        .expect_err("the engine went while its snapshot was asked");
+    assert_eq!(e.code(), Code::Aborted, "{e}");
+    assert!(
+        e.message().contains("engine vol-e-0 is being deleted"),
+        "says why: {e}"
+    );
+    delete.await.expect("the delete's task").expect("engine delete");
+    a.stop().await;
+    b.stop().await;
 }
 
 fn spdk_dir(test: &str) -> Option<PathBuf> {

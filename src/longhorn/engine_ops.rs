@@ -36,7 +36,7 @@ use crate::resources::longhorn::{
     InstanceState, LonghornEngine, LonghornEngineFrontend, LonghornInstanceStatus, LonghornReplica,
     PurgeStatus, RevertRequest, RevertStatus,
 };
-use crate::runtime::Typed;
+use crate::runtime::{Phase, Typed};
 use crate::spdk::naming::longhorn as naming;
 use crate::spdk::rpc::ByNqn;
 use crate::spdk::volume::naming::lvstore;
@@ -516,7 +516,9 @@ impl Longhorn {
     }
 
     /// Waits for the controller: until `done` makes something of engine
-    /// `engine`'s status, at most [`OP_TIMEOUT`].
+    /// `engine`'s status, at most [`OP_TIMEOUT`]. An engine deleted (or
+    /// being deleted) meanwhile carries out nothing more: the wait ends at
+    /// once, ABORTED.
     pub(super) async fn wait_status<T>(
         &self,
         engine: &str,
@@ -527,6 +529,13 @@ impl Longhorn {
         loop {
             if let Some(r) = self.status_of(engine).as_ref().and_then(&mut done) {
                 return r;
+            }
+            // an engine being deleted carries out no more requests
+            let live = self.state().get_typed::<LonghornEngine>(engine);
+            if live.is_ok_and(|e| e.is_none_or(|e| e.metadata.phase == Phase::TearingDown)) {
+                return Err(Status::aborted(format!(
+                    "{what}: engine {engine} is being deleted"
+                )));
             }
             if Instant::now() > deadline {
                 return Err(Status::deadline_exceeded(format!(
