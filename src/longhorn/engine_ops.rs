@@ -515,10 +515,26 @@ impl Longhorn {
         .await
     }
 
-    /// Waits for the controller: until `done` makes something of engine
-    /// `engine`'s status, at most [`OP_TIMEOUT`]. An engine deleted (or
-    /// being deleted) meanwhile carries out nothing more: the wait ends at
-    /// once, ABORTED.
+    /// What instance `name` is (`engine`, `replica`) when it is being
+    /// deleted or gone; `None` while either kind of it is wanted.
+    fn going(&self, name: &str) -> Option<&'static str> {
+        let phase = |p: Option<Phase>| p.map(|p| p == Phase::TearingDown);
+        let engine = self.state().get_typed::<LonghornEngine>(name).ok()?;
+        let replica = self.state().get_typed::<LonghornReplica>(name).ok()?;
+        match (
+            phase(engine.map(|e| e.metadata.phase)),
+            phase(replica.map(|r| r.metadata.phase)),
+        ) {
+            (Some(false), _) | (_, Some(false)) => None,
+            (_, Some(true)) => Some("replica"),
+            _ => Some("engine"),
+        }
+    }
+
+    /// Waits for the controller: until `done` makes something of instance
+    /// `engine`'s status (an engine's, or a replica's), at most
+    /// [`OP_TIMEOUT`]. An instance deleted (or being deleted) meanwhile
+    /// carries out nothing more: the wait ends at once, ABORTED.
     pub(super) async fn wait_status<T>(
         &self,
         engine: &str,
@@ -530,11 +546,10 @@ impl Longhorn {
             if let Some(r) = self.status_of(engine).as_ref().and_then(&mut done) {
                 return r;
             }
-            // an engine being deleted carries out no more requests
-            let live = self.state().get_typed::<LonghornEngine>(engine);
-            if live.is_ok_and(|e| e.is_none_or(|e| e.metadata.phase == Phase::TearingDown)) {
+            // an instance being deleted carries out no more requests
+            if let Some(noun) = self.going(engine) {
                 return Err(Status::aborted(format!(
-                    "{what}: engine {engine} is being deleted"
+                    "{what}: {noun} {engine} is being deleted"
                 )));
             }
             if Instant::now() > deadline {

@@ -30,10 +30,10 @@ use crate::resources::longhorn::{
 };
 use crate::runtime::Typed;
 use crate::spdk::naming::longhorn as naming;
-use crate::spdk::volume::Inventory;
-use crate::spdk::volume::lvol::{delete_raid, detach_controller, revert_head};
 use crate::spdk::volume::naming::lvstore;
 use crate::spdk::volume::replica_lvols::{ReplicaLvols, reset_head};
+use crate::spdk::volume::{Inventory, RevertHead, TakeDown};
+use crate::util::error_chain as chain_of;
 
 impl LonghornController {
     /// Carries out engine `e`'s revert request unless it was (`prev` holds
@@ -95,18 +95,23 @@ impl LonghornController {
         local: &BTreeMap<String, LonghornReplica>,
         snap: &str,
     ) -> Result<(), String> {
-        // the raid1 goes (its export's namespace with it)
-        delete_raid(&self.client, e.id())
-            .await
-            .map_err(|x| format!("deleting raid {}: {}", e.id(), chain(&x)))?;
-        inv.raids.retain(|r| r.name != e.id());
+        let id = format!("{}@{snap}", e.id());
         let map = &e.spec.replica_address_map;
-        for replica in map.keys().filter(|r| !local.contains_key(*r)) {
-            detach_controller(&self.client, replica)
-                .await
-                .map_err(|x| format!("detaching replica {replica}: {}", chain(&x)))?;
-            inv.controllers.retain(|c| c != replica);
-        }
+        let remotes: Vec<String> = map.keys().filter(|r| !local.contains_key(*r)).cloned().collect();
+        // the raid1 goes (its export's namespace with it), the remote members
+        // are detached
+        self.ops
+            .take_down(&TakeDown {
+                id: &id,
+                export: None,
+                raid: Some(e.id()),
+                remotes: remotes.clone(),
+                dropped: Vec::new(),
+            })
+            .await
+            .map_err(|x| chain_of(&x))?;
+        inv.raids.retain(|r| r.name != e.id());
+        inv.controllers.retain(|c| !remotes.contains(c));
         for (replica, address) in map.iter().filter(|(r, _)| !local.contains_key(*r)) {
             let mut c = self.peer(replica, address).await?;
             c.replica_snapshot_revert(spdkrpc::SnapshotRequest {
@@ -117,22 +122,21 @@ impl LonghornController {
             .await
             .map_err(|s| format!("replica {replica}: its node: {}", s.message()))?;
         }
-        for (replica, r) in map.keys().filter_map(|k| local.get(k).map(|r| (k, r))) {
-            revert_head(
-                &self.client,
-                &lvstore(&r.disk),
-                replica,
-                &snapshot_lvol(replica, snap),
-            )
+        let heads: Vec<RevertHead> = map
+            .keys()
+            .filter_map(|k| local.get(k).map(|r| (k, r)))
+            .map(|(replica, r)| RevertHead {
+                lvs: lvstore(&r.disk),
+                head: replica.clone(),
+                snapshot: snapshot_lvol(replica, snap),
+                fresh_mib: None,
+            })
+            .collect();
+        self.ops
+            .remake_heads(&id, &heads)
             .await
-            .map_err(|x| {
-                format!(
-                    "replica {replica}: reverting its head to snapshot {snap}: {}",
-                    chain(&x)
-                )
-            })?;
-        }
-        Ok(())
+            .map(|_| ())
+            .map_err(|x| chain_of(&x))
     }
 
     /// Carries out replica `name`'s revert request `rq` (another node's
@@ -173,9 +177,16 @@ impl LonghornController {
         let done = async {
             let nqn = naming::replica_nqn(name).map_err(|x| x.to_string())?;
             self.unexport(inv, nqn.as_str()).await?;
-            revert_head(&self.client, &lvs, name.as_str(), &source)
+            let head = RevertHead {
+                lvs: lvs.clone(),
+                head: name.as_str().to_owned(),
+                snapshot: source.clone(),
+                fresh_mib: None,
+            };
+            self.ops
+                .remake_heads(&format!("{name}@{}", rq.snapshot), &[head])
                 .await
-                .map_err(|x| format!("reverting the head of replica {name} to {source}: {}", chain(&x)))?;
+                .map_err(|x| chain_of(&x))?;
             *inv = Inventory::load(&self.client)
                 .await
                 .map_err(|x| format!("listing spdk_tgt after the revert: {}", chain(&x)))?;

@@ -1,7 +1,6 @@
 //! Single writes the Longhorn layer shares: an lvol deleted, a raid member
 //! taken out, a raid deleted, a controller detached, each done when already
-//! so; an lvol head made a clone of a snapshot again (a revert); an lvol
-//! grown; a bdev's QoS cap.
+//! so; an lvol grown; a bdev's QoS cap. (A revert's heads: `revert.rs`.)
 
 use crate::spdk::rpc::ByName;
 use crate::spdk::{ClientError, ErrorKind, SpdkClient};
@@ -47,26 +46,6 @@ pub async fn delete_raid(client: &SpdkClient, name: &str) -> Result<(), ClientEr
         Err(e) if e.is(ErrorKind::NotFound) => Ok(()),
         Err(e) => Err(e),
     }
-}
-
-/// Makes lvol `<lvs>/<head>` a clone of snapshot `<lvs>/<snapshot>`: the
-/// head goes (one not there is no error) and `bdev_lvol_clone` makes it
-/// again under the same name. Done twice it gives the same result, so a
-/// revert that failed half way is carried out again from the start.
-pub async fn revert_head(
-    client: &SpdkClient,
-    lvs: &str,
-    head: &str,
-    snapshot: &str,
-) -> Result<(), ClientError> {
-    delete_lvol(client, &format!("{lvs}/{head}")).await?;
-    client
-        .bdev_lvol_clone(&crate::spdk::rpc::LvolClone {
-            snapshot_name: format!("{lvs}/{snapshot}"),
-            clone_name: head.to_owned(),
-        })
-        .await
-        .map(|_| ())
 }
 
 /// Makes thin lvol `name` of `mib` MiB in lvstore `lvs`; answers its UUID.

@@ -22,8 +22,9 @@
 //!
 //! By concept: this file has the types, `ensure` (replicas, then the raid
 //! and the export), `delete` and the orphans; `raid.rs` the raid1,
-//! `export.rs` the NVMe-oF exports and attaches, `snapshot.rs` snapshots and
-//! reverts, `rebuild.rs` thin rebuilds, `plan.rs` what a volume should be.
+//! `export.rs` the NVMe-oF exports and attaches, `snapshot.rs` snapshots,
+//! `revert.rs` reverts (one core for both engines), `rebuild.rs` thin
+//! rebuilds, `plan.rs` what a volume should be.
 //!
 //! Every operation is idempotent: it compares with the [`Inventory`] and
 //! creates only what is missing; a failed multi-step operation deletes what it
@@ -54,6 +55,7 @@ pub mod plan;
 mod raid;
 mod rebuild;
 pub mod replica_lvols;
+mod revert;
 mod snapshot;
 pub mod to_file;
 pub use export::{Export, NewSubsystem, RemoteAttach};
@@ -67,6 +69,7 @@ pub use super::naming::{
 pub use error::VolumeError;
 use plan::Make;
 pub use plan::{ExportSpec, VolumePlan, point_in_time_set, superblock_room};
+pub use revert::{RevertHead, TakeDown};
 pub use snapshot::{Member, PointInTime, Taken, Unfreezable};
 const MIB: u64 = 1 << 20;
 

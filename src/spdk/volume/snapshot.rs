@@ -1,19 +1,19 @@
 //! Point-in-time snapshots of [`VolumeOps`]: taken of every replica with
-//! the export frozen, deleted everywhere, and a volume reverted to one.
+//! the export frozen, and deleted everywhere (reverts: `revert.rs`).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 
 use futures::future::join_all;
 
 use super::freeze;
 use super::plan::check_len;
 use super::{
-    Inventory, LVS_PREFIX, LvolRole, MIB, Made, REMOTE_PREFIX, RemoteSnapshot, Snapshotted, VolumeError,
-    VolumeOps, ignore_missing, naming, parse_lvol, point_in_time_set, replica_heads, rpc,
+    Inventory, LVS_PREFIX, LvolRole, Made, REMOTE_PREFIX, RemoteSnapshot, Snapshotted, VolumeError,
+    VolumeOps, ignore_missing, naming, parse_lvol, replica_heads, rpc,
 };
 use crate::names::{Nqn, ObjectName};
 use crate::spdk::error::ErrorKind;
-use crate::spdk::rpc::{ByName, ByNqn, Lvol, LvolClone, LvolCreate, LvolSetParent, LvolSnapshot, RaidDelete};
+use crate::spdk::rpc::{ByName, Lvol, LvolSnapshot};
 
 /// What [`VolumeOps::take_at_one_instant`] snapshots, at one instant.
 #[derive(Debug)]
@@ -392,159 +392,5 @@ impl VolumeOps {
             }
         }
         Ok(())
-    }
-
-    /// Reverts the volume to snapshot `snap`: the export and engine go
-    /// away, the head of each replica of the snapshot's point-in-time set
-    /// ([`point_in_time_set`] of `recorded`) is deleted and made again as a
-    /// clone of its snapshot, and the marker `<vol>.rev.<generation>` records
-    /// it. Every other replica (behind when the snapshot was taken, or whose
-    /// snapshot is not proven to be the same instant) loses its head: it is
-    /// made again empty and rebuilt from the set, so a raid1 is never built
-    /// over members that may differ. Idempotent: run again after a failure,
-    /// it finishes the missing replicas. Returns the replicas now up to date;
-    /// the caller then calls [`VolumeOps::ensure`] with them to export again.
-    pub async fn revert(
-        &self,
-        inv: &Inventory,
-        vol: &ObjectName,
-        snap: &ObjectName,
-        generation: u64,
-        recorded: Option<&BTreeSet<usize>>,
-        superblock: Option<usize>,
-    ) -> Result<BTreeSet<usize>, VolumeError> {
-        let v = vol.as_str();
-        let id = format!("{v}@{snap}");
-        let sources = point_in_time_set(inv, v, snap.as_str(), recorded);
-        let snaps: Vec<(usize, &Lvol)> = inv
-            .lvols
-            .values()
-            .filter(|l| l.lvs.name.starts_with(LVS_PREFIX))
-            .filter_map(|l| match parse_lvol(&l.name) {
-                Some(LvolRole::Snapshot { volume, k, snap: s })
-                    if volume == v && s == snap.as_str() && sources.contains(&k) =>
-                {
-                    Some((k, l))
-                }
-                _ => None,
-            })
-            .collect();
-        if snaps.is_empty() {
-            return Err(VolumeError::SnapshotMissing {
-                volume: v.to_owned(),
-                lvol: naming::snapshot_lvol(v, 0, snap.as_str()),
-            });
-        }
-        // engine and export go: SPDK has no in-place revert
-        let nqn = Nqn::for_volume(vol);
-        if inv.subsystem(nqn.as_str()).is_some() {
-            ignore_missing(self.client.nvmf_delete_subsystem(&ByNqn {
-                nqn: nqn.as_str().to_owned(),
-            }))
-            .await
-            .map_err(rpc(&id, format!("deleting subsystem {nqn} for revert")))?;
-        }
-        let raid = naming::raid(v);
-        if inv.raid(&raid).is_some() {
-            ignore_missing(self.client.bdev_raid_delete(&RaidDelete::new(&raid)))
-                .await
-                .map_err(rpc(&id, format!("deleting raid {raid} for revert")))?;
-        }
-        for (k, l) in replica_heads(inv, v) {
-            if !snaps.iter().any(|(sk, _)| *sk == k) {
-                ignore_missing(self.client.bdev_lvol_delete(&ByName::new(&l.alias)))
-                    .await
-                    .map_err(rpc(&id, format!("deleting head {} that has no {snap}", l.alias)))?;
-            }
-        }
-        let mut heads = BTreeMap::new();
-        for (k, s) in &snaps {
-            let head = naming::replica(v, *k);
-            let alias = format!("{}/{head}", s.lvs.name);
-            if inv.lvols.contains_key(&alias) {
-                ignore_missing(self.client.bdev_lvol_delete(&ByName::new(&alias)))
-                    .await
-                    .map_err(rpc(&id, format!("deleting head {alias} for revert")))?;
-            }
-            let made = match superblock {
-                // a fresh head of the snapshot's size (a clone would show the
-                // old raid's superblock, and SPDK refuses it in a new raid)
-                Some(_) => {
-                    let bytes = inv.bdev_size(&s.uuid).unwrap_or(0);
-                    self.client
-                        .bdev_lvol_create(&LvolCreate::thin(&s.lvs.name, &head, bytes / MIB))
-                        .await
-                        .map_err(rpc(&id, format!("creating head {alias} for revert")))?
-                }
-                None => self
-                    .client
-                    .bdev_lvol_clone(&LvolClone {
-                        snapshot_name: s.alias.clone(),
-                        clone_name: head,
-                    })
-                    .await
-                    .map_err(rpc(&id, format!("cloning {} into {alias}", s.alias)))?,
-            };
-            heads.insert(*k, (alias, made));
-        }
-        if let Some(slots) = superblock {
-            // the raid over the fresh heads writes its superblock into their
-            // own first cluster; then the snapshots go under them. The marker
-            // below comes last: a stop before it makes the next start revert
-            // again from the beginning.
-            let first = &snaps[0].1;
-            let geometry = match inv.bdevs.get(&first.uuid) {
-                Some(b) => (b.block_size, b.num_blocks),
-                None => (4096, inv.bdev_size(&first.uuid).unwrap_or(0) / 4096),
-            };
-            let members: Vec<Option<String>> = (0..slots.max(2))
-                .map(|k| heads.get(&k).map(|(_, uuid)| uuid.clone()))
-                .collect();
-            let mut made = Vec::new();
-            self.create_raid(inv, v, &members, geometry, true, &mut made)
-                .await
-                .map_err(|e| match e {
-                    VolumeError::Rpc { step, source, .. } => VolumeError::Rpc {
-                        volume: id.clone(),
-                        step,
-                        source,
-                    },
-                    e => e,
-                })?;
-            for (k, s) in &snaps {
-                let Some((alias, _)) = heads.get(k) else { continue };
-                self.client
-                    .bdev_lvol_set_parent(&LvolSetParent {
-                        lvol_name: alias.clone(),
-                        parent_name: s.alias.clone(),
-                    })
-                    .await
-                    .map_err(rpc(&id, format!("making {} the parent of {alias}", s.alias)))?;
-            }
-        }
-        let lvs = &snaps[0].1.lvs.name;
-        let marker = naming::revert_marker(v, generation);
-        match self
-            .client
-            .bdev_lvol_create(&LvolCreate::thin(lvs, &marker, 1))
-            .await
-        {
-            Ok(_) => {}
-            Err(e) if e.is(ErrorKind::AlreadyExists) => {}
-            Err(e) => return Err(rpc(&id, format!("recording revert marker {lvs}/{marker}"))(e)),
-        }
-        // older markers go
-        for l in inv.lvols.values() {
-            if let Some(LvolRole::RevertMarker {
-                volume,
-                generation: g,
-            }) = parse_lvol(&l.name)
-                && volume == v
-                && g < generation
-            {
-                let _ = self.client.bdev_lvol_delete(&ByName::new(&l.alias)).await;
-            }
-        }
-        Ok(snaps.iter().map(|(k, _)| *k).collect())
     }
 }
