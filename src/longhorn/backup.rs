@@ -27,10 +27,9 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use tonic::Status;
-
+use super::error::LonghornError;
 use super::proxy::Member;
-use super::service::{Longhorn, internal};
+use super::service::Longhorn;
 use crate::backupstore::format::{Compression, DEFAULT_BLOCK_SIZE, check_name};
 use crate::backupstore::store::Target;
 use crate::proto::imrpc;
@@ -216,10 +215,10 @@ fn backup_state(s: BackupState) -> &'static str {
 
 impl Longhorn {
     /// Where Longhorn's backup credentials are kept while a backup runs.
-    fn credentials_dir(&self) -> Result<PathBuf, Status> {
+    fn credentials_dir(&self) -> Result<PathBuf, LonghornError> {
         self.backup_dir()
             .map(|d| d.join("credentials"))
-            .ok_or_else(|| Status::failed_precondition("backups need talon's data dir (none was given)"))
+            .ok_or_else(|| LonghornError::Refused("backups need talon's data dir (none was given)".into()))
     }
 
     /// A backup of local replica `req.replica_name`'s snapshot: a `Backup`
@@ -227,12 +226,12 @@ impl Longhorn {
     pub(super) async fn replica_backup_create(
         &self,
         req: spdkrpc::BackupCreateRequest,
-    ) -> Result<spdkrpc::BackupCreateResponse, Status> {
+    ) -> Result<spdkrpc::BackupCreateResponse, LonghornError> {
         let what = format!(
             "backup {} of snapshot {} of replica {}",
             req.backup_name, req.snapshot_name, req.replica_name
         );
-        let bad = |e: String| Status::invalid_argument(format!("{what}: {e}"));
+        let bad = |e: String| LonghornError::Invalid(format!("{what}: {e}"));
         check_name("backup", &req.backup_name).map_err(|e| bad(e.to_string()))?;
         Target::parse(&req.backup_target).map_err(|e| bad(e.to_string()))?;
         let compression = (!req.compression_method.is_empty()).then(|| req.compression_method.clone());
@@ -245,20 +244,20 @@ impl Longhorn {
         let full = full_backup(&params).map_err(|e| bad(e.to_string()))?;
         let r = self
             .local_replica(&req.replica_name)
-            .ok_or_else(|| Status::not_found(format!("{what}: the replica is not on this node")))?;
+            .ok_or_else(|| LonghornError::Gone(format!("{what}: the replica is not on this node")))?;
         if !req.volume_name.is_empty() && r.volume != req.volume_name {
             return Err(bad(format!("the replica is of volume {}", r.volume)));
         }
         let inv = crate::spdk::volume::Inventory::load(self.client())
             .await
-            .map_err(|x| internal(&format!("{what}: reading spdk_tgt"), super::service::chain(&x)))?;
+            .map_err(|x| LonghornError::spdk(format!("{what}: reading spdk_tgt"), x))?;
         let lvol = format!(
             "{}/{}",
             crate::spdk::volume::naming::lvstore(&r.disk),
             crate::resources::longhorn::snapshot_lvol(&req.replica_name, &req.snapshot_name)
         );
         if !inv.lvols.contains_key(&lvol) {
-            return Err(Status::not_found(format!(
+            return Err(LonghornError::Gone(format!(
                 "{what}: could not find snapshot {} ({lvol})",
                 req.snapshot_name
             )));
@@ -297,16 +296,16 @@ impl Longhorn {
                 .flatten()
                 .is_some_and(|s| s.spec.incremental),
             Ok(Some(_)) => {
-                return Err(Status::already_exists(format!(
+                return Err(LonghornError::Exists(format!(
                     "{what}: a backup of that name exists with another source or target"
                 )));
             }
             _ => {
                 write_credentials(&dir, &req.backup_name, &creds)
-                    .map_err(|e| internal(&format!("{what}: writing its credentials"), e))?;
+                    .map_err(|e| LonghornError::internal(format!("{what}: writing its credentials"), e))?;
                 if let Err(e) = self.state().create_typed(&req.backup_name, "", &spec) {
                     let _ = std::fs::remove_dir_all(dir.join(&req.backup_name));
-                    return Err(internal(&format!("{what}: recording it"), e));
+                    return Err(LonghornError::internal(format!("{what}: recording it"), e));
                 }
                 !full && has_backups(&req.backup_target, &creds, &r.volume).await
             }
@@ -322,16 +321,16 @@ impl Longhorn {
     pub(super) fn replica_backup_status(
         &self,
         backup: &str,
-    ) -> Result<spdkrpc::BackupStatusResponse, Status> {
+    ) -> Result<spdkrpc::BackupStatusResponse, LonghornError> {
         let b = self
             .state()
             .get_typed::<Backup>(backup)
-            .map_err(|e| internal(&format!("backup {backup}"), e))?
-            .ok_or_else(|| Status::not_found(format!("backup {backup} is not on this node")))?;
+            .map_err(|e| LonghornError::internal(format!("backup {backup}"), e))?
+            .ok_or_else(|| LonghornError::Gone(format!("backup {backup} is not on this node")))?;
         let s = self
             .state()
             .get_typed::<BackupStatus>(backup)
-            .map_err(|e| internal(&format!("backup {backup}"), e))?
+            .map_err(|e| LonghornError::internal(format!("backup {backup}"), e))?
             .map(|s| s.spec)
             .unwrap_or_default();
         Ok(spdkrpc::BackupStatusResponse {
@@ -358,16 +357,16 @@ impl Longhorn {
         &self,
         e: &Typed<LonghornEngine>,
         req: imrpc::EngineSnapshotBackupRequest,
-    ) -> Result<imrpc::EngineSnapshotBackupProxyResponse, Status> {
+    ) -> Result<imrpc::EngineSnapshotBackupProxyResponse, LonghornError> {
         let what = format!("backup {} of engine {}", req.backup_name, e.id());
         if req.snapshot_name.is_empty() || req.snapshot_name == super::proxy::VOLUME_HEAD {
-            return Err(Status::invalid_argument(format!(
+            return Err(LonghornError::Invalid(format!(
                 "{what}: name a snapshot (not {:?})",
                 req.snapshot_name
             )));
         }
         let creds =
-            credentials_from_envs(&req.envs).map_err(|x| Status::invalid_argument(format!("{what}: {x}")))?;
+            credentials_from_envs(&req.envs).map_err(|x| LonghornError::Invalid(format!("{what}: {x}")))?;
         let mut labels: Vec<String> = req.labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
         labels.extend([BACKUP_MODE, BLOCK_SIZE].iter().filter_map(|k| {
             req.parameters
@@ -383,7 +382,7 @@ impl Longhorn {
             .iter()
             .find(|m| self.local_replica(&m.replica).is_some())
             .or_else(|| rw.first())
-            .ok_or_else(|| Status::failed_precondition(format!("{what}: no replica is in service")))?;
+            .ok_or_else(|| LonghornError::Refused(format!("{what}: no replica is in service")))?;
         let ask = spdkrpc::BackupCreateRequest {
             snapshot_name: req.snapshot_name,
             backup_target: req.backup_target,
@@ -406,7 +405,7 @@ impl Longhorn {
             let mut c = self
                 .replica_node(&m.replica, &m.address)
                 .await
-                .map_err(|x| Status::unavailable(format!("{what}: {x}")))?;
+                .map_err(|x| LonghornError::Unavailable(format!("{what}: {x}")))?;
             c.replica_backup_create(ask).await?.into_inner()
         };
         Ok(imrpc::EngineSnapshotBackupProxyResponse {
@@ -424,7 +423,7 @@ impl Longhorn {
         e: &Typed<LonghornEngine>,
         backup: &str,
         address: &str,
-    ) -> Result<imrpc::EngineSnapshotBackupStatusProxyResponse, Status> {
+    ) -> Result<imrpc::EngineSnapshotBackupStatusProxyResponse, LonghornError> {
         let address = address.strip_prefix("tcp://").unwrap_or(address);
         let mut asked: Vec<(String, String)> = Vec::new();
         if address.is_empty() {
@@ -456,8 +455,9 @@ impl Longhorn {
                             replica_address: address.clone(),
                         })
                         .await
-                        .map(tonic::Response::into_inner),
-                    Err(x) => Err(Status::unavailable(x)),
+                        .map(tonic::Response::into_inner)
+                        .map_err(LonghornError::from),
+                    Err(x) => Err(LonghornError::Unavailable(x)),
                 }
             };
             match got {
@@ -476,7 +476,7 @@ impl Longhorn {
             }
         }
         Err(not_found.unwrap_or_else(|| {
-            Status::not_found(format!("backup {backup}: no replica of engine {} has it", e.id()))
+            LonghornError::Gone(format!("backup {backup}: no replica of engine {} has it", e.id()))
         }))
     }
 }

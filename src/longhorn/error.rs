@@ -7,7 +7,10 @@
 //! engine says `cannot find replica|engine|engine frontend <name>`. Every
 //! other message names the object and what was refused; the code tells a
 //! caller whether trying again can help (`FAILED_PRECONDITION`: not as things
-//! are; `UNAVAILABLE`: another node or spdk_tgt did not answer).
+//! are; `UNAVAILABLE`: another node or spdk_tgt did not answer). A message
+//! that is not in those words but is NOT_FOUND all the same (`no copy of
+//! snapshot s to d runs here`: talon's engine controller acts on the code)
+//! is [`LonghornError::Gone`].
 
 use tonic::{Code, Status};
 
@@ -59,6 +62,59 @@ pub enum LonghornError {
         /// What failed.
         message: String,
     },
+    /// The object is not there, in words other than `cannot find <noun>
+    /// <name>` (NOT_FOUND all the same: callers act on the code).
+    #[error("{0}")]
+    Gone(String),
+    /// The object exists with other contents (ALREADY_EXISTS).
+    #[error("{0}")]
+    Exists(String),
+    /// What the call waits for did not come in time (DEADLINE_EXCEEDED).
+    #[error("{0}")]
+    Timeout(String),
+    /// Another node or a backup target did not answer, in its own words
+    /// (UNAVAILABLE).
+    #[error("{0}")]
+    Unavailable(String),
+    /// A call talon does not carry out, in Longhorn's words (UNIMPLEMENTED).
+    #[error("{0}")]
+    Unimplemented(String),
+    /// talon's state store failed a step: INTERNAL whatever its kind (a step
+    /// whose not-found or conflict is not the caller's to act on).
+    #[error("{}", crate::util::error_chain(.0))]
+    Store(#[source] StateError),
+    /// Another node's instance manager answered an error: its code, its
+    /// words after the replica's name.
+    #[error("replica {replica}: its node: {message}")]
+    PeerAnswer {
+        /// The replica that node serves.
+        replica: String,
+        /// The code it answered.
+        code: Code,
+        /// Its message.
+        message: String,
+    },
+    /// Several replicas' errors: the first one's code, every message
+    /// (`; ` between them).
+    #[error("{}", join(.0))]
+    Several(Vec<LonghornError>),
+    /// A status passed on as it is: another node's answer, or a helper's
+    /// that answers a [`Status`].
+    #[error("{}", .0.message())]
+    Relayed(Box<Status>),
+}
+
+impl From<Status> for LonghornError {
+    fn from(s: Status) -> Self {
+        Self::Relayed(Box::new(s))
+    }
+}
+
+fn join(all: &[LonghornError]) -> String {
+    all.iter()
+        .map(LonghornError::message)
+        .collect::<Vec<_>>()
+        .join("; ")
 }
 
 impl LonghornError {
@@ -96,19 +152,34 @@ impl LonghornError {
             Self::State(StateError::NotFound { .. }) => Code::NotFound,
             Self::State(StateError::AlreadyExists { .. }) => Code::AlreadyExists,
             Self::State(StateError::Conflict { .. }) => Code::Aborted,
-            Self::Spdk { .. } | Self::State(_) | Self::Internal { .. } => Code::Internal,
+            Self::Spdk { .. } | Self::State(_) | Self::Internal { .. } | Self::Store(_) => Code::Internal,
+            Self::Gone(_) => Code::NotFound,
+            Self::Exists(_) => Code::AlreadyExists,
+            Self::Timeout(_) => Code::DeadlineExceeded,
+            Self::Unavailable(_) => Code::Unavailable,
+            Self::Unimplemented(_) => Code::Unimplemented,
+            Self::PeerAnswer { code, .. } => *code,
+            Self::Several(all) => all.first().map_or(Code::Internal, Self::code),
+            Self::Relayed(s) => s.code(),
+        }
+    }
+
+    /// The message Longhorn's clients read.
+    pub fn message(&self) -> String {
+        match self {
+            // the store's own words are `<type> "<id>" not found`
+            Self::State(StateError::NotFound { type_, id }) => format!("cannot find {type_} {id}"),
+            _ => self.to_string(),
         }
     }
 }
 
 impl From<LonghornError> for Status {
     fn from(e: LonghornError) -> Self {
-        let message = match &e {
-            // the store's own words are `<type> "<id>" not found`
-            LonghornError::State(StateError::NotFound { type_, id }) => format!("cannot find {type_} {id}"),
-            _ => e.to_string(),
-        };
-        Status::new(e.code(), message)
+        match e {
+            LonghornError::Relayed(s) => *s,
+            e => Status::new(e.code(), e.message()),
+        }
     }
 }
 
@@ -156,10 +227,84 @@ mod tests {
                 Code::Internal,
                 "engine e: reading spdk_tgt: closed",
             ),
+            (
+                LonghornError::Gone("replica r: no copy of snapshot s to d runs here".into()),
+                Code::NotFound,
+                "replica r: no copy of snapshot s to d runs here",
+            ),
+            (
+                LonghornError::Exists("backup b: a backup of that name exists".into()),
+                Code::AlreadyExists,
+                "backup b: a backup of that name exists",
+            ),
+            (
+                LonghornError::Timeout("replica r: its head is not exported again after 20s".into()),
+                Code::DeadlineExceeded,
+                "replica r: its head is not exported again after 20s",
+            ),
+            (
+                LonghornError::Unavailable("replica r: connection refused".into()),
+                Code::Unavailable,
+                "replica r: connection refused",
+            ),
+            (
+                LonghornError::Unimplemented("resume is not supported for instance type engine".into()),
+                Code::Unimplemented,
+                "resume is not supported for instance type engine",
+            ),
+            (
+                LonghornError::Store(StateError::Conflict {
+                    type_: "LonghornReplica".into(),
+                    id: "r".into(),
+                    expected: 1,
+                    actual: 2,
+                }),
+                Code::Internal,
+                "LonghornReplica \"r\" is at version 2, not 1",
+            ),
+            (
+                LonghornError::PeerAnswer {
+                    replica: "vol-r-b".into(),
+                    code: Code::NotFound,
+                    message: "cannot find replica vol-r-b".into(),
+                },
+                Code::NotFound,
+                "replica vol-r-b: its node: cannot find replica vol-r-b",
+            ),
+            (
+                LonghornError::Several(vec![
+                    LonghornError::Refused("replica a is WO".into()),
+                    StateError::NotFound {
+                        type_: "LonghornReplica".into(),
+                        id: "b".into(),
+                    }
+                    .into(),
+                ]),
+                Code::FailedPrecondition,
+                "replica a is WO; cannot find LonghornReplica b",
+            ),
+            (
+                Status::resource_exhausted("its node: too many calls").into(),
+                Code::ResourceExhausted,
+                "its node: too many calls",
+            ),
         ];
         for (e, code, message) in cases {
             let s = Status::from(e);
             assert_eq!((s.code(), s.message()), (code, message));
         }
+    }
+
+    #[test]
+    fn a_relayed_status_is_passed_on_as_it_is() {
+        let mut s = Status::with_details(Code::Aborted, "its words", vec![1, 2].into());
+        s.metadata_mut().insert("x-peer", "b".parse().expect("ascii"));
+        let back = Status::from(LonghornError::from(s));
+        assert_eq!((back.code(), back.message()), (Code::Aborted, "its words"));
+        assert_eq!(back.details(), &[1, 2]);
+        assert_eq!(
+            back.metadata().get("x-peer").map(|v| v.to_str().ok()),
+            Some(Some("b"))
+        );
     }
 }

@@ -28,8 +28,7 @@
 //! stops the old engine only after the frontend reports the new target).
 //! `InstanceSuspend/Resume` and `InstanceDeleteTarget` have no caller there.
 
-use tonic::Status;
-
+use super::error::LonghornError;
 use crate::resources::longhorn::LonghornEngineFrontend;
 
 /// One of the four calls, for its words in the answers.
@@ -59,50 +58,47 @@ impl Op {
 
 /// The answer before anything is looked up: `Ok(())` when the call is for an
 /// engine-frontend of the V2 data engine (the caller then looks it up).
-pub fn check(op: Op, v1: bool, ty: &str, name: &str) -> Result<(), Status> {
+pub fn check(op: Op, v1: bool, ty: &str, name: &str) -> Result<(), LonghornError> {
     let (v1_words, type_words) = op.words();
     if v1 {
-        return Err(Status::unimplemented(format!(
+        return Err(LonghornError::Unimplemented(format!(
             "v1 data engine {v1_words} is not supported"
         )));
     }
+    let refuse = |words: &str| Err(LonghornError::Unimplemented(words.to_owned()));
     match (ty, op) {
         ("engine-frontend", Op::DeleteTarget) => {
-            Err(Status::invalid_argument(format!("unknown instance type {ty}")))
+            Err(LonghornError::Invalid(format!("unknown instance type {ty}")))
         }
         ("engine-frontend", _) => Ok(()),
-        ("engine", Op::Suspend) => Err(Status::unimplemented(
-            "suspend is not supported for instance type engine",
+        ("engine", Op::Suspend) => refuse("suspend is not supported for instance type engine"),
+        ("engine", Op::Resume) => refuse("resume is not supported for instance type engine"),
+        ("engine", Op::SwitchOver) => {
+            refuse("switch over target for engine has been replaced by engine frontend switch over")
+        }
+        ("engine", Op::DeleteTarget) => Err(LonghornError::internal(
+            format!("failed to delete target for engine {name}"),
+            "EngineDeleteTarget is not implemented yet and will be removed in the future",
         )),
-        ("engine", Op::Resume) => Err(Status::unimplemented(
-            "resume is not supported for instance type engine",
-        )),
-        ("engine", Op::SwitchOver) => Err(Status::unimplemented(
-            "switch over target for engine has been replaced by engine frontend switch over",
-        )),
-        ("engine", Op::DeleteTarget) => Err(Status::internal(format!(
-            "failed to delete target for engine {name}: EngineDeleteTarget is not implemented yet and \
-             will be removed in the future"
-        ))),
-        ("replica" | "shard" | "shard-group", _) => Err(Status::invalid_argument(format!(
+        ("replica" | "shard" | "shard-group", _) => Err(LonghornError::Invalid(format!(
             "{type_words} is not supported for instance type {ty}"
         ))),
-        _ => Err(Status::invalid_argument(format!("unknown instance type {ty}"))),
+        _ => Err(LonghornError::Invalid(format!("unknown instance type {ty}"))),
     }
 }
 
 /// Suspend or resume of an engine-frontend (`None`: there is none of that
 /// name): refused as Longhorn refuses a frontend it cannot suspend.
-pub fn suspend_or_resume(op: Op, name: &str, ef: Option<&LonghornEngineFrontend>) -> Status {
+pub fn suspend_or_resume(op: Op, name: &str, ef: Option<&LonghornEngineFrontend>) -> LonghornError {
     let (verb, noun) = match op {
         Op::Resume => ("resume", "resumption"),
         _ => ("suspend", "suspension"),
     };
     match ef {
-        None => Status::not_found(format!(
+        None => LonghornError::Gone(format!(
             "failed to {verb} engine frontend {name}: cannot find engine frontend {name} for {noun}"
         )),
-        Some(ef) => Status::unimplemented(format!(
+        Some(ef) => LonghornError::Unimplemented(format!(
             "failed to {verb} engine frontend {name}: {verb} frontend {} is unimplemented: engine frontend \
              lifecycle unimplemented",
             ef.frontend
@@ -118,20 +114,20 @@ pub fn switch_over(
     found: Option<&LonghornEngineFrontend>,
     target_address: &str,
     engine_name: &str,
-) -> Result<(), Status> {
+) -> Result<(), LonghornError> {
     if target_address.is_empty() {
-        return Err(Status::invalid_argument("target address is required"));
+        return Err(LonghornError::Invalid("target address is required".into()));
     }
     let valid = target_address
         .rsplit_once(':')
         .is_some_and(|(ip, port)| !ip.is_empty() && port.parse::<u16>().is_ok_and(|p| p != 0));
     if !valid {
-        return Err(Status::invalid_argument(format!(
+        return Err(LonghornError::Invalid(format!(
             "invalid target address {target_address:?}"
         )));
     }
     let Some(ef) = found else {
-        return Err(Status::not_found(format!(
+        return Err(LonghornError::Gone(format!(
             "failed to switch over target for engine frontend {name}: cannot find engine frontend or \
              engine {name} for target switchover"
         )));
@@ -140,7 +136,7 @@ pub fn switch_over(
     if ef.target_address == target_address && same_engine {
         return Ok(());
     }
-    Err(Status::unimplemented(format!(
+    Err(LonghornError::Unimplemented(format!(
         "failed to switch over target for engine frontend {name}: talon's engine frontend cannot switch \
          over its target (from engine {} at {} to {} at {target_address}); it keeps its target",
         ef.engine_name,
@@ -182,6 +178,26 @@ mod tests {
         );
         assert_eq!(code(Op::Suspend, false, "replica"), Some(InvalidArgument));
         assert_eq!(code(Op::Suspend, false, "bogus"), Some(InvalidArgument));
+        let words = |op, ty| check(op, false, ty, "x").map_err(|e| e.message()).err();
+        assert_eq!(
+            words(Op::DeleteTarget, "engine").as_deref(),
+            Some(
+                "failed to delete target for engine x: EngineDeleteTarget is not implemented yet and will be \
+                 removed in the future"
+            )
+        );
+        assert_eq!(
+            words(Op::Resume, "engine").as_deref(),
+            Some("resume is not supported for instance type engine")
+        );
+        let gone = tonic::Status::from(suspend_or_resume(Op::Resume, "f", None));
+        assert_eq!(
+            (gone.code(), gone.message()),
+            (
+                NotFound,
+                "failed to resume engine frontend f: cannot find engine frontend f for resumption"
+            )
+        );
     }
 
     #[test]

@@ -219,7 +219,11 @@ impl Longhorn {
             .keys()
             .find_map(|k| self.local_replica(k).map(|r| (k.clone(), r)))
         {
-            return self.replica_lvols_now(&replica, &r.disk).await.map(Some);
+            return self
+                .replica_lvols_now(&replica, &r.disk)
+                .await
+                .map(Some)
+                .map_err(Status::from);
         }
         Ok(remote_lvols(&e.spec.replica_address_map, self.peer_port(), REMOTE_TIMEOUT).await)
     }

@@ -25,17 +25,16 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use tonic::Status;
-
+use super::error::LonghornError;
 use super::service::Longhorn;
 use crate::proto::spdkrpc;
 use crate::resources::longhorn::{DstStartRequest, LonghornReplica, snapshot_lvol};
+use crate::spdk::ErrorKind;
 use crate::spdk::naming::longhorn as naming;
 use crate::spdk::rpc::CheckShallowCopy;
 use crate::spdk::volume::naming::lvstore;
 use crate::spdk::volume::replica_lvols::{ReplicaLvols, start_copy};
 use crate::spdk::volume::{Inventory, RemoteAttach};
-use crate::spdk::{ClientError, ErrorKind};
 
 /// How long DstStart waits for the controller to export the new head.
 const EXPORT_WAIT: Duration = Duration::from_secs(20);
@@ -43,26 +42,22 @@ const EXPORT_WAIT: Duration = Duration::from_secs(20);
 /// head again (its reconcile may be busy with another instance first).
 const RESET_WAIT: Duration = Duration::from_secs(60);
 
-fn chain_err(e: &ClientError) -> String {
-    crate::util::error_chain(e)
-}
-
 /// The controller this node attaches a rebuild's dest replica with (not the
 /// name an engine here attaches it with).
 fn src_controller(dst: &str) -> String {
     format!("rb-{dst}")
 }
 
-fn internal(what: &str, e: &ClientError) -> Status {
-    super::error::LonghornError::internal(what, chain_err(e)).into()
-}
-
 impl Longhorn {
     /// The lvols of replica `replica` of this node, read from spdk_tgt.
-    pub(super) async fn replica_lvols_now(&self, replica: &str, disk: &str) -> Result<ReplicaLvols, Status> {
+    pub(super) async fn replica_lvols_now(
+        &self,
+        replica: &str,
+        disk: &str,
+    ) -> Result<ReplicaLvols, LonghornError> {
         let inv = Inventory::load(self.client())
             .await
-            .map_err(|e| internal(&format!("replica {replica}: listing spdk_tgt"), &e))?;
+            .map_err(|e| LonghornError::spdk(format!("replica {replica}: listing spdk_tgt"), e))?;
         Ok(ReplicaLvols::from_inventory(&inv, &lvstore(disk), replica))
     }
 
@@ -74,7 +69,7 @@ impl Longhorn {
     pub(super) async fn rebuilding_dst_start(
         &self,
         req: spdkrpc::ReplicaRebuildingDstStartRequest,
-    ) -> Result<spdkrpc::ReplicaRebuildingDstStartResponse, Status> {
+    ) -> Result<spdkrpc::ReplicaRebuildingDstStartResponse, LonghornError> {
         let (replica, t) = self.stored_replica(&req.name)?;
         let chain: Vec<String> = req
             .rebuilding_snapshot_list
@@ -82,14 +77,14 @@ impl Longhorn {
             .map(|l| l.name.clone())
             .collect();
         for s in &chain {
-            naming::replica_snapshot_name(s).map_err(|x| Status::invalid_argument(x.to_string()))?;
+            naming::replica_snapshot_name(s).map_err(|x| LonghornError::Invalid(x.to_string()))?;
         }
         let what = format!(
             "replica {replica}: starting a rebuild from {}",
             req.src_replica_name
         );
         let have = self.replica_lvols_now(replica.as_str(), &t.spec.disk).await?;
-        let nqn = naming::replica_nqn(&replica).map_err(|x| Status::invalid_argument(x.to_string()))?;
+        let nqn = naming::replica_nqn(&replica).map_err(|x| LonghornError::Invalid(x.to_string()))?;
         if !have.ready_over(&chain, have.shared(&chain)) {
             // the controller takes the export down, makes the head again
             // and exports it again
@@ -109,7 +104,7 @@ impl Longhorn {
             };
             self.state()
                 .update_typed(replica.as_str(), "", None, &spec)
-                .map_err(|e| Status::internal(crate::util::error_chain(&e)))?;
+                .map_err(LonghornError::Store)?;
             let deadline = Instant::now() + RESET_WAIT;
             loop {
                 if let Some(d) = self
@@ -118,12 +113,12 @@ impl Longhorn {
                     .filter(|d| d.request >= request)
                 {
                     if !d.error.is_empty() {
-                        return Err(Status::internal(format!("{what}: {}", d.error)));
+                        return Err(LonghornError::internal(&what, d.error));
                     }
                     break;
                 }
                 if Instant::now() > deadline {
-                    return Err(Status::deadline_exceeded(format!(
+                    return Err(LonghornError::Timeout(format!(
                         "{what}: the controller has not made its head again in {} s",
                         RESET_WAIT.as_secs()
                     )));
@@ -149,7 +144,7 @@ impl Longhorn {
                 });
             }
             if Instant::now() > deadline {
-                return Err(Status::deadline_exceeded(format!(
+                return Err(LonghornError::Timeout(format!(
                     "{what}: its head is not exported again after {}s",
                     EXPORT_WAIT.as_secs()
                 )));
@@ -164,14 +159,14 @@ impl Longhorn {
     pub(super) async fn rebuilding_dst_qos(
         &self,
         req: spdkrpc::ReplicaRebuildingDstSetQosLimitRequest,
-    ) -> Result<(), Status> {
+    ) -> Result<(), LonghornError> {
         let (replica, t) = self.stored_replica(&req.name)?;
         let mbps = u64::try_from(req.qos_limit_mbps)
-            .map_err(|_| Status::invalid_argument(format!("replica {replica}: negative QoS limit")))?;
+            .map_err(|_| LonghornError::Invalid(format!("replica {replica}: negative QoS limit")))?;
         let head = naming::replica_alias(&t.spec.disk, replica.as_str());
         crate::spdk::volume::lvol::set_qos_cap(self.client(), &head, mbps)
             .await
-            .map_err(|e| internal(&format!("replica {replica}: capping {head} at {mbps} MB/s"), &e))
+            .map_err(|e| LonghornError::spdk(format!("replica {replica}: capping {head} at {mbps} MB/s"), e))
     }
 
     /// `ReplicaRebuildingSrcStart`: this node's replica `name` is a rebuild's
@@ -180,10 +175,10 @@ impl Longhorn {
     pub(super) async fn rebuilding_src_start(
         &self,
         req: spdkrpc::ReplicaRebuildingSrcStartRequest,
-    ) -> Result<spdkrpc::ReplicaRebuildingSrcStartResponse, Status> {
+    ) -> Result<spdkrpc::ReplicaRebuildingSrcStartResponse, LonghornError> {
         let (replica, _) = self.stored_replica(&req.name)?;
         let dst = naming::instance_name("replica", &req.dst_replica_name)
-            .map_err(|x| Status::invalid_argument(x.to_string()))?;
+            .map_err(|x| LonghornError::Invalid(x.to_string()))?;
         let what = format!("replica {replica}: rebuilding {dst}");
         let sa: SocketAddr = req
             .dst_replica_address
@@ -191,7 +186,7 @@ impl Longhorn {
             .unwrap_or(&req.dst_replica_address)
             .parse()
             .map_err(|_| {
-                Status::invalid_argument(format!(
+                LonghornError::Invalid(format!(
                     "{what}: address {:?} is not ip:port",
                     req.dst_replica_address
                 ))
@@ -199,8 +194,8 @@ impl Longhorn {
         let ctrl = src_controller(dst.as_str());
         crate::spdk::volume::lvol::detach_controller(self.client(), &ctrl)
             .await
-            .map_err(|x| internal(&format!("{what}: detaching {ctrl}"), &x))?;
-        let nqn = naming::replica_nqn(&dst).map_err(|x| Status::invalid_argument(x.to_string()))?;
+            .map_err(|x| LonghornError::spdk(format!("{what}: detaching {ctrl}"), x))?;
+        let nqn = naming::replica_nqn(&dst).map_err(|x| LonghornError::Invalid(x.to_string()))?;
         let a = RemoteAttach {
             controller: &ctrl,
             address: sa.ip(),
@@ -213,7 +208,7 @@ impl Longhorn {
             .ops()
             .attach_remote(replica.as_str(), &a)
             .await
-            .map_err(|x| Status::internal(format!("{what}: {}", crate::util::error_chain(&x))))?;
+            .map_err(|x| LonghornError::internal(&what, crate::util::error_chain(&x)))?;
         self.src_copies().insert(
             (replica.as_str().to_owned(), dst.as_str().to_owned()),
             super::service::SrcCopy {
@@ -231,10 +226,10 @@ impl Longhorn {
     pub(super) async fn rebuilding_src_copy_start(
         &self,
         req: spdkrpc::ReplicaRebuildingSrcShallowCopyStartRequest,
-    ) -> Result<(), Status> {
+    ) -> Result<(), LonghornError> {
         let (replica, t) = self.stored_replica(&req.name)?;
         naming::replica_snapshot_name(&req.snapshot_name)
-            .map_err(|x| Status::invalid_argument(x.to_string()))?;
+            .map_err(|x| LonghornError::Invalid(x.to_string()))?;
         let address = req
             .dst_rebuilding_lvol_address
             .strip_prefix("tcp://")
@@ -246,7 +241,7 @@ impl Longhorn {
             .find(|((s, _), c)| s == replica.as_str() && c.address == address)
             .map(|((_, d), c)| (d.clone(), c.bdev.clone()))
             .ok_or_else(|| {
-                Status::failed_precondition(format!(
+                LonghornError::Refused(format!(
                     "replica {replica}: no rebuild to {address} was started (ReplicaRebuildingSrcStart first)"
                 ))
             })?;
@@ -257,7 +252,7 @@ impl Longhorn {
         );
         let op = start_copy(self.client(), &src, &bdev)
             .await
-            .map_err(|m| Status::internal(format!("replica {replica}: {m}")))?;
+            .map_err(|m| LonghornError::internal(format!("replica {replica}"), m))?;
         if let Some(c) = self.src_copies().get_mut(&(replica.as_str().to_owned(), dst)) {
             c.ops.insert(req.snapshot_name, op);
         }
@@ -269,14 +264,14 @@ impl Longhorn {
     pub(super) async fn rebuilding_src_copy_check(
         &self,
         req: spdkrpc::ReplicaRebuildingSrcShallowCopyCheckRequest,
-    ) -> Result<spdkrpc::ReplicaRebuildingSrcShallowCopyCheckResponse, Status> {
+    ) -> Result<spdkrpc::ReplicaRebuildingSrcShallowCopyCheckResponse, LonghornError> {
         let key = (req.name.clone(), req.dst_replica_name.clone());
         let op = self
             .src_copies()
             .get(&key)
             .and_then(|c| c.ops.get(&req.snapshot_name).copied())
             .ok_or_else(|| {
-                Status::not_found(format!(
+                LonghornError::Gone(format!(
                     "replica {}: no copy of snapshot {} to {} runs here",
                     req.name, req.snapshot_name, req.dst_replica_name
                 ))
@@ -287,8 +282,8 @@ impl Longhorn {
             .await
             .map_err(
                 |e| match e.is(ErrorKind::NotFound) || e.is(ErrorKind::InvalidParams) {
-                    true => Status::not_found(format!("replica {}: spdk_tgt forgot copy {op}", req.name)),
-                    false => internal(&format!("replica {}: checking copy {op}", req.name), &e),
+                    true => LonghornError::Gone(format!("replica {}: spdk_tgt forgot copy {op}", req.name)),
+                    false => LonghornError::spdk(format!("replica {}: checking copy {op}", req.name), e),
                 },
             )?;
         Ok(spdkrpc::ReplicaRebuildingSrcShallowCopyCheckResponse {
@@ -304,12 +299,12 @@ impl Longhorn {
     pub(super) async fn rebuilding_src_finish(
         &self,
         req: spdkrpc::ReplicaRebuildingSrcFinishRequest,
-    ) -> Result<(), Status> {
+    ) -> Result<(), LonghornError> {
         self.src_copies()
             .remove(&(req.name.clone(), req.dst_replica_name.clone()));
         let ctrl = src_controller(&req.dst_replica_name);
         crate::spdk::volume::lvol::detach_controller(self.client(), &ctrl)
             .await
-            .map_err(|x| internal(&format!("replica {}: detaching {ctrl}", req.name), &x))
+            .map_err(|x| LonghornError::spdk(format!("replica {}: detaching {ctrl}", req.name), x))
     }
 }

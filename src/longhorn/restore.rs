@@ -21,9 +21,8 @@
 
 use std::collections::BTreeMap;
 
-use tonic::Status;
-
-use super::service::{Longhorn, internal};
+use super::error::LonghornError;
+use super::service::Longhorn;
 use crate::backupstore::format::check_name;
 use crate::backupstore::info::decode_url;
 use crate::proto::imrpc;
@@ -68,9 +67,9 @@ impl Longhorn {
     pub(super) fn replica_backup_restore(
         &self,
         req: spdkrpc::ReplicaBackupRestoreRequest,
-    ) -> Result<(), Status> {
+    ) -> Result<(), LonghornError> {
         let what = format!("restore of {} into replica {}", req.backup_url, req.replica_name);
-        let bad = |e: String| Status::invalid_argument(format!("{what}: {e}"));
+        let bad = |e: String| LonghornError::Invalid(format!("{what}: {e}"));
         let (target, backup_volume, backup) = decode_url(&req.backup_url).map_err(|e| bad(e.to_string()))?;
         let backup = backup.ok_or_else(|| bad("the URL names no backup".into()))?;
         check_name("backup", &backup).map_err(|e| bad(e.to_string()))?;
@@ -78,14 +77,16 @@ impl Longhorn {
         let creds: BTreeMap<String, String> = req.credential.into_iter().collect();
         super::backup::check_credentials(&creds).map_err(|e| bad(e.to_string()))?;
         if self.local_replica(&req.replica_name).is_none() {
-            return Err(Status::not_found(format!(
+            return Err(LonghornError::Gone(format!(
                 "{what}: the replica is not on this node"
             )));
         }
         let dir = self
             .backup_dir()
             .map(|d| d.join("restore-credentials"))
-            .ok_or_else(|| Status::failed_precondition("restores need talon's data dir (none was given)"))?;
+            .ok_or_else(|| {
+                LonghornError::Refused("restores need talon's data dir (none was given)".into())
+            })?;
         let mut spec = LonghornRestore {
             target,
             backup_volume,
@@ -97,7 +98,7 @@ impl Longhorn {
         let have = self
             .state()
             .get_typed::<LonghornRestore>(id)
-            .map_err(|e| internal(&what, e))?;
+            .map_err(|e| LonghornError::internal(&what, e))?;
         if let Some(have) = &have {
             let h = &have.spec;
             if (&h.target, &h.backup_volume, &h.backup) == (&spec.target, &spec.backup_volume, &spec.backup) {
@@ -113,20 +114,20 @@ impl Longhorn {
                     spec.base = Some(h.backup.clone());
                 }
                 BackupState::Completed if current => {
-                    return Err(Status::failed_precondition(format!(
+                    return Err(LonghornError::Refused(format!(
                         "{what}: the replica holds backup {} of backup volume {} in {}; an incremental \
                          restore goes on from a backup of the same volume and target only",
                         h.backup, h.backup_volume, h.target
                     )));
                 }
                 BackupState::Error if current => {
-                    return Err(Status::failed_precondition(format!(
+                    return Err(LonghornError::Refused(format!(
                         "{what}: its restore of backup {} failed ({}); the replica must be made again",
                         h.backup, st.message
                     )));
                 }
                 _ => {
-                    return Err(Status::failed_precondition(format!(
+                    return Err(LonghornError::Refused(format!(
                         "{what}: restoring backup {} is already in progress",
                         h.backup
                     )));
@@ -134,14 +135,14 @@ impl Longhorn {
             }
         }
         super::backup::write_credentials(&dir, id, &creds)
-            .map_err(|e| internal(&format!("{what}: writing its credentials"), e))?;
+            .map_err(|e| LonghornError::internal(format!("{what}: writing its credentials"), e))?;
         let recorded = match &have {
             None => self.state().create_typed(id, "", &spec),
             Some(h) => self.state().update_typed(id, "", Some(h.metadata.version), &spec),
         };
         if let Err(e) = recorded {
             let _ = std::fs::remove_dir_all(dir.join(id));
-            return Err(internal(&format!("{what}: recording it"), e));
+            return Err(LonghornError::internal(format!("{what}: recording it"), e));
         }
         Ok(())
     }
@@ -160,7 +161,7 @@ impl Longhorn {
     pub(super) fn replica_restore_status(
         &self,
         replica: &str,
-    ) -> Result<spdkrpc::ReplicaRestoreStatusResponse, Status> {
+    ) -> Result<spdkrpc::ReplicaRestoreStatusResponse, LonghornError> {
         let mut out = spdkrpc::ReplicaRestoreStatusResponse {
             replica_name: replica.to_owned(),
             ..Default::default()
@@ -168,7 +169,7 @@ impl Longhorn {
         let Some(r) = self
             .state()
             .get_typed::<LonghornRestore>(replica)
-            .map_err(|e| internal(&format!("restore of replica {replica}"), e))?
+            .map_err(|e| LonghornError::internal(format!("restore of replica {replica}"), e))?
         else {
             return Ok(out);
         };
@@ -203,20 +204,18 @@ impl Longhorn {
         &self,
         e: &Typed<LonghornEngine>,
         req: imrpc::EngineBackupRestoreRequest,
-    ) -> Result<imrpc::EngineBackupRestoreProxyResponse, Status> {
+    ) -> Result<imrpc::EngineBackupRestoreProxyResponse, LonghornError> {
         let what = format!("restore of {} into engine {}", req.url, e.id());
-        let bad = |x: String| Status::invalid_argument(format!("{what}: {x}"));
+        let bad = |x: String| LonghornError::Invalid(format!("{what}: {x}"));
         let creds = super::backup::credentials_from_envs(&req.envs).map_err(|x| bad(x.to_string()))?;
         let (target, backup_volume, backup) = decode_url(&req.url).map_err(|x| bad(x.to_string()))?;
         let backup = backup.ok_or_else(|| bad("the URL names no backup".into()))?;
         let members = self.members(e).await?;
         if members.is_empty() {
-            return Err(Status::failed_precondition(format!(
-                "{what}: no replicas available"
-            )));
+            return Err(LonghornError::Refused(format!("{what}: no replicas available")));
         }
         if let Some(m) = members.iter().find(|m| m.mode != ptypes::ReplicaMode::Rw) {
-            return Err(Status::failed_precondition(format!(
+            return Err(LonghornError::Refused(format!(
                 "{what}: replica {} is in mode {:?}",
                 m.address, m.mode
             )));
@@ -249,9 +248,9 @@ impl Longhorn {
                 x @ (crate::backupstore::BackupError::NotFound(_)
                 | crate::backupstore::BackupError::Format { .. }),
             )) => return Ok(refused(x.to_string())),
-            Ok(Err(x)) => return Err(Status::unavailable(format!("{what}: {x}"))),
+            Ok(Err(x)) => return Err(LonghornError::Unavailable(format!("{what}: {x}"))),
             Err(_) => {
-                return Err(Status::unavailable(format!(
+                return Err(LonghornError::Unavailable(format!(
                     "{what}: the backup target did not answer within 30 s"
                 )));
             }
@@ -279,12 +278,16 @@ impl Longhorn {
                 self.replica_backup_restore(ask)
             } else {
                 match self.replica_node(&m.replica, &m.address).await {
-                    Ok(mut c) => c.replica_backup_restore(ask).await.map(|_| ()),
-                    Err(x) => Err(Status::unavailable(x)),
+                    Ok(mut c) => c
+                        .replica_backup_restore(ask)
+                        .await
+                        .map(|_| ())
+                        .map_err(LonghornError::from),
+                    Err(x) => Err(LonghornError::Unavailable(x)),
                 }
             };
-            if let Err(s) = done {
-                errors.push((tcp(&m.address), s.message().to_owned()));
+            if let Err(x) = done {
+                errors.push((tcp(&m.address), x.message()));
             }
         }
         Ok(imrpc::EngineBackupRestoreProxyResponse {
@@ -297,16 +300,15 @@ impl Longhorn {
     pub(super) async fn engine_restore_status(
         &self,
         e: &Typed<LonghornEngine>,
-    ) -> Result<imrpc::EngineBackupRestoreStatusProxyResponse, Status> {
+    ) -> Result<imrpc::EngineBackupRestoreStatusProxyResponse, LonghornError> {
         let mut out = imrpc::EngineBackupRestoreStatusProxyResponse::default();
         for (replica, address) in &e.spec.replica_address_map {
             let s = if self.local_replica(replica).is_some() {
                 self.replica_restore_status(replica)?
             } else {
-                let mut c = self
-                    .replica_node(replica, address)
-                    .await
-                    .map_err(|x| Status::unavailable(format!("restore status of engine {}: {x}", e.id())))?;
+                let mut c = self.replica_node(replica, address).await.map_err(|x| {
+                    LonghornError::Unavailable(format!("restore status of engine {}: {x}", e.id()))
+                })?;
                 c.replica_restore_status(spdkrpc::ReplicaRestoreStatusRequest {
                     replica_name: replica.clone(),
                 })

@@ -1298,11 +1298,7 @@ impl instance_service_server::InstanceService for Longhorn {
         let req = req.into_inner();
         let v1 = req.data_engine == imrpc::DataEngine::V1 as i32;
         lifecycle::check(Op::Suspend, v1, &req.r#type, &req.name)?;
-        Err(lifecycle::suspend_or_resume(
-            Op::Suspend,
-            &req.name,
-            self.frontend(&req.name)?.as_ref(),
-        ))
+        Err(lifecycle::suspend_or_resume(Op::Suspend, &req.name, self.frontend(&req.name)?.as_ref()).into())
     }
 
     async fn instance_resume(
@@ -1312,11 +1308,7 @@ impl instance_service_server::InstanceService for Longhorn {
         let req = req.into_inner();
         let v1 = req.data_engine == imrpc::DataEngine::V1 as i32;
         lifecycle::check(Op::Resume, v1, &req.r#type, &req.name)?;
-        Err(lifecycle::suspend_or_resume(
-            Op::Resume,
-            &req.name,
-            self.frontend(&req.name)?.as_ref(),
-        ))
+        Err(lifecycle::suspend_or_resume(Op::Resume, &req.name, self.frontend(&req.name)?.as_ref()).into())
     }
 
     async fn instance_switch_over_target(

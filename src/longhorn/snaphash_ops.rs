@@ -4,8 +4,7 @@
 
 use std::collections::HashMap;
 
-use tonic::{Code, Status};
-
+use super::error::LonghornError;
 use super::proxy::Member;
 use super::service::Longhorn;
 use super::snaphash::{Job, status_message};
@@ -19,13 +18,18 @@ impl Longhorn {
     /// `ReplicaSnapshotHash` (and an engine's member on this node): starts
     /// hashing snapshot `snap` of replica `name`, unless a hash of it runs
     /// (no second one) or one completed and `rehash` is false.
-    pub(super) async fn replica_hash(&self, name: &str, snap: &str, rehash: bool) -> Result<(), Status> {
-        naming::replica_snapshot_name(snap).map_err(|x| Status::invalid_argument(x.to_string()))?;
+    pub(super) async fn replica_hash(
+        &self,
+        name: &str,
+        snap: &str,
+        rehash: bool,
+    ) -> Result<(), LonghornError> {
+        naming::replica_snapshot_name(snap).map_err(|x| LonghornError::Invalid(x.to_string()))?;
         let (replica, t) = self.stored_replica(name)?;
         let lvs = lvstore(&t.spec.disk);
         let have = self.replica_lvols_now(replica.as_str(), &t.spec.disk).await?;
         if !have.snapshots.contains_key(snap) {
-            return Err(Status::not_found(format!(
+            return Err(LonghornError::Gone(format!(
                 "replica {replica}: cannot find snapshot {snap} ({})",
                 snapshot_lvol(replica.as_str(), snap)
             )));
@@ -41,7 +45,7 @@ impl Longhorn {
         &self,
         name: &str,
         snap: &str,
-    ) -> Result<spdkrpc::ReplicaSnapshotHashStatusResponse, Status> {
+    ) -> Result<spdkrpc::ReplicaSnapshotHashStatusResponse, LonghornError> {
         let (replica, t) = self.stored_replica(name)?;
         let key = (replica.as_str().to_owned(), snap.to_owned());
         let job = self.hashes().job(&key);
@@ -51,7 +55,7 @@ impl Longhorn {
         let have = self.replica_lvols_now(replica.as_str(), &t.spec.disk).await?;
         if !have.snapshots.contains_key(snap) {
             self.hashes().forget(&key);
-            return Err(Status::not_found(format!(
+            return Err(LonghornError::Gone(format!(
                 "replica {replica}: cannot find snapshot {snap} ({})",
                 snapshot_lvol(replica.as_str(), snap)
             )));
@@ -62,10 +66,10 @@ impl Longhorn {
     /// The members of engine `e` a hash asks: those in service (RW). A
     /// member being rebuilt (WO) refuses the hash, as Longhorn's V2 engine
     /// does; one in error is left out.
-    async fn hash_members(&self, e: &Typed<LonghornEngine>) -> Result<Vec<Member>, Status> {
+    async fn hash_members(&self, e: &Typed<LonghornEngine>) -> Result<Vec<Member>, LonghornError> {
         let members = self.members(e).await?;
         if let Some(m) = members.iter().find(|m| m.mode == ptypes::ReplicaMode::Wo) {
-            return Err(Status::failed_precondition(format!(
+            return Err(LonghornError::Refused(format!(
                 "engine {} contains WO replica {} during snapshot hash",
                 e.id(),
                 m.replica
@@ -84,9 +88,9 @@ impl Longhorn {
         e: &Typed<LonghornEngine>,
         snap: &str,
         rehash: bool,
-    ) -> Result<(), Status> {
-        naming::replica_snapshot_name(snap).map_err(|x| Status::invalid_argument(x.to_string()))?;
-        let mut errors: Vec<(Code, String)> = Vec::new();
+    ) -> Result<(), LonghornError> {
+        naming::replica_snapshot_name(snap).map_err(|x| LonghornError::Invalid(x.to_string()))?;
+        let mut errors = Vec::new();
         for m in self.hash_members(e).await? {
             let r = match self.local_replica(&m.replica) {
                 Some(_) => self.replica_hash(&m.replica, snap, rehash).await,
@@ -99,29 +103,21 @@ impl Longhorn {
                         })
                         .await
                         .map(|_| ())
-                        .map_err(|s| {
-                            Status::new(
-                                s.code(),
-                                format!("replica {}: its node: {}", m.replica, s.message()),
-                            )
+                        .map_err(|s| LonghornError::PeerAnswer {
+                            replica: m.replica.clone(),
+                            code: s.code(),
+                            message: s.message().to_owned(),
                         }),
-                    Err(x) => Err(Status::unavailable(x)),
+                    Err(x) => Err(LonghornError::Unavailable(x)),
                 },
             };
-            if let Err(s) = r {
-                errors.push((s.code(), s.message().to_owned()));
+            if let Err(e) = r {
+                errors.push(e);
             }
         }
-        match errors.first() {
-            None => Ok(()),
-            Some((code, _)) => Err(Status::new(
-                *code,
-                errors
-                    .iter()
-                    .map(|(_, m)| m.as_str())
-                    .collect::<Vec<_>>()
-                    .join("; "),
-            )),
+        match errors.is_empty() {
+            true => Ok(()),
+            false => Err(LonghornError::Several(errors)),
         }
     }
 
@@ -130,7 +126,7 @@ impl Longhorn {
         &self,
         e: &Typed<LonghornEngine>,
         snap: &str,
-    ) -> Result<HashMap<String, ptypes::SnapshotHashStatusResponse>, Status> {
+    ) -> Result<HashMap<String, ptypes::SnapshotHashStatusResponse>, LonghornError> {
         let mut out = HashMap::new();
         for m in self.hash_members(e).await? {
             let s = match self.local_replica(&m.replica) {
@@ -139,17 +135,16 @@ impl Longhorn {
                     let mut c = self
                         .replica_node(&m.replica, &m.address)
                         .await
-                        .map_err(Status::unavailable)?;
+                        .map_err(LonghornError::Unavailable)?;
                     c.replica_snapshot_hash_status(spdkrpc::SnapshotHashStatusRequest {
                         name: m.replica.clone(),
                         snapshot_name: snap.to_owned(),
                     })
                     .await
-                    .map_err(|s| {
-                        Status::new(
-                            s.code(),
-                            format!("replica {}: its node: {}", m.replica, s.message()),
-                        )
+                    .map_err(|s| LonghornError::PeerAnswer {
+                        replica: m.replica.clone(),
+                        code: s.code(),
+                        message: s.message().to_owned(),
                     })?
                     .into_inner()
                 }
