@@ -965,6 +965,75 @@ async fn a_snapshot_of_an_engine_being_deleted_is_aborted() {
     b.stop().await;
 }
 
+/// Two engines (one per node) each rebuild a replica that lives on the other
+/// node, at once: each node's engine controller calls the other node's
+/// replica-side rebuild calls from inside its reconcile while the other
+/// does the same. Both rebuilds end with every replica RW and the snapshot
+/// on the dest; the time it took is printed. (On the double the dests' heads
+/// need no remaking, so `ReplicaRebuildingDstStart`, the one of those calls
+/// that waits on its node's controller, is not asked here.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_engines_rebuilding_into_each_others_node_at_once_both_end_rw() {
+    let (ip_a, ip_b) = (IpAddr::from([127, 0, 0, 1]), IpAddr::from([127, 0, 0, 2]));
+    let base = free_base(&[ip_a, ip_b]);
+    let mut a = Node::new(ip_a, base, None).await;
+    let mut b = Node::new(ip_b, base, None).await;
+    let size = 64 * MIB;
+    // engine vol-e-0 on A over vol-r-a (A) and vol-r-b (B); engine vol-e-0
+    // on B over vol2-r-c (B) and vol2-r-d (A)
+    let ra = a.replica("disk-a", "vol-r-a", size).await;
+    let rd = a.replica_again("disk-a", "vol2-r-d", size).await;
+    let rb = b.replica("disk-b", "vol-r-b", size).await;
+    let rc = b.replica_again("disk-b", "vol2-r-c", size).await;
+    engine(&a, &[("vol-r-a", &ra), ("vol-r-b", &rb)], size, "").await;
+    engine(&b, &[("vol2-r-c", &rc), ("vol2-r-d", &rd)], size, "").await;
+    let mut pa = ProxyEngineServiceClient::new(a.channel(1).await);
+    let mut pb = ProxyEngineServiceClient::new(b.channel(1).await);
+
+    // data in every replica's head; each engine's other-node replica
+    // leaves (its head keeps what it had); data its local one holds alone,
+    // in a snapshot; the replica comes back: its head must be made again on
+    // its node before the copy
+    assert!(double(&a).write("vol-e-0", 2), "A's engine takes the write");
+    assert!(double(&b).write("vol-e-0", 2), "B's engine takes the write");
+    replica_remove(&mut pa, "vol-r-b").await;
+    replica_remove(&mut pb, "vol2-r-d").await;
+    assert!(double(&a).write("vol-e-0", 4), "A's engine takes the write");
+    assert!(double(&b).write("vol-e-0", 4), "B's engine takes the write");
+    snapshot(&mut pa, "s1").await.expect("A's engine s1");
+    snapshot(&mut pb, "s1").await.expect("B's engine s1");
+
+    let started = std::time::Instant::now();
+    let (x, y) = tokio::join!(
+        replica_add(&pa, "vol-r-b", &rb),
+        replica_add(&pb, "vol2-r-d", &rd)
+    );
+    x.expect("A's engine starts rebuilding vol-r-b (on B)");
+    y.expect("B's engine starts rebuilding vol2-r-d (on A)");
+    let want_a = vec![(format!("tcp://{ra}"), RW), (format!("tcp://{rb}"), RW)];
+    let mut want_b = vec![(format!("tcp://{rc}"), RW), (format!("tcp://{rd}"), RW)];
+    want_b.sort();
+    talon::runtime::testing::eventually("both rebuilds done", Duration::from_secs(240), || async {
+        let (mut pa, mut pb) = (pa.clone(), pb.clone());
+        (modes(&mut pa).await == want_a && modes(&mut pb).await == want_b).then_some(())
+    })
+    .await;
+    eprintln!(
+        "two cross-node rebuilds at once: both RW after {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+    assert!(
+        snapshot_lvols(&b).await.contains("talon-disk-b/vol-r-b-snap-s1"),
+        "the rebuilt vol-r-b holds s1"
+    );
+    assert!(
+        snapshot_lvols(&a).await.contains("talon-disk-a/vol2-r-d-snap-s1"),
+        "the rebuilt vol2-r-d holds s1"
+    );
+    a.stop().await;
+    b.stop().await;
+}
+
 fn spdk_dir(test: &str) -> Option<PathBuf> {
     let Some(d) = std::env::var_os("TALON_SPDK_DIR").map(PathBuf::from) else {
         eprintln!("SKIP {test}: TALON_SPDK_DIR not set");
