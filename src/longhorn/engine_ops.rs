@@ -23,9 +23,9 @@
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use tonic::Status;
 use tonic::transport::Channel;
 
+use super::error::LonghornError;
 use super::proxy::{LVOL_NAME_MAX, Member};
 use super::service::{Longhorn, next_request};
 use crate::proto::imrpc::{self, proxy_engine_service_client::ProxyEngineServiceClient};
@@ -44,16 +44,12 @@ use crate::spdk::volume::naming::lvstore;
 /// How long a forwarded call or an engine operation may take.
 const OP_TIMEOUT: Duration = Duration::from_secs(60);
 
-fn state_err(e: crate::runtime::StateError) -> Status {
-    super::error::LonghornError::State(e).into()
-}
-
 impl Longhorn {
     pub(super) fn update_engine(
         &self,
         e: &Typed<LonghornEngine>,
         f: impl FnMut(&mut LonghornEngine),
-    ) -> Result<(), Status> {
+    ) -> Result<(), LonghornError> {
         self.change_engine(e, f).map(|_| ())
     }
 
@@ -65,7 +61,7 @@ impl Longhorn {
         &self,
         e: &Typed<LonghornEngine>,
         mut f: impl FnMut(&mut LonghornEngine),
-    ) -> Result<u64, Status> {
+    ) -> Result<u64, LonghornError> {
         loop {
             let now = self.engine(e.id())?;
             let mut spec = now.spec.clone();
@@ -79,20 +75,20 @@ impl Longhorn {
             {
                 Ok(t) => return Ok(t.metadata.version),
                 Err(crate::runtime::StateError::Conflict { .. }) => continue,
-                Err(x) => return Err(state_err(x)),
+                Err(x) => return Err(LonghornError::State(x)),
             }
         }
     }
 
-    fn running(&self, e: &Typed<LonghornEngine>, what: &str) -> Result<(), Status> {
+    fn running(&self, e: &Typed<LonghornEngine>, what: &str) -> Result<(), LonghornError> {
         match self.status_of(e.id()) {
             Some(s) if s.state == InstanceState::Running => Ok(()),
-            Some(s) => Err(Status::failed_precondition(format!(
+            Some(s) => Err(LonghornError::Refused(format!(
                 "{what}: the engine is not running ({}: {})",
                 s.state.as_str(),
                 s.message
             ))),
-            None => Err(Status::failed_precondition(format!(
+            None => Err(LonghornError::Refused(format!(
                 "{what}: the engine is not running"
             ))),
         }
@@ -101,9 +97,13 @@ impl Longhorn {
     // ----- VolumeSnapshotMaxCountSet, and its check before a snapshot
 
     /// `VolumeSnapshotMaxCountSet`: kept on the engine (0: no limit).
-    pub(super) fn snapshot_max_count_set(&self, e: &Typed<LonghornEngine>, count: i32) -> Result<(), Status> {
+    pub(super) fn snapshot_max_count_set(
+        &self,
+        e: &Typed<LonghornEngine>,
+        count: i32,
+    ) -> Result<(), LonghornError> {
         if count < 0 {
-            return Err(Status::invalid_argument(format!(
+            return Err(LonghornError::Invalid(format!(
                 "engine {}: snapshot max count {count} is negative",
                 e.id()
             )));
@@ -112,7 +112,7 @@ impl Longhorn {
     }
 
     /// Refuses a snapshot beyond the engine's limit, with Longhorn's text.
-    pub(super) async fn check_snapshot_count(&self, e: &Typed<LonghornEngine>) -> Result<(), Status> {
+    pub(super) async fn check_snapshot_count(&self, e: &Typed<LonghornEngine>) -> Result<(), LonghornError> {
         let max = e.spec.snapshot_max_count;
         if max <= 0 {
             return Ok(());
@@ -128,7 +128,7 @@ impl Longhorn {
             .filter(|s| !naming::is_rebuild_snap(s))
             .count();
         if i32::try_from(n).unwrap_or(i32::MAX) >= max {
-            return Err(Status::failed_precondition(format!(
+            return Err(LonghornError::Refused(format!(
                 "snapshot count {n} is equal or larger than snapshotMaxCount {max}"
             )));
         }
@@ -139,14 +139,14 @@ impl Longhorn {
 
     /// Refuses `what` while a replica of `e` is being rebuilt (WO), in
     /// Longhorn's words (`during`: what Longhorn says after the replica).
-    async fn refuse_wo(&self, e: &Typed<LonghornEngine>, during: &str) -> Result<(), Status> {
+    async fn refuse_wo(&self, e: &Typed<LonghornEngine>, during: &str) -> Result<(), LonghornError> {
         match self
             .members(e)
             .await?
             .iter()
             .find(|m| m.mode == ptypes::ReplicaMode::Wo)
         {
-            Some(m) => Err(Status::failed_precondition(format!(
+            Some(m) => Err(LonghornError::Refused(format!(
                 "engine {} contains WO replica {} during {during}",
                 e.id(),
                 m.replica
@@ -163,7 +163,7 @@ impl Longhorn {
         e: &Typed<LonghornEngine>,
         what: &str,
         mut mark: impl FnMut(&mut LonghornEngine),
-    ) -> Result<PurgeStatus, Status> {
+    ) -> Result<PurgeStatus, LonghornError> {
         let done = self
             .status_of(e.id())
             .and_then(|s| s.purge)
@@ -177,7 +177,7 @@ impl Longhorn {
         let p = self
             .wait_status(e.id(), what, |st| {
                 if st.state == InstanceState::Error {
-                    return Some(Err(Status::failed_precondition(format!(
+                    return Some(Err(LonghornError::Refused(format!(
                         "{what}: the engine is not running: {}",
                         st.message
                     ))));
@@ -203,10 +203,14 @@ impl Longhorn {
     /// `SnapshotRemove`: snapshot `snap` of every replica of `e` is marked
     /// removed and deleted; one SPDK must keep (two or more lvols depend on
     /// it, after a revert) stays marked removed, for `SnapshotPurge`.
-    pub(super) async fn remove_snapshot(&self, e: &Typed<LonghornEngine>, snap: &str) -> Result<(), Status> {
+    pub(super) async fn remove_snapshot(
+        &self,
+        e: &Typed<LonghornEngine>,
+        snap: &str,
+    ) -> Result<(), LonghornError> {
         let what = format!("deleting snapshot {snap} of engine {}", e.id());
         naming::instance_name("snapshot", snap)
-            .map_err(|x| Status::invalid_argument(format!("{what}: {x}")))?;
+            .map_err(|x| LonghornError::Invalid(format!("{what}: {x}")))?;
         self.running(e, &what)?;
         self.refuse_wo(e, &format!("snapshot {snap} delete")).await?;
         let p = self
@@ -218,28 +222,31 @@ impl Longhorn {
             return Ok(());
         }
         if !p.refused.is_empty() {
-            return Err(Status::failed_precondition(format!("{what}: {}", p.refused)));
+            return Err(LonghornError::Refused(format!("{what}: {}", p.refused)));
         }
         let errors: Vec<&str> = p.errors.values().map(String::as_str).collect();
-        Err(Status::unavailable(format!("{what}: {}", errors.join("; "))))
+        Err(LonghornError::Unavailable(format!(
+            "{what}: {}",
+            errors.join("; ")
+        )))
     }
 
     /// `SnapshotPurge`: every snapshot marked removed that SPDK now lets go
     /// (one lvol or none depends on it) is deleted on every replica; the
     /// result per replica is what `SnapshotPurgeStatus` reports.
-    pub(super) async fn purge(&self, e: &Typed<LonghornEngine>) -> Result<(), Status> {
+    pub(super) async fn purge(&self, e: &Typed<LonghornEngine>) -> Result<(), LonghornError> {
         let what = format!("purging the snapshots of engine {}", e.id());
         self.running(e, &what)?;
         self.refuse_wo(e, "snapshot purge").await?;
         let p = self.request_purge(e, &what, |_| {}).await?;
         if !p.refused.is_empty() {
-            return Err(Status::failed_precondition(p.refused));
+            return Err(LonghornError::Refused(p.refused));
         }
         if p.errors.is_empty() {
             Ok(())
         } else {
             let errors: Vec<&str> = p.errors.values().map(String::as_str).collect();
-            Err(Status::internal(format!("{what}: {}", errors.join("; "))))
+            Err(LonghornError::internal(&what, errors.join("; ")))
         }
     }
 
@@ -286,13 +293,13 @@ impl Longhorn {
     /// `SnapshotRevert`: every replica of `e` back to snapshot `snap`. The
     /// engine must be detached from its frontend (Longhorn detaches it and
     /// makes the engine with an empty frontend) and every replica in service.
-    pub(super) async fn revert(&self, e: &Typed<LonghornEngine>, snap: &str) -> Result<(), Status> {
+    pub(super) async fn revert(&self, e: &Typed<LonghornEngine>, snap: &str) -> Result<(), LonghornError> {
         let what = format!("reverting engine {} to snapshot {snap}", e.id());
         naming::instance_name("snapshot", snap)
-            .map_err(|x| Status::invalid_argument(format!("{what}: {x}")))?;
+            .map_err(|x| LonghornError::Invalid(format!("{what}: {x}")))?;
         self.running(e, &what)?;
         if !e.spec.frontend.is_empty() {
-            return Err(Status::failed_precondition(format!(
+            return Err(LonghornError::Refused(format!(
                 "invalid frontend {} for engine {} snapshot {snap} revert: the engine must be detached from its frontend",
                 e.spec.frontend,
                 e.id()
@@ -303,15 +310,15 @@ impl Longhorn {
         if let Some(f) = self.frontend_for(e.id(), "")
             && naming::FrontendMode::of(&f.spec.frontend) != Ok(naming::FrontendMode::Disabled)
         {
-            return Err(Status::failed_precondition(format!(
+            return Err(LonghornError::Refused(format!(
                 "{what}: engine-frontend {} attaches it with frontend {:?}; detach it first",
                 f.id(),
                 f.spec.frontend
             )));
         }
         let volume = crate::names::ObjectName::parse("volume", &e.spec.volume)
-            .map_err(|x| Status::invalid_argument(x.to_string()))?;
-        let nqn = naming::volume_nqn(&volume).map_err(|x| Status::invalid_argument(x.to_string()))?;
+            .map_err(|x| LonghornError::Invalid(x.to_string()))?;
+        let nqn = naming::volume_nqn(&volume).map_err(|x| LonghornError::Invalid(x.to_string()))?;
         match self
             .client()
             .nvmf_subsystem_get_controllers(&ByNqn {
@@ -320,7 +327,7 @@ impl Longhorn {
             .await
         {
             Ok(c) if !c.is_empty() => {
-                return Err(Status::failed_precondition(format!(
+                return Err(LonghornError::Refused(format!(
                     "{what}: {} host(s) are connected to its export {nqn}; detach them first",
                     c.len()
                 )));
@@ -329,7 +336,7 @@ impl Longhorn {
         }
         let members = self.members(e).await?;
         if let Some(m) = members.iter().find(|m| m.mode != ptypes::ReplicaMode::Rw) {
-            return Err(Status::failed_precondition(format!(
+            return Err(LonghornError::Refused(format!(
                 "{what}: replica {} is {} (not in service); remove it before reverting",
                 m.replica,
                 mode_name(m)
@@ -339,7 +346,7 @@ impl Longhorn {
             if let Some(r) = self.local_replica(replica) {
                 let source = format!("{}/{}", lvstore(&r.disk), snapshot_lvol(replica, snap));
                 if self.client().bdev(&source).await.ok().flatten().is_none() {
-                    return Err(Status::failed_precondition(format!(
+                    return Err(LonghornError::Refused(format!(
                         "{what}: replica {replica} does not contain the reverting snapshot {snap}"
                     )));
                 }
@@ -366,19 +373,22 @@ impl Longhorn {
     /// 8504 `ReplicaSnapshotRevert` from another node's engine: this node's
     /// replica back to the snapshot (its export goes while the head is made
     /// again; the controller makes it again).
-    pub(super) async fn replica_snapshot_revert(&self, req: spdkrpc::SnapshotRequest) -> Result<(), Status> {
+    pub(super) async fn replica_snapshot_revert(
+        &self,
+        req: spdkrpc::SnapshotRequest,
+    ) -> Result<(), LonghornError> {
         naming::instance_name("snapshot", &req.snapshot_name)
-            .map_err(|x| Status::invalid_argument(x.to_string()))?;
+            .map_err(|x| LonghornError::Invalid(x.to_string()))?;
         let (replica, t) = self.stored_replica(&req.name)?;
         let lvol = snapshot_lvol(replica.as_str(), &req.snapshot_name);
         if lvol.len() > LVOL_NAME_MAX {
-            return Err(Status::invalid_argument(format!(
+            return Err(LonghornError::Invalid(format!(
                 "replica {replica}: lvol name {lvol} is longer than SPDK's {LVOL_NAME_MAX} characters"
             )));
         }
         let source = format!("{}/{lvol}", lvstore(&t.spec.disk));
         if self.client().bdev(&source).await.ok().flatten().is_none() {
-            return Err(Status::failed_precondition(format!(
+            return Err(LonghornError::Refused(format!(
                 "replica {replica} does not contain the reverting snapshot {}",
                 req.snapshot_name
             )));
@@ -400,7 +410,7 @@ impl Longhorn {
         };
         self.state()
             .update_typed(replica.as_str(), "", None, &spec)
-            .map_err(state_err)?;
+            .map_err(LonghornError::State)?;
         let what = format!("replica {replica}: reverting to snapshot {}", req.snapshot_name);
         self.wait_reverted(replica.as_str(), &what, request).await
     }
@@ -408,7 +418,7 @@ impl Longhorn {
     /// Waits until instance `id`'s controller has carried out revert
     /// request `request` and serves it again: refused or failed half way is
     /// the call's error.
-    async fn wait_reverted(&self, id: &str, what: &str, request: u64) -> Result<(), Status> {
+    async fn wait_reverted(&self, id: &str, what: &str, request: u64) -> Result<(), LonghornError> {
         self.wait_status(id, what, |st| {
             let r = st.revert.as_ref().filter(|r| r.request >= request)?;
             if let Some(x) = revert_failure(r, what) {
@@ -429,23 +439,23 @@ impl Longhorn {
         e: &Typed<LonghornEngine>,
         replica: &str,
         address: &str,
-    ) -> Result<(), Status> {
+    ) -> Result<(), LonghornError> {
         let what = format!("adding replica {replica} to engine {}", e.id());
         let replica = naming::instance_name("replica", replica)
-            .map_err(|x| Status::invalid_argument(format!("{what}: {x}")))?;
+            .map_err(|x| LonghornError::Invalid(format!("{what}: {x}")))?;
         let replica = replica.as_str();
         let address = address.strip_prefix("tcp://").unwrap_or(address);
         address.parse::<SocketAddr>().map_err(|_| {
-            Status::invalid_argument(format!("{what}: address {address:?} is not [tcp://]ip:port"))
+            LonghornError::Invalid(format!("{what}: address {address:?} is not [tcp://]ip:port"))
         })?;
-        let busy = || Status::failed_precondition(format!("{what}: replica add is already in progress"));
+        let busy = || LonghornError::Refused(format!("{what}: replica add is already in progress"));
         let _adding = self
             .try_hold(&format!("{}/replica-add", e.id()))
             .ok_or_else(busy)?;
         self.running(e, &what)?;
         let members = self.members(e).await?;
         if let Some(m) = members.iter().find(|m| m.mode == ptypes::ReplicaMode::Wo) {
-            return Err(Status::failed_precondition(format!(
+            return Err(LonghornError::Refused(format!(
                 "{what}: replica add is already in progress (replica {} is being rebuilt)",
                 m.replica
             )));
@@ -459,7 +469,7 @@ impl Longhorn {
             return Err(busy());
         }
         if self.client().bdev(e.id()).await.ok().flatten().is_none() {
-            return Err(Status::failed_precondition(format!(
+            return Err(LonghornError::Refused(format!(
                 "{what}: the engine has no raid1 (a single replica is exported as it is); \
                  make the engine again with two or more replicas"
             )));
@@ -468,7 +478,7 @@ impl Longhorn {
             .iter()
             .any(|m| m.replica == replica && m.mode == ptypes::ReplicaMode::Rw)
         {
-            return Err(Status::already_exists(format!(
+            return Err(LonghornError::Exists(format!(
                 "{what}: replica {replica} already exists and is in service (RW)"
             )));
         }
@@ -476,7 +486,7 @@ impl Longhorn {
             .iter()
             .any(|m| m.replica != replica && m.mode == ptypes::ReplicaMode::Rw)
         {
-            return Err(Status::failed_precondition(format!(
+            return Err(LonghornError::Refused(format!(
                 "{what}: no replica is in service to rebuild from"
             )));
         }
@@ -507,7 +517,7 @@ impl Longhorn {
         self.wait_status(e.id(), &what, |st| {
             (st.rebuilds_started.get(replica) == Some(&request)).then(|| {
                 match st.rebuild_errors.get(replica) {
-                    Some(m) => Err(Status::internal(format!("{what}: {m}"))),
+                    Some(m) => Err(LonghornError::internal(&what, m)),
                     None => Ok(()),
                 }
             })
@@ -535,12 +545,13 @@ impl Longhorn {
     /// `engine`'s status (an engine's, or a replica's), at most
     /// [`OP_TIMEOUT`]. An instance deleted (or being deleted) meanwhile
     /// carries out nothing more: the wait ends at once, ABORTED.
-    pub(super) async fn wait_status<T>(
+    /// `E`: the callers' error ([`LonghornError`], or a [`tonic::Status`]).
+    pub(super) async fn wait_status<T, E: From<LonghornError>>(
         &self,
         engine: &str,
         what: &str,
-        mut done: impl FnMut(&LonghornInstanceStatus) -> Option<Result<T, Status>>,
-    ) -> Result<T, Status> {
+        mut done: impl FnMut(&LonghornInstanceStatus) -> Option<Result<T, E>>,
+    ) -> Result<T, E> {
         let deadline = Instant::now() + OP_TIMEOUT;
         loop {
             if let Some(r) = self.status_of(engine).as_ref().and_then(&mut done) {
@@ -548,15 +559,16 @@ impl Longhorn {
             }
             // an instance being deleted carries out no more requests
             if let Some(noun) = self.going(engine) {
-                return Err(Status::aborted(format!(
-                    "{what}: {noun} {engine} is being deleted"
-                )));
+                return Err(
+                    LonghornError::Aborted(format!("{what}: {noun} {engine} is being deleted")).into(),
+                );
             }
             if Instant::now() > deadline {
-                return Err(Status::deadline_exceeded(format!(
+                return Err(LonghornError::Timeout(format!(
                     "{what}: the controller has not done it in {} s",
                     OP_TIMEOUT.as_secs()
-                )));
+                ))
+                .into());
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
@@ -570,7 +582,7 @@ impl Longhorn {
         e: &Typed<LonghornEngine>,
         name: &str,
         address: &str,
-    ) -> Result<(), Status> {
+    ) -> Result<(), LonghornError> {
         let address = address.strip_prefix("tcp://").unwrap_or(address);
         let Some(replica) = e
             .spec
@@ -585,7 +597,7 @@ impl Longhorn {
         };
         let what = format!("removing replica {replica} from engine {}", e.id());
         if e.spec.replica_address_map.len() == 1 {
-            return Err(Status::failed_precondition(format!(
+            return Err(LonghornError::Refused(format!(
                 "{what}: it is the engine's only replica"
             )));
         }
@@ -596,7 +608,7 @@ impl Longhorn {
                 self.session(),
             )
         {
-            return Err(Status::unavailable(format!(
+            return Err(LonghornError::Unavailable(format!(
                 "{what}: a revert of the engine to snapshot {} is in progress",
                 r.snapshot
             )));
@@ -608,7 +620,7 @@ impl Longhorn {
         })?;
         self.wait_status(e.id(), &what, |st| {
             (st.observed_version >= version).then(|| match st.state {
-                InstanceState::Error => Err(Status::internal(format!("{what}: {}", st.message))),
+                InstanceState::Error => Err(LonghornError::internal(&what, &st.message)),
                 _ => Ok(()),
             })
         })
@@ -618,10 +630,14 @@ impl Longhorn {
     /// `ReplicaRebuildingQosSet`: the cap is kept on the engine for the
     /// next rebuilds; the controller brings the running rebuild's member to
     /// it (0 lifts) and the call returns once a reconcile has seen it.
-    pub(super) async fn rebuild_qos_set(&self, e: &Typed<LonghornEngine>, mbps: i64) -> Result<(), Status> {
+    pub(super) async fn rebuild_qos_set(
+        &self,
+        e: &Typed<LonghornEngine>,
+        mbps: i64,
+    ) -> Result<(), LonghornError> {
         let what = format!("engine {}: rebuild QoS {mbps} MB/s", e.id());
         if mbps < 0 {
-            return Err(Status::invalid_argument(format!("{what}: negative")));
+            return Err(LonghornError::Invalid(format!("{what}: negative")));
         }
         let version = self.change_engine(e, |s| s.rebuild_qos_mbps = mbps)?;
         self.wait_status(e.id(), &what, |st| {
@@ -655,7 +671,7 @@ impl Longhorn {
         &self,
         forwarded: bool,
         p: Option<&imrpc::ProxyEngineRequest>,
-    ) -> Result<Option<ProxyEngineServiceClient<Channel>>, Status> {
+    ) -> Result<Option<ProxyEngineServiceClient<Channel>>, LonghornError> {
         let Some(p) = p else {
             return Ok(None);
         };
@@ -665,7 +681,7 @@ impl Longhorn {
         if self
             .state()
             .get_typed::<LonghornEngine>(&p.engine_name)
-            .map_err(state_err)?
+            .map_err(LonghornError::State)?
             .is_some()
         {
             return Ok(None);
@@ -674,11 +690,10 @@ impl Longhorn {
         {
             Some(f) => (
                 f.spec.target_address.parse().map_err(|_| {
-                    Status::internal(format!(
-                        "engine-frontend {}: target address {:?} is not ip:port",
-                        f.id(),
-                        f.spec.target_address
-                    ))
+                    LonghornError::internal(
+                        format!("engine-frontend {}", f.id()),
+                        format!("target address {:?} is not ip:port", f.spec.target_address),
+                    )
                 })?,
                 format!("engine-frontend {} attaches it", f.id()),
             ),
@@ -692,13 +707,13 @@ impl Longhorn {
         };
         let url = format!("http://{}", SocketAddr::new(sa.ip(), self.proxy_port()));
         let ch = tonic::transport::Endpoint::from_shared(url.clone())
-            .map_err(|x| Status::internal(format!("{url}: {x}")))?
+            .map_err(|x| LonghornError::internal(&url, x))?
             .connect_timeout(super::proxy::REMOTE_TIMEOUT)
             .timeout(OP_TIMEOUT)
             .connect()
             .await
             .map_err(|x| {
-                Status::unavailable(format!(
+                LonghornError::Unavailable(format!(
                     "engine {} is on another node ({via}); its proxy at {url}: {x}",
                     p.engine_name
                 ))
@@ -719,11 +734,11 @@ fn mode_name(m: &Member) -> &'static str {
 /// A request number past `used` that never repeats (the clock, in ns).
 /// Why a revert carried out did not revert, if so: refused (nothing
 /// touched), or failed half way (the controller tries it again).
-fn revert_failure(r: &RevertStatus, what: &str) -> Option<Status> {
+fn revert_failure(r: &RevertStatus, what: &str) -> Option<LonghornError> {
     if !r.refused.is_empty() {
-        return Some(Status::failed_precondition(format!("{what}: {}", r.refused)));
+        return Some(LonghornError::Refused(format!("{what}: {}", r.refused)));
     }
-    (!r.error.is_empty()).then(|| Status::internal(format!("{what}: {}", r.error)))
+    (!r.error.is_empty()).then(|| LonghornError::internal(what, &r.error))
 }
 
 fn no_status() -> crate::resources::longhorn::LonghornInstanceStatus {

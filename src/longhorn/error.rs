@@ -76,6 +76,10 @@ pub enum LonghornError {
     /// (UNAVAILABLE).
     #[error("{0}")]
     Unavailable(String),
+    /// The call was cut short, in its own words (ABORTED): what it waited
+    /// on is being deleted.
+    #[error("{0}")]
+    Aborted(String),
     /// A call talon does not carry out, in Longhorn's words (UNIMPLEMENTED).
     #[error("{0}")]
     Unimplemented(String),
@@ -158,6 +162,7 @@ impl LonghornError {
             Self::Timeout(_) => Code::DeadlineExceeded,
             Self::Unavailable(_) => Code::Unavailable,
             Self::Unimplemented(_) => Code::Unimplemented,
+            Self::Aborted(_) => Code::Aborted,
             Self::PeerAnswer { code, .. } => *code,
             Self::Several(all) => all.first().map_or(Code::Internal, Self::code),
             Self::Relayed(s) => s.code(),
@@ -246,6 +251,11 @@ mod tests {
                 LonghornError::Unavailable("replica r: connection refused".into()),
                 Code::Unavailable,
                 "replica r: connection refused",
+            ),
+            (
+                LonghornError::Aborted("deleting snapshot s of engine e: engine e is being deleted".into()),
+                Code::Aborted,
+                "deleting snapshot s of engine e: engine e is being deleted",
             ),
             (
                 LonghornError::Unimplemented("resume is not supported for instance type engine".into()),
