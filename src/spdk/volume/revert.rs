@@ -21,12 +21,12 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::{
-    Inventory, LVS_PREFIX, LvolRole, MIB, VolumeError, VolumeOps, ignore_missing, naming, parse_lvol,
-    point_in_time_set, replica_heads, rpc,
+    Inventory, LVS_PREFIX, LvolRole, MIB, VolumeError, VolumeOps, naming, parse_lvol, point_in_time_set,
+    replica_heads, rpc,
 };
 use crate::names::{Nqn, ObjectName};
 use crate::spdk::error::ErrorKind;
-use crate::spdk::rpc::{ByName, ByNqn, Lvol, LvolClone, LvolCreate, LvolSetParent};
+use crate::spdk::rpc::{ByName, Lvol, LvolClone, LvolCreate, LvolSetParent};
 
 /// What [`VolumeOps::take_down`] deletes, each one that is not there no error.
 #[derive(Debug)]
@@ -69,9 +69,7 @@ impl VolumeOps {
     /// allows: the export, the raid1, the remote members, the heads dropped.
     pub async fn take_down(&self, t: &TakeDown<'_>) -> Result<(), VolumeError> {
         if let Some(nqn) = t.export {
-            ignore_missing(self.client.nvmf_delete_subsystem(&ByNqn { nqn: nqn.to_owned() }))
-                .await
-                .map_err(rpc(t.id, format!("deleting subsystem {nqn} for revert")))?;
+            self.unexport(t.id, nqn).await?;
         }
         if let Some(raid) = t.raid {
             super::lvol::delete_raid(&self.client, raid)
@@ -104,9 +102,7 @@ impl VolumeOps {
                 .await
                 .map_err(rpc(id, format!("deleting head {alias} for revert")))?;
             let uuid = match h.fresh_mib {
-                Some(mib) => self
-                    .client
-                    .bdev_lvol_create(&LvolCreate::thin(&h.lvs, &h.head, mib))
+                Some(mib) => super::lvol::create_thin(&self.client, &h.lvs, &h.head, mib)
                     .await
                     .map_err(rpc(id, format!("creating head {alias} for revert")))?,
                 None => self
