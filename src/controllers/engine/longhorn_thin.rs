@@ -19,18 +19,16 @@ use crate::resources::longhorn::snapshot_lvol;
 use crate::resources::longhorn::{LonghornEngine, LonghornReplica};
 use crate::runtime::Typed;
 use crate::spdk::naming::longhorn::{self as naming, REBUILD_SNAP_PREFIX, is_rebuild_snap};
-use crate::spdk::rpc::CheckShallowCopy;
 use crate::spdk::volume::Inventory;
 use crate::spdk::volume::naming::lvstore;
-use crate::spdk::volume::replica_lvols::{ReplicaLvols, reset_head, start_copy};
+use crate::spdk::volume::replica_lvols::{ReplicaLvols, reset_head};
+use crate::spdk::volume::thin::{self, COPY_SETTLE, CopyState, Next, SWITCH_COPY};
 
 /// A source head holding at most this much of its own is copied inside the
 /// switch (the export closed: hosts wait); more is snapshotted and copied
 /// first, with I/O going on. On two real spdk_tgt over loopback the switch
 /// took about 1 s with 32 MiB to copy in it.
 const SWITCH_BYTES: u64 = 16 << 20;
-/// Rebuild snapshots of the source head taken while I/O goes on.
-const MAX_ROUNDS: usize = 3;
 /// Failed steps in a row before the rebuild is reported failed (ERR)...
 pub(super) const MAX_FAILURES: u32 = 3;
 /// ...and for at least this long: a peer whose talon or spdk_tgt is still
@@ -40,11 +38,6 @@ pub(super) const MAX_FAILURES: u32 = 3;
 const FAIL_AFTER: Duration = Duration::from_secs(15);
 /// The pause after a failed step: doubles from 1 s, at most this.
 const MAX_RETRY_PAUSE: Duration = Duration::from_secs(8);
-/// How long the switch waits for its last copy.
-const SWITCH_COPY: Duration = Duration::from_secs(120);
-/// How long a step waits for the copy it started (a small one is done in
-/// this step instead of at the next poll).
-const COPY_SETTLE: Duration = Duration::from_millis(300);
 /// How long a call to another node may take.
 pub(super) const PEER_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -315,13 +308,11 @@ impl LonghornController {
         let copier = match src {
             End::Here { replica, lvs, .. } => {
                 let to = self.dst_bdev(inv, dst).await?;
+                let from = format!("{lvs}/{}", snapshot_lvol(replica, snap));
                 Copier::Here(
-                    start_copy(
-                        &self.client,
-                        &format!("{lvs}/{}", snapshot_lvol(replica, snap)),
-                        &to,
-                    )
-                    .await?,
+                    thin::start_copy(&self.client, &from, &to)
+                        .await
+                        .map_err(|x| format!("copying {from}'s clusters to {to}: {}", chain(&x)))?,
                 )
             }
             End::Peer { replica, address } => {
@@ -370,18 +361,18 @@ impl LonghornController {
 
     /// Waits up to [`COPY_SETTLE`] for engine `e`'s running copy to finish;
     /// true (and the copy no longer running) when it did.
-    async fn settled(&self, e: &str, src: &End, cluster: u64) -> Result<bool, String> {
+    async fn settled(&self, e: &str, src: &End) -> Result<bool, String> {
         let deadline = tokio::time::Instant::now() + COPY_SETTLE;
         loop {
             let Some(run) = self.thin.lock().running.get(e).cloned() else {
                 return Ok(false);
             };
-            match self.check(src, &run, cluster).await? {
-                Some((state, _)) if state == "complete" => {
+            match self.check(src, &run).await? {
+                Some(CopyState::Done) => {
                     self.thin.lock().running.remove(e);
                     return Ok(true);
                 }
-                Some((state, _)) if state == "in progress" && tokio::time::Instant::now() < deadline => {
+                Some(CopyState::Running(_)) if tokio::time::Instant::now() < deadline => {
                     tokio::time::sleep(Duration::from_millis(15)).await;
                 }
                 _ => return Ok(false),
@@ -389,16 +380,12 @@ impl LonghornController {
         }
     }
 
-    /// Where the running copy stands: `Ok(Some((state, copied bytes)))`, or
+    /// Where the running copy stands (a failed one is the error), or
     /// `Ok(None)` when it is not known (spdk_tgt or a node restarted).
-    async fn check(&self, src: &End, run: &Run, cluster: u64) -> Result<Option<(String, u64)>, String> {
+    async fn check(&self, src: &End, run: &Run) -> Result<Option<CopyState>, String> {
         let s = match (&run.copier, src) {
-            (Copier::Here(op), _) => match self
-                .client
-                .bdev_lvol_check_shallow_copy(&CheckShallowCopy { operation_id: *op })
-                .await
-            {
-                Ok(s) => (s.state, s.copied_clusters, s.error),
+            (Copier::Here(op), _) => match thin::copy_state(&self.client, *op).await {
+                Ok(s) => s,
                 Err(_) => return Ok(None),
             },
             (Copier::Peer, End::Peer { replica, address }) => {
@@ -416,8 +403,8 @@ impl LonghornController {
                 {
                     Ok(r) => {
                         let r = r.into_inner();
-                        (
-                            r.state,
+                        CopyState::from_answer(
+                            &r.state,
                             r.handled_clusters,
                             Some(r.error_msg).filter(|m| !m.is_empty()),
                         )
@@ -429,13 +416,11 @@ impl LonghornController {
             (Copier::Peer, End::Here { .. }) => return Ok(None),
         };
         match s {
-            (state, _, err) if state == "error" => Err(format!(
-                "copying snapshot {} to replica {}: {}",
-                run.snap,
-                run.dst,
-                err.unwrap_or_else(|| "unknown error".into())
+            CopyState::Failed(m) => Err(format!(
+                "copying snapshot {} to replica {}: {m}",
+                run.snap, run.dst
             )),
-            (state, copied, _) => Ok(Some((state, copied * cluster))),
+            s => Ok(Some(s)),
         }
     }
 
@@ -548,29 +533,27 @@ impl LonghornController {
                 "source snapshot {bad:?} is not a Longhorn snapshot name"
             )));
         }
-        let bytes = |s: &str| have_src.snapshots.get(s).map_or(0, |(_, b)| *b);
-        let total: u64 = chain_src.iter().map(|s| bytes(s)).sum::<u64>() + have_src.head_bytes;
-        let copied_before = |j: usize| chain_src[..j].iter().map(|s| bytes(s)).sum::<u64>();
+        let own: Vec<u64> = chain_src
+            .iter()
+            .map(|s| have_src.snapshots.get(s).map_or(0, |(_, b)| *b))
+            .chain([have_src.head_bytes])
+            .collect();
+        let copying = |j: usize, now: u64| {
+            let (copied, total) = thin::copied(&own, j, now);
+            Thin::Copying { copied, total }
+        };
         let cluster = inv.lvstores.first().map_or(1, |l| l.cluster_size);
 
         // a copy that runs: done yet?
         let running = self.thin.lock().running.get(engine).cloned();
         if let Some(run) = running.filter(|r| r.dst == dst_name) {
             let j = chain_src.iter().position(|s| *s == run.snap).unwrap_or(0);
-            match self.check(&src, &run, cluster).await? {
-                Some((state, copied)) if state == "in progress" => {
-                    return Ok(Thin::Copying {
-                        copied: copied_before(j) + copied,
-                        total,
-                    });
-                }
-                Some((state, _)) if state == "complete" => {
+            match self.check(&src, &run).await? {
+                Some(CopyState::Running(n)) => return Ok(copying(j, n * cluster)),
+                Some(CopyState::Done) => {
                     self.thin.lock().running.remove(engine);
                     self.snapshot_end(&dst, &run.snap, true).await?;
-                    return Ok(Thin::Copying {
-                        copied: copied_before(j + 1),
-                        total,
-                    });
+                    return Ok(copying(j + 1, 0));
                 }
                 // not known any more: the dest's head is made again below
                 _ => {
@@ -580,7 +563,15 @@ impl LonghornController {
         }
 
         let j = have_dst.shared(&chain_src);
-        if !have_dst.ready_over(&chain_src, j) {
+        let at = thin::Progress {
+            chain: chain_src.len(),
+            shared: j,
+            ready: have_dst.ready_over(&chain_src, j),
+            busy_head: have_src.head_bytes > SWITCH_BYTES,
+            rounds: chain_src.iter().filter(|s| is_rebuild_snap(s)).count(),
+        };
+        let next = at.next();
+        if next == Next::MakeHead {
             if remote_into_here {
                 // its export goes while its head is made again (made again
                 // by the replica's controller at the next reconcile)
@@ -597,10 +588,7 @@ impl LonghornController {
                 shared = j,
                 "rebuilding replica thin: its head made again over the snapshots it shares"
             );
-            return Ok(Thin::Copying {
-                copied: copied_before(j),
-                total,
-            });
+            return Ok(copying(j, 0));
         }
         let dst_export = if remote_into_here {
             let newly = self.thin.lock().exported.insert(key.clone());
@@ -609,40 +597,31 @@ impl LonghornController {
                 .is_some_and(|s| !s.namespaces.is_empty() && !s.listen_addresses.is_empty());
             if newly || !ready {
                 // the replica's controller exports it at the next reconcile
-                return Ok(Thin::Copying {
-                    copied: copied_before(j),
-                    total,
-                });
+                return Ok(copying(j, 0));
             }
             Some(dst_address.clone())
         } else {
             None
         };
         let qos = u64::try_from(e.spec.rebuild_qos_mbps).unwrap_or(0);
-        if let Some(s) = chain_src.get(j) {
-            self.cap(engine, &dst, qos).await?;
-            self.copy(inv, engine, &src, &dst, dst_export, s).await?;
-            // a small copy is often done at once: kept now, not a poll later
-            if self.settled(engine, &src, cluster).await? {
-                self.snapshot_end(&dst, s, true).await?;
-                return Ok(Thin::Copying {
-                    copied: copied_before(j + 1),
-                    total,
-                });
+        match next {
+            Next::Copy(j) => {
+                let s = &chain_src[j];
+                self.cap(engine, &dst, qos).await?;
+                self.copy(inv, engine, &src, &dst, dst_export, s).await?;
+                // a small copy is often done at once: kept now, not a poll later
+                if self.settled(engine, &src).await? {
+                    self.snapshot_end(&dst, s, true).await?;
+                    return Ok(copying(j + 1, 0));
+                }
+                return Ok(copying(j, 0));
             }
-            return Ok(Thin::Copying {
-                copied: copied_before(j),
-                total,
-            });
-        }
-        let rounds = chain_src.iter().filter(|s| is_rebuild_snap(s)).count();
-        if have_src.head_bytes > SWITCH_BYTES && rounds < MAX_ROUNDS {
-            self.snapshot_end(&src, &next_rebuild_snap(&have_src, &have_dst), false)
-                .await?;
-            return Ok(Thin::Copying {
-                copied: copied_before(j),
-                total,
-            });
+            Next::Round => {
+                self.snapshot_end(&src, &next_rebuild_snap(&have_src, &have_dst), false)
+                    .await?;
+                return Ok(copying(j, 0));
+            }
+            Next::MakeHead | Next::Switch => {}
         }
         self.cap(engine, &dst, 0).await?;
         let members: Vec<String> = in_service.iter().map(|(_, n)| n.clone()).collect();
@@ -803,14 +782,13 @@ impl LonghornController {
         self.copy(&now, engine, src, dst, dst_export.clone(), &snap)
             .await?;
         let deadline = tokio::time::Instant::now() + SWITCH_COPY;
-        let cluster = now.lvstores.first().map_or(1, |l| l.cluster_size);
         loop {
             let run = self.thin.lock().running.get(engine).cloned();
             let Some(run) = run else {
                 return Err(format!("the switch's copy of {snap} was lost"));
             };
-            match self.check(src, &run, cluster).await? {
-                Some((s, _)) if s == "complete" => break,
+            match self.check(src, &run).await? {
+                Some(CopyState::Done) => break,
                 Some(_) if tokio::time::Instant::now() < deadline => {
                     tokio::time::sleep(Duration::from_millis(20)).await;
                 }
@@ -905,13 +883,12 @@ fn rebuild_snap_number(s: &str) -> Option<u64> {
 
 /// The next `talon-rb-<n>` neither replica holds.
 fn next_rebuild_snap(a: &ReplicaLvols, b: &ReplicaLvols) -> String {
-    let n = a
-        .snapshots
-        .keys()
-        .chain(b.snapshots.keys())
-        .filter_map(|s| rebuild_snap_number(s))
-        .max()
-        .map_or(1, |n| n + 1);
+    let n = thin::next_round(
+        a.snapshots
+            .keys()
+            .chain(b.snapshots.keys())
+            .filter_map(|s| rebuild_snap_number(s)),
+    );
     format!("{REBUILD_SNAP_PREFIX}{n}")
 }
 

@@ -54,6 +54,7 @@ pub mod lvol;
 pub mod plan;
 mod raid;
 mod rebuild;
+pub mod thin;
 pub mod replica_lvols;
 mod revert;
 mod snapshot;

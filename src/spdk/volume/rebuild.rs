@@ -38,6 +38,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use super::thin::{self, CopyState, Next};
 use super::{
     ExportSpec, Inventory, Made, ReplicaInfo, VolumeError, VolumeOps, VolumePlan, ignore_missing, naming,
     rpc, volume_export,
@@ -46,27 +47,18 @@ use crate::names::Nqn;
 use crate::resources::engine::RebuildDestStatus;
 use crate::spdk::naming::{LvolRole, NSID, REMOTE_PREFIX, parse_lvol};
 use crate::spdk::rpc::{
-    ByName, CheckShallowCopy, LvolClone, LvolCreate, LvolSnapshot, RaidBdev, RaidDelete, RemoveNamespace,
-    ShallowCopyStatus, StartShallowCopy,
+    ByName, LvolClone, LvolCreate, LvolSnapshot, RaidBdev, RaidDelete, RemoveNamespace,
 };
 
 const MIB: u64 = 1 << 20;
-/// Rebuild snapshots of the source head taken while I/O goes on, before the
-/// switch copies what is left with the export closed.
-const MAX_ROUNDS: usize = 3;
 /// A source head with at most this many clusters of its own is copied
 /// inside the switch (with 4 MiB clusters: 256 MiB, a second or two here).
 const SWITCH_CLUSTERS: u64 = 64;
 /// Thin rebuilds of a volume that failed in a row before the volume falls
 /// back to SPDK's full rebuild.
 const MAX_FAILURES: u32 = 3;
-/// How long the switch waits for its last copy.
-const SWITCH_COPY: Duration = Duration::from_secs(120);
 /// How long a remote dest's node that did not answer is left alone.
 const NO_ANSWER_PAUSE: Duration = Duration::from_secs(3);
-/// How long a step waits for the copy it started (a small one is done in
-/// this step instead of at the next reconcile).
-const COPY_SETTLE: Duration = Duration::from_millis(300);
 
 /// A shallow copy running for a rebuild.
 #[derive(Debug, Clone)]
@@ -150,12 +142,8 @@ fn allocated(inv: &Inventory, alias: &str) -> u64 {
 /// in percent of the clusters to copy (99 at most: done is `Joined`), with
 /// the first `j` snapshots copied and `copied_now` clusters of the next.
 fn percent(inv: &Inventory, chain: &[String], head: &str, j: usize, copied_now: u64) -> u32 {
-    let total: u64 = chain.iter().map(|a| allocated(inv, a)).sum::<u64>() + allocated(inv, head);
-    let done: u64 = chain[..j.min(chain.len())]
-        .iter()
-        .map(|a| allocated(inv, a))
-        .sum::<u64>()
-        + copied_now;
+    let own: Vec<u64> = chain.iter().map(String::as_str).chain([head]).map(|a| allocated(inv, a)).collect();
+    let (done, total) = thin::copied(&own, j.min(chain.len()), copied_now);
     u32::try_from((done * 100).checked_div(total).unwrap_or(0).min(99)).unwrap_or(99)
 }
 
@@ -254,30 +242,26 @@ impl VolumeOps {
         // a copy that runs: done yet?
         let running = self.rebuilds.lock().running.get(vol).cloned();
         if let Some(c) = running {
-            let st = self
-                .client
-                .bdev_lvol_check_shallow_copy(&CheckShallowCopy { operation_id: c.op })
-                .await;
             let j = src_chain
                 .iter()
                 .position(|a| snap_of(inv, a).as_deref() == Some(c.snap.as_str()))
                 .unwrap_or(0);
-            match st {
-                Ok(s) if s.state == "in progress" && c.k == dst.k => {
-                    return Ok(Step::Copying(progress(s.copied_clusters, j)));
+            match thin::copy_state(&self.client, c.op).await {
+                Ok(CopyState::Running(n)) if c.k == dst.k => {
+                    return Ok(Step::Copying(progress(n, j)));
                 }
-                Ok(s) if s.state == "complete" && c.k == dst.k => {
+                Ok(CopyState::Done) if c.k == dst.k => {
                     self.rebuilds.lock().running.remove(vol);
                     self.keep_copy(vol, &c.dst, dst.k, &c.snap).await?;
                     return Ok(Step::Copying(progress(0, j + 1)));
                 }
-                Ok(s) if s.state == "error" => {
+                Ok(CopyState::Failed(message)) => {
                     self.rebuilds.lock().running.remove(vol);
                     return Err(VolumeError::RebuildCopy {
                         volume: vol.to_owned(),
                         replica: dst.name.clone(),
                         snapshot: c.snap,
-                        message: s.error.unwrap_or_else(|| "unknown error".into()),
+                        message,
                     });
                 }
                 // SPDK forgot it (a restart of the target) or it was another
@@ -308,77 +292,92 @@ impl VolumeOps {
         // the dest head must be empty and right above them: a head with data
         // of its own (what it held when it fell behind, or a copy that did
         // not finish) or over other snapshots is made again
-        if head.num_allocated_clusters > 0 || inv.chain(&dst.alias) != shared {
-            ignore_missing(self.client.bdev_lvol_delete(&ByName::new(&dst.alias)))
-                .await
-                .map_err(rpc(vol, format!("deleting {} to rebuild it", dst.alias)))?;
-            let name = naming::replica(vol, dst.k);
-            match shared.last() {
-                Some(parent) => self
-                    .client
-                    .bdev_lvol_clone(&LvolClone {
-                        snapshot_name: parent.clone(),
-                        clone_name: name.clone(),
-                    })
-                    .await
-                    .map(|_| ()),
-                None => {
-                    let lvs = dst.alias.split_once('/').map_or("", |(l, _)| l);
-                    self.client
-                        .bdev_lvol_create(&LvolCreate::thin(lvs, &name, src.size_bytes.div_ceil(MIB)))
-                        .await
-                        .map(|_| ())
-                }
-            }
-            .map_err(rpc(
-                vol,
-                format!("making {} again, empty, to rebuild it", dst.alias),
-            ))?;
-            tracing::info!(volume = vol, replica = %dst.name, shared = j, "rebuilding replica thin from r{}", src.k);
-            return Ok(Step::Copying(progress(0, j)));
-        }
-
-        // the next snapshot of the source's chain
-        if let Some(s) = src_chain.get(j) {
-            let Some(snap) = snap_of(inv, s) else {
-                return Err(VolumeError::RebuildCopy {
-                    volume: vol.to_owned(),
-                    replica: dst.name.clone(),
-                    snapshot: s.clone(),
-                    message: "the source's chain holds a snapshot that is not talon's".into(),
-                });
-            };
-            // a copy of it off the chain (an earlier attempt) is in the way
-            let copy = sibling(&dst.alias, &naming::snapshot_lvol(vol, dst.k, &snap));
-            if inv.lvols.contains_key(&copy) {
-                ignore_missing(self.client.bdev_lvol_delete(&ByName::new(&copy)))
-                    .await
-                    .map_err(rpc(
-                        vol,
-                        format!("deleting {copy}, an earlier copy off the chain"),
-                    ))?;
-                return Ok(Step::Copying(progress(0, j)));
-            }
-            let op = self.copy_into(vol, s, &snap, dst).await?;
-            // a small copy is often done at once: kept now, not a poll later
-            if self.settled(vol, op).await {
-                self.keep_copy(vol, &dst.alias, dst.k, &snap).await?;
-                return Ok(Step::Copying(progress(0, j + 1)));
-            }
-            return Ok(Step::Copying(progress(0, j)));
-        }
-
-        // the chain is copied: what is left is the source head's own clusters
+        let head_ready = head.num_allocated_clusters == 0 && inv.chain(&dst.alias) == shared;
+        // a copy of the next snapshot off the chain (an earlier attempt) is in the way
+        let in_the_way = src_chain
+            .get(j)
+            .and_then(|s| snap_of(inv, s))
+            .map(|snap| sibling(&dst.alias, &naming::snapshot_lvol(vol, dst.k, &snap)))
+            .filter(|copy| inv.lvols.contains_key(copy));
         let rounds = src_chain
             .iter()
             .filter(|a| snap_of(inv, a).is_some_and(|s| naming::is_rebuild_snap(&s)))
             .count();
-        if allocated(inv, &src.alias) > SWITCH_CLUSTERS && rounds < MAX_ROUNDS {
-            self.take_rebuild_snapshot(inv, vol, src).await?;
-            return Ok(Step::Copying(progress(0, j)));
+        let at = thin::Progress {
+            chain: src_chain.len(),
+            shared: j,
+            ready: head_ready && in_the_way.is_none(),
+            busy_head: allocated(inv, &src.alias) > SWITCH_CLUSTERS,
+            rounds,
+        };
+        match at.next() {
+            Next::MakeHead if !head_ready => {
+                ignore_missing(self.client.bdev_lvol_delete(&ByName::new(&dst.alias)))
+                    .await
+                    .map_err(rpc(vol, format!("deleting {} to rebuild it", dst.alias)))?;
+                let name = naming::replica(vol, dst.k);
+                match shared.last() {
+                    Some(parent) => self
+                        .client
+                        .bdev_lvol_clone(&LvolClone {
+                            snapshot_name: parent.clone(),
+                            clone_name: name.clone(),
+                        })
+                        .await
+                        .map(|_| ()),
+                    None => {
+                        let lvs = dst.alias.split_once('/').map_or("", |(l, _)| l);
+                        self.client
+                            .bdev_lvol_create(&LvolCreate::thin(lvs, &name, src.size_bytes.div_ceil(MIB)))
+                            .await
+                            .map(|_| ())
+                    }
+                }
+                .map_err(rpc(
+                    vol,
+                    format!("making {} again, empty, to rebuild it", dst.alias),
+                ))?;
+                tracing::info!(volume = vol, replica = %dst.name, shared = j, "rebuilding replica thin from r{}", src.k);
+                Ok(Step::Copying(progress(0, j)))
+            }
+            Next::MakeHead => {
+                if let Some(copy) = in_the_way {
+                    ignore_missing(self.client.bdev_lvol_delete(&ByName::new(&copy)))
+                        .await
+                        .map_err(rpc(
+                            vol,
+                            format!("deleting {copy}, an earlier copy off the chain"),
+                        ))?;
+                }
+                Ok(Step::Copying(progress(0, j)))
+            }
+            Next::Copy(j) => {
+                let s = &src_chain[j];
+                let Some(snap) = snap_of(inv, s) else {
+                    return Err(VolumeError::RebuildCopy {
+                        volume: vol.to_owned(),
+                        replica: dst.name.clone(),
+                        snapshot: s.clone(),
+                        message: "the source's chain holds a snapshot that is not talon's".into(),
+                    });
+                };
+                let op = self.copy_into(vol, s, &snap, dst).await?;
+                // a small copy is often done at once: kept now, not a poll later
+                if self.settled(vol, op).await {
+                    self.keep_copy(vol, &dst.alias, dst.k, &snap).await?;
+                    return Ok(Step::Copying(progress(0, j + 1)));
+                }
+                Ok(Step::Copying(progress(0, j)))
+            }
+            Next::Round => {
+                self.take_rebuild_snapshot(inv, vol, src).await?;
+                Ok(Step::Copying(progress(0, j)))
+            }
+            Next::Switch => {
+                self.switch(inv, plan, raid, src, dst, members).await?;
+                Ok(Step::Joined)
+            }
         }
-        self.switch(inv, plan, raid, src, dst, members).await?;
-        Ok(Step::Joined)
     }
 
     /// One step of the thin rebuild of remote replica `dst` (its node `dest`
@@ -426,15 +425,11 @@ impl VolumeOps {
         // a copy that runs: done yet?
         let running = self.rebuilds.lock().running.get(vol).cloned();
         if let Some(c) = running {
-            let st = self
-                .client
-                .bdev_lvol_check_shallow_copy(&CheckShallowCopy { operation_id: c.op })
-                .await;
-            match st {
-                Ok(s) if s.state == "in progress" && c.k == dst.k => {
-                    return Ok(Step::Copying(progress(pos(&c.snap), s.copied_clusters)));
+            match thin::copy_state(&self.client, c.op).await {
+                Ok(CopyState::Running(n)) if c.k == dst.k => {
+                    return Ok(Step::Copying(progress(pos(&c.snap), n)));
                 }
-                Ok(s) if s.state == "complete" && c.k == dst.k => {
+                Ok(CopyState::Done) if c.k == dst.k => {
                     self.rebuilds.lock().running.remove(vol);
                     if naming::is_rebuild_snap(&c.snap) {
                         self.rebuilds
@@ -448,10 +443,10 @@ impl VolumeOps {
                     }
                     return Ok(Step::Copying(progress(pos(&c.snap) + 1, 0)));
                 }
-                Ok(s) if s.state == "error" => {
+                Ok(CopyState::Failed(message)) => {
                     self.rebuilds.lock().running.remove(vol);
                     self.reattach(vol, dst).await;
-                    return Err(failed(&c.snap, s.error.unwrap_or_else(|| "unknown error".into())));
+                    return Err(failed(&c.snap, message));
                 }
                 // SPDK forgot it (a restart of the target) or it was another
                 // replica's: the dest's head is made ready again below
@@ -532,8 +527,15 @@ impl VolumeOps {
             }
             return Ok(Step::Copying(progress(i, 0)));
         }
-        let rounds = snaps.iter().filter(|s| naming::is_rebuild_snap(s)).count();
-        if allocated(inv, &src.alias) > SWITCH_CLUSTERS && rounds < MAX_ROUNDS {
+        // the whole chain is in the dest's head
+        let at = thin::Progress {
+            chain: snaps.len(),
+            shared: snaps.len(),
+            ready: true,
+            busy_head: allocated(inv, &src.alias) > SWITCH_CLUSTERS,
+            rounds: snaps.iter().filter(|s| naming::is_rebuild_snap(s)).count(),
+        };
+        if at.next() == Next::Round {
             self.take_rebuild_snapshot(inv, vol, src).await?;
             return Ok(Step::Copying(progress(snaps.len(), 0)));
         }
@@ -541,33 +543,17 @@ impl VolumeOps {
         Ok(Step::Joined)
     }
 
-    /// Waits up to [`COPY_SETTLE`] for copy `op` of volume `vol` to finish;
-    /// true (and the copy no longer running) when it did.
+    /// Waits up to [`thin::COPY_SETTLE`] for copy `op` of volume `vol` to
+    /// finish; true (and the copy no longer running) when it did.
     async fn settled(&self, vol: &str, op: u32) -> bool {
-        let done = matches!(self.wait_copy(op, COPY_SETTLE).await, Ok(s) if s.state == "complete");
+        let done = matches!(
+            thin::wait_copy(&self.client, op, thin::COPY_SETTLE).await,
+            Ok(CopyState::Done)
+        );
         if done {
             self.rebuilds.lock().running.remove(vol);
         }
         done
-    }
-
-    /// Copy `op`'s state once it is no longer "in progress", or after `within`.
-    async fn wait_copy(
-        &self,
-        op: u32,
-        within: Duration,
-    ) -> Result<ShallowCopyStatus, crate::spdk::ClientError> {
-        let deadline = tokio::time::Instant::now() + within;
-        loop {
-            let s = self
-                .client
-                .bdev_lvol_check_shallow_copy(&CheckShallowCopy { operation_id: op })
-                .await?;
-            if s.state != "in progress" || tokio::time::Instant::now() >= deadline {
-                return Ok(s);
-            }
-            tokio::time::sleep(Duration::from_millis(15)).await;
-        }
     }
 
     /// Detaches the controller of remote replica `dst` (best effort): the
@@ -624,15 +610,9 @@ impl VolumeOps {
         dst: &ReplicaInfo,
         target: &str,
     ) -> Result<u32, VolumeError> {
-        let op = self
-            .client
-            .bdev_lvol_start_shallow_copy(&StartShallowCopy {
-                src_lvol_name: s.to_owned(),
-                dst_bdev_name: target.to_owned(),
-            })
+        let op = thin::start_copy(&self.client, s, target)
             .await
-            .map_err(rpc(vol, format!("copying {s}'s clusters to {target}")))?
-            .operation_id;
+            .map_err(rpc(vol, format!("copying {s}'s clusters to {target}")))?;
         self.rebuilds.lock().running.insert(
             vol.to_owned(),
             Running {
@@ -647,18 +627,13 @@ impl VolumeOps {
 
     /// The next free `rb.<n>` of a volume.
     fn next_rebuild_snap(&self, inv: &Inventory, vol: &str) -> String {
-        let n = inv
-            .lvols
-            .values()
-            .filter_map(|l| match parse_lvol(&l.name)? {
-                LvolRole::Snapshot { volume, snap, .. } if volume == vol => {
-                    naming::rebuild_snap_number(&snap)
-                }
-                _ => None,
-            })
-            .max()
-            .map_or(1, |n| n + 1);
-        naming::rebuild_snap(n)
+        let n = thin::next_round(inv.lvols.values().filter_map(|l| match parse_lvol(&l.name)? {
+            LvolRole::Snapshot { volume, snap, .. } if volume == vol => {
+                naming::rebuild_snap_number(&snap).map(u64::from)
+            }
+            _ => None,
+        }));
+        naming::rebuild_snap(u32::try_from(n).unwrap_or(u32::MAX))
     }
 
     /// Snapshots the source head as the next `rb.<n>`; returns the snapshot
@@ -764,27 +739,26 @@ impl VolumeOps {
         // the source head's last clusters
         let (snap, s) = self.take_rebuild_snapshot(inv, vol, src).await?;
         let op = self.copy_into(vol, &s, &snap, dst).await?;
-        let st = self
-            .wait_copy(op, SWITCH_COPY)
+        let st = thin::wait_copy(&self.client, op, thin::SWITCH_COPY)
             .await
             .map_err(rpc(vol, format!("checking the copy of {s}")))?;
-        match st.state.as_str() {
-            "complete" => {}
-            "error" => {
+        match st {
+            CopyState::Done => {}
+            CopyState::Failed(message) => {
                 self.rebuilds.lock().running.remove(vol);
                 return Err(VolumeError::RebuildCopy {
                     volume: vol.to_owned(),
                     replica: dst.name.clone(),
                     snapshot: snap,
-                    message: st.error.unwrap_or_else(|| "unknown error".into()),
+                    message,
                 });
             }
-            _ => {
+            CopyState::Running(_) => {
                 return Err(VolumeError::RebuildCopy {
                     volume: vol.to_owned(),
                     replica: dst.name.clone(),
                     snapshot: snap,
-                    message: format!("the last copy did not finish in {}s", SWITCH_COPY.as_secs()),
+                    message: format!("the last copy did not finish in {}s", thin::SWITCH_COPY.as_secs()),
                 });
             }
         }

@@ -21,8 +21,9 @@ use std::time::Duration;
 
 use super::super::client::{ClientError, SpdkClient};
 use super::super::error::ErrorKind;
-use super::super::rpc::{AioCreate, ByName, CheckShallowCopy, StartShallowCopy};
+use super::super::rpc::{AioCreate, ByName};
 use super::Inventory;
+use super::thin::CopyState;
 
 /// How often a running copy is polled.
 const POLL: Duration = Duration::from_millis(100);
@@ -168,33 +169,20 @@ pub async fn remove_bdev(client: &SpdkClient, bdev: &str) -> Result<(), ClientEr
 
 async fn copy_chain(client: &SpdkClient, chain: &Chain, bdev: &str) -> Result<(), String> {
     for src in &chain.lvols {
-        let op = client
-            .bdev_lvol_start_shallow_copy(&StartShallowCopy {
-                src_lvol_name: src.clone(),
-                dst_bdev_name: bdev.to_owned(),
-            })
-            .await
-            .map_err(|e| {
-                format!(
-                    "copying {src}'s clusters to {bdev}: {}",
-                    crate::util::error_chain(&e)
-                )
-            })?
-            .operation_id;
+        let op = super::thin::start_copy(client, src, bdev).await.map_err(|e| {
+            format!(
+                "copying {src}'s clusters to {bdev}: {}",
+                crate::util::error_chain(&e)
+            )
+        })?;
         loop {
-            let s = client
-                .bdev_lvol_check_shallow_copy(&CheckShallowCopy { operation_id: op })
+            let s = super::thin::copy_state(client, op)
                 .await
                 .map_err(|e| format!("copying {src}: copy {op}: {}", crate::util::error_chain(&e)))?;
-            match s.state.as_str() {
-                "complete" => break,
-                "error" => {
-                    return Err(format!(
-                        "copying {src}'s clusters to {bdev}: {}",
-                        s.error.unwrap_or_default()
-                    ));
-                }
-                _ => tokio::time::sleep(POLL).await,
+            match s {
+                CopyState::Done => break,
+                CopyState::Failed(m) => return Err(format!("copying {src}'s clusters to {bdev}: {m}")),
+                CopyState::Running(_) => tokio::time::sleep(POLL).await,
             }
         }
     }
