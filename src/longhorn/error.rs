@@ -106,6 +106,20 @@ pub enum LonghornError {
     /// that answers a [`Status`].
     #[error("{}", .0.message())]
     Relayed(Box<Status>),
+    /// Failed on this node, in words that name the object already
+    /// (INTERNAL): what the controller recorded of a request it carried
+    /// out (an engine snapshot's error).
+    #[error("{0}")]
+    Failed(String),
+    /// One step of a call failed: that step's code, its message after the
+    /// call's words (`expanding engine e to <size> bytes: replica r ...`).
+    #[error("{what}: {}", .error.message())]
+    Within {
+        /// The call, naming the object.
+        what: String,
+        /// The step's error.
+        error: Box<LonghornError>,
+    },
 }
 
 impl From<Status> for LonghornError {
@@ -138,6 +152,14 @@ impl LonghornError {
         }
     }
 
+    /// [`LonghornError::Within`].
+    pub fn within(what: impl Into<String>, error: LonghornError) -> Self {
+        Self::Within {
+            what: what.into(),
+            error: Box::new(error),
+        }
+    }
+
     /// [`LonghornError::NotFound`].
     pub fn not_found(noun: &str, name: &str) -> Self {
         Self::NotFound {
@@ -156,7 +178,9 @@ impl LonghornError {
             Self::State(StateError::NotFound { .. }) => Code::NotFound,
             Self::State(StateError::AlreadyExists { .. }) => Code::AlreadyExists,
             Self::State(StateError::Conflict { .. }) => Code::Aborted,
-            Self::Spdk { .. } | Self::State(_) | Self::Internal { .. } | Self::Store(_) => Code::Internal,
+            Self::Spdk { .. } | Self::State(_) | Self::Internal { .. } | Self::Store(_) | Self::Failed(_) => {
+                Code::Internal
+            }
             Self::Gone(_) => Code::NotFound,
             Self::Exists(_) => Code::AlreadyExists,
             Self::Timeout(_) => Code::DeadlineExceeded,
@@ -166,6 +190,7 @@ impl LonghornError {
             Self::PeerAnswer { code, .. } => *code,
             Self::Several(all) => all.first().map_or(Code::Internal, Self::code),
             Self::Relayed(s) => s.code(),
+            Self::Within { error, .. } => error.code(),
         }
     }
 
@@ -297,6 +322,42 @@ mod tests {
                 Status::resource_exhausted("its node: too many calls").into(),
                 Code::ResourceExhausted,
                 "its node: too many calls",
+            ),
+            (
+                LonghornError::Failed("snapshot s of engine e: the engine is not running: stopped".into()),
+                Code::Internal,
+                "snapshot s of engine e: the engine is not running: stopped",
+            ),
+            (
+                LonghornError::within(
+                    "expanding engine e to 2097152 bytes",
+                    LonghornError::Peer {
+                        replica: "vol-r-b".into(),
+                        message: "its node: connection refused".into(),
+                    },
+                ),
+                Code::Unavailable,
+                "expanding engine e to 2097152 bytes: replica vol-r-b: its node: connection refused",
+            ),
+            (
+                LonghornError::within(
+                    "expanding engine e to 2097152 bytes",
+                    StateError::NotFound {
+                        type_: "Disk".into(),
+                        id: "d".into(),
+                    }
+                    .into(),
+                ),
+                Code::NotFound,
+                "expanding engine e to 2097152 bytes: cannot find Disk d",
+            ),
+            (
+                LonghornError::within(
+                    "expanding engine e to 2097152 bytes",
+                    Status::failed_precondition("replica r: disk d is not ready").into(),
+                ),
+                Code::FailedPrecondition,
+                "expanding engine e to 2097152 bytes: replica r: disk d is not ready",
             ),
         ];
         for (e, code, message) in cases {

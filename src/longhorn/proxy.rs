@@ -73,19 +73,21 @@ pub(super) struct Member {
     pub(super) progress: Option<u32>,
 }
 
-pub(super) fn proxy_req(r: Option<imrpc::ProxyEngineRequest>) -> Result<imrpc::ProxyEngineRequest, Status> {
-    r.ok_or_else(|| Status::invalid_argument("proxy_engine_request is missing"))
+pub(super) fn proxy_req(
+    r: Option<imrpc::ProxyEngineRequest>,
+) -> Result<imrpc::ProxyEngineRequest, LonghornError> {
+    r.ok_or_else(|| LonghornError::Invalid("proxy_engine_request is missing".into()))
 }
 
 impl Longhorn {
-    pub(super) fn engine(&self, name: &str) -> Result<Typed<LonghornEngine>, Status> {
+    pub(super) fn engine(&self, name: &str) -> Result<Typed<LonghornEngine>, LonghornError> {
         if name.is_empty() {
-            return Err(Status::invalid_argument("engine_name is empty"));
+            return Err(LonghornError::Invalid("engine_name is empty".into()));
         }
         self.state()
             .get_typed::<LonghornEngine>(name)
-            .map_err(|e| Status::internal(crate::util::error_chain(&e)))?
-            .ok_or_else(|| super::service::cannot_find("engine", name))
+            .map_err(LonghornError::Store)?
+            .ok_or_else(|| LonghornError::not_found("engine", name))
     }
 
     pub(super) fn status_of(&self, name: &str) -> Option<LonghornInstanceStatus> {
@@ -105,7 +107,7 @@ impl Longhorn {
     }
 
     /// The members of engine `e` and their modes, read from spdk_tgt.
-    pub(super) async fn members(&self, e: &Typed<LonghornEngine>) -> Result<Vec<Member>, Status> {
+    pub(super) async fn members(&self, e: &Typed<LonghornEngine>) -> Result<Vec<Member>, LonghornError> {
         let status = self.status_of(e.id());
         let running = status.as_ref().is_some_and(|s| s.state == InstanceState::Running);
         // a `ReplicaAdd` the controller has not taken up yet (it records the request in
@@ -132,7 +134,7 @@ impl Longhorn {
         let thin = status.map(|s| s.thin_rebuilds).unwrap_or_default();
         let inv = Inventory::load(self.client())
             .await
-            .map_err(|x| internal(&format!("engine {}: reading spdk_tgt", e.id()), chain(&x)))?;
+            .map_err(|x| LonghornError::spdk(format!("engine {}: reading spdk_tgt", e.id()), x))?;
         let raid = inv.raid(e.id());
         let switch = self.switch_of(e.id());
         let mut out = Vec::new();
@@ -212,18 +214,14 @@ impl Longhorn {
     pub(super) async fn engine_lvols(
         &self,
         e: &Typed<LonghornEngine>,
-    ) -> Result<Option<ReplicaLvols>, Status> {
+    ) -> Result<Option<ReplicaLvols>, LonghornError> {
         if let Some((replica, r)) = e
             .spec
             .replica_address_map
             .keys()
             .find_map(|k| self.local_replica(k).map(|r| (k.clone(), r)))
         {
-            return self
-                .replica_lvols_now(&replica, &r.disk)
-                .await
-                .map(Some)
-                .map_err(Status::from);
+            return self.replica_lvols_now(&replica, &r.disk).await.map(Some);
         }
         Ok(remote_lvols(&e.spec.replica_address_map, self.peer_port(), REMOTE_TIMEOUT).await)
     }
@@ -251,17 +249,17 @@ impl Longhorn {
         replica: &str,
         r: &LonghornReplica,
         lvol: &str,
-    ) -> Result<(), Status> {
+    ) -> Result<(), LonghornError> {
         let target = format!("{}/{lvol}", lvstore(&r.disk));
         match delete_lvol(self.client(), &target).await {
             Ok(()) => Ok(()),
-            Err(e) if e.is(ErrorKind::Busy) => Err(Status::failed_precondition(format!(
+            Err(e) if e.is(ErrorKind::Busy) => Err(LonghornError::Refused(format!(
                 "replica {replica}: SPDK refuses to delete {target} while more than one lvol depends on it: {}",
                 chain(&e)
             ))),
-            Err(e) => Err(internal(
-                &format!("replica {replica}: deleting {target}"),
-                chain(&e),
+            Err(e) => Err(LonghornError::spdk(
+                format!("replica {replica}: deleting {target}"),
+                e,
             )),
         }
     }
@@ -288,14 +286,14 @@ impl Longhorn {
         e: &Typed<LonghornEngine>,
         snap: &str,
         info: SnapshotInfo,
-    ) -> Result<(), Status> {
+    ) -> Result<(), LonghornError> {
         let what = format!("snapshot {snap} of engine {}", e.id());
         naming::instance_name("snapshot", snap)
-            .map_err(|x| Status::invalid_argument(format!("{what}: {x}")))?;
+            .map_err(|x| LonghornError::Invalid(format!("{what}: {x}")))?;
         for replica in e.spec.replica_address_map.keys() {
             let lvol = snapshot_lvol(replica, snap);
             if lvol.len() > LVOL_NAME_MAX {
-                return Err(Status::invalid_argument(format!(
+                return Err(LonghornError::Invalid(format!(
                     "{what}: lvol name {lvol} is longer than SPDK's {LVOL_NAME_MAX} characters"
                 )));
             }
@@ -304,7 +302,7 @@ impl Longhorn {
             .status_of(e.id())
             .is_none_or(|s| s.state != InstanceState::Running)
         {
-            return Err(Status::failed_precondition(format!(
+            return Err(LonghornError::Refused(format!(
                 "{what}: the engine is not running"
             )));
         }
@@ -331,7 +329,7 @@ impl Longhorn {
                 let d = st.snapshots.get(snap).filter(|d| d.request >= request)?;
                 Some(match d.error.as_str() {
                     "" => Ok(()),
-                    m => Err(Status::internal(m.to_owned())),
+                    m => Err(LonghornError::Failed(m.to_owned())),
                 })
             })
             .await;
@@ -354,10 +352,15 @@ impl Longhorn {
     /// Grows local replica `replica` to `size` bytes: checked (it grows, the
     /// disk has room, whole clusters), recorded in its spec, and carried out
     /// by the controller, whose status this waits for.
-    async fn expand_local(&self, replica: &str, t: &Typed<LonghornReplica>, size: u64) -> Result<(), Status> {
+    async fn expand_local(
+        &self,
+        replica: &str,
+        t: &Typed<LonghornReplica>,
+        size: u64,
+    ) -> Result<(), LonghornError> {
         let what = format!("replica {replica}");
         if size < t.spec.size_bytes {
-            return Err(Status::failed_precondition(format!(
+            return Err(LonghornError::Refused(format!(
                 "{what} is {} bytes; it can only grow, not shrink to {size}",
                 t.spec.size_bytes
             )));
@@ -370,10 +373,10 @@ impl Longhorn {
         let alias = naming::replica_alias(&t.spec.disk, replica);
         let inv = Inventory::load(self.client())
             .await
-            .map_err(|x| internal(&format!("{what}: reading spdk_tgt"), chain(&x)))?;
+            .map_err(|x| LonghornError::spdk(format!("{what}: reading spdk_tgt"), x))?;
         let cluster = cluster_size(&inv, &lvstore(&t.spec.disk)).unwrap_or(MIB);
         if size == 0 || !size.is_multiple_of(cluster) {
-            return Err(Status::invalid_argument(format!(
+            return Err(LonghornError::Invalid(format!(
                 "{what}: size {size} is not a positive multiple of disk {}'s cluster size {cluster}",
                 t.spec.disk
             )));
@@ -383,7 +386,7 @@ impl Longhorn {
             spec.size_bytes = size;
             self.state()
                 .update_typed(t.id(), "", None, &spec)
-                .map_err(|e| Status::internal(crate::util::error_chain(&e)))?;
+                .map_err(LonghornError::Store)?;
         }
         // the controller grows the lvol (ensure_replica) and reports its size
         self.wait_status(
@@ -394,10 +397,10 @@ impl Longhorn {
                     return Some(Ok(()));
                 }
                 (st.state == InstanceState::Error).then(|| {
-                    Err(Status::internal(format!(
-                        "{what}: growing {alias} to {size} bytes: {}",
-                        st.message
-                    )))
+                    Err(LonghornError::internal(
+                        format!("{what}: growing {alias} to {size} bytes"),
+                        &st.message,
+                    ))
                 })
             },
         )
@@ -423,10 +426,10 @@ impl Longhorn {
 
     /// Grows every replica of engine `e`, waits until the raid1 (its smallest
     /// member) has grown, and records the engine's size.
-    async fn engine_expand(&self, e: &Typed<LonghornEngine>, size: u64) -> Result<(), Status> {
+    async fn engine_expand(&self, e: &Typed<LonghornEngine>, size: u64) -> Result<(), LonghornError> {
         let what = format!("expanding engine {} to {size} bytes", e.id());
         if size < e.spec.size_bytes {
-            return Err(Status::failed_precondition(format!(
+            return Err(LonghornError::Refused(format!(
                 "{what}: it is {} bytes and can only grow",
                 e.spec.size_bytes
             )));
@@ -435,7 +438,7 @@ impl Longhorn {
             .status_of(e.id())
             .is_none_or(|s| s.state != InstanceState::Running)
         {
-            return Err(Status::failed_precondition(format!(
+            return Err(LonghornError::Refused(format!(
                 "{what}: the engine is not running"
             )));
         }
@@ -443,17 +446,13 @@ impl Longhorn {
             let local = self
                 .state()
                 .get_typed::<LonghornReplica>(replica)
-                .map_err(|x| Status::internal(crate::util::error_chain(&x)))?;
-            match local {
-                Some(t) => self
-                    .expand_local(replica, &t, size)
-                    .await
-                    .map_err(|s| Status::new(s.code(), format!("{what}: {}", s.message())))?,
-                None => self
-                    .expand_remote(replica, address, size)
-                    .await
-                    .map_err(|m| Status::unavailable(format!("{what}: {m}")))?,
-            }
+                .map_err(LonghornError::Store)?;
+            let grown = match local {
+                Some(t) => self.expand_local(replica, &t, size).await,
+                // a Peer error: UNAVAILABLE, naming the replica
+                None => self.expand_remote(replica, address, size).await,
+            };
+            grown.map_err(|x| LonghornError::within(&what, x))?;
         }
         // a remote member grows when its namespace does (SPDK's AEN); the
         // raid1 follows its smallest member
@@ -471,7 +470,7 @@ impl Longhorn {
                 break;
             }
             if Instant::now() > deadline {
-                return Err(Status::deadline_exceeded(format!(
+                return Err(LonghornError::Timeout(format!(
                     "{what}: every replica grew, but {bdev} is still {} bytes",
                     now.unwrap_or(0)
                 )));
@@ -482,25 +481,31 @@ impl Longhorn {
         spec.size_bytes = size;
         self.state()
             .update_typed(e.id(), "", None, &spec)
-            .map_err(|x| Status::internal(crate::util::error_chain(&x)))?;
+            .map_err(LonghornError::Store)?;
         Ok(())
     }
 
     /// A replica of this node asked for by another node: its name checked,
     /// its desired state read.
-    pub(super) fn stored_replica(&self, name: &str) -> Result<(ObjectName, Typed<LonghornReplica>), Status> {
+    pub(super) fn stored_replica(
+        &self,
+        name: &str,
+    ) -> Result<(ObjectName, Typed<LonghornReplica>), LonghornError> {
         let replica =
-            naming::instance_name("replica", name).map_err(|x| Status::invalid_argument(x.to_string()))?;
+            naming::instance_name("replica", name).map_err(|x| LonghornError::Invalid(x.to_string()))?;
         let t = self
             .state()
             .get_typed::<LonghornReplica>(replica.as_str())
-            .map_err(|e| Status::internal(crate::util::error_chain(&e)))?
-            .ok_or_else(|| super::service::cannot_find("replica", replica.as_str()))?;
+            .map_err(LonghornError::Store)?
+            .ok_or_else(|| LonghornError::not_found("replica", replica.as_str()))?;
         Ok((replica, t))
     }
 
     /// `ReplicaExpand` from another node's engine.
-    pub(super) async fn replica_expand(&self, req: spdkrpc::ReplicaExpandRequest) -> Result<(), Status> {
+    pub(super) async fn replica_expand(
+        &self,
+        req: spdkrpc::ReplicaExpandRequest,
+    ) -> Result<(), LonghornError> {
         let (replica, t) = self.stored_replica(&req.name)?;
         self.expand_local(replica.as_str(), &t, req.size).await
     }
@@ -511,24 +516,27 @@ impl Longhorn {
     pub(super) async fn replica_snapshot_create(
         &self,
         req: spdkrpc::SnapshotRequest,
-    ) -> Result<spdkrpc::Replica, Status> {
+    ) -> Result<spdkrpc::Replica, LonghornError> {
         naming::replica_snapshot_name(&req.snapshot_name)
-            .map_err(|x| Status::invalid_argument(x.to_string()))?;
+            .map_err(|x| LonghornError::Invalid(x.to_string()))?;
         let (replica, t) = self.stored_replica(&req.name)?;
         let lvol = snapshot_lvol(replica.as_str(), &req.snapshot_name);
         if lvol.len() > LVOL_NAME_MAX {
-            return Err(Status::invalid_argument(format!(
+            return Err(LonghornError::Invalid(format!(
                 "replica {replica}: lvol name {lvol} is longer than SPDK's {LVOL_NAME_MAX} characters"
             )));
         }
         self.snapshot_local(replica.as_str(), &t.spec, &lvol).await?;
-        self.replica_message(&t)
+        Ok(self.replica_message(&t)?)
     }
 
     /// `ReplicaSnapshotDelete`; a snapshot that is not there is no error.
-    pub(super) async fn replica_snapshot_delete(&self, req: spdkrpc::SnapshotRequest) -> Result<(), Status> {
+    pub(super) async fn replica_snapshot_delete(
+        &self,
+        req: spdkrpc::SnapshotRequest,
+    ) -> Result<(), LonghornError> {
         naming::replica_snapshot_name(&req.snapshot_name)
-            .map_err(|x| Status::invalid_argument(x.to_string()))?;
+            .map_err(|x| LonghornError::Invalid(x.to_string()))?;
         let (replica, t) = self.stored_replica(&req.name)?;
         self.delete_local(
             replica.as_str(),
