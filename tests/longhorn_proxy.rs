@@ -9,10 +9,11 @@
 //! the engine's export (B's through B's SPDKService), SnapshotList shows the
 //! chain, SnapshotRemove deletes on both nodes, and a snapshot while B is
 //! away fails naming B's replica with nothing left behind; one asked of an
-//! engine that is deleted meanwhile is answered ABORTED. With a real
-//! spdk_tgt on each node (`TALON_SPDK_DIR`): snapshots through the proxy
-//! while spdk_nvme_perf writes through the engine are the same instant on
-//! A's replica and on B's (read back on each node, block by block).
+//! engine that is deleted meanwhile is answered ABORTED, as is a rebuild
+//! start into a replica deleted meanwhile. With a real spdk_tgt on each node
+//! (`TALON_SPDK_DIR`): snapshots through the proxy while spdk_nvme_perf
+//! writes through the engine are the same instant on A's replica and on B's
+//! (read back on each node, block by block).
 
 #[path = "support/longhorn_nodes.rs"]
 mod longhorn_nodes;
@@ -963,6 +964,73 @@ async fn a_snapshot_of_an_engine_being_deleted_is_aborted() {
     delete.await.expect("the delete's task").expect("engine delete");
     a.stop().await;
     b.stop().await;
+}
+
+/// `ReplicaRebuildingDstStart` into a replica that must have its head made
+/// again waits for the controller; a replica deleted meanwhile carries out
+/// nothing more, so the call is answered ABORTED at once, not left to the
+/// adapter's timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rebuild_start_into_a_replica_being_deleted_is_aborted() {
+    let ip = IpAddr::from([127, 0, 0, 1]);
+    let mut a = Node::new(ip, free_base(&[ip]), None).await;
+    a.replica("disk-a", "vol-r-a", 64 * MIB).await;
+    let mut spdk = SpdkServiceClient::new(a.channel(4).await);
+    // a snapshot the rebuild's chain does not have: the head is made again
+    spdk.replica_snapshot_create(spdkrpc::SnapshotRequest {
+        name: "vol-r-a".into(),
+        snapshot_name: "s0".into(),
+        ..Default::default()
+    })
+    .await
+    .expect("ReplicaSnapshotCreate");
+    // the controller's unexport of the head, the first step of making it
+    // again, hangs
+    let unexports = double(&a).calls("nvmf_delete_subsystem");
+    double(&a).inject(
+        "nvmf_delete_subsystem",
+        1,
+        talon::spdk::double::Fault::Delay(Duration::from_secs(5)),
+    );
+    let call = tokio::spawn({
+        let mut spdk = spdk.clone();
+        async move {
+            spdk.replica_rebuilding_dst_start(spdkrpc::ReplicaRebuildingDstStartRequest {
+                name: "vol-r-a".into(),
+                src_replica_name: "vol-r-b".into(),
+                rebuilding_snapshot_list: vec![spdkrpc::Lvol {
+                    name: "s1".into(),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            })
+            .await
+        }
+    });
+    talon::runtime::testing::eventually("the controller unexporting the head", WAIT, || async {
+        (double(&a).calls("nvmf_delete_subsystem") > unexports).then_some(())
+    })
+    .await;
+    InstanceServiceClient::new(a.channel(3).await)
+        .instance_delete(imrpc::InstanceDeleteRequest {
+            name: "vol-r-a".into(),
+            r#type: "replica".into(),
+            cleanup_required: true,
+            data_engine: imrpc::DataEngine::V2 as i32,
+            ..Default::default()
+        })
+        .await
+        .expect("replica delete");
+    let e = call
+        .await
+        .expect("the call's task")
+        .expect_err("the replica went while its rebuild start was asked");
+    assert_eq!(e.code(), Code::Aborted, "{e}");
+    assert_eq!(
+        e.message(),
+        "replica vol-r-a: starting a rebuild from vol-r-b: replica vol-r-a is being deleted"
+    );
+    a.stop().await;
 }
 
 /// Two engines (one per node) each rebuild a replica that lives on the other

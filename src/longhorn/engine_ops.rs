@@ -33,8 +33,8 @@ use crate::proto::ptypes;
 use crate::proto::spdkrpc;
 use crate::resources::longhorn::snapshot_lvol;
 use crate::resources::longhorn::{
-    InstanceState, LonghornEngine, LonghornEngineFrontend, LonghornInstanceStatus, LonghornReplica,
-    PurgeStatus, RevertRequest, RevertStatus,
+    InstanceKind, InstanceState, LonghornEngine, LonghornEngineFrontend, LonghornInstanceStatus,
+    LonghornReplica, PurgeStatus, RevertRequest, RevertStatus,
 };
 use crate::runtime::{Phase, Typed};
 use crate::spdk::naming::longhorn as naming;
@@ -526,8 +526,10 @@ impl Longhorn {
     }
 
     /// What instance `name` is (`engine`, `replica`) when it is being
-    /// deleted or gone; `None` while either kind of it is wanted.
-    fn going(&self, name: &str) -> Option<&'static str> {
+    /// deleted or gone; `None` while either kind of it is wanted. One gone
+    /// from the store altogether is what its status said it was (`was`),
+    /// else an engine.
+    fn going(&self, name: &str, was: Option<InstanceKind>) -> Option<&'static str> {
         let phase = |p: Option<Phase>| p.map(|p| p == Phase::TearingDown);
         let engine = self.state().get_typed::<LonghornEngine>(name).ok()?;
         let replica = self.state().get_typed::<LonghornReplica>(name).ok()?;
@@ -537,7 +539,8 @@ impl Longhorn {
         ) {
             (Some(false), _) | (_, Some(false)) => None,
             (_, Some(true)) => Some("replica"),
-            _ => Some("engine"),
+            (Some(true), None) => Some("engine"),
+            (None, None) => Some(was.map_or("engine", InstanceKind::as_str)),
         }
     }
 
@@ -553,12 +556,15 @@ impl Longhorn {
         mut done: impl FnMut(&LonghornInstanceStatus) -> Option<Result<T, E>>,
     ) -> Result<T, E> {
         let deadline = Instant::now() + OP_TIMEOUT;
+        let mut was = None;
         loop {
-            if let Some(r) = self.status_of(engine).as_ref().and_then(&mut done) {
+            let st = self.status_of(engine);
+            if let Some(r) = st.as_ref().and_then(&mut done) {
                 return r;
             }
+            was = st.map(|s| s.kind).or(was);
             // an instance being deleted carries out no more requests
-            if let Some(noun) = self.going(engine) {
+            if let Some(noun) = self.going(engine, was) {
                 return Err(
                     LonghornError::Aborted(format!("{what}: {noun} {engine} is being deleted")).into(),
                 );
@@ -747,4 +753,37 @@ fn no_status() -> crate::resources::longhorn::LonghornInstanceStatus {
         InstanceState::Starting,
         "",
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::runtime::State;
+    use crate::spdk::SpdkClient;
+    use tonic::Code;
+
+    /// An instance gone from the store altogether (no finalizer held it
+    /// tearing down) is named as its status said it was.
+    #[tokio::test]
+    async fn a_wait_on_an_instance_gone_names_it_as_its_status_did() {
+        let lh = Longhorn::new(State::in_memory(), SpdkClient::new("/nonexistent"), 1..=2);
+        let st = LonghornInstanceStatus::new(InstanceKind::Replica, InstanceState::Running, "");
+        lh.state()
+            .create_typed("vol-r-a", "test", &st)
+            .expect("a replica's status");
+        let e = lh
+            .wait_status::<(), LonghornError>("vol-r-a", "waiting", |_| None)
+            .await
+            .expect_err("no replica vol-r-a");
+        assert_eq!(
+            (e.code(), e.message().as_str()),
+            (Code::Aborted, "waiting: replica vol-r-a is being deleted")
+        );
+        // nothing says what it was
+        let e = lh
+            .wait_status::<(), LonghornError>("vol-e-0", "waiting", |_| None)
+            .await
+            .expect_err("no engine vol-e-0");
+        assert_eq!(e.message(), "waiting: engine vol-e-0 is being deleted");
+    }
 }

@@ -38,9 +38,6 @@ use crate::spdk::volume::{Inventory, RemoteAttach};
 
 /// How long DstStart waits for the controller to export the new head.
 const EXPORT_WAIT: Duration = Duration::from_secs(20);
-/// How long a rebuild start waits for the controller to make the dest's
-/// head again (its reconcile may be busy with another instance first).
-const RESET_WAIT: Duration = Duration::from_secs(60);
 
 /// The controller this node attaches a rebuild's dest replica with (not the
 /// name an engine here attaches it with).
@@ -105,26 +102,16 @@ impl Longhorn {
             self.state()
                 .update_typed(replica.as_str(), "", None, &spec)
                 .map_err(LonghornError::Store)?;
-            let deadline = Instant::now() + RESET_WAIT;
-            loop {
-                if let Some(d) = self
-                    .status_of(replica.as_str())
-                    .and_then(|s| s.dst_start)
-                    .filter(|d| d.request >= request)
-                {
-                    if !d.error.is_empty() {
-                        return Err(LonghornError::internal(&what, d.error));
-                    }
-                    break;
-                }
-                if Instant::now() > deadline {
-                    return Err(LonghornError::Timeout(format!(
-                        "{what}: the controller has not made its head again in {} s",
-                        RESET_WAIT.as_secs()
-                    )));
-                }
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
+            // at most the shared wait's 60 s (its reconcile may be busy with
+            // another instance first); a replica deleted meanwhile: ABORTED at once
+            self.wait_status(replica.as_str(), &what, |st| {
+                let d = st.dst_start.as_ref().filter(|d| d.request >= request)?;
+                Some(match d.error.as_str() {
+                    "" => Ok(()),
+                    m => Err(LonghornError::internal(&what, m)),
+                })
+            })
+            .await?;
         }
         // the controller exports the head (again)
         let deadline = Instant::now() + EXPORT_WAIT;
