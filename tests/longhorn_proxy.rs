@@ -1033,13 +1033,85 @@ async fn a_rebuild_start_into_a_replica_being_deleted_is_aborted() {
     a.stop().await;
 }
 
+/// `ReplicaRebuildingDstStart` asked with `proto::peer::AT_ONCE` (as talon's
+/// engines ask it) into a replica whose head must be made again answers at
+/// once while the controller is still at it: without the head's address,
+/// asked again likewise, and with the address once the head is made again
+/// and exported. Asked without it (Longhorn's way) it answers once the work
+/// is done. The controller's unexport of the head is held 5 s on the
+/// double, so an answer without an address came before the work was done.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rebuild_start_asked_at_once_answers_before_the_work_is_done() {
+    let ip = IpAddr::from([127, 0, 0, 1]);
+    let mut a = Node::new(ip, free_base(&[ip]), None).await;
+    let ra = a.replica("disk-a", "vol-r-a", 64 * MIB).await;
+    let spdk = SpdkServiceClient::new(a.channel(4).await);
+    // a snapshot the rebuild's chain does not have: the head is made again
+    spdk.clone()
+        .replica_snapshot_create(spdkrpc::SnapshotRequest {
+            name: "vol-r-a".into(),
+            snapshot_name: "s0".into(),
+            ..Default::default()
+        })
+        .await
+        .expect("ReplicaSnapshotCreate");
+    double(&a).inject(
+        "nvmf_delete_subsystem",
+        1,
+        talon::spdk::double::Fault::Delay(Duration::from_secs(5)),
+    );
+    let start = |at_once: bool| {
+        let mut spdk = spdk.clone();
+        async move {
+            let mut req = tonic::Request::new(spdkrpc::ReplicaRebuildingDstStartRequest {
+                name: "vol-r-a".into(),
+                src_replica_name: "vol-r-b".into(),
+                rebuilding_snapshot_list: vec![spdkrpc::Lvol {
+                    name: "s1".into(),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            });
+            if at_once {
+                req.metadata_mut().insert(
+                    talon::proto::peer::AT_ONCE,
+                    tonic::metadata::MetadataValue::from_static("1"),
+                );
+            }
+            spdk.replica_rebuilding_dst_start(req)
+                .await
+                .map(|r| r.into_inner().dst_head_lvol_address)
+        }
+    };
+    assert_eq!(start(true).await.expect("asked at once"), "", "no address yet");
+    assert_eq!(
+        start(true).await.expect("asked at once again"),
+        "",
+        "no address yet"
+    );
+    let address = talon::runtime::testing::eventually("the head made again and exported", WAIT, || async {
+        Some(start(true).await.expect("asked at once")).filter(|a| !a.is_empty())
+    })
+    .await;
+    assert_eq!(address, ra, "the head's export");
+    // the head is empty right above nothing: s0 went
+    let lvols = snapshot_lvols(&a).await;
+    assert!(!lvols.contains("talon-disk-a/vol-r-a-snap-s0"), "{lvols:?}");
+    // asked Longhorn's way now, the head is ready: answered with its address
+    assert_eq!(start(false).await.expect("asked Longhorn's way"), address);
+    a.stop().await;
+}
+
 /// Two engines (one per node) each rebuild a replica that lives on the other
 /// node, at once: each node's engine controller calls the other node's
 /// replica-side rebuild calls from inside its reconcile while the other
-/// does the same. Both rebuilds end with every replica RW and the snapshot
-/// on the dest; the time it took is printed. (On the double the dests' heads
-/// need no remaking, so `ReplicaRebuildingDstStart`, the one of those calls
-/// that waits on its node's controller, is not asked here.)
+/// does the same. Each dest's head holds data of its own, so each engine
+/// asks the other node's `ReplicaRebuildingDstStart`, whose work that
+/// node's controller does: asked with `proto::peer::AT_ONCE`, it answers at
+/// once and is asked again, so neither reconcile holds the other (when it
+/// waited for the work, each call waited out the engine's 30 s peer timeout
+/// here). Both rebuilds end with every replica RW and the snapshot on the
+/// dest; the time it took is printed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_engines_rebuilding_into_each_others_node_at_once_both_end_rw() {
     let (ip_a, ip_b) = (IpAddr::from([127, 0, 0, 1]), IpAddr::from([127, 0, 0, 2]));
@@ -1066,6 +1138,16 @@ async fn two_engines_rebuilding_into_each_others_node_at_once_both_end_rw() {
     assert!(double(&b).write("vol-e-0", 2), "B's engine takes the write");
     replica_remove(&mut pa, "vol-r-b").await;
     replica_remove(&mut pb, "vol2-r-d").await;
+    // what each left with is in its head (on the double a write through the
+    // engine reaches only its local member)
+    assert!(
+        double(&b).write("talon-disk-b/vol-r-b", 1),
+        "vol-r-b's head takes a write"
+    );
+    assert!(
+        double(&a).write("talon-disk-a/vol2-r-d", 1),
+        "vol2-r-d's head takes a write"
+    );
     assert!(double(&a).write("vol-e-0", 4), "A's engine takes the write");
     assert!(double(&b).write("vol-e-0", 4), "B's engine takes the write");
     snapshot(&mut pa, "s1").await.expect("A's engine s1");

@@ -62,11 +62,17 @@ impl Longhorn {
     /// its head empty right above the snapshots of `rebuilding_snapshot_list`
     /// (the source's chain, oldest first) it shares; the rest of its
     /// snapshots are deleted. A head already so is kept. Answers the head's
-    /// export once the controller has made it again.
+    /// export once the controller has made it again; asked `at_once` (a
+    /// talon engine's call, `proto::peer::AT_ONCE`), it answers at once
+    /// instead, without an address while the controller is still at it
+    /// (the engine asks again), and a start asked before and not yet
+    /// carried out is not asked again.
     pub(super) async fn rebuilding_dst_start(
         &self,
         req: spdkrpc::ReplicaRebuildingDstStartRequest,
+        at_once: bool,
     ) -> Result<spdkrpc::ReplicaRebuildingDstStartResponse, LonghornError> {
+        let not_yet = spdkrpc::ReplicaRebuildingDstStartResponse::default();
         let (replica, t) = self.stored_replica(&req.name)?;
         let chain: Vec<String> = req
             .rebuilding_snapshot_list
@@ -85,12 +91,15 @@ impl Longhorn {
         if !have.ready_over(&chain, have.shared(&chain)) {
             // the controller takes the export down, makes the head again
             // and exports it again
-            let done = self
-                .status_of(replica.as_str())
-                .and_then(|s| s.dst_start)
-                .map_or(0, |d| d.request);
-            let asked = t.spec.dst_start.as_ref().map_or(0, |d| d.request);
-            let request = super::service::next_request(asked.max(done));
+            let last = self.status_of(replica.as_str()).and_then(|s| s.dst_start);
+            let done = last.as_ref().map_or(0, |d| d.request);
+            let asked = t.spec.dst_start.as_ref();
+            let pending =
+                asked.is_some_and(|d| d.request > done && d.session == self.session() && d.chain == chain);
+            if at_once && pending {
+                return Ok(not_yet);
+            }
+            let request = super::service::next_request(asked.map_or(0, |d| d.request).max(done));
             let spec = LonghornReplica {
                 dst_start: Some(DstStartRequest {
                     request,
@@ -102,6 +111,14 @@ impl Longhorn {
             self.state()
                 .update_typed(replica.as_str(), "", None, &spec)
                 .map_err(LonghornError::Store)?;
+            if at_once {
+                // the start asked last failed: the engine counts the failure,
+                // and the start is asked anew (just above)
+                return match last.filter(|d| asked.is_some_and(|a| a.request == d.request)) {
+                    Some(d) if !d.error.is_empty() => Err(LonghornError::internal(&what, d.error)),
+                    _ => Ok(not_yet),
+                };
+            }
             // at most the shared wait's 60 s (its reconcile may be busy with
             // another instance first); a replica deleted meanwhile: ABORTED at once
             self.wait_status(replica.as_str(), &what, |st| {
@@ -116,19 +133,13 @@ impl Longhorn {
         // the controller exports the head (again)
         let deadline = Instant::now() + EXPORT_WAIT;
         loop {
-            let subs = self.client().nvmf_get_subsystems(&Default::default()).await;
-            let exported = subs.is_ok_and(|s| {
-                s.iter().any(|s| {
-                    s.nqn == nqn.as_str() && !s.namespaces.is_empty() && !s.listen_addresses.is_empty()
-                })
-            });
-            if exported
-                && let Some(st) = self.status_of(replica.as_str())
-                && !st.endpoint.is_empty()
-            {
+            if let Some(endpoint) = self.exported_at(replica.as_str(), nqn.as_str()).await {
                 return Ok(spdkrpc::ReplicaRebuildingDstStartResponse {
-                    dst_head_lvol_address: st.endpoint,
+                    dst_head_lvol_address: endpoint,
                 });
+            }
+            if at_once {
+                return Ok(not_yet);
             }
             if Instant::now() > deadline {
                 return Err(LonghornError::Timeout(format!(
@@ -138,6 +149,18 @@ impl Longhorn {
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
+    }
+
+    /// Where replica `replica`'s head is exported (subsystem `nqn` with a
+    /// namespace and a listener, and the endpoint its status reports), if it is.
+    async fn exported_at(&self, replica: &str, nqn: &str) -> Option<String> {
+        let subs = self.client().nvmf_get_subsystems(&Default::default()).await;
+        let exported = subs.is_ok_and(|s| {
+            s.iter()
+                .any(|s| s.nqn == nqn && !s.namespaces.is_empty() && !s.listen_addresses.is_empty())
+        });
+        let st = self.status_of(replica).filter(|_| exported)?;
+        Some(st.endpoint).filter(|e| !e.is_empty())
     }
 
     /// `ReplicaRebuildingDstSetQosLimit`: caps (0 lifts) the writes into a

@@ -1801,7 +1801,10 @@ impl spdk_service_server::SpdkService for Longhorn {
         &self,
         req: Request<spdkrpc::ReplicaRebuildingDstStartRequest>,
     ) -> Result<Response<spdkrpc::ReplicaRebuildingDstStartResponse>, Status> {
-        Ok(Response::new(self.rebuilding_dst_start(req.into_inner()).await?))
+        let at_once = req.metadata().contains_key(crate::proto::peer::AT_ONCE);
+        Ok(Response::new(
+            self.rebuilding_dst_start(req.into_inner(), at_once).await?,
+        ))
     }
 
     async fn replica_rebuilding_dst_snapshot_create(

@@ -92,6 +92,10 @@ struct ThinState {
     /// The source replica each rebuild copies from, per (engine, replica):
     /// the last one a step chose.
     sources: HashMap<(String, String), String>,
+    /// Dests on another node whose node is still making their head ready
+    /// (`ReplicaRebuildingDstStart` answered without an address), per
+    /// (engine, replica): asked again at the next step.
+    dst_waiting: BTreeSet<(String, String)>,
 }
 
 /// The thin rebuilds of this node's engines.
@@ -141,6 +145,7 @@ impl ThinRebuilds {
         s.caps.remove(&k);
         s.exported.remove(&k);
         s.sources.remove(&k);
+        s.dst_waiting.remove(&k);
     }
     /// The replica the rebuild of `replica` copies from (known once a step ran).
     pub(super) fn source(&self, engine: &str, replica: &str) -> Option<String> {
@@ -571,7 +576,9 @@ impl LonghornController {
             rounds: chain_src.iter().filter(|s| is_rebuild_snap(s)).count(),
         };
         let next = at.next();
-        if next == Next::MakeHead {
+        // a dest's node still making its head ready is asked again first
+        let waiting = matches!(dst, End::Peer { .. }) && self.thin.lock().dst_waiting.contains(&key);
+        if next == Next::MakeHead || waiting {
             if remote_into_here {
                 // its export goes while its head is made again (made again
                 // by the replica's controller at the next reconcile)
@@ -580,14 +587,29 @@ impl LonghornController {
                     .await
                     .map_err(|x| format!("replica {dst_name}: {}", crate::util::error_chain(&x)))?;
             }
-            self.reset_dst(inv, &src, &dst, &have_dst, &chain_src).await?;
-            tracing::info!(
-                engine,
-                replica = dst_name,
-                source = src.replica(),
-                shared = j,
-                "rebuilding replica thin: its head made again over the snapshots it shares"
-            );
+            let ready = self.reset_dst(inv, &src, &dst, &have_dst, &chain_src).await?;
+            let was_waiting = if ready {
+                self.thin.lock().dst_waiting.remove(&key)
+            } else {
+                !self.thin.lock().dst_waiting.insert(key.clone())
+            };
+            if ready {
+                tracing::info!(
+                    engine,
+                    replica = dst_name,
+                    source = src.replica(),
+                    shared = j,
+                    "rebuilding replica thin: its head made again over the snapshots it shares"
+                );
+            } else if !was_waiting {
+                tracing::info!(
+                    engine,
+                    replica = dst_name,
+                    source = src.replica(),
+                    shared = j,
+                    "rebuilding replica thin: its node makes its head again over the snapshots it shares"
+                );
+            }
             return Ok(copying(j, 0));
         }
         let dst_export = if remote_into_here {
@@ -661,7 +683,9 @@ impl LonghornController {
     }
 
     /// The dest's head empty right above the snapshots it shares with the
-    /// source (on its node for a replica of another).
+    /// source (on its node for a replica of another). True once it is so
+    /// (and a dest of another node is exported again); false while that
+    /// node is still at it (asked again at the next step).
     async fn reset_dst(
         &self,
         inv: &Inventory,
@@ -669,12 +693,12 @@ impl LonghornController {
         dst: &End,
         have: &ReplicaLvols,
         chain_src: &[String],
-    ) -> Result<(), String> {
+    ) -> Result<bool, String> {
         match dst {
             End::Here { replica, lvs, size } => {
                 reset_head(&self.client, lvs, replica, *size, have, chain_src)
                     .await
-                    .map(|_| ())
+                    .map(|_| true)
             }
             End::Peer { replica, address } => {
                 // this node's controller of it goes: the head is a new namespace
@@ -698,17 +722,24 @@ impl LonghornController {
                     End::Peer { address, .. } => address.clone(),
                     End::Here { .. } => String::new(),
                 };
+                let mut req = tonic::Request::new(spdkrpc::ReplicaRebuildingDstStartRequest {
+                    name: replica.clone(),
+                    src_replica_name: src.replica().to_owned(),
+                    src_replica_address: src_address,
+                    rebuilding_snapshot_list: list,
+                    ..Default::default()
+                });
+                // its node answers where it stands instead of holding this
+                // reconcile while its own controller works
+                req.metadata_mut().insert(
+                    crate::proto::peer::AT_ONCE,
+                    tonic::metadata::MetadataValue::from_static("1"),
+                );
                 self.peer(replica, address)
                     .await?
-                    .replica_rebuilding_dst_start(spdkrpc::ReplicaRebuildingDstStartRequest {
-                        name: replica.clone(),
-                        src_replica_name: src.replica().to_owned(),
-                        src_replica_address: src_address,
-                        rebuilding_snapshot_list: list,
-                        ..Default::default()
-                    })
+                    .replica_rebuilding_dst_start(req)
                     .await
-                    .map(|_| ())
+                    .map(|r| !r.into_inner().dst_head_lvol_address.is_empty())
                     .map_err(|s| {
                         format!(
                             "replica {replica}: making its head again on its node: {}",

@@ -46,9 +46,7 @@ use super::{
 use crate::names::Nqn;
 use crate::resources::engine::RebuildDestStatus;
 use crate::spdk::naming::{LvolRole, NSID, REMOTE_PREFIX, parse_lvol};
-use crate::spdk::rpc::{
-    ByName, LvolClone, LvolCreate, LvolSnapshot, RaidBdev, RaidDelete, RemoveNamespace,
-};
+use crate::spdk::rpc::{ByName, LvolClone, LvolCreate, LvolSnapshot, RaidBdev, RaidDelete, RemoveNamespace};
 
 const MIB: u64 = 1 << 20;
 /// A source head with at most this many clusters of its own is copied
@@ -142,7 +140,12 @@ fn allocated(inv: &Inventory, alias: &str) -> u64 {
 /// in percent of the clusters to copy (99 at most: done is `Joined`), with
 /// the first `j` snapshots copied and `copied_now` clusters of the next.
 fn percent(inv: &Inventory, chain: &[String], head: &str, j: usize, copied_now: u64) -> u32 {
-    let own: Vec<u64> = chain.iter().map(String::as_str).chain([head]).map(|a| allocated(inv, a)).collect();
+    let own: Vec<u64> = chain
+        .iter()
+        .map(String::as_str)
+        .chain([head])
+        .map(|a| allocated(inv, a))
+        .collect();
     let (done, total) = thin::copied(&own, j.min(chain.len()), copied_now);
     u32::try_from((done * 100).checked_div(total).unwrap_or(0).min(99)).unwrap_or(99)
 }

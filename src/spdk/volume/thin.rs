@@ -209,14 +209,22 @@ mod tests {
 
     #[test]
     fn answers_of_a_copy_check_name_their_state() {
-        assert_eq!(CopyState::from_answer("in progress", 4, None), CopyState::Running(4));
+        assert_eq!(
+            CopyState::from_answer("in progress", 4, None),
+            CopyState::Running(4)
+        );
         assert_eq!(CopyState::from_answer("complete", 9, None), CopyState::Done);
         assert_eq!(
             CopyState::from_answer("error", 1, Some("No space left".into())),
             CopyState::Failed("No space left".into())
         );
-        assert_eq!(CopyState::from_answer("error", 1, None), CopyState::Failed("unknown error".into()));
-        assert!(matches!(CopyState::from_answer("paused", 0, None), CopyState::Failed(m) if m.contains("paused")));
+        assert_eq!(
+            CopyState::from_answer("error", 1, None),
+            CopyState::Failed("unknown error".into())
+        );
+        assert!(
+            matches!(CopyState::from_answer("paused", 0, None), CopyState::Failed(m) if m.contains("paused"))
+        );
         assert_eq!(next_round([]), 1);
         assert_eq!(next_round([2, 7, 3]), 8);
     }
