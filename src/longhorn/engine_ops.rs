@@ -548,13 +548,12 @@ impl Longhorn {
     /// `engine`'s status (an engine's, or a replica's), at most
     /// [`OP_TIMEOUT`]. An instance deleted (or being deleted) meanwhile
     /// carries out nothing more: the wait ends at once, ABORTED.
-    /// `E`: the callers' error ([`LonghornError`], or a [`tonic::Status`]).
-    pub(super) async fn wait_status<T, E: From<LonghornError>>(
+    pub(super) async fn wait_status<T>(
         &self,
         engine: &str,
         what: &str,
-        mut done: impl FnMut(&LonghornInstanceStatus) -> Option<Result<T, E>>,
-    ) -> Result<T, E> {
+        mut done: impl FnMut(&LonghornInstanceStatus) -> Option<Result<T, LonghornError>>,
+    ) -> Result<T, LonghornError> {
         let deadline = Instant::now() + OP_TIMEOUT;
         let mut was = None;
         loop {
@@ -565,16 +564,15 @@ impl Longhorn {
             was = st.map(|s| s.kind).or(was);
             // an instance being deleted carries out no more requests
             if let Some(noun) = self.going(engine, was) {
-                return Err(
-                    LonghornError::Aborted(format!("{what}: {noun} {engine} is being deleted")).into(),
-                );
+                return Err(LonghornError::Aborted(format!(
+                    "{what}: {noun} {engine} is being deleted"
+                )));
             }
             if Instant::now() > deadline {
                 return Err(LonghornError::Timeout(format!(
                     "{what}: the controller has not done it in {} s",
                     OP_TIMEOUT.as_secs()
-                ))
-                .into());
+                )));
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
