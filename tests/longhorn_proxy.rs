@@ -942,13 +942,7 @@ async fn a_snapshot_of_an_engine_being_deleted_is_aborted() {
         let inst = InstanceServiceClient::new(a.channel(3).await);
         async move {
             inst.clone()
-                .instance_delete(imrpc::InstanceDeleteRequest {
-                    name: "vol-e-0".into(),
-                    r#type: "engine".into(),
-                    cleanup_required: true,
-                    data_engine: imrpc::DataEngine::V2 as i32,
-                    ..Default::default()
-                })
+                .instance_delete(longhorn_nodes::delete_request("vol-e-0", "engine"))
                 .await
         }
     });
@@ -966,6 +960,41 @@ async fn a_snapshot_of_an_engine_being_deleted_is_aborted() {
     b.stop().await;
 }
 
+/// Replica vol-r-a's SPDKService, the replica given a snapshot (s0) that
+/// [`rebuild_start`]'s chain does not have: its head is made again.
+async fn snapshot_off_the_rebuilds_chain(a: &Node) -> SpdkServiceClient<Channel> {
+    let mut spdk = SpdkServiceClient::new(a.channel(4).await);
+    spdk.replica_snapshot_create(spdkrpc::SnapshotRequest {
+        name: "vol-r-a".into(),
+        snapshot_name: "s0".into(),
+        ..Default::default()
+    })
+    .await
+    .expect("ReplicaSnapshotCreate");
+    spdk
+}
+
+/// `ReplicaRebuildingDstStart` into vol-r-a from vol-r-b over chain [s1],
+/// asked as talon's engines ask it (`at_once`) or as Longhorn's.
+fn rebuild_start(at_once: bool) -> tonic::Request<spdkrpc::ReplicaRebuildingDstStartRequest> {
+    let mut req = tonic::Request::new(spdkrpc::ReplicaRebuildingDstStartRequest {
+        name: "vol-r-a".into(),
+        src_replica_name: "vol-r-b".into(),
+        rebuilding_snapshot_list: vec![spdkrpc::Lvol {
+            name: "s1".into(),
+            ..Default::default()
+        }],
+        ..Default::default()
+    });
+    if at_once {
+        req.metadata_mut().insert(
+            talon::proto::peer::AT_ONCE,
+            tonic::metadata::MetadataValue::from_static("1"),
+        );
+    }
+    req
+}
+
 /// `ReplicaRebuildingDstStart` into a replica that must have its head made
 /// again waits for the controller; a replica deleted meanwhile carries out
 /// nothing more, so the call is answered ABORTED at once, not left to the
@@ -975,15 +1004,7 @@ async fn a_rebuild_start_into_a_replica_being_deleted_is_aborted() {
     let ip = IpAddr::from([127, 0, 0, 1]);
     let mut a = Node::new(ip, free_base(&[ip]), None).await;
     a.replica("disk-a", "vol-r-a", 64 * MIB).await;
-    let mut spdk = SpdkServiceClient::new(a.channel(4).await);
-    // a snapshot the rebuild's chain does not have: the head is made again
-    spdk.replica_snapshot_create(spdkrpc::SnapshotRequest {
-        name: "vol-r-a".into(),
-        snapshot_name: "s0".into(),
-        ..Default::default()
-    })
-    .await
-    .expect("ReplicaSnapshotCreate");
+    let spdk = snapshot_off_the_rebuilds_chain(&a).await;
     // the controller's unexport of the head, the first step of making it
     // again, hangs
     let unexports = double(&a).calls("nvmf_delete_subsystem");
@@ -994,31 +1015,14 @@ async fn a_rebuild_start_into_a_replica_being_deleted_is_aborted() {
     );
     let call = tokio::spawn({
         let mut spdk = spdk.clone();
-        async move {
-            spdk.replica_rebuilding_dst_start(spdkrpc::ReplicaRebuildingDstStartRequest {
-                name: "vol-r-a".into(),
-                src_replica_name: "vol-r-b".into(),
-                rebuilding_snapshot_list: vec![spdkrpc::Lvol {
-                    name: "s1".into(),
-                    ..Default::default()
-                }],
-                ..Default::default()
-            })
-            .await
-        }
+        async move { spdk.replica_rebuilding_dst_start(rebuild_start(false)).await }
     });
     talon::runtime::testing::eventually("the controller unexporting the head", WAIT, || async {
         (double(&a).calls("nvmf_delete_subsystem") > unexports).then_some(())
     })
     .await;
     InstanceServiceClient::new(a.channel(3).await)
-        .instance_delete(imrpc::InstanceDeleteRequest {
-            name: "vol-r-a".into(),
-            r#type: "replica".into(),
-            cleanup_required: true,
-            data_engine: imrpc::DataEngine::V2 as i32,
-            ..Default::default()
-        })
+        .instance_delete(longhorn_nodes::delete_request("vol-r-a", "replica"))
         .await
         .expect("replica delete");
     let e = call
@@ -1045,16 +1049,7 @@ async fn a_rebuild_start_asked_at_once_answers_before_the_work_is_done() {
     let ip = IpAddr::from([127, 0, 0, 1]);
     let mut a = Node::new(ip, free_base(&[ip]), None).await;
     let ra = a.replica("disk-a", "vol-r-a", 64 * MIB).await;
-    let spdk = SpdkServiceClient::new(a.channel(4).await);
-    // a snapshot the rebuild's chain does not have: the head is made again
-    spdk.clone()
-        .replica_snapshot_create(spdkrpc::SnapshotRequest {
-            name: "vol-r-a".into(),
-            snapshot_name: "s0".into(),
-            ..Default::default()
-        })
-        .await
-        .expect("ReplicaSnapshotCreate");
+    let spdk = snapshot_off_the_rebuilds_chain(&a).await;
     double(&a).inject(
         "nvmf_delete_subsystem",
         1,
@@ -1063,22 +1058,7 @@ async fn a_rebuild_start_asked_at_once_answers_before_the_work_is_done() {
     let start = |at_once: bool| {
         let mut spdk = spdk.clone();
         async move {
-            let mut req = tonic::Request::new(spdkrpc::ReplicaRebuildingDstStartRequest {
-                name: "vol-r-a".into(),
-                src_replica_name: "vol-r-b".into(),
-                rebuilding_snapshot_list: vec![spdkrpc::Lvol {
-                    name: "s1".into(),
-                    ..Default::default()
-                }],
-                ..Default::default()
-            });
-            if at_once {
-                req.metadata_mut().insert(
-                    talon::proto::peer::AT_ONCE,
-                    tonic::metadata::MetadataValue::from_static("1"),
-                );
-            }
-            spdk.replica_rebuilding_dst_start(req)
+            spdk.replica_rebuilding_dst_start(rebuild_start(at_once))
                 .await
                 .map(|r| r.into_inner().dst_head_lvol_address)
         }

@@ -770,7 +770,7 @@ mod tests {
             .create_typed("vol-r-a", "test", &st)
             .expect("a replica's status");
         let e = lh
-            .wait_status::<(), LonghornError>("vol-r-a", "waiting", |_| None)
+            .wait_status::<()>("vol-r-a", "waiting", |_| None)
             .await
             .expect_err("no replica vol-r-a");
         assert_eq!(
@@ -779,7 +779,7 @@ mod tests {
         );
         // nothing says what it was
         let e = lh
-            .wait_status::<(), LonghornError>("vol-e-0", "waiting", |_| None)
+            .wait_status::<()>("vol-e-0", "waiting", |_| None)
             .await
             .expect_err("no engine vol-e-0");
         assert_eq!(e.message(), "waiting: engine vol-e-0 is being deleted");

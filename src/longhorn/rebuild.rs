@@ -33,7 +33,8 @@ use crate::spdk::ErrorKind;
 use crate::spdk::naming::longhorn as naming;
 use crate::spdk::rpc::CheckShallowCopy;
 use crate::spdk::volume::naming::lvstore;
-use crate::spdk::volume::replica_lvols::{ReplicaLvols, start_copy};
+use crate::spdk::volume::replica_lvols::ReplicaLvols;
+use crate::spdk::volume::thin::start_copy;
 use crate::spdk::volume::{Inventory, RemoteAttach};
 
 /// How long DstStart waits for the controller to export the new head.
@@ -260,9 +261,15 @@ impl Longhorn {
             lvstore(&t.spec.disk),
             snapshot_lvol(replica.as_str(), &req.snapshot_name)
         );
-        let op = start_copy(self.client(), &src, &bdev)
-            .await
-            .map_err(|m| LonghornError::internal(format!("replica {replica}"), m))?;
+        let op = start_copy(self.client(), &src, &bdev).await.map_err(|e| {
+            LonghornError::internal(
+                format!("replica {replica}"),
+                format!(
+                    "copying {src}'s clusters to {bdev}: {}",
+                    crate::util::error_chain(&e)
+                ),
+            )
+        })?;
         if let Some(c) = self.src_copies().get_mut(&(replica.as_str().to_owned(), dst)) {
             c.ops.insert(req.snapshot_name, op);
         }

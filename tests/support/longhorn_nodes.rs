@@ -257,13 +257,7 @@ impl Node {
     /// snapshot is left (within `wait`); returns its `ip:port`.
     pub async fn replica_remade_empty(&self, disk: &str, name: &str, size: u64, wait: Duration) -> String {
         InstanceServiceClient::new(self.channel(3).await)
-            .instance_delete(imrpc::InstanceDeleteRequest {
-                name: name.into(),
-                r#type: "replica".into(),
-                cleanup_required: true,
-                data_engine: imrpc::DataEngine::V2 as i32,
-                ..Default::default()
-            })
+            .instance_delete(delete_request(name, "replica"))
             .await
             .unwrap_or_else(|e| panic!("delete replica {name}: {e}"));
         talon::runtime::testing::eventually(&format!("replica {name}'s lvols deleted"), wait, || async {
@@ -451,4 +445,16 @@ pub async fn allocated_bytes(n: &Node, replica: &str) -> u64 {
         .filter(|l| l.name == replica || l.name.starts_with(&prefix))
         .map(|l| l.num_allocated_clusters * cluster)
         .sum()
+}
+
+/// `InstanceDelete` of V2 instance `name` of kind `kind` ("engine",
+/// "replica"), its lvols with it.
+pub fn delete_request(name: &str, kind: &str) -> imrpc::InstanceDeleteRequest {
+    imrpc::InstanceDeleteRequest {
+        name: name.into(),
+        r#type: kind.into(),
+        cleanup_required: true,
+        data_engine: imrpc::DataEngine::V2 as i32,
+        ..Default::default()
+    }
 }

@@ -593,21 +593,18 @@ impl LonghornController {
             } else {
                 !self.thin.lock().dst_waiting.insert(key.clone())
             };
-            if ready {
+            if ready || !was_waiting {
+                let by = if ready {
+                    "its head made again"
+                } else {
+                    "its node makes its head again"
+                };
                 tracing::info!(
                     engine,
                     replica = dst_name,
                     source = src.replica(),
                     shared = j,
-                    "rebuilding replica thin: its head made again over the snapshots it shares"
-                );
-            } else if !was_waiting {
-                tracing::info!(
-                    engine,
-                    replica = dst_name,
-                    source = src.replica(),
-                    shared = j,
-                    "rebuilding replica thin: its node makes its head again over the snapshots it shares"
+                    "rebuilding replica thin: {by} over the snapshots it shares"
                 );
             }
             return Ok(copying(j, 0));

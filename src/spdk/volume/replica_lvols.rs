@@ -1,17 +1,16 @@
 //! A Longhorn-named replica's lvols as a thin rebuild sees them (its head
-//! `<lvs>/<r>` and snapshots `<lvs>/<r>-snap-<s>`), and the two writes a
-//! rebuild makes of them: the head made empty again right above the
-//! snapshots it shares with the source ([`reset_head`]), and a snapshot's own
-//! clusters copied into a dest bdev ([`start_copy`],
-//! `bdev_lvol_start_shallow_copy`). The engine's controller and the replica
-//! node's rebuild calls both use them.
+//! `<lvs>/<r>` and snapshots `<lvs>/<r>-snap-<s>`), and the write a rebuild
+//! makes of them before it copies: the head made empty again right above
+//! the snapshots it shares with the source ([`reset_head`]). The engine's
+//! controller and the replica node's rebuild calls both use them; the copy
+//! itself is [`super::thin::start_copy`].
 
 use std::collections::BTreeMap;
 
 use super::Inventory;
 use crate::resources::longhorn::snapshot_lvol;
 use crate::spdk::SpdkClient;
-use crate::spdk::rpc::{LvolClone, LvolCreate, StartShallowCopy};
+use crate::spdk::rpc::{LvolClone, LvolCreate};
 
 const MIB: u64 = 1 << 20;
 
@@ -161,24 +160,6 @@ pub async fn reset_head(
         )
     })?;
     Ok(j)
-}
-
-/// Starts copying the clusters snapshot lvol `src` holds of its own into
-/// bdev `dst`; returns the operation id.
-pub async fn start_copy(client: &SpdkClient, src: &str, dst: &str) -> Result<u32, String> {
-    client
-        .bdev_lvol_start_shallow_copy(&StartShallowCopy {
-            src_lvol_name: src.to_owned(),
-            dst_bdev_name: dst.to_owned(),
-        })
-        .await
-        .map(|s| s.operation_id)
-        .map_err(|e| {
-            format!(
-                "copying {src}'s clusters to {dst}: {}",
-                crate::util::error_chain(&e)
-            )
-        })
 }
 
 #[cfg(test)]
