@@ -40,6 +40,10 @@ const FAIL_AFTER: Duration = Duration::from_secs(15);
 const MAX_RETRY_PAUSE: Duration = Duration::from_secs(8);
 /// How long a call to another node may take.
 pub(super) const PEER_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a dest's node may take to make its head ready and export it
+/// (asked again every step meanwhile) before the step fails: what the node
+/// itself waits for its controller when asked Longhorn's way.
+const DST_WAIT: Duration = Duration::from_secs(60);
 
 /// Where a copy runs.
 #[derive(Debug, Clone)]
@@ -94,8 +98,8 @@ struct ThinState {
     sources: HashMap<(String, String), String>,
     /// Dests on another node whose node is still making their head ready
     /// (`ReplicaRebuildingDstStart` answered without an address), per
-    /// (engine, replica): asked again at the next step.
-    dst_waiting: BTreeSet<(String, String)>,
+    /// (engine, replica), since when: asked again at the next step.
+    dst_waiting: HashMap<(String, String), Instant>,
 }
 
 /// The thin rebuilds of this node's engines.
@@ -577,7 +581,7 @@ impl LonghornController {
         };
         let next = at.next();
         // a dest's node still making its head ready is asked again first
-        let waiting = matches!(dst, End::Peer { .. }) && self.thin.lock().dst_waiting.contains(&key);
+        let waiting = matches!(dst, End::Peer { .. }) && self.thin.lock().dst_waiting.contains_key(&key);
         if next == Next::MakeHead || waiting {
             if remote_into_here {
                 // its export goes while its head is made again (made again
@@ -588,12 +592,22 @@ impl LonghornController {
                     .map_err(|x| format!("replica {dst_name}: {}", crate::util::error_chain(&x)))?;
             }
             let ready = self.reset_dst(inv, &src, &dst, &have_dst, &chain_src).await?;
-            let was_waiting = if ready {
+            let since = if ready {
                 self.thin.lock().dst_waiting.remove(&key)
             } else {
-                !self.thin.lock().dst_waiting.insert(key.clone())
+                let now = Instant::now();
+                let since = *self.thin.lock().dst_waiting.entry(key.clone()).or_insert(now);
+                if now.duration_since(since) >= DST_WAIT {
+                    // a failed step; the next one asks afresh
+                    self.thin.lock().dst_waiting.remove(&key);
+                    return Err(format!(
+                        "replica {dst_name}: its node has not made its head ready for the rebuild in {} s",
+                        DST_WAIT.as_secs()
+                    ));
+                }
+                (since < now).then_some(since)
             };
-            if ready || !was_waiting {
+            if ready || since.is_none() {
                 let by = if ready {
                     "its head made again"
                 } else {
