@@ -80,6 +80,11 @@ pub enum LonghornError {
     /// on is being deleted.
     #[error("{0}")]
     Aborted(String),
+    /// A bound of this node is reached, in its own words
+    /// (RESOURCE_EXHAUSTED): no free ports left in the range, a disk past
+    /// its overcommit.
+    #[error("{0}")]
+    Exhausted(String),
     /// A call talon does not carry out, in Longhorn's words (UNIMPLEMENTED).
     #[error("{0}")]
     Unimplemented(String),
@@ -185,6 +190,7 @@ impl LonghornError {
             Self::Exists(_) => Code::AlreadyExists,
             Self::Timeout(_) => Code::DeadlineExceeded,
             Self::Unavailable(_) => Code::Unavailable,
+            Self::Exhausted(_) => Code::ResourceExhausted,
             Self::Unimplemented(_) => Code::Unimplemented,
             Self::Aborted(_) => Code::Aborted,
             Self::PeerAnswer { code, .. } => *code,
@@ -281,6 +287,11 @@ mod tests {
                 LonghornError::Aborted("deleting snapshot s of engine e: engine e is being deleted".into()),
                 Code::Aborted,
                 "deleting snapshot s of engine e: engine e is being deleted",
+            ),
+            (
+                LonghornError::Exhausted("replica r: no 2 free consecutive ports left in 20001-20002".into()),
+                Code::ResourceExhausted,
+                "replica r: no 2 free consecutive ports left in 20001-20002",
             ),
             (
                 LonghornError::Unimplemented("resume is not supported for instance type engine".into()),

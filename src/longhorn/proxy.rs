@@ -527,7 +527,7 @@ impl Longhorn {
             )));
         }
         self.snapshot_local(replica.as_str(), &t.spec, &lvol).await?;
-        Ok(self.replica_message(&t)?)
+        self.replica_message(&t)
     }
 
     /// `ReplicaSnapshotDelete`; a snapshot that is not there is no error.

@@ -23,9 +23,10 @@ use std::time::Duration;
 use futures::Stream;
 use tonic::{Request, Response, Status};
 
+use super::error::LonghornError as CallError;
 use super::lifecycle::{self, Op};
 use super::replica_msg::fill_replica;
-use super::service::{Longhorn, cannot_find, chain, internal};
+use super::service::{Longhorn, cannot_find};
 use crate::names::ObjectName;
 use crate::proto::imrpc::{self, disk_service_server, instance_service_server, proxy_engine_service_server};
 use crate::proto::spdkrpc::{self, spdk_service_server};
@@ -306,7 +307,7 @@ where
             });
         }
         tracing::info!(method = %path, "longhorn gRPC call answered UNIMPLEMENTED");
-        Box::pin(async move { Ok(unimplemented(&path).into_http()) })
+        Box::pin(async move { Ok(Status::from(unimplemented(&path)).into_http()) })
     }
 }
 
@@ -371,50 +372,46 @@ fn is_read(method: &str) -> bool {
 /// (it refuses others with -22: "must be a power of 2", "must be at least
 /// 512"). One below the device's own block size is refused by SPDK when the
 /// disk is made, and `DiskCreate` answers its words.
-fn aio_block_size(what: &str, block_size: i64) -> Result<Option<u32>, Status> {
+fn aio_block_size(what: &str, block_size: i64) -> Result<Option<u32>, CallError> {
     if block_size == 0 {
         return Ok(None);
     }
     match u32::try_from(block_size) {
         Ok(b) if b >= 512 && b.is_power_of_two() => Ok(Some(b)),
-        _ => Err(Status::invalid_argument(format!(
+        _ => Err(CallError::Invalid(format!(
             "{what}: block size {block_size} is not a power of two of at least 512"
         ))),
     }
 }
 
-fn unimplemented(method: &str) -> Status {
-    Status::unimplemented(format!(
+fn unimplemented(method: &str) -> CallError {
+    CallError::Unimplemented(format!(
         "{method} is not implemented by talon's Longhorn instance manager"
     ))
 }
 
 // ------------------------------------------------------------ helpers
 
-fn state_err(e: StateError) -> Status {
-    super::error::LonghornError::State(e).into()
+fn invalid(e: crate::names::InvalidName) -> CallError {
+    CallError::Invalid(e.to_string())
 }
 
-fn invalid(e: crate::names::InvalidName) -> Status {
-    super::error::LonghornError::Invalid(e.to_string()).into()
-}
-
-fn v2_only(what: &str, data_engine: i32, driver: i32) -> Result<(), Status> {
+fn v2_only(what: &str, data_engine: i32, driver: i32) -> Result<(), CallError> {
     if data_engine == imrpc::DataEngine::V2 as i32 || driver == imrpc::BackendStoreDriver::V2 as i32 {
         Ok(())
     } else {
-        Err(Status::invalid_argument(format!(
+        Err(CallError::Invalid(format!(
             "{what}: talon serves the V2 data engine only (data_engine DATA_ENGINE_V2)"
         )))
     }
 }
 
-fn kind_of(ty: &str, name: &str) -> Result<InstanceKind, Status> {
+fn kind_of(ty: &str, name: &str) -> Result<InstanceKind, CallError> {
     match ty {
         "replica" => Ok(InstanceKind::Replica),
         "engine" => Ok(InstanceKind::Engine),
         "engine-frontend" => Ok(InstanceKind::EngineFrontend),
-        other => Err(Status::invalid_argument(format!(
+        other => Err(CallError::Invalid(format!(
             "instance {name}: unknown instance type {other:?} (talon serves replica, engine and engine-frontend)"
         ))),
     }
@@ -447,19 +444,19 @@ struct Observed {
 
 impl Longhorn {
     /// The engine-frontend instance `name`, if there is one.
-    fn frontend(&self, name: &str) -> Result<Option<LonghornEngineFrontend>, Status> {
+    fn frontend(&self, name: &str) -> Result<Option<LonghornEngineFrontend>, CallError> {
         Ok(self
             .state()
             .get_typed::<LonghornEngineFrontend>(name)
-            .map_err(state_err)?
+            .map_err(CallError::State)?
             .map(|f| f.spec))
     }
 
-    fn observed(&self, name: &str, kind: InstanceKind) -> Result<Observed, Status> {
+    fn observed(&self, name: &str, kind: InstanceKind) -> Result<Observed, CallError> {
         let status = self
             .state()
             .get_typed::<LonghornInstanceStatus>(name)
-            .map_err(state_err)?
+            .map_err(CallError::State)?
             .map(|s| s.spec)
             .filter(|s| s.kind == kind);
         Ok(Observed {
@@ -499,19 +496,27 @@ impl Longhorn {
     }
 
     /// Ports every Longhorn instance holds.
-    fn used_ports(&self) -> Result<BTreeSet<u16>, Status> {
+    fn used_ports(&self) -> Result<BTreeSet<u16>, CallError> {
         let mut used = BTreeSet::new();
-        for r in self.state().list_typed::<LonghornReplica>().map_err(state_err)? {
+        for r in self
+            .state()
+            .list_typed::<LonghornReplica>()
+            .map_err(CallError::State)?
+        {
             used.extend(r.spec.port_start..=r.spec.port_end);
         }
-        for e in self.state().list_typed::<LonghornEngine>().map_err(state_err)? {
+        for e in self
+            .state()
+            .list_typed::<LonghornEngine>()
+            .map_err(CallError::State)?
+        {
             used.insert(e.spec.port);
         }
         Ok(used)
     }
 
     /// The first `count` consecutive free ports of the range.
-    fn free_ports(&self, what: &str, count: u16) -> Result<(u16, u16), Status> {
+    fn free_ports(&self, what: &str, count: u16) -> Result<(u16, u16), CallError> {
         let used = self.used_ports()?;
         let (lo, hi) = (*self.ports.start(), *self.ports.end());
         let mut start = lo;
@@ -522,32 +527,32 @@ impl Longhorn {
                 Some(p) => start = p + 1,
             }
         }
-        Err(Status::resource_exhausted(format!(
+        Err(CallError::Exhausted(format!(
             "{what}: no {count} free consecutive ports left in {lo}-{hi}"
         )))
     }
 
-    pub(super) fn ready_disk(&self, what: &str, disk: &str) -> Result<DiskStatus, Status> {
+    pub(super) fn ready_disk(&self, what: &str, disk: &str) -> Result<DiskStatus, CallError> {
         let name = naming::instance_name("disk", disk).map_err(invalid)?;
         if self
             .state()
             .get_typed::<Disk>(name.as_str())
-            .map_err(state_err)?
+            .map_err(CallError::State)?
             .is_none()
         {
-            return Err(Status::not_found(format!("{what}: cannot find disk {disk}")));
+            return Err(CallError::within(what, CallError::not_found("disk", disk)));
         }
         match self
             .state()
             .get_typed::<DiskStatus>(name.as_str())
-            .map_err(state_err)?
+            .map_err(CallError::State)?
         {
             Some(d) if d.spec.state == ObjectState::Ready => Ok(d.spec),
-            Some(d) => Err(Status::failed_precondition(format!(
+            Some(d) => Err(CallError::Refused(format!(
                 "{what}: disk {disk} is not ready ({:?}: {})",
                 d.spec.state, d.spec.message
             ))),
-            None => Err(Status::failed_precondition(format!(
+            None => Err(CallError::Refused(format!(
                 "{what}: disk {disk} is not ready yet"
             ))),
         }
@@ -569,11 +574,14 @@ impl Longhorn {
         total: u64,
         except: Option<&str>,
         size: u64,
-    ) -> Result<(), Status> {
+    ) -> Result<(), CallError> {
         let inv = Inventory::load(self.client())
             .await
-            .map_err(|x| internal(&format!("{what}: reading spdk_tgt"), chain(&x)))?;
-        let replicas = self.state().list_typed::<LonghornReplica>().map_err(state_err)?;
+            .map_err(|x| CallError::spdk(format!("{what}: reading spdk_tgt"), x))?;
+        let replicas = self
+            .state()
+            .list_typed::<LonghornReplica>()
+            .map_err(CallError::State)?;
         let committed = replicas
             .iter()
             .filter(|r| r.spec.disk == disk)
@@ -591,23 +599,26 @@ impl Longhorn {
                 sum?.checked_sub(made)?.checked_add(recorded)
             })
             .ok_or_else(|| {
-                Status::internal(format!(
-                    "{what}: disk {disk}: the sizes of its lvols add up past 2^64 bytes"
-                ))
+                CallError::internal(
+                    what,
+                    format!("disk {disk}: the sizes of its lvols add up past 2^64 bytes"),
+                )
             })?;
         plan::commitment(total, committed, size, self.overcommit_percent).map_err(|e| {
-            Status::resource_exhausted(format!(
+            CallError::Exhausted(format!(
                 "{what}: {size} bytes on disk {disk}: {e} (talon serve --longhorn-overcommit-percent)"
             ))
         })
     }
 
-    fn create_user<S: Spec>(&self, id: &str, spec: &S) -> Result<(), Status> {
-        self.state().create_typed(id, "", spec).map_err(state_err)?;
+    fn create_user<S: Spec>(&self, id: &str, spec: &S) -> Result<(), CallError> {
+        self.state()
+            .create_typed(id, "", spec)
+            .map_err(CallError::State)?;
         // the controller's finalizer from the start: a delete always goes through it
         self.state()
             .add_finalizer(S::NAMESPACE, S::TYPE, id, CONTROLLER)
-            .map_err(state_err)
+            .map_err(CallError::State)
     }
 
     // ----- replica
@@ -621,19 +632,19 @@ impl Longhorn {
         disk_uuid: &str,
         size: u64,
         port_count: i32,
-    ) -> Result<(), Status> {
+    ) -> Result<(), CallError> {
         let what = format!("replica {name}");
         let rname = naming::instance_name("replica", name).map_err(invalid)?;
         let volume = ObjectName::parse("volume", volume).map_err(invalid)?;
         let d = self.ready_disk(&what, disk)?;
         if !disk_uuid.is_empty() && disk_uuid != d.lvstore_uuid {
-            return Err(Status::failed_precondition(format!(
+            return Err(CallError::Refused(format!(
                 "{what}: disk {disk} has UUID {}, not {disk_uuid}",
                 d.lvstore_uuid
             )));
         }
         if size == 0 || d.cluster_bytes == 0 || !size.is_multiple_of(d.cluster_bytes) {
-            return Err(Status::invalid_argument(format!(
+            return Err(CallError::Invalid(format!(
                 "{what}: size {size} is not a positive multiple of disk {disk}'s cluster size {}",
                 d.cluster_bytes
             )));
@@ -642,15 +653,15 @@ impl Longhorn {
         if let Some(cur) = self
             .state()
             .get_typed::<LonghornReplica>(rname.as_str())
-            .map_err(state_err)?
+            .map_err(CallError::State)?
         {
             if cur.metadata.phase == Phase::TearingDown {
-                return Err(Status::unavailable(format!("{what} is being deleted; retry")));
+                return Err(CallError::Unavailable(format!("{what} is being deleted; retry")));
             }
             if cur.spec.disk == disk && cur.spec.size_bytes == size && cur.spec.volume == volume.as_str() {
                 return Ok(());
             }
-            return Err(Status::already_exists(format!(
+            return Err(CallError::Exists(format!(
                 "{what} already exists on disk {} with {} bytes",
                 cur.spec.disk, cur.spec.size_bytes
             )));
@@ -676,11 +687,15 @@ impl Longhorn {
     /// Deletes a replica instance; `cleanup` removes its lvol too. An lvol
     /// kept by an earlier delete (no instance) is removed by a cleanup delete
     /// when its disk is known.
-    async fn delete_replica(&self, name: &str, cleanup: bool, disk: Option<String>) -> Result<(), Status> {
+    async fn delete_replica(&self, name: &str, cleanup: bool, disk: Option<String>) -> Result<(), CallError> {
         let rname = naming::instance_name("replica", name).map_err(invalid)?;
         let id = rname.as_str();
         let _one = self.alloc.lock().await;
-        match self.state().get_typed::<LonghornReplica>(id).map_err(state_err)? {
+        match self
+            .state()
+            .get_typed::<LonghornReplica>(id)
+            .map_err(CallError::State)?
+        {
             Some(cur) => {
                 if cleanup && !cur.spec.cleanup {
                     self.state()
@@ -693,7 +708,7 @@ impl Longhorn {
                                 ..cur.spec.clone()
                             },
                         )
-                        .map_err(state_err)?;
+                        .map_err(CallError::State)?;
                 }
             }
             None => {
@@ -718,26 +733,26 @@ impl Longhorn {
         }
         self.state()
             .destroy("config", LonghornReplica::TYPE, id, "")
-            .map_err(state_err)?;
+            .map_err(CallError::State)?;
         // a restore into it goes with it (its status and credentials with that)
         use crate::resources::backup::LonghornRestore;
         use crate::runtime::Spec as _;
         if self
             .state()
             .get_typed::<LonghornRestore>(id)
-            .map_err(state_err)?
+            .map_err(CallError::State)?
             .is_some()
         {
             self.state()
                 .destroy("config", LonghornRestore::TYPE, id, "")
-                .map_err(state_err)?;
+                .map_err(CallError::State)?;
         }
         drop(_one);
         self.settle_gone(LonghornReplica::TYPE, id).await;
         Ok(())
     }
 
-    pub(super) fn replica_message(&self, r: &Typed<LonghornReplica>) -> Result<spdkrpc::Replica, Status> {
+    pub(super) fn replica_message(&self, r: &Typed<LonghornReplica>) -> Result<spdkrpc::Replica, CallError> {
         let o = self.observed(r.id(), InstanceKind::Replica)?;
         let s = o
             .status
@@ -746,13 +761,13 @@ impl Longhorn {
         let lvs_uuid = self
             .state()
             .get_typed::<DiskStatus>(&r.spec.disk)
-            .map_err(state_err)?
+            .map_err(CallError::State)?
             .map(|d| d.spec.lvstore_uuid)
             .unwrap_or_default();
         let listen = self
             .state()
             .get_typed::<crate::resources::config::NodeConfig>("node")
-            .map_err(state_err)?
+            .map_err(CallError::State)?
             .map(|n| n.spec.listen_address)
             .unwrap_or_default();
         // where the replica's export listens (the controller's choice too)
@@ -787,43 +802,46 @@ impl Longhorn {
 
     // ----- engine and engine-frontend
 
-    async fn create_engine(&self, spec: &imrpc::InstanceSpec, volume: &ObjectName) -> Result<(), Status> {
+    async fn create_engine(&self, spec: &imrpc::InstanceSpec, volume: &ObjectName) -> Result<(), CallError> {
         let name = naming::instance_name("engine", &spec.name).map_err(invalid)?;
         let what = format!("engine {name}");
         let sp = spec.spdk_instance_spec.clone().unwrap_or_default();
         if sp.replica_address_map.is_empty() {
-            return Err(Status::invalid_argument(format!(
+            return Err(CallError::Invalid(format!(
                 "{what}: replica_address_map is empty"
             )));
         }
         let mut map = BTreeMap::new();
         for (r, a) in &sp.replica_address_map {
-            naming::instance_name("replica", r)
-                .map_err(|e| Status::invalid_argument(format!("{what}: {e}")))?;
+            naming::instance_name("replica", r).map_err(|e| CallError::Invalid(format!("{what}: {e}")))?;
             a.parse::<SocketAddr>().map_err(|_| {
-                Status::invalid_argument(format!("{what}: replica {r}: address {a:?} is not ip:port"))
+                CallError::Invalid(format!("{what}: replica {r}: address {a:?} is not ip:port"))
             })?;
             map.insert(r.clone(), a.clone());
         }
         if sp.size == 0 {
-            return Err(Status::invalid_argument(format!("{what}: size is 0")));
+            return Err(CallError::Invalid(format!("{what}: size is 0")));
         }
         naming::volume_nqn(volume).map_err(invalid)?;
         let _one = self.alloc.lock().await;
-        for e in self.state().list_typed::<LonghornEngine>().map_err(state_err)? {
+        for e in self
+            .state()
+            .list_typed::<LonghornEngine>()
+            .map_err(CallError::State)?
+        {
             if e.id() == name.as_str() {
                 if e.metadata.phase == Phase::TearingDown {
-                    return Err(Status::unavailable(format!("{what} is being deleted; retry")));
+                    return Err(CallError::Unavailable(format!("{what} is being deleted; retry")));
                 }
                 if e.spec.replica_address_map == map && e.spec.volume == volume.as_str() {
                     return Ok(());
                 }
-                return Err(Status::already_exists(format!(
+                return Err(CallError::Exists(format!(
                     "{what} already exists with other replicas"
                 )));
             }
             if e.spec.volume == volume.as_str() {
-                return Err(Status::already_exists(format!(
+                return Err(CallError::Exists(format!(
                     "{what}: volume {volume} already has engine {} on this node",
                     e.id()
                 )));
@@ -850,20 +868,23 @@ impl Longhorn {
         )
     }
 
-    async fn create_frontend(&self, spec: &imrpc::InstanceSpec, volume: &ObjectName) -> Result<(), Status> {
+    async fn create_frontend(
+        &self,
+        spec: &imrpc::InstanceSpec,
+        volume: &ObjectName,
+    ) -> Result<(), CallError> {
         let name = naming::instance_name("engine-frontend", &spec.name).map_err(invalid)?;
         let what = format!("engine-frontend {name}");
         naming::instance_name("engine", &spec.engine_name)
-            .map_err(|e| Status::invalid_argument(format!("{what}: {e}")))?;
+            .map_err(|e| CallError::Invalid(format!("{what}: {e}")))?;
         spec.target_address.parse::<SocketAddr>().map_err(|_| {
-            Status::invalid_argument(format!(
+            CallError::Invalid(format!(
                 "{what}: target address {:?} is not ip:port",
                 spec.target_address
             ))
         })?;
         let sp = spec.spdk_instance_spec.clone().unwrap_or_default();
-        naming::FrontendMode::of(&sp.frontend)
-            .map_err(|e| Status::invalid_argument(format!("{what}: {e}")))?;
+        naming::FrontendMode::of(&sp.frontend).map_err(|e| CallError::Invalid(format!("{what}: {e}")))?;
         let want = LonghornEngineFrontend {
             volume: volume.as_str().to_owned(),
             engine_name: spec.engine_name.clone(),
@@ -875,22 +896,22 @@ impl Longhorn {
         if let Some(cur) = self
             .state()
             .get_typed::<LonghornEngineFrontend>(name.as_str())
-            .map_err(state_err)?
+            .map_err(CallError::State)?
         {
             if cur.spec == want && cur.metadata.phase == Phase::Running {
                 return Ok(());
             }
-            return Err(Status::already_exists(format!("{what} already exists")));
+            return Err(CallError::Exists(format!("{what} already exists")));
         }
         self.create_user(name.as_str(), &want)
     }
 
-    async fn delete_other(&self, kind: InstanceKind, name: &str) -> Result<(), Status> {
+    async fn delete_other(&self, kind: InstanceKind, name: &str) -> Result<(), CallError> {
         let n = naming::instance_name("instance", name).map_err(invalid)?;
         let ty = type_of(kind);
         match self.state().destroy("config", ty, n.as_str(), "") {
             Ok(_) | Err(StateError::NotFound { .. }) => {}
-            Err(e) => return Err(state_err(e)),
+            Err(e) => return Err(CallError::State(e)),
         }
         self.settle_gone(ty, n.as_str()).await;
         Ok(())
@@ -902,13 +923,13 @@ impl Longhorn {
         &self,
         kind: InstanceKind,
         name: &str,
-    ) -> Result<Option<imrpc::InstanceResponse>, Status> {
+    ) -> Result<Option<imrpc::InstanceResponse>, CallError> {
         let (phase, volume, engine_name) = match kind {
             InstanceKind::Replica => {
                 match self
                     .state()
                     .get_typed::<LonghornReplica>(name)
-                    .map_err(state_err)?
+                    .map_err(CallError::State)?
                 {
                     Some(r) => (r.metadata.phase, r.spec.volume, String::new()),
                     None => return Ok(None),
@@ -917,7 +938,7 @@ impl Longhorn {
             InstanceKind::Engine => match self
                 .state()
                 .get_typed::<LonghornEngine>(name)
-                .map_err(state_err)?
+                .map_err(CallError::State)?
             {
                 Some(e) => (e.metadata.phase, e.spec.volume, String::new()),
                 None => return Ok(None),
@@ -926,7 +947,7 @@ impl Longhorn {
                 match self
                     .state()
                     .get_typed::<LonghornEngineFrontend>(name)
-                    .map_err(state_err)?
+                    .map_err(CallError::State)?
                 {
                     Some(f) => (f.metadata.phase, f.spec.volume, f.spec.engine_name),
                     None => return Ok(None),
@@ -946,7 +967,7 @@ impl Longhorn {
                 if let Some(r) = self
                     .state()
                     .get_typed::<LonghornReplica>(name)
-                    .map_err(state_err)?
+                    .map_err(CallError::State)?
                 {
                     status.port_start = i32::from(r.spec.port_start);
                     status.port_end = i32::from(r.spec.port_end);
@@ -956,7 +977,7 @@ impl Longhorn {
                 if let Some(e) = self
                     .state()
                     .get_typed::<LonghornEngine>(name)
-                    .map_err(state_err)?
+                    .map_err(CallError::State)?
                 {
                     status.port_start = i32::from(e.spec.port);
                     status.port_end = i32::from(e.spec.port);
@@ -966,7 +987,7 @@ impl Longhorn {
                 if let Some(f) = self
                     .state()
                     .get_typed::<LonghornEngineFrontend>(name)
-                    .map_err(state_err)?
+                    .map_err(CallError::State)?
                 {
                     let target = f.spec.target_address.parse::<SocketAddr>().ok();
                     let port = target.map(|a| i32::from(a.port())).unwrap_or(0);
@@ -1020,7 +1041,7 @@ impl Longhorn {
         }))
     }
 
-    fn all_instances(&self) -> Result<BTreeMap<String, imrpc::InstanceResponse>, Status> {
+    fn all_instances(&self) -> Result<BTreeMap<String, imrpc::InstanceResponse>, CallError> {
         let mut out = BTreeMap::new();
         let ids = |ty: &str| -> Vec<String> {
             self.state()
@@ -1086,16 +1107,16 @@ impl Longhorn {
 
     // ----- disks
 
-    fn disk_message(&self, name: &str) -> Result<imrpc::Disk, Status> {
+    fn disk_message(&self, name: &str) -> Result<imrpc::Disk, CallError> {
         let disk = self
             .state()
             .get_typed::<Disk>(name)
-            .map_err(state_err)?
-            .ok_or_else(|| cannot_find("disk", name))?;
+            .map_err(CallError::State)?
+            .ok_or_else(|| CallError::not_found("disk", name))?;
         let st = self
             .state()
             .get_typed::<DiskStatus>(name)
-            .map_err(state_err)?
+            .map_err(CallError::State)?
             .map(|s| s.spec);
         let block = 4096i64;
         let (total, free, cluster, uuid, state) = match &st {
@@ -1325,7 +1346,7 @@ impl instance_service_server::InstanceService for Longhorn {
                 let mut of_engine = self
                     .state()
                     .list_typed::<LonghornEngineFrontend>()
-                    .map_err(state_err)?
+                    .map_err(CallError::State)?
                     .into_iter()
                     .filter(|f| f.spec.engine_name == req.name);
                 match (of_engine.next(), of_engine.next()) {
@@ -1419,7 +1440,11 @@ impl disk_service_server::DiskService for Longhorn {
                 aio_block_size(&what, req.block_size)?
             },
         };
-        let made = match self.state().get_typed::<Disk>(name.as_str()).map_err(state_err)? {
+        let made = match self
+            .state()
+            .get_typed::<Disk>(name.as_str())
+            .map_err(CallError::State)?
+        {
             Some(cur) if cur.spec.path == want.path && cur.spec.pci == want.pci => false,
             Some(cur) => {
                 return Err(Status::already_exists(format!(
@@ -1430,7 +1455,7 @@ impl disk_service_server::DiskService for Longhorn {
             None => {
                 self.state()
                     .create_typed(name.as_str(), "", &want)
-                    .map_err(state_err)?;
+                    .map_err(CallError::State)?;
                 true
             }
         };
@@ -1441,7 +1466,7 @@ impl disk_service_server::DiskService for Longhorn {
             match self
                 .state()
                 .get_typed::<DiskStatus>(name.as_str())
-                .map_err(state_err)?
+                .map_err(CallError::State)?
             {
                 Some(d) if d.spec.state == ObjectState::Ready => break None,
                 Some(d) if d.spec.state == ObjectState::Failed => {
@@ -1483,7 +1508,7 @@ impl disk_service_server::DiskService for Longhorn {
         let on_it: Vec<String> = self
             .state()
             .list_typed::<LonghornReplica>()
-            .map_err(state_err)?
+            .map_err(CallError::State)?
             .into_iter()
             .filter(|r| r.spec.disk == name.as_str())
             .map(|r| r.id().to_owned())
@@ -1496,7 +1521,7 @@ impl disk_service_server::DiskService for Longhorn {
         }
         match self.state().destroy("config", Disk::TYPE, name.as_str(), "") {
             Ok(_) | Err(StateError::NotFound { .. }) => Ok(Response::new(())),
-            Err(e) => Err(state_err(e)),
+            Err(e) => Err(CallError::State(e).into()),
         }
     }
 
@@ -1647,7 +1672,7 @@ impl spdk_service_server::SpdkService for Longhorn {
         let r = self
             .state()
             .get_typed::<LonghornReplica>(&req.name)
-            .map_err(state_err)?
+            .map_err(CallError::State)?
             .ok_or_else(|| {
                 Status::aborted(format!("replica {} was deleted while it was created", req.name))
             })?;
@@ -1671,7 +1696,7 @@ impl spdk_service_server::SpdkService for Longhorn {
         let r = self
             .state()
             .get_typed::<LonghornReplica>(&name)
-            .map_err(state_err)?
+            .map_err(CallError::State)?
             .ok_or_else(|| cannot_find("replica", &name))?;
         let mut m = self.replica_message(&r)?;
         // the head's parent and the snapshots as spdk_tgt holds them now
@@ -1825,7 +1850,11 @@ impl spdk_service_server::SpdkService for Longhorn {
 
     async fn replica_list(&self, _: Request<()>) -> Result<Response<spdkrpc::ReplicaListResponse>, Status> {
         let mut replicas = std::collections::HashMap::new();
-        for r in self.state().list_typed::<LonghornReplica>().map_err(state_err)? {
+        for r in self
+            .state()
+            .list_typed::<LonghornReplica>()
+            .map_err(CallError::State)?
+        {
             replicas.insert(r.id().to_owned(), self.replica_message(&r)?);
         }
         Ok(Response::new(spdkrpc::ReplicaListResponse { replicas }))
@@ -1879,6 +1908,37 @@ mod tests {
         assert!(is_served("/imrpc.ProxyEngineService/ReplicaAdd"));
         assert!(!is_served("/imrpc.ProxyEngineService/SnapshotClone"));
         assert!(!is_served("/ProcessManagerService/ProcessList"));
+    }
+
+    #[test]
+    fn refusals_keep_the_code_and_words_longhorn_reads() {
+        let cases: Vec<(CallError, tonic::Code, &str)> = vec![
+            (
+                aio_block_size("disk d", 1000).expect_err("not a power of two"),
+                tonic::Code::InvalidArgument,
+                "disk d: block size 1000 is not a power of two of at least 512",
+            ),
+            (
+                kind_of("shard", "s").expect_err("unknown type"),
+                tonic::Code::InvalidArgument,
+                "instance s: unknown instance type \"shard\" (talon serves replica, engine and engine-frontend)",
+            ),
+            (
+                v2_only("instance i", 0, 0).expect_err("v1"),
+                tonic::Code::InvalidArgument,
+                "instance i: talon serves the V2 data engine only (data_engine DATA_ENGINE_V2)",
+            ),
+            (
+                unimplemented("/imrpc.InstanceService/InstanceLog"),
+                tonic::Code::Unimplemented,
+                "/imrpc.InstanceService/InstanceLog is not implemented by talon's Longhorn instance manager",
+            ),
+        ];
+        for (e, code, message) in cases {
+            let s = Status::from(e);
+            assert_eq!((s.code(), s.message()), (code, message));
+        }
+        assert_eq!(aio_block_size("disk d", 4096).ok(), Some(Some(4096)));
     }
 
     #[test]
