@@ -145,7 +145,7 @@ pub enum ServeError {
     #[error(transparent)]
     Target(#[from] crate::spdk::target::TargetError),
     #[error(transparent)]
-    Longhorn(#[from] crate::longhorn::server::LonghornError),
+    Longhorn(#[from] crate::longhorn::server::ServeError),
 }
 
 /// Up to ten paths, comma-separated, then how many more.

@@ -23,7 +23,7 @@ use std::time::Duration;
 use futures::Stream;
 use tonic::{Request, Response, Status};
 
-use super::error::LonghornError as CallError;
+use super::error::LonghornError;
 use super::lifecycle::{self, Op};
 use super::replica_msg::fill_replica;
 use super::service::{Longhorn, cannot_find};
@@ -75,7 +75,7 @@ impl LonghornOptions {
 
 /// Why the servers could not start.
 #[derive(Debug, thiserror::Error)]
-pub enum LonghornError {
+pub enum ServeError {
     /// A port is taken.
     #[error("cannot listen on {addr} for Longhorn's {service}")]
     Bind {
@@ -120,17 +120,17 @@ impl Bound {
 }
 
 /// Binds the five ports (all or none).
-pub async fn bind(opts: &LonghornOptions) -> Result<Bound, LonghornError> {
+pub async fn bind(opts: &LonghornOptions) -> Result<Bound, ServeError> {
     let base = opts.listen.port();
     if base > u16::MAX - 4 {
-        return Err(LonghornError::BasePort(opts.listen));
+        return Err(ServeError::BasePort(opts.listen));
     }
     let mut listeners = Vec::new();
     for (i, service) in super::SERVICES.iter().enumerate() {
         let addr = SocketAddr::new(opts.listen.ip(), base + i as u16);
         let l = tokio::net::TcpListener::bind(addr)
             .await
-            .map_err(|source| LonghornError::Bind {
+            .map_err(|source| ServeError::Bind {
                 addr,
                 service,
                 source,
@@ -147,7 +147,7 @@ pub async fn serve(
     lh: Longhorn,
     limits: super::bounds::GrpcLimits,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
-) -> Result<(), LonghornError> {
+) -> Result<(), ServeError> {
     // what a hash left behind when talon stopped mid-hash
     lh.hashes().sweep(lh.client()).await;
     let (tx, rx) = tokio::sync::watch::channel(false);
@@ -174,7 +174,7 @@ pub async fn serve(
                     let _ = rx.wait_for(|s| *s).await;
                 })
                 .await
-                .map_err(|source| LonghornError::Serve {
+                .map_err(|source| ServeError::Serve {
                     service,
                     addr,
                     source,
@@ -196,7 +196,7 @@ pub async fn serve(
 }
 
 /// Health, reflection and the service of port `i`.
-async fn routes(i: usize, lh: &Longhorn) -> Result<tonic::service::Routes, LonghornError> {
+async fn routes(i: usize, lh: &Longhorn) -> Result<tonic::service::Routes, ServeError> {
     let (reporter, health) = tonic_health::server::health_reporter();
     reporter
         .set_service_status("", tonic_health::ServingStatus::Serving)
@@ -207,11 +207,11 @@ async fn routes(i: usize, lh: &Longhorn) -> Result<tonic::service::Routes, Longh
     let reflection_v1 = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(crate::proto::FILE_DESCRIPTOR_SET)
         .build_v1()
-        .map_err(LonghornError::Reflection)?;
+        .map_err(ServeError::Reflection)?;
     let reflection_v1alpha = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(crate::proto::FILE_DESCRIPTOR_SET)
         .build_v1alpha()
-        .map_err(LonghornError::Reflection)?;
+        .map_err(ServeError::Reflection)?;
     let routes = tonic::service::Routes::new(health)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha);
@@ -372,46 +372,46 @@ fn is_read(method: &str) -> bool {
 /// (it refuses others with -22: "must be a power of 2", "must be at least
 /// 512"). One below the device's own block size is refused by SPDK when the
 /// disk is made, and `DiskCreate` answers its words.
-fn aio_block_size(what: &str, block_size: i64) -> Result<Option<u32>, CallError> {
+fn aio_block_size(what: &str, block_size: i64) -> Result<Option<u32>, LonghornError> {
     if block_size == 0 {
         return Ok(None);
     }
     match u32::try_from(block_size) {
         Ok(b) if b >= 512 && b.is_power_of_two() => Ok(Some(b)),
-        _ => Err(CallError::Invalid(format!(
+        _ => Err(LonghornError::Invalid(format!(
             "{what}: block size {block_size} is not a power of two of at least 512"
         ))),
     }
 }
 
-fn unimplemented(method: &str) -> CallError {
-    CallError::Unimplemented(format!(
+fn unimplemented(method: &str) -> LonghornError {
+    LonghornError::Unimplemented(format!(
         "{method} is not implemented by talon's Longhorn instance manager"
     ))
 }
 
 // ------------------------------------------------------------ helpers
 
-fn invalid(e: crate::names::InvalidName) -> CallError {
-    CallError::Invalid(e.to_string())
+fn invalid(e: crate::names::InvalidName) -> LonghornError {
+    LonghornError::Invalid(e.to_string())
 }
 
-fn v2_only(what: &str, data_engine: i32, driver: i32) -> Result<(), CallError> {
+fn v2_only(what: &str, data_engine: i32, driver: i32) -> Result<(), LonghornError> {
     if data_engine == imrpc::DataEngine::V2 as i32 || driver == imrpc::BackendStoreDriver::V2 as i32 {
         Ok(())
     } else {
-        Err(CallError::Invalid(format!(
+        Err(LonghornError::Invalid(format!(
             "{what}: talon serves the V2 data engine only (data_engine DATA_ENGINE_V2)"
         )))
     }
 }
 
-fn kind_of(ty: &str, name: &str) -> Result<InstanceKind, CallError> {
+fn kind_of(ty: &str, name: &str) -> Result<InstanceKind, LonghornError> {
     match ty {
         "replica" => Ok(InstanceKind::Replica),
         "engine" => Ok(InstanceKind::Engine),
         "engine-frontend" => Ok(InstanceKind::EngineFrontend),
-        other => Err(CallError::Invalid(format!(
+        other => Err(LonghornError::Invalid(format!(
             "instance {name}: unknown instance type {other:?} (talon serves replica, engine and engine-frontend)"
         ))),
     }
@@ -444,19 +444,19 @@ struct Observed {
 
 impl Longhorn {
     /// The engine-frontend instance `name`, if there is one.
-    fn frontend(&self, name: &str) -> Result<Option<LonghornEngineFrontend>, CallError> {
+    fn frontend(&self, name: &str) -> Result<Option<LonghornEngineFrontend>, LonghornError> {
         Ok(self
             .state()
             .get_typed::<LonghornEngineFrontend>(name)
-            .map_err(CallError::State)?
+            .map_err(LonghornError::State)?
             .map(|f| f.spec))
     }
 
-    fn observed(&self, name: &str, kind: InstanceKind) -> Result<Observed, CallError> {
+    fn observed(&self, name: &str, kind: InstanceKind) -> Result<Observed, LonghornError> {
         let status = self
             .state()
             .get_typed::<LonghornInstanceStatus>(name)
-            .map_err(CallError::State)?
+            .map_err(LonghornError::State)?
             .map(|s| s.spec)
             .filter(|s| s.kind == kind);
         Ok(Observed {
@@ -496,19 +496,19 @@ impl Longhorn {
     }
 
     /// Ports every Longhorn instance holds.
-    fn used_ports(&self) -> Result<BTreeSet<u16>, CallError> {
+    fn used_ports(&self) -> Result<BTreeSet<u16>, LonghornError> {
         let mut used = BTreeSet::new();
         for r in self
             .state()
             .list_typed::<LonghornReplica>()
-            .map_err(CallError::State)?
+            .map_err(LonghornError::State)?
         {
             used.extend(r.spec.port_start..=r.spec.port_end);
         }
         for e in self
             .state()
             .list_typed::<LonghornEngine>()
-            .map_err(CallError::State)?
+            .map_err(LonghornError::State)?
         {
             used.insert(e.spec.port);
         }
@@ -516,7 +516,7 @@ impl Longhorn {
     }
 
     /// The first `count` consecutive free ports of the range.
-    fn free_ports(&self, what: &str, count: u16) -> Result<(u16, u16), CallError> {
+    fn free_ports(&self, what: &str, count: u16) -> Result<(u16, u16), LonghornError> {
         let used = self.used_ports()?;
         let (lo, hi) = (*self.ports.start(), *self.ports.end());
         let mut start = lo;
@@ -527,32 +527,35 @@ impl Longhorn {
                 Some(p) => start = p + 1,
             }
         }
-        Err(CallError::Exhausted(format!(
+        Err(LonghornError::Exhausted(format!(
             "{what}: no {count} free consecutive ports left in {lo}-{hi}"
         )))
     }
 
-    pub(super) fn ready_disk(&self, what: &str, disk: &str) -> Result<DiskStatus, CallError> {
+    pub(super) fn ready_disk(&self, what: &str, disk: &str) -> Result<DiskStatus, LonghornError> {
         let name = naming::instance_name("disk", disk).map_err(invalid)?;
         if self
             .state()
             .get_typed::<Disk>(name.as_str())
-            .map_err(CallError::State)?
+            .map_err(LonghornError::State)?
             .is_none()
         {
-            return Err(CallError::within(what, CallError::not_found("disk", disk)));
+            return Err(LonghornError::within(
+                what,
+                LonghornError::not_found("disk", disk),
+            ));
         }
         match self
             .state()
             .get_typed::<DiskStatus>(name.as_str())
-            .map_err(CallError::State)?
+            .map_err(LonghornError::State)?
         {
             Some(d) if d.spec.state == ObjectState::Ready => Ok(d.spec),
-            Some(d) => Err(CallError::Refused(format!(
+            Some(d) => Err(LonghornError::Refused(format!(
                 "{what}: disk {disk} is not ready ({:?}: {})",
                 d.spec.state, d.spec.message
             ))),
-            None => Err(CallError::Refused(format!(
+            None => Err(LonghornError::Refused(format!(
                 "{what}: disk {disk} is not ready yet"
             ))),
         }
@@ -574,14 +577,14 @@ impl Longhorn {
         total: u64,
         except: Option<&str>,
         size: u64,
-    ) -> Result<(), CallError> {
+    ) -> Result<(), LonghornError> {
         let inv = Inventory::load(self.client())
             .await
-            .map_err(|x| CallError::spdk(format!("{what}: reading spdk_tgt"), x))?;
+            .map_err(|x| LonghornError::spdk(format!("{what}: reading spdk_tgt"), x))?;
         let replicas = self
             .state()
             .list_typed::<LonghornReplica>()
-            .map_err(CallError::State)?;
+            .map_err(LonghornError::State)?;
         let committed = replicas
             .iter()
             .filter(|r| r.spec.disk == disk)
@@ -599,26 +602,26 @@ impl Longhorn {
                 sum?.checked_sub(made)?.checked_add(recorded)
             })
             .ok_or_else(|| {
-                CallError::internal(
+                LonghornError::internal(
                     what,
                     format!("disk {disk}: the sizes of its lvols add up past 2^64 bytes"),
                 )
             })?;
         plan::commitment(total, committed, size, self.overcommit_percent).map_err(|e| {
-            CallError::Exhausted(format!(
+            LonghornError::Exhausted(format!(
                 "{what}: {size} bytes on disk {disk}: {e} (talon serve --longhorn-overcommit-percent)"
             ))
         })
     }
 
-    fn create_user<S: Spec>(&self, id: &str, spec: &S) -> Result<(), CallError> {
+    fn create_user<S: Spec>(&self, id: &str, spec: &S) -> Result<(), LonghornError> {
         self.state()
             .create_typed(id, "", spec)
-            .map_err(CallError::State)?;
+            .map_err(LonghornError::State)?;
         // the controller's finalizer from the start: a delete always goes through it
         self.state()
             .add_finalizer(S::NAMESPACE, S::TYPE, id, CONTROLLER)
-            .map_err(CallError::State)
+            .map_err(LonghornError::State)
     }
 
     // ----- replica
@@ -632,19 +635,19 @@ impl Longhorn {
         disk_uuid: &str,
         size: u64,
         port_count: i32,
-    ) -> Result<(), CallError> {
+    ) -> Result<(), LonghornError> {
         let what = format!("replica {name}");
         let rname = naming::instance_name("replica", name).map_err(invalid)?;
         let volume = ObjectName::parse("volume", volume).map_err(invalid)?;
         let d = self.ready_disk(&what, disk)?;
         if !disk_uuid.is_empty() && disk_uuid != d.lvstore_uuid {
-            return Err(CallError::Refused(format!(
+            return Err(LonghornError::Refused(format!(
                 "{what}: disk {disk} has UUID {}, not {disk_uuid}",
                 d.lvstore_uuid
             )));
         }
         if size == 0 || d.cluster_bytes == 0 || !size.is_multiple_of(d.cluster_bytes) {
-            return Err(CallError::Invalid(format!(
+            return Err(LonghornError::Invalid(format!(
                 "{what}: size {size} is not a positive multiple of disk {disk}'s cluster size {}",
                 d.cluster_bytes
             )));
@@ -653,15 +656,17 @@ impl Longhorn {
         if let Some(cur) = self
             .state()
             .get_typed::<LonghornReplica>(rname.as_str())
-            .map_err(CallError::State)?
+            .map_err(LonghornError::State)?
         {
             if cur.metadata.phase == Phase::TearingDown {
-                return Err(CallError::Unavailable(format!("{what} is being deleted; retry")));
+                return Err(LonghornError::Unavailable(format!(
+                    "{what} is being deleted; retry"
+                )));
             }
             if cur.spec.disk == disk && cur.spec.size_bytes == size && cur.spec.volume == volume.as_str() {
                 return Ok(());
             }
-            return Err(CallError::Exists(format!(
+            return Err(LonghornError::Exists(format!(
                 "{what} already exists on disk {} with {} bytes",
                 cur.spec.disk, cur.spec.size_bytes
             )));
@@ -687,14 +692,19 @@ impl Longhorn {
     /// Deletes a replica instance; `cleanup` removes its lvol too. An lvol
     /// kept by an earlier delete (no instance) is removed by a cleanup delete
     /// when its disk is known.
-    async fn delete_replica(&self, name: &str, cleanup: bool, disk: Option<String>) -> Result<(), CallError> {
+    async fn delete_replica(
+        &self,
+        name: &str,
+        cleanup: bool,
+        disk: Option<String>,
+    ) -> Result<(), LonghornError> {
         let rname = naming::instance_name("replica", name).map_err(invalid)?;
         let id = rname.as_str();
         let _one = self.alloc.lock().await;
         match self
             .state()
             .get_typed::<LonghornReplica>(id)
-            .map_err(CallError::State)?
+            .map_err(LonghornError::State)?
         {
             Some(cur) => {
                 if cleanup && !cur.spec.cleanup {
@@ -708,7 +718,7 @@ impl Longhorn {
                                 ..cur.spec.clone()
                             },
                         )
-                        .map_err(CallError::State)?;
+                        .map_err(LonghornError::State)?;
                 }
             }
             None => {
@@ -733,26 +743,29 @@ impl Longhorn {
         }
         self.state()
             .destroy("config", LonghornReplica::TYPE, id, "")
-            .map_err(CallError::State)?;
+            .map_err(LonghornError::State)?;
         // a restore into it goes with it (its status and credentials with that)
         use crate::resources::backup::LonghornRestore;
         use crate::runtime::Spec as _;
         if self
             .state()
             .get_typed::<LonghornRestore>(id)
-            .map_err(CallError::State)?
+            .map_err(LonghornError::State)?
             .is_some()
         {
             self.state()
                 .destroy("config", LonghornRestore::TYPE, id, "")
-                .map_err(CallError::State)?;
+                .map_err(LonghornError::State)?;
         }
         drop(_one);
         self.settle_gone(LonghornReplica::TYPE, id).await;
         Ok(())
     }
 
-    pub(super) fn replica_message(&self, r: &Typed<LonghornReplica>) -> Result<spdkrpc::Replica, CallError> {
+    pub(super) fn replica_message(
+        &self,
+        r: &Typed<LonghornReplica>,
+    ) -> Result<spdkrpc::Replica, LonghornError> {
         let o = self.observed(r.id(), InstanceKind::Replica)?;
         let s = o
             .status
@@ -761,13 +774,13 @@ impl Longhorn {
         let lvs_uuid = self
             .state()
             .get_typed::<DiskStatus>(&r.spec.disk)
-            .map_err(CallError::State)?
+            .map_err(LonghornError::State)?
             .map(|d| d.spec.lvstore_uuid)
             .unwrap_or_default();
         let listen = self
             .state()
             .get_typed::<crate::resources::config::NodeConfig>("node")
-            .map_err(CallError::State)?
+            .map_err(LonghornError::State)?
             .map(|n| n.spec.listen_address)
             .unwrap_or_default();
         // where the replica's export listens (the controller's choice too)
@@ -802,46 +815,53 @@ impl Longhorn {
 
     // ----- engine and engine-frontend
 
-    async fn create_engine(&self, spec: &imrpc::InstanceSpec, volume: &ObjectName) -> Result<(), CallError> {
+    async fn create_engine(
+        &self,
+        spec: &imrpc::InstanceSpec,
+        volume: &ObjectName,
+    ) -> Result<(), LonghornError> {
         let name = naming::instance_name("engine", &spec.name).map_err(invalid)?;
         let what = format!("engine {name}");
         let sp = spec.spdk_instance_spec.clone().unwrap_or_default();
         if sp.replica_address_map.is_empty() {
-            return Err(CallError::Invalid(format!(
+            return Err(LonghornError::Invalid(format!(
                 "{what}: replica_address_map is empty"
             )));
         }
         let mut map = BTreeMap::new();
         for (r, a) in &sp.replica_address_map {
-            naming::instance_name("replica", r).map_err(|e| CallError::Invalid(format!("{what}: {e}")))?;
+            naming::instance_name("replica", r)
+                .map_err(|e| LonghornError::Invalid(format!("{what}: {e}")))?;
             a.parse::<SocketAddr>().map_err(|_| {
-                CallError::Invalid(format!("{what}: replica {r}: address {a:?} is not ip:port"))
+                LonghornError::Invalid(format!("{what}: replica {r}: address {a:?} is not ip:port"))
             })?;
             map.insert(r.clone(), a.clone());
         }
         if sp.size == 0 {
-            return Err(CallError::Invalid(format!("{what}: size is 0")));
+            return Err(LonghornError::Invalid(format!("{what}: size is 0")));
         }
         naming::volume_nqn(volume).map_err(invalid)?;
         let _one = self.alloc.lock().await;
         for e in self
             .state()
             .list_typed::<LonghornEngine>()
-            .map_err(CallError::State)?
+            .map_err(LonghornError::State)?
         {
             if e.id() == name.as_str() {
                 if e.metadata.phase == Phase::TearingDown {
-                    return Err(CallError::Unavailable(format!("{what} is being deleted; retry")));
+                    return Err(LonghornError::Unavailable(format!(
+                        "{what} is being deleted; retry"
+                    )));
                 }
                 if e.spec.replica_address_map == map && e.spec.volume == volume.as_str() {
                     return Ok(());
                 }
-                return Err(CallError::Exists(format!(
+                return Err(LonghornError::Exists(format!(
                     "{what} already exists with other replicas"
                 )));
             }
             if e.spec.volume == volume.as_str() {
-                return Err(CallError::Exists(format!(
+                return Err(LonghornError::Exists(format!(
                     "{what}: volume {volume} already has engine {} on this node",
                     e.id()
                 )));
@@ -872,19 +892,19 @@ impl Longhorn {
         &self,
         spec: &imrpc::InstanceSpec,
         volume: &ObjectName,
-    ) -> Result<(), CallError> {
+    ) -> Result<(), LonghornError> {
         let name = naming::instance_name("engine-frontend", &spec.name).map_err(invalid)?;
         let what = format!("engine-frontend {name}");
         naming::instance_name("engine", &spec.engine_name)
-            .map_err(|e| CallError::Invalid(format!("{what}: {e}")))?;
+            .map_err(|e| LonghornError::Invalid(format!("{what}: {e}")))?;
         spec.target_address.parse::<SocketAddr>().map_err(|_| {
-            CallError::Invalid(format!(
+            LonghornError::Invalid(format!(
                 "{what}: target address {:?} is not ip:port",
                 spec.target_address
             ))
         })?;
         let sp = spec.spdk_instance_spec.clone().unwrap_or_default();
-        naming::FrontendMode::of(&sp.frontend).map_err(|e| CallError::Invalid(format!("{what}: {e}")))?;
+        naming::FrontendMode::of(&sp.frontend).map_err(|e| LonghornError::Invalid(format!("{what}: {e}")))?;
         let want = LonghornEngineFrontend {
             volume: volume.as_str().to_owned(),
             engine_name: spec.engine_name.clone(),
@@ -896,22 +916,22 @@ impl Longhorn {
         if let Some(cur) = self
             .state()
             .get_typed::<LonghornEngineFrontend>(name.as_str())
-            .map_err(CallError::State)?
+            .map_err(LonghornError::State)?
         {
             if cur.spec == want && cur.metadata.phase == Phase::Running {
                 return Ok(());
             }
-            return Err(CallError::Exists(format!("{what} already exists")));
+            return Err(LonghornError::Exists(format!("{what} already exists")));
         }
         self.create_user(name.as_str(), &want)
     }
 
-    async fn delete_other(&self, kind: InstanceKind, name: &str) -> Result<(), CallError> {
+    async fn delete_other(&self, kind: InstanceKind, name: &str) -> Result<(), LonghornError> {
         let n = naming::instance_name("instance", name).map_err(invalid)?;
         let ty = type_of(kind);
         match self.state().destroy("config", ty, n.as_str(), "") {
             Ok(_) | Err(StateError::NotFound { .. }) => {}
-            Err(e) => return Err(CallError::State(e)),
+            Err(e) => return Err(LonghornError::State(e)),
         }
         self.settle_gone(ty, n.as_str()).await;
         Ok(())
@@ -923,13 +943,13 @@ impl Longhorn {
         &self,
         kind: InstanceKind,
         name: &str,
-    ) -> Result<Option<imrpc::InstanceResponse>, CallError> {
+    ) -> Result<Option<imrpc::InstanceResponse>, LonghornError> {
         let (phase, volume, engine_name) = match kind {
             InstanceKind::Replica => {
                 match self
                     .state()
                     .get_typed::<LonghornReplica>(name)
-                    .map_err(CallError::State)?
+                    .map_err(LonghornError::State)?
                 {
                     Some(r) => (r.metadata.phase, r.spec.volume, String::new()),
                     None => return Ok(None),
@@ -938,7 +958,7 @@ impl Longhorn {
             InstanceKind::Engine => match self
                 .state()
                 .get_typed::<LonghornEngine>(name)
-                .map_err(CallError::State)?
+                .map_err(LonghornError::State)?
             {
                 Some(e) => (e.metadata.phase, e.spec.volume, String::new()),
                 None => return Ok(None),
@@ -947,7 +967,7 @@ impl Longhorn {
                 match self
                     .state()
                     .get_typed::<LonghornEngineFrontend>(name)
-                    .map_err(CallError::State)?
+                    .map_err(LonghornError::State)?
                 {
                     Some(f) => (f.metadata.phase, f.spec.volume, f.spec.engine_name),
                     None => return Ok(None),
@@ -967,7 +987,7 @@ impl Longhorn {
                 if let Some(r) = self
                     .state()
                     .get_typed::<LonghornReplica>(name)
-                    .map_err(CallError::State)?
+                    .map_err(LonghornError::State)?
                 {
                     status.port_start = i32::from(r.spec.port_start);
                     status.port_end = i32::from(r.spec.port_end);
@@ -977,7 +997,7 @@ impl Longhorn {
                 if let Some(e) = self
                     .state()
                     .get_typed::<LonghornEngine>(name)
-                    .map_err(CallError::State)?
+                    .map_err(LonghornError::State)?
                 {
                     status.port_start = i32::from(e.spec.port);
                     status.port_end = i32::from(e.spec.port);
@@ -987,7 +1007,7 @@ impl Longhorn {
                 if let Some(f) = self
                     .state()
                     .get_typed::<LonghornEngineFrontend>(name)
-                    .map_err(CallError::State)?
+                    .map_err(LonghornError::State)?
                 {
                     let target = f.spec.target_address.parse::<SocketAddr>().ok();
                     let port = target.map(|a| i32::from(a.port())).unwrap_or(0);
@@ -1041,7 +1061,7 @@ impl Longhorn {
         }))
     }
 
-    fn all_instances(&self) -> Result<BTreeMap<String, imrpc::InstanceResponse>, CallError> {
+    fn all_instances(&self) -> Result<BTreeMap<String, imrpc::InstanceResponse>, LonghornError> {
         let mut out = BTreeMap::new();
         let ids = |ty: &str| -> Vec<String> {
             self.state()
@@ -1107,16 +1127,16 @@ impl Longhorn {
 
     // ----- disks
 
-    fn disk_message(&self, name: &str) -> Result<imrpc::Disk, CallError> {
+    fn disk_message(&self, name: &str) -> Result<imrpc::Disk, LonghornError> {
         let disk = self
             .state()
             .get_typed::<Disk>(name)
-            .map_err(CallError::State)?
-            .ok_or_else(|| CallError::not_found("disk", name))?;
+            .map_err(LonghornError::State)?
+            .ok_or_else(|| LonghornError::not_found("disk", name))?;
         let st = self
             .state()
             .get_typed::<DiskStatus>(name)
-            .map_err(CallError::State)?
+            .map_err(LonghornError::State)?
             .map(|s| s.spec);
         let block = 4096i64;
         let (total, free, cluster, uuid, state) = match &st {
@@ -1346,7 +1366,7 @@ impl instance_service_server::InstanceService for Longhorn {
                 let mut of_engine = self
                     .state()
                     .list_typed::<LonghornEngineFrontend>()
-                    .map_err(CallError::State)?
+                    .map_err(LonghornError::State)?
                     .into_iter()
                     .filter(|f| f.spec.engine_name == req.name);
                 match (of_engine.next(), of_engine.next()) {
@@ -1443,7 +1463,7 @@ impl disk_service_server::DiskService for Longhorn {
         let made = match self
             .state()
             .get_typed::<Disk>(name.as_str())
-            .map_err(CallError::State)?
+            .map_err(LonghornError::State)?
         {
             Some(cur) if cur.spec.path == want.path && cur.spec.pci == want.pci => false,
             Some(cur) => {
@@ -1455,7 +1475,7 @@ impl disk_service_server::DiskService for Longhorn {
             None => {
                 self.state()
                     .create_typed(name.as_str(), "", &want)
-                    .map_err(CallError::State)?;
+                    .map_err(LonghornError::State)?;
                 true
             }
         };
@@ -1466,7 +1486,7 @@ impl disk_service_server::DiskService for Longhorn {
             match self
                 .state()
                 .get_typed::<DiskStatus>(name.as_str())
-                .map_err(CallError::State)?
+                .map_err(LonghornError::State)?
             {
                 Some(d) if d.spec.state == ObjectState::Ready => break None,
                 Some(d) if d.spec.state == ObjectState::Failed => {
@@ -1508,7 +1528,7 @@ impl disk_service_server::DiskService for Longhorn {
         let on_it: Vec<String> = self
             .state()
             .list_typed::<LonghornReplica>()
-            .map_err(CallError::State)?
+            .map_err(LonghornError::State)?
             .into_iter()
             .filter(|r| r.spec.disk == name.as_str())
             .map(|r| r.id().to_owned())
@@ -1521,7 +1541,7 @@ impl disk_service_server::DiskService for Longhorn {
         }
         match self.state().destroy("config", Disk::TYPE, name.as_str(), "") {
             Ok(_) | Err(StateError::NotFound { .. }) => Ok(Response::new(())),
-            Err(e) => Err(CallError::State(e).into()),
+            Err(e) => Err(LonghornError::State(e).into()),
         }
     }
 
@@ -1672,7 +1692,7 @@ impl spdk_service_server::SpdkService for Longhorn {
         let r = self
             .state()
             .get_typed::<LonghornReplica>(&req.name)
-            .map_err(CallError::State)?
+            .map_err(LonghornError::State)?
             .ok_or_else(|| {
                 Status::aborted(format!("replica {} was deleted while it was created", req.name))
             })?;
@@ -1696,7 +1716,7 @@ impl spdk_service_server::SpdkService for Longhorn {
         let r = self
             .state()
             .get_typed::<LonghornReplica>(&name)
-            .map_err(CallError::State)?
+            .map_err(LonghornError::State)?
             .ok_or_else(|| cannot_find("replica", &name))?;
         let mut m = self.replica_message(&r)?;
         // the head's parent and the snapshots as spdk_tgt holds them now
@@ -1853,7 +1873,7 @@ impl spdk_service_server::SpdkService for Longhorn {
         for r in self
             .state()
             .list_typed::<LonghornReplica>()
-            .map_err(CallError::State)?
+            .map_err(LonghornError::State)?
         {
             replicas.insert(r.id().to_owned(), self.replica_message(&r)?);
         }
@@ -1912,7 +1932,7 @@ mod tests {
 
     #[test]
     fn refusals_keep_the_code_and_words_longhorn_reads() {
-        let cases: Vec<(CallError, tonic::Code, &str)> = vec![
+        let cases: Vec<(LonghornError, tonic::Code, &str)> = vec![
             (
                 aio_block_size("disk d", 1000).expect_err("not a power of two"),
                 tonic::Code::InvalidArgument,
