@@ -11,7 +11,14 @@ use super::{
 };
 use crate::spdk::client::ClientError;
 use crate::spdk::error::ErrorKind;
-use crate::spdk::rpc::{ByName, NullCreate, QosLimit, RaidAddBaseBdev, RaidCreate, RaidDelete, RaidLevel};
+use crate::spdk::rpc::{
+    ByName, GetRaids, NullCreate, QosLimit, RaidAddBaseBdev, RaidCategory, RaidCreate, RaidDelete, RaidLevel,
+};
+
+/// How long after a listing that shows SPDK's rebuild of a member ended it
+/// is listed again, to tell a rebuild that finished from one that failed
+/// (the member is then being taken out: see `ensure_raid`).
+const REBUILD_END_SETTLE: std::time::Duration = std::time::Duration::from_millis(250);
 
 impl VolumeOps {
     /// The raid1 of a volume with two or more replicas: made from the
@@ -105,6 +112,49 @@ impl VolumeOps {
                     }
                 }
                 sync.rebuilding = target;
+                // a member the ledger does not trust, configured with no
+                // rebuild running: SPDK's rebuild of it has ended. v26.05
+                // clears the raid's process before it takes out a target
+                // whose rebuild failed (`raid_bdev_process_finish_quiesced`,
+                // then the unquiesce, then `_raid_bdev_remove_base_bdev`), so
+                // a listing in between shows that target configured; it is
+                // trusted only if a listing a moment later still has it
+                if target.is_none() && held_back.is_none() {
+                    let ended: Vec<usize> = sync.in_sync.iter().copied().filter(|k| !trusted(*k)).collect();
+                    if let Some(&k) = ended.first() {
+                        tokio::time::sleep(REBUILD_END_SETTLE).await;
+                        let raids = self
+                            .client
+                            .bdev_raid_get_bdevs(&GetRaids {
+                                category: RaidCategory::All,
+                            })
+                            .await
+                            .map_err(rpc(vol, format!("listing raid {raid} again after a rebuild")))?;
+                        let again = raids.iter().find(|x| x.name == raid && x.process.is_none());
+                        let still = |k: usize| {
+                            again.is_some_and(|x| {
+                                x.base_bdevs_list
+                                    .iter()
+                                    .any(|b| b.is_configured && b.name.as_deref().and_then(k_of) == Some(k))
+                            })
+                        };
+                        if let Some(&gone) = ended.iter().find(|k| !still(**k)) {
+                            tracing::warn!(
+                                volume = vol,
+                                replica = gone,
+                                "SPDK's rebuild of a replica ended without it: not trusted, rebuilt again"
+                            );
+                            sync.in_sync.remove(&gone);
+                            held_back = Some(gone);
+                        } else {
+                            tracing::debug!(
+                                volume = vol,
+                                replica = k,
+                                "SPDK's rebuild of a replica ended with it in the raid"
+                            );
+                        }
+                    }
+                }
             }
             None => {
                 if let Some(r) = inv.raid(&raid) {
