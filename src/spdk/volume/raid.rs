@@ -138,14 +138,17 @@ impl VolumeOps {
                                     .any(|b| b.is_configured && b.name.as_deref().and_then(k_of) == Some(k))
                             })
                         };
-                        if let Some(&gone) = ended.iter().find(|k| !still(**k)) {
+                        let gone: Vec<usize> = ended.iter().copied().filter(|k| !still(*k)).collect();
+                        for &g in &gone {
                             tracing::warn!(
                                 volume = vol,
-                                replica = gone,
+                                replica = g,
                                 "SPDK's rebuild of a replica ended without it: not trusted, rebuilt again"
                             );
-                            sync.in_sync.remove(&gone);
-                            held_back = Some(gone);
+                            sync.in_sync.remove(&g);
+                        }
+                        if let Some(&g) = gone.first() {
+                            held_back = Some(g);
                         } else {
                             tracing::debug!(
                                 volume = vol,
