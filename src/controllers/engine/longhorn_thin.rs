@@ -102,6 +102,40 @@ struct ThinState {
     dst_waiting: HashMap<(String, String), Instant>,
 }
 
+/// Where a dest on another node stands after one more ask to make its
+/// head ready (`ReplicaRebuildingDstStart`, answered at once).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum DstAsk {
+    /// Its head is made again: no longer waited for.
+    Ready,
+    /// Asked first (or afresh, after a bound ran out): its node works at it.
+    Asked,
+    /// Its node is still at it, asked since an earlier step.
+    Waiting,
+    /// Not ready within [`DST_WAIT`]: a failed step; the next one asks afresh.
+    TooLong,
+}
+
+impl ThinState {
+    /// Records one ask of dest `key` at `now`, which its node answered
+    /// `ready` or not yet.
+    fn dst_asked(&mut self, key: &(String, String), ready: bool, now: Instant) -> DstAsk {
+        if ready {
+            self.dst_waiting.remove(key);
+            return DstAsk::Ready;
+        }
+        let since = *self.dst_waiting.entry(key.clone()).or_insert(now);
+        if now.duration_since(since) >= DST_WAIT {
+            self.dst_waiting.remove(key);
+            DstAsk::TooLong
+        } else if since < now {
+            DstAsk::Waiting
+        } else {
+            DstAsk::Asked
+        }
+    }
+}
+
 /// The thin rebuilds of this node's engines.
 #[derive(Debug, Default, Clone)]
 pub(super) struct ThinRebuilds(Arc<Mutex<ThinState>>);
@@ -592,27 +626,18 @@ impl LonghornController {
                     .map_err(|x| format!("replica {dst_name}: {}", crate::util::error_chain(&x)))?;
             }
             let ready = self.reset_dst(inv, &src, &dst, &have_dst, &chain_src).await?;
-            let since = if ready {
-                self.thin.lock().dst_waiting.remove(&key)
-            } else {
-                let now = Instant::now();
-                let since = *self.thin.lock().dst_waiting.entry(key.clone()).or_insert(now);
-                if now.duration_since(since) >= DST_WAIT {
-                    // a failed step; the next one asks afresh
-                    self.thin.lock().dst_waiting.remove(&key);
+            let by = match self.thin.lock().dst_asked(&key, ready, Instant::now()) {
+                DstAsk::Ready => Some("its head made again"),
+                DstAsk::Asked => Some("its node makes its head again"),
+                DstAsk::Waiting => None,
+                DstAsk::TooLong => {
                     return Err(format!(
                         "replica {dst_name}: its node has not made its head ready for the rebuild in {} s",
                         DST_WAIT.as_secs()
                     ));
                 }
-                (since < now).then_some(since)
             };
-            if ready || since.is_none() {
-                let by = if ready {
-                    "its head made again"
-                } else {
-                    "its node makes its head again"
-                };
+            if let Some(by) = by {
                 tracing::info!(
                     engine,
                     replica = dst_name,
@@ -937,6 +962,35 @@ fn next_rebuild_snap(a: &ReplicaLvols, b: &ReplicaLvols) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_dest_whose_node_has_not_made_its_head_ready_in_60_s_is_a_failed_step_then_asked_afresh() {
+        let mut t = ThinState::default();
+        let key = ("e".to_owned(), "r".to_owned());
+        let t0 = Instant::now();
+        assert_eq!(t.dst_asked(&key, false, t0), DstAsk::Asked);
+        assert_eq!(
+            t.dst_asked(&key, false, t0 + Duration::from_secs(1)),
+            DstAsk::Waiting
+        );
+        assert_eq!(
+            t.dst_asked(&key, false, t0 + DST_WAIT - Duration::from_millis(1)),
+            DstAsk::Waiting,
+            "counted from the first ask, not the last"
+        );
+        assert_eq!(t.dst_asked(&key, false, t0 + DST_WAIT), DstAsk::TooLong);
+        assert!(t.dst_waiting.is_empty(), "a failed step forgets the wait");
+        // the next step asks afresh, with a bound of its own
+        let t1 = t0 + DST_WAIT + Duration::from_secs(1);
+        assert_eq!(t.dst_asked(&key, false, t1), DstAsk::Asked);
+        assert_eq!(t.dst_asked(&key, false, t1 + DST_WAIT / 2), DstAsk::Waiting);
+        // ready: no longer waited for; another dest waits on its own
+        let other = ("e".to_owned(), "r2".to_owned());
+        assert_eq!(t.dst_asked(&other, false, t1), DstAsk::Asked);
+        assert_eq!(t.dst_asked(&key, true, t1 + DST_WAIT / 2), DstAsk::Ready);
+        assert!(!t.dst_waiting.contains_key(&key));
+        assert_eq!(t.dst_asked(&other, false, t1 + DST_WAIT), DstAsk::TooLong);
+    }
 
     #[test]
     fn a_failing_step_is_retried_after_pauses_and_fails_for_good_only_after_15_s() {
