@@ -1012,6 +1012,53 @@ async fn a_replica_that_missed_writes_is_rebuilt_never_served_alone() {
     s.rt.stop().await;
 }
 
+/// SPDK v26.05 clears a raid's rebuild process before it takes out a target
+/// whose rebuild failed, so one listing can show that target configured
+/// with no process, as if rebuilt. The double fails the rebuild SPDK's
+/// examine starts when r1's disk comes back, in that window (listed 100 ms
+/// more): the ledger must not trust r1 then. It trusts r1 only after a thin
+/// rebuild copied into it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_whose_spdk_rebuild_failed_is_not_trusted_while_spdk_still_lists_it() {
+    let s = setup(&["d1", "d2"]).await;
+    let state = &s.state;
+    state.create_typed("f", "", &sb_volume(200 * MIB, 2)).expect("f");
+    ready(state, "f", "f").await;
+    assert!(s.double.write("talon-raid-f", 20), "f's raid takes a write");
+    let (_, disks) = ledger(state, "f").expect("ledger");
+    let d1 = disks[1].clone();
+    assert!(s.double.hot_remove(&format!("talon-disk-{d1}")));
+    ledger_becomes(state, "f", &[0], "r1 out of the ledger").await;
+    assert!(
+        s.double.write("talon-raid-f", 50),
+        "degraded f's raid takes a write"
+    );
+
+    // r1 back: SPDK's examine re-adds it by a rebuild, which fails
+    s.double.fail_next_rebuild(Duration::from_millis(100));
+    let copies_before = s.double.calls("bdev_lvol_start_shallow_copy");
+    add_disk(&s.client, s.dir.path(), &d1, false).await;
+    // looked at every 2 ms: a trust in the window would last one reconcile
+    let deadline = tokio::time::Instant::now() + WAIT;
+    let copies = loop {
+        if ledger(state, "f").is_some_and(|(sync, _)| sync.contains(&1)) {
+            break s.double.calls("bdev_lvol_start_shallow_copy");
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "r1 not trusted again in {WAIT:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    };
+    assert!(
+        copies > copies_before,
+        "r1 was trusted before any thin copy into it ({copies} copies, {copies_before} before)"
+    );
+    ledger_becomes(state, "f", &[0, 1], "both up to date").await;
+    ready(state, "f", "f ready again").await;
+    s.rt.stop().await;
+}
+
 fn sb_volume(size: u64, replicas: u32) -> Volume {
     serde_json::from_value(
         json!({"sizeBytes": size, "replicas": replicas, "engine": "v2", "raidSuperblock": true}),

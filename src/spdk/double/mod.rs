@@ -38,7 +38,8 @@
 //! not exist is refused with -19 where SPDK would leave the raid
 //! "configuring"; a rebuild (a member added to an online raid1) takes
 //! [`SpdkDouble::set_rebuild_time`] (zero by default: done at once) and
-//! copies nothing; a shallow copy of a snapshot with allocated clusters
+//! copies nothing, and fails only when armed to
+//! ([`SpdkDouble::fail_next_rebuild`]); a shallow copy of a snapshot with allocated clusters
 //! takes that time too (and is "in progress" at its first check); one whose
 //! destination bdev goes before it ends reports state "error" with
 //! "Input/output error" (not recorded from a real target). NVMe/TCP attach finds subsystems
@@ -311,6 +312,13 @@ struct State {
     host_id: String,
     /// How long a raid1 rebuild takes (zero: done at once).
     rebuild_time: Duration,
+    /// The next rebuild that ends fails, its target listed in the raid
+    /// (configured, no process) this long before it is taken out
+    /// ([`SpdkDouble::fail_next_rebuild`]).
+    rebuild_failure: Option<Duration>,
+    /// Targets of failed rebuilds still listed in their raid: (raid, target,
+    /// when it is taken out).
+    failed_targets: Vec<(String, String, Instant)>,
     /// Notify events (type, bdev), id = index, and the bdevs last seen.
     notifications: Vec<(&'static str, String)>,
     seen: std::collections::BTreeSet<String>,
@@ -499,6 +507,16 @@ impl SpdkDouble {
     /// clusters, takes from now on (zero: done at once).
     pub fn set_rebuild_time(&self, d: Duration) {
         lock(&self.state).rebuild_time = d;
+    }
+
+    /// The next raid1 rebuild to end fails as it does on v26.05, where
+    /// `raid_bdev_process_finish_quiesced` clears the raid's process and
+    /// only after the unquiesce `raid_bdev_process_finish_unquiesced` takes
+    /// the failed target out (`_raid_bdev_remove_base_bdev`): for
+    /// `listed_for` the target is listed configured with no process, then it
+    /// leaves its slot and the superblock marks it not active.
+    pub fn fail_next_rebuild(&self, listed_for: Duration) {
+        lock(&self.state).rebuild_failure = Some(listed_for);
     }
 
     /// A host writes `clusters` clusters that were never written through

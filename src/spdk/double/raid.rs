@@ -183,23 +183,11 @@ impl State {
             "bdev_raid_remove_base_bdev" => {
                 let p: ByName = decode(params)?;
                 let bi = self.find(&p.name).ok_or((ENODEV.0, ENODEV.1.into()))?;
-                let name = self.bdevs[bi].name.clone();
-                let Some(ri) = self
-                    .raids
-                    .iter()
-                    .position(|r| r.slots.iter().any(|s| s.as_deref() == Some(&name)))
-                else {
-                    return e(ENODEV);
-                };
-                for s in &mut self.raids[ri].slots {
-                    if s.as_deref() == Some(&name) {
-                        *s = None;
-                    }
+                if self.take_out(bi) {
+                    Ok(json!(true))
+                } else {
+                    e(ENODEV)
                 }
-                self.bdevs[bi].claimed_by = None;
-                let uuid = self.bdevs[bi].uuid.clone();
-                self.sb_member_left(ri, &uuid);
-                Ok(json!(true))
             }
             _ => fail(-32601, "Method not found"),
         }
@@ -290,16 +278,59 @@ impl State {
         }
     }
 
+    /// Takes member bdev `bi` out of the raid it serves in, as
+    /// `bdev_raid_remove_base_bdev` does; false when it serves in none.
+    fn take_out(&mut self, bi: usize) -> bool {
+        let name = self.bdevs[bi].name.clone();
+        let Some(ri) = self
+            .raids
+            .iter()
+            .position(|r| r.slots.iter().any(|s| s.as_deref() == Some(&name)))
+        else {
+            return false;
+        };
+        for s in &mut self.raids[ri].slots {
+            if s.as_deref() == Some(&name) {
+                *s = None;
+            }
+        }
+        self.bdevs[bi].claimed_by = None;
+        let uuid = self.bdevs[bi].uuid.clone();
+        self.sb_member_left(ri, &uuid);
+        true
+    }
+
     /// A rebuild that has finished makes its member active in the superblock
-    /// (SPDK: `raid_bdev_process_finish_write_sb`).
+    /// (SPDK: `raid_bdev_process_finish_write_sb`); one armed to fail
+    /// ([`super::SpdkDouble::fail_next_rebuild`]) leaves its target listed,
+    /// then takes it out.
     pub(super) fn settle_rebuilds(&mut self) {
+        let now = Instant::now();
+        let (due, later): (Vec<_>, Vec<_>) = std::mem::take(&mut self.failed_targets)
+            .into_iter()
+            .partition(|(_, _, at)| now >= *at);
+        self.failed_targets = later;
+        for (raid, target, _) in due {
+            let serves = self
+                .raids
+                .iter()
+                .any(|r| r.name == raid && r.slots.iter().any(|s| s.as_deref() == Some(target.as_str())));
+            if let Some(bi) = self.find(&target).filter(|_| serves) {
+                self.take_out(bi);
+            }
+        }
         for ri in 0..self.raids.len() {
             let done = match &self.raids[ri].rebuild {
-                Some((target, _, end)) if Instant::now() >= *end => Some(target.clone()),
+                Some((target, _, end)) if now >= *end => Some(target.clone()),
                 _ => None,
             };
             let Some(target) = done else { continue };
             self.raids[ri].rebuild = None;
+            if let Some(listed_for) = self.rebuild_failure.take() {
+                let raid = self.raids[ri].name.clone();
+                self.failed_targets.push((raid, target, now + listed_for));
+                continue;
+            }
             let Some(i) = self.find(&target) else { continue };
             let uuid = self.bdevs[i].uuid.clone();
             // raid_bdev_process wrote every block of the target
