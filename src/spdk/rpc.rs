@@ -613,6 +613,15 @@ pub struct RaidBdev {
     pub process: Option<RaidProcess>,
 }
 
+impl RaidBdev {
+    /// Whether a configured slot holds a member `is` names.
+    pub fn serves(&self, is: impl Fn(&str) -> bool) -> bool {
+        self.base_bdevs_list
+            .iter()
+            .any(|b| b.is_configured && b.name.as_deref().is_some_and(&is))
+    }
+}
+
 /// A raid's background process, as `bdev_raid_get_bdevs` reports it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RaidProcess {

@@ -695,7 +695,11 @@ impl LonghornController {
             inv.raids.push(r.clone());
             // a rebuild started before this reconcile ended when its member
             // is configured and no process writes it (SPDK reports the
-            // process a moment after the add: never judged in that reconcile)
+            // process a moment after the add: never judged in that
+            // reconcile), and a listing a moment later still has it (one
+            // whose rebuild failed is being taken out: see
+            // `VolumeOps::raid_after_rebuild_end`)
+            let mut ended: Vec<(&String, &u64, Vec<String>)> = Vec::new();
             for (replica, request) in &unsettled {
                 let names: Vec<String> = match local.get(*replica) {
                     Some(l) => {
@@ -705,14 +709,27 @@ impl LonghornController {
                     }
                     None => vec![format!("{replica}n1")],
                 };
-                let is = |n: &str| names.iter().any(|m| m == n);
-                let configured = r
-                    .base_bdevs_list
-                    .iter()
-                    .any(|b| b.is_configured && b.name.as_deref().is_some_and(is));
-                let writing = r.process.as_ref().is_some_and(|p| is(&p.target));
-                if configured && !writing {
-                    st.rebuilds_done.insert((*replica).clone(), **request);
+                let writing = r.process.as_ref().is_some_and(|p| names.contains(&p.target));
+                if r.serves(|n| names.iter().any(|m| m == n)) && !writing {
+                    ended.push((replica, request, names));
+                }
+            }
+            if !ended.is_empty() {
+                // gone, or a process runs again: judged at the next reconcile
+                let again = self.ops.raid_after_rebuild_end(e.id()).await.ok().flatten();
+                for (replica, request, names) in ended.into_iter().filter(|_| again.is_some()) {
+                    if again
+                        .as_ref()
+                        .is_some_and(|a| a.serves(|n| names.iter().any(|m| m == n)))
+                    {
+                        st.rebuilds_done.insert(replica.clone(), *request);
+                    } else {
+                        tracing::warn!(
+                            engine = e.id(),
+                            replica = replica.as_str(),
+                            "SPDK's rebuild of a replica ended without it: not rebuilt; rebuilt again"
+                        );
+                    }
                 }
             }
         }

@@ -12,15 +12,38 @@ use super::{
 use crate::spdk::client::ClientError;
 use crate::spdk::error::ErrorKind;
 use crate::spdk::rpc::{
-    ByName, GetRaids, NullCreate, QosLimit, RaidAddBaseBdev, RaidCategory, RaidCreate, RaidDelete, RaidLevel,
+    ByName, GetRaids, NullCreate, QosLimit, RaidAddBaseBdev, RaidBdev, RaidCategory, RaidCreate, RaidDelete,
+    RaidLevel,
 };
 
 /// How long after a listing that shows SPDK's rebuild of a member ended it
 /// is listed again, to tell a rebuild that finished from one that failed
-/// (the member is then being taken out: see `ensure_raid`).
+/// (the member is then being taken out: see
+/// [`VolumeOps::raid_after_rebuild_end`]).
 const REBUILD_END_SETTLE: std::time::Duration = std::time::Duration::from_millis(250);
 
 impl VolumeOps {
+    /// Raid `raid` listed again [`REBUILD_END_SETTLE`] after a listing that
+    /// showed SPDK's rebuild of a member ended (the member configured, no
+    /// process): the one judgement of how SPDK's rebuild ended, for talon's
+    /// volumes and Longhorn's engines alike. v26.05 clears the raid's
+    /// process in `raid_bdev_process_finish_quiesced` and takes out a target
+    /// whose rebuild failed only after the unquiesce
+    /// (`raid_bdev_process_finish_unquiesced`, then
+    /// `_raid_bdev_remove_base_bdev`): a member this listing still has
+    /// configured was rebuilt. `None` when the raid is gone or runs a
+    /// process again (nothing can be judged from it now).
+    pub async fn raid_after_rebuild_end(&self, raid: &str) -> Result<Option<RaidBdev>, ClientError> {
+        tokio::time::sleep(REBUILD_END_SETTLE).await;
+        let raids = self
+            .client
+            .bdev_raid_get_bdevs(&GetRaids {
+                category: RaidCategory::All,
+            })
+            .await?;
+        Ok(raids.into_iter().find(|x| x.name == raid && x.process.is_none()))
+    }
+
     /// The raid1 of a volume with two or more replicas: made from the
     /// replicas that are up to date (empty slots, through short-lived
     /// `bdev_null` placeholders, for the others), then each replica that is
@@ -122,22 +145,12 @@ impl VolumeOps {
                 if target.is_none() && held_back.is_none() {
                     let ended: Vec<usize> = sync.in_sync.iter().copied().filter(|k| !trusted(*k)).collect();
                     if let Some(&k) = ended.first() {
-                        tokio::time::sleep(REBUILD_END_SETTLE).await;
-                        let raids = self
-                            .client
-                            .bdev_raid_get_bdevs(&GetRaids {
-                                category: RaidCategory::All,
-                            })
+                        let again = self
+                            .raid_after_rebuild_end(&raid)
                             .await
                             .map_err(rpc(vol, format!("listing raid {raid} again after a rebuild")))?;
-                        let again = raids.iter().find(|x| x.name == raid && x.process.is_none());
-                        let still = |k: usize| {
-                            again.is_some_and(|x| {
-                                x.base_bdevs_list
-                                    .iter()
-                                    .any(|b| b.is_configured && b.name.as_deref().and_then(k_of) == Some(k))
-                            })
-                        };
+                        let still =
+                            |k: usize| again.as_ref().is_some_and(|x| x.serves(|n| k_of(n) == Some(k)));
                         let gone: Vec<usize> = ended.iter().copied().filter(|k| !still(*k)).collect();
                         for &g in &gone {
                             tracing::warn!(
