@@ -1164,6 +1164,91 @@ async fn two_engines_rebuilding_into_each_others_node_at_once_both_end_rw() {
     b.stop().await;
 }
 
+/// Two engines (one per node) revert at once, each over a replica on the
+/// other node: each node's controller asks the other node's
+/// `ReplicaSnapshotRevert` from inside its reconcile while the other does
+/// the same. Asked with `proto::peer::AT_ONCE`, the replica's node answers
+/// at once (pending while its controller reverts) and is asked again, so
+/// neither reconcile holds the other (when it waited for the work, the
+/// two reconciles held each other up to the engine's 30 s peer timeout).
+/// Both reverts end with every head a clone of s1 and every replica RW;
+/// the time it took is printed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_engines_reverting_over_each_others_node_at_once_both_end_reverted() {
+    let (ip_a, ip_b) = (IpAddr::from([127, 0, 0, 1]), IpAddr::from([127, 0, 0, 2]));
+    let base = free_base(&[ip_a, ip_b]);
+    let mut a = Node::new(ip_a, base, None).await;
+    let mut b = Node::new(ip_b, base, None).await;
+    let size = 64 * MIB;
+    // engine vol-e-0 on A over vol-r-a (A) and vol-r-b (B); engine vol-e-0
+    // on B over vol2-r-c (B) and vol2-r-d (A)
+    let ra = a.replica("disk-a", "vol-r-a", size).await;
+    let rd = a.replica_again("disk-a", "vol2-r-d", size).await;
+    let rb = b.replica("disk-b", "vol-r-b", size).await;
+    let rc = b.replica_again("disk-b", "vol2-r-c", size).await;
+    engine(&a, &[("vol-r-a", &ra), ("vol-r-b", &rb)], size, "").await;
+    engine(&b, &[("vol2-r-c", &rc), ("vol2-r-d", &rd)], size, "").await;
+    let mut pa = ProxyEngineServiceClient::new(a.channel(1).await);
+    let mut pb = ProxyEngineServiceClient::new(b.channel(1).await);
+    snapshot(&mut pa, "s1").await.expect("A's engine s1");
+    snapshot(&mut pb, "s1").await.expect("B's engine s1");
+    // written after s1 on every head (on the double a write through an
+    // engine reaches only its local member)
+    for (n, head) in [
+        (&a, "talon-disk-a/vol-r-a"),
+        (&a, "talon-disk-a/vol2-r-d"),
+        (&b, "talon-disk-b/vol-r-b"),
+        (&b, "talon-disk-b/vol2-r-c"),
+    ] {
+        assert!(double(n).write(head, 2), "{head} takes a write");
+    }
+
+    let revert = |p: &ProxyEngineServiceClient<Channel>| {
+        let mut p = p.clone();
+        async move {
+            p.snapshot_revert(imrpc::EngineSnapshotRevertRequest {
+                proxy_engine_request: Some(req("vol-e-0")),
+                name: "s1".into(),
+            })
+            .await
+        }
+    };
+    let started = std::time::Instant::now();
+    let (x, y) = tokio::join!(revert(&pa), revert(&pb));
+    x.expect("A's engine reverts to s1");
+    y.expect("B's engine reverts to s1");
+    eprintln!(
+        "two cross-node reverts at once: both done after {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+    for (n, replica) in [
+        (&a, "talon-disk-a/vol-r-a"),
+        (&a, "talon-disk-a/vol2-r-d"),
+        (&b, "talon-disk-b/vol-r-b"),
+        (&b, "talon-disk-b/vol2-r-c"),
+    ] {
+        let head = bdev_json(&n.spdk, replica).await;
+        let lvol = &head["driver_specific"]["lvol"];
+        let name = replica.rsplit('/').next().unwrap_or(replica);
+        assert_eq!(
+            lvol["base_snapshot"],
+            format!("{name}-snap-s1"),
+            "{replica} is a clone of its s1: {head}"
+        );
+        assert_eq!(
+            lvol["num_allocated_clusters"], 0,
+            "{replica} has nothing of its own: {head}"
+        );
+    }
+    let want_a = vec![(format!("tcp://{ra}"), RW), (format!("tcp://{rb}"), RW)];
+    let mut want_b = vec![(format!("tcp://{rc}"), RW), (format!("tcp://{rd}"), RW)];
+    want_b.sort();
+    assert_eq!(modes(&mut pa).await, want_a);
+    assert_eq!(modes(&mut pb).await, want_b);
+    a.stop().await;
+    b.stop().await;
+}
+
 fn spdk_dir(test: &str) -> Option<PathBuf> {
     let Some(d) = std::env::var_os("TALON_SPDK_DIR").map(PathBuf::from) else {
         eprintln!("SKIP {test}: TALON_SPDK_DIR not set");

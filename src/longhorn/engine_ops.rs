@@ -372,11 +372,18 @@ impl Longhorn {
 
     /// 8504 `ReplicaSnapshotRevert` from another node's engine: this node's
     /// replica back to the snapshot (its export goes while the head is made
-    /// again; the controller makes it again).
+    /// again; the controller makes it again). Asked `at_once` (a talon
+    /// engine, `proto::peer::AT_ONCE`), it answers at once whether the
+    /// replica is reverted (false: its controller is still at it; the
+    /// engine asks again), judged from what the replica is: its head a
+    /// clone of the snapshot with no cluster of its own, exported again. A
+    /// revert asked and not yet carried out is not asked again; one that
+    /// failed is answered as the error, and asked anew.
     pub(super) async fn replica_snapshot_revert(
         &self,
         req: spdkrpc::SnapshotRequest,
-    ) -> Result<(), LonghornError> {
+        at_once: bool,
+    ) -> Result<bool, LonghornError> {
         naming::instance_name("snapshot", &req.snapshot_name)
             .map_err(|x| LonghornError::Invalid(x.to_string()))?;
         let (replica, t) = self.stored_replica(&req.name)?;
@@ -393,13 +400,29 @@ impl Longhorn {
                 req.snapshot_name
             )));
         }
+        let what = format!("replica {replica}: reverting to snapshot {}", req.snapshot_name);
         // the controller takes its export down, reverts the head and
         // exports it again
-        let done = self
-            .status_of(replica.as_str())
-            .and_then(|s| s.revert)
-            .map_or(0, |r| r.request);
-        let request = next_request(t.spec.revert.as_ref().map_or(0, |r| r.request).max(done));
+        let last = self.status_of(replica.as_str()).and_then(|s| s.revert);
+        let done = last.as_ref().map_or(0, |r| r.request);
+        let asked = t.spec.revert.as_ref();
+        if at_once {
+            let pending = asked.is_some_and(|a| {
+                a.request > done && a.session == self.session() && a.snapshot == req.snapshot_name
+            });
+            if pending {
+                return Ok(false);
+            }
+            let have = self.replica_lvols_now(replica.as_str(), &t.spec.disk).await?;
+            let nqn = naming::replica_nqn(&replica).map_err(|x| LonghornError::Invalid(x.to_string()))?;
+            if have.head_parent.as_deref() == Some(req.snapshot_name.as_str())
+                && have.head_bytes == 0
+                && self.exported_at(replica.as_str(), nqn.as_str()).await.is_some()
+            {
+                return Ok(true);
+            }
+        }
+        let request = next_request(asked.map_or(0, |r| r.request).max(done));
         let spec = LonghornReplica {
             revert: Some(RevertRequest {
                 request,
@@ -411,8 +434,18 @@ impl Longhorn {
         self.state()
             .update_typed(replica.as_str(), "", None, &spec)
             .map_err(LonghornError::State)?;
-        let what = format!("replica {replica}: reverting to snapshot {}", req.snapshot_name);
-        self.wait_reverted(replica.as_str(), &what, request).await
+        if at_once {
+            // the revert asked last failed: the engine counts the failure,
+            // and the revert is asked anew (just above)
+            let failed = last
+                .filter(|l| asked.is_some_and(|a| a.request == l.request && a.snapshot == req.snapshot_name));
+            return match failed.and_then(|l| revert_failure(&l, &what)) {
+                Some(x) => Err(x),
+                None => Ok(false),
+            };
+        }
+        self.wait_reverted(replica.as_str(), &what, request).await?;
+        Ok(true)
     }
 
     /// Waits until instance `id`'s controller has carried out revert
@@ -420,7 +453,10 @@ impl Longhorn {
     /// the call's error.
     async fn wait_reverted(&self, id: &str, what: &str, request: u64) -> Result<(), LonghornError> {
         self.wait_status(id, what, |st| {
-            let r = st.revert.as_ref().filter(|r| r.request >= request)?;
+            let r = st
+                .revert
+                .as_ref()
+                .filter(|r| r.request > request || (r.request == request && r.waiting.is_empty()))?;
             if let Some(x) = revert_failure(r, what) {
                 return Some(Err(x));
             }

@@ -154,7 +154,7 @@ impl Longhorn {
 
     /// Where replica `replica`'s head is exported (subsystem `nqn` with a
     /// namespace and a listener, and the endpoint its status reports), if it is.
-    async fn exported_at(&self, replica: &str, nqn: &str) -> Option<String> {
+    pub(super) async fn exported_at(&self, replica: &str, nqn: &str) -> Option<String> {
         let subs = self.client().nvmf_get_subsystems(&Default::default()).await;
         let exported = subs.is_ok_and(|s| {
             s.iter()

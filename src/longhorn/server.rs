@@ -1753,8 +1753,16 @@ impl spdk_service_server::SpdkService for Longhorn {
         &self,
         req: Request<spdkrpc::SnapshotRequest>,
     ) -> Result<Response<()>, Status> {
-        self.replica_snapshot_revert(req.into_inner()).await?;
-        Ok(Response::new(()))
+        let at_once = req.metadata().contains_key(crate::proto::peer::AT_ONCE);
+        let done = self.replica_snapshot_revert(req.into_inner(), at_once).await?;
+        let mut resp = Response::new(());
+        if !done {
+            resp.metadata_mut().insert(
+                crate::proto::peer::PENDING,
+                tonic::metadata::MetadataValue::from_static("1"),
+            );
+        }
+        Ok(resp)
     }
 
     async fn replica_snapshot_hash(

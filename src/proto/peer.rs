@@ -12,13 +12,19 @@ use crate::spdk::volume::replica_lvols::ReplicaLvols;
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Request metadata a talon engine sends with a replica call that waits on
-/// the replica node's controller (`ReplicaRebuildingDstStart`): the node
+/// the replica node's controller (`ReplicaRebuildingDstStart`,
+/// `ReplicaSnapshotRevert`): the node
 /// answers at once with where it stands, and the engine asks again at its
 /// next step. An engine calls from inside its own controller's reconcile,
 /// so two nodes rebuilding into each other would otherwise each hold their
 /// reconcile until the other's call timed out. A caller without it (not
 /// talon's) gets Longhorn's answer: once the work is done.
 pub const AT_ONCE: &str = "talon-answer-at-once";
+
+/// Response metadata of a call asked [`AT_ONCE`] whose answer carries no
+/// field to say it (`ReplicaSnapshotRevert`): the node is still at the work;
+/// the engine asks again. Absent: the work is done.
+pub const PENDING: &str = "talon-pending";
 
 /// Why another node's SPDKService cannot be reached. It does not name the
 /// replica: each caller names it once, in its own words.

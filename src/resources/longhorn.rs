@@ -394,6 +394,12 @@ pub struct RevertStatus {
     /// request again until it is done.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub error: String,
+    /// Engines: the replicas of other nodes whose node was asked to revert
+    /// them and is still at it (asked at once, `proto::peer::AT_ONCE`). The
+    /// raid1 stays down, this node's heads are not touched yet, and every
+    /// reconcile asks them again until none is left.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub waiting: Vec<String>,
 }
 
 /// What one start of `talon serve` shares between its Longhorn services and
@@ -511,8 +517,18 @@ impl RevertStatus {
         }
         match done {
             None => true,
-            Some(d) => d.request < r.request || (d.request == r.request && !d.error.is_empty()),
+            Some(d) => {
+                d.request < r.request
+                    || (d.request == r.request && (!d.error.is_empty() || !d.waiting.is_empty()))
+            }
         }
+    }
+
+    /// Whether request `r` is carried out as far as its callers are
+    /// concerned: answered (done, refused or failed half way), not still
+    /// waiting on other nodes.
+    pub fn answers(&self, r: &RevertRequest) -> bool {
+        self.request > r.request || (self.request == r.request && self.waiting.is_empty())
     }
 }
 

@@ -1155,16 +1155,20 @@ impl Controller for LonghornController {
 
         // 3. engines
         let replicas_done = started.elapsed();
-        // a thin rebuild goes one step per reconcile: the next one soon
+        // a thin rebuild goes one step per reconcile, and a revert asks the
+        // nodes still reverting its replicas again at each: the next one soon
         let mut fast = false;
         for e in &running_engines {
             let prev = ctx.get::<LonghornInstanceStatus>(e.id())?.map(|s| s.spec);
             // a revert first: the raid1 is made again over the reverted heads
             let revert = self.revert(&mut inv, e, &local, prev.as_ref()).await;
-            let half = revert.as_ref().filter(|r| !r.error.is_empty());
-            let mut st = match half {
-                Some(r) => revert::half_reverted(InstanceKind::Engine, r),
-                None => match self
+            let waiting = revert
+                .as_ref()
+                .is_some_and(|r| r.error.is_empty() && !r.waiting.is_empty());
+            let mut st = match revert.as_ref() {
+                Some(r) if !r.error.is_empty() => revert::half_reverted(InstanceKind::Engine, r),
+                Some(r) if waiting => revert::reverting(prev.as_ref(), r),
+                _ => match self
                     .ensure_engine(&mut inv, &node, e, &local, prev.as_ref())
                     .await
                 {
@@ -1177,7 +1181,7 @@ impl Controller for LonghornController {
             };
             st.revert = revert;
             let running = match st.state {
-                InstanceState::Running => Ok(()),
+                InstanceState::Running if !waiting => Ok(()),
                 _ => Err(st.message.as_str()),
             };
             st.snapshots = self.snapshots(&inv, e, &local, prev.as_ref(), running).await;
@@ -1195,7 +1199,7 @@ impl Controller for LonghornController {
             st.remote_members
                 .extend(members::remote_members(&e.spec.replica_address_map, &local));
             st.observed_version = e.metadata.version;
-            fast |= !st.thin_rebuilds.is_empty();
+            fast |= !st.thin_rebuilds.is_empty() || waiting;
             ctx.apply(e.id(), st)?;
         }
 

@@ -10,6 +10,8 @@
 //!                   ──> raid1 deleted, remote members detached
 //!                       another node's replicas: its ReplicaSnapshotRevert (each checks first)
 //!                       this node's: head <lvs>/<replica> deleted, cloned again from <replica>-snap-<s>
+//!                       (asked at once: a node still at it is named in status.revert.waiting,
+//!                       the raid1 stays down, asked again at the next reconcile)
 //!                   ──> failed half way: status.revert.error, the engine not served
 //!                       (its replicas may differ), tried again every reconcile
 //!                   ──> done: the rest of the reconcile makes the raid1 over the new heads
@@ -67,8 +69,23 @@ impl LonghornController {
             out.refused = m;
             return Some(out);
         }
-        if let Err(m) = self.revert_replicas(inv, e, local, &r.snapshot).await {
-            out.error = m;
+        match self.revert_replicas(inv, e, local, &r.snapshot).await {
+            Ok(waiting) if !waiting.is_empty() => {
+                // asked again at the next reconcile (soon: see `reconcile`)
+                let before = done.filter(|d| d.request == r.request).map(|d| &d.waiting);
+                if before != Some(&waiting) {
+                    tracing::info!(
+                        engine = e.id(),
+                        request = r.request,
+                        ?waiting,
+                        "snapshot revert: the replicas' nodes revert them"
+                    );
+                }
+                out.waiting = waiting;
+                return Some(out);
+            }
+            Ok(_) => {}
+            Err(m) => out.error = m,
         }
         match Inventory::load(&self.client).await {
             Ok(i) => *inv = i,
@@ -87,14 +104,18 @@ impl LonghornController {
 
     /// Takes engine `e`'s raid1 down and makes every replica's head a clone
     /// of snapshot `snap`: another node's first (each checks its snapshot
-    /// before it deletes anything), then this node's.
+    /// before it deletes anything), then this node's. Another node is asked
+    /// at once ([`crate::proto::peer::AT_ONCE`]): the replicas whose node is
+    /// still at it are answered, and this node's heads wait for the next
+    /// call (no reconcile here waits on another node's, which may be
+    /// reverting into this node at the same time).
     async fn revert_replicas(
         &self,
         inv: &mut Inventory,
         e: &Typed<LonghornEngine>,
         local: &BTreeMap<String, LonghornReplica>,
         snap: &str,
-    ) -> Result<(), String> {
+    ) -> Result<Vec<String>, String> {
         let id = format!("{}@{snap}", e.id());
         let map = &e.spec.replica_address_map;
         let remotes: Vec<String> = map.keys().filter(|r| !local.contains_key(*r)).cloned().collect();
@@ -112,15 +133,28 @@ impl LonghornController {
             .map_err(|x| chain_of(&x))?;
         inv.raids.retain(|r| r.name != e.id());
         inv.controllers.retain(|c| !remotes.contains(c));
+        let mut waiting = Vec::new();
         for (replica, address) in map.iter().filter(|(r, _)| !local.contains_key(*r)) {
             let mut c = self.peer(replica, address).await?;
-            c.replica_snapshot_revert(spdkrpc::SnapshotRequest {
+            let mut req = tonic::Request::new(spdkrpc::SnapshotRequest {
                 name: replica.clone(),
                 snapshot_name: snap.to_owned(),
                 ..Default::default()
-            })
-            .await
-            .map_err(|s| format!("replica {replica}: its node: {}", s.message()))?;
+            });
+            req.metadata_mut().insert(
+                crate::proto::peer::AT_ONCE,
+                tonic::metadata::MetadataValue::from_static("1"),
+            );
+            let answer = c
+                .replica_snapshot_revert(req)
+                .await
+                .map_err(|s| format!("replica {replica}: its node: {}", s.message()))?;
+            if answer.metadata().contains_key(crate::proto::peer::PENDING) {
+                waiting.push(replica.clone());
+            }
+        }
+        if !waiting.is_empty() {
+            return Ok(waiting);
         }
         let heads: Vec<RevertHead> = map
             .keys()
@@ -135,7 +169,7 @@ impl LonghornController {
         self.ops
             .remake_heads(&id, &heads)
             .await
-            .map(|_| ())
+            .map(|_| Vec::new())
             .map_err(|x| chain_of(&x))
     }
 
@@ -288,6 +322,24 @@ fn revert_allowed(
     Ok(())
 }
 
+/// The status of an engine whose revert waits on other nodes' replicas
+/// (`r.waiting`): what it was (`prev`), for the manager (a revert it asked
+/// runs), with the wait in its message. Its raid1 is down meanwhile: the
+/// reconcile neither serves it nor takes snapshots of it.
+pub(super) fn reverting(prev: Option<&LonghornInstanceStatus>, r: &RevertStatus) -> LonghornInstanceStatus {
+    let message = format!(
+        "reverting to snapshot {}: waiting for the nodes of {} to revert them",
+        r.snapshot,
+        r.waiting.join(", ")
+    );
+    let mut st = match prev {
+        Some(p) => LonghornInstanceStatus { message, ..p.clone() },
+        None => status(InstanceKind::Engine, InstanceState::Starting, message),
+    };
+    st.revert = Some(r.clone());
+    st
+}
+
 /// The status of an instance whose revert failed half way: not served.
 pub(super) fn half_reverted(kind: InstanceKind, r: &RevertStatus) -> LonghornInstanceStatus {
     let mut st = status(
@@ -407,6 +459,15 @@ mod tests {
             ..done.clone()
         };
         assert!(!pending(Some(&refused), &req(1)));
+        // other nodes still reverting their replicas: asked again, and the
+        // calls go on waiting
+        let waiting = RevertStatus {
+            waiting: vec!["r-b".into()],
+            ..done.clone()
+        };
+        assert!(pending(Some(&waiting), &req(1)));
+        assert!(!waiting.answers(&req(1)));
+        assert!(done.answers(&req(1)) && !done.answers(&req(2)));
         let failed = RevertStatus {
             error: "lost".into(),
             ..done
