@@ -581,14 +581,7 @@ impl SpdkVolumeController {
         let orphans = inv.orphans(
             |v| live_vols.contains(v) || all_volumes.iter().any(|x| x.id() == v),
             |v, s| known_snaps.contains(&format!("{v}@{s}")),
-            |v, k| {
-                all_volumes.iter().any(|x| {
-                    x.id() == v
-                        && x.metadata.phase != Phase::TearingDown
-                        && (x.spec.replicas as usize..x.spec.replicas as usize + x.spec.remote_replicas.len())
-                            .contains(&k)
-                })
-            },
+            |v, k| keeps_remote(all_volumes, v, k),
         );
         if orphans.is_empty() {
             return false;
@@ -770,29 +763,126 @@ impl Controller for SpdkVolumeController {
     }
 
     async fn reconcile(&self, ctx: &mut ReconcileContext) -> Result<Requeue, ControllerError> {
+        let mut want = self.load_desired(ctx)?;
+        let target = ctx.get::<TargetStatus>(SPDK_STATUS_ID)?;
+        if !target_ready(target.as_ref().map(|t| &t.spec)) {
+            return Self::wait_for_target(ctx, &want);
+        }
+        let export = match export_spec(&want.node, self.data_dir.as_ref()) {
+            Ok(e) => e,
+            Err(msg) => {
+                for v in &want.volumes {
+                    ctx.apply(v.id(), engine_status(ObjectState::Failed, msg.clone()))?;
+                }
+                return Ok(Requeue::OnInputChange);
+            }
+        };
+        let mut here = self.load_target(ctx, &want).await?;
+        let jobs = make_jobs(&want, &here, self.host_nqn.as_deref());
+        for j in &jobs.live {
+            ctx.add_finalizer::<Volume>(&j.id)?;
+        }
+        self.ensure_transport(&jobs.live, &mut here.inv).await?;
+        let (plain, derived) = split_derived(jobs.live);
+        let mut statuses = self.realize_all(plain, &here.inv, &export).await;
+        // a remote replica grows on its node when the volume grows
+        for v in want
+            .volumes
+            .iter()
+            .filter(|v| v.metadata.phase != Phase::TearingDown)
+        {
+            self.grow_remotes(v).await;
+        }
+        let snaps = self.snapshots(ctx, &want, &mut here, &statuses).await?;
+        // clones and reverts need the snapshots
+        if !derived.is_empty() {
+            here.inv = Inventory::load(self.ops.client()).await?;
+            statuses.extend(self.realize_all(derived, &here.inv, &export).await);
+        }
+        let SnapshotPass {
+            out,
+            mut sets,
+            deleting: snap_deleting,
+        } = snaps;
+        persist_ledgers(ctx, &mut want.ledgers, &statuses, &mut sets)?;
+        for (id, st) in out {
+            ctx.apply(&id, st)?;
+        }
+        let rebuilding = apply_statuses(ctx, statuses)?;
+        self.delete(ctx, &mut want, &mut here.inv, &jobs.deleting, &snap_deleting)
+            .await?;
+        // replica statuses of volumes that are not live are not re-applied: the runtime drops them
+        Ok(Requeue::After(requeue_after(rebuilding, &want.volumes)))
+    }
+}
+
+/// What one reconcile reads of the desired state, once, before it looks at
+/// the target.
+struct Desired {
+    /// This node's config (`node`).
+    node: NodeConfig,
+    /// Every volume, of either engine: SPDK objects and ledgers of any of
+    /// them are kept.
+    all_volumes: Vec<Typed<Volume>>,
+    /// The volumes this controller serves ([`served_volumes`]).
+    volumes: Vec<Typed<Volume>>,
+    /// Their snapshots ([`served_snapshots`]).
+    snapshots: Vec<Typed<Snapshot>>,
+    /// The ledgers of existing volumes, by volume; kept up to date as the
+    /// phases record.
+    ledgers: BTreeMap<String, ReplicaLedger>,
+}
+
+/// What one reconcile reads of this node and its target once the target is
+/// up: the one inventory the phases share (listed again only after a phase
+/// changed the target), and the inputs the jobs are made from.
+struct Loaded {
+    /// The target's objects, on configured disks only.
+    inv: Inventory,
+    /// Volumes (of either engine) not being deleted.
+    live_vols: BTreeSet<String>,
+    /// Volumes attached on this node.
+    attached: BTreeSet<String>,
+    /// The replica statuses reported before this reconcile.
+    previous_replicas: Vec<Typed<ReplicaStatus>>,
+    /// Configured disks that take no new replica ([`disks_away`]).
+    disk_away: BTreeMap<String, DiskAway>,
+    /// Engine nodes' requests for replicas served here, by volume.
+    dest_requests: BTreeMap<String, RebuildDest>,
+    /// The answers to them so far, by live volume.
+    answers: BTreeMap<String, RebuildDestStatus>,
+}
+
+/// The volumes to set up, in the volumes' order, and those being deleted.
+#[derive(Default)]
+struct Jobs {
+    live: Vec<Job>,
+    deleting: Vec<String>,
+}
+
+/// What the snapshot phase leaves to the later ones.
+#[derive(Default)]
+struct SnapshotPass {
+    /// Statuses, applied once the ledgers are persisted.
+    out: Vec<(String, SnapshotStatus)>,
+    /// (volume, snapshot, point-in-time set; None: the snapshot is gone)
+    sets: Vec<(String, String, Option<BTreeSet<usize>>)>,
+    /// Snapshots being deleted, deleted after the volumes.
+    deleting: Vec<Typed<Snapshot>>,
+}
+
+/// The phases of [`SpdkVolumeController::reconcile`], in the order it runs them.
+impl SpdkVolumeController {
+    /// Reads the desired state: the node's config, the volumes served here,
+    /// their snapshots, and the ledgers (applied again: they are outputs).
+    /// Restores of volumes not live any more stop.
+    fn load_desired(&self, ctx: &mut ReconcileContext) -> Result<Desired, ControllerError> {
         let node = ctx.get::<NodeConfig>("node")?.map(|n| n.spec).unwrap_or_default();
         let all_volumes = ctx.list::<Volume>()?;
-        let volumes: Vec<_> = all_volumes
-            .iter()
-            .filter(|v| {
-                serves_v2(&v.spec, &node, self.claims_auto) || v.metadata.finalizers.contains(self.name())
-            })
-            .cloned()
-            .collect();
-        let mine: BTreeSet<String> = volumes.iter().map(|v| v.id().to_string()).collect();
+        let volumes = served_volumes(&all_volumes, &node, self.claims_auto, self.name());
         // a restore of a volume that is being deleted (or gone) stops, its file goes
-        self.restores.retain(
-            &volumes
-                .iter()
-                .filter(|v| v.metadata.phase != crate::runtime::Phase::TearingDown)
-                .map(|v| v.id().to_string())
-                .collect(),
-        );
-        let snapshots: Vec<_> = ctx
-            .list::<Snapshot>()?
-            .into_iter()
-            .filter(|s| mine.contains(&s.spec.volume) || s.metadata.finalizers.contains(self.name()))
-            .collect();
+        self.restores.retain(&live_ids(&volumes));
+        let snapshots = served_snapshots(ctx.list::<Snapshot>()?, &volumes, self.name());
         // the ledgers outlive every reconcile until their volume is gone
         let mut ledgers: BTreeMap<String, ReplicaLedger> = BTreeMap::new();
         for l in ctx.list::<ReplicaLedger>()? {
@@ -801,38 +891,49 @@ impl Controller for SpdkVolumeController {
                 ledgers.insert(l.id().to_string(), l.spec);
             }
         }
-        let target_ready = ctx
-            .get::<TargetStatus>(SPDK_STATUS_ID)?
-            .is_some_and(|t| t.spec.engine == Engine::V2 && t.spec.state == ObjectState::Ready);
-        if !target_ready {
-            for v in volumes.iter().filter(|v| v.metadata.phase != Phase::TearingDown) {
-                ctx.apply(
-                    v.id(),
-                    engine_status(ObjectState::Creating, "waiting for spdk_tgt"),
-                )?;
-            }
-            // keep what we reported about replicas and snapshots until the target is back
-            for r in ctx.list::<ReplicaStatus>()? {
-                let id = r.id().to_string();
-                ctx.apply(&id, r.spec)?;
-            }
-            for s in &snapshots {
-                if let Some(cur) = ctx.get::<SnapshotStatus>(s.id())? {
-                    ctx.apply(s.id(), cur.spec)?;
-                }
-            }
-            return Ok(Requeue::After(Duration::from_secs(2)));
+        Ok(Desired {
+            node,
+            all_volumes,
+            volumes,
+            snapshots,
+            ledgers,
+        })
+    }
+
+    /// spdk_tgt is not up (or not V2): the volumes wait for it, and what was
+    /// reported of replicas and snapshots stays.
+    fn wait_for_target(ctx: &mut ReconcileContext, want: &Desired) -> Result<Requeue, ControllerError> {
+        for v in want
+            .volumes
+            .iter()
+            .filter(|v| v.metadata.phase != Phase::TearingDown)
+        {
+            ctx.apply(
+                v.id(),
+                engine_status(ObjectState::Creating, "waiting for spdk_tgt"),
+            )?;
         }
-        let export = match export_spec(&node, self.data_dir.as_ref()) {
-            Ok(e) => e,
-            Err(msg) => {
-                for v in &volumes {
-                    ctx.apply(v.id(), engine_status(ObjectState::Failed, msg.clone()))?;
-                }
-                return Ok(Requeue::OnInputChange);
+        // keep what we reported about replicas and snapshots until the target is back
+        for r in ctx.list::<ReplicaStatus>()? {
+            let id = r.id().to_string();
+            ctx.apply(&id, r.spec)?;
+        }
+        for s in &want.snapshots {
+            if let Some(cur) = ctx.get::<SnapshotStatus>(s.id())? {
+                ctx.apply(s.id(), cur.spec)?;
             }
-        };
-        let tls_port = node.replica_tls_port;
+        }
+        Ok(Requeue::After(Duration::from_secs(2)))
+    }
+
+    /// Reads this node's inputs and the target's inventory, removes the
+    /// orphans (and lists the target again if there were any), and keeps
+    /// the answers to rebuild requests of live volumes.
+    async fn load_target(
+        &self,
+        ctx: &mut ReconcileContext,
+        want: &Desired,
+    ) -> Result<Loaded, ControllerError> {
         let attached: BTreeSet<String> = ctx
             .list::<Attachment>()?
             .into_iter()
@@ -846,18 +947,14 @@ impl Controller for SpdkVolumeController {
         // only lvstores of configured disks are usable
         inv.retain_disks(&disks);
 
-        let live_vols: BTreeSet<String> = all_volumes
-            .iter()
-            .filter(|v| v.metadata.phase != Phase::TearingDown)
-            .map(|v| v.id().to_string())
-            .collect();
+        let live_vols = live_ids(&want.all_volumes);
         let known_snaps: BTreeSet<String> = ctx
             .list::<Snapshot>()?
             .iter()
             .map(|s| s.id().to_string())
             .collect();
         if self
-            .remove_orphans(&inv, &all_volumes, &live_vols, &known_snaps)
+            .remove_orphans(&inv, &want.all_volumes, &live_vols, &known_snaps)
             .await
         {
             inv = Inventory::load(self.ops.client()).await?;
@@ -879,100 +976,64 @@ impl Controller for SpdkVolumeController {
                 answers.insert(a.id().to_string(), a.spec);
             }
         }
+        Ok(Loaded {
+            inv,
+            live_vols,
+            attached,
+            previous_replicas,
+            disk_away,
+            dest_requests,
+            answers,
+        })
+    }
 
-        // finalizers and jobs
-        let mut live = Vec::new();
-        let mut deleting = Vec::new();
-        for v in &volumes {
-            if v.metadata.phase == Phase::TearingDown {
-                deleting.push(v.id().to_string());
-                continue;
-            }
-            ctx.add_finalizer::<Volume>(v.id())?;
-            let mut placed: BTreeMap<usize, String> = previous_replicas
-                .iter()
-                .filter(|r| r.spec.volume == v.id())
-                .filter_map(|r| {
-                    let k = r.id().rsplit_once("-r")?.1.parse().ok()?;
-                    Some((k, r.spec.disk.clone()))
-                })
-                .collect();
-            let ledger = ledgers.get(v.id());
-            placed.extend(ledger.map(ReplicaLedger::placed).unwrap_or_default());
-            // revert: this volume's snapshot; clone: the source volume's
-            let start = v.spec.revert_to.as_deref().or(v.spec.from_snapshot.as_deref());
-            let snapshot_set = start.and_then(|id| {
-                let (sv, ss) = split_snapshot_id(id).ok()?;
-                ledgers.get(sv.as_str())?.snapshot_set(ss.as_str())
-            });
-            let attached_by = self.host_nqn.as_deref().filter(|_| attached.contains(v.id()));
-            live.push(Job {
-                id: v.id().to_string(),
-                spec: v.spec.clone(),
-                placed,
-                disk_away: disk_away.clone(),
-                in_sync: ledger.map(ReplicaLedger::in_sync_set),
-                snapshot_set,
-                hosts: export_hosts(&node, &v.spec, attached_by),
-                tls_port,
-                rebuild_cap: node.rebuild_mib_per_sec,
-                overcommit_percent: node
-                    .overcommit_percent
-                    .unwrap_or(crate::spdk::placement::DEFAULT_OVERCOMMIT_PERCENT),
-                dest_request: v
-                    .spec
-                    .serve_replica
-                    .and_then(|_| dest_requests.get(v.id()))
-                    .filter(|r| answers.get(v.id()).is_none_or(|a| a.generation < r.generation))
-                    .cloned(),
-            });
-        }
-        // one TCP transport per target, made (or adopted) before the volumes
-        // are set up concurrently
-        if !live.is_empty() && !inv.tcp_transport {
+    /// One TCP transport per target, made (or adopted) before the volumes
+    /// are set up concurrently.
+    async fn ensure_transport(&self, jobs: &[Job], inv: &mut Inventory) -> Result<(), ControllerError> {
+        if !jobs.is_empty() && !inv.tcp_transport {
             if self.ops.ensure_transport().await? {
                 tracing::info!("NVMe/TCP transport created");
             }
             inv.tcp_transport = true;
         }
-        let (plain, derived): (Vec<Job>, Vec<Job>) = live
-            .into_iter()
-            .partition(|j| j.spec.from_snapshot.is_none() && j.spec.revert_to.is_none());
+        Ok(())
+    }
 
-        let mut statuses: Vec<(String, Realized)> = Vec::new();
-        let run = |jobs: Vec<Job>, inv: Inventory| {
-            let export = export.clone();
-            async move {
-                futures::stream::iter(jobs)
-                    .map(|j| {
-                        let (inv, export) = (&inv, &export);
-                        async move {
-                            let r = self.realize(inv, &j, export).await;
-                            (j.id, r)
-                        }
-                    })
-                    .buffer_unordered(CONCURRENCY)
-                    .collect::<Vec<_>>()
-                    .await
-            }
-        };
-        statuses.extend(run(plain, inv.clone()).await);
-        // a remote replica grows on its node when the volume grows
-        for v in volumes.iter().filter(|v| v.metadata.phase != Phase::TearingDown) {
-            self.grow_remotes(v).await;
-        }
+    /// Sets `jobs` up on `inv`, [`CONCURRENCY`] at a time.
+    async fn realize_all(
+        &self,
+        jobs: Vec<Job>,
+        inv: &Inventory,
+        export: &ExportSpec,
+    ) -> Vec<(String, Realized)> {
+        futures::stream::iter(jobs)
+            .map(|j| async move {
+                let r = self.realize(inv, &j, export).await;
+                (j.id, r)
+            })
+            .buffer_unordered(CONCURRENCY)
+            .collect::<Vec<_>>()
+            .await
+    }
 
-        // snapshots of live volumes
-        let mut snap_out: Vec<(String, SnapshotStatus)> = Vec::new();
-        // (volume, snapshot, point-in-time set; None: the snapshot is gone)
-        let mut snap_sets: Vec<(String, String, Option<BTreeSet<usize>>)> = Vec::new();
-        let mut snap_deleting = Vec::new();
-        if !snapshots.is_empty() {
-            inv = Inventory::load(self.ops.client()).await?;
+    /// The snapshots of live volumes, on a fresh inventory: each taken once
+    /// (on the replicas in sync per `statuses`, else per the ledger) and
+    /// reported; those being deleted are set aside for the deletions.
+    async fn snapshots(
+        &self,
+        ctx: &mut ReconcileContext,
+        want: &Desired,
+        here: &mut Loaded,
+        statuses: &[(String, Realized)],
+    ) -> Result<SnapshotPass, ControllerError> {
+        let mut pass = SnapshotPass::default();
+        if !want.snapshots.is_empty() {
+            here.inv = Inventory::load(self.ops.client()).await?;
         }
-        for s in &snapshots {
+        let inv = &here.inv;
+        for s in &want.snapshots {
             if s.metadata.phase == Phase::TearingDown {
-                snap_deleting.push(s.clone());
+                pass.deleting.push(s.clone());
                 continue;
             }
             ctx.add_finalizer::<Snapshot>(s.id())?;
@@ -982,7 +1043,7 @@ impl Controller for SpdkVolumeController {
             ) {
                 (Ok(v), Ok(n)) => (v, n),
                 (Err(e), _) | (_, Err(e)) => {
-                    snap_out.push((
+                    pass.out.push((
                         s.id().to_string(),
                         snap_status(&s.spec.volume, ObjectState::Failed, vec![], e.to_string()),
                     ));
@@ -990,108 +1051,55 @@ impl Controller for SpdkVolumeController {
                 }
             };
             // taken already: the snapshot lvols of the replicas that have a head
-            let heads: BTreeSet<usize> = replica_heads(&inv, vol.as_str())
-                .iter()
-                .map(|(k, _)| *k)
-                .collect();
+            let heads: BTreeSet<usize> = replica_heads(inv, vol.as_str()).iter().map(|(k, _)| *k).collect();
             let taken = inv.snapshot_lvols(vol.as_str(), snap.as_str());
-            let existing: Vec<String> = taken
-                .iter()
-                .filter(|(k, _)| heads.contains(k))
-                .map(|(_, a)| a.clone())
-                .collect();
-            let live_volume = live_vols.contains(vol.as_str());
-            let st = if !live_volume {
-                // volume gone: what was taken stays until the snapshot is deleted
-                let kept: Vec<String> = taken.into_iter().map(|(_, a)| a).collect();
-                if kept.is_empty() {
-                    snap_status(
-                        &s.spec.volume,
-                        ObjectState::Failed,
-                        vec![],
-                        format!("volume {vol} does not exist"),
-                    )
-                } else {
-                    snap_status(&s.spec.volume, ObjectState::Ready, kept, "")
-                }
+            let st = if !here.live_vols.contains(vol.as_str()) {
+                gone_volume_snapshot(&s.spec.volume, taken)
             } else {
                 let prev = ctx.get::<SnapshotStatus>(s.id())?.map(|p| p.spec);
-                let taken_before = prev.as_ref().is_some_and(|p| p.state == ObjectState::Ready);
-                if taken_before && !existing.is_empty() {
-                    snap_status(&s.spec.volume, ObjectState::Ready, existing, "")
-                } else {
-                    let in_sync = statuses
-                        .iter()
-                        .find(|(id, _)| id == vol.as_str())
-                        .and_then(|(_, r)| r.in_sync.clone())
-                        .or_else(|| ledgers.get(vol.as_str()).map(ReplicaLedger::in_sync_set));
-                    let remotes = volumes
-                        .iter()
-                        .find(|x| x.id() == vol.as_str())
-                        .map(|x| Self::callable_remotes(&x.spec))
-                        .unwrap_or_default();
-                    let (st, set) = self.take_snapshot(&inv, s, &vol, &snap, in_sync, remotes).await;
-                    if let Some(set) = set {
-                        snap_sets.push((vol.to_string(), snap.to_string(), Some(set)));
+                match still_taken(&s.spec.volume, prev.as_ref(), on_heads(&taken, &heads)) {
+                    Some(st) => st,
+                    None => {
+                        let in_sync = snapshot_in_sync(statuses, &want.ledgers, vol.as_str());
+                        let remotes = want
+                            .volumes
+                            .iter()
+                            .find(|x| x.id() == vol.as_str())
+                            .map(|x| Self::callable_remotes(&x.spec))
+                            .unwrap_or_default();
+                        let (st, set) = self.take_snapshot(inv, s, &vol, &snap, in_sync, remotes).await;
+                        if let Some(set) = set {
+                            pass.sets.push((vol.to_string(), snap.to_string(), Some(set)));
+                        }
+                        st
                     }
-                    st
                 }
             };
             let mut st = st;
-            st.created = ctx
-                .get::<SnapshotStatus>(s.id())?
-                .map(|p| p.spec.created)
-                .filter(|c| !c.is_empty())
-                .unwrap_or_else(|| {
-                    humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string()
-                });
-            snap_out.push((s.id().to_string(), st));
+            st.created = created(ctx.get::<SnapshotStatus>(s.id())?.map(|p| p.spec.created));
+            pass.out.push((s.id().to_string(), st));
         }
+        Ok(pass)
+    }
 
-        // clones and reverts need the snapshots
-        if !derived.is_empty() {
-            inv = Inventory::load(self.ops.client()).await?;
-            statuses.extend(run(derived, inv.clone()).await);
-        }
-
-        // the ledgers first: a volume status that says Ready or Degraded, or a
-        // snapshot status that says Ready, is never seen before the set it
-        // was reached with is persisted
-        for (id, r) in &statuses {
-            if let Some(next) = r
-                .in_sync
-                .as_ref()
-                .and_then(|now| next_ledger(ledgers.get(id), now, &r.disks))
-            {
-                tracing::info!(volume = %id, in_sync = ?next.in_sync, reason = %next.reason, "replica ledger");
-                ctx.apply(id, next.clone())?;
-                ledgers.insert(id.clone(), next);
-            }
-        }
-        record_snapshots(ctx, &mut ledgers, &mut snap_sets)?;
-        for (id, st) in snap_out {
-            ctx.apply(&id, st)?;
-        }
-        let mut rebuilding = false;
-        for (id, r) in statuses {
-            rebuilding |= r.rebuilding;
-            ctx.apply(&id, r.status)?;
-            if let Some(a) = r.dest_answer {
-                ctx.apply(&id, a)?;
-            }
-            for (rid, rs) in r.replicas {
-                ctx.apply(&rid, rs)?;
-            }
-        }
-
-        // deletions: volumes first (their heads may be clones of snapshots), then snapshots
+    /// Deletions: volumes first (their heads may be clones of snapshots),
+    /// then snapshots (here, then on their remote replicas' nodes); their
+    /// finalizers go once the ledgers forget the snapshots deleted.
+    async fn delete(
+        &self,
+        ctx: &mut ReconcileContext,
+        want: &mut Desired,
+        inv: &mut Inventory,
+        deleting: &[String],
+        snap_deleting: &[Typed<Snapshot>],
+    ) -> Result<(), ControllerError> {
         if !deleting.is_empty() || !snap_deleting.is_empty() {
-            inv = Inventory::load(self.ops.client()).await?;
+            *inv = Inventory::load(self.ops.client()).await?;
         }
         let mut deleted_vols = Vec::new();
-        for id in &deleting {
+        for id in deleting {
             let r = match ObjectName::parse("volume", id) {
-                Ok(n) => self.ops.delete(&inv, &n).await.map_err(|e| err_text(&e)),
+                Ok(n) => self.ops.delete(inv, &n).await.map_err(|e| err_text(&e)),
                 Err(e) => Err(e.to_string()),
             };
             match r {
@@ -1100,13 +1108,14 @@ impl Controller for SpdkVolumeController {
             }
         }
         if !deleted_vols.is_empty() && !snap_deleting.is_empty() {
-            inv = Inventory::load(self.ops.client()).await?;
+            *inv = Inventory::load(self.ops.client()).await?;
         }
-        for s in &snap_deleting {
-            let deleted = self.delete_snapshot_everywhere(&inv, s, &all_volumes).await;
+        let mut gone = Vec::new();
+        for s in snap_deleting {
+            let deleted = self.delete_snapshot_everywhere(inv, s, &want.all_volumes).await;
             match deleted {
                 Ok(()) => {
-                    snap_sets.push((s.spec.volume.clone(), s.spec.name.clone(), None));
+                    gone.push((s.spec.volume.clone(), s.spec.name.clone(), None));
                     ctx.remove_finalizer::<Snapshot>(s.id())?
                 }
                 Err(m) => ctx.apply(
@@ -1115,25 +1124,238 @@ impl Controller for SpdkVolumeController {
                 )?,
             }
         }
-        record_snapshots(ctx, &mut ledgers, &mut snap_sets)?;
+        record_snapshots(ctx, &mut want.ledgers, &mut gone)?;
         for id in deleted_vols {
             ctx.remove_finalizer::<Volume>(&id)?;
         }
-        // replica statuses of volumes that are not live are not re-applied: the runtime drops them
-        // SPDK tells nobody when a raid loses a member: poll, quickly while a
-        // rebuild runs, and often enough with raids that the ledger learns of a
-        // replica that left before a restart could trust it again
-        let raids = volumes
+        Ok(())
+    }
+}
+
+/// The ledgers first: a volume status that says Ready or Degraded, or a
+/// snapshot status that says Ready, is never seen before the set it was
+/// reached with is persisted. Then the snapshots' point-in-time `sets`.
+fn persist_ledgers(
+    ctx: &mut ReconcileContext,
+    ledgers: &mut BTreeMap<String, ReplicaLedger>,
+    statuses: &[(String, Realized)],
+    sets: &mut Vec<(String, String, Option<BTreeSet<usize>>)>,
+) -> Result<(), ControllerError> {
+    for (id, r) in statuses {
+        if let Some(next) = r
+            .in_sync
+            .as_ref()
+            .and_then(|now| next_ledger(ledgers.get(id), now, &r.disks))
+        {
+            tracing::info!(volume = %id, in_sync = ?next.in_sync, reason = %next.reason, "replica ledger");
+            ctx.apply(id, next.clone())?;
+            ledgers.insert(id.clone(), next);
+        }
+    }
+    record_snapshots(ctx, ledgers, sets)
+}
+
+/// Applies each volume's status, its answer to a rebuild request and its
+/// replicas' statuses; whether a rebuild runs.
+fn apply_statuses(
+    ctx: &mut ReconcileContext,
+    statuses: Vec<(String, Realized)>,
+) -> Result<bool, ControllerError> {
+    let mut rebuilding = false;
+    for (id, r) in statuses {
+        rebuilding |= r.rebuilding;
+        ctx.apply(&id, r.status)?;
+        if let Some(a) = r.dest_answer {
+            ctx.apply(&id, a)?;
+        }
+        for (rid, rs) in r.replicas {
+            ctx.apply(&rid, rs)?;
+        }
+    }
+    Ok(rebuilding)
+}
+
+/// The volumes this controller serves: V2 here ([`serves_v2`]), or still held
+/// by its finalizer (`name`), such as one being deleted.
+fn served_volumes(
+    all: &[Typed<Volume>],
+    node: &NodeConfig,
+    claims_auto: bool,
+    name: &str,
+) -> Vec<Typed<Volume>> {
+    all.iter()
+        .filter(|v| serves_v2(&v.spec, node, claims_auto) || v.metadata.finalizers.contains(name))
+        .cloned()
+        .collect()
+}
+
+/// The snapshots of `volumes`, and those still held by the finalizer `name`.
+fn served_snapshots(
+    all: Vec<Typed<Snapshot>>,
+    volumes: &[Typed<Volume>],
+    name: &str,
+) -> Vec<Typed<Snapshot>> {
+    let mine: BTreeSet<&str> = volumes.iter().map(|v| v.id()).collect();
+    all.into_iter()
+        .filter(|s| mine.contains(s.spec.volume.as_str()) || s.metadata.finalizers.contains(name))
+        .collect()
+}
+
+/// The ids of the volumes not being deleted.
+fn live_ids(volumes: &[Typed<Volume>]) -> BTreeSet<String> {
+    volumes
+        .iter()
+        .filter(|v| v.metadata.phase != Phase::TearingDown)
+        .map(|v| v.id().to_string())
+        .collect()
+}
+
+/// Whether the target is up and serving V2.
+fn target_ready(target: Option<&TargetStatus>) -> bool {
+    target.is_some_and(|t| t.engine == Engine::V2 && t.state == ObjectState::Ready)
+}
+
+/// The jobs of the volumes served here, from what was loaded; a volume being
+/// deleted is no job but a deletion.
+fn make_jobs(want: &Desired, here: &Loaded, host_nqn: Option<&str>) -> Jobs {
+    let node = &want.node;
+    let mut jobs = Jobs::default();
+    for v in &want.volumes {
+        if v.metadata.phase == Phase::TearingDown {
+            jobs.deleting.push(v.id().to_string());
+            continue;
+        }
+        let mut placed: BTreeMap<usize, String> = here
+            .previous_replicas
             .iter()
-            .any(|v| v.spec.replicas as usize + v.spec.remote_replicas.len() > 1);
-        Ok(Requeue::After(if rebuilding {
-            // a thin rebuild takes one step per reconcile
-            Duration::from_millis(300)
-        } else if raids {
-            Duration::from_secs(2)
-        } else {
-            Duration::from_secs(10)
-        }))
+            .filter(|r| r.spec.volume == v.id())
+            .filter_map(|r| {
+                let k = r.id().rsplit_once("-r")?.1.parse().ok()?;
+                Some((k, r.spec.disk.clone()))
+            })
+            .collect();
+        let ledger = want.ledgers.get(v.id());
+        placed.extend(ledger.map(ReplicaLedger::placed).unwrap_or_default());
+        // revert: this volume's snapshot; clone: the source volume's
+        let start = v.spec.revert_to.as_deref().or(v.spec.from_snapshot.as_deref());
+        let snapshot_set = start.and_then(|id| {
+            let (sv, ss) = split_snapshot_id(id).ok()?;
+            want.ledgers.get(sv.as_str())?.snapshot_set(ss.as_str())
+        });
+        let attached_by = host_nqn.filter(|_| here.attached.contains(v.id()));
+        jobs.live.push(Job {
+            id: v.id().to_string(),
+            spec: v.spec.clone(),
+            placed,
+            disk_away: here.disk_away.clone(),
+            in_sync: ledger.map(ReplicaLedger::in_sync_set),
+            snapshot_set,
+            hosts: export_hosts(node, &v.spec, attached_by),
+            tls_port: node.replica_tls_port,
+            rebuild_cap: node.rebuild_mib_per_sec,
+            overcommit_percent: node
+                .overcommit_percent
+                .unwrap_or(crate::spdk::placement::DEFAULT_OVERCOMMIT_PERCENT),
+            dest_request: v
+                .spec
+                .serve_replica
+                .and_then(|_| here.dest_requests.get(v.id()))
+                .filter(|r| {
+                    here.answers
+                        .get(v.id())
+                        .is_none_or(|a| a.generation < r.generation)
+                })
+                .cloned(),
+        });
+    }
+    jobs
+}
+
+/// Plain volumes, and the clones and reverts, set up once the snapshots
+/// they start from are taken.
+fn split_derived(jobs: Vec<Job>) -> (Vec<Job>, Vec<Job>) {
+    jobs.into_iter()
+        .partition(|j| j.spec.from_snapshot.is_none() && j.spec.revert_to.is_none())
+}
+
+/// Whether remote replica `k` of volume `v` (its NVMe controller here) is
+/// wanted: `v` exists, is not being deleted, and has a remote replica `k`.
+fn keeps_remote(all_volumes: &[Typed<Volume>], v: &str, k: usize) -> bool {
+    all_volumes.iter().any(|x| {
+        x.id() == v
+            && x.metadata.phase != Phase::TearingDown
+            && (x.spec.replicas as usize..x.spec.replicas as usize + x.spec.remote_replicas.len())
+                .contains(&k)
+    })
+}
+
+/// A snapshot's lvols (`taken`: replica -> lvol) on replicas that have a head.
+fn on_heads(taken: &[(usize, String)], heads: &BTreeSet<usize>) -> Vec<String> {
+    taken
+        .iter()
+        .filter(|(k, _)| heads.contains(k))
+        .map(|(_, a)| a.clone())
+        .collect()
+}
+
+/// The status of a snapshot of `volume`, which is gone: what was taken
+/// stays until the snapshot is deleted.
+fn gone_volume_snapshot(volume: &str, taken: Vec<(usize, String)>) -> SnapshotStatus {
+    let kept: Vec<String> = taken.into_iter().map(|(_, a)| a).collect();
+    if kept.is_empty() {
+        snap_status(
+            volume,
+            ObjectState::Failed,
+            vec![],
+            format!("volume {volume} does not exist"),
+        )
+    } else {
+        snap_status(volume, ObjectState::Ready, kept, "")
+    }
+}
+
+/// A snapshot reported Ready before (`prev`) that replicas with a head still
+/// hold (`existing`) is not taken again: its status (`None`: take it).
+fn still_taken(volume: &str, prev: Option<&SnapshotStatus>, existing: Vec<String>) -> Option<SnapshotStatus> {
+    let taken_before = prev.is_some_and(|p| p.state == ObjectState::Ready);
+    (taken_before && !existing.is_empty()).then(|| snap_status(volume, ObjectState::Ready, existing, ""))
+}
+
+/// The replicas a snapshot of `vol` is taken on: those in sync as set up in
+/// this reconcile, else as its ledger says (`None`: all).
+fn snapshot_in_sync(
+    statuses: &[(String, Realized)],
+    ledgers: &BTreeMap<String, ReplicaLedger>,
+    vol: &str,
+) -> Option<BTreeSet<usize>> {
+    statuses
+        .iter()
+        .find(|(id, _)| id == vol)
+        .and_then(|(_, r)| r.in_sync.clone())
+        .or_else(|| ledgers.get(vol).map(ReplicaLedger::in_sync_set))
+}
+
+/// When a snapshot was taken: as reported `before`, or now.
+fn created(before: Option<String>) -> String {
+    before
+        .filter(|c| !c.is_empty())
+        .unwrap_or_else(|| humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string())
+}
+
+/// How soon to look again. SPDK tells nobody when a raid loses a member:
+/// poll, quickly while a rebuild runs, and often enough with raids that the
+/// ledger learns of a replica that left before a restart could trust it again.
+fn requeue_after(rebuilding: bool, volumes: &[Typed<Volume>]) -> Duration {
+    let raids = volumes
+        .iter()
+        .any(|v| v.spec.replicas as usize + v.spec.remote_replicas.len() > 1);
+    if rebuilding {
+        // a thin rebuild takes one step per reconcile
+        Duration::from_millis(300)
+    } else if raids {
+        Duration::from_secs(2)
+    } else {
+        Duration::from_secs(10)
     }
 }
 
@@ -1339,5 +1561,375 @@ mod tests {
         assert_eq!((m.reason.as_str(), m.disks[1].as_str()), ("first record", "d3"));
         let left = next_ledger(Some(&m), &BTreeSet::from([0]), &moved).expect("left");
         assert!(left.reason.contains("r1 left"), "{}", left.reason);
+    }
+
+    const ME: &str = "engine.SpdkVolumeController";
+
+    fn typed<S>(id: &str, spec: S) -> Typed<S> {
+        Typed {
+            metadata: crate::runtime::Metadata::new("config", "Test", id, ""),
+            spec,
+        }
+    }
+
+    /// Volume `id` of 1 MiB with `more` fields (camelCase, as in the API).
+    fn vol(id: &str, more: serde_json::Value) -> Typed<Volume> {
+        let mut spec = serde_json::json!({"sizeBytes": 1 << 20});
+        spec.as_object_mut()
+            .expect("object")
+            .extend(more.as_object().expect("object").clone());
+        typed(id, serde_json::from_value(spec).expect("volume"))
+    }
+
+    fn tearing_down<S>(mut t: Typed<S>) -> Typed<S> {
+        t.metadata.phase = Phase::TearingDown;
+        t
+    }
+
+    fn held<S>(mut t: Typed<S>) -> Typed<S> {
+        t.metadata.finalizers.insert(ME.into());
+        t
+    }
+
+    fn snapshot(volume: &str, name: &str) -> Typed<Snapshot> {
+        typed(
+            &format!("{volume}@{name}"),
+            Snapshot {
+                volume: volume.into(),
+                name: name.into(),
+            },
+        )
+    }
+
+    fn ledger(in_sync: &[u32], disks: &[&str]) -> ReplicaLedger {
+        ReplicaLedger {
+            in_sync: in_sync.to_vec(),
+            disks: disks.iter().map(|d| d.to_string()).collect(),
+            changed: String::new(),
+            reason: String::new(),
+            snapshots: BTreeMap::new(),
+        }
+    }
+
+    fn desired(volumes: Vec<Typed<Volume>>, ledgers: Vec<(&str, ReplicaLedger)>) -> Desired {
+        Desired {
+            node: NodeConfig::default(),
+            all_volumes: volumes.clone(),
+            volumes,
+            snapshots: Vec::new(),
+            ledgers: ledgers.into_iter().map(|(v, l)| (v.to_string(), l)).collect(),
+        }
+    }
+
+    fn loaded() -> Loaded {
+        Loaded {
+            inv: Inventory::default(),
+            live_vols: BTreeSet::new(),
+            attached: BTreeSet::new(),
+            previous_replicas: Vec::new(),
+            disk_away: BTreeMap::new(),
+            dest_requests: BTreeMap::new(),
+            answers: BTreeMap::new(),
+        }
+    }
+
+    /// A job for `v` made as a reconcile makes it, with nothing loaded.
+    fn job(v: Typed<Volume>) -> Job {
+        make_jobs(&desired(vec![v], vec![]), &loaded(), None)
+            .live
+            .pop()
+            .expect("a job")
+    }
+
+    fn ids<S: crate::runtime::Spec>(list: &[Typed<S>]) -> Vec<&str> {
+        list.iter().map(|t| t.id()).collect()
+    }
+
+    #[test]
+    fn a_volume_is_served_here_when_v2_or_while_its_finalizer_holds_it() {
+        let node = NodeConfig::default();
+        let all = vec![
+            vol("a", serde_json::json!({"engine": "v2"})),
+            vol("b", serde_json::json!({"engine": "v1"})),
+            held(vol("c", serde_json::json!({"engine": "v1"}))),
+            vol("d", serde_json::json!({})),
+        ];
+        let served = served_volumes(&all, &node, true, ME);
+        assert_eq!(ids(&served), ["a", "c", "d"]);
+        // auto volumes are V1 where SPDK is not usable
+        assert_eq!(ids(&served_volumes(&all, &node, false, ME)), ["a", "c"]);
+        let snaps = served_snapshots(
+            vec![
+                snapshot("a", "s1"),
+                snapshot("b", "s1"),
+                held(snapshot("b", "s2")),
+                snapshot("gone", "s1"),
+            ],
+            &served,
+            ME,
+        );
+        assert_eq!(ids(&snaps), ["a@s1", "b@s2"]);
+        let live = live_ids(&[
+            vol("x", serde_json::json!({})),
+            tearing_down(vol("y", serde_json::json!({}))),
+        ]);
+        assert_eq!(live, BTreeSet::from(["x".to_string()]));
+    }
+
+    #[test]
+    fn only_a_ready_v2_target_is_one_to_set_volumes_up_on() {
+        let target = |engine, state| TargetStatus {
+            engine,
+            state,
+            pid: None,
+            socket: String::new(),
+            version: String::new(),
+            restarts: 0,
+            message: String::new(),
+        };
+        assert!(target_ready(Some(&target(Engine::V2, ObjectState::Ready))));
+        assert!(!target_ready(Some(&target(Engine::V2, ObjectState::Creating))));
+        assert!(!target_ready(Some(&target(Engine::V1, ObjectState::Ready))));
+        assert!(!target_ready(None));
+    }
+
+    #[test]
+    fn live_volumes_become_jobs_placed_as_reported_and_recorded_and_the_others_deletions() {
+        let mut src = ledger(&[0, 1], &["d1", "d2"]);
+        src.snapshots.insert("s1".into(), vec![1]);
+        let mut want = desired(
+            vec![
+                vol("a", serde_json::json!({"replicas": 2})),
+                tearing_down(vol("gone", serde_json::json!({}))),
+                vol("c", serde_json::json!({"fromSnapshot": "a@s1"})),
+            ],
+            vec![("a", src)],
+        );
+        want.node.replica_tls_port = 4430;
+        want.node.rebuild_mib_per_sec = Some(50);
+        let mut here = loaded();
+        here.attached.insert("c".into());
+        here.disk_away
+            .insert("d3".into(), DiskAway::Pending("not brought up yet".into()));
+        let reported = |id: &str, volume: &str, disk: &str| {
+            typed(
+                id,
+                ReplicaStatus {
+                    volume: volume.into(),
+                    disk: disk.into(),
+                    bdev: String::new(),
+                    alias: String::new(),
+                    size_bytes: 0,
+                    allocated_bytes: 0,
+                    state: ObjectState::Ready,
+                    message: String::new(),
+                },
+            )
+        };
+        here.previous_replicas = vec![
+            // the ledger's placement wins over a status reported before
+            reported("a-r1", "a", "d9"),
+            reported("a-r2", "a", "d3"),
+            reported("c-r0", "c", "d2"),
+            reported("b-r0", "b", "d1"),
+        ];
+        let jobs = make_jobs(&want, &here, Some("nqn.2014-08.org.nvmexpress:uuid:me"));
+        assert_eq!(jobs.deleting, ["gone"]);
+        let [a, c] = &jobs.live[..] else {
+            panic!(
+                "two jobs: {:?}",
+                jobs.live.iter().map(|j| &j.id).collect::<Vec<_>>()
+            );
+        };
+        assert_eq!(
+            a.placed,
+            BTreeMap::from([(0, "d1".into()), (1, "d2".into()), (2, "d3".into())])
+        );
+        assert_eq!(a.in_sync, Some(BTreeSet::from([0, 1])));
+        assert_eq!((a.snapshot_set.as_ref(), a.hosts.len()), (None, 0));
+        assert_eq!(
+            (a.tls_port, a.rebuild_cap, a.overcommit_percent),
+            (4430, Some(50), crate::spdk::placement::DEFAULT_OVERCOMMIT_PERCENT)
+        );
+        assert_eq!(a.disk_away.len(), 1);
+        // a clone starts from the point-in-time set its source's ledger recorded
+        assert_eq!(c.placed, BTreeMap::from([(0, "d2".into())]));
+        assert_eq!(
+            (c.in_sync.as_ref(), c.snapshot_set.as_ref()),
+            (None, Some(&BTreeSet::from([1])))
+        );
+        // attached here: this host may connect
+        assert_eq!(c.hosts, ["nqn.2014-08.org.nvmexpress:uuid:me"]);
+    }
+
+    #[test]
+    fn a_served_replica_answers_each_rebuild_request_generation_once() {
+        let want = desired(
+            vec![
+                vol("served", serde_json::json!({"serveReplica": 1})),
+                vol("engine", serde_json::json!({})),
+            ],
+            vec![],
+        );
+        let request = |generation| RebuildDest {
+            chain: vec!["s1".into()],
+            generation,
+        };
+        let answer = |generation| RebuildDestStatus {
+            generation,
+            ..RebuildDestStatus::default()
+        };
+        let mut here = loaded();
+        here.dest_requests.insert("served".into(), request(3));
+        // a volume with its engine here serves no replica: no request is its
+        here.dest_requests.insert("engine".into(), request(3));
+        let asked = |here: &Loaded| {
+            make_jobs(&want, here, None)
+                .live
+                .into_iter()
+                .map(|j| (j.id, j.dest_request.map(|r| r.generation)))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            asked(&here),
+            [("served".into(), Some(3)), ("engine".into(), None)]
+        );
+        here.answers.insert("served".into(), answer(2));
+        assert_eq!(asked(&here)[0], ("served".into(), Some(3)));
+        here.answers.insert("served".into(), answer(3));
+        assert_eq!(asked(&here)[0], ("served".into(), None));
+    }
+
+    #[test]
+    fn clones_and_reverts_are_set_up_after_the_snapshots() {
+        let jobs = vec![
+            job(vol("plain", serde_json::json!({}))),
+            job(vol("clone", serde_json::json!({"fromSnapshot": "plain@s1"}))),
+            job(vol(
+                "revert",
+                serde_json::json!({"revertTo": "revert@s1", "revertGeneration": 1}),
+            )),
+            job(vol("served", serde_json::json!({"serveReplica": 1}))),
+        ];
+        let (plain, derived) = split_derived(jobs);
+        let names = |js: &[Job]| js.iter().map(|j| j.id.clone()).collect::<Vec<_>>();
+        assert_eq!(names(&plain), ["plain", "served"]);
+        assert_eq!(names(&derived), ["clone", "revert"]);
+    }
+
+    #[test]
+    fn a_remote_replica_is_kept_while_its_volume_lives_and_counts_it() {
+        let remote = serde_json::json!({"address": "10.0.0.2", "port": 4420});
+        let all = vec![
+            vol(
+                "a",
+                serde_json::json!({"replicas": 1, "remoteReplicas": [remote, remote]}),
+            ),
+            tearing_down(vol(
+                "b",
+                serde_json::json!({"replicas": 1, "remoteReplicas": [remote]}),
+            )),
+        ];
+        // replica 0 is local; 1 and 2 are remote
+        let kept: Vec<usize> = (0..4).filter(|k| keeps_remote(&all, "a", *k)).collect();
+        assert_eq!(kept, [1, 2]);
+        assert!(!keeps_remote(&all, "b", 1), "being deleted");
+        assert!(!keeps_remote(&all, "c", 1), "no such volume");
+    }
+
+    #[test]
+    fn a_snapshot_of_a_gone_volume_keeps_what_was_taken_until_it_is_deleted() {
+        let kept = gone_volume_snapshot(
+            "a",
+            vec![(0, "talon-d1/a@s1".into()), (1, "talon-d2/a@s1".into())],
+        );
+        assert_eq!(
+            (kept.state, kept.objects.as_slice(), kept.volume.as_str()),
+            (
+                ObjectState::Ready,
+                &["talon-d1/a@s1".to_string(), "talon-d2/a@s1".to_string()][..],
+                "a"
+            )
+        );
+        let none = gone_volume_snapshot("a", vec![]);
+        assert_eq!(
+            (none.state, none.message.as_str()),
+            (ObjectState::Failed, "volume a does not exist")
+        );
+    }
+
+    #[test]
+    fn a_snapshot_reported_ready_is_not_taken_again_while_a_replica_with_a_head_holds_it() {
+        let taken = vec![(0, "talon-d1/a@s1".to_string()), (2, "talon-d3/a@s1".to_string())];
+        // replica 2 lost its head (being rebuilt): its snapshot lvol does not count
+        let existing = on_heads(&taken, &BTreeSet::from([0, 1]));
+        assert_eq!(existing, ["talon-d1/a@s1"]);
+        let ready = snap_status("a", ObjectState::Ready, vec![], "");
+        let failed = snap_status("a", ObjectState::Failed, vec![], "peer unreachable");
+        let st = still_taken("a", Some(&ready), existing.clone()).expect("kept");
+        assert_eq!((st.state, st.objects), (ObjectState::Ready, existing.clone()));
+        assert!(
+            still_taken("a", Some(&failed), existing.clone()).is_none(),
+            "failed: taken again"
+        );
+        assert!(
+            still_taken("a", None, existing).is_none(),
+            "never reported: taken"
+        );
+        let no_head = on_heads(&taken, &BTreeSet::from([1]));
+        assert!(
+            still_taken("a", Some(&ready), no_head).is_none(),
+            "no head holds it: taken again"
+        );
+    }
+
+    #[test]
+    fn a_snapshot_is_taken_on_the_replicas_in_sync_now_else_on_those_the_ledger_names() {
+        let mut now = Realized::failed(ObjectState::Ready, "");
+        now.in_sync = Some(BTreeSet::from([0]));
+        let waiting = Realized::failed(ObjectState::Creating, "waiting for disks");
+        let statuses = vec![("a".to_string(), now), ("b".to_string(), waiting)];
+        let ledgers = BTreeMap::from([
+            ("a".to_string(), ledger(&[0, 1], &[])),
+            ("b".to_string(), ledger(&[1], &[])),
+        ]);
+        assert_eq!(
+            snapshot_in_sync(&statuses, &ledgers, "a"),
+            Some(BTreeSet::from([0]))
+        );
+        assert_eq!(
+            snapshot_in_sync(&statuses, &ledgers, "b"),
+            Some(BTreeSet::from([1]))
+        );
+        // no engine and no ledger here: all of them
+        assert_eq!(snapshot_in_sync(&statuses, &ledgers, "c"), None);
+    }
+
+    #[test]
+    fn a_snapshot_keeps_the_time_it_was_first_reported() {
+        assert_eq!(
+            created(Some("2025-01-02T03:04:05Z".into())),
+            "2025-01-02T03:04:05Z"
+        );
+        for before in [None, Some(String::new())] {
+            let now = created(before);
+            assert!(humantime::parse_rfc3339(&now).is_ok(), "{now}");
+        }
+    }
+
+    #[test]
+    fn polls_fast_while_rebuilding_then_often_with_raids_else_seldom() {
+        let remote = serde_json::json!({"address": "10.0.0.2", "port": 4420});
+        let single = vec![vol("a", serde_json::json!({"replicas": 1}))];
+        let raid = vec![vol("a", serde_json::json!({"replicas": 2}))];
+        let remote_raid = vec![vol(
+            "a",
+            serde_json::json!({"replicas": 1, "remoteReplicas": [remote]}),
+        )];
+        assert_eq!(requeue_after(true, &single), Duration::from_millis(300));
+        assert_eq!(requeue_after(false, &raid), Duration::from_secs(2));
+        assert_eq!(requeue_after(false, &remote_raid), Duration::from_secs(2));
+        assert_eq!(requeue_after(false, &single), Duration::from_secs(10));
+        assert_eq!(requeue_after(false, &[]), Duration::from_secs(10));
     }
 }
