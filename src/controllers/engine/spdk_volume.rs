@@ -42,6 +42,7 @@ use crate::resources::frontend::Attachment;
 use crate::runtime::{Controller, ControllerError, Input, Output, Phase, ReconcileContext, Requeue, Typed};
 use crate::spdk::SpdkClient;
 use crate::spdk::placement::DiskAway;
+use crate::spdk::volume::plan::RestoreFile;
 use crate::spdk::volume::{
     ExportSpec, Inventory, RemoteDest, RemoteSnapshot, VolumeError, VolumeInfo, VolumeOps, VolumePlan,
     applied_revert, replica_heads,
@@ -261,17 +262,10 @@ impl Realized {
 }
 
 impl SpdkVolumeController {
+    /// Sets up one volume (or served replica): a revert or a rebuild
+    /// request first, then a restore's file, then the volume itself.
     async fn realize(&self, inv: &Inventory, job: &Job, export: &ExportSpec) -> Realized {
-        // a served replica with TLS listens on the TLS port (and only there)
-        let port = match (&export.tls_data_dir, job.spec.serve_replica) {
-            (Some(_), Some(_)) => job.tls_port,
-            _ => export.port,
-        };
-        let export = &ExportSpec {
-            hosts: job.hosts.clone(),
-            port,
-            ..export.clone()
-        };
+        let export = &job_export(export, job);
         let name = match ObjectName::parse("volume", &job.id) {
             Ok(n) => n,
             Err(e) => return Realized::failed(ObjectState::Failed, e.to_string()),
@@ -288,37 +282,17 @@ impl SpdkVolumeController {
         };
         let mut message = String::new();
         let mut in_sync = job.in_sync.clone();
-        let replicas = job.spec.replicas.max(1) as usize;
-        // the raid's superblock, or (a served replica) room for the engine's
-        let slots = job.spec.raid_slots();
-        let superblock = job.spec.uses_superblock();
         // revert: once per generation, recorded in SPDK with the data
         let mut reloaded = None;
         if let Some(target) = &job.spec.revert_to
             && job.spec.revert_generation > applied_revert(inv, &job.id)
         {
-            let snap = match ObjectName::parse("snapshot", target.rsplit('@').next().unwrap_or(target)) {
-                Ok(s) => s,
-                Err(e) => return Realized::failed(ObjectState::Failed, e.to_string()),
-            };
-            match self
-                .ops
-                .revert(
-                    inv,
-                    &name,
-                    &snap,
-                    job.spec.revert_generation,
-                    job.snapshot_set.as_ref(),
-                    superblock.then_some(slots),
-                )
-                .await
-            {
-                Ok(reverted) => in_sync = Some(reverted),
-                Err(e) => return Realized::failed(ObjectState::Failed, err_text(&e)),
-            }
-            match Inventory::load(self.ops.client()).await {
-                Ok(i) => reloaded = Some(i),
-                Err(e) => return Realized::failed(ObjectState::Failed, e.to_string()),
+            match self.revert(inv, job, &name, target).await {
+                Ok((reverted, i)) => {
+                    in_sync = Some(reverted);
+                    reloaded = Some(i);
+                }
+                Err(r) => return r,
             }
             message = format!("reverted to {target} (generation {})", job.spec.revert_generation);
         }
@@ -326,44 +300,25 @@ impl SpdkVolumeController {
         // thin rebuild, answered before the replica is exported (again)
         let mut dest_answer = None;
         if let (Some(k), Some(req)) = (job.spec.serve_replica, &job.dest_request) {
-            let plan = VolumePlan::new(name.clone(), job.spec.size_bytes, 1, export.clone());
-            let answer = match self.ops.prepare_dest(inv, &plan, k as usize, &req.chain).await {
-                Ok(a) => a,
-                Err(e) => RebuildDestStatus {
-                    message: err_text(&e),
-                    ..RebuildDestStatus::default()
-                },
-            };
-            if answer.reset {
-                match Inventory::load(self.ops.client()).await {
-                    Ok(mut i) => {
-                        let disks: BTreeSet<String> = inv.disks().into_iter().map(|(d, _)| d).collect();
-                        i.retain_disks(&disks);
-                        reloaded = Some(i);
+            match self.answer_dest(inv, job, &name, export, k as usize, req).await {
+                Ok((answer, reset)) => {
+                    if reset.is_some() {
+                        reloaded = reset;
                     }
-                    Err(e) => return Realized::failed(ObjectState::Failed, e.to_string()),
+                    dest_answer = Some(answer);
                 }
+                Err(r) => return r,
             }
-            dest_answer = Some(RebuildDestStatus {
-                generation: req.generation,
-                ..answer
-            });
         }
         let inv = reloaded.as_ref().unwrap_or(inv);
-        let mut remote = Vec::new();
-        for r in &job.spec.remote_replicas {
-            match r.address.parse::<IpAddr>() {
-                Ok(a) => remote.push((a, r.port)),
-                Err(_) => {
-                    return Realized::failed(
-                        ObjectState::Failed,
-                        format!("remote replica address {:?} is not an IP address", r.address),
-                    );
-                }
-            }
-        }
+        let remote = match remote_addresses(&job.spec) {
+            Ok(r) => r,
+            Err(m) => return Realized::failed(ObjectState::Failed, m),
+        };
+        // the raid's superblock, or (a served replica) room for the engine's
+        let superblock = job.spec.uses_superblock();
         // a new volume from a backup: restored into a file first
-        let restore = match self
+        let step = self
             .restores
             .step(
                 self.ops.client(),
@@ -373,34 +328,16 @@ impl SpdkVolumeController {
                 job.in_sync.is_some(),
                 superblock,
             )
-            .await
-        {
-            RestoreStep::None => None,
-            RestoreStep::Ready(f) => Some(f),
-            RestoreStep::Failed(m) => return Realized::failed(ObjectState::Failed, m),
-            RestoreStep::Waiting(m) => {
-                let mut r = Realized::failed(ObjectState::Creating, m);
-                r.rebuilding = true;
-                return r;
-            }
-            // a standby volume is not served: it holds a backup until activated
-            RestoreStep::Standby {
-                message,
-                backup,
-                busy,
-            } => {
-                let mut r = Realized::failed(ObjectState::Standby, message);
-                r.status.size_bytes = job.spec.size_bytes;
-                r.status.restored_backup = Some(backup);
-                r.rebuilding = busy;
-                return r;
-            }
+            .await;
+        let restore = match restore_file(step, &job.spec) {
+            Ok(f) => f,
+            Err(r) => return *r,
         };
         let restoring = restore.is_some();
         let plan = VolumePlan {
             name: name.clone(),
             size_bytes: job.spec.size_bytes,
-            replicas,
+            replicas: job.spec.replicas.max(1) as usize,
             disks: job.spec.disks.clone(),
             placed: job.placed.clone(),
             disk_away: job.disk_away.clone(),
@@ -430,65 +367,125 @@ impl SpdkVolumeController {
             None => self.ops.ensure(inv, &plan).await,
         };
         let mut realized = match done {
-            Ok(info) => {
-                if job.spec.serve_replica.is_none() {
-                    // a snapshot's freeze left by a talon stopped before its thaw
-                    let nqn = crate::names::Nqn::for_volume(&name);
-                    self.thaw_checked.check(self.ops.client(), nqn.as_str()).await;
-                }
-                if restoring {
-                    self.restores.finish(&job.id);
-                    message = format!(
-                        "restored from backup {}",
-                        job.spec.from_backup.as_ref().map_or("", |b| b.backup.as_str())
-                    );
-                }
-                // a served replica's engine (and ledger) is on another node
-                let in_sync = job.spec.serve_replica.is_none().then(|| info.in_sync.clone());
-                let rebuilding = info.rebuilding.is_some();
-                let disks = info
-                    .replicas
-                    .iter()
-                    .map(|r| (r.k, r.disk.clone()))
-                    .chain(info.waiting.iter().cloned())
-                    .collect();
-                let (status, replicas) = status_of(&job.id, &job.spec, info, export, message);
-                Realized {
-                    status,
-                    replicas,
-                    in_sync,
-                    disks,
-                    rebuilding,
-                    dest_answer: None,
-                }
-            }
-            // No valid placement: a wait while the disks it needs come up (DiskStatus
-            // is an input, so this runs again when one does); failed, with the
-            // disk's error, when one of them failed, so a wait ends at once. It is
-            // placed as soon as a disk is ready.
-            Err(e @ VolumeError::NoPlacement { disk_failed, .. }) => Realized::failed(
-                if disk_failed {
-                    ObjectState::Failed
-                } else {
-                    ObjectState::Creating
-                },
-                format!("waiting for disks: {}", err_text(&e)),
-            ),
-            // waiting for replicas on disks that failed: say why they are away
-            Err(e @ (VolumeError::NoCurrentReplica { .. } | VolumeError::RaidAssembling { .. })) => {
-                let mut m = err_text(&e);
-                let failed: BTreeSet<&String> = job.placed.values().collect();
-                for d in failed {
-                    if let Some(DiskAway::Failed(why)) = job.disk_away.get(d) {
-                        m.push_str(&format!("; disk {d} failed: {why}"));
-                    }
-                }
-                Realized::failed(ObjectState::Failed, m)
-            }
-            Err(e) => Realized::failed(ObjectState::Failed, err_text(&e)),
+            Ok(info) => self.served(job, &name, info, export, restoring, message).await,
+            Err(e) => not_realized(e, job),
         };
         realized.dest_answer = dest_answer;
         realized
+    }
+
+    /// Reverts `job`'s volume `name` to snapshot `target`: the replicas in
+    /// sync after it, and the target listed again.
+    async fn revert(
+        &self,
+        inv: &Inventory,
+        job: &Job,
+        name: &ObjectName,
+        target: &str,
+    ) -> Result<(BTreeSet<usize>, Inventory), Realized> {
+        let failed = |m: String| Realized::failed(ObjectState::Failed, m);
+        let snap = ObjectName::parse("snapshot", target.rsplit('@').next().unwrap_or(target))
+            .map_err(|e| failed(e.to_string()))?;
+        // the raid's superblock, or (a served replica) room for the engine's
+        let slots = job.spec.raid_slots();
+        let superblock = job.spec.uses_superblock();
+        let reverted = self
+            .ops
+            .revert(
+                inv,
+                name,
+                &snap,
+                job.spec.revert_generation,
+                job.snapshot_set.as_ref(),
+                superblock.then_some(slots),
+            )
+            .await
+            .map_err(|e| failed(err_text(&e)))?;
+        let reloaded = Inventory::load(self.ops.client())
+            .await
+            .map_err(|e| failed(e.to_string()))?;
+        Ok((reverted, reloaded))
+    }
+
+    /// Answers `req`, an engine's request for the next copy of a thin
+    /// rebuild into served replica `k` (an error is the answer's message);
+    /// with the target listed again (its disks as in `inv`) when the replica
+    /// was reset.
+    async fn answer_dest(
+        &self,
+        inv: &Inventory,
+        job: &Job,
+        name: &ObjectName,
+        export: &ExportSpec,
+        k: usize,
+        req: &RebuildDest,
+    ) -> Result<(RebuildDestStatus, Option<Inventory>), Realized> {
+        let plan = VolumePlan::new(name.clone(), job.spec.size_bytes, 1, export.clone());
+        let answer = match self.ops.prepare_dest(inv, &plan, k, &req.chain).await {
+            Ok(a) => a,
+            Err(e) => RebuildDestStatus {
+                message: err_text(&e),
+                ..RebuildDestStatus::default()
+            },
+        };
+        let mut reloaded = None;
+        if answer.reset {
+            match Inventory::load(self.ops.client()).await {
+                Ok(mut i) => {
+                    let disks: BTreeSet<String> = inv.disks().into_iter().map(|(d, _)| d).collect();
+                    i.retain_disks(&disks);
+                    reloaded = Some(i);
+                }
+                Err(e) => return Err(Realized::failed(ObjectState::Failed, e.to_string())),
+            }
+        }
+        let answer = RebuildDestStatus {
+            generation: req.generation,
+            ..answer
+        };
+        Ok((answer, reloaded))
+    }
+
+    /// What realizing `job` gave once the target serves it as `info`.
+    async fn served(
+        &self,
+        job: &Job,
+        name: &ObjectName,
+        info: VolumeInfo,
+        export: &ExportSpec,
+        restoring: bool,
+        mut message: String,
+    ) -> Realized {
+        if job.spec.serve_replica.is_none() {
+            // a snapshot's freeze left by a talon stopped before its thaw
+            let nqn = crate::names::Nqn::for_volume(name);
+            self.thaw_checked.check(self.ops.client(), nqn.as_str()).await;
+        }
+        if restoring {
+            self.restores.finish(&job.id);
+            message = format!(
+                "restored from backup {}",
+                job.spec.from_backup.as_ref().map_or("", |b| b.backup.as_str())
+            );
+        }
+        // a served replica's engine (and ledger) is on another node
+        let in_sync = job.spec.serve_replica.is_none().then(|| info.in_sync.clone());
+        let rebuilding = info.rebuilding.is_some();
+        let disks = info
+            .replicas
+            .iter()
+            .map(|r| (r.k, r.disk.clone()))
+            .chain(info.waiting.iter().cloned())
+            .collect();
+        let (status, replicas) = status_of(&job.id, &job.spec, info, export, message);
+        Realized {
+            status,
+            replicas,
+            in_sync,
+            disks,
+            rebuilding,
+            dest_answer: None,
+        }
     }
 
     /// Takes snapshot `snap` (resource `s`) of live volume `vol` on its
@@ -728,6 +725,98 @@ fn status_of(
         restored_backup: None,
     };
     (status, replicas)
+}
+
+/// The export of `job`: its hosts, and for a served replica with TLS, the
+/// TLS port (and only there).
+fn job_export(export: &ExportSpec, job: &Job) -> ExportSpec {
+    // a served replica with TLS listens on the TLS port (and only there)
+    let port = match (&export.tls_data_dir, job.spec.serve_replica) {
+        (Some(_), Some(_)) => job.tls_port,
+        _ => export.port,
+    };
+    ExportSpec {
+        hosts: job.hosts.clone(),
+        port,
+        ..export.clone()
+    }
+}
+
+/// The address and port of each of `spec`'s remote replicas; why not when
+/// one is not an IP address.
+fn remote_addresses(spec: &Volume) -> Result<Vec<(IpAddr, u16)>, String> {
+    let mut remote = Vec::new();
+    for r in &spec.remote_replicas {
+        match r.address.parse::<IpAddr>() {
+            Ok(a) => remote.push((a, r.port)),
+            Err(_) => {
+                return Err(format!(
+                    "remote replica address {:?} is not an IP address",
+                    r.address
+                ));
+            }
+        }
+    }
+    Ok(remote)
+}
+
+/// The file to make the replicas from (`None`: no restore), or, while a
+/// backup is not restored, what realizing gives: a wait (polled), a
+/// failure, or a standby volume, which is not served: it holds a backup
+/// until activated.
+fn restore_file(step: RestoreStep, spec: &Volume) -> Result<Option<RestoreFile>, Box<Realized>> {
+    match step {
+        RestoreStep::None => Ok(None),
+        RestoreStep::Ready(f) => Ok(Some(f)),
+        RestoreStep::Failed(m) => Err(Box::new(Realized::failed(ObjectState::Failed, m))),
+        RestoreStep::Waiting(m) => {
+            let mut r = Realized::failed(ObjectState::Creating, m);
+            r.rebuilding = true;
+            Err(Box::new(r))
+        }
+        // a standby volume is not served: it holds a backup until activated
+        RestoreStep::Standby {
+            message,
+            backup,
+            busy,
+        } => {
+            let mut r = Realized::failed(ObjectState::Standby, message);
+            r.status.size_bytes = spec.size_bytes;
+            r.status.restored_backup = Some(backup);
+            r.rebuilding = busy;
+            Err(Box::new(r))
+        }
+    }
+}
+
+/// What realizing `job` gave when the target could not serve it (`e`).
+fn not_realized(e: VolumeError, job: &Job) -> Realized {
+    match e {
+        // No valid placement: a wait while the disks it needs come up (DiskStatus
+        // is an input, so this runs again when one does); failed, with the
+        // disk's error, when one of them failed, so a wait ends at once. It is
+        // placed as soon as a disk is ready.
+        e @ VolumeError::NoPlacement { disk_failed, .. } => Realized::failed(
+            if disk_failed {
+                ObjectState::Failed
+            } else {
+                ObjectState::Creating
+            },
+            format!("waiting for disks: {}", err_text(&e)),
+        ),
+        // waiting for replicas on disks that failed: say why they are away
+        e @ (VolumeError::NoCurrentReplica { .. } | VolumeError::RaidAssembling { .. }) => {
+            let mut m = err_text(&e);
+            let failed: BTreeSet<&String> = job.placed.values().collect();
+            for d in failed {
+                if let Some(DiskAway::Failed(why)) = job.disk_away.get(d) {
+                    m.push_str(&format!("; disk {d} failed: {why}"));
+                }
+            }
+            Realized::failed(ObjectState::Failed, m)
+        }
+        e => Realized::failed(ObjectState::Failed, err_text(&e)),
+    }
 }
 
 #[async_trait::async_trait]
@@ -1931,5 +2020,138 @@ mod tests {
         assert_eq!(requeue_after(false, &remote_raid), Duration::from_secs(2));
         assert_eq!(requeue_after(false, &single), Duration::from_secs(10));
         assert_eq!(requeue_after(false, &[]), Duration::from_secs(10));
+    }
+
+    #[test]
+    fn a_served_replica_with_tls_is_exported_on_the_tls_port_only() {
+        let node = NodeConfig {
+            listen_address: "10.0.0.5".into(),
+            nvmf_port: 4420,
+            replica_tls: true,
+            replica_tls_port: 4430,
+            ..NodeConfig::default()
+        };
+        let tls = export_spec(&node, Some(&"/var/lib/talon".into())).expect("tls");
+        let plain = ExportSpec {
+            tls_data_dir: None,
+            ..tls.clone()
+        };
+        let mut served = job(vol("a", serde_json::json!({"serveReplica": 1})));
+        served.tls_port = 4430;
+        served.hosts = vec!["nqn.engine".into()];
+        let mut engine = job(vol("b", serde_json::json!({})));
+        engine.tls_port = 4430;
+        let e = job_export(&tls, &served);
+        assert_eq!(
+            (e.port, e.hosts.as_slice()),
+            (4430, &["nqn.engine".to_string()][..])
+        );
+        assert_eq!(job_export(&plain, &served).port, 4420);
+        assert_eq!(job_export(&tls, &engine).port, 4420);
+    }
+
+    #[test]
+    fn a_remote_replica_is_reached_by_ip_address_only() {
+        let ok = vol(
+            "a",
+            serde_json::json!({"remoteReplicas": [{"address": "10.0.0.2", "port": 4420}, {"address": "fd00::3", "port": 4421}]}),
+        );
+        assert_eq!(
+            remote_addresses(&ok.spec).expect("addresses"),
+            [
+                ("10.0.0.2".parse().expect("v4"), 4420),
+                ("fd00::3".parse().expect("v6"), 4421)
+            ]
+        );
+        let named = vol(
+            "a",
+            serde_json::json!({"remoteReplicas": [{"address": "node-b", "port": 4420}]}),
+        );
+        assert_eq!(
+            remote_addresses(&named.spec).expect_err("a name"),
+            "remote replica address \"node-b\" is not an IP address"
+        );
+    }
+
+    #[test]
+    fn a_restore_waits_polled_and_a_standby_volume_reports_its_backup_unserved() {
+        let spec = vol("a", serde_json::json!({})).spec;
+        let outcome = |step| match restore_file(step, &spec) {
+            Ok(f) => panic!("served with {f:?}"),
+            Err(r) => (
+                r.status.state,
+                r.status.message,
+                r.rebuilding,
+                r.status.size_bytes,
+                r.status.restored_backup,
+            ),
+        };
+        assert!(matches!(restore_file(RestoreStep::None, &spec), Ok(None)));
+        assert_eq!(
+            outcome(RestoreStep::Waiting("12% downloaded".into())),
+            (ObjectState::Creating, "12% downloaded".into(), true, 0, None)
+        );
+        assert_eq!(
+            outcome(RestoreStep::Failed("no such backup".into())),
+            (ObjectState::Failed, "no such backup".into(), false, 0, None)
+        );
+        assert_eq!(
+            outcome(RestoreStep::Standby {
+                message: "standby".into(),
+                backup: "b-2".into(),
+                busy: true,
+            }),
+            (
+                ObjectState::Standby,
+                "standby".into(),
+                true,
+                1 << 20,
+                Some("b-2".into())
+            )
+        );
+    }
+
+    #[test]
+    fn a_volume_with_no_placement_waits_for_its_disks_unless_one_failed() {
+        let j = job(vol("a", serde_json::json!({})));
+        let no_placement = |disk_failed| VolumeError::NoPlacement {
+            volume: "a".into(),
+            reason: "disk d1 is not brought up yet".into(),
+            disk_failed,
+        };
+        let waits = not_realized(no_placement(false), &j);
+        assert_eq!(waits.status.state, ObjectState::Creating);
+        assert!(
+            waits.status.message.starts_with("waiting for disks: "),
+            "{}",
+            waits.status.message
+        );
+        assert_eq!(
+            not_realized(no_placement(true), &j).status.state,
+            ObjectState::Failed
+        );
+    }
+
+    #[test]
+    fn a_volume_whose_current_replicas_are_away_names_the_failed_disks_they_are_on() {
+        let mut j = job(vol("a", serde_json::json!({"replicas": 3})));
+        j.placed = BTreeMap::from([(0, "d1".into()), (1, "d2".into()), (2, "d1".into())]);
+        j.disk_away = BTreeMap::from([
+            ("d1".into(), DiskAway::Failed("I/O error".into())),
+            ("d2".into(), DiskAway::Pending("not brought up yet".into())),
+            ("d9".into(), DiskAway::Failed("unplugged".into())),
+        ]);
+        let r = not_realized(
+            VolumeError::NoCurrentReplica {
+                volume: "a".into(),
+                waiting: vec!["r0".into()],
+                stale: vec![],
+            },
+            &j,
+        );
+        assert_eq!(r.status.state, ObjectState::Failed);
+        // once per disk, and only disks its replicas are on
+        assert_eq!(r.status.message.matches("; disk d1 failed: I/O error").count(), 1);
+        assert!(!r.status.message.contains("d2") && !r.status.message.contains("d9"));
     }
 }
