@@ -1,8 +1,10 @@
-//! Volume methods, and beside them one module per noun: snapshots
+//! Volume methods, one module each (`create`, `read`, `delete`, `expand`,
+//! `clone`, `revert`), and beside them one module per noun: snapshots
 //! (`snapshot`), disks (`disk`), attachments (`attach`), thin rebuilds'
-//! peer calls (`rebuild`). They validate names, write desired state (`config`
-//! resources) and, when asked, wait for the engine's or frontend's status;
-//! the controllers do the work.
+//! peer calls (`rebuild`). This file keeps what they share: names, sizes,
+//! views, the lifecycle lock and the waits. They validate names, write
+//! desired state (`config` resources) and, when asked, wait for the engine's
+//! or frontend's status; the controllers do the work.
 //!
 //! ```text
 //!   volume_create ──validate──> Volume (config, persisted) ──> engine controller ──> EngineStatus
@@ -29,9 +31,19 @@ use crate::resources::frontend::{AttachState, Attachment, AttachmentStatus};
 use crate::runtime::{Destroyed, Phase, Spec, State, Typed};
 
 mod attach;
+mod clone;
+mod create;
+mod delete;
 mod disk;
+mod expand;
+mod read;
 mod rebuild;
+mod revert;
 mod snapshot;
+
+pub use clone::CloneParams;
+pub use create::VolumeCreateParams;
+pub use expand::ExpandParams;
 
 /// Parses a size: bytes, or a number with a binary (`KiB`, `MiB`, `GiB`, `TiB`,
 /// or `K`/`M`/`G`/`T`) or decimal (`KB`, `MB`, `GB`, `TB`) unit. Exact, in
@@ -131,22 +143,6 @@ fn v1_here(ctx: &ApiContext, spec: &Volume) -> Result<Option<&'static str>, ApiE
     })
 }
 
-/// Refuses more than one replica when `spec` would be V1 here: a V1 volume
-/// is one file, and a second replica asked for would silently not be kept.
-fn check_v1_replicas(ctx: &ApiContext, what: &str, spec: &Volume) -> Result<(), ApiError> {
-    let wanted = spec.replicas as usize + spec.remote_replicas.len();
-    if wanted <= 1 {
-        return Ok(());
-    }
-    match v1_here(ctx, spec)? {
-        Some(how) => Err(ApiError::invalid(format!(
-            "{what}: {how}, and V1 keeps one replica (one file), not {wanted}: ask for 1 replica, \
-             or engine v2 on a node with SPDK"
-        ))),
-        None => Ok(()),
-    }
-}
-
 /// Checks a size against the file size limit of the data directory's
 /// filesystem when the volume would be V1 here (a file: 16 TiB - 4 KiB on
 /// ext4 with 4 KiB blocks), so that the spec is never stored for the engine
@@ -187,77 +183,12 @@ pub(crate) fn wait_timeout(timeout_seconds: Option<u64>) -> Duration {
     Duration::from_secs(timeout_seconds.unwrap_or(120))
 }
 
-/// `volume_create` params.
-#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
-pub struct VolumeCreateParams {
-    /// Volume name: `[a-z0-9-]`, at most 63 characters.
-    pub name: String,
-    /// Size in bytes.
-    #[serde(default)]
-    pub size_bytes: Option<u64>,
-    /// Size with a unit, e.g. `10GiB`.
-    #[serde(default)]
-    pub size: Option<String>,
-    /// Number of replicas (default 1; V1 supports 1).
-    #[serde(default)]
-    pub replicas: Option<u32>,
-    /// Engine (default: the node's choice).
-    #[serde(default)]
-    pub engine: Option<EngineKind>,
-    /// Frontend for attaching.
-    #[serde(default)]
-    pub frontend: Option<FrontendKind>,
-    /// Disks to place replicas on.
-    #[serde(default)]
-    pub disks: Vec<String>,
-    /// Create as a clone of this snapshot (`<volume>@<snapshot>`).
-    #[serde(default)]
-    pub from_snapshot: Option<String>,
-    /// Replicas kept by other talon nodes (V2), attached into this node's raid1.
-    #[serde(default)]
-    pub remote_replicas: Vec<RemoteReplica>,
-    /// Only keep replica k here for an engine on another node (V2).
-    #[serde(default)]
-    pub serve_replica: Option<u32>,
-    /// With `serveReplica`: the host NQNs allowed to attach the replica (the
-    /// engine node's host NQN from its `node_info`); nobody else can.
-    #[serde(default)]
-    pub replica_hosts: Vec<String>,
-    /// Wait until the operation is done (or failed).
-    #[serde(default)]
-    pub wait: bool,
-    /// How long to wait, in seconds (default 120).
-    #[serde(default)]
-    pub timeout_seconds: Option<u64>,
-}
-
 /// Params naming a volume.
 #[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct NameParams {
     /// The name.
     pub name: String,
-    /// Wait until the operation is done (or failed).
-    #[serde(default)]
-    pub wait: bool,
-    /// How long to wait, in seconds (default 120).
-    #[serde(default)]
-    pub timeout_seconds: Option<u64>,
-}
-
-/// `volume_expand` params.
-#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
-pub struct ExpandParams {
-    /// The volume.
-    pub name: String,
-    /// Size in bytes.
-    #[serde(default)]
-    pub size_bytes: Option<u64>,
-    /// Size with a unit, e.g. `10GiB`.
-    #[serde(default)]
-    pub size: Option<String>,
     /// Wait until the operation is done (or failed).
     #[serde(default)]
     pub wait: bool,
@@ -291,24 +222,6 @@ pub struct RebuildPrepareParams {
     /// The source replica's snapshots, oldest first.
     pub chain: Vec<String>,
     /// How long to wait for the answer, in seconds (default 120).
-    #[serde(default)]
-    pub timeout_seconds: Option<u64>,
-}
-
-/// `volume_clone` params.
-#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
-pub struct CloneParams {
-    /// The new volume's name.
-    pub name: String,
-    /// The source volume.
-    pub volume: String,
-    /// The source snapshot.
-    pub snapshot: String,
-    /// Wait until the operation is done (or failed).
-    #[serde(default)]
-    pub wait: bool,
-    /// How long to wait, in seconds (default 120).
     #[serde(default)]
     pub timeout_seconds: Option<u64>,
 }
@@ -652,307 +565,19 @@ pub(crate) fn wait_gone<S: Spec>(s: Option<&S>) -> Option<Result<(), String>> {
     s.is_none().then_some(Ok(()))
 }
 
-/// Registers the volume, snapshot, disk and attachment methods.
+/// Registers the volume, snapshot, disk and attachment methods, in the
+/// order `rpc.discover` lists them.
 pub fn register(api: &mut ApiBuilder) {
     rebuild::register(api);
     snapshot::register(api);
     disk::register(api);
     attach::register(api);
-    use ErrorKind::*;
-    api.method(
-        "volume_create",
-        "Create a volume (desired state); with wait, return once the engine exports it.",
-        &[AlreadyExists, NotFound, FailedPrecondition, Unavailable],
-        |p: VolumeCreateParams, ctx: Arc<ApiContext>| async move {
-            let name = volume_name(&p.name)?;
-            let what = format!("volume {name}");
-            let size_bytes = check_volume_size(&what, size_of(p.size_bytes, &p.size, &what)?)?;
-            let replicas = p.replicas.unwrap_or(1);
-            if !(1..=3).contains(&replicas) {
-                return Err(ApiError::invalid(format!(
-                    "volume {name}: replicas must be 1 to 3, not {replicas}"
-                )));
-            }
-            for d in &p.disks {
-                ObjectName::parse("disk", d)?;
-                if ctx.state.get_typed::<Disk>(d)?.is_none() {
-                    return Err(ApiError::not_found(format!(
-                        "volume {name}: disk {d:?} not found"
-                    )));
-                }
-            }
-            check_remote_replicas(&format!("volume {name}"), &p.remote_replicas)?;
-            if let Some(k) = p.serve_replica
-                && (!p.remote_replicas.is_empty() || replicas != 1 || k > 8)
-            {
-                return Err(ApiError::invalid(format!(
-                    "volume {name}: serveReplica {k} keeps one replica (0 to 8) for an engine elsewhere; \
-                     it takes neither remoteReplicas nor replicas other than 1"
-                )));
-            }
-            if !p.replica_hosts.is_empty() && p.serve_replica.is_none() {
-                return Err(ApiError::invalid(format!(
-                    "volume {name}: replicaHosts only goes with serveReplica"
-                )));
-            }
-            if p.serve_replica.is_some() && p.replica_hosts.is_empty() {
-                return Err(ApiError::invalid(format!(
-                    "volume {name}: serveReplica needs replicaHosts, the engine node's hostNqn \
-                     (its `talon node info`): no other host can attach the replica"
-                )));
-            }
-            for h in &p.replica_hosts {
-                crate::names::Nqn::parse(h)
-                    .map_err(|e| ApiError::invalid(format!("volume {name}: replicaHosts: {e}")))?;
-            }
-            if replicas as usize + p.remote_replicas.len() > 3 {
-                return Err(ApiError::invalid(format!(
-                    "volume {name}: at most 3 replicas in all, not {} local + {} remote",
-                    replicas,
-                    p.remote_replicas.len()
-                )));
-            }
-            let guard = LIFECYCLE.lock().await;
-            if let Some(s) = &p.from_snapshot {
-                live_snapshot(&ctx.state, s, &format!("clone it into volume {name}"))
-                    .map_err(|e| ApiError::new(e.kind, format!("volume {name}: {}", e.message)))?;
-            }
-            let mut spec = Volume {
-                size_bytes,
-                replicas,
-                engine: p.engine.unwrap_or_default(),
-                frontend: p.frontend.unwrap_or_default(),
-                disks: p.disks,
-                from_snapshot: p.from_snapshot,
-                from_backup: None,
-                standby: false,
-                revert_to: None,
-                revert_generation: 0,
-                raid_superblock: false,
-                remote_replicas: p.remote_replicas,
-                serve_replica: p.serve_replica,
-                replica_hosts: p.replica_hosts,
-            };
-            // every new volume of a shape that has one gets the superblock layout
-            spec.raid_superblock = spec.wants_superblock();
-            check_v1_replicas(&ctx, &what, &spec)?;
-            check_v1_file_size(&ctx, &what, &spec)?;
-            let created = ctx
-                .state
-                .create_typed(name.as_str(), "", &spec)
-                .map_err(|e| exists_as("volume", &name, e))?;
-            drop(guard);
-            if p.wait {
-                wait_for(
-                    &ctx.state,
-                    name.as_str(),
-                    wait_timeout(p.timeout_seconds),
-                    &format!("creating volume {name}"),
-                    engine_ready(size_bytes),
-                )
-                .await?;
-            }
-            view(
-                &ctx.state,
-                ctx.state.get_typed::<Volume>(name.as_str())?.unwrap_or(created),
-            )
-        },
-    );
-    api.method("volume_get", "A volume with its engine, replicas and attachment.", &[NotFound], |p: NameParams, ctx: Arc<ApiContext>| async move {
-        view(&ctx.state, get_volume(&ctx.state, &p.name)?)
-    });
-    api.method(
-        "volume_list",
-        "Every volume.",
-        &[],
-        |_: crate::api::types::NoParams, ctx: Arc<ApiContext>| async move {
-            ctx.state
-                .list_typed::<Volume>()?
-                .into_iter()
-                .map(|v| view(&ctx.state, v))
-                .collect::<Result<Vec<_>, _>>()
-        },
-    );
-    api.method(
-        "volume_delete",
-        "Delete a volume: the engine removes its objects, then the definition goes.",
-        &[NotFound, FailedPrecondition],
-        |p: NameParams, ctx: Arc<ApiContext>| async move {
-            let guard = LIFECYCLE.lock().await;
-            let v = get_volume(&ctx.state, &p.name)?;
-            if ctx.state.get_typed::<Attachment>(&p.name)?.is_some() {
-                return Err(ApiError::new(
-                    FailedPrecondition,
-                    format!("volume {:?} is attached on this host; detach it first", p.name),
-                ));
-            }
-            // a snapshot that failed and holds nothing (V1 on a file system
-            // without reflink) goes with the volume; any other is kept
-            let (never_taken, clones): (Vec<String>, Vec<String>) = ctx
-                .state
-                .list_typed::<Snapshot>()?
-                .into_iter()
-                .filter(|s| s.spec.volume == p.name)
-                .map(|s| s.metadata.id)
-                .partition(|id| {
-                    ctx.state
-                        .get_typed::<SnapshotStatus>(id)
-                        .ok()
-                        .flatten()
-                        .is_some_and(|st| st.spec.state == ObjectState::Failed && st.spec.objects.is_empty())
-                });
-            if !clones.is_empty() {
-                return Err(ApiError::new(
-                    FailedPrecondition,
-                    format!(
-                        "volume {:?} has snapshots ({}); delete them first",
-                        p.name,
-                        clones.join(", ")
-                    ),
-                ));
-            }
-            for id in &never_taken {
-                ctx.state.destroy(Snapshot::NAMESPACE, Snapshot::TYPE, id, "")?;
-            }
-            let d = ctx
-                .state
-                .destroy(Volume::NAMESPACE, Volume::TYPE, &v.metadata.id, "")?;
-            // an engine node's rebuild request for the replica served here
-            // goes with it (a volume made again under the name starts anew)
-            if ctx.state.get_typed::<RebuildDest>(&p.name)?.is_some() {
-                ctx.state
-                    .destroy(RebuildDest::NAMESPACE, RebuildDest::TYPE, &p.name, "")?;
-            }
-            drop(guard);
-            let mut res = DeleteResult {
-                name: p.name.clone(),
-                deleted: d == Destroyed::Gone,
-                tearing_down: d == Destroyed::TearingDown,
-            };
-            if p.wait && res.tearing_down {
-                wait_for::<Volume>(
-                    &ctx.state,
-                    &p.name,
-                    wait_timeout(p.timeout_seconds),
-                    &format!("deleting volume {}", p.name),
-                    wait_gone,
-                )
-                .await?;
-                res = DeleteResult {
-                    name: p.name,
-                    deleted: true,
-                    tearing_down: false,
-                };
-            }
-            Ok(res)
-        },
-    );
-    api.method(
-        "volume_expand",
-        "Grow a volume: every replica, then the engine and its export.",
-        &[NotFound, FailedPrecondition],
-        |p: ExpandParams, ctx: Arc<ApiContext>| async move {
-            let guard = LIFECYCLE.lock().await;
-            let v = live_volume(&ctx.state, &p.name, "expand it")?;
-            let what = format!("volume {}", p.name);
-            let size = check_volume_size(&what, size_of(p.size_bytes, &p.size, &what)?)?;
-            // what the engine serves is the floor: an expand it could not do (still
-            // pending or failed) is replaced by a smaller one, never stuck forever
-            let served = ctx
-                .state
-                .get_typed::<EngineStatus>(&p.name)?
-                .map(|e| e.spec.size_bytes)
-                .filter(|s| *s > 0)
-                .unwrap_or(v.spec.size_bytes);
-            if size < served {
-                return Err(ApiError::new(
-                    FailedPrecondition,
-                    format!(
-                        "volume {:?} is {served} bytes; it can only grow, not shrink to {size}",
-                        p.name
-                    ),
-                ));
-            }
-            let mut spec = v.spec.clone();
-            spec.size_bytes = size;
-            check_v1_file_size(&ctx, &what, &spec)?;
-            ctx.state
-                .update_typed(&p.name, "", Some(v.metadata.version), &spec)?;
-            drop(guard);
-            if p.wait {
-                wait_for(
-                    &ctx.state,
-                    &p.name,
-                    wait_timeout(p.timeout_seconds),
-                    &format!("expanding volume {}", p.name),
-                    engine_ready(size),
-                )
-                .await?;
-            }
-            view(&ctx.state, get_volume(&ctx.state, &p.name)?)
-        },
-    );
-    api.method(
-        "volume_clone",
-        "Create a volume from a snapshot.",
-        &[NotFound, AlreadyExists],
-        |p: CloneParams, ctx: Arc<ApiContext>| async move {
-            let name = volume_name(&p.name)?;
-            let guard = LIFECYCLE.lock().await;
-            let action = format!("clone it into volume {name}");
-            let src = live_volume(&ctx.state, &p.volume, &action)?;
-            let sid = snapshot_id(&p.volume, &p.snapshot);
-            live_snapshot(&ctx.state, &sid, &action)?;
-            // the clone keeps its source's layout (`raidSuperblock`): its
-            // replicas read the snapshot's data at the same offset
-            let spec = Volume {
-                from_snapshot: Some(sid),
-                from_backup: None,
-                revert_to: None,
-                revert_generation: 0,
-                ..src.spec
-            };
-            ctx.state
-                .create_typed(name.as_str(), "", &spec)
-                .map_err(|e| exists_as("volume", &name, e))?;
-            drop(guard);
-            if p.wait {
-                wait_for(
-                    &ctx.state,
-                    name.as_str(),
-                    wait_timeout(p.timeout_seconds),
-                    &format!("cloning into volume {name}"),
-                    engine_ready(spec.size_bytes),
-                )
-                .await?;
-            }
-            view(&ctx.state, get_volume(&ctx.state, name.as_str())?)
-        },
-    );
-    api.method(
-        "volume_revert",
-        "Revert a volume's data to one of its snapshots (the volume must be detached).",
-        &[NotFound, FailedPrecondition],
-        |p: SnapshotParams, ctx: Arc<ApiContext>| async move {
-            let _guard = LIFECYCLE.lock().await;
-            let sid = snapshot_id(&p.volume, &p.name);
-            let action = format!("revert it to {sid}");
-            let v = live_volume(&ctx.state, &p.volume, &action)?;
-            live_snapshot(&ctx.state, &sid, &action)?;
-            if ctx.state.get_typed::<Attachment>(&p.volume)?.is_some() {
-                return Err(ApiError::new(
-                    FailedPrecondition,
-                    format!("volume {:?} is attached; detach it before a revert", p.volume),
-                ));
-            }
-            let mut spec = v.spec.clone();
-            spec.revert_to = Some(sid);
-            spec.revert_generation += 1;
-            ctx.state
-                .update_typed(&p.volume, "", Some(v.metadata.version), &spec)?;
-            view(&ctx.state, get_volume(&ctx.state, &p.volume)?)
-        },
-    );
+    create::register(api);
+    read::register(api);
+    delete::register(api);
+    expand::register(api);
+    clone::register(api);
+    revert::register(api);
 }
 
 fn snapshot_view(state: &State, id: &str) -> Result<SnapshotView, ApiError> {
