@@ -1,0 +1,130 @@
+//! `backup_create`: a `Backup` of a volume's snapshot (desired state, carried
+//! out by the engine's backup controller).
+
+use super::*;
+
+/// `backup_create` params.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct BackupCreateParams {
+    /// The backup's name (Longhorn's rule: a letter or digit, then letters,
+    /// digits, `_.-`; 2 characters or more). Default: `backup-` and 16 hex
+    /// characters.
+    #[serde(default)]
+    pub name: Option<String>,
+    /// The volume.
+    pub volume: String,
+    /// The volume's snapshot to back up.
+    pub snapshot: String,
+    /// The backup target: `s3://<bucket>@<region>/<path>` or `vfs:///<dir>`.
+    pub target: String,
+    /// The target's credentials: an absolute path on this node, a mounted
+    /// Kubernetes secret (one file per key) or a Secret manifest file.
+    #[serde(default)]
+    pub credential_secret: Option<String>,
+    /// The backup volume's name in the store (default: the volume's name).
+    #[serde(default)]
+    pub backup_volume: Option<String>,
+    /// Upload every block, not only those the store lacks.
+    #[serde(default)]
+    pub full: bool,
+    /// Labels recorded with the backup.
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    /// Wait until the backup completed (or failed).
+    #[serde(default)]
+    pub wait: bool,
+    /// How long to wait, in seconds (default 120).
+    #[serde(default)]
+    pub timeout_seconds: Option<u64>,
+}
+
+/// A new backup's name: Longhorn's form, `backup-` and 16 hex characters.
+fn generated_name() -> String {
+    let id = uuid::Uuid::new_v4().simple().to_string();
+    format!("backup-{}", &id[..16])
+}
+
+pub(super) fn register(api: &mut ApiBuilder) {
+    use ErrorKind::*;
+    api.method(
+        "backup_create",
+        "Back a volume's snapshot up to a backup target (Longhorn's backupstore format); \
+         with wait, return once it completed.",
+        &[NotFound, AlreadyExists, FailedPrecondition, Unavailable],
+        |p: BackupCreateParams, ctx: Arc<ApiContext>| async move {
+            let name = p.name.clone().unwrap_or_else(generated_name);
+            format::check_name("backup", &name).map_err(|e| ApiError::invalid(e.to_string()))?;
+            let what = format!("backup {name}");
+            let bvol = p.backup_volume.as_deref().unwrap_or(&p.volume);
+            format::check_name("backup volume", bvol).map_err(|e| {
+                let hint = if p.backup_volume.is_none() {
+                    " (the volume's name, by default): give backupVolume"
+                } else {
+                    ""
+                };
+                ApiError::invalid(format!("{what}: {e}{hint}"))
+            })?;
+            ObjectName::parse("snapshot", &p.snapshot)
+                .map_err(|e| ApiError::invalid(format!("{what}: {e}")))?;
+            Target::parse(&p.target).map_err(|e| ApiError::invalid(format!("{what}: {e}")))?;
+            check_secret(&what, p.credential_secret.as_deref())?;
+            let guard = LIFECYCLE.lock().await;
+            let action = format!("back it up as {name}");
+            live_volume(&ctx.state, &p.volume, &action)
+                .map_err(|e| ApiError::new(e.kind, format!("{what}: {}", e.message)))?;
+            let sid = snapshot_id(&p.volume, &p.snapshot);
+            live_snapshot(&ctx.state, &sid, &action)
+                .map_err(|e| ApiError::new(e.kind, format!("{what}: {}", e.message)))?;
+            let spec = Backup {
+                volume: p.volume,
+                snapshot: p.snapshot,
+                target: p.target,
+                credential_secret: p.credential_secret,
+                backup_volume: p.backup_volume,
+                full: p.full,
+                labels: p.labels,
+                compression: None,
+                longhorn: None,
+            };
+            let created = ctx
+                .state
+                .create_typed(&name, "", &spec)
+                .map_err(|e| exists_as("backup", &name, e))?;
+            drop(guard);
+            if p.wait {
+                wait_for::<BackupStatus>(&ctx.state, &name, wait_timeout(p.timeout_seconds), &what, |s| {
+                    match s {
+                        Some(s) if s.state == BackupState::Error => Some(Err(s.message.clone())),
+                        Some(s) if s.state == BackupState::Completed => Some(Ok(())),
+                        _ => None,
+                    }
+                })
+                .await?;
+            }
+            backup_view(
+                &ctx.state,
+                ctx.state.get_typed::<Backup>(&name)?.unwrap_or(created),
+            )
+        },
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn generated_names_are_longhorns_form() {
+        let n = generated_name();
+        assert_eq!(n.len(), "backup-".len() + 16, "{n}");
+        assert!(n.starts_with("backup-") && format::valid_name(&n), "{n}");
+        assert!(
+            n["backup-".len()..]
+                .chars()
+                .all(|c| c.is_ascii_digit() || ('a'..='f').contains(&c)),
+            "{n}"
+        );
+        assert_ne!(generated_name(), n);
+    }
+}
