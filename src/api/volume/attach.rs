@@ -2,6 +2,23 @@
 
 use super::*;
 
+/// `volume_attach` params.
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct AttachParams {
+    /// The volume.
+    pub name: String,
+    /// Frontend override.
+    #[serde(default)]
+    pub frontend: Option<FrontendKind>,
+    /// Wait until the operation is done (or failed).
+    #[serde(default)]
+    pub wait: bool,
+    /// How long to wait, in seconds (default 120).
+    #[serde(default)]
+    pub timeout_seconds: Option<u64>,
+}
+
 pub(super) fn register(api: &mut ApiBuilder) {
     use ErrorKind::*;
     api.method(

@@ -2,6 +2,78 @@
 
 use super::*;
 
+/// `disk_add` params.
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct DiskAddParams {
+    /// Disk name.
+    pub name: String,
+    /// A file (created sparse with the size when missing, anywhere but on
+    /// devtmpfs) or a block device, by what the path is.
+    #[serde(default)]
+    pub path: Option<String>,
+    /// An NVMe PCI device by BDF or serial.
+    #[serde(default)]
+    pub pci: Option<String>,
+    /// Size in bytes.
+    #[serde(default)]
+    pub size_bytes: Option<u64>,
+    /// Size with a unit, e.g. `10GiB`.
+    #[serde(default)]
+    pub size: Option<String>,
+    /// lvstore cluster size in MiB (default 1).
+    #[serde(default)]
+    pub cluster_mib: Option<u32>,
+    /// Overwrite what the path holds (a file system, a partition table,
+    /// other data): its first and last MiB are zeroed before it is added.
+    /// Never an lvstore's.
+    #[serde(default)]
+    pub wipe: bool,
+    /// Wait until its lvstore is ready (or failed); fails at once with
+    /// spdk_tgt's cause when that target is failed.
+    #[serde(default)]
+    pub wait: bool,
+    /// How long to wait, in seconds (default 120).
+    #[serde(default)]
+    pub timeout_seconds: Option<u64>,
+}
+
+/// A disk with its engine status.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DiskView {
+    /// The name.
+    pub name: String,
+    /// Desired state.
+    pub spec: Disk,
+    /// Phase.
+    pub phase: Phase,
+    /// The engine's status.
+    pub status: Option<crate::resources::engine::DiskStatus>,
+}
+
+fn disk_ready(d: Option<&DiskStatus>) -> Option<Result<(), String>> {
+    match d {
+        Some(d) if d.state == ObjectState::Failed => Some(Err(d.message.clone())),
+        Some(d) if d.state == ObjectState::Ready => Some(Ok(())),
+        _ => None,
+    }
+}
+
+fn disk_view(state: &State, name: &str) -> Result<DiskView, ApiError> {
+    let d = state
+        .get_typed::<Disk>(name)?
+        .ok_or_else(|| ApiError::not_found(format!("disk {name:?} not found")))?;
+    Ok(DiskView {
+        name: name.to_string(),
+        status: state
+            .get_typed::<crate::resources::engine::DiskStatus>(name)?
+            .map(|x| x.spec),
+        phase: d.metadata.phase,
+        spec: d.spec,
+    })
+}
+
 pub(super) fn register(api: &mut ApiBuilder) {
     use ErrorKind::*;
     api.method(

@@ -41,9 +41,13 @@ mod rebuild;
 mod revert;
 mod snapshot;
 
+pub use attach::AttachParams;
 pub use clone::CloneParams;
 pub use create::VolumeCreateParams;
+pub use disk::{DiskAddParams, DiskView};
 pub use expand::ExpandParams;
+pub use rebuild::RebuildPrepareParams;
+pub use snapshot::{SnapshotListParams, SnapshotView};
 
 /// Parses a size: bytes, or a number with a binary (`KiB`, `MiB`, `GiB`, `TiB`,
 /// or `K`/`M`/`G`/`T`) or decimal (`KB`, `MB`, `GB`, `TB`) unit. Exact, in
@@ -213,81 +217,6 @@ pub struct SnapshotParams {
     pub timeout_seconds: Option<u64>,
 }
 
-/// `replica_rebuild_prepare` params (a peer call from a volume's engine node).
-#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
-pub struct RebuildPrepareParams {
-    /// The volume whose replica this node serves (`serveReplica`).
-    pub volume: String,
-    /// The source replica's snapshots, oldest first.
-    pub chain: Vec<String>,
-    /// How long to wait for the answer, in seconds (default 120).
-    #[serde(default)]
-    pub timeout_seconds: Option<u64>,
-}
-
-/// `snapshot_list` params.
-#[derive(Debug, Clone, Default, Serialize, Deserialize, schemars::JsonSchema)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
-pub struct SnapshotListParams {
-    /// Only snapshots of this volume.
-    #[serde(default)]
-    pub volume: Option<String>,
-}
-
-/// `disk_add` params.
-#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
-pub struct DiskAddParams {
-    /// Disk name.
-    pub name: String,
-    /// A file (created sparse with the size when missing, anywhere but on
-    /// devtmpfs) or a block device, by what the path is.
-    #[serde(default)]
-    pub path: Option<String>,
-    /// An NVMe PCI device by BDF or serial.
-    #[serde(default)]
-    pub pci: Option<String>,
-    /// Size in bytes.
-    #[serde(default)]
-    pub size_bytes: Option<u64>,
-    /// Size with a unit, e.g. `10GiB`.
-    #[serde(default)]
-    pub size: Option<String>,
-    /// lvstore cluster size in MiB (default 1).
-    #[serde(default)]
-    pub cluster_mib: Option<u32>,
-    /// Overwrite what the path holds (a file system, a partition table,
-    /// other data): its first and last MiB are zeroed before it is added.
-    /// Never an lvstore's.
-    #[serde(default)]
-    pub wipe: bool,
-    /// Wait until its lvstore is ready (or failed); fails at once with
-    /// spdk_tgt's cause when that target is failed.
-    #[serde(default)]
-    pub wait: bool,
-    /// How long to wait, in seconds (default 120).
-    #[serde(default)]
-    pub timeout_seconds: Option<u64>,
-}
-
-/// `volume_attach` params.
-#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
-pub struct AttachParams {
-    /// The volume.
-    pub name: String,
-    /// Frontend override.
-    #[serde(default)]
-    pub frontend: Option<FrontendKind>,
-    /// Wait until the operation is done (or failed).
-    #[serde(default)]
-    pub wait: bool,
-    /// How long to wait, in seconds (default 120).
-    #[serde(default)]
-    pub timeout_seconds: Option<u64>,
-}
-
 /// A volume with everything known about it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
@@ -304,34 +233,6 @@ pub struct VolumeView {
     pub replicas: Vec<ReplicaStatus>,
     /// The attachment on this host, if any.
     pub attachment: Option<AttachmentStatus>,
-}
-
-/// A snapshot with its engine status.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct SnapshotView {
-    /// `<volume>@<name>`.
-    pub id: String,
-    /// Desired state.
-    pub spec: Snapshot,
-    /// Phase.
-    pub phase: Phase,
-    /// The engine's status.
-    pub status: Option<SnapshotStatus>,
-}
-
-/// A disk with its engine status.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct DiskView {
-    /// The name.
-    pub name: String,
-    /// Desired state.
-    pub spec: Disk,
-    /// Phase.
-    pub phase: Phase,
-    /// The engine's status.
-    pub status: Option<crate::resources::engine::DiskStatus>,
 }
 
 /// What a delete did.
@@ -553,14 +454,6 @@ pub(crate) fn engine_ready(size: u64) -> impl Fn(Option<&EngineStatus>) -> Optio
     }
 }
 
-fn disk_ready(d: Option<&DiskStatus>) -> Option<Result<(), String>> {
-    match d {
-        Some(d) if d.state == ObjectState::Failed => Some(Err(d.message.clone())),
-        Some(d) if d.state == ObjectState::Ready => Some(Ok(())),
-        _ => None,
-    }
-}
-
 pub(crate) fn wait_gone<S: Spec>(s: Option<&S>) -> Option<Result<(), String>> {
     s.is_none().then_some(Ok(()))
 }
@@ -578,32 +471,6 @@ pub fn register(api: &mut ApiBuilder) {
     expand::register(api);
     clone::register(api);
     revert::register(api);
-}
-
-fn snapshot_view(state: &State, id: &str) -> Result<SnapshotView, ApiError> {
-    let s = state
-        .get_typed::<Snapshot>(id)?
-        .ok_or_else(|| ApiError::not_found(format!("snapshot {id:?} not found")))?;
-    Ok(SnapshotView {
-        id: id.to_string(),
-        status: state.get_typed::<SnapshotStatus>(id)?.map(|x| x.spec),
-        phase: s.metadata.phase,
-        spec: s.spec,
-    })
-}
-
-fn disk_view(state: &State, name: &str) -> Result<DiskView, ApiError> {
-    let d = state
-        .get_typed::<Disk>(name)?
-        .ok_or_else(|| ApiError::not_found(format!("disk {name:?} not found")))?;
-    Ok(DiskView {
-        name: name.to_string(),
-        status: state
-            .get_typed::<crate::resources::engine::DiskStatus>(name)?
-            .map(|x| x.spec),
-        phase: d.metadata.phase,
-        spec: d.spec,
-    })
 }
 
 #[cfg(test)]

@@ -2,6 +2,19 @@
 
 use super::*;
 
+/// `replica_rebuild_prepare` params (a peer call from a volume's engine node).
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct RebuildPrepareParams {
+    /// The volume whose replica this node serves (`serveReplica`).
+    pub volume: String,
+    /// The source replica's snapshots, oldest first.
+    pub chain: Vec<String>,
+    /// How long to wait for the answer, in seconds (default 120).
+    #[serde(default)]
+    pub timeout_seconds: Option<u64>,
+}
+
 /// `replica_rebuild_prepare`: the engine node of a volume whose replica this
 /// node serves gets it ready for the next copy of a thin rebuild.
 pub(super) fn register(api: &mut ApiBuilder) {

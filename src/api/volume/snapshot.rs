@@ -2,6 +2,41 @@
 
 use super::*;
 
+/// `snapshot_list` params.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct SnapshotListParams {
+    /// Only snapshots of this volume.
+    #[serde(default)]
+    pub volume: Option<String>,
+}
+
+/// A snapshot with its engine status.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SnapshotView {
+    /// `<volume>@<name>`.
+    pub id: String,
+    /// Desired state.
+    pub spec: Snapshot,
+    /// Phase.
+    pub phase: Phase,
+    /// The engine's status.
+    pub status: Option<SnapshotStatus>,
+}
+
+fn snapshot_view(state: &State, id: &str) -> Result<SnapshotView, ApiError> {
+    let s = state
+        .get_typed::<Snapshot>(id)?
+        .ok_or_else(|| ApiError::not_found(format!("snapshot {id:?} not found")))?;
+    Ok(SnapshotView {
+        id: id.to_string(),
+        status: state.get_typed::<SnapshotStatus>(id)?.map(|x| x.spec),
+        phase: s.metadata.phase,
+        spec: s.spec,
+    })
+}
+
 pub(super) fn register(api: &mut ApiBuilder) {
     use ErrorKind::*;
     api.method(
