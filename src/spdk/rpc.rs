@@ -1649,6 +1649,10 @@ impl SpdkClient {
         framework_get_config(GetConfig) -> Vec<ConfigCall>);
     rpc!(/// Detaches an NVMe controller.
         bdev_nvme_detach_controller(ByName) -> bool);
+    rpc!(/// Disables an NVMe controller: its qpairs go, its admin queue is
+        /// disconnected and no longer polled (it stays, with its bdevs, until
+        /// enabled or detached). EBUSY while it is being reset.
+        bdev_nvme_disable_controller(ByName) -> bool);
     rpc!(/// Lists NVMe controllers.
         bdev_nvme_get_controllers(GetControllers) -> Vec<NvmeController>);
     rpc!(/// Creates an iSCSI portal group.

@@ -1484,6 +1484,7 @@ pub const METHODS: &[&str] = &[
     "keyring_get_keys",
     "bdev_nvme_attach_controller",
     "bdev_nvme_detach_controller",
+    "bdev_nvme_disable_controller",
     "bdev_nvme_get_controllers",
     "iscsi_create_portal_group",
     "iscsi_delete_portal_group",

@@ -374,6 +374,14 @@ impl State {
                 }
                 Ok(json!(true))
             }
+            // qpairs and admin queue go; the double has neither: only the name is checked
+            "bdev_nvme_disable_controller" => {
+                let p: ByName = decode(params)?;
+                if !self.ctrlrs.iter().any(|c| c.name == p.name) {
+                    return e(ENODEV);
+                }
+                Ok(json!(true))
+            }
             "bdev_nvme_get_controllers" => {
                 let p: GetControllers = decode(params)?;
                 let list: Vec<Value> = self

@@ -834,10 +834,7 @@ impl VolumeOps {
         match bdevs.into_iter().next() {
             Some(b) => Ok(b),
             None => {
-                let _ = self
-                    .client
-                    .bdev_nvme_detach_controller(&ByName::new(controller))
-                    .await;
+                let _ = super::lvol::detach_controller(&self.client, controller).await;
                 Err(VolumeError::AttachedNoBdev {
                     volume: vol.to_owned(),
                     nqn: nqn.to_owned(),

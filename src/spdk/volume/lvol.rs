@@ -26,13 +26,44 @@ pub async fn remove_raid_member(client: &SpdkClient, member: &str) -> Result<(),
     }
 }
 
+/// How often, and how far apart, a controller being reset (EBUSY) is asked
+/// again to disable before it is detached anyway.
+const DISABLE_TRIES: u32 = 10;
+const DISABLE_RETRY: std::time::Duration = std::time::Duration::from_millis(100);
+
 /// Detaches NVMe controller `name` (and its namespace bdevs); one that is
-/// not there is no error.
+/// not there is no error. The controller is disabled first (best effort):
+/// v26.05 lets a namespace-change AEN that its admin queue poller reads
+/// after the detach dropped the controller's last reference make a new
+/// namespace bdev on it (bdev_nvme.c: `nvme_ctrlr_ns_attr_changed_cb` calls
+/// `nvme_ctrlr_populate_namespaces` without checking `destruct`;
+/// `nvme_ns_create` takes a reference with only an `assert` that one is
+/// left). The detach then frees the namespace and the controller under that
+/// bdev (`_nvme_ctrlr_delete`), and the next `bdev_get_bdevs` reads freed
+/// memory (`nvme_namespace_info_json` -> `spdk_nvme_ns_get_ctrlr`) and kills
+/// the target. A remote replica's node re-adding its namespace (a rebuild's
+/// reset head) while the engine detached it did this once in a rehearsal,
+/// and a two-target loop did it within seven rounds. A disabled controller's
+/// admin queue poller is paused (`bdev_nvme_disable_ctrlr_complete`), so no
+/// AEN is read from then on; the same loop disabling first never did in 150.
 pub async fn detach_controller(client: &SpdkClient, name: &str) -> Result<(), ClientError> {
+    disable_controller(client, name).await;
     match client.bdev_nvme_detach_controller(&ByName::new(name)).await {
         Ok(_) => Ok(()),
         Err(e) if e.is(ErrorKind::NotFound) => Ok(()),
         Err(e) => Err(e),
+    }
+}
+
+/// Disables NVMe controller `name` ([`detach_controller`]'s first step): one
+/// being reset answers EBUSY and is asked again a few times; any other
+/// answer (done, already disabled, not there, being deleted) ends it.
+async fn disable_controller(client: &SpdkClient, name: &str) {
+    for _ in 0..DISABLE_TRIES {
+        match client.bdev_nvme_disable_controller(&ByName::new(name)).await {
+            Err(e) if e.is(ErrorKind::Busy) => tokio::time::sleep(DISABLE_RETRY).await,
+            _ => return,
+        }
     }
 }
 

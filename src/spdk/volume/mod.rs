@@ -407,7 +407,7 @@ impl VolumeOps {
                 None => {
                     if inv.controllers.contains(&ctrl) {
                         // a controller whose namespace is gone: attach it afresh
-                        let _ = ignore_missing(self.client.bdev_nvme_detach_controller(&ByName::new(&ctrl)))
+                        let _ = lvol::detach_controller(&self.client, &ctrl)
                             .await;
                     }
                     match self
@@ -717,7 +717,7 @@ impl VolumeOps {
             .iter()
             .filter(|c| matches!(c.strip_prefix(REMOTE_PREFIX).and_then(parse_lvol), Some(LvolRole::Replica { volume, .. }) if volume == v))
         {
-            ignore_missing(self.client.bdev_nvme_detach_controller(&ByName::new(c)))
+            lvol::detach_controller(&self.client, c)
                 .await
                 .map_err(rpc(v, format!("detaching remote replica {c}")))?;
         }
@@ -774,7 +774,7 @@ impl VolumeOps {
                 }
                 Owned::Lvol(a) => ignore_missing(self.client.bdev_lvol_delete(&ByName::new(a))).await,
                 Owned::Remote(c) => {
-                    ignore_missing(self.client.bdev_nvme_detach_controller(&ByName::new(c))).await
+                    lvol::detach_controller(&self.client, c).await
                 }
             };
             match r {

@@ -307,7 +307,7 @@ impl VolumeOps {
                     // re-adds it by a rebuild
                     if r.k >= plan.replicas && plan.uses_superblock() {
                         let ctrl = format!("{REMOTE_PREFIX}{}", r.name);
-                        let _ = ignore_missing(self.client.bdev_nvme_detach_controller(&ByName::new(&ctrl)))
+                        let _ = super::lvol::detach_controller(&self.client, &ctrl)
                             .await;
                     }
                     sync.stale.push(r.k);

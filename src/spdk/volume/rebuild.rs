@@ -563,7 +563,7 @@ impl VolumeOps {
     /// next reconcile attaches it afresh.
     async fn reattach(&self, vol: &str, dst: &ReplicaInfo) {
         let ctrl = format!("{REMOTE_PREFIX}{}", dst.name);
-        if let Err(e) = ignore_missing(self.client.bdev_nvme_detach_controller(&ByName::new(&ctrl))).await {
+        if let Err(e) = super::lvol::detach_controller(&self.client, &ctrl).await {
             tracing::warn!(volume = vol, replica = %dst.name, error = %e, "remote replica not detached");
         }
     }
