@@ -407,8 +407,7 @@ impl VolumeOps {
                 None => {
                     if inv.controllers.contains(&ctrl) {
                         // a controller whose namespace is gone: attach it afresh
-                        let _ = lvol::detach_controller(&self.client, &ctrl)
-                            .await;
+                        let _ = lvol::detach_controller(&self.client, &ctrl).await;
                     }
                     match self
                         .attach_replica(
@@ -773,9 +772,7 @@ impl VolumeOps {
                     ignore_missing(self.client.typed::<_, bool>("bdev_null_delete", &ByName::new(n))).await
                 }
                 Owned::Lvol(a) => ignore_missing(self.client.bdev_lvol_delete(&ByName::new(a))).await,
-                Owned::Remote(c) => {
-                    lvol::detach_controller(&self.client, c).await
-                }
+                Owned::Remote(c) => lvol::detach_controller(&self.client, c).await,
             };
             match r {
                 Ok(()) => removed.push(o),

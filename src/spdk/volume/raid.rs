@@ -307,8 +307,7 @@ impl VolumeOps {
                     // re-adds it by a rebuild
                     if r.k >= plan.replicas && plan.uses_superblock() {
                         let ctrl = format!("{REMOTE_PREFIX}{}", r.name);
-                        let _ = super::lvol::detach_controller(&self.client, &ctrl)
-                            .await;
+                        let _ = super::lvol::detach_controller(&self.client, &ctrl).await;
                     }
                     sync.stale.push(r.k);
                 }
