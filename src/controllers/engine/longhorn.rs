@@ -747,6 +747,248 @@ impl LonghornController {
     }
 }
 
+impl LonghornController {
+    /// Step 1 of a reconcile: the engines tearing down are removed (their
+    /// finalizer with them), or reported in error.
+    async fn remove_engines(
+        &self,
+        ctx: &mut ReconcileContext,
+        inv: &mut Inventory,
+        engines: &[Typed<LonghornEngine>],
+        local: &BTreeMap<String, LonghornReplica>,
+        errored: &mut BTreeSet<String>,
+    ) -> Result<(), ControllerError> {
+        for e in engines.iter().filter(|e| e.metadata.phase == Phase::TearingDown) {
+            match self.remove_engine(inv, e, local).await {
+                Ok(()) => ctx.remove_finalizer::<LonghornEngine>(e.id())?,
+                Err(m) => {
+                    errored.insert(e.id().to_owned());
+                    ctx.apply(e.id(), status(InstanceKind::Engine, InstanceState::Error, m))?
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Step 2 of a reconcile: each replica removed, reported stopping (made
+    /// only to be removed), or made and reported; `held` ones (by a running
+    /// engine here) are not exported.
+    async fn reconcile_replicas(
+        &self,
+        ctx: &mut ReconcileContext,
+        inv: &mut Inventory,
+        node: &NodeConfig,
+        replicas: &[Typed<LonghornReplica>],
+        held: &BTreeSet<&str>,
+        errored: &mut BTreeSet<String>,
+    ) -> Result<(), ControllerError> {
+        for r in replicas {
+            if r.metadata.phase == Phase::TearingDown {
+                if held.contains(r.id()) && r.spec.cleanup {
+                    let m = format!(
+                        "replica {} is held by a running engine; delete the engine first",
+                        r.id()
+                    );
+                    errored.insert(r.id().to_owned());
+                    ctx.apply(r.id(), status(InstanceKind::Replica, InstanceState::Error, m))?;
+                    continue;
+                }
+                match self.remove_replica(inv, r).await {
+                    Ok(()) => ctx.remove_finalizer::<LonghornReplica>(r.id())?,
+                    Err(m) => {
+                        errored.insert(r.id().to_owned());
+                        ctx.apply(r.id(), status(InstanceKind::Replica, InstanceState::Error, m))?
+                    }
+                }
+                continue;
+            }
+            if r.spec.cleanup {
+                // created only to be removed (DiskReplicaInstanceDelete)
+                ctx.apply(r.id(), status(InstanceKind::Replica, InstanceState::Stopping, ""))?;
+                continue;
+            }
+            let st = match self
+                .ensure_replica(inv, ctx, node, r, held.contains(r.id()))
+                .await
+            {
+                Ok(s) => s,
+                Err(m) => {
+                    let mut st = status(InstanceKind::Replica, InstanceState::Error, m);
+                    // the requests carried out stay known (the calls wait on them)
+                    if let Some(p) = ctx.get::<LonghornInstanceStatus>(r.id())? {
+                        st.revert = p.spec.revert;
+                        st.dst_start = p.spec.dst_start;
+                    }
+                    st
+                }
+            };
+            ctx.apply(r.id(), st)?;
+        }
+        Ok(())
+    }
+
+    /// Step 3 of a reconcile, for running engine `e`: a revert first, then
+    /// the engine (its raid1, export, rebuilds and purge) and its snapshots,
+    /// its status written. Returns whether the next reconcile comes soon (a
+    /// thin rebuild runs, or a revert waits on other nodes).
+    async fn reconcile_engine(
+        &self,
+        ctx: &mut ReconcileContext,
+        inv: &mut Inventory,
+        node: &NodeConfig,
+        e: &Typed<LonghornEngine>,
+        local: &BTreeMap<String, LonghornReplica>,
+    ) -> Result<bool, ControllerError> {
+        let prev = ctx.get::<LonghornInstanceStatus>(e.id())?.map(|s| s.spec);
+        // a revert first: the raid1 is made again over the reverted heads
+        let revert = self.revert(inv, e, local, prev.as_ref()).await;
+        let waiting = revert
+            .as_ref()
+            .is_some_and(|r| r.error.is_empty() && !r.waiting.is_empty());
+        let mut st = match revert.as_ref() {
+            Some(r) if !r.error.is_empty() => revert::half_reverted(InstanceKind::Engine, r),
+            Some(r) if waiting => revert::reverting(prev.as_ref(), r),
+            _ => engine_status(self.ensure_engine(inv, node, e, local, prev.as_ref()).await),
+        };
+        st.revert = revert;
+        let running = match st.state {
+            InstanceState::Running if !waiting => Ok(()),
+            _ => Err(st.message.as_str()),
+        };
+        st.snapshots = self.snapshots(inv, e, local, prev.as_ref(), running).await;
+        if st.state != InstanceState::Running
+            && let Some(p) = prev
+        {
+            keep_recorded(&mut st, p);
+        }
+        st.remote_members
+            .extend(members::remote_members(&e.spec.replica_address_map, local));
+        st.observed_version = e.metadata.version;
+        let fast = !st.thin_rebuilds.is_empty() || waiting;
+        ctx.apply(e.id(), st)?;
+        Ok(fast)
+    }
+}
+
+/// The controller's finalizer on every running instance (removed once the
+/// instance is torn down).
+fn add_finalizers(
+    ctx: &mut ReconcileContext,
+    replicas: &[Typed<LonghornReplica>],
+    engines: &[Typed<LonghornEngine>],
+    frontends: &[Typed<LonghornEngineFrontend>],
+) -> Result<(), ControllerError> {
+    for r in replicas {
+        if r.metadata.phase == Phase::Running {
+            ctx.add_finalizer::<LonghornReplica>(r.id())?;
+        }
+    }
+    for e in engines {
+        if e.metadata.phase == Phase::Running {
+            ctx.add_finalizer::<LonghornEngine>(e.id())?;
+        }
+    }
+    for f in frontends {
+        if f.metadata.phase == Phase::Running {
+            ctx.add_finalizer::<LonghornEngineFrontend>(f.id())?;
+        }
+    }
+    Ok(())
+}
+
+/// A reconcile without spdk_tgt: the replicas and engines reported
+/// starting, the target polled for.
+fn wait_for_target(
+    ctx: &mut ReconcileContext,
+    replicas: &[Typed<LonghornReplica>],
+    engines: &[Typed<LonghornEngine>],
+) -> Result<Requeue, ControllerError> {
+    // nothing of SPDK's can be made or removed without the target: report and wait
+    let msg = "waiting for spdk_tgt";
+    for r in replicas {
+        ctx.apply(
+            r.id(),
+            status(InstanceKind::Replica, InstanceState::Starting, msg),
+        )?;
+    }
+    for e in engines {
+        ctx.apply(e.id(), status(InstanceKind::Engine, InstanceState::Starting, msg))?;
+    }
+    Ok(Requeue::After(POLL))
+}
+
+/// The replicas this node serves: running, and not made only to be removed.
+fn local_replicas(replicas: &[Typed<LonghornReplica>]) -> BTreeMap<String, LonghornReplica> {
+    replicas
+        .iter()
+        .filter(|r| r.metadata.phase == Phase::Running && !r.spec.cleanup)
+        .map(|r| (r.id().to_owned(), r.spec.clone()))
+        .collect()
+}
+
+/// The local replicas a running engine here holds (a raid1 claims them: not
+/// exported), but those rebuilt from another node (exported for it).
+fn held<'a>(
+    running_engines: &[&'a Typed<LonghornEngine>],
+    local: &BTreeMap<String, LonghornReplica>,
+    rebuilt_from_afar: &BTreeSet<String>,
+) -> BTreeSet<&'a str> {
+    running_engines
+        .iter()
+        .flat_map(|e| e.spec.replica_address_map.keys())
+        .filter(|r| local.contains_key(*r) && !rebuilt_from_afar.contains(*r))
+        .map(String::as_str)
+        .collect()
+}
+
+/// An engine's status from what `ensure_engine` came to: running, starting
+/// while it waits for replicas, or in error.
+fn engine_status(made: Result<LonghornInstanceStatus, String>) -> LonghornInstanceStatus {
+    match made {
+        Ok(s) => s,
+        Err(m) if m.starts_with("waiting for replicas") => {
+            status(InstanceKind::Engine, InstanceState::Starting, m)
+        }
+        Err(m) => status(InstanceKind::Engine, InstanceState::Error, m),
+    }
+}
+
+/// What an engine that is not running keeps of its previous status.
+fn keep_recorded(st: &mut LonghornInstanceStatus, prev: LonghornInstanceStatus) {
+    // the rebuilds started stay recorded (none is started twice)
+    st.rebuilds_started = prev.rebuilds_started;
+    st.rebuilds_done = prev.rebuilds_done;
+    st.rebuild_errors = prev.rebuild_errors;
+    st.purge = prev.purge;
+    // what is still to detach stays known
+    st.remote_members = prev.remote_members;
+}
+
+/// The instances tearing down, each with its kind.
+fn tearing<'a>(
+    replicas: &'a [Typed<LonghornReplica>],
+    engines: &'a [Typed<LonghornEngine>],
+    frontends: &'a [Typed<LonghornEngineFrontend>],
+) -> Vec<(&'a str, InstanceKind)> {
+    replicas
+        .iter()
+        .filter(|r| r.metadata.phase == Phase::TearingDown)
+        .map(|r| (r.id(), InstanceKind::Replica))
+        .chain(
+            engines
+                .iter()
+                .filter(|e| e.metadata.phase == Phase::TearingDown)
+                .map(|e| (e.id(), InstanceKind::Engine)),
+        )
+        .chain(
+            frontends
+                .iter()
+                .filter(|f| f.metadata.phase == Phase::TearingDown)
+                .map(|f| (f.id(), InstanceKind::EngineFrontend)),
+        )
+        .collect()
+}
+
 #[async_trait::async_trait]
 impl Controller for LonghornController {
     fn name(&self) -> &'static str {
@@ -777,21 +1019,7 @@ impl Controller for LonghornController {
             return Ok(Requeue::OnInputChange);
         }
         let node = ctx.get::<NodeConfig>("node")?.map(|n| n.spec).unwrap_or_default();
-        for r in &replicas {
-            if r.metadata.phase == Phase::Running {
-                ctx.add_finalizer::<LonghornReplica>(r.id())?;
-            }
-        }
-        for e in &engines {
-            if e.metadata.phase == Phase::Running {
-                ctx.add_finalizer::<LonghornEngine>(e.id())?;
-            }
-        }
-        for f in &frontends {
-            if f.metadata.phase == Phase::Running {
-                ctx.add_finalizer::<LonghornEngineFrontend>(f.id())?;
-            }
-        }
+        add_finalizers(ctx, &replicas, &engines, &frontends)?;
         let target_ready = ctx
             .get::<TargetStatus>(SPDK_STATUS_ID)?
             .is_some_and(|t| t.spec.state == ObjectState::Ready);
@@ -803,24 +1031,9 @@ impl Controller for LonghornController {
         if !target_ready {
             self.reconcile_frontends(ctx, &frontends, false, &mut errored)
                 .await?;
-            // nothing of SPDK's can be made or removed without the target: report and wait
-            let msg = "waiting for spdk_tgt";
-            for r in &replicas {
-                ctx.apply(
-                    r.id(),
-                    status(InstanceKind::Replica, InstanceState::Starting, msg),
-                )?;
-            }
-            for e in &engines {
-                ctx.apply(e.id(), status(InstanceKind::Engine, InstanceState::Starting, msg))?;
-            }
-            return Ok(Requeue::After(POLL));
+            return wait_for_target(ctx, &replicas, &engines);
         }
-        let local: BTreeMap<String, LonghornReplica> = replicas
-            .iter()
-            .filter(|r| r.metadata.phase == Phase::Running && !r.spec.cleanup)
-            .map(|r| (r.id().to_owned(), r.spec.clone()))
-            .collect();
+        let local = local_replicas(&replicas);
 
         // 1. engines going away
         // one listing of the target per reconcile: what this reconcile changes it
@@ -829,15 +1042,8 @@ impl Controller for LonghornController {
         let started = Instant::now();
         let mut inv = Inventory::load(&self.client).await?;
         let listed = started.elapsed();
-        for e in engines.iter().filter(|e| e.metadata.phase == Phase::TearingDown) {
-            match self.remove_engine(&mut inv, e, &local).await {
-                Ok(()) => ctx.remove_finalizer::<LonghornEngine>(e.id())?,
-                Err(m) => {
-                    errored.insert(e.id().to_owned());
-                    ctx.apply(e.id(), status(InstanceKind::Engine, InstanceState::Error, m))?
-                }
-            }
-        }
+        self.remove_engines(ctx, &mut inv, &engines, &local, &mut errored)
+            .await?;
 
         // 2. replicas: held ones are not exported
         let running_engines: Vec<&Typed<LonghornEngine>> = engines
@@ -846,54 +1052,9 @@ impl Controller for LonghornController {
             .collect();
         // (a replica rebuilt from another node is exported for it instead)
         let rebuilt_from_afar = self.thin.exported_dsts();
-        let held: BTreeSet<&str> = running_engines
-            .iter()
-            .flat_map(|e| e.spec.replica_address_map.keys())
-            .filter(|r| local.contains_key(*r) && !rebuilt_from_afar.contains(*r))
-            .map(String::as_str)
-            .collect();
-        for r in &replicas {
-            if r.metadata.phase == Phase::TearingDown {
-                if held.contains(r.id()) && r.spec.cleanup {
-                    let m = format!(
-                        "replica {} is held by a running engine; delete the engine first",
-                        r.id()
-                    );
-                    errored.insert(r.id().to_owned());
-                    ctx.apply(r.id(), status(InstanceKind::Replica, InstanceState::Error, m))?;
-                    continue;
-                }
-                match self.remove_replica(&mut inv, r).await {
-                    Ok(()) => ctx.remove_finalizer::<LonghornReplica>(r.id())?,
-                    Err(m) => {
-                        errored.insert(r.id().to_owned());
-                        ctx.apply(r.id(), status(InstanceKind::Replica, InstanceState::Error, m))?
-                    }
-                }
-                continue;
-            }
-            if r.spec.cleanup {
-                // created only to be removed (DiskReplicaInstanceDelete)
-                ctx.apply(r.id(), status(InstanceKind::Replica, InstanceState::Stopping, ""))?;
-                continue;
-            }
-            let st = match self
-                .ensure_replica(&mut inv, ctx, &node, r, held.contains(r.id()))
-                .await
-            {
-                Ok(s) => s,
-                Err(m) => {
-                    let mut st = status(InstanceKind::Replica, InstanceState::Error, m);
-                    // the requests carried out stay known (the calls wait on them)
-                    if let Some(p) = ctx.get::<LonghornInstanceStatus>(r.id())? {
-                        st.revert = p.spec.revert;
-                        st.dst_start = p.spec.dst_start;
-                    }
-                    st
-                }
-            };
-            ctx.apply(r.id(), st)?;
-        }
+        let held = held(&running_engines, &local, &rebuilt_from_afar);
+        self.reconcile_replicas(ctx, &mut inv, &node, &replicas, &held, &mut errored)
+            .await?;
 
         // 3. engines
         let replicas_done = started.elapsed();
@@ -901,48 +1062,7 @@ impl Controller for LonghornController {
         // nodes still reverting its replicas again at each: the next one soon
         let mut fast = false;
         for e in &running_engines {
-            let prev = ctx.get::<LonghornInstanceStatus>(e.id())?.map(|s| s.spec);
-            // a revert first: the raid1 is made again over the reverted heads
-            let revert = self.revert(&mut inv, e, &local, prev.as_ref()).await;
-            let waiting = revert
-                .as_ref()
-                .is_some_and(|r| r.error.is_empty() && !r.waiting.is_empty());
-            let mut st = match revert.as_ref() {
-                Some(r) if !r.error.is_empty() => revert::half_reverted(InstanceKind::Engine, r),
-                Some(r) if waiting => revert::reverting(prev.as_ref(), r),
-                _ => match self
-                    .ensure_engine(&mut inv, &node, e, &local, prev.as_ref())
-                    .await
-                {
-                    Ok(s) => s,
-                    Err(m) if m.starts_with("waiting for replicas") => {
-                        status(InstanceKind::Engine, InstanceState::Starting, m)
-                    }
-                    Err(m) => status(InstanceKind::Engine, InstanceState::Error, m),
-                },
-            };
-            st.revert = revert;
-            let running = match st.state {
-                InstanceState::Running if !waiting => Ok(()),
-                _ => Err(st.message.as_str()),
-            };
-            st.snapshots = self.snapshots(&inv, e, &local, prev.as_ref(), running).await;
-            if st.state != InstanceState::Running
-                && let Some(p) = prev
-            {
-                // the rebuilds started stay recorded (none is started twice)
-                st.rebuilds_started = p.rebuilds_started;
-                st.rebuilds_done = p.rebuilds_done;
-                st.rebuild_errors = p.rebuild_errors;
-                st.purge = p.purge;
-                // what is still to detach stays known
-                st.remote_members = p.remote_members;
-            }
-            st.remote_members
-                .extend(members::remote_members(&e.spec.replica_address_map, &local));
-            st.observed_version = e.metadata.version;
-            fast |= !st.thin_rebuilds.is_empty() || waiting;
-            ctx.apply(e.id(), st)?;
+            fast |= self.reconcile_engine(ctx, &mut inv, &node, e, &local).await?;
         }
 
         // 4. engine-frontends (after the engines: one here may be what they attach)
@@ -960,23 +1080,7 @@ impl Controller for LonghornController {
             "Longhorn reconcile"
         );
         // instances still tearing down keep a status until they are gone
-        let tearing = replicas
-            .iter()
-            .filter(|r| r.metadata.phase == Phase::TearingDown)
-            .map(|r| (r.id(), InstanceKind::Replica))
-            .chain(
-                engines
-                    .iter()
-                    .filter(|e| e.metadata.phase == Phase::TearingDown)
-                    .map(|e| (e.id(), InstanceKind::Engine)),
-            )
-            .chain(
-                frontends
-                    .iter()
-                    .filter(|f| f.metadata.phase == Phase::TearingDown)
-                    .map(|f| (f.id(), InstanceKind::EngineFrontend)),
-            );
-        for (id, kind) in tearing {
+        for (id, kind) in tearing(&replicas, &engines, &frontends) {
             if !errored.contains(id) && ctx.state().get("config", kind_type(kind), id).is_some() {
                 ctx.apply(id, status(kind, InstanceState::Stopping, ""))?;
             }
@@ -991,5 +1095,116 @@ fn kind_type(kind: InstanceKind) -> &'static str {
         InstanceKind::Replica => LonghornReplica::TYPE,
         InstanceKind::Engine => LonghornEngine::TYPE,
         InstanceKind::EngineFrontend => LonghornEngineFrontend::TYPE,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn typed<S>(id: &str, spec: S) -> Typed<S> {
+        Typed {
+            metadata: crate::runtime::Metadata::new("config", "Test", id, ""),
+            spec,
+        }
+    }
+
+    fn tearing_down<S>(mut t: Typed<S>) -> Typed<S> {
+        t.metadata.phase = Phase::TearingDown;
+        t
+    }
+
+    fn replica(id: &str, cleanup: bool) -> Typed<LonghornReplica> {
+        let spec = json!({
+            "volume": "v", "disk": "d", "sizeBytes": 1048576, "portStart": 20000, "portEnd": 20010,
+            "cleanup": cleanup
+        });
+        typed(id, serde_json::from_value(spec).expect("replica"))
+    }
+
+    fn engine(id: &str, replicas: &[&str]) -> Typed<LonghornEngine> {
+        let map: BTreeMap<&str, &str> = replicas.iter().map(|r| (*r, "127.0.0.1:20000")).collect();
+        let spec = json!({ "volume": "v", "sizeBytes": 1048576, "replicaAddressMap": map, "port": 20100 });
+        typed(id, serde_json::from_value(spec).expect("engine"))
+    }
+
+    /// This node serves its running replicas, not those tearing down or
+    /// made only to be removed.
+    #[test]
+    fn only_running_replicas_not_made_to_be_removed_are_served_here() {
+        let replicas = [
+            replica("r-a", false),
+            replica("r-b", true),
+            tearing_down(replica("r-c", false)),
+        ];
+        assert_eq!(local_replicas(&replicas).into_keys().collect::<Vec<_>>(), ["r-a"]);
+    }
+
+    /// A local replica in a running engine's map is held (not exported)
+    /// unless it is rebuilt from another node; another node's replica never.
+    #[test]
+    fn a_local_replica_of_a_running_engine_is_held_unless_rebuilt_from_afar() {
+        let local = local_replicas(&[
+            replica("r-a", false),
+            replica("r-b", false),
+            replica("r-c", false),
+        ]);
+        let (e1, e2) = (engine("e1", &["r-a", "r-x"]), engine("e2", &["r-b"]));
+        let afar = BTreeSet::from(["r-b".to_owned()]);
+        assert_eq!(held(&[&e1, &e2], &local, &afar), BTreeSet::from(["r-a"]));
+        assert_eq!(
+            held(&[&e1, &e2], &local, &BTreeSet::new()),
+            BTreeSet::from(["r-a", "r-b"])
+        );
+        assert!(held(&[], &local, &afar).is_empty());
+    }
+
+    /// An engine that waits for its replicas is starting, one that failed
+    /// otherwise is in error.
+    #[test]
+    fn an_engine_waiting_for_replicas_is_starting_any_other_failure_an_error() {
+        let s = engine_status(Err("waiting for replicas: r-b".into()));
+        assert_eq!(
+            (s.state, s.message.as_str()),
+            (InstanceState::Starting, "waiting for replicas: r-b")
+        );
+        assert_eq!(engine_status(Err("no port".into())).state, InstanceState::Error);
+        let ok = status(InstanceKind::Engine, InstanceState::Running, "");
+        assert_eq!(engine_status(Ok(ok.clone())), ok);
+    }
+
+    /// An engine not running keeps the rebuilds it started, saw done or
+    /// failed, its purge and the members still to detach; nothing else.
+    #[test]
+    fn an_engine_not_running_keeps_its_rebuild_records_and_members_to_detach() {
+        let mut prev = status(InstanceKind::Engine, InstanceState::Running, "");
+        prev.rebuilds_started = [("r-a".to_owned(), 2)].into();
+        prev.rebuilds_done = [("r-a".to_owned(), 1)].into();
+        prev.rebuild_errors = [("r-b".to_owned(), "no lvol".to_owned())].into();
+        prev.remote_members = ["r-b".to_owned()].into();
+        prev.thin_rebuilds = [("r-a".to_owned(), 40)].into();
+        prev.bdev = "e".into();
+        let mut st = status(InstanceKind::Engine, InstanceState::Error, "gone");
+        keep_recorded(&mut st, prev.clone());
+        assert_eq!(st.rebuilds_started, prev.rebuilds_started);
+        assert_eq!(st.rebuilds_done, prev.rebuilds_done);
+        assert_eq!(st.rebuild_errors, prev.rebuild_errors);
+        assert_eq!(st.remote_members, prev.remote_members);
+        assert_eq!(st.purge, prev.purge);
+        assert!(st.thin_rebuilds.is_empty() && st.bdev.is_empty(), "{st:?}");
+        assert_eq!((st.state, st.message.as_str()), (InstanceState::Error, "gone"));
+    }
+
+    /// The instances tearing down are listed replicas first, then engines
+    /// (engine-frontends last).
+    #[test]
+    fn instances_tearing_down_are_listed_replicas_first_then_engines() {
+        let replicas = [replica("r-a", false), tearing_down(replica("r-b", false))];
+        let engines = [tearing_down(engine("e1", &["r-a"])), engine("e2", &["r-a"])];
+        assert_eq!(
+            tearing(&replicas, &engines, &[]),
+            [("r-b", InstanceKind::Replica), ("e1", InstanceKind::Engine)]
+        );
     }
 }
