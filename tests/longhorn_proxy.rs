@@ -1082,6 +1082,42 @@ async fn a_rebuild_start_asked_at_once_answers_before_the_work_is_done() {
     a.stop().await;
 }
 
+/// Two nodes, each with an engine over a replica of its own and one on the
+/// other node.
+struct Crossed {
+    a: Node,
+    b: Node,
+    /// The endpoints of vol-r-a (A), vol-r-b (B), vol2-r-c (B), vol2-r-d (A).
+    replicas: [String; 4],
+    pa: ProxyEngineServiceClient<Channel>,
+    pb: ProxyEngineServiceClient<Channel>,
+}
+
+/// Engine vol-e-0 on A over vol-r-a (A) and vol-r-b (B); engine vol-e-0 on
+/// B over vol2-r-c (B) and vol2-r-d (A); 64 MiB each, on the double.
+async fn crossed_engines() -> Crossed {
+    let (ip_a, ip_b) = (IpAddr::from([127, 0, 0, 1]), IpAddr::from([127, 0, 0, 2]));
+    let base = free_base(&[ip_a, ip_b]);
+    let a = Node::new(ip_a, base, None).await;
+    let b = Node::new(ip_b, base, None).await;
+    let size = 64 * MIB;
+    let ra = a.replica("disk-a", "vol-r-a", size).await;
+    let rd = a.replica_again("disk-a", "vol2-r-d", size).await;
+    let rb = b.replica("disk-b", "vol-r-b", size).await;
+    let rc = b.replica_again("disk-b", "vol2-r-c", size).await;
+    engine(&a, &[("vol-r-a", &ra), ("vol-r-b", &rb)], size, "").await;
+    engine(&b, &[("vol2-r-c", &rc), ("vol2-r-d", &rd)], size, "").await;
+    let pa = ProxyEngineServiceClient::new(a.channel(1).await);
+    let pb = ProxyEngineServiceClient::new(b.channel(1).await);
+    Crossed {
+        a,
+        b,
+        replicas: [ra, rb, rc, rd],
+        pa,
+        pb,
+    }
+}
+
 /// Two engines (one per node) each rebuild a replica that lives on the other
 /// node, at once: each node's engine controller calls the other node's
 /// replica-side rebuild calls from inside its reconcile while the other
@@ -1094,21 +1130,13 @@ async fn a_rebuild_start_asked_at_once_answers_before_the_work_is_done() {
 /// dest; the time it took is printed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_engines_rebuilding_into_each_others_node_at_once_both_end_rw() {
-    let (ip_a, ip_b) = (IpAddr::from([127, 0, 0, 1]), IpAddr::from([127, 0, 0, 2]));
-    let base = free_base(&[ip_a, ip_b]);
-    let mut a = Node::new(ip_a, base, None).await;
-    let mut b = Node::new(ip_b, base, None).await;
-    let size = 64 * MIB;
-    // engine vol-e-0 on A over vol-r-a (A) and vol-r-b (B); engine vol-e-0
-    // on B over vol2-r-c (B) and vol2-r-d (A)
-    let ra = a.replica("disk-a", "vol-r-a", size).await;
-    let rd = a.replica_again("disk-a", "vol2-r-d", size).await;
-    let rb = b.replica("disk-b", "vol-r-b", size).await;
-    let rc = b.replica_again("disk-b", "vol2-r-c", size).await;
-    engine(&a, &[("vol-r-a", &ra), ("vol-r-b", &rb)], size, "").await;
-    engine(&b, &[("vol2-r-c", &rc), ("vol2-r-d", &rd)], size, "").await;
-    let mut pa = ProxyEngineServiceClient::new(a.channel(1).await);
-    let mut pb = ProxyEngineServiceClient::new(b.channel(1).await);
+    let Crossed {
+        mut a,
+        mut b,
+        replicas: [ra, rb, rc, rd],
+        mut pa,
+        mut pb,
+    } = crossed_engines().await;
 
     // data in every replica's head; each engine's other-node replica
     // leaves (its head keeps what it had); data its local one holds alone,
@@ -1175,21 +1203,13 @@ async fn two_engines_rebuilding_into_each_others_node_at_once_both_end_rw() {
 /// the time it took is printed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_engines_reverting_over_each_others_node_at_once_both_end_reverted() {
-    let (ip_a, ip_b) = (IpAddr::from([127, 0, 0, 1]), IpAddr::from([127, 0, 0, 2]));
-    let base = free_base(&[ip_a, ip_b]);
-    let mut a = Node::new(ip_a, base, None).await;
-    let mut b = Node::new(ip_b, base, None).await;
-    let size = 64 * MIB;
-    // engine vol-e-0 on A over vol-r-a (A) and vol-r-b (B); engine vol-e-0
-    // on B over vol2-r-c (B) and vol2-r-d (A)
-    let ra = a.replica("disk-a", "vol-r-a", size).await;
-    let rd = a.replica_again("disk-a", "vol2-r-d", size).await;
-    let rb = b.replica("disk-b", "vol-r-b", size).await;
-    let rc = b.replica_again("disk-b", "vol2-r-c", size).await;
-    engine(&a, &[("vol-r-a", &ra), ("vol-r-b", &rb)], size, "").await;
-    engine(&b, &[("vol2-r-c", &rc), ("vol2-r-d", &rd)], size, "").await;
-    let mut pa = ProxyEngineServiceClient::new(a.channel(1).await);
-    let mut pb = ProxyEngineServiceClient::new(b.channel(1).await);
+    let Crossed {
+        mut a,
+        mut b,
+        replicas: [ra, rb, rc, rd],
+        mut pa,
+        mut pb,
+    } = crossed_engines().await;
     snapshot(&mut pa, "s1").await.expect("A's engine s1");
     snapshot(&mut pb, "s1").await.expect("B's engine s1");
     // written after s1 on every head (on the double a write through an
