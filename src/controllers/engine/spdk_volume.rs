@@ -282,17 +282,19 @@ impl SpdkVolumeController {
         };
         let mut message = String::new();
         let mut in_sync = job.in_sync.clone();
-        // revert: once per generation, recorded in SPDK with the data
+        // revert: once per generation, recorded in SPDK with the data; the
+        // status says so from then on (not only in the reconcile that did
+        // it, which the next one may follow at once: a watcher missed it)
         let mut reloaded = None;
-        if let Some(target) = &job.spec.revert_to
-            && job.spec.revert_generation > applied_revert(inv, &job.id)
-        {
-            match self.revert(inv, job, &name, target).await {
-                Ok((reverted, i)) => {
-                    in_sync = Some(reverted);
-                    reloaded = Some(i);
+        if let Some(target) = &job.spec.revert_to {
+            if job.spec.revert_generation > applied_revert(inv, &job.id) {
+                match self.revert(inv, job, &name, target).await {
+                    Ok((reverted, i)) => {
+                        in_sync = Some(reverted);
+                        reloaded = Some(i);
+                    }
+                    Err(r) => return r,
                 }
-                Err(r) => return r,
             }
             message = format!("reverted to {target} (generation {})", job.spec.revert_generation);
         }
