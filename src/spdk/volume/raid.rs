@@ -78,11 +78,7 @@ impl VolumeOps {
                 needed: r.num_base_bdevs_operational,
             });
         }
-        let existing = inv.raid(&raid).filter(|r| {
-            r.base_bdevs_list
-                .iter()
-                .any(|b| b.is_configured && b.name.as_deref().is_some_and(|n| k_of(n).is_some()))
-        });
+        let existing = inv.raid(&raid).filter(|r| r.serves(|n| k_of(n).is_some()));
         match existing {
             Some(r) => {
                 // a placeholder left by an interrupted call: out before anything reads it
