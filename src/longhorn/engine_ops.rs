@@ -453,10 +453,7 @@ impl Longhorn {
     /// the call's error.
     async fn wait_reverted(&self, id: &str, what: &str, request: u64) -> Result<(), LonghornError> {
         self.wait_status(id, what, |st| {
-            let r = st
-                .revert
-                .as_ref()
-                .filter(|r| r.request > request || (r.request == request && r.waiting.is_empty()))?;
+            let r = st.revert.as_ref().filter(|r| r.answers(request))?;
             if let Some(x) = revert_failure(r, what) {
                 return Some(Err(x));
             }

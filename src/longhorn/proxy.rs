@@ -128,7 +128,7 @@ impl Longhorn {
                 && status
                     .as_ref()
                     .and_then(|s| s.revert.as_ref())
-                    .is_none_or(|d| !d.answers(r))
+                    .is_none_or(|d| !d.answers(r.request))
         });
         // replicas rebuilt thin: out of the raid until they equal their source
         let thin = status.map(|s| s.thin_rebuilds).unwrap_or_default();

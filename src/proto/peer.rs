@@ -21,6 +21,14 @@ pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// talon's) gets Longhorn's answer: once the work is done.
 pub const AT_ONCE: &str = "talon-answer-at-once";
 
+/// `message` as a request asked [`AT_ONCE`].
+pub fn at_once<T>(message: T) -> tonic::Request<T> {
+    let mut req = tonic::Request::new(message);
+    req.metadata_mut()
+        .insert(AT_ONCE, tonic::metadata::MetadataValue::from_static("1"));
+    req
+}
+
 /// Response metadata of a call asked [`AT_ONCE`] whose answer carries no
 /// field to say it (`ReplicaSnapshotRevert`): the node is still at the work;
 /// the engine asks again. Absent: the work is done.

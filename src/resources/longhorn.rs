@@ -524,11 +524,11 @@ impl RevertStatus {
         }
     }
 
-    /// Whether request `r` is carried out as far as its callers are
-    /// concerned: answered (done, refused or failed half way), not still
-    /// waiting on other nodes.
-    pub fn answers(&self, r: &RevertRequest) -> bool {
-        self.request > r.request || (self.request == r.request && self.waiting.is_empty())
+    /// Whether request number `request` is carried out as far as its
+    /// callers are concerned: answered (done, refused or failed half way),
+    /// not still waiting on other nodes.
+    pub fn answers(&self, request: u64) -> bool {
+        self.request > request || (self.request == request && self.waiting.is_empty())
     }
 }
 

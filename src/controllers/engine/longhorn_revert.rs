@@ -136,15 +136,11 @@ impl LonghornController {
         let mut waiting = Vec::new();
         for (replica, address) in map.iter().filter(|(r, _)| !local.contains_key(*r)) {
             let mut c = self.peer(replica, address).await?;
-            let mut req = tonic::Request::new(spdkrpc::SnapshotRequest {
+            let req = crate::proto::peer::at_once(spdkrpc::SnapshotRequest {
                 name: replica.clone(),
                 snapshot_name: snap.to_owned(),
                 ..Default::default()
             });
-            req.metadata_mut().insert(
-                crate::proto::peer::AT_ONCE,
-                tonic::metadata::MetadataValue::from_static("1"),
-            );
             let answer = c
                 .replica_snapshot_revert(req)
                 .await
@@ -466,8 +462,8 @@ mod tests {
             ..done.clone()
         };
         assert!(pending(Some(&waiting), &req(1)));
-        assert!(!waiting.answers(&req(1)));
-        assert!(done.answers(&req(1)) && !done.answers(&req(2)));
+        assert!(!waiting.answers(1));
+        assert!(done.answers(1) && !done.answers(2));
         let failed = RevertStatus {
             error: "lost".into(),
             ..done

@@ -758,19 +758,15 @@ impl LonghornController {
                     End::Peer { address, .. } => address.clone(),
                     End::Here { .. } => String::new(),
                 };
-                let mut req = tonic::Request::new(spdkrpc::ReplicaRebuildingDstStartRequest {
+                // its node answers where it stands instead of holding this
+                // reconcile while its own controller works
+                let req = crate::proto::peer::at_once(spdkrpc::ReplicaRebuildingDstStartRequest {
                     name: replica.clone(),
                     src_replica_name: src.replica().to_owned(),
                     src_replica_address: src_address,
                     rebuilding_snapshot_list: list,
                     ..Default::default()
                 });
-                // its node answers where it stands instead of holding this
-                // reconcile while its own controller works
-                req.metadata_mut().insert(
-                    crate::proto::peer::AT_ONCE,
-                    tonic::metadata::MetadataValue::from_static("1"),
-                );
                 self.peer(replica, address)
                     .await?
                     .replica_rebuilding_dst_start(req)
