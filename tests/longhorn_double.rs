@@ -1008,6 +1008,65 @@ async fn one_volume(dir: &Path, d: &Daemon) -> String {
     target
 }
 
+/// An engine whose export fails leaves nothing half made: the raid1 made
+/// for it goes with the export that failed (`VolumeOps::serve_engine` undoes
+/// what it made), and both replicas keep their lvols. Before the one engine
+/// assembly the raid1 stayed, claiming both replicas with no export serving
+/// it. The listener is refused as spdk_tgt v26.05 refuses a port another
+/// process holds (-32602 "Invalid parameters").
+#[tokio::test]
+async fn an_engine_whose_export_fails_leaves_no_raid1_behind() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::create_dir_all(dir.path().join("run")).expect("run dir");
+    let double = SpdkDouble::start(dir.path().join("run/spdk.sock"))
+        .await
+        .expect("double");
+    let spdk = SpdkClient::new(double.socket());
+    let d = Daemon::start(dir.path()).await;
+    let mut inst = InstanceServiceClient::new(d.channel(3).await);
+    disk_a(dir.path(), &d).await;
+    let size = 16 * MIB;
+    let mut map = HashMap::new();
+    for r in ["vol-r-aaaa1111", "vol-r-bbbb2222"] {
+        inst.instance_create(replica_spec(r, "disk-a", size))
+            .await
+            .expect("replica");
+        let st = wait_state(&mut inst, r, "replica", "running").await;
+        map.insert(r.to_string(), format!("127.0.0.1:{}", st.port_start));
+    }
+    // every listener from now on is refused (the replicas listen already)
+    for n in 1..=1000 {
+        double.fail_nth("nvmf_subsystem_add_listener", n, -32602, "Invalid parameters");
+    }
+    inst.instance_create(engine_spec("vol-e-0", map, size))
+        .await
+        .expect("engine");
+    let e = wait_state(&mut inst, "vol-e-0", "engine", "error").await;
+    assert!(e.error_msg.contains("listening on"), "{}", e.error_msg);
+    assert!(double.calls("bdev_raid_create") >= 1, "the raid1 was never made");
+    d.stop().await;
+    assert!(
+        !double.bdev_names().iter().any(|b| b == "vol-e-0"),
+        "raid1 vol-e-0 stayed without its export: {:?}",
+        double.bdev_names()
+    );
+    assert!(
+        !double
+            .subsystem_nqns()
+            .iter()
+            .any(|n| n == "nqn.2023-01.io.longhorn.spdk:volume-vol"),
+        "{:?}",
+        double.subsystem_nqns()
+    );
+    let have = lvols(&spdk).await;
+    for r in ["vol-r-aaaa1111", "vol-r-bbbb2222"] {
+        assert!(
+            have.keys().any(|a| a.ends_with(&format!("/{r}"))),
+            "{r} lost: {have:?}"
+        );
+    }
+}
+
 /// A stop between a snapshot's freeze and its thaw leaves the engine's
 /// export ANA inaccessible: its hosts' I/O stays queued. The next talon
 /// thaws it once it has the engine running again.

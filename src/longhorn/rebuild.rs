@@ -214,6 +214,8 @@ impl Longhorn {
             nqn: nqn.as_str(),
             host_nqn: Some(naming::internal_host_nqn()),
             longhorn_link: true,
+            dhchap_data_dir: None,
+            tls_data_dir: None,
         };
         let bdev = self
             .ops()

@@ -37,7 +37,9 @@ use crate::runtime::{Controller, ControllerError, Input, Output, Phase, Reconcil
 use crate::spdk::SpdkClient;
 use crate::spdk::naming::longhorn as naming;
 use crate::spdk::rpc::{Lvol, LvolStoreRef};
-use crate::spdk::volume::{Export, ExportSpec, Inventory, NewSubsystem, RemoteAttach, VolumeOps};
+use crate::spdk::volume::{
+    EngineNames, EnginePlan, Export, ExportSpec, Inventory, NewSubsystem, RemoteAttach, VolumeOps,
+};
 
 use crate::resources::engine::SPDK_STATUS_ID;
 
@@ -163,34 +165,91 @@ fn chain(e: &crate::spdk::ClientError) -> String {
     crate::util::error_chain(e)
 }
 
-/// One export to make: subsystem, namespace, listener, hosts.
-struct ExportPlan<'a> {
-    nqn: &'a Nqn,
-    bdev: &'a str,
-    ns_id: uuid::Uuid,
-    model: &'a str,
+/// How an engine is served: its names in SPDK (Longhorn's) and its
+/// export, for its assembly and its thin rebuild's switch alike.
+pub(super) struct Serving {
+    names: EngineNames,
     spec: ExportSpec,
 }
 
+impl Serving {
+    /// Engine `engine` of `volume`: raid1 `<engine>`, exported as
+    /// `naming::volume_nqn(volume)` with namespace id `volume-<volume>`.
+    fn of(engine: &ObjectName, volume: &ObjectName, spec: ExportSpec) -> Result<Self, String> {
+        Ok(Self {
+            names: EngineNames {
+                raid: engine.as_str().to_owned(),
+                placeholder: format!("{}lh-{engine}-", crate::spdk::naming::NULL_PREFIX),
+                nqn: naming::volume_nqn(volume).map_err(|x| x.to_string())?,
+                ns_uuid: naming::namespace_id(&format!("volume-{volume}")),
+                subsystem: NewSubsystem {
+                    model: "talon-longhorn-engine".into(),
+                    serial: None,
+                    ana: true,
+                },
+            },
+            spec,
+        })
+    }
+
+    /// The export's subsystem.
+    fn nqn(&self) -> &Nqn {
+        &self.names.nqn
+    }
+
+    /// The plan that serves the engine from `slots` (see [`EnginePlan`]);
+    /// `bare`: its one replica's lvol, no raid1.
+    fn plan(&self, slots: Vec<Option<String>>, bare: bool) -> EnginePlan<'_> {
+        EnginePlan {
+            volume: &self.names.raid,
+            names: &self.names,
+            slots,
+            bare,
+            geometry: None,
+            superblock: None,
+            spec: &self.spec,
+        }
+    }
+}
+
 impl LonghornController {
-    /// Makes the missing parts of an export (idempotent; see
-    /// [`crate::spdk::volume::VolumeOps::export`]): a subsystem that serves
-    /// another bdev serves this one.
-    async fn export(&self, inv: &mut Inventory, p: &ExportPlan<'_>) -> Result<(), String> {
+    /// Serves engine `plan` (see [`VolumeOps::serve_engine`]): returns the
+    /// bdev that serves it.
+    async fn serve(&self, inv: &mut Inventory, plan: &EnginePlan<'_>) -> Result<String, String> {
+        let device = self
+            .ops
+            .serve_engine(inv, plan)
+            .await
+            .map_err(|x| crate::util::error_chain(&x))?;
+        inv.tcp_transport = true;
+        Ok(device)
+    }
+
+    /// Exports replica lvol `alias` as `nqn` (idempotent; see
+    /// [`VolumeOps::export`]): a subsystem that serves another bdev serves
+    /// this one.
+    async fn export_replica(
+        &self,
+        inv: &mut Inventory,
+        nqn: &Nqn,
+        alias: &str,
+        ns_uuid: uuid::Uuid,
+        spec: &ExportSpec,
+    ) -> Result<(), String> {
         let e = Export {
-            nqn: p.nqn,
-            bdev: p.bdev,
-            ns_uuid: p.ns_id,
+            nqn,
+            bdev: alias,
+            ns_uuid,
             subsystem: NewSubsystem {
-                model: p.model.to_owned(),
+                model: "talon-longhorn-replica".into(),
                 serial: None,
                 ana: true,
             },
-            spec: &p.spec,
+            spec,
             only_listener: false,
         };
         self.ops
-            .export(inv, p.nqn.as_str(), &e)
+            .export(inv, nqn.as_str(), &e)
             .await
             .map_err(|x| crate::util::error_chain(&x))?;
         inv.tcp_transport = true;
@@ -319,17 +378,9 @@ impl LonghornController {
             self.unexport(inv, nqn.as_str()).await?;
             st.message = "held by an engine on this node (its raid1 claims the lvol)".into();
         } else {
-            self.export(
-                inv,
-                &ExportPlan {
-                    nqn: &nqn,
-                    bdev: &alias,
-                    ns_id: naming::namespace_id(name.as_str()),
-                    model: "talon-longhorn-replica",
-                    spec: self.export_spec(node, addr, spec.port_start),
-                },
-            )
-            .await?;
+            let export = self.export_spec(node, addr, spec.port_start);
+            self.export_replica(inv, &nqn, &alias, naming::namespace_id(name.as_str()), &export)
+                .await?;
             st.nqn = nqn.as_str().to_owned();
             st.endpoint = SocketAddr::new(addr, spec.port_start).to_string();
         }
@@ -406,11 +457,9 @@ impl LonghornController {
         (bdevs, missing)
     }
 
+    /// Remote replica `replica` at `address` as a member: see
+    /// [`VolumeOps::remote_member`].
     async fn attach_remote(&self, inv: &Inventory, replica: &str, address: &str) -> Result<String, String> {
-        let bdev = format!("{replica}n1");
-        if inv.bdevs.contains_key(&bdev) {
-            return Ok(bdev);
-        }
         let name = naming::instance_name("replica", replica).map_err(|e| e.to_string())?;
         let sa: SocketAddr = address
             .parse()
@@ -423,9 +472,11 @@ impl LonghornController {
             nqn: nqn.as_str(),
             host_nqn: Some(naming::internal_host_nqn()),
             longhorn_link: true,
+            dhchap_data_dir: None,
+            tls_data_dir: None,
         };
         self.ops
-            .attach_remote(replica, &a)
+            .remote_member(inv, replica, &a)
             .await
             .map_err(|x| crate::util::error_chain(&x))
     }
@@ -443,8 +494,13 @@ impl LonghornController {
         let volume = ObjectName::parse("volume", &e.spec.volume).map_err(|x| x.to_string())?;
         let addr: IpAddr = crate::host::longhorn_address::instance_ip(&node.listen_address)?;
         let left = self.drop_removed(inv, e, local, prev).await;
-        let (bdev, uuid) = match inv.raid(name.as_str()) {
-            Some(raid) => (raid.name.clone(), raid.uuid.clone().unwrap_or_default()),
+        let serving = Serving::of(&name, &volume, self.export_spec(node, addr, e.spec.port))?;
+        let raid = inv
+            .raid(name.as_str())
+            .map(|r| r.uuid.clone().unwrap_or_default());
+        let plan = match raid {
+            // it serves: the rebuilds and removals below change its members
+            Some(_) => serving.plan(Vec::new(), false),
             None => {
                 // a replica whose last rebuild was not seen to end stays out
                 // (it may hold half a rebuild); Longhorn sees it ERR
@@ -460,58 +516,35 @@ impl LonghornController {
                 if !missing.is_empty() || members.is_empty() {
                     return Err(format!("waiting for replicas: {}", missing.join("; ")));
                 }
-                if members.len() == 1 && e.spec.replica_address_map.len() == 1 {
-                    let m = members[0].clone();
-                    let uuid = inv.lvols.get(&m).map(|l| l.uuid.clone()).unwrap_or_default();
-                    (m, uuid)
-                } else {
-                    // one member of several (the others held out): a raid1
-                    // still, so the others can be rebuilt into it; SPDK makes
-                    // a raid1 of two or more only, so a short-lived bdev_null
-                    // holds the second slot while it is made
-                    let mut slots: Vec<Option<String>> = members.iter().cloned().map(Some).collect();
-                    let geometry = if members.len() == 1 {
-                        slots.push(None);
-                        let b = self
-                            .client
-                            .bdev(&members[0])
-                            .await
-                            .map_err(|x| format!("looking up {}: {}", members[0], chain(&x)))?
-                            .ok_or_else(|| format!("member {} is gone", members[0]))?;
-                        (b.block_size, b.num_blocks)
-                    } else {
-                        (0, 0)
-                    };
-                    let placeholder = |_: usize| format!("{}lh-{name}", crate::spdk::naming::NULL_PREFIX);
-                    self.ops
-                        .make_raid1(inv, name.as_str(), &slots, geometry, None, &placeholder)
-                        .await
-                        .map_err(|x| crate::util::error_chain(&x))?;
-                    let uuid = self
-                        .client
-                        .bdev(name.as_str())
-                        .await
-                        .ok()
-                        .flatten()
-                        .map(|b| b.uuid.unwrap_or_default())
-                        .unwrap_or_default();
-                    (name.as_str().to_owned(), uuid)
+                // one member of several (the others held out): a raid1
+                // still, so the others can be rebuilt into it; its second
+                // slot is empty (held by a placeholder while it is made)
+                let bare = members.len() == 1 && e.spec.replica_address_map.len() == 1;
+                let mut slots: Vec<Option<String>> = members.into_iter().map(Some).collect();
+                if slots.len() == 1 && !bare {
+                    slots.push(None);
                 }
+                serving.plan(slots, bare)
             }
+        };
+        let bdev = self.serve(inv, &plan).await?;
+        let uuid = match raid {
+            Some(uuid) => uuid,
+            None if bdev == name.as_str() => self
+                .client
+                .bdev(name.as_str())
+                .await
+                .ok()
+                .flatten()
+                .and_then(|b| b.uuid)
+                .unwrap_or_default(),
+            None => inv.lvols.get(&bdev).map(|l| l.uuid.clone()).unwrap_or_default(),
         };
         // a switch that failed is over once the raid is there again
         if bdev == name.as_str() {
             self.session.switch_done(name.as_str());
         }
-        let nqn = naming::volume_nqn(&volume).map_err(|x| x.to_string())?;
-        let plan = ExportPlan {
-            nqn: &nqn,
-            bdev: &bdev,
-            ns_id: naming::namespace_id(&format!("volume-{volume}")),
-            model: "talon-longhorn-engine",
-            spec: self.export_spec(node, addr, e.spec.port),
-        };
-        self.export(inv, &plan).await?;
+        let nqn = serving.nqn().clone();
         // a snapshot's freeze left by a talon stopped before its thaw
         self.thaw_checked.check(&self.client, nqn.as_str()).await;
         let mut st = status(
@@ -521,7 +554,7 @@ impl LonghornController {
         );
         st.remote_members = left.attached;
         if bdev == name.as_str() {
-            self.rebuilds(inv, e, local, prev, &mut st, &plan).await;
+            self.rebuilds(inv, e, local, prev, &mut st, &serving).await;
         }
         self.purge(inv, e, local, prev, &mut st).await;
         st.bdev = bdev;

@@ -17,7 +17,7 @@ use std::collections::BTreeMap;
 use std::time::Instant;
 
 use super::thin::{Failed, Thin};
-use super::{CAP_GRACE, ExportPlan, LonghornController, caps, chain};
+use super::{CAP_GRACE, LonghornController, Serving, caps, chain};
 use crate::resources::longhorn::{LonghornEngine, LonghornInstanceStatus, LonghornReplica};
 use crate::runtime::Typed;
 use crate::spdk::naming::longhorn as naming;
@@ -31,7 +31,7 @@ struct Engine<'a> {
     e: &'a Typed<LonghornEngine>,
     local: &'a BTreeMap<String, LonghornReplica>,
     prev: Option<&'a LonghornInstanceStatus>,
-    plan: &'a ExportPlan<'a>,
+    plan: &'a Serving,
 }
 
 /// One `rebuildRequests` entry of a replica in the map.
@@ -58,7 +58,7 @@ impl LonghornController {
         local: &BTreeMap<String, LonghornReplica>,
         prev: Option<&LonghornInstanceStatus>,
         st: &mut LonghornInstanceStatus,
-        plan: &ExportPlan<'_>,
+        plan: &Serving,
     ) {
         let requests = &e.spec.rebuild_requests;
         if let Some(p) = prev {

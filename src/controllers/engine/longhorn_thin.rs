@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use tonic::transport::Channel;
 
-use super::{ExportPlan, LonghornController, chain};
+use super::{LonghornController, Serving, chain};
 use crate::proto::spdkrpc;
 use crate::proto::spdkrpc::spdk_service_client::SpdkServiceClient;
 use crate::resources::longhorn::snapshot_lvol;
@@ -513,7 +513,7 @@ impl LonghornController {
         e: &Typed<LonghornEngine>,
         local: &BTreeMap<String, LonghornReplica>,
         dst_name: &str,
-        plan: &ExportPlan<'_>,
+        plan: &Serving,
     ) -> Result<Thin, String> {
         let engine = e.id();
         let raid = inv
@@ -793,7 +793,7 @@ impl LonghornController {
         ends: (&End, &End, Option<String>),
         haves: (&ReplicaLvols, &ReplicaLvols),
         (members, in_service): (&[String], &[String]),
-        plan: &ExportPlan<'_>,
+        plan: &Serving,
     ) -> Result<String, String> {
         let dst = ends.1;
         tracing::info!(
@@ -826,11 +826,11 @@ impl LonghornController {
         (src, dst, dst_export): (&End, &End, Option<String>),
         (have_src, have_dst): (&ReplicaLvols, &ReplicaLvols),
         members: &[String],
-        plan: &ExportPlan<'_>,
+        plan: &Serving,
     ) -> Result<String, String> {
         // hosts off: their connections drop, their I/O waits for the reconnect
         self.ops
-            .close_export(inv, engine, plan.nqn.as_str())
+            .close_export(inv, engine, plan.nqn().as_str())
             .await
             .map_err(|x| crate::util::error_chain(&x))?;
         crate::spdk::volume::lvol::delete_raid(&self.client, engine)
@@ -900,15 +900,12 @@ impl LonghornController {
         }
         let dst_bdev = self.dst_bdev(&now, dst).await?;
         let slots: Vec<Option<String>> = members.iter().cloned().chain([dst_bdev]).map(Some).collect();
-        let placeholder = |_: usize| format!("{}lh-{engine}", crate::spdk::naming::NULL_PREFIX);
-        self.ops
-            .make_raid1(&now, engine, &slots, (0, 0), None, &placeholder)
-            .await
-            .map_err(|x| format!("making raid1 {engine} again: {}", crate::util::error_chain(&x)))?;
         let mut now = Inventory::load(&self.client)
             .await
             .map_err(|x| format!("listing the target after the switch: {}", chain(&x)))?;
-        self.export(&mut now, plan).await?;
+        self.serve(&mut now, &plan.plan(slots, false))
+            .await
+            .map_err(|x| format!("making raid1 {engine} again: {x}"))?;
         tracing::info!(
             engine,
             replica = dst.replica(),

@@ -203,4 +203,18 @@ pub enum VolumeError {
         /// The name.
         lvol: String,
     },
+    /// An engine was asked for with no member to serve from.
+    #[error("volume {volume}: the engine has no member to serve from")]
+    EngineWithoutMembers {
+        /// The volume (or engine).
+        volume: String,
+    },
+    /// A member of an engine to be made is not in the target.
+    #[error("volume {volume}: member {member} is gone")]
+    MemberGone {
+        /// The volume (or engine).
+        volume: String,
+        /// The member bdev.
+        member: String,
+    },
 }

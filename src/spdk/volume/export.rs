@@ -111,34 +111,13 @@ pub struct RemoteAttach<'a> {
     pub host_nqn: Option<String>,
     /// With the link timeouts Longhorn's engines use.
     pub longhorn_link: bool,
-}
-
-/// The subsystem of talon volume `plan`'s export to kernel hosts.
-pub(super) fn volume_subsystem(plan: &VolumePlan) -> NewSubsystem {
-    NewSubsystem {
-        model: "talon".into(),
-        serial: Some(naming::serial(&plan.name)),
-        // so that a snapshot can freeze it (VolumeOps::snapshot)
-        ana: true,
-    }
-}
-
-/// Talon volume `plan`'s export of `bdev` (its raid, or its one replica)
-/// to kernel hosts as `spec` says.
-pub(super) fn volume_export<'a>(
-    plan: &VolumePlan,
-    nqn: &'a Nqn,
-    bdev: &'a str,
-    spec: &'a ExportSpec,
-) -> Export<'a> {
-    Export {
-        nqn,
-        bdev,
-        ns_uuid: volume_uuid(&plan.name),
-        subsystem: volume_subsystem(plan),
-        spec,
-        only_listener: false,
-    }
+    /// `Some(<data-dir>)`: `host_nqn` authenticates with its DH-HMAC-CHAP
+    /// secret from `<data-dir>/nvme-dhchap/` (made when it is this node's
+    /// and absent).
+    pub dhchap_data_dir: Option<&'a std::path::Path>,
+    /// `Some(<data-dir>)`: over NVMe/TCP TLS with `host_nqn`'s PSK from
+    /// `<data-dir>/nvme-tls/`.
+    pub tls_data_dir: Option<&'a std::path::Path>,
 }
 
 impl VolumeOps {
@@ -759,10 +738,37 @@ impl VolumeOps {
         Ok(name)
     }
 
-    /// Attaches a remote replica exported by [`VolumeOps::export_replica`];
-    /// with `tls_data_dir`, over NVMe/TCP TLS with this node's own PSK;
-    /// returns its bdev (`<controller>n1`). With `dhchap_data_dir`, this node
-    /// authenticates with its own DH-HMAC-CHAP secret.
+    /// Remote replica `a` as an engine's member: its NVMe/TCP bdev
+    /// (`<controller>n1`), the one `inv` lists, else attached. A controller
+    /// listed without its namespace (the replica's export went, and may be
+    /// back under the same NQN) is detached first, so the attach makes it
+    /// afresh rather than taking "already attached" for a bdev that is not
+    /// there. The one way both engines attach a member.
+    pub async fn remote_member(
+        &self,
+        inv: &Inventory,
+        vol: &str,
+        a: &RemoteAttach<'_>,
+    ) -> Result<String, VolumeError> {
+        let bdev = format!("{}n1", a.controller);
+        if inv.bdevs.contains_key(&bdev) {
+            return Ok(bdev);
+        }
+        if inv.controllers.iter().any(|c| c == a.controller) {
+            super::lvol::detach_controller(&self.client, a.controller)
+                .await
+                .map_err(rpc(
+                    vol,
+                    format!("detaching {}, listed without its namespace", a.controller),
+                ))?;
+        }
+        self.attach_remote(vol, a).await
+    }
+
+    /// Attaches a talon replica exported by [`VolumeOps::export_replica`]
+    /// as this node's host NQN: with `tls_data_dir`, over NVMe/TCP TLS with
+    /// its own PSK; with `dhchap_data_dir`, authenticated by its own
+    /// DH-HMAC-CHAP secret. Returns its bdev (`<controller>n1`).
     #[allow(clippy::too_many_arguments)]
     pub async fn attach_replica(
         &self,
@@ -774,19 +780,6 @@ impl VolumeOps {
         dhchap_data_dir: Option<&std::path::Path>,
         tls_data_dir: Option<&std::path::Path>,
     ) -> Result<String, VolumeError> {
-        let mut dhchap_key = None;
-        let mut psk = None;
-        if let Some(me) = self.host_nqn.as_deref()
-            && (dhchap_data_dir.is_some() || tls_data_dir.is_some())
-        {
-            let registered = self.registered_keys(vol).await?;
-            if let Some(d) = dhchap_data_dir {
-                dhchap_key = Some(self.register_key::<DhchapSecret>(vol, d, me, &registered).await?);
-            }
-            if let Some(d) = tls_data_dir {
-                psk = Some(self.register_key::<TlsPsk>(vol, d, me, &registered).await?);
-            }
-        }
         let a = RemoteAttach {
             controller,
             address,
@@ -794,15 +787,31 @@ impl VolumeOps {
             nqn,
             host_nqn: self.host_nqn.clone(),
             longhorn_link: false,
+            dhchap_data_dir,
+            tls_data_dir,
         };
-        self.attach_keyed(vol, &a, dhchap_key, psk).await
+        self.attach_remote(vol, &a).await
     }
 
-    /// Attaches the remote replica `a` says (no keys): its bdev
-    /// (`<controller>n1`); one attached already is that bdev. A controller
-    /// with no namespace is detached again.
+    /// Attaches the remote replica `a` says (exported by
+    /// [`VolumeOps::export_replica`] or a Longhorn replica's node) with the
+    /// keys it names: its bdev (`<controller>n1`); one attached already is
+    /// that bdev. A controller with no namespace is detached again.
     pub async fn attach_remote(&self, vol: &str, a: &RemoteAttach<'_>) -> Result<String, VolumeError> {
-        self.attach_keyed(vol, a, None, None).await
+        let mut dhchap_key = None;
+        let mut psk = None;
+        if let Some(me) = a.host_nqn.as_deref()
+            && (a.dhchap_data_dir.is_some() || a.tls_data_dir.is_some())
+        {
+            let registered = self.registered_keys(vol).await?;
+            if let Some(d) = a.dhchap_data_dir {
+                dhchap_key = Some(self.register_key::<DhchapSecret>(vol, d, me, &registered).await?);
+            }
+            if let Some(d) = a.tls_data_dir {
+                psk = Some(self.register_key::<TlsPsk>(vol, d, me, &registered).await?);
+            }
+        }
+        self.attach_keyed(vol, a, dhchap_key, psk).await
     }
 
     async fn attach_keyed(

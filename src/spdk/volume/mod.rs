@@ -46,6 +46,7 @@ use crate::names::{NQN_PREFIX, Nqn, ObjectName};
 use crate::util::nvme_auth::{self as dhchap, TlsPsk};
 
 // the names and the inventory moved to their own modules; kept here for callers
+mod engine;
 pub mod error;
 mod export;
 pub mod freeze;
@@ -59,8 +60,8 @@ mod revert;
 mod snapshot;
 pub mod thin;
 pub mod to_file;
+pub use engine::{EngineNames, EnginePlan};
 pub use export::{Export, NewSubsystem, RemoteAttach};
-use export::{volume_export, volume_subsystem};
 pub use rebuild::{PrepareError, RemoteDest};
 
 pub use super::inventory::{Inventory, Owned, applied_revert, replica_heads};
@@ -325,7 +326,8 @@ impl VolumeOps {
         let unplaced = local.unplaced.clone();
 
         // create missing replicas, and the transport and subsystem, concurrently
-        let nqn = Nqn::for_volume(&plan.name);
+        let names = EngineNames::volume(&plan.name);
+        let nqn = &names.nqn;
         let creates = local
             .replicas
             .iter()
@@ -345,7 +347,7 @@ impl VolumeOps {
                 return Ok(false);
             }
             self.client
-                .nvmf_create_subsystem(&volume_subsystem(plan).create(&nqn))
+                .nvmf_create_subsystem(&names.subsystem.create(nqn))
                 .await
                 .map(|_| true)
                 .map_err(rpc(vol, format!("creating subsystem {nqn}")))
@@ -402,36 +404,29 @@ impl VolumeOps {
                     source,
                 })?;
             let bdev = format!("{ctrl}n1");
-            let size = match inv.bdevs.get(&bdev) {
-                Some(b) => Some(b.size_bytes()),
-                None => {
-                    if inv.controllers.contains(&ctrl) {
-                        // a controller whose namespace is gone: attach it afresh
-                        let _ = lvol::detach_controller(&self.client, &ctrl).await;
-                    }
-                    match self
-                        .attach_replica(
-                            vol,
-                            &ctrl,
-                            *addr,
-                            *port,
-                            nqn.as_str(),
-                            plan.export.dhchap_data_dir.as_deref(),
-                            plan.export.tls_data_dir.as_deref(),
-                        )
+            let a = RemoteAttach {
+                controller: &ctrl,
+                address: *addr,
+                port: *port,
+                nqn: nqn.as_str(),
+                host_nqn: self.host_nqn.clone(),
+                longhorn_link: false,
+                dhchap_data_dir: plan.export.dhchap_data_dir.as_deref(),
+                tls_data_dir: plan.export.tls_data_dir.as_deref(),
+            };
+            let size = match self.remote_member(inv, vol, &a).await {
+                Ok(b) => match inv.bdevs.get(&b) {
+                    Some(listed) => Some(listed.size_bytes()),
+                    None => self
+                        .client
+                        .bdev(&b)
                         .await
-                    {
-                        Ok(b) => self
-                            .client
-                            .bdev(&b)
-                            .await
-                            .map_err(rpc(vol, format!("looking up remote replica {b}")))?
-                            .map(|b| b.size_bytes()),
-                        Err(e) => {
-                            tracing::warn!(volume = vol, replica = %name, error = %crate::util::error_chain(&e), "remote replica not reachable");
-                            None
-                        }
-                    }
+                        .map_err(rpc(vol, format!("looking up remote replica {b}")))?
+                        .map(|b| b.size_bytes()),
+                },
+                Err(e) => {
+                    tracing::warn!(volume = vol, replica = %name, error = %crate::util::error_chain(&e), "remote replica not reachable");
+                    None
                 }
             };
             match size {
@@ -547,11 +542,8 @@ impl VolumeOps {
         }
 
         // export: namespace, listener, hosts (a kernel host: never TLS)
-        let spec = ExportSpec {
-            tls_data_dir: None,
-            ..plan.export.clone()
-        };
-        self.export_ns(inv, vol, &volume_export(plan, &nqn, &device, &spec), made)
+        let spec = plan.host_export();
+        self.export_ns(inv, vol, &names.export(&device, &spec), made)
             .await?;
 
         // the size the host sees: looked up only when it may differ from the replicas'

@@ -170,6 +170,15 @@ impl VolumePlan {
         }
     }
 
+    /// The volume's export to kernel hosts: the plan's, never with TLS
+    /// (that is for replicas served to other nodes' engines).
+    pub fn host_export(&self) -> ExportSpec {
+        ExportSpec {
+            tls_data_dir: None,
+            ..self.export.clone()
+        }
+    }
+
     /// Whether this volume's raid1 keeps a superblock (see `superblock`).
     pub fn uses_superblock(&self) -> bool {
         self.superblock && self.replicas + self.remote.len() >= 2

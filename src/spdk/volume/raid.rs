@@ -344,45 +344,13 @@ impl VolumeOps {
         .await
     }
 
-    /// Makes raid1 `name` over `slots` by another naming scheme (Longhorn's
-    /// engines: the raid is the engine's name): as [`Self::create_raid`],
-    /// `superblock` `None` leaving SPDK's default (none), and nothing left
-    /// behind on error. The one raid1 assembly of the V2 engine.
-    pub async fn make_raid1(
-        &self,
-        inv: &Inventory,
-        name: &str,
-        slots: &[Option<String>],
-        geometry: (u32, u64),
-        superblock: Option<bool>,
-        placeholder: &(dyn Fn(usize) -> String + Sync),
-    ) -> Result<(), VolumeError> {
-        let mut made = Vec::new();
-        let r = self
-            .raid1_in(
-                inv,
-                name,
-                name,
-                slots,
-                geometry,
-                superblock,
-                placeholder,
-                &mut made,
-            )
-            .await;
-        if r.is_err() {
-            self.undo(made).await;
-        }
-        r
-    }
-
     /// Raid1 `raid` over `members` (slot k: a bdev, or `None` for one that
     /// joins later): a missing slot is held by a `bdev_null` placeholder
     /// (`placeholder(k)`, of `geometry`: block size, blocks) while the raid
     /// is made, then emptied (SPDK makes a raid1 of two or more bdevs only).
     /// Errors name `vol`; what it made is in `made` for the caller to undo.
     #[allow(clippy::too_many_arguments)]
-    async fn raid1_in(
+    pub(super) async fn raid1_in(
         &self,
         inv: &Inventory,
         vol: &str,

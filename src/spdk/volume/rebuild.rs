@@ -40,8 +40,8 @@ use std::time::Duration;
 
 use super::thin::{self, CopyState, Next};
 use super::{
-    ExportSpec, Inventory, Made, ReplicaInfo, VolumeError, VolumeOps, VolumePlan, ignore_missing, naming,
-    rpc, volume_export,
+    EngineNames, EnginePlan, Inventory, Made, ReplicaInfo, VolumeError, VolumeOps, VolumePlan,
+    ignore_missing, naming, rpc,
 };
 use crate::names::Nqn;
 use crate::resources::engine::RebuildDestStatus;
@@ -851,19 +851,11 @@ impl VolumeOps {
     /// Exports volume `plan`'s raid `raid` again after a switch (to kernel
     /// hosts: never TLS), in its subsystem as it was.
     async fn export_raid(&self, now: &Inventory, plan: &VolumePlan, raid: &str) -> Result<(), VolumeError> {
-        let spec = ExportSpec {
-            tls_data_dir: None,
-            ..plan.export.clone()
-        };
-        let nqn = Nqn::for_volume(&plan.name);
+        let spec = plan.host_export();
+        let names = EngineNames::volume(&plan.name);
         let mut made: Vec<Made> = Vec::new();
-        self.export_ns(
-            now,
-            plan.name.as_str(),
-            &volume_export(plan, &nqn, raid, &spec),
-            &mut made,
-        )
-        .await
+        self.export_ns(now, plan.name.as_str(), &names.export(raid, &spec), &mut made)
+            .await
     }
 
     /// After a switch that failed past the raid's deletion: the raid made
@@ -882,34 +874,43 @@ impl VolumeOps {
             let inv = Inventory::load(&self.client)
                 .await
                 .map_err(rpc(vol, "listing the target to restore the raid"))?;
-            if inv.raid(&raid.name).is_none() {
-                let src_bdev = self
-                    .client
-                    .bdev(&src.alias)
-                    .await
-                    .map_err(rpc(vol, format!("looking up {}", src.alias)))?;
-                let Some(src_bdev) = src_bdev else {
-                    return Err(VolumeError::RebuildCopy {
-                        volume: vol.to_owned(),
-                        replica: src.name.clone(),
-                        snapshot: String::new(),
-                        message: format!("{} went too: the raid is not made again here", src.alias),
-                    });
-                };
-                let geometry = (src_bdev.block_size, src_bdev.num_blocks);
-                let mut made = Vec::new();
-                if let Err(e) = self
-                    .create_raid(&inv, vol, members, geometry, raid.superblock, &mut made)
-                    .await
-                {
-                    self.undo(made).await;
-                    return Err(e);
+            // a raid listed is exported as it is; a missing one is made
+            // again with the source's geometry for the dest's empty slot
+            let geometry = match inv.raid(&raid.name) {
+                Some(_) => None,
+                None => {
+                    let src_bdev = self
+                        .client
+                        .bdev(&src.alias)
+                        .await
+                        .map_err(rpc(vol, format!("looking up {}", src.alias)))?;
+                    let Some(b) = src_bdev else {
+                        return Err(VolumeError::RebuildCopy {
+                            volume: vol.to_owned(),
+                            replica: src.name.clone(),
+                            snapshot: String::new(),
+                            message: format!("{} went too: the raid is not made again here", src.alias),
+                        });
+                    };
+                    Some((b.block_size, b.num_blocks))
                 }
-            }
-            let now = Inventory::load(&self.client)
-                .await
-                .map_err(rpc(vol, "listing the target after restoring the raid"))?;
-            self.export_raid(&now, plan, &raid.name).await
+            };
+            let spec = plan.host_export();
+            let names = EngineNames::volume(&plan.name);
+            self.serve_engine(
+                &inv,
+                &EnginePlan {
+                    volume: vol,
+                    names: &names,
+                    slots: members.to_vec(),
+                    bare: false,
+                    geometry,
+                    superblock: Some(raid.superblock),
+                    spec: &spec,
+                },
+            )
+            .await
+            .map(|_| ())
         };
         match restored.await {
             Ok(()) => tracing::info!(
