@@ -1269,6 +1269,68 @@ async fn two_engines_reverting_over_each_others_node_at_once_both_end_reverted()
     b.stop().await;
 }
 
+/// A revert cut off half way by a restart of talon is carried on by the
+/// next talon, never served half done. B's head is reverted by B's node;
+/// A's own head is deleted and its clone refused (A's double fails every
+/// `bdev_lvol_clone`), so the engine stays down with an error. Then A's
+/// talon restarts (statuses gone, the request of an older session) and the
+/// clone works again. Before the revert ledger, the new talon made a fresh
+/// empty head for vol-r-a and served a raid1 over it and B's reverted head:
+/// the two members differ (and the one with the data of s1 is one of two).
+/// Now the engine's `LonghornRevertLedger` carries the revert on: A's head
+/// is a clone of s1 again before the raid1 serves, and both replicas are RW.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revert_cut_off_by_a_restart_is_carried_on_never_served_half_done() {
+    let TwoNodes {
+        mut a,
+        mut b,
+        mut p,
+        ta,
+        tb,
+        ..
+    } = two_nodes(64 * MIB).await;
+    snapshot(&mut p, "s1").await.expect("s1");
+    for (n, head) in [(&a, "talon-disk-a/vol-r-a"), (&b, "talon-disk-b/vol-r-b")] {
+        assert!(double(n).write(head, 2), "{head} takes a write");
+    }
+    for n in 1..=1000 {
+        double(&a).fail_nth("bdev_lvol_clone", n, -5, "Input/output error");
+    }
+    let e = p
+        .snapshot_revert(imrpc::EngineSnapshotRevertRequest {
+            proxy_engine_request: Some(req("vol-e-0")),
+            name: "s1".into(),
+        })
+        .await
+        .expect_err("A's head cannot be cloned");
+    assert!(e.message().contains("vol-r-a"), "{e}");
+    let b_head = bdev_json(&b.spdk, "talon-disk-b/vol-r-b").await;
+    assert_eq!(
+        b_head["driver_specific"]["lvol"]["base_snapshot"], "vol-r-b-snap-s1",
+        "B's head was reverted: {b_head}"
+    );
+    a.stop().await;
+    double(&a).clear_faults("bdev_lvol_clone");
+    a.start().await;
+    let inst = InstanceServiceClient::new(a.channel(3).await);
+    running(&inst, "vol-e-0", "engine").await;
+    for (n, replica) in [(&a, "talon-disk-a/vol-r-a"), (&b, "talon-disk-b/vol-r-b")] {
+        let head = bdev_json(&n.spdk, replica).await;
+        let lvol = &head["driver_specific"]["lvol"];
+        let name = replica.rsplit('/').next().unwrap_or(replica);
+        assert_eq!(
+            lvol["base_snapshot"],
+            format!("{name}-snap-s1"),
+            "{replica} is a clone of its s1 when the engine serves: {head}"
+        );
+        assert_eq!(lvol["num_allocated_clusters"], 0, "{replica}: {head}");
+    }
+    let mut p = ProxyEngineServiceClient::new(a.channel(1).await);
+    assert_eq!(modes(&mut p).await, vec![(ta, RW), (tb, RW)]);
+    a.stop().await;
+    b.stop().await;
+}
+
 fn spdk_dir(test: &str) -> Option<PathBuf> {
     let Some(d) = std::env::var_os("TALON_SPDK_DIR").map(PathBuf::from) else {
         eprintln!("SKIP {test}: TALON_SPDK_DIR not set");

@@ -587,3 +587,23 @@ impl Spec for LonghornInstanceStatus {
     const TYPE: &'static str = "LonghornInstanceStatus";
     const NAMESPACE: &'static str = "engine";
 }
+
+/// An engine's revert that has begun and is not done (id: the engine),
+/// persisted: written once the revert got past its checks and before its
+/// raid1 goes, destroyed once every head is a clone of the snapshot. A
+/// talon that restarts in between (its statuses gone, the request of an
+/// older session) carries the revert on instead of serving a raid1 over
+/// heads some of which are reverted and some not.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct LonghornRevertLedger {
+    /// The engine's revert request number ([`RevertRequest::request`]).
+    pub request: u64,
+    /// The Longhorn snapshot reverted to.
+    pub snapshot: String,
+}
+
+impl Spec for LonghornRevertLedger {
+    const TYPE: &'static str = "LonghornRevertLedger";
+    const NAMESPACE: &'static str = "ledger";
+}

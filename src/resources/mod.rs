@@ -7,7 +7,7 @@
 //! | `host` | HugepagesSpec, HugepagesStatus, KernelModuleStatus, PciDevice, PciBindingStatus, HostCapabilities |
 //! | `engine` | BackupStatus, LonghornRestoreStatus, TargetStatus, DiskStatus, ReplicaStatus, EngineStatus, LonghornInstanceStatus, RebuildDest, RebuildDestStatus |
 //! | `frontend` | AttachmentStatus |
-//! | `ledger` | ReplicaLedger, HugepagesLedger, PciBindIntent, LonghornRestoreLedger (persisted) |
+//! | `ledger` | ReplicaLedger, HugepagesLedger, PciBindIntent, LonghornRestoreLedger, LonghornRevertLedger (persisted) |
 
 pub mod backup;
 pub mod config;
@@ -127,6 +127,10 @@ pub fn register_types(reg: &mut TypeRegistry) {
     reg.register::<backup::LonghornRestoreLedger>(
         "The backup a Longhorn replica's lvol holds restored (kept across restarts)",
         &[("BACKUP", "/backup")],
+    );
+    reg.register::<longhorn::LonghornRevertLedger>(
+        "A Longhorn engine's revert begun and not done (kept across restarts)",
+        &[("REQUEST", "/request"), ("SNAPSHOT", "/snapshot")],
     );
     reg.register::<backup::LonghornRestoreStatus>(
         "A Longhorn replica's restore as it went",

@@ -31,7 +31,7 @@ use crate::resources::config::{Disk, NodeConfig};
 use crate::resources::engine::{DiskStatus, ObjectState, TargetStatus};
 use crate::resources::longhorn::{
     InstanceKind, InstanceState, LonghornEngine, LonghornEngineFrontend, LonghornInstanceStatus,
-    LonghornReplica, RevertStatus, Session,
+    LonghornReplica, LonghornRevertLedger, RevertStatus, Session,
 };
 use crate::runtime::{Controller, ControllerError, Input, Output, Phase, ReconcileContext, Requeue, Typed};
 use crate::spdk::SpdkClient;
@@ -874,7 +874,7 @@ impl LonghornController {
     ) -> Result<bool, ControllerError> {
         let prev = ctx.get::<LonghornInstanceStatus>(e.id())?.map(|s| s.spec);
         // a revert first: the raid1 is made again over the reverted heads
-        let revert = self.revert(inv, e, local, prev.as_ref()).await;
+        let revert = self.revert(ctx, inv, e, local, prev.as_ref()).await?;
         let waiting = revert
             .as_ref()
             .is_some_and(|r| r.error.is_empty() && !r.waiting.is_empty());
@@ -1041,7 +1041,10 @@ impl Controller for LonghornController {
     }
 
     fn outputs(&self) -> Vec<Output> {
-        vec![Output::exclusive::<LonghornInstanceStatus>()]
+        vec![
+            Output::exclusive::<LonghornInstanceStatus>(),
+            Output::exclusive::<LonghornRevertLedger>(),
+        ]
     }
 
     async fn reconcile(&self, ctx: &mut ReconcileContext) -> Result<Requeue, ControllerError> {
@@ -1053,6 +1056,7 @@ impl Controller for LonghornController {
         }
         let node = ctx.get::<NodeConfig>("node")?.map(|n| n.spec).unwrap_or_default();
         add_finalizers(ctx, &replicas, &engines, &frontends)?;
+        revert::keep_revert_ledgers(ctx, &engines)?;
         let target_ready = ctx
             .get::<TargetStatus>(SPDK_STATUS_ID)?
             .is_some_and(|t| t.spec.state == ObjectState::Ready);

@@ -7,6 +7,7 @@
 //! ```text
 //!   engine revert n ──> refused, nothing touched: a frontend, a replica being rebuilt (WO),
 //!                       a replica of this node without the snapshot
+//!                   ──> LonghornRevertLedger n written (persisted: a restart carries it on)
 //!                   ──> raid1 deleted, remote members detached
 //!                       another node's replicas: its ReplicaSnapshotRevert (each checks first)
 //!                       this node's: head <lvs>/<replica> deleted, cloned again from <replica>-snap-<s>
@@ -14,7 +15,8 @@
 //!                       the raid1 stays down, asked again at the next reconcile)
 //!                   ──> failed half way: status.revert.error, the engine not served
 //!                       (its replicas may differ), tried again every reconcile
-//!                   ──> done: the rest of the reconcile makes the raid1 over the new heads
+//!                   ──> done: the ledger destroyed, then the rest of the reconcile makes
+//!                       the raid1 over the new heads
 //!   replica revert n ─> its export down, head cloned again, exported again
 //!   replica dstStart n (ReplicaRebuildingDstStart) ─> head not empty over the shared snapshots?
 //!                       its export down, the snapshots not shared deleted, head made again, exported again
@@ -28,9 +30,9 @@ use crate::names::ObjectName;
 use crate::proto::spdkrpc;
 use crate::resources::longhorn::{
     DstStartRequest, DstStartStatus, InstanceKind, InstanceState, LonghornEngine, LonghornInstanceStatus,
-    LonghornReplica, RevertRequest, RevertStatus, snapshot_lvol,
+    LonghornReplica, LonghornRevertLedger, RevertRequest, RevertStatus, snapshot_lvol,
 };
-use crate::runtime::Typed;
+use crate::runtime::{ControllerError, ReconcileContext, Typed};
 use crate::spdk::naming::longhorn as naming;
 use crate::spdk::volume::naming::lvstore;
 use crate::spdk::volume::replica_lvols::{ReplicaLvols, reset_head};
@@ -40,35 +42,60 @@ use crate::util::error_chain as chain_of;
 impl LonghornController {
     /// Carries out engine `e`'s revert request unless it was (`prev` holds
     /// the last one); gives the revert status to report. `inv` is listed
-    /// again after a revert.
+    /// again after a revert. A revert that has begun is in the engine's
+    /// [`LonghornRevertLedger`] until every head is reverted: a request of an
+    /// older session (a talon that stopped half way, its statuses gone) that
+    /// the ledger names is carried on, so no raid1 is made over heads some
+    /// of which are reverted and some not.
     pub(super) async fn revert(
         &self,
+        ctx: &mut ReconcileContext,
         inv: &mut Inventory,
         e: &Typed<LonghornEngine>,
         local: &BTreeMap<String, LonghornReplica>,
         prev: Option<&LonghornInstanceStatus>,
-    ) -> Option<RevertStatus> {
+    ) -> Result<Option<RevertStatus>, ControllerError> {
         let done = prev.and_then(|p| p.revert.as_ref());
+        // a revert begun and not done: the heads may differ, and only a
+        // revert done to the end makes them one again
+        let begun = ctx.get::<LonghornRevertLedger>(e.id())?.map(|l| l.spec);
         let Some(r) = e
             .spec
             .revert
             .as_ref()
-            .filter(|r| RevertStatus::pending(done, r, self.session.id()))
+            .filter(|r| RevertStatus::pending(done, r, self.session.id()) || begun.is_some())
         else {
-            return done.cloned();
+            return Ok(done.cloned());
         };
         let mut out = RevertStatus {
             request: r.request,
             snapshot: r.snapshot.clone(),
             ..RevertStatus::default()
         };
-        // a request tried before got past the checks (and may have touched heads)
-        let retry = done.is_some_and(|d| d.request == r.request);
+        // a request tried before got past the checks (and may have touched
+        // heads), as did the one a ledger holds (the checks would refuse
+        // what it left, and its heads are to be made one again)
+        let retry = done.is_some_and(|d| d.request == r.request) || begun.is_some();
         if !retry && let Err(m) = revert_allowed(inv, e.id(), &e.spec, local, prev, &r.snapshot) {
             tracing::info!(engine = e.id(), request = r.request, refused = %m, "snapshot revert");
             out.refused = m;
-            return Some(out);
+            return Ok(Some(out));
         }
+        if let Some(b) = begun
+            .as_ref()
+            .filter(|_| done.is_none_or(|d| d.request != r.request))
+        {
+            tracing::warn!(engine = e.id(), request = r.request, snapshot = %r.snapshot, begun = b.request,
+                "snapshot revert: one begun and not done (before a restart, or superseded) is carried on; its heads may differ until it is done");
+        }
+        // recorded before anything is touched, kept until it is done
+        ctx.apply(
+            e.id(),
+            LonghornRevertLedger {
+                request: r.request,
+                snapshot: r.snapshot.clone(),
+            },
+        )?;
         match self.revert_replicas(inv, e, local, &r.snapshot).await {
             Ok(waiting) if !waiting.is_empty() => {
                 // asked again at the next reconcile (soon: see `reconcile`)
@@ -82,9 +109,13 @@ impl LonghornController {
                     );
                 }
                 out.waiting = waiting;
-                return Some(out);
+                return Ok(Some(out));
             }
-            Ok(_) => {}
+            Ok(_) => {
+                // every head is a clone of the snapshot: done, before the
+                // raid1 serves them
+                ctx.destroy::<LonghornRevertLedger>(e.id())?;
+            }
             Err(m) => out.error = m,
         }
         match Inventory::load(&self.client).await {
@@ -99,7 +130,7 @@ impl LonghornController {
         } else {
             tracing::warn!(engine = e.id(), request = r.request, error = %out.error, "snapshot revert");
         }
-        Some(out)
+        Ok(Some(out))
     }
 
     /// Takes engine `e`'s raid1 down and makes every replica's head a clone
@@ -283,7 +314,22 @@ impl LonghornController {
     }
 }
 
-/// Why engine `id` (`spec`) may not be reverted to `snap` now, if so.
+/// Keeps the revert ledgers of `engines` that have a revert request:
+/// applied again at every reconcile, also one that waits for the target, so
+/// the runtime's clean-up of outputs not applied takes only those of
+/// engines gone (or that no longer ask for a revert).
+pub(super) fn keep_revert_ledgers(
+    ctx: &mut ReconcileContext,
+    engines: &[Typed<LonghornEngine>],
+) -> Result<(), ControllerError> {
+    for e in engines.iter().filter(|e| e.spec.revert.is_some()) {
+        if let Some(l) = ctx.get::<LonghornRevertLedger>(e.id())? {
+            ctx.apply(e.id(), l.spec)?;
+        }
+    }
+    Ok(())
+}
+
 fn revert_allowed(
     inv: &Inventory,
     id: &str,

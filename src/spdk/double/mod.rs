@@ -632,6 +632,12 @@ impl SpdkDouble {
         );
     }
 
+    /// Disarms the faults still armed for `method` (a fault that stands for
+    /// a condition that has passed).
+    pub fn clear_faults(&self, method: &str) {
+        lock(&self.state).faults.retain(|a| a.method != method);
+    }
+
     /// Drops the connection on the `nth` next call of `method`, before running it.
     pub fn drop_connection_on(&self, method: &str, nth: u32) {
         self.inject(method, nth, Fault::DropConnection { after_execute: false });
