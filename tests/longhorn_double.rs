@@ -966,6 +966,26 @@ async fn disk_a(dir: &Path, d: &Daemon) {
         .expect("DiskCreate");
 }
 
+/// Disk `disk-a` and two running replicas of `size` on it,
+/// `vol-r-aaaa1111` and `vol-r-bbbb2222`: their replica address map.
+async fn two_replicas(
+    dir: &Path,
+    d: &Daemon,
+    inst: &mut InstanceServiceClient<Channel>,
+    size: u64,
+) -> HashMap<String, String> {
+    disk_a(dir, d).await;
+    let mut map = HashMap::new();
+    for r in ["vol-r-aaaa1111", "vol-r-bbbb2222"] {
+        inst.instance_create(replica_spec(r, "disk-a", size))
+            .await
+            .expect("replica");
+        let st = wait_state(inst, r, "replica", "running").await;
+        map.insert(r.to_string(), format!("127.0.0.1:{}", st.port_start));
+    }
+    map
+}
+
 /// A replica and an engine over it on disk `disk-a`, and an nvmf
 /// engine-frontend `vol-ef-0` of it: the engine's target address.
 async fn one_volume(dir: &Path, d: &Daemon) -> String {
@@ -1024,16 +1044,8 @@ async fn an_engine_whose_export_fails_leaves_no_raid1_behind() {
     let spdk = SpdkClient::new(double.socket());
     let d = Daemon::start(dir.path()).await;
     let mut inst = InstanceServiceClient::new(d.channel(3).await);
-    disk_a(dir.path(), &d).await;
     let size = 16 * MIB;
-    let mut map = HashMap::new();
-    for r in ["vol-r-aaaa1111", "vol-r-bbbb2222"] {
-        inst.instance_create(replica_spec(r, "disk-a", size))
-            .await
-            .expect("replica");
-        let st = wait_state(&mut inst, r, "replica", "running").await;
-        map.insert(r.to_string(), format!("127.0.0.1:{}", st.port_start));
-    }
+    let map = two_replicas(dir.path(), &d, &mut inst, size).await;
     // every listener from now on is refused (the replicas listen already)
     for n in 1..=1000 {
         double.fail_nth("nvmf_subsystem_add_listener", n, -32602, "Invalid parameters");
@@ -1124,16 +1136,8 @@ async fn a_rebuild_cap_left_by_a_stopped_talon_is_lifted_by_the_next() {
     let d = Daemon::start(dir.path()).await;
     // an engine over two replicas of this node: a raid1
     let mut inst = InstanceServiceClient::new(d.channel(3).await);
-    disk_a(dir.path(), &d).await;
     let size = 16 * MIB;
-    let mut map = HashMap::new();
-    for r in ["vol-r-aaaa1111", "vol-r-bbbb2222"] {
-        inst.instance_create(replica_spec(r, "disk-a", size))
-            .await
-            .expect("replica");
-        let st = wait_state(&mut inst, r, "replica", "running").await;
-        map.insert(r.to_string(), format!("127.0.0.1:{}", st.port_start));
-    }
+    let map = two_replicas(dir.path(), &d, &mut inst, size).await;
     inst.instance_create(engine_spec("vol-e-0", map, size))
         .await
         .expect("engine");

@@ -1247,18 +1247,7 @@ async fn two_engines_reverting_over_each_others_node_at_once_both_end_reverted()
         (&b, "talon-disk-b/vol-r-b"),
         (&b, "talon-disk-b/vol2-r-c"),
     ] {
-        let head = bdev_json(&n.spdk, replica).await;
-        let lvol = &head["driver_specific"]["lvol"];
-        let name = replica.rsplit('/').next().unwrap_or(replica);
-        assert_eq!(
-            lvol["base_snapshot"],
-            format!("{name}-snap-s1"),
-            "{replica} is a clone of its s1: {head}"
-        );
-        assert_eq!(
-            lvol["num_allocated_clusters"], 0,
-            "{replica} has nothing of its own: {head}"
-        );
+        assert_reverted_to_s1(n, replica).await;
     }
     let want_a = vec![(format!("tcp://{ra}"), RW), (format!("tcp://{rb}"), RW)];
     let mut want_b = vec![(format!("tcp://{rc}"), RW), (format!("tcp://{rd}"), RW)];
@@ -1315,20 +1304,29 @@ async fn a_revert_cut_off_by_a_restart_is_carried_on_never_served_half_done() {
     let inst = InstanceServiceClient::new(a.channel(3).await);
     running(&inst, "vol-e-0", "engine").await;
     for (n, replica) in [(&a, "talon-disk-a/vol-r-a"), (&b, "talon-disk-b/vol-r-b")] {
-        let head = bdev_json(&n.spdk, replica).await;
-        let lvol = &head["driver_specific"]["lvol"];
-        let name = replica.rsplit('/').next().unwrap_or(replica);
-        assert_eq!(
-            lvol["base_snapshot"],
-            format!("{name}-snap-s1"),
-            "{replica} is a clone of its s1 when the engine serves: {head}"
-        );
-        assert_eq!(lvol["num_allocated_clusters"], 0, "{replica}: {head}");
+        assert_reverted_to_s1(n, replica).await;
     }
     let mut p = ProxyEngineServiceClient::new(a.channel(1).await);
     assert_eq!(modes(&mut p).await, vec![(ta, RW), (tb, RW)]);
     a.stop().await;
     b.stop().await;
+}
+
+/// Replica lvol `replica` (`lvs/name`) of node `n` is a clone of its
+/// snapshot s1 with no cluster of its own: reverted to s1.
+async fn assert_reverted_to_s1(n: &Node, replica: &str) {
+    let head = bdev_json(&n.spdk, replica).await;
+    let lvol = &head["driver_specific"]["lvol"];
+    let name = replica.rsplit('/').next().unwrap_or(replica);
+    assert_eq!(
+        lvol["base_snapshot"],
+        format!("{name}-snap-s1"),
+        "{replica} is a clone of its s1: {head}"
+    );
+    assert_eq!(
+        lvol["num_allocated_clusters"], 0,
+        "{replica} has nothing of its own: {head}"
+    );
 }
 
 fn spdk_dir(test: &str) -> Option<PathBuf> {
