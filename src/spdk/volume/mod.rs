@@ -21,7 +21,8 @@
 //! restart. A second replica added later replaces the namespace's bdev.
 //!
 //! By concept: this file has the types, `ensure` (replicas, then the raid
-//! and the export), `delete` and the orphans; `raid.rs` the raid1,
+//! and the export; its phases in `ensure.rs`), `delete` and the orphans;
+//! `raid.rs` the raid1,
 //! `export.rs` the NVMe-oF exports and attaches, `snapshot.rs` snapshots,
 //! `revert.rs` reverts (one core for both engines), `rebuild.rs` thin
 //! rebuilds, `plan.rs` what a volume should be.
@@ -31,22 +32,23 @@
 //! created. Objects whose names are not talon's (see [`Owned`]) are never
 //! touched.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::BTreeSet;
 
-use futures::future::{join_all, try_join_all};
+use futures::future::try_join_all;
 
 use super::client::{ClientError, SpdkClient};
 use super::error::ErrorKind;
 use super::placement::Blocked;
 use super::rpc::{
-    ByName, ByNqn, CreateTransport, GetTransports, ListenAddress, Lvol, LvolClone, LvolCreate, LvolSetParent,
-    RaidDelete, RemoveNamespace, SubsystemListener,
+    ByName, ByNqn, CreateTransport, GetTransports, ListenAddress, Lvol, LvolClone, LvolCreate, RaidDelete,
+    RemoveNamespace, SubsystemListener,
 };
 use crate::names::{NQN_PREFIX, Nqn, ObjectName};
 use crate::util::nvme_auth::{self as dhchap, TlsPsk};
 
 // the names and the inventory moved to their own modules; kept here for callers
 mod engine;
+mod ensure;
 pub mod error;
 mod export;
 pub mod freeze;
@@ -312,6 +314,8 @@ impl VolumeOps {
         }
     }
 
+    /// The phases of [`Self::ensure`] in order (each in `ensure.rs`); what
+    /// they make is recorded in `made` for the rollback.
     async fn ensure_inner(
         &self,
         inv: &Inventory,
@@ -319,281 +323,48 @@ impl VolumeOps {
         made: &mut Vec<Made>,
     ) -> Result<VolumeInfo, VolumeError> {
         let vol = plan.name.as_str();
-        let size_mib = plan::size_mib(plan);
         // the local replicas: one pure decision (plan::local)
         let local = plan::local(inv, plan)?;
         let mut waiting = local.waiting.clone();
-        let unplaced = local.unplaced.clone();
-
-        // create missing replicas, and the transport and subsystem, concurrently
         let names = EngineNames::volume(&plan.name);
-        let nqn = &names.nqn;
-        let creates = local
-            .replicas
-            .iter()
-            .filter_map(|r| Some((r, r.make.as_ref()?)))
-            .map(|(r, make)| async move {
-                self.make_replica(vol, &r.disk, &r.name, make)
-                    .await
-                    .map(|uuid| (r.alias.clone(), uuid))
-            });
-        let subsystem = async {
-            if !inv.tcp_transport {
-                self.ensure_transport()
-                    .await
-                    .map_err(rpc(vol, "creating the TCP transport"))?;
-            }
-            if inv.subsystem(nqn.as_str()).is_some() {
-                return Ok(false);
-            }
-            self.client
-                .nvmf_create_subsystem(&names.subsystem.create(nqn))
-                .await
-                .map(|_| true)
-                .map_err(rpc(vol, format!("creating subsystem {nqn}")))
-        };
-        let (lvols, sub) = futures::join!(join_all(creates), subsystem);
-        let mut first_err = None;
-        let mut new_bdevs = HashMap::new();
-        for r in lvols {
-            match r {
-                Ok((alias, uuid)) => {
-                    made.push(Made::Lvol(alias.clone()));
-                    new_bdevs.insert(alias, uuid);
-                }
-                Err(e) => first_err = first_err.or(Some(e)),
-            }
-        }
-        match sub {
-            Ok(true) => made.push(Made::Subsystem(nqn.as_str().to_owned())),
-            Ok(false) => {}
-            Err(e) => first_err = first_err.or(Some(e)),
-        }
-        if let Some(e) = first_err {
-            return Err(e);
-        }
-
-        // replica facts
-        let mut replicas = Vec::new();
-        for r in &local.replicas {
-            let cluster = inv.lvstore(&r.disk).map_or(MIB, |s| s.cluster_size);
-            let (bdev, allocated) = match inv.lvols.get(&r.alias) {
-                Some(l) => (l.uuid.clone(), l.num_allocated_clusters.saturating_mul(cluster)),
-                None => (new_bdevs.get(&r.alias).cloned().unwrap_or_default(), 0),
-            };
-            replicas.push(ReplicaInfo {
-                k: r.k,
-                name: r.name.clone(),
-                disk: r.disk.clone(),
-                bdev,
-                alias: r.alias.clone(),
-                size_bytes: r.size_bytes,
-                allocated_bytes: allocated,
-            });
-        }
-
+        // create missing replicas, and the transport and subsystem, concurrently
+        let new_bdevs = self.make_missing(inv, plan, &local, &names, made).await?;
+        let mut replicas = ensure::replica_facts(inv, &local, &new_bdevs);
         // remote replicas: attached over NVMe/TCP from the nodes that serve them;
         // one that does not answer is waited for like a disk that is away
-        for (i, (addr, port)) in plan.remote.iter().enumerate() {
-            let k = plan.replicas + i;
-            let name = naming::replica(vol, k);
-            let ctrl = format!("{REMOTE_PREFIX}{name}");
-            let nqn =
-                Nqn::for_replica(&plan.name, &format!("r{k}")).map_err(|source| VolumeError::BadName {
-                    volume: vol.to_owned(),
-                    source,
-                })?;
-            let bdev = format!("{ctrl}n1");
-            let a = RemoteAttach {
-                controller: &ctrl,
-                address: *addr,
-                port: *port,
-                nqn: nqn.as_str(),
-                host_nqn: self.host_nqn.clone(),
-                longhorn_link: false,
-                dhchap_data_dir: plan.export.dhchap_data_dir.as_deref(),
-                tls_data_dir: plan.export.tls_data_dir.as_deref(),
-            };
-            let size = match self.remote_member(inv, vol, &a).await {
-                Ok(b) => match inv.bdevs.get(&b) {
-                    Some(listed) => Some(listed.size_bytes()),
-                    None => self
-                        .client
-                        .bdev(&b)
-                        .await
-                        .map_err(rpc(vol, format!("looking up remote replica {b}")))?
-                        .map(|b| b.size_bytes()),
-                },
-                Err(e) => {
-                    tracing::warn!(volume = vol, replica = %name, error = %crate::util::error_chain(&e), "remote replica not reachable");
-                    None
-                }
-            };
-            match size {
-                Some(size_bytes) => replicas.push(ReplicaInfo {
-                    k,
-                    name,
-                    disk: format!("{addr}:{port}"),
-                    bdev,
-                    alias: nqn.as_str().to_owned(),
-                    size_bytes,
-                    allocated_bytes: 0,
-                }),
-                None => waiting.push((k, format!("{addr}:{port}"))),
-            }
-        }
-
+        self.attach_remotes(inv, plan, &mut replicas, &mut waiting)
+            .await?;
         // grow local replicas that are smaller than asked (expand), then the engine
         // follows; a remote replica grows on its own node (the controller asks
-        // it to), and the raid1 follows its smallest member. A head that gets its
-        // snapshot as parent below keeps the snapshot's size until then (SPDK
-        // sets a parent of the same size only).
-        let room_of: BTreeMap<usize, u64> = local.replicas.iter().map(|r| (r.k, r.room)).collect();
-        // a remote member's room is at least SPDK's minimum data offset (1 MiB;
-        // its NVMe bdev's optimal I/O boundary may round it up)
-        let remote_room = if plan.uses_superblock() { MIB } else { 0 };
-        let local_room = |r: &ReplicaInfo| room_of.get(&r.k).copied().unwrap_or(remote_room);
-        let wanted = |r: &ReplicaInfo| size_mib * MIB + local_room(r);
-        let orphan_heads: BTreeSet<usize> = local.parents.keys().copied().collect();
-        let grew = replicas.iter().any(|r| r.size_bytes < wanted(r));
-        let grow: Vec<ReplicaInfo> = replicas
-            .iter()
-            .filter(|r| r.size_bytes < wanted(r) && r.k < plan.replicas && !orphan_heads.contains(&r.k))
-            .cloned()
-            .collect();
-        for r in &grow {
-            plan::within_overcommit(inv, &r.disk, wanted(r) - r.size_bytes, plan.overcommit_percent)
-                .map_err(|reason| VolumeError::Overcommit {
-                    volume: vol.to_owned(),
-                    replica: r.alias.clone(),
-                    disk: r.disk.clone(),
-                    bytes: wanted(r),
-                    reason,
-                })?;
-        }
-        self.grow(vol, &grow, size_mib, &local_room).await?;
-        for r in replicas
-            .iter_mut()
-            .filter(|r| r.k < plan.replicas && !orphan_heads.contains(&r.k))
-        {
-            r.size_bytes = r.size_bytes.max(wanted(r));
-        }
-
+        // it to), and the raid1 follows its smallest member
+        let rooms = ensure::Rooms::new(plan, &local);
+        let grew = self.grow_local(inv, plan, &local, &rooms, &mut replicas).await?;
         // engine: the lvol itself (one replica), or raid1 over the replicas that
         // are up to date, with the others rebuilt into it one at a time
-        let created: BTreeSet<usize> = local
-            .replicas
-            .iter()
-            .filter(|r| r.make.is_some())
-            .map(|r| r.k)
-            .collect();
-        let fresh = local.replicas.iter().all(|r| r.make.is_some());
-        let trusted = |k: usize| match &plan.in_sync {
-            Some(s) => s.contains(&k) && !created.contains(&k),
-            // a new clone: only the replicas cloned from one point in time
-            None if plan.from_snapshot.is_some() => local.clone_set.contains(&k),
-            // a new volume from a backup: the replicas restored now, or by a run
-            // that got that far (one cut off in its copy is removed before)
-            None if plan.restore.is_some() => {
-                local.restored.contains(&k) || (k < plan.replicas && !created.contains(&k) && !fresh)
-            }
-            None => fresh || !created.contains(&k),
-        };
-        let (device, sync) = if plan.replicas + plan.remote.len() <= 1 {
-            match replicas.first() {
-                Some(r) if trusted(r.k) => (
-                    r.bdev.clone(),
-                    SyncState {
-                        in_sync: BTreeSet::from([r.k]),
-                        ..SyncState::default()
-                    },
-                ),
-                _ => return Err(no_current(plan, &replicas)),
-            }
-        } else {
-            self.ensure_raid(inv, plan, &replicas, &trusted, made).await?
-        };
-        let is_raid = device == naming::raid(vol);
-
+        let trust = ensure::Trust::new(plan, &local);
+        let (device, sync) = self.make_engine(inv, plan, &replicas, &trust, made).await?;
         // a clone with a superblock: its heads get their snapshots as parents
-        // now that the raid's superblock is in their own first cluster; then
-        // they grow to the volume's size. Before the first export only (no
-        // ledger yet): a head without a parent then can only be one made here,
-        // or by a run that stopped between the raid and this step.
-        if !local.parents.is_empty() {
-            let mut grown = Vec::new();
-            for r in replicas.iter_mut() {
-                let Some(snap) = local.parents.get(&r.k) else {
-                    continue;
-                };
-                self.client
-                    .bdev_lvol_set_parent(&LvolSetParent {
-                        lvol_name: r.alias.clone(),
-                        parent_name: snap.clone(),
-                    })
-                    .await
-                    .map_err(rpc(vol, format!("making {snap} the parent of {}", r.alias)))?;
-                if r.size_bytes < wanted(r) {
-                    grown.push(r.clone());
-                }
-                r.size_bytes = r.size_bytes.max(wanted(r));
-            }
-            self.grow(vol, &grown, size_mib, &local_room).await?;
-        }
-
+        self.parent_heads(vol, &local, &rooms, &mut replicas).await?;
         // export: namespace, listener, hosts (a kernel host: never TLS)
         let spec = plan.host_export();
         self.export_ns(inv, vol, &names.export(&device, &spec), made)
             .await?;
-
         // the size the host sees: looked up only when it may differ from the replicas'
-        let min_replica = replicas
-            .iter()
-            .map(|r| r.size_bytes.saturating_sub(local_room(r)))
-            .min()
-            .unwrap_or(0);
-        let size_bytes = if is_raid && (grew || !orphan_heads.is_empty() || inv.raid(&device).is_none()) {
-            match self
-                .client
-                .bdev(&device)
-                .await
-                .map_err(rpc(vol, format!("looking up {device}")))?
-            {
-                Some(b) => b.size_bytes(),
-                None => 0,
-            }
-        } else if is_raid {
-            inv.bdev_size(&device).unwrap_or(min_replica)
-        } else {
-            min_replica
-        };
-        if is_raid && size_bytes < min_replica {
-            return Err(VolumeError::RaidDidNotGrow {
-                volume: vol.to_owned(),
-                raid: device,
-                actual: size_bytes,
-                wanted: min_replica,
-            });
-        }
-        if size_bytes > 0 && plan.size_bytes < size_bytes.saturating_sub(MIB) {
-            tracing::info!(
-                volume = vol,
-                served = size_bytes,
-                asked = plan.size_bytes,
-                "volumes do not shrink"
-            );
-        }
+        let may_differ = grew || !local.parents.is_empty();
+        let size_bytes = self
+            .served_size(inv, plan, &device, &replicas, &rooms, may_differ)
+            .await?;
         Ok(VolumeInfo {
             device,
             size_bytes,
-            nqn: nqn.as_str().to_owned(),
+            nqn: names.nqn.as_str().to_owned(),
             replicas,
             wanted: plan.replicas + plan.remote.len(),
             waiting,
             in_sync: sync.in_sync,
             rebuilding: sync.rebuilding,
             stale: sync.stale,
-            unplaced,
+            unplaced: local.unplaced,
         })
     }
 
