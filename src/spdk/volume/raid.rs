@@ -59,167 +59,223 @@ impl VolumeOps {
     ) -> Result<(String, SyncState), VolumeError> {
         let vol = plan.name.as_str();
         let raid = naming::raid(vol);
-        let k_of = |member: &str| {
-            replicas
-                .iter()
-                .find(|r| r.bdev == member || r.alias == member)
-                .map(|r| r.k)
-        };
-        let mut sync = SyncState::default();
-        // a replica taken out of SPDK's rebuild this call: rebuilt thin from the next call
-        let mut held_back: Option<usize> = None;
         // assembled by SPDK from a superblock that names members not here:
         // what they hold is newer than what is here, so nothing is touched
-        if let Some(r) = inv.raid(&raid).filter(|r| r.state == "configuring") {
-            return Err(VolumeError::RaidAssembling {
-                volume: vol.to_owned(),
-                raid,
-                present: r.num_base_bdevs_discovered,
-                needed: r.num_base_bdevs_operational,
-            });
-        }
-        let existing = inv.raid(&raid).filter(|r| r.serves(|n| k_of(n).is_some()));
-        match existing {
-            Some(r) => {
-                // a placeholder left by an interrupted call: out before anything reads it
-                for b in &r.base_bdevs_list {
-                    if let Some(n) = b.name.as_deref().filter(|n| n.starts_with(NULL_PREFIX)) {
-                        ignore_missing(self.client.bdev_raid_remove_base_bdev(&ByName::new(n)))
-                            .await
-                            .map_err(rpc(vol, format!("removing placeholder {n} from {raid}")))?;
-                    }
-                }
-                let mut target = r
-                    .process
-                    .as_ref()
-                    .and_then(|p| Some((k_of(&p.target)?, p.progress.percent)));
-                sync.in_sync = r
-                    .base_bdevs_list
-                    .iter()
-                    .filter(|b| b.is_configured)
-                    .filter_map(|b| k_of(b.name.as_deref()?))
-                    .filter(|k| target.is_none_or(|(t, _)| t != *k))
-                    .collect();
-                // a replica that came back with the raid's superblock (a local
-                // one, or a remote one whose node talon can call) is re-added
-                // by SPDK's examine with a full rebuild (every block): taken
-                // out again, it is rebuilt thin from a local one instead
-                if let (Some((t, _)), Some(p)) = (target, r.process.as_ref())
-                    && (t < plan.replicas || rebuild::remote_dest(plan, t).is_some())
-                    && self.thin_rebuild
-                    && self.rebuilds.thin_allowed(vol)
-                    && sync.in_sync.iter().any(|k| *k < plan.replicas)
-                {
-                    match self
-                        .client
-                        .bdev_raid_remove_base_bdev(&ByName::new(&p.target))
-                        .await
-                    {
-                        Ok(_) => {
-                            tracing::info!(
-                                volume = vol,
-                                replica = t,
-                                "SPDK's full rebuild of a returning replica stopped: rebuilt thin instead"
-                            );
-                            target = None;
-                            held_back = Some(t);
-                        }
-                        Err(e) => {
-                            tracing::warn!(volume = vol, replica = t, error = %crate::util::error_chain(&e),
-                                "SPDK's full rebuild of a returning replica could not be stopped; it goes on")
-                        }
-                    }
-                }
-                sync.rebuilding = target;
-                // a member the ledger does not trust, configured with no
-                // rebuild running: SPDK's rebuild of it has ended. v26.05
-                // clears the raid's process before it takes out a target
-                // whose rebuild failed (`raid_bdev_process_finish_quiesced`,
-                // then the unquiesce, then `_raid_bdev_remove_base_bdev`), so
-                // a listing in between shows that target configured; it is
-                // trusted only if a listing a moment later still has it
-                if target.is_none() && held_back.is_none() {
-                    let ended: Vec<usize> = sync.in_sync.iter().copied().filter(|k| !trusted(*k)).collect();
-                    if let Some(&k) = ended.first() {
-                        let again = self
-                            .raid_after_rebuild_end(&raid)
-                            .await
-                            .map_err(rpc(vol, format!("listing raid {raid} again after a rebuild")))?;
-                        let still =
-                            |k: usize| again.as_ref().is_some_and(|x| x.serves(|n| k_of(n) == Some(k)));
-                        let gone: Vec<usize> = ended.iter().copied().filter(|k| !still(*k)).collect();
-                        for &g in &gone {
-                            tracing::warn!(
-                                volume = vol,
-                                replica = g,
-                                "SPDK's rebuild of a replica ended without it: not trusted, rebuilt again"
-                            );
-                            sync.in_sync.remove(&g);
-                        }
-                        if let Some(&g) = gone.first() {
-                            held_back = Some(g);
-                        } else {
-                            tracing::debug!(
-                                volume = vol,
-                                replica = k,
-                                "SPDK's rebuild of a replica ended with it in the raid"
-                            );
-                        }
-                    }
-                }
-            }
-            None => {
-                if let Some(r) = inv.raid(&raid) {
-                    // no replica of ours serves in it any more: made again below
-                    ignore_missing(self.client.bdev_raid_delete(&RaidDelete::new(&r.name)))
-                        .await
-                        .map_err(rpc(vol, format!("deleting raid {raid} that lost every replica")))?;
-                }
-                let good: Vec<&ReplicaInfo> = replicas.iter().filter(|r| trusted(r.k)).collect();
-                let Some(first) = good.first() else {
-                    return Err(no_current(plan, replicas));
-                };
-                let (block_size, num_blocks) = match inv.bdevs.get(&first.bdev) {
-                    Some(b) => (b.block_size, b.num_blocks),
-                    None => match self
-                        .client
-                        .bdev(&first.bdev)
-                        .await
-                        .map_err(rpc(vol, format!("looking up replica {}", first.alias)))?
-                    {
-                        Some(b) => (b.block_size, b.num_blocks),
-                        None => (4096, first.size_bytes / 4096),
-                    },
-                };
-                let members: Vec<Option<String>> = (0..plan.replicas + plan.remote.len())
-                    .map(|k| good.iter().find(|r| r.k == k).map(|r| r.bdev.clone()))
-                    .collect();
-                self.create_raid(
-                    inv,
-                    vol,
-                    &members,
-                    (block_size, num_blocks),
-                    plan.uses_superblock(),
-                    made,
-                )
-                .await?;
-                sync.in_sync = good.iter().map(|r| r.k).collect();
-            }
-        }
+        check_assembling(vol, &raid, inv.raid(&raid))?;
+        let existing = inv
+            .raid(&raid)
+            .filter(|r| r.serves(|n| member_k(replicas, n).is_some()));
+        // held back: a replica taken out of SPDK's rebuild this call, rebuilt
+        // thin from the next call
+        let (mut sync, held_back) = match existing {
+            Some(r) => self.judge_existing(plan, &raid, r, replicas, trusted).await?,
+            None => (
+                self.make_new(inv, plan, &raid, replicas, trusted, made).await?,
+                None,
+            ),
+        };
         // replicas that are behind join one at a time; SPDK rebuilds each from the others
-        let behind: Vec<&ReplicaInfo> = replicas
-            .iter()
-            .filter(|r| !sync.in_sync.contains(&r.k) && sync.rebuilding.is_none_or(|(t, _)| t != r.k))
-            .collect();
-        // a replica back in service loses its rebuild cap (set by talon;
-        // also one left by a rebuild a restart interrupted)
-        for r in replicas.iter().filter(|r| sync.in_sync.contains(&r.k)) {
-            let capped = inv
-                .bdevs
-                .get(&r.bdev)
-                .and_then(|b| b.assigned_rate_limits.as_ref())
-                .is_some_and(|l| l.rw_mbytes_per_sec > 0);
-            if capped
+        let behind = behind(replicas, &sync);
+        self.lift_caps(inv, vol, replicas, &sync.in_sync).await;
+        if let Some(k) = held_back {
+            hold_back(&mut sync, &behind, k);
+            return Ok((raid, sync));
+        }
+        self.next_rebuild(inv, plan, &raid, replicas, behind, &mut sync)
+            .await;
+        Ok((raid, sync))
+    }
+
+    /// How the replicas stand in raid `raid` as listed (`r`, serving one of
+    /// them): placeholders left by an interrupted call removed first; the
+    /// members in sync and the rebuild target from the listing; SPDK's full
+    /// rebuild of a returning replica taken over by a thin one; a rebuild
+    /// that ended judged by a second listing. Returns the state and the
+    /// replica held back for a thin rebuild, if any.
+    async fn judge_existing(
+        &self,
+        plan: &VolumePlan,
+        raid: &str,
+        r: &RaidBdev,
+        replicas: &[ReplicaInfo],
+        trusted: &(dyn Fn(usize) -> bool + Sync),
+    ) -> Result<(SyncState, Option<usize>), VolumeError> {
+        let vol = plan.name.as_str();
+        self.remove_placeholders(vol, raid, r).await?;
+        let (mut target, in_sync) = listed_sync(r, replicas);
+        let mut sync = SyncState {
+            in_sync,
+            ..SyncState::default()
+        };
+        let mut held_back = None;
+        // a replica that came back with the raid's superblock (a local
+        // one, or a remote one whose node talon can call) is re-added
+        // by SPDK's examine with a full rebuild (every block): taken
+        // out again, it is rebuilt thin from a local one instead
+        if let (Some((t, _)), Some(p)) = (target, r.process.as_ref())
+            && thin_can_take(plan, t, &sync.in_sync)
+            && self.thin_rebuild
+            && self.rebuilds.thin_allowed(vol)
+            && self.stop_full_rebuild(vol, t, &p.target).await
+        {
+            target = None;
+            held_back = Some(t);
+        }
+        sync.rebuilding = target;
+        if target.is_none() && held_back.is_none() {
+            held_back = self
+                .judge_rebuild_end(vol, raid, replicas, trusted, &mut sync.in_sync)
+                .await?;
+        }
+        Ok((sync, held_back))
+    }
+
+    /// Removes from raid `raid` (listed as `r`) the placeholders an
+    /// interrupted call left, before anything reads it.
+    async fn remove_placeholders(&self, vol: &str, raid: &str, r: &RaidBdev) -> Result<(), VolumeError> {
+        for b in &r.base_bdevs_list {
+            if let Some(n) = b.name.as_deref().filter(|n| n.starts_with(NULL_PREFIX)) {
+                ignore_missing(self.client.bdev_raid_remove_base_bdev(&ByName::new(n)))
+                    .await
+                    .map_err(rpc(vol, format!("removing placeholder {n} from {raid}")))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Stops SPDK's full rebuild of replica `t` (member `target`) by taking
+    /// it out of the raid; returns whether it was taken out (if not, the
+    /// full rebuild goes on, logged).
+    async fn stop_full_rebuild(&self, vol: &str, t: usize, target: &str) -> bool {
+        match self.client.bdev_raid_remove_base_bdev(&ByName::new(target)).await {
+            Ok(_) => {
+                tracing::info!(
+                    volume = vol,
+                    replica = t,
+                    "SPDK's full rebuild of a returning replica stopped: rebuilt thin instead"
+                );
+                true
+            }
+            Err(e) => {
+                tracing::warn!(volume = vol, replica = t, error = %crate::util::error_chain(&e),
+                    "SPDK's full rebuild of a returning replica could not be stopped; it goes on");
+                false
+            }
+        }
+    }
+
+    /// A member the ledger does not trust, configured with no rebuild
+    /// running: SPDK's rebuild of it has ended. v26.05 clears the raid's
+    /// process before it takes out a target whose rebuild failed
+    /// (`raid_bdev_process_finish_quiesced`, then the unquiesce, then
+    /// `_raid_bdev_remove_base_bdev`), so a listing in between shows that
+    /// target configured; it is trusted only if a listing a moment later
+    /// still has it. The others leave `in_sync`; the first of them is
+    /// returned, to be rebuilt again.
+    async fn judge_rebuild_end(
+        &self,
+        vol: &str,
+        raid: &str,
+        replicas: &[ReplicaInfo],
+        trusted: &(dyn Fn(usize) -> bool + Sync),
+        in_sync: &mut BTreeSet<usize>,
+    ) -> Result<Option<usize>, VolumeError> {
+        let ended: Vec<usize> = in_sync.iter().copied().filter(|k| !trusted(*k)).collect();
+        let Some(&k) = ended.first() else {
+            return Ok(None);
+        };
+        let again = self
+            .raid_after_rebuild_end(raid)
+            .await
+            .map_err(rpc(vol, format!("listing raid {raid} again after a rebuild")))?;
+        let gone = left_out(&ended, again.as_ref(), replicas);
+        for &g in &gone {
+            tracing::warn!(
+                volume = vol,
+                replica = g,
+                "SPDK's rebuild of a replica ended without it: not trusted, rebuilt again"
+            );
+            in_sync.remove(&g);
+        }
+        if let Some(&g) = gone.first() {
+            return Ok(Some(g));
+        }
+        tracing::debug!(
+            volume = vol,
+            replica = k,
+            "SPDK's rebuild of a replica ended with it in the raid"
+        );
+        Ok(None)
+    }
+
+    /// Makes raid `raid` from the trusted replicas (a raid of that name
+    /// that lost every replica of ours is deleted first); the others get
+    /// empty slots. Returns the replicas in sync: the trusted ones.
+    async fn make_new(
+        &self,
+        inv: &Inventory,
+        plan: &VolumePlan,
+        raid: &str,
+        replicas: &[ReplicaInfo],
+        trusted: &(dyn Fn(usize) -> bool + Sync),
+        made: &mut Vec<Made>,
+    ) -> Result<SyncState, VolumeError> {
+        let vol = plan.name.as_str();
+        if let Some(r) = inv.raid(raid) {
+            // no replica of ours serves in it any more: made again below
+            ignore_missing(self.client.bdev_raid_delete(&RaidDelete::new(&r.name)))
+                .await
+                .map_err(rpc(vol, format!("deleting raid {raid} that lost every replica")))?;
+        }
+        let good: Vec<&ReplicaInfo> = replicas.iter().filter(|r| trusted(r.k)).collect();
+        let Some(first) = good.first() else {
+            return Err(no_current(plan, replicas));
+        };
+        let geometry = self.geometry(inv, vol, first).await?;
+        let in_sync: BTreeSet<usize> = good.iter().map(|r| r.k).collect();
+        let members = slots(plan.replicas + plan.remote.len(), replicas, &in_sync);
+        self.create_raid(inv, vol, &members, geometry, plan.uses_superblock(), made)
+            .await?;
+        Ok(SyncState {
+            in_sync,
+            ..SyncState::default()
+        })
+    }
+
+    /// The block size and count of replica `first`'s bdev: as listed, else
+    /// looked up, else 4096-byte blocks over its size.
+    async fn geometry(
+        &self,
+        inv: &Inventory,
+        vol: &str,
+        first: &ReplicaInfo,
+    ) -> Result<(u32, u64), VolumeError> {
+        Ok(match inv.bdevs.get(&first.bdev) {
+            Some(b) => (b.block_size, b.num_blocks),
+            None => match self
+                .client
+                .bdev(&first.bdev)
+                .await
+                .map_err(rpc(vol, format!("looking up replica {}", first.alias)))?
+            {
+                Some(b) => (b.block_size, b.num_blocks),
+                None => (4096, first.size_bytes / 4096),
+            },
+        })
+    }
+
+    /// A replica back in service loses its rebuild cap (set by talon; also
+    /// one left by a rebuild a restart interrupted); one that stays is
+    /// logged and lifted at a later call.
+    async fn lift_caps(
+        &self,
+        inv: &Inventory,
+        vol: &str,
+        replicas: &[ReplicaInfo],
+        in_sync: &BTreeSet<usize>,
+    ) {
+        for r in replicas.iter().filter(|r| in_sync.contains(&r.k)) {
+            if capped(inv, &r.bdev)
                 && let Err(e) = self
                     .client
                     .bdev_set_qos_limit(&QosLimit {
@@ -231,23 +287,29 @@ impl VolumeOps {
                 tracing::warn!(volume = vol, replica = %r.name, error = %e, "rebuild cap not lifted yet");
             }
         }
-        if let Some(k) = held_back {
-            sync.stale.extend(behind.iter().map(|r| r.k).filter(|b| *b != k));
-            sync.rebuilding = Some((k, 0));
-            return Ok((raid, sync));
-        }
+    }
+
+    /// Starts or steps the next rebuild of a replica `behind`: thin (a
+    /// local replica, or a remote one whose node talon can call, from a
+    /// local up-to-date one, into a raid that stands), else SPDK's full
+    /// rebuild (for the others, and for a volume whose thin rebuilds keep
+    /// failing); with nothing to rebuild, the rebuild snapshots left by one
+    /// that ended go. The replicas left behind are stale.
+    async fn next_rebuild(
+        &self,
+        inv: &Inventory,
+        plan: &VolumePlan,
+        raid: &str,
+        replicas: &[ReplicaInfo],
+        behind: Vec<&ReplicaInfo>,
+        sync: &mut SyncState,
+    ) {
+        let vol = plan.name.as_str();
         let mut behind = behind.into_iter();
-        // thin: a local replica, or a remote one whose node talon can call,
-        // from a local up-to-date one, into a raid that stands (SPDK's full
-        // rebuild for the others, and for a volume whose thin rebuilds keep
-        // failing)
         let online = inv
-            .raid(&raid)
+            .raid(raid)
             .filter(|r| r.state == "online" && r.process.is_none());
-        let source = replicas
-            .iter()
-            .filter(|r| r.k < plan.replicas && sync.in_sync.contains(&r.k))
-            .find(|r| inv.lvols.contains_key(&r.alias));
+        let source = thin_source(inv, plan, replicas, &sync.in_sync);
         if sync.rebuilding.is_none()
             && self.thin_rebuild
             && self.rebuilds.thin_allowed(vol)
@@ -257,14 +319,7 @@ impl VolumeOps {
                     && rebuild::same_room(inv, plan, src, r)
             })
         {
-            let members: Vec<Option<String>> = (0..plan.replicas + plan.remote.len())
-                .map(|k| {
-                    replicas
-                        .iter()
-                        .find(|m| m.k == k && sync.in_sync.contains(&k))
-                        .map(|m| m.bdev.clone())
-                })
-                .collect();
+            let members = slots(plan.replicas + plan.remote.len(), replicas, &sync.in_sync);
             let rest: Vec<&ReplicaInfo> = behind.filter(|b| b.k != r.k).collect();
             match self.thin_rebuild(inv, plan, online, src, r, &members).await {
                 Ok(rebuild::Step::Copying(pct)) => sync.rebuilding = Some((r.k, pct)),
@@ -275,46 +330,52 @@ impl VolumeOps {
                 Err(_) => sync.stale.push(r.k),
             }
             sync.stale.extend(rest.into_iter().map(|r| r.k));
-            return Ok((raid, sync));
+            return;
         }
         if sync.rebuilding.is_none()
             && !self.rebuilds.running(vol)
             && let Some(r) = behind.next()
         {
-            // SPDK's rebuild writes to it (and so do the volume's writes to
-            // the part already rebuilt): capped until it is back
-            match self.add_member(&raid, &r.bdev, plan.rebuild_mib_per_sec).await {
-                Ok(_) => {
-                    tracing::info!(volume = vol, replica = %r.name, "rebuilding replica from the up-to-date ones");
-                    sync.rebuilding = Some((r.k, 0));
-                }
-                // another process runs (SPDK allows one): the next reconcile adds it
-                Err(e) if e.is(ErrorKind::Busy) => sync.stale.push(r.k),
-                // it cannot join now (a remote replica whose controller is
-                // failing, a member SPDK refuses): it stays behind and is
-                // tried again; the volume goes on from the up-to-date ones
-                Err(e) => {
-                    tracing::warn!(volume = vol, replica = %r.name, error = %crate::util::error_chain(&e),
-                        "replica cannot join the raid to be rebuilt; tried again at the next reconcile");
-                    // a remote replica with a superblock rejoins through SPDK's
-                    // examine (it keeps its slot by UUID, and an add that failed
-                    // half-way leaves the slot taken): its controller is
-                    // attached afresh at the next reconcile, and examine
-                    // re-adds it by a rebuild
-                    if r.k >= plan.replicas && plan.uses_superblock() {
-                        let ctrl = format!("{REMOTE_PREFIX}{}", r.name);
-                        let _ = super::lvol::detach_controller(&self.client, &ctrl).await;
-                    }
-                    sync.stale.push(r.k);
-                }
-            }
+            self.full_rebuild(plan, raid, r, sync).await;
         } else if sync.rebuilding.is_none() && !self.rebuilds.running(vol) && sync.in_sync.len() > 1 {
             // nothing to rebuild: rebuild snapshots left by one that ended
             // (or stopped) are merged away
             self.drop_rebuild_snapshots(inv, vol).await;
         }
         sync.stale.extend(behind.map(|r| r.k));
-        Ok((raid, sync))
+    }
+
+    /// Adds replica `r` to raid `raid` for SPDK's rebuild, which writes to
+    /// it (and so do the volume's writes to the part already rebuilt):
+    /// capped until it is back. One that cannot join now is stale, tried
+    /// again at the next reconcile.
+    async fn full_rebuild(&self, plan: &VolumePlan, raid: &str, r: &ReplicaInfo, sync: &mut SyncState) {
+        let vol = plan.name.as_str();
+        match self.add_member(raid, &r.bdev, plan.rebuild_mib_per_sec).await {
+            Ok(_) => {
+                tracing::info!(volume = vol, replica = %r.name, "rebuilding replica from the up-to-date ones");
+                sync.rebuilding = Some((r.k, 0));
+            }
+            // another process runs (SPDK allows one): the next reconcile adds it
+            Err(e) if e.is(ErrorKind::Busy) => sync.stale.push(r.k),
+            // it cannot join now (a remote replica whose controller is
+            // failing, a member SPDK refuses): it stays behind and is
+            // tried again; the volume goes on from the up-to-date ones
+            Err(e) => {
+                tracing::warn!(volume = vol, replica = %r.name, error = %crate::util::error_chain(&e),
+                    "replica cannot join the raid to be rebuilt; tried again at the next reconcile");
+                // a remote replica with a superblock rejoins through SPDK's
+                // examine (it keeps its slot by UUID, and an add that failed
+                // half-way leaves the slot taken): its controller is
+                // attached afresh at the next reconcile, and examine
+                // re-adds it by a rebuild
+                if r.k >= plan.replicas && plan.uses_superblock() {
+                    let ctrl = format!("{REMOTE_PREFIX}{}", r.name);
+                    let _ = super::lvol::detach_controller(&self.client, &ctrl).await;
+                }
+                sync.stale.push(r.k);
+            }
+        }
     }
 
     /// Creates raid1 `talon-raid-<vol>` over `members` (slot k: a bdev, or
@@ -458,5 +519,306 @@ impl VolumeOps {
             .filter_map(|b| b.name)
             .filter(|n| Some(n) != target.as_ref())
             .collect())
+    }
+}
+
+/// The replica whose bdev (or alias) is `member`.
+fn member_k(replicas: &[ReplicaInfo], member: &str) -> Option<usize> {
+    replicas
+        .iter()
+        .find(|r| r.bdev == member || r.alias == member)
+        .map(|r| r.k)
+}
+
+/// A raid SPDK is still assembling from a superblock (`configuring`) is
+/// an error: members not here hold newer data.
+fn check_assembling(vol: &str, raid: &str, listed: Option<&RaidBdev>) -> Result<(), VolumeError> {
+    match listed.filter(|r| r.state == "configuring") {
+        Some(r) => Err(VolumeError::RaidAssembling {
+            volume: vol.to_owned(),
+            raid: raid.to_owned(),
+            present: r.num_base_bdevs_discovered,
+            needed: r.num_base_bdevs_operational,
+        }),
+        None => Ok(()),
+    }
+}
+
+/// From a raid's listing: the replica SPDK rebuilds and how far (percent),
+/// and the replicas configured in it but that one.
+fn listed_sync(r: &RaidBdev, replicas: &[ReplicaInfo]) -> (Option<(usize, u32)>, BTreeSet<usize>) {
+    let target = r
+        .process
+        .as_ref()
+        .and_then(|p| Some((member_k(replicas, &p.target)?, p.progress.percent)));
+    let in_sync = r
+        .base_bdevs_list
+        .iter()
+        .filter(|b| b.is_configured)
+        .filter_map(|b| member_k(replicas, b.name.as_deref()?))
+        .filter(|k| target.is_none_or(|(t, _)| t != *k))
+        .collect();
+    (target, in_sync)
+}
+
+/// Whether replica `t`, rebuilt by SPDK, may be rebuilt thin instead: a
+/// local one or a remote one whose node talon can call, with a local
+/// replica in sync to copy from.
+fn thin_can_take(plan: &VolumePlan, t: usize, in_sync: &BTreeSet<usize>) -> bool {
+    (t < plan.replicas || rebuild::remote_dest(plan, t).is_some())
+        && in_sync.iter().any(|k| *k < plan.replicas)
+}
+
+/// The replicas of `ended` that the raid listed again (`again`; `None`:
+/// gone or busy) no longer serves: their rebuild failed.
+fn left_out(ended: &[usize], again: Option<&RaidBdev>, replicas: &[ReplicaInfo]) -> Vec<usize> {
+    let still = |k: usize| again.is_some_and(|x| x.serves(|n| member_k(replicas, n) == Some(k)));
+    ended.iter().copied().filter(|k| !still(*k)).collect()
+}
+
+/// The raid's slots, `count` of them: slot k holds replica k's bdev when
+/// k is in `set`, else nothing.
+fn slots(count: usize, replicas: &[ReplicaInfo], set: &BTreeSet<usize>) -> Vec<Option<String>> {
+    (0..count)
+        .map(|k| {
+            replicas
+                .iter()
+                .find(|m| m.k == k && set.contains(&k))
+                .map(|m| m.bdev.clone())
+        })
+        .collect()
+}
+
+/// The replicas behind: neither in sync nor being rebuilt.
+fn behind<'r>(replicas: &'r [ReplicaInfo], sync: &SyncState) -> Vec<&'r ReplicaInfo> {
+    replicas
+        .iter()
+        .filter(|r| !sync.in_sync.contains(&r.k) && sync.rebuilding.is_none_or(|(t, _)| t != r.k))
+        .collect()
+}
+
+/// Replica `k`, held back for a thin rebuild, counts as rebuilding (from
+/// 0%); the others behind are stale.
+fn hold_back(sync: &mut SyncState, behind: &[&ReplicaInfo], k: usize) {
+    sync.stale.extend(behind.iter().map(|r| r.k).filter(|b| *b != k));
+    sync.rebuilding = Some((k, 0));
+}
+
+/// Whether bdev `bdev` is listed with a rebuild cap.
+fn capped(inv: &Inventory, bdev: &str) -> bool {
+    inv.bdevs
+        .get(bdev)
+        .and_then(|b| b.assigned_rate_limits.as_ref())
+        .is_some_and(|l| l.rw_mbytes_per_sec > 0)
+}
+
+/// The replica a thin rebuild copies from: the first local one in sync
+/// that is listed.
+fn thin_source<'r>(
+    inv: &Inventory,
+    plan: &VolumePlan,
+    replicas: &'r [ReplicaInfo],
+    in_sync: &BTreeSet<usize>,
+) -> Option<&'r ReplicaInfo> {
+    replicas
+        .iter()
+        .filter(|r| r.k < plan.replicas && in_sync.contains(&r.k))
+        .find(|r| inv.lvols.contains_key(&r.alias))
+}
+
+#[cfg(test)]
+mod tests {
+    //! The pure decisions of `ensure_raid` against hand-built listings: no
+    //! double, no SPDK.
+
+    use super::*;
+    use crate::names::ObjectName;
+    use crate::spdk::rpc::{Bdev, RaidBaseBdev, RaidProcess, RaidProgress, RateLimits};
+    use crate::spdk::volume::ExportSpec;
+
+    /// A plan for volume `v` with `replicas` local replicas and `remote`
+    /// remote ones (no node talon can call).
+    fn vplan(replicas: usize, remote: usize) -> VolumePlan {
+        let mut p = VolumePlan::new(
+            ObjectName::parse("volume", "v").expect("name"),
+            10 << 20,
+            replicas,
+            ExportSpec {
+                address: [127, 0, 0, 1].into(),
+                port: 4420,
+                hosts: vec![],
+                dhchap_data_dir: None,
+                tls_data_dir: None,
+            },
+        );
+        p.remote = vec![([10, 0, 0, 2].into(), 4420); remote];
+        p
+    }
+
+    /// Replica `k` with bdev `bdev-<k>`.
+    fn info(k: usize) -> ReplicaInfo {
+        ReplicaInfo {
+            k,
+            name: format!("v-r{k}"),
+            disk: format!("d{k}"),
+            bdev: format!("bdev-{k}"),
+            alias: format!("talon-d{k}/v-r{k}"),
+            size_bytes: 10 << 20,
+            allocated_bytes: 0,
+        }
+    }
+
+    /// Raid `talon-raid-v` in `state` over `slots` (member, configured),
+    /// rebuilding `target` at `percent` when given.
+    fn raid(state: &str, slots: &[(Option<&str>, bool)], target: Option<(&str, u32)>) -> RaidBdev {
+        RaidBdev {
+            name: "talon-raid-v".into(),
+            uuid: None,
+            state: state.into(),
+            raid_level: "raid1".into(),
+            superblock: true,
+            num_base_bdevs: slots.len() as u32,
+            num_base_bdevs_discovered: slots.iter().filter(|s| s.0.is_some()).count() as u32,
+            num_base_bdevs_operational: slots.len() as u32,
+            base_bdevs_list: slots
+                .iter()
+                .map(|(n, c)| RaidBaseBdev {
+                    name: n.map(str::to_owned),
+                    uuid: None,
+                    is_configured: *c,
+                    data_offset: 0,
+                    data_size: 0,
+                })
+                .collect(),
+            process: target.map(|(t, percent)| RaidProcess {
+                kind: "rebuild".into(),
+                target: t.into(),
+                progress: RaidProgress { blocks: 0, percent },
+            }),
+        }
+    }
+
+    #[test]
+    fn members_are_known_by_bdev_or_alias() {
+        let replicas = [info(0), info(1)];
+        assert_eq!(member_k(&replicas, "bdev-1"), Some(1));
+        assert_eq!(member_k(&replicas, "talon-d0/v-r0"), Some(0));
+        assert_eq!(member_k(&replicas, "talon-null-v-r1"), None);
+    }
+
+    #[test]
+    fn a_raid_spdk_still_assembles_is_not_touched() {
+        let r = raid("configuring", &[(Some("bdev-0"), true), (None, false)], None);
+        let e = check_assembling("v", "talon-raid-v", Some(&r)).expect_err("assembling");
+        assert!(
+            matches!(&e, VolumeError::RaidAssembling { raid, present: 1, needed: 2, .. } if raid == "talon-raid-v"),
+            "{e:?}"
+        );
+        let r = raid("online", &[(Some("bdev-0"), true), (None, false)], None);
+        assert!(check_assembling("v", "talon-raid-v", Some(&r)).is_ok());
+        assert!(check_assembling("v", "talon-raid-v", None).is_ok());
+    }
+
+    #[test]
+    fn the_listing_gives_the_rebuild_target_and_the_configured_others() {
+        let replicas = [info(0), info(1), info(2)];
+        let r = raid(
+            "online",
+            &[
+                (Some("bdev-0"), true),
+                (Some("talon-null-v-r1"), true),
+                (Some("bdev-2"), true),
+                (Some("bdev-1"), false),
+            ],
+            Some(("bdev-2", 40)),
+        );
+        let (target, in_sync) = listed_sync(&r, &replicas);
+        assert_eq!(target, Some((2, 40)));
+        assert_eq!(in_sync, BTreeSet::from([0]));
+        let r = raid("online", &[(Some("bdev-0"), true), (Some("bdev-1"), true)], None);
+        assert_eq!(listed_sync(&r, &replicas), (None, BTreeSet::from([0, 1])));
+    }
+
+    #[test]
+    fn a_full_rebuild_is_taken_over_only_with_a_local_source_and_a_reachable_target() {
+        let p = vplan(2, 1);
+        assert!(thin_can_take(&p, 1, &BTreeSet::from([0])));
+        assert!(!thin_can_take(&p, 1, &BTreeSet::from([2])), "no local source");
+        assert!(
+            !thin_can_take(&p, 2, &BTreeSet::from([0])),
+            "remote, no node to call"
+        );
+    }
+
+    #[test]
+    fn a_rebuild_that_ended_without_its_replica_leaves_it_out() {
+        let replicas = [info(0), info(1), info(2)];
+        assert_eq!(
+            left_out(&[1, 2], None, &replicas),
+            vec![1, 2],
+            "raid gone or busy"
+        );
+        let again = raid(
+            "online",
+            &[
+                (Some("bdev-0"), true),
+                (Some("bdev-1"), true),
+                (Some("bdev-2"), false),
+            ],
+            None,
+        );
+        assert_eq!(left_out(&[1, 2], Some(&again), &replicas), vec![2]);
+    }
+
+    #[test]
+    fn slots_hold_the_replicas_of_the_set_only() {
+        let replicas = [info(0), info(2)];
+        assert_eq!(
+            slots(3, &replicas, &BTreeSet::from([0, 1, 2])),
+            vec![Some("bdev-0".to_owned()), None, Some("bdev-2".to_owned())]
+        );
+        assert_eq!(
+            slots(3, &replicas, &BTreeSet::from([2])),
+            vec![None, None, Some("bdev-2".to_owned())]
+        );
+    }
+
+    #[test]
+    fn replicas_behind_are_neither_in_sync_nor_rebuilding_and_one_held_back_rebuilds() {
+        let replicas = [info(0), info(1), info(2), info(3)];
+        let mut sync = SyncState {
+            in_sync: BTreeSet::from([0]),
+            rebuilding: Some((1, 30)),
+            stale: vec![],
+        };
+        let b: Vec<usize> = behind(&replicas, &sync).iter().map(|r| r.k).collect();
+        assert_eq!(b, vec![2, 3]);
+        sync.rebuilding = None;
+        let b = behind(&replicas, &sync);
+        hold_back(&mut sync, &b, 2);
+        assert_eq!(sync.rebuilding, Some((2, 0)));
+        assert_eq!(sync.stale, vec![1, 3]);
+    }
+
+    #[test]
+    fn a_bdev_is_capped_when_listed_with_a_limit() {
+        let mut inv = Inventory::default();
+        let bdev = |name: &str, mbps: Option<u64>| Bdev {
+            name: name.into(),
+            aliases: vec![],
+            product_name: "Logical Volume".into(),
+            block_size: 4096,
+            num_blocks: 256,
+            uuid: None,
+            claimed: false,
+            claim_type: None,
+            assigned_rate_limits: mbps.map(|m| RateLimits { rw_mbytes_per_sec: m }),
+            driver_specific: serde_json::Value::Null,
+        };
+        inv.bdevs.insert("a".into(), bdev("a", Some(50)));
+        inv.bdevs.insert("b".into(), bdev("b", Some(0)));
+        inv.bdevs.insert("c".into(), bdev("c", None));
+        assert!(capped(&inv, "a"));
+        assert!(!capped(&inv, "b") && !capped(&inv, "c") && !capped(&inv, "d"));
     }
 }
