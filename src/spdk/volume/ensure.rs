@@ -521,24 +521,11 @@ mod tests {
     use super::*;
     use crate::names::ObjectName;
     use crate::spdk::rpc::{Lvol, LvolStoreRef, Lvstore};
-    use crate::spdk::volume::plan::{ExportSpec, LocalReplica, Make};
+    use crate::spdk::volume::plan::{LocalReplica, Make};
 
     /// A plan for volume `v` of `mib` MiB with `replicas` local replicas.
     fn vplan(mib: u64, replicas: usize, superblock: bool) -> VolumePlan {
-        let mut p = VolumePlan::new(
-            ObjectName::parse("volume", "v").expect("name"),
-            mib * MIB,
-            replicas,
-            ExportSpec {
-                address: [127, 0, 0, 1].into(),
-                port: 4420,
-                hosts: vec![],
-                dhchap_data_dir: None,
-                tls_data_dir: None,
-            },
-        );
-        p.superblock = superblock;
-        p
+        crate::spdk::volume::plan::test_plan("v", mib, replicas, superblock)
     }
 
     /// Local replica `k` on disk `d<k>` of `bytes` with `room`, made now or not.

@@ -532,6 +532,21 @@ pub fn local_for(
     Ok(out)
 }
 
+/// A plan for volume `name` of `mib` MiB with `replicas` local replicas
+/// (a raid superblock or not), exported on 127.0.0.1:4420 to nobody: the
+/// unit tests' plan.
+#[cfg(test)]
+pub(super) fn test_plan(name: &str, mib: u64, replicas: usize, superblock: bool) -> VolumePlan {
+    let mut p = VolumePlan::new(
+        ObjectName::parse("volume", name).expect("name"),
+        mib * MIB,
+        replicas,
+        ExportSpec::plain([127, 0, 0, 1].into(), 4420, vec![]),
+    );
+    p.superblock = superblock;
+    p
+}
+
 #[cfg(test)]
 mod tests {
     //! The local plan against hand-built inventories: no double, no SPDK.
@@ -617,20 +632,7 @@ mod tests {
     }
 
     fn vplan(name: &str, mib: u64, replicas: usize, superblock: bool) -> VolumePlan {
-        let mut p = VolumePlan::new(
-            ObjectName::parse("volume", name).expect("name"),
-            mib * MIB,
-            replicas,
-            ExportSpec {
-                address: [127, 0, 0, 1].into(),
-                port: 4420,
-                hosts: vec![],
-                dhchap_data_dir: None,
-                tls_data_dir: None,
-            },
-        );
-        p.superblock = superblock;
-        p
+        test_plan(name, mib, replicas, superblock)
     }
 
     #[test]

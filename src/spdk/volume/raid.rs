@@ -632,25 +632,12 @@ mod tests {
     //! double, no SPDK.
 
     use super::*;
-    use crate::names::ObjectName;
     use crate::spdk::rpc::{Bdev, RaidBaseBdev, RaidProcess, RaidProgress, RateLimits};
-    use crate::spdk::volume::ExportSpec;
 
     /// A plan for volume `v` with `replicas` local replicas and `remote`
     /// remote ones (no node talon can call).
     fn vplan(replicas: usize, remote: usize) -> VolumePlan {
-        let mut p = VolumePlan::new(
-            ObjectName::parse("volume", "v").expect("name"),
-            10 << 20,
-            replicas,
-            ExportSpec {
-                address: [127, 0, 0, 1].into(),
-                port: 4420,
-                hosts: vec![],
-                dhchap_data_dir: None,
-                tls_data_dir: None,
-            },
-        );
+        let mut p = crate::spdk::volume::plan::test_plan("v", 10, replicas, false);
         p.remote = vec![([10, 0, 0, 2].into(), 4420); remote];
         p
     }
