@@ -1,10 +1,11 @@
 //! What serves a volume, and its export, under either engine's names: a
 //! plan over the members by slot ([`EnginePlan`]) carried out by
-//! [`VolumeOps::serve_engine`]. Both engines make their raid1 and export
-//! this way. For talon's volumes that is the thin rebuild's switch and the
-//! restore after a switch that failed; [`VolumeOps::ensure`] takes the same
-//! names for its export. For Longhorn's engines it is the controller's engine
-//! and its thin rebuild's switch. Only the names differ ([`EngineNames`]).
+//! [`VolumeOps::serve_engine`]. The Longhorn controller's engine, its thin
+//! rebuild's switch and talon's restore after a failed switch are each one
+//! `serve_engine`. [`VolumeOps::ensure`] and talon's thin switch do other
+//! steps between the raid1 and the export (a clone's parents, the data
+//! offset check), so they make the raid1 with the same `raid1_in` and export
+//! under the same [`EngineNames`]. Only the names differ between the engines.
 //!
 //! ```text
 //!   EnginePlan { names, slots: [Some(m0), None, Some(m2)], bare, superblock, spec }
