@@ -22,8 +22,8 @@
 //!
 //! By concept: this file has the types, `ensure` (replicas, then the raid
 //! and the export; its phases in `ensure.rs`), `delete` and the orphans;
-//! `raid.rs` the raid1,
-//! `export.rs` the NVMe-oF exports and attaches, `snapshot.rs` snapshots,
+//! `raid.rs` the raid1, `engine.rs` an engine served under either engine's
+//! names (`serve_engine`), `export.rs` the NVMe-oF exports and attaches, `snapshot.rs` snapshots,
 //! `revert.rs` reverts (one core for both engines), `rebuild.rs` thin
 //! rebuilds, `plan.rs` what a volume should be.
 //!
