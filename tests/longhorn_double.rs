@@ -185,13 +185,7 @@ async fn lvols(spdk: &SpdkClient) -> HashMap<String, String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn longhorn_lifecycle_on_the_double() {
     talon::runtime::testing::capture_logs();
-    let dir = tempfile::tempdir().expect("tempdir");
-    std::fs::create_dir_all(dir.path().join("run")).expect("run dir");
-    let double = SpdkDouble::start(dir.path().join("run/spdk.sock"))
-        .await
-        .expect("double");
-    let spdk = SpdkClient::new(double.socket());
-    let d = Daemon::start(dir.path()).await;
+    let (dir, double, spdk, d) = on_a_double().await;
     let instance_range = instance_ports(d.base);
     let instance_range = i32::from(*instance_range.start())..=i32::from(*instance_range.end());
 
@@ -947,6 +941,19 @@ async fn longhorn_managers_contract_on_the_double() {
     d.stop().await;
 }
 
+/// A daemon on a fresh double (adopted on its run dir's socket): the temp
+/// dir, the double, a client of it and the daemon.
+async fn on_a_double() -> (tempfile::TempDir, SpdkDouble, SpdkClient, Daemon) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::create_dir_all(dir.path().join("run")).expect("run dir");
+    let double = SpdkDouble::start(dir.path().join("run/spdk.sock"))
+        .await
+        .expect("double");
+    let spdk = SpdkClient::new(double.socket());
+    let d = Daemon::start(dir.path()).await;
+    (dir, double, spdk, d)
+}
+
 /// Disk `disk-a`: a 256 MiB file under `dir`, made a Longhorn disk of `d`.
 async fn disk_a(dir: &Path, d: &Daemon) {
     let f = dir.join("disk-a.img");
@@ -1036,13 +1043,7 @@ async fn one_volume(dir: &Path, d: &Daemon) -> String {
 /// process holds (-32602 "Invalid parameters").
 #[tokio::test]
 async fn an_engine_whose_export_fails_leaves_no_raid1_behind() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    std::fs::create_dir_all(dir.path().join("run")).expect("run dir");
-    let double = SpdkDouble::start(dir.path().join("run/spdk.sock"))
-        .await
-        .expect("double");
-    let spdk = SpdkClient::new(double.socket());
-    let d = Daemon::start(dir.path()).await;
+    let (dir, double, spdk, d) = on_a_double().await;
     let mut inst = InstanceServiceClient::new(d.channel(3).await);
     let size = 16 * MIB;
     let map = two_replicas(dir.path(), &d, &mut inst, size).await;
@@ -1084,13 +1085,7 @@ async fn an_engine_whose_export_fails_leaves_no_raid1_behind() {
 /// thaws it once it has the engine running again.
 #[tokio::test]
 async fn an_engine_export_left_frozen_by_a_stop_is_thawed_at_the_next_start() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    std::fs::create_dir_all(dir.path().join("run")).expect("run dir");
-    let double = SpdkDouble::start(dir.path().join("run/spdk.sock"))
-        .await
-        .expect("double");
-    let spdk = SpdkClient::new(double.socket());
-    let d = Daemon::start(dir.path()).await;
+    let (dir, double, spdk, d) = on_a_double().await;
     one_volume(dir.path(), &d).await;
     d.stop().await;
     // frozen as a snapshot's freeze leaves it (set here by hand: a freeze
@@ -1127,13 +1122,7 @@ async fn an_engine_export_left_frozen_by_a_stop_is_thawed_at_the_next_start() {
 /// controller only lifted the caps it remembered setting.
 #[tokio::test]
 async fn a_rebuild_cap_left_by_a_stopped_talon_is_lifted_by_the_next() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    std::fs::create_dir_all(dir.path().join("run")).expect("run dir");
-    let double = SpdkDouble::start(dir.path().join("run/spdk.sock"))
-        .await
-        .expect("double");
-    let spdk = SpdkClient::new(double.socket());
-    let d = Daemon::start(dir.path()).await;
+    let (dir, _double, spdk, d) = on_a_double().await;
     // an engine over two replicas of this node: a raid1
     let mut inst = InstanceServiceClient::new(d.channel(3).await);
     let size = 16 * MIB;
