@@ -139,6 +139,27 @@ impl VolumeOps {
         Ok(device)
     }
 
+    /// The block size and count of bdev `bdev`: as `inv` lists it, else
+    /// looked up (`step` names the lookup in an error); `None` when it is
+    /// not there.
+    pub(super) async fn bdev_geometry(
+        &self,
+        inv: &Inventory,
+        vol: &str,
+        bdev: &str,
+        step: String,
+    ) -> Result<Option<(u32, u64)>, VolumeError> {
+        if let Some(b) = inv.bdevs.get(bdev) {
+            return Ok(Some((b.block_size, b.num_blocks)));
+        }
+        Ok(self
+            .client
+            .bdev(bdev)
+            .await
+            .map_err(rpc(vol, step))?
+            .map(|b| (b.block_size, b.num_blocks)))
+    }
+
     /// Makes raid1 `p.names.raid` over `p.slots` (see [`Self::raid1_in`]);
     /// what it made is pushed on `made`.
     pub(super) async fn engine_raid(
@@ -159,21 +180,12 @@ impl VolumeOps {
                         .ok_or_else(|| VolumeError::EngineWithoutMembers {
                             volume: p.volume.to_owned(),
                         })?;
-                match inv.bdevs.get(first) {
-                    Some(b) => (b.block_size, b.num_blocks),
-                    None => {
-                        let b = self
-                            .client
-                            .bdev(first)
-                            .await
-                            .map_err(rpc(p.volume, format!("looking up member {first}")))?
-                            .ok_or_else(|| VolumeError::MemberGone {
-                                volume: p.volume.to_owned(),
-                                member: first.clone(),
-                            })?;
-                        (b.block_size, b.num_blocks)
-                    }
-                }
+                self.bdev_geometry(inv, p.volume, first, format!("looking up member {first}"))
+                    .await?
+                    .ok_or_else(|| VolumeError::MemberGone {
+                        volume: p.volume.to_owned(),
+                        member: first.clone(),
+                    })?
             }
         };
         let placeholder = |k: usize| p.names.placeholder(k);

@@ -250,18 +250,11 @@ impl VolumeOps {
         vol: &str,
         first: &ReplicaInfo,
     ) -> Result<(u32, u64), VolumeError> {
-        Ok(match inv.bdevs.get(&first.bdev) {
-            Some(b) => (b.block_size, b.num_blocks),
-            None => match self
-                .client
-                .bdev(&first.bdev)
-                .await
-                .map_err(rpc(vol, format!("looking up replica {}", first.alias)))?
-            {
-                Some(b) => (b.block_size, b.num_blocks),
-                None => (4096, first.size_bytes / 4096),
-            },
-        })
+        let step = format!("looking up replica {}", first.alias);
+        Ok(self
+            .bdev_geometry(inv, vol, &first.bdev, step)
+            .await?
+            .unwrap_or((4096, first.size_bytes / 4096)))
     }
 
     /// A replica back in service loses its rebuild cap (set by talon; also
