@@ -1910,6 +1910,86 @@ async fn a_remote_replica_whose_node_answers_is_rebuilt_thin_keeping_the_snapsho
     b.rt.stop().await;
 }
 
+/// A remote replica's rebuild copies the source's chain in its order, even
+/// when a snapshot is taken on the source during the rebuild, after a
+/// rebuild snapshot: its node holds a named snapshot, the rebuild snapshot
+/// is copied into its head, then the user's snapshot over it. Copied the
+/// other way, a cluster written before the user's snapshot and again after
+/// the rebuild snapshot would read the older bytes on the rebuilt replica;
+/// or, the rebuild snapshot copied first, the user's was never copied.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_snapshot_taken_during_a_remote_rebuild_is_copied_in_the_chains_order() {
+    let a = node("da", 4461).await;
+    let b = node("db", 4462).await;
+    let (api_b, _server_b) = peer_api::serve(&b.state, b.rt.statuses(), "127.0.0.1:0").await;
+    let mut served = served_replica("da");
+    served.size_bytes = 128 * MIB;
+    served.raid_superblock = true;
+    b.state.create_typed("rv", "", &served).expect("served");
+    ready(&b.state, "rv", "replica served on B").await;
+    let mut engine_vol = with_remote_replica(4462, Some(api_b.to_string()));
+    engine_vol.size_bytes = 128 * MIB;
+    engine_vol.raid_superblock = true;
+    a.state.create_typed("rv", "", &engine_vol).expect("engine");
+    ready(&a.state, "rv", "engine on A").await;
+    ledger_becomes(&a.state, "rv", &[0, 1], "both replicas in A's ledger").await;
+    assert!(a.double.write("talon-raid-rv", 3), "the raid takes the write");
+    let s1 = snapshot(&a.state, "rv", "s1").await;
+    assert_eq!(s1.state, ObjectState::Ready, "{}", s1.message);
+
+    // B away; A's head gets more than the switch copies (a rebuild snapshot first)
+    b.double.restart().await.expect("restart B");
+    a.client
+        .bdev_nvme_detach_controller(&ByName::new("talon-remote-rv-r1"))
+        .await
+        .expect("path lost");
+    ledger_becomes(&a.state, "rv", &[0], "r1 out of A's ledger").await;
+    assert!(a.double.write("talon-raid-rv", 100), "the raid takes the write");
+    a.double.set_rebuild_time(Duration::from_secs(2));
+    let started = a.double.copies_started().len();
+    add_disk(&b.client, b.dir.path(), "db", false).await;
+    b.state
+        .update_typed(SPDK_STATUS_ID, "", None, &target_status(1))
+        .expect("B restarts");
+    // the rebuild snapshot taken on A: a user's snapshot s2 over it
+    eventually("A's rebuild snapshot", WAIT, || async {
+        let i = Inventory::load(&a.client).await.ok()?;
+        i.find_lvol("rv-r0.s.rb.1").map(|_| ())
+    })
+    .await;
+    let s2 = snapshot(&a.state, "rv", "s2").await;
+    assert_eq!(s2.state, ObjectState::Ready, "{}", s2.message);
+    assert!(a.double.write("talon-raid-rv", 2), "the raid takes the write");
+    ledger_becomes(&a.state, "rv", &[0, 1], "r1 rebuilt").await;
+
+    let inv_b = eventually("B's chain s1, s2", WAIT, || async {
+        let i = Inventory::load(&b.client).await.ok()?;
+        let head = i.find_lvol("rv-r1")?;
+        let names: Vec<String> = i
+            .chain(&head.alias)
+            .iter()
+            .map(|x| i.lvols[x].name.clone())
+            .collect();
+        (names == ["rv-r1.s.s1", "rv-r1.s.s2"]).then_some(i)
+    })
+    .await;
+    drop(inv_b);
+    // into B's head: rb.1 before s2, never after it
+    let into_b: Vec<String> = a.double.copies_started()[started..]
+        .iter()
+        .filter(|(_, dst)| dst.starts_with("talon-remote-rv-r1"))
+        .map(|(src, _)| src.rsplit('/').next().unwrap_or(src).to_owned())
+        .collect();
+    let first_s2 = into_b.iter().position(|s| s == "rv-r0.s.s2");
+    let last_rb1 = into_b.iter().rposition(|s| s == "rv-r0.s.rb.1");
+    assert!(
+        matches!((last_rb1, first_s2), (Some(r), Some(s2)) if r < s2),
+        "copies into B in the source's chain order (s1, rb.1, s2): {into_b:?}"
+    );
+    a.rt.stop().await;
+    b.rt.stop().await;
+}
+
 /// A thin copy keeps each cluster's offset, so it needs the raid's data to
 /// start at the same place on source and dest: with a superblock that is 1
 /// MiB rounded up to an lvol's cluster. Replicas on disks of 1 and 4 MiB

@@ -309,6 +309,8 @@ impl State {
                 }
                 self.shallow_copy_count += 1;
                 let id = self.shallow_copy_count;
+                self.copies_started
+                    .push((p.src_lvol_name.clone(), p.dst_bdev_name.clone()));
                 let src_bytes = self.bdevs[si].num_blocks * u64::from(self.bdevs[si].block_size);
                 let dst_bytes = self.bdevs[di].num_blocks * u64::from(self.bdevs[di].block_size);
                 let mut error = if !src.snapshot {

@@ -335,6 +335,9 @@ struct State {
     /// applied to the remote double's lvol once this double's lock is let go.
     fabric_writes: Vec<FabricWrite>,
     shallow_copy_count: u32,
+    /// Each shallow copy started, in order: (source lvol, destination bdev)
+    /// as the request named them.
+    copies_started: Vec<(String, String)>,
     /// `bdev_set_qos_limit` limits in force, by bdev name: (rw_ios_per_sec,
     /// rw_mbytes_per_sec, r_mbytes_per_sec, w_mbytes_per_sec); 0 = none.
     qos: BTreeMap<String, [u64; 4]>,
@@ -665,6 +668,12 @@ impl SpdkDouble {
     /// The NVMe keep-alive a `bdev_nvme_set_options` set (`None`: none did).
     pub fn nvme_keep_alive_set(&self) -> Option<u32> {
         lock(&self.state).nvme_keep_alive_ms
+    }
+
+    /// The shallow copies started so far, in order: (source lvol,
+    /// destination bdev) as each request named them.
+    pub fn copies_started(&self) -> Vec<(String, String)> {
+        lock(&self.state).copies_started.clone()
     }
 
     /// How many times `method` was called.

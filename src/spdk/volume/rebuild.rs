@@ -434,16 +434,9 @@ impl VolumeOps {
                 }
                 Ok(CopyState::Done) if c.k == dst.k => {
                     self.rebuilds.lock().running.remove(vol);
-                    if naming::is_rebuild_snap(&c.snap) {
-                        self.rebuilds
-                            .lock()
-                            .remote_rb
-                            .entry(vol.to_owned())
-                            .or_default()
-                            .push(c.snap.clone());
-                    } else {
-                        dest.snapshot(&c.snap).await.map_err(|m| failed(&c.snap, m))?;
-                    }
+                    self.keep_remote_copy(vol, dest, &c.snap)
+                        .await
+                        .map_err(|m| failed(&c.snap, m))?;
                     return Ok(Step::Copying(progress(pos(&c.snap) + 1, 0)));
                 }
                 Ok(CopyState::Failed(message)) => {
@@ -461,74 +454,72 @@ impl VolumeOps {
             }
         }
 
-        let copied_rb = self
+        // how far along the source's chain the dest's head is: right after
+        // the last rebuild snapshot copied into it, or (none is) after the
+        // named snapshots its node holds. Each copy goes in the chain's
+        // order: a snapshot taken on the source after a rebuild snapshot
+        // (a user's, during the rebuild) is copied over that one's
+        // clusters, never under them.
+        let last_rb = self
             .rebuilds
             .lock()
             .remote_rb
             .get(vol)
-            .cloned()
-            .unwrap_or_default();
-        if copied_rb.is_empty() {
-            // the dest's head empty right above the snapshots it shares
-            // (a node that does not answer is asked again after a pause,
-            // without holding up this reconcile or counting a failure)
-            let now = tokio::time::Instant::now();
-            if self.rebuilds.lock().asked.get(vol).is_some_and(|t| *t > now) {
-                return Ok(Step::Copying(0));
-            }
-            let st = match dest.prepare(&named).await {
-                Ok(st) => st,
-                Err(PrepareError::NoAnswer(m)) => {
-                    tracing::info!(volume = vol, replica = %dst.name, why = %m,
-                        "remote replica's node does not answer; its rebuild waits");
-                    self.rebuilds
-                        .lock()
-                        .asked
-                        .insert(vol.to_owned(), now + NO_ANSWER_PAUSE);
+            .and_then(|c| c.last().cloned());
+        let after_rb = last_rb.and_then(|rb| snaps.iter().position(|s| *s == rb));
+        let next = match after_rb {
+            Some(i) => i + 1,
+            None => {
+                self.rebuilds.lock().remote_rb.remove(vol);
+                // the dest's head empty right above the snapshots it shares
+                // (a node that does not answer is asked again after a pause,
+                // without holding up this reconcile or counting a failure)
+                let now = tokio::time::Instant::now();
+                if self.rebuilds.lock().asked.get(vol).is_some_and(|t| *t > now) {
                     return Ok(Step::Copying(0));
                 }
-                Err(PrepareError::Refused(m)) => return Err(failed("", m)),
-            };
-            if !st.stale.is_empty() {
-                for s in &st.stale {
-                    dest.delete_snapshot(s).await.map_err(|m| failed(s, m))?;
+                let st = match dest.prepare(&named).await {
+                    Ok(st) => st,
+                    Err(PrepareError::NoAnswer(m)) => {
+                        tracing::info!(volume = vol, replica = %dst.name, why = %m,
+                            "remote replica's node does not answer; its rebuild waits");
+                        self.rebuilds
+                            .lock()
+                            .asked
+                            .insert(vol.to_owned(), now + NO_ANSWER_PAUSE);
+                        return Ok(Step::Copying(0));
+                    }
+                    Err(PrepareError::Refused(m)) => return Err(failed("", m)),
+                };
+                if !st.stale.is_empty() {
+                    for s in &st.stale {
+                        dest.delete_snapshot(s).await.map_err(|m| failed(s, m))?;
+                    }
+                    tracing::info!(volume = vol, replica = %dst.name, stale = ?st.stale,
+                        "snapshots the source does not hold at their place deleted on the remote replica");
+                    return Ok(Step::Copying(0));
                 }
-                tracing::info!(volume = vol, replica = %dst.name, stale = ?st.stale,
-                    "snapshots the source does not hold at their place deleted on the remote replica");
-                return Ok(Step::Copying(0));
-            }
-            if st.reset {
-                // its namespace went and came back: attached afresh (next reconcile)
-                tracing::info!(volume = vol, replica = %dst.name, shared = st.shared,
-                    "rebuilding remote replica thin from r{}", src.k);
-                self.reattach(vol, dst).await;
-                return Ok(Step::Copying(progress(st.shared as usize, 0)));
-            }
-            if let Some(snap) = named.get(st.shared as usize) {
-                let s = &src_chain[pos(snap)];
-                let op = self.copy_into(vol, s, snap, dst).await?;
-                if self.settled(vol, op).await {
-                    dest.snapshot(snap).await.map_err(|m| failed(snap, m))?;
-                    return Ok(Step::Copying(progress(pos(snap) + 1, 0)));
+                let held = (st.shared as usize).min(named.len());
+                let next = held.checked_sub(1).map_or(0, |n| pos(&named[n]) + 1);
+                if st.reset {
+                    // its namespace went and came back: attached afresh (next reconcile)
+                    tracing::info!(volume = vol, replica = %dst.name, shared = st.shared,
+                        "rebuilding remote replica thin from r{}", src.k);
+                    self.reattach(vol, dst).await;
+                    return Ok(Step::Copying(progress(next, 0)));
                 }
-                return Ok(Step::Copying(progress(pos(snap), 0)));
+                next
             }
-        }
-        // the named chain is there: the rebuild snapshots taken so far, in order
-        if let Some(i) = snaps
-            .iter()
-            .position(|s| naming::is_rebuild_snap(s) && !copied_rb.contains(s))
-        {
-            let op = self.copy_into(vol, &src_chain[i], &snaps[i], dst).await?;
+        };
+        if let Some(snap) = snaps.get(next) {
+            let op = self.copy_into(vol, &src_chain[next], snap, dst).await?;
             if self.settled(vol, op).await {
-                let mut st = self.rebuilds.lock();
-                st.remote_rb
-                    .entry(vol.to_owned())
-                    .or_default()
-                    .push(snaps[i].clone());
-                return Ok(Step::Copying(progress(i + 1, 0)));
+                self.keep_remote_copy(vol, dest, snap)
+                    .await
+                    .map_err(|m| failed(snap, m))?;
+                return Ok(Step::Copying(progress(next + 1, 0)));
             }
-            return Ok(Step::Copying(progress(i, 0)));
+            return Ok(Step::Copying(progress(next, 0)));
         }
         // the whole chain is in the dest's head
         let at = thin::Progress {
@@ -544,6 +535,25 @@ impl VolumeOps {
         }
         self.switch(inv, plan, raid, src, dst, members).await?;
         Ok(Step::Joined)
+    }
+
+    /// Keeps what a finished copy of source snapshot `snap` put in remote
+    /// dest `dest`'s head: a named snapshot is snapshotted there (the
+    /// rebuild snapshots copied into the head before it go into that
+    /// snapshot with it); a rebuild snapshot's clusters stay in the head.
+    async fn keep_remote_copy(&self, vol: &str, dest: &dyn RemoteDest, snap: &str) -> Result<(), String> {
+        if naming::is_rebuild_snap(snap) {
+            self.rebuilds
+                .lock()
+                .remote_rb
+                .entry(vol.to_owned())
+                .or_default()
+                .push(snap.to_owned());
+            return Ok(());
+        }
+        dest.snapshot(snap).await?;
+        self.rebuilds.lock().remote_rb.remove(vol);
+        Ok(())
     }
 
     /// Waits up to [`thin::COPY_SETTLE`] for copy `op` of volume `vol` to
