@@ -22,7 +22,7 @@ use crate::spdk::naming::longhorn::{self as naming, REBUILD_SNAP_PREFIX, is_rebu
 use crate::spdk::volume::Inventory;
 use crate::spdk::volume::naming::lvstore;
 use crate::spdk::volume::replica_lvols::{ReplicaLvols, reset_head};
-use crate::spdk::volume::thin::{self, COPY_SETTLE, CopyState, Next, SWITCH_COPY};
+use crate::spdk::volume::thin::{self, Copier, CopyState, Run, SWITCH_COPY};
 
 /// A source head holding at most this much of its own is copied inside the
 /// switch (the export closed: hosts wait); more is snapshotted and copied
@@ -44,22 +44,6 @@ pub(super) const PEER_TIMEOUT: Duration = Duration::from_secs(30);
 /// (asked again every step meanwhile) before the step fails: what the node
 /// itself waits for its controller when asked Longhorn's way.
 const DST_WAIT: Duration = Duration::from_secs(60);
-
-/// Where a copy runs.
-#[derive(Debug, Clone)]
-enum Copier {
-    /// In this node's target: the operation id.
-    Here(u32),
-    /// On the source replica's node.
-    Peer,
-}
-
-#[derive(Debug, Clone)]
-struct Run {
-    dst: String,
-    snap: String,
-    copier: Copier,
-}
 
 /// A rebuild whose last steps failed.
 #[derive(Debug, Clone, Copy)]
@@ -83,8 +67,6 @@ pub(super) enum Failed {
 
 #[derive(Debug, Default)]
 struct ThinState {
-    /// The copy running per engine.
-    running: HashMap<String, Run>,
     /// Failed steps in a row per (engine, replica).
     failures: HashMap<(String, String), Failing>,
     /// The cap applied on a dest's node per (engine, replica).
@@ -138,16 +120,20 @@ impl ThinState {
 
 /// The thin rebuilds of this node's engines.
 #[derive(Debug, Default, Clone)]
-pub(super) struct ThinRebuilds(Arc<Mutex<ThinState>>);
+pub(super) struct ThinRebuilds {
+    state: Arc<Mutex<ThinState>>,
+    /// The copy running per (engine, replica).
+    runs: thin::Runs,
+}
 
 impl ThinRebuilds {
     fn lock(&self) -> std::sync::MutexGuard<'_, ThinState> {
-        self.0.lock().unwrap_or_else(|p| p.into_inner())
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
     /// Counts a failed step at `now`: retried after a pause, or failed for good.
     pub(super) fn failed(&self, engine: &str, replica: &str, now: Instant) -> Failed {
+        self.runs.remove(engine, replica);
         let mut s = self.lock();
-        s.running.remove(engine);
         let f = s
             .failures
             .entry((engine.to_owned(), replica.to_owned()))
@@ -174,10 +160,8 @@ impl ThinRebuilds {
     }
     /// Forgets a rebuild (joined, failed for good, or no longer asked).
     pub(super) fn forget(&self, engine: &str, replica: &str) {
+        self.runs.remove(engine, replica);
         let mut s = self.lock();
-        if s.running.get(engine).is_some_and(|r| r.dst == replica) {
-            s.running.remove(engine);
-        }
         let k = (engine.to_owned(), replica.to_owned());
         s.failures.remove(&k);
         s.caps.remove(&k);
@@ -339,24 +323,22 @@ impl LonghornController {
     /// Starts copying snapshot `snap` of `src` into `dst`'s head
     /// (`dst_export`: the address a dest of this node is exported at, for a
     /// source on another node).
-    async fn copy(
+    async fn start_copy(
         &self,
         inv: &Inventory,
-        e: &str,
         src: &End,
         dst: &End,
         dst_export: Option<String>,
         snap: &str,
-    ) -> Result<(), String> {
-        let copier = match src {
+    ) -> Result<Copier, String> {
+        match src {
             End::Here { replica, lvs, .. } => {
                 let to = self.dst_bdev(inv, dst).await?;
                 let from = format!("{lvs}/{}", snapshot_lvol(replica, snap));
-                Copier::Here(
-                    thin::start_copy(&self.client, &from, &to)
-                        .await
-                        .map_err(|x| format!("copying {from}'s clusters to {to}: {}", chain(&x)))?,
-                )
+                thin::start_copy(&self.client, &from, &to)
+                    .await
+                    .map(Copier::Here)
+                    .map_err(|x| format!("copying {from}'s clusters to {to}: {}", chain(&x)))
             }
             End::Peer { replica, address } => {
                 let to = match dst {
@@ -388,57 +370,24 @@ impl LonghornController {
                 )
                 .await
                 .map_err(fail)?;
-                Copier::Peer
-            }
-        };
-        self.thin.lock().running.insert(
-            e.to_owned(),
-            Run {
-                dst: dst.replica().to_owned(),
-                snap: snap.to_owned(),
-                copier,
-            },
-        );
-        Ok(())
-    }
-
-    /// Waits up to [`COPY_SETTLE`] for engine `e`'s running copy to finish;
-    /// true (and the copy no longer running) when it did.
-    async fn settled(&self, e: &str, src: &End) -> Result<bool, String> {
-        let deadline = tokio::time::Instant::now() + COPY_SETTLE;
-        loop {
-            let Some(run) = self.thin.lock().running.get(e).cloned() else {
-                return Ok(false);
-            };
-            match self.check(src, &run).await? {
-                Some(CopyState::Done) => {
-                    self.thin.lock().running.remove(e);
-                    return Ok(true);
-                }
-                Some(CopyState::Running(_)) if tokio::time::Instant::now() < deadline => {
-                    tokio::time::sleep(Duration::from_millis(15)).await;
-                }
-                _ => return Ok(false),
+                Ok(Copier::Elsewhere)
             }
         }
     }
 
-    /// Where the running copy stands (a failed one is the error), or
-    /// `Ok(None)` when it is not known (spdk_tgt or a node restarted).
-    async fn check(&self, src: &End, run: &Run) -> Result<Option<CopyState>, String> {
-        let s = match (&run.copier, src) {
-            (Copier::Here(op), _) => match thin::copy_state(&self.client, *op).await {
-                Ok(s) => s,
-                Err(_) => return Ok(None),
-            },
-            (Copier::Peer, End::Peer { replica, address }) => {
+    /// Where copy `run` of `src` into replica `dst` stands, or `Ok(None)`
+    /// when it is not known (spdk_tgt or a node restarted).
+    async fn check(&self, src: &End, dst: &str, run: &Run) -> Result<Option<CopyState>, String> {
+        match (&run.copier, src) {
+            (Copier::Here(op), _) => Ok(thin::copy_state(&self.client, *op).await.ok()),
+            (Copier::Elsewhere, End::Peer { replica, address }) => {
                 match self
                     .peer(replica, address)
                     .await?
                     .replica_rebuilding_src_shallow_copy_check(
                         spdkrpc::ReplicaRebuildingSrcShallowCopyCheckRequest {
                             name: replica.clone(),
-                            dst_replica_name: run.dst.clone(),
+                            dst_replica_name: dst.to_owned(),
                             snapshot_name: run.snap.clone(),
                         },
                     )
@@ -446,24 +395,17 @@ impl LonghornController {
                 {
                     Ok(r) => {
                         let r = r.into_inner();
-                        CopyState::from_answer(
+                        Ok(Some(CopyState::from_answer(
                             &r.state,
                             r.handled_clusters,
                             Some(r.error_msg).filter(|m| !m.is_empty()),
-                        )
+                        )))
                     }
-                    Err(s) if s.code() == tonic::Code::NotFound => return Ok(None),
-                    Err(s) => return Err(format!("replica {replica}: its node: {}", s.message())),
+                    Err(s) if s.code() == tonic::Code::NotFound => Ok(None),
+                    Err(s) => Err(format!("replica {replica}: its node: {}", s.message())),
                 }
             }
-            (Copier::Peer, End::Here { .. }) => return Ok(None),
-        };
-        match s {
-            CopyState::Failed(m) => Err(format!(
-                "copying snapshot {} to replica {}: {m}",
-                run.snap, run.dst
-            )),
-            s => Ok(Some(s)),
+            (Copier::Elsewhere, End::Here { .. }) => Ok(None),
         }
     }
 
@@ -505,8 +447,9 @@ impl LonghornController {
         Ok(())
     }
 
-    /// One step of the thin rebuild of replica `dst` (at `dst_address`) of
-    /// raid1 engine `e`.
+    /// One step of the thin rebuild of replica `dst_name` of raid1 engine
+    /// `e`, carried out by the one step machine ([`thin::step`]) over
+    /// [`LonghornEnds`].
     pub(super) async fn thin_step(
         &self,
         inv: &Inventory,
@@ -554,13 +497,10 @@ impl LonghornController {
                 "engine {engine}: no replica in service to rebuild {dst_name} from"
             ));
         };
-        // a dest of this node copied from another node: exported for it
-        let remote_into_here = matches!((&src, &dst), (End::Peer { .. }, End::Here { .. }));
-        let key = (engine.to_owned(), dst_name.to_owned());
         self.thin
             .lock()
             .sources
-            .insert(key.clone(), src.replica().to_owned());
+            .insert((engine.to_owned(), dst_name.to_owned()), src.replica().to_owned());
         let dst_nqn = naming::replica_nqn(
             &crate::names::ObjectName::parse("replica", dst_name).map_err(|x| x.to_string())?,
         )
@@ -581,141 +521,29 @@ impl LonghornController {
             .map(|s| have_src.snapshots.get(s).map_or(0, |(_, b)| *b))
             .chain([have_src.head_bytes])
             .collect();
-        let copying = |j: usize, now: u64| {
-            let (copied, total) = thin::copied(&own, j, now);
-            Thin::Copying { copied, total }
+        let ends = LonghornEnds {
+            ctrl: self,
+            inv,
+            engine,
+            qos: u64::try_from(e.spec.rebuild_qos_mbps).unwrap_or(0),
+            // a dest of this node copied from another node: exported for it
+            remote_into_here: matches!((&src, &dst), (End::Peer { .. }, End::Here { .. })),
+            src,
+            dst,
+            dst_nqn,
+            dst_address,
+            have_src,
+            have_dst,
+            chain_src,
+            own,
+            cluster: inv.lvstores.first().map_or(1, |l| l.cluster_size),
+            in_service,
+            plan,
         };
-        let cluster = inv.lvstores.first().map_or(1, |l| l.cluster_size);
-
-        // a copy that runs: done yet?
-        let running = self.thin.lock().running.get(engine).cloned();
-        if let Some(run) = running.filter(|r| r.dst == dst_name) {
-            let j = chain_src.iter().position(|s| *s == run.snap).unwrap_or(0);
-            match self.check(&src, &run).await? {
-                Some(CopyState::Running(n)) => return Ok(copying(j, n * cluster)),
-                Some(CopyState::Done) => {
-                    self.thin.lock().running.remove(engine);
-                    self.snapshot_end(&dst, &run.snap, true).await?;
-                    return Ok(copying(j + 1, 0));
-                }
-                // not known any more: the dest's head is made again below
-                _ => {
-                    self.thin.lock().running.remove(engine);
-                }
-            }
-        }
-
-        let j = have_dst.shared(&chain_src);
-        let at = thin::Progress {
-            chain: chain_src.len(),
-            shared: j,
-            ready: have_dst.ready_over(&chain_src, j),
-            busy_head: have_src.head_bytes > SWITCH_BYTES,
-            rounds: chain_src.iter().filter(|s| is_rebuild_snap(s)).count(),
-        };
-        let next = at.next();
-        // a dest's node still making its head ready is asked again first
-        let waiting = matches!(dst, End::Peer { .. }) && self.thin.lock().dst_waiting.contains_key(&key);
-        if next == Next::MakeHead || waiting {
-            if remote_into_here {
-                // its export goes while its head is made again (made again
-                // by the replica's controller at the next reconcile)
-                self.ops
-                    .unexport(dst_name, dst_nqn.as_str())
-                    .await
-                    .map_err(|x| format!("replica {dst_name}: {}", crate::util::error_chain(&x)))?;
-            }
-            let ready = self.reset_dst(inv, &src, &dst, &have_dst, &chain_src).await?;
-            let by = match self.thin.lock().dst_asked(&key, ready, Instant::now()) {
-                DstAsk::Ready => Some("its head made again"),
-                DstAsk::Asked => Some("its node makes its head again"),
-                DstAsk::Waiting => None,
-                DstAsk::TooLong => {
-                    return Err(format!(
-                        "replica {dst_name}: its node has not made its head ready for the rebuild in {} s",
-                        DST_WAIT.as_secs()
-                    ));
-                }
-            };
-            if let Some(by) = by {
-                tracing::info!(
-                    engine,
-                    replica = dst_name,
-                    source = src.replica(),
-                    shared = j,
-                    "rebuilding replica thin: {by} over the snapshots it shares"
-                );
-            }
-            return Ok(copying(j, 0));
-        }
-        let dst_export = if remote_into_here {
-            let newly = self.thin.lock().exported.insert(key.clone());
-            let ready = inv
-                .subsystem(dst_nqn.as_str())
-                .is_some_and(|s| !s.namespaces.is_empty() && !s.listen_addresses.is_empty());
-            if newly || !ready {
-                // the replica's controller exports it at the next reconcile
-                return Ok(copying(j, 0));
-            }
-            Some(dst_address.clone())
-        } else {
-            None
-        };
-        let qos = u64::try_from(e.spec.rebuild_qos_mbps).unwrap_or(0);
-        match next {
-            Next::Copy(j) => {
-                let s = &chain_src[j];
-                self.cap(engine, &dst, qos).await?;
-                self.copy(inv, engine, &src, &dst, dst_export, s).await?;
-                // a small copy is often done at once: kept now, not a poll later
-                if self.settled(engine, &src).await? {
-                    self.snapshot_end(&dst, s, true).await?;
-                    return Ok(copying(j + 1, 0));
-                }
-                return Ok(copying(j, 0));
-            }
-            Next::Round => {
-                self.snapshot_end(&src, &next_rebuild_snap(&have_src, &have_dst), false)
-                    .await?;
-                return Ok(copying(j, 0));
-            }
-            Next::MakeHead | Next::Switch => {}
-        }
-        self.cap(engine, &dst, 0).await?;
-        let members: Vec<String> = in_service.iter().map(|(_, n)| n.clone()).collect();
-        let serving: Vec<String> = in_service
-            .iter()
-            .map(|(end, _)| end.replica().to_owned())
-            .collect();
-        let last = self
-            .switch(
-                inv,
-                engine,
-                (&src, &dst, dst_export),
-                (&have_src, &have_dst),
-                (&members, &serving),
-                plan,
-            )
-            .await?;
-        // the rebuild snapshots are merged away on both, the oldest first
-        // (best effort: what is left goes after the next rebuild)
-        let mut rb: Vec<&String> = have_src
-            .snapshots
-            .keys()
-            .chain(have_dst.snapshots.keys())
-            .chain(std::iter::once(&last))
-            .filter(|s| is_rebuild_snap(s))
-            .collect();
-        rb.sort_by_key(|s| rebuild_snap_number(s));
-        rb.dedup();
-        for end in [&src, &dst] {
-            for s in &rb {
-                if let Err(m) = self.delete_snapshot_of(end, s).await {
-                    tracing::warn!(engine, replica = end.replica(), error = %m, "rebuild snapshot not merged away");
-                }
-            }
-        }
-        Ok(Thin::Joined)
+        Ok(match thin::step(&ends, &self.thin.runs).await? {
+            thin::Step::Copying { copied, total } => Thin::Copying { copied, total },
+            thin::Step::Joined => Thin::Joined,
+        })
     }
 
     /// The dest's head empty right above the snapshots it shares with the
@@ -813,7 +641,6 @@ impl LonghornController {
         if r.is_err() {
             // the raid may be missing until the next reconcile makes it
             // again over the members in service: they stay RW meanwhile
-            self.thin.lock().running.remove(engine);
             switch.keep();
         }
         r
@@ -842,16 +669,20 @@ impl LonghornController {
         let now = Inventory::load(&self.client)
             .await
             .map_err(|x| format!("listing the target in the switch: {}", chain(&x)))?;
-        self.copy(&now, engine, src, dst, dst_export.clone(), &snap)
-            .await?;
+        let run = Run {
+            snap: snap.clone(),
+            copier: self.start_copy(&now, src, dst, dst_export.clone(), &snap).await?,
+        };
         let deadline = tokio::time::Instant::now() + SWITCH_COPY;
         loop {
-            let run = self.thin.lock().running.get(engine).cloned();
-            let Some(run) = run else {
-                return Err(format!("the switch's copy of {snap} was lost"));
-            };
-            match self.check(src, &run).await? {
+            match self.check(src, dst.replica(), &run).await? {
                 Some(CopyState::Done) => break,
+                Some(CopyState::Failed(m)) => {
+                    return Err(format!(
+                        "copying snapshot {snap} to replica {}: {m}",
+                        dst.replica()
+                    ));
+                }
                 Some(_) if tokio::time::Instant::now() < deadline => {
                     tokio::time::sleep(Duration::from_millis(20)).await;
                 }
@@ -864,7 +695,6 @@ impl LonghornController {
                 None => return Err(format!("the switch's copy of {snap} was lost")),
             }
         }
-        self.thin.lock().running.remove(engine);
         self.snapshot_end(dst, &snap, true).await?;
         if let End::Peer { replica, address } = src {
             // the source's node lets the dest go (best effort: its next
@@ -934,6 +764,211 @@ impl LonghornController {
                 std::iter::once(b).chain(uuid).collect()
             }
         }
+    }
+}
+
+/// The ends of a Longhorn engine's thin rebuild, as one step sees them:
+/// either may be a replica of this node or of another (asked through its
+/// node's SPDKService).
+struct LonghornEnds<'a> {
+    ctrl: &'a LonghornController,
+    inv: &'a Inventory,
+    engine: &'a str,
+    src: End,
+    dst: End,
+    /// The dest's own export (a dest of this node, copied into from a
+    /// source on another node, is written through it until the switch).
+    dst_nqn: crate::names::Nqn,
+    dst_address: String,
+    remote_into_here: bool,
+    have_src: ReplicaLvols,
+    have_dst: ReplicaLvols,
+    chain_src: Vec<String>,
+    own: Vec<u64>,
+    cluster: u64,
+    /// The members in service, by the name the raid knows each by.
+    in_service: Vec<(End, String)>,
+    plan: &'a Serving,
+    /// `rebuildQosMbps`: the cap the copies run at.
+    qos: u64,
+}
+
+impl LonghornEnds<'_> {
+    fn key(&self) -> (String, String) {
+        (self.engine.to_owned(), self.dst.replica().to_owned())
+    }
+    /// The address a dest of this node is written at by a source's node.
+    fn dst_export(&self) -> Option<String> {
+        self.remote_into_here.then(|| self.dst_address.clone())
+    }
+}
+
+#[async_trait::async_trait]
+impl thin::Ends for LonghornEnds<'_> {
+    type Error = String;
+
+    fn of(&self) -> &str {
+        self.engine
+    }
+
+    fn dest(&self) -> &str {
+        self.dst.replica()
+    }
+
+    fn chain(&self) -> &[String] {
+        &self.chain_src
+    }
+
+    fn own(&self) -> &[u64] {
+        &self.own
+    }
+
+    fn cluster(&self) -> u64 {
+        self.cluster
+    }
+
+    fn busy_head(&self) -> bool {
+        self.have_src.head_bytes > SWITCH_BYTES
+    }
+
+    fn rounds(&self) -> usize {
+        self.chain_src.iter().filter(|s| is_rebuild_snap(s)).count()
+    }
+
+    async fn at(&self) -> Result<thin::At, String> {
+        let j = self.have_dst.shared(&self.chain_src);
+        // a dest's node still making its head ready is asked again first
+        let waiting = matches!(self.dst, End::Peer { .. })
+            && self.ctrl.thin.lock().dst_waiting.contains_key(&self.key());
+        Ok(thin::At::Holds {
+            shared: j,
+            ready: self.have_dst.ready_over(&self.chain_src, j) && !waiting,
+        })
+    }
+
+    async fn make_ready(&self, j: usize) -> Result<(), String> {
+        let (ctrl, engine, dst_name) = (self.ctrl, self.engine, self.dst.replica());
+        if self.remote_into_here {
+            // its export goes while its head is made again (made again
+            // by the replica's controller at the next reconcile)
+            ctrl.ops
+                .unexport(dst_name, self.dst_nqn.as_str())
+                .await
+                .map_err(|x| format!("replica {dst_name}: {}", crate::util::error_chain(&x)))?;
+        }
+        let ready = ctrl
+            .reset_dst(self.inv, &self.src, &self.dst, &self.have_dst, &self.chain_src)
+            .await?;
+        let by = match ctrl.thin.lock().dst_asked(&self.key(), ready, Instant::now()) {
+            DstAsk::Ready => Some("its head made again"),
+            DstAsk::Asked => Some("its node makes its head again"),
+            DstAsk::Waiting => None,
+            DstAsk::TooLong => {
+                return Err(format!(
+                    "replica {dst_name}: its node has not made its head ready for the rebuild in {} s",
+                    DST_WAIT.as_secs()
+                ));
+            }
+        };
+        if let Some(by) = by {
+            tracing::info!(
+                engine,
+                replica = dst_name,
+                source = self.src.replica(),
+                shared = j,
+                "rebuilding replica thin: {by} over the snapshots it shares"
+            );
+        }
+        Ok(())
+    }
+
+    /// A dest of this node copied from another node is exported first (by
+    /// the replica's controller, at its next reconcile).
+    async fn writable(&self) -> Result<bool, String> {
+        if !self.remote_into_here {
+            return Ok(true);
+        }
+        let newly = self.ctrl.thin.lock().exported.insert(self.key());
+        let ready = self
+            .inv
+            .subsystem(self.dst_nqn.as_str())
+            .is_some_and(|s| !s.namespaces.is_empty() && !s.listen_addresses.is_empty());
+        Ok(!newly && ready)
+    }
+
+    async fn start_copy(&self, j: usize) -> Result<Copier, String> {
+        self.ctrl.cap(self.engine, &self.dst, self.qos).await?;
+        self.ctrl
+            .start_copy(
+                self.inv,
+                &self.src,
+                &self.dst,
+                self.dst_export(),
+                &self.chain_src[j],
+            )
+            .await
+    }
+
+    async fn check(&self, run: &Run) -> Result<Option<CopyState>, String> {
+        self.ctrl.check(&self.src, self.dst.replica(), run).await
+    }
+
+    async fn copy_failed(&self, run: &Run, message: String) -> String {
+        format!(
+            "copying snapshot {} to replica {}: {message}",
+            run.snap,
+            self.dst.replica()
+        )
+    }
+
+    async fn keep(&self, snap: &str) -> Result<(), String> {
+        self.ctrl.snapshot_end(&self.dst, snap, true).await
+    }
+
+    async fn round(&self) -> Result<(), String> {
+        let snap = next_rebuild_snap(&self.have_src, &self.have_dst);
+        self.ctrl.snapshot_end(&self.src, &snap, false).await
+    }
+
+    async fn switch(&self) -> Result<(), String> {
+        let (ctrl, engine) = (self.ctrl, self.engine);
+        ctrl.cap(engine, &self.dst, 0).await?;
+        let members: Vec<String> = self.in_service.iter().map(|(_, n)| n.clone()).collect();
+        let serving: Vec<String> = self
+            .in_service
+            .iter()
+            .map(|(end, _)| end.replica().to_owned())
+            .collect();
+        let last = ctrl
+            .switch(
+                self.inv,
+                engine,
+                (&self.src, &self.dst, self.dst_export()),
+                (&self.have_src, &self.have_dst),
+                (&members, &serving),
+                self.plan,
+            )
+            .await?;
+        // the rebuild snapshots are merged away on both, the oldest first
+        // (best effort: what is left goes after the next rebuild)
+        let mut rb: Vec<&String> = self
+            .have_src
+            .snapshots
+            .keys()
+            .chain(self.have_dst.snapshots.keys())
+            .chain(std::iter::once(&last))
+            .filter(|s| is_rebuild_snap(s))
+            .collect();
+        rb.sort_by_key(|s| rebuild_snap_number(s));
+        rb.dedup();
+        for end in [&self.src, &self.dst] {
+            for s in &rb {
+                if let Err(m) = ctrl.delete_snapshot_of(end, s).await {
+                    tracing::warn!(engine, replica = end.replica(), error = %m, "rebuild snapshot not merged away");
+                }
+            }
+        }
+        Ok(())
     }
 }
 

@@ -38,7 +38,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use super::thin::{self, CopyState, Next};
+use super::thin::{self, At, CopyState};
 use super::{
     EngineNames, EnginePlan, Inventory, Made, ReplicaInfo, VolumeError, VolumeOps, VolumePlan,
     ignore_missing, naming, rpc,
@@ -58,30 +58,21 @@ const MAX_FAILURES: u32 = 3;
 /// How long a remote dest's node that did not answer is left alone.
 const NO_ANSWER_PAUSE: Duration = Duration::from_secs(3);
 
-/// A shallow copy running for a rebuild.
-#[derive(Debug, Clone)]
-struct Running {
-    /// The replica being rebuilt.
-    k: usize,
-    /// The source snapshot's snapshot name (`S` of `<vol>-r<s>.s.<S>`).
-    snap: String,
-    /// The dest head it copies into.
-    dst: String,
-    op: u32,
-}
-
 /// The thin rebuilds of one target: the running copies, and the failures in
 /// a row per volume.
 #[derive(Debug, Default, Clone)]
-pub(super) struct Rebuilds(Arc<Mutex<RebuildState>>);
+pub(super) struct Rebuilds {
+    state: Arc<Mutex<RebuildState>>,
+    runs: thin::Runs,
+}
 
 #[derive(Debug, Default)]
 struct RebuildState {
-    running: HashMap<String, Running>,
     failures: HashMap<String, u32>,
     /// Per volume: the source's rebuild snapshots copied into a remote
     /// dest's head since it was last made ready (they are not snapshotted
-    /// there: the head keeps their clusters until the switch).
+    /// there: the head keeps their clusters until the switch, or until the
+    /// next named snapshot of the chain is copied over them and taken).
     remote_rb: HashMap<String, Vec<String>>,
     /// Per volume: when a remote dest's node that did not answer is asked again.
     asked: HashMap<String, tokio::time::Instant>,
@@ -89,29 +80,29 @@ struct RebuildState {
 
 impl Rebuilds {
     fn lock(&self) -> std::sync::MutexGuard<'_, RebuildState> {
-        self.0.lock().unwrap_or_else(|p| p.into_inner())
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
     /// Whether volume `vol` rebuilds thin (it has not failed too often).
     pub(super) fn thin_allowed(&self, vol: &str) -> bool {
         self.lock().failures.get(vol).copied().unwrap_or(0) < MAX_FAILURES
     }
     fn failed(&self, vol: &str) -> u32 {
+        self.runs.remove_all(vol);
         let mut s = self.lock();
-        s.running.remove(vol);
         s.remote_rb.remove(vol);
         let n = s.failures.entry(vol.to_owned()).or_default();
         *n += 1;
         *n
     }
     fn succeeded(&self, vol: &str) {
+        self.runs.remove_all(vol);
         let mut s = self.lock();
-        s.running.remove(vol);
         s.remote_rb.remove(vol);
         s.failures.remove(vol);
     }
     /// Whether a copy runs for volume `vol`.
     pub(super) fn running(&self, vol: &str) -> bool {
-        self.lock().running.contains_key(vol)
+        self.runs.any(vol)
     }
 }
 
@@ -124,7 +115,7 @@ pub(super) enum Step {
     Joined,
 }
 
-/// The snapshot name of an lvol name (`S` of `<vol>-r<k>.s.<S>`).
+/// The snapshot name of an lvol name (`S` of `<vol>-r<s>.s.<S>`).
 fn snap_of(inv: &Inventory, alias: &str) -> Option<String> {
     match parse_lvol(&inv.lvols.get(alias)?.name)? {
         LvolRole::Snapshot { snap, .. } => Some(snap),
@@ -134,20 +125,6 @@ fn snap_of(inv: &Inventory, alias: &str) -> Option<String> {
 
 fn allocated(inv: &Inventory, alias: &str) -> u64 {
     inv.lvols.get(alias).map_or(0, |l| l.num_allocated_clusters)
-}
-
-/// How far a rebuild from the head `head` over `chain` (oldest first) is,
-/// in percent of the clusters to copy (99 at most: done is `Joined`), with
-/// the first `j` snapshots copied and `copied_now` clusters of the next.
-fn percent(inv: &Inventory, chain: &[String], head: &str, j: usize, copied_now: u64) -> u32 {
-    let own: Vec<u64> = chain
-        .iter()
-        .map(String::as_str)
-        .chain([head])
-        .map(|a| allocated(inv, a))
-        .collect();
-    let (done, total) = thin::copied(&own, j.min(chain.len()), copied_now);
-    u32::try_from((done * 100).checked_div(total).unwrap_or(0).min(99)).unwrap_or(99)
 }
 
 /// `lvs/name` of an lvol named `name` in the lvstore of `alias`.
@@ -195,10 +172,396 @@ pub(super) fn remote_dest(plan: &VolumePlan, k: usize) -> Option<&dyn RemoteDest
     plan.remote_dests.get(i)?.as_deref()
 }
 
+/// What every step of a talon volume's rebuild knows: the volume, the
+/// listing the step works from, the raid and the two replicas, the source's
+/// chain (aliases, and snapshot names: the dest's copies are named by them).
+struct Rebuild<'a> {
+    ops: &'a VolumeOps,
+    inv: &'a Inventory,
+    plan: &'a VolumePlan,
+    raid: &'a RaidBdev,
+    src: &'a ReplicaInfo,
+    dst: &'a ReplicaInfo,
+    /// The raid's up-to-date members by slot (the dest joins its own slot
+    /// at the switch).
+    members: &'a [Option<String>],
+    src_chain: Vec<String>,
+    snaps: Vec<String>,
+    own: Vec<u64>,
+}
+
+impl<'a> Rebuild<'a> {
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        ops: &'a VolumeOps,
+        inv: &'a Inventory,
+        plan: &'a VolumePlan,
+        raid: &'a RaidBdev,
+        src: &'a ReplicaInfo,
+        dst: &'a ReplicaInfo,
+        members: &'a [Option<String>],
+    ) -> Result<Self, VolumeError> {
+        let src_chain = inv.chain(&src.alias);
+        let snaps: Vec<String> = src_chain.iter().filter_map(|a| snap_of(inv, a)).collect();
+        if snaps.len() != src_chain.len() {
+            return Err(VolumeError::RebuildCopy {
+                volume: plan.name.as_str().to_owned(),
+                replica: dst.name.clone(),
+                snapshot: String::new(),
+                message: "the source's chain holds a snapshot that is not talon's".into(),
+            });
+        }
+        let own = src_chain
+            .iter()
+            .chain([&src.alias])
+            .map(|a| allocated(inv, a))
+            .collect();
+        Ok(Self {
+            ops,
+            inv,
+            plan,
+            raid,
+            src,
+            dst,
+            members,
+            src_chain,
+            snaps,
+            own,
+        })
+    }
+
+    fn vol(&self) -> &str {
+        self.plan.name.as_str()
+    }
+
+    fn failed(&self, snapshot: &str, message: String) -> VolumeError {
+        VolumeError::RebuildCopy {
+            volume: self.vol().to_owned(),
+            replica: self.dst.name.clone(),
+            snapshot: snapshot.to_owned(),
+            message,
+        }
+    }
+}
+
+/// A local dest as the step's listing shows it: its head and its copies
+/// (`<vol>-r<k>.s.<S>`) are lvols of this target.
+struct LocalView {
+    /// Whether the dest's head is there (one made by this reconcile is not
+    /// listed yet: the next step sees it).
+    head: bool,
+    /// The copies it holds of the source's chain, from the oldest on, each
+    /// over the one before.
+    shared: Vec<String>,
+    /// Whether its head is empty right above them.
+    head_ready: bool,
+    /// A copy of the next snapshot off the chain (an earlier attempt).
+    in_the_way: Option<String>,
+}
+
+impl LocalView {
+    fn of(r: &Rebuild<'_>) -> Self {
+        let (inv, vol, dst) = (r.inv, r.vol(), r.dst);
+        let head = inv.lvols.get(&dst.alias);
+        // the copies the dest already has: its snapshots of the source's
+        // chain, from the oldest on, each over the one before (taken while
+        // it was in service, or copied by an earlier rebuild: that instant)
+        let mut shared: Vec<String> = Vec::new();
+        for snap in &r.snaps {
+            let d = sibling(&dst.alias, &naming::snapshot_lvol(vol, dst.k, snap));
+            if !inv.lvols.contains_key(&d) || inv.parent_of(&d) != shared.last().cloned() {
+                break;
+            }
+            shared.push(d);
+        }
+        // the dest head must be empty and right above them: a head with data
+        // of its own (what it held when it fell behind, or a copy that did
+        // not finish) or over other snapshots is made again
+        let head_ready =
+            head.is_some_and(|h| h.num_allocated_clusters == 0) && inv.chain(&dst.alias) == shared;
+        let in_the_way = r
+            .snaps
+            .get(shared.len())
+            .map(|snap| sibling(&dst.alias, &naming::snapshot_lvol(vol, dst.k, snap)))
+            .filter(|copy| inv.lvols.contains_key(copy));
+        Self {
+            head: head.is_some(),
+            shared,
+            head_ready,
+            in_the_way,
+        }
+    }
+}
+
+/// Where a talon volume's dest is.
+enum Dest<'a> {
+    /// In this target.
+    Local(LocalView),
+    /// Served by another node (`node` answers for its head and snapshots);
+    /// the copies are written from here into its head through its NVMe/TCP
+    /// bdev. The source's rebuild snapshots are not snapshotted there: the
+    /// head keeps their clusters until the switch (what the engine then
+    /// serves from it), or until a named snapshot after them in the chain
+    /// is copied over them and taken with them.
+    Remote {
+        node: &'a dyn RemoteDest,
+        /// The source's chain without its rebuild snapshots: what the
+        /// node holds of it.
+        named: Vec<String>,
+    },
+}
+
+/// The ends of a talon volume's thin rebuild.
+struct TalonEnds<'a> {
+    r: Rebuild<'a>,
+    dest: Dest<'a>,
+}
+
+impl TalonEnds<'_> {
+    /// Where remote dest `node` stands: right after the last rebuild
+    /// snapshot copied into its head, or (none is) after the named
+    /// snapshots it holds. So each copy goes in the chain's order: a
+    /// snapshot taken on the source after a rebuild snapshot (a user's,
+    /// during the rebuild) is copied over that one's clusters, never under
+    /// them.
+    async fn remote_at(&self, node: &dyn RemoteDest, named: &[String]) -> Result<At, VolumeError> {
+        let (ops, vol, dst, snaps) = (self.r.ops, self.r.vol(), self.r.dst, &self.r.snaps);
+        let last_rb = ops
+            .rebuilds
+            .lock()
+            .remote_rb
+            .get(vol)
+            .and_then(|c| c.last().cloned());
+        if let Some(i) = last_rb.and_then(|rb| snaps.iter().position(|s| *s == rb)) {
+            return Ok(At::Holds {
+                shared: i + 1,
+                ready: true,
+            });
+        }
+        ops.rebuilds.lock().remote_rb.remove(vol);
+        // the dest's head empty right above the snapshots it shares (a
+        // node that does not answer is asked again after a pause, without
+        // holding up this reconcile or counting a failure)
+        let now = tokio::time::Instant::now();
+        if ops.rebuilds.lock().asked.get(vol).is_some_and(|t| *t > now) {
+            return Ok(At::Busy { shared: 0 });
+        }
+        let st = match node.prepare(named).await {
+            Ok(st) => st,
+            Err(PrepareError::NoAnswer(m)) => {
+                tracing::info!(volume = vol, replica = %dst.name, why = %m,
+                    "remote replica's node does not answer; its rebuild waits");
+                ops.rebuilds
+                    .lock()
+                    .asked
+                    .insert(vol.to_owned(), now + NO_ANSWER_PAUSE);
+                return Ok(At::Busy { shared: 0 });
+            }
+            Err(PrepareError::Refused(m)) => return Err(self.r.failed("", m)),
+        };
+        if !st.stale.is_empty() {
+            for s in &st.stale {
+                node.delete_snapshot(s).await.map_err(|m| self.r.failed(s, m))?;
+            }
+            tracing::info!(volume = vol, replica = %dst.name, stale = ?st.stale,
+                "snapshots the source does not hold at their place deleted on the remote replica");
+            return Ok(At::Busy { shared: 0 });
+        }
+        let held = (st.shared as usize).min(named.len());
+        let shared = held
+            .checked_sub(1)
+            .and_then(|n| snaps.iter().position(|s| *s == named[n]))
+            .map_or(0, |i| i + 1);
+        if st.reset {
+            // its namespace went and came back: attached afresh (next reconcile)
+            tracing::info!(volume = vol, replica = %dst.name, shared = st.shared,
+                "rebuilding remote replica thin from r{}", self.r.src.k);
+            ops.reattach(vol, dst).await;
+            return Ok(At::Busy { shared });
+        }
+        Ok(At::Holds { shared, ready: true })
+    }
+
+    /// Makes local dest `view`'s head empty right above the `j` copies it
+    /// shares, or deletes the copy in the way of the next one.
+    async fn make_local_ready(&self, view: &LocalView, j: usize) -> Result<(), VolumeError> {
+        let (ops, vol, dst) = (self.r.ops, self.r.vol(), self.r.dst);
+        if view.head_ready {
+            if let Some(copy) = &view.in_the_way {
+                ignore_missing(ops.client.bdev_lvol_delete(&ByName::new(copy)))
+                    .await
+                    .map_err(rpc(
+                        vol,
+                        format!("deleting {copy}, an earlier copy off the chain"),
+                    ))?;
+            }
+            return Ok(());
+        }
+        ignore_missing(ops.client.bdev_lvol_delete(&ByName::new(&dst.alias)))
+            .await
+            .map_err(rpc(vol, format!("deleting {} to rebuild it", dst.alias)))?;
+        let name = naming::replica(vol, dst.k);
+        match view.shared.last() {
+            Some(parent) => ops
+                .client
+                .bdev_lvol_clone(&LvolClone {
+                    snapshot_name: parent.clone(),
+                    clone_name: name.clone(),
+                })
+                .await
+                .map(|_| ()),
+            None => {
+                let lvs = dst.alias.split_once('/').map_or("", |(l, _)| l);
+                ops.client
+                    .bdev_lvol_create(&LvolCreate::thin(lvs, &name, self.r.src.size_bytes.div_ceil(MIB)))
+                    .await
+                    .map(|_| ())
+            }
+        }
+        .map_err(rpc(
+            vol,
+            format!("making {} again, empty, to rebuild it", dst.alias),
+        ))?;
+        tracing::info!(volume = vol, replica = %dst.name, shared = j, "rebuilding replica thin from r{}", self.r.src.k);
+        Ok(())
+    }
+
+    /// Keeps a finished copy of `snap` in remote dest `node`: a named
+    /// snapshot is snapshotted there (the rebuild snapshots copied into the
+    /// head before it go into that snapshot with it); a rebuild snapshot's
+    /// clusters stay in the head.
+    async fn keep_remote(&self, node: &dyn RemoteDest, snap: &str) -> Result<(), VolumeError> {
+        let (ops, vol) = (self.r.ops, self.r.vol());
+        if naming::is_rebuild_snap(snap) {
+            ops.rebuilds
+                .lock()
+                .remote_rb
+                .entry(vol.to_owned())
+                .or_default()
+                .push(snap.to_owned());
+            return Ok(());
+        }
+        node.snapshot(snap).await.map_err(|m| self.r.failed(snap, m))?;
+        ops.rebuilds.lock().remote_rb.remove(vol);
+        Ok(())
+    }
+}
+
+#[async_trait::async_trait]
+impl thin::Ends for TalonEnds<'_> {
+    type Error = VolumeError;
+
+    fn of(&self) -> &str {
+        self.r.vol()
+    }
+
+    fn dest(&self) -> &str {
+        &self.r.dst.name
+    }
+
+    fn chain(&self) -> &[String] {
+        &self.r.snaps
+    }
+
+    fn own(&self) -> &[u64] {
+        &self.r.own
+    }
+
+    fn cluster(&self) -> u64 {
+        1
+    }
+
+    fn busy_head(&self) -> bool {
+        allocated(self.r.inv, &self.r.src.alias) > SWITCH_CLUSTERS
+    }
+
+    fn rounds(&self) -> usize {
+        self.r.snaps.iter().filter(|s| naming::is_rebuild_snap(s)).count()
+    }
+
+    async fn at(&self) -> Result<At, VolumeError> {
+        match &self.dest {
+            Dest::Local(v) if !v.head => Ok(At::Busy { shared: 0 }),
+            Dest::Local(v) => Ok(At::Holds {
+                shared: v.shared.len(),
+                ready: v.head_ready && v.in_the_way.is_none(),
+            }),
+            Dest::Remote { node, named } => self.remote_at(*node, named).await,
+        }
+    }
+
+    async fn make_ready(&self, j: usize) -> Result<(), VolumeError> {
+        match &self.dest {
+            Dest::Local(v) => self.make_local_ready(v, j).await,
+            // its node makes it ready when `at` asks
+            Dest::Remote { .. } => Ok(()),
+        }
+    }
+
+    async fn start_copy(&self, j: usize) -> Result<thin::Copier, VolumeError> {
+        let r = &self.r;
+        r.ops
+            .copy_into(r.vol(), &r.src_chain[j], r.dst)
+            .await
+            .map(thin::Copier::Here)
+    }
+
+    async fn check(&self, run: &thin::Run) -> Result<Option<CopyState>, VolumeError> {
+        Ok(match run.copier {
+            thin::Copier::Here(op) => thin::copy_state(&self.r.ops.client, op).await.ok(),
+            thin::Copier::Elsewhere => None,
+        })
+    }
+
+    async fn copy_failed(&self, run: &thin::Run, message: String) -> VolumeError {
+        if let Dest::Remote { .. } = self.dest {
+            self.r.ops.reattach(self.r.vol(), self.r.dst).await;
+        }
+        self.r.failed(&run.snap, message)
+    }
+
+    fn copy_lost(&self) {
+        if let Dest::Remote { .. } = self.dest {
+            self.r.ops.rebuilds.lock().remote_rb.remove(self.r.vol());
+        }
+    }
+
+    async fn keep(&self, snap: &str) -> Result<(), VolumeError> {
+        let r = &self.r;
+        match &self.dest {
+            Dest::Local(_) => r.ops.keep_copy(r.vol(), &r.dst.alias, r.dst.k, snap).await,
+            Dest::Remote { node, .. } => self.keep_remote(*node, snap).await,
+        }
+    }
+
+    async fn round(&self) -> Result<(), VolumeError> {
+        let r = &self.r;
+        r.ops
+            .take_rebuild_snapshot(r.inv, r.vol(), r.src)
+            .await
+            .map(|_| ())
+    }
+
+    async fn switch(&self) -> Result<(), VolumeError> {
+        let r = &self.r;
+        r.ops.switch(r.inv, r.plan, r.raid, r.src, r.dst, r.members).await
+    }
+}
+
+/// The snapshot names of a chain without the rebuild snapshots.
+fn named(snaps: &[String]) -> Vec<String> {
+    snaps
+        .iter()
+        .filter(|s| !naming::is_rebuild_snap(s))
+        .cloned()
+        .collect()
+}
+
 impl VolumeOps {
-    /// One step of the thin rebuild of local replica `dst` from local
-    /// replica `src` (in the raid, up to date). `members`: the raid's
-    /// up-to-date members by slot (`dst` joins its own slot at the switch).
+    /// One step of the thin rebuild of replica `dst` (local, or remote with
+    /// a node talon can call) from local replica `src` (in the raid, up to
+    /// date). `members`: the raid's up-to-date members by slot (`dst` joins
+    /// its own slot at the switch).
     pub(super) async fn thin_rebuild(
         &self,
         inv: &Inventory,
@@ -209,16 +572,29 @@ impl VolumeOps {
         members: &[Option<String>],
     ) -> Result<Step, VolumeError> {
         let vol = plan.name.as_str();
-        let step = match remote_dest(plan, dst.k) {
-            Some(d) => self.thin_step_remote(inv, plan, raid, src, dst, d, members).await,
-            None => self.thin_step(inv, plan, raid, src, dst, members).await,
+        let step = match Rebuild::new(self, inv, plan, raid, src, dst, members) {
+            Ok(r) => {
+                let dest = match remote_dest(plan, dst.k) {
+                    Some(node) => Dest::Remote {
+                        node,
+                        named: named(&r.snaps),
+                    },
+                    None => Dest::Local(LocalView::of(&r)),
+                };
+                thin::step(&TalonEnds { r, dest }, &self.rebuilds.runs).await
+            }
+            Err(e) => Err(e),
         };
         match step {
-            Ok(Step::Joined) => {
+            Ok(thin::Step::Joined) => {
                 self.rebuilds.succeeded(vol);
                 Ok(Step::Joined)
             }
-            Ok(s) => Ok(s),
+            Ok(thin::Step::Copying { copied, total }) => {
+                // 99 at most: done is `Joined`
+                let pct = (copied * 100).checked_div(total).unwrap_or(0).min(99);
+                Ok(Step::Copying(u32::try_from(pct).unwrap_or(99)))
+            }
             Err(e) => {
                 let n = self.rebuilds.failed(vol);
                 tracing::warn!(volume = vol, replica = %dst.name, failures = n, error = %crate::util::error_chain(&e),
@@ -227,346 +603,6 @@ impl VolumeOps {
                 Err(e)
             }
         }
-    }
-
-    async fn thin_step(
-        &self,
-        inv: &Inventory,
-        plan: &VolumePlan,
-        raid: &RaidBdev,
-        src: &ReplicaInfo,
-        dst: &ReplicaInfo,
-        members: &[Option<String>],
-    ) -> Result<Step, VolumeError> {
-        let vol = plan.name.as_str();
-        let src_chain = inv.chain(&src.alias);
-        let progress = |copied_now: u64, j: usize| percent(inv, &src_chain, &src.alias, j, copied_now);
-
-        // a copy that runs: done yet?
-        let running = self.rebuilds.lock().running.get(vol).cloned();
-        if let Some(c) = running {
-            let j = src_chain
-                .iter()
-                .position(|a| snap_of(inv, a).as_deref() == Some(c.snap.as_str()))
-                .unwrap_or(0);
-            match thin::copy_state(&self.client, c.op).await {
-                Ok(CopyState::Running(n)) if c.k == dst.k => {
-                    return Ok(Step::Copying(progress(n, j)));
-                }
-                Ok(CopyState::Done) if c.k == dst.k => {
-                    self.rebuilds.lock().running.remove(vol);
-                    self.keep_copy(vol, &c.dst, dst.k, &c.snap).await?;
-                    return Ok(Step::Copying(progress(0, j + 1)));
-                }
-                Ok(CopyState::Failed(message)) => {
-                    self.rebuilds.lock().running.remove(vol);
-                    return Err(VolumeError::RebuildCopy {
-                        volume: vol.to_owned(),
-                        replica: dst.name.clone(),
-                        snapshot: c.snap,
-                        message,
-                    });
-                }
-                // SPDK forgot it (a restart of the target) or it was another
-                // replica's: the head it copied into is made again below
-                _ => {
-                    self.rebuilds.lock().running.remove(vol);
-                }
-            }
-        }
-
-        let Some(head) = inv.lvols.get(&dst.alias) else {
-            // made by this reconcile: the next one sees it
-            return Ok(Step::Copying(0));
-        };
-        // the copies the dest already has: its snapshots of the source's
-        // chain, from the oldest on, each over the one before (taken while
-        // it was in service, or copied by an earlier rebuild: that instant)
-        let mut shared: Vec<String> = Vec::new();
-        for s in &src_chain {
-            let Some(snap) = snap_of(inv, s) else { break };
-            let d = sibling(&dst.alias, &naming::snapshot_lvol(vol, dst.k, &snap));
-            if !inv.lvols.contains_key(&d) || inv.parent_of(&d) != shared.last().cloned() {
-                break;
-            }
-            shared.push(d);
-        }
-        let j = shared.len();
-        // the dest head must be empty and right above them: a head with data
-        // of its own (what it held when it fell behind, or a copy that did
-        // not finish) or over other snapshots is made again
-        let head_ready = head.num_allocated_clusters == 0 && inv.chain(&dst.alias) == shared;
-        // a copy of the next snapshot off the chain (an earlier attempt) is in the way
-        let in_the_way = src_chain
-            .get(j)
-            .and_then(|s| snap_of(inv, s))
-            .map(|snap| sibling(&dst.alias, &naming::snapshot_lvol(vol, dst.k, &snap)))
-            .filter(|copy| inv.lvols.contains_key(copy));
-        let rounds = src_chain
-            .iter()
-            .filter(|a| snap_of(inv, a).is_some_and(|s| naming::is_rebuild_snap(&s)))
-            .count();
-        let at = thin::Progress {
-            chain: src_chain.len(),
-            shared: j,
-            ready: head_ready && in_the_way.is_none(),
-            busy_head: allocated(inv, &src.alias) > SWITCH_CLUSTERS,
-            rounds,
-        };
-        match at.next() {
-            Next::MakeHead if !head_ready => {
-                ignore_missing(self.client.bdev_lvol_delete(&ByName::new(&dst.alias)))
-                    .await
-                    .map_err(rpc(vol, format!("deleting {} to rebuild it", dst.alias)))?;
-                let name = naming::replica(vol, dst.k);
-                match shared.last() {
-                    Some(parent) => self
-                        .client
-                        .bdev_lvol_clone(&LvolClone {
-                            snapshot_name: parent.clone(),
-                            clone_name: name.clone(),
-                        })
-                        .await
-                        .map(|_| ()),
-                    None => {
-                        let lvs = dst.alias.split_once('/').map_or("", |(l, _)| l);
-                        self.client
-                            .bdev_lvol_create(&LvolCreate::thin(lvs, &name, src.size_bytes.div_ceil(MIB)))
-                            .await
-                            .map(|_| ())
-                    }
-                }
-                .map_err(rpc(
-                    vol,
-                    format!("making {} again, empty, to rebuild it", dst.alias),
-                ))?;
-                tracing::info!(volume = vol, replica = %dst.name, shared = j, "rebuilding replica thin from r{}", src.k);
-                Ok(Step::Copying(progress(0, j)))
-            }
-            Next::MakeHead => {
-                if let Some(copy) = in_the_way {
-                    ignore_missing(self.client.bdev_lvol_delete(&ByName::new(&copy)))
-                        .await
-                        .map_err(rpc(
-                            vol,
-                            format!("deleting {copy}, an earlier copy off the chain"),
-                        ))?;
-                }
-                Ok(Step::Copying(progress(0, j)))
-            }
-            Next::Copy(j) => {
-                let s = &src_chain[j];
-                let Some(snap) = snap_of(inv, s) else {
-                    return Err(VolumeError::RebuildCopy {
-                        volume: vol.to_owned(),
-                        replica: dst.name.clone(),
-                        snapshot: s.clone(),
-                        message: "the source's chain holds a snapshot that is not talon's".into(),
-                    });
-                };
-                let op = self.copy_into(vol, s, &snap, dst).await?;
-                // a small copy is often done at once: kept now, not a poll later
-                if self.settled(vol, op).await {
-                    self.keep_copy(vol, &dst.alias, dst.k, &snap).await?;
-                    return Ok(Step::Copying(progress(0, j + 1)));
-                }
-                Ok(Step::Copying(progress(0, j)))
-            }
-            Next::Round => {
-                self.take_rebuild_snapshot(inv, vol, src).await?;
-                Ok(Step::Copying(progress(0, j)))
-            }
-            Next::Switch => {
-                self.switch(inv, plan, raid, src, dst, members).await?;
-                Ok(Step::Joined)
-            }
-        }
-    }
-
-    /// One step of the thin rebuild of remote replica `dst` (its node `dest`
-    /// answers for its head and snapshots) from local replica `src`: the
-    /// same steps as a local dest's, the copies written from here into the
-    /// remote head through its NVMe/TCP bdev. The source's rebuild
-    /// snapshots are not snapshotted there: the head keeps their clusters
-    /// until the switch (what the engine then serves from it).
-    #[allow(clippy::too_many_arguments)]
-    async fn thin_step_remote(
-        &self,
-        inv: &Inventory,
-        plan: &VolumePlan,
-        raid: &RaidBdev,
-        src: &ReplicaInfo,
-        dst: &ReplicaInfo,
-        dest: &dyn RemoteDest,
-        members: &[Option<String>],
-    ) -> Result<Step, VolumeError> {
-        let vol = plan.name.as_str();
-        let src_chain = inv.chain(&src.alias);
-        let snaps: Vec<String> = src_chain.iter().filter_map(|a| snap_of(inv, a)).collect();
-        if snaps.len() != src_chain.len() {
-            return Err(VolumeError::RebuildCopy {
-                volume: vol.to_owned(),
-                replica: dst.name.clone(),
-                snapshot: String::new(),
-                message: "the source's chain holds a snapshot that is not talon's".into(),
-            });
-        }
-        let named: Vec<String> = snaps
-            .iter()
-            .filter(|s| !naming::is_rebuild_snap(s))
-            .cloned()
-            .collect();
-        let progress = |j: usize, copied_now: u64| percent(inv, &src_chain, &src.alias, j, copied_now);
-        let failed = |snapshot: &str, message: String| VolumeError::RebuildCopy {
-            volume: vol.to_owned(),
-            replica: dst.name.clone(),
-            snapshot: snapshot.to_owned(),
-            message,
-        };
-        let pos = |snap: &str| snaps.iter().position(|s| s == snap).unwrap_or(0);
-
-        // a copy that runs: done yet?
-        let running = self.rebuilds.lock().running.get(vol).cloned();
-        if let Some(c) = running {
-            match thin::copy_state(&self.client, c.op).await {
-                Ok(CopyState::Running(n)) if c.k == dst.k => {
-                    return Ok(Step::Copying(progress(pos(&c.snap), n)));
-                }
-                Ok(CopyState::Done) if c.k == dst.k => {
-                    self.rebuilds.lock().running.remove(vol);
-                    self.keep_remote_copy(vol, dest, &c.snap)
-                        .await
-                        .map_err(|m| failed(&c.snap, m))?;
-                    return Ok(Step::Copying(progress(pos(&c.snap) + 1, 0)));
-                }
-                Ok(CopyState::Failed(message)) => {
-                    self.rebuilds.lock().running.remove(vol);
-                    self.reattach(vol, dst).await;
-                    return Err(failed(&c.snap, message));
-                }
-                // SPDK forgot it (a restart of the target) or it was another
-                // replica's: the dest's head is made ready again below
-                _ => {
-                    let mut st = self.rebuilds.lock();
-                    st.running.remove(vol);
-                    st.remote_rb.remove(vol);
-                }
-            }
-        }
-
-        // how far along the source's chain the dest's head is: right after
-        // the last rebuild snapshot copied into it, or (none is) after the
-        // named snapshots its node holds. Each copy goes in the chain's
-        // order: a snapshot taken on the source after a rebuild snapshot
-        // (a user's, during the rebuild) is copied over that one's
-        // clusters, never under them.
-        let last_rb = self
-            .rebuilds
-            .lock()
-            .remote_rb
-            .get(vol)
-            .and_then(|c| c.last().cloned());
-        let after_rb = last_rb.and_then(|rb| snaps.iter().position(|s| *s == rb));
-        let next = match after_rb {
-            Some(i) => i + 1,
-            None => {
-                self.rebuilds.lock().remote_rb.remove(vol);
-                // the dest's head empty right above the snapshots it shares
-                // (a node that does not answer is asked again after a pause,
-                // without holding up this reconcile or counting a failure)
-                let now = tokio::time::Instant::now();
-                if self.rebuilds.lock().asked.get(vol).is_some_and(|t| *t > now) {
-                    return Ok(Step::Copying(0));
-                }
-                let st = match dest.prepare(&named).await {
-                    Ok(st) => st,
-                    Err(PrepareError::NoAnswer(m)) => {
-                        tracing::info!(volume = vol, replica = %dst.name, why = %m,
-                            "remote replica's node does not answer; its rebuild waits");
-                        self.rebuilds
-                            .lock()
-                            .asked
-                            .insert(vol.to_owned(), now + NO_ANSWER_PAUSE);
-                        return Ok(Step::Copying(0));
-                    }
-                    Err(PrepareError::Refused(m)) => return Err(failed("", m)),
-                };
-                if !st.stale.is_empty() {
-                    for s in &st.stale {
-                        dest.delete_snapshot(s).await.map_err(|m| failed(s, m))?;
-                    }
-                    tracing::info!(volume = vol, replica = %dst.name, stale = ?st.stale,
-                        "snapshots the source does not hold at their place deleted on the remote replica");
-                    return Ok(Step::Copying(0));
-                }
-                let held = (st.shared as usize).min(named.len());
-                let next = held.checked_sub(1).map_or(0, |n| pos(&named[n]) + 1);
-                if st.reset {
-                    // its namespace went and came back: attached afresh (next reconcile)
-                    tracing::info!(volume = vol, replica = %dst.name, shared = st.shared,
-                        "rebuilding remote replica thin from r{}", src.k);
-                    self.reattach(vol, dst).await;
-                    return Ok(Step::Copying(progress(next, 0)));
-                }
-                next
-            }
-        };
-        if let Some(snap) = snaps.get(next) {
-            let op = self.copy_into(vol, &src_chain[next], snap, dst).await?;
-            if self.settled(vol, op).await {
-                self.keep_remote_copy(vol, dest, snap)
-                    .await
-                    .map_err(|m| failed(snap, m))?;
-                return Ok(Step::Copying(progress(next + 1, 0)));
-            }
-            return Ok(Step::Copying(progress(next, 0)));
-        }
-        // the whole chain is in the dest's head
-        let at = thin::Progress {
-            chain: snaps.len(),
-            shared: snaps.len(),
-            ready: true,
-            busy_head: allocated(inv, &src.alias) > SWITCH_CLUSTERS,
-            rounds: snaps.iter().filter(|s| naming::is_rebuild_snap(s)).count(),
-        };
-        if at.next() == Next::Round {
-            self.take_rebuild_snapshot(inv, vol, src).await?;
-            return Ok(Step::Copying(progress(snaps.len(), 0)));
-        }
-        self.switch(inv, plan, raid, src, dst, members).await?;
-        Ok(Step::Joined)
-    }
-
-    /// Keeps what a finished copy of source snapshot `snap` put in remote
-    /// dest `dest`'s head: a named snapshot is snapshotted there (the
-    /// rebuild snapshots copied into the head before it go into that
-    /// snapshot with it); a rebuild snapshot's clusters stay in the head.
-    async fn keep_remote_copy(&self, vol: &str, dest: &dyn RemoteDest, snap: &str) -> Result<(), String> {
-        if naming::is_rebuild_snap(snap) {
-            self.rebuilds
-                .lock()
-                .remote_rb
-                .entry(vol.to_owned())
-                .or_default()
-                .push(snap.to_owned());
-            return Ok(());
-        }
-        dest.snapshot(snap).await?;
-        self.rebuilds.lock().remote_rb.remove(vol);
-        Ok(())
-    }
-
-    /// Waits up to [`thin::COPY_SETTLE`] for copy `op` of volume `vol` to
-    /// finish; true (and the copy no longer running) when it did.
-    async fn settled(&self, vol: &str, op: u32) -> bool {
-        let done = matches!(
-            thin::wait_copy(&self.client, op, thin::COPY_SETTLE).await,
-            Ok(CopyState::Done)
-        );
-        if done {
-            self.rebuilds.lock().running.remove(vol);
-        }
-        done
     }
 
     /// Detaches the controller of remote replica `dst` (best effort): the
@@ -578,64 +614,40 @@ impl VolumeOps {
         }
     }
 
-    /// Starts the shallow copy of source snapshot `s` (snapshot name `snap`)
-    /// into the dest head, grown to `s`'s size first. Not capped by
-    /// `rebuildMibPerSec`: on v26.05 a QoS limit set on a bdev nobody has
-    /// open (the head, until a copy opens it) can never be changed or lifted
-    /// again (`bdev_set_qos_limit` answers EAGAIN from then on, seen on a
-    /// real target), and the head becomes a raid member.
-    async fn copy_into(&self, vol: &str, s: &str, snap: &str, dst: &ReplicaInfo) -> Result<u32, VolumeError> {
+    /// Starts the shallow copy of source snapshot `s` into the dest head
+    /// (a local one grown to `s`'s size first); answers the operation id.
+    /// Not capped by `rebuildMibPerSec`: on v26.05 a QoS limit set on a
+    /// bdev nobody has open (the head, until a copy opens it) can never be
+    /// changed or lifted again (`bdev_set_qos_limit` answers EAGAIN from
+    /// then on, seen on a real target), and the head becomes a raid member.
+    async fn copy_into(&self, vol: &str, s: &str, dst: &ReplicaInfo) -> Result<u32, VolumeError> {
         let target = dst_target(dst);
-        if target != dst.alias {
-            // a remote head: its node sizes it (to the volume's size)
-            return self.start_copy(vol, s, snap, dst, &target).await;
-        }
-        let size = match self
-            .client
-            .bdev(s)
-            .await
-            .map_err(rpc(vol, format!("looking up {s}")))?
-        {
-            Some(b) => b.size_bytes(),
-            None => 0,
-        };
-        let head = self
-            .client
-            .bdev(&dst.alias)
-            .await
-            .map_err(rpc(vol, format!("looking up {}", dst.alias)))?
-            .map_or(0, |b| b.size_bytes());
-        if head < size {
-            super::lvol::resize(&self.client, &dst.alias, size.div_ceil(MIB))
+        // a remote head: its node sizes it (to the volume's size)
+        if target == dst.alias {
+            let size = match self
+                .client
+                .bdev(s)
                 .await
-                .map_err(rpc(vol, format!("growing {} to {s}'s size", dst.alias)))?;
+                .map_err(rpc(vol, format!("looking up {s}")))?
+            {
+                Some(b) => b.size_bytes(),
+                None => 0,
+            };
+            let head = self
+                .client
+                .bdev(&dst.alias)
+                .await
+                .map_err(rpc(vol, format!("looking up {}", dst.alias)))?
+                .map_or(0, |b| b.size_bytes());
+            if head < size {
+                super::lvol::resize(&self.client, &dst.alias, size.div_ceil(MIB))
+                    .await
+                    .map_err(rpc(vol, format!("growing {} to {s}'s size", dst.alias)))?;
+            }
         }
-        self.start_copy(vol, s, snap, dst, &dst.alias).await
-    }
-
-    /// Starts the shallow copy of source snapshot `s` into bdev `target`
-    /// (the dest head, or a remote one's NVMe/TCP bdev).
-    async fn start_copy(
-        &self,
-        vol: &str,
-        s: &str,
-        snap: &str,
-        dst: &ReplicaInfo,
-        target: &str,
-    ) -> Result<u32, VolumeError> {
-        let op = thin::start_copy(&self.client, s, target)
+        thin::start_copy(&self.client, s, &target)
             .await
-            .map_err(rpc(vol, format!("copying {s}'s clusters to {target}")))?;
-        self.rebuilds.lock().running.insert(
-            vol.to_owned(),
-            Running {
-                k: dst.k,
-                snap: snap.to_owned(),
-                dst: target.to_owned(),
-                op,
-            },
-        );
-        Ok(op)
+            .map_err(rpc(vol, format!("copying {s}'s clusters to {target}")))
     }
 
     /// The next free `rb.<n>` of a volume.
@@ -751,14 +763,13 @@ impl VolumeOps {
         let vol = plan.name.as_str();
         // the source head's last clusters
         let (snap, s) = self.take_rebuild_snapshot(inv, vol, src).await?;
-        let op = self.copy_into(vol, &s, &snap, dst).await?;
+        let op = self.copy_into(vol, &s, dst).await?;
         let st = thin::wait_copy(&self.client, op, thin::SWITCH_COPY)
             .await
             .map_err(rpc(vol, format!("checking the copy of {s}")))?;
         match st {
             CopyState::Done => {}
             CopyState::Failed(message) => {
-                self.rebuilds.lock().running.remove(vol);
                 return Err(VolumeError::RebuildCopy {
                     volume: vol.to_owned(),
                     replica: dst.name.clone(),
@@ -775,7 +786,6 @@ impl VolumeOps {
                 });
             }
         }
-        self.rebuilds.lock().running.remove(vol);
         let target = dst_target(dst);
         // a local dest keeps the copy as a snapshot, merged away with the
         // source's; a remote one keeps it in its head

@@ -15,12 +15,19 @@
 //!                   the raid made again with the dest
 //! ```
 //!
-//! The two callers differ in where the ends are (talon's source is always in
-//! this target; a Longhorn engine's may be on another node, copied by that
-//! node's target) and in how the dest is named, so each carries these steps
-//! out itself. What a step does is decided here, from what the two replicas
-//! hold, so a restart goes on from the copies made so far.
+//! One step machine ([`step`]) carries every thin rebuild out: talon's
+//! own, whose source is a replica in this target and whose dest is one too
+//! or is served by another node (`rebuild.rs`), and a Longhorn engine's,
+//! either of whose ends may be on another node, copied by that node's
+//! target (`controllers/engine/longhorn_thin.rs`). What differs is behind
+//! [`Ends`]: how each end is named, asked and written. The order of the
+//! steps, the running copy, and when a copy is kept are decided here, from
+//! what the two replicas hold, so a restart goes on from the copies made
+//! so far: only the running copy is kept in memory ([`Runs`]), and spdk_tgt
+//! forgets it with a restart too.
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::spdk::rpc::{CheckShallowCopy, ShallowCopyStatus, StartShallowCopy};
@@ -166,6 +173,229 @@ pub fn next_round(taken: impl IntoIterator<Item = u64>) -> u64 {
     taken.into_iter().max().map_or(1, |n| n + 1)
 }
 
+/// Where a shallow copy runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Copier {
+    /// In this node's target: the operation id.
+    Here(u32),
+    /// In another node's target (the source's node): asked there.
+    Elsewhere,
+}
+
+/// A shallow copy a rebuild runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Run {
+    /// The source snapshot it copies (its snapshot name).
+    pub snap: String,
+    pub copier: Copier,
+}
+
+/// The copies running, one per rebuild: by (volume or engine, dest replica).
+#[derive(Debug, Default, Clone)]
+pub struct Runs(Arc<Mutex<HashMap<(String, String), Run>>>);
+
+impl Runs {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<(String, String), Run>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+    fn key(of: &str, dest: &str) -> (String, String) {
+        (of.to_owned(), dest.to_owned())
+    }
+    /// The copy running for the rebuild of `dest` of `of`.
+    pub fn get(&self, of: &str, dest: &str) -> Option<Run> {
+        self.lock().get(&Self::key(of, dest)).cloned()
+    }
+    fn insert(&self, of: &str, dest: &str, run: Run) {
+        self.lock().insert(Self::key(of, dest), run);
+    }
+    /// Forgets the copy of the rebuild of `dest` of `of`.
+    pub fn remove(&self, of: &str, dest: &str) {
+        self.lock().remove(&Self::key(of, dest));
+    }
+    /// Forgets every copy of `of`'s rebuilds.
+    pub fn remove_all(&self, of: &str) {
+        self.lock().retain(|(o, _), _| o != of);
+    }
+    /// Whether a copy runs for one of `of`'s rebuilds.
+    pub fn any(&self, of: &str) -> bool {
+        self.lock().keys().any(|(o, _)| o == of)
+    }
+}
+
+/// Where the dest stands against the source's chain, before the next copy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum At {
+    /// It holds the chain's first `shared` snapshots; `ready`: its head is
+    /// empty right above them and no other copy of the chain is in the way.
+    Holds { shared: usize, ready: bool },
+    /// Its side is at it (its head made, stale snapshots deleted, its node
+    /// asked): the next step looks again. It holds the first `shared`.
+    Busy { shared: usize },
+}
+
+/// Where a thin rebuild stands after one step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    /// Copying: `copied` of the source's `total`, in the unit of [`Ends::own`].
+    Copying { copied: u64, total: u64 },
+    /// The dest is a member of the raid again, equal to the source.
+    Joined,
+}
+
+/// The two ends of one thin rebuild, as one step sees them (listed once,
+/// at the step's start), and what each step does to them.
+#[async_trait::async_trait]
+pub trait Ends: Send + Sync {
+    type Error: Send;
+    /// The volume or engine whose rebuild this is.
+    fn of(&self) -> &str;
+    /// The dest replica's name.
+    fn dest(&self) -> &str;
+    /// The source's chain, oldest first: snapshot names, as the dest keeps
+    /// its copies.
+    fn chain(&self) -> &[String];
+    /// What each snapshot of the chain holds of its own, then the source
+    /// head: how far the rebuild is counts in this unit.
+    fn own(&self) -> &[u64];
+    /// One cluster in the unit of [`Ends::own`] (a running copy counts clusters).
+    fn cluster(&self) -> u64;
+    /// Whether the source head holds more of its own than the switch copies
+    /// with the export closed.
+    fn busy_head(&self) -> bool;
+    /// Rebuild snapshots in the source's chain (taken by this rebuild).
+    fn rounds(&self) -> usize;
+    /// Where the dest stands.
+    async fn at(&self) -> Result<At, Self::Error>;
+    /// Makes the dest's head empty right above the first `shared` snapshots
+    /// of the chain, with nothing else of the chain in the way.
+    async fn make_ready(&self, shared: usize) -> Result<(), Self::Error>;
+    /// Whether the dest can be written now (false: the next step asks again).
+    async fn writable(&self) -> Result<bool, Self::Error> {
+        Ok(true)
+    }
+    /// Starts copying snapshot `j` of the chain into the dest's head.
+    async fn start_copy(&self, j: usize) -> Result<Copier, Self::Error>;
+    /// Where copy `run` stands, or `None` when it is not known (the target
+    /// that ran it restarted).
+    async fn check(&self, run: &Run) -> Result<Option<CopyState>, Self::Error>;
+    /// The error of a copy that failed.
+    async fn copy_failed(&self, run: &Run, message: String) -> Self::Error;
+    /// A copy no longer known (its target restarted).
+    fn copy_lost(&self) {}
+    /// Keeps what a finished copy of snapshot `snap` put in the dest's head
+    /// (snapshotted as `snap`).
+    async fn keep(&self, snap: &str) -> Result<(), Self::Error>;
+    /// Snapshots the source head as the next rebuild snapshot.
+    async fn round(&self) -> Result<(), Self::Error>;
+    /// The switch: with the export closed, the source head's last clusters
+    /// copied and the raid made again with the dest.
+    async fn switch(&self) -> Result<(), Self::Error>;
+}
+
+/// One step of the thin rebuild `ends`, with its running copy in `runs`.
+pub async fn step<E: Ends + ?Sized>(ends: &E, runs: &Runs) -> Result<Step, E::Error> {
+    let (of, dest, chain) = (ends.of(), ends.dest(), ends.chain());
+    let copying = |j: usize, now: u64| {
+        let (copied, total) = copied(ends.own(), j, now.saturating_mul(ends.cluster()));
+        Step::Copying { copied, total }
+    };
+    // a copy that runs: done yet?
+    if let Some(run) = runs.get(of, dest) {
+        let j = chain.iter().position(|s| *s == run.snap).unwrap_or(0);
+        match ends.check(&run).await? {
+            Some(CopyState::Running(n)) => return Ok(copying(j, n)),
+            Some(CopyState::Done) => {
+                runs.remove(of, dest);
+                ends.keep(&run.snap).await?;
+                return Ok(copying(j + 1, 0));
+            }
+            Some(CopyState::Failed(m)) => {
+                runs.remove(of, dest);
+                return Err(ends.copy_failed(&run, m).await);
+            }
+            // not known any more: where the dest stands says what is next
+            None => {
+                runs.remove(of, dest);
+                ends.copy_lost();
+            }
+        }
+    }
+    let (shared, ready) = match ends.at().await? {
+        At::Busy { shared } => return Ok(copying(shared, 0)),
+        At::Holds { shared, ready } => (shared, ready),
+    };
+    let next = Progress {
+        chain: chain.len(),
+        shared,
+        ready,
+        busy_head: ends.busy_head(),
+        rounds: ends.rounds(),
+    }
+    .next();
+    if next == Next::MakeHead {
+        ends.make_ready(shared).await?;
+        return Ok(copying(shared, 0));
+    }
+    if !ends.writable().await? {
+        return Ok(copying(shared, 0));
+    }
+    match next {
+        Next::Copy(j) => {
+            let run = Run {
+                snap: chain[j].clone(),
+                copier: ends.start_copy(j).await?,
+            };
+            runs.insert(of, dest, run.clone());
+            // a small copy is often done at once: kept now, not a poll later
+            match settle(ends, &run).await? {
+                Some(CopyState::Done) => {
+                    runs.remove(of, dest);
+                    ends.keep(&run.snap).await?;
+                    Ok(copying(j + 1, 0))
+                }
+                Some(CopyState::Failed(m)) => {
+                    runs.remove(of, dest);
+                    Err(ends.copy_failed(&run, m).await)
+                }
+                _ => Ok(copying(j, 0)),
+            }
+        }
+        Next::Round => {
+            ends.round().await?;
+            Ok(copying(shared, 0))
+        }
+        Next::Switch => {
+            ends.switch().await?;
+            runs.remove(of, dest);
+            Ok(Step::Joined)
+        }
+        Next::MakeHead => Ok(copying(shared, 0)),
+    }
+}
+
+/// Copy `run`'s state once it no longer runs, or after [`COPY_SETTLE`].
+async fn settle<E: Ends + ?Sized>(ends: &E, run: &Run) -> Result<Option<CopyState>, E::Error> {
+    wait(ends, run, COPY_SETTLE).await
+}
+
+/// Copy `run`'s state once it no longer runs, or after `within` (`None`:
+/// not known any more).
+pub async fn wait<E: Ends + ?Sized>(
+    ends: &E,
+    run: &Run,
+    within: Duration,
+) -> Result<Option<CopyState>, E::Error> {
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        match ends.check(run).await? {
+            Some(CopyState::Running(_)) if tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(POLL).await;
+            }
+            s => return Ok(s),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -205,6 +435,217 @@ mod tests {
         assert_eq!(copied(&own, 3, 0), (35, 35));
         assert_eq!(copied(&own, 9, 100), (35, 35));
         assert_eq!(copied(&[], 0, 0), (0, 0));
+    }
+
+    /// Ends kept in memory: the dest at `at`, each copy answering `state`
+    /// (what a step does is written to `log`). Stands in for no real part:
+    /// the step machine's order is what is tested.
+    struct Scripted {
+        chain: Vec<String>,
+        own: Vec<u64>,
+        at: Mutex<At>,
+        writable: bool,
+        busy_head: bool,
+        state: Mutex<Option<CopyState>>,
+        log: Mutex<Vec<String>>,
+    }
+
+    impl Scripted {
+        fn new(chain: &[&str], at: At) -> Self {
+            Self {
+                chain: chain.iter().map(|s| (*s).to_owned()).collect(),
+                own: vec![10; chain.len() + 1],
+                at: Mutex::new(at),
+                writable: true,
+                busy_head: false,
+                state: Mutex::new(Some(CopyState::Running(1))),
+                log: Mutex::new(Vec::new()),
+            }
+        }
+        fn answer(&self, s: Option<CopyState>) {
+            *self.state.lock().unwrap() = s;
+        }
+        fn at(&self, at: At) {
+            *self.at.lock().unwrap() = at;
+        }
+        fn did(&self, what: String) {
+            self.log.lock().unwrap().push(what);
+        }
+        fn log(&self) -> Vec<String> {
+            std::mem::take(&mut *self.log.lock().unwrap())
+        }
+    }
+
+    #[async_trait::async_trait]
+    impl Ends for Scripted {
+        type Error = String;
+        fn of(&self) -> &str {
+            "vol"
+        }
+        fn dest(&self) -> &str {
+            "r1"
+        }
+        fn chain(&self) -> &[String] {
+            &self.chain
+        }
+        fn own(&self) -> &[u64] {
+            &self.own
+        }
+        fn cluster(&self) -> u64 {
+            1
+        }
+        fn busy_head(&self) -> bool {
+            self.busy_head
+        }
+        fn rounds(&self) -> usize {
+            0
+        }
+        async fn at(&self) -> Result<At, String> {
+            Ok(*self.at.lock().unwrap())
+        }
+        async fn make_ready(&self, shared: usize) -> Result<(), String> {
+            self.did(format!("make ready over {shared}"));
+            Ok(())
+        }
+        async fn writable(&self) -> Result<bool, String> {
+            Ok(self.writable)
+        }
+        async fn start_copy(&self, j: usize) -> Result<Copier, String> {
+            self.did(format!("copy {}", self.chain[j]));
+            Ok(Copier::Here(7))
+        }
+        async fn check(&self, _: &Run) -> Result<Option<CopyState>, String> {
+            Ok(self.state.lock().unwrap().clone())
+        }
+        async fn copy_failed(&self, run: &Run, message: String) -> String {
+            format!("copy of {} failed: {message}", run.snap)
+        }
+        fn copy_lost(&self) {
+            self.did("lost".into());
+        }
+        async fn keep(&self, snap: &str) -> Result<(), String> {
+            self.did(format!("keep {snap}"));
+            Ok(())
+        }
+        async fn round(&self) -> Result<(), String> {
+            self.did("round".into());
+            Ok(())
+        }
+        async fn switch(&self) -> Result<(), String> {
+            self.did("switch".into());
+            Ok(())
+        }
+    }
+
+    fn copying(copied: u64, total: u64) -> Step {
+        Step::Copying { copied, total }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_copy_that_ends_in_a_later_step_is_kept_before_anything_else_is_asked() {
+        let e = Scripted::new(
+            &["a", "b"],
+            At::Holds {
+                shared: 0,
+                ready: true,
+            },
+        );
+        let runs = Runs::default();
+        assert_eq!(step(&e, &runs).await, Ok(copying(0, 30)), "started");
+        assert_eq!(e.log(), ["copy a"]);
+        assert!(runs.any("vol") && runs.get("vol", "r1").is_some_and(|r| r.snap == "a"));
+        // still running at the next step: how far it is, nothing else asked
+        e.at(At::Busy { shared: 0 });
+        assert_eq!(
+            step(&e, &runs).await,
+            Ok(copying(1, 30)),
+            "one cluster of a copied"
+        );
+        assert_eq!(e.log(), Vec::<String>::new());
+        // done by the next step: kept, nothing else done in that step
+        e.answer(Some(CopyState::Done));
+        e.at(At::Busy { shared: 0 });
+        assert_eq!(step(&e, &runs).await, Ok(copying(10, 30)));
+        assert_eq!(e.log(), ["keep a"]);
+        assert!(!runs.any("vol"));
+        // the next snapshot, done at once: kept in the same step
+        e.at(At::Holds {
+            shared: 1,
+            ready: true,
+        });
+        assert_eq!(step(&e, &runs).await, Ok(copying(20, 30)));
+        assert_eq!(e.log(), ["copy b", "keep b"]);
+        assert!(!runs.any("vol"));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_failed_copy_is_the_steps_error_and_a_lost_one_is_looked_at_afresh() {
+        let e = Scripted::new(
+            &["a"],
+            At::Holds {
+                shared: 0,
+                ready: true,
+            },
+        );
+        let runs = Runs::default();
+        step(&e, &runs).await.expect("copy started");
+        e.answer(Some(CopyState::Failed("No space left on device".into())));
+        assert_eq!(
+            step(&e, &runs).await,
+            Err("copy of a failed: No space left on device".into())
+        );
+        assert!(!runs.any("vol"), "a failed copy is forgotten");
+        // a copy failing in the step that started it fails that step
+        assert_eq!(
+            step(&e, &runs).await,
+            Err("copy of a failed: No space left on device".into())
+        );
+        // a copy its target no longer knows: forgotten, the dest looked at again
+        e.log();
+        e.answer(Some(CopyState::Running(0)));
+        step(&e, &runs).await.expect("copy started");
+        e.answer(None);
+        e.at(At::Holds {
+            shared: 0,
+            ready: false,
+        });
+        assert_eq!(step(&e, &runs).await, Ok(copying(0, 20)));
+        assert_eq!(e.log(), ["copy a", "lost", "make ready over 0"]);
+        assert!(!runs.any("vol"));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_dest_busy_or_not_writable_is_not_copied_into() {
+        let mut e = Scripted::new(&["a"], At::Busy { shared: 0 });
+        let runs = Runs::default();
+        assert_eq!(step(&e, &runs).await, Ok(copying(0, 20)));
+        assert_eq!(e.log(), Vec::<String>::new(), "its side is at it: nothing asked");
+        e.writable = false;
+        e.at(At::Holds {
+            shared: 0,
+            ready: true,
+        });
+        assert_eq!(step(&e, &runs).await, Ok(copying(0, 20)));
+        assert_eq!(e.log(), Vec::<String>::new(), "not exported yet: no copy");
+        assert!(!runs.any("vol"));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_chain_copied_a_busy_head_is_snapshotted_then_the_switch_joins() {
+        let mut e = Scripted::new(
+            &["a"],
+            At::Holds {
+                shared: 1,
+                ready: true,
+            },
+        );
+        e.busy_head = true;
+        let runs = Runs::default();
+        assert_eq!(step(&e, &runs).await, Ok(copying(10, 20)));
+        assert_eq!(e.log(), ["round"]);
+        e.busy_head = false;
+        assert_eq!(step(&e, &runs).await, Ok(Step::Joined));
+        assert_eq!(e.log(), ["switch"]);
     }
 
     #[test]
