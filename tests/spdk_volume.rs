@@ -1754,6 +1754,22 @@ async fn a_thin_rebuild_goes_on_from_its_copies_after_talon_restarts() {
     assert!(raid.superblock && raid.state == "online", "{raid:?}");
 }
 
+/// Waits until the head lvol named `head` on `client`'s target is over the
+/// snapshots named `want`, oldest first.
+async fn chain_becomes(client: &SpdkClient, head: &str, want: &[&str]) {
+    eventually(&format!("{head}'s chain {want:?}"), WAIT, || async {
+        let i = Inventory::load(client).await.ok()?;
+        let h = i.find_lvol(head)?;
+        let names: Vec<String> = i
+            .chain(&h.alias)
+            .iter()
+            .map(|x| i.lvols[x].name.clone())
+            .collect();
+        (names == want).then_some(())
+    })
+    .await;
+}
+
 /// Issue 17, remote replicas: a remote replica whose node talon can call
 /// (its admin API) is rebuilt thin through that node after it missed
 /// writes: the snapshot both hold is kept there, the copies run from A's
@@ -1881,18 +1897,7 @@ async fn a_remote_replica_whose_node_answers_is_rebuilt_thin_keeping_the_snapsho
         a.double.calls("bdev_lvol_start_shallow_copy") >= copies + 2,
         "s1 and s2 copied again"
     );
-    let inv_b = eventually("B's chain s1, s2", WAIT, || async {
-        let i = Inventory::load(&b.client).await.ok()?;
-        let head = i.find_lvol("rv-r1")?;
-        let names: Vec<String> = i
-            .chain(&head.alias)
-            .iter()
-            .map(|x| i.lvols[x].name.clone())
-            .collect();
-        (names == ["rv-r1.s.s1", "rv-r1.s.s2"]).then_some(i)
-    })
-    .await;
-    drop(inv_b);
+    chain_becomes(&b.client, "rv-r1", &["rv-r1.s.s1", "rv-r1.s.s2"]).await;
     for snap in ["s1", "s2"] {
         let st = b
             .state
@@ -1962,18 +1967,7 @@ async fn a_snapshot_taken_during_a_remote_rebuild_is_copied_in_the_chains_order(
     assert!(a.double.write("talon-raid-rv", 2), "the raid takes the write");
     ledger_becomes(&a.state, "rv", &[0, 1], "r1 rebuilt").await;
 
-    let inv_b = eventually("B's chain s1, s2", WAIT, || async {
-        let i = Inventory::load(&b.client).await.ok()?;
-        let head = i.find_lvol("rv-r1")?;
-        let names: Vec<String> = i
-            .chain(&head.alias)
-            .iter()
-            .map(|x| i.lvols[x].name.clone())
-            .collect();
-        (names == ["rv-r1.s.s1", "rv-r1.s.s2"]).then_some(i)
-    })
-    .await;
-    drop(inv_b);
+    chain_becomes(&b.client, "rv-r1", &["rv-r1.s.s1", "rv-r1.s.s2"]).await;
     // into B's head: rb.1 before s2, never after it
     let into_b: Vec<String> = a.double.copies_started()[started..]
         .iter()

@@ -1,10 +1,14 @@
 //! The engine's side of a Longhorn replica's thin rebuild (the replica
-//! nodes' side and the picture: `crate::longhorn::rebuild`): one step per
-//! reconcile, derived from what the replicas' lvstores hold, so a restart of
-//! talon goes on from the copies made so far. Only the running copy is kept
-//! in memory (spdk_tgt forgets it with a restart too; the dest's head is
-//! then made again). The dest is in no raid and never read until the
-//! switch, when it equals the source.
+//! nodes' side and the picture: `crate::longhorn::rebuild`): its ends
+//! ([`LonghornEnds`]: either replica here or on another node, asked through
+//! its node's SPDKService), carried out one step per reconcile by the one
+//! step machine of every thin rebuild, [`thin::step`]. Each step is derived
+//! from what the replicas' lvstores hold, so a restart of talon goes on from
+//! the copies made so far. Only the running copy is kept in memory (spdk_tgt
+//! forgets it with a restart too; the dest's head is then made again). The
+//! dest is in no raid and never read until the switch, when it equals the
+//! source. Which replica is rebuilt, and how failures count, is
+//! `longhorn_rebuilds.rs`.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};

@@ -26,13 +26,17 @@
 //!   5. the `rb.<n>` snapshots are deleted (merged into their one clone)
 //! ```
 //!
-//! Every step is derived from what SPDK holds, so a restart of talon or of
+//! The steps are carried out by the one step machine of every thin rebuild,
+//! [`thin::step`]; this module gives it a talon volume's ends
+//! ([`TalonEnds`]: a local dest, or a remote one through its node) and
+//! counts the failures that send a volume to SPDK's full rebuild. Every
+//! step is derived from what SPDK holds, so a restart of talon or of
 //! spdk_tgt goes on from the copies made so far; only the running copy's id
 //! is kept in memory (SPDK forgets it with a restart too, and the head it
 //! was copying into is then made again). Until the switch the dest is not in
 //! the raid and not in the ledger: it is never served while it is behind. A
-//! failure inside the switch leaves the raid missing, and the next reconcile
-//! makes it again from the replicas the ledger trusts (the dest is not one).
+//! failure inside the switch serves the volume again over the members it
+//! had ([`VolumeOps::restore_after_switch`]); the dest is not one.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
