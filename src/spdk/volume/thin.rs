@@ -440,6 +440,10 @@ mod tests {
     /// Ends kept in memory: the dest at `at`, each copy answering `state`
     /// (what a step does is written to `log`). Stands in for no real part:
     /// the step machine's order is what is tested.
+    fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+        m.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     struct Scripted {
         chain: Vec<String>,
         own: Vec<u64>,
@@ -463,16 +467,16 @@ mod tests {
             }
         }
         fn answer(&self, s: Option<CopyState>) {
-            *self.state.lock().unwrap() = s;
+            *lock(&self.state) = s;
         }
         fn at(&self, at: At) {
-            *self.at.lock().unwrap() = at;
+            *lock(&self.at) = at;
         }
         fn did(&self, what: String) {
-            self.log.lock().unwrap().push(what);
+            lock(&self.log).push(what);
         }
         fn log(&self) -> Vec<String> {
-            std::mem::take(&mut *self.log.lock().unwrap())
+            std::mem::take(&mut *lock(&self.log))
         }
     }
 
@@ -501,7 +505,7 @@ mod tests {
             0
         }
         async fn at(&self) -> Result<At, String> {
-            Ok(*self.at.lock().unwrap())
+            Ok(*lock(&self.at))
         }
         async fn make_ready(&self, shared: usize) -> Result<(), String> {
             self.did(format!("make ready over {shared}"));
@@ -515,7 +519,7 @@ mod tests {
             Ok(Copier::Here(7))
         }
         async fn check(&self, _: &Run) -> Result<Option<CopyState>, String> {
-            Ok(self.state.lock().unwrap().clone())
+            Ok(lock(&self.state).clone())
         }
         async fn copy_failed(&self, run: &Run, message: String) -> String {
             format!("copy of {} failed: {message}", run.snap)
