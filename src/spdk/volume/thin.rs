@@ -1,7 +1,8 @@
 //! What every thin rebuild shares, talon's (`rebuild.rs`) and a Longhorn
-//! engine's (`controllers/engine/longhorn_thin.rs`): one shallow copy
-//! started and asked where it stands, the order of the steps, how far a
-//! rebuild is, and the next rebuild snapshot's number.
+//! engine's (`controllers/engine/longhorn_thin.rs`): the step machine that
+//! carries it out, one shallow copy started and asked where it stands, the
+//! order of the steps, how far a rebuild is, and the next rebuild
+//! snapshot's number.
 //!
 //! ```text
 //!  source:  S1 <- S2 <- ... <- head (written)
