@@ -1821,3 +1821,84 @@ async fn real_spdk_replica_add_rebuilds_a_replica_made_again_on_node_b() {
 fn free_port() -> u16 {
     talon::runtime::testing::free_port()
 }
+
+/// A revert that failed half way (B's head reverted, A's deleted and its
+/// clone refused), then a detach and an attach: longhorn-manager deletes
+/// the engine and the replicas' instances (their lvols kept) and makes them
+/// again, the engine with no revert request. The new engine carries the
+/// revert on before it serves. Before, the ledger went with the engine: the
+/// new one made a raid1 over A's head, made again empty by its replica's
+/// controller, and B's head reverted to s1, and served it (seen with the
+/// engine alone deleted and made again: online, A's head no clone).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_revert_is_carried_on_by_the_engine_made_again_never_served_half_done() {
+    let TwoNodes {
+        mut a,
+        mut b,
+        mut p,
+        addr_a,
+        addr_b,
+        ..
+    } = two_nodes(64 * MIB).await;
+    snapshot(&mut p, "s1").await.expect("s1");
+    for (n, head) in [(&a, "talon-disk-a/vol-r-a"), (&b, "talon-disk-b/vol-r-b")] {
+        assert!(double(n).write(head, 2), "{head} takes a write");
+    }
+    for n in 1..=1000 {
+        double(&a).fail_nth("bdev_lvol_clone", n, -5, "Input/output error");
+    }
+    p.snapshot_revert(imrpc::EngineSnapshotRevertRequest {
+        proxy_engine_request: Some(req("vol-e-0")),
+        name: "s1".into(),
+    })
+    .await
+    .expect_err("A's head cannot be cloned");
+    // a detach: the engine goes, and the replicas' instances without their data
+    let inst = InstanceServiceClient::new(a.channel(3).await);
+    let gone = |name: &'static str, kind: &'static str| {
+        let inst = inst.clone();
+        async move {
+            talon::runtime::testing::eventually(&format!("{kind} {name} gone"), WAIT, || async {
+                inst.clone()
+                    .instance_get(imrpc::InstanceGetRequest {
+                        name: name.into(),
+                        r#type: kind.into(),
+                        data_engine: imrpc::DataEngine::V2 as i32,
+                        ..Default::default()
+                    })
+                    .await
+                    .is_err()
+                    .then_some(())
+            })
+            .await;
+        }
+    };
+    inst.clone()
+        .instance_delete(longhorn_nodes::delete_request("vol-e-0", "engine"))
+        .await
+        .expect("engine delete");
+    gone("vol-e-0", "engine").await;
+    inst.clone()
+        .instance_delete(imrpc::InstanceDeleteRequest {
+            cleanup_required: false,
+            ..longhorn_nodes::delete_request("vol-r-a", "replica")
+        })
+        .await
+        .expect("replica delete, its lvols kept");
+    gone("vol-r-a", "replica").await;
+    // the attach: the replica and the engine made again, with no revert request
+    double(&a).clear_faults("bdev_lvol_clone");
+    let again = a.replica_again("disk-a", "vol-r-a", 64 * MIB).await;
+    assert_eq!(again, addr_a, "the replica serves at its address again");
+    longhorn_nodes::engine(&a, &[("vol-r-a", &addr_a), ("vol-r-b", &addr_b)], 64 * MIB, "").await;
+    for (n, replica) in [(&a, "talon-disk-a/vol-r-a"), (&b, "talon-disk-b/vol-r-b")] {
+        assert_reverted_to_s1(n, replica).await;
+    }
+    let mut p = ProxyEngineServiceClient::new(a.channel(1).await);
+    assert_eq!(
+        modes(&mut p).await,
+        vec![(format!("tcp://{addr_a}"), RW), (format!("tcp://{addr_b}"), RW)]
+    );
+    a.stop().await;
+    b.stop().await;
+}

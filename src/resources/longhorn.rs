@@ -601,6 +601,14 @@ pub struct LonghornRevertLedger {
     pub request: u64,
     /// The Longhorn snapshot reverted to.
     pub snapshot: String,
+    /// The engine's volume: an engine of it made again (after a detach, or
+    /// under another name) carries the revert on before it serves.
+    #[serde(default)]
+    pub volume: String,
+    /// The engine's replicas on this node when the revert began: the ledger
+    /// outlives its engine while this node holds an lvol of one of them.
+    #[serde(default)]
+    pub replicas: Vec<String>,
 }
 
 impl Spec for LonghornRevertLedger {

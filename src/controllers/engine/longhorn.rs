@@ -1051,12 +1051,14 @@ impl Controller for LonghornController {
         let replicas = ctx.list::<LonghornReplica>()?;
         let engines = ctx.list::<LonghornEngine>()?;
         let frontends = ctx.list::<LonghornEngineFrontend>()?;
+        // kept first, also through a reconcile with nothing to do: a
+        // detach takes every instance of a volume that is mid-revert
+        revert::keep_revert_ledgers(ctx)?;
         if replicas.is_empty() && engines.is_empty() && frontends.is_empty() {
             return Ok(Requeue::OnInputChange);
         }
         let node = ctx.get::<NodeConfig>("node")?.map(|n| n.spec).unwrap_or_default();
         add_finalizers(ctx, &replicas, &engines, &frontends)?;
-        revert::keep_revert_ledgers(ctx, &engines)?;
         let target_ready = ctx
             .get::<TargetStatus>(SPDK_STATUS_ID)?
             .is_some_and(|t| t.spec.state == ObjectState::Ready);
@@ -1079,6 +1081,7 @@ impl Controller for LonghornController {
         let started = Instant::now();
         let mut inv = Inventory::load(&self.client).await?;
         let listed = started.elapsed();
+        revert::drop_stale_revert_ledgers(ctx, &inv, &engines)?;
         self.remove_engines(ctx, &mut inv, &engines, &local, &mut errored)
             .await?;
 

@@ -7,7 +7,8 @@
 //! ```text
 //!   engine revert n ──> refused, nothing touched: a frontend, a replica being rebuilt (WO),
 //!                       a replica of this node without the snapshot
-//!                   ──> LonghornRevertLedger n written (persisted: a restart carries it on)
+//!                   ──> LonghornRevertLedger n written (persisted: a restart, or an
+//!                       engine of the volume made again after a detach, carries it on)
 //!                   ──> raid1 deleted, remote members detached
 //!                       another node's replicas: its ReplicaSnapshotRevert (each checks first)
 //!                       this node's: head <lvs>/<replica> deleted, cloned again from <replica>-snap-<s>
@@ -57,13 +58,29 @@ impl LonghornController {
     ) -> Result<Option<RevertStatus>, ControllerError> {
         let done = prev.and_then(|p| p.revert.as_ref());
         // a revert begun and not done: the heads may differ, and only a
-        // revert done to the end makes them one again
-        let begun = ctx.get::<LonghornRevertLedger>(e.id())?.map(|l| l.spec);
+        // revert done to the end makes them one again. Its ledger is this
+        // engine's, or one of its volume's engine that went (a detach, or a
+        // delete after the revert failed) and was made again
+        let (ledger_id, begun) = match ctx.get::<LonghornRevertLedger>(e.id())? {
+            Some(l) => (Some(l.id().to_owned()), Some(l.spec)),
+            None => ctx
+                .list::<LonghornRevertLedger>()?
+                .into_iter()
+                .find(|l| !l.spec.volume.is_empty() && l.spec.volume == e.spec.volume)
+                .map_or((None, None), |l| (Some(l.id().to_owned()), Some(l.spec))),
+        };
+        // with no request (an engine made again), the ledger's is carried on
+        let carried = begun.as_ref().map(|b| RevertRequest {
+            request: b.request,
+            session: 0,
+            snapshot: b.snapshot.clone(),
+        });
         let Some(r) = e
             .spec
             .revert
             .as_ref()
             .filter(|r| RevertStatus::pending(done, r, self.session.id()) || begun.is_some())
+            .or(carried.as_ref())
         else {
             return Ok(done.cloned());
         };
@@ -89,13 +106,29 @@ impl LonghornController {
                 "snapshot revert: one begun and not done (before a restart, or superseded) is carried on; its heads may differ until it is done");
         }
         // recorded before anything is touched, kept until it is done
+        let replicas = match &begun {
+            Some(b) => b.replicas.clone(),
+            None => e
+                .spec
+                .replica_address_map
+                .keys()
+                .filter(|r| local.contains_key(*r))
+                .cloned()
+                .collect(),
+        };
         ctx.apply(
             e.id(),
             LonghornRevertLedger {
                 request: r.request,
                 snapshot: r.snapshot.clone(),
+                volume: e.spec.volume.clone(),
+                replicas,
             },
         )?;
+        if let Some(old) = ledger_id.filter(|l| l != e.id()) {
+            // an engine of the volume that went: this one carries it now
+            ctx.destroy::<LonghornRevertLedger>(&old)?;
+        }
         match self.revert_replicas(inv, e, local, &r.snapshot).await {
             Ok(waiting) if !waiting.is_empty() => {
                 // asked again at the next reconcile (soon: see `reconcile`)
@@ -314,17 +347,48 @@ impl LonghornController {
     }
 }
 
-/// Keeps the revert ledgers of `engines` that have a revert request:
-/// applied again at every reconcile, also one that waits for the target, so
-/// the runtime's clean-up of outputs not applied takes only those of
-/// engines gone (or that no longer ask for a revert).
-pub(super) fn keep_revert_ledgers(
+/// Keeps every revert ledger: applied again at every reconcile, also one
+/// that waits for the target, so the runtime's clean-up of outputs not
+/// applied takes none. A revert begun and not done stays recorded when its
+/// engine goes (a detach, or a delete after the revert failed): the engine
+/// made again carries it on before it serves. [`drop_stale_revert_ledgers`]
+/// destroys one with nothing left to make one again.
+pub(super) fn keep_revert_ledgers(ctx: &mut ReconcileContext) -> Result<(), ControllerError> {
+    for l in ctx.list::<LonghornRevertLedger>()? {
+        let id = l.id().to_owned();
+        ctx.apply(&id, l.spec)?;
+    }
+    Ok(())
+}
+
+/// Destroys the revert ledgers with no head left here to revert: of whose
+/// replicas this node lists no lvol, head or snapshot (deleted with their
+/// data; a volume made again under the same name has replicas of other
+/// names). One that names none (its engine had no replica here) goes with
+/// its engine.
+pub(super) fn drop_stale_revert_ledgers(
     ctx: &mut ReconcileContext,
+    inv: &Inventory,
     engines: &[Typed<LonghornEngine>],
 ) -> Result<(), ControllerError> {
-    for e in engines.iter().filter(|e| e.spec.revert.is_some()) {
-        if let Some(l) = ctx.get::<LonghornRevertLedger>(e.id())? {
-            ctx.apply(e.id(), l.spec)?;
+    for l in ctx.list::<LonghornRevertLedger>()? {
+        let keep = if l.spec.replicas.is_empty() {
+            engines.iter().any(|e| e.id() == l.id())
+        } else {
+            l.spec.replicas.iter().any(|r| {
+                let snaps = snapshot_lvol(r, "");
+                inv.lvols
+                    .values()
+                    .any(|x| x.name == *r || x.name.starts_with(&snaps))
+            })
+        };
+        if !keep {
+            tracing::info!(
+                engine = l.id(),
+                request = l.spec.request,
+                "snapshot revert: no head of it is left here; its ledger goes"
+            );
+            ctx.destroy::<LonghornRevertLedger>(l.id())?;
         }
     }
     Ok(())
