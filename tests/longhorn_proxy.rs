@@ -1278,12 +1278,32 @@ async fn a_revert_cut_off_by_a_restart_is_carried_on_never_served_half_done() {
         tb,
         ..
     } = two_nodes(64 * MIB).await;
-    snapshot(&mut p, "s1").await.expect("s1");
-    for (n, head) in [(&a, "talon-disk-a/vol-r-a"), (&b, "talon-disk-b/vol-r-b")] {
+    revert_failed_on_a(&a, &b, &mut p).await;
+    a.stop().await;
+    double(&a).clear_faults("bdev_lvol_clone");
+    a.start().await;
+    let inst = InstanceServiceClient::new(a.channel(3).await);
+    running(&inst, "vol-e-0", "engine").await;
+    for (n, replica) in [(&a, "talon-disk-a/vol-r-a"), (&b, "talon-disk-b/vol-r-b")] {
+        assert_reverted_to_s1(n, replica).await;
+    }
+    let mut p = ProxyEngineServiceClient::new(a.channel(1).await);
+    assert_eq!(modes(&mut p).await, vec![(ta, RW), (tb, RW)]);
+    a.stop().await;
+    b.stop().await;
+}
+
+/// Snapshot s1 of the two-node engine, a write after it on both heads, and
+/// a revert to s1 that fails half way: B's head is reverted by B's node,
+/// A's own head deleted and its clone refused (A's double fails every
+/// `bdev_lvol_clone` until the test clears it).
+async fn revert_failed_on_a(a: &Node, b: &Node, p: &mut ProxyEngineServiceClient<Channel>) {
+    snapshot(p, "s1").await.expect("s1");
+    for (n, head) in [(a, "talon-disk-a/vol-r-a"), (b, "talon-disk-b/vol-r-b")] {
         assert!(double(n).write(head, 2), "{head} takes a write");
     }
     for n in 1..=1000 {
-        double(&a).fail_nth("bdev_lvol_clone", n, -5, "Input/output error");
+        double(a).fail_nth("bdev_lvol_clone", n, -5, "Input/output error");
     }
     let e = p
         .snapshot_revert(imrpc::EngineSnapshotRevertRequest {
@@ -1298,18 +1318,6 @@ async fn a_revert_cut_off_by_a_restart_is_carried_on_never_served_half_done() {
         b_head["driver_specific"]["lvol"]["base_snapshot"], "vol-r-b-snap-s1",
         "B's head was reverted: {b_head}"
     );
-    a.stop().await;
-    double(&a).clear_faults("bdev_lvol_clone");
-    a.start().await;
-    let inst = InstanceServiceClient::new(a.channel(3).await);
-    running(&inst, "vol-e-0", "engine").await;
-    for (n, replica) in [(&a, "talon-disk-a/vol-r-a"), (&b, "talon-disk-b/vol-r-b")] {
-        assert_reverted_to_s1(n, replica).await;
-    }
-    let mut p = ProxyEngineServiceClient::new(a.channel(1).await);
-    assert_eq!(modes(&mut p).await, vec![(ta, RW), (tb, RW)]);
-    a.stop().await;
-    b.stop().await;
 }
 
 /// Replica lvol `replica` (`lvs/name`) of node `n` is a clone of its
@@ -1840,19 +1848,7 @@ async fn a_failed_revert_is_carried_on_by_the_engine_made_again_never_served_hal
         addr_b,
         ..
     } = two_nodes(64 * MIB).await;
-    snapshot(&mut p, "s1").await.expect("s1");
-    for (n, head) in [(&a, "talon-disk-a/vol-r-a"), (&b, "talon-disk-b/vol-r-b")] {
-        assert!(double(n).write(head, 2), "{head} takes a write");
-    }
-    for n in 1..=1000 {
-        double(&a).fail_nth("bdev_lvol_clone", n, -5, "Input/output error");
-    }
-    p.snapshot_revert(imrpc::EngineSnapshotRevertRequest {
-        proxy_engine_request: Some(req("vol-e-0")),
-        name: "s1".into(),
-    })
-    .await
-    .expect_err("A's head cannot be cloned");
+    revert_failed_on_a(&a, &b, &mut p).await;
     // a detach: the engine goes, and the replicas' instances without their data
     let inst = InstanceServiceClient::new(a.channel(3).await);
     let gone = |name: &'static str, kind: &'static str| {

@@ -1754,6 +1754,28 @@ async fn a_thin_rebuild_goes_on_from_its_copies_after_talon_restarts() {
     assert!(raid.superblock && raid.state == "online", "{raid:?}");
 }
 
+/// Nodes A and B (NVMe/TCP ports `port_a`, `port_b`): volume `rv` of
+/// `size` bytes with the raid superblock, its replica 0 on A and replica 1
+/// served by B, whose admin API A's engine calls; both in A's ledger.
+/// Returns the nodes and B's API server (held while the test runs).
+async fn served_by_b_with_api(port_a: u16, port_b: u16, size: u64) -> (Setup, Setup, impl Sized) {
+    let a = node("da", port_a).await;
+    let b = node("db", port_b).await;
+    let (api_b, server_b) = peer_api::serve(&b.state, b.rt.statuses(), "127.0.0.1:0").await;
+    let mut served = served_replica("da");
+    served.size_bytes = size;
+    served.raid_superblock = true;
+    b.state.create_typed("rv", "", &served).expect("served");
+    ready(&b.state, "rv", "replica served on B").await;
+    let mut engine_vol = with_remote_replica(port_b, Some(api_b.to_string()));
+    engine_vol.size_bytes = size;
+    engine_vol.raid_superblock = true;
+    a.state.create_typed("rv", "", &engine_vol).expect("engine");
+    ready(&a.state, "rv", "engine on A").await;
+    ledger_becomes(&a.state, "rv", &[0, 1], "both replicas in A's ledger").await;
+    (a, b, server_b)
+}
+
 /// Waits until the head lvol named `head` on `client`'s target is over the
 /// snapshots named `want`, oldest first.
 async fn chain_becomes(client: &SpdkClient, head: &str, want: &[&str]) {
@@ -1777,18 +1799,7 @@ async fn chain_becomes(client: &SpdkClient, head: &str, want: &[&str]) {
 /// each request by generation, and no rebuild snapshot is left on either.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_remote_replica_whose_node_answers_is_rebuilt_thin_keeping_the_snapshot_both_hold() {
-    let a = node("da", 4451).await;
-    let b = node("db", 4452).await;
-    let (api_b, _server_b) = peer_api::serve(&b.state, b.rt.statuses(), "127.0.0.1:0").await;
-    let mut served = served_replica("da");
-    served.raid_superblock = true;
-    b.state.create_typed("rv", "", &served).expect("served");
-    ready(&b.state, "rv", "replica served on B").await;
-    let mut engine_vol = with_remote_replica(4452, Some(api_b.to_string()));
-    engine_vol.raid_superblock = true;
-    a.state.create_typed("rv", "", &engine_vol).expect("engine");
-    ready(&a.state, "rv", "engine on A").await;
-    ledger_becomes(&a.state, "rv", &[0, 1], "both replicas in A's ledger").await;
+    let (a, b, _server_b) = served_by_b_with_api(4451, 4452, 16 * MIB).await;
 
     assert!(
         a.double.write("talon-raid-rv", 3),
@@ -1924,20 +1935,7 @@ async fn a_remote_replica_whose_node_answers_is_rebuilt_thin_keeping_the_snapsho
 /// or, the rebuild snapshot copied first, the user's was never copied.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_snapshot_taken_during_a_remote_rebuild_is_copied_in_the_chains_order() {
-    let a = node("da", 4461).await;
-    let b = node("db", 4462).await;
-    let (api_b, _server_b) = peer_api::serve(&b.state, b.rt.statuses(), "127.0.0.1:0").await;
-    let mut served = served_replica("da");
-    served.size_bytes = 128 * MIB;
-    served.raid_superblock = true;
-    b.state.create_typed("rv", "", &served).expect("served");
-    ready(&b.state, "rv", "replica served on B").await;
-    let mut engine_vol = with_remote_replica(4462, Some(api_b.to_string()));
-    engine_vol.size_bytes = 128 * MIB;
-    engine_vol.raid_superblock = true;
-    a.state.create_typed("rv", "", &engine_vol).expect("engine");
-    ready(&a.state, "rv", "engine on A").await;
-    ledger_becomes(&a.state, "rv", &[0, 1], "both replicas in A's ledger").await;
+    let (a, b, _server_b) = served_by_b_with_api(4461, 4462, 128 * MIB).await;
     assert!(a.double.write("talon-raid-rv", 3), "the raid takes the write");
     let s1 = snapshot(&a.state, "rv", "s1").await;
     assert_eq!(s1.state, ObjectState::Ready, "{}", s1.message);
