@@ -1312,12 +1312,7 @@ async fn a_remote_replica_served_by_another_node_joins_the_raid1() {
     );
 
     // B's target restarts: A's remote replica goes (as a lost NVMe path does)
-    b.double.restart().await.expect("restart B");
-    a.client
-        .bdev_nvme_detach_controller(&ByName::new("talon-remote-rv-r1"))
-        .await
-        .expect("path lost");
-    ledger_becomes(&a.state, "rv", &[0], "r1 out of A's ledger").await;
+    b_goes_away(&a, &b, "r1 out of A's ledger").await;
     assert_eq!(
         engine(&a.state, "rv").map(|e| e.state),
         Some(ObjectState::Degraded)
@@ -1776,6 +1771,17 @@ async fn served_by_b_with_api(port_a: u16, port_b: u16, size: u64) -> (Setup, Se
     (a, b, server_b)
 }
 
+/// B's target restarts and A's path to its replica of `rv` is lost (as a
+/// lost NVMe path is): A goes on alone, its ledger without r1 (`what`).
+async fn b_goes_away(a: &Setup, b: &Setup, what: &str) {
+    b.double.restart().await.expect("restart B");
+    a.client
+        .bdev_nvme_detach_controller(&ByName::new("talon-remote-rv-r1"))
+        .await
+        .expect("path lost");
+    ledger_becomes(&a.state, "rv", &[0], what).await;
+}
+
 /// Waits until the head lvol named `head` on `client`'s target is over the
 /// snapshots named `want`, oldest first.
 async fn chain_becomes(client: &SpdkClient, head: &str, want: &[&str]) {
@@ -1816,12 +1822,7 @@ async fn a_remote_replica_whose_node_answers_is_rebuilt_thin_keeping_the_snapsho
 
     // B's target restarts and A's path to it is lost: A goes on alone and
     // gets writes B misses
-    b.double.restart().await.expect("restart B");
-    a.client
-        .bdev_nvme_detach_controller(&ByName::new("talon-remote-rv-r1"))
-        .await
-        .expect("path lost");
-    ledger_becomes(&a.state, "rv", &[0], "r1 out of A's ledger").await;
+    b_goes_away(&a, &b, "r1 out of A's ledger").await;
     assert!(
         a.double.write("talon-raid-rv", 4),
         "talon-raid-rv takes the write"
@@ -1877,12 +1878,7 @@ async fn a_remote_replica_whose_node_answers_is_rebuilt_thin_keeping_the_snapsho
     // again, and a snapshot s2 is taken on A while B is away: B's s1 is
     // given up (its head over it holds data) and B is copied from s1 on
     let copies = a.double.calls("bdev_lvol_start_shallow_copy");
-    b.double.restart().await.expect("restart B");
-    a.client
-        .bdev_nvme_detach_controller(&ByName::new("talon-remote-rv-r1"))
-        .await
-        .expect("path lost");
-    ledger_becomes(&a.state, "rv", &[0], "r1 out again").await;
+    b_goes_away(&a, &b, "r1 out again").await;
     assert!(
         a.double.write("talon-raid-rv", 2),
         "talon-raid-rv takes the write"
@@ -1941,12 +1937,7 @@ async fn a_snapshot_taken_during_a_remote_rebuild_is_copied_in_the_chains_order(
     assert_eq!(s1.state, ObjectState::Ready, "{}", s1.message);
 
     // B away; A's head gets more than the switch copies (a rebuild snapshot first)
-    b.double.restart().await.expect("restart B");
-    a.client
-        .bdev_nvme_detach_controller(&ByName::new("talon-remote-rv-r1"))
-        .await
-        .expect("path lost");
-    ledger_becomes(&a.state, "rv", &[0], "r1 out of A's ledger").await;
+    b_goes_away(&a, &b, "r1 out of A's ledger").await;
     assert!(a.double.write("talon-raid-rv", 100), "the raid takes the write");
     a.double.set_rebuild_time(Duration::from_secs(2));
     let started = a.double.copies_started().len();
