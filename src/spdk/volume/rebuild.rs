@@ -176,9 +176,36 @@ pub(super) fn remote_dest(plan: &VolumePlan, k: usize) -> Option<&dyn RemoteDest
     plan.remote_dests.get(i)?.as_deref()
 }
 
+/// The source's chain as a rebuild copies it: its lvols' aliases, oldest
+/// first, their snapshot names (the dest's copies are named by them), and
+/// what each holds of its own then the source head.
+struct SourceChain {
+    aliases: Vec<String>,
+    snaps: Vec<String>,
+    own: Vec<u64>,
+}
+
+impl SourceChain {
+    /// The chain below source replica `src`; `None` when it holds a
+    /// snapshot that is not talon's (its copy could not be named).
+    fn of(inv: &Inventory, src: &ReplicaInfo) -> Option<Self> {
+        let aliases = inv.chain(&src.alias);
+        let snaps: Vec<String> = aliases.iter().filter_map(|a| snap_of(inv, a)).collect();
+        if snaps.len() != aliases.len() {
+            return None;
+        }
+        let own = aliases
+            .iter()
+            .chain([&src.alias])
+            .map(|a| allocated(inv, a))
+            .collect();
+        Some(Self { aliases, snaps, own })
+    }
+}
+
 /// What every step of a talon volume's rebuild knows: the volume, the
-/// listing the step works from, the raid and the two replicas, the source's
-/// chain (aliases, and snapshot names: the dest's copies are named by them).
+/// listing the step works from, the raid, the two replicas and the source's
+/// chain.
 struct Rebuild<'a> {
     ops: &'a VolumeOps,
     inv: &'a Inventory,
@@ -189,51 +216,10 @@ struct Rebuild<'a> {
     /// The raid's up-to-date members by slot (the dest joins its own slot
     /// at the switch).
     members: &'a [Option<String>],
-    src_chain: Vec<String>,
-    snaps: Vec<String>,
-    own: Vec<u64>,
+    chain: SourceChain,
 }
 
-impl<'a> Rebuild<'a> {
-    #[allow(clippy::too_many_arguments)]
-    fn new(
-        ops: &'a VolumeOps,
-        inv: &'a Inventory,
-        plan: &'a VolumePlan,
-        raid: &'a RaidBdev,
-        src: &'a ReplicaInfo,
-        dst: &'a ReplicaInfo,
-        members: &'a [Option<String>],
-    ) -> Result<Self, VolumeError> {
-        let src_chain = inv.chain(&src.alias);
-        let snaps: Vec<String> = src_chain.iter().filter_map(|a| snap_of(inv, a)).collect();
-        if snaps.len() != src_chain.len() {
-            return Err(VolumeError::RebuildCopy {
-                volume: plan.name.as_str().to_owned(),
-                replica: dst.name.clone(),
-                snapshot: String::new(),
-                message: "the source's chain holds a snapshot that is not talon's".into(),
-            });
-        }
-        let own = src_chain
-            .iter()
-            .chain([&src.alias])
-            .map(|a| allocated(inv, a))
-            .collect();
-        Ok(Self {
-            ops,
-            inv,
-            plan,
-            raid,
-            src,
-            dst,
-            members,
-            src_chain,
-            snaps,
-            own,
-        })
-    }
-
+impl Rebuild<'_> {
     fn vol(&self) -> &str {
         self.plan.name.as_str()
     }
@@ -271,7 +257,7 @@ impl LocalView {
         // chain, from the oldest on, each over the one before (taken while
         // it was in service, or copied by an earlier rebuild: that instant)
         let mut shared: Vec<String> = Vec::new();
-        for snap in &r.snaps {
+        for snap in &r.chain.snaps {
             let d = sibling(&dst.alias, &naming::snapshot_lvol(vol, dst.k, snap));
             if !inv.lvols.contains_key(&d) || inv.parent_of(&d) != shared.last().cloned() {
                 break;
@@ -284,6 +270,7 @@ impl LocalView {
         let head_ready =
             head.is_some_and(|h| h.num_allocated_clusters == 0) && inv.chain(&dst.alias) == shared;
         let in_the_way = r
+            .chain
             .snaps
             .get(shared.len())
             .map(|snap| sibling(&dst.alias, &naming::snapshot_lvol(vol, dst.k, snap)))
@@ -329,7 +316,7 @@ impl TalonEnds<'_> {
     /// during the rebuild) is copied over that one's clusters, never under
     /// them.
     async fn remote_at(&self, node: &dyn RemoteDest, named: &[String]) -> Result<At, VolumeError> {
-        let (ops, vol, dst, snaps) = (self.r.ops, self.r.vol(), self.r.dst, &self.r.snaps);
+        let (ops, vol, dst, snaps) = (self.r.ops, self.r.vol(), self.r.dst, &self.r.chain.snaps);
         let last_rb = ops
             .rebuilds
             .lock()
@@ -464,11 +451,11 @@ impl thin::Ends for TalonEnds<'_> {
     }
 
     fn chain(&self) -> &[String] {
-        &self.r.snaps
+        &self.r.chain.snaps
     }
 
     fn own(&self) -> &[u64] {
-        &self.r.own
+        &self.r.chain.own
     }
 
     fn cluster(&self) -> u64 {
@@ -480,7 +467,12 @@ impl thin::Ends for TalonEnds<'_> {
     }
 
     fn rounds(&self) -> usize {
-        self.r.snaps.iter().filter(|s| naming::is_rebuild_snap(s)).count()
+        self.r
+            .chain
+            .snaps
+            .iter()
+            .filter(|s| naming::is_rebuild_snap(s))
+            .count()
     }
 
     async fn at(&self) -> Result<At, VolumeError> {
@@ -505,7 +497,7 @@ impl thin::Ends for TalonEnds<'_> {
     async fn start_copy(&self, j: usize) -> Result<thin::Copier, VolumeError> {
         let r = &self.r;
         r.ops
-            .copy_into(r.vol(), &r.src_chain[j], r.dst)
+            .copy_into(r.vol(), &r.chain.aliases[j], r.dst)
             .await
             .map(thin::Copier::Here)
     }
@@ -576,18 +568,33 @@ impl VolumeOps {
         members: &[Option<String>],
     ) -> Result<Step, VolumeError> {
         let vol = plan.name.as_str();
-        let step = match Rebuild::new(self, inv, plan, raid, src, dst, members) {
-            Ok(r) => {
+        let step = match SourceChain::of(inv, src) {
+            Some(chain) => {
+                let r = Rebuild {
+                    ops: self,
+                    inv,
+                    plan,
+                    raid,
+                    src,
+                    dst,
+                    members,
+                    chain,
+                };
                 let dest = match remote_dest(plan, dst.k) {
                     Some(node) => Dest::Remote {
                         node,
-                        named: named(&r.snaps),
+                        named: named(&r.chain.snaps),
                     },
                     None => Dest::Local(LocalView::of(&r)),
                 };
                 thin::step(&TalonEnds { r, dest }, &self.rebuilds.runs).await
             }
-            Err(e) => Err(e),
+            None => Err(VolumeError::RebuildCopy {
+                volume: vol.to_owned(),
+                replica: dst.name.clone(),
+                snapshot: String::new(),
+                message: "the source's chain holds a snapshot that is not talon's".into(),
+            }),
         };
         match step {
             Ok(thin::Step::Joined) => {
