@@ -620,14 +620,10 @@ impl LonghornController {
     /// the next reconcile has made the raid again without the dest.
     async fn switch(
         &self,
-        inv: &Inventory,
-        engine: &str,
-        ends: (&End, &End, Option<String>),
-        haves: (&ReplicaLvols, &ReplicaLvols),
+        x: &LonghornEnds<'_>,
         (members, in_service): (&[String], &[String]),
-        plan: &Serving,
     ) -> Result<String, String> {
-        let dst = ends.1;
+        let (engine, dst) = (x.engine, &x.dst);
         tracing::info!(
             engine,
             replica = dst.replica(),
@@ -641,7 +637,7 @@ impl LonghornController {
                 in_service: in_service.iter().cloned().collect(),
             },
         );
-        let r = self.switch_steps(inv, engine, ends, haves, members, plan).await;
+        let r = self.switch_steps(x, members).await;
         if r.is_err() {
             // the raid may be missing until the next reconcile makes it
             // again over the members in service: they stay RW meanwhile
@@ -650,15 +646,12 @@ impl LonghornController {
         r
     }
 
-    async fn switch_steps(
-        &self,
-        inv: &Inventory,
-        engine: &str,
-        (src, dst, dst_export): (&End, &End, Option<String>),
-        (have_src, have_dst): (&ReplicaLvols, &ReplicaLvols),
-        members: &[String],
-        plan: &Serving,
-    ) -> Result<String, String> {
+    /// The switch's steps, for the ends `x` of one rebuild (`members`: the
+    /// raid's members in service, by the name it knows each by).
+    async fn switch_steps(&self, x: &LonghornEnds<'_>, members: &[String]) -> Result<String, String> {
+        let (inv, engine, plan) = (x.inv, x.engine, x.plan);
+        let (src, dst, dst_export) = (&x.src, &x.dst, x.dst_export());
+        let (have_src, have_dst) = (&x.have_src, &x.have_dst);
         // hosts off: their connections drop, their I/O waits for the reconnect
         self.ops
             .close_export(inv, engine, plan.nqn().as_str())
@@ -677,27 +670,21 @@ impl LonghornController {
             snap: snap.clone(),
             copier: self.start_copy(&now, src, dst, dst_export.clone(), &snap).await?,
         };
-        let deadline = tokio::time::Instant::now() + SWITCH_COPY;
-        loop {
-            match self.check(src, dst.replica(), &run).await? {
-                Some(CopyState::Done) => break,
-                Some(CopyState::Failed(m)) => {
-                    return Err(format!(
-                        "copying snapshot {snap} to replica {}: {m}",
-                        dst.replica()
-                    ));
-                }
-                Some(_) if tokio::time::Instant::now() < deadline => {
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                }
-                Some(_) => {
-                    return Err(format!(
-                        "the switch's copy of {snap} did not finish in {}s",
-                        SWITCH_COPY.as_secs()
-                    ));
-                }
-                None => return Err(format!("the switch's copy of {snap} was lost")),
+        match thin::wait(x, &run, SWITCH_COPY).await? {
+            Some(CopyState::Done) => {}
+            Some(CopyState::Failed(m)) => {
+                return Err(format!(
+                    "copying snapshot {snap} to replica {}: {m}",
+                    dst.replica()
+                ));
             }
+            Some(_) => {
+                return Err(format!(
+                    "the switch's copy of {snap} did not finish in {}s",
+                    SWITCH_COPY.as_secs()
+                ));
+            }
+            None => return Err(format!("the switch's copy of {snap} was lost")),
         }
         self.snapshot_end(dst, &snap, true).await?;
         if let End::Peer { replica, address } = src {
@@ -943,16 +930,7 @@ impl thin::Ends for LonghornEnds<'_> {
             .iter()
             .map(|(end, _)| end.replica().to_owned())
             .collect();
-        let last = ctrl
-            .switch(
-                self.inv,
-                engine,
-                (&self.src, &self.dst, self.dst_export()),
-                (&self.have_src, &self.have_dst),
-                (&members, &serving),
-                self.plan,
-            )
-            .await?;
+        let last = ctrl.switch(self, (&members, &serving)).await?;
         // the rebuild snapshots are merged away on both, the oldest first
         // (best effort: what is left goes after the next rebuild)
         let mut rb: Vec<&String> = self
