@@ -1618,6 +1618,102 @@ async fn the_double_refuses_nvmf_subsystem_pause_as_v26_05_does() {
     }
 }
 
+/// The switch of a thin rebuild that fails (the raid with the rebuilt
+/// replica refused once) is undone as far as serving goes within the same
+/// step (`thin::switch`, shared by both engines): after that one `ensure`,
+/// the raid is there again over the replica it had and exported. The next
+/// steps switch again and the replica joins; no full rebuild runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_switch_serves_the_raid_again_within_its_step_and_the_rebuild_goes_on() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let double = SpdkDouble::start(dir.path().join("spdk.sock"))
+        .await
+        .expect("double");
+    let c = SpdkClient::new(double.socket());
+    add_disk(&c, dir.path(), "d1", true).await;
+    add_disk(&c, dir.path(), "d2", true).await;
+    let mut p = plan("sw", 2);
+    p.disks = vec!["d1".into(), "d2".into()];
+    p.superblock = true;
+    let ops = VolumeOps::new(c.clone());
+    let inv = Inventory::load(&c).await.expect("inv");
+    let info = ops.ensure(&inv, &p).await.expect("ensure");
+    let alias = |k: usize| {
+        info.replicas
+            .iter()
+            .find(|r| r.k == k)
+            .expect("replica")
+            .alias
+            .clone()
+    };
+    assert!(double.write("talon-raid-sw", 6), "talon-raid-sw takes the write");
+    for k in 0..2 {
+        c.bdev_lvol_snapshot(&talon::spdk::rpc::LvolSnapshot {
+            lvol_name: alias(k),
+            snapshot_name: format!("sw-r{k}.s.s1"),
+        })
+        .await
+        .expect("snapshot");
+    }
+    assert!(double.write("talon-raid-sw", 4), "talon-raid-sw takes the write");
+    // r1 leaves the raid and misses a write
+    c.bdev_raid_remove_base_bdev(&ByName::new(&info.replicas[1].bdev))
+        .await
+        .expect("r1 leaves");
+    assert!(double.write("talon-raid-sw", 2), "talon-raid-sw takes the write");
+    p.in_sync = Some([0].into());
+    // the raid's next create is the switch's, with r1: refused once
+    double.fail_nth("bdev_raid_create", 1, -5, "Input/output error");
+    let creates = double.calls("bdev_raid_create");
+    let nqn = talon::names::Nqn::for_volume(&p.name);
+    let step = |ops: VolumeOps, p: VolumePlan| {
+        let c = c.clone();
+        async move {
+            let inv = Inventory::load(&c).await.expect("inv");
+            ops.ensure(&inv, &p).await.expect("ensure")
+        }
+    };
+    let mut seen = Vec::new();
+    while double.calls("bdev_raid_create") == creates {
+        assert!(seen.len() < 40, "never switched: {seen:?}");
+        seen.push(step(ops.clone(), p.clone()).await.rebuilding);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // that step's switch failed, and the same step served the raid again
+    assert_eq!(
+        double.calls("bdev_raid_create"),
+        creates + 2,
+        "the switch's create (refused), then the restore's"
+    );
+    let inv = Inventory::load(&c).await.expect("inv");
+    let raid = inv.raid("talon-raid-sw").expect("the raid is there again");
+    let members: Vec<Option<String>> = raid.base_bdevs_list.iter().map(|b| b.name.clone()).collect();
+    assert!(
+        members.contains(&Some(info.replicas[0].bdev.clone())),
+        "over r0: {members:?}"
+    );
+    assert!(
+        !members.contains(&Some(info.replicas[1].bdev.clone())),
+        "not over r1: {members:?}"
+    );
+    let sub = inv.subsystem(nqn.as_str()).expect("exported again");
+    assert!(
+        !sub.namespaces.is_empty() && !sub.listen_addresses.is_empty(),
+        "{sub:?}"
+    );
+    // the next steps switch again; r1 joins
+    let mut joined = false;
+    for _ in 0..60 {
+        if step(ops.clone(), p.clone()).await.in_sync.contains(&1) {
+            joined = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(joined, "r1 rebuilt after the failed switch");
+    assert_eq!(double.calls("bdev_raid_add_base_bdev"), 0, "no full rebuild");
+}
+
 /// Issue 17: a thin rebuild is derived from what the target holds, so a new
 /// talon (nothing in memory) goes on from the copies made: here talon stops
 /// while the copy of the second snapshot runs. The head that copy was

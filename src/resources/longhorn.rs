@@ -463,17 +463,14 @@ impl Session {
     /// A thin rebuild's switch of `engine` starts, from raid delete to
     /// export: while it lasts the raid is missing or being assembled, and
     /// `ReplicaList` reports the modes from before it (the manager must not
-    /// take the replicas in service for failed). Ends when the [`Switch`] is
-    /// dropped, or, after [`Switch::keep`], at [`Session::switch_done`].
-    pub fn start_switch(&self, engine: &str, modes: SwitchModes) -> Switch {
+    /// take the replicas in service for failed). Ends at
+    /// [`Session::switch_done`]: called by the switch that joins, or, after
+    /// one that failed, by the reconcile that finds the raid there again.
+    pub fn start_switch(&self, engine: &str, modes: SwitchModes) {
         self.switches().insert(engine.to_owned(), modes);
-        Switch {
-            session: self.clone(),
-            engine: Some(engine.to_owned()),
-        }
     }
 
-    /// The raid of `engine` is there again (after a switch that failed).
+    /// The switch of `engine` is over: its raid is there again.
     pub fn switch_done(&self, engine: &str) {
         self.switches().remove(engine);
     }
@@ -481,28 +478,6 @@ impl Session {
     /// The modes `engine` had when its switch started, while it lasts.
     pub fn switch_of(&self, engine: &str) -> Option<SwitchModes> {
         self.switches().get(engine).cloned()
-    }
-}
-
-/// A switch in progress ([`Session::start_switch`]); over when dropped.
-#[derive(Debug)]
-pub struct Switch {
-    session: Session,
-    engine: Option<String>,
-}
-
-impl Switch {
-    /// A switch that failed: the modes stay until [`Session::switch_done`].
-    pub fn keep(mut self) {
-        self.engine = None;
-    }
-}
-
-impl Drop for Switch {
-    fn drop(&mut self) {
-        if let Some(e) = self.engine.take() {
-            self.session.switch_done(&e);
-        }
     }
 }
 

@@ -26,7 +26,7 @@ use crate::spdk::naming::longhorn::{self as naming, REBUILD_SNAP_PREFIX, is_rebu
 use crate::spdk::volume::Inventory;
 use crate::spdk::volume::naming::lvstore;
 use crate::spdk::volume::replica_lvols::{ReplicaLvols, reset_head};
-use crate::spdk::volume::thin::{self, Copier, CopyState, Run, SWITCH_COPY};
+use crate::spdk::volume::thin::{self, Copier, CopyState, Run};
 
 /// A source head holding at most this much of its own is copied inside the
 /// switch (the export closed: hosts wait); more is snapshotted and copied
@@ -614,127 +614,6 @@ impl LonghornController {
         }
     }
 
-    /// The switch: with the engine's export closed, the source's last
-    /// clusters are copied and the raid is made again with the dest. After a
-    /// switch that fails, `ReplicaList` keeps the modes from before it until
-    /// the next reconcile has made the raid again without the dest.
-    async fn switch(
-        &self,
-        x: &LonghornEnds<'_>,
-        (members, in_service): (&[String], &[String]),
-    ) -> Result<String, String> {
-        let (engine, dst) = (x.engine, &x.dst);
-        tracing::info!(
-            engine,
-            replica = dst.replica(),
-            "rebuild: switching the raid to the rebuilt replica"
-        );
-        // ReplicaList keeps the modes from before until the export is back
-        let switch = self.session.start_switch(
-            engine,
-            crate::resources::longhorn::SwitchModes {
-                joining: dst.replica().to_owned(),
-                in_service: in_service.iter().cloned().collect(),
-            },
-        );
-        let r = self.switch_steps(x, members).await;
-        if r.is_err() {
-            // the raid may be missing until the next reconcile makes it
-            // again over the members in service: they stay RW meanwhile
-            switch.keep();
-        }
-        r
-    }
-
-    /// The switch's steps, for the ends `x` of one rebuild (`members`: the
-    /// raid's members in service, by the name it knows each by).
-    async fn switch_steps(&self, x: &LonghornEnds<'_>, members: &[String]) -> Result<String, String> {
-        let (inv, engine, plan) = (x.inv, x.engine, x.plan);
-        let (src, dst, dst_export) = (&x.src, &x.dst, x.dst_export());
-        let (have_src, have_dst) = (&x.have_src, &x.have_dst);
-        // hosts off: their connections drop, their I/O waits for the reconnect
-        self.ops
-            .close_export(inv, engine, plan.nqn().as_str())
-            .await
-            .map_err(|x| crate::util::error_chain(&x))?;
-        crate::spdk::volume::lvol::delete_raid(&self.client, engine)
-            .await
-            .map_err(|x| format!("deleting raid {engine} for the switch: {}", chain(&x)))?;
-        // the source head's last clusters (idle now)
-        let snap = next_rebuild_snap(have_src, have_dst);
-        self.snapshot_end(src, &snap, false).await?;
-        let now = Inventory::load(&self.client)
-            .await
-            .map_err(|x| format!("listing the target in the switch: {}", chain(&x)))?;
-        let run = Run {
-            snap: snap.clone(),
-            copier: self.start_copy(&now, src, dst, dst_export.clone(), &snap).await?,
-        };
-        match thin::wait(x, &run, SWITCH_COPY).await? {
-            Some(CopyState::Done) => {}
-            Some(CopyState::Failed(m)) => {
-                return Err(format!(
-                    "copying snapshot {snap} to replica {}: {m}",
-                    dst.replica()
-                ));
-            }
-            Some(_) => {
-                return Err(format!(
-                    "the switch's copy of {snap} did not finish in {}s",
-                    SWITCH_COPY.as_secs()
-                ));
-            }
-            None => return Err(format!("the switch's copy of {snap} was lost")),
-        }
-        self.snapshot_end(dst, &snap, true).await?;
-        if let End::Peer { replica, address } = src {
-            // the source's node lets the dest go (best effort: its next
-            // SrcStart detaches a controller left behind)
-            let finish = async {
-                self.peer(replica, address)
-                    .await?
-                    .replica_rebuilding_src_finish(spdkrpc::ReplicaRebuildingSrcFinishRequest {
-                        name: replica.clone(),
-                        dst_replica_name: dst.replica().to_owned(),
-                    })
-                    .await
-                    .map_err(|s| s.message().to_owned())
-            };
-            if let Err(m) = finish.await {
-                tracing::warn!(engine, replica, error = %m, "the source's node did not let the dest go");
-            }
-        }
-        if dst_export.is_some() {
-            // held by the engine from now on: its export goes
-            let nqn = naming::replica_nqn(
-                &crate::names::ObjectName::parse("replica", dst.replica()).map_err(|x| x.to_string())?,
-            )
-            .map_err(|x| x.to_string())?;
-            self.ops
-                .unexport(dst.replica(), nqn.as_str())
-                .await
-                .map_err(|x| format!("replica {}: {}", dst.replica(), crate::util::error_chain(&x)))?;
-            self.thin
-                .lock()
-                .exported
-                .remove(&(engine.to_owned(), dst.replica().to_owned()));
-        }
-        let dst_bdev = self.dst_bdev(&now, dst).await?;
-        let slots: Vec<Option<String>> = members.iter().cloned().chain([dst_bdev]).map(Some).collect();
-        let mut now = Inventory::load(&self.client)
-            .await
-            .map_err(|x| format!("listing the target after the switch: {}", chain(&x)))?;
-        self.serve(&mut now, &plan.plan(slots, false))
-            .await
-            .map_err(|x| format!("making raid1 {engine} again: {x}"))?;
-        tracing::info!(
-            engine,
-            replica = dst.replica(),
-            "rebuild: replica joined the raid, equal to its source"
-        );
-        Ok(snap)
-    }
-
     /// The names raid1 `e` may know replica `r` by: its lvol's alias and
     /// UUID here, or the namespace bdev of its controller.
     pub(super) fn member_names(
@@ -916,23 +795,129 @@ impl thin::Ends for LonghornEnds<'_> {
         self.ctrl.snapshot_end(&self.dst, snap, true).await
     }
 
-    async fn round(&self) -> Result<(), String> {
+    async fn round(&self) -> Result<String, String> {
         let snap = next_rebuild_snap(&self.have_src, &self.have_dst);
-        self.ctrl.snapshot_end(&self.src, &snap, false).await
+        self.ctrl.snapshot_end(&self.src, &snap, false).await?;
+        Ok(snap)
     }
 
-    async fn switch(&self) -> Result<(), String> {
+    async fn close(&self) -> Result<(), String> {
         let (ctrl, engine) = (self.ctrl, self.engine);
-        ctrl.cap(engine, &self.dst, 0).await?;
-        let members: Vec<String> = self.in_service.iter().map(|(_, n)| n.clone()).collect();
-        let serving: Vec<String> = self
+        // ReplicaList keeps the modes from before the switch until the raid
+        // is there again: the members in service stay RW for the manager
+        ctrl.session.start_switch(
+            engine,
+            crate::resources::longhorn::SwitchModes {
+                joining: self.dst.replica().to_owned(),
+                in_service: self
+                    .in_service
+                    .iter()
+                    .map(|(end, _)| end.replica().to_owned())
+                    .collect(),
+            },
+        );
+        // hosts off: their connections drop, their I/O waits for the reconnect
+        ctrl.ops
+            .close_export(self.inv, engine, self.plan.nqn().as_str())
+            .await
+            .map_err(|x| crate::util::error_chain(&x))?;
+        crate::spdk::volume::lvol::delete_raid(&ctrl.client, engine)
+            .await
+            .map_err(|x| format!("deleting raid {engine} for the switch: {}", chain(&x)))
+    }
+
+    async fn start_last_copy(&self, snap: &str) -> Result<Copier, String> {
+        let ctrl = self.ctrl;
+        ctrl.cap(self.engine, &self.dst, 0).await?;
+        let now = Inventory::load(&ctrl.client)
+            .await
+            .map_err(|x| format!("listing the target in the switch: {}", chain(&x)))?;
+        ctrl.start_copy(&now, &self.src, &self.dst, self.dst_export(), snap)
+            .await
+    }
+
+    async fn join(&self, snap: &str) -> Result<(), String> {
+        self.join_raid().await?;
+        self.ctrl.session.switch_done(self.engine);
+        self.merge_rebuild_snapshots(snap).await;
+        Ok(())
+    }
+
+    async fn restore(&self) {
+        let (ctrl, engine) = (self.ctrl, self.engine);
+        let mut slots: Vec<Option<String>> = self.in_service.iter().map(|(_, n)| Some(n.clone())).collect();
+        // one member: a raid1 still, its second slot held by a placeholder
+        if slots.len() == 1 {
+            slots.push(None);
+        }
+        let restored = async {
+            let mut now = Inventory::load(&ctrl.client)
+                .await
+                .map_err(|x| format!("listing the target: {}", chain(&x)))?;
+            ctrl.serve(&mut now, &self.plan.plan(slots, false)).await
+        };
+        match restored.await {
+            Ok(_) => tracing::info!(
+                engine,
+                "rebuild: the switch failed; the raid serves again over the members in service"
+            ),
+            Err(m) => tracing::warn!(engine, error = %m,
+                "rebuild: the switch failed and the raid could not be made again now; the next reconcile does"),
+        }
+    }
+}
+
+/// The switch's ends of a Longhorn engine ([`thin::switch`]).
+impl LonghornEnds<'_> {
+    /// The raid made again over the members in service and the dest, once
+    /// the dest holds the switch's copy: the source's node lets the dest go,
+    /// and a dest of this node written from afar is held by the engine alone.
+    async fn join_raid(&self) -> Result<(), String> {
+        let (ctrl, engine, dst) = (self.ctrl, self.engine, &self.dst);
+        if let End::Peer { replica, address } = &self.src {
+            // best effort: its next SrcStart detaches a controller left behind
+            let finish = async {
+                ctrl.peer(replica, address)
+                    .await?
+                    .replica_rebuilding_src_finish(spdkrpc::ReplicaRebuildingSrcFinishRequest {
+                        name: replica.clone(),
+                        dst_replica_name: dst.replica().to_owned(),
+                    })
+                    .await
+                    .map_err(|s| s.message().to_owned())
+            };
+            if let Err(m) = finish.await {
+                tracing::warn!(engine, replica, error = %m, "the source's node did not let the dest go");
+            }
+        }
+        if self.remote_into_here {
+            ctrl.ops
+                .unexport(dst.replica(), self.dst_nqn.as_str())
+                .await
+                .map_err(|x| format!("replica {}: {}", dst.replica(), crate::util::error_chain(&x)))?;
+            ctrl.thin.lock().exported.remove(&self.key());
+        }
+        let mut now = Inventory::load(&ctrl.client)
+            .await
+            .map_err(|x| format!("listing the target after the switch: {}", chain(&x)))?;
+        let dst_bdev = ctrl.dst_bdev(&now, dst).await?;
+        let slots: Vec<Option<String>> = self
             .in_service
             .iter()
-            .map(|(end, _)| end.replica().to_owned())
+            .map(|(_, n)| Some(n.clone()))
+            .chain([Some(dst_bdev)])
             .collect();
-        let last = ctrl.switch(self, (&members, &serving)).await?;
-        // the rebuild snapshots are merged away on both, the oldest first
-        // (best effort: what is left goes after the next rebuild)
+        ctrl.serve(&mut now, &self.plan.plan(slots, false))
+            .await
+            .map_err(|x| format!("making raid1 {engine} again: {x}"))
+            .map(|_| ())
+    }
+
+    /// The rebuild snapshots merged away on both ends, the oldest first
+    /// (`last`: the switch's). Best effort: what is left goes after the next
+    /// rebuild.
+    async fn merge_rebuild_snapshots(&self, last: &str) {
+        let last = last.to_owned();
         let mut rb: Vec<&String> = self
             .have_src
             .snapshots
@@ -945,12 +930,12 @@ impl thin::Ends for LonghornEnds<'_> {
         rb.dedup();
         for end in [&self.src, &self.dst] {
             for s in &rb {
-                if let Err(m) = ctrl.delete_snapshot_of(end, s).await {
-                    tracing::warn!(engine, replica = end.replica(), error = %m, "rebuild snapshot not merged away");
+                if let Err(m) = self.ctrl.delete_snapshot_of(end, s).await {
+                    tracing::warn!(engine = self.engine, replica = end.replica(), error = %m,
+                        "rebuild snapshot not merged away");
                 }
             }
         }
-        Ok(())
     }
 }
 

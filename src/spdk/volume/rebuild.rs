@@ -530,17 +530,139 @@ impl thin::Ends for TalonEnds<'_> {
         }
     }
 
-    async fn round(&self) -> Result<(), VolumeError> {
+    async fn round(&self) -> Result<String, VolumeError> {
         let r = &self.r;
         r.ops
             .take_rebuild_snapshot(r.inv, r.vol(), r.src)
             .await
+            .map(|(snap, _)| snap)
+    }
+
+    async fn close(&self) -> Result<(), VolumeError> {
+        self.r.close().await
+    }
+
+    async fn start_last_copy(&self, snap: &str) -> Result<thin::Copier, VolumeError> {
+        let r = &self.r;
+        let alias = sibling(&r.src.alias, &naming::snapshot_lvol(r.vol(), r.src.k, snap));
+        r.ops
+            .copy_into(r.vol(), &alias, r.dst)
+            .await
+            .map(thin::Copier::Here)
+    }
+
+    async fn join(&self, snap: &str) -> Result<(), VolumeError> {
+        self.r.join(snap).await
+    }
+
+    async fn restore(&self) {
+        let r = &self.r;
+        r.ops.restore_after_switch(r.plan, r.raid, r.src, r.members).await;
+    }
+}
+
+/// The switch's ends of a talon volume ([`thin::switch`]).
+impl Rebuild<'_> {
+    /// The dest checked (the listing this step works from is a moment old:
+    /// a dest whose disk went since is not switched to, the raid would go
+    /// for nothing), the hosts off, the raid gone.
+    async fn close(&self) -> Result<(), VolumeError> {
+        let (ops, vol, raid) = (self.ops, self.vol(), self.raid);
+        let target = dst_target(self.dst);
+        if ops
+            .client
+            .bdev(&target)
+            .await
+            .map_err(rpc(vol, format!("looking up {target}")))?
+            .is_none()
+        {
+            return Err(self.failed("", format!("{target} went before the switch: the raid stays as it is")));
+        }
+        // hosts off: their connections drop, their I/O waits for the reconnect
+        let nqn = Nqn::for_volume(&self.plan.name);
+        ops.close_export(self.inv, vol, nqn.as_str()).await?;
+        // the raid goes; its superblock is cleared on its members so that
+        // they (and the dest, which gets the cleared cluster by the switch's
+        // copy) make a new raid without SPDK finding the old one
+        ops.client
+            .bdev_raid_delete(&RaidDelete {
+                name: raid.name.clone(),
+                clear_sb: Some(raid.superblock),
+            })
+            .await
+            .map_err(rpc(vol, format!("deleting raid {} for the switch", raid.name)))
             .map(|_| ())
     }
 
-    async fn switch(&self) -> Result<(), VolumeError> {
-        let r = &self.r;
-        r.ops.switch(r.inv, r.plan, r.raid, r.src, r.dst, r.members).await
+    /// The raid made again over the same members in the same slots and the
+    /// dest (holding the switch's copy `snap`), exported again.
+    async fn join(&self, snap: &str) -> Result<(), VolumeError> {
+        let (ops, vol, raid, src, dst) = (self.ops, self.vol(), self.raid, self.src, self.dst);
+        let target = dst_target(dst);
+        let gone = |what: &str| self.failed(snap, format!("{what} disappeared during the switch"));
+        // the same size as the source: the raid takes its smallest member
+        let Some(dst_bdev) = ops
+            .client
+            .bdev(&target)
+            .await
+            .map_err(rpc(vol, format!("looking up {target}")))?
+        else {
+            return Err(gone(&target));
+        };
+        let Some(src_bdev) = ops
+            .client
+            .bdev(&src.alias)
+            .await
+            .map_err(rpc(vol, format!("looking up {}", src.alias)))?
+        else {
+            return Err(gone(&src.alias));
+        };
+        let mut members = self.members.to_vec();
+        if let Some(m) = members.get_mut(dst.k) {
+            *m = Some(dst_bdev.name.clone());
+        }
+        let mut made = Vec::new();
+        let geometry = (src_bdev.block_size, src_bdev.num_blocks);
+        if let Err(e) = ops
+            .create_raid(self.inv, vol, &members, geometry, raid.superblock, &mut made)
+            .await
+        {
+            ops.undo(made).await;
+            return Err(e);
+        }
+        // exported again: the same namespace ids, the listener, the hosts
+        let now = Inventory::load(&ops.client)
+            .await
+            .map_err(rpc(vol, "listing the target after the switch"))?;
+        // the copies put each cluster at the source's offset: the raid's data
+        // must start at the same place on both, or the dest is not served
+        let offset_of = |name: &str| {
+            now.raid(&raid.name)?
+                .base_bdevs_list
+                .iter()
+                .find(|b| b.name.as_deref() == Some(name))
+                .map(|b| b.data_offset)
+        };
+        let (so, dso) = (offset_of(&src_bdev.name), offset_of(&dst_bdev.name));
+        if so != dso {
+            ignore_missing(
+                ops.client
+                    .bdev_raid_remove_base_bdev(&ByName::new(&dst_bdev.name)),
+            )
+            .await
+            .map_err(rpc(
+                vol,
+                format!("taking {} out of {} again", dst_bdev.name, raid.name),
+            ))?;
+            return Err(self.failed(
+                snap,
+                format!(
+                    "the raid's data starts at block {so:?} on the source and {dso:?} on the rebuilt replica: \
+                     taken out again (rebuilt by SPDK's rebuild)"
+                ),
+            ));
+        }
+        ops.export_raid(&now, self.plan, &raid.name).await
     }
 }
 
@@ -702,180 +824,6 @@ impl VolumeOps {
             })
             .await
             .map_err(rpc(vol, format!("snapshotting rebuilt {head} as {name}")))?;
-        Ok(())
-    }
-
-    /// The switch: with the export closed, the raid is made again over the
-    /// up-to-date members and the dest, after the dest got the source head's
-    /// last clusters.
-    async fn switch(
-        &self,
-        inv: &Inventory,
-        plan: &VolumePlan,
-        raid: &RaidBdev,
-        src: &ReplicaInfo,
-        dst: &ReplicaInfo,
-        members: &[Option<String>],
-    ) -> Result<(), VolumeError> {
-        let vol = plan.name.as_str();
-        let nqn = Nqn::for_volume(&plan.name);
-        // the listing this step works from is a moment old: a dest whose
-        // disk went since is not switched to (the raid would go for nothing)
-        let target = dst_target(dst);
-        if self
-            .client
-            .bdev(&target)
-            .await
-            .map_err(rpc(vol, format!("looking up {target}")))?
-            .is_none()
-        {
-            return Err(VolumeError::RebuildCopy {
-                volume: vol.to_owned(),
-                replica: dst.name.clone(),
-                snapshot: String::new(),
-                message: format!("{target} went before the switch: the raid stays as it is"),
-            });
-        }
-        tracing::info!(volume = vol, replica = %dst.name, "rebuild: switching the raid to the rebuilt replica");
-        // hosts off: their connections drop, their I/O waits for the reconnect
-        self.close_export(inv, vol, nqn.as_str()).await?;
-        // the raid goes; its superblock is cleared on its members so that
-        // they (and the dest, which gets the cleared cluster by the copy
-        // below) make a new raid without SPDK finding the old one
-        self.client
-            .bdev_raid_delete(&RaidDelete {
-                name: raid.name.clone(),
-                clear_sb: Some(raid.superblock),
-            })
-            .await
-            .map_err(rpc(vol, format!("deleting raid {} for the switch", raid.name)))?;
-        match self.switch_to(inv, plan, raid, src, dst, members).await {
-            Ok(()) => Ok(()),
-            Err(e) => {
-                // the volume is served again over the members it had, not
-                // left without a raid until the next reconcile
-                self.restore_after_switch(plan, raid, src, members).await;
-                Err(e)
-            }
-        }
-    }
-
-    /// The rest of [`Self::switch`] once the raid is gone: the source head's
-    /// last clusters copied, the raid made again with the dest, exported.
-    async fn switch_to(
-        &self,
-        inv: &Inventory,
-        plan: &VolumePlan,
-        raid: &RaidBdev,
-        src: &ReplicaInfo,
-        dst: &ReplicaInfo,
-        members: &[Option<String>],
-    ) -> Result<(), VolumeError> {
-        let vol = plan.name.as_str();
-        // the source head's last clusters
-        let (snap, s) = self.take_rebuild_snapshot(inv, vol, src).await?;
-        let op = self.copy_into(vol, &s, dst).await?;
-        let st = thin::wait_copy(&self.client, op, thin::SWITCH_COPY)
-            .await
-            .map_err(rpc(vol, format!("checking the copy of {s}")))?;
-        match st {
-            CopyState::Done => {}
-            CopyState::Failed(message) => {
-                return Err(VolumeError::RebuildCopy {
-                    volume: vol.to_owned(),
-                    replica: dst.name.clone(),
-                    snapshot: snap,
-                    message,
-                });
-            }
-            CopyState::Running(_) => {
-                return Err(VolumeError::RebuildCopy {
-                    volume: vol.to_owned(),
-                    replica: dst.name.clone(),
-                    snapshot: snap,
-                    message: format!("the last copy did not finish in {}s", thin::SWITCH_COPY.as_secs()),
-                });
-            }
-        }
-        let target = dst_target(dst);
-        // a local dest keeps the copy as a snapshot, merged away with the
-        // source's; a remote one keeps it in its head
-        if target == dst.alias {
-            self.keep_copy(vol, &dst.alias, dst.k, &snap).await?;
-        }
-        // the same size as the source: the raid takes its smallest member
-        let dst_bdev = self
-            .client
-            .bdev(&target)
-            .await
-            .map_err(rpc(vol, format!("looking up {target}")))?;
-        let gone = |what: &str| VolumeError::RebuildCopy {
-            volume: vol.to_owned(),
-            replica: dst.name.clone(),
-            snapshot: snap.clone(),
-            message: format!("{what} disappeared during the switch"),
-        };
-        let Some(dst_bdev) = dst_bdev else {
-            return Err(gone(&target));
-        };
-        let src_bdev = self
-            .client
-            .bdev(&src.alias)
-            .await
-            .map_err(rpc(vol, format!("looking up {}", src.alias)))?;
-        let Some(src_bdev) = src_bdev else {
-            return Err(gone(&src.alias));
-        };
-        // the raid again, over the same members in the same slots and the dest
-        let mut members = members.to_vec();
-        if let Some(m) = members.get_mut(dst.k) {
-            *m = Some(dst_bdev.name.clone());
-        }
-        let mut made = Vec::new();
-        let geometry = (src_bdev.block_size, src_bdev.num_blocks);
-        if let Err(e) = self
-            .create_raid(inv, vol, &members, geometry, raid.superblock, &mut made)
-            .await
-        {
-            self.undo(made).await;
-            return Err(e);
-        }
-        // exported again: the same namespace ids, the listener, the hosts
-        let now = Inventory::load(&self.client)
-            .await
-            .map_err(rpc(vol, "listing the target after the switch"))?;
-        // the copies put each cluster at the source's offset: the raid's data
-        // must start at the same place on both, or the dest is not served
-        let offset_of = |name: &str| {
-            now.raid(&raid.name)?
-                .base_bdevs_list
-                .iter()
-                .find(|b| b.name.as_deref() == Some(name))
-                .map(|b| b.data_offset)
-        };
-        let (so, dso) = (offset_of(&src_bdev.name), offset_of(&dst_bdev.name));
-        if so != dso {
-            ignore_missing(
-                self.client
-                    .bdev_raid_remove_base_bdev(&ByName::new(&dst_bdev.name)),
-            )
-            .await
-            .map_err(rpc(
-                vol,
-                format!("taking {} out of {} again", dst_bdev.name, raid.name),
-            ))?;
-            return Err(VolumeError::RebuildCopy {
-                volume: vol.to_owned(),
-                replica: dst.name.clone(),
-                snapshot: snap,
-                message: format!(
-                    "the raid's data starts at block {so:?} on the source and {dso:?} on the rebuilt replica: \
-                     taken out again (rebuilt by SPDK's rebuild)"
-                ),
-            });
-        }
-        self.export_raid(&now, plan, &raid.name).await?;
-        tracing::info!(volume = vol, replica = %dst.name, "rebuild: replica joined the raid, up to date");
         Ok(())
     }
 

@@ -286,11 +286,24 @@ pub trait Ends: Send + Sync {
     /// Keeps what a finished copy of snapshot `snap` put in the dest's head
     /// (snapshotted as `snap`).
     async fn keep(&self, snap: &str) -> Result<(), Self::Error>;
-    /// Snapshots the source head as the next rebuild snapshot.
-    async fn round(&self) -> Result<(), Self::Error>;
-    /// The switch: with the export closed, the source head's last clusters
-    /// copied and the raid made again with the dest.
-    async fn switch(&self) -> Result<(), Self::Error>;
+    /// Snapshots the source head as the next rebuild snapshot; answers its
+    /// name.
+    async fn round(&self) -> Result<String, Self::Error>;
+    /// The switch's first part ([`switch`]): what must hold for it checked,
+    /// then the hosts off (the export closed) and the raid deleted.
+    async fn close(&self) -> Result<(), Self::Error>;
+    /// Starts the switch's copy of rebuild snapshot `snap` (just taken of
+    /// the idle source head, so in no listing of the step), uncapped: the
+    /// hosts wait for it.
+    async fn start_last_copy(&self, snap: &str) -> Result<Copier, Self::Error>;
+    /// The raid made again with the dest, and exported, once the dest holds
+    /// `snap`, the switch's copy.
+    async fn join(&self, snap: &str) -> Result<(), Self::Error>;
+    /// After a switch that failed (in any of its parts, `close` included):
+    /// the raid served again over the members it had, at once rather than
+    /// at the next reconcile. Best effort: the failure is already the step's
+    /// error, and what cannot be done now the next reconcile does.
+    async fn restore(&self);
 }
 
 /// One step of the thin rebuild `ends`, with its running copy in `runs`.
@@ -366,11 +379,60 @@ pub async fn step<E: Ends + ?Sized>(ends: &E, runs: &Runs) -> Result<Step, E::Er
             Ok(copying(shared, 0))
         }
         Next::Switch => {
-            ends.switch().await?;
+            switch(ends).await?;
             runs.remove(of, dest);
             Ok(Step::Joined)
         }
         Next::MakeHead => Ok(copying(shared, 0)),
+    }
+}
+
+/// The switch, the last step of every thin rebuild: with the hosts off and
+/// the raid gone, the idle source head snapshotted, that snapshot copied
+/// into the dest and kept, and the raid made again with the dest. A switch
+/// that fails in any part is undone as far as serving goes: the raid is made
+/// again over the members it had ([`Ends::restore`]).
+pub async fn switch<E: Ends + ?Sized>(ends: &E) -> Result<(), E::Error> {
+    tracing::info!(
+        of = ends.of(),
+        replica = ends.dest(),
+        "rebuild: switching the raid to the rebuilt replica"
+    );
+    let switched = async {
+        ends.close().await?;
+        let snap = ends.round().await?;
+        let run = Run {
+            copier: ends.start_last_copy(&snap).await?,
+            snap,
+        };
+        let failed = match wait(ends, &run, SWITCH_COPY).await? {
+            Some(CopyState::Done) => None,
+            Some(CopyState::Failed(m)) => Some(m),
+            Some(CopyState::Running(_)) => Some(format!(
+                "the switch's copy did not finish in {} s",
+                SWITCH_COPY.as_secs()
+            )),
+            None => Some("the switch's copy is no longer known to its target".to_owned()),
+        };
+        if let Some(m) = failed {
+            return Err(ends.copy_failed(&run, m).await);
+        }
+        ends.keep(&run.snap).await?;
+        ends.join(&run.snap).await
+    };
+    match switched.await {
+        Ok(()) => {
+            tracing::info!(
+                of = ends.of(),
+                replica = ends.dest(),
+                "rebuild: replica joined the raid, equal to its source"
+            );
+            Ok(())
+        }
+        Err(e) => {
+            ends.restore().await;
+            Err(e)
+        }
     }
 }
 
@@ -451,6 +513,7 @@ mod tests {
         at: Mutex<At>,
         writable: bool,
         busy_head: bool,
+        join_refused: bool,
         state: Mutex<Option<CopyState>>,
         log: Mutex<Vec<String>>,
     }
@@ -463,6 +526,7 @@ mod tests {
                 at: Mutex::new(at),
                 writable: true,
                 busy_head: false,
+                join_refused: false,
                 state: Mutex::new(Some(CopyState::Running(1))),
                 log: Mutex::new(Vec::new()),
             }
@@ -532,13 +596,27 @@ mod tests {
             self.did(format!("keep {snap}"));
             Ok(())
         }
-        async fn round(&self) -> Result<(), String> {
+        async fn round(&self) -> Result<String, String> {
             self.did("round".into());
+            Ok("rb.1".into())
+        }
+        async fn close(&self) -> Result<(), String> {
+            self.did("close".into());
             Ok(())
         }
-        async fn switch(&self) -> Result<(), String> {
-            self.did("switch".into());
-            Ok(())
+        async fn start_last_copy(&self, snap: &str) -> Result<Copier, String> {
+            self.did(format!("last copy {snap}"));
+            Ok(Copier::Here(8))
+        }
+        async fn join(&self, snap: &str) -> Result<(), String> {
+            self.did(format!("join with {snap}"));
+            match self.join_refused {
+                true => Err("raid refused".into()),
+                false => Ok(()),
+            }
+        }
+        async fn restore(&self) {
+            self.did("restore".into());
         }
     }
 
@@ -649,8 +727,48 @@ mod tests {
         assert_eq!(step(&e, &runs).await, Ok(copying(10, 20)));
         assert_eq!(e.log(), ["round"]);
         e.busy_head = false;
+        e.answer(Some(CopyState::Done));
         assert_eq!(step(&e, &runs).await, Ok(Step::Joined));
-        assert_eq!(e.log(), ["switch"]);
+        assert_eq!(
+            e.log(),
+            ["close", "round", "last copy rb.1", "keep rb.1", "join with rb.1"]
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_switch_that_fails_in_any_part_serves_the_raid_again_at_once() {
+        let ready = At::Holds {
+            shared: 1,
+            ready: true,
+        };
+        let runs = Runs::default();
+        // its copy fails: never kept, never joined
+        let mut e = Scripted::new(&["a"], ready);
+        e.answer(Some(CopyState::Failed("Input/output error".into())));
+        assert_eq!(
+            step(&e, &runs).await,
+            Err("copy of rb.1 failed: Input/output error".into())
+        );
+        assert_eq!(e.log(), ["close", "round", "last copy rb.1", "restore"]);
+        // its copy does not finish while the hosts wait
+        e.answer(Some(CopyState::Running(3)));
+        let err = step(&e, &runs).await.expect_err("the copy never ends");
+        assert!(err.contains("did not finish in 120 s"), "{err}");
+        assert_eq!(e.log(), ["close", "round", "last copy rb.1", "restore"]);
+        // its target forgot it
+        e.answer(None);
+        let err = step(&e, &runs).await.expect_err("the copy is lost");
+        assert!(err.contains("no longer known"), "{err}");
+        assert_eq!(e.log(), ["close", "round", "last copy rb.1", "restore"]);
+        // the raid is refused with the dest: served again without it
+        e.answer(Some(CopyState::Done));
+        e.join_refused = true;
+        assert_eq!(step(&e, &runs).await, Err("raid refused".into()));
+        assert_eq!(
+            e.log(),
+            ["close", "round", "last copy rb.1", "keep rb.1", "join with rb.1", "restore"]
+        );
+        assert!(!runs.any("vol"), "the switch's copy is never a step's running copy");
     }
 
     #[test]
