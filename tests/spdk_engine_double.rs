@@ -119,8 +119,11 @@ async fn disk_is_created_then_imported_after_a_target_restart() {
     .await;
     let again = status(&st, "d1", ObjectState::Ready).await;
     assert_eq!(again.lvstore_uuid, s.lvstore_uuid, "imported, not recreated");
-    // the double's call counters restart with it: no create since the restart
-    assert_eq!(double.calls("bdev_lvol_create_lvstore"), 0);
+    // a reconcile that listed the disk's bdev just before the restart finds
+    // no lvstore after it and may try a create, which the target refuses
+    // (the bdev is gone; over a real file the blank check refuses first): at
+    // most that one, and the lvstore above is the one from before
+    assert!(double.calls("bdev_lvol_create_lvstore") <= 1);
     assert!(double.calls("bdev_wait_for_examine") >= 1);
     rt.stop().await;
 }
