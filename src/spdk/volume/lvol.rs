@@ -1,6 +1,6 @@
 //! Single writes the Longhorn layer shares: an lvol deleted, a raid member
 //! taken out, a raid deleted, a controller detached, each done when already
-//! so; an lvol grown; a bdev's QoS cap. (A revert's heads: `revert.rs`.)
+//! so; a head made again; an lvol grown; a bdev's QoS cap.
 
 use crate::spdk::rpc::ByName;
 use crate::spdk::{ClientError, ErrorKind, SpdkClient};
@@ -89,6 +89,52 @@ pub async fn create_thin(
     client
         .bdev_lvol_create(&crate::spdk::rpc::LvolCreate::thin(lvs, name, mib))
         .await
+}
+
+/// What [`remake_head`] makes a head again from.
+#[derive(Debug, Clone, Copy)]
+pub enum HeadFrom<'a> {
+    /// A clone of this snapshot (its alias, `lvs/name`).
+    Snapshot(&'a str),
+    /// A thin lvol of this many MiB, empty.
+    Fresh(u64),
+}
+
+/// A [`remake_head`] that failed: what it was doing, and SPDK's answer.
+#[derive(Debug)]
+pub struct RemakeFailed {
+    pub doing: String,
+    pub source: ClientError,
+}
+
+/// Makes head `lvs/head` again: deleted (one not there is no error), then
+/// made a clone of a snapshot or a fresh thin lvol (`from`); answers its
+/// UUID. Every head made again is made here: a revert's, a rebuild dest's
+/// (talon's local one, a Longhorn replica's); what else each deletes around
+/// it is its caller's rule.
+pub async fn remake_head(
+    client: &SpdkClient,
+    lvs: &str,
+    head: &str,
+    from: HeadFrom<'_>,
+) -> Result<String, RemakeFailed> {
+    let alias = format!("{lvs}/{head}");
+    let failed = |doing: String| move |source| RemakeFailed { doing, source };
+    delete_lvol(client, &alias)
+        .await
+        .map_err(failed(format!("deleting {alias}")))?;
+    match from {
+        HeadFrom::Snapshot(s) => client
+            .bdev_lvol_clone(&crate::spdk::rpc::LvolClone {
+                snapshot_name: s.to_owned(),
+                clone_name: head.to_owned(),
+            })
+            .await
+            .map_err(failed(format!("cloning {s} into {alias}"))),
+        HeadFrom::Fresh(mib) => create_thin(client, lvs, head, mib)
+            .await
+            .map_err(failed(format!("creating {alias} empty"))),
+    }
 }
 
 /// Grows lvol `lvol` (an alias `lvs/name`) to `mib` MiB (SPDK rounds up to

@@ -42,6 +42,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use super::lvol::{HeadFrom, remake_head};
 use super::thin::{self, At, CopyState};
 use super::{
     EngineNames, EnginePlan, Inventory, Made, ReplicaInfo, VolumeError, VolumeOps, VolumePlan,
@@ -50,7 +51,7 @@ use super::{
 use crate::names::Nqn;
 use crate::resources::engine::RebuildDestStatus;
 use crate::spdk::naming::{LvolRole, NSID, REMOTE_PREFIX, parse_lvol};
-use crate::spdk::rpc::{ByName, LvolClone, LvolCreate, LvolSnapshot, RaidBdev, RaidDelete, RemoveNamespace};
+use crate::spdk::rpc::{ByName, LvolCreate, LvolSnapshot, RaidBdev, RaidDelete, RemoveNamespace};
 
 const MIB: u64 = 1 << 20;
 /// A source head with at most this many clusters of its own is copied
@@ -388,31 +389,14 @@ impl TalonEnds<'_> {
             }
             return Ok(());
         }
-        ignore_missing(ops.client.bdev_lvol_delete(&ByName::new(&dst.alias)))
+        let lvs = dst.alias.split_once('/').map_or("", |(l, _)| l);
+        let from = match view.shared.last() {
+            Some(parent) => HeadFrom::Snapshot(parent),
+            None => HeadFrom::Fresh(self.r.src.size_bytes.div_ceil(MIB)),
+        };
+        remake_head(&ops.client, lvs, &naming::replica(vol, dst.k), from)
             .await
-            .map_err(rpc(vol, format!("deleting {} to rebuild it", dst.alias)))?;
-        let name = naming::replica(vol, dst.k);
-        match view.shared.last() {
-            Some(parent) => ops
-                .client
-                .bdev_lvol_clone(&LvolClone {
-                    snapshot_name: parent.clone(),
-                    clone_name: name.clone(),
-                })
-                .await
-                .map(|_| ()),
-            None => {
-                let lvs = dst.alias.split_once('/').map_or("", |(l, _)| l);
-                ops.client
-                    .bdev_lvol_create(&LvolCreate::thin(lvs, &name, self.r.src.size_bytes.div_ceil(MIB)))
-                    .await
-                    .map(|_| ())
-            }
-        }
-        .map_err(rpc(
-            vol,
-            format!("making {} again, empty, to rebuild it", dst.alias),
-        ))?;
+            .map_err(|f| rpc(vol, format!("{} to rebuild it", f.doing))(f.source))?;
         tracing::info!(volume = vol, replica = %dst.name, shared = j, "rebuilding replica thin from r{}", self.r.src.k);
         Ok(())
     }

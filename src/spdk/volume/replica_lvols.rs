@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use super::Inventory;
 use crate::resources::longhorn::snapshot_lvol;
 use crate::spdk::SpdkClient;
-use crate::spdk::rpc::{LvolClone, LvolCreate};
+use crate::spdk::volume::lvol::{HeadFrom, remake_head};
 
 const MIB: u64 = 1 << 20;
 
@@ -120,6 +120,8 @@ pub async fn reset_head(
             .await
             .map_err(|e| format!("deleting {a}: {}", crate::util::error_chain(&e)))
     };
+    // the head goes first: a snapshot not shared may be its parent (SPDK
+    // would merge it into the head); `remake_head` below finds it gone
     delete(alias(replica)).await?;
     // the snapshots not shared, the newest first (a child before its parent)
     let depth = |s: &String| {
@@ -139,26 +141,14 @@ pub async fn reset_head(
     for s in stale {
         delete(alias(&snapshot_lvol(replica, s))).await?;
     }
-    match shared.last() {
-        Some(p) => client
-            .bdev_lvol_clone(&LvolClone {
-                snapshot_name: alias(&snapshot_lvol(replica, p)),
-                clone_name: replica.to_owned(),
-            })
-            .await
-            .map(|_| ()),
-        None => client
-            .bdev_lvol_create(&LvolCreate::thin(lvs, replica, size.div_ceil(MIB)))
-            .await
-            .map(|_| ()),
-    }
-    .map_err(|e| {
-        format!(
-            "making {} again, empty, to rebuild it: {}",
-            alias(replica),
-            crate::util::error_chain(&e)
-        )
-    })?;
+    let parent = shared.last().map(|p| alias(&snapshot_lvol(replica, p)));
+    let from = match &parent {
+        Some(p) => HeadFrom::Snapshot(p),
+        None => HeadFrom::Fresh(size.div_ceil(MIB)),
+    };
+    remake_head(client, lvs, replica, from)
+        .await
+        .map_err(|f| format!("{} to rebuild it: {}", f.doing, crate::util::error_chain(&f.source)))?;
     Ok(j)
 }
 

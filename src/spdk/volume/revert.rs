@@ -26,7 +26,8 @@ use super::{
 };
 use crate::names::{Nqn, ObjectName};
 use crate::spdk::error::ErrorKind;
-use crate::spdk::rpc::{ByName, Lvol, LvolClone, LvolCreate, LvolSetParent};
+use super::lvol::{HeadFrom, remake_head};
+use crate::spdk::rpc::{ByName, Lvol, LvolCreate, LvolSetParent};
 
 /// What [`VolumeOps::take_down`] deletes, each one that is not there no error.
 #[derive(Debug)]
@@ -97,23 +98,14 @@ impl VolumeOps {
     pub async fn remake_heads(&self, id: &str, heads: &[RevertHead]) -> Result<Vec<String>, VolumeError> {
         let mut made = Vec::with_capacity(heads.len());
         for h in heads {
-            let alias = h.alias();
-            super::lvol::delete_lvol(&self.client, &alias)
-                .await
-                .map_err(rpc(id, format!("deleting head {alias} for revert")))?;
-            let uuid = match h.fresh_mib {
-                Some(mib) => super::lvol::create_thin(&self.client, &h.lvs, &h.head, mib)
-                    .await
-                    .map_err(rpc(id, format!("creating head {alias} for revert")))?,
-                None => self
-                    .client
-                    .bdev_lvol_clone(&LvolClone {
-                        snapshot_name: format!("{}/{}", h.lvs, h.snapshot),
-                        clone_name: h.head.clone(),
-                    })
-                    .await
-                    .map_err(rpc(id, format!("cloning {}/{} into {alias}", h.lvs, h.snapshot)))?,
+            let snapshot = format!("{}/{}", h.lvs, h.snapshot);
+            let from = match h.fresh_mib {
+                Some(mib) => HeadFrom::Fresh(mib),
+                None => HeadFrom::Snapshot(&snapshot),
             };
+            let uuid = remake_head(&self.client, &h.lvs, &h.head, from)
+                .await
+                .map_err(|f| rpc(id, format!("{} for revert", f.doing))(f.source))?;
             made.push(uuid);
         }
         Ok(made)
