@@ -28,11 +28,6 @@ use crate::spdk::volume::naming::lvstore;
 use crate::spdk::volume::replica_lvols::{ReplicaLvols, reset_head};
 use crate::spdk::volume::thin::{self, Copier, CopyState, Run};
 
-/// A source head holding at most this much of its own is copied inside the
-/// switch (the export closed: hosts wait); more is snapshotted and copied
-/// first, with I/O going on. On two real spdk_tgt over loopback the switch
-/// took about 1 s with 32 MiB to copy in it.
-const SWITCH_BYTES: u64 = 16 << 20;
 /// Failed steps in a row before the rebuild is reported failed (ERR)...
 pub(super) const MAX_FAILURES: u32 = 3;
 /// ...and for at least this long: a peer whose talon or spdk_tgt is still
@@ -698,7 +693,8 @@ impl thin::Ends for LonghornEnds<'_> {
     }
 
     fn busy_head(&self) -> bool {
-        self.have_src.head_bytes > SWITCH_BYTES
+        let over_nvme_tcp = matches!(self.src, End::Peer { .. }) || matches!(self.dst, End::Peer { .. });
+        self.have_src.head_bytes > thin::switch_bytes(over_nvme_tcp)
     }
 
     fn rounds(&self) -> usize {

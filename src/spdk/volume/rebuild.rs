@@ -54,9 +54,6 @@ use crate::spdk::naming::{LvolRole, NSID, REMOTE_PREFIX, parse_lvol};
 use crate::spdk::rpc::{ByName, LvolCreate, LvolSnapshot, RaidBdev, RaidDelete, RemoveNamespace};
 
 const MIB: u64 = 1 << 20;
-/// A source head with at most this many clusters of its own is copied
-/// inside the switch (with 4 MiB clusters: 256 MiB, a second or two here).
-const SWITCH_CLUSTERS: u64 = 64;
 /// Thin rebuilds of a volume that failed in a row before the volume falls
 /// back to SPDK's full rebuild.
 const MAX_FAILURES: u32 = 3;
@@ -447,7 +444,15 @@ impl thin::Ends for TalonEnds<'_> {
     }
 
     fn busy_head(&self) -> bool {
-        allocated(self.r.inv, &self.r.src.alias) > SWITCH_CLUSTERS
+        let (inv, src) = (self.r.inv, self.r.src);
+        let lvs = src.alias.split_once('/').map_or("", |(l, _)| l);
+        let cluster = inv
+            .lvstores
+            .iter()
+            .find(|l| l.name == lvs)
+            .map_or(1, |l| l.cluster_size);
+        let over_nvme_tcp = matches!(self.dest, Dest::Remote { .. });
+        allocated(inv, &src.alias).saturating_mul(cluster) > thin::switch_bytes(over_nvme_tcp)
     }
 
     fn rounds(&self) -> usize {

@@ -40,6 +40,16 @@ pub const MAX_ROUNDS: usize = 3;
 /// How long a step waits for the copy it started (a small one is done in
 /// this step instead of at the next reconcile).
 pub const COPY_SETTLE: Duration = Duration::from_millis(300);
+/// The most a source head may hold of its own for the switch to copy it
+/// while the hosts wait: a head holding more is snapshotted and copied
+/// first, I/O going on ([`Ends::busy_head`]). About a second of copying,
+/// for both engines alike, so it depends on the path the copy takes: into a
+/// dest of the same target a copy runs at memory speed (256 MiB in a second
+/// or two here); over NVMe/TCP, at the network's (32 MiB took about 1 s on
+/// two real spdk_tgt over loopback here).
+pub fn switch_bytes(over_nvme_tcp: bool) -> u64 {
+    if over_nvme_tcp { 16 << 20 } else { 256 << 20 }
+}
 /// How long the switch waits for its last copy.
 pub const SWITCH_COPY: Duration = Duration::from_secs(120);
 /// How often a waited-for copy is asked where it stands.
@@ -121,7 +131,7 @@ pub struct Progress {
     /// copy of the chain's snapshots is in the way.
     pub ready: bool,
     /// Whether the source head holds more of its own than the switch copies
-    /// with the export closed.
+    /// with the export closed ([`switch_bytes`]).
     pub busy_head: bool,
     /// Rebuild snapshots in the source's chain (taken by this rebuild).
     pub rounds: usize,
@@ -261,7 +271,7 @@ pub trait Ends: Send + Sync {
     /// One cluster in the unit of [`Ends::own`] (a running copy counts clusters).
     fn cluster(&self) -> u64;
     /// Whether the source head holds more of its own than the switch copies
-    /// with the export closed.
+    /// with the export closed ([`switch_bytes`]).
     fn busy_head(&self) -> bool;
     /// Rebuild snapshots in the source's chain (taken by this rebuild).
     fn rounds(&self) -> usize;
