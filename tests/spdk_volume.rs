@@ -1629,6 +1629,86 @@ async fn the_double_refuses_nvmf_subsystem_pause_as_v26_05_does() {
     }
 }
 
+/// A talon volume of two replicas (disks d1 and d2, raid superblock) made
+/// by `VolumeOps::ensure` straight on a double, with `snaps` taken on both
+/// replicas as `VolumeOps::snapshot` names them, each after its clusters
+/// were written, then `head` clusters more: a case for rebuilds stepped by
+/// hand, one `ensure` a step.
+struct TwoReplicas {
+    _dir: tempfile::TempDir,
+    double: SpdkDouble,
+    c: SpdkClient,
+    p: VolumePlan,
+    info: talon::spdk::volume::VolumeInfo,
+}
+
+impl TwoReplicas {
+    async fn new(name: &str, size_bytes: u64, snaps: &[(&str, u64)], head: u64) -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let double = SpdkDouble::start(dir.path().join("spdk.sock"))
+            .await
+            .expect("double");
+        let c = SpdkClient::new(double.socket());
+        add_disk(&c, dir.path(), "d1", true).await;
+        add_disk(&c, dir.path(), "d2", true).await;
+        let mut p = plan(name, 2);
+        p.size_bytes = size_bytes;
+        p.disks = vec!["d1".into(), "d2".into()];
+        p.superblock = true;
+        let inv = Inventory::load(&c).await.expect("inv");
+        let info = VolumeOps::new(c.clone())
+            .ensure(&inv, &p)
+            .await
+            .expect("ensure");
+        let t = Self {
+            _dir: dir,
+            double,
+            c,
+            p,
+            info,
+        };
+        let raid = format!("talon-raid-{name}");
+        for (snap, clusters) in snaps {
+            assert!(t.double.write(&raid, *clusters), "{raid} takes the write");
+            for k in 0..2 {
+                t.c.bdev_lvol_snapshot(&talon::spdk::rpc::LvolSnapshot {
+                    lvol_name: t.alias(k),
+                    snapshot_name: format!("{name}-r{k}.s.{snap}"),
+                })
+                .await
+                .expect("snapshot");
+            }
+        }
+        assert!(t.double.write(&raid, head), "{raid} takes the write");
+        t
+    }
+
+    fn alias(&self, k: usize) -> String {
+        self.info
+            .replicas
+            .iter()
+            .find(|r| r.k == k)
+            .expect("replica")
+            .alias
+            .clone()
+    }
+
+    /// Replica 1 leaves the raid; the plan's ledger trusts replica 0 alone.
+    async fn r1_leaves(&mut self) {
+        self.c
+            .bdev_raid_remove_base_bdev(&ByName::new(&self.info.replicas[1].bdev))
+            .await
+            .expect("r1 leaves");
+        self.p.in_sync = Some([0].into());
+    }
+
+    /// One reconcile's `ensure` by `ops`.
+    async fn step(&self, ops: &VolumeOps) -> talon::spdk::volume::VolumeInfo {
+        let inv = Inventory::load(&self.c).await.expect("inv");
+        ops.ensure(&inv, &self.p).await.expect("ensure")
+    }
+}
+
 /// The switch of a thin rebuild that fails (the raid with the rebuilt
 /// replica refused once) is undone as far as serving goes within the same
 /// step (`thin::switch`, shared by both engines): after that one `ensure`,
@@ -1636,58 +1716,20 @@ async fn the_double_refuses_nvmf_subsystem_pause_as_v26_05_does() {
 /// steps switch again and the replica joins; no full rebuild runs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_switch_serves_the_raid_again_within_its_step_and_the_rebuild_goes_on() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let double = SpdkDouble::start(dir.path().join("spdk.sock"))
-        .await
-        .expect("double");
-    let c = SpdkClient::new(double.socket());
-    add_disk(&c, dir.path(), "d1", true).await;
-    add_disk(&c, dir.path(), "d2", true).await;
-    let mut p = plan("sw", 2);
-    p.disks = vec!["d1".into(), "d2".into()];
-    p.superblock = true;
-    let ops = VolumeOps::new(c.clone());
-    let inv = Inventory::load(&c).await.expect("inv");
-    let info = ops.ensure(&inv, &p).await.expect("ensure");
-    let alias = |k: usize| {
-        info.replicas
-            .iter()
-            .find(|r| r.k == k)
-            .expect("replica")
-            .alias
-            .clone()
-    };
-    assert!(double.write("talon-raid-sw", 6), "talon-raid-sw takes the write");
-    for k in 0..2 {
-        c.bdev_lvol_snapshot(&talon::spdk::rpc::LvolSnapshot {
-            lvol_name: alias(k),
-            snapshot_name: format!("sw-r{k}.s.s1"),
-        })
-        .await
-        .expect("snapshot");
-    }
-    assert!(double.write("talon-raid-sw", 4), "talon-raid-sw takes the write");
+    let mut t = TwoReplicas::new("sw", 32 * MIB, &[("s1", 6)], 4).await;
+    let ops = VolumeOps::new(t.c.clone());
     // r1 leaves the raid and misses a write
-    c.bdev_raid_remove_base_bdev(&ByName::new(&info.replicas[1].bdev))
-        .await
-        .expect("r1 leaves");
+    t.r1_leaves().await;
+    let double = &t.double;
     assert!(double.write("talon-raid-sw", 2), "talon-raid-sw takes the write");
-    p.in_sync = Some([0].into());
     // the raid's next create is the switch's, with r1: refused once
     double.fail_nth("bdev_raid_create", 1, -5, "Input/output error");
     let creates = double.calls("bdev_raid_create");
-    let nqn = talon::names::Nqn::for_volume(&p.name);
-    let step = |ops: VolumeOps, p: VolumePlan| {
-        let c = c.clone();
-        async move {
-            let inv = Inventory::load(&c).await.expect("inv");
-            ops.ensure(&inv, &p).await.expect("ensure")
-        }
-    };
+    let nqn = talon::names::Nqn::for_volume(&t.p.name);
     let mut seen = Vec::new();
     while double.calls("bdev_raid_create") == creates {
         assert!(seen.len() < 40, "never switched: {seen:?}");
-        seen.push(step(ops.clone(), p.clone()).await.rebuilding);
+        seen.push(t.step(&ops).await.rebuilding);
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     // that step's switch failed, and the same step served the raid again
@@ -1696,15 +1738,15 @@ async fn a_failed_switch_serves_the_raid_again_within_its_step_and_the_rebuild_g
         creates + 2,
         "the switch's create (refused), then the restore's"
     );
-    let inv = Inventory::load(&c).await.expect("inv");
+    let inv = Inventory::load(&t.c).await.expect("inv");
     let raid = inv.raid("talon-raid-sw").expect("the raid is there again");
     let members: Vec<Option<String>> = raid.base_bdevs_list.iter().map(|b| b.name.clone()).collect();
     assert!(
-        members.contains(&Some(info.replicas[0].bdev.clone())),
+        members.contains(&Some(t.info.replicas[0].bdev.clone())),
         "over r0: {members:?}"
     );
     assert!(
-        !members.contains(&Some(info.replicas[1].bdev.clone())),
+        !members.contains(&Some(t.info.replicas[1].bdev.clone())),
         "not over r1: {members:?}"
     );
     let sub = inv.subsystem(nqn.as_str()).expect("exported again");
@@ -1715,7 +1757,7 @@ async fn a_failed_switch_serves_the_raid_again_within_its_step_and_the_rebuild_g
     // the next steps switch again; r1 joins
     let mut joined = false;
     for _ in 0..60 {
-        if step(ops.clone(), p.clone()).await.in_sync.contains(&1) {
+        if t.step(&ops).await.in_sync.contains(&1) {
             joined = true;
             break;
         }
@@ -1733,67 +1775,22 @@ async fn a_failed_switch_serves_the_raid_again_within_its_step_and_the_rebuild_g
 /// holds, and no full rebuild ran.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_thin_rebuild_goes_on_from_its_copies_after_talon_restarts() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let double = SpdkDouble::start(dir.path().join("spdk.sock"))
-        .await
-        .expect("double");
+    let mut t = TwoReplicas::new("tr", 200 * MIB, &[("s1", 30), ("s2", 40)], 10).await;
     // a copy outlasts the wait of the step that starts it: talon stops mid-copy
-    double.set_rebuild_time(Duration::from_millis(600));
-    let c = SpdkClient::new(double.socket());
-    add_disk(&c, dir.path(), "d1", true).await;
-    add_disk(&c, dir.path(), "d2", true).await;
-    let mut p = plan("tr", 2);
-    p.size_bytes = 200 * MIB;
-    p.disks = vec!["d1".into(), "d2".into()];
-    p.superblock = true;
-    let ops = VolumeOps::new(c.clone());
-    let inv = Inventory::load(&c).await.expect("inv");
-    let info = ops.ensure(&inv, &p).await.expect("ensure");
-    let alias = |k: usize| {
-        info.replicas
-            .iter()
-            .find(|r| r.k == k)
-            .expect("replica")
-            .alias
-            .clone()
-    };
-    let lvs = |k: usize| alias(k).split_once('/').expect("alias").0.to_owned();
-    // two snapshots on both replicas (as VolumeOps::snapshot names them), data between
-    for (snap, clusters) in [("s1", 30), ("s2", 40)] {
-        assert!(
-            double.write("talon-raid-tr", clusters),
-            "talon-raid-tr takes the write"
-        );
-        for k in 0..2 {
-            c.bdev_lvol_snapshot(&talon::spdk::rpc::LvolSnapshot {
-                lvol_name: alias(k),
-                snapshot_name: format!("tr-r{k}.s.{snap}"),
-            })
-            .await
-            .expect("snapshot");
-        }
-    }
-    assert!(double.write("talon-raid-tr", 10), "talon-raid-tr takes the write");
+    t.double.set_rebuild_time(Duration::from_millis(600));
     // r1 is replaced: out of the raid, deleted; its snapshots stay (they are that instant)
-    c.bdev_raid_remove_base_bdev(&ByName::new(&info.replicas[1].bdev))
-        .await
-        .expect("r1 leaves");
-    c.bdev_lvol_delete(&ByName::new(format!("{}/tr-r1.s.s2", lvs(1))))
+    t.r1_leaves().await;
+    let lvs = |k: usize| t.alias(k).split_once('/').expect("alias").0.to_owned();
+    t.c.bdev_lvol_delete(&ByName::new(format!("{}/tr-r1.s.s2", lvs(1))))
         .await
         .expect("r1's s2 goes too");
-    p.in_sync = Some([0].into());
+    let (c, double, alias) = (&t.c, &t.double, |k: usize| t.alias(k));
+    let ops = VolumeOps::new(c.clone());
 
     // first talon: until the copy of s2 runs
-    let step = |ops: VolumeOps, p: VolumePlan| {
-        let c = c.clone();
-        async move {
-            let inv = Inventory::load(&c).await.expect("inv");
-            ops.ensure(&inv, &p).await.expect("ensure")
-        }
-    };
     let mut seen = Vec::new();
     for _ in 0..10 {
-        let i = step(ops.clone(), p.clone()).await;
+        let i = t.step(&ops).await;
         seen.push(i.rebuilding);
         if double.calls("bdev_lvol_start_shallow_copy") == 1 {
             break;
@@ -1807,7 +1804,7 @@ async fn a_thin_rebuild_goes_on_from_its_copies_after_talon_restarts() {
     let ops = VolumeOps::new(c.clone());
     let mut joined = None;
     for _ in 0..60 {
-        let i = step(ops.clone(), p.clone()).await;
+        let i = t.step(&ops).await;
         if i.in_sync.contains(&1) {
             joined = Some(i);
             break;
@@ -1821,9 +1818,9 @@ async fn a_thin_rebuild_goes_on_from_its_copies_after_talon_restarts() {
     assert_eq!(double.calls("bdev_lvol_start_shallow_copy"), 3);
     assert_eq!(double.calls("bdev_raid_add_base_bdev"), 0, "no full rebuild");
     // and the rebuild snapshots are merged away at the next reconcile
-    let i = step(ops.clone(), p.clone()).await;
+    let i = t.step(&ops).await;
     assert_eq!(i.in_sync, [0, 1].into());
-    let inv = Inventory::load(&c).await.expect("inv");
+    let inv = Inventory::load(c).await.expect("inv");
     assert!(
         !inv.lvols.keys().any(|a| a.contains(".s.rb.")),
         "{:?}",
