@@ -107,8 +107,8 @@ struct Setup {
     state: State,
 }
 
-async fn setup(disks: &[&str]) -> Setup {
-    talon::runtime::testing::capture_logs();
+/// A double (the target) in a fresh folder, with lvstores on `disks`.
+async fn target_with(disks: &[&str]) -> (tempfile::TempDir, SpdkDouble, SpdkClient) {
     let dir = tempfile::tempdir().expect("tempdir");
     let double = SpdkDouble::start(dir.path().join("spdk.sock"))
         .await
@@ -117,6 +117,12 @@ async fn setup(disks: &[&str]) -> Setup {
     for d in disks {
         add_disk(&client, dir.path(), d, true).await;
     }
+    (dir, double, client)
+}
+
+async fn setup(disks: &[&str]) -> Setup {
+    talon::runtime::testing::capture_logs();
+    let (dir, double, client) = target_with(disks).await;
     let c2 = client.clone();
     let host = node_nqn(disks.first().copied().unwrap_or(""));
     let rt = TestRuntime::start(move |rt| {
@@ -363,13 +369,7 @@ fn plan(name: &str, replicas: usize) -> VolumePlan {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_step_rolls_back_everything_it_created() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let double = SpdkDouble::start(dir.path().join("spdk.sock"))
-        .await
-        .expect("double");
-    let c = SpdkClient::new(double.socket());
-    add_disk(&c, dir.path(), "d1", true).await;
-    add_disk(&c, dir.path(), "d2", true).await;
+    let (_dir, double, c) = target_with(&["d1", "d2"]).await;
     let ops = VolumeOps::new(c.clone());
     let steps = [
         ("bdev_lvol_create", 2),
@@ -423,13 +423,7 @@ async fn a_failed_step_rolls_back_everything_it_created() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn orphans_go_and_foreign_objects_stay() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let double = SpdkDouble::start(dir.path().join("spdk.sock"))
-        .await
-        .expect("double");
-    let c = SpdkClient::new(double.socket());
-    add_disk(&c, dir.path(), "d1", true).await;
-    add_disk(&c, dir.path(), "d2", true).await;
+    let (dir, double, c) = target_with(&["d1", "d2"]).await;
     // orphans: a whole 2-replica volume nobody wants
     let ops = VolumeOps::new(c.clone());
     let inv = Inventory::load(&c).await.expect("inv");
@@ -1470,14 +1464,7 @@ async fn a_snapshot_includes_remote_replicas_at_the_same_instant() {
 /// namespace was drained.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn multi_replica_snapshots_are_one_point_in_time_and_reverts_never_mix_instants() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let double = SpdkDouble::start(dir.path().join("spdk.sock"))
-        .await
-        .expect("double");
-    let c = SpdkClient::new(double.socket());
-    for d in ["d1", "d2", "d3"] {
-        add_disk(&c, dir.path(), d, true).await;
-    }
+    let (_dir, double, c) = target_with(&["d1", "d2", "d3"]).await;
     let ops = VolumeOps::new(c.clone());
     let inv = Inventory::load(&c).await.expect("inv");
     ops.ensure(&inv, &plan("pit", 3)).await.expect("ensure");
@@ -1644,13 +1631,7 @@ struct TwoReplicas {
 
 impl TwoReplicas {
     async fn new(name: &str, size_bytes: u64, snaps: &[(&str, u64)], head: u64) -> Self {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let double = SpdkDouble::start(dir.path().join("spdk.sock"))
-            .await
-            .expect("double");
-        let c = SpdkClient::new(double.socket());
-        add_disk(&c, dir.path(), "d1", true).await;
-        add_disk(&c, dir.path(), "d2", true).await;
+        let (dir, double, c) = target_with(&["d1", "d2"]).await;
         let mut p = plan(name, 2);
         p.size_bytes = size_bytes;
         p.disks = vec!["d1".into(), "d2".into()];
