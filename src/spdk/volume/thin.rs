@@ -21,7 +21,9 @@
 //! or is served by another node (`rebuild.rs`), and a Longhorn engine's,
 //! either of whose ends may be on another node, copied by that node's
 //! target (`controllers/engine/longhorn_thin.rs`). What differs is behind
-//! [`Ends`]: how each end is named, asked and written. The order of the
+//! [`Ends`]: how each end is named, asked and written. The last step, the
+//! switch ([`switch`]), is one sequence for both too, with one rule for how
+//! much it copies while the hosts wait ([`switch_bytes`]). The order of the
 //! steps, the running copy, and when a copy is kept are decided here, from
 //! what the two replicas hold, so a restart goes on from the copies made
 //! so far: only the running copy is kept in memory ([`Runs`]), and spdk_tgt
