@@ -1136,8 +1136,9 @@ async fn with_a_superblock_a_replica_that_left_just_before_a_crash_is_never_trus
     );
 
     // r0 returns: served from it alone, r1 rebuilt: copied into before it
-    // is a member again (with 100 MiB to copy, the rebuild may be a single
-    // step, its switch; the ledger follows SPDK, whose superblock left r1 out)
+    // is a member again (a rebuild may be a single step, its switch, so a
+    // Rebuilding status is not waited for; the ledger follows SPDK, whose
+    // superblock left r1 out)
     add_disk(&client, dir.path(), &d0, false).await;
     let c3 = client.clone();
     eventually("r1 rebuilt, then a member", WAIT, || async {
