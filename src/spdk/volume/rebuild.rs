@@ -129,10 +129,23 @@ fn allocated(inv: &Inventory, alias: &str) -> u64 {
     inv.lvols.get(alias).map_or(0, |l| l.num_allocated_clusters)
 }
 
+/// The lvstore of lvol `alias` (`lvs/name`).
+fn lvs_of(alias: &str) -> &str {
+    alias.split_once('/').map_or("", |(l, _)| l)
+}
+
 /// `lvs/name` of an lvol named `name` in the lvstore of `alias`.
 fn sibling(alias: &str, name: &str) -> String {
-    let lvs = alias.split_once('/').map_or("", |(l, _)| l);
-    format!("{lvs}/{name}")
+    format!("{}/{name}", lvs_of(alias))
+}
+
+/// The cluster size of the lvstore holding lvol `alias`, when listed.
+fn cluster_of(inv: &Inventory, alias: &str) -> Option<u64> {
+    let lvs = lvs_of(alias);
+    inv.lvstores
+        .iter()
+        .find(|l| l.name == lvs)
+        .map(|l| l.cluster_size)
 }
 
 /// The bdev a rebuild copies into: a local dest's head, or the NVMe/TCP
@@ -159,11 +172,7 @@ pub(super) fn same_room(inv: &Inventory, plan: &VolumePlan, src: &ReplicaInfo, d
         if r.bdev.starts_with(REMOTE_PREFIX) {
             return Some(MIB);
         }
-        let lvs = r.alias.split_once('/')?.0;
-        inv.lvstores
-            .iter()
-            .find(|l| l.name == lvs)
-            .map(|l| super::superblock_room(l.cluster_size))
+        cluster_of(inv, &r.alias).map(super::superblock_room)
     };
     room(src).is_some_and(|a| room(dst) == Some(a))
 }
@@ -386,12 +395,11 @@ impl TalonEnds<'_> {
             }
             return Ok(());
         }
-        let lvs = dst.alias.split_once('/').map_or("", |(l, _)| l);
         let from = match view.shared.last() {
             Some(parent) => HeadFrom::Snapshot(parent),
             None => HeadFrom::Fresh(self.r.src.size_bytes.div_ceil(MIB)),
         };
-        remake_head(&ops.client, lvs, &naming::replica(vol, dst.k), from)
+        remake_head(&ops.client, lvs_of(&dst.alias), &naming::replica(vol, dst.k), from)
             .await
             .map_err(|f| rpc(vol, format!("{} to rebuild it", f.doing))(f.source))?;
         tracing::info!(volume = vol, replica = %dst.name, shared = j, "rebuilding replica thin from r{}", self.r.src.k);
@@ -445,12 +453,7 @@ impl thin::Ends for TalonEnds<'_> {
 
     fn busy_head(&self) -> bool {
         let (inv, src) = (self.r.inv, self.r.src);
-        let lvs = src.alias.split_once('/').map_or("", |(l, _)| l);
-        let cluster = inv
-            .lvstores
-            .iter()
-            .find(|l| l.name == lvs)
-            .map_or(1, |l| l.cluster_size);
+        let cluster = cluster_of(inv, &src.alias).unwrap_or(1);
         let over_nvme_tcp = matches!(self.dest, Dest::Remote { .. });
         allocated(inv, &src.alias).saturating_mul(cluster) > thin::switch_bytes(over_nvme_tcp)
     }
