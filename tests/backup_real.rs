@@ -6,8 +6,10 @@
 //! written; a restored image copied into a thin lvol on the same target
 //! (`spdk::volume::from_file`) reads back the same; and a standby (DR)
 //! volume made from the first backup keeps its file over a restart,
-//! follows the second and the third (fetching only their changed blocks)
-//! and, activated, serves the third.
+//! follows the second and the third (fetching only their changed blocks),
+//! holds no backup once its follow of a fourth fails on a damaged block
+//! and, that backup deleted and the third restored in full again,
+//! activated, serves the third.
 
 #[path = "support/s3_server.rs"]
 #[allow(dead_code)]
@@ -276,6 +278,52 @@ async fn real_spdk_backups_of_a_volume_round_trip_through_s3_full_then_increment
             .is_some_and(|m| m.contains("fetched 1 of 67 blocks")),
         "only backup-three's new block fetched: {e}"
     );
+
+    // a fourth backup whose block at 304 MiB is damaged in the store (planted before the
+    // backup, which finds the block there and does not upload it): the standby's follow
+    // fails part way, and the standby says it holds no backup whole, not backup-three
+    let fourth = pattern(11, 6 * MIB as usize);
+    let bad = talon::backupstore::format::checksum(&fourth[4 * MIB as usize..]);
+    let planted = dir
+        .path()
+        .join("s3/backups/talon")
+        .join(talon::backupstore::format::block_path("vol", &bad));
+    std::fs::create_dir_all(planted.parent().expect("parent")).expect("create_dir_all");
+    std::fs::write(&planted, pattern(12, 4096)).expect("plant a damaged block");
+    spdk_dd::dd_write_at(&spdk, &work, port, &nqn, &fourth, (300 * MIB) as usize);
+    snapshot(&d.client, "s4").await;
+    let s4 = backup(&d.client, &secret, "backup-four", "s4").await;
+    assert_eq!(
+        (s4["state"].as_str(), s4["blocksUploaded"].as_u64()),
+        (Some("completed"), Some(2)),
+        "the damaged block was found in the store: {s4}"
+    );
+    let e = talon::runtime::testing::eventually(
+        "the standby's follow to backup-four failed",
+        std::time::Duration::from_secs(300),
+        || async {
+            let v: Value = d.client.call("volume_get", json!({"name": "dr"})).await.ok()?;
+            let e = &v["engine"];
+            e["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("holds no whole backup"))
+                .then(|| e.clone())
+        },
+    )
+    .await;
+    eprintln!("standby after backup-four failed: {e}");
+    assert_eq!(e["restoredBackup"], Value::Null, "{e}");
+    // backup-four deleted: the standby restores backup-three in full again
+    let _: Value = d
+        .client
+        .call(
+            "backup_delete",
+            json!({"name": "backup-four", "fromStore": true, "wait": true}),
+        )
+        .await
+        .expect("backup_delete backup-four");
+    let e = standby_engine(&d.client, "dr", "backup-three").await;
+    eprintln!("standby after backup-four was deleted: {e}");
 
     // activated, it serves backup-three from two new replicas
     let v: Value = d

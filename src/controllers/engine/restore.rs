@@ -9,8 +9,13 @@
 //!     superblock's room), each block checked; what it holds recorded
 //!     beside it (<volume>.img.json) ─> Held
 //!   Held, standby ─> every pollSeconds: the backup volume's newest complete
-//!     backup, when another, applied to the file (only the blocks that
-//!     differ fetched; idempotent) ─> Held (the newer one)
+//!     backup, when another: the record first marked `updating` (synced),
+//!     then the blocks that differ fetched, then the record names the newer
+//!     one ─> Held (the newer one)
+//!   Held, updating (an update failed or was cut off: the file holds parts
+//!     of two backups) ─> never served; at the next look the newest
+//!     restored in full ─> Held (the newest)
+//!   Held, its backup deleted from the store ─> the newest restored in full
 //!   Held, standby cleared (activated) ─> brought to the newest once more
 //!   Held, not standby ─> Ready(file) ─> VolumePlan.restore = file ─> its
 //!     local replicas made from it (Make::Restore) ─> served ─> file removed
@@ -21,9 +26,10 @@
 //! backup is never restored again: a replica made later is rebuilt from
 //! the others like any new replica. A talon restarted while a volume is
 //! held (standby, or between its restore and its replicas) takes the file
-//! up again from its record; a file without one (a restore or a first
-//! follow cut off) is restored again in full, and a follow cut off is
-//! applied again from the backup the record names.
+//! up again from its record; a file without one (a restore cut off) is
+//! restored again in full, and so is a file whose record says an update
+//! was under way (a follow cut off): which of its blocks hold which backup
+//! is not known, so nothing in it is trusted.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -59,8 +65,8 @@ pub enum Step {
     Standby {
         /// What it does.
         message: String,
-        /// The backup it holds.
-        backup: String,
+        /// The backup it holds whole; none while an update of it is cut off.
+        backup: Option<String>,
         /// A newer backup is being restored.
         busy: bool,
     },
@@ -78,6 +84,12 @@ struct Held {
     /// Made for a standby volume: brought to the newest backup before its
     /// replicas are made.
     follows: bool,
+    /// An update of the file to this backup started and did not end (it
+    /// failed, or talon stopped in it): the blocks where `backup` and this
+    /// one differ may hold either, so the file holds no backup whole. It is
+    /// never served, and the next update restores the newest in full.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    updating: Option<String>,
 }
 
 impl Held {
@@ -88,6 +100,23 @@ impl Held {
             backup: backup.to_owned(),
             data_offset,
             follows,
+            updating: None,
+        }
+    }
+
+    /// The file holds `backup` whole (no update of it was cut off).
+    fn whole(&self) -> bool {
+        self.updating.is_none()
+    }
+
+    /// What the file holds, in a status: the backup, or why none.
+    fn says(&self, backup_volume: &str) -> String {
+        match &self.updating {
+            None => format!("holds backup {} of {backup_volume}", self.backup),
+            Some(u) => format!(
+                "holds no whole backup of {backup_volume} (its update from backup {} to {u} did not finish)",
+                self.backup
+            ),
         }
     }
 
@@ -101,7 +130,22 @@ impl Held {
 
 /// A restore into a volume's file: what it holds once it ends, with what
 /// the restore fetched (none when there was nothing newer).
-type RestoreTask = tokio::task::JoinHandle<Result<(Held, Option<backupstore::ops::RestoreStats>), String>>;
+type RestoreTask = tokio::task::JoinHandle<Result<(Held, Option<backupstore::ops::RestoreStats>), TaskError>>;
+
+/// How a restore task failed: why, and what the file holds after it (none:
+/// a first restore, nothing held).
+#[derive(Debug)]
+struct TaskError {
+    message: String,
+    held: Option<Held>,
+}
+
+impl From<String> for TaskError {
+    /// A failure of a first restore: the file holds nothing.
+    fn from(message: String) -> Self {
+        Self { message, held: None }
+    }
+}
 
 /// One volume's restore, as [`Restores::step`] works on it.
 struct Job<'a> {
@@ -321,15 +365,15 @@ impl Restores {
                 Decision::Now(match before {
                     Some(h) if spec.standby => Step::Standby {
                         message: format!(
-                            "standby: holds backup {} of {}; restoring backup {doing}: {pct}%",
-                            h.backup, src.backup_volume
+                            "standby: {}; restoring backup {doing}: {pct}%",
+                            h.says(&src.backup_volume)
                         ),
-                        backup: h.backup.clone(),
+                        backup: h.whole().then(|| h.backup.clone()),
                         busy: true,
                     },
                     Some(h) => Step::Waiting(format!(
-                        "activating: holds backup {}; restoring the newest backup {doing}: {pct}%",
-                        h.backup
+                        "activating: {}; restoring the newest backup {doing}: {pct}%",
+                        h.says(&src.backup_volume)
                     )),
                     None => Step::Waiting(format!(
                         "restoring backup {doing} of {} from {}: {pct}%",
@@ -351,21 +395,23 @@ impl Restores {
                     Duration::from_secs(src.poll_seconds.unwrap_or(DEFAULT_POLL_SECONDS).max(1).into());
                 let due = checked.is_none_or(|c| c.elapsed() >= poll);
                 if spec.standby && !due {
-                    let mut message =
-                        format!("standby: holds backup {} of {}", held.backup, src.backup_volume);
-                    if let Some((n, of)) = fetched {
+                    let mut message = format!("standby: {}", held.says(&src.backup_volume));
+                    if let Some((n, of)) = fetched.filter(|_| held.whole()) {
                         message.push_str(&format!(" (its restore fetched {n} of {of} blocks)"));
                     }
                     if let Some(e) = error {
                         message.push_str(&format!("; the last look for a newer backup failed: {e}"));
                     }
+                    if !held.whole() {
+                        message.push_str("; the next look restores the newest backup in full");
+                    }
                     return Decision::Now(Step::Standby {
                         message,
-                        backup: held.backup.clone(),
+                        backup: held.whole().then(|| held.backup.clone()),
                         busy: false,
                     });
                 }
-                if !spec.standby && !held.follows {
+                if !spec.standby && !held.follows && held.whole() {
                     return Decision::Now(Step::Ready(held.file(&job.file)));
                 }
                 // a standby's look for a newer backup, or an activation's last one
@@ -400,27 +446,39 @@ impl Restores {
     async fn settle(&self, vol: &str, handle: RestoreTask, before: Option<Held>) {
         let done = match handle.await {
             Ok(r) => r,
-            Err(e) => Err(format!("restore task: {e}")),
+            // a task that panicked or was aborted mid-write: its file is not trusted
+            Err(e) => Err(TaskError {
+                message: format!("restore task: {e}"),
+                held: before.clone().map(|h| Held {
+                    updating: Some(h.updating.clone().unwrap_or_else(|| "(unknown)".into())),
+                    ..h
+                }),
+            }),
         };
         let mut tasks = lock(&self.tasks);
         let last = match tasks.remove(vol) {
             Some(Task::Held { fetched, .. }) => fetched,
             _ => None,
         };
-        let task = match (done, before) {
-            (Ok((held, stats)), _) => Task::Held {
+        let task = match done {
+            Ok((held, stats)) => Task::Held {
                 held,
                 checked: Some(Instant::now()),
                 error: None,
                 fetched: stats.map(|s| (s.blocks_downloaded, s.blocks)).or(last),
             },
-            (Err(m), Some(held)) => Task::Held {
+            // a follow that failed: the file holds what the task says (an update cut
+            // off marks it, so it is never served as the backup it held before)
+            Err(TaskError {
+                message,
+                held: Some(held),
+            }) => Task::Held {
                 held,
                 checked: Some(Instant::now()),
-                error: Some(m),
+                error: Some(message),
                 fetched: last,
             },
-            (Err(m), None) => Task::Failed(m),
+            Err(TaskError { message, held: None }) => Task::Failed(message),
         };
         tasks.insert(vol.to_owned(), task);
     }
@@ -447,7 +505,8 @@ impl Restores {
                 return Err(format!(
                     "backup {} holds {} bytes: more than the volume's {size}",
                     src.backup, cfg.size
-                ));
+                )
+                .into());
             }
             let stats = backupstore::ops::restore_to_file(
                 &store,
@@ -511,8 +570,13 @@ impl Restores {
 
 /// Brings a standby volume's file (holding `held`) to its backup volume's
 /// newest complete backup, when that is another: only the blocks that
-/// differ are fetched, and the record is written after them. `standby`
-/// false: the activation's last look (the file is used once it ends).
+/// differ are fetched when the file holds `held` whole and that backup is
+/// still in the store; otherwise (an update cut off before, or the backup
+/// it holds deleted) the newest is restored in full. The record is marked
+/// `updating` (synced) before the file is written and names the newest
+/// only after it is whole, so a failure or a stop at any point leaves a
+/// record that says the file holds no backup. `standby` false: the
+/// activation's last look (the file is used once it ends).
 async fn follow(
     src: BackupSource,
     held: Held,
@@ -520,52 +584,114 @@ async fn follow(
     size: u64,
     standby: bool,
     progress: Arc<Progress>,
-) -> Result<(Held, Option<backupstore::ops::RestoreStats>), String> {
-    let store = super::backup::open_store(&src.target, src.credential_secret.as_deref())?;
+) -> Result<(Held, Option<backupstore::ops::RestoreStats>), TaskError> {
+    // a failure before the file is written: it holds what it held
+    let kept = |message: String| TaskError {
+        message,
+        held: Some(held.clone()),
+    };
+    let store = super::backup::open_store(&src.target, src.credential_secret.as_deref()).map_err(kept)?;
     let cfg = backupstore::ops::volume(&store, &src.backup_volume)
         .await
-        .map_err(|e| format!("backup volume {}: {e}", src.backup_volume))?
-        .ok_or_else(|| format!("backup volume {} not found in {}", src.backup_volume, src.target))?;
+        .map_err(|e| kept(format!("backup volume {}: {e}", src.backup_volume)))?
+        .ok_or_else(|| kept(format!("backup volume {} not found in {}", src.backup_volume, src.target)))?;
     let newest = cfg.last_backup_name;
-    let mut next = Held {
-        follows: standby,
+    if newest.is_empty() || (newest == held.backup && held.whole()) {
+        if !held.whole() {
+            return Err(kept(format!(
+                "backup volume {} has no complete backup to restore in full",
+                src.backup_volume
+            )));
+        }
+        let next = Held {
+            follows: standby,
+            ..held.clone()
+        };
+        if next != held {
+            write_record(&file, &next).map_err(kept)?;
+        }
+        return Ok((next, None));
+    }
+    if cfg.size > size {
+        return Err(kept(format!(
+            "backup {newest} of {} holds {} bytes: more than the volume's {size}",
+            src.backup_volume, cfg.size
+        )));
+    }
+    let named = |e: backupstore::BackupError| format!("backup {newest} of {}: {e}", src.backup_volume);
+    let b = backupstore::ops::backup(&store, &src.backup_volume, &newest)
+        .await
+        .map_err(|e| kept(named(e)))?;
+    if !b.complete() {
+        // volume.cfg names a backup only once it is complete; a store that says otherwise waits
+        return Ok((held, None));
+    }
+    // a delta needs the held backup whole in the file and its block list in the store
+    let base = if held.whole() {
+        match backupstore::ops::backup(&store, &src.backup_volume, &held.backup).await {
+            Ok(b) if b.complete() => Some(held.backup.clone()),
+            Ok(_) | Err(backupstore::BackupError::NotFound(_)) => None,
+            Err(e) => {
+                return Err(kept(format!(
+                    "backup {} of {}: {e}",
+                    held.backup, src.backup_volume
+                )));
+            }
+        }
+    } else {
+        None
+    };
+    // from here the file is written: until it is whole, its record says it holds no backup
+    let updating = Held {
+        updating: Some(newest.clone()),
         ..held.clone()
     };
-    let mut stats = None;
-    if !newest.is_empty() && newest != held.backup {
-        if cfg.size > size {
-            return Err(format!(
-                "backup {newest} of {} holds {} bytes: more than the volume's {size}",
-                src.backup_volume, cfg.size
-            ));
-        }
-        let named = |e: backupstore::BackupError| format!("backup {newest} of {}: {e}", src.backup_volume);
-        let b = backupstore::ops::backup(&store, &src.backup_volume, &newest)
-            .await
-            .map_err(named)?;
-        if !b.complete() {
-            // volume.cfg names a backup only once it is complete; a store that says otherwise waits
-            return Ok((held, None));
-        }
-        stats = Some(
+    write_record(&file, &updating).map_err(kept)?;
+    let cut = |message: String| TaskError {
+        message,
+        held: Some(updating.clone()),
+    };
+    let stats = match &base {
+        Some(base) => {
             backupstore::ops::restore_delta_to_file(
                 &store,
                 &src.backup_volume,
-                &held.backup,
+                base,
                 &newest,
                 &file,
                 held.data_offset,
                 &progress,
             )
             .await
-            .map_err(named)?,
-        );
-        next.backup = newest;
+        }
+        None => {
+            backupstore::ops::restore_to_file(
+                &store,
+                &src.backup_volume,
+                &newest,
+                &file,
+                held.data_offset,
+                &progress,
+            )
+            .await
+        }
     }
-    if next != held {
-        write_record(&file, &next)?;
-    }
-    Ok((next, stats))
+    .map_err(|e| cut(named(e)))?;
+    // a full restore makes the file the volume's size: as large as a replica lvol again
+    let len = held.data_offset + size.div_ceil(MIB) * MIB;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&file)
+        .and_then(|f| f.set_len(len))
+        .map_err(|e| cut(format!("{}: {e}", file.display())))?;
+    let next = Held {
+        backup: newest,
+        follows: standby,
+        updating: None,
+        ..held
+    };
+    write_record(&file, &next).map_err(cut)?;
+    Ok((next, Some(stats)))
 }
 
 #[cfg(test)]
@@ -611,11 +737,156 @@ mod tests {
             assert!(!matches!(s, Step::Failed(_)), "{s:?}");
             tokio::time::sleep(Duration::from_millis(25)).await;
         }
-        panic!("no such step");
+        let last = r.step(&SpdkClient::new("/nonexistent/spdk.sock"), &Inventory::default(), "dr", spec, false, false).await;
+        panic!("no such step; the last: {last:?}");
     }
 
     fn holds(backup: &str) -> impl Fn(&Step) -> bool + '_ {
-        move |s| matches!(s, Step::Standby { backup: b, busy: false, .. } if b == backup)
+        move |s| matches!(s, Step::Standby { backup: Some(b), busy: false, .. } if b == backup)
+    }
+
+    /// A standby volume `dr` of backup volume `src` in `target`, from backup `b1`.
+    fn standby(target: &str) -> Volume {
+        Volume {
+            size_bytes: SIZE,
+            replicas: 1,
+            engine: Default::default(),
+            frontend: Default::default(),
+            disks: Vec::new(),
+            from_snapshot: None,
+            from_backup: Some(BackupSource {
+                target: target.to_owned(),
+                credential_secret: None,
+                backup_volume: "src".into(),
+                backup: "b1".into(),
+                poll_seconds: Some(1),
+            }),
+            standby: true,
+            revert_to: None,
+            revert_generation: 0,
+            remote_replicas: Vec::new(),
+            serve_replica: None,
+            replica_hosts: Vec::new(),
+            raid_superblock: false,
+        }
+    }
+
+    /// Damages backup `b`'s block at `at` in the vfs store under `root`
+    /// (its bytes changed in place, so reading it fails its checksum).
+    fn corrupt(root: &Path, b: &BackupCfg, at: u64) {
+        let sum = &b.blocks.iter().find(|r| r.offset == at).expect("block").checksum;
+        let path = root.join(crate::backupstore::format::block_path("src", sum));
+        let path = if path.exists() {
+            path
+        } else {
+            root.join("backupstore").join(crate::backupstore::format::block_path("src", sum))
+        };
+        let mut bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        for x in bytes.iter_mut().skip(16) {
+            *x ^= 0x5a;
+        }
+        std::fs::write(&path, bytes).expect("write");
+    }
+
+    /// The volume's data in `file` is backup `name` restored, block by block.
+    async fn assert_holds(store: &Store, dir: &Path, file: &Path, name: &str) {
+        let want = dir.join(format!("want-{name}.img"));
+        ops::restore_to_file(store, "src", name, &want, 0, &Progress::default())
+            .await
+            .expect("restore");
+        let (got, want) = (std::fs::read(file).expect("read"), std::fs::read(&want).expect("read"));
+        for (k, (g, w)) in got[..SIZE as usize]
+            .chunks(MIB as usize)
+            .zip(want.chunks(MIB as usize))
+            .enumerate()
+        {
+            assert!(g == w, "MiB {k} of {} is not backup {name}'s", file.display());
+        }
+    }
+
+    /// A standby holding b1 whose update to b2 failed on b2's damaged block.
+    async fn failed_update(store: &Store, dir: &Path, r: &Restores, spec: &Volume) -> (BackupCfg, BackupCfg) {
+        let b1 = backup(store, dir, "b1", &[(0, 1), (4 * MIB, 2)], None).await;
+        step_until(r, spec, holds("b1")).await;
+        // b2 changes three of the four 2 MiB blocks; its last one is damaged
+        let b2 = backup(store, dir, "b2", &[(0, 5), (2 * MIB, 6), (6 * MIB, 7)], Some(&b1)).await;
+        corrupt(&dir.join("store"), &b2, 6 * MIB);
+        let s = step_until(r, spec, |s| {
+            matches!(s, Step::Standby { message, busy: false, .. } if message.contains("failed"))
+        })
+        .await;
+        let Step::Standby { backup, message, .. } = s else { panic!("{s:?}") };
+        assert_eq!(backup, None, "a file part way between b1 and b2 holds no backup: {message}");
+        assert!(message.contains("holds no whole backup"), "{message}");
+        (b1, b2)
+    }
+
+    #[tokio::test]
+    async fn a_standby_whose_update_failed_and_whose_newer_backup_was_deleted_serves_exactly_the_older_backup() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let target = format!("vfs://{}", dir.path().join("store").display());
+        let store = Store::open(&target, &Credentials::none()).expect("store");
+        let data = dir.path().join("data");
+        let r = Restores::new(&data);
+        let mut spec = standby(&target);
+        failed_update(&store, dir.path(), &r, &spec).await;
+        let file = data.join("restore/dr.img");
+        assert_eq!(
+            read_record(&file).and_then(|h| h.updating),
+            Some("b2".into()),
+            "the record says the update did not end"
+        );
+        ops::delete(&store, "src", "b2").await.expect("delete b2");
+        spec.standby = false;
+        let s = step_until(&r, &spec, |s| matches!(s, Step::Ready(_))).await;
+        let Step::Ready(f) = s else { panic!("not ready") };
+        assert_holds(&store, dir.path(), &f.file, "b1").await;
+        assert_eq!(
+            read_record(&file).map(|h| (h.backup, h.updating)),
+            Some(("b1".into(), None))
+        );
+    }
+
+    #[tokio::test]
+    async fn a_cut_off_update_then_a_backup_like_the_one_held_is_restored_in_full_over_a_restart() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let target = format!("vfs://{}", dir.path().join("store").display());
+        let store = Store::open(&target, &Credentials::none()).expect("store");
+        let data = dir.path().join("data");
+        let spec = standby(&target);
+        let (b1, _) = failed_update(&store, dir.path(), &Restores::new(&data), &spec).await;
+        // a restart, then a newer backup whose blocks are b1's: nothing differs from b1
+        let r = Restores::new(&data);
+        backup(&store, dir.path(), "b3", &[], Some(&b1)).await;
+        let s = step_until(&r, &spec, holds("b3")).await;
+        let file = data.join("restore/dr.img");
+        assert_holds(&store, dir.path(), &file, "b3").await;
+        assert!(
+            matches!(&s, Step::Standby { message, .. } if !message.contains("fetched 0 of")),
+            "restored in full, not as a delta from b1: {s:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn activation_when_the_held_backup_was_deleted_restores_the_newest_in_full() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let target = format!("vfs://{}", dir.path().join("store").display());
+        let store = Store::open(&target, &Credentials::none()).expect("store");
+        let data = dir.path().join("data");
+        let r = Restores::new(&data);
+        let mut spec = standby(&target);
+        let b1 = backup(&store, dir.path(), "b1", &[(0, 1), (4 * MIB, 2)], None).await;
+        step_until(&r, &spec, holds("b1")).await;
+        // no look for a newer backup before the activation
+        if let Some(src) = spec.from_backup.as_mut() {
+            src.poll_seconds = Some(3600);
+        }
+        backup(&store, dir.path(), "b2", &[(2 * MIB, 3)], Some(&b1)).await;
+        ops::delete(&store, "src", "b1").await.expect("delete b1");
+        spec.standby = false;
+        let s = step_until(&r, &spec, |s| matches!(s, Step::Ready(_))).await;
+        let Step::Ready(f) = s else { panic!("not ready") };
+        assert_holds(&store, dir.path(), &f.file, "b2").await;
     }
 
     #[tokio::test]

@@ -784,7 +784,7 @@ fn restore_file(step: RestoreStep, spec: &Volume) -> Result<Option<RestoreFile>,
         } => {
             let mut r = Realized::failed(ObjectState::Standby, message);
             r.status.size_bytes = spec.size_bytes;
-            r.status.restored_backup = Some(backup);
+            r.status.restored_backup = backup;
             r.rebuilding = busy;
             Err(Box::new(r))
         }
@@ -2100,7 +2100,7 @@ mod tests {
         assert_eq!(
             outcome(RestoreStep::Standby {
                 message: "standby".into(),
-                backup: "b-2".into(),
+                backup: Some("b-2".into()),
                 busy: true,
             }),
             (
