@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
 # Starts talon on an embedded default, from a fresh Debian machine:
+#   - first checks what the build needs and this script does not install: Rust (cargo, at
+#     least Cargo.toml's rust-version) and a C compiler (cc), and says how to install them,
 #   - installs what the V1 engine needs when SPDK is absent (tgt) and an iSCSI
 #     client to read the volume with (libiscsi-bin),
 #   - builds talon, serves from a data dir in the working tree (./talon-data),
@@ -14,6 +16,41 @@ SOCK=$DATA/talon.sock
 # the client deploy/quickstart.yaml admits (allowedHosts), its port (iscsiPort)
 CLIENT_IQN=iqn.2025-01.io.talon.quickstart:client
 PORTAL=127.0.0.1:3262
+
+# The build's own needs, before anything is installed or built: Rust at least Cargo.toml's
+# rust-version (Debian's packaged rustc is older: rustup) and a C compiler (cc, for the
+# crates that build C code).
+RUST_MIN=$(sed -n 's/^rust-version *= *"\([0-9.]*\)".*/\1/p' Cargo.toml | head -n1)
+RUST_MIN=${RUST_MIN:-1.90}
+RUSTUP="curl --proto '=https' --tlsv1.2 -sSf https://sh.rustup.rs | sh -s -- -y && . \"\$HOME/.cargo/env\""
+command -v curl >/dev/null || RUSTUP="apt-get install curl ca-certificates && $RUSTUP"
+missing=0
+if ! command -v cargo >/dev/null; then
+	echo "quickstart: cargo is missing: talon builds with Rust $RUST_MIN or newer. Install it with rustup:" >&2
+	echo "  $RUSTUP" >&2
+	missing=1
+else
+	have=$(rustc --version 2>/dev/null | awk '{print $2}')
+	if [ -z "$have" ] || [ "$(printf '%s\n%s\n' "$RUST_MIN" "$have" | sort -V | head -n1)" != "$RUST_MIN" ]; then
+		echo "quickstart: rustc ${have:-?} is older than the Rust $RUST_MIN talon needs (Cargo.toml rust-version)." >&2
+		if command -v rustup >/dev/null; then
+			echo "  rustup update stable" >&2
+		else
+			echo "  Debian's rustc is too old; install Rust with rustup (first: apt-get remove rustc cargo):" >&2
+			echo "  $RUSTUP" >&2
+		fi
+		missing=1
+	fi
+fi
+if ! command -v cc >/dev/null; then
+	echo "quickstart: a C compiler (cc) is missing; some crates build C code. Install it:" >&2
+	echo "  apt-get install gcc" >&2
+	missing=1
+fi
+if [ "$missing" = 1 ]; then
+	echo "quickstart: then run deploy/quickstart.sh again" >&2
+	exit 1
+fi
 
 apt_install() {
 	if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then

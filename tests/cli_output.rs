@@ -22,6 +22,8 @@ use tgt_common::{free_port, ready};
 fn talon(socket: &Path, args: &[&str]) -> (bool, String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_talon"))
         .env("TALON_SOCKET", socket)
+        // the default log level, whatever the environment sets
+        .env_remove("TALON_LOG")
         .args(args)
         .output()
         .expect("run talon");
@@ -42,6 +44,57 @@ impl Drop for Daemon {
     }
 }
 
+impl Daemon {
+    /// `talon serve` at the default log level on a V1 node (127.0.0.1, a free iSCSI port)
+    /// without SPDK, whatever the environment has, with `more` appended to its config; its
+    /// log (stderr) goes to `log`. Returns once its API answers.
+    async fn start(dir: &Path, more: &str, log: Stdio) -> Daemon {
+        std::fs::write(
+            dir.join("talon.yaml"),
+            format!(
+                "node: {{ engine: auto, listenAddress: 127.0.0.1, iscsiPort: {} }}\n{more}",
+                free_port()
+            ),
+        )
+        .expect("config");
+        let socket = dir.join("run/talon.sock");
+        let daemon = Daemon(
+            Command::new(env!("CARGO_BIN_EXE_talon"))
+                .arg("--socket")
+                .arg(&socket)
+                .args(["serve", "--stop-targets-on-exit", "--data-dir"])
+                .arg(dir.join("data"))
+                .arg("--run-dir")
+                .arg(dir.join("run"))
+                .arg("--config")
+                .arg(dir.join("talon.yaml"))
+                // no SPDK here, whatever the environment has: V2 is unavailable
+                .env_remove("TALON_SPDK_DIR")
+                .env_remove("TALON_LOG")
+                .arg("--spdk-tgt")
+                .arg(dir.join("no/spdk_tgt"))
+                .stdout(Stdio::null())
+                .stderr(log)
+                .spawn()
+                .expect("spawn talon"),
+        );
+        eventually("the API", Duration::from_secs(30), || async {
+            Client::connect_unix(&socket).await.ok()
+        })
+        .await;
+        daemon
+    }
+
+    /// Stops the daemon (SIGTERM) and waits until it has exited.
+    fn stop(mut self) {
+        let _ = kill(Pid::from_raw(self.0.id() as i32), Signal::SIGTERM);
+        let status = self.0.wait().expect("wait for talon");
+        // reaped: no signal from Drop to a pid that may be another process's by then
+        std::mem::forget(self);
+        assert!(status.success(), "talon serve stops cleanly: {status}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sizes_status_and_waits_read_as_people_write_them() {
     const TEST: &str = "sizes_status_and_waits_read_as_people_write_them";
@@ -50,38 +103,14 @@ async fn sizes_status_and_waits_read_as_people_write_them() {
     }
     let d = tempfile::tempdir().expect("tempdir");
     let dir = d.path();
-    std::fs::write(
-        dir.join("talon.yaml"),
-        format!(
-            "node: {{ engine: v1, listenAddress: 127.0.0.1, iscsiPort: {} }}\n",
-            free_port()
-        ),
+    // `stuck`: a V2 volume on a node without SPDK, from the config (the API refuses one)
+    let _daemon = Daemon::start(
+        dir,
+        "volumes:\n  stuck: { sizeBytes: 1048576, engine: v2 }\n",
+        Stdio::null(),
     )
-    .expect("config");
-    let socket = dir.join("run/talon.sock");
-    let _daemon = Daemon(
-        Command::new(env!("CARGO_BIN_EXE_talon"))
-            .arg("--socket")
-            .arg(&socket)
-            .args(["serve", "--stop-targets-on-exit", "--data-dir"])
-            .arg(dir.join("data"))
-            .arg("--run-dir")
-            .arg(dir.join("run"))
-            .arg("--config")
-            .arg(dir.join("talon.yaml"))
-            // no SPDK here, whatever the environment has: V2 is unavailable
-            .env_remove("TALON_SPDK_DIR")
-            .arg("--spdk-tgt")
-            .arg(dir.join("no/spdk_tgt"))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("spawn talon"),
-    );
-    eventually("the API", Duration::from_secs(30), || async {
-        Client::connect_unix(&socket).await.ok()
-    })
     .await;
+    let socket = dir.join("run/talon.sock");
 
     let (ok, _, err) = talon(&socket, &["volume", "create", "docs", "--size", "1536MiB"]);
     assert!(ok, "volume create: {err}");
@@ -186,24 +215,136 @@ async fn sizes_status_and_waits_read_as_people_write_them() {
         "and its end: {lines}"
     );
 
-    // a wait that cannot finish says why, at once
+    // a V2 volume on a node without SPDK is refused at create, naming why; nothing is left
     let (ok, _, err) = talon(
         &socket,
         &["volume", "create", "never", "--size", "1MiB", "--engine", "v2"],
     );
     assert!(!ok, "a V2 volume on a node without SPDK cannot be served");
     assert!(
-        err.contains("it waits for spdk_tgt, which is failed"),
-        "the failure names the target at once: {err}"
+        err.contains("volume never: engine v2 needs SPDK, and this node cannot serve V2 volumes")
+            && err.contains("spdk_tgt was not found"),
+        "refused at once, saying why: {err}"
     );
+    let (ok, out, err) = talon(&socket, &["volume", "list"]);
+    assert!(ok, "{err}");
+    assert!(!out.contains("never"), "nothing half-made: {out}");
     // `volume wait` says what it waits for while it waits, and why it gave up
-    let (ok, _, err) = talon(&socket, &["volume", "wait", "never", "--timeout", "1"]);
+    let (ok, _, err) = talon(&socket, &["volume", "wait", "stuck", "--timeout", "1"]);
     assert!(!ok, "never exported");
     assert!(
-        err.contains("waiting: never creating (waiting for spdk_tgt"),
+        err.contains("waiting: stuck creating (waiting for spdk_tgt"),
         "the wait tells what it waits for: {err}"
     );
     assert!(err.contains("target spdk failed"), "and why it gave up: {err}");
+    // a delete says only what it sees after the call, not the state before it (a replay)
+    let (ok, _, err) = talon(&socket, &["volume", "delete", "stuck"]);
+    assert!(ok, "volume delete: {err}");
+    assert!(!err.contains("creating"), "no line of the state before the delete: {err}");
+}
+
+/// The log is quiet and says what operators change (issue 54): at the default level a successful
+/// CLI call writes nothing on stderr, the daemon writes no DEBUG line (the HTTP and JSON-RPC
+/// libraries wrote one per connection and frame), and each change is an info line naming its
+/// object. The newcomer's views beside it: a disk on a node without SPDK says it is unused, list
+/// verbs take `-o`, `volume get` and `get volume` print one document, sizes in errors read in
+/// binary units.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_log_is_quiet_and_names_each_change() {
+    const TEST: &str = "the_log_is_quiet_and_names_each_change";
+    if !ready(TEST) {
+        return;
+    }
+    let d = tempfile::tempdir().expect("tempdir");
+    let dir = d.path();
+    let log_path = dir.join("talon.log");
+    let log = std::fs::File::create(&log_path).expect("log file");
+    // the quick start's disk: a file for V2's lvstore
+    let daemon = Daemon::start(
+        dir,
+        "disks:\n  disk0: { path: disk0.img, sizeBytes: 1073741824 }\n",
+        Stdio::from(log),
+    )
+    .await;
+    let socket = dir.join("run/talon.sock");
+
+    // a call that waits says what it waits for, a line per state it sees, and nothing else
+    let (ok, _, err) = talon(&socket, &["volume", "create", "quiet", "--size", "64MiB"]);
+    assert!(ok, "volume create: {err}");
+    assert!(
+        err.lines().all(|l| l.starts_with("waiting: EngineStatus quiet: ")),
+        "only what it waits for: {err}"
+    );
+    for args in [
+        &["volume", "list"][..],
+        &["volume", "get", "quiet"],
+        &["get", "volume", "quiet"],
+        &["node", "info"],
+    ] {
+        let (ok, _, err) = talon(&socket, args);
+        assert!(ok, "talon {args:?}: {err}");
+        assert_eq!(err, "", "talon {args:?} writes nothing on stderr when it succeeds");
+    }
+
+    // a disk no engine here uses says so, and why (it is not waiting for anything)
+    let (ok, out, err) = talon(&socket, &["disk", "list", "-o", "json"]);
+    assert!(ok, "{err}");
+    let disks: serde_json::Value = serde_json::from_str(&out).expect("json");
+    let status = &disks[0]["status"];
+    assert_eq!(status["state"], "unused", "{disks:#}");
+    let msg = status["message"].as_str().unwrap_or_default();
+    assert!(
+        msg.contains("only V2 volumes use disks") && msg.contains("spdk_tgt was not found"),
+        "{msg}"
+    );
+    let (ok, out, err) = talon(&socket, &["disk", "list"]);
+    assert!(ok, "{err}");
+    assert!(out.contains("NAME") && out.contains("disk0") && out.contains("unused"), "{out}");
+    let (ok, out, err) = talon(&socket, &["snapshot", "list", "-o", "json"]);
+    assert!(ok, "{err}");
+    assert_eq!(out.trim(), "[]");
+    let (ok, out, err) = talon(&socket, &["node", "info", "-o", "table"]);
+    assert!(ok, "{err}");
+    assert!(out.contains("FIELD") && out.contains("engine v1"), "a table: {out}");
+    assert!(!out.contains("engines:"), "not YAML: {out}");
+    // one document, whichever verb asks
+    let (ok, a, err) = talon(&socket, &["volume", "get", "quiet", "-o", "json"]);
+    assert!(ok, "{err}");
+    let (ok, b, err) = talon(&socket, &["get", "volume", "quiet", "-o", "json"]);
+    assert!(ok, "{err}");
+    let (a, b): (serde_json::Value, serde_json::Value) =
+        (serde_json::from_str(&a).expect("json"), serde_json::from_str(&b).expect("json"));
+    assert_eq!(a, b);
+    assert_eq!(a["metadata"]["id"], "quiet");
+    // sizes in errors: binary units, and the exact count
+    let (ok, _, err) = talon(&socket, &["volume", "expand", "quiet", "--size", "32MiB"]);
+    assert!(!ok);
+    assert!(
+        err.contains("is 64 MiB (67108864 bytes); it can only grow, not shrink to 32 MiB (33554432 bytes)"),
+        "{err}"
+    );
+    let (ok, _, err) = talon(&socket, &["volume", "expand", "quiet", "--size", "128MiB"]);
+    assert!(ok, "{err}");
+    let (ok, _, err) = talon(&socket, &["volume", "delete", "quiet"]);
+    assert!(ok, "{err}");
+    daemon.stop();
+
+    let log = std::fs::read_to_string(&log_path).expect("the daemon's log");
+    let debug: Vec<&str> = log.lines().filter(|l| l.contains(" DEBUG ") || l.contains(" TRACE ")).collect();
+    assert!(debug.is_empty(), "no DEBUG line at the default level:\n{}", debug.join("\n"));
+    for change in [
+        "volume quiet created: 64 MiB, 1 replica(s), engine auto",
+        "volume quiet expanded to 128 MiB",
+        "volume quiet deleted",
+    ] {
+        let lines: Vec<&str> = log.lines().filter(|l| l.contains(change)).collect();
+        assert_eq!(lines.len(), 1, "{change:?} once:\n{log}");
+        assert!(lines[0].contains(" INFO "), "{}", lines[0]);
+    }
+    assert!(
+        !log.lines().any(|l| l.contains("volume quiet") && (l.contains("list") || l.contains("get"))),
+        "reads are not logged:\n{log}"
+    );
 }
 
 /// The Longhorn gRPC bounds are flags of `talon serve` (issue 31); values that would disable a

@@ -611,3 +611,74 @@ fn the_quickstart_admits_the_client_it_prints() {
         .expect("the volume demo");
     assert_eq!(demo.spec.replicas, 1, "V1 keeps one replica");
 }
+
+/// The quick start checks the build's needs before it installs or builds anything (issue 54): on
+/// a host without cargo and cc (a fresh Debian) it says what to install, with Cargo.toml's
+/// rust-version, and stops; an old rustc (Debian's packaged 1.63) is named as too old.
+#[test]
+fn the_quickstart_names_the_toolchain_it_needs_before_anything_else() {
+    use std::os::unix::fs::PermissionsExt;
+    let cargo_toml = std::fs::read_to_string(repo().join("Cargo.toml")).expect("Cargo.toml");
+    let min = cargo_toml
+        .lines()
+        .find_map(|l| l.strip_prefix("rust-version = \""))
+        .and_then(|v| v.strip_suffix('"'))
+        .expect("rust-version in Cargo.toml");
+    // a PATH with the shell tools the script reads with, and no cargo, cc, apt-get or curl
+    let bin = tempfile::tempdir().expect("tempdir");
+    for tool in ["sed", "head", "awk", "sort", "dirname", "id", "cat"] {
+        let found = ["/usr/bin", "/bin"]
+            .iter()
+            .map(|d| Path::new(d).join(tool))
+            .find(|p| p.exists())
+            .unwrap_or_else(|| panic!("{tool} on this host"));
+        std::os::unix::fs::symlink(found, bin.path().join(tool)).expect("symlink");
+    }
+    let run = |path: &Path| {
+        let out = Command::new("/bin/bash")
+            .arg(repo().join("deploy/quickstart.sh"))
+            .env_clear()
+            .env("PATH", path)
+            .env("HOME", bin.path())
+            .env("TALON_DATA_DIR", bin.path().join("data"))
+            .output()
+            .expect("run quickstart.sh");
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (code, out, err) = run(bin.path());
+    assert_eq!(code, Some(1), "{out}\n{err}");
+    for want in [
+        format!("cargo is missing: talon builds with Rust {min} or newer"),
+        "https://sh.rustup.rs".to_string(),
+        "apt-get install curl".to_string(),
+        "a C compiler (cc) is missing".to_string(),
+        "apt-get install gcc".to_string(),
+    ] {
+        assert!(err.contains(&want), "{want:?} in:\n{err}");
+    }
+    assert!(
+        !out.contains("building") && !err.contains("installing") && !bin.path().join("data").exists(),
+        "nothing is installed, built or made before: {out}\n{err}"
+    );
+    // Debian's own rustc
+    for (name, text) in [
+        ("cargo", "#!/bin/sh\necho cargo 1.65.0\n"),
+        ("rustc", "#!/bin/sh\necho rustc 1.63.0\n"),
+        ("cc", "#!/bin/sh\n"),
+    ] {
+        let p = bin.path().join(name);
+        std::fs::write(&p, text).expect("write");
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    }
+    let (code, out, err) = run(bin.path());
+    assert_eq!(code, Some(1), "{out}\n{err}");
+    assert!(
+        err.contains(&format!("rustc 1.63.0 is older than the Rust {min} talon needs")),
+        "{err}"
+    );
+    assert!(!err.contains("C compiler"), "cc is there: {err}");
+}

@@ -142,11 +142,38 @@ async fn a_missing_binary_is_named_in_the_status_and_fails_the_wait_at_once() {
         },
     ))
     .await;
+    // a V2 volume is refused at create: nothing could serve it (issue 54)
     let err = d.create_and_wait("nobin").await;
-    assert!(err.contains("spdk_tgt was not found"), "{err}");
+    assert!(
+        err.contains("volume nobin: engine v2 needs SPDK") && err.contains("spdk_tgt was not found"),
+        "{err}"
+    );
     assert!(
         err.contains("nowhere/spdk_tgt"),
-        "the wait names where it looked: {err}"
+        "the refusal names where it looked: {err}"
+    );
+    assert!(
+        d.client.get("Volume", "nobin").await.is_err(),
+        "nothing is left of it"
+    );
+    // a disk (added without waiting) is unused, saying why, and the target's status names the cause
+    d.client
+        .call::<_, Value>(
+            "disk_add",
+            json!({"name": "d1", "path": dir.path().join("d1.img"), "sizeBytes": 64u64 << 20}),
+        )
+        .await
+        .expect("disk_add without wait");
+    let disk = eventually("DiskStatus d1 unused", Duration::from_secs(60), || async {
+        let s = d.client.get("DiskStatus", "d1").await.ok()?;
+        (s.spec["state"] == "unused").then_some(s.spec)
+    })
+    .await;
+    assert!(
+        disk["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("only V2 volumes use disks") && m.contains("nowhere/spdk_tgt")),
+        "{disk}"
     );
     let t = d.target_failed().await;
     assert!(

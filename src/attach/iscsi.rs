@@ -156,6 +156,17 @@ pub enum IscsiError {
     #[error("LUN {lun} of {iqn} is not in 0..={MAX_LUN}")]
     InvalidLun { iqn: String, lun: u32 },
 
+    #[error(
+        "cannot log in to {iqn} at {portal}: iscsid is not running on this host ({why}); start it: \
+         `systemctl start iscsid`, or run `iscsid` as root (Debian package open-iscsi; on Talos the \
+         iscsi-tools extension)"
+    )]
+    IscsidNotRunning {
+        iqn: String,
+        portal: String,
+        why: String,
+    },
+
     #[error("cannot run iscsiadm {args} in the namespaces of iscsid")]
     Run {
         args: String,
@@ -272,6 +283,12 @@ pub trait Iscsiadm: Send + Sync + std::fmt::Debug {
         iface: &str,
         chap: &ChapCredentials,
     ) -> Result<Vec<PathBuf>, String>;
+
+    /// Why iscsid cannot answer, when that is known before iscsiadm runs
+    /// (`None`: it may; iscsiadm then says what it finds).
+    fn iscsid_missing(&self) -> Option<String> {
+        None
+    }
 }
 
 /// Where open-iscsi keeps its node records: Debian's build, then the
@@ -393,7 +410,23 @@ impl NsIscsiadm {
     }
 }
 
+/// The abstract socket iscsiadm calls iscsid on, as /proc/net/unix lists it;
+/// systemd's iscsid.socket listens on it before iscsid runs.
+const ISCSID_SOCKET: &str = "@ISCSIADM_ABSTRACT_NAMESPACE";
+
 impl Iscsiadm for NsIscsiadm {
+    fn iscsid_missing(&self) -> Option<String> {
+        if crate::ns::find_process(&self.root, "iscsid").is_ok() {
+            return None;
+        }
+        // the host's network namespace (pid 1's): a socket-activated iscsid starts on the first call
+        let unix = std::fs::read_to_string(self.root.path("/proc/1/net/unix")).ok()?;
+        if unix.lines().any(|l| l.trim_end().ends_with(ISCSID_SOCKET)) {
+            return None;
+        }
+        Some(format!("no iscsid process, and nothing listens on its socket {ISCSID_SOCKET}"))
+    }
+
     fn run(&self, args: &[String], timeout: Duration) -> Result<AdmOutput, NsError> {
         let mut cmd = NsCommand::new("iscsiadm");
         cmd.args(args).env("PATH", ISCSIADM_PATH).timeout(timeout);
@@ -850,6 +883,15 @@ pub fn attach(
     }
     let _lock = super::lock_volume(root, volume)?;
     let existing = find_session(root, target)?;
+    if existing.is_none()
+        && let Some(why) = iscsiadm.iscsid_missing()
+    {
+        return Err(IscsiError::IscsidNotRunning {
+            iqn: target.iqn.to_string(),
+            portal: portal_arg(&target.portal),
+            why,
+        });
+    }
     // a session that was there before (even one the kernel is recovering) is never logged out here
     let owned = existing.is_none();
     let live = existing.filter(|s| s.state == LOGGED_IN);
@@ -1052,6 +1094,37 @@ pub type SharedIscsiadm = Arc<dyn Iscsiadm>;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn no_iscsid_is_said_as_such_unless_its_socket_listens() {
+        let d = tempfile::tempdir().expect("tempdir");
+        let net = d.path().join("proc/1/net");
+        std::fs::create_dir_all(&net).expect("mkdir");
+        let header = "Num       RefCount Protocol Flags    Type St Inode Path\n";
+        std::fs::write(
+            net.join("unix"),
+            format!("{header}0000000000000000: 00000002 00000000 00010000 0001 01 23 /run/systemd/notify\n"),
+        )
+        .expect("unix");
+        let adm = NsIscsiadm::new(HostRoot::new(d.path()));
+        let why = adm.iscsid_missing().expect("no iscsid");
+        assert!(why.contains("no iscsid process"), "{why}");
+        let e = IscsiError::IscsidNotRunning {
+            iqn: "iqn.2025-01.io.talon:demo".into(),
+            portal: "127.0.0.1:3262".into(),
+            why,
+        }
+        .to_string();
+        assert!(e.contains("iscsid is not running") && e.contains("systemctl start iscsid"), "{e}");
+        assert!(!e.contains("namespaces") && !e.contains("PTRACE"), "{e}");
+        // socket-activated: iscsid starts on the first call
+        std::fs::write(
+            net.join("unix"),
+            format!("{header}0000000000000000: 00000002 00000000 00010000 0001 01 24 @ISCSIADM_ABSTRACT_NAMESPACE\n"),
+        )
+        .expect("unix");
+        assert_eq!(adm.iscsid_missing(), None);
+    }
 
     /// The record edit replaces earlier auth lines, keeps the rest, writes
     /// 0600, and finds both record layouts.

@@ -1,8 +1,11 @@
 //! `talon doctor`: checks the host and prints fixes (and Talos patches).
+//! It passes when the node can serve volumes, V2 or V1: with tgtd there, what
+//! only V2 needs is a warning (`--require-v2`: a failure).
 //!
 //! ```text
-//!   DoctorArgs ─> host::doctor::run(HostRoot) ─> Report ─┬─> text | json | yaml
-//!   SpdkOptions ─> EngineSelection (as `talon serve`) ─> "engine" check ┘
+//!   DoctorArgs ─> host::doctor::run(HostRoot) ─> Report ─┬─> judge ─> text | json | yaml, exit code
+//!   SpdkOptions ─> EngineSelection (as `talon serve`) ─> "engine" check ┤
+//!   tgtd on PATH ─> "v1" check ─────────────────────────────────────────┘
 //! ```
 
 use crate::cli::host::Output;
@@ -43,6 +46,10 @@ pub struct DoctorArgs {
     /// The spdk_tgt `talon serve` would run (else $TALON_SPDK_DIR, else PATH).
     #[arg(long)]
     pub spdk_tgt: Option<PathBuf>,
+    /// Fail unless the host is ready for V2 volumes (SPDK). Without it a host
+    /// that serves V1 volumes (tgtd) passes, with what V2 lacks as warnings.
+    #[arg(long)]
+    pub require_v2: bool,
 }
 
 /// Which engine `talon serve` would pick on this host for `auto` volumes,
@@ -92,6 +99,40 @@ pub fn engine_check(root: &HostRoot, opts: &SpdkOptions, talos: bool, tgtd: Opti
     }
 }
 
+/// The V1 engine's readiness: tgtd (the iSCSI target that serves a V1
+/// volume's file) where `talon serve` runs.
+pub fn v1_check(tgtd: Option<&std::path::Path>) -> Check {
+    match tgtd {
+        Some(p) => Check {
+            name: "v1".to_string(),
+            status: Status::Pass,
+            measured: format!("tgtd at {}: this node serves V1 volumes (a file each, over iSCSI)", p.display()),
+            fix: None,
+        },
+        None => Check {
+            name: "v1".to_string(),
+            status: Status::Warn,
+            measured: "tgtd is not installed: no V1 volumes".to_string(),
+            fix: Some("apt-get install tgt (Debian), for V1 volumes without SPDK".to_string()),
+        },
+    }
+}
+
+/// Adds the V1 check and judges: a node with tgtd serves V1 volumes, so
+/// what only V2 needs (hugepages, modules, SPDK) is a warning there, unless
+/// `require_v2`. Returns the checks that fail.
+pub fn judge(report: &mut doctor::Report, tgtd: Option<&std::path::Path>, require_v2: bool) -> usize {
+    if tgtd.is_some() && !require_v2 {
+        for c in report.checks.iter_mut().filter(|c| c.status == Status::Fail) {
+            c.status = Status::Warn;
+            c.measured.push_str(" (V2 needs it; V1 volumes serve without it)");
+        }
+    }
+    // after the os and engine checks
+    report.checks.insert(2.min(report.checks.len()), v1_check(tgtd));
+    report.checks.iter().filter(|c| c.status == Status::Fail).count()
+}
+
 /// Runs `talon doctor`; fails when a check fails.
 pub fn run(args: DoctorArgs) -> Result<(), crate::cli::CliError> {
     let root = HostRoot::new(&args.host_root);
@@ -109,17 +150,19 @@ pub fn run(args: DoctorArgs) -> Result<(), crate::cli::CliError> {
         ..SpdkOptions::default()
     };
     let talos = report.os.as_ref().is_some_and(|o| o.is_talos());
-    let check = engine_check(&root, &spdk, talos, which::which("tgtd").ok());
+    let tgtd = which::which("tgtd").ok();
+    let check = engine_check(&root, &spdk, talos, tgtd.clone());
     // after the os check, where the verdict is read first
     report.checks.insert(1.min(report.checks.len()), check);
+    let failed = judge(&mut report, tgtd.as_deref(), args.require_v2);
     match args.output {
         Output::Text => print!("{}", report.to_text()),
         Output::Json => println!("{}", serde_json::to_string_pretty(&report)?),
         Output::Yaml => print!("{}", serde_yaml_ng::to_string(&report)?),
     }
-    let failed = report.checks.iter().filter(|c| c.status == Status::Fail).count();
     if failed > 0 {
-        return Err(format!("doctor: {failed} check(s) failed").into());
+        let v2 = if args.require_v2 { " (--require-v2: V2 volumes)" } else { "" };
+        return Err(format!("doctor: {failed} check(s) failed{v2}").into());
     }
     Ok(())
 }
@@ -185,5 +228,52 @@ mod tests {
             c.measured.contains("no engine") && c.measured.contains("spdk_tgt was not found"),
             "{c:?}"
         );
+    }
+
+    fn report(statuses: &[(&str, Status)]) -> doctor::Report {
+        doctor::Report {
+            os: None,
+            target: doctor::Target::Generic,
+            checks: statuses
+                .iter()
+                .map(|(n, s)| Check {
+                    name: n.to_string(),
+                    status: *s,
+                    measured: "measured".into(),
+                    fix: None,
+                })
+                .collect(),
+            talos: None,
+        }
+    }
+
+    #[test]
+    fn a_node_that_serves_v1_passes_with_what_v2_lacks_as_warnings() {
+        let v2_gaps = [
+            ("os", Status::Pass),
+            ("engine", Status::Warn),
+            ("hugepages-2M", Status::Fail),
+            ("module nvme_tcp", Status::Fail),
+        ];
+        let tgtd = Some(std::path::Path::new("/usr/sbin/tgtd"));
+        let mut r = report(&v2_gaps);
+        assert_eq!(judge(&mut r, tgtd, false), 0, "{r:?}");
+        assert_eq!(r.checks[2].name, "v1");
+        assert_eq!(r.checks[2].status, Status::Pass);
+        assert!(r.checks[2].measured.contains("/usr/sbin/tgtd"), "{r:?}");
+        let hp = r.checks.iter().find(|c| c.name == "hugepages-2M").expect("kept");
+        assert_eq!(hp.status, Status::Warn);
+        assert!(hp.measured.contains("V2 needs it"), "{hp:?}");
+        // asked for V2: its gaps fail
+        let mut r = report(&v2_gaps);
+        assert_eq!(judge(&mut r, tgtd, true), 2, "{r:?}");
+        // no tgtd: nothing serves, the gaps fail
+        let mut r = report(&v2_gaps);
+        assert_eq!(judge(&mut r, None, false), 2, "{r:?}");
+        assert_eq!(r.checks[2].status, Status::Warn);
+        assert!(r.checks[2].fix.as_deref().is_some_and(|f| f.contains("apt-get install tgt")));
+        // ready for V2: passes either way
+        let mut r = report(&[("os", Status::Pass), ("engine", Status::Pass)]);
+        assert_eq!(judge(&mut r, None, true), 0, "{r:?}");
     }
 }

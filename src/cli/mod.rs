@@ -65,7 +65,7 @@ pub enum Command {
     /// This node.
     #[command(subcommand)]
     Node(NodeCommand),
-    /// Volumes: create, get, list, delete, expand, clone, revert, attach, detach.
+    /// Volumes: create, get, list, delete, expand, clone, revert, attach, detach, activate, wait.
     #[command(subcommand)]
     Volume(volume::VolumeCommand),
     /// Snapshots: create, list, delete.
@@ -74,10 +74,11 @@ pub enum Command {
     /// Disks: add, list, remove.
     #[command(subcommand)]
     Disk(volume::DiskCommand),
-    /// Backups to a backup target (S3, vfs): create, list, get, delete, store-list.
+    /// Backups to a backup target (S3, vfs): create, list, get, delete, restore, store-list.
     #[command(subcommand)]
     Backup(backup::BackupCommand),
-    /// What this host lacks for V2 volumes, and the Talos patch that fixes it (no daemon needed).
+    /// Whether this host serves volumes (V1 or V2; --require-v2: V2), what it lacks for V2,
+    /// and the Talos patch that fixes it (no daemon needed).
     Doctor(doctor::DoctorArgs),
     /// Host operations that need no daemon.
     Host(HostArgs),
@@ -315,37 +316,87 @@ pub enum NodeCommand {
     Drain,
 }
 
-/// Directives added to every log filter: the HTTP and gRPC libraries'
-/// trace output carries request headers (the TCP listener's bearer token),
-/// so they log at debug at most, whatever `TALON_LOG` says.
-const NEVER_TRACED: &[&str] = &[
-    "hyper=debug",
-    "hyper_util=debug",
-    "h2=debug",
-    // jsonrpsee's targets are `jsonrpsee`, `jsonrpsee-server`, `jsonrpsee-client`
-    // (prefixes match); its trace has request bodies too (CHAP and DH-HMAC secrets)
-    "jsonrpsee=debug",
-    "jsonrpsee_server=debug",
-    "jsonrpsee_core=debug",
-    "soketto=debug",
-    "tonic=debug",
-    "tower=debug",
-    "tower_http=debug",
+/// The HTTP, WebSocket, gRPC and JSON-RPC libraries. Their trace output
+/// carries request headers and bodies (the TCP listener's bearer token, CHAP
+/// and DH-HMAC secrets), and their debug output is a line per frame or
+/// connection: [`log_filter`] caps them, never raising one above what the
+/// spec gives it. Prefixes match: `jsonrpsee` is also `jsonrpsee-client` and
+/// `jsonrpsee-server`, `hyper` also `hyper_util`, `tower` also `tower_http`.
+const QUIET_LIBRARIES: &[&str] = &[
+    "hyper",
+    "hyper_util",
+    "h2",
+    "jsonrpsee",
+    "jsonrpsee_server",
+    "jsonrpsee_core",
+    "soketto",
+    "tonic",
+    "tower",
+    "tower_http",
 ];
 
-/// The log filter for `spec` (`TALON_LOG`'s syntax; `info` when none or
-/// invalid), with the HTTP libraries capped below trace.
+/// The log filter for `spec` (`TALON_LOG`'s syntax; `info` when none, empty
+/// or invalid). Each of [`QUIET_LIBRARIES`] logs at the level the spec gives it
+/// (its own directive, else the spec's default level) and at debug at most:
+/// `info` keeps them at info (no per-frame or per-connection line),
+/// `debug` shows their debug lines, `trace` never shows their trace.
 pub fn log_filter(spec: Option<&str>) -> tracing_subscriber::EnvFilter {
     use tracing_subscriber::EnvFilter;
-    let mut f = spec
-        .and_then(|s| EnvFilter::try_new(s).ok())
-        .unwrap_or_else(|| EnvFilter::new("info"));
-    for d in NEVER_TRACED {
-        if let Ok(d) = d.parse() {
-            f = f.add_directive(d);
+    let spec = spec
+        .filter(|s| !s.trim().is_empty() && EnvFilter::try_new(s).is_ok())
+        .unwrap_or("info");
+    let directives = capped_directives(spec);
+    EnvFilter::try_new(directives.join(",")).unwrap_or_else(|_| EnvFilter::new("info"))
+}
+
+/// `spec`'s directives with [`QUIET_LIBRARIES`] capped (see [`log_filter`]):
+/// a directive within a library, or one naming no target (a span's, which
+/// would reach the libraries' events in that span), at debug at most, and a
+/// directive for each library at the level the spec gives it, capped.
+fn capped_directives(spec: &str) -> Vec<String> {
+    use tracing_subscriber::filter::LevelFilter;
+    let cap = |l: LevelFilter| l.min(LevelFilter::DEBUG);
+    let level_of = |s: &str| s.trim().parse::<LevelFilter>().ok();
+    // targets other directives do not name are off unless the spec has a bare level
+    let mut default = LevelFilter::OFF;
+    let mut targets: Vec<(String, LevelFilter)> = Vec::new();
+    let mut out = Vec::new();
+    for d in spec.split(',').map(str::trim).filter(|d| !d.is_empty()) {
+        if let Some(l) = level_of(d) {
+            default = l;
+            out.push(d.to_string());
+            continue;
+        }
+        // `target[span{fields}]=level`; without `=level` it means trace
+        let (lhs, level) = d
+            .rsplit_once('=')
+            .and_then(|(lhs, l)| Some((lhs, level_of(l)?)))
+            .unwrap_or((d, LevelFilter::TRACE));
+        let target = lhs.split('[').next().unwrap_or_default().trim();
+        let static_ = !lhs.contains('[');
+        let within_library = QUIET_LIBRARIES.iter().any(|lib| target.starts_with(lib));
+        if target.is_empty() || within_library {
+            out.push(format!("{lhs}={}", cap(level)));
+        } else {
+            out.push(d.to_string());
+        }
+        if static_ {
+            targets.push((target.to_string(), level));
         }
     }
-    f
+    for lib in QUIET_LIBRARIES {
+        // the most specific directive whose target covers the library, else the default
+        let given = targets
+            .iter()
+            .filter(|(t, _)| lib.starts_with(t.as_str()))
+            .max_by_key(|(t, _)| t.len())
+            .map(|(_, l)| *l)
+            .unwrap_or(default);
+        if !targets.iter().any(|(t, _)| t == lib) {
+            out.push(format!("{lib}={}", cap(given)));
+        }
+    }
+    out
 }
 
 fn init_logging(format: LogFormat) {
@@ -482,7 +533,12 @@ async fn run(cli: Cli) -> Result<ExitCode, CliError> {
         Command::Detach(a) => attach::run_detach(a)?,
         Command::Node(NodeCommand::Info { output }) => {
             let c = Client::connect_unix(&cli.socket).await?;
-            print_value(&serde_json::to_value(c.node_info().await?)?, output)?;
+            let info = c.node_info().await?;
+            if output == Format::Table {
+                output::print_node_info(&info);
+            } else {
+                print_value(&serde_json::to_value(info)?, output)?;
+            }
         }
         Command::Node(cmd @ (NodeCommand::Stop | NodeCommand::Drain)) => {
             let drain = matches!(cmd, NodeCommand::Drain);
@@ -528,7 +584,7 @@ async fn run(cli: Cli) -> Result<ExitCode, CliError> {
 /// engine's state and exports, replicas with their state and a rebuild's
 /// progress, the attachment, the last error; `-o table`: its row of `volume
 /// list`); with `--watch`, a line each time one of them changes.
-async fn get_volume(c: &Client, name: &str, output: Option<Format>, watch: bool) -> Result<(), CliError> {
+pub(crate) async fn get_volume(c: &Client, name: &str, output: Option<Format>, watch: bool) -> Result<(), CliError> {
     let by_name = || crate::api::volume::NameParams {
         name: name.to_string(),
         wait: false,
@@ -674,4 +730,140 @@ async fn get(socket: &std::path::Path, a: GetArgs) -> Result<(), CliError> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use tracing::Level;
+    use tracing_subscriber::layer::SubscriberExt;
+
+    use super::log_filter;
+
+    /// Records the target and level of each event it is given.
+    #[derive(Clone, Default)]
+    struct Seen(Arc<Mutex<Vec<(String, Level)>>>);
+
+    impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Seen {
+        fn on_event(&self, ev: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+            let m = ev.metadata();
+            self.0
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push((m.target().to_string(), *m.level()));
+        }
+    }
+
+    /// The most verbose level at which `target` logs under `spec` (None: not even error).
+    fn most_verbose(seen: &[(String, Level)], target: &str) -> Option<Level> {
+        seen.iter().filter(|(t, _)| t == target).map(|(_, l)| *l).max()
+    }
+
+    /// What `log_filter(spec)` lets through of an event at each level from
+    /// each library (the targets their events carry) and from talon.
+    fn seen_under(spec: Option<&str>) -> Vec<(String, Level)> {
+        let seen = Seen::default();
+        let sub = tracing_subscriber::registry()
+            .with(log_filter(spec))
+            .with(seen.clone());
+        tracing::subscriber::with_default(sub, || {
+            macro_rules! each_level {
+                ($($t:literal),*) => {$(
+                    tracing::error!(target: $t, "e");
+                    tracing::warn!(target: $t, "w");
+                    tracing::info!(target: $t, "i");
+                    tracing::debug!(target: $t, "d");
+                    tracing::trace!(target: $t, "t");
+                )*};
+            }
+            each_level!(
+                "hyper", "hyper_util::client", "h2::codec", "jsonrpsee-client", "jsonrpsee-server",
+                "jsonrpsee_core", "soketto", "tonic::transport", "tower::buffer", "tower_http", "talon::api"
+            );
+        });
+        let v = seen.0.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        v
+    }
+
+    const LIBRARY_TARGETS: &[&str] = &[
+        "hyper",
+        "hyper_util::client",
+        "h2::codec",
+        "jsonrpsee-client",
+        "jsonrpsee-server",
+        "jsonrpsee_core",
+        "soketto",
+        "tonic::transport",
+        "tower::buffer",
+        "tower_http",
+    ];
+
+    #[test]
+    fn the_libraries_log_at_the_level_the_spec_gives_them_and_never_trace() {
+        for (spec, libs, own) in [
+            // the default: no DEBUG line from a library (a CLI call writes nothing)
+            (None, Level::INFO, Level::INFO),
+            (Some("info"), Level::INFO, Level::INFO),
+            (Some("talon=loud"), Level::INFO, Level::INFO),
+            (Some(""), Level::INFO, Level::INFO),
+            (Some("warn"), Level::WARN, Level::WARN),
+            (Some("debug"), Level::DEBUG, Level::DEBUG),
+            // their trace holds secrets
+            (Some("trace"), Level::DEBUG, Level::TRACE),
+            (Some("info,talon=trace"), Level::INFO, Level::TRACE),
+        ] {
+            let seen = seen_under(spec);
+            for t in LIBRARY_TARGETS {
+                assert_eq!(most_verbose(&seen, t), Some(libs), "{t} under {spec:?}");
+            }
+            assert_eq!(most_verbose(&seen, "talon::api"), Some(own), "talon under {spec:?}");
+        }
+    }
+
+    /// A group's summary that lists its verbs ("Volumes: create, get, ...") lists every one.
+    #[test]
+    fn help_summaries_list_every_verb() {
+        use clap::CommandFactory;
+        let cli = super::Cli::command();
+        let mut listed = 0;
+        for group in cli.get_subcommands() {
+            let about = group.get_about().map(|a| a.to_string()).unwrap_or_default();
+            let Some((_, verbs)) = about.rsplit_once(": ") else { continue };
+            if group.get_subcommands().next().is_none() {
+                continue;
+            }
+            let mut said: Vec<&str> = verbs.trim_end_matches('.').split(", ").collect();
+            let mut has: Vec<&str> = group.get_subcommands().map(|c| c.get_name()).collect();
+            said.sort_unstable();
+            has.sort_unstable();
+            assert_eq!(said, has, "talon {}: {about:?}", group.get_name());
+            listed += 1;
+        }
+        assert!(listed >= 4, "volume, snapshot, disk and backup list their verbs");
+    }
+
+    #[test]
+    fn a_library_directive_is_kept_below_trace_and_nothing_else_raises_one() {
+        // its own directive, lowered or raised, but never to trace
+        let seen = seen_under(Some("info,h2=trace,tonic=warn,jsonrpsee=debug"));
+        assert_eq!(most_verbose(&seen, "h2::codec"), Some(Level::DEBUG));
+        assert_eq!(most_verbose(&seen, "tonic::transport"), Some(Level::WARN));
+        assert_eq!(most_verbose(&seen, "jsonrpsee-client"), Some(Level::DEBUG));
+        assert_eq!(most_verbose(&seen, "hyper"), Some(Level::INFO));
+        // a more specific directive inside a library, a bare target (trace), a span's directive
+        let seen = seen_under(Some("info,h2::codec=trace,soketto,[conn]=trace"));
+        assert_eq!(most_verbose(&seen, "h2::codec"), Some(Level::DEBUG));
+        assert_eq!(most_verbose(&seen, "soketto"), Some(Level::DEBUG));
+        // a prefix of a library's name is a directive for it too, capped
+        let seen = seen_under(Some("warn,t=trace"));
+        assert_eq!(most_verbose(&seen, "tower::buffer"), Some(Level::DEBUG));
+        assert_eq!(most_verbose(&seen, "hyper"), Some(Level::WARN));
+        // no default level: only what the spec names logs
+        let seen = seen_under(Some("talon=debug"));
+        assert_eq!(most_verbose(&seen, "talon::api"), Some(Level::DEBUG));
+        for t in LIBRARY_TARGETS {
+            assert_eq!(most_verbose(&seen, t), None, "{t}");
+        }
+    }
 }

@@ -33,22 +33,7 @@ fn table() -> Table {
     t
 }
 
-/// Bytes for people: binary units (KiB, MiB, GiB, TiB), whole when exact,
-/// else one decimal ("1 GiB", "1.5 GiB", "512 B").
-pub fn human_bytes(n: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut unit = 0;
-    let mut div: u64 = 1;
-    while unit + 1 < UNITS.len() && n >= div * 1024 {
-        div *= 1024;
-        unit += 1;
-    }
-    if n.is_multiple_of(div) {
-        format!("{} {}", n / div, UNITS[unit])
-    } else {
-        format!("{:.1} {}", n as f64 / div as f64, UNITS[unit])
-    }
-}
+pub use crate::util::size::human_bytes;
 
 /// The widest text a table cell shows; longer text (a message listing every
 /// place looked at, a Talos patch) is cut there, whole in `-o yaml|json`.
@@ -56,7 +41,7 @@ const CELL_MAX: usize = 100;
 
 /// A table cell's text: its first line, at most [`CELL_MAX`] characters, `…`
 /// where it was cut (so that one long message does not widen every row).
-fn short(s: String) -> String {
+pub(crate) fn short(s: String) -> String {
     let first = s.lines().next().unwrap_or_default();
     if first.len() == s.len() && s.chars().count() <= CELL_MAX {
         return s;
@@ -93,6 +78,31 @@ pub fn print_types(types: &[TypeInfo]) {
             ti.type_.clone(),
             ti.persisted.to_string(),
             ti.description.clone(),
+        ]);
+    }
+    println!("{t}");
+}
+
+/// `talon node info -o table`: a field and its value per row, an engine per row.
+pub fn print_node_info(n: &crate::api::types::NodeInfo) {
+    let mut t = table();
+    t.set_header(vec!["FIELD", "VALUE"]);
+    for (k, v) in [
+        ("version", &n.version),
+        ("hostname", &n.hostname),
+        ("kernel", &n.kernel),
+        ("os", &n.os_name),
+        ("dataDir", &n.data_dir),
+        ("hostNqn", &n.host_nqn),
+        ("hostIqn", &n.host_iqn),
+    ] {
+        t.add_row(vec![k.to_string(), v.clone()]);
+    }
+    for e in &n.engines {
+        let state = if e.available { "available" } else { "unavailable" };
+        t.add_row(vec![
+            format!("engine {}", e.engine),
+            short(format!("{state}: {}", e.detail)),
         ]);
     }
     println!("{t}");
@@ -201,13 +211,13 @@ mod tests {
     #[test]
     fn long_messages_are_cut_in_tables() {
         let long = format!(
-            "spdk_tgt was not found (looked at 40: {})",
-            "/usr/local/sbin/spdk_tgt, ".repeat(40)
+            "spdk_tgt was not found in {}",
+            "/usr/local/sbin, ".repeat(40)
         );
         let c = column_cell(Some(&Value::from(long.clone())), "/message");
         assert_eq!(c.chars().count(), CELL_MAX, "{c}");
         assert!(
-            c.starts_with("spdk_tgt was not found (looked at 40: /usr") && c.ends_with('…'),
+            c.starts_with("spdk_tgt was not found in /usr") && c.ends_with('…'),
             "{c}"
         );
         let c = column_cell(

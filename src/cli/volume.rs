@@ -8,8 +8,8 @@ use super::CliError;
 use super::output::{Format, human_bytes, print_value};
 use crate::api::types::NoParams;
 use crate::api::volume::{
-    AttachParams, CloneParams, DiskAddParams, ExpandParams, NameParams, SnapshotListParams, SnapshotParams,
-    VolumeCreateParams, VolumeView,
+    AttachParams, CloneParams, DiskAddParams, DiskView, ExpandParams, NameParams, SnapshotListParams,
+    SnapshotParams, SnapshotView, VolumeCreateParams, VolumeView,
 };
 use crate::client::Client;
 use crate::resources::config::{RemoteReplica, snapshot_id};
@@ -215,6 +215,9 @@ pub enum SnapshotCommand {
     List {
         /// Only of this volume.
         volume: Option<String>,
+        /// Output format.
+        #[arg(short, long, value_enum, default_value_t = Format::Table)]
+        output: Format,
     },
     /// Delete a snapshot.
     Delete {
@@ -250,7 +253,11 @@ pub enum DiskCommand {
         no_wait: bool,
     },
     /// List disks.
-    List,
+    List {
+        /// Output format.
+        #[arg(short, long, value_enum, default_value_t = Format::Table)]
+        output: Format,
+    },
     /// Remove a disk.
     Remove {
         /// Disk name.
@@ -268,7 +275,9 @@ async fn call_telling<P: Serialize>(
     type_: &str,
     id: &str,
 ) -> Result<Value, CliError> {
-    let mut sub = c.watch(Some(type_), true).await.ok();
+    // changes only, no replay of the state before the call: a line is
+    // something seen while this call runs
+    let mut sub = c.watch(Some(type_), false).await.ok();
     let call = c.call::<_, Value>(method, params);
     tokio::pin!(call);
     let mut last = String::new();
@@ -475,6 +484,45 @@ pub fn volume_rows(volumes: &[VolumeView]) {
     println!("{t}");
 }
 
+/// Snapshots as a table, one row each (`snapshot list`).
+pub fn snapshot_rows(snapshots: &[SnapshotView]) {
+    let mut t = comfy_table::Table::new();
+    t.load_preset(comfy_table::presets::NOTHING);
+    t.set_header(vec!["VOLUME", "SNAPSHOT", "STATE", "CREATED", "MESSAGE"]);
+    for s in snapshots {
+        let st = s.status.as_ref();
+        t.add_row(vec![
+            s.spec.volume.clone(),
+            s.spec.name.clone(),
+            st.map(|x| wire(&x.state)).unwrap_or_else(|| "pending".into()),
+            st.map(|x| x.created.clone()).unwrap_or_default(),
+            st.map(|x| x.message.clone()).unwrap_or_default(),
+        ]);
+    }
+    println!("{t}");
+}
+
+/// Disks as a table, one row each (`disk list`).
+pub fn disk_rows(disks: &[DiskView]) {
+    let mut t = comfy_table::Table::new();
+    t.load_preset(comfy_table::presets::NOTHING);
+    t.set_header(vec!["NAME", "DEVICE", "STATE", "SIZE", "FREE", "MESSAGE"]);
+    for d in disks {
+        let st = d.status.as_ref();
+        let device = d.spec.path.clone().or_else(|| d.spec.pci.clone()).unwrap_or_default();
+        let size = |b: u64| if b == 0 { String::new() } else { human_bytes(b) };
+        t.add_row(vec![
+            d.name.clone(),
+            device,
+            st.map(|x| wire(&x.state)).unwrap_or_else(|| "pending".into()),
+            st.map(|x| size(x.total_bytes)).unwrap_or_default(),
+            st.map(|x| size(x.free_bytes)).unwrap_or_default(),
+            st.map(|x| super::output::short(x.message.clone())).unwrap_or_default(),
+        ]);
+    }
+    println!("{t}");
+}
+
 /// Runs `talon volume ...`.
 pub async fn run_volume(c: &Client, cmd: VolumeCommand) -> Result<(), CliError> {
     let v: Value = match cmd {
@@ -508,12 +556,8 @@ pub async fn run_volume(c: &Client, cmd: VolumeCommand) -> Result<(), CliError> 
             call_telling(c, "volume_create", params, "EngineStatus", &name).await?
         }
         VolumeCommand::Get { name, output } => {
-            let v: VolumeView = c.call("volume_get", name_params(&name, false)).await?;
-            if output == Format::Table {
-                volume_rows(std::slice::from_ref(&v));
-                return Ok(());
-            }
-            return print_value(&serde_json::to_value(&v)?, output);
+            // the one shape `get volume NAME -o ...` prints too
+            return super::get_volume(c, &name, Some(output), false).await;
         }
         VolumeCommand::List { output } => {
             let v: Vec<VolumeView> = c.call("volume_list", NoParams {}).await?;
@@ -655,7 +699,14 @@ pub async fn run_snapshot(c: &Client, cmd: SnapshotCommand) -> Result<(), CliErr
             )
             .await?
         }
-        SnapshotCommand::List { volume } => c.call("snapshot_list", SnapshotListParams { volume }).await?,
+        SnapshotCommand::List { volume, output } => {
+            let v: Vec<SnapshotView> = c.call("snapshot_list", SnapshotListParams { volume }).await?;
+            if output == Format::Table {
+                snapshot_rows(&v);
+                return Ok(());
+            }
+            return print_value(&serde_json::to_value(&v)?, output);
+        }
         SnapshotCommand::Delete { volume, name } => {
             let id = snapshot_id(&volume, &name);
             call_telling(
@@ -695,7 +746,14 @@ pub async fn run_disk(c: &Client, cmd: DiskCommand) -> Result<(), CliError> {
             };
             call_telling(c, "disk_add", params, "DiskStatus", &name).await?
         }
-        DiskCommand::List => c.call("disk_list", NoParams {}).await?,
+        DiskCommand::List { output } => {
+            let v: Vec<DiskView> = c.call("disk_list", NoParams {}).await?;
+            if output == Format::Table {
+                disk_rows(&v);
+                return Ok(());
+            }
+            return print_value(&serde_json::to_value(&v)?, output);
+        }
         DiskCommand::Remove { name } => c.call("disk_remove", name_params(&name, false)).await?,
     };
     print_value(&v, Format::Yaml)

@@ -64,10 +64,10 @@ pub fn register_all(rt: &mut Runtime, deps: &Deps, selection: &EngineSelection) 
             .then(|| crate::keeper::KeeperFiles::new(&deps.run_dir)),
     );
     rt.register(target)?;
-    rt.register(engine::spdk_disk::SpdkDiskController::new(
-        &deps.run_dir,
-        deps.host.clone(),
-    ))?;
+    rt.register(
+        engine::spdk_disk::SpdkDiskController::new(&deps.run_dir, deps.host.clone())
+            .without_v2((!selection.v2_available).then(|| selection.reason.clone())),
+    )?;
     rt.register(engine::spdk_events::SpdkEventsController::new(
         crate::spdk::SpdkClient::new(&socket),
     ))?;

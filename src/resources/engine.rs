@@ -36,6 +36,10 @@ pub enum ObjectState {
     /// A standby (DR) volume: restored from backups, not served until
     /// activated.
     Standby,
+    /// Not used, and nothing to wait for: the engine that would use it cannot
+    /// run on this node (a disk on a node without SPDK, whose V1 volumes are
+    /// files in the data dir); `message` says why.
+    Unused,
 }
 
 /// The id of spdk_tgt's [`TargetStatus`] and of its [`SpdkEvents`].

@@ -25,11 +25,9 @@ use crate::util::Backoff;
 #[derive(Debug, thiserror::Error)]
 pub enum TargetError {
     /// No spdk_tgt binary was found.
-    #[error("spdk_tgt was not found (looked at {count}: {searched})")]
+    #[error("spdk_tgt was not found in {searched}")]
     NotFound {
-        /// How many places were looked at.
-        count: usize,
-        /// The places looked at.
+        /// The places looked in, each once (an explicit binary: its path).
         searched: String,
     },
     /// The run dir could not be created.
@@ -418,7 +416,6 @@ pub fn find_spdk_tgt(
     spdk_dir: Option<&Path>,
     path_var: Option<&OsStr>,
 ) -> Result<PathBuf, TargetError> {
-    let mut searched = Vec::new();
     let mut candidates = Vec::new();
     // an explicit binary is the only one: a wrong `--spdk-tgt` is an error, never
     // quietly replaced by another SPDK found in the environment
@@ -427,7 +424,6 @@ pub fn find_spdk_tgt(
             return Ok(p.to_path_buf());
         }
         return Err(TargetError::NotFound {
-            count: 1,
             searched: p.display().to_string(),
         });
     }
@@ -437,16 +433,21 @@ pub fn find_spdk_tgt(
     if let Some(path) = path_var {
         candidates.extend(std::env::split_paths(path).map(|d| d.join("spdk_tgt")));
     }
+    // each directory once: PATH often names one twice, or by a link (/bin and /usr/bin)
+    let mut searched: Vec<String> = Vec::new();
+    let mut seen = std::collections::HashSet::new();
     for c in candidates {
         if is_executable(&c) {
             return Ok(c);
         }
-        searched.push(c.display().to_string());
+        let dir = c.parent().unwrap_or(Path::new("/"));
+        if seen.insert(std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf())) {
+            searched.push(dir.display().to_string());
+        }
     }
     Err(TargetError::NotFound {
-        count: searched.len(),
         searched: if searched.is_empty() {
-            "nothing".into()
+            "no directory (no TALON_SPDK_DIR, no PATH)".into()
         } else {
             searched.join(", ")
         },

@@ -636,6 +636,23 @@ mod tests {
         let path_var = std::env::join_paths([d.path().join("nope"), d.path().join("bin")]).expect("join");
         let e = find_spdk_tgt(None, Some(&d.path().join("spdk")), Some(&path_var)).expect_err("none");
         assert!(e.to_string().contains("spdk_tgt was not found"), "{e}");
+        // each directory once, by its name or through a link, without the program's name
+        let link = d.path().join("bin-link");
+        std::fs::create_dir_all(d.path().join("bin")).expect("mkdir");
+        std::os::unix::fs::symlink(d.path().join("bin"), &link).expect("symlink");
+        let twice = std::env::join_paths([d.path().join("bin"), d.path().join("nope"), d.path().join("bin"), link])
+            .expect("join");
+        let e = find_spdk_tgt(None, Some(&d.path().join("spdk")), Some(&twice)).expect_err("none");
+        let dir = |p: &str| d.path().join(p).display().to_string();
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "spdk_tgt was not found in {}, {}, {}",
+                dir("spdk/build/bin"),
+                dir("bin"),
+                dir("nope")
+            )
+        );
         mk(&in_path);
         assert_eq!(
             find_spdk_tgt(None, Some(&d.path().join("spdk")), Some(&path_var)).expect("p"),

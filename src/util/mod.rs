@@ -7,7 +7,7 @@
 //!        v
 //!   util::error (error_chain)   util::backoff (Backoff)   util::root (HostRoot)
 //!   util::nvme_auth (DH-HMAC-CHAP and TLS PSK files)   util::private (0700 dirs, 0600 logs)
-//!   util::conn (connection bounds, idle sockets, descriptor limit)
+//!   util::conn (connection bounds, idle sockets, descriptor limit)   util::size (sizes for people)
 //! ```
 
 pub mod backoff;
@@ -16,6 +16,7 @@ pub mod error;
 pub mod nvme_auth;
 pub mod private;
 pub mod root;
+pub mod size;
 
 pub use backoff::Backoff;
 pub use error::error_chain;

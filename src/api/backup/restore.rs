@@ -89,6 +89,7 @@ pub(super) fn register(api: &mut ApiBuilder) {
             for d in &p.disks {
                 ObjectName::parse("disk", d)?;
             }
+            volume::refuse_without_v2(&ctx, &what)?;
             match (p.standby, p.poll_seconds) {
                 (false, Some(_)) => {
                     return Err(ApiError::invalid(format!(
@@ -133,8 +134,9 @@ pub(super) fn register(api: &mut ApiBuilder) {
             };
             if size_bytes < cfg.size {
                 return Err(ApiError::invalid(format!(
-                    "{what}: the backup holds {} bytes, more than a volume of {size_bytes}",
-                    cfg.size
+                    "{what}: the backup holds {}, more than a volume of {}",
+                    crate::util::size::Bytes(cfg.size),
+                    crate::util::size::Bytes(size_bytes)
                 )));
             }
             let guard = LIFECYCLE.lock().await;
@@ -166,6 +168,7 @@ pub(super) fn register(api: &mut ApiBuilder) {
                 .create_typed(name.as_str(), "", &spec)
                 .map_err(|e| exists_as("volume", &name, e))?;
             drop(guard);
+            tracing::info!("volume {name} created from backup {} of {}", p.backup, p.backup_volume);
             if p.wait && p.standby {
                 wait_for(
                     &ctx.state,

@@ -34,6 +34,9 @@ pub(super) fn register(api: &mut ApiBuilder) {
             let existed = ctx.state.get_typed::<Attachment>(&p.name)?.is_some();
             ctx.state.upsert_typed(&p.name, &spec)?;
             drop(guard);
+            if !existed {
+                tracing::info!("volume {} attached on this host", p.name);
+            }
             if p.wait {
                 let attached = wait_for::<AttachmentStatus>(
                     &ctx.state,
@@ -75,6 +78,7 @@ pub(super) fn register(api: &mut ApiBuilder) {
             }
             ctx.state
                 .destroy(Attachment::NAMESPACE, Attachment::TYPE, &p.name, "")?;
+            tracing::info!("volume {} detached from this host", p.name);
             if p.wait {
                 wait_for::<AttachmentStatus>(
                     &ctx.state,

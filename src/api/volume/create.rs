@@ -144,12 +144,23 @@ pub(super) fn register(api: &mut ApiBuilder) {
             // every new volume of a shape that has one gets the superblock layout
             spec.raid_superblock = spec.wants_superblock();
             check_v1_replicas(&ctx, &what, &spec)?;
+            if v1_here(&ctx, &spec)?.is_none() {
+                refuse_without_v2(&ctx, &what).map_err(|e| {
+                    ApiError::new(e.kind, format!("{} (engine v1 or auto serves it here, with tgtd)", e.message))
+                })?;
+            }
             check_v1_file_size(&ctx, &what, &spec)?;
             let created = ctx
                 .state
                 .create_typed(name.as_str(), "", &spec)
                 .map_err(|e| exists_as("volume", &name, e))?;
             drop(guard);
+            tracing::info!(
+                "volume {name} created: {}, {} replica(s), engine {}",
+                crate::util::size::human_bytes(size_bytes),
+                replicas,
+                engine_word(spec.engine)
+            );
             if p.wait {
                 wait_for(
                     &ctx.state,

@@ -56,6 +56,7 @@ pub(super) fn register(api: &mut ApiBuilder) {
                     .destroy(RebuildDest::NAMESPACE, RebuildDest::TYPE, &p.name, "")?;
             }
             drop(guard);
+            tracing::info!("volume {} deleted", p.name);
             let mut res = DeleteResult {
                 name: p.name.clone(),
                 deleted: d == Destroyed::Gone,

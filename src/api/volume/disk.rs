@@ -54,7 +54,7 @@ pub struct DiskView {
 
 fn disk_ready(d: Option<&DiskStatus>) -> Option<Result<(), String>> {
     match d {
-        Some(d) if d.state == ObjectState::Failed => Some(Err(d.message.clone())),
+        Some(d) if matches!(d.state, ObjectState::Failed | ObjectState::Unused) => Some(Err(d.message.clone())),
         Some(d) if d.state == ObjectState::Ready => Some(Ok(())),
         _ => None,
     }
@@ -146,6 +146,10 @@ pub(super) fn register(api: &mut ApiBuilder) {
             ctx.state
                 .create_typed(name.as_str(), "", &spec)
                 .map_err(|e| exists_as("disk", &name, e))?;
+            tracing::info!(
+                "disk {name} added: {}",
+                spec.path.as_deref().or(spec.pci.as_deref()).unwrap_or_default()
+            );
             if p.wait {
                 wait_for(
                     &ctx.state,
@@ -197,6 +201,7 @@ pub(super) fn register(api: &mut ApiBuilder) {
                 ));
             }
             let d = ctx.state.destroy(Disk::NAMESPACE, Disk::TYPE, &p.name, "")?;
+            tracing::info!("disk {} removed", p.name);
             Ok(DeleteResult {
                 name: p.name,
                 deleted: d == Destroyed::Gone,

@@ -46,8 +46,10 @@ pub(super) fn register(api: &mut ApiBuilder) {
                 return Err(ApiError::new(
                     FailedPrecondition,
                     format!(
-                        "volume {:?} is {served} bytes; it can only grow, not shrink to {size}",
-                        p.name
+                        "volume {:?} is {}; it can only grow, not shrink to {}",
+                        p.name,
+                        Bytes(served),
+                        Bytes(size)
                     ),
                 ));
             }
@@ -57,6 +59,11 @@ pub(super) fn register(api: &mut ApiBuilder) {
             ctx.state
                 .update_typed(&p.name, "", Some(v.metadata.version), &spec)?;
             drop(guard);
+            tracing::info!(
+                "volume {} expanded to {}",
+                p.name,
+                crate::util::size::human_bytes(size)
+            );
             if p.wait {
                 wait_for(
                     &ctx.state,

@@ -29,6 +29,7 @@ use crate::resources::engine::{
 };
 use crate::resources::frontend::{AttachState, Attachment, AttachmentStatus};
 use crate::runtime::{Destroyed, Phase, Spec, State, Typed};
+use crate::util::size::Bytes;
 
 mod attach;
 mod clone;
@@ -114,13 +115,15 @@ pub(crate) fn check_volume_size(what: &str, size: u64) -> Result<u64, ApiError> 
     }
     if size > MAX_VOLUME_BYTES {
         return Err(ApiError::invalid(format!(
-            "{what}: size {size} is larger than the {} TiB talon serves",
+            "{what}: size {} is larger than the {} TiB talon serves",
+            Bytes(size),
             MAX_VOLUME_BYTES >> 40
         )));
     }
     if !size.is_multiple_of(VOLUME_BLOCK) {
         return Err(ApiError::invalid(format!(
-            "{what}: size {size} is not a multiple of the {VOLUME_BLOCK}-byte block"
+            "{what}: size {} is not a multiple of the {VOLUME_BLOCK}-byte block",
+            Bytes(size)
         )));
     }
     Ok(size)
@@ -147,6 +150,30 @@ fn v1_here(ctx: &ApiContext, spec: &Volume) -> Result<Option<&'static str>, ApiE
     })
 }
 
+/// Refuses what only the V2 engine serves on a node that cannot run it (no
+/// usable spdk_tgt, too few hugepages): nothing would ever serve it, so
+/// nothing is stored.
+pub(crate) fn refuse_without_v2(ctx: &ApiContext, what: &str) -> Result<(), ApiError> {
+    match (ctx.node_info)().engines.into_iter().find(|e| e.engine == "v2") {
+        Some(v2) if !v2.available => Err(ApiError::new(
+            ErrorKind::FailedPrecondition,
+            format!(
+                "{what}: engine v2 needs SPDK, and this node cannot serve V2 volumes ({}); nothing was created",
+                v2.detail
+            ),
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// An engine choice as the API writes it (`auto`, `v1`, `v2`).
+pub(crate) fn engine_word(e: EngineKind) -> String {
+    match serde_json::to_value(e) {
+        Ok(serde_json::Value::String(s)) => s,
+        _ => format!("{e:?}"),
+    }
+}
+
 /// Checks a size against the file size limit of the data directory's
 /// filesystem when the volume would be V1 here (a file: 16 TiB - 4 KiB on
 /// ext4 with 4 KiB blocks), so that the spec is never stored for the engine
@@ -160,8 +187,9 @@ fn check_v1_file_size(ctx: &ApiContext, what: &str, spec: &Volume) -> Result<(),
         crate::tgt::volume::filesystem_limit(&dir).filter(|(_, max)| spec.size_bytes > *max)
     {
         return Err(ApiError::invalid(format!(
-            "{what}: size {} is larger than the {max} bytes a V1 volume file can have on the {fs} filesystem of {}",
-            spec.size_bytes,
+            "{what}: size {} is larger than the {} a V1 volume file can have on the {fs} filesystem of {}",
+            Bytes(spec.size_bytes),
+            Bytes(max),
             dir.display()
         )));
     }

@@ -25,6 +25,7 @@ pub(super) fn register(api: &mut ApiBuilder) {
             spec.revert_generation += 1;
             ctx.state
                 .update_typed(&p.volume, "", Some(v.metadata.version), &spec)?;
+            tracing::info!("volume {} reverted to snapshot {}", p.volume, p.name);
             view(&ctx.state, get_volume(&ctx.state, &p.volume)?)
         },
     );

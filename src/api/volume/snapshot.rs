@@ -56,6 +56,7 @@ pub(super) fn register(api: &mut ApiBuilder) {
                 .create_typed(&id, "", &spec)
                 .map_err(|e| exists_as("snapshot", &id, e))?;
             drop(guard);
+            tracing::info!("snapshot {id} created");
             if p.wait {
                 wait_for::<SnapshotStatus>(
                     &ctx.state,
@@ -115,6 +116,7 @@ pub(super) fn register(api: &mut ApiBuilder) {
             }
             let d = ctx.state.destroy(Snapshot::NAMESPACE, Snapshot::TYPE, &id, "")?;
             drop(guard);
+            tracing::info!("snapshot {id} deleted");
             if p.wait && d == Destroyed::TearingDown {
                 wait_for::<Snapshot>(
                     &ctx.state,

@@ -30,6 +30,9 @@ use crate::spdk::rpc::Lvstore;
 #[derive(Debug)]
 pub struct SpdkDiskController {
     ops: DiskOps,
+    /// Why this node cannot run the V2 engine, when it cannot: its disks are
+    /// then `unused`, not waiting for a target that never comes.
+    no_v2: Option<String>,
 }
 
 impl SpdkDiskController {
@@ -43,7 +46,15 @@ impl SpdkDiskController {
     pub fn with_client(client: SpdkClient, host: HostRoot) -> Self {
         SpdkDiskController {
             ops: DiskOps::new(client, host),
+            no_v2: None,
         }
+    }
+
+    /// This node cannot run the V2 engine (`reason`: the engine selection's):
+    /// only V2 volumes use disks, so each disk is reported `unused`.
+    pub fn without_v2(mut self, reason: Option<String>) -> Self {
+        self.no_v2 = reason;
+        self
     }
 }
 
@@ -121,15 +132,20 @@ impl Controller for SpdkDiskController {
             let why = target.map_or_else(|| "not started yet".to_owned(), |t| t.message);
             for d in &disks {
                 let n = DiskNames::of(d.id(), &d.spec).unwrap_or_else(|_| DiskNames::fallback(d.id()));
-                let state = if d.metadata.phase == Phase::TearingDown {
-                    ObjectState::Deleting
-                } else {
-                    ObjectState::Creating
+                let (state, msg) = match &self.no_v2 {
+                    _ if d.metadata.phase == Phase::TearingDown => {
+                        (ObjectState::Deleting, format!("waiting for spdk_tgt: {why}"))
+                    }
+                    Some(reason) => (
+                        ObjectState::Unused,
+                        format!(
+                            "not used: only V2 volumes use disks, and this node cannot run V2 ({reason}); \
+                             its V1 volumes are files in the data dir"
+                        ),
+                    ),
+                    None => (ObjectState::Creating, format!("waiting for spdk_tgt: {why}")),
                 };
-                ctx.apply(
-                    d.id(),
-                    disk_status(&n, state, None, format!("waiting for spdk_tgt: {why}")),
-                )?;
+                ctx.apply(d.id(), disk_status(&n, state, None, msg))?;
             }
             return Ok(Requeue::OnInputChange);
         }
