@@ -33,6 +33,8 @@ fn start_with(run_dir: &Path, state: State, selection: EngineSelection) -> TestR
     cfg.spdk_tgt = Some(run_dir.join("no-spdk_tgt"));
     cfg.spdk_dir = None;
     let run = run_dir.to_path_buf();
+    // as controllers::register_all gives it: why V2 cannot run here, when it cannot
+    let no_v2 = (!selection.v2_available).then(|| selection.reason.clone());
     TestRuntime::start_on(state, move |rt| {
         rt.register(SpdkTargetController::new(cfg, selection))?;
         // the host controller that binds NVMe disks first, on a fixture /sys under run_dir
@@ -40,7 +42,7 @@ fn start_with(run_dir: &Path, state: State, selection: EngineSelection) -> TestR
             host: talon::host::HostRoot::new(&run),
             interval: Duration::from_millis(100),
         })?;
-        rt.register(SpdkDiskController::new(&run, talon::host::HostRoot::new(&run)))
+        rt.register(SpdkDiskController::new(&run, talon::host::HostRoot::new(&run)).without_v2(no_v2))
     })
     .expect("runtime")
 }
@@ -418,7 +420,7 @@ async fn orphans_removed_only_when_empty_and_owned() {
 }
 
 #[tokio::test]
-async fn without_v2_the_target_reports_why_and_disks_wait() {
+async fn without_v2_the_target_reports_why_and_disks_are_unused() {
     let d = tempfile::tempdir().expect("tempdir");
     let double = SpdkDouble::start(d.path().join("spdk.sock"))
         .await
@@ -426,7 +428,7 @@ async fn without_v2_the_target_reports_why_and_disks_wait() {
     let rt = start_with(
         d.path(),
         State::in_memory(),
-        EngineSelection::fixed(false, "spdk_tgt was not found (looked at 0: nothing)"),
+        EngineSelection::fixed(false, "spdk_tgt was not found in /nowhere"),
     );
     let st = rt.state.clone();
     st.create_typed("d1", "", &file_disk(&d.path().join("d1.img"), Some(32 << 20)))
@@ -444,8 +446,13 @@ async fn without_v2_the_target_reports_why_and_disks_wait() {
         "{}",
         t.message
     );
-    let s = status(&st, "d1", ObjectState::Creating).await;
-    assert!(s.message.contains("waiting for spdk_tgt"), "{}", s.message);
+    // not waiting for a target that never comes: unused, saying why (issue 54)
+    let s = status(&st, "d1", ObjectState::Unused).await;
+    assert!(
+        s.message.contains("only V2 volumes use disks") && s.message.contains("spdk_tgt was not found in /nowhere"),
+        "{}",
+        s.message
+    );
     assert!(double.bdev_names().is_empty());
     // never held: a delete is immediate
     st.destroy("config", "Disk", "d1", "").expect("delete");
