@@ -39,7 +39,7 @@ pub const BLOCK_SIZE: u64 = 512;
 /// An error of a V1 volume operation.
 #[derive(Debug, thiserror::Error)]
 pub enum VolumeError {
-    #[error("invalid size {size} for volume {volume}: {reason}")]
+    #[error("invalid size {} for volume {volume}: {reason}", crate::util::size::Bytes(*size))]
     InvalidSize {
         volume: ObjectName,
         size: u64,
@@ -67,7 +67,7 @@ pub enum VolumeError {
         #[source]
         source: io::Error,
     },
-    #[error("cannot resize {path} to {size} bytes")]
+    #[error("cannot resize {path} to {}", crate::util::size::Bytes(*size))]
     Resize {
         path: PathBuf,
         size: u64,
@@ -259,7 +259,8 @@ impl V1Store {
             "too large".to_string()
         } else if let Some((fs, max)) = limit.filter(|(_, max)| size > *max) {
             format!(
-                "larger than the {max} bytes a file can have on the {fs} filesystem of {}",
+                "larger than the {} a file can have on the {fs} filesystem of {}",
+                crate::util::size::Bytes(max),
                 self.root.display()
             )
         } else {
@@ -746,7 +747,10 @@ impl V1Store {
             return Err(VolumeError::InvalidSize {
                 volume: name.clone(),
                 size: new_size,
-                reason: format!("smaller than the current {} bytes (volumes only grow)", info.size),
+                reason: format!(
+                    "smaller than the current {} (volumes only grow)",
+                    crate::util::size::Bytes(info.size)
+                ),
             });
         }
         if new_size == info.size {

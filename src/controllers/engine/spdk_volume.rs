@@ -657,7 +657,10 @@ fn status_of(
             parts.join("; ")
         );
     } else if info.size_bytes > spec.size_bytes.div_ceil(1 << 20) * (1 << 20) && message.is_empty() {
-        message = format!("volumes do not shrink: serving {} bytes", info.size_bytes);
+        message = format!(
+            "volumes do not shrink: serving {}",
+            crate::util::size::Bytes(info.size_bytes)
+        );
     }
     let replicas = info
         .replicas

@@ -295,14 +295,17 @@ impl V1Ops {
                 Ok(grown) => size = grown.size,
                 Err(e) => {
                     message = format!(
-                        "expand to {} bytes waits: {}",
-                        job.spec.size_bytes,
+                        "expand to {} waits: {}",
+                        crate::util::size::Bytes(job.spec.size_bytes),
                         error_text(&e)
                     )
                 }
             }
         } else if job.spec.size_bytes < info.size {
-            message = format!("volumes do not shrink: serving {} bytes", info.size);
+            message = format!(
+                "volumes do not shrink: serving {}",
+                crate::util::size::Bytes(info.size)
+            );
         }
         if job.spec.revert_to.is_some() {
             message = "revert is not supported by the V1 engine".to_string();

@@ -1,6 +1,7 @@
 //! The errors of the volume operations, shared by the plan and its apply.
 
 use super::super::client::ClientError;
+use crate::util::size::Bytes;
 
 /// Errors of the volume operations.
 #[derive(Debug, thiserror::Error)]
@@ -61,7 +62,7 @@ pub enum VolumeError {
         disk_failed: bool,
     },
     /// Growing a replica would take its disk past the overcommit bound.
-    #[error("volume {volume}: replica {replica} cannot grow to {bytes} bytes on disk {disk}: {reason}")]
+    #[error("volume {volume}: replica {replica} cannot grow to {} on disk {disk}: {reason}", Bytes(*bytes))]
     Overcommit {
         /// The volume.
         volume: String,
@@ -128,7 +129,7 @@ pub enum VolumeError {
         source: ClientError,
     },
     /// The raid1 did not follow its grown members.
-    #[error("volume {volume}: raid {raid} is {actual} bytes after its members grew to {wanted}")]
+    #[error("volume {volume}: raid {raid} is {} after its members grew to {}", Bytes(*actual), Bytes(*wanted))]
     RaidDidNotGrow {
         /// The volume.
         volume: String,
@@ -140,7 +141,7 @@ pub enum VolumeError {
         wanted: u64,
     },
     /// A volume does not shrink.
-    #[error("volume {volume}: cannot shrink from {current} to {wanted} bytes")]
+    #[error("volume {volume}: cannot shrink from {} to {}", Bytes(*current), Bytes(*wanted))]
     Shrink {
         /// The volume.
         volume: String,

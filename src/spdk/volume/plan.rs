@@ -189,7 +189,10 @@ impl VolumePlan {
 /// `committed` it has would pass `percent`% of its `total` bytes.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "its thin lvols promise {committed} bytes, and {more} more would pass {percent}% of its {total} bytes"
+    "its thin lvols promise {}, and {} more would pass {percent}% of its {}",
+    crate::util::size::Bytes(*committed),
+    crate::util::size::Bytes(*more),
+    crate::util::size::Bytes(*total)
 )]
 pub struct Overcommit {
     /// The disk's capacity.
@@ -561,12 +564,8 @@ mod tests {
         let e = commitment(4 * G, 16 * G, 4 * G + 1, 500).expect_err("past 500%");
         assert_eq!(
             e.to_string(),
-            format!(
-                "its thin lvols promise {} bytes, and {} more would pass 500% of its {} bytes",
-                16 * G,
-                4 * G + 1,
-                4 * G
-            )
+            "its thin lvols promise 16 GiB (17179869184 bytes), and 4.0 GiB (4294967297 bytes) more \
+             would pass 500% of its 4 GiB (4294967296 bytes)"
         );
         // sizes near 2^64 are compared, never wrapped
         assert!(commitment(4 * G, u64::MAX, u64::MAX, 100_000).is_err());
