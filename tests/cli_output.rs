@@ -240,7 +240,10 @@ async fn sizes_status_and_waits_read_as_people_write_them() {
     // a delete says only what it sees after the call, not the state before it (a replay)
     let (ok, _, err) = talon(&socket, &["volume", "delete", "stuck"]);
     assert!(ok, "volume delete: {err}");
-    assert!(!err.contains("creating"), "no line of the state before the delete: {err}");
+    assert!(
+        !err.contains("creating"),
+        "no line of the state before the delete: {err}"
+    );
 }
 
 /// The log is quiet and says what operators change (issue 54): at the default level a successful
@@ -272,7 +275,8 @@ async fn the_log_is_quiet_and_names_each_change() {
     let (ok, _, err) = talon(&socket, &["volume", "create", "quiet", "--size", "64MiB"]);
     assert!(ok, "volume create: {err}");
     assert!(
-        err.lines().all(|l| l.starts_with("waiting: EngineStatus quiet: ")),
+        err.lines()
+            .all(|l| l.starts_with("waiting: EngineStatus quiet: ")),
         "only what it waits for: {err}"
     );
     for args in [
@@ -283,7 +287,10 @@ async fn the_log_is_quiet_and_names_each_change() {
     ] {
         let (ok, _, err) = talon(&socket, args);
         assert!(ok, "talon {args:?}: {err}");
-        assert_eq!(err, "", "talon {args:?} writes nothing on stderr when it succeeds");
+        assert_eq!(
+            err, "",
+            "talon {args:?} writes nothing on stderr when it succeeds"
+        );
     }
 
     // a disk no engine here uses says so, and why (it is not waiting for anything)
@@ -299,21 +306,29 @@ async fn the_log_is_quiet_and_names_each_change() {
     );
     let (ok, out, err) = talon(&socket, &["disk", "list"]);
     assert!(ok, "{err}");
-    assert!(out.contains("NAME") && out.contains("disk0") && out.contains("unused"), "{out}");
+    assert!(
+        out.contains("NAME") && out.contains("disk0") && out.contains("unused"),
+        "{out}"
+    );
     let (ok, out, err) = talon(&socket, &["snapshot", "list", "-o", "json"]);
     assert!(ok, "{err}");
     assert_eq!(out.trim(), "[]");
     let (ok, out, err) = talon(&socket, &["node", "info", "-o", "table"]);
     assert!(ok, "{err}");
-    assert!(out.contains("FIELD") && out.contains("engine v1"), "a table: {out}");
+    assert!(
+        out.contains("FIELD") && out.contains("engine v1"),
+        "a table: {out}"
+    );
     assert!(!out.contains("engines:"), "not YAML: {out}");
     // one document, whichever verb asks
     let (ok, a, err) = talon(&socket, &["volume", "get", "quiet", "-o", "json"]);
     assert!(ok, "{err}");
     let (ok, b, err) = talon(&socket, &["get", "volume", "quiet", "-o", "json"]);
     assert!(ok, "{err}");
-    let (a, b): (serde_json::Value, serde_json::Value) =
-        (serde_json::from_str(&a).expect("json"), serde_json::from_str(&b).expect("json"));
+    let (a, b): (serde_json::Value, serde_json::Value) = (
+        serde_json::from_str(&a).expect("json"),
+        serde_json::from_str(&b).expect("json"),
+    );
     assert_eq!(a, b);
     assert_eq!(a["metadata"]["id"], "quiet");
     // sizes in errors: binary units, and the exact count
@@ -330,8 +345,15 @@ async fn the_log_is_quiet_and_names_each_change() {
     daemon.stop();
 
     let log = std::fs::read_to_string(&log_path).expect("the daemon's log");
-    let debug: Vec<&str> = log.lines().filter(|l| l.contains(" DEBUG ") || l.contains(" TRACE ")).collect();
-    assert!(debug.is_empty(), "no DEBUG line at the default level:\n{}", debug.join("\n"));
+    let debug: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains(" DEBUG ") || l.contains(" TRACE "))
+        .collect();
+    assert!(
+        debug.is_empty(),
+        "no DEBUG line at the default level:\n{}",
+        debug.join("\n")
+    );
     for change in [
         "volume quiet created: 64 MiB, 1 replica(s), engine auto",
         "volume quiet expanded to 128 MiB",
@@ -342,7 +364,8 @@ async fn the_log_is_quiet_and_names_each_change() {
         assert!(lines[0].contains(" INFO "), "{}", lines[0]);
     }
     assert!(
-        !log.lines().any(|l| l.contains("volume quiet") && (l.contains("list") || l.contains("get"))),
+        !log.lines()
+            .any(|l| l.contains("volume quiet") && (l.contains("list") || l.contains("get"))),
         "reads are not logged:\n{log}"
     );
 }

@@ -449,7 +449,8 @@ async fn without_v2_the_target_reports_why_and_disks_are_unused() {
     // not waiting for a target that never comes: unused, saying why (issue 54)
     let s = status(&st, "d1", ObjectState::Unused).await;
     assert!(
-        s.message.contains("only V2 volumes use disks") && s.message.contains("spdk_tgt was not found in /nowhere"),
+        s.message.contains("only V2 volumes use disks")
+            && s.message.contains("spdk_tgt was not found in /nowhere"),
         "{}",
         s.message
     );

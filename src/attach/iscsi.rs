@@ -424,7 +424,9 @@ impl Iscsiadm for NsIscsiadm {
         if unix.lines().any(|l| l.trim_end().ends_with(ISCSID_SOCKET)) {
             return None;
         }
-        Some(format!("no iscsid process, and nothing listens on its socket {ISCSID_SOCKET}"))
+        Some(format!(
+            "no iscsid process, and nothing listens on its socket {ISCSID_SOCKET}"
+        ))
     }
 
     fn run(&self, args: &[String], timeout: Duration) -> Result<AdmOutput, NsError> {
@@ -1115,7 +1117,10 @@ mod tests {
             why,
         }
         .to_string();
-        assert!(e.contains("iscsid is not running") && e.contains("systemctl start iscsid"), "{e}");
+        assert!(
+            e.contains("iscsid is not running") && e.contains("systemctl start iscsid"),
+            "{e}"
+        );
         assert!(!e.contains("namespaces") && !e.contains("PTRACE"), "{e}");
         // socket-activated: iscsid starts on the first call
         std::fs::write(

@@ -106,7 +106,10 @@ pub fn v1_check(tgtd: Option<&std::path::Path>) -> Check {
         Some(p) => Check {
             name: "v1".to_string(),
             status: Status::Pass,
-            measured: format!("tgtd at {}: this node serves V1 volumes (a file each, over iSCSI)", p.display()),
+            measured: format!(
+                "tgtd at {}: this node serves V1 volumes (a file each, over iSCSI)",
+                p.display()
+            ),
             fix: None,
         },
         None => Check {
@@ -161,7 +164,11 @@ pub fn run(args: DoctorArgs) -> Result<(), crate::cli::CliError> {
         Output::Yaml => print!("{}", serde_yaml_ng::to_string(&report)?),
     }
     if failed > 0 {
-        let v2 = if args.require_v2 { " (--require-v2: V2 volumes)" } else { "" };
+        let v2 = if args.require_v2 {
+            " (--require-v2: V2 volumes)"
+        } else {
+            ""
+        };
         return Err(format!("doctor: {failed} check(s) failed{v2}").into());
     }
     Ok(())
@@ -271,7 +278,12 @@ mod tests {
         let mut r = report(&v2_gaps);
         assert_eq!(judge(&mut r, None, false), 2, "{r:?}");
         assert_eq!(r.checks[2].status, Status::Warn);
-        assert!(r.checks[2].fix.as_deref().is_some_and(|f| f.contains("apt-get install tgt")));
+        assert!(
+            r.checks[2]
+                .fix
+                .as_deref()
+                .is_some_and(|f| f.contains("apt-get install tgt"))
+        );
         // ready for V2: passes either way
         let mut r = report(&[("os", Status::Pass), ("engine", Status::Pass)]);
         assert_eq!(judge(&mut r, None, true), 0, "{r:?}");

@@ -584,7 +584,12 @@ async fn run(cli: Cli) -> Result<ExitCode, CliError> {
 /// engine's state and exports, replicas with their state and a rebuild's
 /// progress, the attachment, the last error; `-o table`: its row of `volume
 /// list`); with `--watch`, a line each time one of them changes.
-pub(crate) async fn get_volume(c: &Client, name: &str, output: Option<Format>, watch: bool) -> Result<(), CliError> {
+pub(crate) async fn get_volume(
+    c: &Client,
+    name: &str,
+    output: Option<Format>,
+    watch: bool,
+) -> Result<(), CliError> {
     let by_name = || crate::api::volume::NameParams {
         name: name.to_string(),
         wait: false,
@@ -778,12 +783,20 @@ mod tests {
                 )*};
             }
             each_level!(
-                "hyper", "hyper_util::client", "h2::codec", "jsonrpsee-client", "jsonrpsee-server",
-                "jsonrpsee_core", "soketto", "tonic::transport", "tower::buffer", "tower_http", "talon::api"
+                "hyper",
+                "hyper_util::client",
+                "h2::codec",
+                "jsonrpsee-client",
+                "jsonrpsee-server",
+                "jsonrpsee_core",
+                "soketto",
+                "tonic::transport",
+                "tower::buffer",
+                "tower_http",
+                "talon::api"
             );
         });
-        let v = seen.0.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        v
+        seen.0.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     const LIBRARY_TARGETS: &[&str] = &[
@@ -817,7 +830,11 @@ mod tests {
             for t in LIBRARY_TARGETS {
                 assert_eq!(most_verbose(&seen, t), Some(libs), "{t} under {spec:?}");
             }
-            assert_eq!(most_verbose(&seen, "talon::api"), Some(own), "talon under {spec:?}");
+            assert_eq!(
+                most_verbose(&seen, "talon::api"),
+                Some(own),
+                "talon under {spec:?}"
+            );
         }
     }
 
@@ -829,7 +846,9 @@ mod tests {
         let mut listed = 0;
         for group in cli.get_subcommands() {
             let about = group.get_about().map(|a| a.to_string()).unwrap_or_default();
-            let Some((_, verbs)) = about.rsplit_once(": ") else { continue };
+            let Some((_, verbs)) = about.rsplit_once(": ") else {
+                continue;
+            };
             if group.get_subcommands().next().is_none() {
                 continue;
             }

@@ -210,10 +210,7 @@ mod tests {
 
     #[test]
     fn long_messages_are_cut_in_tables() {
-        let long = format!(
-            "spdk_tgt was not found in {}",
-            "/usr/local/sbin, ".repeat(40)
-        );
+        let long = format!("spdk_tgt was not found in {}", "/usr/local/sbin, ".repeat(40));
         let c = column_cell(Some(&Value::from(long.clone())), "/message");
         assert_eq!(c.chars().count(), CELL_MAX, "{c}");
         assert!(

@@ -509,7 +509,12 @@ pub fn disk_rows(disks: &[DiskView]) {
     t.set_header(vec!["NAME", "DEVICE", "STATE", "SIZE", "FREE", "MESSAGE"]);
     for d in disks {
         let st = d.status.as_ref();
-        let device = d.spec.path.clone().or_else(|| d.spec.pci.clone()).unwrap_or_default();
+        let device = d
+            .spec
+            .path
+            .clone()
+            .or_else(|| d.spec.pci.clone())
+            .unwrap_or_default();
         let size = |b: u64| if b == 0 { String::new() } else { human_bytes(b) };
         t.add_row(vec![
             d.name.clone(),
@@ -517,7 +522,8 @@ pub fn disk_rows(disks: &[DiskView]) {
             st.map(|x| wire(&x.state)).unwrap_or_else(|| "pending".into()),
             st.map(|x| size(x.total_bytes)).unwrap_or_default(),
             st.map(|x| size(x.free_bytes)).unwrap_or_default(),
-            st.map(|x| super::output::short(x.message.clone())).unwrap_or_default(),
+            st.map(|x| super::output::short(x.message.clone()))
+                .unwrap_or_default(),
         ]);
     }
     println!("{t}");

@@ -640,8 +640,13 @@ mod tests {
         let link = d.path().join("bin-link");
         std::fs::create_dir_all(d.path().join("bin")).expect("mkdir");
         std::os::unix::fs::symlink(d.path().join("bin"), &link).expect("symlink");
-        let twice = std::env::join_paths([d.path().join("bin"), d.path().join("nope"), d.path().join("bin"), link])
-            .expect("join");
+        let twice = std::env::join_paths([
+            d.path().join("bin"),
+            d.path().join("nope"),
+            d.path().join("bin"),
+            link,
+        ])
+        .expect("join");
         let e = find_spdk_tgt(None, Some(&d.path().join("spdk")), Some(&twice)).expect_err("none");
         let dir = |p: &str| d.path().join(p).display().to_string();
         assert_eq!(

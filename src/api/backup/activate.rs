@@ -31,7 +31,10 @@ pub(super) fn register(api: &mut ApiBuilder) {
             ctx.state
                 .update_typed(&p.name, "", Some(v.metadata.version), &spec)?;
             drop(guard);
-            tracing::info!("volume {} activated (a standby no more: it is restored and served)", p.name);
+            tracing::info!(
+                "volume {} activated (a standby no more: it is restored and served)",
+                p.name
+            );
             if p.wait {
                 wait_for(
                     &ctx.state,

@@ -92,7 +92,11 @@ pub(super) fn register(api: &mut ApiBuilder) {
                 .create_typed(&name, "", &spec)
                 .map_err(|e| exists_as("backup", &name, e))?;
             drop(guard);
-            tracing::info!("backup {name} of snapshot {}@{} created", spec.volume, spec.snapshot);
+            tracing::info!(
+                "backup {name} of snapshot {}@{} created",
+                spec.volume,
+                spec.snapshot
+            );
             if p.wait {
                 wait_for::<BackupStatus>(&ctx.state, &name, wait_timeout(p.timeout_seconds), &what, |s| {
                     match s {

@@ -78,7 +78,14 @@ pub(super) fn register(api: &mut ApiBuilder) {
                 }
             }
             let d = ctx.state.destroy(Backup::NAMESPACE, Backup::TYPE, &p.name, "")?;
-            tracing::info!("{what} deleted{}", if store_deleted { ", from its target too" } else { "" });
+            tracing::info!(
+                "{what} deleted{}",
+                if store_deleted {
+                    ", from its target too"
+                } else {
+                    ""
+                }
+            );
             let mut res = BackupDeleteResult {
                 name: p.name.clone(),
                 deleted: d == Destroyed::Gone,

@@ -168,7 +168,11 @@ pub(super) fn register(api: &mut ApiBuilder) {
                 .create_typed(name.as_str(), "", &spec)
                 .map_err(|e| exists_as("volume", &name, e))?;
             drop(guard);
-            tracing::info!("volume {name} created from backup {} of {}", p.backup, p.backup_volume);
+            tracing::info!(
+                "volume {name} created from backup {} of {}",
+                p.backup,
+                p.backup_volume
+            );
             if p.wait && p.standby {
                 wait_for(
                     &ctx.state,

@@ -46,7 +46,11 @@ pub(super) fn register(api: &mut ApiBuilder) {
                 .create_typed(name.as_str(), "", &spec)
                 .map_err(|e| exists_as("volume", &name, e))?;
             drop(guard);
-            tracing::info!("volume {name} created as a clone of snapshot {}@{}", p.volume, p.snapshot);
+            tracing::info!(
+                "volume {name} created as a clone of snapshot {}@{}",
+                p.volume,
+                p.snapshot
+            );
             if p.wait {
                 wait_for(
                     &ctx.state,

@@ -146,7 +146,10 @@ pub(super) fn register(api: &mut ApiBuilder) {
             check_v1_replicas(&ctx, &what, &spec)?;
             if v1_here(&ctx, &spec)?.is_none() {
                 refuse_without_v2(&ctx, &what).map_err(|e| {
-                    ApiError::new(e.kind, format!("{} (engine v1 or auto serves it here, with tgtd)", e.message))
+                    ApiError::new(
+                        e.kind,
+                        format!("{} (engine v1 or auto serves it here, with tgtd)", e.message),
+                    )
                 })?;
             }
             check_v1_file_size(&ctx, &what, &spec)?;

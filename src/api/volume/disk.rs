@@ -54,7 +54,9 @@ pub struct DiskView {
 
 fn disk_ready(d: Option<&DiskStatus>) -> Option<Result<(), String>> {
     match d {
-        Some(d) if matches!(d.state, ObjectState::Failed | ObjectState::Unused) => Some(Err(d.message.clone())),
+        Some(d) if matches!(d.state, ObjectState::Failed | ObjectState::Unused) => {
+            Some(Err(d.message.clone()))
+        }
         Some(d) if d.state == ObjectState::Ready => Some(Ok(())),
         _ => None,
     }
