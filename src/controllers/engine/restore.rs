@@ -893,6 +893,7 @@ mod tests {
     async fn a_standby_volume_follows_its_backups_keeps_them_over_a_restart_and_is_ready_once_activated() {
         let dir = tempfile::tempdir().expect("tempdir");
         let target = format!("vfs://{}", dir.path().join("store").display());
+        std::fs::create_dir(dir.path().join("store")).expect("the target's folder");
         let store = Store::open(&target, &Credentials::none()).expect("store");
         let b1 = backup(&store, dir.path(), "b1", &[(0, 1), (4 * MIB, 2)], None).await;
         let mut spec = Volume {
