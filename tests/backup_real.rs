@@ -298,7 +298,7 @@ async fn real_spdk_backups_of_a_volume_round_trip_through_s3_full_then_increment
     std::fs::write(&planted, pattern(12, 4096)).expect("plant a damaged block");
     spdk_dd::dd_write_at(&spdk, &work, port, &nqn, &fourth, (300 * MIB) as usize);
     snapshot(&d.client, "s4").await;
-    let s4 = backup(&d.client, &secret, "backup-four", "s4").await;
+    let s4 = backup(&d.client, "backup-four", "s4").await;
     assert_eq!(
         (s4["state"].as_str(), s4["blocksUploaded"].as_u64()),
         (Some("completed"), Some(2)),
