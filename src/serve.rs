@@ -314,6 +314,18 @@ pub fn apply_config_file(state: &State, path: &Path, data_dir: &Path) -> Result<
     let de = serde_yaml_ng::Deserializer::from_str(&text);
     let cfg: ConfigFile = serde_path_to_error::deserialize(de).map_err(|e| invalid(e.to_string()))?;
     if let Some(node) = &cfg.node {
+        for (key, dir) in [
+            ("backupFolderRoot", &node.backup_folder_root),
+            ("backupSecretsDir", &node.backup_secrets_dir),
+        ] {
+            if let Some(d) = dir
+                && (!d.starts_with('/') || d.split('/').any(|p| p == ".." || p == "."))
+            {
+                return Err(invalid(format!(
+                    "node.{key} {d:?} must be an absolute path without '.' or '..'"
+                )));
+            }
+        }
         state.upsert_typed("node", node)?;
     }
     for (name, disk) in &cfg.disks {

@@ -66,9 +66,18 @@ async fn call(c: &Client, method: &str, params: Value) -> Result<Value, ClientEr
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn backups_are_validated_recorded_and_listed_from_their_target() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let d = serve_daemon::start(serve_daemon::opts(dir.path(), serve_daemon::no_spdk())).await;
+    // the node's credential secrets: one folder, each a secret by its name
+    let secrets = dir.path().join("secrets");
+    std::fs::create_dir_all(&secrets).expect("secrets");
+    let d = serve_daemon::start(serve_daemon::opts_with_config(
+        dir.path(),
+        serve_daemon::no_spdk(),
+        &format!("node: {{ backupSecretsDir: {} }}\n", secrets.display()),
+    ))
+    .await;
     let c = &d.client;
     let target = format!("vfs://{}", dir.path().join("target").display());
+    std::fs::create_dir(dir.path().join("target")).expect("the target's folder");
 
     // a volume and a snapshot (records: no engine needs to serve them here)
     call(c, "volume_create", json!({"name": "vol-a", "size": "4MiB"}))
@@ -79,7 +88,10 @@ async fn backups_are_validated_recorded_and_listed_from_their_target() {
         .expect("snapshot");
 
     // refused before anything is stored, each naming what is wrong
-    let secret_missing = dir.path().join("no-such-secret.yaml");
+    // a file that is no Secret, outside the secrets folder, as a secret's name or its path
+    let shadow = dir.path().join("shadow");
+    std::fs::write(&shadow, "root:*:19000:0:99999:7:::\ndaemon:*:19000:0:99999:7:::\n").expect("shadow");
+    std::fs::write(secrets.join("not-a-secret"), "root:*:19000:0:99999:7:::\n").expect("not-a-secret");
     let refused: Vec<(BackupCreateParams, ErrorKind, Vec<&str>)> = vec![
         (
             BackupCreateParams {
@@ -106,11 +118,11 @@ async fn backups_are_validated_recorded_and_listed_from_their_target() {
         ),
         (
             BackupCreateParams {
-                credential_secret: Some(secret_missing.display().to_string()),
+                credential_secret: Some("no-such-secret".into()),
                 ..create("vol-a", "s1", &target)
             },
-            ErrorKind::InvalidParams,
-            vec!["credential secret", "no-such-secret.yaml", "does not exist"],
+            ErrorKind::NotFound,
+            vec!["credential secret \"no-such-secret\"", "not found"],
         ),
         (
             BackupCreateParams {
@@ -118,7 +130,40 @@ async fn backups_are_validated_recorded_and_listed_from_their_target() {
                 ..create("vol-a", "s1", &target)
             },
             ErrorKind::InvalidParams,
-            vec!["must be an absolute path"],
+            vec!["not a Kubernetes secret name"],
+        ),
+        (
+            BackupCreateParams {
+                credential_secret: Some("/etc/shadow".into()),
+                ..create("vol-a", "s1", &target)
+            },
+            ErrorKind::InvalidParams,
+            vec!["not a Kubernetes secret name"],
+        ),
+        (
+            BackupCreateParams {
+                credential_secret: Some(shadow.display().to_string()),
+                ..create("vol-a", "s1", &target)
+            },
+            ErrorKind::InvalidParams,
+            vec!["not a Kubernetes secret name"],
+        ),
+        (
+            BackupCreateParams {
+                credential_secret: Some("not-a-secret".into()),
+                ..create("vol-a", "s1", &target)
+            },
+            ErrorKind::InvalidParams,
+            vec!["credential secret", "not a Kubernetes Secret"],
+        ),
+        (
+            create(
+                "vol-a",
+                "s1",
+                &format!("vfs://{}/target/../elsewhere", dir.path().display()),
+            ),
+            ErrorKind::InvalidParams,
+            vec!["'..'"],
         ),
         (
             BackupCreateParams {
@@ -150,12 +195,15 @@ async fn backups_are_validated_recorded_and_listed_from_their_target() {
     );
 
     // created once; the second create of the name is refused
-    let secret = dir.path().join("secret.yaml");
-    std::fs::write(&secret, "apiVersion: v1\nkind: Secret\nstringData: {}\n").expect("secret");
+    std::fs::write(
+        secrets.join("s3"),
+        "apiVersion: v1\nkind: Secret\nstringData: {}\n",
+    )
+    .expect("secret");
     let b1 = c
         .backup_create(&BackupCreateParams {
             name: Some("b1".into()),
-            credential_secret: Some(secret.display().to_string()),
+            credential_secret: Some("s3".into()),
             backup_volume: Some("pvc-data".into()),
             labels: [("app".to_owned(), "db".to_owned())].into(),
             ..create("vol-a", "s1", &target)
@@ -264,7 +312,7 @@ async fn backups_are_validated_recorded_and_listed_from_their_target() {
     assert_eq!(b.url, format!("{target}?backup=b1&volume=pvc-data"));
     // one backup volume, with the credentials of a secret file
     let one: Vec<StoreVolumeView> = c
-        .backup_store_list(&target, Some(&secret.display().to_string()), Some("pvc-data"))
+        .backup_store_list(&target, Some("s3"), Some("pvc-data"))
         .await
         .expect("one volume");
     assert_eq!(one, vec![pvc.clone()]);
@@ -287,6 +335,24 @@ async fn backups_are_validated_recorded_and_listed_from_their_target() {
         assert_eq!(got, Some(kind), "{msg}");
         assert!(msg.contains(want) && msg.contains("backup target"), "{msg}");
     }
+
+    // a listing never makes the folder it lists; a target whose folder vanished
+    // is refused, not made again empty
+    let never = dir.path().join("never-made");
+    let (kind, msg) = failure(
+        c.backup_store_list(&format!("vfs://{}", never.display()), None, None)
+            .await,
+        "no folder",
+    );
+    assert_eq!(kind, Some(ErrorKind::NotFound), "{msg}");
+    assert!(msg.contains("does not exist"), "{msg}");
+    assert!(!never.exists(), "the listing made the folder");
+    let away = dir.path().join("target-away");
+    std::fs::rename(dir.path().join("target"), &away).expect("the target vanishes");
+    let (kind, msg) = failure(c.backup_store_list(&target, None, None).await, "vanished");
+    assert_eq!(kind, Some(ErrorKind::NotFound), "{msg}");
+    assert!(!dir.path().join("target").exists(), "the store was made again, empty");
+    std::fs::rename(&away, dir.path().join("target")).expect("the target is back");
 
     // deleted: talon's record only, then one from its target as well
     let r: BackupDeleteResult = c.backup_delete(&auto.name, false, true).await.expect("delete");

@@ -74,12 +74,15 @@ async fn snapshot(c: &talon::client::Client, name: &str) {
         .expect("snapshot_create");
 }
 
-async fn backup(c: &talon::client::Client, secret: &Path, name: &str, snap: &str) -> Value {
+/// The S3 server's secret, by its name in the node's backupSecretsDir.
+const SECRET: &str = "s3";
+
+async fn backup(c: &talon::client::Client, name: &str, snap: &str) -> Value {
     let v: Value = c
         .call(
             "backup_create",
             json!({"name": name, "volume": "vol", "snapshot": snap, "target": TARGET,
-                   "credentialSecret": secret.display().to_string(), "wait": true, "timeoutSeconds": 600}),
+                   "credentialSecret": SECRET, "wait": true, "timeoutSeconds": 600}),
         )
         .await
         .unwrap_or_else(|e| panic!("backup_create {name}: {e}"));
@@ -109,8 +112,10 @@ async fn real_spdk_backups_of_a_volume_round_trip_through_s3_full_then_increment
     let dir = tempfile::tempdir().expect("tempdir");
     let port = spdk_real::free_port();
     let mut y = format!(
-        "node:\n  engine: v2\n  listenAddress: 127.0.0.1\n  nvmfPort: {port}\n  allowedHosts: [\"{}\"]\ndisks:\n",
-        spdk_perf::HOST_NQN
+        "node:\n  engine: v2\n  listenAddress: 127.0.0.1\n  nvmfPort: {port}\n  allowedHosts: [\"{}\"]\n  \
+         backupSecretsDir: {}\ndisks:\n",
+        spdk_perf::HOST_NQN,
+        dir.path().join("secrets").display()
     );
     for d in ["d1", "d2"] {
         y.push_str(&format!(
@@ -129,7 +134,8 @@ async fn real_spdk_backups_of_a_volume_round_trip_through_s3_full_then_increment
     let mut d = serve_daemon::start(opts.clone()).await;
     let spdk_client = SpdkClient::new(dir.path().join("run/spdk.sock"));
     let server = s3_server::S3Server::start(&dir.path().join("s3"), "backups").await;
-    let secret = dir.path().join("s3-secret.yaml");
+    std::fs::create_dir_all(dir.path().join("secrets")).expect("secrets");
+    let secret = dir.path().join("secrets").join(SECRET);
     std::fs::write(&secret, server.secret_manifest(s3_server::SECRET_KEY)).expect("secret_manifest");
     let target = TARGET;
 
@@ -162,7 +168,7 @@ async fn real_spdk_backups_of_a_volume_round_trip_through_s3_full_then_increment
         m.write_all_at(&data, at).expect("write_all_at");
     }
     snapshot(&d.client, "s1").await;
-    let s1 = backup(&d.client, &secret, "backup-one", "s1").await;
+    let s1 = backup(&d.client, "backup-one", "s1").await;
     eprintln!("backup-one: {s1}");
     assert_eq!(s1["state"], "completed", "{s1}");
     assert_eq!(s1["incremental"], false, "{s1}");
@@ -176,7 +182,7 @@ async fn real_spdk_backups_of_a_volume_round_trip_through_s3_full_then_increment
         .call(
             "backup_restore",
             json!({"backup": "backup-one", "backupVolume": "vol", "target": TARGET,
-                   "credentialSecret": secret.display().to_string(), "volume": "dr",
+                   "credentialSecret": SECRET, "volume": "dr",
                    "replicas": 2, "standby": true, "pollSeconds": 1, "wait": true,
                    "timeoutSeconds": 600}),
         )
@@ -229,7 +235,7 @@ async fn real_spdk_backups_of_a_volume_round_trip_through_s3_full_then_increment
     m.write_all_at(&change, 101 * MIB).expect("write_all_at");
     drop(m);
     snapshot(&d.client, "s2").await;
-    let s2 = backup(&d.client, &secret, "backup-two", "s2").await;
+    let s2 = backup(&d.client, "backup-two", "s2").await;
     eprintln!("backup-two: {s2}");
     assert_eq!(s2["state"], "completed", "{s2}");
     assert_eq!(s2["incremental"], true, "{s2}");
@@ -260,7 +266,7 @@ async fn real_spdk_backups_of_a_volume_round_trip_through_s3_full_then_increment
         .and_then(|m| m.write_all_at(&third, 700 * MIB))
         .expect("write_all_at");
     snapshot(&d.client, "s3").await;
-    let s3 = backup(&d.client, &secret, "backup-three", "s3").await;
+    let s3 = backup(&d.client, "backup-three", "s3").await;
     assert_eq!(
         (
             s3["state"].as_str(),
@@ -292,7 +298,7 @@ async fn real_spdk_backups_of_a_volume_round_trip_through_s3_full_then_increment
     std::fs::write(&planted, pattern(12, 4096)).expect("plant a damaged block");
     spdk_dd::dd_write_at(&spdk, &work, port, &nqn, &fourth, (300 * MIB) as usize);
     snapshot(&d.client, "s4").await;
-    let s4 = backup(&d.client, &secret, "backup-four", "s4").await;
+    let s4 = backup(&d.client, "backup-four", "s4").await;
     assert_eq!(
         (s4["state"].as_str(), s4["blocksUploaded"].as_u64()),
         (Some("completed"), Some(2)),
@@ -429,7 +435,7 @@ async fn real_spdk_backups_of_a_volume_round_trip_through_s3_full_then_increment
         .call(
             "backup_restore",
             json!({"backup": "backup-two", "backupVolume": "vol", "target": TARGET,
-                   "credentialSecret": secret.display().to_string(), "volume": "back",
+                   "credentialSecret": SECRET, "volume": "back",
                    "replicas": 2, "wait": true, "timeoutSeconds": 600}),
         )
         .await

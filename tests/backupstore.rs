@@ -358,6 +358,7 @@ async fn bad_credentials_damaged_blocks_and_unfinished_backups_are_refused() {
 async fn a_local_folder_target_holds_the_same_layout() {
     let dir = tempfile::tempdir().expect("tempdir");
     let target = format!("vfs://{}", dir.path().join("vfs").display());
+    std::fs::create_dir(dir.path().join("vfs")).expect("the target's folder");
     let store = Store::open(&target, &Credentials::none()).expect("none");
     let size = 8 * MIB;
     let img = image(
@@ -381,4 +382,48 @@ async fn a_local_folder_target_holds_the_same_layout() {
         .expect("restore_to_file");
     assert_eq!(sha(&out, 0, size), sha(&img.file, ROOM, size));
     assert_eq!(std::fs::metadata(&out).expect("metadata").len(), size);
+}
+
+/// A folder target is a folder that exists: opening one that does not is
+/// refused and makes nothing (a listing never creates it); one that
+/// vanished under an open store is refused, never made again empty by the
+/// next write; `.` and `..` are refused in its path.
+#[tokio::test]
+async fn a_folder_target_is_never_made_and_one_that_vanished_is_refused() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let folder = dir.path().join("vfs");
+    let target = format!("vfs://{}", folder.display());
+    let e = Store::open(&target, &Credentials::none())
+        .expect_err("no folder")
+        .to_string();
+    assert!(e.contains("does not exist") && e.contains(&target), "{e}");
+    assert!(!folder.exists(), "opening made the folder");
+
+    std::fs::create_dir(&folder).expect("the target's folder");
+    let store = Store::open(&target, &Credentials::none()).expect("open");
+    assert!(ops::volumes(&store).await.expect("listed").is_empty());
+    let size = 4 * MIB;
+    let img = image(&dir.path().join("a.img"), size, &[(0, pattern(5, MIB as usize))]);
+    let p = Progress::default();
+    ops::create(&store, &request("backup-a", "sa", size), &img, None, &p)
+        .await
+        .expect("a backup makes the store's own folders under the target");
+    std::fs::remove_dir_all(&folder).expect("the target vanishes");
+    let e = ops::create(&store, &request("backup-b", "sb", size), &img, None, &p)
+        .await
+        .expect_err("its folder is gone")
+        .to_string();
+    assert!(e.contains("does not exist"), "{e}");
+    let e = ops::volumes(&store).await.expect_err("listed").to_string();
+    assert!(e.contains("does not exist"), "{e}");
+    assert!(!folder.exists(), "the store was made again, empty");
+
+    for bad in [
+        format!("vfs://{}/../elsewhere", folder.display()),
+        format!("vfs://{}/./x", dir.path().display()),
+    ] {
+        let e = Store::open(&bad, &Credentials::none()).expect_err(&bad).to_string();
+        assert!(e.contains("'..'"), "{bad}: {e}");
+    }
+    assert!(!dir.path().join("elsewhere").exists());
 }

@@ -63,9 +63,14 @@ struct TwoNodes {
 }
 
 async fn two_nodes(size: u64) -> TwoNodes {
+    two_nodes_with(size, "").await
+}
+
+/// [`two_nodes`] with `extra` among node A's settings.
+async fn two_nodes_with(size: u64, extra: &str) -> TwoNodes {
     let (ip_a, ip_b) = (IpAddr::from([127, 0, 0, 1]), IpAddr::from([127, 0, 0, 2]));
     let base = free_base(&[ip_a, ip_b]);
-    let a = Node::new(ip_a, base, None).await;
+    let a = Node::with_config(ip_a, base, None, "0x1", extra).await;
     let b = Node::new(ip_b, base, None).await;
     let addr_a = a.replica("disk-a", "vol-r-a", size).await;
     let addr_b = b.replica("disk-b", "vol-r-b", size).await;
@@ -1897,4 +1902,178 @@ async fn a_failed_revert_is_carried_on_by_the_engine_made_again_never_served_hal
     );
     a.stop().await;
     b.stop().await;
+}
+
+/// A `SnapshotBackup` of engine vol-e-0's snapshot `s1` as `backup` to `target`.
+fn backup_to(backup: &str, target: &str, envs: &[String]) -> imrpc::EngineSnapshotBackupRequest {
+    imrpc::EngineSnapshotBackupRequest {
+        proxy_engine_request: Some(req("vol-e-0")),
+        backup_name: backup.into(),
+        snapshot_name: "s1".into(),
+        backup_target: target.into(),
+        envs: envs.to_vec(),
+        ..Default::default()
+    }
+}
+
+/// A `BackupRestore` of `url` into engine vol-e-0.
+fn restore_from(url: &str, envs: &[String]) -> imrpc::EngineBackupRestoreRequest {
+    imrpc::EngineBackupRestoreRequest {
+        proxy_engine_request: Some(req("vol-e-0")),
+        url: url.into(),
+        envs: envs.to_vec(),
+        ..Default::default()
+    }
+}
+
+/// Longhorn's ports have no authentication, so what a caller there names
+/// as a backup target cannot make talon (root) write where it chooses: a
+/// folder target only under the node's `backupFolderRoot` (node B has none:
+/// no folder at all), never through `..` or a symbolic link out of it, and
+/// no NFS share mounted with `exec`, `suid` or `dev`. Each is refused with
+/// INVALID_ARGUMENT naming the rule, by the proxy (`SnapshotBackup`,
+/// `BackupRestore`) and by another node's SPDKService (`ReplicaBackupCreate`,
+/// `ReplicaBackupRestore`), before anything is recorded or written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_longhorn_caller_names_no_folder_outside_the_folder_root() {
+    let place = tempfile::tempdir().expect("tempdir");
+    let (root, outside) = (place.path().join("root"), place.path().join("outside"));
+    std::fs::create_dir_all(root.join("store")).expect("store");
+    std::fs::create_dir_all(&outside).expect("outside");
+    std::os::unix::fs::symlink(&outside, root.join("link")).expect("symlink");
+    let mut t = two_nodes_with(16 * MIB, &format!("  backupFolderRoot: {}\n", root.display())).await;
+    snapshot(&mut t.p, "s1").await.expect("s1");
+    let (r, o) = (root.display(), outside.display());
+    for (target, says) in [
+        (format!("vfs://{o}"), "is not under the node's backupFolderRoot"),
+        (format!("vfs://{r}/../outside"), "'..'"),
+        (format!("vfs://{r}/store/../../outside"), "'..'"),
+        (format!("vfs://{r}/link"), "is not under the node's backupFolderRoot"),
+        (
+            "nfs://127.0.0.1:/export?nfsOptions=nfsvers=4.2,exec,suid".to_owned(),
+            "NFS option exec",
+        ),
+        ("nfs://127.0.0.1:/export?nfsOptions=dev".to_owned(), "NFS option dev"),
+    ] {
+        let e = t
+            .p
+            .snapshot_backup(backup_to("backup-x", &target, &[]))
+            .await
+            .expect_err(&target);
+        assert_eq!(e.code(), Code::InvalidArgument, "{target}: {e:?}");
+        assert!(e.message().contains(says), "{target}: {says:?} in {:?}", e.message());
+        let e = t
+            .p
+            .backup_restore(restore_from(
+                &format!(
+                    "{target}{}backup=backup-x&volume=vol",
+                    if target.contains('?') { '&' } else { '?' }
+                ),
+                &[],
+            ))
+            .await
+            .expect_err(&target);
+        assert_eq!(e.code(), Code::InvalidArgument, "restore from {target}: {e:?}");
+    }
+    // node B has no backupFolderRoot: no folder target at all, asked of its SPDKService
+    let mut spdk_b = SpdkServiceClient::new(t.b.channel(4).await);
+    let store = format!("vfs://{r}/store");
+    let e = spdk_b
+        .replica_backup_create(spdkrpc::BackupCreateRequest {
+            backup_name: "backup-x".into(),
+            snapshot_name: "s1".into(),
+            backup_target: store.clone(),
+            volume_name: "vol".into(),
+            engine_name: "vol-e-0".into(),
+            replica_name: "vol-r-b".into(),
+            ..Default::default()
+        })
+        .await
+        .expect_err("B has no folder root");
+    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+    assert!(e.message().contains("backupFolderRoot"), "{}", e.message());
+    let e = spdk_b
+        .replica_backup_restore(spdkrpc::ReplicaBackupRestoreRequest {
+            backup_url: format!("{store}?backup=backup-x&volume=vol"),
+            replica_name: "vol-r-b".into(),
+            ..Default::default()
+        })
+        .await
+        .expect_err("B has no folder root");
+    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+    // nothing recorded on either node, nothing written outside
+    for n in [&t.a, &t.b] {
+        let admin = talon::client::Client::connect_unix(&n.dir.path().join("run/talon.sock"))
+            .await
+            .expect("admin");
+        assert!(admin.backup_list(None).await.expect("backup_list").is_empty());
+    }
+    assert_eq!(std::fs::read_dir(&outside).expect("outside").count(), 0);
+    // a folder under the root is A's to take
+    let made = t
+        .p
+        .snapshot_backup(backup_to("backup-1", &store, &[]))
+        .await
+        .expect("a folder under the root")
+        .into_inner();
+    assert_eq!(made.backup_id, "backup-1");
+    t.a.stop().await;
+    t.b.stop().await;
+}
+
+/// A password in `AWS_ENDPOINTS` (`http://user:PASS@host`) is in no error a
+/// Longhorn caller gets and in no line talon logs, at debug: the endpoint
+/// is refused, naming the key, as S3 takes no user or password there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_password_in_aws_endpoints_is_in_no_error_and_no_log_line() {
+    use std::sync::{Arc, Mutex};
+    const PASS: &str = "pw-7Hq2xLONGHORN";
+    #[derive(Clone, Default)]
+    struct Buf(Arc<Mutex<Vec<u8>>>);
+    impl std::io::Write for Buf {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap_or_else(|p| p.into_inner()).extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let buf = Buf::default();
+    let w = buf.clone();
+    // before the nodes' own capture (a no-op once one is installed)
+    tracing_subscriber::fmt()
+        .with_env_filter(talon::cli::log_filter(Some("debug")))
+        .with_ansi(false)
+        .with_writer(move || w.clone())
+        .init();
+    let mut t = two_nodes(16 * MIB).await;
+    snapshot(&mut t.p, "s1").await.expect("s1");
+    // nothing listens there: a client given the endpoint fails to connect, naming its URL
+    let port = talon::runtime::testing::free_port();
+    let envs = vec![
+        "AWS_ACCESS_KEY_ID=ak".to_owned(),
+        "AWS_SECRET_ACCESS_KEY=sk".to_owned(),
+        format!("AWS_ENDPOINTS=http://user:{PASS}@127.0.0.1:{port}"),
+    ];
+    let target = "s3://backups@us-east-1/lh";
+    let e = t
+        .p
+        .backup_restore(restore_from(&format!("{target}?backup=backup-1&volume=vol"), &envs))
+        .await
+        .expect_err("restore");
+    assert!(!e.message().contains(PASS), "{:?}", e.message());
+    assert!(e.message().contains("AWS_ENDPOINTS"), "{:?}", e.message());
+    let made = t.p.snapshot_backup(backup_to("backup-1", target, &envs)).await;
+    let text = match &made {
+        Ok(r) => format!("{r:?}"),
+        Err(e) => e.message().to_owned(),
+    };
+    assert!(!text.contains(PASS), "{text}");
+    assert!(made.is_err(), "the endpoint is refused: {text}");
+    t.a.stop().await;
+    t.b.stop().await;
+    let log = String::from_utf8_lossy(&buf.0.lock().unwrap_or_else(|p| p.into_inner())).into_owned();
+    assert!(log.contains("longhorn gRPC call failed"), "the log holds the calls");
+    assert!(!log.contains(PASS), "the password is in the log: {log}");
 }

@@ -1733,6 +1733,7 @@ async fn real_spdk_a_backup_restores_into_a_volume_with_a_remote_replica() {
     // a backup of 16 MiB: 6 MiB of data in three places, the rest holes
     let store_dir = da.path().join("store");
     let target = format!("vfs://{}", store_dir.display());
+    std::fs::create_dir(&store_dir).expect("the target's folder");
     let store = Store::open(&target, &Credentials::none()).expect("store");
     let image = da.path().join("image.img");
     let f = std::fs::File::create(&image).expect("create");

@@ -265,7 +265,8 @@ async fn longhorn_call(base: std::net::SocketAddr, args: &[String]) {
 /// restores both and compares them byte for byte, deletes the first (the second still
 /// restores), refuses a path the server does not have and a port nobody answers with
 /// nothing left mounted, and
-/// unmounts what it mounted. Prints `NFS ok` at the end.
+/// unmounts what it mounted; the share is mounted nosuid,nodev,noexec. Prints `NFS ok`
+/// at the end.
 #[test]
 #[ignore = "a tool of the nfs-backup guest step, not a test of its own"]
 fn nfs_backup_client() {
@@ -311,6 +312,11 @@ async fn nfs_round_trip(target: &str) {
         .find(|l| l.contains(" nfs4 ") && l.contains(nfs::DEFAULT_MOUNT_ROOT))
         .unwrap_or_else(|| panic!("no NFS mount under {}: {mounted}", nfs::DEFAULT_MOUNT_ROOT));
     println!("NFS mounted: {line}");
+    // every share talon mounts is nosuid,nodev,noexec, whatever its options say
+    let opts: Vec<&str> = line.split(' ').nth(3).unwrap_or_default().split(',').collect();
+    for flag in ["nosuid", "nodev", "noexec"] {
+        assert!(opts.contains(&flag), "the share is mounted without {flag}: {line}");
+    }
 
     // backup-one: 6 MiB at 2 MiB (blocks 1-3) and 2 MiB at 10 MiB (block 5)
     let one = [

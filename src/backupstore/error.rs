@@ -6,6 +6,10 @@ pub enum BackupError {
     /// The target URL or its credentials are unusable.
     #[error("backup target {url:?}: {reason}")]
     Target { url: String, reason: String },
+    /// A folder target's folder is not there: talon makes none (a listing
+    /// would otherwise make it, and a store that vanished come back empty).
+    #[error("backup target {url:?} does not exist: there is no folder {dir} (create it, or mount the share there)")]
+    TargetMissing { url: String, dir: String },
     /// A name that would become an object key breaks Longhorn's rule.
     #[error(
         "{what} name {name:?} is invalid: it must start with a letter or digit and hold only letters, digits, '_', '.' and '-' (2 characters or more)"

@@ -261,14 +261,16 @@ pub fn decode_url(url: &str) -> Result<(String, String, Option<String>), BackupE
     }
     if !format::valid_name(&volume) {
         return Err(BackupError::Invalid(format!(
-            "invalid volume name parsed, got {volume:?} (from {url})"
+            "invalid volume name parsed, got {volume:?} (from {})",
+            super::store::redact_urls(&url)
         )));
     }
     if let Some(b) = &backup
         && !format::valid_name(b)
     {
         return Err(BackupError::Invalid(format!(
-            "invalid backup name parsed, got {b:?} (from {url})"
+            "invalid backup name parsed, got {b:?} (from {})",
+            super::store::redact_urls(&url)
         )));
     }
     let dest = if rest.is_empty() {

@@ -16,7 +16,14 @@
 //! Every part that reaches the kernel's option string or a path is checked
 //! first: the server is a host name or an IP address, the export an absolute
 //! path of plain characters, each option `key` or `key=value` of plain
-//! characters (no `,`); `addr` is talon's to set. Mounts stay (Longhorn's do
+//! characters (no `,`); `addr` is talon's to set. Every share is mounted
+//! `nosuid,nodev,noexec` (mount(2) flags, whatever the options say): a
+//! target's URL may come from Longhorn's unauthenticated ports, and a share
+//! holds files its server's owner wrote. `exec`, `suid` and `dev` in
+//! `nfsOptions` are refused (they ask for what talon never grants), and
+//! `noexec`, `nosuid` and `nodev` are dropped (they are flags, not NFS
+//! options, and talon sets them). A share found mounted without those
+//! flags (an older talon's) is remounted with them before it is used. Mounts stay (Longhorn's do
 //! too); [`unmount_all`] removes them for `longhorn backup cleanup-all-mounts`
 //! (the engine binary's call). The daemon never calls it: an unmount under a
 //! running backup would send its writes to the folder beneath.
@@ -33,6 +40,11 @@ pub const DEFAULT_MOUNT_ROOT: &str = "/var/lib/talon/backupstore-mounts";
 const MOUNT_TIMEOUT: Duration = Duration::from_secs(10);
 /// NFSv4 minor versions tried when the URL gives no options (Longhorn's order).
 const MINOR_VERSIONS: [&str; 3] = ["4.2", "4.1", "4.0"];
+/// The mount flags of every share: nothing on it runs, gains privileges or
+/// opens a device.
+pub const MOUNT_FLAGS: nix::mount::MsFlags = nix::mount::MsFlags::MS_NOSUID
+    .union(nix::mount::MsFlags::MS_NODEV)
+    .union(nix::mount::MsFlags::MS_NOEXEC);
 
 /// A parsed NFS target.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -112,6 +124,16 @@ impl NfsTarget {
                         "NFS option addr is set by talon (the server's resolved address)",
                     ));
                 }
+                match key {
+                    "exec" | "suid" | "dev" => {
+                        return Err(bad(&format!(
+                            "NFS option {key} is refused: talon mounts every share nosuid,nodev,noexec"
+                        )));
+                    }
+                    // the flags talon sets (mount(2) flags, not NFS options)
+                    "noexec" | "nosuid" | "nodev" => continue,
+                    _ => {}
+                }
                 options.push(o.to_owned());
             }
         }
@@ -174,10 +196,11 @@ fn nfs_mounts() -> Vec<(PathBuf, String)> {
 pub fn ensure_mounted(t: &NfsTarget, url: &str) -> Result<PathBuf, BackupError> {
     let dir = t.mount_dir(&mount_root());
     let failed = |reason: String| BackupError::Target {
-        url: url.to_owned(),
+        url: super::store::redact_urls(url),
         reason,
     };
     if nfs_mounts().iter().any(|(p, _)| *p == dir) {
+        harden(&dir).map_err(|e| failed(format!("remounting {} nosuid,nodev,noexec: {e}", dir.display())))?;
         return Ok(dir);
     }
     let addr = blocking(|| (t.server.as_str(), 2049).to_socket_addrs())
@@ -205,6 +228,31 @@ pub fn ensure_mounted(t: &NfsTarget, url: &str) -> Result<PathBuf, BackupError> 
     )))
 }
 
+/// Makes the mount at `dir` nosuid, nodev and noexec if it is not (a
+/// bind remount changes only those per-mount flags; its others are kept).
+fn harden(dir: &Path) -> Result<(), nix::Error> {
+    use nix::sys::statvfs::FsFlags;
+    let have = blocking(|| nix::sys::statvfs::statvfs(dir))?.flags();
+    if have.contains(FsFlags::ST_NOSUID | FsFlags::ST_NODEV | FsFlags::ST_NOEXEC) {
+        return Ok(());
+    }
+    use nix::mount::MsFlags;
+    let mut flags = MsFlags::MS_REMOUNT | MsFlags::MS_BIND | MOUNT_FLAGS;
+    for (st, ms) in [
+        (FsFlags::ST_RDONLY, MsFlags::MS_RDONLY),
+        (FsFlags::ST_NOATIME, MsFlags::MS_NOATIME),
+        (FsFlags::ST_NODIRATIME, MsFlags::MS_NODIRATIME),
+        (FsFlags::ST_RELATIME, MsFlags::MS_RELATIME),
+    ] {
+        if have.contains(st) {
+            flags |= ms;
+        }
+    }
+    blocking(|| nix::mount::mount(None::<&str>, dir, None::<&str>, flags, None::<&str>))?;
+    tracing::info!(dir = %dir.display(), "NFS backup target remounted nosuid,nodev,noexec");
+    Ok(())
+}
+
 /// Runs `f`, which may block for seconds, without stalling the other tasks
 /// of a multi-threaded runtime it is called from.
 fn blocking<T>(f: impl FnOnce() -> T) -> T {
@@ -226,7 +274,7 @@ fn mount_bounded(source: &str, dir: &Path, data: &str) -> Result<(), String> {
             Some(source.as_str()),
             &dir,
             Some("nfs4"),
-            nix::mount::MsFlags::empty(),
+            MOUNT_FLAGS,
             Some(data.as_str()),
         );
         let _ = tx.send(r);
@@ -297,12 +345,46 @@ mod tests {
             assert_eq!(t.options, ["nfsvers=4.1", "soft", "timeo=450"], "{q}");
             assert_eq!(t.attempts(ip), ["nfsvers=4.1,soft,timeo=450,addr=10.0.0.5"]);
         }
+        // the flags talon sets anyway are dropped from the options, and set on every mount
+        let t = parse("10.0.0.1:/b?nfsOptions=nosuid,soft,nodev,noexec").expect("parse");
+        assert_eq!(t.options, ["soft"]);
+        use nix::mount::MsFlags;
+        assert!(MOUNT_FLAGS.contains(MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC));
         let t = parse("[fd00::5]:/b").expect("parse");
         assert_eq!(
             (t.server.as_str(), t.source()),
             ("fd00::5", "[fd00::5]:/b".into())
         );
         assert_eq!(t.mount_dir(Path::new("/m")), Path::new("/m/fd00__5/b"));
+    }
+
+    /// The remount of a share found mounted without the flags, on a tmpfs
+    /// (a bind remount does not depend on the file system).
+    #[test]
+    fn a_mount_found_without_the_flags_is_remounted_with_them() {
+        use nix::mount::{MntFlags, MsFlags};
+        use nix::sys::statvfs::{FsFlags, statvfs};
+        let d = tempfile::tempdir().expect("tempdir");
+        if let Err(e) = nix::mount::mount(
+            Some("tmpfs"),
+            d.path(),
+            Some("tmpfs"),
+            MsFlags::empty(),
+            Some("size=1m"),
+        ) {
+            eprintln!("SKIP a_mount_found_without_the_flags_is_remounted_with_them: mounting a tmpfs: {e}");
+            return;
+        }
+        let before = statvfs(d.path()).expect("statvfs").flags();
+        let r = harden(d.path());
+        let after = statvfs(d.path()).expect("statvfs").flags();
+        let again = harden(d.path());
+        let _ = nix::mount::umount2(d.path(), MntFlags::MNT_DETACH);
+        let all = FsFlags::ST_NOSUID | FsFlags::ST_NODEV | FsFlags::ST_NOEXEC;
+        assert!(!before.contains(all), "{before:?}");
+        r.expect("remounted");
+        again.expect("a mount with the flags is left as it is");
+        assert!(after.contains(all), "{after:?}");
     }
 
     #[test]
@@ -317,6 +399,9 @@ mod tests {
             ("h:/x?nfsOptions=soft,addr=1.2.3.4", "addr is set by talon"),
             ("h:/x?nfsOptions=vers=4.2,sec=sys%2Cfoo", "NFS option"),
             ("h:/x?nfsOptions=a b", "NFS option"),
+            ("h:/x?nfsOptions=soft,exec", "NFS option exec is refused"),
+            ("h:/x?nfsOptions=suid", "NFS option suid is refused"),
+            ("h:/x?nfsOptions=nfsvers=4.1&nfsOptions=dev", "NFS option dev is refused"),
             ("[fd00::1:/x", "closing ']'"),
         ] {
             let e = parse(rest).expect_err(rest);

@@ -5,7 +5,18 @@
 //!   s3://<bucket>@<region>/<path>    S3 (path-style when an endpoint is given)
 //!   s3://<bucket>/<path>             region from the credentials, else us-east-1
 //!   vfs:///<dir>                     a local directory (Longhorn's VFS target)
+//!
+//!   URL ──Target::checked(url, Caller)──> Target ──Store::open(creds)──> Store
+//!          no '.' or '..' in any path          a folder must exist (nothing is made);
+//!          Caller::Longhorn: a folder only     every call refuses one that vanished
+//!            under the node's backupFolderRoot  (or whose share was unmounted)
+//!          NFS: no exec/suid/dev (nfs.rs)       errors never hold a secret (redact)
 //! ```
+//!
+//! Every target URL, from Longhorn's ports, talon's admin API, the CLI or a
+//! stored spec, is checked by [`Target::checked`] (Longhorn's ports and the
+//! API before anything is recorded; `Store::open` again with the rules every
+//! caller shares).
 //!
 //! Credentials come as a Kubernetes secret does: the keys Longhorn's backup
 //! target secrets hold (`AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`,
@@ -85,6 +96,8 @@ impl Credentials {
         #[serde(rename_all = "camelCase")]
         struct Secret {
             #[serde(default)]
+            kind: Option<String>,
+            #[serde(default)]
             data: BTreeMap<String, String>,
             #[serde(default)]
             string_data: BTreeMap<String, String>,
@@ -93,7 +106,12 @@ impl Credentials {
             object: format!("secret {shown}"),
             reason,
         };
-        let s: Secret = serde_yaml_ng::from_str(&text).map_err(|e| bad(e.to_string()))?;
+        // any YAML mapping would read as a Secret without keys ("no credentials")
+        let not_secret = || bad("not a Kubernetes Secret manifest (no `kind: Secret`) nor a mounted secret folder".into());
+        let s: Secret = serde_yaml_ng::from_str(&text).map_err(|_| not_secret())?;
+        if s.kind.as_deref() != Some("Secret") {
+            return Err(not_secret());
+        }
         let mut pairs = Vec::new();
         for (k, v) in s.data {
             use base64::Engine as _;
@@ -110,6 +128,117 @@ impl Credentials {
     fn get(&self, key: &str) -> Option<&str> {
         self.0.get(key).map(String::as_str).filter(|v| !v.is_empty())
     }
+
+    /// The values no error or log line may show: the secret key, the
+    /// session token, and a password an endpoint URL holds.
+    fn secrets(&self) -> Vec<String> {
+        let mut out: Vec<String> = ["AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"]
+            .iter()
+            .filter_map(|k| self.get(k))
+            .map(str::to_owned)
+            .collect();
+        if let Some(e) = self.get("AWS_ENDPOINTS")
+            && let Some(info) = userinfo(e)
+        {
+            out.push(info.rsplit_once(':').map_or(info, |(_, p)| p).to_owned());
+        }
+        out.retain(|s| !s.is_empty());
+        out
+    }
+
+    /// Refuses credentials a store cannot use as given: one of the key id and
+    /// the secret key without the other, and an endpoint that holds a user
+    /// or password (S3 signs each request with the keys; a password in the
+    /// endpoint is not S3's and would be shown wherever its URL is). The
+    /// reason names keys, never a value.
+    pub fn check(&self) -> Result<(), String> {
+        match (self.get("AWS_ACCESS_KEY_ID"), self.get("AWS_SECRET_ACCESS_KEY")) {
+            (Some(_), None) | (None, Some(_)) => {
+                return Err(
+                    "the credentials hold one of AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY without the other".into(),
+                );
+            }
+            _ => {}
+        }
+        if let Some(e) = self.get("AWS_ENDPOINTS")
+            && userinfo(e).is_some()
+        {
+            return Err(format!(
+                "AWS_ENDPOINTS {:?} holds a user name or password: an S3 endpoint takes none \
+                 (the keys go in AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY)",
+                redact_urls(e)
+            ));
+        }
+        Ok(())
+    }
+
+    /// `text` with every secret value and every URL's password replaced by
+    /// `***`: what errors built from a store's answers show.
+    pub fn redact(&self, text: &str) -> String {
+        let mut out = redact_urls(text);
+        for s in self.secrets() {
+            out = out.replace(&s, "***");
+        }
+        out
+    }
+}
+
+/// The user information of URL `url` (`user:password` in
+/// `http://user:password@host/`), if it holds one.
+fn userinfo(url: &str) -> Option<&str> {
+    let (_, rest) = url.split_once("://")?;
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
+    authority.rsplit_once('@').map(|(info, _)| info)
+}
+
+/// `text` with the password of every `http(s)://user:password@` in it (the
+/// whole user information for `http(s)://token@`, and for any scheme one
+/// with a `:`) replaced by `***`. An S3 target's `s3://bucket@region` holds
+/// no password and stays.
+pub fn redact_urls(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find("://") {
+        let scheme_start = rest[..at]
+            .rfind(|c: char| !(c.is_ascii_alphanumeric() || c == '+' || c == '-' || c == '.'))
+            .map_or(0, |i| i + 1);
+        let scheme = &rest[scheme_start..at];
+        let after = at + 3;
+        out.push_str(&rest[..after]);
+        let tail = &rest[after..];
+        let end = tail
+            .find(|c: char| matches!(c, '/' | '?' | '#' | '"' | '\'' | ')' | ']' | '>') || c.is_whitespace())
+            .unwrap_or(tail.len());
+        let authority = &tail[..end];
+        match authority.rsplit_once('@') {
+            Some((info, host)) => {
+                let web = scheme.eq_ignore_ascii_case("http") || scheme.eq_ignore_ascii_case("https");
+                match info.split_once(':') {
+                    Some((user, _)) => out.push_str(&format!("{user}:***@{host}")),
+                    None if web => out.push_str(&format!("***@{host}")),
+                    None => out.push_str(authority),
+                }
+            }
+            None => out.push_str(authority),
+        }
+        rest = &tail[end..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// Who names a target, and so which targets it may name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Caller {
+    /// talon's admin API and CLI (root on this node through the Unix
+    /// socket, or a holder of the TCP listener's token): any absolute folder.
+    Admin,
+    /// Longhorn's gRPC ports, which have no authentication: a folder target
+    /// only under the node's `backupFolderRoot`, none without one.
+    Longhorn {
+        /// `NodeConfig.backupFolderRoot`.
+        folder_root: Option<std::path::PathBuf>,
+    },
 }
 
 /// A parsed target URL.
@@ -130,7 +259,7 @@ impl Target {
     /// Parses a Longhorn backup target URL.
     pub fn parse(url: &str) -> Result<Target, BackupError> {
         let bad = |reason: &str| BackupError::Target {
-            url: url.to_owned(),
+            url: redact_urls(url),
             reason: reason.to_owned(),
         };
         let (scheme, rest) = url
@@ -169,6 +298,9 @@ impl Target {
                 if !rest.starts_with('/') {
                     return Err(bad("a vfs target names an absolute folder (vfs:///path)"));
                 }
+                if rest.split('/').any(|p| p == ".." || p == ".") {
+                    return Err(bad("the path may not hold '.' or '..'"));
+                }
                 Ok(Target::Dir(dir))
             }
             "nfs" => super::nfs::NfsTarget::parse(rest, bad).map(Target::Nfs),
@@ -177,6 +309,48 @@ impl Target {
             )),
             _ => Err(bad("unknown scheme (s3://, nfs://, vfs://)")),
         }
+    }
+}
+
+impl Target {
+    /// Parses `url` and checks it is one `caller` may name: a folder target
+    /// from Longhorn's ports only under the node's folder root (also once
+    /// symbolic links are followed, where the folder exists). The one check
+    /// of every target URL talon is given.
+    pub fn checked(url: &str, caller: &Caller) -> Result<Target, BackupError> {
+        let target = Target::parse(url)?;
+        let bad = |reason: String| BackupError::Target {
+            url: redact_urls(url),
+            reason,
+        };
+        if let (Target::Dir(dir), Caller::Longhorn { folder_root }) = (&target, caller) {
+            let Some(root) = folder_root else {
+                return Err(bad(
+                    "a folder target (vfs://) is refused on Longhorn's ports unless the node's \
+                     backupFolderRoot holds it, and this node has no backupFolderRoot"
+                        .into(),
+                ));
+            };
+            let outside = || {
+                bad(format!(
+                    "the folder {} is not under the node's backupFolderRoot {}",
+                    dir.display(),
+                    root.display()
+                ))
+            };
+            if !dir.starts_with(root) {
+                return Err(outside());
+            }
+            // a symbolic link under the root that leads out of it: the folder's
+            // nearest existing ancestor, links followed, is under the root's
+            let existing = dir.ancestors().find(|a| a.exists()).unwrap_or(dir);
+            if let (Ok(real), Ok(real_root)) = (std::fs::canonicalize(existing), std::fs::canonicalize(root))
+                && !real.starts_with(&real_root)
+            {
+                return Err(outside());
+            }
+        }
+        Ok(target)
     }
 }
 
@@ -190,24 +364,32 @@ pub struct Store {
     /// A local folder target's folder (its directories are Longhorn's
     /// listing: a folder emptied is removed too).
     local: Option<std::path::PathBuf>,
+    /// The device the folder was on when opened: another one (a share
+    /// unmounted, leaving the folder beneath) is not the target.
+    local_dev: u64,
+    /// The credentials, to keep their values out of errors.
+    creds: Arc<Credentials>,
 }
 
 impl std::fmt::Debug for Store {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Store").field("url", &self.url).finish()
+        f.debug_struct("Store").field("url", &redact_urls(&self.url)).finish()
     }
 }
 
 impl Store {
     /// Opens `url` with `creds`; nothing is called yet (see [`Store::check`]).
+    /// A folder target's folder must exist: talon never makes one (a
+    /// backup makes the store's own folders under it).
     pub fn open(url: &str, creds: &Credentials) -> Result<Store, BackupError> {
         let target = Target::parse(url)?;
         let bad = |reason: String| BackupError::Target {
-            url: url.to_owned(),
-            reason,
+            url: redact_urls(url),
+            reason: creds.redact(&reason),
         };
+        creds.check().map_err(bad)?;
         let folder = |dir: &std::path::Path| -> Result<Arc<dyn ObjectStore>, BackupError> {
-            std::fs::create_dir_all(dir).map_err(|e| bad(format!("creating {}: {e}", dir.display())))?;
+            folder_dev(url, dir)?;
             let fs =
                 object_store::local::LocalFileSystem::new_with_prefix(dir).map_err(|e| bad(e.to_string()))?;
             Ok(Arc::new(fs))
@@ -231,12 +413,8 @@ impl Store {
                     (Some(id), Some(secret)) => {
                         b = b.with_access_key_id(id).with_secret_access_key(secret);
                     }
-                    (None, None) => b = b.with_skip_signature(true),
-                    _ => {
-                        return Err(bad(
-                            "the credentials hold one of AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY without the other".into(),
-                        ));
-                    }
+                    // one without the other was refused by check()
+                    _ => b = b.with_skip_signature(true),
                 }
                 if let Some(t) = creds.get("AWS_SESSION_TOKEN") {
                     b = b.with_token(t);
@@ -270,12 +448,35 @@ impl Store {
                 (folder(&dir)?, String::new(), Some(dir))
             }
         };
+        let local_dev = match &local {
+            Some(dir) => folder_dev(url, dir)?,
+            None => 0,
+        };
         Ok(Store {
             inner,
             prefix,
             url: url.to_owned(),
             local,
+            local_dev,
+            creds: Arc::new(creds.clone()),
         })
+    }
+
+    /// Refuses a folder target whose folder vanished, or is no longer on
+    /// the device it was opened on (a share unmounted under it): the next
+    /// write would make it again, empty, or write to the disk beneath.
+    fn present(&self) -> Result<(), BackupError> {
+        match &self.local {
+            Some(dir) if folder_dev(&self.url, dir)? != self.local_dev => Err(BackupError::Target {
+                url: redact_urls(&self.url),
+                reason: format!(
+                    "the folder {} is no longer the target's (another file system is there now: \
+                     a share unmounted?)",
+                    dir.display()
+                ),
+            }),
+            _ => Ok(()),
+        }
     }
 
     /// Opens `url` with the credentials of secret `secret` (a path, see
@@ -302,9 +503,30 @@ impl Store {
         Path::parse(&full).map_err(|e| BackupError::Invalid(format!("object key {full:?}: {e}")))
     }
 
-    fn failed(op: &'static str, path: &str) -> impl FnOnce(object_store::Error) -> BackupError {
+    /// The error of call `op` on `path`; one whose text (or a cause's)
+    /// holds a secret value or a URL's password is replaced by its text
+    /// with those values as `***`.
+    fn failed(&self, op: &'static str, path: &str) -> impl FnOnce(object_store::Error) -> BackupError {
         let path = path.to_owned();
-        move |source| BackupError::Store { op, path, source }
+        let creds = self.creds.clone();
+        move |source| {
+            let mut chain = source.to_string();
+            let mut cause = std::error::Error::source(&source);
+            while let Some(c) = cause {
+                chain.push_str(&format!(": {c}"));
+                cause = c.source();
+            }
+            let clean = creds.redact(&chain);
+            let source = if clean == chain {
+                source
+            } else {
+                object_store::Error::Generic {
+                    store: "backup target",
+                    source: clean.into(),
+                }
+            };
+            BackupError::Store { op, path, source }
+        }
     }
 
     /// Proves the target answers with these credentials: lists its root.
@@ -314,28 +536,31 @@ impl Store {
 
     /// Object `rel`'s bytes; `None` when it is not there.
     pub async fn read(&self, rel: &str) -> Result<Option<bytes::Bytes>, BackupError> {
+        self.present()?;
         match self.inner.get(&self.key(rel)?).await {
-            Ok(r) => r.bytes().await.map(Some).map_err(Self::failed("read", rel)),
+            Ok(r) => r.bytes().await.map(Some).map_err(self.failed("read", rel)),
             Err(object_store::Error::NotFound { .. }) => Ok(None),
-            Err(e) => Err(Self::failed("read", rel)(e)),
+            Err(e) => Err(self.failed("read", rel)(e)),
         }
     }
 
     /// Writes object `rel` whole (one put: atomic on S3 and on a folder).
     pub async fn write(&self, rel: &str, data: Vec<u8>) -> Result<(), BackupError> {
+        self.present()?;
         self.inner
             .put(&self.key(rel)?, PutPayload::from(data))
             .await
             .map(|_| ())
-            .map_err(Self::failed("write", rel))
+            .map_err(self.failed("write", rel))
     }
 
     /// When object `rel` was last written; `None` when it is not there.
     pub async fn modified(&self, rel: &str) -> Result<Option<std::time::SystemTime>, BackupError> {
+        self.present()?;
         match self.inner.head(&self.key(rel)?).await {
             Ok(m) => Ok(Some(m.last_modified.into())),
             Err(object_store::Error::NotFound { .. }) => Ok(None),
-            Err(e) => Err(Self::failed("head", rel)(e)),
+            Err(e) => Err(self.failed("head", rel)(e)),
         }
     }
 
@@ -346,12 +571,13 @@ impl Store {
 
     /// The names one level below folder `rel` (objects and folders, like `ls`).
     pub async fn list(&self, rel: &str) -> Result<Vec<String>, BackupError> {
+        self.present()?;
         let key = self.key(rel)?;
         let r = self
             .inner
             .list_with_delimiter(Some(&key))
             .await
-            .map_err(Self::failed("list", rel))?;
+            .map_err(self.failed("list", rel))?;
         let mut names: Vec<String> = r
             .common_prefixes
             .iter()
@@ -365,9 +591,10 @@ impl Store {
 
     /// Deletes object `rel`; one that is not there is no error.
     pub async fn remove(&self, rel: &str) -> Result<(), BackupError> {
+        self.present()?;
         match self.inner.delete(&self.key(rel)?).await {
             Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
-            Err(e) => Err(Self::failed("delete", rel)(e)),
+            Err(e) => Err(self.failed("delete", rel)(e)),
         }
     }
 
@@ -376,17 +603,18 @@ impl Store {
     /// volume whose `volume.cfg` is missing).
     pub async fn remove_all(&self, rel: &str) -> Result<(), BackupError> {
         use futures::TryStreamExt;
+        self.present()?;
         let key = self.key(rel)?;
         let all: Vec<_> = self
             .inner
             .list(Some(&key))
             .try_collect()
             .await
-            .map_err(Self::failed("list", rel))?;
+            .map_err(self.failed("list", rel))?;
         for o in all {
             match self.inner.delete(&o.location).await {
                 Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
-                Err(e) => return Err(Self::failed("delete", o.location.as_ref())(e)),
+                Err(e) => return Err(self.failed("delete", o.location.as_ref())(e)),
             }
         }
         if let Some(root) = &self.local {
@@ -398,6 +626,27 @@ impl Store {
             }
         }
         Ok(())
+    }
+}
+
+/// The device folder `dir` of target `url` is on; a folder that does not
+/// exist (or is no folder) is refused, naming it.
+fn folder_dev(url: &str, dir: &std::path::Path) -> Result<u64, BackupError> {
+    use std::os::unix::fs::MetadataExt as _;
+    match std::fs::metadata(dir) {
+        Ok(m) if m.is_dir() => Ok(m.dev()),
+        Ok(_) => Err(BackupError::Target {
+            url: redact_urls(url),
+            reason: format!("{} is not a folder", dir.display()),
+        }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(BackupError::TargetMissing {
+            url: redact_urls(url),
+            dir: dir.display().to_string(),
+        }),
+        Err(e) => Err(BackupError::Target {
+            url: redact_urls(url),
+            reason: format!("{}: {e}", dir.display()),
+        }),
     }
 }
 
@@ -461,7 +710,7 @@ mod tests {
         std::fs::write(m.join("AWS_SECRET_ACCESS_KEY"), "s3cr3t").expect("write");
         let c2 = Credentials::from_secret(&m).expect("from_secret");
         assert_eq!(c2.get("AWS_ACCESS_KEY_ID"), Some("talon"));
-        std::fs::write(&f, "data:\n  AWS_ACCESS_KEY_ID: '%%%'\n").expect("write");
+        std::fs::write(&f, "kind: Secret\ndata:\n  AWS_ACCESS_KEY_ID: '%%%'\n").expect("write");
         let e = Credentials::from_secret(&f)
             .expect_err("from_secret fails")
             .to_string();
@@ -471,5 +720,58 @@ mod tests {
             .expect_err("open fails")
             .to_string();
         assert!(e.contains("without the other"), "{e}");
+        // a file that is no Secret (any YAML mapping read as one without keys before)
+        std::fs::write(&f, "root:*:19000:0:99999:7:::\ndaemon:*:19000:0:99999:7:::\n").expect("write");
+        let e = Credentials::from_secret(&f).expect_err("no Secret").to_string();
+        assert!(e.contains("not a Kubernetes Secret"), "{e}");
+    }
+
+    #[test]
+    fn urls_and_secret_values_are_redacted() {
+        assert_eq!(
+            redact_urls("error sending request for url (http://user:PASS@h:9000/b/k): refused"),
+            "error sending request for url (http://user:***@h:9000/b/k): refused"
+        );
+        assert_eq!(redact_urls("https://tok@h/x https://h/y"), "https://***@h/x https://h/y");
+        assert_eq!(redact_urls("s3://backups@us-east-1/x"), "s3://backups@us-east-1/x");
+        assert_eq!(redact_urls("nfs://u:p@h:/x"), "nfs://u:***@h:/x");
+        let c = Credentials::from_pairs([
+            ("AWS_ACCESS_KEY_ID".to_owned(), "ak".to_owned()),
+            ("AWS_SECRET_ACCESS_KEY".to_owned(), "sk-123".to_owned()),
+            ("AWS_ENDPOINTS".to_owned(), "http://me:PASS@h:1".to_owned()),
+        ]);
+        assert_eq!(c.redact("sk-123 and PASS at http://me:PASS@h:1"), "*** and *** at http://me:***@h:1");
+        let e = c.check().expect_err("a password in the endpoint");
+        assert!(e.contains("AWS_ENDPOINTS") && !e.contains("PASS"), "{e}");
+        let e = Store::open("s3://bkt/", &c).expect_err("refused").to_string();
+        assert!(!e.contains("PASS"), "{e}");
+    }
+
+    #[test]
+    fn a_longhorn_caller_names_folders_only_under_the_folder_root() {
+        let d = tempfile::tempdir().expect("tempdir");
+        let root = d.path().join("root");
+        std::fs::create_dir_all(root.join("store")).expect("store");
+        std::fs::create_dir_all(d.path().join("out")).expect("out");
+        std::os::unix::fs::symlink(d.path().join("out"), root.join("link")).expect("symlink");
+        let none = Caller::Longhorn { folder_root: None };
+        let under = Caller::Longhorn {
+            folder_root: Some(root.clone()),
+        };
+        let url = |p: &std::path::Path| format!("vfs://{}", p.display());
+        let e = Target::checked(&url(&root.join("store")), &none).expect_err("no root").to_string();
+        assert!(e.contains("no backupFolderRoot"), "{e}");
+        Target::checked(&url(&root.join("store")), &under).expect("under the root");
+        Target::checked(&url(&root.join("not-yet")), &under).expect("under the root, not made");
+        for bad in [d.path().join("out"), root.join("link"), root.join("link/x")] {
+            let e = Target::checked(&url(&bad), &under).expect_err("outside").to_string();
+            assert!(e.contains("not under the node's backupFolderRoot"), "{bad:?}: {e}");
+        }
+        let e = Target::checked(&format!("vfs://{}/../out", root.display()), &Caller::Admin)
+            .expect_err("..")
+            .to_string();
+        assert!(e.contains("'..'"), "{e}");
+        Target::checked(&url(&d.path().join("out")), &Caller::Admin).expect("the admin names any folder");
+        Target::checked("s3://backups@us-east-1/x", &none).expect("S3 from Longhorn");
     }
 }

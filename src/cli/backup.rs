@@ -1,7 +1,6 @@
 //! `talon backup ...`: thin clients of the backup API methods.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 
 use serde::Serialize;
 use serde_json::Value;
@@ -23,10 +22,12 @@ pub enum BackupCommand {
         /// The backup target: `s3://BUCKET@REGION/PATH` or `vfs:///DIR`.
         #[arg(long)]
         target: String,
-        /// The target's credentials on this node: a mounted secret (one file
-        /// per key) or a Secret manifest (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_ENDPOINTS, ...).
-        #[arg(long, value_name = "PATH")]
-        secret: Option<PathBuf>,
+        /// The target's credentials: the name of a Kubernetes secret given to
+        /// this node, in its backupSecretsDir (default /etc/talon/backup-secrets):
+        /// a mounted secret (one file per key) or a Secret manifest
+        /// (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_ENDPOINTS, ...).
+        #[arg(long, value_name = "NAME")]
+        secret: Option<String>,
         /// The backup's name (default: `backup-` and 16 hex characters).
         #[arg(long)]
         name: Option<String>,
@@ -85,9 +86,9 @@ pub enum BackupCommand {
         /// The backup target: `s3://BUCKET@REGION/PATH` or `vfs:///DIR`.
         #[arg(long)]
         target: String,
-        /// The target's credentials on this node.
-        #[arg(long, value_name = "PATH")]
-        secret: Option<PathBuf>,
+        /// The target's credentials: the name of a secret in the node's backupSecretsDir.
+        #[arg(long, value_name = "NAME")]
+        secret: Option<String>,
         /// The volume's size (default: the backed-up volume's).
         #[arg(long)]
         size: Option<String>,
@@ -119,9 +120,9 @@ pub enum BackupCommand {
         /// The backup target: `s3://BUCKET@REGION/PATH` or `vfs:///DIR`.
         #[arg(long)]
         target: String,
-        /// The target's credentials on this node.
-        #[arg(long, value_name = "PATH")]
-        secret: Option<PathBuf>,
+        /// The target's credentials: the name of a secret in the node's backupSecretsDir.
+        #[arg(long, value_name = "NAME")]
+        secret: Option<String>,
         /// Only this backup volume.
         #[arg(long)]
         volume: Option<String>,
@@ -139,17 +140,6 @@ fn parse_label(s: &str) -> Result<(String, String), String> {
     }
 }
 
-/// A secret path as the daemon needs it: absolute (the daemon's working
-/// directory is not the caller's).
-fn secret_path(p: Option<PathBuf>) -> Result<Option<String>, CliError> {
-    p.map(|p| {
-        let abs = std::path::absolute(&p).map_err(|e| format!("--secret {}: {e}", p.display()))?;
-        abs.to_str()
-            .map(str::to_owned)
-            .ok_or_else(|| format!("--secret {}: not UTF-8", abs.display()).into())
-    })
-    .transpose()
-}
 
 /// A value as the API writes it (an enum's wire name), as text.
 fn wire<T: Serialize>(t: &T) -> String {
@@ -312,7 +302,7 @@ pub async fn run(c: &Client, cmd: BackupCommand) -> Result<(), CliError> {
                 volume: volume.to_owned(),
                 snapshot: snapshot.to_owned(),
                 target,
-                credential_secret: secret_path(secret)?,
+                credential_secret: secret,
                 backup_volume,
                 full,
                 labels: labels.into_iter().collect::<BTreeMap<_, _>>(),
@@ -356,7 +346,7 @@ pub async fn run(c: &Client, cmd: BackupCommand) -> Result<(), CliError> {
                 backup,
                 backup_volume,
                 target,
-                credential_secret: secret_path(secret)?,
+                credential_secret: secret,
                 volume,
                 size,
                 replicas,
@@ -379,7 +369,6 @@ pub async fn run(c: &Client, cmd: BackupCommand) -> Result<(), CliError> {
             volume,
             output,
         } => {
-            let secret = secret_path(secret)?;
             let v = c
                 .backup_store_list(&target, secret.as_deref(), volume.as_deref())
                 .await?;
@@ -435,15 +424,10 @@ mod tests {
     }
 
     #[test]
-    fn labels_and_secrets_are_read_as_written() {
+    fn labels_are_read_as_written() {
         assert_eq!(parse_label("a=b=c"), Ok(("a".into(), "b=c".into())));
         assert_eq!(parse_label("k="), Ok(("k".into(), String::new())));
         assert!(parse_label("novalue").is_err() && parse_label("=v").is_err());
-        let p = secret_path(Some(PathBuf::from("rel/secret.yaml")))
-            .expect("absolute")
-            .expect("some");
-        assert!(p.starts_with('/') && p.ends_with("rel/secret.yaml"), "{p}");
-        assert_eq!(secret_path(None).expect("none"), None);
     }
 
     #[test]

@@ -31,7 +31,8 @@ use super::error::LonghornError;
 use super::proxy::Member;
 use super::service::Longhorn;
 use crate::backupstore::format::{Compression, DEFAULT_BLOCK_SIZE, check_name};
-use crate::backupstore::store::Target;
+use crate::backupstore::Credentials;
+use crate::backupstore::store::{Caller, Target};
 use crate::proto::imrpc;
 use crate::proto::ptypes;
 use crate::proto::spdkrpc;
@@ -214,6 +215,28 @@ fn backup_state(s: BackupState) -> &'static str {
 }
 
 impl Longhorn {
+    /// Who Longhorn's callers are to the backup target check: unauthenticated,
+    /// so a folder target only under the node's `backupFolderRoot`.
+    pub(super) fn caller(&self) -> Caller {
+        let node = self
+            .state()
+            .get_typed::<crate::resources::config::NodeConfig>("node")
+            .ok()
+            .flatten();
+        Caller::Longhorn {
+            folder_root: node
+                .and_then(|n| n.spec.backup_folder_root)
+                .map(PathBuf::from),
+        }
+    }
+
+    /// Refuses a target URL a Longhorn caller may not name ([`Target::checked`]).
+    pub(super) fn check_target(&self, url: &str) -> Result<(), String> {
+        Target::checked(url, &self.caller())
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    }
+
     /// Where Longhorn's backup credentials are kept while a backup runs.
     fn credentials_dir(&self) -> Result<PathBuf, LonghornError> {
         self.backup_dir()
@@ -233,13 +256,14 @@ impl Longhorn {
         );
         let bad = |e: String| LonghornError::Invalid(format!("{what}: {e}"));
         check_name("backup", &req.backup_name).map_err(|e| bad(e.to_string()))?;
-        Target::parse(&req.backup_target).map_err(|e| bad(e.to_string()))?;
+        self.check_target(&req.backup_target).map_err(bad)?;
         let compression = (!req.compression_method.is_empty()).then(|| req.compression_method.clone());
         if let Some(c) = &compression {
             Compression::parse(c).map_err(|e| bad(e.to_string()))?;
         }
         let creds: BTreeMap<String, String> = req.credential.clone().into_iter().collect();
         check_credentials(&creds).map_err(|e| bad(e.to_string()))?;
+        Credentials::from_pairs(creds.clone()).check().map_err(bad)?;
         let (labels, params) = split_labels(&req.labels).map_err(|e| bad(e.to_string()))?;
         let full = full_backup(&params).map_err(|e| bad(e.to_string()))?;
         let r = self
@@ -367,6 +391,10 @@ impl Longhorn {
         }
         let creds =
             credentials_from_envs(&req.envs).map_err(|x| LonghornError::Invalid(format!("{what}: {x}")))?;
+        // refused here, before a replica (maybe on another node) is asked
+        self.check_target(&req.backup_target)
+            .and_then(|()| Credentials::from_pairs(creds.clone()).check())
+            .map_err(|x| LonghornError::Invalid(format!("{what}: {x}")))?;
         let mut labels: Vec<String> = req.labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
         labels.extend([BACKUP_MODE, BLOCK_SIZE].iter().filter_map(|k| {
             req.parameters

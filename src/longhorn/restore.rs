@@ -68,14 +68,21 @@ impl Longhorn {
         &self,
         req: spdkrpc::ReplicaBackupRestoreRequest,
     ) -> Result<(), LonghornError> {
-        let what = format!("restore of {} into replica {}", req.backup_url, req.replica_name);
+        let what = format!(
+            "restore of {} into replica {}",
+            crate::backupstore::store::redact_urls(&req.backup_url),
+            req.replica_name
+        );
         let bad = |e: String| LonghornError::Invalid(format!("{what}: {e}"));
         let (target, backup_volume, backup) = decode_url(&req.backup_url).map_err(|e| bad(e.to_string()))?;
         let backup = backup.ok_or_else(|| bad("the URL names no backup".into()))?;
         check_name("backup", &backup).map_err(|e| bad(e.to_string()))?;
-        crate::backupstore::store::Target::parse(&target).map_err(|e| bad(e.to_string()))?;
+        self.check_target(&target).map_err(bad)?;
         let creds: BTreeMap<String, String> = req.credential.into_iter().collect();
         super::backup::check_credentials(&creds).map_err(|e| bad(e.to_string()))?;
+        crate::backupstore::Credentials::from_pairs(creds.clone())
+            .check()
+            .map_err(bad)?;
         if self.local_replica(&req.replica_name).is_none() {
             return Err(LonghornError::Gone(format!(
                 "{what}: the replica is not on this node"
@@ -205,11 +212,18 @@ impl Longhorn {
         e: &Typed<LonghornEngine>,
         req: imrpc::EngineBackupRestoreRequest,
     ) -> Result<imrpc::EngineBackupRestoreProxyResponse, LonghornError> {
-        let what = format!("restore of {} into engine {}", req.url, e.id());
+        let what = format!(
+            "restore of {} into engine {}",
+            crate::backupstore::store::redact_urls(&req.url),
+            e.id()
+        );
         let bad = |x: String| LonghornError::Invalid(format!("{what}: {x}"));
         let creds = super::backup::credentials_from_envs(&req.envs).map_err(|x| bad(x.to_string()))?;
         let (target, backup_volume, backup) = decode_url(&req.url).map_err(|x| bad(x.to_string()))?;
         let backup = backup.ok_or_else(|| bad("the URL names no backup".into()))?;
+        self.check_target(&target)
+            .and_then(|()| crate::backupstore::Credentials::from_pairs(creds.clone()).check())
+            .map_err(bad)?;
         let members = self.members(e).await?;
         if members.is_empty() {
             return Err(LonghornError::Refused(format!("{what}: no replicas available")));

@@ -18,9 +18,12 @@ pub struct Backup {
     pub snapshot: String,
     /// The backup target (`s3://<bucket>@<region>/<path>`, `vfs:///<dir>`).
     pub target: String,
-    /// The target's credentials on this node: a mounted Kubernetes secret
-    /// (one file per key) or a Secret manifest file (Longhorn's keys:
-    /// `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_ENDPOINTS`, ...).
+    /// Where the target's credentials are read on this node: a mounted
+    /// Kubernetes secret (one file per key) or a Secret manifest file
+    /// (Longhorn's keys: `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`,
+    /// `AWS_ENDPOINTS`, ...). Written by talon: the API's `credentialSecret`
+    /// names a secret in the node's `backupSecretsDir` and this records its
+    /// path; a Longhorn call's credentials are a folder under the data dir.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub credential_secret: Option<String>,
     /// The backup volume's name in the store (default: the volume's name).

@@ -96,6 +96,32 @@ pub struct NodeConfig {
     /// MiB, or `off` (talon leaves the pool alone).
     #[serde(default)]
     pub hugepages: HugepagesSetting,
+    /// The folder under which Longhorn's calls may name folder backup
+    /// targets (`vfs:///<dir>`, absolute). None by default: Longhorn's ports
+    /// have no authentication, so a caller there names no local folder
+    /// unless the operator set one here. talon's own API takes any folder.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backup_folder_root: Option<String>,
+    /// Where the backup target secrets given to this node are: a
+    /// `credentialSecret` of talon's API names one, `<dir>/<name>` (a
+    /// mounted Kubernetes secret, one file per key, or a Secret manifest
+    /// file). Default `/etc/talon/backup-secrets`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backup_secrets_dir: Option<String>,
+}
+
+/// Where backup target secrets are when `NodeConfig.backupSecretsDir` is unset.
+pub const DEFAULT_BACKUP_SECRETS_DIR: &str = "/etc/talon/backup-secrets";
+
+impl NodeConfig {
+    /// [`NodeConfig::backup_secrets_dir`] or its default.
+    pub fn backup_secrets_dir(&self) -> std::path::PathBuf {
+        std::path::PathBuf::from(
+            self.backup_secrets_dir
+                .as_deref()
+                .unwrap_or(DEFAULT_BACKUP_SECRETS_DIR),
+        )
+    }
 }
 
 /// `NodeConfig.hugepages`: `auto`, `off`, or MiB.
@@ -171,6 +197,8 @@ impl Default for NodeConfig {
             rebuild_mib_per_sec: None,
             overcommit_percent: None,
             hugepages: HugepagesSetting::AUTO,
+            backup_folder_root: None,
+            backup_secrets_dir: None,
         }
     }
 }

@@ -45,12 +45,15 @@ pub const ERR: i32 = ptypes::ReplicaMode::Err as i32;
 
 /// `talon serve` options of a node at `ip`: on a double (adopted on the run
 /// dir's socket) or, with `spdk`, on a real spdk_tgt it spawns on `cpumask`.
+/// Lines of `dir/node-extra.yaml`, when a test wrote one, join the node's
+/// settings (`  key: value`).
 pub fn opts(dir: &Path, ip: &str, spdk: Option<&Path>, cpumask: &str) -> ServeOptions {
     let config = dir.join("node.yaml");
+    let extra = std::fs::read_to_string(dir.join("node-extra.yaml")).unwrap_or_default();
     std::fs::write(
         &config,
         format!(
-            "node:\n  listenAddress: {ip}\n  allowedHosts: [\"{}\"]\n",
+            "node:\n  listenAddress: {ip}\n  allowedHosts: [\"{}\"]\n{extra}",
             spdk_perf::HOST_NQN
         ),
     )
@@ -129,10 +132,19 @@ impl Node {
 
     /// [`Node::new`] with the real spdk_tgt on `cpumask`.
     pub async fn with_cpumask(ip: IpAddr, base: u16, real: Option<&Path>, cpumask: &str) -> Node {
+        Node::with_config(ip, base, real, cpumask, "").await
+    }
+
+    /// [`Node::with_cpumask`] with `extra` among its node settings
+    /// (`node-extra.yaml`, lines of `  key: value`).
+    pub async fn with_config(ip: IpAddr, base: u16, real: Option<&Path>, cpumask: &str, extra: &str) -> Node {
         // the daemons' logs (they run in this process), shown when a test fails
         talon::runtime::testing::capture_logs();
         let dir = tempfile::tempdir().expect("tempdir");
         std::fs::create_dir_all(dir.path().join("run")).expect("run dir");
+        if !extra.is_empty() {
+            std::fs::write(dir.path().join("node-extra.yaml"), extra).expect("node-extra.yaml");
+        }
         let socket = dir.path().join("run/spdk.sock");
         let double = match real {
             Some(_) => None,

@@ -18,8 +18,10 @@ pub struct BackupCreateParams {
     pub snapshot: String,
     /// The backup target: `s3://<bucket>@<region>/<path>` or `vfs:///<dir>`.
     pub target: String,
-    /// The target's credentials: an absolute path on this node, a mounted
-    /// Kubernetes secret (one file per key) or a Secret manifest file.
+    /// The target's credentials: the name of a Kubernetes secret given to
+    /// this node, `<backupSecretsDir>/<name>` (a mounted secret, one file
+    /// per key, or a Secret manifest file); never a path. The backup records
+    /// where it was found.
     #[serde(default)]
     pub credential_secret: Option<String>,
     /// The backup volume's name in the store (default: the volume's name).
@@ -67,8 +69,8 @@ pub(super) fn register(api: &mut ApiBuilder) {
             })?;
             ObjectName::parse("snapshot", &p.snapshot)
                 .map_err(|e| ApiError::invalid(format!("{what}: {e}")))?;
-            Target::parse(&p.target).map_err(|e| ApiError::invalid(format!("{what}: {e}")))?;
-            check_secret(&what, p.credential_secret.as_deref())?;
+            check_target(&what, &p.target)?;
+            let (secret_path, _) = secret_of(&ctx.state, &what, p.credential_secret.as_deref())?;
             let guard = LIFECYCLE.lock().await;
             let action = format!("back it up as {name}");
             live_volume(&ctx.state, &p.volume, &action)
@@ -80,7 +82,7 @@ pub(super) fn register(api: &mut ApiBuilder) {
                 volume: p.volume,
                 snapshot: p.snapshot,
                 target: p.target,
-                credential_secret: p.credential_secret,
+                credential_secret: secret_path,
                 backup_volume: p.backup_volume,
                 full: p.full,
                 labels: p.labels,

@@ -63,7 +63,7 @@ pub(super) fn register(api: &mut ApiBuilder) {
                         ),
                     ));
                 }
-                let store = open_store(&what, &b.spec.target, b.spec.credential_secret.as_deref())?;
+                let store = open_recorded(&what, &b.spec.target, b.spec.credential_secret.as_deref())?;
                 match ops::delete(&store, b.spec.backup_volume(), &p.name).await {
                     Ok(n) => (store_deleted, blocks_removed) = (true, n),
                     // it never reached the target

@@ -23,7 +23,7 @@ use super::volume::{
     LIFECYCLE, NameParams, OnTarget, exists_as, live_snapshot, live_volume, wait_for, wait_gone, wait_timeout,
 };
 use super::{ApiBuilder, ApiContext};
-use crate::backupstore::store::Target;
+use crate::backupstore::store::{Caller, Target};
 use crate::backupstore::{BackupError, Compression, Credentials, Store, format, ops};
 use crate::names::ObjectName;
 use crate::resources::backup::{Backup, BackupState, BackupStatus};
@@ -64,7 +64,7 @@ fn store_error(what: &str, e: BackupError) -> ApiError {
         BackupError::Target { .. } | BackupError::InvalidName { .. } | BackupError::Invalid(_) => {
             ErrorKind::InvalidParams
         }
-        BackupError::NotFound(_) => ErrorKind::NotFound,
+        BackupError::NotFound(_) | BackupError::TargetMissing { .. } => ErrorKind::NotFound,
         BackupError::Locked { .. } | BackupError::Format { .. } | BackupError::CorruptBlock { .. } => {
             ErrorKind::FailedPrecondition
         }
@@ -81,29 +81,74 @@ fn store_error(what: &str, e: BackupError) -> ApiError {
     ApiError::new(kind, message)
 }
 
-/// A credential secret given to `what`: an absolute path on this node that
-/// exists and reads as credentials.
-fn check_secret(what: &str, secret: Option<&str>) -> Result<Credentials, ApiError> {
-    let Some(s) = secret else {
-        return Ok(Credentials::none());
-    };
-    let path = Path::new(s);
-    if !path.is_absolute() {
-        return Err(ApiError::invalid(format!(
-            "{what}: credential secret {s:?} must be an absolute path on this node"
-        )));
-    }
-    if !path.exists() {
-        return Err(ApiError::invalid(format!(
-            "{what}: credential secret {s:?} does not exist on this node"
-        )));
-    }
-    Credentials::from_secret(path).map_err(|e| ApiError::invalid(format!("{what}: credential secret: {e}")))
+/// Whether `name` is a Kubernetes object name (a DNS-1123 subdomain:
+/// lowercase letters, digits, `-` and `.`, a letter or digit at each end,
+/// at most 253 characters), as a Secret's name is.
+fn kubernetes_name(name: &str) -> bool {
+    let ok = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit();
+    (1..=253).contains(&name.len())
+        && name.chars().all(|c| ok(c) || c == '-' || c == '.')
+        && name.starts_with(ok)
+        && name.ends_with(ok)
+        && !name.contains("..")
 }
 
-/// The store of `target` with the credentials of `secret`.
-fn open_store(what: &str, target: &str, secret: Option<&str>) -> Result<Store, ApiError> {
-    let creds = check_secret(what, secret)?;
+/// The credentials of secret `name` given to `what`: a Kubernetes secret
+/// given to this node, `<backupSecretsDir>/<name>` (a mounted secret
+/// folder or a Secret manifest file), never a path; with where they were
+/// read (what a spec records). No name: none. A name that is not there is
+/// an error, never "no credentials".
+fn secret_of(state: &State, what: &str, name: Option<&str>) -> Result<(Option<String>, Credentials), ApiError> {
+    let Some(name) = name else {
+        return Ok((None, Credentials::none()));
+    };
+    let dir = state
+        .get_typed::<crate::resources::config::NodeConfig>("node")?
+        .map(|n| n.spec.backup_secrets_dir())
+        .unwrap_or_else(|| crate::resources::config::NodeConfig::default().backup_secrets_dir());
+    if !kubernetes_name(name) {
+        return Err(ApiError::invalid(format!(
+            "{what}: credential secret {name:?} is not a Kubernetes secret name (lowercase letters, digits, \
+             '-' and '.'): name a secret given to this node, in its backupSecretsDir {}",
+            dir.display()
+        )));
+    }
+    let path = dir.join(name);
+    if !path.exists() {
+        return Err(ApiError::not_found(format!(
+            "{what}: credential secret {name:?} not found: there is no {} on this node (its backupSecretsDir)",
+            path.display()
+        )));
+    }
+    let creds = Credentials::from_secret(&path)
+        .map_err(|e| ApiError::invalid(format!("{what}: credential secret {name:?}: {e}")))?;
+    creds
+        .check()
+        .map_err(|e| ApiError::invalid(format!("{what}: credential secret {name:?}: {e}")))?;
+    Ok((Some(path.display().to_string()), creds))
+}
+
+/// Target `url` as the admin API takes it ([`Target::checked`]: any
+/// absolute folder, no `.` or `..`).
+fn check_target(what: &str, url: &str) -> Result<Target, ApiError> {
+    Target::checked(url, &Caller::Admin).map_err(|e| store_error(what, e))
+}
+
+/// The store of `target` with the credentials of secret `name` (a caller's).
+fn open_store(state: &State, what: &str, target: &str, name: Option<&str>) -> Result<Store, ApiError> {
+    check_target(what, target)?;
+    let (_, creds) = secret_of(state, what, name)?;
+    Store::open(target, &creds).map_err(|e| store_error(what, e))
+}
+
+/// The store of a recorded spec's `target`, with the credentials read from
+/// `path` (where the secret was found when the spec was made).
+fn open_recorded(what: &str, target: &str, path: Option<&str>) -> Result<Store, ApiError> {
+    let creds = match path {
+        Some(p) => Credentials::from_secret(Path::new(p))
+            .map_err(|e| ApiError::invalid(format!("{what}: credential secret: {e}")))?,
+        None => Credentials::none(),
+    };
     Store::open(target, &creds).map_err(|e| store_error(what, e))
 }
 

@@ -14,7 +14,8 @@ pub struct BackupRestoreParams {
     pub backup_volume: String,
     /// The backup target: `s3://<bucket>@<region>/<path>` or `vfs:///<dir>`.
     pub target: String,
-    /// The target's credentials (an absolute path on this node).
+    /// The target's credentials: the name of a Kubernetes secret given to
+    /// this node (in its `backupSecretsDir`).
     #[serde(default)]
     pub credential_secret: Option<String>,
     /// The new volume's name.
@@ -103,7 +104,9 @@ pub(super) fn register(api: &mut ApiBuilder) {
                 }
                 _ => {}
             }
-            let store = open_store(&what, &p.target, p.credential_secret.as_deref())?;
+            check_target(&what, &p.target)?;
+            let (secret_path, creds) = secret_of(&ctx.state, &what, p.credential_secret.as_deref())?;
+            let store = Store::open(&p.target, &creds).map_err(|e| store_error(&what, e))?;
             let cfg = ops::volume(&store, &p.backup_volume)
                 .await
                 .map_err(|e| store_error(&what, e))?
@@ -149,7 +152,7 @@ pub(super) fn register(api: &mut ApiBuilder) {
                 from_snapshot: None,
                 from_backup: Some(BackupSource {
                     target: p.target.clone(),
-                    credential_secret: p.credential_secret.clone(),
+                    credential_secret: secret_path,
                     backup_volume: p.backup_volume.clone(),
                     backup: p.backup.clone(),
                     poll_seconds: p.poll_seconds,

@@ -9,7 +9,8 @@ use super::*;
 pub struct BackupStoreListParams {
     /// The backup target: `s3://<bucket>@<region>/<path>` or `vfs:///<dir>`.
     pub target: String,
-    /// The target's credentials (an absolute path on this node).
+    /// The target's credentials: the name of a Kubernetes secret given to
+    /// this node (in its `backupSecretsDir`).
     #[serde(default)]
     pub credential_secret: Option<String>,
     /// Only this backup volume.
@@ -128,9 +129,12 @@ pub(super) fn register(api: &mut ApiBuilder) {
         "What a backup target holds: each backup volume's facts and complete backups \
          (talon's and Longhorn's).",
         &[NotFound, FailedPrecondition, Unavailable],
-        |p: BackupStoreListParams, _ctx: Arc<ApiContext>| async move {
-            let what = format!("backup target {:?}", p.target);
-            let store = open_store(&what, &p.target, p.credential_secret.as_deref())?;
+        |p: BackupStoreListParams, ctx: Arc<ApiContext>| async move {
+            let what = format!(
+                "backup target {:?}",
+                crate::backupstore::store::redact_urls(&p.target)
+            );
+            let store = open_store(&ctx.state, &what, &p.target, p.credential_secret.as_deref())?;
             let volumes = match &p.volume {
                 Some(v) => {
                     format::check_name("backup volume", v)

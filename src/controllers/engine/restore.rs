@@ -825,6 +825,7 @@ mod tests {
     async fn a_standby_whose_update_failed_and_whose_newer_backup_was_deleted_serves_exactly_the_older_backup() {
         let dir = tempfile::tempdir().expect("tempdir");
         let target = format!("vfs://{}", dir.path().join("store").display());
+        std::fs::create_dir(dir.path().join("store")).expect("the target's folder");
         let store = Store::open(&target, &Credentials::none()).expect("store");
         let data = dir.path().join("data");
         let r = Restores::new(&data);
@@ -851,6 +852,7 @@ mod tests {
     async fn a_cut_off_update_then_a_backup_like_the_one_held_is_restored_in_full_over_a_restart() {
         let dir = tempfile::tempdir().expect("tempdir");
         let target = format!("vfs://{}", dir.path().join("store").display());
+        std::fs::create_dir(dir.path().join("store")).expect("the target's folder");
         let store = Store::open(&target, &Credentials::none()).expect("store");
         let data = dir.path().join("data");
         let spec = standby(&target);
@@ -871,6 +873,7 @@ mod tests {
     async fn activation_when_the_held_backup_was_deleted_restores_the_newest_in_full() {
         let dir = tempfile::tempdir().expect("tempdir");
         let target = format!("vfs://{}", dir.path().join("store").display());
+        std::fs::create_dir(dir.path().join("store")).expect("the target's folder");
         let store = Store::open(&target, &Credentials::none()).expect("store");
         let data = dir.path().join("data");
         let r = Restores::new(&data);
@@ -893,6 +896,7 @@ mod tests {
     async fn a_standby_volume_follows_its_backups_keeps_them_over_a_restart_and_is_ready_once_activated() {
         let dir = tempfile::tempdir().expect("tempdir");
         let target = format!("vfs://{}", dir.path().join("store").display());
+        std::fs::create_dir(dir.path().join("store")).expect("the target's folder");
         let store = Store::open(&target, &Credentials::none()).expect("store");
         let b1 = backup(&store, dir.path(), "b1", &[(0, 1), (4 * MIB, 2)], None).await;
         let mut spec = Volume {
