@@ -3,6 +3,8 @@
 //! - runtime: 10,000 resource updates through a chain of two controllers until quiescent;
 //! - daemon idle: RSS and CPU of a `talon serve` process over 30 s (`TALON_BENCH_IDLE_SECS`).
 
+#[path = "support/reap.rs"]
+mod reap;
 #[path = "support/scale.rs"]
 mod scale;
 
@@ -165,6 +167,8 @@ fn idle(secs: u64) -> Option<(f64, f64)> {
         return None;
     }
     let dir = tempfile::tempdir().ok()?;
+    // the daemon is killed on every way out, a panic too
+    let _reap = reap::Reap::under(dir.path());
     let mut child = std::process::Command::new(&exe)
         .arg("--socket")
         .arg(dir.path().join("s.sock"))

@@ -15,6 +15,8 @@
 //! socket; "served again" is the time from the peers leaving to the first
 //! InstanceList answered to 127.0.0.1.
 
+#[path = "support/reap.rs"]
+mod reap;
 #[path = "support/scale.rs"]
 mod scale;
 
@@ -69,6 +71,8 @@ async fn good_call(base: u16) -> bool {
 
 async fn run() {
     let dir = tempfile::tempdir().expect("tempdir");
+    // the daemon is killed on every way out, a panic too
+    let _reap = reap::Reap::under(dir.path());
     let base = talon::runtime::testing::reserve_ports(&[IpAddr::from([127, 0, 0, 1])]);
     let socket = dir.path().join("run/talon.sock");
     let mut child = Command::new(env!("CARGO_BIN_EXE_talon"))

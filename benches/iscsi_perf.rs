@@ -22,6 +22,8 @@ use std::process::Command;
 
 use comfy_table::Table;
 
+#[path = "support/reap.rs"]
+mod reap;
 #[path = "../tests/tgt_common/mod.rs"]
 #[allow(dead_code, clippy::all)]
 mod tgt_common;
@@ -56,6 +58,8 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         .and_then(|s| s.parse().ok())
         .unwrap_or(5);
     let data = tempfile::tempdir()?;
+    // tgtd is killed on every way out, a panic too
+    let _reap = reap::Reap::under(data.path());
     let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
     let portal: SocketAddr = format!("127.0.0.1:{port}").parse()?;
     let tgtd = Tgtd::start(TgtdConfig::new(data.path().join("run/tgtd"), portal))?;

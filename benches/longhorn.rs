@@ -69,6 +69,8 @@
 //! back) with their min-max. The machine is shared and noisy (load average
 //! printed): compare within one run.
 
+#[path = "support/reap.rs"]
+mod reap;
 #[path = "../tests/support/longhorn_daemon.rs"]
 mod longhorn_daemon;
 #[path = "../tests/support/longhorn_nodes.rs"]
@@ -578,7 +580,10 @@ async fn rebuild_part(spdk: &Path, rounds: usize) {
     let (ip_a, ip_b) = (IpAddr::from([127, 0, 0, 1]), IpAddr::from([127, 0, 0, 2]));
     let base = longhorn_nodes::free_base(&[ip_a, ip_b]);
     let mut a = Node::with_cpumask(ip_a, base, Some(spdk), "0x1").await;
+    // each node's spdk_tgt is killed on every way out, a panic too
+    let reap = reap::Reap::under(a.dir.path());
     let mut b = Node::with_cpumask(ip_b, base, Some(spdk), "0x2").await;
+    let _reap = reap.and(b.dir.path());
     // B's disk holds the full rebuild's 1 GiB next to the thin replica
     a.disk_sized("disk-a", 2048 * MIB).await;
     b.disk_sized("disk-b", 2048 * MIB).await;
@@ -745,6 +750,8 @@ fn main() {
             return;
         }
         let dir = tempfile::tempdir().expect("tempdir");
+        // the daemon's spdk_tgt is killed on every way out, a panic too
+        let _reap = reap::Reap::under(dir.path());
         let config = dir.path().join("talon.yaml");
         std::fs::write(
             &config,

@@ -31,6 +31,8 @@
 //! Run as root: `cargo bench --bench restart_io --profile dev` (`TALON_SPDK_DIR=/opt/spdk`
 //! adds the spdk_tgt rows; `RESTART_ROUNDS=10`, `RESTART_BASELINE_SECS=3`).
 
+#[path = "support/reap.rs"]
+mod reap;
 #[path = "../tests/tgt_common/mod.rs"]
 #[allow(dead_code, clippy::all)]
 mod tgt_common;
@@ -224,6 +226,8 @@ async fn tgtd_row(layout: &Layout, stop: Stop, rounds: usize, baseline: Duration
     let keeper = layout.keeper();
     let d = tempfile::tempdir().expect("tempdir");
     let dir = d.path().to_path_buf();
+    // talon, its targets and the keeper are killed on every way out, a panic too
+    let _reap = reap::Reap::under(&dir);
     write_v1_config(&dir, free_port());
     let socket = dir.join("run/talon.sock");
     let args = talon_args(&["--engine", "v1"], keeper);
@@ -282,6 +286,8 @@ async fn spdk_row(spdk: &Path, layout: &Layout, stop: Stop, rounds: usize, basel
     let keeper = layout.keeper();
     let d = tempfile::tempdir().expect("tempdir");
     let dir = d.path().to_path_buf();
+    // talon, its targets and the keeper are killed on every way out, a panic too
+    let _reap = reap::Reap::under(&dir);
     write_v2_config(&dir, free_port());
     let socket = dir.join("run/talon.sock");
     let spdk_sock = dir.join("run/spdk.sock");

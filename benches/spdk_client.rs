@@ -8,6 +8,9 @@
 //!  pipelined:  100 calls written at once, answers routed by id
 //! ```
 
+#[path = "support/reap.rs"]
+mod reap;
+
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -49,6 +52,8 @@ fn benches(cr: &mut Criterion) {
         .build()
         .expect("runtime");
     let dir = tempfile::tempdir().expect("tempdir");
+    // the target is killed on every way out, a panic too
+    let _reap = reap::Reap::under(dir.path());
 
     let double = rt
         .block_on(SpdkDouble::start(dir.path().join("double.sock")))

@@ -60,6 +60,8 @@
 mod spdk_dd;
 #[path = "../tests/support/spdk_perf.rs"]
 mod spdk_perf;
+#[path = "support/reap.rs"]
+mod reap;
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -75,6 +77,10 @@ use talon::spdk::target::{Memory, Target, TargetConfig};
 use talon::spdk::volume::{ExportSpec, Inventory, VolumeOps, VolumePlan};
 
 const MIB: u64 = 1 << 20;
+
+/// The host NQN the Longhorn-style engine of the data path attaches its
+/// replica as (the node's own, which the replica's export admits).
+const ENGINE_HOST_NQN: &str = "nqn.2014-08.io.talon.bench:engine-host";
 
 fn pct(v: &mut [f64], p: f64) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
@@ -778,6 +784,8 @@ async fn data_path(spdk: &Path, ops: &VolumeOps, port: u16, rounds: usize, secs:
         .await
         .expect("lh lvol");
     let vol = ObjectName::parse("volume", "lh").expect("n");
+    // exported to the engine's host alone, as a replica's node admits only the
+    // node that serves its volume; the engine attaches it as that host
     let rnqn = ops
         .export_replica(
             &vol,
@@ -785,11 +793,13 @@ async fn data_path(spdk: &Path, ops: &VolumeOps, port: u16, rounds: usize, secs:
             &lh,
             [127, 0, 0, 1].into(),
             port,
-            vec![spdk_perf::HOST_NQN.to_string()],
+            vec![ENGINE_HOST_NQN.to_string()],
         )
         .await
         .expect("export replica");
     let nvme = ops
+        .clone()
+        .with_host_nqn(Some(ENGINE_HOST_NQN.to_string()))
         .attach_replica("lh", "lhr0", [127, 0, 0, 1].into(), port, &rnqn, None, None)
         .await
         .expect("attach replica");
@@ -1009,6 +1019,7 @@ restart: {volumes} volumes (half 2 replicas) exported again after a restart (2 a
         "case", "target ms", "disks ms", "volumes ms", "total ms", "RSS MiB"
     );
     let dir = tempfile::tempdir().expect("tempdir");
+    let _reap = reap::Reap::under(dir.path());
     let mut cfg = TargetConfig::new(dir.path().join("run"));
     cfg.spdk_dir = Some(spdk.to_path_buf());
     cfg.memory = Memory::NoHuge { mem_size_mib: 4096 };
@@ -1178,6 +1189,8 @@ fn main() {
             return;
         }
         let dir = tempfile::tempdir().expect("tempdir");
+        // spdk_tgt is killed on every way out of here, a panic too
+        let _reap = reap::Reap::under(dir.path());
         let mut cfg = TargetConfig::new(dir.path());
         cfg.spdk_dir = Some(spdk.clone());
         cfg.memory = Memory::NoHuge { mem_size_mib: 4096 };

@@ -14,6 +14,9 @@
 //!
 //! Run as root: `cargo bench --bench v1_export` (V1_EXPORT_VOLUMES=200 by default).
 
+#[path = "support/reap.rs"]
+mod reap;
+
 use std::net::{SocketAddr, TcpListener};
 use std::time::{Duration, Instant};
 
@@ -35,6 +38,8 @@ fn main() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(200);
     let dir = tempfile::tempdir().expect("tempdir");
+    // tgtd is killed on every way out, a panic too
+    let _reap = reap::Reap::under(dir.path());
     let port = TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .expect("port")

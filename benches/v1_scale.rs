@@ -14,6 +14,8 @@
 //!
 //! Run as root: `cargo bench --bench v1_scale` (`V1_SCALE_VOLUMES=1000`).
 
+#[path = "support/reap.rs"]
+mod reap;
 #[path = "support/scale.rs"]
 mod scale;
 
@@ -32,6 +34,8 @@ const LIMIT: Duration = Duration::from_secs(300);
 struct Serve {
     child: Child,
     dir: PathBuf,
+    /// Then whatever is left under the dir (a talon deaf to SIGTERM, its tgtd).
+    _reap: reap::Reap,
 }
 
 impl Drop for Serve {
@@ -70,6 +74,7 @@ async fn run(program: &Path, n: usize, idle_secs: u64) -> Run {
     let serve = Serve {
         child,
         dir: dir.clone(),
+        _reap: reap::Reap::under(&dir),
     };
     let socket = dir.join("run/talon.sock");
     let c = Arc::new(

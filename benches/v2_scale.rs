@@ -17,6 +17,8 @@
 //! disk file, default a temp dir; `V2_SCALE_INTERRUPT=1` runs spdk_tgt in
 //! interrupt mode, else it polls and uses a core whatever the load).
 
+#[path = "support/reap.rs"]
+mod reap;
 #[path = "support/scale.rs"]
 mod scale;
 
@@ -36,6 +38,9 @@ const VOLUME_BYTES: u64 = 16 << 20;
 struct Serve {
     child: Child,
     spdk_pid: Option<u32>,
+    /// Then whatever is left under the dirs (a talon deaf to SIGTERM, a
+    /// spdk_tgt it started before its pid was known).
+    _reap: reap::Reap,
 }
 
 impl Drop for Serve {
@@ -104,6 +109,7 @@ async fn run(program: &Path, o: &Opts) -> Run {
     let mut serve = Serve {
         child,
         spdk_pid: None,
+        _reap: reap::Reap::under(&dir),
     };
     let socket = dir.join("run/talon.sock");
     let c = Arc::new(

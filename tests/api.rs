@@ -1121,3 +1121,87 @@ async fn disk_add_refuses_data_and_devices_in_use_accepts_zeros_and_wipes_on_req
     assert!(run("losetup", &["-d".as_ref(), dev.as_os_str()]));
     d.stop().await;
 }
+
+/// A graceful stop is bounded: connections to the admin socket and to the
+/// Longhorn ports that never finish a request (nothing sent, half an HTTP
+/// request, half the HTTP/2 preface) do not hold SIGTERM's exit for their
+/// idle bound (120 s on the Longhorn ports). The wait below is generous
+/// (30 s, six times the grace) and asserts only that the daemon exited.
+#[test]
+fn sigterm_ends_the_daemon_despite_connections_that_send_nothing() {
+    use std::io::Write;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let base = talon::runtime::testing::reserve_ports(&[std::net::IpAddr::from([127, 0, 0, 1])]);
+    let socket = dir.path().join("run/talon.sock");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_talon"))
+        .arg("--socket")
+        .arg(&socket)
+        .args(["serve", "--data-dir"])
+        .arg(dir.path().join("data"))
+        .arg("--run-dir")
+        .arg(dir.path().join("run"))
+        .arg("--spdk-tgt")
+        .arg(dir.path().join("no/spdk_tgt"))
+        .args(["--longhorn-listen", &format!("127.0.0.1:{base}")])
+        .env_remove("TALON_SPDK_DIR")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn talon");
+    // killed however the test ends
+    struct Kill(u32);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(self.0 as i32),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+    }
+    let _kill = Kill(child.id());
+    let rt = tokio::runtime::Runtime::new().expect("rt");
+    rt.block_on(connect_retry(&socket));
+    let mut held: Vec<Box<dyn std::any::Any>> = Vec::new();
+    // the admin socket: one silent, one with half a request
+    let silent = std::os::unix::net::UnixStream::connect(&socket).expect("unix connect");
+    held.push(Box::new(silent));
+    let mut half = std::os::unix::net::UnixStream::connect(&socket).expect("unix connect");
+    half.write_all(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"jsonrpc\"")
+        .expect("half a request");
+    held.push(Box::new(half));
+    // each Longhorn port: one silent, one with half the HTTP/2 preface
+    let mut up = false;
+    for _ in 0..300 {
+        if std::net::TcpStream::connect(("127.0.0.1", base)).is_ok() {
+            up = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(up, "the Longhorn ports did not come up at {base}");
+    for i in 0..5u16 {
+        let silent = std::net::TcpStream::connect(("127.0.0.1", base + i)).expect("tcp connect");
+        held.push(Box::new(silent));
+        let mut half = std::net::TcpStream::connect(("127.0.0.1", base + i)).expect("tcp connect");
+        half.write_all(b"PRI * HTTP/2.0\r\n").expect("half a preface");
+        held.push(Box::new(half));
+    }
+    // the connections are accepted before the stop
+    std::thread::sleep(Duration::from_millis(500));
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .expect("SIGTERM");
+    let mut status = None;
+    for _ in 0..300 {
+        if let Some(s) = child.try_wait().expect("try_wait") {
+            status = Some(s);
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    drop(held);
+    let status = status.expect("talon exits on SIGTERM while connections that send nothing are open");
+    assert!(status.success(), "clean exit on SIGTERM: {status}");
+}

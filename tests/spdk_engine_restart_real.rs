@@ -8,7 +8,9 @@
 //!   on it;
 //! - a volume on a disk that failed (a device node missing from devtmpfs):
 //!   `volume_create` with `wait` fails with the disk's error instead of
-//!   waiting out its timeout (how long it took is printed, not asserted).
+//!   waiting out its timeout (how long it took is printed, not asserted);
+//! - (issue 54) a volume's lvols after its state store was lost: reported as
+//!   orphans, kept, and removed only by `orphan_remove`.
 //!
 //! The test spawns each spdk_tgt itself (`--no-huge -s 2048`, `-u`,
 //! `--disable-cpumask-locks`) with its output in a log file, and talon adopts
@@ -283,5 +285,174 @@ async fn real_spdk_disk_paths_under_dev_and_a_failed_disk_ends_the_wait() {
     assert!(!msg.contains("did not finish within"), "{msg}");
     let s = d.client.get("EngineStatus", "ongone").await.expect("status");
     assert_eq!(s.spec["state"], "failed", "{}", s.spec);
+    d.stop().await;
+}
+
+/// The lvols (`lost-r…`) of the volumes in store, by alias.
+async fn lvols_of(c: &SpdkClient, prefix: &str) -> std::collections::BTreeSet<String> {
+    Inventory::load(c)
+        .await
+        .expect("inventory")
+        .lvols
+        .values()
+        .filter(|l| l.name.starts_with(prefix))
+        .map(|l| l.alias.clone())
+        .collect()
+}
+
+/// How many reconciles `engine.SpdkVolumeController` has run.
+async fn volume_reconciles(c: &talon::client::Client) -> u64 {
+    c.controllers()
+        .await
+        .expect("controllers")
+        .into_iter()
+        .find(|s| s.name == "engine.SpdkVolumeController")
+        .map_or(0, |s| s.reconciles)
+}
+
+/// Issue 54 (from issue 31): V2 replicas left on disk after a lost state
+/// store. A 2-replica volume with a snapshot; talon stops; its state file is
+/// deleted; a new target and talon on the same disks: the volume's lvols are
+/// reported as `OrphanLvol`s and still there after the volume controller
+/// has reconciled (it used to delete them as orphans), and they go only by
+/// `orphan_remove`, which refuses an lvol a volume owns, one not reported,
+/// and a snapshot with a clone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_spdk_lvols_of_a_lost_store_are_reported_and_kept_until_removed() {
+    let test = "real_spdk_lvols_of_a_lost_store_are_reported_and_kept_until_removed";
+    let Some(spdk) = spdk_dir(test) else { return };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let run = dir.path().join("run");
+    let config = write_config(dir.path(), free_port(), &[("d1", 1 << 30), ("d2", 1 << 30)]);
+    let spdk_client = SpdkClient::new(run.join("spdk.sock"));
+
+    // 1. a 2-replica volume with a snapshot
+    let mut t1 = Tgt::spawn(&spdk, &run, dir.path().join("tgt1.log")).await;
+    let d = start(opts(dir.path(), &spdk, &config)).await;
+    let _: Value = d
+        .client
+        .call(
+            "volume_create",
+            json!({"name": "lost", "size": "16MiB", "replicas": 2, "wait": true, "timeoutSeconds": 120}),
+        )
+        .await
+        .expect("volume_create");
+    let _: Value = d
+        .client
+        .call(
+            "snapshot_create",
+            json!({"volume": "lost", "name": "daily", "wait": true, "timeoutSeconds": 120}),
+        )
+        .await
+        .expect("snapshot_create");
+    let lost = lvols_of(&spdk_client, "lost-r").await;
+    assert_eq!(lost.len(), 4, "two heads and two snapshots: {lost:?}");
+
+    // 2. talon stops (its target with it); the state store is lost
+    d.stop().await;
+    tokio::time::timeout(Duration::from_secs(30), t1.exited.take().expect("reaper"))
+        .await
+        .expect("spdk_tgt stopped with talon")
+        .expect("join");
+    std::fs::remove_file(dir.path().join("data/state.redb")).expect("state.redb deleted");
+
+    // 3. a new target and talon on the same disks: reported, kept
+    let _t2 = Tgt::spawn(&spdk, &run, dir.path().join("tgt2.log")).await;
+    let d = start(opts(dir.path(), &spdk, &config)).await;
+    talon::runtime::testing::eventually("the lost lvols reported", WAIT, || async {
+        let ids: std::collections::BTreeSet<String> = d
+            .client
+            .list("OrphanLvol")
+            .await
+            .ok()?
+            .into_iter()
+            .map(|r| r.metadata.id)
+            .collect();
+        (ids == lost).then_some(())
+    })
+    .await;
+    let seen = volume_reconciles(&d.client).await;
+    talon::runtime::testing::eventually("two more volume reconciles", WAIT, || async {
+        (volume_reconciles(&d.client).await >= seen + 2).then_some(())
+    })
+    .await;
+    assert_eq!(
+        lvols_of(&spdk_client, "lost-r").await,
+        lost,
+        "the volume controller kept the lost lvols"
+    );
+    let head = lost.iter().find(|a| a.ends_with("/lost-r0")).expect("r0").clone();
+    let snap = lost
+        .iter()
+        .find(|a| a.ends_with("/lost-r0.s.daily"))
+        .expect("r0's snapshot")
+        .clone();
+    let o = d.client.get("OrphanLvol", &head).await.expect("OrphanLvol");
+    assert_eq!(o.spec["was"], "volume lost replica 0", "{}", o.spec);
+
+    // 4. orphan_remove refuses what it must
+    let _: Value = d
+        .client
+        .call(
+            "volume_create",
+            json!({"name": "fresh", "size": "16MiB", "wait": true, "timeoutSeconds": 120}),
+        )
+        .await
+        .expect("volume_create");
+    let fresh = lvols_of(&spdk_client, "fresh-r").await;
+    let owned = fresh.iter().next().expect("fresh's lvol").clone();
+    let err = d
+        .client
+        .call::<_, Value>("orphan_remove", json!({"name": owned}))
+        .await
+        .expect_err("an owned lvol is refused")
+        .to_string();
+    assert!(err.contains("belongs to volume fresh"), "{err}");
+    let err = d
+        .client
+        .call::<_, Value>("orphan_remove", json!({"name": "talon-d1/nothing-here"}))
+        .await
+        .expect_err("an lvol not reported is refused")
+        .to_string();
+    assert!(err.contains("no orphan lvol talon-d1/nothing-here"), "{err}");
+    let err = d
+        .client
+        .call::<_, Value>("orphan_remove", json!({"name": snap}))
+        .await
+        .expect_err("a snapshot with a clone is refused")
+        .to_string();
+    assert!(err.contains("has clones"), "{err}");
+    assert_eq!(lvols_of(&spdk_client, "lost-r").await, lost, "nothing removed yet");
+
+    // 5. removed when asked: the head, then its snapshot; the others stay
+    for a in [&head, &snap] {
+        let _: Value = d
+            .client
+            .call("orphan_remove", json!({"name": a}))
+            .await
+            .unwrap_or_else(|e| panic!("orphan_remove {a}: {e}"));
+    }
+    let left = lvols_of(&spdk_client, "lost-r").await;
+    let want: std::collections::BTreeSet<String> =
+        lost.iter().filter(|a| **a != head && **a != snap).cloned().collect();
+    assert_eq!(left, want, "only the two asked for went");
+    assert!(d.client.get("OrphanLvol", &head).await.is_err(), "no longer reported");
+
+    // 6. a volume talon deletes goes with its lvols, reported as no orphan
+    let _: Value = d
+        .client
+        .call("volume_delete", json!({"name": "fresh", "wait": true, "timeoutSeconds": 120}))
+        .await
+        .expect("volume_delete");
+    assert!(lvols_of(&spdk_client, "fresh-r").await.is_empty(), "fresh's lvols deleted");
+    let ids: Vec<String> = d
+        .client
+        .list("OrphanLvol")
+        .await
+        .expect("list")
+        .into_iter()
+        .map(|r| r.metadata.id)
+        .collect();
+    assert!(ids.iter().all(|i| !i.contains("fresh")), "{ids:?}");
     d.stop().await;
 }

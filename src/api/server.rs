@@ -4,7 +4,7 @@
 //! ```text
 //!   bind_unix(path) ──> UnixListener ─┐
 //!   TcpListener + token ──────────────┼─> accept loop ──> jsonrpsee TowerService per connection
-//!   shutdown future ──────────────────┘      (graceful: in-flight calls finish; socket removed)
+//!   shutdown future ──────────────────┘      (graceful: in-flight calls get STOP_GRACE, then closed; socket removed)
 //! ```
 //!
 //! The TCP listener is bounded ([`TcpLimits`]): connections in total and per
@@ -194,6 +194,8 @@ async fn serve_listener(
         .set_config(config(max))
         .to_service_builder();
     let counts = ConnCounter::default();
+    // the connections' tasks: on shutdown they get STOP_GRACE to finish their calls
+    let mut conns = tokio::task::JoinSet::new();
     tokio::pin!(shutdown);
     loop {
         tokio::select! {
@@ -219,7 +221,9 @@ async fn serve_listener(
                     // until its descriptor is closed
                     let stream = Bounded::new(stream, limits.idle, slot);
                     let tls = tls.clone();
-                    tokio::spawn(async move {
+                    // finished connections' tasks leave the set as it grows
+                    while conns.try_join_next().is_some() {}
+                    conns.spawn(async move {
                         let r = match (peer, tls) {
                             (Some(ip), Some(acceptor)) => {
                                 let accept = acceptor.accept(stream);
@@ -251,6 +255,19 @@ async fn serve_listener(
         }
     }
     let _ = server_handle.stop();
+    // then closed: a connection that never finishes a request does not hold the stop
+    let drained = tokio::time::timeout(crate::util::conn::STOP_GRACE, async {
+        while conns.join_next().await.is_some() {}
+    })
+    .await;
+    if drained.is_err() {
+        tracing::info!(
+            open = conns.len(),
+            grace = ?crate::util::conn::STOP_GRACE,
+            "API connections still open after the grace period closed"
+        );
+        conns.abort_all();
+    }
 }
 
 /// Serves `methods` on a Unix listener until `shutdown` completes; then stops

@@ -74,6 +74,9 @@ pub enum Command {
     /// Disks: add, list, remove.
     #[command(subcommand)]
     Disk(volume::DiskCommand),
+    /// Orphan lvols (no volume or Longhorn replica owns them): list, remove.
+    #[command(subcommand)]
+    Orphan(volume::OrphanCommand),
     /// Backups to a backup target (S3, vfs): create, list, get, delete, restore, store-list.
     #[command(subcommand)]
     Backup(backup::BackupCommand),
@@ -557,6 +560,7 @@ async fn run(cli: Cli) -> Result<ExitCode, CliError> {
             volume::run_snapshot(&Client::connect_unix(&cli.socket).await?, cmd).await?
         }
         Command::Disk(cmd) => volume::run_disk(&Client::connect_unix(&cli.socket).await?, cmd).await?,
+        Command::Orphan(cmd) => volume::run_orphan(&Client::connect_unix(&cli.socket).await?, cmd).await?,
         Command::Backup(cmd) => backup::run(&Client::connect_unix(&cli.socket).await?, cmd).await?,
         Command::Doctor(a) => tokio::task::block_in_place(|| doctor::run(a))?,
         Command::Host(h) => {

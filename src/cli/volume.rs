@@ -265,6 +265,37 @@ pub enum DiskCommand {
     },
 }
 
+/// `talon orphan`.
+#[derive(Debug, clap::Subcommand)]
+pub enum OrphanCommand {
+    /// List lvols on this node's disks that no volume or Longhorn replica owns
+    /// (as after a lost state store); they are kept until removed.
+    List,
+    /// Delete an orphan lvol (refused for one a volume or Longhorn replica owns).
+    Remove {
+        /// The lvol as `orphan list` names it: `talon-<disk>/<lvol>`.
+        name: String,
+    },
+}
+
+/// Runs `talon orphan ...`.
+pub async fn run_orphan(c: &Client, cmd: OrphanCommand) -> Result<(), CliError> {
+    let v: Value = match cmd {
+        OrphanCommand::List => c.call("orphan_list", NoParams {}).await?,
+        OrphanCommand::Remove { name } => {
+            c.call(
+                "orphan_remove",
+                crate::api::volume::OrphanRemoveParams {
+                    name,
+                    timeout_seconds: None,
+                },
+            )
+            .await?
+        }
+    };
+    print_value(&v, Format::Yaml)
+}
+
 /// Calls `method` (one that waits), and while it waits says on stderr what it
 /// waits for: each new state and message of `type_/id`, one line per change
 /// ("volume pvc-1: creating: waiting for spdk_tgt").

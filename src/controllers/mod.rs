@@ -71,6 +71,9 @@ pub fn register_all(rt: &mut Runtime, deps: &Deps, selection: &EngineSelection) 
     rt.register(engine::spdk_events::SpdkEventsController::new(
         crate::spdk::SpdkClient::new(&socket),
     ))?;
+    rt.register(engine::spdk_orphans::SpdkOrphanController::new(
+        crate::spdk::SpdkClient::new(&socket),
+    ))?;
     let host_nqn = crate::attach::HostInitiators::load_or_create(&deps.host, &deps.data_dir)
         .ok()
         .map(|i| i.nqn.to_string());

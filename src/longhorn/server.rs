@@ -185,11 +185,23 @@ pub async fn serve(
     shutdown.await;
     lh.stopping.send_replace(true);
     let _ = tx.send(true);
+    // open calls get STOP_GRACE to finish; then the servers go, and with them
+    // connections that never finish a request (else the stop waits for their
+    // idle bound)
+    let deadline = tokio::time::Instant::now() + crate::util::conn::STOP_GRACE;
     let mut first_err = None;
-    for t in tasks {
-        match t.await {
-            Ok(Err(e)) if first_err.is_none() => first_err = Some(e),
-            _ => {}
+    for (i, mut t) in tasks.into_iter().enumerate() {
+        match tokio::time::timeout_at(deadline, &mut t).await {
+            Ok(Ok(Err(e))) if first_err.is_none() => first_err = Some(e),
+            Ok(_) => {}
+            Err(_) => {
+                t.abort();
+                tracing::info!(
+                    service = super::SERVICES[i],
+                    grace = ?crate::util::conn::STOP_GRACE,
+                    "connections still open after the grace period closed"
+                );
+            }
         }
     }
     first_err.map_or(Ok(()), Err)

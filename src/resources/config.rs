@@ -408,6 +408,22 @@ impl Spec for Snapshot {
     const NAMESPACE: &'static str = "config";
 }
 
+/// A request to remove an orphan lvol (id: its alias, as its
+/// [`OrphanLvol`](crate::resources::engine::OrphanLvol)), written by
+/// `orphan_remove`: the orphan controller deletes the lvol only while it is
+/// still an orphan with this UUID and no clone of it is left.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct OrphanRemoval {
+    /// The UUID of the lvol reported.
+    pub uuid: String,
+}
+
+impl Spec for OrphanRemoval {
+    const TYPE: &'static str = "OrphanRemoval";
+    const NAMESPACE: &'static str = "config";
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -320,3 +320,39 @@ impl Spec for SnapshotStatus {
     const TYPE: &'static str = "SnapshotStatus";
     const NAMESPACE: &'static str = "engine";
 }
+
+/// An lvol in one of talon's lvstores that nothing in the store owns (id:
+/// its alias `talon-<disk>/<lvol>`): a talon name (`<volume>-r<k>`, its
+/// snapshots and revert markers) with no Volume of that name, or another
+/// name with no LonghornReplica it belongs to, as after a lost state store.
+/// Reported (and logged once), never deleted, until `orphan_remove` asks for
+/// it (an [`OrphanRemoval`](crate::resources::config::OrphanRemoval)).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct OrphanLvol {
+    /// The disk whose lvstore holds it.
+    pub disk: String,
+    /// The lvol's name in the lvstore.
+    pub lvol: String,
+    /// The lvol's UUID (what a removal names, so that another lvol made
+    /// later under the same name is never taken for it).
+    pub uuid: String,
+    /// What its name says it belonged to, e.g. `volume v1 replica 0`.
+    pub was: String,
+    /// A snapshot (read-only).
+    pub snapshot: bool,
+    /// Size in bytes.
+    pub size_bytes: u64,
+    /// Clusters it holds, in bytes.
+    pub allocated_bytes: u64,
+    /// The lvols that are clones of it: it can be removed only after them.
+    pub clones: Vec<String>,
+    /// Why the last removal asked for did not happen.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub message: String,
+}
+
+impl Spec for OrphanLvol {
+    const TYPE: &'static str = "OrphanLvol";
+    const NAMESPACE: &'static str = "engine";
+}

@@ -3,9 +3,9 @@
 //!
 //! | namespace | types |
 //! |---|---|
-//! | `config` | NodeConfig, Disk, Volume, Snapshot, Backup, LonghornReplica, LonghornEngine, LonghornEngineFrontend, LonghornRestore (persisted) |
+//! | `config` | NodeConfig, Disk, Volume, Snapshot, OrphanRemoval, Backup, LonghornReplica, LonghornEngine, LonghornEngineFrontend, LonghornRestore (persisted) |
 //! | `host` | HugepagesSpec, HugepagesStatus, KernelModuleStatus, PciDevice, PciBindingStatus, HostCapabilities |
-//! | `engine` | BackupStatus, LonghornRestoreStatus, TargetStatus, DiskStatus, ReplicaStatus, EngineStatus, LonghornInstanceStatus, RebuildDest, RebuildDestStatus |
+//! | `engine` | BackupStatus, LonghornRestoreStatus, TargetStatus, DiskStatus, OrphanLvol, ReplicaStatus, EngineStatus, LonghornInstanceStatus, RebuildDest, RebuildDestStatus |
 //! | `frontend` | AttachmentStatus |
 //! | `ledger` | ReplicaLedger, HugepagesLedger, PciBindIntent, LonghornRestoreLedger, LonghornRevertLedger (persisted) |
 
@@ -83,6 +83,17 @@ pub fn register_types(reg: &mut TypeRegistry) {
             ("SIZE", "/sizeBytes"),
         ],
     );
+    reg.register::<engine::OrphanLvol>(
+        "An lvol on a disk that no volume or Longhorn replica owns (kept until orphan_remove)",
+        &[
+            ("DISK", "/disk"),
+            ("WAS", "/was"),
+            ("SIZE", "/sizeBytes"),
+            ("ALLOCATED", "/allocatedBytes"),
+            ("MESSAGE", "/message"),
+        ],
+    );
+    reg.register::<config::OrphanRemoval>("A request to remove an orphan lvol", &[("UUID", "/uuid")]);
     reg.register::<engine::SpdkEvents>(
         "Bdev events of spdk_tgt (wake the volume controller)",
         &[

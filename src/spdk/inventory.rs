@@ -172,8 +172,13 @@ impl Inventory {
     }
 
     /// Every talon object of a volume that is not wanted (`keep_volume`
-    /// false) or a snapshot lvol not wanted (`keep_snapshot(vol, snap)` false).
-    /// Foreign objects are never listed.
+    /// false) that holds no data (exports, raids, placeholders, remote
+    /// attachments), and a snapshot lvol of a wanted volume that is not
+    /// (`keep_snapshot(vol, snap)` false). Lvols of a volume not wanted are
+    /// never listed: a volume talon deletes goes with its lvols
+    /// (`VolumeOps::delete`), so the lvols of one it does not know are data it
+    /// lost track of (a lost state store) and are reported, kept
+    /// (`engine.SpdkOrphanController`). Foreign objects are never listed.
     pub fn orphans(
         &self,
         keep_volume: impl Fn(&str) -> bool,
@@ -215,29 +220,20 @@ impl Inventory {
                 out.push(Owned::Null(b.name.clone()));
             }
         }
-        // heads and markers before snapshots: a snapshot goes only once its clones are gone
-        let mut snaps = Vec::new();
+        // snapshots of wanted volumes that no Snapshot accounts for, last
         for l in self.lvols.values() {
             if !l.lvs.name.starts_with(LVS_PREFIX) {
                 continue;
             }
-            match parse_lvol(&l.name) {
-                Some(LvolRole::Replica { volume, .. }) | Some(LvolRole::RevertMarker { volume, .. })
-                    if !keep_volume(&volume) =>
-                {
-                    out.push(Owned::Lvol(l.alias.clone()))
-                }
-                // a rebuild snapshot lives with its volume (the rebuild deletes it)
-                Some(LvolRole::Snapshot { volume, snap, .. })
-                    if !(keep_snapshot(&volume, &snap)
-                        || (super::naming::is_rebuild_snap(&snap) && keep_volume(&volume))) =>
-                {
-                    snaps.push(Owned::Lvol(l.alias.clone()))
-                }
-                _ => {}
+            // a rebuild snapshot lives with its volume (the rebuild deletes it)
+            if let Some(LvolRole::Snapshot { volume, snap, .. }) = parse_lvol(&l.name)
+                && keep_volume(&volume)
+                && !keep_snapshot(&volume, &snap)
+                && !super::naming::is_rebuild_snap(&snap)
+            {
+                out.push(Owned::Lvol(l.alias.clone()));
             }
         }
-        out.extend(snaps);
         out
     }
 }

@@ -13,6 +13,11 @@
 //!
 //! The socket owns its slot, so a connection is counted for as long as its
 //! descriptor is open, also after an HTTP upgrade hands it to a WebSocket task.
+//!
+//! A graceful stop gives open connections [`STOP_GRACE`] to finish their
+//! calls, then closes them: a peer that never completes a request (or keeps
+//! a connection open and silent) does not hold the daemon's exit for the
+//! idle bound.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -22,6 +27,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
+
+/// How long a graceful stop waits for open connections to finish their
+/// calls before it closes them.
+pub const STOP_GRACE: Duration = Duration::from_secs(5);
 
 /// Logs a warning at most once per 10 s, with how many were not logged.
 #[derive(Debug)]

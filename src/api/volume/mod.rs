@@ -1,6 +1,6 @@
 //! Volume methods, one module each (`create`, `read`, `delete`, `expand`,
 //! `clone`, `revert`), and beside them one module per noun: snapshots
-//! (`snapshot`), disks (`disk`), attachments (`attach`), thin rebuilds'
+//! (`snapshot`), disks (`disk`), orphan lvols (`orphan`), attachments (`attach`), thin rebuilds'
 //! peer calls (`rebuild`). This file keeps what they share: names, sizes,
 //! views, the lifecycle lock and the waits. They validate names, write
 //! desired state (`config` resources) and, when asked, wait for the engine's
@@ -37,6 +37,7 @@ mod create;
 mod delete;
 mod disk;
 mod expand;
+mod orphan;
 mod read;
 mod rebuild;
 mod revert;
@@ -47,6 +48,7 @@ pub use clone::CloneParams;
 pub use create::VolumeCreateParams;
 pub use disk::{DiskAddParams, DiskView};
 pub use expand::ExpandParams;
+pub use orphan::{OrphanRemoveParams, OrphanView};
 pub use rebuild::RebuildPrepareParams;
 pub use snapshot::{SnapshotListParams, SnapshotView};
 
@@ -492,6 +494,7 @@ pub fn register(api: &mut ApiBuilder) {
     rebuild::register(api);
     snapshot::register(api);
     disk::register(api);
+    orphan::register(api);
     attach::register(api);
     create::register(api);
     read::register(api);

@@ -8,6 +8,7 @@ pub mod restore;
 pub mod selection;
 pub mod spdk_disk;
 pub mod spdk_events;
+pub mod spdk_orphans;
 pub mod spdk_target;
 pub mod spdk_volume;
 pub mod tasks;

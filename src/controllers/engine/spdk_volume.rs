@@ -4,7 +4,8 @@
 //!
 //! ```text
 //!   Volume, Snapshot, Disk (config) ─┐
-//!   NodeConfig (listener, hosts) ────┼─> Inventory::load ─> orphans removed (talon names only)
+//!   NodeConfig (listener, hosts) ────┼─> Inventory::load ─> orphans removed (talon names, no lvol
+//!                                    │                      of an unknown volume: spdk_orphans)
 //!   TargetStatus "spdk" (restarts) ──┘        │
 //!                                             v
 //!        plain volumes ─> snapshots ─> clones / reverts ─> deletions (volumes, then snapshots)
@@ -1191,9 +1192,22 @@ impl SpdkVolumeController {
             *inv = Inventory::load(self.ops.client()).await?;
         }
         let mut deleted_vols = Vec::new();
+        let snapshots: BTreeSet<String> = if deleting.is_empty() {
+            BTreeSet::new()
+        } else {
+            ctx.list::<Snapshot>()?.iter().map(|s| s.id().to_string()).collect()
+        };
         for id in deleting {
+            // its lvols, snapshots too: orphan cleanup never takes lvols
             let r = match ObjectName::parse("volume", id) {
-                Ok(n) => self.ops.delete(inv, &n).await.map_err(|e| err_text(&e)),
+                Ok(n) => match self.ops.delete(inv, &n).await {
+                    Ok(()) => self
+                        .ops
+                        .delete_snapshots(&n, |s| snapshots.contains(&format!("{id}@{s}")))
+                        .await
+                        .map_err(|e| err_text(&e)),
+                    Err(e) => Err(err_text(&e)),
+                },
                 Err(e) => Err(e.to_string()),
             };
             match r {

@@ -443,7 +443,8 @@ impl VolumeOps {
     }
 
     /// Deletes the volume's export, engine and replica heads (and revert
-    /// markers); absent objects are fine. Snapshots stay (their own resources).
+    /// markers); absent objects are fine. Snapshots stay (their own
+    /// resources); what is left of them goes with [`VolumeOps::delete_snapshots`].
     pub async fn delete(&self, inv: &Inventory, vol: &ObjectName) -> Result<(), VolumeError> {
         let v = vol.as_str();
         let nqn = Nqn::for_volume(vol);
@@ -518,6 +519,59 @@ impl VolumeOps {
         }))
         .await?;
         Ok(())
+    }
+
+    /// Deletes the snapshot lvols volume `vol` left once its heads are gone
+    /// ([`VolumeOps::delete`]), those `keep(snap)` does not keep (a rebuild's
+    /// `rb.<n>`, one a Snapshot no longer accounts for): each once no lvol is
+    /// a clone of it, the newest first. One that a clone of another volume
+    /// still depends on stays (reported as an orphan lvol once the volume is
+    /// gone): orphan cleanup never deletes the lvols of a volume talon does
+    /// not know, so a volume's own go here.
+    pub async fn delete_snapshots(
+        &self,
+        vol: &ObjectName,
+        keep: impl Fn(&str) -> bool,
+    ) -> Result<(), VolumeError> {
+        let v = vol.as_str();
+        let inv = Inventory::load(&self.client)
+            .await
+            .map_err(rpc(v, "listing its snapshots"))?;
+        let mut left: BTreeSet<String> = inv
+            .lvols
+            .values()
+            .filter(|l| l.lvs.name.starts_with(LVS_PREFIX))
+            .filter(|l| {
+                matches!(parse_lvol(&l.name), Some(LvolRole::Snapshot { volume, snap, .. }) if volume == v && !keep(&snap))
+            })
+            .map(|l| l.alias.clone())
+            .collect();
+        let mut gone = BTreeSet::new();
+        loop {
+            let leaves: Vec<String> = left
+                .iter()
+                .filter(|a| {
+                    !inv.lvols
+                        .keys()
+                        .filter(|o| !gone.contains(*o))
+                        .any(|o| inv.parent_of(o).as_deref() == Some(a.as_str()))
+                })
+                .cloned()
+                .collect();
+            if leaves.is_empty() {
+                if !left.is_empty() {
+                    tracing::warn!(volume = v, snapshots = ?left, "snapshots kept: clones of other volumes depend on them");
+                }
+                return Ok(());
+            }
+            for a in leaves {
+                ignore_missing(self.client.bdev_lvol_delete(&ByName::new(&a)))
+                    .await
+                    .map_err(rpc(v, format!("deleting snapshot {a}")))?;
+                left.remove(&a);
+                gone.insert(a);
+            }
+        }
     }
 
     /// Deletes owned orphans; failures are logged and returned as text (the
