@@ -216,8 +216,9 @@ impl Controller for SpdkDiskController {
                         // its lvstore is gone: nothing of talon's is left to protect
                         identities.remove(d.id());
                         ctx.destroy::<DiskIdentity>(d.id())?;
-                        ctx.remove_finalizer::<Disk>(d.id())?;
+                        // the Disk goes last: who waits for it finds nothing else left
                         ctx.destroy::<DiskStatus>(d.id())?;
+                        ctx.remove_finalizer::<Disk>(d.id())?;
                     }
                     Ok(Some(msg)) => {
                         retry = true;
