@@ -16,6 +16,8 @@
 //!   SpdkDouble ── the same bdev_nvme_send_cmd contract, on a PCIe device of the double
 //! ```
 
+#[path = "support/serve_daemon.rs"]
+mod serve_daemon;
 #[path = "support/spdk_real.rs"]
 mod spdk_real;
 
@@ -251,6 +253,101 @@ async fn nvme_passthrough_reads_and_refusals_on_the_double() {
         matches!(&e, DiskError::LvstoreReplaced { found, .. } if *found == again.lvstore.uuid),
         "{e:?}"
     );
+    double.stop().await;
+}
+
+/// `disk_format` through the API of a daemon whose V2 engine is the double:
+/// refused without `yesDestroyData`, for a ready disk, for an unknown one;
+/// on an NVMe disk refused for its file system it makes the lvstore;
+/// `disk_add` refuses `wipe` for an NVMe disk.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn disk_format_through_the_api_on_the_double() {
+    use serde_json::{Value, json};
+    use std::os::unix::fs::PermissionsExt;
+    let d = tempfile::tempdir().expect("tempdir");
+    std::fs::create_dir_all(d.path().join("run")).expect("run dir");
+    let double = SpdkDouble::start(d.path().join("run/spdk.sock"))
+        .await
+        .expect("double");
+    // a stand-in binary: found, never run (the double is adopted)
+    let fake = d.path().join("spdk_tgt");
+    std::fs::write(&fake, "#!/bin/sh\nexit 1\n").expect("fake spdk_tgt");
+    std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let spdk = talon::controllers::engine::selection::SpdkOptions {
+        spdk_tgt: Some(fake),
+        no_huge: true,
+        no_huge_mem_mib: 256,
+        ..Default::default()
+    };
+    // an NVMe device of the double, in a fixture /sys (already on vfio-pci), holding XFS
+    let bdf = "0000:00:04.0";
+    double.add_pcie_nvme(bdf, 16384, 4096);
+    double.write_pcie_nvme(bdf, 0, b"XFSB");
+    let dev = d.path().join("sys/bus/pci/devices").join(bdf);
+    std::fs::create_dir_all(&dev).expect("mkdir");
+    std::fs::create_dir_all(d.path().join("sys/bus/pci/drivers/vfio-pci")).expect("mkdir");
+    for (attr, v) in [("vendor", "0x1b36"), ("device", "0x0010"), ("class", "0x010802")] {
+        std::fs::write(dev.join(attr), format!("{v}\n")).expect("write");
+    }
+    std::os::unix::fs::symlink("../../../../bus/pci/drivers/vfio-pci", dev.join("driver")).expect("ln");
+    let daemon = serve_daemon::start(talon::serve::ServeOptions {
+        stop_targets_on_exit: false,
+        host_root: d.path().to_path_buf(),
+        ..serve_daemon::opts(d.path(), spdk)
+    })
+    .await;
+    let c = &daemon.client;
+    let msg = |e: talon::client::ClientError| e.to_string();
+
+    let img = d.path().join("d1.img");
+    zeros_file(&img, 64 * MIB);
+    c.call::<_, Value>("disk_add", json!({"name": "d1", "path": img, "wait": true}))
+        .await
+        .expect("a blank file");
+    let e = c
+        .call::<_, Value>("disk_format", json!({"name": "d1", "yesDestroyData": true}))
+        .await
+        .expect_err("a ready disk");
+    assert!(msg(e).contains("disk d1 is ready"));
+    let e = c
+        .call::<_, Value>("disk_format", json!({"name": "nope", "yesDestroyData": true}))
+        .await
+        .expect_err("unknown");
+    assert!(msg(e).contains("nope"));
+    let e = c
+        .call::<_, Value>("disk_add", json!({"name": "n1", "pci": bdf, "wipe": true}))
+        .await
+        .expect_err("wipe of an NVMe disk");
+    let m = msg(e);
+    assert!(m.contains("talon disk format n1 --yes-destroy-data"), "{m}");
+    // the NVMe disk: refused for its file system, nothing written
+    let e = c
+        .call::<_, Value>("disk_add", json!({"name": "n1", "pci": bdf, "wait": true}))
+        .await
+        .expect_err("an XFS file system");
+    let m = msg(e);
+    assert!(
+        m.contains("an XFS file system") && m.contains("`talon disk format n1 --yes-destroy-data`"),
+        "{m}"
+    );
+    assert_eq!(double.read_pcie_nvme(bdf, 0, 4), b"XFSB");
+    let e = c
+        .call::<_, Value>("disk_format", json!({"name": "n1"}))
+        .await
+        .expect_err("not confirmed");
+    assert!(msg(e).contains("--yes-destroy-data"));
+    assert_eq!(double.read_pcie_nvme(bdf, 0, 4), b"XFSB");
+    let v = c
+        .call::<_, Value>(
+            "disk_format",
+            json!({"name": "n1", "yesDestroyData": true, "wait": true, "timeoutSeconds": 60}),
+        )
+        .await
+        .expect("format");
+    assert_eq!(v["status"]["state"], "ready", "{v}");
+    assert_eq!(v["spec"]["format"], 1, "{v}");
+    assert_eq!(double.read_pcie_nvme(bdf, 0, 8), b"SPDKBLOB", "formatted");
+    daemon.stop().await;
     double.stop().await;
 }
 
