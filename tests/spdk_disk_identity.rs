@@ -114,7 +114,11 @@ fn read_cmd(ctrlr: &str, nsid: u32, lba: u64, blocks: u16, data_len: u32) -> Nvm
 async fn send_cmd_contract(c: &SpdkClient, ctrlr: &str, num_blocks: u64, first: &[u8]) {
     let invalid = |r: Result<_, ClientError>, what: &str| match r {
         Err(ClientError::Rpc(e)) => {
-            assert_eq!((e.code, e.message.as_str()), (-32602, "Invalid argument"), "{what}")
+            assert_eq!(
+                (e.code, e.message.as_str()),
+                (-32602, "Invalid argument"),
+                "{what}"
+            )
         }
         other => panic!("{what}: {other:?}"),
     };
@@ -153,7 +157,8 @@ async fn send_cmd_contract(c: &SpdkClient, ctrlr: &str, num_blocks: u64, first: 
     assert_ne!(status(&r.cpl), (0, 0), "a Read of 8 KiB into 4 KiB");
     // refused by the RPC: no such controller, a command that is not 64 bytes
     invalid(
-        c.bdev_nvme_send_cmd(&read_cmd("talon-disk-none", 1, 0, 1, 4096)).await,
+        c.bdev_nvme_send_cmd(&read_cmd("talon-disk-none", 1, 0, 1, 4096))
+            .await,
         "unknown controller",
     );
     invalid(
@@ -232,7 +237,10 @@ async fn nvme_passthrough_reads_and_refusals_on_the_double() {
         matches!(&e, DiskError::LvstoreNotLoaded { expected, found: Content::Lvstore, .. } if *expected == made.lvstore.uuid),
         "{e:?}"
     );
-    let e = ops.ensure(&n, &pci_disk(), None, false).await.expect_err("an lvstore");
+    let e = ops
+        .ensure(&n, &pci_disk(), None, false)
+        .await
+        .expect_err("an lvstore");
     assert!(
         e.to_string()
             .contains("an lvstore superblock (SPDKBLOB at offset 0) that did not load"),
@@ -429,7 +437,11 @@ async fn real_spdk_path_disk_refusals_and_identity() {
     // 2. a blank file: lvstore made, its identity recorded
     st.create_typed("d1", "", &file_disk(&img)).expect("disk d1");
     let s1 = status_where(&st, "d1", "disk d1 ready", |s| s.state == ObjectState::Ready).await;
-    let id = st.get_typed::<DiskIdentity>("d1").expect("get").expect("identity").spec;
+    let id = st
+        .get_typed::<DiskIdentity>("d1")
+        .expect("get")
+        .expect("identity")
+        .spec;
     assert_eq!(id.lvstore_uuid, s1.lvstore_uuid);
     assert!(id.created, "{id:?}");
     assert_eq!(id.device, img.display().to_string());
@@ -446,12 +458,17 @@ async fn real_spdk_path_disk_refusals_and_identity() {
     let before = digest(&img);
     let st = State::open(&db).expect("state reopened");
     assert_eq!(
-        st.get_typed::<DiskIdentity>("d1").expect("get").map(|i| i.spec.lvstore_uuid),
+        st.get_typed::<DiskIdentity>("d1")
+            .expect("get")
+            .map(|i| i.spec.lvstore_uuid),
         Some(s1.lvstore_uuid.clone()),
         "the identity is persisted"
     );
     let rt = start(d.path(), &spdk_dir, st.clone());
-    let s = status_where(&st, "d1", "disk d1 refused (damaged)", |s| s.state == ObjectState::Failed).await;
+    let s = status_where(&st, "d1", "disk d1 refused (damaged)", |s| {
+        s.state == ObjectState::Failed
+    })
+    .await;
     for want in [
         img.display().to_string().as_str(),
         s1.lvstore_uuid.as_str(),
@@ -498,13 +515,23 @@ async fn real_spdk_path_disk_refusals_and_identity() {
     .expect("format request");
     let s2 = status_where(&st, "d1", "disk d1 formatted", |s| s.state == ObjectState::Ready).await;
     assert_ne!(s2.lvstore_uuid, s1.lvstore_uuid);
-    let id = st.get_typed::<DiskIdentity>("d1").expect("get").expect("identity").spec;
-    assert_eq!((id.lvstore_uuid.as_str(), id.format_served), (s2.lvstore_uuid.as_str(), 1));
+    let id = st
+        .get_typed::<DiskIdentity>("d1")
+        .expect("get")
+        .expect("identity")
+        .spec;
+    assert_eq!(
+        (id.lvstore_uuid.as_str(), id.format_served),
+        (s2.lvstore_uuid.as_str(), 1)
+    );
     // 6. removed: the identity goes with it
     st.destroy("config", "Disk", "d1", "").expect("remove");
     st.destroy("config", "Disk", "fs", "").expect("remove");
     eventually("d1's identity dropped", WAIT, || async {
-        st.get_typed::<DiskIdentity>("d1").expect("get").is_none().then_some(())
+        st.get_typed::<DiskIdentity>("d1")
+            .expect("get")
+            .is_none()
+            .then_some(())
     })
     .await;
     rt.stop().await;
@@ -539,7 +566,9 @@ async fn real_spdk_nvme_disk_is_read_before_an_lvstore() {
     })
     .await
     .expect("aio");
-    c.nvmf_create_transport(&CreateTransport::tcp()).await.expect("transport");
+    c.nvmf_create_transport(&CreateTransport::tcp())
+        .await
+        .expect("transport");
     let nqn = "nqn.2024-01.io.talon:disk-identity";
     c.nvmf_create_subsystem(&CreateSubsystem {
         nqn: nqn.into(),
@@ -586,7 +615,8 @@ async fn real_spdk_nvme_disk_is_read_before_an_lvstore() {
         "{e:?}"
     );
     assert!(
-        e.to_string().contains("`talon disk format p1 --yes-destroy-data`"),
+        e.to_string()
+            .contains("`talon disk format p1 --yes-destroy-data`"),
         "{e}"
     );
     assert_eq!(digest(&img), before, "nothing written");
@@ -631,7 +661,16 @@ async fn real_spdk_nvme_disk_is_read_before_an_lvstore() {
     );
     eprintln!("refused: {e}");
     let e = ops.ensure(&n, &spec, None, false).await.expect_err("unrecorded");
-    assert!(matches!(e, DiskError::NotBlank { found: Content::Lvstore, .. }), "{e:?}");
+    assert!(
+        matches!(
+            e,
+            DiskError::NotBlank {
+                found: Content::Lvstore,
+                ..
+            }
+        ),
+        "{e:?}"
+    );
     assert_eq!(digest(&img), before, "nothing written over the damaged lvstore");
     // formatting on request: a new lvstore
     let again = ops

@@ -8,8 +8,8 @@ use super::CliError;
 use super::output::{Format, human_bytes, print_value};
 use crate::api::types::NoParams;
 use crate::api::volume::{
-    AttachParams, CloneParams, DiskAddParams, DiskFormatParams, ExpandParams, NameParams, SnapshotListParams, SnapshotParams,
-    VolumeCreateParams, VolumeView,
+    AttachParams, CloneParams, DiskAddParams, DiskFormatParams, ExpandParams, NameParams, SnapshotListParams,
+    SnapshotParams, VolumeCreateParams, VolumeView,
 };
 use crate::client::Client;
 use crate::resources::config::{RemoteReplica, snapshot_id};

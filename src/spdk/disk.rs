@@ -238,7 +238,9 @@ pub enum ReadError {
         source: ClientError,
     },
     /// An NVMe Read completed with an error status.
-    #[error("the NVMe Read of {blocks} blocks at LBA {lba} completed with status type {sct:#x}, code {sc:#04x}")]
+    #[error(
+        "the NVMe Read of {blocks} blocks at LBA {lba} completed with status type {sct:#x}, code {sc:#04x}"
+    )]
     Status {
         /// Its first block.
         lba: u64,
@@ -258,7 +260,9 @@ pub enum ReadError {
 /// not load as this disk's).
 fn refused_content(c: Content) -> String {
     match c {
-        Content::Lvstore => "an lvstore superblock (SPDKBLOB at offset 0) that did not load as this disk's".into(),
+        Content::Lvstore => {
+            "an lvstore superblock (SPDKBLOB at offset 0) that did not load as this disk's".into()
+        }
         Content::Absent => "nothing (it does not exist)".into(),
         c => c.to_string(),
     }
@@ -1122,8 +1126,16 @@ mod tests {
         assert_eq!(status("AAAAAAAAAAAAAAEAAAAAAA=="), (0, 0), "success");
         assert_eq!(status("AAAAAAAAAAACAAAAAAAAAQ=="), (0, 0x80), "LBA out of range");
         assert_eq!(status("AAAAAAAAAAACAAAAAAAWgA=="), (0, 0x0b), "invalid namespace");
-        assert_eq!(status("AAAAAAAAAAACAAAAAAAeAA=="), (0, 0x0f), "data length not the command's");
-        assert_eq!(status("AAAAAAAAAAAAAAEAAAAQAA=="), (0, 0x08), "aborted (a transfer above MDTS)");
+        assert_eq!(
+            status("AAAAAAAAAAACAAAAAAAeAA=="),
+            (0, 0x0f),
+            "data length not the command's"
+        );
+        assert_eq!(
+            status("AAAAAAAAAAAAAAEAAAAQAA=="),
+            (0, 0x08),
+            "aborted (a transfer above MDTS)"
+        );
         // without padding too
         assert_eq!(status("AAAAAAAAAAAAAAEAAAAAAA"), (0, 0));
         assert_eq!(nvme_cpl_status(&[0; 8]), None);

@@ -26,9 +26,7 @@ use std::time::Duration;
 
 use crate::host::HostRoot;
 use crate::resources::config::Disk;
-use crate::resources::engine::{
-    DiskIdentity, DiskStatus, Engine, ObjectState, SPDK_STATUS_ID, TargetStatus,
-};
+use crate::resources::engine::{DiskIdentity, DiskStatus, Engine, ObjectState, SPDK_STATUS_ID, TargetStatus};
 use crate::resources::host::{BindingState, PciBindingStatus};
 use crate::runtime::{Controller, ControllerError, Input, Output, Phase, ReconcileContext, Requeue};
 use crate::spdk::SpdkClient;
@@ -256,17 +254,17 @@ impl Controller for SpdkDiskController {
                     }
                     let l = e.lvstore;
                     match l.bytes() {
-                    Ok(_) => {
-                        let msg = format!("lvstore {} on {}", n.lvstore, n.bdev);
-                        ctx.apply(d.id(), disk_status(&n, ObjectState::Ready, Some(&l), msg))?;
-                    }
-                    Err(why) => {
-                        // never placed on (Inventory::disks leaves it out)
-                        retry = true;
-                        let msg = format!("{why}: the disk is not used until its figures make sense");
-                        tracing::warn!(disk = %n.disk, error = %msg, "disk not ready");
-                        ctx.apply(d.id(), disk_status(&n, ObjectState::Failed, None, msg))?;
-                    }
+                        Ok(_) => {
+                            let msg = format!("lvstore {} on {}", n.lvstore, n.bdev);
+                            ctx.apply(d.id(), disk_status(&n, ObjectState::Ready, Some(&l), msg))?;
+                        }
+                        Err(why) => {
+                            // never placed on (Inventory::disks leaves it out)
+                            retry = true;
+                            let msg = format!("{why}: the disk is not used until its figures make sense");
+                            tracing::warn!(disk = %n.disk, error = %msg, "disk not ready");
+                            ctx.apply(d.id(), disk_status(&n, ObjectState::Failed, None, msg))?;
+                        }
                     }
                 }
                 Err(e) => {

@@ -88,10 +88,9 @@ use crate::spdk::rpc::{
     AddNamespace, AioCreate, AttachController, ByName, ByNqn, ByTag, CheckShallowCopy, CreateInitiatorGroup,
     CreatePortalGroup, CreateSubsystem, CreateTargetNode, CreateTransport, DeleteTargetNode, GetBdevs,
     GetConfig, GetControllers, GetIostat, GetLvols, GetNotifications, GetRaids, GetSubsystems, GetTransports,
-    NvmeSendCmd,
     KeyringFileKey, ListenerAnaState, LvolClone, LvolCreate, LvolResize, LvolSnapshot, LvstoreCreate,
-    LvstoreSelector, MallocCreate, NullCreate, RaidAddBaseBdev, RaidCategory, RaidCreate, RaidLevel,
-    RemoveNamespace, StartShallowCopy, SubsystemHostKeys, SubsystemHostParams, SubsystemListener,
+    LvstoreSelector, MallocCreate, NullCreate, NvmeSendCmd, RaidAddBaseBdev, RaidCategory, RaidCreate,
+    RaidLevel, RemoveNamespace, StartShallowCopy, SubsystemHostKeys, SubsystemHostParams, SubsystemListener,
 };
 
 /// A fault to inject into one call.

@@ -423,7 +423,9 @@ impl State {
                 .with_decode_padding_mode(base64::engine::DecodePaddingMode::Indifferent),
         );
         let p: NvmeSendCmd = decode(params).or_else(|_| e(INVALID_ARGUMENT))?;
-        if !matches!(p.cmd_type.as_str(), "admin" | "io") || !matches!(p.data_direction.as_str(), "c2h" | "h2c") {
+        if !matches!(p.cmd_type.as_str(), "admin" | "io")
+            || !matches!(p.data_direction.as_str(), "c2h" | "h2c")
+        {
             return e(INVALID_ARGUMENT);
         }
         let sqe: [u8; 64] = match b64.decode(&p.cmdbuf).ok().and_then(|v| v.try_into().ok()) {
