@@ -340,7 +340,7 @@ fi
 # the interrupt-remapped IO-APIC can miss its window, and the kernel panics ("timer doesn't work
 # through Interrupt-remapped IO-APIC"; seen here with the suite running beside it)
 APPEND="console=ttyS0 quiet panic=-1 intel_iommu=on iommu=pt no_timer_check"
-QARGS+=(-machine q35 -device intel-iommu
+QARGS+=(-machine q35 -device intel-iommu,aw-bits=48
 	-nodefaults -nographic -serial stdio -monitor none -no-reboot -m "$MEM" -smp "$SMP"
 	-kernel "$ROOT/vmlinux" -initrd "$BUILD/initramfs.cpio" -append "$APPEND"
 	-drive "file=$DISK,if=none,id=d0,format=raw" -device nvme,serial=talon-test-1,drive=d0
