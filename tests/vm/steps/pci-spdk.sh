@@ -26,8 +26,13 @@ done
 [ -n "$BDF" ] || { say "FAIL no NVMe with serial $SERIAL on nvme"; exit 1; }
 drv() { basename "$(readlink /sys/bus/pci/devices/$BDF/driver 2>/dev/null)" 2>/dev/null; }
 NS=$(ls /sys/bus/pci/devices/$BDF/nvme/nvme*/ 2>/dev/null | grep -E '^nvme[0-9]+n[0-9]+$' | head -n1)
-# an XFS signature on it: talon reads the device through SPDK once bound and refuses it
+# an XFS signature on it, then the device put on vfio-pci by hand (as a Talos machine config
+# does): talon uses it as it is, reads it through SPDK (NVMe Reads) and refuses it
 [ -n "$NS" ] && dd if=/dev/zero of=/dev/$NS bs=1M count=1 2>/dev/null && printf XFSB | dd of=/dev/$NS conv=notrunc 2>/dev/null && sync
+echo vfio-pci >/sys/bus/pci/devices/$BDF/driver_override
+echo $BDF >/sys/bus/pci/devices/$BDF/driver/unbind
+echo $BDF >/sys/bus/pci/drivers_probe
+[ "$(drv)" = vfio-pci ] || say "FAIL the device is on $(drv), not vfio-pci"
 wait_for() { # wait_for <seconds> <command...>: by the clock (a talon call takes a while under TCG)
 	end=$(($(date +%s) + $1)); shift
 	while [ "$(date +%s)" -le $end ]; do "$@" && return 0; sleep 0.1; done
@@ -45,7 +50,7 @@ rm -rf $D && mkdir -p $D
 export TALON_SOCKET=$D/talon.sock
 cat >$D/config.yaml <<CFG
 node: { hugepages: 1024, engine: v2 }
-disks: { nvme0: { pci: $SERIAL } }
+disks: { nvme0: { pci: $BDF } }
 CFG
 serve() {
 	talon serve --data-dir $D/data --run-dir $D/run --socket $TALON_SOCKET --config $D/config.yaml \
@@ -70,7 +75,8 @@ refused_for() { # refused_for <text>: the Disk failed with a message that names 
 }
 if wait_for 240 refused_for "an XFS file system"; then
 	M=$(msg)
-	echo "$M" | grep -qF 'talon disk format nvme0 --yes-destroy-data' && ok "an XFS signature read through SPDK and refused: $M" ||
+	echo "$M" | grep -qF "NVMe $BDF (bdev talon-disk-nvme0n1)" && echo "$M" | grep -qF 'talon disk format nvme0 --yes-destroy-data' &&
+		ok "an XFS signature read through SPDK and refused: $M" ||
 		bad "refusal does not name the format command: $M"
 else
 	bad "the XFS on the NVMe was not refused: $(msg)"
@@ -117,7 +123,7 @@ fi
 # with the UUID talon recorded, and nothing is written to the device
 UUID=$(talon get diskstatus nvme0 -o json 2>/dev/null | field lvstoreUuid)
 stop_talon
-talon host pci bind $BDF --driver nvme >/dev/null 2>&1 || bad "back to nvme for the damage"
+talon host pci unbind $BDF >/dev/null 2>&1 || bad "back to nvme for the damage: $(talon host pci unbind $BDF 2>&1)"
 NS=""
 wait_for 30 sh -c "ls /sys/bus/pci/devices/$BDF/nvme/nvme*/ 2>/dev/null | grep -qE '^nvme[0-9]+n[0-9]+$'"
 NS=$(ls /sys/bus/pci/devices/$BDF/nvme/nvme*/ 2>/dev/null | grep -E '^nvme[0-9]+n[0-9]+$' | head -n1)
@@ -132,7 +138,7 @@ if [ -n "$NS" ] && [ "$(dd if=/dev/$NS bs=8 count=1 2>/dev/null)" = SPDKBLOB ]; 
 		bad "the damaged lvstore was not refused: $(msg)"
 	fi
 	stop_talon
-	talon host pci bind $BDF --driver nvme >/dev/null 2>&1
+	talon host pci unbind $BDF >/dev/null 2>&1
 	wait_for 30 sh -c "ls /sys/bus/pci/devices/$BDF/nvme/nvme*/ 2>/dev/null | grep -qE '^nvme[0-9]+n[0-9]+$'"
 	NS=$(ls /sys/bus/pci/devices/$BDF/nvme/nvme*/ 2>/dev/null | grep -E '^nvme[0-9]+n[0-9]+$' | head -n1)
 	AFTER=$(dd if=/dev/$NS bs=1M count=1 iflag=direct 2>/dev/null | md5sum | cut -c1-32)
