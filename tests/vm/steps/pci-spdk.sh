@@ -1,14 +1,14 @@
 #!/bin/sh
-# Guest step pci-spdk (needs TALON_SPDK_DIR on the host): `talon serve` with spdk_tgt inside the
-# guest, `hugepages: 1024` and a Disk naming the emulated NVMe by serial: talon reserves the
-# hugepages (and mounts hugetlbfs), binds the device to a user-space driver, spdk_tgt attaches it
-# as an NVMe bdev and talon makes an lvstore on it (written and read back by SPDK); a 16 MiB
-# volume on it is attached with the kernel NVMe/TCP initiator and takes a write and a read.
-# Then volume and Disk are removed: the device is back on nvme. Exit 0 = pass.
+# Guest step pci-spdk (needs TALON_SPDK_DIR on the host; opt-in, TALON_VM_PCI_SPDK=1): `talon serve`
+# with spdk_tgt inside the guest, `hugepages: 1024` and a Disk naming the emulated NVMe by PCI address.
+# The device carries an XFS signature and is put on vfio-pci by hand (as a Talos machine config
+# does): talon reads its ends through SPDK (NVMe Reads) and refuses it, naming the device, the XFS
+# and `talon disk format nvme0 --yes-destroy-data`; that command makes the lvstore; a 16 MiB volume
+# on it takes a write and a read over NVMe/TCP. Then talon and spdk_tgt stop, the device goes back
+# to nvme, a byte of the lvstore's superblock is flipped and talon starts again: the lvstore does
+# not load, the disk is refused with the UUID talon recorded, and its first MiB is unchanged.
+# Then the Disk is removed: the device is back on nvme. Exit 0 = pass.
 # vm-timeout: 600
-# Status: spdk_tgt v26.05 comes up to its subsystems in this guest (EAL on talon's hugepages,
-# the device on vfio-pci) but its iSCSI subsystem's PDU pool fails ("create PDU immediate data
-# pool failed") and it exits 255, with `auto` (512 MiB) and with 1024 MiB; opt-in until solved.
 set -u
 SERIAL=talon-test-1
 SPDK=${TALON_HOST_SPDK_TGT:-}
@@ -57,9 +57,12 @@ serve() {
 		--spdk-tgt "$SPDK" --spdk-cpumask 0x1 >>$D/talon.log 2>&1 &
 	PID=$!
 }
-stop_talon() {
+stop_talon() { # talon, and the spdk_tgt it leaves running for the next talon to adopt
 	kill "$PID" 2>/dev/null
 	wait_for 60 sh -c "! kill -0 $PID 2>/dev/null" || { bad "talon did not stop"; kill -9 "$PID"; }
+	T=$(pgrep -f 'bin/[s]pdk_tgt')
+	[ -n "$T" ] && kill $T
+	wait_for 60 sh -c "! pgrep -f 'bin/[s]pdk_tgt' >/dev/null" || { bad "spdk_tgt did not stop"; kill -9 $T; }
 }
 serve
 
