@@ -228,6 +228,7 @@ fn chooses_vfio_when_group_viable_else_uio_else_explains() {
         BindOptions {
             driver: Some(UserspaceDriver::VfioPci),
             load_module: false,
+            data_ok: false,
         },
     )
     .expect_err("not viable");
@@ -339,6 +340,7 @@ fn refuses_swap_and_a_device_held_open_by_a_userspace_driver() {
         BindOptions {
             driver: Some(UserspaceDriver::UioPciGeneric),
             load_module: false,
+            data_ok: false,
         },
     )
     .expect_err("held open");
@@ -384,6 +386,7 @@ fn refused_sysfs_write_and_missing_driver_leave_state_unchanged() {
         BindOptions {
             driver: Some(UserspaceDriver::UioPciGeneric),
             load_module: false,
+            data_ok: false,
         },
     )
     .expect_err("no driver");
@@ -398,6 +401,7 @@ fn refused_sysfs_write_and_missing_driver_leave_state_unchanged() {
         BindOptions {
             driver: Some(UserspaceDriver::UioPciGeneric),
             load_module: true,
+            data_ok: false,
         },
     )
     .expect_err("not local");

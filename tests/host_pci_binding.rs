@@ -339,6 +339,69 @@ async fn a_disk_in_use_is_refused_and_left_alone() {
     rt.stop().await;
 }
 
+/// A free device holding data (a file-system signature) is taken only on a
+/// format request of its Disk (`talon disk format`), which the refusal
+/// names; a device the kernel uses (mounted) never, format or not.
+#[tokio::test]
+async fn data_on_a_free_disk_is_taken_only_on_a_format_request() {
+    let f = Fixture::new();
+    let _k = f.kernel();
+    let mut data = vec![0u8; 70 * 1024];
+    data[1080] = 0x53;
+    data[1081] = 0xef;
+    fs::write(f.root.path("/dev/nvme0n1"), data).expect("write");
+    f.write(
+        "/proc/self/mountinfo",
+        "30 1 259:0 / /data rw - ext4 /dev/nvme0n1 rw\n",
+    );
+    let rt = start(&f, State::in_memory());
+    let state = rt.state.clone();
+    let formatted = Disk {
+        format: 1,
+        ..pci_disk(SERIAL)
+    };
+    state.create_typed("nvme-a", "", &formatted).expect("disk");
+    let s = binding(&state, "nvme-a", BindingState::Failed).await;
+    assert!(s.message.contains("mounted at /data"), "{}", s.message);
+    assert_eq!(f.driver().as_deref(), Some("nvme"));
+    // unmounted, no format request: refused, naming the command
+    let cur = state.get_typed::<Disk>("nvme-a").expect("get").expect("disk");
+    state
+        .update_typed("nvme-a", "", Some(cur.metadata.version), &pci_disk(SERIAL))
+        .expect("no request");
+    f.write("/proc/self/mountinfo", "22 1 0:21 / /sys rw - sysfs sysfs rw\n");
+    let s = eventually("refused: data", WAIT, || async {
+        state
+            .get_typed::<PciBindingStatus>("nvme-a")
+            .expect("get")
+            .map(|s| s.spec)
+            .filter(|s| s.message.contains("ext2/3/4"))
+    })
+    .await;
+    assert!(
+        s.message
+            .contains("`talon disk format nvme-a --yes-destroy-data`"),
+        "{}",
+        s.message
+    );
+    assert_eq!(f.driver().as_deref(), Some("nvme"));
+    // the request: taken
+    let cur = state.get_typed::<Disk>("nvme-a").expect("get").expect("disk");
+    state
+        .update_typed("nvme-a", "", Some(cur.metadata.version), &formatted)
+        .expect("format request");
+    let s = eventually("bound on the request", WAIT, || async {
+        let s = state
+            .get_typed::<PciBindingStatus>("nvme-a")
+            .expect("get")
+            .map(|s| s.spec);
+        s.filter(|s| s.state == BindingState::Bound)
+    })
+    .await;
+    assert_ne!(f.driver().as_deref(), Some("nvme"), "{s:?}");
+    rt.stop().await;
+}
+
 #[tokio::test]
 async fn no_user_space_driver_is_a_clear_error() {
     let f = Fixture::new();

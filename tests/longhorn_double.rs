@@ -684,10 +684,32 @@ async fn longhorn_lifecycle_on_the_double() {
         e.message().contains("disk-fs") && e.message().contains("ext2/3/4 file system"),
         "{e}"
     );
-    talon::runtime::testing::eventually("no disk-fs left", Duration::from_secs(10), || async {
-        admin.get("Disk", "disk-fs").await.is_err().then_some(())
-    })
-    .await;
+    // judged before anything is recorded: no Disk, not even one being removed
+    assert!(
+        admin.get("Disk", "disk-fs").await.is_err(),
+        "a disk-fs left behind"
+    );
+    // a refusal of the disk controller (an NVMe device that cannot be bound):
+    // the Disk it recorded is gone when DiskCreate answers (issue 54)
+    let e = disks
+        .disk_create(imrpc::DiskCreateRequest {
+            disk_type: imrpc::DiskType::Block as i32,
+            disk_name: "disk-nvme".into(),
+            disk_path: "0000:7f:1f.7".into(),
+            disk_driver: "nvme".into(),
+            ..Default::default()
+        })
+        .await
+        .expect_err("an NVMe device that is not there");
+    assert!(e.message().contains("disk-nvme"), "{e}");
+    assert!(
+        admin.get("Disk", "disk-nvme").await.is_err(),
+        "a disk-nvme left behind"
+    );
+    assert!(
+        admin.get("DiskStatus", "disk-nvme").await.is_err(),
+        "its status left behind"
+    );
     let head = std::fs::read(&fs_file).expect("read");
     assert_eq!(&head[1080..1082], &[0x53, 0xef], "the file is as it was");
     assert!(!lvols(&spdk).await.keys().any(|k| k.starts_with("talon-disk-fs")));

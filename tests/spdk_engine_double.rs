@@ -54,6 +54,7 @@ fn file_disk(path: &Path, size: Option<u64>) -> Disk {
         size_bytes: size,
         cluster_mib: 1,
         block_size: None,
+        format: 0,
     }
 }
 
@@ -203,6 +204,7 @@ async fn bad_disks_fail_with_a_clear_message() {
         size_bytes: None,
         cluster_mib: 1,
         block_size: None,
+        format: 0,
     };
     st.create_typed("serial", "", &pci).expect("disk");
 
@@ -247,6 +249,7 @@ async fn pci_disk_attaches_an_nvme_controller() {
         size_bytes: None,
         cluster_mib: 4,
         block_size: None,
+        format: 0,
     };
     st.create_typed("nvme0", "", &pci).expect("disk");
     let s = status(&st, "nvme0", ObjectState::Ready).await;
@@ -269,6 +272,89 @@ async fn pci_disk_attaches_an_nvme_controller() {
         "{:?}",
         double.bdev_names()
     );
+    rt.stop().await;
+}
+
+/// A PCI disk is read through SPDK before talon makes an lvstore on it
+/// (issue 54): holding a file system it is refused by name, nothing
+/// written; blank it gets an lvstore whose identity is recorded; after a
+/// target restart that lvstore does not load and the disk is refused with
+/// the UUID recorded, until `format` (the numbered request `talon disk
+/// format` raises) makes a new one, once.
+#[tokio::test]
+async fn pci_disk_is_read_before_an_lvstore_and_remembered() {
+    use talon::resources::engine::DiskIdentity;
+    let d = tempfile::tempdir().expect("tempdir");
+    let double = SpdkDouble::start(d.path().join("spdk.sock"))
+        .await
+        .expect("double");
+    let bdf = "0000:00:04.0";
+    double.add_pcie_nvme(bdf, 65536, 4096);
+    double.write_pcie_nvme(bdf, 1080, &[0x53, 0xef]);
+    let dev = d.path().join("sys/bus/pci/devices").join(bdf);
+    std::fs::create_dir_all(&dev).expect("mkdir");
+    std::fs::create_dir_all(d.path().join("sys/bus/pci/drivers/vfio-pci")).expect("mkdir");
+    for (attr, v) in [("vendor", "0x1b36"), ("device", "0x0010"), ("class", "0x010802")] {
+        std::fs::write(dev.join(attr), format!("{v}\n")).expect("write");
+    }
+    std::os::unix::fs::symlink("../../../../bus/pci/drivers/vfio-pci", dev.join("driver")).expect("ln");
+    let rt = start(d.path(), State::in_memory());
+    let st = rt.state.clone();
+    let pci = Disk {
+        path: None,
+        pci: Some(bdf.into()),
+        size_bytes: None,
+        cluster_mib: 1,
+        block_size: None,
+        format: 0,
+    };
+    st.create_typed("nvme0", "", &pci).expect("disk");
+    let s = status(&st, "nvme0", ObjectState::Failed).await;
+    for want in [
+        "NVMe 0000:00:04.0 (bdev talon-disk-nvme0n1)",
+        "an ext2/3/4 file system",
+        "`talon disk format nvme0 --yes-destroy-data`",
+    ] {
+        assert!(s.message.contains(want), "{want}: {}", s.message);
+    }
+    assert_eq!(double.calls("bdev_lvol_create_lvstore"), 0, "nothing written");
+    assert_eq!(double.read_pcie_nvme(bdf, 1080, 2), [0x53, 0xef]);
+    assert!(st.get_typed::<DiskIdentity>("nvme0").expect("get").is_none());
+    // wiped outside talon: made, and remembered
+    double.write_pcie_nvme(bdf, 1080, &[0, 0]);
+    let s1 = status(&st, "nvme0", ObjectState::Ready).await;
+    let id = st.get_typed::<DiskIdentity>("nvme0").expect("get").expect("identity").spec;
+    assert_eq!(id.lvstore_uuid, s1.lvstore_uuid);
+    assert!(id.created && id.device.contains(bdf), "{id:?}");
+    // the target restarts, the lvstore does not come back: refused, with the UUID
+    double.restart().await.expect("restart");
+    let s = eventually("nvme0 refused after the restart", WAIT, || async {
+        st.get_typed::<DiskStatus>("nvme0")
+            .expect("get")
+            .map(|d| d.spec)
+            .filter(|d| d.state == ObjectState::Failed && d.message.contains("did not load"))
+    })
+    .await;
+    assert!(s.message.contains(&s1.lvstore_uuid), "{}", s.message);
+    // (the double counts calls since its restart)
+    assert_eq!(double.calls("bdev_lvol_create_lvstore"), 0, "no second lvstore");
+    // the one deliberate command, served once
+    let cur = st.get_typed::<Disk>("nvme0").expect("get").expect("disk");
+    st.update_typed("nvme0", "", Some(cur.metadata.version), &Disk { format: 1, ..pci.clone() })
+        .expect("format request");
+    let s2 = status(&st, "nvme0", ObjectState::Ready).await;
+    assert_ne!(s2.lvstore_uuid, s1.lvstore_uuid);
+    let id = st.get_typed::<DiskIdentity>("nvme0").expect("get").expect("identity").spec;
+    assert_eq!((id.lvstore_uuid.clone(), id.format_served), (s2.lvstore_uuid.clone(), 1));
+    // removed: its identity goes too
+    st.destroy("config", "Disk", "nvme0", "").expect("delete");
+    eventually("nvme0 and its identity gone", WAIT, || async {
+        (st.get_typed::<Disk>("nvme0").expect("get").is_none()
+            && st.get_typed::<DiskIdentity>("nvme0").expect("get").is_none())
+        .then_some(())
+    })
+    .await;
+    assert_eq!(double.read_pcie_nvme(bdf, 0, 8), [0; 8], "the lvstore deleted");
     rt.stop().await;
 }
 

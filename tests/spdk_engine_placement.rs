@@ -65,6 +65,7 @@ fn file_disk(path: &Path, size: Option<u64>) -> Disk {
         size_bytes: size,
         cluster_mib: 1,
         block_size: None,
+        format: 0,
     }
 }
 

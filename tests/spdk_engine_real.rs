@@ -88,6 +88,7 @@ async fn real_spdk_target_and_disk_survive_restarts() {
         size_bytes: Some(256 << 20),
         cluster_mib: 1,
         block_size: None,
+        format: 0,
     };
 
     // 1. talon starts spdk_tgt; the file disk gets an lvstore

@@ -185,6 +185,7 @@ fn run_pci(root: &HostRoot, output: Output, cmd: PciCommand) -> Result<(), crate
                 BindOptions {
                     driver,
                     load_module: !on_talos,
+                    data_ok: false,
                 },
             )?;
             print(output, &out, || bind_text(&out))

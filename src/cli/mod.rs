@@ -71,7 +71,7 @@ pub enum Command {
     /// Snapshots: create, list, delete.
     #[command(subcommand)]
     Snapshot(volume::SnapshotCommand),
-    /// Disks: add, list, remove.
+    /// Disks: add, list, remove, format.
     #[command(subcommand)]
     Disk(volume::DiskCommand),
     /// Orphan lvols (no volume or Longhorn replica owns them): list, remove.

@@ -8,8 +8,8 @@ use super::CliError;
 use super::output::{Format, human_bytes, print_value};
 use crate::api::types::NoParams;
 use crate::api::volume::{
-    AttachParams, CloneParams, DiskAddParams, DiskView, ExpandParams, NameParams, SnapshotListParams,
-    SnapshotParams, SnapshotView, VolumeCreateParams, VolumeView,
+    AttachParams, CloneParams, DiskAddParams, DiskFormatParams, DiskView, ExpandParams, NameParams,
+    SnapshotListParams, SnapshotParams, SnapshotView, VolumeCreateParams, VolumeView,
 };
 use crate::client::Client;
 use crate::resources::config::{RemoteReplica, snapshot_id};
@@ -262,6 +262,20 @@ pub enum DiskCommand {
     Remove {
         /// Disk name.
         name: String,
+    },
+    /// Format a disk talon refuses for what its device holds: a file system,
+    /// other data, an lvstore that is not this disk's, or the lvstore talon
+    /// made there that no longer loads. Makes a new lvstore over it; whatever
+    /// it held, every replica on it included, is lost.
+    Format {
+        /// Disk name.
+        name: String,
+        /// Required: confirms that the device's data is to be destroyed.
+        #[arg(long)]
+        yes_destroy_data: bool,
+        /// Return at once instead of waiting until the new lvstore is ready.
+        #[arg(long)]
+        no_wait: bool,
     },
 }
 
@@ -792,6 +806,19 @@ pub async fn run_disk(c: &Client, cmd: DiskCommand) -> Result<(), CliError> {
             return print_value(&serde_json::to_value(&v)?, output);
         }
         DiskCommand::Remove { name } => c.call("disk_remove", name_params(&name, false)).await?,
+        DiskCommand::Format {
+            name,
+            yes_destroy_data,
+            no_wait,
+        } => {
+            let params = DiskFormatParams {
+                name: name.clone(),
+                yes_destroy_data,
+                wait: !no_wait,
+                timeout_seconds: None,
+            };
+            call_telling(c, "disk_format", params, "DiskStatus", &name).await?
+        }
     };
     print_value(&v, Format::Yaml)
 }

@@ -11,12 +11,14 @@
 //!         │    zeros (a `truncate -s` file, a new disk) > ok
 //!         │    a signature (file system, partition table,
 //!         │      LVM, md, LUKS, swap) ─────────────────> refused, named ("wipe" overwrites it)
-//!         │    other bytes ────────────────────────────> refused ("wipe" overwrites them)
+//!         │    other bytes ────────────────────────────> refused, with the offset of the first
+//!         │                                              ("wipe" overwrites them)
 //!         └─ anything else (a directory, ...) ────────> refused
 //! ```
 //! The path is the one SPDK opens (in talon's mount namespace). `wipe`
 //! zeroes the first and last MiB (where every signature above lives), never
-//! an lvstore.
+//! an lvstore. [`classify`] is the one definition of blank: an NVMe disk's
+//! ends, read through SPDK (`spdk::disk`), are judged by it too.
 
 use std::fs::File;
 use std::io::{self, Read, Seek, SeekFrom, Write};
@@ -28,7 +30,7 @@ use std::path::{Path, PathBuf};
 pub const BLOBSTORE_SIGNATURE: &[u8; 8] = b"SPDKBLOB";
 
 /// How much of each end of a disk is read, and wiped.
-const EDGE: u64 = 1 << 20;
+pub const EDGE: u64 = 1 << 20;
 
 /// What a disk path holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -42,7 +44,10 @@ pub enum Content {
     /// A known signature: a file system, partition table, LVM, md, LUKS, swap.
     Signature(&'static str),
     /// Bytes that are not zeros, with no signature talon knows.
-    Data,
+    Data {
+        /// The offset of the first byte that is not zero.
+        at: u64,
+    },
 }
 
 impl Content {
@@ -59,7 +64,7 @@ impl std::fmt::Display for Content {
             Content::Zeros => f.write_str("only zeros"),
             Content::Lvstore => f.write_str("an SPDK lvstore"),
             Content::Signature(s) => f.write_str(s),
-            Content::Data => f.write_str("data (not zeros, and no signature talon knows)"),
+            Content::Data { at } => write!(f, "non-zero data at offset {at} (and no signature talon knows)"),
         }
     }
 }
@@ -126,7 +131,7 @@ pub fn inspect(path: &Path) -> Result<Content, DiskTargetError> {
     let head = read_at(&mut f, 0, len.min(EDGE)).map_err(inspect)?;
     let tail_at = len.saturating_sub(EDGE).max(head.len() as u64);
     let tail = read_at(&mut f, tail_at, len - tail_at).map_err(inspect)?;
-    Ok(classify(&head, &tail))
+    Ok(classify(&head, &tail, tail_at))
 }
 
 fn read_at(f: &mut File, at: u64, n: u64) -> io::Result<Vec<u8>> {
@@ -136,19 +141,20 @@ fn read_at(f: &mut File, at: u64, n: u64) -> io::Result<Vec<u8>> {
     Ok(buf)
 }
 
-/// What a disk holds, from its first bytes (`head`) and last (`tail`, may
-/// be empty: a disk no longer than `head`).
-pub fn classify(head: &[u8], tail: &[u8]) -> Content {
+/// What a disk holds, from its first bytes (`head`, from offset 0) and last
+/// (`tail`, from offset `tail_at`; may be empty: a disk no longer than
+/// `head`). Blank is [`Content::Zeros`]: every byte of both ends zero.
+pub fn classify(head: &[u8], tail: &[u8], tail_at: u64) -> Content {
     if head.starts_with(BLOBSTORE_SIGNATURE) {
         return Content::Lvstore;
     }
     if let Some(s) = super::pci::detect_signature(head).or_else(|| tail_signature(head, tail)) {
         return Content::Signature(s);
     }
-    if head.iter().chain(tail).all(|b| *b == 0) {
-        Content::Zeros
-    } else {
-        Content::Data
+    let first = |b: &[u8]| b.iter().position(|x| *x != 0).map(|i| i as u64);
+    match first(head).or_else(|| first(tail).map(|i| tail_at + i)) {
+        None => Content::Zeros,
+        Some(at) => Content::Data { at },
     }
 }
 
@@ -175,8 +181,8 @@ pub fn check(path: &Path, wipe: bool) -> Result<Content, DiskTargetError> {
     let content = inspect(path)?;
     match content {
         Content::Absent | Content::Zeros | Content::Lvstore => Ok(content),
-        Content::Signature(_) | Content::Data if wipe => Ok(content),
-        Content::Signature(_) | Content::Data => Err(DiskTargetError::Foreign {
+        Content::Signature(_) | Content::Data { .. } if wipe => Ok(content),
+        Content::Signature(_) | Content::Data { .. } => Err(DiskTargetError::Foreign {
             path: path.to_path_buf(),
             content,
         }),
@@ -310,10 +316,18 @@ mod tests {
             matches!(
                 e,
                 DiskTargetError::Foreign {
-                    content: Content::Data,
+                    content: Content::Data { at: 0 },
                     ..
                 }
             ),
+            "{e:?}"
+        );
+        assert!(e.to_string().contains("non-zero data at offset 0"), "{e}");
+        // in the last MiB: named by its offset
+        let end = file(d, "end.img", 4 << 20, &[((4 << 20) - 100, b"x")]);
+        let e = check(&end, false).expect_err("data at the end");
+        assert!(
+            matches!(e, DiskTargetError::Foreign { content: Content::Data { at }, .. } if at == (4 << 20) - 100),
             "{e:?}"
         );
         // data past the first MiB and before the last is not looked at

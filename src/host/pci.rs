@@ -486,6 +486,26 @@ pub fn choose_driver(root: &HostRoot, dev: &PciDevice) -> Result<UserspaceDriver
 /// a mounted namespace or partition, holders (dm, md), partitions, or a
 /// partition table / file-system / LVM signature in the first sectors.
 pub fn in_use(root: &HostRoot, dev: &PciDevice) -> Result<Option<String>, PciError> {
+    match in_use_by_kernel(root, dev)? {
+        Some(r) => Ok(Some(r)),
+        None => carries(root, dev),
+    }
+}
+
+/// The signature a free device carries (`/dev/<ns> carries <what>`), which
+/// [`in_use`] refuses too; a deliberate format takes the device anyway.
+pub fn carries(root: &HostRoot, dev: &PciDevice) -> Result<Option<String>, PciError> {
+    for ns in &dev.block_devices {
+        if let Some(sig) = signature(root, dev.bdf.as_str(), ns)? {
+            return Ok(Some(format!("/dev/{ns} carries {sig}")));
+        }
+    }
+    Ok(None)
+}
+
+/// Why the kernel itself uses a device (mounted, swap, holders,
+/// partitions), never to be taken whatever is asked; `None` when free.
+pub fn in_use_by_kernel(root: &HostRoot, dev: &PciDevice) -> Result<Option<String>, PciError> {
     let b = dev.bdf.as_str();
     let e = inspect_err(b);
     let mountinfo = root.read_string("/proc/self/mountinfo").ok();
@@ -526,9 +546,6 @@ pub fn in_use(root: &HostRoot, dev: &PciDevice) -> Result<Option<String>, PciErr
                 "/dev/{ns} has partitions ({})",
                 nodes[1..].join(", ")
             )));
-        }
-        if let Some(sig) = signature(root, b, ns)? {
-            return Ok(Some(format!("/dev/{ns} carries {sig}")));
         }
     }
     Ok(None)
@@ -687,6 +704,9 @@ pub struct BindOptions {
     pub driver: Option<UserspaceDriver>,
     /// Run modprobe for a driver that is not registered (not on Talos).
     pub load_module: bool,
+    /// Take a free device whatever signature it carries (a deliberate
+    /// format, `talon disk format`); one the kernel uses is still refused.
+    pub data_ok: bool,
 }
 
 /// Binds an NVMe device to a user-space driver, refusing a device in use.
@@ -712,7 +732,12 @@ pub fn bind(root: &HostRoot, selector: &str, opts: BindOptions) -> Result<BindOu
             changed: false,
         });
     }
-    if let Some(reason) = in_use(root, &dev)? {
+    let busy = if opts.data_ok {
+        in_use_by_kernel(root, &dev)?
+    } else {
+        in_use(root, &dev)?
+    };
+    if let Some(reason) = busy {
         return Err(PciError::InUse { bdf, reason });
     }
     refuse_if_opened(root, &dev)?;

@@ -46,6 +46,9 @@ use crate::spdk::volume::{Inventory, plan};
 /// How long a create or delete waits for the controller before it answers
 /// with the state reached so far (Longhorn polls the state anyway).
 const SETTLE: Duration = Duration::from_secs(10);
+/// How long a refused DiskCreate waits for its Disk to be gone.
+const DISK_FORGET: Duration = Duration::from_secs(30);
+
 /// How long DiskCreate waits for the disk's lvstore.
 const DISK_READY: Duration = Duration::from_secs(60);
 
@@ -1422,6 +1425,34 @@ impl instance_service_server::InstanceService for Longhorn {
     }
 }
 
+impl Longhorn {
+    /// Removes a Disk this `DiskCreate` recorded and that did not come up,
+    /// and waits (bounded) until it is gone: the disk controller holds it
+    /// until its base bdev is detached, and a refused `DiskCreate` must
+    /// leave no Disk behind.
+    async fn forget_disk(&self, name: &str) {
+        let (_, mut rx) = self.state().watch(Some(("config", Disk::TYPE)));
+        match self.state().destroy("config", Disk::TYPE, name, "") {
+            Ok(_) | Err(StateError::NotFound { .. }) => {}
+            Err(e) => {
+                tracing::warn!(disk = %name, error = %e, "DiskCreate: the refused disk is not removed");
+                return;
+            }
+        }
+        let deadline = tokio::time::Instant::now() + DISK_FORGET;
+        while matches!(self.state().get_typed::<Disk>(name), Ok(Some(_))) {
+            match tokio::time::timeout_at(deadline, rx.recv()).await {
+                Err(_) => {
+                    tracing::warn!(disk = %name, "DiskCreate: the refused disk is still being removed");
+                    return;
+                }
+                Ok(Err(tokio::sync::broadcast::error::RecvError::Closed)) => return,
+                Ok(_) => {}
+            }
+        }
+    }
+}
+
 // ------------------------------------------------------------ 8502
 
 #[tonic::async_trait]
@@ -1471,7 +1502,28 @@ impl disk_service_server::DiskService for Longhorn {
             } else {
                 aio_block_size(&what, req.block_size)?
             },
+            format: 0,
         };
+        // what a path holds is judged before anything is recorded (the rule
+        // disk_add follows): a refused path leaves no Disk behind
+        let recorded = self
+            .state()
+            .get_typed::<Disk>(name.as_str())
+            .map_err(LonghornError::State)?
+            .is_some();
+        if let Some(path) = want.path.clone().map(std::path::PathBuf::from)
+            && !recorded
+        {
+            let checked = tokio::task::spawn_blocking(move || crate::host::disk_target::check(&path, false))
+                .await
+                .map_err(|e| Status::internal(format!("{what}: {e}")))?;
+            if let Err(e) = checked {
+                return Err(Status::failed_precondition(format!(
+                    "{what}: {}",
+                    crate::util::error_chain(&e)
+                )));
+            }
+        }
         let made = match self
             .state()
             .get_typed::<Disk>(name.as_str())
@@ -1521,7 +1573,7 @@ impl disk_service_server::DiskService for Longhorn {
         };
         if let Some(f) = failure {
             if made {
-                let _ = self.state().destroy("config", Disk::TYPE, name.as_str(), "");
+                self.forget_disk(name.as_str()).await;
             }
             return Err(f);
         }

@@ -229,6 +229,13 @@ pub struct Disk {
     /// for a file). Longhorn's `DiskCreate` gives 512.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub block_size: Option<u32>,
+    /// A numbered request to format the disk (`talon disk format <disk>
+    /// --yes-destroy-data` raises it): carried out once, when it is above the
+    /// last one served (its `DiskIdentity`), and only while the disk is
+    /// refused for what its device holds: an lvstore is made over it, losing
+    /// whatever was there. 0: never.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub format: u64,
 }
 
 fn default_cluster_mib() -> u32 {

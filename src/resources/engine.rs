@@ -101,6 +101,37 @@ impl Spec for DiskStatus {
     const NAMESPACE: &'static str = "engine";
 }
 
+/// What talon made on a disk (id: the disk), persisted (namespace `ledger`):
+/// the lvstore it created there, or found there the first time it served the
+/// disk. Checked at every later ensure: an lvstore is never made over a
+/// device where the one recorded does not load (an I/O error, the target
+/// stopping, a newer format), nor is another lvstore taken for it; only
+/// `talon disk format` (the Disk's numbered `format` request) does, once.
+/// Dropped when the disk is removed.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct DiskIdentity {
+    /// The lvstore name (`talon-<disk>`).
+    pub lvstore: String,
+    /// Its UUID: what must load from the device.
+    pub lvstore_uuid: String,
+    /// The device it is on, as talon named it then (a path, or `NVMe <bdf>`).
+    pub device: String,
+    /// Whether talon created it (false: it was there when talon first
+    /// served the disk).
+    pub created: bool,
+    /// When it was recorded (RFC 3339).
+    pub since: String,
+    /// The last `format` request of the Disk that was carried out.
+    #[serde(default)]
+    pub format_served: u64,
+}
+
+impl Spec for DiskIdentity {
+    const TYPE: &'static str = "DiskIdentity";
+    const NAMESPACE: &'static str = "ledger";
+}
+
 /// One replica of a volume (id `<volume>-r<N>`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]

@@ -7,7 +7,7 @@
 //! | `host` | HugepagesSpec, HugepagesStatus, KernelModuleStatus, PciDevice, PciBindingStatus, HostCapabilities |
 //! | `engine` | BackupStatus, LonghornRestoreStatus, TargetStatus, DiskStatus, OrphanLvol, ReplicaStatus, EngineStatus, LonghornInstanceStatus, RebuildDest, RebuildDestStatus |
 //! | `frontend` | AttachmentStatus |
-//! | `ledger` | ReplicaLedger, HugepagesLedger, PciBindIntent, LonghornRestoreLedger, LonghornRevertLedger (persisted) |
+//! | `ledger` | ReplicaLedger, DiskIdentity, HugepagesLedger, PciBindIntent, LonghornRestoreLedger, LonghornRevertLedger (persisted) |
 
 pub mod backup;
 pub mod config;
@@ -72,6 +72,14 @@ pub fn register_types(reg: &mut TypeRegistry) {
             ("BDEV", "/bdev"),
             ("TOTAL", "/totalBytes"),
             ("FREE", "/freeBytes"),
+        ],
+    );
+    reg.register::<engine::DiskIdentity>(
+        "The lvstore talon made on a disk, checked before any other is made there (persisted)",
+        &[
+            ("LVSTORE", "/lvstore"),
+            ("UUID", "/lvstoreUuid"),
+            ("DEVICE", "/device"),
         ],
     );
     reg.register::<engine::ReplicaStatus>(

@@ -10,19 +10,28 @@
 //!                    │        └─> bdev_aio_create "talon-disk-<d>"
 //!                    ├─ pci: bdev_nvme_attach_controller "talon-disk-<d>" at its BDF
 //!                    │        └─> bdev "talon-disk-<d>n1"
-//!                    ├─ bdev_wait_for_examine ─> lvstore "talon-<d>" imported?
-//!                    │        no ─> the path blank (zeros)? no ─> refused (host::disk_target)
-//!                    │              yes ─> bdev_lvol_create_lvstore (cluster clusterMib)
-//!                    │              fails ─> roll back the bdev/file made here
-//!                    └─> the lvstore (sizes for DiskStatus)
+//!                    ├─ bdev_wait_for_examine ─> lvstore "talon-<d>" loaded?
+//!                    │   yes: the UUID talon recorded (DiskIdentity)? ─> the lvstore
+//!                    │        another UUID ─> refused (unless formatting)
+//!                    │   no:  what the device holds, its first and last MiB
+//!                    │        (path: read by talon; pci: NVMe Reads through
+//!                    │        bdev_nvme_send_cmd), judged by disk_target::classify
+//!                    │        ├─ talon once made an lvstore here ─> refused, whatever it reads
+//!                    │        ├─ not blank (a signature, an lvstore that did not
+//!                    │        │   load, non-zero data) ─> refused
+//!                    │        └─ blank, or a format request ─> bdev_lvol_create_lvstore
+//!                    │   fails ─> roll back the bdev/file made here
+//!                    └─> the lvstore (sizes for DiskStatus), and whether it was created
 //!   DiskOps::teardown: lvols left? ─yes─> Some("still holds lvols: ...")
 //!                                   no ─> delete lvstore, delete base bdev
 //!   DiskOps::remove_orphans: lvstore "talon-*" on a "talon-disk-*" bdev with no
 //!            Disk and no lvols ─> removed; anything not named by talon is never touched.
 //! ```
 //!
-//! A disk file is never deleted by talon (it may be the only copy of an
-//! lvstore); removing the disk removes the lvstore from it and detaches it.
+//! A refusal names the device, what it holds, and the one command that
+//! formats it anyway: `talon disk format <disk> --yes-destroy-data`. A disk
+//! file is never deleted by talon (it may be the only copy of an lvstore);
+//! removing the disk removes the lvstore from it and detaches it.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -30,10 +39,11 @@ use std::path::{Path, PathBuf};
 use super::naming::{self, DISK_BDEV_PREFIX, LVS_PREFIX, pci_bdev};
 use super::rpc::{
     AioCreate, AttachController, ByName, GetControllers, GetLvols, Lvstore, LvstoreCreate, LvstoreSelector,
+    NvmeSendCmd,
 };
 use super::{ClientError, ErrorKind, SpdkClient};
 use crate::host::HostRoot;
-use crate::host::disk_target;
+use crate::host::disk_target::{self, Content};
 use crate::host::mounts::{fs_type_at, parse_mountinfo};
 use crate::names::ObjectName;
 use crate::resources::config::Disk;
@@ -138,17 +148,66 @@ pub enum DiskError {
         /// The lvstore.
         lvstore: String,
     },
-    /// The path holds something an lvstore would overwrite: data, a
-    /// signature, or an lvstore SPDK did not load as this disk's.
-    #[error("Disk {disk}: no lvstore {lvstore} is loaded from it, and it is not blank")]
+    /// No lvstore of the disk loaded, and the device holds something an
+    /// lvstore would overwrite: data, a signature, or an lvstore SPDK did
+    /// not load as this disk's.
+    #[error(
+        "Disk {disk}: {device} holds {what}, and no lvstore {lvstore} loaded from it; talon makes an lvstore only over a blank device (zeros at both ends), and wrote nothing. If what it holds is not needed: `talon disk format {disk} --yes-destroy-data`",
+        what = refused_content(*.found)
+    )]
     NotBlank {
         /// The disk.
         disk: String,
+        /// The device (a path, or `NVMe <bdf> (bdev ...)`).
+        device: String,
         /// The lvstore looked for.
         lvstore: String,
-        /// What the path holds.
+        /// What the device holds.
+        found: Content,
+    },
+    /// The lvstore talon made (or first found) on the disk did not load.
+    #[error(
+        "Disk {disk}: lvstore {lvstore} (uuid {expected}), which talon recorded on {device}, did not load; the device holds {what}. talon never makes a new lvstore over it (every replica on it would be lost) and wrote nothing. Find why it did not load (spdk_tgt's log); if its data is lost for good: `talon disk format {disk} --yes-destroy-data`",
+        what = refused_content(*.found)
+    )]
+    LvstoreNotLoaded {
+        /// The disk.
+        disk: String,
+        /// The device.
+        device: String,
+        /// The lvstore.
+        lvstore: String,
+        /// The UUID recorded.
+        expected: String,
+        /// What the device holds now.
+        found: Content,
+    },
+    /// The lvstore loaded has another UUID than the one talon recorded.
+    #[error(
+        "Disk {disk}: lvstore {lvstore} loaded from {device} has uuid {found}, not {expected} which talon recorded on this disk (another device at this address or path?); not used. If that lvstore is to be replaced: `talon disk format {disk} --yes-destroy-data`"
+    )]
+    LvstoreReplaced {
+        /// The disk.
+        disk: String,
+        /// The device.
+        device: String,
+        /// The lvstore.
+        lvstore: String,
+        /// The UUID recorded.
+        expected: String,
+        /// The UUID loaded.
+        found: String,
+    },
+    /// What the device holds could not be read; nothing is made over it.
+    #[error("Disk {disk}: cannot read {device} to check that it is blank; nothing was written")]
+    ReadDevice {
+        /// The disk.
+        disk: String,
+        /// The device.
+        device: String,
+        /// Why.
         #[source]
-        source: disk_target::DiskTargetError,
+        source: ReadError,
     },
     /// An SPDK call failed.
     #[error("Disk {disk}: {op} failed")]
@@ -161,6 +220,52 @@ pub enum DiskError {
         #[source]
         source: ClientError,
     },
+}
+
+/// Why the ends of a device could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum ReadError {
+    /// A path could not be read.
+    #[error(transparent)]
+    Path(#[from] disk_target::DiskTargetError),
+    /// An SPDK call failed.
+    #[error("{op} failed")]
+    Rpc {
+        /// The call.
+        op: String,
+        /// The error.
+        #[source]
+        source: ClientError,
+    },
+    /// An NVMe Read completed with an error status.
+    #[error(
+        "the NVMe Read of {blocks} blocks at LBA {lba} completed with status type {sct:#x}, code {sc:#04x}"
+    )]
+    Status {
+        /// Its first block.
+        lba: u64,
+        /// How many blocks.
+        blocks: u64,
+        /// Status code type.
+        sct: u8,
+        /// Status code.
+        sc: u8,
+    },
+    /// SPDK's answer was not what `bdev_nvme_send_cmd` answers.
+    #[error("the answer to an NVMe Read is malformed: {0}")]
+    Reply(String),
+}
+
+/// What a device holds, said in a refusal (an lvstore there is one that did
+/// not load as this disk's).
+fn refused_content(c: Content) -> String {
+    match c {
+        Content::Lvstore => {
+            "an lvstore superblock (SPDKBLOB at offset 0) that did not load as this disk's".into()
+        }
+        Content::Absent => "nothing (it does not exist)".into(),
+        c => c.to_string(),
+    }
 }
 
 fn rpc(disk: &str, op: impl Into<String>) -> impl FnOnce(ClientError) -> DiskError {
@@ -228,6 +333,146 @@ fn names(id: &str, spec: &Disk) -> Result<DiskNames, DiskError> {
         bdev,
         lvstore: naming::lvstore(name.as_str()),
     })
+}
+
+/// A disk brought up by [`DiskOps::ensure`].
+#[derive(Debug, Clone)]
+pub struct Ensured {
+    /// Its lvstore.
+    pub lvstore: Lvstore,
+    /// Whether this call created it (else it loaded).
+    pub created: bool,
+    /// The device, as refusals name it.
+    pub device: String,
+}
+
+/// The device of a disk as messages name it: its path, or `NVMe <bdf>
+/// (bdev <bdev>)`.
+pub fn device_name(n: &DiskNames, spec: &Disk) -> String {
+    match (&spec.path, &spec.pci) {
+        (Some(p), _) => p.clone(),
+        (None, Some(pci)) => format!("NVMe {pci} (bdev {})", n.bdev),
+        (None, None) => n.bdev.clone(),
+    }
+}
+
+/// The NVMe Read command's opcode.
+const NVME_OPC_READ: u8 = 0x02;
+
+/// Bytes per NVMe Read passed through SPDK: below any controller's maximum
+/// transfer (MDTS is at least one 4 KiB page, and in practice 128 KiB and
+/// more; a larger transfer is not refused by the RPC: over NVMe/TCP a 1 MiB
+/// one reset the controller), and small enough to pipeline.
+pub const NVME_READ_BYTES: u64 = 32 << 10;
+
+/// How many Reads are in flight at once.
+const NVME_READS_IN_FLIGHT: usize = 8;
+
+/// SPDK's base64 for NVMe passthrough: the URL-safe alphabet, padded
+/// (`spdk_base64_urlsafe_encode`); padding is accepted either way.
+const NVME_B64: base64::engine::GeneralPurpose = base64::engine::GeneralPurpose::new(
+    &base64::alphabet::URL_SAFE,
+    base64::engine::GeneralPurposeConfig::new()
+        .with_encode_padding(true)
+        .with_decode_padding_mode(base64::engine::DecodePaddingMode::Indifferent),
+);
+
+/// The submission queue entry of an NVMe Read of `blocks` (1..=65536)
+/// blocks at `lba` of namespace `nsid`: opcode in byte 0, NSID in bytes
+/// 4-7, the starting LBA in CDW10-11 (bytes 40-47), the 0-based block count
+/// in CDW12 bits 0-15 (bytes 48-49). SPDK fills the command id and the data
+/// pointer.
+pub fn nvme_read_sqe(nsid: u32, lba: u64, blocks: u16) -> [u8; 64] {
+    let mut sqe = [0u8; 64];
+    sqe[0] = NVME_OPC_READ;
+    sqe[4..8].copy_from_slice(&nsid.to_le_bytes());
+    sqe[40..48].copy_from_slice(&lba.to_le_bytes());
+    sqe[48..50].copy_from_slice(&blocks.saturating_sub(1).to_le_bytes());
+    sqe
+}
+
+/// The status of an NVMe completion queue entry (16 bytes; the status
+/// field in bytes 14-15 above the phase bit): `(sct, sc)`, `(0, 0)` for
+/// success; `None` when it is not 16 bytes.
+pub fn nvme_cpl_status(cpl: &[u8]) -> Option<(u8, u8)> {
+    let raw: [u8; 16] = cpl.try_into().ok()?;
+    let status = u16::from_le_bytes([raw[14], raw[15]]) >> 1;
+    Some((((status >> 8) & 0x7) as u8, (status & 0xff) as u8))
+}
+
+/// NVMe Reads of one namespace through `bdev_nvme_send_cmd`.
+struct NvmeReader<'a> {
+    client: &'a SpdkClient,
+    ctrlr: &'a str,
+    nsid: u32,
+    block_size: u64,
+    md_size: u32,
+}
+
+impl NvmeReader<'_> {
+    /// `blocks` blocks from `lba`, in order.
+    async fn range(&self, lba: u64, blocks: u64) -> Result<Vec<u8>, ReadError> {
+        use futures::StreamExt;
+        let per = (NVME_READ_BYTES / self.block_size).clamp(1, 1 << 16);
+        let reads = (0..blocks.div_ceil(per)).map(|i| {
+            let at = lba + i * per;
+            self.one(at, per.min(lba + blocks - at))
+        });
+        let mut out = Vec::new();
+        let mut s = futures::stream::iter(reads).buffered(NVME_READS_IN_FLIGHT);
+        while let Some(r) = s.next().await {
+            out.extend_from_slice(&r?);
+        }
+        Ok(out)
+    }
+
+    async fn one(&self, lba: u64, blocks: u64) -> Result<Vec<u8>, ReadError> {
+        use base64::Engine;
+        let n = u16::try_from(blocks).unwrap_or(u16::MAX);
+        let data_len = u64::from(n) * self.block_size;
+        let params = NvmeSendCmd {
+            name: self.ctrlr.to_owned(),
+            cmd_type: "io".into(),
+            data_direction: "c2h".into(),
+            cmdbuf: NVME_B64.encode(nvme_read_sqe(self.nsid, lba, n)),
+            data_len: Some(u32::try_from(data_len).unwrap_or(u32::MAX)),
+            metadata_len: (self.md_size > 0).then(|| u32::from(n) * self.md_size),
+            timeout_ms: None,
+        };
+        let r = self
+            .client
+            .bdev_nvme_send_cmd(&params)
+            .await
+            .map_err(|source| ReadError::Rpc {
+                op: format!("bdev_nvme_send_cmd {} (Read of LBA {lba})", self.ctrlr),
+                source,
+            })?;
+        let cpl = NVME_B64
+            .decode(&r.cpl)
+            .map_err(|e| ReadError::Reply(format!("cpl {:?}: {e}", r.cpl)))?;
+        match nvme_cpl_status(&cpl) {
+            Some((0, 0)) => {}
+            Some((sct, sc)) => {
+                return Err(ReadError::Status {
+                    lba,
+                    blocks: u64::from(n),
+                    sct,
+                    sc,
+                });
+            }
+            None => return Err(ReadError::Reply(format!("cpl of {} bytes, not 16", cpl.len()))),
+        }
+        let data = NVME_B64
+            .decode(r.data.as_deref().unwrap_or_default())
+            .map_err(|e| ReadError::Reply(format!("data: {e}")))?;
+        if data.len() as u64 != data_len {
+            return Err(ReadError::Reply(format!(
+                "{} bytes of data for a Read of {data_len}",
+                data.len()
+            )));
+        }
+        Ok(data)
+    }
 }
 
 /// What a reconcile created (rolled back when a later step fails).
@@ -392,9 +637,20 @@ impl DiskOps {
     }
 
     /// Base bdev and lvstore up (imported or created); rolls back on failure.
-    pub async fn ensure(&self, n: &DiskNames, spec: &Disk) -> Result<Lvstore, DiskError> {
+    /// `recorded` is the lvstore UUID talon recorded on this disk
+    /// (`DiskIdentity`): only that one is taken, and none is created while
+    /// it does not load. `format` (a format request not yet served) makes
+    /// the lvstore over whatever the device holds, replacing one of another
+    /// UUID.
+    pub async fn ensure(
+        &self,
+        n: &DiskNames,
+        spec: &Disk,
+        recorded: Option<&str>,
+        format: bool,
+    ) -> Result<Ensured, DiskError> {
         let mut created = Created::default();
-        match self.ensure_inner(n, spec, &mut created).await {
+        match self.ensure_inner(n, spec, recorded, format, &mut created).await {
             Ok(l) => Ok(l),
             Err(e) => {
                 self.rollback(n, spec, created).await;
@@ -407,9 +663,12 @@ impl DiskOps {
         &self,
         n: &DiskNames,
         spec: &Disk,
+        recorded: Option<&str>,
+        format: bool,
         created: &mut Created,
-    ) -> Result<Lvstore, DiskError> {
+    ) -> Result<Ensured, DiskError> {
         self.ensure_base(n, spec, created).await?;
+        let device = device_name(n, spec);
         // an lvstore on the bdev is imported by examine: wait for it, then look
         self.client
             .bdev_wait_for_examine()
@@ -424,26 +683,76 @@ impl DiskOps {
                     expected: n.bdev.clone(),
                 });
             }
-            return Ok(l);
+            match recorded {
+                Some(u) if u != l.uuid && !format => {
+                    return Err(DiskError::LvstoreReplaced {
+                        disk: n.disk.clone(),
+                        device,
+                        lvstore: n.lvstore.clone(),
+                        expected: u.to_owned(),
+                        found: l.uuid,
+                    });
+                }
+                // formatting: replaced below
+                Some(u) if u != l.uuid => {}
+                _ => {
+                    return Ok(Ensured {
+                        lvstore: l,
+                        created: false,
+                        device,
+                    });
+                }
+            }
         }
-        // the last look before an lvstore overwrites the disk: only over
-        // zeros (an lvstore that did not load, e.g. while the target shuts
-        // down or another node's, is never overwritten)
-        if let Some(path) = &spec.path {
-            let (path, shown) = (PathBuf::from(path), PathBuf::from(path));
-            let blank = tokio::task::spawn_blocking(move || disk_target::check_blank(&path))
+        if format {
+            // asked for by name (`talon disk format`): any lvstore loaded from
+            // the device goes, then a new one is made over what it holds
+            let on_it = self
+                .client
+                .bdev_lvol_get_lvstores(&LvstoreSelector::default())
                 .await
-                .unwrap_or_else(|e| {
-                    Err(disk_target::DiskTargetError::Inspect {
-                        path: shown,
-                        source: std::io::Error::other(e),
+                .map_err(rpc(&n.disk, "bdev_lvol_get_lvstores"))?
+                .into_iter()
+                .filter(|l| l.base_bdev == n.bdev);
+            for l in on_it {
+                tracing::warn!(disk = %n.disk, lvstore = %l.name, uuid = %l.uuid, "format: deleting the lvstore loaded from the device");
+                self.client
+                    .bdev_lvol_delete_lvstore(&LvstoreSelector {
+                        uuid: Some(l.uuid.clone()),
+                        lvs_name: None,
                     })
+                    .await
+                    .map_err(rpc(&n.disk, format!("bdev_lvol_delete_lvstore {}", l.name)))?;
+            }
+            tracing::warn!(disk = %n.disk, %device, "format: making a new lvstore over what the device holds, as asked");
+        } else {
+            // the last look before an lvstore overwrites the device: where talon
+            // made one, never again; elsewhere only over zeros (an lvstore that
+            // did not load, e.g. while the target shuts down, or another node's,
+            // is never overwritten)
+            let found = self
+                .content(n, spec)
+                .await
+                .map_err(|source| DiskError::ReadDevice {
+                    disk: n.disk.clone(),
+                    device: device.clone(),
+                    source,
+                })?;
+            if let Some(u) = recorded {
+                return Err(DiskError::LvstoreNotLoaded {
+                    disk: n.disk.clone(),
+                    device,
+                    lvstore: n.lvstore.clone(),
+                    expected: u.to_owned(),
+                    found,
                 });
-            if let Err(source) = blank {
+            }
+            if !found.is_blank() {
                 return Err(DiskError::NotBlank {
                     disk: n.disk.clone(),
+                    device,
                     lvstore: n.lvstore.clone(),
-                    source,
+                    found,
                 });
             }
         }
@@ -457,13 +766,81 @@ impl DiskOps {
             &n.disk,
             format!("bdev_lvol_create_lvstore {} on {}", n.lvstore, n.bdev),
         ))?;
-        tracing::info!(disk = %n.disk, lvstore = %n.lvstore, "lvstore created");
-        self.lvstore(&n.disk, &n.lvstore)
+        let l = self
+            .lvstore(&n.disk, &n.lvstore)
             .await?
             .ok_or_else(|| DiskError::LvstoreVanished {
                 disk: n.disk.clone(),
                 lvstore: n.lvstore.clone(),
-            })
+            })?;
+        tracing::info!(disk = %n.disk, lvstore = %n.lvstore, uuid = %l.uuid, %device, "lvstore created");
+        Ok(Ensured {
+            lvstore: l,
+            created: true,
+            device,
+        })
+    }
+
+    /// What the device of a disk holds at its ends: a path read by talon,
+    /// an NVMe namespace read through SPDK.
+    async fn content(&self, n: &DiskNames, spec: &Disk) -> Result<Content, ReadError> {
+        match &spec.path {
+            Some(path) => {
+                let (path, shown) = (PathBuf::from(path), PathBuf::from(path));
+                tokio::task::spawn_blocking(move || disk_target::inspect(&path))
+                    .await
+                    .unwrap_or_else(|e| {
+                        Err(disk_target::DiskTargetError::Inspect {
+                            path: shown,
+                            source: std::io::Error::other(e),
+                        })
+                    })
+                    .map_err(ReadError::Path)
+            }
+            None => self.read_nvme_ends(&n.base, &n.bdev).await,
+        }
+    }
+
+    /// What NVMe bdev `bdev` of controller `ctrlr` holds in its first and
+    /// last MiB ([`disk_target::classify`]), read with NVMe Read commands
+    /// passed through SPDK (`bdev_nvme_send_cmd`): a device bound to a
+    /// user-space driver has no other reader. Read in [`NVME_READ_BYTES`]
+    /// pieces, below any controller's MDTS.
+    pub async fn read_nvme_ends(&self, ctrlr: &str, bdev: &str) -> Result<Content, ReadError> {
+        let b = self
+            .client
+            .bdev(bdev)
+            .await
+            .map_err(|source| ReadError::Rpc {
+                op: format!("bdev_get_bdevs {bdev}"),
+                source,
+            })?
+            .ok_or_else(|| ReadError::Reply(format!("bdev {bdev} is not listed")))?;
+        let bs = u64::from(b.block_size);
+        if bs == 0 {
+            return Err(ReadError::Reply(format!("bdev {bdev} has block size 0")));
+        }
+        let nsid = b
+            .driver_specific
+            .pointer("/nvme/0/ns_data/id")
+            .and_then(serde_json::Value::as_u64)
+            .and_then(|i| u32::try_from(i).ok())
+            .unwrap_or(1);
+        let md = if b.md_interleave { 0 } else { b.md_size };
+        let blocks = b.num_blocks;
+        let edge = disk_target::EDGE.div_ceil(bs);
+        let head_blocks = blocks.min(edge);
+        let tail_lba = blocks.saturating_sub(edge).max(head_blocks);
+        let read = NvmeReader {
+            client: &self.client,
+            ctrlr,
+            nsid,
+            block_size: bs,
+            md_size: md,
+        };
+        let head = read.range(0, head_blocks).await?;
+        let tail = read.range(tail_lba, blocks - tail_lba).await?;
+        Ok(disk_target::classify(&head, &tail, tail_lba * bs))
     }
 
     /// Tears a disk down; `Ok(Some(msg))` when lvols still hold it.
@@ -730,6 +1107,79 @@ mod tests {
                 Err(DiskError::MissingBlockDevice { .. })
             ));
         }
+    }
+
+    /// Recorded from spdk_tgt v26.05 (`bdev_nvme_send_cmd` over an NVMe/TCP
+    /// controller attached from the same target, an aio bdev exported): the
+    /// command it accepted, and completions it gave.
+    #[test]
+    fn nvme_read_command_and_completions_as_spdk_gives_them() {
+        use base64::Engine;
+        // Read of 8 blocks at LBA 0 of namespace 1, as SPDK's rpc.py sent it
+        assert_eq!(
+            NVME_B64.encode(nvme_read_sqe(1, 0, 8)),
+            "AgAAAAEAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAABwAAAAAAAAAAAAAAAAAAAA=="
+        );
+        let sqe = nvme_read_sqe(1, 131_064, 8);
+        assert_eq!(u64::from_le_bytes(sqe[40..48].try_into().expect("8")), 131_064);
+        let status = |s: &str| nvme_cpl_status(&NVME_B64.decode(s).expect("base64")).expect("16 bytes");
+        assert_eq!(status("AAAAAAAAAAAAAAEAAAAAAA=="), (0, 0), "success");
+        assert_eq!(status("AAAAAAAAAAACAAAAAAAAAQ=="), (0, 0x80), "LBA out of range");
+        assert_eq!(status("AAAAAAAAAAACAAAAAAAWgA=="), (0, 0x0b), "invalid namespace");
+        assert_eq!(
+            status("AAAAAAAAAAACAAAAAAAeAA=="),
+            (0, 0x0f),
+            "data length not the command's"
+        );
+        assert_eq!(
+            status("AAAAAAAAAAAAAAEAAAAQAA=="),
+            (0, 0x08),
+            "aborted (a transfer above MDTS)"
+        );
+        // without padding too
+        assert_eq!(status("AAAAAAAAAAAAAAEAAAAAAA"), (0, 0));
+        assert_eq!(nvme_cpl_status(&[0; 8]), None);
+    }
+
+    #[test]
+    fn refusals_name_the_device_what_it_holds_and_the_format_command() {
+        let e = DiskError::NotBlank {
+            disk: "nvme0".into(),
+            device: "NVMe 0000:00:04.0 (bdev talon-disk-nvme0n1)".into(),
+            lvstore: "talon-nvme0".into(),
+            found: Content::Signature("an XFS file system"),
+        };
+        let m = e.to_string();
+        for want in [
+            "NVMe 0000:00:04.0",
+            "an XFS file system",
+            "`talon disk format nvme0 --yes-destroy-data`",
+        ] {
+            assert!(m.contains(want), "{want}: {m}");
+        }
+        let e = DiskError::LvstoreNotLoaded {
+            disk: "d1".into(),
+            device: "/dev/sdb".into(),
+            lvstore: "talon-d1".into(),
+            expected: "u-1".into(),
+            found: Content::Lvstore,
+        };
+        let m = e.to_string();
+        for want in [
+            "/dev/sdb",
+            "uuid u-1",
+            "an lvstore superblock (SPDKBLOB at offset 0) that did not load",
+            "`talon disk format d1 --yes-destroy-data`",
+        ] {
+            assert!(m.contains(want), "{want}: {m}");
+        }
+        let e = DiskError::NotBlank {
+            disk: "d1".into(),
+            device: "/x.img".into(),
+            lvstore: "talon-d1".into(),
+            found: Content::Data { at: 4096 },
+        };
+        assert!(e.to_string().contains("non-zero data at offset 4096"), "{e}");
     }
 
     #[test]

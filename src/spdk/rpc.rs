@@ -140,6 +140,17 @@ pub struct Bdev {
     /// Module-specific details (`lvol`, `raid`, `nvme`, `aio`).
     #[serde(default)]
     pub driver_specific: Value,
+    /// Metadata bytes per block (listed only when not 0).
+    #[serde(default, skip_serializing_if = "is_zero_u32")]
+    pub md_size: u32,
+    /// Whether the metadata is inside each block (`block_size` counts it)
+    /// rather than in a separate buffer.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub md_interleave: bool,
+}
+
+fn is_zero_u32(n: &u32) -> bool {
+    *n == 0
 }
 
 impl Bdev {
@@ -1303,6 +1314,51 @@ impl AttachController {
     }
 }
 
+/// `bdev_nvme_send_cmd` params: one NVMe command passed through to an
+/// attached controller (`module/bdev/nvme/nvme_rpc.c`). Every buffer is
+/// base64 "urlsafe" (`-` and `_`). The RPC answers as soon as the command
+/// completes, whatever its NVMe status: that is in `cpl`. A controller name
+/// that is not attached, or a `cmdbuf` that does not decode to 64 bytes, is
+/// -32602 "Invalid argument" (spdk_tgt v26.05); so is an aio or other bdev's name.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NvmeSendCmd {
+    /// The NVMe bdev controller (`bdev_nvme_attach_controller`'s `name`).
+    pub name: String,
+    /// `io` (an I/O queue of the controller) or `admin`.
+    pub cmd_type: String,
+    /// `c2h` (data from the controller) or `h2c`.
+    pub data_direction: String,
+    /// The 64-byte submission queue entry.
+    pub cmdbuf: String,
+    /// Bytes to transfer from the controller (`c2h`); must be what the
+    /// command moves. A transfer above the controller's MDTS is not refused
+    /// by the RPC: over NVMe/TCP (v26.05, 128 KiB) a 1 MiB Read reset the
+    /// controller and completed aborted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data_len: Option<u32>,
+    /// Metadata bytes to transfer from the controller (a separate-metadata
+    /// format).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metadata_len: Option<u32>,
+    /// Timeout in ms (0: none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_ms: Option<u32>,
+}
+
+/// `bdev_nvme_send_cmd` result.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NvmeCmdResult {
+    /// The 16-byte completion queue entry (its status in bytes 14-15).
+    pub cpl: String,
+    /// The data read (`c2h` with `data_len`).
+    #[serde(default)]
+    pub data: Option<String>,
+    /// The metadata read.
+    #[serde(default)]
+    pub metadata: Option<String>,
+}
+
 /// `bdev_nvme_get_controllers` params.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -1655,6 +1711,9 @@ impl SpdkClient {
         bdev_nvme_disable_controller(ByName) -> bool);
     rpc!(/// Lists NVMe controllers.
         bdev_nvme_get_controllers(GetControllers) -> Vec<NvmeController>);
+    rpc!(/// Passes one NVMe command through to an attached controller (see
+        /// [`NvmeSendCmd`]: a completed call may carry an NVMe error status).
+        bdev_nvme_send_cmd(NvmeSendCmd) -> NvmeCmdResult);
     rpc!(/// Creates an iSCSI portal group.
         iscsi_create_portal_group(CreatePortalGroup) -> bool);
     rpc!(/// Deletes an iSCSI portal group.

@@ -46,7 +46,7 @@
 #   TALON_VM_TIMEOUT=N                   seconds before QEMU is killed (default: 180 for boot and
 #                                        power-off plus the sum of the run steps' own vm-timeouts, so
 #                                        the whole run never cuts a step that is within its own bound)
-#   TALON_VM_SMP=2 TALON_VM_MEM=1536M TALON_VM_ACCEL=tcg|kvm
+#   TALON_VM_SMP=2 TALON_VM_MEM=1536M (3072M with TALON_VM_PCI_SPDK=1) TALON_VM_ACCEL=tcg|kvm
 #   TALON_VM_KEEP=1                      keep the run directory (always kept on failure)
 set -euo pipefail
 
@@ -55,7 +55,8 @@ STEPS_DIR=$HERE/steps
 CACHE=${TALON_VM_CACHE:-/var/cache/talon-vm}
 TIMEOUT=${TALON_VM_TIMEOUT:-}
 SMP=${TALON_VM_SMP:-2}
-MEM=${TALON_VM_MEM:-1536M}
+# spdk_tgt in the guest (pci-spdk, opt-in) needs 1 GiB of hugepages beside the initramfs: 3 GiB
+if [ "${TALON_VM_PCI_SPDK:-0}" = 1 ]; then MEM=${TALON_VM_MEM:-3072M}; else MEM=${TALON_VM_MEM:-1536M}; fi
 ACCEL=${TALON_VM_ACCEL:-tcg}
 KEEP=${TALON_VM_KEEP:-0}
 STEPS=""
@@ -340,7 +341,7 @@ fi
 # the interrupt-remapped IO-APIC can miss its window, and the kernel panics ("timer doesn't work
 # through Interrupt-remapped IO-APIC"; seen here with the suite running beside it)
 APPEND="console=ttyS0 quiet panic=-1 intel_iommu=on iommu=pt no_timer_check"
-QARGS+=(-machine q35 -device intel-iommu
+QARGS+=(-machine q35 -device intel-iommu,aw-bits=48
 	-nodefaults -nographic -serial stdio -monitor none -no-reboot -m "$MEM" -smp "$SMP"
 	-kernel "$ROOT/vmlinux" -initrd "$BUILD/initramfs.cpio" -append "$APPEND"
 	-drive "file=$DISK,if=none,id=d0,format=raw" -device nvme,serial=talon-test-1,drive=d0

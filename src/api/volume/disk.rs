@@ -1,4 +1,4 @@
-//! Disk methods: `disk_add`, `disk_list`, `disk_remove`.
+//! Disk methods: `disk_add`, `disk_list`, `disk_remove`, `disk_format`.
 
 use super::*;
 
@@ -31,6 +31,25 @@ pub struct DiskAddParams {
     pub wipe: bool,
     /// Wait until its lvstore is ready (or failed); fails at once with
     /// spdk_tgt's cause when that target is failed.
+    #[serde(default)]
+    pub wait: bool,
+    /// How long to wait, in seconds (default 120).
+    #[serde(default)]
+    pub timeout_seconds: Option<u64>,
+}
+
+/// `disk_format` params.
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct DiskFormatParams {
+    /// Disk name.
+    pub name: String,
+    /// Must be true: the disk's device is overwritten, whatever it holds
+    /// (a file system, another lvstore, the lvstore talon made there that
+    /// no longer loads, with every replica on it).
+    #[serde(default)]
+    pub yes_destroy_data: bool,
+    /// Wait until the new lvstore is ready (or the format failed).
     #[serde(default)]
     pub wait: bool,
     /// How long to wait, in seconds (default 120).
@@ -118,6 +137,11 @@ pub(super) fn register(api: &mut ApiBuilder) {
                         "disk {name}: path {path:?} must be absolute"
                     )));
                 }
+                (None, Some(pci)) if p.wipe => {
+                    return Err(ApiError::invalid(format!(
+                        "disk {name}: `wipe` is for a path; NVMe {pci} is read through SPDK once bound: add it without, and if talon refuses what it holds, `talon disk format {name} --yes-destroy-data`"
+                    )));
+                }
                 (None, Some(_)) => {}
                 _ => {
                     return Err(ApiError::invalid(format!(
@@ -144,6 +168,7 @@ pub(super) fn register(api: &mut ApiBuilder) {
                 size_bytes,
                 cluster_mib: p.cluster_mib.unwrap_or(1),
                 block_size: None,
+                format: 0,
             };
             ctx.state
                 .create_typed(name.as_str(), "", &spec)
@@ -175,6 +200,79 @@ pub(super) fn register(api: &mut ApiBuilder) {
                 .into_iter()
                 .map(|d| disk_view(&ctx.state, d.id()))
                 .collect::<Result<Vec<_>, _>>()
+        },
+    );
+    api.method(
+        "disk_format",
+        "Format a disk talon refuses for what its device holds (destroys it).",
+        &[NotFound, FailedPrecondition],
+        |p: DiskFormatParams, ctx: Arc<ApiContext>| async move {
+            let name = ObjectName::parse("disk", &p.name)?;
+            let d = ctx
+                .state
+                .get_typed::<Disk>(name.as_str())?
+                .ok_or_else(|| ApiError::not_found(format!("disk {name:?} not found")))?;
+            if !p.yes_destroy_data {
+                return Err(ApiError::invalid(format!(
+                    "disk {name}: formatting overwrites its device, whatever it holds (every replica on it); confirm with --yes-destroy-data (yesDestroyData: true)"
+                )));
+            }
+            if d.metadata.phase == Phase::TearingDown {
+                return Err(ApiError::new(
+                    FailedPrecondition,
+                    format!("disk {name} is being removed"),
+                ));
+            }
+            let before = ctx
+                .state
+                .get_typed::<DiskStatus>(name.as_str())?
+                .map(|s| s.spec);
+            match &before {
+                Some(s) if s.state == ObjectState::Ready => {
+                    return Err(ApiError::new(
+                        FailedPrecondition,
+                        format!(
+                            "disk {name} is ready (lvstore {} uuid {} loaded); talon formats only a disk it refuses for what its device holds. To start it over, delete its volumes and remove it",
+                            s.lvstore, s.lvstore_uuid
+                        ),
+                    ));
+                }
+                Some(s) if s.state == ObjectState::Failed => {}
+                _ => {
+                    return Err(ApiError::new(
+                        FailedPrecondition,
+                        format!(
+                            "disk {name} is not refused ({}); talon formats only a disk it refuses for what its device holds",
+                            before.as_ref().map_or("no status yet".to_owned(), |s| format!("{:?}: {}", s.state, s.message))
+                        ),
+                    ));
+                }
+            }
+            let spec = Disk {
+                format: d.spec.format + 1,
+                ..d.spec.clone()
+            };
+            ctx.state
+                .update_typed(name.as_str(), "", Some(d.metadata.version), &spec)?;
+            tracing::warn!(disk = %name, request = spec.format, "disk format requested (--yes-destroy-data)");
+            if p.wait {
+                let refused = before.map(|s| s.message).unwrap_or_default();
+                wait_for::<DiskStatus>(
+                    &ctx.state,
+                    name.as_str(),
+                    wait_timeout(p.timeout_seconds),
+                    &format!("formatting disk {name}"),
+                    move |s| match s {
+                        Some(s) if s.state == ObjectState::Ready => Some(Ok(())),
+                        Some(s) if s.state == ObjectState::Failed && s.message != refused => {
+                            Some(Err(s.message.clone()))
+                        }
+                        _ => None,
+                    },
+                )
+                .await?;
+            }
+            disk_view(&ctx.state, name.as_str())
         },
     );
     api.method(

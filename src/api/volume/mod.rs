@@ -46,7 +46,7 @@ mod snapshot;
 pub use attach::AttachParams;
 pub use clone::CloneParams;
 pub use create::VolumeCreateParams;
-pub use disk::{DiskAddParams, DiskView};
+pub use disk::{DiskAddParams, DiskFormatParams, DiskView};
 pub use expand::ExpandParams;
 pub use orphan::{OrphanRemoveParams, OrphanView};
 pub use rebuild::RebuildPrepareParams;

@@ -6,24 +6,31 @@
 //! ```text
 //!   Disk <d> (config) ──────────┐
 //!   TargetStatus spdk ──────────┼─> reconcile ─┬─ running: DiskOps::ensure ─> DiskStatus <d> ready
-//!   PciBindingStatus <d> (pci) ─┘              │    (a pci disk waits for PciBindingStatus Bound,
-//!                                              │     then is attached at the address it was bound at)
-//!                                              ├─ deleted (finalizer): DiskOps::teardown ─> released,
-//!                                              │    or DiskStatus deleting "still holds lvols: ..."
+//!   PciBindingStatus <d> (pci) ─┤              │    (a pci disk waits for PciBindingStatus Bound,
+//!   DiskIdentity <d> (ledger) ──┘              │     then is attached at the address it was bound at)
+//!        ^                                     │    the lvstore it created, or first found ─> DiskIdentity <d>
+//!        └── persisted; ensure takes only ─────┤    (a Disk `format` above the last served: carried out once)
+//!            its UUID, never makes another     ├─ deleted (finalizer): DiskOps::teardown ─> released
+//!            while it does not load            │    (and its DiskIdentity dropped), or DiskStatus
+//!                                              │    deleting "still holds lvols: ..."
 //!                                              └─ DiskOps::remove_orphans (talon's names only)
 //! ```
+//!
+//! Every reconcile applies the `DiskIdentity` of every Disk it lists (the
+//! runtime drops outputs a clean reconcile did not apply), also while
+//! spdk_tgt is down.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::time::Duration;
 
 use crate::host::HostRoot;
 use crate::resources::config::Disk;
-use crate::resources::engine::{DiskStatus, Engine, ObjectState, SPDK_STATUS_ID, TargetStatus};
+use crate::resources::engine::{DiskIdentity, DiskStatus, Engine, ObjectState, SPDK_STATUS_ID, TargetStatus};
 use crate::resources::host::{BindingState, PciBindingStatus};
 use crate::runtime::{Controller, ControllerError, Input, Output, Phase, ReconcileContext, Requeue};
 use crate::spdk::SpdkClient;
-use crate::spdk::disk::{DiskNames, DiskOps};
+use crate::spdk::disk::{DiskNames, DiskOps, Ensured};
 use crate::spdk::rpc::Lvstore;
 
 /// Serves `Disk`s through spdk_tgt on `<run_dir>/spdk.sock`.
@@ -106,6 +113,33 @@ fn bound_spec(
     })
 }
 
+/// The identity to record after an ensure: a new one when the lvstore was
+/// created (or first seen), the format request served; `None` when the
+/// recorded one stands as it is.
+fn identity_after(
+    known: Option<&DiskIdentity>,
+    e: &Ensured,
+    n: &DiskNames,
+    format_served: u64,
+) -> Option<DiskIdentity> {
+    match known {
+        Some(k) if !e.created && k.lvstore_uuid == e.lvstore.uuid => {
+            (k.format_served != format_served).then(|| DiskIdentity {
+                format_served,
+                ..k.clone()
+            })
+        }
+        _ => Some(DiskIdentity {
+            lvstore: n.lvstore.clone(),
+            lvstore_uuid: e.lvstore.uuid.clone(),
+            device: e.device.clone(),
+            created: e.created,
+            since: humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
+            format_served,
+        }),
+    }
+}
+
 #[async_trait::async_trait]
 impl Controller for SpdkDiskController {
     fn name(&self) -> &'static str {
@@ -121,11 +155,24 @@ impl Controller for SpdkDiskController {
     }
 
     fn outputs(&self) -> Vec<Output> {
-        vec![Output::exclusive::<DiskStatus>()]
+        vec![
+            Output::exclusive::<DiskStatus>(),
+            Output::exclusive::<DiskIdentity>(),
+        ]
     }
 
     async fn reconcile(&self, ctx: &mut ReconcileContext) -> Result<Requeue, ControllerError> {
         let disks = ctx.list::<Disk>()?;
+        // what talon made on each disk, kept for as long as its Disk is listed
+        let mut identities: BTreeMap<String, DiskIdentity> = ctx
+            .list::<DiskIdentity>()?
+            .into_iter()
+            .filter(|i| disks.iter().any(|d| d.id() == i.id()))
+            .map(|i| (i.id().to_owned(), i.spec))
+            .collect();
+        for (id, i) in &identities {
+            ctx.apply(id, i.clone())?;
+        }
         let target = ctx.get::<TargetStatus>(SPDK_STATUS_ID)?.map(|t| t.spec);
         let ready = target.as_ref().is_some_and(|t| t.state == ObjectState::Ready);
         if !ready {
@@ -180,8 +227,12 @@ impl Controller for SpdkDiskController {
                 match self.ops.teardown(&n, &spec).await {
                     Ok(None) => {
                         tracing::info!(disk = %n.disk, "disk removed");
-                        ctx.remove_finalizer::<Disk>(d.id())?;
+                        // its lvstore is gone: nothing of talon's is left to protect
+                        identities.remove(d.id());
+                        ctx.destroy::<DiskIdentity>(d.id())?;
+                        // the Disk goes last: who waits for it finds nothing else left
                         ctx.destroy::<DiskStatus>(d.id())?;
+                        ctx.remove_finalizer::<Disk>(d.id())?;
                     }
                     Ok(Some(msg)) => {
                         retry = true;
@@ -204,20 +255,34 @@ impl Controller for SpdkDiskController {
                     continue;
                 }
             };
-            match self.ops.ensure(&n, &spec).await {
-                Ok(l) => match l.bytes() {
-                    Ok(_) => {
-                        let msg = format!("lvstore {} on {}", n.lvstore, n.bdev);
-                        ctx.apply(d.id(), disk_status(&n, ObjectState::Ready, Some(&l), msg))?;
+            let known = identities.get(d.id());
+            let served = known.map_or(0, |i| i.format_served);
+            let format = d.spec.format > served;
+            let recorded = known.map(|i| i.lvstore_uuid.clone());
+            match self.ops.ensure(&n, &spec, recorded.as_deref(), format).await {
+                Ok(e) => {
+                    if let Some(i) = identity_after(known, &e, &n, d.spec.format.max(served)) {
+                        if e.created {
+                            tracing::info!(disk = %n.disk, uuid = %i.lvstore_uuid, device = %i.device, "disk identity recorded");
+                        }
+                        ctx.apply(d.id(), i.clone())?;
+                        identities.insert(d.id().to_owned(), i);
                     }
-                    Err(why) => {
-                        // never placed on (Inventory::disks leaves it out)
-                        retry = true;
-                        let msg = format!("{why}: the disk is not used until its figures make sense");
-                        tracing::warn!(disk = %n.disk, error = %msg, "disk not ready");
-                        ctx.apply(d.id(), disk_status(&n, ObjectState::Failed, None, msg))?;
+                    let l = e.lvstore;
+                    match l.bytes() {
+                        Ok(_) => {
+                            let msg = format!("lvstore {} on {}", n.lvstore, n.bdev);
+                            ctx.apply(d.id(), disk_status(&n, ObjectState::Ready, Some(&l), msg))?;
+                        }
+                        Err(why) => {
+                            // never placed on (Inventory::disks leaves it out)
+                            retry = true;
+                            let msg = format!("{why}: the disk is not used until its figures make sense");
+                            tracing::warn!(disk = %n.disk, error = %msg, "disk not ready");
+                            ctx.apply(d.id(), disk_status(&n, ObjectState::Failed, None, msg))?;
+                        }
                     }
-                },
+                }
                 Err(e) => {
                     retry = true;
                     let msg = crate::util::error_chain(&e);

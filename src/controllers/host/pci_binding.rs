@@ -29,6 +29,7 @@ use std::time::Duration;
 use crate::host::pci::{self, Bdf, BindOptions, PciError};
 use crate::host::{HostRoot, os};
 use crate::resources::config::Disk;
+use crate::resources::engine::DiskIdentity;
 use crate::resources::host::{BindPhase, BindingState, PciBindIntent, PciBindingStatus};
 use crate::runtime::{Controller, ControllerError, Input, Output, Phase, ReconcileContext, Requeue, Typed};
 use crate::util::error_chain;
@@ -155,7 +156,21 @@ impl PciBindController {
             );
             return Ok(st);
         }
-        match pci::in_use(&self.host, &dev) {
+        // data on a free device is taken only on a format request not yet served
+        // (`talon disk format`); a device the kernel uses, never
+        let served = ctx.get::<DiskIdentity>(id)?.map_or(0, |i| i.spec.format_served);
+        let format = disk.spec.format > served;
+        let busy = match pci::in_use_by_kernel(&self.host, &dev) {
+            Ok(None) if !format => pci::carries(&self.host, &dev).map(|c| {
+                c.map(|c| {
+                    format!(
+                        "{c}; talon makes no lvstore over it. If its data is not needed: `talon disk format {id} --yes-destroy-data`"
+                    )
+                })
+            }),
+            r => r,
+        };
+        match busy {
             Ok(Some(reason)) => {
                 st.message = format!("Disk {id}: refusing to take {bdf} from the kernel: {reason}");
                 return Ok(st);
@@ -188,6 +203,7 @@ impl PciBindController {
         let opts = BindOptions {
             driver: Some(driver),
             load_module,
+            data_ok: format,
         };
         match pci::bind(&self.host, &bdf, opts) {
             Ok(out) => {
@@ -343,7 +359,7 @@ impl Controller for PciBindController {
         NAME
     }
     fn inputs(&self) -> Vec<Input> {
-        vec![Input::of::<Disk>()]
+        vec![Input::of::<Disk>(), Input::of::<DiskIdentity>()]
     }
     fn outputs(&self) -> Vec<Output> {
         vec![

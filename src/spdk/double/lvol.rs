@@ -29,6 +29,9 @@ impl State {
                     cluster_size: cluster,
                     total_clusters: size / cluster - 1,
                 });
+                if let Some(d) = self.pci_device_of(i) {
+                    d.writes.push((0, b"SPDKBLOB".to_vec()));
+                }
                 Ok(json!(uuid))
             }
             "bdev_lvol_get_lvstores" => {
@@ -58,6 +61,10 @@ impl State {
                 self.lvstores.remove(i);
                 if let Some(j) = self.find(&lvs.base_bdev) {
                     self.bdevs[j].claimed_by = None;
+                    // SPDK zeroes the superblock of a deleted lvstore
+                    if let Some(d) = self.pci_device_of(j) {
+                        d.writes.push((0, vec![0u8; 8]));
+                    }
                 }
                 Ok(json!(true))
             }

@@ -45,7 +45,17 @@
 //! "Input/output error" (not recorded from a real target). NVMe/TCP attach finds subsystems
 //! of every `SpdkDouble` in the process (a fabric shared by the doubles) by
 //! listener address and NQN; PCIe controllers are those added with
-//! [`SpdkDouble::add_pcie_nvme`].
+//! [`SpdkDouble::add_pcie_nvme`]. `bdev_nvme_send_cmd` takes NVMe Reads
+//! (opcode 0x02) on an I/O queue, refused and completed as recorded from
+//! v26.05 (-32602 "Invalid argument" for a controller not attached or a
+//! `cmdbuf` not of 64 bytes; a completion with status LBA out of range,
+//! invalid namespace, data length not the command's, or aborted above the
+//! 128 KiB max transfer); a PCIe device reads as zeros under what
+//! [`SpdkDouble::write_pcie_nvme`] and an lvstore's superblock (`SPDKBLOB`,
+//! zeroed when the lvstore is deleted, as SPDK does) put there, an NVMe/TCP
+//! one as zeros. Other commands complete with Invalid Command Opcode (not
+//! recorded). An lvstore on a PCIe device does not come back after
+//! [`SpdkDouble::restart`] (its superblock stays).
 //!
 //! `notify_get_notifications` reports bdev_register/bdev_unregister derived
 //! when a call sees the bdev list change (a bdev made and gone between two
@@ -79,8 +89,8 @@ use crate::spdk::rpc::{
     CreatePortalGroup, CreateSubsystem, CreateTargetNode, CreateTransport, DeleteTargetNode, GetBdevs,
     GetConfig, GetControllers, GetIostat, GetLvols, GetNotifications, GetRaids, GetSubsystems, GetTransports,
     KeyringFileKey, ListenerAnaState, LvolClone, LvolCreate, LvolResize, LvolSnapshot, LvstoreCreate,
-    LvstoreSelector, MallocCreate, NullCreate, RaidAddBaseBdev, RaidCategory, RaidCreate, RaidLevel,
-    RemoveNamespace, StartShallowCopy, SubsystemHostKeys, SubsystemHostParams, SubsystemListener,
+    LvstoreSelector, MallocCreate, NullCreate, NvmeSendCmd, RaidAddBaseBdev, RaidCategory, RaidCreate,
+    RaidLevel, RemoveNamespace, StartShallowCopy, SubsystemHostKeys, SubsystemHostParams, SubsystemListener,
 };
 
 /// A fault to inject into one call.
@@ -276,6 +286,25 @@ struct Ctrlr {
 struct PciNvme {
     num_blocks: u64,
     block_size: u32,
+    /// What was put on it (`write_pcie_nvme`, an lvstore's superblock), in
+    /// order: (offset, bytes); the rest reads as zeros.
+    writes: Vec<(u64, Vec<u8>)>,
+}
+
+impl PciNvme {
+    /// `len` bytes from offset `at`, the writes laid over zeros.
+    fn read(&self, at: u64, len: u64) -> Vec<u8> {
+        let mut out = vec![0u8; usize::try_from(len).unwrap_or(0)];
+        for (w_at, bytes) in &self.writes {
+            let (from, to) = ((*w_at).max(at), (w_at + bytes.len() as u64).min(at + len));
+            if from < to {
+                let (o, i) = ((from - at) as usize, (from - w_at) as usize);
+                let n = (to - from) as usize;
+                out[o..o + n].copy_from_slice(&bytes[i..i + n]);
+            }
+        }
+        out
+    }
 }
 
 /// Lvstores kept on AIO files across a restart.
@@ -689,8 +718,30 @@ impl SpdkDouble {
             PciNvme {
                 num_blocks,
                 block_size,
+                writes: Vec::new(),
             },
         );
+    }
+
+    /// Puts `bytes` at `offset` of the local NVMe device at `bdf` (as a file
+    /// system, or a damaged lvstore, would be): `bdev_nvme_send_cmd` Reads
+    /// return them. Panics when no device was added at `bdf`.
+    pub fn write_pcie_nvme(&self, bdf: &str, offset: u64, bytes: &[u8]) {
+        lock(&self.state)
+            .pci
+            .get_mut(bdf)
+            .unwrap_or_else(|| panic!("no PCIe NVMe at {bdf} in the double"))
+            .writes
+            .push((offset, bytes.to_vec()));
+    }
+
+    /// `len` bytes at `offset` of the local NVMe device at `bdf`.
+    pub fn read_pcie_nvme(&self, bdf: &str, offset: u64, len: u64) -> Vec<u8> {
+        lock(&self.state)
+            .pci
+            .get(bdf)
+            .map(|d| d.read(offset, len))
+            .unwrap_or_default()
     }
 
     /// Names of every bdev (for leftover checks in tests).
@@ -1058,6 +1109,19 @@ fn nguid_of(uuid: &str) -> String {
 }
 
 impl State {
+    /// The local PCIe NVMe device under bdev `i`, if it is one's namespace.
+    fn pci_device_of(&mut self, i: usize) -> Option<&mut PciNvme> {
+        let BdevKind::Nvme { ctrlr } = &self.bdevs[i].kind else {
+            return None;
+        };
+        let c = self.ctrlrs.iter().find(|c| &c.name == ctrlr)?;
+        if c.trid["trtype"].as_str() != Some("PCIe") {
+            return None;
+        }
+        let traddr = c.trid["traddr"].as_str()?.to_owned();
+        self.pci.get_mut(&traddr)
+    }
+
     fn find(&self, name: &str) -> Option<usize> {
         self.bdevs
             .iter()
@@ -1501,6 +1565,7 @@ pub const METHODS: &[&str] = &[
     "bdev_nvme_detach_controller",
     "bdev_nvme_disable_controller",
     "bdev_nvme_get_controllers",
+    "bdev_nvme_send_cmd",
     "iscsi_create_portal_group",
     "iscsi_delete_portal_group",
     "iscsi_get_portal_groups",

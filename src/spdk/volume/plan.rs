@@ -626,6 +626,8 @@ mod tests {
                 claim_type: None,
                 assigned_rate_limits: None,
                 driver_specific: serde_json::Value::Null,
+                md_size: 0,
+                md_interleave: false,
             },
         );
     }

@@ -794,6 +794,8 @@ mod tests {
             claim_type: None,
             assigned_rate_limits: mbps.map(|m| RateLimits { rw_mbytes_per_sec: m }),
             driver_specific: serde_json::Value::Null,
+            md_size: 0,
+            md_interleave: false,
         };
         inv.bdevs.insert("a".into(), bdev("a", Some(50)));
         inv.bdevs.insert("b".into(), bdev("b", Some(0)));
