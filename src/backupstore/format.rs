@@ -50,8 +50,10 @@ pub fn valid_name(name: &str) -> bool {
 /// backup made with a longer one fails on such a target when it writes
 /// (an S3 key holds more: what another tool wrote there is still read).
 pub const NAME_MAX: usize = 255;
-/// The longest name of a new backup: `backup_<name>.cfg` is one file name.
-pub const MAX_BACKUP_NAME: usize = NAME_MAX - "backup_".len() - ".cfg".len();
+/// The longest name of a new backup: `backup_<name>.cfg` is one file name,
+/// and so is the temporary name a writer gives it first (talon's store
+/// `backup_<name>.cfg#<n>`, Longhorn's `backup_<name>.cfg.tmp`).
+pub const MAX_BACKUP_NAME: usize = NAME_MAX - "backup_".len() - ".cfg".len() - ".tmp".len();
 
 /// `what` `name` if it passes [`valid_name`], else an error naming it.
 pub fn check_name<'a>(what: &str, name: &'a str) -> Result<&'a str, BackupError> {

@@ -8,7 +8,7 @@ use super::*;
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct BackupCreateParams {
     /// The backup's name (Longhorn's rule: a letter or digit, then letters,
-    /// digits, `_.-`; 2 to 244 characters, as `backup_<name>.cfg` is one
+    /// digits, `_.-`; 2 to 240 characters, as `backup_<name>.cfg` is one
     /// file name in a folder target). Default: `backup-` and 16 hex
     /// characters.
     #[serde(default)]
