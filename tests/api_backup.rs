@@ -403,7 +403,11 @@ async fn a_backup_name_longer_than_a_store_holds_is_refused_naming_the_backup() 
                 name: Some(long.clone()),
                 ..create("vol-a", "s1", &target)
             },
-            vec!["backup name \"bbbb", "300 characters long", "240 characters at most"],
+            vec![
+                "backup name \"bbbb",
+                "300 characters long",
+                "240 characters at most",
+            ],
         ),
         (
             BackupCreateParams {

@@ -130,7 +130,13 @@ impl Tmpfs {
     fn mount(test: &str, at: &Path, size_mib: u64) -> Option<Tmpfs> {
         std::fs::create_dir_all(at).expect("mount point");
         let out = std::process::Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={size_mib}m,mode=0700"), "tmpfs"])
+            .args([
+                "-t",
+                "tmpfs",
+                "-o",
+                &format!("size={size_mib}m,mode=0700"),
+                "tmpfs",
+            ])
             .arg(at)
             .output();
         match out {
@@ -158,7 +164,10 @@ impl Tmpfs {
 
 impl Drop for Tmpfs {
     fn drop(&mut self) {
-        let _ = std::process::Command::new("umount").arg("-l").arg(&self.0).status();
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(&self.0)
+            .status();
     }
 }
 
@@ -283,11 +292,16 @@ async fn real_spdk_a_backup_queued_behind_one_named_after_it_starts_when_that_on
     // zz-first runs (held in its upload); aa-second, created after, waits for it
     gate.set_open(false);
     start_backup(&d.client, &secret, "zz-first").await;
-    backup_status(&d.client, "zz-first", "in progress", |s| s["state"] == "inProgress").await;
+    backup_status(&d.client, "zz-first", "in progress", |s| {
+        s["state"] == "inProgress"
+    })
+    .await;
     start_backup(&d.client, &secret, "aa-second").await;
     let s = backup_status(&d.client, "aa-second", "queued", |s| s["state"] == "pending").await;
     assert!(
-        s["message"].as_str().is_some_and(|m| m.contains("waiting for backup zz-first")),
+        s["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("waiting for backup zz-first")),
         "{s}"
     );
     gate.set_open(true);
@@ -320,8 +334,15 @@ async fn real_spdk_a_backup_deleted_while_it_runs_leaves_no_staging_file_nor_bde
     // in its upload (held at the gate): its staging file is there, root's only
     gate.set_open(false);
     start_backup(&d.client, &secret, "up").await;
-    eventually("backup up's staging file", WAIT, || async { staging("up").exists().then_some(()) }).await;
-    let mode = std::fs::metadata(staging("up")).expect("staging file").permissions().mode() & 0o777;
+    eventually("backup up's staging file", WAIT, || async {
+        staging("up").exists().then_some(())
+    })
+    .await;
+    let mode = std::fs::metadata(staging("up"))
+        .expect("staging file")
+        .permissions()
+        .mode()
+        & 0o777;
     assert_eq!(mode, 0o600, "a staging file holds the volume's data: root's only");
     backup_status(&d.client, "up", "in progress", |s| s["state"] == "inProgress").await;
     let _: Value = d
@@ -348,7 +369,10 @@ async fn real_spdk_a_backup_deleted_while_it_runs_leaves_no_staging_file_nor_bde
         }
     });
     start_backup(&d.client, &secret, "cp").await;
-    eventually("backup cp's staging file", WAIT, || async { watcher.is_finished().then_some(()) }).await;
+    eventually("backup cp's staging file", WAIT, || async {
+        watcher.is_finished().then_some(())
+    })
+    .await;
     let _: Value = d
         .client
         .call("backup_delete", json!({"name": "cp", "wait": true}))
@@ -433,7 +457,10 @@ async fn real_spdk_a_backup_whose_staging_fills_the_data_dir_says_no_space_left(
         m.contains(&format!("no space left on {}", backup_dir.display())),
         "the error says where room ran out: {m}"
     );
-    assert!(m.contains(" free of ") && m.contains("MiB needed"), "with the sizes: {m}");
+    assert!(
+        m.contains(" free of ") && m.contains("MiB needed"),
+        "with the sizes: {m}"
+    );
     assert!(!backup_dir.join("big.img").exists(), "no staging file kept");
     d.stop().await;
     drop(data);
@@ -497,7 +524,10 @@ async fn real_spdk_a_restore_that_fills_the_data_dir_fails_and_gives_the_room_ba
     // the state store writes again: a volume is made and deleted
     let _: Value = d
         .client
-        .call("volume_delete", json!({"name": "rv", "wait": true, "timeoutSeconds": 120}))
+        .call(
+            "volume_delete",
+            json!({"name": "rv", "wait": true, "timeoutSeconds": 120}),
+        )
         .await
         .expect("volume_delete rv");
     d.stop().await;

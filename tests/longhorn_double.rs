@@ -1433,7 +1433,11 @@ async fn a_backup_name_longer_than_a_store_holds_is_refused_at_the_longhorn_port
         .await
         .expect_err("a 300-character backup name");
     assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
-    for w in ["backup name \"bbbb", "300 characters long", "240 characters at most"] {
+    for w in [
+        "backup name \"bbbb",
+        "300 characters long",
+        "240 characters at most",
+    ] {
         assert!(e.message().contains(w), "{w:?} in {:?}", e.message());
     }
     // a snapshot name no Longhorn snapshot has is refused naming it, not looked for

@@ -336,10 +336,14 @@ async fn a_hash_whose_replica_is_deleted_stops_and_leaves_nothing_on_the_double(
             .into_iter()
             .any(|b| b.name.starts_with("talon-hash-"))
     };
-    talon::runtime::testing::eventually("A's hash copying", WAIT, || async { hash_bdev().await.then_some(()) }).await;
+    talon::runtime::testing::eventually("A's hash copying", WAIT, || async {
+        hash_bdev().await.then_some(())
+    })
+    .await;
 
     // the volume goes (engine, then A's replica): A's hash stops, its bdev and file with it
-    let mut inst = talon::proto::imrpc::instance_service_client::InstanceServiceClient::new(a.channel(3).await);
+    let mut inst =
+        talon::proto::imrpc::instance_service_client::InstanceServiceClient::new(a.channel(3).await);
     inst.instance_delete(delete_request("vol-e-0", "engine"))
         .await
         .expect("InstanceDelete engine");

@@ -40,8 +40,10 @@ pub fn room(path: &Path) -> Option<Room> {
 /// Whether `e` is the kernel's "no space left on device" (ENOSPC, or a
 /// quota's EDQUOT).
 pub fn is_no_space(e: &io::Error) -> bool {
-    matches!(e.kind(), io::ErrorKind::StorageFull | io::ErrorKind::QuotaExceeded)
-        || e.raw_os_error() == Some(nix::errno::Errno::ENOSPC as i32)
+    matches!(
+        e.kind(),
+        io::ErrorKind::StorageFull | io::ErrorKind::QuotaExceeded
+    ) || e.raw_os_error() == Some(nix::errno::Errno::ENOSPC as i32)
 }
 
 /// `bytes` for a reader: `512 B`, `3.0 MiB`, `1.5 GiB`.
@@ -90,17 +92,25 @@ mod tests {
         assert_eq!(human(512), "512 B");
         assert_eq!(human(3 << 20), "3.0 MiB");
         assert_eq!(human(3 << 29), "1.5 GiB");
-        assert!(is_no_space(&io::Error::from_raw_os_error(nix::errno::Errno::ENOSPC as i32)));
-        assert!(!is_no_space(&io::Error::from_raw_os_error(nix::errno::Errno::EIO as i32)));
+        assert!(is_no_space(&io::Error::from_raw_os_error(
+            nix::errno::Errno::ENOSPC as i32
+        )));
+        assert!(!is_no_space(&io::Error::from_raw_os_error(
+            nix::errno::Errno::EIO as i32
+        )));
         let t = tempfile::tempdir().expect("tempdir");
         let r = room(&t.path().join("not/made/yet")).expect("the room of an ancestor");
         assert!(r.total >= r.free && r.total > 0, "{r:?}");
         let m = no_space(t.path(), Some(1 << 20));
         assert!(
-            m.starts_with(&format!("no space left on {}: ", t.path().display())) && m.ends_with("1.0 MiB needed"),
+            m.starts_with(&format!("no space left on {}: ", t.path().display()))
+                && m.ends_with("1.0 MiB needed"),
             "{m}"
         );
         assert_eq!(short_of(t.path(), 0, 0), None, "nothing needed always fits");
-        assert!(short_of(t.path(), u64::MAX, 0).is_some(), "more than any disk never fits");
+        assert!(
+            short_of(t.path(), u64::MAX, 0).is_some(),
+            "more than any disk never fits"
+        );
     }
 }

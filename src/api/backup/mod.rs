@@ -64,9 +64,7 @@ fn store_error(what: &str, e: BackupError) -> ApiError {
         BackupError::Target { .. }
         | BackupError::InvalidName { .. }
         | BackupError::NameTooLong { .. }
-        | BackupError::Invalid(_) => {
-            ErrorKind::InvalidParams
-        }
+        | BackupError::Invalid(_) => ErrorKind::InvalidParams,
         BackupError::NotFound(_) => ErrorKind::NotFound,
         BackupError::Locked { .. } | BackupError::Format { .. } | BackupError::CorruptBlock { .. } => {
             ErrorKind::FailedPrecondition

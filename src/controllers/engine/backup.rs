@@ -82,7 +82,9 @@ impl BackupController {
     /// talon ran left behind ([`sweep`]); done once spdk_tgt answered.
     async fn sweep_once(&self) {
         use std::sync::atomic::Ordering;
-        if !self.swept.load(Ordering::Relaxed) && sweep(&self.client, &self.work_dir, &self.running.ids()).await {
+        if !self.swept.load(Ordering::Relaxed)
+            && sweep(&self.client, &self.work_dir, &self.running.ids()).await
+        {
             self.swept.store(true, Ordering::Relaxed);
         }
     }
@@ -107,14 +109,19 @@ pub async fn sweep(client: &SpdkClient, work_dir: &std::path::Path, running: &BT
             let stem = path.file_stem().and_then(|n| n.to_str()).unwrap_or_default();
             if path.extension().is_some_and(|x| x == "img") && !running.contains(stem) {
                 match std::fs::remove_file(&path) {
-                    Ok(()) => tracing::info!(file = %path.display(), "removed a backup's staging file left by an earlier run"),
-                    Err(x) => tracing::warn!(file = %path.display(), error = %x, "removing a backup's staging file"),
+                    Ok(()) => {
+                        tracing::info!(file = %path.display(), "removed a backup's staging file left by an earlier run")
+                    }
+                    Err(x) => {
+                        tracing::warn!(file = %path.display(), error = %x, "removing a backup's staging file")
+                    }
                 }
             }
         }
     }
     // spdk_tgt may not run yet (it starts with the first disk)
-    let listed = tokio::time::timeout(Duration::from_secs(2), client.bdev_get_bdevs(&Default::default())).await;
+    let listed =
+        tokio::time::timeout(Duration::from_secs(2), client.bdev_get_bdevs(&Default::default())).await;
     let Ok(Ok(bdevs)) = listed else {
         return false;
     };
@@ -127,7 +134,9 @@ pub async fn sweep(client: &SpdkClient, work_dir: &std::path::Path, running: &BT
         }
         match to_file::remove_bdev(client, &b.name).await {
             Ok(()) => tracing::info!(bdev = %b.name, "removed a backup's aio bdev left by an earlier run"),
-            Err(x) => tracing::warn!(bdev = %b.name, error = %crate::util::error_chain(&x), "removing a backup's aio bdev"),
+            Err(x) => {
+                tracing::warn!(bdev = %b.name, error = %crate::util::error_chain(&x), "removing a backup's aio bdev")
+            }
         }
     }
     true

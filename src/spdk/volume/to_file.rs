@@ -73,7 +73,10 @@ impl Chain {
     /// The most a copy of the chain writes into its file: what its lvols
     /// hold, at most the snapshot's size.
     pub fn data_bytes(&self) -> u64 {
-        self.held.iter().fold(0u64, |a, b| a.saturating_add(*b)).min(self.size)
+        self.held
+            .iter()
+            .fold(0u64, |a, b| a.saturating_add(*b))
+            .min(self.size)
     }
 }
 
@@ -168,7 +171,11 @@ pub async fn copy_to_file(client: &SpdkClient, chain: &Chain, file: &Path, bdev:
     crate::util::private::file(file)
         .and_then(|f| f.set_len(chain.size))
         .map_err(|e| match crate::util::space::is_no_space(&e) {
-            true => format!("making {}: {}", file.display(), crate::util::space::no_space(dir, None)),
+            true => format!(
+                "making {}: {}",
+                file.display(),
+                crate::util::space::no_space(dir, None)
+            ),
             false => format!("making {}: {e}", file.display()),
         })?;
     client
