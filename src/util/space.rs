@@ -26,10 +26,10 @@ pub fn room(path: &Path) -> Option<Room> {
     let mut at = Some(path);
     while let Some(p) = at {
         if let Ok(s) = nix::sys::statvfs::statvfs(p) {
-            let unit = s.fragment_size() as u64;
+            let unit = s.fragment_size();
             return Some(Room {
-                free: (s.blocks_available() as u64).saturating_mul(unit),
-                total: (s.blocks() as u64).saturating_mul(unit),
+                free: s.blocks_available().saturating_mul(unit),
+                total: s.blocks().saturating_mul(unit),
             });
         }
         at = p.parent();
