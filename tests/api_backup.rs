@@ -447,3 +447,65 @@ async fn backups_are_validated_recorded_and_listed_from_their_target() {
         .await
         .expect("the daemon stops");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backup_name_longer_than_a_store_holds_is_refused_naming_the_backup() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = serve_daemon::start(serve_daemon::opts(dir.path(), serve_daemon::no_spdk())).await;
+    let c = &d.client;
+    let target = format!("vfs://{}", dir.path().join("target").display());
+    call(c, "volume_create", json!({"name": "vol-a", "size": "4MiB"}))
+        .await
+        .expect("volume");
+    call(c, "snapshot_create", json!({"volume": "vol-a", "name": "s1"}))
+        .await
+        .expect("snapshot");
+    // `backup_<name>.cfg` (and its temporary name) is one file name on a folder target:
+    // 240 characters fit, 241 do not
+    let long = "b".repeat(300);
+    for (params, wants) in [
+        (
+            BackupCreateParams {
+                name: Some(long.clone()),
+                ..create("vol-a", "s1", &target)
+            },
+            vec![
+                "backup name \"bbbb",
+                "300 characters long",
+                "240 characters at most",
+            ],
+        ),
+        (
+            BackupCreateParams {
+                name: Some("b".repeat(format::MAX_BACKUP_NAME + 1)),
+                ..create("vol-a", "s1", &target)
+            },
+            vec!["241 characters long"],
+        ),
+        (
+            BackupCreateParams {
+                backup_volume: Some("v".repeat(256)),
+                ..create("vol-a", "s1", &target)
+            },
+            vec!["backup volume name \"vvvv", "255 characters at most"],
+        ),
+    ] {
+        let (kind, msg) = failure(c.backup_create(&params).await, "a name too long");
+        assert_eq!(kind, Some(ErrorKind::InvalidParams), "{msg}");
+        for w in wants {
+            assert!(msg.contains(w), "{w:?} in {msg:?}");
+        }
+        assert!(msg.len() < 400, "the name is not echoed whole: {msg}");
+    }
+    let listed = call(c, "backup_list", json!({})).await.expect("backup_list");
+    assert_eq!(listed, json!([]), "nothing recorded");
+    // the longest name that fits is taken, and its config written on the folder target
+    let name = "b".repeat(format::MAX_BACKUP_NAME);
+    let store = Store::open(&target, &Credentials::none()).expect("store");
+    write_backup(&store, dir.path(), "vol-a", &name).await;
+    assert_eq!(
+        ops::backup(&store, "vol-a", &name).await.expect("read back").name,
+        name
+    );
+    d.stop().await;
+}

@@ -1433,3 +1433,41 @@ async fn disk_create_takes_the_block_size_on_the_double() {
     }
     d.stop().await;
 }
+
+#[tokio::test]
+async fn a_backup_name_longer_than_a_store_holds_is_refused_at_the_longhorn_port() {
+    let (dir, _double, _spdk, d) = on_a_double().await;
+    let mut inst = InstanceServiceClient::new(d.channel(3).await);
+    two_replicas(dir.path(), &d, &mut inst, 16 * MIB).await;
+    let mut sp = SpdkServiceClient::new(d.channel(4).await);
+    let target = format!("vfs://{}", dir.path().join("target").display());
+    let ask = |backup: String, snapshot: &str| spdkrpc::BackupCreateRequest {
+        snapshot_name: snapshot.into(),
+        backup_target: target.clone(),
+        volume_name: "vol".into(),
+        replica_name: "vol-r-aaaa1111".into(),
+        backup_name: backup,
+        ..Default::default()
+    };
+    // `backup_<name>.cfg` is one file name on a folder target: 300 characters never fit
+    let e = sp
+        .replica_backup_create(ask("b".repeat(300), "s1"))
+        .await
+        .expect_err("a 300-character backup name");
+    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+    for w in [
+        "backup name \"bbbb",
+        "300 characters long",
+        "240 characters at most",
+    ] {
+        assert!(e.message().contains(w), "{w:?} in {:?}", e.message());
+    }
+    // a snapshot name no Longhorn snapshot has is refused naming it, not looked for
+    let e = sp
+        .replica_backup_create(ask("backup-1".into(), &"s".repeat(300)))
+        .await
+        .expect_err("a 300-character snapshot name");
+    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+    assert!(e.message().contains("invalid snapshot"), "{:?}", e.message());
+    d.stop().await;
+}

@@ -8,7 +8,7 @@
 //! both replicas give one checksum for a snapshot, another snapshot another
 //! one; in_progress then complete; an unknown snapshot is NOT_FOUND naming
 //! it; one deleted while hashed is an error naming it; no aio bdev and no
-//! file is left.
+//! file is left, also of a hash whose replica is deleted while it copies.
 
 #[path = "support/longhorn_nodes.rs"]
 mod longhorn_nodes;
@@ -30,7 +30,7 @@ use talon::proto::spdkrpc::{self, spdk_service_client::SpdkServiceClient};
 use tonic::Code;
 use tonic::transport::Channel;
 
-use longhorn_nodes::{Node, WAIT, engine, free_base, pattern, req, running, snapshot};
+use longhorn_nodes::{Node, WAIT, delete_request, engine, free_base, pattern, req, running, snapshot};
 
 const MIB: u64 = 1 << 20;
 
@@ -308,6 +308,56 @@ async fn real_spdk_snapshot_hashes_agree_across_two_nodes() {
 
     nothing_left(&a).await;
     nothing_left(&b).await;
+    a.stop().await;
+    b.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hash_whose_replica_is_deleted_stops_and_leaves_nothing_on_the_double() {
+    let size = 64 * MIB;
+    let (mut a, mut b, _, _, _) = two_nodes(None, size).await;
+    let (da, db) = (
+        a.double.as_ref().expect("double"),
+        b.double.as_ref().expect("double"),
+    );
+    let mut p = ProxyEngineServiceClient::new(a.channel(1).await);
+    assert!(da.write("talon-disk-a/vol-r-a", 2), "A's replica takes the write");
+    assert!(db.write("talon-disk-b/vol-r-b", 2), "B's replica takes the write");
+    snapshot(&mut p, "s1").await.expect("snapshot s1");
+    // a copy that outlasts the test: the hash runs until it is stopped
+    da.set_rebuild_time(Duration::from_secs(3600));
+    db.set_rebuild_time(Duration::from_secs(3600));
+    hash(&mut p, "s1", false).await.expect("SnapshotHash s1");
+    let hash_bdev = || async {
+        a.spdk
+            .bdev_get_bdevs(&Default::default())
+            .await
+            .expect("bdevs")
+            .into_iter()
+            .any(|b| b.name.starts_with("talon-hash-"))
+    };
+    talon::runtime::testing::eventually("A's hash copying", WAIT, || async {
+        hash_bdev().await.then_some(())
+    })
+    .await;
+
+    // the volume goes (engine, then A's replica): A's hash stops, its bdev and file with it
+    let mut inst =
+        talon::proto::imrpc::instance_service_client::InstanceServiceClient::new(a.channel(3).await);
+    inst.instance_delete(delete_request("vol-e-0", "engine"))
+        .await
+        .expect("InstanceDelete engine");
+    inst.instance_delete(delete_request("vol-r-a", "replica"))
+        .await
+        .expect("InstanceDelete replica");
+    talon::runtime::testing::eventually("A's hash stopped and removed", WAIT, || async {
+        let files = std::fs::read_dir(a.dir.path().join("data/snaphash"))
+            .map(|d| d.count())
+            .unwrap_or(0);
+        (!hash_bdev().await && files == 0).then_some(())
+    })
+    .await;
+    nothing_left(&a).await;
     a.stop().await;
     b.stop().await;
 }

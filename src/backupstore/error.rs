@@ -15,6 +15,16 @@ pub enum BackupError {
         "{what} name {name:?} is invalid: it must start with a letter or digit and hold only letters, digits, '_', '.' and '-' (2 characters or more)"
     )]
     InvalidName { what: String, name: String },
+    /// A name longer than a backup store holds (`name`: its start).
+    #[error(
+        "{what} name {name:?} is {len} characters long: a backup store holds {what} names of {max} characters at most (a folder target keeps each in one file name)"
+    )]
+    NameTooLong {
+        what: String,
+        name: String,
+        len: usize,
+        max: usize,
+    },
     /// The store refused or failed a call.
     #[error("backup store {op} {path}: {source}")]
     Store {
@@ -38,6 +48,15 @@ pub enum BackupError {
     /// Another writer holds the volume (Longhorn's lock protocol).
     #[error("backup volume {volume} is locked by a {held} in progress; try again later")]
     Locked { volume: String, held: &'static str },
+    /// A local file did not fit: its filesystem is full (`room`: where, and
+    /// its sizes, [`crate::util::space::no_space`]).
+    #[error("{path}: {room}")]
+    NoSpace {
+        path: String,
+        room: String,
+        #[source]
+        source: std::io::Error,
+    },
     /// Local file I/O.
     #[error("{path}: {source}")]
     Io {
@@ -48,9 +67,17 @@ pub enum BackupError {
 }
 
 impl BackupError {
-    /// Local I/O on `path` failed.
+    /// Local I/O on `path` failed (on a full filesystem: [`BackupError::NoSpace`]).
     pub fn io(path: impl std::fmt::Display) -> impl FnOnce(std::io::Error) -> BackupError {
         let path = path.to_string();
-        move |source| BackupError::Io { path, source }
+        move |source| {
+            if crate::util::space::is_no_space(&source) {
+                let p = std::path::Path::new(&path);
+                let dir = p.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(p);
+                let room = crate::util::space::no_space(dir, None);
+                return BackupError::NoSpace { path, room, source };
+            }
+            BackupError::Io { path, source }
+        }
     }
 }

@@ -44,6 +44,17 @@ pub fn valid_name(name: &str) -> bool {
         && chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'))
 }
 
+/// The longest file name a folder target (vfs, NFS) holds (Linux's
+/// `NAME_MAX`, in bytes): Longhorn's backupstore keeps each backup volume
+/// name as one folder name and each backup name in one file name, so a
+/// backup made with a longer one fails on such a target when it writes
+/// (an S3 key holds more: what another tool wrote there is still read).
+pub const NAME_MAX: usize = 255;
+/// The longest name of a new backup: `backup_<name>.cfg` is one file name,
+/// and so is the temporary name a writer gives it first (talon's store
+/// `backup_<name>.cfg#<n>`, Longhorn's `backup_<name>.cfg.tmp`).
+pub const MAX_BACKUP_NAME: usize = NAME_MAX - "backup_".len() - ".cfg".len() - ".tmp".len();
+
 /// `what` `name` if it passes [`valid_name`], else an error naming it.
 pub fn check_name<'a>(what: &str, name: &'a str) -> Result<&'a str, BackupError> {
     if valid_name(name) {
@@ -54,6 +65,33 @@ pub fn check_name<'a>(what: &str, name: &'a str) -> Result<&'a str, BackupError>
             name: name.to_owned(),
         })
     }
+}
+
+/// The name of a backup to make: [`check_name`], and short enough for its
+/// config's file name on every kind of target ([`MAX_BACKUP_NAME`]).
+pub fn check_backup_name(name: &str) -> Result<&str, BackupError> {
+    check_len("backup", name, MAX_BACKUP_NAME)?;
+    check_name("backup", name)
+}
+
+/// The backup volume a new backup goes into: [`check_name`], and one
+/// folder name at most ([`NAME_MAX`]).
+pub fn check_backup_volume_name(name: &str) -> Result<&str, BackupError> {
+    check_len("backup volume", name, NAME_MAX)?;
+    check_name("backup volume", name)
+}
+
+fn check_len(what: &str, name: &str, max: usize) -> Result<(), BackupError> {
+    if name.len() <= max {
+        return Ok(());
+    }
+    let shown: String = name.chars().take(24).collect();
+    Err(BackupError::NameTooLong {
+        what: what.to_owned(),
+        name: format!("{shown}..."),
+        len: name.len(),
+        max,
+    })
 }
 
 /// Longhorn's checksum: SHA-512 of `data`, lowercase hex, the first 64

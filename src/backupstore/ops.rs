@@ -183,8 +183,8 @@ pub async fn create(
     base: Option<&BackupCfg>,
     progress: &Progress,
 ) -> Result<(BackupCfg, BackupStats), BackupError> {
-    format::check_name("backup volume", &req.volume)?;
-    format::check_name("backup", &req.name)?;
+    format::check_backup_volume_name(&req.volume)?;
+    format::check_backup_name(&req.name)?;
     let bs = format::DEFAULT_BLOCK_SIZE;
     if req.size == 0 || !req.size.is_multiple_of(bs) {
         return Err(BackupError::Invalid(format!(
@@ -497,7 +497,7 @@ async fn restore_locked(
     // what the file holds already (incremental): the base's blocks by offset
     let (f, held) = match base {
         None => {
-            let f = std::fs::File::create(file).map_err(BackupError::io(file.display()))?;
+            let f = crate::util::private::file(file).map_err(BackupError::io(file.display()))?;
             f.set_len(data_offset + vol.size)
                 .map_err(BackupError::io(file.display()))?;
             (f, BTreeMap::new())

@@ -30,8 +30,8 @@ use std::path::{Path, PathBuf};
 use super::error::LonghornError;
 use super::proxy::Member;
 use super::service::Longhorn;
-use crate::backupstore::format::{Compression, DEFAULT_BLOCK_SIZE, check_name};
 use crate::backupstore::Credentials;
+use crate::backupstore::format::{Compression, DEFAULT_BLOCK_SIZE, check_backup_name};
 use crate::backupstore::store::{Caller, Target};
 use crate::proto::imrpc;
 use crate::proto::ptypes;
@@ -255,7 +255,9 @@ impl Longhorn {
             req.backup_name, req.snapshot_name, req.replica_name
         );
         let bad = |e: String| LonghornError::Invalid(format!("{what}: {e}"));
-        check_name("backup", &req.backup_name).map_err(|e| bad(e.to_string()))?;
+        check_backup_name(&req.backup_name).map_err(|e| bad(e.to_string()))?;
+        crate::spdk::naming::longhorn::instance_name("snapshot", &req.snapshot_name)
+            .map_err(|e| bad(e.to_string()))?;
         self.check_target(&req.backup_target).map_err(bad)?;
         let compression = (!req.compression_method.is_empty()).then(|| req.compression_method.clone());
         if let Some(c) = &compression {

@@ -773,6 +773,8 @@ impl Longhorn {
                 .map_err(LonghornError::State)?;
         }
         drop(_one);
+        // its snapshot hashes stop, their files and bdevs removed
+        self.hashes().drop_replica(id);
         self.settle_gone(LonghornReplica::TYPE, id).await;
         Ok(())
     }

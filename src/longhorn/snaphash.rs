@@ -26,7 +26,10 @@
 //! so the data comes out through a shallow copy, as a thin rebuild copies.
 //!
 //! Nothing is left behind: the aio bdev and the file go on every path; a
-//! talon restart mid-hash leaves them to [`Hashes::sweep`] at the next start.
+//! replica deleted mid-hash stops its hashes ([`Hashes::drop_replica`]: the
+//! file goes at once, the bdev once spdk_tgt's copy into it ends); a talon
+//! restart mid-hash leaves them to [`Hashes::sweep`] at the next start,
+//! which looks again until spdk_tgt answers.
 
 use std::collections::BTreeMap;
 use std::io;
@@ -54,6 +57,8 @@ pub const COMPLETE: &str = "complete";
 pub const ERROR: &str = "error";
 /// The name prefix of the aio bdevs a hash copies into.
 pub const BDEV_PREFIX: &str = "talon-hash-";
+/// How often the start's sweep looks again while spdk_tgt does not answer.
+const SWEEP_RETRY: Duration = Duration::from_secs(10);
 /// The chunk the checksum skips when it is all zeros.
 const CHUNK: u64 = 1 << 20;
 
@@ -76,6 +81,8 @@ pub enum Job {
 pub struct Hashes {
     dir: Option<PathBuf>,
     jobs: Mutex<BTreeMap<(String, String), Job>>,
+    /// The tasks of the jobs running, to stop them when their replica goes.
+    tasks: Mutex<BTreeMap<(String, String), tokio::task::AbortHandle>>,
     /// One copy at a time on this node.
     one: tokio::sync::Semaphore,
 }
@@ -86,6 +93,7 @@ impl Hashes {
         Self {
             dir,
             jobs: Mutex::default(),
+            tasks: Mutex::default(),
             one: tokio::sync::Semaphore::new(1),
         }
     }
@@ -118,7 +126,8 @@ impl Hashes {
             jobs.insert(key.clone(), Job::Running);
         }
         let client = client.clone();
-        tokio::spawn(async move {
+        let mut tasks = self.tasks();
+        let task = tokio::spawn(async move {
             let r = match hashes.one.acquire().await {
                 Ok(_one) => run(&client, &dir, &lvs, &key.0, &key.1).await,
                 Err(_) => Err(format!("replica {}: hashing snapshot {}: stopped", key.0, key.1)),
@@ -132,9 +141,32 @@ impl Hashes {
                 }
             }
             let job = r.map_or_else(Job::Failed, Job::Complete);
+            hashes.tasks().remove(&key);
             hashes.jobs().insert(key, job);
         });
+        // under the lock: the task's own removal waits for this insert
+        let key = (replica.as_str().to_owned(), snap.to_owned());
+        tasks.insert(key, task.abort_handle());
         Ok(())
+    }
+
+    /// Replica `replica` is gone: its hashes stop and are forgotten (their
+    /// files and bdevs removed as [`to_file::Staging`] removes them).
+    pub(super) fn drop_replica(&self, replica: &str) {
+        let mut tasks = self.tasks();
+        let gone: Vec<(String, String)> = tasks.keys().filter(|(r, _)| r == replica).cloned().collect();
+        for key in gone {
+            if let Some(t) = tasks.remove(&key) {
+                t.abort();
+                tracing::info!(replica, snapshot = %key.1, "stopped a snapshot hash: its replica was deleted");
+            }
+        }
+        drop(tasks);
+        self.jobs().retain(|(r, _), _| r != replica);
+    }
+
+    fn tasks(&self) -> MutexGuard<'_, BTreeMap<(String, String), tokio::task::AbortHandle>> {
+        self.tasks.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Where the hash of a (replica, snapshot) stands.
@@ -152,28 +184,61 @@ impl Hashes {
     }
 
     /// Removes what a hash left behind before this start (a restart
-    /// mid-hash): every file under the directory, and the aio bdevs named
-    /// [`BDEV_PREFIX`]`*` in spdk_tgt (when it runs).
-    pub async fn sweep(&self, client: &SpdkClient) {
+    /// mid-hash): the files under the directory and the aio bdevs named
+    /// [`BDEV_PREFIX`]`*` in spdk_tgt of no hash running now. spdk_tgt may
+    /// not answer yet (it starts with the first disk, or is adopted): the
+    /// bdevs are looked for again, every 10 s, until it does.
+    pub async fn sweep(self: &Arc<Self>, client: &SpdkClient) {
+        if self.sweep_once(client).await {
+            return;
+        }
+        let (hashes, client) = (Arc::downgrade(self), client.clone());
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(SWEEP_RETRY).await;
+                let Some(h) = hashes.upgrade() else { return };
+                if h.sweep_once(&client).await {
+                    return;
+                }
+            }
+        });
+    }
+
+    /// One [`Hashes::sweep`]; whether spdk_tgt answered.
+    async fn sweep_once(&self, client: &SpdkClient) -> bool {
+        let running: std::collections::BTreeSet<String> =
+            self.tasks().keys().map(|(r, s)| job_name(r, s)).collect();
         if let Some(dir) = &self.dir
             && let Ok(entries) = std::fs::read_dir(dir)
         {
             for e in entries.flatten() {
+                if running.contains(e.file_name().to_str().unwrap_or_default()) {
+                    continue;
+                }
                 if let Err(x) = std::fs::remove_file(e.path()) {
                     tracing::warn!(file = %e.path().display(), error = %x, "removing a snapshot hash file");
                 }
             }
         }
-        // spdk_tgt may not run yet (it starts with the first disk): then it
-        // holds no bdev of a hash either
         let listed = tokio::time::timeout(Duration::from_secs(2), Inventory::load(client)).await;
-        if let Ok(Ok(inv)) = listed {
-            for b in inv.bdevs.keys().filter(|b| b.starts_with(BDEV_PREFIX)) {
-                if let Err(x) = to_file::remove_bdev(client, b).await {
-                    tracing::warn!(bdev = %b, error = %crate::util::error_chain(&x), "removing a snapshot hash bdev");
+        let Ok(Ok(inv)) = listed else {
+            return false;
+        };
+        for b in inv.bdevs.keys() {
+            let Some(name) = b.strip_prefix(BDEV_PREFIX) else {
+                continue;
+            };
+            if running.contains(name) {
+                continue;
+            }
+            match to_file::remove_bdev(client, b).await {
+                Ok(()) => tracing::info!(bdev = %b, "removed a snapshot hash bdev left by an earlier run"),
+                Err(x) => {
+                    tracing::warn!(bdev = %b, error = %crate::util::error_chain(&x), "removing a snapshot hash bdev")
                 }
             }
         }
+        true
     }
 }
 
@@ -246,7 +311,8 @@ async fn run(
     let name = job_name(replica, snap);
     let file = dir.join(&name);
     let bdev = format!("{BDEV_PREFIX}{name}");
-    let copied = to_file::copy_to_file(client, &plan, &file, &bdev).await;
+    let mut staging = to_file::Staging::new(client, &file, &bdev);
+    let copied = staging.copy(&plan).await;
     let sum = match copied {
         Ok(()) => {
             let (f, size) = (file.clone(), plan.size);
@@ -257,11 +323,7 @@ async fn run(
         }
         Err(m) => Err(m),
     };
-    if let Err(e) = std::fs::remove_file(&file)
-        && e.kind() != io::ErrorKind::NotFound
-    {
-        tracing::warn!(file = %file.display(), error = %e, "removing a snapshot hash file");
-    }
+    drop(staging);
     // a snapshot deleted meanwhile (its copy may have failed for it, or
     // ended before): no checksum of it
     let now = Inventory::load(client).await.ok();

@@ -8,6 +8,7 @@
 //!   util::error (error_chain)   util::backoff (Backoff)   util::root (HostRoot)
 //!   util::nvme_auth (DH-HMAC-CHAP and TLS PSK files)   util::private (0700 dirs, 0600 logs)
 //!   util::conn (connection bounds, idle sockets, descriptor limit)   util::size (sizes for people)
+//!   util::space (a filesystem's room; "no space left on <dir>" with the sizes)
 //! ```
 
 pub mod backoff;
@@ -17,6 +18,7 @@ pub mod nvme_auth;
 pub mod private;
 pub mod root;
 pub mod size;
+pub mod space;
 
 pub use backoff::Backoff;
 pub use error::error_chain;

@@ -1,4 +1,5 @@
-//! Files only root reads: the run directory talon makes and the targets'
+//! Files only root reads: the run directory talon makes, the staging
+//! copies of volumes' data (backups, restores, snapshot hashes) and the targets'
 //! logs (tgtd's names the initiators of failed CHAP logins; spdk_tgt's, the
 //! NQNs of every host). Logs are made so at creation and mended when found
 //! otherwise (a log an earlier talon left 0644).
@@ -27,6 +28,20 @@ pub fn log(path: &Path, fresh: bool) -> io::Result<File> {
     if fresh {
         f.set_len(0)?;
     }
+    Ok(f)
+}
+
+/// Creates file `path` empty (truncating one that is there), readable by
+/// root only (0600, an existing one made so): a staging copy of a volume's
+/// data.
+pub fn file(path: &Path) -> io::Result<File> {
+    let f = OpenOptions::new()
+        .create(true)
+        .write(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)?;
+    f.set_permissions(Permissions::from_mode(0o600))?;
     Ok(f)
 }
 
@@ -59,5 +74,18 @@ mod tests {
         assert_eq!(std::fs::read(&p).expect("read"), b"");
         drop(log(&run.join("new.log"), false).expect("new log"));
         assert_eq!(mode(&run.join("new.log")), 0o600);
+    }
+
+    #[test]
+    fn staging_files_are_private_and_made_empty() {
+        let t = tempfile::tempdir().expect("tempdir");
+        let mode = |p: &Path| std::fs::metadata(p).expect("meta").permissions().mode() & 0o7777;
+        let p = t.path().join("b.img");
+        drop(file(&p).expect("new file"));
+        assert_eq!(mode(&p), 0o600);
+        std::fs::write(&p, b"earlier").expect("write");
+        std::fs::set_permissions(&p, Permissions::from_mode(0o644)).expect("chmod");
+        drop(file(&p).expect("again"));
+        assert_eq!((mode(&p), std::fs::read(&p).expect("read").len()), (0o600, 0));
     }
 }

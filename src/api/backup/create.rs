@@ -8,7 +8,8 @@ use super::*;
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct BackupCreateParams {
     /// The backup's name (Longhorn's rule: a letter or digit, then letters,
-    /// digits, `_.-`; 2 characters or more). Default: `backup-` and 16 hex
+    /// digits, `_.-`; 2 to 240 characters, as `backup_<name>.cfg` is one
+    /// file name in a folder target). Default: `backup-` and 16 hex
     /// characters.
     #[serde(default)]
     pub name: Option<String>,
@@ -56,10 +57,10 @@ pub(super) fn register(api: &mut ApiBuilder) {
         &[NotFound, AlreadyExists, FailedPrecondition, Unavailable],
         |p: BackupCreateParams, ctx: Arc<ApiContext>| async move {
             let name = p.name.clone().unwrap_or_else(generated_name);
-            format::check_name("backup", &name).map_err(|e| ApiError::invalid(e.to_string()))?;
+            format::check_backup_name(&name).map_err(|e| ApiError::invalid(e.to_string()))?;
             let what = format!("backup {name}");
             let bvol = p.backup_volume.as_deref().unwrap_or(&p.volume);
-            format::check_name("backup volume", bvol).map_err(|e| {
+            format::check_backup_volume_name(bvol).map_err(|e| {
                 let hint = if p.backup_volume.is_none() {
                     " (the volume's name, by default): give backupVolume"
                 } else {

@@ -61,9 +61,10 @@ pub struct BackupView {
 /// A backupstore error in the API's words, naming `what`.
 fn store_error(what: &str, e: BackupError) -> ApiError {
     let kind = match &e {
-        BackupError::Target { .. } | BackupError::InvalidName { .. } | BackupError::Invalid(_) => {
-            ErrorKind::InvalidParams
-        }
+        BackupError::Target { .. }
+        | BackupError::InvalidName { .. }
+        | BackupError::NameTooLong { .. }
+        | BackupError::Invalid(_) => ErrorKind::InvalidParams,
         BackupError::NotFound(_) | BackupError::TargetMissing { .. } => ErrorKind::NotFound,
         BackupError::Locked { .. } | BackupError::Format { .. } | BackupError::CorruptBlock { .. } => {
             ErrorKind::FailedPrecondition

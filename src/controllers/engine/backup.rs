@@ -15,6 +15,14 @@
 //! reported complete. A deleted `Backup` stops its task and leaves the
 //! store as Longhorn leaves a failed backup: an unfinished config that no
 //! restore, listing or block collection trusts.
+//!
+//! What a task makes outside the store goes with it on every path: its
+//! staging file `<data>/backup/<name>.img` (0600) and the aio bdev
+//! `talon-backup-<name>` of its copy are removed when it ends, fails or is
+//! stopped (the bdev once spdk_tgt's copy into it ends), and what a talon
+//! stopped mid-backup left is removed at the next start ([`sweep`]).
+//! Backups run one at a time; one queued behind another starts in the
+//! reconcile that takes the other's end, whatever their names' order.
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
@@ -36,6 +44,8 @@ use super::tasks::{Seen, Tasks};
 
 /// How often a running backup's progress is published.
 const POLL: Duration = Duration::from_secs(1);
+/// How often the start's sweep is tried again while spdk_tgt does not answer.
+const SWEEP_RETRY: Duration = Duration::from_secs(10);
 
 type Outcome = Result<(BackupCfg, BackupStats, bool), String>;
 
@@ -46,6 +56,8 @@ pub struct BackupController {
     /// Where snapshot images are made (sparse files, removed after).
     work_dir: PathBuf,
     running: Tasks<(BackupCfg, BackupStats, bool)>,
+    /// Whether what an earlier talon left (files, bdevs) was swept.
+    swept: std::sync::atomic::AtomicBool,
 }
 
 impl BackupController {
@@ -56,6 +68,7 @@ impl BackupController {
             client,
             work_dir: data_dir.join("backup"),
             running: Tasks::new("backup task"),
+            swept: Default::default(),
         }
     }
 
@@ -64,6 +77,69 @@ impl BackupController {
     fn forget_credentials(&self, id: &str) {
         let _ = std::fs::remove_dir_all(self.work_dir.join("credentials").join(id));
     }
+
+    /// Once per start, before it holds anything: what backups an earlier
+    /// talon ran left behind ([`sweep`]); done once spdk_tgt answered.
+    async fn sweep_once(&self) {
+        use std::sync::atomic::Ordering;
+        if !self.swept.load(Ordering::Relaxed)
+            && sweep(&self.client, &self.work_dir, &self.running.ids()).await
+        {
+            self.swept.store(true, Ordering::Relaxed);
+        }
+    }
+}
+
+/// The aio bdev a backup's copy makes.
+fn staging_bdev(name: &str) -> String {
+    format!("{STAGING_BDEV_PREFIX}{name}")
+}
+
+/// The name prefix of backups' aio bdevs.
+pub const STAGING_BDEV_PREFIX: &str = "talon-backup-";
+
+/// Removes the staging files (`<work_dir>/*.img`) and aio bdevs
+/// ([`STAGING_BDEV_PREFIX`]`*`) of backups not in `running`: what a talon
+/// stopped mid-backup left. Whether spdk_tgt answered (its bdevs were
+/// looked at).
+pub async fn sweep(client: &SpdkClient, work_dir: &std::path::Path, running: &BTreeSet<String>) -> bool {
+    if let Ok(entries) = std::fs::read_dir(work_dir) {
+        for e in entries.flatten() {
+            let path = e.path();
+            let stem = path.file_stem().and_then(|n| n.to_str()).unwrap_or_default();
+            if path.extension().is_some_and(|x| x == "img") && !running.contains(stem) {
+                match std::fs::remove_file(&path) {
+                    Ok(()) => {
+                        tracing::info!(file = %path.display(), "removed a backup's staging file left by an earlier run")
+                    }
+                    Err(x) => {
+                        tracing::warn!(file = %path.display(), error = %x, "removing a backup's staging file")
+                    }
+                }
+            }
+        }
+    }
+    // spdk_tgt may not run yet (it starts with the first disk)
+    let listed =
+        tokio::time::timeout(Duration::from_secs(2), client.bdev_get_bdevs(&Default::default())).await;
+    let Ok(Ok(bdevs)) = listed else {
+        return false;
+    };
+    for b in bdevs {
+        let Some(name) = b.name.strip_prefix(STAGING_BDEV_PREFIX) else {
+            continue;
+        };
+        if running.contains(name) {
+            continue;
+        }
+        match to_file::remove_bdev(client, &b.name).await {
+            Ok(()) => tracing::info!(bdev = %b.name, "removed a backup's aio bdev left by an earlier run"),
+            Err(x) => {
+                tracing::warn!(bdev = %b.name, error = %crate::util::error_chain(&x), "removing a backup's aio bdev")
+            }
+        }
+    }
+    true
 }
 
 /// The store of a target with the credentials of secret `secret`.
@@ -127,6 +203,7 @@ struct Job {
 
 impl Job {
     async fn run(self) -> Outcome {
+        let mut staging = to_file::Staging::new(&self.client, &self.file, &staging_bdev(&self.name));
         let store = open_store(&self.backup.target, self.backup.credential_secret.as_deref())?;
         let bvol = self.backup.backup_volume().to_owned();
         let named = |e: backupstore::BackupError| format!("backup {}: {e}", self.name);
@@ -180,9 +257,9 @@ impl Job {
             Some(d) if base_snap.is_some() => (d, base),
             _ => (whole, None),
         };
-        let bdev = format!("talon-backup-{}", self.name);
         let made = async {
-            to_file::copy_to_file(&self.client, &chain, &self.file, &bdev)
+            staging
+                .copy(&chain)
                 .await
                 .map_err(|e| format!("reading snapshot {snap} of {vol}: {e}"))?;
             let image = SparseImage::open(&self.file, data_offset, self.volume_size).map_err(named)?;
@@ -203,7 +280,7 @@ impl Job {
                 .map_err(named)
         }
         .await;
-        let _ = std::fs::remove_file(&self.file);
+        drop(staging);
         let incremental = base.is_some();
         made.map(|(cfg, stats)| (cfg, stats, incremental))
     }
@@ -300,7 +377,10 @@ impl Controller for BackupController {
                 ctx.destroy::<BackupStatus>(s.id())?;
             }
         }
-        let mut busy = self.running.any();
+        self.sweep_once().await;
+        // first every task's progress or end, then the queue: a backup queued
+        // behind one that ended starts now, whatever their names' order
+        let mut queued = Vec::new();
         for b in &backups {
             let id = b.id().to_string();
             let prev = ctx.get::<BackupStatus>(&id)?.map(|s| s.spec);
@@ -311,29 +391,28 @@ impl Controller for BackupController {
                 continue;
             }
             match self.running.seen(&id).await {
-                Seen::Absent => {}
+                Seen::Absent => queued.push(b),
                 Seen::Running(p) => {
                     let mut s = prev.clone().unwrap_or_default();
                     s.state = BackupState::InProgress;
                     s.progress = p.min(99);
                     ctx.apply(&id, s)?;
-                    continue;
                 }
                 Seen::Ended(outcome) => {
                     let s = match outcome {
                         Ok((cfg, stats, incremental)) => completed(b, &cfg, Some(&stats), incremental),
                         Err(e) => status(BackupState::Error, e),
                     };
-                    if busy.as_deref() == Some(id.as_str()) {
-                        busy = None;
-                    }
                     if b.spec.longhorn.is_some() {
                         self.forget_credentials(&id);
                     }
                     ctx.apply(&id, s)?;
-                    continue;
                 }
             }
+        }
+        let mut busy = self.running.any();
+        for b in queued {
+            let id = b.id().to_string();
             if let Some(other) = &busy {
                 ctx.apply(
                     &id,
@@ -341,8 +420,8 @@ impl Controller for BackupController {
                 )?;
                 continue;
             }
-            if let Err(e) = backupstore::format::check_name("backup", &id)
-                .and_then(|_| backupstore::format::check_name("backup volume", b.spec.backup_volume()))
+            if let Err(e) = backupstore::format::check_backup_name(&id)
+                .and_then(|_| backupstore::format::check_backup_volume_name(b.spec.backup_volume()))
             {
                 ctx.apply(&id, status(BackupState::Error, e.to_string()))?;
                 continue;
@@ -385,10 +464,13 @@ impl Controller for BackupController {
                 },
             )?;
         }
-        if self.running.is_empty() {
-            Ok(Requeue::OnInputChange)
-        } else {
+        if !self.running.is_empty() {
             Ok(Requeue::After(POLL))
+        } else if !self.swept.load(std::sync::atomic::Ordering::Relaxed) {
+            // spdk_tgt did not answer yet: what an earlier talon left is looked for again
+            Ok(Requeue::After(SWEEP_RETRY))
+        } else {
+            Ok(Requeue::OnInputChange)
         }
     }
 }

@@ -491,7 +491,7 @@ impl Restores {
         let follows = job.spec.standby;
         let doing = src.backup.clone();
         let message = format!("restoring backup {doing} of {}: started", src.backup_volume);
-        let handle = tokio::spawn(async move {
+        let handle = tokio::spawn(given_back(file.clone(), async move {
             std::fs::create_dir_all(&dir).map_err(|e| format!("making {}: {e}", dir.display()))?;
             let _ = std::fs::remove_file(record_path(&file));
             let store = super::backup::open_store(&src.target, src.credential_secret.as_deref())?;
@@ -528,7 +528,7 @@ impl Restores {
             let held = Held::of(&src, &src.backup, data_offset, follows);
             write_record(&file, &held)?;
             Ok((held, Some(stats)))
-        });
+        }));
         lock(&self.tasks).insert(
             job.vol.to_owned(),
             Task::Running {
@@ -566,6 +566,21 @@ impl Restores {
             let _ = std::fs::remove_file(file);
         }
     }
+}
+
+/// A full restore into `file` that removes the file and its record when it
+/// fails: a partial file holds nothing usable (the next try restores in
+/// full), and on a full disk it would keep the data dir full.
+async fn given_back<T>(
+    file: PathBuf,
+    restore: impl std::future::Future<Output = Result<T, String>>,
+) -> Result<T, String> {
+    let r = restore.await;
+    if r.is_err() {
+        let _ = std::fs::remove_file(record_path(&file));
+        let _ = std::fs::remove_file(&file);
+    }
+    r
 }
 
 /// Brings a standby volume's file (holding `held`) to its backup volume's

@@ -107,6 +107,11 @@ impl<T: Send + 'static> Tasks<T> {
         self.jobs().keys().next().cloned()
     }
 
+    /// The ids of the jobs tracked.
+    pub fn ids(&self) -> BTreeSet<String> {
+        self.jobs().keys().cloned().collect()
+    }
+
     /// Whether no job is tracked.
     pub fn is_empty(&self) -> bool {
         self.jobs().is_empty()

@@ -28,6 +28,7 @@
 use std::path::Path;
 
 use super::super::client::SpdkClient;
+use super::super::error::ErrorKind;
 use super::super::rpc::{AioCreate, ByName, LvolSetParentBdev};
 use super::to_file::remove_bdev;
 
@@ -72,7 +73,15 @@ pub async fn copy_from_file(
         Ok(_) => match client.bdev_lvol_decouple_parent(&ByName::new(lvol)).await {
             Ok(_) => Ok(true),
             Err(e) => {
+                let full = match e.is(ErrorKind::NoSpace) {
+                    true => lvstore_full(client, lvol, file).await,
+                    false => None,
+                };
                 let e = err(format!("copying {} into {lvol}", file.display()))(e);
+                let e = match full {
+                    Some(full) => format!("{full} ({e})"),
+                    None => e,
+                };
                 match client.bdev_lvol_delete(&ByName::new(lvol)).await {
                     Ok(_) => Err(e),
                     Err(d) => Err(format!("{e}; deleting {lvol}: {}", crate::util::error_chain(&d))),
@@ -85,6 +94,23 @@ pub async fn copy_from_file(
         .map_err(err(format!("bdev_aio_delete {bdev}")));
     copied.and(removed)?;
     check_copied(client, lvol).await
+}
+
+/// "no space left on lvstore <lvs>" with its room and what a copy of `file`
+/// into `lvol` (`lvs/name`) needs (every cluster of the file's size).
+async fn lvstore_full(client: &SpdkClient, lvol: &str, file: &Path) -> Option<String> {
+    use crate::util::size::human_bytes as human;
+    let lvs = lvol.split_once('/')?.0;
+    let inv = super::Inventory::load(client).await.ok()?;
+    let s = inv.lvstores.iter().find(|s| s.name == lvs)?;
+    let need = std::fs::metadata(file).ok()?.len();
+    Some(format!(
+        "no space left on lvstore {lvs} (bdev {}): {} free of {}, {} needed",
+        s.base_bdev,
+        human(s.free_clusters.saturating_mul(s.cluster_size)),
+        human(s.total_data_clusters.saturating_mul(s.cluster_size)),
+        human(need)
+    ))
 }
 
 /// Lvol `lvol` after its copy: no longer a clone of a bdev, every cluster

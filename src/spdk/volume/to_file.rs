@@ -37,6 +37,9 @@ pub struct Chain {
     pub size: u64,
     /// Its block size.
     pub block_size: u32,
+    /// The bytes each lvol holds (its allocated clusters), as `lvols`: a
+    /// copy writes at most their sum into the file.
+    pub held: Vec<u64>,
 }
 
 impl Chain {
@@ -46,11 +49,34 @@ impl Chain {
         let bdev = inv.bdevs.get(&inv.lvols.get(alias)?.uuid)?;
         let mut lvols = inv.chain(alias);
         lvols.push(alias.to_owned());
+        let held = lvols
+            .iter()
+            .map(|a| {
+                inv.lvols.get(a).map_or(0, |l| {
+                    let cluster = inv
+                        .lvstores
+                        .iter()
+                        .find(|s| s.name == l.lvs.name)
+                        .map_or(0, |s| s.cluster_size);
+                    l.num_allocated_clusters.saturating_mul(cluster)
+                })
+            })
+            .collect();
         Some(Chain {
             lvols,
             size: bdev.num_blocks.checked_mul(u64::from(bdev.block_size))?,
             block_size: bdev.block_size,
+            held,
         })
+    }
+
+    /// The most a copy of the chain writes into its file: what its lvols
+    /// hold, at most the snapshot's size.
+    pub fn data_bytes(&self) -> u64 {
+        self.held
+            .iter()
+            .fold(0u64, |a, b| a.saturating_add(*b))
+            .min(self.size)
     }
 }
 
@@ -62,6 +88,7 @@ impl Chain {
         let at = self.lvols.iter().position(|l| l == base)?;
         Some(Chain {
             lvols: self.lvols[at + 1..].to_vec(),
+            held: self.held.get(at + 1..).unwrap_or_default().to_vec(),
             ..self.clone()
         })
     }
@@ -127,10 +154,12 @@ pub fn snapshot_source(
     best
 }
 
-/// Copies `chain` into sparse file `file` (made anew, the snapshot's size)
-/// through aio bdev `bdev`, oldest lvol first; `bdev` is deleted on every
-/// path (one an earlier copy left under that name too). The error names the
-/// step.
+/// Copies `chain` into sparse file `file` (made anew, 0600, the snapshot's
+/// size) through aio bdev `bdev`, oldest lvol first; `bdev` is deleted on
+/// every path (one an earlier copy left under that name too). The error
+/// names the step; a copy that failed because `file`'s filesystem is full
+/// (SPDK says "Input/output error" of an aio write the kernel refused with
+/// ENOSPC) says "no space left on" its folder, with the sizes.
 pub async fn copy_to_file(client: &SpdkClient, chain: &Chain, file: &Path, bdev: &str) -> Result<(), String> {
     remove_bdev(client, bdev).await.map_err(|e| {
         format!(
@@ -138,9 +167,17 @@ pub async fn copy_to_file(client: &SpdkClient, chain: &Chain, file: &Path, bdev:
             crate::util::error_chain(&e)
         )
     })?;
-    std::fs::File::create(file)
+    let dir = file.parent().unwrap_or(Path::new("/"));
+    crate::util::private::file(file)
         .and_then(|f| f.set_len(chain.size))
-        .map_err(|e| format!("making {}: {e}", file.display()))?;
+        .map_err(|e| match crate::util::space::is_no_space(&e) {
+            true => format!(
+                "making {}: {}",
+                file.display(),
+                crate::util::space::no_space(dir, None)
+            ),
+            false => format!("making {}: {e}", file.display()),
+        })?;
     client
         .bdev_aio_create(&AioCreate {
             filename: file.display().to_string(),
@@ -151,11 +188,81 @@ pub async fn copy_to_file(client: &SpdkClient, chain: &Chain, file: &Path, bdev:
         })
         .await
         .map_err(|e| format!("bdev_aio_create {bdev}: {}", crate::util::error_chain(&e)))?;
-    let copied = copy_chain(client, chain, bdev).await;
+    let copied = copy_chain(client, chain, bdev).await.map_err(|e| {
+        // what the file holds now (its allocated blocks) against what the copy writes
+        let held = std::fs::metadata(file).map_or(0, |m| {
+            use std::os::unix::fs::MetadataExt as _;
+            m.blocks().saturating_mul(512)
+        });
+        match crate::util::space::short_of(dir, chain.data_bytes(), held) {
+            Some(full) => format!("{full} to copy the snapshot into {} ({e})", file.display()),
+            None => e,
+        }
+    });
     let removed = remove_bdev(client, bdev)
         .await
         .map_err(|e| format!("bdev_aio_delete {bdev}: {}", crate::util::error_chain(&e)));
     copied.and(removed)
+}
+
+/// A staging copy of a chain (a backup's, a snapshot hash's): its file,
+/// and its aio bdev while a copy runs. Dropped (its job ended, or was
+/// stopped because its owner went), both are removed: the file at once (its
+/// space comes back once nothing holds it open), the bdev by a task of its
+/// own (spdk_tgt deletes it once a copy into it ends).
+#[derive(Debug)]
+pub struct Staging {
+    client: SpdkClient,
+    file: std::path::PathBuf,
+    bdev: String,
+    /// A copy may hold the bdev ([`copy_to_file`] deletes it on every path
+    /// it returns by; a copy stopped between two of its steps does not).
+    copying: bool,
+}
+
+impl Staging {
+    /// The staging of a copy into `file` through aio bdev `bdev`.
+    pub fn new(client: &SpdkClient, file: &Path, bdev: &str) -> Self {
+        Self {
+            client: client.clone(),
+            file: file.to_owned(),
+            bdev: bdev.to_owned(),
+            copying: false,
+        }
+    }
+
+    /// [`copy_to_file`] of `chain` into the file.
+    pub async fn copy(&mut self, chain: &Chain) -> Result<(), String> {
+        self.copying = true;
+        let r = copy_to_file(&self.client, chain, &self.file, &self.bdev).await;
+        self.copying = false;
+        r
+    }
+}
+
+impl Drop for Staging {
+    fn drop(&mut self) {
+        match std::fs::remove_file(&self.file) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => tracing::warn!(file = %self.file.display(), error = %e, "removing a staging file"),
+        }
+        if !self.copying {
+            return;
+        }
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (client, bdev) = (self.client.clone(), self.bdev.clone());
+        rt.spawn(async move {
+            match remove_bdev(&client, &bdev).await {
+                Ok(()) => tracing::info!(%bdev, "removed the aio bdev of a stopped copy"),
+                Err(e) => {
+                    tracing::warn!(%bdev, error = %crate::util::error_chain(&e), "removing the aio bdev of a stopped copy")
+                }
+            }
+        });
+    }
 }
 
 /// Deletes aio bdev `bdev`; one that is not there is no error.

@@ -1,0 +1,535 @@
+//! Backups that wait, stop or run out of room, on a real spdk_tgt
+//! (`TALON_SPDK_DIR`) through `talon serve`, to a real S3 server (s3s-fs on
+//! loopback) behind a gate that holds every `PUT` while it is closed (a
+//! backup then waits in its upload, after its copy):
+//!
+//! ```text
+//!   talon serve ──S3──> Gate (PUTs held while closed) ──> s3s-fs
+//!      └─ data dir: a temp dir, or a small tmpfs (the full-disk cases)
+//! ```
+//!
+//! - a backup queued behind one whose name sorts after it starts when that
+//!   one ends;
+//! - a backup deleted while it runs, in its upload and in its copy, leaves
+//!   neither its staging file (made 0600) nor its aio bdev;
+//! - what a stopped talon left (a staging file, an aio bdev) goes at the
+//!   next start;
+//! - a backup whose staging fills the data dir fails saying "no space left
+//!   on" it, with the sizes;
+//! - a restore that fills the data dir fails saying so, and gives the room
+//!   back (no partial file kept).
+
+#[path = "support/s3_server.rs"]
+#[allow(dead_code)]
+mod s3_server;
+#[path = "support/serve_daemon.rs"]
+mod serve_daemon;
+#[path = "support/spdk_dd.rs"]
+#[allow(dead_code)]
+mod spdk_dd;
+#[path = "support/spdk_perf.rs"]
+#[allow(dead_code)]
+mod spdk_perf;
+#[path = "support/spdk_real.rs"]
+mod spdk_real;
+
+use std::net::SocketAddr;
+use std::os::unix::fs::PermissionsExt as _;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use talon::client::Client;
+use talon::runtime::testing::eventually;
+use talon::serve::ServeOptions;
+use talon::spdk::SpdkClient;
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+const MIB: u64 = 1 << 20;
+const TARGET: &str = "s3://backups@us-east-1/talon/";
+const WAIT: Duration = Duration::from_secs(180);
+
+/// A TCP proxy in front of the S3 server that, while closed, holds each
+/// request that starts with `PUT ` (a backup's first write is its lock,
+/// after its copy) until it opens.
+struct Gate {
+    addr: SocketAddr,
+    open: tokio::sync::watch::Sender<bool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Gate {
+    async fn start(upstream: SocketAddr) -> Gate {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let (open, rx) = tokio::sync::watch::channel(true);
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((client, _)) = listener.accept().await else {
+                    continue;
+                };
+                let mut rx = rx.clone();
+                tokio::spawn(async move {
+                    let Ok(server) = tokio::net::TcpStream::connect(upstream).await else {
+                        return;
+                    };
+                    let (mut cr, mut cw) = client.into_split();
+                    let (mut sr, mut sw) = server.into_split();
+                    let up = async move {
+                        let mut buf = vec![0u8; 64 << 10];
+                        loop {
+                            let n = cr.read(&mut buf).await.unwrap_or(0);
+                            if n == 0 {
+                                let _ = sw.shutdown().await;
+                                return;
+                            }
+                            if buf[..n].starts_with(b"PUT ") && rx.wait_for(|o| *o).await.is_err() {
+                                return;
+                            }
+                            if sw.write_all(&buf[..n]).await.is_err() {
+                                return;
+                            }
+                        }
+                    };
+                    let down = async move {
+                        let _ = tokio::io::copy(&mut sr, &mut cw).await;
+                    };
+                    tokio::join!(up, down);
+                });
+            }
+        });
+        Gate { addr, open, task }
+    }
+
+    fn set_open(&self, open: bool) {
+        self.open.send_replace(open);
+    }
+
+    /// A secret manifest whose endpoint is the gate.
+    fn secret_manifest(&self) -> String {
+        format!(
+            "apiVersion: v1\nkind: Secret\nmetadata:\n  name: s3\nstringData:\n  AWS_ACCESS_KEY_ID: {}\n  AWS_SECRET_ACCESS_KEY: {}\n  AWS_ENDPOINTS: http://{}\n",
+            s3_server::ACCESS_KEY,
+            s3_server::SECRET_KEY,
+            self.addr
+        )
+    }
+}
+
+impl Drop for Gate {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// A tmpfs of `size_mib` mounted on `at` (made), unmounted when dropped;
+/// `None` after a `SKIP` line when it cannot be mounted (not root).
+struct Tmpfs(PathBuf);
+
+impl Tmpfs {
+    fn mount(test: &str, at: &Path, size_mib: u64) -> Option<Tmpfs> {
+        std::fs::create_dir_all(at).expect("mount point");
+        let out = std::process::Command::new("mount")
+            .args([
+                "-t",
+                "tmpfs",
+                "-o",
+                &format!("size={size_mib}m,mode=0700"),
+                "tmpfs",
+            ])
+            .arg(at)
+            .output();
+        match out {
+            Ok(o) if o.status.success() => Some(Tmpfs(at.to_owned())),
+            Ok(o) => {
+                eprintln!(
+                    "SKIP {test}: mounting a tmpfs data dir: {}",
+                    String::from_utf8_lossy(&o.stderr).trim()
+                );
+                None
+            }
+            Err(e) => {
+                eprintln!("SKIP {test}: mount: {e}");
+                None
+            }
+        }
+    }
+
+    /// Bytes free on it.
+    fn free(&self) -> u64 {
+        let s = nix::sys::statvfs::statvfs(&self.0).expect("statvfs");
+        s.blocks_available() as u64 * s.fragment_size() as u64
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(&self.0)
+            .status();
+    }
+}
+
+/// A daemon on real SPDK with one 1 GiB file disk under `dir` and its NVMe-oF
+/// export on `port` (spdk_dd writes through it); `keep_target`: its
+/// spdk_tgt outlives it (the next daemon adopts it).
+fn options(dir: &Path, spdk: &Path, port: u16, keep_target: bool) -> ServeOptions {
+    let y = format!(
+        "node:\n  engine: v2\n  listenAddress: 127.0.0.1\n  nvmfPort: {port}\n  allowedHosts: [\"{}\"]\ndisks:\n  d1:\n    path: {}\n    sizeBytes: {}\n",
+        spdk_perf::HOST_NQN,
+        dir.join("disks/d1.img").display(),
+        1u64 << 30
+    );
+    let config = dir.join("talon.yaml");
+    std::fs::write(&config, y).expect("config");
+    ServeOptions {
+        config: Some(config),
+        stop_targets_on_exit: !keep_target,
+        ..serve_daemon::opts(dir, serve_daemon::real_spdk(spdk, 2048))
+    }
+}
+
+/// Volume `vol` (64 MiB, one replica) with `data_mib` MiB written at its
+/// start, and its snapshot `s1`.
+async fn volume_with_snapshot(c: &Client, spdk: &Path, dir: &Path, port: u16, data_mib: u64) {
+    let _: Value = c
+        .call(
+            "volume_create",
+            json!({"name": "vol", "sizeBytes": 64 * MIB, "replicas": 1, "wait": true, "timeoutSeconds": 180}),
+        )
+        .await
+        .expect("volume_create");
+    if data_mib > 0 {
+        let nqn = format!("{}:vol:vol", talon::names::NQN_PREFIX);
+        let work = dir.join("dd");
+        std::fs::create_dir_all(&work).expect("dd dir");
+        let data: Vec<u8> = (0..data_mib * MIB).map(|i| (i / 4096 % 251 + 1) as u8).collect();
+        let (spdk, work) = (spdk.to_owned(), work.clone());
+        tokio::task::spawn_blocking(move || spdk_dd::dd_write_at(&spdk, &work, port, &nqn, &data, 0))
+            .await
+            .expect("dd");
+    }
+    let _: Value = c
+        .call(
+            "snapshot_create",
+            json!({"volume": "vol", "name": "s1", "wait": true, "timeoutSeconds": 120}),
+        )
+        .await
+        .expect("snapshot_create");
+}
+
+/// Starts backup `name` of `vol@s1` (not waited for).
+async fn start_backup(c: &Client, secret: &Path, name: &str) {
+    let _: Value = c
+        .call(
+            "backup_create",
+            json!({"name": name, "volume": "vol", "snapshot": "s1", "target": TARGET,
+                   "credentialSecret": secret.display().to_string()}),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("backup_create {name}: {e}"));
+}
+
+/// Backup `name`'s status once `done` takes it.
+async fn backup_status(c: &Client, name: &str, what: &str, done: impl Fn(&Value) -> bool) -> Value {
+    eventually(&format!("backup {name} {what}"), WAIT, || async {
+        let v: Value = c.call("backup_get", json!({"name": name})).await.ok()?;
+        let s = v["status"].clone();
+        done(&s).then_some(s)
+    })
+    .await
+}
+
+/// The aio bdevs of backups in spdk_tgt.
+async fn backup_bdevs(spdk: &SpdkClient) -> Vec<String> {
+    spdk.bdev_get_bdevs(&Default::default())
+        .await
+        .expect("bdev_get_bdevs")
+        .into_iter()
+        .map(|b| b.name)
+        .filter(|b| b.starts_with("talon-backup-"))
+        .collect()
+}
+
+/// The pid of the spdk_tgt serving on `dir`'s run dir.
+fn spdk_tgt_pid(dir: &Path) -> nix::unistd::Pid {
+    let sock = dir.join("run/spdk.sock").display().to_string();
+    for e in std::fs::read_dir("/proc").expect("/proc").flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let cmd = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
+        let cmd = String::from_utf8_lossy(&cmd);
+        if cmd.contains("spdk_tgt") && cmd.contains(&sock) {
+            return nix::unistd::Pid::from_raw(pid);
+        }
+    }
+    panic!("no spdk_tgt serving {sock}");
+}
+
+/// What a test needs: SPDK and spdk_dd, a temp dir, the S3 server and its gate.
+async fn setup(test: &str) -> Option<(PathBuf, tempfile::TempDir, s3_server::S3Server, Gate, PathBuf)> {
+    let spdk = spdk_real::spdk_dir_with(test, &["spdk_dd"])?;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = s3_server::S3Server::start(&dir.path().join("s3"), "backups").await;
+    let gate = Gate::start(server.addr).await;
+    let secret = dir.path().join("s3-secret.yaml");
+    std::fs::write(&secret, gate.secret_manifest()).expect("secret");
+    Some((spdk, dir, server, gate, secret))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_spdk_a_backup_queued_behind_one_named_after_it_starts_when_that_one_ends() {
+    let test = "real_spdk_a_backup_queued_behind_one_named_after_it_starts_when_that_one_ends";
+    let Some((spdk, dir, _server, gate, secret)) = setup(test).await else {
+        return;
+    };
+    let port = spdk_real::free_port();
+    let d = serve_daemon::start(options(dir.path(), &spdk, port, false)).await;
+    volume_with_snapshot(&d.client, &spdk, dir.path(), port, 4).await;
+
+    // zz-first runs (held in its upload); aa-second, created after, waits for it
+    gate.set_open(false);
+    start_backup(&d.client, &secret, "zz-first").await;
+    backup_status(&d.client, "zz-first", "in progress", |s| {
+        s["state"] == "inProgress"
+    })
+    .await;
+    start_backup(&d.client, &secret, "aa-second").await;
+    let s = backup_status(&d.client, "aa-second", "queued", |s| s["state"] == "pending").await;
+    assert!(
+        s["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("waiting for backup zz-first")),
+        "{s}"
+    );
+    gate.set_open(true);
+    let first = backup_status(&d.client, "zz-first", "ended", |s| {
+        s["state"] == "completed" || s["state"] == "error"
+    })
+    .await;
+    assert_eq!(first["state"], "completed", "{first}");
+    // the queued one starts when the first ends, with no other change to wake it
+    let second = backup_status(&d.client, "aa-second", "ended", |s| {
+        s["state"] == "completed" || s["state"] == "error"
+    })
+    .await;
+    assert_eq!(second["state"], "completed", "{second}");
+    d.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_spdk_a_backup_deleted_while_it_runs_leaves_no_staging_file_nor_bdev() {
+    let test = "real_spdk_a_backup_deleted_while_it_runs_leaves_no_staging_file_nor_bdev";
+    let Some((spdk, dir, _server, gate, secret)) = setup(test).await else {
+        return;
+    };
+    let port = spdk_real::free_port();
+    let d = serve_daemon::start(options(dir.path(), &spdk, port, false)).await;
+    let spdk_client = SpdkClient::new(dir.path().join("run/spdk.sock"));
+    volume_with_snapshot(&d.client, &spdk, dir.path(), port, 16).await;
+    let staging = |name: &str| dir.path().join(format!("data/backup/{name}.img"));
+
+    // in its upload (held at the gate): its staging file is there, root's only
+    gate.set_open(false);
+    start_backup(&d.client, &secret, "up").await;
+    eventually("backup up's staging file", WAIT, || async {
+        staging("up").exists().then_some(())
+    })
+    .await;
+    let mode = std::fs::metadata(staging("up"))
+        .expect("staging file")
+        .permissions()
+        .mode()
+        & 0o777;
+    assert_eq!(mode, 0o600, "a staging file holds the volume's data: root's only");
+    backup_status(&d.client, "up", "in progress", |s| s["state"] == "inProgress").await;
+    let _: Value = d
+        .client
+        .call("backup_delete", json!({"name": "up", "wait": true}))
+        .await
+        .expect("backup_delete up");
+    eventually("backup up's staging file removed", WAIT, || async {
+        (!staging("up").exists()).then_some(())
+    })
+    .await;
+
+    // in its copy: spdk_tgt stopped (SIGSTOP) as soon as the staging file is
+    // made, the backup deleted, spdk_tgt let go on: its aio bdev and file go
+    let pid = spdk_tgt_pid(dir.path());
+    let file = staging("cp");
+    let watcher = std::thread::spawn(move || {
+        loop {
+            if file.exists() {
+                let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP);
+                return;
+            }
+            std::thread::sleep(Duration::from_micros(50));
+        }
+    });
+    start_backup(&d.client, &secret, "cp").await;
+    eventually("backup cp's staging file", WAIT, || async {
+        watcher.is_finished().then_some(())
+    })
+    .await;
+    let _: Value = d
+        .client
+        .call("backup_delete", json!({"name": "cp", "wait": true}))
+        .await
+        .expect("backup_delete cp");
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT).expect("SIGCONT");
+    eventually("backup cp's staging file and bdev removed", WAIT, || async {
+        (!staging("cp").exists() && backup_bdevs(&spdk_client).await.is_empty()).then_some(())
+    })
+    .await;
+    gate.set_open(true);
+    d.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_spdk_a_staging_file_and_bdev_a_stopped_talon_left_go_at_the_next_start() {
+    let test = "real_spdk_a_staging_file_and_bdev_a_stopped_talon_left_go_at_the_next_start";
+    let Some(spdk) = spdk_real::spdk_dir(test) else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let port = spdk_real::free_port();
+    let d = serve_daemon::start(options(dir.path(), &spdk, port, true)).await;
+    let spdk_client = SpdkClient::new(dir.path().join("run/spdk.sock"));
+    let _: Value = d
+        .client
+        .call(
+            "volume_create",
+            json!({"name": "vol", "sizeBytes": 64 * MIB, "replicas": 1, "wait": true, "timeoutSeconds": 180}),
+        )
+        .await
+        .expect("volume_create");
+    // what a talon stopped in a backup's copy leaves: its file, and its aio bdev in spdk_tgt
+    let file = dir.path().join("data/backup/gone.img");
+    std::fs::create_dir_all(file.parent().expect("dir")).expect("backup dir");
+    std::fs::File::create(&file)
+        .and_then(|f| f.set_len(64 * MIB))
+        .expect("staging file");
+    spdk_client
+        .bdev_aio_create(&talon::spdk::rpc::AioCreate {
+            filename: file.display().to_string(),
+            name: "talon-backup-gone".into(),
+            block_size: Some(4096),
+            readonly: false,
+            fallocate: false,
+        })
+        .await
+        .expect("bdev_aio_create");
+    d.stop().await;
+    // the next talon adopts the target and removes both
+    let d = serve_daemon::start(options(dir.path(), &spdk, port, false)).await;
+    eventually("what the stopped talon left removed", WAIT, || async {
+        (!file.exists() && backup_bdevs(&spdk_client).await.is_empty()).then_some(())
+    })
+    .await;
+    d.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_spdk_a_backup_whose_staging_fills_the_data_dir_says_no_space_left() {
+    let test = "real_spdk_a_backup_whose_staging_fills_the_data_dir_says_no_space_left";
+    let Some((spdk, dir, _server, _gate, secret)) = setup(test).await else {
+        return;
+    };
+    let Some(data) = Tmpfs::mount(test, &dir.path().join("data"), 24) else {
+        return;
+    };
+    let port = spdk_real::free_port();
+    let d = serve_daemon::start(options(dir.path(), &spdk, port, false)).await;
+    // 40 MiB of data: more than the data dir's 24 MiB
+    volume_with_snapshot(&d.client, &spdk, dir.path(), port, 40).await;
+    start_backup(&d.client, &secret, "big").await;
+    let s = backup_status(&d.client, "big", "ended", |s| {
+        s["state"] == "completed" || s["state"] == "error"
+    })
+    .await;
+    eprintln!("{test}: {s}");
+    assert_eq!(s["state"], "error", "{s}");
+    let m = s["message"].as_str().unwrap_or_default();
+    let backup_dir = dir.path().join("data/backup");
+    assert!(
+        m.contains(&format!("no space left on {}", backup_dir.display())),
+        "the error says where room ran out: {m}"
+    );
+    assert!(
+        m.contains(" free of ") && m.contains("MiB needed"),
+        "with the sizes: {m}"
+    );
+    assert!(!backup_dir.join("big.img").exists(), "no staging file kept");
+    d.stop().await;
+    drop(data);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_spdk_a_restore_that_fills_the_data_dir_fails_and_gives_the_room_back() {
+    let test = "real_spdk_a_restore_that_fills_the_data_dir_fails_and_gives_the_room_back";
+    let Some((spdk, dir, _server, _gate, secret)) = setup(test).await else {
+        return;
+    };
+    let Some(data) = Tmpfs::mount(test, &dir.path().join("data"), 64) else {
+        return;
+    };
+    let port = spdk_real::free_port();
+    let d = serve_daemon::start(options(dir.path(), &spdk, port, false)).await;
+    volume_with_snapshot(&d.client, &spdk, dir.path(), port, 40).await;
+    start_backup(&d.client, &secret, "b1").await;
+    let s = backup_status(&d.client, "b1", "ended", |s| {
+        s["state"] == "completed" || s["state"] == "error"
+    })
+    .await;
+    assert_eq!(s["state"], "completed", "{s}");
+    // the data dir with 16 MiB free: the 40 MiB restore cannot fit
+    let ballast = dir.path().join("data/ballast");
+    let keep = 16 * MIB;
+    let f = std::fs::File::create(&ballast).expect("ballast");
+    let fill = data.free().saturating_sub(keep);
+    std::io::Write::write_all(&mut &f, &vec![1u8; fill as usize]).expect("ballast written");
+    f.sync_all().expect("sync");
+    let before = data.free();
+    let _: Value = d
+        .client
+        .call(
+            "backup_restore",
+            json!({"backup": "b1", "backupVolume": "vol", "target": TARGET,
+                   "credentialSecret": secret.display().to_string(), "volume": "rv",
+                   "replicas": 1}),
+        )
+        .await
+        .expect("backup_restore");
+    let v = eventually("volume rv's restore failed", WAIT, || async {
+        let v: Value = d.client.call("volume_get", json!({"name": "rv"})).await.ok()?;
+        v.to_string().contains("no space left on").then_some(v)
+    })
+    .await;
+    eprintln!("{test}: {v}");
+    let text = v.to_string();
+    let restore_dir = dir.path().join("data/restore");
+    assert!(
+        text.contains(&format!("no space left on {}", restore_dir.display())) && text.contains(" free of "),
+        "the error says where room ran out, with the sizes: {text}"
+    );
+    assert!(!restore_dir.join("rv.img").exists(), "no partial file kept");
+    assert!(
+        data.free() + MIB >= before,
+        "the room is given back: {} free, {} before the restore",
+        data.free(),
+        before
+    );
+    // the state store writes again: a volume is made and deleted
+    let _: Value = d
+        .client
+        .call(
+            "volume_delete",
+            json!({"name": "rv", "wait": true, "timeoutSeconds": 120}),
+        )
+        .await
+        .expect("volume_delete rv");
+    d.stop().await;
+    drop(data);
+}
