@@ -505,19 +505,23 @@ impl Restores {
                 return Err(format!(
                     "backup {} holds {} bytes: more than the volume's {size}",
                     src.backup, cfg.size
-                )
-                .into());
+                ));
             }
+            // a standby holds the newest (the one asked for may be gone since)
+            let name = match cfg.last_backup_name.as_str() {
+                newest if follows && !newest.is_empty() => newest.to_owned(),
+                _ => src.backup.clone(),
+            };
             let stats = backupstore::ops::restore_to_file(
                 &store,
                 &src.backup_volume,
-                &src.backup,
+                &name,
                 &file,
                 data_offset,
                 &p,
             )
             .await
-            .map_err(named)?;
+            .map_err(|e| format!("backup {name} of {}: {e}", src.backup_volume))?;
             // as large as a replica lvol: the volume's whole MiB after the room
             let len = data_offset + size.div_ceil(MIB) * MIB;
             std::fs::OpenOptions::new()
@@ -525,7 +529,7 @@ impl Restores {
                 .open(&file)
                 .and_then(|f| f.set_len(len))
                 .map_err(|e| format!("{}: {e}", file.display()))?;
-            let held = Held::of(&src, &src.backup, data_offset, follows);
+            let held = Held::of(&src, &name, data_offset, follows);
             write_record(&file, &held)?;
             Ok((held, Some(stats)))
         }));
@@ -574,13 +578,19 @@ impl Restores {
 async fn given_back<T>(
     file: PathBuf,
     restore: impl std::future::Future<Output = Result<T, String>>,
-) -> Result<T, String> {
+) -> Result<T, TaskError> {
     let r = restore.await;
     if r.is_err() {
-        let _ = std::fs::remove_file(record_path(&file));
-        let _ = std::fs::remove_file(&file);
+        give_back(&file);
     }
-    r
+    r.map_err(TaskError::from)
+}
+
+/// Removes `file` and its record: what it held is not trusted, and its room
+/// on the data dir is given back.
+fn give_back(file: &Path) {
+    let _ = std::fs::remove_file(record_path(file));
+    let _ = std::fs::remove_file(file);
 }
 
 /// Brings a standby volume's file (holding `held`) to its backup volume's
@@ -656,15 +666,25 @@ async fn follow(
     } else {
         None
     };
-    // from here the file is written: until it is whole, its record says it holds no backup
+    // from here the file is written: until it is whole, its record says it holds no
+    // backup (a full restore makes the file anew: no record at all says the same)
     let updating = Held {
         updating: Some(newest.clone()),
         ..held.clone()
     };
-    write_record(&file, &updating).map_err(kept)?;
-    let cut = |message: String| TaskError {
-        message,
-        held: Some(updating.clone()),
+    if base.is_some() {
+        write_record(&file, &updating).map_err(kept)?;
+    } else {
+        let _ = std::fs::remove_file(record_path(&file));
+    }
+    // a failure from here: the file holds no backup; it and its record go (the next
+    // look restores in full, into a new file), so a full data dir is given back
+    let cut = |message: String| {
+        give_back(&file);
+        TaskError {
+            message,
+            held: Some(updating.clone()),
+        }
     };
     let stats = match &base {
         Some(base) => {
@@ -847,10 +867,9 @@ mod tests {
         let mut spec = standby(&target);
         failed_update(&store, dir.path(), &r, &spec).await;
         let file = data.join("restore/dr.img");
-        assert_eq!(
-            read_record(&file).and_then(|h| h.updating),
-            Some("b2".into()),
-            "the record says the update did not end"
+        assert!(
+            !file.exists() && read_record(&file).is_none(),
+            "a file part way between two backups is removed with its record"
         );
         ops::delete(&store, "src", "b2").await.expect("delete b2");
         spec.standby = false;

@@ -293,6 +293,8 @@ mod tests {
                     claimed: false,
                     claim_type: None,
                     assigned_rate_limits: None,
+                    md_size: 0,
+                    md_interleave: false,
                     driver_specific: serde_json::json!({"lvol": {"base_snapshot": parent}}),
                 },
             );
