@@ -454,6 +454,7 @@ async fn a_backup_name_longer_than_a_store_holds_is_refused_naming_the_backup() 
     let d = serve_daemon::start(serve_daemon::opts(dir.path(), serve_daemon::no_spdk())).await;
     let c = &d.client;
     let target = format!("vfs://{}", dir.path().join("target").display());
+    std::fs::create_dir_all(dir.path().join("target")).expect("the folder target");
     call(c, "volume_create", json!({"name": "vol-a", "size": "4MiB"}))
         .await
         .expect("volume");

@@ -176,8 +176,9 @@ impl Drop for Tmpfs {
 /// spdk_tgt outlives it (the next daemon adopts it).
 fn options(dir: &Path, spdk: &Path, port: u16, keep_target: bool) -> ServeOptions {
     let y = format!(
-        "node:\n  engine: v2\n  listenAddress: 127.0.0.1\n  nvmfPort: {port}\n  allowedHosts: [\"{}\"]\ndisks:\n  d1:\n    path: {}\n    sizeBytes: {}\n",
+        "node:\n  engine: v2\n  listenAddress: 127.0.0.1\n  nvmfPort: {port}\n  allowedHosts: [\"{}\"]\n  backupSecretsDir: {}\ndisks:\n  d1:\n    path: {}\n    sizeBytes: {}\n",
         spdk_perf::HOST_NQN,
+        dir.join("secrets").display(),
         dir.join("disks/d1.img").display(),
         1u64 << 30
     );
@@ -219,13 +220,22 @@ async fn volume_with_snapshot(c: &Client, spdk: &Path, dir: &Path, port: u16, da
         .expect("snapshot_create");
 }
 
+/// The name a secret file in the node's backupSecretsDir is asked by.
+fn secret_name(secret: &Path) -> String {
+    secret
+        .file_name()
+        .expect("a secret's file name")
+        .to_string_lossy()
+        .into_owned()
+}
+
 /// Starts backup `name` of `vol@s1` (not waited for).
 async fn start_backup(c: &Client, secret: &Path, name: &str) {
     let _: Value = c
         .call(
             "backup_create",
             json!({"name": name, "volume": "vol", "snapshot": "s1", "target": TARGET,
-                   "credentialSecret": secret.display().to_string()}),
+                   "credentialSecret": secret_name(secret)}),
         )
         .await
         .unwrap_or_else(|e| panic!("backup_create {name}: {e}"));
@@ -274,7 +284,9 @@ async fn setup(test: &str) -> Option<(PathBuf, tempfile::TempDir, s3_server::S3S
     let dir = tempfile::tempdir().expect("tempdir");
     let server = s3_server::S3Server::start(&dir.path().join("s3"), "backups").await;
     let gate = Gate::start(server.addr).await;
-    let secret = dir.path().join("s3-secret.yaml");
+    // a secret given to the node: named, in its backupSecretsDir
+    std::fs::create_dir_all(dir.path().join("secrets")).expect("secrets");
+    let secret = dir.path().join("secrets/s3");
     std::fs::write(&secret, gate.secret_manifest()).expect("secret");
     Some((spdk, dir, server, gate, secret))
 }
@@ -497,7 +509,7 @@ async fn real_spdk_a_restore_that_fills_the_data_dir_fails_and_gives_the_room_ba
         .call(
             "backup_restore",
             json!({"backup": "b1", "backupVolume": "vol", "target": TARGET,
-                   "credentialSecret": secret.display().to_string(), "volume": "rv",
+                   "credentialSecret": secret_name(&secret), "volume": "rv",
                    "replicas": 1}),
         )
         .await

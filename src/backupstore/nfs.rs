@@ -196,7 +196,7 @@ fn nfs_mounts() -> Vec<(PathBuf, String)> {
 pub fn ensure_mounted(t: &NfsTarget, url: &str) -> Result<PathBuf, BackupError> {
     let dir = t.mount_dir(&mount_root());
     let failed = |reason: String| BackupError::Target {
-        url: super::store::redact_urls(url),
+        url: super::error::redact_urls(url),
         reason,
     };
     if nfs_mounts().iter().any(|(p, _)| *p == dir) {

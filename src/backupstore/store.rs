@@ -191,41 +191,7 @@ fn userinfo(url: &str) -> Option<&str> {
     authority.rsplit_once('@').map(|(info, _)| info)
 }
 
-/// `text` with the password of every `http(s)://user:password@` in it (the
-/// whole user information for `http(s)://token@`, and for any scheme one
-/// with a `:`) replaced by `***`. An S3 target's `s3://bucket@region` holds
-/// no password and stays.
-pub fn redact_urls(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    let mut rest = text;
-    while let Some(at) = rest.find("://") {
-        let scheme_start = rest[..at]
-            .rfind(|c: char| !(c.is_ascii_alphanumeric() || c == '+' || c == '-' || c == '.'))
-            .map_or(0, |i| i + 1);
-        let scheme = &rest[scheme_start..at];
-        let after = at + 3;
-        out.push_str(&rest[..after]);
-        let tail = &rest[after..];
-        let end = tail
-            .find(|c: char| matches!(c, '/' | '?' | '#' | '"' | '\'' | ')' | ']' | '>') || c.is_whitespace())
-            .unwrap_or(tail.len());
-        let authority = &tail[..end];
-        match authority.rsplit_once('@') {
-            Some((info, host)) => {
-                let web = scheme.eq_ignore_ascii_case("http") || scheme.eq_ignore_ascii_case("https");
-                match info.split_once(':') {
-                    Some((user, _)) => out.push_str(&format!("{user}:***@{host}")),
-                    None if web => out.push_str(&format!("***@{host}")),
-                    None => out.push_str(authority),
-                }
-            }
-            None => out.push_str(authority),
-        }
-        rest = &tail[end..];
-    }
-    out.push_str(rest);
-    out
-}
+pub use super::error::redact_urls;
 
 /// Who names a target, and so which targets it may name.
 #[derive(Debug, Clone, PartialEq, Eq)]

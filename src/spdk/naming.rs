@@ -131,6 +131,52 @@ pub fn parse_lvol(name: &str) -> Option<LvolRole> {
     })
 }
 
+impl LvolRole {
+    /// The volume the lvol belongs to.
+    pub fn volume(&self) -> &str {
+        match self {
+            LvolRole::Replica { volume, .. }
+            | LvolRole::Snapshot { volume, .. }
+            | LvolRole::RevertMarker { volume, .. } => volume,
+        }
+    }
+}
+
+/// Who may own an lvol: the Volumes and LonghornReplicas by id.
+#[derive(Debug, Default)]
+pub struct Owners {
+    /// Volume ids (any engine, any phase).
+    pub volumes: std::collections::BTreeSet<String>,
+    /// LonghornReplica ids.
+    pub replicas: std::collections::BTreeSet<String>,
+}
+
+impl Owners {
+    /// Both sets, `o`'s added.
+    pub fn extend(&mut self, o: Owners) {
+        self.volumes.extend(o.volumes);
+        self.replicas.extend(o.replicas);
+    }
+
+    /// Who owns lvol `name` (in a talon lvstore), if anyone.
+    pub fn owner(&self, name: &str) -> Option<String> {
+        if let Some(role) = parse_lvol(name)
+            && self.volumes.contains(role.volume())
+        {
+            return Some(format!("volume {}", role.volume()));
+        }
+        self.replicas
+            .iter()
+            .find(|r| {
+                name == r.as_str()
+                    || name
+                        .strip_prefix(r.as_str())
+                        .is_some_and(|rest| rest.starts_with('-') || rest.starts_with('.'))
+            })
+            .map(|r| format!("Longhorn replica {r}"))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -13,7 +13,7 @@
 //! ```
 
 use super::*;
-use crate::controllers::engine::spdk_orphans::Owners;
+use crate::spdk::naming::Owners;
 use crate::resources::config::OrphanRemoval;
 use crate::resources::engine::OrphanLvol;
 use crate::resources::longhorn::LonghornReplica;

@@ -27,6 +27,7 @@ use crate::resources::engine::{Engine, ObjectState, OrphanLvol, SPDK_STATUS_ID, 
 use crate::resources::longhorn::LonghornReplica;
 use crate::runtime::{Controller, ControllerError, Input, Output, ReconcileContext, Requeue};
 use crate::spdk::SpdkClient;
+use crate::spdk::naming::Owners;
 use crate::spdk::volume::{Inventory, LVS_PREFIX, LvolRole, parse_lvol};
 
 /// How often the lvols are looked at again without a change of an input.
@@ -50,57 +51,16 @@ impl SpdkOrphanController {
     }
 }
 
-/// Who may own an lvol: the Volumes and LonghornReplicas by id.
-#[derive(Debug, Default)]
-pub struct Owners {
-    /// Volume ids (any engine, any phase).
-    pub volumes: BTreeSet<String>,
-    /// LonghornReplica ids.
-    pub replicas: BTreeSet<String>,
-}
-
-impl Owners {
-    fn read(ctx: &ReconcileContext) -> Result<Owners, ControllerError> {
-        Ok(Owners {
-            volumes: ctx.list::<Volume>()?.iter().map(|v| v.id().to_string()).collect(),
-            replicas: ctx
-                .list::<LonghornReplica>()?
-                .iter()
-                .map(|r| r.id().to_string())
-                .collect(),
-        })
-    }
-
-    fn extend(&mut self, o: Owners) {
-        self.volumes.extend(o.volumes);
-        self.replicas.extend(o.replicas);
-    }
-
-    /// Who owns lvol `name` (in a talon lvstore), if anyone.
-    pub fn owner(&self, name: &str) -> Option<String> {
-        if let Some(role) = parse_lvol(name)
-            && self.volumes.contains(role_volume(&role))
-        {
-            return Some(format!("volume {}", role_volume(&role)));
-        }
-        self.replicas
+/// The Volumes and LonghornReplicas this reconcile sees.
+fn read_owners(ctx: &ReconcileContext) -> Result<Owners, ControllerError> {
+    Ok(Owners {
+        volumes: ctx.list::<Volume>()?.iter().map(|v| v.id().to_string()).collect(),
+        replicas: ctx
+            .list::<LonghornReplica>()?
             .iter()
-            .find(|r| {
-                name == r.as_str()
-                    || name
-                        .strip_prefix(r.as_str())
-                        .is_some_and(|rest| rest.starts_with('-') || rest.starts_with('.'))
-            })
-            .map(|r| format!("Longhorn replica {r}"))
-    }
-}
-
-fn role_volume(role: &LvolRole) -> &str {
-    match role {
-        LvolRole::Replica { volume, .. }
-        | LvolRole::Snapshot { volume, .. }
-        | LvolRole::RevertMarker { volume, .. } => volume,
-    }
+            .map(|r| r.id().to_string())
+            .collect(),
+    })
 }
 
 /// What an lvol's name says it belonged to.
@@ -190,9 +150,9 @@ impl Controller for SpdkOrphanController {
         }
         // owners read before and after the listing: a volume made or deleted
         // meanwhile is an owner in one of them
-        let mut owners = Owners::read(ctx)?;
+        let mut owners = read_owners(ctx)?;
         let inv = Inventory::load(&self.client).await?;
-        owners.extend(Owners::read(ctx)?);
+        owners.extend(read_owners(ctx)?);
         let mut found = find(&inv, &owners);
         // a refusal is said while its request stands
         for req in ctx.list::<OrphanRemoval>()? {
