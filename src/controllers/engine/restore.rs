@@ -933,28 +933,7 @@ mod tests {
         std::fs::create_dir(dir.path().join("store")).expect("the target's folder");
         let store = Store::open(&target, &Credentials::none()).expect("store");
         let b1 = backup(&store, dir.path(), "b1", &[(0, 1), (4 * MIB, 2)], None).await;
-        let mut spec = Volume {
-            size_bytes: SIZE,
-            replicas: 1,
-            engine: Default::default(),
-            frontend: Default::default(),
-            disks: Vec::new(),
-            from_snapshot: None,
-            from_backup: Some(BackupSource {
-                target: target.clone(),
-                credential_secret: None,
-                backup_volume: "src".into(),
-                backup: "b1".into(),
-                poll_seconds: Some(1),
-            }),
-            standby: true,
-            revert_to: None,
-            revert_generation: 0,
-            remote_replicas: Vec::new(),
-            serve_replica: None,
-            replica_hosts: Vec::new(),
-            raid_superblock: false,
-        };
+        let mut spec = standby(&target);
         let data = dir.path().join("data");
         let r = Restores::new(&data);
         step_until(&r, &spec, holds("b1")).await;
