@@ -13,6 +13,17 @@
 //!         incremental one (a DR volume's next restore: the changed blocks only)
 //! ```
 //!
+//! With `TALON_SPDK_DIR` set, a talon volume's restore into a thin replica
+//! lvol on a real spdk_tgt, both ways side by side (issue 55):
+//!
+//! ```text
+//!   via file: S3 -> restore_to_file <dir>/restore.img -> mover::fill_from_file -> lvol
+//!   streamed: S3 -> mover::restore::fill_replica(Source::Backup) -> lvol (no file)
+//! ```
+//!
+//! with the bytes each left allocated on the data dir's filesystem and the
+//! lvol's clusters (1 MiB) allocated after it.
+//!
 //! What a V2 backup adds on top (the snapshot's shallow copy out of
 //! spdk_tgt) is measured by the real-SPDK test's timings, not here.
 //! Run: `cargo bench --bench backup` (BACKUP_BENCH_GIB=4 by default).
@@ -20,6 +31,8 @@
 #[path = "../tests/support/s3_server.rs"]
 #[allow(dead_code)]
 mod s3_server;
+#[path = "../tests/support/spdk_real.rs"]
+mod spdk_real;
 
 use std::os::unix::fs::FileExt;
 use std::path::Path;
@@ -87,6 +100,7 @@ async fn main() {
     let changed: Vec<(u64, u64)> = (0..64).map(|i| (i * (size / 64) + 3 * MIB, MIB)).collect();
     let delta = image(&dir.path().join("delta.img"), size, &changed, 1000);
 
+    let lvols = lvol_target(dir.path(), size).await;
     println!(
         "backup and restore of a {gib} GiB volume, {} MiB written, S3 on loopback (s3s-fs)",
         written / MIB
@@ -151,6 +165,115 @@ async fn main() {
             r.blocks_downloaded,
         );
         let _ = std::fs::remove_file(&out);
+        if let Some(t) = &lvols {
+            into_lvols(
+                t,
+                &store,
+                &vol,
+                size,
+                method.as_str(),
+                &dir.path().join(format!("via-{i}.img")),
+            )
+            .await;
+        }
+    }
+    if let Some(t) = lvols {
+        t.0.stop(std::time::Duration::from_secs(5))
+            .await
+            .expect("stop spdk_tgt");
     }
     println!("(two cores; the 2 s of each operation's lock settle are included, as Longhorn waits them too)");
+}
+
+/// A spdk_tgt (`TALON_SPDK_DIR`) with lvstore `talon-bench` (1 MiB
+/// clusters) on an aio bdev over a sparse file in `dir` room for two
+/// replicas of `size`; none (a line says so) without SPDK.
+async fn lvol_target(dir: &Path, size: u64) -> Option<(talon::spdk::target::Target, spdk_real::Reaper)> {
+    let spdk = spdk_real::spdk_dir("backup bench: restores into lvols")?;
+    let cfg = spdk_real::target_cfg(&dir.join("run"), &spdk, 1024);
+    let t = talon::spdk::target::Target::spawn(&cfg).await.expect("spdk_tgt");
+    let reaper = spdk_real::Reaper::new(&t, &cfg);
+    let c = t.client();
+    spdk_real::aio_lvstore(
+        c,
+        &dir.join("disk.img"),
+        2 * size + 256 * MIB,
+        "bench0",
+        "talon-bench",
+    )
+    .await;
+    Some((t, reaper))
+}
+
+/// Bytes allocated to `path` on its filesystem (0 when there is none).
+fn on_disk(path: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(path).map(|m| m.blocks() * 512).unwrap_or(0)
+}
+
+/// Backup "incremental" of `vol` restored into a new replica lvol both
+/// ways (through a file, and streamed), each timed, then deleted.
+async fn into_lvols(
+    t: &(talon::spdk::target::Target, spdk_real::Reaper),
+    store: &Store,
+    vol: &str,
+    size: u64,
+    method: &str,
+    file: &Path,
+) {
+    use talon::spdk::rpc::{ByName, GetLvols};
+    use talon::spdk::volume::mover::restore::{FromBackup, Source, fill_replica};
+    let c = t.0.client();
+    let clusters = |name: &'static str| async move {
+        c.bdev_lvol_get_lvols(&GetLvols::default())
+            .await
+            .expect("lvols")
+            .into_iter()
+            .find(|l| l.name == name)
+            .map_or(0, |l| l.num_allocated_clusters)
+    };
+    let p = Progress::default();
+    let t0 = Instant::now();
+    let r = ops::restore_to_file(store, vol, "incremental", file, 0, &p)
+        .await
+        .expect("restore to a file");
+    let staged = on_disk(file);
+    fill_replica(
+        c,
+        &Source::File(file.to_owned()),
+        "talon-bench",
+        "via-r0",
+        size / MIB,
+    )
+    .await
+    .expect("fill from the file");
+    let secs = t0.elapsed().as_secs_f64();
+    row("restore->lvol via file", method, r.bytes_written, secs, r.blocks);
+    println!(
+        "|   (data dir: {} MiB staged; lvol: {} clusters)",
+        staged / MIB,
+        clusters("via-r0").await
+    );
+    let _ = std::fs::remove_file(file);
+    let from = Source::Backup(FromBackup {
+        target: "s3://bench@us-east-1/b/".into(),
+        store: store.clone(),
+        volume: vol.to_owned(),
+        backup: "incremental".into(),
+        data_offset: 0,
+        progress: std::sync::Arc::new(Progress::default()),
+    });
+    let t0 = Instant::now();
+    fill_replica(c, &from, "talon-bench", "streamed-r0", size / MIB)
+        .await
+        .expect("restore streamed");
+    let secs = t0.elapsed().as_secs_f64();
+    row("restore->lvol streamed", method, r.bytes_written, secs, r.blocks);
+    println!(
+        "|   (data dir: 0 MiB staged; lvol: {} clusters)",
+        clusters("streamed-r0").await
+    );
+    for l in ["talon-bench/via-r0", "talon-bench/streamed-r0"] {
+        c.bdev_lvol_delete(&ByName::new(l)).await.expect("delete");
+    }
 }

@@ -69,12 +69,12 @@
 //! back) with their min-max. The machine is shared and noisy (load average
 //! printed): compare within one run.
 
-#[path = "support/reap.rs"]
-mod reap;
 #[path = "../tests/support/longhorn_daemon.rs"]
 mod longhorn_daemon;
 #[path = "../tests/support/longhorn_nodes.rs"]
 mod longhorn_nodes;
+#[path = "support/reap.rs"]
+mod reap;
 #[path = "../tests/support/spdk_dd.rs"]
 #[allow(dead_code)]
 mod spdk_dd;
@@ -274,6 +274,8 @@ async fn longhorn_topology(c: &SpdkClient, size: u64, tag: &str, disks: [&str; 2
         model_number: None,
         max_namespaces: Some(1),
         ana_reporting: None,
+        min_cntlid: None,
+        max_cntlid: None,
     };
     let mut members = Vec::new();
     for (k, disk) in [("a", disks[0]), ("b", disks[1])] {
@@ -344,6 +346,8 @@ async fn export(c: &SpdkClient, nqn: &str, bdev: &str, ip: IpAddr, port: u16) {
         model_number: None,
         max_namespaces: Some(1),
         ana_reporting: None,
+        min_cntlid: None,
+        max_cntlid: None,
     })
     .await
     .expect("subsystem");
@@ -724,7 +728,7 @@ fn main() {
         return;
     };
     if std::env::var_os("RUST_LOG").is_some() {
-        // profiling: e.g. RUST_LOG=talon::controllers::engine::longhorn=debug (one line per reconcile)
+        // profiling: e.g. RUST_LOG=talon::controllers::longhorn=debug (one line per reconcile)
         tracing_subscriber::fmt()
             .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
             .with_writer(std::io::stderr)

@@ -55,13 +55,13 @@
 //!
 //! The machine is shared and noisy: compare within one run.
 
+#[path = "support/reap.rs"]
+mod reap;
 #[path = "../tests/support/spdk_dd.rs"]
 #[allow(dead_code)]
 mod spdk_dd;
 #[path = "../tests/support/spdk_perf.rs"]
 mod spdk_perf;
-#[path = "support/reap.rs"]
-mod reap;
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -710,6 +710,8 @@ async fn export(c: &SpdkClient, nqn: &str, bdev: &str, id: uuid::Uuid, port: u16
         model_number: None,
         max_namespaces: Some(1),
         ana_reporting: None,
+        min_cntlid: None,
+        max_cntlid: None,
     })
     .await
     .expect("subsystem");
@@ -1126,15 +1128,16 @@ async fn restore(c: &SpdkClient, rounds: usize) {
             }
             let t0 = Instant::now();
             for name in &names {
-                talon::spdk::volume::from_file::copy_from_file(
-                    c,
-                    &file,
-                    4096,
-                    &format!("talon-bench/{name}"),
-                    &format!("talon-restore-{name}"),
-                )
-                .await
-                .expect("copy");
+                talon::spdk::volume::from_file::Copies::default()
+                    .copy_from_file(
+                        c,
+                        &file,
+                        4096,
+                        &format!("talon-bench/{name}"),
+                        &format!("talon-restore-{name}"),
+                    )
+                    .await
+                    .expect("copy");
             }
             let secs = t0.elapsed().as_secs_f64();
             let inv = Inventory::load(c).await.expect("inventory");

@@ -524,6 +524,7 @@ pub async fn serve_with(
             .unwrap_or(8504),
         longhorn: longhorn_bound.is_some(),
         longhorn_session: longhorn_session.clone(),
+        spdk_run: crate::spdk::RunId::new(),
     };
     // hugepages first: the engine selection below looks at the free pool
     controllers::host::prepare_at_start(&state, &deps);
@@ -600,7 +601,11 @@ pub async fn serve_with(
             let spdk_service_port = bound.addrs().last().map_or(8504, SocketAddr::port);
             let lh = crate::longhorn::service::Longhorn::new(
                 state.clone(),
-                crate::spdk::SpdkClient::new(opts.spdk.target_config(&opts.run_dir).socket()),
+                crate::spdk::SpdkClient::of_run(
+                    opts.spdk.target_config(&opts.run_dir).socket(),
+                    &deps.spdk_run,
+                    Some(longhorn_session.spdk_changes()),
+                ),
                 l.ports,
             )
             .with_peer_port(spdk_service_port)

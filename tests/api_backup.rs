@@ -90,7 +90,11 @@ async fn backups_are_validated_recorded_and_listed_from_their_target() {
     // refused before anything is stored, each naming what is wrong
     // a file that is no Secret, outside the secrets folder, as a secret's name or its path
     let shadow = dir.path().join("shadow");
-    std::fs::write(&shadow, "root:*:19000:0:99999:7:::\ndaemon:*:19000:0:99999:7:::\n").expect("shadow");
+    std::fs::write(
+        &shadow,
+        "root:*:19000:0:99999:7:::\ndaemon:*:19000:0:99999:7:::\n",
+    )
+    .expect("shadow");
     std::fs::write(secrets.join("not-a-secret"), "root:*:19000:0:99999:7:::\n").expect("not-a-secret");
     let refused: Vec<(BackupCreateParams, ErrorKind, Vec<&str>)> = vec![
         (
@@ -351,7 +355,10 @@ async fn backups_are_validated_recorded_and_listed_from_their_target() {
     std::fs::rename(dir.path().join("target"), &away).expect("the target vanishes");
     let (kind, msg) = failure(c.backup_store_list(&target, None, None).await, "vanished");
     assert_eq!(kind, Some(ErrorKind::NotFound), "{msg}");
-    assert!(!dir.path().join("target").exists(), "the store was made again, empty");
+    assert!(
+        !dir.path().join("target").exists(),
+        "the store was made again, empty"
+    );
     std::fs::rename(&away, dir.path().join("target")).expect("the target is back");
 
     // deleted: talon's record only, then one from its target as well

@@ -379,7 +379,7 @@ async fn talon_serve_with_tls_and_its_peer_client() {
     // and without TLS the peer cannot get through
     let plain = talon::controllers::engine::peer::Peers::new(Some(TOKEN.into()));
     let e = plain.connect(&addr).await.expect_err("plain peer");
-    assert!(e.contains(&addr), "names the peer: {e}");
+    assert!(e.to_string().contains(&addr), "names the peer: {e}");
 
     let _ = stop_tx.send(());
     daemon.await.expect("join").expect("clean stop");

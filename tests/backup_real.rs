@@ -1,15 +1,17 @@
 //! Backups of a V2 volume on a real spdk_tgt (`TALON_SPDK_DIR`) through
-//! `talon serve`, to a real S3 server (s3s-fs on loopback): a 1 GiB volume
+//! `talon serve`, to a real S3 server (s3s-fs on loopback): a 256 MiB volume
 //! of two replicas written through its NVMe-oF export (spdk_dd), backed up
 //! in full and then incrementally (only the changed 2 MiB blocks read and
 //! uploaded), each backup restored and checksummed against what was
 //! written; a restored image copied into a thin lvol on the same target
 //! (`spdk::volume::from_file`) reads back the same; and a standby (DR)
-//! volume made from the first backup keeps its file over a restart,
-//! follows the second and the third (fetching only their changed blocks),
-//! holds no backup once its follow of a fourth fails on a damaged block
-//! and, that backup deleted and the third restored in full again,
-//! activated, serves the third.
+//! volume made from the first backup, its data streamed into thin lvols
+//! (no file on the data dir), keeps them over a restart, follows the
+//! second and the third (fetching and writing only their changed blocks,
+//! the third's blocks that became zeros included, read back from its
+//! lvols), holds no backup once its follow of a fourth fails on a damaged
+//! block and, that backup deleted and the third restored in full again,
+//! activated, serves the third from those lvols, now its replicas.
 
 #[path = "support/s3_server.rs"]
 #[allow(dead_code)]
@@ -29,24 +31,15 @@ use std::os::unix::fs::FileExt;
 use std::path::Path;
 
 use serde_json::{Value, json};
+use spdk_real::pattern;
 use talon::backupstore::{Credentials, Progress, Store, ops};
 use talon::serve::ServeOptions;
 use talon::spdk::SpdkClient;
 
 const MIB: u64 = 1 << 20;
-const SIZE: u64 = 1 << 30;
-
-fn pattern(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
+// 256 MiB: room for the 8 written regions and the 2 MiB blocks each backup
+// adds between them; every copy, read and checksum below is of the whole size
+const SIZE: u64 = 256 * MIB;
 
 fn sha(path: &Path, len: u64) -> String {
     let f = std::fs::File::open(path).expect("open");
@@ -87,6 +80,30 @@ async fn backup(c: &talon::client::Client, name: &str, snap: &str) -> Value {
         .await
         .unwrap_or_else(|e| panic!("backup_create {name}: {e}"));
     v["status"].clone()
+}
+
+/// Nothing is staged under the data dir's `restore` (none of the candidates
+/// `dirs` holds a file there).
+fn nothing_staged(dirs: &[std::path::PathBuf]) {
+    for d in dirs {
+        let staged: Vec<_> = std::fs::read_dir(d.join("restore"))
+            .map(|r| r.filter_map(Result::ok).map(|e| e.path()).collect())
+            .unwrap_or_default();
+        assert!(staged.is_empty(), "staged on the data dir: {staged:?}");
+    }
+}
+
+/// Standby volume `dr`'s lvols (`dr-r<k>.dr`): (alias, uuid), by alias.
+async fn standby_lvols(c: &SpdkClient) -> Vec<(String, String)> {
+    let inv = talon::spdk::volume::Inventory::load(c).await.expect("inventory");
+    let mut out: Vec<_> = inv
+        .lvols
+        .values()
+        .filter(|l| l.name.starts_with("dr-r") && l.name.ends_with(".dr"))
+        .map(|l| (l.alias.clone(), l.uuid.clone()))
+        .collect();
+    out.sort();
+    out
 }
 
 /// The engine status of standby volume `vol` once it holds `backup` (bounded).
@@ -149,7 +166,7 @@ async fn real_spdk_backups_of_a_volume_round_trip_through_s3_full_then_increment
         .expect("volume_create");
     let nqn = format!("{}:vol:vol", talon::names::NQN_PREFIX);
 
-    // what the volume holds, kept beside it: 128 MiB in 8 regions of 16 MiB
+    // what the volume holds, kept beside it: 128 MiB in 8 regions of 16 MiB, 14 MiB apart
     let model = dir.path().join("model.img");
     std::fs::File::create(&model)
         .expect("create")
@@ -162,7 +179,7 @@ async fn real_spdk_backups_of_a_volume_round_trip_through_s3_full_then_increment
     let work = dir.path().join("dd");
     std::fs::create_dir_all(&work).expect("create_dir_all");
     for i in 0..8u64 {
-        let at = i * 120 * MIB + 4 * MIB;
+        let at = i * 30 * MIB + 4 * MIB;
         let data = pattern(i + 1, 16 * MIB as usize);
         spdk_dd::dd_write_at(&spdk, &work, port, &nqn, &data, at as usize);
         m.write_all_at(&data, at).expect("write_all_at");
@@ -211,28 +228,32 @@ async fn real_spdk_backups_of_a_volume_round_trip_through_s3_full_then_increment
             .expect_err("a standby volume is not served");
         assert!(e.to_string().contains("standby (DR) volume"), "{method}: {e}");
     }
-    // talon restarted (spdk_tgt too): the standby takes its file up again, not restored anew
-    let held = ["data/restore/dr.img", "restore/dr.img"]
-        .map(|p| dir.path().join(p))
-        .into_iter()
+    // its data in two thin lvols, nothing on the data dir but the record of what they hold
+    let data_dirs = [dir.path().join("data"), dir.path().to_owned()];
+    nothing_staged(&data_dirs);
+    let record = data_dirs
+        .iter()
+        .map(|d| d.join("standby/dr.json"))
         .find(|p| p.exists())
-        .expect("the standby's restore file");
-    let mtime = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).expect("mtime");
-    let written = mtime(&held);
+        .expect("the standby's record");
+    let lvols = standby_lvols(&spdk_client).await;
+    assert_eq!(lvols.len(), 2, "one lvol a replica: {lvols:?}");
+    // talon restarted (spdk_tgt too): the standby takes its lvols up again, not restored anew
     d.stop().await;
     d = serve_daemon::start(opts.clone()).await;
     let e = standby_engine(&d.client, "dr", "backup-one").await;
     assert_eq!(e["state"], "standby", "{e}");
     assert_eq!(
-        mtime(&held),
-        written,
-        "the held file is not restored again after a restart"
+        standby_lvols(&spdk_client).await,
+        lvols,
+        "the standby's lvols are not made again after a restart"
     );
 
-    // 3 MiB over two blocks changes; the second backup reads and uploads those two only
+    // 3 MiB over two blocks between the first two regions changes; the second backup
+    // reads and uploads those two only
     let change = pattern(99, 3 * MIB as usize);
-    spdk_dd::dd_write_at(&spdk, &work, port, &nqn, &change, (101 * MIB) as usize);
-    m.write_all_at(&change, 101 * MIB).expect("write_all_at");
+    spdk_dd::dd_write_at(&spdk, &work, port, &nqn, &change, (21 * MIB) as usize);
+    m.write_all_at(&change, 21 * MIB).expect("write_all_at");
     drop(m);
     snapshot(&d.client, "s2").await;
     let s2 = backup(&d.client, "backup-two", "s2").await;
@@ -257,14 +278,22 @@ async fn real_spdk_backups_of_a_volume_round_trip_through_s3_full_then_increment
     let at_s2 = dir.path().join("model-s2.img");
     std::fs::copy(&model, &at_s2).expect("copy");
 
-    // a third backup (1 MiB in a block no backup mapped): the standby follows it too
+    // a third backup (1 MiB in a block no backup mapped, a block of data zeroed whole
+    // and one half zeroed): the standby follows it too
     let third = pattern(7, MIB as usize);
-    spdk_dd::dd_write_at(&spdk, &work, port, &nqn, &third, (700 * MIB) as usize);
-    std::fs::OpenOptions::new()
+    let m = std::fs::OpenOptions::new()
         .write(true)
         .open(&model)
-        .and_then(|m| m.write_all_at(&third, 700 * MIB))
-        .expect("write_all_at");
+        .expect("open");
+    for (at, data) in [
+        (232 * MIB, third),
+        (4 * MIB, vec![0u8; 2 * MIB as usize]),
+        (10 * MIB, vec![0u8; MIB as usize]),
+    ] {
+        spdk_dd::dd_write_at(&spdk, &work, port, &nqn, &data, at as usize);
+        m.write_all_at(&data, at).expect("write_all_at");
+    }
+    drop(m);
     snapshot(&d.client, "s3").await;
     let s3 = backup(&d.client, "backup-three", "s3").await;
     assert_eq!(
@@ -273,7 +302,7 @@ async fn real_spdk_backups_of_a_volume_round_trip_through_s3_full_then_increment
             s3["incremental"].as_bool(),
             s3["blocksUploaded"].as_u64()
         ),
-        (Some("completed"), Some(true), Some(1)),
+        (Some("completed"), Some(true), Some(3)),
         "{s3}"
     );
     let e = standby_engine(&d.client, "dr", "backup-three").await;
@@ -281,11 +310,41 @@ async fn real_spdk_backups_of_a_volume_round_trip_through_s3_full_then_increment
     assert!(
         e["message"]
             .as_str()
-            .is_some_and(|m| m.contains("fetched 1 of 67 blocks")),
-        "only backup-three's new block fetched: {e}"
+            .is_some_and(|m| m.contains("fetched 3 of 67 blocks")),
+        "only backup-three's 3 changed blocks fetched: {e}"
     );
+    // both lvols hold backup-three where it changed: its zeros too
+    nothing_staged(&data_dirs);
+    let held: Value = serde_json::from_slice(&std::fs::read(&record).expect("record")).expect("json");
+    let room = held["dataOffset"].as_u64().expect("dataOffset");
+    let model_at = |at: u64, len: u64| {
+        let mut b = vec![0u8; len as usize];
+        std::fs::File::open(&model)
+            .and_then(|f| f.read_exact_at(&mut b, at))
+            .expect("read the model");
+        b
+    };
+    for (alias, _) in &lvols {
+        let s = talon::spdk::volume::mover::Session::open(
+            &spdk_client,
+            alias,
+            talon::spdk::volume::mover::Purpose::Test,
+            8,
+        )
+        .await
+        .expect("open a standby lvol");
+        for (at, len) in [(0, 24 * MIB), (232 * MIB, 2 * MIB)] {
+            let got = s.read(room + at, len as usize).await.expect("read");
+            assert!(
+                got == model_at(at, len),
+                "{alias} holds backup-three at {at}..{}",
+                at + len
+            );
+        }
+        s.close().await.expect("close");
+    }
 
-    // a fourth backup whose block at 304 MiB is damaged in the store (planted before the
+    // a fourth backup whose block at 244 MiB is damaged in the store (planted before the
     // backup, which finds the block there and does not upload it): the standby's follow
     // fails part way, and the standby says it holds no backup whole, not backup-three
     let fourth = pattern(11, 6 * MIB as usize);
@@ -296,7 +355,7 @@ async fn real_spdk_backups_of_a_volume_round_trip_through_s3_full_then_increment
         .join(talon::backupstore::format::block_path("vol", &bad));
     std::fs::create_dir_all(planted.parent().expect("parent")).expect("create_dir_all");
     std::fs::write(&planted, pattern(12, 4096)).expect("plant a damaged block");
-    spdk_dd::dd_write_at(&spdk, &work, port, &nqn, &fourth, (300 * MIB) as usize);
+    spdk_dd::dd_write_at(&spdk, &work, port, &nqn, &fourth, (240 * MIB) as usize);
     snapshot(&d.client, "s4").await;
     let s4 = backup(&d.client, "backup-four", "s4").await;
     assert_eq!(
@@ -331,7 +390,7 @@ async fn real_spdk_backups_of_a_volume_round_trip_through_s3_full_then_increment
     let e = standby_engine(&d.client, "dr", "backup-three").await;
     eprintln!("standby after backup-four was deleted: {e}");
 
-    // activated, it serves backup-three from two new replicas
+    // activated, it serves backup-three from its lvols, now its replicas
     let v: Value = d
         .client
         .call(
@@ -354,9 +413,10 @@ async fn real_spdk_backups_of_a_volume_round_trip_through_s3_full_then_increment
     );
     std::fs::remove_file(&f).expect("remove_file");
     assert!(
-        !held.exists(),
-        "the restore file is removed once the volume is served"
+        standby_lvols(&spdk_client).await.is_empty() && !record.exists(),
+        "the standby's lvols are its replicas and its record is removed once it is served"
     );
+    nothing_staged(&data_dirs);
     let e = d
         .client
         .call::<_, Value>("volume_activate", json!({"name": "dr"}))
@@ -405,7 +465,8 @@ async fn real_spdk_backups_of_a_volume_round_trip_through_s3_full_then_increment
         ))
         .await
         .expect("thin lvol");
-    talon::spdk::volume::from_file::copy_from_file(&spdk_client, &restored, 4096, lvol, "restore-check-src")
+    talon::spdk::volume::from_file::Copies::default()
+        .copy_from_file(&spdk_client, &restored, 4096, lvol, "restore-check-src")
         .await
         .expect("copy_from_file");
     let _ = spdk_client

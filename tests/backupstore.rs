@@ -422,8 +422,95 @@ async fn a_folder_target_is_never_made_and_one_that_vanished_is_refused() {
         format!("vfs://{}/../elsewhere", folder.display()),
         format!("vfs://{}/./x", dir.path().display()),
     ] {
-        let e = Store::open(&bad, &Credentials::none()).expect_err(&bad).to_string();
+        let e = Store::open(&bad, &Credentials::none())
+            .expect_err(&bad)
+            .to_string();
         assert!(e.contains("'..'"), "{bad}: {e}");
     }
     assert!(!dir.path().join("elsewhere").exists());
+}
+
+/// Issue 55: a streamed restore (no file) gives its writer each block that
+/// holds data once, at its offset, and never an all-zero one; no more than
+/// `STREAM_BYTES` of blocks are being written at once; a backup larger
+/// than what it is restored into is refused before anything is written.
+#[tokio::test]
+async fn a_streamed_restore_gives_only_blocks_with_data_with_bounded_blocks_in_flight() {
+    use std::collections::BTreeMap;
+    use std::sync::Mutex;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let folder = dir.path().join("store");
+    std::fs::create_dir(&folder).expect("folder");
+    let store = Store::open(&format!("vfs://{}", folder.display()), &Credentials::none()).expect("store");
+    const SIZE: u64 = 96 * MIB;
+    // 40 blocks of data (some written twice: deduplicated in the store),
+    // 2 MiB of written zeros, the rest holes
+    let mut writes: Vec<(u64, Vec<u8>)> = (0..40u64)
+        .map(|i| (i * 2 * MIB, pattern((i % 7) as u8 + 1, 2 * MIB as usize)))
+        .collect();
+    writes.push((90 * MIB, vec![0u8; 2 * MIB as usize]));
+    let img = image(&dir.path().join("img"), SIZE, &writes);
+    ops::create(
+        &store,
+        &request("b1", "s1", SIZE),
+        &img,
+        None,
+        &Progress::default(),
+    )
+    .await
+    .expect("backup");
+
+    let got = Mutex::new(BTreeMap::new());
+    let (now, most) = (AtomicUsize::new(0), AtomicUsize::new(0));
+    let stats = ops::restore_streamed(
+        &store,
+        "pvc-data",
+        "b1",
+        SIZE,
+        &Progress::default(),
+        |at, data| {
+            let (got, now, most) = (&got, &now, &most);
+            async move {
+                let n = now.fetch_add(1, Ordering::SeqCst) + 1;
+                most.fetch_max(n, Ordering::SeqCst);
+                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+                assert!(
+                    got.lock().expect("lock").insert(at, data).is_none(),
+                    "block {at} given twice"
+                );
+                now.fetch_sub(1, Ordering::SeqCst);
+                Ok(())
+            }
+        },
+    )
+    .await
+    .expect("streamed restore");
+    let got = got.into_inner().expect("lock");
+    assert_eq!(
+        got.len(),
+        40,
+        "the blocks with data, not the zero one: {:?}",
+        got.keys()
+    );
+    for (at, data) in &writes[..40] {
+        assert!(got[at] == *data, "block at {at}");
+    }
+    assert_eq!(stats.bytes_written, 80 * MIB);
+    let bound = (ops::STREAM_BYTES / (2 * MIB)) as usize;
+    let most = most.load(Ordering::SeqCst);
+    assert!(most <= bound, "{most} blocks in flight, more than {bound}");
+    assert!(most > 1, "several blocks in flight: {most}");
+
+    let e = ops::restore_streamed(
+        &store,
+        "pvc-data",
+        "b1",
+        SIZE - MIB,
+        &Progress::default(),
+        |_, _| async { panic!("nothing is written") },
+    )
+    .await
+    .expect_err("larger than its target");
+    assert!(e.to_string().contains("more than"), "{e}");
 }

@@ -81,7 +81,7 @@ fn expected() -> Vec<(PathBuf, String)> {
         let t = &report["talos"];
         let yaml = t["machine_config_yaml"].as_str().expect("machine_config_yaml");
         let what = format!(
-            "Talos v{v} machine-config patch for talon: hugepages for {VOLUMES} attached volumes (1024 MiB + 43 MiB each), kernel modules{}",
+            "Talos v{v} machine-config patch for talon: hugepages for {VOLUMES} attached volumes (1024 MiB + 8 MiB each), kernel modules{}",
             if v == "1.13" {
                 ", the data path's rshared kubelet mount"
             } else {
@@ -209,8 +209,8 @@ fn talos_v1_13_patch_validates() {
     assert_eq!(n, 1, "one v1alpha1 patch");
     let d = &documents(&repo().join("deploy/talos/machine-config-patch.v1.13.yaml"))[0]["machine"];
     assert_eq!(
-        d["sysctls"]["vm.nr_hugepages"], "684",
-        "512 MiB + 8 x 43 MiB = 856 MiB = 428 pages"
+        d["sysctls"]["vm.nr_hugepages"], "544",
+        "1024 MiB + 8 x 8 MiB = 1088 MiB = 544 pages"
     );
     let mount = &d["kubelet"]["extraMounts"][0];
     assert_eq!(mount["source"], "/var/lib/talon");
@@ -239,8 +239,8 @@ fn talos_v1_15_patch_validates() {
     assert_eq!(n, docs.len());
     assert!(
         docs.iter()
-            .any(|d| d["kind"] == "SysctlConfig" && d["params"]["vm.nr_hugepages"] == "684"),
-        "a SysctlConfig document with 428 pages: {docs:#?}"
+            .any(|d| d["kind"] == "SysctlConfig" && d["params"]["vm.nr_hugepages"] == "544"),
+        "a SysctlConfig document with 544 pages: {docs:#?}"
     );
     assert!(
         docs.iter()

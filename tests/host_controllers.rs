@@ -278,7 +278,7 @@ async fn auto_hugepages_follow_the_volumes_and_never_take_pages_in_use() {
     assert_eq!(ledger, HugepagesLedger { before: 0, set: 512 });
     set_in_use(dir.path(), 0);
 
-    // two volumes: 1024 + 2 × 43 = 1110 MiB -> 555 pages
+    // two volumes: 1024 + 2 × 8 = 1040 MiB -> 520 pages
     for v in ["v1", "v2"] {
         state.create_typed(v, "", &volume()).expect("volume");
     }
@@ -286,11 +286,11 @@ async fn auto_hugepages_follow_the_volumes_and_never_take_pages_in_use() {
         get::<HugepagesSpec>(&state, "2M-node0").filter(|s| s.exported_volumes == 2)
     })
     .await;
-    assert_eq!((spec.wanted, spec.spdk_mem_mib), (Some(555), 1110));
-    status_where(&state, "2M-node0", "grown to 555", |s| s.total == 555).await;
+    assert_eq!((spec.wanted, spec.spdk_mem_mib), (Some(520), 1040));
+    status_where(&state, "2M-node0", "grown to 520", |s| s.total == 520).await;
 
     // every page in use (SPDK mapped them), then the volumes go: nothing is taken away
-    set_in_use(dir.path(), 555);
+    set_in_use(dir.path(), 520);
     for v in ["v1", "v2"] {
         state.destroy("config", "Volume", v, "").expect("delete");
     }
@@ -300,12 +300,12 @@ async fn auto_hugepages_follow_the_volumes_and_never_take_pages_in_use() {
     .await;
     assert_eq!(
         (s.total, s.in_use, s.state),
-        (555, 555, HugepagesState::Ok),
+        (520, 520, HugepagesState::Ok),
         "{s:?}"
     );
-    // a few polls later still 555
+    // a few polls later still 520
     status_where(&state, "2M-node0", "a later poll", |s| s.wanted == Some(512)).await;
-    assert_eq!(pages(dir.path(), "nr_hugepages"), 555);
+    assert_eq!(pages(dir.path(), "nr_hugepages"), 520);
 
     // the pages are released: the free ones talon added go back
     set_in_use(dir.path(), 0);

@@ -514,7 +514,7 @@ fn doctor_generic_host() {
             .fix
             .as_deref()
             .unwrap_or("")
-            .contains("--set 684"),
+            .contains("--set 544"),
         "{:?}",
         get("hugepages-2M")
     );

@@ -1,8 +1,10 @@
-//! Every `crate::` arrow between talon's top-level modules runs one way: no
-//! two modules use each other (doc comments and unit-test modules aside);
-//! no files take names from each other in a circle either, inside a module
-//! or across; SPDK writes outside `src/spdk` only go down. Read from the
-//! sources, so a new circle fails here with the files named.
+//! Every `crate::` arrow between talon's top-level modules points down the
+//! layer list that `src/lib.rs` documents (`# Layers`; docs/architecture.md
+//! shows the same list): a module uses only modules on lines below its own,
+//! and modules on one line never use each other (doc comments and unit-test
+//! modules aside). No files take names from each other in a circle either,
+//! inside a module or across; SPDK writes outside `src/spdk` only go down.
+//! Read from the sources, so an arrow up fails here with a file named.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -18,25 +20,52 @@ fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
     }
 }
 
-#[test]
-fn top_level_modules_use_each_other_one_way_only() {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-    let modules: BTreeSet<String> = std::fs::read_dir(&src)
-        .expect("src")
-        .filter_map(|e| {
-            let p = e.ok()?.path();
-            let n = p.file_stem()?.to_str()?.to_owned();
-            (n != "lib" && n != "main").then_some(n)
+/// The lines of the first ```` ```text ```` block after `heading` in `text`
+/// (a doc comment's `//! ` taken off), top layer first; each line's modules.
+fn layer_block(text: &str, heading: &str) -> Vec<Vec<String>> {
+    let lines: Vec<&str> = text
+        .lines()
+        .map(|l| {
+            l.strip_prefix("//!")
+                .map_or(l, |l| l.strip_prefix(' ').unwrap_or(l))
         })
         .collect();
-    // module -> used module -> a file that uses it
+    let at = lines
+        .iter()
+        .position(|l| l.trim_end() == heading)
+        .unwrap_or_else(|| panic!("no {heading:?} heading"));
+    let open = at
+        + lines[at..]
+            .iter()
+            .position(|l| l.trim() == "```text")
+            .expect("a ```text block after the heading");
+    lines[open + 1..]
+        .iter()
+        .take_while(|l| l.trim() != "```")
+        .map(|l| {
+            // `api            the admin API ...`: the modules before two spaces
+            let names = l.split("  ").next().unwrap_or("");
+            names
+                .split(',')
+                .map(|n| n.trim().to_owned())
+                .filter(|n| !n.is_empty())
+                .collect::<Vec<_>>()
+        })
+        .filter(|l| !l.is_empty())
+        .collect()
+}
+
+/// Module -> used module -> a file that uses it (`crate::<module>` outside
+/// comments and unit tests).
+fn module_uses(src: &Path, modules: &BTreeSet<String>) -> BTreeMap<String, BTreeMap<String, String>> {
     let mut uses: BTreeMap<String, BTreeMap<String, String>> = BTreeMap::new();
-    for m in &modules {
+    for m in modules {
         let mut files = Vec::new();
         let dir = src.join(m);
         if dir.is_dir() {
             rust_files(&dir, &mut files);
-        } else {
+        }
+        if src.join(format!("{m}.rs")).is_file() {
             files.push(src.join(format!("{m}.rs")));
         }
         for f in files {
@@ -58,17 +87,56 @@ fn top_level_modules_use_each_other_one_way_only() {
             }
         }
     }
-    let mut circles = Vec::new();
-    for (a, used) in &uses {
+    uses
+}
+
+/// Issue 51: the module order `src/lib.rs` gives is the order the code has.
+/// A new top-level module goes on a line of the list; an arrow up (or
+/// across a line) fails here with the file that makes it.
+#[test]
+fn top_level_modules_use_only_the_layers_below() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let src = root.join("src");
+    let lib = std::fs::read_to_string(src.join("lib.rs")).expect("lib.rs");
+    let layers = layer_block(&lib, "# Layers");
+    let doc = std::fs::read_to_string(root.join("docs/architecture.md")).expect("architecture.md");
+    assert_eq!(
+        layer_block(&doc, "## Layers"),
+        layers,
+        "docs/architecture.md's layers differ from src/lib.rs's"
+    );
+    let modules: BTreeSet<String> = std::fs::read_dir(&src)
+        .expect("src")
+        .filter_map(|e| {
+            let p = e.ok()?.path();
+            let n = p.file_stem()?.to_str()?.to_owned();
+            (n != "lib" && n != "main").then_some(n)
+        })
+        .collect();
+    // module -> its line, 0 the bottom
+    let mut line: BTreeMap<String, usize> = BTreeMap::new();
+    for (i, l) in layers.iter().rev().enumerate() {
+        for m in l {
+            assert!(line.insert(m.clone(), i).is_none(), "{m} is on two lines");
+        }
+    }
+    let listed: BTreeSet<String> = line.keys().cloned().collect();
+    assert_eq!(
+        listed, modules,
+        "the layer list names every top-level module, and no other"
+    );
+    let mut up = Vec::new();
+    for (a, used) in module_uses(&src, &modules) {
         for (b, file) in used {
-            if a < b
-                && let Some(back) = uses.get(b).and_then(|u| u.get(a))
-            {
-                circles.push(format!("{a} <-> {b} ({file}; {back})"));
+            if line[&b] >= line[&a] {
+                up.push(format!("{a} -> {b} ({file})"));
             }
         }
     }
-    assert!(circles.is_empty(), "modules that use each other: {circles:#?}");
+    assert!(
+        up.is_empty(),
+        "arrows that do not point down the layer list: {up:#?}"
+    );
 }
 
 /// The SPDK methods that change what a target holds: every `rpc!` method of

@@ -878,6 +878,23 @@ async fn longhorn_managers_contract_on_the_double() {
         }],
         "{st:?}"
     );
+    // the path's ANA state is the one the engine's export is set to
+    // (`EngineSetTargetListenerANAState`, kept on the engine)
+    let mut sp = SpdkServiceClient::new(d.channel(4).await);
+    let ana = |state: &str| spdkrpc::EngineSetTargetListenerAnaStateRequest {
+        name: "vol-e-0".into(),
+        ana_state: state.into(),
+    };
+    sp.engine_set_target_listener_ana_state(ana("inaccessible"))
+        .await
+        .expect("inaccessible");
+    let st = state_of(&mut inst, "vol-ef-0", "engine-frontend")
+        .await
+        .expect("engine-frontend");
+    assert_eq!(st.paths[0].ana_state, "inaccessible", "{st:?}");
+    sp.engine_set_target_listener_ana_state(ana("optimized"))
+        .await
+        .expect("optimized");
     let mut proxy = ProxyEngineServiceClient::new(d.channel(1).await);
     let preq = imrpc::ProxyEngineRequest {
         engine_name: "vol-e-0".into(),

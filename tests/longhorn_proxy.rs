@@ -1342,6 +1342,327 @@ async fn assert_reverted_to_s1(n: &Node, replica: &str) {
     );
 }
 
+/// The switch checks its dest before the hosts go off (issue 51: talon's
+/// switch always did, a Longhorn engine's did not). An engine over nothing
+/// written switches at its first thin step; B's replica, removed and added
+/// again, cannot be attached on A at that moment (A's target refuses every
+/// attach, as it does a dest whose node's export went). The switch fails
+/// before it closes anything: the raid is never deleted and no rebuild
+/// snapshot is taken of A's head. Once the attach works again the rebuild
+/// goes on and B is back in service.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_switch_to_a_dest_that_cannot_be_reached_leaves_the_raid_as_it_is() {
+    let TwoNodes {
+        a,
+        b: _b, // held: node B serves its replica until the test ends
+        addr_b,
+        mut p,
+        ta,
+        tb,
+        ..
+    } = two_nodes(64 * MIB).await;
+    replica_remove(&mut p, "vol-r-b").await;
+    assert_eq!(modes(&mut p).await, vec![(ta.clone(), RW)]);
+    const ATTACH: &str = "bdev_nvme_attach_controller";
+    for nth in 1..=200 {
+        double(&a).fail_nth(ATTACH, nth, -5, "Input/output error");
+    }
+    let (attaches, deletes) = (double(&a).calls(ATTACH), double(&a).calls("bdev_raid_delete"));
+    replica_add(&p, "vol-r-b", &addr_b)
+        .await
+        .expect("ReplicaAdd (the rebuild starts; its switch fails after)");
+    // the switch's first attach of the dest was refused
+    talon::runtime::testing::eventually("the dest's attach tried", WAIT, || async {
+        (double(&a).calls(ATTACH) > attaches).then_some(())
+    })
+    .await;
+    // and the next failed step too (one step runs at a time)
+    let tried = double(&a).calls(ATTACH);
+    talon::runtime::testing::eventually("the dest's attach tried again", WAIT, || async {
+        (double(&a).calls(ATTACH) > tried).then_some(())
+    })
+    .await;
+    assert_eq!(
+        double(&a).calls("bdev_raid_delete"),
+        deletes,
+        "the raid was deleted for a switch to a dest that is not there"
+    );
+    let rb: Vec<String> = a
+        .lvols()
+        .await
+        .into_iter()
+        .filter(|l| l.contains("talon-rb-"))
+        .collect();
+    assert!(
+        rb.is_empty(),
+        "the switch snapshotted A's head for nothing: {rb:?}"
+    );
+    assert!(
+        modes(&mut p).await.contains(&(ta.clone(), RW)),
+        "A's replica stays in service"
+    );
+    // the dest reachable again: the rebuild goes on and joins
+    double(&a).clear_faults(ATTACH);
+    talon::runtime::testing::eventually("vol-r-b back in service", WAIT, || async {
+        let mut p = p.clone();
+        (modes(&mut p).await == vec![(ta.clone(), RW), (tb.clone(), RW)]).then_some(())
+    })
+    .await;
+    assert_eq!(double(&a).calls("bdev_raid_delete"), deletes + 1, "one switch");
+}
+
+/// A second engine of the volume on node B (Longhorn's engine relocation:
+/// `engineNodeID` moved) over a replica node A's serving engine holds
+/// directly in its raid1: B's engine waits and says why in the words A's
+/// `ReplicaGet` gives (`holder_of`: "held by engine vol-e-0"), and never
+/// takes B's own replica from A's engine, which reads it through its
+/// export: A's engine keeps both members RW, and after B's engine is
+/// deleted too. (Issue 53.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_engine_waits_for_a_replica_the_serving_engine_holds_naming_it() {
+    let TwoNodes {
+        mut a,
+        mut b,
+        addr_a,
+        addr_b,
+        mut p,
+        ta,
+        tb,
+    } = two_nodes(64 * MIB).await;
+    let mut inst_b = longhorn_nodes::engine_create(
+        &b,
+        "vol-e-1",
+        &[("vol-r-a", &addr_a), ("vol-r-b", &addr_b)],
+        64 * MIB,
+        "",
+    )
+    .await;
+    let why = talon::runtime::testing::eventually("the second engine names the holder", WAIT, || async {
+        let mut c = inst_b.clone();
+        let s = c
+            .instance_get(longhorn_nodes::get_request("vol-e-1", "engine"))
+            .await
+            .ok()?
+            .into_inner()
+            .status?;
+        s.error_msg
+            .contains("held by engine vol-e-0")
+            .then_some((s.state, s.error_msg))
+    })
+    .await;
+    assert_ne!(why.0, "running", "it waits: {why:?}");
+    assert!(why.1.contains("vol-r-a"), "the replica is named: {why:?}");
+    assert_eq!(
+        modes(&mut p).await,
+        vec![(ta.clone(), RW), (tb.clone(), RW)],
+        "the serving engine keeps both members"
+    );
+    assert!(
+        b.lvols().await.iter().any(|l| l.ends_with("vol-r-b")),
+        "B's replica is still there"
+    );
+    inst_b
+        .instance_delete(longhorn_nodes::delete_request("vol-e-1", "engine"))
+        .await
+        .expect("the second engine's delete");
+    longhorn_nodes::gone(&inst_b, "vol-e-1", "engine").await;
+    assert_eq!(
+        modes(&mut p).await,
+        vec![(ta, RW), (tb, RW)],
+        "the serving engine keeps both members after the second engine is gone"
+    );
+    a.stop().await;
+    b.stop().await;
+}
+
+/// A Longhorn engine whose raid has a superblock keeps it through a switch
+/// (issue 51: talon's switch cleared and kept it, a Longhorn engine's did
+/// not). Two replicas on node A, the engine's raid made again with a
+/// superblock once the engine runs (an engine serves the raid it finds); the
+/// second replica is removed and added again, and rebuilt thin. The switch
+/// deletes the raid clearing the superblock on its members and makes it
+/// again with one: a member left with the old raid's superblock is refused
+/// by the next `bdev_raid_create`, with a superblock or without (v26.05:
+/// -17 "File exists", "Superblock of a different raid bdev found", seen on a
+/// real target), and a raid made again without one would read the data
+/// from the members' first block instead of after the superblock's room.
+/// After the switch the raid has its superblock and its data starts at the
+/// same block on both members. Then the engine's ANA state
+/// ([`an_engines_ana_state_outlives_a_restart`]).
+async fn a_longhorn_switch_keeps_the_raids_superblock(real: Option<&std::path::Path>) {
+    use talon::spdk::rpc::{GetRaids, RaidCategory, RaidCreate, RaidLevel};
+    let ip = IpAddr::from([127, 0, 0, 1]);
+    let mut a = Node::new(ip, free_base(&[ip]), real).await;
+    let addr_a = a.replica("disk-a", "vol-r-a", 64 * MIB).await;
+    let addr_c = a.replica("disk-c", "vol-r-c", 64 * MIB).await;
+    engine(&a, &[("vol-r-a", &addr_a), ("vol-r-c", &addr_c)], 64 * MIB, "").await;
+    // the engine's raid made again with a superblock over the same members.
+    // The engine's controller makes a raid it misses again (without a
+    // superblock) and may do so between the delete and the create: then the
+    // create meets "File exists" and the raid it made is deleted again.
+    talon::runtime::testing::eventually("the engine's raid with a superblock", WAIT, || async {
+        let raids = a
+            .spdk
+            .bdev_raid_get_bdevs(&GetRaids {
+                category: RaidCategory::All,
+            })
+            .await
+            .expect("raids");
+        match raids.iter().find(|r| r.name == "vol-e-0") {
+            Some(r) if r.superblock => return Some(()),
+            Some(_) => {
+                let _ = a
+                    .spdk
+                    .bdev_raid_delete(&talon::spdk::rpc::RaidDelete::new("vol-e-0"))
+                    .await;
+            }
+            None => {}
+        }
+        let _ = a
+            .spdk
+            .bdev_raid_create(&RaidCreate {
+                name: "vol-e-0".into(),
+                raid_level: RaidLevel::Raid1,
+                base_bdevs: vec!["talon-disk-a/vol-r-a".into(), "talon-disk-c/vol-r-c".into()],
+                strip_size_kb: None,
+                uuid: None,
+                superblock: Some(true),
+            })
+            .await;
+        None
+    })
+    .await;
+    let mut p = ProxyEngineServiceClient::new(a.channel(1).await);
+    let (ta, tc) = (format!("tcp://{addr_a}"), format!("tcp://{addr_c}"));
+    let both = {
+        let mut v = vec![(ta.clone(), RW), (tc.clone(), RW)];
+        v.sort();
+        v
+    };
+    assert_eq!(modes(&mut p).await, both);
+    replica_remove(&mut p, "vol-r-c").await;
+    replica_add(&p, "vol-r-c", &addr_c).await.expect("ReplicaAdd");
+    talon::runtime::testing::eventually("vol-r-c rebuilt (RW)", WAIT, || async {
+        let mut p = p.clone();
+        (modes(&mut p).await == both).then_some(())
+    })
+    .await;
+    let raids = a
+        .spdk
+        .bdev_raid_get_bdevs(&GetRaids {
+            category: RaidCategory::All,
+        })
+        .await
+        .expect("raids");
+    let raid = raids
+        .iter()
+        .find(|r| r.name == "vol-e-0")
+        .expect("the engine's raid");
+    assert!(raid.superblock, "made again with its superblock: {raid:?}");
+    let offsets: Vec<u64> = raid.base_bdevs_list.iter().map(|m| m.data_offset).collect();
+    assert!(
+        offsets.len() == 2 && offsets[0] == offsets[1] && offsets[0] > 0,
+        "the data starts after the superblock on both members: {offsets:?}"
+    );
+    an_engines_ana_state_outlives_a_restart(&mut a).await;
+    a.stop().await;
+}
+
+/// The ANA states of engine `vol-e-0`'s export's listeners, as SPDK reports them.
+async fn listener_ana(a: &Node) -> Vec<String> {
+    let nqn = "nqn.2023-01.io.longhorn.spdk:volume-vol";
+    let mut v: Vec<String> = a
+        .spdk
+        .nvmf_subsystem_get_listeners(&talon::spdk::rpc::ByNqn { nqn: nqn.into() })
+        .await
+        .unwrap_or_default()
+        .into_iter()
+        .flat_map(|l| l.ana_states.into_iter().map(|s| s.ana_state))
+        .collect();
+    v.dedup();
+    v
+}
+
+/// `EngineSetTargetListenerANAState` (8504): a state Longhorn does not
+/// spell or an engine that is not there is refused naming it; engine
+/// `vol-e-0` set `inaccessible` stays so over a restart of talon (on a real
+/// target spdk_tgt is restarted with it: the export is made again), where
+/// the start-up check used to set every listener optimized; set back to
+/// `optimized` it serves again.
+async fn an_engines_ana_state_outlives_a_restart(a: &mut Node) {
+    let url = a.url(4);
+    let set = |name: &str, state: &str| {
+        let url = url.clone();
+        let (name, state) = (name.to_owned(), state.to_owned());
+        async move {
+            let ch = Channel::from_shared(url)
+                .expect("url")
+                .connect()
+                .await
+                .expect("connect");
+            SpdkServiceClient::new(ch)
+                .engine_set_target_listener_ana_state(spdkrpc::EngineSetTargetListenerAnaStateRequest {
+                    name,
+                    ana_state: state,
+                })
+                .await
+        }
+    };
+    let bad = set("vol-e-0", "non_optimized")
+        .await
+        .expect_err("SPDK's spelling");
+    assert_eq!(bad.code(), Code::InvalidArgument, "{bad:?}");
+    assert!(
+        bad.message().contains("vol-e-0") && bad.message().contains("\"non_optimized\""),
+        "{bad:?}"
+    );
+    let gone = set("vol-e-9", "inaccessible").await.expect_err("no such engine");
+    assert_eq!(gone.code(), Code::NotFound, "{gone:?}");
+    assert!(gone.message().contains("cannot find engine vol-e-9"), "{gone:?}");
+    assert_eq!(listener_ana(a).await, ["optimized"], "nothing changed");
+
+    set("vol-e-0", "inaccessible").await.expect("inaccessible");
+    assert_eq!(
+        listener_ana(a).await,
+        ["inaccessible"],
+        "set before the call returned"
+    );
+    a.stop().await;
+    a.start().await;
+    // the first listing with the listener in it (a real spdk_tgt was
+    // restarted: the export is made again)
+    let seen = talon::runtime::testing::eventually("the engine exported again", WAIT, || async {
+        let v = listener_ana(a).await;
+        (!v.is_empty()).then_some(v)
+    })
+    .await;
+    assert_eq!(
+        seen,
+        ["inaccessible"],
+        "kept over the restart, from the listener's start"
+    );
+    let inst = InstanceServiceClient::new(a.channel(3).await);
+    running(&inst, "vol-e-0", "engine").await;
+    set("vol-e-0", "non-optimized").await.expect("non-optimized");
+    assert_eq!(listener_ana(a).await, ["non_optimized"]);
+    set("vol-e-0", "optimized").await.expect("optimized");
+    assert_eq!(listener_ana(a).await, ["optimized"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_longhorn_switch_keeps_the_raids_superblock_on_the_double() {
+    a_longhorn_switch_keeps_the_raids_superblock(None).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_spdk_a_longhorn_switch_keeps_the_raids_superblock() {
+    let test = "real_spdk_a_longhorn_switch_keeps_the_raids_superblock";
+    let Some(spdk) = spdk_dir(test) else {
+        return;
+    };
+    a_longhorn_switch_keeps_the_raids_superblock(Some(&spdk)).await;
+}
+
 fn spdk_dir(test: &str) -> Option<PathBuf> {
     let Some(d) = std::env::var_os("TALON_SPDK_DIR").map(PathBuf::from) else {
         eprintln!("SKIP {test}: TALON_SPDK_DIR not set");
@@ -1856,29 +2177,11 @@ async fn a_failed_revert_is_carried_on_by_the_engine_made_again_never_served_hal
     revert_failed_on_a(&a, &b, &mut p).await;
     // a detach: the engine goes, and the replicas' instances without their data
     let inst = InstanceServiceClient::new(a.channel(3).await);
-    let gone = |name: &'static str, kind: &'static str| {
-        let inst = inst.clone();
-        async move {
-            talon::runtime::testing::eventually(&format!("{kind} {name} gone"), WAIT, || async {
-                inst.clone()
-                    .instance_get(imrpc::InstanceGetRequest {
-                        name: name.into(),
-                        r#type: kind.into(),
-                        data_engine: imrpc::DataEngine::V2 as i32,
-                        ..Default::default()
-                    })
-                    .await
-                    .is_err()
-                    .then_some(())
-            })
-            .await;
-        }
-    };
     inst.clone()
         .instance_delete(longhorn_nodes::delete_request("vol-e-0", "engine"))
         .await
         .expect("engine delete");
-    gone("vol-e-0", "engine").await;
+    longhorn_nodes::gone(&inst, "vol-e-0", "engine").await;
     inst.clone()
         .instance_delete(imrpc::InstanceDeleteRequest {
             cleanup_required: false,
@@ -1886,7 +2189,7 @@ async fn a_failed_revert_is_carried_on_by_the_engine_made_again_never_served_hal
         })
         .await
         .expect("replica delete, its lvols kept");
-    gone("vol-r-a", "replica").await;
+    longhorn_nodes::gone(&inst, "vol-r-a", "replica").await;
     // the attach: the replica and the engine made again, with no revert request
     double(&a).clear_faults("bdev_lvol_clone");
     let again = a.replica_again("disk-a", "vol-r-a", 64 * MIB).await;
@@ -1948,23 +2251,31 @@ async fn a_longhorn_caller_names_no_folder_outside_the_folder_root() {
         (format!("vfs://{o}"), "is not under the node's backupFolderRoot"),
         (format!("vfs://{r}/../outside"), "'..'"),
         (format!("vfs://{r}/store/../../outside"), "'..'"),
-        (format!("vfs://{r}/link"), "is not under the node's backupFolderRoot"),
+        (
+            format!("vfs://{r}/link"),
+            "is not under the node's backupFolderRoot",
+        ),
         (
             "nfs://127.0.0.1:/export?nfsOptions=nfsvers=4.2,exec,suid".to_owned(),
             "NFS option exec",
         ),
-        ("nfs://127.0.0.1:/export?nfsOptions=dev".to_owned(), "NFS option dev"),
+        (
+            "nfs://127.0.0.1:/export?nfsOptions=dev".to_owned(),
+            "NFS option dev",
+        ),
     ] {
-        let e = t
-            .p
-            .snapshot_backup(backup_to("backup-x", &target, &[]))
-            .await
-            .expect_err(&target);
+        let e =
+            t.p.snapshot_backup(backup_to("backup-x", &target, &[]))
+                .await
+                .expect_err(&target);
         assert_eq!(e.code(), Code::InvalidArgument, "{target}: {e:?}");
-        assert!(e.message().contains(says), "{target}: {says:?} in {:?}", e.message());
-        let e = t
-            .p
-            .backup_restore(restore_from(
+        assert!(
+            e.message().contains(says),
+            "{target}: {says:?} in {:?}",
+            e.message()
+        );
+        let e =
+            t.p.backup_restore(restore_from(
                 &format!(
                     "{target}{}backup=backup-x&volume=vol",
                     if target.contains('?') { '&' } else { '?' }
@@ -2010,12 +2321,11 @@ async fn a_longhorn_caller_names_no_folder_outside_the_folder_root() {
     }
     assert_eq!(std::fs::read_dir(&outside).expect("outside").count(), 0);
     // a folder under the root is A's to take
-    let made = t
-        .p
-        .snapshot_backup(backup_to("backup-1", &store, &[]))
-        .await
-        .expect("a folder under the root")
-        .into_inner();
+    let made =
+        t.p.snapshot_backup(backup_to("backup-1", &store, &[]))
+            .await
+            .expect("a folder under the root")
+            .into_inner();
     assert_eq!(made.backup_id, "backup-1");
     t.a.stop().await;
     t.b.stop().await;
@@ -2032,7 +2342,10 @@ async fn a_password_in_aws_endpoints_is_in_no_error_and_no_log_line() {
     struct Buf(Arc<Mutex<Vec<u8>>>);
     impl std::io::Write for Buf {
         fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().unwrap_or_else(|p| p.into_inner()).extend_from_slice(b);
+            self.0
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .extend_from_slice(b);
             Ok(b.len())
         }
         fn flush(&mut self) -> std::io::Result<()> {
@@ -2057,9 +2370,11 @@ async fn a_password_in_aws_endpoints_is_in_no_error_and_no_log_line() {
         format!("AWS_ENDPOINTS=http://user:{PASS}@127.0.0.1:{port}"),
     ];
     let target = "s3://backups@us-east-1/lh";
-    let e = t
-        .p
-        .backup_restore(restore_from(&format!("{target}?backup=backup-1&volume=vol"), &envs))
+    let e =
+        t.p.backup_restore(restore_from(
+            &format!("{target}?backup=backup-1&volume=vol"),
+            &envs,
+        ))
         .await
         .expect_err("restore");
     assert!(!e.message().contains(PASS), "{:?}", e.message());
@@ -2074,6 +2389,9 @@ async fn a_password_in_aws_endpoints_is_in_no_error_and_no_log_line() {
     t.a.stop().await;
     t.b.stop().await;
     let log = String::from_utf8_lossy(&buf.0.lock().unwrap_or_else(|p| p.into_inner())).into_owned();
-    assert!(log.contains("longhorn gRPC call failed"), "the log holds the calls");
+    assert!(
+        log.contains("longhorn gRPC call failed"),
+        "the log holds the calls"
+    );
     assert!(!log.contains(PASS), "the password is in the log: {log}");
 }

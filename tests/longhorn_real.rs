@@ -162,10 +162,10 @@ async fn aio_disk(disks: &mut DiskServiceClient<Channel>, dir: &Path, name: &str
         .into_inner()
 }
 
-/// Deletes engine `lhvol-e-0` (cleanup required).
-async fn delete_engine(inst: &mut InstanceServiceClient<Channel>) {
+/// Deletes engine `name` (cleanup required).
+async fn delete_engine(inst: &mut InstanceServiceClient<Channel>, name: &str) {
     inst.instance_delete(imrpc::InstanceDeleteRequest {
-        name: "lhvol-e-0".into(),
+        name: name.into(),
         r#type: "engine".into(),
         cleanup_required: true,
         data_engine: imrpc::DataEngine::V2 as i32,
@@ -257,6 +257,8 @@ async fn longhorn_lifecycle_io_and_restarts_on_real_spdk() {
     )
     .await;
     let nqn = "nqn.2023-01.io.longhorn.spdk:volume-lhvol";
+    let target = talon::spdk::SpdkClient::new(dir.path().join("run/spdk.sock"));
+    assert_cntlids(&target, nqn, (1, 64)).await;
 
     // I/O through the engine's export
     let report = {
@@ -313,7 +315,6 @@ async fn longhorn_lifecycle_io_and_restarts_on_real_spdk() {
         }
     })
     .await;
-    let target = talon::spdk::SpdkClient::new(dir.path().join("run/spdk.sock"));
     talon::runtime::testing::eventually("the engine exported on the new target", WAIT, || {
         let target = &target;
         async move {
@@ -338,9 +339,10 @@ async fn longhorn_lifecycle_io_and_restarts_on_real_spdk() {
         blocking(move || dd(&spdk, &dir, port, nqn, None, len)).await
     };
     assert!(back == data, "data after kill -9 of spdk_tgt");
+    assert_cntlids(&target, nqn, (1, 64)).await;
 
     // each replica alone holds it: the engine goes, the replicas are exported again
-    delete_engine(&mut inst).await;
+    delete_engine(&mut inst, "lhvol-e-0").await;
     for r in ["lhvol-r-0000aaaa", "lhvol-r-0000bbbb"] {
         let st = wait_running(&mut inst, r, "replica").await;
         let rport = u16::try_from(st.port_start).expect("port");
@@ -355,10 +357,152 @@ async fn longhorn_lifecycle_io_and_restarts_on_real_spdk() {
         .await;
         assert!(got == data, "replica {r} alone holds the data");
     }
+    second_engine_leaves_a_read_replica_exported(&mut inst, &target, &spdk, dir.path(), &data).await;
     d.stop().await;
     // a last talon that stops the target with it
     let d = Daemon::start(dir.path(), &spdk, base, true).await;
     d.stop().await;
+}
+
+/// Subsystem `nqn` hands out controller IDs `range` only (`min_cntlid`,
+/// `max_cntlid` as spdk_tgt reports them).
+async fn assert_cntlids(target: &talon::spdk::SpdkClient, nqn: &str, range: (u16, u16)) {
+    let s = target
+        .subsystem(nqn)
+        .await
+        .expect("nvmf_get_subsystems")
+        .expect(nqn);
+    assert_eq!(
+        (s.min_cntlid, s.max_cntlid),
+        (Some(range.0), Some(range.1)),
+        "{nqn}"
+    );
+}
+
+/// Issue 53: a second engine of a volume never takes a replica another
+/// engine reads through its export. spdk_nvme_perf reading replica b's
+/// export stands for the serving engine on another node; engine
+/// `lhvol-e-1` made over both replicas then leaves b exported and reaches
+/// it through that export (loopback), holds a directly, serves the data,
+/// and hands out its own controller IDs (65-128, beside e-0's 1-64); its
+/// delete detaches its loopback controller and the reader reads on.
+async fn second_engine_leaves_a_read_replica_exported(
+    inst: &mut InstanceServiceClient<Channel>,
+    target: &talon::spdk::SpdkClient,
+    spdk: &Path,
+    dir: &Path,
+    data: &[u8],
+) {
+    use talon::spdk::rpc::{ByNqn, GetRaids, RaidCategory};
+    let (a, b) = ("lhvol-r-0000aaaa", "lhvol-r-0000bbbb");
+    let mut map = HashMap::new();
+    for r in [a, b] {
+        let st = wait_running(inst, r, "replica").await;
+        map.insert(r.to_string(), format!("127.0.0.1:{}", st.port_start));
+    }
+    let b_nqn = format!("nqn.2023-01.io.longhorn.spdk:{b}");
+    let b_port: u16 = map[b]
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.parse().ok())
+        .expect("port");
+    // another host (another process, as the serving engine on another node is) reads b
+    let reader = {
+        let (spdk, nqn) = (spdk.to_path_buf(), b_nqn.clone());
+        std::thread::spawn(move || spdk_perf::report(&spdk, b_port, &nqn, "randread", 25))
+    };
+    talon::runtime::testing::eventually("the reader connected to b", WAIT, || {
+        let nqn = b_nqn.clone();
+        async move {
+            let c = target.nvmf_subsystem_get_controllers(&ByNqn { nqn }).await.ok()?;
+            (!c.is_empty()).then_some(())
+        }
+    })
+    .await;
+    let size = 64 * MIB;
+    inst.instance_create(create_req(
+        "lhvol-e-1",
+        "engine",
+        imrpc::SpdkInstanceSpec {
+            replica_address_map: map.clone(),
+            size,
+            frontend: "spdk-tcp-nvmf".into(),
+            ..Default::default()
+        },
+    ))
+    .await
+    .expect("engine lhvol-e-1");
+    let est = talon::runtime::testing::eventually("engine lhvol-e-1 running", WAIT, || {
+        let mut c = inst.clone();
+        async move {
+            let r = c
+                .instance_get(imrpc::InstanceGetRequest {
+                    name: "lhvol-e-1".into(),
+                    r#type: "engine".into(),
+                    data_engine: imrpc::DataEngine::V2 as i32,
+                    ..Default::default()
+                })
+                .await
+                .ok()?
+                .into_inner();
+            let st = r.status?;
+            eprintln!("engine lhvol-e-1: {} {}", st.state, st.error_msg);
+            (st.state == "running").then_some(st)
+        }
+    })
+    .await;
+    let raid = target
+        .bdev_raid_get_bdevs(&GetRaids {
+            category: RaidCategory::All,
+        })
+        .await
+        .expect("raids")
+        .into_iter()
+        .find(|r| r.name == "lhvol-e-1")
+        .expect("raid lhvol-e-1");
+    let members: Vec<String> = raid
+        .base_bdevs_list
+        .iter()
+        .filter_map(|m| m.name.clone())
+        .collect();
+    assert!(
+        members.contains(&format!("{b}n1")),
+        "b through its export: {members:?}"
+    );
+    assert!(
+        target.subsystem(&b_nqn).await.expect("subsystems").is_some(),
+        "b stays exported"
+    );
+    let readers = target
+        .nvmf_subsystem_get_controllers(&ByNqn { nqn: b_nqn.clone() })
+        .await
+        .expect("b's hosts");
+    assert_eq!(
+        readers.len(),
+        2,
+        "the reader and the engine's loopback: {readers:?}"
+    );
+    let b_status = wait_running(inst, b, "replica").await;
+    assert!(!b_status.error_msg.contains("held"), "{b_status:?}");
+    let nqn = "nqn.2023-01.io.longhorn.spdk:volume-lhvol";
+    assert_cntlids(target, nqn, (65, 128)).await;
+    let port = u16::try_from(est.port_start).expect("port");
+    let back = {
+        let (spdk, dir, len) = (spdk.to_path_buf(), dir.to_path_buf(), data.len());
+        blocking(move || dd(&spdk, &dir, port, nqn, None, len)).await
+    };
+    assert!(back == data, "the data through the second engine");
+    delete_engine(inst, "lhvol-e-1").await;
+    talon::runtime::testing::eventually("the engine's loopback controller detached", WAIT, || async move {
+        let n1 = format!("{b}n1");
+        target.bdev(&n1).await.ok()?.is_none().then_some(())
+    })
+    .await;
+    let report = blocking(move || reader.join().expect("the reader")).await;
+    assert!(
+        spdk_perf::total_iops(&report) > 0.0,
+        "the reader read b throughout: {report}"
+    );
 }
 
 /// Longhorn's backup calls (issue 30) against a real spdk_tgt and a real S3
@@ -594,7 +738,7 @@ async fn longhorn_snapshot_backup_through_the_proxy_on_real_spdk() {
     // Longhorn's restore (BackupRestore): a new engine over two new replicas
     // restores backup-two; each replica reports it restored, and the engine
     // reads it back
-    delete_engine(&mut inst).await;
+    delete_engine(&mut inst, "lhvol-e-0").await;
     talon::runtime::testing::eventually("the first engine gone", WAIT, || {
         let mut inst = inst.clone();
         async move {

@@ -2,13 +2,15 @@
 //! what longhorn-manager's snapshot monitor calls) on an engine of node A
 //! over replica `vol-r-a` (A) and `vol-r-b` (node B, asked through B's
 //! SPDKService `ReplicaSnapshotHash`/`Status`), with Longhorn's field
-//! numbers (talon's protos). On `SpdkDouble`s (a TEST DOUBLE of spdk_tgt,
-//! whose shallow copy into an aio file writes bytes that follow from the
-//! clusters the snapshot holds) and on two real spdk_tgt (`TALON_SPDK_DIR`):
-//! both replicas give one checksum for a snapshot, another snapshot another
-//! one; in_progress then complete; an unknown snapshot is NOT_FOUND naming
-//! it; one deleted while hashed is an error naming it; no aio bdev and no
-//! file is left, also of a hash whose replica is deleted while it copies.
+//! numbers (talon's protos). On two real spdk_tgt (`TALON_SPDK_DIR`), where
+//! the snapshot streams through the data mover (talon's NVMe/TCP host on a
+//! temporary loopback export): both replicas give one checksum for a
+//! snapshot, another snapshot another one, a rehash the same; in_progress
+//! then complete; an unknown snapshot is NOT_FOUND naming it; no file is
+//! written (the hash directory is never made), no export is left. On
+//! `SpdkDouble`s (a TEST DOUBLE of spdk_tgt, which serves no NVMe/TCP): a
+//! hash fails naming the replica and snapshot and leaves no export, also
+//! when its replica is deleted.
 
 #[path = "support/longhorn_nodes.rs"]
 mod longhorn_nodes;
@@ -90,7 +92,8 @@ fn one_checksum(s: &HashMap<String, ptypes::SnapshotHashStatusResponse>, addrs: 
     sums[0].to_owned()
 }
 
-/// Nothing a hash makes is left on `n`: no aio bdev, no file.
+/// Nothing a hash makes is left on `n`: no mover export, no aio bdev
+/// (an earlier talon's staging), no file.
 async fn nothing_left(n: &Node) {
     let bdevs: Vec<String> = n
         .spdk
@@ -102,6 +105,19 @@ async fn nothing_left(n: &Node) {
         .filter(|b| b.starts_with("talon-hash-"))
         .collect();
     assert!(bdevs.is_empty(), "hash bdevs left: {bdevs:?}");
+    talon::runtime::testing::eventually("no mover export left", WAIT, || async {
+        let subs: Vec<String> = n
+            .spdk
+            .nvmf_get_subsystems(&Default::default())
+            .await
+            .expect("subsystems")
+            .into_iter()
+            .map(|s| s.nqn)
+            .filter(|q| q.starts_with(&talon::spdk::volume::mover::nqn_prefix()))
+            .collect();
+        subs.is_empty().then_some(())
+    })
+    .await;
     let dir = n.dir.path().join("data/snaphash");
     let files: Vec<PathBuf> = std::fs::read_dir(&dir)
         .map(|d| d.flatten().map(|e| e.path()).collect())
@@ -131,7 +147,7 @@ async fn two_nodes(real: Option<&std::path::Path>, size: u64) -> (Node, Node, St
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn snapshot_hashes_agree_across_two_nodes_on_the_double() {
+async fn a_snapshot_hash_on_the_double_fails_naming_it_and_leaves_nothing() {
     let size = 64 * MIB;
     let (mut a, mut b, addr_a, addr_b, _) = two_nodes(None, size).await;
     let (da, db) = (
@@ -139,19 +155,9 @@ async fn snapshot_hashes_agree_across_two_nodes_on_the_double() {
         b.double.as_ref().expect("double"),
     );
     let mut p = ProxyEngineServiceClient::new(a.channel(1).await);
-    // equal writes on both replicas, a snapshot after each
     assert!(da.write("talon-disk-a/vol-r-a", 2), "A's replica takes the write");
     assert!(db.write("talon-disk-b/vol-r-b", 2), "B's replica takes the write");
     snapshot(&mut p, "s1").await.expect("snapshot s1");
-    assert!(da.write("talon-disk-a/vol-r-a", 1), "A's replica takes the write");
-    assert!(db.write("talon-disk-b/vol-r-b", 1), "B's replica takes the write");
-    snapshot(&mut p, "s2").await.expect("snapshot s2");
-
-    // a copy takes 1 s: the hash is seen in progress, and a second request
-    // meanwhile starts no second one
-    da.set_rebuild_time(Duration::from_secs(1));
-    db.set_rebuild_time(Duration::from_secs(1));
-    let aio_before = (da.calls("bdev_aio_create"), db.calls("bdev_aio_create"));
     assert_eq!(
         status(&mut p, "s1")
             .await
@@ -162,41 +168,37 @@ async fn snapshot_hashes_agree_across_two_nodes_on_the_double() {
         vec!["", ""],
         "never hashed"
     );
+    // the double exports the snapshot but serves no NVMe/TCP: the mover cannot
+    // connect, and the hash fails naming the replica and snapshot
+    let aio_before = da.calls("bdev_aio_create");
     hash(&mut p, "s1", false).await.expect("SnapshotHash s1");
-    hash(&mut p, "s1", false).await.expect("SnapshotHash s1 again");
-    let s = status(&mut p, "s1").await.expect("status");
-    assert!(s.values().all(|x| x.state == "in_progress"), "{s:?}");
-    let s1 = one_checksum(&settled(&p, "s1", WAIT).await, &[&addr_a, &addr_b]);
-    assert_eq!(
-        (da.calls("bdev_aio_create"), db.calls("bdev_aio_create")),
-        (aio_before.0 + 1, aio_before.1 + 1),
-        "one copy per node for two requests"
+    let s = settled(&p, "s1", WAIT).await;
+    let mut keys: Vec<&String> = s.keys().collect();
+    keys.sort();
+    let mut want = vec![&addr_a, &addr_b];
+    want.sort();
+    assert_eq!(keys, want, "{s:?}");
+    for x in s.values() {
+        assert_eq!(x.state, "error", "{s:?}");
+        assert!(x.error.contains("s1") && x.error.contains("127.0.0.1"), "{s:?}");
+    }
+    assert!(
+        da.calls("nvmf_create_subsystem") >= 1,
+        "A exported the snapshot to itself"
     );
-    // done and not asked to rehash: kept
-    hash(&mut p, "s1", false).await.expect("SnapshotHash s1, done");
-    assert_eq!(da.calls("bdev_aio_create"), aio_before.0 + 1);
-
-    hash(&mut p, "s2", false).await.expect("SnapshotHash s2");
-    let s2 = one_checksum(&settled(&p, "s2", WAIT).await, &[&addr_a, &addr_b]);
-    assert_ne!(s1, s2, "other data, another checksum");
-    // a rehash gives the same again
-    hash(&mut p, "s1", true).await.expect("rehash s1");
-    assert_eq!(
-        one_checksum(&settled(&p, "s1", WAIT).await, &[&addr_a, &addr_b]),
-        s1
-    );
+    assert_eq!(da.calls("bdev_aio_create"), aio_before, "no staging file");
 
     // B's SPDKService with Longhorn's field numbers, directly
     let mut sb = SpdkServiceClient::new(b.channel(4).await);
     let r = sb
         .replica_snapshot_hash_status(spdkrpc::SnapshotHashStatusRequest {
             name: "vol-r-b".into(),
-            snapshot_name: "s2".into(),
+            snapshot_name: "s1".into(),
         })
         .await
         .expect("ReplicaSnapshotHashStatus")
         .into_inner();
-    assert_eq!((r.state.as_str(), r.checksum.as_str()), ("complete", s2.as_str()));
+    assert_eq!(r.state.as_str(), "error");
 
     // an unknown snapshot: NOT_FOUND naming it, at both calls
     let e = hash(&mut p, "nosuch", false).await.expect_err("unknown snapshot");
@@ -205,23 +207,6 @@ async fn snapshot_hashes_agree_across_two_nodes_on_the_double() {
     let e = status(&mut p, "nosuch").await.expect_err("unknown snapshot");
     assert_eq!(e.code(), Code::NotFound, "{e:?}");
     assert!(e.message().contains("nosuch"), "{e:?}");
-
-    // deleted while hashed: an error naming it
-    da.set_rebuild_time(Duration::from_secs(2));
-    db.set_rebuild_time(Duration::from_secs(2));
-    hash(&mut p, "s2", true).await.expect("rehash s2");
-    p.snapshot_remove(imrpc::EngineSnapshotRemoveRequest {
-        proxy_engine_request: Some(req("vol-e-0")),
-        names: vec!["s2".into()],
-    })
-    .await
-    .expect("SnapshotRemove s2");
-    let s = settled(&p, "s2", WAIT).await;
-    assert_eq!(s.len(), 2, "{s:?}");
-    for x in s.values() {
-        assert_eq!(x.state, "error", "{s:?}");
-        assert!(x.error.contains("s2") && x.error.contains("deleted"), "{s:?}");
-    }
 
     nothing_left(&a).await;
     nothing_left(&b).await;
@@ -302,10 +287,39 @@ async fn real_spdk_snapshot_hashes_agree_across_two_nodes() {
     );
     eprintln!("{test}: first status {first_seen:?}, s1 {s1}, s2 {s2}");
 
+    // a rehash gives the same again
+    hash(&mut p, "s1", true).await.expect("rehash s1");
+    assert_eq!(
+        one_checksum(&settled(&p, "s1", WAIT).await, &[&addr_a, &addr_b]),
+        s1
+    );
+    // B's SPDKService with Longhorn's field numbers, directly
+    let mut sb = SpdkServiceClient::new(b.channel(4).await);
+    let r = sb
+        .replica_snapshot_hash_status(spdkrpc::SnapshotHashStatusRequest {
+            name: "vol-r-b".into(),
+            snapshot_name: "s2".into(),
+        })
+        .await
+        .expect("ReplicaSnapshotHashStatus")
+        .into_inner();
+    assert_eq!((r.state.as_str(), r.checksum.as_str()), ("complete", s2.as_str()));
+
     let e = hash(&mut p, "nosuch", false).await.expect_err("unknown snapshot");
     assert_eq!(e.code(), Code::NotFound, "{e:?}");
     assert!(e.message().contains("nosuch"), "{e:?}");
+    let e = status(&mut p, "nosuch").await.expect_err("unknown snapshot");
+    assert_eq!(e.code(), Code::NotFound, "{e:?}");
 
+    // issue 55: the hashes streamed, nothing was staged on the data dir
+    for n in [&a, &b] {
+        let dir = n.dir.path().join("data/snaphash");
+        assert!(
+            !dir.exists(),
+            "no hash file was ever written: {} exists",
+            dir.display()
+        );
+    }
     nothing_left(&a).await;
     nothing_left(&b).await;
     a.stop().await;
@@ -313,7 +327,7 @@ async fn real_spdk_snapshot_hashes_agree_across_two_nodes() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_hash_whose_replica_is_deleted_stops_and_leaves_nothing_on_the_double() {
+async fn a_hash_whose_replica_is_deleted_leaves_nothing_on_the_double() {
     let size = 64 * MIB;
     let (mut a, mut b, _, _, _) = two_nodes(None, size).await;
     let (da, db) = (
@@ -324,24 +338,9 @@ async fn a_hash_whose_replica_is_deleted_stops_and_leaves_nothing_on_the_double(
     assert!(da.write("talon-disk-a/vol-r-a", 2), "A's replica takes the write");
     assert!(db.write("talon-disk-b/vol-r-b", 2), "B's replica takes the write");
     snapshot(&mut p, "s1").await.expect("snapshot s1");
-    // a copy that outlasts the test: the hash runs until it is stopped
-    da.set_rebuild_time(Duration::from_secs(3600));
-    db.set_rebuild_time(Duration::from_secs(3600));
     hash(&mut p, "s1", false).await.expect("SnapshotHash s1");
-    let hash_bdev = || async {
-        a.spdk
-            .bdev_get_bdevs(&Default::default())
-            .await
-            .expect("bdevs")
-            .into_iter()
-            .any(|b| b.name.starts_with("talon-hash-"))
-    };
-    talon::runtime::testing::eventually("A's hash copying", WAIT, || async {
-        hash_bdev().await.then_some(())
-    })
-    .await;
 
-    // the volume goes (engine, then A's replica): A's hash stops, its bdev and file with it
+    // the volume goes (engine, then A's replica), its hash with it
     let mut inst =
         talon::proto::imrpc::instance_service_client::InstanceServiceClient::new(a.channel(3).await);
     inst.instance_delete(delete_request("vol-e-0", "engine"))
@@ -350,14 +349,8 @@ async fn a_hash_whose_replica_is_deleted_stops_and_leaves_nothing_on_the_double(
     inst.instance_delete(delete_request("vol-r-a", "replica"))
         .await
         .expect("InstanceDelete replica");
-    talon::runtime::testing::eventually("A's hash stopped and removed", WAIT, || async {
-        let files = std::fs::read_dir(a.dir.path().join("data/snaphash"))
-            .map(|d| d.count())
-            .unwrap_or(0);
-        (!hash_bdev().await && files == 0).then_some(())
-    })
-    .await;
     nothing_left(&a).await;
+    nothing_left(&b).await;
     a.stop().await;
     b.stop().await;
 }

@@ -577,6 +577,8 @@ async fn real_spdk_nvme_disk_is_read_before_an_lvstore() {
         model_number: None,
         max_namespaces: None,
         ana_reporting: None,
+        min_cntlid: None,
+        max_cntlid: None,
     })
     .await
     .expect("subsystem");

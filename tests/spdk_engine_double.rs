@@ -323,7 +323,11 @@ async fn pci_disk_is_read_before_an_lvstore_and_remembered() {
     // wiped outside talon: made, and remembered
     double.write_pcie_nvme(bdf, 1080, &[0, 0]);
     let s1 = status(&st, "nvme0", ObjectState::Ready).await;
-    let id = st.get_typed::<DiskIdentity>("nvme0").expect("get").expect("identity").spec;
+    let id = st
+        .get_typed::<DiskIdentity>("nvme0")
+        .expect("get")
+        .expect("identity")
+        .spec;
     assert_eq!(id.lvstore_uuid, s1.lvstore_uuid);
     assert!(id.created && id.device.contains(bdf), "{id:?}");
     // the target restarts, the lvstore does not come back: refused, with the UUID
@@ -340,12 +344,27 @@ async fn pci_disk_is_read_before_an_lvstore_and_remembered() {
     assert_eq!(double.calls("bdev_lvol_create_lvstore"), 0, "no second lvstore");
     // the one deliberate command, served once
     let cur = st.get_typed::<Disk>("nvme0").expect("get").expect("disk");
-    st.update_typed("nvme0", "", Some(cur.metadata.version), &Disk { format: 1, ..pci.clone() })
-        .expect("format request");
+    st.update_typed(
+        "nvme0",
+        "",
+        Some(cur.metadata.version),
+        &Disk {
+            format: 1,
+            ..pci.clone()
+        },
+    )
+    .expect("format request");
     let s2 = status(&st, "nvme0", ObjectState::Ready).await;
     assert_ne!(s2.lvstore_uuid, s1.lvstore_uuid);
-    let id = st.get_typed::<DiskIdentity>("nvme0").expect("get").expect("identity").spec;
-    assert_eq!((id.lvstore_uuid.clone(), id.format_served), (s2.lvstore_uuid.clone(), 1));
+    let id = st
+        .get_typed::<DiskIdentity>("nvme0")
+        .expect("get")
+        .expect("identity")
+        .spec;
+    assert_eq!(
+        (id.lvstore_uuid.clone(), id.format_served),
+        (s2.lvstore_uuid.clone(), 1)
+    );
     // removed: its identity goes too
     st.destroy("config", "Disk", "nvme0", "").expect("delete");
     eventually("nvme0 and its identity gone", WAIT, || async {

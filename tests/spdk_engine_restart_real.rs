@@ -422,7 +422,11 @@ async fn real_spdk_lvols_of_a_lost_store_are_reported_and_kept_until_removed() {
         .expect_err("a snapshot with a clone is refused")
         .to_string();
     assert!(err.contains("has clones"), "{err}");
-    assert_eq!(lvols_of(&spdk_client, "lost-r").await, lost, "nothing removed yet");
+    assert_eq!(
+        lvols_of(&spdk_client, "lost-r").await,
+        lost,
+        "nothing removed yet"
+    );
 
     // 5. removed when asked: the head, then its snapshot; the others stay
     for a in [&head, &snap] {
@@ -433,18 +437,30 @@ async fn real_spdk_lvols_of_a_lost_store_are_reported_and_kept_until_removed() {
             .unwrap_or_else(|e| panic!("orphan_remove {a}: {e}"));
     }
     let left = lvols_of(&spdk_client, "lost-r").await;
-    let want: std::collections::BTreeSet<String> =
-        lost.iter().filter(|a| **a != head && **a != snap).cloned().collect();
+    let want: std::collections::BTreeSet<String> = lost
+        .iter()
+        .filter(|a| **a != head && **a != snap)
+        .cloned()
+        .collect();
     assert_eq!(left, want, "only the two asked for went");
-    assert!(d.client.get("OrphanLvol", &head).await.is_err(), "no longer reported");
+    assert!(
+        d.client.get("OrphanLvol", &head).await.is_err(),
+        "no longer reported"
+    );
 
     // 6. a volume talon deletes goes with its lvols, reported as no orphan
     let _: Value = d
         .client
-        .call("volume_delete", json!({"name": "fresh", "wait": true, "timeoutSeconds": 120}))
+        .call(
+            "volume_delete",
+            json!({"name": "fresh", "wait": true, "timeoutSeconds": 120}),
+        )
         .await
         .expect("volume_delete");
-    assert!(lvols_of(&spdk_client, "fresh-r").await.is_empty(), "fresh's lvols deleted");
+    assert!(
+        lvols_of(&spdk_client, "fresh-r").await.is_empty(),
+        "fresh's lvols deleted"
+    );
     let ids: Vec<String> = d
         .client
         .list("OrphanLvol")

@@ -200,6 +200,8 @@ async fn nvme_keep_alive_only_without_controllers(c: &SpdkClient, port: u16) {
         model_number: None,
         max_namespaces: None,
         ana_reporting: None,
+        min_cntlid: None,
+        max_cntlid: None,
     })
     .await
     .expect("subsystem");

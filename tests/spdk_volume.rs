@@ -448,6 +448,8 @@ async fn orphans_go_and_foreign_objects_stay() {
         model_number: None,
         max_namespaces: None,
         ana_reporting: None,
+        min_cntlid: None,
+        max_cntlid: None,
     })
     .await
     .expect("subsystem");
@@ -854,6 +856,8 @@ async fn the_double_keyring_refuses_what_spdk_refuses() {
         model_number: None,
         max_namespaces: None,
         ana_reporting: None,
+        min_cntlid: None,
+        max_cntlid: None,
     })
     .await
     .expect("subsystem");
@@ -1541,10 +1545,97 @@ async fn multi_replica_snapshots_are_one_point_in_time_and_reverts_never_mix_ins
     .await
     .expect("freeze by hand");
     assert_eq!(double.frozen_listeners(nqn.as_str()).len(), 1);
-    let thaw = || talon::spdk::volume::freeze::thaw_leftover(&c, nqn.as_str());
+    let thaw = || ops.freezes().thaw_leftover(&c, nqn.as_str());
     assert_eq!(thaw().await.expect("thaw"), 1);
     assert_eq!(double.frozen_listeners(nqn.as_str()), Vec::<String>::new());
     assert_eq!(thaw().await.expect("thaw"), 0, "nothing to thaw");
+
+    // a freeze these operations hold (a snapshot in progress) is theirs: the
+    // leftover check of any clone of them leaves it, until it is thawed
+    let inv = Inventory::load(&c).await.expect("inv");
+    let sub = inv.subsystem(nqn.as_str()).expect("export").clone();
+    let frozen = ops.freezes().freeze(&c, &sub).await.expect("freeze");
+    let clone = ops.clone();
+    assert!(clone.freezes().holds(nqn.as_str()));
+    assert_eq!(
+        clone
+            .freezes()
+            .thaw_leftover(&c, nqn.as_str())
+            .await
+            .expect("check"),
+        0
+    );
+    assert_eq!(double.frozen_listeners(nqn.as_str()).len(), 1, "still frozen");
+    ops.freezes().thaw(&c, &frozen).await.expect("thaw");
+    assert!(!clone.freezes().holds(nqn.as_str()));
+    assert_eq!(double.frozen_listeners(nqn.as_str()), Vec::<String>::new());
+
+    // an export set to serve inaccessible (a Longhorn engine a host moves
+    // away from): the leftover check sets it so, a freeze's thaw leaves it
+    // so, and set to serve optimized again it is thawed
+    ops.freezes()
+        .serve_as(nqn.as_str(), talon::spdk::rpc::AnaState::Inaccessible);
+    assert_eq!(thaw().await.expect("set inaccessible"), 1);
+    assert_eq!(double.frozen_listeners(nqn.as_str()).len(), 1);
+    assert_eq!(thaw().await.expect("check"), 0, "already so");
+    let inv = Inventory::load(&c).await.expect("inv");
+    let sub = inv.subsystem(nqn.as_str()).expect("export").clone();
+    let frozen = ops.freezes().freeze(&c, &sub).await.expect("freeze");
+    ops.freezes().thaw(&c, &frozen).await.expect("thaw");
+    assert_eq!(
+        double.frozen_listeners(nqn.as_str()).len(),
+        1,
+        "thawed to inaccessible"
+    );
+    ops.freezes()
+        .serve_as(nqn.as_str(), talon::spdk::rpc::AnaState::Optimized);
+    assert_eq!(thaw().await.expect("set optimized"), 1);
+    assert_eq!(double.frozen_listeners(nqn.as_str()), Vec::<String>::new());
+
+    // a listener added in an ANA state is in it from the start, one added
+    // again without one is optimized; a state SPDK does not set is refused
+    // (-32602) with no listener made, as v26.05 does
+    let l4421 = talon::spdk::rpc::ListenAddress::tcp([127, 0, 0, 1].into(), 4421);
+    c.nvmf_subsystem_add_listener_ana(&talon::spdk::rpc::ListenerAnaState {
+        nqn: nqn.as_str().into(),
+        listen_address: l4421.clone(),
+        ana_state: talon::spdk::rpc::AnaState::Inaccessible,
+    })
+    .await
+    .expect("listener added inaccessible");
+    assert_eq!(
+        double.frozen_listeners(nqn.as_str()),
+        vec!["127.0.0.1:4421".to_string()]
+    );
+    let l = talon::spdk::rpc::SubsystemListener {
+        nqn: nqn.as_str().into(),
+        listen_address: l4421.clone(),
+    };
+    c.nvmf_subsystem_remove_listener(&l).await.expect("removed");
+    c.nvmf_subsystem_add_listener(&l).await.expect("added again");
+    assert_eq!(double.frozen_listeners(nqn.as_str()), Vec::<String>::new());
+    c.nvmf_subsystem_remove_listener(&l).await.expect("removed");
+    for bad in ["change", "bogus"] {
+        let err = c
+            .call_value(
+                "nvmf_subsystem_add_listener",
+                Some(serde_json::json!({
+                    "nqn": nqn.as_str(), "listen_address": l4421, "ana_state": bad
+                })),
+                std::time::Duration::from_secs(5),
+            )
+            .await
+            .expect_err("refused");
+        assert!(err.to_string().contains("Invalid parameters"), "{bad}: {err}");
+    }
+    let inv = Inventory::load(&c).await.expect("inv");
+    assert_eq!(
+        inv.subsystem(nqn.as_str())
+            .expect("export")
+            .listen_addresses
+            .len(),
+        1
+    );
 
     // revert to s1 with its recorded point-in-time set: every replica cloned
     let inv = Inventory::load(&c).await.expect("inv");
@@ -1646,10 +1737,7 @@ impl TwoReplicas {
         p.disks = vec!["d1".into(), "d2".into()];
         p.superblock = true;
         let inv = Inventory::load(&c).await.expect("inv");
-        let info = VolumeOps::new(c.clone())
-            .ensure(&inv, &p)
-            .await
-            .expect("ensure");
+        let info = VolumeOps::new(c.clone()).ensure(&inv, &p).await.expect("ensure");
         let t = Self {
             _dir: dir,
             double,

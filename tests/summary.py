@@ -12,6 +12,7 @@ import re
 import sys
 import xml.etree.ElementTree as ET
 
+SLOWEST = 15
 SKIP = re.compile(r"^SKIP ([^:]+): (.*)$")
 # The lines that say why a test failed: the panic's place and its first line, a driver's FAILED,
 # a guest step's FAIL. A CI log is shown cut in the middle, so the summary repeats them.
@@ -41,10 +42,14 @@ def main(path: str) -> None:
     except (OSError, ET.ParseError) as e:
         print(f"test summary: no JUnit report at {path} ({e})")
         return
-    passed, failed, skipped, parts = 0, [], [], []
+    passed, failed, skipped, parts, times = 0, [], [], [], []
     for case in root.iter("testcase"):
         name = case.get("name", "")
         binary = case.get("classname", "")
+        try:
+            times.append((float(case.get("time", "0")), f"{binary} {name}"))
+        except ValueError:
+            pass
         short = name.rsplit("::", 1)[-1]
         out = "\n".join((e.text or "") for e in case if e.tag in ("system-out", "system-err"))
         if any(e.tag in ("failure", "error") for e in case):
@@ -76,6 +81,12 @@ def main(path: str) -> None:
         print(f"FAILED   {f}")
         for line in lines:
             print(f"    {line}")
+    # The slowest tests: what to make faster when a cold CI run nears its 60 minutes.
+    times.sort(reverse=True)
+    if times:
+        print(f"slowest {min(SLOWEST, len(times))} tests (seconds; the real-SPDK group runs one at a time):")
+        for t, n in times[:SLOWEST]:
+            print(f"  {t:8.1f}  {n}")
     print(
         f"talon tests: {passed} passed, {len(skipped)} skipped, {len(failed)} failed"
         + (f" ({len(parts)} skipped parts of passed tests listed above)" if parts else "")

@@ -315,7 +315,10 @@ async fn nfs_round_trip(target: &str) {
     // every share talon mounts is nosuid,nodev,noexec, whatever its options say
     let opts: Vec<&str> = line.split(' ').nth(3).unwrap_or_default().split(',').collect();
     for flag in ["nosuid", "nodev", "noexec"] {
-        assert!(opts.contains(&flag), "the share is mounted without {flag}: {line}");
+        assert!(
+            opts.contains(&flag),
+            "the share is mounted without {flag}: {line}"
+        );
     }
 
     // backup-one: 6 MiB at 2 MiB (blocks 1-3) and 2 MiB at 10 MiB (block 5)

@@ -43,11 +43,15 @@ use crate::util::nvme_auth::DhchapSecret;
 
 /// The fabrics control device, a host path.
 pub const FABRICS_DEV: &str = "/dev/nvme-fabrics";
-/// The default number of I/O queues per controller. Longhorn issue 13241: one queue per CPU (127)
-/// per volume exhausted SPDK's buffers.
+/// The default number of I/O queues per controller, whatever the host's CPU count: a
+/// connected volume costs the target ~0.8 MiB of DPDK heap per queue (docs/sizing.md), so
+/// the kernel's own default (one per online CPU) made a volume's memory follow the host's
+/// size. Longhorn issue 13241: one queue per CPU (127) per volume exhausted SPDK's buffers.
 pub const DEFAULT_IO_QUEUES: u32 = 4;
-/// The most I/O queues talon asks for.
-pub const MAX_IO_QUEUES: u32 = 16;
+/// The most I/O queues a connect may ask for: Longhorn's bound for `nvmeTcpNrIoQueues`
+/// (1..=128), which talon honours when the manager sends it; the kernel uses at most one per
+/// online CPU whatever is asked.
+pub const MAX_IO_QUEUES: u32 = 128;
 
 /// Where to connect: validated address, port and subsystem NQN.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -771,10 +775,10 @@ mod tests {
     #[test]
     fn options_are_bounded() {
         let bad = ConnectOptions {
-            nr_io_queues: 127,
+            nr_io_queues: 129,
             ..Default::default()
         };
-        let err = option_string(&target(), &host(), &bad).expect_err("127 queues");
+        let err = option_string(&target(), &host(), &bad).expect_err("129 queues");
         assert!(err.to_string().contains("nr_io_queues"), "{err}");
         let bad = ConnectOptions {
             ctrl_loss_tmo: Some(1),

@@ -8,7 +8,9 @@ pub enum BackupError {
     Target { url: String, reason: String },
     /// A folder target's folder is not there: talon makes none (a listing
     /// would otherwise make it, and a store that vanished come back empty).
-    #[error("backup target {url:?} does not exist: there is no folder {dir} (create it, or mount the share there)")]
+    #[error(
+        "backup target {url:?} does not exist: there is no folder {dir} (create it, or mount the share there)"
+    )]
     TargetMissing { url: String, dir: String },
     /// A name that would become an object key breaks Longhorn's rule.
     #[error(
@@ -56,6 +58,15 @@ pub enum BackupError {
         room: String,
         #[source]
         source: std::io::Error,
+    },
+    /// A restored block could not be written where it goes (a streaming
+    /// restore's target; `reason` from its writer).
+    #[error("writing block {block} of backup {backup} at offset {offset}: {reason}")]
+    WriteBlock {
+        block: String,
+        backup: String,
+        offset: u64,
+        reason: String,
     },
     /// Local file I/O.
     #[error("{path}: {source}")]
@@ -116,4 +127,3 @@ pub fn redact_urls(text: &str) -> String {
     out.push_str(rest);
     out
 }
-

@@ -401,7 +401,10 @@ mod tests {
             ("h:/x?nfsOptions=a b", "NFS option"),
             ("h:/x?nfsOptions=soft,exec", "NFS option exec is refused"),
             ("h:/x?nfsOptions=suid", "NFS option suid is refused"),
-            ("h:/x?nfsOptions=nfsvers=4.1&nfsOptions=dev", "NFS option dev is refused"),
+            (
+                "h:/x?nfsOptions=nfsvers=4.1&nfsOptions=dev",
+                "NFS option dev is refused",
+            ),
             ("[fd00::1:/x", "closing ']'"),
         ] {
             let e = parse(rest).expect_err(rest);

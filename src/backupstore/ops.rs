@@ -455,6 +455,46 @@ fn check_blocks(vol: &VolumeCfg, b: &BackupCfg, volume_name: &str, bs: u64) -> R
 }
 
 /// A complete backup's config.
+/// A backup to restore from: its volume, its own config, block size and compression, with
+/// every block it lists checked against its volume.
+async fn restorable(
+    store: &Store,
+    volume_name: &str,
+    name: &str,
+) -> Result<(VolumeCfg, BackupCfg, u64, Compression), BackupError> {
+    let vol = volume(store, volume_name)
+        .await?
+        .ok_or_else(|| BackupError::NotFound(format!("backup volume {volume_name}")))?;
+    let b = complete(store, volume_name, name).await?;
+    let bs = b.block_size()?;
+    let method = b.compression()?;
+    check_blocks(&vol, &b, volume_name, bs)?;
+    Ok((vol, b, bs, method))
+}
+
+/// The blocks backup `base` of `volume_name` maps, by offset with their
+/// checksums: what an incremental restore onto it finds in place. `base`
+/// must be complete, of block size `bs` (the backup restored onto it) and
+/// within `vol`.
+async fn held_blocks(
+    store: &Store,
+    volume_name: &str,
+    vol: &VolumeCfg,
+    base: &str,
+    name: &str,
+    bs: u64,
+) -> Result<BTreeMap<u64, String>, BackupError> {
+    let old = complete(store, volume_name, base).await?;
+    if old.block_size()? != bs {
+        return Err(BackupError::Invalid(format!(
+            "backups {base} and {name} of volume {volume_name} have different block sizes: \
+             an incremental restore needs one"
+        )));
+    }
+    check_blocks(vol, &old, volume_name, bs)?;
+    Ok(old.blocks.into_iter().map(|r| (r.offset, r.checksum)).collect())
+}
+
 async fn complete(store: &Store, volume_name: &str, name: &str) -> Result<BackupCfg, BackupError> {
     let b = backup(store, volume_name, name).await?;
     if !b.complete() {
@@ -487,13 +527,7 @@ async fn restore_locked(
     data_offset: u64,
     progress: &Progress,
 ) -> Result<RestoreStats, BackupError> {
-    let vol = volume(store, volume_name)
-        .await?
-        .ok_or_else(|| BackupError::NotFound(format!("backup volume {volume_name}")))?;
-    let b = complete(store, volume_name, name).await?;
-    let bs = b.block_size()?;
-    let method = b.compression()?;
-    check_blocks(&vol, &b, volume_name, bs)?;
+    let (vol, b, bs, method) = restorable(store, volume_name, name).await?;
     // what the file holds already (incremental): the base's blocks by offset
     let (f, held) = match base {
         None => {
@@ -503,14 +537,7 @@ async fn restore_locked(
             (f, BTreeMap::new())
         }
         Some(base) => {
-            let old = complete(store, volume_name, base).await?;
-            if old.block_size()? != bs {
-                return Err(BackupError::Invalid(format!(
-                    "backups {base} and {name} of volume {volume_name} have different block sizes: \
-                     an incremental restore needs one"
-                )));
-            }
-            check_blocks(&vol, &old, volume_name, bs)?;
+            let held = held_blocks(store, volume_name, &vol, base, name, bs).await?;
             let f = std::fs::OpenOptions::new()
                 .write(true)
                 .open(file)
@@ -523,8 +550,6 @@ async fn restore_locked(
                     vol.size
                 )));
             }
-            let held: BTreeMap<u64, String> =
-                old.blocks.into_iter().map(|r| (r.offset, r.checksum)).collect();
             (f, held)
         }
     };
@@ -586,6 +611,148 @@ async fn restore_locked(
         bytes_written: written.iter().sum(),
         size: vol.size,
     })
+}
+
+/// The decoded blocks a streaming restore holds in memory at once, in
+/// bytes: its fetches in flight are this over the block size (16 of
+/// 2 MiB, 2 of 16 MiB), each holding its compressed and its decoded copy.
+pub const STREAM_BYTES: u64 = 32 << 20;
+
+/// Restores backup `name` of `volume` (complete) into whatever `write`
+/// writes to, with no file: every block is fetched and checked against its
+/// checksum, and a block that holds a non-zero byte is given to `write`
+/// with its offset in the volume (an all-zero one is not: the target is
+/// new and reads zeros). At most [`STREAM_BYTES`] of blocks are fetched or
+/// being written at once. The backup must fit `limit` bytes. A missing or
+/// damaged block fails the restore, naming it; what was written before
+/// then is the caller's to drop.
+pub async fn restore_streamed<W, F>(
+    store: &Store,
+    volume_name: &str,
+    name: &str,
+    limit: u64,
+    progress: &Progress,
+    write: W,
+) -> Result<RestoreStats, BackupError>
+where
+    W: Fn(u64, Vec<u8>) -> F,
+    F: std::future::Future<Output = Result<(), String>>,
+{
+    restore_streamed_onto(store, volume_name, None, name, limit, progress, write).await
+}
+
+/// [`restore_streamed`] onto a target that holds backup `base` (complete,
+/// same block size) when one is given: only the blocks `base` does not
+/// hold at their offset are fetched, and every block whose data changes is
+/// given to `write` whole, zeros included: a block `base` maps that `name`
+/// does not, or one that became all zeros, comes as a block of zeros (the
+/// target holds `base`'s data there), so `write` must write every byte it
+/// is given. Without `base`, as [`restore_streamed`]. A failure leaves the
+/// target part way between the two: the caller does not use it.
+pub async fn restore_streamed_onto<W, F>(
+    store: &Store,
+    volume_name: &str,
+    base: Option<&str>,
+    name: &str,
+    limit: u64,
+    progress: &Progress,
+    write: W,
+) -> Result<RestoreStats, BackupError>
+where
+    W: Fn(u64, Vec<u8>) -> F,
+    F: std::future::Future<Output = Result<(), String>>,
+{
+    let work = async {
+        let (vol, b, bs, method) = restorable(store, volume_name, name).await?;
+        if vol.size > limit {
+            return Err(BackupError::Invalid(format!(
+                "backup {name} of volume {volume_name} holds {} bytes: more than the {limit} it is restored into",
+                vol.size
+            )));
+        }
+        // what the target holds already (incremental): the base's blocks by offset
+        let held: BTreeMap<u64, String> = match base {
+            None => BTreeMap::new(),
+            Some(base) => held_blocks(store, volume_name, &vol, base, name, bs).await?,
+        };
+        let incremental = base.is_some();
+        let wanted: BTreeSet<u64> = b.blocks.iter().map(|r| r.offset).collect();
+        // blocks the base maps and this backup does not: zeros over the base's data
+        let cleared: Vec<u64> = held.keys().filter(|at| !wanted.contains(at)).copied().collect();
+        let fetch: Vec<BlockRef> = b
+            .blocks
+            .iter()
+            .filter(|r| held.get(&r.offset) != Some(&r.checksum))
+            .cloned()
+            .collect();
+        let ahead = usize::try_from(STREAM_BYTES / bs.max(1)).unwrap_or(1).max(1);
+        let fetched = fetch.len() as u64;
+        let total = fetched + cleared.len() as u64;
+        let done = AtomicU32::new(0);
+        let write = &write;
+        let block_len = usize::try_from(bs).map_err(|_| BackupError::Invalid(format!("block size {bs}")))?;
+        // each job: a block to fetch, or (none) zeros at an offset the base mapped
+        let jobs = cleared
+            .into_iter()
+            .map(|at| (at, None))
+            .chain(fetch.into_iter().map(|r| (r.offset, Some(r))));
+        let written: Vec<u64> = futures::stream::iter(jobs)
+            .map(|(at, r)| {
+                let store = store.clone();
+                async move {
+                    let Some(r) = r else {
+                        write(at, vec![0; block_len])
+                            .await
+                            .map_err(|reason| BackupError::WriteBlock {
+                                block: format!("(zeros: no block of backup {name} there)"),
+                                backup: name.to_owned(),
+                                offset: at,
+                                reason,
+                            })?;
+                        return Ok(0);
+                    };
+                    let path = format::block_path(volume_name, &r.checksum);
+                    let raw = store
+                        .read(&path)
+                        .await?
+                        .ok_or_else(|| BackupError::NotFound(format!("block {path} of backup {name}")))?;
+                    let sum = r.checksum.clone();
+                    let data =
+                        tokio::task::spawn_blocking(move || format::open_block(&raw, method, &sum, bs))
+                            .await
+                            .expect("decoding a block")?;
+                    let zero = data.iter().all(|&x| x == 0);
+                    // a new target reads zeros there; one that holds the base may not
+                    if zero && !incremental {
+                        return Ok(0);
+                    }
+                    write(r.offset, data)
+                        .await
+                        .map_err(|reason| BackupError::WriteBlock {
+                            block: path.clone(),
+                            backup: name.to_owned(),
+                            offset: r.offset,
+                            reason,
+                        })?;
+                    Ok::<_, BackupError>(if zero { 0 } else { bs })
+                }
+            })
+            .buffer_unordered(ahead)
+            .inspect(|_| {
+                let d = done.fetch_add(1, Ordering::Relaxed) + 1;
+                progress.set(u64::from(d), total + 1);
+            })
+            .try_collect()
+            .await?;
+        progress.set(1, 1);
+        Ok(RestoreStats {
+            blocks: b.blocks.len() as u64,
+            blocks_downloaded: fetched,
+            bytes_written: written.iter().sum(),
+            size: vol.size,
+        })
+    };
+    Lock::holding(store, volume_name, LockKind::Use, work).await
 }
 
 /// Deletes backup volume `volume` whole: its configs, blocks and locks

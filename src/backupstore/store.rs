@@ -107,7 +107,8 @@ impl Credentials {
             reason,
         };
         // any YAML mapping would read as a Secret without keys ("no credentials")
-        let not_secret = || bad("not a Kubernetes Secret manifest (no `kind: Secret`) nor a mounted secret folder".into());
+        let not_secret =
+            || bad("not a Kubernetes Secret manifest (no `kind: Secret`) nor a mounted secret folder".into());
         let s: Secret = serde_yaml_ng::from_str(&text).map_err(|_| not_secret())?;
         if s.kind.as_deref() != Some("Secret") {
             return Err(not_secret());
@@ -339,7 +340,9 @@ pub struct Store {
 
 impl std::fmt::Debug for Store {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Store").field("url", &redact_urls(&self.url)).finish()
+        f.debug_struct("Store")
+            .field("url", &redact_urls(&self.url))
+            .finish()
     }
 }
 
@@ -698,15 +701,24 @@ mod tests {
             redact_urls("error sending request for url (http://user:PASS@h:9000/b/k): refused"),
             "error sending request for url (http://user:***@h:9000/b/k): refused"
         );
-        assert_eq!(redact_urls("https://tok@h/x https://h/y"), "https://***@h/x https://h/y");
-        assert_eq!(redact_urls("s3://backups@us-east-1/x"), "s3://backups@us-east-1/x");
+        assert_eq!(
+            redact_urls("https://tok@h/x https://h/y"),
+            "https://***@h/x https://h/y"
+        );
+        assert_eq!(
+            redact_urls("s3://backups@us-east-1/x"),
+            "s3://backups@us-east-1/x"
+        );
         assert_eq!(redact_urls("nfs://u:p@h:/x"), "nfs://u:***@h:/x");
         let c = Credentials::from_pairs([
             ("AWS_ACCESS_KEY_ID".to_owned(), "ak".to_owned()),
             ("AWS_SECRET_ACCESS_KEY".to_owned(), "sk-123".to_owned()),
             ("AWS_ENDPOINTS".to_owned(), "http://me:PASS@h:1".to_owned()),
         ]);
-        assert_eq!(c.redact("sk-123 and PASS at http://me:PASS@h:1"), "*** and *** at http://me:***@h:1");
+        assert_eq!(
+            c.redact("sk-123 and PASS at http://me:PASS@h:1"),
+            "*** and *** at http://me:***@h:1"
+        );
         let e = c.check().expect_err("a password in the endpoint");
         assert!(e.contains("AWS_ENDPOINTS") && !e.contains("PASS"), "{e}");
         let e = Store::open("s3://bkt/", &c).expect_err("refused").to_string();
@@ -725,13 +737,20 @@ mod tests {
             folder_root: Some(root.clone()),
         };
         let url = |p: &std::path::Path| format!("vfs://{}", p.display());
-        let e = Target::checked(&url(&root.join("store")), &none).expect_err("no root").to_string();
+        let e = Target::checked(&url(&root.join("store")), &none)
+            .expect_err("no root")
+            .to_string();
         assert!(e.contains("no backupFolderRoot"), "{e}");
         Target::checked(&url(&root.join("store")), &under).expect("under the root");
         Target::checked(&url(&root.join("not-yet")), &under).expect("under the root, not made");
         for bad in [d.path().join("out"), root.join("link"), root.join("link/x")] {
-            let e = Target::checked(&url(&bad), &under).expect_err("outside").to_string();
-            assert!(e.contains("not under the node's backupFolderRoot"), "{bad:?}: {e}");
+            let e = Target::checked(&url(&bad), &under)
+                .expect_err("outside")
+                .to_string();
+            assert!(
+                e.contains("not under the node's backupFolderRoot"),
+                "{bad:?}: {e}"
+            );
         }
         let e = Target::checked(&format!("vfs://{}/../out", root.display()), &Caller::Admin)
             .expect_err("..")

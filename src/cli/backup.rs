@@ -140,7 +140,6 @@ fn parse_label(s: &str) -> Result<(String, String), String> {
     }
 }
 
-
 /// A value as the API writes it (an enum's wire name), as text.
 fn wire<T: Serialize>(t: &T) -> String {
     match serde_json::to_value(t) {

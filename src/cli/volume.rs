@@ -323,9 +323,14 @@ async fn call_telling<P: Serialize>(
     // changes only, no replay of the state before the call: a line is
     // something seen while this call runs
     let mut sub = c.watch(Some(type_), false).await.ok();
+    // The state before the call is not news: a controller that writes the same state again while
+    // the call runs (a retry of a stuck volume) is not told as if the call had caused it.
+    let mut last = match c.get(type_, id).await {
+        Ok(r) => telling_line(type_, id, &r.spec),
+        Err(_) => String::new(),
+    };
     let call = c.call::<_, Value>(method, params);
     tokio::pin!(call);
-    let mut last = String::new();
     loop {
         let next = async {
             match sub.as_mut() {
@@ -337,23 +342,28 @@ async fn call_telling<P: Serialize>(
             r = &mut call => return Ok(r?),
             ev = next => match ev {
                 Some(Ok(ev)) if ev.resource.metadata.id == id => {
-                    let (state, msg) = state_and_message(type_, &ev.resource.spec);
-                    let (state, msg) = (state.as_str(), msg.as_str());
-                    let line = if msg.is_empty() {
-                        format!("{type_} {id}: {state}")
-                    } else {
-                        format!("{type_} {id}: {state}: {msg}")
-                    };
+                    let (state, _) = state_and_message(type_, &ev.resource.spec);
+                    let line = telling_line(type_, id, &ev.resource.spec);
                     // an end state is not waited for: the call returns (a failure with its cause)
-                    if line != last && !matches!(state, "ready" | "attached" | "failed") {
+                    if line != last && !matches!(state.as_str(), "ready" | "attached" | "failed") {
                         eprintln!("waiting: {line}");
-                        last = line;
                     }
+                    last = line;
                 }
                 Some(_) => {}
                 None => sub = None,
             },
         }
+    }
+}
+
+/// The line `call_telling` prints for a status: its type, id, state and message.
+fn telling_line(type_: &str, id: &str, spec: &Value) -> String {
+    let (state, msg) = state_and_message(type_, spec);
+    if msg.is_empty() {
+        format!("{type_} {id}: {state}")
+    } else {
+        format!("{type_} {id}: {state}: {msg}")
     }
 }
 

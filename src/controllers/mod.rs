@@ -4,6 +4,7 @@
 pub mod engine;
 pub mod frontend;
 pub mod host;
+pub mod longhorn;
 
 use std::path::PathBuf;
 
@@ -42,6 +43,9 @@ pub struct Deps {
     /// Whether talon serves Longhorn's instance-manager protocol (`--longhorn-listen`): then
     /// spdk_tgt runs from the start, as in Longhorn's V2 instance-manager pod.
     pub longhorn: bool,
+    /// This serve's run, which every SPDK client of its controllers and
+    /// services is of (the data mover's exports carry it).
+    pub spdk_run: crate::spdk::RunId,
 }
 
 /// Registers every controller; `selection`: the engine selection detected
@@ -68,27 +72,28 @@ pub fn register_all(rt: &mut Runtime, deps: &Deps, selection: &EngineSelection) 
         engine::spdk_disk::SpdkDiskController::new(&deps.run_dir, deps.host.clone())
             .without_v2((!selection.v2_available).then(|| selection.reason.clone())),
     )?;
-    rt.register(engine::spdk_events::SpdkEventsController::new(
-        crate::spdk::SpdkClient::new(&socket),
-    ))?;
-    rt.register(engine::spdk_orphans::SpdkOrphanController::new(
-        crate::spdk::SpdkClient::new(&socket),
-    ))?;
+    // every client of this serve is of its run (the data mover's exports)
+    let spdk = |socket: &std::path::Path| crate::spdk::SpdkClient::of_run(socket, &deps.spdk_run, None);
+    rt.register(engine::spdk_events::SpdkEventsController::new(spdk(&socket)))?;
+    rt.register(engine::spdk_orphans::SpdkOrphanController::new(spdk(&socket)))?;
+    // the one lock of the target's copies from a file (restores): both
+    // controllers that restore into it hold a clone
+    let copies = crate::spdk::volume::from_file::Copies::default();
     let host_nqn = crate::attach::HostInitiators::load_or_create(&deps.host, &deps.data_dir)
         .ok()
         .map(|i| i.nqn.to_string());
     rt.register(
-        engine::spdk_volume::SpdkVolumeController::new(
-            crate::spdk::SpdkClient::new(socket),
-            selection.auto_engine() == Engine::V2,
-        )
-        .with_host_nqn(host_nqn.clone())
-        .with_data_dir(deps.data_dir.clone())
-        .with_peers(engine::peer::Peers::new(deps.peer_token.clone()).with_tls(deps.peer_tls.clone())),
+        engine::spdk_volume::SpdkVolumeController::new(spdk(&socket), selection.auto_engine() == Engine::V2)
+            .with_host_nqn(host_nqn.clone())
+            .with_data_dir(deps.data_dir.clone())
+            .with_copies(copies.clone())
+            .with_peers(engine::peer::Peers::new(deps.peer_token.clone()).with_tls(deps.peer_tls.clone())),
     )?;
     rt.register(
-        engine::longhorn::LonghornController::new(crate::spdk::SpdkClient::new(
+        longhorn::LonghornController::new(crate::spdk::SpdkClient::of_run(
             deps.spdk.target_config(&deps.run_dir).socket(),
+            &deps.spdk_run,
+            Some(deps.longhorn_session.spdk_changes()),
         ))
         .with_host_nqn(host_nqn)
         .with_host(deps.host.clone(), deps.data_dir.clone())
@@ -96,13 +101,16 @@ pub fn register_all(rt: &mut Runtime, deps: &Deps, selection: &EngineSelection) 
         .with_session(deps.longhorn_session.clone()),
     )?;
     rt.register(engine::backup::BackupController::new(
-        crate::spdk::SpdkClient::new(deps.spdk.target_config(&deps.run_dir).socket()),
+        spdk(&deps.spdk.target_config(&deps.run_dir).socket()),
         &deps.data_dir,
     ))?;
-    rt.register(engine::longhorn_restore::LonghornRestoreController::new(
-        crate::spdk::SpdkClient::new(deps.spdk.target_config(&deps.run_dir).socket()),
-        &deps.data_dir,
-    ))?;
+    rt.register(
+        longhorn::restore::LonghornRestoreController::new(
+            spdk(&deps.spdk.target_config(&deps.run_dir).socket()),
+            &deps.data_dir,
+        )
+        .with_copies(copies),
+    )?;
     rt.register(frontend::attach::AttachController::new(deps.clone()))?;
     host::register_config(rt, &deps.host, host::SpdkDemand::new(&deps.spdk, selection))?;
     host::register(rt, &deps.host, host::POLL)?;

@@ -205,8 +205,10 @@ pub fn run(root: &HostRoot, opts: &DoctorOptions) -> Result<Report, DoctorError>
     let sizing = match opts.hugepages_mib {
         Some(_) => format!("{want_mib} MiB asked"),
         None => format!(
-            "{want_mib} MiB for {} volumes (1024 MiB + 43 MiB each)",
-            opts.volumes
+            "{want_mib} MiB for {} attached volumes ({} MiB + {} MiB each)",
+            opts.volumes,
+            hugepages::SPDK_BASE_MIB,
+            hugepages::SPDK_MIB_PER_VOLUME
         ),
     };
     let hp_fix = if talos_target {
@@ -527,10 +529,14 @@ mod tests {
             .iter()
             .find(|c| c.name == "hugepages-2M")
             .expect("hugepages");
-        assert!(hp.measured.contains("1110 MiB for 2 volumes"), "{hp:?}");
+        assert!(
+            hp.measured
+                .contains("1040 MiB for 2 attached volumes (1024 MiB + 8 MiB each)"),
+            "{hp:?}"
+        );
         let t = r.talos.as_ref().expect("talos");
         assert!(
-            t.machine_config_yaml.contains("vm.nr_hugepages: '555'"),
+            t.machine_config_yaml.contains("vm.nr_hugepages: '520'"),
             "{}",
             t.machine_config_yaml
         );

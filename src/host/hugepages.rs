@@ -431,10 +431,13 @@ pub fn prove_usable(root: &HostRoot, size: PageSize) -> Result<(), HugepagesErro
 /// and message pools; measured with `benches/memory/run.sh`), and it does not
 /// start with 512.
 pub const SPDK_BASE_MIB: u64 = 1024;
-/// Hugepages per attached NVMe/TCP volume: its TCP qpairs' buffers (a
-/// kernel initiator opens one I/O queue per host CPU, ~1.6 MiB each; Longhorn
-/// issue 13817 measured ~43 MiB per volume).
-pub const SPDK_MIB_PER_VOLUME: u64 = 43;
+/// Hugepages per attached NVMe/TCP volume, twice what it was measured to cost: its connected
+/// host's qpairs, ~0.8 MiB each (3.8 MiB a volume; docs/sizing.md, `cargo bench --bench
+/// longhorn_scale`), the admin queue and
+/// [`crate::attach::nvme_tcp::DEFAULT_IO_QUEUES`] I/O queues: talon's attach and a
+/// Longhorn engine-frontend without `nvme_tcp_nr_io_queues` ask for no more, whatever the
+/// host's CPU count. Longhorn issue 13817 measured ~43 MiB per volume with one queue per CPU.
+pub const SPDK_MIB_PER_VOLUME: u64 = 8;
 
 /// The 2 MiB hugepages SPDK needs for `volumes` attached NVMe/TCP volumes
 /// before any use was measured: [`SPDK_BASE_MIB`] plus
@@ -659,8 +662,9 @@ mod tests {
         assert_eq!("1g".parse::<PageSize>().expect("1G"), PageSize::Size1G);
         assert!("3M".parse::<PageSize>().is_err());
         assert_eq!(spdk_sizing_mib(0), 1024);
-        assert_eq!(spdk_sizing_mib(1), 1068);
-        assert_eq!(spdk_sizing_mib(10), 1454);
+        assert_eq!(spdk_sizing_mib(1), 1032);
+        assert_eq!(spdk_sizing_mib(10), 1104);
+        assert_eq!(spdk_sizing_mib(100), 1824);
         assert_eq!(super::super::mounts::unescape("/mnt/a\\040b"), "/mnt/a b");
         let d = tempfile::tempdir().expect("tempdir");
         let root = HostRoot::new(d.path());

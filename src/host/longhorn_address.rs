@@ -21,9 +21,29 @@ pub const STORAGE_INTERFACE: &str = "lhnet1";
 /// The environment variable with the pod's IP (go-common-libs `EnvPodIP`).
 pub const POD_IP_ENV: &str = "POD_IP";
 
+/// Why no instance address was found.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AddressError {
+    /// `$POD_IP` is set but is not an IP address.
+    #[error("{POD_IP_ENV}={value:?} is not an IP address")]
+    PodIp {
+        /// Its value.
+        value: String,
+    },
+    /// Neither the storage interface nor `$POD_IP`, and the node's
+    /// `listenAddress` is not an IP address.
+    #[error(
+        "no address for Longhorn instances: no {STORAGE_INTERFACE} interface, no {POD_IP_ENV}, and the node's listenAddress {listen_address:?} is not an IP address"
+    )]
+    NoAddress {
+        /// The node's `listenAddress`.
+        listen_address: String,
+    },
+}
+
 /// The instance address on this host: see the module doc. `listen_address`
 /// is the node's `listenAddress`.
-pub fn instance_ip(listen_address: &str) -> Result<IpAddr, String> {
+pub fn instance_ip(listen_address: &str) -> Result<IpAddr, AddressError> {
     choose(
         interface_ipv4(STORAGE_INTERFACE),
         std::env::var(POD_IP_ENV).ok().as_deref(),
@@ -36,19 +56,15 @@ pub fn choose(
     storage: Option<Ipv4Addr>,
     pod_ip: Option<&str>,
     listen_address: &str,
-) -> Result<IpAddr, String> {
+) -> Result<IpAddr, AddressError> {
     if let Some(ip) = storage {
         return Ok(IpAddr::V4(ip));
     }
     if let Some(p) = pod_ip.map(str::trim).filter(|p| !p.is_empty()) {
-        return p
-            .parse()
-            .map_err(|_| format!("{POD_IP_ENV}={p:?} is not an IP address"));
+        return p.parse().map_err(|_| AddressError::PodIp { value: p.to_owned() });
     }
-    listen_address.parse().map_err(|_| {
-        format!(
-            "no address for Longhorn instances: no {STORAGE_INTERFACE} interface, no {POD_IP_ENV}, and the node's listenAddress {listen_address:?} is not an IP address"
-        )
+    listen_address.parse().map_err(|_| AddressError::NoAddress {
+        listen_address: listen_address.to_owned(),
     })
 }
 
@@ -81,8 +97,9 @@ mod tests {
         );
         assert_eq!(choose(None, None, "fd00::1"), Ok("fd00::1".parse().expect("ip")));
         let e = choose(None, Some("pod"), "127.0.0.1").expect_err("bad POD_IP");
-        assert!(e.contains("POD_IP=\"pod\""), "{e}");
-        let e = choose(None, None, "").expect_err("nothing");
+        assert_eq!(e, AddressError::PodIp { value: "pod".into() });
+        assert!(e.to_string().contains("POD_IP=\"pod\""), "{e}");
+        let e = choose(None, None, "").expect_err("nothing").to_string();
         assert!(e.contains("lhnet1") && e.contains("listenAddress"), "{e}");
     }
 

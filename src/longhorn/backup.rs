@@ -30,9 +30,9 @@ use std::path::{Path, PathBuf};
 use super::error::LonghornError;
 use super::proxy::Member;
 use super::service::Longhorn;
-use crate::backupstore::Credentials;
 use crate::backupstore::format::{Compression, DEFAULT_BLOCK_SIZE, check_backup_name};
 use crate::backupstore::store::{Caller, Target};
+use crate::backupstore::{BackupError, Credentials};
 use crate::proto::imrpc;
 use crate::proto::ptypes;
 use crate::proto::spdkrpc;
@@ -224,17 +224,13 @@ impl Longhorn {
             .ok()
             .flatten();
         Caller::Longhorn {
-            folder_root: node
-                .and_then(|n| n.spec.backup_folder_root)
-                .map(PathBuf::from),
+            folder_root: node.and_then(|n| n.spec.backup_folder_root).map(PathBuf::from),
         }
     }
 
     /// Refuses a target URL a Longhorn caller may not name ([`Target::checked`]).
-    pub(super) fn check_target(&self, url: &str) -> Result<(), String> {
-        Target::checked(url, &self.caller())
-            .map(|_| ())
-            .map_err(|e| e.to_string())
+    pub(super) fn check_target(&self, url: &str) -> Result<(), BackupError> {
+        Target::checked(url, &self.caller()).map(|_| ())
     }
 
     /// Where Longhorn's backup credentials are kept while a backup runs.
@@ -258,7 +254,8 @@ impl Longhorn {
         check_backup_name(&req.backup_name).map_err(|e| bad(e.to_string()))?;
         crate::spdk::naming::longhorn::instance_name("snapshot", &req.snapshot_name)
             .map_err(|e| bad(e.to_string()))?;
-        self.check_target(&req.backup_target).map_err(bad)?;
+        self.check_target(&req.backup_target)
+            .map_err(|e| bad(e.to_string()))?;
         let compression = (!req.compression_method.is_empty()).then(|| req.compression_method.clone());
         if let Some(c) = &compression {
             Compression::parse(c).map_err(|e| bad(e.to_string()))?;
@@ -395,6 +392,7 @@ impl Longhorn {
             credentials_from_envs(&req.envs).map_err(|x| LonghornError::Invalid(format!("{what}: {x}")))?;
         // refused here, before a replica (maybe on another node) is asked
         self.check_target(&req.backup_target)
+            .map_err(|e| e.to_string())
             .and_then(|()| Credentials::from_pairs(creds.clone()).check())
             .map_err(|x| LonghornError::Invalid(format!("{what}: {x}")))?;
         let mut labels: Vec<String> = req.labels.iter().map(|(k, v)| format!("{k}={v}")).collect();

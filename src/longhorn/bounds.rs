@@ -75,20 +75,26 @@ impl GrpcLimits {
     }
 }
 
-static REFUSED: RateLimitedLog = RateLimitedLog::new();
-static ACCEPT_FAILED: RateLimitedLog = RateLimitedLog::new();
+/// The warnings of one server's accept loops (its ports share them), each
+/// at most one line per 10 s.
+#[derive(Debug, Default)]
+pub struct AcceptLogs {
+    refused: RateLimitedLog,
+    failed: RateLimitedLog,
+}
 
 /// The accepted connections of one port, counted in `counter`: a connection
-/// over a bound is closed at once; an accept error (EMFILE) pauses 50 ms
-/// instead of spinning.
+/// over a bound is closed at once (logged in `logs`); an accept error
+/// (EMFILE) pauses 50 ms instead of spinning.
 pub fn incoming(
     listener: tokio::net::TcpListener,
     counter: ConnCounter,
     limits: GrpcLimits,
+    logs: std::sync::Arc<AcceptLogs>,
 ) -> impl futures::Stream<Item = Result<Bounded<tokio::net::TcpStream>, std::io::Error>> + Send + 'static {
     futures::stream::unfold(
-        (listener, counter, limits),
-        |(listener, counter, limits)| async move {
+        (listener, counter, limits, logs),
+        |(listener, counter, limits, logs)| async move {
             loop {
                 match listener.accept().await {
                     Ok((s, peer)) => {
@@ -96,10 +102,10 @@ pub fn incoming(
                             Ok(slot) => {
                                 let _ = s.set_nodelay(true);
                                 let conn = Bounded::new(s, limits.idle, Some(slot));
-                                return Some((Ok(conn), (listener, counter, limits)));
+                                return Some((Ok(conn), (listener, counter, limits, logs)));
                             }
                             Err(why) => {
-                                REFUSED.warn(
+                                logs.refused.warn(
                                     &peer.ip().to_string(),
                                     &format!("Longhorn gRPC connection refused: {why}"),
                                 );
@@ -107,7 +113,8 @@ pub fn incoming(
                         }
                     }
                     Err(e) => {
-                        ACCEPT_FAILED.warn("-", &format!("Longhorn gRPC accept failed: {e}"));
+                        logs.failed
+                            .warn("-", &format!("Longhorn gRPC accept failed: {e}"));
                         tokio::time::sleep(Duration::from_millis(50)).await;
                     }
                 }

@@ -33,7 +33,7 @@ use crate::proto::ptypes;
 use crate::proto::spdkrpc;
 use crate::resources::longhorn::snapshot_lvol;
 use crate::resources::longhorn::{
-    InstanceKind, InstanceState, LonghornEngine, LonghornEngineFrontend, LonghornInstanceStatus,
+    AnaState, InstanceKind, InstanceState, LonghornEngine, LonghornEngineFrontend, LonghornInstanceStatus,
     LonghornReplica, PurgeStatus, RevertRequest, RevertStatus,
 };
 use crate::runtime::{Phase, Typed};
@@ -679,6 +679,41 @@ impl Longhorn {
         let version = self.change_engine(e, |s| s.rebuild_qos_mbps = mbps)?;
         self.wait_status(e.id(), &what, |st| {
             (st.observed_version >= version).then_some(Ok(()))
+        })
+        .await
+    }
+
+    // ----- EngineSetTargetListenerANAState
+
+    /// `EngineSetTargetListenerANAState`: the ANA state of engine `name`'s
+    /// export (Longhorn's spelling: `optimized`, `non-optimized`,
+    /// `inaccessible`), kept on the engine (set again at every export and
+    /// after every freeze) and set by the controller before the call
+    /// returns. An engine that does not serve yet is set when it does.
+    pub(super) async fn engine_ana_state_set(&self, name: &str, state: &str) -> Result<(), LonghornError> {
+        let want = AnaState::parse(state).ok_or_else(|| {
+            LonghornError::Invalid(format!(
+                "engine {name}: invalid ANA state {state:?} (optimized, non-optimized or inaccessible)"
+            ))
+        })?;
+        let e = self.engine(name)?;
+        let what = format!("engine {name}: ANA state {}", want.as_str());
+        let version = self.change_engine(&e, |s| s.ana_state = want)?;
+        self.wait_status(name, &what, |st| {
+            if st.observed_version < version {
+                return None;
+            }
+            if st.ana_state == Some(want) {
+                return Some(Ok(()));
+            }
+            if !st.ana_error.is_empty() {
+                return Some(Err(LonghornError::Internal {
+                    what: what.clone(),
+                    message: st.ana_error.clone(),
+                }));
+            }
+            // not exported: its listener is added in that state
+            (st.state != InstanceState::Running).then_some(Ok(()))
         })
         .await
     }

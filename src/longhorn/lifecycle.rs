@@ -160,6 +160,7 @@ mod tests {
             target_address: "10.0.0.1:20001".into(),
             frontend: "spdk-tcp-nvmf".into(),
             size_bytes: 1 << 30,
+            nr_io_queues: 0,
         }
     }
 

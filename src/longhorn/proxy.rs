@@ -9,7 +9,7 @@
 //!             (the raid1's members: in service = RW, rebuild target = WO, else ERR)
 //!   VolumeSnapshot(engine, name):
 //!     checked here, then numbered on the engine (snapshotRequests) and waited for:
-//!     the controller (controllers/engine/longhorn_snapshot.rs) freezes the export and
+//!     the controller (controllers/longhorn/snapshot.rs) freezes the export and
 //!     snapshots every replica in service with talon's own point-in-time core
 //!     (VolumeOps::take_at_one_instant):
 //!       ├─ local replica:  bdev_lvol_snapshot <lvs>/<replica> -> <replica>-snap-<name>
@@ -21,7 +21,7 @@
 //! ```
 //!
 //! Why the snapshots are one instant: the same argument as talon's own
-//! volumes (docs/architecture.md, "Snapshots at one point in time"): the
+//! volumes (docs/replicas.md, "Snapshots at one point in time"): the
 //! freeze returns when nothing is in flight in the raid1 and lets nothing new
 //! in, and a remote replica's target has completed every write the raid sent
 //! it. Snapshots are named as Longhorn's V2 engine names them
@@ -37,7 +37,6 @@ use super::error::LonghornError;
 use super::service::{FORWARDED, IoSample, Longhorn, chain, internal, next_request};
 use crate::names::ObjectName;
 use crate::proto::imrpc::{self, proxy_engine_service_server};
-use crate::proto::peer::{peer_client, remote_lvols};
 use crate::proto::ptypes;
 use crate::proto::spdkrpc::{self, spdk_service_client::SpdkServiceClient};
 use crate::resources::longhorn::{
@@ -106,8 +105,29 @@ impl Longhorn {
             .map(|r| r.spec)
     }
 
-    /// The members of engine `e` and their modes, read from spdk_tgt.
+    /// The members of engine `e` and their modes, read from spdk_tgt now.
     pub(super) async fn members(&self, e: &Typed<LonghornEngine>) -> Result<Vec<Member>, LonghornError> {
+        let inv = Inventory::load(self.client())
+            .await
+            .map_err(|x| LonghornError::spdk(format!("engine {}: reading spdk_tgt", e.id()), x))?;
+        Ok(self.members_in(e, &inv))
+    }
+
+    /// [`Self::members`] for the manager's polls: from a listing at most
+    /// [`super::service::POLL_LISTING_AGE`] old, shared by the polls of every engine.
+    pub(super) async fn members_polled(
+        &self,
+        e: &Typed<LonghornEngine>,
+    ) -> Result<Vec<Member>, LonghornError> {
+        let inv = self
+            .polled_inventory()
+            .await
+            .map_err(|x| LonghornError::spdk(format!("engine {}: reading spdk_tgt", e.id()), x))?;
+        Ok(self.members_in(e, &inv))
+    }
+
+    /// The members of engine `e` and their modes in listing `inv`.
+    fn members_in(&self, e: &Typed<LonghornEngine>, inv: &Inventory) -> Vec<Member> {
         let status = self.status_of(e.id());
         let running = status.as_ref().is_some_and(|s| s.state == InstanceState::Running);
         // a `ReplicaAdd` the controller has not taken up yet (it records the request in
@@ -132,9 +152,6 @@ impl Longhorn {
         });
         // replicas rebuilt thin: out of the raid until they equal their source
         let thin = status.map(|s| s.thin_rebuilds).unwrap_or_default();
-        let inv = Inventory::load(self.client())
-            .await
-            .map_err(|x| LonghornError::spdk(format!("engine {}: reading spdk_tgt", e.id()), x))?;
         let raid = inv.raid(e.id());
         let switch = self.switch_of(e.id());
         let mut out = Vec::new();
@@ -196,12 +213,20 @@ impl Longhorn {
                 progress,
             });
         }
-        Ok(out)
+        out
     }
 
     /// The engine-frontend of engine `e` on this node, if any (by name, or
     /// the one that attaches it).
     pub(super) fn frontend_of(&self, e: &str, named: &str) -> Option<Typed<LonghornEngineFrontend>> {
+        // the manager names it in its VolumeGet polls: one lookup, not a listing of them all
+        if !named.is_empty() {
+            return self
+                .state()
+                .get_typed::<LonghornEngineFrontend>(named)
+                .ok()
+                .flatten();
+        }
         let all = self.state().list_typed::<LonghornEngineFrontend>().ok()?;
         all.into_iter()
             .find(|f| (!named.is_empty() && f.id() == named) || (named.is_empty() && f.spec.engine_name == e))
@@ -215,15 +240,40 @@ impl Longhorn {
         &self,
         e: &Typed<LonghornEngine>,
     ) -> Result<Option<ReplicaLvols>, LonghornError> {
+        self.engine_lvols_from(e, false).await
+    }
+
+    /// [`Self::engine_lvols`], a local replica's read from a listing `polled` (the manager's
+    /// `SnapshotList`: [`Self::polled_inventory`]) or made now.
+    pub(super) async fn engine_lvols_from(
+        &self,
+        e: &Typed<LonghornEngine>,
+        polled: bool,
+    ) -> Result<Option<ReplicaLvols>, LonghornError> {
         if let Some((replica, r)) = e
             .spec
             .replica_address_map
             .keys()
             .find_map(|k| self.local_replica(k).map(|r| (k.clone(), r)))
         {
+            if polled {
+                let inv = self
+                    .polled_inventory()
+                    .await
+                    .map_err(|x| LonghornError::spdk(format!("replica {replica}: listing spdk_tgt"), x))?;
+                return Ok(Some(ReplicaLvols::from_inventory(
+                    &inv,
+                    &lvstore(&r.disk),
+                    &replica,
+                )));
+            }
             return self.replica_lvols_now(&replica, &r.disk).await.map(Some);
         }
-        Ok(remote_lvols(&e.spec.replica_address_map, self.peer_port(), REMOTE_TIMEOUT).await)
+        let remote = self
+            .peers()
+            .remote_replica(&e.spec.replica_address_map, self.peer_port(), REMOTE_TIMEOUT)
+            .await;
+        Ok(remote.map(|r| ReplicaLvols::from(&r)))
     }
 
     /// Snapshots a local replica's head as `lvol`; one that exists is kept.
@@ -272,7 +322,8 @@ impl Longhorn {
         replica: &str,
         address: &str,
     ) -> Result<SpdkServiceClient<tonic::transport::Channel>, String> {
-        peer_client(address, self.peer_port(), REMOTE_TIMEOUT)
+        self.peers()
+            .client(address, self.peer_port(), REMOTE_TIMEOUT)
             .await
             .map_err(|e| format!("replica {replica}: {}", crate::util::error_chain(&e)))
     }
@@ -412,7 +463,9 @@ impl Longhorn {
             replica: replica.to_owned(),
             message: message.to_owned(),
         };
-        let mut c = peer_client(address, self.peer_port(), REMOTE_TIMEOUT)
+        let mut c = self
+            .peers()
+            .client(address, self.peer_port(), REMOTE_TIMEOUT)
             .await
             .map_err(|e| peer(&crate::util::error_chain(&e)))?;
         c.replica_expand(spdkrpc::ReplicaExpandRequest {
@@ -710,7 +763,7 @@ impl proxy_engine_service_server::ProxyEngineService for Longhorn {
         let req = forward!(self, req, Some(req.get_ref()), replica_list);
         let e = self.engine(&req.into_inner().engine_name)?;
         let replicas = self
-            .members(&e)
+            .members_polled(&e)
             .await?
             .into_iter()
             .map(|m| ptypes::ControllerReplica {
@@ -732,7 +785,7 @@ impl proxy_engine_service_server::ProxyEngineService for Longhorn {
     ) -> Result<Response<imrpc::EngineReplicaRebuildStatusProxyResponse>, Status> {
         let req = forward!(self, req, Some(req.get_ref()), replica_rebuilding_status);
         let e = self.engine(&req.into_inner().engine_name)?;
-        let members = self.members(&e).await?;
+        let members = self.members_polled(&e).await?;
         let in_service: Vec<String> = members
             .iter()
             .filter(|m| m.mode == ptypes::ReplicaMode::Rw)
@@ -757,7 +810,9 @@ impl proxy_engine_service_server::ProxyEngineService for Longhorn {
         let req = forward!(self, req, Some(req.get_ref()), snapshot_list);
         let e = self.engine(&req.into_inner().engine_name)?;
         let mut disks = HashMap::new();
-        let view = self.engine_lvols(&e).await?.unwrap_or_default();
+        // from the polls' shared listing: a snapshot made or deleted since (by the controller,
+        // whose client shares the session's count of changes) makes a new one
+        let view = self.engine_lvols_from(&e, true).await?.unwrap_or_default();
         // rebuild snapshots are talon's, for the moment of a rebuild: not
         // listed, their children shown on their parents
         let shown = |mut p: Option<String>| {
@@ -1257,6 +1312,7 @@ mod tests {
             revert: None,
             snapshot_requests: Default::default(),
             snapshot_info: Default::default(),
+            ana_state: Default::default(),
         };
         let member = |mode| Member {
             replica: "rb".into(),

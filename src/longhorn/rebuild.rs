@@ -1,7 +1,7 @@
 //! Thin rebuild of a Longhorn engine's replica across nodes: the replica
 //! node's side (8504 `ReplicaRebuilding*` calls) and what both sides share.
 //!
-//! The engine's controller drives it (`engine::longhorn_rebuild`), one step
+//! The engine's controller drives it (`controllers::longhorn::thin`), one step
 //! per reconcile, from what the replicas' lvstores hold:
 //!
 //! ```text
@@ -207,16 +207,7 @@ impl Longhorn {
             .await
             .map_err(|x| LonghornError::spdk(format!("{what}: detaching {ctrl}"), x))?;
         let nqn = naming::replica_nqn(&dst).map_err(|x| LonghornError::Invalid(x.to_string()))?;
-        let a = RemoteAttach {
-            controller: &ctrl,
-            address: sa.ip(),
-            port: sa.port(),
-            nqn: nqn.as_str(),
-            host_nqn: Some(naming::internal_host_nqn()),
-            longhorn_link: true,
-            dhchap_data_dir: None,
-            tls_data_dir: None,
-        };
+        let a = RemoteAttach::longhorn(&ctrl, sa, nqn.as_str());
         let bdev = self
             .ops()
             .attach_remote(replica.as_str(), &a)

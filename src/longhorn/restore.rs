@@ -77,7 +77,7 @@ impl Longhorn {
         let (target, backup_volume, backup) = decode_url(&req.backup_url).map_err(|e| bad(e.to_string()))?;
         let backup = backup.ok_or_else(|| bad("the URL names no backup".into()))?;
         check_name("backup", &backup).map_err(|e| bad(e.to_string()))?;
-        self.check_target(&target).map_err(bad)?;
+        self.check_target(&target).map_err(|e| bad(e.to_string()))?;
         let creds: BTreeMap<String, String> = req.credential.into_iter().collect();
         super::backup::check_credentials(&creds).map_err(|e| bad(e.to_string()))?;
         crate::backupstore::Credentials::from_pairs(creds.clone())
@@ -222,6 +222,7 @@ impl Longhorn {
         let (target, backup_volume, backup) = decode_url(&req.url).map_err(|x| bad(x.to_string()))?;
         let backup = backup.ok_or_else(|| bad("the URL names no backup".into()))?;
         self.check_target(&target)
+            .map_err(|e| e.to_string())
             .and_then(|()| crate::backupstore::Credentials::from_pairs(creds.clone()).check())
             .map_err(bad)?;
         let members = self.members(e).await?;

@@ -155,13 +155,16 @@ pub async fn serve(
     lh.hashes().sweep(lh.client()).await;
     let (tx, rx) = tokio::sync::watch::channel(false);
     let counter = crate::util::conn::ConnCounter::default();
+    let refusals = std::sync::Arc::new(super::bounds::AcceptLogs::default());
+    let served = std::sync::Arc::new(ServedPaths::from_protos());
     let mut tasks = Vec::new();
     for (i, (addr, listener)) in bound.listeners.into_iter().enumerate() {
         let service = super::SERVICES[i];
         let routes = routes(i, &lh).await?;
         let mut rx = rx.clone();
-        let incoming = super::bounds::incoming(listener, counter.clone(), limits.clone());
+        let incoming = super::bounds::incoming(listener, counter.clone(), limits.clone(), refusals.clone());
         let message = limits.message;
+        let served = served.clone();
         let server = tonic::transport::Server::builder()
             .max_concurrent_streams(limits.max_streams)
             .http2_keepalive_interval(Some(limits.ping))
@@ -169,6 +172,7 @@ pub async fn serve(
             .layer(tower::layer::layer_fn(move |inner| NamedUnimplemented {
                 inner,
                 message,
+                served: served.clone(),
             }))
             .add_routes(routes);
         tasks.push(tokio::spawn(async move {
@@ -247,10 +251,13 @@ async fn routes(i: usize, lh: &Longhorn) -> Result<tonic::service::Routes, Serve
 
 /// The method paths talon serves: the methods of its protos, health and
 /// reflection. Anything else is answered UNIMPLEMENTED naming the method
-/// (tonic's own answer carries no message).
-fn served_paths() -> &'static BTreeSet<String> {
-    static PATHS: std::sync::OnceLock<BTreeSet<String>> = std::sync::OnceLock::new();
-    PATHS.get_or_init(|| {
+/// (tonic's own answer carries no message). Read from the protos once per
+/// [`serve`], shared by its five ports.
+#[derive(Debug, Default)]
+struct ServedPaths(BTreeSet<String>);
+
+impl ServedPaths {
+    fn from_protos() -> Self {
         let mut paths = BTreeSet::new();
         if let Ok(fds) =
             <prost_types::FileDescriptorSet as prost::Message>::decode(crate::proto::FILE_DESCRIPTOR_SET)
@@ -271,14 +278,14 @@ fn served_paths() -> &'static BTreeSet<String> {
                 }
             }
         }
-        paths
-    })
-}
+        Self(paths)
+    }
 
-fn is_served(path: &str) -> bool {
-    path.starts_with("/grpc.health.v1.Health/")
-        || path.starts_with("/grpc.reflection.")
-        || served_paths().contains(path)
+    fn contains(&self, path: &str) -> bool {
+        path.starts_with("/grpc.health.v1.Health/")
+            || path.starts_with("/grpc.reflection.")
+            || self.0.contains(path)
+    }
 }
 
 /// Answers a method outside talon's subset with UNIMPLEMENTED naming it.
@@ -287,6 +294,8 @@ struct NamedUnimplemented<S> {
     inner: S,
     /// A request's message must come within this time of its headers.
     message: Duration,
+    /// The methods served.
+    served: std::sync::Arc<ServedPaths>,
 }
 
 type BoxFuture<T> = Pin<Box<dyn std::future::Future<Output = T> + Send>>;
@@ -310,7 +319,7 @@ where
         let path = req.uri().path().to_owned();
         let message = self.message;
         let req = req.map(|b| tonic::body::Body::new(super::bounds::MessageTimeout::new(b, message)));
-        if is_served(&path) {
+        if self.served.contains(&path) {
             let started = std::time::Instant::now();
             let call = self.inner.call(req);
             return Box::pin(async move {
@@ -367,7 +376,7 @@ fn log_call(path: &str, resp: &http::Response<tonic::body::Body>, took: std::tim
         } else {
             tracing::info!(method = %path, ?code, %message, ms, "longhorn gRPC call failed");
         }
-    } else if is_read(method) {
+    } else if is_read(method) || is_routine(method) {
         tracing::debug!(method = %path, ms, "longhorn gRPC call");
     } else {
         tracing::info!(method = %path, ms, "longhorn gRPC call");
@@ -380,6 +389,26 @@ fn is_read(method: &str) -> bool {
         .iter()
         .any(|w| method.starts_with(w) || method.ends_with(w))
         || method.contains("Status")
+}
+
+/// An engine-frontend's `nvme_tcp_nr_io_queues`: 0 (unset: talon's bounded default), else
+/// Longhorn's range 1..=128 ([`crate::attach::nvme_tcp::MAX_IO_QUEUES`]).
+fn io_queues(what: &str, n: i32) -> Result<u32, LonghornError> {
+    let max = crate::attach::nvme_tcp::MAX_IO_QUEUES;
+    match u32::try_from(n) {
+        Ok(q) if q <= max => Ok(q),
+        _ => Err(LonghornError::Invalid(format!(
+            "{what}: nvme_tcp_nr_io_queues {n} is not in 1..={max} (0: talon's default of {})",
+            crate::attach::nvme_tcp::DEFAULT_IO_QUEUES
+        ))),
+    }
+}
+
+/// Calls the manager repeats on a timer that change nothing of talon's (the log level it
+/// asks for is said once per value by its handler; talon has no backup mounts to clean up):
+/// logged at debug, as reads are, not a line per call at info.
+fn is_routine(method: &str) -> bool {
+    ["LogSetLevel", "LogSetFlags", "CleanupBackupMountPoints"].contains(&method)
 }
 
 /// `DiskCreate`'s `block_size` for an aio disk: 0 leaves it to SPDK; else a
@@ -901,6 +930,7 @@ impl Longhorn {
                 revert: None,
                 snapshot_requests: BTreeMap::new(),
                 snapshot_info: BTreeMap::new(),
+                ana_state: Default::default(),
             },
         )
     }
@@ -922,12 +952,14 @@ impl Longhorn {
         })?;
         let sp = spec.spdk_instance_spec.clone().unwrap_or_default();
         naming::FrontendMode::of(&sp.frontend).map_err(|e| LonghornError::Invalid(format!("{what}: {e}")))?;
+        let nr_io_queues = io_queues(&what, sp.nvme_tcp_nr_io_queues)?;
         let want = LonghornEngineFrontend {
             volume: volume.as_str().to_owned(),
             engine_name: spec.engine_name.clone(),
             target_address: spec.target_address.clone(),
             frontend: sp.frontend,
             size_bytes: sp.size,
+            nr_io_queues,
         };
         let _one = self.alloc.lock().await;
         if let Some(cur) = self
@@ -1039,6 +1071,17 @@ impl Longhorn {
                     // target from the active path and writes an empty one back without it,
                     // against the instance handler's target, so the size it observed (the
                     // online expansion's end) never got written
+                    // the ANA state the engine's export is set to, as kept on the
+                    // engine (`EngineSetTargetListenerANAState`) when it is on this
+                    // node; an engine on another node keeps its own, and a path to it
+                    // is reported optimized (the state it is exported in unless set)
+                    let ana = self
+                        .state()
+                        .get_typed::<LonghornEngine>(&engine_name)
+                        .map_err(LonghornError::State)?
+                        .filter(|e| e.spec.volume == volume)
+                        .map(|e| e.spec.ana_state)
+                        .unwrap_or_default();
                     if let Some(t) = target {
                         let path = t.to_string();
                         status.active_path = path.clone();
@@ -1053,7 +1096,7 @@ impl Longhorn {
                                 .map(|n| n.to_string())
                                 .unwrap_or_default(),
                             nguid: String::new(),
-                            ana_state: "optimized".to_owned(),
+                            ana_state: ana.as_str().to_owned(),
                         }];
                     }
                     status.engine_name = engine_name;
@@ -1413,12 +1456,19 @@ impl instance_service_server::InstanceService for Longhorn {
     }
 
     async fn log_set_level(&self, req: Request<imrpc::LogSetLevelRequest>) -> Result<Response<()>, Status> {
-        tracing::info!(level = %req.get_ref().level, "Longhorn asked for a log level (talon's is set by RUST_LOG)");
+        // the manager asks again every minute or so: said once per value
+        let level = &req.get_ref().level;
+        if self.log_asked(false, level) {
+            tracing::info!(%level, "Longhorn asked for a log level (talon's is set by RUST_LOG)");
+        }
         Ok(Response::new(()))
     }
 
     async fn log_set_flags(&self, req: Request<imrpc::LogSetFlagsRequest>) -> Result<Response<()>, Status> {
-        tracing::info!(flags = %req.get_ref().flags, "Longhorn asked for log flags (talon's are set by RUST_LOG)");
+        let flags = &req.get_ref().flags;
+        if self.log_asked(true, flags) {
+            tracing::info!(%flags, "Longhorn asked for log flags (talon's are set by RUST_LOG)");
+        }
         Ok(Response::new(()))
     }
 
@@ -1985,6 +2035,15 @@ impl spdk_service_server::SpdkService for Longhorn {
     ) -> Result<Response<Self::ShardGroupWatchStream>, Status> {
         Ok(Response::new(empty_watch(self)))
     }
+
+    async fn engine_set_target_listener_ana_state(
+        &self,
+        req: Request<spdkrpc::EngineSetTargetListenerAnaStateRequest>,
+    ) -> Result<Response<()>, Status> {
+        let req = req.into_inner();
+        self.engine_ana_state_set(&req.name, &req.ana_state).await?;
+        Ok(Response::new(()))
+    }
 }
 
 #[cfg(test)]
@@ -1993,6 +2052,8 @@ mod tests {
 
     #[test]
     fn served_paths_come_from_the_protos() {
+        let served = ServedPaths::from_protos();
+        let is_served = |p: &str| served.contains(p);
         assert!(is_served("/ProcessManagerService/VersionGet"));
         assert!(is_served("/imrpc.InstanceService/InstanceCreate"));
         assert!(is_served("/spdkrpc.SPDKService/ShardGroupWatch"));
@@ -2033,6 +2094,40 @@ mod tests {
             assert_eq!((s.code(), s.message()), (code, message));
         }
         assert_eq!(aio_block_size("disk d", 4096).ok(), Some(Some(4096)));
+    }
+
+    /// Field 16 of SpdkInstanceSpec is `nvme_tcp_nr_io_queues` (Longhorn v1.13): a spec encoded
+    /// by hand (key 16 varint: 0x80 0x01) decodes to it; 0 is talon's default, Longhorn's range
+    /// 1..=128 is taken, anything else refused naming the frontend.
+    #[test]
+    fn the_managers_io_queues_are_field_16_and_bounded() {
+        let wire = [0x80, 0x01, 8];
+        let sp = <imrpc::SpdkInstanceSpec as prost::Message>::decode(&wire[..]).expect("decodes");
+        assert_eq!(sp.nvme_tcp_nr_io_queues, 8);
+        assert_eq!(io_queues("engine-frontend f", 0).ok(), Some(0));
+        assert_eq!(io_queues("engine-frontend f", 8).ok(), Some(8));
+        assert_eq!(io_queues("engine-frontend f", 128).ok(), Some(128));
+        for bad in [-1, 129] {
+            let s = Status::from(io_queues("engine-frontend f", bad).expect_err("out of range"));
+            assert_eq!(s.code(), tonic::Code::InvalidArgument);
+            assert_eq!(
+                s.message(),
+                format!(
+                    "engine-frontend f: nvme_tcp_nr_io_queues {bad} is not in 1..=128 (0: talon's default of 4)"
+                )
+            );
+        }
+    }
+
+    /// What the manager repeats on a timer and changes nothing is logged at debug, as reads.
+    #[test]
+    fn routine_calls_are_not_logged_at_info() {
+        for m in ["LogSetLevel", "LogSetFlags", "CleanupBackupMountPoints"] {
+            assert!(is_routine(m), "{m}");
+        }
+        for m in ["InstanceCreate", "ReplicaAdd", "SnapshotRevert", "VolumeExpand"] {
+            assert!(!is_routine(m) && !is_read(m), "{m}");
+        }
     }
 
     #[test]

@@ -8,7 +8,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::ops::RangeInclusive;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use tonic::Status;
 
@@ -17,6 +17,21 @@ use super::snaphash::Hashes;
 use crate::resources::longhorn::{Session, SwitchModes};
 use crate::runtime::State;
 use crate::spdk::SpdkClient;
+use crate::spdk::client::ClientError;
+use crate::spdk::inventory::Inventory;
+
+/// How old a listing of spdk_tgt may be when it answers one of the manager's polls
+/// ([`Longhorn::polled_inventory`]): `engine.LonghornController`'s poll, so a change the
+/// target makes on its own (a remote path lost) is reported within the time the controller
+/// takes to act on it. At 1 s the listing was made again about every second under the
+/// manager's polls of 20 engines, the largest cost of talon idle (issue 52: ReplicaList's
+/// 10.6 ms average, 2.3 s a minute of node 1's, against 0.5 ms for the calls that list nothing);
+/// a change made through this session's clients still makes the next poll list again.
+pub const POLL_LISTING_AGE: Duration = Duration::from_secs(3);
+
+/// A listing of spdk_tgt that answered a poll: when it was made, the client's
+/// [`SpdkClient::changes`] then, and the listing.
+type Polled = (Instant, u64, Arc<Inventory>);
 
 /// Metadata of a forwarded proxy call (it is not forwarded again).
 pub const FORWARDED: &str = "talon-forwarded";
@@ -36,6 +51,8 @@ pub struct Longhorn {
     pub(super) stopping: Arc<tokio::sync::watch::Sender<bool>>,
     /// The SPDKService port of the other nodes (the same as this node's).
     peer_port: u16,
+    /// The channels to them, kept.
+    peers: crate::proto::peer::PeerChannels,
     /// The ProxyEngineService port of the other nodes (this node's own).
     proxy_port: u16,
     /// The last iostat of each engine (MetricsGet reports rates).
@@ -57,6 +74,10 @@ pub struct Longhorn {
     /// The copies this node runs for other nodes' engines' rebuilds, by
     /// (source replica, dest replica).
     src_copies: Arc<Mutex<BTreeMap<(String, String), SrcCopy>>>,
+    /// The last listing of spdk_tgt that answered a poll, and when it was made.
+    polled: Arc<tokio::sync::Mutex<Option<Polled>>>,
+    /// The log levels and flags Longhorn asked for (`LogSetLevel`, `LogSetFlags`).
+    asked_log: Arc<Mutex<BTreeSet<String>>>,
 }
 
 impl Longhorn {
@@ -70,6 +91,7 @@ impl Longhorn {
             alloc: Arc::default(),
             stopping: Arc::new(tokio::sync::watch::channel(false).0),
             peer_port: 8504,
+            peers: Default::default(),
             proxy_port: 8501,
             io_samples: Arc::default(),
             overcommit_percent: crate::spdk::placement::DEFAULT_OVERCOMMIT_PERCENT,
@@ -78,7 +100,46 @@ impl Longhorn {
             session: crate::resources::longhorn::new_session(),
             held: Arc::default(),
             src_copies: Arc::default(),
+            polled: Arc::default(),
+            asked_log: Arc::default(),
         }
+    }
+
+    /// Records the log level (`flags`: the flags) Longhorn asked for; whether it is one it
+    /// never asked before. The manager asks again every few seconds, the same few values
+    /// each time (v1.12.1 alternates `Info` and `Notice`: its own level and SPDK's).
+    pub(super) fn log_asked(&self, flags: bool, value: &str) -> bool {
+        let mut asked = lock(&self.asked_log);
+        if asked.len() >= 64 {
+            asked.clear();
+        }
+        asked.insert(format!("{}:{value}", if flags { "flags" } else { "level" }))
+    }
+
+    /// spdk_tgt's listing for what the manager polls every few seconds per engine and replica
+    /// (`ReplicaList`, `ReplicaRebuildingStatus`, `SnapshotList`, `ReplicaGet`): one listing
+    /// made within [`POLL_LISTING_AGE`] answers them all. Each listing holds every object of
+    /// the target, so a listing per call made a round of polls over N engines cost N
+    /// listings of N engines' objects (N²). A listing is not used again once anything that may have
+    /// changed the target went through a client of this session (the services' own, or
+    /// `engine.LonghornController`'s: a snapshot made, a replica added; the manager's next
+    /// SnapshotList must see it), so it only serves polls between changes. The
+    /// lock is held across the listing on purpose: concurrent polls wait for the one being
+    /// made instead of making their own.
+    pub(super) async fn polled_inventory(&self) -> Result<Arc<Inventory>, ClientError> {
+        let mut last = self.polled.lock().await;
+        if let Some((at, changes, inv)) = last.as_ref()
+            && at.elapsed() < POLL_LISTING_AGE
+            && *changes == self.client.changes()
+        {
+            return Ok(Arc::clone(inv));
+        }
+        // counted before the listing: a change that ends while it is made makes the next poll
+        // list again
+        let changes = self.client.changes();
+        let inv = Arc::new(Inventory::load(&self.client).await?);
+        *last = Some((Instant::now(), changes, Arc::clone(&inv)));
+        Ok(inv)
     }
 
     /// The session `engine.LonghornController` of this serve carries out.
@@ -164,6 +225,11 @@ impl Longhorn {
         self.peer_port
     }
 
+    /// The channels to the other nodes' SPDKService.
+    pub(super) fn peers(&self) -> &crate::proto::peer::PeerChannels {
+        &self.peers
+    }
+
     pub(super) fn proxy_port(&self) -> u16 {
         self.proxy_port
     }
@@ -244,6 +310,22 @@ pub(super) fn next_request(used: u64) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The manager asks for the same log levels every few seconds (alternating `Info` and
+    /// `Notice`): each value said once, the levels and the flags apart.
+    #[test]
+    fn a_log_level_asked_again_is_no_change() {
+        let lh = Longhorn::new(State::in_memory(), SpdkClient::new("/nonexistent"), 1..=2);
+        assert!(lh.log_asked(false, "Info"));
+        assert!(lh.log_asked(false, "Notice"));
+        for _ in 0..3 {
+            assert!(!lh.log_asked(false, "Info"));
+            assert!(!lh.log_asked(false, "Notice"));
+        }
+        assert!(lh.log_asked(true, ""), "the flags: first asked");
+        assert!(!lh.log_asked(true, ""));
+        assert!(lh.log_asked(false, "Debug"), "a new level");
+    }
 
     #[test]
     fn a_hold_is_exclusive_until_dropped() {

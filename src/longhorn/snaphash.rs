@@ -7,12 +7,11 @@
 //!   SnapshotHash(engine, s, rehash) ──> each RW member: here Hashes::start, elsewhere its
 //!                                       node's ReplicaSnapshotHash (a WO member: refused)
 //!   one job per replica and snapshot, in the background, one at a time per node:
-//!     sparse file <data dir>/snaphash/<replica>@<s>, the snapshot's size
-//!       └─ bdev_aio_create talon-hash-<replica>@<s> (the snapshot's block size)
-//!     the chain root .. s, oldest first: bdev_lvol_start_shallow_copy <lvs>/<replica>-snap-<x>
-//!       -> the aio bdev, polled with bdev_lvol_check_shallow_copy
-//!       (each writes the clusters it holds: the file ends as s reads)
-//!     bdev_aio_delete; SHA-256 over the file (checksum); the file removed
+//!     the snapshot lvol <lvs>/<replica>-snap-<s> read through the data mover
+//!     (spdk::volume::mover: a temporary export on 127.0.0.1, talon's own
+//!     NVMe/TCP host; no file, no copy): 1 MiB chunks, in order, 4 ahead
+//!     (the lvol reads through its chain, so it reads as s reads)
+//!     SHA-256 over them as they stream (checksum); the export removed
 //!   SnapshotHashStatus ──> {replica ip:port: "" | in_progress | complete + checksum | error}
 //! ```
 //!
@@ -23,13 +22,14 @@
 //! zeros (with its offset): a hole and written zeros hash alike, so equal
 //! data gives an equal checksum on every replica. SPDK v26.05 has no
 //! checksum RPC (Longhorn's fork has `bdev_lvol_register_snapshot_checksum`),
-//! so the data comes out through a shallow copy, as a thin rebuild copies.
+//! so the data comes out through the mover (until issue 55 it was
+//! shallow-copied into a file on the data dir; the checksum is the same).
 //!
-//! Nothing is left behind: the aio bdev and the file go on every path; a
-//! replica deleted mid-hash stops its hashes ([`Hashes::drop_replica`]: the
-//! file goes at once, the bdev once spdk_tgt's copy into it ends); a talon
-//! restart mid-hash leaves them to [`Hashes::sweep`] at the next start,
-//! which looks again until spdk_tgt answers.
+//! Nothing is left behind: the export goes on every path; a replica
+//! deleted mid-hash stops its hashes ([`Hashes::drop_replica`]: the
+//! session dropped removes its export); a talon restart mid-hash leaves it
+//! to the mover's sweep (the orphan controller's poll). [`Hashes::sweep`]
+//! still removes the files and aio bdevs of an earlier talon's hashes.
 
 use std::collections::BTreeMap;
 use std::io;
@@ -45,6 +45,7 @@ use crate::proto::spdkrpc;
 use crate::resources::longhorn::snapshot_lvol;
 use crate::spdk::SpdkClient;
 use crate::spdk::volume::Inventory;
+use crate::spdk::volume::mover;
 use crate::spdk::volume::replica_lvols::ReplicaLvols;
 use crate::spdk::volume::to_file::{self, Chain};
 
@@ -61,6 +62,8 @@ pub const BDEV_PREFIX: &str = "talon-hash-";
 const SWEEP_RETRY: Duration = Duration::from_secs(10);
 /// The chunk the checksum skips when it is all zeros.
 const CHUNK: u64 = 1 << 20;
+/// The chunks a hash reads ahead of the one it hashes.
+const AHEAD: usize = 4;
 
 /// Where one replica's hash of one snapshot stands.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -74,7 +77,7 @@ pub enum Job {
 }
 
 /// The hash jobs of this node's replicas, by (replica, snapshot), and the
-/// directory their files live in. Kept by the server (talon's Longhorn
+/// directory an earlier talon staged them in. Kept by the server (talon's Longhorn
 /// services), for as long as it runs: a restart forgets them, and the next
 /// `SnapshotHash` hashes again.
 #[derive(Debug)]
@@ -88,7 +91,8 @@ pub struct Hashes {
 }
 
 impl Hashes {
-    /// Jobs whose files go under `dir` (none: hashing is refused).
+    /// Jobs that stream (no file); `dir` is where an earlier talon staged
+    /// its hashes, swept at the start.
     pub fn new(dir: Option<PathBuf>) -> Self {
         Self {
             dir,
@@ -100,7 +104,7 @@ impl Hashes {
 
     /// Starts hashing snapshot `snap` of `replica` (in lvstore `lvs`) in the
     /// background, unless a hash of it runs (no second one) or one completed
-    /// and `rehash` is false. Refused on a node without a hash directory.
+    /// and `rehash` is false.
     pub(super) fn start(
         self: &Arc<Self>,
         client: &SpdkClient,
@@ -110,11 +114,6 @@ impl Hashes {
         rehash: bool,
     ) -> Result<(), Status> {
         let hashes = Arc::clone(self);
-        let Some(dir) = hashes.dir.clone() else {
-            return Err(Status::failed_precondition(format!(
-                "replica {replica}: snapshot {snap}: this node has no directory for snapshot hashes"
-            )));
-        };
         let key = (replica.as_str().to_owned(), snap.to_owned());
         {
             let mut jobs = hashes.jobs();
@@ -129,7 +128,7 @@ impl Hashes {
         let mut tasks = self.tasks();
         let task = tokio::spawn(async move {
             let r = match hashes.one.acquire().await {
-                Ok(_one) => run(&client, &dir, &lvs, &key.0, &key.1).await,
+                Ok(_one) => run(&client, &lvs, &key.0, &key.1).await,
                 Err(_) => Err(format!("replica {}: hashing snapshot {}: stopped", key.0, key.1)),
             };
             match &r {
@@ -251,14 +250,37 @@ fn to_hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// The checksum of the first `size` bytes of `path`: SHA-256 over `size`
-/// and each 1 MiB chunk that is not all zeros, with its offset. Holes are
-/// skipped without reading them (`SEEK_DATA`).
+/// The checksum as it is built: SHA-256 over a tag, the snapshot's size,
+/// and each 1 MiB chunk that is not all zeros, with its offset (a hole and
+/// written zeros hash alike).
+struct Sum(ring::digest::Context);
+
+impl Sum {
+    fn new(size: u64) -> Sum {
+        let mut ctx = ring::digest::Context::new(&ring::digest::SHA256);
+        ctx.update(b"talon-snaphash-1");
+        ctx.update(&size.to_le_bytes());
+        Sum(ctx)
+    }
+
+    /// The chunk at `at` (1 MiB, the last one shorter).
+    fn chunk(&mut self, at: u64, chunk: &[u8]) {
+        if mover::has_data(chunk) {
+            self.0.update(&at.to_le_bytes());
+            self.0.update(chunk);
+        }
+    }
+
+    fn finish(self) -> String {
+        to_hex(self.0.finish().as_ref())
+    }
+}
+
+/// The checksum of the first `size` bytes of `path`, as [`run`] computes
+/// it of a snapshot. Holes are skipped without reading them (`SEEK_DATA`).
 pub fn checksum(path: &Path, size: u64) -> io::Result<String> {
     let f = std::fs::File::open(path)?;
-    let mut ctx = ring::digest::Context::new(&ring::digest::SHA256);
-    ctx.update(b"talon-snaphash-1");
-    ctx.update(&size.to_le_bytes());
+    let mut sum = Sum::new(size);
     let mut buf = vec![0u8; CHUNK as usize];
     let mut at = 0u64;
     while at < size {
@@ -275,13 +297,10 @@ pub fn checksum(path: &Path, size: u64) -> io::Result<String> {
         let n = usize::try_from((size - at).min(CHUNK)).unwrap_or(buf.len());
         let chunk = &mut buf[..n];
         f.read_exact_at(chunk, at)?;
-        if chunk.iter().any(|b| *b != 0) {
-            ctx.update(&at.to_le_bytes());
-            ctx.update(chunk);
-        }
+        sum.chunk(at, chunk);
         at += CHUNK;
     }
-    Ok(to_hex(ctx.finish().as_ref()))
+    Ok(sum.finish())
 }
 
 /// Replica `replica`'s snapshot `snap` in lvstore `lvs` as spdk_tgt holds
@@ -293,38 +312,39 @@ fn plan_of(inv: &Inventory, lvs: &str, replica: &str, snap: &str) -> Option<Chai
     Chain::of(inv, &format!("{lvs}/{}", snapshot_lvol(replica, snap)))
 }
 
-/// One job: the copy, the checksum, and everything removed again.
-async fn run(
-    client: &SpdkClient,
-    dir: &Path,
-    lvs: &str,
-    replica: &str,
-    snap: &str,
-) -> Result<String, String> {
+/// One job: the snapshot read through the mover (a temporary loopback
+/// export, no file) and hashed as it streams; the export removed again on
+/// every path (a job stopped drops its session, which removes it).
+async fn run(client: &SpdkClient, lvs: &str, replica: &str, snap: &str) -> Result<String, String> {
     let what = |m: String| format!("replica {replica}: hashing snapshot {snap}: {m}");
     let gone = || format!("replica {replica}: snapshot {snap} was deleted while it was hashed");
     let inv = Inventory::load(client)
         .await
         .map_err(|e| what(format!("listing spdk_tgt: {}", crate::util::error_chain(&e))))?;
     let plan = plan_of(&inv, lvs, replica, snap).ok_or_else(gone)?;
-    std::fs::create_dir_all(dir).map_err(|e| what(format!("making {}: {e}", dir.display())))?;
-    let name = job_name(replica, snap);
-    let file = dir.join(&name);
-    let bdev = format!("{BDEV_PREFIX}{name}");
-    let mut staging = to_file::Staging::new(client, &file, &bdev);
-    let copied = staging.copy(&plan).await;
-    let sum = match copied {
-        Ok(()) => {
-            let (f, size) = (file.clone(), plan.size);
-            tokio::task::spawn_blocking(move || checksum(&f, size))
-                .await
-                .map_err(|e| e.to_string())
-                .and_then(|r| r.map_err(|e| format!("reading {}: {e}", file.display())))
+    let alias = format!("{lvs}/{}", snapshot_lvol(replica, snap));
+    let sum = async {
+        let s = mover::Session::open(client, &alias, mover::Purpose::Hash, mover::DEPTH).await?;
+        if s.size() != plan.size {
+            let reason = format!("its export holds {} bytes, the snapshot {}", s.size(), plan.size);
+            let _ = s.close().await;
+            return Err(mover::MoverError::Io {
+                bdev: alias.clone(),
+                reason,
+            });
         }
-        Err(m) => Err(m),
-    };
-    drop(staging);
-    // a snapshot deleted meanwhile (its copy may have failed for it, or
+        let mut sum = Sum::new(plan.size);
+        s.read_in_order(CHUNK as usize, AHEAD, |at, d| {
+            sum.chunk(at, d);
+            Ok(())
+        })
+        .await?;
+        s.close().await?;
+        Ok(sum.finish())
+    }
+    .await
+    .map_err(|e: mover::MoverError| crate::util::error_chain(&e));
+    // a snapshot deleted meanwhile (its read may have failed for it, or
     // ended before): no checksum of it
     let now = Inventory::load(client).await.ok();
     let still = now.as_ref().and_then(|inv| plan_of(inv, lvs, replica, snap));

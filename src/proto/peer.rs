@@ -1,12 +1,12 @@
 //! Calls to another node's SPDKService (base + 4): the replica calls an
 //! engine makes of the nodes its remote replicas live on.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use super::spdkrpc::{self, spdk_service_client::SpdkServiceClient};
-use crate::spdk::volume::replica_lvols::ReplicaLvols;
 
 /// How long a connection to another node may take.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -48,54 +48,78 @@ pub enum PeerError {
     },
 }
 
-/// The SPDKService of the node that serves a replica at `address` (`ip:port`
-/// of its export): the same IP, SPDKService port `port` (every instance
-/// manager of a cluster listens on the same ports); calls time out after
-/// `timeout`.
-pub async fn peer_client(
-    address: &str,
-    port: u16,
-    timeout: Duration,
-) -> Result<SpdkServiceClient<tonic::transport::Channel>, PeerError> {
-    let address = address.strip_prefix("tcp://").unwrap_or(address);
-    let sa: SocketAddr = address
-        .parse()
-        .map_err(|_| PeerError::Address(address.to_owned()))?;
-    let url = format!("http://{}", SocketAddr::new(sa.ip(), port));
-    let unreachable = |source| PeerError::Unreachable {
-        url: url.clone(),
-        source,
-    };
-    let ch = tonic::transport::Endpoint::from_shared(url.clone())
-        .map_err(unreachable)?
-        .connect_timeout(CONNECT_TIMEOUT)
-        .timeout(timeout)
-        .connect()
-        .await
-        .map_err(unreachable)?;
-    Ok(SpdkServiceClient::new(ch))
-}
+/// The channels to other nodes' SPDKService, by URL and call timeout, kept once connected:
+/// the manager polls every engine every few seconds, and an engine asks the nodes of its
+/// replicas each time (their restore status), so a connection per call cost a TCP and HTTP/2
+/// handshake on both nodes per engine per poll. A kept channel connects again by itself
+/// after its node restarts (a call meanwhile fails Unavailable). Owned by what calls the
+/// other nodes (the Longhorn services, `engine.LonghornController`); clones share the channels.
+#[derive(Debug, Clone, Default)]
+pub struct PeerChannels(Arc<Mutex<Channels>>);
 
-/// The lvols of a replica of `map` (replica -> `ip:port`) as its node
-/// lists them (its `ReplicaGet`), from the first that answers; calls to
-/// SPDKService port `port` time out after `timeout`.
-pub async fn remote_lvols(
-    map: &BTreeMap<String, String>,
-    port: u16,
-    timeout: Duration,
-) -> Option<ReplicaLvols> {
-    for (replica, address) in map {
-        let Ok(mut c) = peer_client(address, port, timeout).await else {
-            continue;
-        };
-        if let Ok(r) = c
-            .replica_get(spdkrpc::ReplicaGetRequest {
-                name: replica.clone(),
-            })
-            .await
-        {
-            return Some(ReplicaLvols::from(&r.into_inner()));
-        }
+type Channels = HashMap<(String, Duration), tonic::transport::Channel>;
+
+impl PeerChannels {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Channels> {
+        self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
-    None
+
+    /// The SPDKService of the node that serves a replica at `address` (`ip:port`
+    /// of its export): the same IP, SPDKService port `port` (every instance
+    /// manager of a cluster listens on the same ports); calls time out after
+    /// `timeout`.
+    pub async fn client(
+        &self,
+        address: &str,
+        port: u16,
+        timeout: Duration,
+    ) -> Result<SpdkServiceClient<tonic::transport::Channel>, PeerError> {
+        let address = address.strip_prefix("tcp://").unwrap_or(address);
+        let sa: SocketAddr = address
+            .parse()
+            .map_err(|_| PeerError::Address(address.to_owned()))?;
+        let url = format!("http://{}", SocketAddr::new(sa.ip(), port));
+        let key = (url.clone(), timeout);
+        if let Some(ch) = self.lock().get(&key) {
+            return Ok(SpdkServiceClient::new(ch.clone()));
+        }
+        let unreachable = |source| PeerError::Unreachable {
+            url: url.clone(),
+            source,
+        };
+        let ch = tonic::transport::Endpoint::from_shared(url.clone())
+            .map_err(unreachable)?
+            .connect_timeout(CONNECT_TIMEOUT)
+            .timeout(timeout)
+            .connect()
+            .await
+            .map_err(unreachable)?;
+        self.lock().insert(key, ch.clone());
+        Ok(SpdkServiceClient::new(ch))
+    }
+
+    /// A replica of `map` (replica -> `ip:port`) as its node lists it (its
+    /// `ReplicaGet`: head and snapshots), from the first that answers; calls to
+    /// SPDKService port `port` time out after `timeout`.
+    pub async fn remote_replica(
+        &self,
+        map: &BTreeMap<String, String>,
+        port: u16,
+        timeout: Duration,
+    ) -> Option<spdkrpc::Replica> {
+        for (replica, address) in map {
+            let Ok(mut c) = self.client(address, port, timeout).await else {
+                continue;
+            };
+            if let Ok(r) = c
+                .replica_get(spdkrpc::ReplicaGetRequest {
+                    name: replica.clone(),
+                })
+                .await
+            {
+                return Some(r.into_inner());
+            }
+        }
+        None
+    }
 }

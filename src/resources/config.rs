@@ -83,7 +83,7 @@ pub struct NodeConfig {
     /// Caps SPDK's raid rebuild (remote replicas, and volumes whose thin
     /// rebuilds failed) at this many MiB/s: `bdev_set_qos_limit` on the
     /// member being rebuilt, lifted when it is back; none by default. Thin
-    /// rebuilds are not capped (see docs/architecture.md "Thin rebuild").
+    /// rebuilds are not capped (see docs/replicas.md "Thin rebuild").
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rebuild_mib_per_sec: Option<u64>,
     /// How far the sizes of the thin replicas on one disk may add up past its capacity, in
@@ -138,7 +138,7 @@ pub enum HugepagesSetting {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum HugepagesKeyword {
-    /// About 1024 MiB + 43 MiB per exported NVMe/TCP volume while SPDK can run
+    /// About 1024 MiB + 8 MiB per exported NVMe/TCP volume while SPDK can run
     /// here (docs/sizing.md); nothing on a node without SPDK.
     Auto,
     /// talon neither grows nor shrinks the pool (pages it added earlier are

@@ -194,6 +194,50 @@ pub struct LonghornEngine {
     /// waits for `created` before it lets a volume detach.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub snapshot_info: BTreeMap<String, SnapshotInfo>,
+    /// The ANA state of the export's listeners
+    /// (`EngineSetTargetListenerANAState`, which the engine-frontend's node
+    /// calls while Longhorn moves the engine): set at every (re)export and
+    /// after every freeze, so a restart of talon or spdk_tgt never makes an
+    /// engine a host has left optimized again.
+    #[serde(default, skip_serializing_if = "AnaState::is_optimized")]
+    pub ana_state: AnaState,
+}
+
+/// The ANA state of an engine's export, as Longhorn spells it
+/// (`EngineSetTargetListenerANAState`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum AnaState {
+    /// The preferred path: I/O is served.
+    #[default]
+    Optimized,
+    /// A path I/O is served on when no optimized one is left.
+    NonOptimized,
+    /// No I/O is served: every command fails with a path error the host
+    /// retries on another path.
+    Inaccessible,
+}
+
+impl AnaState {
+    /// Longhorn's spelling (`optimized`, `non-optimized`, `inaccessible`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Optimized => "optimized",
+            Self::NonOptimized => "non-optimized",
+            Self::Inaccessible => "inaccessible",
+        }
+    }
+
+    /// Longhorn's spelling read back; `None` for anything else.
+    pub fn parse(s: &str) -> Option<Self> {
+        [Self::Optimized, Self::NonOptimized, Self::Inaccessible]
+            .into_iter()
+            .find(|a| a.as_str() == s)
+    }
+
+    fn is_optimized(&self) -> bool {
+        *self == Self::Optimized
+    }
 }
 
 /// A snapshot's creation time and labels ([`LonghornEngine::snapshot_info`]).
@@ -241,6 +285,15 @@ pub struct LonghornEngineFrontend {
     /// Size in bytes.
     #[serde(default)]
     pub size_bytes: u64,
+    /// I/O queues of the NVMe/TCP connect (a kernel attach, `spdk-tcp-blockdev`) as the
+    /// manager asked (`nvme_tcp_nr_io_queues`); 0: talon's bounded default
+    /// ([`crate::attach::nvme_tcp::DEFAULT_IO_QUEUES`]), never one per host CPU.
+    #[serde(default, skip_serializing_if = "is_zero_u32")]
+    pub nr_io_queues: u32,
+}
+
+fn is_zero_u32(v: &u32) -> bool {
+    *v == 0
 }
 
 impl Spec for LonghornEngineFrontend {
@@ -375,6 +428,14 @@ pub struct LonghornInstanceStatus {
     /// `LonghornEngine.snapshotRequests` holds them).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub snapshots: BTreeMap<String, SnapshotStatus>,
+    /// Engines: the ANA state the export's listeners were seen set to
+    /// (`LonghornEngine.anaState`); `None` while not known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ana_state: Option<AnaState>,
+    /// Engines: why the export's listeners could not be set to
+    /// `LonghornEngine.anaState` (the last try).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub ana_error: String,
 }
 
 /// What the controller made of a revert request ([`RevertRequest`]).
@@ -410,6 +471,10 @@ pub struct RevertStatus {
 pub struct Session {
     id: u64,
     switches: std::sync::Arc<std::sync::Mutex<BTreeMap<String, SwitchModes>>>,
+    /// The count of changes made to spdk_tgt by the clients of this session (the Longhorn
+    /// services' and `engine.LonghornController`'s): the services' listing for the manager's
+    /// polls is used again only while it stands still.
+    spdk_changes: std::sync::Arc<std::sync::atomic::AtomicU64>,
 }
 
 /// A new session, its token nonzero, one per start of `talon serve` (its
@@ -424,6 +489,7 @@ pub fn new_session() -> Session {
     Session {
         id: new_token(),
         switches: std::sync::Arc::default(),
+        spdk_changes: std::sync::Arc::default(),
     }
 }
 
@@ -452,6 +518,11 @@ impl Session {
     /// The token the requests of this session carry.
     pub fn id(&self) -> u64 {
         self.id
+    }
+
+    /// The count its SPDK clients share (`SpdkClient::sharing_changes`).
+    pub fn spdk_changes(&self) -> &std::sync::Arc<std::sync::atomic::AtomicU64> {
+        &self.spdk_changes
     }
 
     fn switches(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, SwitchModes>> {
@@ -554,6 +625,8 @@ impl LonghornInstanceStatus {
             revert: None,
             dst_start: None,
             snapshots: BTreeMap::new(),
+            ana_state: None,
+            ana_error: String::new(),
         }
     }
 }
@@ -589,4 +662,38 @@ pub struct LonghornRevertLedger {
 impl Spec for LonghornRevertLedger {
     const TYPE: &'static str = "LonghornRevertLedger";
     const NAMESPACE: &'static str = "ledger";
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Longhorn's three spellings and nothing else (SPDK's `non_optimized`
+    /// is not Longhorn's); an engine recorded before `anaState` existed, or
+    /// optimized, is stored without it and read back optimized.
+    #[test]
+    fn an_engines_ana_state_is_longhorns_word_and_optimized_unless_set() {
+        for a in [
+            AnaState::Optimized,
+            AnaState::NonOptimized,
+            AnaState::Inaccessible,
+        ] {
+            assert_eq!(AnaState::parse(a.as_str()), Some(a));
+            assert_eq!(serde_json::to_value(a).expect("json"), a.as_str());
+        }
+        for bad in ["non_optimized", "Optimized", "change", ""] {
+            assert_eq!(AnaState::parse(bad), None, "{bad}");
+        }
+        let old = serde_json::json!({
+            "volume": "v", "sizeBytes": 1048576, "replicaAddressMap": {}, "port": 20000
+        });
+        let mut e: LonghornEngine = serde_json::from_value(old.clone()).expect("an engine from before");
+        assert_eq!(e.ana_state, AnaState::Optimized);
+        assert_eq!(serde_json::to_value(&e).expect("json").get("anaState"), None);
+        e.ana_state = AnaState::Inaccessible;
+        assert_eq!(
+            serde_json::to_value(&e).expect("json")["anaState"],
+            "inaccessible"
+        );
+    }
 }

@@ -254,6 +254,32 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// A run of talon as its SPDK clients carry it: the data mover's exports
+/// are named with it, so a sweep removes only what another run (before a
+/// crash or restart) left. One per daemon, made where the daemon is built
+/// and given to each of its clients ([`SpdkClient::of_run`]); a client made
+/// alone ([`SpdkClient::new`]) is a run of its own.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunId(Arc<str>);
+
+impl RunId {
+    /// A new run: 12 random hex digits.
+    pub fn new() -> Self {
+        Self(uuid::Uuid::new_v4().simple().to_string()[..12].into())
+    }
+
+    /// Its text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl Default for RunId {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 /// The SPDK JSON-RPC client. Cheap to clone; clones share the connection.
 #[derive(Debug, Clone)]
 pub struct SpdkClient {
@@ -267,6 +293,10 @@ struct Inner {
     next_id: AtomicU64,
     conn: tokio::sync::Mutex<Option<Arc<Conn>>>,
     connects: AtomicU64,
+    /// Calls completed that may have changed the target (every method but a listing), counted
+    /// with every client that shares the count ([`SpdkClient::of_run`]).
+    changes: Arc<AtomicU64>,
+    run: RunId,
 }
 
 impl SpdkClient {
@@ -277,15 +307,34 @@ impl SpdkClient {
 
     /// A client with explicit timeouts.
     pub fn with_timeouts(path: impl Into<PathBuf>, timeouts: Timeouts) -> Self {
+        Self::made(path.into(), timeouts, RunId::new(), Arc::default())
+    }
+
+    /// A client of run `run` (the daemon's), counting its changes in `changes` (`None`: a count
+    /// of its own) with the other clients of the same target that share it: a listing read
+    /// through one is then not taken for current after another changed the target.
+    pub fn of_run(path: impl Into<PathBuf>, run: &RunId, changes: Option<&Arc<AtomicU64>>) -> Self {
+        let changes = changes.map_or_else(Arc::default, Arc::clone);
+        Self::made(path.into(), Timeouts::default(), run.clone(), changes)
+    }
+
+    fn made(path: PathBuf, timeouts: Timeouts, run: RunId, changes: Arc<AtomicU64>) -> Self {
         SpdkClient {
             inner: Arc::new(Inner {
-                path: path.into(),
+                path,
                 timeouts,
                 next_id: AtomicU64::new(1),
                 conn: tokio::sync::Mutex::new(None),
                 connects: AtomicU64::new(0),
+                changes,
+                run,
             }),
         }
+    }
+
+    /// The run this client is of.
+    pub fn run_id(&self) -> &RunId {
+        &self.inner.run
     }
 
     /// The socket path.
@@ -301,6 +350,14 @@ impl SpdkClient {
     /// How many connections this client has opened (1 + reconnects).
     pub fn connects(&self) -> u64 {
         self.inner.connects.load(Ordering::Relaxed)
+    }
+
+    /// A count that moves whenever the target may have changed through this client (or its
+    /// clones): a call other than a listing completed, or a connection was opened (a new
+    /// connection may be a new target). A listing made while it was `n` is still what the
+    /// target holds, as far as this client knows, while it is `n`.
+    pub fn changes(&self) -> u64 {
+        self.inner.changes.load(Ordering::Acquire) + self.inner.connects.load(Ordering::Acquire)
     }
 
     /// Connects now (calls connect lazily otherwise).
@@ -348,6 +405,22 @@ impl SpdkClient {
 
     /// The untyped call: `params` is sent as is (omitted when `None`).
     pub async fn call_value(
+        &self,
+        method: &str,
+        params: Option<Value>,
+        timeout: Duration,
+    ) -> Result<Value, ClientError> {
+        let r = self.exchange(method, params, timeout).await;
+        // counted when it ended (failed or timed out too: it may have changed something), so a
+        // listing made while it ran is not taken for what the target holds after it
+        if !is_listing(method) {
+            self.inner.changes.fetch_add(1, Ordering::AcqRel);
+        }
+        r
+    }
+
+    /// One request and its reply ([`Self::call_value`]).
+    async fn exchange(
         &self,
         method: &str,
         params: Option<Value>,
@@ -577,10 +650,36 @@ fn dispatch(pending: &Mutex<Pending>, v: Value) {
     }
 }
 
+/// Whether `method` only lists (SPDK's `*_get_*` methods): it changes nothing on the target.
+fn is_listing(method: &str) -> bool {
+    method.contains("_get_") || method.starts_with("get_")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use tokio::io::AsyncBufReadExt;
+
+    /// Listings change nothing; every other method may (an unknown one too).
+    #[test]
+    fn only_listings_leave_the_change_count() {
+        for m in [
+            "bdev_get_bdevs",
+            "nvmf_get_subsystems",
+            "bdev_lvol_get_lvols",
+            "bdev_raid_get_bdevs",
+        ] {
+            assert!(is_listing(m), "{m}");
+        }
+        for m in [
+            "bdev_lvol_snapshot",
+            "nvmf_subsystem_add_ns",
+            "bdev_raid_create",
+            "framework_start_init",
+        ] {
+            assert!(!is_listing(m), "{m}");
+        }
+    }
     use tokio::net::UnixListener;
 
     /// A scripted peer: for each request it reads, writes the bytes the
@@ -621,6 +720,39 @@ mod tests {
                 }
             }
         })
+    }
+
+    /// Clients made with one count share it from the start, their clones
+    /// too: a change through one moves the count every other one reads.
+    #[tokio::test]
+    async fn clients_of_one_count_see_each_others_changes() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let sock = dir.path().join("s.sock");
+        let _srv = scripted(&sock, |id, _| {
+            Some((
+                format!("{{\"jsonrpc\":\"2.0\",\"id\":{id},\"result\":true}}\n").into_bytes(),
+                false,
+            ))
+        })
+        .await;
+        let (run, count) = (RunId::new(), Arc::new(AtomicU64::new(0)));
+        let a = SpdkClient::of_run(&sock, &run, Some(&count));
+        let b = SpdkClient::of_run(&sock, &run, Some(&count)).clone();
+        let alone = SpdkClient::of_run(&sock, &run, None);
+        assert_eq!(b.run_id(), alone.run_id());
+        assert_ne!(
+            SpdkClient::new(&sock).run_id(),
+            &run,
+            "a client made alone is a run of its own"
+        );
+        // (the scripted peer serves one connection at a time: only a connects)
+        let before = b.changes();
+        a.clone()
+            .call::<Value, bool>("bdev_lvol_snapshot", None)
+            .await
+            .expect("call");
+        assert!(b.changes() > before, "b sees a's change");
+        assert_eq!(alone.changes(), 0, "a client of its own count does not");
     }
 
     #[tokio::test]

@@ -205,9 +205,9 @@ pub enum DiskError {
         disk: String,
         /// The device.
         device: String,
-        /// Why.
+        /// Why (boxed: a rare error that would make every DiskError large).
         #[source]
-        source: ReadError,
+        source: Box<ReadError>,
     },
     /// An SPDK call failed.
     #[error("Disk {disk}: {op} failed")]
@@ -736,7 +736,7 @@ impl DiskOps {
                 .map_err(|source| DiskError::ReadDevice {
                     disk: n.disk.clone(),
                     device: device.clone(),
-                    source,
+                    source: Box::new(source),
                 })?;
             if let Some(u) = recorded {
                 return Err(DiskError::LvstoreNotLoaded {

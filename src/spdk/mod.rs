@@ -33,7 +33,7 @@ pub mod naming;
 pub mod rpc;
 pub mod target;
 
-pub use client::{ClientError, SpdkClient, Timeouts};
+pub use client::{ClientError, RunId, SpdkClient, Timeouts};
 #[cfg(any(test, feature = "testing"))]
 pub use double::SpdkDouble;
 pub use error::{ErrorKind, SpdkError};

@@ -43,6 +43,18 @@ pub fn replica(vol: &str, k: usize) -> String {
 pub fn snapshot_lvol(vol: &str, k: usize, snap: &str) -> String {
     format!("{vol}-r{k}.s.{snap}")
 }
+/// `<replica>.rst`: replica lvol `<replica>` (`<vol>-r<k>`) while a
+/// restore writes it; renamed to `<replica>` once it holds the backup
+/// whole, so a restore cut off leaves no lvol that reads as a replica.
+pub fn restoring(replica: &str) -> String {
+    format!("{replica}.rst")
+}
+/// `<replica>.dr`: replica lvol `<replica>` (`<vol>-r<k>`) of a standby
+/// (DR) volume: written by its restores, never served; renamed to
+/// `<replica>` when the volume is activated.
+pub fn standby(replica: &str) -> String {
+    format!("{replica}.dr")
+}
 /// `rb.<n>`: the snapshot name of a rebuild snapshot (taken by a thin
 /// rebuild, deleted when it ends); the '.' keeps it apart from every
 /// snapshot name a user can give.
@@ -99,10 +111,34 @@ pub enum LvolRole {
         /// The generation.
         generation: u64,
     },
+    /// Replica k while a restore writes it ([`restoring`]): never served.
+    Restoring {
+        /// The volume.
+        volume: String,
+        /// k.
+        k: usize,
+    },
+    /// Replica k of a standby volume ([`standby`]): never served.
+    Standby {
+        /// The volume.
+        volume: String,
+        /// k.
+        k: usize,
+    },
 }
 
 /// Parses a talon lvol name (inside a `talon-*` lvstore).
 pub fn parse_lvol(name: &str) -> Option<LvolRole> {
+    if let Some(head) = name.strip_suffix(".rst")
+        && let Some(LvolRole::Replica { volume, k }) = parse_lvol(head)
+    {
+        return Some(LvolRole::Restoring { volume, k });
+    }
+    if let Some(head) = name.strip_suffix(".dr")
+        && let Some(LvolRole::Replica { volume, k }) = parse_lvol(head)
+    {
+        return Some(LvolRole::Standby { volume, k });
+    }
     if let Some((vol, gen_)) = name.split_once(".rev.") {
         return Some(LvolRole::RevertMarker {
             volume: vol.to_owned(),
@@ -137,7 +173,9 @@ impl LvolRole {
         match self {
             LvolRole::Replica { volume, .. }
             | LvolRole::Snapshot { volume, .. }
-            | LvolRole::RevertMarker { volume, .. } => volume,
+            | LvolRole::RevertMarker { volume, .. }
+            | LvolRole::Restoring { volume, .. }
+            | LvolRole::Standby { volume, .. } => volume,
         }
     }
 }
@@ -180,6 +218,27 @@ impl Owners {
 #[cfg(test)]
 mod tests {
     use super::*;
+    #[test]
+    fn a_replica_being_restored_is_no_replica_and_belongs_to_its_volume() {
+        assert_eq!(
+            parse_lvol(&restoring("v-r1")),
+            Some(LvolRole::Restoring {
+                volume: "v".into(),
+                k: 1
+            })
+        );
+        // a snapshot that happens to end in .rst stays a snapshot
+        assert!(matches!(
+            parse_lvol("v-r1.s.x.rst"),
+            Some(LvolRole::Snapshot { .. })
+        ));
+        let owners = Owners {
+            volumes: ["v".to_owned()].into(),
+            replicas: Default::default(),
+        };
+        assert_eq!(owners.owner("v-r1.rst").as_deref(), Some("volume v"));
+    }
+
     #[test]
     fn lvol_names_parse_back() {
         assert_eq!(

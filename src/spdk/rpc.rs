@@ -388,6 +388,16 @@ pub struct LvolSnapshot {
     pub snapshot_name: String,
 }
 
+/// `bdev_lvol_rename` params.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LvolRename {
+    /// The lvol (`lvs/lvol` or UUID).
+    pub old_name: String,
+    /// Its new name inside the same lvstore.
+    pub new_name: String,
+}
+
 /// `bdev_lvol_clone` params.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -815,6 +825,12 @@ pub struct CreateSubsystem {
     /// ANA reporting.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ana_reporting: Option<bool>,
+    /// The lowest controller ID the subsystem hands out (SPDK: 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_cntlid: Option<u16>,
+    /// The highest controller ID the subsystem hands out (SPDK: 0xffef).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_cntlid: Option<u16>,
 }
 
 /// `nvmf_get_subsystems` params.
@@ -851,6 +867,12 @@ pub struct Subsystem {
     /// Namespaces (the bdev of an lvol is reported by UUID).
     #[serde(default)]
     pub namespaces: Vec<SubsystemNamespace>,
+    /// The lowest controller ID it hands out.
+    #[serde(default)]
+    pub min_cntlid: Option<u16>,
+    /// The highest controller ID it hands out.
+    #[serde(default)]
+    pub max_cntlid: Option<u16>,
 }
 
 impl Subsystem {
@@ -1000,6 +1022,17 @@ pub enum AnaState {
     /// (no DNR), without reaching the bdev; hosts with NVMe multipath queue
     /// it until the state changes.
     Inaccessible,
+}
+
+impl AnaState {
+    /// SPDK's spelling, as `nvmf_subsystem_get_listeners` reports it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Optimized => "optimized",
+            Self::NonOptimized => "non_optimized",
+            Self::Inaccessible => "inaccessible",
+        }
+    }
 }
 
 /// `nvmf_subsystem_listener_set_ana_state` params. SPDK pauses the subsystem
@@ -1618,6 +1651,8 @@ impl SpdkClient {
         bdev_lvol_snapshot(LvolSnapshot) -> String);
     rpc!(/// Clones a snapshot; returns the clone UUID.
         bdev_lvol_clone(LvolClone) -> String);
+    rpc!(/// Renames an lvol (its UUID, and so its bdev name, stays).
+        bdev_lvol_rename(LvolRename) -> bool);
     rpc!(/// Resizes an lvol.
         bdev_lvol_resize(LvolResize) -> bool);
     rpc!(/// Deletes an lvol (a snapshot with clones is refused).
@@ -1739,6 +1774,18 @@ impl SpdkClient {
         params: &SubsystemHostKeys,
     ) -> Result<bool, ClientError> {
         self.typed("nvmf_subsystem_add_host", params).await
+    }
+
+    /// `nvmf_subsystem_add_listener` with `ana_state`: the listener is
+    /// made in that state, so no host ever finds it in another (SPDK
+    /// v26.05 takes `optimized`, `non_optimized` or `inaccessible`, else
+    /// -32602 "Invalid parameters" and no listener; on a subsystem without
+    /// ANA reporting the state is taken and never reported).
+    pub async fn nvmf_subsystem_add_listener_ana(
+        &self,
+        params: &ListenerAnaState,
+    ) -> Result<bool, ClientError> {
+        self.typed("nvmf_subsystem_add_listener", params).await
     }
 
     /// `nvmf_subsystem_add_listener` with `secure_channel`.

@@ -14,7 +14,7 @@
 //!               thread of talon, same socket, same wait_ready; never restarted in-process
 //! ```
 //!
-//! Memory: `-s` is 1024 MiB + 43 MiB per exported volume unless set (the
+//! Memory: `-s` is 1024 MiB + 8 MiB per exported volume unless set (the
 //! target controller sets it from the use seen, [`super::launch::sized_mem_mib`]);
 //! with `--no-huge` the given `-s` is taken from ordinary memory (development).
 //! `-u` (no PCI) unless PCI NVMe disks are configured. The RPC socket lives
@@ -544,7 +544,7 @@ mod tests {
             .iter()
             .map(|s| s.to_string_lossy().into_owned())
             .collect();
-        assert_eq!(a, ["-m", "0x1", "-s", "1196", "-u", "-r", "/run/talon/spdk.sock"]);
+        assert_eq!(a, ["-m", "0x1", "-s", "1056", "-u", "-r", "/run/talon/spdk.sock"]);
     }
 
     #[test]
@@ -618,7 +618,7 @@ mod tests {
     #[test]
     fn mem_size_grows_per_volume() {
         assert_eq!(mem_size_mib_for(0), 1024);
-        assert_eq!(mem_size_mib_for(10), 1454);
+        assert_eq!(mem_size_mib_for(10), 1104);
     }
 
     #[test]

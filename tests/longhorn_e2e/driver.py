@@ -7,8 +7,10 @@ one-node: one node, a block disk on a loop device registered through Longhorn's 
 two-nodes: two nodes (two talon, two spdk_tgt), 2 replicas; talon and spdk_tgt of the node
   without the engine killed (-9) and the manager rebuilding its replica; online expansion;
   a revert to a snapshot in maintenance mode; a second snapshot whose CR is deleted (the
-  manager's SnapshotRemove and SnapshotPurge through talon, its lvols gone on both nodes);
-  detach, delete, nothing left on either node.
+  manager's SnapshotRemove and SnapshotPurge through talon, its lvols gone on both nodes); the
+  engine's node (engineNodeID) patched to node 2 for 30 s and back, the volume healthy with both
+  replicas RW throughout (the second engine the manager makes there takes no replica from the
+  serving one); detach, delete, nothing left on either node.
 both: after the first snapshot, an S3 backup target (the Rust test's S3 server in the hub
   namespace) that the manager finds available, and a backup of that snapshot that the manager
   takes through talon and records Completed; after the volume is deleted, a new volume restored
@@ -207,7 +209,7 @@ class Scenario:
         """The block disks, registered on Longhorn's Node CRs as soon as they exist: the manager's
         disk monitor looks every 30 s, so this overlaps with the instance managers' start."""
         for n in self.nodes:
-            self.dev[n] = self.c.loop_device(f"disk-{n}", 1024 * MIB)
+            self.dev[n] = self.c.loop_device(f"disk-{n}", getattr(self, "disk_bytes", 1024 * MIB))
             self.patch("nodes", n, {"spec": {"disks": {"disk-1": {
                 "path": self.dev[n], "diskType": "block", "diskDriver": "aio", "allowScheduling": True,
                 "evictionRequested": False, "storageReserved": 0, "tags": []}}}})
@@ -602,6 +604,77 @@ class Scenario:
         self.wait("the replica on the killed node failed (volume degraded)", failed, 90)
         return data
 
+    def engine_elsewhere(self, node, hold=30):
+        """engineNodeID patched to `node` for `hold` s, then back (issue 53): the manager makes a
+        second engine there over the same replicas. The serving engine must keep every replica: the
+        volume stays healthy with both replicas RW throughout (no replica ERR, no rebuild: the same
+        replicas after). What the manager did is told: the volume's switch-over states, the engines
+        it made and their states and messages, its events."""
+        sel = f"longhornvolume={self.vol}"
+        before = sorted(r["metadata"]["name"] for r in self.list("replicas", sel))
+        snaps = lambda: sorted(x["metadata"]["name"] for x in self.list("snapshots", sel)
+                               if not x.get("metadata", {}).get("deletionTimestamp"))
+        snaps_before = snaps()
+        first = [e["metadata"]["name"] for e in self.list("engines", sel)]
+        old = self.get("volumes", self.vol).get("spec", {}).get("engineNodeID") or ""
+        t_events = time.time()
+        self.patch("volumes", self.vol, {"spec": {"engineNodeID": node}})
+        seen, t0 = {}, time.monotonic()
+
+        def note(k, v):
+            if v not in seen.setdefault(k, []):
+                seen[k].append(v)
+
+        def sound(when):
+            st = self.get("volumes", self.vol).get("status", {})
+            note("robustness", st.get("robustness"))
+            note("switchoverState", st.get("switchoverState") or "")
+            engines = self.list("engines", sel)
+            for e in engines:
+                es = e.get("status", {})
+                note(f"engine {e['metadata']['name']} on {e['spec'].get('nodeID')}",
+                     f"{es.get('currentState')}: {(es.get('message') or '')[:300]}")
+            serving = [e for e in engines if e["metadata"]["name"] in first]
+            modes = (serving[0].get("status", {}).get("replicaModeMap") or {}) if serving else {}
+            reps = self.list("replicas", sel)
+            bad = [r["metadata"]["name"] for r in reps if r.get("spec", {}).get("failedAt")]
+            if st.get("state") != "attached" or st.get("robustness") != "healthy" or bad \
+                    or len(modes) != self.replicas or any(m != "RW" for m in modes.values()):
+                raise AssertionError(
+                    f"{when}: the serving engine {first} lost a replica: volume {st.get('state')} "
+                    f"{st.get('robustness')}, its modes {modes}, failed replicas {bad}; seen {seen}")
+
+        while time.monotonic() - t0 < hold:
+            self.c.manager_alive()
+            sound(f"{time.monotonic() - t0:.0f} s after engineNodeID={node}")
+            time.sleep(2)
+        self.patch("volumes", self.vol, {"spec": {"engineNodeID": old}})
+
+        def one_engine():
+            st = self.get("volumes", self.vol).get("status", {})
+            note("switchoverState", st.get("switchoverState") or "")
+            return len(self.list("engines", sel)) == 1 and not st.get("switchoverState")
+
+        self.wait(f"one engine again after engineNodeID back to {old!r}", one_engine)
+        sound("after engineNodeID was put back")
+        self.wait_healthy("healthy after engineNodeID was put back")
+        after = sorted(r["metadata"]["name"] for r in self.list("replicas", sel))
+        if after != before:
+            raise AssertionError(f"the replicas changed (a rebuild): {before} -> {after}")
+        events = sorted({f"{e.type} {e.reason} ({e.involved_object.kind} {e.involved_object.name}): "
+                         f"{(e.message or '')[:200]}"
+                         for e in self.c.core.list_namespaced_event(NS).items
+                         if self.vol in (e.involved_object.name or "")
+                         and (e.last_timestamp or e.event_time or e.first_timestamp)
+                         and (e.last_timestamp or e.event_time or e.first_timestamp).timestamp() >= t_events - 1})
+        say(f"engineNodeID={node} for {hold} s and back: the manager's view {json.dumps(seen)}")
+        # longhorn-manager v1.12.1 deletes the Snapshot CRs the new engine's (still empty) status
+        # lacks the moment it makes that engine ("Deleting snapshot CR for the snapshot ...",
+        # engine_controller.go:1595), and purges those snapshots once one engine is left: told,
+        # not failed (issue 53, snapshot metadata)
+        say(f"Snapshot CRs before {snaps_before}, after {snaps()}")
+        say("its events: " + ("; ".join(events) or "none"))
+
     def rebuilt(self):
         # 25-135 s here; a rebuild the manager gives up on (ReplicaAdd's 60 s, then a new replica
         # after its backoff) needs a second round, which a loaded CI machine took past 240 s
@@ -642,17 +715,26 @@ def main():
     ap = argparse.ArgumentParser()
     for a in ["work", "longhorn", "cache", "spdk", "talon", "s3-endpoint"]:
         ap.add_argument(f"--{a}", required=True)
-    ap.add_argument("--scenario", choices=["one-node", "two-nodes"], default="one-node")
+    ap.add_argument("--scenario", choices=["one-node", "two-nodes", "scale"], default="one-node")
+    ap.add_argument("--volumes", type=int, default=10, help="scale: how many volumes")
+    ap.add_argument("--idle", type=float, default=60, help="scale: seconds of idle measured")
+    ap.add_argument("--queues", type=int, default=4, help="scale: I/O queues of the connected host (0: none connected)")
+    ap.add_argument("--metrics", help="scale: where the measurements go (JSON)")
     a = ap.parse_args()
+    if a.scenario == "scale":
+        # one line per gRPC call received (the call counts); the log bytes count INFO and above
+        os.environ.setdefault("TALON_E2E_LOG", "info,talon::longhorn::server=debug")
     # a SIGTERM (the Rust test's timeout) unwinds through the cleanup below
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     c = lh.Cluster(a.work, a.longhorn, a.cache, a.spdk, a.talon, say)
-    two = a.scenario == "two-nodes"
+    two = a.scenario in ("two-nodes", "scale")
     nodes = [NODE, "e2e-node-2"] if two else [NODE]
     s = Scenario(c, a.spdk, nodes, 2 if two else 1)
     s.s3 = a.s3_endpoint
     t0 = time.monotonic()
     failed = None
+    if a.scenario == "scale":
+        return scale_main(s, c, a, t0)
     try:
         s.step("control-plane", s.control_plane)
         s.step("crds", s.crds)
@@ -686,6 +768,10 @@ def main():
             s.step("read-after-expand", lambda: s.check(first, "the data after the expansion"))
             s.step("io-beyond-old-end", s.beyond_old_end)
             s.step("snapshot-delete", s.snapshot_delete)
+            # last: the manager drops the Snapshot CRs when it makes the second engine (see
+            # engine_elsewhere), so no step after this one may need a snapshot
+            s.step("engine-node-2", lambda: s.engine_elsewhere(nodes[1]))
+            s.step("read-after-engine-node-2", lambda: s.check(first, "the data after engineNodeID and back"))
         s.step("detach", s.detach)
         s.step("delete", s.delete)
         s.step("restore", lambda: s.restore(first))
@@ -712,6 +798,47 @@ def main():
         t1 = time.monotonic()
         c.close()
         s.times.append(("cleanup", time.monotonic() - t1))
+        print(f"STEP cleanup {time.monotonic() - t1:.1f}", flush=True)
+    print(f"TOTAL {time.monotonic() - t0:.1f}", flush=True)
+    return 1 if failed else 0
+
+
+def scale_main(s, c, a, t0):
+    """The scale scenario (scale.py): N volumes created, attached, idle, node 2 restarted, all
+    detached and deleted, nothing left; the measurements in --metrics."""
+    import scale
+    sc = scale.Scale(s, a.volumes, a.idle, a.queues)
+    s.disk_bytes = sc.disk_size()
+    failed = None
+    try:
+        s.step("control-plane", s.control_plane)
+        s.step("crds", s.crds)
+        s.step("manager", s.manager)
+        s.step("disk", s.disk)
+        s.step("instance-manager", s.instance_manager)
+        s.step("disk-ready", s.disk_ready)
+        sc.events()  # what came before the volumes is not theirs
+        s.step("create-attach", sc.create_attach)
+        s.step("idle", sc.idle_window)
+        if a.queues > 0:  # 0: no host connected (the CI run)
+            s.step("connected", sc.connected)
+        s.step("restart-node-2", sc.boot_storm)
+        s.step("detach-delete", sc.detach_delete)
+        s.step("nothing-left", sc.nothing_left)
+    except Exception as e:  # noqa: BLE001 (reported with the logs)
+        failed = e
+        say(f"FAILED: {e}\n{traceback.format_exc()}")
+        try:
+            say(s.diag()[-20000:])
+        except Exception:  # noqa: BLE001
+            pass
+    finally:
+        sc.m["steps"] = dict(s.times)
+        sc.m["failed"] = repr(failed) if failed else None
+        if a.metrics:
+            sc.write(a.metrics)
+        t1 = time.monotonic()
+        c.close()
         print(f"STEP cleanup {time.monotonic() - t1:.1f}", flush=True)
     print(f"TOTAL {time.monotonic() - t0:.1f}", flush=True)
     return 1 if failed else 0

@@ -313,15 +313,7 @@ impl Node {
 pub async fn running(c: &InstanceServiceClient<Channel>, name: &str, ty: &str) -> imrpc::InstanceStatus {
     talon::runtime::testing::eventually(&format!("{ty} {name} running"), WAIT, || async {
         let mut c = c.clone();
-        let r = c
-            .instance_get(imrpc::InstanceGetRequest {
-                name: name.into(),
-                r#type: ty.into(),
-                data_engine: imrpc::DataEngine::V2 as i32,
-                ..Default::default()
-            })
-            .await
-            .ok()?;
+        let r = c.instance_get(get_request(name, ty)).await.ok()?;
         r.into_inner().status.filter(|s| s.state == "running")
     })
     .await
@@ -353,6 +345,19 @@ pub async fn snapshot(
 }
 
 pub async fn engine(a: &Node, replicas: &[(&str, &String)], size: u64, frontend: &str) {
+    let inst = engine_create(a, "vol-e-0", replicas, size, frontend).await;
+    running(&inst, "vol-e-0", "engine").await;
+}
+
+/// Asks node `a` for engine `name` of volume `vol` over `replicas` (name and
+/// address), without waiting for it to run; the node's InstanceService.
+pub async fn engine_create(
+    a: &Node,
+    name: &str,
+    replicas: &[(&str, &String)],
+    size: u64,
+    frontend: &str,
+) -> InstanceServiceClient<Channel> {
     let inst = InstanceServiceClient::new(a.channel(3).await);
     let map: HashMap<String, String> = replicas
         .iter()
@@ -361,7 +366,7 @@ pub async fn engine(a: &Node, replicas: &[(&str, &String)], size: u64, frontend:
     inst.clone()
         .instance_create(imrpc::InstanceCreateRequest {
             spec: Some(imrpc::InstanceSpec {
-                name: "vol-e-0".into(),
+                name: name.into(),
                 r#type: "engine".into(),
                 volume_name: "vol".into(),
                 port_count: 1,
@@ -377,8 +382,8 @@ pub async fn engine(a: &Node, replicas: &[(&str, &String)], size: u64, frontend:
             data_layout_type: 0,
         })
         .await
-        .expect("engine create");
-    running(&inst, "vol-e-0", "engine").await;
+        .unwrap_or_else(|e| panic!("engine {name} create: {e}"));
+    inst
 }
 
 /// `(address, mode)` of every replica of the engine, sorted.
@@ -457,6 +462,29 @@ pub async fn allocated_bytes(n: &Node, replica: &str) -> u64 {
         .filter(|l| l.name == replica || l.name.starts_with(&prefix))
         .map(|l| l.num_allocated_clusters * cluster)
         .sum()
+}
+
+/// `InstanceGet` of V2 instance `name` of kind `kind` ("engine", "replica").
+pub fn get_request(name: &str, kind: &str) -> imrpc::InstanceGetRequest {
+    imrpc::InstanceGetRequest {
+        name: name.into(),
+        r#type: kind.into(),
+        data_engine: imrpc::DataEngine::V2 as i32,
+        ..Default::default()
+    }
+}
+
+/// Waits until instance `name` of kind `kind` is no longer there
+/// (`InstanceGet` fails).
+pub async fn gone(c: &InstanceServiceClient<Channel>, name: &str, kind: &str) {
+    talon::runtime::testing::eventually(&format!("{kind} {name} gone"), WAIT, || async {
+        c.clone()
+            .instance_get(get_request(name, kind))
+            .await
+            .is_err()
+            .then_some(())
+    })
+    .await;
 }
 
 /// `InstanceDelete` of V2 instance `name` of kind `kind` ("engine",

@@ -159,6 +159,8 @@ pub async fn read_bdev(
         model_number: None,
         max_namespaces: Some(1),
         ana_reporting: None,
+        min_cntlid: None,
+        max_cntlid: None,
     })
     .await
     .expect("test subsystem");

@@ -104,3 +104,44 @@ pub fn spdk_dir_as_root(test: &str) -> Option<PathBuf> {
     }
     Some(d)
 }
+
+/// `len` bytes of a xorshift stream from `seed`: what a test writes and
+/// checks it reads back (no two seeds alike, no long run of zeros).
+pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 24) as u8
+        })
+        .collect()
+}
+
+/// A sparse file of `len` bytes at `path` as aio bdev `bdev` (4 KiB blocks), with lvstore `lvs`
+/// (1 MiB clusters, no clearing) on it: the disk a real-SPDK test or bench works on.
+#[allow(dead_code)] // not every includer makes one
+pub async fn aio_lvstore(c: &talon::spdk::SpdkClient, path: &Path, len: u64, bdev: &str, lvs: &str) {
+    use talon::spdk::rpc::{AioCreate, LvstoreCreate};
+    std::fs::File::create(path)
+        .and_then(|f| f.set_len(len))
+        .expect("disk file");
+    c.bdev_aio_create(&AioCreate {
+        filename: path.display().to_string(),
+        name: bdev.into(),
+        block_size: Some(4096),
+        readonly: false,
+        fallocate: false,
+    })
+    .await
+    .expect("aio");
+    c.bdev_lvol_create_lvstore(&LvstoreCreate {
+        bdev_name: bdev.into(),
+        lvs_name: lvs.into(),
+        cluster_sz: Some(1 << 20),
+        clear_method: Some("none".into()),
+    })
+    .await
+    .expect("lvstore");
+}

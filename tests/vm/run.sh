@@ -40,6 +40,10 @@
 #   `file <absolute host path>` puts that program in the guest at the same path (debug info
 #   stripped), with its shared libraries.
 #   Helpers to source from hooks: $TALON_VM_HOST_LIB/tgtd.sh; $TALON_VM_TALON_BIN is the talon binary.
+#   The guest's log is $TALON_VM_GUEST_LOG from setup on: a setup may start a watcher (printed as
+#   `pid`) that waits for its step's "@@ STEP <name> PASS|FAIL" line there, saves what its check
+#   reads and stops a service that would take host CPU from the guest for the rest of the run
+#   (a polling spdk_tgt); mark such a step `# vm-order: early` so that it runs right after modules.
 #
 # Env knobs:
 #   TALON_VM_CACHE=/var/cache/talon-vm   downloaded .debs and the extracted tree (reused across runs)
@@ -89,8 +93,15 @@ T_ALL=$(now)
 
 # ------------------------------------------------------------------ steps
 if [ -z "$STEPS" ]; then
-	# every step, modules first (it checks what all others rely on), then by name
-	STEPS=$(cd "$STEPS_DIR" && ls -- *.sh | sed 's/\.sh$//' | awk '$0=="modules"{print; next} {r[++n]=$0} END{for(i=1;i<=n;i++) print r[i]}' | paste -sd, -)
+	# every step, modules first (it checks what all others rely on), then the steps marked
+	# `# vm-order: early` (their host runs a polling spdk_tgt, which takes a host core from the
+	# TCG guest until the step is over and its hook stops it), then by name
+	STEPS=$(cd "$STEPS_DIR" && for f in *.sh; do
+		n=${f%.sh}
+		if [ "$n" = modules ]; then echo "0 $n"
+		elif grep -q '^# vm-order: early' "$f"; then echo "1 $n"
+		else echo "2 $n"; fi
+	done | sort -k1,1n -k2,2 | cut -d' ' -f2 | paste -sd, -)
 fi
 IFS=, read -r -a STEP_LIST <<<"$STEPS"
 for s in "${STEP_LIST[@]}"; do
@@ -230,6 +241,9 @@ T_PKG=$(elapsed "$T0" "$(now)")
 # ------------------------------------------------------------------ 2. host hooks (setup)
 GUEST_ENV=$BUILD/env
 : >"$GUEST_ENV"
+# the guest's serial log (host-stamped lines), which setup's watchers may follow
+: >"$LOG"
+export TALON_VM_GUEST_LOG=$LOG
 export TALON_VM_TALON_BIN=$TALON_BIN TALON_VM_FREE_PORT=$HOSTDIR/free-port TALON_VM_ROOT=$ROOT TALON_VM_HOSTLIBS=$HOSTLIBS TALON_VM_HOST_LIB=$HERE/host
 declare -A STEP_SKIP=()
 STAGE_FILES=()

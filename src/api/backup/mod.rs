@@ -99,7 +99,11 @@ fn kubernetes_name(name: &str) -> bool {
 /// folder or a Secret manifest file), never a path; with where they were
 /// read (what a spec records). No name: none. A name that is not there is
 /// an error, never "no credentials".
-fn secret_of(state: &State, what: &str, name: Option<&str>) -> Result<(Option<String>, Credentials), ApiError> {
+fn secret_of(
+    state: &State,
+    what: &str,
+    name: Option<&str>,
+) -> Result<(Option<String>, Credentials), ApiError> {
     let Some(name) = name else {
         return Ok((None, Credentials::none()));
     };

@@ -13,10 +13,10 @@
 //! ```
 
 use super::*;
-use crate::spdk::naming::Owners;
 use crate::resources::config::OrphanRemoval;
 use crate::resources::engine::OrphanLvol;
 use crate::resources::longhorn::LonghornReplica;
+use crate::spdk::naming::Owners;
 
 /// `orphan_remove` params.
 #[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
@@ -100,8 +100,12 @@ pub(super) fn register(api: &mut ApiBuilder) {
                     "no orphan lvol {alias} (see `talon orphan list`)"
                 )));
             };
-            ctx.state
-                .upsert_typed(alias, &OrphanRemoval { uuid: o.spec.uuid.clone() })?;
+            ctx.state.upsert_typed(
+                alias,
+                &OrphanRemoval {
+                    uuid: o.spec.uuid.clone(),
+                },
+            )?;
             let uuid = o.spec.uuid;
             let waited = wait_for::<OrphanLvol>(
                 &ctx.state,

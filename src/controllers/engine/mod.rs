@@ -1,8 +1,6 @@
 //! Engine controllers: the V1 engine (tgtd) and the V2 engine (SPDK).
 
 pub mod backup;
-pub mod longhorn;
-pub mod longhorn_restore;
 pub mod peer;
 pub mod restore;
 pub mod selection;

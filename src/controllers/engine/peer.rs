@@ -21,7 +21,7 @@ use crate::api::ErrorKind;
 use crate::api::volume::{ExpandParams, RebuildPrepareParams, SnapshotParams};
 use crate::client::{Client, ClientError, TlsClient};
 use crate::resources::engine::RebuildDestStatus;
-use crate::spdk::volume::{PrepareError, RemoteDest};
+use crate::spdk::volume::{PeerError, PrepareError, RemoteDest};
 
 /// How long a peer may take to make its replica ready for a rebuild's copy
 /// (its volume controller answers in its next reconcile; the engine's
@@ -63,22 +63,29 @@ impl Peers {
 
     /// Connects to the peer at `api` (done before a freeze: a node that
     /// cannot be reached never holds this node's export frozen).
-    pub async fn connect(&self, api: &str) -> Result<Client, String> {
-        let token = self.token.as_deref().ok_or_else(|| {
-            format!("no peer token on this node (talon serve --peer-token-file): cannot call {api}")
-        })?;
+    pub async fn connect(&self, api: &str) -> Result<Client, PeerError> {
+        let token = self
+            .token
+            .as_deref()
+            .ok_or_else(|| PeerError::NoToken { node: api.to_owned() })?;
         tokio::time::timeout(
             SNAPSHOT_TIMEOUT,
             Client::connect_tcp_with(api, token, self.tls.as_ref()),
         )
         .await
-        .map_err(|_| format!("talon at {api} did not answer in {SNAPSHOT_TIMEOUT:?}"))?
-        .map_err(|e| format!("talon at {api}: {}", crate::util::error_chain(&e)))
+        .map_err(|_| PeerError::NoAnswer {
+            node: api.to_owned(),
+            after: SNAPSHOT_TIMEOUT,
+        })?
+        .map_err(|e| PeerError::Connect {
+            node: api.to_owned(),
+            message: crate::util::error_chain(&e),
+        })
     }
 
     /// Snapshots replica `volume` on the peer at `api` (connected as `c`)
     /// as `snap`, waiting until it is taken.
-    pub async fn snapshot(&self, c: &Client, api: &str, volume: &str, snap: &str) -> Result<(), String> {
+    pub async fn snapshot(&self, c: &Client, api: &str, volume: &str, snap: &str) -> Result<(), PeerError> {
         let params = SnapshotParams {
             volume: volume.to_owned(),
             name: snap.to_owned(),
@@ -86,18 +93,22 @@ impl Peers {
             timeout_seconds: Some(SNAPSHOT_TIMEOUT.as_secs()),
         };
         let call = c.call::<_, serde_json::Value>("snapshot_create", params);
+        let failed = |message| PeerError::Snapshot {
+            node: api.to_owned(),
+            volume: volume.to_owned(),
+            snap: snap.to_owned(),
+            message,
+        };
         match tokio::time::timeout(SNAPSHOT_TIMEOUT + Duration::from_secs(1), call).await {
             Ok(Ok(_)) => Ok(()),
-            Ok(Err(e)) => Err(format!("talon at {api}: snapshot {volume}@{snap}: {e}")),
-            Err(_) => Err(format!(
-                "talon at {api}: snapshot {volume}@{snap} not taken in {SNAPSHOT_TIMEOUT:?}"
-            )),
+            Ok(Err(e)) => Err(failed(format!(": {e}"))),
+            Err(_) => Err(failed(format!(" not taken in {SNAPSHOT_TIMEOUT:?}"))),
         }
     }
 
     /// Deletes snapshot `snap` of replica `volume` on the peer at `api`,
     /// waiting until it is gone; one that is not there is no error.
-    pub async fn delete_snapshot(&self, api: &str, volume: &str, snap: &str) -> Result<(), String> {
+    pub async fn delete_snapshot(&self, api: &str, volume: &str, snap: &str) -> Result<(), PeerError> {
         let c = self.connect(api).await?;
         let params = SnapshotParams {
             volume: volume.to_owned(),
@@ -111,13 +122,18 @@ impl Peers {
                 kind: Some(ErrorKind::NotFound),
                 ..
             }) => Ok(()),
-            Err(e) => Err(format!("talon at {api}: deleting snapshot {volume}@{snap}: {e}")),
+            Err(e) => Err(PeerError::DeleteSnapshot {
+                node: api.to_owned(),
+                volume: volume.to_owned(),
+                snap: snap.to_owned(),
+                message: e.to_string(),
+            }),
         }
     }
 
     /// Asks the peer at `api` to grow replica `volume` to `size_bytes` (its
     /// served lvol gets its superblock room on top); the same size is a no-op.
-    pub async fn expand(&self, api: &str, volume: &str, size_bytes: u64) -> Result<(), String> {
+    pub async fn expand(&self, api: &str, volume: &str, size_bytes: u64) -> Result<(), PeerError> {
         let c = self.connect(api).await?;
         let params = ExpandParams {
             name: volume.to_owned(),
@@ -127,14 +143,15 @@ impl Peers {
             timeout_seconds: None,
         };
         let call = c.call::<_, serde_json::Value>("volume_expand", params);
+        let failed = |message| PeerError::Expand {
+            node: api.to_owned(),
+            volume: volume.to_owned(),
+            message,
+        };
         match tokio::time::timeout(SNAPSHOT_TIMEOUT, call).await {
             Ok(Ok(_)) => Ok(()),
-            Ok(Err(e)) => Err(format!(
-                "talon at {api}: expanding {volume} to {size_bytes} bytes: {e}"
-            )),
-            Err(_) => Err(format!(
-                "talon at {api}: expanding {volume}: no answer in {SNAPSHOT_TIMEOUT:?}"
-            )),
+            Ok(Err(e)) => Err(failed(format!(" to {size_bytes} bytes: {e}"))),
+            Err(_) => Err(failed(format!(": no answer in {SNAPSHOT_TIMEOUT:?}"))),
         }
     }
 }
@@ -166,7 +183,7 @@ impl RemoteDest for PeerDest {
                     self.api
                 ))
             })?
-            .map_err(PrepareError::NoAnswer)?;
+            .map_err(|e| PrepareError::NoAnswer(e.to_string()))?;
         let params = RebuildPrepareParams {
             volume: self.volume.clone(),
             chain: chain.to_vec(),
@@ -200,12 +217,12 @@ impl RemoteDest for PeerDest {
         }
     }
 
-    async fn snapshot(&self, snap: &str) -> Result<(), String> {
+    async fn snapshot(&self, snap: &str) -> Result<(), PeerError> {
         let c = self.peers.connect(&self.api).await?;
         self.peers.snapshot(&c, &self.api, &self.volume, snap).await
     }
 
-    async fn delete_snapshot(&self, snap: &str) -> Result<(), String> {
+    async fn delete_snapshot(&self, snap: &str) -> Result<(), PeerError> {
         self.peers.delete_snapshot(&self.api, &self.volume, snap).await
     }
 }

@@ -4,32 +4,41 @@
 //! newest backup until it is activated.
 //!
 //! ```text
-//!   no replica of it yet, no ledger ─> a task: the backup restored into
-//!     <data_dir>/restore/<volume>.img (sparse; the data at the raid
-//!     superblock's room), each block checked; what it holds recorded
-//!     beside it (<volume>.img.json) ─> Held
+//!   no replica of it yet, no ledger, not standby ─> the store checked
+//!     (the backup volume there, no larger than the volume) ─>
+//!     Ready(Source::Backup) ─> its local replicas made straight from the
+//!     store (spdk::volume::mover::restore: only blocks with data written,
+//!     into thin lvols; no file on the data dir) ─> served
+//!   no replica of it yet, no ledger, standby ─> a task: thin lvols
+//!     <lvs>/<replica>.dr made (one a disk, up to its replica count, on
+//!     disks whose superblock room is the data offset), the backup
+//!     streamed into them all (spdk::volume::mover::restore::fill_standby:
+//!     each block fetched once, only chunks with data written; no file on
+//!     the data dir); what they hold recorded in <data_dir>/standby/<volume>.json ─> Held
 //!   Held, standby ─> every pollSeconds: the backup volume's newest complete
 //!     backup, when another: the record first marked `updating` (synced),
-//!     then the blocks that differ fetched, then the record names the newer
-//!     one ─> Held (the newer one)
-//!   Held, updating (an update failed or was cut off: the file holds parts
-//!     of two backups) ─> never served; at the next look the newest
-//!     restored in full ─> Held (the newest)
+//!     then only the blocks that differ written into the lvols, whole
+//!     (a block that became zeros, or is no longer mapped, written as
+//!     zeros), then the record names the newer one ─> Held (the newer one)
+//!   Held, updating (an update failed or was cut off: the lvols hold parts
+//!     of two backups) ─> never served; at the next look the lvols made
+//!     anew and the newest restored in full ─> Held (the newest)
 //!   Held, its backup deleted from the store ─> the newest restored in full
 //!   Held, standby cleared (activated) ─> brought to the newest once more
-//!   Held, not standby ─> Ready(file) ─> VolumePlan.restore = file ─> its
-//!     local replicas made from it (Make::Restore) ─> served ─> file removed
-//!   a replica cut off in its copy (still an esnap clone) ─> deleted first
+//!   Held, not standby (activated) ─> the lvols renamed <replica> ─> the
+//!     record removed ─> the replicas exist: served like any volume's
+//!   a replica cut off in its copy (still named <replica>.rst, see
+//!     spdk::volume::mover::restore) ─> deleted first
 //! ```
 //!
 //! Once a replica of the volume exists or it was served (a ledger), the
 //! backup is never restored again: a replica made later is rebuilt from
 //! the others like any new replica. A talon restarted while a volume is
-//! held (standby, or between its restore and its replicas) takes the file
-//! up again from its record; a file without one (a restore cut off) is
-//! restored again in full, and so is a file whose record says an update
-//! was under way (a follow cut off): which of its blocks hold which backup
-//! is not known, so nothing in it is trusted.
+//! a standby takes its lvols up again from the record; lvols without one
+//! (a restore cut off) are made anew and restored in full, and so are
+//! lvols whose record says an update was under way (a follow cut off):
+//! which of their blocks hold which backup is not known, so nothing in
+//! them is trusted.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -42,9 +51,9 @@ use crate::backupstore::{self, Progress};
 use crate::resources::config::{BackupSource, Volume};
 use crate::spdk::SpdkClient;
 use crate::spdk::naming;
-use crate::spdk::volume::Inventory;
-use crate::spdk::volume::from_file;
 use crate::spdk::volume::plan::{RestoreFile, superblock_room};
+use crate::spdk::volume::{Inventory, lvol};
+use crate::spdk::volume::{from_file, mover};
 
 const MIB: u64 = 1 << 20;
 /// A standby volume's check for a newer backup, by default.
@@ -72,8 +81,8 @@ pub enum Step {
     },
 }
 
-/// What a restore file holds: recorded beside it (`<volume>.img.json`)
-/// once it holds it whole.
+/// What a standby volume's lvols hold: recorded in
+/// `<data_dir>/standby/<volume>.json` once they hold it whole.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 struct Held {
@@ -81,8 +90,8 @@ struct Held {
     backup_volume: String,
     backup: String,
     data_offset: u64,
-    /// Made for a standby volume: brought to the newest backup before its
-    /// replicas are made.
+    /// Brought to the newest backup before the volume is served (cleared
+    /// by the activation's last look).
     follows: bool,
     /// An update of the file to this backup started and did not end (it
     /// failed, or talon stopped in it): the blocks where `backup` and this
@@ -119,20 +128,13 @@ impl Held {
             ),
         }
     }
-
-    fn file(&self, file: &Path) -> RestoreFile {
-        RestoreFile {
-            file: file.to_owned(),
-            data_offset: self.data_offset,
-        }
-    }
 }
 
-/// A restore into a volume's file: what it holds once it ends, with what
+/// A restore into a standby volume's lvols: what they hold once it ends, with what
 /// the restore fetched (none when there was nothing newer).
 type RestoreTask = tokio::task::JoinHandle<Result<(Held, Option<backupstore::ops::RestoreStats>), TaskError>>;
 
-/// How a restore task failed: why, and what the file holds after it (none:
+/// How a restore task failed: why, and what the lvols hold after it (none:
 /// a first restore, nothing held).
 #[derive(Debug)]
 struct TaskError {
@@ -141,7 +143,7 @@ struct TaskError {
 }
 
 impl From<String> for TaskError {
-    /// A failure of a first restore: the file holds nothing.
+    /// A failure of a first restore: nothing is held.
     fn from(message: String) -> Self {
         Self { message, held: None }
     }
@@ -152,19 +154,41 @@ struct Job<'a> {
     vol: &'a str,
     src: &'a BackupSource,
     spec: &'a Volume,
-    /// `<dir>/<volume>.img`.
+    /// The record of what the standby's lvols hold: `<dir>/<volume>.json`.
     file: PathBuf,
     dir: &'a Path,
-    /// Where the volume's data starts in the file.
+    /// Where the volume's data starts in a replica.
     data_offset: u64,
+    /// The SPDK client, for the tasks.
+    client: &'a SpdkClient,
+    /// The standby's lvols there now.
+    lvols: Vec<StandbyLvol>,
+    /// The lvstores a first restore puts them on, best first.
+    lvstores: Vec<String>,
+}
+
+/// One of a standby volume's lvols: `<lvs>/<replica k>.dr`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct StandbyLvol {
+    k: usize,
+    lvs: String,
+    uuid: String,
+}
+
+impl StandbyLvol {
+    fn alias(&self, vol: &str) -> String {
+        format!("{}/{}", self.lvs, naming::standby(&naming::replica(vol, self.k)))
+    }
 }
 
 /// What [`Restores::decide`] found.
 enum Decision {
     /// The step to report.
     Now(Step),
-    /// No task and no file held: a full restore starts.
+    /// No task and nothing held: a full restore starts.
     Start,
+    /// Activated and held whole: the lvols become the replicas.
+    Activate,
     /// A task ended: its result is taken, then decided again.
     Settle(RestoreTask, Option<Held>),
     /// A task was started: decided again.
@@ -176,7 +200,7 @@ enum Task {
     Running {
         progress: Arc<Progress>,
         handle: RestoreTask,
-        /// What the file held before (a standby's follow).
+        /// What the lvols held before (a standby's follow).
         before: Option<Held>,
         /// The backup being restored, when known.
         doing: String,
@@ -187,7 +211,7 @@ enum Task {
         checked: Option<Instant>,
         /// How that look failed, if it did.
         error: Option<String>,
-        /// What the last restore into the file fetched: blocks, of how many.
+        /// What the last restore into the lvols fetched: blocks, of how many.
         fetched: Option<(u64, u64)>,
     },
     Failed(String),
@@ -196,8 +220,10 @@ enum Task {
 /// The restores of the volumes being made.
 #[derive(Debug, Default)]
 pub struct Restores {
-    /// Where restored files are made.
+    /// Where the standby volumes' records are kept.
     work_dir: Option<PathBuf>,
+    /// Where restore files were made (removed when found).
+    old_dir: Option<PathBuf>,
     tasks: Mutex<BTreeMap<String, Task>>,
 }
 
@@ -205,41 +231,31 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// Where the record of what `file` holds is.
-fn record_path(file: &Path) -> PathBuf {
-    let mut p = file.as_os_str().to_owned();
-    p.push(".json");
-    PathBuf::from(p)
-}
-
-/// The record of what `file` holds, if it is there and readable.
-fn read_record(file: &Path) -> Option<Held> {
-    let b = std::fs::read(record_path(file)).ok()?;
+/// The record at `path`, if it is there and readable.
+fn read_record(path: &Path) -> Option<Held> {
+    let b = std::fs::read(path).ok()?;
     serde_json::from_slice(&b).ok()
 }
 
-/// Records what `file` holds (written whole, then renamed into place, after
-/// the file's data is on disk).
-fn write_record(file: &Path, held: &Held) -> Result<(), String> {
-    let path = record_path(file);
+/// Records what the lvols hold at `path` (written whole, synced, then
+/// renamed into place; the lvols' writes were acknowledged before).
+fn write_record(path: &Path, held: &Held) -> Result<(), String> {
     let tmp = path.with_extension("json.tmp");
     let err = |e: std::io::Error| format!("recording {}: {e}", path.display());
-    std::fs::File::open(file)
-        .and_then(|f| f.sync_all())
-        .map_err(err)?;
     let body = serde_json::to_vec(held).map_err(|e| format!("recording {}: {e}", path.display()))?;
     std::fs::write(&tmp, body).map_err(err)?;
     std::fs::File::open(&tmp)
         .and_then(|f| f.sync_all())
         .map_err(err)?;
-    std::fs::rename(&tmp, &path).map_err(err)
+    std::fs::rename(&tmp, path).map_err(err)
 }
 
 impl Restores {
-    /// Restores under `<data_dir>/restore/`.
+    /// Standby records under `<data_dir>/standby/`.
     pub fn new(data_dir: &std::path::Path) -> Self {
         Self {
-            work_dir: Some(data_dir.join("restore")),
+            work_dir: Some(data_dir.join("standby")),
+            old_dir: Some(data_dir.join("restore")),
             tasks: Mutex::default(),
         }
     }
@@ -268,6 +284,14 @@ impl Restores {
                 "volume {vol}: a served replica (serveReplica) is not restored from a backup: its engine's node restores the volume"
             ));
         }
+        // a replica the mover was writing when talon or spdk_tgt stopped
+        match mover::restore::remove_unfinished(client, inv, vol).await {
+            Ok(gone) if !gone.is_empty() => {
+                tracing::info!(volume = %vol, lvols = ?gone, "removed replicas whose restore was cut off");
+            }
+            Ok(_) => {}
+            Err(e) => return Step::Failed(format!("volume {vol}: {e}")),
+        }
         let exists =
             (0..spec.replicas.max(1) as usize).any(|k| inv.find_lvol(&naming::replica(vol, k)).is_some());
         if exists {
@@ -279,7 +303,13 @@ impl Restores {
                     ));
                 }
                 Ok(_) => {
-                    // made from the backup before: the others are rebuilt from them
+                    // made from the backup before (or an activated standby's): the others
+                    // are rebuilt from them; a standby lvol an activation left is dropped
+                    for l in standby_lvols(inv, vol) {
+                        if let Err(e) = delete_lvol(client, &l.alias(vol)).await {
+                            return Step::Failed(format!("volume {vol}: {e}"));
+                        }
+                    }
                     self.finish(vol);
                     return Step::None;
                 }
@@ -304,19 +334,27 @@ impl Restores {
         } else {
             0
         };
+        let lvstores = standby_lvstores(inv, spec, superblock, data_offset);
         let job = Job {
             vol,
             src,
             spec,
-            file: dir.join(format!("{vol}.img")),
+            file: dir.join(format!("{vol}.json")),
             dir,
             data_offset,
+            client,
+            lvols: standby_lvols(inv, vol),
+            lvstores,
         };
         // a finished task's result taken, then decided again (at most twice)
         for _ in 0..3 {
             match self.decide(&job) {
                 Decision::Now(step) => return step,
-                Decision::Start => return self.start_full(&job),
+                // a standby keeps its data in a file until activated; any other
+                // volume's replicas are written from the store (no file)
+                Decision::Start if spec.standby => return self.start_full(&job),
+                Decision::Start => return direct(&job).await,
+                Decision::Activate => return self.activate(&job).await,
                 Decision::Settle(handle, before) => self.settle(vol, handle, before).await,
                 Decision::Again => {}
             }
@@ -333,12 +371,12 @@ impl Restores {
         let (vol, src, spec) = (job.vol, job.src, job.spec);
         let mut tasks = lock(&self.tasks);
         if !tasks.contains_key(vol) {
-            // a talon restarted: the file is taken up again when its record fits
+            // a talon restarted: the lvols are taken up again when their record fits
             match read_record(&job.file).filter(|h| {
                 h.target == src.target
                     && h.backup_volume == src.backup_volume
                     && h.data_offset == job.data_offset
-                    && job.file.exists()
+                    && !job.lvols.is_empty()
             }) {
                 Some(held) => tasks.insert(
                     vol.to_owned(),
@@ -412,12 +450,18 @@ impl Restores {
                     });
                 }
                 if !spec.standby && !held.follows && held.whole() {
-                    return Decision::Now(Step::Ready(held.file(&job.file)));
+                    return Decision::Activate;
                 }
                 // a standby's look for a newer backup, or an activation's last one
                 let before = held.clone();
                 let progress = Arc::new(Progress::default());
                 let handle = tokio::spawn(follow(
+                    Lvols {
+                        client: job.client.clone(),
+                        vol: vol.to_owned(),
+                        lvols: job.lvols.clone(),
+                        mib: replica_mib(job.data_offset, spec.size_bytes),
+                    },
                     src.clone(),
                     before.clone(),
                     job.file.clone(),
@@ -440,13 +484,13 @@ impl Restores {
         }
     }
 
-    /// Takes a finished task's result: what the file holds now, or why the
+    /// Takes a finished task's result: what the lvols hold now, or why the
     /// first restore failed (a failed look keeps what was held, and is tried
     /// again at the next poll).
     async fn settle(&self, vol: &str, handle: RestoreTask, before: Option<Held>) {
         let done = match handle.await {
             Ok(r) => r,
-            // a task that panicked or was aborted mid-write: its file is not trusted
+            // a task that panicked or was aborted mid-write: its lvols are not trusted
             Err(e) => Err(TaskError {
                 message: format!("restore task: {e}"),
                 held: before.clone().map(|h| Held {
@@ -467,7 +511,7 @@ impl Restores {
                 error: None,
                 fetched: stats.map(|s| (s.blocks_downloaded, s.blocks)).or(last),
             },
-            // a follow that failed: the file holds what the task says (an update cut
+            // a follow that failed: the lvols hold what the task says (an update cut
             // off marks it, so it is never served as the backup it held before)
             Err(TaskError {
                 message,
@@ -483,17 +527,32 @@ impl Restores {
         tasks.insert(vol.to_owned(), task);
     }
 
-    /// Nothing held: the backup restored in full into the file, then recorded.
+    /// Nothing held: the standby's lvols made anew, the backup restored in
+    /// full into them, then recorded.
     fn start_full(&self, job: &Job<'_>) -> Step {
+        if job.lvstores.is_empty() {
+            return Step::Waiting(format!(
+                "waiting for a disk for standby volume {} (none ready whose superblock room is {} bytes)",
+                job.vol, job.data_offset
+            ));
+        }
         let progress = Arc::new(Progress::default());
         let (src, size, p) = (job.src.clone(), job.spec.size_bytes, progress.clone());
         let (file, dir, data_offset) = (job.file.clone(), job.dir.to_owned(), job.data_offset);
+        let n = (job.spec.replicas.max(1) as usize).min(job.lvstores.len());
+        let mut lvols = Lvols {
+            client: job.client.clone(),
+            vol: job.vol.to_owned(),
+            lvols: job.lvols.clone(),
+            mib: replica_mib(data_offset, size),
+        };
+        let on: Vec<String> = job.lvstores.iter().take(n).cloned().collect();
         let follows = job.spec.standby;
         let doing = src.backup.clone();
         let message = format!("restoring backup {doing} of {}: started", src.backup_volume);
-        let handle = tokio::spawn(given_back(file.clone(), async move {
+        let handle = tokio::spawn(async move {
             std::fs::create_dir_all(&dir).map_err(|e| format!("making {}: {e}", dir.display()))?;
-            let _ = std::fs::remove_file(record_path(&file));
+            let _ = std::fs::remove_file(&file);
             let store = super::backup::open_store(&src.target, src.credential_secret.as_deref())?;
             let named =
                 |e: backupstore::BackupError| format!("backup {} of {}: {e}", src.backup, src.backup_volume);
@@ -505,34 +564,30 @@ impl Restores {
                 return Err(format!(
                     "backup {} holds {} bytes: more than the volume's {size}",
                     src.backup, cfg.size
-                ));
+                )
+                .into());
             }
             // a standby holds the newest (the one asked for may be gone since)
             let name = match cfg.last_backup_name.as_str() {
                 newest if follows && !newest.is_empty() => newest.to_owned(),
                 _ => src.backup.clone(),
             };
-            let stats = backupstore::ops::restore_to_file(
-                &store,
-                &src.backup_volume,
-                &name,
-                &file,
-                data_offset,
-                &p,
-            )
-            .await
-            .map_err(|e| format!("backup {name} of {}: {e}", src.backup_volume))?;
-            // as large as a replica lvol: the volume's whole MiB after the room
-            let len = data_offset + size.div_ceil(MIB) * MIB;
-            std::fs::OpenOptions::new()
-                .write(true)
-                .open(&file)
-                .and_then(|f| f.set_len(len))
-                .map_err(|e| format!("{}: {e}", file.display()))?;
+            lvols.remake(&on).await?;
+            let stats = lvols
+                .fill(&store, &src.backup_volume, None, &name, data_offset, &p)
+                .await;
+            let stats = match stats {
+                Ok(s) => s,
+                Err(e) => {
+                    // nothing half-made stays: the next try makes them anew
+                    let _ = lvols.remove().await;
+                    return Err(e.into());
+                }
+            };
             let held = Held::of(&src, &name, data_offset, follows);
             write_record(&file, &held)?;
             Ok((held, Some(stats)))
-        }));
+        });
         lock(&self.tasks).insert(
             job.vol.to_owned(),
             Task::Running {
@@ -543,6 +598,28 @@ impl Restores {
             },
         );
         Step::Waiting(message)
+    }
+
+    /// An activated standby that holds its newest backup whole: its lvols
+    /// renamed to its replicas, then its record removed; the replicas are
+    /// served at the next pass like any volume's.
+    async fn activate(&self, job: &Job<'_>) -> Step {
+        let vol = job.vol;
+        for l in &job.lvols {
+            let alias = l.alias(vol);
+            let replica = naming::replica(vol, l.k);
+            if let Err(e) = lvol::rename(job.client, &alias, &replica).await {
+                return Step::Failed(format!(
+                    "volume {vol}: renaming {alias} to {replica}: {}",
+                    crate::util::error_chain(&e)
+                ));
+            }
+        }
+        self.finish(vol);
+        Step::Waiting(format!(
+            "activating: {} replicas made from the standby's lvols",
+            job.lvols.len()
+        ))
     }
 
     /// Stops the restores of volumes not in `live` (deleted, or being
@@ -558,51 +635,228 @@ impl Restores {
         }
     }
 
-    /// The volume is served (or gone): its restore file is removed.
+    /// The volume is served (or gone): its standby record is removed (its
+    /// lvols are its replicas by then, or deleted with it), and a restore
+    /// file an older talon left.
     pub fn finish(&self, vol: &str) {
         let removed = lock(&self.tasks).remove(vol);
         if let Some(Task::Running { handle, .. }) = removed {
             handle.abort();
         }
         if let Some(dir) = &self.work_dir {
+            let _ = std::fs::remove_file(dir.join(format!("{vol}.json")));
+        }
+        if let Some(dir) = &self.old_dir {
             let file = dir.join(format!("{vol}.img"));
-            let _ = std::fs::remove_file(record_path(&file));
+            let _ = std::fs::remove_file(dir.join(format!("{vol}.img.json")));
             let _ = std::fs::remove_file(file);
         }
     }
 }
 
-/// A full restore into `file` that removes the file and its record when it
-/// fails: a partial file holds nothing usable (the next try restores in
-/// full), and on a full disk it would keep the data dir full.
-async fn given_back<T>(
-    file: PathBuf,
-    restore: impl std::future::Future<Output = Result<T, String>>,
-) -> Result<T, TaskError> {
-    let r = restore.await;
-    if r.is_err() {
-        give_back(&file);
+/// A volume that is no standby: its replicas are made straight from the
+/// backup (mover::restore::fill_from_backup, no file on the data dir),
+/// once the store says the backup volume is there and fits the volume
+/// (the backup itself is checked complete, and each block, as it is written).
+async fn direct(job: &Job<'_>) -> Step {
+    let src = job.src;
+    let store = match super::backup::open_store(&src.target, src.credential_secret.as_deref()) {
+        Ok(s) => s,
+        Err(e) => return Step::Failed(format!("volume {}: {e}", job.vol)),
+    };
+    match backupstore::ops::volume(&store, &src.backup_volume).await {
+        Ok(Some(cfg)) if cfg.size > job.spec.size_bytes => {
+            return Step::Failed(format!(
+                "backup {} holds {} bytes: more than the volume's {}",
+                src.backup, cfg.size, job.spec.size_bytes
+            ));
+        }
+        Ok(Some(_)) => {}
+        Ok(None) => {
+            return Step::Failed(format!(
+                "backup volume {} not found in {}",
+                src.backup_volume, src.target
+            ));
+        }
+        Err(e) => {
+            return Step::Failed(format!("backup {} of {}: {e}", src.backup, src.backup_volume));
+        }
     }
-    r.map_err(TaskError::from)
+    match backupstore::ops::backup(&store, &src.backup_volume, &src.backup).await {
+        Ok(b) if b.complete() => {}
+        Ok(_) => {
+            return Step::Failed(format!(
+                "backup {} of {} is still in progress",
+                src.backup, src.backup_volume
+            ));
+        }
+        Err(e) => {
+            return Step::Failed(format!("backup {} of {}: {e}", src.backup, src.backup_volume));
+        }
+    }
+    Step::Ready(RestoreFile {
+        from: mover::restore::Source::Backup(mover::restore::FromBackup {
+            target: src.target.clone(),
+            store,
+            volume: src.backup_volume.clone(),
+            backup: src.backup.clone(),
+            data_offset: job.data_offset,
+            progress: Arc::new(Progress::default()),
+        }),
+        data_offset: job.data_offset,
+    })
 }
 
-/// Removes `file` and its record: what it held is not trusted, and its room
-/// on the data dir is given back.
-fn give_back(file: &Path) {
-    let _ = std::fs::remove_file(record_path(file));
-    let _ = std::fs::remove_file(file);
+/// A standby volume's lvols, as a task works on them.
+struct Lvols {
+    client: SpdkClient,
+    vol: String,
+    lvols: Vec<StandbyLvol>,
+    /// Each one's size.
+    mib: u64,
 }
 
-/// Brings a standby volume's file (holding `held`) to its backup volume's
-/// newest complete backup, when that is another: only the blocks that
-/// differ are fetched when the file holds `held` whole and that backup is
-/// still in the store; otherwise (an update cut off before, or the backup
-/// it holds deleted) the newest is restored in full. The record is marked
-/// `updating` (synced) before the file is written and names the newest
-/// only after it is whole, so a failure or a stop at any point leaves a
-/// record that says the file holds no backup. `standby` false: the
-/// activation's last look (the file is used once it ends).
+impl Lvols {
+    /// Deletes them all.
+    async fn remove(&mut self) -> Result<(), String> {
+        for l in std::mem::take(&mut self.lvols) {
+            delete_lvol(&self.client, &l.alias(&self.vol)).await?;
+        }
+        Ok(())
+    }
+
+    /// Deletes them, then makes them anew (thin, reading zeros), one on each
+    /// lvstore of `on`.
+    async fn remake(&mut self, on: &[String]) -> Result<(), String> {
+        self.remove().await?;
+        for (k, lvs) in on.iter().enumerate() {
+            let name = naming::standby(&naming::replica(&self.vol, k));
+            if name.len() > 63 {
+                return Err(format!(
+                    "lvol name {name} (standby volume {}'s replica) is longer than SPDK's 63 characters",
+                    self.vol
+                ));
+            }
+            let made = lvol::create_thin(&self.client, lvs, &name, self.mib).await;
+            match made {
+                Ok(uuid) => self.lvols.push(StandbyLvol {
+                    k,
+                    lvs: lvs.clone(),
+                    uuid,
+                }),
+                Err(e) => {
+                    let e = format!("creating lvol {lvs}/{name}: {}", crate::util::error_chain(&e));
+                    let _ = self.remove().await;
+                    return Err(e);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Backup `name` written into them (onto `base` when given: see
+    /// [`mover::restore::fill_standby`]).
+    async fn fill(
+        &self,
+        store: &backupstore::Store,
+        volume: &str,
+        base: Option<&str>,
+        name: &str,
+        data_offset: u64,
+        progress: &Progress,
+    ) -> Result<backupstore::ops::RestoreStats, String> {
+        let bdevs: Vec<String> = self.lvols.iter().map(|l| l.uuid.clone()).collect();
+        if bdevs.is_empty() {
+            return Err(format!("standby volume {} has no lvol to restore into", self.vol));
+        }
+        let stats = mover::restore::fill_standby(
+            &self.client,
+            store,
+            volume,
+            base,
+            name,
+            &bdevs,
+            data_offset,
+            progress,
+        )
+        .await?;
+        tracing::info!(volume = %self.vol, backup = %name, base = ?base, lvols = bdevs.len(),
+            fetched = stats.blocks_downloaded, of = stats.blocks, "standby restored");
+        Ok(stats)
+    }
+}
+
+/// A failure of backup `name` of `volume`'s restore, named.
+fn named_str(name: &str, volume: &str, e: &str) -> String {
+    if e.contains(name) {
+        e.to_owned()
+    } else {
+        format!("backup {name} of {volume}: {e}")
+    }
+}
+
+/// Deletes lvol `alias` (gone already is fine).
+async fn delete_lvol(client: &SpdkClient, alias: &str) -> Result<(), String> {
+    lvol::delete_lvol(client, alias)
+        .await
+        .map_err(|e| format!("deleting {alias}: {}", crate::util::error_chain(&e)))
+}
+
+/// A replica lvol's size in MiB: the raid superblock's room, then the
+/// volume's whole MiB (as the volume plan makes it).
+fn replica_mib(data_offset: u64, size: u64) -> u64 {
+    size.div_ceil(MIB) + data_offset.div_ceil(MIB)
+}
+
+/// Standby volume `vol`'s lvols (`<replica>.dr`) in talon's lvstores, by k.
+fn standby_lvols(inv: &Inventory, vol: &str) -> Vec<StandbyLvol> {
+    let mut out: Vec<StandbyLvol> = inv
+        .lvols
+        .values()
+        .filter(|l| l.lvs.name.starts_with(naming::LVS_PREFIX))
+        .filter_map(|l| match naming::parse_lvol(&l.name) {
+            Some(naming::LvolRole::Standby { volume, k }) if volume == vol => Some(StandbyLvol {
+                k,
+                lvs: l.lvs.name.clone(),
+                uuid: l.uuid.clone(),
+            }),
+            _ => None,
+        })
+        .collect();
+    out.sort_by_key(|l| l.k);
+    out
+}
+
+/// The lvstores a standby's lvols may go on, the most free first: talon's,
+/// of the volume's disks when it names some, whose superblock room is the
+/// data offset (what a replica there is served with).
+fn standby_lvstores(inv: &Inventory, spec: &Volume, superblock: bool, data_offset: u64) -> Vec<String> {
+    let mut l: Vec<&crate::spdk::rpc::Lvstore> = inv
+        .lvstores
+        .iter()
+        .filter(|l| {
+            l.name
+                .strip_prefix(naming::LVS_PREFIX)
+                .is_some_and(|d| spec.disks.is_empty() || spec.disks.iter().any(|x| x == d))
+        })
+        .filter(|l| !superblock || superblock_room(l.cluster_size) == data_offset)
+        .collect();
+    l.sort_by_key(|l| std::cmp::Reverse(l.free_clusters.saturating_mul(l.cluster_size)));
+    l.into_iter().map(|l| l.name.clone()).collect()
+}
+
+/// Brings a standby volume's lvols (holding `held`, recorded at `file`)
+/// to its backup volume's newest complete backup, when that is another:
+/// only the blocks that differ are fetched and written when they hold
+/// `held` whole and that backup is still in the store; otherwise (an
+/// update cut off before, or the backup they hold deleted) the lvols are
+/// made anew and the newest restored in full. The record is marked
+/// `updating` (synced) before the lvols are written and names the newest
+/// only after they are whole, so a failure or a stop at any point leaves a
+/// record that says they hold no backup. `standby` false: the
+/// activation's last look (the lvols become the replicas once it ends).
 async fn follow(
+    mut lvols: Lvols,
     src: BackupSource,
     held: Held,
     file: PathBuf,
@@ -619,7 +873,12 @@ async fn follow(
     let cfg = backupstore::ops::volume(&store, &src.backup_volume)
         .await
         .map_err(|e| kept(format!("backup volume {}: {e}", src.backup_volume)))?
-        .ok_or_else(|| kept(format!("backup volume {} not found in {}", src.backup_volume, src.target)))?;
+        .ok_or_else(|| {
+            kept(format!(
+                "backup volume {} not found in {}",
+                src.backup_volume, src.target
+            ))
+        })?;
     let newest = cfg.last_backup_name;
     if newest.is_empty() || (newest == held.backup && held.whole()) {
         if !held.whole() {
@@ -651,7 +910,7 @@ async fn follow(
         // volume.cfg names a backup only once it is complete; a store that says otherwise waits
         return Ok((held, None));
     }
-    // a delta needs the held backup whole in the file and its block list in the store
+    // a delta needs the held backup whole in the lvols and its block list in the store
     let base = if held.whole() {
         match backupstore::ops::backup(&store, &src.backup_volume, &held.backup).await {
             Ok(b) if b.complete() => Some(held.backup.clone()),
@@ -666,59 +925,33 @@ async fn follow(
     } else {
         None
     };
-    // from here the file is written: until it is whole, its record says it holds no
-    // backup (a full restore makes the file anew: no record at all says the same)
+    // from here the lvols are written: until they are whole, the record says they hold
+    // no backup (the next look makes them anew and restores the newest in full)
     let updating = Held {
         updating: Some(newest.clone()),
         ..held.clone()
     };
-    if base.is_some() {
-        write_record(&file, &updating).map_err(kept)?;
-    } else {
-        let _ = std::fs::remove_file(record_path(&file));
-    }
-    // a failure from here: the file holds no backup; it and its record go (the next
-    // look restores in full, into a new file), so a full data dir is given back
-    let cut = |message: String| {
-        give_back(&file);
-        TaskError {
-            message,
-            held: Some(updating.clone()),
-        }
+    write_record(&file, &updating).map_err(kept)?;
+    let cut = |message: String| TaskError {
+        message,
+        held: Some(updating.clone()),
     };
-    let stats = match &base {
-        Some(base) => {
-            backupstore::ops::restore_delta_to_file(
-                &store,
-                &src.backup_volume,
-                base,
-                &newest,
-                &file,
-                held.data_offset,
-                &progress,
-            )
-            .await
-        }
-        None => {
-            backupstore::ops::restore_to_file(
-                &store,
-                &src.backup_volume,
-                &newest,
-                &file,
-                held.data_offset,
-                &progress,
-            )
-            .await
-        }
+    if base.is_none() {
+        // the lvols hold no backup whole: made anew on the same lvstores
+        let on: Vec<String> = lvols.lvols.iter().map(|l| l.lvs.clone()).collect();
+        lvols.remake(&on).await.map_err(cut)?;
     }
-    .map_err(|e| cut(named(e)))?;
-    // a full restore makes the file the volume's size: as large as a replica lvol again
-    let len = held.data_offset + size.div_ceil(MIB) * MIB;
-    std::fs::OpenOptions::new()
-        .write(true)
-        .open(&file)
-        .and_then(|f| f.set_len(len))
-        .map_err(|e| cut(format!("{}: {e}", file.display())))?;
+    let stats = lvols
+        .fill(
+            &store,
+            &src.backup_volume,
+            base.as_deref(),
+            &newest,
+            held.data_offset,
+            &progress,
+        )
+        .await
+        .map_err(|e| cut(named_str(&newest, &src.backup_volume, &e)))?;
     let next = Held {
         backup: newest,
         follows: standby,
@@ -727,263 +960,4 @@ async fn follow(
     };
     write_record(&file, &next).map_err(cut)?;
     Ok((next, Some(stats)))
-}
-
-#[cfg(test)]
-mod tests {
-    use std::os::unix::fs::FileExt;
-
-    use super::*;
-    use crate::backupstore::{BackupCfg, BackupRequest, Credentials, SparseImage, Store, ops};
-
-    const SIZE: u64 = 8 * MIB;
-
-    /// A backup of an image of SIZE bytes with `writes` (at, seed), on top of `base`.
-    async fn backup(
-        store: &Store,
-        dir: &Path,
-        name: &str,
-        writes: &[(u64, u8)],
-        base: Option<&BackupCfg>,
-    ) -> BackupCfg {
-        let image = dir.join(format!("{name}.src"));
-        let f = std::fs::File::create(&image).expect("create");
-        f.set_len(SIZE).expect("set_len");
-        for (at, seed) in writes {
-            f.write_all_at(&vec![*seed; MIB as usize], *at)
-                .expect("write_all_at");
-        }
-        let req = BackupRequest::v2("src", name, name, SIZE);
-        let img = SparseImage::open(&image, 0, SIZE).expect("image");
-        ops::create(store, &req, &img, base, &Progress::default())
-            .await
-            .expect("backup")
-            .0
-    }
-
-    /// Steps until `done` says so (bounded).
-    async fn step_until(r: &Restores, spec: &Volume, done: impl Fn(&Step) -> bool) -> Step {
-        let (client, inv) = (SpdkClient::new("/nonexistent/spdk.sock"), Inventory::default());
-        for _ in 0..400 {
-            let s = r.step(&client, &inv, "dr", spec, false, false).await;
-            if done(&s) {
-                return s;
-            }
-            assert!(!matches!(s, Step::Failed(_)), "{s:?}");
-            tokio::time::sleep(Duration::from_millis(25)).await;
-        }
-        let last = r.step(&SpdkClient::new("/nonexistent/spdk.sock"), &Inventory::default(), "dr", spec, false, false).await;
-        panic!("no such step; the last: {last:?}");
-    }
-
-    fn holds(backup: &str) -> impl Fn(&Step) -> bool + '_ {
-        move |s| matches!(s, Step::Standby { backup: Some(b), busy: false, .. } if b == backup)
-    }
-
-    /// A standby volume `dr` of backup volume `src` in `target`, from backup `b1`.
-    fn standby(target: &str) -> Volume {
-        Volume {
-            size_bytes: SIZE,
-            replicas: 1,
-            engine: Default::default(),
-            frontend: Default::default(),
-            disks: Vec::new(),
-            from_snapshot: None,
-            from_backup: Some(BackupSource {
-                target: target.to_owned(),
-                credential_secret: None,
-                backup_volume: "src".into(),
-                backup: "b1".into(),
-                poll_seconds: Some(1),
-            }),
-            standby: true,
-            revert_to: None,
-            revert_generation: 0,
-            remote_replicas: Vec::new(),
-            serve_replica: None,
-            replica_hosts: Vec::new(),
-            raid_superblock: false,
-        }
-    }
-
-    /// Damages backup `b`'s block at `at` in the vfs store under `root`
-    /// (its bytes changed in place, so reading it fails its checksum).
-    fn corrupt(root: &Path, b: &BackupCfg, at: u64) {
-        let sum = &b.blocks.iter().find(|r| r.offset == at).expect("block").checksum;
-        let path = root.join(crate::backupstore::format::block_path("src", sum));
-        let path = if path.exists() {
-            path
-        } else {
-            root.join("backupstore").join(crate::backupstore::format::block_path("src", sum))
-        };
-        let mut bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-        for x in bytes.iter_mut().skip(16) {
-            *x ^= 0x5a;
-        }
-        std::fs::write(&path, bytes).expect("write");
-    }
-
-    /// The volume's data in `file` is backup `name` restored, block by block.
-    async fn assert_holds(store: &Store, dir: &Path, file: &Path, name: &str) {
-        let want = dir.join(format!("want-{name}.img"));
-        ops::restore_to_file(store, "src", name, &want, 0, &Progress::default())
-            .await
-            .expect("restore");
-        let (got, want) = (std::fs::read(file).expect("read"), std::fs::read(&want).expect("read"));
-        for (k, (g, w)) in got[..SIZE as usize]
-            .chunks(MIB as usize)
-            .zip(want.chunks(MIB as usize))
-            .enumerate()
-        {
-            assert!(g == w, "MiB {k} of {} is not backup {name}'s", file.display());
-        }
-    }
-
-    /// A standby holding b1 whose update to b2 failed on b2's damaged block.
-    async fn failed_update(store: &Store, dir: &Path, r: &Restores, spec: &Volume) -> (BackupCfg, BackupCfg) {
-        let b1 = backup(store, dir, "b1", &[(0, 1), (4 * MIB, 2)], None).await;
-        step_until(r, spec, holds("b1")).await;
-        // b2 changes three of the four 2 MiB blocks; its last one is damaged
-        let b2 = backup(store, dir, "b2", &[(0, 5), (2 * MIB, 6), (6 * MIB, 7)], Some(&b1)).await;
-        corrupt(&dir.join("store"), &b2, 6 * MIB);
-        let s = step_until(r, spec, |s| {
-            matches!(s, Step::Standby { message, busy: false, .. } if message.contains("failed"))
-        })
-        .await;
-        let Step::Standby { backup, message, .. } = s else { panic!("{s:?}") };
-        assert_eq!(backup, None, "a file part way between b1 and b2 holds no backup: {message}");
-        assert!(message.contains("holds no whole backup"), "{message}");
-        (b1, b2)
-    }
-
-    #[tokio::test]
-    async fn a_standby_whose_update_failed_and_whose_newer_backup_was_deleted_serves_exactly_the_older_backup() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let target = format!("vfs://{}", dir.path().join("store").display());
-        std::fs::create_dir(dir.path().join("store")).expect("the target's folder");
-        let store = Store::open(&target, &Credentials::none()).expect("store");
-        let data = dir.path().join("data");
-        let r = Restores::new(&data);
-        let mut spec = standby(&target);
-        failed_update(&store, dir.path(), &r, &spec).await;
-        let file = data.join("restore/dr.img");
-        assert!(
-            !file.exists() && read_record(&file).is_none(),
-            "a file part way between two backups is removed with its record"
-        );
-        ops::delete(&store, "src", "b2").await.expect("delete b2");
-        spec.standby = false;
-        let s = step_until(&r, &spec, |s| matches!(s, Step::Ready(_))).await;
-        let Step::Ready(f) = s else { panic!("not ready") };
-        assert_holds(&store, dir.path(), &f.file, "b1").await;
-        assert_eq!(
-            read_record(&file).map(|h| (h.backup, h.updating)),
-            Some(("b1".into(), None))
-        );
-    }
-
-    #[tokio::test]
-    async fn a_cut_off_update_then_a_backup_like_the_one_held_is_restored_in_full_over_a_restart() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let target = format!("vfs://{}", dir.path().join("store").display());
-        std::fs::create_dir(dir.path().join("store")).expect("the target's folder");
-        let store = Store::open(&target, &Credentials::none()).expect("store");
-        let data = dir.path().join("data");
-        let spec = standby(&target);
-        let (b1, _) = failed_update(&store, dir.path(), &Restores::new(&data), &spec).await;
-        // a restart, then a newer backup whose blocks are b1's: nothing differs from b1
-        let r = Restores::new(&data);
-        backup(&store, dir.path(), "b3", &[], Some(&b1)).await;
-        let s = step_until(&r, &spec, holds("b3")).await;
-        let file = data.join("restore/dr.img");
-        assert_holds(&store, dir.path(), &file, "b3").await;
-        assert!(
-            matches!(&s, Step::Standby { message, .. } if !message.contains("fetched 0 of")),
-            "restored in full, not as a delta from b1: {s:?}"
-        );
-    }
-
-    #[tokio::test]
-    async fn activation_when_the_held_backup_was_deleted_restores_the_newest_in_full() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let target = format!("vfs://{}", dir.path().join("store").display());
-        std::fs::create_dir(dir.path().join("store")).expect("the target's folder");
-        let store = Store::open(&target, &Credentials::none()).expect("store");
-        let data = dir.path().join("data");
-        let r = Restores::new(&data);
-        let mut spec = standby(&target);
-        let b1 = backup(&store, dir.path(), "b1", &[(0, 1), (4 * MIB, 2)], None).await;
-        step_until(&r, &spec, holds("b1")).await;
-        // no look for a newer backup before the activation
-        if let Some(src) = spec.from_backup.as_mut() {
-            src.poll_seconds = Some(3600);
-        }
-        backup(&store, dir.path(), "b2", &[(2 * MIB, 3)], Some(&b1)).await;
-        ops::delete(&store, "src", "b1").await.expect("delete b1");
-        spec.standby = false;
-        let s = step_until(&r, &spec, |s| matches!(s, Step::Ready(_))).await;
-        let Step::Ready(f) = s else { panic!("not ready") };
-        assert_holds(&store, dir.path(), &f.file, "b2").await;
-    }
-
-    #[tokio::test]
-    async fn a_standby_volume_follows_its_backups_keeps_them_over_a_restart_and_is_ready_once_activated() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let target = format!("vfs://{}", dir.path().join("store").display());
-        std::fs::create_dir(dir.path().join("store")).expect("the target's folder");
-        let store = Store::open(&target, &Credentials::none()).expect("store");
-        let b1 = backup(&store, dir.path(), "b1", &[(0, 1), (4 * MIB, 2)], None).await;
-        let mut spec = standby(&target);
-        let data = dir.path().join("data");
-        let r = Restores::new(&data);
-        step_until(&r, &spec, holds("b1")).await;
-        let file = data.join("restore/dr.img");
-        assert_eq!(read_record(&file).map(|h| h.backup), Some("b1".into()));
-
-        // b2 changes the second MiB: only its block is fetched
-        let b2 = backup(&store, dir.path(), "b2", &[(MIB, 3)], Some(&b1)).await;
-        let s = step_until(&r, &spec, holds("b2")).await;
-        assert!(
-            matches!(&s, Step::Standby { message, .. } if message.contains("fetched 1 of")),
-            "{s:?}"
-        );
-
-        // a new process (a restart of talon): the file is taken up again, not restored anew
-        let written = std::fs::metadata(&file)
-            .and_then(|m| m.modified())
-            .expect("mtime");
-        let r = Restores::new(&data);
-        step_until(&r, &spec, holds("b2")).await;
-        assert_eq!(
-            std::fs::metadata(&file)
-                .and_then(|m| m.modified())
-                .expect("mtime"),
-            written
-        );
-
-        // activated after b3: the newest is restored once more, then the file is used
-        backup(&store, dir.path(), "b3", &[(6 * MIB, 4)], Some(&b2)).await;
-        spec.standby = false;
-        let s = step_until(&r, &spec, |s| matches!(s, Step::Ready(_))).await;
-        let Step::Ready(f) = s else { panic!("not ready") };
-        let want = dir.path().join("want.img");
-        ops::restore_to_file(&store, "src", "b3", &want, 0, &Progress::default())
-            .await
-            .expect("restore b3");
-        let got = std::fs::read(&f.file).expect("read");
-        assert!(
-            got[..SIZE as usize] == std::fs::read(&want).expect("read")[..],
-            "the file holds b3"
-        );
-        assert_eq!(
-            read_record(&file).map(|h| (h.backup, h.follows)),
-            Some(("b3".into(), false))
-        );
-
-        r.finish("dr");
-        assert!(
-            !file.exists() && !record_path(&file).exists(),
-            "finish removes the file and its record"
-        );
-    }
 }

@@ -9,6 +9,7 @@
 //!   TargetStatus "spdk" ready ──> Inventory::load ──> find (pure): lvols of talon-* lvstores
 //!                                                     no owner claims ──> OrphanLvol <alias>
 //!                                                                         (a warning once each)
+//!   the same listing ──> mover::sweep: the data mover's temporary exports of another run removed
 //!   OrphanRemoval <alias> {uuid} ──> still an orphan, same uuid, no clone ──> bdev_lvol_delete
 //!                                    else: OrphanLvol.message says why
 //! ```
@@ -73,6 +74,8 @@ fn was(name: &str) -> String {
         Some(LvolRole::RevertMarker { volume, generation }) => {
             format!("volume {volume} revert marker {generation}")
         }
+        Some(LvolRole::Restoring { volume, k }) => format!("volume {volume} replica {k}, being restored"),
+        Some(LvolRole::Standby { volume, k }) => format!("standby volume {volume} replica {k}"),
         None => format!("Longhorn replica or other ({name})"),
     }
 }
@@ -153,6 +156,8 @@ impl Controller for SpdkOrphanController {
         let mut owners = read_owners(ctx)?;
         let inv = Inventory::load(&self.client).await?;
         owners.extend(read_owners(ctx)?);
+        // the data mover's exports an earlier run of talon left (a crash mid-move)
+        crate::spdk::volume::mover::sweep(&self.client, &inv).await;
         let mut found = find(&inv, &owners);
         // a refusal is said while its request stands
         for req in ctx.list::<OrphanRemoval>()? {
@@ -213,7 +218,11 @@ mod tests {
         for d in ["d1", "other"] {
             i.lvstores.push(Lvstore {
                 uuid: format!("u-{d}"),
-                name: if d == "other" { "foreign".into() } else { format!("talon-{d}") },
+                name: if d == "other" {
+                    "foreign".into()
+                } else {
+                    format!("talon-{d}")
+                },
                 base_bdev: format!("talon-disk-{d}"),
                 total_data_clusters: 1024,
                 free_clusters: 1024,

@@ -45,8 +45,8 @@ use crate::spdk::SpdkClient;
 use crate::spdk::placement::DiskAway;
 use crate::spdk::volume::plan::RestoreFile;
 use crate::spdk::volume::{
-    ExportSpec, Inventory, RemoteDest, RemoteSnapshot, VolumeError, VolumeInfo, VolumeOps, VolumePlan,
-    applied_revert, replica_heads,
+    ExportSpec, Inventory, PeerError, RemoteDest, RemoteSnapshot, VolumeError, VolumeInfo, VolumeOps,
+    VolumePlan, applied_revert, replica_heads,
 };
 
 use super::peer::{PeerDest, Peers};
@@ -98,6 +98,13 @@ impl SpdkVolumeController {
             restores: Restores::default(),
             grown: std::sync::Mutex::default(),
         }
+    }
+
+    /// Copies backups into lvols under `copies`, the lock every other
+    /// copier into this target holds a clone of.
+    pub fn with_copies(mut self, copies: crate::spdk::volume::from_file::Copies) -> Self {
+        self.ops = self.ops.with_copies(copies);
+        self
     }
 
     /// Calls the nodes of remote replicas (`RemoteReplica.api`) with `peers`.
@@ -462,7 +469,11 @@ impl SpdkVolumeController {
         if job.spec.serve_replica.is_none() {
             // a snapshot's freeze left by a talon stopped before its thaw
             let nqn = crate::names::Nqn::for_volume(name);
-            self.thaw_checked.check(self.ops.client(), nqn.as_str()).await;
+            // logged there; checked again on the next reconcile
+            let _ = self
+                .thaw_checked
+                .check(&self.ops, nqn.as_str(), crate::spdk::rpc::AnaState::Optimized)
+                .await;
         }
         if restoring {
             self.restores.finish(&job.id);
@@ -514,11 +525,11 @@ impl SpdkVolumeController {
             }
             match self.peers.connect(api).await {
                 Ok(c) => clients.push((*k, api.as_str(), c)),
-                Err(message) => {
+                Err(e) => {
                     unreachable = Some(VolumeError::PeerSnapshot {
                         snapshot: s.id().to_string(),
                         replica: format!("r{k}"),
-                        message,
+                        message: e.to_string(),
                     });
                     break;
                 }
@@ -530,7 +541,7 @@ impl SpdkVolumeController {
                 let remote: Vec<RemoteSnapshot<'_>> = clients
                     .iter()
                     .map(|(k, api, c)| {
-                        let f: futures::future::BoxFuture<'_, Result<(), String>> =
+                        let f: futures::future::BoxFuture<'_, Result<(), PeerError>> =
                             Box::pin(self.peers.snapshot(c, api, vol.as_str(), snap.as_str()));
                         (*k, f)
                     })
@@ -612,7 +623,8 @@ impl SpdkVolumeController {
             for (_, api) in Self::callable_remotes(&v.spec) {
                 self.peers
                     .delete_snapshot(&api, &s.spec.volume, &s.spec.name)
-                    .await?;
+                    .await
+                    .map_err(|e| e.to_string())?;
             }
         }
         Ok(())
@@ -879,7 +891,12 @@ impl Controller for SpdkVolumeController {
         }
         self.ensure_transport(&jobs.live, &mut here.inv).await?;
         let (plain, derived) = split_derived(jobs.live);
-        let mut statuses = self.realize_all(plain, &here.inv, &export).await;
+        // the replicas served to other nodes first, all of them: their engines
+        // give an export up after their ctrlr_loss_timeout (a target restart
+        // took every export away), and the volumes here may wait on other nodes
+        let (served, volumes) = served_first(plain);
+        let mut statuses = self.realize_all(served, &here.inv, &export).await;
+        statuses.extend(self.realize_all(volumes, &here.inv, &export).await);
         // a remote replica grows on its node when the volume grows
         for v in want
             .volumes
@@ -1195,7 +1212,10 @@ impl SpdkVolumeController {
         let snapshots: BTreeSet<String> = if deleting.is_empty() {
             BTreeSet::new()
         } else {
-            ctx.list::<Snapshot>()?.iter().map(|s| s.id().to_string()).collect()
+            ctx.list::<Snapshot>()?
+                .iter()
+                .map(|s| s.id().to_string())
+                .collect()
         };
         for id in deleting {
             // its lvols, snapshots too: orphan cleanup never takes lvols
@@ -1384,6 +1404,12 @@ fn make_jobs(want: &Desired, here: &Loaded, host_nqn: Option<&str>) -> Jobs {
 fn split_derived(jobs: Vec<Job>) -> (Vec<Job>, Vec<Job>) {
     jobs.into_iter()
         .partition(|j| j.spec.from_snapshot.is_none() && j.spec.revert_to.is_none())
+}
+
+/// Jobs split into the replicas served to other nodes' engines and the
+/// volumes, each in its order.
+fn served_first(jobs: Vec<Job>) -> (Vec<Job>, Vec<Job>) {
+    jobs.into_iter().partition(|j| j.spec.serve_replica.is_some())
 }
 
 /// Whether remote replica `k` of volume `v` (its NVMe controller here) is
@@ -1909,7 +1935,7 @@ mod tests {
     }
 
     #[test]
-    fn clones_and_reverts_are_set_up_after_the_snapshots() {
+    fn clones_and_reverts_are_set_up_after_the_snapshots_served_replicas_first() {
         let jobs = vec![
             job(vol("plain", serde_json::json!({}))),
             job(vol("clone", serde_json::json!({"fromSnapshot": "plain@s1"}))),
@@ -1923,6 +1949,10 @@ mod tests {
         let names = |js: &[Job]| js.iter().map(|j| j.id.clone()).collect::<Vec<_>>();
         assert_eq!(names(&plain), ["plain", "served"]);
         assert_eq!(names(&derived), ["clone", "revert"]);
+        // the replicas served to other nodes before the volumes here
+        let (served, volumes) = served_first(plain);
+        assert_eq!(names(&served), ["served"]);
+        assert_eq!(names(&volumes), ["plain"]);
     }
 
     #[test]

@@ -89,12 +89,25 @@ fn status(state: AttachState, message: impl Into<String>) -> AttachmentStatus {
     }
 }
 
+/// Why an engine's export cannot be attached to.
+#[derive(Debug, thiserror::Error)]
+enum ExportError {
+    /// Its address is not an IP address.
+    #[error("export address {address:?} is not an IP address")]
+    Address {
+        /// The export's address.
+        address: String,
+    },
+    /// Its name is not an NQN (NVMe/TCP) or an IQN (iSCSI).
+    #[error(transparent)]
+    Name(#[from] crate::names::InvalidName),
+}
+
 /// The address of an export; an unspecified listen address means this host.
-fn export_addr(e: &Export) -> Result<IpAddr, String> {
-    let addr: IpAddr = e
-        .address
-        .parse()
-        .map_err(|_| format!("export address {:?} is not an IP address", e.address))?;
+fn export_addr(e: &Export) -> Result<IpAddr, ExportError> {
+    let addr: IpAddr = e.address.parse().map_err(|_| ExportError::Address {
+        address: e.address.clone(),
+    })?;
     Ok(match addr {
         a if !a.is_unspecified() => a,
         IpAddr::V4(_) => IpAddr::from([127, 0, 0, 1]),
@@ -103,8 +116,8 @@ fn export_addr(e: &Export) -> Result<IpAddr, String> {
 }
 
 /// The NVMe/TCP target of an export and the namespace id.
-fn nvme_target(e: &Export) -> Result<(NvmeTcpTarget, u32), String> {
-    let nqn = Nqn::parse(&e.name).map_err(|err| err.to_string())?;
+fn nvme_target(e: &Export) -> Result<(NvmeTcpTarget, u32), ExportError> {
+    let nqn = Nqn::parse(&e.name)?;
     Ok((
         NvmeTcpTarget {
             traddr: export_addr(e)?,
@@ -121,8 +134,8 @@ fn iscsi_target(
     e: &Export,
     initiator: Option<Iqn>,
     chap: Option<ChapCredentials>,
-) -> Result<IscsiTarget, String> {
-    let iqn = Iqn::parse(&e.name).map_err(|err| err.to_string())?;
+) -> Result<IscsiTarget, ExportError> {
+    let iqn = Iqn::parse(&e.name)?;
     Ok(IscsiTarget {
         portal: std::net::SocketAddr::new(export_addr(e)?, e.port),
         iqn,
@@ -298,8 +311,8 @@ impl Controller for AttachController {
                 };
                 let target = match iscsi_target(&export, Some(ids.iqn.clone()), chap) {
                     Ok(t) => t,
-                    Err(msg) => {
-                        ctx.apply(&id, status(AttachState::Failed, msg))?;
+                    Err(e) => {
+                        ctx.apply(&id, status(AttachState::Failed, e.to_string()))?;
                         continue;
                     }
                 };
@@ -332,8 +345,8 @@ impl Controller for AttachController {
             }
             let (target, nsid) = match nvme_target(&export) {
                 Ok(t) => t,
-                Err(msg) => {
-                    ctx.apply(&id, status(AttachState::Failed, msg))?;
+                Err(e) => {
+                    ctx.apply(&id, status(AttachState::Failed, e.to_string()))?;
                     continue;
                 }
             };

@@ -5,7 +5,7 @@
 //! ```text
 //!   NodeConfig.hugepages ─┐  auto: SPDK can run here? (spdk_tgt found, not --no-huge,
 //!   Volume (V2 ones) ─────┤        node not pinned to v1, or V2 work exists)
-//!   Disk ─────────────────┤        ─> 1024 MiB + 43 MiB × exported volumes (docs/sizing.md)
+//!   Disk ─────────────────┤        ─> 1024 MiB + 8 MiB × exported volumes (docs/sizing.md)
 //!   --spdk-cpumask ───────┘  <MiB>: that;  off: nothing wanted
 //!        │ split over the NUMA nodes of the SPDK cores, in proportion to the cores
 //!        │ on each (as DPDK spreads -s), rounded up to whole pages
@@ -232,12 +232,12 @@ mod tests {
         let specs = desired(&root, &demand(true), &node, &[vol(), vol(), vol()], 0).expect("desired");
         assert_eq!(specs.len(), 1, "{specs:?}");
         let s = &specs[0];
-        // 1024 + 3 × 43 = 1153 -> 1154 MiB (spdk_tgt -s) -> 577 pages of 2 MiB, all on node 0 (core 0)
+        // 1024 + 3 × 8 = 1048 MiB (spdk_tgt -s) -> 524 pages of 2 MiB, all on node 0 (core 0)
         assert_eq!(
             (s.node, s.wanted, s.spdk_mem_mib, s.exported_volumes),
-            (Some(0), Some(577), 1154, 3)
+            (Some(0), Some(524), 1048, 3)
         );
-        assert!(s.reason.contains("43 MiB × 3 exported"), "{}", s.reason);
+        assert!(s.reason.contains("8 MiB × 3 exported"), "{}", s.reason);
         assert!(s.reason.contains("NUMA node 0"), "{}", s.reason);
 
         // cores on both nodes: the pages follow the cores (DPDK's split)
@@ -290,7 +290,7 @@ mod tests {
             ..NodeConfig::default()
         };
         let specs = desired(&root, &demand(true), &off, &[vol()], 0).expect("desired");
-        assert_eq!((specs[0].wanted, specs[0].spdk_mem_mib), (None, 1068));
+        assert_eq!((specs[0].wanted, specs[0].spdk_mem_mib), (None, 1032));
     }
 
     #[test]

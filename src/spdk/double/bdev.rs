@@ -128,7 +128,7 @@ impl State {
                     }
                     _ => return e(ENODEV),
                 };
-                if self.bdevs[i].claimed_by.is_some() {
+                if !self.deletable(i) {
                     return e(EBUSY);
                 }
                 self.remove_bdev(i);

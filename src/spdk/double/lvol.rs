@@ -236,7 +236,7 @@ impl State {
             "bdev_lvol_delete" => {
                 let p: ByName = decode(params)?;
                 let i = self.lvol(&p.name)?;
-                if self.bdevs[i].claimed_by.is_some() {
+                if !self.deletable(i) {
                     return e(EBUSY);
                 }
                 let name = self.bdevs[i].name.clone();

@@ -21,7 +21,11 @@
 //! Recorded semantics it enforces: an lvol's bdev name is its UUID with alias
 //! `lvs/lvol`; a bdev under an lvstore or raid is claimed (a second lvstore:
 //! -1; a raid member: -1 "Failed to create RAID bdev X: Operation not
-//! permitted"); duplicate names -17; missing objects -19 (-2 for a missing
+//! permitted"); an export claims its namespace's bdev `exclusive_write` (a
+//! raid over it: -1 as above; a second export of it, or an export of a raid
+//! member: -32602 "Invalid parameters"; the lvol or malloc bdev deleted all
+//! the same, its namespace hot-removed; the claim ends with the namespace);
+//! duplicate names -17; missing objects -19 (-2 for a missing
 //! AIO file); raid1 with fewer than 2 base bdevs -22; `remove_base_bdev`
 //! leaves a raid1 online and degraded; a snapshot with more than one clone
 //! cannot be deleted (-32603 "Operation not permitted"); clone of a writable
@@ -186,6 +190,10 @@ struct Superblock {
     slots: Vec<(Option<String>, bool)>,
 }
 
+/// How [`Bdev::claimed_by`] names the NVMe-oF target's claim on a
+/// namespace's bdev (followed by the subsystem's NQN).
+const NVMF_CLAIM: &str = "nvmf ";
+
 #[derive(Debug, Clone)]
 struct Bdev {
     name: String,
@@ -337,6 +345,8 @@ struct State {
     malloc_counter: u32,
     faults: Vec<Armed>,
     calls: HashMap<String, u64>,
+    /// Every call in the order it was served: method and the `nqn` it named.
+    order: Vec<(String, Option<String>)>,
     /// This target's host id (its host NQN is derived from it).
     host_id: String,
     /// How long a raid1 rebuild takes (zero: done at once).
@@ -710,6 +720,12 @@ impl SpdkDouble {
         lock(&self.state).calls.get(method).copied().unwrap_or(0)
     }
 
+    /// Every call served so far, in the order served: its method and the
+    /// subsystem NQN its parameters named (`nqn`), if any.
+    pub fn call_order(&self) -> Vec<(String, Option<String>)> {
+        lock(&self.state).order.clone()
+    }
+
     /// Adds a local NVMe device that `bdev_nvme_attach_controller` with
     /// trtype PCIe can attach at `bdf`.
     pub fn add_pcie_nvme(&self, bdf: &str, num_blocks: u64, block_size: u32) {
@@ -865,6 +881,12 @@ async fn handle_request(state: &Arc<Mutex<State>>, req: Value) -> Outcome {
     let fault = {
         let mut s = lock(state);
         *s.calls.entry(method.clone()).or_default() += 1;
+        let nqn = params
+            .as_ref()
+            .and_then(|p| p.get("nqn"))
+            .and_then(Value::as_str)
+            .map(str::to_owned);
+        s.order.push((method.clone(), nqn));
         let mut hit = None;
         for a in s.faults.iter_mut().filter(|a| a.method == method) {
             a.remaining -= 1;
@@ -1285,6 +1307,27 @@ impl State {
         if let BdevKind::Lvol(l) = &mut self.bdevs[i].kind {
             f(l);
         }
+    }
+
+    /// Ends the NVMe-oF target's claim on bdev `name` (its namespace
+    /// removed).
+    fn release_nvmf_claim(&mut self, name: &str) {
+        if let Some(b) = self.bdevs.iter_mut().find(|b| b.name == name)
+            && b.claimed_by.as_deref().is_some_and(|c| c.starts_with(NVMF_CLAIM))
+        {
+            b.claimed_by = None;
+        }
+    }
+
+    /// Whether bdev `i` may be deleted: not claimed, or claimed only by an
+    /// export (v26.05 deletes an exported lvol or malloc bdev and
+    /// hot-removes its namespace; a raid member or an lvstore's base is
+    /// refused here, see the simplifications above).
+    fn deletable(&self, i: usize) -> bool {
+        self.bdevs[i]
+            .claimed_by
+            .as_deref()
+            .is_none_or(|c| c.starts_with(NVMF_CLAIM))
     }
 
     /// Removes a bdev that goes away: namespaces exporting it go too (as

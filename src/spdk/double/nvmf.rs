@@ -58,7 +58,10 @@ impl State {
             "nvmf_delete_subsystem" => {
                 let p: ByNqn = decode(params)?;
                 let i = self.subsys(&p.nqn)?;
-                self.subsystems.remove(i);
+                let gone = self.subsystems.remove(i);
+                for ns in &gone.namespaces {
+                    self.release_nvmf_claim(&ns.bdev);
+                }
                 Ok(json!(true))
             }
             "nvmf_get_subsystems" => {
@@ -108,6 +111,12 @@ impl State {
                 let bi = self
                     .find(&p.namespace.bdev_name)
                     .ok_or((INVALID_PARAMS.0, INVALID_PARAMS.1.into()))?;
+                // the target claims a namespace's bdev (`exclusive_write`):
+                // one claimed already (a raid member, another export) is
+                // refused with -32602, as v26.05 does
+                if self.bdevs[bi].claimed_by.is_some() {
+                    return e(INVALID_PARAMS);
+                }
                 let b = self.bdevs[bi].clone();
                 let sub = &mut self.subsystems[si];
                 let nsid = match p.namespace.nsid {
@@ -132,16 +141,21 @@ impl State {
                     drained: false,
                 });
                 sub.namespaces.sort_by_key(|n| n.nsid);
+                self.bdevs[bi].claimed_by = Some(format!("{NVMF_CLAIM}{}", p.nqn));
                 Ok(json!(nsid))
             }
             "nvmf_subsystem_remove_ns" => {
                 let p: RemoveNamespace = decode(params)?;
                 let si = self.subsys(&p.nqn)?;
-                let before = self.subsystems[si].namespaces.len();
-                self.subsystems[si].namespaces.retain(|n| n.nsid != p.nsid);
-                if self.subsystems[si].namespaces.len() == before {
+                let Some(at) = self.subsystems[si]
+                    .namespaces
+                    .iter()
+                    .position(|n| n.nsid == p.nsid)
+                else {
                     return e(INVALID_PARAMS);
-                }
+                };
+                let ns = self.subsystems[si].namespaces.remove(at);
+                self.release_nvmf_claim(&ns.bdev);
                 Ok(json!(true))
             }
             "nvmf_subsystem_add_listener" | "nvmf_subsystem_remove_listener" => {
@@ -152,9 +166,23 @@ impl State {
                         .and_then(|v| v.get("secure_channel"))
                         .and_then(Value::as_bool)
                         == Some(true);
+                // and ana_state, the listener's state from the start: v26.05
+                // takes optimized, non_optimized or inaccessible, anything
+                // else -32602 with no listener; on a subsystem without ANA
+                // reporting it is taken and never reported
+                let mut ana = None;
                 let mut params = params.clone();
                 if let Some(Value::Object(m)) = params.as_mut() {
                     m.remove("secure_channel");
+                    if method.ends_with("add_listener")
+                        && let Some(a) = m.remove("ana_state")
+                    {
+                        ana = Some(
+                            serde_json::from_value::<crate::spdk::rpc::AnaState>(a)
+                                .map_err(|_| INVALID_PARAMS)
+                                .or_else(e)?,
+                        );
+                    }
                 }
                 let p: SubsystemListener = decode(&params)?;
                 let si = self.subsys(&p.nqn)?;
@@ -192,11 +220,32 @@ impl State {
                             self.tls_ports.remove(&port);
                         }
                     }
-                    self.subsystems[si].listeners.push(p.listen_address);
+                    let key = format!(
+                        "{}:{}",
+                        p.listen_address.traddr,
+                        p.listen_address.trsvcid.as_deref().unwrap_or_default()
+                    );
+                    let sub = &mut self.subsystems[si];
+                    match ana {
+                        Some(a) if sub.ana_reporting && a != crate::spdk::rpc::AnaState::Optimized => {
+                            sub.ana.insert(key, a);
+                        }
+                        _ => {
+                            sub.ana.remove(&key);
+                        }
+                    }
+                    sub.listeners.push(p.listen_address);
                 } else {
                     if !exists {
                         return e(INVALID_PARAMS);
                     }
+                    // a listener added again is optimized (v26.05)
+                    let key = format!(
+                        "{}:{}",
+                        p.listen_address.traddr,
+                        p.listen_address.trsvcid.as_deref().unwrap_or_default()
+                    );
+                    self.subsystems[si].ana.remove(&key);
                     self.subsystems[si].listeners.retain(|l| !same(l));
                 }
                 Ok(json!(true))
@@ -212,11 +261,12 @@ impl State {
                         .iter()
                         .map(|l| {
                             let key = format!("{}:{}", l.traddr, l.trsvcid.as_deref().unwrap_or_default());
-                            let state = match sub.ana.get(&key) {
-                                Some(crate::spdk::rpc::AnaState::Inaccessible) => "inaccessible",
-                                Some(crate::spdk::rpc::AnaState::NonOptimized) => "non_optimized",
-                                _ => "optimized",
-                            };
+                            let state = sub
+                                .ana
+                                .get(&key)
+                                .copied()
+                                .unwrap_or(crate::spdk::rpc::AnaState::Optimized)
+                                .as_str();
                             let mut v = json!({"address": l});
                             if sub.ana_reporting {
                                 v["ana_states"] = json!([{"ana_group": 1, "ana_state": state}]);

@@ -110,16 +110,24 @@ pub enum FrontendMode {
     Disabled,
 }
 
+/// A Longhorn frontend talon does not serve (`ublk`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("frontend {frontend:?} is not served by talon (spdk-tcp-blockdev, spdk-tcp-nvmf, or \"\" for none)")]
+pub struct UnservedFrontend {
+    /// The frontend's name.
+    pub frontend: String,
+}
+
 impl FrontendMode {
     /// The mode of Longhorn's frontend name; others (`ublk`) are refused by name.
-    pub fn of(frontend: &str) -> Result<Self, String> {
+    pub fn of(frontend: &str) -> Result<Self, UnservedFrontend> {
         match frontend {
             "spdk-tcp-blockdev" => Ok(Self::KernelBlockdev),
             "spdk-tcp-nvmf" => Ok(Self::NvmfEndpoint),
             "" => Ok(Self::Disabled),
-            other => Err(format!(
-                "frontend {other:?} is not served by talon (spdk-tcp-blockdev, spdk-tcp-nvmf, or \"\" for none)"
-            )),
+            other => Err(UnservedFrontend {
+                frontend: other.to_owned(),
+            }),
         }
     }
 }
@@ -188,7 +196,7 @@ mod tests {
         assert_eq!(FrontendMode::of("spdk-tcp-nvmf"), Ok(FrontendMode::NvmfEndpoint));
         assert_eq!(FrontendMode::of(""), Ok(FrontendMode::Disabled));
         let e = FrontendMode::of("ublk").expect_err("ublk");
-        assert!(e.contains("\"ublk\" is not served by talon"), "{e}");
+        assert!(e.to_string().contains("\"ublk\" is not served by talon"), "{e}");
     }
 
     #[test]

@@ -56,6 +56,8 @@ impl EngineNames {
                 model: "talon".into(),
                 serial: Some(naming::serial(vol)),
                 ana: true,
+                cntlid: None,
+                listener_ana: None,
             },
         }
     }

@@ -653,7 +653,7 @@ mod tests {
     fn a_volume_from_a_backup_trusts_the_restored_and_those_a_run_before_made() {
         let mut p = vplan(10, 3, true);
         p.restore = Some(plan::RestoreFile {
-            file: "/tmp/restored".into(),
+            from: crate::spdk::volume::mover::restore::Source::File("/tmp/restored".into()),
             data_offset: 0,
         });
         // all made now: only the restored one

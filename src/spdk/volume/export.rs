@@ -16,8 +16,9 @@ use crate::spdk::client::ClientError;
 use crate::spdk::error::ErrorKind;
 use crate::spdk::placement::Blocked;
 use crate::spdk::rpc::{
-    AddNamespace, AllowAnyHost, AttachController, ByName, CreateSubsystem, KeyringFileKey, ListenAddress,
-    RaidDelete, RemoveNamespace, SecureListener, SubsystemHostKeys, SubsystemHostParams, SubsystemListener,
+    AddNamespace, AllowAnyHost, AnaState, AttachController, ByName, CreateSubsystem, KeyringFileKey,
+    ListenAddress, ListenerAnaState, RaidDelete, RemoveNamespace, SecureListener, SubsystemHostKeys,
+    SubsystemHostParams, SubsystemListener,
 };
 use crate::util::nvme_auth::{self as dhchap, DhchapSecret, Secret, TlsPsk};
 
@@ -57,6 +58,15 @@ pub struct NewSubsystem {
     /// ANA reporting: a snapshot can then freeze it (its listeners
     /// inaccessible) while the host waits instead of failing.
     pub ana: bool,
+    /// The controller IDs it hands out, lowest and highest (`None`: all of
+    /// SPDK's): exports of one subsystem on two nodes (two engines of one
+    /// volume) must hand out disjoint IDs, or a host that connects to both
+    /// refuses the second path as a duplicate controller.
+    pub cntlid: Option<(u16, u16)>,
+    /// The ANA state its listener is added in (with `ana`; `None`:
+    /// SPDK's, optimized): an engine a host has left stays so when its
+    /// export is made again (`EngineSetTargetListenerANAState`).
+    pub listener_ana: Option<AnaState>,
 }
 
 impl NewSubsystem {
@@ -68,6 +78,8 @@ impl NewSubsystem {
             model_number: Some(self.model.clone()),
             max_namespaces: Some(1),
             ana_reporting: self.ana.then_some(true),
+            min_cntlid: self.cntlid.map(|c| c.0),
+            max_cntlid: self.cntlid.map(|c| c.1),
         }
     }
 }
@@ -118,6 +130,24 @@ pub struct RemoteAttach<'a> {
     /// `Some(<data-dir>)`: over NVMe/TCP TLS with `host_nqn`'s PSK from
     /// `<data-dir>/nvme-tls/`.
     pub tls_data_dir: Option<&'a std::path::Path>,
+}
+
+impl<'a> RemoteAttach<'a> {
+    /// A Longhorn replica's subsystem `nqn` at `at`, attached as controller
+    /// `controller` the way Longhorn's engines attach it: as the internal
+    /// host NQN, with their link timeouts.
+    pub fn longhorn(controller: &'a str, at: std::net::SocketAddr, nqn: &'a str) -> Self {
+        Self {
+            controller,
+            address: at.ip(),
+            port: at.port(),
+            nqn,
+            host_nqn: Some(crate::spdk::naming::longhorn::internal_host_nqn()),
+            longhorn_link: true,
+            dhchap_data_dir: None,
+            tls_data_dir: None,
+        }
+    }
 }
 
 impl VolumeOps {
@@ -296,6 +326,14 @@ impl VolumeOps {
                         nqn: nqn.as_str().to_owned(),
                         listen_address: listen.clone(),
                         secure_channel: true,
+                    })
+                    .await
+            } else if let Some(ana_state) = e.subsystem.listener_ana.filter(|_| e.subsystem.ana) {
+                self.client
+                    .nvmf_subsystem_add_listener_ana(&ListenerAnaState {
+                        nqn: nqn.as_str().to_owned(),
+                        listen_address: listen.clone(),
+                        ana_state,
                     })
                     .await
             } else {
@@ -657,6 +695,8 @@ impl VolumeOps {
                 model: "talon-replica".into(),
                 serial: None,
                 ana: false,
+                cntlid: None,
+                listener_ana: None,
             },
             spec: export,
             only_listener: true,

@@ -23,17 +23,24 @@
 //! QD4): after step 1 alone, writes kept completing for up to 2 s; after
 //! step 2 (which took the 1.8 s the writes still had), none did.
 //!
-//! A thaw sets the listeners `optimized` again. A host with NVMe multipath
-//! queues the failed I/O until the ANA change notice and loses nothing.
+//! A thaw sets the listeners back to the state the export serves in:
+//! `optimized`, or the one its engine was set to
+//! ([`Freezes::serve_as`]: a Longhorn engine a host is moving away from is
+//! `inaccessible` or `non_optimized`). A host with NVMe multipath queues the
+//! failed I/O until the ANA change notice and loses nothing.
 //!
 //! A stop between freeze and thaw leaves the export frozen: its hosts' I/O
-//! queued for good. The engines' controllers call [`thaw_leftover`] once per
-//! export and start (through a [`ThawOnce`]); it never thaws a freeze this
-//! process holds (a snapshot in progress), which [`freeze`] records until
-//! [`thaw`].
+//! queued for good. The engines' controllers call
+//! [`Freezes::thaw_leftover`] once per export and start (through a
+//! [`ThawOnce`]; every reconcile for an export that does not serve
+//! `optimized`: one made again comes back optimized); it never thaws a freeze their operations hold (a snapshot
+//! in progress), which [`Freezes::freeze`] records until [`Freezes::thaw`].
+//! The record is the operations' own ([`super::VolumeOps::freezes`], shared
+//! by their clones), not the process's: each controller freezes and checks
+//! only the exports it serves.
 
-use std::collections::{BTreeMap, BTreeSet};
-use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::super::client::{ClientError, SpdkClient};
 use super::super::error::ErrorKind;
@@ -46,16 +53,20 @@ pub struct Frozen {
     pub nqn: String,
     /// Its listeners that are inaccessible now.
     pub listeners: Vec<ListenAddress>,
-    /// Recorded as held by this process (made by [`freeze`]).
+    /// Recorded as held in the [`Freezes`] that made it.
     held: bool,
 }
 
-/// The exports this process holds frozen: NQN -> freezes in progress.
-fn held() -> MutexGuard<'static, BTreeMap<String, usize>> {
-    static HELD: OnceLock<Mutex<BTreeMap<String, usize>>> = OnceLock::new();
-    HELD.get_or_init(Mutex::default)
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
+/// The exports one engine's operations hold frozen (NQN -> freezes in
+/// progress), and the ANA state each serves in when not `optimized`.
+/// Clones share the record.
+#[derive(Debug, Clone, Default)]
+pub struct Freezes(Arc<Mutex<Record>>);
+
+#[derive(Debug, Default)]
+struct Record {
+    held: BTreeMap<String, usize>,
+    serving: BTreeMap<String, AnaState>,
 }
 
 /// A freeze that failed: what it was doing, and SPDK's answer. Whatever it
@@ -70,131 +81,175 @@ pub struct FreezeError {
     pub source: ClientError,
 }
 
-/// Freezes export `sub`: no I/O command reaches its namespaces' bdevs and
-/// none is in flight in them when this returns `Ok` (see the module). A
-/// subsystem created without ANA reporting cannot be frozen: the caller
-/// checks [`Subsystem::ana_reporting`] first (SPDK refuses the ANA state
-/// with -32603).
-pub async fn freeze(client: &SpdkClient, sub: &Subsystem) -> Result<Frozen, FreezeError> {
-    *held().entry(sub.nqn.clone()).or_default() += 1;
-    let mut frozen = Frozen {
-        nqn: sub.nqn.clone(),
-        listeners: Vec::new(),
-        held: true,
-    };
-    for l in &sub.listen_addresses {
-        if let Err(source) = set_ana(client, &sub.nqn, l, AnaState::Inaccessible).await {
-            // thaw logs its own failures; the freeze error is the one to report
-            let _ = thaw(client, &frozen).await;
-            return Err(FreezeError {
-                what: format!("freezing {} on {}", sub.nqn, l.traddr),
-                source,
-            });
-        }
-        frozen.listeners.push(l.clone());
+impl Freezes {
+    fn record(&self) -> MutexGuard<'_, Record> {
+        self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
-    for ns in &sub.namespaces {
-        let drain = SetNsAnaGroup {
-            nqn: sub.nqn.clone(),
-            nsid: ns.nsid,
-            // SPDK puts a namespace added without one in the group of its nsid
-            anagrpid: ns.anagrpid.unwrap_or(ns.nsid),
-        };
-        if let Err(source) = client.nvmf_subsystem_set_ns_ana_group(&drain).await {
-            let _ = thaw(client, &frozen).await;
-            return Err(FreezeError {
-                what: format!("draining namespace {} of {}", ns.nsid, sub.nqn),
-                source,
-            });
-        }
-    }
-    Ok(frozen)
-}
 
-/// Sets every listener a freeze made inaccessible optimized again; every one
-/// is tried, the first error returned. The freeze is no longer held either
-/// way (a listener left inaccessible is [`thaw_leftover`]'s).
-pub async fn thaw(client: &SpdkClient, frozen: &Frozen) -> Result<(), ClientError> {
-    let mut first = Ok(());
-    for l in &frozen.listeners {
-        if let Err(e) = set_ana(client, &frozen.nqn, l, AnaState::Optimized).await {
-            tracing::error!(nqn = %frozen.nqn, listener = %l.traddr, error = %e, "could not thaw an export");
-            first = first.and(Err(e));
-        }
+    /// Whether a freeze recorded here holds export `nqn`.
+    pub fn holds(&self, nqn: &str) -> bool {
+        self.record().held.contains_key(nqn)
     }
-    if frozen.held {
-        let mut h = held();
-        if let Some(n) = h.get_mut(&frozen.nqn) {
-            *n = n.saturating_sub(1);
-            if *n == 0 {
-                h.remove(&frozen.nqn);
+
+    /// Export `nqn` serves in ANA state `state` (`optimized` unless told):
+    /// what a thaw sets its listeners to.
+    pub fn serve_as(&self, nqn: &str, state: AnaState) {
+        let mut r = self.record();
+        match state {
+            AnaState::Optimized => r.serving.remove(nqn),
+            other => r.serving.insert(nqn.to_owned(), other),
+        };
+    }
+
+    /// The ANA state export `nqn` serves in.
+    pub fn serving(&self, nqn: &str) -> AnaState {
+        self.record()
+            .serving
+            .get(nqn)
+            .copied()
+            .unwrap_or(AnaState::Optimized)
+    }
+
+    /// Freezes export `sub`: no I/O command reaches its namespaces' bdevs and
+    /// none is in flight in them when this returns `Ok` (see the module). A
+    /// subsystem created without ANA reporting cannot be frozen: the caller
+    /// checks [`Subsystem::ana_reporting`] first (SPDK refuses the ANA state
+    /// with -32603).
+    pub async fn freeze(&self, client: &SpdkClient, sub: &Subsystem) -> Result<Frozen, FreezeError> {
+        *self.record().held.entry(sub.nqn.clone()).or_default() += 1;
+        let mut frozen = Frozen {
+            nqn: sub.nqn.clone(),
+            listeners: Vec::new(),
+            held: true,
+        };
+        for l in &sub.listen_addresses {
+            if let Err(source) = set_ana(client, &sub.nqn, l, AnaState::Inaccessible).await {
+                // thaw logs its own failures; the freeze error is the one to report
+                let _ = self.thaw(client, &frozen).await;
+                return Err(FreezeError {
+                    what: format!("freezing {} on {}", sub.nqn, l.traddr),
+                    source,
+                });
+            }
+            frozen.listeners.push(l.clone());
+        }
+        for ns in &sub.namespaces {
+            let drain = SetNsAnaGroup {
+                nqn: sub.nqn.clone(),
+                nsid: ns.nsid,
+                // SPDK puts a namespace added without one in the group of its nsid
+                anagrpid: ns.anagrpid.unwrap_or(ns.nsid),
+            };
+            if let Err(source) = client.nvmf_subsystem_set_ns_ana_group(&drain).await {
+                let _ = self.thaw(client, &frozen).await;
+                return Err(FreezeError {
+                    what: format!("draining namespace {} of {}", ns.nsid, sub.nqn),
+                    source,
+                });
             }
         }
+        Ok(frozen)
     }
-    first
+
+    /// Sets every listener a freeze made inaccessible to the state the export
+    /// serves in ([`Freezes::serving`]) again; every one is tried, the first
+    /// error returned. The freeze is no longer held either
+    /// way (a listener left inaccessible is [`Freezes::thaw_leftover`]'s).
+    pub async fn thaw(&self, client: &SpdkClient, frozen: &Frozen) -> Result<(), ClientError> {
+        let mut first = Ok(());
+        let state = self.serving(&frozen.nqn);
+        for l in &frozen.listeners {
+            if let Err(e) = set_ana(client, &frozen.nqn, l, state).await {
+                tracing::error!(nqn = %frozen.nqn, listener = %l.traddr, error = %e, "could not thaw an export");
+                first = first.and(Err(e));
+            }
+        }
+        if frozen.held {
+            let mut r = self.record();
+            if let Some(n) = r.held.get_mut(&frozen.nqn) {
+                *n = n.saturating_sub(1);
+                if *n == 0 {
+                    r.held.remove(&frozen.nqn);
+                }
+            }
+        }
+        first
+    }
+
+    /// Sets the listeners of export `nqn` that are not in the state it serves
+    /// in ([`Freezes::serving`]) to it, unless a freeze recorded here holds
+    /// it: what a stop between a freeze and its thaw left, or an export made
+    /// again (its listener added optimized) of an engine set otherwise.
+    /// Returns how many it set (0 for an export that is not there).
+    pub async fn thaw_leftover(&self, client: &SpdkClient, nqn: &str) -> Result<usize, ClientError> {
+        if self.holds(nqn) {
+            return Ok(0);
+        }
+        let listeners = match client
+            .nvmf_subsystem_get_listeners(&ByNqn { nqn: nqn.to_owned() })
+            .await
+        {
+            Ok(l) => l,
+            Err(e) if e.is(ErrorKind::InvalidParams) || e.is(ErrorKind::NotFound) => return Ok(0),
+            Err(e) => return Err(e),
+        };
+        let want = self.serving(nqn).as_str();
+        let left = Frozen {
+            nqn: nqn.to_owned(),
+            listeners: listeners
+                .into_iter()
+                .filter(|l| l.ana_states.iter().any(|s| s.ana_state != want))
+                .map(|l| l.address)
+                .collect(),
+            held: false,
+        };
+        if left.listeners.is_empty() || self.holds(nqn) {
+            return Ok(0);
+        }
+        tracing::warn!(%nqn, listeners = left.listeners.len(), state = want, "export's listeners are not in the state it serves in: setting them");
+        self.thaw(client, &left).await?;
+        Ok(left.listeners.len())
+    }
 }
 
-/// Sets the listeners of export `nqn` that are not optimized optimized
-/// again, unless a freeze of this process holds it: what a stop between a
-/// freeze and its thaw left. Returns how many it thawed (0 for an export
-/// that is not there).
-pub async fn thaw_leftover(client: &SpdkClient, nqn: &str) -> Result<usize, ClientError> {
-    if held().contains_key(nqn) {
-        return Ok(0);
-    }
-    let listeners = match client
-        .nvmf_subsystem_get_listeners(&ByNqn { nqn: nqn.to_owned() })
-        .await
-    {
-        Ok(l) => l,
-        Err(e) if e.is(ErrorKind::InvalidParams) || e.is(ErrorKind::NotFound) => return Ok(0),
-        Err(e) => return Err(e),
-    };
-    let left = Frozen {
-        nqn: nqn.to_owned(),
-        listeners: listeners
-            .into_iter()
-            .filter(|l| l.ana_states.iter().any(|s| s.ana_state != "optimized"))
-            .map(|l| l.address)
-            .collect(),
-        held: false,
-    };
-    if left.listeners.is_empty() || held().contains_key(nqn) {
-        return Ok(0);
-    }
-    tracing::warn!(%nqn, listeners = left.listeners.len(), "export was left frozen: thawing it");
-    thaw(client, &left).await?;
-    Ok(left.listeners.len())
-}
-
-/// The exports an engine controller has checked with [`thaw_leftover`]
-/// since talon started: each is checked once, and again after a failed
-/// check or a [`forget`](ThawOnce::forget) (a snapshot whose thaw may have
-/// failed).
+/// The exports an engine controller has checked with [`Freezes::thaw_leftover`]
+/// since talon started: an export serving `optimized` is checked once, and
+/// again after a failed check, a change of its state or a
+/// [`forget`](ThawOnce::forget) (a snapshot whose thaw may have failed); one
+/// serving in another state at every check (made again, by a restarted
+/// spdk_tgt, its listener would be optimized).
 #[derive(Debug, Default)]
-pub struct ThawOnce(Mutex<BTreeSet<String>>);
+pub struct ThawOnce(Mutex<BTreeMap<String, AnaState>>);
 
 impl ThawOnce {
-    fn checked(&self) -> MutexGuard<'_, BTreeSet<String>> {
+    fn checked(&self) -> MutexGuard<'_, BTreeMap<String, AnaState>> {
         self.0.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Thaws export `nqn` if a stopped talon left it frozen, unless done
-    /// already; a failure is logged (the hosts' I/O stays queued) and the
-    /// export is checked again on the next call.
-    pub async fn check(&self, client: &SpdkClient, nqn: &str) {
-        if self.checked().contains(nqn) {
-            return;
+    /// Export `nqn` serves in ANA state `state` ([`Freezes::serve_as`]): its
+    /// listeners are set to it if a stopped talon left it frozen or it was
+    /// set otherwise, unless done already (see [`ThawOnce`]). A failure is
+    /// logged (the hosts' I/O stays queued), returned, and the export is
+    /// checked again on the next call.
+    pub async fn check(&self, ops: &super::VolumeOps, nqn: &str, state: AnaState) -> Result<(), ClientError> {
+        ops.freezes().serve_as(nqn, state);
+        if state == AnaState::Optimized && self.checked().get(nqn) == Some(&state) {
+            return Ok(());
         }
-        match thaw_leftover(client, nqn).await {
+        match ops.freezes().thaw_leftover(ops.client(), nqn).await {
             Ok(_) => {
-                self.checked().insert(nqn.to_owned());
+                self.checked().insert(nqn.to_owned(), state);
+                Ok(())
             }
-            Err(e) => tracing::warn!(
-                %nqn,
-                error = %crate::util::error_chain(&e),
-                "could not check the export for a freeze"
-            ),
+            Err(e) => {
+                tracing::warn!(
+                    %nqn,
+                    error = %crate::util::error_chain(&e),
+                    "could not check the export's ANA state"
+                );
+                self.checked().remove(nqn);
+                Err(e)
+            }
         }
     }
 

@@ -18,12 +18,15 @@
 //!   the lvol checked: no longer a clone of the file, every cluster allocated
 //! ```
 //!
-//! One copy runs at a time in a process (one spdk_tgt): two at once in a
-//! real spdk_tgt v26.05 (`set_parent_bdev` + `decouple_parent` of two lvols
-//! of one lvstore under raid1s) left one lvol uncopied: by hand, its
-//! decouple never answered (a retry: "Device or resource busy"); in a
-//! talon test, both calls answered and one lvol stayed empty. The check
-//! after the copy stands behind the lock.
+//! One copy runs at a time in one spdk_tgt: two at once in a real spdk_tgt
+//! v26.05 (`set_parent_bdev` + `decouple_parent` of two lvols of one
+//! lvstore under raid1s) left one lvol uncopied: by hand, its decouple
+//! never answered (a retry: "Device or resource busy"); in a talon test,
+//! both calls answered and one lvol stayed empty. The check after the copy
+//! stands behind the lock. The lock is a [`Copies`] value, one per target:
+//! `controllers::register_all` hands clones of one to the two controllers
+//! that restore into it (talon's volumes through
+//! [`super::VolumeOps::with_copies`], Longhorn replicas).
 
 use std::path::Path;
 
@@ -32,68 +35,75 @@ use super::super::error::ErrorKind;
 use super::super::rpc::{AioCreate, ByName, LvolSetParentBdev};
 use super::to_file::remove_bdev;
 
-/// Fills thin lvol `lvol` (`lvs/name`, as large as `file`, nothing written
-/// yet) with `file`'s data through aio bdev `bdev`. On an error after the
-/// file became its parent the lvol is deleted before the aio bdev (an aio
-/// bdev deleted under an esnap clone hung a real v26.05 target): the
-/// caller makes it again. The error names the step.
-pub async fn copy_from_file(
-    client: &SpdkClient,
-    file: &Path,
-    block_size: u32,
-    lvol: &str,
-    bdev: &str,
-) -> Result<(), String> {
-    static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-    let _one = ONE_AT_A_TIME.lock().await;
-    let err = |step: String| {
-        move |e: super::super::client::ClientError| format!("{step}: {}", crate::util::error_chain(&e))
-    };
-    remove_bdev(client, bdev)
-        .await
-        .map_err(err(format!("bdev_aio_delete {bdev} (left by an earlier copy)")))?;
-    client
-        .bdev_aio_create(&AioCreate {
-            filename: file.display().to_string(),
-            name: bdev.to_owned(),
-            block_size: Some(block_size),
-            readonly: true,
-            fallocate: false,
-        })
-        .await
-        .map_err(err(format!("bdev_aio_create {bdev} over {}", file.display())))?;
-    let copied = match client
-        .bdev_lvol_set_parent_bdev(&LvolSetParentBdev {
-            lvol_name: lvol.to_owned(),
-            parent_name: bdev.to_owned(),
-        })
-        .await
-    {
-        Err(e) => Err(err(format!("making {bdev} the parent of {lvol}"))(e)),
-        Ok(_) => match client.bdev_lvol_decouple_parent(&ByName::new(lvol)).await {
-            Ok(_) => Ok(true),
-            Err(e) => {
-                let full = match e.is(ErrorKind::NoSpace) {
-                    true => lvstore_full(client, lvol, file).await,
-                    false => None,
-                };
-                let e = err(format!("copying {} into {lvol}", file.display()))(e);
-                let e = match full {
-                    Some(full) => format!("{full} ({e})"),
-                    None => e,
-                };
-                match client.bdev_lvol_delete(&ByName::new(lvol)).await {
-                    Ok(_) => Err(e),
-                    Err(d) => Err(format!("{e}; deleting {lvol}: {}", crate::util::error_chain(&d))),
+/// The copies into one target's lvols: one runs at a time (see the
+/// module). Clones share the lock.
+#[derive(Debug, Clone, Default)]
+pub struct Copies(std::sync::Arc<tokio::sync::Mutex<()>>);
+
+impl Copies {
+    /// Fills thin lvol `lvol` (`lvs/name`, as large as `file`, nothing written
+    /// yet) with `file`'s data through aio bdev `bdev`. On an error after the
+    /// file became its parent the lvol is deleted before the aio bdev (an aio
+    /// bdev deleted under an esnap clone hung a real v26.05 target): the
+    /// caller makes it again. The error names the step.
+    pub async fn copy_from_file(
+        &self,
+        client: &SpdkClient,
+        file: &Path,
+        block_size: u32,
+        lvol: &str,
+        bdev: &str,
+    ) -> Result<(), String> {
+        let _one = self.0.lock().await;
+        let err = |step: String| {
+            move |e: super::super::client::ClientError| format!("{step}: {}", crate::util::error_chain(&e))
+        };
+        remove_bdev(client, bdev)
+            .await
+            .map_err(err(format!("bdev_aio_delete {bdev} (left by an earlier copy)")))?;
+        client
+            .bdev_aio_create(&AioCreate {
+                filename: file.display().to_string(),
+                name: bdev.to_owned(),
+                block_size: Some(block_size),
+                readonly: true,
+                fallocate: false,
+            })
+            .await
+            .map_err(err(format!("bdev_aio_create {bdev} over {}", file.display())))?;
+        let copied = match client
+            .bdev_lvol_set_parent_bdev(&LvolSetParentBdev {
+                lvol_name: lvol.to_owned(),
+                parent_name: bdev.to_owned(),
+            })
+            .await
+        {
+            Err(e) => Err(err(format!("making {bdev} the parent of {lvol}"))(e)),
+            Ok(_) => match client.bdev_lvol_decouple_parent(&ByName::new(lvol)).await {
+                Ok(_) => Ok(true),
+                Err(e) => {
+                    let full = match e.is(ErrorKind::NoSpace) {
+                        true => lvstore_full(client, lvol, file).await,
+                        false => None,
+                    };
+                    let e = err(format!("copying {} into {lvol}", file.display()))(e);
+                    let e = match full {
+                        Some(full) => format!("{full} ({e})"),
+                        None => e,
+                    };
+                    match client.bdev_lvol_delete(&ByName::new(lvol)).await {
+                        Ok(_) => Err(e),
+                        Err(d) => Err(format!("{e}; deleting {lvol}: {}", crate::util::error_chain(&d))),
+                    }
                 }
-            }
-        },
-    };
-    let removed = remove_bdev(client, bdev)
-        .await
-        .map_err(err(format!("bdev_aio_delete {bdev}")));
-    copied.and(removed)?;
-    check_copied(client, lvol).await
+            },
+        };
+        let removed = remove_bdev(client, bdev)
+            .await
+            .map_err(err(format!("bdev_aio_delete {bdev}")));
+        copied.and(removed)?;
+        check_copied(client, lvol).await
+    }
 }
 
 /// "no space left on lvstore <lvs>" with its room and what a copy of `file`
@@ -173,4 +183,26 @@ pub async fn remove_unfinished(
         }
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn the_clones_of_one_copies_share_its_lock() {
+        let a = Copies::default();
+        let b = a.clone();
+        let running = a.0.lock().await;
+        assert!(
+            b.0.try_lock().is_err(),
+            "a clone's copy waits for the running one"
+        );
+        assert!(
+            Copies::default().0.try_lock().is_ok(),
+            "another target's does not"
+        );
+        drop(running);
+        assert!(b.0.try_lock().is_ok());
+    }
 }

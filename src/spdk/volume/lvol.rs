@@ -1,6 +1,7 @@
-//! Single writes the Longhorn layer shares: an lvol deleted, a raid member
-//! taken out, a raid deleted, a controller detached, each done when already
-//! so; a head made again; an lvol grown; a bdev's QoS cap.
+//! Single writes the Longhorn layer and the restores share: an lvol deleted
+//! or renamed, a raid member taken out, a raid deleted, a controller
+//! detached, each done when already so; a head made again; an lvol grown; a
+//! bdev's QoS cap.
 
 use crate::spdk::rpc::ByName;
 use crate::spdk::{ClientError, ErrorKind, SpdkClient};
@@ -89,6 +90,17 @@ pub async fn create_thin(
     client
         .bdev_lvol_create(&crate::spdk::rpc::LvolCreate::thin(lvs, name, mib))
         .await
+}
+
+/// Renames lvol `alias` (`<lvstore>/<name>`) to `new_name` in its lvstore.
+pub async fn rename(client: &SpdkClient, alias: &str, new_name: &str) -> Result<(), ClientError> {
+    client
+        .bdev_lvol_rename(&crate::spdk::rpc::LvolRename {
+            old_name: alias.to_owned(),
+            new_name: new_name.to_owned(),
+        })
+        .await
+        .map(|_| ())
 }
 
 /// What [`remake_head`] makes a head again from.

@@ -54,17 +54,20 @@ mod export;
 pub mod freeze;
 pub mod from_file;
 pub mod lvol;
+pub mod mover;
 pub mod plan;
 mod raid;
 mod rebuild;
 pub mod replica_lvols;
 mod revert;
 mod snapshot;
+mod switch;
 pub mod thin;
 pub mod to_file;
 pub use engine::{EngineNames, EnginePlan};
 pub use export::{Export, NewSubsystem, RemoteAttach};
-pub use rebuild::{PrepareError, RemoteDest};
+pub use rebuild::{PeerError, PrepareError, RemoteDest};
+pub use switch::{Switch, SwitchSide};
 
 pub use super::inventory::{Inventory, Owned, applied_revert, replica_heads};
 pub use super::naming::{
@@ -123,7 +126,7 @@ pub struct Snapshotted {
 
 /// The snapshot of remote replica `k`, taken on its node by the caller's
 /// future (polled while this node's export is frozen).
-pub type RemoteSnapshot<'a> = (usize, futures::future::BoxFuture<'a, Result<(), String>>);
+pub type RemoteSnapshot<'a> = (usize, futures::future::BoxFuture<'a, Result<(), PeerError>>);
 
 /// One replica as it is.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -208,6 +211,12 @@ pub struct VolumeOps {
     /// Whether replicas that are behind are rebuilt thin (else by SPDK's
     /// raid rebuild, which writes every block).
     thin_rebuild: bool,
+    /// The exports these operations (and their clones) hold frozen for a
+    /// snapshot, which a leftover-freeze check leaves alone.
+    freezes: freeze::Freezes,
+    /// The copies from a file into an lvol of this target: one at a time
+    /// ([`from_file`]); shared with every other caller that copies into it.
+    copies: from_file::Copies,
 }
 
 impl VolumeOps {
@@ -219,7 +228,21 @@ impl VolumeOps {
             host_nqn: None,
             rebuilds: Default::default(),
             thin_rebuild: true,
+            freezes: Default::default(),
+            copies: Default::default(),
         }
+    }
+
+    /// These operations copying from files with `copies`, the one lock of
+    /// the target's copies that another controller holds a clone of.
+    pub fn with_copies(mut self, copies: from_file::Copies) -> Self {
+        self.copies = copies;
+        self
+    }
+
+    /// The exports these operations hold frozen.
+    pub fn freezes(&self) -> &freeze::Freezes {
+        &self.freezes
     }
 
     /// Rebuilds replicas with SPDK's raid rebuild (every block written)
@@ -391,36 +414,18 @@ impl VolumeOps {
                     })
                     .await
             }
-            Make::Restore { mib, file } => {
-                let uuid = self
-                    .client
-                    .bdev_lvol_create(&LvolCreate::thin(&lvs, name, *mib))
+            Make::Restore { mib, from } => {
+                // only the data written, into a thin lvol (mover::restore)
+                return mover::restore::fill_replica(&self.client, from, &lvs, name, *mib)
                     .await
-                    .map_err(rpc(vol, format!("creating replica lvol {lvs}/{name}")))?;
-                let alias = format!("{lvs}/{name}");
-                let block = self.lvstore_block_size(&lvs).await;
-                let bdev = format!("talon-restore-{name}");
-                if let Err(why) = from_file::copy_from_file(&self.client, file, block, &alias, &bdev).await {
-                    // nothing half-made stays: the lvol goes (copy_from_file may have deleted it)
-                    let _ = ignore_missing(self.client.bdev_lvol_delete(&ByName::new(&alias))).await;
-                    return Err(VolumeError::Restore {
+                    .map_err(|why| VolumeError::Restore {
                         volume: vol.to_owned(),
-                        replica: alias,
+                        replica: format!("{lvs}/{name}"),
                         reason: why,
                     });
-                }
-                Ok(uuid)
             }
         };
         made.map_err(rpc(vol, format!("creating replica lvol {lvs}/{name}")))
-    }
-
-    /// The block size of lvstore `lvs` (4096 when it cannot be listed).
-    async fn lvstore_block_size(&self, lvs: &str) -> u32 {
-        match self.client.bdev_lvol_get_lvstores(&Default::default()).await {
-            Ok(list) => list.iter().find(|l| l.name == lvs).map_or(4096, |l| l.block_size),
-            Err(_) => 4096,
-        }
     }
 
     /// Grows local replicas to the volume's `size_mib` plus their superblock
@@ -506,9 +511,9 @@ impl VolumeOps {
             .values()
             .filter(|l| l.lvs.name.starts_with(LVS_PREFIX))
             .filter(|l| match parse_lvol(&l.name) {
-                Some(LvolRole::Replica { volume, .. }) | Some(LvolRole::RevertMarker { volume, .. }) => {
-                    volume == v
-                }
+                Some(LvolRole::Replica { volume, .. })
+                | Some(LvolRole::RevertMarker { volume, .. })
+                | Some(LvolRole::Standby { volume, .. }) => volume == v,
                 _ => false,
             })
             .collect();

@@ -269,14 +269,13 @@ pub enum Make {
         /// The snapshot lvol's alias.
         snapshot: String,
     },
-    /// A thin lvol of `mib` MiB filled with `file`'s data (a restored
-    /// backup): its every cluster allocated
-    /// ([`super::from_file::copy_from_file`]).
+    /// A thin lvol of `mib` MiB filled with a restored backup's data:
+    /// only its chunks with data written ([`super::mover::restore`]).
     Restore {
         /// Its size.
         mib: u64,
         /// The restored data.
-        file: std::path::PathBuf,
+        from: super::mover::restore::Source,
     },
     /// A fresh thin lvol of the snapshot's size (`mib`) that gets `snapshot`
     /// as its parent once the raid's superblock is in its own first cluster:
@@ -290,13 +289,14 @@ pub enum Make {
     },
 }
 
-/// A backup restored into a sparse file for a new volume's replicas: the
+/// Where a new volume's replicas are restored from: a backup in its store,
+/// or a sparse file (a standby's) as large as such a replica; the
 /// volume's data at `data_offset` (the raid superblock's room on the
-/// replicas it is made for), the file as large as such a replica.
+/// replicas it is made for).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RestoreFile {
-    /// The file.
-    pub file: std::path::PathBuf,
+    /// The backup or the file.
+    pub from: super::mover::restore::Source,
     /// Where the volume's data starts in it.
     pub data_offset: u64,
 }
@@ -496,11 +496,13 @@ pub fn local_for(
                 // exists or was served, on disks whose room matches the file
                 None if restore.is_some_and(|r| r.data_offset == room(disk)) => {
                     out.restored.insert(*k);
-                    let file = restore.map(|r| r.file.clone()).unwrap_or_default();
+                    let from = restore
+                        .map(|r| r.from.clone())
+                        .unwrap_or_else(|| super::mover::restore::Source::File(Default::default()));
                     (
                         Some(Make::Restore {
                             mib: lvol_mib(disk),
-                            file,
+                            from,
                         }),
                         whole(lvol_mib(disk).saturating_mul(MIB), disk),
                     )
@@ -654,9 +656,9 @@ mod tests {
 
     #[test]
     fn a_new_volume_from_a_backup_makes_its_replicas_from_the_file_only_while_nothing_of_it_exists() {
-        let file = std::path::PathBuf::from("/data/restore/v.img");
+        let file = super::super::mover::restore::Source::File("/data/restore/v.img".into());
         let restore = |offset| RestoreFile {
-            file: file.clone(),
+            from: file.clone(),
             data_offset: offset,
         };
         let i = inv(&["a", "b"]);
@@ -669,7 +671,7 @@ mod tests {
                 r.make,
                 Some(Make::Restore {
                     mib: 14,
-                    file: file.clone()
+                    from: file.clone()
                 }),
                 "{r:?}"
             );

@@ -36,7 +36,8 @@
 //! was copying into is then made again). Until the switch the dest is not in
 //! the raid and not in the ledger: it is never served while it is behind. A
 //! failure inside the switch serves the volume again over the members it
-//! had ([`VolumeOps::restore_after_switch`]); the dest is not one.
+//! had ([`VolumeOps::switch_restore`]); the dest is not one. The switch
+//! itself, with its checks, is the one of both engines (`switch.rs`).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -45,32 +46,31 @@ use std::time::Duration;
 use super::lvol::{HeadFrom, remake_head};
 use super::thin::{self, At, CopyState};
 use super::{
-    EngineNames, EnginePlan, Inventory, Made, ReplicaInfo, VolumeError, VolumeOps, VolumePlan,
+    EngineNames, ExportSpec, Inventory, ReplicaInfo, Switch, SwitchSide, VolumeError, VolumeOps, VolumePlan,
     ignore_missing, naming, rpc,
 };
 use crate::names::Nqn;
 use crate::resources::engine::RebuildDestStatus;
 use crate::spdk::naming::{LvolRole, NSID, REMOTE_PREFIX, parse_lvol};
-use crate::spdk::rpc::{ByName, LvolCreate, LvolSnapshot, RaidBdev, RaidDelete, RemoveNamespace};
+use crate::spdk::rpc::{ByName, LvolCreate, LvolSnapshot, RaidBdev, RemoveNamespace};
 
 const MIB: u64 = 1 << 20;
-/// Thin rebuilds of a volume that failed in a row before the volume falls
-/// back to SPDK's full rebuild.
-const MAX_FAILURES: u32 = 3;
 /// How long a remote dest's node that did not answer is left alone.
 const NO_ANSWER_PAUSE: Duration = Duration::from_secs(3);
 
-/// The thin rebuilds of one target: the running copies, and the failures in
-/// a row per volume.
+/// The thin rebuilds of one target: the running copies, and the failed
+/// steps per rebuild ([`thin::Failures`], the one policy of every thin
+/// rebuild; one given up sends its volume to SPDK's full rebuild). The
+/// runtime's backoff of a failing reconcile is the pause between its steps.
 #[derive(Debug, Default, Clone)]
 pub(super) struct Rebuilds {
     state: Arc<Mutex<RebuildState>>,
     runs: thin::Runs,
+    failures: thin::Failures,
 }
 
 #[derive(Debug, Default)]
 struct RebuildState {
-    failures: HashMap<String, u32>,
     /// Per volume: the source's rebuild snapshots copied into a remote
     /// dest's head since it was last made ready (they are not snapshotted
     /// there: the head keeps their clusters until the switch, or until the
@@ -84,23 +84,19 @@ impl Rebuilds {
     fn lock(&self) -> std::sync::MutexGuard<'_, RebuildState> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
-    /// Whether volume `vol` rebuilds thin (it has not failed too often).
+    /// Whether volume `vol` rebuilds thin (no thin rebuild of it was given up).
     pub(super) fn thin_allowed(&self, vol: &str) -> bool {
-        self.lock().failures.get(vol).copied().unwrap_or(0) < MAX_FAILURES
+        !self.failures.given_up(vol)
     }
-    fn failed(&self, vol: &str) -> u32 {
+    fn failed(&self, vol: &str, dest: &str) -> thin::Failed {
         self.runs.remove_all(vol);
-        let mut s = self.lock();
-        s.remote_rb.remove(vol);
-        let n = s.failures.entry(vol.to_owned()).or_default();
-        *n += 1;
-        *n
+        self.lock().remote_rb.remove(vol);
+        self.failures.failed(vol, dest, std::time::Instant::now())
     }
     fn succeeded(&self, vol: &str) {
         self.runs.remove_all(vol);
-        let mut s = self.lock();
-        s.remote_rb.remove(vol);
-        s.failures.remove(vol);
+        self.lock().remote_rb.remove(vol);
+        self.failures.forget_all(vol);
     }
     /// Whether a copy runs for volume `vol`.
     pub(super) fn running(&self, vol: &str) -> bool {
@@ -359,7 +355,9 @@ impl TalonEnds<'_> {
         };
         if !st.stale.is_empty() {
             for s in &st.stale {
-                node.delete_snapshot(s).await.map_err(|m| self.r.failed(s, m))?;
+                node.delete_snapshot(s)
+                    .await
+                    .map_err(|e| self.r.failed(s, e.to_string()))?;
             }
             tracing::info!(volume = vol, replica = %dst.name, stale = ?st.stale,
                 "snapshots the source does not hold at their place deleted on the remote replica");
@@ -399,9 +397,14 @@ impl TalonEnds<'_> {
             Some(parent) => HeadFrom::Snapshot(parent),
             None => HeadFrom::Fresh(self.r.src.size_bytes.div_ceil(MIB)),
         };
-        remake_head(&ops.client, lvs_of(&dst.alias), &naming::replica(vol, dst.k), from)
-            .await
-            .map_err(|f| rpc(vol, format!("{} to rebuild it", f.doing))(f.source))?;
+        remake_head(
+            &ops.client,
+            lvs_of(&dst.alias),
+            &naming::replica(vol, dst.k),
+            from,
+        )
+        .await
+        .map_err(|f| rpc(vol, format!("{} to rebuild it", f.doing))(f.source))?;
         tracing::info!(volume = vol, replica = %dst.name, shared = j, "rebuilding replica thin from r{}", self.r.src.k);
         Ok(())
     }
@@ -421,7 +424,9 @@ impl TalonEnds<'_> {
                 .push(snap.to_owned());
             return Ok(());
         }
-        node.snapshot(snap).await.map_err(|m| self.r.failed(snap, m))?;
+        node.snapshot(snap)
+            .await
+            .map_err(|e| self.r.failed(snap, e.to_string()))?;
         ops.rebuilds.lock().remote_rb.remove(vol);
         Ok(())
     }
@@ -548,113 +553,55 @@ impl thin::Ends for TalonEnds<'_> {
     }
 
     async fn restore(&self) {
-        let r = &self.r;
-        r.ops.restore_after_switch(r.plan, r.raid, r.src, r.members).await;
+        self.r.restore().await;
     }
 }
 
-/// The switch's ends of a talon volume ([`thin::switch`]).
+/// The switch's ends of a talon volume ([`thin::switch`]): the one checked
+/// switch ([`Switch`]) under talon's names, the dest in its own slot.
 impl Rebuild<'_> {
-    /// The dest checked (the listing this step works from is a moment old:
-    /// a dest whose disk went since is not switched to, the raid would go
-    /// for nothing), the hosts off, the raid gone.
-    async fn close(&self) -> Result<(), VolumeError> {
-        let (ops, vol, raid) = (self.ops, self.vol(), self.raid);
-        let target = dst_target(self.dst);
-        if ops
-            .client
-            .bdev(&target)
-            .await
-            .map_err(rpc(vol, format!("looking up {target}")))?
-            .is_none()
-        {
-            return Err(self.failed("", format!("{target} went before the switch: the raid stays as it is")));
+    /// The switch of this rebuild under `names` (talon's), exported as `spec`.
+    fn switch<'b>(&'b self, names: &'b EngineNames, spec: &'b ExportSpec) -> Switch<'b> {
+        Switch {
+            of: self.vol(),
+            replica: &self.dst.name,
+            names,
+            spec,
+            raid: self.raid,
+            source: &self.src.alias,
+            slots: self.members,
+            dest_slot: self.dst.k,
         }
-        // hosts off: their connections drop, their I/O waits for the reconnect
-        let nqn = Nqn::for_volume(&self.plan.name);
-        ops.close_export(self.inv, vol, nqn.as_str()).await?;
-        // the raid goes; its superblock is cleared on its members so that
-        // they (and the dest, which gets the cleared cluster by the switch's
-        // copy) make a new raid without SPDK finding the old one
-        ops.client
-            .bdev_raid_delete(&RaidDelete {
-                name: raid.name.clone(),
-                clear_sb: Some(raid.superblock),
-            })
-            .await
-            .map_err(rpc(vol, format!("deleting raid {} for the switch", raid.name)))
-            .map(|_| ())
     }
 
-    /// The raid made again over the same members in the same slots and the
-    /// dest (holding the switch's copy `snap`), exported again.
+    async fn close(&self) -> Result<(), VolumeError> {
+        let (names, spec) = (EngineNames::volume(&self.plan.name), self.plan.host_export());
+        self.ops
+            .switch_close(self.inv, &self.switch(&names, &spec), self)
+            .await
+    }
+
     async fn join(&self, snap: &str) -> Result<(), VolumeError> {
-        let (ops, vol, raid, src, dst) = (self.ops, self.vol(), self.raid, self.src, self.dst);
-        let target = dst_target(dst);
-        let gone = |what: &str| self.failed(snap, format!("{what} disappeared during the switch"));
-        // the same size as the source: the raid takes its smallest member
-        let Some(dst_bdev) = ops
-            .client
-            .bdev(&target)
+        let (names, spec) = (EngineNames::volume(&self.plan.name), self.plan.host_export());
+        self.ops
+            .switch_join(&self.switch(&names, &spec), snap, self)
             .await
-            .map_err(rpc(vol, format!("looking up {target}")))?
-        else {
-            return Err(gone(&target));
-        };
-        let Some(src_bdev) = ops
-            .client
-            .bdev(&src.alias)
-            .await
-            .map_err(rpc(vol, format!("looking up {}", src.alias)))?
-        else {
-            return Err(gone(&src.alias));
-        };
-        let mut members = self.members.to_vec();
-        if let Some(m) = members.get_mut(dst.k) {
-            *m = Some(dst_bdev.name.clone());
-        }
-        let mut made = Vec::new();
-        let geometry = (src_bdev.block_size, src_bdev.num_blocks);
-        if let Err(e) = ops
-            .create_raid(self.inv, vol, &members, geometry, raid.superblock, &mut made)
-            .await
-        {
-            ops.undo(made).await;
-            return Err(e);
-        }
-        // exported again: the same namespace ids, the listener, the hosts
-        let now = Inventory::load(&ops.client)
-            .await
-            .map_err(rpc(vol, "listing the target after the switch"))?;
-        // the copies put each cluster at the source's offset: the raid's data
-        // must start at the same place on both, or the dest is not served
-        let offset_of = |name: &str| {
-            now.raid(&raid.name)?
-                .base_bdevs_list
-                .iter()
-                .find(|b| b.name.as_deref() == Some(name))
-                .map(|b| b.data_offset)
-        };
-        let (so, dso) = (offset_of(&src_bdev.name), offset_of(&dst_bdev.name));
-        if so != dso {
-            ignore_missing(
-                ops.client
-                    .bdev_raid_remove_base_bdev(&ByName::new(&dst_bdev.name)),
-            )
-            .await
-            .map_err(rpc(
-                vol,
-                format!("taking {} out of {} again", dst_bdev.name, raid.name),
-            ))?;
-            return Err(self.failed(
-                snap,
-                format!(
-                    "the raid's data starts at block {so:?} on the source and {dso:?} on the rebuilt replica: \
-                     taken out again (rebuilt by SPDK's rebuild)"
-                ),
-            ));
-        }
-        ops.export_raid(&now, self.plan, &raid.name).await
+    }
+
+    async fn restore(&self) {
+        let (names, spec) = (EngineNames::volume(&self.plan.name), self.plan.host_export());
+        self.ops.switch_restore(&self.switch(&names, &spec)).await;
+    }
+}
+
+/// A talon dest is reached as it is: a local head, or a remote one's
+/// NVMe/TCP bdev attached for the copies.
+#[async_trait::async_trait]
+impl SwitchSide for Rebuild<'_> {
+    type Error = VolumeError;
+
+    async fn dest_bdev(&self) -> Result<String, VolumeError> {
+        Ok(dst_target(self.dst))
     }
 }
 
@@ -721,10 +668,12 @@ impl VolumeOps {
                 Ok(Step::Copying(u32::try_from(pct).unwrap_or(99)))
             }
             Err(e) => {
-                let n = self.rebuilds.failed(vol);
+                let (n, then) = match self.rebuilds.failed(vol, &dst.name) {
+                    thin::Failed::Retry(n) => (n, ""),
+                    thin::Failed::ForGood(n) => (n, " with SPDK's full rebuild"),
+                };
                 tracing::warn!(volume = vol, replica = %dst.name, failures = n, error = %crate::util::error_chain(&e),
-                    "thin rebuild step failed; tried again at the next reconcile{}",
-                    if n >= MAX_FAILURES { " with SPDK's full rebuild" } else { "" });
+                    "thin rebuild step failed; tried again at the next reconcile{then}");
                 Err(e)
             }
         }
@@ -819,80 +768,6 @@ impl VolumeOps {
         Ok(())
     }
 
-    /// Exports volume `plan`'s raid `raid` again after a switch (to kernel
-    /// hosts: never TLS), in its subsystem as it was.
-    async fn export_raid(&self, now: &Inventory, plan: &VolumePlan, raid: &str) -> Result<(), VolumeError> {
-        let spec = plan.host_export();
-        let names = EngineNames::volume(&plan.name);
-        let mut made: Vec<Made> = Vec::new();
-        self.export_ns(now, plan.name.as_str(), &names.export(raid, &spec), &mut made)
-            .await
-    }
-
-    /// After a switch that failed past the raid's deletion: the raid made
-    /// again over the members it had (the dest's slot empty) where it is
-    /// missing, and exported again. Best effort: what cannot be done now
-    /// the next reconcile does (the failure is already the step's error).
-    async fn restore_after_switch(
-        &self,
-        plan: &VolumePlan,
-        raid: &RaidBdev,
-        src: &ReplicaInfo,
-        members: &[Option<String>],
-    ) {
-        let vol = plan.name.as_str();
-        let restored = async {
-            let inv = Inventory::load(&self.client)
-                .await
-                .map_err(rpc(vol, "listing the target to restore the raid"))?;
-            // a raid listed is exported as it is; a missing one is made
-            // again with the source's geometry for the dest's empty slot
-            let geometry = match inv.raid(&raid.name) {
-                Some(_) => None,
-                None => {
-                    let src_bdev = self
-                        .client
-                        .bdev(&src.alias)
-                        .await
-                        .map_err(rpc(vol, format!("looking up {}", src.alias)))?;
-                    let Some(b) = src_bdev else {
-                        return Err(VolumeError::RebuildCopy {
-                            volume: vol.to_owned(),
-                            replica: src.name.clone(),
-                            snapshot: String::new(),
-                            message: format!("{} went too: the raid is not made again here", src.alias),
-                        });
-                    };
-                    Some((b.block_size, b.num_blocks))
-                }
-            };
-            let spec = plan.host_export();
-            let names = EngineNames::volume(&plan.name);
-            self.serve_engine(
-                &inv,
-                &EnginePlan {
-                    volume: vol,
-                    names: &names,
-                    slots: members.to_vec(),
-                    bare: false,
-                    geometry,
-                    superblock: Some(raid.superblock),
-                    spec: &spec,
-                },
-            )
-            .await
-            .map(|_| ())
-        };
-        match restored.await {
-            Ok(()) => tracing::info!(
-                volume = vol,
-                "rebuild: the switch failed; the raid serves again over the members it had"
-            ),
-            Err(e) => tracing::warn!(volume = vol, error = %crate::util::error_chain(&e),
-                "rebuild: the switch failed and the raid could not be made again now; the next reconcile does"),
-        }
-    }
-
     /// Deletes a volume's rebuild snapshots (`<vol>-r<k>.s.rb.<n>`): each is
     /// merged into its one clone. Best effort: one that cannot go now is
     /// tried again at the next reconcile.
@@ -929,6 +804,85 @@ pub enum PrepareError {
     Refused(String),
 }
 
+/// A call to the node that serves a remote replica (`node`: talon's admin
+/// API there, or a Longhorn node's SPDKService) that failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PeerError {
+    /// This node has no token to call its peers with.
+    #[error("no peer token on this node (talon serve --peer-token-file): cannot call {node}")]
+    NoToken {
+        /// The peer's admin API address.
+        node: String,
+    },
+    /// The peer was not reached in time.
+    #[error("talon at {node} did not answer in {after:?}")]
+    NoAnswer {
+        /// The peer's admin API address.
+        node: String,
+        /// How long it was waited for.
+        after: std::time::Duration,
+    },
+    /// The peer could not be reached.
+    #[error("talon at {node}: {message}")]
+    Connect {
+        /// The peer's admin API address.
+        node: String,
+        /// Why (the error's chain).
+        message: String,
+    },
+    /// The peer did not take snapshot `volume@snap` (`message`: what it
+    /// said, or how long it was waited for).
+    #[error("talon at {node}: snapshot {volume}@{snap}{message}")]
+    Snapshot {
+        /// The peer's admin API address.
+        node: String,
+        /// Its replica.
+        volume: String,
+        /// The snapshot.
+        snap: String,
+        /// `: <its answer>`, or ` not taken in <time>`.
+        message: String,
+    },
+    /// The peer did not delete snapshot `volume@snap`.
+    #[error("talon at {node}: deleting snapshot {volume}@{snap}: {message}")]
+    DeleteSnapshot {
+        /// The peer's admin API address.
+        node: String,
+        /// Its replica.
+        volume: String,
+        /// The snapshot.
+        snap: String,
+        /// What it said.
+        message: String,
+    },
+    /// The peer did not grow its replica `volume`.
+    #[error("talon at {node}: expanding {volume}{message}")]
+    Expand {
+        /// The peer's admin API address.
+        node: String,
+        /// Its replica.
+        volume: String,
+        /// ` to <n> bytes: <its answer>`, or `: no answer in <time>`.
+        message: String,
+    },
+    /// A Longhorn replica's node (its SPDKService at `node`) could not be reached.
+    #[error("{message}")]
+    Unreachable {
+        /// Its SPDKService address.
+        node: String,
+        /// Why (the error's chain).
+        message: String,
+    },
+    /// A Longhorn replica's node answered with an error.
+    #[error("its node: {message}")]
+    Refused {
+        /// Its SPDKService address.
+        node: String,
+        /// What it said.
+        message: String,
+    },
+}
+
 /// The node that serves a remote replica, as the thin rebuild of that
 /// replica needs it (talon's peer API there). The copies run on this node's
 /// target, from a local snapshot into the remote replica's NVMe/TCP bdev.
@@ -939,9 +893,9 @@ pub trait RemoteDest: Send + Sync + std::fmt::Debug {
     /// holds, in that order from the first on ([`RebuildDestStatus`]).
     async fn prepare(&self, chain: &[String]) -> Result<RebuildDestStatus, PrepareError>;
     /// Snapshots the served replica's head (a copy of the source's `snap`) as `snap`.
-    async fn snapshot(&self, snap: &str) -> Result<(), String>;
+    async fn snapshot(&self, snap: &str) -> Result<(), PeerError>;
     /// Deletes the served replica's snapshot `snap`.
-    async fn delete_snapshot(&self, snap: &str) -> Result<(), String>;
+    async fn delete_snapshot(&self, snap: &str) -> Result<(), PeerError>;
 }
 
 impl VolumeOps {

@@ -146,9 +146,13 @@ pub async fn reset_head(
         Some(p) => HeadFrom::Snapshot(p),
         None => HeadFrom::Fresh(size.div_ceil(MIB)),
     };
-    remake_head(client, lvs, replica, from)
-        .await
-        .map_err(|f| format!("{} to rebuild it: {}", f.doing, crate::util::error_chain(&f.source)))?;
+    remake_head(client, lvs, replica, from).await.map_err(|f| {
+        format!(
+            "{} to rebuild it: {}",
+            f.doing,
+            crate::util::error_chain(&f.source)
+        )
+    })?;
     Ok(j)
 }
 

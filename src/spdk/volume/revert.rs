@@ -20,13 +20,13 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use super::lvol::{HeadFrom, remake_head};
 use super::{
     Inventory, LVS_PREFIX, LvolRole, MIB, VolumeError, VolumeOps, naming, parse_lvol, point_in_time_set,
     replica_heads, rpc,
 };
 use crate::names::{Nqn, ObjectName};
 use crate::spdk::error::ErrorKind;
-use super::lvol::{HeadFrom, remake_head};
 use crate::spdk::rpc::{ByName, Lvol, LvolCreate, LvolSetParent};
 
 /// What [`VolumeOps::take_down`] deletes, each one that is not there no error.

@@ -53,7 +53,7 @@ pub enum Member<'a> {
         /// Its namespace bdev in the raid.
         bdev: String,
         /// The call to its node.
-        take: futures::future::BoxFuture<'a, Result<(), String>>,
+        take: futures::future::BoxFuture<'a, Result<(), super::PeerError>>,
     },
 }
 
@@ -114,7 +114,7 @@ impl VolumeOps {
     ///
     /// One point in time: SPDK quiesces only the lvol it snapshots
     /// (`bdev_lvol_snapshot`), not its raid siblings. So the export is
-    /// frozen first ([`freeze::freeze`]): no new I/O command reaches the
+    /// frozen first ([`freeze::Freezes::freeze`]): no new I/O command reaches the
     /// raid (each is failed with a retryable path error that hosts with NVMe
     /// multipath queue), and none is in flight in it. The snapshots are
     /// taken, the listeners set optimized again, always. A volume not exported takes no I/O. An
@@ -212,7 +212,7 @@ impl VolumeOps {
     /// (`VolumeSnapshot`), which differ only in their names.
     ///
     /// 1. `p.export` (when it is served and more than one member is taken)
-    ///    is frozen ([`freeze::freeze`]): no new command reaches the raid and
+    ///    is frozen ([`freeze::Freezes::freeze`]): no new command reaches the raid and
     ///    none is in flight in it. An export made without ANA reporting
     ///    cannot be frozen: [`Unfreezable`] says what then.
     /// 2. The members `p.raid` serves now, drained, are kept: one the raid
@@ -246,7 +246,9 @@ impl VolumeOps {
             && members.len() > 1
         {
             if sub.ana_reporting() == Some(true) {
-                frozen = freeze::freeze(&self.client, sub)
+                frozen = self
+                    .freezes
+                    .freeze(&self.client, sub)
                     .await
                     .map_err(|e| rpc(&id, e.what)(e.source))?;
             } else {
@@ -274,7 +276,7 @@ impl VolumeOps {
             let live = match self.raid_serves(raid).await {
                 Ok(live) => live,
                 Err(e) => {
-                    let _ = freeze::thaw(&self.client, &frozen).await;
+                    let _ = self.freezes.thaw(&self.client, &frozen).await;
                     return Err(rpc(&id, format!("reading raid {raid}"))(e));
                 }
             };
@@ -302,7 +304,7 @@ impl VolumeOps {
                 serves
             });
             if members.is_empty() {
-                let _ = freeze::thaw(&self.client, &frozen).await;
+                let _ = self.freezes.thaw(&self.client, &frozen).await;
                 return Ok(Taken {
                     left_out: left_out.clone(),
                     ..Taken::default()
@@ -327,18 +329,16 @@ impl VolumeOps {
                         .map_err(rpc(id_ref, format!("snapshotting {head}")))
                 }),
                 Member::Remote { key, name, take, .. } => remote.push(async move {
-                    take.await
-                        .map(|()| key)
-                        .map_err(|message| VolumeError::PeerSnapshot {
-                            snapshot: id_ref.clone(),
-                            replica: name,
-                            message,
-                        })
+                    take.await.map(|()| key).map_err(|e| VolumeError::PeerSnapshot {
+                        snapshot: id_ref.clone(),
+                        replica: name,
+                        message: e.to_string(),
+                    })
                 }),
             }
         }
         let (results, remote_results) = futures::future::join(join_all(local), join_all(remote)).await;
-        let thawed = freeze::thaw(&self.client, &frozen).await;
+        let thawed = self.freezes.thaw(&self.client, &frozen).await;
         let mut err = None;
         let mut taken = Taken {
             left_out,

@@ -1,5 +1,5 @@
 //! What every thin rebuild shares, talon's (`rebuild.rs`) and a Longhorn
-//! engine's (`controllers/engine/longhorn_thin.rs`): the step machine that
+//! engine's (`controllers/longhorn/thin.rs`): the step machine that
 //! carries it out, one shallow copy started and asked where it stands, the
 //! order of the steps, how far a rebuild is, and the next rebuild
 //! snapshot's number.
@@ -20,10 +20,13 @@
 //! own, whose source is a replica in this target and whose dest is one too
 //! or is served by another node (`rebuild.rs`), and a Longhorn engine's,
 //! either of whose ends may be on another node, copied by that node's
-//! target (`controllers/engine/longhorn_thin.rs`). What differs is behind
+//! target (`controllers/longhorn/thin.rs`). What differs is behind
 //! [`Ends`]: how each end is named, asked and written. The last step, the
 //! switch ([`switch`]), is one sequence for both too, with one rule for how
-//! much it copies while the hosts wait ([`switch_bytes`]). The order of the
+//! much it copies while the hosts wait ([`switch_bytes`]); its close, join
+//! and restore, with every check (the dest there, the superblock cleared,
+//! the data offsets equal), are one implementation as well
+//! ([`VolumeOps::switch_close`](super::VolumeOps::switch_close), `switch.rs`). The order of the
 //! steps, the running copy, and when a copy is kept are decided here, from
 //! what the two replicas hold, so a restart goes on from the copies made
 //! so far: only the running copy is kept in memory ([`Runs`]), and spdk_tgt
@@ -31,7 +34,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::spdk::rpc::{CheckShallowCopy, ShallowCopyStatus, StartShallowCopy};
 use crate::spdk::{ClientError, SpdkClient};
@@ -57,6 +60,94 @@ pub fn switch_bytes(over_nvme_tcp: bool) -> u64 {
 pub const SWITCH_COPY: Duration = Duration::from_secs(120);
 /// How often a waited-for copy is asked where it stands.
 const POLL: Duration = Duration::from_millis(15);
+
+/// Failed steps in a row before a thin rebuild is given up...
+pub const MAX_FAILURES: u32 = 3;
+/// ...and for at least this long: a peer whose talon or spdk_tgt is still
+/// starting (seconds on a loaded node) is waited for, not given up at once;
+/// one gone for this long is, the bound Longhorn gives a remote replica's
+/// link (ctrlr_loss_timeout 15 s).
+pub const FAIL_AFTER: Duration = Duration::from_secs(15);
+/// The pause after a failed step: doubles from 1 s, at most this.
+pub const MAX_RETRY_PAUSE: Duration = Duration::from_secs(8);
+
+/// A rebuild whose last steps failed.
+#[derive(Debug, Clone, Copy)]
+struct Failing {
+    /// Failed steps in a row.
+    count: u32,
+    /// When the first of them failed.
+    since: Instant,
+    /// No step before this.
+    retry_at: Instant,
+    /// Given up ([`Failed::ForGood`]).
+    given_up: bool,
+}
+
+/// What a failed step means for its rebuild ([`Failures::failed`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Failed {
+    /// Tried again after a pause: failed steps in a row so far.
+    Retry(u32),
+    /// Given up ([`MAX_FAILURES`] in a row over [`FAIL_AFTER`]): the dest
+    /// is not rebuilt thin. A talon volume rebuilds it with SPDK's raid
+    /// rebuild; a Longhorn engine reports the rebuild failed, and
+    /// longhorn-manager, which asked for it, decides what comes next.
+    ForGood(u32),
+}
+
+/// The one failure policy of every thin rebuild, talon's and a Longhorn
+/// engine's: failed steps in a row per rebuild (by volume or engine, dest
+/// replica), the pause before the next step (doubling from 1 s, at most
+/// [`MAX_RETRY_PAUSE`]), and the bound ([`Failed::ForGood`]). A step that
+/// does not fail ends the count ([`Failures::forget`]).
+#[derive(Debug, Default, Clone)]
+pub struct Failures(Arc<Mutex<HashMap<(String, String), Failing>>>);
+
+impl Failures {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<(String, String), Failing>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+    /// Counts a failed step of the rebuild of `dest` of `of` at `now`:
+    /// retried after a pause, or given up.
+    pub fn failed(&self, of: &str, dest: &str, now: Instant) -> Failed {
+        let mut all = self.lock();
+        let f = all.entry((of.to_owned(), dest.to_owned())).or_insert(Failing {
+            count: 0,
+            since: now,
+            retry_at: now,
+            given_up: false,
+        });
+        f.count += 1;
+        let pause = Duration::from_secs(1u64 << (f.count - 1).min(8)).min(MAX_RETRY_PAUSE);
+        f.retry_at = now + pause;
+        f.given_up = f.count >= MAX_FAILURES && now.duration_since(f.since) >= FAIL_AFTER;
+        if f.given_up {
+            Failed::ForGood(f.count)
+        } else {
+            Failed::Retry(f.count)
+        }
+    }
+    /// Whether the rebuild's next step waits (its last one failed a moment ago).
+    pub fn pausing(&self, of: &str, dest: &str, now: Instant) -> bool {
+        self.lock()
+            .get(&(of.to_owned(), dest.to_owned()))
+            .is_some_and(|f| now < f.retry_at)
+    }
+    /// Whether a rebuild of `of` was given up (and not forgotten since).
+    pub fn given_up(&self, of: &str) -> bool {
+        self.lock().iter().any(|((o, _), f)| o == of && f.given_up)
+    }
+    /// Forgets the failures of the rebuild of `dest` of `of` (it joined,
+    /// or is no longer asked for).
+    pub fn forget(&self, of: &str, dest: &str) {
+        self.lock().remove(&(of.to_owned(), dest.to_owned()));
+    }
+    /// Forgets the failures of every rebuild of `of`.
+    pub fn forget_all(&self, of: &str) {
+        self.lock().retain(|(o, _), _| o != of);
+    }
+}
 
 /// Where one shallow copy stands.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -779,9 +870,49 @@ mod tests {
         assert_eq!(step(&e, &runs).await, Err("raid refused".into()));
         assert_eq!(
             e.log(),
-            ["close", "round", "last copy rb.1", "keep rb.1", "join with rb.1", "restore"]
+            [
+                "close",
+                "round",
+                "last copy rb.1",
+                "keep rb.1",
+                "join with rb.1",
+                "restore"
+            ]
         );
-        assert!(!runs.any("vol"), "the switch's copy is never a step's running copy");
+        assert!(
+            !runs.any("vol"),
+            "the switch's copy is never a step's running copy"
+        );
+    }
+
+    #[test]
+    fn a_failing_step_is_retried_after_pauses_and_given_up_only_after_15_s() {
+        let t = Failures::default();
+        let t0 = Instant::now();
+        // a peer still starting: three fast failures are not the end
+        assert_eq!(t.failed("e", "r", t0), Failed::Retry(1));
+        assert!(t.pausing("e", "r", t0 + Duration::from_millis(900)));
+        assert!(!t.pausing("e", "r", t0 + Duration::from_secs(1)));
+        assert_eq!(t.failed("e", "r", t0 + Duration::from_secs(1)), Failed::Retry(2));
+        assert!(t.pausing("e", "r", t0 + Duration::from_millis(2900)));
+        assert_eq!(t.failed("e", "r", t0 + Duration::from_secs(3)), Failed::Retry(3));
+        assert!(!t.given_up("e"));
+        // the pause stops growing at 8 s
+        for i in 4..10 {
+            let _ = t.failed("e", "r", t0 + Duration::from_secs(3 + i));
+        }
+        let late = t0 + Duration::from_secs(13);
+        assert!(t.pausing("e", "r", late) && !t.pausing("e", "r", late + MAX_RETRY_PAUSE));
+        // failing for 15 s and more: for good
+        assert_eq!(t.failed("e", "r", t0 + FAIL_AFTER), Failed::ForGood(10));
+        assert!(t.given_up("e") && !t.given_up("e2"));
+        // another replica, and a forgotten one, start afresh
+        assert_eq!(t.failed("e", "r2", t0), Failed::Retry(1));
+        t.forget("e", "r");
+        assert!(!t.pausing("e", "r", t0) && !t.given_up("e"));
+        assert_eq!(t.failed("e", "r", t0 + FAIL_AFTER), Failed::Retry(1));
+        t.forget_all("e");
+        assert!(!t.pausing("e", "r2", t0));
     }
 
     #[test]

@@ -8,6 +8,7 @@
 # the instance leaves no device and no controller; a second engine-frontend reads the same bytes.
 # Skipped by the harness without SPDK on the host.
 # vm-timeout: 300
+# vm-order: early
 set -u
 VOL=$TALON_HOST_LH_VOLUME
 D=/tmp/lh-guest

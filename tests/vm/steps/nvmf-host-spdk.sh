@@ -6,6 +6,7 @@
 # I/O error (the kernel's NVMe multipath queues I/O while a snapshot freezes the export). Skipped by
 # the harness without SPDK.
 # vm-timeout: 360
+# vm-order: early
 set -u
 VOL=hostspdk
 export TALON_DATA_DIR=/tmp/talon-data

@@ -7,8 +7,9 @@
 //! the copies made so far. Only the running copy is kept in memory (spdk_tgt
 //! forgets it with a restart too; the dest's head is then made again). The
 //! dest is in no raid and never read until the switch, when it equals the
-//! source. Which replica is rebuilt, and how failures count, is
-//! `longhorn_rebuilds.rs`.
+//! source. Which replica is rebuilt, and what a failure reports, is
+//! `longhorn_rebuilds.rs`; how failures count and when a rebuild is given
+//! up is the one policy of every thin rebuild ([`thin::Failures`]).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
@@ -16,27 +17,22 @@ use std::time::{Duration, Instant};
 
 use tonic::transport::Channel;
 
-use super::{LonghornController, Serving, chain};
+use super::{LonghornController, Serving};
+use crate::names::InvalidName;
+use crate::proto::peer::PeerError;
 use crate::proto::spdkrpc;
 use crate::proto::spdkrpc::spdk_service_client::SpdkServiceClient;
 use crate::resources::longhorn::snapshot_lvol;
 use crate::resources::longhorn::{LonghornEngine, LonghornReplica};
 use crate::runtime::Typed;
+use crate::spdk::ClientError;
 use crate::spdk::naming::longhorn::{self as naming, REBUILD_SNAP_PREFIX, is_rebuild_snap};
-use crate::spdk::volume::Inventory;
+use crate::spdk::rpc::RaidBdev;
 use crate::spdk::volume::naming::lvstore;
 use crate::spdk::volume::replica_lvols::{ReplicaLvols, reset_head};
 use crate::spdk::volume::thin::{self, Copier, CopyState, Run};
+use crate::spdk::volume::{Inventory, Switch, SwitchSide, VolumeError};
 
-/// Failed steps in a row before the rebuild is reported failed (ERR)...
-pub(super) const MAX_FAILURES: u32 = 3;
-/// ...and for at least this long: a peer whose talon or spdk_tgt is still
-/// starting (seconds on a loaded node) is waited for, not failed at once; one
-/// gone for this long is failed, the bound Longhorn gives a remote replica's
-/// link (ctrlr_loss_timeout 15 s).
-const FAIL_AFTER: Duration = Duration::from_secs(15);
-/// The pause after a failed step: doubles from 1 s, at most this.
-const MAX_RETRY_PAUSE: Duration = Duration::from_secs(8);
 /// How long a call to another node may take.
 pub(super) const PEER_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a dest's node may take to make its head ready and export it
@@ -44,30 +40,10 @@ pub(super) const PEER_TIMEOUT: Duration = Duration::from_secs(30);
 /// itself waits for its controller when asked Longhorn's way.
 const DST_WAIT: Duration = Duration::from_secs(60);
 
-/// A rebuild whose last steps failed.
-#[derive(Debug, Clone, Copy)]
-struct Failing {
-    /// Failed steps in a row.
-    count: u32,
-    /// When the first of them failed.
-    since: Instant,
-    /// No step before this.
-    retry_at: Instant,
-}
-
-/// What a failed step means for its rebuild.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Failed {
-    /// Tried again after a pause: failed steps in a row so far.
-    Retry(u32),
-    /// Failed for good ([`MAX_FAILURES`] in a row over [`FAIL_AFTER`]).
-    ForGood(u32),
-}
+pub(super) use crate::spdk::volume::thin::Failed;
 
 #[derive(Debug, Default)]
 struct ThinState {
-    /// Failed steps in a row per (engine, replica).
-    failures: HashMap<(String, String), Failing>,
     /// The cap applied on a dest's node per (engine, replica).
     caps: HashMap<(String, String), u64>,
     /// Dests of this node copied from a source on another node: exported
@@ -81,6 +57,82 @@ struct ThinState {
     /// (`ReplicaRebuildingDstStart` answered without an address), per
     /// (engine, replica), since when: asked again at the next step.
     dst_waiting: HashMap<(String, String), Instant>,
+}
+
+/// Why a step of a Longhorn engine's thin rebuild failed; flattened into
+/// words only where Longhorn reads them (`rebuildErrors`, the gRPC status).
+#[derive(Debug, thiserror::Error)]
+pub(super) enum ThinError {
+    /// A step of the engine's SPDK objects (the switch's among them).
+    #[error(transparent)]
+    Volume(#[from] VolumeError),
+    /// A call to this node's target.
+    #[error("{doing}")]
+    Spdk {
+        doing: String,
+        #[source]
+        source: ClientError,
+    },
+    /// The node that serves `replica` was not reached.
+    #[error("replica {replica}")]
+    PeerUnreachable {
+        replica: String,
+        #[source]
+        source: PeerError,
+    },
+    /// The node that serves `replica` answered an error (its words).
+    #[error("replica {replica}: {doing} on its node: {message}")]
+    Peer {
+        replica: String,
+        doing: &'static str,
+        message: String,
+    },
+    /// A replica of another node was not attached here (the engine's words).
+    #[error("replica {replica}: {message}")]
+    Attach { replica: String, message: String },
+    /// A dest's head of this node was not made again (its words).
+    #[error("replica {replica}: making its head again: {message}")]
+    ResetHead { replica: String, message: String },
+    /// The engine has no raid1 to rebuild into.
+    #[error("engine {engine} has no raid1")]
+    NoRaid { engine: String },
+    /// No member is in service to copy from.
+    #[error("engine {engine}: no replica in service to rebuild {replica} from")]
+    NoSource { engine: String, replica: String },
+    /// A replica's name makes no NQN.
+    #[error("replica {replica}")]
+    BadName {
+        replica: String,
+        #[source]
+        source: InvalidName,
+    },
+    /// A dest of this node copied from another node is not exported yet.
+    #[error("replica {replica}: not exported for the copy from {source_replica}")]
+    NotExported { replica: String, source_replica: String },
+    /// A dest's node did not make its head ready in time.
+    #[error("replica {replica}: its node has not made its head ready for the rebuild in {secs} s")]
+    DestNotReady { replica: String, secs: u64 },
+    /// A copy failed (SPDK's words, or its node's).
+    #[error("copying snapshot {snapshot} to replica {replica}: {message}")]
+    CopyFailed {
+        snapshot: String,
+        replica: String,
+        message: String,
+    },
+}
+
+impl ThinError {
+    fn spdk(doing: String) -> impl FnOnce(ClientError) -> Self {
+        move |source| Self::Spdk { doing, source }
+    }
+    fn peer(replica: &str, doing: &'static str) -> impl FnOnce(tonic::Status) -> Self {
+        let replica = replica.to_owned();
+        move |s| Self::Peer {
+            replica,
+            doing,
+            message: s.message().to_owned(),
+        }
+    }
 }
 
 /// Where a dest on another node stands after one more ask to make its
@@ -123,46 +175,31 @@ pub(super) struct ThinRebuilds {
     state: Arc<Mutex<ThinState>>,
     /// The copy running per (engine, replica).
     runs: thin::Runs,
+    /// The failed steps per (engine, replica): the one policy of every
+    /// thin rebuild.
+    failures: thin::Failures,
 }
 
 impl ThinRebuilds {
     fn lock(&self) -> std::sync::MutexGuard<'_, ThinState> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
-    /// Counts a failed step at `now`: retried after a pause, or failed for good.
+    /// Counts a failed step at `now`: retried after a pause, or failed for
+    /// good ([`thin::Failures`]).
     pub(super) fn failed(&self, engine: &str, replica: &str, now: Instant) -> Failed {
         self.runs.remove(engine, replica);
-        let mut s = self.lock();
-        let f = s
-            .failures
-            .entry((engine.to_owned(), replica.to_owned()))
-            .or_insert(Failing {
-                count: 0,
-                since: now,
-                retry_at: now,
-            });
-        f.count += 1;
-        let pause = Duration::from_secs(1u64 << (f.count - 1).min(8)).min(MAX_RETRY_PAUSE);
-        f.retry_at = now + pause;
-        if f.count >= MAX_FAILURES && now.duration_since(f.since) >= FAIL_AFTER {
-            Failed::ForGood(f.count)
-        } else {
-            Failed::Retry(f.count)
-        }
+        self.failures.failed(engine, replica, now)
     }
     /// Whether the rebuild's next step waits (its last one failed a moment ago).
     pub(super) fn pausing(&self, engine: &str, replica: &str, now: Instant) -> bool {
-        self.lock()
-            .failures
-            .get(&(engine.to_owned(), replica.to_owned()))
-            .is_some_and(|f| now < f.retry_at)
+        self.failures.pausing(engine, replica, now)
     }
     /// Forgets a rebuild (joined, failed for good, or no longer asked).
     pub(super) fn forget(&self, engine: &str, replica: &str) {
         self.runs.remove(engine, replica);
+        self.failures.forget(engine, replica);
         let mut s = self.lock();
         let k = (engine.to_owned(), replica.to_owned());
-        s.failures.remove(&k);
         s.caps.remove(&k);
         s.exported.remove(&k);
         s.sources.remove(&k);
@@ -215,9 +252,20 @@ impl LonghornController {
         replica: &str,
         address: &str,
     ) -> Result<SpdkServiceClient<Channel>, String> {
-        crate::proto::peer::peer_client(address, self.peer_port, PEER_TIMEOUT)
+        self.peer_of(replica, address)
             .await
-            .map_err(|e| format!("replica {replica}: {}", crate::util::error_chain(&e)))
+            .map_err(|e| crate::util::error_chain(&e))
+    }
+
+    /// [`Self::peer`], its error typed.
+    async fn peer_of(&self, replica: &str, address: &str) -> Result<SpdkServiceClient<Channel>, ThinError> {
+        self.peers
+            .client(address, self.peer_port, PEER_TIMEOUT)
+            .await
+            .map_err(|source| ThinError::PeerUnreachable {
+                replica: replica.to_owned(),
+                source,
+            })
     }
 
     fn end(&self, local: &BTreeMap<String, LonghornReplica>, replica: &str, address: &str) -> End {
@@ -234,18 +282,18 @@ impl LonghornController {
         }
     }
 
-    async fn lvols_of(&self, inv: &Inventory, end: &End) -> Result<ReplicaLvols, String> {
+    async fn lvols_of(&self, inv: &Inventory, end: &End) -> Result<ReplicaLvols, ThinError> {
         match end {
             End::Here { replica, lvs, .. } => Ok(ReplicaLvols::from_inventory(inv, lvs, replica)),
             End::Peer { replica, address } => {
                 let r = self
-                    .peer(replica, address)
+                    .peer_of(replica, address)
                     .await?
                     .replica_get(spdkrpc::ReplicaGetRequest {
                         name: replica.clone(),
                     })
                     .await
-                    .map_err(|s| format!("replica {replica}: its node: {}", s.message()))?
+                    .map_err(ThinError::peer(replica, "listing its lvols"))?
                     .into_inner();
                 Ok(ReplicaLvols::from(&r))
             }
@@ -253,13 +301,13 @@ impl LonghornController {
     }
 
     /// Snapshots the head of `end` as snapshot `snap`.
-    async fn snapshot_end(&self, end: &End, snap: &str, dst: bool) -> Result<(), String> {
+    async fn snapshot_end(&self, end: &End, snap: &str, dst: bool) -> Result<(), ThinError> {
         match end {
             End::Here { replica, lvs, .. } => {
                 let name = snapshot_lvol(replica, snap);
                 crate::spdk::volume::lvol::snapshot(&self.client, &format!("{lvs}/{replica}"), &name)
                     .await
-                    .map_err(|e| format!("snapshotting {lvs}/{replica} as {name}: {}", chain(&e)))
+                    .map_err(ThinError::spdk(format!("snapshotting {lvs}/{replica} as {name}")))
             }
             End::Peer { replica, address } => {
                 let req = spdkrpc::SnapshotRequest {
@@ -267,32 +315,27 @@ impl LonghornController {
                     snapshot_name: snap.to_owned(),
                     ..Default::default()
                 };
-                let mut c = self.peer(replica, address).await?;
+                let mut c = self.peer_of(replica, address).await?;
                 let r = if dst {
                     c.replica_rebuilding_dst_snapshot_create(req).await.map(|_| ())
                 } else {
                     c.replica_snapshot_create(req).await.map(|_| ())
                 };
-                r.map_err(|s| {
-                    format!(
-                        "replica {replica}: snapshotting it as {snap} on its node: {}",
-                        s.message()
-                    )
-                })
+                r.map_err(ThinError::peer(replica, "snapshotting it"))
             }
         }
     }
 
-    async fn delete_snapshot_of(&self, end: &End, snap: &str) -> Result<(), String> {
+    async fn delete_snapshot_of(&self, end: &End, snap: &str) -> Result<(), ThinError> {
         match end {
             End::Here { replica, lvs, .. } => {
                 let a = format!("{lvs}/{}", snapshot_lvol(replica, snap));
                 crate::spdk::volume::lvol::delete_lvol(&self.client, &a)
                     .await
-                    .map_err(|e| format!("deleting {a}: {}", chain(&e)))
+                    .map_err(ThinError::spdk(format!("deleting {a}")))
             }
             End::Peer { replica, address } => self
-                .peer(replica, address)
+                .peer_of(replica, address)
                 .await?
                 .replica_snapshot_delete(spdkrpc::SnapshotRequest {
                     name: replica.clone(),
@@ -301,21 +344,23 @@ impl LonghornController {
                 })
                 .await
                 .map(|_| ())
-                .map_err(|s| {
-                    format!(
-                        "replica {replica}: deleting snapshot {snap} on its node: {}",
-                        s.message()
-                    )
-                }),
+                .map_err(ThinError::peer(replica, "deleting a rebuild snapshot")),
         }
     }
 
     /// The bdev this node writes a dest's head through: its lvol, or its
     /// export attached.
-    async fn dst_bdev(&self, inv: &Inventory, dst: &End) -> Result<String, String> {
+    async fn dst_bdev(&self, inv: &Inventory, dst: &End) -> Result<String, ThinError> {
         match dst {
             End::Here { replica, lvs, .. } => Ok(format!("{lvs}/{replica}")),
-            End::Peer { replica, address } => self.attach_remote(inv, replica, address).await,
+            End::Peer { replica, address } => {
+                self.attach_remote(inv, replica, address)
+                    .await
+                    .map_err(|e| ThinError::Attach {
+                        replica: replica.clone(),
+                        message: e.text(),
+                    })
+            }
         }
     }
 
@@ -329,7 +374,7 @@ impl LonghornController {
         dst: &End,
         dst_export: Option<String>,
         snap: &str,
-    ) -> Result<Copier, String> {
+    ) -> Result<Copier, ThinError> {
         match src {
             End::Here { replica, lvs, .. } => {
                 let to = self.dst_bdev(inv, dst).await?;
@@ -337,21 +382,18 @@ impl LonghornController {
                 thin::start_copy(&self.client, &from, &to)
                     .await
                     .map(Copier::Here)
-                    .map_err(|x| format!("copying {from}'s clusters to {to}: {}", chain(&x)))
+                    .map_err(ThinError::spdk(format!("copying {from}'s clusters to {to}")))
             }
             End::Peer { replica, address } => {
                 let to = match dst {
                     End::Peer { address, .. } => address.clone(),
                     // exported for this rebuild (see `exported`)
-                    End::Here { .. } => dst_export.ok_or_else(|| {
-                        format!(
-                            "replica {}: not exported for the copy from {replica}",
-                            dst.replica()
-                        )
+                    End::Here { .. } => dst_export.ok_or_else(|| ThinError::NotExported {
+                        replica: dst.replica().to_owned(),
+                        source_replica: replica.clone(),
                     })?,
                 };
-                let mut c = self.peer(replica, address).await?;
-                let fail = |s: tonic::Status| format!("replica {replica}: its node: {}", s.message());
+                let mut c = self.peer_of(replica, address).await?;
                 c.replica_rebuilding_src_start(spdkrpc::ReplicaRebuildingSrcStartRequest {
                     name: replica.clone(),
                     dst_replica_name: dst.replica().to_owned(),
@@ -359,7 +401,7 @@ impl LonghornController {
                     exposed_snapshot_name: String::new(),
                 })
                 .await
-                .map_err(fail)?;
+                .map_err(ThinError::peer(replica, "starting the rebuild from it"))?;
                 c.replica_rebuilding_src_shallow_copy_start(
                     spdkrpc::ReplicaRebuildingSrcShallowCopyStartRequest {
                         name: replica.clone(),
@@ -368,7 +410,7 @@ impl LonghornController {
                     },
                 )
                 .await
-                .map_err(fail)?;
+                .map_err(ThinError::peer(replica, "starting a copy from it"))?;
                 Ok(Copier::Elsewhere)
             }
         }
@@ -376,12 +418,12 @@ impl LonghornController {
 
     /// Where copy `run` of `src` into replica `dst` stands, or `Ok(None)`
     /// when it is not known (spdk_tgt or a node restarted).
-    async fn check(&self, src: &End, dst: &str, run: &Run) -> Result<Option<CopyState>, String> {
+    async fn check(&self, src: &End, dst: &str, run: &Run) -> Result<Option<CopyState>, ThinError> {
         match (&run.copier, src) {
             (Copier::Here(op), _) => Ok(thin::copy_state(&self.client, *op).await.ok()),
             (Copier::Elsewhere, End::Peer { replica, address }) => {
                 match self
-                    .peer(replica, address)
+                    .peer_of(replica, address)
                     .await?
                     .replica_rebuilding_src_shallow_copy_check(
                         spdkrpc::ReplicaRebuildingSrcShallowCopyCheckRequest {
@@ -401,7 +443,7 @@ impl LonghornController {
                         )))
                     }
                     Err(s) if s.code() == tonic::Code::NotFound => Ok(None),
-                    Err(s) => Err(format!("replica {replica}: its node: {}", s.message())),
+                    Err(s) => Err(ThinError::peer(replica, "checking the copy from it")(s)),
                 }
             }
             (Copier::Elsewhere, End::Here { .. }) => Ok(None),
@@ -411,7 +453,7 @@ impl LonghornController {
     /// The cap the rebuild of `dst` runs at (its node's head; a dest of this
     /// node is not capped: its head is open to nobody until it joins, and on
     /// v26.05 a cap set so can never be lifted again).
-    async fn cap(&self, e: &str, dst: &End, mbps: u64) -> Result<(), String> {
+    async fn cap(&self, e: &str, dst: &End, mbps: u64) -> Result<(), ThinError> {
         let k = (e.to_owned(), dst.replica().to_owned());
         if self.thin.lock().caps.get(&k).copied().unwrap_or(0) == mbps {
             return Ok(());
@@ -423,25 +465,22 @@ impl LonghornController {
                 let head = format!("{lvs}/{replica}");
                 crate::spdk::volume::lvol::set_qos_cap(&self.client, &head, mbps)
                     .await
-                    .map_err(|x| format!("replica {replica}: capping its head {head}: {}", chain(&x)))?;
+                    .map_err(ThinError::spdk(format!(
+                        "replica {replica}: capping its head {head}"
+                    )))?;
                 self.thin.lock().caps.insert(k, mbps);
                 return Ok(());
             }
             End::Here { .. } => return Ok(()),
         };
-        self.peer(replica, address)
+        self.peer_of(replica, address)
             .await?
             .replica_rebuilding_dst_set_qos_limit(spdkrpc::ReplicaRebuildingDstSetQosLimitRequest {
                 name: replica.clone(),
                 qos_limit_mbps: i64::try_from(mbps).unwrap_or(i64::MAX),
             })
             .await
-            .map_err(|s| {
-                format!(
-                    "replica {replica}: capping its rebuild on its node: {}",
-                    s.message()
-                )
-            })?;
+            .map_err(ThinError::peer(replica, "capping its rebuild"))?;
         self.thin.lock().caps.insert(k, mbps);
         Ok(())
     }
@@ -456,11 +495,11 @@ impl LonghornController {
         local: &BTreeMap<String, LonghornReplica>,
         dst_name: &str,
         plan: &Serving,
-    ) -> Result<Thin, String> {
+    ) -> Result<Thin, ThinError> {
         let engine = e.id();
-        let raid = inv
-            .raid(engine)
-            .ok_or_else(|| format!("engine {engine} has no raid1"))?;
+        let raid = inv.raid(engine).ok_or_else(|| ThinError::NoRaid {
+            engine: engine.to_owned(),
+        })?;
         let dst_address = e
             .spec
             .replica_address_map
@@ -481,7 +520,7 @@ impl LonghornController {
                     // it left its slot's data behind when it fell out: out again
                     crate::spdk::volume::lvol::remove_raid_member(&self.client, &s)
                         .await
-                        .map_err(|x| format!("taking {s} out of raid {engine}: {}", chain(&x)))?;
+                        .map_err(ThinError::spdk(format!("taking {s} out of raid {engine}")))?;
                 }
                 continue;
             }
@@ -492,18 +531,22 @@ impl LonghornController {
         // a source here first: the copy runs in this target
         in_service.sort_by_key(|(end, _)| matches!(end, End::Peer { .. }));
         let Some((src, _)) = in_service.first().cloned() else {
-            return Err(format!(
-                "engine {engine}: no replica in service to rebuild {dst_name} from"
-            ));
+            return Err(ThinError::NoSource {
+                engine: engine.to_owned(),
+                replica: dst_name.to_owned(),
+            });
         };
         self.thin
             .lock()
             .sources
             .insert((engine.to_owned(), dst_name.to_owned()), src.replica().to_owned());
-        let dst_nqn = naming::replica_nqn(
-            &crate::names::ObjectName::parse("replica", dst_name).map_err(|x| x.to_string())?,
-        )
-        .map_err(|x| x.to_string())?;
+        let bad_name = |source| ThinError::BadName {
+            replica: dst_name.to_owned(),
+            source,
+        };
+        let dst_nqn =
+            naming::replica_nqn(&crate::names::ObjectName::parse("replica", dst_name).map_err(bad_name)?)
+                .map_err(bad_name)?;
         let have_src = self.lvols_of(inv, &src).await?;
         let have_dst = self.lvols_of(inv, &dst).await?;
         let chain_src = have_src.chain();
@@ -536,7 +579,9 @@ impl LonghornController {
             chain_src,
             own,
             cluster: inv.lvstores.first().map_or(1, |l| l.cluster_size),
+            slots: in_service.iter().map(|(_, n)| Some(n.clone())).collect(),
             in_service,
+            raid,
             plan,
         };
         Ok(match thin::step(&ends, &self.thin.runs).await? {
@@ -556,21 +601,25 @@ impl LonghornController {
         dst: &End,
         have: &ReplicaLvols,
         chain_src: &[String],
-    ) -> Result<bool, String> {
+    ) -> Result<bool, ThinError> {
         match dst {
             End::Here { replica, lvs, size } => {
                 reset_head(&self.client, lvs, replica, *size, have, chain_src)
                     .await
                     .map(|_| true)
+                    .map_err(|message| ThinError::ResetHead {
+                        replica: replica.clone(),
+                        message,
+                    })
             }
             End::Peer { replica, address } => {
                 // this node's controller of it goes: the head is a new namespace
                 if inv.controllers.iter().any(|c| c == replica) {
                     crate::spdk::volume::lvol::detach_controller(&self.client, replica)
                         .await
-                        .map_err(|x| {
-                            format!("replica {replica}: detaching its old controller: {}", chain(&x))
-                        })?;
+                        .map_err(ThinError::spdk(format!(
+                            "replica {replica}: detaching its old controller"
+                        )))?;
                 }
                 let list = chain_src
                     .iter()
@@ -594,17 +643,12 @@ impl LonghornController {
                     rebuilding_snapshot_list: list,
                     ..Default::default()
                 });
-                self.peer(replica, address)
+                self.peer_of(replica, address)
                     .await?
                     .replica_rebuilding_dst_start(req)
                     .await
                     .map(|r| !r.into_inner().dst_head_lvol_address.is_empty())
-                    .map_err(|s| {
-                        format!(
-                            "replica {replica}: making its head again on its node: {}",
-                            s.message()
-                        )
-                    })
+                    .map_err(ThinError::peer(replica, "making its head again"))
             }
         }
     }
@@ -653,6 +697,10 @@ struct LonghornEnds<'a> {
     cluster: u64,
     /// The members in service, by the name the raid knows each by.
     in_service: Vec<(End, String)>,
+    /// The same names as slots, the source's first.
+    slots: Vec<Option<String>>,
+    /// The raid as the step listed it.
+    raid: &'a RaidBdev,
     plan: &'a Serving,
     /// `rebuildQosMbps`: the cap the copies run at.
     qos: u64,
@@ -666,11 +714,25 @@ impl LonghornEnds<'_> {
     fn dst_export(&self) -> Option<String> {
         self.remote_into_here.then(|| self.dst_address.clone())
     }
+    /// The switch of this rebuild: the one checked switch ([`Switch`])
+    /// under the engine's names, the dest after the members in service.
+    fn switch(&self) -> Switch<'_> {
+        Switch {
+            of: self.engine,
+            replica: self.dst.replica(),
+            names: &self.plan.names,
+            spec: &self.plan.spec,
+            raid: self.raid,
+            source: self.in_service.first().map_or("", |(_, n)| n.as_str()),
+            slots: &self.slots,
+            dest_slot: self.slots.len(),
+        }
+    }
 }
 
 #[async_trait::async_trait]
 impl thin::Ends for LonghornEnds<'_> {
-    type Error = String;
+    type Error = ThinError;
 
     fn of(&self) -> &str {
         self.engine
@@ -701,7 +763,7 @@ impl thin::Ends for LonghornEnds<'_> {
         self.chain_src.iter().filter(|s| is_rebuild_snap(s)).count()
     }
 
-    async fn at(&self) -> Result<thin::At, String> {
+    async fn at(&self) -> Result<thin::At, ThinError> {
         let j = self.have_dst.shared(&self.chain_src);
         // a dest's node still making its head ready is asked again first
         let waiting = matches!(self.dst, End::Peer { .. })
@@ -712,15 +774,12 @@ impl thin::Ends for LonghornEnds<'_> {
         })
     }
 
-    async fn make_ready(&self, j: usize) -> Result<(), String> {
+    async fn make_ready(&self, j: usize) -> Result<(), ThinError> {
         let (ctrl, engine, dst_name) = (self.ctrl, self.engine, self.dst.replica());
         if self.remote_into_here {
             // its export goes while its head is made again (made again
             // by the replica's controller at the next reconcile)
-            ctrl.ops
-                .unexport(dst_name, self.dst_nqn.as_str())
-                .await
-                .map_err(|x| format!("replica {dst_name}: {}", crate::util::error_chain(&x)))?;
+            ctrl.ops.unexport(dst_name, self.dst_nqn.as_str()).await?;
         }
         let ready = ctrl
             .reset_dst(self.inv, &self.src, &self.dst, &self.have_dst, &self.chain_src)
@@ -730,10 +789,10 @@ impl thin::Ends for LonghornEnds<'_> {
             DstAsk::Asked => Some("its node makes its head again"),
             DstAsk::Waiting => None,
             DstAsk::TooLong => {
-                return Err(format!(
-                    "replica {dst_name}: its node has not made its head ready for the rebuild in {} s",
-                    DST_WAIT.as_secs()
-                ));
+                return Err(ThinError::DestNotReady {
+                    replica: dst_name.to_owned(),
+                    secs: DST_WAIT.as_secs(),
+                });
             }
         };
         if let Some(by) = by {
@@ -750,7 +809,7 @@ impl thin::Ends for LonghornEnds<'_> {
 
     /// A dest of this node copied from another node is exported first (by
     /// the replica's controller, at its next reconcile).
-    async fn writable(&self) -> Result<bool, String> {
+    async fn writable(&self) -> Result<bool, ThinError> {
         if !self.remote_into_here {
             return Ok(true);
         }
@@ -762,7 +821,7 @@ impl thin::Ends for LonghornEnds<'_> {
         Ok(!newly && ready)
     }
 
-    async fn start_copy(&self, j: usize) -> Result<Copier, String> {
+    async fn start_copy(&self, j: usize) -> Result<Copier, ThinError> {
         self.ctrl.cap(self.engine, &self.dst, self.qos).await?;
         self.ctrl
             .start_copy(
@@ -775,34 +834,79 @@ impl thin::Ends for LonghornEnds<'_> {
             .await
     }
 
-    async fn check(&self, run: &Run) -> Result<Option<CopyState>, String> {
+    async fn check(&self, run: &Run) -> Result<Option<CopyState>, ThinError> {
         self.ctrl.check(&self.src, self.dst.replica(), run).await
     }
 
-    async fn copy_failed(&self, run: &Run, message: String) -> String {
-        format!(
-            "copying snapshot {} to replica {}: {message}",
-            run.snap,
-            self.dst.replica()
-        )
+    async fn copy_failed(&self, run: &Run, message: String) -> ThinError {
+        ThinError::CopyFailed {
+            snapshot: run.snap.clone(),
+            replica: self.dst.replica().to_owned(),
+            message,
+        }
     }
 
-    async fn keep(&self, snap: &str) -> Result<(), String> {
+    async fn keep(&self, snap: &str) -> Result<(), ThinError> {
         self.ctrl.snapshot_end(&self.dst, snap, true).await
     }
 
-    async fn round(&self) -> Result<String, String> {
+    async fn round(&self) -> Result<String, ThinError> {
         let snap = next_rebuild_snap(&self.have_src, &self.have_dst);
         self.ctrl.snapshot_end(&self.src, &snap, false).await?;
         Ok(snap)
     }
 
-    async fn close(&self) -> Result<(), String> {
-        let (ctrl, engine) = (self.ctrl, self.engine);
+    async fn close(&self) -> Result<(), ThinError> {
+        self.ctrl.ops.switch_close(self.inv, &self.switch(), self).await
+    }
+
+    async fn start_last_copy(&self, snap: &str) -> Result<Copier, ThinError> {
+        let ctrl = self.ctrl;
+        ctrl.cap(self.engine, &self.dst, 0).await?;
+        let now = Inventory::load(&ctrl.client)
+            .await
+            .map_err(ThinError::spdk("listing the target in the switch".into()))?;
+        ctrl.start_copy(&now, &self.src, &self.dst, self.dst_export(), snap)
+            .await
+    }
+
+    async fn join(&self, snap: &str) -> Result<(), ThinError> {
+        self.ctrl.ops.switch_join(&self.switch(), snap, self).await?;
+        self.ctrl.session.switch_done(self.engine);
+        self.merge_rebuild_snapshots(snap).await;
+        Ok(())
+    }
+
+    async fn restore(&self) {
+        self.ctrl.ops.switch_restore(&self.switch()).await;
+    }
+}
+
+/// A Longhorn dest is reached through its node's export when it is on
+/// another node; the source's node and a loopback export hold it for the
+/// copies until the switch's copy is kept.
+#[async_trait::async_trait]
+impl SwitchSide for LonghornEnds<'_> {
+    type Error = ThinError;
+
+    async fn dest_bdev(&self) -> Result<String, ThinError> {
+        let ctrl = self.ctrl;
+        match &self.dst {
+            End::Here { replica, lvs, .. } => Ok(format!("{lvs}/{replica}")),
+            End::Peer { .. } => {
+                let now = Inventory::load(&ctrl.client)
+                    .await
+                    .map_err(ThinError::spdk("listing the target in the switch".into()))?;
+                ctrl.dst_bdev(&now, &self.dst).await
+            }
+        }
+    }
+
+    fn closing(&self) {
         // ReplicaList keeps the modes from before the switch until the raid
         // is there again: the members in service stay RW for the manager
-        ctrl.session.start_switch(
-            engine,
+        self.ctrl.session.start_switch(
+            self.engine,
             crate::resources::longhorn::SwitchModes {
                 joining: self.dst.replica().to_owned(),
                 in_service: self
@@ -812,63 +916,11 @@ impl thin::Ends for LonghornEnds<'_> {
                     .collect(),
             },
         );
-        // hosts off: their connections drop, their I/O waits for the reconnect
-        ctrl.ops
-            .close_export(self.inv, engine, self.plan.nqn().as_str())
-            .await
-            .map_err(|x| crate::util::error_chain(&x))?;
-        crate::spdk::volume::lvol::delete_raid(&ctrl.client, engine)
-            .await
-            .map_err(|x| format!("deleting raid {engine} for the switch: {}", chain(&x)))
     }
 
-    async fn start_last_copy(&self, snap: &str) -> Result<Copier, String> {
-        let ctrl = self.ctrl;
-        ctrl.cap(self.engine, &self.dst, 0).await?;
-        let now = Inventory::load(&ctrl.client)
-            .await
-            .map_err(|x| format!("listing the target in the switch: {}", chain(&x)))?;
-        ctrl.start_copy(&now, &self.src, &self.dst, self.dst_export(), snap)
-            .await
-    }
-
-    async fn join(&self, snap: &str) -> Result<(), String> {
-        self.join_raid().await?;
-        self.ctrl.session.switch_done(self.engine);
-        self.merge_rebuild_snapshots(snap).await;
-        Ok(())
-    }
-
-    async fn restore(&self) {
-        let (ctrl, engine) = (self.ctrl, self.engine);
-        let mut slots: Vec<Option<String>> = self.in_service.iter().map(|(_, n)| Some(n.clone())).collect();
-        // one member: a raid1 still, its second slot held by a placeholder
-        if slots.len() == 1 {
-            slots.push(None);
-        }
-        let restored = async {
-            let mut now = Inventory::load(&ctrl.client)
-                .await
-                .map_err(|x| format!("listing the target: {}", chain(&x)))?;
-            ctrl.serve(&mut now, &self.plan.plan(slots, false)).await
-        };
-        match restored.await {
-            Ok(_) => tracing::info!(
-                engine,
-                "rebuild: the switch failed; the raid serves again over the members in service"
-            ),
-            Err(m) => tracing::warn!(engine, error = %m,
-                "rebuild: the switch failed and the raid could not be made again now; the next reconcile does"),
-        }
-    }
-}
-
-/// The switch's ends of a Longhorn engine ([`thin::switch`]).
-impl LonghornEnds<'_> {
-    /// The raid made again over the members in service and the dest, once
-    /// the dest holds the switch's copy: the source's node lets the dest go,
-    /// and a dest of this node written from afar is held by the engine alone.
-    async fn join_raid(&self) -> Result<(), String> {
+    /// The source's node lets the dest go, and a dest of this node written
+    /// from afar is held by the engine alone.
+    async fn release(&self) -> Result<(), ThinError> {
         let (ctrl, engine, dst) = (self.ctrl, self.engine, &self.dst);
         if let End::Peer { replica, address } = &self.src {
             // best effort: its next SrcStart detaches a controller left behind
@@ -887,28 +939,15 @@ impl LonghornEnds<'_> {
             }
         }
         if self.remote_into_here {
-            ctrl.ops
-                .unexport(dst.replica(), self.dst_nqn.as_str())
-                .await
-                .map_err(|x| format!("replica {}: {}", dst.replica(), crate::util::error_chain(&x)))?;
+            ctrl.ops.unexport(dst.replica(), self.dst_nqn.as_str()).await?;
             ctrl.thin.lock().exported.remove(&self.key());
         }
-        let mut now = Inventory::load(&ctrl.client)
-            .await
-            .map_err(|x| format!("listing the target after the switch: {}", chain(&x)))?;
-        let dst_bdev = ctrl.dst_bdev(&now, dst).await?;
-        let slots: Vec<Option<String>> = self
-            .in_service
-            .iter()
-            .map(|(_, n)| Some(n.clone()))
-            .chain([Some(dst_bdev)])
-            .collect();
-        ctrl.serve(&mut now, &self.plan.plan(slots, false))
-            .await
-            .map_err(|x| format!("making raid1 {engine} again: {x}"))
-            .map(|_| ())
+        Ok(())
     }
+}
 
+/// The switch's ends of a Longhorn engine ([`thin::switch`]).
+impl LonghornEnds<'_> {
     /// The rebuild snapshots merged away on both ends, the oldest first
     /// (`last`: the switch's). Best effort: what is left goes after the next
     /// rebuild.
@@ -981,31 +1020,5 @@ mod tests {
         assert_eq!(t.dst_asked(&key, true, t1 + DST_WAIT / 2), DstAsk::Ready);
         assert!(!t.dst_waiting.contains_key(&key));
         assert_eq!(t.dst_asked(&other, false, t1 + DST_WAIT), DstAsk::TooLong);
-    }
-
-    #[test]
-    fn a_failing_step_is_retried_after_pauses_and_fails_for_good_only_after_15_s() {
-        let t = ThinRebuilds::default();
-        let t0 = Instant::now();
-        // a peer still starting: three fast failures are not the end
-        assert_eq!(t.failed("e", "r", t0), Failed::Retry(1));
-        assert!(t.pausing("e", "r", t0 + Duration::from_millis(900)));
-        assert!(!t.pausing("e", "r", t0 + Duration::from_secs(1)));
-        assert_eq!(t.failed("e", "r", t0 + Duration::from_secs(1)), Failed::Retry(2));
-        assert!(t.pausing("e", "r", t0 + Duration::from_millis(2900)));
-        assert_eq!(t.failed("e", "r", t0 + Duration::from_secs(3)), Failed::Retry(3));
-        // the pause stops growing at 8 s
-        for i in 4..10 {
-            let _ = t.failed("e", "r", t0 + Duration::from_secs(3 + i));
-        }
-        let late = t0 + Duration::from_secs(13);
-        assert!(t.pausing("e", "r", late) && !t.pausing("e", "r", late + MAX_RETRY_PAUSE));
-        // failing for 15 s and more: for good
-        assert_eq!(t.failed("e", "r", t0 + FAIL_AFTER), Failed::ForGood(10));
-        // another replica, and a forgotten one, start afresh
-        assert_eq!(t.failed("e", "r2", t0), Failed::Retry(1));
-        t.forget("e", "r");
-        assert!(!t.pausing("e", "r", t0));
-        assert_eq!(t.failed("e", "r", t0 + FAIL_AFTER), Failed::Retry(1));
     }
 }

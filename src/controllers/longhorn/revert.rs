@@ -26,7 +26,7 @@
 use std::collections::BTreeMap;
 
 use super::purge::rebuilding;
-use super::{LonghornController, chain, status};
+use super::{InstanceError, LonghornController, chain, status};
 use crate::names::ObjectName;
 use crate::proto::spdkrpc;
 use crate::resources::longhorn::{
@@ -95,7 +95,7 @@ impl LonghornController {
         let retry = done.is_some_and(|d| d.request == r.request) || begun.is_some();
         if !retry && let Err(m) = revert_allowed(inv, e.id(), &e.spec, local, prev, &r.snapshot) {
             tracing::info!(engine = e.id(), request = r.request, refused = %m, "snapshot revert");
-            out.refused = m;
+            out.refused = m.text();
             return Ok(Some(out));
         }
         if let Some(b) = begun
@@ -270,7 +270,7 @@ impl LonghornController {
         }
         let done = async {
             let nqn = naming::replica_nqn(name).map_err(|x| x.to_string())?;
-            self.unexport(inv, nqn.as_str()).await?;
+            self.unexport(inv, nqn.as_str()).await.map_err(|x| x.text())?;
             let head = RevertHead {
                 lvs: lvs.clone(),
                 head: name.as_str().to_owned(),
@@ -317,7 +317,7 @@ impl LonghornController {
                 return Ok(());
             }
             let nqn = naming::replica_nqn(name).map_err(|x| x.to_string())?;
-            self.unexport(inv, nqn.as_str()).await?;
+            self.unexport(inv, nqn.as_str()).await.map_err(|x| x.text())?;
             let kept = reset_head(&self.client, &lvs, name.as_str(), r.size_bytes, &have, &rq.chain).await;
             *inv = Inventory::load(&self.client)
                 .await
@@ -401,27 +401,31 @@ fn revert_allowed(
     local: &BTreeMap<String, LonghornReplica>,
     prev: Option<&LonghornInstanceStatus>,
     snap: &str,
-) -> Result<(), String> {
-    naming::instance_name("snapshot", snap).map_err(|x| x.to_string())?;
+) -> Result<(), InstanceError> {
+    naming::instance_name("snapshot", snap)?;
     if !spec.frontend.is_empty() {
-        return Err(format!(
-            "invalid frontend {} for engine {id} snapshot {snap} revert: the engine must be detached from its frontend",
-            spec.frontend
-        ));
+        return Err(InstanceError::RevertAttached {
+            engine: id.to_owned(),
+            snapshot: snap.to_owned(),
+            frontend: spec.frontend.clone(),
+        });
     }
     let now = LonghornInstanceStatus::new(InstanceKind::Engine, InstanceState::Running, "");
     if let Some(r) = rebuilding(spec, prev, &now) {
-        return Err(format!(
-            "engine {id} contains WO replica {r} during snapshot {snap} revert"
-        ));
+        return Err(InstanceError::RevertRebuilding {
+            engine: id.to_owned(),
+            replica: r.to_owned(),
+            snapshot: snap.to_owned(),
+        });
     }
     for replica in spec.replica_address_map.keys() {
         if let Some(r) = local.get(replica) {
             let source = format!("{}/{}", lvstore(&r.disk), snapshot_lvol(replica, snap));
             if !inv.lvols.contains_key(&source) {
-                return Err(format!(
-                    "replica {replica} does not contain the reverting snapshot {snap}"
-                ));
+                return Err(InstanceError::RevertMissing {
+                    replica: replica.clone(),
+                    snapshot: snap.to_owned(),
+                });
             }
         }
     }
@@ -493,21 +497,8 @@ mod tests {
 
     fn engine() -> LonghornEngine {
         LonghornEngine {
-            volume: "v".into(),
-            size_bytes: 1 << 20,
-            replica_address_map: [("ra", "127.0.0.1:20001"), ("rb", "127.0.0.2:20001")]
-                .map(|(r, a)| (r.to_string(), a.to_string()))
-                .into(),
-            port: 20000,
-            frontend: String::new(),
-            snapshot_max_count: 0,
-            rebuild_qos_mbps: 0,
-            rebuild_requests: Default::default(),
-            removed_snapshots: Default::default(),
-            purge_request: 0,
             revert: Some(req(1)),
-            snapshot_requests: BTreeMap::new(),
-            snapshot_info: Default::default(),
+            ..super::super::tests::engine_of_two()
         }
     }
 
@@ -531,9 +522,11 @@ mod tests {
         )]
         .into();
         let e = engine();
-        assert_eq!(revert_allowed(&inv(), "e", &e, &local, None, "s1"), Ok(()));
+        revert_allowed(&inv(), "e", &e, &local, None, "s1").expect("allowed");
         let no = |e: &LonghornEngine, snap: &str| {
-            revert_allowed(&inv(), "e", e, &local, None, snap).expect_err("refused")
+            revert_allowed(&inv(), "e", e, &local, None, snap)
+                .expect_err("refused")
+                .text()
         };
         assert!(no(&e, "s2").contains("replica ra does not contain the reverting snapshot s2"));
         assert!(no(&e, "../x").contains("snapshot"));

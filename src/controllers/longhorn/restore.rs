@@ -44,15 +44,112 @@ use crate::spdk::volume::Inventory;
 use crate::spdk::volume::naming::lvstore;
 use crate::spdk::volume::{from_file, lvol, to_file};
 
-use super::tasks::{Seen, Tasks};
+use crate::controllers::engine::backup::open_store;
+use crate::controllers::engine::tasks::{Seen, Tasks};
 
 /// How often a running restore's progress is published.
 const POLL: Duration = Duration::from_secs(1);
+
+/// Why a restore into a replica failed or cannot start: its text (with its
+/// sources) is the restore's status message.
+#[derive(Debug, thiserror::Error)]
+enum RestoreError {
+    /// The replica's lvol is not made yet.
+    #[error("replica {replica}: its lvol {alias} is not made yet")]
+    NotMade { replica: String, alias: String },
+    /// An incremental restore into an lvol that is not the restore it held.
+    #[error(
+        "replica {replica}: its lvol {alias} is a clone, not the restore it held: an incremental \
+         restore goes on from a replica's own restored data only"
+    )]
+    NotItsRestore { replica: String, alias: String },
+    /// A first restore into a replica that holds data.
+    #[error(
+        "replica {replica} holds data ({alias}: {clusters} clusters allocated{}): a backup restores into a new replica only",
+        if *.clone { ", a clone" } else { "" }
+    )]
+    HoldsData {
+        replica: String,
+        alias: String,
+        clusters: u64,
+        clone: bool,
+    },
+    /// The lvol has no bdev.
+    #[error("replica {replica}: no bdev {uuid} for {alias}")]
+    NoBdev {
+        replica: String,
+        uuid: String,
+        alias: String,
+    },
+    /// The backup target could not be opened.
+    #[error("{0}")]
+    Target(String),
+    /// The backup store failed.
+    #[error(
+        "backup {backup} of {volume}{}",
+        .incremental_from.as_ref().map_or(String::new(), |b| format!(" (incremental from {b})"))
+    )]
+    Backup {
+        backup: String,
+        volume: String,
+        incremental_from: Option<String>,
+        #[source]
+        source: Box<backupstore::BackupError>,
+    },
+    /// The backup volume is not in the store.
+    #[error("backup volume {volume} not found in {target}")]
+    VolumeMissing { volume: String, target: String },
+    /// The backup is larger than the replica.
+    #[error("backup {backup} holds {bytes} bytes: more than replica {replica}'s {lvol_bytes}")]
+    TooLarge {
+        backup: String,
+        bytes: u64,
+        replica: String,
+        lvol_bytes: u64,
+    },
+    /// A file or folder of the restore could not be made.
+    #[error("{}", .path.display())]
+    File {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// An SPDK step on the replica's lvols failed.
+    #[error("replica {replica}: {step}")]
+    Spdk {
+        replica: String,
+        step: String,
+        #[source]
+        source: Box<crate::spdk::ClientError>,
+    },
+    /// The restore's snapshot vanished right after it was made.
+    #[error("{0} is gone after its making")]
+    Gone(String),
+    /// Copying the lvol out to the file, or the file into it, failed.
+    #[error("replica {replica}: {step}{message}")]
+    Copy {
+        replica: String,
+        step: &'static str,
+        message: String,
+    },
+    /// The restore failed, and so did the cleanup after it.
+    #[error("{}; {}", .0.text(), .1.text())]
+    Both(Box<RestoreError>, Box<RestoreError>),
+}
+
+impl RestoreError {
+    fn text(&self) -> String {
+        crate::util::error_chain(self)
+    }
+}
 
 /// Restores backups into Longhorn replicas.
 #[derive(Debug)]
 pub struct LonghornRestoreController {
     client: SpdkClient,
+    /// The target's copies from a file, one at a time: a clone of the lock
+    /// talon's volume restores hold too.
+    copies: from_file::Copies,
     /// Where restored images are made (sparse files, removed after).
     work_dir: PathBuf,
     /// Where `longhorn::restore` leaves each restore's credentials.
@@ -82,10 +179,18 @@ impl LonghornRestoreController {
     pub fn new(client: SpdkClient, data_dir: &std::path::Path) -> Self {
         Self {
             client,
+            copies: from_file::Copies::default(),
             work_dir: data_dir.join("restore"),
             credentials_dir: credentials_dir(data_dir),
             running: Tasks::new("restore task"),
         }
+    }
+
+    /// Copies from files under `copies`, the lock every other copier into
+    /// this target holds a clone of.
+    pub fn with_copies(mut self, copies: from_file::Copies) -> Self {
+        self.copies = copies;
+        self
     }
 
     fn forget_credentials(&self, id: &str) {
@@ -104,36 +209,34 @@ impl LonghornRestoreController {
         id: &str,
         r: &LonghornReplica,
         fresh: bool,
-    ) -> Result<(String, u32, u64), String> {
+    ) -> Result<(String, u32, u64), RestoreError> {
         let alias = format!("{}/{id}", lvstore(&r.disk));
-        let l = inv
-            .lvols
-            .get(&alias)
-            .ok_or_else(|| format!("replica {id}: its lvol {alias} is not made yet"))?;
+        let l = inv.lvols.get(&alias).ok_or_else(|| RestoreError::NotMade {
+            replica: id.to_owned(),
+            alias: alias.clone(),
+        })?;
         // the one clone of the snapshot a cut-off incremental restore took
         // (its first step deletes that snapshot: merged back)
         let own = inv.parent_of(&alias) == Some(replica_alias(&r.disk, &restore_snapshot(id)));
         if !fresh && ((l.is_clone && !own) || l.is_esnap_clone || l.is_snapshot) {
-            return Err(format!(
-                "replica {id}: its lvol {alias} is a clone, not the restore it held: an incremental \
-                 restore goes on from a replica's own restored data only"
-            ));
+            return Err(RestoreError::NotItsRestore {
+                replica: id.to_owned(),
+                alias,
+            });
         }
         if fresh && (l.is_clone || l.is_esnap_clone || l.is_snapshot || l.num_allocated_clusters > 0) {
-            return Err(format!(
-                "replica {id} holds data ({alias}: {} clusters allocated{}): a backup restores into a new replica only",
-                l.num_allocated_clusters,
-                if l.is_clone || l.is_esnap_clone {
-                    ", a clone"
-                } else {
-                    ""
-                }
-            ));
+            return Err(RestoreError::HoldsData {
+                replica: id.to_owned(),
+                alias,
+                clusters: l.num_allocated_clusters,
+                clone: l.is_clone || l.is_esnap_clone,
+            });
         }
-        let b = inv
-            .bdevs
-            .get(&l.uuid)
-            .ok_or_else(|| format!("replica {id}: no bdev {} for {alias}", l.uuid))?;
+        let b = inv.bdevs.get(&l.uuid).ok_or_else(|| RestoreError::NoBdev {
+            replica: id.to_owned(),
+            uuid: l.uuid.clone(),
+            alias: alias.clone(),
+        })?;
         Ok((alias, b.block_size, u64::from(b.block_size) * b.num_blocks))
     }
 }
@@ -141,6 +244,7 @@ impl LonghornRestoreController {
 /// One restore: the backup into a file, the file into the lvol.
 struct Job {
     client: SpdkClient,
+    copies: from_file::Copies,
     restore: LonghornRestore,
     replica: String,
     file: PathBuf,
@@ -152,7 +256,7 @@ struct Job {
 
 impl Job {
     /// The restore: a full one, or incremental from `restore.base`.
-    async fn run(self) -> Result<u64, String> {
+    async fn run(self) -> Result<u64, RestoreError> {
         match self.restore.base.clone() {
             None => self.full().await,
             Some(base) => self.incremental(&base).await,
@@ -163,24 +267,43 @@ impl Job {
     /// and the folder of the file made.
     async fn open(
         &self,
-        named: &impl Fn(backupstore::BackupError) -> String,
-    ) -> Result<backupstore::Store, String> {
+        named: &impl Fn(backupstore::BackupError) -> RestoreError,
+    ) -> Result<backupstore::Store, RestoreError> {
         let r = &self.restore;
-        let store = super::backup::open_store(&r.target, r.credential_secret.as_deref())?;
+        let store = open_store(&r.target, r.credential_secret.as_deref()).map_err(RestoreError::Target)?;
         let cfg = backupstore::ops::volume(&store, &r.backup_volume)
             .await
             .map_err(named)?
-            .ok_or_else(|| format!("backup volume {} not found in {}", r.backup_volume, r.target))?;
+            .ok_or_else(|| RestoreError::VolumeMissing {
+                volume: r.backup_volume.clone(),
+                target: r.target.clone(),
+            })?;
         if cfg.size > self.lvol_bytes {
-            return Err(format!(
-                "backup {} holds {} bytes: more than replica {}'s {}",
-                r.backup, cfg.size, self.replica, self.lvol_bytes
-            ));
+            return Err(RestoreError::TooLarge {
+                backup: r.backup.clone(),
+                bytes: cfg.size,
+                replica: self.replica.clone(),
+                lvol_bytes: self.lvol_bytes,
+            });
         }
         if let Some(dir) = self.file.parent() {
-            std::fs::create_dir_all(dir).map_err(|e| format!("making {}: {e}", dir.display()))?;
+            std::fs::create_dir_all(dir).map_err(|source| RestoreError::File {
+                path: dir.to_path_buf(),
+                source,
+            })?;
         }
         Ok(store)
+    }
+
+    /// A backup store error of this restore (`base`: an incremental one's).
+    fn backup_error(&self, base: Option<&str>) -> impl Fn(backupstore::BackupError) -> RestoreError + '_ {
+        let base = base.map(str::to_owned);
+        move |source| RestoreError::Backup {
+            backup: self.restore.backup.clone(),
+            volume: self.restore.backup_volume.clone(),
+            incremental_from: base.clone(),
+            source: Box::new(source),
+        }
     }
 
     /// The bdev name the copies use.
@@ -189,36 +312,34 @@ impl Job {
     }
 
     /// The replica's lvol filled from the file.
-    async fn fill_lvol(&self) -> Result<(), String> {
-        from_file::copy_from_file(
-            &self.client,
-            &self.file,
-            self.block_size,
-            &self.alias,
-            &self.bdev(),
-        )
-        .await
-        .map_err(|e| format!("replica {}: {e}", self.replica))
+    async fn fill_lvol(&self) -> Result<(), RestoreError> {
+        self.copies
+            .copy_from_file(
+                &self.client,
+                &self.file,
+                self.block_size,
+                &self.alias,
+                &self.bdev(),
+            )
+            .await
+            .map_err(|message| RestoreError::Copy {
+                replica: self.replica.clone(),
+                step: "",
+                message,
+            })
     }
 
-    async fn incremental(self, base: &str) -> Result<u64, String> {
+    async fn incremental(self, base: &str) -> Result<u64, RestoreError> {
         let r = &self.restore;
-        let named = |e: backupstore::BackupError| {
-            format!(
-                "backup {} of {} (incremental from {base}): {e}",
-                r.backup, r.backup_volume
-            )
-        };
+        let named = self.backup_error(Some(base));
         let store = self.open(&named).await?;
         let lvs = self.alias.split_once('/').map_or("", |(l, _)| l);
         let snap = restore_snapshot(&self.replica);
         let snap_alias = format!("{lvs}/{snap}");
-        let failed = |step: &str, e: crate::spdk::ClientError| {
-            format!(
-                "replica {}: {step}: {}",
-                self.replica,
-                crate::util::error_chain(&e)
-            )
+        let failed = |step: &str, source: crate::spdk::ClientError| RestoreError::Spdk {
+            replica: self.replica.clone(),
+            step: step.to_owned(),
+            source: Box::new(source),
         };
         // one a cut-off run left (the lvol then reads it still: deleting merges it back)
         lvol::delete_lvol(&self.client, &snap_alias)
@@ -232,10 +353,14 @@ impl Job {
                 .await
                 .map_err(|e| failed("reading spdk_tgt", e))?;
             let chain = to_file::Chain::of(&inv, &snap_alias)
-                .ok_or_else(|| format!("{snap_alias} is gone after its making"))?;
+                .ok_or_else(|| RestoreError::Gone(snap_alias.clone()))?;
             to_file::copy_to_file(&self.client, &chain, &self.file, &self.bdev())
                 .await
-                .map_err(|e| format!("replica {}: copying out what it holds: {e}", self.replica))?;
+                .map_err(|message| RestoreError::Copy {
+                    replica: self.replica.clone(),
+                    step: "copying out what it holds: ",
+                    message,
+                })?;
             let stats = backupstore::ops::restore_delta_to_file(
                 &store,
                 &r.backup_volume,
@@ -261,14 +386,14 @@ impl Job {
             Ok(n) => dropped.map(|()| n),
             Err(e) => Err(match dropped {
                 Ok(()) => e,
-                Err(d) => format!("{e}; {d}"),
+                Err(d) => RestoreError::Both(Box::new(e), Box::new(d)),
             }),
         }
     }
 
-    async fn full(self) -> Result<u64, String> {
+    async fn full(self) -> Result<u64, RestoreError> {
         let r = &self.restore;
-        let named = |e: backupstore::BackupError| format!("backup {} of {}: {e}", r.backup, r.backup_volume);
+        let named = self.backup_error(None);
         let store = self.open(&named).await?;
         let done = async {
             let stats = backupstore::ops::restore_to_file(
@@ -285,7 +410,10 @@ impl Job {
                 .write(true)
                 .open(&self.file)
                 .and_then(|f| f.set_len(self.lvol_bytes))
-                .map_err(|e| format!("{}: {e}", self.file.display()))?;
+                .map_err(|source| RestoreError::File {
+                    path: self.file.clone(),
+                    source,
+                })?;
             self.fill_lvol().await?;
             Ok(stats.blocks_downloaded)
         }
@@ -442,9 +570,12 @@ impl Controller for LonghornRestoreController {
                     Err(why) => {
                         // after a restart of talon: a restore cut off in its copy touched the lvol
                         let why = if prev.is_some_and(|s| s.state == BackupState::InProgress) {
-                            format!("restore cut off (talon restarted) after it wrote the lvol: {why}")
+                            format!(
+                                "restore cut off (talon restarted) after it wrote the lvol: {}",
+                                why.text()
+                            )
                         } else {
-                            why
+                            why.text()
                         };
                         self.forget_credentials(&id);
                         ctx.apply(&id, of(status(BackupState::Error, 0, why)))?;
@@ -454,6 +585,7 @@ impl Controller for LonghornRestoreController {
             let progress = Arc::new(Progress::default());
             let job = Job {
                 client: self.client.clone(),
+                copies: self.copies.clone(),
                 restore: r.spec.clone(),
                 replica: id.clone(),
                 file: self.file(&id),
@@ -462,7 +594,12 @@ impl Controller for LonghornRestoreController {
                 lvol_bytes,
                 progress: progress.clone(),
             };
-            self.running.start(&id, progress, job.run());
+            // the task's outcome becomes the status's text
+            self.running.start(
+                &id,
+                progress,
+                async move { job.run().await.map_err(|e| e.text()) },
+            );
             ctx.apply(&id, of(status(BackupState::InProgress, 0, "")))?;
         }
         if self.running.is_empty() && !waiting {
@@ -470,5 +607,66 @@ impl Controller for LonghornRestoreController {
         } else {
             Ok(Requeue::After(POLL))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A restore's status says what it said when its errors were text: the
+    /// step, the replica or lvol, and SPDK's answer after a colon.
+    #[test]
+    fn a_restore_error_reads_as_its_status_always_did() {
+        let holds = RestoreError::HoldsData {
+            replica: "r1".into(),
+            alias: "talon-d/r1".into(),
+            clusters: 3,
+            clone: true,
+        };
+        assert_eq!(
+            holds.text(),
+            "replica r1 holds data (talon-d/r1: 3 clusters allocated, a clone): a backup restores into a new replica only"
+        );
+        let spdk = RestoreError::Spdk {
+            replica: "r1".into(),
+            step: "deleting talon-d/r1.restore".into(),
+            source: Box::new(crate::spdk::ClientError::Rpc(crate::spdk::SpdkError::new(
+                "bdev_lvol_delete",
+                -16,
+                "Device or resource busy",
+            ))),
+        };
+        let copy = RestoreError::Copy {
+            replica: "r1".into(),
+            step: "copying out what it holds: ",
+            message: "bdev_aio_create failed".into(),
+        };
+        assert_eq!(
+            copy.text(),
+            "replica r1: copying out what it holds: bdev_aio_create failed"
+        );
+        let both = RestoreError::Both(Box::new(copy), Box::new(spdk));
+        assert!(
+            both.text().starts_with(
+                "replica r1: copying out what it holds: bdev_aio_create failed; \
+                 replica r1: deleting talon-d/r1.restore: "
+            ),
+            "{}",
+            both.text()
+        );
+        let incremental = RestoreError::Backup {
+            backup: "b2".into(),
+            volume: "v".into(),
+            incremental_from: Some("b1".into()),
+            source: Box::new(backupstore::BackupError::NotFound("backup b2".into())),
+        };
+        assert!(
+            incremental
+                .text()
+                .starts_with("backup b2 of v (incremental from b1): "),
+            "{}",
+            incremental.text()
+        );
     }
 }

@@ -23,7 +23,7 @@ use std::time::Duration;
 
 use futures::FutureExt;
 
-use super::LonghornController;
+use super::{InstanceError, LonghornController};
 use crate::names::ObjectName;
 use crate::proto::spdkrpc;
 use crate::resources::longhorn::{
@@ -31,7 +31,7 @@ use crate::resources::longhorn::{
 };
 use crate::runtime::Typed;
 use crate::spdk::naming::longhorn as naming;
-use crate::spdk::volume::{Inventory, Member, PointInTime, Unfreezable};
+use crate::spdk::volume::{Inventory, Member, PeerError, PointInTime, Unfreezable};
 
 /// How long another node may take to snapshot its replica: the engine's
 /// export is frozen meanwhile.
@@ -64,7 +64,7 @@ impl LonghornController {
                 ),
                 Ok(()) => match self.snapshot(inv, e, local, name).await {
                     Ok(()) => String::new(),
-                    Err(m) => m,
+                    Err(m) => m.text(),
                 },
             };
             if error.is_empty() {
@@ -91,10 +91,14 @@ impl LonghornController {
         e: &Typed<LonghornEngine>,
         local: &BTreeMap<String, LonghornReplica>,
         snap: &str,
-    ) -> Result<(), String> {
-        let what = format!("snapshot {snap} of engine {}", e.id());
-        let volume = ObjectName::parse("volume", &e.spec.volume).map_err(|x| format!("{what}: {x}"))?;
-        let nqn = naming::volume_nqn(&volume).map_err(|x| format!("{what}: {x}"))?;
+    ) -> Result<(), InstanceError> {
+        let failed = |source| InstanceError::Snapshot {
+            engine: e.id().to_owned(),
+            snapshot: snap.to_owned(),
+            source: Box::new(source),
+        };
+        let volume = ObjectName::parse("volume", &e.spec.volume).map_err(|x| failed(x.into()))?;
+        let nqn = naming::volume_nqn(&volume).map_err(|x| failed(x.into()))?;
         let replicas: Vec<(&String, &String)> = e.spec.replica_address_map.iter().collect();
         let stamp = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string();
         let mut members = Vec::new();
@@ -145,7 +149,7 @@ impl LonghornController {
             )
             .await;
         match taken {
-            Ok(t) if t.is_empty() => Err(format!("{what}: no replica is in service")),
+            Ok(t) if t.is_empty() => Err(failed(InstanceError::NoneInService)),
             Ok(t) => {
                 // ERR ones, which Longhorn's engine skips too (isBackendDispatchable);
                 // WO ones, which it would snapshot: here their copy is not the
@@ -166,10 +170,10 @@ impl LonghornController {
                 for k in remote {
                     let (replica, address) = replicas[k];
                     if let Err(m) = self.delete_snapshot_there(replica, address, snap).await {
-                        tracing::warn!(engine = e.id(), %m, "a failed snapshot left on another node");
+                        tracing::warn!(engine = e.id(), error = %m.text(), "a failed snapshot left on another node");
                     }
                 }
-                Err(format!("{what}: {}", crate::util::error_chain(&x)))
+                Err(failed(x.into()))
             }
         }
     }
@@ -181,11 +185,16 @@ impl LonghornController {
         address: &str,
         snap: &str,
         stamp: &str,
-    ) -> Result<(), String> {
+    ) -> Result<(), PeerError> {
         // the error names the replica (VolumeError::PeerSnapshot)
-        let mut c = crate::proto::peer::peer_client(address, self.peer_port, REMOTE_TIMEOUT)
+        let mut c = self
+            .peers
+            .client(address, self.peer_port, REMOTE_TIMEOUT)
             .await
-            .map_err(|e| crate::util::error_chain(&e))?;
+            .map_err(|e| PeerError::Unreachable {
+                node: address.to_owned(),
+                message: crate::util::error_chain(&e),
+            })?;
         c.replica_snapshot_create(spdkrpc::SnapshotRequest {
             name: replica.to_owned(),
             snapshot_name: snap.to_owned(),
@@ -195,6 +204,9 @@ impl LonghornController {
         })
         .await
         .map(|_| ())
-        .map_err(|s| format!("its node: {}", s.message()))
+        .map_err(|s| PeerError::Refused {
+            node: address.to_owned(),
+            message: s.message().to_owned(),
+        })
     }
 }

@@ -16,7 +16,7 @@
 use std::collections::BTreeMap;
 use std::time::Instant;
 
-use super::thin::{Failed, Thin};
+use super::thin::{Failed, Thin, ThinError};
 use super::{CAP_GRACE, LonghornController, Serving, caps, chain};
 use crate::resources::longhorn::{LonghornEngine, LonghornInstanceStatus, LonghornReplica};
 use crate::runtime::Typed;
@@ -163,7 +163,7 @@ impl LonghornController {
         en: &Engine<'_>,
         st: &mut LonghornInstanceStatus,
         rq: Request<'_>,
-        step: Result<Thin, String>,
+        step: Result<Thin, ThinError>,
     ) -> bool {
         let (e, replica) = (en.e, rq.replica);
         match step {
@@ -197,18 +197,21 @@ impl LonghornController {
                     )
                     .await
                 {
+                    let m = m.text();
                     tracing::warn!(engine = e.id(), replica, error = %m, "rebuild did not start");
                     st.rebuild_errors.insert(replica.to_owned(), m);
                 }
                 return true;
             }
-            Err(m) => match self.thin.failed(e.id(), replica, Instant::now()) {
+            Err(x) => match self.thin.failed(e.id(), replica, Instant::now()) {
                 Failed::Retry(n) => {
-                    tracing::warn!(engine = e.id(), replica, failures = n, error = %m, "thin rebuild step failed; tried again");
+                    tracing::warn!(engine = e.id(), replica, failures = n, error = %crate::util::error_chain(&x), "thin rebuild step failed; tried again");
                     st.thin_rebuilds
                         .insert(replica.to_owned(), shown(en.prev, replica, rq.number));
                 }
                 Failed::ForGood(n) => {
+                    // in Longhorn's words: its status carries the error as text
+                    let m = crate::util::error_chain(&x);
                     tracing::warn!(engine = e.id(), replica, failures = n, error = %m, "thin rebuild failed");
                     self.thin.forget(e.id(), replica);
                     st.rebuild_errors.insert(replica.to_owned(), m);

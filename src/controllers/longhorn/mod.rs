@@ -8,7 +8,10 @@
 //!   LonghornEngine ──> members: local replica = its lvol, remote = bdev_nvme_attach_controller
 //!        │             ──> raid1 <e> (two or more) ──> export nqn...:volume-<v> on port
 //!   LonghornEngineFrontend ──> kernel NVMe/TCP attach of the engine's export, /dev/longhorn/<v>
-//!   order: engines torn down, frontends torn down, replicas, engines, frontends
+//!   order: engines torn down, frontends torn down, replica exports a target restart took
+//!          away (all at once: `reexport`), the instances a call waits on (created,
+//!          or an engine of a new spec; again between engines for those created meanwhile),
+//!          replicas, engines, frontends
 //! ```
 //!
 //! Every reconcile compares the target with the desired state, so a restart
@@ -33,12 +36,15 @@ use crate::resources::longhorn::{
     InstanceKind, InstanceState, LonghornEngine, LonghornEngineFrontend, LonghornInstanceStatus,
     LonghornReplica, LonghornRevertLedger, RevertStatus, Session,
 };
-use crate::runtime::{Controller, ControllerError, Input, Output, Phase, ReconcileContext, Requeue, Typed};
+use crate::runtime::{
+    Controller, ControllerError, Input, Output, Phase, ReconcileContext, Requeue, Spec, Typed,
+};
 use crate::spdk::SpdkClient;
 use crate::spdk::naming::longhorn as naming;
 use crate::spdk::rpc::{Lvol, LvolStoreRef};
 use crate::spdk::volume::{
-    EngineNames, EnginePlan, Export, ExportSpec, Inventory, NewSubsystem, RemoteAttach, VolumeOps,
+    EngineNames, EnginePlan, Export, ExportSpec, Inventory, NewSubsystem, RemoteAttach, VolumeError,
+    VolumeOps,
 };
 
 use crate::resources::engine::SPDK_STATUS_ID;
@@ -58,6 +64,17 @@ const THIN_POLL: Duration = Duration::from_millis(200);
 /// after it was set (SPDK reports the rebuild a moment after the add).
 const CAP_GRACE: Duration = Duration::from_secs(10);
 
+/// Longhorn's ANA state of an engine in SPDK's words.
+fn spdk_ana(a: crate::resources::longhorn::AnaState) -> crate::spdk::rpc::AnaState {
+    use crate::resources::longhorn::AnaState as Lh;
+    use crate::spdk::rpc::AnaState as Spdk;
+    match a {
+        Lh::Optimized => Spdk::Optimized,
+        Lh::NonOptimized => Spdk::NonOptimized,
+        Lh::Inaccessible => Spdk::Inaccessible,
+    }
+}
+
 /// Realizes Longhorn's instances.
 #[derive(Debug)]
 pub struct LonghornController {
@@ -69,10 +86,12 @@ pub struct LonghornController {
     host: Option<(HostRoot, PathBuf)>,
     /// The SPDKService port of the other nodes (rebuilds call them).
     peer_port: u16,
+    /// The channels to them, kept.
+    peers: crate::proto::peer::PeerChannels,
     /// The thin rebuilds running.
     thin: thin::ThinRebuilds,
     /// Engine exports checked since this start for a freeze a stop left
-    /// (`freeze::thaw_leftover`).
+    /// (`freeze::Freezes::thaw_leftover`).
     thaw_checked: crate::spdk::volume::freeze::ThawOnce,
     /// The raid1 rebuild members this controller capped.
     caps: caps::Caps,
@@ -81,26 +100,20 @@ pub struct LonghornController {
     session: Session,
 }
 
-#[path = "longhorn_thin.rs"]
+mod caps;
+mod error;
+mod members;
+mod purge;
+mod rebuilds;
+mod reexport;
+mod revert;
+mod shared;
+mod snapshot;
 mod thin;
 
-#[path = "longhorn_purge.rs"]
-mod purge;
+pub mod restore;
 
-#[path = "longhorn_members.rs"]
-mod members;
-
-#[path = "longhorn_revert.rs"]
-mod revert;
-
-#[path = "longhorn_caps.rs"]
-mod caps;
-
-#[path = "longhorn_snapshot.rs"]
-mod snapshot;
-
-#[path = "longhorn_rebuilds.rs"]
-mod rebuilds;
+pub use error::InstanceError;
 
 impl LonghornController {
     /// A controller driving the target behind `client`.
@@ -111,6 +124,7 @@ impl LonghornController {
             host_nqn: None,
             host: None,
             peer_port: 8504,
+            peers: Default::default(),
             thin: thin::ThinRebuilds::default(),
             thaw_checked: Default::default(),
             caps: caps::Caps::default(),
@@ -175,17 +189,27 @@ pub(super) struct Serving {
 impl Serving {
     /// Engine `engine` of `volume`: raid1 `<engine>`, exported as
     /// `naming::volume_nqn(volume)` with namespace id `volume-<volume>`.
-    fn of(engine: &ObjectName, volume: &ObjectName, spec: ExportSpec) -> Result<Self, String> {
+    /// Its listener is added in ANA state `ana`.
+    fn of(
+        engine: &ObjectName,
+        volume: &ObjectName,
+        spec: ExportSpec,
+        ana: crate::spdk::rpc::AnaState,
+    ) -> Result<Self, InstanceError> {
         Ok(Self {
             names: EngineNames {
                 raid: engine.as_str().to_owned(),
                 placeholder: format!("{}lh-{engine}-", crate::spdk::naming::NULL_PREFIX),
-                nqn: naming::volume_nqn(volume).map_err(|x| x.to_string())?,
+                nqn: naming::volume_nqn(volume)?,
                 ns_uuid: naming::namespace_id(&format!("volume-{volume}")),
                 subsystem: NewSubsystem {
                     model: "talon-longhorn-engine".into(),
                     serial: None,
                     ana: true,
+                    // its own controller IDs: a host that connects to two
+                    // engines of the volume (a move) sees no duplicate
+                    cntlid: Some(shared::engine_cntlid(engine.as_str())),
+                    listener_ana: Some(ana),
                 },
             },
             spec,
@@ -215,27 +239,23 @@ impl Serving {
 impl LonghornController {
     /// Serves engine `plan` (see [`VolumeOps::serve_engine`]): returns the
     /// bdev that serves it.
-    async fn serve(&self, inv: &mut Inventory, plan: &EnginePlan<'_>) -> Result<String, String> {
-        let device = self
-            .ops
-            .serve_engine(inv, plan)
-            .await
-            .map_err(|x| crate::util::error_chain(&x))?;
+    async fn serve_plan(&self, inv: &mut Inventory, plan: &EnginePlan<'_>) -> Result<String, VolumeError> {
+        let device = self.ops.serve_engine(inv, plan).await?;
         inv.tcp_transport = true;
         Ok(device)
     }
 
     /// Exports replica lvol `alias` as `nqn` (idempotent; see
     /// [`VolumeOps::export`]): a subsystem that serves another bdev serves
-    /// this one.
+    /// this one. The caller records the TCP transport made in `inv`.
     async fn export_replica(
         &self,
-        inv: &mut Inventory,
+        inv: &Inventory,
         nqn: &Nqn,
         alias: &str,
         ns_uuid: uuid::Uuid,
         spec: &ExportSpec,
-    ) -> Result<(), String> {
+    ) -> Result<(), InstanceError> {
         let e = Export {
             nqn,
             bdev: alias,
@@ -244,52 +264,45 @@ impl LonghornController {
                 model: "talon-longhorn-replica".into(),
                 serial: None,
                 ana: true,
+                cntlid: None,
+                listener_ana: None,
             },
             spec,
             only_listener: false,
         };
-        self.ops
-            .export(inv, nqn.as_str(), &e)
-            .await
-            .map_err(|x| crate::util::error_chain(&x))?;
-        inv.tcp_transport = true;
+        self.ops.export(inv, nqn.as_str(), &e).await?;
         Ok(())
     }
 
-    async fn unexport(&self, inv: &mut Inventory, nqn: &str) -> Result<(), String> {
+    async fn unexport(&self, inv: &mut Inventory, nqn: &str) -> Result<(), InstanceError> {
         if inv.subsystem(nqn).is_none() {
             return Ok(());
         }
-        self.ops
-            .unexport(nqn, nqn)
-            .await
-            .map_err(|x| crate::util::error_chain(&x))?;
+        self.ops.unexport(nqn, nqn).await?;
         inv.subsystems.retain(|s| s.nqn != nqn);
         Ok(())
     }
 
-    /// A replica: its lvol, exported unless `held` by an engine here.
+    /// A replica: its lvol, exported unless `held` by an engine here (the
+    /// engine named).
     async fn ensure_replica(
         &self,
         inv: &mut Inventory,
         ctx: &ReconcileContext,
         node: &NodeConfig,
         r: &Typed<LonghornReplica>,
-        held: bool,
-    ) -> Result<LonghornInstanceStatus, String> {
-        let name = ObjectName::parse("replica", r.id()).map_err(|e| e.to_string())?;
+        held_by: Option<&str>,
+    ) -> Result<LonghornInstanceStatus, InstanceError> {
+        let held = held_by.is_some();
+        let name = ObjectName::parse("replica", r.id())?;
         let spec = &r.spec;
         let disk = ctx
-            .get::<DiskStatus>(&spec.disk)
-            .map_err(|e| e.to_string())?
+            .get::<DiskStatus>(&spec.disk)?
             .filter(|d| d.spec.state == ObjectState::Ready)
-            .ok_or_else(|| format!("disk {} is not ready", spec.disk))?;
+            .ok_or_else(|| InstanceError::DiskNotReady(spec.disk.clone()))?;
         let alias = naming::replica_alias(&spec.disk, name.as_str());
         // a revert another node's engine asked for, before the lvol is read
-        let prev = ctx
-            .get::<LonghornInstanceStatus>(r.id())
-            .map_err(|e| e.to_string())?
-            .map(|s| s.spec);
+        let prev = ctx.get::<LonghornInstanceStatus>(r.id())?.map(|s| s.spec);
         let done = prev.as_ref().and_then(|p| p.revert.clone());
         let mut revert = done.clone();
         if let Some(rq) = spec
@@ -328,7 +341,10 @@ impl LonghornController {
                     spec.size_bytes.div_ceil(MIB),
                 )
                 .await
-                .map_err(|e| format!("creating lvol {alias}: {}", chain(&e)))?;
+                .map_err(|source| InstanceError::CreateLvol {
+                    alias: alias.clone(),
+                    source,
+                })?;
                 let lvol = Lvol {
                     alias: alias.clone(),
                     uuid,
@@ -355,18 +371,22 @@ impl LonghornController {
         if size < spec.size_bytes {
             crate::spdk::volume::lvol::resize(&self.client, &alias, spec.size_bytes.div_ceil(MIB))
                 .await
-                .map_err(|e| format!("growing lvol {alias} to {} bytes: {}", spec.size_bytes, chain(&e)))?;
+                .map_err(|source| InstanceError::GrowLvol {
+                    alias: alias.clone(),
+                    bytes: spec.size_bytes,
+                    source,
+                })?;
             size = match self.client.bdev(&alias).await {
                 Ok(Some(b)) => b.size_bytes(),
-                Ok(None) => return Err(format!("lvol {alias} is gone after growing it")),
-                Err(e) => return Err(format!("reading lvol {alias} after growing it: {}", chain(&e))),
+                Ok(None) => return Err(InstanceError::GoneAfterGrow(alias)),
+                Err(source) => return Err(InstanceError::ReadAfterGrow { alias, source }),
             };
             if let Some(b) = inv.bdevs.get_mut(&lvol.uuid) {
                 b.num_blocks = size / u64::from(b.block_size.max(1));
             }
         }
-        let nqn = naming::replica_nqn(&name).map_err(|e| e.to_string())?;
-        let addr: IpAddr = crate::host::longhorn_address::instance_ip(&node.listen_address)?;
+        let nqn = naming::replica_nqn(&name)?;
+        let addr: IpAddr = instance_ip(node)?;
         let mut st = status(InstanceKind::Replica, InstanceState::Running, "");
         st.bdev = alias.clone();
         st.uuid = lvol.uuid.clone();
@@ -374,13 +394,19 @@ impl LonghornController {
         st.allocated_bytes = lvol
             .num_allocated_clusters
             .saturating_mul(disk.spec.cluster_bytes);
-        if held {
+        if let Some(engine) = held_by {
             self.unexport(inv, nqn.as_str()).await?;
-            st.message = "held by an engine on this node (its raid1 claims the lvol)".into();
+            // the words another node's engine reports when it waits for it
+            // (`holder_of`)
+            st.message = format!(
+                "held by engine {engine} on this node (its raid1 claims the lvol, which SPDK \
+                 cannot export while so)"
+            );
         } else {
             let export = self.export_spec(node, addr, spec.port_start);
             self.export_replica(inv, &nqn, &alias, naming::namespace_id(name.as_str()), &export)
                 .await?;
+            inv.tcp_transport = true;
             st.nqn = nqn.as_str().to_owned();
             st.endpoint = SocketAddr::new(addr, spec.port_start).to_string();
         }
@@ -392,9 +418,13 @@ impl LonghornController {
     /// Removes a replica's export and, with `cleanup`, its lvols: the head
     /// and every snapshot of its chain (as Longhorn's replica delete does),
     /// each after the lvols that depend on it.
-    async fn remove_replica(&self, inv: &mut Inventory, r: &Typed<LonghornReplica>) -> Result<(), String> {
-        let name = ObjectName::parse("replica", r.id()).map_err(|e| e.to_string())?;
-        let nqn = naming::replica_nqn(&name).map_err(|e| e.to_string())?;
+    async fn remove_replica(
+        &self,
+        inv: &mut Inventory,
+        r: &Typed<LonghornReplica>,
+    ) -> Result<(), InstanceError> {
+        let name = ObjectName::parse("replica", r.id())?;
+        let nqn = naming::replica_nqn(&name)?;
         self.unexport(inv, nqn.as_str()).await?;
         if !r.spec.cleanup {
             return Ok(());
@@ -413,12 +443,19 @@ impl LonghornController {
                 .cloned()
                 .collect();
             if leaves.is_empty() {
-                return Err(format!("replica {name}: lvols {left:?} depend on each other"));
+                return Err(InstanceError::Circular {
+                    replica: name.to_string(),
+                    lvols: left,
+                });
             }
             for alias in leaves {
                 crate::spdk::volume::lvol::delete_lvol(&self.client, &alias)
                     .await
-                    .map_err(|e| format!("replica {name}: deleting lvol {alias}: {}", chain(&e)))?;
+                    .map_err(|source| InstanceError::DeleteLvol {
+                        replica: name.to_string(),
+                        alias: alias.clone(),
+                        source,
+                    })?;
                 left.retain(|a| *a != alias);
             }
         }
@@ -451,7 +488,15 @@ impl LonghornController {
             }
             match self.attach_remote(inv, replica, address).await {
                 Ok(b) => bdevs.push(b),
-                Err(m) => missing.push(m),
+                // an engine there holds it directly: named, and left to it
+                Err(e) => missing.push(match self.holder_of(replica, address).await {
+                    Some(why) => format!(
+                        "replica {replica} at {address}: its node says it is {why}; this engine \
+                         waits, that engine keeps it ({})",
+                        e.text()
+                    ),
+                    None => e.text(),
+                }),
             }
         }
         (bdevs, missing)
@@ -459,26 +504,20 @@ impl LonghornController {
 
     /// Remote replica `replica` at `address` as a member: see
     /// [`VolumeOps::remote_member`].
-    async fn attach_remote(&self, inv: &Inventory, replica: &str, address: &str) -> Result<String, String> {
-        let name = naming::instance_name("replica", replica).map_err(|e| e.to_string())?;
-        let sa: SocketAddr = address
-            .parse()
-            .map_err(|_| format!("replica {replica}: address {address:?} is not ip:port"))?;
-        let nqn = naming::replica_nqn(&name).map_err(|e| e.to_string())?;
-        let a = RemoteAttach {
-            controller: replica,
-            address: sa.ip(),
-            port: sa.port(),
-            nqn: nqn.as_str(),
-            host_nqn: Some(naming::internal_host_nqn()),
-            longhorn_link: true,
-            dhchap_data_dir: None,
-            tls_data_dir: None,
-        };
-        self.ops
-            .remote_member(inv, replica, &a)
-            .await
-            .map_err(|x| crate::util::error_chain(&x))
+    async fn attach_remote(
+        &self,
+        inv: &Inventory,
+        replica: &str,
+        address: &str,
+    ) -> Result<String, InstanceError> {
+        let name = naming::instance_name("replica", replica)?;
+        let sa: SocketAddr = address.parse().map_err(|_| InstanceError::ReplicaAddress {
+            replica: replica.to_owned(),
+            address: address.to_owned(),
+        })?;
+        let nqn = naming::replica_nqn(&name)?;
+        let a = RemoteAttach::longhorn(replica, sa, nqn.as_str());
+        Ok(self.ops.remote_member(inv, replica, &a).await?)
     }
 
     /// An engine: its members, raid1 (two or more) and export.
@@ -489,12 +528,13 @@ impl LonghornController {
         e: &Typed<LonghornEngine>,
         local: &BTreeMap<String, LonghornReplica>,
         prev: Option<&LonghornInstanceStatus>,
-    ) -> Result<LonghornInstanceStatus, String> {
-        let name = ObjectName::parse("engine", e.id()).map_err(|x| x.to_string())?;
-        let volume = ObjectName::parse("volume", &e.spec.volume).map_err(|x| x.to_string())?;
-        let addr: IpAddr = crate::host::longhorn_address::instance_ip(&node.listen_address)?;
+    ) -> Result<LonghornInstanceStatus, InstanceError> {
+        let name = ObjectName::parse("engine", e.id())?;
+        let volume = ObjectName::parse("volume", &e.spec.volume)?;
+        let addr: IpAddr = instance_ip(node)?;
         let left = self.drop_removed(inv, e, local, prev).await;
-        let serving = Serving::of(&name, &volume, self.export_spec(node, addr, e.spec.port))?;
+        let ana = spdk_ana(e.spec.ana_state);
+        let serving = Serving::of(&name, &volume, self.export_spec(node, addr, e.spec.port), ana)?;
         let raid = inv
             .raid(name.as_str())
             .map(|r| r.uuid.clone().unwrap_or_default());
@@ -514,7 +554,7 @@ impl LonghornController {
                 });
                 let (members, missing) = self.members(&*inv, &spec, local).await;
                 if !missing.is_empty() || members.is_empty() {
-                    return Err(format!("waiting for replicas: {}", missing.join("; ")));
+                    return Err(InstanceError::WaitingForReplicas(missing));
                 }
                 // one member of several (the others held out): a raid1
                 // still, so the others can be rebuilt into it; its second
@@ -527,7 +567,7 @@ impl LonghornController {
                 serving.plan(slots, bare)
             }
         };
-        let bdev = self.serve(inv, &plan).await?;
+        let bdev = self.serve_plan(inv, &plan).await?;
         let uuid = match raid {
             Some(uuid) => uuid,
             None if bdev == name.as_str() => self
@@ -545,13 +585,25 @@ impl LonghornController {
             self.session.switch_done(name.as_str());
         }
         let nqn = serving.nqn().clone();
-        // a snapshot's freeze left by a talon stopped before its thaw
-        self.thaw_checked.check(&self.client, nqn.as_str()).await;
+        // the ANA state the engine is set to: over a snapshot's freeze left
+        // by a talon stopped before its thaw, or an export made again
+        let ana_set = self.thaw_checked.check(&self.ops, nqn.as_str(), ana).await;
         let mut st = status(
             InstanceKind::Engine,
             InstanceState::Running,
             left.errors.join("; "),
         );
+        match ana_set {
+            Ok(()) => st.ana_state = Some(e.spec.ana_state),
+            Err(err) => {
+                st.ana_state = prev.and_then(|p| p.ana_state);
+                st.ana_error = format!(
+                    "setting the listeners of {nqn} {}: {}",
+                    e.spec.ana_state.as_str(),
+                    crate::util::error_chain(&err)
+                );
+            }
+        }
         st.remote_members = left.attached;
         if bdev == name.as_str() {
             self.rebuilds(inv, e, local, prev, &mut st, &serving).await;
@@ -581,23 +633,25 @@ impl LonghornController {
         address: &str,
         local: &BTreeMap<String, LonghornReplica>,
         qos_mbps: i64,
-    ) -> Result<(), String> {
+    ) -> Result<(), InstanceError> {
         let (member, uuid) = match local.get(replica) {
             Some(r) => {
                 let alias = naming::replica_alias(&r.disk, replica);
-                let uuid = inv
-                    .lvols
-                    .get(&alias)
-                    .map(|l| l.uuid.clone())
-                    .ok_or_else(|| format!("local replica {replica}: lvol {alias} is missing"))?;
+                let uuid = inv.lvols.get(&alias).map(|l| l.uuid.clone()).ok_or_else(|| {
+                    InstanceError::LvolMissing {
+                        replica: replica.to_owned(),
+                        alias: alias.clone(),
+                    }
+                })?;
                 (alias, Some(uuid))
             }
             None => {
                 if inv.controllers.iter().any(|c| c == replica) {
                     crate::spdk::volume::lvol::detach_controller(&self.client, replica)
                         .await
-                        .map_err(|x| {
-                            format!("replica {replica}: detaching its old controller: {}", chain(&x))
+                        .map_err(|source| InstanceError::DetachOld {
+                            replica: replica.to_owned(),
+                            source,
                         })?;
                     inv.controllers.retain(|c| c != replica);
                     inv.bdevs.remove(&format!("{replica}n1"));
@@ -616,11 +670,11 @@ impl LonghornController {
         if in_slot {
             crate::spdk::volume::lvol::remove_raid_member(&self.client, &member)
                 .await
-                .map_err(|x| {
-                    format!(
-                        "replica {replica}: taking {member} out of raid {raid}: {}",
-                        chain(&x)
-                    )
+                .map_err(|source| InstanceError::LeaveSlot {
+                    replica: replica.to_owned(),
+                    member: member.clone(),
+                    raid: raid.to_owned(),
+                    source: Box::new(source),
                 })?;
         }
         // capped once the raid has it open
@@ -629,7 +683,12 @@ impl LonghornController {
             .ops
             .add_member(raid, &member, Some(mbps))
             .await
-            .map_err(|x| format!("replica {replica}: adding {member} to raid {raid}: {}", chain(&x)))?;
+            .map_err(|source| InstanceError::AddMember {
+                replica: replica.to_owned(),
+                member: member.clone(),
+                raid: raid.to_owned(),
+                source: Box::new(source),
+            })?;
         if capped {
             self.caps.set(raid, &member, mbps);
         }
@@ -642,24 +701,31 @@ impl LonghornController {
         &self,
         inv: &mut Inventory,
         e: &Typed<LonghornEngine>,
-        local: &BTreeMap<String, LonghornReplica>,
-    ) -> Result<(), String> {
-        let volume = ObjectName::parse("volume", &e.spec.volume).map_err(|x| x.to_string())?;
-        let nqn = naming::volume_nqn(&volume).map_err(|x| x.to_string())?;
+    ) -> Result<(), InstanceError> {
+        let volume = ObjectName::parse("volume", &e.spec.volume)?;
+        let nqn = naming::volume_nqn(&volume)?;
         self.unexport(inv, nqn.as_str()).await?;
         if inv.raid(e.id()).is_some() {
             crate::spdk::volume::lvol::delete_raid(&self.client, e.id())
                 .await
-                .map_err(|x| format!("deleting raid {}: {}", e.id(), chain(&x)))?;
+                .map_err(|source| InstanceError::DeleteRaid {
+                    raid: e.id().to_owned(),
+                    source,
+                })?;
             inv.raids.retain(|r| r.name != e.id());
         }
+        // a local replica reached through its own export (while another
+        // engine read it, `shared`) is detached too
         for replica in e.spec.replica_address_map.keys() {
-            if local.contains_key(replica) || !inv.controllers.iter().any(|c| c == replica) {
+            if !inv.controllers.iter().any(|c| c == replica) {
                 continue;
             }
             crate::spdk::volume::lvol::detach_controller(&self.client, replica)
                 .await
-                .map_err(|x| format!("detaching replica {replica}: {}", chain(&x)))?;
+                .map_err(|source| InstanceError::Detach {
+                    replica: replica.clone(),
+                    source,
+                })?;
             inv.controllers.retain(|c| c != replica);
             inv.bdevs.remove(&format!("{replica}n1"));
         }
@@ -674,15 +740,15 @@ impl LonghornController {
     async fn ensure_frontend(
         &self,
         f: &Typed<LonghornEngineFrontend>,
-    ) -> Result<LonghornInstanceStatus, String> {
-        let mode = naming::FrontendMode::of(&f.spec.frontend)?;
-        let volume = ObjectName::parse("volume", &f.spec.volume).map_err(|x| x.to_string())?;
+    ) -> Result<LonghornInstanceStatus, InstanceError> {
+        let mode = naming::FrontendMode::of(&f.spec.frontend).map_err(InstanceError::Frontend)?;
+        let volume = ObjectName::parse("volume", &f.spec.volume)?;
         let sa: SocketAddr = f
             .spec
             .target_address
             .parse()
-            .map_err(|_| format!("target address {:?} is not ip:port", f.spec.target_address))?;
-        let nqn = naming::volume_nqn(&volume).map_err(|x| x.to_string())?;
+            .map_err(|_| InstanceError::TargetAddress(f.spec.target_address.clone()))?;
+        let nqn = naming::volume_nqn(&volume)?;
         match mode {
             naming::FrontendMode::KernelBlockdev => {}
             naming::FrontendMode::NvmfEndpoint | naming::FrontendMode::Disabled => {
@@ -695,7 +761,7 @@ impl LonghornController {
             }
         }
         let Some((host, data_dir)) = self.host.clone() else {
-            return Err("engine-frontends need the host's kernel (not available to this controller)".into());
+            return Err(InstanceError::NoHost);
         };
         let target = NvmeTcpTarget {
             traddr: sa.ip(),
@@ -703,21 +769,20 @@ impl LonghornController {
             nqn,
         };
         let v = volume.clone();
+        let opts = connect_options(&f.spec);
         let attached = tokio::task::spawn_blocking(move || {
-            let a = nvme_tcp::attach(&host, &data_dir, &v, &target, &ConnectOptions::default())
-                .map_err(|e| crate::util::error_chain(&e))?;
-            crate::attach::devpath::create_in(&host, DEV_DIR, &v, &a.device, a.dev)
-                .map_err(|e| crate::util::error_chain(&e))?;
-            Ok::<_, String>(a)
+            let a = nvme_tcp::attach(&host, &data_dir, &v, &target, &opts)?;
+            crate::attach::devpath::create_in(&host, DEV_DIR, &v, &a.device, a.dev)?;
+            Ok::<_, InstanceError>(a)
         })
         .await
-        .map_err(|e| format!("attach task: {e}"))??;
+        .map_err(|source| InstanceError::Task {
+            what: "attach",
+            source,
+        })??;
         let mut st = status(InstanceKind::EngineFrontend, InstanceState::Running, "");
         st.bdev = attached.device;
-        st.nqn = naming::volume_nqn(&volume)
-            .map_err(|x| x.to_string())?
-            .as_str()
-            .to_owned();
+        st.nqn = naming::volume_nqn(&volume)?.as_str().to_owned();
         st.endpoint = format!("{DEV_DIR}/{volume}");
         Ok(st)
     }
@@ -742,7 +807,7 @@ impl LonghornController {
                         errored.insert(f.id().to_owned());
                         ctx.apply(
                             f.id(),
-                            status(InstanceKind::EngineFrontend, InstanceState::Error, m),
+                            status(InstanceKind::EngineFrontend, InstanceState::Error, m.text()),
                         )?
                     }
                 }
@@ -750,14 +815,14 @@ impl LonghornController {
             }
             let st = match self.ensure_frontend(f).await {
                 Ok(s) => s,
-                Err(m) => status(InstanceKind::EngineFrontend, InstanceState::Error, m),
+                Err(m) => status(InstanceKind::EngineFrontend, InstanceState::Error, m.text()),
             };
             ctx.apply(f.id(), st)?;
         }
         Ok(())
     }
 
-    async fn remove_frontend(&self, f: &Typed<LonghornEngineFrontend>) -> Result<(), String> {
+    async fn remove_frontend(&self, f: &Typed<LonghornEngineFrontend>) -> Result<(), InstanceError> {
         // only a kernel attach leaves something on the host (an unknown frontend
         // never attached either)
         if naming::FrontendMode::of(&f.spec.frontend) != Ok(naming::FrontendMode::KernelBlockdev) {
@@ -766,18 +831,29 @@ impl LonghornController {
         let Some((host, data_dir)) = self.host.clone() else {
             return Ok(());
         };
-        let volume = ObjectName::parse("volume", &f.spec.volume).map_err(|x| x.to_string())?;
-        let nqn = naming::volume_nqn(&volume).map_err(|x| x.to_string())?;
+        let volume = ObjectName::parse("volume", &f.spec.volume)?;
+        let nqn = naming::volume_nqn(&volume)?;
         tokio::task::spawn_blocking(move || {
-            crate::attach::devpath::remove_in(&host, DEV_DIR, &volume)
-                .map_err(|e| crate::util::error_chain(&e))?;
-            nvme_tcp::detach(&host, &data_dir, &volume, Some(&nqn))
-                .map_err(|e| crate::util::error_chain(&e))?;
-            Ok::<_, String>(())
+            crate::attach::devpath::remove_in(&host, DEV_DIR, &volume)?;
+            nvme_tcp::detach(&host, &data_dir, &volume, Some(&nqn))?;
+            Ok::<_, InstanceError>(())
         })
         .await
-        .map_err(|e| format!("detach task: {e}"))?
+        .map_err(|source| InstanceError::Task {
+            what: "detach",
+            source,
+        })?
     }
+}
+
+/// The kernel connect of an engine-frontend: the I/O queues the manager asked for
+/// (`nvme_tcp_nr_io_queues`), else talon's bounded default, never one per host CPU.
+fn connect_options(f: &LonghornEngineFrontend) -> ConnectOptions {
+    let mut o = ConnectOptions::default();
+    if f.nr_io_queues > 0 {
+        o.nr_io_queues = f.nr_io_queues;
+    }
+    o
 }
 
 impl LonghornController {
@@ -788,15 +864,17 @@ impl LonghornController {
         ctx: &mut ReconcileContext,
         inv: &mut Inventory,
         engines: &[Typed<LonghornEngine>],
-        local: &BTreeMap<String, LonghornReplica>,
         errored: &mut BTreeSet<String>,
     ) -> Result<(), ControllerError> {
         for e in engines.iter().filter(|e| e.metadata.phase == Phase::TearingDown) {
-            match self.remove_engine(inv, e, local).await {
+            match self.remove_engine(inv, e).await {
                 Ok(()) => ctx.remove_finalizer::<LonghornEngine>(e.id())?,
                 Err(m) => {
                     errored.insert(e.id().to_owned());
-                    ctx.apply(e.id(), status(InstanceKind::Engine, InstanceState::Error, m))?
+                    ctx.apply(
+                        e.id(),
+                        status(InstanceKind::Engine, InstanceState::Error, m.text()),
+                    )?
                 }
             }
         }
@@ -812,12 +890,12 @@ impl LonghornController {
         inv: &mut Inventory,
         node: &NodeConfig,
         replicas: &[Typed<LonghornReplica>],
-        held: &BTreeSet<&str>,
+        held: &BTreeMap<&str, &str>,
         errored: &mut BTreeSet<String>,
     ) -> Result<(), ControllerError> {
         for r in replicas {
             if r.metadata.phase == Phase::TearingDown {
-                if held.contains(r.id()) && r.spec.cleanup {
+                if held.contains_key(r.id()) && r.spec.cleanup {
                     let m = format!(
                         "replica {} is held by a running engine; delete the engine first",
                         r.id()
@@ -830,7 +908,10 @@ impl LonghornController {
                     Ok(()) => ctx.remove_finalizer::<LonghornReplica>(r.id())?,
                     Err(m) => {
                         errored.insert(r.id().to_owned());
-                        ctx.apply(r.id(), status(InstanceKind::Replica, InstanceState::Error, m))?
+                        ctx.apply(
+                            r.id(),
+                            status(InstanceKind::Replica, InstanceState::Error, m.text()),
+                        )?
                     }
                 }
                 continue;
@@ -841,12 +922,12 @@ impl LonghornController {
                 continue;
             }
             let st = match self
-                .ensure_replica(inv, ctx, node, r, held.contains(r.id()))
+                .ensure_replica(inv, ctx, node, r, held.get(r.id()).copied())
                 .await
             {
                 Ok(s) => s,
                 Err(m) => {
-                    let mut st = status(InstanceKind::Replica, InstanceState::Error, m);
+                    let mut st = status(InstanceKind::Replica, InstanceState::Error, m.text());
                     // the requests carried out stay known (the calls wait on them)
                     if let Some(p) = ctx.get::<LonghornInstanceStatus>(r.id())? {
                         st.revert = p.spec.revert;
@@ -900,6 +981,157 @@ impl LonghornController {
         let fast = !st.thin_rebuilds.is_empty() || waiting;
         ctx.apply(e.id(), st)?;
         Ok(fast)
+    }
+}
+
+impl LonghornController {
+    /// The instances a call waits on ([`waited_on`]) and not yet `done` by this
+    /// reconcile, listed again (some may have come since it began): reconciled
+    /// and added to `done`. Returns whether the next reconcile comes soon.
+    async fn reconcile_created(
+        &self,
+        ctx: &mut ReconcileContext,
+        inv: &mut Inventory,
+        node: &NodeConfig,
+        done: &mut BTreeSet<String>,
+        errored: &mut BTreeSet<String>,
+    ) -> Result<bool, ControllerError> {
+        let replicas = ctx.list::<LonghornReplica>()?;
+        let engines = ctx.list::<LonghornEngine>()?;
+        let frontends = ctx.list::<LonghornEngineFrontend>()?;
+        let all = (&replicas[..], &engines[..], &frontends[..]);
+        self.reconcile_waited(ctx, inv, node, all, done, errored).await
+    }
+
+    /// The instances of `all` a call waits on ([`waited_on`]) and not yet
+    /// `done` by this reconcile, reconciled and added to `done`. Returns
+    /// whether the next reconcile comes soon.
+    async fn reconcile_waited(
+        &self,
+        ctx: &mut ReconcileContext,
+        inv: &mut Inventory,
+        node: &NodeConfig,
+        (replicas, engines, frontends): Instances<'_>,
+        done: &mut BTreeSet<String>,
+        errored: &mut BTreeSet<String>,
+    ) -> Result<bool, ControllerError> {
+        let state = ctx.state();
+        let mut new_replicas = waited_on(state, replicas, done);
+        let new_engines = waited_on(state, engines, done);
+        let new_frontends = waited_on(state, frontends, done);
+        // a new engine's local replicas with it: held now, they leave their
+        // export before its raid1 claims them
+        let members: BTreeSet<&str> = new_engines
+            .iter()
+            .flat_map(|e| e.spec.replica_address_map.keys().map(String::as_str))
+            .collect();
+        let also: Vec<_> = replicas
+            .iter()
+            .filter(|r| members.contains(r.id()) && !done.contains(r.id()))
+            .filter(|r| !new_replicas.iter().any(|n| n.id() == r.id()))
+            .cloned()
+            .collect();
+        new_replicas.extend(also);
+        if new_replicas.is_empty() && new_engines.is_empty() && new_frontends.is_empty() {
+            return Ok(false);
+        }
+        add_finalizers(ctx, &new_replicas, &new_engines, &new_frontends)?;
+        let local = local_replicas(replicas);
+        let running: Vec<&Typed<LonghornEngine>> = engines
+            .iter()
+            .filter(|e| e.metadata.phase == Phase::Running)
+            .collect();
+        // a replica another engine reads through its export stays as it is
+        // for a new engine too (see `shared_replicas`)
+        let shared = self.shared_replicas(inv, &running, &local).await;
+        let held = held(&running, &local, &self.thin.exported_dsts(), &shared);
+        self.reconcile_replicas(ctx, inv, node, &new_replicas, &held, errored)
+            .await?;
+        let direct = direct_members(&local, &shared);
+        let mut fast = false;
+        for e in &new_engines {
+            fast |= self.reconcile_engine(ctx, inv, node, e, &direct).await?;
+        }
+        self.reconcile_frontends(ctx, &new_frontends, false, errored)
+            .await?;
+        done.extend(new_replicas.iter().map(|r| r.id().to_owned()));
+        done.extend(new_engines.iter().map(|e| e.id().to_owned()));
+        done.extend(new_frontends.iter().map(|f| f.id().to_owned()));
+        Ok(fast)
+    }
+}
+
+/// The Longhorn instances of one pass: replicas, engines, engine-frontends.
+type Instances<'a> = (
+    &'a [Typed<LonghornReplica>],
+    &'a [Typed<LonghornEngine>],
+    &'a [Typed<LonghornEngineFrontend>],
+);
+
+/// The local replicas an engine here may claim directly: all but those
+/// another engine reads through their exports (`shared`).
+fn direct_members(
+    local: &BTreeMap<String, LonghornReplica>,
+    shared: &BTreeSet<String>,
+) -> BTreeMap<String, LonghornReplica> {
+    local
+        .iter()
+        .filter(|(r, _)| !shared.contains(*r))
+        .map(|(r, s)| (r.clone(), s.clone()))
+        .collect()
+}
+
+/// The instances of `all` not `done` that a call waits on: running, and with
+/// no status yet (an InstanceCreate) or, an engine, a status of an older spec
+/// (a call that changed it waits for `observedVersion`).
+fn waited_on<S: Spec + Clone>(
+    state: &crate::runtime::State,
+    all: &[Typed<S>],
+    done: &BTreeSet<String>,
+) -> Vec<Typed<S>> {
+    let waited = |t: &Typed<S>| {
+        if t.metadata.phase != Phase::Running || done.contains(t.id()) {
+            return false;
+        }
+        let Some(st) = state.get(
+            LonghornInstanceStatus::NAMESPACE,
+            LonghornInstanceStatus::TYPE,
+            t.id(),
+        ) else {
+            return true;
+        };
+        S::TYPE == LonghornEngine::TYPE
+            && st
+                .spec
+                .get("observedVersion")
+                .and_then(serde_json::Value::as_u64)
+                .unwrap_or(0)
+                < t.metadata.version
+    };
+    all.iter().filter(|t| waited(t)).cloned().collect()
+}
+
+/// Whether a Longhorn instance was created or changed since the last look
+/// (a lag, which may hide one, counts as one).
+fn created_since(rx: &mut tokio::sync::broadcast::Receiver<crate::runtime::Event>) -> bool {
+    use tokio::sync::broadcast::error::TryRecvError;
+    let mut any = false;
+    loop {
+        match rx.try_recv() {
+            Ok(ev) => {
+                let m = &ev.resource.metadata;
+                any |= ev.kind != crate::runtime::EventKind::Destroyed
+                    && m.namespace == LonghornEngine::NAMESPACE
+                    && [
+                        LonghornReplica::TYPE,
+                        LonghornEngine::TYPE,
+                        LonghornEngineFrontend::TYPE,
+                    ]
+                    .contains(&m.type_.as_str());
+            }
+            Err(TryRecvError::Lagged(_)) => any = true,
+            Err(TryRecvError::Empty | TryRecvError::Closed) => return any,
+        }
     }
 }
 
@@ -960,30 +1192,36 @@ fn local_replicas(replicas: &[Typed<LonghornReplica>]) -> BTreeMap<String, Longh
 }
 
 /// The local replicas a running engine here holds (a raid1 claims them: not
-/// exported), but those rebuilt from another node (exported for it).
+/// exported), each with that engine, but those rebuilt from another node
+/// (exported for it) and those `shared` (another engine reads them through
+/// their export: see [`shared`]).
 fn held<'a>(
     running_engines: &[&'a Typed<LonghornEngine>],
     local: &BTreeMap<String, LonghornReplica>,
     rebuilt_from_afar: &BTreeSet<String>,
-) -> BTreeSet<&'a str> {
+    shared: &BTreeSet<String>,
+) -> BTreeMap<&'a str, &'a str> {
     running_engines
         .iter()
-        .flat_map(|e| e.spec.replica_address_map.keys())
-        .filter(|r| local.contains_key(*r) && !rebuilt_from_afar.contains(*r))
-        .map(String::as_str)
+        .flat_map(|e| e.spec.replica_address_map.keys().map(move |r| (r, e.id())))
+        .filter(|(r, _)| local.contains_key(*r) && !rebuilt_from_afar.contains(*r) && !shared.contains(*r))
+        .map(|(r, e)| (r.as_str(), e))
         .collect()
 }
 
 /// An engine's status from what `ensure_engine` came to: running, starting
 /// while it waits for replicas, or in error.
-fn engine_status(made: Result<LonghornInstanceStatus, String>) -> LonghornInstanceStatus {
+fn engine_status(made: Result<LonghornInstanceStatus, InstanceError>) -> LonghornInstanceStatus {
     match made {
         Ok(s) => s,
-        Err(m) if m.starts_with("waiting for replicas") => {
-            status(InstanceKind::Engine, InstanceState::Starting, m)
-        }
-        Err(m) => status(InstanceKind::Engine, InstanceState::Error, m),
+        Err(m) if m.waits() => status(InstanceKind::Engine, InstanceState::Starting, m.text()),
+        Err(m) => status(InstanceKind::Engine, InstanceState::Error, m.text()),
     }
+}
+
+/// The address this node's instances are served on (`NodeConfig.listenAddress`).
+fn instance_ip(node: &NodeConfig) -> Result<IpAddr, InstanceError> {
+    crate::host::longhorn_address::instance_ip(&node.listen_address).map_err(InstanceError::from)
 }
 
 /// What an engine that is not running keeps of its previous status.
@@ -1073,6 +1311,11 @@ impl Controller for LonghornController {
             return wait_for_target(ctx, &replicas, &engines);
         }
         let local = local_replicas(&replicas);
+        // instances created while this pass runs: served between its engines
+        let (_, mut created) = ctx.state().watch(Some((
+            LonghornEngineFrontend::NAMESPACE,
+            LonghornEngineFrontend::TYPE,
+        )));
 
         // 1. engines going away
         // one listing of the target per reconcile: what this reconcile changes it
@@ -1082,33 +1325,73 @@ impl Controller for LonghornController {
         let mut inv = Inventory::load(&self.client).await?;
         let listed = started.elapsed();
         revert::drop_stale_revert_ledgers(ctx, &inv, &engines)?;
-        self.remove_engines(ctx, &mut inv, &engines, &local, &mut errored)
+        self.remove_engines(ctx, &mut inv, &engines, &mut errored).await?;
+
+        // 2. the replica exports a restart of spdk_tgt took away, all at once
+        // before anything else: other nodes' engines give them up after their
+        // ctrlr_loss_timeout (see `reexport`)
+        self.reexport_replicas(&mut inv, &node, &replicas, &engines)
             .await?;
 
-        // 2. replicas: held ones are not exported
+        // 3. the instances a call waits on (an InstanceCreate, an engine's new
+        // spec) first: the call waits for its own instance, not for a pass over
+        // every other
+        let mut done = BTreeSet::new();
+        let all = (&replicas[..], &engines[..], &frontends[..]);
+        let mut fast = self
+            .reconcile_waited(ctx, &mut inv, &node, all, &mut done, &mut errored)
+            .await?;
+
+        // 4. replicas: held ones are not exported
         let running_engines: Vec<&Typed<LonghornEngine>> = engines
             .iter()
             .filter(|e| e.metadata.phase == Phase::Running)
             .collect();
         // (a replica rebuilt from another node is exported for it instead)
         let rebuilt_from_afar = self.thin.exported_dsts();
-        let held = held(&running_engines, &local, &rebuilt_from_afar);
-        self.reconcile_replicas(ctx, &mut inv, &node, &replicas, &held, &mut errored)
+        // (and one another engine reads through its export stays exported:
+        // an engine here that does not serve yet reaches it through it too)
+        let shared = self.shared_replicas(&inv, &running_engines, &local).await;
+        let held = held(&running_engines, &local, &rebuilt_from_afar, &shared);
+        let rest: Vec<_> = replicas
+            .iter()
+            .filter(|r| !done.contains(r.id()))
+            .cloned()
+            .collect();
+        self.reconcile_replicas(ctx, &mut inv, &node, &rest, &held, &mut errored)
             .await?;
 
-        // 3. engines
+        // 5. engines
         let replicas_done = started.elapsed();
         // a thin rebuild goes one step per reconcile, and a revert asks the
         // nodes still reverting its replicas again at each: the next one soon
-        let mut fast = false;
+        // a shared replica is a remote member to its engine: attached
+        // through its export, never claimed
+        let direct = direct_members(&local, &shared);
         for e in &running_engines {
-            fast |= self.reconcile_engine(ctx, &mut inv, &node, e, &local).await?;
+            if created_since(&mut created) {
+                fast |= self
+                    .reconcile_created(ctx, &mut inv, &node, &mut done, &mut errored)
+                    .await?;
+            }
+            if !done.contains(e.id()) {
+                fast |= self.reconcile_engine(ctx, &mut inv, &node, e, &direct).await?;
+            }
         }
 
-        // 4. engine-frontends (after the engines: one here may be what they attach)
+        // 6. engine-frontends (after the engines: one here may be what they attach)
         let engines_done = started.elapsed();
-        self.reconcile_frontends(ctx, &frontends, false, &mut errored)
-            .await?;
+        if created_since(&mut created) {
+            fast |= self
+                .reconcile_created(ctx, &mut inv, &node, &mut done, &mut errored)
+                .await?;
+        }
+        let rest: Vec<_> = frontends
+            .iter()
+            .filter(|f| !done.contains(f.id()))
+            .cloned()
+            .collect();
+        self.reconcile_frontends(ctx, &rest, false, &mut errored).await?;
         tracing::debug!(
             listing_ms = listed.as_secs_f64() * 1e3,
             replicas_ms = (replicas_done - listed).as_secs_f64() * 1e3,
@@ -1117,6 +1400,7 @@ impl Controller for LonghornController {
             replicas = replicas.len(),
             engines = engines.len(),
             frontends = frontends.len(),
+            first = done.len(),
             "Longhorn reconcile"
         );
         // instances still tearing down keep a status until they are gone
@@ -1130,7 +1414,6 @@ impl Controller for LonghornController {
 }
 
 fn kind_type(kind: InstanceKind) -> &'static str {
-    use crate::runtime::Spec;
     match kind {
         InstanceKind::Replica => LonghornReplica::TYPE,
         InstanceKind::Engine => LonghornEngine::TYPE,
@@ -1163,10 +1446,148 @@ mod tests {
         typed(id, serde_json::from_value(spec).expect("replica"))
     }
 
+    /// An engine of volume `v` over replicas `ra` (127.0.0.1) and `rb`
+    /// (127.0.0.2), asked nothing: the purge and revert tests' fixture.
+    pub(super) fn engine_of_two() -> LonghornEngine {
+        LonghornEngine {
+            volume: "v".into(),
+            size_bytes: 1 << 20,
+            replica_address_map: [("ra", "127.0.0.1:20001"), ("rb", "127.0.0.2:20001")]
+                .map(|(r, a)| (r.to_string(), a.to_string()))
+                .into(),
+            port: 20000,
+            frontend: String::new(),
+            snapshot_max_count: 0,
+            rebuild_qos_mbps: 0,
+            rebuild_requests: Default::default(),
+            removed_snapshots: Default::default(),
+            purge_request: 0,
+            revert: None,
+            snapshot_requests: BTreeMap::new(),
+            snapshot_info: Default::default(),
+            ana_state: Default::default(),
+        }
+    }
+
     fn engine(id: &str, replicas: &[&str]) -> Typed<LonghornEngine> {
         let map: BTreeMap<&str, &str> = replicas.iter().map(|r| (*r, "127.0.0.1:20000")).collect();
         let spec = json!({ "volume": "v", "sizeBytes": 1048576, "replicaAddressMap": map, "port": 20100 });
         typed(id, serde_json::from_value(spec).expect("engine"))
+    }
+
+    /// One reconcile of `c` on `state`, as the runtime runs it.
+    async fn pass(c: &LonghornController, state: &crate::runtime::State) {
+        let mut ctx = ReconcileContext::new(state.clone(), NAME, c.inputs(), c.outputs());
+        c.reconcile(&mut ctx).await.expect("reconcile");
+        ctx.cleanup_outputs().expect("cleanup");
+    }
+
+    /// An InstanceCreate waits for its own instance, not for a pass over every
+    /// other: the reconcile after a create writes the new instances' statuses
+    /// (a replica, an engine-frontend) before it touches any of the 20
+    /// engine-frontends already there, whose statuses all change in the same
+    /// reconcile, and it still reaches every one of them. Before, the new ones
+    /// came last (in name order after the 20), each create waiting for the pass.
+    #[tokio::test]
+    async fn a_created_instance_is_reconciled_before_the_pass_over_every_other() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let double = crate::spdk::double::SpdkDouble::start(dir.path().join("spdk.sock"))
+            .await
+            .expect("double");
+        let c = LonghornController::new(SpdkClient::new(double.socket()));
+        let state = crate::runtime::State::in_memory();
+        let target = TargetStatus {
+            engine: crate::resources::engine::Engine::V2,
+            state: ObjectState::Ready,
+            pid: None,
+            socket: double.socket().display().to_string(),
+            version: String::new(),
+            restarts: 0,
+            message: String::new(),
+        };
+        state.upsert_typed(SPDK_STATUS_ID, &target).expect("target");
+        let frontend = |v: &str, port: u16| LonghornEngineFrontend {
+            volume: v.into(),
+            engine_name: format!("{v}-e-0"),
+            target_address: format!("127.0.0.1:{port}"),
+            frontend: "spdk-tcp-nvmf".into(),
+            size_bytes: MIB,
+            nr_io_queues: 0,
+        };
+        let old: Vec<String> = (0..20).map(|i| format!("vol{i:02}")).collect();
+        for v in &old {
+            state
+                .upsert_typed(&format!("{v}-ef-0"), &frontend(v, 20000))
+                .expect("frontend");
+        }
+        pass(&c, &state).await;
+
+        // every engine-frontend there moves to another target (each status
+        // changes), and a replica and an engine-frontend are created
+        for v in &old {
+            state
+                .upsert_typed(&format!("{v}-ef-0"), &frontend(v, 20001))
+                .expect("frontend");
+        }
+        state
+            .upsert_typed("zz-ef-0", &frontend("zz", 20001))
+            .expect("new frontend");
+        // on a disk this node has not: its status (an error) is written at once
+        state
+            .upsert_typed("zz-r-00000001", &replica("zz-r-00000001", false).spec)
+            .expect("new replica");
+        let (_, mut rx) = state.watch(None);
+        pass(&c, &state).await;
+        let mut written = Vec::new();
+        while let Ok(ev) = rx.try_recv() {
+            let m = &ev.resource.metadata;
+            if m.type_ == LonghornInstanceStatus::TYPE && ev.kind != crate::runtime::EventKind::Destroyed {
+                written.push(m.id.clone());
+            }
+        }
+        assert_eq!(written.len(), 22, "every status written once: {written:?}");
+        let mut first: Vec<&str> = written[..2].iter().map(String::as_str).collect();
+        first.sort();
+        assert_eq!(
+            first,
+            ["zz-ef-0", "zz-r-00000001"],
+            "the created ones first: {written:?}"
+        );
+        let endpoint = state
+            .get_typed::<LonghornInstanceStatus>("vol19-ef-0")
+            .expect("status")
+            .expect("vol19's status")
+            .spec
+            .endpoint;
+        assert!(
+            endpoint.contains(":20001/"),
+            "the pass reached the others: {endpoint}"
+        );
+    }
+
+    /// An engine-frontend's kernel connect asks for the queues the manager sent, else talon's
+    /// bounded default (4), never one per host CPU.
+    #[test]
+    fn a_frontend_connects_with_the_managers_queues_else_a_bounded_default() {
+        let f = |q: u32| LonghornEngineFrontend {
+            volume: "v".into(),
+            engine_name: "v-e-0".into(),
+            target_address: "10.0.0.1:20001".into(),
+            frontend: "spdk-tcp-blockdev".into(),
+            size_bytes: 1 << 30,
+            nr_io_queues: q,
+        };
+        assert_eq!(connect_options(&f(0)).nr_io_queues, nvme_tcp::DEFAULT_IO_QUEUES);
+        assert_eq!(nvme_tcp::DEFAULT_IO_QUEUES, 4);
+        assert_eq!(connect_options(&f(2)).nr_io_queues, 2);
+        assert_eq!(connect_options(&f(64)).nr_io_queues, 64);
+        // an older state file (no field) reads as the default
+        let old: LonghornEngineFrontend = serde_json::from_value(json!({
+            "volume": "v", "engineName": "v-e-0", "targetAddress": "10.0.0.1:20001",
+            "frontend": "spdk-tcp-blockdev", "sizeBytes": 1
+        }))
+        .expect("old spec");
+        assert_eq!(connect_options(&old).nr_io_queues, 4);
     }
 
     /// This node serves its running replicas, not those tearing down or
@@ -1192,24 +1613,47 @@ mod tests {
         ]);
         let (e1, e2) = (engine("e1", &["r-a", "r-x"]), engine("e2", &["r-b"]));
         let afar = BTreeSet::from(["r-b".to_owned()]);
-        assert_eq!(held(&[&e1, &e2], &local, &afar), BTreeSet::from(["r-a"]));
+        let none = BTreeSet::new();
         assert_eq!(
-            held(&[&e1, &e2], &local, &BTreeSet::new()),
-            BTreeSet::from(["r-a", "r-b"])
+            held(&[&e1, &e2], &local, &afar, &none),
+            BTreeMap::from([("r-a", "e1")])
         );
-        assert!(held(&[], &local, &afar).is_empty());
+        assert_eq!(
+            held(&[&e1, &e2], &local, &none, &none),
+            BTreeMap::from([("r-a", "e1"), ("r-b", "e2")])
+        );
+        assert!(held(&[], &local, &afar, &none).is_empty());
+        // one another engine reads through its export stays exported
+        let shared = BTreeSet::from(["r-a".to_owned()]);
+        assert_eq!(
+            held(&[&e1, &e2], &local, &none, &shared),
+            BTreeMap::from([("r-b", "e2")])
+        );
     }
 
     /// An engine that waits for its replicas is starting, one that failed
     /// otherwise is in error.
     #[test]
     fn an_engine_waiting_for_replicas_is_starting_any_other_failure_an_error() {
-        let s = engine_status(Err("waiting for replicas: r-b".into()));
+        let s = engine_status(Err(InstanceError::WaitingForReplicas(vec![
+            "remote replica r-b: cannot reach its node".into(),
+            "local replica r-c: lvol talon-d/r-c is missing".into(),
+        ])));
         assert_eq!(
             (s.state, s.message.as_str()),
-            (InstanceState::Starting, "waiting for replicas: r-b")
+            (
+                InstanceState::Starting,
+                "waiting for replicas: remote replica r-b: cannot reach its node; \
+                 local replica r-c: lvol talon-d/r-c is missing"
+            )
         );
-        assert_eq!(engine_status(Err("no port".into())).state, InstanceState::Error);
+        assert_eq!(
+            engine_status(Err(InstanceError::NoHost)).state,
+            InstanceState::Error
+        );
+        // a failure is an error whatever its words (they were once matched)
+        let words = InstanceError::Peer("waiting for replicas to learn the address".into());
+        assert_eq!(engine_status(Err(words)).state, InstanceState::Error);
         let ok = status(InstanceKind::Engine, InstanceState::Running, "");
         assert_eq!(engine_status(Ok(ok.clone())), ok);
     }

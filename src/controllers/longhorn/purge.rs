@@ -16,8 +16,7 @@
 
 use std::collections::BTreeMap;
 
-use super::{LonghornController, chain};
-use crate::proto::peer::remote_lvols;
+use super::{InstanceError, LonghornController};
 use crate::proto::spdkrpc;
 use crate::resources::longhorn::snapshot_lvol;
 use crate::resources::longhorn::{LonghornEngine, LonghornInstanceStatus, LonghornReplica, PurgeStatus};
@@ -75,7 +74,7 @@ impl LonghornController {
                     if !errs.is_empty() {
                         errs.push_str("; ");
                     }
-                    errs.push_str(&format!("snapshot {snap}: {m}"));
+                    errs.push_str(&format!("snapshot {snap}: {}", m.text()));
                 }
             }
             if all {
@@ -110,12 +109,14 @@ impl LonghornController {
         {
             return Some(ReplicaLvols::from_inventory(inv, &lvstore(&r.disk), replica));
         }
-        remote_lvols(
-            &e.spec.replica_address_map,
-            self.peer_port,
-            super::thin::PEER_TIMEOUT,
-        )
-        .await
+        self.peers
+            .remote_replica(
+                &e.spec.replica_address_map,
+                self.peer_port,
+                super::thin::PEER_TIMEOUT,
+            )
+            .await
+            .map(|r| ReplicaLvols::from(&r))
     }
 
     /// Deletes snapshot `snap` of this node's replica `replica`; one that is
@@ -126,18 +127,23 @@ impl LonghornController {
         replica: &str,
         r: &LonghornReplica,
         snap: &str,
-    ) -> Result<(), String> {
+    ) -> Result<(), InstanceError> {
         let target = format!("{}/{}", lvstore(&r.disk), snapshot_lvol(replica, snap));
         match delete_lvol(&self.client, &target).await {
             Ok(()) => {
                 inv.lvols.remove(&target);
                 Ok(())
             }
-            Err(x) if x.is(ErrorKind::Busy) => Err(format!(
-                "replica {replica}: SPDK refuses to delete {target} while more than one lvol depends on it: {}",
-                chain(&x)
-            )),
-            Err(x) => Err(format!("replica {replica}: deleting {target}: {}", chain(&x))),
+            Err(source) if source.is(ErrorKind::Busy) => Err(InstanceError::SnapshotShared {
+                replica: replica.to_owned(),
+                lvol: target,
+                source,
+            }),
+            Err(source) => Err(InstanceError::DeleteLvol {
+                replica: replica.to_owned(),
+                alias: target,
+                source,
+            }),
         }
     }
 
@@ -148,9 +154,9 @@ impl LonghornController {
         replica: &str,
         address: &str,
         snap: &str,
-    ) -> Result<(), String> {
-        naming::instance_name("snapshot", snap).map_err(|x| x.to_string())?;
-        let mut c = self.peer(replica, address).await?;
+    ) -> Result<(), InstanceError> {
+        naming::instance_name("snapshot", snap)?;
+        let mut c = self.peer(replica, address).await.map_err(InstanceError::Peer)?;
         c.replica_snapshot_delete(spdkrpc::SnapshotRequest {
             name: replica.to_owned(),
             snapshot_name: snap.to_owned(),
@@ -158,7 +164,10 @@ impl LonghornController {
         })
         .await
         .map(|_| ())
-        .map_err(|s| format!("replica {replica}: its node: {}", s.message()))
+        .map_err(|s| InstanceError::PeerRefused {
+            replica: replica.to_owned(),
+            message: s.message().to_owned(),
+        })
     }
 }
 
@@ -199,21 +208,9 @@ mod tests {
 
     fn engine(requests: &[(&str, u64)]) -> LonghornEngine {
         LonghornEngine {
-            volume: "v".into(),
-            size_bytes: 1 << 20,
-            replica_address_map: [("ra", "127.0.0.1:20001"), ("rb", "127.0.0.2:20001")]
-                .map(|(r, a)| (r.to_string(), a.to_string()))
-                .into(),
-            port: 20000,
-            frontend: String::new(),
-            snapshot_max_count: 0,
-            rebuild_qos_mbps: 0,
             rebuild_requests: requests.iter().map(|(r, n)| (r.to_string(), *n)).collect(),
-            removed_snapshots: Default::default(),
             purge_request: 1,
-            revert: None,
-            snapshot_requests: BTreeMap::new(),
-            snapshot_info: Default::default(),
+            ..super::super::tests::engine_of_two()
         }
     }
 

@@ -1,0 +1,201 @@
+//! Why the Longhorn controller could not realize an instance, or carry out
+//! a request on it: one variant per step, naming the instance, replica or
+//! SPDK object, with SPDK's (or the volume operations') error as its
+//! source.
+//!
+//! ```text
+//!   spdk::ClientError, spdk::volume::VolumeError, names::InvalidName, attach::AttachError
+//!        │ #[source]
+//!        v
+//!   InstanceError ──> error_chain, once ──> LonghornInstanceStatus.message
+//!                                           (the gRPC handlers answer from it)
+//! ```
+//!
+//! The messages are the ones Longhorn's manager has always read: a variant's
+//! text plus its sources' (`util::error_chain`) is what the status says.
+
+use crate::attach::AttachError;
+use crate::names::InvalidName;
+use crate::runtime::ContextError;
+use crate::spdk::ClientError;
+use crate::spdk::volume::VolumeError;
+
+/// A step of the Longhorn controller that failed.
+#[derive(Debug, thiserror::Error)]
+pub enum InstanceError {
+    /// A name Longhorn gave is not one SPDK can take.
+    #[error(transparent)]
+    Name(#[from] InvalidName),
+    /// The state store could not be read.
+    #[error(transparent)]
+    State(#[from] ContextError),
+    /// The node's listen address gives no instance address.
+    #[error(transparent)]
+    ListenAddress(#[from] crate::host::longhorn_address::AddressError),
+    /// The replica's disk is not ready.
+    #[error("disk {0} is not ready")]
+    DiskNotReady(String),
+    /// The replica's lvol could not be made.
+    #[error("creating lvol {alias}")]
+    CreateLvol {
+        alias: String,
+        #[source]
+        source: ClientError,
+    },
+    /// The replica's lvol could not grow to its spec's size.
+    #[error("growing lvol {alias} to {bytes} bytes")]
+    GrowLvol {
+        alias: String,
+        bytes: u64,
+        #[source]
+        source: ClientError,
+    },
+    /// The lvol vanished right after it grew.
+    #[error("lvol {0} is gone after growing it")]
+    GoneAfterGrow(String),
+    /// The lvol could not be read after it grew.
+    #[error("reading lvol {alias} after growing it")]
+    ReadAfterGrow {
+        alias: String,
+        #[source]
+        source: ClientError,
+    },
+    /// An export could not be made or taken away.
+    #[error(transparent)]
+    Export(#[from] VolumeError),
+    /// A replica's lvols could not be deleted in order: none is a leaf.
+    #[error("replica {replica}: lvols {lvols:?} depend on each other")]
+    Circular { replica: String, lvols: Vec<String> },
+    /// A replica's lvol could not be deleted.
+    #[error("replica {replica}: deleting lvol {alias}")]
+    DeleteLvol {
+        replica: String,
+        alias: String,
+        #[source]
+        source: ClientError,
+    },
+    /// An engine waits for replicas it cannot reach or that are not made.
+    #[error("waiting for replicas: {}", .0.join("; "))]
+    WaitingForReplicas(Vec<String>),
+    /// An engine's raid1 could not be deleted.
+    #[error("deleting raid {raid}")]
+    DeleteRaid {
+        raid: String,
+        #[source]
+        source: ClientError,
+    },
+    /// A remote replica's NVMe controller could not be detached.
+    #[error("detaching replica {replica}")]
+    Detach {
+        replica: String,
+        #[source]
+        source: ClientError,
+    },
+    /// An engine-frontend's frontend is not one talon serves.
+    #[error(transparent)]
+    Frontend(#[from] crate::spdk::naming::longhorn::UnservedFrontend),
+    /// An address is not `ip:port`.
+    #[error("target address {0:?} is not ip:port")]
+    TargetAddress(String),
+    /// Engine-frontends need the host's kernel.
+    #[error("engine-frontends need the host's kernel (not available to this controller)")]
+    NoHost,
+    /// The kernel attach or detach of an engine-frontend, or its device
+    /// node, failed.
+    #[error(transparent)]
+    Kernel(#[from] AttachError),
+    /// A revert of an engine with a frontend (Longhorn's words).
+    #[error(
+        "invalid frontend {frontend} for engine {engine} snapshot {snapshot} revert: the engine must be detached from its frontend"
+    )]
+    RevertAttached {
+        engine: String,
+        snapshot: String,
+        frontend: String,
+    },
+    /// A revert of an engine with a replica being rebuilt (Longhorn's words).
+    #[error("engine {engine} contains WO replica {replica} during snapshot {snapshot} revert")]
+    RevertRebuilding {
+        engine: String,
+        replica: String,
+        snapshot: String,
+    },
+    /// A revert to a snapshot a replica lacks (Longhorn's words).
+    #[error("replica {replica} does not contain the reverting snapshot {snapshot}")]
+    RevertMissing { replica: String, snapshot: String },
+    /// A snapshot of an engine failed (nothing of it is left).
+    #[error("snapshot {snapshot} of engine {engine}")]
+    Snapshot {
+        engine: String,
+        snapshot: String,
+        #[source]
+        source: Box<InstanceError>,
+    },
+    /// No replica of the engine was left in service to snapshot.
+    #[error("no replica is in service")]
+    NoneInService,
+    /// SPDK refuses to delete a snapshot two lvols depend on.
+    #[error("replica {replica}: SPDK refuses to delete {lvol} while more than one lvol depends on it")]
+    SnapshotShared {
+        replica: String,
+        lvol: String,
+        #[source]
+        source: ClientError,
+    },
+    /// A remote replica's address is not `ip:port`.
+    #[error("replica {replica}: address {address:?} is not ip:port")]
+    ReplicaAddress { replica: String, address: String },
+    /// A local replica's lvol is not there.
+    #[error("local replica {replica}: lvol {alias} is missing")]
+    LvolMissing { replica: String, alias: String },
+    /// A remote replica's controller left from before could not be detached.
+    #[error("replica {replica}: detaching its old controller")]
+    DetachOld {
+        replica: String,
+        #[source]
+        source: ClientError,
+    },
+    /// A member could not leave the raid1 slot it is in.
+    #[error("replica {replica}: taking {member} out of raid {raid}")]
+    LeaveSlot {
+        replica: String,
+        member: String,
+        raid: String,
+        #[source]
+        source: Box<ClientError>,
+    },
+    /// A member could not be added to the raid1 (its rebuild not started).
+    #[error("replica {replica}: adding {member} to raid {raid}")]
+    AddMember {
+        replica: String,
+        member: String,
+        raid: String,
+        #[source]
+        source: Box<ClientError>,
+    },
+    /// Another node's SPDKService could not be called.
+    #[error("{0}")]
+    Peer(String),
+    /// Another node's SPDKService refused a call about its replica.
+    #[error("replica {replica}: its node: {message}")]
+    PeerRefused { replica: String, message: String },
+    /// The task that attaches or detaches did not finish.
+    #[error("{what} task")]
+    Task {
+        what: &'static str,
+        #[source]
+        source: tokio::task::JoinError,
+    },
+}
+
+impl InstanceError {
+    /// Whether an engine only waits (for replicas to come), rather than failed.
+    pub fn waits(&self) -> bool {
+        matches!(self, Self::WaitingForReplicas(_))
+    }
+
+    /// The text a status carries: this error and its sources.
+    pub fn text(&self) -> String {
+        crate::util::error_chain(self)
+    }
+}
