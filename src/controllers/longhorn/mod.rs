@@ -1403,9 +1403,15 @@ impl Controller for LonghornController {
             first = done.len(),
             "Longhorn reconcile"
         );
-        // instances still tearing down keep a status until they are gone
+        // instances still tearing down keep a status until they are gone; one
+        // gone during this reconcile may have been made again under its name
+        // (a new engine's status is its own, never this pass's "stopping")
         for (id, kind) in tearing(&replicas, &engines, &frontends) {
-            if !errored.contains(id) && ctx.state().get("config", kind_type(kind), id).is_some() {
+            let still_tearing = ctx
+                .state()
+                .get("config", kind_type(kind), id)
+                .is_some_and(|r| r.metadata.phase == Phase::TearingDown);
+            if !errored.contains(id) && still_tearing {
                 ctx.apply(id, status(kind, InstanceState::Stopping, ""))?;
             }
         }
