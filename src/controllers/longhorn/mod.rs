@@ -1452,6 +1452,23 @@ mod tests {
         typed(id, serde_json::from_value(spec).expect("replica"))
     }
 
+    /// A state whose spdk_tgt is ready on `double`'s socket: what a pass of
+    /// the controller waits for (the tests' "spdk_tgt on the double").
+    pub(super) fn ready_target_on(double: &crate::spdk::double::SpdkDouble) -> crate::runtime::State {
+        let state = crate::runtime::State::in_memory();
+        let target = TargetStatus {
+            engine: crate::resources::engine::Engine::V2,
+            state: ObjectState::Ready,
+            pid: None,
+            socket: double.socket().display().to_string(),
+            version: String::new(),
+            restarts: 0,
+            message: String::new(),
+        };
+        state.upsert_typed(SPDK_STATUS_ID, &target).expect("target");
+        state
+    }
+
     /// An engine of volume `v` over replicas `ra` (127.0.0.1) and `rb`
     /// (127.0.0.2), asked nothing: the purge and revert tests' fixture.
     pub(super) fn engine_of_two() -> LonghornEngine {
@@ -1501,17 +1518,7 @@ mod tests {
             .await
             .expect("double");
         let c = LonghornController::new(SpdkClient::new(double.socket()));
-        let state = crate::runtime::State::in_memory();
-        let target = TargetStatus {
-            engine: crate::resources::engine::Engine::V2,
-            state: ObjectState::Ready,
-            pid: None,
-            socket: double.socket().display().to_string(),
-            version: String::new(),
-            restarts: 0,
-            message: String::new(),
-        };
-        state.upsert_typed(SPDK_STATUS_ID, &target).expect("target");
+        let state = ready_target_on(&double);
         let frontend = |v: &str, port: u16| LonghornEngineFrontend {
             volume: v.into(),
             engine_name: format!("{v}-e-0"),

@@ -176,7 +176,7 @@ mod tests {
 
     use super::*;
     use crate::controllers::longhorn::NAME;
-    use crate::resources::engine::{DiskStatus, Engine, ObjectState, SPDK_STATUS_ID, TargetStatus};
+    use crate::resources::engine::{DiskStatus, Engine, ObjectState};
     use crate::runtime::{Controller, ReconcileContext};
     use crate::spdk::rpc::{ByNqn, LvstoreCreate, MallocCreate};
     use crate::spdk::{SpdkClient, SpdkDouble};
@@ -235,17 +235,7 @@ mod tests {
             })
             .await
             .expect("lvstore");
-        let state = crate::runtime::State::in_memory();
-        let target = TargetStatus {
-            engine: Engine::V2,
-            state: ObjectState::Ready,
-            pid: None,
-            socket: double.socket().display().to_string(),
-            version: String::new(),
-            restarts: 0,
-            message: String::new(),
-        };
-        state.upsert_typed(SPDK_STATUS_ID, &target).expect("target");
+        let state = super::super::tests::ready_target_on(&double);
         let disk = DiskStatus {
             engine: Engine::V2,
             state: ObjectState::Ready,
