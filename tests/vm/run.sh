@@ -95,13 +95,13 @@ T_ALL=$(now)
 if [ -z "$STEPS" ]; then
 	# every step, modules first (it checks what all others rely on), then the steps marked
 	# `# vm-order: early` (their host runs a polling spdk_tgt, which takes a host core from the
-	# TCG guest until the step is over and its hook stops it), then by name
+	# TCG guest until the step is over and its hook stops it), then by name (bytes: LC_ALL=C)
 	STEPS=$(cd "$STEPS_DIR" && for f in *.sh; do
 		n=${f%.sh}
 		if [ "$n" = modules ]; then echo "0 $n"
 		elif grep -q '^# vm-order: early' "$f"; then echo "1 $n"
 		else echo "2 $n"; fi
-	done | sort -k1,1n -k2,2 | cut -d' ' -f2 | paste -sd, -)
+	done | LC_ALL=C sort -k1,1n -k2,2 | cut -d' ' -f2 | paste -sd, -)
 fi
 IFS=, read -r -a STEP_LIST <<<"$STEPS"
 for s in "${STEP_LIST[@]}"; do
