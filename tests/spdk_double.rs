@@ -220,6 +220,7 @@ async fn lvol_names_aliases_snapshot_clone_resize() {
             lvs_name: "lvs0".into(),
             cluster_sz: Some(1 << 20),
             clear_method: None,
+            num_md_pages_per_cluster_ratio: None,
         })
         .await
         .expect("lvstore");
@@ -282,6 +283,7 @@ async fn lvol_names_aliases_snapshot_clone_resize() {
             lvs_name: "lvs1".into(),
             cluster_sz: None,
             clear_method: None,
+            num_md_pages_per_cluster_ratio: None,
         })
         .await
         .expect_err("claimed");
@@ -645,6 +647,7 @@ async fn restart_drops_memory_and_reimports_aio_lvstores() {
         lvs_name: "lvs".into(),
         cluster_sz: Some(1 << 20),
         clear_method: None,
+        num_md_pages_per_cluster_ratio: None,
     })
     .await
     .expect("lvs");

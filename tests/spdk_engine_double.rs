@@ -461,6 +461,7 @@ async fn orphans_removed_only_when_empty_and_owned() {
         lvs_name: name.into(),
         cluster_sz: Some(1 << 20),
         clear_method: None,
+        num_md_pages_per_cluster_ratio: None,
     };
     c.bdev_lvol_create_lvstore(&lvs("talon-disk-x", "talon-x"))
         .await

@@ -67,6 +67,7 @@ async fn add_disk(c: &SpdkClient, dir: &Path, disk: &str, create_lvs: bool) {
             lvs_name: format!("talon-{disk}"),
             cluster_sz: Some(MIB as u32),
             clear_method: None,
+            num_md_pages_per_cluster_ratio: None,
         })
         .await
         .expect("lvstore");
@@ -2173,6 +2174,7 @@ async fn replicas_whose_data_starts_at_different_offsets_are_not_rebuilt_thin() 
         lvs_name: "talon-d4".into(),
         cluster_sz: Some(4 * MIB as u32),
         clear_method: None,
+        num_md_pages_per_cluster_ratio: None,
     })
     .await
     .expect("lvstore of 4 MiB clusters");

@@ -63,6 +63,7 @@ async fn attach_disks(c: &SpdkClient, dir: &Path, disks: &[&str], create: bool) 
                 lvs_name: format!("talon-{d}"),
                 cluster_sz: Some(MIB as u32),
                 clear_method: None,
+                num_md_pages_per_cluster_ratio: None,
             })
             .await
             .expect("lvstore");

@@ -149,7 +149,10 @@ pub struct Timeouts {
     pub default: Duration,
     /// For calls that do heavy work: lvstore creation (unmaps the whole
     /// device), controller attach (connects over the network, retries),
-    /// shallow copy, examine.
+    /// shallow copy, examine, an aio bdev's creation (answered once the
+    /// lvstore on it is loaded: after a kill -9, a replay of every metadata
+    /// page, 7 s for a 3.7 GiB disk on a busy 2-core machine, 33 s under
+    /// Longhorn's manager at 50 volumes; spdk_tgt v26.05).
     pub long: Duration,
 }
 
@@ -165,6 +168,7 @@ impl Default for Timeouts {
 impl Timeouts {
     /// The methods that get the long timeout.
     pub const LONG_METHODS: &'static [&'static str] = &[
+        "bdev_aio_create",
         "bdev_lvol_create_lvstore",
         "bdev_lvol_delete_lvstore",
         "bdev_nvme_attach_controller",
@@ -870,6 +874,8 @@ mod tests {
         let t = Timeouts::default();
         assert_eq!(t.for_method("bdev_lvol_create_lvstore"), t.long);
         assert_eq!(t.for_method("bdev_nvme_attach_controller"), t.long);
+        // answered once the lvstore on it has loaded (a replay after a kill -9)
+        assert_eq!(t.for_method("bdev_aio_create"), t.long);
         assert_eq!(t.for_method("bdev_get_bdevs"), t.default);
     }
 }

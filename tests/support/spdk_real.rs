@@ -141,6 +141,7 @@ pub async fn aio_lvstore(c: &talon::spdk::SpdkClient, path: &Path, len: u64, bde
         lvs_name: lvs.into(),
         cluster_sz: Some(1 << 20),
         clear_method: Some("none".into()),
+        num_md_pages_per_cluster_ratio: None,
     })
     .await
     .expect("lvstore");

@@ -259,6 +259,12 @@ impl Controller for SpdkDiskController {
             let served = known.map_or(0, |i| i.format_served);
             let format = d.spec.format > served;
             let recorded = known.map(|i| i.lvstore_uuid.clone());
+            if ctx.get::<DiskStatus>(d.id())?.is_none() {
+                // the first ensure since talon started: after an unclean stop the
+                // lvstore's load replays all its metadata (seconds to minutes)
+                let msg = format!("loading lvstore {} from {}", n.lvstore, n.bdev);
+                ctx.apply(d.id(), disk_status(&n, ObjectState::Creating, None, msg))?;
+            }
             match self.ops.ensure(&n, &spec, recorded.as_deref(), format).await {
                 Ok(e) => {
                     if let Some(i) = identity_after(known, &e, &n, d.spec.format.max(served)) {

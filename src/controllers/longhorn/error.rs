@@ -32,9 +32,24 @@ pub enum InstanceError {
     /// The node's listen address gives no instance address.
     #[error(transparent)]
     ListenAddress(#[from] crate::host::longhorn_address::AddressError),
-    /// The replica's disk is not ready.
-    #[error("disk {0} is not ready")]
-    DiskNotReady(String),
+    /// The replica's disk failed: not loaded, refused, or its figures wrong
+    /// (its status's message).
+    #[error("disk {disk} is not ready: {why}")]
+    DiskNotReady {
+        /// The disk.
+        disk: String,
+        /// Its status's message.
+        why: String,
+    },
+    /// The replica's disk is still being brought up (its lvstore loading:
+    /// after an unclean stop, a replay of its metadata), or not reported yet.
+    #[error("disk {disk} is loading ({why}); the replica starts once its lvstore is loaded")]
+    DiskLoading {
+        /// The disk.
+        disk: String,
+        /// Its status's message, or that it has none yet.
+        why: String,
+    },
     /// The replica's lvol could not be made.
     #[error("creating lvol {alias}")]
     CreateLvol {
@@ -192,6 +207,12 @@ impl InstanceError {
     /// Whether an engine only waits (for replicas to come), rather than failed.
     pub fn waits(&self) -> bool {
         matches!(self, Self::WaitingForReplicas(_))
+    }
+
+    /// A replica that fails with this is starting, not in error: its disk
+    /// is loading (Longhorn's manager takes an error replica as failed).
+    pub fn replica_starting(&self) -> bool {
+        matches!(self, Self::DiskLoading { .. })
     }
 
     /// The text a status carries: this error and its sources.

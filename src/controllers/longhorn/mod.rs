@@ -296,10 +296,7 @@ impl LonghornController {
         let held = held_by.is_some();
         let name = ObjectName::parse("replica", r.id())?;
         let spec = &r.spec;
-        let disk = ctx
-            .get::<DiskStatus>(&spec.disk)?
-            .filter(|d| d.spec.state == ObjectState::Ready)
-            .ok_or_else(|| InstanceError::DiskNotReady(spec.disk.clone()))?;
+        let disk = disk_ready(&spec.disk, ctx.get::<DiskStatus>(&spec.disk)?)?;
         let alias = naming::replica_alias(&spec.disk, name.as_str());
         // a revert another node's engine asked for, before the lvol is read
         let prev = ctx.get::<LonghornInstanceStatus>(r.id())?.map(|s| s.spec);
@@ -927,7 +924,12 @@ impl LonghornController {
             {
                 Ok(s) => s,
                 Err(m) => {
-                    let mut st = status(InstanceKind::Replica, InstanceState::Error, m.text());
+                    let state = if m.replica_starting() {
+                        InstanceState::Starting
+                    } else {
+                        InstanceState::Error
+                    };
+                    let mut st = status(InstanceKind::Replica, state, m.text());
                     // the requests carried out stay known (the calls wait on them)
                     if let Some(p) = ctx.get::<LonghornInstanceStatus>(r.id())? {
                         st.revert = p.spec.revert;
@@ -1209,6 +1211,27 @@ fn held<'a>(
         .collect()
 }
 
+/// The disk of a replica when it is ready; loading (a replica starting)
+/// while it is being brought up or not reported yet (talon just started);
+/// not ready (a replica in error) when it failed or goes.
+fn disk_ready(disk: &str, status: Option<Typed<DiskStatus>>) -> Result<Typed<DiskStatus>, InstanceError> {
+    match status {
+        Some(d) if d.spec.state == ObjectState::Ready => Ok(d),
+        Some(d) if d.spec.state == ObjectState::Creating => Err(InstanceError::DiskLoading {
+            disk: disk.to_owned(),
+            why: d.spec.message.clone(),
+        }),
+        None => Err(InstanceError::DiskLoading {
+            disk: disk.to_owned(),
+            why: "no status yet".into(),
+        }),
+        Some(d) => Err(InstanceError::DiskNotReady {
+            disk: disk.to_owned(),
+            why: format!("{:?}: {}", d.spec.state, d.spec.message),
+        }),
+    }
+}
+
 /// An engine's status from what `ensure_engine` came to: running, starting
 /// while it waits for replicas, or in error.
 fn engine_status(made: Result<LonghornInstanceStatus, InstanceError>) -> LonghornInstanceStatus {
@@ -1437,6 +1460,41 @@ mod tests {
             metadata: crate::runtime::Metadata::new("config", "Test", id, ""),
             spec,
         }
+    }
+
+    #[test]
+    fn a_replica_whose_disk_loads_is_starting_one_whose_disk_failed_an_error() {
+        let disk = |state, message: &str| {
+            Some(typed(
+                "d1",
+                DiskStatus {
+                    engine: crate::resources::engine::Engine::V2,
+                    state,
+                    bdev: "talon-disk-d1".into(),
+                    lvstore: "talon-d1".into(),
+                    lvstore_uuid: String::new(),
+                    total_bytes: 0,
+                    free_bytes: 0,
+                    cluster_bytes: 0,
+                    message: message.into(),
+                },
+            ))
+        };
+        assert!(disk_ready("d1", disk(ObjectState::Ready, "lvstore talon-d1")).is_ok());
+        // talon just started: no status yet, or the disk's bdev being made (its
+        // lvstore replayed after a kill -9)
+        for st in [None, disk(ObjectState::Creating, "waiting for spdk_tgt")] {
+            let e = disk_ready("d1", st).unwrap_err();
+            assert!(e.replica_starting(), "{e}");
+            assert!(e.text().contains("disk d1 is loading"), "{}", e.text());
+        }
+        let e = disk_ready("d1", disk(ObjectState::Failed, "lvstore talon-d1 did not load")).unwrap_err();
+        assert!(!e.replica_starting());
+        assert!(
+            e.text().contains("disk d1 is not ready") && e.text().contains("did not load"),
+            "{}",
+            e.text()
+        );
     }
 
     fn tearing_down<S>(mut t: Typed<S>) -> Typed<S> {

@@ -232,6 +232,7 @@ mod tests {
                 lvs_name: "talon-d".into(),
                 cluster_sz: Some(1 << 20),
                 clear_method: None,
+                num_md_pages_per_cluster_ratio: None,
             })
             .await
             .expect("lvstore");
