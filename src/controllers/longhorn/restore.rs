@@ -51,7 +51,6 @@ use crate::resources::longhorn::LonghornReplica;
 use crate::runtime::{Controller, ControllerError, Input, Output, ReconcileContext, Requeue};
 use crate::spdk::SpdkClient;
 use crate::spdk::naming::longhorn::{replica_alias, restore_snapshot, restore_target, restored_snapshot};
-use crate::spdk::rpc::{LvolClone, LvolSetParent};
 use crate::spdk::volume::Inventory;
 use crate::spdk::volume::naming::lvstore;
 use crate::spdk::volume::{lvol, mover};
@@ -367,12 +366,9 @@ impl Job {
             .map_err(m.failed("reading spdk_tgt".into()))?;
         let end = if inv.lvols.contains_key(&restored) {
             if inv.parent_of(&m.alias).as_deref() != Some(restored.as_str()) {
-                c.bdev_lvol_set_parent(&LvolSetParent {
-                    lvol_name: m.alias.clone(),
-                    parent_name: restored.clone(),
-                })
-                .await
-                .map_err(m.failed(format!("making {restored} the parent of {}", m.alias)))?;
+                lvol::set_parent(c, &m.alias, &restored)
+                    .await
+                    .map_err(m.failed(format!("making {restored} the parent of {}", m.alias)))?;
             }
             Settled::Restored
         } else {
@@ -411,12 +407,9 @@ impl Job {
         lvol::snapshot(c, &m.alias, &base)
             .await
             .map_err(m.failed(format!("snapshotting {} as {base}", m.alias)))?;
-        c.bdev_lvol_clone(&LvolClone {
-            snapshot_name: m.base_snap(),
-            clone_name: name,
-        })
-        .await
-        .map_err(m.failed(format!("cloning {} as {}", m.base_snap(), m.target())))
+        lvol::clone(c, &m.base_snap(), &name)
+            .await
+            .map_err(m.failed(format!("cloning {} as {}", m.base_snap(), m.target())))
     }
 
     /// The restore into every member; the blocks it fetched.
