@@ -903,16 +903,45 @@ async fn longhorn_snapshot_backup_through_the_proxy_on_real_spdk() {
             .exists(),
         "a restore's credentials are removed when it ends"
     );
-    // the snapshot each incremental restore took is gone
-    let left: Vec<String> = talon::spdk::SpdkClient::new(dir.path().join("run/spdk.sock"))
+    // the lvols the restores made beside the replicas are gone, and a restored
+    // replica holds about what the backup holds: thin (issue 55: the file the
+    // restores went through made them fully allocated, 32 MiB each)
+    let target = talon::spdk::SpdkClient::new(dir.path().join("run/spdk.sock"));
+    let lvols = target
         .bdev_lvol_get_lvols(&talon::spdk::rpc::GetLvols::default())
         .await
-        .expect("lvols")
-        .into_iter()
-        .map(|l| l.name)
-        .filter(|n| n.ends_with(".restore"))
+        .expect("lvols");
+    let left: Vec<&str> = lvols
+        .iter()
+        .map(|l| l.name.as_str())
+        .filter(|n| n.ends_with(".restore") || n.ends_with(".restoring") || n.ends_with(".restored"))
         .collect();
-    assert!(left.is_empty(), "restore snapshots left: {left:?}");
+    assert!(left.is_empty(), "restore lvols left: {left:?}");
+    let cluster = target
+        .bdev_lvol_get_lvstores(&Default::default())
+        .await
+        .expect("lvstores")
+        .into_iter()
+        .find(|s| {
+            lvols
+                .iter()
+                .any(|l| l.name == "lhvol-r-0000cccc" && l.lvs.name == s.name)
+        })
+        .expect("the replicas' lvstore")
+        .cluster_size;
+    for replica in ["lhvol-r-0000cccc", "lhvol-r-0000dddd"] {
+        let l = lvols.iter().find(|l| l.name == replica).expect("replica lvol");
+        let held = l.num_allocated_clusters * cluster;
+        assert!(
+            l.is_thin_provisioned && !l.is_clone && held > 0 && held <= len as u64,
+            "replica {replica} after its restores: {held} bytes allocated (the backup holds {len}): {l:?}"
+        );
+    }
+    // nothing staged on the data dir
+    let staged: Vec<_> = std::fs::read_dir(dir.path().join("data/restore"))
+        .map(|d| d.flatten().map(|e| e.path()).collect())
+        .unwrap_or_default();
+    assert!(staged.is_empty(), "files under data/restore: {staged:?}");
     // a backup of another backup volume into the same replicas is refused, replica by
     // replica, in the JSON the manager reads
     let other = urls[0].replace("volume=lhvol", "volume=othervol");

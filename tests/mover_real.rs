@@ -334,7 +334,14 @@ async fn real_spdk_the_mover_restores_a_backup_with_holes_from_its_store_into_a_
     }
     let bdevs = standby.map(String::from);
     let p = Progress::default();
-    let full = mover::restore::fill_standby(&c, &store, "src", None, "b1", &bdevs, ROOM, &p)
+    let onto = |base, backup| mover::restore::Onto {
+        store: &store,
+        volume: "src",
+        backup,
+        base,
+        data_offset: ROOM,
+    };
+    let full = mover::restore::fill_standby(&c, &onto(None, "b1"), &bdevs, &p)
         .await
         .expect("b1 into the standby's lvols");
     assert_eq!(full.blocks_downloaded, b.blocks.len() as u64, "{full:?}");
@@ -363,7 +370,7 @@ async fn real_spdk_the_mover_restores_a_backup_with_holes_from_its_store_into_a_
     .await
     .expect("backup b2");
     let started = std::time::Instant::now();
-    let delta = mover::restore::fill_standby(&c, &store, "src", Some("b1"), "b2", &bdevs, ROOM, &p)
+    let delta = mover::restore::fill_standby(&c, &onto(Some("b1"), "b2"), &bdevs, &p)
         .await
         .expect("b2 onto b1 in the standby's lvols");
     eprintln!(

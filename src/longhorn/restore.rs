@@ -281,6 +281,10 @@ impl Longhorn {
             )));
         }
         let mut errors = Vec::new();
+        // this node's replicas asked first, with no wait between them: its
+        // restore controller starts them as one job (each block fetched once)
+        let mut members = members;
+        members.sort_by_key(|m| self.local_replica(&m.replica).is_none());
         for m in &members {
             let ask = spdkrpc::ReplicaBackupRestoreRequest {
                 backup_url: req.url.clone(),

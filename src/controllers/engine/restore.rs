@@ -769,17 +769,16 @@ impl Lvols {
         if bdevs.is_empty() {
             return Err(format!("standby volume {} has no lvol to restore into", self.vol));
         }
-        let stats = mover::restore::fill_standby(
-            &self.client,
+        let from = mover::restore::Onto {
             store,
             volume,
+            backup: name,
             base,
-            name,
-            &bdevs,
             data_offset,
-            progress,
-        )
-        .await?;
+        };
+        let stats = mover::restore::fill_standby(&self.client, &from, &bdevs, progress)
+            .await
+            .map_err(|e| crate::util::error_chain(&e))?;
         tracing::info!(volume = %self.vol, backup = %name, base = ?base, lvols = bdevs.len(),
             fetched = stats.blocks_downloaded, of = stats.blocks, "standby restored");
         Ok(stats)

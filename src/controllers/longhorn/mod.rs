@@ -428,9 +428,9 @@ impl LonghornController {
         }
         let head = naming::replica_alias(&r.spec.disk, name.as_str());
         let snaps = format!("{head}-snap-");
-        // and the snapshot of an incremental restore a restart cut off
-        let restore = naming::replica_alias(&r.spec.disk, &naming::restore_snapshot(name.as_str()));
-        let mine = |a: &String| *a == head || a.starts_with(&snaps) || *a == restore;
+        // and the lvols of a restore a restart or a failure cut off
+        let restore = naming::restore_lvols(name.as_str()).map(|n| naming::replica_alias(&r.spec.disk, &n));
+        let mine = |a: &String| *a == head || a.starts_with(&snaps) || restore.contains(a);
         let mut left: Vec<String> = inv.lvols.keys().filter(|a| mine(a)).cloned().collect();
         while !left.is_empty() {
             // the lvols no other lvol of the replica is a clone of

@@ -3,34 +3,45 @@
 //! `BackupRestore`) and reports `LonghornRestoreStatus`.
 //!
 //! ```text
-//!   LonghornRestore <replica> {target, backupVolume, backup, base?} ─> a task:
-//!     full (no base): the replica's lvol is new (thin, no parent, nothing allocated)?
-//!       no ──> Error (a first backup restores into a new replica only)
-//!       the backup ──> <data>/restore/lh-<replica>.img (sparse, each block checked)
-//!         ──> the lvol filled from it (spdk::volume::from_file: esnap + decouple)
-//!     incremental (base: the backup the lvol holds, a DR volume's next backup):
-//!       bdev_lvol_snapshot <lvs>/<replica> -> <replica>.restore (the lvol, now empty, clones it)
-//!       <replica>.restore ──> lh-<replica>.img (spdk::volume::to_file: shallow copy)
-//!       only the blocks base lacks fetched into it, base's blocks the backup
-//!         lacks made holes (backupstore::ops::restore_delta_to_file)
-//!       ──> the lvol filled from it (from_file: its parent becomes the file, decoupled)
-//!       <replica>.restore deleted (on a failure too: with the lvol still its
-//!         clone, the delete merges it back and the lvol reads base again)
+//!   LonghornRestore <replica> {target, backupVolume, backup, base?}
+//!     the restores a reconcile starts, grouped by (target, volume, backup, base):
+//!     one job per group, each block fetched once for all its replicas
+//!     per replica: settle what a cut-off run left (below), then its target
+//!       full (no base; the replica's lvol new: thin, nothing allocated):
+//!         bdev_lvol_create <lvs>/<replica>.restoring (thin)
+//!       incremental (base: the backup the lvol holds, a DR volume's next backup):
+//!         bdev_lvol_snapshot <replica> -> <replica>.restore, clone -> <replica>.restoring
+//!     mover::restore::fill_standby: every target at once (no file; a full
+//!       restore writes only chunks with data, an incremental one the blocks
+//!       that changed, whole)
+//!     per replica: bdev_lvol_snapshot .restoring -> <replica>.restored (the mark:
+//!       the whole restore is in it), then settle:
+//!   settle: .restoring deleted; .restored there? it becomes the lvol's parent
+//!     (bdev_lvol_set_parent), .restore and .restored deleted: each merges into
+//!     its one clone (no copy): the lvol holds the restore, thin
+//!     no .restored: .restore deleted (merged back: the lvol holds what it held)
 //!   LonghornRestoreStatus <replica> {backup}: Pending -> InProgress (progress) -> Completed | Error
 //! ```
 //!
-//! The replicas of a restoring engine are written beneath its raid1 while
-//! the engine serves no I/O: Longhorn attaches a volume being restored
-//! with its frontend disabled, and the raid (made without a superblock)
-//! keeps nothing of its members' data. A full restore that a restart of
-//! talon cut off starts again if the lvol is still untouched; otherwise it
-//! ends in Error (the replica is never served as restored). An incremental
-//! one starts again unless the cut left the lvol a clone of the file. A
-//! restore that completed is recorded in `LonghornRestoreLedger`
+//! The replicas of a restoring engine are members of its raid1 (claimed:
+//! spdk_tgt v26.05 refuses to export a raid member, "already claimed: type
+//! exclusive_write by module raid"), so the mover writes a target lvol
+//! beside each, and the target's data becomes the member's through
+//! `bdev_lvol_set_parent` and snapshot merges, which a claimed lvol takes.
+//! The engine serves no I/O meanwhile: Longhorn attaches a volume being
+//! restored with its frontend disabled, and the raid (made without a
+//! superblock) keeps nothing of its members' data. A replica on another
+//! node is restored by that node's talon the same way (Longhorn asks each
+//! replica's node). A restore that a restart of talon cut off settles
+//! first: the lvol holds the whole restore (finished) or what it held
+//! before (run again); a full restore cut off runs again on its untouched
+//! lvol. A restore that completed is recorded in `LonghornRestoreLedger`
 //! (persisted): after a restart it reads completed, not run again.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
+
+use futures::FutureExt as _;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -39,10 +50,10 @@ use crate::resources::backup::{BackupState, LonghornRestore, LonghornRestoreLedg
 use crate::resources::longhorn::LonghornReplica;
 use crate::runtime::{Controller, ControllerError, Input, Output, ReconcileContext, Requeue};
 use crate::spdk::SpdkClient;
-use crate::spdk::naming::longhorn::{replica_alias, restore_snapshot};
+use crate::spdk::naming::longhorn::{replica_alias, restore_snapshot, restore_target, restored_snapshot};
 use crate::spdk::volume::Inventory;
 use crate::spdk::volume::naming::lvstore;
-use crate::spdk::volume::{from_file, lvol, to_file};
+use crate::spdk::volume::{lvol, mover};
 
 use crate::controllers::engine::backup::open_store;
 use crate::controllers::engine::tasks::{Seen, Tasks};
@@ -107,13 +118,6 @@ enum RestoreError {
         replica: String,
         lvol_bytes: u64,
     },
-    /// A file or folder of the restore could not be made.
-    #[error("{}", .path.display())]
-    File {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
     /// An SPDK step on the replica's lvols failed.
     #[error("replica {replica}: {step}")]
     Spdk {
@@ -125,7 +129,7 @@ enum RestoreError {
     /// The restore's snapshot vanished right after it was made.
     #[error("{0} is gone after its making")]
     Gone(String),
-    /// Copying the lvol out to the file, or the file into it, failed.
+    /// Writing the backup into the replicas' lvols failed.
     #[error("replica {replica}: {step}{message}")]
     Copy {
         replica: String,
@@ -147,11 +151,6 @@ impl RestoreError {
 #[derive(Debug)]
 pub struct LonghornRestoreController {
     client: SpdkClient,
-    /// The target's copies from a file, one at a time: a clone of the lock
-    /// talon's volume restores hold too.
-    copies: from_file::Copies,
-    /// Where restored images are made (sparse files, removed after).
-    work_dir: PathBuf,
     /// Where `longhorn::restore` leaves each restore's credentials.
     credentials_dir: PathBuf,
     /// Each task answers the blocks it fetched.
@@ -174,31 +173,27 @@ pub fn credentials_dir(data_dir: &std::path::Path) -> PathBuf {
 }
 
 impl LonghornRestoreController {
-    /// Restores through the target behind `client`, making images under
-    /// `<data_dir>/restore/`.
+    /// Restores through the target behind `client`; the credentials under
+    /// `data_dir`. The image files of an older talon's restores
+    /// (`<data_dir>/restore/lh-*.img`) are removed: nothing reads them.
     pub fn new(client: SpdkClient, data_dir: &std::path::Path) -> Self {
+        if let Ok(dir) = std::fs::read_dir(data_dir.join("restore")) {
+            for f in dir.flatten() {
+                let n = f.file_name().to_string_lossy().into_owned();
+                if n.starts_with("lh-") && n.ends_with(".img") {
+                    let _ = std::fs::remove_file(f.path());
+                }
+            }
+        }
         Self {
             client,
-            copies: from_file::Copies::default(),
-            work_dir: data_dir.join("restore"),
             credentials_dir: credentials_dir(data_dir),
             running: Tasks::new("restore task"),
         }
     }
 
-    /// Copies from files under `copies`, the lock every other copier into
-    /// this target holds a clone of.
-    pub fn with_copies(mut self, copies: from_file::Copies) -> Self {
-        self.copies = copies;
-        self
-    }
-
     fn forget_credentials(&self, id: &str) {
         let _ = std::fs::remove_dir_all(self.credentials_dir.join(id));
-    }
-
-    fn file(&self, id: &str) -> PathBuf {
-        self.work_dir.join(format!("lh-{id}.img"))
     }
 
     /// The replica's lvol, checked new (`fresh`) or checked to hold a
@@ -217,14 +212,23 @@ impl LonghornRestoreController {
         })?;
         // the one clone of the snapshot a cut-off incremental restore took
         // (its first step deletes that snapshot: merged back)
-        let own = inv.parent_of(&alias) == Some(replica_alias(&r.disk, &restore_snapshot(id)));
-        if !fresh && ((l.is_clone && !own) || l.is_esnap_clone || l.is_snapshot) {
+        let parent = inv.parent_of(&alias);
+        let own = parent == Some(replica_alias(&r.disk, &restore_snapshot(id)));
+        // the snapshot of a whole restore a cut-off run made the lvol's parent
+        // (the restore's first step merges it in)
+        let restored = parent == Some(replica_alias(&r.disk, &restored_snapshot(id)));
+        if !fresh && ((l.is_clone && !own && !restored) || l.is_esnap_clone || l.is_snapshot) {
             return Err(RestoreError::NotItsRestore {
                 replica: id.to_owned(),
                 alias,
             });
         }
-        if fresh && (l.is_clone || l.is_esnap_clone || l.is_snapshot || l.num_allocated_clusters > 0) {
+        if fresh
+            && ((l.is_clone && !restored)
+                || l.is_esnap_clone
+                || l.is_snapshot
+                || l.num_allocated_clusters > 0)
+        {
             return Err(RestoreError::HoldsData {
                 replica: id.to_owned(),
                 alias,
@@ -241,30 +245,76 @@ impl LonghornRestoreController {
     }
 }
 
-/// One restore: the backup into a file, the file into the lvol.
+/// What a group of restores started together restores: target, backup
+/// volume, backup and base.
+type GroupKey = (String, String, String, Option<String>);
+
+/// A replica a restore writes, and its lvols.
+#[derive(Debug, Clone)]
+struct Member {
+    replica: String,
+    /// Its lvol, `lvs/<replica>`.
+    alias: String,
+    lvol_bytes: u64,
+}
+
+impl Member {
+    fn lvs(&self) -> &str {
+        self.alias.split_once('/').map_or("", |(l, _)| l)
+    }
+
+    /// `lvs/<name>` of one of its restore lvols.
+    fn beside(&self, name: String) -> String {
+        format!("{}/{name}", self.lvs())
+    }
+
+    /// The snapshot of the lvol an incremental restore takes (base).
+    fn base_snap(&self) -> String {
+        self.beside(restore_snapshot(&self.replica))
+    }
+
+    /// The lvol the mover writes.
+    fn target(&self) -> String {
+        self.beside(restore_target(&self.replica))
+    }
+
+    /// The target's snapshot, once it holds the whole restore.
+    fn restored(&self) -> String {
+        self.beside(restored_snapshot(&self.replica))
+    }
+
+    fn failed(&self, step: String) -> impl FnOnce(crate::spdk::ClientError) -> RestoreError + '_ {
+        move |source| RestoreError::Spdk {
+            replica: self.replica.clone(),
+            step,
+            source: Box::new(source),
+        }
+    }
+}
+
+/// Whether a replica's restore is in its lvol.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Settled {
+    /// The restore's whole data is the lvol's (merged into it).
+    Restored,
+    /// The lvol holds what it held before the restore.
+    AsBefore,
+}
+
+/// One restore into one or more replicas of this node (the same backup,
+/// onto the same base): each block fetched once, written into every
+/// replica's target lvol through the mover, then each target's data made
+/// its replica's lvol's own (snapshot, parent, merge: no copy).
 struct Job {
     client: SpdkClient,
-    copies: from_file::Copies,
+    /// The restore (its target, credentials, backup and base).
     restore: LonghornRestore,
-    replica: String,
-    file: PathBuf,
-    alias: String,
-    block_size: u32,
-    lvol_bytes: u64,
+    members: Vec<Member>,
     progress: Arc<Progress>,
 }
 
 impl Job {
-    /// The restore: a full one, or incremental from `restore.base`.
-    async fn run(self) -> Result<u64, RestoreError> {
-        match self.restore.base.clone() {
-            None => self.full().await,
-            Some(base) => self.incremental(&base).await,
-        }
-    }
-
-    /// The backup target, its backup volume checked to fit the replica,
-    /// and the folder of the file made.
+    /// The backup target, its backup volume checked to fit every replica.
     async fn open(
         &self,
         named: &impl Fn(backupstore::BackupError) -> RestoreError,
@@ -278,148 +328,165 @@ impl Job {
                 volume: r.backup_volume.clone(),
                 target: r.target.clone(),
             })?;
-        if cfg.size > self.lvol_bytes {
+        if let Some(m) = self.members.iter().find(|m| cfg.size > m.lvol_bytes) {
             return Err(RestoreError::TooLarge {
                 backup: r.backup.clone(),
                 bytes: cfg.size,
-                replica: self.replica.clone(),
-                lvol_bytes: self.lvol_bytes,
+                replica: m.replica.clone(),
+                lvol_bytes: m.lvol_bytes,
             });
-        }
-        if let Some(dir) = self.file.parent() {
-            std::fs::create_dir_all(dir).map_err(|source| RestoreError::File {
-                path: dir.to_path_buf(),
-                source,
-            })?;
         }
         Ok(store)
     }
 
-    /// A backup store error of this restore (`base`: an incremental one's).
-    fn backup_error(&self, base: Option<&str>) -> impl Fn(backupstore::BackupError) -> RestoreError + '_ {
-        let base = base.map(str::to_owned);
+    /// A backup store error of this restore.
+    fn backup_error(&self) -> impl Fn(backupstore::BackupError) -> RestoreError + '_ {
         move |source| RestoreError::Backup {
             backup: self.restore.backup.clone(),
             volume: self.restore.backup_volume.clone(),
-            incremental_from: base.clone(),
+            incremental_from: self.restore.base.clone(),
             source: Box::new(source),
         }
     }
 
-    /// The bdev name the copies use.
-    fn bdev(&self) -> String {
-        format!("talon-restore-{}", self.replica)
-    }
-
-    /// The replica's lvol filled from the file.
-    async fn fill_lvol(&self) -> Result<(), RestoreError> {
-        self.copies
-            .copy_from_file(
-                &self.client,
-                &self.file,
-                self.block_size,
-                &self.alias,
-                &self.bdev(),
-            )
+    /// Brings `m`'s lvols to one of two ends, from wherever a run cut off
+    /// (or a failure) left them: its target deleted; then, once the
+    /// target's snapshot (made only when the target held the whole
+    /// restore) exists, it becomes the lvol's parent and is merged into it
+    /// with the base snapshot (`Restored`); else the base snapshot is
+    /// merged back into the lvol (`AsBefore`).
+    async fn settle(&self, m: &Member) -> Result<Settled, RestoreError> {
+        let c = &self.client;
+        let (target, restored, base) = (m.target(), m.restored(), m.base_snap());
+        lvol::delete_lvol(c, &target)
             .await
-            .map_err(|message| RestoreError::Copy {
-                replica: self.replica.clone(),
-                step: "",
-                message,
-            })
-    }
-
-    async fn incremental(self, base: &str) -> Result<u64, RestoreError> {
-        let r = &self.restore;
-        let named = self.backup_error(Some(base));
-        let store = self.open(&named).await?;
-        let lvs = self.alias.split_once('/').map_or("", |(l, _)| l);
-        let snap = restore_snapshot(&self.replica);
-        let snap_alias = format!("{lvs}/{snap}");
-        let failed = |step: &str, source: crate::spdk::ClientError| RestoreError::Spdk {
-            replica: self.replica.clone(),
-            step: step.to_owned(),
-            source: Box::new(source),
+            .map_err(m.failed(format!("deleting {target}")))?;
+        let inv = Inventory::load(c)
+            .await
+            .map_err(m.failed("reading spdk_tgt".into()))?;
+        let end = if inv.lvols.contains_key(&restored) {
+            if inv.parent_of(&m.alias).as_deref() != Some(restored.as_str()) {
+                lvol::set_parent(c, &m.alias, &restored)
+                    .await
+                    .map_err(m.failed(format!("making {restored} the parent of {}", m.alias)))?;
+            }
+            Settled::Restored
+        } else {
+            Settled::AsBefore
         };
-        // one a cut-off run left (the lvol then reads it still: deleting merges it back)
-        lvol::delete_lvol(&self.client, &snap_alias)
+        // the base's one clone is the lvol (as before) or the restored snapshot:
+        // either way the delete merges it into that clone
+        lvol::delete_lvol(c, &base)
             .await
-            .map_err(|e| failed(&format!("deleting {snap_alias} (left by an earlier restore)"), e))?;
-        lvol::snapshot(&self.client, &self.alias, &snap)
+            .map_err(m.failed(format!("deleting {base}")))?;
+        lvol::delete_lvol(c, &restored)
             .await
-            .map_err(|e| failed(&format!("snapshotting {} as {snap}", self.alias), e))?;
-        let done = async {
-            let inv = Inventory::load(&self.client)
-                .await
-                .map_err(|e| failed("reading spdk_tgt", e))?;
-            let chain = to_file::Chain::of(&inv, &snap_alias)
-                .ok_or_else(|| RestoreError::Gone(snap_alias.clone()))?;
-            to_file::copy_to_file(&self.client, &chain, &self.file, &self.bdev())
-                .await
-                .map_err(|message| RestoreError::Copy {
-                    replica: self.replica.clone(),
-                    step: "copying out what it holds: ",
-                    message,
-                })?;
-            let stats = backupstore::ops::restore_delta_to_file(
-                &store,
-                &r.backup_volume,
-                base,
-                &r.backup,
-                &self.file,
-                0,
-                &self.progress,
-            )
-            .await
-            .map_err(named)?;
-            self.fill_lvol().await?;
-            Ok(stats.blocks_downloaded)
+            .map_err(m.failed(format!("deleting {restored}")))?;
+        Ok(end)
+    }
+
+    /// The target lvol of `m` made: new and thin (a full restore), or a
+    /// clone of the lvol's snapshot (incremental: it reads the base).
+    async fn prepare(&self, m: &Member) -> Result<String, RestoreError> {
+        let c = &self.client;
+        let name = restore_target(&m.replica);
+        if name.len() > 63 {
+            return Err(RestoreError::Copy {
+                replica: m.replica.clone(),
+                step: "",
+                message: format!("lvol name {name} is longer than SPDK's 63 characters"),
+            });
         }
-        .await;
-        let _ = std::fs::remove_file(&self.file);
-        // after the copy the lvol no longer depends on the snapshot; before it,
-        // the lvol is its one clone and the delete merges it back (base again)
-        let dropped = lvol::delete_lvol(&self.client, &snap_alias)
+        if self.restore.base.is_none() {
+            let mib = m.lvol_bytes.div_ceil(1 << 20);
+            return lvol::create_thin(c, m.lvs(), &name, mib)
+                .await
+                .map_err(m.failed(format!("creating {}", m.target())));
+        }
+        let base = restore_snapshot(&m.replica);
+        lvol::snapshot(c, &m.alias, &base)
             .await
-            .map_err(|e| failed(&format!("deleting {snap_alias}"), e));
-        match done {
-            Ok(n) => dropped.map(|()| n),
-            Err(e) => Err(match dropped {
-                Ok(()) => e,
-                Err(d) => RestoreError::Both(Box::new(e), Box::new(d)),
-            }),
+            .map_err(m.failed(format!("snapshotting {} as {base}", m.alias)))?;
+        lvol::clone(c, &m.base_snap(), &name)
+            .await
+            .map_err(m.failed(format!("cloning {} as {}", m.base_snap(), m.target())))
+    }
+
+    /// The restore into every member; the blocks it fetched.
+    async fn run(self) -> Result<u64, RestoreError> {
+        let named = self.backup_error();
+        let store = self.open(&named).await?;
+        // what a run cut off left (talon restarted) is settled first
+        let mut todo = Vec::new();
+        for m in &self.members {
+            match self.settle(m).await? {
+                Settled::AsBefore => todo.push(m.clone()),
+                Settled::Restored => {
+                    tracing::info!(replica = %m.replica, backup = %self.restore.backup,
+                        "a restore cut off after its data was whole: finished")
+                }
+            }
+        }
+        if todo.is_empty() {
+            return Ok(0);
+        }
+        let (mut failed, fetched) = match self.fill(&store, &todo).await {
+            Ok(n) => (None, n),
+            Err(e) => (Some(e), 0),
+        };
+        for m in &todo {
+            let settled = self.settle(m).await;
+            failed = match (failed, settled) {
+                (None, Ok(Settled::Restored)) => None,
+                (None, Ok(Settled::AsBefore)) => Some(RestoreError::Gone(m.restored())),
+                (None, Err(e)) | (Some(e), Ok(_)) => Some(e),
+                (Some(e), Err(d)) => Some(RestoreError::Both(Box::new(e), Box::new(d))),
+            };
+        }
+        match failed {
+            Some(e) => Err(e),
+            None => Ok(fetched),
         }
     }
 
-    async fn full(self) -> Result<u64, RestoreError> {
-        let r = &self.restore;
-        let named = self.backup_error(None);
-        let store = self.open(&named).await?;
-        let done = async {
-            let stats = backupstore::ops::restore_to_file(
-                &store,
-                &r.backup_volume,
-                &r.backup,
-                &self.file,
-                0,
-                &self.progress,
-            )
-            .await
-            .map_err(named)?;
-            std::fs::OpenOptions::new()
-                .write(true)
-                .open(&self.file)
-                .and_then(|f| f.set_len(self.lvol_bytes))
-                .map_err(|source| RestoreError::File {
-                    path: self.file.clone(),
-                    source,
-                })?;
-            self.fill_lvol().await?;
-            Ok(stats.blocks_downloaded)
+    /// The targets made and written; each one's snapshot made (the mark
+    /// that it holds the whole restore).
+    async fn fill(&self, store: &backupstore::Store, todo: &[Member]) -> Result<u64, RestoreError> {
+        let mut targets = Vec::new();
+        for m in todo {
+            targets.push(self.prepare(m).await?);
         }
-        .await;
-        let _ = std::fs::remove_file(&self.file);
-        done
+        let r = &self.restore;
+        let from = mover::restore::Onto {
+            store,
+            volume: &r.backup_volume,
+            backup: &r.backup,
+            base: r.base.as_deref(),
+            data_offset: 0,
+        };
+        let stats = mover::restore::fill_standby(&self.client, &from, &targets, &self.progress)
+            .await
+            .map_err(|e| match e {
+                mover::restore::FillError::Backup { source, .. } => (self.backup_error())(source),
+                other => RestoreError::Copy {
+                    replica: todo
+                        .iter()
+                        .map(|m| m.replica.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                    step: "writing the backup into its lvol: ",
+                    message: crate::util::error_chain(&other),
+                },
+            })?;
+        tracing::info!(backup = %r.backup, base = ?r.base, replicas = todo.len(),
+            fetched = stats.blocks_downloaded, of = stats.blocks, "restored through the mover");
+        for m in todo {
+            let name = restored_snapshot(&m.replica);
+            lvol::snapshot(&self.client, &m.target(), &name)
+                .await
+                .map_err(m.failed(format!("snapshotting {} as {name}", m.target())))?;
+        }
+        Ok(stats.blocks_downloaded)
     }
 }
 
@@ -451,7 +518,6 @@ impl Controller for LonghornRestoreController {
         for s in ctx.list::<LonghornRestoreStatus>()? {
             if !wanted.contains(s.id()) {
                 self.forget_credentials(s.id());
-                let _ = std::fs::remove_file(self.file(s.id()));
                 ctx.destroy::<LonghornRestoreStatus>(s.id())?;
             }
         }
@@ -459,6 +525,8 @@ impl Controller for LonghornRestoreController {
         // reconcile does not apply
         let mut inv: Option<Inventory> = None;
         let mut waiting = false;
+        // the restores to start, by what they restore: one job writes each group
+        let mut groups: BTreeMap<GroupKey, (LonghornRestore, Vec<Member>)> = BTreeMap::new();
         for r in &restores {
             let id = r.id().to_string();
             let backup = r.spec.backup.as_str();
@@ -564,43 +632,54 @@ impl Controller for LonghornRestoreController {
                 )?;
                 continue;
             }
-            let (alias, block_size, lvol_bytes) =
-                match Self::replica_lvol(found, &id, &replica.spec, !incremental) {
-                    Ok(l) => l,
-                    Err(why) => {
-                        // after a restart of talon: a restore cut off in its copy touched the lvol
-                        let why = if prev.is_some_and(|s| s.state == BackupState::InProgress) {
-                            format!(
-                                "restore cut off (talon restarted) after it wrote the lvol: {}",
-                                why.text()
-                            )
-                        } else {
+            let (alias, _, lvol_bytes) = match Self::replica_lvol(found, &id, &replica.spec, !incremental) {
+                Ok(l) => l,
+                Err(why) => {
+                    // after a restart of talon: a restore cut off in its copy touched the lvol
+                    let why = if prev.is_some_and(|s| s.state == BackupState::InProgress) {
+                        format!(
+                            "restore cut off (talon restarted) after it wrote the lvol: {}",
                             why.text()
-                        };
-                        self.forget_credentials(&id);
-                        ctx.apply(&id, of(status(BackupState::Error, 0, why)))?;
-                        continue;
-                    }
-                };
+                        )
+                    } else {
+                        why.text()
+                    };
+                    self.forget_credentials(&id);
+                    ctx.apply(&id, of(status(BackupState::Error, 0, why)))?;
+                    continue;
+                }
+            };
+            let key = (
+                r.spec.target.clone(),
+                r.spec.backup_volume.clone(),
+                r.spec.backup.clone(),
+                r.spec.base.clone(),
+            );
+            groups
+                .entry(key)
+                .or_insert_with(|| (r.spec.clone(), Vec::new()))
+                .1
+                .push(Member {
+                    replica: id.clone(),
+                    alias,
+                    lvol_bytes,
+                });
+            ctx.apply(&id, of(status(BackupState::InProgress, 0, "")))?;
+        }
+        for (restore, members) in groups.into_values() {
             let progress = Arc::new(Progress::default());
+            let ids: Vec<String> = members.iter().map(|m| m.replica.clone()).collect();
             let job = Job {
                 client: self.client.clone(),
-                copies: self.copies.clone(),
-                restore: r.spec.clone(),
-                replica: id.clone(),
-                file: self.file(&id),
-                alias,
-                block_size,
-                lvol_bytes,
+                restore,
+                members,
                 progress: progress.clone(),
             };
-            // the task's outcome becomes the status's text
-            self.running.start(
-                &id,
-                progress,
-                async move { job.run().await.map_err(|e| e.text()) },
-            );
-            ctx.apply(&id, of(status(BackupState::InProgress, 0, "")))?;
+            // one job, its outcome (the status's text) each replica's
+            let outcome = async move { job.run().await.map_err(|e| e.text()) }.shared();
+            for id in &ids {
+                self.running.start(id, progress.clone(), outcome.clone());
+            }
         }
         if self.running.is_empty() && !waiting {
             Ok(Requeue::OnInputChange)

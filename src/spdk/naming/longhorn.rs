@@ -72,6 +72,28 @@ pub fn restore_snapshot(replica: &str) -> String {
     format!("{replica}.restore")
 }
 
+/// The thin lvol a restore into replica `replica` writes the backup into
+/// through the mover (new, or a clone of [`restore_snapshot`]), never read
+/// as the replica.
+pub fn restore_target(replica: &str) -> String {
+    format!("{replica}.restoring")
+}
+
+/// The snapshot of [`restore_target`] once the whole backup is in it: it
+/// becomes the replica lvol's parent and is merged into it.
+pub fn restored_snapshot(replica: &str) -> String {
+    format!("{replica}.restored")
+}
+
+/// Every lvol name a restore into replica `replica` makes beside its lvol.
+pub fn restore_lvols(replica: &str) -> [String; 3] {
+    [
+        restore_snapshot(replica),
+        restore_target(replica),
+        restored_snapshot(replica),
+    ]
+}
+
 /// The NQN of a replica's export.
 pub fn replica_nqn(replica: &ObjectName) -> Result<Nqn, InvalidName> {
     Nqn::parse(&format!("{NQN_PREFIX}:{replica}"))

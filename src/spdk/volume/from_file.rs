@@ -24,9 +24,9 @@
 //! never answered (a retry: "Device or resource busy"); in a talon test,
 //! both calls answered and one lvol stayed empty. The check after the copy
 //! stands behind the lock. The lock is a [`Copies`] value, one per target:
-//! `controllers::register_all` hands clones of one to the two controllers
-//! that restore into it (talon's volumes through
-//! [`super::VolumeOps::with_copies`], Longhorn replicas).
+//! `controllers::register_all` hands one to the controller that restores
+//! into it (talon's volumes, through [`super::VolumeOps::with_copies`];
+//! Longhorn replicas restore through the mover, no file).
 
 use std::path::Path;
 

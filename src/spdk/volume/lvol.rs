@@ -202,3 +202,26 @@ pub async fn disallow_host(client: &SpdkClient, nqn: &str, host: &str) -> Result
         Err(e) => Err(e),
     }
 }
+
+/// Clones snapshot `snapshot` (an alias `lvs/name`) as thin lvol `name` in
+/// its lvstore; answers the clone's UUID.
+pub async fn clone(client: &SpdkClient, snapshot: &str, name: &str) -> Result<String, ClientError> {
+    client
+        .bdev_lvol_clone(&crate::spdk::rpc::LvolClone {
+            snapshot_name: snapshot.to_owned(),
+            clone_name: name.to_owned(),
+        })
+        .await
+}
+
+/// Makes snapshot `parent` the parent of thin lvol `lvol` (both aliases);
+/// spdk_tgt v26.05 takes it for an lvol a raid claims.
+pub async fn set_parent(client: &SpdkClient, lvol: &str, parent: &str) -> Result<(), ClientError> {
+    client
+        .bdev_lvol_set_parent(&crate::spdk::rpc::LvolSetParent {
+            lvol_name: lvol.to_owned(),
+            parent_name: parent.to_owned(),
+        })
+        .await
+        .map(|_| ())
+}

@@ -133,36 +133,89 @@ pub async fn fill_from_backup(
     })
 }
 
-/// Writes backup `name` of `volume` into every bdev of `bdevs` (a standby
-/// volume's replicas) through the mover, each block fetched once and
-/// written to all: without `base`, the bdevs are new (they read zeros) and
-/// only chunks with data are written; with `base`, the bdevs hold backup
-/// `base` and only the blocks that differ are written, whole (zeros
-/// included: a block that became zeros, or that `name` no longer maps, is
-/// written as zeros). A failure leaves the bdevs part way between the two.
-/// The exports are removed whether it ends well or not.
-#[allow(clippy::too_many_arguments)]
+/// A backup to write into lvols with [`fill_standby`]: which one, from
+/// which store, onto what they hold already, and where the volume's data
+/// starts in them.
+#[derive(Debug, Clone, Copy)]
+pub struct Onto<'a> {
+    /// The store, opened.
+    pub store: &'a crate::backupstore::Store,
+    /// The backup volume.
+    pub volume: &'a str,
+    /// The backup written.
+    pub backup: &'a str,
+    /// The backup the bdevs hold already (complete, same backup volume):
+    /// only the blocks that differ are written. None: the bdevs are new
+    /// (they read zeros).
+    pub base: Option<&'a str>,
+    /// Where the volume's data starts in each bdev.
+    pub data_offset: u64,
+}
+
+/// Why [`fill_standby`] failed.
+#[derive(Debug, thiserror::Error)]
+pub enum FillError {
+    /// A bdev could not be exported to the mover or connected.
+    #[error("opening {bdev}")]
+    Open {
+        /// The bdev.
+        bdev: String,
+        /// Why.
+        #[source]
+        source: super::MoverError,
+    },
+    /// The backup could not be read, or a block of it written.
+    #[error("backup {backup} of {volume}")]
+    Backup {
+        /// The backup.
+        backup: String,
+        /// The backup volume.
+        volume: String,
+        /// Why.
+        #[source]
+        source: crate::backupstore::BackupError,
+    },
+    /// An export could not be removed after the restore.
+    #[error("closing the mover's export of {bdev}")]
+    Close {
+        /// The bdev.
+        bdev: String,
+        /// Why.
+        #[source]
+        source: super::MoverError,
+    },
+}
+
+/// Writes backup `from` into every bdev of `bdevs` (a standby volume's
+/// replicas, Longhorn replicas' restore lvols) through the mover, each
+/// block fetched once and written to all: without `from.base`, the bdevs
+/// are new (they read zeros) and only chunks with data are written; with
+/// it, the bdevs hold backup `base` and only the blocks that differ are
+/// written, whole (zeros included: a block that became zeros, or that the
+/// backup no longer maps, is written as zeros). A failure leaves the bdevs
+/// part way between the two. The exports are removed whether it ends well
+/// or not.
 pub async fn fill_standby(
     client: &SpdkClient,
-    store: &crate::backupstore::Store,
-    volume: &str,
-    base: Option<&str>,
-    name: &str,
+    from: &Onto<'_>,
     bdevs: &[String],
-    data_offset: u64,
     progress: &Progress,
-) -> Result<crate::backupstore::ops::RestoreStats, String> {
+) -> Result<crate::backupstore::ops::RestoreStats, FillError> {
     let mut sessions = Vec::with_capacity(bdevs.len());
     let mut opened = Ok(());
     for b in bdevs {
         match super::Session::open(client, b, super::Purpose::Restore, super::DEPTH).await {
             Ok(s) => sessions.push(s),
-            Err(e) => {
-                opened = Err(format!("opening {b}: {}", crate::util::error_chain(&e)));
+            Err(source) => {
+                opened = Err(FillError::Open {
+                    bdev: b.clone(),
+                    source,
+                });
                 break;
             }
         }
     }
+    let data_offset = from.data_offset;
     let restored = match opened {
         Err(e) => Err(e),
         Ok(()) => {
@@ -172,12 +225,12 @@ pub async fn fill_standby(
                 .min()
                 .unwrap_or(0)
                 .saturating_sub(data_offset);
-            let (all, every_chunk) = (&sessions, base.is_some());
+            let (all, every_chunk) = (&sessions, from.base.is_some());
             crate::backupstore::ops::restore_streamed_onto(
-                store,
-                volume,
-                base,
-                name,
+                from.store,
+                from.volume,
+                from.base,
+                from.backup,
                 limit,
                 progress,
                 move |offset, data| async move {
@@ -198,15 +251,20 @@ pub async fn fill_standby(
                 },
             )
             .await
-            .map_err(|e| format!("backup {name} of {volume}: {}", crate::util::error_chain(&e)))
+            .map_err(|source| FillError::Backup {
+                backup: from.backup.to_owned(),
+                volume: from.volume.to_owned(),
+                source,
+            })
         }
     };
     let mut closed = Ok(());
     for s in sessions {
-        if let Err(e) = s.close().await
+        let bdev = s.bdev.clone();
+        if let Err(source) = s.close().await
             && closed.is_ok()
         {
-            closed = Err(crate::util::error_chain(&e));
+            closed = Err(FillError::Close { bdev, source });
         }
     }
     let stats = restored?;
