@@ -19,6 +19,7 @@
 
 pub mod backup;
 pub mod bounds;
+pub mod clone;
 pub mod engine_ops;
 pub mod error;
 pub mod lifecycle;

@@ -25,6 +25,7 @@
 //! read alike); a writer writes only chunks that hold a non-zero byte, so
 //! a thin lvol allocates only clusters with data.
 
+pub mod copy;
 pub mod pdu;
 pub mod restore;
 pub mod tcp;
@@ -53,6 +54,8 @@ pub enum Purpose {
     Backup,
     /// A restore writes a new lvol.
     Restore,
+    /// A clone reads a snapshot and writes a new volume ([`copy`]).
+    Clone,
     /// A test or bench.
     Test,
 }
@@ -63,6 +66,7 @@ impl Purpose {
             Purpose::Hash => "hash",
             Purpose::Backup => "backup",
             Purpose::Restore => "restore",
+            Purpose::Clone => "clone",
             Purpose::Test => "test",
         }
     }
