@@ -73,6 +73,13 @@ fn lock(o: &Mutex<Outcome>) -> MutexGuard<'_, Outcome> {
     o.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
+/// Where a clone writes: engine bdev `bdev`, through its export when it has one.
+#[derive(Debug)]
+struct Target {
+    bdev: String,
+    export: Option<(crate::names::Nqn, std::net::SocketAddr)>,
+}
+
 /// A source snapshot on this node: its replica, the lvol's alias, the
 /// replica's address.
 #[derive(Debug)]
@@ -120,25 +127,40 @@ impl Longhorn {
         self.status_of(r.id()).map(|s| s.endpoint).unwrap_or_default()
     }
 
-    /// The bdev that serves engine `e` on this node: its raid1, or with one
-    /// replica of this node and no raid, that replica's lvol.
-    fn clone_target(&self, inv: &Inventory, e: &Typed<LonghornEngine>) -> Result<String, LonghornError> {
-        if inv.raid(e.id()).is_some() {
-            return Ok(e.id().to_owned());
-        }
-        let mut replicas = e.spec.replica_address_map.keys();
-        if let (Some(only), None) = (replicas.next(), replicas.next())
-            && let Some(r) = self.local_replica(only)
-        {
-            let alias = naming::replica_alias(&r.disk, only);
-            if inv.lvols.contains_key(&alias) {
-                return Ok(alias);
+    /// Where engine `e` is written: its export (a bdev cannot be exported
+    /// twice), joined as the internal host it admits; with no export (its
+    /// frontend disabled), its bdev (its raid1, or its lone replica's lvol
+    /// of this node) exported to talon for the copy.
+    fn clone_target(&self, inv: &Inventory, e: &Typed<LonghornEngine>) -> Result<Target, LonghornError> {
+        let bdev = if inv.raid(e.id()).is_some() {
+            Some(e.id().to_owned())
+        } else {
+            let mut replicas = e.spec.replica_address_map.keys();
+            match (replicas.next(), replicas.next()) {
+                (Some(only), None) => self
+                    .local_replica(only)
+                    .map(|r| naming::replica_alias(&r.disk, only))
+                    .filter(|alias| inv.lvols.contains_key(alias)),
+                _ => None,
             }
-        }
-        Err(LonghornError::Refused(format!(
-            "engine {} serves no bdev on this node yet (no raid {0}, no lone replica lvol of this node)",
-            e.id()
-        )))
+        };
+        let Some(bdev) = bdev else {
+            return Err(LonghornError::Refused(format!(
+                "engine {} serves no bdev on this node yet (no raid {0}, no lone replica lvol of this node)",
+                e.id()
+            )));
+        };
+        let volume = naming::instance_name("volume", &e.spec.volume)
+            .map_err(|x| LonghornError::Invalid(format!("engine {}: {x}", e.id())))?;
+        let nqn = naming::volume_nqn(&volume).map_err(|x| LonghornError::Invalid(x.to_string()))?;
+        let export = inv.subsystems.iter().find(|s| s.nqn == nqn.as_str()).and_then(|s| {
+            s.listen_addresses.iter().find_map(|l| {
+                let ip: std::net::IpAddr = l.traddr.parse().ok()?;
+                let port: u16 = l.trsvcid.as_deref()?.parse().ok()?;
+                Some(std::net::SocketAddr::new(ip, port))
+            })
+        });
+        Ok(Target { bdev, export: export.map(|a| (nqn, a)) })
     }
 
     /// `SnapshotClone`: the data of snapshot `req.snapshot_name` of
@@ -205,14 +227,25 @@ impl Longhorn {
                 },
             );
         }
-        tracing::info!(engine = %e.id(), from = %src.alias, to = %dst, ?mode, "cloning a snapshot");
+        tracing::info!(engine = %e.id(), from = %src.alias, to = ?dst, ?mode, "cloning a snapshot");
         let (client, engine, what) = (
             self.client().clone(),
             e.id().to_owned(),
             format!("snapshot {snap} of volume {from_volume} (replica {})", src.replica),
         );
         tokio::spawn(async move {
-            let r = mover::copy::copy(&client, &src.alias, &dst, mover::DEPTH, &copied).await;
+            let session = match &dst.export {
+                Some((nqn, addr)) => {
+                    let host = naming::internal_host_nqn();
+                    mover::Session::join(&client, &dst.bdev, nqn, *addr, &host, mover::DEPTH).await
+                }
+                None => mover::Session::open(&client, &dst.bdev, mover::Purpose::Clone, mover::DEPTH).await,
+            };
+            let r = match session {
+                Ok(s) => mover::copy::copy(&client, &src.alias, s, mover::DEPTH, &copied).await,
+                Err(x) => Err(x),
+            };
+            let dst = &dst.bdev;
             let mut o = lock(&outcome);
             *o = match r {
                 Ok(f) => {

@@ -4,7 +4,8 @@
 //! allocates about what the source holds.
 //!
 //! ```text
-//!   Session::open(from, Clone)   Session::open(to, Clone)
+//!   Session::open(from, Clone)   to: the caller's session (its own export of
+//!                                the target, or one joined: an engine's export)
 //!   read 1 MiB chunks in order, READ_AHEAD in flight ──> all zeros? skipped
 //!                                                   └─> write, WRITE_AHEAD in flight
 //!   copied: the bytes read so far (the caller's progress)
@@ -25,20 +26,19 @@ pub const READ_AHEAD: usize = 4;
 /// Chunks being written at once.
 pub const WRITE_AHEAD: usize = 8;
 
-/// Copies bdev `from` into bdev `to` (at least as large, new: it reads
+/// Copies bdev `from` into session `dst` (at least as large, new: it reads
 /// zeros where nothing is written) from offset 0 to `from`'s end, writing
 /// only chunks that hold data; `copied` follows the bytes read. At most
-/// `READ_AHEAD + WRITE_AHEAD` chunks are in memory. Both exports are removed
-/// on every path.
+/// `READ_AHEAD + WRITE_AHEAD` chunks are in memory. Both sessions are
+/// closed on every path.
 pub async fn copy(
     client: &SpdkClient,
     from: &str,
-    to: &str,
+    dst: Session,
     depth: u16,
     copied: &AtomicU64,
 ) -> Result<Filled, MoverError> {
     let src = Session::open(client, from, Purpose::Clone, depth).await?;
-    let dst = Session::open(client, to, Purpose::Clone, depth).await?;
     let size = src.size();
     if dst.size() < size {
         return Err(dst.io(format!(
