@@ -241,7 +241,8 @@ async fn clone_status(
 /// is thin; its data is checked by snapshotting and hashing it: answers the
 /// checksum. The clone's engine and replica are deleted after.
 async fn clone_from(a: &Node, p: &mut ProxyEngineServiceClient<Channel>, size: u64, snap: &str) -> String {
-    let mut inst = talon::proto::imrpc::instance_service_client::InstanceServiceClient::new(a.channel(3).await);
+    let mut inst =
+        talon::proto::imrpc::instance_service_client::InstanceServiceClient::new(a.channel(3).await);
     let spec = |name: &str, ty: &str, s: imrpc::SpdkInstanceSpec| imrpc::InstanceCreateRequest {
         spec: Some(imrpc::InstanceSpec {
             name: name.into(),
@@ -265,7 +266,11 @@ async fn clone_from(a: &Node, p: &mut ProxyEngineServiceClient<Channel>, size: u
     ))
     .await
     .expect("create the clone's replica");
-    let addr = format!("{}:{}", a.ip, running(&inst, "clone-r-a", "replica").await.port_start);
+    let addr = format!(
+        "{}:{}",
+        a.ip,
+        running(&inst, "clone-r-a", "replica").await.port_start
+    );
     inst.instance_create(spec(
         "clone-e-0",
         "engine",
@@ -294,9 +299,15 @@ async fn clone_from(a: &Node, p: &mut ProxyEngineServiceClient<Channel>, size: u
         clone_mode: imrpc::CloneMode::FullCopy as i32,
         ..Default::default()
     };
-    let e = p.snapshot_clone(clone("nosuch")).await.expect_err("unknown snapshot");
+    let e = p
+        .snapshot_clone(clone("nosuch"))
+        .await
+        .expect_err("unknown snapshot");
     assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
-    assert!(e.message().contains("nosuch") && e.message().contains("vol-r-a"), "{e:?}");
+    assert!(
+        e.message().contains("nosuch") && e.message().contains("vol-r-a"),
+        "{e:?}"
+    );
     p.snapshot_clone(clone(snap)).await.expect("SnapshotClone");
     let done = talon::runtime::testing::eventually("the clone complete", WAIT, || async {
         let s = clone_status(&mut p.clone()).await;
@@ -305,14 +316,23 @@ async fn clone_from(a: &Node, p: &mut ProxyEngineServiceClient<Channel>, size: u
     .await;
     let st = &done[&tcp];
     assert_eq!(
-        (st.state.as_str(), st.progress, st.is_cloning, st.snapshot_name.as_str(), st.error.as_str()),
+        (
+            st.state.as_str(),
+            st.progress,
+            st.is_cloning,
+            st.snapshot_name.as_str(),
+            st.error.as_str()
+        ),
         ("complete", 100, false, snap, ""),
         "{done:?}"
     );
     // asked again once complete: done, nothing copied again
     p.snapshot_clone(clone(snap)).await.expect("SnapshotClone again");
     let held = allocated_bytes(a, "clone-r-a").await;
-    assert!(held <= size / 2, "the clone is thin: {held} bytes allocated of {size}");
+    assert!(
+        held <= size / 2,
+        "the clone is thin: {held} bytes allocated of {size}"
+    );
 
     p.volume_snapshot(imrpc::EngineVolumeSnapshotRequest {
         proxy_engine_request: Some(clone_req()),
@@ -342,7 +362,9 @@ async fn clone_from(a: &Node, p: &mut ProxyEngineServiceClient<Channel>, size: u
             .into_inner()
             .status;
         // SnapshotHashStatus keys are plain ip:port (SnapshotCloneStatus's are tcp://)
-        s.get(&addr).filter(|x| x.state == "complete").map(|x| x.checksum.clone())
+        s.get(&addr)
+            .filter(|x| x.state == "complete")
+            .map(|x| x.checksum.clone())
     })
     .await;
     eprintln!("clone of {snap}: {held} bytes allocated, checksum {sum}");

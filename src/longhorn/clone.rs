@@ -117,7 +117,11 @@ impl Longhorn {
                     if replicas.is_empty() {
                         "none".to_owned()
                     } else {
-                        replicas.iter().map(|r| r.id().to_owned()).collect::<Vec<_>>().join(", ")
+                        replicas
+                            .iter()
+                            .map(|r| r.id().to_owned())
+                            .collect::<Vec<_>>()
+                            .join(", ")
                     }
                 ))
             })
@@ -153,14 +157,21 @@ impl Longhorn {
         let volume = naming::instance_name("volume", &e.spec.volume)
             .map_err(|x| LonghornError::Invalid(format!("engine {}: {x}", e.id())))?;
         let nqn = naming::volume_nqn(&volume).map_err(|x| LonghornError::Invalid(x.to_string()))?;
-        let export = inv.subsystems.iter().find(|s| s.nqn == nqn.as_str()).and_then(|s| {
-            s.listen_addresses.iter().find_map(|l| {
-                let ip: std::net::IpAddr = l.traddr.parse().ok()?;
-                let port: u16 = l.trsvcid.as_deref()?.parse().ok()?;
-                Some(std::net::SocketAddr::new(ip, port))
-            })
-        });
-        Ok(Target { bdev, export: export.map(|a| (nqn, a)) })
+        let export = inv
+            .subsystems
+            .iter()
+            .find(|s| s.nqn == nqn.as_str())
+            .and_then(|s| {
+                s.listen_addresses.iter().find_map(|l| {
+                    let ip: std::net::IpAddr = l.traddr.parse().ok()?;
+                    let port: u16 = l.trsvcid.as_deref()?.parse().ok()?;
+                    Some(std::net::SocketAddr::new(ip, port))
+                })
+            });
+        Ok(Target {
+            bdev,
+            export: export.map(|a| (nqn, a)),
+        })
     }
 
     /// `SnapshotClone`: the data of snapshot `req.snapshot_name` of
@@ -175,8 +186,9 @@ impl Longhorn {
             .map_err(|x| LonghornError::Invalid(format!("snapshot_name: {x}")))?;
         let from_volume = naming::instance_name("volume", &req.from_volume_name)
             .map_err(|x| LonghornError::Invalid(format!("from_volume_name: {x}")))?;
-        let mode = imrpc::CloneMode::try_from(req.clone_mode)
-            .map_err(|_| LonghornError::Invalid(format!("clone_mode {} is not one Longhorn sends", req.clone_mode)))?;
+        let mode = imrpc::CloneMode::try_from(req.clone_mode).map_err(|_| {
+            LonghornError::Invalid(format!("clone_mode {} is not one Longhorn sends", req.clone_mode))
+        })?;
         let (snap, from_volume) = (snap.as_str(), from_volume.as_str());
         if from_volume == e.spec.volume {
             return Err(LonghornError::Invalid(format!(
@@ -209,11 +221,30 @@ impl Longhorn {
             .get(&src.alias)
             .and_then(|l| inv.bdevs.get(&l.uuid))
             .map_or(0, |b| b.num_blocks * u64::from(b.block_size));
-        let (copied, outcome) = (Arc::new(AtomicU64::new(0)), Arc::new(Mutex::new(Outcome::Running)));
+        let (copied, outcome) = (
+            Arc::new(AtomicU64::new(0)),
+            Arc::new(Mutex::new(Outcome::Running)),
+        );
+        let engines: std::collections::BTreeSet<String> = self
+            .state()
+            .list_typed::<LonghornEngine>()
+            .map_err(LonghornError::Store)?
+            .into_iter()
+            .map(|t| t.id().to_owned())
+            .collect();
         {
             let mut jobs = self.clones().jobs();
-            if jobs.get(e.id()).is_some_and(|j| *lock(&j.outcome) == Outcome::Running) {
-                return Err(LonghornError::Refused(format!("engine {} is cloning already", e.id())));
+            // the clones into engines deleted since are forgotten (a running one ends on its own:
+            // its export went with the engine)
+            jobs.retain(|engine, _| engines.contains(engine));
+            if jobs
+                .get(e.id())
+                .is_some_and(|j| *lock(&j.outcome) == Outcome::Running)
+            {
+                return Err(LonghornError::Refused(format!(
+                    "engine {} is cloning already",
+                    e.id()
+                )));
             }
             jobs.insert(
                 e.id().to_owned(),
@@ -231,7 +262,10 @@ impl Longhorn {
         let (client, engine, what) = (
             self.client().clone(),
             e.id().to_owned(),
-            format!("snapshot {snap} of volume {from_volume} (replica {})", src.replica),
+            format!(
+                "snapshot {snap} of volume {from_volume} (replica {})",
+                src.replica
+            ),
         );
         tokio::spawn(async move {
             let session = match &dst.export {
@@ -285,7 +319,12 @@ impl Longhorn {
                 e.id()
             )));
         }
-        let status = match self.clones().jobs().get(e.id()).filter(|j| j.volume == e.spec.volume) {
+        let status = match self
+            .clones()
+            .jobs()
+            .get(e.id())
+            .filter(|j| j.volume == e.spec.volume)
+        {
             None => {
                 members.truncate(1);
                 ptypes::SnapshotCloneStatusResponse::default()

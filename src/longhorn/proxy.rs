@@ -971,7 +971,12 @@ impl proxy_engine_service_server::ProxyEngineService for Longhorn {
         &self,
         req: Request<imrpc::EngineSnapshotCloneRequest>,
     ) -> Result<Response<()>, Status> {
-        let req = forward!(self, req, req.get_ref().proxy_engine_request.as_ref(), snapshot_clone);
+        let req = forward!(
+            self,
+            req,
+            req.get_ref().proxy_engine_request.as_ref(),
+            snapshot_clone
+        );
         let req = req.into_inner();
         let e = self.engine(&proxy_req(req.proxy_engine_request.clone())?.engine_name)?;
         self.engine_clone(&e, &req).await?;

@@ -2062,7 +2062,9 @@ mod tests {
         assert!(is_served("/imrpc.ProxyEngineService/VolumeGet"));
         assert!(is_served("/imrpc.ProxyEngineService/ReplicaAdd"));
         assert!(is_served("/imrpc.ProxyEngineService/SnapshotClone"));
-        assert!(!is_served("/imrpc.ProxyEngineService/VolumeUnmapMarkSnapChainRemovedSet"));
+        assert!(!is_served(
+            "/imrpc.ProxyEngineService/VolumeUnmapMarkSnapChainRemovedSet"
+        ));
         assert!(!is_served("/ProcessManagerService/ProcessList"));
     }
 

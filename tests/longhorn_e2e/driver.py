@@ -452,8 +452,9 @@ class Scenario:
         a PVC with a VolumeSnapshot dataSource becomes): the manager attaches both, calls talon's
         proxy SnapshotClone on the new volume's engine and polls SnapshotCloneStatus until it
         reports complete; the clone's state goes to completed. Attached, it reads the snapshot's
-        pattern; then it is detached and deleted."""
+        pattern; then it is detached and deleted. The volume's endpoint is kept for the steps after."""
         self.vol = CLONE
+        endpoint = (self.addr, self.port, self.nqn)
         try:
             self.c.custom.create_namespaced_custom_object(GROUP, VERSION, NS, "volumes", {
                 "apiVersion": f"{GROUP}/{VERSION}", "kind": "Volume", "metadata": {"name": CLONE},
@@ -473,6 +474,7 @@ class Scenario:
             self.delete()
         finally:
             self.vol = VOLUME
+            self.addr, self.port, self.nqn = endpoint
 
     def dr_restored(self, backup):
         """Waits until the DR volume's engine reports `backup` restored by every replica (the
