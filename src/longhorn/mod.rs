@@ -20,6 +20,7 @@
 pub mod backup;
 pub mod bounds;
 pub mod clone;
+mod clone_ops;
 pub mod engine_ops;
 pub mod error;
 pub mod lifecycle;
