@@ -229,7 +229,10 @@ async fn longhorn_lifecycle_on_the_double() {
         "{e}"
     );
     for (port, path) in [
-        (1u16, "/imrpc.ProxyEngineService/SnapshotClone"),
+        (
+            1u16,
+            "/imrpc.ProxyEngineService/VolumeUnmapMarkSnapChainRemovedSet",
+        ),
         (3, "/imrpc.InstanceService/InstanceLog"),
         (0, "/ProcessManagerService/ProcessList"),
         (4, "/spdkrpc.SPDKService/EngineCreate"),

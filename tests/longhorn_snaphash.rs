@@ -32,7 +32,9 @@ use talon::proto::spdkrpc::{self, spdk_service_client::SpdkServiceClient};
 use tonic::Code;
 use tonic::transport::Channel;
 
-use longhorn_nodes::{Node, WAIT, delete_request, engine, free_base, pattern, req, running, snapshot};
+use longhorn_nodes::{
+    Node, WAIT, allocated_bytes, delete_request, engine, free_base, gone, pattern, req, running, snapshot,
+};
 
 const MIB: u64 = 1 << 20;
 
@@ -214,6 +216,167 @@ async fn a_snapshot_hash_on_the_double_fails_naming_it_and_leaves_nothing() {
     b.stop().await;
 }
 
+/// `ProxyEngineRequest` of the clone's engine.
+fn clone_req() -> imrpc::ProxyEngineRequest {
+    imrpc::ProxyEngineRequest {
+        volume_name: "clone".into(),
+        ..req("clone-e-0")
+    }
+}
+
+async fn clone_status(
+    p: &mut ProxyEngineServiceClient<Channel>,
+) -> HashMap<String, ptypes::SnapshotCloneStatusResponse> {
+    p.snapshot_clone_status(clone_req())
+        .await
+        .expect("SnapshotCloneStatus")
+        .into_inner()
+        .status
+}
+
+/// Longhorn's clone flow on node `a` (what longhorn-manager's engine monitor
+/// calls for a volume with `dataSource: snap://vol/<snap>`): volume "clone"
+/// of one replica and an engine, `SnapshotCloneStatus` (one member, state
+/// ""), `SnapshotClone` from `snap` of "vol", polled to complete; the clone
+/// is thin; its data is checked by snapshotting and hashing it: answers the
+/// checksum. The clone's engine and replica are deleted after.
+async fn clone_from(a: &Node, p: &mut ProxyEngineServiceClient<Channel>, size: u64, snap: &str) -> String {
+    let mut inst =
+        talon::proto::imrpc::instance_service_client::InstanceServiceClient::new(a.channel(3).await);
+    let spec = |name: &str, ty: &str, s: imrpc::SpdkInstanceSpec| imrpc::InstanceCreateRequest {
+        spec: Some(imrpc::InstanceSpec {
+            name: name.into(),
+            r#type: ty.into(),
+            volume_name: "clone".into(),
+            port_count: 1,
+            data_engine: imrpc::DataEngine::V2 as i32,
+            spdk_instance_spec: Some(s),
+            ..Default::default()
+        }),
+        data_layout_type: 0,
+    };
+    inst.instance_create(spec(
+        "clone-r-a",
+        "replica",
+        imrpc::SpdkInstanceSpec {
+            disk_name: "disk-a".into(),
+            size,
+            ..Default::default()
+        },
+    ))
+    .await
+    .expect("create the clone's replica");
+    let addr = format!(
+        "{}:{}",
+        a.ip,
+        running(&inst, "clone-r-a", "replica").await.port_start
+    );
+    inst.instance_create(spec(
+        "clone-e-0",
+        "engine",
+        imrpc::SpdkInstanceSpec {
+            replica_address_map: [("clone-r-a".to_owned(), addr.clone())].into(),
+            size,
+            frontend: "spdk-tcp-nvmf".into(),
+            ..Default::default()
+        },
+    ))
+    .await
+    .expect("create the clone's engine");
+    running(&inst, "clone-e-0", "engine").await;
+
+    let before = clone_status(p).await;
+    let tcp = format!("tcp://{addr}");
+    assert_eq!(before.keys().collect::<Vec<_>>(), [&tcp], "{before:?}");
+    assert_eq!(before[&tcp].state, "", "no clone yet: {before:?}");
+    let clone = |snapshot: &str| imrpc::EngineSnapshotCloneRequest {
+        proxy_engine_request: Some(clone_req()),
+        from_engine_address: String::new(),
+        snapshot_name: snapshot.into(),
+        from_engine_name: "vol-e-0".into(),
+        from_volume_name: "vol".into(),
+        grpc_timeout_seconds: 60,
+        clone_mode: imrpc::CloneMode::FullCopy as i32,
+        ..Default::default()
+    };
+    let e = p
+        .snapshot_clone(clone("nosuch"))
+        .await
+        .expect_err("unknown snapshot");
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+    assert!(
+        e.message().contains("nosuch") && e.message().contains("vol-r-a"),
+        "{e:?}"
+    );
+    p.snapshot_clone(clone(snap)).await.expect("SnapshotClone");
+    let done = talon::runtime::testing::eventually("the clone complete", WAIT, || async {
+        let s = clone_status(&mut p.clone()).await;
+        s.values().all(|x| x.state != "in_progress").then_some(s)
+    })
+    .await;
+    let st = &done[&tcp];
+    assert_eq!(
+        (
+            st.state.as_str(),
+            st.progress,
+            st.is_cloning,
+            st.snapshot_name.as_str(),
+            st.error.as_str()
+        ),
+        ("complete", 100, false, snap, ""),
+        "{done:?}"
+    );
+    // asked again once complete: done, nothing copied again
+    p.snapshot_clone(clone(snap)).await.expect("SnapshotClone again");
+    let held = allocated_bytes(a, "clone-r-a").await;
+    assert!(
+        held <= size / 2,
+        "the clone is thin: {held} bytes allocated of {size}"
+    );
+
+    p.volume_snapshot(imrpc::EngineVolumeSnapshotRequest {
+        proxy_engine_request: Some(clone_req()),
+        snapshot_volume: Some(ptypes::VolumeSnapshotRequest {
+            name: "c1".into(),
+            ..Default::default()
+        }),
+    })
+    .await
+    .expect("snapshot the clone");
+    p.snapshot_hash(imrpc::EngineSnapshotHashRequest {
+        proxy_engine_request: Some(clone_req()),
+        snapshot_name: "c1".into(),
+        rehash: false,
+    })
+    .await
+    .expect("hash the clone");
+    let sum = talon::runtime::testing::eventually("the clone hashed", WAIT, || async {
+        let s = p
+            .clone()
+            .snapshot_hash_status(imrpc::EngineSnapshotHashStatusRequest {
+                proxy_engine_request: Some(clone_req()),
+                snapshot_name: "c1".into(),
+            })
+            .await
+            .ok()?
+            .into_inner()
+            .status;
+        // SnapshotHashStatus keys are plain ip:port (SnapshotCloneStatus's are tcp://)
+        s.get(&addr)
+            .filter(|x| x.state == "complete")
+            .map(|x| x.checksum.clone())
+    })
+    .await;
+    eprintln!("clone of {snap}: {held} bytes allocated, checksum {sum}");
+    for (name, ty) in [("clone-e-0", "engine"), ("clone-r-a", "replica")] {
+        inst.instance_delete(delete_request(name, ty))
+            .await
+            .unwrap_or_else(|e| panic!("delete {name}: {e}"));
+        gone(&inst, name, ty).await;
+    }
+    sum
+}
+
 fn spdk_dir(test: &str) -> Option<PathBuf> {
     let Some(d) = std::env::var_os("TALON_SPDK_DIR").map(PathBuf::from) else {
         eprintln!("SKIP {test}: TALON_SPDK_DIR not set");
@@ -310,6 +473,10 @@ async fn real_spdk_snapshot_hashes_agree_across_two_nodes() {
     assert!(e.message().contains("nosuch"), "{e:?}");
     let e = status(&mut p, "nosuch").await.expect_err("unknown snapshot");
     assert_eq!(e.code(), Code::NotFound, "{e:?}");
+
+    // issue 55, Longhorn's SnapshotClone: volume "clone" (one replica on A) made from s1
+    let c1 = clone_from(&a, &mut p, size, "s1").await;
+    assert_eq!(c1, s1, "the clone reads as s1 reads");
 
     // issue 55: the hashes streamed, nothing was staged on the data dir
     for n in [&a, &b] {

@@ -19,6 +19,8 @@
 
 pub mod backup;
 pub mod bounds;
+pub mod clone;
+mod clone_ops;
 pub mod engine_ops;
 pub mod error;
 pub mod lifecycle;

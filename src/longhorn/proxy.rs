@@ -961,11 +961,26 @@ impl proxy_engine_service_server::ProxyEngineService for Longhorn {
         req: Request<imrpc::ProxyEngineRequest>,
     ) -> Result<Response<imrpc::EngineSnapshotCloneStatusProxyResponse>, Status> {
         let req = forward!(self, req, Some(req.get_ref()), snapshot_clone_status);
-        // SnapshotClone is not served: no clone is ever running
-        self.engine(&req.into_inner().engine_name)?;
-        Ok(Response::new(
-            imrpc::EngineSnapshotCloneStatusProxyResponse::default(),
-        ))
+        let e = self.engine(&req.into_inner().engine_name)?;
+        Ok(Response::new(imrpc::EngineSnapshotCloneStatusProxyResponse {
+            status: self.engine_clone_status(&e).await?,
+        }))
+    }
+
+    async fn snapshot_clone(
+        &self,
+        req: Request<imrpc::EngineSnapshotCloneRequest>,
+    ) -> Result<Response<()>, Status> {
+        let req = forward!(
+            self,
+            req,
+            req.get_ref().proxy_engine_request.as_ref(),
+            snapshot_clone
+        );
+        let req = req.into_inner();
+        let e = self.engine(&proxy_req(req.proxy_engine_request.clone())?.engine_name)?;
+        self.engine_clone(&e, &req).await?;
+        Ok(Response::new(()))
     }
 
     async fn snapshot_backup(

@@ -2061,7 +2061,10 @@ mod tests {
         assert!(!is_served("/imrpc.InstanceService/InstanceLog"));
         assert!(is_served("/imrpc.ProxyEngineService/VolumeGet"));
         assert!(is_served("/imrpc.ProxyEngineService/ReplicaAdd"));
-        assert!(!is_served("/imrpc.ProxyEngineService/SnapshotClone"));
+        assert!(is_served("/imrpc.ProxyEngineService/SnapshotClone"));
+        assert!(!is_served(
+            "/imrpc.ProxyEngineService/VolumeUnmapMarkSnapChainRemovedSet"
+        ));
         assert!(!is_served("/ProcessManagerService/ProcessList"));
     }
 

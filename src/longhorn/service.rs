@@ -61,6 +61,8 @@ pub struct Longhorn {
     pub(super) overcommit_percent: u32,
     /// The snapshot hash jobs of this node's replicas.
     hashes: Arc<Hashes>,
+    /// The snapshot clones into this node's engines (`SnapshotClone`).
+    clones: Arc<super::clone::Clones>,
     /// talon's backup work dir (`<data dir>/backup`): Longhorn's backup
     /// credentials are kept under it while a backup runs.
     backup_dir: Option<std::path::PathBuf>,
@@ -96,6 +98,7 @@ impl Longhorn {
             io_samples: Arc::default(),
             overcommit_percent: crate::spdk::placement::DEFAULT_OVERCOMMIT_PERCENT,
             hashes: Arc::new(Hashes::new(None)),
+            clones: Arc::default(),
             backup_dir: None,
             session: crate::resources::longhorn::new_session(),
             held: Arc::default(),
@@ -192,6 +195,10 @@ impl Longhorn {
 
     pub(super) fn hashes(&self) -> &Arc<Hashes> {
         &self.hashes
+    }
+
+    pub(super) fn clones(&self) -> &Arc<super::clone::Clones> {
+        &self.clones
     }
 
     /// The replicas on one disk may add up to `percent` of its capacity.

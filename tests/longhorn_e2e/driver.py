@@ -2,8 +2,9 @@
 
 one-node: one node, a block disk on a loop device registered through Longhorn's Node CR, a V2
   volume (1 replica, frontend nvmf) attached with a VolumeAttachment ticket, a pattern written
-  and read back over its NVMe/TCP endpoint with spdk_dd, a snapshot, detach, delete; then
-  nothing of it left in SPDK or talon.
+  and read back over its NVMe/TCP endpoint with spdk_dd, a snapshot, a volume cloned from it
+  (`dataSource: snap://...`: the manager's SnapshotClone through talon) read back equal and
+  deleted, detach, delete; then nothing of it left in SPDK or talon.
 two-nodes: two nodes (two talon, two spdk_tgt), 2 replicas; talon and spdk_tgt of the node
   without the engine killed (-9) and the manager rebuilding its replica; online expansion;
   a revert to a snapshot in maintenance mode; a second snapshot whose CR is deleted (the
@@ -46,6 +47,7 @@ from cluster import HOST_NQN, NS, wait_for
 NODE = "e2e-node-1"
 VOLUME = "e2e-vol-1"
 RESTORED = "e2e-vol-1-restored"
+CLONE = "e2e-vol-1-clone"
 BACKUP = "e2e-backup-1"
 BACKUP_2 = "e2e-backup-2"
 DR = "e2e-vol-1-dr"
@@ -445,6 +447,35 @@ class Scenario:
         finally:
             self.vol = VOLUME
 
+    def clone(self, first, snap="e2e-snap-1"):
+        """A volume made from snapshot `snap` of the volume (`dataSource: snap://<vol>/<snap>`, what
+        a PVC with a VolumeSnapshot dataSource becomes): the manager attaches both, calls talon's
+        proxy SnapshotClone on the new volume's engine and polls SnapshotCloneStatus until it
+        reports complete; the clone's state goes to completed. Attached, it reads the snapshot's
+        pattern; then it is detached and deleted. The volume's endpoint is kept for the steps after."""
+        self.vol = CLONE
+        endpoint = (self.addr, self.port, self.nqn)
+        try:
+            self.c.custom.create_namespaced_custom_object(GROUP, VERSION, NS, "volumes", {
+                "apiVersion": f"{GROUP}/{VERSION}", "kind": "Volume", "metadata": {"name": CLONE},
+                "spec": {"size": str(SIZE), "numberOfReplicas": self.replicas, "dataEngine": "v2",
+                         "frontend": "nvmf", "accessMode": "rwo", "dataSource": f"snap://{VOLUME}/{snap}"}})
+
+            def cloned():
+                st = (self.get("volumes", CLONE).get("status") or {}).get("cloneStatus") or {}
+                if st.get("state") == "failed":
+                    raise AssertionError(f"volume {CLONE}: the clone failed: {json.dumps(st)}")
+                return st.get("state") == "completed" and st
+            st = self.wait(f"volume {CLONE} cloned from {VOLUME}/{snap}", cloned, T_MANAGER)
+            say(f"cloned: {json.dumps(st)[:400]}")
+            self.attach()
+            self.check(first, f"the data of the volume cloned from {snap}")
+            self.detach()
+            self.delete()
+        finally:
+            self.vol = VOLUME
+            self.addr, self.port, self.nqn = endpoint
+
     def dr_restored(self, backup):
         """Waits until the DR volume's engine reports `backup` restored by every replica (the
         manager's engine monitor reads talon's BackupRestoreStatus), the volume still standby."""
@@ -746,6 +777,8 @@ def main():
         s.step("attach", s.attach)
         first = s.step("io", s.io)
         s.step("snapshot", s.snapshot)
+        if not two:
+            s.step("clone", lambda: s.clone(first))
         s.step("backup-target", s.backup_target)
         s.step("backup", s.backup)
         if not two:

@@ -25,6 +25,7 @@
 //! read alike); a writer writes only chunks that hold a non-zero byte, so
 //! a thin lvol allocates only clusters with data.
 
+pub mod copy;
 pub mod pdu;
 pub mod restore;
 pub mod tcp;
@@ -53,6 +54,8 @@ pub enum Purpose {
     Backup,
     /// A restore writes a new lvol.
     Restore,
+    /// A clone reads a snapshot and writes a new volume ([`copy`]).
+    Clone,
     /// A test or bench.
     Test,
 }
@@ -63,6 +66,7 @@ impl Purpose {
             Purpose::Hash => "hash",
             Purpose::Backup => "backup",
             Purpose::Restore => "restore",
+            Purpose::Clone => "clone",
             Purpose::Test => "test",
         }
     }
@@ -118,6 +122,7 @@ pub struct Session {
     nqn: Nqn,
     bdev: String,
     ctrl: Option<tcp::Controller>,
+    /// Closed, or joined (the export is another's: it stays).
     closed: bool,
 }
 
@@ -185,6 +190,34 @@ impl Session {
                 Err(e)
             }
         }
+    }
+
+    /// Connects to export `nqn` of `bdev` that another owns (an engine's
+    /// export, which a bdev cannot have twice), at `addr`, as `host`, which
+    /// it admits; its namespace 1 is read and written. Closing or dropping
+    /// the session leaves the export as it was.
+    pub async fn join(
+        client: &SpdkClient,
+        bdev: &str,
+        nqn: &Nqn,
+        addr: SocketAddr,
+        host: &str,
+        depth: u16,
+    ) -> Result<Session, MoverError> {
+        let hostid = uuid::Uuid::new_v4();
+        let ctrl = tcp::Controller::connect(addr, nqn.as_str(), host, &hostid, depth)
+            .await
+            .map_err(|reason| MoverError::Io {
+                bdev: bdev.to_owned(),
+                reason: format!("joining its export {nqn} at {addr} as {host}: {reason}"),
+            })?;
+        Ok(Session {
+            client: client.clone(),
+            nqn: nqn.clone(),
+            bdev: bdev.to_owned(),
+            ctrl: Some(ctrl),
+            closed: true,
+        })
     }
 
     /// The namespace, the host, the listener and the connection of a new session.
@@ -307,6 +340,10 @@ impl Session {
     /// Closes the connections and removes the export.
     pub async fn close(mut self) -> Result<(), MoverError> {
         self.ctrl = None;
+        if self.closed {
+            // joined: the export is its owner's
+            return Ok(());
+        }
         self.closed = true;
         remove(&self.client, self.nqn.as_str())
             .await
