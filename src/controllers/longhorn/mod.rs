@@ -1484,11 +1484,12 @@ mod tests {
         // talon just started: no status yet, or the disk's bdev being made (its
         // lvstore replayed after a kill -9)
         for st in [None, disk(ObjectState::Creating, "waiting for spdk_tgt")] {
-            let e = disk_ready("d1", st).unwrap_err();
+            let e = disk_ready("d1", st).expect_err("a loading disk is not ready");
             assert!(e.replica_starting(), "{e}");
             assert!(e.text().contains("disk d1 is loading"), "{}", e.text());
         }
-        let e = disk_ready("d1", disk(ObjectState::Failed, "lvstore talon-d1 did not load")).unwrap_err();
+        let e = disk_ready("d1", disk(ObjectState::Failed, "lvstore talon-d1 did not load"))
+            .expect_err("a failed disk is not ready");
         assert!(!e.replica_starting());
         assert!(
             e.text().contains("disk d1 is not ready") && e.text().contains("did not load"),
