@@ -18,8 +18,12 @@ both: after the first snapshot, an S3 backup target (the Rust test's S3 server i
   from that backup by the manager through talon, read back (the Rust test also restores the
   backup through talon's own reader afterwards).
 
-    driver.py --scenario one-node|two-nodes --work DIR --longhorn DIR --cache DIR --spdk DIR --talon BIN
-              --s3-endpoint URL
+    driver.py --scenario one-node|two-nodes|scale|two-nodes+scale --work DIR --longhorn DIR --cache DIR
+              --spdk DIR --talon BIN --s3-endpoint URL
+
+two-nodes+scale: two-nodes, then the scale scenario (scale.py) on the same cluster, its disks
+  sized for scale: one start of the control plane, the managers and the instance managers for
+  both (CI time: a cluster's start and stop is a minute or more on a loaded machine).
 
 Exit 0 when every step passed; else the failing step on stderr: its `FAILED:` line, then its
 `why: ` lines (the volume's Longhorn objects one per line, the managers' and talon's last words
@@ -746,13 +750,16 @@ def main():
     ap = argparse.ArgumentParser()
     for a in ["work", "longhorn", "cache", "spdk", "talon", "s3-endpoint"]:
         ap.add_argument(f"--{a}", required=True)
-    ap.add_argument("--scenario", choices=["one-node", "two-nodes", "scale"], default="one-node")
+    ap.add_argument("--scenario", choices=["one-node", "two-nodes", "scale", "two-nodes+scale"], default="one-node")
     ap.add_argument("--volumes", type=int, default=10, help="scale: how many volumes")
     ap.add_argument("--idle", type=float, default=60, help="scale: seconds of idle measured")
     ap.add_argument("--queues", type=int, default=4, help="scale: I/O queues of the connected host (0: none connected)")
     ap.add_argument("--metrics", help="scale: where the measurements go (JSON)")
     a = ap.parse_args()
-    if a.scenario == "scale":
+    then_scale = a.scenario == "two-nodes+scale"  # the scale steps after two-nodes, same cluster
+    if then_scale:
+        a.scenario = "two-nodes"
+    if a.scenario == "scale" or then_scale:
         # one line per gRPC call received (the call counts); the log bytes count INFO and above
         os.environ.setdefault("TALON_E2E_LOG", "info,talon::longhorn::server=debug")
     # a SIGTERM (the Rust test's timeout) unwinds through the cleanup below
@@ -766,6 +773,11 @@ def main():
     failed = None
     if a.scenario == "scale":
         return scale_main(s, c, a, t0)
+    sc = None
+    if then_scale:
+        import scale
+        sc = scale.Scale(s, a.volumes, a.idle, a.queues)
+        s.disk_bytes = sc.disk_size()
     try:
         s.step("control-plane", s.control_plane)
         s.step("crds", s.crds)
@@ -815,6 +827,8 @@ def main():
         if restarts:
             raise AssertionError(f"a kubelet would have restarted the instance-manager container of {restarts} "
                                  f"(liveness probe failed failureThreshold times in a row): {probe}")
+        if sc:
+            scale_steps(s, sc, a, "scale-")
     except Exception as e:  # noqa: BLE001 (reported with the logs)
         failed = e
         say(f"FAILED: {e}\n{traceback.format_exc()}")
@@ -836,6 +850,19 @@ def main():
     return 1 if failed else 0
 
 
+def scale_steps(s, sc, a, prefix=""):
+    """The scale scenario's own steps, on a cluster whose nodes, instance managers and disks are
+    up (their step names after `prefix`)."""
+    sc.events()  # what came before the volumes is not theirs
+    s.step(f"{prefix}create-attach", sc.create_attach)
+    s.step(f"{prefix}idle", sc.idle_window)
+    if a.queues > 0:  # 0: no host connected (the CI run)
+        s.step(f"{prefix}connected", sc.connected)
+    s.step(f"{prefix}restart-node-2", sc.boot_storm)
+    s.step(f"{prefix}detach-delete", sc.detach_delete)
+    s.step(f"{prefix}nothing-left", sc.nothing_left)
+
+
 def scale_main(s, c, a, t0):
     """The scale scenario (scale.py): N volumes created, attached, idle, node 2 restarted, all
     detached and deleted, nothing left; the measurements in --metrics."""
@@ -850,14 +877,7 @@ def scale_main(s, c, a, t0):
         s.step("disk", s.disk)
         s.step("instance-manager", s.instance_manager)
         s.step("disk-ready", s.disk_ready)
-        sc.events()  # what came before the volumes is not theirs
-        s.step("create-attach", sc.create_attach)
-        s.step("idle", sc.idle_window)
-        if a.queues > 0:  # 0: no host connected (the CI run)
-            s.step("connected", sc.connected)
-        s.step("restart-node-2", sc.boot_storm)
-        s.step("detach-delete", sc.detach_delete)
-        s.step("nothing-left", sc.nothing_left)
+        scale_steps(s, sc, a)
     except Exception as e:  # noqa: BLE001 (reported with the logs)
         failed = e
         say(f"FAILED: {e}\n{traceback.format_exc()}")
