@@ -129,10 +129,18 @@ async fn real_spdk_volume_from_a_snapshot_is_a_thin_copy_made_again_after_a_rest
         .await
         .expect("snapshot_create");
     // written after the snapshot: no copy of s1 holds it
-    spdk_dd::dd_write_at(&spdk, &work, port, &nqn("src"), &pattern(3, MIB as usize), 4 * MIB as usize);
+    spdk_dd::dd_write_at(
+        &spdk,
+        &work,
+        port,
+        &nqn("src"),
+        &pattern(3, MIB as usize),
+        4 * MIB as usize,
+    );
     let snap_clusters = clusters(&spdk_client, "talon-d1/src-r0.s.s1").await;
     assert_eq!(snap_clusters, 12, "the snapshot holds 12 MiB of 1 MiB clusters");
 
+    eprintln!("{:?}: written and snapshotted", started.elapsed());
     // refusals: nothing stored
     for (params, words) in [
         (
@@ -157,9 +165,14 @@ async fn real_spdk_volume_from_a_snapshot_is_a_thin_copy_made_again_after_a_rest
             assert!(e.contains(w), "{params}: {e:?} should name {w}");
         }
     }
-    let listed: Vec<Value> = d.client.call("volume_list", json!({})).await.expect("volume_list");
+    let listed: Vec<Value> = d
+        .client
+        .call("volume_list", json!({}))
+        .await
+        .expect("volume_list");
     assert_eq!(listed.len(), 1, "a refused create stores nothing: {listed:?}");
 
+    eprintln!("{:?}: refusals", started.elapsed());
     // the copy: the snapshot's data, thin, at 100 %
     let t = Instant::now();
     let c1 = create(
@@ -170,18 +183,25 @@ async fn real_spdk_volume_from_a_snapshot_is_a_thin_copy_made_again_after_a_rest
     .expect("volume_create c1 from src/s1");
     eprintln!("c1 copied and served in {:?}: {}", t.elapsed(), c1["engine"]);
     assert_eq!(c1["spec"]["copyFrom"], "src@s1", "{c1}");
-    assert_eq!(c1["spec"]["sizeBytes"], SIZE, "the source's size by default: {c1}");
+    assert_eq!(
+        c1["spec"]["sizeBytes"], SIZE,
+        "the source's size by default: {c1}"
+    );
     let e1 = copied(&d.client, "c1").await;
     assert_eq!(e1["copy"]["bytesCopied"], e1["copy"]["bytesTotal"], "{e1}");
     assert_eq!(e1["copy"]["from"], "src@s1", "{e1}");
     let read = spdk_dd::dd(&spdk, &work, port, &nqn("c1"), None, SIZE as usize);
-    assert!(read == model, "c1 holds the snapshot's data, not the later writes");
+    assert!(
+        read == model,
+        "c1 holds the snapshot's data, not the later writes"
+    );
     assert_eq!(
         clusters(&spdk_client, "talon-d1/c1-r0").await,
         snap_clusters,
         "the copy is thin: the snapshot's clusters, no more"
     );
 
+    eprintln!("{:?}: c1 checked", started.elapsed());
     // larger than the source: the copy's data, zeros after it
     create(
         &d.client,
@@ -192,13 +212,20 @@ async fn real_spdk_volume_from_a_snapshot_is_a_thin_copy_made_again_after_a_rest
     copied(&d.client, "c2").await;
     let read = spdk_dd::dd(&spdk, &work, port, &nqn("c2"), None, (96 * MIB) as usize);
     assert!(read[..SIZE as usize] == model[..], "c2 holds the snapshot's data");
-    assert!(read[SIZE as usize..].iter().all(|b| *b == 0), "c2 reads zeros past the source's size");
+    assert!(
+        read[SIZE as usize..].iter().all(|b| *b == 0),
+        "c2 reads zeros past the source's size"
+    );
 
+    eprintln!("{:?}: c2 checked", started.elapsed());
     // a copy that cannot be placed (8 GiB on a 1 GiB disk, past the 500 % overcommit) stays at 0 %:
     // the snapshot it reads cannot be deleted
-    create(&d.client, json!({"name": "big", "fromSnapshot": "src/s1", "size": "8GiB"}))
-        .await
-        .expect("volume_create big");
+    create(
+        &d.client,
+        json!({"name": "big", "fromSnapshot": "src/s1", "size": "8GiB"}),
+    )
+    .await
+    .expect("volume_create big");
     let e = talon::runtime::testing::eventually("big waits for a disk", WAIT, || async {
         let e = engine(&d.client, "big").await;
         (e["copy"]["percent"] == 0 && e["state"] == "creating").then_some(e)
@@ -220,6 +247,7 @@ async fn real_spdk_volume_from_a_snapshot_is_a_thin_copy_made_again_after_a_rest
         .await
         .expect("volume_delete big");
 
+    eprintln!("{:?}: big refused", started.elapsed());
     // a restart: talon stopped right after the copy was asked for
     create(&d.client, json!({"name": "c3", "fromSnapshot": "src/s1"}))
         .await
@@ -250,8 +278,13 @@ async fn real_spdk_volume_from_a_snapshot_is_a_thin_copy_made_again_after_a_rest
     );
     let read = spdk_dd::dd(&spdk, &work, port, &nqn("c3"), None, SIZE as usize);
     assert!(read == model, "c3 holds the snapshot's data after the restart");
-    assert_eq!(clusters(&spdk_client, "talon-d1/c3-r0").await, snap_clusters, "c3 is thin");
+    assert_eq!(
+        clusters(&spdk_client, "talon-d1/c3-r0").await,
+        snap_clusters,
+        "c3 is thin"
+    );
 
+    eprintln!("{:?}: restart checked", started.elapsed());
     // the copies are whole: the snapshot goes, they keep their data
     let _: Value = d
         .client

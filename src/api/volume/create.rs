@@ -64,7 +64,9 @@ fn copy_source(ctx: &ApiContext, name: &ObjectName, from: &str) -> Result<(Typed
                 "volume {name}: fromSnapshot {from:?} is not <volume>/<snapshot>"
             ))
         })?;
-    let bad = |e: crate::names::InvalidName| ApiError::invalid(format!("volume {name}: fromSnapshot {from:?}: {e}"));
+    let bad = |e: crate::names::InvalidName| {
+        ApiError::invalid(format!("volume {name}: fromSnapshot {from:?}: {e}"))
+    };
     let v = ObjectName::parse("volume", v).map_err(bad)?;
     let s = ObjectName::parse("snapshot", s).map_err(bad)?;
     let action = format!("copy it into volume {name}");

@@ -156,16 +156,26 @@ pub fn source(
 }
 
 impl SnapshotCopies {
-    /// What to do about volume `vol` (`spec`, planned as `plan`): `served`
-    /// when it has a ledger; `src`: where its copy comes from (`None`: the
-    /// source volume is not known here).
+    /// Volume `vol` (`spec`) was served (it has a ledger): its copy is
+    /// whole, never made again.
+    pub fn served(&self, vol: &str, spec: &Volume) -> Step {
+        match spec.copy_from.as_deref() {
+            None => Step::None,
+            Some(id) => Step::Copied(
+                self.done(vol)
+                    .unwrap_or_else(|| progress(id, spec.size_bytes, spec.size_bytes)),
+            ),
+        }
+    }
+
+    /// What to do about volume `vol` (`spec`, planned as `plan`), not served
+    /// yet; `src`: where its copy comes from, or why it cannot be found.
     pub async fn step(
         &self,
         client: &SpdkClient,
         inv: &Inventory,
         vol: &str,
         spec: &Volume,
-        served: bool,
         src: Result<Source, String>,
         plan: &VolumePlan,
     ) -> Step {
@@ -174,12 +184,11 @@ impl SnapshotCopies {
         };
         let settled = self.settle(vol);
         let known = |total: u64| progress(id, 0, total);
-        if served {
-            return Step::Copied(self.done(vol).unwrap_or_else(|| progress(id, spec.size_bytes, spec.size_bytes)));
-        }
         if spec.serve_replica.is_some() || !spec.remote_replicas.is_empty() {
             return Step::Failed(
-                format!("volume {vol}: a copy of a snapshot is made on the engine's node, with local replicas only"),
+                format!(
+                    "volume {vol}: a copy of a snapshot is made on the engine's node, with local replicas only"
+                ),
                 known(0),
             );
         }
@@ -192,7 +201,10 @@ impl SnapshotCopies {
             Ok(gone) if !gone.is_empty() => {
                 tracing::info!(volume = %vol, lvols = ?gone, "removed a copy of a snapshot that was cut off");
                 return Step::Waiting(
-                    format!("removed {} (its copy was cut off); copying {id} again", gone.join(", ")),
+                    format!(
+                        "removed {} (its copy was cut off); copying {id} again",
+                        gone.join(", ")
+                    ),
                     known(0),
                 );
             }
@@ -202,7 +214,10 @@ impl SnapshotCopies {
         let exists =
             (0..spec.replicas.max(1) as usize).any(|k| inv.find_lvol(&naming::replica(vol, k)).is_some());
         if exists {
-            return Step::Copied(self.done(vol).unwrap_or_else(|| progress(id, spec.size_bytes, spec.size_bytes)));
+            return Step::Copied(
+                self.done(vol)
+                    .unwrap_or_else(|| progress(id, spec.size_bytes, spec.size_bytes)),
+            );
         }
         let src = match src {
             Ok(s) => s,
@@ -250,7 +265,10 @@ impl SnapshotCopies {
                             let p = progress(&what, total, total);
                             // the replica is seen by the next pass (this one's inventory is older)
                             (
-                                Some(Step::Waiting(format!("copied snapshot {what}; serving"), p.clone())),
+                                Some(Step::Waiting(
+                                    format!("copied snapshot {what}; serving"),
+                                    p.clone(),
+                                )),
                                 Task::Done(p),
                             )
                         }
@@ -277,7 +295,10 @@ impl SnapshotCopies {
                     return Some(Step::None);
                 }
                 let step = Step::Failed(
-                    format!("{message} (tried again in {} s)", RETRY.saturating_sub(at.elapsed()).as_secs() + 1),
+                    format!(
+                        "{message} (tried again in {} s)",
+                        RETRY.saturating_sub(at.elapsed()).as_secs() + 1
+                    ),
                     progress.clone(),
                 );
                 (
@@ -310,7 +331,11 @@ impl SnapshotCopies {
             Ok(l) => l,
             Err(e) => {
                 return Step::Waiting(
-                    format!("waiting for disks to copy {} into: {}", src.id, crate::util::error_chain(&e)),
+                    format!(
+                        "waiting for disks to copy {} into: {}",
+                        src.id,
+                        crate::util::error_chain(&e)
+                    ),
                     waiting,
                 );
             }
@@ -322,11 +347,17 @@ impl SnapshotCopies {
                 .map(|(k, d)| format!("replica {k} waits for disk {d}"))
                 .collect::<Vec<_>>()
                 .join(", ");
-            return Step::Waiting(format!("waiting for a disk to copy {} into ({why})", src.id), waiting);
+            return Step::Waiting(
+                format!("waiting for a disk to copy {} into ({why})", src.id),
+                waiting,
+            );
         };
         let Some(Make::Thin { mib }) = r0.make else {
             return Step::Failed(
-                format!("volume {vol}: replica {} is not a new thin lvol ({:?})", r0.name, r0.make),
+                format!(
+                    "volume {vol}: replica {} is not a new thin lvol ({:?})",
+                    r0.name, r0.make
+                ),
                 waiting,
             );
         };

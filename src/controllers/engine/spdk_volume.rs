@@ -36,8 +36,8 @@ use crate::names::ObjectName;
 use crate::resources::config::{Disk, NodeConfig, Snapshot, Volume, split_snapshot_id};
 use crate::resources::engine::SPDK_STATUS_ID;
 use crate::resources::engine::{
-    CopyProgress, DiskStatus, Engine, EngineStatus, Export, ObjectState, RebuildDest, RebuildDestStatus, ReplicaLedger,
-    ReplicaStatus, SnapshotStatus, SpdkEvents, TargetStatus,
+    CopyProgress, DiskStatus, Engine, EngineStatus, Export, ObjectState, RebuildDest, RebuildDestStatus,
+    ReplicaLedger, ReplicaStatus, SnapshotStatus, SpdkEvents, TargetStatus,
 };
 use crate::resources::frontend::Attachment;
 use crate::runtime::{Controller, ControllerError, Input, Output, Phase, ReconcileContext, Requeue, Typed};
@@ -415,18 +415,13 @@ impl SpdkVolumeController {
             Some(sb) => super::snapshot_copy::source(inv, id, job.snapshot_set.as_ref(), sb),
             None => Err(format!("snapshot {id}: its volume is not served here")),
         };
-        let step = self
-            .copies
-            .step(
-                self.ops.client(),
-                inv,
-                &job.id,
-                &job.spec,
-                job.in_sync.is_some(),
-                src,
-                plan,
-            )
-            .await;
+        let step = if job.in_sync.is_some() {
+            self.copies.served(&job.id, &job.spec)
+        } else {
+            self.copies
+                .step(self.ops.client(), inv, &job.id, &job.spec, src, plan)
+                .await
+        };
         let (state, message, progress) = match step {
             CopyStep::None => return Ok(None),
             CopyStep::Copied(p) => return Ok(Some(p)),
@@ -1471,8 +1466,9 @@ fn make_jobs(want: &Desired, here: &Loaded, host_nqn: Option<&str>) -> Jobs {
 /// Plain volumes, and the clones and reverts, set up once the snapshots
 /// they start from are taken.
 fn split_derived(jobs: Vec<Job>) -> (Vec<Job>, Vec<Job>) {
-    jobs.into_iter()
-        .partition(|j| j.spec.from_snapshot.is_none() && j.spec.revert_to.is_none() && j.spec.copy_from.is_none())
+    jobs.into_iter().partition(|j| {
+        j.spec.from_snapshot.is_none() && j.spec.revert_to.is_none() && j.spec.copy_from.is_none()
+    })
 }
 
 /// Jobs split into the replicas served to other nodes' engines and the

@@ -79,7 +79,7 @@ pub async fn copy_range(
     let src = Session::open(client, from, Purpose::Clone, depth).await?;
     let done = match check_range(&src, &dst, from, range) {
         Ok(len) => run(&src, &dst, range, len, copied).await,
-        Err(e) => Err(e),
+        Err(e) => Err(dst.io(e)),
     };
     let (a, b) = (src.close().await, dst.close().await);
     let done = done?;
@@ -88,36 +88,39 @@ pub async fn copy_range(
     Ok(done)
 }
 
-/// The bytes `range` copies, once checked against both sessions.
-fn check_range(src: &Session, dst: &Session, from: &str, range: Range) -> Result<u64, MoverError> {
+/// The bytes `range` copies, once checked against both sessions: why not.
+fn check_range(src: &Session, dst: &Session, from: &str, range: Range) -> Result<u64, String> {
     let size = src.size();
     if range.from_offset > size {
-        return Err(src.io(format!(
+        return Err(format!(
             "offset {} is past the end of {from} ({size} bytes)",
             range.from_offset
-        )));
+        ));
     }
     let len = range.len.unwrap_or(size - range.from_offset);
     if range.from_offset + len > size {
-        return Err(src.io(format!(
+        return Err(format!(
             "{len} bytes from offset {} pass the end of {from} ({size} bytes)",
             range.from_offset
-        )));
+        ));
     }
     if dst.size() < range.to_offset.saturating_add(len) {
-        return Err(dst.io(format!(
+        return Err(format!(
             "it holds {} bytes, less than the {len} bytes of {from} at offset {}",
             dst.size(),
             range.to_offset
-        )));
+        ));
     }
     for (what, bs) in [("source", src.block_size()), ("target", dst.block_size())] {
         let bs = u64::from(bs.max(1));
-        if len % bs != 0 || range.from_offset % bs != 0 || range.to_offset % bs != 0 {
-            return Err(dst.io(format!(
+        if ![len, range.from_offset, range.to_offset]
+            .iter()
+            .all(|x| x.is_multiple_of(bs))
+        {
+            return Err(format!(
                 "{len} bytes of {from} from offset {} to offset {} are not whole blocks of the {what}'s {bs} bytes",
                 range.from_offset, range.to_offset
-            )));
+            ));
         }
     }
     Ok(len)
