@@ -161,6 +161,22 @@ async fn sizes_status_and_waits_read_as_people_write_them() {
     assert_eq!(v["status"]["engine"]["state"], "ready", "{v}");
     assert_eq!(v["metadata"]["id"], "docs");
 
+    // --from-snapshot: an unknown snapshot or a malformed source refused naming it, before
+    // anything is stored; --size is needed only without it
+    let (ok, _, err) = talon(
+        &socket,
+        &["volume", "create", "copy", "--from-snapshot", "docs/nope"],
+    );
+    assert!(!ok, "no such snapshot");
+    assert!(
+        err.contains("volume copy: snapshot \"nope\" of volume \"docs\" not found"),
+        "{err}"
+    );
+    let (ok, _, err) = talon(&socket, &["volume", "create", "copy", "--from-snapshot", "docs"]);
+    assert!(!ok && err.contains("is not <volume>/<snapshot>"), "{err}");
+    let (ok, _, err) = talon(&socket, &["volume", "create", "copy"]);
+    assert!(!ok && err.contains("--size"), "a size or a snapshot: {err}");
+
     // --watch: a line now and one per change, until the volume is deleted
     let mut watch = Command::new(env!("CARGO_BIN_EXE_talon"))
         .env("TALON_SOCKET", &socket)

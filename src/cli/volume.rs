@@ -63,12 +63,18 @@ pub enum VolumeCommand {
     Create {
         /// Name: `[a-z0-9-]`, at most 63 characters.
         name: String,
-        /// Size, e.g. `10GiB`.
-        #[arg(long)]
-        size: String,
+        /// Size, e.g. `10GiB` (with --from-snapshot: the source volume's
+        /// when not given, never smaller).
+        #[arg(long, required_unless_present = "from_snapshot")]
+        size: Option<String>,
         /// Replicas.
         #[arg(long, default_value_t = 1)]
         replicas: u32,
+        /// Create with a copy of a snapshot's data (V2): copied thin through
+        /// the data mover before the volume is served; it does not depend on
+        /// the snapshot afterwards (`volume clone` makes a linked clone).
+        #[arg(long, value_name = "VOLUME/SNAPSHOT", conflicts_with_all = ["remote_replicas", "serve_replica"])]
+        from_snapshot: Option<String>,
         /// Engine: auto, v2, v1.
         #[arg(long)]
         engine: Option<String>,
@@ -438,6 +444,18 @@ pub fn describe_volume(v: &VolumeView) -> String {
                 .map(|x| format!("{} {}:{} {}", x.transport, x.address, x.port, x.name))
                 .collect();
             line("Exports:", exports.join("\n           "));
+            if let Some(c) = &e.copy {
+                line(
+                    "Copy:",
+                    format!(
+                        "of snapshot {}: {}% ({} of {})",
+                        c.from,
+                        c.percent,
+                        human_bytes(c.bytes_copied),
+                        human_bytes(c.bytes_total)
+                    ),
+                );
+            }
             if !e.message.is_empty() {
                 let label = if e.state == ObjectState::Failed {
                     "Error:"
@@ -591,6 +609,7 @@ pub async fn run_volume(c: &Client, cmd: VolumeCommand) -> Result<(), CliError> 
             name,
             size,
             replicas,
+            from_snapshot,
             engine,
             frontend,
             disks,
@@ -602,17 +621,18 @@ pub async fn run_volume(c: &Client, cmd: VolumeCommand) -> Result<(), CliError> 
             let params = VolumeCreateParams {
                 name: name.clone(),
                 size_bytes: None,
-                size: Some(size),
+                size,
                 replicas: Some(replicas),
                 engine: from_opt_word("--engine", engine)?,
                 frontend: from_opt_word("--frontend", frontend)?,
                 disks,
-                from_snapshot: None,
+                // a copy takes as long as its data: waited for up to an hour
+                timeout_seconds: from_snapshot.as_ref().map(|_| 3600),
+                from_snapshot,
                 remote_replicas: remote_replicas.iter().map(RemoteArg::replica).collect(),
                 serve_replica,
                 replica_hosts,
                 wait: !no_wait,
-                timeout_seconds: None,
             };
             call_telling(c, "volume_create", params, "EngineStatus", &name).await?
         }

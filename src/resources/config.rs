@@ -265,9 +265,18 @@ pub struct Volume {
     /// The disks to place replicas on (any disk when empty).
     #[serde(default)]
     pub disks: Vec<String>,
-    /// Create as a clone of this snapshot (`<volume>@<name>`).
+    /// Create as a clone of this snapshot (`<volume>@<name>`): each replica
+    /// an lvol clone of the snapshot, which stays as long as the volume does.
     #[serde(default)]
     pub from_snapshot: Option<String>,
+    /// Create with a copy of this snapshot's data (`<volume>@<name>`, V2):
+    /// written once through the data mover (`spdk::volume::mover`), only the
+    /// chunks that hold data, into a new thin replica, before the volume is
+    /// first served; the others are rebuilt from it. Once served, the volume
+    /// no longer needs the snapshot. A copy cut off (a restart, a failure) is
+    /// removed and made again from the start.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub copy_from: Option<String>,
     /// Create with the data of a backup (V2, local replicas): restored once,
     /// before the volume is first served.
     #[serde(default, skip_serializing_if = "Option::is_none")]

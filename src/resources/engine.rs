@@ -277,6 +277,24 @@ pub struct EngineStatus {
     /// backup volume), until the volume is activated.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub restored_backup: Option<String>,
+    /// A volume made with a copy of a snapshot (`Volume.copyFrom`): how far
+    /// the copy is (100 once the volume is served).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub copy: Option<CopyProgress>,
+}
+
+/// How far the copy of a snapshot into a new volume is.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct CopyProgress {
+    /// The snapshot copied (`<volume>@<snapshot>`).
+    pub from: String,
+    /// Bytes of the snapshot read so far.
+    pub bytes_copied: u64,
+    /// The snapshot's bytes.
+    pub bytes_total: u64,
+    /// `bytesCopied` of `bytesTotal`, 0 to 100 (100 only once the copy is whole).
+    pub percent: u8,
 }
 
 impl Spec for EngineStatus {

@@ -150,6 +150,7 @@ pub(super) fn register(api: &mut ApiBuilder) {
                 frontend: Default::default(),
                 disks: p.disks.clone(),
                 from_snapshot: None,
+                copy_from: None,
                 from_backup: Some(BackupSource {
                     target: p.target.clone(),
                     credential_secret: secret_path,

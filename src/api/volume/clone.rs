@@ -37,6 +37,7 @@ pub(super) fn register(api: &mut ApiBuilder) {
             // replicas read the snapshot's data at the same offset
             let spec = Volume {
                 from_snapshot: Some(sid),
+                copy_from: None,
                 from_backup: None,
                 revert_to: None,
                 revert_generation: 0,

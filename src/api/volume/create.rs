@@ -10,7 +10,8 @@ use super::*;
 pub struct VolumeCreateParams {
     /// Volume name: `[a-z0-9-]`, at most 63 characters.
     pub name: String,
-    /// Size in bytes.
+    /// Size in bytes (with `fromSnapshot`: the source volume's when
+    /// neither this nor `size` is given; never smaller).
     #[serde(default)]
     pub size_bytes: Option<u64>,
     /// Size with a unit, e.g. `10GiB`.
@@ -28,7 +29,10 @@ pub struct VolumeCreateParams {
     /// Disks to place replicas on.
     #[serde(default)]
     pub disks: Vec<String>,
-    /// Create as a clone of this snapshot (`<volume>@<snapshot>`).
+    /// Create with a copy of this snapshot's data (`<volume>/<snapshot>`, or
+    /// `<volume>@<snapshot>`; V2): copied through the data mover, thin,
+    /// before the volume is first served (its engine status shows the copy's
+    /// progress). `volume_clone` makes a linked clone instead.
     #[serde(default)]
     pub from_snapshot: Option<String>,
     /// Replicas kept by other talon nodes (V2), attached into this node's raid1.
@@ -47,6 +51,56 @@ pub struct VolumeCreateParams {
     /// How long to wait, in seconds (default 120).
     #[serde(default)]
     pub timeout_seconds: Option<u64>,
+}
+
+/// The snapshot a new volume `name` is a copy of (`<volume>/<snapshot>` or
+/// `<volume>@<snapshot>`): its volume and its id, both there and live.
+fn copy_source(ctx: &ApiContext, name: &ObjectName, from: &str) -> Result<(Typed<Volume>, String), ApiError> {
+    let (v, s) = from
+        .split_once('/')
+        .or_else(|| from.split_once('@'))
+        .ok_or_else(|| {
+            ApiError::invalid(format!(
+                "volume {name}: fromSnapshot {from:?} is not <volume>/<snapshot>"
+            ))
+        })?;
+    let bad = |e: crate::names::InvalidName| {
+        ApiError::invalid(format!("volume {name}: fromSnapshot {from:?}: {e}"))
+    };
+    let v = ObjectName::parse("volume", v).map_err(bad)?;
+    let s = ObjectName::parse("snapshot", s).map_err(bad)?;
+    let action = format!("copy it into volume {name}");
+    let src = match ctx.state.get_typed::<Volume>(v.as_str())? {
+        Some(_) => live_volume(&ctx.state, v.as_str(), &action)?,
+        None => {
+            return Err(ApiError::not_found(format!(
+                "volume {name}: source volume {:?} not found (fromSnapshot {from:?})",
+                v.as_str()
+            )));
+        }
+    };
+    let id = snapshot_id(v.as_str(), s.as_str());
+    if ctx.state.get_typed::<Snapshot>(&id)?.is_none() {
+        return Err(ApiError::not_found(format!(
+            "volume {name}: snapshot {:?} of volume {:?} not found (fromSnapshot {from:?})",
+            s.as_str(),
+            v.as_str()
+        )));
+    }
+    live_snapshot(&ctx.state, &id, &action)?;
+    if let Some(e) = ctx.state.get_typed::<EngineStatus>(v.as_str())?
+        && e.spec.engine == Engine::V1
+    {
+        return Err(ApiError::new(
+            ErrorKind::FailedPrecondition,
+            format!(
+                "volume {name}: volume {:?} is served by engine v1, and a copy of a snapshot is V2 only \
+                 (`talon volume clone` makes a V1 clone)",
+                v.as_str()
+            ),
+        ));
+    }
+    Ok((src, id))
 }
 
 /// Refuses more than one replica when `spec` would be V1 here: a V1 volume
@@ -74,7 +128,31 @@ pub(super) fn register(api: &mut ApiBuilder) {
         |p: VolumeCreateParams, ctx: Arc<ApiContext>| async move {
             let name = volume_name(&p.name)?;
             let what = format!("volume {name}");
-            let size_bytes = check_volume_size(&what, size_of(p.size_bytes, &p.size, &what)?)?;
+            let copy = match &p.from_snapshot {
+                Some(from) => Some(copy_source(&ctx, &name, from)?),
+                None => None,
+            };
+            let size_bytes = match (&copy, p.size_bytes, &p.size) {
+                (Some((src, _)), None, None) => src.spec.size_bytes,
+                _ => check_volume_size(&what, size_of(p.size_bytes, &p.size, &what)?)?,
+            };
+            if let Some((src, id)) = &copy
+                && size_bytes < src.spec.size_bytes
+            {
+                return Err(ApiError::invalid(format!(
+                    "volume {name}: size {} is smaller than the {} of volume {} whose snapshot {id} it copies \
+                     (a copy is as large as its source, or larger)",
+                    crate::util::size::Bytes(size_bytes),
+                    crate::util::size::Bytes(src.spec.size_bytes),
+                    src.id()
+                )));
+            }
+            if copy.is_some() && (!p.remote_replicas.is_empty() || p.serve_replica.is_some()) {
+                return Err(ApiError::invalid(format!(
+                    "volume {name}: a copy of a snapshot (fromSnapshot) has local replicas only \
+                     (no remoteReplicas, no serveReplica)"
+                )));
+            }
             let replicas = p.replicas.unwrap_or(1);
             if !(1..=3).contains(&replicas) {
                 return Err(ApiError::invalid(format!(
@@ -121,17 +199,19 @@ pub(super) fn register(api: &mut ApiBuilder) {
                 )));
             }
             let guard = LIFECYCLE.lock().await;
-            if let Some(s) = &p.from_snapshot {
-                live_snapshot(&ctx.state, s, &format!("clone it into volume {name}"))
-                    .map_err(|e| ApiError::new(e.kind, format!("volume {name}: {}", e.message)))?;
-            }
+            // checked again under the lock: the snapshot is still there
+            let copy_from = match &p.from_snapshot {
+                Some(from) => Some(copy_source(&ctx, &name, from)?.1),
+                None => None,
+            };
             let mut spec = Volume {
                 size_bytes,
                 replicas,
                 engine: p.engine.unwrap_or_default(),
                 frontend: p.frontend.unwrap_or_default(),
                 disks: p.disks,
-                from_snapshot: p.from_snapshot,
+                from_snapshot: None,
+                copy_from,
                 from_backup: None,
                 standby: false,
                 revert_to: None,
@@ -144,6 +224,12 @@ pub(super) fn register(api: &mut ApiBuilder) {
             // every new volume of a shape that has one gets the superblock layout
             spec.raid_superblock = spec.wants_superblock();
             check_v1_replicas(&ctx, &what, &spec)?;
+            if let (Some(id), Some(how)) = (&spec.copy_from, v1_here(&ctx, &spec)?) {
+                return Err(ApiError::new(
+                    FailedPrecondition,
+                    format!("{what}: {how}, and a copy of snapshot {id} is V2 only: ask for engine v2"),
+                ));
+            }
             if v1_here(&ctx, &spec)?.is_none() {
                 refuse_without_v2(&ctx, &what).map_err(|e| {
                     ApiError::new(

@@ -114,6 +114,31 @@ pub(super) fn register(api: &mut ApiBuilder) {
                     ),
                 ));
             }
+            // a copy reads the snapshot until it is whole (its engine status says 100 %)
+            let mut copying = Vec::new();
+            for v in ctx.state.list_typed::<Volume>()? {
+                if v.spec.copy_from.as_deref() != Some(id.as_str()) {
+                    continue;
+                }
+                let whole = ctx
+                    .state
+                    .get_typed::<EngineStatus>(v.id())?
+                    .and_then(|e| e.spec.copy)
+                    .is_some_and(|c| c.percent == 100);
+                if !whole {
+                    copying.push(v.metadata.id);
+                }
+            }
+            if !copying.is_empty() {
+                return Err(ApiError::new(
+                    FailedPrecondition,
+                    format!(
+                        "snapshot {id:?} is being copied into volume(s) {}; delete it once the copy is done \
+                         (their engine status shows copy 100 %), or delete those volumes first",
+                        copying.join(", ")
+                    ),
+                ));
+            }
             let d = ctx.state.destroy(Snapshot::NAMESPACE, Snapshot::TYPE, &id, "")?;
             drop(guard);
             tracing::info!("snapshot {id} deleted");

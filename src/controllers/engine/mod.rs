@@ -4,6 +4,7 @@ pub mod backup;
 pub mod peer;
 pub mod restore;
 pub mod selection;
+pub mod snapshot_copy;
 pub mod spdk_disk;
 pub mod spdk_events;
 pub mod spdk_orphans;

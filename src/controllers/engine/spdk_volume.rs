@@ -36,8 +36,8 @@ use crate::names::ObjectName;
 use crate::resources::config::{Disk, NodeConfig, Snapshot, Volume, split_snapshot_id};
 use crate::resources::engine::SPDK_STATUS_ID;
 use crate::resources::engine::{
-    DiskStatus, Engine, EngineStatus, Export, ObjectState, RebuildDest, RebuildDestStatus, ReplicaLedger,
-    ReplicaStatus, SnapshotStatus, SpdkEvents, TargetStatus,
+    CopyProgress, DiskStatus, Engine, EngineStatus, Export, ObjectState, RebuildDest, RebuildDestStatus,
+    ReplicaLedger, ReplicaStatus, SnapshotStatus, SpdkEvents, TargetStatus,
 };
 use crate::resources::frontend::Attachment;
 use crate::runtime::{Controller, ControllerError, Input, Output, Phase, ReconcileContext, Requeue, Typed};
@@ -51,6 +51,7 @@ use crate::spdk::volume::{
 
 use super::peer::{PeerDest, Peers};
 use super::restore::{Restores, Step as RestoreStep};
+use super::snapshot_copy::{SnapshotCopies, Step as CopyStep};
 
 /// Volumes realized concurrently in one reconcile.
 const CONCURRENCY: usize = 16;
@@ -72,6 +73,8 @@ pub struct SpdkVolumeController {
     peers: Peers,
     /// Volumes made from backups, being restored.
     restores: Restores,
+    /// Volumes made with a copy of a snapshot, being copied.
+    copies: SnapshotCopies,
     /// (volume, remote replica) -> the size its node was asked to grow to,
     /// and when a failed ask may be tried again.
     grown: std::sync::Mutex<BTreeMap<(String, usize), Grown>>,
@@ -96,6 +99,7 @@ impl SpdkVolumeController {
             data_dir: None,
             peers: Peers::default(),
             restores: Restores::default(),
+            copies: SnapshotCopies::default(),
             grown: std::sync::Mutex::default(),
         }
     }
@@ -200,6 +204,7 @@ fn engine_status(state: ObjectState, message: impl Into<String>) -> EngineStatus
         exports: Vec::new(),
         message: message.into(),
         restored_backup: None,
+        copy: None,
     }
 }
 
@@ -240,6 +245,10 @@ struct Job {
     overcommit_percent: u32,
     /// A served replica: its engine's request not answered yet.
     dest_request: Option<RebuildDest>,
+    /// A copy of a snapshot (`copyFrom`): whether the source volume's
+    /// replicas hold a raid superblock (`None`: the source volume is not
+    /// known here).
+    copy_source_superblock: Option<bool>,
 }
 
 /// What realizing one volume gave.
@@ -372,6 +381,11 @@ impl SpdkVolumeController {
                 })
                 .collect(),
         };
+        // a new volume with a copy of a snapshot: its replica 0 copied first
+        let copied = match self.copy_step(inv, job, &plan).await {
+            Ok(c) => c,
+            Err(r) => return *r,
+        };
         let done = match job.spec.serve_replica {
             Some(k) => self.ops.ensure_served(inv, &plan, k as usize).await,
             None => self.ops.ensure(inv, &plan).await,
@@ -380,8 +394,45 @@ impl SpdkVolumeController {
             Ok(info) => self.served(job, &name, info, export, restoring, message).await,
             Err(e) => not_realized(e, job),
         };
+        realized.status.copy = copied;
         realized.dest_answer = dest_answer;
         realized
+    }
+
+    /// The copy of a snapshot that `job`'s volume is made with: its progress
+    /// once copied (`None`: no copy asked), or, while it is not copied, what
+    /// realizing gives: a wait (polled) or a failure (polled: tried again).
+    async fn copy_step(
+        &self,
+        inv: &Inventory,
+        job: &Job,
+        plan: &VolumePlan,
+    ) -> Result<Option<CopyProgress>, Box<Realized>> {
+        let Some(id) = job.spec.copy_from.as_deref() else {
+            return Ok(None);
+        };
+        let src = match job.copy_source_superblock {
+            Some(sb) => super::snapshot_copy::source(inv, id, job.snapshot_set.as_ref(), sb),
+            None => Err(format!("snapshot {id}: its volume is not served here")),
+        };
+        let step = if job.in_sync.is_some() {
+            self.copies.served(&job.id, &job.spec)
+        } else {
+            self.copies
+                .step(self.ops.client(), inv, &job.id, &job.spec, src, plan)
+                .await
+        };
+        let (state, message, progress) = match step {
+            CopyStep::None => return Ok(None),
+            CopyStep::Copied(p) => return Ok(Some(p)),
+            CopyStep::Waiting(m, p) => (ObjectState::Creating, m, p),
+            CopyStep::Failed(m, p) => (ObjectState::Failed, m, p),
+        };
+        let mut r = Realized::failed(state, message);
+        r.status.copy = Some(progress);
+        // polled: its progress, or the next try
+        r.rebuilding = true;
+        Err(Box::new(r))
     }
 
     /// Reverts `job`'s volume `name` to snapshot `target`: the replicas in
@@ -741,6 +792,7 @@ fn status_of(
         }],
         message,
         restored_backup: None,
+        copy: None,
     };
     (status, replicas)
 }
@@ -994,6 +1046,7 @@ impl SpdkVolumeController {
         let volumes = served_volumes(&all_volumes, &node, self.claims_auto, self.name());
         // a restore of a volume that is being deleted (or gone) stops, its file goes
         self.restores.retain(&live_ids(&volumes));
+        self.copies.retain(&live_ids(&volumes));
         let snapshots = served_snapshots(ctx.list::<Snapshot>()?, &volumes, self.name());
         // the ledgers outlive every reconcile until their volume is gone
         let mut ledgers: BTreeMap<String, ReplicaLedger> = BTreeMap::new();
@@ -1365,7 +1418,17 @@ fn make_jobs(want: &Desired, here: &Loaded, host_nqn: Option<&str>) -> Jobs {
         let ledger = want.ledgers.get(v.id());
         placed.extend(ledger.map(ReplicaLedger::placed).unwrap_or_default());
         // revert: this volume's snapshot; clone: the source volume's
-        let start = v.spec.revert_to.as_deref().or(v.spec.from_snapshot.as_deref());
+        let start = v
+            .spec
+            .revert_to
+            .as_deref()
+            .or(v.spec.from_snapshot.as_deref())
+            .or(v.spec.copy_from.as_deref());
+        let copy_source_superblock = v.spec.copy_from.as_deref().and_then(|id| {
+            let (sv, _) = split_snapshot_id(id).ok()?;
+            let src = want.volumes.iter().find(|x| x.id() == sv.as_str())?;
+            Some(src.spec.uses_superblock())
+        });
         let snapshot_set = start.and_then(|id| {
             let (sv, ss) = split_snapshot_id(id).ok()?;
             want.ledgers.get(sv.as_str())?.snapshot_set(ss.as_str())
@@ -1394,6 +1457,7 @@ fn make_jobs(want: &Desired, here: &Loaded, host_nqn: Option<&str>) -> Jobs {
                         .is_none_or(|a| a.generation < r.generation)
                 })
                 .cloned(),
+            copy_source_superblock,
         });
     }
     jobs
@@ -1402,8 +1466,9 @@ fn make_jobs(want: &Desired, here: &Loaded, host_nqn: Option<&str>) -> Jobs {
 /// Plain volumes, and the clones and reverts, set up once the snapshots
 /// they start from are taken.
 fn split_derived(jobs: Vec<Job>) -> (Vec<Job>, Vec<Job>) {
-    jobs.into_iter()
-        .partition(|j| j.spec.from_snapshot.is_none() && j.spec.revert_to.is_none())
+    jobs.into_iter().partition(|j| {
+        j.spec.from_snapshot.is_none() && j.spec.revert_to.is_none() && j.spec.copy_from.is_none()
+    })
 }
 
 /// Jobs split into the replicas served to other nodes' engines and the

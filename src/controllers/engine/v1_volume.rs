@@ -212,6 +212,7 @@ fn failed(engine_msg: impl Into<String>, device: String) -> EngineStatus {
         exports: Vec::new(),
         message: engine_msg.into(),
         restored_backup: None,
+        copy: None,
     }
 }
 
@@ -345,6 +346,7 @@ impl V1Ops {
                 }],
                 message,
                 restored_backup: None,
+                copy: None,
             }),
             // tgtd stopping or restarting: the volume waits for it (a `wait` goes on, and
             // fails at once only if tgtd's TargetStatus turns failed)

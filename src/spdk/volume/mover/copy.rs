@@ -38,27 +38,102 @@ pub async fn copy(
     depth: u16,
     copied: &AtomicU64,
 ) -> Result<Filled, MoverError> {
+    copy_range(client, from, Range::whole(), dst, depth, copied).await
+}
+
+/// Which bytes [`copy_range`] copies, and where they go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Range {
+    /// Where the bytes start in the source.
+    pub from_offset: u64,
+    /// How many (`None`: up to the source's end).
+    pub len: Option<u64>,
+    /// Where they go in the target.
+    pub to_offset: u64,
+}
+
+impl Range {
+    /// The whole source, at the same offsets.
+    pub fn whole() -> Self {
+        Self {
+            from_offset: 0,
+            len: None,
+            to_offset: 0,
+        }
+    }
+}
+
+/// Copies `range` of bdev `from` into session `dst` (new: it reads zeros
+/// where nothing is written) as [`copy`] does: a volume's data from one
+/// replica layout into another (each its own data offset). Offsets and
+/// length are whole blocks of both bdevs; the range must fit in both.
+/// Both sessions are closed on every path.
+pub async fn copy_range(
+    client: &SpdkClient,
+    from: &str,
+    range: Range,
+    dst: Session,
+    depth: u16,
+    copied: &AtomicU64,
+) -> Result<Filled, MoverError> {
     let src = Session::open(client, from, Purpose::Clone, depth).await?;
-    let size = src.size();
-    if dst.size() < size {
-        return Err(dst.io(format!(
-            "it holds {} bytes, less than the {size} bytes of {from}",
-            dst.size()
-        )));
-    }
-    if size % u64::from(dst.block_size()) != 0 {
-        return Err(dst.io(format!(
-            "{from}'s {size} bytes are not whole blocks of {} bytes",
-            dst.block_size()
-        )));
-    }
-    let done = run(&src, &dst, size, copied).await?;
-    src.close().await?;
-    dst.close().await?;
+    let done = match check_range(&src, &dst, from, range) {
+        Ok(len) => run(&src, &dst, range, len, copied).await,
+        Err(e) => Err(dst.io(e)),
+    };
+    let (a, b) = (src.close().await, dst.close().await);
+    let done = done?;
+    a?;
+    b?;
     Ok(done)
 }
 
-async fn run(src: &Session, dst: &Session, size: u64, copied: &AtomicU64) -> Result<Filled, MoverError> {
+/// The bytes `range` copies, once checked against both sessions: why not.
+fn check_range(src: &Session, dst: &Session, from: &str, range: Range) -> Result<u64, String> {
+    let size = src.size();
+    if range.from_offset > size {
+        return Err(format!(
+            "offset {} is past the end of {from} ({size} bytes)",
+            range.from_offset
+        ));
+    }
+    let len = range.len.unwrap_or(size - range.from_offset);
+    if range.from_offset + len > size {
+        return Err(format!(
+            "{len} bytes from offset {} pass the end of {from} ({size} bytes)",
+            range.from_offset
+        ));
+    }
+    if dst.size() < range.to_offset.saturating_add(len) {
+        return Err(format!(
+            "it holds {} bytes, less than the {len} bytes of {from} at offset {}",
+            dst.size(),
+            range.to_offset
+        ));
+    }
+    for (what, bs) in [("source", src.block_size()), ("target", dst.block_size())] {
+        let bs = u64::from(bs.max(1));
+        if ![len, range.from_offset, range.to_offset]
+            .iter()
+            .all(|x| x.is_multiple_of(bs))
+        {
+            return Err(format!(
+                "{len} bytes of {from} from offset {} to offset {} are not whole blocks of the {what}'s {bs} bytes",
+                range.from_offset, range.to_offset
+            ));
+        }
+    }
+    Ok(len)
+}
+
+async fn run(
+    src: &Session,
+    dst: &Session,
+    range: Range,
+    size: u64,
+    copied: &AtomicU64,
+) -> Result<Filled, MoverError> {
+    let (base, to) = (range.from_offset, range.to_offset);
     let mut done = Filled::default();
     let mut reads = FuturesOrdered::new();
     let mut writes = FuturesUnordered::new();
@@ -66,7 +141,7 @@ async fn run(src: &Session, dst: &Session, size: u64, copied: &AtomicU64) -> Res
     loop {
         while next < size && reads.len() < READ_AHEAD {
             let (at, len) = (next, (CHUNK as u64).min(size - next) as usize);
-            reads.push_back(async move { src.read(at, len).await.map(|d| (at, d)) });
+            reads.push_back(async move { src.read(base + at, len).await.map(|d| (at, d)) });
             next += len as u64;
         }
         if reads.is_empty() {
@@ -97,7 +172,7 @@ async fn run(src: &Session, dst: &Session, size: u64, copied: &AtomicU64) -> Res
         done.read += len;
         if has_data(&data) {
             done.written += len;
-            writes.push(dst.write(at, Bytes::from(data)));
+            writes.push(dst.write(to + at, Bytes::from(data)));
         }
         copied.store(at + len, Ordering::Relaxed);
     }

@@ -3,9 +3,10 @@
 //! allocates about what the backup holds (the esnap copy of `from_file`
 //! allocates every cluster). The data comes straight from the backup
 //! store ([`Source::Backup`], no file on the data dir), or from a file
-//! ([`Source::File`]). A standby (DR) volume's lvols are written by
-//! [`fill_standby`]: its first restore into all of them at once, then
-//! each newer backup's changed blocks only.
+//! ([`Source::File`]), or from another volume's snapshot
+//! ([`Source::Snapshot`], a volume made with a copy of it). A standby
+//! (DR) volume's lvols are written by [`fill_standby`]: its first restore
+//! into all of them at once, then each newer backup's changed blocks only.
 //!
 //! ```text
 //!   bdev_lvol_create <lvs>/<replica>.rst (thin)      never read as a replica
@@ -13,6 +14,7 @@
 //!                   blocks fetched and checked, STREAM_BYTES in flight,
 //!                   their 1 MiB chunks with data written at data_offset + offset
 //!   Source::File:   mover::fill_from_file <file> -> that lvol   chunks with data only
+//!   Source::Snapshot: mover::copy::copy_range <snapshot lvol> -> that lvol   chunks with data only
 //!   bdev_lvol_rename <replica>.rst -> <replica>        whole: now a replica
 //!   any error: the lvol deleted; a talon stopped meanwhile: remove_unfinished
 //! ```
@@ -34,6 +36,53 @@ pub enum Source {
     File(std::path::PathBuf),
     /// A backup in a store, the volume's data written at `data_offset`.
     Backup(FromBackup),
+    /// A snapshot lvol of another volume (`Volume.copyFrom`).
+    Snapshot(FromSnapshot),
+}
+
+/// A snapshot to copy a volume's data from, with the copy's progress.
+#[derive(Debug, Clone)]
+pub struct FromSnapshot {
+    /// The snapshot (`<volume>@<snapshot>`), as the status names it.
+    pub id: String,
+    /// Its lvol (`<lvs>/<volume>-r<k>.s.<snapshot>`).
+    pub lvol: String,
+    /// Where the source volume's data starts in it (its raid superblock's room).
+    pub from_offset: u64,
+    /// The source volume's bytes copied.
+    pub len: u64,
+    /// Where the new volume's data starts in the replica written.
+    pub data_offset: u64,
+    /// Bytes of the snapshot read so far.
+    pub copied: Arc<AtomicU64>,
+}
+
+/// The same snapshot, at the same offsets (the progress is a handle).
+impl PartialEq for FromSnapshot {
+    fn eq(&self, o: &Self) -> bool {
+        (&self.lvol, self.from_offset, self.len, self.data_offset)
+            == (&o.lvol, o.from_offset, o.len, o.data_offset)
+    }
+}
+
+impl Eq for FromSnapshot {}
+
+/// Copies snapshot `from` into bdev `bdev` (new: it reads zeros) through
+/// the mover: only the chunks that hold data are written. Both exports are
+/// removed whether it ends well or not.
+pub async fn fill_from_snapshot(
+    client: &SpdkClient,
+    from: &FromSnapshot,
+    bdev: &str,
+    depth: u16,
+) -> Result<super::Filled, super::MoverError> {
+    let dst = super::Session::open(client, bdev, super::Purpose::Clone, depth).await?;
+    let range = super::copy::Range {
+        from_offset: from.from_offset,
+        len: Some(from.len),
+        to_offset: from.data_offset,
+    };
+    super::copy::copy_range(client, &from.lvol, range, dst, depth, &from.copied).await
 }
 
 /// A backup to restore from, with the progress its restore reports.
@@ -80,6 +129,7 @@ impl std::fmt::Display for Source {
         match self {
             Source::File(p) => write!(f, "{}", p.display()),
             Source::Backup(b) => write!(f, "backup {} of {} in {}", b.backup, b.volume, b.target),
+            Source::Snapshot(s) => write!(f, "snapshot {} ({})", s.id, s.lvol),
         }
     }
 }
@@ -298,6 +348,7 @@ pub async fn fill_replica(
     let filled = match from {
         Source::File(file) => super::fill_from_file(client, file, &uuid, super::DEPTH).await,
         Source::Backup(b) => fill_from_backup(client, b, &uuid, super::DEPTH).await,
+        Source::Snapshot(snap) => fill_from_snapshot(client, snap, &uuid, super::DEPTH).await,
     };
     let filled = match filled {
         Ok(f) => {
