@@ -172,11 +172,11 @@ impl Longhorn {
 /// Error `e` of a phase of `what`'s switch-over, its code kept (NOT_FOUND
 /// for an engine not found, as Longhorn's).
 fn in_phase(what: &str, phase: &str, e: LonghornError) -> LonghornError {
-    let code = e.code();
-    let message = format!(
-        "failed to switch over target for {what} in phase {}: {}",
-        if phase.is_empty() { "(all)" } else { phase },
-        e.message()
-    );
-    LonghornError::Relayed(Box::new(tonic::Status::new(code, message)))
+    LonghornError::within(
+        format!(
+            "failed to switch over target for {what} in phase {}",
+            if phase.is_empty() { "(all)" } else { phase }
+        ),
+        e,
+    )
 }
