@@ -2447,7 +2447,10 @@ async fn an_engine_frontend_switches_over_to_another_nodes_engine(real: Option<&
     let addr_b = b.replica("disk-b", "vol-r-b", size).await;
     engine(&a, &[("vol-r-b", &addr_b)], size, "spdk-tcp-nvmf").await;
     let inst_a = InstanceServiceClient::new(a.channel(3).await);
-    let e0 = format!("{ip_a}:{}", running(&inst_a, "vol-e-0", "engine").await.port_start);
+    let e0 = format!(
+        "{ip_a}:{}",
+        running(&inst_a, "vol-e-0", "engine").await.port_start
+    );
     // a snapshot through the old engine
     let mut pa = ProxyEngineServiceClient::new(a.channel(1).await);
     snapshot(&mut pa, "s1").await.expect("VolumeSnapshot");
@@ -2478,10 +2481,18 @@ async fn an_engine_frontend_switches_over_to_another_nodes_engine(real: Option<&
         .expect("the engine-frontend's create");
     running(&inst_a, "vol-ef-0", "engine-frontend").await;
     // the new engine on B, over the same replica
-    let inst_b = longhorn_nodes::engine_create(&b, "vol-e-1", &[("vol-r-b", &addr_b)], size, "spdk-tcp-nvmf").await;
-    let e1 = format!("{ip_b}:{}", running(&inst_b, "vol-e-1", "engine").await.port_start);
+    let inst_b =
+        longhorn_nodes::engine_create(&b, "vol-e-1", &[("vol-r-b", &addr_b)], size, "spdk-tcp-nvmf").await;
+    let e1 = format!(
+        "{ip_b}:{}",
+        running(&inst_b, "vol-e-1", "engine").await.port_start
+    );
     assert_eq!(listener_ana(&a).await, ["optimized"]);
-    assert_eq!(listener_ana(&b).await, ["optimized"], "a new engine is exported optimized");
+    assert_eq!(
+        listener_ana(&b).await,
+        ["optimized"],
+        "a new engine is exported optimized"
+    );
 
     let bad = inst_a
         .clone()
@@ -2511,7 +2522,10 @@ async fn an_engine_frontend_switches_over_to_another_nodes_engine(real: Option<&
                 .unwrap_or_else(|e| panic!("phase {p}: {e:?}"));
         }
     };
-    let mut sorted = vec![(e0.clone(), "optimized".to_owned()), (e1.clone(), "non-optimized".to_owned())];
+    let mut sorted = vec![
+        (e0.clone(), "optimized".to_owned()),
+        (e1.clone(), "non-optimized".to_owned()),
+    ];
     sorted.sort();
     for _ in 0..2 {
         phase("preparing").await;

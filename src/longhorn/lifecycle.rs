@@ -390,7 +390,10 @@ mod tests {
     fn a_switch_over_to_the_target_it_has_is_a_no_op_and_bad_requests_get_longhorns_codes() {
         let ef = ef();
         for phase in ["", "preparing", "switching", "promoting"] {
-            assert_eq!(switch_over("f", Some(&ef), "10.0.0.1:20001", "", phase).ok(), Some(vec![]));
+            assert_eq!(
+                switch_over("f", Some(&ef), "10.0.0.1:20001", "", phase).ok(),
+                Some(vec![])
+            );
             assert_eq!(
                 switch_over("f", Some(&ef), "10.0.0.1:20001", "vol-e-0", phase).ok(),
                 Some(vec![])
@@ -421,9 +424,18 @@ mod tests {
         let e = switch_over("f", Some(&ef), NEW, "", "preparing").expect_err("no engine name");
         assert_eq!(e.code(), tonic::Code::InvalidArgument);
         for (frontend, words) in [
-            ("", "frontend  does not support target switchover for engine frontend f"),
-            ("ublk", "frontend ublk does not support target switchover for engine frontend f"),
-            ("spdk-tcp-blockdev", "a second kernel NVMe/TCP path to 10.0.0.2:20001"),
+            (
+                "",
+                "frontend  does not support target switchover for engine frontend f",
+            ),
+            (
+                "ublk",
+                "frontend ublk does not support target switchover for engine frontend f",
+            ),
+            (
+                "spdk-tcp-blockdev",
+                "a second kernel NVMe/TCP path to 10.0.0.2:20001",
+            ),
         ] {
             let other = LonghornEngineFrontend {
                 frontend: frontend.into(),
@@ -490,10 +502,7 @@ mod tests {
         // preparing began but did not end (a restart): it is done again
         assert_eq!(
             plan(&reached(None), "switching")[..2],
-            [
-                ana("vol-e-1", NEW, NonOptimized, false),
-                record(Some(Preparing))
-            ]
+            [ana("vol-e-1", NEW, NonOptimized, false), record(Some(Preparing))]
         );
         // Longhorn's one-call switch-over: all three
         let all = plan(&ef(), "");
@@ -510,7 +519,10 @@ mod tests {
         };
         assert_eq!(
             plan(&other, "preparing"),
-            vec![ana("vol-e-1", NEW, AnaState::NonOptimized, false), record(Some(Preparing))]
+            vec![
+                ana("vol-e-1", NEW, AnaState::NonOptimized, false),
+                record(Some(Preparing))
+            ]
         );
     }
 
@@ -519,7 +531,15 @@ mod tests {
     /// is made optimized again and the record dropped.
     #[test]
     fn a_given_up_switch_over_makes_the_current_engine_optimized_again() {
-        let back = |done| switch_over("f", Some(&reached(done)), "10.0.0.1:20001", "vol-e-0", "preparing");
+        let back = |done| {
+            switch_over(
+                "f",
+                Some(&reached(done)),
+                "10.0.0.1:20001",
+                "vol-e-0",
+                "preparing",
+            )
+        };
         assert_eq!(
             back(Some(SwitchoverPhase::Switching)).ok(),
             Some(vec![

@@ -410,15 +410,14 @@ impl Longhorn {
         self.update_engine(e, |s| {
             // a request of an earlier serve has no call waiting on it
             s.snapshot_requests.retain(|_, r| r.session == session);
-            s.snapshot_requests
-                .insert(
-                    snap.to_owned(),
-                    SnapshotRequest {
-                        request,
-                        session,
-                        info: Some(info.clone()),
-                    },
-                );
+            s.snapshot_requests.insert(
+                snap.to_owned(),
+                SnapshotRequest {
+                    request,
+                    session,
+                    info: Some(info.clone()),
+                },
+            );
         })?;
         let taken = self
             .wait_status(e.id(), &what, |st| {

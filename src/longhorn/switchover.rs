@@ -22,9 +22,7 @@ use super::error::LonghornError;
 use super::lifecycle::{self, EngineAt, Step};
 use super::service::Longhorn;
 use crate::proto::spdkrpc;
-use crate::resources::longhorn::{
-    AnaState, LonghornEngine, LonghornEngineFrontend, SwitchoverPhase,
-};
+use crate::resources::longhorn::{AnaState, LonghornEngine, LonghornEngineFrontend, SwitchoverPhase};
 use crate::runtime::Typed;
 
 /// How long another node may take to set its engine's ANA state (it waits
@@ -53,9 +51,11 @@ impl Longhorn {
             return Ok(());
         };
         let what = format!("engine frontend {}", ef.id());
-        let _one = self.try_hold(&format!("{}/switch-over", ef.id())).ok_or_else(|| {
-            LonghornError::Refused(format!("{what} target switchover is already in progress"))
-        })?;
+        let _one = self
+            .try_hold(&format!("{}/switch-over", ef.id()))
+            .ok_or_else(|| {
+                LonghornError::Refused(format!("{what} target switchover is already in progress"))
+            })?;
         for step in steps {
             match step {
                 Step::Ana {
@@ -124,12 +124,14 @@ impl Longhorn {
             .peers()
             .client(&e.address, self.peer_port(), ANA_TIMEOUT)
             .await
-            .map_err(|source| LonghornError::Unavailable(format!(
-                "engine {} at {}: {}",
-                e.name,
-                e.address,
-                crate::util::error_chain(&source)
-            )))?;
+            .map_err(|source| {
+                LonghornError::Unavailable(format!(
+                    "engine {} at {}: {}",
+                    e.name,
+                    e.address,
+                    crate::util::error_chain(&source)
+                ))
+            })?;
         c.engine_set_target_listener_ana_state(spdkrpc::EngineSetTargetListenerAnaStateRequest {
             name: e.name.clone(),
             ana_state: state.as_str().to_owned(),

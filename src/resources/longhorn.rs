@@ -327,7 +327,9 @@ pub struct FrontendSwitchover {
 
 /// Longhorn's switch-over phases of an engine-frontend, in their order
 /// (`switchover_phase` of `InstanceSwitchOverTarget`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, schemars::JsonSchema)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum SwitchoverPhase {
     /// The new engine's listener made non-optimized (a kernel path to it
