@@ -13,7 +13,9 @@
 //! start into a replica deleted meanwhile. With a real spdk_tgt on each node
 //! (`TALON_SPDK_DIR`): snapshots through the proxy while spdk_nvme_perf
 //! writes through the engine are the same instant on A's replica and on B's
-//! (read back on each node, block by block).
+//! (read back on each node, block by block). An engine-frontend of node A
+//! switches over to an engine of node B in longhorn-manager's three phases,
+//! each listener's ANA state read back from its node's SPDK (double and real).
 
 #[path = "support/longhorn_nodes.rs"]
 mod longhorn_nodes;
@@ -2396,7 +2398,7 @@ async fn a_password_in_aws_endpoints_is_in_no_error_and_no_log_line() {
     assert!(!log.contains(PASS), "the password is in the log: {log}");
 }
 
-/// `InstanceSwitchOverTarget` of engine-frontend `request`'s phase.
+/// `InstanceSwitchOverTarget` of engine-frontend `vol-ef-0` to engine `engine` at `target`, phase `phase`.
 fn switch_over(target: &str, engine: &str, phase: &str) -> imrpc::InstanceSwitchOverTargetRequest {
     imrpc::InstanceSwitchOverTargetRequest {
         data_engine: imrpc::DataEngine::V2 as i32,
