@@ -1330,7 +1330,8 @@ async fn suspend_resume_and_switch_over_answer_as_longhorns_engine_on_the_double
         "v1 data engine instance suspend is not supported",
     );
 
-    // the target it has: a no-op (by its name, or by its engine's); another one: refused
+    // the target it has: a no-op (by its name, or by its engine's); another one in a phase
+    // Longhorn does not spell: refused naming the frontend and the phase
     inst.instance_switch_over_target(switch("vol-ef-0", "engine-frontend", &target, "vol-e-0"))
         .await
         .expect("switch over to the target it has");
@@ -1338,15 +1339,13 @@ async fn suspend_resume_and_switch_over_answer_as_longhorns_engine_on_the_double
         .await
         .expect("switch over by the engine's name");
     check(
-        inst.instance_switch_over_target(switch(
-            "vol-ef-0",
-            "engine-frontend",
-            "127.0.0.2:20001",
-            "vol-e-1",
-        ))
+        inst.instance_switch_over_target(imrpc::InstanceSwitchOverTargetRequest {
+            switchover_phase: "prepare".into(),
+            ..switch("vol-ef-0", "engine-frontend", "127.0.0.2:20001", "vol-e-1")
+        })
         .await,
-        Code::Unimplemented,
-        "failed to switch over target for engine frontend vol-ef-0",
+        Code::InvalidArgument,
+        "failed to switch over target for engine frontend vol-ef-0: invalid switchover phase \"prepare\"",
     );
     check(
         inst.instance_switch_over_target(switch("vol-ef-0", "engine-frontend", "127.0.0.2", "vol-e-1"))

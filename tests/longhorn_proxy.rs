@@ -13,7 +13,9 @@
 //! start into a replica deleted meanwhile. With a real spdk_tgt on each node
 //! (`TALON_SPDK_DIR`): snapshots through the proxy while spdk_nvme_perf
 //! writes through the engine are the same instant on A's replica and on B's
-//! (read back on each node, block by block).
+//! (read back on each node, block by block). An engine-frontend of node A
+//! switches over to an engine of node B in longhorn-manager's three phases,
+//! each listener's ANA state read back from its node's SPDK (double and real).
 
 #[path = "support/longhorn_nodes.rs"]
 mod longhorn_nodes;
@@ -2394,4 +2396,232 @@ async fn a_password_in_aws_endpoints_is_in_no_error_and_no_log_line() {
         "the log holds the calls"
     );
     assert!(!log.contains(PASS), "the password is in the log: {log}");
+}
+
+/// `InstanceSwitchOverTarget` of engine-frontend `vol-ef-0` to engine `engine` at `target`, phase `phase`.
+fn switch_over(target: &str, engine: &str, phase: &str) -> imrpc::InstanceSwitchOverTargetRequest {
+    imrpc::InstanceSwitchOverTargetRequest {
+        data_engine: imrpc::DataEngine::V2 as i32,
+        name: "vol-ef-0".into(),
+        r#type: "engine-frontend".into(),
+        target_address: target.into(),
+        engine_name: engine.into(),
+        switchover_phase: phase.into(),
+    }
+}
+
+/// The engine-frontend's active path and its paths (`ip:port`, ANA state), as InstanceGet reports them.
+async fn frontend_paths(inst: &InstanceServiceClient<Channel>) -> (String, Vec<(String, String)>, i32) {
+    let s = inst
+        .clone()
+        .instance_get(longhorn_nodes::get_request("vol-ef-0", "engine-frontend"))
+        .await
+        .expect("InstanceGet of the engine-frontend")
+        .into_inner()
+        .status
+        .expect("its status");
+    let paths = s
+        .paths
+        .iter()
+        .map(|p| (format!("{}:{}", p.target_ip, p.target_port), p.ana_state.clone()))
+        .collect();
+    (s.active_path, paths, s.target_port_start)
+}
+
+/// Issue 53 (engine relocation by `engineNodeID`): longhorn-manager v1.12.1
+/// switches engine-frontend `vol-ef-0` (spdk-tcp-nvmf, node A) from engine
+/// `vol-e-0` (node A) to `vol-e-1` (node B, over the same replica `vol-r-b`
+/// of node B) in three calls, `preparing`, `switching`, `promoting`. Each
+/// sets one listener's ANA state on its engine's node (read back from each
+/// node's SPDK), each asked again changes nothing, the phase reached
+/// outlives a restart of node A's talon, and the frontend reports the new
+/// path beside the old one, then the new engine as its target and active
+/// path. A phase Longhorn does not spell and an engine that is not there
+/// are refused as Longhorn refuses them. The new engine lists the snapshot
+/// the old one took with its creation time (kept with the replica), also
+/// once the old engine is deleted.
+async fn an_engine_frontend_switches_over_to_another_nodes_engine(real: Option<&std::path::Path>) {
+    let (ip_a, ip_b) = (IpAddr::from([127, 0, 0, 1]), IpAddr::from([127, 0, 0, 2]));
+    let base = free_base(&[ip_a, ip_b]);
+    let mut a = Node::new(ip_a, base, real).await;
+    let mut b = Node::new(ip_b, base, real).await;
+    let size = 64 * MIB;
+    let addr_b = b.replica("disk-b", "vol-r-b", size).await;
+    engine(&a, &[("vol-r-b", &addr_b)], size, "spdk-tcp-nvmf").await;
+    let inst_a = InstanceServiceClient::new(a.channel(3).await);
+    let e0 = format!(
+        "{ip_a}:{}",
+        running(&inst_a, "vol-e-0", "engine").await.port_start
+    );
+    // a snapshot through the old engine
+    let mut pa = ProxyEngineServiceClient::new(a.channel(1).await);
+    snapshot(&mut pa, "s1").await.expect("VolumeSnapshot");
+    let created = snapshot_list(&mut pa).await["s1"].created.clone();
+    assert!(!created.is_empty(), "the old engine lists its snapshot's time");
+    // the frontend on A, attached to the old engine
+    inst_a
+        .clone()
+        .instance_create(imrpc::InstanceCreateRequest {
+            spec: Some(imrpc::InstanceSpec {
+                name: "vol-ef-0".into(),
+                r#type: "engine-frontend".into(),
+                volume_name: "vol".into(),
+                port_count: 1,
+                data_engine: imrpc::DataEngine::V2 as i32,
+                target_address: e0.clone(),
+                engine_name: "vol-e-0".into(),
+                spdk_instance_spec: Some(imrpc::SpdkInstanceSpec {
+                    size,
+                    frontend: "spdk-tcp-nvmf".into(),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            data_layout_type: 0,
+        })
+        .await
+        .expect("the engine-frontend's create");
+    running(&inst_a, "vol-ef-0", "engine-frontend").await;
+    // the new engine on B, over the same replica
+    let inst_b =
+        longhorn_nodes::engine_create(&b, "vol-e-1", &[("vol-r-b", &addr_b)], size, "spdk-tcp-nvmf").await;
+    let e1 = format!(
+        "{ip_b}:{}",
+        running(&inst_b, "vol-e-1", "engine").await.port_start
+    );
+    assert_eq!(listener_ana(&a).await, ["optimized"]);
+    assert_eq!(
+        listener_ana(&b).await,
+        ["optimized"],
+        "a new engine is exported optimized"
+    );
+
+    let bad = inst_a
+        .clone()
+        .instance_switch_over_target(switch_over(&e1, "vol-e-1", "promote"))
+        .await
+        .expect_err("a phase Longhorn does not spell");
+    assert_eq!(bad.code(), Code::InvalidArgument, "{bad:?}");
+    assert!(
+        bad.message().contains("vol-ef-0") && bad.message().contains("\"promote\""),
+        "{bad:?}"
+    );
+    let missing = inst_a
+        .clone()
+        .instance_switch_over_target(switch_over(&e1, "vol-e-9", "preparing"))
+        .await
+        .expect_err("no such engine on B");
+    assert_eq!(missing.code(), Code::NotFound, "{missing:?}");
+    assert!(missing.message().contains("vol-e-9"), "{missing:?}");
+    assert_eq!(listener_ana(&b).await, ["optimized"], "nothing changed");
+
+    let phase = |p: &'static str| {
+        let (inst, e1) = (inst_a.clone(), e1.clone());
+        async move {
+            inst.clone()
+                .instance_switch_over_target(switch_over(&e1, "vol-e-1", p))
+                .await
+                .unwrap_or_else(|e| panic!("phase {p}: {e:?}"));
+        }
+    };
+    let mut sorted = vec![
+        (e0.clone(), "optimized".to_owned()),
+        (e1.clone(), "non-optimized".to_owned()),
+    ];
+    sorted.sort();
+    for _ in 0..2 {
+        phase("preparing").await;
+        assert_eq!(listener_ana(&a).await, ["optimized"]);
+        assert_eq!(listener_ana(&b).await, ["non_optimized"]);
+        let (active, paths, port) = frontend_paths(&inst_a).await;
+        assert_eq!(active, e0, "the old engine stays the active path");
+        assert_eq!(paths, sorted, "both paths listed");
+        assert_eq!(port.to_string(), e0.rsplit_once(':').expect("port").1);
+    }
+    for _ in 0..2 {
+        phase("switching").await;
+        assert_eq!(listener_ana(&a).await, ["inaccessible"]);
+        assert_eq!(listener_ana(&b).await, ["non_optimized"]);
+    }
+    // the phase reached outlives a restart of A's talon: A's engine stays inaccessible
+    a.stop().await;
+    a.start().await;
+    let inst_a = InstanceServiceClient::new(a.channel(3).await);
+    running(&inst_a, "vol-e-0", "engine").await;
+    let seen = talon::runtime::testing::eventually("A's engine exported again", WAIT, || async {
+        let v = listener_ana(&a).await;
+        (!v.is_empty()).then_some(v)
+    })
+    .await;
+    assert_eq!(seen, ["inaccessible"], "kept over the restart");
+    let (active, paths, _) = frontend_paths(&inst_a).await;
+    assert_eq!(active, e0);
+    assert!(
+        paths.contains(&(e0.clone(), "inaccessible".to_owned()))
+            && paths.contains(&(e1.clone(), "non-optimized".to_owned())),
+        "{paths:?}"
+    );
+    for _ in 0..2 {
+        inst_a
+            .clone()
+            .instance_switch_over_target(switch_over(&e1, "vol-e-1", "promoting"))
+            .await
+            .expect("promoting");
+        assert_eq!(listener_ana(&a).await, ["inaccessible"]);
+        assert_eq!(listener_ana(&b).await, ["optimized"]);
+        let (active, paths, port) = frontend_paths(&inst_a).await;
+        assert_eq!(active, e1, "the new engine is the active path");
+        assert_eq!(paths, vec![(e1.clone(), "optimized".to_owned())]);
+        assert_eq!(port.to_string(), e1.rsplit_once(':').expect("port").1);
+    }
+    let st = talon::runtime::testing::eventually("the frontend's endpoint the new export", WAIT, || async {
+        let s = inst_a
+            .clone()
+            .instance_get(longhorn_nodes::get_request("vol-ef-0", "engine-frontend"))
+            .await
+            .ok()?
+            .into_inner()
+            .status?;
+        s.endpoint.contains(&e1).then_some(s)
+    })
+    .await;
+    assert_eq!(st.engine_name, "vol-e-1");
+    assert_eq!(st.state, "running");
+    // the new engine lists the snapshot with the old one's time, also once the old one is gone
+    let mut pb = ProxyEngineServiceClient::new(b.channel(1).await);
+    let listed = |p: &mut ProxyEngineServiceClient<Channel>| {
+        let mut p = p.clone();
+        async move {
+            p.snapshot_list(req("vol-e-1"))
+                .await
+                .expect("SnapshotList of the new engine")
+                .into_inner()
+                .disks
+        }
+    };
+    assert_eq!(listed(&mut pb).await["s1"].created, created);
+    inst_a
+        .clone()
+        .instance_delete(longhorn_nodes::delete_request("vol-e-0", "engine"))
+        .await
+        .expect("the old engine's delete");
+    longhorn_nodes::gone(&inst_a, "vol-e-0", "engine").await;
+    assert_eq!(listener_ana(&b).await, ["optimized"]);
+    assert_eq!(listed(&mut pb).await["s1"].created, created);
+    a.stop().await;
+    b.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engine_frontend_switches_over_to_another_nodes_engine_on_the_double() {
+    an_engine_frontend_switches_over_to_another_nodes_engine(None).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_spdk_an_engine_frontend_switches_over_to_another_nodes_engine() {
+    let test = "real_spdk_an_engine_frontend_switches_over_to_another_nodes_engine";
+    let Some(spdk) = spdk_dir(test) else {
+        return;
+    };
+    an_engine_frontend_switches_over_to_another_nodes_engine(Some(&spdk)).await;
 }

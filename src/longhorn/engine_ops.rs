@@ -196,6 +196,13 @@ impl Longhorn {
                     s.snapshot_info.remove(d);
                 }
             })?;
+            for r in e.spec.replica_address_map.keys() {
+                self.replica_snapshot_info(r, |m| {
+                    for d in &p.deleted {
+                        m.remove(d);
+                    }
+                })?;
+            }
         }
         Ok(p)
     }

@@ -32,6 +32,7 @@ pub mod server;
 pub mod service;
 pub mod snaphash;
 mod snaphash_ops;
+mod switchover;
 
 pub use error::LonghornError;
 

@@ -276,6 +276,44 @@ impl Longhorn {
         Ok(remote.map(|r| ReplicaLvols::from(&r)))
     }
 
+    /// The snapshot times and labels engine `e`'s replicas keep: this node's
+    /// ([`LonghornReplica::snapshot_info`]), else the first other node's that
+    /// answers (its `ReplicaGet`'s `creation_time`; labels are not in it).
+    pub(super) async fn replicas_snapshot_info(
+        &self,
+        e: &Typed<LonghornEngine>,
+    ) -> std::collections::BTreeMap<String, SnapshotInfo> {
+        let mut out = std::collections::BTreeMap::new();
+        for r in e.spec.replica_address_map.keys() {
+            if let Some(l) = self.local_replica(r) {
+                for (s, i) in l.snapshot_info {
+                    out.entry(s).or_insert(i);
+                }
+            }
+        }
+        if !out.is_empty() {
+            return out;
+        }
+        if let Some(r) = self
+            .peers()
+            .remote_replica(&e.spec.replica_address_map, self.peer_port(), REMOTE_TIMEOUT)
+            .await
+        {
+            for (s, l) in r.snapshots {
+                if !l.creation_time.is_empty() {
+                    out.insert(
+                        s,
+                        SnapshotInfo {
+                            created: l.creation_time,
+                            labels: Default::default(),
+                        },
+                    );
+                }
+            }
+        }
+        out
+    }
+
     /// Snapshots a local replica's head as `lvol`; one that exists is kept.
     async fn snapshot_local(
         &self,
@@ -372,8 +410,14 @@ impl Longhorn {
         self.update_engine(e, |s| {
             // a request of an earlier serve has no call waiting on it
             s.snapshot_requests.retain(|_, r| r.session == session);
-            s.snapshot_requests
-                .insert(snap.to_owned(), SnapshotRequest { request, session });
+            s.snapshot_requests.insert(
+                snap.to_owned(),
+                SnapshotRequest {
+                    request,
+                    session,
+                    info: Some(info.clone()),
+                },
+            );
         })?;
         let taken = self
             .wait_status(e.id(), &what, |st| {
@@ -397,6 +441,17 @@ impl Longhorn {
                 s.snapshot_info.insert(snap.to_owned(), info.clone());
             }
         })?;
+        if taken.is_ok() {
+            // kept with this node's replicas too (another node's keeps it from
+            // its ReplicaSnapshotCreate): an engine made later lists it
+            for r in e.spec.replica_address_map.keys() {
+                if self.local_replica(r).is_some() {
+                    self.replica_snapshot_info(r, |m| {
+                        m.insert(snap.to_owned(), info.clone());
+                    })?;
+                }
+            }
+        }
         taken
     }
 
@@ -580,7 +635,53 @@ impl Longhorn {
             )));
         }
         self.snapshot_local(replica.as_str(), &t.spec, &lvol).await?;
+        // its time and labels as the engine gave them, kept with the replica
+        let created = if req.snapshot_timestamp.is_empty() {
+            humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string()
+        } else {
+            req.snapshot_timestamp.clone()
+        };
+        let info = SnapshotInfo {
+            created,
+            labels: req.labels.clone().into_iter().collect(),
+        };
+        self.replica_snapshot_info(replica.as_str(), |m| {
+            m.entry(req.snapshot_name.clone()).or_insert_with(|| info.clone());
+        })?;
         self.replica_message(&t)
+    }
+
+    /// Changes the snapshot times and labels kept with this node's replica
+    /// `replica` ([`LonghornReplica::snapshot_info`]); a replica not here is
+    /// left alone.
+    pub(super) fn replica_snapshot_info(
+        &self,
+        replica: &str,
+        mut f: impl FnMut(&mut std::collections::BTreeMap<String, SnapshotInfo>),
+    ) -> Result<(), LonghornError> {
+        loop {
+            let Some(now) = self
+                .state()
+                .get_typed::<LonghornReplica>(replica)
+                .map_err(LonghornError::Store)?
+            else {
+                return Ok(());
+            };
+            let mut spec = now.spec.clone();
+            f(&mut spec.snapshot_info);
+            if spec == now.spec {
+                return Ok(());
+            }
+            match self
+                .state()
+                .update_typed(replica, "", Some(now.metadata.version), &spec)
+            {
+                Ok(_) => return Ok(()),
+                Err(crate::runtime::StateError::Conflict { .. }) => continue,
+                Err(crate::runtime::StateError::NotFound { .. }) => return Ok(()),
+                Err(x) => return Err(LonghornError::Store(x)),
+            }
+        }
     }
 
     /// `ReplicaSnapshotDelete`; a snapshot that is not there is no error.
@@ -596,7 +697,10 @@ impl Longhorn {
             &t.spec,
             &snapshot_lvol(replica.as_str(), &req.snapshot_name),
         )
-        .await
+        .await?;
+        self.replica_snapshot_info(replica.as_str(), |m| {
+            m.remove(&req.snapshot_name);
+        })
     }
 }
 
@@ -822,6 +926,18 @@ impl proxy_engine_service_server::ProxyEngineService for Longhorn {
             p.unwrap_or_default()
         };
         let head_parent = shown(view.head_parent.clone());
+        // the time and labels of a snapshot this engine did not take (it was
+        // made later, on another node: Longhorn moved the engine) as its
+        // replicas keep them
+        let kept = if view
+            .snapshots
+            .keys()
+            .any(|s| !is_rebuild_snap(s) && !e.spec.snapshot_info.contains_key(s))
+        {
+            self.replicas_snapshot_info(&e).await
+        } else {
+            Default::default()
+        };
         for (s, (p, bytes)) in view.snapshots.iter().filter(|(s, _)| !is_rebuild_snap(s)) {
             let mut children: Vec<&str> = view
                 .snapshots
@@ -839,7 +955,7 @@ impl proxy_engine_service_server::ProxyEngineService for Longhorn {
                 &children,
                 e.spec.removed_snapshots.contains(s),
             );
-            if let Some(i) = e.spec.snapshot_info.get(s) {
+            if let Some(i) = e.spec.snapshot_info.get(s).or_else(|| kept.get(s)) {
                 d.created = i.created.clone();
                 d.labels = i.labels.clone().into_iter().collect();
             }

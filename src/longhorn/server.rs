@@ -496,6 +496,49 @@ impl Longhorn {
             .map(|f| f.spec))
     }
 
+    /// The NVMe/TCP paths of engine-frontend `f` (of volume `volume`): engine,
+    /// address and the ANA state talon set or knows its listener in. The
+    /// target's, in the state its engine keeps when the engine is on this node
+    /// (`EngineSetTargetListenerANAState`), else optimized unless a switch-over
+    /// made it inaccessible; and the new engine's of a switch-over under way,
+    /// once `preparing` made it non-optimized. Sorted by address.
+    fn frontend_paths(
+        &self,
+        f: &LonghornEngineFrontend,
+        volume: &str,
+    ) -> Result<Vec<(String, SocketAddr, crate::resources::longhorn::AnaState)>, LonghornError> {
+        use crate::resources::longhorn::{AnaState, SwitchoverPhase};
+        let kept = |engine: &str| -> Result<Option<AnaState>, LonghornError> {
+            Ok(self
+                .state()
+                .get_typed::<LonghornEngine>(engine)
+                .map_err(LonghornError::State)?
+                .filter(|e| e.spec.volume == volume)
+                .map(|e| e.spec.ana_state))
+        };
+        let mut out = Vec::new();
+        if let Ok(t) = f.target_address.parse::<SocketAddr>() {
+            let switched = f
+                .switchover
+                .as_ref()
+                .is_some_and(|r| r.done >= Some(SwitchoverPhase::Switching));
+            let ana = match kept(&f.engine_name)? {
+                Some(a) => a,
+                None if switched => AnaState::Inaccessible,
+                None => AnaState::Optimized,
+            };
+            out.push((f.engine_name.clone(), t, ana));
+        }
+        if let Some(r) = f.switchover.as_ref().filter(|r| r.done.is_some())
+            && let Ok(t) = r.target_address.parse::<SocketAddr>()
+        {
+            let ana = kept(&r.engine_name)?.unwrap_or(AnaState::NonOptimized);
+            out.push((r.engine_name.clone(), t, ana));
+        }
+        out.sort_by_key(|p| p.1);
+        Ok(out)
+    }
+
     fn observed(&self, name: &str, kind: InstanceKind) -> Result<Observed, LonghornError> {
         let status = self
             .state()
@@ -729,6 +772,7 @@ impl Longhorn {
                 cleanup: false,
                 revert: None,
                 dst_start: None,
+                snapshot_info: BTreeMap::new(),
             },
         )
     }
@@ -781,6 +825,7 @@ impl Longhorn {
                         cleanup: true,
                         revert: None,
                         dst_start: None,
+                        snapshot_info: BTreeMap::new(),
                     },
                 )?;
             }
@@ -960,6 +1005,7 @@ impl Longhorn {
             frontend: sp.frontend,
             size_bytes: sp.size,
             nr_io_queues,
+            switchover: None,
         };
         let _one = self.alloc.lock().await;
         if let Some(cur) = self
@@ -967,7 +1013,12 @@ impl Longhorn {
             .get_typed::<LonghornEngineFrontend>(name.as_str())
             .map_err(LonghornError::State)?
         {
-            if cur.spec == want && cur.metadata.phase == Phase::Running {
+            // a switch-over under way is not the manager's to repeat
+            let same = LonghornEngineFrontend {
+                switchover: cur.spec.switchover.clone(),
+                ..want
+            };
+            if cur.spec == same && cur.metadata.phase == Phase::Running {
                 return Ok(());
             }
             return Err(LonghornError::Exists(format!("{what} already exists")));
@@ -1066,38 +1117,33 @@ impl Longhorn {
                     status.port_end = port;
                     status.target_port_start = port;
                     status.target_port_end = port;
-                    // its one NVMe/TCP path, the engine's export, active (Longhorn's engine
-                    // lists its paths so): the manager's engine-frontend monitor takes the
-                    // target from the active path and writes an empty one back without it,
-                    // against the instance handler's target, so the size it observed (the
-                    // online expansion's end) never got written
-                    // the ANA state the engine's export is set to, as kept on the
-                    // engine (`EngineSetTargetListenerANAState`) when it is on this
-                    // node; an engine on another node keeps its own, and a path to it
-                    // is reported optimized (the state it is exported in unless set)
-                    let ana = self
-                        .state()
-                        .get_typed::<LonghornEngine>(&engine_name)
-                        .map_err(LonghornError::State)?
-                        .filter(|e| e.spec.volume == volume)
-                        .map(|e| e.spec.ana_state)
-                        .unwrap_or_default();
+                    // its NVMe/TCP paths (Longhorn's engine-frontend lists them so): the
+                    // manager's engine-frontend monitor takes the target from the active
+                    // path and writes an empty one back without it, against the instance
+                    // handler's target, so the size it observed (the online expansion's end)
+                    // never got written. The active path is the target's; during a
+                    // switch-over the new engine's path is listed too once `preparing` set
+                    // it non-optimized.
                     if let Some(t) = target {
-                        let path = t.to_string();
-                        status.active_path = path.clone();
-                        status.preferred_path = path;
-                        status.paths = vec![imrpc::EngineFrontendNvmeTcpPath {
-                            engine_name: engine_name.clone(),
-                            target_ip: t.ip().to_string(),
-                            target_port: port,
-                            nqn: crate::names::ObjectName::parse("volume", &volume)
-                                .ok()
-                                .and_then(|v| naming::volume_nqn(&v).ok())
-                                .map(|n| n.to_string())
-                                .unwrap_or_default(),
-                            nguid: String::new(),
-                            ana_state: ana.as_str().to_owned(),
-                        }];
+                        let nqn = crate::names::ObjectName::parse("volume", &volume)
+                            .ok()
+                            .and_then(|v| naming::volume_nqn(&v).ok())
+                            .map(|n| n.to_string())
+                            .unwrap_or_default();
+                        status.active_path = t.to_string();
+                        status.preferred_path = t.to_string();
+                        status.paths = self
+                            .frontend_paths(&f.spec, &volume)?
+                            .into_iter()
+                            .map(|(engine, address, ana)| imrpc::EngineFrontendNvmeTcpPath {
+                                engine_name: engine,
+                                target_ip: address.ip().to_string(),
+                                target_port: i32::from(address.port()),
+                                nqn: nqn.clone(),
+                                nguid: String::new(),
+                                ana_state: ana.as_str().to_owned(),
+                            })
+                            .collect();
                     }
                     status.engine_name = engine_name;
                     status.frontend = f.spec.frontend.clone();
@@ -1420,7 +1466,11 @@ impl instance_service_server::InstanceService for Longhorn {
         let v1 = req.data_engine == imrpc::DataEngine::V1 as i32;
         lifecycle::check(Op::SwitchOver, v1, &req.r#type, &req.name)?;
         // as Longhorn: by its name, else the only engine-frontend of the engine so named
-        let found = match self.frontend(&req.name)? {
+        let found = match self
+            .state()
+            .get_typed::<LonghornEngineFrontend>(&req.name)
+            .map_err(LonghornError::State)?
+        {
             Some(ef) => Some(ef),
             None => {
                 let mut of_engine = self
@@ -1430,7 +1480,7 @@ impl instance_service_server::InstanceService for Longhorn {
                     .into_iter()
                     .filter(|f| f.spec.engine_name == req.name);
                 match (of_engine.next(), of_engine.next()) {
-                    (Some(f), None) => Some(f.spec),
+                    (Some(f), None) => Some(f),
                     (Some(_), Some(_)) => {
                         return Err(Status::failed_precondition(format!(
                             "multiple engine frontends found for engine {}",
@@ -1441,7 +1491,14 @@ impl instance_service_server::InstanceService for Longhorn {
                 }
             }
         };
-        lifecycle::switch_over(&req.name, found.as_ref(), &req.target_address, &req.engine_name)?;
+        self.switch_over(
+            &req.name,
+            found,
+            &req.target_address,
+            &req.engine_name,
+            &req.switchover_phase,
+        )
+        .await?;
         Ok(Response::new(()))
     }
 
@@ -1837,6 +1894,13 @@ impl spdk_service_server::SpdkService for Longhorn {
         let mut m = self.replica_message(&r)?;
         // the head's parent and the snapshots as spdk_tgt holds them now
         fill_replica(&self.replica_lvols_now(r.id(), &r.spec.disk).await?, &mut m);
+        // when each was made, as the engine that took it said
+        for (s, l) in &mut m.snapshots {
+            if let Some(i) = r.spec.snapshot_info.get(s) {
+                l.creation_time = i.created.clone();
+                l.user_created = true;
+            }
+        }
         Ok(Response::new(m))
     }
 

@@ -52,6 +52,13 @@ pub struct LonghornReplica {
     /// `LonghornInstanceStatus.dstStart`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dst_start: Option<DstStartRequest>,
+    /// The creation time and labels of this replica's snapshots, as the
+    /// engine that took them gave them (`ReplicaSnapshotCreate`'s timestamp
+    /// and labels; this node's engine writes its own): kept with the
+    /// replica, so an engine of the volume made later, on any node, lists
+    /// them as the engine that took them did.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub snapshot_info: BTreeMap<String, SnapshotInfo>,
 }
 
 /// A numbered start of a rebuild into a replica ([`LonghornReplica::dst_start`]).
@@ -102,6 +109,10 @@ pub struct SnapshotRequest {
     /// The session ([`new_session`]) of the talon that wrote it: only that
     /// session carries it out (no call waits on an older one's).
     pub session: u64,
+    /// The snapshot's creation time and labels, handed to every replica's
+    /// node with it (kept there, [`LonghornReplica::snapshot_info`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub info: Option<SnapshotInfo>,
 }
 
 /// What the controller made of a snapshot request ([`SnapshotRequest`]).
@@ -290,6 +301,64 @@ pub struct LonghornEngineFrontend {
     /// ([`crate::attach::nvme_tcp::DEFAULT_IO_QUEUES`]), never one per host CPU.
     #[serde(default, skip_serializing_if = "is_zero_u32")]
     pub nr_io_queues: u32,
+    /// The switch-over to another engine's export that longhorn-manager is
+    /// carrying out (`InstanceSwitchOverTarget`, phase by phase): the phase
+    /// reached, kept so that a phase asked again, after a restart of talon
+    /// too, carries on from it. `None` once the target is the new engine's
+    /// (`promoting` rewrote `engineName` and `targetAddress`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub switchover: Option<FrontendSwitchover>,
+}
+
+/// A switch-over of an engine-frontend's target in progress
+/// ([`LonghornEngineFrontend::switchover`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct FrontendSwitchover {
+    /// The new engine.
+    pub engine_name: String,
+    /// Its export, `ip:port`.
+    pub target_address: String,
+    /// The last phase carried out to its end; `None`: `preparing` began
+    /// (the new path may be being connected).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub done: Option<SwitchoverPhase>,
+}
+
+/// Longhorn's switch-over phases of an engine-frontend, in their order
+/// (`switchover_phase` of `InstanceSwitchOverTarget`).
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, schemars::JsonSchema,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum SwitchoverPhase {
+    /// The new engine's listener made non-optimized (a kernel path to it
+    /// connected first): a path the host may use, not the preferred one.
+    Preparing,
+    /// The old engine's listener made inaccessible: I/O moves to the new.
+    Switching,
+    /// The new engine's listener made optimized and the frontend's target
+    /// the new engine.
+    Promoting,
+}
+
+impl SwitchoverPhase {
+    /// Every phase, in order.
+    pub const ALL: [Self; 3] = [Self::Preparing, Self::Switching, Self::Promoting];
+
+    /// Longhorn's spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Preparing => "preparing",
+            Self::Switching => "switching",
+            Self::Promoting => "promoting",
+        }
+    }
+
+    /// Longhorn's spelling read back; `None` for anything else.
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|p| p.as_str() == s)
+    }
 }
 
 fn is_zero_u32(v: &u32) -> bool {

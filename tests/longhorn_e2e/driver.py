@@ -730,6 +730,99 @@ class Scenario:
         say(f"Snapshot CRs before {snaps_before}, after {snaps()}")
         say("its events: " + ("; ".join(events) or "none"))
 
+    def relocate(self, node, data):
+        """Engine relocation (issue 53): engineNodeID patched to `node` while attached; the manager
+        makes a second engine there and switches the engine-frontend over in three phases
+        (InstanceSwitchOverTarget preparing, switching, promoting), then deletes the old engine.
+        Expected: the switch-over state back to "" with one engine, on `node`; the same
+        engine-frontend object (same uid), its target the new engine and its active path an
+        optimized path to it; no FailedSwitchover event; the volume never left attached; the
+        snapshots listed by the new engine with their creation times; `data` reads back through
+        the new engine's export and new data is written and read back."""
+        sel = f"longhornvolume={self.vol}"
+        efs = self.list("enginefrontends", sel)
+        if len(efs) != 1:
+            raise AssertionError(f"one engine-frontend expected before the move, not {len(efs)}")
+        ef_uid, ef_name = efs[0]["metadata"]["uid"], efs[0]["metadata"]["name"]
+        first = [e["metadata"]["name"] for e in self.list("engines", sel)]
+        t_events = time.time()
+        self.patch("volumes", self.vol, {"spec": {"engineNodeID": node}})
+        seen, t0 = {}, time.monotonic()
+
+        def note(k, v):
+            if v not in seen.setdefault(k, []):
+                seen[k].append(v)
+
+        def moved():
+            self.c.manager_alive()
+            st = self.get("volumes", self.vol).get("status", {})
+            note("state", st.get("state"))
+            note("switchoverState", st.get("switchoverState") or "")
+            if st.get("state") != "attached":
+                raise AssertionError(f"the volume left attached during the move: {st.get('state')}; "
+                                     f"seen {seen}")
+            for f in self.list("enginefrontends", sel):
+                note(f"engine-frontend {f['metadata']['name']} phase",
+                     f.get("status", {}).get("switchoverPhase") or "")
+            engines = self.list("engines", sel)
+            for e in engines:
+                es = e.get("status", {})
+                note(f"engine {e['metadata']['name']} on {e['spec'].get('nodeID')}",
+                     f"{es.get('currentState')}: {(es.get('message') or '')[:200]}")
+            return (not st.get("switchoverState") and len(engines) == 1
+                    and engines[0]["spec"].get("nodeID") == node
+                    and engines[0]["metadata"]["name"] not in first
+                    and st.get("currentEngineNodeID") == node)
+
+        self.wait(f"the engine moved to {node}: one engine there, switch-over state empty", moved, 300)
+        say(f"engine moved to {node} in {time.monotonic() - t0:.1f} s; the manager's view {json.dumps(seen)}")
+        engine = self.list("engines", sel)[0]
+        es = engine.get("status", {})
+
+        def frontend_on_new():
+            efs = self.list("enginefrontends", sel)
+            if len(efs) != 1:
+                return False
+            f = efs[0]
+            fs = f.get("status", {})
+            want = f"{es.get('storageIP')}:{es.get('port')}"
+            paths = {f"{p.get('targetIP')}:{p.get('targetPort')}": p.get("anaState")
+                     for p in fs.get("paths") or []}
+            return (f["metadata"]["uid"] == ef_uid and f["spec"].get("engineName") == engine["metadata"]["name"]
+                    and f"{fs.get('targetIP')}:{fs.get('targetPort')}" == want
+                    and fs.get("activePath") == want and paths.get(want) == "optimized"
+                    and not fs.get("switchoverPhase"))
+
+        self.wait(f"engine-frontend {ef_name} (the same object) targets {engine['metadata']['name']}, "
+                  "its active path optimized", frontend_on_new)
+        events = [f"{e.reason}: {(e.message or '')[:200]}"
+                  for e in self.c.core.list_namespaced_event(NS).items
+                  if self.vol in (e.involved_object.name or "")
+                  and (e.last_timestamp or e.event_time or e.first_timestamp)
+                  and (e.last_timestamp or e.event_time or e.first_timestamp).timestamp() >= t_events - 1]
+        failed = [e for e in events if e.startswith("FailedSwitchover")]
+        if failed:
+            raise AssertionError(f"FailedSwitchover events during the move: {failed}")
+        say(f"its events: {'; '.join(sorted(set(events))) or 'none'}")
+        self.wait_healthy(f"healthy with the engine on {node}")
+        # the new engine lists the snapshots with their creation times (the manager syncs its
+        # Snapshot CRs from them)
+        snaps = self.list("engines", sel)[0].get("status", {}).get("snapshots") or {}
+        untimed = [n for n, x in snaps.items() if n != "volume-head" and not x.get("created")]
+        if untimed:
+            raise AssertionError(f"the new engine lists snapshots without a creation time: {untimed}")
+        ep = self.wait("the new engine's endpoint", lambda: self.list("engines", sel)[0]["status"].get("endpoint"))
+        rest = ep.split("://", 1)[-1]
+        hostport, _, self.nqn = rest.partition("/")
+        self.addr, self.port = hostport.rsplit(":", 1)
+        say(f"engine endpoint now {ep}")
+        self.check(data, f"the data after the move to {node}")
+        # written past `data` (which later steps read again), read back
+        more = pattern(0x69)
+        self.dd(more, offset=16 * MIB)
+        self.check(more, f"the data written after the move to {node}", 16 * MIB)
+        return data
+
     def rebuilt(self):
         # 25-135 s here; a rebuild the manager gives up on (ReplicaAdd's 60 s, then a new replica
         # after its backoff) needs a second round, which a loaded CI machine took past 240 s
@@ -775,6 +868,9 @@ def main():
     ap.add_argument("--idle", type=float, default=60, help="scale: seconds of idle measured")
     ap.add_argument("--queues", type=int, default=4, help="scale: I/O queues of the connected host (0: none connected)")
     ap.add_argument("--metrics", help="scale: where the measurements go (JSON)")
+    ap.add_argument("--relocate", action="store_true", default=os.environ.get("TALON_E2E_RELOCATE") == "1",
+                    help="two-nodes: move the engine to node 2 and back by engineNodeID, the manager's "
+                         "three-phase switch-over (also TALON_E2E_RELOCATE=1)")
     a = ap.parse_args()
     then_scale = a.scenario == "two-nodes+scale"  # the scale steps after two-nodes, same cluster
     if then_scale:
@@ -839,8 +935,13 @@ def main():
             s.step("snapshot-delete", s.snapshot_delete)
             # last: the manager drops the Snapshot CRs when it makes the second engine (see
             # engine_elsewhere), so no step after this one may need a snapshot
-            s.step("engine-node-2", lambda: s.engine_elsewhere(nodes[1]))
-            s.step("read-after-engine-node-2", lambda: s.check(first, "the data after engineNodeID and back"))
+            if a.relocate:
+                s.step("relocate-node-2", lambda: s.relocate(nodes[1], first))
+                s.step("relocate-back", lambda: s.relocate(NODE, first))
+                s.step("read-after-relocate", lambda: s.check(first, "the data after the moves"))
+            else:
+                s.step("engine-node-2", lambda: s.engine_elsewhere(nodes[1]))
+                s.step("read-after-engine-node-2", lambda: s.check(first, "the data after engineNodeID and back"))
         s.step("detach", s.detach)
         s.step("delete", s.delete)
         s.step("restore", lambda: s.restore(first))

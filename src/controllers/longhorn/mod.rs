@@ -1585,6 +1585,7 @@ mod tests {
             frontend: "spdk-tcp-nvmf".into(),
             size_bytes: MIB,
             nr_io_queues: 0,
+            switchover: None,
         };
         let old: Vec<String> = (0..20).map(|i| format!("vol{i:02}")).collect();
         for v in &old {
@@ -1648,6 +1649,7 @@ mod tests {
             frontend: "spdk-tcp-blockdev".into(),
             size_bytes: 1 << 30,
             nr_io_queues: q,
+            switchover: None,
         };
         assert_eq!(connect_options(&f(0)).nr_io_queues, nvme_tcp::DEFAULT_IO_QUEUES);
         assert_eq!(nvme_tcp::DEFAULT_IO_QUEUES, 4);

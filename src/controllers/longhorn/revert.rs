@@ -518,6 +518,7 @@ mod tests {
                 cleanup: false,
                 revert: None,
                 dst_start: None,
+                snapshot_info: Default::default(),
             },
         )]
         .into();

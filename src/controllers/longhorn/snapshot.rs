@@ -27,7 +27,7 @@ use super::{InstanceError, LonghornController};
 use crate::names::ObjectName;
 use crate::proto::spdkrpc;
 use crate::resources::longhorn::{
-    LonghornEngine, LonghornInstanceStatus, LonghornReplica, SnapshotStatus, snapshot_lvol,
+    LonghornEngine, LonghornInstanceStatus, LonghornReplica, SnapshotInfo, SnapshotStatus, snapshot_lvol,
 };
 use crate::runtime::Typed;
 use crate::spdk::naming::longhorn as naming;
@@ -62,7 +62,7 @@ impl LonghornController {
                     "snapshot {name} of engine {}: the engine is not running: {why}",
                     e.id()
                 ),
-                Ok(()) => match self.snapshot(inv, e, local, name).await {
+                Ok(()) => match self.snapshot(inv, e, local, name, r.info.as_ref()).await {
                     Ok(()) => String::new(),
                     Err(m) => m.text(),
                 },
@@ -84,13 +84,15 @@ impl LonghornController {
     }
 
     /// Snapshot `snap` of every replica of engine `e` in service, at one
-    /// instant; nothing of it left on error.
+    /// instant; nothing of it left on error. Another node's replica gets
+    /// the snapshot's time and labels (`info`) with it, to keep.
     async fn snapshot(
         &self,
         inv: &Inventory,
         e: &Typed<LonghornEngine>,
         local: &BTreeMap<String, LonghornReplica>,
         snap: &str,
+        info: Option<&SnapshotInfo>,
     ) -> Result<(), InstanceError> {
         let failed = |source| InstanceError::Snapshot {
             engine: e.id().to_owned(),
@@ -100,7 +102,13 @@ impl LonghornController {
         let volume = ObjectName::parse("volume", &e.spec.volume).map_err(|x| failed(x.into()))?;
         let nqn = naming::volume_nqn(&volume).map_err(|x| failed(x.into()))?;
         let replicas: Vec<(&String, &String)> = e.spec.replica_address_map.iter().collect();
-        let stamp = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string();
+        let stamp = info.map_or_else(
+            || humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
+            |i| i.created.clone(),
+        );
+        let labels: HashMap<String, String> = info
+            .map(|i| i.labels.clone().into_iter().collect())
+            .unwrap_or_default();
         let mut members = Vec::new();
         for (key, (replica, address)) in replicas.iter().enumerate() {
             match local.get(*replica) {
@@ -121,7 +129,9 @@ impl LonghornController {
                     key,
                     name: (*replica).clone(),
                     bdev: format!("{replica}n1"),
-                    take: self.snapshot_remote(replica, address, snap, &stamp).boxed(),
+                    take: self
+                        .snapshot_remote(replica, address, snap, &stamp, labels.clone())
+                        .boxed(),
                 }),
             }
         }
@@ -185,6 +195,7 @@ impl LonghornController {
         address: &str,
         snap: &str,
         stamp: &str,
+        labels: HashMap<String, String>,
     ) -> Result<(), PeerError> {
         // the error names the replica (VolumeError::PeerSnapshot)
         let mut c = self
@@ -200,7 +211,7 @@ impl LonghornController {
             snapshot_name: snap.to_owned(),
             user_created: true,
             snapshot_timestamp: stamp.to_owned(),
-            labels: HashMap::new(),
+            labels,
         })
         .await
         .map(|_| ())
