@@ -518,6 +518,7 @@ mod tests {
                 cleanup: false,
                 revert: None,
                 dst_start: None,
+                shared_for: None,
             },
         )]
         .into();
