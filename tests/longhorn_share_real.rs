@@ -14,8 +14,10 @@
 
 #[path = "support/longhorn_nodes.rs"]
 mod longhorn_nodes;
+#[allow(dead_code)] // other tests' parts
 #[path = "support/spdk_dd.rs"]
 mod spdk_dd;
+#[allow(dead_code)] // other tests' parts
 #[path = "support/spdk_perf.rs"]
 mod spdk_perf;
 #[path = "support/spdk_real.rs"]
