@@ -92,7 +92,12 @@ async fn real_spdk_a_second_engine_shares_the_replica_the_first_holds() {
     let addr_b = b.replica("disk-b", "vol-r-b", LEN as u64).await;
     let replicas = [("vol-r-a", &addr_a), ("vol-r-b", &addr_b)];
     engine(&a, &replicas, LEN as u64, "spdk-tcp-nvmf").await;
-    let e0 = running(&InstanceServiceClient::new(a.channel(3).await), "vol-e-0", "engine").await;
+    let e0 = running(
+        &InstanceServiceClient::new(a.channel(3).await),
+        "vol-e-0",
+        "engine",
+    )
+    .await;
     let port0 = u16::try_from(e0.port_start).expect("port");
     let lvol_a = a
         .spdk
@@ -151,8 +156,14 @@ async fn real_spdk_a_second_engine_shares_the_replica_the_first_holds() {
             .await
             .expect("read through e-1")
     };
-    assert!(back[..LEN / 2] == first[..], "written before the move, read through e-1");
-    assert!(back[LEN / 2..] == second[..], "written after the move, read through e-1");
+    assert!(
+        back[..LEN / 2] == first[..],
+        "written before the move, read through e-1"
+    );
+    assert!(
+        back[LEN / 2..] == second[..],
+        "written after the move, read through e-1"
+    );
 
     // e-1 goes: e-0 takes its lvol back directly, at one frozen instant
     inst_b
@@ -179,7 +190,10 @@ async fn real_spdk_a_second_engine_shares_the_replica_the_first_holds() {
             .is_none(),
         "held directly again: not exported"
     );
-    assert!(a.spdk.bdev("vol-r-an1").await.expect("bdevs").is_none(), "the loopback is detached");
+    assert!(
+        a.spdk.bdev("vol-r-an1").await.expect("bdevs").is_none(),
+        "the loopback is detached"
+    );
     assert_eq!(modes(&mut pa, "vol-e-0").await, vec![RW; 2], "e-0 after");
     let back = {
         let (spdk, dir) = (spdk.clone(), dir.clone());
@@ -187,7 +201,10 @@ async fn real_spdk_a_second_engine_shares_the_replica_the_first_holds() {
             .await
             .expect("read through e-0")
     };
-    assert!(back[..LEN / 2] == first[..] && back[LEN / 2..] == second[..], "through e-0 after");
+    assert!(
+        back[..LEN / 2] == first[..] && back[LEN / 2..] == second[..],
+        "through e-0 after"
+    );
     eprintln!(
         "{test}: shared after {:.1} s, direct again after {:.1} s",
         shared_at.as_secs_f64(),

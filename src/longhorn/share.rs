@@ -37,7 +37,11 @@ impl Longhorn {
         self.state()
             .update_typed(r.id(), "", None, &spec)
             .map_err(LonghornError::State)?;
-        tracing::debug!(replica = r.id(), engine = e.as_str(), "another engine asks to share this replica");
+        tracing::debug!(
+            replica = r.id(),
+            engine = e.as_str(),
+            "another engine asks to share this replica"
+        );
         Ok(())
     }
 }

@@ -84,7 +84,15 @@ pub fn dd_as(
 
 /// [`dd`] of an export on `traddr` (another node's loopback address).
 #[allow(dead_code)]
-pub fn dd_on(spdk: &Path, dir: &Path, traddr: &str, port: u16, nqn: &str, write: Option<&[u8]>, len: usize) -> Vec<u8> {
+pub fn dd_on(
+    spdk: &Path,
+    dir: &Path,
+    traddr: &str,
+    port: u16,
+    nqn: &str,
+    write: Option<&[u8]>,
+    len: usize,
+) -> Vec<u8> {
     let out = run_on(spdk, dir, traddr, port, nqn, write, len, spdk_perf::HOST_NQN, 0);
     assert!(
         out.status.success(),

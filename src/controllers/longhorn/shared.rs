@@ -257,7 +257,9 @@ impl LonghornController {
         let now_ms = crate::util::unix_ms();
         for (r, address) in &e.spec.replica_address_map {
             let Some(spec) = local.get(r) else { continue };
-            let Some(raid) = inv.raid(e.id()) else { return direct };
+            let Some(raid) = inv.raid(e.id()) else {
+                return direct;
+            };
             let through = inv.controllers.iter().any(|c| c == r);
             let key = (e.id().to_owned(), r.clone());
             // an ask of another engine, as old as its time says
@@ -266,8 +268,12 @@ impl LonghornController {
                 .as_ref()
                 .filter(|a| a.engine != e.id())
                 .map(|a| Duration::from_millis(now_ms.saturating_sub(a.at_ms)));
-            let Ok(name) = ObjectName::parse("replica", r) else { continue };
-            let Ok(rnqn) = naming::replica_nqn(&name) else { continue };
+            let Ok(name) = ObjectName::parse("replica", r) else {
+                continue;
+            };
+            let Ok(rnqn) = naming::replica_nqn(&name) else {
+                continue;
+            };
             let mut other_readers = None;
             if through {
                 let q = crate::spdk::rpc::ByNqn {
@@ -276,8 +282,12 @@ impl LonghornController {
                 other_readers = match self.client.nvmf_subsystem_get_controllers(&q).await {
                     Ok(c) => Some(c.len().saturating_sub(1)),
                     Err(x) => {
-                        tracing::warn!(engine = e.id(), replica = r.as_str(),
-                            "reading the hosts of its export: {}; the member stays behind it", super::chain(&x));
+                        tracing::warn!(
+                            engine = e.id(),
+                            replica = r.as_str(),
+                            "reading the hosts of its export: {}; the member stays behind it",
+                            super::chain(&x)
+                        );
                         None
                     }
                 };
@@ -312,7 +322,8 @@ impl LonghornController {
                 continue;
             };
             let ana = super::spdk_ana(e.spec.ana_state);
-            let Ok(serving) = super::Serving::of(&engine, &volume, self.export_spec(node, addr, e.spec.port), ana)
+            let Ok(serving) =
+                super::Serving::of(&engine, &volume, self.export_spec(node, addr, e.spec.port), ana)
             else {
                 continue;
             };
@@ -333,11 +344,19 @@ impl LonghornController {
                 attach: RemoteAttach::longhorn(r, at, rnqn.as_str()),
             };
             if let Some(why) = s.not_now() {
-                tracing::info!(engine = e.id(), replica = r.as_str(), to = to.as_str(),
-                    "a member to move waits: {why}");
+                tracing::info!(
+                    engine = e.id(),
+                    replica = r.as_str(),
+                    to = to.as_str(),
+                    "a member to move waits: {why}"
+                );
                 continue;
             }
-            let asker = spec.shared_for.as_ref().map(|a| a.engine.as_str()).unwrap_or_default();
+            let asker = spec
+                .shared_for
+                .as_ref()
+                .map(|a| a.engine.as_str())
+                .unwrap_or_default();
             // while the raid is made again, `ReplicaList` reports the modes
             // from before (every member in service): the manager must not
             // fail a replica for the moment its raid is missing
@@ -350,8 +369,14 @@ impl LonghornController {
             );
             match self.ops.swap_member(inv, &s, to).await {
                 Ok(took) => {
-                    tracing::info!(engine = e.id(), replica = r.as_str(), to = to.as_str(), asked_by = asker,
-                        freeze_ms = took.as_secs_f64() * 1e3, "the member moved at one frozen instant, no rebuild");
+                    tracing::info!(
+                        engine = e.id(),
+                        replica = r.as_str(),
+                        to = to.as_str(),
+                        asked_by = asker,
+                        freeze_ms = took.as_secs_f64() * 1e3,
+                        "the member moved at one frozen instant, no rebuild"
+                    );
                     match to {
                         MemberPath::Export => {
                             direct.remove(r);
@@ -435,14 +460,46 @@ mod tests {
     fn a_member_goes_behind_its_export_while_wanted_and_back_after_the_hold() {
         let hold = Duration::from_secs(15);
         let s = |x: u64| Some(Duration::from_secs(x));
-        assert_eq!(share_step(false, None, None, hold), ShareStep::Keep, "nobody asked");
-        assert_eq!(share_step(false, s(1), None, hold), ShareStep::ToExport, "asked just now");
-        assert_eq!(share_step(false, s(20), None, hold), ShareStep::Keep, "an old ask");
-        assert_eq!(share_step(true, s(1), Some(0), hold), ShareStep::Keep, "asked within the hold");
-        assert_eq!(share_step(true, s(20), Some(1), hold), ShareStep::Keep, "another engine reads it");
-        assert_eq!(share_step(true, s(20), None, hold), ShareStep::Keep, "readers unknown");
-        assert_eq!(share_step(true, s(20), Some(0), hold), ShareStep::ToDirect, "nobody wants it");
-        assert_eq!(share_step(true, None, Some(0), hold), ShareStep::ToDirect, "never asked, unread");
+        assert_eq!(
+            share_step(false, None, None, hold),
+            ShareStep::Keep,
+            "nobody asked"
+        );
+        assert_eq!(
+            share_step(false, s(1), None, hold),
+            ShareStep::ToExport,
+            "asked just now"
+        );
+        assert_eq!(
+            share_step(false, s(20), None, hold),
+            ShareStep::Keep,
+            "an old ask"
+        );
+        assert_eq!(
+            share_step(true, s(1), Some(0), hold),
+            ShareStep::Keep,
+            "asked within the hold"
+        );
+        assert_eq!(
+            share_step(true, s(20), Some(1), hold),
+            ShareStep::Keep,
+            "another engine reads it"
+        );
+        assert_eq!(
+            share_step(true, s(20), None, hold),
+            ShareStep::Keep,
+            "readers unknown"
+        );
+        assert_eq!(
+            share_step(true, s(20), Some(0), hold),
+            ShareStep::ToDirect,
+            "nobody wants it"
+        );
+        assert_eq!(
+            share_step(true, None, Some(0), hold),
+            ShareStep::ToDirect,
+            "never asked, unread"
+        );
         assert_eq!(
             share_step(true, s(0), Some(0), Duration::ZERO),
             ShareStep::ToDirect,

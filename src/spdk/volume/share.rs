@@ -23,7 +23,9 @@
 
 use std::time::{Duration, Instant};
 
-use super::{EnginePlan, EngineNames, Export, ExportSpec, Inventory, RemoteAttach, VolumeError, VolumeOps, rpc};
+use super::{
+    EngineNames, EnginePlan, Export, ExportSpec, Inventory, RemoteAttach, VolumeError, VolumeOps, rpc,
+};
 use crate::spdk::rpc::{RaidBdev, RaidDelete};
 
 /// How a local replica is a member of its engine's raid1.
@@ -125,7 +127,9 @@ impl MemberSwap<'_> {
             return Some(format!("raid {} is rebuilding", r.name));
         }
         if r.num_base_bdevs_discovered != r.num_base_bdevs
-            || r.base_bdevs_list.iter().any(|b| !b.is_configured || b.name.is_none())
+            || r.base_bdevs_list
+                .iter()
+                .any(|b| !b.is_configured || b.name.is_none())
         {
             return Some(format!("raid {} has a slot out of service", r.name));
         }
@@ -138,7 +142,10 @@ impl MemberSwap<'_> {
             .filter(|b| b.name.as_deref().is_some_and(|n| self.is_member(n)))
             .count();
         if listed != 1 {
-            return Some(format!("replica {} is not one member of raid {}", self.replica, r.name));
+            return Some(format!(
+                "replica {} is not one member of raid {}",
+                self.replica, r.name
+            ));
         }
         None
     }
@@ -150,7 +157,12 @@ impl VolumeOps {
     /// an error the raid serves again over every member (the path it had,
     /// else the other: logged, naming the engine and the replica), or, if
     /// even that failed, the next reconcile makes it over them.
-    pub async fn swap_member(&self, inv: &Inventory, s: &MemberSwap<'_>, to: MemberPath) -> Result<Duration, VolumeError> {
+    pub async fn swap_member(
+        &self,
+        inv: &Inventory,
+        s: &MemberSwap<'_>,
+        to: MemberPath,
+    ) -> Result<Duration, VolumeError> {
         if let Some(why) = s.not_now() {
             return Err(s.refused(to, why));
         }
@@ -180,7 +192,12 @@ impl VolumeOps {
         Ok(took)
     }
 
-    async fn swap_frozen(&self, inv: &Inventory, s: &MemberSwap<'_>, to: MemberPath) -> Result<(), VolumeError> {
+    async fn swap_frozen(
+        &self,
+        inv: &Inventory,
+        s: &MemberSwap<'_>,
+        to: MemberPath,
+    ) -> Result<(), VolumeError> {
         let nqn = s.names.nqn.as_str();
         let reopen = |e: VolumeError| async move {
             let mut made = Vec::new();
@@ -208,7 +225,10 @@ impl VolumeOps {
             })
             .await
         {
-            let e = rpc(s.of, format!("deleting raid {} to move {}'s member", s.raid.name, s.replica))(e);
+            let e = rpc(
+                s.of,
+                format!("deleting raid {} to move {}'s member", s.raid.name, s.replica),
+            )(e);
             return Err(reopen(e).await);
         }
         // the listing as it is now: no raid, the export without namespace
@@ -235,22 +255,34 @@ impl VolumeOps {
             };
             match self.remake(&mut now, s, back).await {
                 Ok(()) => {
-                    tracing::warn!(engine = s.of, replica = s.replica, path = back.as_str(),
-                        "the raid serves again over every member");
+                    tracing::warn!(
+                        engine = s.of,
+                        replica = s.replica,
+                        path = back.as_str(),
+                        "the raid serves again over every member"
+                    );
                     return Err(e);
                 }
                 Err(x) => tracing::error!(engine = s.of, replica = s.replica, path = back.as_str(),
                     error = %crate::util::error_chain(&x), "making the raid again failed"),
             }
         }
-        tracing::error!(engine = s.of, replica = s.replica,
-            "the raid could not be made again now; the next reconcile makes it over its members");
+        tracing::error!(
+            engine = s.of,
+            replica = s.replica,
+            "the raid could not be made again now; the next reconcile makes it over its members"
+        );
         Err(e)
     }
 
     /// The member by `path`, the raid over the slots with it (unless it is
     /// there), the engine's export opened. `now` is kept as it changes.
-    async fn remake(&self, now: &mut Inventory, s: &MemberSwap<'_>, path: MemberPath) -> Result<(), VolumeError> {
+    async fn remake(
+        &self,
+        now: &mut Inventory,
+        s: &MemberSwap<'_>,
+        path: MemberPath,
+    ) -> Result<(), VolumeError> {
         let enqn = s.export.nqn.as_str();
         let bdev = match path {
             MemberPath::Direct => {
