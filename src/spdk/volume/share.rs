@@ -275,9 +275,26 @@ impl VolumeOps {
         Err(e)
     }
 
-    /// The member by `path`, the raid over the slots with it (unless it is
-    /// there), the engine's export opened. `now` is kept as it changes.
+    /// The member by `path` and the raid over the slots with it, unless
+    /// the raid is there (made by a part that failed after: its members are
+    /// left as they are, a path taken from under it would fail a member);
+    /// the engine's export opened. `now` is kept as it changes.
     async fn remake(
+        &self,
+        now: &mut Inventory,
+        s: &MemberSwap<'_>,
+        path: MemberPath,
+    ) -> Result<(), VolumeError> {
+        if now.raid(&s.names.raid).is_none() {
+            self.member_raid(now, s, path).await?;
+        }
+        let mut made = Vec::new();
+        self.export_in(now, s.of, &s.names.export(&s.names.raid, s.spec), &mut made)
+            .await
+    }
+
+    /// The member by `path`, the raid made over the slots with it.
+    async fn member_raid(
         &self,
         now: &mut Inventory,
         s: &MemberSwap<'_>,
@@ -308,24 +325,20 @@ impl VolumeOps {
                 b
             }
         };
-        if now.raid(&s.names.raid).is_none() {
-            let plan = EnginePlan {
-                volume: s.of,
-                names: s.names,
-                slots: s.slots_with(&bdev),
-                bare: false,
-                geometry: None,
-                superblock: None,
-                spec: s.spec,
-            };
-            let mut made = Vec::new();
-            if let Err(e) = self.engine_raid(now, &plan, &mut made).await {
-                self.undo(made).await;
-                return Err(e);
-            }
-        }
+        let plan = EnginePlan {
+            volume: s.of,
+            names: s.names,
+            slots: s.slots_with(&bdev),
+            bare: false,
+            geometry: None,
+            superblock: None,
+            spec: s.spec,
+        };
         let mut made = Vec::new();
-        self.export_in(now, s.of, &s.names.export(&s.names.raid, s.spec), &mut made)
-            .await
+        if let Err(e) = self.engine_raid(now, &plan, &mut made).await {
+            self.undo(made).await;
+            return Err(e);
+        }
+        Ok(())
     }
 }
