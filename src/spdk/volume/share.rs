@@ -342,3 +342,70 @@ impl VolumeOps {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::names::{Nqn, ObjectName};
+
+    fn raid(members: &[(&str, bool)]) -> RaidBdev {
+        let list: Vec<serde_json::Value> = members
+            .iter()
+            .map(|(n, ok)| serde_json::json!({"name": n, "is_configured": ok}))
+            .collect();
+        serde_json::from_value(serde_json::json!({
+            "name": "vol-e-0", "state": "online", "raid_level": "raid1",
+            "num_base_bdevs": members.len(), "num_base_bdevs_discovered": members.len(),
+            "num_base_bdevs_operational": members.len(), "base_bdevs_list": list
+        }))
+        .expect("a raid listing")
+    }
+
+    /// The raid is made again only when every slot serves and nothing runs
+    /// in it; the member is swapped in its own slot, the others kept.
+    #[test]
+    fn a_member_moves_only_in_a_whole_raid_and_keeps_its_slot() {
+        let vol = ObjectName::parse("volume", "vol").expect("name");
+        let names = EngineNames::volume(&vol);
+        let spec = ExportSpec::plain([127, 0, 0, 1].into(), 20000, Vec::new());
+        let nqn = Nqn::parse("nqn.2023-01.io.longhorn.spdk:vol-r-a").expect("nqn");
+        let at: std::net::SocketAddr = "127.0.0.1:20001".parse().expect("address");
+        let r = raid(&[("uuid-a", true), ("vol-r-bn1", true)]);
+        let s = MemberSwap {
+            of: "vol-e-0",
+            replica: "vol-r-a",
+            names: &names,
+            spec: &spec,
+            raid: &r,
+            lvol: "talon-d/vol-r-a",
+            lvol_uuid: "uuid-a",
+            export: names.export("talon-d/vol-r-a", &spec),
+            attach: RemoteAttach::longhorn("vol-r-a", at, nqn.as_str()),
+        };
+        assert_eq!(s.not_now(), None);
+        assert_eq!(
+            s.slots_with("vol-r-an1"),
+            vec![Some("vol-r-an1".to_owned()), Some("vol-r-bn1".to_owned())]
+        );
+        let degraded = raid(&[("uuid-a", true), ("vol-r-bn1", false)]);
+        let s2 = MemberSwap {
+            raid: &degraded,
+            ..s.clone()
+        };
+        assert!(s2.not_now().is_some_and(|w| w.contains("out of service")));
+        let mut rebuilding = r.clone();
+        rebuilding.process = serde_json::from_value(serde_json::json!({
+            "type": "rebuild", "target": "vol-r-bn1",
+            "progress": {"blocks": 1, "percent": 1}
+        }))
+        .expect("a rebuild");
+        let s3 = MemberSwap {
+            raid: &rebuilding,
+            ..s.clone()
+        };
+        assert!(s3.not_now().is_some_and(|w| w.contains("rebuilding")));
+        let other = raid(&[("uuid-x", true), ("vol-r-bn1", true)]);
+        let s4 = MemberSwap { raid: &other, ..s };
+        assert!(s4.not_now().is_some_and(|w| w.contains("not one member")));
+    }
+}
