@@ -147,3 +147,17 @@ impl PeerChannels {
         None
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The ask names the engine on the wire and is read back as sent; a
+    /// plain request asks nothing.
+    #[test]
+    fn a_share_ask_carries_the_engine() {
+        let req = share_for((), "vol-e-1");
+        assert_eq!(asked_share_for(req.metadata()).as_deref(), Some("vol-e-1"));
+        assert_eq!(asked_share_for(tonic::Request::new(()).metadata()), None);
+    }
+}
