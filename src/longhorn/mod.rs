@@ -30,6 +30,7 @@ mod replica_msg;
 pub mod restore;
 pub mod server;
 pub mod service;
+mod share;
 pub mod snaphash;
 mod snaphash_ops;
 mod switchover;

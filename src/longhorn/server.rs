@@ -773,6 +773,7 @@ impl Longhorn {
                 revert: None,
                 dst_start: None,
                 snapshot_info: BTreeMap::new(),
+                shared_for: None,
             },
         )
     }
@@ -826,6 +827,7 @@ impl Longhorn {
                         revert: None,
                         dst_start: None,
                         snapshot_info: BTreeMap::new(),
+                        shared_for: None,
                     },
                 )?;
             }
@@ -1885,12 +1887,17 @@ impl spdk_service_server::SpdkService for Longhorn {
         &self,
         req: Request<spdkrpc::ReplicaGetRequest>,
     ) -> Result<Response<spdkrpc::Replica>, Status> {
+        // another node's engine waits for it (see `share::share_asked`)
+        let share_for = crate::proto::peer::asked_share_for(req.metadata());
         let name = req.into_inner().name;
         let r = self
             .state()
             .get_typed::<LonghornReplica>(&name)
             .map_err(LonghornError::State)?
             .ok_or_else(|| cannot_find("replica", &name))?;
+        if let Some(engine) = share_for {
+            self.share_asked(&r, &engine)?;
+        }
         let mut m = self.replica_message(&r)?;
         // the head's parent and the snapshots as spdk_tgt holds them now
         fill_replica(&self.replica_lvols_now(r.id(), &r.spec.disk).await?, &mut m);

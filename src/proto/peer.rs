@@ -34,6 +34,30 @@ pub fn at_once<T>(message: T) -> tonic::Request<T> {
 /// the engine asks again. Absent: the work is done.
 pub const PENDING: &str = "talon-pending";
 
+/// Request metadata of a talon engine's `ReplicaGet` of a replica it waits
+/// for because an engine on the replica's node holds it directly (its raid1
+/// claims the lvol): the value names the asking engine, and the replica's
+/// node records the ask (`LonghornReplica::shared_for`), so its engine puts
+/// that member behind the replica's export (`controllers::longhorn::shared`).
+pub const SHARE_FOR: &str = "talon-share-for";
+
+/// `message` asked [`SHARE_FOR`] engine `engine` (an engine name is ASCII;
+/// one that is not a metadata value is sent without the ask).
+pub fn share_for<T>(message: T, engine: &str) -> tonic::Request<T> {
+    let mut req = tonic::Request::new(message);
+    if let Ok(v) = tonic::metadata::MetadataValue::try_from(engine) {
+        req.metadata_mut().insert(SHARE_FOR, v);
+    }
+    req
+}
+
+/// The engine a request asks [`SHARE_FOR`], if any.
+pub fn asked_share_for(meta: &tonic::metadata::MetadataMap) -> Option<String> {
+    meta.get(SHARE_FOR)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned)
+}
+
 /// Why another node's SPDKService cannot be reached. It does not name the
 /// replica: each caller names it once, in its own words.
 #[derive(Debug, thiserror::Error)]
@@ -121,5 +145,19 @@ impl PeerChannels {
             }
         }
         None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The ask names the engine on the wire and is read back as sent; a
+    /// plain request asks nothing.
+    #[test]
+    fn a_share_ask_carries_the_engine() {
+        let req = share_for((), "vol-e-1");
+        assert_eq!(asked_share_for(req.metadata()).as_deref(), Some("vol-e-1"));
+        assert_eq!(asked_share_for(tonic::Request::new(()).metadata()), None);
     }
 }

@@ -91,6 +91,12 @@ pub struct NodeConfig {
     /// the disk and the figures. Default 500 (Longhorn's `--longhorn-overcommit-percent` too).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub overcommit_percent: Option<u32>,
+    /// How long, in seconds, an engine keeps a local replica's member behind
+    /// the replica's export after another node's engine last asked for it
+    /// or read it (Longhorn moving the engine), before it goes back to the
+    /// lvol itself (default 15).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replica_share_hold_secs: Option<u64>,
     /// The 2 MiB hugepage pool for SPDK: `auto` (sized from the volumes this
     /// node exports, on the NUMA nodes of the SPDK cores), a fixed number of
     /// MiB, or `off` (talon leaves the pool alone).
@@ -196,6 +202,7 @@ impl Default for NodeConfig {
             replica_tls_port: default_replica_tls_port(),
             rebuild_mib_per_sec: None,
             overcommit_percent: None,
+            replica_share_hold_secs: None,
             hugepages: HugepagesSetting::AUTO,
             backup_folder_root: None,
             backup_secrets_dir: None,

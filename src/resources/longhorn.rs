@@ -59,6 +59,24 @@ pub struct LonghornReplica {
     /// them as the engine that took them did.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub snapshot_info: BTreeMap<String, SnapshotInfo>,
+    /// The last ask of another node's engine to reach this replica while an
+    /// engine here holds it directly (`ReplicaGet` with
+    /// `proto::peer::SHARE_FOR`): the engine here puts its member behind the
+    /// replica's export while asks keep coming (see
+    /// `controllers::longhorn::shared`). Absent in records written before.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shared_for: Option<ShareAsk>,
+}
+
+/// Another node's engine asking to reach a replica through its export
+/// ([`LonghornReplica::shared_for`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ShareAsk {
+    /// The asking engine (a Longhorn engine name).
+    pub engine: String,
+    /// When it last asked, milliseconds since the Unix epoch.
+    pub at_ms: u64,
 }
 
 /// A numbered start of a rebuild into a replica ([`LonghornReplica::dst_start`]).

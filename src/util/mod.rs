@@ -23,3 +23,10 @@ pub mod space;
 pub use backoff::Backoff;
 pub use error::error_chain;
 pub use root::{HostIoError, HostRoot};
+
+/// Milliseconds since the Unix epoch, now (0 before it).
+pub fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}

@@ -82,10 +82,48 @@ pub fn dd_as(
     run(spdk, dir, port, nqn, write, len, hostnqn, 0)
 }
 
+/// [`dd`] of an export on `traddr` (another node's loopback address).
+#[allow(dead_code)]
+pub fn dd_on(
+    spdk: &Path,
+    dir: &Path,
+    traddr: &str,
+    port: u16,
+    nqn: &str,
+    write: Option<&[u8]>,
+    len: usize,
+) -> Vec<u8> {
+    let out = run_on(spdk, dir, traddr, port, nqn, write, len, spdk_perf::HOST_NQN, 0);
+    assert!(
+        out.status.success(),
+        "spdk_dd on {nqn} at {traddr}:{port} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    if write.is_some() {
+        return Vec::new();
+    }
+    std::fs::read(dir.join("dd.bin")).expect("dd file")
+}
+
 #[allow(clippy::too_many_arguments)]
 fn run(
     spdk: &Path,
     dir: &Path,
+    port: u16,
+    nqn: &str,
+    write: Option<&[u8]>,
+    len: usize,
+    hostnqn: &str,
+    seek: usize,
+) -> std::process::Output {
+    run_on(spdk, dir, "127.0.0.1", port, nqn, write, len, hostnqn, seek)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn run_on(
+    spdk: &Path,
+    dir: &Path,
+    traddr: &str,
     port: u16,
     nqn: &str,
     write: Option<&[u8]>,
@@ -99,7 +137,7 @@ fn run(
     let cfg = json!({"subsystems": [{"subsystem": "bdev", "config": [{
         "method": "bdev_set_options", "params": {"bdev_auto_examine": false}}, {
         "method": "bdev_nvme_attach_controller",
-        "params": {"name": "dd", "trtype": "tcp", "adrfam": "ipv4", "traddr": "127.0.0.1",
+        "params": {"name": "dd", "trtype": "tcp", "adrfam": "ipv4", "traddr": traddr,
                    "trsvcid": port.to_string(), "subnqn": nqn, "hostnqn": hostnqn,
                    // a host that rides through a lost connection as the
                    // kernel's does (reconnect every 2 s, I/O held meanwhile):

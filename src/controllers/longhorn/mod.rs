@@ -98,6 +98,8 @@ pub struct LonghornController {
     /// This serve's session (`resources::longhorn::new_session`): only the
     /// reverts and rebuild starts written in it are carried out.
     session: Session,
+    /// When each member behind its export was last wanted (`shared`).
+    wanted: shared::Wanted,
 }
 
 mod caps;
@@ -129,6 +131,7 @@ impl LonghornController {
             thaw_checked: Default::default(),
             caps: caps::Caps::default(),
             session: crate::resources::longhorn::new_session(),
+            wanted: Default::default(),
         }
     }
 
@@ -168,6 +171,24 @@ impl LonghornController {
             }
         }
         ExportSpec::plain(address, port, hosts)
+    }
+}
+
+/// A replica's export: lvol `alias` as `nqn`.
+fn replica_export<'a>(nqn: &'a Nqn, alias: &'a str, ns_uuid: uuid::Uuid, spec: &'a ExportSpec) -> Export<'a> {
+    Export {
+        nqn,
+        bdev: alias,
+        ns_uuid,
+        subsystem: NewSubsystem {
+            model: "talon-longhorn-replica".into(),
+            serial: None,
+            ana: true,
+            cntlid: None,
+            listener_ana: None,
+        },
+        spec,
+        only_listener: false,
     }
 }
 
@@ -256,20 +277,7 @@ impl LonghornController {
         ns_uuid: uuid::Uuid,
         spec: &ExportSpec,
     ) -> Result<(), InstanceError> {
-        let e = Export {
-            nqn,
-            bdev: alias,
-            ns_uuid,
-            subsystem: NewSubsystem {
-                model: "talon-longhorn-replica".into(),
-                serial: None,
-                ana: true,
-                cntlid: None,
-                listener_ana: None,
-            },
-            spec,
-            only_listener: false,
-        };
+        let e = replica_export(nqn, alias, ns_uuid, spec);
         self.ops.export(inv, nqn.as_str(), &e).await?;
         Ok(())
     }
@@ -468,6 +476,7 @@ impl LonghornController {
     async fn members(
         &self,
         inv: &Inventory,
+        engine: &str,
         e: &LonghornEngine,
         local: &BTreeMap<String, LonghornReplica>,
     ) -> (Vec<String>, Vec<String>) {
@@ -485,11 +494,12 @@ impl LonghornController {
             }
             match self.attach_remote(inv, replica, address).await {
                 Ok(b) => bdevs.push(b),
-                // an engine there holds it directly: named, and left to it
-                Err(e) => missing.push(match self.holder_of(replica, address).await {
+                // an engine there holds it directly: named, asked to share
+                // it (its member goes behind the replica's export), waited for
+                Err(e) => missing.push(match self.holder_of(engine, replica, address).await {
                     Some(why) => format!(
                         "replica {replica} at {address}: its node says it is {why}; this engine \
-                         waits, that engine keeps it ({})",
+                         asked that engine to share it and waits ({})",
                         e.text()
                     ),
                     None => e.text(),
@@ -549,7 +559,7 @@ impl LonghornController {
                         .get(r)
                         .is_none_or(|req| done.and_then(|d| d.get(r)) == Some(req))
                 });
-                let (members, missing) = self.members(&*inv, &spec, local).await;
+                let (members, missing) = self.members(&*inv, name.as_str(), &spec, local).await;
                 if !missing.is_empty() || members.is_empty() {
                     return Err(InstanceError::WaitingForReplicas(missing));
                 }
@@ -1398,6 +1408,9 @@ impl Controller for LonghornController {
                     .await?;
             }
             if !done.contains(e.id()) {
+                // a member another node's engine wants goes behind its export
+                // (and back when none does): see `shared`
+                let direct = self.share_members(&mut inv, &node, e, &local, &direct).await;
                 fast |= self.reconcile_engine(ctx, &mut inv, &node, e, &direct).await?;
             }
         }

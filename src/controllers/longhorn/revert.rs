@@ -519,6 +519,7 @@ mod tests {
                 revert: None,
                 dst_start: None,
                 snapshot_info: Default::default(),
+                shared_for: None,
             },
         )]
         .into();

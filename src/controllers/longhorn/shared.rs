@@ -15,17 +15,80 @@
 //! that export (a second host controller on the subsystem, over loopback)
 //! and keeps doing so while that attachment exists. A replica another node
 //! holds directly (its engine's raid1 claims the lvol, which SPDK cannot
-//! export) is waited for, named with the engine its node says holds it.
+//! export) is waited for, named with the engine its node says holds it,
+//! and asked for: the waiting engine's `ReplicaGet` carries
+//! `proto::peer::SHARE_FOR` with its name, and the holder's node records the
+//! ask on the replica (`LonghornReplica::shared_for`).
+//!
+//! ```text
+//!   e-1 on B waits for r_A ──ReplicaGet r_A, talon-share-for: e-1──> A: r_A.sharedFor = {e-1, t}
+//!   A, e-0's reconcile: r_A asked within the hold ──> member to its export (one frozen instant)
+//!                       r_A through its export, no ask nor other reader for the hold
+//!                                               ──> member back to its lvol (one frozen instant)
+//! ```
+//!
+//! The serving engine decides ([`share_step`]); the move is
+//! `spdk::volume::share` (no rebuild: the raid1 is made again over the same
+//! members in sync). Whatever fails, the raid serves over every member.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::time::Duration;
+use std::net::SocketAddr;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use super::LonghornController;
+use crate::names::ObjectName;
 use crate::proto::spdkrpc;
-use crate::resources::longhorn::{LonghornEngine, LonghornReplica};
+use crate::resources::config::NodeConfig;
+use crate::resources::longhorn::{LonghornEngine, LonghornReplica, SwitchModes};
 use crate::runtime::Typed;
 use crate::spdk::naming::longhorn as naming;
-use crate::spdk::volume::Inventory;
+use crate::spdk::volume::{Inventory, MemberPath, MemberSwap, RemoteAttach};
+
+/// How long a member stays behind its export after the last ask or the
+/// last other reader, unless the node says (`replicaShareHoldSecs`).
+pub(super) const SHARE_HOLD: Duration = Duration::from_secs(15);
+
+/// What the serving engine does with one local member now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum ShareStep {
+    /// Stays as it is.
+    Keep,
+    /// From its lvol to its export (another engine asked).
+    ToExport,
+    /// From its export back to its lvol (nobody wants it any more).
+    ToDirect,
+}
+
+/// The decision for one local member of a serving engine: `through_export`
+/// now; `wanted`: how long ago another engine last asked for it or read its
+/// export (`None`: never seen); `other_readers`: hosts other than this
+/// engine's loopback on its export (`None`: unknown).
+pub(super) fn share_step(
+    through_export: bool,
+    wanted: Option<Duration>,
+    other_readers: Option<usize>,
+    hold: Duration,
+) -> ShareStep {
+    let recently = wanted.is_some_and(|w| w < hold);
+    match through_export {
+        false if recently => ShareStep::ToExport,
+        true if !recently && other_readers == Some(0) => ShareStep::ToDirect,
+        _ => ShareStep::Keep,
+    }
+}
+
+/// When each shared member (engine, replica) was last wanted: an ask, another reader,
+/// or the first look after talon started (so a restart waits a hold before
+/// taking a member back from readers it has not seen yet). The controller's own memory.
+#[derive(Debug, Default)]
+pub(super) struct Wanted(Mutex<BTreeMap<(String, String), Instant>>);
+
+impl Wanted {
+    fn with<T>(&self, f: impl FnOnce(&mut BTreeMap<(String, String), Instant>) -> T) -> T {
+        f(&mut self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner))
+    }
+}
 
 /// How long an engine that waits asks a replica's node why it is not
 /// exported.
@@ -151,21 +214,200 @@ impl LonghornController {
     /// Why remote replica `replica` at `address` cannot be attached, as its
     /// node says (`ReplicaGet`'s `error_msg`), when it says an engine there
     /// holds it. `None` when the node does not answer or says otherwise.
-    pub(super) async fn holder_of(&self, replica: &str, address: &str) -> Option<String> {
+    /// The ask carries [`crate::proto::peer::SHARE_FOR`] `engine`: that
+    /// engine puts its member behind the replica's export.
+    pub(super) async fn holder_of(&self, engine: &str, replica: &str, address: &str) -> Option<String> {
         let mut c = self
             .peers
             .client(address, self.peer_port, ASK_TIMEOUT)
             .await
             .ok()?;
-        let get = c.replica_get(spdkrpc::ReplicaGetRequest {
-            name: replica.to_owned(),
-        });
+        let get = c.replica_get(crate::proto::peer::share_for(
+            spdkrpc::ReplicaGetRequest {
+                name: replica.to_owned(),
+            },
+            engine,
+        ));
         let r = tokio::time::timeout(ASK_TIMEOUT, get)
             .await
             .ok()?
             .ok()?
             .into_inner();
         r.error_msg.starts_with("held by engine").then_some(r.error_msg)
+    }
+}
+
+impl LonghornController {
+    /// Before running engine `e`'s reconcile: each local member of its raid1
+    /// moved between its lvol and its export as [`share_step`] says. Returns
+    /// the local replicas `e` holds directly afterwards (`direct` with the
+    /// moves); `inv` is listed again after a move.
+    pub(super) async fn share_members(
+        &self,
+        inv: &mut Inventory,
+        node: &NodeConfig,
+        e: &Typed<LonghornEngine>,
+        local: &BTreeMap<String, LonghornReplica>,
+        direct: &BTreeMap<String, LonghornReplica>,
+    ) -> BTreeMap<String, LonghornReplica> {
+        let mut direct = direct.clone();
+        let hold = node
+            .replica_share_hold_secs
+            .map_or(SHARE_HOLD, Duration::from_secs);
+        let now_ms = crate::util::unix_ms();
+        for (r, address) in &e.spec.replica_address_map {
+            let Some(spec) = local.get(r) else { continue };
+            let Some(raid) = inv.raid(e.id()) else {
+                return direct;
+            };
+            let through = inv.controllers.iter().any(|c| c == r);
+            let key = (e.id().to_owned(), r.clone());
+            // an ask of another engine, as old as its time says
+            let asked = spec
+                .shared_for
+                .as_ref()
+                .filter(|a| a.engine != e.id())
+                .map(|a| Duration::from_millis(now_ms.saturating_sub(a.at_ms)));
+            let Ok(name) = ObjectName::parse("replica", r) else {
+                continue;
+            };
+            let Ok(rnqn) = naming::replica_nqn(&name) else {
+                continue;
+            };
+            let mut other_readers = None;
+            if through {
+                let q = crate::spdk::rpc::ByNqn {
+                    nqn: rnqn.as_str().to_owned(),
+                };
+                other_readers = match self.client.nvmf_subsystem_get_controllers(&q).await {
+                    Ok(c) => Some(c.len().saturating_sub(1)),
+                    Err(x) => {
+                        tracing::warn!(
+                            engine = e.id(),
+                            replica = r.as_str(),
+                            "reading the hosts of its export: {}; the member stays behind it",
+                            super::chain(&x)
+                        );
+                        None
+                    }
+                };
+            }
+            let seen = Instant::now();
+            let last = self.wanted.with(|w| {
+                if !through {
+                    w.remove(&key);
+                } else if other_readers != Some(0) || !w.contains_key(&key) {
+                    w.insert(key.clone(), seen);
+                }
+                w.get(&key).map(|t| seen.duration_since(*t))
+            });
+            let wanted = match (asked, last) {
+                (Some(a), Some(l)) => Some(a.min(l)),
+                (a, l) => a.or(l),
+            };
+            let to = match share_step(through, wanted, other_readers, hold) {
+                ShareStep::Keep => continue,
+                ShareStep::ToExport => MemberPath::Export,
+                ShareStep::ToDirect => MemberPath::Direct,
+            };
+            let alias = naming::replica_alias(&spec.disk, r);
+            let Some(lvol_uuid) = inv.lvols.get(&alias).map(|l| l.uuid.clone()) else {
+                continue;
+            };
+            let (Ok(engine), Ok(volume), Ok(addr)) = (
+                ObjectName::parse("engine", e.id()),
+                ObjectName::parse("volume", &e.spec.volume),
+                super::instance_ip(node),
+            ) else {
+                continue;
+            };
+            let ana = super::spdk_ana(e.spec.ana_state);
+            let Ok(serving) =
+                super::Serving::of(&engine, &volume, self.export_spec(node, addr, e.spec.port), ana)
+            else {
+                continue;
+            };
+            let at: SocketAddr = address
+                .parse()
+                .unwrap_or_else(|_| SocketAddr::new(addr, spec.port_start));
+            let rspec = self.export_spec(node, addr, spec.port_start);
+            let raid = raid.clone();
+            let s = MemberSwap {
+                of: e.id(),
+                replica: r,
+                names: &serving.names,
+                spec: &serving.spec,
+                raid: &raid,
+                lvol: &alias,
+                lvol_uuid: &lvol_uuid,
+                export: super::replica_export(&rnqn, &alias, naming::namespace_id(name.as_str()), &rspec),
+                attach: RemoteAttach::longhorn(r, at, rnqn.as_str()),
+            };
+            if let Some(why) = s.not_now() {
+                tracing::info!(
+                    engine = e.id(),
+                    replica = r.as_str(),
+                    to = to.as_str(),
+                    "a member to move waits: {why}"
+                );
+                continue;
+            }
+            let asker = spec
+                .shared_for
+                .as_ref()
+                .map(|a| a.engine.as_str())
+                .unwrap_or_default();
+            // while the raid is made again, `ReplicaList` reports the modes
+            // from before (every member in service): the manager must not
+            // fail a replica for the moment its raid is missing
+            self.session.start_switch(
+                e.id(),
+                SwitchModes {
+                    joining: String::new(),
+                    in_service: e.spec.replica_address_map.keys().cloned().collect(),
+                },
+            );
+            match self.ops.swap_member(inv, &s, to).await {
+                Ok(took) => {
+                    tracing::info!(
+                        engine = e.id(),
+                        replica = r.as_str(),
+                        to = to.as_str(),
+                        asked_by = asker,
+                        freeze_ms = took.as_secs_f64() * 1e3,
+                        "the member moved at one frozen instant, no rebuild"
+                    );
+                    match to {
+                        MemberPath::Export => {
+                            direct.remove(r);
+                            self.wanted.with(|w| w.insert(key, seen));
+                        }
+                        MemberPath::Direct => {
+                            direct.insert(r.clone(), spec.clone());
+                            self.wanted.with(|w| w.remove(&key));
+                        }
+                    }
+                }
+                Err(x) => tracing::error!(engine = e.id(), replica = r.as_str(), to = to.as_str(),
+                    error = %crate::util::error_chain(&x),
+                    "moving the member failed; the engine keeps every member"),
+            }
+            match Inventory::load(&self.client).await {
+                Ok(i) => *inv = i,
+                Err(x) => tracing::warn!(engine = e.id(), "listing the target after a member moved: {x}"),
+            }
+            if inv.raid(e.id()).is_some() {
+                self.session.switch_done(e.id());
+            }
+            // the move left the path as it is now
+            let through_now = inv.controllers.iter().any(|c| c == r);
+            if through_now {
+                direct.remove(r);
+            } else {
+                direct.insert(r.clone(), spec.clone());
+            }
+        }
+        direct
     }
 }
 
@@ -208,6 +450,60 @@ mod tests {
         assert!(
             through_export(true, attached),
             "attached through its export: stays so"
+        );
+    }
+
+    /// The serving engine moves its member to the export when another
+    /// engine asked within the hold, keeps it there while asked or read,
+    /// and moves it back once neither for the hold and nobody else reads.
+    #[test]
+    fn a_member_goes_behind_its_export_while_wanted_and_back_after_the_hold() {
+        let hold = Duration::from_secs(15);
+        let s = |x: u64| Some(Duration::from_secs(x));
+        assert_eq!(
+            share_step(false, None, None, hold),
+            ShareStep::Keep,
+            "nobody asked"
+        );
+        assert_eq!(
+            share_step(false, s(1), None, hold),
+            ShareStep::ToExport,
+            "asked just now"
+        );
+        assert_eq!(
+            share_step(false, s(20), None, hold),
+            ShareStep::Keep,
+            "an old ask"
+        );
+        assert_eq!(
+            share_step(true, s(1), Some(0), hold),
+            ShareStep::Keep,
+            "asked within the hold"
+        );
+        assert_eq!(
+            share_step(true, s(20), Some(1), hold),
+            ShareStep::Keep,
+            "another engine reads it"
+        );
+        assert_eq!(
+            share_step(true, s(20), None, hold),
+            ShareStep::Keep,
+            "readers unknown"
+        );
+        assert_eq!(
+            share_step(true, s(20), Some(0), hold),
+            ShareStep::ToDirect,
+            "nobody wants it"
+        );
+        assert_eq!(
+            share_step(true, None, Some(0), hold),
+            ShareStep::ToDirect,
+            "never asked, unread"
+        );
+        assert_eq!(
+            share_step(true, s(0), Some(0), Duration::ZERO),
+            ShareStep::ToDirect,
+            "no hold"
         );
     }
 

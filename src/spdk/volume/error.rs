@@ -210,6 +210,19 @@ pub enum VolumeError {
         /// The volume (or engine).
         volume: String,
     },
+    /// A local member could not be moved to another path (see
+    /// [`super::share`]).
+    #[error("engine {engine}: moving replica {replica}'s member to {to}: {reason}")]
+    MemberSwap {
+        /// The engine.
+        engine: String,
+        /// The replica.
+        replica: String,
+        /// The path it was to take.
+        to: &'static str,
+        /// Why, naming the SPDK object.
+        reason: String,
+    },
     /// A member of an engine to be made is not in the target.
     #[error("volume {volume}: member {member} is gone")]
     MemberGone {

@@ -60,6 +60,7 @@ mod raid;
 mod rebuild;
 pub mod replica_lvols;
 mod revert;
+mod share;
 mod snapshot;
 mod switch;
 pub mod thin;
@@ -67,6 +68,7 @@ pub mod to_file;
 pub use engine::{EngineNames, EnginePlan};
 pub use export::{Export, NewSubsystem, RemoteAttach};
 pub use rebuild::{PeerError, PrepareError, RemoteDest};
+pub use share::{MemberPath, MemberSwap};
 pub use switch::{Switch, SwitchSide};
 
 pub use super::inventory::{Inventory, Owned, applied_revert, replica_heads};

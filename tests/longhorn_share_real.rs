@@ -1,0 +1,215 @@
+//! Issue 53 (a): Longhorn relocating a V2 engine creates a second engine
+//! `vol-e-1` on node B over the replicas engine `vol-e-0` serves on node A
+//! (a real spdk_tgt on each node, `TALON_SPDK_DIR`). B's engine asks A for
+//! A's replica, which e-0 holds directly; e-0 moves that member behind the
+//! replica's export (one frozen instant, no rebuild), e-1 attaches it and
+//! runs; both engines keep both replicas RW, and data written through e-0
+//! before and after reads back through e-1's export. Once e-1 is deleted,
+//! e-0 takes its lvol back directly (the node's hold set to 5 s here).
+//!
+//! ```text
+//!   node A 127.0.0.1: vol-r-a ── vol-e-0 raid1 [ vol-r-a (lvol ⇄ export+loopback), vol-r-bn1 ]
+//!   node B 127.0.0.2: vol-r-b ── export <── e-0;   vol-e-1 raid1 [ vol-r-an1, vol-r-bn1 ]
+//! ```
+
+#[path = "support/longhorn_nodes.rs"]
+mod longhorn_nodes;
+#[allow(dead_code)] // other tests' parts
+#[path = "support/spdk_dd.rs"]
+mod spdk_dd;
+#[allow(dead_code)] // other tests' parts
+#[path = "support/spdk_perf.rs"]
+mod spdk_perf;
+#[path = "support/spdk_real.rs"]
+mod spdk_real;
+
+use std::net::IpAddr;
+use std::time::Instant;
+
+use longhorn_nodes::{Node, RW, WAIT, engine, engine_create, free_base, pattern, running};
+use talon::proto::imrpc::{
+    instance_service_client::InstanceServiceClient, proxy_engine_service_client::ProxyEngineServiceClient,
+};
+use talon::spdk::SpdkClient;
+use talon::spdk::rpc::{GetRaids, RaidBdev, RaidCategory};
+use tonic::transport::Channel;
+
+const LEN: usize = 8 << 20;
+const NQN: &str = "nqn.2023-01.io.longhorn.spdk:volume-vol";
+
+/// Raid `name` on `c`.
+async fn raid(c: &SpdkClient, name: &str) -> Option<RaidBdev> {
+    c.bdev_raid_get_bdevs(&GetRaids {
+        category: RaidCategory::All,
+    })
+    .await
+    .ok()?
+    .into_iter()
+    .find(|r| r.name == name)
+}
+
+/// Engine `engine`'s replica modes (`ReplicaList` through the node's proxy).
+async fn modes(p: &mut ProxyEngineServiceClient<Channel>, engine: &str) -> Vec<i32> {
+    p.replica_list(longhorn_nodes::req(engine))
+        .await
+        .expect("ReplicaList")
+        .into_inner()
+        .replica_list
+        .expect("list")
+        .replicas
+        .iter()
+        .map(|r| r.mode)
+        .collect()
+}
+
+/// Raid `r` in service over every slot, no rebuild running.
+fn whole(r: &RaidBdev) -> bool {
+    r.state == "online"
+        && r.process.is_none()
+        && r.num_base_bdevs == 2
+        && r.base_bdevs_list.iter().all(|b| b.is_configured)
+}
+
+fn members(r: &RaidBdev) -> Vec<String> {
+    r.base_bdevs_list.iter().filter_map(|b| b.name.clone()).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_spdk_a_second_engine_shares_the_replica_the_first_holds() {
+    let test = "real_spdk_a_second_engine_shares_the_replica_the_first_holds";
+    let Some(spdk) = spdk_real::spdk_dir(test) else {
+        return;
+    };
+    let t0 = Instant::now();
+    let (ip_a, ip_b) = (IpAddr::from([127, 0, 0, 1]), IpAddr::from([127, 0, 0, 2]));
+    let base = free_base(&[ip_a, ip_b]);
+    // A's engine gives the member back 5 s after the last ask or other
+    // reader (B's engine asks again at its 3 s poll: it attaches within it)
+    let hold = "  replicaShareHoldSecs: 5\n";
+    let mut a = Node::with_config(ip_a, base, Some(&spdk), "0x1", hold).await;
+    let mut b = Node::with_config(ip_b, base, Some(&spdk), "0x1", hold).await;
+    let addr_a = a.replica("disk-a", "vol-r-a", LEN as u64).await;
+    let addr_b = b.replica("disk-b", "vol-r-b", LEN as u64).await;
+    let replicas = [("vol-r-a", &addr_a), ("vol-r-b", &addr_b)];
+    engine(&a, &replicas, LEN as u64, "spdk-tcp-nvmf").await;
+    let e0 = running(
+        &InstanceServiceClient::new(a.channel(3).await),
+        "vol-e-0",
+        "engine",
+    )
+    .await;
+    let port0 = u16::try_from(e0.port_start).expect("port");
+    let lvol_a = a
+        .spdk
+        .bdev("talon-disk-a/vol-r-a")
+        .await
+        .expect("bdev_get_bdevs")
+        .and_then(|b| b.uuid)
+        .expect("vol-r-a's lvol");
+    let r0 = raid(&a.spdk, "vol-e-0").await.expect("raid vol-e-0");
+    let direct = |r: &RaidBdev, uuid: &str| {
+        r.base_bdevs_list.iter().any(|b| {
+            b.name.as_deref() == Some(uuid)
+                || b.name.as_deref() == Some("talon-disk-a/vol-r-a")
+                || b.uuid.as_deref() == Some(uuid)
+        })
+    };
+    assert!(direct(&r0, &lvol_a), "e-0 holds its lvol directly: {r0:?}");
+    let dir = a.dir.path().to_path_buf();
+    let first = pattern(LEN / 2, 1);
+    {
+        let (spdk, dir, d) = (spdk.clone(), dir.clone(), first.clone());
+        tokio::task::spawn_blocking(move || spdk_dd::dd(&spdk, &dir, port0, NQN, Some(&d), d.len()))
+            .await
+            .expect("write through e-0");
+    }
+
+    // Longhorn's second engine on B over the same replicas
+    let inst_b = engine_create(&b, "vol-e-1", &replicas, LEN as u64, "spdk-tcp-nvmf").await;
+    let e1 = running(&inst_b, "vol-e-1", "engine").await;
+    let port1 = u16::try_from(e1.port_start).expect("port");
+    let r0 = raid(&a.spdk, "vol-e-0").await.expect("raid vol-e-0");
+    assert!(whole(&r0), "e-0 keeps both members, no rebuild: {r0:?}");
+    assert!(
+        members(&r0).contains(&"vol-r-an1".to_owned()),
+        "e-0's member behind its export: {r0:?}"
+    );
+    let r1 = raid(&b.spdk, "vol-e-1").await.expect("raid vol-e-1");
+    assert!(whole(&r1), "e-1 over both replicas: {r1:?}");
+    let mut pa = ProxyEngineServiceClient::new(a.channel(1).await);
+    let mut pb = ProxyEngineServiceClient::new(b.channel(1).await);
+    assert_eq!(modes(&mut pa, "vol-e-0").await, vec![RW; 2], "e-0");
+    assert_eq!(modes(&mut pb, "vol-e-1").await, vec![RW; 2], "e-1");
+    let shared_at = t0.elapsed();
+
+    // written through e-0 after the move, read back through e-1
+    let second = pattern(LEN / 2, 2);
+    {
+        let (spdk, dir, d) = (spdk.clone(), dir.clone(), second.clone());
+        tokio::task::spawn_blocking(move || spdk_dd::dd_write_at(&spdk, &dir, port0, NQN, &d, LEN / 2))
+            .await
+            .expect("write through e-0");
+    }
+    let back = {
+        let (spdk, dir) = (spdk.clone(), dir.clone());
+        tokio::task::spawn_blocking(move || spdk_dd::dd_on(&spdk, &dir, "127.0.0.2", port1, NQN, None, LEN))
+            .await
+            .expect("read through e-1")
+    };
+    assert!(
+        back[..LEN / 2] == first[..],
+        "written before the move, read through e-1"
+    );
+    assert!(
+        back[LEN / 2..] == second[..],
+        "written after the move, read through e-1"
+    );
+
+    // e-1 goes: e-0 takes its lvol back directly, at one frozen instant
+    inst_b
+        .clone()
+        .instance_delete(longhorn_nodes::delete_request("vol-e-1", "engine"))
+        .await
+        .expect("delete vol-e-1");
+    longhorn_nodes::gone(&inst_b, "vol-e-1", "engine").await;
+    let spdk_a = a.spdk.clone();
+    let lvol = lvol_a.clone();
+    talon::runtime::testing::eventually("e-0 over its lvol again", WAIT, || {
+        let (c, lvol) = (spdk_a.clone(), lvol.clone());
+        async move {
+            let r = raid(&c, "vol-e-0").await?;
+            (whole(&r) && direct(&r, &lvol)).then_some(())
+        }
+    })
+    .await;
+    assert!(
+        a.spdk
+            .subsystem("nqn.2023-01.io.longhorn.spdk:vol-r-a")
+            .await
+            .expect("subsystems")
+            .is_none(),
+        "held directly again: not exported"
+    );
+    assert!(
+        a.spdk.bdev("vol-r-an1").await.expect("bdevs").is_none(),
+        "the loopback is detached"
+    );
+    assert_eq!(modes(&mut pa, "vol-e-0").await, vec![RW; 2], "e-0 after");
+    let back = {
+        let (spdk, dir) = (spdk.clone(), dir.clone());
+        tokio::task::spawn_blocking(move || spdk_dd::dd(&spdk, &dir, port0, NQN, None, LEN))
+            .await
+            .expect("read through e-0")
+    };
+    assert!(
+        back[..LEN / 2] == first[..] && back[LEN / 2..] == second[..],
+        "through e-0 after"
+    );
+    eprintln!(
+        "{test}: shared after {:.1} s, direct again after {:.1} s",
+        shared_at.as_secs_f64(),
+        t0.elapsed().as_secs_f64()
+    );
+    b.stop().await;
+    a.stop().await;
+}
