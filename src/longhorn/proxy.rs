@@ -276,12 +276,16 @@ impl Longhorn {
         Ok(remote.map(|r| ReplicaLvols::from(&r)))
     }
 
-    /// The snapshot times and labels engine `e`'s replicas keep: this node's
-    /// ([`LonghornReplica::snapshot_info`]), else the first other node's that
-    /// answers (its `ReplicaGet`'s `creation_time`; labels are not in it).
+    /// The snapshot times and labels engine `e`'s replicas keep for
+    /// snapshots `wanted`: this node's ([`LonghornReplica::snapshot_info`]),
+    /// and for those none of them has (a replica here rebuilt after the
+    /// snapshot was taken holds its data, not its time), the first other
+    /// node's that answers (its `ReplicaGet`'s `creation_time`; labels are
+    /// not in it).
     pub(super) async fn replicas_snapshot_info(
         &self,
         e: &Typed<LonghornEngine>,
+        wanted: &[&String],
     ) -> std::collections::BTreeMap<String, SnapshotInfo> {
         let mut out = std::collections::BTreeMap::new();
         for r in e.spec.replica_address_map.keys() {
@@ -291,7 +295,7 @@ impl Longhorn {
                 }
             }
         }
-        if !out.is_empty() {
+        if wanted.iter().all(|s| out.contains_key(*s)) {
             return out;
         }
         if let Some(r) = self
@@ -301,13 +305,10 @@ impl Longhorn {
         {
             for (s, l) in r.snapshots {
                 if !l.creation_time.is_empty() {
-                    out.insert(
-                        s,
-                        SnapshotInfo {
-                            created: l.creation_time,
-                            labels: Default::default(),
-                        },
-                    );
+                    out.entry(s).or_insert(SnapshotInfo {
+                        created: l.creation_time,
+                        labels: Default::default(),
+                    });
                 }
             }
         }
@@ -929,14 +930,15 @@ impl proxy_engine_service_server::ProxyEngineService for Longhorn {
         // the time and labels of a snapshot this engine did not take (it was
         // made later, on another node: Longhorn moved the engine) as its
         // replicas keep them
-        let kept = if view
+        let unknown: Vec<&String> = view
             .snapshots
             .keys()
-            .any(|s| !is_rebuild_snap(s) && !e.spec.snapshot_info.contains_key(s))
-        {
-            self.replicas_snapshot_info(&e).await
-        } else {
+            .filter(|s| !is_rebuild_snap(s) && !e.spec.snapshot_info.contains_key(*s))
+            .collect();
+        let kept = if unknown.is_empty() {
             Default::default()
+        } else {
+            self.replicas_snapshot_info(&e, &unknown).await
         };
         for (s, (p, bytes)) in view.snapshots.iter().filter(|(s, _)| !is_rebuild_snap(s)) {
             let mut children: Vec<&str> = view

@@ -659,77 +659,6 @@ class Scenario:
         self.wait("the replica on the killed node failed (volume degraded)", failed, 90)
         return data
 
-    def engine_elsewhere(self, node, hold=30):
-        """engineNodeID patched to `node` for `hold` s, then back (issue 53): the manager makes a
-        second engine there over the same replicas. The serving engine must keep every replica: the
-        volume stays healthy with both replicas RW throughout (no replica ERR, no rebuild: the same
-        replicas after). What the manager did is told: the volume's switch-over states, the engines
-        it made and their states and messages, its events."""
-        sel = f"longhornvolume={self.vol}"
-        before = sorted(r["metadata"]["name"] for r in self.list("replicas", sel))
-        snaps = lambda: sorted(x["metadata"]["name"] for x in self.list("snapshots", sel)
-                               if not x.get("metadata", {}).get("deletionTimestamp"))
-        snaps_before = snaps()
-        first = [e["metadata"]["name"] for e in self.list("engines", sel)]
-        old = self.get("volumes", self.vol).get("spec", {}).get("engineNodeID") or ""
-        t_events = time.time()
-        self.patch("volumes", self.vol, {"spec": {"engineNodeID": node}})
-        seen, t0 = {}, time.monotonic()
-
-        def note(k, v):
-            if v not in seen.setdefault(k, []):
-                seen[k].append(v)
-
-        def sound(when):
-            st = self.get("volumes", self.vol).get("status", {})
-            note("robustness", st.get("robustness"))
-            note("switchoverState", st.get("switchoverState") or "")
-            engines = self.list("engines", sel)
-            for e in engines:
-                es = e.get("status", {})
-                note(f"engine {e['metadata']['name']} on {e['spec'].get('nodeID')}",
-                     f"{es.get('currentState')}: {(es.get('message') or '')[:300]}")
-            serving = [e for e in engines if e["metadata"]["name"] in first]
-            modes = (serving[0].get("status", {}).get("replicaModeMap") or {}) if serving else {}
-            reps = self.list("replicas", sel)
-            bad = [r["metadata"]["name"] for r in reps if r.get("spec", {}).get("failedAt")]
-            if st.get("state") != "attached" or st.get("robustness") != "healthy" or bad \
-                    or len(modes) != self.replicas or any(m != "RW" for m in modes.values()):
-                raise AssertionError(
-                    f"{when}: the serving engine {first} lost a replica: volume {st.get('state')} "
-                    f"{st.get('robustness')}, its modes {modes}, failed replicas {bad}; seen {seen}")
-
-        while time.monotonic() - t0 < hold:
-            self.c.manager_alive()
-            sound(f"{time.monotonic() - t0:.0f} s after engineNodeID={node}")
-            time.sleep(2)
-        self.patch("volumes", self.vol, {"spec": {"engineNodeID": old}})
-
-        def one_engine():
-            st = self.get("volumes", self.vol).get("status", {})
-            note("switchoverState", st.get("switchoverState") or "")
-            return len(self.list("engines", sel)) == 1 and not st.get("switchoverState")
-
-        self.wait(f"one engine again after engineNodeID back to {old!r}", one_engine)
-        sound("after engineNodeID was put back")
-        self.wait_healthy("healthy after engineNodeID was put back")
-        after = sorted(r["metadata"]["name"] for r in self.list("replicas", sel))
-        if after != before:
-            raise AssertionError(f"the replicas changed (a rebuild): {before} -> {after}")
-        events = sorted({f"{e.type} {e.reason} ({e.involved_object.kind} {e.involved_object.name}): "
-                         f"{(e.message or '')[:200]}"
-                         for e in self.c.core.list_namespaced_event(NS).items
-                         if self.vol in (e.involved_object.name or "")
-                         and (e.last_timestamp or e.event_time or e.first_timestamp)
-                         and (e.last_timestamp or e.event_time or e.first_timestamp).timestamp() >= t_events - 1})
-        say(f"engineNodeID={node} for {hold} s and back: the manager's view {json.dumps(seen)}")
-        # longhorn-manager v1.12.1 deletes the Snapshot CRs the new engine's (still empty) status
-        # lacks the moment it makes that engine ("Deleting snapshot CR for the snapshot ...",
-        # engine_controller.go:1595), and purges those snapshots once one engine is left: told,
-        # not failed (issue 53, snapshot metadata)
-        say(f"Snapshot CRs before {snaps_before}, after {snaps()}")
-        say("its events: " + ("; ".join(events) or "none"))
-
     def relocate(self, node, data):
         """Engine relocation (issue 53): engineNodeID patched to `node` while attached; the manager
         makes a second engine there and switches the engine-frontend over in three phases
@@ -868,9 +797,6 @@ def main():
     ap.add_argument("--idle", type=float, default=60, help="scale: seconds of idle measured")
     ap.add_argument("--queues", type=int, default=4, help="scale: I/O queues of the connected host (0: none connected)")
     ap.add_argument("--metrics", help="scale: where the measurements go (JSON)")
-    ap.add_argument("--relocate", action="store_true", default=os.environ.get("TALON_E2E_RELOCATE") == "1",
-                    help="two-nodes: move the engine to node 2 and back by engineNodeID, the manager's "
-                         "three-phase switch-over (also TALON_E2E_RELOCATE=1)")
     a = ap.parse_args()
     then_scale = a.scenario == "two-nodes+scale"  # the scale steps after two-nodes, same cluster
     if then_scale:
@@ -933,15 +859,10 @@ def main():
             s.step("read-after-expand", lambda: s.check(first, "the data after the expansion"))
             s.step("io-beyond-old-end", s.beyond_old_end)
             s.step("snapshot-delete", s.snapshot_delete)
-            # last: the manager drops the Snapshot CRs when it makes the second engine (see
-            # engine_elsewhere), so no step after this one may need a snapshot
-            if a.relocate:
-                s.step("relocate-node-2", lambda: s.relocate(nodes[1], first))
-                s.step("relocate-back", lambda: s.relocate(NODE, first))
-                s.step("read-after-relocate", lambda: s.check(first, "the data after the moves"))
-            else:
-                s.step("engine-node-2", lambda: s.engine_elsewhere(nodes[1]))
-                s.step("read-after-engine-node-2", lambda: s.check(first, "the data after engineNodeID and back"))
+            # last: each move makes a new engine (the snapshots it lists come from the replicas)
+            s.step("relocate-node-2", lambda: s.relocate(nodes[1], first))
+            s.step("relocate-back", lambda: s.relocate(NODE, first))
+            s.step("read-after-relocate", lambda: s.check(first, "the data after the moves"))
         s.step("detach", s.detach)
         s.step("delete", s.delete)
         s.step("restore", lambda: s.restore(first))
