@@ -1415,13 +1415,14 @@ async fn a_switch_to_a_dest_that_cannot_be_reached_leaves_the_raid_as_it_is() {
 
 /// A second engine of the volume on node B (Longhorn's engine relocation:
 /// `engineNodeID` moved) over a replica node A's serving engine holds
-/// directly in its raid1: B's engine waits and says why in the words A's
-/// `ReplicaGet` gives (`holder_of`: "held by engine vol-e-0"), and never
-/// takes B's own replica from A's engine, which reads it through its
-/// export: A's engine keeps both members RW, and after B's engine is
-/// deleted too. (Issue 53.)
+/// directly in its raid1: B's engine asks A's node (`ReplicaGet` with
+/// `talon-share-for`), A's engine moves that member behind the replica's
+/// export at one frozen instant, and B's engine runs over both replicas. B's
+/// own replica is never taken from A's engine, which reads it through its
+/// export: A's engine keeps both members RW, and after B's engine is deleted
+/// too. (Issue 53; on real SPDK: `longhorn_share_real`.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_second_engine_waits_for_a_replica_the_serving_engine_holds_naming_it() {
+async fn a_second_engine_runs_over_the_replica_the_serving_engine_holds_shared() {
     let TwoNodes {
         mut a,
         mut b,
@@ -1439,7 +1440,7 @@ async fn a_second_engine_waits_for_a_replica_the_serving_engine_holds_naming_it(
         "",
     )
     .await;
-    let why = talon::runtime::testing::eventually("the second engine names the holder", WAIT, || async {
+    let state = talon::runtime::testing::eventually("the second engine runs", WAIT, || async {
         let mut c = inst_b.clone();
         let s = c
             .instance_get(longhorn_nodes::get_request("vol-e-1", "engine"))
@@ -1447,13 +1448,10 @@ async fn a_second_engine_waits_for_a_replica_the_serving_engine_holds_naming_it(
             .ok()?
             .into_inner()
             .status?;
-        s.error_msg
-            .contains("held by engine vol-e-0")
-            .then_some((s.state, s.error_msg))
+        (s.state == "running").then_some((s.state, s.error_msg))
     })
     .await;
-    assert_ne!(why.0, "running", "it waits: {why:?}");
-    assert!(why.1.contains("vol-r-a"), "the replica is named: {why:?}");
+    assert_eq!(state.0, "running", "it runs: {state:?}");
     assert_eq!(
         modes(&mut p).await,
         vec![(ta.clone(), RW), (tb.clone(), RW)],

@@ -279,9 +279,9 @@ impl Longhorn {
     /// The snapshot times and labels engine `e`'s replicas keep for
     /// snapshots `wanted`: this node's ([`LonghornReplica::snapshot_info`]),
     /// and for those none of them has (a replica here rebuilt after the
-    /// snapshot was taken holds its data, not its time), the first other
-    /// node's that answers (its `ReplicaGet`'s `creation_time`; labels are
-    /// not in it).
+    /// snapshot was taken holds its data, not its time), the other nodes'
+    /// replicas' (their `ReplicaGet`'s `creation_time`; labels are not in
+    /// it).
     pub(super) async fn replicas_snapshot_info(
         &self,
         e: &Typed<LonghornEngine>,
@@ -295,14 +295,24 @@ impl Longhorn {
                 }
             }
         }
-        if wanted.iter().all(|s| out.contains_key(*s)) {
-            return out;
-        }
-        if let Some(r) = self
-            .peers()
-            .remote_replica(&e.spec.replica_address_map, self.peer_port(), REMOTE_TIMEOUT)
-            .await
-        {
+        // the other nodes' replicas, each asked in turn until every wanted
+        // snapshot has a time (a replica here is not asked again: its record
+        // was read above)
+        for (replica, address) in &e.spec.replica_address_map {
+            if wanted.iter().all(|s| out.contains_key(*s)) {
+                break;
+            }
+            if self.local_replica(replica).is_some() {
+                continue;
+            }
+            let one: std::collections::BTreeMap<String, String> = [(replica.clone(), address.clone())].into();
+            let Some(r) = self
+                .peers()
+                .remote_replica(&one, self.peer_port(), REMOTE_TIMEOUT)
+                .await
+            else {
+                continue;
+            };
             for (s, l) in r.snapshots {
                 if !l.creation_time.is_empty() {
                     out.entry(s).or_insert(SnapshotInfo {
