@@ -41,8 +41,8 @@ use tonic::Code;
 use tonic::transport::Channel;
 
 use longhorn_nodes::{
-    ERR, Node, RW, WAIT, WO, allocated_bytes, engine, free_base, modes, pattern, replica_add, replica_remove,
-    req, running, snapshot,
+    ERR, Node, RW, WAIT, WO, allocated_bytes, delete_request, engine, free_base, gone, modes, pattern,
+    replica_add, replica_remove, req, running, snapshot,
 };
 
 const MIB: u64 = 1 << 20;
@@ -922,6 +922,79 @@ async fn engine_snapshots_at_once_each_land_and_a_failed_one_leaves_nothing() {
     );
     assert!(!snapshot_list(&mut p.clone()).await.contains_key("lost"));
     a.stop().await;
+}
+
+/// The creation time replica `r` of node `n` lists for snapshot s1 (`ReplicaGet`).
+async fn replica_s1_time(n: &Node, r: &str) -> Option<String> {
+    SpdkServiceClient::new(n.channel(4).await)
+        .replica_get(spdkrpc::ReplicaGetRequest { name: r.into() })
+        .await
+        .unwrap_or_else(|e| panic!("ReplicaGet {r}: {e}"))
+        .into_inner()
+        .snapshots
+        .get("s1")
+        .map(|l| l.creation_time.clone())
+}
+
+/// Longhorn's detach deletes the engine and every replica instance without
+/// cleanup (the lvols stay) and its attach makes them again: the snapshot
+/// times, which SPDK does not keep, come back with the replicas, so the
+/// engine made again (here or, moved, on another node) lists each snapshot
+/// with the time it was taken. Without them longhorn-manager's snapshot
+/// controller takes a listed snapshot for one not taken yet and holds the
+/// volume attached with its ticket (issue 53: no detach after a relocation).
+/// A delete with cleanup forgets them with the lvols.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_snapshot_times_outlive_a_detach_and_go_with_the_lvols() {
+    let TwoNodes {
+        a, b, mut p, addr_b, ..
+    } = two_nodes(64 * MIB).await;
+    snapshot(&mut p, "s1").await.expect("VolumeSnapshot s1");
+    let created = snapshot_list(&mut p).await["s1"].created.clone();
+    assert!(
+        !created.is_empty(),
+        "the engine lists the time of the snapshot it took"
+    );
+    assert_eq!(replica_s1_time(&b, "vol-r-b").await, Some(created.clone()));
+
+    // the detach: the engine, then the replicas without cleanup
+    let inst_a = InstanceServiceClient::new(a.channel(3).await);
+    let inst_b = InstanceServiceClient::new(b.channel(3).await);
+    inst_a
+        .clone()
+        .instance_delete(delete_request("vol-e-0", "engine"))
+        .await
+        .expect("the engine's delete");
+    gone(&inst_a, "vol-e-0", "engine").await;
+    for (inst, r) in [(&inst_a, "vol-r-a"), (&inst_b, "vol-r-b")] {
+        inst.clone()
+            .instance_delete(imrpc::InstanceDeleteRequest {
+                cleanup_required: false,
+                ..delete_request(r, "replica")
+            })
+            .await
+            .unwrap_or_else(|e| panic!("{r}'s delete without cleanup: {e}"));
+        gone(inst, r, "replica").await;
+    }
+    // the attach
+    let addr_a = a.replica_again("disk-a", "vol-r-a", 64 * MIB).await;
+    let addr_b2 = b.replica_again("disk-b", "vol-r-b", 64 * MIB).await;
+    assert_eq!(addr_b2, addr_b);
+    assert_eq!(
+        replica_s1_time(&b, "vol-r-b").await,
+        Some(created.clone()),
+        "B's replica made again over its lvol keeps the time"
+    );
+    engine(&a, &[("vol-r-a", &addr_a), ("vol-r-b", &addr_b2)], 64 * MIB, "").await;
+    let listed = snapshot_list(&mut p).await;
+    assert_eq!(
+        listed["s1"].created, created,
+        "the engine made again lists the time: {listed:?}"
+    );
+
+    // a delete with cleanup forgets them: the replica made again is empty
+    b.replica_remade_empty("disk-b", "vol-r-b", 64 * MIB, WAIT).await;
+    assert_eq!(replica_s1_time(&b, "vol-r-b").await, None);
 }
 
 /// A snapshot call waits for the controller; an engine deleted meanwhile

@@ -291,7 +291,9 @@ impl Longhorn {
         for r in e.spec.replica_address_map.keys() {
             if let Some(l) = self.local_replica(r) {
                 for (s, i) in l.snapshot_info {
-                    out.entry(s).or_insert(i);
+                    if !i.created.is_empty() {
+                        out.entry(s).or_insert(i);
+                    }
                 }
             }
         }
@@ -635,6 +637,7 @@ impl Longhorn {
     pub(super) async fn replica_snapshot_create(
         &self,
         req: spdkrpc::SnapshotRequest,
+        copy: bool,
     ) -> Result<spdkrpc::Replica, LonghornError> {
         naming::replica_snapshot_name(&req.snapshot_name)
             .map_err(|x| LonghornError::Invalid(x.to_string()))?;
@@ -646,7 +649,12 @@ impl Longhorn {
             )));
         }
         self.snapshot_local(replica.as_str(), &t.spec, &lvol).await?;
-        // its time and labels as the engine gave them, kept with the replica
+        // its time and labels as the engine gave them, kept with the replica;
+        // a rebuild's copy of a snapshot (`copy`) without them keeps none
+        // (now is not when it was taken: another replica's record is asked)
+        if copy && req.snapshot_timestamp.is_empty() {
+            return self.replica_message(&t);
+        }
         let created = if req.snapshot_timestamp.is_empty() {
             humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string()
         } else {

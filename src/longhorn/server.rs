@@ -36,7 +36,7 @@ use crate::resources::engine::{DiskStatus, ObjectState};
 use crate::resources::longhorn::CONTROLLER;
 use crate::resources::longhorn::{
     InstanceKind, InstanceState, LonghornEngine, LonghornEngineFrontend, LonghornInstanceStatus,
-    LonghornReplica,
+    LonghornReplica, LonghornSnapshotLedger,
 };
 use crate::runtime::{Phase, Spec, StateError, Typed};
 use crate::spdk::naming::longhorn as naming;
@@ -761,6 +761,13 @@ impl Longhorn {
         self.check_room(&what, disk, d.total_bytes, None, size).await?;
         let count = u16::try_from(port_count.clamp(1, 64)).unwrap_or(1);
         let (port_start, port_end) = self.free_ports(&what, count)?;
+        // made again over the lvol a delete without cleanup kept (Longhorn's
+        // attach after a detach): the snapshot times it had come back
+        let kept = self
+            .state()
+            .get_typed::<LonghornSnapshotLedger>(rname.as_str())
+            .map_err(LonghornError::State)?
+            .filter(|l| l.spec.volume == volume.as_str() && l.spec.disk == disk);
         self.create_user(
             rname.as_str(),
             &LonghornReplica {
@@ -772,10 +779,30 @@ impl Longhorn {
                 cleanup: false,
                 revert: None,
                 dst_start: None,
-                snapshot_info: BTreeMap::new(),
+                snapshot_info: kept
+                    .as_ref()
+                    .map(|l| l.spec.snapshot_info.clone())
+                    .unwrap_or_default(),
                 shared_for: None,
             },
-        )
+        )?;
+        if kept.is_some() {
+            self.forget_snapshot_ledger(rname.as_str())?;
+        }
+        Ok(())
+    }
+
+    /// Destroys the snapshot ledger of replica `id` ([`LonghornSnapshotLedger`]), if any.
+    fn forget_snapshot_ledger(&self, id: &str) -> Result<(), LonghornError> {
+        match self.state().destroy(
+            LonghornSnapshotLedger::NAMESPACE,
+            LonghornSnapshotLedger::TYPE,
+            id,
+            "",
+        ) {
+            Ok(_) | Err(StateError::NotFound { .. }) => Ok(()),
+            Err(e) => Err(LonghornError::State(e)),
+        }
     }
 
     /// Deletes a replica instance; `cleanup` removes its lvol too. An lvol
@@ -796,6 +823,23 @@ impl Longhorn {
             .map_err(LonghornError::State)?
         {
             Some(cur) => {
+                if !cleanup && !cur.spec.cleanup && !cur.spec.snapshot_info.is_empty() {
+                    // the lvol stays, and with it what SPDK does not keep of its
+                    // snapshots: an instance made again over it lists their times
+                    self.state()
+                        .upsert_typed(
+                            id,
+                            &LonghornSnapshotLedger {
+                                volume: cur.spec.volume.clone(),
+                                disk: cur.spec.disk.clone(),
+                                snapshot_info: cur.spec.snapshot_info.clone(),
+                            },
+                        )
+                        .map_err(LonghornError::State)?;
+                }
+                if cleanup {
+                    self.forget_snapshot_ledger(id)?;
+                }
                 if cleanup && !cur.spec.cleanup {
                     self.state()
                         .update_typed(
@@ -814,6 +858,7 @@ impl Longhorn {
                 let Some(disk) = disk.filter(|_| cleanup) else {
                     return Ok(());
                 };
+                self.forget_snapshot_ledger(id)?;
                 // an lvol left by a delete without cleanup: an instance made only to go
                 self.create_user(
                     id,
@@ -1924,7 +1969,7 @@ impl spdk_service_server::SpdkService for Longhorn {
         req: Request<spdkrpc::SnapshotRequest>,
     ) -> Result<Response<spdkrpc::Replica>, Status> {
         Ok(Response::new(
-            self.replica_snapshot_create(req.into_inner()).await?,
+            self.replica_snapshot_create(req.into_inner(), false).await?,
         ))
     }
 
@@ -2051,7 +2096,7 @@ impl spdk_service_server::SpdkService for Longhorn {
         &self,
         req: Request<spdkrpc::SnapshotRequest>,
     ) -> Result<Response<()>, Status> {
-        self.replica_snapshot_create(req.into_inner()).await?;
+        self.replica_snapshot_create(req.into_inner(), true).await?;
         Ok(Response::new(()))
     }
 

@@ -751,6 +751,30 @@ impl Spec for LonghornRevertLedger {
     const NAMESPACE: &'static str = "ledger";
 }
 
+/// The snapshot times and labels of a Longhorn replica whose instance is
+/// deleted and whose lvol is kept (id: the replica): `InstanceDelete`
+/// without cleanup, as Longhorn's every detach does. Written when the
+/// replica's record goes ([`LonghornReplica::snapshot_info`]), read back into
+/// the record when the replica is made again under its name on the same disk,
+/// destroyed with its lvol (a delete with cleanup). SPDK v26.05 keeps no
+/// snapshot time an RPC reports: without it every engine made after a detach
+/// lists the volume's snapshots without their creation time.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct LonghornSnapshotLedger {
+    /// The replica's volume.
+    pub volume: String,
+    /// The replica's disk (where its lvol stays).
+    pub disk: String,
+    /// Snapshot name -> its time and labels.
+    pub snapshot_info: BTreeMap<String, SnapshotInfo>,
+}
+
+impl Spec for LonghornSnapshotLedger {
+    const TYPE: &'static str = "LonghornSnapshotLedger";
+    const NAMESPACE: &'static str = "ledger";
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -7,7 +7,7 @@
 //! | `host` | HugepagesSpec, HugepagesStatus, KernelModuleStatus, PciDevice, PciBindingStatus, HostCapabilities |
 //! | `engine` | BackupStatus, LonghornRestoreStatus, TargetStatus, DiskStatus, OrphanLvol, ReplicaStatus, EngineStatus, LonghornInstanceStatus, RebuildDest, RebuildDestStatus |
 //! | `frontend` | AttachmentStatus |
-//! | `ledger` | ReplicaLedger, DiskIdentity, HugepagesLedger, PciBindIntent, LonghornRestoreLedger, LonghornRevertLedger (persisted) |
+//! | `ledger` | ReplicaLedger, DiskIdentity, HugepagesLedger, PciBindIntent, LonghornRestoreLedger, LonghornRevertLedger, LonghornSnapshotLedger (persisted) |
 
 pub mod backup;
 pub mod config;
@@ -150,6 +150,10 @@ pub fn register_types(reg: &mut TypeRegistry) {
     reg.register::<longhorn::LonghornRevertLedger>(
         "A Longhorn engine's revert begun and not done (kept across restarts)",
         &[("REQUEST", "/request"), ("SNAPSHOT", "/snapshot")],
+    );
+    reg.register::<longhorn::LonghornSnapshotLedger>(
+        "The snapshot times of a Longhorn replica whose instance is deleted and lvol kept",
+        &[("VOLUME", "/volume"), ("DISK", "/disk")],
     );
     reg.register::<backup::LonghornRestoreStatus>(
         "A Longhorn replica's restore as it went",

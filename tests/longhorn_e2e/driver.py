@@ -577,8 +577,22 @@ class Scenario:
 
     def detach(self):
         self.patch("volumeattachments", self.vol, {"spec": {"attachmentTickets": {"e2e": None}}})
-        self.wait("volume detached",
-                  lambda: self.get("volumes", self.vol).get("status", {}).get("state") == "detached")
+        seen = []
+
+        def detached():
+            # what holds the volume attached, told if it never detaches
+            va = self.get("volumeattachments", self.vol)
+            v = self.get("volumes", self.vol)
+            now = (sorted((va.get("spec", {}).get("attachmentTickets") or {}).keys()),
+                   v.get("spec", {}).get("nodeID"), v.get("status", {}).get("state"))
+            if not seen or seen[-1] != now:
+                seen.append(now)
+            return now[2] == "detached"
+
+        try:
+            self.wait("volume detached", detached)
+        except TimeoutError as e:
+            raise TimeoutError(f"{e}\n(attachment tickets, spec.nodeID, state) seen: {seen}") from e
 
     def delete(self):
         self.c.custom.delete_namespaced_custom_object(GROUP, VERSION, NS, "volumes", self.vol)
@@ -674,6 +688,8 @@ class Scenario:
             raise AssertionError(f"one engine-frontend expected before the move, not {len(efs)}")
         ef_uid, ef_name = efs[0]["metadata"]["uid"], efs[0]["metadata"]["name"]
         first = [e["metadata"]["name"] for e in self.list("engines", sel)]
+        snap_crs = {x["metadata"]["name"] for x in self.list("snapshots", sel)
+                    if (x.get("status") or {}).get("creationTime")}
         t_events = time.time()
         self.patch("volumes", self.vol, {"spec": {"engineNodeID": node}})
         seen, t0 = {}, time.monotonic()
@@ -737,10 +753,20 @@ class Scenario:
         # the new engine lists the snapshots with their creation times (the manager syncs its
         # Snapshot CRs from them)
         snaps = self.list("engines", sel)[0].get("status", {}).get("snapshots") or {}
+        gone = sorted(snap_crs - {x["metadata"]["name"] for x in self.list("snapshots", sel)})
+        if gone:
+            # longhorn-manager v1.12.1's engine controller (syncSnapshotCRs) deletes the
+            # Snapshot CR of every snapshot with a creation time the new engine does not list
+            # yet (its status is empty until its monitor runs; the guard of longhorn#5992
+            # covers live migration, not this switch-over), and its snapshot controller then
+            # removes the snapshot through the new engine: the manager's, told
+            say(f"snapshot CRs the manager deleted during the move (and the snapshots with them): {gone}")
         untimed = [n for n, x in snaps.items() if n != "volume-head" and not x.get("created")]
-        # told, not failed (issue 53, left): a snapshot taken before its replica on the new
-        # engine's node was rebuilt is listed there without its time
-        say(f"snapshots the new engine lists without a creation time: {untimed or 'none'}")
+        if untimed:
+            # the manager's snapshot controller would take each for a snapshot not taken yet
+            # and hold the volume attached with its ticket
+            raise AssertionError(f"snapshots the new engine lists without a creation time: {untimed}")
+        say(f"snapshots the new engine lists: {sorted(snaps)}, each with its creation time")
         ep = self.wait("the new engine's endpoint", lambda: self.list("engines", sel)[0]["status"].get("endpoint"))
         rest = ep.split("://", 1)[-1]
         hostport, _, self.nqn = rest.partition("/")
@@ -861,8 +887,9 @@ def main():
             s.step("io-beyond-old-end", s.beyond_old_end)
             s.step("snapshot-delete", s.snapshot_delete)
             # last: each move makes a new engine (the snapshots it lists come from the replicas).
-            # Not in CI yet (issue 53, left): after the moves the rest of the scenario has not
-            # passed in a CI run
+            # Not in CI yet (issue 53, left): with the snapshot times kept, the manager deletes
+            # e2e-snap-1 during the first move (see relocate) and the data written after it has
+            # read back different (a talon bug not found yet)
             if os.environ.get("TALON_E2E_RELOCATE") == "1":
                 s.step("relocate-node-2", lambda: s.relocate(nodes[1], first))
                 s.step("relocate-back", lambda: s.relocate(NODE, first))

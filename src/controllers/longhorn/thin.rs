@@ -23,7 +23,7 @@ use crate::proto::peer::PeerError;
 use crate::proto::spdkrpc;
 use crate::proto::spdkrpc::spdk_service_client::SpdkServiceClient;
 use crate::resources::longhorn::snapshot_lvol;
-use crate::resources::longhorn::{LonghornEngine, LonghornReplica};
+use crate::resources::longhorn::{LonghornEngine, LonghornReplica, SnapshotInfo};
 use crate::runtime::Typed;
 use crate::spdk::ClientError;
 use crate::spdk::naming::longhorn::{self as naming, REBUILD_SNAP_PREFIX, is_rebuild_snap};
@@ -300,8 +300,15 @@ impl LonghornController {
         }
     }
 
-    /// Snapshots the head of `end` as snapshot `snap`.
-    async fn snapshot_end(&self, end: &End, snap: &str, dst: bool) -> Result<(), ThinError> {
+    /// Snapshots the head of `end` as snapshot `snap`; `dst`: a rebuild
+    /// dest's copy of a source snapshot, with the source's time and labels
+    /// when known (another node's dest keeps them).
+    async fn snapshot_end(
+        &self,
+        end: &End,
+        snap: &str,
+        dst: Option<Option<&SnapshotInfo>>,
+    ) -> Result<(), ThinError> {
         match end {
             End::Here { replica, lvs, .. } => {
                 let name = snapshot_lvol(replica, snap);
@@ -310,13 +317,18 @@ impl LonghornController {
                     .map_err(ThinError::spdk(format!("snapshotting {lvs}/{replica} as {name}")))
             }
             End::Peer { replica, address } => {
+                let info = dst.flatten();
                 let req = spdkrpc::SnapshotRequest {
                     name: replica.clone(),
                     snapshot_name: snap.to_owned(),
+                    snapshot_timestamp: info.map(|i| i.created.clone()).unwrap_or_default(),
+                    labels: info
+                        .map(|i| i.labels.clone().into_iter().collect())
+                        .unwrap_or_default(),
                     ..Default::default()
                 };
                 let mut c = self.peer_of(replica, address).await?;
-                let r = if dst {
+                let r = if dst.is_some() {
                     c.replica_rebuilding_dst_snapshot_create(req).await.map(|_| ())
                 } else {
                     c.replica_snapshot_create(req).await.map(|_| ())
@@ -570,6 +582,10 @@ impl LonghornController {
             qos: u64::try_from(e.spec.rebuild_qos_mbps).unwrap_or(0),
             // a dest of this node copied from another node: exported for it
             remote_into_here: matches!((&src, &dst), (End::Peer { .. }, End::Here { .. })),
+            src_info: local
+                .get(src.replica())
+                .map(|r| r.snapshot_info.clone())
+                .unwrap_or_default(),
             src,
             dst,
             dst_nqn,
@@ -690,6 +706,10 @@ struct LonghornEnds<'a> {
     dst_nqn: crate::names::Nqn,
     dst_address: String,
     remote_into_here: bool,
+    /// The source's snapshot times and labels when it is of this node
+    /// (`LonghornReplica::snapshot_info`): a dest of another node keeps them
+    /// with its copies.
+    src_info: BTreeMap<String, SnapshotInfo>,
     have_src: ReplicaLvols,
     have_dst: ReplicaLvols,
     chain_src: Vec<String>,
@@ -847,12 +867,14 @@ impl thin::Ends for LonghornEnds<'_> {
     }
 
     async fn keep(&self, snap: &str) -> Result<(), ThinError> {
-        self.ctrl.snapshot_end(&self.dst, snap, true).await
+        self.ctrl
+            .snapshot_end(&self.dst, snap, Some(self.src_info.get(snap)))
+            .await
     }
 
     async fn round(&self) -> Result<String, ThinError> {
         let snap = next_rebuild_snap(&self.have_src, &self.have_dst);
-        self.ctrl.snapshot_end(&self.src, &snap, false).await?;
+        self.ctrl.snapshot_end(&self.src, &snap, None).await?;
         Ok(snap)
     }
 
