@@ -118,7 +118,7 @@ fn dd(spdk: &Path, dir: &Path, port: u16, nqn: &str, data: Option<&[u8]>, len: u
     .arg(dir.join("dd.sock"))
     .arg("--json")
     .arg(&conf)
-    .args(["--bs", "65536"]);
+    .args(["--bs", "65536", "--qd", "32"]); // as tests/support/spdk_dd.rs: 10x faster here
     match data {
         Some(d) => {
             std::fs::write(&file, d).expect("pattern");
