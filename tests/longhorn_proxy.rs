@@ -1869,12 +1869,10 @@ async fn real_spdk_engine_snapshots_through_the_proxy_are_one_instant_on_both_no
 
     let nqn = "nqn.2023-01.io.longhorn.spdk:volume-vol";
     let port = u16::try_from(est.port_start).expect("port");
-    let writer = {
-        let spdk = spdk.clone();
-        // QD 31: the volume's blocks are not a multiple of it, so every pass
-        // writes each block from another queue slot (another pattern)
-        std::thread::spawn(move || spdk_perf::run(&spdk, port, nqn, "write -q 31", 25))
-    };
+    // QD 31: the volume's blocks are not a multiple of it, so every pass
+    // writes each block from another queue slot (another pattern); 45 s at
+    // most: stopped once the snapshots are taken (~13 s)
+    let writer = spdk_perf::Writer::start(&spdk, port, nqn, "write -q 31", 45);
     tokio::time::sleep(Duration::from_secs(3)).await; // perf connects
     let mut still_writing = true;
     for i in 0..SNAPSHOTS {
@@ -1884,7 +1882,7 @@ async fn real_spdk_engine_snapshots_through_the_proxy_are_one_instant_on_both_no
             .unwrap_or_else(|e| panic!("snapshot s{i}: {e}"));
         tokio::time::sleep(Duration::from_millis(1000)).await;
     }
-    let out = writer.join().expect("perf thread");
+    let out = writer.stop();
     let report = String::from_utf8_lossy(&out.stdout).to_string();
     let iops = spdk_perf::total_iops(&report);
     assert!(still_writing, "the writer ran through all {SNAPSHOTS} snapshots");

@@ -95,7 +95,11 @@ async fn wait_running(c: &mut InstanceServiceClient<Channel>, name: &str, ty: &s
 /// spdk_dd through NVMe/TCP: writes `data` (Some) or reads `len` bytes.
 fn dd(spdk: &Path, dir: &Path, port: u16, nqn: &str, data: Option<&[u8]>, len: usize) -> Vec<u8> {
     let conf = dir.join("dd.json");
-    let cfg = json!({"subsystems": [{"subsystem": "bdev", "config": [{
+    // small pools, as tests/support/spdk_dd.rs's POOLS (SPDK's defaults cost 1-9 s a start here)
+    let cfg = json!({"subsystems": [{"subsystem": "iobuf", "config": [{
+        "method": "iobuf_set_options", "params": {"small_pool_count": 1024, "large_pool_count": 128}}]},
+        {"subsystem": "bdev", "config": [{
+        "method": "bdev_set_options", "params": {"bdev_io_pool_size": 1024}}, {
         "method": "bdev_nvme_attach_controller",
         "params": {"name": "dd", "trtype": "tcp", "adrfam": "ipv4", "traddr": "127.0.0.1",
                    "trsvcid": port.to_string(), "subnqn": nqn, "hostnqn": spdk_perf::HOST_NQN}}]}]});
@@ -114,7 +118,7 @@ fn dd(spdk: &Path, dir: &Path, port: u16, nqn: &str, data: Option<&[u8]>, len: u
     .arg(dir.join("dd.sock"))
     .arg("--json")
     .arg(&conf)
-    .args(["--bs", "65536"]);
+    .args(["--bs", "65536", "--qd", "32"]); // as tests/support/spdk_dd.rs: 10x faster here
     match data {
         Some(d) => {
             std::fs::write(&file, d).expect("pattern");

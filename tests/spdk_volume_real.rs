@@ -781,10 +781,8 @@ async fn real_spdk_snapshots_under_writes_are_one_point_in_time() {
         "{raid:?}"
     );
 
-    let writer = {
-        let (spdk, nqn) = (spdk.clone(), nqn.clone());
-        std::thread::spawn(move || spdk_perf::run(&spdk, port, &nqn, "write", 45))
-    };
+    // 45 s at most: stopped once the snapshots are taken (~10 s)
+    let writer = spdk_perf::Writer::start(&spdk, port, &nqn, "write", 45);
     tokio::time::sleep(Duration::from_secs(3)).await; // perf connects
     // frozen as a snapshot freezes it: not one write completes in the raid meanwhile
     {
@@ -814,7 +812,7 @@ async fn real_spdk_snapshots_under_writes_are_one_point_in_time() {
         names.push(s);
         tokio::time::sleep(Duration::from_millis(150)).await;
     }
-    let out = writer.join().expect("perf thread");
+    let out = writer.stop();
     let report = String::from_utf8_lossy(&out.stdout).to_string();
     let iops = spdk_perf::total_iops(&report);
     assert!(still_writing, "the writer ran through all {SNAPSHOTS} snapshots");
@@ -1079,12 +1077,10 @@ async fn real_spdk_snapshots_with_a_remote_replica_are_one_point_in_time() {
     };
     let (room_a, room_b) = (room_of(false), room_of(true));
 
-    let writer = {
-        let (spdk, nqn) = (spdk.clone(), nqn.clone());
-        // QD 31: the volume's blocks are not a multiple of it, so every pass
-        // writes each block from another queue slot (another pattern)
-        std::thread::spawn(move || spdk_perf::run(&spdk, pa, &nqn, "write -q 31", 30))
-    };
+    // QD 31: the volume's blocks are not a multiple of it, so every pass
+    // writes each block from another queue slot (another pattern); 60 s at
+    // most: stopped once the snapshots are taken (~20 s)
+    let writer = spdk_perf::Writer::start(&spdk, pa, &nqn, "write -q 31", 60);
     tokio::time::sleep(Duration::from_secs(3)).await; // perf connects
     let mut still_writing = true;
     for i in 0..SNAPSHOTS {
@@ -1104,7 +1100,7 @@ async fn real_spdk_snapshots_with_a_remote_replica_are_one_point_in_time() {
         assert_eq!(set, Some(vec![0, 1]), "{id}: both replicas at one instant");
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
-    let out = writer.join().expect("perf thread");
+    let out = writer.stop();
     let report = String::from_utf8_lossy(&out.stdout).to_string();
     let iops = spdk_perf::total_iops(&report);
     assert!(still_writing, "the writer ran through all {SNAPSHOTS} snapshots");

@@ -19,28 +19,74 @@ pub fn run(spdk: &Path, port: u16, nqn: &str, workload: &str, secs: u32) -> Outp
 
 /// [`run`] as host `hostnqn`.
 pub fn run_as(spdk: &Path, port: u16, nqn: &str, workload: &str, secs: u32, hostnqn: &str) -> Output {
-    Command::new(spdk.join("build/bin/spdk_nvme_perf"))
-        .args([
-            "--no-huge",
-            "-s",
-            "512",
-            "-c",
-            "0x2",
-            "-q",
-            "32",
-            "-o",
-            "4096",
-            "-w",
-        ])
-        .args(workload.split_whitespace())
-        .args(["-t", &secs.to_string()])
-        .arg("-r")
-        .arg(format!(
-            "trtype:TCP adrfam:IPv4 traddr:127.0.0.1 trsvcid:{port} subnqn:{nqn} hostnqn:{hostnqn}"
-        ))
-        .stdin(Stdio::null())
+    command(spdk, port, nqn, workload, secs, hostnqn)
         .output()
         .expect("spdk_nvme_perf")
+}
+
+fn command(spdk: &Path, port: u16, nqn: &str, workload: &str, secs: u32, hostnqn: &str) -> Command {
+    let mut cmd = Command::new(spdk.join("build/bin/spdk_nvme_perf"));
+    cmd.args([
+        "--no-huge",
+        "-s",
+        "512",
+        "-c",
+        "0x2",
+        "-q",
+        "32",
+        "-o",
+        "4096",
+        "-w",
+    ])
+    .args(workload.split_whitespace())
+    .args(["-t", &secs.to_string()])
+    .arg("-r")
+    .arg(format!(
+        "trtype:TCP adrfam:IPv4 traddr:127.0.0.1 trsvcid:{port} subnqn:{nqn} hostnqn:{hostnqn}"
+    ))
+    .stdin(Stdio::null());
+    cmd
+}
+
+/// spdk_nvme_perf as in [`run`], running in the background for up to `secs`
+/// seconds, that the test stops as soon as it has done what it wrote for
+/// ([`Writer::stop`]) instead of waiting out a duration sized for a slow
+/// machine.
+#[allow(dead_code)] // not every includer starts one
+pub struct Writer {
+    pid: nix::unistd::Pid,
+    out: std::thread::JoinHandle<Output>,
+}
+
+#[allow(dead_code)]
+impl Writer {
+    /// Starts it.
+    pub fn start(spdk: &Path, port: u16, nqn: &str, workload: &str, secs: u32) -> Self {
+        let child = command(spdk, port, nqn, workload, secs, HOST_NQN)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn spdk_nvme_perf");
+        let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id()).expect("pid"));
+        // its output drained all along (a full pipe would stall the writer)
+        let out = std::thread::spawn(move || child.wait_with_output().expect("spdk_nvme_perf"));
+        Self { pid, out }
+    }
+
+    /// It ended by itself (its `secs` ran out, or it failed).
+    pub fn is_finished(&self) -> bool {
+        self.out.is_finished()
+    }
+
+    /// Stops it as Ctrl-C does (SIGINT: spdk_nvme_perf ends its I/O and
+    /// prints its report, the `Total` line with it) and returns its output.
+    pub fn stop(self) -> Output {
+        if !self.out.is_finished() {
+            // it may end between the look and the signal: then there is no one to signal
+            let _ = nix::sys::signal::kill(self.pid, nix::sys::signal::Signal::SIGINT);
+        }
+        self.out.join().expect("perf thread")
+    }
 }
 
 /// Runs it and asserts it succeeded; returns its report.
