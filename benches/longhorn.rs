@@ -73,6 +73,8 @@
 mod longhorn_daemon;
 #[path = "../tests/support/longhorn_nodes.rs"]
 mod longhorn_nodes;
+#[path = "../tests/support/longhorn_req.rs"]
+mod longhorn_req;
 #[path = "support/reap.rs"]
 mod reap;
 #[path = "../tests/support/spdk_dd.rs"]
@@ -119,26 +121,6 @@ fn free_port() -> u16 {
     talon::runtime::testing::free_port()
 }
 
-fn create_req(
-    name: &str,
-    ty: &str,
-    volume: &str,
-    sp: imrpc::SpdkInstanceSpec,
-) -> imrpc::InstanceCreateRequest {
-    imrpc::InstanceCreateRequest {
-        spec: Some(imrpc::InstanceSpec {
-            name: name.into(),
-            r#type: ty.into(),
-            volume_name: volume.into(),
-            port_count: 1,
-            data_engine: imrpc::DataEngine::V2 as i32,
-            spdk_instance_spec: Some(sp),
-            ..Default::default()
-        }),
-        data_layout_type: 0,
-    }
-}
-
 async fn running(c: &mut InstanceServiceClient<Channel>, name: &str, ty: &str) -> imrpc::InstanceStatus {
     loop {
         let r = c
@@ -178,7 +160,7 @@ async fn make_volume(
         let t = Instant::now();
         let r = format!("{v}-r-{k}");
         let resp = c
-            .instance_create(create_req(
+            .instance_create(longhorn_req::create(
                 &r,
                 "replica",
                 v,
@@ -198,7 +180,7 @@ async fn make_volume(
     }
     let t = Instant::now();
     let e = format!("{v}-e-0");
-    c.instance_create(create_req(
+    c.instance_create(longhorn_req::create(
         &e,
         "engine",
         v,

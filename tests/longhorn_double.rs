@@ -9,6 +9,8 @@
 
 #[path = "support/longhorn_daemon.rs"]
 mod longhorn_daemon;
+#[path = "support/longhorn_req.rs"]
+mod longhorn_req;
 #[path = "support/serve_daemon.rs"]
 mod serve_daemon;
 
@@ -69,43 +71,14 @@ impl Daemon {
     }
 }
 
+/// Replica `name` of volume "vol".
 fn replica_spec(name: &str, disk: &str, size: u64) -> imrpc::InstanceCreateRequest {
-    imrpc::InstanceCreateRequest {
-        spec: Some(imrpc::InstanceSpec {
-            name: name.into(),
-            r#type: "replica".into(),
-            volume_name: "vol".into(),
-            port_count: 1,
-            data_engine: imrpc::DataEngine::V2 as i32,
-            spdk_instance_spec: Some(imrpc::SpdkInstanceSpec {
-                disk_name: disk.into(),
-                size,
-                ..Default::default()
-            }),
-            ..Default::default()
-        }),
-        data_layout_type: 0,
-    }
+    longhorn_req::replica(name, "vol", disk, size)
 }
 
+/// Engine `name` of volume "vol", exported over NVMe/TCP.
 fn engine_spec(name: &str, map: HashMap<String, String>, size: u64) -> imrpc::InstanceCreateRequest {
-    imrpc::InstanceCreateRequest {
-        spec: Some(imrpc::InstanceSpec {
-            name: name.into(),
-            r#type: "engine".into(),
-            volume_name: "vol".into(),
-            port_count: 1,
-            data_engine: imrpc::DataEngine::V2 as i32,
-            spdk_instance_spec: Some(imrpc::SpdkInstanceSpec {
-                replica_address_map: map,
-                size,
-                frontend: "spdk-tcp-nvmf".into(),
-                ..Default::default()
-            }),
-            ..Default::default()
-        }),
-        data_layout_type: 0,
-    }
+    longhorn_req::engine(name, "vol", map, size, "spdk-tcp-nvmf")
 }
 
 fn delete_req(name: &str, ty: &str, cleanup: bool) -> imrpc::InstanceDeleteRequest {
@@ -830,23 +803,7 @@ async fn longhorn_managers_contract_on_the_double() {
     let target = format!("127.0.0.1:{}", e.port_start);
 
     // engine-frontends: nvmf (no initiator), disabled (nothing to attach), ublk (refused)
-    let frontend = |name: &str, fe: &str| imrpc::InstanceCreateRequest {
-        spec: Some(imrpc::InstanceSpec {
-            name: name.into(),
-            r#type: "engine-frontend".into(),
-            volume_name: "vol".into(),
-            engine_name: "vol-e-0".into(),
-            target_address: target.clone(),
-            data_engine: imrpc::DataEngine::V2 as i32,
-            spdk_instance_spec: Some(imrpc::SpdkInstanceSpec {
-                size,
-                frontend: fe.into(),
-                ..Default::default()
-            }),
-            ..Default::default()
-        }),
-        data_layout_type: 0,
-    };
+    let frontend = |name: &str, fe: &str| longhorn_req::frontend(name, "vol", "vol-e-0", &target, size, fe);
     let e = inst
         .instance_create(frontend("vol-ef-u", "ublk"))
         .await
@@ -1054,23 +1011,14 @@ async fn one_volume(dir: &Path, d: &Daemon) -> String {
         .expect("engine");
     let e = wait_state(&mut inst, "vol-e-0", "engine", "running").await;
     let target = format!("127.0.0.1:{}", e.port_start);
-    inst.instance_create(imrpc::InstanceCreateRequest {
-        spec: Some(imrpc::InstanceSpec {
-            name: "vol-ef-0".into(),
-            r#type: "engine-frontend".into(),
-            volume_name: "vol".into(),
-            engine_name: "vol-e-0".into(),
-            target_address: target.clone(),
-            data_engine: imrpc::DataEngine::V2 as i32,
-            spdk_instance_spec: Some(imrpc::SpdkInstanceSpec {
-                size,
-                frontend: "spdk-tcp-nvmf".into(),
-                ..Default::default()
-            }),
-            ..Default::default()
-        }),
-        data_layout_type: 0,
-    })
+    inst.instance_create(longhorn_req::frontend(
+        "vol-ef-0",
+        "vol",
+        "vol-e-0",
+        &target,
+        size,
+        "spdk-tcp-nvmf",
+    ))
     .await
     .expect("engine-frontend");
     wait_state(&mut inst, "vol-ef-0", "engine-frontend", "running").await;

@@ -19,6 +19,8 @@
 
 #[path = "support/longhorn_nodes.rs"]
 mod longhorn_nodes;
+#[path = "support/longhorn_req.rs"]
+mod longhorn_req;
 #[path = "support/spdk_dd.rs"]
 mod spdk_dd;
 #[path = "support/spdk_perf.rs"]
@@ -116,25 +118,9 @@ async fn the_engine_proxy_across_two_nodes() {
         .into_iter()
         .map(|(r, x)| (r.to_owned(), x.clone()))
         .collect();
-    inst.instance_create(imrpc::InstanceCreateRequest {
-        spec: Some(imrpc::InstanceSpec {
-            name: "vol-e-0".into(),
-            r#type: "engine".into(),
-            volume_name: "vol".into(),
-            port_count: 1,
-            data_engine: imrpc::DataEngine::V2 as i32,
-            spdk_instance_spec: Some(imrpc::SpdkInstanceSpec {
-                replica_address_map: map,
-                size,
-                frontend: "spdk-tcp-nvmf".into(),
-                ..Default::default()
-            }),
-            ..Default::default()
-        }),
-        data_layout_type: 0,
-    })
-    .await
-    .expect("engine create");
+    inst.instance_create(longhorn_req::engine("vol-e-0", "vol", map, size, "spdk-tcp-nvmf"))
+        .await
+        .expect("engine create");
     let est = running(&inst, "vol-e-0", "engine").await;
     let mut p = ProxyEngineServiceClient::new(a.channel(1).await);
 
@@ -800,24 +786,16 @@ async fn the_engine_proxy_reverts_purges_and_rebuilds_across_two_nodes() {
     let inst_b = InstanceServiceClient::new(b.channel(3).await);
     inst_b
         .clone()
-        .instance_create(imrpc::InstanceCreateRequest {
-            spec: Some(imrpc::InstanceSpec {
-                name: "vol-ef-0".into(),
-                r#type: "engine-frontend".into(),
-                volume_name: "vol".into(),
-                engine_name: "vol-e-0".into(),
-                // the engine node's IP; nothing listens on port 1, so the
-                // kernel attach fails fast: only the forwarding is tested
-                target_address: "127.0.0.1:1".into(),
-                data_engine: imrpc::DataEngine::V2 as i32,
-                spdk_instance_spec: Some(imrpc::SpdkInstanceSpec {
-                    size,
-                    ..Default::default()
-                }),
-                ..Default::default()
-            }),
-            data_layout_type: 0,
-        })
+        // the engine node's IP; nothing listens on port 1, so the kernel
+        // attach fails fast: only the forwarding is tested
+        .instance_create(longhorn_req::frontend(
+            "vol-ef-0",
+            "vol",
+            "vol-e-0",
+            "127.0.0.1:1",
+            size,
+            "",
+        ))
         .await
         .expect("engine-frontend on B");
     let mut pb = ProxyEngineServiceClient::new(b.channel(1).await);
@@ -1833,23 +1811,13 @@ async fn real_spdk_engine_snapshots_through_the_proxy_are_one_instant_on_both_no
         .map(|(r, x)| (r.to_owned(), x.clone()))
         .collect();
     inst.clone()
-        .instance_create(imrpc::InstanceCreateRequest {
-            spec: Some(imrpc::InstanceSpec {
-                name: "vol-e-0".into(),
-                r#type: "engine".into(),
-                volume_name: "vol".into(),
-                port_count: 1,
-                data_engine: imrpc::DataEngine::V2 as i32,
-                spdk_instance_spec: Some(imrpc::SpdkInstanceSpec {
-                    replica_address_map: map,
-                    size: LEN as u64,
-                    frontend: "spdk-tcp-nvmf".into(),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            }),
-            data_layout_type: 0,
-        })
+        .instance_create(longhorn_req::engine(
+            "vol-e-0",
+            "vol",
+            map,
+            LEN as u64,
+            "spdk-tcp-nvmf",
+        ))
         .await
         .expect("engine create");
     let est = running(&inst, "vol-e-0", "engine").await;
@@ -2530,24 +2498,14 @@ async fn an_engine_frontend_switches_over_to_another_nodes_engine(real: Option<&
     // the frontend on A, attached to the old engine
     inst_a
         .clone()
-        .instance_create(imrpc::InstanceCreateRequest {
-            spec: Some(imrpc::InstanceSpec {
-                name: "vol-ef-0".into(),
-                r#type: "engine-frontend".into(),
-                volume_name: "vol".into(),
-                port_count: 1,
-                data_engine: imrpc::DataEngine::V2 as i32,
-                target_address: e0.clone(),
-                engine_name: "vol-e-0".into(),
-                spdk_instance_spec: Some(imrpc::SpdkInstanceSpec {
-                    size,
-                    frontend: "spdk-tcp-nvmf".into(),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            }),
-            data_layout_type: 0,
-        })
+        .instance_create(longhorn_req::frontend(
+            "vol-ef-0",
+            "vol",
+            "vol-e-0",
+            &e0,
+            size,
+            "spdk-tcp-nvmf",
+        ))
         .await
         .expect("the engine-frontend's create");
     running(&inst_a, "vol-ef-0", "engine-frontend").await;

@@ -8,6 +8,8 @@
 
 #[path = "support/longhorn_daemon.rs"]
 mod longhorn_daemon;
+#[path = "support/longhorn_req.rs"]
+mod longhorn_req;
 #[allow(dead_code)] // the secret manifest and root are other tests'
 #[path = "support/s3_server.rs"]
 mod s3_server;
@@ -54,21 +56,6 @@ impl Daemon {
             ..serve_daemon::opts_with_config(dir, spdk, &yaml)
         };
         Daemon::serve(opts, base, instance_ports(base)).await
-    }
-}
-
-fn create_req(name: &str, ty: &str, sp: imrpc::SpdkInstanceSpec) -> imrpc::InstanceCreateRequest {
-    imrpc::InstanceCreateRequest {
-        spec: Some(imrpc::InstanceSpec {
-            name: name.into(),
-            r#type: ty.into(),
-            volume_name: "lhvol".into(),
-            port_count: 1,
-            data_engine: imrpc::DataEngine::V2 as i32,
-            spdk_instance_spec: Some(sp),
-            ..Default::default()
-        }),
-        data_layout_type: 0,
     }
 }
 
@@ -199,9 +186,10 @@ async fn engine_over_with(
 ) -> (HashMap<String, String>, u16) {
     let mut map = HashMap::new();
     for (r, disk) in replicas {
-        inst.instance_create(create_req(
+        inst.instance_create(longhorn_req::create(
             r,
             "replica",
+            "lhvol",
             imrpc::SpdkInstanceSpec {
                 disk_name: (*disk).into(),
                 size,
@@ -213,9 +201,10 @@ async fn engine_over_with(
         let st = wait_running(inst, r, "replica").await;
         map.insert((*r).to_string(), format!("127.0.0.1:{}", st.port_start));
     }
-    inst.instance_create(create_req(
+    inst.instance_create(longhorn_req::create(
         "lhvol-e-0",
         "engine",
+        "lhvol",
         imrpc::SpdkInstanceSpec {
             replica_address_map: map.clone(),
             size,
@@ -424,9 +413,10 @@ async fn second_engine_leaves_a_read_replica_exported(
     })
     .await;
     let size = 64 * MIB;
-    inst.instance_create(create_req(
+    inst.instance_create(longhorn_req::create(
         "lhvol-e-1",
         "engine",
+        "lhvol",
         imrpc::SpdkInstanceSpec {
             replica_address_map: map.clone(),
             size,

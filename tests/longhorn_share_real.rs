@@ -14,6 +14,8 @@
 
 #[path = "support/longhorn_nodes.rs"]
 mod longhorn_nodes;
+#[path = "support/longhorn_req.rs"]
+mod longhorn_req;
 #[allow(dead_code)] // other tests' parts
 #[path = "support/spdk_dd.rs"]
 mod spdk_dd;

@@ -14,6 +14,8 @@
 
 #[path = "support/longhorn_nodes.rs"]
 mod longhorn_nodes;
+#[path = "support/longhorn_req.rs"]
+mod longhorn_req;
 #[path = "support/spdk_dd.rs"]
 #[allow(dead_code)]
 mod spdk_dd;
@@ -243,18 +245,7 @@ async fn clone_status(
 async fn clone_from(a: &Node, p: &mut ProxyEngineServiceClient<Channel>, size: u64, snap: &str) -> String {
     let mut inst =
         talon::proto::imrpc::instance_service_client::InstanceServiceClient::new(a.channel(3).await);
-    let spec = |name: &str, ty: &str, s: imrpc::SpdkInstanceSpec| imrpc::InstanceCreateRequest {
-        spec: Some(imrpc::InstanceSpec {
-            name: name.into(),
-            r#type: ty.into(),
-            volume_name: "clone".into(),
-            port_count: 1,
-            data_engine: imrpc::DataEngine::V2 as i32,
-            spdk_instance_spec: Some(s),
-            ..Default::default()
-        }),
-        data_layout_type: 0,
-    };
+    let spec = |name: &str, ty: &str, s: imrpc::SpdkInstanceSpec| longhorn_req::create(name, ty, "clone", s);
     inst.instance_create(spec(
         "clone-r-a",
         "replica",

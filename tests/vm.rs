@@ -16,6 +16,9 @@
 //! `TALON_LH_ADDR=ip:base TALON_LH_CALL="<op> args.." <this binary> --ignored --exact longhorn_client`,
 //! answers on lines `LH key=value`; see [`longhorn_call`].
 
+#[path = "support/longhorn_req.rs"]
+mod longhorn_req;
+
 use std::path::Path;
 use std::process::Command;
 
@@ -140,19 +143,7 @@ async fn longhorn_call(base: std::net::SocketAddr, args: &[String]) {
         }
         panic!("{ty} {name} is not running after 120 s: {last}");
     };
-    let create =
-        |name: &str, ty: &str, volume: &str, sp: imrpc::SpdkInstanceSpec| imrpc::InstanceCreateRequest {
-            spec: Some(imrpc::InstanceSpec {
-                name: name.into(),
-                r#type: ty.into(),
-                volume_name: volume.into(),
-                port_count: 1,
-                data_engine: v2,
-                spdk_instance_spec: Some(sp),
-                ..Default::default()
-            }),
-            data_layout_type: 0,
-        };
+    let create = longhorn_req::create;
     let a = |i: usize| {
         args.get(i)
             .map(String::as_str)

@@ -433,7 +433,7 @@ impl Longhorn {
             let mut c = self
                 .replica_node(&m.replica, &m.address)
                 .await
-                .map_err(|x| LonghornError::Unavailable(format!("{what}: {x}")))?;
+                .map_err(|x| LonghornError::within(what.clone(), x))?;
             c.replica_backup_create(ask).await?.into_inner()
         };
         Ok(imrpc::EngineSnapshotBackupProxyResponse {
@@ -485,7 +485,7 @@ impl Longhorn {
                         .await
                         .map(tonic::Response::into_inner)
                         .map_err(LonghornError::from),
-                    Err(x) => Err(LonghornError::Unavailable(x)),
+                    Err(x) => Err(x),
                 }
             };
             match got {

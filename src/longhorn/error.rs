@@ -51,6 +51,14 @@ pub enum LonghornError {
         /// What it (or reaching it) said.
         message: String,
     },
+    /// The node that serves a replica was not reached (UNAVAILABLE).
+    #[error("replica {replica}: {}", crate::util::error_chain(source))]
+    Unreachable {
+        /// The replica that node serves.
+        replica: String,
+        /// Why it was not reached.
+        source: crate::proto::peer::PeerError,
+    },
     /// talon's state store.
     #[error("{}", crate::util::error_chain(.0))]
     State(#[from] StateError),
@@ -179,7 +187,7 @@ impl LonghornError {
             Self::Invalid(_) => Code::InvalidArgument,
             Self::NotFound { .. } => Code::NotFound,
             Self::Refused(_) => Code::FailedPrecondition,
-            Self::Peer { .. } => Code::Unavailable,
+            Self::Peer { .. } | Self::Unreachable { .. } => Code::Unavailable,
             Self::State(StateError::NotFound { .. }) => Code::NotFound,
             Self::State(StateError::AlreadyExists { .. }) => Code::AlreadyExists,
             Self::State(StateError::Conflict { .. }) => Code::Aborted,

@@ -372,11 +372,14 @@ impl Longhorn {
         &self,
         replica: &str,
         address: &str,
-    ) -> Result<SpdkServiceClient<tonic::transport::Channel>, String> {
+    ) -> Result<SpdkServiceClient<tonic::transport::Channel>, LonghornError> {
         self.peers()
             .client(address, self.peer_port(), REMOTE_TIMEOUT)
             .await
-            .map_err(|e| format!("replica {replica}: {}", crate::util::error_chain(&e)))
+            .map_err(|source| LonghornError::Unreachable {
+                replica: replica.to_owned(),
+                source,
+            })
     }
 
     /// Snapshot `snap` of every replica of engine `e` in service at one

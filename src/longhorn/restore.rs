@@ -302,7 +302,7 @@ impl Longhorn {
                         .await
                         .map(|_| ())
                         .map_err(LonghornError::from),
-                    Err(x) => Err(LonghornError::Unavailable(x)),
+                    Err(x) => Err(x),
                 }
             };
             if let Err(x) = done {
@@ -325,9 +325,10 @@ impl Longhorn {
             let s = if self.local_replica(replica).is_some() {
                 self.replica_restore_status(replica)?
             } else {
-                let mut c = self.replica_node(replica, address).await.map_err(|x| {
-                    LonghornError::Unavailable(format!("restore status of engine {}: {x}", e.id()))
-                })?;
+                let mut c = self
+                    .replica_node(replica, address)
+                    .await
+                    .map_err(|x| LonghornError::within(format!("restore status of engine {}", e.id()), x))?;
                 c.replica_restore_status(spdkrpc::ReplicaRestoreStatusRequest {
                     replica_name: replica.clone(),
                 })

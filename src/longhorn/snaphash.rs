@@ -129,8 +129,12 @@ impl Hashes {
         let task = tokio::spawn(async move {
             let r = match hashes.one.acquire().await {
                 Ok(_one) => run(&client, &lvs, &key.0, &key.1).await,
-                Err(_) => Err(format!("replica {}: hashing snapshot {}: stopped", key.0, key.1)),
-            };
+                Err(_) => Err(HashError::Stopped {
+                    replica: key.0.clone(),
+                    snap: key.1.clone(),
+                }),
+            }
+            .map_err(|e| crate::util::error_chain(&e));
             match &r {
                 Ok(sum) => {
                     tracing::info!(replica = %key.0, snapshot = %key.1, checksum = %sum, "snapshot hashed")
@@ -312,15 +316,48 @@ fn plan_of(inv: &Inventory, lvs: &str, replica: &str, snap: &str) -> Option<Chai
     Chain::of(inv, &format!("{lvs}/{}", snapshot_lvol(replica, snap)))
 }
 
+/// Why a snapshot was not hashed; its text (with its sources) is the
+/// job's error that `ReplicaSnapshotHashStatus` answers.
+#[derive(Debug, thiserror::Error)]
+enum HashError {
+    /// This node's target was not listed.
+    #[error("replica {replica}: hashing snapshot {snap}: listing spdk_tgt")]
+    List {
+        replica: String,
+        snap: String,
+        #[source]
+        source: crate::spdk::ClientError,
+    },
+    /// The snapshot went before or while it was read.
+    #[error("replica {replica}: snapshot {snap} was deleted while it was hashed")]
+    Gone { replica: String, snap: String },
+    /// The snapshot was not read through.
+    #[error("replica {replica}: hashing snapshot {snap}")]
+    Read {
+        replica: String,
+        snap: String,
+        #[source]
+        source: mover::MoverError,
+    },
+    /// The node stopped before the job's turn came.
+    #[error("replica {replica}: hashing snapshot {snap}: stopped")]
+    Stopped { replica: String, snap: String },
+}
+
 /// One job: the snapshot read through the mover (a temporary loopback
 /// export, no file) and hashed as it streams; the export removed again on
 /// every path (a job stopped drops its session, which removes it).
-async fn run(client: &SpdkClient, lvs: &str, replica: &str, snap: &str) -> Result<String, String> {
-    let what = |m: String| format!("replica {replica}: hashing snapshot {snap}: {m}");
-    let gone = || format!("replica {replica}: snapshot {snap} was deleted while it was hashed");
-    let inv = Inventory::load(client)
-        .await
-        .map_err(|e| what(format!("listing spdk_tgt: {}", crate::util::error_chain(&e))))?;
+async fn run(client: &SpdkClient, lvs: &str, replica: &str, snap: &str) -> Result<String, HashError> {
+    let (r, sn) = (replica.to_owned(), snap.to_owned());
+    let gone = || HashError::Gone {
+        replica: r.clone(),
+        snap: sn.clone(),
+    };
+    let inv = Inventory::load(client).await.map_err(|source| HashError::List {
+        replica: r.clone(),
+        snap: sn.clone(),
+        source,
+    })?;
     let plan = plan_of(&inv, lvs, replica, snap).ok_or_else(gone)?;
     let alias = format!("{lvs}/{}", snapshot_lvol(replica, snap));
     let sum = async {
@@ -342,8 +379,7 @@ async fn run(client: &SpdkClient, lvs: &str, replica: &str, snap: &str) -> Resul
         s.close().await?;
         Ok(sum.finish())
     }
-    .await
-    .map_err(|e: mover::MoverError| crate::util::error_chain(&e));
+    .await;
     // a snapshot deleted meanwhile (its read may have failed for it, or
     // ended before): no checksum of it
     let now = Inventory::load(client).await.ok();
@@ -351,7 +387,11 @@ async fn run(client: &SpdkClient, lvs: &str, replica: &str, snap: &str) -> Resul
     match (sum, still) {
         (_, None) if now.is_some() => Err(gone()),
         (Ok(s), _) => Ok(s),
-        (Err(m), _) => Err(what(m)),
+        (Err(source), _) => Err(HashError::Read {
+            replica: r,
+            snap: sn,
+            source,
+        }),
     }
 }
 

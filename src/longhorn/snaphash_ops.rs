@@ -108,7 +108,7 @@ impl Longhorn {
                             code: s.code(),
                             message: s.message().to_owned(),
                         }),
-                    Err(x) => Err(LonghornError::Unavailable(x)),
+                    Err(x) => Err(x),
                 },
             };
             if let Err(e) = r {
@@ -132,10 +132,7 @@ impl Longhorn {
             let s = match self.local_replica(&m.replica) {
                 Some(_) => self.replica_hash_status(&m.replica, snap).await?,
                 None => {
-                    let mut c = self
-                        .replica_node(&m.replica, &m.address)
-                        .await
-                        .map_err(LonghornError::Unavailable)?;
+                    let mut c = self.replica_node(&m.replica, &m.address).await?;
                     c.replica_snapshot_hash_status(spdkrpc::SnapshotHashStatusRequest {
                         name: m.replica.clone(),
                         snapshot_name: snap.to_owned(),

@@ -21,6 +21,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use super::longhorn_req;
 use talon::controllers::engine::selection::SpdkOptions;
 use talon::longhorn::server::LonghornOptions;
 use talon::proto::imrpc::{
@@ -287,24 +288,9 @@ impl Node {
     /// A running replica on disk `disk` (made already); returns its `ip:port`.
     pub async fn replica_again(&self, disk: &str, name: &str, size: u64) -> String {
         let mut inst = InstanceServiceClient::new(self.channel(3).await);
-        inst.instance_create(imrpc::InstanceCreateRequest {
-            spec: Some(imrpc::InstanceSpec {
-                name: name.into(),
-                r#type: "replica".into(),
-                volume_name: "vol".into(),
-                port_count: 1,
-                data_engine: imrpc::DataEngine::V2 as i32,
-                spdk_instance_spec: Some(imrpc::SpdkInstanceSpec {
-                    disk_name: disk.into(),
-                    size,
-                    ..Default::default()
-                }),
-                ..Default::default()
-            }),
-            data_layout_type: 0,
-        })
-        .await
-        .unwrap_or_else(|e| panic!("create {name}: {e}"));
+        inst.instance_create(longhorn_req::replica(name, "vol", disk, size))
+            .await
+            .unwrap_or_else(|e| panic!("create {name}: {e}"));
         let st = running(&inst, name, "replica").await;
         format!("{}:{}", self.ip, st.port_start)
     }
@@ -364,23 +350,7 @@ pub async fn engine_create(
         .map(|(r, x)| ((*r).to_owned(), (*x).clone()))
         .collect();
     inst.clone()
-        .instance_create(imrpc::InstanceCreateRequest {
-            spec: Some(imrpc::InstanceSpec {
-                name: name.into(),
-                r#type: "engine".into(),
-                volume_name: "vol".into(),
-                port_count: 1,
-                data_engine: imrpc::DataEngine::V2 as i32,
-                spdk_instance_spec: Some(imrpc::SpdkInstanceSpec {
-                    replica_address_map: map,
-                    size,
-                    frontend: frontend.into(),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            }),
-            data_layout_type: 0,
-        })
+        .instance_create(longhorn_req::engine(name, "vol", map, size, frontend))
         .await
         .unwrap_or_else(|e| panic!("engine {name} create: {e}"));
     inst

@@ -188,12 +188,26 @@ pub enum InstanceError {
         #[source]
         source: Box<ClientError>,
     },
-    /// Another node's SPDKService could not be called.
-    #[error("{0}")]
-    Peer(String),
+    /// The node that serves `replica` was not reached.
+    #[error("replica {replica}")]
+    PeerUnreachable {
+        replica: String,
+        #[source]
+        source: crate::proto::peer::PeerError,
+    },
     /// Another node's SPDKService refused a call about its replica.
     #[error("replica {replica}: its node: {message}")]
     PeerRefused { replica: String, message: String },
+    /// This node's target could not be listed after a step that changed it.
+    #[error("listing spdk_tgt after the {after}")]
+    Relist {
+        after: &'static str,
+        #[source]
+        source: ClientError,
+    },
+    /// A rebuild dest's head was not made again.
+    #[error(transparent)]
+    ResetHead(#[from] crate::spdk::volume::replica_lvols::ResetHeadError),
     /// The task that attaches or detaches did not finish.
     #[error("{what} task")]
     Task {

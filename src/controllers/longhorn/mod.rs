@@ -1739,7 +1739,10 @@ mod tests {
             InstanceState::Error
         );
         // a failure is an error whatever its words (they were once matched)
-        let words = InstanceError::Peer("waiting for replicas to learn the address".into());
+        let words = InstanceError::PeerRefused {
+            replica: "r".into(),
+            message: "waiting for replicas to learn the address".into(),
+        };
         assert_eq!(engine_status(Err(words)).state, InstanceState::Error);
         let ok = status(InstanceKind::Engine, InstanceState::Running, "");
         assert_eq!(engine_status(Ok(ok.clone())), ok);

@@ -156,7 +156,7 @@ impl LonghornController {
         snap: &str,
     ) -> Result<(), InstanceError> {
         naming::instance_name("snapshot", snap)?;
-        let mut c = self.peer(replica, address).await.map_err(InstanceError::Peer)?;
+        let mut c = self.peer(replica, address).await?;
         c.replica_snapshot_delete(spdkrpc::SnapshotRequest {
             name: replica.to_owned(),
             snapshot_name: snap.to_owned(),

@@ -26,7 +26,7 @@
 use std::collections::BTreeMap;
 
 use super::purge::rebuilding;
-use super::{InstanceError, LonghornController, chain, status};
+use super::{InstanceError, LonghornController, status};
 use crate::names::ObjectName;
 use crate::proto::spdkrpc;
 use crate::resources::longhorn::{
@@ -38,7 +38,6 @@ use crate::spdk::naming::longhorn as naming;
 use crate::spdk::volume::naming::lvstore;
 use crate::spdk::volume::replica_lvols::{ReplicaLvols, reset_head};
 use crate::spdk::volume::{Inventory, RevertHead, TakeDown};
-use crate::util::error_chain as chain_of;
 
 impl LonghornController {
     /// Carries out engine `e`'s revert request unless it was (`prev` holds
@@ -149,12 +148,16 @@ impl LonghornController {
                 // raid1 serves them
                 ctx.destroy::<LonghornRevertLedger>(e.id())?;
             }
-            Err(m) => out.error = m,
+            Err(x) => out.error = x.text(),
         }
         match Inventory::load(&self.client).await {
             Ok(i) => *inv = i,
             Err(x) if out.error.is_empty() => {
-                out.error = format!("listing spdk_tgt after the revert: {}", chain(&x));
+                out.error = InstanceError::Relist {
+                    after: "revert",
+                    source: x,
+                }
+                .text();
             }
             Err(_) => {}
         }
@@ -179,7 +182,7 @@ impl LonghornController {
         e: &Typed<LonghornEngine>,
         local: &BTreeMap<String, LonghornReplica>,
         snap: &str,
-    ) -> Result<Vec<String>, String> {
+    ) -> Result<Vec<String>, InstanceError> {
         let id = format!("{}@{snap}", e.id());
         let map = &e.spec.replica_address_map;
         let remotes: Vec<String> = map.keys().filter(|r| !local.contains_key(*r)).cloned().collect();
@@ -193,8 +196,7 @@ impl LonghornController {
                 remotes: remotes.clone(),
                 dropped: Vec::new(),
             })
-            .await
-            .map_err(|x| chain_of(&x))?;
+            .await?;
         inv.raids.retain(|r| r.name != e.id());
         inv.controllers.retain(|c| !remotes.contains(c));
         let mut waiting = Vec::new();
@@ -208,7 +210,10 @@ impl LonghornController {
             let answer = c
                 .replica_snapshot_revert(req)
                 .await
-                .map_err(|s| format!("replica {replica}: its node: {}", s.message()))?;
+                .map_err(|s| InstanceError::PeerRefused {
+                    replica: replica.clone(),
+                    message: s.message().to_owned(),
+                })?;
             if answer.metadata().contains_key(crate::proto::peer::PENDING) {
                 waiting.push(replica.clone());
             }
@@ -230,7 +235,7 @@ impl LonghornController {
             .remake_heads(&id, &heads)
             .await
             .map(|_| Vec::new())
-            .map_err(|x| chain_of(&x))
+            .map_err(InstanceError::from)
     }
 
     /// Carries out replica `name`'s revert request `rq` (another node's
@@ -269,8 +274,8 @@ impl LonghornController {
             }
         }
         let done = async {
-            let nqn = naming::replica_nqn(name).map_err(|x| x.to_string())?;
-            self.unexport(inv, nqn.as_str()).await.map_err(|x| x.text())?;
+            let nqn = naming::replica_nqn(name)?;
+            self.unexport(inv, nqn.as_str()).await?;
             let head = RevertHead {
                 lvs: lvs.clone(),
                 head: name.as_str().to_owned(),
@@ -279,15 +284,17 @@ impl LonghornController {
             };
             self.ops
                 .remake_heads(&format!("{name}@{}", rq.snapshot), &[head])
-                .await
-                .map_err(|x| chain_of(&x))?;
+                .await?;
             *inv = Inventory::load(&self.client)
                 .await
-                .map_err(|x| format!("listing spdk_tgt after the revert: {}", chain(&x)))?;
-            Ok::<(), String>(())
+                .map_err(|source| InstanceError::Relist {
+                    after: "revert",
+                    source,
+                })?;
+            Ok::<(), InstanceError>(())
         };
-        if let Err(m) = done.await {
-            out.error = m;
+        if let Err(x) = done.await {
+            out.error = x.text();
         }
         tracing::info!(replica = name.as_str(), request = rq.request, error = %out.error, "replica revert");
         out
@@ -310,18 +317,21 @@ impl LonghornController {
         let lvs = lvstore(&r.disk);
         let done = async {
             for s in &rq.chain {
-                naming::replica_snapshot_name(s).map_err(|x| x.to_string())?;
+                naming::replica_snapshot_name(s)?;
             }
             let have = ReplicaLvols::from_inventory(inv, &lvs, name.as_str());
             if have.ready_over(&rq.chain, have.shared(&rq.chain)) {
                 return Ok(());
             }
-            let nqn = naming::replica_nqn(name).map_err(|x| x.to_string())?;
-            self.unexport(inv, nqn.as_str()).await.map_err(|x| x.text())?;
+            let nqn = naming::replica_nqn(name)?;
+            self.unexport(inv, nqn.as_str()).await?;
             let kept = reset_head(&self.client, &lvs, name.as_str(), r.size_bytes, &have, &rq.chain).await;
             *inv = Inventory::load(&self.client)
                 .await
-                .map_err(|x| format!("listing spdk_tgt after the reset: {}", chain(&x)))?;
+                .map_err(|source| InstanceError::Relist {
+                    after: "reset",
+                    source,
+                })?;
             let kept = kept?;
             tracing::info!(
                 replica = name.as_str(),
@@ -329,9 +339,9 @@ impl LonghornController {
                 kept,
                 "rebuild dest head made again"
             );
-            Ok::<(), String>(())
+            Ok::<(), InstanceError>(())
         };
-        let error = done.await.err().unwrap_or_default();
+        let error = done.await.err().map(|x| x.text()).unwrap_or_default();
         if !error.is_empty() {
             tracing::warn!(
                 replica = name.as_str(),

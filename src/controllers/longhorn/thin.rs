@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use tonic::transport::Channel;
 
-use super::{LonghornController, Serving};
+use super::{InstanceError, LonghornController, Serving};
 use crate::names::InvalidName;
 use crate::proto::peer::PeerError;
 use crate::proto::spdkrpc;
@@ -29,7 +29,7 @@ use crate::spdk::ClientError;
 use crate::spdk::naming::longhorn::{self as naming, REBUILD_SNAP_PREFIX, is_rebuild_snap};
 use crate::spdk::rpc::RaidBdev;
 use crate::spdk::volume::naming::lvstore;
-use crate::spdk::volume::replica_lvols::{ReplicaLvols, reset_head};
+use crate::spdk::volume::replica_lvols::{ReplicaLvols, ResetHeadError, reset_head};
 use crate::spdk::volume::thin::{self, Copier, CopyState, Run};
 use crate::spdk::volume::{Inventory, Switch, SwitchSide, VolumeError};
 
@@ -90,9 +90,13 @@ pub(super) enum ThinError {
     /// A replica of another node was not attached here (the engine's words).
     #[error("replica {replica}: {message}")]
     Attach { replica: String, message: String },
-    /// A dest's head of this node was not made again (its words).
-    #[error("replica {replica}: making its head again: {message}")]
-    ResetHead { replica: String, message: String },
+    /// A dest's head of this node was not made again.
+    #[error("replica {replica}: making its head again")]
+    ResetHead {
+        replica: String,
+        #[source]
+        source: ResetHeadError,
+    },
     /// The engine has no raid1 to rebuild into.
     #[error("engine {engine} has no raid1")]
     NoRaid { engine: String },
@@ -251,13 +255,17 @@ impl LonghornController {
         &self,
         replica: &str,
         address: &str,
-    ) -> Result<SpdkServiceClient<Channel>, String> {
-        self.peer_of(replica, address)
+    ) -> Result<SpdkServiceClient<Channel>, InstanceError> {
+        self.peers
+            .client(address, self.peer_port, PEER_TIMEOUT)
             .await
-            .map_err(|e| crate::util::error_chain(&e))
+            .map_err(|source| InstanceError::PeerUnreachable {
+                replica: replica.to_owned(),
+                source,
+            })
     }
 
-    /// [`Self::peer`], its error typed.
+    /// [`Self::peer`], for a rebuild's step.
     async fn peer_of(&self, replica: &str, address: &str) -> Result<SpdkServiceClient<Channel>, ThinError> {
         self.peers
             .client(address, self.peer_port, PEER_TIMEOUT)
@@ -623,9 +631,9 @@ impl LonghornController {
                 reset_head(&self.client, lvs, replica, *size, have, chain_src)
                     .await
                     .map(|_| true)
-                    .map_err(|message| ThinError::ResetHead {
+                    .map_err(|source| ThinError::ResetHead {
                         replica: replica.clone(),
-                        message,
+                        source,
                     })
             }
             End::Peer { replica, address } => {
@@ -947,17 +955,18 @@ impl SwitchSide for LonghornEnds<'_> {
         if let End::Peer { replica, address } = &self.src {
             // best effort: its next SrcStart detaches a controller left behind
             let finish = async {
-                ctrl.peer(replica, address)
+                ctrl.peer_of(replica, address)
                     .await?
                     .replica_rebuilding_src_finish(spdkrpc::ReplicaRebuildingSrcFinishRequest {
                         name: replica.clone(),
                         dst_replica_name: dst.replica().to_owned(),
                     })
                     .await
-                    .map_err(|s| s.message().to_owned())
+                    .map_err(ThinError::peer(replica, "letting the dest go"))
             };
-            if let Err(m) = finish.await {
-                tracing::warn!(engine, replica, error = %m, "the source's node did not let the dest go");
+            if let Err(e) = finish.await {
+                tracing::warn!(engine, replica, error = %crate::util::error_chain(&e),
+                    "the source's node did not let the dest go");
             }
         }
         if self.remote_into_here {

@@ -9,8 +9,8 @@ use std::collections::BTreeMap;
 
 use super::Inventory;
 use crate::resources::longhorn::snapshot_lvol;
-use crate::spdk::SpdkClient;
 use crate::spdk::volume::lvol::{HeadFrom, remake_head};
+use crate::spdk::{ClientError, SpdkClient};
 
 const MIB: u64 = 1 << 20;
 
@@ -99,6 +99,17 @@ impl ReplicaLvols {
     }
 }
 
+/// A [`reset_head`] that failed: the step (naming the lvol) and SPDK's answer.
+#[derive(Debug, thiserror::Error)]
+#[error("{step}")]
+pub struct ResetHeadError {
+    /// What was being done, naming the lvol.
+    pub step: String,
+    /// SPDK's answer.
+    #[source]
+    pub source: ClientError,
+}
+
 /// Makes replica `replica`'s head (in lvstore `lvs`, `size` bytes) empty
 /// right above the snapshots of `chain` it shares: the head and every
 /// snapshot it does not share are deleted (the newest first), the head made
@@ -111,14 +122,17 @@ pub async fn reset_head(
     size: u64,
     have: &ReplicaLvols,
     chain: &[String],
-) -> Result<usize, String> {
+) -> Result<usize, ResetHeadError> {
     let j = have.shared(chain);
     let shared = &chain[..j];
     let alias = |name: &str| format!("{lvs}/{name}");
     let delete = |a: String| async move {
         crate::spdk::volume::lvol::delete_lvol(client, &a)
             .await
-            .map_err(|e| format!("deleting {a}: {}", crate::util::error_chain(&e)))
+            .map_err(|source| ResetHeadError {
+                step: format!("deleting {a}"),
+                source,
+            })
     };
     // the head goes first: a snapshot not shared may be its parent (SPDK
     // would merge it into the head); `remake_head` below finds it gone
@@ -146,13 +160,12 @@ pub async fn reset_head(
         Some(p) => HeadFrom::Snapshot(p),
         None => HeadFrom::Fresh(size.div_ceil(MIB)),
     };
-    remake_head(client, lvs, replica, from).await.map_err(|f| {
-        format!(
-            "{} to rebuild it: {}",
-            f.doing,
-            crate::util::error_chain(&f.source)
-        )
-    })?;
+    remake_head(client, lvs, replica, from)
+        .await
+        .map_err(|f| ResetHeadError {
+            step: format!("{} to rebuild it", f.doing),
+            source: f.source,
+        })?;
     Ok(j)
 }
 

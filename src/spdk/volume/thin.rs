@@ -611,6 +611,10 @@ mod tests {
         m.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// What the scripted ends answer for a step they refuse (its words).
+    #[derive(Debug, Clone, PartialEq, Eq)]
+    struct Refused(String);
+
     struct Scripted {
         chain: Vec<String>,
         own: Vec<u64>,
@@ -651,7 +655,7 @@ mod tests {
 
     #[async_trait::async_trait]
     impl Ends for Scripted {
-        type Error = String;
+        type Error = Refused;
         fn of(&self) -> &str {
             "vol"
         }
@@ -673,49 +677,49 @@ mod tests {
         fn rounds(&self) -> usize {
             0
         }
-        async fn at(&self) -> Result<At, String> {
+        async fn at(&self) -> Result<At, Refused> {
             Ok(*lock(&self.at))
         }
-        async fn make_ready(&self, shared: usize) -> Result<(), String> {
+        async fn make_ready(&self, shared: usize) -> Result<(), Refused> {
             self.did(format!("make ready over {shared}"));
             Ok(())
         }
-        async fn writable(&self) -> Result<bool, String> {
+        async fn writable(&self) -> Result<bool, Refused> {
             Ok(self.writable)
         }
-        async fn start_copy(&self, j: usize) -> Result<Copier, String> {
+        async fn start_copy(&self, j: usize) -> Result<Copier, Refused> {
             self.did(format!("copy {}", self.chain[j]));
             Ok(Copier::Here(7))
         }
-        async fn check(&self, _: &Run) -> Result<Option<CopyState>, String> {
+        async fn check(&self, _: &Run) -> Result<Option<CopyState>, Refused> {
             Ok(lock(&self.state).clone())
         }
-        async fn copy_failed(&self, run: &Run, message: String) -> String {
-            format!("copy of {} failed: {message}", run.snap)
+        async fn copy_failed(&self, run: &Run, message: String) -> Refused {
+            Refused(format!("copy of {} failed: {message}", run.snap))
         }
         fn copy_lost(&self) {
             self.did("lost".into());
         }
-        async fn keep(&self, snap: &str) -> Result<(), String> {
+        async fn keep(&self, snap: &str) -> Result<(), Refused> {
             self.did(format!("keep {snap}"));
             Ok(())
         }
-        async fn round(&self) -> Result<String, String> {
+        async fn round(&self) -> Result<String, Refused> {
             self.did("round".into());
             Ok("rb.1".into())
         }
-        async fn close(&self) -> Result<(), String> {
+        async fn close(&self) -> Result<(), Refused> {
             self.did("close".into());
             Ok(())
         }
-        async fn start_last_copy(&self, snap: &str) -> Result<Copier, String> {
+        async fn start_last_copy(&self, snap: &str) -> Result<Copier, Refused> {
             self.did(format!("last copy {snap}"));
             Ok(Copier::Here(8))
         }
-        async fn join(&self, snap: &str) -> Result<(), String> {
+        async fn join(&self, snap: &str) -> Result<(), Refused> {
             self.did(format!("join with {snap}"));
             match self.join_refused {
-                true => Err("raid refused".into()),
+                true => Err(Refused("raid refused".into())),
                 false => Ok(()),
             }
         }
@@ -779,13 +783,13 @@ mod tests {
         e.answer(Some(CopyState::Failed("No space left on device".into())));
         assert_eq!(
             step(&e, &runs).await,
-            Err("copy of a failed: No space left on device".into())
+            Err(Refused("copy of a failed: No space left on device".into()))
         );
         assert!(!runs.any("vol"), "a failed copy is forgotten");
         // a copy failing in the step that started it fails that step
         assert_eq!(
             step(&e, &runs).await,
-            Err("copy of a failed: No space left on device".into())
+            Err(Refused("copy of a failed: No space left on device".into()))
         );
         // a copy its target no longer knows: forgotten, the dest looked at again
         e.log();
@@ -851,23 +855,23 @@ mod tests {
         e.answer(Some(CopyState::Failed("Input/output error".into())));
         assert_eq!(
             step(&e, &runs).await,
-            Err("copy of rb.1 failed: Input/output error".into())
+            Err(Refused("copy of rb.1 failed: Input/output error".into()))
         );
         assert_eq!(e.log(), ["close", "round", "last copy rb.1", "restore"]);
         // its copy does not finish while the hosts wait
         e.answer(Some(CopyState::Running(3)));
         let err = step(&e, &runs).await.expect_err("the copy never ends");
-        assert!(err.contains("did not finish in 120 s"), "{err}");
+        assert!(err.0.contains("did not finish in 120 s"), "{err:?}");
         assert_eq!(e.log(), ["close", "round", "last copy rb.1", "restore"]);
         // its target forgot it
         e.answer(None);
         let err = step(&e, &runs).await.expect_err("the copy is lost");
-        assert!(err.contains("no longer known"), "{err}");
+        assert!(err.0.contains("no longer known"), "{err:?}");
         assert_eq!(e.log(), ["close", "round", "last copy rb.1", "restore"]);
         // the raid is refused with the dest: served again without it
         e.answer(Some(CopyState::Done));
         e.join_refused = true;
-        assert_eq!(step(&e, &runs).await, Err("raid refused".into()));
+        assert_eq!(step(&e, &runs).await, Err(Refused("raid refused".into())));
         assert_eq!(
             e.log(),
             [
