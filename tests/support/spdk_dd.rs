@@ -10,7 +10,7 @@ use talon::spdk::SpdkClient;
 use super::spdk_perf;
 
 /// The pools spdk_dd makes at start, sized for one copy at its queue depth
-/// (2 commands of 64 KiB, in spdk_dd's own buffers) rather than SPDK's
+/// (32 commands of 64 KiB, in spdk_dd's own buffers) rather than SPDK's
 /// defaults for a target (65535 bdev_io, 8192 small and 1024 large iobuf
 /// buffers: ~200 MiB that DPDK touches before the copy starts, 1-9 s a run
 /// on this 2-core machine, against 0.5 s with these).
