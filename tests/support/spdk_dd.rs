@@ -105,6 +105,28 @@ pub fn dd_on(
     std::fs::read(dir.join("dd.bin")).expect("dd file")
 }
 
+/// [`dd_write_at`] of an export on `traddr` (another node's loopback address).
+#[allow(dead_code)]
+pub fn dd_at_on(spdk: &Path, dir: &Path, traddr: &str, port: u16, nqn: &str, data: &[u8], offset: usize) {
+    assert_eq!(offset % 65536, 0, "spdk_dd seeks in 64 KiB blocks here");
+    let out = run_on(
+        spdk,
+        dir,
+        traddr,
+        port,
+        nqn,
+        Some(data),
+        data.len(),
+        spdk_perf::HOST_NQN,
+        offset / 65536,
+    );
+    assert!(
+        out.status.success(),
+        "spdk_dd on {nqn} at {traddr}:{port}, offset {offset}, failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 #[allow(clippy::too_many_arguments)]
 fn run(
     spdk: &Path,
