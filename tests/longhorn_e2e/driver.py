@@ -318,7 +318,13 @@ class Scenario:
             json.dump({"subsystems": [{"subsystem": "bdev", "config": [{
                 "method": "bdev_nvme_attach_controller",
                 "params": {"name": "dd", "trtype": "tcp", "adrfam": "ipv4", "traddr": self.addr,
-                           "trsvcid": self.port, "subnqn": self.nqn, "hostnqn": HOST_NQN}}]}]}, f)
+                           "trsvcid": self.port, "subnqn": self.nqn, "hostnqn": HOST_NQN,
+                           # a host that rides through a closed export as a kernel host does
+                           # (connects again every second, I/O held meanwhile): spdk_dd never
+                           # looks at an I/O's success, so a write or read failed by a moment's
+                           # closure (a shared member moving back to its lvol after a relocation,
+                           # issue 53) would pass unseen and read back as a mismatch
+                           "reconnect_delay_sec": 1, "ctrlr_loss_timeout_sec": 30}}]}]}, f)
         argv = [f"{self.spdk_dir}/build/bin/spdk_dd", "--no-huge", "-s", "512", "--disable-cpumask-locks",
                 "-c", "0x2", "-r", f"{w}/dd.sock", "--json", conf, "--bs", "65536"]
         f = f"{w}/dd.bin"

@@ -125,6 +125,56 @@ pub fn dd_on(
     std::fs::read(dir.join("dd.bin")).expect("dd file")
 }
 
+/// Writes `data` at byte `offset` (a multiple of 64 KiB) of an export on
+/// `traddr`, or reads `len` bytes at 0 (`data` None), connecting again (up
+/// to 20 times, 250 ms apart) while the export refuses the connection: a
+/// member moving between its paths closes the export for a moment, and a
+/// host connects again (one connected rides through it, see `run_on`).
+#[allow(dead_code, clippy::too_many_arguments)]
+pub fn dd_at_on_connecting(
+    spdk: &Path,
+    dir: &Path,
+    traddr: &str,
+    port: u16,
+    nqn: &str,
+    data: Option<&[u8]>,
+    len: usize,
+    offset: usize,
+) -> Vec<u8> {
+    assert_eq!(offset % 65536, 0, "spdk_dd seeks in 64 KiB blocks here");
+    let mut last = String::new();
+    for _ in 0..20 {
+        let out = run_on(
+            spdk,
+            dir,
+            traddr,
+            port,
+            nqn,
+            data,
+            len,
+            spdk_perf::HOST_NQN,
+            offset / 65536,
+        );
+        if out.status.success() {
+            if data.is_some() {
+                return Vec::new();
+            }
+            return std::fs::read(dir.join("dd.bin")).expect("dd file");
+        }
+        last = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            last.contains("Failed to attach"),
+            "spdk_dd on {nqn} at {traddr}:{port}, offset {offset}, failed: {last}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(250));
+    }
+    panic!("spdk_dd on {nqn} at {traddr}:{port} never connected: {last}");
+}
+
 #[allow(clippy::too_many_arguments)]
 fn run(
     spdk: &Path,
