@@ -482,7 +482,14 @@ async fn real_spdk_kill9_during_20_creates() {
             assert!(inv.raid(&format!("talon-raid-{n}")).is_some());
         }
     }
-    // nothing half-made: every talon raid and lvol belongs to one of the volumes
+    // nothing half-made: every talon raid and lvol belongs to one of the volumes, once the
+    // rebuilds after the restart have dropped their snapshots (`.s.rb.N` on source and dest)
+    eventually("the rebuilds' snapshots dropped", WAIT, || async {
+        let inv = Inventory::load(&c).await.ok()?;
+        (!inv.lvols.keys().any(|a| a.contains(".s.rb."))).then_some(())
+    })
+    .await;
+    let inv = Inventory::load(&c).await.expect("inv");
     assert_eq!(inv.raids.len(), 10);
     assert_eq!(inv.lvols.len(), 30, "{:?}", inv.lvols.keys());
     let bdevs = c.bdev_get_bdevs(&GetBdevs::default()).await.expect("bdevs");
