@@ -76,24 +76,23 @@ fn members(r: &RaidBdev) -> Vec<String> {
     r.base_bdevs_list.iter().filter_map(|b| b.name.clone()).collect()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn real_spdk_a_second_engine_shares_the_replica_the_first_holds() {
-    let test = "real_spdk_a_second_engine_shares_the_replica_the_first_holds";
-    let Some(spdk) = spdk_real::spdk_dir(test) else {
-        return;
-    };
-    let t0 = Instant::now();
+/// Nodes A (127.0.0.1) and B (127.0.0.2), `hold` in their config, replica
+/// vol-r-a on A and vol-r-b on B, and engine vol-e-0 on A over both,
+/// running: the nodes, the replicas' addresses and e-0's port.
+async fn engine_on_a_over_both(spdk: &std::path::Path, hold: &str) -> (Node, Node, [String; 2], u16) {
     let (ip_a, ip_b) = (IpAddr::from([127, 0, 0, 1]), IpAddr::from([127, 0, 0, 2]));
     let base = free_base(&[ip_a, ip_b]);
-    // A's engine gives the member back 5 s after the last ask or other
-    // reader (B's engine asks again at its 3 s poll: it attaches within it)
-    let hold = "  replicaShareHoldSecs: 5\n";
-    let mut a = Node::with_config(ip_a, base, Some(&spdk), "0x1", hold).await;
-    let mut b = Node::with_config(ip_b, base, Some(&spdk), "0x1", hold).await;
+    let a = Node::with_config(ip_a, base, Some(spdk), "0x1", hold).await;
+    let b = Node::with_config(ip_b, base, Some(spdk), "0x1", hold).await;
     let addr_a = a.replica("disk-a", "vol-r-a", LEN as u64).await;
     let addr_b = b.replica("disk-b", "vol-r-b", LEN as u64).await;
-    let replicas = [("vol-r-a", &addr_a), ("vol-r-b", &addr_b)];
-    engine(&a, &replicas, LEN as u64, "spdk-tcp-nvmf").await;
+    engine(
+        &a,
+        &[("vol-r-a", &addr_a), ("vol-r-b", &addr_b)],
+        LEN as u64,
+        "spdk-tcp-nvmf",
+    )
+    .await;
     let e0 = running(
         &InstanceServiceClient::new(a.channel(3).await),
         "vol-e-0",
@@ -101,6 +100,21 @@ async fn real_spdk_a_second_engine_shares_the_replica_the_first_holds() {
     )
     .await;
     let port0 = u16::try_from(e0.port_start).expect("port");
+    (a, b, [addr_a, addr_b], port0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_spdk_a_second_engine_shares_the_replica_the_first_holds() {
+    let test = "real_spdk_a_second_engine_shares_the_replica_the_first_holds";
+    let Some(spdk) = spdk_real::spdk_dir(test) else {
+        return;
+    };
+    let t0 = Instant::now();
+    // A's engine gives the member back 5 s after the last ask or other
+    // reader (B's engine asks again at its 3 s poll: it attaches within it)
+    const HOLD: &str = "  replicaShareHoldSecs: 5\n";
+    let (mut a, mut b, [addr_a, addr_b], port0) = engine_on_a_over_both(&spdk, HOLD).await;
+    let replicas = [("vol-r-a", &addr_a), ("vol-r-b", &addr_b)];
     let lvol_a = a
         .spdk
         .bdev("talon-disk-a/vol-r-a")
@@ -238,24 +252,11 @@ async fn real_spdk_data_written_through_a_moved_engine_reads_back_after_its_memb
         return;
     };
     let t0 = Instant::now();
-    let (ip_a, ip_b) = (IpAddr::from([127, 0, 0, 1]), IpAddr::from([127, 0, 0, 2]));
-    let base = free_base(&[ip_a, ip_b]);
     // B's engine gives its member back 8 s after e-0 stops reading it:
     // the writes below begin before that and go on until after
-    let hold = "  replicaShareHoldSecs: 8\n";
-    let mut a = Node::with_config(ip_a, base, Some(&spdk), "0x1", hold).await;
-    let mut b = Node::with_config(ip_b, base, Some(&spdk), "0x1", hold).await;
-    let addr_a = a.replica("disk-a", "vol-r-a", LEN as u64).await;
-    let addr_b = b.replica("disk-b", "vol-r-b", LEN as u64).await;
+    const HOLD: &str = "  replicaShareHoldSecs: 8\n";
+    let (mut a, mut b, [addr_a, addr_b], port0) = engine_on_a_over_both(&spdk, HOLD).await;
     let replicas = [("vol-r-a", &addr_a), ("vol-r-b", &addr_b)];
-    engine(&a, &replicas, LEN as u64, "spdk-tcp-nvmf").await;
-    let e0 = running(
-        &InstanceServiceClient::new(a.channel(3).await),
-        "vol-e-0",
-        "engine",
-    )
-    .await;
-    let port0 = u16::try_from(e0.port_start).expect("port");
     let dir = a.dir.path().to_path_buf();
     let q = LEN / 4;
     // before the snapshot, and after it (the head's own clusters)
