@@ -6,8 +6,7 @@
 use std::process::Command;
 
 fn main() {
-    println!("cargo:rerun-if-changed=.git/HEAD");
-    println!("cargo:rerun-if-changed=.git/refs");
+    watch_git_head();
     println!("cargo:rerun-if-env-changed=TALON_VERSION");
     let version = std::env::var("TALON_VERSION")
         .ok()
@@ -47,6 +46,29 @@ fn longhorn_protos() {
         .compile_fds(fds)
     {
         panic!("generating the Longhorn gRPC code failed: {e}");
+    }
+}
+
+/// Re-stamp when HEAD moves. A git worktree's `.git` is a file pointing at
+/// its own git dir, so the paths come from git itself; only paths that exist
+/// are watched (cargo reruns the script on every build for a missing one).
+fn watch_git_head() {
+    let dirs = ["--git-dir", "--git-common-dir"].map(|flag| {
+        Command::new("git")
+            .args(["rev-parse", flag])
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| std::path::PathBuf::from(String::from_utf8_lossy(&o.stdout).trim()))
+    });
+    let [git_dir, common_dir] = dirs;
+    let paths = [
+        git_dir.as_ref().map(|d| d.join("HEAD")),
+        common_dir.as_ref().map(|d| d.join("refs")),
+        common_dir.as_ref().map(|d| d.join("packed-refs")),
+    ];
+    for path in paths.into_iter().flatten().filter(|p| p.exists()) {
+        println!("cargo:rerun-if-changed={}", path.display());
     }
 }
 
