@@ -26,7 +26,7 @@ mod spdk_dd;
 #[path = "support/spdk_perf.rs"]
 mod spdk_perf;
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -2651,4 +2651,164 @@ async fn real_spdk_an_engine_frontend_switches_over_to_another_nodes_engine() {
         return;
     };
     an_engine_frontend_switches_over_to_another_nodes_engine(Some(&spdk)).await;
+}
+
+/// The engine's current members as its persisted ledger
+/// (`LonghornMemberLedger`) holds them: replica -> request number.
+async fn ledger_of(n: &Node) -> Option<BTreeMap<String, u64>> {
+    let c = talon::client::Client::connect_unix(&n.dir.path().join("run/talon.sock"))
+        .await
+        .expect("talon's API");
+    let r = c.get("LonghornMemberLedger", "vol-e-0").await.ok()?;
+    Some(serde_json::from_value(r.spec["current"].clone()).expect("current: replica -> request"))
+}
+
+/// The slots of the engine's raid1, by member name (empty slots left out).
+async fn raid_members(n: &Node) -> Vec<String> {
+    n.spdk
+        .bdev_raid_get_bdevs(&talon::spdk::rpc::GetRaids {
+            category: talon::spdk::rpc::RaidCategory::All,
+        })
+        .await
+        .expect("raids")
+        .into_iter()
+        .find(|r| r.name == "vol-e-0")
+        .map(|r| r.base_bdevs_list.into_iter().filter_map(|b| b.name).collect())
+        .unwrap_or_default()
+}
+
+/// Whether lvol `alias` of node `n` is among raid slots `members` (by
+/// alias or UUID).
+async fn is_member(n: &Node, members: &[String], alias: &str) -> bool {
+    let uuid = n
+        .spdk
+        .bdev(alias)
+        .await
+        .expect("bdev_get_bdevs")
+        .and_then(|b| b.uuid)
+        .unwrap_or_default();
+    members.iter().any(|m| m == alias || *m == uuid)
+}
+
+/// Node A's talon and its target restarted: talon stopped, the double
+/// restarted (its raids, exports and controllers gone, lvstores kept on
+/// their files), or a real spdk_tgt stopped with talon and started by the
+/// next; then the engine running again.
+async fn restart_node(a: &mut Node) {
+    a.stop().await;
+    if let Some(d) = a.double.as_ref() {
+        d.restart().await.expect("the double restarted");
+    }
+    a.start().await;
+    let inst = InstanceServiceClient::new(a.channel(3).await);
+    running(&inst, "vol-e-0", "engine").await;
+}
+
+/// Issue 51: no replica that missed writes is ever served after a restart.
+/// Engine `vol-e-0` on node A over two replicas of A (`vol-r-a`, `vol-r-c`).
+/// `vol-r-c` leaves the raid1 (as SPDK takes out a member that fails) and
+/// the engine's ledger writes it out; writes go on to `vol-r-a` only. Talon
+/// and its target restart (the raid1 gone, the state store kept): the engine
+/// comes back over `vol-r-a` only and ReplicaList reports `vol-r-c` ERR, as
+/// Longhorn's engine reports a replica it cannot trust. Before the ledger
+/// the raid1 was made again over both (nothing recorded `vol-r-c` leaving)
+/// and `vol-r-c` was served RW with the writes it missed. Then the positive
+/// case: `vol-r-c` removed and added again (ReplicaAdd), rebuilt, written in
+/// at its request, stays RW over the next restart.
+async fn a_replica_that_missed_writes_is_err_after_a_restart(real: Option<&std::path::Path>) {
+    let ip = IpAddr::from([127, 0, 0, 1]);
+    let mut a = Node::new(ip, free_base(&[ip]), real).await;
+    let addr_a = a.replica("disk-a", "vol-r-a", 64 * MIB).await;
+    let addr_c = a.replica("disk-c", "vol-r-c", 64 * MIB).await;
+    engine(&a, &[("vol-r-a", &addr_a), ("vol-r-c", &addr_c)], 64 * MIB, "").await;
+    let mut p = ProxyEngineServiceClient::new(a.channel(1).await);
+    let (ta, tc) = (format!("tcp://{addr_a}"), format!("tcp://{addr_c}"));
+    let sorted = |mut v: Vec<(String, i32)>| {
+        v.sort();
+        v
+    };
+    let both = sorted(vec![(ta.clone(), RW), (tc.clone(), RW)]);
+    let c_err = sorted(vec![(ta.clone(), RW), (tc.clone(), ERR)]);
+    assert_eq!(modes(&mut p).await, both);
+    let seeded = BTreeMap::from([("vol-r-a".to_owned(), 0), ("vol-r-c".to_owned(), 0)]);
+    assert_eq!(ledger_of(&a).await, Some(seeded), "seeded from the map at create");
+
+    // vol-r-c leaves the raid1: written out of the ledger
+    let c_lvol = "talon-disk-c/vol-r-c";
+    talon::spdk::volume::lvol::remove_raid_member(&a.spdk, c_lvol)
+        .await
+        .expect("vol-r-c out of the raid1");
+    let only_a = BTreeMap::from([("vol-r-a".to_owned(), 0)]);
+    talon::runtime::testing::eventually("vol-r-c written out of the ledger", WAIT, || async {
+        (ledger_of(&a).await == Some(only_a.clone())).then_some(())
+    })
+    .await;
+    assert_eq!(modes(&mut p).await, c_err);
+    // writes vol-r-c misses (the double counts clusters written)
+    if let Some(d) = a.double.as_ref() {
+        assert!(d.write("vol-e-0", 2), "written through the raid1");
+    }
+
+    restart_node(&mut a).await;
+    let mut p = ProxyEngineServiceClient::new(a.channel(1).await);
+    assert_eq!(
+        modes(&mut p).await,
+        c_err,
+        "vol-r-c missed writes: ERR after the restart, never RW"
+    );
+    let members = raid_members(&a).await;
+    let (in_a, in_c) = (
+        is_member(&a, &members, "talon-disk-a/vol-r-a").await,
+        is_member(&a, &members, c_lvol).await,
+    );
+    assert!(in_a && !in_c, "the raid1 runs over vol-r-a only: {members:?}");
+    assert_eq!(ledger_of(&a).await, Some(only_a.clone()));
+
+    // the manager's answer to ERR: removed, added again, rebuilt
+    replica_remove(&mut p, "vol-r-c").await;
+    replica_add(&p, "vol-r-c", &addr_c).await.expect("ReplicaAdd");
+    talon::runtime::testing::eventually("vol-r-c rebuilt (RW)", WAIT, || async {
+        let mut p = p.clone();
+        (modes(&mut p).await == both).then_some(())
+    })
+    .await;
+    let rebuilt = talon::runtime::testing::eventually("vol-r-c written in", WAIT, || async {
+        ledger_of(&a)
+            .await
+            .filter(|l| l.get("vol-r-c").is_some_and(|n| *n > 0))
+    })
+    .await;
+    assert_eq!(rebuilt.get("vol-r-a"), Some(&0), "{rebuilt:?}");
+
+    restart_node(&mut a).await;
+    let mut p = ProxyEngineServiceClient::new(a.channel(1).await);
+    assert_eq!(modes(&mut p).await, both, "the rebuild outlives the restart: RW");
+    assert_eq!(ledger_of(&a).await, Some(rebuilt));
+
+    // the ledger goes with the engine
+    let inst = InstanceServiceClient::new(a.channel(3).await);
+    inst.clone()
+        .instance_delete(delete_request("vol-e-0", "engine"))
+        .await
+        .expect("engine deleted");
+    gone(&inst, "vol-e-0", "engine").await;
+    talon::runtime::testing::eventually("the ledger gone with its engine", WAIT, || async {
+        ledger_of(&a).await.is_none().then_some(())
+    })
+    .await;
+    a.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_that_missed_writes_is_err_after_a_restart_on_the_double() {
+    a_replica_that_missed_writes_is_err_after_a_restart(None).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_spdk_a_replica_that_missed_writes_is_err_after_a_restart() {
+    let test = "real_spdk_a_replica_that_missed_writes_is_err_after_a_restart";
+    let Some(spdk) = spdk_dir(test) else {
+        return;
+    };
+    a_replica_that_missed_writes_is_err_after_a_restart(Some(&spdk)).await;
 }

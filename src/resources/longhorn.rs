@@ -775,6 +775,45 @@ impl Spec for LonghornSnapshotLedger {
     const NAMESPACE: &'static str = "ledger";
 }
 
+/// The current members of a Longhorn engine (id: the engine), persisted:
+/// the replicas that hold every write the engine took, each with the
+/// `rebuildRequests` number it is current at (0: a member since the engine
+/// was created). Seeded from the replica address map before the engine first
+/// serves (every replica of a new engine is RW, one a `ReplicaAdd` asked
+/// for is not current until its rebuild ended); a member that leaves the
+/// raid1 (faulted, removed) is written out before the engine's status says
+/// so; a rebuilt one is written in once its rebuild ended (the switch).
+/// When the raid1 is made again (a restart of spdk_tgt or of talon) only
+/// these replicas are members: any other is ERR to longhorn-manager, which
+/// rebuilds it. Destroyed with the engine.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct LonghornMemberLedger {
+    /// The engine's volume.
+    pub volume: String,
+    /// Replica -> the `rebuildRequests` number it is current at (0: since
+    /// the engine was created). A later `ReplicaAdd` of it (a greater
+    /// number) makes the entry stale: not current until that rebuild ends.
+    pub current: BTreeMap<String, u64>,
+    /// Why it last changed, in words.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub reason: String,
+}
+
+impl LonghornMemberLedger {
+    /// Whether `replica` of engine `e` is current: listed at the number of
+    /// its latest `ReplicaAdd` (0 without one).
+    pub fn is_current(&self, e: &LonghornEngine, replica: &str) -> bool {
+        let asked = e.rebuild_requests.get(replica).copied().unwrap_or(0);
+        self.current.get(replica) == Some(&asked)
+    }
+}
+
+impl Spec for LonghornMemberLedger {
+    const TYPE: &'static str = "LonghornMemberLedger";
+    const NAMESPACE: &'static str = "ledger";
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -7,7 +7,7 @@
 //! | `host` | HugepagesSpec, HugepagesStatus, KernelModuleStatus, PciDevice, PciBindingStatus, HostCapabilities |
 //! | `engine` | BackupStatus, LonghornRestoreStatus, TargetStatus, DiskStatus, OrphanLvol, ReplicaStatus, EngineStatus, LonghornInstanceStatus, RebuildDest, RebuildDestStatus |
 //! | `frontend` | AttachmentStatus |
-//! | `ledger` | ReplicaLedger, DiskIdentity, HugepagesLedger, PciBindIntent, LonghornRestoreLedger, LonghornRevertLedger, LonghornSnapshotLedger (persisted) |
+//! | `ledger` | ReplicaLedger, DiskIdentity, HugepagesLedger, PciBindIntent, LonghornRestoreLedger, LonghornRevertLedger, LonghornSnapshotLedger, LonghornMemberLedger (persisted) |
 
 pub mod backup;
 pub mod config;
@@ -150,6 +150,14 @@ pub fn register_types(reg: &mut TypeRegistry) {
     reg.register::<longhorn::LonghornRevertLedger>(
         "A Longhorn engine's revert begun and not done (kept across restarts)",
         &[("REQUEST", "/request"), ("SNAPSHOT", "/snapshot")],
+    );
+    reg.register::<longhorn::LonghornMemberLedger>(
+        "The current (in-sync) replicas of a Longhorn engine (kept across restarts)",
+        &[
+            ("VOLUME", "/volume"),
+            ("CURRENT", "/current"),
+            ("REASON", "/reason"),
+        ],
     );
     reg.register::<longhorn::LonghornSnapshotLedger>(
         "The snapshot times of a Longhorn replica whose instance is deleted and lvol kept",

@@ -34,7 +34,7 @@ use crate::resources::config::{Disk, NodeConfig};
 use crate::resources::engine::{DiskStatus, ObjectState, TargetStatus};
 use crate::resources::longhorn::{
     InstanceKind, InstanceState, LonghornEngine, LonghornEngineFrontend, LonghornInstanceStatus,
-    LonghornReplica, LonghornRevertLedger, RevertStatus, Session,
+    LonghornMemberLedger, LonghornReplica, LonghornRevertLedger, RevertStatus, Session,
 };
 use crate::runtime::{
     Controller, ControllerError, Input, Output, Phase, ReconcileContext, Requeue, Spec, Typed,
@@ -104,6 +104,7 @@ pub struct LonghornController {
 
 mod caps;
 mod error;
+mod ledger;
 mod members;
 mod purge;
 mod rebuilds;
@@ -535,6 +536,7 @@ impl LonghornController {
         e: &Typed<LonghornEngine>,
         local: &BTreeMap<String, LonghornReplica>,
         prev: Option<&LonghornInstanceStatus>,
+        current: &BTreeSet<String>,
     ) -> Result<LonghornInstanceStatus, InstanceError> {
         let name = ObjectName::parse("engine", e.id())?;
         let volume = ObjectName::parse("volume", &e.spec.volume)?;
@@ -549,16 +551,12 @@ impl LonghornController {
             // it serves: the rebuilds and removals below change its members
             Some(_) => serving.plan(Vec::new(), false),
             None => {
-                // a replica whose last rebuild was not seen to end stays out
-                // (it may hold half a rebuild); Longhorn sees it ERR
+                // only the members the ledger says are current: one that
+                // left the raid1 (missed writes) or whose rebuild was not
+                // seen to end (may hold half a rebuild) stays out, and
+                // Longhorn sees it ERR (see `ledger`)
                 let mut spec = e.spec.clone();
-                let done = prev.map(|p| &p.rebuilds_done);
-                spec.replica_address_map.retain(|r, _| {
-                    e.spec
-                        .rebuild_requests
-                        .get(r)
-                        .is_none_or(|req| done.and_then(|d| d.get(r)) == Some(req))
-                });
+                spec.replica_address_map.retain(|r, _| current.contains(r));
                 let (members, missing) = self.members(&*inv, name.as_str(), &spec, local).await;
                 if !missing.is_empty() || members.is_empty() {
                     return Err(InstanceError::WaitingForReplicas(missing));
@@ -613,7 +611,8 @@ impl LonghornController {
         }
         st.remote_members = left.attached;
         if bdev == name.as_str() {
-            self.rebuilds(inv, e, local, prev, &mut st, &serving).await;
+            self.rebuilds(inv, e, local, prev, &mut st, &serving, current)
+                .await;
         }
         self.purge(inv, e, local, prev, &mut st).await;
         st.bdev = bdev;
@@ -875,7 +874,12 @@ impl LonghornController {
     ) -> Result<(), ControllerError> {
         for e in engines.iter().filter(|e| e.metadata.phase == Phase::TearingDown) {
             match self.remove_engine(inv, e).await {
-                Ok(()) => ctx.remove_finalizer::<LonghornEngine>(e.id())?,
+                Ok(()) => {
+                    // its current members go with it: an engine made again
+                    // under its name is seeded from what the manager says then
+                    ctx.destroy::<LonghornMemberLedger>(e.id())?;
+                    ctx.remove_finalizer::<LonghornEngine>(e.id())?
+                }
                 Err(m) => {
                     errored.insert(e.id().to_owned());
                     ctx.apply(
@@ -966,6 +970,17 @@ impl LonghornController {
         local: &BTreeMap<String, LonghornReplica>,
     ) -> Result<bool, ControllerError> {
         let prev = ctx.get::<LonghornInstanceStatus>(e.id())?.map(|s| s.spec);
+        // the current members, recorded before the raid1 is first made
+        let before = match ctx.get::<LonghornMemberLedger>(e.id())? {
+            Some(l) => l.spec,
+            None => {
+                let l = ledger::seed(&e.spec, prev.as_ref());
+                tracing::info!(engine = e.id(), current = ?l.current, "member ledger seeded");
+                ctx.apply(e.id(), l.clone())?;
+                l
+            }
+        };
+        let current = ledger::current_members(&before, &e.spec);
         // a revert first: the raid1 is made again over the reverted heads
         let revert = self.revert(ctx, inv, e, local, prev.as_ref()).await?;
         let waiting = revert
@@ -974,9 +989,24 @@ impl LonghornController {
         let mut st = match revert.as_ref() {
             Some(r) if !r.error.is_empty() => revert::half_reverted(InstanceKind::Engine, r),
             Some(r) if waiting => revert::reverting(prev.as_ref(), r),
-            _ => engine_status(self.ensure_engine(inv, node, e, local, prev.as_ref()).await),
+            _ => engine_status(
+                self.ensure_engine(inv, node, e, local, prev.as_ref(), &current)
+                    .await,
+            ),
         };
         st.revert = revert;
+        // a member that left is written out, a rebuilt one in, before the
+        // status says either
+        let names = self.names_in_raid(ctx, inv, e)?;
+        let names_of = |r: &str| names.get(r).cloned().unwrap_or_default();
+        let view = match inv.raid(e.id()) {
+            Some(raid) if st.state == InstanceState::Running => ledger::RaidView::Raid(raid, &names_of),
+            _ => ledger::RaidView::None,
+        };
+        if let Some(after) = ledger::observed(&before, &e.spec, &st, view) {
+            tracing::info!(engine = e.id(), current = ?after.current, reason = after.reason, "member ledger written");
+            ctx.apply(e.id(), after)?;
+        }
         let running = match st.state {
             InstanceState::Running if !waiting => Ok(()),
             _ => Err(st.message.as_str()),
@@ -1315,6 +1345,7 @@ impl Controller for LonghornController {
         vec![
             Output::exclusive::<LonghornInstanceStatus>(),
             Output::exclusive::<LonghornRevertLedger>(),
+            Output::exclusive::<LonghornMemberLedger>(),
         ]
     }
 
@@ -1325,6 +1356,7 @@ impl Controller for LonghornController {
         // kept first, also through a reconcile with nothing to do: a
         // detach takes every instance of a volume that is mid-revert
         revert::keep_revert_ledgers(ctx)?;
+        ledger::keep_member_ledgers(ctx, &engines)?;
         if replicas.is_empty() && engines.is_empty() && frontends.is_empty() {
             return Ok(Requeue::OnInputChange);
         }

@@ -4,6 +4,7 @@
 //!
 //! ```text
 //!   prev status ──> carried over: rebuildsDone, rebuildSources (of the rebuildRequests asked now)
+//!   member ledger: current at its request ──> rebuildsDone (a restart never rebuilds it again)
 //!   rebuildRequests[r] = n ──> per replica: a thin step (longhorn_thin), else SPDK's raid rebuild
 //!   started before, not seen to end ──> raid listed again ──> ended: judged by
 //!        VolumeOps::raid_after_rebuild_end ──> rebuildsDone[r] = n, or rebuilt again
@@ -13,7 +14,7 @@
 //! The decisions are plain functions over the status, the spec and the
 //! listing (no RPC, no controller state), unit-tested below.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Instant;
 
 use super::thin::{Failed, Thin, ThinError};
@@ -59,12 +60,16 @@ impl LonghornController {
         prev: Option<&LonghornInstanceStatus>,
         st: &mut LonghornInstanceStatus,
         plan: &Serving,
+        current: &BTreeSet<String>,
     ) {
         let requests = &e.spec.rebuild_requests;
         if let Some(p) = prev {
             st.rebuilds_done = done_carried(p, requests);
             st.rebuild_sources = sources_carried(p, requests);
         }
+        // a replica the member ledger holds current at its request was
+        // rebuilt (also by a talon before a restart): never rebuilt again
+        st.rebuilds_done.extend(done_by_ledger(requests, current));
         let unsettled = unsettled(requests, &st.rebuilds_done, prev);
         let en = Engine { e, local, prev, plan };
         let mut started_one = false;
@@ -112,6 +117,9 @@ impl LonghornController {
     ) -> bool {
         let (e, replica) = (en.e, rq.replica);
         st.rebuilds_started.insert(replica.to_owned(), rq.number);
+        if st.rebuilds_done.get(replica) == Some(&rq.number) {
+            return false;
+        }
         if let Some(p) = en
             .prev
             .filter(|p| p.rebuilds_started.get(replica) == Some(&rq.number))
@@ -321,6 +329,16 @@ impl LonghornController {
 }
 
 /// The `rebuildsDone` of `prev` whose request is still the one asked.
+/// The requests whose replica the member ledger holds current (at that
+/// request): done.
+fn done_by_ledger(requests: &BTreeMap<String, u64>, current: &BTreeSet<String>) -> BTreeMap<String, u64> {
+    requests
+        .iter()
+        .filter(|(r, _)| current.contains(*r))
+        .map(|(r, n)| (r.clone(), *n))
+        .collect()
+}
+
 fn done_carried(prev: &LonghornInstanceStatus, requests: &BTreeMap<String, u64>) -> BTreeMap<String, u64> {
     prev.rebuilds_done
         .iter()
