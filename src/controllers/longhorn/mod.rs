@@ -611,8 +611,8 @@ impl LonghornController {
         }
         st.remote_members = left.attached;
         if bdev == name.as_str() {
-            self.rebuilds(inv, e, local, prev, &mut st, &serving, current)
-                .await;
+            st.rebuilds_done = rebuilds::done_by_ledger(&e.spec.rebuild_requests, current);
+            self.rebuilds(inv, e, local, prev, &mut st, &serving).await;
         }
         self.purge(inv, e, local, prev, &mut st).await;
         st.bdev = bdev;

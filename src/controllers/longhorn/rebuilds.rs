@@ -60,16 +60,14 @@ impl LonghornController {
         prev: Option<&LonghornInstanceStatus>,
         st: &mut LonghornInstanceStatus,
         plan: &Serving,
-        current: &BTreeSet<String>,
     ) {
         let requests = &e.spec.rebuild_requests;
+        // (`st.rebuildsDone` holds what the member ledger says is done:
+        // [`done_by_ledger`])
         if let Some(p) = prev {
-            st.rebuilds_done = done_carried(p, requests);
+            st.rebuilds_done.extend(done_carried(p, requests));
             st.rebuild_sources = sources_carried(p, requests);
         }
-        // a replica the member ledger holds current at its request was
-        // rebuilt (also by a talon before a restart): never rebuilt again
-        st.rebuilds_done.extend(done_by_ledger(requests, current));
         let unsettled = unsettled(requests, &st.rebuilds_done, prev);
         let en = Engine { e, local, prev, plan };
         let mut started_one = false;
@@ -330,8 +328,11 @@ impl LonghornController {
 
 /// The `rebuildsDone` of `prev` whose request is still the one asked.
 /// The requests whose replica the member ledger holds current (at that
-/// request): done.
-fn done_by_ledger(requests: &BTreeMap<String, u64>, current: &BTreeSet<String>) -> BTreeMap<String, u64> {
+/// request): done, also by a talon before a restart, and never rebuilt again.
+pub(super) fn done_by_ledger(
+    requests: &BTreeMap<String, u64>,
+    current: &BTreeSet<String>,
+) -> BTreeMap<String, u64> {
     requests
         .iter()
         .filter(|(r, _)| current.contains(*r))
