@@ -7,7 +7,7 @@
 //! | `host` | HugepagesSpec, HugepagesStatus, KernelModuleStatus, PciDevice, PciBindingStatus, HostCapabilities |
 //! | `engine` | BackupStatus, LonghornRestoreStatus, TargetStatus, DiskStatus, OrphanLvol, ReplicaStatus, EngineStatus, LonghornInstanceStatus, RebuildDest, RebuildDestStatus |
 //! | `frontend` | AttachmentStatus |
-//! | `ledger` | ReplicaLedger, DiskIdentity, HugepagesLedger, PciBindIntent, LonghornRestoreLedger, LonghornRevertLedger, LonghornSnapshotLedger (persisted) |
+//! | `ledger` | ReplicaLedger, DiskIdentity, HugepagesLedger, PciBindIntent, LonghornRestoreLedger, LonghornRevertLedger, LonghornSnapshotLedger, LonghornCloneLedger (persisted) |
 
 pub mod backup;
 pub mod config;
@@ -150,6 +150,10 @@ pub fn register_types(reg: &mut TypeRegistry) {
     reg.register::<longhorn::LonghornRevertLedger>(
         "A Longhorn engine's revert begun and not done (kept across restarts)",
         &[("REQUEST", "/request"), ("SNAPSHOT", "/snapshot")],
+    );
+    reg.register::<longhorn::LonghornCloneLedger>(
+        "A snapshot clone into a Longhorn engine and how it ended (kept across restarts)",
+        &[("SNAPSHOT", "/snapshot"), ("STATE", "/state"), ("HOW", "/how")],
     );
     reg.register::<longhorn::LonghornSnapshotLedger>(
         "The snapshot times of a Longhorn replica whose instance is deleted and lvol kept",
