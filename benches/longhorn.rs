@@ -881,9 +881,12 @@ fn main() {
         .expect("tokio");
     rt.block_on(async move {
         if !parts.split(',').any(|p| p == "cp" || p == "dp") {
-            // the rebuild alone: no single-node talon to start
+            // the rebuild or the clone alone: no single-node talon to start
             if parts.split(',').any(|p| p == "rb") {
                 rebuild_part(&spdk, rounds).await;
+            }
+            if parts.split(',').any(|p| p == "cl") {
+                clone_part(&spdk, rounds).await;
             }
             return;
         }
