@@ -62,7 +62,13 @@
 //!       full: raid1(lvol on A, nvme(lvol on B)) on A's spdk_tgt, B's member removed and added back
 //! ```
 //!
-//! Knobs: `VOLUMES`, `ROUNDS` (5), `SECS` (4), `LH_PARTS` (`cp,dp,rb`),
+//! 4. `cl` (issue 55, not run by default: add it to `LH_PARTS`):
+//!    Longhorn's `SnapshotClone` of a 1 GiB snapshot written in full
+//!    (`CL_MIB`), into a volume on the source's node and into one on another
+//!    node (the snapshot exposed there and read over NVMe/TCP); the time
+//!    until `SnapshotCloneStatus` says complete.
+//!
+//! Knobs: `VOLUMES`, `ROUNDS` (5), `SECS` (4), `LH_PARTS` (`cp,dp,rb`; `cl` too),
 //! `LH_BACKINGS` (`memory,disk`), `LH_TGT_MASK` (`0x1`), `LH_PERF_MASK`
 //! (`0x2`). Every cell is the median of the rounds with min-max; the ratio
 //! is the median of the per-round ratios (a round runs (a) and (b) back to
@@ -677,6 +683,152 @@ async fn rebuild_part(spdk: &Path, rounds: usize) {
     b.stop().await;
 }
 
+/// Part 4, issue 55: Longhorn's `SnapshotClone` of a 1 GiB snapshot written
+/// in full (`CL_MIB`, 1024), into a one-replica volume on the source's node
+/// (the snapshot read through a loopback export) and into one on another
+/// node (the source node exposes it, the mover reads it over NVMe/TCP); the
+/// time from `SnapshotClone` until `SnapshotCloneStatus` says complete
+/// (polled every 50 ms). Each clone volume is deleted after its round.
+async fn clone_part(spdk: &Path, rounds: usize) {
+    let vol: u64 = env_or("CL_MIB", 1024) * MIB;
+    let setup = Instant::now();
+    let (ip_a, ip_b) = (IpAddr::from([127, 0, 0, 1]), IpAddr::from([127, 0, 0, 2]));
+    let base = longhorn_nodes::free_base(&[ip_a, ip_b]);
+    let mut a = Node::with_cpumask(ip_a, base, Some(spdk), "0x1").await;
+    let reap = reap::Reap::under(a.dir.path());
+    let mut b = Node::with_cpumask(ip_b, base, Some(spdk), "0x2").await;
+    let _reap = reap.and(b.dir.path());
+    a.disk_sized("disk-a", 2 * vol + 512 * MIB).await;
+    b.disk_sized("disk-b", vol + 512 * MIB).await;
+    let addr_a = a.replica_again("disk-a", "vol-r-a", vol).await;
+    engine(&a, &[("vol-r-a", &addr_a)], vol, "spdk-tcp-nvmf").await;
+    let est = longhorn_nodes::running(
+        &InstanceServiceClient::new(a.channel(3).await),
+        "vol-e-0",
+        "engine",
+    )
+    .await;
+    let port = u16::try_from(est.port_start).expect("engine port");
+    let nqn = "nqn.2023-01.io.longhorn.spdk:volume-vol";
+    const PIECE: u64 = 128 * MIB;
+    for k in 0..vol / PIECE {
+        dd_write(
+            spdk,
+            a.dir.path(),
+            port,
+            nqn,
+            pattern(PIECE as usize, k + 1),
+            (k * PIECE) as usize,
+        )
+        .await;
+    }
+    let mut p = ProxyEngineServiceClient::new(a.channel(1).await);
+    snapshot(&mut p, "s1").await.expect("VolumeSnapshot s1");
+    eprintln!(
+        "cl: volume written and snapshotted in {:.1}s",
+        setup.elapsed().as_secs_f64()
+    );
+    println!(
+        "\nSnapshotClone of a {} MiB snapshot written in full (node A 127.0.0.1 spdk_tgt 0x1, node B 127.0.0.2 spdk_tgt 0x2); load average at start: {}",
+        vol / MIB,
+        loadavg()
+    );
+    let mut rows: [Vec<f64>; 2] = Default::default();
+    for r in 0..rounds {
+        for (k, (n, disk)) in [(&a, "disk-a"), (&b, "disk-b")].into_iter().enumerate() {
+            let v = format!("cl{r}{k}");
+            let (replica, eng) = (format!("{v}-r-0"), format!("{v}-e-0"));
+            let mut inst = InstanceServiceClient::new(n.channel(3).await);
+            let spec =
+                |name: &str, ty: &str, s: imrpc::SpdkInstanceSpec| longhorn_req::create(name, ty, &v, s);
+            inst.instance_create(spec(
+                &replica,
+                "replica",
+                imrpc::SpdkInstanceSpec {
+                    disk_name: disk.into(),
+                    size: vol,
+                    ..Default::default()
+                },
+            ))
+            .await
+            .expect("the clone's replica");
+            let at = longhorn_nodes::running(&inst, &replica, "replica")
+                .await
+                .port_start;
+            inst.instance_create(spec(
+                &eng,
+                "engine",
+                imrpc::SpdkInstanceSpec {
+                    replica_address_map: [(replica.clone(), format!("{}:{at}", n.ip))].into(),
+                    size: vol,
+                    frontend: "spdk-tcp-nvmf".into(),
+                    ..Default::default()
+                },
+            ))
+            .await
+            .expect("the clone's engine");
+            longhorn_nodes::running(&inst, &eng, "engine").await;
+            let pr = imrpc::ProxyEngineRequest {
+                volume_name: v.clone(),
+                ..longhorn_nodes::req(&eng)
+            };
+            let mut pn = ProxyEngineServiceClient::new(n.channel(1).await);
+            let t = Instant::now();
+            pn.snapshot_clone(imrpc::EngineSnapshotCloneRequest {
+                proxy_engine_request: Some(pr.clone()),
+                from_engine_address: format!("{ip_a}:{}", base + 4),
+                snapshot_name: "s1".into(),
+                from_engine_name: "vol-e-0".into(),
+                from_volume_name: "vol".into(),
+                clone_mode: imrpc::CloneMode::FullCopy as i32,
+                ..Default::default()
+            })
+            .await
+            .expect("SnapshotClone");
+            loop {
+                let s = pn
+                    .snapshot_clone_status(pr.clone())
+                    .await
+                    .expect("SnapshotCloneStatus")
+                    .into_inner()
+                    .status;
+                if s.values().any(|x| x.state == "error") {
+                    panic!("the clone failed: {s:?}");
+                }
+                if !s.is_empty() && s.values().all(|x| x.state == "complete") {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            rows[k].push(t.elapsed().as_secs_f64());
+            for (name, ty) in [(&eng, "engine"), (&replica, "replica")] {
+                inst.instance_delete(longhorn_nodes::delete_request(name, ty))
+                    .await
+                    .expect("delete the clone");
+                longhorn_nodes::gone(&inst, name, ty).await;
+            }
+        }
+    }
+    println!(
+        "{rounds} interleaved rounds; median (min-max); load average at the end: {}",
+        loadavg()
+    );
+    println!("| clone of {} MiB | time s | MiB/s |", vol / MIB);
+    println!("|---|---|---|");
+    for (k, what) in [
+        "source on the same node",
+        "source on another node (exposed, NVMe/TCP)",
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let rate: Vec<f64> = rows[k].iter().map(|s| (vol / MIB) as f64 / s).collect();
+        println!("| {what} | {} | {} |", spread(&rows[k], 2), spread(&rate, 0));
+    }
+    a.stop().await;
+    b.stop().await;
+}
+
 fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
     std::env::var(name)
         .ok()
@@ -729,9 +881,12 @@ fn main() {
         .expect("tokio");
     rt.block_on(async move {
         if !parts.split(',').any(|p| p == "cp" || p == "dp") {
-            // the rebuild alone: no single-node talon to start
+            // the rebuild or the clone alone: no single-node talon to start
             if parts.split(',').any(|p| p == "rb") {
                 rebuild_part(&spdk, rounds).await;
+            }
+            if parts.split(',').any(|p| p == "cl") {
+                clone_part(&spdk, rounds).await;
             }
             return;
         }
@@ -934,6 +1089,10 @@ fn main() {
         // 3. rebuild across two nodes (their own targets: the one above is gone)
         if parts.split(',').any(|p| p == "rb") {
             rebuild_part(&spdk, rounds).await;
+        }
+        // 4. SnapshotClone of 1 GiB, on the source's node and from another node
+        if parts.split(',').any(|p| p == "cl") {
+            clone_part(&spdk, rounds).await;
         }
     });
 }

@@ -512,3 +512,276 @@ async fn a_hash_whose_replica_is_deleted_leaves_nothing_on_the_double() {
     a.stop().await;
     b.stop().await;
 }
+
+/// Volume `volume` on node `n`: replica `<volume>-r-b` on disk `disk-b` and
+/// engine `<volume>-e-0` over it (exported); answers the replica's address.
+async fn clone_volume(n: &Node, volume: &str, size: u64) -> String {
+    let mut inst =
+        talon::proto::imrpc::instance_service_client::InstanceServiceClient::new(n.channel(3).await);
+    let (replica, engine) = (format!("{volume}-r-b"), format!("{volume}-e-0"));
+    let spec = |name: &str, ty: &str, s: imrpc::SpdkInstanceSpec| longhorn_req::create(name, ty, volume, s);
+    inst.instance_create(spec(
+        &replica,
+        "replica",
+        imrpc::SpdkInstanceSpec {
+            disk_name: "disk-b".into(),
+            size,
+            ..Default::default()
+        },
+    ))
+    .await
+    .unwrap_or_else(|e| panic!("create replica {replica}: {e}"));
+    let addr = format!(
+        "{}:{}",
+        n.ip,
+        running(&inst, &replica, "replica").await.port_start
+    );
+    inst.instance_create(spec(
+        &engine,
+        "engine",
+        imrpc::SpdkInstanceSpec {
+            replica_address_map: [(replica.clone(), addr.clone())].into(),
+            size,
+            frontend: "spdk-tcp-nvmf".into(),
+            ..Default::default()
+        },
+    ))
+    .await
+    .unwrap_or_else(|e| panic!("create engine {engine}: {e}"));
+    running(&inst, &engine, "engine").await;
+    addr
+}
+
+fn proxy_req_of(volume: &str) -> imrpc::ProxyEngineRequest {
+    imrpc::ProxyEngineRequest {
+        volume_name: volume.into(),
+        ..req(&format!("{volume}-e-0"))
+    }
+}
+
+/// `SnapshotCloneStatus` of volume `volume`'s engine, once it answers (an
+/// engine made again after a restart answers once it serves).
+async fn clone_states(
+    p: &ProxyEngineServiceClient<Channel>,
+    volume: &str,
+) -> Option<HashMap<String, ptypes::SnapshotCloneStatusResponse>> {
+    p.clone()
+        .snapshot_clone_status(proxy_req_of(volume))
+        .await
+        .ok()
+        .map(|r| r.into_inner().status)
+}
+
+/// The checksum of what volume `volume`'s engine serves: snapshotted as `c1`
+/// and hashed by its replica at `addr`.
+async fn served_checksum(p: &mut ProxyEngineServiceClient<Channel>, volume: &str, addr: &str) -> String {
+    p.volume_snapshot(imrpc::EngineVolumeSnapshotRequest {
+        proxy_engine_request: Some(proxy_req_of(volume)),
+        snapshot_volume: Some(ptypes::VolumeSnapshotRequest {
+            name: "c1".into(),
+            ..Default::default()
+        }),
+    })
+    .await
+    .expect("snapshot the clone");
+    p.snapshot_hash(imrpc::EngineSnapshotHashRequest {
+        proxy_engine_request: Some(proxy_req_of(volume)),
+        snapshot_name: "c1".into(),
+        rehash: false,
+    })
+    .await
+    .expect("hash the clone");
+    talon::runtime::testing::eventually("the clone hashed", WAIT, || async {
+        let s = p
+            .clone()
+            .snapshot_hash_status(imrpc::EngineSnapshotHashStatusRequest {
+                proxy_engine_request: Some(proxy_req_of(volume)),
+                snapshot_name: "c1".into(),
+            })
+            .await
+            .ok()?
+            .into_inner()
+            .status;
+        s.get(addr)
+            .filter(|x| x.state == "complete")
+            .map(|x| x.checksum.clone())
+    })
+    .await
+}
+
+/// No snapshot is left exposed for a clone on `n`.
+async fn no_exposure_left(n: &Node) {
+    talon::runtime::testing::eventually("no clone exposure left", WAIT, || async {
+        let subs: Vec<String> = n
+            .spdk
+            .nvmf_get_subsystems(&Default::default())
+            .await
+            .expect("subsystems")
+            .into_iter()
+            .map(|s| s.nqn)
+            .filter(|q| q.starts_with(&talon::spdk::naming::longhorn::clone_source_prefix()))
+            .collect();
+        subs.is_empty().then_some(())
+    })
+    .await;
+}
+
+/// Issue 55 on two real spdk_tgt: volume "vol" has its only replica on node
+/// A; a clone of its snapshot into volume "clone" on node B (Longhorn puts
+/// the clone's engine on any node) finds A's replica through A's
+/// `EngineGet` (`from_engine_address`), A exposes the snapshot read-only,
+/// B's mover reads it over NVMe/TCP: the clone reads as the snapshot does,
+/// is thin, and nothing is left exposed on A. Then a second clone ("clone2")
+/// and talon on B stopped right after `SnapshotClone` (the copy ends with
+/// the serve, unrecorded) and started again: `SnapshotCloneStatus` never
+/// says "" (nor error) for it, and it completes, equal; a finished clone
+/// still says complete after the restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_spdk_a_clone_reads_a_snapshot_of_another_node_and_survives_a_restart() {
+    let test = "real_spdk_a_clone_reads_a_snapshot_of_another_node_and_survives_a_restart";
+    let Some(spdk) = spdk_dir(test) else {
+        return;
+    };
+    let started = std::time::Instant::now();
+    let size = 64 * MIB;
+    let (ip_a, ip_b) = (IpAddr::from([127, 0, 0, 1]), IpAddr::from([127, 0, 0, 2]));
+    let base = free_base(&[ip_a, ip_b]);
+    let mut a = Node::new(ip_a, base, Some(&spdk)).await;
+    let mut b = Node::new(ip_b, base, Some(&spdk)).await;
+    let addr_a = a.replica("disk-a", "vol-r-a", size).await;
+    engine(&a, &[("vol-r-a", &addr_a)], size, "spdk-tcp-nvmf").await;
+    let inst = talon::proto::imrpc::instance_service_client::InstanceServiceClient::new(a.channel(3).await);
+    let port = u16::try_from(running(&inst, "vol-e-0", "engine").await.port_start).expect("port");
+    let mut pa = ProxyEngineServiceClient::new(a.channel(1).await);
+    let nqn = "nqn.2023-01.io.longhorn.spdk:volume-vol";
+    let (first, second) = (pattern(2 * MIB as usize, 7), pattern(8 * MIB as usize, 8));
+    for (data, at) in [(&first, 0), (&second, 40 * MIB as usize)] {
+        let (d1, d2, sp) = (a.dir.path().to_path_buf(), data.clone(), spdk.clone());
+        tokio::task::spawn_blocking(move || spdk_dd::dd_write_at(&sp, &d1, port, nqn, &d2, at))
+            .await
+            .expect("dd");
+    }
+    snapshot(&mut pa, "s1").await.expect("snapshot s1");
+    let want = expected(size, &[(0, &first), (40 * MIB, &second)]);
+
+    b.disk("disk-b").await;
+    let addr_b = clone_volume(&b, "clone", size).await;
+    let mut pb = ProxyEngineServiceClient::new(b.channel(1).await);
+    let clone = |volume: &str| imrpc::EngineSnapshotCloneRequest {
+        proxy_engine_request: Some(proxy_req_of(volume)),
+        from_engine_address: format!("{ip_a}:{}", base + 4),
+        snapshot_name: "s1".into(),
+        from_engine_name: "vol-e-0".into(),
+        from_volume_name: "vol".into(),
+        grpc_timeout_seconds: 60,
+        clone_mode: imrpc::CloneMode::FullCopy as i32,
+        ..Default::default()
+    };
+    // without from_engine_address: B holds no replica of "vol", refused naming it
+    let e = pb
+        .snapshot_clone(imrpc::EngineSnapshotCloneRequest {
+            from_engine_address: String::new(),
+            ..clone("clone")
+        })
+        .await
+        .expect_err("no replica here, no node to ask");
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+    assert!(e.message().contains("from_engine_address"), "{e:?}");
+    // a snapshot none of A's replicas holds: refused naming the replica asked
+    let e = pb
+        .snapshot_clone(imrpc::EngineSnapshotCloneRequest {
+            snapshot_name: "nosuch".into(),
+            ..clone("clone")
+        })
+        .await
+        .expect_err("unknown snapshot");
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+    assert!(
+        e.message().contains("nosuch") && e.message().contains("vol-r-a"),
+        "{e:?}"
+    );
+
+    let t = std::time::Instant::now();
+    pb.snapshot_clone(clone("clone")).await.expect("SnapshotClone");
+    let done = talon::runtime::testing::eventually("the clone complete", WAIT, || async {
+        let s = clone_states(&pb, "clone").await?;
+        s.values().all(|x| x.state != "in_progress").then_some(s)
+    })
+    .await;
+    let copy_time = t.elapsed();
+    let st = &done[&format!("tcp://{addr_b}")];
+    assert_eq!(
+        (
+            st.state.as_str(),
+            st.progress,
+            st.error.as_str(),
+            st.from_replica_address.as_str()
+        ),
+        ("complete", 100, "", addr_a.as_str()),
+        "{done:?}"
+    );
+    no_exposure_left(&a).await;
+    let held = allocated_bytes(&b, "clone-r-b").await;
+    assert!(
+        (10 * MIB..=16 * MIB).contains(&held),
+        "the clone is thin: {held} bytes allocated for 10 MiB of data in {size}"
+    );
+    assert_eq!(
+        served_checksum(&mut pb, "clone", &addr_b).await,
+        want,
+        "the clone reads as s1"
+    );
+
+    // a second clone, and talon on B stopped right after it began
+    let addr_b2 = clone_volume(&b, "clone2", size).await;
+    pb.snapshot_clone(clone("clone2"))
+        .await
+        .expect("SnapshotClone clone2");
+    let at_stop = clone_states(&pb, "clone2").await.expect("status before the stop");
+    b.stop().await;
+    b.start().await;
+    let pb = ProxyEngineServiceClient::new(b.channel(1).await);
+    // the finished clone is still complete, from its ledger
+    let first_again = talon::runtime::testing::eventually("clone's status after the restart", WAIT, || {
+        clone_states(&pb, "clone")
+    })
+    .await;
+    assert!(
+        first_again
+            .values()
+            .all(|x| x.state == "complete" && x.progress == 100),
+        "{first_again:?}"
+    );
+    let seen = std::sync::Mutex::new(Vec::new());
+    let after = talon::runtime::testing::eventually("clone2 complete after the restart", WAIT, || async {
+        let s = clone_states(&pb, "clone2").await?;
+        for x in s.values() {
+            assert!(
+                x.state == "in_progress" || x.state == "complete",
+                "never \"\" nor error after the restart: {s:?}"
+            );
+            seen.lock().expect("seen").push(x.state.clone());
+        }
+        s.values().all(|x| x.state == "complete").then_some(s)
+    })
+    .await;
+    eprintln!(
+        "{test}: clone2 at the stop {at_stop:?}; after the restart {:?} then {after:?}",
+        seen.lock().expect("seen")
+    );
+    let mut pb = pb;
+    assert_eq!(
+        served_checksum(&mut pb, "clone2", &addr_b2).await,
+        want,
+        "clone2 reads as s1"
+    );
+    no_exposure_left(&a).await;
+    nothing_left(&a).await;
+    nothing_left(&b).await;
+    eprintln!(
+        "{test}: remote clone of 64 MiB (10 MiB data) {copy_time:?}, {held} bytes allocated; whole test {:?}",
+        started.elapsed()
+    );
+    a.stop().await;
+    b.stop().await;
+}

@@ -7,18 +7,27 @@
 //!     SnapshotCloneStatus(engine) ─ every state "" ─> SnapshotClone(engine, from volume, snapshot, mode)
 //!   SnapshotClone here (the engine's node):
 //!     source: a replica of from_volume on this node holding <lvs>/<replica>-snap-<snapshot>
+//!         or, none here: from_engine_address's node ─ EngineGet(from_engine_name) ─> its RW replicas
+//!                        each replica's node ─ ReplicaGet ─> the first holding the snapshot
+//!                        that node ─ ReplicaRebuildingSrcStart(exposed_snapshot_name) ─> ip:port of
+//!                          nqn...:clone-src:<replica>:<engine> (read-only, the internal host only)
 //!     target: the engine's bdev (its raid1, or its one replica's lvol): every replica written
-//!     a job in the background: spdk::volume::mover::copy, chunks with data only (thin)
+//!     a job in the background: spdk::volume::mover::copy, chunks with data only (thin);
+//!       from another node: the exposure joined (mover::copy::copy_sessions), then
+//!       ReplicaRebuildingSrcFinish on every path (3 tries, 5 s apart)
+//!     LonghornCloneLedger <engine> (persisted): in_progress, then complete | error + why
 //!   SnapshotCloneStatus ─> {tcp://<member>: in_progress + progress | complete | error + why}
+//!                          not run by this serve: the ledger's (in_progress: started again)
 //!                          no clone yet: one member with state "" (the manager then asks)
+//!   talon starts: every clone-src exposure an earlier run left is removed
 //! ```
 //!
 //! Both clone modes v1.12.1 sends are a full copy through the engine here:
 //! the linked clone (`DstReplicaSrcReplicaPairMap`) asks each new replica to
 //! be an lvol clone of its source replica's snapshot; talon writes the same
 //! data, thin, and reports every member as the manager's aggregation expects.
-//! A clone's state lives in this serve's memory: after a restart the state
-//! is "" again and the manager asks again (the copy writes the same data).
+//! A clone's copy ends when its serve stops (unrecorded, as after a kill):
+//! the next serve reads `in_progress` from the ledger and starts it over.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::AtomicU64;

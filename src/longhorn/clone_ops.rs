@@ -7,15 +7,25 @@ use std::sync::{Arc, Mutex};
 
 use super::clone::{Job, Outcome, lock};
 use super::error::LonghornError;
+use super::proxy::REMOTE_TIMEOUT;
 use super::service::Longhorn;
 use super::snaphash::{COMPLETE, ERROR, IN_PROGRESS};
-use crate::proto::{imrpc, ptypes};
-use crate::resources::longhorn::{LonghornEngine, LonghornReplica, snapshot_lvol};
-use crate::runtime::Typed;
+use crate::names::ObjectName;
+use crate::proto::peer::PeerChannels;
+use crate::proto::{imrpc, ptypes, spdkrpc};
+use crate::resources::longhorn::{LonghornCloneLedger, LonghornEngine, LonghornReplica, snapshot_lvol};
+use crate::runtime::{Spec as _, State, StateError, Typed};
 use crate::spdk::naming::longhorn::{self as naming, tcp};
-use crate::spdk::volume::Inventory;
 use crate::spdk::volume::mover;
 use crate::spdk::volume::naming::lvstore;
+use crate::spdk::volume::{Export, ExportSpec, Inventory, NewSubsystem};
+
+/// How often a clone from another node's replica is tried before it fails:
+/// a restart of that node's talon mid-copy removes its exposure (found by
+/// name when it starts again), and the next try exposes it again.
+const REMOTE_TRIES: u32 = 3;
+/// How long a clone waits before it tries another node's replica again.
+const REMOTE_RETRY: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Where a clone writes: engine bdev `bdev`, through its export when it has one.
 #[derive(Debug)]
@@ -24,13 +34,31 @@ struct Target {
     export: Option<(crate::names::Nqn, std::net::SocketAddr)>,
 }
 
-/// A source snapshot on this node: its replica, the lvol's alias, the
-/// replica's address.
-#[derive(Debug)]
+/// A source snapshot: on this node (`alias`, the lvol's), or held by
+/// `replica` of another node (`alias` empty) and exposed by it for the copy.
+#[derive(Debug, Clone)]
 struct Source {
     replica: String,
     alias: String,
+    /// The replica's address (`ip:port`).
     address: String,
+    /// The snapshot's size (bytes).
+    size: u64,
+}
+
+impl Source {
+    fn remote(&self) -> bool {
+        self.alias.is_empty()
+    }
+
+    /// Longhorn's words for where it was read (`LonghornCloneLedger::how`).
+    fn how(&self) -> String {
+        if self.remote() {
+            format!("remote {}", self.replica)
+        } else {
+            "local".to_owned()
+        }
+    }
 }
 
 impl Longhorn {
@@ -48,16 +76,22 @@ impl Longhorn {
             .iter()
             .find_map(|r| {
                 let alias = format!("{}/{}", lvstore(&r.spec.disk), snapshot_lvol(r.id(), snap));
-                inv.lvols.contains_key(&alias).then(|| Source {
+                let lvol = inv.lvols.get(&alias)?;
+                let size = inv
+                    .bdevs
+                    .get(&lvol.uuid)
+                    .map_or(0, |b| b.num_blocks * u64::from(b.block_size));
+                Some(Source {
                     replica: r.id().to_owned(),
                     alias,
                     address: self.replica_address(r),
+                    size,
                 })
             })
             .ok_or_else(|| {
                 LonghornError::Refused(format!(
                     "cannot clone snapshot {snap} of volume {volume}: none of its replicas on this node \
-                     ({}) holds it (talon clones from a replica on the new engine's node)",
+                     ({}) holds it, and no from_engine_address names its engine's node to ask for one",
                     if replicas.is_empty() {
                         "none".to_owned()
                     } else {
@@ -118,9 +152,102 @@ impl Longhorn {
         })
     }
 
+    /// A replica of volume `from_volume` on another node that holds snapshot
+    /// `snap`, found through engine `from_engine` of the node at
+    /// `from_address` (its SPDKService `EngineGet`, then `ReplicaGet` of each
+    /// replica in service, on its node).
+    async fn remote_clone_source(
+        &self,
+        from_address: &str,
+        from_engine: &str,
+        from_volume: &str,
+        snap: &str,
+    ) -> Result<Source, LonghornError> {
+        let what =
+            format!("snapshot {snap} of volume {from_volume} (engine {from_engine} at {from_address})");
+        let node = peer_address(from_address).ok_or_else(|| {
+            LonghornError::Invalid(format!(
+                "from_engine_address {from_address:?} is not ip, ip:port or tcp://ip:port"
+            ))
+        })?;
+        let mut c = self
+            .peers()
+            .client(&node, self.peer_port(), REMOTE_TIMEOUT)
+            .await
+            .map_err(|x| {
+                LonghornError::Unavailable(format!("cloning {what}: {}", crate::util::error_chain(&x)))
+            })?;
+        let eng = c
+            .engine_get(spdkrpc::EngineGetRequest {
+                name: from_engine.to_owned(),
+            })
+            .await
+            .map_err(|x| LonghornError::Unavailable(format!("cloning {what}: EngineGet: {}", x.message())))?
+            .into_inner();
+        if eng.volume_name != from_volume {
+            return Err(LonghornError::Invalid(format!(
+                "cloning {what}: engine {from_engine} serves volume {}",
+                eng.volume_name
+            )));
+        }
+        let replicas: std::collections::BTreeMap<String, String> =
+            eng.replica_address_map.into_iter().collect();
+        let mut looked = Vec::new();
+        for (replica, address) in &replicas {
+            if eng.replica_mode_map.get(replica) != Some(&(spdkrpc::ReplicaMode::Rw as i32)) {
+                continue;
+            }
+            looked.push(replica.clone());
+            let Ok(mut rc) = self
+                .peers()
+                .client(address, self.peer_port(), REMOTE_TIMEOUT)
+                .await
+            else {
+                continue;
+            };
+            let Ok(r) = rc
+                .replica_get(spdkrpc::ReplicaGetRequest {
+                    name: replica.clone(),
+                })
+                .await
+            else {
+                continue;
+            };
+            if let Some(l) = r.into_inner().snapshots.get(snap) {
+                return Ok(Source {
+                    replica: replica.clone(),
+                    alias: String::new(),
+                    address: address.strip_prefix("tcp://").unwrap_or(address).to_owned(),
+                    size: l.spec_size,
+                });
+            }
+        }
+        Err(LonghornError::Refused(format!(
+            "cannot clone {what}: none of its replicas in service ({}) holds it",
+            if looked.is_empty() {
+                "none".to_owned()
+            } else {
+                looked.join(", ")
+            }
+        )))
+    }
+
+    /// The clone ledger of engine `e`, when it is of `e`'s volume.
+    fn clone_ledger(&self, e: &Typed<LonghornEngine>) -> Option<LonghornCloneLedger> {
+        self.state()
+            .get_typed::<LonghornCloneLedger>(e.id())
+            .ok()
+            .flatten()
+            .map(|t| t.spec)
+            .filter(|l| l.volume == e.spec.volume)
+    }
+
     /// `SnapshotClone`: the data of snapshot `req.snapshot_name` of
-    /// `req.from_volume_name` copied into engine `e`, in the background.
-    /// Asked again while it runs: refused; after it completed: done.
+    /// `req.from_volume_name` copied into engine `e`, in the background, from
+    /// a replica of this node that holds it, else from one of another node
+    /// (found through `req.from_engine_address`'s `EngineGet`), which exposes
+    /// it for the copy. Asked again while it runs: refused; after it
+    /// completed (also before a restart: the ledger): done.
     pub(super) async fn engine_clone(
         &self,
         e: &Typed<LonghornEngine>,
@@ -140,31 +267,47 @@ impl Longhorn {
                 e.id()
             )));
         }
-        if let Some(j) = self.clones().jobs().get(e.id())
-            && j.volume == e.spec.volume
-        {
-            match &*lock(&j.outcome) {
-                Outcome::Running => {
-                    return Err(LonghornError::Refused(format!(
-                        "engine {} is cloning snapshot {} already",
-                        e.id(),
-                        j.snapshot
-                    )));
+        let running = match self.clones().jobs().get(e.id()) {
+            Some(j) if j.volume == e.spec.volume => Some((lock(&j.outcome).clone(), j.snapshot.clone())),
+            _ => None,
+        };
+        match running {
+            Some((Outcome::Running, s)) => {
+                return Err(LonghornError::Refused(format!(
+                    "engine {} is cloning snapshot {s} already",
+                    e.id()
+                )));
+            }
+            Some((Outcome::Complete, s)) if s == snap => return Ok(()),
+            Some(_) => {}
+            None => {
+                if self
+                    .clone_ledger(e)
+                    .is_some_and(|l| l.state == COMPLETE && l.snapshot == snap)
+                {
+                    return Ok(());
                 }
-                Outcome::Complete if j.snapshot == snap => return Ok(()),
-                _ => {}
             }
         }
         let inv = Inventory::load(self.client())
             .await
             .map_err(|x| LonghornError::spdk(format!("engine {}: reading spdk_tgt", e.id()), x))?;
-        let src = self.clone_source(&inv, from_volume, snap)?;
+        let src = match self.clone_source(&inv, from_volume, snap) {
+            Ok(s) => s,
+            Err(here) if req.from_engine_address.is_empty() => return Err(here),
+            Err(_) => {
+                let from_engine = naming::instance_name("engine", &req.from_engine_name)
+                    .map_err(|x| LonghornError::Invalid(format!("from_engine_name: {x}")))?;
+                let mut s = self
+                    .remote_clone_source(&req.from_engine_address, from_engine.as_str(), from_volume, snap)
+                    .await?;
+                if s.size == 0 {
+                    s.size = e.spec.size_bytes;
+                }
+                s
+            }
+        };
         let dst = self.clone_target(&inv, e)?;
-        let size = inv
-            .lvols
-            .get(&src.alias)
-            .and_then(|l| inv.bdevs.get(&l.uuid))
-            .map_or(0, |b| b.num_blocks * u64::from(b.block_size));
         let (copied, outcome) = (
             Arc::new(AtomicU64::new(0)),
             Arc::new(Mutex::new(Outcome::Running)),
@@ -196,56 +339,61 @@ impl Longhorn {
                     volume: e.spec.volume.clone(),
                     snapshot: snap.to_owned(),
                     from: src.address.clone(),
-                    size,
+                    size: src.size,
                     copied: copied.clone(),
                     outcome: outcome.clone(),
                 },
             );
         }
-        tracing::info!(engine = %e.id(), from = %src.alias, to = ?dst, ?mode, "cloning a snapshot");
-        let (client, engine, what) = (
-            self.client().clone(),
-            e.id().to_owned(),
-            format!(
-                "snapshot {snap} of volume {from_volume} (replica {})",
-                src.replica
+        forget_ledgers(self.state(), &engines);
+        let ledger = LonghornCloneLedger {
+            volume: e.spec.volume.clone(),
+            snapshot: snap.to_owned(),
+            from_volume: from_volume.to_owned(),
+            from_engine: req.from_engine_name.clone(),
+            from_engine_address: req.from_engine_address.clone(),
+            mode: req.clone_mode,
+            from: src.address.clone(),
+            how: src.how(),
+            state: IN_PROGRESS.to_owned(),
+            error: String::new(),
+        };
+        if let Err(x) = self.state().upsert_typed(e.id(), &ledger) {
+            self.clones().jobs().remove(e.id());
+            return Err(LonghornError::Store(x));
+        }
+        tracing::info!(engine = %e.id(), from = %src.replica, how = %ledger.how, to = ?dst, ?mode, "cloning a snapshot");
+        let run = Run {
+            client: self.client().clone(),
+            peers: self.peers().clone(),
+            peer_port: self.peer_port(),
+            state: self.state().clone(),
+            engine: e.id().to_owned(),
+            what: format!(
+                "snapshot {snap} of volume {from_volume} (replica {}{})",
+                src.replica,
+                if src.remote() {
+                    format!(" at {}", src.address)
+                } else {
+                    String::new()
+                }
             ),
-        );
-        tokio::spawn(async move {
-            let session = match &dst.export {
-                Some((nqn, addr)) => {
-                    let host = naming::internal_host_nqn();
-                    mover::Session::join(&client, &dst.bdev, nqn, *addr, &host, mover::DEPTH).await
-                }
-                None => mover::Session::open(&client, &dst.bdev, mover::Purpose::Clone, mover::DEPTH).await,
-            };
-            let r = match session {
-                Ok(s) => mover::copy::copy(&client, &src.alias, s, mover::DEPTH, &copied).await,
-                Err(x) => Err(x),
-            };
-            let dst = &dst.bdev;
-            let mut o = lock(&outcome);
-            *o = match r {
-                Ok(f) => {
-                    tracing::info!(%engine, from = %src.alias, to = %dst, written = f.written, read = f.read, "cloned a snapshot");
-                    Outcome::Complete
-                }
-                Err(x) => {
-                    let why = format!(
-                        "cloning {what} into engine {engine} ({dst}): {}",
-                        crate::util::error_chain(&x)
-                    );
-                    tracing::warn!(%engine, error = %why, "a snapshot clone failed");
-                    Outcome::Failed(why)
-                }
-            };
-        });
+            src,
+            dst,
+            ledger,
+            copied,
+            outcome,
+            stopping: self.stopping.subscribe(),
+        };
+        tokio::spawn(run.run());
         Ok(())
     }
 
     /// `SnapshotCloneStatus`: the clone into engine `e` as each member in
     /// service reports it, by `tcp://` address; before any clone, one member
-    /// with state "" (longhorn-instance-manager's V2 proxy answers so).
+    /// with state "" (longhorn-instance-manager's V2 proxy answers so). A
+    /// clone this serve does not run is read from its ledger: one that was
+    /// running when talon stopped starts again.
     pub(super) async fn engine_clone_status(
         &self,
         e: &Typed<LonghornEngine>,
@@ -263,41 +411,454 @@ impl Longhorn {
                 e.id()
             )));
         }
-        let status = match self
-            .clones()
-            .jobs()
-            .get(e.id())
-            .filter(|j| j.volume == e.spec.volume)
+        let mut status = self.clone_job_status(e);
+        if status.is_none()
+            && let Some(l) = self.clone_ledger(e)
         {
+            status = Some(if l.state == IN_PROGRESS {
+                // talon stopped mid-clone: the copy starts over (it writes the same data)
+                let req = imrpc::EngineSnapshotCloneRequest {
+                    from_engine_address: l.from_engine_address.clone(),
+                    snapshot_name: l.snapshot.clone(),
+                    from_engine_name: l.from_engine.clone(),
+                    from_volume_name: l.from_volume.clone(),
+                    clone_mode: l.mode,
+                    ..Default::default()
+                };
+                tracing::info!(engine = %e.id(), snapshot = %l.snapshot, "starting a clone a restart stopped again");
+                match self.engine_clone(e, &req).await {
+                    Ok(()) => self.clone_job_status(e).unwrap_or_else(|| ledger_status(&l)),
+                    Err(x) => {
+                        let failed = LonghornCloneLedger {
+                            state: ERROR.to_owned(),
+                            error: format!("starting the clone again after a restart of talon: {x}"),
+                            ..l
+                        };
+                        record(self.state(), e.id(), &failed);
+                        ledger_status(&failed)
+                    }
+                }
+            } else {
+                ledger_status(&l)
+            });
+        }
+        let status = match status {
+            Some(s) => s,
             None => {
                 members.truncate(1);
                 ptypes::SnapshotCloneStatusResponse::default()
-            }
-            Some(j) => {
-                let outcome = lock(&j.outcome).clone();
-                let progress = match (&outcome, j.size) {
-                    (Outcome::Complete, _) => 100,
-                    (_, 0) => 0,
-                    _ => (j.copied.load(Ordering::Relaxed).min(j.size) * 100 / j.size) as i32,
-                };
-                let (state, error) = match outcome {
-                    Outcome::Running => (IN_PROGRESS, String::new()),
-                    Outcome::Complete => (COMPLETE, String::new()),
-                    Outcome::Failed(why) => (ERROR, why),
-                };
-                ptypes::SnapshotCloneStatusResponse {
-                    is_cloning: state == IN_PROGRESS,
-                    error,
-                    progress,
-                    state: state.to_owned(),
-                    from_replica_address: j.from.clone(),
-                    snapshot_name: j.snapshot.clone(),
-                }
             }
         };
         Ok(members
             .into_iter()
             .map(|m| (tcp(&m.address), status.clone()))
             .collect())
+    }
+
+    /// The status of the clone this serve runs (or ran) into engine `e`.
+    fn clone_job_status(&self, e: &Typed<LonghornEngine>) -> Option<ptypes::SnapshotCloneStatusResponse> {
+        let jobs = self.clones().jobs();
+        let j = jobs.get(e.id()).filter(|j| j.volume == e.spec.volume)?;
+        let outcome = lock(&j.outcome).clone();
+        let progress = match (&outcome, j.size) {
+            (Outcome::Complete, _) => 100,
+            (_, 0) => 0,
+            _ => (j.copied.load(Ordering::Relaxed).min(j.size) * 100 / j.size) as i32,
+        };
+        let (state, error) = match outcome {
+            Outcome::Running => (IN_PROGRESS, String::new()),
+            Outcome::Complete => (COMPLETE, String::new()),
+            Outcome::Failed(why) => (ERROR, why),
+        };
+        Some(ptypes::SnapshotCloneStatusResponse {
+            is_cloning: state == IN_PROGRESS,
+            error,
+            progress,
+            state: state.to_owned(),
+            from_replica_address: j.from.clone(),
+            snapshot_name: j.snapshot.clone(),
+        })
+    }
+
+    /// `ReplicaRebuildingSrcStart` with `exposed_snapshot_name` (a clone on
+    /// another node reads it): replica `req.name`'s snapshot exported
+    /// read-only as `clone_source_nqn(replica, dst_replica_name)` (the clone's
+    /// engine) on the replica's address, to the internal host only; made
+    /// afresh. Answers the address (`ip:port`).
+    pub(super) async fn clone_source_expose(
+        &self,
+        req: &spdkrpc::ReplicaRebuildingSrcStartRequest,
+    ) -> Result<spdkrpc::ReplicaRebuildingSrcStartResponse, LonghornError> {
+        let (replica, t) = self.stored_replica(&req.name)?;
+        let engine = naming::instance_name("engine", &req.dst_replica_name)
+            .map_err(|x| LonghornError::Invalid(format!("dst_replica_name: {x}")))?;
+        let snap = naming::replica_snapshot_name(&req.exposed_snapshot_name)
+            .map_err(|x| LonghornError::Invalid(format!("exposed_snapshot_name: {x}")))?;
+        let what = format!("replica {replica}: exposing snapshot {snap} to engine {engine}");
+        let nqn =
+            naming::clone_source_nqn(&replica, &engine).map_err(|x| LonghornError::Invalid(x.to_string()))?;
+        let alias = format!(
+            "{}/{}",
+            lvstore(&t.spec.disk),
+            snapshot_lvol(replica.as_str(), snap.as_str())
+        );
+        let inv = Inventory::load(self.client())
+            .await
+            .map_err(|x| LonghornError::spdk(format!("{what}: reading spdk_tgt"), x))?;
+        if !inv.lvols.contains_key(&alias) {
+            return Err(LonghornError::not_found(
+                "snapshot",
+                &format!("{snap} of replica {replica} ({alias})"),
+            ));
+        }
+        // where the replica's export listens (exported or not: an engine here may hold it)
+        let m = self.replica_message(&t)?;
+        let at =
+            m.ip.parse::<std::net::IpAddr>()
+                .ok()
+                .zip(u16::try_from(m.port_start).ok().filter(|p| *p != 0))
+                .map(|(ip, port)| std::net::SocketAddr::new(ip, port))
+                .ok_or_else(|| LonghornError::Refused(format!("{what}: the replica has no address yet")))?;
+        // an exposure an earlier start left (the clone's node restarted) goes first
+        let inv = if inv.subsystem(nqn.as_str()).is_some() {
+            self.ops()
+                .unexport(replica.as_str(), nqn.as_str())
+                .await
+                .map_err(|x| LonghornError::internal(&what, crate::util::error_chain(&x)))?;
+            Inventory::load(self.client())
+                .await
+                .map_err(|x| LonghornError::spdk(format!("{what}: reading spdk_tgt"), x))?
+        } else {
+            inv
+        };
+        let spec = ExportSpec::plain(at.ip(), at.port(), vec![naming::internal_host_nqn()]);
+        self.ops()
+            .export(
+                &inv,
+                replica.as_str(),
+                &Export {
+                    nqn: &nqn,
+                    bdev: &alias,
+                    ns_uuid: uuid::Uuid::new_v4(),
+                    subsystem: NewSubsystem {
+                        model: "talon clone source".into(),
+                        serial: None,
+                        ana: false,
+                        cntlid: None,
+                        listener_ana: None,
+                    },
+                    spec: &spec,
+                    only_listener: false,
+                },
+            )
+            .await
+            .map_err(|x| LonghornError::internal(&what, crate::util::error_chain(&x)))?;
+        tracing::info!(%replica, %snap, %engine, %nqn, %at, "exposed a snapshot for a clone");
+        Ok(spdkrpc::ReplicaRebuildingSrcStartResponse {
+            exposed_snapshot_lvol_address: at.to_string(),
+        })
+    }
+
+    /// The exposure of replica `replica` for engine `engine`'s clone removed
+    /// (`ReplicaRebuildingSrcFinish`); nothing to do when there is none.
+    pub(super) async fn clone_source_unexpose(
+        &self,
+        replica: &str,
+        engine: &str,
+    ) -> Result<(), LonghornError> {
+        let (Ok(r), Ok(e)) = (
+            naming::instance_name("replica", replica),
+            naming::instance_name("engine", engine),
+        ) else {
+            return Ok(());
+        };
+        let nqn = naming::clone_source_nqn(&r, &e).map_err(|x| LonghornError::Invalid(x.to_string()))?;
+        // SPDK v26.05 answers a delete of a subsystem it does not have "Invalid parameters"
+        let inv = Inventory::load(self.client())
+            .await
+            .map_err(|x| LonghornError::spdk(format!("replica {replica}: reading spdk_tgt"), x))?;
+        if inv.subsystem(nqn.as_str()).is_none() {
+            return Ok(());
+        }
+        self.ops()
+            .unexport(replica, nqn.as_str())
+            .await
+            .map_err(|x| LonghornError::internal(format!("replica {replica}"), crate::util::error_chain(&x)))
+    }
+
+    /// Removes every snapshot exposure for a clone an earlier run of talon
+    /// left (its clone's node asks again if it still wants it); answers
+    /// their NQNs.
+    pub async fn clone_source_sweep(&self) -> Vec<String> {
+        let Ok(inv) = Inventory::load(self.client()).await else {
+            return Vec::new();
+        };
+        let prefix = naming::clone_source_prefix();
+        let mut out = Vec::new();
+        for s in inv.subsystems.iter().filter(|s| s.nqn.starts_with(&prefix)) {
+            match self.ops().unexport("clone", &s.nqn).await {
+                Ok(()) => {
+                    tracing::info!(nqn = %s.nqn, "removed a snapshot exposure for a clone an earlier run left");
+                    out.push(s.nqn.clone());
+                }
+                Err(e) => {
+                    tracing::warn!(nqn = %s.nqn, error = %crate::util::error_chain(&e), "removing a snapshot exposure")
+                }
+            }
+        }
+        out
+    }
+
+    /// `EngineGet` of SPDKService (Longhorn's field numbers, talon's subset):
+    /// engine `name` of this node, its replicas and their modes (what a clone
+    /// on another node asks to find a replica holding its snapshot).
+    pub(super) async fn engine_get_spdk(&self, name: &str) -> Result<spdkrpc::Engine, LonghornError> {
+        let e = self.engine(name)?;
+        let members = self.members_polled(&e).await?;
+        let status = self.status_of(e.id());
+        let ip = status
+            .as_ref()
+            .and_then(|s| s.endpoint.parse::<std::net::SocketAddr>().ok())
+            .map(|a| a.ip().to_string())
+            .unwrap_or_default();
+        Ok(spdkrpc::Engine {
+            name: e.id().to_owned(),
+            volume_name: e.spec.volume.clone(),
+            spec_size: e.spec.size_bytes,
+            ip,
+            port: i32::from(e.spec.port),
+            replica_address_map: e.spec.replica_address_map.clone().into_iter().collect(),
+            replica_mode_map: members
+                .iter()
+                .map(|m| (m.replica.clone(), m.mode as i32))
+                .collect(),
+            frontend: e.spec.frontend.clone(),
+            state: status.map(|s| s.state.as_str().to_owned()).unwrap_or_default(),
+        })
+    }
+}
+
+/// `ip:port` for [`PeerChannels::client`] (which keeps the IP and takes the
+/// SPDKService port) of a `from_engine_address`: `ip`, `ip:port` or `tcp://ip:port`.
+fn peer_address(address: &str) -> Option<String> {
+    let a = address.strip_prefix("tcp://").unwrap_or(address);
+    if let Ok(sa) = a.parse::<std::net::SocketAddr>() {
+        return Some(sa.to_string());
+    }
+    a.parse::<std::net::IpAddr>()
+        .ok()
+        .map(|ip| std::net::SocketAddr::new(ip, 0).to_string())
+}
+
+/// The status a ledger reports.
+fn ledger_status(l: &LonghornCloneLedger) -> ptypes::SnapshotCloneStatusResponse {
+    ptypes::SnapshotCloneStatusResponse {
+        is_cloning: l.state == IN_PROGRESS,
+        error: l.error.clone(),
+        progress: if l.state == COMPLETE { 100 } else { 0 },
+        state: l.state.clone(),
+        from_replica_address: l.from.clone(),
+        snapshot_name: l.snapshot.clone(),
+    }
+}
+
+/// Writes ledger `l` of engine `engine` (a failure is logged: the clone's
+/// outcome stays in memory for this serve).
+fn record(state: &State, engine: &str, l: &LonghornCloneLedger) {
+    if let Err(e) = state.upsert_typed(engine, l) {
+        tracing::warn!(%engine, error = %crate::util::error_chain(&e), "recording a clone");
+    }
+}
+
+/// Destroys the clone ledgers of engines not in `engines` (deleted since).
+fn forget_ledgers(state: &State, engines: &std::collections::BTreeSet<String>) {
+    let Ok(all) = state.list_typed::<LonghornCloneLedger>() else {
+        return;
+    };
+    for l in all.iter().filter(|l| !engines.contains(l.id())) {
+        match state.destroy(
+            LonghornCloneLedger::NAMESPACE,
+            LonghornCloneLedger::TYPE,
+            l.id(),
+            "",
+        ) {
+            Ok(_) | Err(StateError::NotFound { .. }) => {}
+            Err(e) => {
+                tracing::warn!(engine = %l.id(), error = %crate::util::error_chain(&e), "forgetting a clone")
+            }
+        }
+    }
+}
+
+/// One clone's copy, in the background.
+struct Run {
+    client: crate::spdk::SpdkClient,
+    peers: PeerChannels,
+    peer_port: u16,
+    state: State,
+    engine: String,
+    /// The source, in words.
+    what: String,
+    src: Source,
+    dst: Target,
+    ledger: LonghornCloneLedger,
+    copied: Arc<AtomicU64>,
+    outcome: Arc<Mutex<Outcome>>,
+    /// Set when this serve stops.
+    stopping: tokio::sync::watch::Receiver<bool>,
+}
+
+impl Run {
+    async fn run(self) {
+        let work = async {
+            let mut tries = 0;
+            loop {
+                tries += 1;
+                match self.copy_once().await {
+                    Err(why) if self.src.remote() && tries < REMOTE_TRIES => {
+                        tracing::warn!(engine = %self.engine, error = %why, tries, "a clone from another node failed; trying again");
+                        self.copied.store(0, Ordering::Relaxed);
+                        tokio::time::sleep(REMOTE_RETRY).await;
+                    }
+                    r => break r,
+                }
+            }
+        };
+        let mut stopping = self.stopping.clone();
+        let r = tokio::select! {
+            r = work => r,
+            () = async {
+                let _ = stopping.wait_for(|s| *s).await;
+            } => {
+                // the copy ends with this serve, unrecorded (as after a kill): its ledger says
+                // in_progress, and the next serve starts it again
+                tracing::info!(engine = %self.engine, "talon stops: a clone ends unfinished");
+                if self.src.remote()
+                    && let Err(x) = tokio::time::timeout(REMOTE_TIMEOUT, self.unexpose())
+                        .await
+                        .unwrap_or_else(|_| Err("timed out".into()))
+                {
+                    tracing::warn!(engine = %self.engine, replica = %self.src.replica, error = %x, "removing a snapshot exposure");
+                }
+                return;
+            }
+        };
+        let (engine, dst) = (&self.engine, &self.dst.bdev);
+        let (outcome, ledger) = match r {
+            Ok(f) => {
+                tracing::info!(%engine, from = %self.what, to = %dst, how = %self.ledger.how, written = f.written, read = f.read, "cloned a snapshot");
+                (
+                    Outcome::Complete,
+                    LonghornCloneLedger {
+                        state: COMPLETE.to_owned(),
+                        ..self.ledger.clone()
+                    },
+                )
+            }
+            Err(x) => {
+                let why = format!("cloning {} into engine {engine} ({dst}): {x}", self.what);
+                tracing::warn!(%engine, error = %why, "a snapshot clone failed");
+                (
+                    Outcome::Failed(why.clone()),
+                    LonghornCloneLedger {
+                        state: ERROR.to_owned(),
+                        error: why,
+                        ..self.ledger.clone()
+                    },
+                )
+            }
+        };
+        // the ledger first: a status asked between the two reads the job
+        record(&self.state, engine, &ledger);
+        *lock(&self.outcome) = outcome;
+    }
+
+    /// The engine's bdev, as a mover session.
+    async fn target(&self) -> Result<mover::Session, mover::MoverError> {
+        match &self.dst.export {
+            Some((nqn, addr)) => {
+                let host = naming::internal_host_nqn();
+                mover::Session::join(&self.client, &self.dst.bdev, nqn, *addr, &host, mover::DEPTH).await
+            }
+            None => {
+                mover::Session::open(&self.client, &self.dst.bdev, mover::Purpose::Clone, mover::DEPTH).await
+            }
+        }
+    }
+
+    async fn copy_once(&self) -> Result<mover::Filled, String> {
+        let dst = self.target().await.map_err(|x| crate::util::error_chain(&x))?;
+        if !self.src.remote() {
+            return mover::copy::copy(&self.client, &self.src.alias, dst, mover::DEPTH, &self.copied)
+                .await
+                .map_err(|x| crate::util::error_chain(&x));
+        }
+        let r = self.copy_remote(dst).await;
+        // the exposure goes on every path (a restart of this node's talon
+        // mid-copy: the clone starts again, and its start makes it afresh)
+        if let Err(x) = self.unexpose().await {
+            tracing::warn!(engine = %self.engine, replica = %self.src.replica, error = %x, "removing a snapshot exposure");
+        }
+        r
+    }
+
+    fn names(&self) -> Result<(ObjectName, ObjectName), String> {
+        let replica = naming::instance_name("replica", &self.src.replica).map_err(|x| x.to_string())?;
+        let engine = naming::instance_name("engine", &self.engine).map_err(|x| x.to_string())?;
+        Ok((replica, engine))
+    }
+
+    async fn copy_remote(&self, dst: mover::Session) -> Result<mover::Filled, String> {
+        let (replica, engine) = self.names()?;
+        let nqn = naming::clone_source_nqn(&replica, &engine).map_err(|x| x.to_string())?;
+        let mut c = self
+            .peers
+            .client(&self.src.address, self.peer_port, REMOTE_TIMEOUT)
+            .await
+            .map_err(|x| crate::util::error_chain(&x))?;
+        let at = c
+            .replica_rebuilding_src_start(spdkrpc::ReplicaRebuildingSrcStartRequest {
+                name: replica.as_str().to_owned(),
+                dst_replica_name: engine.as_str().to_owned(),
+                dst_replica_address: String::new(),
+                exposed_snapshot_name: self.ledger.snapshot.clone(),
+            })
+            .await
+            .map_err(|x| format!("exposing it on its node: {}", x.message()))?
+            .into_inner()
+            .exposed_snapshot_lvol_address;
+        let addr: std::net::SocketAddr = at
+            .parse()
+            .map_err(|_| format!("its node exposed it at {at:?}, not ip:port"))?;
+        let label = format!("{}@{at}", snapshot_lvol(replica.as_str(), &self.ledger.snapshot));
+        let src = mover::Session::join(
+            &self.client,
+            &label,
+            &nqn,
+            addr,
+            &naming::internal_host_nqn(),
+            mover::DEPTH,
+        )
+        .await
+        .map_err(|x| crate::util::error_chain(&x))?;
+        mover::copy::copy_sessions(src, mover::copy::Range::whole(), dst, &self.copied)
+            .await
+            .map_err(|x| crate::util::error_chain(&x))
+    }
+
+    async fn unexpose(&self) -> Result<(), String> {
+        let (replica, engine) = self.names()?;
+        let mut c = self
+            .peers
+            .client(&self.src.address, self.peer_port, REMOTE_TIMEOUT)
+            .await
+            .map_err(|x| crate::util::error_chain(&x))?;
+        c.replica_rebuilding_src_finish(spdkrpc::ReplicaRebuildingSrcFinishRequest {
+            name: replica.as_str().to_owned(),
+            dst_replica_name: engine.as_str().to_owned(),
+        })
+        .await
+        .map(drop)
+        .map_err(|x| x.message().to_owned())
     }
 }

@@ -187,6 +187,10 @@ impl Longhorn {
         &self,
         req: spdkrpc::ReplicaRebuildingSrcStartRequest,
     ) -> Result<spdkrpc::ReplicaRebuildingSrcStartResponse, LonghornError> {
+        if !req.exposed_snapshot_name.is_empty() {
+            // Longhorn's exposure of a snapshot to another node: a clone there reads it
+            return self.clone_source_expose(&req).await;
+        }
         let (replica, _) = self.stored_replica(&req.name)?;
         let dst = naming::instance_name("replica", &req.dst_replica_name)
             .map_err(|x| LonghornError::Invalid(x.to_string()))?;
@@ -305,11 +309,14 @@ impl Longhorn {
         })
     }
 
-    /// `ReplicaRebuildingSrcFinish`: the dest's export is detached.
+    /// `ReplicaRebuildingSrcFinish`: the dest's export is detached, and a
+    /// snapshot exposed for a clone into engine `dst_replica_name` removed.
     pub(super) async fn rebuilding_src_finish(
         &self,
         req: spdkrpc::ReplicaRebuildingSrcFinishRequest,
     ) -> Result<(), LonghornError> {
+        self.clone_source_unexpose(&req.name, &req.dst_replica_name)
+            .await?;
         self.src_copies()
             .remove(&(req.name.clone(), req.dst_replica_name.clone()));
         let ctrl = src_controller(&req.dst_replica_name);

@@ -153,6 +153,8 @@ pub async fn serve(
 ) -> Result<(), ServeError> {
     // what a hash left behind when talon stopped mid-hash
     lh.hashes().sweep(lh.client()).await;
+    // what a clone on another node left exposed here when talon stopped
+    lh.clone_source_sweep().await;
     let (tx, rx) = tokio::sync::watch::channel(false);
     let counter = crate::util::conn::ConnCounter::default();
     let refusals = std::sync::Arc::new(super::bounds::AcceptLogs::default());
@@ -2159,6 +2161,13 @@ impl spdk_service_server::SpdkService for Longhorn {
         let req = req.into_inner();
         self.engine_ana_state_set(&req.name, &req.ana_state).await?;
         Ok(Response::new(()))
+    }
+
+    async fn engine_get(
+        &self,
+        req: Request<spdkrpc::EngineGetRequest>,
+    ) -> Result<Response<spdkrpc::Engine>, Status> {
+        Ok(Response::new(self.engine_get_spdk(&req.into_inner().name).await?))
     }
 }
 

@@ -814,6 +814,48 @@ impl Spec for LonghornMemberLedger {
     const NAMESPACE: &'static str = "ledger";
 }
 
+/// A snapshot clone into an engine of this node (id: the engine), persisted
+/// (`SnapshotClone`): written when the copy starts, its outcome when it
+/// ends. After a restart of talon `SnapshotCloneStatus` reports a finished
+/// clone from it, and starts one that was running again (the manager sees
+/// `in_progress`, never "" or an error for it).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct LonghornCloneLedger {
+    /// The engine's volume (an engine made again under its name for another
+    /// volume is not this clone's).
+    pub volume: String,
+    /// The Longhorn snapshot cloned.
+    pub snapshot: String,
+    /// Its volume.
+    pub from_volume: String,
+    /// Its volume's engine (`from_engine_name`).
+    pub from_engine: String,
+    /// That engine's node (`from_engine_address`; empty: not given).
+    #[serde(default)]
+    pub from_engine_address: String,
+    /// Longhorn's clone mode number (`CloneMode`).
+    #[serde(default)]
+    pub mode: i32,
+    /// The source replica's address (`from_replica_address` of the status).
+    #[serde(default)]
+    pub from: String,
+    /// How it was done: `local` (a replica of this node), `remote <replica>`
+    /// (exposed by its node), `linked` (an lvol clone).
+    #[serde(default)]
+    pub how: String,
+    /// `in_progress`, `complete` or `error` (Longhorn's words).
+    pub state: String,
+    /// Why it failed.
+    #[serde(default)]
+    pub error: String,
+}
+
+impl Spec for LonghornCloneLedger {
+    const TYPE: &'static str = "LonghornCloneLedger";
+    const NAMESPACE: &'static str = "ledger";
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -7,7 +7,7 @@
 //! | `host` | HugepagesSpec, HugepagesStatus, KernelModuleStatus, PciDevice, PciBindingStatus, HostCapabilities |
 //! | `engine` | BackupStatus, LonghornRestoreStatus, TargetStatus, DiskStatus, OrphanLvol, ReplicaStatus, EngineStatus, LonghornInstanceStatus, RebuildDest, RebuildDestStatus |
 //! | `frontend` | AttachmentStatus |
-//! | `ledger` | ReplicaLedger, DiskIdentity, HugepagesLedger, PciBindIntent, LonghornRestoreLedger, LonghornRevertLedger, LonghornSnapshotLedger, LonghornMemberLedger (persisted) |
+//! | `ledger` | ReplicaLedger, DiskIdentity, HugepagesLedger, PciBindIntent, LonghornRestoreLedger, LonghornRevertLedger, LonghornSnapshotLedger, LonghornMemberLedger, LonghornCloneLedger (persisted) |
 
 pub mod backup;
 pub mod config;
@@ -158,6 +158,10 @@ pub fn register_types(reg: &mut TypeRegistry) {
             ("CURRENT", "/current"),
             ("REASON", "/reason"),
         ],
+    );
+    reg.register::<longhorn::LonghornCloneLedger>(
+        "A snapshot clone into a Longhorn engine and how it ended (kept across restarts)",
+        &[("SNAPSHOT", "/snapshot"), ("STATE", "/state"), ("HOW", "/how")],
     );
     reg.register::<longhorn::LonghornSnapshotLedger>(
         "The snapshot times of a Longhorn replica whose instance is deleted and lvol kept",

@@ -5,6 +5,8 @@
 //!   replica  <r>   lvol talon-<disk>/<r>   subsystem nqn.2023-01.io.longhorn.spdk:<r>
 //!   engine   <e>   raid1 <e>               subsystem nqn.2023-01.io.longhorn.spdk:volume-<volume>
 //!   remote replica <r> of engine <e>       NVMe controller <r>, bdev <r>n1
+//!   snapshot of <r> a clone into <e> on another node reads
+//!                  lvol talon-<disk>/<r>-snap-<s>  subsystem nqn.2023-01.io.longhorn.spdk:clone-src:<r>:<e>
 //! ```
 
 use crate::names::{InvalidName, Nqn, ObjectName};
@@ -97,6 +99,20 @@ pub fn restore_lvols(replica: &str) -> [String; 3] {
 /// The NQN of a replica's export.
 pub fn replica_nqn(replica: &ObjectName) -> Result<Nqn, InvalidName> {
     Nqn::parse(&format!("{NQN_PREFIX}:{replica}"))
+}
+
+/// The prefix of [`clone_source_nqn`]: no replica's or engine's own NQN
+/// starts with it (an instance name holds no colon).
+pub fn clone_source_prefix() -> String {
+    format!("{NQN_PREFIX}:clone-src:")
+}
+
+/// The NQN under which replica `replica` exposes a snapshot to a clone into
+/// engine `engine` on another node (`ReplicaRebuildingSrcStart` with
+/// `exposed_snapshot_name`): one per pair, so two clones of one snapshot
+/// each remove only their own.
+pub fn clone_source_nqn(replica: &ObjectName, engine: &ObjectName) -> Result<Nqn, InvalidName> {
+    Nqn::parse(&format!("{}{replica}:{engine}", clone_source_prefix()))
 }
 
 /// The NQN of an engine's export (Longhorn's stable volume NQN).

@@ -77,7 +77,21 @@ pub async fn copy_range(
     copied: &AtomicU64,
 ) -> Result<Filled, MoverError> {
     let src = Session::open(client, from, Purpose::Clone, depth).await?;
-    let done = match check_range(&src, &dst, from, range) {
+    copy_sessions(src, range, dst, copied).await
+}
+
+/// Copies `range` of session `src` into session `dst` as [`copy_range`]
+/// does: the source another's export joined ([`Session::join`]: a snapshot
+/// another node exposes for a clone). Both sessions are closed on every
+/// path (a joined one's export stays its owner's).
+pub async fn copy_sessions(
+    src: Session,
+    range: Range,
+    dst: Session,
+    copied: &AtomicU64,
+) -> Result<Filled, MoverError> {
+    let from = src.bdev.clone();
+    let done = match check_range(&src, &dst, &from, range) {
         Ok(len) => run(&src, &dst, range, len, copied).await,
         Err(e) => Err(dst.io(e)),
     };
