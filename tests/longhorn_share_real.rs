@@ -428,3 +428,221 @@ async fn real_spdk_data_written_through_a_moved_engine_reads_back_after_its_memb
     b.stop().await;
     a.stop().await;
 }
+
+/// Issue 53 (the move back to node 1): Longhorn relocating the engine from B
+/// back to A, as the real manager ran it. e-0 on A serves over both
+/// replicas; e-1 on B shares them (A's member moved behind its export); e-0
+/// goes; snapshot `s1` purged through e-1; then e-2 on A over both while e-1
+/// still serves: A's replica, which e-1 reads through its export, is
+/// attached by e-2 through that export too (loopback); e-1 goes; e-2 moves
+/// that member back to its lvol once nobody else reads it (the hold, 8 s
+/// here). Hosts that reconnect write a slot at a time through e-2 and,
+/// beside them, read the first three quarters again and again, across the
+/// move back; then every byte reads back through e-2, and each replica
+/// alone (e-2 deleted) holds the same bytes. Before the move stopped
+/// freezing the export (ANA inaccessible) ahead of closing it, a reader
+/// that met the freeze got every block stale (1 run in 5): see
+/// `talon::spdk::volume::share`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_spdk_data_reads_back_after_the_engine_moves_back_and_its_member_to_its_lvol() {
+    let test = "real_spdk_data_reads_back_after_the_engine_moves_back_and_its_member_to_its_lvol";
+    let Some(spdk) = spdk_real::spdk_dir(test) else {
+        return;
+    };
+    let t0 = Instant::now();
+    const HOLD: &str = "  replicaShareHoldSecs: 8\n";
+    let (mut a, mut b, [addr_a, addr_b], port0) = engine_on_a_over_both(&spdk, HOLD).await;
+    let replicas = [("vol-r-a", &addr_a), ("vol-r-b", &addr_b)];
+    let dir = a.dir.path().to_path_buf();
+    let q = LEN / 4;
+    let dd = |ip: &'static str, port: u16, data: Option<Vec<u8>>, len: usize, offset: usize| {
+        let (spdk, dir) = (spdk.clone(), dir.clone());
+        async move {
+            tokio::task::spawn_blocking(move || {
+                spdk_dd::dd_at_on_connecting(&spdk, &dir, ip, port, NQN, data.as_deref(), len, offset)
+            })
+            .await
+            .expect("spdk_dd")
+        }
+    };
+    let first = pattern(q, 1);
+    dd("127.0.0.1", port0, Some(first.clone()), q, 0).await;
+    let mut pa = ProxyEngineServiceClient::new(a.channel(1).await);
+    longhorn_nodes::snapshot(&mut pa, "s1")
+        .await
+        .expect("snapshot s1 through e-0");
+
+    // relocation to B: e-1 over both, e-0 goes, s1 purged through e-1
+    let inst_b = engine_create(&b, "vol-e-1", &replicas, LEN as u64, "spdk-tcp-nvmf").await;
+    let e1 = running(&inst_b, "vol-e-1", "engine").await;
+    let port1 = u16::try_from(e1.port_start).expect("port");
+    let inst_a = InstanceServiceClient::new(a.channel(3).await);
+    inst_a
+        .clone()
+        .instance_delete(longhorn_nodes::delete_request("vol-e-0", "engine"))
+        .await
+        .expect("delete vol-e-0");
+    longhorn_nodes::gone(&inst_a, "vol-e-0", "engine").await;
+    let mut pb = ProxyEngineServiceClient::new(b.channel(1).await);
+    pb.snapshot_remove(talon::proto::imrpc::EngineSnapshotRemoveRequest {
+        proxy_engine_request: Some(longhorn_nodes::req("vol-e-1")),
+        names: vec!["s1".into()],
+    })
+    .await
+    .expect("SnapshotRemove s1 through e-1");
+    pb.snapshot_purge(talon::proto::imrpc::EngineSnapshotPurgeRequest {
+        proxy_engine_request: Some(longhorn_nodes::req("vol-e-1")),
+        skip_if_in_progress: false,
+    })
+    .await
+    .expect("SnapshotPurge through e-1");
+    let second = pattern(q, 2);
+    dd("127.0.0.2", port1, Some(second.clone()), q, q).await;
+
+    // relocation back to A: e-2 over both while e-1 serves
+    let inst_a = engine_create(&a, "vol-e-2", &replicas, LEN as u64, "spdk-tcp-nvmf").await;
+    let e2 = running(&inst_a, "vol-e-2", "engine").await;
+    let port2 = u16::try_from(e2.port_start).expect("port");
+    let r2 = raid(&a.spdk, "vol-e-2").await.expect("raid vol-e-2");
+    assert!(whole(&r2), "e-2 over both replicas: {r2:?}");
+    assert!(
+        members(&r2).contains(&"vol-r-an1".to_owned()),
+        "e-2 reaches A's replica through its export, which e-1 reads: {r2:?}"
+    );
+    inst_b
+        .clone()
+        .instance_delete(longhorn_nodes::delete_request("vol-e-1", "engine"))
+        .await
+        .expect("delete vol-e-1");
+    longhorn_nodes::gone(&inst_b, "vol-e-1", "engine").await;
+    let third = pattern(q, 3);
+    dd("127.0.0.1", port2, Some(third.clone()), q, 2 * q).await;
+    let lvol_a = a
+        .spdk
+        .bdev("talon-disk-a/vol-r-a")
+        .await
+        .expect("bdev_get_bdevs")
+        .and_then(|x| x.uuid)
+        .expect("vol-r-a's lvol");
+    let direct = |r: &RaidBdev, lvol: &str| {
+        whole(r) && r.base_bdevs_list.iter().any(|m| m.name.as_deref() == Some(lvol))
+    };
+    assert!(
+        !direct(&raid(&a.spdk, "vol-e-2").await.expect("raid vol-e-2"), &lvol_a),
+        "e-2's member still behind its export before the hold"
+    );
+
+    // e-2's member back to its lvol; meanwhile a slot at a time written,
+    // everything read back after each write
+    const SLOT: usize = 128 << 10;
+    let slots = q / SLOT;
+    let want = |back: &[u8], upto: usize, what: &str| {
+        for (i, (p, n)) in [(&first, "first"), (&second, "second"), (&third, "third")]
+            .iter()
+            .enumerate()
+        {
+            let got = &back[i * q..(i + 1) * q];
+            let bad = got.iter().zip(p.iter()).filter(|(x, y)| x != y).count();
+            assert!(
+                bad == 0,
+                "{what}: {n} ({q} bytes at {}) differs in {bad} bytes",
+                i * q
+            );
+        }
+        for k in 0..upto {
+            let at = 3 * q + k * SLOT;
+            let bad = back[at..at + SLOT]
+                .iter()
+                .zip(pattern(SLOT, 100 + k as u64).iter())
+                .filter(|(x, y)| x != y)
+                .count();
+            assert!(
+                bad == 0,
+                "{what}: slot {k} of {upto} (at {at}) differs in {bad} bytes"
+            );
+        }
+    };
+    // a reader alongside, its own files: the first three quarters, again and again
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let reader = {
+        let (spdk, rdir, stop) = (spdk.clone(), dir.join("reader"), stop.clone());
+        let expect: Vec<u8> = [&first[..], &second[..], &third[..]].concat();
+        std::fs::create_dir_all(&rdir).expect("reader dir");
+        tokio::task::spawn_blocking(move || {
+            let mut bad = Vec::new();
+            let mut reads = 0;
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                let got = spdk_dd::dd_at_on_connecting(&spdk, &rdir, "127.0.0.1", port2, NQN, None, 3 * q, 0);
+                reads += 1;
+                let blocks: Vec<usize> = (0..3 * q / 65536)
+                    .filter(|b| got[b * 65536..(b + 1) * 65536] != expect[b * 65536..(b + 1) * 65536])
+                    .collect();
+                if !blocks.is_empty() {
+                    bad.push(format!("read {reads}: 64 KiB blocks {blocks:?} differ"));
+                }
+            }
+            (reads, bad)
+        })
+    };
+    let (mut n, mut after) = (0, 0);
+    while n < slots && after < 2 {
+        dd(
+            "127.0.0.1",
+            port2,
+            Some(pattern(SLOT, 100 + n as u64)),
+            SLOT,
+            3 * q + n * SLOT,
+        )
+        .await;
+        n += 1;
+        let moved = raid(&a.spdk, "vol-e-2")
+            .await
+            .is_some_and(|r| direct(&r, &lvol_a));
+        after += usize::from(moved);
+    }
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let (reads, bad) = reader.await.expect("reader");
+    eprintln!("READER {reads} reads, bad {bad:?}");
+    assert!(bad.is_empty(), "reads through e-2 across the move back: {bad:?}");
+    assert!(
+        after > 0,
+        "e-2's member moved back to its lvol within {slots} writes"
+    );
+    let back = dd("127.0.0.1", port2, None, LEN, 0).await;
+    want(&back, n, "through e-2 after its member moved back");
+
+    // each replica alone
+    inst_a
+        .clone()
+        .instance_delete(longhorn_nodes::delete_request("vol-e-2", "engine"))
+        .await
+        .expect("delete vol-e-2");
+    longhorn_nodes::gone(&inst_a, "vol-e-2", "engine").await;
+    for (node, r, lvol, at) in [
+        (&a, "vol-r-a", "talon-disk-a/vol-r-a", &addr_a),
+        (&b, "vol-r-b", "talon-disk-b/vol-r-b", &addr_b),
+    ] {
+        // through its own export where it still has one (B's: e-2 read it)
+        let rnqn = format!("nqn.2023-01.io.longhorn.spdk:{r}");
+        let got = if node.spdk.subsystem(&rnqn).await.expect("subsystems").is_some() {
+            let (ip, port) = at.rsplit_once(':').expect("ip:port");
+            let (ip, port) = (ip.to_owned(), port.parse::<u16>().expect("port"));
+            let (spdk, dir) = (spdk.clone(), dir.clone());
+            tokio::task::spawn_blocking(move || {
+                spdk_dd::dd_at_on_connecting(&spdk, &dir, &ip, port, &rnqn, None, LEN, 0)
+            })
+            .await
+            .expect("spdk_dd")
+        } else {
+            let port = free_base(&[IpAddr::from([127, 0, 0, 1])]);
+            spdk_dd::read_bdev(&node.spdk, &spdk, &dir, port, lvol, LEN).await
+        };
+        want(&got, n, &format!("replica {r} alone"));
+    }
+    eprintln!(
+        "{test}: {n} writes and reads through e-2 ({after} after its member moved back); {:.1} s",
+        t0.elapsed().as_secs_f64()
+    );
+    b.stop().await;
+    a.stop().await;
+}

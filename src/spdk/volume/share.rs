@@ -1,21 +1,28 @@
 //! A local member of an engine's raid1 moved between its two paths at one
-//! frozen instant, with no rebuild: the lvol itself (the steady state, no
+//! closed instant of the engine's export, with no rebuild: the lvol itself (the steady state, no
 //! NVMe/TCP hop), or the replica's own export attached back over loopback
 //! (so that another node's engine can attach that export too: an lvol a
 //! raid1 claims cannot be exported, v26.05 refuses the namespace).
 //!
 //! ```text
-//!   freeze   the engine's export: listeners ANA inaccessible, namespace drained
-//!   close    its listeners and namespace go (a kernel host reconnects; with
-//!            the namespace gone while connected it would drop the disk)
+//!   close    its listeners go (their connections drop: a host holds its I/O
+//!            and connects again; with the namespace gone while connected it
+//!            would drop the disk), then its namespace, which SPDK removes
+//!            paused: every I/O the raid took has completed
 //!   raid     deleted (no superblock: the members keep the data where it was)
 //!   path     Export: the lvol exported as its replica NQN, attached over loopback
 //!            Direct: the loopback detached, the replica's export removed
 //!   raid     made again over the same slots, the member by its new path: all
 //!            members in sync, nothing to rebuild
-//!   open     namespace and listeners again (same NQN, namespace UUID, hosts)
-//!   thaw     listeners back to the state the export serves in
+//!   open     namespace and listeners again (same NQN, namespace UUID, hosts),
+//!            the listeners in the state the export serves in
 //! ```
+//!
+//! No ANA freeze (listeners `inaccessible`) comes first: a host that saw
+//! its path inaccessible and then lost the connection comes back on a new
+//! controller with no ANA change to be told of. SPDK's initiator kept the
+//! path inaccessible for its ANA transition time (10 s) and then failed
+//! every I/O it held (talon issue 53: the move back after a relocation).
 //!
 //! Whatever fails after the raid is deleted, the raid is made again over
 //! every member: by the path the member had, else by the other; never over
@@ -152,8 +159,8 @@ impl MemberSwap<'_> {
 }
 
 impl VolumeOps {
-    /// Moves `s`'s member to path `to` at one frozen instant of the engine's
-    /// export (see the module). Returns how long the export was frozen. On
+    /// Moves `s`'s member to path `to` at one closed instant of the engine's
+    /// export (see the module). Returns how long the export was closed. On
     /// an error the raid serves again over every member (the path it had,
     /// else the other: logged, naming the engine and the replica), or, if
     /// even that failed, the next reconcile makes it over them.
@@ -167,28 +174,26 @@ impl VolumeOps {
             return Err(s.refused(to, why));
         }
         let nqn = s.names.nqn.as_str();
-        let sub = inv
-            .subsystem(nqn)
-            .ok_or_else(|| s.refused(to, format!("the engine is not exported as {nqn}")))?;
+        if inv.subsystem(nqn).is_none() {
+            return Err(s.refused(to, format!("the engine is not exported as {nqn}")));
+        }
         let started = Instant::now();
-        let frozen = if sub.ana_reporting() == Some(true) {
-            Some(
-                self.freezes()
-                    .freeze(&self.client, sub)
-                    .await
-                    .map_err(|e| s.refused(to, crate::util::error_chain(&e)))?,
-            )
-        } else {
-            None
-        };
+        // no ANA freeze first: a host that saw its path `inaccessible` and
+        // then lost the connection (the listeners go) comes back on a new
+        // controller after the export is open again, with no ANA change to
+        // be told of; SPDK's initiator kept the path inaccessible until its
+        // ANA transition time (10 s) and then failed every I/O it held (a
+        // reader that ignores failures read stale buffers: issue 53's move
+        // back). Closing alone stops and drains the I/O: the listeners go
+        // first (their connections drop, the hosts hold their I/O and
+        // connect again), then the namespace, which SPDK removes with it
+        // paused (every I/O the raid took completed) before the raid goes.
         let r = self.swap_frozen(inv, s, to).await;
-        let thawed = match &frozen {
-            Some(f) => self.freezes().thaw(&self.client, f).await,
-            None => Ok(()),
-        };
+        // the listeners made again in the state the export serves in
+        let thawed = self.freezes().thaw_leftover(&self.client, nqn).await;
         let took = started.elapsed();
         r?;
-        thawed.map_err(rpc(s.of, format!("thawing {nqn}")))?;
+        thawed.map_err(rpc(s.of, format!("setting the listeners of {nqn} back")))?;
         Ok(took)
     }
 
