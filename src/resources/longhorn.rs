@@ -801,11 +801,12 @@ pub struct LonghornMemberLedger {
 }
 
 impl LonghornMemberLedger {
-    /// Whether `replica` of engine `e` is current: listed at the number of
-    /// its latest `ReplicaAdd` (0 without one).
+    /// Whether `replica` of engine `e` is current: in its replica map
+    /// (`ReplicaRemove` takes it out) and listed at the number of its latest
+    /// `ReplicaAdd` (0 without one).
     pub fn is_current(&self, e: &LonghornEngine, replica: &str) -> bool {
         let asked = e.rebuild_requests.get(replica).copied().unwrap_or(0);
-        self.current.get(replica) == Some(&asked)
+        e.replica_address_map.contains_key(replica) && self.current.get(replica) == Some(&asked)
     }
 }
 
