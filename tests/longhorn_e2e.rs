@@ -158,10 +158,10 @@ fn one_node_volume_lifecycle() {
 
 /// Two nodes, 2 replicas: kill -9 of one node's talon and spdk_tgt and the manager rebuilding the
 /// replica, a revert in maintenance mode, online expansion (written and read past the old end),
-/// then detach, delete and nothing left (with `TALON_E2E_RELOCATE=1`: the engine relocated to
-/// node 2 and back by `engineNodeID` while attached, the manager's three-phase switch-over of
-/// the same engine-frontend, each new engine listing every snapshot with its creation time;
-/// issue 53: the data written after the first move has read back different once). Then, on the same cluster (one start of the control plane, the
+/// the engine relocated to node 2 and back by `engineNodeID` while attached (the manager's
+/// three-phase switch-over of the same engine-frontend, each new engine listing every snapshot
+/// with its creation time, the data written after each move read back; `TALON_E2E_RELOCATE=0`
+/// leaves the moves out), then detach, delete and nothing left. Then, on the same cluster (one start of the control plane, the
 /// managers and the instance managers for both: CI time), issue 52's CI-sized scale run: 10
 /// volumes of 2 replicas (nvmf) created at once through the manager and attached, a short idle,
 /// node 2's talon and spdk_tgt killed and started again (every volume healthy again, whether the

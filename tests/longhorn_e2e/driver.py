@@ -893,10 +893,8 @@ def main():
             s.step("io-beyond-old-end", s.beyond_old_end)
             s.step("snapshot-delete", s.snapshot_delete)
             # last: each move makes a new engine (the snapshots it lists come from the replicas).
-            # Not in CI yet (issue 53, left): with the snapshot times kept, the manager deletes
-            # e2e-snap-1 during the first move (see relocate) and the data written after it has
-            # read back different (a talon bug not found yet)
-            if os.environ.get("TALON_E2E_RELOCATE") == "1":
+            # TALON_E2E_RELOCATE=0 leaves the moves out (issue 53)
+            if os.environ.get("TALON_E2E_RELOCATE", "1") != "0":
                 s.step("relocate-node-2", lambda: s.relocate(nodes[1], first))
                 s.step("relocate-back", lambda: s.relocate(NODE, first))
                 s.step("read-after-relocate", lambda: s.check(first, "the data after the moves"))
