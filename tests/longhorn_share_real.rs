@@ -50,6 +50,33 @@ async fn raid(c: &SpdkClient, name: &str) -> Option<RaidBdev> {
     .find(|r| r.name == name)
 }
 
+/// `InstanceDelete` of engine `name` through `c`, and its wait until it is gone.
+async fn delete_engine(c: &InstanceServiceClient<Channel>, name: &str) {
+    c.clone()
+        .instance_delete(longhorn_nodes::delete_request(name, "engine"))
+        .await
+        .unwrap_or_else(|x| panic!("delete {name}: {x}"));
+    longhorn_nodes::gone(c, name, "engine").await;
+}
+
+/// The manager's removal of snapshot `snap` and its purge, through engine
+/// `engine` on `node`'s proxy.
+async fn remove_and_purge(node: &Node, engine: &str, snap: &str) {
+    let mut p = ProxyEngineServiceClient::new(node.channel(1).await);
+    p.snapshot_remove(talon::proto::imrpc::EngineSnapshotRemoveRequest {
+        proxy_engine_request: Some(longhorn_nodes::req(engine)),
+        names: vec![snap.into()],
+    })
+    .await
+    .unwrap_or_else(|x| panic!("SnapshotRemove {snap} through {engine}: {x}"));
+    p.snapshot_purge(talon::proto::imrpc::EngineSnapshotPurgeRequest {
+        proxy_engine_request: Some(longhorn_nodes::req(engine)),
+        skip_if_in_progress: false,
+    })
+    .await
+    .unwrap_or_else(|x| panic!("SnapshotPurge through {engine}: {x}"));
+}
+
 /// Engine `engine`'s replica modes (`ReplicaList` through the node's proxy).
 async fn modes(p: &mut ProxyEngineServiceClient<Channel>, engine: &str) -> Vec<i32> {
     p.replica_list(longhorn_nodes::req(engine))
@@ -182,12 +209,7 @@ async fn real_spdk_a_second_engine_shares_the_replica_the_first_holds() {
     );
 
     // e-1 goes: e-0 takes its lvol back directly, at one frozen instant
-    inst_b
-        .clone()
-        .instance_delete(longhorn_nodes::delete_request("vol-e-1", "engine"))
-        .await
-        .expect("delete vol-e-1");
-    longhorn_nodes::gone(&inst_b, "vol-e-1", "engine").await;
+    delete_engine(&inst_b, "vol-e-1").await;
     let spdk_a = a.spdk.clone();
     let lvol = lvol_a.clone();
     talon::runtime::testing::eventually("e-0 over its lvol again", WAIT, || {
@@ -290,27 +312,10 @@ async fn real_spdk_data_written_through_a_moved_engine_reads_back_after_its_memb
         "e-1 reaches B's replica through its export: {r1:?}"
     );
     let inst_a = InstanceServiceClient::new(a.channel(3).await);
-    inst_a
-        .clone()
-        .instance_delete(longhorn_nodes::delete_request("vol-e-0", "engine"))
-        .await
-        .expect("delete vol-e-0");
-    longhorn_nodes::gone(&inst_a, "vol-e-0", "engine").await;
+    delete_engine(&inst_a, "vol-e-0").await;
 
     // the manager's purge of s1 through e-1
-    let mut pb = ProxyEngineServiceClient::new(b.channel(1).await);
-    pb.snapshot_remove(talon::proto::imrpc::EngineSnapshotRemoveRequest {
-        proxy_engine_request: Some(longhorn_nodes::req("vol-e-1")),
-        names: vec!["s1".into()],
-    })
-    .await
-    .expect("SnapshotRemove s1 through e-1");
-    pb.snapshot_purge(talon::proto::imrpc::EngineSnapshotPurgeRequest {
-        proxy_engine_request: Some(longhorn_nodes::req("vol-e-1")),
-        skip_if_in_progress: false,
-    })
-    .await
-    .expect("SnapshotPurge through e-1");
+    remove_and_purge(&b, "vol-e-1", "s1").await;
     for n in [&a, &b] {
         assert!(
             !n.lvols().await.iter().any(|l| l.contains("-snap-")),
@@ -477,25 +482,8 @@ async fn real_spdk_data_reads_back_after_the_engine_moves_back_and_its_member_to
     let e1 = running(&inst_b, "vol-e-1", "engine").await;
     let port1 = u16::try_from(e1.port_start).expect("port");
     let inst_a = InstanceServiceClient::new(a.channel(3).await);
-    inst_a
-        .clone()
-        .instance_delete(longhorn_nodes::delete_request("vol-e-0", "engine"))
-        .await
-        .expect("delete vol-e-0");
-    longhorn_nodes::gone(&inst_a, "vol-e-0", "engine").await;
-    let mut pb = ProxyEngineServiceClient::new(b.channel(1).await);
-    pb.snapshot_remove(talon::proto::imrpc::EngineSnapshotRemoveRequest {
-        proxy_engine_request: Some(longhorn_nodes::req("vol-e-1")),
-        names: vec!["s1".into()],
-    })
-    .await
-    .expect("SnapshotRemove s1 through e-1");
-    pb.snapshot_purge(talon::proto::imrpc::EngineSnapshotPurgeRequest {
-        proxy_engine_request: Some(longhorn_nodes::req("vol-e-1")),
-        skip_if_in_progress: false,
-    })
-    .await
-    .expect("SnapshotPurge through e-1");
+    delete_engine(&inst_a, "vol-e-0").await;
+    remove_and_purge(&b, "vol-e-1", "s1").await;
     let second = pattern(q, 2);
     dd("127.0.0.2", port1, Some(second.clone()), q, q).await;
 
@@ -509,12 +497,7 @@ async fn real_spdk_data_reads_back_after_the_engine_moves_back_and_its_member_to
         members(&r2).contains(&"vol-r-an1".to_owned()),
         "e-2 reaches A's replica through its export, which e-1 reads: {r2:?}"
     );
-    inst_b
-        .clone()
-        .instance_delete(longhorn_nodes::delete_request("vol-e-1", "engine"))
-        .await
-        .expect("delete vol-e-1");
-    longhorn_nodes::gone(&inst_b, "vol-e-1", "engine").await;
+    delete_engine(&inst_b, "vol-e-1").await;
     let third = pattern(q, 3);
     dd("127.0.0.1", port2, Some(third.clone()), q, 2 * q).await;
     let lvol_a = a
@@ -612,12 +595,7 @@ async fn real_spdk_data_reads_back_after_the_engine_moves_back_and_its_member_to
     want(&back, n, "through e-2 after its member moved back");
 
     // each replica alone
-    inst_a
-        .clone()
-        .instance_delete(longhorn_nodes::delete_request("vol-e-2", "engine"))
-        .await
-        .expect("delete vol-e-2");
-    longhorn_nodes::gone(&inst_a, "vol-e-2", "engine").await;
+    delete_engine(&inst_a, "vol-e-2").await;
     for (node, r, lvol, at) in [
         (&a, "vol-r-a", "talon-disk-a/vol-r-a", &addr_a),
         (&b, "vol-r-b", "talon-disk-b/vol-r-b", &addr_b),
