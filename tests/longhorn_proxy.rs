@@ -1468,7 +1468,7 @@ async fn a_switch_to_a_dest_that_cannot_be_reached_leaves_the_raid_as_it_is() {
 /// `engineNodeID` moved) over a replica node A's serving engine holds
 /// directly in its raid1: B's engine asks A's node (`ReplicaGet` with
 /// `talon-share-for`), A's engine moves that member behind the replica's
-/// export at one frozen instant, and B's engine runs over both replicas. B's
+/// export (the engine's own export closed a moment), and B's engine runs over both replicas. B's
 /// own replica is never taken from A's engine, which reads it through its
 /// export: A's engine keeps both members RW, and after B's engine is deleted
 /// too. (Issue 53; on real SPDK: `longhorn_share_real`.)

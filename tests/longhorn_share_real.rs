@@ -2,7 +2,7 @@
 //! `vol-e-1` on node B over the replicas engine `vol-e-0` serves on node A
 //! (a real spdk_tgt on each node, `TALON_SPDK_DIR`). B's engine asks A for
 //! A's replica, which e-0 holds directly; e-0 moves that member behind the
-//! replica's export (one frozen instant, no rebuild), e-1 attaches it and
+//! replica's export (its export closed a moment, no rebuild), e-1 attaches it and
 //! runs; both engines keep both replicas RW, and data written through e-0
 //! before and after reads back through e-1's export. Once e-1 is deleted,
 //! e-0 takes its lvol back directly (the node's hold set to 5 s here).
@@ -208,7 +208,7 @@ async fn real_spdk_a_second_engine_shares_the_replica_the_first_holds() {
         "written after the move, read through e-1"
     );
 
-    // e-1 goes: e-0 takes its lvol back directly, at one frozen instant
+    // e-1 goes: e-0 takes its lvol back directly, its export closed a moment
     delete_engine(&inst_b, "vol-e-1").await;
     let spdk_a = a.spdk.clone();
     let lvol = lvol_a.clone();

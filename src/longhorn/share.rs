@@ -7,7 +7,7 @@
 //! ```text
 //!   node B: engine e-1 waits ──ReplicaGet r_A + talon-share-for: e-1──> node A
 //!   node A: LonghornReplica r_A.sharedFor = {e-1, now}   (persisted)
-//!           engine e-0: r_A's member behind r_A's export, at one frozen instant
+//!           engine e-0: r_A's member behind r_A's export, at one closed instant of e-0's export
 //! ```
 
 use super::error::LonghornError;

@@ -22,9 +22,9 @@
 //!
 //! ```text
 //!   e-1 on B waits for r_A ──ReplicaGet r_A, talon-share-for: e-1──> A: r_A.sharedFor = {e-1, t}
-//!   A, e-0's reconcile: r_A asked within the hold ──> member to its export (one frozen instant)
+//!   A, e-0's reconcile: r_A asked within the hold ──> member to its export (the engine's export closed a moment)
 //!                       r_A through its export, no ask nor other reader for the hold
-//!                                               ──> member back to its lvol (one frozen instant)
+//!                                               ──> member back to its lvol (the engine's export closed a moment)
 //! ```
 //!
 //! The serving engine decides ([`share_step`]); the move is
@@ -374,8 +374,8 @@ impl LonghornController {
                         replica = r.as_str(),
                         to = to.as_str(),
                         asked_by = asker,
-                        freeze_ms = took.as_secs_f64() * 1e3,
-                        "the member moved at one frozen instant, no rebuild"
+                        closed_ms = took.as_secs_f64() * 1e3,
+                        "the member moved while the export was closed, no rebuild"
                     );
                     match to {
                         MemberPath::Export => {
