@@ -67,6 +67,16 @@ pub struct TargetStatus {
     pub message: String,
 }
 
+impl TargetStatus {
+    /// Which run of the target this is.
+    pub fn instance(&self) -> TargetInstance {
+        TargetInstance {
+            pid: self.pid,
+            restarts: self.restarts,
+        }
+    }
+}
+
 impl Spec for TargetStatus {
     const TYPE: &'static str = "TargetStatus";
     const NAMESPACE: &'static str = "engine";
@@ -94,6 +104,34 @@ pub struct DiskStatus {
     pub cluster_bytes: u64,
     /// What went wrong.
     pub message: String,
+    /// The target this status was taken on ([`TargetStatus::instance`]).
+    /// `Ready` holds for that target only: SPDK lists an lvstore as soon as
+    /// its examine loaded it, before its lvols are opened (and
+    /// `bdev_lvol_get_lvols` leaves unopened lvols out), so a later target's
+    /// listing says nothing of its lvols until the disk is ensured there
+    /// again (after `bdev_wait_for_examine`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target: Option<TargetInstance>,
+}
+
+impl DiskStatus {
+    /// Whether the disk is ready on the running target `target`: ensured
+    /// there (its lvstore loaded and every lvol of it opened), not only on
+    /// an earlier one.
+    pub fn ready_on(&self, target: Option<&TargetStatus>) -> bool {
+        self.state == ObjectState::Ready
+            && target.is_some_and(|t| t.state == ObjectState::Ready && self.target == Some(t.instance()))
+    }
+}
+
+/// One run of a target process: its pid and talon's count of its restarts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct TargetInstance {
+    /// Its pid, when talon started or adopted it.
+    pub pid: Option<u32>,
+    /// Restarts since talon started.
+    pub restarts: u32,
 }
 
 impl Spec for DiskStatus {

@@ -77,6 +77,7 @@ fn disk_status(n: &DiskNames, state: ObjectState, lvs: Option<&Lvstore>, message
         free_bytes: bytes.map_or(0, |b| b.free),
         cluster_bytes: bytes.map_or(0, |b| b.cluster),
         message,
+        target: None,
     }
 }
 
@@ -175,6 +176,7 @@ impl Controller for SpdkDiskController {
         }
         let target = ctx.get::<TargetStatus>(SPDK_STATUS_ID)?.map(|t| t.spec);
         let ready = target.as_ref().is_some_and(|t| t.state == ObjectState::Ready);
+        let on_target = target.as_ref().map(TargetStatus::instance);
         if !ready {
             let why = target.map_or_else(|| "not started yet".to_owned(), |t| t.message);
             for d in &disks {
@@ -278,7 +280,12 @@ impl Controller for SpdkDiskController {
                     match l.bytes() {
                         Ok(_) => {
                             let msg = format!("lvstore {} on {}", n.lvstore, n.bdev);
-                            ctx.apply(d.id(), disk_status(&n, ObjectState::Ready, Some(&l), msg))?;
+                            // ready on this target: ensure waited for its examine
+                            let st = DiskStatus {
+                                target: on_target,
+                                ..disk_status(&n, ObjectState::Ready, Some(&l), msg)
+                            };
+                            ctx.apply(d.id(), st)?;
                         }
                         Err(why) => {
                             // never placed on (Inventory::disks leaves it out)

@@ -1126,7 +1126,8 @@ impl SpdkVolumeController {
             inv.retain_disks(&disks);
         }
 
-        let disk_away = disks_away(&disk_list, &ctx.list::<DiskStatus>()?, &inv);
+        let target = ctx.get::<TargetStatus>(SPDK_STATUS_ID)?.map(|t| t.spec);
+        let disk_away = disks_away(&disk_list, &ctx.list::<DiskStatus>()?, target.as_ref(), &inv);
 
         // engine nodes' requests for replicas served here, and the answers so far
         let dest_requests: BTreeMap<String, RebuildDest> = ctx
@@ -1590,12 +1591,17 @@ fn export_spec(node: &NodeConfig, data_dir: Option<&std::path::PathBuf>) -> Resu
     })
 }
 
-/// Configured disks that take no new replica, and why: those whose lvstore
-/// is not in the target (their `DiskStatus` says why: failed, or still coming
-/// up) and those being removed.
+/// Configured disks that take no new replica, and why: those being removed,
+/// and those not ready on the running target: their lvstore is not in the
+/// target, or its `DiskStatus` is not `Ready` on this target (SPDK lists an
+/// lvstore as soon as its examine loaded it, its lvols only once each is
+/// opened: until the disk controller's ensure saw the examine end, a
+/// replica missing from the listing may only not be opened yet, and a
+/// replica made for it would be a second, empty one).
 fn disks_away(
     disks: &[crate::runtime::Typed<Disk>],
     statuses: &[crate::runtime::Typed<DiskStatus>],
+    target: Option<&TargetStatus>,
     inv: &Inventory,
 ) -> BTreeMap<String, DiskAway> {
     let mut away = BTreeMap::new();
@@ -1605,12 +1611,18 @@ fn disks_away(
             away.insert(id.to_owned(), DiskAway::Pending("being removed".into()));
             continue;
         }
-        if inv.lvstore(id).is_some() {
+        let st = statuses.iter().find(|s| s.id() == id).map(|s| &s.spec);
+        let listed = inv.lvstore(id).is_some();
+        if listed && st.is_some_and(|s| s.ready_on(target)) {
             continue;
         }
-        let st = statuses.iter().find(|s| s.id() == id).map(|s| &s.spec);
         let why = match st {
             Some(s) if s.state == ObjectState::Failed => DiskAway::Failed(s.message.clone()),
+            _ if listed => DiskAway::Pending(
+                "its lvstore is loaded, its lvols may not all be opened yet (SPDK's examine): \
+                 waiting for the disk to be ready on this target"
+                    .into(),
+            ),
             Some(s) if s.state == ObjectState::Ready => {
                 DiskAway::Pending("its lvstore is not loaded yet".into())
             }
@@ -1692,6 +1704,75 @@ fn ledger_reason(before: Option<&[u32]>, now: &[u32]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A disk takes new replicas only once it is ready on the running
+    /// target: its lvstore listed is not enough (SPDK lists an lvstore
+    /// before it has opened its lvols, and lists only opened lvols), nor is
+    /// a `Ready` of an earlier spdk_tgt.
+    #[test]
+    fn a_disk_takes_replicas_only_once_ready_on_the_running_target() {
+        fn typed<S>(id: &str, spec: S) -> crate::runtime::Typed<S> {
+            crate::runtime::Typed {
+                metadata: crate::runtime::Metadata::new("config", "Test", id, ""),
+                spec,
+            }
+        }
+        let target = |pid| TargetStatus {
+            engine: Engine::V2,
+            state: ObjectState::Ready,
+            pid: Some(pid),
+            socket: String::new(),
+            version: String::new(),
+            restarts: 0,
+            message: String::new(),
+        };
+        let (now, before) = (target(20), target(10));
+        let status = |state, on: &TargetStatus| DiskStatus {
+            engine: Engine::V2,
+            state,
+            bdev: "talon-disk-d1".into(),
+            lvstore: "talon-d1".into(),
+            lvstore_uuid: "u1".into(),
+            total_bytes: 64 << 20,
+            free_bytes: 64 << 20,
+            cluster_bytes: 1 << 20,
+            message: "lvstore talon-d1".into(),
+            target: Some(on.instance()),
+        };
+        let disk: Disk = serde_json::from_value(serde_json::json!({"path": "/d1"})).expect("disk");
+        let disks = [typed("d1", disk)];
+        let mut inv = Inventory::default();
+        inv.lvstores.push(crate::spdk::rpc::Lvstore {
+            uuid: "u1".into(),
+            name: "talon-d1".into(),
+            base_bdev: "talon-disk-d1".into(),
+            total_data_clusters: 64,
+            free_clusters: 64,
+            block_size: 512,
+            cluster_size: 1 << 20,
+        });
+        let away = |st: Option<DiskStatus>, t: &TargetStatus, inv: &Inventory| {
+            let sts: Vec<_> = st.into_iter().map(|s| typed("d1", s)).collect();
+            disks_away(&disks, &sts, Some(t), inv)
+        };
+        assert!(away(Some(status(ObjectState::Ready, &now)), &now, &inv).is_empty());
+        // listed, but talon just started (no status), the disk controller is at
+        // it, or its Ready is of the target before this one: waited for
+        for st in [
+            None,
+            Some(status(ObjectState::Creating, &now)),
+            Some(status(ObjectState::Ready, &before)),
+        ] {
+            let a = away(st.clone(), &now, &inv);
+            match a.get("d1") {
+                Some(DiskAway::Pending(why)) => assert!(why.contains("lvols may not all be opened"), "{why}"),
+                other => panic!("{st:?}: {other:?}"),
+            }
+        }
+        // ready on this target but its lvstore gone from the listing
+        let a = away(Some(status(ObjectState::Ready, &now)), &now, &Inventory::default());
+        assert!(matches!(a.get("d1"), Some(DiskAway::Pending(w)) if w.contains("not loaded yet")), "{a:?}");
+    }
 
     /// The export settings come from the NodeConfig, and a config that
     /// cannot be served is refused naming its field.

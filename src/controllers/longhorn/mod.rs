@@ -305,7 +305,8 @@ impl LonghornController {
         let held = held_by.is_some();
         let name = ObjectName::parse("replica", r.id())?;
         let spec = &r.spec;
-        let disk = disk_ready(&spec.disk, ctx.get::<DiskStatus>(&spec.disk)?)?;
+        let target = ctx.get::<TargetStatus>(SPDK_STATUS_ID)?.map(|t| t.spec);
+        let disk = disk_ready(&spec.disk, ctx.get::<DiskStatus>(&spec.disk)?, target.as_ref())?;
         let alias = naming::replica_alias(&spec.disk, name.as_str());
         // a revert another node's engine asked for, before the lvol is read
         let prev = ctx.get::<LonghornInstanceStatus>(r.id())?.map(|s| s.spec);
@@ -1251,12 +1252,22 @@ fn held<'a>(
         .collect()
 }
 
-/// The disk of a replica when it is ready; loading (a replica starting)
-/// while it is being brought up or not reported yet (talon just started);
-/// not ready (a replica in error) when it failed or goes.
-fn disk_ready(disk: &str, status: Option<Typed<DiskStatus>>) -> Result<Typed<DiskStatus>, InstanceError> {
+/// The disk of a replica when it is ready on the running target; loading
+/// (a replica starting) while it is being brought up, not reported yet
+/// (talon just started) or ready only on an earlier spdk_tgt (this one may
+/// not have opened its lvols yet: [`DiskStatus::ready_on`]); not ready (a
+/// replica in error) when it failed or goes.
+fn disk_ready(
+    disk: &str,
+    status: Option<Typed<DiskStatus>>,
+    target: Option<&TargetStatus>,
+) -> Result<Typed<DiskStatus>, InstanceError> {
     match status {
-        Some(d) if d.spec.state == ObjectState::Ready => Ok(d),
+        Some(d) if d.spec.ready_on(target) => Ok(d),
+        Some(d) if d.spec.state == ObjectState::Ready => Err(InstanceError::DiskLoading {
+            disk: disk.to_owned(),
+            why: "ready on an earlier spdk_tgt; waiting for this one to open its lvols".into(),
+        }),
         Some(d) if d.spec.state == ObjectState::Creating => Err(InstanceError::DiskLoading {
             disk: disk.to_owned(),
             why: d.spec.message.clone(),
@@ -1509,6 +1520,16 @@ mod tests {
 
     #[test]
     fn a_replica_whose_disk_loads_is_starting_one_whose_disk_failed_an_error() {
+        let target = |pid| TargetStatus {
+            engine: crate::resources::engine::Engine::V2,
+            state: ObjectState::Ready,
+            pid: Some(pid),
+            socket: String::new(),
+            version: String::new(),
+            restarts: 0,
+            message: String::new(),
+        };
+        let (now, before) = (target(20), target(10));
         let disk = |state, message: &str| {
             Some(typed(
                 "d1",
@@ -1522,19 +1543,32 @@ mod tests {
                     free_bytes: 0,
                     cluster_bytes: 0,
                     message: message.into(),
+                    target: Some(now.instance()),
                 },
             ))
         };
-        assert!(disk_ready("d1", disk(ObjectState::Ready, "lvstore talon-d1")).is_ok());
+        assert!(disk_ready("d1", disk(ObjectState::Ready, "lvstore talon-d1"), Some(&now)).is_ok());
         // talon just started: no status yet, or the disk's bdev being made (its
-        // lvstore replayed after a kill -9)
-        for st in [None, disk(ObjectState::Creating, "waiting for spdk_tgt")] {
-            let e = disk_ready("d1", st).expect_err("a loading disk is not ready");
+        // lvstore replayed after a kill -9); or ready on the target before
+        // this one, whose lvols this one may not have opened yet
+        for (st, t) in [
+            (None, &now),
+            (disk(ObjectState::Creating, "waiting for spdk_tgt"), &now),
+            (disk(ObjectState::Ready, "lvstore talon-d1"), &before),
+        ] {
+            let e = disk_ready("d1", st, Some(t)).expect_err("a loading disk is not ready");
             assert!(e.replica_starting(), "{e}");
             assert!(e.text().contains("disk d1 is loading"), "{}", e.text());
         }
-        let e = disk_ready("d1", disk(ObjectState::Failed, "lvstore talon-d1 did not load"))
-            .expect_err("a failed disk is not ready");
+        let e = disk_ready("d1", disk(ObjectState::Ready, "lvstore talon-d1"), None)
+            .expect_err("no target running: not ready");
+        assert!(e.replica_starting(), "{e}");
+        let e = disk_ready(
+            "d1",
+            disk(ObjectState::Failed, "lvstore talon-d1 did not load"),
+            Some(&now),
+        )
+        .expect_err("a failed disk is not ready");
         assert!(!e.replica_starting());
         assert!(
             e.text().contains("disk d1 is not ready") && e.text().contains("did not load"),

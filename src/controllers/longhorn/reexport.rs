@@ -247,6 +247,11 @@ mod tests {
             free_bytes: 64 * MIB,
             cluster_bytes: MIB,
             message: String::new(),
+            // ensured on the target `ready_target_on` reports
+            target: Some(crate::resources::engine::TargetInstance {
+                pid: None,
+                restarts: 0,
+            }),
         };
         state.upsert_typed("d", &disk).expect("disk");
         let node = NodeConfig {
