@@ -630,7 +630,8 @@ class Scenario:
                 bdevs = json.loads(lh.run(*rpc, "bdev_get_bdevs").stdout)
                 subs = json.loads(lh.run(*rpc, "nvmf_get_subsystems").stdout)
                 out += [f"{n}: bdev {b['name']}" for b in bdevs
-                        if (b.get("product_name") != "AIO disk" and (VOLUME in json.dumps(b) or MIGRATE in json.dumps(b)))
+                        if (b.get("product_name") != "AIO disk"
+                            and any(v in json.dumps(b) for v in (VOLUME, MIGRATE)))
                         or b.get("product_name") in ("Raid Volume", "NVMe disk")]
                 out += [f"{n}: subsystem {x['nqn']}" for x in subs if x.get("subtype") != "Discovery"]
                 seen[n] = ([f"{b['name']} ({b.get('product_name')})" for b in bdevs], [x["nqn"] for x in subs])
@@ -826,7 +827,6 @@ class Scenario:
         self.detach()
         self.attach()
 
-
     # ---- V2 live migration (issue 53) ------------------------------------------------------------
     def on_volume(self, vol, fn):
         """`fn` with the steps acting on volume `vol` (its endpoint too), the current one's after."""
@@ -953,8 +953,8 @@ class Scenario:
     def migrate_end(self, node, keep_e, keep_f, drop_e, drop_f, drop_node, what):
         """After a confirmation or a rollback: one engine (`keep_e`) and one engine-frontend
         (`keep_f`), both on `node`; `drop_e`/`drop_f` gone from the CRs and from `drop_node`'s
-        talon; no migration left; attached and healthy with every replica RW; then `data` reads
-        back through `keep_f`."""
+        talon; no migration left; attached and healthy with every replica RW, the Replicas
+        `keep_e`'s; the steps' I/O then goes through `keep_f`."""
         seen = []
 
         def done():
