@@ -161,7 +161,10 @@ fn one_node_volume_lifecycle() {
 /// the engine relocated to node 2 and back by `engineNodeID` while attached (the manager's
 /// three-phase switch-over of the same engine-frontend, each new engine listing every snapshot
 /// with its creation time, the data written after each move read back; `TALON_E2E_RELOCATE=0`
-/// leaves the moves out), then detach, delete and nothing left. Then, on the same cluster (one start of the control plane, the
+/// leaves the moves out), a second, migratable volume live-migrated to node 2 by a second
+/// csi-attacher ticket and confirmed, then migrated back and rolled back (the data read through
+/// each new engine-frontend; `TALON_E2E_MIGRATE=0` leaves it out), then detach, delete and
+/// nothing left. Then, on the same cluster (one start of the control plane, the
 /// managers and the instance managers for both: CI time), issue 52's CI-sized scale run: 10
 /// volumes of 2 replicas (nvmf) created at once through the manager and attached, a short idle,
 /// node 2's talon and spdk_tgt killed and started again (every volume healthy again, whether the

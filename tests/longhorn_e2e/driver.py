@@ -11,7 +11,12 @@ two-nodes: two nodes (two talon, two spdk_tgt), 2 replicas; talon and spdk_tgt o
   manager's SnapshotRemove and SnapshotPurge through talon, its lvols gone on both nodes); the
   engine's node (engineNodeID) patched to node 2 for 30 s and back, the volume healthy with both
   replicas RW throughout (the second engine the manager makes there takes no replica from the
-  serving one); detach, delete, nothing left on either node.
+  serving one); V2 live migration of a second, migratable (rwx) volume attached by a csi-attacher
+  ticket on node 1: a second ticket for node 2 (a second engine and engine-frontend there over the
+  same replicas, the data read through the new one), confirmed (node 1's ticket dropped: the old
+  pair gone), then a migration back to node 1 rolled back (its ticket dropped: the new pair gone,
+  node 2 serving), the serving engine keeping every replica RW throughout (TALON_E2E_MIGRATE=0
+  leaves it out); detach, delete, nothing left on either node.
 both: after the first snapshot, an S3 backup target (the Rust test's S3 server in the hub
   namespace) that the manager finds available, and a backup of that snapshot that the manager
   takes through talon and records Completed; after the volume is deleted, a new volume restored
@@ -56,6 +61,7 @@ CLONE = "e2e-vol-1-clone"
 BACKUP = "e2e-backup-1"
 BACKUP_2 = "e2e-backup-2"
 DR = "e2e-vol-1-dr"
+MIGRATE = "e2e-vol-mig"
 # the Rust test's S3 server (s3s-fs): its bucket and credentials (tests/support/s3_server.rs)
 S3_TARGET = "s3://backups@us-east-1/"
 S3_KEYS = {"AWS_ACCESS_KEY_ID": "talon-test", "AWS_SECRET_ACCESS_KEY": "talon-test-secret"}
@@ -624,12 +630,13 @@ class Scenario:
                 bdevs = json.loads(lh.run(*rpc, "bdev_get_bdevs").stdout)
                 subs = json.loads(lh.run(*rpc, "nvmf_get_subsystems").stdout)
                 out += [f"{n}: bdev {b['name']}" for b in bdevs
-                        if (b.get("product_name") != "AIO disk" and VOLUME in json.dumps(b))
+                        if (b.get("product_name") != "AIO disk"
+                            and any(v in json.dumps(b) for v in (VOLUME, MIGRATE)))
                         or b.get("product_name") in ("Raid Volume", "NVMe disk")]
                 out += [f"{n}: subsystem {x['nqn']}" for x in subs if x.get("subtype") != "Discovery"]
                 seen[n] = ([f"{b['name']} ({b.get('product_name')})" for b in bdevs], [x["nqn"] for x in subs])
                 im = self.get("instancemanagers", pod).get("status", {})
-                for k in ["instanceEngines", "instanceReplicas", "instances"]:
+                for k in ["instanceEngines", "instanceReplicas", "instanceEngineFrontends", "instances"]:
                     out += [f"{n}: {k}/{x}" for x in (im.get(k) or {})]
             return out
 
@@ -820,6 +827,190 @@ class Scenario:
         self.detach()
         self.attach()
 
+    # ---- V2 live migration (issue 53) ------------------------------------------------------------
+    def on_volume(self, vol, fn):
+        """`fn` with the steps acting on volume `vol` (its endpoint too), the current one's after."""
+        was = (self.vol, getattr(self, "addr", None), getattr(self, "port", None), getattr(self, "nqn", None))
+        self.vol = vol
+        try:
+            return fn()
+        finally:
+            self.vol, self.addr, self.port, self.nqn = was
+
+    def tickets(self, tickets):
+        """The migratable volume's csi-attacher tickets: {id: node or None (dropped)}."""
+        self.patch("volumeattachments", self.vol, {"spec": {"attachmentTickets": {
+            t: ({"id": t, "type": "csi-attacher", "nodeID": n, "parameters": {"disableFrontend": "false"}}
+                if n else None) for t, n in tickets.items()}}})
+
+    def use_frontend(self, ef):
+        """The steps' I/O goes to engine-frontend `ef`'s endpoint (nvmf://ip:port/nqn)."""
+        ep = ef.get("status", {}).get("endpoint") or ""
+        hostport, _, self.nqn = ep.split("://", 1)[-1].partition("/")
+        self.addr, self.port = hostport.rsplit(":", 1)
+        say(f"I/O through engine-frontend {ef['metadata']['name']} on {ef['spec'].get('nodeID')}: {ep}")
+
+    def pairs(self):
+        """The volume's engines and engine-frontends: {name: (node, currentState)}, each."""
+        sel = f"longhornvolume={self.vol}"
+        es = {e["metadata"]["name"]: (e["spec"].get("nodeID"), e.get("status", {}).get("currentState"))
+              for e in self.list("engines", sel)}
+        fs = {f["metadata"]["name"]: (f["spec"].get("nodeID"), f.get("status", {}).get("currentState"))
+              for f in self.list("enginefrontends", sel)}
+        return es, fs
+
+    def migrate_create(self):
+        """A migratable V2 volume (accessMode rwx), attached on node 1 by a csi-attacher ticket,
+        a pattern written and read back, a snapshot (both engines must list it for the manager to
+        confirm a migration)."""
+        spec = {"size": str(SIZE), "numberOfReplicas": self.replicas, "dataEngine": "v2", "frontend": "nvmf",
+                "accessMode": "rwx", "migratable": True}
+        self.c.custom.create_namespaced_custom_object(GROUP, VERSION, NS, "volumes", {
+            "apiVersion": f"{GROUP}/{VERSION}", "kind": "Volume", "metadata": {"name": self.vol}, "spec": spec})
+        self.wait("the migratable volume detached (created)",
+                  lambda: self.get("volumes", self.vol).get("status", {}).get("state") == "detached")
+        self.wait("its VolumeAttachment", lambda: self.get("volumeattachments", self.vol))
+        self.tickets({"csi-1": NODE})
+        self.wait_healthy("the migratable volume attached on node 1 and healthy")
+        ef = self.wait("its engine-frontend's endpoint", lambda: next(
+            (f for f in self.list("enginefrontends") if f["metadata"]["name"].startswith(f"{self.vol}-ef-")
+             and f.get("status", {}).get("endpoint")), None))
+        self.use_frontend(ef)
+        data = self.io(0x4D)
+        self.snapshot("e2e-mig-snap-1")
+        return data
+
+    def migrate_start(self, data, ticket, node):
+        """A second csi-attacher ticket for `node`: the manager starts a live migration there (a
+        second engine and a second engine-frontend over the same replicas). Waits for what the
+        manager waits for: spec.migrationNodeID and status.currentMigrationNodeID `node`, the new
+        engine running there with every replica RW, the new engine-frontend running with an
+        endpoint, the ticket satisfied; the old pair still running. Then `data` reads back through
+        the new engine-frontend. Returns the old and new (engine, engine-frontend) names."""
+        old_es, old_fs = self.pairs()
+        self.tickets({ticket: node})
+        seen = []
+
+        def ready():
+            v = self.get("volumes", self.vol)
+            es, fs = self.pairs()
+            va = self.get("volumeattachments", self.vol)
+            sat = ((va.get("status", {}).get("attachmentTicketStatuses") or {}).get(ticket) or {}).get("satisfied")
+            now = (v["spec"].get("migrationNodeID"), v.get("status", {}).get("currentMigrationNodeID"),
+                   v.get("status", {}).get("state"), es, fs, sat)
+            if not seen or seen[-1] != now:
+                seen.append(now)
+            # the serving engine never loses a member to the migration: every replica stays RW
+            # in it and the volume healthy throughout
+            for n in old_es:
+                modes = self.get("engines", n).get("status", {}).get("replicaModeMap") or {}
+                rob = v.get("status", {}).get("robustness")
+                if len(modes) != self.replicas or any(m != "RW" for m in modes.values()) or rob != "healthy":
+                    raise AssertionError(f"the serving engine {n} lost a member during the migration: modes "
+                                         f"{modes}, volume {rob}; seen {seen}")
+            new_e = [n for n, (nd, st) in es.items() if n not in old_es and nd == node and st == "running"]
+            new_f = [n for n, (nd, st) in fs.items() if n not in old_fs and nd == node and st == "running"]
+            if not (now[0] == now[1] == node and new_e and new_f and sat):
+                return False
+            e = self.get("engines", new_e[0]).get("status", {})
+            modes = e.get("replicaModeMap") or {}
+            f = self.get("enginefrontends", new_f[0])
+            fs_ = f.get("status", {})
+            if len(modes) != self.replicas or any(m != "RW" for m in modes.values()) \
+                    or not fs_.get("endpoint") or f["spec"].get("engineName") != new_e[0] \
+                    or f"{fs_.get('targetIP')}:{fs_.get('targetPort')}" != f"{e.get('storageIP')}:{e.get('port')}":
+                return False
+            if any(st != "running" for _, st in list(old_es.values()) + list(old_fs.values())):
+                raise AssertionError(f"the old pair stopped during the migration: {es} {fs}")
+            return new_e[0], f
+
+        t0 = time.monotonic()
+        try:
+            new_e, ef = self.wait(f"the migration to {node} ready (second engine and engine-frontend there, "
+                                  f"ticket {ticket} satisfied)", ready, 180)
+        except TimeoutError as e:
+            raise TimeoutError(f"{e}\n(migrationNodeID, currentMigrationNodeID, state, engines, frontends, "
+                               f"satisfied) seen: {seen}") from e
+        say(f"migration to {node} ready in {time.monotonic() - t0:.1f} s: {seen[-1]}")
+        # both engines list the same snapshots (what the manager's confirmation waits for)
+        snaps = {n: sorted(k for k in (self.get("engines", n).get("status", {}).get("snapshots") or {})
+                           if k != "volume-head") for n in [*old_es, new_e]}
+        if len({tuple(x) for x in snaps.values()}) != 1:
+            raise AssertionError(f"the two engines list different snapshots: {snaps}")
+        say(f"snapshots listed by the engines: {snaps}")
+        self.use_frontend(ef)
+        self.check(data, f"the data read through the new engine-frontend on {node}")
+        return list(old_es), list(old_fs), new_e, ef["metadata"]["name"]
+
+    def gone_from_talon(self, node, names):
+        """Names of `names` that `node`'s talon still reports (its instance manager's status)."""
+        im = self.get("instancemanagers", self.im[node]).get("status", {})
+        there = set()
+        for k in ["instanceEngines", "instanceReplicas", "instances", "instanceEngineFrontends"]:
+            there |= set(im.get(k) or {})
+        return sorted(there & set(names))
+
+    def migrate_end(self, node, keep_e, keep_f, drop_e, drop_f, drop_node, what):
+        """After a confirmation or a rollback: one engine (`keep_e`) and one engine-frontend
+        (`keep_f`), both on `node`; `drop_e`/`drop_f` gone from the CRs and from `drop_node`'s
+        talon; no migration left; attached and healthy with every replica RW, the Replicas
+        `keep_e`'s; the steps' I/O then goes through `keep_f`."""
+        seen = []
+
+        def done():
+            v = self.get("volumes", self.vol)
+            vs, st = v["spec"], v.get("status", {})
+            es, fs = self.pairs()
+            now = (vs.get("nodeID"), st.get("currentNodeID"), st.get("currentEngineNodeID"),
+                   vs.get("migrationNodeID") or "", st.get("currentMigrationNodeID") or "", es, fs)
+            if not seen or seen[-1] != now:
+                seen.append(now)
+            return (now[:5] == (node, node, node, "", "") and set(es) == {keep_e} and set(fs) == {keep_f}
+                    and es[keep_e] == (node, "running") and fs[keep_f] == (node, "running")
+                    and not self.gone_from_talon(drop_node, [*drop_e, *drop_f]))
+
+        t0 = time.monotonic()
+        try:
+            self.wait(f"{what}: one engine and one engine-frontend, on {node}", done, 180)
+        except TimeoutError as e:
+            raise TimeoutError(f"{e}\n(spec.nodeID, currentNodeID, currentEngineNodeID, migrationNodeID, "
+                               f"currentMigrationNodeID, engines, frontends) seen: {seen}") from e
+        say(f"{what} in {time.monotonic() - t0:.1f} s: {seen[-1]}")
+        self.wait_healthy(f"healthy after the {what}")
+        reps = self.list("replicas", f"longhornvolume={self.vol}")
+        bad = [(r["metadata"]["name"], r["spec"].get("engineName"), r["spec"].get("migrationEngineName"))
+               for r in reps if r["spec"].get("engineName") != keep_e or r["spec"].get("migrationEngineName")]
+        if bad:
+            raise AssertionError(f"replicas not (only) of {keep_e} after the {what}: {bad}")
+        self.use_frontend(self.get("enginefrontends", keep_f))
+
+    def migrate_confirm(self, data, mig, drop_ticket, node, old_node):
+        """Confirmation: the old node's ticket dropped (KubeVirt deletes the source pod)."""
+        old_e, old_f, new_e, new_f = mig
+        self.tickets({drop_ticket: None})
+        self.migrate_end(node, new_e, new_f, old_e, old_f, old_node, "migration confirmed")
+        self.check(data, f"the data after the migration to {node}")
+        more = pattern(0x96)
+        self.dd(more, offset=16 * MIB)
+        self.check(more, f"the data written after the migration to {node}", 16 * MIB)
+
+    def migrate_rollback(self, data, mig, drop_ticket, node, new_node):
+        """Rollback: the migration node's ticket dropped: the new pair goes, the old one serves."""
+        old_e, old_f, new_e, new_f = mig
+        if len(old_e) != 1 or len(old_f) != 1:
+            raise AssertionError(f"one engine and one engine-frontend expected before, not {old_e} {old_f}")
+        self.tickets({drop_ticket: None})
+        self.migrate_end(node, old_e[0], old_f[0], [new_e], [new_f], new_node, "migration rolled back")
+        self.check(data, f"the data after the rollback, on {node}")
+
+    def migrate_delete(self):
+        """The migratable volume detached (its last ticket dropped) and deleted."""
+        va = self.get("volumeattachments", self.vol)
+        self.tickets({t: None for t in (va["spec"].get("attachmentTickets") or {})})
+        self.wait("the migratable volume detached",
+                  lambda: self.get("volumes", self.vol).get("status", {}).get("state") == "detached")
+        self.delete()
+
 
 def main():
     ap = argparse.ArgumentParser()
@@ -898,6 +1089,16 @@ def main():
                 s.step("relocate-node-2", lambda: s.relocate(nodes[1], first))
                 s.step("relocate-back", lambda: s.relocate(NODE, first))
                 s.step("read-after-relocate", lambda: s.check(first, "the data after the moves"))
+        if two and os.environ.get("TALON_E2E_MIGRATE", "1") != "0":
+            # V2 live migration (issue 53), its own migratable volume: to node 2 and confirmed,
+            # then back to node 1 and rolled back. TALON_E2E_MIGRATE=0 leaves it out
+            mv = lambda fn: lambda: s.on_volume(MIGRATE, fn)
+            md = s.step("migrate-create", mv(s.migrate_create))
+            mig = s.step("migrate-start", mv(lambda: s.migrate_start(md, "csi-2", nodes[1])))
+            s.step("migrate-confirm", mv(lambda: s.migrate_confirm(md, mig, "csi-1", nodes[1], NODE)))
+            back = s.step("migrate-back-start", mv(lambda: s.migrate_start(md, "csi-3", NODE)))
+            s.step("migrate-rollback", mv(lambda: s.migrate_rollback(md, back, "csi-3", nodes[1], NODE)))
+            s.step("migrate-delete", mv(s.migrate_delete))
         s.step("detach", s.detach)
         s.step("delete", s.delete)
         s.step("restore", lambda: s.restore(first))
