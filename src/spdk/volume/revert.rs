@@ -156,7 +156,7 @@ pub struct RevertMembers<'a, E> {
     pub heads: Vec<RevertHead>,
 }
 
-impl<E> std::fmt::Debug for RevertMembers<'_, E> {
+impl<E: From<VolumeError> + Send> std::fmt::Debug for RevertMembers<'_, E> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let peers: Vec<&str> = self.peers.iter().map(|p| p.replica()).collect();
         f.debug_struct("RevertMembers")
