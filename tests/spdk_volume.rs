@@ -16,11 +16,12 @@ use serde_json::json;
 use talon::controllers::engine::peer::Peers;
 use talon::controllers::engine::spdk_volume::SpdkVolumeController;
 use talon::names::ObjectName;
-use talon::resources::config::{Disk, NodeConfig, Snapshot, Volume};
+use talon::resources::config::{Disk, FrontendKind, NodeConfig, Snapshot, Volume};
 use talon::resources::engine::SPDK_STATUS_ID;
 use talon::resources::engine::{
     Engine, EngineStatus, ObjectState, ReplicaStatus, SnapshotStatus, TargetStatus,
 };
+use talon::resources::frontend::Attachment;
 use talon::runtime::State;
 use talon::runtime::testing::{TestRuntime, eventually};
 use talon::spdk::rpc::{AioCreate, ByName, CreateSubsystem, LvolCreate, LvstoreCreate, MallocCreate};
@@ -349,6 +350,71 @@ async fn volumes_export_expand_snapshot_clone_revert_and_delete_leaving_nothing(
         state.list_typed::<ReplicaStatus>().ok().filter(|l| l.is_empty())
     })
     .await;
+    s.rt.stop().await;
+    drop(s.dir);
+}
+
+/// The revert refusals both protocols share (`spdk::volume::RevertAsk`):
+/// talon's controller now refuses, as Longhorn's does, to revert a volume
+/// with a frontend attached (before, only `volume_revert` refused it, and a
+/// volume attached after the request was taken down under its host). The
+/// revert waits, nothing touched and the volume served as it is; detached,
+/// it is carried out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revert_of_a_volume_attached_after_the_request_waits_for_the_detach() {
+    let s = setup(&["d1"]).await;
+    let state = &s.state;
+    state.create_typed("av", "", &volume(64 * MIB, 1)).expect("av");
+    ready(state, "av", "av ready").await;
+    let snap = Snapshot {
+        volume: "av".into(),
+        name: "s1".into(),
+    };
+    state.create_typed("av@s1", "", &snap).expect("snapshot");
+    eventually("snapshot ready", WAIT, || async {
+        state
+            .get_typed::<SnapshotStatus>("av@s1")
+            .ok()
+            .flatten()
+            .filter(|t| t.spec.state == ObjectState::Ready)
+    })
+    .await;
+    let attachment = Attachment {
+        frontend: FrontendKind::NvmeTcp,
+    };
+    state.create_typed("av", "", &attachment).expect("attach");
+    let mut rev = volume(64 * MIB, 1);
+    rev.revert_to = Some("av@s1".into());
+    rev.revert_generation = 1;
+    state.update_typed("av", "", None, &rev).expect("revert");
+    let waits = eventually("revert refused while attached", WAIT, || async {
+        engine(state, "av").filter(|e| e.message.contains("waits"))
+    })
+    .await;
+    assert_eq!(
+        waits.state,
+        ObjectState::Ready,
+        "served as it is: {}",
+        waits.message
+    );
+    assert!(
+        waits.message.contains(
+            "invalid frontend nvme-tcp for volume av snapshot s1 revert: the volume must be detached from its frontend"
+        ),
+        "{}",
+        waits.message
+    );
+    let inv = Inventory::load(&s.client).await.expect("inv");
+    assert!(inv.find_lvol("av.rev.1").is_none(), "not reverted while attached");
+    state.destroy("config", "Attachment", "av", "").expect("detach");
+    eventually("revert carried out once detached", WAIT, || async {
+        engine(state, "av").filter(|e| {
+            e.state == ObjectState::Ready && e.message.contains("reverted to av@s1 (generation 1)")
+        })
+    })
+    .await;
+    let inv = Inventory::load(&s.client).await.expect("inv");
+    assert!(inv.find_lvol("av.rev.1").is_some(), "revert marker recorded");
     s.rt.stop().await;
     drop(s.dir);
 }

@@ -33,7 +33,7 @@ use futures::StreamExt;
 
 use super::selection::serves_v2;
 use crate::names::ObjectName;
-use crate::resources::config::{Disk, NodeConfig, Snapshot, Volume, split_snapshot_id};
+use crate::resources::config::{Disk, FrontendKind, NodeConfig, Snapshot, Volume, split_snapshot_id};
 use crate::resources::engine::SPDK_STATUS_ID;
 use crate::resources::engine::{
     CopyProgress, DiskStatus, Engine, EngineStatus, Export, ObjectState, RebuildDest, RebuildDestStatus,
@@ -45,8 +45,8 @@ use crate::spdk::SpdkClient;
 use crate::spdk::placement::DiskAway;
 use crate::spdk::volume::plan::RestoreFile;
 use crate::spdk::volume::{
-    ExportSpec, Inventory, PeerError, RemoteDest, RemoteSnapshot, VolumeError, VolumeInfo, VolumeOps,
-    VolumePlan, applied_revert, replica_heads,
+    ExportSpec, Inventory, PeerError, RemoteDest, RemoteSnapshot, RevertAsk, VolumeError, VolumeInfo,
+    VolumeOps, VolumePlan, applied_revert, replica_heads,
 };
 
 use super::peer::{PeerDest, Peers};
@@ -190,6 +190,30 @@ pub fn export_hosts(node: &NodeConfig, spec: &Volume, attached_by: Option<&str>)
     hosts
 }
 
+/// What refuses `job`'s revert to `target` here, in the words both
+/// protocols share: a frontend attached. (A member being rebuilt does not
+/// refuse it: the point-in-time set leaves it out and it is rebuilt from
+/// the reverted ones; a member without the snapshot likewise.)
+fn revert_ask<'a>(job: &'a Job, target: &'a str) -> RevertAsk<'a> {
+    RevertAsk {
+        what: "volume",
+        id: &job.id,
+        snapshot: target.rsplit('@').next().unwrap_or(target),
+        frontend: job.attached,
+        rebuilding: None,
+        holders: Vec::new(),
+    }
+}
+
+/// The frontend an attachment names, in its config words.
+fn frontend_word(f: FrontendKind) -> &'static str {
+    match f {
+        FrontendKind::Auto => "auto",
+        FrontendKind::NvmeTcp => "nvme-tcp",
+        FrontendKind::Iscsi => "iscsi",
+    }
+}
+
 fn err_text(e: &VolumeError) -> String {
     crate::util::error_chain(e)
 }
@@ -245,6 +269,8 @@ struct Job {
     overcommit_percent: u32,
     /// A served replica: its engine's request not answered yet.
     dest_request: Option<RebuildDest>,
+    /// The frontend the volume is attached with on this node (`None`: detached).
+    attached: Option<&'static str>,
     /// A copy of a snapshot (`copyFrom`): whether the source volume's
     /// replicas hold a raid superblock (`None`: the source volume is not
     /// known here).
@@ -304,16 +330,28 @@ impl SpdkVolumeController {
         // it, which the next one may follow at once: a watcher missed it)
         let mut reloaded = None;
         if let Some(target) = &job.spec.revert_to {
+            message = format!("reverted to {target} (generation {})", job.spec.revert_generation);
             if job.spec.revert_generation > applied_revert(inv, &job.id) {
-                match self.revert(inv, job, &name, target).await {
-                    Ok((reverted, i)) => {
-                        in_sync = Some(reverted);
-                        reloaded = Some(i);
+                // the shared refusals (`RevertAsk`): the API refuses an
+                // attached volume, and this refuses one attached after the
+                // request (the revert waits, nothing touched, the volume
+                // served as it is)
+                match revert_ask(job, target).check(inv) {
+                    Err(refused) => {
+                        message = format!(
+                            "revert to {target} (generation {}) waits: {refused}",
+                            job.spec.revert_generation
+                        );
                     }
-                    Err(r) => return r,
+                    Ok(()) => match self.revert(inv, job, &name, target).await {
+                        Ok((reverted, i)) => {
+                            in_sync = Some(reverted);
+                            reloaded = Some(i);
+                        }
+                        Err(r) => return r,
+                    },
                 }
             }
-            message = format!("reverted to {target} (generation {})", job.spec.revert_generation);
         }
         // a served replica: its engine's request for the next copy of a
         // thin rebuild, answered before the replica is exported (again)
@@ -1005,8 +1043,8 @@ struct Loaded {
     inv: Inventory,
     /// Volumes (of either engine) not being deleted.
     live_vols: BTreeSet<String>,
-    /// Volumes attached on this node.
-    attached: BTreeSet<String>,
+    /// Volumes attached on this node, and with which frontend.
+    attached: BTreeMap<String, &'static str>,
     /// The replica statuses reported before this reconcile.
     previous_replicas: Vec<Typed<ReplicaStatus>>,
     /// Configured disks that take no new replica ([`disks_away`]).
@@ -1099,10 +1137,10 @@ impl SpdkVolumeController {
         ctx: &mut ReconcileContext,
         want: &Desired,
     ) -> Result<Loaded, ControllerError> {
-        let attached: BTreeSet<String> = ctx
+        let attached: BTreeMap<String, &'static str> = ctx
             .list::<Attachment>()?
             .into_iter()
-            .map(|a| a.id().to_string())
+            .map(|a| (a.id().to_string(), frontend_word(a.spec.frontend)))
             .collect();
         let disk_list = ctx.list::<Disk>()?;
         let disks: BTreeSet<String> = disk_list.iter().map(|d| d.id().to_string()).collect();
@@ -1434,7 +1472,8 @@ fn make_jobs(want: &Desired, here: &Loaded, host_nqn: Option<&str>) -> Jobs {
             let (sv, ss) = split_snapshot_id(id).ok()?;
             want.ledgers.get(sv.as_str())?.snapshot_set(ss.as_str())
         });
-        let attached_by = host_nqn.filter(|_| here.attached.contains(v.id()));
+        let attached = here.attached.get(v.id()).copied();
+        let attached_by = host_nqn.filter(|_| attached.is_some());
         jobs.live.push(Job {
             id: v.id().to_string(),
             spec: v.spec.clone(),
@@ -1459,6 +1498,7 @@ fn make_jobs(want: &Desired, here: &Loaded, host_nqn: Option<&str>) -> Jobs {
                 })
                 .cloned(),
             copy_source_superblock,
+            attached,
         });
     }
     jobs
@@ -1905,7 +1945,7 @@ mod tests {
         Loaded {
             inv: Inventory::default(),
             live_vols: BTreeSet::new(),
-            attached: BTreeSet::new(),
+            attached: BTreeMap::new(),
             previous_replicas: Vec::new(),
             disk_away: BTreeMap::new(),
             dest_requests: BTreeMap::new(),
@@ -1988,7 +2028,7 @@ mod tests {
         want.node.replica_tls_port = 4430;
         want.node.rebuild_mib_per_sec = Some(50);
         let mut here = loaded();
-        here.attached.insert("c".into());
+        here.attached.insert("c".into(), "nvme-tcp");
         here.disk_away
             .insert("d3".into(), DiskAway::Pending("not brought up yet".into()));
         let reported = |id: &str, volume: &str, disk: &str| {

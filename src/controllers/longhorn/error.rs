@@ -119,25 +119,10 @@ pub enum InstanceError {
     /// node, failed.
     #[error(transparent)]
     Kernel(#[from] AttachError),
-    /// A revert of an engine with a frontend (Longhorn's words).
-    #[error(
-        "invalid frontend {frontend} for engine {engine} snapshot {snapshot} revert: the engine must be detached from its frontend"
-    )]
-    RevertAttached {
-        engine: String,
-        snapshot: String,
-        frontend: String,
-    },
-    /// A revert of an engine with a replica being rebuilt (Longhorn's words).
-    #[error("engine {engine} contains WO replica {replica} during snapshot {snapshot} revert")]
-    RevertRebuilding {
-        engine: String,
-        replica: String,
-        snapshot: String,
-    },
-    /// A revert to a snapshot a replica lacks (Longhorn's words).
-    #[error("replica {replica} does not contain the reverting snapshot {snapshot}")]
-    RevertMissing { replica: String, snapshot: String },
+    /// A revert refused before anything was touched (a frontend, a replica
+    /// being rebuilt, a replica without the snapshot: Longhorn's words).
+    #[error(transparent)]
+    RevertRefused(#[from] crate::spdk::volume::RevertRefused),
     /// A snapshot of an engine failed (nothing of it is left).
     #[error("snapshot {snapshot} of engine {engine}")]
     Snapshot {

@@ -37,7 +37,7 @@ use crate::runtime::{ControllerError, ReconcileContext, Typed};
 use crate::spdk::naming::longhorn as naming;
 use crate::spdk::volume::naming::lvstore;
 use crate::spdk::volume::replica_lvols::{ReplicaLvols, reset_head};
-use crate::spdk::volume::{Inventory, RevertHead, TakeDown};
+use crate::spdk::volume::{Inventory, RevertAsk, RevertHead, RevertMembers, RevertPeer, Reverted, TakeDown};
 
 impl LonghornController {
     /// Carries out engine `e`'s revert request unless it was (`prev` holds
@@ -186,41 +186,17 @@ impl LonghornController {
         let id = format!("{}@{snap}", e.id());
         let map = &e.spec.replica_address_map;
         let remotes: Vec<String> = map.keys().filter(|r| !local.contains_key(*r)).cloned().collect();
-        // the raid1 goes (its export's namespace with it), the remote members
-        // are detached
-        self.ops
-            .take_down(&TakeDown {
-                id: &id,
-                export: None,
-                raid: Some(e.id()),
-                remotes: remotes.clone(),
-                dropped: Vec::new(),
+        let peers = map
+            .iter()
+            .filter(|(r, _)| !local.contains_key(*r))
+            .map(|(replica, address)| {
+                Box::new(ServicePeer {
+                    controller: self,
+                    replica,
+                    address,
+                }) as Box<dyn RevertPeer<Error = InstanceError> + '_>
             })
-            .await?;
-        inv.raids.retain(|r| r.name != e.id());
-        inv.controllers.retain(|c| !remotes.contains(c));
-        let mut waiting = Vec::new();
-        for (replica, address) in map.iter().filter(|(r, _)| !local.contains_key(*r)) {
-            let mut c = self.peer(replica, address).await?;
-            let req = crate::proto::peer::at_once(spdkrpc::SnapshotRequest {
-                name: replica.clone(),
-                snapshot_name: snap.to_owned(),
-                ..Default::default()
-            });
-            let answer = c
-                .replica_snapshot_revert(req)
-                .await
-                .map_err(|s| InstanceError::PeerRefused {
-                    replica: replica.clone(),
-                    message: s.message().to_owned(),
-                })?;
-            if answer.metadata().contains_key(crate::proto::peer::PENDING) {
-                waiting.push(replica.clone());
-            }
-        }
-        if !waiting.is_empty() {
-            return Ok(waiting);
-        }
+            .collect();
         let heads: Vec<RevertHead> = map
             .keys()
             .filter_map(|k| local.get(k).map(|r| (k, r)))
@@ -231,11 +207,29 @@ impl LonghornController {
                 fresh_mib: None,
             })
             .collect();
-        self.ops
-            .remake_heads(&id, &heads)
-            .await
-            .map(|_| Vec::new())
-            .map_err(InstanceError::from)
+        // the raid1 goes (its export's namespace with it), the remote members
+        // are detached; then other nodes' replicas, then this node's heads
+        let reverted = self
+            .ops
+            .revert_members(&RevertMembers {
+                take_down: TakeDown {
+                    id: &id,
+                    export: None,
+                    raid: Some(e.id()),
+                    remotes: remotes.clone(),
+                    dropped: Vec::new(),
+                },
+                snapshot: snap,
+                peers,
+                heads,
+            })
+            .await;
+        inv.raids.retain(|r| r.name != e.id());
+        inv.controllers.retain(|c| !remotes.contains(c));
+        match reverted? {
+            Reverted::Waiting(w) => Ok(w),
+            Reverted::Done(_) => Ok(Vec::new()),
+        }
     }
 
     /// Carries out replica `name`'s revert request `rq` (another node's
@@ -263,11 +257,17 @@ impl LonghornController {
                 out.refused = x.to_string();
             } else if held {
                 out.refused = format!("replica {name} is held by an engine on this node: revert the engine");
-            } else if !inv.lvols.contains_key(&format!("{lvs}/{source}")) {
-                out.refused = format!(
-                    "replica {name} does not contain the reverting snapshot {}",
-                    rq.snapshot
-                );
+            } else if let Err(x) = (RevertAsk {
+                what: "replica",
+                id: name.as_str(),
+                snapshot: &rq.snapshot,
+                frontend: None,
+                rebuilding: None,
+                holders: vec![(name.as_str().to_owned(), format!("{lvs}/{source}"))],
+            })
+            .check(inv)
+            {
+                out.refused = x.to_string();
             }
             if !out.refused.is_empty() {
                 return out;
@@ -357,6 +357,40 @@ impl LonghornController {
     }
 }
 
+/// Another node's replica in an engine's revert: its node's SPDKService
+/// `ReplicaSnapshotRevert`, asked at once ([`crate::proto::peer::AT_ONCE`]).
+struct ServicePeer<'a> {
+    controller: &'a LonghornController,
+    replica: &'a String,
+    address: &'a String,
+}
+
+#[async_trait::async_trait]
+impl RevertPeer for ServicePeer<'_> {
+    type Error = InstanceError;
+
+    fn replica(&self) -> &str {
+        self.replica
+    }
+
+    async fn revert(&self, snapshot: &str) -> Result<bool, InstanceError> {
+        let mut c = self.controller.peer(self.replica, self.address).await?;
+        let req = crate::proto::peer::at_once(spdkrpc::SnapshotRequest {
+            name: self.replica.clone(),
+            snapshot_name: snapshot.to_owned(),
+            ..Default::default()
+        });
+        let answer = c
+            .replica_snapshot_revert(req)
+            .await
+            .map_err(|s| InstanceError::PeerRefused {
+                replica: self.replica.clone(),
+                message: s.message().to_owned(),
+            })?;
+        Ok(!answer.metadata().contains_key(crate::proto::peer::PENDING))
+    }
+}
+
 /// Keeps every revert ledger: applied again at every reconcile, also one
 /// that waits for the target, so the runtime's clean-up of outputs not
 /// applied takes none. A revert begun and not done stays recorded when its
@@ -413,32 +447,24 @@ fn revert_allowed(
     snap: &str,
 ) -> Result<(), InstanceError> {
     naming::instance_name("snapshot", snap)?;
-    if !spec.frontend.is_empty() {
-        return Err(InstanceError::RevertAttached {
-            engine: id.to_owned(),
-            snapshot: snap.to_owned(),
-            frontend: spec.frontend.clone(),
-        });
-    }
     let now = LonghornInstanceStatus::new(InstanceKind::Engine, InstanceState::Running, "");
-    if let Some(r) = rebuilding(spec, prev, &now) {
-        return Err(InstanceError::RevertRebuilding {
-            engine: id.to_owned(),
-            replica: r.to_owned(),
-            snapshot: snap.to_owned(),
-        });
+    RevertAsk {
+        what: "engine",
+        id,
+        snapshot: snap,
+        frontend: Some(spec.frontend.as_str()).filter(|f| !f.is_empty()),
+        rebuilding: rebuilding(spec, prev, &now),
+        holders: spec
+            .replica_address_map
+            .keys()
+            .filter_map(|replica| {
+                let r = local.get(replica)?;
+                let source = format!("{}/{}", lvstore(&r.disk), snapshot_lvol(replica, snap));
+                Some((replica.clone(), source))
+            })
+            .collect(),
     }
-    for replica in spec.replica_address_map.keys() {
-        if let Some(r) = local.get(replica) {
-            let source = format!("{}/{}", lvstore(&r.disk), snapshot_lvol(replica, snap));
-            if !inv.lvols.contains_key(&source) {
-                return Err(InstanceError::RevertMissing {
-                    replica: replica.clone(),
-                    snapshot: snap.to_owned(),
-                });
-            }
-        }
-    }
+    .check(inv)?;
     Ok(())
 }
 

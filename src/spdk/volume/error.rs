@@ -231,4 +231,12 @@ pub enum VolumeError {
         /// The member bdev.
         member: String,
     },
+    /// A revert with no way to wait on other nodes found some still at it.
+    #[error("revert of {volume}: the nodes of {replicas:?} are still reverting them")]
+    RevertWaiting {
+        /// `<volume>@<snapshot>`.
+        volume: String,
+        /// Other nodes' replicas.
+        replicas: Vec<String>,
+    },
 }

@@ -78,7 +78,7 @@ pub use super::naming::{
 pub use error::VolumeError;
 use plan::Make;
 pub use plan::{ExportSpec, VolumePlan, point_in_time_set, superblock_room};
-pub use revert::{RevertHead, TakeDown};
+pub use revert::{RevertAsk, RevertHead, RevertMembers, RevertPeer, RevertRefused, Reverted, TakeDown};
 pub use snapshot::{Member, PointInTime, Taken, Unfreezable};
 const MIB: u64 = 1 << 20;
 
