@@ -1810,8 +1810,15 @@ mod tests {
             }
         }
         // ready on this target but its lvstore gone from the listing
-        let a = away(Some(status(ObjectState::Ready, &now)), &now, &Inventory::default());
-        assert!(matches!(a.get("d1"), Some(DiskAway::Pending(w)) if w.contains("not loaded yet")), "{a:?}");
+        let a = away(
+            Some(status(ObjectState::Ready, &now)),
+            &now,
+            &Inventory::default(),
+        );
+        assert!(
+            matches!(a.get("d1"), Some(DiskAway::Pending(w)) if w.contains("not loaded yet")),
+            "{a:?}"
+        );
     }
 
     /// The export settings come from the NodeConfig, and a config that
