@@ -206,24 +206,9 @@ async fn transcript_replays_identically_against_real_spdk_tgt() {
 #[tokio::test]
 async fn lvol_names_aliases_snapshot_clone_resize() {
     let (_dir, _d, c) = double().await;
-    c.bdev_malloc_create(&MallocCreate {
-        name: Some("M0".into()),
-        num_blocks: 16384,
-        block_size: 4096,
-        uuid: None,
-    })
-    .await
-    .expect("malloc");
-    let lvs = c
-        .bdev_lvol_create_lvstore(&LvstoreCreate {
-            bdev_name: "M0".into(),
-            lvs_name: "lvs0".into(),
-            cluster_sz: Some(1 << 20),
-            clear_method: None,
-            num_md_pages_per_cluster_ratio: None,
-        })
+    let lvs = talon::spdk::double::malloc_lvstore(&c, "lvs0")
         .await
-        .expect("lvstore");
+        .expect("malloc bdev and lvstore");
     let id = c
         .bdev_lvol_create(&LvolCreate::thin("lvs0", "v1", 16))
         .await

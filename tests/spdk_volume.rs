@@ -6,6 +6,8 @@
 //! target restart. The same flows against a real spdk_tgt are in
 //! `tests/spdk_volume_real.rs`.
 
+#[path = "support/disk_ready.rs"]
+mod disk_ready;
 #[path = "support/peer_api.rs"]
 mod peer_api;
 
@@ -146,6 +148,7 @@ async fn setup(disks: &[&str]) -> Setup {
         let disk: Disk = serde_json::from_value(json!({"path": format!("/x/{d}.img")})).expect("disk");
         state.create_typed(d, "", &disk).expect("disk");
     }
+    disk_ready::disks_ready_on(&state, &target_status(0));
     Setup {
         dir,
         double,
@@ -535,6 +538,7 @@ async fn orphans_go_and_foreign_objects_stay() {
         let disk: Disk = serde_json::from_value(json!({"path": "/x"})).expect("disk");
         state.create_typed(d, "", &disk).expect("disk");
     }
+    disk_ready::disks_ready_on(&state, &target_status(0));
     state
         .create_typed("keep", "", &volume(16 * MIB, 1))
         .expect("keep");
@@ -584,6 +588,7 @@ async fn volumes_come_back_after_a_target_restart() {
         state
             .update_typed(SPDK_STATUS_ID, "", None, &target_status(round))
             .expect("restarts");
+        disk_ready::disks_ready_on(&state, &target_status(round));
         // Wait for the end state, not an intermediate one: a reconcile that ran
         // while only one disk was back exports `b` degraded first, then rebuilds
         // its raid1 once both members are there.
@@ -1054,6 +1059,7 @@ async fn a_replica_that_missed_writes_is_rebuilt_never_served_alone() {
     state
         .update_typed(SPDK_STATUS_ID, "", None, &target_status(1))
         .expect("restarts");
+    disk_ready::disks_ready_on(&state, &target_status(1));
     let held = eventually("m held back", WAIT, || async {
         engine(state, "m").filter(|e| e.state == ObjectState::Failed)
     })
@@ -1199,6 +1205,7 @@ async fn with_a_superblock_a_replica_that_left_just_before_a_crash_is_never_trus
     state
         .update_typed(SPDK_STATUS_ID, "", None, &target_status(1))
         .expect("restarts");
+    disk_ready::disks_ready_on(&state, &target_status(1));
     assert_eq!(
         ledger(&state, "w").map(|l| l.0),
         Some(vec![0, 1]),
@@ -1294,6 +1301,7 @@ async fn secure_node(disk: &str, port: u16, tls_port: u16) -> (Setup, std::path:
         .expect("target");
     let d: Disk = serde_json::from_value(json!({"path": format!("/x/{disk}.img")})).expect("disk");
     state.create_typed(disk, "", &d).expect("disk");
+    disk_ready::disks_ready_on(&state, &target_status(0));
     (
         Setup {
             dir,
@@ -1406,6 +1414,7 @@ async fn a_remote_replica_served_by_another_node_joins_the_raid1() {
     b.state
         .update_typed(SPDK_STATUS_ID, "", None, &target_status(1))
         .expect("B restarts");
+    disk_ready::disks_ready_on(&b.state, &target_status(1));
     ledger_becomes(&a.state, "rv", &[0, 1], "r1 rebuilt from r0").await;
     assert!(a.double.calls("bdev_raid_add_base_bdev") >= 1);
 
@@ -2080,6 +2089,7 @@ async fn a_remote_replica_whose_node_answers_is_rebuilt_thin_keeping_the_snapsho
     b.state
         .update_typed(SPDK_STATUS_ID, "", None, &target_status(1))
         .expect("B restarts");
+    disk_ready::disks_ready_on(&b.state, &target_status(1));
     ledger_becomes(&a.state, "rv", &[0, 1], "r1 rebuilt thin through B").await;
 
     assert_eq!(
@@ -2143,6 +2153,7 @@ async fn a_remote_replica_whose_node_answers_is_rebuilt_thin_keeping_the_snapsho
     b.state
         .update_typed(SPDK_STATUS_ID, "", None, &target_status(2))
         .expect("B restarts");
+    disk_ready::disks_ready_on(&b.state, &target_status(2));
     ledger_becomes(&a.state, "rv", &[0, 1], "r1 rebuilt with s2").await;
     assert_eq!(
         a.double.calls("bdev_raid_add_base_bdev"),
@@ -2194,6 +2205,7 @@ async fn a_snapshot_taken_during_a_remote_rebuild_is_copied_in_the_chains_order(
     b.state
         .update_typed(SPDK_STATUS_ID, "", None, &target_status(1))
         .expect("B restarts");
+    disk_ready::disks_ready_on(&b.state, &target_status(1));
     // the rebuild snapshot taken on A: a user's snapshot s2 over it
     eventually("A's rebuild snapshot", WAIT, || async {
         let i = Inventory::load(&a.client).await.ok()?;

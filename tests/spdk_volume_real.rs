@@ -4,6 +4,8 @@
 //! size a host sees, read through an NVMe/TCP attach), clone, delete with no
 //! leftovers; and `kill -9` of spdk_tgt in the middle of 20 creates.
 
+#[path = "support/disk_ready.rs"]
+mod disk_ready;
 #[path = "support/peer_api.rs"]
 mod peer_api;
 #[path = "support/spdk_dd.rs"]
@@ -126,6 +128,7 @@ fn runtime_in(c: &SpdkClient, disks: &[&str], port: u16, data_dir: Option<&Path>
         let disk: Disk = serde_json::from_value(json!({"path": format!("/x/{d}.img")})).expect("disk");
         state.create_typed(d, "", &disk).expect("disk");
     }
+    disk_ready::disks_ready_on(&state, &target_status(0));
     rt
 }
 
@@ -240,6 +243,7 @@ fn restarted(state: &State, restarts: u32, what: &str) {
     state
         .update_typed(SPDK_STATUS_ID, "", None, &target_status(restarts))
         .expect(what);
+    disk_ready::disks_ready_on(&state, &target_status(restarts));
 }
 
 /// The disk that replica `k` of `volume` is on.

@@ -68,6 +68,20 @@ pub struct TargetStatus {
 }
 
 impl TargetStatus {
+    /// A V2 target that answers on `socket`, run `pid` (unit tests).
+    #[cfg(test)]
+    pub(crate) fn ready_for_test(pid: Option<u32>, socket: String) -> TargetStatus {
+        TargetStatus {
+            engine: Engine::V2,
+            state: ObjectState::Ready,
+            pid,
+            socket,
+            version: String::new(),
+            restarts: 0,
+            message: String::new(),
+        }
+    }
+
     /// Which run of the target this is.
     pub fn instance(&self) -> TargetInstance {
         TargetInstance {

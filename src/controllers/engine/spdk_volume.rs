@@ -1757,15 +1757,7 @@ mod tests {
                 spec,
             }
         }
-        let target = |pid| TargetStatus {
-            engine: Engine::V2,
-            state: ObjectState::Ready,
-            pid: Some(pid),
-            socket: String::new(),
-            version: String::new(),
-            restarts: 0,
-            message: String::new(),
-        };
+        let target = |pid| TargetStatus::ready_for_test(Some(pid), String::new());
         let (now, before) = (target(20), target(10));
         let status = |state, on: &TargetStatus| DiskStatus {
             engine: Engine::V2,

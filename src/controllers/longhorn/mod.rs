@@ -1520,15 +1520,7 @@ mod tests {
 
     #[test]
     fn a_replica_whose_disk_loads_is_starting_one_whose_disk_failed_an_error() {
-        let target = |pid| TargetStatus {
-            engine: crate::resources::engine::Engine::V2,
-            state: ObjectState::Ready,
-            pid: Some(pid),
-            socket: String::new(),
-            version: String::new(),
-            restarts: 0,
-            message: String::new(),
-        };
+        let target = |pid| TargetStatus::ready_for_test(Some(pid), String::new());
         let (now, before) = (target(20), target(10));
         let disk = |state, message: &str| {
             Some(typed(
@@ -1594,15 +1586,7 @@ mod tests {
     /// the controller waits for (the tests' "spdk_tgt on the double").
     pub(super) fn ready_target_on(double: &crate::spdk::double::SpdkDouble) -> crate::runtime::State {
         let state = crate::runtime::State::in_memory();
-        let target = TargetStatus {
-            engine: crate::resources::engine::Engine::V2,
-            state: ObjectState::Ready,
-            pid: None,
-            socket: double.socket().display().to_string(),
-            version: String::new(),
-            restarts: 0,
-            message: String::new(),
-        };
+        let target = TargetStatus::ready_for_test(None, double.socket().display().to_string());
         state.upsert_typed(SPDK_STATUS_ID, &target).expect("target");
         state
     }

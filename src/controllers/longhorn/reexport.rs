@@ -178,7 +178,7 @@ mod tests {
     use crate::controllers::longhorn::NAME;
     use crate::resources::engine::{DiskStatus, Engine, ObjectState};
     use crate::runtime::{Controller, ReconcileContext};
-    use crate::spdk::rpc::{ByNqn, LvstoreCreate, MallocCreate};
+    use crate::spdk::rpc::ByNqn;
     use crate::spdk::{SpdkClient, SpdkDouble};
 
     const MIB: u64 = 1 << 20;
@@ -217,25 +217,9 @@ mod tests {
             .await
             .expect("double");
         let client = SpdkClient::new(double.socket());
-        client
-            .bdev_malloc_create(&MallocCreate {
-                name: Some("M0".into()),
-                num_blocks: 16384,
-                block_size: 4096,
-                uuid: None,
-            })
+        let lvs_uuid = crate::spdk::double::malloc_lvstore(&client, "talon-d")
             .await
-            .expect("malloc");
-        let lvs_uuid = client
-            .bdev_lvol_create_lvstore(&LvstoreCreate {
-                bdev_name: "M0".into(),
-                lvs_name: "talon-d".into(),
-                cluster_sz: Some(1 << 20),
-                clear_method: None,
-                num_md_pages_per_cluster_ratio: None,
-            })
-            .await
-            .expect("lvstore");
+            .expect("malloc bdev and lvstore");
         let state = super::super::tests::ready_target_on(&double);
         let disk = DiskStatus {
             engine: Engine::V2,

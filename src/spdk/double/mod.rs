@@ -444,6 +444,32 @@ impl Drop for SpdkDouble {
     }
 }
 
+/// Through `client`: a 64 MiB malloc bdev `M0` (4 KiB blocks) and the lvstore
+/// `lvs` on it (1 MiB clusters), the fixture many tests start from; returns
+/// the lvstore's UUID. (On the double or a real target alike.)
+pub async fn malloc_lvstore(
+    client: &crate::spdk::SpdkClient,
+    lvs: &str,
+) -> Result<String, crate::spdk::ClientError> {
+    client
+        .bdev_malloc_create(&crate::spdk::rpc::MallocCreate {
+            name: Some("M0".into()),
+            num_blocks: 16384,
+            block_size: 4096,
+            uuid: None,
+        })
+        .await?;
+    client
+        .bdev_lvol_create_lvstore(&crate::spdk::rpc::LvstoreCreate {
+            bdev_name: "M0".into(),
+            lvs_name: lvs.into(),
+            cluster_sz: Some(1 << 20),
+            clear_method: None,
+            num_md_pages_per_cluster_ratio: None,
+        })
+        .await
+}
+
 impl SpdkDouble {
     /// Starts a double listening on `socket` (replacing a stale socket file).
     pub async fn start(socket: impl Into<PathBuf>) -> io::Result<SpdkDouble> {

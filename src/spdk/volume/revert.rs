@@ -534,25 +534,9 @@ mod tests {
             .await
             .expect("double");
         let client = crate::spdk::SpdkClient::new(double.socket());
-        client
-            .bdev_malloc_create(&crate::spdk::rpc::MallocCreate {
-                name: Some("M0".into()),
-                num_blocks: 16384,
-                block_size: 4096,
-                uuid: None,
-            })
+        crate::spdk::double::malloc_lvstore(&client, "talon-d")
             .await
-            .expect("malloc");
-        client
-            .bdev_lvol_create_lvstore(&crate::spdk::rpc::LvstoreCreate {
-                bdev_name: "M0".into(),
-                lvs_name: "talon-d".into(),
-                cluster_sz: Some(1 << 20),
-                clear_method: None,
-                num_md_pages_per_cluster_ratio: None,
-            })
-            .await
-            .expect("lvstore");
+            .expect("malloc bdev and lvstore");
         client
             .bdev_lvol_create(&LvolCreate::thin("talon-d", "ra", 4))
             .await
