@@ -55,6 +55,8 @@
 //!
 //! The machine is shared and noisy: compare within one run.
 
+#[path = "../tests/support/disk_ready.rs"]
+mod disk_ready;
 #[path = "support/reap.rs"]
 mod reap;
 #[path = "../tests/support/spdk_dd.rs"]
@@ -978,6 +980,8 @@ async fn serve_volumes(c: &SpdkClient, port: u16, names: &[String]) -> talon::ru
     };
     st.create_typed(talon::resources::engine::SPDK_STATUS_ID, "", &ts)
         .expect("target");
+    // the disk controller is not run here: its Ready, after the examine
+    disk_ready::disks_ready_on(&st, &ts);
     let deadline = Instant::now() + Duration::from_secs(600);
     loop {
         let ready = names

@@ -588,7 +588,7 @@ async fn volumes_come_back_after_a_target_restart() {
         state
             .update_typed(SPDK_STATUS_ID, "", None, &target_status(round))
             .expect("restarts");
-        disk_ready::disks_ready_on(&state, &target_status(round));
+        disk_ready::disks_ready_on(state, &target_status(round));
         // Wait for the end state, not an intermediate one: a reconcile that ran
         // while only one disk was back exports `b` degraded first, then rebuilds
         // its raid1 once both members are there.
@@ -1059,7 +1059,7 @@ async fn a_replica_that_missed_writes_is_rebuilt_never_served_alone() {
     state
         .update_typed(SPDK_STATUS_ID, "", None, &target_status(1))
         .expect("restarts");
-    disk_ready::disks_ready_on(&state, &target_status(1));
+    disk_ready::disks_ready_on(state, &target_status(1));
     let held = eventually("m held back", WAIT, || async {
         engine(state, "m").filter(|e| e.state == ObjectState::Failed)
     })

@@ -243,7 +243,7 @@ fn restarted(state: &State, restarts: u32, what: &str) {
     state
         .update_typed(SPDK_STATUS_ID, "", None, &target_status(restarts))
         .expect(what);
-    disk_ready::disks_ready_on(&state, &target_status(restarts));
+    disk_ready::disks_ready_on(state, &target_status(restarts));
 }
 
 /// The disk that replica `k` of `volume` is on.
