@@ -1002,12 +1002,19 @@ async fn a_replica_that_missed_writes_is_rebuilt_never_served_alone() {
     // r1's disk goes: degraded, r1 reported stale where it was, not made again elsewhere
     assert!(s.double.hot_remove(&format!("talon-disk-{d1}")));
     ledger_becomes(state, "m", &[0], "r1 out of the ledger").await;
-    let away = replica(state, "m-r1").expect("r1 still reported");
+    // the ledger is written before the status that follows from it
+    let away = eventually("r1 reported stale", WAIT, || async {
+        replica(state, "m-r1").filter(|r| r.state != ObjectState::Ready)
+    })
+    .await;
     assert_eq!(
         (away.state, away.disk.as_str()),
         (ObjectState::Stale, d1.as_str())
     );
-    assert_eq!(engine(state, "m").map(|e| e.state), Some(ObjectState::Degraded));
+    eventually("m degraded", WAIT, || async {
+        engine(state, "m").filter(|e| e.state == ObjectState::Degraded)
+    })
+    .await;
     // written while degraded: r0 only. (A thin rebuild step that started
     // as the disk went may have left its snapshot of r0, `m-r0.s.rb.<n>`:
     // scratch the next rebuild merges away, not a replica.)
@@ -1069,7 +1076,12 @@ async fn a_replica_that_missed_writes_is_rebuilt_never_served_alone() {
         "{}",
         held.message
     );
-    assert!(s.double.subsystem_nqns().is_empty(), "nothing exported");
+    assert!(
+        s.double.subsystem_nqns().is_empty(),
+        "nothing exported: {:?}, {:?}",
+        s.double.subsystem_nqns(),
+        s.double.bdev_names()
+    );
     assert!(
         !s.double
             .bdev_names()

@@ -32,7 +32,7 @@
 //! created. Objects whose names are not talon's (see [`Owned`]) are never
 //! touched.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 
 use futures::future::try_join_all;
 
@@ -352,6 +352,19 @@ impl VolumeOps {
         let local = plan::local(inv, plan)?;
         let mut waiting = local.waiting.clone();
         let names = EngineNames::volume(&plan.name);
+        // no replica that can serve (every one present missed writes): refused
+        // before anything is made, so a volume held back does not make and
+        // undo its subsystem on every pass
+        let trust = ensure::Trust::new(plan, &local);
+        let wanted = plan.replicas + plan.remote.len();
+        let can_serve = |k: usize| k >= plan.replicas || local.replicas.iter().any(|r| r.k == k);
+        if plan.in_sync.is_some()
+            && inv.raid(names.raid.as_str()).is_none()
+            && !(0..wanted).any(|k| can_serve(k) && trust.trusts(k))
+        {
+            let present = ensure::replica_facts(inv, &local, &HashMap::new());
+            return Err(no_current(plan, &present));
+        }
         // create missing replicas, and the transport and subsystem, concurrently
         let new_bdevs = self.make_missing(inv, plan, &local, &names, made).await?;
         let mut replicas = ensure::replica_facts(inv, &local, &new_bdevs);
@@ -366,7 +379,6 @@ impl VolumeOps {
         let grew = self.grow_local(inv, plan, &local, &rooms, &mut replicas).await?;
         // engine: the lvol itself (one replica), or raid1 over the replicas that
         // are up to date, with the others rebuilt into it one at a time
-        let trust = ensure::Trust::new(plan, &local);
         let (device, sync) = self.make_engine(inv, plan, &replicas, &trust, made).await?;
         // a clone with a superblock: its heads get their snapshots as parents
         self.parent_heads(vol, &local, &rooms, &mut replicas).await?;
