@@ -634,12 +634,23 @@ impl Longhorn {
                 LonghornError::not_found("disk", disk),
             ));
         }
+        // ready on the running target: after a restart SPDK lists the
+        // lvstore before it has opened every lvol, so a listing of its
+        // replicas then would miss some (DiskStatus::ready_on)
+        let target = self
+            .state()
+            .get_typed::<crate::resources::engine::TargetStatus>(crate::resources::engine::SPDK_STATUS_ID)
+            .map_err(LonghornError::State)?
+            .map(|t| t.spec);
         match self
             .state()
             .get_typed::<DiskStatus>(name.as_str())
             .map_err(LonghornError::State)?
         {
-            Some(d) if d.spec.state == ObjectState::Ready => Ok(d.spec),
+            Some(d) if d.spec.ready_on(target.as_ref()) => Ok(d.spec),
+            Some(d) if d.spec.state == ObjectState::Ready => Err(LonghornError::Refused(format!(
+                "{what}: disk {disk} is loading on the running spdk_tgt (its lvols may not all be opened yet)"
+            ))),
             Some(d) => Err(LonghornError::Refused(format!(
                 "{what}: disk {disk} is not ready ({:?}: {})",
                 d.spec.state, d.spec.message
