@@ -793,8 +793,16 @@ async fn real_spdk_snapshots_under_writes_are_one_point_in_time() {
     );
 
     // 45 s at most: stopped once the snapshots are taken (~10 s)
+    let idle = completed_writes(&c, "talon-raid-pit").await;
     let writer = spdk_perf::Writer::start(&spdk, port, &nqn, "write", 45);
-    tokio::time::sleep(Duration::from_secs(3)).await; // perf connects
+    // perf connects (seconds on a loaded machine): its first writes reach the raid
+    let connected = std::time::Instant::now();
+    while completed_writes(&c, "talon-raid-pit").await == idle
+        && connected.elapsed() < Duration::from_secs(30)
+        && !writer.is_finished()
+    {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     // frozen as a snapshot freezes it: not one write completes in the raid meanwhile
     {
         use talon::spdk::volume::freeze;
