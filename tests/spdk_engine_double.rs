@@ -111,7 +111,10 @@ async fn disk_is_created_then_imported_after_a_target_restart() {
     );
     assert_eq!(double.calls("bdev_lvol_create_lvstore"), 1);
 
-    // the target restarts: objects vanish; the lvstore waits in the file
+    // the target restarts: objects vanish; the lvstore waits in the file.
+    // The in-process double keeps its pid, so the target status does not
+    // change (as with a keeper that restarts spdk_tgt before talon looks)
+    let (_, mut changes) = st.watch(None);
     double.restart().await.expect("restart");
     eventually("talon-disk-d1 attached again", WAIT, || async {
         double
@@ -121,6 +124,27 @@ async fn disk_is_created_then_imported_after_a_target_restart() {
     })
     .await;
     let again = status(&st, "d1", ObjectState::Ready).await;
+    // not Ready while its lvstore loaded again: a listing then may miss lvols
+    let mut seen = Vec::new();
+    loop {
+        match changes.try_recv() {
+            Ok(e) if e.resource.metadata.type_ == "DiskStatus" && e.resource.metadata.id == "d1" => {
+                let d: DiskStatus = serde_json::from_value(e.resource.spec).expect("status");
+                seen.push((d.state, d.message));
+            }
+            Ok(_) => {}
+            Err(tokio::sync::broadcast::error::TryRecvError::Empty) => break,
+            Err(e) => panic!("store events: {e}"),
+        }
+    }
+    let loading = seen
+        .iter()
+        .position(|(s, m)| *s == ObjectState::Creating && m.contains("again (the bdev was gone"));
+    let ready = seen.iter().rposition(|(s, _)| *s == ObjectState::Ready);
+    assert!(
+        matches!((loading, ready), (Some(l), Some(r)) if l < r),
+        "loading, then ready: {seen:?}"
+    );
     assert_eq!(again.lvstore_uuid, s.lvstore_uuid, "imported, not recreated");
     // a reconcile that listed the disk's bdev just before the restart finds
     // no lvstore after it and may try a create, which the target refuses

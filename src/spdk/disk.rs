@@ -548,15 +548,20 @@ impl DiskOps {
         Ok(lvols.into_iter().map(|l| l.name).collect())
     }
 
-    /// Attaches the base bdev if it is not there; records what it made.
-    async fn ensure_base(&self, n: &DiskNames, spec: &Disk, created: &mut Created) -> Result<(), DiskError> {
-        let present = self
+    /// Whether the disk's base bdev is in the target now (when it is not,
+    /// [`Self::ensure`] attaches it and SPDK's examine loads its lvstore).
+    pub async fn base_present(&self, n: &DiskNames) -> Result<bool, DiskError> {
+        Ok(self
             .client
             .bdev(&n.bdev)
             .await
             .map_err(rpc(&n.disk, format!("bdev_get_bdevs {}", n.bdev)))?
-            .is_some();
-        if present {
+            .is_some())
+    }
+
+    /// Attaches the base bdev if it is not there; records what it made.
+    async fn ensure_base(&self, n: &DiskNames, spec: &Disk, created: &mut Created) -> Result<(), DiskError> {
+        if self.base_present(n).await? {
             return Ok(());
         }
         match (&spec.path, &spec.pci) {

@@ -261,10 +261,23 @@ impl Controller for SpdkDiskController {
             let served = known.map_or(0, |i| i.format_served);
             let format = d.spec.format > served;
             let recorded = known.map(|i| i.lvstore_uuid.clone());
-            if ctx.get::<DiskStatus>(d.id())?.is_none() {
+            let before = ctx.get::<DiskStatus>(d.id())?.map(|s| s.spec.state);
+            if before.is_none() {
                 // the first ensure since talon started: after an unclean stop the
                 // lvstore's load replays all its metadata (seconds to minutes)
                 let msg = format!("loading lvstore {} from {}", n.lvstore, n.bdev);
+                ctx.apply(d.id(), disk_status(&n, ObjectState::Creating, None, msg))?;
+            } else if before == Some(ObjectState::Ready) && !self.ops.base_present(&n).await.unwrap_or(true) {
+                // Ready, but its base bdev is gone: spdk_tgt restarted (and the
+                // target status may not say so yet: a keeper restarts it before the
+                // supervisor looks), or the device went away. While ensure brings
+                // it back, SPDK's examine lists the lvstore before its lvols are
+                // open: not ready meanwhile
+                let msg = format!(
+                    "loading lvstore {} from {} again (the bdev was gone: spdk_tgt restarted, or the device went away)",
+                    n.lvstore, n.bdev
+                );
+                tracing::info!(disk = %n.disk, "base bdev gone: loading the lvstore again");
                 ctx.apply(d.id(), disk_status(&n, ObjectState::Creating, None, msg))?;
             }
             match self.ops.ensure(&n, &spec, recorded.as_deref(), format).await {
