@@ -1095,8 +1095,8 @@ restart: {volumes} volumes (half 2 replicas) exported again after a restart (2 a
 }
 
 /// The restore section (`restore`): a restored backup's file copied into new thin
-/// lvols as a restore makes a replica (`spdk::volume::from_file`: esnap +
-/// decouple, one copy at a time), 512 MiB lvols from a sparse file with
+/// lvols through the data mover (`spdk::volume::mover::fill_from_file`: only
+/// the chunks that hold data are written), 512 MiB lvols from a sparse file with
 /// 128 MiB written in 16 MiB runs: one replica, and two replicas one after
 /// the other (as a two-replica Longhorn restore on one node); seconds,
 /// lvol MiB/s and clusters each lvol holds after.
@@ -1116,7 +1116,7 @@ async fn restore(c: &SpdkClient, rounds: usize) {
         f.sync_all().expect("sync");
     }
     println!(
-        "\nrestore: a file of {} MiB ({} MiB written) copied into new thin lvols (esnap + decouple)",
+        "\nrestore: a file of {} MiB ({} MiB written) copied into new thin lvols (the mover)",
         size / MIB,
         128
     );
@@ -1134,16 +1134,14 @@ async fn restore(c: &SpdkClient, rounds: usize) {
             }
             let t0 = Instant::now();
             for name in &names {
-                talon::spdk::volume::from_file::Copies::default()
-                    .copy_from_file(
-                        c,
-                        &file,
-                        4096,
-                        &format!("talon-bench/{name}"),
-                        &format!("talon-restore-{name}"),
-                    )
-                    .await
-                    .expect("copy");
+                talon::spdk::volume::mover::fill_from_file(
+                    c,
+                    &file,
+                    &format!("talon-bench/{name}"),
+                    talon::spdk::volume::mover::DEPTH,
+                )
+                .await
+                .expect("copy");
             }
             let secs = t0.elapsed().as_secs_f64();
             let inv = Inventory::load(c).await.expect("inventory");

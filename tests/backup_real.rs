@@ -465,10 +465,14 @@ async fn real_spdk_backups_of_a_volume_round_trip_through_s3_full_then_increment
         ))
         .await
         .expect("thin lvol");
-    talon::spdk::volume::from_file::Copies::default()
-        .copy_from_file(&spdk_client, &restored, 4096, lvol, "restore-check-src")
-        .await
-        .expect("copy_from_file");
+    talon::spdk::volume::mover::fill_from_file(
+        &spdk_client,
+        &restored,
+        lvol,
+        talon::spdk::volume::mover::DEPTH,
+    )
+    .await
+    .expect("the mover fills the lvol from the restored image");
     let _ = spdk_client
         .bdev_lvol_snapshot(&talon::spdk::rpc::LvolSnapshot {
             lvol_name: lvol.into(),

@@ -76,8 +76,6 @@ pub fn register_all(rt: &mut Runtime, deps: &Deps, selection: &EngineSelection) 
     let spdk = |socket: &std::path::Path| crate::spdk::SpdkClient::of_run(socket, &deps.spdk_run, None);
     rt.register(engine::spdk_events::SpdkEventsController::new(spdk(&socket)))?;
     rt.register(engine::spdk_orphans::SpdkOrphanController::new(spdk(&socket)))?;
-    // the one lock of the target's copies from a file (talon's restores)
-    let copies = crate::spdk::volume::from_file::Copies::default();
     let host_nqn = crate::attach::HostInitiators::load_or_create(&deps.host, &deps.data_dir)
         .ok()
         .map(|i| i.nqn.to_string());
@@ -85,7 +83,6 @@ pub fn register_all(rt: &mut Runtime, deps: &Deps, selection: &EngineSelection) 
         engine::spdk_volume::SpdkVolumeController::new(spdk(&socket), selection.auto_engine() == Engine::V2)
             .with_host_nqn(host_nqn.clone())
             .with_data_dir(deps.data_dir.clone())
-            .with_copies(copies)
             .with_peers(engine::peer::Peers::new(deps.peer_token.clone()).with_tls(deps.peer_tls.clone())),
     )?;
     rt.register(

@@ -708,6 +708,37 @@ struct Run {
     stopping: tokio::sync::watch::Receiver<bool>,
 }
 
+/// Why one try of a clone's copy failed.
+#[derive(Debug, thiserror::Error)]
+enum CopyError {
+    /// Reading or writing the data.
+    #[error("copying")]
+    Mover(#[from] mover::MoverError),
+    /// A name Longhorn sent does not make an NQN.
+    #[error("naming the source's exposure")]
+    Name(#[from] crate::names::InvalidName),
+    /// The source replica's node could not be reached.
+    #[error("reaching the source replica's node {address}")]
+    Peer {
+        /// Its address.
+        address: String,
+        /// Why.
+        #[source]
+        source: crate::proto::peer::PeerError,
+    },
+    /// The source replica's node refused a call.
+    #[error("{step} on the source replica's node: {}", status.message())]
+    Remote {
+        /// The call.
+        step: &'static str,
+        /// Its answer.
+        status: tonic::Status,
+    },
+    /// The source replica's node answered an address that is not ip:port.
+    #[error("the source replica's node exposed it at {0:?}, not ip:port")]
+    Address(String),
+}
+
 impl Run {
     async fn run(self) {
         let work = async {
@@ -716,7 +747,7 @@ impl Run {
                 tries += 1;
                 match self.copy_once().await {
                     Err(why) if self.src.remote() && tries < REMOTE_TRIES => {
-                        tracing::warn!(engine = %self.engine, error = %why, tries, "a clone from another node failed; trying again");
+                        tracing::warn!(engine = %self.engine, error = %crate::util::error_chain(&why), tries, "a clone from another node failed; trying again");
                         self.copied.store(0, Ordering::Relaxed);
                         tokio::time::sleep(REMOTE_RETRY).await;
                     }
@@ -733,12 +764,12 @@ impl Run {
                 // the copy ends with this serve, unrecorded (as after a kill): its ledger says
                 // in_progress, and the next serve starts it again
                 tracing::info!(engine = %self.engine, "talon stops: a clone ends unfinished");
-                if self.src.remote()
-                    && let Err(x) = tokio::time::timeout(REMOTE_TIMEOUT, self.unexpose())
-                        .await
-                        .unwrap_or_else(|_| Err("timed out".into()))
-                {
-                    tracing::warn!(engine = %self.engine, replica = %self.src.replica, error = %x, "removing a snapshot exposure");
+                if self.src.remote() {
+                    match tokio::time::timeout(REMOTE_TIMEOUT, self.unexpose()).await {
+                        Ok(Ok(())) => {}
+                        Ok(Err(x)) => tracing::warn!(engine = %self.engine, replica = %self.src.replica, error = %crate::util::error_chain(&x), "removing a snapshot exposure"),
+                        Err(_) => tracing::warn!(engine = %self.engine, replica = %self.src.replica, after = ?REMOTE_TIMEOUT, "removing a snapshot exposure: no answer"),
+                    }
                 }
                 return;
             }
@@ -756,7 +787,11 @@ impl Run {
                 )
             }
             Err(x) => {
-                let why = format!("cloning {} into engine {engine} ({dst}): {x}", self.what);
+                let why = format!(
+                    "cloning {} into engine {engine} ({dst}): {}",
+                    self.what,
+                    crate::util::error_chain(&x)
+                );
                 tracing::warn!(%engine, error = %why, "a snapshot clone failed");
                 (
                     Outcome::Failed(why.clone()),
@@ -786,36 +821,47 @@ impl Run {
         }
     }
 
-    async fn copy_once(&self) -> Result<mover::Filled, String> {
-        let dst = self.target().await.map_err(|x| crate::util::error_chain(&x))?;
+    async fn copy_once(&self) -> Result<mover::Filled, CopyError> {
+        let dst = self.target().await?;
         if !self.src.remote() {
-            return mover::copy::copy(&self.client, &self.src.alias, dst, mover::DEPTH, &self.copied)
-                .await
-                .map_err(|x| crate::util::error_chain(&x));
+            return Ok(
+                mover::copy::copy(&self.client, &self.src.alias, dst, mover::DEPTH, &self.copied).await?,
+            );
         }
         let r = self.copy_remote(dst).await;
         // the exposure goes on every path (a restart of this node's talon
         // mid-copy: the clone starts again, and its start makes it afresh)
         if let Err(x) = self.unexpose().await {
-            tracing::warn!(engine = %self.engine, replica = %self.src.replica, error = %x, "removing a snapshot exposure");
+            tracing::warn!(engine = %self.engine, replica = %self.src.replica, error = %crate::util::error_chain(&x), "removing a snapshot exposure");
         }
         r
     }
 
-    fn names(&self) -> Result<(ObjectName, ObjectName), String> {
-        let replica = naming::instance_name("replica", &self.src.replica).map_err(|x| x.to_string())?;
-        let engine = naming::instance_name("engine", &self.engine).map_err(|x| x.to_string())?;
+    fn names(&self) -> Result<(ObjectName, ObjectName), CopyError> {
+        let replica = naming::instance_name("replica", &self.src.replica)?;
+        let engine = naming::instance_name("engine", &self.engine)?;
         Ok((replica, engine))
     }
 
-    async fn copy_remote(&self, dst: mover::Session) -> Result<mover::Filled, String> {
-        let (replica, engine) = self.names()?;
-        let nqn = naming::clone_source_nqn(&replica, &engine).map_err(|x| x.to_string())?;
-        let mut c = self
-            .peers
+    async fn peer(
+        &self,
+    ) -> Result<
+        crate::proto::spdkrpc::spdk_service_client::SpdkServiceClient<tonic::transport::Channel>,
+        CopyError,
+    > {
+        self.peers
             .client(&self.src.address, self.peer_port, REMOTE_TIMEOUT)
             .await
-            .map_err(|x| crate::util::error_chain(&x))?;
+            .map_err(|source| CopyError::Peer {
+                address: self.src.address.clone(),
+                source,
+            })
+    }
+
+    async fn copy_remote(&self, dst: mover::Session) -> Result<mover::Filled, CopyError> {
+        let (replica, engine) = self.names()?;
+        let nqn = naming::clone_source_nqn(&replica, &engine)?;
+        let mut c = self.peer().await?;
         let at = c
             .replica_rebuilding_src_start(spdkrpc::ReplicaRebuildingSrcStartRequest {
                 name: replica.as_str().to_owned(),
@@ -824,12 +870,13 @@ impl Run {
                 exposed_snapshot_name: self.ledger.snapshot.clone(),
             })
             .await
-            .map_err(|x| format!("exposing it on its node: {}", x.message()))?
+            .map_err(|status| CopyError::Remote {
+                step: "exposing the snapshot",
+                status,
+            })?
             .into_inner()
             .exposed_snapshot_lvol_address;
-        let addr: std::net::SocketAddr = at
-            .parse()
-            .map_err(|_| format!("its node exposed it at {at:?}, not ip:port"))?;
+        let addr: std::net::SocketAddr = at.parse().map_err(|_| CopyError::Address(at.clone()))?;
         let label = format!("{}@{at}", snapshot_lvol(replica.as_str(), &self.ledger.snapshot));
         let src = mover::Session::join(
             &self.client,
@@ -839,26 +886,22 @@ impl Run {
             &naming::internal_host_nqn(),
             mover::DEPTH,
         )
-        .await
-        .map_err(|x| crate::util::error_chain(&x))?;
-        mover::copy::copy_sessions(src, mover::copy::Range::whole(), dst, &self.copied)
-            .await
-            .map_err(|x| crate::util::error_chain(&x))
+        .await?;
+        Ok(mover::copy::copy_sessions(src, mover::copy::Range::whole(), dst, &self.copied).await?)
     }
 
-    async fn unexpose(&self) -> Result<(), String> {
+    async fn unexpose(&self) -> Result<(), CopyError> {
         let (replica, engine) = self.names()?;
-        let mut c = self
-            .peers
-            .client(&self.src.address, self.peer_port, REMOTE_TIMEOUT)
-            .await
-            .map_err(|x| crate::util::error_chain(&x))?;
+        let mut c = self.peer().await?;
         c.replica_rebuilding_src_finish(spdkrpc::ReplicaRebuildingSrcFinishRequest {
             name: replica.as_str().to_owned(),
             dst_replica_name: engine.as_str().to_owned(),
         })
         .await
         .map(drop)
-        .map_err(|x| x.message().to_owned())
+        .map_err(|status| CopyError::Remote {
+            step: "removing the snapshot's exposure",
+            status,
+        })
     }
 }

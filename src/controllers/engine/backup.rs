@@ -258,10 +258,12 @@ impl Job {
             _ => (whole, None),
         };
         let made = async {
-            staging
-                .copy(&chain)
-                .await
-                .map_err(|e| format!("reading snapshot {snap} of {vol}: {e}"))?;
+            staging.copy(&chain).await.map_err(|e| {
+                format!(
+                    "reading snapshot {snap} of {vol}: {}",
+                    crate::util::error_chain(&e)
+                )
+            })?;
             let image = SparseImage::open(&self.file, data_offset, self.volume_size).map_err(named)?;
             let bs = backupstore::format::DEFAULT_BLOCK_SIZE;
             let compression = match &self.backup.compression {

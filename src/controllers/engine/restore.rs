@@ -149,6 +149,56 @@ impl From<String> for TaskError {
     }
 }
 
+impl From<StandbyError> for TaskError {
+    /// A failure of a first restore: nothing is held.
+    fn from(e: StandbyError) -> Self {
+        crate::util::error_chain(&e).into()
+    }
+}
+
+/// A step on a standby's lvols or record that failed.
+#[derive(Debug, thiserror::Error)]
+enum StandbyError {
+    /// Its record could not be written.
+    #[error("recording {}", path.display())]
+    Record {
+        /// The record.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// An SPDK call failed.
+    #[error("{step}")]
+    Rpc {
+        /// The call and its object.
+        step: String,
+        /// SPDK's answer.
+        #[source]
+        source: crate::spdk::ClientError,
+    },
+    /// A replica's standby lvol name would pass SPDK's bound.
+    #[error("lvol name {name} (standby volume {volume}'s replica) is longer than SPDK's 63 characters")]
+    NameTooLong {
+        /// The name.
+        name: String,
+        /// The volume.
+        volume: String,
+    },
+    /// Nothing to restore into.
+    #[error("standby volume {0} has no lvol to restore into")]
+    NoLvol(String),
+    /// The backup's blocks could not be written into the lvols.
+    #[error("restoring into standby volume {volume}'s lvols")]
+    Fill {
+        /// The volume.
+        volume: String,
+        /// Why (naming the backup).
+        #[source]
+        source: Box<mover::restore::FillError>,
+    },
+}
+
 /// One volume's restore, as [`Restores::step`] works on it.
 struct Job<'a> {
     vol: &'a str,
@@ -239,10 +289,13 @@ fn read_record(path: &Path) -> Option<Held> {
 
 /// Records what the lvols hold at `path` (written whole, synced, then
 /// renamed into place; the lvols' writes were acknowledged before).
-fn write_record(path: &Path, held: &Held) -> Result<(), String> {
+fn write_record(path: &Path, held: &Held) -> Result<(), StandbyError> {
     let tmp = path.with_extension("json.tmp");
-    let err = |e: std::io::Error| format!("recording {}: {e}", path.display());
-    let body = serde_json::to_vec(held).map_err(|e| format!("recording {}: {e}", path.display()))?;
+    let err = |source: std::io::Error| StandbyError::Record {
+        path: path.to_owned(),
+        source,
+    };
+    let body = serde_json::to_vec(held).map_err(|e| err(e.into()))?;
     std::fs::write(&tmp, body).map_err(err)?;
     std::fs::File::open(&tmp)
         .and_then(|f| f.sync_all())
@@ -290,7 +343,7 @@ impl Restores {
                 tracing::info!(volume = %vol, lvols = ?gone, "removed replicas whose restore was cut off");
             }
             Ok(_) => {}
-            Err(e) => return Step::Failed(format!("volume {vol}: {e}")),
+            Err(e) => return Step::Failed(format!("volume {vol}: {}", crate::util::error_chain(&e))),
         }
         let exists =
             (0..spec.replicas.max(1) as usize).any(|k| inv.find_lvol(&naming::replica(vol, k)).is_some());
@@ -307,13 +360,13 @@ impl Restores {
                     // are rebuilt from them; a standby lvol an activation left is dropped
                     for l in standby_lvols(inv, vol) {
                         if let Err(e) = delete_lvol(client, &l.alias(vol)).await {
-                            return Step::Failed(format!("volume {vol}: {e}"));
+                            return Step::Failed(format!("volume {vol}: {}", crate::util::error_chain(&e)));
                         }
                     }
                     self.finish(vol);
                     return Step::None;
                 }
-                Err(e) => return Step::Failed(format!("volume {vol}: {e}")),
+                Err(e) => return Step::Failed(crate::util::error_chain(&e)),
             }
         }
         let Some(dir) = &self.work_dir else {
@@ -718,7 +771,7 @@ struct Lvols {
 
 impl Lvols {
     /// Deletes them all.
-    async fn remove(&mut self) -> Result<(), String> {
+    async fn remove(&mut self) -> Result<(), StandbyError> {
         for l in std::mem::take(&mut self.lvols) {
             delete_lvol(&self.client, &l.alias(&self.vol)).await?;
         }
@@ -727,15 +780,15 @@ impl Lvols {
 
     /// Deletes them, then makes them anew (thin, reading zeros), one on each
     /// lvstore of `on`.
-    async fn remake(&mut self, on: &[String]) -> Result<(), String> {
+    async fn remake(&mut self, on: &[String]) -> Result<(), StandbyError> {
         self.remove().await?;
         for (k, lvs) in on.iter().enumerate() {
             let name = naming::standby(&naming::replica(&self.vol, k));
             if name.len() > 63 {
-                return Err(format!(
-                    "lvol name {name} (standby volume {}'s replica) is longer than SPDK's 63 characters",
-                    self.vol
-                ));
+                return Err(StandbyError::NameTooLong {
+                    name,
+                    volume: self.vol.clone(),
+                });
             }
             let made = lvol::create_thin(&self.client, lvs, &name, self.mib).await;
             match made {
@@ -744,10 +797,12 @@ impl Lvols {
                     lvs: lvs.clone(),
                     uuid,
                 }),
-                Err(e) => {
-                    let e = format!("creating lvol {lvs}/{name}: {}", crate::util::error_chain(&e));
+                Err(source) => {
                     let _ = self.remove().await;
-                    return Err(e);
+                    return Err(StandbyError::Rpc {
+                        step: format!("creating lvol {lvs}/{name}"),
+                        source,
+                    });
                 }
             }
         }
@@ -764,10 +819,10 @@ impl Lvols {
         name: &str,
         data_offset: u64,
         progress: &Progress,
-    ) -> Result<backupstore::ops::RestoreStats, String> {
+    ) -> Result<backupstore::ops::RestoreStats, StandbyError> {
         let bdevs: Vec<String> = self.lvols.iter().map(|l| l.uuid.clone()).collect();
         if bdevs.is_empty() {
-            return Err(format!("standby volume {} has no lvol to restore into", self.vol));
+            return Err(StandbyError::NoLvol(self.vol.clone()));
         }
         let from = mover::restore::Onto {
             store,
@@ -778,27 +833,24 @@ impl Lvols {
         };
         let stats = mover::restore::fill_standby(&self.client, &from, &bdevs, progress)
             .await
-            .map_err(|e| crate::util::error_chain(&e))?;
+            .map_err(|source| StandbyError::Fill {
+                volume: self.vol.clone(),
+                source: Box::new(source),
+            })?;
         tracing::info!(volume = %self.vol, backup = %name, base = ?base, lvols = bdevs.len(),
             fetched = stats.blocks_downloaded, of = stats.blocks, "standby restored");
         Ok(stats)
     }
 }
 
-/// A failure of backup `name` of `volume`'s restore, named.
-fn named_str(name: &str, volume: &str, e: &str) -> String {
-    if e.contains(name) {
-        e.to_owned()
-    } else {
-        format!("backup {name} of {volume}: {e}")
-    }
-}
-
 /// Deletes lvol `alias` (gone already is fine).
-async fn delete_lvol(client: &SpdkClient, alias: &str) -> Result<(), String> {
+async fn delete_lvol(client: &SpdkClient, alias: &str) -> Result<(), StandbyError> {
     lvol::delete_lvol(client, alias)
         .await
-        .map_err(|e| format!("deleting {alias}: {}", crate::util::error_chain(&e)))
+        .map_err(|source| StandbyError::Rpc {
+            step: format!("deleting {alias}"),
+            source,
+        })
 }
 
 /// A replica lvol's size in MiB: the raid superblock's room, then the
@@ -891,7 +943,7 @@ async fn follow(
             ..held.clone()
         };
         if next != held {
-            write_record(&file, &next).map_err(kept)?;
+            write_record(&file, &next).map_err(|e| kept(crate::util::error_chain(&e)))?;
         }
         return Ok((next, None));
     }
@@ -930,7 +982,7 @@ async fn follow(
         updating: Some(newest.clone()),
         ..held.clone()
     };
-    write_record(&file, &updating).map_err(kept)?;
+    write_record(&file, &updating).map_err(|e| kept(crate::util::error_chain(&e)))?;
     let cut = |message: String| TaskError {
         message,
         held: Some(updating.clone()),
@@ -938,7 +990,10 @@ async fn follow(
     if base.is_none() {
         // the lvols hold no backup whole: made anew on the same lvstores
         let on: Vec<String> = lvols.lvols.iter().map(|l| l.lvs.clone()).collect();
-        lvols.remake(&on).await.map_err(cut)?;
+        lvols
+            .remake(&on)
+            .await
+            .map_err(|e| cut(crate::util::error_chain(&e)))?;
     }
     let stats = lvols
         .fill(
@@ -950,13 +1005,13 @@ async fn follow(
             &progress,
         )
         .await
-        .map_err(|e| cut(named_str(&newest, &src.backup_volume, &e)))?;
+        .map_err(|e| cut(crate::util::error_chain(&e)))?;
     let next = Held {
         backup: newest,
         follows: standby,
         updating: None,
         ..held
     };
-    write_record(&file, &next).map_err(cut)?;
+    write_record(&file, &next).map_err(|e| cut(crate::util::error_chain(&e)))?;
     Ok((next, Some(stats)))
 }

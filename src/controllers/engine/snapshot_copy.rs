@@ -209,7 +209,12 @@ impl SnapshotCopies {
                 );
             }
             Ok(_) => {}
-            Err(e) => return Step::Failed(format!("volume {vol}: {e}"), known(0)),
+            Err(e) => {
+                return Step::Failed(
+                    format!("volume {vol}: {}", crate::util::error_chain(&e)),
+                    known(0),
+                );
+            }
         }
         let exists =
             (0..spec.replicas.max(1) as usize).any(|k| inv.find_lvol(&naming::replica(vol, k)).is_some());
@@ -387,7 +392,10 @@ impl SnapshotCopies {
                     Ok(())
                 }
                 Err(e) => {
-                    let why = format!("volume {volume}: copying {from}: {e}");
+                    let why = format!(
+                        "volume {volume}: copying {from}: {}",
+                        crate::util::error_chain(&e)
+                    );
                     tracing::warn!(%volume, error = %why, "a copy of a snapshot failed");
                     Err(why)
                 }

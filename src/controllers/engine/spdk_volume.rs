@@ -104,13 +104,6 @@ impl SpdkVolumeController {
         }
     }
 
-    /// Copies backups into lvols under `copies`, the lock every other
-    /// copier into this target holds a clone of.
-    pub fn with_copies(mut self, copies: crate::spdk::volume::from_file::Copies) -> Self {
-        self.ops = self.ops.with_copies(copies);
-        self
-    }
-
     /// Calls the nodes of remote replicas (`RemoteReplica.api`) with `peers`.
     pub fn with_peers(mut self, peers: Peers) -> Self {
         self.peers = peers;

@@ -33,14 +33,15 @@ pub enum VolumeError {
     },
     /// A replica could not be filled with a restored backup (the lvol was
     /// removed again).
-    #[error("volume {volume}: restoring replica {replica} from its backup: {reason}")]
+    #[error("volume {volume}: restoring replica {replica}")]
     Restore {
         /// The volume.
         volume: String,
         /// The replica lvol.
         replica: String,
-        /// The step that failed and SPDK's answer.
-        reason: String,
+        /// The step that failed and why.
+        #[source]
+        source: Box<super::mover::MoverError>,
     },
     /// A host's DH-HMAC-CHAP secret file is missing or invalid.
     #[error("volume {volume}: DH-HMAC-CHAP")]

@@ -216,9 +216,6 @@ pub struct VolumeOps {
     /// The exports these operations (and their clones) hold frozen for a
     /// snapshot, which a leftover-freeze check leaves alone.
     freezes: freeze::Freezes,
-    /// The copies from a file into an lvol of this target: one at a time
-    /// ([`from_file`]); shared with every other caller that copies into it.
-    copies: from_file::Copies,
 }
 
 impl VolumeOps {
@@ -231,15 +228,7 @@ impl VolumeOps {
             rebuilds: Default::default(),
             thin_rebuild: true,
             freezes: Default::default(),
-            copies: Default::default(),
         }
-    }
-
-    /// These operations copying from files with `copies`, the one lock of
-    /// the target's copies that another controller holds a clone of.
-    pub fn with_copies(mut self, copies: from_file::Copies) -> Self {
-        self.copies = copies;
-        self
     }
 
     /// The exports these operations hold frozen.
@@ -432,10 +421,10 @@ impl VolumeOps {
                 // only the data written, into a thin lvol (mover::restore)
                 return mover::restore::fill_replica(&self.client, from, &lvs, name, *mib)
                     .await
-                    .map_err(|why| VolumeError::Restore {
+                    .map_err(|e| VolumeError::Restore {
                         volume: vol.to_owned(),
                         replica: format!("{lvs}/{name}"),
-                        reason: why,
+                        source: Box::new(e),
                     });
             }
         };

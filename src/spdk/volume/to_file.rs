@@ -154,29 +154,79 @@ pub fn snapshot_source(
     best
 }
 
+/// A copy of a chain into a staging file that failed, naming the step.
+#[derive(Debug, thiserror::Error)]
+pub enum StagingError {
+    /// An SPDK call failed.
+    #[error("{step}")]
+    Rpc {
+        /// The call and its object.
+        step: String,
+        /// SPDK's answer.
+        #[source]
+        source: ClientError,
+    },
+    /// The staging file could not be made.
+    #[error("making {}", file.display())]
+    File {
+        /// The file.
+        file: std::path::PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The staging file's filesystem is full (or would be).
+    #[error("{room} to copy the snapshot into {}", file.display())]
+    NoSpace {
+        /// The folder's room ("no space left on ...: free of ...").
+        room: String,
+        /// The file.
+        file: std::path::PathBuf,
+        /// What failed because of it (none: making the file).
+        #[source]
+        source: Option<Box<StagingError>>,
+    },
+    /// SPDK's shallow copy of an lvol ended failed.
+    #[error("copying {src}'s clusters to {bdev}: {message}")]
+    Copy {
+        /// The lvol copied.
+        src: String,
+        /// The aio bdev written.
+        bdev: String,
+        /// SPDK's state message.
+        message: String,
+    },
+}
+
 /// Copies `chain` into sparse file `file` (made anew, 0600, the snapshot's
 /// size) through aio bdev `bdev`, oldest lvol first; `bdev` is deleted on
 /// every path (one an earlier copy left under that name too). The error
 /// names the step; a copy that failed because `file`'s filesystem is full
 /// (SPDK says "Input/output error" of an aio write the kernel refused with
 /// ENOSPC) says "no space left on" its folder, with the sizes.
-pub async fn copy_to_file(client: &SpdkClient, chain: &Chain, file: &Path, bdev: &str) -> Result<(), String> {
-    remove_bdev(client, bdev).await.map_err(|e| {
-        format!(
-            "bdev_aio_delete {bdev} (left by an earlier copy): {}",
-            crate::util::error_chain(&e)
-        )
-    })?;
+pub async fn copy_to_file(
+    client: &SpdkClient,
+    chain: &Chain,
+    file: &Path,
+    bdev: &str,
+) -> Result<(), StagingError> {
+    let rpc = |step: String| move |source| StagingError::Rpc { step, source };
+    remove_bdev(client, bdev)
+        .await
+        .map_err(rpc(format!("bdev_aio_delete {bdev} (left by an earlier copy)")))?;
     let dir = file.parent().unwrap_or(Path::new("/"));
     crate::util::private::file(file)
         .and_then(|f| f.set_len(chain.size))
         .map_err(|e| match crate::util::space::is_no_space(&e) {
-            true => format!(
-                "making {}: {}",
-                file.display(),
-                crate::util::space::no_space(dir, None)
-            ),
-            false => format!("making {}: {e}", file.display()),
+            true => StagingError::NoSpace {
+                room: crate::util::space::no_space(dir, None),
+                file: file.to_owned(),
+                source: None,
+            },
+            false => StagingError::File {
+                file: file.to_owned(),
+                source: e,
+            },
         })?;
     client
         .bdev_aio_create(&AioCreate {
@@ -187,7 +237,7 @@ pub async fn copy_to_file(client: &SpdkClient, chain: &Chain, file: &Path, bdev:
             fallocate: false,
         })
         .await
-        .map_err(|e| format!("bdev_aio_create {bdev}: {}", crate::util::error_chain(&e)))?;
+        .map_err(rpc(format!("bdev_aio_create {bdev}")))?;
     let copied = copy_chain(client, chain, bdev).await.map_err(|e| {
         // what the file holds now (its allocated blocks) against what the copy writes
         let held = std::fs::metadata(file).map_or(0, |m| {
@@ -195,13 +245,17 @@ pub async fn copy_to_file(client: &SpdkClient, chain: &Chain, file: &Path, bdev:
             m.blocks().saturating_mul(512)
         });
         match crate::util::space::short_of(dir, chain.data_bytes(), held) {
-            Some(full) => format!("{full} to copy the snapshot into {} ({e})", file.display()),
+            Some(room) => StagingError::NoSpace {
+                room,
+                file: file.to_owned(),
+                source: Some(Box::new(e)),
+            },
             None => e,
         }
     });
     let removed = remove_bdev(client, bdev)
         .await
-        .map_err(|e| format!("bdev_aio_delete {bdev}: {}", crate::util::error_chain(&e)));
+        .map_err(rpc(format!("bdev_aio_delete {bdev}")));
     copied.and(removed)
 }
 
@@ -232,7 +286,7 @@ impl Staging {
     }
 
     /// [`copy_to_file`] of `chain` into the file.
-    pub async fn copy(&mut self, chain: &Chain) -> Result<(), String> {
+    pub async fn copy(&mut self, chain: &Chain) -> Result<(), StagingError> {
         self.copying = true;
         let r = copy_to_file(&self.client, chain, &self.file, &self.bdev).await;
         self.copying = false;
@@ -274,21 +328,30 @@ pub async fn remove_bdev(client: &SpdkClient, bdev: &str) -> Result<(), ClientEr
     }
 }
 
-async fn copy_chain(client: &SpdkClient, chain: &Chain, bdev: &str) -> Result<(), String> {
+async fn copy_chain(client: &SpdkClient, chain: &Chain, bdev: &str) -> Result<(), StagingError> {
     for src in &chain.lvols {
-        let op = super::thin::start_copy(client, src, bdev).await.map_err(|e| {
-            format!(
-                "copying {src}'s clusters to {bdev}: {}",
-                crate::util::error_chain(&e)
-            )
-        })?;
+        let op = super::thin::start_copy(client, src, bdev)
+            .await
+            .map_err(|source| StagingError::Rpc {
+                step: format!("copying {src}'s clusters to {bdev}"),
+                source,
+            })?;
         loop {
             let s = super::thin::copy_state(client, op)
                 .await
-                .map_err(|e| format!("copying {src}: copy {op}: {}", crate::util::error_chain(&e)))?;
+                .map_err(|source| StagingError::Rpc {
+                    step: format!("copying {src}: copy {op}"),
+                    source,
+                })?;
             match s {
                 CopyState::Done => break,
-                CopyState::Failed(m) => return Err(format!("copying {src}'s clusters to {bdev}: {m}")),
+                CopyState::Failed(message) => {
+                    return Err(StagingError::Copy {
+                        src: src.clone(),
+                        bdev: bdev.to_owned(),
+                        message,
+                    });
+                }
                 CopyState::Running(_) => tokio::time::sleep(POLL).await,
             }
         }

@@ -93,7 +93,7 @@ pub async fn copy_sessions(
     let from = src.bdev.clone();
     let done = match check_range(&src, &dst, &from, range) {
         Ok(len) => run(&src, &dst, range, len, copied).await,
-        Err(e) => Err(dst.io(e)),
+        Err(e) => Err(e),
     };
     let (a, b) = (src.close().await, dst.close().await);
     let done = done?;
@@ -102,28 +102,29 @@ pub async fn copy_sessions(
     Ok(done)
 }
 
-/// The bytes `range` copies, once checked against both sessions: why not.
-fn check_range(src: &Session, dst: &Session, from: &str, range: Range) -> Result<u64, String> {
+/// The bytes `range` copies, once checked against both sessions; why not
+/// names the target.
+fn check_range(src: &Session, dst: &Session, from: &str, range: Range) -> Result<u64, MoverError> {
     let size = src.size();
     if range.from_offset > size {
-        return Err(format!(
+        return Err(dst.io(format!(
             "offset {} is past the end of {from} ({size} bytes)",
             range.from_offset
-        ));
+        )));
     }
     let len = range.len.unwrap_or(size - range.from_offset);
     if range.from_offset + len > size {
-        return Err(format!(
+        return Err(dst.io(format!(
             "{len} bytes from offset {} pass the end of {from} ({size} bytes)",
             range.from_offset
-        ));
+        )));
     }
     if dst.size() < range.to_offset.saturating_add(len) {
-        return Err(format!(
+        return Err(dst.io(format!(
             "it holds {} bytes, less than the {len} bytes of {from} at offset {}",
             dst.size(),
             range.to_offset
-        ));
+        )));
     }
     for (what, bs) in [("source", src.block_size()), ("target", dst.block_size())] {
         let bs = u64::from(bs.max(1));
@@ -131,10 +132,10 @@ fn check_range(src: &Session, dst: &Session, from: &str, range: Range) -> Result
             .iter()
             .all(|x| x.is_multiple_of(bs))
         {
-            return Err(format!(
+            return Err(dst.io(format!(
                 "{len} bytes of {from} from offset {} to offset {} are not whole blocks of the {what}'s {bs} bytes",
                 range.from_offset, range.to_offset
-            ));
+            )));
         }
     }
     Ok(len)

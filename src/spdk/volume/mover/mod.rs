@@ -98,9 +98,20 @@ pub enum MoverError {
         bdev: String,
         /// Why.
         #[source]
-        source: crate::backupstore::BackupError,
+        source: Box<crate::backupstore::BackupError>,
     },
-    /// The NVMe/TCP side failed.
+    /// The NVMe/TCP exchange with the bdev's export failed.
+    #[error("mover for bdev {bdev}: {step}")]
+    Wire {
+        /// The bdev moved.
+        bdev: String,
+        /// What the mover was doing.
+        step: String,
+        /// Why.
+        #[source]
+        source: Box<tcp::WireError>,
+    },
+    /// What else failed: a size or range that does not fit, a file read.
     #[error("mover for bdev {bdev}: {reason}")]
     Io {
         /// The bdev moved.
@@ -207,9 +218,10 @@ impl Session {
         let hostid = uuid::Uuid::new_v4();
         let ctrl = tcp::Controller::connect(addr, nqn.as_str(), host, &hostid, depth)
             .await
-            .map_err(|reason| MoverError::Io {
+            .map_err(|source| MoverError::Wire {
                 bdev: bdev.to_owned(),
-                reason: format!("joining its export {nqn} at {addr} as {host}: {reason}"),
+                step: format!("joining its export {nqn} at {addr} as {host}"),
+                source: Box::new(source),
             })?;
         Ok(Session {
             client: client.clone(),
@@ -246,9 +258,10 @@ impl Session {
             .map_err(rpc(format!("listening for {n} on 127.0.0.1")))?;
         tcp::Controller::connect(addr, &n, &host, &hostid, depth)
             .await
-            .map_err(|reason| MoverError::Io {
+            .map_err(|source| MoverError::Wire {
                 bdev: bdev.to_owned(),
-                reason,
+                step: format!("connecting to its export {n} at {addr}"),
+                source: Box::new(source),
             })
     }
 
@@ -271,10 +284,19 @@ impl Session {
         self.nqn.as_str()
     }
 
-    fn io(&self, reason: String) -> MoverError {
+    pub(super) fn io(&self, reason: String) -> MoverError {
         MoverError::Io {
             bdev: self.bdev.clone(),
             reason,
+        }
+    }
+
+    fn wire(&self, step: &str) -> impl FnOnce(tcp::WireError) -> MoverError {
+        let (bdev, step) = (self.bdev.clone(), step.to_owned());
+        move |source| MoverError::Wire {
+            bdev,
+            step,
+            source: Box::new(source),
         }
     }
 
@@ -289,7 +311,7 @@ impl Session {
                 .map(|at| c.read(offset + at as u64, step.min(len - at))),
         )
         .await
-        .map_err(|e| self.io(e))?;
+        .map_err(self.wire("reading"))?;
         if parts.len() == 1 {
             return Ok(parts.into_iter().next().unwrap_or_default());
         }
@@ -306,7 +328,7 @@ impl Session {
                 .map(|at| c.write(offset + at as u64, data.slice(at..(at + step).min(data.len())))),
         )
         .await
-        .map_err(|e| self.io(e))?;
+        .map_err(self.wire("writing"))?;
         Ok(())
     }
 
@@ -315,7 +337,7 @@ impl Session {
     /// order with their offsets: at most `ahead` chunks in memory.
     pub async fn read_in_order<F>(&self, chunk: usize, ahead: usize, mut each: F) -> Result<(), MoverError>
     where
-        F: FnMut(u64, &[u8]) -> Result<(), String>,
+        F: FnMut(u64, &[u8]) -> Result<(), MoverError>,
     {
         let size = self.size();
         let bs = u64::from(self.block_size());
@@ -333,7 +355,7 @@ impl Session {
                 return Ok(());
             };
             let (at, d) = r?;
-            each(at, &d).map_err(|e| self.io(e))?;
+            each(at, &d)?;
         }
     }
 

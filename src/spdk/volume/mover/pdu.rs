@@ -134,11 +134,16 @@ pub struct IcResp {
     pub max_h2c_data: u32,
 }
 
+/// A PDU or a data structure the mover cannot take: what is wrong with it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct Malformed(pub String);
+
 /// Parses an ICResp's 120 bytes after its common header; refuses digests
 /// and a PDU data alignment (the mover asked for neither).
-pub fn ic_resp(rest: &[u8]) -> Result<IcResp, String> {
+pub fn ic_resp(rest: &[u8]) -> Result<IcResp, Malformed> {
     if rest.len() < IC_LEN - CH_LEN {
-        return Err(format!("ICResp of {} bytes", rest.len() + CH_LEN));
+        return Err(Malformed(format!("ICResp of {} bytes", rest.len() + CH_LEN)));
     }
     // offsets in the PDU, minus the common header
     let r = IcResp {
@@ -147,13 +152,16 @@ pub fn ic_resp(rest: &[u8]) -> Result<IcResp, String> {
         max_h2c_data: u32_at(rest, 12 - CH_LEN),
     };
     if r.dgst != 0 || r.cpda != 0 {
-        return Err(format!(
+        return Err(Malformed(format!(
             "ICResp asks for digests {:#x} and PDU data alignment {} (none asked)",
             r.dgst, r.cpda
-        ));
+        )));
     }
     if r.max_h2c_data < 4096 {
-        return Err(format!("ICResp's MAXH2CDATA {} is below 4096", r.max_h2c_data));
+        return Err(Malformed(format!(
+            "ICResp's MAXH2CDATA {} is below 4096",
+            r.max_h2c_data
+        )));
     }
     Ok(r)
 }
@@ -424,12 +432,12 @@ pub fn identify_controller(d: &[u8]) -> (u8, u32) {
 
 /// What the mover needs of Identify Namespace: its size in blocks and its
 /// block size.
-pub fn identify_namespace(d: &[u8]) -> Result<(u64, u32), String> {
+pub fn identify_namespace(d: &[u8]) -> Result<(u64, u32), Malformed> {
     let nsze = u64::from(u32_at(d, 0)) | (u64::from(u32_at(d, 4)) << 32);
     let flbas = usize::from(d[26] & 0x0f) | (usize::from((d[26] >> 5) & 0x3) << 4);
     let lbads = d[128 + flbas * 4 + 2];
     if !(9..=16).contains(&lbads) {
-        return Err(format!("namespace block size 2^{lbads}"));
+        return Err(Malformed(format!("namespace block size 2^{lbads}")));
     }
     Ok((nsze, 1u32 << lbads))
 }

@@ -24,6 +24,7 @@ use super::super::super::error::ErrorKind;
 use super::super::super::naming::{self, LVS_PREFIX, LvolRole, parse_lvol};
 use super::super::super::rpc::{ByName, LvolCreate, LvolRename};
 use super::super::Inventory;
+use super::MoverError;
 use crate::backupstore::Progress;
 use bytes::Bytes;
 use std::sync::Arc;
@@ -174,7 +175,7 @@ pub async fn fill_from_backup(
     let closed = s.close().await;
     let stats = restored.map_err(|source| super::MoverError::Backup {
         bdev: bdev.to_owned(),
-        source,
+        source: Box::new(source),
     })?;
     closed?;
     Ok(super::Filled {
@@ -323,28 +324,33 @@ pub async fn fill_standby(
 }
 
 /// Makes replica lvol `lvs/name` of `mib` from `from`; answers its UUID.
-/// The error names the step; nothing is left behind.
+/// The error names the step; nothing is left behind (a lvol whose delete
+/// failed too keeps its restoring name: [`remove_unfinished`] takes it).
 pub async fn fill_replica(
     client: &SpdkClient,
     from: &Source,
     lvs: &str,
     name: &str,
     mib: u64,
-) -> Result<String, String> {
+) -> Result<String, MoverError> {
     let tmp = naming::restoring(name);
-    if tmp.len() > 63 {
-        return Err(format!(
-            "lvol name {tmp} (replica {name} while it is restored) is longer than SPDK's 63 characters"
-        ));
-    }
-    let err = |step: String| {
-        move |e: super::super::super::client::ClientError| format!("{step}: {}", crate::util::error_chain(&e))
-    };
     let alias = format!("{lvs}/{tmp}");
+    if tmp.len() > 63 {
+        return Err(MoverError::Io {
+            bdev: alias,
+            reason: format!(
+                "lvol name {tmp} (replica {name} while it is restored) is longer than SPDK's 63 characters"
+            ),
+        });
+    }
+    let rpc = |step: String| {
+        let bdev = alias.clone();
+        move |source| MoverError::Rpc { bdev, step, source }
+    };
     let uuid = client
         .bdev_lvol_create(&LvolCreate::thin(lvs, &tmp, mib))
         .await
-        .map_err(err(format!("creating lvol {alias}")))?;
+        .map_err(rpc(format!("creating lvol {alias}")))?;
     let filled = match from {
         Source::File(file) => super::fill_from_file(client, file, &uuid, super::DEPTH).await,
         Source::Backup(b) => fill_from_backup(client, b, &uuid, super::DEPTH).await,
@@ -360,19 +366,21 @@ pub async fn fill_replica(
                 })
                 .await
                 .map(|_| ())
-                .map_err(err(format!("renaming {alias} to {name}")))
+                .map_err(rpc(format!("renaming {alias} to {name}")))
         }
-        Err(e) => Err(format!(
-            "writing {from} into {alias}: {}",
-            crate::util::error_chain(&e)
-        )),
+        Err(e) => Err(e),
     };
     if let Err(e) = filled {
-        return match client.bdev_lvol_delete(&ByName::new(&uuid)).await {
-            Ok(_) => Err(e),
-            Err(d) if d.is(ErrorKind::NotFound) => Err(e),
-            Err(d) => Err(format!("{e}; deleting {alias}: {}", crate::util::error_chain(&d))),
-        };
+        match client.bdev_lvol_delete(&ByName::new(&uuid)).await {
+            Ok(_) => {}
+            Err(d) if d.is(ErrorKind::NotFound) => {}
+            Err(d) => tracing::error!(
+                lvol = %alias,
+                error = %crate::util::error_chain(&d),
+                "could not delete a replica lvol whose restore failed: the next restore of the volume removes it"
+            ),
+        }
+        return Err(e);
     }
     Ok(uuid)
 }
@@ -384,7 +392,7 @@ pub async fn remove_unfinished(
     client: &SpdkClient,
     inv: &Inventory,
     vol: &str,
-) -> Result<Vec<String>, String> {
+) -> Result<Vec<String>, MoverError> {
     let mut out = Vec::new();
     for l in inv.lvols.values() {
         let cut = l.lvs.name.starts_with(LVS_PREFIX)
@@ -395,7 +403,13 @@ pub async fn remove_unfinished(
         match client.bdev_lvol_delete(&ByName::new(&l.alias)).await {
             Ok(_) => out.push(l.alias.clone()),
             Err(e) if e.is(ErrorKind::NotFound) => {}
-            Err(e) => return Err(format!("deleting {}: {}", l.alias, crate::util::error_chain(&e))),
+            Err(source) => {
+                return Err(MoverError::Rpc {
+                    bdev: l.alias.clone(),
+                    step: format!("deleting {} (its restore was cut off)", l.alias),
+                    source,
+                });
+            }
         }
     }
     Ok(out)

@@ -47,7 +47,94 @@ struct Frame {
     data: Bytes,
 }
 
-type Done = Result<(Cqe, Vec<u8>), String>;
+/// A failed exchange with the target, naming the queue (`<subnqn> admin
+/// queue`, `<subnqn> I/O queue`). Clone: a queue that dies fails every
+/// command in flight with the same error.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum WireError {
+    /// The socket failed: connecting, reading, writing.
+    #[error("{queue}: {step}")]
+    Io {
+        /// The queue.
+        queue: String,
+        /// What it was doing.
+        step: String,
+        /// The socket's error.
+        #[source]
+        source: Arc<std::io::Error>,
+    },
+    /// The target sent what NVMe/TCP does not allow here, or ended the
+    /// connection itself (C2HTermReq).
+    #[error("{queue}: {what}")]
+    Protocol {
+        /// The queue.
+        queue: String,
+        /// What it sent.
+        what: String,
+    },
+    /// A command completed with an error status.
+    #[error("{queue}: {command}: {status}")]
+    Status {
+        /// The queue.
+        queue: String,
+        /// The command.
+        command: String,
+        /// NVMe's status type and code, named.
+        status: String,
+    },
+    /// A read or write the namespace cannot take (not whole blocks, past its end).
+    #[error("{queue}: {request}")]
+    Request {
+        /// The queue.
+        queue: String,
+        /// The request and why.
+        request: String,
+    },
+    /// A setup step took longer than it may.
+    #[error("{queue}: {step}: no answer in {after:?}")]
+    Timeout {
+        /// The queue.
+        queue: String,
+        /// The step.
+        step: String,
+        /// How long it waited.
+        after: Duration,
+    },
+    /// The queue's connection is gone: its tasks ended.
+    #[error("{queue}: connection closed")]
+    Closed {
+        /// The queue.
+        queue: String,
+    },
+}
+
+/// Why a queue's reader or writer stopped, before the queue's name is put on it.
+enum Broke {
+    Io(&'static str, std::io::Error),
+    Protocol(String),
+}
+
+impl From<pdu::Malformed> for Broke {
+    fn from(m: pdu::Malformed) -> Broke {
+        Broke::Protocol(m.0)
+    }
+}
+
+impl Broke {
+    fn on(self, queue: &str) -> WireError {
+        let queue = queue.to_owned();
+        match self {
+            Broke::Io(step, e) => WireError::Io {
+                queue,
+                step: step.to_owned(),
+                source: Arc::new(e),
+            },
+            Broke::Protocol(what) => WireError::Protocol { queue, what },
+        }
+    }
+}
+
+type Done = Result<(Cqe, Vec<u8>), WireError>;
 
 struct Pending {
     /// Where C2HData lands (empty for a command that reads nothing).
@@ -62,7 +149,7 @@ struct Pending {
 struct State {
     pending: HashMap<u16, Pending>,
     free: Vec<u16>,
-    dead: Option<String>,
+    dead: Option<WireError>,
 }
 
 struct Shared {
@@ -77,21 +164,23 @@ impl Shared {
     }
 
     /// The queue is dead: every command fails with `why`, and every later one.
-    fn kill(&self, why: String) {
+    fn kill(&self, why: Broke) {
         let mut st = self.state();
-        let why = st.dead.get_or_insert(format!("{}: {why}", self.what)).clone();
+        let why = st.dead.get_or_insert_with(|| why.on(&self.what)).clone();
         for (_, p) in st.pending.drain() {
             let _ = p.tx.send(Err(why.clone()));
         }
         self.slots.close();
     }
 
-    fn complete(&self, cqe: Cqe) -> Result<(), String> {
+    fn complete(&self, cqe: Cqe) -> Result<(), Broke> {
         let mut st = self.state();
-        let p = st
-            .pending
-            .remove(&cqe.cid)
-            .ok_or_else(|| format!("a completion of command {} that is not in flight", cqe.cid))?;
+        let p = st.pending.remove(&cqe.cid).ok_or_else(|| {
+            Broke::Protocol(format!(
+                "a completion of command {} that is not in flight",
+                cqe.cid
+            ))
+        })?;
         st.free.push(cqe.cid);
         let _ = p.tx.send(Ok((cqe, p.buf)));
         Ok(())
@@ -115,37 +204,55 @@ impl Drop for Queue {
 
 impl Queue {
     /// Connects to `addr` and sets the connection up, for `depth` commands in flight.
-    async fn open(addr: SocketAddr, what: String, depth: u16) -> Result<Queue, String> {
+    async fn open(addr: SocketAddr, what: String, depth: u16) -> Result<Queue, WireError> {
+        let io = |step: String| {
+            let queue = what.clone();
+            move |e| WireError::Io {
+                queue,
+                step,
+                source: Arc::new(e),
+            }
+        };
         let setup = async {
             let mut s = TcpStream::connect(addr)
                 .await
-                .map_err(|e| format!("connecting to {addr}: {e}"))?;
-            s.set_nodelay(true).map_err(|e| format!("{addr}: {e}"))?;
+                .map_err(io(format!("connecting to {addr}")))?;
+            s.set_nodelay(true)
+                .map_err(io(format!("setting TCP_NODELAY to {addr}")))?;
             s.write_all(&pdu::ic_req())
                 .await
-                .map_err(|e| format!("sending ICReq to {addr}: {e}"))?;
+                .map_err(io(format!("sending ICReq to {addr}")))?;
             let mut ch = [0u8; pdu::CH_LEN];
             s.read_exact(&mut ch)
                 .await
-                .map_err(|e| format!("reading ICResp from {addr}: {e}"))?;
+                .map_err(io(format!("reading ICResp from {addr}")))?;
             let h = Header::parse(&ch);
             if h.kind != pdu::IC_RESP || h.plen as usize != pdu::IC_LEN {
-                return Err(format!(
-                    "{addr} answered ICReq with PDU type {:#x} of {} bytes",
-                    h.kind, h.plen
-                ));
+                return Err(WireError::Protocol {
+                    queue: what.clone(),
+                    what: format!(
+                        "{addr} answered ICReq with PDU type {:#x} of {} bytes",
+                        h.kind, h.plen
+                    ),
+                });
             }
             let mut rest = [0u8; pdu::IC_LEN - pdu::CH_LEN];
             s.read_exact(&mut rest)
                 .await
-                .map_err(|e| format!("reading ICResp from {addr}: {e}"))?;
-            let ic = pdu::ic_resp(&rest).map_err(|e| format!("{addr}: {e}"))?;
-            Ok::<_, String>((s, ic))
+                .map_err(io(format!("reading ICResp from {addr}")))?;
+            let ic = pdu::ic_resp(&rest).map_err(|m| WireError::Protocol {
+                queue: what.clone(),
+                what: format!("{addr}: {m}"),
+            })?;
+            Ok((s, ic))
         };
         let (s, ic) = tokio::time::timeout(SETUP, setup)
             .await
-            .map_err(|_| format!("{what}: {addr} did not answer ICReq in {SETUP:?}"))?
-            .map_err(|e| format!("{what}: {e}"))?;
+            .map_err(|_| WireError::Timeout {
+                queue: what.clone(),
+                step: format!("ICReq to {addr}"),
+                after: SETUP,
+            })??;
         let shared = Arc::new(Shared {
             state: Mutex::new(State {
                 free: (0..depth).rev().collect(),
@@ -167,7 +274,7 @@ impl Queue {
                     Ok::<_, std::io::Error>(())
                 };
                 if let Err(e) = wrote.await {
-                    sh.kill(format!("writing: {e}"));
+                    sh.kill(Broke::Io("writing", e));
                     return;
                 }
             }
@@ -202,10 +309,10 @@ impl Queue {
             if let Some(d) = &st.dead {
                 return Err(d.clone());
             }
-            let cid = st
-                .free
-                .pop()
-                .ok_or_else(|| format!("{}: no free command id", self.shared.what))?;
+            let cid = st.free.pop().ok_or_else(|| WireError::Request {
+                queue: self.shared.what.clone(),
+                request: "no free command id".to_owned(),
+            })?;
             sqe.set_cid(cid);
             st.pending.insert(
                 cid,
@@ -217,7 +324,10 @@ impl Queue {
                 },
             );
         }
-        let len = u32::try_from(capsule.len()).map_err(|_| "in-capsule data too long".to_owned())?;
+        let len = u32::try_from(capsule.len()).map_err(|_| WireError::Request {
+            queue: self.shared.what.clone(),
+            request: format!("{} bytes of in-capsule data", capsule.len()),
+        })?;
         let head = pdu::capsule_cmd(&sqe, len).to_vec();
         if self.frames.send(Frame { head, data: capsule }).is_err() {
             return Err(self.dead());
@@ -229,17 +339,23 @@ impl Queue {
     async fn command(&self, sqe: Sqe, capsule: Bytes, read: usize, write: Bytes, what: &str) -> Done {
         let (c, data) = self.submit(sqe, capsule, read, write).await?;
         if !c.ok() {
-            return Err(format!("{}: {what}: {}", self.shared.what, c.describe()));
+            return Err(WireError::Status {
+                queue: self.shared.what.clone(),
+                command: what.to_owned(),
+                status: c.describe(),
+            });
         }
         Ok((c, data))
     }
 
-    fn dead(&self) -> String {
+    fn dead(&self) -> WireError {
         self.shared
             .state()
             .dead
             .clone()
-            .unwrap_or_else(|| format!("{}: connection closed", self.shared.what))
+            .unwrap_or_else(|| WireError::Closed {
+                queue: self.shared.what.clone(),
+            })
     }
 }
 
@@ -248,8 +364,8 @@ async fn read_loop(
     sh: &Shared,
     frames: &mpsc::UnboundedSender<Frame>,
     max_h2c: u32,
-) -> Result<(), String> {
-    let io = |e: std::io::Error| format!("reading: {e}");
+) -> Result<(), Broke> {
+    let io = |e: std::io::Error| Broke::Io("reading", e);
     loop {
         let mut ch = [0u8; pdu::CH_LEN];
         r.read_exact(&mut ch).await.map_err(io)?;
@@ -257,7 +373,7 @@ async fn read_loop(
         match h.kind {
             pdu::CAPSULE_RESP => {
                 if h.plen as usize != pdu::RESP_LEN {
-                    return Err(format!("a CapsuleResp of {} bytes", h.plen));
+                    return Err(Broke::Protocol(format!("a CapsuleResp of {} bytes", h.plen)));
                 }
                 let mut b = [0u8; 16];
                 r.read_exact(&mut b).await.map_err(io)?;
@@ -267,28 +383,27 @@ async fn read_loop(
                 let d = data_header(&mut r, &h).await?;
                 let pad = usize::from(h.pdo).saturating_sub(pdu::DATA_LEN);
                 if u64::from(h.plen) != u64::from(h.pdo) + u64::from(d.len) || h.pdo == 0 && d.len > 0 {
-                    return Err(format!(
+                    return Err(Broke::Protocol(format!(
                         "a C2HData of {} bytes with offset {} and {} data",
                         h.plen, h.pdo, d.len
-                    ));
+                    )));
                 }
                 let mut skip = vec![0u8; pad];
                 r.read_exact(&mut skip).await.map_err(io)?;
                 let mut buf = {
                     let mut st = sh.state();
-                    let p = st
-                        .pending
-                        .get_mut(&d.cid)
-                        .ok_or_else(|| format!("C2HData for command {} that is not in flight", d.cid))?;
+                    let p = st.pending.get_mut(&d.cid).ok_or_else(|| {
+                        Broke::Protocol(format!("C2HData for command {} that is not in flight", d.cid))
+                    })?;
                     std::mem::take(&mut p.buf)
                 };
                 let (at, end) = (d.offset as usize, d.offset as usize + d.len as usize);
                 if end > buf.len() {
-                    return Err(format!(
+                    return Err(Broke::Protocol(format!(
                         "C2HData of command {} at {at}..{end}, beyond its {} bytes",
                         d.cid,
                         buf.len()
-                    ));
+                    )));
                 }
                 r.read_exact(&mut buf[at..end]).await.map_err(io)?;
                 if let Some(p) = sh.state().pending.get_mut(&d.cid) {
@@ -305,14 +420,16 @@ async fn read_loop(
                     .pending
                     .get(&d.cid)
                     .map(|p| p.data.clone())
-                    .ok_or_else(|| format!("R2T for command {} that is not in flight", d.cid))?;
+                    .ok_or_else(|| {
+                        Broke::Protocol(format!("R2T for command {} that is not in flight", d.cid))
+                    })?;
                 let (mut at, end) = (d.offset as usize, d.offset as usize + d.len as usize);
                 if end > data.len() || d.len == 0 {
-                    return Err(format!(
+                    return Err(Broke::Protocol(format!(
                         "R2T of command {} for {at}..{end} of its {} bytes",
                         d.cid,
                         data.len()
-                    ));
+                    )));
                 }
                 while at < end {
                     let n = (end - at).min(max_h2c as usize);
@@ -322,7 +439,7 @@ async fn read_loop(
                             head,
                             data: data.slice(at..at + n),
                         })
-                        .map_err(|_| "the writer stopped".to_owned())?;
+                        .map_err(|_| Broke::Protocol("the writer stopped".to_owned()))?;
                     at += n;
                 }
             }
@@ -330,24 +447,24 @@ async fn read_loop(
                 let mut rest = vec![0u8; (h.plen as usize).saturating_sub(pdu::CH_LEN).min(1 << 16)];
                 let _ = r.read_exact(&mut rest).await;
                 let fes = rest.get(..2).map_or(0, |b| u16::from_le_bytes([b[0], b[1]]));
-                return Err(format!(
+                return Err(Broke::Protocol(format!(
                     "the target ended the connection (C2HTermReq, error {fes:#x})"
-                ));
+                )));
             }
-            other => return Err(format!("an unexpected PDU of type {other:#x}")),
+            other => return Err(Broke::Protocol(format!("an unexpected PDU of type {other:#x}"))),
         }
     }
 }
 
-async fn data_header(r: &mut OwnedReadHalf, h: &Header) -> Result<DataHeader, String> {
+async fn data_header(r: &mut OwnedReadHalf, h: &Header) -> Result<DataHeader, Broke> {
     if usize::from(h.hlen) != pdu::DATA_LEN {
-        return Err(format!(
+        return Err(Broke::Protocol(format!(
             "a PDU of type {:#x} with a {}-byte header",
             h.kind, h.hlen
-        ));
+        )));
     }
     let mut b = [0u8; pdu::DATA_LEN - pdu::CH_LEN];
-    r.read_exact(&mut b).await.map_err(|e| format!("reading: {e}"))?;
+    r.read_exact(&mut b).await.map_err(|e| Broke::Io("reading", e))?;
     Ok(DataHeader::parse(&b))
 }
 
@@ -393,8 +510,9 @@ impl Controller {
         hostnqn: &str,
         hostid: &uuid::Uuid,
         depth: u16,
-    ) -> Result<Controller, String> {
-        let admin = Queue::open(addr, format!("{subnqn} admin queue"), ADMIN_DEPTH).await?;
+    ) -> Result<Controller, WireError> {
+        let admin_queue = format!("{subnqn} admin queue");
+        let admin = Queue::open(addr, admin_queue.clone(), ADMIN_DEPTH).await?;
         let none = Bytes::new;
         let data = Bytes::from(pdu::connect_data(hostid, 0xffff, subnqn, hostnqn));
         let (c, _) = admin
@@ -432,7 +550,11 @@ impl Controller {
                     )
                     .await?;
                 if c.dw0 & 2 != 0 {
-                    return Err(format!("{subnqn}: the controller reports a fatal status"));
+                    return Err(WireError::Status {
+                        queue: admin_queue.clone(),
+                        command: "reading CSTS".to_owned(),
+                        status: "the controller reports a fatal status (CSTS.CFS)".to_owned(),
+                    });
                 }
                 if c.dw0 & 1 != 0 {
                     return Ok(());
@@ -442,7 +564,11 @@ impl Controller {
         };
         tokio::time::timeout(SETUP, ready)
             .await
-            .map_err(|_| format!("{subnqn}: the controller was not ready in {SETUP:?}"))??;
+            .map_err(|_| WireError::Timeout {
+                queue: admin_queue.clone(),
+                step: "waiting for CSTS.RDY".to_owned(),
+                after: SETUP,
+            })??;
         let (_, id) = admin
             .command(pdu::identify(1, 0), none(), 4096, none(), "identify controller")
             .await?;
@@ -450,9 +576,15 @@ impl Controller {
         let (_, ns) = admin
             .command(pdu::identify(0, 1), none(), 4096, none(), "identify namespace 1")
             .await?;
-        let (blocks, block_size) = pdu::identify_namespace(&ns).map_err(|e| format!("{subnqn}: {e}"))?;
+        let (blocks, block_size) = pdu::identify_namespace(&ns).map_err(|m| WireError::Protocol {
+            queue: admin_queue.clone(),
+            what: format!("identify namespace 1: {m}"),
+        })?;
         if blocks == 0 {
-            return Err(format!("{subnqn}: namespace 1 is not there"));
+            return Err(WireError::Protocol {
+                queue: admin_queue,
+                what: "namespace 1 is not there (size 0)".to_owned(),
+            });
         }
         let max_io = match mdts {
             0 => MAX_IO,
@@ -472,7 +604,7 @@ impl Controller {
                 let Some(a) = a.upgrade() else { return };
                 let sent = Sqe::new(pdu::OPC_KEEP_ALIVE);
                 if let Err(e) = a.command(sent, Bytes::new(), 0, Bytes::new(), "keep alive").await {
-                    tracing::warn!(error = %e, "mover: keep alive failed");
+                    tracing::warn!(error = %crate::util::error_chain(&e), "mover: keep alive failed");
                     return;
                 }
             }
@@ -493,7 +625,7 @@ impl Controller {
         self.blocks * u64::from(self.block_size)
     }
 
-    fn check(&self, offset: u64, len: usize) -> Result<(u64, u32), String> {
+    fn check(&self, offset: u64, len: usize) -> Result<(u64, u32), WireError> {
         let bs = u64::from(self.block_size);
         let len64 = len as u64;
         if len == 0
@@ -501,23 +633,25 @@ impl Controller {
             || !len64.is_multiple_of(bs)
             || len64 > u64::from(self.max_io)
         {
-            return Err(format!(
-                "{}: {len} bytes at {offset}: not whole {bs}-byte blocks of at most {} bytes",
-                self.io.shared.what, self.max_io
-            ));
+            return Err(WireError::Request {
+                queue: self.io.shared.what.clone(),
+                request: format!(
+                    "{len} bytes at {offset}: not whole {bs}-byte blocks of at most {} bytes",
+                    self.max_io
+                ),
+            });
         }
         if offset + len64 > self.size() {
-            return Err(format!(
-                "{}: {len} bytes at {offset}: beyond its {} bytes",
-                self.io.shared.what,
-                self.size()
-            ));
+            return Err(WireError::Request {
+                queue: self.io.shared.what.clone(),
+                request: format!("{len} bytes at {offset}: beyond its {} bytes", self.size()),
+            });
         }
         Ok((offset / bs, (len64 / bs) as u32))
     }
 
     /// Reads `len` bytes at byte `offset` (whole blocks, at most `max_io`).
-    pub async fn read(&self, offset: u64, len: usize) -> Result<Vec<u8>, String> {
+    pub async fn read(&self, offset: u64, len: usize) -> Result<Vec<u8>, WireError> {
         let (lba, n) = self.check(offset, len)?;
         let mut sqe = pdu::rw(pdu::OPC_READ, lba, n);
         sqe.host_data(len as u32);
@@ -530,7 +664,7 @@ impl Controller {
     }
 
     /// Writes `data` at byte `offset` (whole blocks, at most `max_io`).
-    pub async fn write(&self, offset: u64, data: Bytes) -> Result<(), String> {
+    pub async fn write(&self, offset: u64, data: Bytes) -> Result<(), WireError> {
         let (lba, n) = self.check(offset, data.len())?;
         let mut sqe = pdu::rw(pdu::OPC_WRITE, lba, n);
         let len = data.len() as u32;
