@@ -16,8 +16,8 @@ use futures::future::join_all;
 
 use super::plan::{self, LocalPlan};
 use super::{
-    EngineNames, Inventory, MIB, Made, REMOTE_PREFIX, RemoteAttach, ReplicaInfo, SyncState, VolumeError,
-    VolumeOps, VolumePlan, naming, no_current, rpc,
+    Inventory, MIB, Made, REMOTE_PREFIX, RemoteAttach, ReplicaInfo, SyncState, VolumeError, VolumeOps,
+    VolumePlan, naming, no_current, rpc,
 };
 use crate::names::Nqn;
 use crate::spdk::rpc::LvolSetParent;
@@ -241,20 +241,18 @@ pub(super) fn lone_engine(
 }
 
 impl VolumeOps {
-    /// Makes the missing replica lvols of `local`, and the TCP transport and
-    /// the volume's subsystem when missing, all at once; records what it made
-    /// in `made` (the lvols, then the subsystem) and returns the new lvols'
-    /// bdevs by alias. The first error found is returned once all are done.
+    /// Makes the missing replica lvols of `local`, all at once; records
+    /// them in `made` and returns their bdevs by alias. The first error
+    /// found is returned once all are done. The volume's subsystem is not
+    /// made here: only the export makes it, once an engine serves (a volume
+    /// held back never has one).
     pub(super) async fn make_missing(
         &self,
-        inv: &Inventory,
         plan: &VolumePlan,
         local: &LocalPlan,
-        names: &EngineNames,
         made: &mut Vec<Made>,
     ) -> Result<HashMap<String, String>, VolumeError> {
         let vol = plan.name.as_str();
-        let nqn = &names.nqn;
         let creates = local
             .replicas
             .iter()
@@ -264,22 +262,7 @@ impl VolumeOps {
                     .await
                     .map(|uuid| (r.alias.clone(), uuid))
             });
-        let subsystem = async {
-            if !inv.tcp_transport {
-                self.ensure_transport()
-                    .await
-                    .map_err(rpc(vol, "creating the TCP transport"))?;
-            }
-            if inv.subsystem(nqn.as_str()).is_some() {
-                return Ok(false);
-            }
-            self.client
-                .nvmf_create_subsystem(&names.subsystem.create(nqn))
-                .await
-                .map(|_| true)
-                .map_err(rpc(vol, format!("creating subsystem {nqn}")))
-        };
-        let (lvols, sub) = futures::join!(join_all(creates), subsystem);
+        let lvols = join_all(creates).await;
         let mut first_err = None;
         let mut new_bdevs = HashMap::new();
         for r in lvols {
@@ -290,11 +273,6 @@ impl VolumeOps {
                 }
                 Err(e) => first_err = first_err.or(Some(e)),
             }
-        }
-        match sub {
-            Ok(true) => made.push(Made::Subsystem(nqn.as_str().to_owned())),
-            Ok(false) => {}
-            Err(e) => first_err = first_err.or(Some(e)),
         }
         match first_err {
             Some(e) => Err(e),

@@ -343,7 +343,7 @@ impl VolumeOps {
         let names = EngineNames::volume(&plan.name);
         // no replica that can serve (every one present missed writes): refused
         // before anything is made, so a volume held back does not make and
-        // undo its subsystem on every pass
+        // undo its missing replicas on every pass
         let trust = ensure::Trust::new(plan, &local);
         let wanted = plan.replicas + plan.remote.len();
         let can_serve = |k: usize| k >= plan.replicas || local.replicas.iter().any(|r| r.k == k);
@@ -354,8 +354,8 @@ impl VolumeOps {
             let present = ensure::replica_facts(inv, &local, &HashMap::new());
             return Err(no_current(plan, &present));
         }
-        // create missing replicas, and the transport and subsystem, concurrently
-        let new_bdevs = self.make_missing(inv, plan, &local, &names, made).await?;
+        // create missing replicas, concurrently
+        let new_bdevs = self.make_missing(plan, &local, made).await?;
         let mut replicas = ensure::replica_facts(inv, &local, &new_bdevs);
         // remote replicas: attached over NVMe/TCP from the nodes that serve them;
         // one that does not answer is waited for like a disk that is away
@@ -371,9 +371,10 @@ impl VolumeOps {
         let (device, sync) = self.make_engine(inv, plan, &replicas, &trust, made).await?;
         // a clone with a superblock: its heads get their snapshots as parents
         self.parent_heads(vol, &local, &rooms, &mut replicas).await?;
-        // export: namespace, listener, hosts (a kernel host: never TLS)
+        // export: the transport and subsystem when missing (only now that an
+        // engine serves), namespace, listener, hosts (a kernel host: never TLS)
         let spec = plan.host_export();
-        self.export_ns(inv, vol, &names.export(&device, &spec), made)
+        self.export_in(inv, vol, &names.export(&device, &spec), made)
             .await?;
         // the size the host sees: looked up only when it may differ from the replicas'
         let may_differ = grew || !local.parents.is_empty();
