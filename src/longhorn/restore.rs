@@ -321,20 +321,29 @@ impl Longhorn {
         e: &Typed<LonghornEngine>,
     ) -> Result<imrpc::EngineBackupRestoreStatusProxyResponse, LonghornError> {
         let mut out = imrpc::EngineBackupRestoreStatusProxyResponse::default();
-        for (replica, address) in &e.spec.replica_address_map {
-            let s = if self.local_replica(replica).is_some() {
-                self.replica_restore_status(replica)?
-            } else {
-                let mut c = self
-                    .replica_node(replica, address)
-                    .await
-                    .map_err(|x| LonghornError::within(format!("restore status of engine {}", e.id()), x))?;
-                c.replica_restore_status(spdkrpc::ReplicaRestoreStatusRequest {
-                    replica_name: replica.clone(),
-                })
-                .await?
-                .into_inner()
-            };
+        // the replicas on other nodes asked at once: the manager polls every
+        // engine, and a poll waits for the slowest node, not for their sum
+        let asks = e
+            .spec
+            .replica_address_map
+            .iter()
+            .map(|(replica, address)| async move {
+                let s = if self.local_replica(replica).is_some() {
+                    self.replica_restore_status(replica)?
+                } else {
+                    let mut c = self.replica_node(replica, address).await.map_err(|x| {
+                        LonghornError::within(format!("restore status of engine {}", e.id()), x)
+                    })?;
+                    c.replica_restore_status(spdkrpc::ReplicaRestoreStatusRequest {
+                        replica_name: replica.clone(),
+                    })
+                    .await?
+                    .into_inner()
+                };
+                Ok::<_, LonghornError>((address, s))
+            });
+        for r in futures::future::join_all(asks).await {
+            let (address, s) = r?;
             out.status.insert(
                 tcp(address),
                 imrpc::EngineBackupRestoreStatus {
