@@ -269,6 +269,10 @@ fn file_imports(src: &Path, file: &Path) -> BTreeSet<PathBuf> {
     for line in code.lines().filter(|l| !l.trim_start().starts_with("//")) {
         let mut rest = line;
         while let Some(i) = rest.find("crate::").or_else(|| rest.find("super::")) {
+            // the path's leading `crate::` or every `super::` of it is taken
+            // here: the search goes on after them (a second `super::` of
+            // `super::super::x` is not a path of its own)
+            let mut skip = 7;
             let (from, mut tail) = if rest[i..].starts_with("crate::") {
                 (Vec::new(), &rest[i + 7..])
             } else {
@@ -278,6 +282,7 @@ fn file_imports(src: &Path, file: &Path) -> BTreeSet<PathBuf> {
                 while let Some(x) = t.strip_prefix("super::") {
                     up.pop();
                     t = x;
+                    skip += 7;
                 }
                 (up, t)
             };
@@ -300,7 +305,7 @@ fn file_imports(src: &Path, file: &Path) -> BTreeSet<PathBuf> {
             {
                 out.insert(f);
             }
-            rest = &rest[i + 7..];
+            rest = &rest[i + skip..];
         }
     }
     out
