@@ -506,6 +506,7 @@ pub async fn serve_with(
 
     let host = HostRoot::new(&opts.host_root);
     let longhorn_session = crate::resources::longhorn::new_session();
+    let longhorn_listing = crate::spdk::inventory::SharedListing::default();
     let deps = Deps {
         host: host.clone(),
         data_dir: data_dir.clone(),
@@ -524,6 +525,7 @@ pub async fn serve_with(
             .unwrap_or(8504),
         longhorn: longhorn_bound.is_some(),
         longhorn_session: longhorn_session.clone(),
+        longhorn_listing: longhorn_listing.clone(),
         spdk_run: crate::spdk::RunId::new(),
     };
     // hugepages first: the engine selection below looks at the free pool
@@ -612,7 +614,8 @@ pub async fn serve_with(
             .with_overcommit(l.overcommit_percent)
             .with_hash_dir(data_dir.join("snaphash"))
             .with_backup_dir(data_dir.join("backup"))
-            .with_session(longhorn_session);
+            .with_session(longhorn_session)
+            .with_listing(longhorn_listing);
             Some(tokio::spawn(crate::longhorn::server::serve(
                 bound,
                 lh,

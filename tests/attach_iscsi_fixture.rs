@@ -595,6 +595,7 @@ async fn attach_controller_attaches_v1_volumes_through_iscsi() {
         peer_tls: None,
         longhorn_peer_port: 8504,
         longhorn_session: talon::resources::longhorn::new_session(),
+        longhorn_listing: Default::default(),
         spdk_run: talon::spdk::RunId::new(),
         longhorn: false,
     };

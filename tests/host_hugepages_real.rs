@@ -389,6 +389,7 @@ fn serve_sizes_the_pool_before_choosing_the_engine() {
         peer_tls: None,
         longhorn_peer_port: 8504,
         longhorn_session: talon::resources::longhorn::new_session(),
+        longhorn_listing: Default::default(),
         spdk_run: talon::spdk::RunId::new(),
         longhorn: false,
     };

@@ -40,6 +40,10 @@ pub struct Deps {
     /// This serve's Longhorn session (`resources::longhorn::new_session`),
     /// shared by the Longhorn services and `engine.LonghornController`.
     pub longhorn_session: crate::resources::longhorn::Session,
+    /// The listing of spdk_tgt that the Longhorn services' polls and
+    /// `engine.LonghornController`'s passes share (their clients count
+    /// changes in the session's count).
+    pub longhorn_listing: crate::spdk::inventory::SharedListing,
     /// Whether talon serves Longhorn's instance-manager protocol (`--longhorn-listen`): then
     /// spdk_tgt runs from the start, as in Longhorn's V2 instance-manager pod.
     pub longhorn: bool,
@@ -94,7 +98,8 @@ pub fn register_all(rt: &mut Runtime, deps: &Deps, selection: &EngineSelection) 
         .with_host_nqn(host_nqn)
         .with_host(deps.host.clone(), deps.data_dir.clone())
         .with_peer_port(deps.longhorn_peer_port)
-        .with_session(deps.longhorn_session.clone()),
+        .with_session(deps.longhorn_session.clone())
+        .with_listing(deps.longhorn_listing.clone()),
     )?;
     rt.register(engine::backup::BackupController::new(
         spdk(&deps.spdk.target_config(&deps.run_dir).socket()),

@@ -18,20 +18,20 @@ use crate::resources::longhorn::{Session, SwitchModes};
 use crate::runtime::State;
 use crate::spdk::SpdkClient;
 use crate::spdk::client::ClientError;
-use crate::spdk::inventory::Inventory;
+use crate::spdk::inventory::{Inventory, SharedListing};
 
 /// How old a listing of spdk_tgt may be when it answers one of the manager's polls
-/// ([`Longhorn::polled_inventory`]): `engine.LonghornController`'s poll, so a change the
-/// target makes on its own (a remote path lost) is reported within the time the controller
-/// takes to act on it. At 1 s the listing was made again about every second under the
-/// manager's polls of 20 engines, the largest cost of talon idle (issue 52: ReplicaList's
-/// 10.6 ms average, 2.3 s a minute of node 1's, against 0.5 ms for the calls that list nothing);
-/// a change made through this session's clients still makes the next poll list again.
-pub const POLL_LISTING_AGE: Duration = Duration::from_secs(3);
-
-/// A listing of spdk_tgt that answered a poll: when it was made, the client's
-/// [`SpdkClient::changes`] then, and the listing.
-type Polled = (Instant, u64, Arc<Inventory>);
+/// ([`Longhorn::polled_inventory`]). `engine.LonghornController` lists at each pass (every
+/// 3 s while instances exist, plus the pass itself) and publishes the listing
+/// ([`Longhorn::with_listing`]): at 5 s the polls between two passes take the last pass's
+/// listing and list nothing themselves, and a change the target makes on its own (a remote
+/// path lost) is reported within about the time the controller takes to act on it. A change
+/// made through this session's clients still makes the next poll list again. Before
+/// (issue 52): at 1 s, each poll's own listing, it was made again about every second
+/// under the manager's polls of 20 engines (ReplicaList's 10.6 ms average, 2.3 s a minute
+/// of node 1's, against 0.5 ms for the calls that list nothing); at 3 s, the polls' own,
+/// one listing every 3 s beside the controller's.
+pub const POLL_LISTING_AGE: Duration = Duration::from_secs(5);
 
 /// Metadata of a forwarded proxy call (it is not forwarded again).
 pub const FORWARDED: &str = "talon-forwarded";
@@ -76,8 +76,9 @@ pub struct Longhorn {
     /// The copies this node runs for other nodes' engines' rebuilds, by
     /// (source replica, dest replica).
     src_copies: Arc<Mutex<BTreeMap<(String, String), SrcCopy>>>,
-    /// The last listing of spdk_tgt that answered a poll, and when it was made.
-    polled: Arc<tokio::sync::Mutex<Option<Polled>>>,
+    /// The last listing of spdk_tgt that answered a poll or a pass of
+    /// `engine.LonghornController` ([`Self::with_listing`]).
+    listing: SharedListing,
     /// The log levels and flags Longhorn asked for (`LogSetLevel`, `LogSetFlags`).
     asked_log: Arc<Mutex<BTreeSet<String>>>,
 }
@@ -103,7 +104,7 @@ impl Longhorn {
             session: crate::resources::longhorn::new_session(),
             held: Arc::default(),
             src_copies: Arc::default(),
-            polled: Arc::default(),
+            listing: SharedListing::default(),
             asked_log: Arc::default(),
         }
     }
@@ -130,19 +131,16 @@ impl Longhorn {
     /// lock is held across the listing on purpose: concurrent polls wait for the one being
     /// made instead of making their own.
     pub(super) async fn polled_inventory(&self) -> Result<Arc<Inventory>, ClientError> {
-        let mut last = self.polled.lock().await;
-        if let Some((at, changes, inv)) = last.as_ref()
-            && at.elapsed() < POLL_LISTING_AGE
-            && *changes == self.client.changes()
-        {
-            return Ok(Arc::clone(inv));
-        }
-        // counted before the listing: a change that ends while it is made makes the next poll
-        // list again
-        let changes = self.client.changes();
-        let inv = Arc::new(Inventory::load(&self.client).await?);
-        *last = Some((Instant::now(), changes, Arc::clone(&inv)));
-        Ok(inv)
+        self.listing.within(&self.client, POLL_LISTING_AGE).await
+    }
+
+    /// The listing shared with `engine.LonghornController` (its passes publish theirs): the
+    /// controller lists every [`POLL_LISTING_AGE`] while instances exist, so the polls
+    /// between its passes list nothing themselves. Its clients must share this service's
+    /// change count (the session's).
+    pub fn with_listing(mut self, listing: SharedListing) -> Self {
+        self.listing = listing;
+        self
     }
 
     /// The session `engine.LonghornController` of this serve carries out.

@@ -357,11 +357,21 @@ impl SpdkClient {
     }
 
     /// A count that moves whenever the target may have changed through this client (or its
-    /// clones): a call other than a listing completed, or a connection was opened (a new
-    /// connection may be a new target). A listing made while it was `n` is still what the
-    /// target holds, as far as this client knows, while it is `n`.
+    /// clones, or the clients made with its count: [`Self::of_run`]): a call other than a
+    /// listing completed, or a connection was opened (a new connection may be a new target).
+    /// A listing made while it was `n` is still what the target holds, as far as these
+    /// clients know, while it is `n`. A connection moves the shared count, not one of its
+    /// own: clients whose own connections were counted apart could see a change of one as
+    /// the other's connect, and take a listing from before it.
     pub fn changes(&self) -> u64 {
-        self.inner.changes.load(Ordering::Acquire) + self.inner.connects.load(Ordering::Acquire)
+        self.inner.changes.load(Ordering::Acquire)
+    }
+
+    /// Which count [`Self::changes`] reads: equal for the clients made with one count (and
+    /// their clones), so a listing made through one is compared with the count it was made
+    /// under.
+    pub fn count_id(&self) -> usize {
+        Arc::as_ptr(&self.inner.changes) as usize
     }
 
     /// Connects now (calls connect lazily otherwise).
@@ -521,6 +531,7 @@ impl SpdkClient {
                 source,
             })?;
         self.inner.connects.fetch_add(1, Ordering::Relaxed);
+        self.inner.changes.fetch_add(1, Ordering::AcqRel);
         let (r, w) = stream.into_split();
         let pending = Arc::new(Mutex::new(Pending::default()));
         let reader = tokio::spawn(read_replies(r, pending.clone()));

@@ -3,6 +3,8 @@
 //! the names of [`crate::spdk::naming`]).
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use super::client::{ClientError, SpdkClient};
 use super::naming::{self, LVS_PREFIX, LvolRole, NULL_PREFIX, RAID_PREFIX, REMOTE_PREFIX, parse_lvol};
@@ -253,6 +255,65 @@ pub enum Owned {
     Remote(String),
 }
 
+/// One listing of a target shared by the clients of one change count
+/// ([`SpdkClient::changes`]): the Longhorn services answer the manager's
+/// polls from it, and `engine.LonghornController` publishes the listing each
+/// of its passes makes. Each listing holds every object of the target, so a
+/// reader that takes the last one while it is young enough and nothing went
+/// through those clients since saves a listing of every engine's objects.
+#[derive(Debug, Clone, Default)]
+pub struct SharedListing(Arc<tokio::sync::Mutex<Option<Listed>>>);
+
+#[derive(Debug)]
+struct Listed {
+    /// When the listing began (a change the target made on its own is seen
+    /// within `age` of it).
+    at: Instant,
+    /// The change count it was made under ([`SpdkClient::count_id`]), and
+    /// its value when it began.
+    count: usize,
+    changes: u64,
+    inventory: Arc<Inventory>,
+}
+
+impl SharedListing {
+    /// The last listing if it began less than `age` ago and `client`'s
+    /// change count has not moved since, else a new one, kept for the
+    /// next reader. The lock is held across the listing on purpose:
+    /// concurrent readers wait for the one being made instead of making
+    /// their own.
+    pub async fn within(&self, client: &SpdkClient, age: Duration) -> Result<Arc<Inventory>, ClientError> {
+        let mut last = self.0.lock().await;
+        if let Some(l) = last.as_ref()
+            && l.at.elapsed() < age
+            && l.count == client.count_id()
+            && l.changes == client.changes()
+        {
+            return Ok(Arc::clone(&l.inventory));
+        }
+        Self::list(&mut last, client).await
+    }
+
+    /// A new listing, kept for the readers after.
+    pub async fn fresh(&self, client: &SpdkClient) -> Result<Arc<Inventory>, ClientError> {
+        Self::list(&mut *self.0.lock().await, client).await
+    }
+
+    async fn list(last: &mut Option<Listed>, client: &SpdkClient) -> Result<Arc<Inventory>, ClientError> {
+        // counted before the listing: a change that ends while it is made
+        // makes the next reader list again
+        let (at, changes) = (Instant::now(), client.changes());
+        let inventory = Arc::new(Inventory::load(client).await?);
+        *last = Some(Listed {
+            at,
+            count: client.count_id(),
+            changes,
+            inventory: Arc::clone(&inventory),
+        });
+        Ok(inventory)
+    }
+}
+
 /// The replica heads `(k, lvol)` of a volume.
 pub fn replica_heads<'a>(inv: &'a Inventory, vol: &str) -> Vec<(usize, &'a Lvol)> {
     let mut v: Vec<(usize, &Lvol)> = inv
@@ -279,4 +340,75 @@ pub fn applied_revert(inv: &Inventory, vol: &str) -> u64 {
         })
         .max()
         .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::AtomicU64;
+    use std::time::Duration;
+
+    use serde_json::{Value, json};
+
+    use super::SharedListing;
+    use crate::spdk::double::SpdkDouble;
+    use crate::spdk::{RunId, SpdkClient};
+
+    /// Readers of one change count take the last listing while it is young
+    /// and nothing changed through any of their clients; a change through
+    /// one, a listing too old, or a reader of another count lists again.
+    #[tokio::test]
+    async fn a_shared_listing_serves_until_a_change_through_any_client_of_its_count() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let double = SpdkDouble::start(dir.path().join("spdk.sock"))
+            .await
+            .expect("double");
+        let (run, count) = (RunId::new(), Arc::new(AtomicU64::new(0)));
+        let controller = SpdkClient::of_run(double.socket(), &run, Some(&count));
+        let polls = SpdkClient::of_run(double.socket(), &run, Some(&count));
+        let listing = SharedListing::default();
+        let age = Duration::from_secs(60);
+        let listed = || double.calls("bdev_get_bdevs");
+
+        let first = listing.fresh(&controller).await.expect("pass");
+        assert_eq!(listed(), 1);
+        // a connection opened is a change (a new connection may be a new
+        // target): the polls' client connecting makes them list again
+        polls.connect().await.expect("connect");
+        let second = listing.within(&polls, age).await.expect("poll");
+        assert_eq!(listed(), 2, "the polls' connect moved the count");
+        let third = listing.within(&polls, age).await.expect("poll");
+        assert!(Arc::ptr_eq(&second, &third), "nothing changed: the same listing");
+        assert_eq!(listed(), 2);
+        assert!(first.bdevs.is_empty());
+
+        // a change through the controller's client: the polls list again and see it
+        controller
+            .call::<Value, Value>(
+                "bdev_null_create",
+                Some(&json!({"name": "n0", "num_blocks": 8, "block_size": 512})),
+            )
+            .await
+            .expect("bdev_null_create");
+        let after = listing.within(&polls, age).await.expect("poll");
+        assert_eq!(listed(), 3);
+        assert!(after.bdevs.contains_key("n0"), "the change is in the listing");
+        // the controller's pass always lists, and publishes it
+        let pass = listing.fresh(&controller).await.expect("pass");
+        assert_eq!(listed(), 4);
+        let poll = listing.within(&polls, age).await.expect("poll");
+        assert!(Arc::ptr_eq(&pass, &poll), "the polls take the pass's listing");
+        // too old
+        listing.within(&polls, Duration::ZERO).await.expect("poll");
+        assert_eq!(listed(), 5);
+        // a listing made through a client of another count is not taken: its
+        // count says nothing of the other's changes
+        let alone = SpdkClient::of_run(double.socket(), &run, None);
+        alone.connect().await.expect("connect");
+        listing.within(&alone, age).await.expect("alone");
+        listing.within(&alone, age).await.expect("alone");
+        assert_eq!(listed(), 6);
+        listing.within(&polls, age).await.expect("poll");
+        assert_eq!(listed(), 7);
+    }
 }

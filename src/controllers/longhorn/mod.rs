@@ -100,6 +100,9 @@ pub struct LonghornController {
     session: Session,
     /// When each member behind its export was last wanted (`shared`).
     wanted: shared::Wanted,
+    /// Where each pass's listing is published for the Longhorn services'
+    /// polls ([`Self::with_listing`]).
+    listing: crate::spdk::inventory::SharedListing,
 }
 
 mod caps;
@@ -133,7 +136,16 @@ impl LonghornController {
             caps: caps::Caps::default(),
             session: crate::resources::longhorn::new_session(),
             wanted: Default::default(),
+            listing: Default::default(),
         }
+    }
+
+    /// Publishes each pass's listing in `listing`, which the Longhorn services answer the
+    /// manager's polls from (`Longhorn::with_listing`; this controller's client must count
+    /// its changes in the session's count, as theirs do). The pass itself always lists anew.
+    pub fn with_listing(mut self, listing: crate::spdk::inventory::SharedListing) -> Self {
+        self.listing = listing;
+        self
     }
 
     /// The session this serve's Longhorn services write their requests in.
@@ -1398,7 +1410,7 @@ impl Controller for LonghornController {
         // records in `inv` as it goes (lvols made, subsystems, raids and
         // controllers removed), so later steps see it without listing again
         let started = Instant::now();
-        let mut inv = Inventory::load(&self.client).await?;
+        let mut inv = Inventory::clone(&*self.listing.fresh(&self.client).await?);
         let listed = started.elapsed();
         revert::drop_stale_revert_ledgers(ctx, &inv, &engines)?;
         self.remove_engines(ctx, &mut inv, &engines, &mut errored).await?;
