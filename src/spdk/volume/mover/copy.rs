@@ -91,10 +91,11 @@ pub async fn copy_sessions(
     copied: &AtomicU64,
 ) -> Result<Filled, MoverError> {
     let from = src.bdev.clone();
-    let done = match check_range(&src, &dst, &from, range) {
-        Ok(len) => run(&src, &dst, range, len, copied).await,
-        Err(e) => Err(e),
-    };
+    let done = async {
+        let len = check_range(&src, &dst, &from, range)?;
+        run(&src, &dst, range, len, copied).await
+    }
+    .await;
     let (a, b) = (src.close().await, dst.close().await);
     let done = done?;
     a?;

@@ -267,48 +267,47 @@ pub async fn fill_standby(
         }
     }
     let data_offset = from.data_offset;
-    let restored = match opened {
-        Err(e) => Err(e),
-        Ok(()) => {
-            let limit = sessions
-                .iter()
-                .map(|s| s.size())
-                .min()
-                .unwrap_or(0)
-                .saturating_sub(data_offset);
-            let (all, every_chunk) = (&sessions, from.base.is_some());
-            crate::backupstore::ops::restore_streamed_onto(
-                from.store,
-                from.volume,
-                from.base,
-                from.backup,
-                limit,
-                progress,
-                move |offset, data| async move {
-                    let data = Bytes::from(data);
-                    let chunks: Vec<(usize, Bytes)> = (0..data.len())
-                        .step_by(super::CHUNK)
-                        .map(|at| (at, data.slice(at..(at + super::CHUNK).min(data.len()))))
-                        .filter(|(_, part)| every_chunk || super::has_data(part))
-                        .collect();
-                    futures::future::try_join_all(all.iter().flat_map(|s| {
-                        chunks
-                            .iter()
-                            .map(move |(at, part)| s.write(data_offset + offset + *at as u64, part.clone()))
-                    }))
-                    .await
-                    .map(|_| ())
-                    .map_err(|e| crate::util::error_chain(&e))
-                },
-            )
-            .await
-            .map_err(|source| FillError::Backup {
-                backup: from.backup.to_owned(),
-                volume: from.volume.to_owned(),
-                source,
-            })
-        }
-    };
+    let restored = async {
+        opened?;
+        let limit = sessions
+            .iter()
+            .map(|s| s.size())
+            .min()
+            .unwrap_or(0)
+            .saturating_sub(data_offset);
+        let (all, every_chunk) = (&sessions, from.base.is_some());
+        crate::backupstore::ops::restore_streamed_onto(
+            from.store,
+            from.volume,
+            from.base,
+            from.backup,
+            limit,
+            progress,
+            move |offset, data| async move {
+                let data = Bytes::from(data);
+                let chunks: Vec<(usize, Bytes)> = (0..data.len())
+                    .step_by(super::CHUNK)
+                    .map(|at| (at, data.slice(at..(at + super::CHUNK).min(data.len()))))
+                    .filter(|(_, part)| every_chunk || super::has_data(part))
+                    .collect();
+                futures::future::try_join_all(all.iter().flat_map(|s| {
+                    chunks
+                        .iter()
+                        .map(move |(at, part)| s.write(data_offset + offset + *at as u64, part.clone()))
+                }))
+                .await
+                .map(|_| ())
+                .map_err(|e| crate::util::error_chain(&e))
+            },
+        )
+        .await
+        .map_err(|source| FillError::Backup {
+            backup: from.backup.to_owned(),
+            volume: from.volume.to_owned(),
+            source,
+        })
+    }
+    .await;
     let mut closed = Ok(());
     for s in sessions {
         let bdev = s.bdev.clone();
@@ -356,20 +355,19 @@ pub async fn fill_replica(
         Source::Backup(b) => fill_from_backup(client, b, &uuid, super::DEPTH).await,
         Source::Snapshot(snap) => fill_from_snapshot(client, snap, &uuid, super::DEPTH).await,
     };
-    let filled = match filled {
-        Ok(f) => {
-            tracing::info!(lvol = %alias, written = f.written, read = f.read, %from, "restored into a thin lvol");
-            client
-                .bdev_lvol_rename(&LvolRename {
-                    old_name: alias.clone(),
-                    new_name: name.to_owned(),
-                })
-                .await
-                .map(|_| ())
-                .map_err(rpc(format!("renaming {alias} to {name}")))
-        }
-        Err(e) => Err(e),
-    };
+    let filled = async {
+        let f = filled?;
+        tracing::info!(lvol = %alias, written = f.written, read = f.read, %from, "restored into a thin lvol");
+        client
+            .bdev_lvol_rename(&LvolRename {
+                old_name: alias.clone(),
+                new_name: name.to_owned(),
+            })
+            .await
+            .map(|_| ())
+            .map_err(rpc(format!("renaming {alias} to {name}")))
+    }
+    .await;
     if let Err(e) = filled {
         match client.bdev_lvol_delete(&ByName::new(&uuid)).await {
             Ok(_) => {}
