@@ -365,7 +365,7 @@ async fn run(client: &SpdkClient, lvs: &str, replica: &str, snap: &str) -> Resul
         if s.size() != plan.size {
             let reason = format!("its export holds {} bytes, the snapshot {}", s.size(), plan.size);
             let _ = s.close().await;
-            return Err(mover::MoverError::Io {
+            return Err(mover::MoverError::Invalid {
                 bdev: alias.clone(),
                 reason,
             });

@@ -108,20 +108,20 @@ pub async fn copy_sessions(
 fn check_range(src: &Session, dst: &Session, from: &str, range: Range) -> Result<u64, MoverError> {
     let size = src.size();
     if range.from_offset > size {
-        return Err(dst.io(format!(
+        return Err(dst.invalid(format!(
             "offset {} is past the end of {from} ({size} bytes)",
             range.from_offset
         )));
     }
     let len = range.len.unwrap_or(size - range.from_offset);
     if range.from_offset + len > size {
-        return Err(dst.io(format!(
+        return Err(dst.invalid(format!(
             "{len} bytes from offset {} pass the end of {from} ({size} bytes)",
             range.from_offset
         )));
     }
     if dst.size() < range.to_offset.saturating_add(len) {
-        return Err(dst.io(format!(
+        return Err(dst.invalid(format!(
             "it holds {} bytes, less than the {len} bytes of {from} at offset {}",
             dst.size(),
             range.to_offset
@@ -133,7 +133,7 @@ fn check_range(src: &Session, dst: &Session, from: &str, range: Range) -> Result
             .iter()
             .all(|x| x.is_multiple_of(bs))
         {
-            return Err(dst.io(format!(
+            return Err(dst.invalid(format!(
                 "{len} bytes of {from} from offset {} to offset {} are not whole blocks of the {what}'s {bs} bytes",
                 range.from_offset, range.to_offset
             )));

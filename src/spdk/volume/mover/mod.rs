@@ -111,12 +111,26 @@ pub enum MoverError {
         #[source]
         source: Box<tcp::WireError>,
     },
-    /// What else failed: a size or range that does not fit, a file read.
+    /// A file the mover reads from failed.
+    #[error("mover for bdev {bdev}: {step} {}", path.display())]
+    File {
+        /// The bdev written.
+        bdev: String,
+        /// What the mover was doing with the file.
+        step: &'static str,
+        /// The file.
+        path: std::path::PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A request the bdev cannot take: a size or range that does not fit, a
+    /// name SPDK refuses.
     #[error("mover for bdev {bdev}: {reason}")]
-    Io {
+    Invalid {
         /// The bdev moved.
         bdev: String,
-        /// What failed.
+        /// What does not fit.
         reason: String,
     },
 }
@@ -162,7 +176,7 @@ impl Session {
             purpose.as_str(),
             id.simple()
         ))
-        .map_err(|e| MoverError::Io {
+        .map_err(|e| MoverError::Invalid {
             bdev: bdev.to_owned(),
             reason: e.to_string(),
         })?;
@@ -284,8 +298,8 @@ impl Session {
         self.nqn.as_str()
     }
 
-    pub(super) fn io(&self, reason: String) -> MoverError {
-        MoverError::Io {
+    pub(super) fn invalid(&self, reason: String) -> MoverError {
+        MoverError::Invalid {
             bdev: self.bdev.clone(),
             reason,
         }
@@ -493,14 +507,19 @@ pub async fn fill_from_file(
 ) -> Result<Filled, MoverError> {
     use std::os::unix::fs::FileExt as _;
     let s = Session::open(client, bdev, Purpose::Restore, depth).await?;
-    let f =
-        std::sync::Arc::new(std::fs::File::open(file).map_err(|e| s.io(format!("{}: {e}", file.display())))?);
-    let len = f
-        .metadata()
-        .map_err(|e| s.io(format!("{}: {e}", file.display())))?
-        .len();
+    let file_error = |step: &'static str| {
+        let (bdev, path) = (s.bdev.clone(), file.to_owned());
+        move |source| MoverError::File {
+            bdev,
+            step,
+            path,
+            source,
+        }
+    };
+    let f = std::sync::Arc::new(std::fs::File::open(file).map_err(file_error("opening"))?);
+    let len = f.metadata().map_err(file_error("looking at"))?.len();
     if len > s.size() {
-        return Err(s.io(format!(
+        return Err(s.invalid(format!(
             "{} holds {len} bytes: more than the bdev's {}",
             file.display(),
             s.size()
@@ -527,8 +546,8 @@ pub async fn fill_from_file(
             f2.read_exact_at(&mut b, at2).map(|()| b)
         })
         .await
-        .map_err(|e| s.io(e.to_string()))?
-        .map_err(|e| s.io(format!("reading {}: {e}", file.display())))?;
+        .unwrap_or_else(|e| Err(std::io::Error::other(e)))
+        .map_err(file_error("reading"))?;
         done.read += n;
         if has_data(&buf) {
             // a short last chunk padded to whole blocks (the file is the bdev's data)

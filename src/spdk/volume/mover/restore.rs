@@ -335,7 +335,7 @@ pub async fn fill_replica(
     let tmp = naming::restoring(name);
     let alias = format!("{lvs}/{tmp}");
     if tmp.len() > 63 {
-        return Err(MoverError::Io {
+        return Err(MoverError::Invalid {
             bdev: alias,
             reason: format!(
                 "lvol name {tmp} (replica {name} while it is restored) is longer than SPDK's 63 characters"
