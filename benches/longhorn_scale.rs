@@ -347,6 +347,42 @@ fn table(runs: &[(u32, Value)]) -> String {
                 .join(" | ")
         );
     }
+    out += "\nwhere the attach storm's CPU went, % of one core (processes alive at its end):\n";
+    for (n, m) in runs {
+        if let Some(o) = ph(m, "attach", "cpu_split").as_object() {
+            let mut split: Vec<_> = o.iter().collect();
+            split.sort_by(|a, b| {
+                b.1.as_f64()
+                    .partial_cmp(&a.1.as_f64())
+                    .unwrap_or(std::cmp::Ordering::Equal)
+            });
+            let split: Vec<String> = split.iter().map(|(k, v)| format!("{k} {}", f(v, 1))).collect();
+            out += &format!("  N = {n}: {}\n", split.join(", "));
+        }
+        // talon's handler time per method in the storm, by node, the costliest first
+        if let Some(nodes) = ph(m, "attach", "call_ms").as_object() {
+            for (node, calls) in nodes {
+                let mut calls: Vec<_> = calls.as_object().into_iter().flatten().collect();
+                calls.sort_by(|a, b| {
+                    b.1["sum_s"]
+                        .as_f64()
+                        .partial_cmp(&a.1["sum_s"].as_f64())
+                        .unwrap_or(std::cmp::Ordering::Equal)
+                });
+                let calls: Vec<String> = calls
+                    .into_iter()
+                    .take(4)
+                    .map(|(k, c)| {
+                        format!(
+                            "{k} {}x p50/p95/max {}/{}/{} ms",
+                            c["n"], c["p50"], c["p95"], c["max"]
+                        )
+                    })
+                    .collect();
+                out += &format!("    {node}: {}\n", calls.join("; "));
+            }
+        }
+    }
     out += "\nthe calls by method over the idle window (node 1):\n";
     for (n, m) in runs {
         let nodes = &m["phases"]["idle"]["nodes"];

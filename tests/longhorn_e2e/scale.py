@@ -34,6 +34,9 @@ MIB = 1 << 20
 SIZE = 32 * MIB
 GROUP, VERSION = "longhorn.io", "v1beta2"
 CALL = re.compile(r"longhorn gRPC call.*?method=(\S+)")
+CALL_MS = re.compile(r"longhorn gRPC call.*?method=(\S+).*?\bms=(\d+)")
+# the programs whose CPU the storm is split between (by executable name)
+PROGRAMS = ("talon", "spdk_tgt", "longhorn-manager", "kube-apiserver", "etcd", "python")
 TICK = os.sysconf("SC_CLK_TCK")
 
 
@@ -162,7 +165,48 @@ class Scale:
         schedules by size; little is written)."""
         return max(1024 * MIB, self.n * SIZE * 2 + 512 * MIB)
 
+    @staticmethod
+    def program_ticks():
+        """CPU ticks used so far by each of PROGRAMS' live processes (summed per program), and
+        the machine's busy ticks: a window's difference says who the storm's CPU went to."""
+        per = {}
+        for d in os.listdir("/proc"):
+            if not d.isdigit():
+                continue
+            try:
+                exe = os.path.basename(open(f"/proc/{d}/cmdline", "rb").read().split(b"\0")[0].decode(errors="replace"))
+                ticks = Scale.cpu_ticks(d)
+            except (OSError, IndexError, ValueError):
+                continue
+            name = next((p for p in PROGRAMS if exe.startswith(p)), "other")
+            per[(name, d)] = ticks
+        cpu = [int(x) for x in open("/proc/stat").readline().split()[1:]]
+        return per, sum(cpu) - cpu[3] - cpu[4]
+
+    @staticmethod
+    def cpu_split(before, after, dt):
+        """% of one core per program over a window (processes that ended in it are not counted)."""
+        out = {}
+        for k, t in after[0].items():
+            out[k[0]] = out.get(k[0], 0) + (t - before[0].get(k, 0)) / TICK / dt * 100
+        out["machine busy"] = (after[1] - before[1]) / TICK / dt * 100
+        return {k: round(v, 1) for k, v in sorted(out.items(), key=lambda kv: -kv[1])}
+
+    def call_ms(self, node, offset):
+        """Per method, the talon handler's ms (p50, p95, max, sum) in node's log after offset."""
+        with open(self.talon_log(node), errors="replace") as f:
+            f.seek(offset)
+            per = {}
+            for line in f:
+                mm = CALL_MS.search(line)
+                if mm:
+                    per.setdefault(mm.group(1).rsplit("/", 1)[-1], []).append(int(mm.group(2)))
+        return {k: {"n": len(v), "p50": pct(v, 0.5), "p95": pct(v, 0.95), "max": max(v), "sum_s": sum(v) / 1000}
+                for k, v in sorted(per.items(), key=lambda kv: -sum(kv[1]))[:8]}
+
     def create_attach(self):
+        logs = {n: os.path.getsize(self.talon_log(n)) for n in self.s.nodes}
+        ticks0 = self.program_ticks()
         t0 = time.monotonic()
         for v in self.vols:
             self.c.custom.create_namespaced_custom_object(GROUP, VERSION, NS, "volumes", {
@@ -192,7 +236,10 @@ class Scale:
             self.s.wait(f"{self.n} volumes attached and healthy", done, 120 + 6 * self.n)
         finally:
             a, h = list(attached.values()), list(healthy.values())
-            self.phase("attach", create_calls_s=created, attached=len(a), healthy=len(h),
+            split = self.cpu_split(ticks0, self.program_ticks(), time.monotonic() - t0)
+            calls = {n: self.call_ms(n, logs[n]) for n in self.s.nodes}
+            self.phase("attach", create_calls_s=created, attached=len(a), healthy=len(h), cpu_split=split,
+                       call_ms=calls,
                        attach_p50=pct(a, 0.5), attach_p95=pct(a, 0.95), attach_last=max(a, default=None),
                        healthy_p50=pct(h, 0.5), healthy_p95=pct(h, 0.95), healthy_last=max(h, default=None))
         lh_say(f"attach: {json.dumps(self.m['phases']['attach'])}")
