@@ -46,6 +46,26 @@ else
 	echo "run-all: no SPDK (set TALON_SPDK_DIR to an SPDK build): the real-SPDK tests will skip"
 fi
 
+# The cross-check with Longhorn's own backupstore library (tests/backupstore_longhorn.rs) runs
+# the program built from it beside the checkout (../shared/longhorn/backupstore-tool, as in CI),
+# unpacked into target/ and checked against its README's sha256; an explicit
+# TALON_LONGHORN_BACKUPSTORE wins.
+LH_TOOL=../shared/longhorn/backupstore-tool/longhorn-backupstore.xz
+LH_TOOL_SHA=1e57018e6ee68e8df66c8a6ce8a9cf75a999b8c2e26f21dc327d4631bc73d412
+if [ -z "${TALON_LONGHORN_BACKUPSTORE:-}" ] && [ -f "$LH_TOOL" ]; then
+	mkdir -p target
+	if ! echo "$LH_TOOL_SHA  target/longhorn-backupstore" | sha256sum -c --status 2>/dev/null; then
+		xz -dc "$LH_TOOL" > target/longhorn-backupstore.part && chmod +x target/longhorn-backupstore.part &&
+			mv target/longhorn-backupstore.part target/longhorn-backupstore
+	fi
+	if echo "$LH_TOOL_SHA  target/longhorn-backupstore" | sha256sum -c --status; then
+		export TALON_LONGHORN_BACKUPSTORE="$PWD/target/longhorn-backupstore"
+		echo "run-all: Longhorn's backupstore library: $TALON_LONGHORN_BACKUPSTORE"
+	else
+		echo "run-all: $LH_TOOL did not unpack to the program its README names (sha256); the cross-check will skip"
+	fi
+fi
+
 # One clean build gains nothing from incremental state (gigabytes on disk).
 export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
 
