@@ -730,9 +730,7 @@ impl Longhorn {
     /// The engine-frontend of this node that attaches engine `engine`
     /// (`named` first, when given).
     pub(super) fn frontend_for(&self, engine: &str, named: &str) -> Option<Typed<LonghornEngineFrontend>> {
-        let all = self.state().list_typed::<LonghornEngineFrontend>().ok()?;
-        let mut of_engine = all.into_iter().filter(|f| f.spec.engine_name == engine);
-        let v: Vec<_> = of_engine.by_ref().collect();
+        let v = self.frontends_of(engine);
         v.iter()
             .find(|f| !named.is_empty() && f.id() == named)
             .or_else(|| v.first())

@@ -227,9 +227,24 @@ impl Longhorn {
                 .ok()
                 .flatten();
         }
-        let all = self.state().list_typed::<LonghornEngineFrontend>().ok()?;
-        all.into_iter()
-            .find(|f| (!named.is_empty() && f.id() == named) || (named.is_empty() && f.spec.engine_name == e))
+        self.frontends_of(e).into_iter().next()
+    }
+
+    /// The engine-frontends of this node that attach engine `e` (the others are not decoded:
+    /// the manager's VolumeGet polls of every engine ask this).
+    pub(super) fn frontends_of(&self, e: &str) -> Vec<Typed<LonghornEngineFrontend>> {
+        /// What a stored engine-frontend's spec says of its engine.
+        #[derive(serde::Deserialize)]
+        #[serde(rename_all = "camelCase")]
+        struct OfEngine<'a> {
+            #[serde(borrow)]
+            engine_name: &'a str,
+        }
+        self.state()
+            .list_typed_where::<LonghornEngineFrontend>(|spec| {
+                <OfEngine as serde::Deserialize>::deserialize(spec).is_ok_and(|f| f.engine_name == e)
+            })
+            .unwrap_or_default()
     }
 
     /// The lvols of engine `e`'s replicas as one of them holds them (every

@@ -194,12 +194,16 @@ impl ReconcileContext {
             id: id.to_string(),
             source,
         })?;
-        match self.state.get(S::NAMESPACE, S::TYPE, id) {
-            Some(_) => {
+        // the usual case in a pass over many instances: nothing changed
+        if self.state.holds(S::NAMESPACE, S::TYPE, id, self.name, &value) {
+            return Ok(());
+        }
+        match self.state.contains(S::NAMESPACE, S::TYPE, id) {
+            true => {
                 self.state
                     .update(S::NAMESPACE, S::TYPE, id, self.name, None, |r| r.spec = value)?;
             }
-            None => {
+            false => {
                 self.state
                     .create(S::NAMESPACE, S::TYPE, id, self.name, value, Default::default())?;
             }
@@ -244,10 +248,9 @@ impl ReconcileContext {
     pub(crate) fn cleanup_outputs(&mut self) -> Result<usize, StateError> {
         let mut removed = 0;
         for out in &self.outputs {
-            for r in self.state.list(&out.namespace, &out.type_) {
-                let m = &r.metadata;
-                if m.owner == self.name && !self.applied.contains(&(m.type_.clone(), m.id.clone())) {
-                    match self.state.destroy(&m.namespace, &m.type_, &m.id, self.name) {
+            for id in self.state.owned_ids(&out.namespace, &out.type_, self.name) {
+                if !self.applied.contains(&(out.type_.clone(), id.clone())) {
+                    match self.state.destroy(&out.namespace, &out.type_, &id, self.name) {
                         Ok(_) | Err(StateError::NotFound { .. }) => removed += 1,
                         Err(e) => return Err(e),
                     }

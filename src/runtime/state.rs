@@ -531,18 +531,61 @@ impl State {
 
     // ---- typed helpers ----
 
-    /// One typed resource.
+    /// One typed resource. Decoded from the stored spec in place (no copy of
+    /// its JSON is made: the manager's polls read a few per call).
     pub fn get_typed<S: Spec>(&self, id: &str) -> Result<Option<Typed<S>>, StateError> {
-        self.get(S::NAMESPACE, S::TYPE, id)
-            .map(|r| decode::<S>(r))
+        self.lock_read()
+            .get(&key(S::NAMESPACE, S::TYPE, id))
+            .map(decode_ref::<S>)
             .transpose()
     }
 
-    /// Every typed resource of a type.
+    /// Whether resource `ty`/`id` of namespace `ns` exists (nothing is copied).
+    pub fn contains(&self, ns: &str, ty: &str, id: &str) -> bool {
+        self.lock_read().contains_key(&key(ns, ty, id))
+    }
+
+    /// Whether resource `ty`/`id` of namespace `ns` exists, owned by `owner`,
+    /// with spec `spec`: an update of it to `spec` by `owner` would change
+    /// nothing (nothing is copied to find out).
+    pub fn holds(&self, ns: &str, ty: &str, id: &str, owner: &str, spec: &Value) -> bool {
+        self.lock_read()
+            .get(&key(ns, ty, id))
+            .is_some_and(|r| r.metadata.owner == owner && &r.spec == spec)
+    }
+
+    /// The typed resources of a type whose stored spec `keep` takes, each decoded in place
+    /// (the others are not decoded: `keep` reads only the fields it needs).
+    pub fn list_typed_where<S: Spec>(
+        &self,
+        keep: impl Fn(&Value) -> bool,
+    ) -> Result<Vec<Typed<S>>, StateError> {
+        let (ns, ty) = (S::NAMESPACE, S::TYPE);
+        self.lock_read()
+            .range(key(ns, ty, "")..)
+            .take_while(|((n, t, _), _)| n == ns && t == ty)
+            .filter(|(_, r)| keep(&r.spec))
+            .map(|(_, r)| decode_ref::<S>(r))
+            .collect()
+    }
+
+    /// The ids of the resources of a type owned by `owner`, sorted (nothing else is copied).
+    pub fn owned_ids(&self, ns: &str, ty: &str, owner: &str) -> Vec<String> {
+        self.lock_read()
+            .range(key(ns, ty, "")..)
+            .take_while(|((n, t, _), _)| n == ns && t == ty)
+            .filter(|(_, r)| r.metadata.owner == owner)
+            .map(|((_, _, id), _)| id.clone())
+            .collect()
+    }
+
+    /// Every typed resource of a type, each decoded in place.
     pub fn list_typed<S: Spec>(&self) -> Result<Vec<Typed<S>>, StateError> {
-        self.list(S::NAMESPACE, S::TYPE)
-            .into_iter()
-            .map(decode::<S>)
+        let (ns, ty) = (S::NAMESPACE, S::TYPE);
+        self.lock_read()
+            .range(key(ns, ty, "")..)
+            .take_while(|((n, t, _), _)| n == ns && t == ty)
+            .map(|(_, r)| decode_ref::<S>(r))
             .collect()
     }
 
@@ -583,6 +626,17 @@ fn encode<S: Spec>(ty: &str, id: &str, spec: &S) -> Result<Value, StateError> {
         type_: ty.to_string(),
         id: id.to_string(),
         source,
+    })
+}
+
+fn decode_ref<S: Spec>(r: &Resource) -> Result<Typed<S>, StateError> {
+    Ok(Typed {
+        spec: S::deserialize(&r.spec).map_err(|source| StateError::Decode {
+            type_: r.metadata.type_.clone(),
+            id: r.metadata.id.clone(),
+            source,
+        })?,
+        metadata: r.metadata.clone(),
     })
 }
 
@@ -726,6 +780,12 @@ mod tests {
             .expect("noop");
         assert_eq!(same.metadata.version, 1);
         assert!(rx.try_recv().is_err(), "a no-op update emits nothing");
+        // what a no-op update would find, asked without a copy
+        assert!(s.holds("engine", "T", "a", "ctl", &json!(1)));
+        assert!(!s.holds("engine", "T", "a", "other", &json!(1)), "another owner");
+        assert!(!s.holds("engine", "T", "a", "ctl", &json!(2)), "another spec");
+        assert!(!s.holds("engine", "T", "b", "ctl", &json!(1)), "none");
+        assert!(s.contains("engine", "T", "a") && !s.contains("engine", "T", "b"));
     }
 
     #[test]

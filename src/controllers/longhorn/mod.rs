@@ -29,6 +29,7 @@ use std::time::{Duration, Instant};
 
 use crate::attach::nvme_tcp::{self, ConnectOptions, NvmeTcpTarget};
 use crate::host::HostRoot;
+use crate::host::longhorn_address::AddressError;
 use crate::names::{Nqn, ObjectName};
 use crate::resources::config::{Disk, NodeConfig};
 use crate::resources::engine::{DiskStatus, ObjectState, TargetStatus};
@@ -103,7 +104,23 @@ pub struct LonghornController {
     /// Where each pass's listing is published for the Longhorn services'
     /// polls ([`Self::with_listing`]).
     listing: crate::spdk::inventory::SharedListing,
+    /// The instance address last looked up, when, and for which `listenAddress`
+    /// ([`Self::instance_ip`]).
+    address: std::sync::Mutex<Option<LookedUp>>,
 }
+
+/// An instance address looked up ([`LonghornController::instance_ip`]).
+#[derive(Debug)]
+struct LookedUp {
+    at: Instant,
+    /// The `listenAddress` it was looked up for.
+    listen: String,
+    ip: Result<IpAddr, AddressError>,
+}
+
+/// How long a looked-up instance address is taken as it is: a pass asks it per
+/// instance, and each lookup lists the host's interfaces.
+const ADDRESS_AGE: Duration = Duration::from_secs(1);
 
 mod caps;
 mod error;
@@ -137,7 +154,27 @@ impl LonghornController {
             session: crate::resources::longhorn::new_session(),
             wanted: Default::default(),
             listing: Default::default(),
+            address: Default::default(),
         }
+    }
+
+    /// The address this node's instances are served on (`NodeConfig.listenAddress`, see
+    /// `host::longhorn_address`), looked up at most once per [`ADDRESS_AGE`].
+    fn instance_ip(&self, node: &NodeConfig) -> Result<IpAddr, InstanceError> {
+        let mut memo = self.address.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(m) = memo.as_ref()
+            && m.at.elapsed() < ADDRESS_AGE
+            && m.listen == node.listen_address
+        {
+            return m.ip.clone().map_err(InstanceError::from);
+        }
+        let ip = crate::host::longhorn_address::instance_ip(&node.listen_address);
+        *memo = Some(LookedUp {
+            at: Instant::now(),
+            listen: node.listen_address.clone(),
+            ip: ip.clone(),
+        });
+        ip.map_err(InstanceError::from)
     }
 
     /// Publishes each pass's listing in `listing`, which the Longhorn services answer the
@@ -405,7 +442,7 @@ impl LonghornController {
             }
         }
         let nqn = naming::replica_nqn(&name)?;
-        let addr: IpAddr = instance_ip(node)?;
+        let addr: IpAddr = self.instance_ip(node)?;
         let mut st = status(InstanceKind::Replica, InstanceState::Running, "");
         st.bdev = alias.clone();
         st.uuid = lvol.uuid.clone();
@@ -553,7 +590,7 @@ impl LonghornController {
     ) -> Result<LonghornInstanceStatus, InstanceError> {
         let name = ObjectName::parse("engine", e.id())?;
         let volume = ObjectName::parse("volume", &e.spec.volume)?;
-        let addr: IpAddr = instance_ip(node)?;
+        let addr: IpAddr = self.instance_ip(node)?;
         let left = self.drop_removed(inv, e, local, prev).await;
         let ana = spdk_ana(e.spec.ana_state);
         let serving = Serving::of(&name, &volume, self.export_spec(node, addr, e.spec.port), ana)?;
@@ -1303,11 +1340,6 @@ fn engine_status(made: Result<LonghornInstanceStatus, InstanceError>) -> Longhor
         Err(m) if m.waits() => status(InstanceKind::Engine, InstanceState::Starting, m.text()),
         Err(m) => status(InstanceKind::Engine, InstanceState::Error, m.text()),
     }
-}
-
-/// The address this node's instances are served on (`NodeConfig.listenAddress`).
-fn instance_ip(node: &NodeConfig) -> Result<IpAddr, InstanceError> {
-    crate::host::longhorn_address::instance_ip(&node.listen_address).map_err(InstanceError::from)
 }
 
 /// What an engine that is not running keeps of its previous status.

@@ -24,7 +24,7 @@ use std::time::Instant;
 
 use futures::StreamExt;
 
-use super::{InstanceError, LonghornController, held, instance_ip, local_replicas};
+use super::{InstanceError, LonghornController, held, local_replicas};
 use crate::names::ObjectName;
 use crate::resources::config::NodeConfig;
 use crate::resources::longhorn::{LonghornEngine, LonghornReplica};
@@ -59,7 +59,7 @@ impl LonghornController {
             return Ok(());
         }
         // the replicas' step names a bad address
-        let Ok(addr) = instance_ip(node) else {
+        let Ok(addr) = self.instance_ip(node) else {
             return Ok(());
         };
         let started = Instant::now();

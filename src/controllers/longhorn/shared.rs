@@ -317,7 +317,7 @@ impl LonghornController {
             let (Ok(engine), Ok(volume), Ok(addr)) = (
                 ObjectName::parse("engine", e.id()),
                 ObjectName::parse("volume", &e.spec.volume),
-                super::instance_ip(node),
+                self.instance_ip(node),
             ) else {
                 continue;
             };
