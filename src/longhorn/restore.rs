@@ -22,7 +22,7 @@
 use std::collections::BTreeMap;
 
 use super::error::LonghornError;
-use super::service::Longhorn;
+use super::service::{Longhorn, QuietRestores};
 use crate::backupstore::format::check_name;
 use crate::backupstore::info::decode_url;
 use crate::proto::imrpc;
@@ -56,6 +56,32 @@ fn task_error(errors: &[(String, String)]) -> Vec<u8> {
     serde_json::json!({ "ReplicaErrors": list })
         .to_string()
         .into_bytes()
+}
+
+/// Forgets the quiet answers when a `BackupRestore` starts and again when it ends.
+struct ForgetQuiet<'a>(&'a QuietRestores);
+
+impl<'a> ForgetQuiet<'a> {
+    fn new(q: &'a QuietRestores) -> Self {
+        q.forget();
+        Self(q)
+    }
+}
+
+impl Drop for ForgetQuiet<'_> {
+    fn drop(&mut self) {
+        self.0.forget();
+    }
+}
+
+/// Whether a replica's restore status says it restores nothing and never did.
+fn restores_nothing(s: &spdkrpc::ReplicaRestoreStatusResponse) -> bool {
+    !s.is_restoring
+        && s.state.is_empty()
+        && s.last_restored.is_empty()
+        && s.current_restoring_backup.is_empty()
+        && s.error.is_empty()
+        && s.backup_url.is_empty()
 }
 
 impl Longhorn {
@@ -212,6 +238,7 @@ impl Longhorn {
         e: &Typed<LonghornEngine>,
         req: imrpc::EngineBackupRestoreRequest,
     ) -> Result<imrpc::EngineBackupRestoreProxyResponse, LonghornError> {
+        let _forget = ForgetQuiet::new(self.quiet_restores());
         let what = format!(
             "restore of {} into engine {}",
             crate::backupstore::store::redact_urls(&req.url),
@@ -328,17 +355,29 @@ impl Longhorn {
             .replica_address_map
             .iter()
             .map(|(replica, address)| async move {
+                let quiet = self.quiet_restores();
                 let s = if self.local_replica(replica).is_some() {
                     self.replica_restore_status(replica)?
+                } else if quiet.quiet(e.id(), replica) {
+                    spdkrpc::ReplicaRestoreStatusResponse {
+                        replica_name: replica.clone(),
+                        ..Default::default()
+                    }
                 } else {
+                    let epoch = quiet.epoch();
                     let mut c = self.replica_node(replica, address).await.map_err(|x| {
                         LonghornError::within(format!("restore status of engine {}", e.id()), x)
                     })?;
-                    c.replica_restore_status(spdkrpc::ReplicaRestoreStatusRequest {
-                        replica_name: replica.clone(),
-                    })
-                    .await?
-                    .into_inner()
+                    let s = c
+                        .replica_restore_status(spdkrpc::ReplicaRestoreStatusRequest {
+                            replica_name: replica.clone(),
+                        })
+                        .await?
+                        .into_inner();
+                    if restores_nothing(&s) {
+                        quiet.record(epoch, e.id(), replica);
+                    }
+                    s
                 };
                 Ok::<_, LonghornError>((address, s))
             });
@@ -376,6 +415,60 @@ mod tests {
             j,
             serde_json::json!({"ReplicaErrors": [{"Address": "tcp://10.0.0.1:20001", "Message": "no"}]})
         );
+    }
+
+    #[test]
+    fn a_quiet_answer_is_kept_unless_a_restore_started_or_ended_while_it_was_asked() {
+        let q = QuietRestores::default();
+        assert!(!q.quiet("e", "r"));
+        let asked = q.epoch();
+        q.record(asked, "e", "r");
+        assert!(q.quiet("e", "r"));
+        assert!(!q.quiet("e", "other"), "per replica");
+        assert!(!q.quiet("other", "r"), "per engine");
+        // a BackupRestore: every answer is forgotten, at its start and at its end
+        let asked = q.epoch();
+        {
+            let _restore = ForgetQuiet::new(&q);
+            assert!(!q.quiet("e", "r"));
+            // asked before the restore started, answered while it runs: not kept
+            q.record(asked, "e", "r");
+            assert!(!q.quiet("e", "r"));
+            let during = q.epoch();
+            q.record(during, "e", "r");
+            assert!(q.quiet("e", "r"));
+        }
+        assert!(
+            !q.quiet("e", "r"),
+            "an answer asked while it ran is forgotten when it ends"
+        );
+    }
+
+    #[test]
+    fn only_a_replica_that_never_restored_is_quiet() {
+        let nothing = spdkrpc::ReplicaRestoreStatusResponse {
+            replica_name: "r".into(),
+            ..Default::default()
+        };
+        assert!(restores_nothing(&nothing));
+        for s in [
+            spdkrpc::ReplicaRestoreStatusResponse {
+                is_restoring: true,
+                ..nothing.clone()
+            },
+            spdkrpc::ReplicaRestoreStatusResponse {
+                state: "complete".into(),
+                last_restored: "b".into(),
+                ..nothing.clone()
+            },
+            spdkrpc::ReplicaRestoreStatusResponse {
+                state: "error".into(),
+                error: "no".into(),
+                ..nothing.clone()
+            },
+        ] {
+            assert!(!restores_nothing(&s), "{s:?}");
+        }
     }
 
     #[test]
