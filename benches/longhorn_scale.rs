@@ -19,7 +19,7 @@
 //! Run as root: `TALON_SPDK_DIR=/work/shared/spdk/v26.05 cargo bench --bench longhorn_scale`
 //! (`LH_SCALE_N=10,50,100`, `LH_SCALE_IDLE=60`, `LH_SCALE_QUEUES=4`; `LH_SCALE_TALON=<binary>`
 //! runs another talon, an older build for a before/after; `LH_SCALE_KEEP=<dir>` keeps each
-//! run's metrics and driver log there). Node 1 holds the N engines
+//! run's metrics and driver log there, as `scale-<N>-<unix time>.json` and `.err`). Node 1 holds the N engines
 //! and N replicas, node 2 N replicas. Both spdk_tgt busy-poll core 0 (the manager's default, no
 //! interrupt mode) and everything else shares core 1: on a 2-core machine that others use too,
 //! compare within one run (the load average is printed).
@@ -136,8 +136,12 @@ fn main() {
             .and_then(|t| serde_json::from_str(&t).ok())
             .unwrap_or(Value::Null);
         if let Ok(dir) = std::env::var("LH_SCALE_KEEP") {
-            let _ = std::fs::copy(&metrics, Path::new(&dir).join(format!("scale-{n}.json")));
-            let _ = std::fs::copy(&err, Path::new(&dir).join(format!("scale-{n}.err")));
+            // one name per run: runs at one N into one directory do not overwrite each other
+            let at = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs());
+            let _ = std::fs::copy(&metrics, Path::new(&dir).join(format!("scale-{n}-{at}.json")));
+            let _ = std::fs::copy(&err, Path::new(&dir).join(format!("scale-{n}-{at}.err")));
         }
         runs.push((n, m));
     }

@@ -300,8 +300,11 @@ class Scale:
             time.sleep(2)
             if p.poll() is None:
                 heap, q = self.heap_mib(node), self.qpairs(node)
-                if q[0] >= qpairs[0]:
-                    peak, qpairs = max(peak, heap), q
+                # the sample with the most qpairs: the host's I/O qpairs go before its admin
+                # qpairs when it ends (a sample by admin qpairs alone could find none)
+                if sum(q) >= sum(qpairs):
+                    qpairs = q
+                peak = max(peak, heap)
         try:
             p.wait(timeout=60)
         except subprocess.TimeoutExpired:
