@@ -198,15 +198,12 @@ impl ReconcileContext {
         if self.state.holds(S::NAMESPACE, S::TYPE, id, self.name, &value) {
             return Ok(());
         }
-        match self.state.contains(S::NAMESPACE, S::TYPE, id) {
-            true => {
-                self.state
-                    .update(S::NAMESPACE, S::TYPE, id, self.name, None, |r| r.spec = value)?;
-            }
-            false => {
-                self.state
-                    .create(S::NAMESPACE, S::TYPE, id, self.name, value, Default::default())?;
-            }
+        if self.state.contains(S::NAMESPACE, S::TYPE, id) {
+            self.state
+                .update(S::NAMESPACE, S::TYPE, id, self.name, None, |r| r.spec = value)?;
+        } else {
+            self.state
+                .create(S::NAMESPACE, S::TYPE, id, self.name, value, Default::default())?;
         }
         Ok(())
     }

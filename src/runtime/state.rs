@@ -146,6 +146,16 @@ fn key(ns: &str, ty: &str, id: &str) -> Key {
     (ns.to_string(), ty.to_string(), id.to_string())
 }
 
+/// The resources of type `ty` in namespace `ns`, sorted by id.
+fn of_type<'m>(
+    mem: &'m BTreeMap<Key, Resource>,
+    ns: &'m str,
+    ty: &'m str,
+) -> impl Iterator<Item = (&'m Key, &'m Resource)> {
+    mem.range(key(ns, ty, "")..)
+        .take_while(move |((n, t, _), _)| n == ns && t == ty)
+}
+
 fn db_key(ty: &str, id: &str) -> String {
     format!("{ty}/{id}")
 }
@@ -345,10 +355,7 @@ impl State {
     /// Every resource of a type, sorted by id.
     pub fn list(&self, ns: &str, ty: &str) -> Vec<Resource> {
         let mem = self.lock_read();
-        mem.range(key(ns, ty, "")..)
-            .take_while(|((n, t, _), _)| n == ns && t == ty)
-            .map(|(_, r)| r.clone())
-            .collect()
+        of_type(&mem, ns, ty).map(|(_, r)| r.clone()).collect()
     }
 
     /// Subscribes to changes, and returns the current resources of a type (or of
@@ -357,11 +364,7 @@ impl State {
         let mem = self.lock_read();
         let rx = self.inner.events.subscribe();
         let snapshot = match ns_type {
-            Some((ns, ty)) => mem
-                .range(key(ns, ty, "")..)
-                .take_while(|((n, t, _), _)| n == ns && t == ty)
-                .map(|(_, r)| r.clone())
-                .collect(),
+            Some((ns, ty)) => of_type(&mem, ns, ty).map(|(_, r)| r.clone()).collect(),
             None => mem.values().cloned().collect(),
         };
         (snapshot, rx)
@@ -561,9 +564,7 @@ impl State {
         keep: impl Fn(&Value) -> bool,
     ) -> Result<Vec<Typed<S>>, StateError> {
         let (ns, ty) = (S::NAMESPACE, S::TYPE);
-        self.lock_read()
-            .range(key(ns, ty, "")..)
-            .take_while(|((n, t, _), _)| n == ns && t == ty)
+        of_type(&self.lock_read(), ns, ty)
             .filter(|(_, r)| keep(&r.spec))
             .map(|(_, r)| decode_ref::<S>(r))
             .collect()
@@ -571,9 +572,7 @@ impl State {
 
     /// The ids of the resources of a type owned by `owner`, sorted (nothing else is copied).
     pub fn owned_ids(&self, ns: &str, ty: &str, owner: &str) -> Vec<String> {
-        self.lock_read()
-            .range(key(ns, ty, "")..)
-            .take_while(|((n, t, _), _)| n == ns && t == ty)
+        of_type(&self.lock_read(), ns, ty)
             .filter(|(_, r)| r.metadata.owner == owner)
             .map(|((_, _, id), _)| id.clone())
             .collect()
@@ -581,12 +580,7 @@ impl State {
 
     /// Every typed resource of a type, each decoded in place.
     pub fn list_typed<S: Spec>(&self) -> Result<Vec<Typed<S>>, StateError> {
-        let (ns, ty) = (S::NAMESPACE, S::TYPE);
-        self.lock_read()
-            .range(key(ns, ty, "")..)
-            .take_while(|((n, t, _), _)| n == ns && t == ty)
-            .map(|(_, r)| decode_ref::<S>(r))
-            .collect()
+        self.list_typed_where(|_| true)
     }
 
     /// Creates a typed resource.
