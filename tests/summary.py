@@ -14,6 +14,9 @@ import xml.etree.ElementTree as ET
 
 SLOWEST = 15
 SKIP = re.compile(r"^SKIP ([^:]+): (.*)$")
+# A peer's own bug that a test met and got past with the peer's documented remedy (a Longhorn
+# manager race, for one): the test passed, and the summary says what it had to do.
+PEER = re.compile(r"^PEER (.*)$")
 # The lines that say why a test failed: the panic's place and its first line, a driver's FAILED,
 # a guest step's FAIL. A CI log is shown cut in the middle, so the summary repeats them.
 # A driver's `why: ` lines are its failure's state (the Longhorn objects, the last words of the
@@ -42,7 +45,7 @@ def main(path: str) -> None:
     except (OSError, ET.ParseError) as e:
         print(f"test summary: no JUnit report at {path} ({e})")
         return
-    passed, failed, skipped, parts, times = 0, [], [], [], []
+    passed, failed, skipped, parts, times, peers = 0, [], [], [], [], []
     for case in root.iter("testcase"):
         name = case.get("name", "")
         binary = case.get("classname", "")
@@ -60,6 +63,9 @@ def main(path: str) -> None:
             continue
         own, other = None, []
         for line in out.splitlines():
+            p = PEER.match(line.strip())
+            if p and f"{binary} {name}: {p.group(1)}" not in peers:
+                peers.append(f"{binary} {name}: {p.group(1)}")
             m = SKIP.match(line.strip())
             if not m:
                 continue
@@ -77,6 +83,8 @@ def main(path: str) -> None:
         print(f"SKIPPED  {t}: {why}")
     for p in parts:
         print(f"PART SKIPPED  {p}")
+    for p in peers:
+        print(f"PEER BUG MET  {p}")
     for f, lines in failed:
         print(f"FAILED   {f}")
         for line in lines:

@@ -706,10 +706,41 @@ class Scenario:
         t_events = time.time()
         self.patch("volumes", self.vol, {"spec": {"engineNodeID": node}})
         seen, t0 = {}, time.monotonic()
+        wedged = {"since": None, "done": False}
 
         def note(k, v):
             if v not in seen.setdefault(k, []):
                 seen[k].append(v)
+
+        def unwedge(engines):
+            """longhorn-manager v1.12.1's own race (longhorn/longhorn#13951, fixed in 1.12.2 by
+            longhorn-manager#5188): after the engine-frontend moved, the manager updates the old
+            engine (active false) and the new one (active true) from its cache; when the old
+            engine's status was written in between, the old one's update conflicts, the new one's
+            lands, and from then on every sync of the volume stops at "BUG: found the second
+            active engine". Nothing talon answers changes that state. When both engines stay
+            active 20 s after the frontend targets the new one, the old engine's CR is deleted,
+            Longhorn's documented remedy for this wedge, and the run says so (PEER line)."""
+            active = [e for e in engines if e["spec"].get("active")]
+            new = [e for e in active if e["spec"].get("nodeID") == node and e["metadata"]["name"] not in first]
+            old = [e for e in active if e["metadata"]["name"] in first]
+            efs = self.list("enginefrontends", sel)
+            switched = bool(new) and len(efs) == 1 and \
+                efs[0]["spec"].get("engineName") == new[0]["metadata"]["name"] and \
+                (efs[0].get("status") or {}).get("targetIP") == (new[0].get("status") or {}).get("storageIP")
+            if not (len(active) == 2 and new and old and switched) or wedged["done"]:
+                wedged["since"] = None
+                return
+            wedged["since"] = wedged["since"] or time.monotonic()
+            if time.monotonic() - wedged["since"] < 20:
+                return
+            name = old[0]["metadata"]["name"]
+            say(f"longhorn-manager's two-active-engines wedge (longhorn/longhorn#13951): deleting {name}")
+            print(f"PEER longhorn-manager v1.12.1 wedged with two active engines after the switch-over "
+                  f"(longhorn/longhorn#13951, fixed in v1.12.2); its remedy applied: old engine {name} "
+                  f"deleted", flush=True)
+            self.c.custom.delete_namespaced_custom_object(GROUP, VERSION, NS, "engines", name)
+            wedged["done"] = True
 
         def moved():
             self.c.manager_alive()
@@ -727,6 +758,7 @@ class Scenario:
                 es = e.get("status", {})
                 note(f"engine {e['metadata']['name']} on {e['spec'].get('nodeID')}",
                      f"{es.get('currentState')}: {(es.get('message') or '')[:200]}")
+            unwedge(engines)
             return (not st.get("switchoverState") and len(engines) == 1
                     and engines[0]["spec"].get("nodeID") == node
                     and engines[0]["metadata"]["name"] not in first

@@ -92,20 +92,6 @@ pub enum InstanceError {
     /// An engine waits for replicas it cannot reach or that are not made.
     #[error("waiting for replicas: {}", .0.join("; "))]
     WaitingForReplicas(Vec<String>),
-    /// An engine's raid1 could not be deleted.
-    #[error("deleting raid {raid}")]
-    DeleteRaid {
-        raid: String,
-        #[source]
-        source: ClientError,
-    },
-    /// A remote replica's NVMe controller could not be detached.
-    #[error("detaching replica {replica}")]
-    Detach {
-        replica: String,
-        #[source]
-        source: ClientError,
-    },
     /// An engine-frontend's frontend is not one talon serves.
     #[error(transparent)]
     Frontend(#[from] crate::spdk::naming::longhorn::UnservedFrontend),

@@ -44,8 +44,8 @@ use crate::spdk::SpdkClient;
 use crate::spdk::naming::longhorn as naming;
 use crate::spdk::rpc::{Lvol, LvolStoreRef};
 use crate::spdk::volume::{
-    EngineNames, EnginePlan, Export, ExportSpec, Inventory, NewSubsystem, RemoteAttach, VolumeError,
-    VolumeOps,
+    EngineNames, EnginePlan, Export, ExportSpec, Inventory, NewSubsystem, RemoteAttach, TakeDown,
+    VolumeError, VolumeOps,
 };
 
 use crate::resources::engine::SPDK_STATUS_ID;
@@ -752,7 +752,8 @@ impl LonghornController {
         Ok(())
     }
 
-    /// Removes an engine's export, raid and remote attachments (replicas stay).
+    /// Removes an engine's export, raid and remote attachments (replicas stay):
+    /// [`VolumeOps::take_down`], as talon's volumes and reverts do.
     async fn remove_engine(
         &self,
         inv: &mut Inventory,
@@ -760,28 +761,28 @@ impl LonghornController {
     ) -> Result<(), InstanceError> {
         let volume = ObjectName::parse("volume", &e.spec.volume)?;
         let nqn = naming::volume_nqn(&volume)?;
-        self.unexport(inv, nqn.as_str()).await?;
-        if inv.raid(e.id()).is_some() {
-            crate::spdk::volume::lvol::delete_raid(&self.client, e.id())
-                .await
-                .map_err(|source| InstanceError::DeleteRaid {
-                    raid: e.id().to_owned(),
-                    source,
-                })?;
-            inv.raids.retain(|r| r.name != e.id());
-        }
         // a local replica reached through its own export (while another
         // engine read it, `shared`) is detached too
-        for replica in e.spec.replica_address_map.keys() {
-            if !inv.controllers.iter().any(|c| c == replica) {
-                continue;
-            }
-            crate::spdk::volume::lvol::detach_controller(&self.client, replica)
-                .await
-                .map_err(|source| InstanceError::Detach {
-                    replica: replica.clone(),
-                    source,
-                })?;
+        let remotes: Vec<String> = e
+            .spec
+            .replica_address_map
+            .keys()
+            .filter(|r| inv.controllers.iter().any(|c| c == *r))
+            .cloned()
+            .collect();
+        self.ops
+            .take_down(&TakeDown {
+                id: e.id(),
+                why: "engine removed",
+                export: inv.subsystem(nqn.as_str()).map(|_| nqn.as_str()),
+                raid: inv.raid(e.id()).map(|_| e.id()),
+                remotes: remotes.clone(),
+                dropped: Vec::new(),
+            })
+            .await?;
+        inv.subsystems.retain(|s| s.nqn != nqn.as_str());
+        inv.raids.retain(|r| r.name != e.id());
+        for replica in &remotes {
             inv.controllers.retain(|c| c != replica);
             inv.bdevs.remove(&format!("{replica}n1"));
         }

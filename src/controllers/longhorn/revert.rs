@@ -214,6 +214,7 @@ impl LonghornController {
             .revert_members(&RevertMembers {
                 take_down: TakeDown {
                     id: &id,
+                    why: "revert",
                     export: None,
                     raid: Some(e.id()),
                     remotes: remotes.clone(),

@@ -102,7 +102,54 @@ pub struct EnginePlan<'a> {
     pub spec: &'a ExportSpec,
 }
 
+/// What [`VolumeOps::take_down`] deletes, each one that is not there no error:
+/// an engine's serving objects, in the order SPDK allows. Talon's volume
+/// deletion, a Longhorn engine's removal and a revert (both engines) take an
+/// engine down with it.
+#[derive(Debug)]
+pub struct TakeDown<'a> {
+    /// What errors name (a volume, an engine, `<volume>@<snapshot>`).
+    pub id: &'a str,
+    /// Why, in errors (`revert`, `engine removed`, `volume deleted`).
+    pub why: &'a str,
+    /// The export's subsystem (`None`: kept; it loses its namespace with the raid).
+    pub export: Option<&'a str>,
+    /// The raid1 (`None`: a replica served alone).
+    pub raid: Option<&'a str>,
+    /// Other nodes' replicas attached here as NVMe controllers (by controller name).
+    pub remotes: Vec<String>,
+    /// Heads (`<lvs>/<name>`) that go without coming back.
+    pub dropped: Vec<String>,
+}
+
 impl VolumeOps {
+    /// Deletes what `t` names, in the order SPDK allows: the export (its
+    /// hosts lose their connections), the raid1, the remote members'
+    /// controllers, the heads dropped. The replicas' lvols otherwise stay.
+    pub async fn take_down(&self, t: &TakeDown<'_>) -> Result<(), VolumeError> {
+        let why = t.why;
+        if let Some(nqn) = t.export {
+            self.unexport(t.id, nqn).await?;
+        }
+        if let Some(raid) = t.raid {
+            super::lvol::delete_raid(&self.client, raid)
+                .await
+                .map_err(rpc(t.id, format!("deleting raid {raid} ({why})")))?;
+        }
+        for c in &t.remotes {
+            super::lvol::detach_controller(&self.client, c)
+                .await
+                .map_err(rpc(t.id, format!("detaching remote replica {c} ({why})")))?;
+        }
+        for alias in &t.dropped {
+            super::lvol::delete_lvol(&self.client, alias).await.map_err(rpc(
+                t.id,
+                format!("deleting head {alias} ({why}: it has no snapshot to come back from)"),
+            ))?;
+        }
+        Ok(())
+    }
+
     /// Serves `p`: the bare member, the raid1 listed, or a raid1 made over
     /// its slots; exported (the transport and subsystem made when
     /// missing). Returns what serves. Idempotent; what it made is undone

@@ -65,7 +65,7 @@ mod snapshot;
 mod switch;
 pub mod thin;
 pub mod to_file;
-pub use engine::{EngineNames, EnginePlan};
+pub use engine::{EngineNames, EnginePlan, TakeDown};
 pub use export::{Export, NewSubsystem, RemoteAttach};
 pub use rebuild::{PeerError, PrepareError, RemoteDest};
 pub use share::{MemberPath, MemberSwap};
@@ -78,7 +78,7 @@ pub use super::naming::{
 pub use error::VolumeError;
 use plan::Make;
 pub use plan::{ExportSpec, VolumePlan, point_in_time_set, superblock_room};
-pub use revert::{RevertAsk, RevertHead, RevertMembers, RevertPeer, RevertRefused, Reverted, TakeDown};
+pub use revert::{RevertAsk, RevertHead, RevertMembers, RevertPeer, RevertRefused, Reverted};
 pub use snapshot::{Member, PointInTime, Taken, Unfreezable};
 const MIB: u64 = 1 << 20;
 
@@ -471,28 +471,21 @@ impl VolumeOps {
                     .chain([dhchap::keyring_name::<TlsPsk>(&h.nqn)])
             })
             .collect();
-        if inv.subsystem(nqn.as_str()).is_some() {
-            ignore_missing(self.client.nvmf_delete_subsystem(&ByNqn {
-                nqn: nqn.as_str().to_owned(),
-            }))
-            .await
-            .map_err(rpc(v, format!("deleting subsystem {nqn}")))?;
-        }
         let raid = naming::raid(v);
-        if inv.raid(&raid).is_some() {
-            ignore_missing(self.client.bdev_raid_delete(&RaidDelete::new(&raid)))
-                .await
-                .map_err(rpc(v, format!("deleting raid {raid}")))?;
-        }
-        for c in inv
-            .controllers
-            .iter()
-            .filter(|c| matches!(c.strip_prefix(REMOTE_PREFIX).and_then(parse_lvol), Some(LvolRole::Replica { volume, .. }) if volume == v))
-        {
-            lvol::detach_controller(&self.client, c)
-                .await
-                .map_err(rpc(v, format!("detaching remote replica {c}")))?;
-        }
+        self.take_down(&TakeDown {
+            id: v,
+            why: "volume deleted",
+            export: inv.subsystem(nqn.as_str()).map(|_| nqn.as_str()),
+            raid: inv.raid(&raid).map(|_| raid.as_str()),
+            remotes: inv
+                .controllers
+                .iter()
+                .filter(|c| matches!(c.strip_prefix(REMOTE_PREFIX).and_then(parse_lvol), Some(LvolRole::Replica { volume, .. }) if volume == v))
+                .cloned()
+                .collect(),
+            dropped: Vec::new(),
+        })
+        .await?;
         for sub in inv.subsystems.iter().filter(|s| s.nqn.starts_with(&served)) {
             ignore_missing(self.client.nvmf_delete_subsystem(&ByNqn { nqn: sub.nqn.clone() }))
                 .await

@@ -30,8 +30,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use super::lvol::{HeadFrom, remake_head};
 use super::{
-    Inventory, LVS_PREFIX, LvolRole, MIB, VolumeError, VolumeOps, naming, parse_lvol, point_in_time_set,
-    replica_heads, rpc,
+    Inventory, LVS_PREFIX, LvolRole, MIB, TakeDown, VolumeError, VolumeOps, naming, parse_lvol,
+    point_in_time_set, replica_heads, rpc,
 };
 use crate::names::{Nqn, ObjectName};
 use crate::spdk::error::ErrorKind;
@@ -178,21 +178,6 @@ pub enum Reverted {
     Waiting(Vec<String>),
 }
 
-/// What [`VolumeOps::take_down`] deletes, each one that is not there no error.
-#[derive(Debug)]
-pub struct TakeDown<'a> {
-    /// What errors name (`<volume>@<snapshot>`).
-    pub id: &'a str,
-    /// The export's subsystem (`None`: kept; it loses its namespace with the raid).
-    pub export: Option<&'a str>,
-    /// The raid1 (`None`: a replica served alone).
-    pub raid: Option<&'a str>,
-    /// Other nodes' replicas attached here as NVMe controllers (by controller name).
-    pub remotes: Vec<String>,
-    /// Heads (`<lvs>/<name>`) that go without coming back.
-    pub dropped: Vec<String>,
-}
-
 /// A head [`VolumeOps::remake_heads`] makes again from its snapshot.
 #[derive(Debug, Clone)]
 pub struct RevertHead {
@@ -235,31 +220,6 @@ impl VolumeOps {
             return Ok(Reverted::Waiting(waiting));
         }
         Ok(Reverted::Done(self.remake_heads(m.take_down.id, &m.heads).await?))
-    }
-
-    /// Deletes what serves the replicas of a revert, in the order SPDK
-    /// allows: the export, the raid1, the remote members, the heads dropped.
-    pub async fn take_down(&self, t: &TakeDown<'_>) -> Result<(), VolumeError> {
-        if let Some(nqn) = t.export {
-            self.unexport(t.id, nqn).await?;
-        }
-        if let Some(raid) = t.raid {
-            super::lvol::delete_raid(&self.client, raid)
-                .await
-                .map_err(rpc(t.id, format!("deleting raid {raid} for revert")))?;
-        }
-        for c in &t.remotes {
-            super::lvol::detach_controller(&self.client, c)
-                .await
-                .map_err(rpc(t.id, format!("detaching remote replica {c} for revert")))?;
-        }
-        for alias in &t.dropped {
-            super::lvol::delete_lvol(&self.client, alias).await.map_err(rpc(
-                t.id,
-                format!("deleting head {alias} that has no snapshot to revert to"),
-            ))?;
-        }
-        Ok(())
     }
 
     /// Makes each head of `heads` again from its snapshot: the head goes (one
@@ -329,6 +289,7 @@ impl VolumeOps {
         let raid = naming::raid(v);
         let take_down = TakeDown {
             id: &id,
+            why: "revert",
             export: inv.subsystem(nqn.as_str()).map(|_| nqn.as_str()),
             raid: inv.raid(&raid).map(|_| raid.as_str()),
             remotes: Vec::new(),
@@ -559,6 +520,7 @@ mod tests {
         let members = |snap: &'static str| RevertMembers::<VolumeError> {
             take_down: TakeDown {
                 id: "e@s1",
+                why: "revert",
                 export: None,
                 raid: None,
                 remotes: Vec::new(),
