@@ -447,3 +447,154 @@ async fn real_spdk_the_mover_restores_a_backup_with_holes_from_its_store_into_a_
     assert!(mover_subsystems(&c).await.is_empty(), "nor an export");
     t.stop(std::time::Duration::from_secs(5)).await.expect("stop");
 }
+
+/// A snapshot copied inside spdk_tgt (`mover::copy::within`, a Longhorn
+/// clone of a local snapshot): a chain of two snapshots where the newer one
+/// overwrites some of the older one's data and writes zeros over some of
+/// it; the copy reads back equal to the newer snapshot through the mover,
+/// allocates only the clusters the chain holds, reports each copy's id and
+/// the whole size as copied. A copy that still runs is waited for before
+/// the next try starts. A target SPDK cannot copy into (another block
+/// size) is refused before anything is written: `None`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_spdk_a_snapshot_chain_is_copied_inside_the_target_equal_and_thin() {
+    let Some((dir, t, _r)) =
+        target("real_spdk_a_snapshot_chain_is_copied_inside_the_target_equal_and_thin").await
+    else {
+        return;
+    };
+    let c = t.client();
+    lvol(c, dir.path(), 64).await;
+    let v = Session::open(c, "talon-m/v", Purpose::Test, mover::DEPTH)
+        .await
+        .expect("export v");
+    // s1: 1 MiB of data at 0, 4 and 9 MiB
+    for at in [0, 4, 9] {
+        v.write(at * MIB, Bytes::from(pattern(at, MIB as usize)))
+            .await
+            .expect("write");
+    }
+    v.close().await.expect("close");
+    c.bdev_lvol_snapshot(&LvolSnapshot {
+        lvol_name: "talon-m/v".into(),
+        snapshot_name: "s1".into(),
+    })
+    .await
+    .expect("s1");
+    // s2: 4 MiB overwritten, 9 MiB written with zeros, 20 MiB new
+    let v = Session::open(c, "talon-m/v", Purpose::Test, mover::DEPTH)
+        .await
+        .expect("export v");
+    v.write(4 * MIB, Bytes::from(pattern(100, MIB as usize)))
+        .await
+        .expect("write");
+    v.write(9 * MIB, Bytes::from(vec![0u8; MIB as usize]))
+        .await
+        .expect("zeros");
+    v.write(20 * MIB, Bytes::from(pattern(20, MIB as usize)))
+        .await
+        .expect("write");
+    v.close().await.expect("close");
+    c.bdev_lvol_snapshot(&LvolSnapshot {
+        lvol_name: "talon-m/v".into(),
+        snapshot_name: "s2".into(),
+    })
+    .await
+    .expect("s2");
+    let read_all = |bdev: &'static str| async move {
+        let s = Session::open(c, bdev, Purpose::Test, mover::DEPTH)
+            .await
+            .expect("export");
+        let mut all = Vec::new();
+        s.read_in_order(mover::CHUNK, 4, |_, d| {
+            all.extend_from_slice(d);
+            Ok(())
+        })
+        .await
+        .expect("read");
+        s.close().await.expect("close");
+        all
+    };
+    let want = read_all("talon-m/s2").await;
+    assert_eq!(
+        &want[9 * MIB as usize..10 * MIB as usize],
+        &vec![0u8; MIB as usize][..]
+    );
+
+    c.bdev_lvol_create(&LvolCreate::thin("talon-m", "dst", 64))
+        .await
+        .expect("dst");
+    let inv = Inventory::load(c).await.expect("inventory");
+    let ops = std::sync::Mutex::new(Vec::new());
+    let started = |op: u32| ops.lock().expect("ops").push(op);
+    let copied = std::sync::atomic::AtomicU64::new(0);
+    let w = mover::copy::Within {
+        snap: "talon-m/s2",
+        dst: "talon-m/dst",
+        earlier: None,
+        started: &started,
+        size: 64 * MIB,
+    };
+    let f = mover::copy::within(c, &inv, &w, &copied)
+        .await
+        .expect("copy within")
+        .expect("not refused");
+    assert_eq!(
+        ops.lock().expect("ops").len(),
+        2,
+        "one copy per snapshot of the chain"
+    );
+    assert_eq!(copied.load(std::sync::atomic::Ordering::Relaxed), 64 * MIB);
+    assert_eq!(
+        read_all("talon-m/dst").await,
+        want,
+        "the copy reads as the snapshot does"
+    );
+    // s1's 3 clusters and s2's 3: 0, 4, 9 (zeros written), 20
+    assert_eq!(allocated(c, "dst").await, 4, "only the clusters the chain holds");
+    assert_eq!(f.written, 6 * MIB, "each snapshot's own clusters, once each");
+    assert!(
+        mover_subsystems(c).await.is_empty(),
+        "no export for a copy inside the target"
+    );
+
+    // a second try waits for the copy the first left running: the ids of the
+    // first are done, so it starts at once and writes the same data again
+    let last = *ops.lock().expect("ops").last().expect("an id");
+    let w2 = mover::copy::Within {
+        earlier: Some(last),
+        ..w
+    };
+    mover::copy::within(c, &inv, &w2, &copied)
+        .await
+        .expect("second try")
+        .expect("not refused");
+    assert_eq!(read_all("talon-m/dst").await, want);
+
+    // a 512-byte-block bdev: SPDK v26.05 would copy into it at the wrong
+    // offsets (a real target did); refused, nothing written
+    c.typed::<_, String>(
+        "bdev_malloc_create",
+        &serde_json::json!({"name": "m512", "num_blocks": 64 * 2048, "block_size": 512}),
+    )
+    .await
+    .expect("malloc");
+    let inv = Inventory::load(c).await.expect("inventory with m512");
+    assert_eq!(inv.bdevs.get("m512").map(|b| b.block_size), Some(512));
+    let w3 = mover::copy::Within {
+        dst: "m512",
+        earlier: None,
+        ..w
+    };
+    let r = mover::copy::within(c, &inv, &w3, &copied)
+        .await
+        .expect("no error");
+    assert!(
+        r.is_none(),
+        "another block size: refused before anything was written"
+    );
+    assert!(
+        read_all("m512").await.iter().all(|b| *b == 0),
+        "nothing written into it"
+    );
+}

@@ -299,3 +299,90 @@ async fn real_spdk_volume_from_a_snapshot_is_a_thin_copy_made_again_after_a_rest
     d.stop().await;
     eprintln!("{test}: {:?}", started.elapsed());
 }
+
+/// Two replicas on two disks (the raid superblock in each replica's first
+/// MiB): the copy of replica 0 is made inside spdk_tgt at the same offsets
+/// (`mover::copy::within`), the source's superblock room zeroed after
+/// (bdev_raid_create refuses a member keeping another raid's superblock),
+/// replica 1 rebuilt from it; the copy reads back as the snapshot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_spdk_a_two_replica_volume_from_a_snapshot_of_another_is_served_with_its_data() {
+    let test = "real_spdk_a_two_replica_volume_from_a_snapshot_of_another_is_served_with_its_data";
+    let Some(spdk) = spdk_real::spdk_dir_with(test, &["spdk_dd"]) else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let port = spdk_real::free_port();
+    std::fs::write(
+        dir.path().join("talon.yaml"),
+        format!(
+            "node:\n  engine: v2\n  listenAddress: 127.0.0.1\n  nvmfPort: {port}\n  allowedHosts: [\"{}\"]\n\
+             disks:\n  d1:\n    path: {}\n    sizeBytes: {}\n  d2:\n    path: {}\n    sizeBytes: {}\n",
+            spdk_perf::HOST_NQN,
+            dir.path().join("disks/d1.img").display(),
+            1u64 << 30,
+            dir.path().join("disks/d2.img").display(),
+            1u64 << 30
+        ),
+    )
+    .expect("config");
+    let d = serve_daemon::start(opts(dir.path(), &spdk, true)).await;
+    let work = dir.path().join("dd");
+    std::fs::create_dir_all(&work).expect("dd dir");
+    create(
+        &d.client,
+        json!({"name": "src2", "sizeBytes": SIZE, "replicas": 2, "wait": true, "timeoutSeconds": 120}),
+    )
+    .await
+    .expect("volume_create src2");
+    let data = pattern(7, 6 * MIB as usize);
+    spdk_dd::dd_write_at(&spdk, &work, port, &nqn("src2"), &data, (10 * MIB) as usize);
+    let _: Value = d
+        .client
+        .call(
+            "snapshot_create",
+            json!({"volume": "src2", "name": "s1", "wait": true}),
+        )
+        .await
+        .expect("snapshot_create src2");
+    // written after the snapshot: the copy does not hold it
+    spdk_dd::dd_write_at(
+        &spdk,
+        &work,
+        port,
+        &nqn("src2"),
+        &pattern(8, MIB as usize),
+        (10 * MIB) as usize,
+    );
+    create(
+        &d.client,
+        json!({"name": "c4", "fromSnapshot": "src2@s1", "replicas": 2, "wait": true, "timeoutSeconds": 120}),
+    )
+    .await
+    .expect("volume_create c4 from src2@s1");
+    let e4 = copied(&d.client, "c4").await;
+    assert_eq!(e4["copy"]["bytesCopied"], e4["copy"]["bytesTotal"], "{e4}");
+    let read = spdk_dd::dd(&spdk, &work, port, &nqn("c4"), None, SIZE as usize);
+    let mut model = vec![0u8; SIZE as usize];
+    model[(10 * MIB) as usize..(16 * MIB) as usize].copy_from_slice(&data);
+    assert!(read == model, "c4 holds src2@s1's data");
+    // copied inside the target: replica 0 holds the snapshot's clusters (its
+    // superblock room among them, zeroed, then the new raid's); the mover
+    // would have written the 6 MiB of data alone
+    let spdk_client = SpdkClient::new(dir.path().join("run/spdk.sock"));
+    let inv = Inventory::load(&spdk_client).await.expect("inventory");
+    let lvol = |name: &str| {
+        inv.lvols
+            .values()
+            .find(|l| l.name == name)
+            .unwrap_or_else(|| panic!("lvol {name}"))
+            .num_allocated_clusters
+    };
+    assert_eq!(
+        lvol("c4-r0"),
+        lvol("src2-r0.s.s1"),
+        "the snapshot's clusters, no more"
+    );
+    assert_eq!(lvol("c4-r0"), 7, "6 MiB of data and the superblock's room");
+    d.stop().await;
+}

@@ -346,6 +346,11 @@ impl Longhorn {
             );
         }
         forget_ledgers(self.state(), &engines);
+        // a shallow copy an earlier try of this clone started may still run
+        let copy_op = self
+            .clone_ledger(e)
+            .filter(|l| l.volume == e.spec.volume)
+            .and_then(|l| l.copy_op);
         let ledger = LonghornCloneLedger {
             volume: e.spec.volume.clone(),
             snapshot: snap.to_owned(),
@@ -357,6 +362,7 @@ impl Longhorn {
             how: src.how(),
             state: IN_PROGRESS.to_owned(),
             error: String::new(),
+            copy_op,
         };
         if let Err(x) = self.state().upsert_typed(e.id(), &ledger) {
             self.clones().jobs().remove(e.id());
@@ -737,6 +743,15 @@ enum CopyError {
     /// The source replica's node answered an address that is not ip:port.
     #[error("the source replica's node exposed it at {0:?}, not ip:port")]
     Address(String),
+    /// spdk_tgt did not answer a listing.
+    #[error("{step}")]
+    Spdk {
+        /// What was asked.
+        step: &'static str,
+        /// Why.
+        #[source]
+        source: crate::spdk::ClientError,
+    },
 }
 
 impl Run {
@@ -776,12 +791,13 @@ impl Run {
         };
         let (engine, dst) = (&self.engine, &self.dst.bdev);
         let (outcome, ledger) = match r {
-            Ok(f) => {
-                tracing::info!(%engine, from = %self.what, to = %dst, how = %self.ledger.how, written = f.written, read = f.read, "cloned a snapshot");
+            Ok((f, via)) => {
+                tracing::info!(%engine, from = %self.what, to = %dst, how = %self.ledger.how, via, written = f.written, read = f.read, "cloned a snapshot");
                 (
                     Outcome::Complete,
                     LonghornCloneLedger {
                         state: COMPLETE.to_owned(),
+                        copy_op: None,
                         ..self.ledger.clone()
                     },
                 )
@@ -821,20 +837,52 @@ impl Run {
         }
     }
 
-    async fn copy_once(&self) -> Result<mover::Filled, CopyError> {
-        let dst = self.target().await?;
+    /// One try of the copy; answers what it wrote and read, and which way.
+    async fn copy_once(&self) -> Result<(mover::Filled, &'static str), CopyError> {
         if !self.src.remote() {
-            return Ok(
-                mover::copy::copy(&self.client, &self.src.alias, dst, mover::DEPTH, &self.copied).await?,
-            );
+            if let Some(f) = self.copy_within().await? {
+                return Ok((f, "shallow copies inside spdk_tgt"));
+            }
+            let dst = self.target().await?;
+            let f = mover::copy::copy(&self.client, &self.src.alias, dst, mover::DEPTH, &self.copied).await?;
+            return Ok((f, "the mover"));
         }
+        let dst = self.target().await?;
         let r = self.copy_remote(dst).await;
         // the exposure goes on every path (a restart of this node's talon
         // mid-copy: the clone starts again, and its start makes it afresh)
         if let Err(x) = self.unexpose().await {
             tracing::warn!(engine = %self.engine, replica = %self.src.replica, error = %crate::util::error_chain(&x), "removing a snapshot exposure");
         }
-        r
+        r.map(|f| (f, "the mover from the exposure"))
+    }
+
+    /// A source of this node copied inside spdk_tgt, straight into the
+    /// engine's bdev ([`mover::copy::within`]): each copy's id persisted in
+    /// the ledger before it is waited for. `None`: SPDK refused the copy
+    /// before writing anything (the mover copies it).
+    async fn copy_within(&self) -> Result<Option<mover::Filled>, CopyError> {
+        let inv = Inventory::load(&self.client)
+            .await
+            .map_err(|source| CopyError::Spdk {
+                step: "listing the target",
+                source,
+            })?;
+        let started = |op: u32| {
+            let l = LonghornCloneLedger {
+                copy_op: Some(op),
+                ..self.ledger.clone()
+            };
+            record(&self.state, &self.engine, &l);
+        };
+        let w = mover::copy::Within {
+            snap: &self.src.alias,
+            dst: &self.dst.bdev,
+            earlier: self.ledger.copy_op,
+            started: &started,
+            size: self.src.size,
+        };
+        Ok(mover::copy::within(&self.client, &inv, &w, &self.copied).await?)
     }
 
     fn names(&self) -> Result<(ObjectName, ObjectName), CopyError> {

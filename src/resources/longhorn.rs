@@ -850,6 +850,11 @@ pub struct LonghornCloneLedger {
     /// Why it failed.
     #[serde(default)]
     pub error: String,
+    /// The shallow copy inside spdk_tgt last started for it (a local source,
+    /// `mover::copy::within`): the next try waits until it no longer runs,
+    /// so two copies never write one engine at once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub copy_op: Option<u32>,
 }
 
 impl Spec for LonghornCloneLedger {

@@ -495,6 +495,16 @@ class Scenario:
                 return st.get("state") == "completed" and st
             st = self.wait(f"volume {CLONE} cloned from {VOLUME}/{snap}", cloned, T_MANAGER)
             say(f"cloned: {json.dumps(st)[:400]}")
+            # which way talon copied it (a snapshot of this node: shallow copies inside spdk_tgt)
+            for name in sorted(self.c.procs):
+                if name.startswith("talon-"):
+                    try:
+                        with open(self.c.logfile(name), errors="replace") as f:
+                            ways = [l.strip()[:300] for l in f if "cloned a snapshot" in l]
+                    except OSError:
+                        ways = []
+                    for w in ways:
+                        say(f"{name}: {w}")
             self.attach()
             self.check(first, f"the data of the volume cloned from {snap}")
             self.detach()

@@ -11,7 +11,9 @@
 //!     replica 0 placed as the volume's plan places it (plan::local: disks, overcommit)
 //!     a task: mover::restore::fill_replica(Source::Snapshot)
 //!       bdev_lvol_create <vol>-r0.rst (thin)
-//!       mover::copy::copy_range  the source's data (after its superblock room)
+//!       at the same offsets, the same block size: mover::copy::within, inside
+//!                                spdk_tgt (the chain's clusters), the room zeroed after
+//!       else mover::copy::copy_range  the source's data (after its superblock room)
 //!                                into the new one's (after its own): chunks with data only
 //!       bdev_lvol_rename <vol>-r0.rst -> <vol>-r0
 //!     status: creating, "copying ...: 45% (...)", copy {bytesCopied, bytesTotal, percent}

@@ -11,6 +11,26 @@
 //!   copied: the bytes read so far (the caller's progress)
 //!   close both (an error or a drop: both exports removed all the same)
 //! ```
+//!
+//! A snapshot in the same spdk_tgt as the target is copied inside it
+//! instead ([`within`]): SPDK's shallow copy of each snapshot of its chain,
+//! oldest first, reads and writes only the clusters each holds of its own
+//! (a newer snapshot's over the older's), with no export and nothing read
+//! twice. Measured (benches/clone.rs, a 4 GiB snapshot, a chain of two):
+//! 1 GiB of data 4.4-6.3 -> 2.0-2.4 s, 128 MiB 2.8-3.7 -> 0.37-0.44 s; the
+//! same clusters allocated, the same data.
+//!
+//! ```text
+//!   within(snap, dst)   chain = the snapshots below snap, oldest first, then snap
+//!     an earlier copy into dst that still runs (its id persisted by the caller)
+//!       is waited for first: two copies into one bdev would mix layers
+//!     each: bdev_lvol_start_shallow_copy(snapshot, dst) -> op (given to the caller
+//!           to persist), bdev_lvol_check_shallow_copy(op) until complete
+//!     dst of another block size than snap's (v26.05 would copy at the wrong
+//!       offsets), or the first start refused: Ok(None), nothing written:
+//!       the caller copies through the mover
+//!   copied: the clusters copied so far, as a share of `size`
+//! ```
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -20,6 +40,8 @@ use futures::stream::{FuturesOrdered, FuturesUnordered};
 
 use super::{CHUNK, Filled, MoverError, Purpose, Session, has_data};
 use crate::spdk::SpdkClient;
+use crate::spdk::volume::Inventory;
+use crate::spdk::volume::thin::{CopyState, copy_state, start_copy};
 
 /// Chunks read ahead of the one being looked at.
 pub const READ_AHEAD: usize = 4;
@@ -196,4 +218,125 @@ async fn run(
         w?;
     }
     Ok(done)
+}
+
+/// How long [`within`] waits between two looks at a running shallow copy.
+const WITHIN_POLL: std::time::Duration = std::time::Duration::from_millis(50);
+
+/// What [`within`] copies, and what it tells its caller.
+pub struct Within<'a> {
+    /// The snapshot (an lvol alias of the target).
+    pub snap: &'a str,
+    /// The bdev written (new: it reads zeros where nothing is written).
+    pub dst: &'a str,
+    /// A copy an earlier try started into `dst` (an id `started` got):
+    /// waited for until it no longer runs.
+    pub earlier: Option<u32>,
+    /// Gets each copy's id before it is waited for, for the caller to persist.
+    pub started: &'a (dyn Fn(u32) + Sync),
+    /// `copied` follows the clusters copied as a share of this many bytes.
+    pub size: u64,
+}
+
+impl std::fmt::Debug for Within<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Within")
+            .field("snap", &self.snap)
+            .field("dst", &self.dst)
+            .field("earlier", &self.earlier)
+            .field("size", &self.size)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Copies snapshot `w.snap` into bdev `w.dst` of the same target: a
+/// shallow copy of each snapshot of its chain (`inv`'s), oldest first,
+/// one at a time. `Ok(None)`: SPDK refused the first copy before anything
+/// was written (the caller copies another way).
+pub async fn within(
+    client: &SpdkClient,
+    inv: &Inventory,
+    w: &Within<'_>,
+    copied: &AtomicU64,
+) -> Result<Option<Filled>, MoverError> {
+    let (snap, dst, size) = (w.snap, w.dst, w.size);
+    let rpc = |step: String| {
+        let bdev = dst.to_owned();
+        move |source| MoverError::Rpc { bdev, step, source }
+    };
+    if let Some(op) = w.earlier {
+        // an id spdk_tgt does not know: that copy ended with the target
+        while let Ok(CopyState::Running(_)) = copy_state(client, op).await {
+            tokio::time::sleep(WITHIN_POLL).await;
+        }
+    }
+    // v26.05 copies into a bdev of another block size without a word, at
+    // the wrong offsets (seen on a real target: a 4 KiB-block snapshot
+    // into a 512 B-block lvol read back different from its first byte):
+    // only equal block sizes are copied here, the rest through the mover
+    let bdev = |name: &str| {
+        inv.lvols
+            .get(name)
+            .and_then(|l| inv.bdevs.get(&l.uuid))
+            .or_else(|| inv.bdevs.get(name))
+            .or_else(|| inv.bdevs.values().find(|b| b.aliases.iter().any(|a| a == name)))
+    };
+    let (from, to) = (bdev(snap), bdev(dst));
+    if from.map(|b| b.block_size) != to.map(|b| b.block_size) || from.is_none() {
+        tracing::debug!(snapshot = %snap, %dst, from = ?from.map(|b| b.block_size), to = ?to.map(|b| b.block_size),
+            "block sizes differ (or a bdev is not listed): the data goes through the mover");
+        return Ok(None);
+    }
+    let mut chain = inv.chain(snap);
+    chain.push(snap.to_owned());
+    // a chain over an external snapshot (`bdev_lvol_set_parent_bdev`) reads
+    // data no shallow copy of it holds
+    if inv.lvols.get(&chain[0]).is_none_or(|l| l.is_esnap_clone) {
+        return Ok(None);
+    }
+    let own = |alias: &str| inv.lvols.get(alias).map_or(0, |l| l.num_allocated_clusters);
+    let total: u64 = chain.iter().map(|a| own(a)).sum::<u64>().max(1);
+    let cluster = inv
+        .lvols
+        .get(snap)
+        .and_then(|l| inv.lvstores.iter().find(|s| s.uuid == l.lvs.uuid))
+        .map_or(0, |s| s.cluster_size);
+    let mut done = 0u64;
+    for (i, s) in chain.iter().enumerate() {
+        let op = match start_copy(client, s, dst).await {
+            Ok(op) => op,
+            Err(e) if i == 0 => {
+                tracing::debug!(snapshot = %s, %dst, error = %crate::util::error_chain(&e),
+                    "a shallow copy is refused: the data goes through the mover");
+                return Ok(None);
+            }
+            Err(e) => return Err(rpc(format!("starting the shallow copy of {s}"))(e)),
+        };
+        (w.started)(op);
+        loop {
+            let state = copy_state(client, op)
+                .await
+                .map_err(rpc(format!("checking the shallow copy of {s}")))?;
+            let now = match state {
+                CopyState::Done => break,
+                CopyState::Running(n) => n,
+                CopyState::Failed(message) => {
+                    return Err(MoverError::ShallowCopy {
+                        bdev: dst.to_owned(),
+                        snapshot: s.clone(),
+                        message,
+                    });
+                }
+            };
+            copied.store(size.saturating_mul(done + now) / total, Ordering::Relaxed);
+            tokio::time::sleep(WITHIN_POLL).await;
+        }
+        done += own(s);
+        copied.store(size.saturating_mul(done) / total, Ordering::Relaxed);
+    }
+    let bytes = done.saturating_mul(cluster);
+    Ok(Some(Filled {
+        written: bytes,
+        read: bytes,
+    }))
 }

@@ -133,6 +133,16 @@ pub enum MoverError {
         /// What does not fit.
         reason: String,
     },
+    /// A shallow copy inside spdk_tgt ([`copy::within`]) failed, in SPDK's words.
+    #[error("mover for bdev {bdev}: the shallow copy of snapshot {snapshot} failed: {message}")]
+    ShallowCopy {
+        /// The bdev written.
+        bdev: String,
+        /// The snapshot copied.
+        snapshot: String,
+        /// SPDK's words.
+        message: String,
+    },
 }
 
 /// The prefix of every mover subsystem's NQN.

@@ -68,15 +68,46 @@ impl PartialEq for FromSnapshot {
 
 impl Eq for FromSnapshot {}
 
-/// Copies snapshot `from` into bdev `bdev` (new: it reads zeros) through
-/// the mover: only the chunks that hold data are written. Both exports are
-/// removed whether it ends well or not.
+/// Copies snapshot `from` into bdev `bdev` (new: it reads zeros): inside
+/// spdk_tgt when the data sits at the same offset in both
+/// ([`super::copy::within`]; the source's superblock room zeroed after),
+/// else through the mover, only the chunks that hold data written. Every
+/// export is removed whether it ends well or not.
 pub async fn fill_from_snapshot(
     client: &SpdkClient,
     from: &FromSnapshot,
     bdev: &str,
     depth: u16,
 ) -> Result<super::Filled, super::MoverError> {
+    // at the same offsets, inside spdk_tgt (only the chain's clusters read and written)
+    if from.from_offset == from.data_offset {
+        let inv = Inventory::load(client)
+            .await
+            .map_err(|source| super::MoverError::Rpc {
+                bdev: bdev.to_owned(),
+                step: "listing the target".into(),
+                source,
+            })?;
+        let w = super::copy::Within {
+            snap: &from.lvol,
+            dst: bdev,
+            earlier: None,
+            started: &|_| {},
+            size: from.len,
+        };
+        if let Some(f) = super::copy::within(client, &inv, &w, &from.copied).await? {
+            if from.data_offset > 0 {
+                // the source's raid superblock came along in its room: a member
+                // keeping another raid's superblock is refused by bdev_raid_create
+                let s = super::Session::open(client, bdev, super::Purpose::Clone, depth).await?;
+                let zeros = Bytes::from(vec![0u8; from.data_offset as usize]);
+                let wrote = s.write(0, zeros).await;
+                s.close().await?;
+                wrote?;
+            }
+            return Ok(f);
+        }
+    }
     let dst = super::Session::open(client, bdev, super::Purpose::Clone, depth).await?;
     let range = super::copy::Range {
         from_offset: from.from_offset,
