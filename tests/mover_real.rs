@@ -448,8 +448,8 @@ async fn real_spdk_the_mover_restores_a_backup_with_holes_from_its_store_into_a_
     t.stop(std::time::Duration::from_secs(5)).await.expect("stop");
 }
 
-/// A snapshot copied inside spdk_tgt (`mover::copy::within`, a Longhorn
-/// clone of a local snapshot): a chain of two snapshots where the newer one
+/// A snapshot copied inside spdk_tgt (`mover::copy::within`: a copy of a
+/// snapshot into a new volume, a Longhorn clone into an unexported engine): a chain of two snapshots where the newer one
 /// overwrites some of the older one's data and writes zeros over some of
 /// it; the copy reads back equal to the newer snapshot through the mover,
 /// allocates only the clusters the chain holds, reports each copy's id and

@@ -840,7 +840,12 @@ impl Run {
     /// One try of the copy; answers what it wrote and read, and which way.
     async fn copy_once(&self) -> Result<(mover::Filled, &'static str), CopyError> {
         if !self.src.remote() {
-            if let Some(f) = self.copy_within().await? {
+            // v26.05 refuses a shallow copy into a bdev its NVMe-oF target
+            // exports ("cannot create blobstore block device"): only an engine
+            // whose bdev is not exported is copied into inside the target
+            if self.dst.export.is_none()
+                && let Some(f) = self.copy_within().await?
+            {
                 return Ok((f, "shallow copies inside spdk_tgt"));
             }
             let dst = self.target().await?;

@@ -12,7 +12,8 @@
 //!   close both (an error or a drop: both exports removed all the same)
 //! ```
 //!
-//! A snapshot in the same spdk_tgt as the target is copied inside it
+//! A snapshot in the same spdk_tgt as a target bdev no subsystem exports
+//! (v26.05 refuses a shallow copy into an exported one) is copied inside it
 //! instead ([`within`]): SPDK's shallow copy of each snapshot of its chain,
 //! oldest first, reads and writes only the clusters each holds of its own
 //! (a newer snapshot's over the older's), with no export and nothing read
