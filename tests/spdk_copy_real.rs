@@ -76,6 +76,33 @@ async fn copied(c: &talon::client::Client, vol: &str) -> Value {
     .await
 }
 
+/// Snapshot `name` of volume `vol`, waited for.
+async fn snapshot(c: &talon::client::Client, vol: &str, name: &str) {
+    let _: Value = c
+        .call(
+            "snapshot_create",
+            json!({"volume": vol, "name": name, "wait": true}),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("snapshot_create {vol}@{name}: {e}"));
+}
+
+/// The node config: one 1 GiB disk file per name in `disks`, under `dir/disks`.
+fn write_config(dir: &Path, port: u16, disks: &[&str]) {
+    let mut cfg = format!(
+        "node:\n  engine: v2\n  listenAddress: 127.0.0.1\n  nvmfPort: {port}\n  allowedHosts: [\"{}\"]\ndisks:\n",
+        spdk_perf::HOST_NQN
+    );
+    for d in disks {
+        cfg += &format!(
+            "  {d}:\n    path: {}\n    sizeBytes: {}\n",
+            dir.join(format!("disks/{d}.img")).display(),
+            1u64 << 30
+        );
+    }
+    std::fs::write(dir.join("talon.yaml"), cfg).expect("config");
+}
+
 fn opts(dir: &Path, spdk: &Path, stop_targets: bool) -> ServeOptions {
     ServeOptions {
         config: Some(dir.join("talon.yaml")),
@@ -93,17 +120,7 @@ async fn real_spdk_volume_from_a_snapshot_is_a_thin_copy_made_again_after_a_rest
     let started = Instant::now();
     let dir = tempfile::tempdir().expect("tempdir");
     let port = spdk_real::free_port();
-    std::fs::write(
-        dir.path().join("talon.yaml"),
-        format!(
-            "node:\n  engine: v2\n  listenAddress: 127.0.0.1\n  nvmfPort: {port}\n  allowedHosts: [\"{}\"]\n\
-             disks:\n  d1:\n    path: {}\n    sizeBytes: {}\n",
-            spdk_perf::HOST_NQN,
-            dir.path().join("disks/d1.img").display(),
-            1u64 << 30
-        ),
-    )
-    .expect("config");
+    write_config(dir.path(), port, &["d1"]);
     // the first talon leaves spdk_tgt serving when it stops (a restart of talon)
     let d = serve_daemon::start(opts(dir.path(), &spdk, false)).await;
     let spdk_client = SpdkClient::new(dir.path().join("run/spdk.sock"));
@@ -120,14 +137,7 @@ async fn real_spdk_volume_from_a_snapshot_is_a_thin_copy_made_again_after_a_rest
         spdk_dd::dd_write_at(&spdk, &work, port, &nqn("src"), &data, at as usize);
         model[at as usize..(at + len) as usize].copy_from_slice(&data);
     }
-    let _: Value = d
-        .client
-        .call(
-            "snapshot_create",
-            json!({"volume": "src", "name": "s1", "wait": true}),
-        )
-        .await
-        .expect("snapshot_create");
+    snapshot(&d.client, "src", "s1").await;
     // written after the snapshot: no copy of s1 holds it
     spdk_dd::dd_write_at(
         &spdk,
@@ -313,19 +323,7 @@ async fn real_spdk_a_two_replica_volume_from_a_snapshot_of_another_is_served_wit
     };
     let dir = tempfile::tempdir().expect("tempdir");
     let port = spdk_real::free_port();
-    std::fs::write(
-        dir.path().join("talon.yaml"),
-        format!(
-            "node:\n  engine: v2\n  listenAddress: 127.0.0.1\n  nvmfPort: {port}\n  allowedHosts: [\"{}\"]\n\
-             disks:\n  d1:\n    path: {}\n    sizeBytes: {}\n  d2:\n    path: {}\n    sizeBytes: {}\n",
-            spdk_perf::HOST_NQN,
-            dir.path().join("disks/d1.img").display(),
-            1u64 << 30,
-            dir.path().join("disks/d2.img").display(),
-            1u64 << 30
-        ),
-    )
-    .expect("config");
+    write_config(dir.path(), port, &["d1", "d2"]);
     let d = serve_daemon::start(opts(dir.path(), &spdk, true)).await;
     let work = dir.path().join("dd");
     std::fs::create_dir_all(&work).expect("dd dir");
@@ -337,14 +335,7 @@ async fn real_spdk_a_two_replica_volume_from_a_snapshot_of_another_is_served_wit
     .expect("volume_create src2");
     let data = pattern(7, 6 * MIB as usize);
     spdk_dd::dd_write_at(&spdk, &work, port, &nqn("src2"), &data, (10 * MIB) as usize);
-    let _: Value = d
-        .client
-        .call(
-            "snapshot_create",
-            json!({"volume": "src2", "name": "s1", "wait": true}),
-        )
-        .await
-        .expect("snapshot_create src2");
+    snapshot(&d.client, "src2", "s1").await;
     // written after the snapshot: the copy does not hold it
     spdk_dd::dd_write_at(
         &spdk,
