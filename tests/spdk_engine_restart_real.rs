@@ -10,7 +10,9 @@
 //!   `volume_create` with `wait` fails with the disk's error instead of
 //!   waiting out its timeout (how long it took is printed, not asserted);
 //! - (issue 54) a volume's lvols after its state store was lost: reported as
-//!   orphans, kept, and removed only by `orphan_remove`.
+//!   orphans, kept, and removed only by `orphan_remove`;
+//! - two replicas on disks of two block sizes: the volume fails naming each
+//!   replica and its size (SPDK's raid1 takes one block size).
 //!
 //! The test spawns each spdk_tgt itself (`--no-huge -s 2048`, `-u`,
 //! `--disable-cpumask-locks`) with its output in a log file, and talon adopts
@@ -470,5 +472,54 @@ async fn real_spdk_lvols_of_a_lost_store_are_reported_and_kept_until_removed() {
         .map(|r| r.metadata.id)
         .collect();
     assert!(ids.iter().all(|i| !i.contains("fresh")), "{ids:?}");
+    d.stop().await;
+}
+
+/// Two disks of different block sizes (a file disk at 4 KiB beside one at
+/// 512 B, as an NVMe disk formatted 4 KiB beside an aio disk): SPDK's raid1
+/// refuses members of two block sizes ("Invalid argument"), so a two-replica
+/// volume over them fails saying so, naming each replica and its size, and
+/// what to do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_spdk_replicas_on_disks_of_two_block_sizes_fail_naming_them() {
+    let test = "real_spdk_replicas_on_disks_of_two_block_sizes_fail_naming_them";
+    let Some(spdk) = spdk_dir(test) else { return };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let run = dir.path().join("run");
+    let config = dir.path().join("talon.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "node:\n  engine: v2\n  listenAddress: 127.0.0.1\n  nvmfPort: {}\ndisks:\n  \
+             d1:\n    path: {}\n    sizeBytes: {}\n  d2:\n    path: {}\n    sizeBytes: {}\n    blockSize: 512\n",
+            free_port(),
+            dir.path().join("disks/d1.img").display(),
+            256u64 << 20,
+            dir.path().join("disks/d2.img").display(),
+            256u64 << 20
+        ),
+    )
+    .expect("config");
+    let _t = Tgt::spawn(&spdk, &run, dir.path().join("tgt.log")).await;
+    let d = start(opts(dir.path(), &spdk, &config)).await;
+    let e = d
+        .client
+        .call::<_, Value>(
+            "volume_create",
+            json!({"name": "mixed", "size": "16MiB", "replicas": 2, "wait": true, "timeoutSeconds": 60}),
+        )
+        .await
+        .expect_err("no raid1 over two block sizes")
+        .to_string();
+    for w in [
+        "different block sizes",
+        "talon-d1/mixed-r",
+        "4096 B",
+        "talon-d2/mixed-r",
+        "512 B",
+        "`disks`",
+    ] {
+        assert!(e.contains(w), "{e:?} should say {w:?}");
+    }
     d.stop().await;
 }

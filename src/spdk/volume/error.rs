@@ -240,4 +240,18 @@ pub enum VolumeError {
         /// Other nodes' replicas.
         replicas: Vec<String>,
     },
+    /// The members of a raid1 have different block sizes, which SPDK's raid1
+    /// refuses (`bdev_raid_create`: "Invalid argument").
+    #[error(
+        "volume {volume}: raid1 {raid} cannot take members of different block sizes ({members}): \
+         place its replicas on disks of one block size (the volume's `disks`)"
+    )]
+    MixedBlockSizes {
+        /// The volume or engine.
+        volume: String,
+        /// The raid1.
+        raid: String,
+        /// Each member and its block size.
+        members: String,
+    },
 }

@@ -12,8 +12,8 @@ use super::{
 use crate::spdk::client::ClientError;
 use crate::spdk::error::ErrorKind;
 use crate::spdk::rpc::{
-    ByName, GetRaids, NullCreate, QosLimit, RaidAddBaseBdev, RaidBdev, RaidCategory, RaidCreate, RaidDelete,
-    RaidLevel,
+    ByName, GetBdevs, GetRaids, NullCreate, QosLimit, RaidAddBaseBdev, RaidBdev, RaidCategory, RaidCreate,
+    RaidDelete, RaidLevel,
 };
 
 /// How long after a listing that shows SPDK's rebuild of a member ended it
@@ -416,6 +416,37 @@ impl VolumeOps {
         made: &mut Vec<Made>,
     ) -> Result<(), VolumeError> {
         let raid = raid.to_owned();
+        // the listing may be older than the members (a new volume's replicas)
+        let mut sized = Vec::new();
+        for m in members.iter().flatten() {
+            match listed_block_size(inv, m) {
+                Some(s) => sized.push(s),
+                None => {
+                    let asked = GetBdevs {
+                        name: Some(m.clone()),
+                        timeout: None,
+                    };
+                    if let Ok(Some(b)) = self
+                        .client
+                        .bdev_get_bdevs(&asked)
+                        .await
+                        .map(|v| v.into_iter().next())
+                    {
+                        sized.push((
+                            b.aliases.first().cloned().unwrap_or_else(|| m.clone()),
+                            b.block_size,
+                        ));
+                    }
+                }
+            }
+        }
+        if let Some(members) = mixed_block_sizes(&sized) {
+            return Err(VolumeError::MixedBlockSizes {
+                volume: vol.to_owned(),
+                raid,
+                members,
+            });
+        }
         let mut bases = Vec::new();
         let mut nulls = Vec::new();
         for (k, m) in members.iter().enumerate() {
@@ -619,6 +650,35 @@ fn thin_source<'r>(
         .find(|r| inv.lvols.contains_key(&r.alias))
 }
 
+/// Member `m` (a bdev name, UUID or lvol alias) as `inv` lists it: its
+/// name for people (an lvol by its alias) and its block size.
+fn listed_block_size(inv: &Inventory, m: &str) -> Option<(String, u32)> {
+    let lvol = inv
+        .lvols
+        .get(m)
+        .or_else(|| inv.lvols.values().find(|l| l.uuid == m));
+    let bdev = lvol
+        .and_then(|l| inv.bdevs.get(&l.uuid))
+        .or_else(|| inv.bdevs.get(m))?;
+    Some((
+        lvol.map_or_else(|| m.to_owned(), |l| l.alias.clone()),
+        bdev.block_size,
+    ))
+}
+
+/// When the members (name, block size) have more than one block size:
+/// each with its size, for the error.
+fn mixed_block_sizes(sized: &[(String, u32)]) -> Option<String> {
+    let sizes: BTreeSet<u32> = sized.iter().map(|(_, b)| *b).collect();
+    (sizes.len() > 1).then(|| {
+        sized
+            .iter()
+            .map(|(m, b)| format!("{m} {b} B"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    })
+}
+
 #[cfg(test)]
 mod tests {
     //! The pure decisions of `ensure_raid` against hand-built listings: no
@@ -778,6 +838,54 @@ mod tests {
         hold_back(&mut sync, &b, 2);
         assert_eq!(sync.rebuilding, Some((2, 0)));
         assert_eq!(sync.stale, vec![1, 3]);
+    }
+
+    /// Members of two block sizes (an NVMe disk at 4 KiB beside an aio disk
+    /// at 512 B) are named with their sizes before SPDK's raid1 refuses
+    /// them (an lvol by its alias, found by UUID or alias); one size is not judged.
+    #[test]
+    fn members_of_different_block_sizes_are_named_before_the_raid1_is_made() {
+        let mut inv = Inventory::default();
+        let bdev = |name: &str, block_size: u32| Bdev {
+            name: name.into(),
+            aliases: vec![],
+            product_name: "Logical Volume".into(),
+            block_size,
+            num_blocks: 256,
+            uuid: None,
+            claimed: false,
+            claim_type: None,
+            assigned_rate_limits: None,
+            driver_specific: serde_json::Value::Null,
+            md_size: 0,
+            md_interleave: false,
+        };
+        for (uuid, alias, bs) in [
+            ("u0", "talon-d0/v-r0", 4096),
+            ("u1", "talon-d1/v-r1", 512),
+            ("u2", "talon-d2/v-r2", 4096),
+        ] {
+            inv.bdevs.insert(uuid.into(), bdev(uuid, bs));
+            let l: crate::spdk::rpc::Lvol = serde_json::from_value(serde_json::json!({
+                "alias": alias, "uuid": uuid, "name": alias.split('/').nth(1),
+                "lvs": { "name": alias.split('/').next(), "uuid": "lvs" }
+            }))
+            .expect("lvol");
+            inv.lvols.insert(alias.into(), l);
+        }
+        inv.bdevs.insert("r1n1".into(), bdev("r1n1", 4096));
+        let m = |v: &[&str]| {
+            v.iter()
+                .filter_map(|s| listed_block_size(&inv, s))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            mixed_block_sizes(&m(&["u0", "talon-d1/v-r1"])).as_deref(),
+            Some("talon-d0/v-r0 4096 B, talon-d1/v-r1 512 B")
+        );
+        assert_eq!(mixed_block_sizes(&m(&["u0", "u2", "r1n1"])), None, "one size");
+        assert_eq!(listed_block_size(&inv, "unknown"), None, "not listed");
+        assert_eq!(mixed_block_sizes(&m(&["u0"])), None, "one member");
     }
 
     #[test]
