@@ -840,13 +840,9 @@ mod tests {
         assert_eq!(sync.stale, vec![1, 3]);
     }
 
-    /// Members of two block sizes (an NVMe disk at 4 KiB beside an aio disk
-    /// at 512 B) are named with their sizes before SPDK's raid1 refuses
-    /// them (an lvol by its alias, found by UUID or alias); one size is not judged.
-    #[test]
-    fn members_of_different_block_sizes_are_named_before_the_raid1_is_made() {
-        let mut inv = Inventory::default();
-        let bdev = |name: &str, block_size: u32| Bdev {
+    /// An lvol's bdev as `bdev_get_bdevs` lists it: `block_size`, capped at `mbps`.
+    fn lvol_bdev(name: &str, block_size: u32, mbps: Option<u64>) -> Bdev {
+        Bdev {
             name: name.into(),
             aliases: vec![],
             product_name: "Logical Volume".into(),
@@ -855,11 +851,20 @@ mod tests {
             uuid: None,
             claimed: false,
             claim_type: None,
-            assigned_rate_limits: None,
+            assigned_rate_limits: mbps.map(|m| RateLimits { rw_mbytes_per_sec: m }),
             driver_specific: serde_json::Value::Null,
             md_size: 0,
             md_interleave: false,
-        };
+        }
+    }
+
+    /// Members of two block sizes (an NVMe disk at 4 KiB beside an aio disk
+    /// at 512 B) are named with their sizes before SPDK's raid1 refuses
+    /// them (an lvol by its alias, found by UUID or alias); one size is not judged.
+    #[test]
+    fn members_of_different_block_sizes_are_named_before_the_raid1_is_made() {
+        let mut inv = Inventory::default();
+        let bdev = |name: &str, block_size: u32| lvol_bdev(name, block_size, None);
         for (uuid, alias, bs) in [
             ("u0", "talon-d0/v-r0", 4096),
             ("u1", "talon-d1/v-r1", 512),
@@ -891,20 +896,7 @@ mod tests {
     #[test]
     fn a_bdev_is_capped_when_listed_with_a_limit() {
         let mut inv = Inventory::default();
-        let bdev = |name: &str, mbps: Option<u64>| Bdev {
-            name: name.into(),
-            aliases: vec![],
-            product_name: "Logical Volume".into(),
-            block_size: 4096,
-            num_blocks: 256,
-            uuid: None,
-            claimed: false,
-            claim_type: None,
-            assigned_rate_limits: mbps.map(|m| RateLimits { rw_mbytes_per_sec: m }),
-            driver_specific: serde_json::Value::Null,
-            md_size: 0,
-            md_interleave: false,
-        };
+        let bdev = |name: &str, mbps: Option<u64>| lvol_bdev(name, 4096, mbps);
         inv.bdevs.insert("a".into(), bdev("a", Some(50)));
         inv.bdevs.insert("b".into(), bdev("b", Some(0)));
         inv.bdevs.insert("c".into(), bdev("c", None));
