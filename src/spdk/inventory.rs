@@ -129,6 +129,16 @@ impl Inventory {
             .retain(|l| l.name.strip_prefix(LVS_PREFIX).is_none_or(|d| disks.contains(d)));
     }
 
+    /// Bdev `name` as SPDK takes it in a call: by its name (an lvol's is its
+    /// UUID), an lvol's alias, or another of its aliases.
+    pub fn bdev_named(&self, name: &str) -> Option<&Bdev> {
+        self.lvols
+            .get(name)
+            .and_then(|l| self.bdevs.get(&l.uuid))
+            .or_else(|| self.bdevs.get(name))
+            .or_else(|| self.bdevs.values().find(|b| b.aliases.iter().any(|a| a == name)))
+    }
+
     /// The size of a bdev.
     pub fn bdev_size(&self, name: &str) -> Option<u64> {
         self.bdevs.get(name).map(Bdev::size_bytes)

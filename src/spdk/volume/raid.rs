@@ -653,13 +653,8 @@ fn thin_source<'r>(
 /// Member `m` (a bdev name, UUID or lvol alias) as `inv` lists it: its
 /// name for people (an lvol by its alias) and its block size.
 fn listed_block_size(inv: &Inventory, m: &str) -> Option<(String, u32)> {
-    let lvol = inv
-        .lvols
-        .get(m)
-        .or_else(|| inv.lvols.values().find(|l| l.uuid == m));
-    let bdev = lvol
-        .and_then(|l| inv.bdevs.get(&l.uuid))
-        .or_else(|| inv.bdevs.get(m))?;
+    let bdev = inv.bdev_named(m)?;
+    let lvol = inv.lvols.values().find(|l| l.uuid == bdev.name);
     Some((
         lvol.map_or_else(|| m.to_owned(), |l| l.alias.clone()),
         bdev.block_size,

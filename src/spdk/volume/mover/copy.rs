@@ -275,14 +275,7 @@ pub async fn within(
     // the wrong offsets (seen on a real target: a 4 KiB-block snapshot
     // into a 512 B-block lvol read back different from its first byte):
     // only equal block sizes are copied here, the rest through the mover
-    let bdev = |name: &str| {
-        inv.lvols
-            .get(name)
-            .and_then(|l| inv.bdevs.get(&l.uuid))
-            .or_else(|| inv.bdevs.get(name))
-            .or_else(|| inv.bdevs.values().find(|b| b.aliases.iter().any(|a| a == name)))
-    };
-    let (from, to) = (bdev(snap), bdev(dst));
+    let (from, to) = (inv.bdev_named(snap), inv.bdev_named(dst));
     if from.map(|b| b.block_size) != to.map(|b| b.block_size) || from.is_none() {
         tracing::debug!(snapshot = %snap, %dst, from = ?from.map(|b| b.block_size), to = ?to.map(|b| b.block_size),
             "block sizes differ (or a bdev is not listed): the data goes through the mover");
