@@ -9,9 +9,11 @@ two-nodes: two nodes (two talon, two spdk_tgt), 2 replicas; talon and spdk_tgt o
   without the engine killed (-9) and the manager rebuilding its replica; online expansion;
   a revert to a snapshot in maintenance mode; a second snapshot whose CR is deleted (the
   manager's SnapshotRemove and SnapshotPurge through talon, its lvols gone on both nodes); the
-  engine's node (engineNodeID) patched to node 2 for 30 s and back, the volume healthy with both
+  engine's node (engineNodeID) patched to node 2 and back, the volume healthy with both
   replicas RW throughout (the second engine the manager makes there takes no replica from the
-  serving one); V2 live migration of a second, migratable (rwx) volume attached by a csi-attacher
+  serving one) and a multipath host (SPDK's bdevperf, verify) writing through each move without
+  an I/O error; the same two moves again with talon of node 2 killed (-9) while the new engine
+  is made, once as the new engine's node and once as the serving one's; V2 live migration of a second, migratable (rwx) volume attached by a csi-attacher
   ticket on node 1: a second ticket for node 2 (a second engine and engine-frontend there over the
   same replicas, the data read through the new one), confirmed (node 1's ticket dropped: the old
   pair gone), then a migration back to node 1 rolled back (its ticket dropped: the new pair gone,
@@ -53,6 +55,7 @@ import traceback
 
 import cluster as lh
 from cluster import HOST_NQN, NS, wait_for
+from writer import Writer
 
 NODE = "e2e-node-1"
 VOLUME = "e2e-vol-1"
@@ -67,6 +70,9 @@ S3_TARGET = "s3://backups@us-east-1/"
 S3_KEYS = {"AWS_ACCESS_KEY_ID": "talon-test", "AWS_SECRET_ACCESS_KEY": "talon-test-secret"}
 NOISE = ("kernel module not loaded", "Longhorn asked for")
 MIB = 1 << 20
+# where the writer across an engine move writes (past the steps' 8 MiB patterns at 0, below
+# the old end where the expansion's pattern sits)
+WRITER_AT, WRITER_LEN = 64 * MIB, 32 * MIB
 SIZE = 128 * MIB
 GROUP, VERSION = "longhorn.io", "v1beta2"
 T_MANAGER, T_STEP = 240, 120
@@ -304,6 +310,16 @@ class Scenario:
         self.dd(data)
         self.check(data, "the data read back over the volume's NVMe/TCP endpoint")
         return data
+
+    def block_size(self):
+        """The block size of the bdev the volume's subsystem exports, as its node's spdk_tgt says."""
+        for n, pod in self.im.items():
+            rpc = [sys.executable, f"{self.spdk_dir}/scripts/rpc.py", "-s", f"{self.c.work}/{pod}/run/spdk.sock"]
+            for x in json.loads(lh.run(*rpc, "nvmf_get_subsystems").stdout):
+                if x["nqn"] == self.nqn and x.get("namespaces"):
+                    b = json.loads(lh.run(*rpc, "bdev_get_bdevs", "-b", x["namespaces"][0]["bdev_name"]).stdout)
+                    return b[0]["block_size"]
+        raise AssertionError(f"no node exports {self.nqn}")
 
     def check(self, data, what, offset=0):
         back = self.dd(None, len(data), offset)
@@ -696,15 +712,66 @@ class Scenario:
         self.wait("the replica on the killed node failed (volume degraded)", failed, 90)
         return data
 
-    def relocate(self, node, data):
+    def relocate(self, node, data, crash=None):
         """Engine relocation (issue 53): engineNodeID patched to `node` while attached; the manager
         makes a second engine there and switches the engine-frontend over in three phases
         (InstanceSwitchOverTarget preparing, switching, promoting), then deletes the old engine.
+        A multipath host writes and verifies throughout (writer.py), in a region of the volume the
+        steps' data does not use, the new engine's export added as a second path as soon as the
+        manager's engine CR shows it (as a host's `nvme connect` would).
         Expected: the switch-over state back to "" with one engine, on `node`; the same
         engine-frontend object (same uid), its target the new engine and its active path an
-        optimized path to it; no FailedSwitchover event; the volume never left attached; the
-        snapshots listed by the new engine with their creation times; `data` reads back through
-        the new engine's export and new data is written and read back."""
+        optimized path to it; no FailedSwitchover event; the volume never left attached; no I/O
+        of the writer failed or read back different; the snapshots listed by the new engine with
+        their creation times; `data` reads back through the new engine's export.
+        `crash` = (node, phase): talon of that node killed (-9) once the move reaches `phase`
+        (the volume's switchoverState), started again 10 s later by the stand-in kubelet; its
+        spdk_tgt keeps serving. The move must still end as above (a failed phase is retried;
+        FailedSwitchover events are then expected and said), the writer never failing."""
+        writer = Writer(self.spdk_dir, self.c.work, HOST_NQN, self.block_size(), WRITER_AT, WRITER_LEN)
+        writer.start(self.addr, self.port, self.nqn)
+        try:
+            return self.relocate_with(node, data, writer, crash)
+        finally:
+            writer.kill()
+
+    def steady(self, seconds):
+        """The writer of the moves for `seconds` with nothing moving: the volume's steady IOPS."""
+        writer = Writer(self.spdk_dir, self.c.work, HOST_NQN, self.block_size(), WRITER_AT, WRITER_LEN)
+        writer.start(self.addr, self.port, self.nqn)
+        try:
+            time.sleep(seconds)
+            r = writer.stop()
+        finally:
+            writer.kill()
+        say(f"the writer, nothing moving: {r['runtime']:.1f} s, {r['iops']:.0f} IOPS, "
+            f"the longest I/O {r['max_latency_us'] / 1000:.1f} ms")
+        return r
+
+    def kill_talon(self, node, outage):
+        """kill -9 of `node`'s talon alone (its spdk_tgt serves on); the stand-in kubelet starts
+        it again `outage` s later."""
+        pod = self.im[node]
+        with self.c.lock:
+            self.c.pods[f"{NS}/{pod}"]["hold_until"] = time.monotonic() + outage
+        run_dir = f"{self.c.work}/{pod}/run"
+        pids = []
+        for d in os.listdir("/proc"):
+            if d.isdigit():
+                try:
+                    argv = open(f"/proc/{d}/cmdline", "rb").read().split(b"\0")
+                except OSError:
+                    continue
+                cmd = b" ".join(argv).decode(errors="replace")
+                if run_dir in cmd and argv[0].decode(errors="replace").endswith("/talon") and " serve" in cmd:
+                    pids.append(int(d))
+        if not pids:
+            raise AssertionError(f"no talon of {pod} to kill")
+        say(f"kill -9 {pids} (talon of {pod} alone), back in {outage} s")
+        for pid in pids:
+            os.kill(pid, signal.SIGKILL)
+
+    def relocate_with(self, node, data, writer, crash):
         sel = f"longhornvolume={self.vol}"
         efs = self.list("enginefrontends", sel)
         if len(efs) != 1:
@@ -717,6 +784,8 @@ class Scenario:
         self.patch("volumes", self.vol, {"spec": {"engineNodeID": node}})
         seen, t0 = {}, time.monotonic()
         wedged = {"since": None, "done": False}
+        crashed = {"done": crash is None}
+        phases = []  # (switchoverState, s after the patch it was first seen), as it changed
 
         def note(k, v):
             if v not in seen.setdefault(k, []):
@@ -757,6 +826,11 @@ class Scenario:
             st = self.get("volumes", self.vol).get("status", {})
             note("state", st.get("state"))
             note("switchoverState", st.get("switchoverState") or "")
+            if not phases or phases[-1][0] != (st.get("switchoverState") or ""):
+                phases.append((st.get("switchoverState") or "", round(time.monotonic() - t0, 2)))
+            if not crashed["done"] and st.get("switchoverState") == crash[1]:
+                self.kill_talon(crash[0], 10)
+                crashed["done"] = True
             if st.get("state") != "attached":
                 raise AssertionError(f"the volume left attached during the move: {st.get('state')}; "
                                      f"seen {seen}")
@@ -769,13 +843,19 @@ class Scenario:
                 note(f"engine {e['metadata']['name']} on {e['spec'].get('nodeID')}",
                      f"{es.get('currentState')}: {(es.get('message') or '')[:200]}")
             unwedge(engines)
+            for e in engines:
+                es = e.get("status", {})
+                if e["metadata"]["name"] not in first and es.get("currentState") == "running" \
+                        and es.get("storageIP") and es.get("port"):
+                    writer.add_path(es["storageIP"], es["port"])
             return (not st.get("switchoverState") and len(engines) == 1
                     and engines[0]["spec"].get("nodeID") == node
                     and engines[0]["metadata"]["name"] not in first
                     and st.get("currentEngineNodeID") == node)
 
         self.wait(f"the engine moved to {node}: one engine there, switch-over state empty", moved, 300)
-        say(f"engine moved to {node} in {time.monotonic() - t0:.1f} s; the manager's view {json.dumps(seen)}")
+        moved_s = time.monotonic() - t0
+        say(f"engine moved to {node} in {moved_s:.1f} s; the manager's view {json.dumps(seen)}")
         engine = self.list("engines", sel)[0]
         es = engine.get("status", {})
 
@@ -801,7 +881,9 @@ class Scenario:
                   and (e.last_timestamp or e.event_time or e.first_timestamp)
                   and (e.last_timestamp or e.event_time or e.first_timestamp).timestamp() >= t_events - 1]
         failed = [e for e in events if e.startswith("FailedSwitchover")]
-        if failed:
+        if failed and crash:
+            say(f"FailedSwitchover events while talon of {crash[0]} was down (retried): {failed}")
+        elif failed:
             raise AssertionError(f"FailedSwitchover events during the move: {failed}")
         say(f"its events: {'; '.join(sorted(set(events))) or 'none'}")
         self.wait_healthy(f"healthy with the engine on {node}")
@@ -827,7 +909,14 @@ class Scenario:
         hostport, _, self.nqn = rest.partition("/")
         self.addr, self.port = hostport.rsplit(":", 1)
         say(f"engine endpoint now {ep}")
+        r = writer.stop()
+        say(f"the writer through the move: {r['runtime']:.1f} s, {r['iops']:.0f} IOPS of 4 KiB verified, "
+            f"0 failed, the longest I/O {r['max_latency_us'] / 1000:.1f} ms, paths {writer.paths}"
+            + (f", connects refused and tried again: {writer.refused}" if writer.refused else ""))
+        print(f"MOVE writer {node} runtime_s={r['runtime']:.1f} iops={r['iops']:.0f} "
+              f"longest_io_ms={r['max_latency_us'] / 1000:.1f}", flush=True)
         self.check(data, f"the data after the move to {node}")
+        return {"moved_s": moved_s, "phases": phases, "writer": r, "crash": crash}
         # written past `data` (which later steps read again), read back
         more = pattern(0x69)
         self.dd(more, offset=16 * MIB)
@@ -1058,11 +1147,13 @@ def main():
     ap = argparse.ArgumentParser()
     for a in ["work", "longhorn", "cache", "spdk", "talon", "s3-endpoint"]:
         ap.add_argument(f"--{a}", required=True)
-    ap.add_argument("--scenario", choices=["one-node", "two-nodes", "scale", "two-nodes+scale"], default="one-node")
+    ap.add_argument("--scenario", choices=["one-node", "two-nodes", "scale", "two-nodes+scale", "moves"],
+                    default="one-node")
+    ap.add_argument("--moves", type=int, default=10, help="moves: how many engine moves")
     ap.add_argument("--volumes", type=int, default=10, help="scale: how many volumes")
     ap.add_argument("--idle", type=float, default=60, help="scale: seconds of idle measured")
     ap.add_argument("--queues", type=int, default=4, help="scale: I/O queues of the connected host (0: none connected)")
-    ap.add_argument("--metrics", help="scale: where the measurements go (JSON)")
+    ap.add_argument("--metrics", help="scale, moves: where the measurements go (JSON)")
     a = ap.parse_args()
     then_scale = a.scenario == "two-nodes+scale"  # the scale steps after two-nodes, same cluster
     if then_scale:
@@ -1073,7 +1164,7 @@ def main():
     # a SIGTERM (the Rust test's timeout) unwinds through the cleanup below
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     c = lh.Cluster(a.work, a.longhorn, a.cache, a.spdk, a.talon, say)
-    two = a.scenario in ("two-nodes", "scale")
+    two = a.scenario in ("two-nodes", "scale", "moves")
     nodes = [NODE, "e2e-node-2"] if two else [NODE]
     s = Scenario(c, a.spdk, nodes, 2 if two else 1)
     s.s3 = a.s3_endpoint
@@ -1081,6 +1172,8 @@ def main():
     failed = None
     if a.scenario == "scale":
         return scale_main(s, c, a, t0)
+    if a.scenario == "moves":
+        return moves_main(s, c, a, t0)
     sc = None
     if then_scale:
         import scale
@@ -1130,6 +1223,10 @@ def main():
             if os.environ.get("TALON_E2E_RELOCATE", "1") != "0":
                 s.step("relocate-node-2", lambda: s.relocate(nodes[1], first))
                 s.step("relocate-back", lambda: s.relocate(NODE, first))
+                # kill -9 of a talon mid-move (its spdk_tgt serves on): the new engine's node
+                # while that engine is made, then the serving engine's node
+                s.step("relocate-crash-new-node", lambda: s.relocate(nodes[1], first, crash=(nodes[1], "preparing")))
+                s.step("relocate-crash-old-node", lambda: s.relocate(NODE, first, crash=(nodes[1], "preparing")))
                 s.step("read-after-relocate", lambda: s.check(first, "the data after the moves"))
         if two and os.environ.get("TALON_E2E_MIGRATE", "1") != "0":
             # V2 live migration (issue 53), its own migratable volume: to node 2 and confirmed,
@@ -1214,6 +1311,52 @@ def scale_main(s, c, a, t0):
         sc.m["failed"] = repr(failed) if failed else None
         if a.metrics:
             sc.write(a.metrics)
+        t1 = time.monotonic()
+        c.close()
+        print(f"STEP cleanup {time.monotonic() - t1:.1f}", flush=True)
+    print(f"TOTAL {time.monotonic() - t0:.1f}", flush=True)
+    return 1 if failed else 0
+
+
+def moves_main(s, c, a, t0):
+    """The moves scenario (issue 53's benchmark, benches/longhorn_move.rs): one volume of 2
+    replicas attached on node 1, the writer's steady IOPS, `--moves` engine relocations to node 2
+    and back in turn, each with the writer through it, the steady IOPS again (the engine back on
+    node 1, its local member direct again); the measurements in --metrics."""
+    m, failed = {"moves": []}, None
+    steady = float(os.environ.get("LH_MOVE_STEADY", "10"))
+    try:
+        s.step("control-plane", s.control_plane)
+        s.step("crds", s.crds)
+        s.step("manager", s.manager)
+        s.step("disk", s.disk)
+        s.step("instance-manager", s.instance_manager)
+        s.step("disk-ready", s.disk_ready)
+        s.step("volume-create", s.volume)
+        s.step("attach", s.attach)
+        data = s.step("io", s.io)
+        m["before"] = s.step("steady-before", lambda: s.steady(steady))
+        for i in range(a.moves):
+            to = s.nodes[1] if i % 2 == 0 else NODE
+            m["moves"].append(s.step(f"move-{i + 1}", lambda: s.relocate(to, data)))
+        if a.moves % 2:
+            s.step("move-home", lambda: s.relocate(NODE, data))
+        m["after"] = s.step("steady-after", lambda: s.steady(steady))
+        s.step("detach", s.detach)
+        s.step("delete", s.delete)
+    except Exception as e:  # noqa: BLE001 (reported with the logs)
+        failed = e
+        say(f"FAILED: {e}\n{traceback.format_exc()}")
+        try:
+            say(s.diag()[-20000:])
+        except Exception:  # noqa: BLE001
+            pass
+    finally:
+        m["steps"] = dict(s.times)
+        m["failed"] = repr(failed) if failed else None
+        if a.metrics:
+            with open(a.metrics, "w") as f:
+                json.dump(m, f, indent=1)
         t1 = time.monotonic()
         c.close()
         print(f"STEP cleanup {time.monotonic() - t1:.1f}", flush=True)
