@@ -7,8 +7,10 @@
 //!   the writer (bdevperf verify, 4 KiB, QD 8, multipath)   LH_MOVE_STEADY s -> IOPS before
 //!   LH_MOVES relocations by engineNodeID, node 2 and back in turn, the writer through each:
 //!     the manager's switch-over (preparing, switching-over, finalizing)   -> s per phase, per move
+//!     the new engine on its local replica directly again (no loopback attach; the replica's
+//!       share is held 15 s after the last ask)                           -> s after the move
 //!     the writer                               -> its longest I/O (the pause), IOPS, no I/O error
-//!   the writer again, the engine back on node 1              -> IOPS after (the direct path back)
+//!   the writer again, the engine back on node 1               -> IOPS after (the direct path back)
 //! ```
 //!
 //! Run as root: `TALON_SPDK_DIR=/work/shared/spdk/v26.05 cargo bench --bench longhorn_move`
@@ -161,8 +163,12 @@ fn table(m: &Value) -> String {
             each(&|mv| phase_s(mv, "switching-over"), 1),
         ),
         (
-            "... finalizing (the old engine deleted), s".into(),
+            "... finalizing (the old engine deleted; -: shorter than the 0.5 s poll), s".into(),
             each(&|mv| phase_s(mv, "finalizing"), 1),
+        ),
+        (
+            "... then the new engine on its local replica directly again, s".into(),
+            each(&|mv| mv["direct_s"].as_f64(), 1),
         ),
         (
             "writer's longest I/O during a move, ms: p50 / max".into(),

@@ -38,6 +38,11 @@ pub struct Cli {
     /// Log format.
     #[arg(long, global = true, value_enum, default_value_t = LogFormat::Human)]
     pub log_format: LogFormat,
+    /// Threads of talon's async runtime (default: the host's CPUs, at most
+    /// [`MAX_DEFAULT_WORKERS`]): SPDK polls its own cores, and a worker per
+    /// CPU of a large host only adds wake-ups to talon's idle cost.
+    #[arg(long, global = true, env = "TALON_WORKER_THREADS", value_parser = clap::value_parser!(u16).range(1..=256))]
+    pub worker_threads: Option<u16>,
     #[command(subcommand)]
     pub command: Command,
 }
@@ -446,7 +451,15 @@ pub fn main() -> ExitCode {
         Cli::parse_from(argv)
     };
     init_logging(cli.log_format);
-    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let workers = runtime_workers(
+        cli.worker_threads,
+        std::thread::available_parallelism().map_or(1, |n| n.get()),
+    );
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(workers)
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("error: cannot start the async runtime: {e}");
@@ -460,6 +473,18 @@ pub fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// The most runtime threads talon starts by itself: the controllers, the
+/// API and Longhorn's gRPC servers are I/O-bound (SPDK does the data path
+/// on its own cores); measured in docs/sizing.md.
+pub const MAX_DEFAULT_WORKERS: usize = 4;
+
+/// The runtime's worker threads: what was asked (`--worker-threads`,
+/// `TALON_WORKER_THREADS`), else the host's CPUs up to
+/// [`MAX_DEFAULT_WORKERS`].
+fn runtime_workers(asked: Option<u16>, cpus: usize) -> usize {
+    asked.map_or(cpus.clamp(1, MAX_DEFAULT_WORKERS), usize::from)
 }
 
 async fn shutdown_signal() {
@@ -748,7 +773,16 @@ mod tests {
     use tracing::Level;
     use tracing_subscriber::layer::SubscriberExt;
 
-    use super::log_filter;
+    use super::{MAX_DEFAULT_WORKERS, log_filter, runtime_workers};
+
+    #[test]
+    fn the_runtime_takes_the_threads_asked_else_the_cpus_up_to_a_bound() {
+        assert_eq!(runtime_workers(None, 2), 2);
+        assert_eq!(runtime_workers(None, 64), MAX_DEFAULT_WORKERS);
+        assert_eq!(runtime_workers(None, 0), 1);
+        assert_eq!(runtime_workers(Some(1), 64), 1);
+        assert_eq!(runtime_workers(Some(16), 2), 16);
+    }
 
     /// Records the target and level of each event it is given.
     #[derive(Clone, Default)]

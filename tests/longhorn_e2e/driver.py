@@ -25,9 +25,12 @@ both: after the first snapshot, an S3 backup target (the Rust test's S3 server i
   from that backup by the manager through talon, read back (the Rust test also restores the
   backup through talon's own reader afterwards).
 
-    driver.py --scenario one-node|two-nodes|scale|two-nodes+scale --work DIR --longhorn DIR --cache DIR
+    driver.py --scenario one-node|two-nodes|scale|two-nodes+scale|moves --work DIR --longhorn DIR --cache DIR
               --spdk DIR --talon BIN --s3-endpoint URL
 
+moves: two nodes, one volume of 2 replicas, N engine relocations to node 2 and back in turn with
+  the writer (writer.py) through each, its steady IOPS before and after (issue 53's benchmark,
+  benches/longhorn_move.rs; `--moves N --metrics FILE`).
 two-nodes+scale: two-nodes, then the scale scenario (scale.py) on the same cluster, its disks
   sized for scale: one start of the control plane, the managers and the instance managers for
   both (CI time: a cluster's start and stop is a minute or more on a loaded machine).
@@ -44,6 +47,7 @@ TALON_E2E_OUTAGE=SECONDS is how long the killed node stays down (20).
 
 import argparse
 import array
+import contextlib
 import json
 import os
 import signal
@@ -735,6 +739,39 @@ class Scenario:
         finally:
             writer.kill()
 
+    def direct_again(self, node):
+        """Waits until `node`'s engine reaches its local replicas directly again, not through a
+        loopback attach of their exports (held for the node's replicaShareHoldSecs after the
+        last other engine asked for them): no NVMe bdev controller of `node`'s spdk_tgt connects
+        to `node`'s own address. Returns the seconds waited."""
+        pod = self.im[node]
+        ip = self.get("instancemanagers", pod)["status"]["ip"]
+        rpc = [sys.executable, f"{self.spdk_dir}/scripts/rpc.py", "-s", f"{self.c.work}/{pod}/run/spdk.sock"]
+        t0 = time.monotonic()
+
+        def direct():
+            ctrls = json.loads(lh.run(*rpc, "bdev_nvme_get_controllers").stdout)
+            return not [c["name"] for c in ctrls for p in c.get("ctrlrs") or []
+                        if (p.get("trid") or {}).get("traddr") == ip]
+
+        self.wait(f"{node}'s engine on its local replica directly (no loopback attach)", direct, 120)
+        say(f"{node}'s engine on its local replica directly again after {time.monotonic() - t0:.1f} s")
+        return time.monotonic() - t0
+
+    @contextlib.contextmanager
+    def writing(self, what):
+        """The writer (writer.py) on the volume's current endpoint while the block runs; fails
+        the step when one of its I/Os failed or read back different."""
+        writer = Writer(self.spdk_dir, self.c.work, HOST_NQN, self.block_size(), WRITER_AT, WRITER_LEN)
+        writer.start(self.addr, self.port, self.nqn)
+        try:
+            yield writer
+            r = writer.stop()
+        finally:
+            writer.kill()
+        say(f"the writer through {what}: {r['runtime']:.1f} s, {r['iops']:.0f} IOPS of 4 KiB verified, 0 failed, "
+            f"the longest I/O {r['max_latency_us'] / 1000:.1f} ms")
+
     def steady(self, seconds):
         """The writer of the moves for `seconds` with nothing moving: the volume's steady IOPS."""
         writer = Writer(self.spdk_dir, self.c.work, HOST_NQN, self.block_size(), WRITER_AT, WRITER_LEN)
@@ -909,6 +946,10 @@ class Scenario:
         hostport, _, self.nqn = rest.partition("/")
         self.addr, self.port = hostport.rsplit(":", 1)
         say(f"engine endpoint now {ep}")
+        # the move ends when the new engine reaches its local replica directly again (it read it
+        # through the replica's export while the old engine was there): the writer stays on
+        # through that last member move too
+        direct_s = self.direct_again(node)
         r = writer.stop()
         say(f"the writer through the move: {r['runtime']:.1f} s, {r['iops']:.0f} IOPS of 4 KiB verified, "
             f"0 failed, the longest I/O {r['max_latency_us'] / 1000:.1f} ms, paths {writer.paths}"
@@ -916,7 +957,7 @@ class Scenario:
         print(f"MOVE writer {node} runtime_s={r['runtime']:.1f} iops={r['iops']:.0f} "
               f"longest_io_ms={r['max_latency_us'] / 1000:.1f}", flush=True)
         self.check(data, f"the data after the move to {node}")
-        return {"moved_s": moved_s, "phases": phases, "writer": r, "crash": crash}
+        return {"moved_s": moved_s, "direct_s": direct_s, "phases": phases, "writer": r, "crash": crash}
         # written past `data` (which later steps read again), read back
         more = pattern(0x69)
         self.dd(more, offset=16 * MIB)
@@ -1019,6 +1060,12 @@ class Scenario:
         endpoint, the ticket satisfied; the old pair still running. Then `data` reads back through
         the new engine-frontend. Returns the old and new (engine, engine-frontend) names."""
         old_es, old_fs = self.pairs()
+        # the serving pair's host writes on while the second engine is made (its members go
+        # behind their exports for it): no I/O of it fails
+        with self.writing(f"the start of the migration to {node}"):
+            return self.migrate_wait(data, ticket, node, old_es, old_fs)
+
+    def migrate_wait(self, data, ticket, node, old_es, old_fs):
         self.tickets({ticket: node})
         seen = []
 
@@ -1118,8 +1165,12 @@ class Scenario:
     def migrate_confirm(self, data, mig, drop_ticket, node, old_node):
         """Confirmation: the old node's ticket dropped (KubeVirt deletes the source pod)."""
         old_e, old_f, new_e, new_f = mig
-        self.tickets({drop_ticket: None})
-        self.migrate_end(node, new_e, new_f, old_e, old_f, old_node, "migration confirmed")
+        # the new pair's host writes on while the old pair goes and the members come back to
+        # their lvols: no I/O of it fails
+        with self.writing(f"the confirmation on {node}"):
+            self.tickets({drop_ticket: None})
+            self.migrate_end(node, new_e, new_f, old_e, old_f, old_node, "migration confirmed")
+            self.direct_again(node)
         self.check(data, f"the data after the migration to {node}")
         more = pattern(0x96)
         self.dd(more, offset=16 * MIB)
@@ -1130,8 +1181,13 @@ class Scenario:
         old_e, old_f, new_e, new_f = mig
         if len(old_e) != 1 or len(old_f) != 1:
             raise AssertionError(f"one engine and one engine-frontend expected before, not {old_e} {old_f}")
-        self.tickets({drop_ticket: None})
-        self.migrate_end(node, old_e[0], old_f[0], [new_e], [new_f], new_node, "migration rolled back")
+        # the serving (old) pair's host writes on while the new pair goes and its member comes
+        # back to its lvol: no I/O of it fails
+        self.use_frontend(self.get("enginefrontends", old_f[0]))
+        with self.writing(f"the rollback on {node}"):
+            self.tickets({drop_ticket: None})
+            self.migrate_end(node, old_e[0], old_f[0], [new_e], [new_f], new_node, "migration rolled back")
+            self.direct_again(node)
         self.check(data, f"the data after the rollback, on {node}")
 
     def migrate_delete(self):
@@ -1321,8 +1377,9 @@ def scale_main(s, c, a, t0):
 def moves_main(s, c, a, t0):
     """The moves scenario (issue 53's benchmark, benches/longhorn_move.rs): one volume of 2
     replicas attached on node 1, the writer's steady IOPS, `--moves` engine relocations to node 2
-    and back in turn, each with the writer through it, the steady IOPS again (the engine back on
-    node 1, its local member direct again); the measurements in --metrics."""
+    and back in turn, each with the writer through it until the new engine reaches its local
+    replica directly again, the steady IOPS again (the engine back on node 1); the measurements
+    in --metrics."""
     m, failed = {"moves": []}, None
     steady = float(os.environ.get("LH_MOVE_STEADY", "10"))
     try:
