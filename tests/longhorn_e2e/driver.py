@@ -38,7 +38,8 @@ two-nodes+scale: two-nodes, then the scale scenario (scale.py) on the same clust
 Exit 0 when every step passed; else the failing step on stderr: its `FAILED:` line, then its
 `why: ` lines (the volume's Longhorn objects one per line, the managers' and talon's last words
 on it: what the Rust test's message and tests/summary.py repeat), then the logs' tails. One line
-per step on stdout: `STEP <name> <seconds>`.
+per step on stdout: `STEP <name> <seconds>`; one per writer run through a move or a migration step:
+`WRITER <what>: runtime_s= iops= longest_io_ms=`.
 
 By hand: TALON_E2E_HOLD=STEP:SECONDS holds the cluster after STEP (to look at it);
 TALON_E2E_FAIL_AFTER=STEP fails after STEP (to see a failure's report, the logs kept);
@@ -771,6 +772,8 @@ class Scenario:
             writer.kill()
         say(f"the writer through {what}: {r['runtime']:.1f} s, {r['iops']:.0f} IOPS of 4 KiB verified, 0 failed, "
             f"the longest I/O {r['max_latency_us'] / 1000:.1f} ms")
+        print(f"WRITER {what}: runtime_s={r['runtime']:.1f} iops={r['iops']:.0f} "
+              f"longest_io_ms={r['max_latency_us'] / 1000:.1f}", flush=True)
 
     def steady(self, seconds):
         """The writer of the moves for `seconds` with nothing moving: the volume's steady IOPS."""
@@ -954,8 +957,8 @@ class Scenario:
         say(f"the writer through the move: {r['runtime']:.1f} s, {r['iops']:.0f} IOPS of 4 KiB verified, "
             f"0 failed, the longest I/O {r['max_latency_us'] / 1000:.1f} ms, paths {writer.paths}"
             + (f", connects refused and tried again: {writer.refused}" if writer.refused else ""))
-        print(f"MOVE writer {node} runtime_s={r['runtime']:.1f} iops={r['iops']:.0f} "
-              f"longest_io_ms={r['max_latency_us'] / 1000:.1f}", flush=True)
+        print(f"WRITER the move to {node}: runtime_s={r['runtime']:.1f} iops={r['iops']:.0f} "
+              f"longest_io_ms={r['max_latency_us'] / 1000:.1f} direct_again_s={direct_s:.1f}", flush=True)
         self.check(data, f"the data after the move to {node}")
         return {"moved_s": moved_s, "direct_s": direct_s, "phases": phases, "writer": r, "crash": crash}
         # written past `data` (which later steps read again), read back
