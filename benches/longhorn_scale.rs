@@ -28,34 +28,17 @@
 mod longhorn_e2e;
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use longhorn_e2e::{Guard, PROGRAMS, on_path, python};
+use longhorn_e2e::{Driver, Guard, bench_parts, wait_bounded};
 use serde_json::Value;
 
 const NAME: &str = "longhorn_scale";
 
 fn main() {
-    if !nix::unistd::geteuid().is_root() {
-        return eprintln!("SKIP {NAME}: not root (network namespaces, loop devices)");
-    }
-    let Some(spdk) = std::env::var_os("TALON_SPDK_DIR").map(PathBuf::from) else {
-        return eprintln!("SKIP {NAME}: TALON_SPDK_DIR not set");
-    };
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let longhorn = root.join("../shared/longhorn/v1.12.1");
-    if !longhorn.join("longhorn-manager.xz").is_file() {
-        return eprintln!(
-            "SKIP {NAME}: no {} (Longhorn's control plane)",
-            longhorn.display()
-        );
-    }
-    if let Some(p) = PROGRAMS.iter().find(|p| !on_path(p)) {
-        return eprintln!("SKIP {NAME}: no `{p}` on PATH (tests/apt-packages.txt)");
-    }
-    let Some(py) = python(root) else {
-        return eprintln!("SKIP {NAME}: no Python with the kubernetes client (tests/pip-packages.txt)");
+    let Some((spdk, longhorn, py)) = bench_parts(NAME, root, &[]) else {
+        return;
     };
     let ns: Vec<u32> = std::env::var("LH_SCALE_N")
         .unwrap_or_else(|_| "10,50,100".into())
@@ -75,52 +58,31 @@ fn main() {
         let work = tempfile::tempdir().expect("work dir");
         let _guard = Guard(work.path().to_path_buf());
         let metrics = work.path().join("metrics.json");
-        let (out, err) = (work.path().join("driver.out"), work.path().join("driver.err"));
         let t0 = Instant::now();
-        let mut child = Command::new(&py)
-            .arg(root.join("tests/longhorn_e2e/driver.py"))
-            .args([
-                "--scenario",
-                "scale",
-                "--volumes",
-                &n.to_string(),
-                "--idle",
-                &idle,
-            ])
-            .args(["--queues", &queues])
-            .arg("--metrics")
-            .arg(&metrics)
-            .arg("--work")
-            .arg(work.path())
-            .arg("--longhorn")
-            .arg(longhorn.canonicalize().expect("longhorn dir"))
-            .arg("--cache")
-            .arg(&cache)
-            .arg("--spdk")
-            .arg(&spdk)
-            .arg("--talon")
-            .arg(&talon)
-            .args(["--s3-endpoint", "http://10.250.0.1:9000"])
-            .current_dir(root.join("tests/longhorn_e2e"))
-            .stdin(Stdio::null())
-            .stdout(std::fs::File::create(&out).expect("driver.out"))
-            .stderr(std::fs::File::create(&err).expect("driver.err"))
-            .spawn()
-            .expect("driver.py");
-        let bound = Duration::from_secs(900 + 30 * u64::from(n));
-        let status = loop {
-            if let Some(s) = child.try_wait().expect("driver") {
-                break s;
-            }
-            if t0.elapsed() > bound {
-                let pid = nix::unistd::Pid::from_raw(child.id() as i32);
-                let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
-                std::thread::sleep(Duration::from_secs(60));
-                let _ = child.kill();
-                break child.wait().expect("driver");
-            }
-            std::thread::sleep(Duration::from_millis(500));
+        let driver = Driver {
+            py: &py,
+            root,
+            work: work.path(),
+            longhorn: &longhorn,
+            cache: &cache,
+            spdk: &spdk,
+            talon: &talon,
+            s3_endpoint: "http://10.250.0.1:9000",
         };
+        let (out, err) = driver.out_err();
+        let mut metrics_arg = std::ffi::OsString::from("--metrics=");
+        metrics_arg.push(&metrics);
+        let mut child = driver.spawn(
+            "scale",
+            &[
+                std::ffi::OsString::from(format!("--volumes={n}")),
+                format!("--idle={idle}").into(),
+                format!("--queues={queues}").into(),
+                metrics_arg,
+            ],
+        );
+        let bound = Duration::from_secs(900 + 30 * u64::from(n));
+        let status = wait_bounded(&mut child, t0, bound);
         let steps = std::fs::read_to_string(&out).unwrap_or_default();
         eprintln!("{steps}N = {n}: {status} in {:.0} s", t0.elapsed().as_secs_f64());
         if !status.success() {

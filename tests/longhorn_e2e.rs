@@ -24,10 +24,9 @@ mod spdk_real;
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use longhorn_e2e::{Guard, PROGRAMS, on_path, python, skip};
+use longhorn_e2e::{Driver, Guard, PROGRAMS, on_path, python, skip, wait_bounded};
 
 /// The driver's whole run; a pass takes a few minutes (the steps' own bounds are shorter), two
 /// scenarios on one cluster up to ~10 under CI's load.
@@ -213,49 +212,23 @@ fn run_scenario(test: &str, scenario: &str, extra: &[&str]) {
     };
     let work = tempfile::tempdir().expect("work dir");
     let cache = Path::new(env!("CARGO_TARGET_TMPDIR")).join("longhorn-e2e");
-    let (out, err) = (work.path().join("driver.out"), work.path().join("driver.err"));
     let _guard = Guard(work.path().to_path_buf());
     let t0 = Instant::now();
     let s3_root = work.path().join("s3");
-    let mut child = Command::new(&py)
-        .arg(root.join("tests/longhorn_e2e/driver.py"))
-        .args(["--scenario", scenario])
-        .arg("--work")
-        .arg(work.path())
-        .arg("--longhorn")
-        .arg(longhorn.canonicalize().expect("longhorn dir"))
-        .arg("--cache")
-        .arg(&cache)
-        .arg("--spdk")
-        .arg(&spdk)
-        .arg("--talon")
-        .arg(env!("CARGO_BIN_EXE_talon"))
-        .args(["--s3-endpoint", S3_ENDPOINT])
-        .args(extra)
-        .current_dir(root.join("tests/longhorn_e2e"))
-        .stdin(Stdio::null())
-        .stdout(std::fs::File::create(&out).expect("driver.out"))
-        .stderr(std::fs::File::create(&err).expect("driver.err"))
-        .spawn()
-        .expect("driver.py");
-    s3_in_hub(child.id(), s3_root.clone());
-    let status = loop {
-        if let Some(s) = child.try_wait().expect("driver") {
-            break s;
-        }
-        if t0.elapsed() > BOUND {
-            // SIGTERM: the driver cleans up; then SIGKILL, and the guard cleans up
-            let pid = nix::unistd::Pid::from_raw(child.id() as i32);
-            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
-            let end = Instant::now() + Duration::from_secs(90);
-            while Instant::now() < end && child.try_wait().ok().flatten().is_none() {
-                std::thread::sleep(Duration::from_millis(200));
-            }
-            let _ = child.kill();
-            break child.wait().expect("driver");
-        }
-        std::thread::sleep(Duration::from_millis(200));
+    let driver = Driver {
+        py: &py,
+        root,
+        work: work.path(),
+        longhorn: &longhorn,
+        cache: &cache,
+        spdk: &spdk,
+        talon: Path::new(env!("CARGO_BIN_EXE_talon")),
+        s3_endpoint: S3_ENDPOINT,
     };
+    let (out, err) = driver.out_err();
+    let mut child = driver.spawn(scenario, extra);
+    s3_in_hub(child.id(), s3_root.clone());
+    let status = wait_bounded(&mut child, t0, BOUND);
     let steps = std::fs::read_to_string(&out).unwrap_or_default();
     eprintln!("{steps}wall time {:.0} s", t0.elapsed().as_secs_f64());
     if !status.success() {

@@ -1239,12 +1239,7 @@ def main():
         sc = scale.Scale(s, a.volumes, a.idle, a.queues)
         s.disk_bytes = sc.disk_size()
     try:
-        s.step("control-plane", s.control_plane)
-        s.step("crds", s.crds)
-        s.step("manager", s.manager)
-        s.step("disk", s.disk)
-        s.step("instance-manager", s.instance_manager)
-        s.step("disk-ready", s.disk_ready)
+        cluster_steps(s)
         s.step("volume-create", s.volume)
         s.step("attach", s.attach)
         first = s.step("io", s.io)
@@ -1330,6 +1325,17 @@ def main():
     return 1 if failed else 0
 
 
+def cluster_steps(s):
+    """The control plane, Longhorn's CRDs and managers, the nodes' disks and instance managers,
+    up to the disks ready: the first steps of every scenario."""
+    s.step("control-plane", s.control_plane)
+    s.step("crds", s.crds)
+    s.step("manager", s.manager)
+    s.step("disk", s.disk)
+    s.step("instance-manager", s.instance_manager)
+    s.step("disk-ready", s.disk_ready)
+
+
 def scale_steps(s, sc, a, prefix=""):
     """The scale scenario's own steps, on a cluster whose nodes, instance managers and disks are
     up (their step names after `prefix`)."""
@@ -1349,32 +1355,17 @@ def scale_main(s, c, a, t0):
     import scale
     sc = scale.Scale(s, a.volumes, a.idle, a.queues)
     s.disk_bytes = sc.disk_size()
-    failed = None
-    try:
-        s.step("control-plane", s.control_plane)
-        s.step("crds", s.crds)
-        s.step("manager", s.manager)
-        s.step("disk", s.disk)
-        s.step("instance-manager", s.instance_manager)
-        s.step("disk-ready", s.disk_ready)
+
+    def steps():
+        cluster_steps(s)
         scale_steps(s, sc, a)
-    except Exception as e:  # noqa: BLE001 (reported with the logs)
-        failed = e
-        say(f"FAILED: {e}\n{traceback.format_exc()}")
-        try:
-            say(s.diag()[-20000:])
-        except Exception:  # noqa: BLE001
-            pass
-    finally:
-        sc.m["steps"] = dict(s.times)
-        sc.m["failed"] = repr(failed) if failed else None
+
+    def write(times, failed):
+        sc.m["steps"], sc.m["failed"] = times, failed
         if a.metrics:
             sc.write(a.metrics)
-        t1 = time.monotonic()
-        c.close()
-        print(f"STEP cleanup {time.monotonic() - t1:.1f}", flush=True)
-    print(f"TOTAL {time.monotonic() - t0:.1f}", flush=True)
-    return 1 if failed else 0
+
+    return measured(s, c, t0, steps, write)
 
 
 def moves_main(s, c, a, t0):
@@ -1383,15 +1374,11 @@ def moves_main(s, c, a, t0):
     and back in turn, each with the writer through it until the new engine reaches its local
     replica directly again, the steady IOPS again (the engine back on node 1); the measurements
     in --metrics."""
-    m, failed = {"moves": []}, None
+    m = {"moves": []}
     steady = float(os.environ.get("LH_MOVE_STEADY", "10"))
-    try:
-        s.step("control-plane", s.control_plane)
-        s.step("crds", s.crds)
-        s.step("manager", s.manager)
-        s.step("disk", s.disk)
-        s.step("instance-manager", s.instance_manager)
-        s.step("disk-ready", s.disk_ready)
+
+    def steps():
+        cluster_steps(s)
         s.step("volume-create", s.volume)
         s.step("attach", s.attach)
         data = s.step("io", s.io)
@@ -1404,6 +1391,22 @@ def moves_main(s, c, a, t0):
         m["after"] = s.step("steady-after", lambda: s.steady(steady))
         s.step("detach", s.detach)
         s.step("delete", s.delete)
+
+    def write(times, failed):
+        m["steps"], m["failed"] = times, failed
+        if a.metrics:
+            with open(a.metrics, "w") as f:
+                json.dump(m, f, indent=1)
+
+    return measured(s, c, t0, steps, write)
+
+
+def measured(s, c, t0, steps, write):
+    """A benchmark scenario's `steps`; a failure said with the cluster's state; then
+    `write(step times, failure or None)` and the cluster's cleanup. The driver's exit status."""
+    failed = None
+    try:
+        steps()
     except Exception as e:  # noqa: BLE001 (reported with the logs)
         failed = e
         say(f"FAILED: {e}\n{traceback.format_exc()}")
@@ -1412,11 +1415,7 @@ def moves_main(s, c, a, t0):
         except Exception:  # noqa: BLE001
             pass
     finally:
-        m["steps"] = dict(s.times)
-        m["failed"] = repr(failed) if failed else None
-        if a.metrics:
-            with open(a.metrics, "w") as f:
-                json.dump(m, f, indent=1)
+        write(dict(s.times), repr(failed) if failed else None)
         t1 = time.monotonic()
         c.close()
         print(f"STEP cleanup {time.monotonic() - t1:.1f}", flush=True)
