@@ -762,12 +762,13 @@ class Scenario:
     @contextlib.contextmanager
     def writing(self, what):
         """The writer (writer.py) on the volume's current endpoint while the block runs; fails
-        the step when one of its I/Os failed or read back different."""
+        the step when one of its I/Os failed or read back different; its result in
+        `writer.result` after the block."""
         writer = Writer(self.spdk_dir, self.c.work, HOST_NQN, self.block_size(), WRITER_AT, WRITER_LEN)
         writer.start(self.addr, self.port, self.nqn)
         try:
             yield writer
-            r = writer.stop()
+            r = writer.result = writer.stop()
         finally:
             writer.kill()
         say(f"the writer through {what}: {r['runtime']:.1f} s, {r['iops']:.0f} IOPS of 4 KiB verified, 0 failed, "
@@ -777,16 +778,9 @@ class Scenario:
 
     def steady(self, seconds):
         """The writer of the moves for `seconds` with nothing moving: the volume's steady IOPS."""
-        writer = Writer(self.spdk_dir, self.c.work, HOST_NQN, self.block_size(), WRITER_AT, WRITER_LEN)
-        writer.start(self.addr, self.port, self.nqn)
-        try:
+        with self.writing("nothing moving") as writer:
             time.sleep(seconds)
-            r = writer.stop()
-        finally:
-            writer.kill()
-        say(f"the writer, nothing moving: {r['runtime']:.1f} s, {r['iops']:.0f} IOPS, "
-            f"the longest I/O {r['max_latency_us'] / 1000:.1f} ms")
-        return r
+        return writer.result
 
     def kill_talon(self, node, outage):
         """kill -9 of `node`'s talon alone (its spdk_tgt serves on); the stand-in kubelet starts
