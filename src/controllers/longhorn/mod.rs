@@ -611,10 +611,17 @@ impl LonghornController {
                 if !missing.is_empty() || members.is_empty() {
                     return Err(InstanceError::WaitingForReplicas(missing));
                 }
-                // one member of several (the others held out): a raid1
-                // still, so the others can be rebuilt into it; its second
-                // slot is empty (held by a placeholder while it is made)
-                let bare = members.len() == 1 && e.spec.replica_address_map.len() == 1;
+                // one member of several (the others held out, or not given
+                // by the manager, which makes an engine over the replicas it
+                // sees running): a raid1 still, so the others can be rebuilt
+                // into it (Longhorn's ReplicaAdd; a bare engine refuses it);
+                // its second slot is empty (held by a placeholder while it is
+                // made). Only an engine that already serves its one lvol bare
+                // (made so before) stays so.
+                let served_bare = inv
+                    .subsystem(serving.nqn().as_str())
+                    .is_some_and(|s| !s.namespaces.is_empty());
+                let bare = served_bare && members.len() == 1 && e.spec.replica_address_map.len() == 1;
                 let mut slots: Vec<Option<String>> = members.into_iter().map(Some).collect();
                 if slots.len() == 1 && !bare {
                     slots.push(None);
