@@ -1791,6 +1791,45 @@ async fn a_replica_being_added_is_listed_wo_until_its_rebuild_starts_never_err()
     .await;
 }
 
+/// longhorn-manager makes an engine over the replicas it sees running: one of two when the other's
+/// node is down as the engine is made. That engine is a raid1 all the same (its second slot
+/// empty), so the other replica is rebuilt into it when it is back (ReplicaAdd), instead of the
+/// volume staying degraded until the engine is made again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engine_made_over_one_of_two_replicas_takes_the_other_by_replica_add() {
+    let (ip_a, ip_b) = (IpAddr::from([127, 0, 0, 1]), IpAddr::from([127, 0, 0, 2]));
+    let base = free_base(&[ip_a, ip_b]);
+    let a = Node::new(ip_a, base, None).await;
+    let b = Node::new(ip_b, base, None).await;
+    let size = 64 * MIB;
+    let addr_a = a.replica("disk-a", "vol-r-a", size).await;
+    let addr_b = b.replica("disk-b", "vol-r-b", size).await;
+    engine(&a, &[("vol-r-a", &addr_a)], size, "").await;
+    let mut p = ProxyEngineServiceClient::new(a.channel(1).await);
+    let (ta, tb) = (format!("tcp://{addr_a}"), format!("tcp://{addr_b}"));
+    assert_eq!(modes(&mut p).await, vec![(ta.clone(), RW)]);
+    let raids = a
+        .spdk
+        .bdev_raid_get_bdevs(&talon::spdk::rpc::GetRaids {
+            category: talon::spdk::rpc::RaidCategory::All,
+        })
+        .await
+        .expect("raids");
+    assert!(
+        raids.iter().any(|r| r.name == "vol-e-0"),
+        "the engine over one replica of two is no raid1: {raids:?}"
+    );
+
+    replica_add(&p, "vol-r-b", &addr_b)
+        .await
+        .expect("ReplicaAdd into an engine made over one replica");
+    talon::runtime::testing::eventually("vol-r-b rebuilt into the engine", WAIT, || async {
+        let mut p = p.clone();
+        (modes(&mut p).await == vec![(ta.clone(), RW), (tb.clone(), RW)]).then_some(())
+    })
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn real_spdk_engine_snapshots_through_the_proxy_are_one_instant_on_both_nodes() {
     let test = "real_spdk_engine_snapshots_through_the_proxy_are_one_instant_on_both_nodes";
