@@ -24,8 +24,10 @@
 //! with the bytes each left allocated on the data dir's filesystem and the
 //! lvol's clusters (1 MiB) allocated after it.
 //!
-//! What a V2 backup adds on top (the snapshot's shallow copy out of
-//! spdk_tgt) is measured by the real-SPDK test's timings, not here.
+//! Then a backup of that lvol's snapshots out of spdk_tgt, in full and
+//! incrementally, both ways side by side: staged in a file (the shallow
+//! copy talon used before) and streamed through the data mover (what a
+//! backup does now; see `backups_of_lvol`).
 //! Run: `cargo bench --bench backup` (BACKUP_BENCH_GIB=4 by default).
 
 #[path = "../tests/support/s3_server.rs"]
@@ -72,7 +74,7 @@ fn image(path: &Path, size: u64, runs: &[(u64, u64)], seed: u64) -> SparseImage 
 
 fn row(what: &str, method: &str, bytes: u64, secs: f64, blocks: u64) {
     println!(
-        "| {what:<22} | {method:<5} | {:>9.0} | {:>7.1} | {:>7.0} | {blocks:>7} |",
+        "| {what:<27} | {method:<5} | {:>9.0} | {:>7.1} | {:>7.0} | {blocks:>7} |",
         bytes as f64 / MIB as f64,
         secs,
         bytes as f64 / MIB as f64 / secs
@@ -105,8 +107,8 @@ async fn main() {
         "backup and restore of a {gib} GiB volume, {} MiB written, S3 on loopback (s3s-fs)",
         written / MIB
     );
-    println!("| operation              | comp. | data MiB  | seconds | MiB/s   | blocks  |");
-    println!("|------------------------|-------|-----------|---------|---------|---------|");
+    println!("| operation                   | comp. | data MiB  | seconds | MiB/s   | blocks  |");
+    println!("|-----------------------------|-------|-----------|---------|---------|---------|");
     for (i, method) in [Compression::Lz4, Compression::None].into_iter().enumerate() {
         let vol = format!("bench-{}", method.as_str());
         let req = |name: &str| BackupRequest {
@@ -273,7 +275,146 @@ async fn into_lvols(
         "|   (data dir: 0 MiB staged; lvol: {} clusters)",
         clusters("streamed-r0").await
     );
-    for l in ["talon-bench/via-r0", "talon-bench/streamed-r0"] {
+    backups_of_lvol(t, store, vol, size, method).await;
+    for l in [
+        "talon-bench/via-r0",
+        "talon-bench/streamed-r0",
+        "talon-bench/bench-s2",
+        "talon-bench/bench-s1",
+    ] {
         c.bdev_lvol_delete(&ByName::new(l)).await.expect("delete");
     }
+}
+
+/// The restored lvol `streamed-r0` snapshotted (`s1`), 64 MiB of it
+/// changed (1 MiB in each of 64 places) and snapshotted again (`s2`), then
+/// backed up from spdk_tgt both ways, in full (`s1`) and incrementally
+/// (`s2` over `s1`), each timed (issue 55):
+///
+/// ```text
+///   via file:  shallow copy of the chain (or of s2 alone) into a sparse file on the
+///              data dir (spdk::volume::to_file, how talon read backups before)
+///              -> backupstore::ops::create
+///   streamed:  mover::backup::BackupReader (s1; s2 and s1 side by side, the blocks
+///              that differ) -> backupstore::ops::create_from (no file)
+/// ```
+async fn backups_of_lvol(
+    t: &(talon::spdk::target::Target, spdk_real::Reaper),
+    store: &Store,
+    vol: &str,
+    size: u64,
+    method: &str,
+) {
+    use talon::spdk::rpc::LvolSnapshot;
+    use talon::spdk::volume::mover::backup::{BackupRead, BackupReader};
+    use talon::spdk::volume::mover::{self, Purpose, Session};
+    use talon::spdk::volume::{Inventory, to_file};
+    let c = t.0.client();
+    let snap = |name: &'static str| async move {
+        c.bdev_lvol_snapshot(&LvolSnapshot {
+            lvol_name: "talon-bench/streamed-r0".into(),
+            snapshot_name: name.into(),
+        })
+        .await
+        .expect("snapshot");
+    };
+    snap("bench-s1").await;
+    let w = Session::open(c, "talon-bench/streamed-r0", Purpose::Test, mover::DEPTH)
+        .await
+        .expect("write session");
+    for i in 0..64u64 {
+        let data = bytes::Bytes::from(vec![(i as u8) | 1; MIB as usize]);
+        w.write(i * (size / 64) + 5 * MIB, data).await.expect("write");
+    }
+    w.close().await.expect("close");
+    snap("bench-s2").await;
+    let compression = Compression::parse(method).expect("method");
+    let req = |bvol: &str, name: &str| BackupRequest {
+        compression,
+        ..BackupRequest::v2(bvol, name, name, size)
+    };
+    let p = Progress::default();
+    let inv = Inventory::load(c).await.expect("inventory");
+    let (s1, s2) = ("talon-bench/bench-s1", "talon-bench/bench-s2");
+    let data = to_file::Chain::of(&inv, s1).expect("chain of s1").data_bytes();
+
+    // via a file
+    let bvol = format!("{vol}-lvol-file");
+    let file = std::env::temp_dir().join(format!("talon-bench-{method}.img"));
+    let t0 = Instant::now();
+    let chain = to_file::Chain::of(&inv, s1).expect("chain of s1");
+    to_file::copy_to_file(c, &chain, &file, "talon-bench-staging")
+        .await
+        .expect("staging copy of s1");
+    let staged = on_disk(&file);
+    let image = SparseImage::open(&file, 0, size).expect("image");
+    let (b1, st) = ops::create(store, &req(&bvol, "full"), &image, None, &p)
+        .await
+        .expect("full backup via file");
+    row(
+        "lvol->full backup via file",
+        method,
+        data,
+        t0.elapsed().as_secs_f64(),
+        st.blocks_uploaded,
+    );
+    println!("|   (data dir: {} MiB staged)", staged / MIB);
+    let t0 = Instant::now();
+    let mut delta = to_file::Chain::of(&inv, s2).expect("chain of s2");
+    // s2 alone: what changed since s1 (its parent)
+    delta.lvols = vec![s2.to_owned()];
+    delta.held = delta.held.split_off(delta.held.len() - 1);
+    to_file::copy_to_file(c, &delta, &file, "talon-bench-staging")
+        .await
+        .expect("staging copy of s2");
+    let image = SparseImage::open(&file, 0, size).expect("image");
+    let (_, st) = ops::create(store, &req(&bvol, "incr"), &image, Some(&b1), &p)
+        .await
+        .expect("incremental backup via file");
+    row(
+        "lvol->incr. backup via file",
+        method,
+        64 * MIB,
+        t0.elapsed().as_secs_f64(),
+        st.blocks_uploaded,
+    );
+    let _ = std::fs::remove_file(&file);
+
+    // streamed through the mover
+    let bvol = format!("{vol}-lvol-mover");
+    let bs = talon::backupstore::format::DEFAULT_BLOCK_SIZE;
+    let read = |snapshot: &str, base: Option<&str>| BackupRead {
+        snapshot: snapshot.to_owned(),
+        base: base.map(str::to_owned),
+        data_offset: 0,
+        size,
+    };
+    let t0 = Instant::now();
+    let r = BackupReader::open(c, read(s1, None)).await.expect("reader of s1");
+    let (b1, st) = ops::create_from(store, &req(&bvol, "full"), r.blocks(bs), None, &p)
+        .await
+        .expect("full backup streamed");
+    r.close().await.expect("close");
+    row(
+        "lvol->full backup streamed",
+        method,
+        data,
+        t0.elapsed().as_secs_f64(),
+        st.blocks_uploaded,
+    );
+    let t0 = Instant::now();
+    let r = BackupReader::open(c, read(s2, Some(s1)))
+        .await
+        .expect("reader of s2");
+    let (_, st) = ops::create_from(store, &req(&bvol, "incr"), r.blocks(bs), Some(&b1), &p)
+        .await
+        .expect("incremental backup streamed");
+    r.close().await.expect("close");
+    row(
+        "lvol->incr. backup streamed",
+        method,
+        64 * MIB,
+        t0.elapsed().as_secs_f64(),
+        st.blocks_uploaded,
+    );
 }

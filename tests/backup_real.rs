@@ -279,7 +279,9 @@ async fn real_spdk_backups_of_a_volume_round_trip_through_s3_full_then_increment
     std::fs::copy(&model, &at_s2).expect("copy");
 
     // a third backup (1 MiB in a block no backup mapped, a block of data zeroed whole
-    // and one half zeroed): the standby follows it too
+    // and one half zeroed): two blocks uploaded, the zeroed one left out of its map (a
+    // hole, as Longhorn's incremental restore zeroes a block the last backup mapped and
+    // the new one does not); the standby follows it too
     let third = pattern(7, MIB as usize);
     let m = std::fs::OpenOptions::new()
         .write(true)
@@ -302,7 +304,7 @@ async fn real_spdk_backups_of_a_volume_round_trip_through_s3_full_then_increment
             s3["incremental"].as_bool(),
             s3["blocksUploaded"].as_u64()
         ),
-        (Some("completed"), Some(true), Some(3)),
+        (Some("completed"), Some(true), Some(2)),
         "{s3}"
     );
     let e = standby_engine(&d.client, "dr", "backup-three").await;
@@ -310,8 +312,8 @@ async fn real_spdk_backups_of_a_volume_round_trip_through_s3_full_then_increment
     assert!(
         e["message"]
             .as_str()
-            .is_some_and(|m| m.contains("fetched 3 of 67 blocks")),
-        "only backup-three's 3 changed blocks fetched: {e}"
+            .is_some_and(|m| m.contains("fetched 2 of 66 blocks")),
+        "only backup-three's 2 changed blocks fetched: {e}"
     );
     // both lvols hold backup-three where it changed: its zeros too
     nothing_staged(&data_dirs);

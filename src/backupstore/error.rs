@@ -59,6 +59,9 @@ pub enum BackupError {
         #[source]
         source: std::io::Error,
     },
+    /// The snapshot being backed up could not be read (`reason` from its reader).
+    #[error("reading snapshot {snapshot}: {reason}")]
+    ReadSnapshot { snapshot: String, reason: String },
     /// A restored block could not be written where it goes (a streaming
     /// restore's target; `reason` from its writer).
     #[error("writing block {block} of backup {backup} at offset {offset}: {reason}")]

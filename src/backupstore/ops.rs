@@ -173,6 +173,21 @@ pub async fn last_backup(store: &Store, volume_name: &str) -> Result<Option<Back
     }
 }
 
+/// One block a backup takes, at `offset` in the volume: its bytes (one
+/// block long), or `None`: a block the base backup maps that the snapshot
+/// now reads as zeros (left out of the new backup's map: a restore makes it
+/// a hole).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Block {
+    pub offset: u64,
+    pub data: Option<Vec<u8>>,
+}
+
+/// The blocks a backup takes, offsets ascending: with a base backup, those
+/// that changed since it (the others are the base's); without, those that
+/// hold data.
+pub type Blocks<'a> = futures::stream::BoxStream<'a, Result<Block, BackupError>>;
+
 /// Backs `image` up as `req` says. `base` is the backup `image` is a delta
 /// over (its holes within a changed block are read from `base`'s block), or
 /// `None` when `image` holds the whole snapshot.
@@ -183,6 +198,27 @@ pub async fn create(
     base: Option<&BackupCfg>,
     progress: &Progress,
 ) -> Result<(BackupCfg, BackupStats), BackupError> {
+    check_request(req, base)?;
+    let blocks = image_blocks(store, &req.volume, image, base)?;
+    let work = create_locked(store, req, blocks, base, progress);
+    Lock::holding(store, &req.volume, LockKind::Use, work).await
+}
+
+/// Backs up the `blocks` a reader gives (see [`Blocks`]) as `req` says,
+/// over `base` when they are what changed since it.
+pub async fn create_from(
+    store: &Store,
+    req: &BackupRequest,
+    blocks: Blocks<'_>,
+    base: Option<&BackupCfg>,
+    progress: &Progress,
+) -> Result<(BackupCfg, BackupStats), BackupError> {
+    check_request(req, base)?;
+    let work = create_locked(store, req, blocks, base, progress);
+    Lock::holding(store, &req.volume, LockKind::Use, work).await
+}
+
+fn check_request(req: &BackupRequest, base: Option<&BackupCfg>) -> Result<(), BackupError> {
     format::check_backup_volume_name(&req.volume)?;
     format::check_backup_name(&req.name)?;
     let bs = format::DEFAULT_BLOCK_SIZE;
@@ -201,14 +237,64 @@ pub async fn create(
             b.block_size()?
         )));
     }
-    let work = create_locked(store, req, image, base, progress);
-    Lock::holding(store, &req.volume, LockKind::Use, work).await
+    Ok(())
+}
+
+/// The blocks of a sparse image with data; over `base`, a block's holes
+/// read as `base`'s block there.
+fn image_blocks<'a>(
+    store: &'a Store,
+    volume: &'a str,
+    image: &'a SparseImage,
+    base: Option<&BackupCfg>,
+) -> Result<Blocks<'a>, BackupError> {
+    let bs = format::DEFAULT_BLOCK_SIZE;
+    let base_blocks: BTreeMap<u64, String> = base
+        .map(|b| b.blocks.iter().map(|r| (r.offset, r.checksum.clone())).collect())
+        .unwrap_or_default();
+    let base_method = match base {
+        Some(b) => Some(b.compression()?),
+        None => None,
+    };
+    Ok(futures::stream::iter(image.blocks(bs))
+        .map(move |offset| {
+            let under = base_blocks.get(&offset).cloned().zip(base_method);
+            async move {
+                let mut data = {
+                    let image = image.clone();
+                    tokio::task::spawn_blocking(move || {
+                        let mut buf = vec![0u8; bs as usize];
+                        image.read(offset, &mut buf).map(|()| buf)
+                    })
+                    .await
+                    .expect("reading a block")?
+                };
+                // a delta's holes are what the base backup holds there
+                if let Some((sum, method)) = under
+                    && !image.whole(offset, bs)
+                {
+                    let path = format::block_path(volume, &sum);
+                    let raw = store
+                        .read(&path)
+                        .await?
+                        .ok_or_else(|| BackupError::NotFound(format!("block {path} of the base backup")))?;
+                    let old = format::open_block(&raw, method, &sum, bs)?;
+                    fill_holes(image, offset, &mut data, &old)?;
+                }
+                Ok(Block {
+                    offset,
+                    data: Some(data),
+                })
+            }
+        })
+        .buffered(PARALLEL)
+        .boxed())
 }
 
 async fn create_locked(
     store: &Store,
     req: &BackupRequest,
-    image: &SparseImage,
+    blocks: Blocks<'_>,
     base: Option<&BackupCfg>,
     progress: &Progress,
 ) -> Result<(BackupCfg, BackupStats), BackupError> {
@@ -251,44 +337,17 @@ async fn create_locked(
     };
     store.write(&cfg_path, format::encode(&cfg)).await?;
 
-    let base_blocks: BTreeMap<u64, String> = base
-        .map(|b| b.blocks.iter().map(|r| (r.offset, r.checksum.clone())).collect())
-        .unwrap_or_default();
-    let base_method = match base {
-        Some(b) => b.compression()?,
-        None => method,
-    };
-    let offsets = image.blocks(bs);
-    let total = offsets.len() as u64;
-    let done = Arc::new(AtomicU32::new(0));
-    let results: Vec<(u64, String, Option<u64>)> = futures::stream::iter(offsets)
-        .map(|offset| {
-            let image = image.clone();
-            let under = base_blocks.get(&offset).cloned();
-            let (store, volume, done) = (store.clone(), req.volume.clone(), done.clone());
+    // progress: how far through the volume the blocks taken are
+    let total = req.size / bs;
+    let results: Vec<(u64, Option<String>, Option<u64>)> = blocks
+        .map(|b| {
+            let (store, volume) = (store.clone(), req.volume.clone());
             let full = req.full;
             async move {
-                let mut data = {
-                    let image = image.clone();
-                    tokio::task::spawn_blocking(move || {
-                        let mut buf = vec![0u8; bs as usize];
-                        image.read(offset, &mut buf).map(|()| buf)
-                    })
-                    .await
-                    .expect("reading a block")?
+                let Block { offset, data } = b?;
+                let Some(data) = data else {
+                    return Ok((offset, None, None));
                 };
-                // a delta's holes are what the base backup holds there
-                if let Some(sum) = under
-                    && !image.whole(offset, bs)
-                {
-                    let path = format::block_path(&volume, &sum);
-                    let raw = store
-                        .read(&path)
-                        .await?
-                        .ok_or_else(|| BackupError::NotFound(format!("block {path} of the base backup")))?;
-                    let old = format::open_block(&raw, base_method, &sum, bs)?;
-                    fill_holes(&image, offset, &mut data, &old)?;
-                }
                 let sum = format::checksum(&data);
                 let path = format::block_path(&volume, &sum);
                 let uploaded = if full || !store.exists(&path).await? {
@@ -301,22 +360,29 @@ async fn create_locked(
                 } else {
                     None
                 };
-                done.fetch_add(1, Ordering::Relaxed);
-                Ok::<_, BackupError>((offset, sum, uploaded))
+                Ok::<_, BackupError>((offset, Some(sum), uploaded))
             }
         })
         .buffered(PARALLEL)
-        .inspect(|_| progress.set(u64::from(done.load(Ordering::Relaxed)), total + 1))
+        .inspect(|r| {
+            if let Ok((offset, ..)) = r {
+                progress.set(offset / bs + 1, total + 1)
+            }
+        })
         .try_collect()
         .await?;
 
-    let mut stats = BackupStats {
-        blocks_read: total,
-        ..Default::default()
-    };
-    let mut blocks: BTreeMap<u64, String> = base_blocks;
+    let mut stats = BackupStats::default();
+    let mut blocks: BTreeMap<u64, String> = base
+        .map(|b| b.blocks.iter().map(|r| (r.offset, r.checksum.clone())).collect())
+        .unwrap_or_default();
     let mut fresh = BTreeSet::new();
     for (offset, sum, uploaded) in results {
+        let Some(sum) = sum else {
+            blocks.remove(&offset);
+            continue;
+        };
+        stats.blocks_read += 1;
         if let Some(n) = uploaded {
             stats.blocks_uploaded += 1;
             stats.bytes_uploaded += n;

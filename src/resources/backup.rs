@@ -92,9 +92,10 @@ pub struct BackupStatus {
     pub progress: u32,
     /// Longhorn's backup URL (`<target>?backup=<name>&volume=<volume>`).
     pub url: String,
-    /// Whether it built on the last backup (read only what changed since).
+    /// Whether it built on the last backup (took only what changed since).
     pub incremental: bool,
-    /// Blocks read from the snapshot.
+    /// Blocks taken from the snapshot: those with data, or, incremental,
+    /// those whose bytes changed since the last backup.
     pub blocks_read: u64,
     /// Blocks uploaded (the others were in the store already).
     pub blocks_uploaded: u64,

@@ -3,10 +3,11 @@
 //!
 //! ```text
 //!   Backup (config) ── its SnapshotStatus Ready (V2) ──> a task:
-//!     store's last backup of the volume ── its snapshot in this replica's chain?
-//!        yes: copy the chain after it (what changed since) ┐
-//!        no:  copy the whole chain                         ├─> sparse file ─> backupstore::ops::create
-//!     (spdk::volume::to_file, one replica of the snapshot's point-in-time set)
+//!     the store's last backup of the volume ── its snapshot on the replica read?
+//!        yes: the blocks that differ from it (incremental) ┐
+//!        no:  the blocks that hold data                    ├─> backupstore::ops::create_from
+//!     (spdk::volume::mover::backup, one replica of the snapshot's point-in-time
+//!      set, read over NVMe/TCP on loopback: no staging file)
 //!   BackupStatus <name>: Pending -> InProgress (progress) -> Completed | Error
 //! ```
 //!
@@ -16,20 +17,20 @@
 //! store as Longhorn leaves a failed backup: an unfinished config that no
 //! restore, listing or block collection trusts.
 //!
-//! What a task makes outside the store goes with it on every path: its
-//! staging file `<data>/backup/<name>.img` (0600) and the aio bdev
-//! `talon-backup-<name>` of its copy are removed when it ends, fails or is
-//! stopped (the bdev once spdk_tgt's copy into it ends), and what a talon
-//! stopped mid-backup left is removed at the next start ([`sweep`]).
-//! Backups run one at a time; one queued behind another starts in the
-//! reconcile that takes the other's end, whatever their names' order.
+//! What a task makes outside the store goes with it on every path: the
+//! mover's exports of its snapshots are removed when it ends, fails or is
+//! stopped, and the mover's sweep removes those a talon stopped mid-backup
+//! left. [`sweep`] removes the staging files and aio bdevs of backups an
+//! older talon (before the mover read backups) left. Backups run one at a
+//! time; one queued behind another starts in the reconcile that takes the
+//! other's end, whatever their names' order.
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::backupstore::{self, BackupCfg, BackupRequest, BackupStats, Progress, SparseImage, Store};
+use crate::backupstore::{self, BackupCfg, BackupRequest, BackupStats, Progress, Store};
 use crate::resources::backup::{Backup, BackupState, BackupStatus};
 use crate::resources::config::{Volume, snapshot_id};
 use crate::resources::engine::{Engine, ObjectState, ReplicaLedger, SnapshotStatus};
@@ -37,6 +38,8 @@ use crate::resources::longhorn::{LonghornReplica, snapshot_lvol};
 use crate::runtime::{Controller, ControllerError, Input, Output, ReconcileContext, Requeue, Typed};
 use crate::spdk::SpdkClient;
 use crate::spdk::volume::Inventory;
+use crate::spdk::volume::mover::MoverError;
+use crate::spdk::volume::mover::backup::{BackupRead, BackupReader};
 use crate::spdk::volume::naming::lvstore;
 use crate::spdk::volume::to_file;
 
@@ -53,7 +56,8 @@ type Outcome = Result<(BackupCfg, BackupStats, bool), String>;
 #[derive(Debug)]
 pub struct BackupController {
     client: SpdkClient,
-    /// Where snapshot images are made (sparse files, removed after).
+    /// `<data dir>/backup`: the credentials of Longhorn's backup calls, and
+    /// the staging files an older talon left.
     work_dir: PathBuf,
     running: Tasks<(BackupCfg, BackupStats, bool)>,
     /// Whether what an earlier talon left (files, bdevs) was swept.
@@ -90,17 +94,13 @@ impl BackupController {
     }
 }
 
-/// The aio bdev a backup's copy makes.
-fn staging_bdev(name: &str) -> String {
-    format!("{STAGING_BDEV_PREFIX}{name}")
-}
-
-/// The name prefix of backups' aio bdevs.
+/// The name prefix of the aio bdevs backups made before they read through
+/// the mover (an earlier talon's leftovers are swept).
 pub const STAGING_BDEV_PREFIX: &str = "talon-backup-";
 
 /// Removes the staging files (`<work_dir>/*.img`) and aio bdevs
-/// ([`STAGING_BDEV_PREFIX`]`*`) of backups not in `running`: what a talon
-/// stopped mid-backup left. Whether spdk_tgt answered (its bdevs were
+/// ([`STAGING_BDEV_PREFIX`]`*`) of backups not in `running`: what an older
+/// talon (one that staged backups) stopped mid-backup left. Whether spdk_tgt answered (its bdevs were
 /// looked at).
 pub async fn sweep(client: &SpdkClient, work_dir: &std::path::Path, running: &BTreeSet<String>) -> bool {
     if let Ok(entries) = std::fs::read_dir(work_dir) {
@@ -192,7 +192,6 @@ enum Source {
 /// What a backup task needs.
 struct Job {
     client: SpdkClient,
-    file: PathBuf,
     backup: Backup,
     name: String,
     volume_size: u64,
@@ -203,7 +202,6 @@ struct Job {
 
 impl Job {
     async fn run(self) -> Outcome {
-        let mut staging = to_file::Staging::new(&self.client, &self.file, &staging_bdev(&self.name));
         let store = open_store(&self.backup.target, self.backup.credential_secret.as_deref())?;
         let bvol = self.backup.backup_volume().to_owned();
         let named = |e: backupstore::BackupError| format!("backup {}: {e}", self.name);
@@ -235,36 +233,43 @@ impl Job {
             .as_ref()
             .map(|b| b.snapshot_name.as_str())
             .filter(|s| *s != snap);
-        let (whole, data_offset, delta) = match &self.source {
-            Source::Volume { recorded, superblock } => {
-                let (src, delta) =
-                    to_file::snapshot_source(&inv, vol, snap, recorded.as_ref(), base_snap, *superblock)
-                        .ok_or_else(|| {
-                            format!("no replica of volume {vol} on this node holds snapshot {snap}")
-                        })?;
-                (src.chain, src.data_offset, delta)
-            }
+        let read = match &self.source {
+            Source::Volume { recorded, superblock } => BackupRead::of_volume(
+                &inv,
+                vol,
+                snap,
+                recorded.as_ref(),
+                base_snap,
+                *superblock,
+                self.volume_size,
+            )
+            .ok_or_else(|| format!("no replica of volume {vol} on this node holds snapshot {snap}"))?,
             Source::Longhorn { lvs, replica } => {
-                let lvol = |s: &str| format!("{lvs}/{}", snapshot_lvol(replica, s));
-                let chain = to_file::Chain::of(&inv, &lvol(snap)).ok_or_else(|| {
+                let lvol = |s: &str| {
+                    let alias = format!("{lvs}/{}", snapshot_lvol(replica, s));
+                    inv.lvols.contains_key(&alias).then_some(alias)
+                };
+                let snapshot = lvol(snap).ok_or_else(|| {
                     format!("replica {replica} of {vol} holds no snapshot {snap} on this node")
                 })?;
-                let delta = base_snap.and_then(|b| chain.after(&lvol(b)));
-                (chain, 0, delta)
+                BackupRead {
+                    snapshot,
+                    base: base_snap.and_then(lvol),
+                    data_offset: 0,
+                    size: self.volume_size,
+                }
             }
         };
-        let (chain, base) = match delta {
-            Some(d) if base_snap.is_some() => (d, base),
-            _ => (whole, None),
+        // over the base backup only when its snapshot is read beside
+        let base = base.filter(|_| read.base.is_some());
+        let reading = |e: MoverError| {
+            format!(
+                "reading snapshot {snap} of {vol}: {}",
+                crate::util::error_chain(&e)
+            )
         };
+        let reader = BackupReader::open(&self.client, read).await.map_err(reading)?;
         let made = async {
-            staging.copy(&chain).await.map_err(|e| {
-                format!(
-                    "reading snapshot {snap} of {vol}: {}",
-                    crate::util::error_chain(&e)
-                )
-            })?;
-            let image = SparseImage::open(&self.file, data_offset, self.volume_size).map_err(named)?;
             let bs = backupstore::format::DEFAULT_BLOCK_SIZE;
             let compression = match &self.backup.compression {
                 Some(c) => backupstore::format::Compression::parse(c).map_err(named)?,
@@ -277,12 +282,15 @@ impl Job {
                 compression,
                 ..BackupRequest::v2(&bvol, &self.name, snap, self.volume_size.div_ceil(bs) * bs)
             };
-            backupstore::ops::create(&store, &req, &image, base.as_ref(), &self.progress)
+            backupstore::ops::create_from(&store, &req, reader.blocks(bs), base.as_ref(), &self.progress)
                 .await
                 .map_err(named)
         }
         .await;
-        drop(staging);
+        // the exports go on every path (a stopped task drops the reader: its sessions remove them)
+        if let Err(e) = reader.close().await {
+            tracing::warn!(backup = %self.name, error = %crate::util::error_chain(&e), "closing a backup's reads");
+        }
         let incremental = base.is_some();
         made.map(|(cfg, stats)| (cfg, stats, incremental))
     }
@@ -435,20 +443,9 @@ impl Controller for BackupController {
                     continue;
                 }
             };
-            if let Err(e) = std::fs::create_dir_all(&self.work_dir) {
-                ctx.apply(
-                    &id,
-                    status(
-                        BackupState::Error,
-                        format!("making {}: {e}", self.work_dir.display()),
-                    ),
-                )?;
-                continue;
-            }
             let progress = Arc::new(Progress::default());
             let job = Job {
                 client: self.client.clone(),
-                file: self.work_dir.join(format!("{id}.img")),
                 backup: b.spec.clone(),
                 name: id.clone(),
                 volume_size,

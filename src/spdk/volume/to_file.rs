@@ -1,4 +1,9 @@
-//! What a snapshot reads, copied out of spdk_tgt into a sparse file.
+//! What a snapshot reads, copied out of spdk_tgt into a sparse file by
+//! SPDK itself: the tests' second reader of a snapshot, beside the data
+//! mover (`mover`), which every data path of talon reads through (a backup,
+//! a snapshot hash, a clone). Until the mover read backups, a backup staged
+//! its snapshot here, on the data dir; the sweeps still remove a staging
+//! file or aio bdev an earlier talon left ([`remove_bdev`]).
 //!
 //! SPDK v26.05 has no RPC that reads an lvol's data (Longhorn's fork adds
 //! checksum and range RPCs). Its shallow copy writes the clusters one lvol
@@ -6,8 +11,7 @@
 //! bdev over a sparse file of the snapshot's size leaves the file reading
 //! as the snapshot reads, with holes where nothing of the chain was ever
 //! written (each copy writes only allocated clusters, `lvol.c`
-//! `spdk_lvol_shallow_copy`). The snapshot hash reads the file; a backup
-//! reads its data ranges (`SEEK_DATA`).
+//! `spdk_lvol_shallow_copy`).
 //!
 //! ```text
 //!   sparse file (the snapshot's size) ── bdev_aio_create <bdev> (its block size)
@@ -78,80 +82,6 @@ impl Chain {
             .fold(0u64, |a, b| a.saturating_add(*b))
             .min(self.size)
     }
-}
-
-impl Chain {
-    /// The part of `chain` after lvol `base` (an ancestor of the snapshot):
-    /// copied into a file, it holds every cluster written since `base`,
-    /// whole, and holes elsewhere. `None` when `base` is not in the chain.
-    pub fn after(&self, base: &str) -> Option<Chain> {
-        let at = self.lvols.iter().position(|l| l == base)?;
-        Some(Chain {
-            lvols: self.lvols[at + 1..].to_vec(),
-            held: self.held.get(at + 1..).unwrap_or_default().to_vec(),
-            ..self.clone()
-        })
-    }
-}
-
-/// Where a backup reads volume `vol`'s snapshot `snap` on this node.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SnapshotSource {
-    /// The replica read.
-    pub k: usize,
-    /// Its snapshot lvol's chain, the root first.
-    pub chain: Chain,
-    /// Where the volume's data starts in it (a raid superblock's room).
-    pub data_offset: u64,
-}
-
-/// The local replica a backup of `vol`'s snapshot `snap` reads: one of
-/// the point-in-time set (`recorded`, from the ledger), preferring one
-/// whose chain holds `base_snap` (the last backed-up snapshot), so that
-/// the backup can read only what changed since. `superblock`: whether the
-/// volume's replicas hold a raid superblock before its data.
-pub fn snapshot_source(
-    inv: &Inventory,
-    vol: &str,
-    snap: &str,
-    recorded: Option<&std::collections::BTreeSet<usize>>,
-    base_snap: Option<&str>,
-    superblock: bool,
-) -> Option<(SnapshotSource, Option<Chain>)> {
-    use super::super::naming;
-    let set = super::plan::point_in_time_set(inv, vol, snap, recorded);
-    let mut best: Option<(SnapshotSource, Option<Chain>)> = None;
-    for k in set {
-        let Some(l) = inv.lvols.values().find(|l| {
-            l.name == naming::snapshot_lvol(vol, k, snap) && l.lvs.name.starts_with(naming::LVS_PREFIX)
-        }) else {
-            continue;
-        };
-        let alias = format!("{}/{}", l.lvs.name, l.name);
-        let Some(chain) = Chain::of(inv, &alias) else {
-            continue;
-        };
-        let data_offset = if superblock {
-            inv.lvstores
-                .iter()
-                .find(|s| s.name == l.lvs.name)
-                .map_or(0, |s| super::plan::superblock_room(s.cluster_size))
-        } else {
-            0
-        };
-        let delta = base_snap
-            .and_then(|b| chain.after(&format!("{}/{}", l.lvs.name, naming::snapshot_lvol(vol, k, b))));
-        let src = SnapshotSource {
-            k,
-            chain,
-            data_offset,
-        };
-        let better = best.as_ref().is_none_or(|(_, d)| d.is_none() && delta.is_some());
-        if better {
-            best = Some((src, delta));
-        }
-    }
-    best
 }
 
 /// A copy of a chain into a staging file that failed, naming the step.
@@ -257,66 +187,6 @@ pub async fn copy_to_file(
         .await
         .map_err(rpc(format!("bdev_aio_delete {bdev}")));
     copied.and(removed)
-}
-
-/// A staging copy of a chain (a backup's, a snapshot hash's): its file,
-/// and its aio bdev while a copy runs. Dropped (its job ended, or was
-/// stopped because its owner went), both are removed: the file at once (its
-/// space comes back once nothing holds it open), the bdev by a task of its
-/// own (spdk_tgt deletes it once a copy into it ends).
-#[derive(Debug)]
-pub struct Staging {
-    client: SpdkClient,
-    file: std::path::PathBuf,
-    bdev: String,
-    /// A copy may hold the bdev ([`copy_to_file`] deletes it on every path
-    /// it returns by; a copy stopped between two of its steps does not).
-    copying: bool,
-}
-
-impl Staging {
-    /// The staging of a copy into `file` through aio bdev `bdev`.
-    pub fn new(client: &SpdkClient, file: &Path, bdev: &str) -> Self {
-        Self {
-            client: client.clone(),
-            file: file.to_owned(),
-            bdev: bdev.to_owned(),
-            copying: false,
-        }
-    }
-
-    /// [`copy_to_file`] of `chain` into the file.
-    pub async fn copy(&mut self, chain: &Chain) -> Result<(), StagingError> {
-        self.copying = true;
-        let r = copy_to_file(&self.client, chain, &self.file, &self.bdev).await;
-        self.copying = false;
-        r
-    }
-}
-
-impl Drop for Staging {
-    fn drop(&mut self) {
-        match std::fs::remove_file(&self.file) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => tracing::warn!(file = %self.file.display(), error = %e, "removing a staging file"),
-        }
-        if !self.copying {
-            return;
-        }
-        let Ok(rt) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        let (client, bdev) = (self.client.clone(), self.bdev.clone());
-        rt.spawn(async move {
-            match remove_bdev(&client, &bdev).await {
-                Ok(()) => tracing::info!(%bdev, "removed the aio bdev of a stopped copy"),
-                Err(e) => {
-                    tracing::warn!(%bdev, error = %crate::util::error_chain(&e), "removing the aio bdev of a stopped copy")
-                }
-            }
-        });
-    }
 }
 
 /// Deletes aio bdev `bdev`; one that is not there is no error.

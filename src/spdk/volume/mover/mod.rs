@@ -25,6 +25,7 @@
 //! read alike); a writer writes only chunks that hold a non-zero byte, so
 //! a thin lvol allocates only clusters with data.
 
+pub mod backup;
 pub mod copy;
 pub mod pdu;
 pub mod restore;

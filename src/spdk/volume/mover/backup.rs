@@ -1,0 +1,210 @@
+//! A snapshot's blocks as a backup takes them, read through the mover: no
+//! staging file, nothing written on the node.
+//!
+//! SPDK v26.05 says how many clusters an lvol holds, not which (no fragmap
+//! RPC), so what a backup takes is found by reading:
+//!
+//! ```text
+//!   full (no base):  Session::open(snapshot, Backup)
+//!                    each block, BLOCKS_AHEAD in flight: a non-zero byte? taken
+//!   incremental:     also Session::open(base snapshot, Backup): the snapshot the
+//!                    store's last backup holds, on the same replica
+//!                    each block read from both: the same bytes? skipped (the base
+//!                    backup's block stays in the map); else taken, or, when it now
+//!                    reads as zeros, dropped from the map (a hole, as restores write it)
+//!   close both (a drop, an error or a cancel: both exports removed all the same)
+//! ```
+//!
+//! An incremental backup thus reads the volume twice over loopback instead
+//! of once (the staging copy it replaces wrote and read only the clusters
+//! of the snapshots after the base, but wrote them into a file on the data
+//! dir first); what it uploads is exactly the blocks whose bytes changed,
+//! so a block rewritten with the same bytes is not uploaded again, and no
+//! base block is fetched from the store to complete a partly written one.
+
+use futures::StreamExt as _;
+
+use std::collections::BTreeSet;
+
+use super::super::Inventory;
+use super::super::plan::{point_in_time_set, superblock_room};
+use super::{DEPTH, MoverError, Purpose, Session, has_data};
+use crate::backupstore::BackupError;
+use crate::backupstore::ops::{Block, Blocks};
+use crate::spdk::SpdkClient;
+use crate::spdk::naming;
+
+/// Blocks read (from each snapshot) ahead of the one being looked at.
+pub const BLOCKS_AHEAD: usize = 4;
+
+/// Where a backup reads: the snapshot's bdev, the volume's data at
+/// `data_offset` in it for `size` bytes, and the base snapshot's bdev
+/// (same layout) when the backup is incremental.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BackupRead {
+    /// The snapshot's bdev (`lvs/name`).
+    pub snapshot: String,
+    /// The snapshot the base backup holds (`lvs/name`), for an incremental backup.
+    pub base: Option<String>,
+    /// Where the volume's data starts in the bdevs (a raid superblock's room).
+    pub data_offset: u64,
+    /// The volume's size in bytes (the snapshot's data past it is not read).
+    pub size: u64,
+}
+
+impl BackupRead {
+    /// Where a backup of talon volume `vol`'s snapshot `snap` (`size` bytes)
+    /// reads on this node: a replica of the snapshot's point-in-time set
+    /// (`recorded`, from the ledger), preferring one that also holds
+    /// `base_snap` (the snapshot the store's last backup holds: the backup
+    /// is then incremental over it). `superblock`: whether the volume's
+    /// replicas hold a raid superblock before its data. `None`: no replica
+    /// here holds the snapshot.
+    pub fn of_volume(
+        inv: &Inventory,
+        vol: &str,
+        snap: &str,
+        recorded: Option<&BTreeSet<usize>>,
+        base_snap: Option<&str>,
+        superblock: bool,
+        size: u64,
+    ) -> Option<BackupRead> {
+        let lvol = |k: usize, s: &str| {
+            inv.lvols.values().find(|l| {
+                l.name == naming::snapshot_lvol(vol, k, s) && l.lvs.name.starts_with(naming::LVS_PREFIX)
+            })
+        };
+        let mut best: Option<BackupRead> = None;
+        for k in point_in_time_set(inv, vol, snap, recorded) {
+            let Some(l) = lvol(k, snap) else {
+                continue;
+            };
+            let data_offset = if superblock {
+                inv.lvstores
+                    .iter()
+                    .find(|s| s.name == l.lvs.name)
+                    .map_or(0, |s| superblock_room(s.cluster_size))
+            } else {
+                0
+            };
+            // the base on the same lvstore: the same layout
+            let base = base_snap
+                .and_then(|b| lvol(k, b))
+                .filter(|b| b.lvs.name == l.lvs.name)
+                .map(|b| format!("{}/{}", b.lvs.name, b.name));
+            let read = BackupRead {
+                snapshot: format!("{}/{}", l.lvs.name, l.name),
+                base,
+                data_offset,
+                size,
+            };
+            if best
+                .as_ref()
+                .is_none_or(|b| b.base.is_none() && read.base.is_some())
+            {
+                best = Some(read);
+            }
+        }
+        best
+    }
+}
+
+/// The open exports of a [`BackupRead`].
+#[derive(Debug)]
+pub struct BackupReader {
+    read: BackupRead,
+    snapshot: Session,
+    base: Option<Session>,
+}
+
+impl BackupReader {
+    /// Exports the snapshot (and the base) to talon. Nothing is left when it
+    /// fails; a bdev too small for `data_offset + size` is refused.
+    pub async fn open(client: &SpdkClient, read: BackupRead) -> Result<BackupReader, MoverError> {
+        let snapshot = Session::open(client, &read.snapshot, Purpose::Backup, DEPTH).await?;
+        let base = match &read.base {
+            Some(b) => match Session::open(client, b, Purpose::Backup, DEPTH).await {
+                Ok(s) => Some(s),
+                Err(e) => {
+                    let _ = snapshot.close().await;
+                    return Err(e);
+                }
+            },
+            None => None,
+        };
+        let r = BackupReader { read, snapshot, base };
+        let need = r.read.data_offset + r.read.size;
+        if r.snapshot.size() < need {
+            let reason = format!(
+                "it holds {} bytes, a backup of the volume reads {need}",
+                r.snapshot.size()
+            );
+            let e = r.snapshot.invalid(reason);
+            let _ = r.close().await;
+            return Err(e);
+        }
+        Ok(r)
+    }
+
+    /// The blocks of `block` bytes the backup takes, offsets ascending (see
+    /// the module's notes), `BLOCKS_AHEAD` blocks read at once; a read that
+    /// fails names the snapshot's bdev.
+    pub fn blocks(&self, block: u64) -> Blocks<'_> {
+        let size = self.read.size;
+        futures::stream::iter((0..size).step_by(block as usize))
+            .map(move |offset| self.block(offset, block))
+            .buffered(BLOCKS_AHEAD)
+            .filter_map(|r| async move { r.transpose() })
+            .map(|r| {
+                r.map_err(|e| BackupError::ReadSnapshot {
+                    snapshot: self.read.snapshot.clone(),
+                    reason: crate::util::error_chain(&e),
+                })
+            })
+            .boxed()
+    }
+
+    /// Block `offset`: what the backup takes of it, if anything.
+    async fn block(&self, offset: u64, block: u64) -> Result<Option<Block>, MoverError> {
+        let len = block.min(self.read.size - offset) as usize;
+        let at = self.read.data_offset + offset;
+        let (mut now, then) = match &self.base {
+            None => (self.snapshot.read(at, len).await?, None),
+            Some(b) => {
+                // the base may be smaller (the volume grew since): zeros past its end
+                let blen = b.size().saturating_sub(at).min(len as u64) as usize;
+                let (now, mut then) = futures::try_join!(self.snapshot.read(at, len), async {
+                    if blen == 0 {
+                        Ok(Vec::new())
+                    } else {
+                        b.read(at, blen).await
+                    }
+                })?;
+                then.resize(len, 0);
+                (now, Some(then))
+            }
+        };
+        let data = has_data(&now);
+        let taken = match then {
+            Some(then) if then == now => return Ok(None),
+            // changed: its bytes, or gone to zeros
+            Some(_) => data,
+            None if !data => return Ok(None),
+            None => true,
+        };
+        now.resize(block as usize, 0);
+        Ok(Some(Block {
+            offset,
+            data: taken.then_some(now),
+        }))
+    }
+
+    /// Closes both exports.
+    pub async fn close(self) -> Result<(), MoverError> {
+        let base = match self.base {
+            Some(b) => b.close().await,
+            None => Ok(()),
+        };
+        self.snapshot.close().await.and(base)
+    }
+}
