@@ -230,12 +230,18 @@ fn secret_name(secret: &Path) -> String {
 
 /// Starts backup `name` of `vol@s1` (not waited for).
 async fn start_backup(c: &Client, secret: &Path, name: &str) {
+    start_backup_with(c, secret, name, json!({})).await
+}
+
+/// [`start_backup`] with `extra` params (`blockSize`, `concurrency`).
+async fn start_backup_with(c: &Client, secret: &Path, name: &str, extra: Value) {
+    let mut p = json!({"name": name, "volume": "vol", "snapshot": "s1", "target": TARGET,
+                       "credentialSecret": secret_name(secret)});
+    if let (Some(p), Some(extra)) = (p.as_object_mut(), extra.as_object()) {
+        p.extend(extra.clone());
+    }
     let _: Value = c
-        .call(
-            "backup_create",
-            json!({"name": name, "volume": "vol", "snapshot": "s1", "target": TARGET,
-                   "credentialSecret": secret_name(secret)}),
-        )
+        .call("backup_create", p)
         .await
         .unwrap_or_else(|e| panic!("backup_create {name}: {e}"));
 }
@@ -459,8 +465,8 @@ async fn real_spdk_a_backup_with_a_small_data_dir_writes_nothing_there_and_succe
     drop(data);
 }
 
-/// Issue 55: a restore writes the backup straight into the volume's thin
-/// replica (through the mover), nothing on the data dir: a 40 MiB restore
+/// Issue 55: a restore writes the backup (here one of 16 MiB blocks) straight into the
+/// volume's thin replica (through the mover), nothing on the data dir: a 40 MiB restore
 /// with 16 MiB free there succeeds, reads back the backup, and takes no
 /// room on the data dir (before, it staged the backup in
 /// `<data>/restore/<volume>.img` and failed "no space left on" it).
@@ -476,12 +482,20 @@ async fn real_spdk_a_restore_with_a_full_data_dir_writes_nothing_there_and_succe
     let port = spdk_real::free_port();
     let d = serve_daemon::start(options(dir.path(), &spdk, port, false)).await;
     volume_with_snapshot(&d.client, &spdk, dir.path(), port, 40).await;
-    start_backup(&d.client, &secret, "b1").await;
+    // in blocks of 16 MiB (Longhorn's other backup-block-size), 2 uploads at once
+    start_backup_with(
+        &d.client,
+        &secret,
+        "b1",
+        json!({"blockSize": 16 * MIB, "concurrency": 2}),
+    )
+    .await;
     let s = backup_status(&d.client, "b1", "ended", |s| {
         s["state"] == "completed" || s["state"] == "error"
     })
     .await;
     assert_eq!(s["state"], "completed", "{s}");
+    assert_eq!(s["blocksUploaded"], 3, "40 MiB of data in blocks of 16 MiB: {s}");
     // the data dir with 16 MiB free: a 40 MiB restore file could not fit
     let ballast = dir.path().join("data/ballast");
     let keep = 16 * MIB;

@@ -456,6 +456,49 @@ async fn real_spdk_backups_of_a_volume_round_trip_through_s3_full_then_increment
         ("backup-three", SIZE, "v2")
     );
 
+    // an idle volume's backup reads nothing: s5 over backup-three (s4's write between: read
+    // side by side, its 3 changed blocks taken), then s6 with nothing written since s5
+    snapshot(&d.client, "s5").await;
+    let s5 = backup(&d.client, "backup-five", "s5").await;
+    assert_eq!(
+        (
+            s5["state"].as_str(),
+            s5["incremental"].as_bool(),
+            s5["blocksRead"].as_u64()
+        ),
+        (Some("completed"), Some(true), Some(3)),
+        "{s5}"
+    );
+    snapshot(&d.client, "s6").await;
+    let s6 = backup(&d.client, "backup-six", "s6").await;
+    assert_eq!(
+        (
+            s6["state"].as_str(),
+            s6["incremental"].as_bool(),
+            s6["blocksRead"].as_u64(),
+            s6["blocksUploaded"].as_u64()
+        ),
+        (Some("completed"), Some(true), Some(0), Some(0)),
+        "{s6}"
+    );
+    let map = |name: &'static str| {
+        let store = &store;
+        async move {
+            ops::backup(store, "vol", name)
+                .await
+                .expect("backup cfg")
+                .blocks
+                .into_iter()
+                .map(|b| (b.offset, b.checksum))
+                .collect::<Vec<_>>()
+        }
+    };
+    assert_eq!(
+        map("backup-six").await,
+        map("backup-five").await,
+        "the same block map"
+    );
+
     // a restored image into a thin lvol of the same target reads back the same
     let restored = dir.path().join("backup-two.img");
     let lvol = "talon-d1/restore-check";

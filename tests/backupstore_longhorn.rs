@@ -194,6 +194,49 @@ async fn cross_check(store: &Store, target: &str, lh: &Longhorn, dir: &Path) {
         );
     }
 
+    // a backup of 16 MiB blocks (Longhorn's other `backup-block-size`), in a backup volume of its
+    // own: Longhorn reads its size from the parameters and restores it
+    let big = "pvc-cross-16";
+    let req16 = BackupRequest {
+        block_size: 16 * MIB,
+        ..BackupRequest::v2(big, "talon-16", "snap-2", SIZE)
+    };
+    let s2 = SparseImage::open(&file("s2.img"), 0, SIZE).expect("open");
+    let (b16, st16) = ops::create(store, &req16, &s2, None, &p)
+        .await
+        .expect("talon's backup of 16 MiB blocks");
+    // the file s2.img (a copy of s1.img, written over) reads as data throughout: 4 blocks
+    assert_eq!(
+        (st16.blocks_read, b16.block_size().expect("block size")),
+        (4, 16 * MIB),
+        "{st16:?}"
+    );
+    let info = lh.json(&["inspect", &format::backup_url(target, "talon-16", big)]);
+    assert_eq!(
+        info["Parameters"]["backup-block-size"],
+        (16 * MIB).to_string(),
+        "{info}"
+    );
+    let out = file("lh-restore-talon-16.img");
+    lh.run(&[
+        "restore",
+        &format::backup_url(target, "talon-16", big),
+        &out.to_string_lossy(),
+    ]);
+    assert_eq!(
+        sha(&out),
+        sha(&file("s2.img")),
+        "Longhorn's restore of talon's 16 MiB backup"
+    );
+    // and an incremental one over a 2 MiB backup is refused (a block size is the backup volume's)
+    let e = ops::create(store, &request("talon-x", "snap-2"), &s2, Some(&b16), &p)
+        .await
+        .expect_err("2 MiB blocks over a 16 MiB backup");
+    assert!(e.to_string().contains("back up in full"), "{e}");
+    ops::delete_volume(store, big)
+        .await
+        .expect("delete the 16 MiB backup volume");
+
     // ---- Longhorn -> talon ------------------------------------------------------------------
     // Longhorn's library makes an incremental backup over talon-2 (its compare of snap-3 and
     // snap-2, the volume's last backed-up snapshot), then talon restores it

@@ -18,8 +18,13 @@ use super::image::SparseImage;
 use super::lock::{Lock, LockKind};
 use super::store::Store;
 
-/// Blocks read, compressed and uploaded at once.
-const PARALLEL: usize = 4;
+/// Blocks read, compressed and uploaded at once by default (Longhorn's
+/// `backup-concurrent-limit` and `restore-concurrent-limit` default to 2 and
+/// ask for more or fewer).
+pub const PARALLEL: usize = 4;
+/// The block sizes a backup is made with: Longhorn's `backup-block-size`
+/// setting takes 2 MiB (its default) or 16 MiB.
+pub const BLOCK_SIZES: [u64; 2] = [format::DEFAULT_BLOCK_SIZE, 16 << 20];
 
 /// What a backup records of its volume and snapshot.
 #[derive(Debug, Clone, Default)]
@@ -40,9 +45,29 @@ pub struct BackupRequest {
     pub full: bool,
     /// `v1` or `v2`.
     pub data_engine: String,
+    /// Its block size, one of [`BLOCK_SIZES`] (0: 2 MiB); an incremental
+    /// backup's base must have the same.
+    pub block_size: u64,
+    /// Blocks compressed and uploaded at once (0: [`PARALLEL`]).
+    pub concurrency: usize,
 }
 
 impl BackupRequest {
+    /// Its block size in bytes.
+    pub fn block_size(&self) -> u64 {
+        match self.block_size {
+            0 => format::DEFAULT_BLOCK_SIZE,
+            n => n,
+        }
+    }
+
+    fn concurrency(&self) -> usize {
+        match self.concurrency {
+            0 => PARALLEL,
+            n => n,
+        }
+    }
+
     /// A backup `name` of snapshot `snapshot` (taken now) of a V2 volume of
     /// `size` bytes, into backup volume `volume`, lz4-compressed.
     pub fn v2(volume: &str, name: &str, snapshot: &str, size: u64) -> Self {
@@ -199,7 +224,7 @@ pub async fn create(
     progress: &Progress,
 ) -> Result<(BackupCfg, BackupStats), BackupError> {
     check_request(req, base)?;
-    let blocks = image_blocks(store, &req.volume, image, base)?;
+    let blocks = image_blocks(store, req, image, base)?;
     let work = create_locked(store, req, blocks, base, progress);
     Lock::holding(store, &req.volume, LockKind::Use, work).await
 }
@@ -221,7 +246,13 @@ pub async fn create_from(
 fn check_request(req: &BackupRequest, base: Option<&BackupCfg>) -> Result<(), BackupError> {
     format::check_backup_volume_name(&req.volume)?;
     format::check_backup_name(&req.name)?;
-    let bs = format::DEFAULT_BLOCK_SIZE;
+    let bs = req.block_size();
+    if !BLOCK_SIZES.contains(&bs) {
+        return Err(BackupError::Invalid(format!(
+            "backup {}: a block size of {bs} bytes is not one Longhorn takes (2 MiB or 16 MiB)",
+            req.name
+        )));
+    }
     if req.size == 0 || !req.size.is_multiple_of(bs) {
         return Err(BackupError::Invalid(format!(
             "volume {} is {} bytes: a backup needs a whole number of {bs}-byte blocks",
@@ -244,11 +275,11 @@ fn check_request(req: &BackupRequest, base: Option<&BackupCfg>) -> Result<(), Ba
 /// read as `base`'s block there.
 fn image_blocks<'a>(
     store: &'a Store,
-    volume: &'a str,
+    req: &'a BackupRequest,
     image: &'a SparseImage,
     base: Option<&BackupCfg>,
 ) -> Result<Blocks<'a>, BackupError> {
-    let bs = format::DEFAULT_BLOCK_SIZE;
+    let (bs, volume) = (req.block_size(), req.volume.as_str());
     let base_blocks: BTreeMap<u64, String> = base
         .map(|b| b.blocks.iter().map(|r| (r.offset, r.checksum.clone())).collect())
         .unwrap_or_default();
@@ -287,7 +318,7 @@ fn image_blocks<'a>(
                 })
             }
         })
-        .buffered(PARALLEL)
+        .buffered(req.concurrency())
         .boxed())
 }
 
@@ -298,7 +329,7 @@ async fn create_locked(
     base: Option<&BackupCfg>,
     progress: &Progress,
 ) -> Result<(BackupCfg, BackupStats), BackupError> {
-    let bs = format::DEFAULT_BLOCK_SIZE;
+    let bs = req.block_size();
     let cfg_path = format::backup_cfg_path(&req.volume, &req.name);
     // one cut off before (a crash, a stop) is written anew; a complete one stays
     if let Some(b) = store.read(&cfg_path).await?
@@ -363,7 +394,7 @@ async fn create_locked(
                 Ok::<_, BackupError>((offset, Some(sum), uploaded))
             }
         })
-        .buffered(PARALLEL)
+        .buffered(req.concurrency())
         .inspect(|r| {
             if let Ok((offset, ..)) = r {
                 progress.set(offset / bs + 1, total + 1)
@@ -401,10 +432,14 @@ async fn create_locked(
     cfg.snapshot_created_at = req.snapshot_created_at.clone();
     cfg.size = stats.blocks_mapped * bs;
     cfg.labels = Some(req.labels.clone());
-    cfg.parameters = Some(BTreeMap::from([(
-        format::PARAM_MODE.to_owned(),
-        if req.full { "full" } else { "incremental" }.to_owned(),
-    )]));
+    // as longhorn-manager passes them: the block size in bytes, decimal
+    cfg.parameters = Some(BTreeMap::from([
+        (
+            format::PARAM_MODE.to_owned(),
+            if req.full { "full" } else { "incremental" }.to_owned(),
+        ),
+        (format::PARAM_BLOCK_SIZE.to_owned(), bs.to_string()),
+    ]));
     cfg.is_incremental = base.is_some();
     if req.full {
         cfg.re_uploaded_data_size = stats.bytes_uploaded;

@@ -40,6 +40,13 @@ pub enum BackupCommand {
         /// A label recorded with the backup (repeat for more).
         #[arg(long = "label", value_name = "KEY=VALUE", value_parser = parse_label)]
         labels: Vec<(String, String)>,
+        /// The backup's block size in MiB: 2 (the default) or 16, as
+        /// Longhorn's `backup-block-size`.
+        #[arg(long, value_name = "MIB", value_parser = clap::builder::PossibleValuesParser::new(["2", "16"]))]
+        block_size_mib: Option<String>,
+        /// Blocks compressed and uploaded at once (1 to 64; default 4).
+        #[arg(long, value_parser = clap::value_parser!(u32).range(1..=64))]
+        concurrency: Option<u32>,
         /// Return at once instead of waiting until it completed.
         #[arg(long)]
         no_wait: bool,
@@ -290,6 +297,8 @@ pub async fn run(c: &Client, cmd: BackupCommand) -> Result<(), CliError> {
             backup_volume,
             full,
             labels,
+            block_size_mib,
+            concurrency,
             no_wait,
             output,
         } => {
@@ -305,6 +314,10 @@ pub async fn run(c: &Client, cmd: BackupCommand) -> Result<(), CliError> {
                 backup_volume,
                 full,
                 labels: labels.into_iter().collect::<BTreeMap<_, _>>(),
+                block_size: block_size_mib
+                    .and_then(|m| m.parse::<u64>().ok())
+                    .map(|m| m << 20),
+                concurrency,
                 // the CLI waits by watching: a backup may take longer than one call may
                 wait: false,
                 timeout_seconds: None,

@@ -93,8 +93,8 @@ pub enum ParameterError {
     /// A block size that is not a number.
     #[error("backup block size {0:?} is not a number")]
     BlockSizeNotNumber(String),
-    /// A block size other than Longhorn's default.
-    #[error("backup block size {0}: talon writes {DEFAULT_BLOCK_SIZE}-byte blocks only")]
+    /// A block size Longhorn's setting does not take.
+    #[error("backup block size {0}: a backup's blocks are 2097152 or 16777216 bytes")]
     BlockSize(i64),
     /// A backup mode other than full or incremental.
     #[error("backup mode {0:?} is neither full nor incremental")]
@@ -171,22 +171,28 @@ fn split_labels(labels: &[String]) -> Result<(Pairs, Pairs), ParameterError> {
     Ok((plain, params))
 }
 
-/// Whether parameters ask a full backup; a block size other than
-/// Longhorn's 2 MiB default is refused.
-fn full_backup(params: &BTreeMap<String, String>) -> Result<bool, ParameterError> {
+/// What parameters ask: a full backup or not, and the block size (2 MiB
+/// or 16 MiB, as Longhorn's `backup-block-size` setting takes; empty or 0:
+/// 2 MiB).
+fn backup_params(params: &BTreeMap<String, String>) -> Result<(bool, u64), ParameterError> {
+    let mut block = DEFAULT_BLOCK_SIZE;
     if let Some(bs) = params.get(BLOCK_SIZE).filter(|s| !s.is_empty()) {
         let n: i64 = bs
             .parse()
             .map_err(|_| ParameterError::BlockSizeNotNumber(bs.clone()))?;
-        if n > 0 && n as u64 != DEFAULT_BLOCK_SIZE {
+        if n > 0 {
+            block = n as u64;
+        }
+        if n < 0 || !crate::backupstore::ops::BLOCK_SIZES.contains(&block) {
             return Err(ParameterError::BlockSize(n));
         }
     }
-    match params.get(BACKUP_MODE).map(String::as_str) {
-        None | Some("" | "incremental") => Ok(false),
-        Some("full") => Ok(true),
-        Some(other) => Err(ParameterError::Mode(other.to_owned())),
-    }
+    let full = match params.get(BACKUP_MODE).map(String::as_str) {
+        None | Some("" | "incremental") => false,
+        Some("full") => true,
+        Some(other) => return Err(ParameterError::Mode(other.to_owned())),
+    };
+    Ok((full, block))
 }
 
 /// Whether the store at `target` holds a complete backup of `volume` (a
@@ -264,7 +270,7 @@ impl Longhorn {
         check_credentials(&creds).map_err(|e| bad(e.to_string()))?;
         Credentials::from_pairs(creds.clone()).check().map_err(bad)?;
         let (labels, params) = split_labels(&req.labels).map_err(|e| bad(e.to_string()))?;
-        let full = full_backup(&params).map_err(|e| bad(e.to_string()))?;
+        let (full, block_size) = backup_params(&params).map_err(|e| bad(e.to_string()))?;
         let r = self
             .local_replica(&req.replica_name)
             .ok_or_else(|| LonghornError::Gone(format!("{what}: the replica is not on this node")))?;
@@ -305,6 +311,8 @@ impl Longhorn {
             full,
             labels,
             compression,
+            block_size: (block_size != DEFAULT_BLOCK_SIZE).then_some(block_size),
+            concurrency: u32::try_from(req.concurrent_limit).ok().filter(|n| *n > 0),
             longhorn: Some(LonghornSource {
                 replica: req.replica_name.clone(),
                 snapshot_created: created,
@@ -542,12 +550,16 @@ mod tests {
         ])
         .expect("labels");
         assert_eq!(plain, [("app".to_owned(), "db".to_owned())].into());
-        assert_eq!(full_backup(&params), Ok(true));
-        assert_eq!(full_backup(&BTreeMap::new()), Ok(false));
-        let odd: BTreeMap<_, _> = [(BLOCK_SIZE.to_owned(), "16777216".to_owned())].into();
-        assert!(full_backup(&odd).is_err());
+        assert_eq!(backup_params(&params), Ok((true, DEFAULT_BLOCK_SIZE)));
+        assert_eq!(backup_params(&BTreeMap::new()), Ok((false, DEFAULT_BLOCK_SIZE)));
+        let big: BTreeMap<_, _> = [(BLOCK_SIZE.to_owned(), "16777216".to_owned())].into();
+        assert_eq!(backup_params(&big), Ok((false, 16 << 20)));
+        for odd in ["4194304", "-1", "2Mi"] {
+            let odd: BTreeMap<_, _> = [(BLOCK_SIZE.to_owned(), odd.to_owned())].into();
+            assert!(backup_params(&odd).is_err(), "{odd:?}");
+        }
         let odd: BTreeMap<_, _> = [(BACKUP_MODE.to_owned(), "sometimes".to_owned())].into();
-        assert!(full_backup(&odd).is_err());
+        assert!(backup_params(&odd).is_err());
     }
 
     #[test]

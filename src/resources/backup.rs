@@ -39,6 +39,15 @@ pub struct Backup {
     /// default), `gzip` or `none`; an existing backup volume keeps its own.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub compression: Option<String>,
+    /// The backup's block size in bytes: 2 MiB (the default) or 16 MiB, as
+    /// Longhorn's `backup-block-size`. An incremental backup builds only on a
+    /// last backup of the same block size (else it is full).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub block_size: Option<u64>,
+    /// Blocks compressed and uploaded at once (default 4; Longhorn's
+    /// `backup-concurrent-limit`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub concurrency: Option<u32>,
     /// The snapshot is a Longhorn replica's (asked through Longhorn's
     /// backup calls), not a talon volume's: `volume` is then the Longhorn
     /// volume.

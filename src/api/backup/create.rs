@@ -34,6 +34,14 @@ pub struct BackupCreateParams {
     /// Labels recorded with the backup.
     #[serde(default)]
     pub labels: BTreeMap<String, String>,
+    /// The backup's block size in bytes: 2097152 (2 MiB, the default) or
+    /// 16777216 (16 MiB), as Longhorn's `backup-block-size`. A backup
+    /// volume's backups build on each other only at one block size.
+    #[serde(default)]
+    pub block_size: Option<u64>,
+    /// Blocks compressed and uploaded at once (1 to 64; default 4).
+    #[serde(default)]
+    pub concurrency: Option<u32>,
     /// Wait until the backup completed (or failed).
     #[serde(default)]
     pub wait: bool,
@@ -71,6 +79,20 @@ pub(super) fn register(api: &mut ApiBuilder) {
             ObjectName::parse("snapshot", &p.snapshot)
                 .map_err(|e| ApiError::invalid(format!("{what}: {e}")))?;
             check_target(&what, &p.target)?;
+            if let Some(bs) = p.block_size
+                && !crate::backupstore::ops::BLOCK_SIZES.contains(&bs)
+            {
+                return Err(ApiError::invalid(format!(
+                    "{what}: blockSize {bs} is not 2097152 (2 MiB) nor 16777216 (16 MiB)"
+                )));
+            }
+            if let Some(n) = p.concurrency
+                && !(1..=64).contains(&n)
+            {
+                return Err(ApiError::invalid(format!(
+                    "{what}: concurrency {n} is not 1 to 64"
+                )));
+            }
             let (secret_path, _) = secret_of(&ctx.state, &what, p.credential_secret.as_deref())?;
             let guard = LIFECYCLE.lock().await;
             let action = format!("back it up as {name}");
@@ -88,6 +110,8 @@ pub(super) fn register(api: &mut ApiBuilder) {
                 full: p.full,
                 labels: p.labels,
                 compression: None,
+                block_size: p.block_size.filter(|bs| *bs != format::DEFAULT_BLOCK_SIZE),
+                concurrency: p.concurrency,
                 longhorn: None,
             };
             let created = ctx

@@ -30,6 +30,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::StreamExt as _;
+
 use crate::backupstore::{self, BackupCfg, BackupRequest, BackupStats, Progress, Store};
 use crate::resources::backup::{Backup, BackupState, BackupStatus};
 use crate::resources::config::{Volume, snapshot_id};
@@ -218,12 +220,18 @@ impl Job {
             // done before a restart of talon
             return Ok((b, BackupStats::default(), false));
         }
+        let bs = self
+            .backup
+            .block_size
+            .unwrap_or(backupstore::format::DEFAULT_BLOCK_SIZE);
         let base = if self.backup.full {
             None
         } else {
             backupstore::ops::last_backup(&store, &bvol)
                 .await
                 .map_err(named)?
+                // blocks of another size: this one is taken whole
+                .filter(|b| b.block_size().is_ok_and(|n| n == bs))
         };
         let inv = Inventory::load(&self.client)
             .await
@@ -268,9 +276,12 @@ impl Job {
                 crate::util::error_chain(&e)
             )
         };
-        let reader = BackupReader::open(&self.client, read).await.map_err(reading)?;
+        // nothing changed since the base (an idle volume): no block to read
+        let reader = match read.same_as_base(&inv) {
+            true => None,
+            false => Some(BackupReader::open(&self.client, read).await.map_err(reading)?),
+        };
         let made = async {
-            let bs = backupstore::format::DEFAULT_BLOCK_SIZE;
             let compression = match &self.backup.compression {
                 Some(c) => backupstore::format::Compression::parse(c).map_err(named)?,
                 None => Default::default(),
@@ -280,15 +291,23 @@ impl Job {
                 labels: self.backup.labels.clone(),
                 full: self.backup.full,
                 compression,
+                block_size: bs,
+                concurrency: self.backup.concurrency.map_or(0, |n| n as usize),
                 ..BackupRequest::v2(&bvol, &self.name, snap, self.volume_size.div_ceil(bs) * bs)
             };
-            backupstore::ops::create_from(&store, &req, reader.blocks(bs), base.as_ref(), &self.progress)
+            let blocks = match &reader {
+                Some(r) => r.blocks(bs),
+                None => futures::stream::empty().boxed(),
+            };
+            backupstore::ops::create_from(&store, &req, blocks, base.as_ref(), &self.progress)
                 .await
                 .map_err(named)
         }
         .await;
         // the exports go on every path (a stopped task drops the reader: its sessions remove them)
-        if let Err(e) = reader.close().await {
+        if let Some(reader) = reader
+            && let Err(e) = reader.close().await
+        {
             tracing::warn!(backup = %self.name, error = %crate::util::error_chain(&e), "closing a backup's reads");
         }
         let incremental = base.is_some();

@@ -109,6 +109,26 @@ impl BackupRead {
     }
 }
 
+impl BackupRead {
+    /// Whether the snapshot reads exactly as the base does, known without
+    /// reading: the base is in the snapshot's chain and no lvol after it
+    /// (the snapshot included) holds a cluster of its own. An incremental
+    /// backup of an idle volume then takes no block.
+    pub fn same_as_base(&self, inv: &Inventory) -> bool {
+        let Some(base) = &self.base else {
+            return false;
+        };
+        let mut chain = inv.chain(&self.snapshot);
+        chain.push(self.snapshot.clone());
+        let Some(at) = chain.iter().position(|l| l == base) else {
+            return false;
+        };
+        chain[at + 1..]
+            .iter()
+            .all(|l| inv.lvols.get(l).is_some_and(|l| l.num_allocated_clusters == 0))
+    }
+}
+
 /// The open exports of a [`BackupRead`].
 #[derive(Debug)]
 pub struct BackupReader {
@@ -206,5 +226,88 @@ impl BackupReader {
             None => Ok(()),
         };
         self.snapshot.close().await.and(base)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! Which incremental backups need no read, against hand-built inventories.
+
+    use super::*;
+    use crate::spdk::rpc::{Bdev, Lvol, LvolStoreRef};
+
+    /// Adds lvol `lvs/name` holding `clusters`, a clone of `parent` (a name
+    /// in the same lvstore) when given.
+    fn lvol(i: &mut Inventory, name: &str, clusters: u64, parent: Option<&str>) {
+        let (uuid, alias) = (format!("uuid-{name}"), format!("lvs/{name}"));
+        i.lvols.insert(
+            alias.clone(),
+            Lvol {
+                alias: alias.clone(),
+                uuid: uuid.clone(),
+                name: name.into(),
+                is_thin_provisioned: true,
+                is_snapshot: true,
+                is_clone: parent.is_some(),
+                is_esnap_clone: false,
+                num_allocated_clusters: clusters,
+                lvs: LvolStoreRef {
+                    name: "lvs".into(),
+                    uuid: "u".into(),
+                },
+            },
+        );
+        i.bdevs.insert(
+            uuid.clone(),
+            Bdev {
+                name: uuid,
+                aliases: vec![alias],
+                product_name: "Logical Volume".into(),
+                block_size: 4096,
+                num_blocks: 1024,
+                uuid: None,
+                claimed: false,
+                claim_type: None,
+                assigned_rate_limits: None,
+                driver_specific: serde_json::json!({"lvol": {"base_snapshot": parent}}),
+                md_size: 0,
+                md_interleave: false,
+            },
+        );
+    }
+
+    fn read(snapshot: &str, base: Option<&str>) -> BackupRead {
+        BackupRead {
+            snapshot: format!("lvs/{snapshot}"),
+            base: base.map(|b| format!("lvs/{b}")),
+            data_offset: 0,
+            size: 4 << 20,
+        }
+    }
+
+    #[test]
+    fn a_snapshot_with_nothing_of_its_own_since_the_base_reads_as_the_base() {
+        let mut i = Inventory::default();
+        lvol(&mut i, "s1", 3, None);
+        lvol(&mut i, "s2", 0, Some("s1"));
+        lvol(&mut i, "s3", 0, Some("s2"));
+        lvol(&mut i, "s4", 1, Some("s3"));
+        lvol(&mut i, "other", 0, None);
+        assert!(read("s2", Some("s1")).same_as_base(&i));
+        assert!(
+            read("s3", Some("s1")).same_as_base(&i),
+            "two empty snapshots after the base"
+        );
+        assert!(!read("s4", Some("s1")).same_as_base(&i), "s4 holds a cluster");
+        assert!(!read("s4", Some("s3")).same_as_base(&i));
+        assert!(!read("s2", None).same_as_base(&i), "a full backup reads");
+        assert!(
+            !read("s2", Some("other")).same_as_base(&i),
+            "a base outside the chain"
+        );
+        assert!(
+            !read("s1", Some("s2")).same_as_base(&i),
+            "a base newer than the snapshot"
+        );
     }
 }
