@@ -223,10 +223,8 @@ pub async fn create(
     base: Option<&BackupCfg>,
     progress: &Progress,
 ) -> Result<(BackupCfg, BackupStats), BackupError> {
-    check_request(req, base)?;
     let blocks = image_blocks(store, req, image, base)?;
-    let work = create_locked(store, req, blocks, base, progress);
-    Lock::holding(store, &req.volume, LockKind::Use, work).await
+    create_from(store, req, blocks, base, progress).await
 }
 
 /// Backs up the `blocks` a reader gives (see [`Blocks`]) as `req` says,

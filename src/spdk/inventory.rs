@@ -352,6 +352,69 @@ pub fn applied_revert(inv: &Inventory, vol: &str) -> u64 {
         .unwrap_or(0)
 }
 
+/// Hand-built inventories for unit tests (no double, no SPDK).
+#[cfg(test)]
+pub mod testing {
+    use super::Inventory;
+    use crate::spdk::rpc::{Bdev, Lvol, LvolStoreRef};
+
+    /// What [`add_lvol`] makes.
+    #[derive(Debug, Clone, Default)]
+    pub struct TestLvol<'a> {
+        /// Its lvstore's name.
+        pub lvs: &'a str,
+        pub name: &'a str,
+        pub bytes: u64,
+        pub clusters: u64,
+        pub snapshot: bool,
+        /// The snapshot it is a clone of (a name in the same lvstore).
+        pub parent: Option<&'a str>,
+    }
+
+    /// Adds lvol `l` (uuid `uuid-<name>`, alias `<lvs>/<name>`, thin, 4 KiB
+    /// blocks) and its bdev to `i`.
+    pub fn add_lvol(i: &mut Inventory, l: TestLvol<'_>) {
+        let (uuid, alias) = (format!("uuid-{}", l.name), format!("{}/{}", l.lvs, l.name));
+        i.lvols.insert(
+            alias.clone(),
+            Lvol {
+                alias: alias.clone(),
+                uuid: uuid.clone(),
+                name: l.name.into(),
+                is_thin_provisioned: true,
+                is_snapshot: l.snapshot,
+                is_clone: l.parent.is_some(),
+                is_esnap_clone: false,
+                num_allocated_clusters: l.clusters,
+                lvs: LvolStoreRef {
+                    name: l.lvs.into(),
+                    uuid: format!("u-{}", l.lvs),
+                },
+            },
+        );
+        i.bdevs.insert(
+            uuid.clone(),
+            Bdev {
+                name: uuid,
+                aliases: vec![alias],
+                product_name: "Logical Volume".into(),
+                block_size: 4096,
+                num_blocks: l.bytes / 4096,
+                uuid: None,
+                claimed: false,
+                claim_type: None,
+                assigned_rate_limits: None,
+                driver_specific: match l.parent {
+                    Some(p) => serde_json::json!({"lvol": {"base_snapshot": p}}),
+                    None => serde_json::Value::Null,
+                },
+                md_size: 0,
+                md_interleave: false,
+            },
+        );
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;

@@ -211,7 +211,8 @@ impl Controller for SpdkOrphanController {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::spdk::rpc::{Bdev, Lvol, LvolStoreRef, Lvstore};
+    use crate::spdk::inventory::testing::{TestLvol, add_lvol};
+    use crate::spdk::rpc::Lvstore;
 
     fn inv(lvols: &[(&str, &str, Option<&str>)]) -> Inventory {
         let mut i = Inventory::default();
@@ -231,40 +232,17 @@ mod tests {
             });
         }
         for (lvs, name, parent) in lvols {
-            let uuid = format!("uuid-{name}");
-            let alias = format!("{lvs}/{name}");
-            i.lvols.insert(
-                alias.clone(),
-                Lvol {
-                    alias: alias.clone(),
-                    uuid: uuid.clone(),
-                    name: (*name).into(),
-                    is_thin_provisioned: true,
-                    is_snapshot: name.contains(".s.") || name.contains("-snap-"),
-                    is_clone: parent.is_some(),
-                    is_esnap_clone: false,
-                    num_allocated_clusters: 2,
-                    lvs: LvolStoreRef {
-                        name: (*lvs).into(),
-                        uuid: String::new(),
-                    },
-                },
-            );
-            i.bdevs.insert(
-                uuid.clone(),
-                Bdev {
-                    name: uuid,
-                    aliases: vec![alias],
-                    product_name: "Logical Volume".into(),
-                    block_size: 4096,
-                    num_blocks: 4096,
-                    uuid: None,
-                    claimed: false,
-                    claim_type: None,
-                    assigned_rate_limits: None,
-                    md_size: 0,
-                    md_interleave: false,
-                    driver_specific: serde_json::json!({"lvol": {"base_snapshot": parent}}),
+            let snapshot = name.contains(".s.") || name.contains("-snap-");
+            let (bytes, clusters, parent) = (4096 * 4096, 2, *parent);
+            add_lvol(
+                &mut i,
+                TestLvol {
+                    lvs,
+                    name,
+                    bytes,
+                    clusters,
+                    snapshot,
+                    parent,
                 },
             );
         }

@@ -234,44 +234,22 @@ mod tests {
     //! Which incremental backups need no read, against hand-built inventories.
 
     use super::*;
-    use crate::spdk::rpc::{Bdev, Lvol, LvolStoreRef};
+    use crate::spdk::inventory::testing::{TestLvol, add_lvol};
 
-    /// Adds lvol `lvs/name` holding `clusters`, a clone of `parent` (a name
-    /// in the same lvstore) when given.
+    /// Adds snapshot `lvs/name` holding `clusters`, a clone of `parent` when given.
     fn lvol(i: &mut Inventory, name: &str, clusters: u64, parent: Option<&str>) {
-        let (uuid, alias) = (format!("uuid-{name}"), format!("lvs/{name}"));
-        i.lvols.insert(
-            alias.clone(),
-            Lvol {
-                alias: alias.clone(),
-                uuid: uuid.clone(),
-                name: name.into(),
-                is_thin_provisioned: true,
-                is_snapshot: true,
-                is_clone: parent.is_some(),
-                is_esnap_clone: false,
-                num_allocated_clusters: clusters,
-                lvs: LvolStoreRef {
-                    name: "lvs".into(),
-                    uuid: "u".into(),
-                },
-            },
-        );
-        i.bdevs.insert(
-            uuid.clone(),
-            Bdev {
-                name: uuid,
-                aliases: vec![alias],
-                product_name: "Logical Volume".into(),
-                block_size: 4096,
-                num_blocks: 1024,
-                uuid: None,
-                claimed: false,
-                claim_type: None,
-                assigned_rate_limits: None,
-                driver_specific: serde_json::json!({"lvol": {"base_snapshot": parent}}),
-                md_size: 0,
-                md_interleave: false,
+        let lvs = "lvs";
+        let bytes = 4 << 20;
+        let snapshot = true;
+        add_lvol(
+            i,
+            TestLvol {
+                lvs,
+                name,
+                bytes,
+                clusters,
+                snapshot,
+                parent,
             },
         );
     }
