@@ -1,10 +1,11 @@
-//! Backups that wait, stop or run out of room, on a real spdk_tgt
-//! (`TALON_SPDK_DIR`) through `talon serve`, to a real S3 server (s3s-fs on
-//! loopback) behind a gate that holds every `PUT` while it is closed (a
-//! backup then waits in its upload, after its copy):
+//! Backups that wait, stop, crash or run out of room, on a real spdk_tgt
+//! (`TALON_SPDK_DIR`) through `talon serve` (in-process, or a process that
+//! is killed), to a real S3 server (s3s-fs on loopback) behind a gate that
+//! holds the requests a test names (every `PUT`, or a backup's block uploads
+//! or a restore's block downloads after the first few):
 //!
 //! ```text
-//!   talon serve ──S3──> Gate (PUTs held while closed) ──> s3s-fs
+//!   talon serve ──S3──> Gate (held: PUT *, or PUT|GET */blocks/* after N) ──> s3s-fs
 //!      └─ data dir: a temp dir, or a small tmpfs (the full-disk cases)
 //! ```
 //!
@@ -17,8 +18,15 @@
 //! - a backup with less room on the data dir than its data succeeds and
 //!   takes no room there (read through the mover);
 //! - a restore on a data dir with no room for the backup succeeds: it
-//!   writes nothing there (streamed into the replica through the mover).
+//!   writes nothing there (streamed into the replica through the mover);
+//! - talon killed (-9) mid-upload and mid-restore: nothing listed complete
+//!   meanwhile, both finished by the next talon, nothing left behind;
+//! - spdk_tgt killed (-9) mid-backup: the backup ends (in an error naming
+//!   it and the read that failed, as seen; never listed complete unless it
+//!   restores bit-exact), the volume is served again, the next backup completes.
 
+#[path = "support/restart.rs"]
+mod restart;
 #[path = "support/s3_server.rs"]
 #[allow(dead_code)]
 mod s3_server;
@@ -32,9 +40,12 @@ mod spdk_dd;
 mod spdk_perf;
 #[path = "support/spdk_real.rs"]
 mod spdk_real;
+mod tgt_common;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use serde_json::{Value, json};
@@ -48,26 +59,60 @@ const MIB: u64 = 1 << 20;
 const TARGET: &str = "s3://backups@us-east-1/talon/";
 const WAIT: Duration = Duration::from_secs(180);
 
-/// A TCP proxy in front of the S3 server that, while closed, holds each
-/// request that starts with `PUT ` (a backup's first write is its lock,
-/// after its copy) until it opens.
+/// A TCP proxy in front of the S3 server that holds requests a [`Hold`]
+/// names (a backup's block uploads, a restore's block downloads) until the
+/// hold is lifted.
 struct Gate {
     addr: SocketAddr,
-    open: tokio::sync::watch::Sender<bool>,
+    hold: Arc<tokio::sync::watch::Sender<Option<Hold>>>,
+    /// Requests held now.
+    waiting: Arc<AtomicUsize>,
     task: tokio::task::JoinHandle<()>,
+}
+
+/// Which requests a [`Gate`] holds: those whose request line starts with
+/// `method` and holds `path`, once `passes` more of them went through.
+#[derive(Debug, Clone, Copy)]
+struct Hold {
+    method: &'static str,
+    path: &'static str,
+    passes: usize,
+}
+
+impl Hold {
+    /// Whether `request` (a chunk read from the client) may go on now; a
+    /// pass it takes is counted.
+    fn lets_through(hold: &mut Option<Hold>, request: &[u8]) -> bool {
+        let Some(h) = hold else {
+            return true;
+        };
+        let line = request.split(|b| *b == b'\n').next().unwrap_or_default();
+        if !line.starts_with(h.method.as_bytes())
+            || !line.windows(h.path.len()).any(|w| w == h.path.as_bytes())
+        {
+            return true;
+        }
+        if h.passes == 0 {
+            return false;
+        }
+        h.passes -= 1;
+        true
+    }
 }
 
 impl Gate {
     async fn start(upstream: SocketAddr) -> Gate {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("addr");
-        let (open, rx) = tokio::sync::watch::channel(true);
+        let hold = Arc::new(tokio::sync::watch::channel(None).0);
+        let waiting = Arc::new(AtomicUsize::new(0));
+        let (h, w) = (hold.clone(), waiting.clone());
         let task = tokio::spawn(async move {
             loop {
                 let Ok((client, _)) = listener.accept().await else {
                     continue;
                 };
-                let mut rx = rx.clone();
+                let (hold, waiting) = (h.clone(), w.clone());
                 tokio::spawn(async move {
                     let Ok(server) = tokio::net::TcpStream::connect(upstream).await else {
                         return;
@@ -75,6 +120,7 @@ impl Gate {
                     let (mut cr, mut cw) = client.into_split();
                     let (mut sr, mut sw) = server.into_split();
                     let up = async move {
+                        let mut rx = hold.subscribe();
                         let mut buf = vec![0u8; 64 << 10];
                         loop {
                             let n = cr.read(&mut buf).await.unwrap_or(0);
@@ -82,8 +128,22 @@ impl Gate {
                                 let _ = sw.shutdown().await;
                                 return;
                             }
-                            if buf[..n].starts_with(b"PUT ") && rx.wait_for(|o| *o).await.is_err() {
-                                return;
+                            loop {
+                                rx.borrow_and_update();
+                                let mut go = true;
+                                hold.send_if_modified(|h| {
+                                    go = Hold::lets_through(h, &buf[..n]);
+                                    false
+                                });
+                                if go {
+                                    break;
+                                }
+                                waiting.fetch_add(1, Ordering::SeqCst);
+                                let changed = rx.changed().await;
+                                waiting.fetch_sub(1, Ordering::SeqCst);
+                                if changed.is_err() {
+                                    return;
+                                }
                             }
                             if sw.write_all(&buf[..n]).await.is_err() {
                                 return;
@@ -97,11 +157,30 @@ impl Gate {
                 });
             }
         });
-        Gate { addr, open, task }
+        Gate {
+            addr,
+            hold,
+            waiting,
+            task,
+        }
     }
 
+    /// Closed: every `PUT` held (a backup's first write is its lock); open: none.
     fn set_open(&self, open: bool) {
-        self.open.send_replace(open);
+        self.set_hold((!open).then_some(Hold {
+            method: "PUT ",
+            path: "/",
+            passes: 0,
+        }));
+    }
+
+    fn set_hold(&self, hold: Option<Hold>) {
+        self.hold.send_replace(hold);
+    }
+
+    /// Requests held now.
+    fn waiting(&self) -> usize {
+        self.waiting.load(Ordering::SeqCst)
     }
 
     /// A secret manifest whose endpoint is the gate.
@@ -174,6 +253,16 @@ impl Drop for Tmpfs {
 /// export on `port` (spdk_dd writes through it); `keep_target`: its
 /// spdk_tgt outlives it (the next daemon adopts it).
 fn options(dir: &Path, spdk: &Path, port: u16, keep_target: bool) -> ServeOptions {
+    ServeOptions {
+        config: Some(write_config(dir, port)),
+        stop_targets_on_exit: !keep_target,
+        ..serve_daemon::opts(dir, serve_daemon::real_spdk(spdk, 2048))
+    }
+}
+
+/// Writes `<dir>/talon.yaml` of [`options`] (a `talon serve` process of
+/// `restart::spawn_talon` reads it there too); returns its path.
+fn write_config(dir: &Path, port: u16) -> PathBuf {
     let y = format!(
         "node:\n  engine: v2\n  listenAddress: 127.0.0.1\n  nvmfPort: {port}\n  allowedHosts: [\"{}\"]\n  backupSecretsDir: {}\ndisks:\n  d1:\n    path: {}\n    sizeBytes: {}\n",
         spdk_perf::HOST_NQN,
@@ -183,11 +272,7 @@ fn options(dir: &Path, spdk: &Path, port: u16, keep_target: bool) -> ServeOption
     );
     let config = dir.join("talon.yaml");
     std::fs::write(&config, y).expect("config");
-    ServeOptions {
-        config: Some(config),
-        stop_targets_on_exit: !keep_target,
-        ..serve_daemon::opts(dir, serve_daemon::real_spdk(spdk, 2048))
-    }
+    config
 }
 
 /// Volume `vol` (64 MiB, one replica) with `data_mib` MiB written at its
@@ -204,7 +289,7 @@ async fn volume_with_snapshot(c: &Client, spdk: &Path, dir: &Path, port: u16, da
         let nqn = format!("{}:vol:vol", talon::names::NQN_PREFIX);
         let work = dir.join("dd");
         std::fs::create_dir_all(&work).expect("dd dir");
-        let data: Vec<u8> = (0..data_mib * MIB).map(|i| (i / 4096 % 251 + 1) as u8).collect();
+        let data = pattern(data_mib);
         let (spdk, work) = (spdk.to_owned(), work.clone());
         tokio::task::spawn_blocking(move || spdk_dd::dd_write_at(&spdk, &work, port, &nqn, &data, 0))
             .await
@@ -217,6 +302,50 @@ async fn volume_with_snapshot(c: &Client, spdk: &Path, dir: &Path, port: u16, da
         )
         .await
         .expect("snapshot_create");
+}
+
+/// The bytes [`volume_with_snapshot`] writes: `mib` MiB, each 4 KiB block
+/// its own value.
+fn pattern(mib: u64) -> Vec<u8> {
+    (0..mib * MIB).map(|i| (i / 4096 % 251 + 1) as u8).collect()
+}
+
+/// Asserts that restored volume `name` (`v`, its `volume_get`; one replica
+/// `<name>-r0`) is thin, its replica holding about the backup's `data_mib`
+/// MiB (and its superblock room), and reads back [`pattern`] through its export.
+async fn assert_restored(dir: &Path, spdk: &Path, port: u16, name: &str, v: &Value, data_mib: u64) {
+    let inv = talon::spdk::volume::Inventory::load(&SpdkClient::new(dir.join("run/spdk.sock")))
+        .await
+        .expect("inventory");
+    let r0 = inv
+        .find_lvol(&format!("{name}-r0"))
+        .unwrap_or_else(|| panic!("{name}'s replica"));
+    let cluster = inv
+        .lvstores
+        .iter()
+        .find(|l| l.name == r0.lvs.name)
+        .expect("its lvstore")
+        .cluster_size;
+    let allocated = r0.num_allocated_clusters * cluster;
+    assert!(
+        (data_mib * MIB..=(data_mib + 4) * MIB).contains(&allocated),
+        "{name}: the restored replica holds about the backup's {data_mib} MiB: {allocated} bytes"
+    );
+    let nqn = v["engine"]["exports"][0]["name"]
+        .as_str()
+        .expect("the export")
+        .to_owned();
+    let work = dir.join(format!("dd-{name}"));
+    std::fs::create_dir_all(&work).expect("dd dir");
+    let (sp, w) = (spdk.to_owned(), work.clone());
+    let len = (data_mib * MIB) as usize;
+    let got = tokio::task::spawn_blocking(move || spdk_dd::dd(&sp, &w, port, &nqn, None, len))
+        .await
+        .expect("dd");
+    assert!(
+        got == pattern(data_mib),
+        "{name}: the restored volume reads the backup"
+    );
 }
 
 /// The name a secret file in the node's backupSecretsDir is asked by.
@@ -531,34 +660,7 @@ async fn real_spdk_a_restore_with_a_full_data_dir_writes_nothing_there_and_succe
         data.free(),
         before
     );
-    // thin: the replica holds the backup's 40 MiB (and its superblock room), not 64 MiB
-    let inv = talon::spdk::volume::Inventory::load(&SpdkClient::new(dir.path().join("run/spdk.sock")))
-        .await
-        .expect("inventory");
-    let r0 = inv.find_lvol("rv-r0").expect("rv's replica");
-    let cluster = inv
-        .lvstores
-        .iter()
-        .find(|l| l.name == r0.lvs.name)
-        .expect("its lvstore")
-        .cluster_size;
-    let allocated = r0.num_allocated_clusters * cluster;
-    assert!(
-        (40 * MIB..=44 * MIB).contains(&allocated),
-        "the restored replica holds about the backup's data: {allocated} bytes"
-    );
-    let nqn = v["engine"]["exports"][0]["name"]
-        .as_str()
-        .expect("the export")
-        .to_owned();
-    let work = dir.path().join("dd-rv");
-    std::fs::create_dir_all(&work).expect("dd dir");
-    let (sp, w, n) = (spdk.clone(), work.clone(), nqn.clone());
-    let got = tokio::task::spawn_blocking(move || spdk_dd::dd(&sp, &w, port, &n, None, 40 * MIB as usize))
-        .await
-        .expect("dd");
-    let want: Vec<u8> = (0..40 * MIB).map(|i| (i / 4096 % 251 + 1) as u8).collect();
-    assert!(got == want, "the restored volume reads the backup");
+    assert_restored(dir.path(), &spdk, port, "rv", &v, 40).await;
     let _: Value = d
         .client
         .call(
@@ -569,4 +671,286 @@ async fn real_spdk_a_restore_with_a_full_data_dir_writes_nothing_there_and_succe
         .expect("volume_delete rv");
     d.stop().await;
     drop(data);
+}
+
+/// Files under `root` whose path holds `part`.
+fn files_under(root: &Path, part: &str) -> usize {
+    let Ok(entries) = std::fs::read_dir(root) else {
+        return 0;
+    };
+    entries
+        .flatten()
+        .map(|e| {
+            let p = e.path();
+            if p.is_dir() {
+                files_under(&p, part)
+            } else {
+                usize::from(p.to_string_lossy().contains(part))
+            }
+        })
+        .sum()
+}
+
+/// The lvols in spdk_tgt whose alias (`<lvs>/<name>`) holds `part`.
+async fn lvols_named(spdk: &SpdkClient, part: &str) -> Vec<String> {
+    talon::spdk::volume::Inventory::load(spdk)
+        .await
+        .expect("inventory")
+        .lvols
+        .values()
+        .map(|l| l.alias.clone())
+        .filter(|n| n.contains(part))
+        .collect()
+}
+
+/// The mover's exports in spdk_tgt (backups, restores, copies).
+async fn mover_exports(spdk: &SpdkClient) -> Vec<String> {
+    spdk.nvmf_get_subsystems(&Default::default())
+        .await
+        .expect("nvmf_get_subsystems")
+        .into_iter()
+        .map(|s| s.nqn)
+        .filter(|n| n.contains(":mover:"))
+        .collect()
+}
+
+/// Volume `name` once its engine is ready (its `volume_get`).
+async fn ready_volume(c: &Client, name: &str) -> Value {
+    eventually(&format!("volume {name} ready"), WAIT, || async {
+        let v: Value = c.call("volume_get", json!({"name": name})).await.ok()?;
+        (v["engine"]["state"] == "ready").then_some(v)
+    })
+    .await
+}
+
+/// Issue 55: `talon serve` killed (-9) in a backup's upload (one block
+/// stored, the next held) and then in a restore's copy (two blocks written
+/// into the new replica, the next held). After each kill the store lists
+/// no complete backup, and the next talon (on the same spdk_tgt) finishes
+/// the backup (it restores bit-exact) and the restore (thin, reads the
+/// backup), with no mover export and no half-restored lvol left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_spdk_talon_killed_mid_backup_and_mid_restore_finishes_both_when_it_is_back() {
+    let test = "real_spdk_talon_killed_mid_backup_and_mid_restore_finishes_both_when_it_is_back";
+    let Some((spdk, dir, server, gate, secret)) = setup(test).await else {
+        return;
+    };
+    let dir = dir.path();
+    let port = spdk_real::free_port();
+    write_config(dir, port);
+    let socket = dir.join("run/talon.sock");
+    let spdk_client = SpdkClient::new(dir.join("run/spdk.sock"));
+    let mut talon = restart::Cleanup::new(dir, restart::spawn_talon(dir, restart::V2_ARGS));
+    let c = restart::connect(&socket).await;
+    volume_with_snapshot(&c, &spdk, dir, port, 24).await;
+    talon.spdk_tgt = restart::spec(&c, "TargetStatus", "spdk")
+        .await
+        .and_then(|t| t["pid"].as_u64())
+        .map(|p| p as u32);
+    let store = talon::backupstore::Store::open(
+        TARGET,
+        &talon::backupstore::Credentials::from_secret(&secret).expect("credentials"),
+    )
+    .expect("store");
+    let s3 = dir.join("s3");
+
+    // killed in the upload: the lock and one block through, the next held
+    gate.set_hold(Some(Hold {
+        method: "PUT ",
+        path: "/blocks/",
+        passes: 1,
+    }));
+    start_backup_with(&c, &secret, "k1", json!({"concurrency": 1})).await;
+    eventually("backup k1 held in its upload, a block stored", WAIT, || async {
+        (gate.waiting() > 0 && files_under(&s3, "/blocks/") > 0).then_some(())
+    })
+    .await;
+    assert_eq!(
+        mover_exports(&spdk_client).await.len(),
+        1,
+        "the snapshot is read through one export"
+    );
+    restart::stop_talon(&mut talon.take(), restart::Stop::Kill, &socket);
+    let complete = talon::backupstore::ops::complete_backups(&store, "vol")
+        .await
+        .expect("the store's backups");
+    assert!(
+        complete.is_empty(),
+        "a backup cut off in its upload is not listed complete: {complete:?}"
+    );
+    gate.set_hold(None);
+    talon.talon = Some(restart::spawn_talon(dir, restart::V2_ARGS));
+    let c = restart::connect(&socket).await;
+    let s = backup_status(&c, "k1", "ended after the restart", |s| {
+        s["state"] == "completed" || s["state"] == "error"
+    })
+    .await;
+    assert_eq!(s["state"], "completed", "the next talon finishes backup k1: {s}");
+    eventually("the cut-off backup's export removed", WAIT, || async {
+        mover_exports(&spdk_client).await.is_empty().then_some(())
+    })
+    .await;
+
+    // killed in the restore's copy: two blocks written into the new replica, the next held
+    gate.set_hold(Some(Hold {
+        method: "GET ",
+        path: "/blocks/",
+        passes: 2,
+    }));
+    let _: Value = c
+        .call(
+            "backup_restore",
+            json!({"backup": "k1", "backupVolume": "vol", "target": TARGET,
+                   "credentialSecret": secret_name(&secret), "volume": "rv", "replicas": 1}),
+        )
+        .await
+        .expect("backup_restore");
+    eventually("the restore held in its copy", WAIT, || async {
+        (gate.waiting() > 0).then_some(())
+    })
+    .await;
+    let cut = lvols_named(&spdk_client, "rv-r0.rst").await;
+    assert_eq!(cut.len(), 1, "the replica is copied under its .rst name: {cut:?}");
+    restart::stop_talon(&mut talon.take(), restart::Stop::Kill, &socket);
+    gate.set_hold(None);
+    talon.talon = Some(restart::spawn_talon(dir, restart::V2_ARGS));
+    let c = restart::connect(&socket).await;
+    let v = ready_volume(&c, "rv").await;
+    assert_restored(dir, &spdk, port, "rv", &v, 24).await;
+    assert!(
+        lvols_named(&spdk_client, ".rst").await.is_empty(),
+        "no half-restored lvol left"
+    );
+    assert!(
+        mover_exports(&spdk_client).await.is_empty(),
+        "no mover export left"
+    );
+    // and the backup the first talon started restores bit-exact by the store's own reader
+    let out = dir.join("k1.img");
+    talon::backupstore::ops::restore_to_file(&store, "vol", "k1", &out, 0, &Default::default())
+        .await
+        .expect("restore k1 to a file");
+    let got = std::fs::read(&out).expect("k1.img");
+    assert!(
+        got[..(24 * MIB) as usize] == pattern(24),
+        "backup k1 holds the data"
+    );
+    assert!(
+        got[(24 * MIB) as usize..].iter().all(|b| *b == 0),
+        "and zeros after it"
+    );
+    drop(server);
+}
+
+/// Issue 55: spdk_tgt killed (-9) while a backup uploads (its snapshot read
+/// through the mover's export): talon starts the target again, the volume
+/// is served again and reads back, the backup ends (an error naming it, or
+/// complete and restoring bit-exact: never listed complete otherwise), and
+/// the next backup completes with no export left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_spdk_spdk_tgt_killed_mid_backup_ends_it_and_the_volume_is_served_again() {
+    let test = "real_spdk_spdk_tgt_killed_mid_backup_ends_it_and_the_volume_is_served_again";
+    let Some((spdk, dir, _server, gate, secret)) = setup(test).await else {
+        return;
+    };
+    let port = spdk_real::free_port();
+    let d = serve_daemon::start(options(dir.path(), &spdk, port, false)).await;
+    let spdk_client = SpdkClient::new(dir.path().join("run/spdk.sock"));
+    volume_with_snapshot(&d.client, &spdk, dir.path(), port, 24).await;
+    let pid = restart::spec(&d.client, "TargetStatus", "spdk")
+        .await
+        .and_then(|t| t["pid"].as_u64())
+        .expect("spdk_tgt's pid");
+    gate.set_hold(Some(Hold {
+        method: "PUT ",
+        path: "/blocks/",
+        passes: 1,
+    }));
+    start_backup_with(&d.client, &secret, "k1", json!({"concurrency": 1})).await;
+    eventually("backup k1 held in its upload", WAIT, || async {
+        (gate.waiting() > 0).then_some(())
+    })
+    .await;
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .expect("kill spdk_tgt");
+    gate.set_hold(None);
+    let s = backup_status(&d.client, "k1", "ended", |s| {
+        s["state"] == "completed" || s["state"] == "error"
+    })
+    .await;
+    eprintln!("{test}: k1 after spdk_tgt was killed: {s}");
+    let store = talon::backupstore::Store::open(
+        TARGET,
+        &talon::backupstore::Credentials::from_secret(&secret).expect("credentials"),
+    )
+    .expect("store");
+    let complete: Vec<String> = talon::backupstore::ops::complete_backups(&store, "vol")
+        .await
+        .expect("the store's backups")
+        .into_iter()
+        .map(|b| b.name)
+        .collect();
+    if s["state"] == "error" {
+        assert!(s["message"].as_str().is_some_and(|m| !m.is_empty()), "{s}");
+        assert!(
+            !complete.contains(&"k1".to_string()),
+            "a failed backup is not listed complete"
+        );
+    }
+    // served again by the new target, and the data is still there
+    let v = ready_volume(&d.client, "vol").await;
+    let nqn = v["engine"]["exports"][0]["name"]
+        .as_str()
+        .expect("the export")
+        .to_owned();
+    let work = dir.path().join("dd-vol");
+    std::fs::create_dir_all(&work).expect("dd dir");
+    let (sp, w) = (spdk.clone(), work.clone());
+    let got = tokio::task::spawn_blocking(move || {
+        spdk_dd::dd_retried(
+            &sp,
+            &w,
+            port,
+            &nqn,
+            None,
+            (24 * MIB) as usize,
+            "vol after the target's restart",
+        )
+    })
+    .await
+    .expect("dd");
+    assert!(
+        got == pattern(24),
+        "the volume reads its data after spdk_tgt's restart"
+    );
+    // the next backup completes, and every complete one restores bit-exact
+    start_backup(&d.client, &secret, "k2").await;
+    let s = backup_status(&d.client, "k2", "ended", |s| {
+        s["state"] == "completed" || s["state"] == "error"
+    })
+    .await;
+    assert_eq!(s["state"], "completed", "{s}");
+    assert!(
+        mover_exports(&spdk_client).await.is_empty(),
+        "no mover export left"
+    );
+    for b in talon::backupstore::ops::complete_backups(&store, "vol")
+        .await
+        .expect("the store's backups")
+    {
+        let out = dir.path().join(format!("{}.img", b.name));
+        talon::backupstore::ops::restore_to_file(&store, "vol", &b.name, &out, 0, &Default::default())
+            .await
+            .unwrap_or_else(|e| panic!("restore {}: {e}", b.name));
+        let got = std::fs::read(&out).expect("restored image");
+        assert!(
+            got[..(24 * MIB) as usize] == pattern(24),
+            "backup {} holds the data",
+            b.name
+        );
+    }
+    d.stop().await;
 }
