@@ -13,7 +13,9 @@
 //!
 //! A backup that a restart of talon cut off starts again (its unfinished
 //! config in the store is replaced); one the store holds complete is
-//! reported complete. A deleted `Backup` stops its task and leaves the
+//! reported complete. One whose reads failed (spdk_tgt restarted under it,
+//! taking the mover's export and connection) is tried again, up to 4 times
+//! 10 s apart, while it stays in progress. A deleted `Backup` stops its task and leaves the
 //! store as Longhorn leaves a failed backup: an unfinished config that no
 //! restore, listing or block collection trusts.
 //!
@@ -202,8 +204,58 @@ struct Job {
     progress: Arc<Progress>,
 }
 
+/// Why one try of a backup failed.
+enum Failed {
+    /// Its snapshot could not be read: spdk_tgt did not answer, or the
+    /// mover's export or connection went (the target restarted under the
+    /// backup). Another try, once the target serves the snapshot again,
+    /// may get past it.
+    Read(String),
+    /// Anything else (the store, a snapshot that is not there): final.
+    Other(String),
+}
+
+impl From<String> for Failed {
+    fn from(why: String) -> Self {
+        Failed::Other(why)
+    }
+}
+
+/// Tries of a backup whose reads failed (a restart of spdk_tgt under it:
+/// the target is started again and its lvstores loaded within seconds), and
+/// the pause before the next.
+const READ_TRIES: u32 = 4;
+const READ_RETRY: Duration = Duration::from_secs(10);
+
 impl Job {
+    /// The backup, tried again (up to [`READ_TRIES`]) while its snapshot
+    /// could not be read, and after such a failure also while anything else
+    /// fails (the restarted target may not hold the snapshot's lvstore yet).
+    /// A try that failed left the store as a stopped backup does: an
+    /// unfinished config the next try replaces.
     async fn run(self) -> Outcome {
+        let mut read_failed = false;
+        let mut tried = 1;
+        loop {
+            let why = match self.run_once().await {
+                Ok(done) => return Ok(done),
+                Err(Failed::Read(why)) => {
+                    read_failed = true;
+                    why
+                }
+                Err(Failed::Other(why)) if read_failed => why,
+                Err(Failed::Other(why)) => return Err(why),
+            };
+            if tried == READ_TRIES {
+                return Err(format!("{why} (tried {tried} times)"));
+            }
+            tracing::warn!(backup = %self.name, error = %why, tried, "backup failed reading its snapshot; trying again in {READ_RETRY:?}");
+            tried += 1;
+            tokio::time::sleep(READ_RETRY).await;
+        }
+    }
+
+    async fn run_once(&self) -> Result<(BackupCfg, BackupStats, bool), Failed> {
         let store = open_store(&self.backup.target, self.backup.credential_secret.as_deref())?;
         let bvol = self.backup.backup_volume().to_owned();
         let named = |e: backupstore::BackupError| format!("backup {}: {e}", self.name);
@@ -215,7 +267,8 @@ impl Job {
                     "backup {}: the target holds a complete backup of that name of snapshot {:?} of {bvol}; \
                      pick another name",
                     self.name, b.snapshot_name
-                ));
+                )
+                .into());
             }
             // done before a restart of talon
             return Ok((b, BackupStats::default(), false));
@@ -235,7 +288,7 @@ impl Job {
         };
         let inv = Inventory::load(&self.client)
             .await
-            .map_err(|e| format!("listing spdk_tgt: {}", crate::util::error_chain(&e)))?;
+            .map_err(|e| Failed::Read(format!("listing spdk_tgt: {}", crate::util::error_chain(&e))))?;
         let (vol, snap) = (self.backup.volume.as_str(), self.backup.snapshot.as_str());
         let base_snap = base
             .as_ref()
@@ -271,10 +324,10 @@ impl Job {
         // over the base backup only when its snapshot is read beside
         let base = base.filter(|_| read.base.is_some());
         let reading = |e: MoverError| {
-            format!(
+            Failed::Read(format!(
                 "reading snapshot {snap} of {vol}: {}",
                 crate::util::error_chain(&e)
-            )
+            ))
         };
         // nothing changed since the base (an idle volume): no block to read
         let reader = match read.same_as_base(&inv) {
@@ -301,7 +354,10 @@ impl Job {
             };
             backupstore::ops::create_from(&store, &req, blocks, base.as_ref(), &self.progress)
                 .await
-                .map_err(named)
+                .map_err(|e| match e {
+                    e @ backupstore::BackupError::ReadSnapshot { .. } => Failed::Read(named(e)),
+                    e => Failed::Other(named(e)),
+                })
         }
         .await;
         // the exports go on every path (a stopped task drops the reader: its sessions remove them)
