@@ -24,12 +24,20 @@
 //! with the bytes each left allocated on the data dir's filesystem and the
 //! lvol's clusters (1 MiB) allocated after it.
 //!
+//! With Longhorn's own backupstore library (the test command unpacks it to
+//! `target/longhorn-backupstore`), its full and incremental backup and
+//! restore of the same images on the same S3 server, beside talon's (rows
+//! "Longhorn's ...", its default 2 blocks at once; talon's "full backup, 2
+//! at once" is at the same concurrency, "8 at once" above its default 4).
+//!
 //! Then a backup of that lvol's snapshots out of spdk_tgt, in full and
 //! incrementally, both ways side by side: staged in a file (the shallow
 //! copy talon used before) and streamed through the data mover (what a
 //! backup does now; see `backups_of_lvol`).
 //! Run: `cargo bench --bench backup` (BACKUP_BENCH_GIB=4 by default).
 
+#[path = "../tests/support/longhorn_backupstore.rs"]
+mod longhorn_backupstore;
 #[path = "../tests/support/s3_server.rs"]
 #[allow(dead_code)]
 mod s3_server;
@@ -40,6 +48,7 @@ use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::time::Instant;
 
+use longhorn_backupstore::Longhorn;
 use talon::backupstore::{BackupRequest, Compression, Credentials, Progress, SparseImage, Store, ops};
 
 const MIB: u64 = 1 << 20;
@@ -101,6 +110,16 @@ async fn main() {
     // 64 MiB more changed: 1 MiB in each of 64 places
     let changed: Vec<(u64, u64)> = (0..64).map(|i| (i * (size / 64) + 3 * MIB, MIB)).collect();
     let delta = image(&dir.path().join("delta.img"), size, &changed, 1000);
+    // the snapshot after the change, whole (Longhorn's library compares two whole snapshots)
+    let s2_img = dir.path().join("s2.img");
+    image(&s2_img, size, &runs, 1);
+    {
+        let f = std::fs::OpenOptions::new().write(true).open(&s2_img).expect("s2");
+        for (i, (at, len)) in changed.iter().enumerate() {
+            fill(&f, *at, *len, 1000 + i as u64);
+        }
+    }
+    let longhorn = Longhorn::on(&server);
 
     let lvols = lvol_target(dir.path(), size).await;
     println!(
@@ -138,6 +157,36 @@ async fn main() {
             t.elapsed().as_secs_f64(),
             s2.blocks_uploaded,
         );
+        // the same full backup (every block uploaded again) at other concurrencies: 2 is
+        // Longhorn's default, 4 talon's
+        for n in [2usize, 8] {
+            let t = Instant::now();
+            let again = BackupRequest {
+                concurrency: n,
+                full: true,
+                ..req(&format!("full-{n}"))
+            };
+            let (_, s3) = ops::create(&store, &again, &full, None, &p)
+                .await
+                .expect("full backup again");
+            row(
+                &format!("full backup, {n} at once"),
+                method.as_str(),
+                written,
+                t.elapsed().as_secs_f64(),
+                s3.blocks_uploaded,
+            );
+        }
+        if let Some(lh) = &longhorn {
+            lh.side_by_side(
+                &dir.path().join(format!("lh-{i}")),
+                &full,
+                &s2_img,
+                size,
+                method.as_str(),
+                written,
+            );
+        }
         let out = dir.path().join(format!("restore-{i}.img"));
         let t = Instant::now();
         let r = ops::restore_to_file(&store, &vol, "incremental", &out, 0, &p)
@@ -185,6 +234,61 @@ async fn main() {
             .expect("stop spdk_tgt");
     }
     println!("(two cores; the 2 s of each operation's lock settle are included, as Longhorn waits them too)");
+}
+
+/// Longhorn's own backupstore library v1.12.1 on the same S3 server: its
+/// backups and restores of the same images, timed beside talon's (its
+/// concurrency is its default, 2 blocks at once).
+impl Longhorn {
+    fn on(server: &s3_server::S3Server) -> Option<Longhorn> {
+        let Some(bin) = Longhorn::find() else {
+            println!(
+                "(Longhorn's backupstore library: not found, its rows left out; `bash tests/run-all.sh` unpacks it)"
+            );
+            return None;
+        };
+        Some(Longhorn {
+            bin,
+            env: Longhorn::s3_env(server.endpoint(), s3_server::ACCESS_KEY, s3_server::SECRET_KEY),
+        })
+    }
+
+    /// Seconds [`Longhorn::run`] of `args` takes.
+    fn timed(&self, args: &[&str]) -> f64 {
+        let t = Instant::now();
+        self.run(args);
+        t.elapsed().as_secs_f64()
+    }
+
+    /// Longhorn's full backup of `full`, its incremental one of `s2` over
+    /// it, and its restore of the incremental one, each a row.
+    fn side_by_side(
+        &self,
+        work: &Path,
+        full: &SparseImage,
+        s2: &Path,
+        size: u64,
+        method: &str,
+        written: u64,
+    ) {
+        let dest = "s3://bench@us-east-1/lh/";
+        let vol = format!("lh-{method}");
+        let (size_s, f1, f2) = (
+            size.to_string(),
+            format!("snap-1={}", full.file.display()),
+            format!("snap-2={}", s2.display()),
+        );
+        let secs = self.timed(&["create", dest, &vol, "lh-full", &f1, &size_s, method]);
+        row("Longhorn's full backup", method, written, secs, 0);
+        let secs = self.timed(&["create", dest, &vol, "lh-incr", &f2, &f1, &size_s, method]);
+        row("Longhorn's incr. backup", method, 64 * MIB, secs, 0);
+        std::fs::create_dir_all(work).expect("work dir");
+        let out = work.join("restore.img");
+        let url = talon::backupstore::format::backup_url(dest, "lh-incr", &vol);
+        let secs = self.timed(&["restore", &url, &out.to_string_lossy()]);
+        row("Longhorn's restore", method, written + 96 * MIB, secs, 0);
+        let _ = std::fs::remove_file(&out);
+    }
 }
 
 /// A spdk_tgt (`TALON_SPDK_DIR`) with lvstore `talon-bench` (1 MiB

@@ -14,7 +14,8 @@
 //!
 //! Longhorn's code is not in this repository and is not built by it: the
 //! test runs a program built outside it from Longhorn's library, named by
-//! `TALON_LONGHORN_BACKUPSTORE`, and is reported skipped without one. That
+//! `TALON_LONGHORN_BACKUPSTORE` or unpacked by the test command to
+//! `target/longhorn-backupstore`, and is reported skipped without one. That
 //! program's command line (each prints JSON or a word, exits 1 on an error):
 //!
 //! ```text
@@ -35,14 +36,16 @@
 //! (`AWS_ENDPOINTS`, `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`), as
 //! Longhorn's engine gets them from the backup target's secret.
 
+#[path = "support/longhorn_backupstore.rs"]
+mod longhorn_backupstore;
 #[path = "support/s3_server.rs"]
 #[allow(dead_code)]
 mod s3_server;
 
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
+use longhorn_backupstore::Longhorn;
 use s3_server::S3Server;
 use talon::backupstore::{BackupRequest, Credentials, Progress, SparseImage, Store, format, ops};
 
@@ -51,15 +54,13 @@ const SIZE: u64 = 64 * MIB;
 const VOLUME: &str = "pvc-cross";
 
 fn tool() -> Option<PathBuf> {
-    std::env::var_os("TALON_LONGHORN_BACKUPSTORE")
-        .map(PathBuf::from)
-        .filter(|p| p.is_file())
+    Longhorn::find()
 }
 
 fn skip(test: &str) {
     eprintln!(
-        "SKIP {test}: no program on Longhorn's backupstore library (TALON_LONGHORN_BACKUPSTORE unset); \
-         it is built outside this repository"
+        "SKIP {test}: no program on Longhorn's backupstore library (TALON_LONGHORN_BACKUPSTORE unset, no \
+         target/longhorn-backupstore); it is built outside this repository"
     );
 }
 
@@ -92,29 +93,7 @@ fn sha(path: &Path) -> String {
     format::checksum(&data)
 }
 
-struct Longhorn {
-    bin: PathBuf,
-    env: Vec<(String, String)>,
-}
-
 impl Longhorn {
-    fn run(&self, args: &[&str]) -> String {
-        // blocking, off the runtime's other thread (which serves S3)
-        let out = tokio::task::block_in_place(|| {
-            Command::new(&self.bin)
-                .args(args)
-                .envs(self.env.iter().map(|(k, v)| (k, v)))
-                .output()
-        })
-        .expect("run Longhorn's backupstore program");
-        assert!(
-            out.status.success(),
-            "Longhorn's backupstore {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    }
-
     /// Longhorn's restore of backup `name` into `out`; the checksum of what it wrote.
     fn restore(&self, target: &str, name: &str, out: &Path) -> String {
         let url = format::backup_url(target, name, VOLUME);
@@ -407,13 +386,7 @@ async fn same_answers(target: &str, lh: &Longhorn, dir: &Path) {
     // what is not there: both fail, in the words the manager looks for ("cannot find")
     let missing = format::backup_url(target, "no-such-backup", VOLUME);
     for bin in [lh, &talon] {
-        let out = tokio::task::block_in_place(|| {
-            Command::new(&bin.bin)
-                .args(["backup", "inspect", &missing])
-                .envs(bin.env.iter().map(|(k, v)| (k, v)))
-                .output()
-        })
-        .expect("run");
+        let out = bin.output(&["backup", "inspect", &missing]);
         let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
         assert!(
             !out.status.success() && text.contains("cannot find"),
@@ -450,11 +423,7 @@ async fn longhorn_and_talon_read_each_others_backups_on_s3() {
     let store = Store::open(target, &Credentials::from_secret(&secret).expect("from_secret")).expect("open");
     let lh = Longhorn {
         bin,
-        env: vec![
-            ("AWS_ENDPOINTS".into(), server.endpoint()),
-            ("AWS_ACCESS_KEY_ID".into(), s3_server::ACCESS_KEY.into()),
-            ("AWS_SECRET_ACCESS_KEY".into(), s3_server::SECRET_KEY.into()),
-        ],
+        env: Longhorn::s3_env(server.endpoint(), s3_server::ACCESS_KEY, s3_server::SECRET_KEY),
     };
     cross_check(&store, target, &lh, dir.path()).await;
 }
