@@ -23,7 +23,8 @@
 //!   meanwhile, both finished by the next talon, nothing left behind;
 //! - spdk_tgt killed (-9) mid-backup: talon starts it again, the volume is
 //!   served again, the backup is tried again and completes (it restores
-//!   bit-exact), and so does the next one.
+//!   bit-exact), and so does the next one; killed mid-restore: the restore
+//!   is made again and reads back.
 
 #[path = "support/restart.rs"]
 mod restart;
@@ -846,10 +847,12 @@ async fn real_spdk_talon_killed_mid_backup_and_mid_restore_finishes_both_when_it
 /// through the mover's export): talon starts the target again, the volume
 /// is served again and reads back, the backup (its read cut off: "Connection
 /// reset by peer") is tried again and completes, restoring bit-exact, and
-/// the next backup completes with no export left.
+/// the next backup completes with no export left. Then killed in a
+/// restore's copy: the restore is made again, thin, and reads back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn real_spdk_spdk_tgt_killed_mid_backup_tries_it_again_and_the_volume_is_served_again() {
-    let test = "real_spdk_spdk_tgt_killed_mid_backup_tries_it_again_and_the_volume_is_served_again";
+async fn real_spdk_spdk_tgt_killed_mid_backup_and_mid_restore_both_finish_and_the_volume_is_served_again() {
+    let test =
+        "real_spdk_spdk_tgt_killed_mid_backup_and_mid_restore_both_finish_and_the_volume_is_served_again";
     let Some((spdk, dir, _server, gate, secret)) = setup(test).await else {
         return;
     };
@@ -945,5 +948,46 @@ async fn real_spdk_spdk_tgt_killed_mid_backup_tries_it_again_and_the_volume_is_s
             b.name
         );
     }
+
+    // spdk_tgt killed again in a restore's copy (two blocks written into the new
+    // replica, the next held): once the target is back the restore is made again
+    gate.set_hold(Some(Hold {
+        method: "GET ",
+        path: "/blocks/",
+        passes: 2,
+    }));
+    let _: Value = d
+        .client
+        .call(
+            "backup_restore",
+            json!({"backup": "k1", "backupVolume": "vol", "target": TARGET,
+                   "credentialSecret": secret_name(&secret), "volume": "rv", "replicas": 1}),
+        )
+        .await
+        .expect("backup_restore");
+    eventually("the restore held in its copy", WAIT, || async {
+        (gate.waiting() > 0).then_some(())
+    })
+    .await;
+    let pid = restart::spec(&d.client, "TargetStatus", "spdk")
+        .await
+        .and_then(|t| t["pid"].as_u64())
+        .expect("spdk_tgt's pid");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .expect("kill spdk_tgt");
+    gate.set_hold(None);
+    let v = ready_volume(&d.client, "rv").await;
+    assert_restored(dir.path(), &spdk, port, "rv", &v, 24).await;
+    assert!(
+        lvols_named(&spdk_client, ".rst").await.is_empty(),
+        "no half-restored lvol left"
+    );
+    assert!(
+        mover_exports(&spdk_client).await.is_empty(),
+        "no mover export left"
+    );
     d.stop().await;
 }
