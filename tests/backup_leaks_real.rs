@@ -724,6 +724,58 @@ async fn ready_volume(c: &Client, name: &str) -> Value {
     .await
 }
 
+/// Starts the restore of backup k1 of `vol` into new volume `rv` (one
+/// replica) with the gate holding its block downloads after the first two;
+/// returns once one is held (the copy under way, `rv-r0.rst` made).
+async fn restore_held(c: &Client, gate: &Gate, secret: &Path) {
+    gate.set_hold(Some(Hold {
+        method: "GET ",
+        path: "/blocks/",
+        passes: 2,
+    }));
+    let _: Value = c
+        .call(
+            "backup_restore",
+            json!({"backup": "k1", "backupVolume": "vol", "target": TARGET,
+                   "credentialSecret": secret_name(secret), "volume": "rv", "replicas": 1}),
+        )
+        .await
+        .expect("backup_restore");
+    eventually("the restore held in its copy", WAIT, || async {
+        (gate.waiting() > 0).then_some(())
+    })
+    .await;
+}
+
+/// Asserts that `rv`, restored again after its copy was cut off, is served
+/// thin with k1's 24 MiB, and that no half-restored lvol nor mover export is left.
+async fn restored_again(c: &Client, dir: &Path, spdk: &Path, port: u16) {
+    let v = ready_volume(c, "rv").await;
+    assert_restored(dir, spdk, port, "rv", &v, 24).await;
+    let spdk_client = SpdkClient::new(dir.join("run/spdk.sock"));
+    assert!(
+        lvols_named(&spdk_client, ".rst").await.is_empty(),
+        "no half-restored lvol left"
+    );
+    assert!(
+        mover_exports(&spdk_client).await.is_empty(),
+        "no mover export left"
+    );
+}
+
+/// Kills (-9) the spdk_tgt talon runs (TargetStatus `spdk`).
+async fn kill_target(c: &Client) {
+    let pid = restart::spec(c, "TargetStatus", "spdk")
+        .await
+        .and_then(|t| t["pid"].as_u64())
+        .expect("spdk_tgt's pid");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .expect("kill spdk_tgt");
+}
+
 /// Issue 55: `talon serve` killed (-9) in a backup's upload (one block
 /// stored, the next held) and then in a restore's copy (two blocks written
 /// into the new replica, the next held). After each kill the store lists
@@ -793,39 +845,14 @@ async fn real_spdk_talon_killed_mid_backup_and_mid_restore_finishes_both_when_it
     .await;
 
     // killed in the restore's copy: two blocks written into the new replica, the next held
-    gate.set_hold(Some(Hold {
-        method: "GET ",
-        path: "/blocks/",
-        passes: 2,
-    }));
-    let _: Value = c
-        .call(
-            "backup_restore",
-            json!({"backup": "k1", "backupVolume": "vol", "target": TARGET,
-                   "credentialSecret": secret_name(&secret), "volume": "rv", "replicas": 1}),
-        )
-        .await
-        .expect("backup_restore");
-    eventually("the restore held in its copy", WAIT, || async {
-        (gate.waiting() > 0).then_some(())
-    })
-    .await;
+    restore_held(&c, &gate, &secret).await;
     let cut = lvols_named(&spdk_client, "rv-r0.rst").await;
     assert_eq!(cut.len(), 1, "the replica is copied under its .rst name: {cut:?}");
     restart::stop_talon(&mut talon.take(), restart::Stop::Kill, &socket);
     gate.set_hold(None);
     talon.talon = Some(restart::spawn_talon(dir, restart::V2_ARGS));
     let c = restart::connect(&socket).await;
-    let v = ready_volume(&c, "rv").await;
-    assert_restored(dir, &spdk, port, "rv", &v, 24).await;
-    assert!(
-        lvols_named(&spdk_client, ".rst").await.is_empty(),
-        "no half-restored lvol left"
-    );
-    assert!(
-        mover_exports(&spdk_client).await.is_empty(),
-        "no mover export left"
-    );
+    restored_again(&c, dir, &spdk, port).await;
     // and the backup the first talon started restores bit-exact by the store's own reader
     let out = dir.join("k1.img");
     talon::backupstore::ops::restore_to_file(&store, "vol", "k1", &out, 0, &Default::default())
@@ -860,10 +887,6 @@ async fn real_spdk_spdk_tgt_killed_mid_backup_and_mid_restore_both_finish_and_th
     let d = serve_daemon::start(options(dir.path(), &spdk, port, false)).await;
     let spdk_client = SpdkClient::new(dir.path().join("run/spdk.sock"));
     volume_with_snapshot(&d.client, &spdk, dir.path(), port, 24).await;
-    let pid = restart::spec(&d.client, "TargetStatus", "spdk")
-        .await
-        .and_then(|t| t["pid"].as_u64())
-        .expect("spdk_tgt's pid");
     gate.set_hold(Some(Hold {
         method: "PUT ",
         path: "/blocks/",
@@ -874,11 +897,7 @@ async fn real_spdk_spdk_tgt_killed_mid_backup_and_mid_restore_both_finish_and_th
         (gate.waiting() > 0).then_some(())
     })
     .await;
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(pid as i32),
-        nix::sys::signal::Signal::SIGKILL,
-    )
-    .expect("kill spdk_tgt");
+    kill_target(&d.client).await;
     gate.set_hold(None);
     let s = backup_status(&d.client, "k1", "ended", |s| {
         s["state"] == "completed" || s["state"] == "error"
@@ -951,43 +970,9 @@ async fn real_spdk_spdk_tgt_killed_mid_backup_and_mid_restore_both_finish_and_th
 
     // spdk_tgt killed again in a restore's copy (two blocks written into the new
     // replica, the next held): once the target is back the restore is made again
-    gate.set_hold(Some(Hold {
-        method: "GET ",
-        path: "/blocks/",
-        passes: 2,
-    }));
-    let _: Value = d
-        .client
-        .call(
-            "backup_restore",
-            json!({"backup": "k1", "backupVolume": "vol", "target": TARGET,
-                   "credentialSecret": secret_name(&secret), "volume": "rv", "replicas": 1}),
-        )
-        .await
-        .expect("backup_restore");
-    eventually("the restore held in its copy", WAIT, || async {
-        (gate.waiting() > 0).then_some(())
-    })
-    .await;
-    let pid = restart::spec(&d.client, "TargetStatus", "spdk")
-        .await
-        .and_then(|t| t["pid"].as_u64())
-        .expect("spdk_tgt's pid");
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(pid as i32),
-        nix::sys::signal::Signal::SIGKILL,
-    )
-    .expect("kill spdk_tgt");
+    restore_held(&d.client, &gate, &secret).await;
+    kill_target(&d.client).await;
     gate.set_hold(None);
-    let v = ready_volume(&d.client, "rv").await;
-    assert_restored(dir.path(), &spdk, port, "rv", &v, 24).await;
-    assert!(
-        lvols_named(&spdk_client, ".rst").await.is_empty(),
-        "no half-restored lvol left"
-    );
-    assert!(
-        mover_exports(&spdk_client).await.is_empty(),
-        "no mover export left"
-    );
+    restored_again(&d.client, dir.path(), &spdk, port).await;
     d.stop().await;
 }
