@@ -233,18 +233,15 @@ mod tests {
         }
         for (lvs, name, parent) in lvols {
             let snapshot = name.contains(".s.") || name.contains("-snap-");
-            let (bytes, clusters, parent) = (4096 * 4096, 2, *parent);
-            add_lvol(
-                &mut i,
-                TestLvol {
-                    lvs,
-                    name,
-                    bytes,
-                    clusters,
-                    snapshot,
-                    parent,
-                },
-            );
+            let l = TestLvol {
+                lvs,
+                name,
+                bytes: 4096 * 4096,
+                clusters: 2,
+                snapshot,
+                parent: *parent,
+            };
+            add_lvol(&mut i, l);
         }
         i
     }

@@ -238,20 +238,15 @@ mod tests {
 
     /// Adds snapshot `lvs/name` holding `clusters`, a clone of `parent` when given.
     fn lvol(i: &mut Inventory, name: &str, clusters: u64, parent: Option<&str>) {
-        let lvs = "lvs";
-        let bytes = 4 << 20;
-        let snapshot = true;
-        add_lvol(
-            i,
-            TestLvol {
-                lvs,
-                name,
-                bytes,
-                clusters,
-                snapshot,
-                parent,
-            },
-        );
+        let l = TestLvol {
+            lvs: "lvs",
+            name,
+            bytes: 4 << 20,
+            clusters,
+            snapshot: true,
+            parent,
+        };
+        add_lvol(i, l);
     }
 
     fn read(snapshot: &str, base: Option<&str>) -> BackupRead {
