@@ -624,3 +624,125 @@ async fn real_spdk_data_reads_back_after_the_engine_moves_back_and_its_member_to
     b.stop().await;
     a.stop().await;
 }
+
+/// Issue 53 (the rebuild after a talon killed mid-move, as the real manager
+/// met it): an engine whose own node's replica is still behind its export
+/// (another engine read it until lately) rebuilds the other node's replica.
+/// e-0 on A over both; e-1 on B shares them (A's member of e-0 moves behind
+/// its export) and goes, A's member staying there (the hold); B's replica is
+/// removed from e-0, data written without it, and added again (Longhorn's
+/// ReplicaAdd): the thin rebuild copies from A's replica in A's target. It
+/// went through A's own SPDKService before, whose attach of B's replica
+/// (`rb-vol-r-b`) took the path e-0's attach of it needs (SPDK keeps one
+/// controller per path and host NQN): the switch found no `vol-r-bn1`
+/// ("went before the switch") at every try. The rebuild ends with both
+/// members RW, and each byte reads back through e-0 and from B's replica alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_spdk_a_replica_is_rebuilt_from_a_source_behind_its_export_on_the_engines_node() {
+    let test = "real_spdk_a_replica_is_rebuilt_from_a_source_behind_its_export_on_the_engines_node";
+    let Some(spdk) = spdk_real::spdk_dir(test) else {
+        return;
+    };
+    let t0 = Instant::now();
+    // A's member stays behind its export for the whole test
+    const HOLD: &str = "  replicaShareHoldSecs: 600\n";
+    let (mut a, mut b, [addr_a, addr_b], port0) = engine_on_a_over_both(&spdk, HOLD).await;
+    let replicas = [("vol-r-a", &addr_a), ("vol-r-b", &addr_b)];
+    let dir = a.dir.path().to_path_buf();
+    let q = LEN / 4;
+    let dd =
+        |ip: &'static str, port: u16, nqn: &'static str, data: Option<Vec<u8>>, len: usize, offset: usize| {
+            let (spdk, dir) = (spdk.clone(), dir.clone());
+            async move {
+                tokio::task::spawn_blocking(move || {
+                    spdk_dd::dd_at_on_connecting(&spdk, &dir, ip, port, nqn, data.as_deref(), len, offset)
+                })
+                .await
+                .expect("spdk_dd")
+            }
+        };
+    let first = pattern(q, 1);
+    dd("127.0.0.1", port0, NQN, Some(first.clone()), q, 0).await;
+    let mut pa = ProxyEngineServiceClient::new(a.channel(1).await);
+    longhorn_nodes::snapshot(&mut pa, "s1")
+        .await
+        .expect("snapshot s1 through e-0");
+
+    // a second engine on B, then gone: A's member stays behind its export
+    let inst_b = engine_create(&b, "vol-e-1", &replicas, LEN as u64, "spdk-tcp-nvmf").await;
+    running(&inst_b, "vol-e-1", "engine").await;
+    delete_engine(&inst_b, "vol-e-1").await;
+    let second = pattern(q, 2);
+    dd("127.0.0.1", port0, NQN, Some(second.clone()), q, q).await;
+    let r0 = raid(&a.spdk, "vol-e-0").await.expect("raid vol-e-0");
+    assert!(
+        whole(&r0) && members(&r0).contains(&"vol-r-an1".to_owned()),
+        "e-0 over both, A's member behind its export: {r0:?}"
+    );
+
+    // B's replica out, data written without it, then added again
+    longhorn_nodes::replica_remove(&mut pa, "vol-r-b").await;
+    talon::runtime::testing::eventually("vol-r-b out of e-0", WAIT, || {
+        let c = a.spdk.clone();
+        async move {
+            let r = raid(&c, "vol-e-0").await?;
+            (!members(&r).contains(&"vol-r-bn1".to_owned())).then_some(())
+        }
+    })
+    .await;
+    let third = pattern(q, 3);
+    dd("127.0.0.1", port0, NQN, Some(third.clone()), q, 2 * q).await;
+    longhorn_nodes::replica_add(&pa, "vol-r-b", &addr_b)
+        .await
+        .expect("ReplicaAdd vol-r-b");
+    let rebuilt = Instant::now();
+    let spdk_a = a.spdk.clone();
+    talon::runtime::testing::eventually("vol-r-b rebuilt into e-0", 4 * WAIT, || {
+        let (c, mut p) = (spdk_a.clone(), pa.clone());
+        async move {
+            let r = raid(&c, "vol-e-0").await?;
+            let ok = whole(&r)
+                && members(&r).contains(&"vol-r-bn1".to_owned())
+                && modes(&mut p, "vol-e-0").await == vec![RW; 2];
+            ok.then_some(())
+        }
+    })
+    .await;
+    let rebuild_s = rebuilt.elapsed().as_secs_f64();
+    assert!(
+        a.spdk.bdev("rb-vol-r-bn1").await.expect("bdevs").is_none(),
+        "the copies ran in A's target, not through A's own SPDKService"
+    );
+    let fourth = pattern(q, 4);
+    dd("127.0.0.1", port0, NQN, Some(fourth.clone()), q, 3 * q).await;
+    let want: Vec<u8> = [&first[..], &second[..], &third[..], &fourth[..]].concat();
+    let back = dd("127.0.0.1", port0, NQN, None, LEN, 0).await;
+    assert!(
+        back == want,
+        "every quarter reads back through e-0 after the rebuild"
+    );
+
+    // B's replica alone, through its export (e-0 read it through it)
+    let inst_a = InstanceServiceClient::new(a.channel(3).await);
+    delete_engine(&inst_a, "vol-e-0").await;
+    let port_b = addr_b
+        .rsplit_once(':')
+        .and_then(|(_, p)| p.parse::<u16>().ok())
+        .expect("B's replica port");
+    let alone = dd(
+        "127.0.0.2",
+        port_b,
+        "nqn.2023-01.io.longhorn.spdk:vol-r-b",
+        None,
+        LEN,
+        0,
+    )
+    .await;
+    assert!(alone == want, "B's replica alone holds every quarter");
+    eprintln!(
+        "{test}: rebuilt in {rebuild_s:.1} s; {:.1} s in all",
+        t0.elapsed().as_secs_f64()
+    );
+    b.stop().await;
+    a.stop().await;
+}

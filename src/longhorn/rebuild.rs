@@ -206,6 +206,29 @@ impl Longhorn {
                     req.dst_replica_address
                 ))
             })?;
+        // a rebuild from this replica to another dest once at this address
+        // (a replica made since on that node took its port) is over: the
+        // copies find their dest by address (SrcShallowCopyStart names no
+        // dest), so it goes, with its controller
+        let address = sa.to_string();
+        let stale: Vec<String> = {
+            let mut copies = self.src_copies();
+            let gone: Vec<String> = copies
+                .iter()
+                .filter(|((s, d), c)| s == replica.as_str() && d != dst.as_str() && c.address == address)
+                .map(|((_, d), _)| d.clone())
+                .collect();
+            for d in &gone {
+                copies.remove(&(replica.as_str().to_owned(), d.clone()));
+            }
+            gone
+        };
+        for d in stale {
+            let old = src_controller(&d);
+            if let Err(e) = crate::spdk::volume::lvol::detach_controller(self.client(), &old).await {
+                tracing::warn!(replica = %replica, controller = %old, error = %e, "a stale rebuild's controller stays attached");
+            }
+        }
         let ctrl = src_controller(dst.as_str());
         crate::spdk::volume::lvol::detach_controller(self.client(), &ctrl)
             .await
@@ -220,7 +243,7 @@ impl Longhorn {
         self.src_copies().insert(
             (replica.as_str().to_owned(), dst.as_str().to_owned()),
             super::service::SrcCopy {
-                address: sa.to_string(),
+                address,
                 bdev,
                 ops: BTreeMap::new(),
             },

@@ -1425,6 +1425,16 @@ pub struct NvmeControllerPath {
     pub state: String,
     /// The transport id.
     pub trid: ControllerTrid,
+    /// The host it connected as (absent from older targets' answers).
+    #[serde(default)]
+    pub host: Option<ControllerHost>,
+}
+
+/// The host side of an NVMe bdev controller's path.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ControllerHost {
+    /// The host NQN it connected as.
+    pub nqn: String,
 }
 
 /// A transport id as `bdev_nvme_get_controllers` reports it.

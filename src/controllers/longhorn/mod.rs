@@ -584,14 +584,14 @@ impl LonghornController {
         inv: &mut Inventory,
         node: &NodeConfig,
         e: &Typed<LonghornEngine>,
-        local: &BTreeMap<String, LonghornReplica>,
+        local: Local<'_>,
         prev: Option<&LonghornInstanceStatus>,
         current: &BTreeSet<String>,
     ) -> Result<LonghornInstanceStatus, InstanceError> {
         let name = ObjectName::parse("engine", e.id())?;
         let volume = ObjectName::parse("volume", &e.spec.volume)?;
         let addr: IpAddr = self.instance_ip(node)?;
-        let left = self.drop_removed(inv, e, local, prev).await;
+        let left = self.drop_removed(inv, e, local.direct, prev).await;
         let ana = spdk_ana(e.spec.ana_state);
         let serving = Serving::of(&name, &volume, self.export_spec(node, addr, e.spec.port), ana)?;
         let raid = inv
@@ -607,7 +607,7 @@ impl LonghornController {
                 // Longhorn sees it ERR (see `ledger`)
                 let mut spec = e.spec.clone();
                 spec.replica_address_map.retain(|r, _| current.contains(r));
-                let (members, missing) = self.members(&*inv, name.as_str(), &spec, local).await;
+                let (members, missing) = self.members(&*inv, name.as_str(), &spec, local.direct).await;
                 if !missing.is_empty() || members.is_empty() {
                     return Err(InstanceError::WaitingForReplicas(missing));
                 }
@@ -671,7 +671,7 @@ impl LonghornController {
             st.rebuilds_done = rebuilds::done_by_ledger(&e.spec.rebuild_requests, current);
             self.rebuilds(inv, e, local, prev, &mut st, &serving).await;
         }
-        self.purge(inv, e, local, prev, &mut st).await;
+        self.purge(inv, e, local.direct, prev, &mut st).await;
         st.bdev = bdev;
         st.uuid = uuid;
         st.nqn = nqn.as_str().to_owned();
@@ -1025,7 +1025,7 @@ impl LonghornController {
         inv: &mut Inventory,
         node: &NodeConfig,
         e: &Typed<LonghornEngine>,
-        local: &BTreeMap<String, LonghornReplica>,
+        local: Local<'_>,
     ) -> Result<bool, ControllerError> {
         let prev = ctx.get::<LonghornInstanceStatus>(e.id())?.map(|s| s.spec);
         // the current members, recorded before the raid1 is first made
@@ -1040,7 +1040,7 @@ impl LonghornController {
         };
         let current = ledger::current_members(&before, &e.spec);
         // a revert first: the raid1 is made again over the reverted heads
-        let revert = self.revert(ctx, inv, e, local, prev.as_ref()).await?;
+        let revert = self.revert(ctx, inv, e, local.direct, prev.as_ref()).await?;
         let waiting = revert
             .as_ref()
             .is_some_and(|r| r.error.is_empty() && !r.waiting.is_empty());
@@ -1069,14 +1069,14 @@ impl LonghornController {
             InstanceState::Running if !waiting => Ok(()),
             _ => Err(st.message.as_str()),
         };
-        st.snapshots = self.snapshots(inv, e, local, prev.as_ref(), running).await;
+        st.snapshots = self.snapshots(inv, e, local.direct, prev.as_ref(), running).await;
         if st.state != InstanceState::Running
             && let Some(p) = prev
         {
             keep_recorded(&mut st, p);
         }
         st.remote_members
-            .extend(members::remote_members(&e.spec.replica_address_map, local));
+            .extend(members::remote_members(&e.spec.replica_address_map, local.direct));
         st.observed_version = e.metadata.version;
         let fast = !st.thin_rebuilds.is_empty() || waiting;
         ctx.apply(e.id(), st)?;
@@ -1150,7 +1150,11 @@ impl LonghornController {
         let direct = direct_members(&local, &shared);
         let mut fast = false;
         for e in &new_engines {
-            fast |= self.reconcile_engine(ctx, inv, node, e, &direct).await?;
+            let local = Local {
+                direct: &direct,
+                all: &local,
+            };
+            fast |= self.reconcile_engine(ctx, inv, node, e, local).await?;
         }
         self.reconcile_frontends(ctx, &new_frontends, false, errored)
             .await?;
@@ -1167,6 +1171,18 @@ type Instances<'a> = (
     &'a [Typed<LonghornEngine>],
     &'a [Typed<LonghornEngineFrontend>],
 );
+
+/// This node's running replicas, as an engine's pass sees them.
+#[derive(Debug, Clone, Copy)]
+struct Local<'a> {
+    /// Those the engine may claim directly ([`direct_members`]): its raid
+    /// knows any other by its export's loopback bdev.
+    direct: &'a BTreeMap<String, LonghornReplica>,
+    /// All of them, those behind their export for another engine too: a
+    /// rebuild copies from a source of this node in this target, whatever
+    /// path its raid has to it.
+    all: &'a BTreeMap<String, LonghornReplica>,
+}
 
 /// The local replicas an engine here may claim directly: all but those
 /// another engine reads through their exports (`shared`).
@@ -1506,7 +1522,11 @@ impl Controller for LonghornController {
                 // a member another node's engine wants goes behind its export
                 // (and back when none does): see `shared`
                 let direct = self.share_members(&mut inv, &node, e, &local, &direct).await;
-                fast |= self.reconcile_engine(ctx, &mut inv, &node, e, &direct).await?;
+                let local = Local {
+                    direct: &direct,
+                    all: &local,
+                };
+                fast |= self.reconcile_engine(ctx, &mut inv, &node, e, local).await?;
             }
         }
 

@@ -30,7 +30,7 @@ use crate::spdk::{ClientError, ErrorKind};
 /// What every phase of one engine's rebuilds reads.
 struct Engine<'a> {
     e: &'a Typed<LonghornEngine>,
-    local: &'a BTreeMap<String, LonghornReplica>,
+    local: super::Local<'a>,
     prev: Option<&'a LonghornInstanceStatus>,
     plan: &'a Serving,
 }
@@ -56,7 +56,7 @@ impl LonghornController {
         &self,
         inv: &mut Inventory,
         e: &Typed<LonghornEngine>,
-        local: &BTreeMap<String, LonghornReplica>,
+        local: super::Local<'_>,
         prev: Option<&LonghornInstanceStatus>,
         st: &mut LonghornInstanceStatus,
         plan: &Serving,
@@ -127,7 +127,7 @@ impl LonghornController {
                 return false;
             }
             // done, or SPDK's rebuild writes it (judged below)
-            let names = self.member_names(inv, en.local, replica);
+            let names = self.member_names(inv, en.local.direct, replica);
             let in_slot = in_a_slot(inv.raid(e.id()), &names);
             if st.rebuilds_done.get(replica) == Some(&rq.number) || in_slot {
                 return false;
@@ -198,7 +198,7 @@ impl LonghornController {
                         e.id(),
                         replica,
                         rq.address,
-                        en.local,
+                        en.local.direct,
                         e.spec.rebuild_qos_mbps,
                     )
                     .await
@@ -261,7 +261,7 @@ impl LonghornController {
         // reconcile), and a listing a moment later still has it (one
         // whose rebuild failed is being taken out: see
         // `VolumeOps::raid_after_rebuild_end`)
-        let ended = ended(r, unsettled, inv, en.local);
+        let ended = ended(r, unsettled, inv, en.local.direct);
         if ended.is_empty() {
             return;
         }

@@ -512,10 +512,11 @@ impl LonghornController {
         &self,
         inv: &Inventory,
         e: &Typed<LonghornEngine>,
-        local: &BTreeMap<String, LonghornReplica>,
+        local: super::Local<'_>,
         dst_name: &str,
         plan: &Serving,
     ) -> Result<Thin, ThinError> {
+        let (all, local) = (local.all, local.direct);
         let engine = e.id();
         let raid = inv.raid(engine).ok_or_else(|| ThinError::NoRaid {
             engine: engine.to_owned(),
@@ -545,7 +546,12 @@ impl LonghornController {
                 continue;
             }
             if let Some(s) = slot.filter(|s| s.is_configured).and_then(|s| s.name.clone()) {
-                in_service.push((self.end(local, r, address), s));
+                // a source of this node is read here even when its raid
+                // reaches it through its export (another engine reads it
+                // too, or read it until lately): never through this
+                // node's own SPDKService, whose attach of the dest would
+                // take the path this engine's attach of it needs
+                in_service.push((self.end(all, r, address), s));
             }
         }
         // a source here first: the copy runs in this target
@@ -590,7 +596,7 @@ impl LonghornController {
             qos: u64::try_from(e.spec.rebuild_qos_mbps).unwrap_or(0),
             // a dest of this node copied from another node: exported for it
             remote_into_here: matches!((&src, &dst), (End::Peer { .. }, End::Here { .. })),
-            src_info: local
+            src_info: all
                 .get(src.replica())
                 .map(|r| r.snapshot_info.clone())
                 .unwrap_or_default(),

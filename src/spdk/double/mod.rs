@@ -288,6 +288,8 @@ struct Ctrlr {
     cntlid: Option<u32>,
     /// The keyring keys it holds a reference on (PSK, DH-HMAC-CHAP keys).
     keys: Vec<String>,
+    /// The host NQN it connected as.
+    host: String,
 }
 
 #[derive(Debug, Clone)]
@@ -1470,7 +1472,20 @@ impl State {
                 ),
             );
         }
+        // bdev_nvme.c: one controller per path and host NQN, whatever its name
+        let (trid, host) = (trid_of(p), self.host_nqn_of(p));
+        if self.ctrlrs.iter().any(|c| c.trid == trid && c.host == host) {
+            return fail(EEXIST.0, EEXIST.1);
+        }
         Ok(())
+    }
+
+    /// The host NQN attach `p` connects as: the one it names, else the
+    /// target's default.
+    fn host_nqn_of(&self, p: &AttachController) -> String {
+        p.hostnqn
+            .clone()
+            .unwrap_or_else(|| format!("nqn.2014-08.org.nvmexpress:uuid:{}", self.host_id))
     }
 
     fn detach(&mut self, name: &str) -> Result<Ctrlr, (i64, String)> {
@@ -1545,12 +1560,14 @@ impl State {
             .flatten()
             .cloned()
             .collect();
+        let host = self.host_nqn_of(&p);
         self.ctrlrs.push(Ctrlr {
             name: p.name.clone(),
             trid,
             bdevs: created.clone(),
             cntlid,
             keys,
+            host,
         });
         Ok(json!(created))
     }

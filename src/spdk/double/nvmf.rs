@@ -445,7 +445,11 @@ impl State {
                     .ctrlrs
                     .iter()
                     .filter(|c| p.name.as_ref().is_none_or(|n| n == &c.name))
-                    .map(|c| json!({"name": c.name, "ctrlrs": [{"state": "enabled", "trid": c.trid}]}))
+                    .map(|c| {
+                        json!({"name": c.name, "ctrlrs": [{
+                            "state": "enabled", "trid": c.trid, "host": {"nqn": c.host},
+                        }]})
+                    })
                     .collect();
                 if p.name.is_some() && list.is_empty() {
                     return e(ENODEV);

@@ -160,6 +160,24 @@ pub enum VolumeError {
         #[source]
         source: crate::names::InvalidName,
     },
+    /// Another controller of this target holds the path an attach asked for
+    /// (SPDK keeps one controller per path and host NQN): the attach would
+    /// not make the bdev it names.
+    #[error(
+        "volume {volume}: {nqn} at {address} is attached already as controller {holder}, not as {controller} (one controller per path and host NQN)"
+    )]
+    PathHeld {
+        /// The volume.
+        volume: String,
+        /// The subsystem.
+        nqn: String,
+        /// Its address, `ip:port`.
+        address: String,
+        /// The controller asked for.
+        controller: String,
+        /// The controller that holds the path.
+        holder: String,
+    },
     /// An NVMe attach connected but registered no bdev.
     #[error("volume {volume}: attaching {nqn} registered no bdev (namespace without explicit NGUID?)")]
     AttachedNoBdev {

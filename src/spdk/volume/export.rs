@@ -854,6 +854,42 @@ impl VolumeOps {
         self.attach_keyed(vol, a, dhchap_key, psk).await
     }
 
+    /// After an attach answered "already exists": fine when controller
+    /// `a.controller` is the one on `a`'s path; another controller on the
+    /// path with the same host NQN (SPDK's -17: one controller per path and
+    /// host) is named in the error, so nobody takes `<controller>n1` for a
+    /// bdev that is not there.
+    async fn attached_already(&self, vol: &str, a: &RemoteAttach<'_>) -> Result<(), VolumeError> {
+        let all = self
+            .client
+            .bdev_nvme_get_controllers(&crate::spdk::rpc::GetControllers::default())
+            .await
+            .map_err(rpc(vol, "listing the NVMe controllers"))?;
+        let port = a.port.to_string();
+        let on_path = |c: &crate::spdk::rpc::NvmeController| {
+            c.ctrlrs.iter().any(|p| {
+                p.trid.subnqn.as_deref() == Some(a.nqn)
+                    && p.trid.trsvcid.as_deref() == Some(port.as_str())
+                    && p.trid.traddr.parse::<IpAddr>().ok() == Some(a.address)
+                    && match (&p.host, &a.host_nqn) {
+                        (Some(h), Some(want)) => &h.nqn == want,
+                        // a target that does not say: the path alone
+                        _ => true,
+                    }
+            })
+        };
+        match all.iter().find(|c| on_path(c)) {
+            Some(c) if c.name != a.controller => Err(VolumeError::PathHeld {
+                volume: vol.to_owned(),
+                nqn: a.nqn.to_owned(),
+                address: std::net::SocketAddr::new(a.address, a.port).to_string(),
+                controller: a.controller.to_owned(),
+                holder: c.name.clone(),
+            }),
+            _ => Ok(()),
+        }
+    }
+
     async fn attach_keyed(
         &self,
         vol: &str,
@@ -873,7 +909,12 @@ impl VolumeOps {
         }
         let bdevs = match self.client.bdev_nvme_attach_controller(&p).await {
             Ok(b) => b,
-            Err(e) if e.is(ErrorKind::AlreadyExists) => vec![format!("{controller}n1")],
+            // this controller already (same name, same path), or another
+            // controller of this target on the same path and host NQN
+            Err(e) if e.is(ErrorKind::AlreadyExists) => {
+                self.attached_already(vol, a).await?;
+                vec![format!("{controller}n1")]
+            }
             Err(e) => {
                 return Err(rpc(vol, format!("attaching {nqn} at {}:{}", a.address, a.port))(
                     e,
@@ -890,5 +931,73 @@ impl VolumeOps {
                 })
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::spdk::SpdkClient;
+    use crate::spdk::double::{SpdkDouble, malloc_lvstore};
+    use crate::spdk::naming::longhorn::internal_host_nqn;
+    use crate::spdk::rpc::LvolCreate;
+
+    /// SPDK keeps one NVMe controller per path and host NQN (a real v26.05
+    /// answers a second attach of the path under another name -17 "File
+    /// exists"): an attach that meets another controller on its path names
+    /// it rather than handing back a `<controller>n1` that is not there (a
+    /// thin rebuild's switch took that for a dest that "went before the
+    /// switch"); the same controller again is its bdev, and another host NQN
+    /// is another path.
+    #[tokio::test]
+    async fn an_attach_whose_path_another_controller_holds_names_that_controller() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let double = SpdkDouble::start(dir.path().join("spdk.sock"))
+            .await
+            .expect("double");
+        let client = SpdkClient::new(double.socket());
+        malloc_lvstore(&client, "talon-d").await.expect("lvstore");
+        client
+            .bdev_lvol_create(&LvolCreate::thin("talon-d", "r", 4))
+            .await
+            .expect("lvol");
+        let ops = VolumeOps::new(client.clone());
+        let vol = ObjectName::parse("volume", "pathheld").expect("name");
+        let other_host = "nqn.2014-08.io.talon:pathheld-other".to_owned();
+        let nqn = ops
+            .export_replica(
+                &vol,
+                "r1",
+                "talon-d/r",
+                [127, 0, 0, 1].into(),
+                4471,
+                vec![internal_host_nqn(), other_host.clone()],
+            )
+            .await
+            .expect("export");
+        let at: std::net::SocketAddr = "127.0.0.1:4471".parse().expect("address");
+        let rb = RemoteAttach::longhorn("rb-x", at, &nqn);
+        assert_eq!(ops.attach_remote("v", &rb).await.expect("rb-x"), "rb-xn1");
+        assert_eq!(ops.attach_remote("v", &rb).await.expect("rb-x again"), "rb-xn1");
+        let x = RemoteAttach::longhorn("x", at, &nqn);
+        match ops.attach_remote("v", &x).await {
+            Err(VolumeError::PathHeld {
+                controller, holder, ..
+            }) => assert_eq!((controller.as_str(), holder.as_str()), ("x", "rb-x")),
+            other => panic!("x on rb-x's path: {other:?}"),
+        }
+        // another host NQN is another path: SPDK connects it (its namespace
+        // then clashes with rb-xn1's UUID, and registers no bdev)
+        let as_other = RemoteAttach {
+            host_nqn: Some(other_host),
+            ..x.clone()
+        };
+        assert!(
+            !matches!(
+                ops.attach_remote("v", &as_other).await,
+                Err(VolumeError::PathHeld { .. })
+            ),
+            "another host NQN's path is not held"
+        );
     }
 }
