@@ -34,6 +34,11 @@
 //! incrementally, both ways side by side: staged in a file (the shallow
 //! copy talon used before) and streamed through the data mover (what a
 //! backup does now; see `backups_of_lvol`).
+//! The last column, peak MiB: for a talon row, how far the bench process's
+//! peak RSS rose during the operation (talon and the in-process S3 server
+//! together, so an upper bound of talon's); for a Longhorn row, its
+//! program's peak RSS (its `ru_maxrss`; its S3 server's is not in it).
+//!
 //! Run: `cargo bench --bench backup` (BACKUP_BENCH_GIB=4 by default).
 
 #[path = "../tests/support/longhorn_backupstore.rs"]
@@ -81,9 +86,50 @@ fn image(path: &Path, size: u64, runs: &[(u64, u64)], seed: u64) -> SparseImage 
     SparseImage::open(path, 0, size).expect("open")
 }
 
+/// Peak memory, from `/proc/self/status`: [`clock`] resets the process's
+/// peak RSS (`clear_refs` 5) and notes its RSS; a talon row shows how far the
+/// peak rose above that during the operation (talon's and the in-process S3
+/// server's memory together: an upper bound for talon's).
+mod rss {
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    static BASE_KIB: AtomicU64 = AtomicU64::new(0);
+
+    fn status_kib(key: &str) -> Option<u64> {
+        let s = std::fs::read_to_string("/proc/self/status").ok()?;
+        s.lines()
+            .find_map(|l| l.strip_prefix(key))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+    }
+
+    /// The peak reset, the RSS now noted.
+    pub fn start() {
+        let _ = std::fs::write("/proc/self/clear_refs", "5");
+        BASE_KIB.store(status_kib("VmRSS:").unwrap_or(0), Ordering::SeqCst);
+    }
+
+    /// MiB the peak RSS rose since [`start`].
+    pub fn rise_mib() -> Option<f64> {
+        let peak = status_kib("VmHWM:")?;
+        Some(peak.saturating_sub(BASE_KIB.load(Ordering::SeqCst)) as f64 / 1024.0)
+    }
+}
+
+/// The start of a timed talon operation: its peak memory measured from here.
+fn clock() -> Instant {
+    rss::start();
+    Instant::now()
+}
+
+/// A talon row: the peak RSS rise since its [`clock`].
 fn row(what: &str, method: &str, bytes: u64, secs: f64, blocks: u64) {
+    row_rss(what, method, bytes, secs, blocks, rss::rise_mib());
+}
+
+fn row_rss(what: &str, method: &str, bytes: u64, secs: f64, blocks: u64, rss_mib: Option<f64>) {
+    let rss = rss_mib.map_or_else(|| "-".to_owned(), |m| format!("{m:.0}"));
     println!(
-        "| {what:<27} | {method:<5} | {:>9.0} | {:>7.1} | {:>7.0} | {blocks:>7} |",
+        "| {what:<27} | {method:<5} | {:>9.0} | {:>7.1} | {:>7.0} | {blocks:>7} | {rss:>8} |",
         bytes as f64 / MIB as f64,
         secs,
         bytes as f64 / MIB as f64 / secs
@@ -126,8 +172,8 @@ async fn main() {
         "backup and restore of a {gib} GiB volume, {} MiB written, S3 on loopback (s3s-fs)",
         written / MIB
     );
-    println!("| operation                   | comp. | data MiB  | seconds | MiB/s   | blocks  |");
-    println!("|-----------------------------|-------|-----------|---------|---------|---------|");
+    println!("| operation                   | comp. | data MiB  | seconds | MiB/s   | blocks  | peak MiB |");
+    println!("|-----------------------------|-------|-----------|---------|---------|---------|----------|");
     for (i, method) in [Compression::Lz4, Compression::None].into_iter().enumerate() {
         let vol = format!("bench-{}", method.as_str());
         let req = |name: &str| BackupRequest {
@@ -135,7 +181,7 @@ async fn main() {
             ..BackupRequest::v2(&vol, name, name, size)
         };
         let p = Progress::default();
-        let t = Instant::now();
+        let t = clock();
         let (b1, s1) = ops::create(&store, &req("full"), &full, None, &p)
             .await
             .expect("full backup");
@@ -146,7 +192,7 @@ async fn main() {
             t.elapsed().as_secs_f64(),
             s1.blocks_uploaded,
         );
-        let t = Instant::now();
+        let t = clock();
         let (_, s2) = ops::create(&store, &req("incremental"), &delta, Some(&b1), &p)
             .await
             .expect("incremental backup");
@@ -160,7 +206,7 @@ async fn main() {
         // the same full backup (every block uploaded again) at other concurrencies: 2 is
         // Longhorn's default, 4 talon's
         for n in [2usize, 8] {
-            let t = Instant::now();
+            let t = clock();
             let again = BackupRequest {
                 concurrency: n,
                 full: true,
@@ -188,7 +234,7 @@ async fn main() {
             );
         }
         let out = dir.path().join(format!("restore-{i}.img"));
-        let t = Instant::now();
+        let t = clock();
         let r = ops::restore_to_file(&store, &vol, "incremental", &out, 0, &p)
             .await
             .expect("restore");
@@ -204,7 +250,7 @@ async fn main() {
         ops::restore_to_file(&store, &vol, "full", &out, 0, &p)
             .await
             .expect("restore of full");
-        let t = Instant::now();
+        let t = clock();
         let r = ops::restore_delta_to_file(&store, &vol, "full", "incremental", &out, 0, &p)
             .await
             .expect("incremental restore");
@@ -253,11 +299,36 @@ impl Longhorn {
         })
     }
 
-    /// Seconds [`Longhorn::run`] of `args` takes.
-    fn timed(&self, args: &[&str]) -> f64 {
+    /// Seconds `args` takes Longhorn's program, and its peak RSS in MiB
+    /// (the `ru_maxrss` its `wait4` reports); its stderr in `work`.
+    fn timed(&self, work: &Path, args: &[&str]) -> (f64, f64) {
+        std::fs::create_dir_all(work).expect("work dir");
+        let log = work.join("longhorn.err");
         let t = Instant::now();
-        self.run(args);
-        t.elapsed().as_secs_f64()
+        let child = std::process::Command::new(&self.bin)
+            .args(args)
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(&log).expect("log"))
+            .spawn()
+            .unwrap_or_else(|e| panic!("run {}: {e}", self.bin.display()));
+        let pid = i32::try_from(child.id()).expect("pid");
+        let (status, ru) = tokio::task::block_in_place(|| {
+            let mut status = 0;
+            // SAFETY: an all-zero rusage is valid; wait4 fills it for our child
+            let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+            // SAFETY: pid is our child's, not waited on elsewhere; both pointers are live
+            let r = unsafe { libc::wait4(pid, &mut status, 0, &mut ru) };
+            assert_eq!(r, pid, "wait4: {}", std::io::Error::last_os_error());
+            (status, ru)
+        });
+        let secs = t.elapsed().as_secs_f64();
+        assert!(
+            libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+            "Longhorn's backupstore {args:?}: {}",
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
+        (secs, ru.ru_maxrss as f64 / 1024.0)
     }
 
     /// Longhorn's full backup of `full`, its incremental one of `s2` over
@@ -278,15 +349,24 @@ impl Longhorn {
             format!("snap-1={}", full.file.display()),
             format!("snap-2={}", s2.display()),
         );
-        let secs = self.timed(&["create", dest, &vol, "lh-full", &f1, &size_s, method]);
-        row("Longhorn's full backup", method, written, secs, 0);
-        let secs = self.timed(&["create", dest, &vol, "lh-incr", &f2, &f1, &size_s, method]);
-        row("Longhorn's incr. backup", method, 64 * MIB, secs, 0);
-        std::fs::create_dir_all(work).expect("work dir");
+        let (secs, rss) = self.timed(work, &["create", dest, &vol, "lh-full", &f1, &size_s, method]);
+        row_rss("Longhorn's full backup", method, written, secs, 0, Some(rss));
+        let (secs, rss) = self.timed(
+            work,
+            &["create", dest, &vol, "lh-incr", &f2, &f1, &size_s, method],
+        );
+        row_rss("Longhorn's incr. backup", method, 64 * MIB, secs, 0, Some(rss));
         let out = work.join("restore.img");
         let url = talon::backupstore::format::backup_url(dest, "lh-incr", &vol);
-        let secs = self.timed(&["restore", &url, &out.to_string_lossy()]);
-        row("Longhorn's restore", method, written + 96 * MIB, secs, 0);
+        let (secs, rss) = self.timed(work, &["restore", &url, &out.to_string_lossy()]);
+        row_rss(
+            "Longhorn's restore",
+            method,
+            written + 96 * MIB,
+            secs,
+            0,
+            Some(rss),
+        );
         let _ = std::fs::remove_file(&out);
     }
 }
@@ -339,7 +419,7 @@ async fn into_lvols(
             .map_or(0, |l| l.num_allocated_clusters)
     };
     let p = Progress::default();
-    let t0 = Instant::now();
+    let t0 = clock();
     let r = ops::restore_to_file(store, vol, "incremental", file, 0, &p)
         .await
         .expect("restore to a file");
@@ -369,7 +449,7 @@ async fn into_lvols(
         data_offset: 0,
         progress: std::sync::Arc::new(Progress::default()),
     });
-    let t0 = Instant::now();
+    let t0 = clock();
     fill_replica(c, &from, "talon-bench", "streamed-r0", size / MIB)
         .await
         .expect("restore streamed");
@@ -445,7 +525,7 @@ async fn backups_of_lvol(
     // via a file
     let bvol = format!("{vol}-lvol-file");
     let file = std::env::temp_dir().join(format!("talon-bench-{method}.img"));
-    let t0 = Instant::now();
+    let t0 = clock();
     let chain = to_file::Chain::of(&inv, s1).expect("chain of s1");
     to_file::copy_to_file(c, &chain, &file, "talon-bench-staging")
         .await
@@ -463,7 +543,7 @@ async fn backups_of_lvol(
         st.blocks_uploaded,
     );
     println!("|   (data dir: {} MiB staged)", staged / MIB);
-    let t0 = Instant::now();
+    let t0 = clock();
     let mut delta = to_file::Chain::of(&inv, s2).expect("chain of s2");
     // s2 alone: what changed since s1 (its parent)
     delta.lvols = vec![s2.to_owned()];
@@ -493,7 +573,7 @@ async fn backups_of_lvol(
         data_offset: 0,
         size,
     };
-    let t0 = Instant::now();
+    let t0 = clock();
     let r = BackupReader::open(c, read(s1, None)).await.expect("reader of s1");
     let (b1, st) = ops::create_from(store, &req(&bvol, "full"), r.blocks(bs), None, &p)
         .await
@@ -506,7 +586,7 @@ async fn backups_of_lvol(
         t0.elapsed().as_secs_f64(),
         st.blocks_uploaded,
     );
-    let t0 = Instant::now();
+    let t0 = clock();
     let r = BackupReader::open(c, read(s2, Some(s1)))
         .await
         .expect("reader of s2");
