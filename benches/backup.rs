@@ -305,6 +305,8 @@ impl Longhorn {
         std::fs::create_dir_all(work).expect("work dir");
         let log = work.join("longhorn.err");
         let t = Instant::now();
+        // waited on by wait4 below (std's wait gives no rusage)
+        #[allow(clippy::zombie_processes)]
         let child = std::process::Command::new(&self.bin)
             .args(args)
             .envs(self.env.iter().map(|(k, v)| (k, v)))
