@@ -35,9 +35,11 @@
 //! copy talon used before) and streamed through the data mover (what a
 //! backup does now; see `backups_of_lvol`).
 //! The last column, peak MiB: for a talon row, how far the bench process's
-//! peak RSS rose during the operation (talon and the in-process S3 server
-//! together, so an upper bound of talon's); for a Longhorn row, its
-//! program's peak RSS (its `ru_maxrss`; its S3 server's is not in it).
+//! peak RSS rose during the operation above what it held before (freed
+//! memory given back first; talon and the in-process S3 server together, so
+//! an upper bound of talon's; the system allocator, where the daemon runs
+//! mimalloc); for a Longhorn row, its program's peak RSS (`VmHWM`, its S3
+//! server's not in it).
 //!
 //! Run: `cargo bench --bench backup` (BACKUP_BENCH_GIB=4 by default).
 
@@ -95,22 +97,29 @@ mod rss {
 
     static BASE_KIB: AtomicU64 = AtomicU64::new(0);
 
-    fn status_kib(key: &str) -> Option<u64> {
-        let s = std::fs::read_to_string("/proc/self/status").ok()?;
+    /// Field `key` of a `/proc/<pid>/status` file, in KiB.
+    pub fn kib(status: &str, key: &str) -> Option<u64> {
+        let s = std::fs::read_to_string(status).ok()?;
         s.lines()
             .find_map(|l| l.strip_prefix(key))
             .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
     }
 
-    /// The peak reset, the RSS now noted.
+    /// The memory freed before given back (else the allocator's retained
+    /// pages hide what the next operation takes), the peak reset, the RSS
+    /// now noted.
     pub fn start() {
+        // SAFETY: glibc's malloc_trim only releases free heap memory
+        unsafe {
+            libc::malloc_trim(0);
+        }
         let _ = std::fs::write("/proc/self/clear_refs", "5");
-        BASE_KIB.store(status_kib("VmRSS:").unwrap_or(0), Ordering::SeqCst);
+        BASE_KIB.store(kib("/proc/self/status", "VmRSS:").unwrap_or(0), Ordering::SeqCst);
     }
 
     /// MiB the peak RSS rose since [`start`].
     pub fn rise_mib() -> Option<f64> {
-        let peak = status_kib("VmHWM:")?;
+        let peak = kib("/proc/self/status", "VmHWM:")?;
         Some(peak.saturating_sub(BASE_KIB.load(Ordering::SeqCst)) as f64 / 1024.0)
     }
 }
@@ -299,38 +308,39 @@ impl Longhorn {
         })
     }
 
-    /// Seconds `args` takes Longhorn's program, and its peak RSS in MiB
-    /// (the `ru_maxrss` its `wait4` reports); its stderr in `work`.
+    /// Seconds `args` takes Longhorn's program, and its peak RSS in MiB:
+    /// its `VmHWM` read every 10 ms until it exits (the last reading; a
+    /// child's `ru_maxrss` would count the bench's own memory at the fork).
+    /// Its stderr in `work`.
     fn timed(&self, work: &Path, args: &[&str]) -> (f64, f64) {
         std::fs::create_dir_all(work).expect("work dir");
         let log = work.join("longhorn.err");
         let t = Instant::now();
-        // waited on by wait4 below (std's wait gives no rusage)
-        #[allow(clippy::zombie_processes)]
-        let child = std::process::Command::new(&self.bin)
+        let mut child = std::process::Command::new(&self.bin)
             .args(args)
             .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdout(std::process::Stdio::null())
             .stderr(std::fs::File::create(&log).expect("log"))
             .spawn()
             .unwrap_or_else(|e| panic!("run {}: {e}", self.bin.display()));
-        let pid = i32::try_from(child.id()).expect("pid");
-        let (status, ru) = tokio::task::block_in_place(|| {
-            let mut status = 0;
-            // SAFETY: an all-zero rusage is valid; wait4 fills it for our child
-            let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-            // SAFETY: pid is our child's, not waited on elsewhere; both pointers are live
-            let r = unsafe { libc::wait4(pid, &mut status, 0, &mut ru) };
-            assert_eq!(r, pid, "wait4: {}", std::io::Error::last_os_error());
-            (status, ru)
+        let status_file = format!("/proc/{}/status", child.id());
+        let mut peak_kib = 0;
+        let status = tokio::task::block_in_place(|| loop {
+            if let Some(s) = child.try_wait().expect("wait") {
+                break s;
+            }
+            if let Some(k) = rss::kib(&status_file, "VmHWM:") {
+                peak_kib = k;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
         });
         let secs = t.elapsed().as_secs_f64();
         assert!(
-            libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+            status.success(),
             "Longhorn's backupstore {args:?}: {}",
             std::fs::read_to_string(&log).unwrap_or_default()
         );
-        (secs, ru.ru_maxrss as f64 / 1024.0)
+        (secs, peak_kib as f64 / 1024.0)
     }
 
     /// Longhorn's full backup of `full`, its incremental one of `s2` over
