@@ -325,14 +325,16 @@ impl Longhorn {
             .unwrap_or_else(|e| panic!("run {}: {e}", self.bin.display()));
         let status_file = format!("/proc/{}/status", child.id());
         let mut peak_kib = 0;
-        let status = tokio::task::block_in_place(|| loop {
-            if let Some(s) = child.try_wait().expect("wait") {
-                break s;
+        let status = tokio::task::block_in_place(|| {
+            loop {
+                if let Some(s) = child.try_wait().expect("wait") {
+                    break s;
+                }
+                if let Some(k) = rss::kib(&status_file, "VmHWM:") {
+                    peak_kib = k;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(10));
             }
-            if let Some(k) = rss::kib(&status_file, "VmHWM:") {
-                peak_kib = k;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(10));
         });
         let secs = t.elapsed().as_secs_f64();
         assert!(

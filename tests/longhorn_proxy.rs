@@ -2851,3 +2851,78 @@ async fn real_spdk_a_replica_that_missed_writes_is_err_after_a_restart() {
     };
     a_replica_that_missed_writes_is_err_after_a_restart(Some(&spdk)).await;
 }
+
+/// A talon started again under a serving engine (spdk_tgt serving on) never
+/// lists the engine's replicas ERR before its controller has looked at the
+/// engine: statuses are not persisted, and a ReplicaList that said ERR for
+/// every replica made longhorn-manager take them all as failed and salvage
+/// the volume (a detach and an attach) after a kill -9 of talon mid-move.
+/// Until then the polls answer UNAVAILABLE (the manager asks again); then
+/// both replicas are RW.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_talon_never_lists_a_serving_engines_replicas_err() {
+    let (ip_a, ip_b) = (IpAddr::from([127, 0, 0, 1]), IpAddr::from([127, 0, 0, 2]));
+    let base = free_base(&[ip_a, ip_b]);
+    let mut a = Node::new(ip_a, base, None).await;
+    let mut b = Node::new(ip_b, base, None).await;
+    let size = 64 * MIB;
+    let addr_a = a.replica("disk-a", "vol-r-a", size).await;
+    let addr_b = b.replica("disk-b", "vol-r-b", size).await;
+    engine(
+        &a,
+        &[("vol-r-a", &addr_a), ("vol-r-b", &addr_b)],
+        size,
+        "spdk-tcp-nvmf",
+    )
+    .await;
+    let mut p = ProxyEngineServiceClient::new(a.channel(1).await);
+    assert_eq!(
+        modes(&mut p).await.iter().map(|m| m.1).collect::<Vec<_>>(),
+        [RW, RW]
+    );
+
+    a.stop().await;
+    // the new talon's first look at the engine held 3 s (its thaw check of
+    // the export), as a real target's first pass takes its time
+    double(&a).inject(
+        "nvmf_subsystem_get_listeners",
+        1,
+        talon::spdk::double::Fault::Delay(Duration::from_secs(3)),
+    );
+    a.start().await;
+    let mut p = ProxyEngineServiceClient::new(a.channel(1).await);
+    let (mut unavailable, mut polls) = (0, 0);
+    let deadline = std::time::Instant::now() + WAIT;
+    loop {
+        polls += 1;
+        match p.replica_list(req("vol-e-0")).await {
+            Ok(r) => {
+                let got: Vec<i32> = r
+                    .into_inner()
+                    .replica_list
+                    .expect("list")
+                    .replicas
+                    .iter()
+                    .map(|m| m.mode)
+                    .collect();
+                assert!(!got.contains(&ERR), "poll {polls} after the start: {got:?}");
+                if got == [RW, RW] {
+                    break;
+                }
+            }
+            Err(s) => {
+                assert_eq!(s.code(), Code::Unavailable, "poll {polls}: {s}");
+                unavailable += 1;
+            }
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "both RW within {WAIT:?} of the start"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    eprintln!("RW after {polls} polls ({unavailable} UNAVAILABLE)");
+    assert!(unavailable > 0, "the polls met the start's first pass");
+    a.stop().await;
+    b.stop().await;
+}

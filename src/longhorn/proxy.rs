@@ -115,10 +115,21 @@ impl Longhorn {
 
     /// [`Self::members`] for the manager's polls: from a listing at most
     /// [`super::service::POLL_LISTING_AGE`] old, shared by the polls of every engine.
+    /// An engine with no status yet (statuses are not persisted: talon started
+    /// moments ago, its controller has not looked at it) is UNAVAILABLE, not
+    /// every replica ERR: longhorn-manager takes an engine whose replicas are
+    /// all ERR as failed and salvages its volume (a detach and an attach, an
+    /// outage for the host), as a talon restarted under a serving engine met.
     pub(super) async fn members_polled(
         &self,
         e: &Typed<LonghornEngine>,
     ) -> Result<Vec<Member>, LonghornError> {
+        if self.status_of(e.id()).is_none() {
+            return Err(LonghornError::Unavailable(format!(
+                "engine {}: not looked at since talon started; ask again",
+                e.id()
+            )));
+        }
         let inv = self
             .polled_inventory()
             .await

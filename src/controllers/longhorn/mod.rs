@@ -1292,8 +1292,14 @@ fn wait_for_target(
             status(InstanceKind::Replica, InstanceState::Starting, msg),
         )?;
     }
+    // an engine with no status yet (talon just started; statuses are not
+    // persisted) keeps none: its spdk_tgt may be serving it, adopted in a
+    // moment, and a "starting" status would list every replica ERR, which
+    // longhorn-manager takes for a failed volume (it salvages it)
     for e in engines {
-        ctx.apply(e.id(), status(InstanceKind::Engine, InstanceState::Starting, msg))?;
+        if ctx.get::<LonghornInstanceStatus>(e.id())?.is_some() {
+            ctx.apply(e.id(), status(InstanceKind::Engine, InstanceState::Starting, msg))?;
+        }
     }
     Ok(Requeue::After(POLL))
 }
