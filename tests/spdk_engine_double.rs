@@ -137,13 +137,22 @@ async fn disk_is_created_then_imported_after_a_target_restart() {
             Err(e) => panic!("store events: {e}"),
         }
     }
-    let loading = seen
-        .iter()
-        .position(|(s, m)| *s == ObjectState::Creating && m.contains("again (the bdev was gone"));
+    // the pass that meets the restart says why the disk is not ready: the
+    // lvstore loading again, or (when that pass's call met the target going
+    // down) the failed call, after which the next pass loads it: Failed is not
+    // Ready either, so no placement trusts the disk meanwhile
+    let loading = seen.iter().position(|(s, m)| {
+        (*s == ObjectState::Creating && m.contains("again (the bdev was gone"))
+            || (*s == ObjectState::Failed && m.contains("spdk.sock"))
+    });
     let ready = seen.iter().rposition(|(s, _)| *s == ObjectState::Ready);
     assert!(
         matches!((loading, ready), (Some(l), Some(r)) if l < r),
-        "loading, then ready: {seen:?}"
+        "loading (or failed on the restart), then ready: {seen:?}"
+    );
+    assert!(
+        seen.iter().take(loading.unwrap_or(0)).all(|(s, _)| *s != ObjectState::Ready),
+        "never Ready between the restart and the load: {seen:?}"
     );
     assert_eq!(again.lvstore_uuid, s.lvstore_uuid, "imported, not recreated");
     // a reconcile that listed the disk's bdev just before the restart finds
