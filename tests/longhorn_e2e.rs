@@ -155,8 +155,10 @@ fn one_node_volume_lifecycle() {
     run_scenario("longhorn_e2e one_node_volume_lifecycle", "one-node", &[]);
 }
 
-/// Two nodes, 2 replicas: kill -9 of one node's talon and spdk_tgt and the manager rebuilding the
-/// replica, a revert in maintenance mode, online expansion (written and read past the old end),
+/// Two nodes, 2 replicas: the manager's snapshot data integrity check, then bit rot in node 2's
+/// copy of the snapshot (a block inverted on its disk): reported corrupted, set ERR through
+/// `ReplicaModeUpdate`, taken out of the raid1 and rebuilt; kill -9 of one node's talon and
+/// spdk_tgt and the manager rebuilding the replica, a revert in maintenance mode, online expansion (written and read past the old end),
 /// the engine relocated to node 2 and back by `engineNodeID` while attached (the manager's
 /// three-phase switch-over of the same engine-frontend, each new engine listing every snapshot
 /// with its creation time, the data written after each move read back, a multipath host

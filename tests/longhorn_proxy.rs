@@ -49,6 +49,25 @@ use longhorn_nodes::{
 
 const MIB: u64 = 1 << 20;
 
+/// Two tests of `body`: on the double (`double`), and on real spdk_tgt
+/// (`real`; skipped, saying so, without `TALON_SPDK_DIR`).
+macro_rules! on_the_double_and_real {
+    ($body:ident, $double:ident, $real:ident) => {
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $double() {
+            $body(None).await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $real() {
+            let Some(spdk) = spdk_dir(stringify!($real)) else {
+                return;
+            };
+            $body(Some(&spdk)).await;
+        }
+    };
+}
+
 fn double(n: &Node) -> &SpdkDouble {
     n.double.as_ref().expect("a node on the double")
 }
@@ -72,10 +91,15 @@ async fn two_nodes(size: u64) -> TwoNodes {
 
 /// [`two_nodes`] with `extra` among node A's settings.
 async fn two_nodes_with(size: u64, extra: &str) -> TwoNodes {
+    two_nodes_on(size, extra, None).await
+}
+
+/// [`two_nodes_with`], on real spdk_tgt with `real` (an SPDK tree).
+async fn two_nodes_on(size: u64, extra: &str, real: Option<&std::path::Path>) -> TwoNodes {
     let (ip_a, ip_b) = (IpAddr::from([127, 0, 0, 1]), IpAddr::from([127, 0, 0, 2]));
     let base = free_base(&[ip_a, ip_b]);
-    let a = Node::with_config(ip_a, base, None, "0x1", extra).await;
-    let b = Node::new(ip_b, base, None).await;
+    let a = Node::with_config(ip_a, base, real, "0x1", extra).await;
+    let b = Node::new(ip_b, base, real).await;
     let addr_a = a.replica("disk-a", "vol-r-a", size).await;
     let addr_b = b.replica("disk-b", "vol-r-b", size).await;
     engine(&a, &[("vol-r-a", &addr_a), ("vol-r-b", &addr_b)], size, "").await;
@@ -1700,19 +1724,11 @@ async fn an_engines_ana_state_outlives_a_restart(a: &mut Node) {
     assert_eq!(listener_ana(a).await, ["optimized"]);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_longhorn_switch_keeps_the_raids_superblock_on_the_double() {
-    a_longhorn_switch_keeps_the_raids_superblock(None).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn real_spdk_a_longhorn_switch_keeps_the_raids_superblock() {
-    let test = "real_spdk_a_longhorn_switch_keeps_the_raids_superblock";
-    let Some(spdk) = spdk_dir(test) else {
-        return;
-    };
-    a_longhorn_switch_keeps_the_raids_superblock(Some(&spdk)).await;
-}
+on_the_double_and_real!(
+    a_longhorn_switch_keeps_the_raids_superblock,
+    a_longhorn_switch_keeps_the_raids_superblock_on_the_double,
+    real_spdk_a_longhorn_switch_keeps_the_raids_superblock
+);
 
 fn spdk_dir(test: &str) -> Option<PathBuf> {
     let Some(d) = std::env::var_os("TALON_SPDK_DIR").map(PathBuf::from) else {
@@ -2926,3 +2942,135 @@ async fn a_restarted_talon_never_lists_a_serving_engines_replicas_err() {
     a.stop().await;
     b.stop().await;
 }
+
+/// `ReplicaModeUpdate` as longhorn-manager's snapshot monitor sends it
+/// when its checksum vote finds a replica's data differs ("Detected
+/// corrupted replica"): the replica leaves the raid1 before the call
+/// returns and is listed ERR; it stays out of a raid1 made again after a
+/// restart of talon and spdk_tgt; the engine's only replica in service is
+/// refused; a `ReplicaAdd` of it rebuilds it. Longhorn's own V2 engine
+/// answers UNIMPLEMENTED and goes on reading from the replica.
+async fn a_replica_set_err_by_the_manager_leaves_the_raid_until_rebuilt(real: Option<&std::path::Path>) {
+    let TwoNodes {
+        mut a,
+        b,
+        addr_b,
+        mut p,
+        ta,
+        tb,
+        ..
+    } = two_nodes_on(64 * MIB, "", real).await;
+    snapshot(&mut p, "s1").await.expect("snapshot s1");
+    let s1_uuid = |n: &Node| {
+        let spdk = n.spdk.clone();
+        async move {
+            spdk.bdev("talon-disk-b/vol-r-b-snap-s1")
+                .await
+                .expect("bdev_get_bdevs")
+                .and_then(|b| b.uuid)
+        }
+    };
+    let s1_before = s1_uuid(&b).await.expect("vol-r-b's s1");
+    let set = |address: &str, mode: ptypes::ReplicaMode| imrpc::EngineReplicaModeUpdateRequest {
+        proxy_engine_request: Some(req("vol-e-0")),
+        replica_address: address.to_owned(),
+        mode: mode as i32,
+    };
+
+    // refused with `code`, the message naming each of `words`
+    let on_a = p.clone();
+    let refused = |r: imrpc::EngineReplicaModeUpdateRequest, code: Code, words: &'static [&'static str]| {
+        let mut p = on_a.clone();
+        async move {
+            let e = p.replica_mode_update(r).await.expect_err("refused");
+            assert_eq!(e.code(), code, "{e:?}");
+            assert!(words.iter().all(|w| e.message().contains(w)), "{words:?}: {e:?}");
+        }
+    };
+    refused(
+        set(&tb, ptypes::ReplicaMode::Rw),
+        Code::InvalidArgument,
+        &["vol-e-0", "only ERR"],
+    )
+    .await;
+    refused(
+        set("tcp://127.0.0.9:1", ptypes::ReplicaMode::Err),
+        Code::NotFound,
+        &["127.0.0.9:1"],
+    )
+    .await;
+
+    // as longhorn-manager sends it: no engine name, the engine's address
+    let inst = InstanceServiceClient::new(a.channel(3).await);
+    let port = running(&inst, "vol-e-0", "engine").await.port_start;
+    p.replica_mode_update(imrpc::EngineReplicaModeUpdateRequest {
+        proxy_engine_request: Some(imrpc::ProxyEngineRequest {
+            address: format!("127.0.0.1:{port}"),
+            ..Default::default()
+        }),
+        ..set(&tb, ptypes::ReplicaMode::Err)
+    })
+    .await
+    .expect("vol-r-b set ERR");
+    assert_eq!(modes(&mut p).await, vec![(ta.clone(), RW), (tb.clone(), ERR)]);
+    let members = raid_members(&a).await;
+    assert!(
+        members.len() == 1 && is_member(&a, &members, "talon-disk-a/vol-r-a").await,
+        "vol-r-b out of the raid1 before the call returned: {members:?}"
+    );
+    p.replica_mode_update(set(&addr_b, ptypes::ReplicaMode::Err))
+        .await
+        .expect("again, by ip:port: nothing more to do");
+    refused(
+        set(&ta, ptypes::ReplicaMode::Err),
+        Code::FailedPrecondition,
+        &["vol-r-a", "only replica in service"],
+    )
+    .await;
+    assert_eq!(modes(&mut p).await, vec![(ta.clone(), RW), (tb.clone(), ERR)]);
+
+    // talon and its spdk_tgt (the double's objects go as a target's would)
+    // start again: the raid1 is made again without it
+    restart_node(&mut a).await;
+    let mut p = ProxyEngineServiceClient::new(a.channel(1).await);
+    talon::runtime::testing::eventually("the engine serves again", WAIT, || async {
+        let mut p = p.clone();
+        (modes(&mut p).await == vec![(ta.clone(), RW), (tb.clone(), ERR)]).then_some(())
+    })
+    .await;
+    let members = raid_members(&a).await;
+    assert!(
+        members.len() == 1 && is_member(&a, &members, "talon-disk-a/vol-r-a").await,
+        "the raid1 made again without vol-r-b: {members:?}"
+    );
+
+    // Longhorn's way back: the replica removed, then reused: rebuilt by ReplicaAdd
+    replica_remove(&mut p, "vol-r-b").await;
+    assert_eq!(modes(&mut p).await, vec![(ta.clone(), RW)]);
+    replica_add(&p, "vol-r-b", &addr_b)
+        .await
+        .expect("ReplicaAdd of the replica set ERR");
+    talon::runtime::testing::eventually("vol-r-b rebuilt into the engine", WAIT, || async {
+        (modes(&mut p.clone()).await == vec![(ta.clone(), RW), (tb.clone(), RW)]).then_some(())
+    })
+    .await;
+    assert!(raid_members(&a).await.contains(&"vol-r-bn1".to_owned()));
+    // its snapshot, voted corrupt with it, was not kept: deleted before the
+    // rebuild and copied again from vol-r-a
+    let s1_after = s1_uuid(&b).await.expect("vol-r-b's s1 copied again");
+    assert_ne!(
+        s1_after, s1_before,
+        "vol-r-b's own s1 was kept through its rebuild"
+    );
+    p.replica_mode_update(set(&tb, ptypes::ReplicaMode::Err))
+        .await
+        .expect("set ERR again after its rebuild");
+    assert_eq!(modes(&mut p).await, vec![(ta, RW), (tb, ERR)]);
+    drop(b);
+}
+
+on_the_double_and_real!(
+    a_replica_set_err_by_the_manager_leaves_the_raid_until_rebuilt,
+    a_replica_set_err_by_the_manager_leaves_the_raid_until_rebuilt_on_the_double,
+    real_spdk_a_replica_set_err_by_the_manager_leaves_the_raid_until_rebuilt
+);

@@ -83,9 +83,13 @@ async fn settled(
 fn one_checksum(s: &HashMap<String, ptypes::SnapshotHashStatusResponse>, addrs: &[&String]) -> String {
     let mut keys: Vec<&String> = s.keys().collect();
     keys.sort();
-    let mut want = addrs.to_vec();
+    let mut want: Vec<String> = addrs.iter().map(|a| format!("tcp://{a}")).collect();
     want.sort();
-    assert_eq!(keys, want, "one status per replica address: {s:?}");
+    assert_eq!(
+        keys,
+        want.iter().collect::<Vec<_>>(),
+        "one status per replica URL: {s:?}"
+    );
     for x in s.values() {
         assert_eq!(x.state, "complete", "{s:?}");
         assert!(!x.silently_corrupted);
@@ -179,9 +183,9 @@ async fn a_snapshot_hash_on_the_double_fails_naming_it_and_leaves_nothing() {
     let s = settled(&p, "s1", WAIT).await;
     let mut keys: Vec<&String> = s.keys().collect();
     keys.sort();
-    let mut want = vec![&addr_a, &addr_b];
+    let mut want = [format!("tcp://{addr_a}"), format!("tcp://{addr_b}")];
     want.sort();
-    assert_eq!(keys, want, "{s:?}");
+    assert_eq!(keys, want.iter().collect::<Vec<_>>(), "{s:?}");
     for x in s.values() {
         assert_eq!(x.state, "error", "{s:?}");
         assert!(x.error.contains("s1") && x.error.contains("127.0.0.1"), "{s:?}");
@@ -352,8 +356,8 @@ async fn clone_from(a: &Node, p: &mut ProxyEngineServiceClient<Channel>, size: u
             .ok()?
             .into_inner()
             .status;
-        // SnapshotHashStatus keys are plain ip:port (SnapshotCloneStatus's are tcp://)
-        s.get(&addr)
+        // keyed tcp://ip:port, the replica URL longhorn-manager's ReplicaModeUpdate takes
+        s.get(&format!("tcp://{addr}"))
             .filter(|x| x.state == "complete")
             .map(|x| x.checksum.clone())
     })
@@ -602,7 +606,7 @@ async fn served_checksum(p: &mut ProxyEngineServiceClient<Channel>, volume: &str
             .ok()?
             .into_inner()
             .status;
-        s.get(addr)
+        s.get(&format!("tcp://{addr}"))
             .filter(|x| x.state == "complete")
             .map(|x| x.checksum.clone())
     })

@@ -151,7 +151,9 @@ async fn disk_is_created_then_imported_after_a_target_restart() {
         "loading (or failed on the restart), then ready: {seen:?}"
     );
     assert!(
-        seen.iter().take(loading.unwrap_or(0)).all(|(s, _)| *s != ObjectState::Ready),
+        seen.iter()
+            .take(loading.unwrap_or(0))
+            .all(|(s, _)| *s != ObjectState::Ready),
         "never Ready between the restart and the load: {seen:?}"
     );
     assert_eq!(again.lvstore_uuid, s.lvstore_uuid, "imported, not recreated");

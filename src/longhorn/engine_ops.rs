@@ -530,6 +530,16 @@ impl Longhorn {
                 "{what}: no replica is in service to rebuild from"
             )));
         }
+        // a replica longhorn-manager voted corrupt keeps no snapshot: the thin
+        // rebuild shares snapshots by name and would keep its bad ones
+        if e.spec.failed_replicas.contains(replica) {
+            self.wipe_snapshots(replica, address).await.map_err(|x| {
+                LonghornError::within(
+                    format!("{what}: it was set ERR (its data voted corrupt), its snapshots go first"),
+                    x,
+                )
+            })?;
+        }
         // request numbers never repeat (a status may still hold an older
         // request of the same replica)
         let used = e
@@ -545,6 +555,8 @@ impl Longhorn {
             s.replica_address_map
                 .insert(replica.to_owned(), address.to_owned());
             s.rebuild_requests.insert(replica.to_owned(), request);
+            // a replica set ERR comes back only through this rebuild
+            s.failed_replicas.remove(replica);
         })?;
         let request = self
             .engine(e.id())?
@@ -563,6 +575,83 @@ impl Longhorn {
             })
         })
         .await
+    }
+
+    /// Deletes every snapshot of replica `replica` (this node's, or on the
+    /// node at `address` through its `ReplicaGet`/`ReplicaSnapshotDelete`):
+    /// each deleted merges into its one child, the newest first (SPDK keeps
+    /// a snapshot with two children: those go after them). Its head is made
+    /// again empty by the rebuild that follows, which then copies every
+    /// snapshot of the source.
+    async fn wipe_snapshots(&self, replica: &str, address: &str) -> Result<(), LonghornError> {
+        let here = self
+            .state()
+            .get_typed::<LonghornReplica>(replica)
+            .map_err(LonghornError::State)?;
+        let mut peer = match here {
+            Some(_) => None,
+            None => Some(self.replica_node(replica, address).await?),
+        };
+        loop {
+            let snapshots: Vec<(String, usize)> = match (&here, peer.as_mut()) {
+                (Some(r), _) => {
+                    let l = self.replica_lvols_now(replica, &r.spec.disk).await?;
+                    let children = |s: &String| {
+                        l.snapshots
+                            .values()
+                            .filter(|(p, _)| p.as_ref() == Some(s))
+                            .count()
+                    };
+                    l.snapshots.keys().map(|s| (s.clone(), children(s))).collect()
+                }
+                (None, Some(c)) => c
+                    .replica_get(spdkrpc::ReplicaGetRequest {
+                        name: replica.to_owned(),
+                    })
+                    .await
+                    .map_err(|x| LonghornError::PeerAnswer {
+                        replica: replica.to_owned(),
+                        code: x.code(),
+                        message: format!("ReplicaGet: {}", x.message()),
+                    })?
+                    .into_inner()
+                    .snapshots
+                    .into_iter()
+                    .map(|(s, l)| {
+                        let snaps = l.children.keys().filter(|c| c.as_str() != replica).count();
+                        (s, snaps)
+                    })
+                    .collect(),
+                (None, None) => unreachable!("a replica is here or has a peer"),
+            };
+            // the newest first: a snapshot no other snapshot descends from
+            let Some((snap, _)) = snapshots.iter().find(|(_, n)| *n == 0) else {
+                return match snapshots.first() {
+                    None => Ok(()),
+                    Some((s, _)) => Err(LonghornError::Refused(format!(
+                        "replica {replica}: its snapshots descend from each other in a circle ({s})"
+                    ))),
+                };
+            };
+            let req = spdkrpc::SnapshotRequest {
+                name: replica.to_owned(),
+                snapshot_name: snap.clone(),
+                ..Default::default()
+            };
+            match peer.as_mut() {
+                None => self.replica_snapshot_delete(req).await?,
+                Some(c) => {
+                    c.replica_snapshot_delete(req)
+                        .await
+                        .map_err(|x| LonghornError::PeerAnswer {
+                            replica: replica.to_owned(),
+                            code: x.code(),
+                            message: format!("ReplicaSnapshotDelete: {}", x.message()),
+                        })?;
+                }
+            }
+            tracing::info!(replica, snapshot = %snap, "snapshot of a replica voted corrupt deleted before its rebuild");
+        }
     }
 
     /// What instance `name` is (`engine`, `replica`) when it is being
@@ -661,6 +750,8 @@ impl Longhorn {
         let version = self.change_engine(e, |s| {
             s.replica_address_map.remove(&replica);
             s.rebuild_requests.remove(&replica);
+            // a replica set ERR stays marked: the manager may add it back
+            // (reused), and its snapshots must go before its rebuild
         })?;
         self.wait_status(e.id(), &what, |st| {
             (st.observed_version >= version).then(|| match st.state {
@@ -669,6 +760,105 @@ impl Longhorn {
             })
         })
         .await
+    }
+
+    /// `ReplicaModeUpdate`: longhorn-manager's snapshot checksum vote found
+    /// the data of the replica at `address` differs from the others'
+    /// ("Detected corrupted replica") and sets it ERR. Only ERR is taken (a
+    /// replica becomes RW by its rebuild, never by a word). The replica
+    /// stays in the engine's map, marked failed (persisted): the controller
+    /// takes it out of the raid1, so no read is served from it, and no
+    /// raid1 made again takes it back; Longhorn lists it ERR, removes it and
+    /// rebuilds it (`ReplicaAdd` clears the mark). Refused for the only
+    /// replica in service (the volume would stop: its data is all there is)
+    /// and while a rebuild runs (its source may be the one voted out: asked
+    /// again at the manager's next check). Longhorn's own V2 engine answers
+    /// UNIMPLEMENTED and keeps serving the replica.
+    pub(super) async fn replica_mode_update(
+        &self,
+        e: &Typed<LonghornEngine>,
+        address: &str,
+        mode: ptypes::ReplicaMode,
+    ) -> Result<(), LonghornError> {
+        let address = address.strip_prefix("tcp://").unwrap_or(address);
+        let what = format!(
+            "engine {}: setting the replica at {address} {}",
+            e.id(),
+            mode.as_str_name()
+        );
+        if mode != ptypes::ReplicaMode::Err {
+            return Err(LonghornError::Invalid(format!(
+                "{what}: only ERR is set by a call (a replica becomes RW by its rebuild)"
+            )));
+        }
+        let Some(replica) = e
+            .spec
+            .replica_address_map
+            .iter()
+            .find(|(_, a)| a.as_str() == address)
+            .map(|(r, _)| r.clone())
+        else {
+            return Err(LonghornError::not_found(
+                "replica",
+                &format!("at {address} in engine {}", e.id()),
+            ));
+        };
+        let what = format!("engine {}: setting replica {replica} ({address}) ERR", e.id());
+        if e.spec.failed_replicas.contains(&replica) {
+            return Ok(());
+        }
+        self.running(e, &what)?;
+        let members = self.members(e).await?;
+        if let Some(m) = members.iter().find(|m| m.mode == ptypes::ReplicaMode::Wo) {
+            return Err(LonghornError::Unavailable(format!(
+                "{what}: replica {} is being rebuilt; ask again once it is done",
+                m.replica
+            )));
+        }
+        match members.iter().find(|m| m.replica == replica).map(|m| m.mode) {
+            Some(ptypes::ReplicaMode::Rw) => {}
+            // out of service already: marked, so no raid1 made again takes it
+            _ => {
+                self.update_engine(e, |s| {
+                    s.failed_replicas.insert(replica.clone());
+                })?;
+                return Ok(());
+            }
+        }
+        if !members
+            .iter()
+            .any(|m| m.replica != replica && m.mode == ptypes::ReplicaMode::Rw)
+        {
+            return Err(LonghornError::Refused(format!(
+                "{what}: it is the engine's only replica in service; the volume keeps it"
+            )));
+        }
+        let version = self.change_engine(e, |s| {
+            s.failed_replicas.insert(replica.clone());
+        })?;
+        tracing::warn!(
+            engine = e.id(),
+            replica,
+            address,
+            "replica set ERR by longhorn-manager (its snapshot checksum was voted out): taken out of the raid1"
+        );
+        // the controller takes it out of the raid1
+        let message = self
+            .wait_status(e.id(), &what, |st| {
+                (st.observed_version >= version).then(|| match st.state {
+                    InstanceState::Error => Err(LonghornError::internal(&what, &st.message)),
+                    _ => Ok(st.message.clone()),
+                })
+            })
+            .await?;
+        let e = self.engine(e.id())?;
+        match self.members(&e).await?.iter().find(|m| m.replica == replica) {
+            Some(m) if m.mode == ptypes::ReplicaMode::Rw => Err(LonghornError::internal(
+                &what,
+                format!("still in the raid1 ({message}); taken out at the next reconcile"),
+            )),
+            _ => Ok(()),
+        }
     }
 
     /// `ReplicaRebuildingQosSet`: the cap is kept on the engine for the

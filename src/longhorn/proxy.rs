@@ -89,6 +89,27 @@ impl Longhorn {
             .ok_or_else(|| LonghornError::not_found("engine", name))
     }
 
+    /// The engine of this node whose export listens at `address`
+    /// (`[tcp://]ip:port`: the port is the engine's; every engine of a node
+    /// has its own).
+    pub(super) fn engine_at(&self, address: &str) -> Result<Typed<LonghornEngine>, LonghornError> {
+        let a = address.strip_prefix("tcp://").unwrap_or(address);
+        let port = a
+            .parse::<std::net::SocketAddr>()
+            .map_err(|_| {
+                LonghornError::Invalid(format!(
+                    "engine address {address:?} is not [tcp://]ip:port (and the request names no engine)"
+                ))
+            })?
+            .port();
+        self.state()
+            .list_typed::<LonghornEngine>()
+            .map_err(LonghornError::Store)?
+            .into_iter()
+            .find(|e| e.spec.port == port && e.metadata.phase == crate::runtime::Phase::Running)
+            .ok_or_else(|| LonghornError::not_found("engine at", a))
+    }
+
     pub(super) fn status_of(&self, name: &str) -> Option<LonghornInstanceStatus> {
         self.state()
             .get_typed::<LonghornInstanceStatus>(name)
@@ -1309,6 +1330,30 @@ impl proxy_engine_service_server::ProxyEngineService for Longhorn {
         Ok(Response::new(()))
     }
 
+    async fn replica_mode_update(
+        &self,
+        req: Request<imrpc::EngineReplicaModeUpdateRequest>,
+    ) -> Result<Response<()>, Status> {
+        // longhorn-manager names the engine by its address alone here (its
+        // proxy client fills no engine name: a V1 engine's controller is at
+        // that address), and asks the engine's own node
+        let req = req.into_inner();
+        let pr = proxy_req(req.proxy_engine_request)?;
+        let e = match pr.engine_name.as_str() {
+            "" => self.engine_at(&pr.address)?,
+            name => self.engine(name)?,
+        };
+        let mode = ptypes::ReplicaMode::try_from(req.mode).map_err(|_| {
+            LonghornError::Invalid(format!(
+                "engine {}: replica mode {} is not one Longhorn sends",
+                e.id(),
+                req.mode
+            ))
+        })?;
+        self.replica_mode_update(&e, &req.replica_address, mode).await?;
+        Ok(Response::new(()))
+    }
+
     async fn metrics_get(
         &self,
         req: Request<imrpc::ProxyEngineRequest>,
@@ -1488,6 +1533,7 @@ mod tests {
             rebuild_qos_mbps: 0,
             rebuild_requests: [("rb".to_string(), 3)].into(),
             removed_snapshots: Default::default(),
+            failed_replicas: Default::default(),
             purge_request: 0,
             revert: None,
             snapshot_requests: Default::default(),

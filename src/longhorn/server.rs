@@ -1031,6 +1031,7 @@ impl Longhorn {
                 rebuild_qos_mbps: 0,
                 rebuild_requests: BTreeMap::new(),
                 removed_snapshots: BTreeSet::new(),
+                failed_replicas: Default::default(),
                 purge_request: 0,
                 revert: None,
                 snapshot_requests: BTreeMap::new(),

@@ -121,7 +121,7 @@ impl Longhorn {
         }
     }
 
-    /// `SnapshotHashStatus`: each replica in service, by its address.
+    /// `SnapshotHashStatus`: each replica in service, by its URL (`tcp://ip:port`).
     pub(super) async fn engine_hash_status(
         &self,
         e: &Typed<LonghornEngine>,
@@ -146,8 +146,11 @@ impl Longhorn {
                     .into_inner()
                 }
             };
+            // the replica's URL: longhorn-manager sets a replica whose checksum
+            // lost its vote ERR by this key, and refuses one without tcp://
+            // ("invalid replica url", as Longhorn's V2 engine's `ip:port` meets)
             out.insert(
-                m.address.clone(),
+                format!("tcp://{}", m.address),
                 ptypes::SnapshotHashStatusResponse {
                     state: s.state,
                     checksum: s.checksum,

@@ -197,6 +197,13 @@ pub struct LonghornEngine {
     /// more than one child): `SnapshotPurge` deletes them once it can.
     #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
     pub removed_snapshots: BTreeSet<String>,
+    /// Replicas `ReplicaModeUpdate` set ERR (longhorn-manager's snapshot
+    /// checksum vote found their data differs from the others'): out of the
+    /// raid1 and never taken back into it (a raid1 made again leaves them
+    /// out too). The mark outlives a `ReplicaRemove`: a `ReplicaAdd` of the
+    /// replica deletes its snapshots, clears the mark and rebuilds it.
+    #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
+    pub failed_replicas: BTreeSet<String>,
     /// The last `SnapshotPurge` or `SnapshotRemove` asked for (a request
     /// number; 0: none): the controller deletes the snapshots of
     /// `removedSnapshots` that SPDK lets go, once per number, and reports it

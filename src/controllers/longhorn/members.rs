@@ -1,12 +1,15 @@
 //! Replicas that left an engine's replica map (`ReplicaRemove` takes them
-//! out of the spec and waits for the status to have seen that spec): this
-//! node's controller takes them out of the raid1 and detaches the remote
-//! ones it had attached.
+//! out of the spec and waits for the status to have seen that spec), and
+//! replicas longhorn-manager set ERR (`ReplicaModeUpdate`, after its
+//! snapshot checksum vote): this node's controller takes them out of the
+//! raid1 and detaches the remote ones that left.
 //!
 //! ```text
-//!   ReplicaRemove(r) ──> replicaAddressMap -= r (engine version v) ──> waits: status.observedVersion >= v
-//!   reconcile: raid1 slot of a replica not in the map ──> out of the raid1
+//!   ReplicaRemove(r)     ──> replicaAddressMap -= r  (engine version v) ──> waits: status.observedVersion >= v
+//!   ReplicaModeUpdate(r) ──> failedReplicas += r     (engine version v) ──> waits: the same, then r out of the raid1
+//!   reconcile: raid1 slot of a replica not in the map, or failed ──> out of the raid1
 //!              a remote member attached before (status.remoteMembers), not in the map ──> detached
+//!   a raid1 made again: never over a failed replica (until ReplicaAdd of it clears the mark)
 //! ```
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -34,19 +37,30 @@ impl LonghornController {
     ) -> Left {
         let mut left = Left::default();
         let map = &e.spec.replica_address_map;
+        // the raid1 keeps the replicas of the map that were not set ERR
+        let kept: BTreeMap<String, String> = map
+            .iter()
+            .filter(|(r, _)| !e.spec.failed_replicas.contains(*r))
+            .map(|(r, a)| (r.clone(), a.clone()))
+            .collect();
         let slots: Vec<String> = inv
             .raid(e.id())
             .map(|r| r.base_bdevs_list.iter().filter_map(|b| b.name.clone()).collect())
             .unwrap_or_default();
         for slot in slots {
-            let Some((replica, member)) = removed_member(inv, map, &slot) else {
+            let Some((replica, member)) = removed_member(inv, &kept, &slot) else {
                 continue;
+            };
+            let why = if map.contains_key(&replica) {
+                "set ERR (ReplicaModeUpdate)"
+            } else {
+                "left (ReplicaRemove)"
             };
             if let Err(x) = remove_raid_member(&self.client, &slot).await {
                 left.failed(
                     e.id(),
                     format!(
-                        "replica {replica} left: taking {member} out of the raid1: {}",
+                        "replica {replica} {why}: taking {member} out of the raid1: {}",
                         chain(&x)
                     ),
                 );
@@ -68,7 +82,7 @@ impl LonghornController {
                 engine = e.id(),
                 replica,
                 member,
-                "replica out of the raid1 (ReplicaRemove)"
+                "replica out of the raid1: {why}"
             );
         }
         let attached: Vec<String> = prev

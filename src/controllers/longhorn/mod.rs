@@ -606,7 +606,8 @@ impl LonghornController {
                 // seen to end (may hold half a rebuild) stays out, and
                 // Longhorn sees it ERR (see `ledger`)
                 let mut spec = e.spec.clone();
-                spec.replica_address_map.retain(|r, _| current.contains(r));
+                spec.replica_address_map
+                    .retain(|r, _| current.contains(r) && !e.spec.failed_replicas.contains(r));
                 let (members, missing) = self.members(&*inv, name.as_str(), &spec, local.direct).await;
                 if !missing.is_empty() || members.is_empty() {
                     return Err(InstanceError::WaitingForReplicas(missing));
@@ -1684,6 +1685,7 @@ mod tests {
             rebuild_qos_mbps: 0,
             rebuild_requests: Default::default(),
             removed_snapshots: Default::default(),
+            failed_replicas: Default::default(),
             purge_request: 0,
             revert: None,
             snapshot_requests: BTreeMap::new(),
