@@ -163,8 +163,8 @@ fn one_node_volume_lifecycle() {
 /// three-phase switch-over of the same engine-frontend, each new engine listing every snapshot
 /// with its creation time, the data written after each move read back, a multipath host
 /// (bdevperf, verify) writing through each move with no I/O error, then the same two moves with
-/// node 2's talon killed (-9) mid-move with `TALON_E2E_CRASH=1` (out of CI: docs/longhorn.md;
-/// `TALON_E2E_RELOCATE=0` leaves all the moves out), a second, migratable volume live-migrated to node 2 by a second
+/// node 2's talon killed (-9) mid-move (`TALON_E2E_CRASH=0` leaves those two out,
+/// `TALON_E2E_RELOCATE=0` all the moves), a second, migratable volume live-migrated to node 2 by a second
 /// csi-attacher ticket and confirmed, then migrated back and rolled back (the data read through
 /// each new engine-frontend; `TALON_E2E_MIGRATE=0` leaves it out), then detach, delete and
 /// nothing left. Then, on the same cluster (one start of the control plane, the
