@@ -613,6 +613,22 @@ async fn served_checksum(p: &mut ProxyEngineServiceClient<Channel>, volume: &str
     .await
 }
 
+/// The pid of node `n`'s spdk_tgt (the one whose RPC socket is in its run dir).
+fn spdk_tgt_of_opt(n: &Node) -> Option<i32> {
+    let sock = n.dir.path().join("run").to_string_lossy().into_owned();
+    std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
+        let pid = e.file_name().to_string_lossy().parse::<i32>().ok()?;
+        let cmd = std::fs::read(e.path().join("cmdline")).ok()?;
+        let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+        (cmd.contains("spdk_tgt") && cmd.contains(&sock)).then_some(pid)
+    })
+}
+
+/// [`spdk_tgt_of_opt`], which must find it.
+fn spdk_tgt_of(n: &Node) -> i32 {
+    spdk_tgt_of_opt(n).unwrap_or_else(|| panic!("no spdk_tgt with its socket in {}", n.dir.path().display()))
+}
+
 /// No snapshot is left exposed for a clone on `n`.
 async fn no_exposure_left(n: &Node) {
     talon::runtime::testing::eventually("no clone exposure left", WAIT, || async {
@@ -639,7 +655,9 @@ async fn no_exposure_left(n: &Node) {
 /// and talon on B stopped right after `SnapshotClone` (the copy ends with
 /// the serve, unrecorded) and started again: `SnapshotCloneStatus` never
 /// says "" (nor error) for it, and it completes, equal; a finished clone
-/// still says complete after the restart.
+/// still says complete after the restart. Then a third ("clone3") with B's
+/// spdk_tgt killed (-9) mid-copy: complete once it is back (or, in error,
+/// complete when asked again), equal, nothing left exposed or exported.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn real_spdk_a_clone_reads_a_snapshot_of_another_node_and_survives_a_restart() {
     let test = "real_spdk_a_clone_reads_a_snapshot_of_another_node_and_survives_a_restart";
@@ -778,6 +796,73 @@ async fn real_spdk_a_clone_reads_a_snapshot_of_another_node_and_survives_a_resta
         served_checksum(&mut pb, "clone2", &addr_b2).await,
         want,
         "clone2 reads as s1"
+    );
+    no_exposure_left(&a).await;
+    nothing_left(&a).await;
+    nothing_left(&b).await;
+
+    // a third clone, B's spdk_tgt killed (-9) while it copies (the clone's
+    // lvol capped at 2 MB/s of writes, a cap the killed target takes with it,
+    // so that the copy is under way): B's talon starts spdk_tgt again, the
+    // engine is made again, and the clone ends complete (carried on) or in
+    // error (asked again, then complete): either way it reads as s1 and no
+    // exposure or mover export is left on either node
+    let addr_b3 = clone_volume(&b, "clone3", size).await;
+    let capped: bool = b
+        .spdk
+        .typed(
+            "bdev_set_qos_limit",
+            &serde_json::json!({"name": "talon-disk-b/clone3-r-b", "w_mbytes_per_sec": 2}),
+        )
+        .await
+        .expect("bdev_set_qos_limit");
+    assert!(capped);
+    pb.snapshot_clone(clone("clone3"))
+        .await
+        .expect("SnapshotClone clone3");
+    let under_way = talon::runtime::testing::eventually("clone3 under way", WAIT, || async {
+        let s = clone_states(&pb, "clone3").await?;
+        s.values()
+            .any(|x| x.state == "in_progress" && x.progress > 0 && x.progress < 100)
+            .then_some(s)
+    })
+    .await;
+    let pid = spdk_tgt_of(&b);
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL)
+        .expect("kill -9 spdk_tgt of B");
+    let ended = talon::runtime::testing::eventually(
+        "clone3 ended after B's spdk_tgt came back",
+        Duration::from_secs(240),
+        || async {
+            let s = clone_states(&pb, "clone3").await?;
+            (spdk_tgt_of_opt(&b).is_some_and(|p| p != pid)
+                && s.values().all(|x| x.state == "complete" || x.state == "error"))
+            .then_some(s)
+        },
+    )
+    .await;
+    eprintln!("{test}: clone3 at the kill {under_way:?}; after spdk_tgt's restart {ended:?}");
+    if ended.values().any(|x| x.state == "error") {
+        // the manager asks again (its clone flow does): a new copy, complete
+        assert!(
+            ended.values().all(|x| x.error.contains("s1")),
+            "the error names the snapshot: {ended:?}"
+        );
+        no_exposure_left(&a).await;
+        pb.snapshot_clone(clone("clone3"))
+            .await
+            .expect("SnapshotClone clone3 again");
+        talon::runtime::testing::eventually("clone3 complete when asked again", WAIT, || async {
+            let s = clone_states(&pb, "clone3").await?;
+            s.values().all(|x| x.state == "complete").then_some(())
+        })
+        .await;
+    }
+    let mut pb = pb;
+    assert_eq!(
+        served_checksum(&mut pb, "clone3", &addr_b3).await,
+        want,
+        "clone3 reads as s1 after spdk_tgt was killed mid-copy"
     );
     no_exposure_left(&a).await;
     nothing_left(&a).await;
