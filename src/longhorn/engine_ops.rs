@@ -20,6 +20,7 @@
 //!     forwarded to the engine node's proxy (the frontend's target IP, this node's proxy port)
 //! ```
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
@@ -578,57 +579,59 @@ impl Longhorn {
     }
 
     /// Deletes every snapshot of replica `replica` (this node's, or on the
-    /// node at `address` through its `ReplicaGet`/`ReplicaSnapshotDelete`):
-    /// each deleted merges into its one child, the newest first (SPDK keeps
-    /// a snapshot with two children: those go after them). Its head is made
-    /// again empty by the rebuild that follows, which then copies every
-    /// snapshot of the source.
+    /// node at `address` through its `ReplicaGet`/`ReplicaSnapshotDelete`),
+    /// the newest first: each deleted merges into its one child (SPDK keeps
+    /// a snapshot with two children). Its head is made again empty by the
+    /// rebuild that follows, which then copies every snapshot of the source.
     async fn wipe_snapshots(&self, replica: &str, address: &str) -> Result<(), LonghornError> {
-        let here = self
+        let peer_answer = |doing: &str, x: tonic::Status| LonghornError::PeerAnswer {
+            replica: replica.to_owned(),
+            code: x.code(),
+            message: format!("{doing}: {}", x.message()),
+        };
+        /// Where the replica is: this node (its disk), or another node.
+        enum At {
+            Here(String),
+            Peer(crate::proto::spdkrpc::spdk_service_client::SpdkServiceClient<Channel>),
+        }
+        let mut at = match self
             .state()
             .get_typed::<LonghornReplica>(replica)
-            .map_err(LonghornError::State)?;
-        let mut peer = match here {
-            Some(_) => None,
-            None => Some(self.replica_node(replica, address).await?),
+            .map_err(LonghornError::State)?
+        {
+            Some(r) => At::Here(r.spec.disk),
+            None => At::Peer(self.replica_node(replica, address).await?),
         };
         loop {
-            let snapshots: Vec<(String, usize)> = match (&here, peer.as_mut()) {
-                (Some(r), _) => {
-                    let l = self.replica_lvols_now(replica, &r.spec.disk).await?;
-                    let children = |s: &String| {
-                        l.snapshots
-                            .values()
-                            .filter(|(p, _)| p.as_ref() == Some(s))
-                            .count()
-                    };
-                    l.snapshots.keys().map(|s| (s.clone(), children(s))).collect()
-                }
-                (None, Some(c)) => c
+            // snapshot -> its parent snapshot
+            let parents: BTreeMap<String, Option<String>> = match &mut at {
+                At::Here(disk) => self
+                    .replica_lvols_now(replica, disk)
+                    .await?
+                    .snapshots
+                    .into_iter()
+                    .map(|(s, (p, _))| (s, p))
+                    .collect(),
+                At::Peer(c) => c
                     .replica_get(spdkrpc::ReplicaGetRequest {
                         name: replica.to_owned(),
                     })
                     .await
-                    .map_err(|x| LonghornError::PeerAnswer {
-                        replica: replica.to_owned(),
-                        code: x.code(),
-                        message: format!("ReplicaGet: {}", x.message()),
-                    })?
+                    .map_err(|x| peer_answer("ReplicaGet", x))?
                     .into_inner()
                     .snapshots
                     .into_iter()
-                    .map(|(s, l)| {
-                        let snaps = l.children.keys().filter(|c| c.as_str() != replica).count();
-                        (s, snaps)
-                    })
+                    .map(|(s, l)| (s, Some(l.parent).filter(|p| !p.is_empty())))
                     .collect(),
-                (None, None) => unreachable!("a replica is here or has a peer"),
             };
-            // the newest first: a snapshot no other snapshot descends from
-            let Some((snap, _)) = snapshots.iter().find(|(_, n)| *n == 0) else {
-                return match snapshots.first() {
+            // the newest: one no other snapshot descends from
+            let Some(snap) = parents
+                .keys()
+                .find(|s| !parents.values().any(|p| p.as_ref() == Some(*s)))
+            else {
+                return match parents.keys().next() {
                     None => Ok(()),
-                    Some((s, _)) => Err(LonghornError::Refused(format!(
+                    Some(s) => Err(LonghornError::Refused(format!(
                         "replica {replica}: its snapshots descend from each other in a circle ({s})"
                     ))),
                 };
@@ -638,16 +641,12 @@ impl Longhorn {
                 snapshot_name: snap.clone(),
                 ..Default::default()
             };
-            match peer.as_mut() {
-                None => self.replica_snapshot_delete(req).await?,
-                Some(c) => {
+            match &mut at {
+                At::Here(_) => self.replica_snapshot_delete(req).await?,
+                At::Peer(c) => {
                     c.replica_snapshot_delete(req)
                         .await
-                        .map_err(|x| LonghornError::PeerAnswer {
-                            replica: replica.to_owned(),
-                            code: x.code(),
-                            message: format!("ReplicaSnapshotDelete: {}", x.message()),
-                        })?;
+                        .map_err(|x| peer_answer("ReplicaSnapshotDelete", x))?;
                 }
             }
             tracing::info!(replica, snapshot = %snap, "snapshot of a replica voted corrupt deleted before its rebuild");
