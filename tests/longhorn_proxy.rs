@@ -44,7 +44,7 @@ use tonic::transport::Channel;
 
 use longhorn_nodes::{
     ERR, Node, RW, WAIT, WO, allocated_bytes, delete_request, engine, free_base, gone, modes, pattern,
-    replica_add, replica_remove, req, running, snapshot,
+    replica_add, replica_remove, req, running, snapshot, two_nodes_nvmf,
 };
 
 const MIB: u64 = 1 << 20;
@@ -2877,20 +2877,7 @@ async fn real_spdk_a_replica_that_missed_writes_is_err_after_a_restart() {
 /// both replicas are RW.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_talon_never_lists_a_serving_engines_replicas_err() {
-    let (ip_a, ip_b) = (IpAddr::from([127, 0, 0, 1]), IpAddr::from([127, 0, 0, 2]));
-    let base = free_base(&[ip_a, ip_b]);
-    let mut a = Node::new(ip_a, base, None).await;
-    let mut b = Node::new(ip_b, base, None).await;
-    let size = 64 * MIB;
-    let addr_a = a.replica("disk-a", "vol-r-a", size).await;
-    let addr_b = b.replica("disk-b", "vol-r-b", size).await;
-    engine(
-        &a,
-        &[("vol-r-a", &addr_a), ("vol-r-b", &addr_b)],
-        size,
-        "spdk-tcp-nvmf",
-    )
-    .await;
+    let (mut a, mut b, _, _, _) = two_nodes_nvmf(None, 64 * MIB).await;
     let mut p = ProxyEngineServiceClient::new(a.channel(1).await);
     assert_eq!(
         modes(&mut p).await.iter().map(|m| m.1).collect::<Vec<_>>(),

@@ -36,6 +36,7 @@ use tonic::transport::Channel;
 
 use longhorn_nodes::{
     Node, WAIT, allocated_bytes, delete_request, engine, free_base, gone, pattern, req, running, snapshot,
+    two_nodes_nvmf,
 };
 
 const MIB: u64 = 1 << 20;
@@ -133,31 +134,10 @@ async fn nothing_left(n: &Node) {
     assert!(files.is_empty(), "hash files left: {files:?}");
 }
 
-/// Two nodes, a replica on each, an engine on A over both; returns the
-/// nodes, the replicas' addresses and the engine's export port.
-async fn two_nodes(real: Option<&std::path::Path>, size: u64) -> (Node, Node, String, String, u16) {
-    let (ip_a, ip_b) = (IpAddr::from([127, 0, 0, 1]), IpAddr::from([127, 0, 0, 2]));
-    let base = free_base(&[ip_a, ip_b]);
-    let a = Node::new(ip_a, base, real).await;
-    let b = Node::new(ip_b, base, real).await;
-    let addr_a = a.replica("disk-a", "vol-r-a", size).await;
-    let addr_b = b.replica("disk-b", "vol-r-b", size).await;
-    engine(
-        &a,
-        &[("vol-r-a", &addr_a), ("vol-r-b", &addr_b)],
-        size,
-        "spdk-tcp-nvmf",
-    )
-    .await;
-    let inst = talon::proto::imrpc::instance_service_client::InstanceServiceClient::new(a.channel(3).await);
-    let port = running(&inst, "vol-e-0", "engine").await.port_start;
-    (a, b, addr_a, addr_b, u16::try_from(port).expect("port"))
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_snapshot_hash_on_the_double_fails_naming_it_and_leaves_nothing() {
     let size = 64 * MIB;
-    let (mut a, mut b, addr_a, addr_b, _) = two_nodes(None, size).await;
+    let (mut a, mut b, addr_a, addr_b, _) = two_nodes_nvmf(None, size).await;
     let (da, db) = (
         a.double.as_ref().expect("double"),
         b.double.as_ref().expect("double"),
@@ -405,7 +385,7 @@ async fn real_spdk_snapshot_hashes_agree_across_two_nodes() {
         return;
     };
     let size = 16 * MIB;
-    let (mut a, mut b, addr_a, addr_b, port) = two_nodes(Some(&spdk), size).await;
+    let (mut a, mut b, addr_a, addr_b, port) = two_nodes_nvmf(Some(&spdk), size).await;
     let mut p = ProxyEngineServiceClient::new(a.channel(1).await);
     let nqn = "nqn.2023-01.io.longhorn.spdk:volume-vol";
     let first = pattern(2 * MIB as usize, 1);
@@ -491,7 +471,7 @@ async fn real_spdk_snapshot_hashes_agree_across_two_nodes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hash_whose_replica_is_deleted_leaves_nothing_on_the_double() {
     let size = 64 * MIB;
-    let (mut a, mut b, _, _, _) = two_nodes(None, size).await;
+    let (mut a, mut b, _, _, _) = two_nodes_nvmf(None, size).await;
     let (da, db) = (
         a.double.as_ref().expect("double"),
         b.double.as_ref().expect("double"),

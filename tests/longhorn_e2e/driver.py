@@ -641,17 +641,13 @@ class Scenario:
                 except OSError:
                     break
                 end = os.lseek(fd, start, os.SEEK_HOLE)
+                # the block lies 4 KiB-aligned: aligned reads never split it
                 off = start - start % 4096
-                while off < end:
+                while at is None and off < end:
                     f.seek(off)
                     chunk = f.read(min(4 * MIB, end - off))
-                    i = chunk.find(block)
-                    while i >= 0 and (off + i) % 4096:
-                        i = chunk.find(block, i + 1)
-                    if i >= 0:
-                        at = off + i
-                        break
-                    off += max(len(chunk) - 4096, 4096)
+                    at = next((off + k for k in range(0, len(chunk), 4096) if chunk[k:k + 4096] == block), None)
+                    off += max(len(chunk), 4096)
                 pos = end
             if at is None:
                 raise AssertionError(f"the first block of {name}'s data is nowhere on {node}'s disk ({img})")

@@ -468,3 +468,26 @@ pub fn delete_request(name: &str, kind: &str) -> imrpc::InstanceDeleteRequest {
         ..Default::default()
     }
 }
+
+/// Two nodes, a replica on each (`vol-r-a`, `vol-r-b`), engine `vol-e-0` on
+/// A over both with an `spdk-tcp-nvmf` frontend; on the doubles, or on real
+/// spdk_tgt with `real`; returns the
+/// nodes, the replicas' addresses and the engine's export port.
+pub async fn two_nodes_nvmf(real: Option<&std::path::Path>, size: u64) -> (Node, Node, String, String, u16) {
+    let (ip_a, ip_b) = (IpAddr::from([127, 0, 0, 1]), IpAddr::from([127, 0, 0, 2]));
+    let base = free_base(&[ip_a, ip_b]);
+    let a = Node::new(ip_a, base, real).await;
+    let b = Node::new(ip_b, base, real).await;
+    let addr_a = a.replica("disk-a", "vol-r-a", size).await;
+    let addr_b = b.replica("disk-b", "vol-r-b", size).await;
+    engine(
+        &a,
+        &[("vol-r-a", &addr_a), ("vol-r-b", &addr_b)],
+        size,
+        "spdk-tcp-nvmf",
+    )
+    .await;
+    let inst = InstanceServiceClient::new(a.channel(3).await);
+    let port = running(&inst, "vol-e-0", "engine").await.port_start;
+    (a, b, addr_a, addr_b, u16::try_from(port).expect("port"))
+}
