@@ -2790,7 +2790,8 @@ async fn a_replica_that_missed_writes_is_err_after_a_restart(real: Option<&std::
 
     // vol-r-c leaves the raid1: written out of the ledger
     let c_lvol = "talon-disk-c/vol-r-c";
-    talon::spdk::volume::lvol::remove_raid_member(&a.spdk, c_lvol)
+    a.spdk
+        .bdev_raid_remove_base_bdev(&talon::spdk::rpc::ByName::new(c_lvol))
         .await
         .expect("vol-r-c out of the raid1");
     let only_a = BTreeMap::from([("vol-r-a".to_owned(), 0)]);

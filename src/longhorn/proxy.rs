@@ -47,9 +47,8 @@ use crate::runtime::Typed;
 use crate::spdk::ErrorKind;
 use crate::spdk::naming::longhorn::{self as naming, is_rebuild_snap, tcp};
 use crate::spdk::volume::Inventory;
-use crate::spdk::volume::lvol::delete_lvol;
+use crate::spdk::volume::ReplicaLvols;
 use crate::spdk::volume::naming::lvstore;
-use crate::spdk::volume::replica_lvols::ReplicaLvols;
 
 /// Longhorn's name of the head in a snapshot list.
 pub const VOLUME_HEAD: &str = "volume-head";
@@ -382,7 +381,7 @@ impl Longhorn {
         lvol: &str,
     ) -> Result<(), LonghornError> {
         let alias = naming::replica_alias(&r.disk, replica);
-        match crate::spdk::volume::lvol::snapshot(self.client(), &alias, lvol).await {
+        match self.ops().snapshot_lvol(&alias, lvol).await {
             Ok(_) => Ok(()),
             Err(e) if e.is(ErrorKind::AlreadyExists) => Ok(()),
             Err(e) => Err(LonghornError::spdk(
@@ -399,7 +398,7 @@ impl Longhorn {
         lvol: &str,
     ) -> Result<(), LonghornError> {
         let target = format!("{}/{lvol}", lvstore(&r.disk));
-        match delete_lvol(self.client(), &target).await {
+        match self.ops().delete_lvol(&target).await {
             Ok(()) => Ok(()),
             Err(e) if e.is(ErrorKind::Busy) => Err(LonghornError::Refused(format!(
                 "replica {replica}: SPDK refuses to delete {target} while more than one lvol depends on it: {}",

@@ -32,9 +32,8 @@ use crate::resources::longhorn::{DstStartRequest, LonghornReplica, snapshot_lvol
 use crate::spdk::ErrorKind;
 use crate::spdk::naming::longhorn as naming;
 use crate::spdk::rpc::CheckShallowCopy;
+use crate::spdk::volume::ReplicaLvols;
 use crate::spdk::volume::naming::lvstore;
-use crate::spdk::volume::replica_lvols::ReplicaLvols;
-use crate::spdk::volume::thin::start_copy;
 use crate::spdk::volume::{Inventory, RemoteAttach};
 
 /// How long DstStart waits for the controller to export the new head.
@@ -175,7 +174,8 @@ impl Longhorn {
         let mbps = u64::try_from(req.qos_limit_mbps)
             .map_err(|_| LonghornError::Invalid(format!("replica {replica}: negative QoS limit")))?;
         let head = naming::replica_alias(&t.spec.disk, replica.as_str());
-        crate::spdk::volume::lvol::set_qos_cap(self.client(), &head, mbps)
+        self.ops()
+            .set_qos_cap(&head, mbps)
             .await
             .map_err(|e| LonghornError::spdk(format!("replica {replica}: capping {head} at {mbps} MB/s"), e))
     }
@@ -225,12 +225,13 @@ impl Longhorn {
         };
         for d in stale {
             let old = src_controller(&d);
-            if let Err(e) = crate::spdk::volume::lvol::detach_controller(self.client(), &old).await {
+            if let Err(e) = self.ops().detach_controller(&old).await {
                 tracing::warn!(replica = %replica, controller = %old, error = %e, "a stale rebuild's controller stays attached");
             }
         }
         let ctrl = src_controller(dst.as_str());
-        crate::spdk::volume::lvol::detach_controller(self.client(), &ctrl)
+        self.ops()
+            .detach_controller(&ctrl)
             .await
             .map_err(|x| LonghornError::spdk(format!("{what}: detaching {ctrl}"), x))?;
         let nqn = naming::replica_nqn(&dst).map_err(|x| LonghornError::Invalid(x.to_string()))?;
@@ -281,7 +282,7 @@ impl Longhorn {
             lvstore(&t.spec.disk),
             snapshot_lvol(replica.as_str(), &req.snapshot_name)
         );
-        let op = start_copy(self.client(), &src, &bdev).await.map_err(|e| {
+        let op = self.ops().start_shallow_copy(&src, &bdev).await.map_err(|e| {
             LonghornError::internal(
                 format!("replica {replica}"),
                 format!(
@@ -343,7 +344,8 @@ impl Longhorn {
         self.src_copies()
             .remove(&(req.name.clone(), req.dst_replica_name.clone()));
         let ctrl = src_controller(&req.dst_replica_name);
-        crate::spdk::volume::lvol::detach_controller(self.client(), &ctrl)
+        self.ops()
+            .detach_controller(&ctrl)
             .await
             .map_err(|x| LonghornError::spdk(format!("replica {}: detaching {ctrl}", req.name), x))
     }

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 
 use crate::proto::spdkrpc;
-use crate::spdk::volume::replica_lvols::ReplicaLvols;
+use crate::spdk::volume::ReplicaLvols;
 
 /// From another node's `ReplicaGet` answer.
 impl From<&spdkrpc::Replica> for ReplicaLvols {

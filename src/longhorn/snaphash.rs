@@ -45,8 +45,8 @@ use crate::proto::spdkrpc;
 use crate::resources::longhorn::snapshot_lvol;
 use crate::spdk::SpdkClient;
 use crate::spdk::volume::Inventory;
+use crate::spdk::volume::ReplicaLvols;
 use crate::spdk::volume::mover;
-use crate::spdk::volume::replica_lvols::ReplicaLvols;
 use crate::spdk::volume::to_file::{self, Chain};
 
 /// The states Longhorn's snapshot monitor reads (`SnapshotHashStatus` in

@@ -49,10 +49,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::backupstore::{self, Progress};
 use crate::resources::config::{BackupSource, Volume};
-use crate::spdk::SpdkClient;
 use crate::spdk::naming;
 use crate::spdk::volume::plan::{RestoreFile, superblock_room};
-use crate::spdk::volume::{Inventory, lvol};
+use crate::spdk::volume::{Inventory, VolumeOps};
 use crate::spdk::volume::{from_file, mover};
 
 const MIB: u64 = 1 << 20;
@@ -209,8 +208,8 @@ struct Job<'a> {
     dir: &'a Path,
     /// Where the volume's data starts in a replica.
     data_offset: u64,
-    /// The SPDK client, for the tasks.
-    client: &'a SpdkClient,
+    /// The engine's operations, for the tasks.
+    ops: &'a VolumeOps,
     /// The standby's lvols there now.
     lvols: Vec<StandbyLvol>,
     /// The lvstores a first restore puts them on, best first.
@@ -317,7 +316,7 @@ impl Restores {
     /// ledger; `superblock` when its replicas hold a raid superblock.
     pub async fn step(
         &self,
-        client: &SpdkClient,
+        ops: &VolumeOps,
         inv: &Inventory,
         vol: &str,
         spec: &Volume,
@@ -338,7 +337,7 @@ impl Restores {
             ));
         }
         // a replica the mover was writing when talon or spdk_tgt stopped
-        match mover::restore::remove_unfinished(client, inv, vol).await {
+        match mover::restore::remove_unfinished(ops.client(), inv, vol).await {
             Ok(gone) if !gone.is_empty() => {
                 tracing::info!(volume = %vol, lvols = ?gone, "removed replicas whose restore was cut off");
             }
@@ -348,7 +347,7 @@ impl Restores {
         let exists =
             (0..spec.replicas.max(1) as usize).any(|k| inv.find_lvol(&naming::replica(vol, k)).is_some());
         if exists {
-            match from_file::remove_unfinished(client, inv, vol).await {
+            match from_file::remove_unfinished(ops.client(), inv, vol).await {
                 Ok(gone) if !gone.is_empty() => {
                     return Step::Waiting(format!(
                         "removed {} (its restore was cut off); restoring again",
@@ -359,7 +358,7 @@ impl Restores {
                     // made from the backup before (or an activated standby's): the others
                     // are rebuilt from them; a standby lvol an activation left is dropped
                     for l in standby_lvols(inv, vol) {
-                        if let Err(e) = delete_lvol(client, &l.alias(vol)).await {
+                        if let Err(e) = delete_lvol(ops, &l.alias(vol)).await {
                             return Step::Failed(format!("volume {vol}: {}", crate::util::error_chain(&e)));
                         }
                     }
@@ -395,7 +394,7 @@ impl Restores {
             file: dir.join(format!("{vol}.json")),
             dir,
             data_offset,
-            client,
+            ops,
             lvols: standby_lvols(inv, vol),
             lvstores,
         };
@@ -510,7 +509,7 @@ impl Restores {
                 let progress = Arc::new(Progress::default());
                 let handle = tokio::spawn(follow(
                     Lvols {
-                        client: job.client.clone(),
+                        ops: job.ops.clone(),
                         vol: vol.to_owned(),
                         lvols: job.lvols.clone(),
                         mib: replica_mib(job.data_offset, spec.size_bytes),
@@ -594,7 +593,7 @@ impl Restores {
         let (file, dir, data_offset) = (job.file.clone(), job.dir.to_owned(), job.data_offset);
         let n = (job.spec.replicas.max(1) as usize).min(job.lvstores.len());
         let mut lvols = Lvols {
-            client: job.client.clone(),
+            ops: job.ops.clone(),
             vol: job.vol.to_owned(),
             lvols: job.lvols.clone(),
             mib: replica_mib(data_offset, size),
@@ -661,7 +660,7 @@ impl Restores {
         for l in &job.lvols {
             let alias = l.alias(vol);
             let replica = naming::replica(vol, l.k);
-            if let Err(e) = lvol::rename(job.client, &alias, &replica).await {
+            if let Err(e) = job.ops.rename_lvol(&alias, &replica).await {
                 return Step::Failed(format!(
                     "volume {vol}: renaming {alias} to {replica}: {}",
                     crate::util::error_chain(&e)
@@ -762,7 +761,7 @@ async fn direct(job: &Job<'_>) -> Step {
 
 /// A standby volume's lvols, as a task works on them.
 struct Lvols {
-    client: SpdkClient,
+    ops: VolumeOps,
     vol: String,
     lvols: Vec<StandbyLvol>,
     /// Each one's size.
@@ -773,7 +772,7 @@ impl Lvols {
     /// Deletes them all.
     async fn remove(&mut self) -> Result<(), StandbyError> {
         for l in std::mem::take(&mut self.lvols) {
-            delete_lvol(&self.client, &l.alias(&self.vol)).await?;
+            delete_lvol(&self.ops, &l.alias(&self.vol)).await?;
         }
         Ok(())
     }
@@ -790,7 +789,7 @@ impl Lvols {
                     volume: self.vol.clone(),
                 });
             }
-            let made = lvol::create_thin(&self.client, lvs, &name, self.mib).await;
+            let made = self.ops.create_thin(lvs, &name, self.mib).await;
             match made {
                 Ok(uuid) => self.lvols.push(StandbyLvol {
                     k,
@@ -831,7 +830,7 @@ impl Lvols {
             base,
             data_offset,
         };
-        let stats = mover::restore::fill_standby(&self.client, &from, &bdevs, progress)
+        let stats = mover::restore::fill_standby(self.ops.client(), &from, &bdevs, progress)
             .await
             .map_err(|source| StandbyError::Fill {
                 volume: self.vol.clone(),
@@ -844,13 +843,11 @@ impl Lvols {
 }
 
 /// Deletes lvol `alias` (gone already is fine).
-async fn delete_lvol(client: &SpdkClient, alias: &str) -> Result<(), StandbyError> {
-    lvol::delete_lvol(client, alias)
-        .await
-        .map_err(|source| StandbyError::Rpc {
-            step: format!("deleting {alias}"),
-            source,
-        })
+async fn delete_lvol(ops: &VolumeOps, alias: &str) -> Result<(), StandbyError> {
+    ops.delete_lvol(alias).await.map_err(|source| StandbyError::Rpc {
+        step: format!("deleting {alias}"),
+        source,
+    })
 }
 
 /// A replica lvol's size in MiB: the raid superblock's room, then the

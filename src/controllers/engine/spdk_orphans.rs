@@ -29,7 +29,7 @@ use crate::resources::longhorn::LonghornReplica;
 use crate::runtime::{Controller, ControllerError, Input, Output, ReconcileContext, Requeue};
 use crate::spdk::SpdkClient;
 use crate::spdk::naming::Owners;
-use crate::spdk::volume::{Inventory, LVS_PREFIX, LvolRole, parse_lvol};
+use crate::spdk::volume::{Inventory, LVS_PREFIX, LvolRole, VolumeOps, parse_lvol};
 
 /// How often the lvols are looked at again without a change of an input.
 const POLL: Duration = Duration::from_secs(30);
@@ -37,7 +37,7 @@ const POLL: Duration = Duration::from_secs(30);
 /// Reports orphan lvols and removes those asked for.
 #[derive(Debug)]
 pub struct SpdkOrphanController {
-    client: SpdkClient,
+    ops: VolumeOps,
     /// The UUIDs of the orphans logged since this start (each once).
     warned: Mutex<BTreeSet<String>>,
 }
@@ -46,7 +46,7 @@ impl SpdkOrphanController {
     /// A controller looking at the target behind `client`.
     pub fn new(client: SpdkClient) -> Self {
         Self {
-            client,
+            ops: VolumeOps::new(client),
             warned: Mutex::new(BTreeSet::new()),
         }
     }
@@ -154,10 +154,10 @@ impl Controller for SpdkOrphanController {
         // owners read before and after the listing: a volume made or deleted
         // meanwhile is an owner in one of them
         let mut owners = read_owners(ctx)?;
-        let inv = Inventory::load(&self.client).await?;
+        let inv = Inventory::load(self.ops.client()).await?;
         owners.extend(read_owners(ctx)?);
         // the data mover's exports an earlier run of talon left (a crash mid-move)
-        crate::spdk::volume::mover::sweep(&self.client, &inv).await;
+        crate::spdk::volume::mover::sweep(self.ops.client(), &inv).await;
         let mut found = find(&inv, &owners);
         // a refusal is said while its request stands
         for req in ctx.list::<OrphanRemoval>()? {
@@ -179,7 +179,7 @@ impl Controller for SpdkOrphanController {
                 );
                 continue;
             }
-            match crate::spdk::volume::lvol::delete_lvol(&self.client, &alias).await {
+            match self.ops.delete_lvol(&alias).await {
                 Ok(()) => {
                     tracing::info!(lvol = %alias, uuid = %o.uuid, was = %o.was, "orphan lvol removed as asked");
                     found.remove(&alias);

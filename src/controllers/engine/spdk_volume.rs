@@ -371,7 +371,7 @@ impl SpdkVolumeController {
         let step = self
             .restores
             .step(
-                self.ops.client(),
+                &self.ops,
                 inv,
                 &job.id,
                 &job.spec,

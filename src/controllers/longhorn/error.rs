@@ -178,7 +178,7 @@ pub enum InstanceError {
     },
     /// A rebuild dest's head was not made again.
     #[error(transparent)]
-    ResetHead(#[from] crate::spdk::volume::replica_lvols::ResetHeadError),
+    ResetHead(#[from] crate::spdk::volume::ResetHeadError),
     /// The task that attaches or detaches did not finish.
     #[error("{what} task")]
     Task {

@@ -18,7 +18,6 @@ use super::{LonghornController, chain};
 use crate::resources::longhorn::{LonghornEngine, LonghornInstanceStatus, LonghornReplica};
 use crate::runtime::Typed;
 use crate::spdk::volume::Inventory;
-use crate::spdk::volume::lvol::{detach_controller, remove_raid_member};
 
 impl LonghornController {
     /// Takes the replicas that left engine `e`'s map out of its raid1 and
@@ -56,7 +55,7 @@ impl LonghornController {
             } else {
                 "left (ReplicaRemove)"
             };
-            if let Err(x) = remove_raid_member(&self.client, &slot).await {
+            if let Err(x) = self.ops.remove_raid_member(&slot).await {
                 left.failed(
                     e.id(),
                     format!(
@@ -94,7 +93,7 @@ impl LonghornController {
             .cloned()
             .collect();
         for replica in attached {
-            if let Err(x) = detach_controller(&self.client, &replica).await {
+            if let Err(x) = self.ops.detach_controller(&replica).await {
                 left.failed(
                     e.id(),
                     format!("replica {replica} left: detaching it: {}", chain(&x)),

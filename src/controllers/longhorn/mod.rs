@@ -90,7 +90,7 @@ pub struct LonghornController {
     /// The channels to them, kept.
     peers: crate::proto::peer::PeerChannels,
     /// The thin rebuilds running.
-    thin: thin::ThinRebuilds,
+    thin: thin::ReplicaRebuilds,
     /// Engine exports checked since this start for a freeze a stop left
     /// (`freeze::Freezes::thaw_leftover`).
     thaw_checked: crate::spdk::volume::freeze::ThawOnce,
@@ -148,7 +148,7 @@ impl LonghornController {
             host: None,
             peer_port: 8504,
             peers: Default::default(),
-            thin: thin::ThinRebuilds::default(),
+            thin: thin::ReplicaRebuilds::default(),
             thaw_checked: Default::default(),
             caps: caps::Caps::default(),
             session: crate::resources::longhorn::new_session(),
@@ -390,17 +390,14 @@ impl LonghornController {
             None => {
                 // bdev_lvol_create answers the new lvol's UUID: the rest is known (thin,
                 // nothing allocated), so no listing of every lvol follows
-                let uuid = crate::spdk::volume::lvol::create_thin(
-                    &self.client,
-                    &disk.spec.lvstore,
-                    name.as_str(),
-                    spec.size_bytes.div_ceil(MIB),
-                )
-                .await
-                .map_err(|source| InstanceError::CreateLvol {
-                    alias: alias.clone(),
-                    source,
-                })?;
+                let uuid = self
+                    .ops
+                    .create_thin(&disk.spec.lvstore, name.as_str(), spec.size_bytes.div_ceil(MIB))
+                    .await
+                    .map_err(|source| InstanceError::CreateLvol {
+                        alias: alias.clone(),
+                        source,
+                    })?;
                 let lvol = Lvol {
                     alias: alias.clone(),
                     uuid,
@@ -425,7 +422,8 @@ impl LonghornController {
             .get(&lvol.uuid)
             .map_or(spec.size_bytes, |b| u64::from(b.block_size) * b.num_blocks);
         if size < spec.size_bytes {
-            crate::spdk::volume::lvol::resize(&self.client, &alias, spec.size_bytes.div_ceil(MIB))
+            self.ops
+                .resize_lvol(&alias, spec.size_bytes.div_ceil(MIB))
                 .await
                 .map_err(|source| InstanceError::GrowLvol {
                     alias: alias.clone(),
@@ -505,7 +503,8 @@ impl LonghornController {
                 });
             }
             for alias in leaves {
-                crate::spdk::volume::lvol::delete_lvol(&self.client, &alias)
+                self.ops
+                    .delete_lvol(&alias)
                     .await
                     .map_err(|source| InstanceError::DeleteLvol {
                         replica: name.to_string(),
@@ -711,7 +710,8 @@ impl LonghornController {
             }
             None => {
                 if inv.controllers.iter().any(|c| c == replica) {
-                    crate::spdk::volume::lvol::detach_controller(&self.client, replica)
+                    self.ops
+                        .detach_controller(replica)
                         .await
                         .map_err(|source| InstanceError::DetachOld {
                             replica: replica.to_owned(),
@@ -732,7 +732,8 @@ impl LonghornController {
             })
         });
         if in_slot {
-            crate::spdk::volume::lvol::remove_raid_member(&self.client, &member)
+            self.ops
+                .remove_raid_member(&member)
                 .await
                 .map_err(|source| InstanceError::LeaveSlot {
                     replica: replica.to_owned(),

@@ -25,9 +25,8 @@ use crate::spdk::ErrorKind;
 use crate::spdk::naming::longhorn as naming;
 use crate::spdk::naming::longhorn::tcp;
 use crate::spdk::volume::Inventory;
-use crate::spdk::volume::lvol::delete_lvol;
+use crate::spdk::volume::ReplicaLvols;
 use crate::spdk::volume::naming::lvstore;
-use crate::spdk::volume::replica_lvols::ReplicaLvols;
 
 impl LonghornController {
     /// Carries out engine `e`'s purge request unless it was (`prev` holds
@@ -129,7 +128,7 @@ impl LonghornController {
         snap: &str,
     ) -> Result<(), InstanceError> {
         let target = format!("{}/{}", lvstore(&r.disk), snapshot_lvol(replica, snap));
-        match delete_lvol(&self.client, &target).await {
+        match self.ops.delete_lvol(&target).await {
             Ok(()) => {
                 inv.lvols.remove(&target);
                 Ok(())

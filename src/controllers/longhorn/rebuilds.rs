@@ -24,7 +24,6 @@ use crate::runtime::Typed;
 use crate::spdk::naming::longhorn as naming;
 use crate::spdk::rpc::{GetRaids, RaidBdev, RaidCategory, RaidProcess};
 use crate::spdk::volume::Inventory;
-use crate::spdk::volume::lvol::set_qos_cap;
 use crate::spdk::{ClientError, ErrorKind};
 
 /// What every phase of one engine's rebuilds reads.
@@ -298,7 +297,7 @@ impl LonghornController {
         // at the engine's cap (ReplicaRebuildingQosSet changes it)
         let want = u64::try_from(e.spec.rebuild_qos_mbps).unwrap_or(0);
         if self.caps.of(&target) != want {
-            match set_qos_cap(&self.client, &target, want).await {
+            match self.ops.set_qos_cap(&target, want).await {
                 Ok(()) => {
                     self.caps.set(e.id(), &target, want);
                     self.caps.seen(&target);
@@ -315,7 +314,7 @@ impl LonghornController {
     async fn lift_caps(&self, raid: &str, all_capped: &[String], observed: &[(String, Option<String>)]) {
         let lift = caps::to_lift(self.caps.liftable(raid, CAP_GRACE), all_capped, observed);
         for member in lift {
-            match set_qos_cap(&self.client, &member, 0).await {
+            match self.ops.set_qos_cap(&member, 0).await {
                 Ok(()) => self.caps.forget(&member),
                 Err(x) if x.is(ErrorKind::NotFound) => self.caps.forget(&member),
                 Err(x) => {

@@ -53,7 +53,7 @@ use crate::spdk::SpdkClient;
 use crate::spdk::naming::longhorn::{replica_alias, restore_snapshot, restore_target, restored_snapshot};
 use crate::spdk::volume::Inventory;
 use crate::spdk::volume::naming::lvstore;
-use crate::spdk::volume::{lvol, mover};
+use crate::spdk::volume::{VolumeOps, mover};
 
 use crate::controllers::engine::backup::open_store;
 use crate::controllers::engine::tasks::{Seen, Tasks};
@@ -150,7 +150,7 @@ impl RestoreError {
 /// Restores backups into Longhorn replicas.
 #[derive(Debug)]
 pub struct LonghornRestoreController {
-    client: SpdkClient,
+    ops: VolumeOps,
     /// Where `longhorn::restore` leaves each restore's credentials.
     credentials_dir: PathBuf,
     /// Each task answers the blocks it fetched.
@@ -186,7 +186,7 @@ impl LonghornRestoreController {
             }
         }
         Self {
-            client,
+            ops: VolumeOps::new(client),
             credentials_dir: credentials_dir(data_dir),
             running: Tasks::new("restore task"),
         }
@@ -306,7 +306,7 @@ enum Settled {
 /// replica's target lvol through the mover, then each target's data made
 /// its replica's lvol's own (snapshot, parent, merge: no copy).
 struct Job {
-    client: SpdkClient,
+    ops: VolumeOps,
     /// The restore (its target, credentials, backup and base).
     restore: LonghornRestore,
     members: Vec<Member>,
@@ -356,9 +356,9 @@ impl Job {
     /// with the base snapshot (`Restored`); else the base snapshot is
     /// merged back into the lvol (`AsBefore`).
     async fn settle(&self, m: &Member) -> Result<Settled, RestoreError> {
-        let c = &self.client;
+        let (c, ops) = (self.ops.client(), &self.ops);
         let (target, restored, base) = (m.target(), m.restored(), m.base_snap());
-        lvol::delete_lvol(c, &target)
+        ops.delete_lvol(&target)
             .await
             .map_err(m.failed(format!("deleting {target}")))?;
         let inv = Inventory::load(c)
@@ -366,7 +366,7 @@ impl Job {
             .map_err(m.failed("reading spdk_tgt".into()))?;
         let end = if inv.lvols.contains_key(&restored) {
             if inv.parent_of(&m.alias).as_deref() != Some(restored.as_str()) {
-                lvol::set_parent(c, &m.alias, &restored)
+                ops.set_parent(&m.alias, &restored)
                     .await
                     .map_err(m.failed(format!("making {restored} the parent of {}", m.alias)))?;
             }
@@ -376,10 +376,10 @@ impl Job {
         };
         // the base's one clone is the lvol (as before) or the restored snapshot:
         // either way the delete merges it into that clone
-        lvol::delete_lvol(c, &base)
+        ops.delete_lvol(&base)
             .await
             .map_err(m.failed(format!("deleting {base}")))?;
-        lvol::delete_lvol(c, &restored)
+        ops.delete_lvol(&restored)
             .await
             .map_err(m.failed(format!("deleting {restored}")))?;
         Ok(end)
@@ -388,7 +388,7 @@ impl Job {
     /// The target lvol of `m` made: new and thin (a full restore), or a
     /// clone of the lvol's snapshot (incremental: it reads the base).
     async fn prepare(&self, m: &Member) -> Result<String, RestoreError> {
-        let c = &self.client;
+        let ops = &self.ops;
         let name = restore_target(&m.replica);
         if name.len() > 63 {
             return Err(RestoreError::Copy {
@@ -399,15 +399,16 @@ impl Job {
         }
         if self.restore.base.is_none() {
             let mib = m.lvol_bytes.div_ceil(1 << 20);
-            return lvol::create_thin(c, m.lvs(), &name, mib)
+            return ops
+                .create_thin(m.lvs(), &name, mib)
                 .await
                 .map_err(m.failed(format!("creating {}", m.target())));
         }
         let base = restore_snapshot(&m.replica);
-        lvol::snapshot(c, &m.alias, &base)
+        ops.snapshot_lvol(&m.alias, &base)
             .await
             .map_err(m.failed(format!("snapshotting {} as {base}", m.alias)))?;
-        lvol::clone(c, &m.base_snap(), &name)
+        ops.clone_snapshot(&m.base_snap(), &name)
             .await
             .map_err(m.failed(format!("cloning {} as {}", m.base_snap(), m.target())))
     }
@@ -464,7 +465,7 @@ impl Job {
             base: r.base.as_deref(),
             data_offset: 0,
         };
-        let stats = mover::restore::fill_standby(&self.client, &from, &targets, &self.progress)
+        let stats = mover::restore::fill_standby(self.ops.client(), &from, &targets, &self.progress)
             .await
             .map_err(|e| match e {
                 mover::restore::FillError::Backup { source, .. } => (self.backup_error())(source),
@@ -482,7 +483,8 @@ impl Job {
             fetched = stats.blocks_downloaded, of = stats.blocks, "restored through the mover");
         for m in todo {
             let name = restored_snapshot(&m.replica);
-            lvol::snapshot(&self.client, &m.target(), &name)
+            self.ops
+                .snapshot_lvol(&m.target(), &name)
                 .await
                 .map_err(m.failed(format!("snapshotting {} as {name}", m.target())))?;
         }
@@ -606,7 +608,7 @@ impl Controller for LonghornRestoreController {
                 continue;
             };
             if inv.is_none() {
-                match Inventory::load(&self.client).await {
+                match Inventory::load(self.ops.client()).await {
                     Ok(i) => inv = Some(i),
                     Err(e) => {
                         let why = format!("reading spdk_tgt: {}", crate::util::error_chain(&e));
@@ -670,7 +672,7 @@ impl Controller for LonghornRestoreController {
             let progress = Arc::new(Progress::default());
             let ids: Vec<String> = members.iter().map(|m| m.replica.clone()).collect();
             let job = Job {
-                client: self.client.clone(),
+                ops: self.ops.clone(),
                 restore,
                 members,
                 progress: progress.clone(),

@@ -35,8 +35,8 @@ use crate::resources::longhorn::{
 };
 use crate::runtime::{ControllerError, ReconcileContext, Typed};
 use crate::spdk::naming::longhorn as naming;
+use crate::spdk::volume::ReplicaLvols;
 use crate::spdk::volume::naming::lvstore;
-use crate::spdk::volume::replica_lvols::{ReplicaLvols, reset_head};
 use crate::spdk::volume::{Inventory, RevertAsk, RevertHead, RevertMembers, RevertPeer, Reverted, TakeDown};
 
 impl LonghornController {
@@ -326,7 +326,10 @@ impl LonghornController {
             }
             let nqn = naming::replica_nqn(name)?;
             self.unexport(inv, nqn.as_str()).await?;
-            let kept = reset_head(&self.client, &lvs, name.as_str(), r.size_bytes, &have, &rq.chain).await;
+            let kept = self
+                .ops
+                .reset_head(&lvs, name.as_str(), r.size_bytes, &have, &rq.chain)
+                .await;
             *inv = Inventory::load(&self.client)
                 .await
                 .map_err(|source| InstanceError::Relist {

@@ -1,15 +1,18 @@
-//! Single writes the Longhorn layer and the restores share: an lvol deleted
-//! or renamed, a raid member taken out, a raid deleted, a controller
-//! detached, each done when already so; a head made again; an lvol grown; a
-//! bdev's QoS cap.
+//! Single writes of one SPDK object: an lvol deleted or renamed, a raid
+//! member taken out, a raid deleted, a controller detached, each done when
+//! already so; a head made again; an lvol grown; a bdev's QoS cap. Private
+//! to the engine: outside `spdk/volume` (the Longhorn controller, the
+//! replica-side calls, the restores) they are [`VolumeOps`] methods, so
+//! every SPDK write of the V2 engine goes through one door.
 
+use super::VolumeOps;
 use crate::spdk::rpc::ByName;
 use crate::spdk::{ClientError, ErrorKind, SpdkClient};
 
 /// Deletes lvol `alias` (`<lvstore>/<name>`); one that is not there is no
 /// error. SPDK refuses a snapshot two or more clones depend on ("Operation
 /// not permitted", `ErrorKind::Busy`).
-pub async fn delete_lvol(client: &SpdkClient, alias: &str) -> Result<(), ClientError> {
+pub(super) async fn delete_lvol(client: &SpdkClient, alias: &str) -> Result<(), ClientError> {
     match client.bdev_lvol_delete(&ByName::new(alias)).await {
         Ok(_) => Ok(()),
         Err(e) if e.is(ErrorKind::NotFound) => Ok(()),
@@ -19,7 +22,7 @@ pub async fn delete_lvol(client: &SpdkClient, alias: &str) -> Result<(), ClientE
 
 /// Takes bdev `member` out of the raid that holds it; one in no raid (or
 /// not there) is no error.
-pub async fn remove_raid_member(client: &SpdkClient, member: &str) -> Result<(), ClientError> {
+pub(super) async fn remove_raid_member(client: &SpdkClient, member: &str) -> Result<(), ClientError> {
     match client.bdev_raid_remove_base_bdev(&ByName::new(member)).await {
         Ok(_) => Ok(()),
         Err(e) if e.is(ErrorKind::NotFound) => Ok(()),
@@ -47,7 +50,7 @@ const DISABLE_RETRY: std::time::Duration = std::time::Duration::from_millis(100)
 /// and a two-target loop did it within seven rounds. A disabled controller's
 /// admin queue poller is paused (`bdev_nvme_disable_ctrlr_complete`), so no
 /// AEN is read from then on; the same loop disabling first never did in 150.
-pub async fn detach_controller(client: &SpdkClient, name: &str) -> Result<(), ClientError> {
+pub(super) async fn detach_controller(client: &SpdkClient, name: &str) -> Result<(), ClientError> {
     disable_controller(client, name).await;
     match client.bdev_nvme_detach_controller(&ByName::new(name)).await {
         Ok(_) => Ok(()),
@@ -69,7 +72,7 @@ async fn disable_controller(client: &SpdkClient, name: &str) {
 }
 
 /// Deletes raid bdev `name`; one that is not there is no error.
-pub async fn delete_raid(client: &SpdkClient, name: &str) -> Result<(), ClientError> {
+pub(super) async fn delete_raid(client: &SpdkClient, name: &str) -> Result<(), ClientError> {
     match client
         .bdev_raid_delete(&crate::spdk::rpc::RaidDelete::new(name))
         .await
@@ -81,7 +84,7 @@ pub async fn delete_raid(client: &SpdkClient, name: &str) -> Result<(), ClientEr
 }
 
 /// Makes thin lvol `name` of `mib` MiB in lvstore `lvs`; answers its UUID.
-pub async fn create_thin(
+pub(super) async fn create_thin(
     client: &SpdkClient,
     lvs: &str,
     name: &str,
@@ -93,7 +96,7 @@ pub async fn create_thin(
 }
 
 /// Renames lvol `alias` (`<lvstore>/<name>`) to `new_name` in its lvstore.
-pub async fn rename(client: &SpdkClient, alias: &str, new_name: &str) -> Result<(), ClientError> {
+pub(super) async fn rename(client: &SpdkClient, alias: &str, new_name: &str) -> Result<(), ClientError> {
     client
         .bdev_lvol_rename(&crate::spdk::rpc::LvolRename {
             old_name: alias.to_owned(),
@@ -105,7 +108,7 @@ pub async fn rename(client: &SpdkClient, alias: &str, new_name: &str) -> Result<
 
 /// What [`remake_head`] makes a head again from.
 #[derive(Debug, Clone, Copy)]
-pub enum HeadFrom<'a> {
+pub(super) enum HeadFrom<'a> {
     /// A clone of this snapshot (its alias, `lvs/name`).
     Snapshot(&'a str),
     /// A thin lvol of this many MiB, empty.
@@ -114,9 +117,9 @@ pub enum HeadFrom<'a> {
 
 /// A [`remake_head`] that failed: what it was doing, and SPDK's answer.
 #[derive(Debug)]
-pub struct RemakeFailed {
-    pub doing: String,
-    pub source: ClientError,
+pub(super) struct RemakeFailed {
+    pub(super) doing: String,
+    pub(super) source: ClientError,
 }
 
 /// Makes head `lvs/head` again: deleted (one not there is no error), then
@@ -124,7 +127,7 @@ pub struct RemakeFailed {
 /// UUID. Every head made again is made here: a revert's, a rebuild dest's
 /// (talon's local one, a Longhorn replica's); what else each deletes around
 /// it is its caller's rule.
-pub async fn remake_head(
+pub(super) async fn remake_head(
     client: &SpdkClient,
     lvs: &str,
     head: &str,
@@ -151,7 +154,7 @@ pub async fn remake_head(
 
 /// Grows lvol `lvol` (an alias `lvs/name`) to `mib` MiB (SPDK rounds up to
 /// whole clusters); an lvol under a raid or an export grows in place.
-pub async fn resize(client: &SpdkClient, lvol: &str, mib: u64) -> Result<(), ClientError> {
+pub(super) async fn resize(client: &SpdkClient, lvol: &str, mib: u64) -> Result<(), ClientError> {
     client
         .bdev_lvol_resize(&crate::spdk::rpc::LvolResize {
             name: lvol.to_owned(),
@@ -162,7 +165,7 @@ pub async fn resize(client: &SpdkClient, lvol: &str, mib: u64) -> Result<(), Cli
 }
 
 /// Snapshots lvol `lvol` (an alias `lvs/name`) as `snapshot` in its lvstore.
-pub async fn snapshot(client: &SpdkClient, lvol: &str, snapshot: &str) -> Result<(), ClientError> {
+pub(super) async fn snapshot(client: &SpdkClient, lvol: &str, snapshot: &str) -> Result<(), ClientError> {
     client
         .bdev_lvol_snapshot(&crate::spdk::rpc::LvolSnapshot {
             lvol_name: lvol.to_owned(),
@@ -176,7 +179,7 @@ pub async fn snapshot(client: &SpdkClient, lvol: &str, snapshot: &str) -> Result
 /// (SPDK's `bdev_set_qos_limit` `rw_mbytes_per_sec`). On v26.05 a limit set
 /// on a bdev nobody has open cannot be changed or lifted again (EAGAIN):
 /// cap only what is open (a raid member, an exported head).
-pub async fn set_qos_cap(client: &SpdkClient, bdev: &str, mbps: u64) -> Result<(), ClientError> {
+pub(super) async fn set_qos_cap(client: &SpdkClient, bdev: &str, mbps: u64) -> Result<(), ClientError> {
     client
         .bdev_set_qos_limit(&crate::spdk::rpc::QosLimit {
             name: bdev.to_owned(),
@@ -189,7 +192,7 @@ pub async fn set_qos_cap(client: &SpdkClient, bdev: &str, mbps: u64) -> Result<(
 /// Takes host `host` off subsystem `nqn`'s allowed hosts; SPDK then
 /// disconnects it (`nvmf_subsystem_remove_host` ends its connections). One
 /// not listed (or a subsystem that is not there) is no error.
-pub async fn disallow_host(client: &SpdkClient, nqn: &str, host: &str) -> Result<(), ClientError> {
+pub(super) async fn disallow_host(client: &SpdkClient, nqn: &str, host: &str) -> Result<(), ClientError> {
     match client
         .nvmf_subsystem_remove_host(&crate::spdk::rpc::SubsystemHostParams {
             nqn: nqn.to_owned(),
@@ -205,7 +208,7 @@ pub async fn disallow_host(client: &SpdkClient, nqn: &str, host: &str) -> Result
 
 /// Clones snapshot `snapshot` (an alias `lvs/name`) as thin lvol `name` in
 /// its lvstore; answers the clone's UUID.
-pub async fn clone(client: &SpdkClient, snapshot: &str, name: &str) -> Result<String, ClientError> {
+pub(super) async fn clone(client: &SpdkClient, snapshot: &str, name: &str) -> Result<String, ClientError> {
     client
         .bdev_lvol_clone(&crate::spdk::rpc::LvolClone {
             snapshot_name: snapshot.to_owned(),
@@ -216,7 +219,7 @@ pub async fn clone(client: &SpdkClient, snapshot: &str, name: &str) -> Result<St
 
 /// Makes snapshot `parent` the parent of thin lvol `lvol` (both aliases);
 /// spdk_tgt v26.05 takes it for an lvol a raid claims.
-pub async fn set_parent(client: &SpdkClient, lvol: &str, parent: &str) -> Result<(), ClientError> {
+pub(super) async fn set_parent(client: &SpdkClient, lvol: &str, parent: &str) -> Result<(), ClientError> {
     client
         .bdev_lvol_set_parent(&crate::spdk::rpc::LvolSetParent {
             lvol_name: lvol.to_owned(),
@@ -224,4 +227,51 @@ pub async fn set_parent(client: &SpdkClient, lvol: &str, parent: &str) -> Result
         })
         .await
         .map(|_| ())
+}
+
+/// The single writes of one object that the engine's users outside
+/// `spdk/volume` make (each as the function of the same name above says).
+impl VolumeOps {
+    /// Deletes lvol `alias`; one not there is no error ([`delete_lvol`]).
+    pub async fn delete_lvol(&self, alias: &str) -> Result<(), ClientError> {
+        delete_lvol(&self.client, alias).await
+    }
+    /// Takes bdev `member` out of its raid; none is no error ([`remove_raid_member`]).
+    pub async fn remove_raid_member(&self, member: &str) -> Result<(), ClientError> {
+        remove_raid_member(&self.client, member).await
+    }
+    /// Disables and detaches NVMe controller `name`; one not there is no
+    /// error ([`detach_controller`]).
+    pub async fn detach_controller(&self, name: &str) -> Result<(), ClientError> {
+        detach_controller(&self.client, name).await
+    }
+    /// Makes thin lvol `lvs/name` of `mib` MiB; answers its UUID.
+    pub async fn create_thin(&self, lvs: &str, name: &str, mib: u64) -> Result<String, ClientError> {
+        create_thin(&self.client, lvs, name, mib).await
+    }
+    /// Renames lvol `alias` to `new_name` in its lvstore.
+    pub async fn rename_lvol(&self, alias: &str, new_name: &str) -> Result<(), ClientError> {
+        rename(&self.client, alias, new_name).await
+    }
+    /// Grows lvol `lvol` to `mib` MiB ([`resize`]).
+    pub async fn resize_lvol(&self, lvol: &str, mib: u64) -> Result<(), ClientError> {
+        resize(&self.client, lvol, mib).await
+    }
+    /// Snapshots lvol `lvol` as `snapshot` in its lvstore.
+    pub async fn snapshot_lvol(&self, lvol: &str, name: &str) -> Result<(), ClientError> {
+        snapshot(&self.client, lvol, name).await
+    }
+    /// Caps (0 lifts) bdev `bdev`'s reads and writes at `mbps` MB/s; only
+    /// on a bdev someone has open ([`set_qos_cap`]).
+    pub async fn set_qos_cap(&self, bdev: &str, mbps: u64) -> Result<(), ClientError> {
+        set_qos_cap(&self.client, bdev, mbps).await
+    }
+    /// Clones snapshot `snapshot` as thin lvol `name`; answers its UUID.
+    pub async fn clone_snapshot(&self, snapshot: &str, name: &str) -> Result<String, ClientError> {
+        clone(&self.client, snapshot, name).await
+    }
+    /// Makes snapshot `parent` the parent of thin lvol `lvol` ([`set_parent`]).
+    pub async fn set_parent(&self, lvol: &str, parent: &str) -> Result<(), ClientError> {
+        set_parent(&self.client, lvol, parent).await
+    }
 }

@@ -53,17 +53,18 @@ pub mod error;
 mod export;
 pub mod freeze;
 pub mod from_file;
-pub mod lvol;
+mod lvol;
 pub mod mover;
 pub mod plan;
 mod raid;
 mod rebuild;
-pub mod replica_lvols;
+mod replica_lvols;
+mod replica_rebuild;
 mod revert;
 mod share;
 mod snapshot;
 mod switch;
-pub mod thin;
+mod thin;
 pub mod to_file;
 pub use engine::{EngineNames, EnginePlan, TakeDown};
 pub use export::{Export, NewSubsystem, RemoteAttach};
@@ -78,8 +79,13 @@ pub use super::naming::{
 pub use error::VolumeError;
 use plan::Make;
 pub use plan::{ExportSpec, VolumePlan, point_in_time_set, superblock_room};
+pub use replica_lvols::{ReplicaLvols, ResetHeadError};
+pub use replica_rebuild::{
+    Failed, ReplicaEnd, ReplicaPeers, ReplicaRebuild, ReplicaRebuilds, Thin, ThinError,
+};
 pub use revert::{RevertAsk, RevertHead, RevertMembers, RevertPeer, RevertRefused, Reverted};
 pub use snapshot::{Member, PointInTime, Taken, Unfreezable};
+pub use thin::CopyState;
 const MIB: u64 = 1 << 20;
 
 fn rpc(volume: &str, step: impl Into<String>) -> impl FnOnce(ClientError) -> VolumeError {

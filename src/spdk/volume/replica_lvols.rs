@@ -115,7 +115,7 @@ pub struct ResetHeadError {
 /// snapshot it does not share are deleted (the newest first), the head made
 /// again as a clone of the last shared one (or empty). Returns how many it
 /// shares.
-pub async fn reset_head(
+pub(super) async fn reset_head(
     client: &SpdkClient,
     lvs: &str,
     replica: &str,
@@ -167,6 +167,22 @@ pub async fn reset_head(
             source: f.source,
         })?;
     Ok(j)
+}
+
+impl super::VolumeOps {
+    /// Replica `replica`'s head (lvstore `lvs`, `size` bytes) made empty
+    /// right above the snapshots of `chain` it shares ([`reset_head`]);
+    /// answers how many it shares.
+    pub async fn reset_head(
+        &self,
+        lvs: &str,
+        replica: &str,
+        size: u64,
+        have: &ReplicaLvols,
+        chain: &[String],
+    ) -> Result<usize, ResetHeadError> {
+        reset_head(&self.client, lvs, replica, size, have, chain).await
+    }
 }
 
 #[cfg(test)]

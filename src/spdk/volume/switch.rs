@@ -1,6 +1,6 @@
 //! The switch of a thin rebuild, the one checked sequence of both engines
 //! (talon's `rebuild.rs`, a Longhorn engine's
-//! `controllers/engine/longhorn_thin.rs`): the step machine's
+//! `replica_rebuild.rs`): the step machine's
 //! [`thin::switch`](super::thin::switch) calls [`VolumeOps::switch_close`],
 //! then copies the idle source head's last clusters into the dest, then
 //! [`VolumeOps::switch_join`]; a switch that fails in any part is undone by

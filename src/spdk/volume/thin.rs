@@ -1,5 +1,5 @@
 //! What every thin rebuild shares, talon's (`rebuild.rs`) and a Longhorn
-//! engine's (`controllers/longhorn/thin.rs`): the step machine that
+//! engine's (`replica_rebuild.rs`): the step machine that
 //! carries it out, one shallow copy started and asked where it stands, the
 //! order of the steps, how far a rebuild is, and the next rebuild
 //! snapshot's number.
@@ -20,7 +20,8 @@
 //! own, whose source is a replica in this target and whose dest is one too
 //! or is served by another node (`rebuild.rs`), and a Longhorn engine's,
 //! either of whose ends may be on another node, copied by that node's
-//! target (`controllers/longhorn/thin.rs`). What differs is behind
+//! target (`replica_rebuild.rs`; that node is asked through
+//! `ReplicaPeers`, Longhorn's SPDKService). What differs is behind
 //! [`Ends`]: how each end is named, asked and written. The last step, the
 //! switch ([`switch`]), is one sequence for both too, with one rule for how
 //! much it copies while the hosts wait ([`switch_bytes`]); its close, join
@@ -182,7 +183,7 @@ impl CopyState {
 
 /// Starts copying the clusters snapshot lvol `src` holds of its own into
 /// bdev `dst` (`bdev_lvol_start_shallow_copy`); answers the operation id.
-pub async fn start_copy(client: &SpdkClient, src: &str, dst: &str) -> Result<u32, ClientError> {
+pub(super) async fn start_copy(client: &SpdkClient, src: &str, dst: &str) -> Result<u32, ClientError> {
     client
         .bdev_lvol_start_shallow_copy(&StartShallowCopy {
             src_lvol_name: src.to_owned(),
@@ -194,22 +195,22 @@ pub async fn start_copy(client: &SpdkClient, src: &str, dst: &str) -> Result<u32
 
 /// Where copy `op` stands. An id spdk_tgt does not know (it restarted) is
 /// the error its answer carries.
-pub async fn copy_state(client: &SpdkClient, op: u32) -> Result<CopyState, ClientError> {
+pub(super) async fn copy_state(client: &SpdkClient, op: u32) -> Result<CopyState, ClientError> {
     client
         .bdev_lvol_check_shallow_copy(&CheckShallowCopy { operation_id: op })
         .await
         .map(CopyState::from)
 }
 
-/// Copy `op`'s state once it no longer runs, or after `within`.
-pub async fn wait_copy(client: &SpdkClient, op: u32, within: Duration) -> Result<CopyState, ClientError> {
-    let deadline = tokio::time::Instant::now() + within;
-    loop {
-        let s = copy_state(client, op).await?;
-        if !matches!(s, CopyState::Running(_)) || tokio::time::Instant::now() >= deadline {
-            return Ok(s);
-        }
-        tokio::time::sleep(POLL).await;
+impl super::VolumeOps {
+    /// Starts copying the clusters snapshot lvol `src` holds of its own
+    /// into bdev `dst` ([`start_copy`]); answers the operation id.
+    pub async fn start_shallow_copy(&self, src: &str, dst: &str) -> Result<u32, ClientError> {
+        start_copy(&self.client, src, dst).await
+    }
+    /// Where shallow copy `op` stands ([`copy_state`]).
+    pub async fn shallow_copy_state(&self, op: u32) -> Result<CopyState, ClientError> {
+        copy_state(&self.client, op).await
     }
 }
 
