@@ -1,7 +1,7 @@
 //! A Longhorn-named replica's lvols as a thin rebuild sees them (its head
 //! `<lvs>/<r>` and snapshots `<lvs>/<r>-snap-<s>`), and the write a rebuild
 //! makes of them before it copies: the head made empty again right above
-//! the snapshots it shares with the source ([`reset_head`]). The engine's
+//! the snapshots it shares with the source ([`VolumeOps::reset_head`](super::VolumeOps::reset_head)). The engine's
 //! controller and the replica node's rebuild calls both use them; the copy
 //! itself is [`super::thin::start_copy`].
 
@@ -9,8 +9,8 @@ use std::collections::BTreeMap;
 
 use super::Inventory;
 use crate::resources::longhorn::snapshot_lvol;
+use crate::spdk::ClientError;
 use crate::spdk::volume::lvol::{HeadFrom, remake_head};
-use crate::spdk::{ClientError, SpdkClient};
 
 const MIB: u64 = 1 << 20;
 
@@ -99,7 +99,7 @@ impl ReplicaLvols {
     }
 }
 
-/// A [`reset_head`] that failed: the step (naming the lvol) and SPDK's answer.
+/// A [`VolumeOps::reset_head`](super::VolumeOps::reset_head) that failed: the step (naming the lvol) and SPDK's answer.
 #[derive(Debug, thiserror::Error)]
 #[error("{step}")]
 pub struct ResetHeadError {
@@ -110,69 +110,12 @@ pub struct ResetHeadError {
     pub source: ClientError,
 }
 
-/// Makes replica `replica`'s head (in lvstore `lvs`, `size` bytes) empty
-/// right above the snapshots of `chain` it shares: the head and every
-/// snapshot it does not share are deleted (the newest first), the head made
-/// again as a clone of the last shared one (or empty). Returns how many it
-/// shares.
-pub(super) async fn reset_head(
-    client: &SpdkClient,
-    lvs: &str,
-    replica: &str,
-    size: u64,
-    have: &ReplicaLvols,
-    chain: &[String],
-) -> Result<usize, ResetHeadError> {
-    let j = have.shared(chain);
-    let shared = &chain[..j];
-    let alias = |name: &str| format!("{lvs}/{name}");
-    let delete = |a: String| async move {
-        crate::spdk::volume::lvol::delete_lvol(client, &a)
-            .await
-            .map_err(|source| ResetHeadError {
-                step: format!("deleting {a}"),
-                source,
-            })
-    };
-    // the head goes first: a snapshot not shared may be its parent (SPDK
-    // would merge it into the head); `remake_head` below finds it gone
-    delete(alias(replica)).await?;
-    // the snapshots not shared, the newest first (a child before its parent)
-    let depth = |s: &String| {
-        let mut d = 0;
-        let mut at = have.snapshots.get(s).and_then(|(p, _)| p.clone());
-        while let Some(p) = at {
-            d += 1;
-            if d > 4096 {
-                break;
-            }
-            at = have.snapshots.get(&p).and_then(|(pp, _)| pp.clone());
-        }
-        d
-    };
-    let mut stale: Vec<&String> = have.snapshots.keys().filter(|s| !shared.contains(s)).collect();
-    stale.sort_by_key(|s| std::cmp::Reverse(depth(s)));
-    for s in stale {
-        delete(alias(&snapshot_lvol(replica, s))).await?;
-    }
-    let parent = shared.last().map(|p| alias(&snapshot_lvol(replica, p)));
-    let from = match &parent {
-        Some(p) => HeadFrom::Snapshot(p),
-        None => HeadFrom::Fresh(size.div_ceil(MIB)),
-    };
-    remake_head(client, lvs, replica, from)
-        .await
-        .map_err(|f| ResetHeadError {
-            step: format!("{} to rebuild it", f.doing),
-            source: f.source,
-        })?;
-    Ok(j)
-}
-
 impl super::VolumeOps {
-    /// Replica `replica`'s head (lvstore `lvs`, `size` bytes) made empty
-    /// right above the snapshots of `chain` it shares ([`reset_head`]);
-    /// answers how many it shares.
+    /// Makes replica `replica`'s head (in lvstore `lvs`, `size` bytes) empty
+    /// right above the snapshots of `chain` it shares: the head and every
+    /// snapshot it does not share are deleted (the newest first), the head made
+    /// again as a clone of the last shared one (or empty). Returns how many it
+    /// shares.
     pub async fn reset_head(
         &self,
         lvs: &str,
@@ -181,7 +124,51 @@ impl super::VolumeOps {
         have: &ReplicaLvols,
         chain: &[String],
     ) -> Result<usize, ResetHeadError> {
-        reset_head(&self.client, lvs, replica, size, have, chain).await
+        let client = &self.client;
+        let j = have.shared(chain);
+        let shared = &chain[..j];
+        let alias = |name: &str| format!("{lvs}/{name}");
+        let delete = |a: String| async move {
+            crate::spdk::volume::lvol::delete_lvol(client, &a)
+                .await
+                .map_err(|source| ResetHeadError {
+                    step: format!("deleting {a}"),
+                    source,
+                })
+        };
+        // the head goes first: a snapshot not shared may be its parent (SPDK
+        // would merge it into the head); `remake_head` below finds it gone
+        delete(alias(replica)).await?;
+        // the snapshots not shared, the newest first (a child before its parent)
+        let depth = |s: &String| {
+            let mut d = 0;
+            let mut at = have.snapshots.get(s).and_then(|(p, _)| p.clone());
+            while let Some(p) = at {
+                d += 1;
+                if d > 4096 {
+                    break;
+                }
+                at = have.snapshots.get(&p).and_then(|(pp, _)| pp.clone());
+            }
+            d
+        };
+        let mut stale: Vec<&String> = have.snapshots.keys().filter(|s| !shared.contains(s)).collect();
+        stale.sort_by_key(|s| std::cmp::Reverse(depth(s)));
+        for s in stale {
+            delete(alias(&snapshot_lvol(replica, s))).await?;
+        }
+        let parent = shared.last().map(|p| alias(&snapshot_lvol(replica, p)));
+        let from = match &parent {
+            Some(p) => HeadFrom::Snapshot(p),
+            None => HeadFrom::Fresh(size.div_ceil(MIB)),
+        };
+        remake_head(client, lvs, replica, from)
+            .await
+            .map_err(|f| ResetHeadError {
+                step: format!("{} to rebuild it", f.doing),
+                source: f.source,
+            })?;
+        Ok(j)
     }
 }
 

@@ -1,0 +1,342 @@
+//! The V2 engine's conformance: one scenario with one set of assertions,
+//! run through both producers of an engine on one talon node with a real
+//! spdk_tgt (skipped, saying so, without `TALON_SPDK_DIR`):
+//! - talon's own volume (`volume_create` on the admin API, two replicas on
+//!   the node's disks `t1`, `t2`), whose controller rebuilds a replica that
+//!   fell behind by itself;
+//! - a Longhorn engine over two replicas of the same node (instance-manager
+//!   calls; the test plays longhorn-manager: a replica that fell out is
+//!   ERR, it removes it and adds it back).
+//!
+//! ```text
+//!   write a, snapshot s1          both replicas in service
+//!   replica 1 leaves the raid1    out of service until rebuilt (ERR, or
+//!                                 rebuilt within the controller's pass)
+//!   write c                       replica 0 takes it (alone, while 1 is out)
+//!   the control plane rebuilds    replica 1 in service again: thin, with s1
+//!   replica 0 leaves the raid1    replica 1 alone serves: it reads c
+//! ```
+//!
+//! The same outcome on both is what "one engine" promises; the parallel
+//! suites (`spdk_volume_real`, `longhorn_proxy`) go deeper into each.
+
+#[path = "support/longhorn_nodes.rs"]
+mod longhorn_nodes;
+#[path = "support/longhorn_req.rs"]
+mod longhorn_req;
+#[path = "support/spdk_dd.rs"]
+#[allow(dead_code)] // a part is used here
+mod spdk_dd;
+#[path = "support/spdk_perf.rs"]
+#[allow(dead_code)]
+mod spdk_perf;
+#[path = "support/spdk_real.rs"]
+mod spdk_real;
+
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use talon::proto::imrpc::instance_service_client::InstanceServiceClient;
+use talon::proto::imrpc::proxy_engine_service_client::ProxyEngineServiceClient;
+use talon::runtime::testing::eventually;
+use talon::spdk::SpdkClient;
+use talon::spdk::rpc::ByName;
+use talon::spdk::volume::Inventory;
+use tonic::transport::Channel;
+
+use longhorn_nodes::{
+    ERR, Node, RW, engine, free_base, modes, pattern, replica_add, replica_remove, running,
+};
+
+const MIB: u64 = 1 << 20;
+/// The data written: spdk_dd's blocks of 64 KiB.
+const LEN: usize = 8 << 20;
+const SIZE: u64 = 32 * MIB;
+const WAIT: Duration = Duration::from_secs(120);
+
+/// What produced the engine under test, and what its control plane does.
+enum Producer {
+    /// talon's own volume `cv`.
+    Talon { admin: talon::client::Client },
+    /// Longhorn engine `vol-e-0` over replicas `vol-r-a` (disk-a), `vol-r-b`
+    /// (disk-b), both on this node.
+    Longhorn {
+        proxy: ProxyEngineServiceClient<Channel>,
+        /// The replicas' names and addresses, replica 0 first.
+        replicas: [(String, String); 2],
+    },
+}
+
+/// Where the engine is exported.
+struct Served {
+    nqn: String,
+    port: u16,
+}
+
+impl Producer {
+    fn what(&self) -> &'static str {
+        match self {
+            Producer::Talon { .. } => "talon volume",
+            Producer::Longhorn { .. } => "Longhorn engine",
+        }
+    }
+
+    /// The engine's raid1.
+    fn raid(&self) -> &'static str {
+        match self {
+            Producer::Talon { .. } => "talon-raid-cv",
+            Producer::Longhorn { .. } => "vol-e-0",
+        }
+    }
+
+    /// Replica `k`'s head lvol's name.
+    fn head(&self, k: usize) -> String {
+        match self {
+            Producer::Talon { .. } => format!("cv-r{k}"),
+            Producer::Longhorn { replicas, .. } => replicas[k].0.clone(),
+        }
+    }
+
+    async fn snapshot(&mut self, name: &str) {
+        match self {
+            Producer::Talon { admin } => {
+                let _: Value = admin
+                    .call(
+                        "snapshot_create",
+                        json!({"volume": "cv", "name": name, "wait": true}),
+                    )
+                    .await
+                    .unwrap_or_else(|e| panic!("snapshot_create cv@{name}: {e}"));
+            }
+            Producer::Longhorn { proxy, .. } => {
+                longhorn_nodes::snapshot(proxy, name)
+                    .await
+                    .unwrap_or_else(|e| panic!("VolumeSnapshot {name}: {e}"));
+            }
+        }
+    }
+
+    /// Whether replica `k` counts as up to date: in talon's ledger, RW
+    /// for Longhorn.
+    async fn in_service(&self, k: usize) -> bool {
+        match self {
+            Producer::Talon { admin } => admin
+                .get("ReplicaLedger", "cv")
+                .await
+                .ok()
+                .and_then(|r| r.spec["inSync"].as_array().cloned())
+                .is_some_and(|s| s.iter().any(|x| x.as_u64() == Some(k as u64))),
+            Producer::Longhorn { proxy, replicas } => {
+                let at = format!("tcp://{}", replicas[k].1);
+                modes(&mut proxy.clone())
+                    .await
+                    .iter()
+                    .any(|(a, m)| *a == at && *m == RW)
+            }
+        }
+    }
+
+    /// What the control plane does once replica `k` fell out: talon's
+    /// controller rebuilds it by itself; longhorn-manager sees it ERR,
+    /// removes it and adds it back.
+    async fn bring_back(&mut self, k: usize) {
+        if let Producer::Longhorn { proxy, replicas } = self {
+            let at = format!("tcp://{}", replicas[k].1);
+            eventually(&format!("{} ERR", replicas[k].0), WAIT, || async {
+                let mut p = proxy.clone();
+                modes(&mut p)
+                    .await
+                    .iter()
+                    .any(|(a, m)| *a == at && *m == ERR)
+                    .then_some(())
+            })
+            .await;
+            replica_remove(proxy, &replicas[k].0).await;
+            replica_add(proxy, &replicas[k].0, &replicas[k].1)
+                .await
+                .unwrap_or_else(|e| panic!("ReplicaAdd {}: {e}", replicas[k].0));
+        }
+    }
+}
+
+/// The raid1 member that is replica `head`'s lvol, in service, if any.
+async fn member(spdk: &SpdkClient, raid: &str, head: &str) -> Option<String> {
+    let inv = Inventory::load(spdk).await.ok()?;
+    let l = inv.lvols.values().find(|l| l.name == head)?;
+    inv.raid(raid)?
+        .base_bdevs_list
+        .iter()
+        .filter(|b| b.is_configured)
+        .find(|b| {
+            b.name.as_deref().is_some_and(|n| n == l.alias || n == l.uuid)
+                || b.uuid.as_deref() == Some(l.uuid.as_str())
+        })
+        .and_then(|b| b.name.clone())
+}
+
+/// The bytes replica `head`'s lvols hold (its head and its snapshots, by
+/// either producer's names: `<head>.s.<snap>`, `<head>-snap-<snap>`).
+async fn held(node: &Node, head: &str) -> u64 {
+    let inv = Inventory::load(&node.spdk).await.expect("inventory");
+    let cluster = inv.lvstores.first().map_or(0, |l| l.cluster_size);
+    let (dot, dash) = (format!("{head}.s."), format!("{head}-snap-"));
+    inv.lvols
+        .values()
+        .filter(|l| l.name == head || l.name.starts_with(&dot) || l.name.starts_with(&dash))
+        .map(|l| l.num_allocated_clusters * cluster)
+        .sum()
+}
+
+/// Replica `k` taken out of the raid1, as a failed write takes a member out.
+async fn leaves(spdk: &SpdkClient, p: &Producer, k: usize) {
+    let head = p.head(k);
+    let m = member(spdk, p.raid(), &head)
+        .await
+        .unwrap_or_else(|| panic!("{}: {head} is no member of {}", p.what(), p.raid()));
+    spdk.bdev_raid_remove_base_bdev(&ByName::new(&m))
+        .await
+        .unwrap_or_else(|e| panic!("{}: taking {m} out: {e}", p.what()));
+}
+
+/// Reads the engine's first `LEN` bytes, or writes `data` there, through
+/// its export (connecting again while a rebuild's switch closes it).
+async fn dd(spdk_dir: &Path, work: &Path, s: &Served, data: Option<Vec<u8>>, what: &str) -> Vec<u8> {
+    let (spdk_dir, work, nqn, port, what) = (
+        spdk_dir.to_path_buf(),
+        work.to_path_buf(),
+        s.nqn.clone(),
+        s.port,
+        what.to_owned(),
+    );
+    tokio::task::spawn_blocking(move || {
+        spdk_dd::dd_retried(&spdk_dir, &work, port, &nqn, data.as_deref(), LEN, &what)
+    })
+    .await
+    .expect("dd task")
+}
+
+/// The scenario (see the module), with its assertions, on `p`.
+async fn missed_writes(spdk_dir: &Path, node: &Node, mut p: Producer, s: Served) {
+    let what = p.what();
+    let work = node.dir.path().join(format!("dd-{}", p.raid()));
+    std::fs::create_dir_all(&work).expect("dd dir");
+    let a = pattern(LEN, 1);
+    dd(spdk_dir, &work, &s, Some(a), &format!("{what}: write a")).await;
+    p.snapshot("s1").await;
+    for k in 0..2 {
+        let p = &p;
+        eventually(&format!("{what}: replica {k} in service"), WAIT, || async move {
+            p.in_service(k).await.then_some(())
+        })
+        .await;
+    }
+
+    // replica 1 leaves; the writes that follow may miss it (Longhorn's: it
+    // is ERR until the manager adds it back; talon's controller may have
+    // rebuilt it within the pass that saw it go, whose ledger then never
+    // shows it out: the raid superblock records the leave meanwhile)
+    leaves(&node.spdk, &p, 1).await;
+    let c = pattern(LEN, 3);
+    dd(spdk_dir, &work, &s, Some(c.clone()), &format!("{what}: write c")).await;
+
+    // rebuilt (by the controller, or after ReplicaAdd): up to date again
+    p.bring_back(1).await;
+    let t = std::time::Instant::now();
+    let mut back = false;
+    while t.elapsed() < WAIT {
+        if p.in_service(1).await && member(&node.spdk, p.raid(), &p.head(1)).await.is_some() {
+            back = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(back, "{what}: replica 1 not rebuilt into the raid1 in {WAIT:?}");
+    // thin: about what its source holds (s1's data and c's), not the volume
+    let (h0, h1) = (held(node, &p.head(0)).await, held(node, &p.head(1)).await);
+    eprintln!(
+        "{what}: replica 1 rebuilt in {:?}; holds {} MiB, replica 0 {} MiB",
+        t.elapsed(),
+        h1 >> 20,
+        h0 >> 20
+    );
+    assert!(
+        h1 >= 2 * LEN as u64 && h1 <= h0 + 4 * MIB,
+        "{what}: the rebuilt replica holds {h1} bytes, its source {h0}"
+    );
+    let lvols = node.lvols().await;
+    assert!(
+        lvols.iter().any(|l| l.contains(&p.head(1)) && l.contains("s1")),
+        "{what}: the rebuilt replica has s1 again: {lvols:?}"
+    );
+
+    // replica 0 leaves: replica 1 alone serves c
+    leaves(&node.spdk, &p, 0).await;
+    let read = dd(spdk_dir, &work, &s, None, &format!("{what}: read")).await;
+    assert!(
+        read == c,
+        "{what}: the rebuilt replica alone does not read back the writes it missed"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_spdk_a_replica_that_missed_writes_conforms_on_both_producers() {
+    let test = "real_spdk_a_replica_that_missed_writes_conforms_on_both_producers";
+    let Some(spdk) = spdk_real::spdk_dir_with(test, &["spdk_dd"]) else {
+        return;
+    };
+    let ip = IpAddr::from([127, 0, 0, 1]);
+    let base = free_base(&[ip]);
+    let port = spdk_real::free_port();
+    let disks = tempfile::tempdir().expect("disks dir");
+    let file = |d: &str| -> PathBuf { disks.path().join(format!("{d}.img")) };
+    let extra = format!(
+        "  nvmfPort: {port}\ndisks:\n  t1:\n    path: {}\n    sizeBytes: {}\n  t2:\n    path: {}\n    sizeBytes: {}\n",
+        file("t1").display(),
+        256 * MIB,
+        file("t2").display(),
+        256 * MIB
+    );
+    let node = Node::with_config(ip, base, Some(&spdk), "0x1", &extra).await;
+    let admin = talon::client::Client::connect_unix(&node.dir.path().join("run/talon.sock"))
+        .await
+        .expect("talon's API");
+
+    // talon's own volume
+    for d in ["t1", "t2"] {
+        eventually(&format!("disk {d} ready"), WAIT, || async {
+            let r = admin.get("DiskStatus", d).await.ok()?;
+            (r.spec["state"] == "ready").then_some(())
+        })
+        .await;
+    }
+    let v: Value = admin
+        .call(
+            "volume_create",
+            json!({"name": "cv", "sizeBytes": SIZE, "replicas": 2, "engine": "v2",
+                   "disks": ["t1", "t2"], "wait": true}),
+        )
+        .await
+        .expect("volume_create cv");
+    let export = &v["engine"]["exports"][0];
+    let served = Served {
+        nqn: export["name"].as_str().expect("nqn").to_owned(),
+        port: u16::try_from(export["port"].as_u64().expect("port")).expect("port"),
+    };
+    missed_writes(&spdk, &node, Producer::Talon { admin }, served).await;
+
+    // a Longhorn engine, on the same node and target
+    let a = node.replica("disk-a", "vol-r-a", SIZE).await;
+    let b = node.replica("disk-b", "vol-r-b", SIZE).await;
+    engine(&node, &[("vol-r-a", &a), ("vol-r-b", &b)], SIZE, "").await;
+    let inst = InstanceServiceClient::new(node.channel(3).await);
+    let st = running(&inst, "vol-e-0", "engine").await;
+    let served = Served {
+        nqn: "nqn.2023-01.io.longhorn.spdk:volume-vol".into(),
+        port: u16::try_from(st.port_start).expect("port"),
+    };
+    let proxy = ProxyEngineServiceClient::new(node.channel(1).await);
+    let replicas = [("vol-r-a".to_owned(), a), ("vol-r-b".to_owned(), b)];
+    missed_writes(&spdk, &node, Producer::Longhorn { proxy, replicas }, served).await;
+}
