@@ -230,7 +230,7 @@ pub(super) async fn set_parent(client: &SpdkClient, lvol: &str, parent: &str) ->
 }
 
 /// The single writes of one object that the engine's users outside
-/// `spdk/volume` make (each as the function of the same name above says).
+/// `spdk/volume` make (each as the function it calls above says).
 impl VolumeOps {
     /// Deletes lvol `alias`; one not there is no error ([`delete_lvol`]).
     pub async fn delete_lvol(&self, alias: &str) -> Result<(), ClientError> {

@@ -1,7 +1,8 @@
 //! A Longhorn-named replica's lvols as a thin rebuild sees them (its head
 //! `<lvs>/<r>` and snapshots `<lvs>/<r>-snap-<s>`), and the write a rebuild
 //! makes of them before it copies: the head made empty again right above
-//! the snapshots it shares with the source ([`VolumeOps::reset_head`](super::VolumeOps::reset_head)). The engine's
+//! the snapshots it shares with the source
+//! ([`VolumeOps::reset_head`](super::VolumeOps::reset_head)). The engine's
 //! controller and the replica node's rebuild calls both use them; the copy
 //! itself is [`super::thin::start_copy`].
 
@@ -99,7 +100,8 @@ impl ReplicaLvols {
     }
 }
 
-/// A [`VolumeOps::reset_head`](super::VolumeOps::reset_head) that failed: the step (naming the lvol) and SPDK's answer.
+/// A [`VolumeOps::reset_head`](super::VolumeOps::reset_head) that failed:
+/// the step (naming the lvol) and SPDK's answer.
 #[derive(Debug, thiserror::Error)]
 #[error("{step}")]
 pub struct ResetHeadError {
