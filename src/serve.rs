@@ -591,7 +591,7 @@ pub async fn serve_with(
                 token,
                 tls_server,
                 crate::api::server::TcpLimits::default(),
-                methods,
+                methods.clone(),
                 stopped(stop_rx.clone()),
             )))
         }
@@ -646,7 +646,14 @@ pub async fn serve_with(
     }
     let stop_targets = deps.targets_on_exit.stops();
     runtime.shutdown().await;
-    drop(state);
+    // the store is closed when serve returns (a talon started again in the
+    // same process opens it); a task that still holds it is named by count
+    drop(methods); // the API's context holds the store too
+    let held = state.close(crate::util::conn::STOP_GRACE).await;
+    if held > 0 {
+        tracing::warn!(held, grace = ?crate::util::conn::STOP_GRACE,
+            "the state store is still held by tasks of this talon after the grace; it closes when they end");
+    }
     if stop_targets {
         tracing::info!("stopped (targets stopped too)");
     } else {

@@ -178,3 +178,53 @@ async fn idle_connections_and_stalled_streams_are_bounded_and_the_good_client_se
     drop(admin);
     d.stop().await;
 }
+
+/// A stopped talon lets go of its state store although clients keep calls
+/// open (an InstanceWatch stream, as longhorn-manager keeps one; a call
+/// whose request body never comes; a connection that never speaks): the
+/// next `talon serve` on the same data dir and ports starts. Before, the stop
+/// aborted the gRPC servers after the grace, but tonic serves each
+/// connection in a task of its own; a connection with a call still open
+/// went on holding the service and the store, and the next serve in the
+/// same process found the store open (a restart test's daemon never came up).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_talon_lets_go_of_its_store_although_clients_keep_calls_open() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let base = free_base();
+    let d = Daemon::serve(serve_daemon::v1_opts(dir.path()), base, instance_ports(base)).await;
+    let mut inst = InstanceServiceClient::new(d.channel(3).await);
+    let mut watch = inst.instance_watch(()).await.expect("watch").into_inner();
+    let silent = connect_from([127, 0, 0, 1], base + 1).await;
+    // a call whose request body never comes (the default bound on a
+    // message's wait is longer than the stop's grace)
+    let tcp = connect_from([127, 0, 0, 1], base + 3).await;
+    let (h2, conn) = h2::client::handshake(tcp).await.expect("HTTP/2");
+    tokio::spawn(conn);
+    let mut h2 = h2.ready().await.expect("ready");
+    let req = http::Request::post(format!(
+        "http://127.0.0.1:{}/imrpc.InstanceService/InstanceList",
+        base + 3
+    ))
+    .header("content-type", "application/grpc")
+    .header("te", "trailers")
+    .body(())
+    .expect("request");
+    let (_resp, held_body) = h2.send_request(req, false).expect("send headers only");
+    d.stop().await;
+    // the watch ends with the stop (an error or its end), it is not left open
+    let ended = tokio::time::timeout(Duration::from_secs(30), async {
+        loop {
+            match watch.message().await {
+                Ok(Some(_)) => continue,
+                other => return other.map(|_| ()),
+            }
+        }
+    })
+    .await;
+    assert!(ended.is_ok(), "the watch stream was left open after the stop");
+    // the same data dir and ports serve again: the store was let go
+    let again = Daemon::serve(serve_daemon::v1_opts(dir.path()), base, instance_ports(base)).await;
+    good_call(&again).await.expect("the daemon started again answers");
+    drop((silent, inst, held_body));
+    again.stop().await;
+}

@@ -20,7 +20,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 
-use crate::util::conn::{Bounded, ConnCounter, RateLimitedLog};
+use crate::util::conn::{Bounded, Closer, ConnCounter, RateLimitedLog};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 
@@ -85,24 +85,25 @@ pub struct AcceptLogs {
 
 /// The accepted connections of one port, counted in `counter`: a connection
 /// over a bound is closed at once (logged in `logs`); an accept error
-/// (EMFILE) pauses 50 ms instead of spinning.
+/// (EMFILE) pauses 50 ms instead of spinning; `closer` closes them all at a stop.
 pub fn incoming(
     listener: tokio::net::TcpListener,
     counter: ConnCounter,
     limits: GrpcLimits,
     logs: std::sync::Arc<AcceptLogs>,
+    closer: Closer,
 ) -> impl futures::Stream<Item = Result<Bounded<tokio::net::TcpStream>, std::io::Error>> + Send + 'static {
     futures::stream::unfold(
-        (listener, counter, limits, logs),
-        |(listener, counter, limits, logs)| async move {
+        (listener, counter, limits, logs, closer),
+        |(listener, counter, limits, logs, closer)| async move {
             loop {
                 match listener.accept().await {
                     Ok((s, peer)) => {
                         match counter.take(peer.ip(), limits.max_connections, limits.max_per_peer) {
                             Ok(slot) => {
                                 let _ = s.set_nodelay(true);
-                                let conn = Bounded::new(s, limits.idle, Some(slot));
-                                return Some((Ok(conn), (listener, counter, limits, logs)));
+                                let conn = Bounded::new(s, limits.idle, Some(slot)).closed_by(&closer);
+                                return Some((Ok(conn), (listener, counter, limits, logs, closer)));
                             }
                             Err(why) => {
                                 logs.refused.warn(

@@ -159,12 +159,19 @@ pub async fn serve(
     let counter = crate::util::conn::ConnCounter::default();
     let refusals = std::sync::Arc::new(super::bounds::AcceptLogs::default());
     let served = std::sync::Arc::new(ServedPaths::from_protos());
+    let closer = crate::util::conn::Closer::default();
     let mut tasks = Vec::new();
     for (i, (addr, listener)) in bound.listeners.into_iter().enumerate() {
         let service = super::SERVICES[i];
         let routes = routes(i, &lh).await?;
         let mut rx = rx.clone();
-        let incoming = super::bounds::incoming(listener, counter.clone(), limits.clone(), refusals.clone());
+        let incoming = super::bounds::incoming(
+            listener,
+            counter.clone(),
+            limits.clone(),
+            refusals.clone(),
+            closer.clone(),
+        );
         let message = limits.message;
         let served = served.clone();
         let server = tonic::transport::Server::builder()
@@ -194,27 +201,47 @@ pub async fn serve(
     shutdown.await;
     lh.stopping.send_replace(true);
     let _ = tx.send(true);
-    // open calls get STOP_GRACE to finish; then the servers go, and with them
-    // connections that never finish a request (else the stop waits for their
-    // idle bound)
+    // open calls get STOP_GRACE to finish; then the connections still open
+    // (a watch stream, a call that never finishes) are closed, so each
+    // server's wait for its connections ends and every connection task lets
+    // go of the service (and the state store it holds): a stop that only
+    // aborted the servers left tonic's per-connection tasks serving
     let deadline = tokio::time::Instant::now() + crate::util::conn::STOP_GRACE;
     let mut first_err = None;
     for (i, mut t) in tasks.into_iter().enumerate() {
-        match tokio::time::timeout_at(deadline, &mut t).await {
-            Ok(Ok(Err(e))) if first_err.is_none() => first_err = Some(e),
-            Ok(_) => {}
+        let ended = match tokio::time::timeout_at(deadline, &mut t).await {
+            Ok(r) => r,
             Err(_) => {
-                t.abort();
+                closer.close();
                 tracing::info!(
                     service = super::SERVICES[i],
                     grace = ?crate::util::conn::STOP_GRACE,
                     "connections still open after the grace period closed"
                 );
+                match tokio::time::timeout(CLOSE_BOUND, &mut t).await {
+                    Ok(r) => r,
+                    Err(_) => {
+                        t.abort();
+                        // dropped (with its listener and service) before the stop returns
+                        let _ = t.await;
+                        tracing::warn!(service = super::SERVICES[i], bound = ?CLOSE_BOUND,
+                            "a server did not end after its connections were closed; aborted");
+                        continue;
+                    }
+                }
             }
+        };
+        if let Ok(Err(e)) = ended
+            && first_err.is_none()
+        {
+            first_err = Some(e);
         }
     }
     first_err.map_or(Ok(()), Err)
 }
+
+/// How long a server gets to end once its connections were closed.
+const CLOSE_BOUND: Duration = Duration::from_secs(5);
 
 /// Health, reflection and the service of port `i`.
 async fn routes(i: usize, lh: &Longhorn) -> Result<tonic::service::Routes, ServeError> {

@@ -13,6 +13,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
+use std::time::Duration;
 
 use redb::{ReadableDatabase, ReadableTable, TableDefinition};
 use serde::{Deserialize, Serialize};
@@ -169,6 +170,24 @@ fn persist_err(ty: &str, id: &str, e: impl Into<redb::Error>) -> StateError {
 }
 
 impl State {
+    /// Lets go of this handle and waits, up to `within`, until no other
+    /// handle to the store is left (tasks that still hold one end their
+    /// work), so the store file is closed and the next open of it succeeds.
+    /// Returns how many handles were still held when the wait gave up (0:
+    /// closed).
+    pub async fn close(self, within: Duration) -> usize {
+        let inner = Arc::downgrade(&self.inner);
+        drop(self);
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            let held = inner.strong_count();
+            if held == 0 || tokio::time::Instant::now() >= deadline {
+                return held;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
     /// A store with nothing persisted (tests, benchmarks).
     pub fn in_memory() -> Self {
         Self::with_db(None, None, BTreeMap::new())

@@ -132,14 +132,60 @@ impl Drop for ConnSlot {
     }
 }
 
+/// Closes the connections it was given to, all at once, when a stop's grace
+/// is over: their reads and writes fail, so the task serving each one ends
+/// and lets go of what it holds (the daemon's state store among it). A
+/// server's own abort does not do that where the server spawned one task per
+/// connection (tonic does).
+#[derive(Debug, Clone)]
+pub struct Closer(Arc<tokio::sync::watch::Sender<bool>>);
+
+impl Default for Closer {
+    fn default() -> Self {
+        Self(Arc::new(tokio::sync::watch::Sender::new(false)))
+    }
+}
+
+impl Closer {
+    /// Closes every connection given to this closer, and every later one.
+    pub fn close(&self) {
+        self.0.send_replace(true);
+    }
+
+    fn closed(&self) -> Pin<Box<dyn Future<Output = ()> + Send>> {
+        let mut rx = self.0.subscribe();
+        Box::pin(async move {
+            let _ = rx.wait_for(|closed| *closed).await;
+        })
+    }
+}
+
 /// A socket that holds its [`ConnSlot`] and fails with `TimedOut` once it has
-/// read and written nothing for `idle`.
-#[derive(Debug)]
+/// read and written nothing for `idle`, and with `ConnectionAborted` once
+/// its [`Closer`] (if any) closed it.
 pub struct Bounded<S> {
     inner: S,
     idle: Duration,
     sleep: Pin<Box<tokio::time::Sleep>>,
+    closed: Closing,
     _slot: Option<ConnSlot>,
+}
+
+/// Whether a [`Bounded`] socket is closed by a [`Closer`].
+enum Closing {
+    Never,
+    On(Pin<Box<dyn Future<Output = ()> + Send>>),
+    Closed,
+}
+
+impl<S: std::fmt::Debug> std::fmt::Debug for Bounded<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Bounded")
+            .field("inner", &self.inner)
+            .field("idle", &self.idle)
+            .field("closable", &!matches!(self.closed, Closing::Never))
+            .finish_non_exhaustive()
+    }
 }
 
 impl<S> Bounded<S> {
@@ -150,7 +196,35 @@ impl<S> Bounded<S> {
             inner,
             idle,
             sleep: Box::pin(tokio::time::sleep(idle)),
+            closed: Closing::Never,
             _slot: slot,
+        }
+    }
+
+    /// This socket, also closed when `closer` closes.
+    pub fn closed_by(mut self, closer: &Closer) -> Self {
+        self.closed = Closing::On(closer.closed());
+        self
+    }
+
+    /// `ConnectionAborted` once the closer closed this socket.
+    fn check_closed(&mut self, cx: &mut Context<'_>) -> Result<(), std::io::Error> {
+        let aborted = || {
+            std::io::Error::new(
+                std::io::ErrorKind::ConnectionAborted,
+                "closed: the server stopped",
+            )
+        };
+        match &mut self.closed {
+            Closing::Never => Ok(()),
+            Closing::Closed => Err(aborted()),
+            Closing::On(c) => match c.as_mut().poll(cx) {
+                Poll::Ready(()) => {
+                    self.closed = Closing::Closed;
+                    Err(aborted())
+                }
+                Poll::Pending => Ok(()),
+            },
         }
     }
 
@@ -171,6 +245,7 @@ impl<S: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for Bounded<S> {
         cx: &mut Context<'_>,
         buf: &mut tokio::io::ReadBuf<'_>,
     ) -> Poll<std::io::Result<()>> {
+        self.check_closed(cx)?;
         let before = buf.filled().len();
         match Pin::new(&mut self.inner).poll_read(cx, buf) {
             Poll::Ready(r) => {
@@ -196,6 +271,7 @@ impl<S: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for Bounded<S> {
         cx: &mut Context<'_>,
         data: &[u8],
     ) -> Poll<std::io::Result<usize>> {
+        self.check_closed(cx)?;
         let r = Pin::new(&mut self.inner).poll_write(cx, data);
         if matches!(r, Poll::Ready(Ok(n)) if n > 0) {
             self.active();
@@ -204,6 +280,7 @@ impl<S: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for Bounded<S> {
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        self.check_closed(cx)?;
         Pin::new(&mut self.inner).poll_flush(cx)
     }
 
@@ -276,5 +353,32 @@ mod tests {
             talk
         );
         assert_eq!(read.expect_err("timed out").kind(), std::io::ErrorKind::TimedOut);
+    }
+
+    #[tokio::test]
+    async fn a_closer_ends_a_waiting_read_and_refuses_writes_after() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let closer = Closer::default();
+        let (a, _peer) = tokio::io::duplex(64);
+        let (b, _peer_b) = tokio::io::duplex(64);
+        let mut s = Bounded::new(a, Duration::from_secs(120), None).closed_by(&closer);
+        let mut open = Bounded::new(b, Duration::from_secs(120), None);
+        let mut buf = [0u8; 4];
+        let reading = tokio::spawn(async move {
+            let r = s.read(&mut buf).await;
+            (r.map_err(|e| e.kind()), s)
+        });
+        tokio::task::yield_now().await;
+        closer.close();
+        let (read, mut s) = reading.await.expect("join");
+        assert_eq!(read, Err(std::io::ErrorKind::ConnectionAborted));
+        let w = s.write(b"late").await.expect_err("closed");
+        assert_eq!(w.kind(), std::io::ErrorKind::ConnectionAborted);
+        // a socket made later by the same closer is closed from the start
+        let (c, _peer_c) = tokio::io::duplex(64);
+        let mut later = Bounded::new(c, Duration::from_secs(120), None).closed_by(&closer);
+        assert!(later.write(b"x").await.is_err());
+        // a socket without the closer is not touched
+        assert_eq!(open.write(b"open").await.expect("open"), 4);
     }
 }

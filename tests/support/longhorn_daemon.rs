@@ -61,12 +61,30 @@ impl Daemon {
         let task = tokio::spawn(serve_with(opts, Some(lh), async move {
             let _ = rx.await;
         }));
-        let d = Daemon { stop, task, base };
-        talon::runtime::testing::eventually("the Longhorn ports", Duration::from_secs(30), || async {
-            Channel::from_shared(d.url(3)).ok()?.connect().await.ok()
-        })
-        .await;
-        d
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        let url = format!("http://127.0.0.1:{}", base + 3);
+        loop {
+            if Channel::from_shared(url.clone())
+                .expect("url")
+                .connect()
+                .await
+                .is_ok()
+            {
+                return Daemon { stop, task, base };
+            }
+            // a daemon that ended (a port taken, a store it could not open) says why
+            if task.is_finished() {
+                panic!(
+                    "talon serve ended before its Longhorn ports at {url} answered: {:?}",
+                    task.await
+                );
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the Longhorn ports at {url} did not answer within 30 s; talon serve still runs"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 
     /// The URL of listener `i` (0 to 4).
