@@ -38,6 +38,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde_json::{Value, json};
+use talon::proto::imrpc;
 use talon::proto::imrpc::instance_service_client::InstanceServiceClient;
 use talon::proto::imrpc::proxy_engine_service_client::ProxyEngineServiceClient;
 use talon::runtime::testing::eventually;
@@ -118,6 +119,36 @@ impl Producer {
         }
     }
 
+    /// Reverts the engine to snapshot `name`, and waits until it is done:
+    /// talon's `volume_revert` (a request its controller carries out), or
+    /// Longhorn's `SnapshotRevert` (done when it answers).
+    async fn revert(&mut self, name: &str) {
+        match self {
+            Producer::Talon { admin } => {
+                let _: Value = admin
+                    .call("volume_revert", json!({"volume": "cv", "name": name}))
+                    .await
+                    .unwrap_or_else(|e| panic!("volume_revert cv@{name}: {e}"));
+                let done = format!("reverted to cv@{name} (generation 1)");
+                let admin = &*admin;
+                eventually(&format!("cv {done}"), WAIT, || async {
+                    let st = admin.get("EngineStatus", "cv").await.ok()?.spec;
+                    (st["state"] == "ready" && st["message"].as_str()?.contains(&done)).then_some(())
+                })
+                .await;
+            }
+            Producer::Longhorn { proxy, .. } => {
+                proxy
+                    .snapshot_revert(imrpc::EngineSnapshotRevertRequest {
+                        proxy_engine_request: Some(longhorn_nodes::req("vol-e-0")),
+                        name: name.into(),
+                    })
+                    .await
+                    .unwrap_or_else(|e| panic!("SnapshotRevert {name}: {e}"));
+            }
+        }
+    }
+
     /// Whether replica `k` counts as up to date: in talon's ledger, RW
     /// for Longhorn.
     async fn in_service(&self, k: usize) -> bool {
@@ -174,6 +205,14 @@ async fn member(spdk: &SpdkClient, raid: &str, head: &str) -> Option<String> {
                 || b.uuid.as_deref() == Some(l.uuid.as_str())
         })
         .and_then(|b| b.name.clone())
+}
+
+/// The snapshot replica `head`'s head lvol is a clone of (its lvol name).
+async fn parent(node: &Node, head: &str) -> Option<String> {
+    let inv = Inventory::load(&node.spdk).await.expect("inventory");
+    let alias = inv.lvols.values().find(|l| l.name == head)?.alias.clone();
+    inv.parent_of(&alias)
+        .map(|p| p.rsplit('/').next().unwrap_or_default().to_owned())
 }
 
 /// The bytes replica `head`'s lvols hold (its head and its snapshots, by
@@ -280,12 +319,71 @@ async fn missed_writes(spdk_dir: &Path, node: &Node, mut p: Producer, s: Served)
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn real_spdk_a_replica_that_missed_writes_conforms_on_both_producers() {
-    let test = "real_spdk_a_replica_that_missed_writes_conforms_on_both_producers";
-    let Some(spdk) = spdk_real::spdk_dir_with(test, &["spdk_dd"]) else {
-        return;
-    };
+/// The revert scenario: a revert to a snapshot makes every replica's head
+/// again from its own copy of the snapshot, and the writes after the
+/// snapshot are gone from each.
+///
+/// ```text
+///   write a, snapshot s1, write b   both replicas in service
+///   revert to s1                    the engine reads a; each head a clone of its s1
+///   replica 0 leaves the raid1      replica 1 alone reads a (not b)
+/// ```
+async fn reverted(spdk_dir: &Path, node: &Node, mut p: Producer, s: Served) {
+    let what = p.what();
+    let work = node.dir.path().join(format!("dd-rev-{}", p.raid()));
+    std::fs::create_dir_all(&work).expect("dd dir");
+    let a = pattern(LEN, 11);
+    dd(spdk_dir, &work, &s, Some(a.clone()), &format!("{what}: write a")).await;
+    p.snapshot("s1").await;
+    let b = pattern(LEN, 12);
+    dd(spdk_dir, &work, &s, Some(b), &format!("{what}: write b")).await;
+    for k in 0..2 {
+        let p = &p;
+        eventually(&format!("{what}: replica {k} in service"), WAIT, || async move {
+            p.in_service(k).await.then_some(())
+        })
+        .await;
+    }
+
+    p.revert("s1").await;
+    let read = dd(spdk_dir, &work, &s, None, &format!("{what}: read after the revert")).await;
+    assert!(read == a, "{what}: the engine does not read s1's data after the revert");
+    for k in 0..2 {
+        let head = p.head(k);
+        let of = parent(node, &head).await;
+        assert!(
+            of.as_deref().is_some_and(|o| o.starts_with(&head) && o.ends_with("s1")),
+            "{what}: replica {k}'s head {head} is no clone of its own s1 after the revert: {of:?}"
+        );
+        let p = &p;
+        eventually(&format!("{what}: replica {k} in service after the revert"), WAIT, || async move {
+            (p.in_service(k).await && member(&node.spdk, p.raid(), &p.head(k)).await.is_some()).then_some(())
+        })
+        .await;
+    }
+
+    // replica 0 leaves: replica 1 alone holds the reverted data
+    leaves(&node.spdk, &p, 0).await;
+    let read = dd(spdk_dir, &work, &s, None, &format!("{what}: read, replica 1 alone")).await;
+    assert!(
+        read == a,
+        "{what}: replica 1 alone does not read s1's data after the revert"
+    );
+}
+
+/// One talon node with real spdk_tgt and both producers' engines, each in
+/// its state before a scenario: talon's volume `cv` (disks `t1`, `t2`) and
+/// a Longhorn engine `vol-e-0` (replicas on `disk-a`, `disk-b`).
+struct Both {
+    spdk: PathBuf,
+    node: Node,
+    talon: (Producer, Served),
+    longhorn: (Producer, Served),
+    _disks: tempfile::TempDir,
+}
+
+async fn both(test: &str) -> Option<Both> {
+    let spdk = spdk_real::spdk_dir_with(test, &["spdk_dd"])?;
     let ip = IpAddr::from([127, 0, 0, 1]);
     let base = free_base(&[ip]);
     let port = spdk_real::free_port();
@@ -320,11 +418,10 @@ async fn real_spdk_a_replica_that_missed_writes_conforms_on_both_producers() {
         .await
         .expect("volume_create cv");
     let export = &v["engine"]["exports"][0];
-    let served = Served {
+    let talon_served = Served {
         nqn: export["name"].as_str().expect("nqn").to_owned(),
         port: u16::try_from(export["port"].as_u64().expect("port")).expect("port"),
     };
-    missed_writes(&spdk, &node, Producer::Talon { admin }, served).await;
 
     // a Longhorn engine, on the same node and target
     let a = node.replica("disk-a", "vol-r-a", SIZE).await;
@@ -338,5 +435,29 @@ async fn real_spdk_a_replica_that_missed_writes_conforms_on_both_producers() {
     };
     let proxy = ProxyEngineServiceClient::new(node.channel(1).await);
     let replicas = [("vol-r-a".to_owned(), a), ("vol-r-b".to_owned(), b)];
-    missed_writes(&spdk, &node, Producer::Longhorn { proxy, replicas }, served).await;
+    Some(Both {
+        spdk,
+        node,
+        talon: (Producer::Talon { admin }, talon_served),
+        longhorn: (Producer::Longhorn { proxy, replicas }, served),
+        _disks: disks,
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_spdk_a_replica_that_missed_writes_conforms_on_both_producers() {
+    let Some(b) = both("real_spdk_a_replica_that_missed_writes_conforms_on_both_producers").await else {
+        return;
+    };
+    missed_writes(&b.spdk, &b.node, b.talon.0, b.talon.1).await;
+    missed_writes(&b.spdk, &b.node, b.longhorn.0, b.longhorn.1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_spdk_a_revert_conforms_on_both_producers() {
+    let Some(b) = both("real_spdk_a_revert_conforms_on_both_producers").await else {
+        return;
+    };
+    reverted(&b.spdk, &b.node, b.talon.0, b.talon.1).await;
+    reverted(&b.spdk, &b.node, b.longhorn.0, b.longhorn.1).await;
 }
