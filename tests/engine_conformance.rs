@@ -1,6 +1,8 @@
-//! The V2 engine's conformance: one scenario with one set of assertions,
+//! The V2 engine's conformance: scenarios with one set of assertions each,
 //! run through both producers of an engine on one talon node with a real
-//! spdk_tgt (skipped, saying so, without `TALON_SPDK_DIR`):
+//! spdk_tgt (skipped, saying so, without `TALON_SPDK_DIR`): a replica that
+//! missed writes (below), a revert ([`reverted`]) and a snapshot deleted
+//! from the middle of the chain ([`snapshot_deleted`]). The producers:
 //! - talon's own volume (`volume_create` on the admin API, two replicas on
 //!   the node's disks `t1`, `t2`), whose controller rebuilds a replica that
 //!   fell behind by itself;
@@ -16,6 +18,9 @@
 //!   the control plane rebuilds    replica 1 in service again: thin, with s1
 //!   replica 0 leaves the raid1    replica 1 alone serves: it reads c
 //! ```
+//!
+//! Each scenario ends with replica 1 serving alone, so what one replica
+//! holds is read, not what the raid1 picks from either.
 //!
 //! The same outcome on both is what "one engine" promises; the parallel
 //! suites (`spdk_volume_real`, `longhorn_proxy`) go deeper into each.
@@ -145,6 +150,39 @@ impl Producer {
                     })
                     .await
                     .unwrap_or_else(|e| panic!("SnapshotRevert {name}: {e}"));
+            }
+        }
+    }
+
+    /// Deletes snapshot `name` and waits until it is gone: talon's
+    /// `snapshot_delete`, or Longhorn's `SnapshotRemove` then `SnapshotPurge`
+    /// (what longhorn-manager sends for a snapshot deleted in its UI).
+    async fn delete_snapshot(&mut self, name: &str) {
+        match self {
+            Producer::Talon { admin } => {
+                let _: Value = admin
+                    .call(
+                        "snapshot_delete",
+                        json!({"volume": "cv", "name": name, "wait": true}),
+                    )
+                    .await
+                    .unwrap_or_else(|e| panic!("snapshot_delete cv@{name}: {e}"));
+            }
+            Producer::Longhorn { proxy, .. } => {
+                proxy
+                    .snapshot_remove(imrpc::EngineSnapshotRemoveRequest {
+                        proxy_engine_request: Some(longhorn_nodes::req("vol-e-0")),
+                        names: vec![name.into()],
+                    })
+                    .await
+                    .unwrap_or_else(|e| panic!("SnapshotRemove {name}: {e}"));
+                proxy
+                    .snapshot_purge(imrpc::EngineSnapshotPurgeRequest {
+                        proxy_engine_request: Some(longhorn_nodes::req("vol-e-0")),
+                        skip_if_in_progress: false,
+                    })
+                    .await
+                    .unwrap_or_else(|e| panic!("SnapshotPurge: {e}"));
             }
         }
     }
@@ -346,28 +384,132 @@ async fn reverted(spdk_dir: &Path, node: &Node, mut p: Producer, s: Served) {
     }
 
     p.revert("s1").await;
-    let read = dd(spdk_dir, &work, &s, None, &format!("{what}: read after the revert")).await;
-    assert!(read == a, "{what}: the engine does not read s1's data after the revert");
+    let read = dd(
+        spdk_dir,
+        &work,
+        &s,
+        None,
+        &format!("{what}: read after the revert"),
+    )
+    .await;
+    assert!(
+        read == a,
+        "{what}: the engine does not read s1's data after the revert"
+    );
     for k in 0..2 {
         let head = p.head(k);
         let of = parent(node, &head).await;
         assert!(
-            of.as_deref().is_some_and(|o| o.starts_with(&head) && o.ends_with("s1")),
+            of.as_deref()
+                .is_some_and(|o| o.starts_with(&head) && o.ends_with("s1")),
             "{what}: replica {k}'s head {head} is no clone of its own s1 after the revert: {of:?}"
         );
         let p = &p;
-        eventually(&format!("{what}: replica {k} in service after the revert"), WAIT, || async move {
-            (p.in_service(k).await && member(&node.spdk, p.raid(), &p.head(k)).await.is_some()).then_some(())
-        })
+        eventually(
+            &format!("{what}: replica {k} in service after the revert"),
+            WAIT,
+            || async move {
+                (p.in_service(k).await && member(&node.spdk, p.raid(), &p.head(k)).await.is_some())
+                    .then_some(())
+            },
+        )
         .await;
     }
 
     // replica 0 leaves: replica 1 alone holds the reverted data
     leaves(&node.spdk, &p, 0).await;
-    let read = dd(spdk_dir, &work, &s, None, &format!("{what}: read, replica 1 alone")).await;
+    let read = dd(
+        spdk_dir,
+        &work,
+        &s,
+        None,
+        &format!("{what}: read, replica 1 alone"),
+    )
+    .await;
     assert!(
         read == a,
         "{what}: replica 1 alone does not read s1's data after the revert"
+    );
+}
+
+/// The snapshot-delete scenario: a snapshot deleted from the middle of the
+/// chain leaves every replica's data as it was, its data merged into the
+/// snapshot above it on each replica.
+///
+/// ```text
+///   write a (8 MiB), s1, write b (first 4 MiB), s2    both replicas in service
+///   delete s1            no replica keeps an s1 lvol; each head's chain is [s2]
+///                        the engine reads b + the second half of a
+///   replica 0 leaves     replica 1 alone reads the same
+/// ```
+async fn snapshot_deleted(spdk_dir: &Path, node: &Node, mut p: Producer, s: Served) {
+    let what = p.what();
+    let work = node.dir.path().join(format!("dd-del-{}", p.raid()));
+    std::fs::create_dir_all(&work).expect("dd dir");
+    let a = pattern(LEN, 21);
+    dd(spdk_dir, &work, &s, Some(a.clone()), &format!("{what}: write a")).await;
+    p.snapshot("s1").await;
+    let b = pattern(LEN / 2, 22);
+    dd(spdk_dir, &work, &s, Some(b.clone()), &format!("{what}: write b")).await;
+    p.snapshot("s2").await;
+    let mut expected = b;
+    expected.extend_from_slice(&a[LEN / 2..]);
+    for k in 0..2 {
+        let p = &p;
+        eventually(&format!("{what}: replica {k} in service"), WAIT, || async move {
+            p.in_service(k).await.then_some(())
+        })
+        .await;
+    }
+
+    p.delete_snapshot("s1").await;
+    let snaps = |k: usize| {
+        let head = p.head(k);
+        async move {
+            let inv = Inventory::load(&node.spdk).await.expect("inventory");
+            let alias = inv.lvols.values().find(|l| l.name == head)?.alias.clone();
+            Some(inv.chain(&alias))
+        }
+    };
+    for k in 0..2 {
+        let chain = eventually(&format!("{what}: replica {k}'s s1 gone"), WAIT, || async {
+            snaps(k).await.filter(|c| !c.iter().any(|l| l.ends_with("s1")))
+        })
+        .await;
+        assert!(
+            chain.len() == 1 && chain[0].ends_with("s2"),
+            "{what}: replica {k}'s head sits on {chain:?}, not on its s2 alone"
+        );
+    }
+    let lvols = node.lvols().await;
+    for k in 0..2 {
+        let head = p.head(k);
+        assert!(
+            !lvols.iter().any(|l| l.contains(&head) && l.ends_with("s1")),
+            "{what}: an s1 lvol of {head} is left: {lvols:?}"
+        );
+    }
+    let read = dd(
+        spdk_dir,
+        &work,
+        &s,
+        None,
+        &format!("{what}: read after the delete"),
+    )
+    .await;
+    assert!(read == expected, "{what}: the data changed when s1 was deleted");
+    leaves(&node.spdk, &p, 0).await;
+    let read = dd(
+        spdk_dir,
+        &work,
+        &s,
+        None,
+        &format!("{what}: read, replica 1 alone"),
+    )
+    .await;
+    assert!(
+        read == expected,
+        "{what}: replica 1 alone does not read the data after s1 was deleted"
     );
 }
 
@@ -460,4 +602,13 @@ async fn real_spdk_a_revert_conforms_on_both_producers() {
     };
     reverted(&b.spdk, &b.node, b.talon.0, b.talon.1).await;
     reverted(&b.spdk, &b.node, b.longhorn.0, b.longhorn.1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_spdk_a_snapshot_deleted_from_the_chain_conforms_on_both_producers() {
+    let Some(b) = both("real_spdk_a_snapshot_deleted_from_the_chain_conforms_on_both_producers").await else {
+        return;
+    };
+    snapshot_deleted(&b.spdk, &b.node, b.talon.0, b.talon.1).await;
+    snapshot_deleted(&b.spdk, &b.node, b.longhorn.0, b.longhorn.1).await;
 }
