@@ -598,3 +598,70 @@ async fn real_spdk_a_snapshot_chain_is_copied_inside_the_target_equal_and_thin()
         "nothing written into it"
     );
 }
+
+/// The allocation map (`mover::map`): spdk_tgt shallow-copies each lvol of
+/// a chain into an NVMe/TCP target talon serves itself, which records where
+/// it was written and keeps no data. The map names exactly the clusters
+/// each snapshot holds of its own (1 MiB clusters here): s1's three, s2's
+/// one, and their union for the two; the controller is detached after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_spdk_the_allocation_map_names_the_clusters_each_snapshot_holds() {
+    let test = "real_spdk_the_allocation_map_names_the_clusters_each_snapshot_holds";
+    let Some((d, t, _reaper)) = target(test).await else {
+        return;
+    };
+    let c = t.client().clone();
+    lvol(&c, d.path(), 64).await;
+    let s = Session::open(&c, "talon-m/v", Purpose::Test, mover::DEPTH)
+        .await
+        .expect("open a write session");
+    // s1: clusters 3 (a part of it), 10 and 11; s2: cluster 20
+    s.write(3 * MIB + 4096, Bytes::from(pattern(1, 8192)))
+        .await
+        .expect("write");
+    s.write(10 * MIB, Bytes::from(pattern(2, 2 * MIB as usize)))
+        .await
+        .expect("write");
+    let snap = |name: &'static str| {
+        let c = c.clone();
+        async move {
+            c.bdev_lvol_snapshot(&LvolSnapshot {
+                lvol_name: "talon-m/v".into(),
+                snapshot_name: name.into(),
+            })
+            .await
+            .expect("snapshot");
+        }
+    };
+    snap("s1").await;
+    s.write(20 * MIB + MIB / 2, Bytes::from(pattern(3, 4096)))
+        .await
+        .expect("write");
+    snap("s2").await;
+    s.close().await.expect("close");
+
+    let map = |lvols: &'static [&'static str]| {
+        let c = c.clone();
+        async move {
+            let lvols: Vec<String> = lvols.iter().map(|l| format!("talon-m/{l}")).collect();
+            let started = std::time::Instant::now();
+            let r = mover::map::allocated(&c, &lvols, 64 * MIB, 4096)
+                .await
+                .unwrap_or_else(|e| panic!("map of {lvols:?}: {}", talon::util::error_chain(&e)));
+            eprintln!("{test}: map of {lvols:?} in {:?}", started.elapsed());
+            r.iter().collect::<Vec<_>>()
+        }
+    };
+    let cluster = |k: u64, n: u64| (k * MIB, (k + n) * MIB);
+    assert_eq!(map(&["s1"]).await, [cluster(3, 1), cluster(10, 2)]);
+    assert_eq!(map(&["s2"]).await, [cluster(20, 1)]);
+    assert_eq!(
+        map(&["s1", "s2"]).await,
+        [cluster(3, 1), cluster(10, 2), cluster(20, 1)]
+    );
+    let inv = Inventory::load(&c).await.expect("inventory");
+    assert!(
+        !inv.bdevs.values().any(|b| b.name.starts_with(mover::map::PREFIX)),
+        "the map's controller is detached"
+    );
+}
