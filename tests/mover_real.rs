@@ -664,4 +664,56 @@ async fn real_spdk_the_allocation_map_names_the_clusters_each_snapshot_holds() {
         !inv.bdevs.values().any(|b| b.name.starts_with(mover::map::PREFIX)),
         "the map's controller is detached"
     );
+
+    // a backup reads only the mapped blocks, and takes what it took reading
+    // every block (an empty listing: no map), full and incremental
+    use futures::StreamExt as _;
+    use talon::spdk::volume::mover::backup::{BackupRead, BackupReader};
+    let read = |base: Option<&str>| BackupRead {
+        snapshot: "talon-m/s2".into(),
+        base: base.map(str::to_owned),
+        data_offset: 0,
+        size: 64 * MIB,
+    };
+    for (base, mapped) in [(None, 4 * MIB), (Some("talon-m/s1"), MIB)] {
+        let mut took = Vec::new();
+        for listing in [&inv, &Inventory::default()] {
+            let r = BackupReader::open(&c, listing, read(base))
+                .await
+                .expect("a backup's reader");
+            let blocks: Vec<(u64, bool)> = r
+                .blocks(2 * MIB)
+                .map(|b| b.map(|b| (b.offset, b.data.is_some())).expect("a block"))
+                .collect()
+                .await;
+            took.push((r.mapped(), blocks));
+            r.close().await.expect("close");
+        }
+        assert_eq!(took[0].0, Some(mapped), "the map over base {base:?}");
+        assert_eq!(took[1].0, None, "no listing: no map");
+        assert_eq!(took[0].1, took[1].1, "the same blocks taken over base {base:?}");
+    }
+
+    // a map an earlier run left (talon killed mid-map: its target gone, the
+    // controller left reconnecting): the sweep detaches it
+    let nqn = format!("{}:map:earlier:test", talon::names::NQN_PREFIX);
+    let target = mover::map::MapTarget::start(nqn.clone(), 64 * MIB, 4096)
+        .await
+        .expect("a map target");
+    let left = format!("{}earlierrun0-0123456789ab", mover::map::PREFIX);
+    c.bdev_nvme_attach_controller(&talon::spdk::rpc::AttachController::tcp(
+        left.clone(),
+        [127, 0, 0, 1].into(),
+        target.port(),
+        nqn,
+    ))
+    .await
+    .expect("attach a map target as an earlier run did");
+    drop(target);
+    let inv = Inventory::load(&c).await.expect("inventory");
+    assert!(inv.controllers.contains(&left), "{:?}", inv.controllers);
+    let swept = mover::sweep(&c, &inv).await;
+    assert_eq!(swept, std::slice::from_ref(&left));
+    let inv = Inventory::load(&c).await.expect("inventory");
+    assert!(!inv.controllers.contains(&left), "{:?}", inv.controllers);
 }

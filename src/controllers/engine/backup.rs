@@ -332,8 +332,20 @@ impl Job {
         // nothing changed since the base (an idle volume): no block to read
         let reader = match read.same_as_base(&inv) {
             true => None,
-            false => Some(BackupReader::open(&self.client, read).await.map_err(reading)?),
+            false => Some(
+                BackupReader::open(&self.client, &inv, read)
+                    .await
+                    .map_err(reading)?,
+            ),
         };
+        if let Some(r) = &reader {
+            match r.mapped() {
+                Some(b) => tracing::info!(backup = %self.name, mapped_mib = b >> 20, volume_mib = self.volume_size >> 20,
+                    "the backup reads what its snapshot's chain holds (allocation map)"),
+                None => tracing::info!(backup = %self.name, volume_mib = self.volume_size >> 20,
+                    "the backup reads every block (no allocation map)"),
+            }
+        }
         let made = async {
             let compression = match &self.backup.compression {
                 Some(c) => backupstore::format::Compression::parse(c).map_err(named)?,

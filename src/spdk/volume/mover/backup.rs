@@ -2,25 +2,32 @@
 //! staging file, nothing written on the node.
 //!
 //! SPDK v26.05 says how many clusters an lvol holds, not which (no fragmap
-//! RPC), so what a backup takes is found by reading:
+//! RPC); the allocation map ([`super::map`]) finds which: each lvol of the
+//! chain shallow-copied into a target talon serves, which records where it
+//! was written. Only the blocks a mapped cluster meets are read:
 //!
 //! ```text
+//!   map:             full: the snapshot's whole chain; incremental: the lvols
+//!                    after the base (a cluster none of them holds reads as the
+//!                    base does); none (an external snapshot at the chain's
+//!                    bottom, a base outside it, the map failed): every block
 //!   full (no base):  Session::open(snapshot, Backup)
-//!                    each block, BLOCKS_AHEAD in flight: a non-zero byte? taken
+//!                    each mapped block, BLOCKS_AHEAD in flight: a non-zero byte? taken
 //!   incremental:     also Session::open(base snapshot, Backup): the snapshot the
 //!                    store's last backup holds, on the same replica
-//!                    each block read from both: the same bytes? skipped (the base
-//!                    backup's block stays in the map); else taken, or, when it now
-//!                    reads as zeros, dropped from the map (a hole, as restores write it)
+//!                    each mapped block read from both: the same bytes? skipped (the
+//!                    base backup's block stays in the map); else taken, or, when it
+//!                    now reads as zeros, dropped from the map (a hole, as restores
+//!                    write it)
 //!   close both (a drop, an error or a cancel: both exports removed all the same)
 //! ```
 //!
-//! An incremental backup thus reads the volume twice over loopback instead
-//! of once (the staging copy it replaces wrote and read only the clusters
-//! of the snapshots after the base, but wrote them into a file on the data
-//! dir first); what it uploads is exactly the blocks whose bytes changed,
-//! so a block rewritten with the same bytes is not uploaded again, and no
-//! base block is fetched from the store to complete a partly written one.
+//! A backup thus reads what the chain holds (a full one) or what changed
+//! since the base (an incremental one), plus the map's copy of the same
+//! clusters over loopback, instead of the whole volume; what it uploads is
+//! exactly the blocks whose bytes changed, so a block rewritten with the
+//! same bytes is not uploaded again, and no base block is fetched from the
+//! store to complete a partly written one.
 
 use futures::StreamExt as _;
 
@@ -28,6 +35,7 @@ use std::collections::BTreeSet;
 
 use super::super::Inventory;
 use super::super::plan::{point_in_time_set, superblock_room};
+use super::map::Ranges;
 use super::{DEPTH, MoverError, Purpose, Session, has_data};
 use crate::backupstore::BackupError;
 use crate::backupstore::ops::{Block, Blocks};
@@ -129,18 +137,47 @@ impl BackupRead {
     }
 }
 
-/// The open exports of a [`BackupRead`].
+impl BackupRead {
+    /// The lvols whose own clusters are all a backup must look at: the
+    /// snapshot's whole chain for a full backup, the lvols after the base
+    /// for an incremental one (a cluster none of them holds reads as the
+    /// base does). `None`: not known from the chain, every block is read (a
+    /// chain that ends in an external snapshot or a parent not listed, a
+    /// base outside the chain).
+    pub fn map_lvols(&self, inv: &Inventory) -> Option<Vec<String>> {
+        let mut chain = inv.chain(&self.snapshot);
+        chain.push(self.snapshot.clone());
+        let bottom = inv.lvols.get(chain.first()?)?;
+        if bottom.is_esnap_clone || bottom.is_clone {
+            return None;
+        }
+        match &self.base {
+            None => Some(chain),
+            Some(base) => {
+                let at = chain.iter().position(|l| l == base)?;
+                Some(chain.split_off(at + 1))
+            }
+        }
+    }
+}
+
+/// The open exports of a [`BackupRead`], and where its chain holds data.
 #[derive(Debug)]
 pub struct BackupReader {
     read: BackupRead,
     snapshot: Session,
     base: Option<Session>,
+    /// The byte ranges of the bdevs a block must meet to be looked at
+    /// (`None`: every block is read).
+    map: Option<Ranges>,
 }
 
 impl BackupReader {
-    /// Exports the snapshot (and the base) to talon. Nothing is left when it
-    /// fails; a bdev too small for `data_offset + size` is refused.
-    pub async fn open(client: &SpdkClient, read: BackupRead) -> Result<BackupReader, MoverError> {
+    /// Exports the snapshot (and the base) to talon, and maps where its
+    /// chain holds data ([`super::map`]; a map that cannot be made is
+    /// logged and every block read). Nothing is left when it fails; a bdev
+    /// too small for `data_offset + size` is refused.
+    pub async fn open(client: &SpdkClient, inv: &Inventory, read: BackupRead) -> Result<BackupReader, MoverError> {
         let snapshot = Session::open(client, &read.snapshot, Purpose::Backup, DEPTH).await?;
         let base = match &read.base {
             Some(b) => match Session::open(client, b, Purpose::Backup, DEPTH).await {
@@ -152,7 +189,12 @@ impl BackupReader {
             },
             None => None,
         };
-        let r = BackupReader { read, snapshot, base };
+        let mut r = BackupReader {
+            read,
+            snapshot,
+            base,
+            map: None,
+        };
         let need = r.read.data_offset + r.read.size;
         if r.snapshot.size() < need {
             let reason = format!(
@@ -163,15 +205,36 @@ impl BackupReader {
             let _ = r.close().await;
             return Err(e);
         }
+        if let Some(lvols) = r.read.map_lvols(inv) {
+            let (size, block) = (r.snapshot.size(), r.snapshot.block_size());
+            match super::map::allocated(client, &lvols, size, block).await {
+                Ok(m) => r.map = Some(m),
+                Err(e) => tracing::warn!(snapshot = %r.read.snapshot, error = %crate::util::error_chain(&e),
+                    "no allocation map of the snapshot's chain: the backup reads every block"),
+            }
+        }
         Ok(r)
+    }
+
+    /// The bytes the backup looks at: what the map names (`None`: no map,
+    /// the whole volume).
+    pub fn mapped(&self) -> Option<u64> {
+        self.map.as_ref().map(Ranges::bytes)
     }
 
     /// The blocks of `block` bytes the backup takes, offsets ascending (see
     /// the module's notes), `BLOCKS_AHEAD` blocks read at once; a read that
     /// fails names the snapshot's bdev.
     pub fn blocks(&self, block: u64) -> Blocks<'_> {
-        let size = self.read.size;
-        futures::stream::iter((0..size).step_by(block as usize))
+        let (size, at) = (self.read.size, self.read.data_offset);
+        // a block no mapped cluster meets reads as zeros (full) or as the
+        // base (incremental): not taken either way, so not read
+        let looked_at = move |offset: &u64| {
+            self.map
+                .as_ref()
+                .is_none_or(|m| m.touches(at + offset, at + (offset + block).min(size)))
+        };
+        futures::stream::iter((0..size).step_by(block as usize).filter(looked_at))
             .map(move |offset| self.block(offset, block))
             .buffered(BLOCKS_AHEAD)
             .filter_map(|r| async move { r.transpose() })

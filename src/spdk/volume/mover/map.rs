@@ -208,7 +208,7 @@ impl MapTarget {
 /// bytes each at most, blocks of `block`) that hold clusters of their own,
 /// in one map: a target of talon's attached to spdk_tgt, each lvol
 /// shallow-copied into it in turn. The controller is detached on every
-/// path; what a crash leaves is named `talon-map-` ([`sweep`]).
+/// path; what a crash leaves is named `talon-map-<run>-` ([`sweep`]).
 pub async fn allocated(
     client: &SpdkClient,
     lvols: &[String],
@@ -216,8 +216,9 @@ pub async fn allocated(
     block: u32,
 ) -> Result<Ranges, MapError> {
     let id = uuid::Uuid::new_v4().simple().to_string();
-    let name = format!("{PREFIX}{id}");
-    let nqn = format!("{}:map:{id}", crate::names::NQN_PREFIX);
+    let run = client.run_id().as_str();
+    let name = format!("{PREFIX}{run}-{}", &id[..12]);
+    let nqn = format!("{}:map:{run}:{id}", crate::names::NQN_PREFIX);
     let target = MapTarget::start(nqn.clone(), size, block).await?;
     let attach = AttachController::tcp(name.clone(), Ipv4Addr::LOCALHOST.into(), target.port(), nqn);
     client
@@ -273,12 +274,23 @@ async fn copy_all(client: &SpdkClient, lvols: &[String], dst: &str) -> Result<()
     Ok(())
 }
 
-/// Detaches the map controllers another run left (a talon killed mid-map).
-pub async fn sweep(client: &SpdkClient, controllers: impl IntoIterator<Item = String>) -> Vec<String> {
+/// Detaches the map controllers another run than `client`'s left (a talon
+/// killed mid-map: the controller reconnects to a target that is gone);
+/// answers their names.
+pub async fn sweep(client: &SpdkClient, controllers: &[String]) -> Vec<String> {
+    let mine = format!("{PREFIX}{}-", client.run_id().as_str());
     let mut gone = Vec::new();
-    for c in controllers.into_iter().filter(|c| c.starts_with(PREFIX)) {
-        if super::super::lvol::detach_controller(client, &c).await.is_ok() {
-            gone.push(c);
+    for c in controllers
+        .iter()
+        .filter(|c| c.starts_with(PREFIX) && !c.starts_with(&mine))
+    {
+        match super::super::lvol::detach_controller(client, c).await {
+            Ok(()) => {
+                tracing::info!(controller = %c, "detached an allocation map controller an earlier run left");
+                gone.push(c.clone());
+            }
+            Err(e) => tracing::warn!(controller = %c, error = %crate::util::error_chain(&e),
+                "detaching an allocation map controller"),
         }
     }
     gone

@@ -465,11 +465,12 @@ async fn listen(client: &SpdkClient, nqn: &str) -> Result<SocketAddr, ClientErro
 }
 
 /// Removes the mover subsystems another run than `client`'s left (talon
-/// stopped or crashed mid-move); answers their NQNs.
+/// stopped or crashed mid-move), and its allocation map controllers
+/// ([`map::sweep`]); answers their names.
 pub async fn sweep(client: &SpdkClient, inv: &Inventory) -> Vec<String> {
     let prefix = nqn_prefix();
     let mine = format!("{prefix}{}:", client.run_id().as_str());
-    let mut out = Vec::new();
+    let mut out = map::sweep(client, &inv.controllers).await;
     for s in &inv.subsystems {
         if !s.nqn.starts_with(&prefix) || s.nqn.starts_with(&mine) {
             continue;
