@@ -294,21 +294,53 @@ async fn dd(spdk_dir: &Path, work: &Path, s: &Served, data: Option<Vec<u8>>, wha
     .expect("dd task")
 }
 
+/// A scenario's spdk_dd work dir, by its `tag` and the engine.
+fn work_dir(node: &Node, p: &Producer, tag: &str) -> PathBuf {
+    let work = node.dir.path().join(format!("dd-{tag}-{}", p.raid()));
+    std::fs::create_dir_all(&work).expect("dd dir");
+    work
+}
+
+/// Waits until both replicas count as up to date.
+async fn both_in_service(p: &Producer) {
+    for k in 0..2 {
+        eventually(
+            &format!("{}: replica {k} in service", p.what()),
+            WAIT,
+            || async move { p.in_service(k).await.then_some(()) },
+        )
+        .await;
+    }
+}
+
+/// Replica 0 leaves the raid1; replica 1 alone must read `want` (`after`:
+/// what came before, for the failure's words).
+async fn replica_1_alone_reads(
+    spdk_dir: &Path,
+    node: &Node,
+    p: &Producer,
+    s: &Served,
+    work: &Path,
+    want: &[u8],
+    after: &str,
+) {
+    let what = p.what();
+    leaves(&node.spdk, p, 0).await;
+    let read = dd(spdk_dir, work, s, None, &format!("{what}: read, replica 1 alone")).await;
+    assert!(
+        read == want,
+        "{what}: replica 1 alone does not read what it should {after}"
+    );
+}
+
 /// The scenario (see the module), with its assertions, on `p`.
 async fn missed_writes(spdk_dir: &Path, node: &Node, mut p: Producer, s: Served) {
     let what = p.what();
-    let work = node.dir.path().join(format!("dd-{}", p.raid()));
-    std::fs::create_dir_all(&work).expect("dd dir");
+    let work = work_dir(node, &p, "missed");
     let a = pattern(LEN, 1);
     dd(spdk_dir, &work, &s, Some(a), &format!("{what}: write a")).await;
     p.snapshot("s1").await;
-    for k in 0..2 {
-        let p = &p;
-        eventually(&format!("{what}: replica {k} in service"), WAIT, || async move {
-            p.in_service(k).await.then_some(())
-        })
-        .await;
-    }
+    both_in_service(&p).await;
 
     // replica 1 leaves; the writes that follow may miss it (Longhorn's: it
     // is ERR until the manager adds it back; talon's controller may have
@@ -349,12 +381,7 @@ async fn missed_writes(spdk_dir: &Path, node: &Node, mut p: Producer, s: Served)
     );
 
     // replica 0 leaves: replica 1 alone serves c
-    leaves(&node.spdk, &p, 0).await;
-    let read = dd(spdk_dir, &work, &s, None, &format!("{what}: read")).await;
-    assert!(
-        read == c,
-        "{what}: the rebuilt replica alone does not read back the writes it missed"
-    );
+    replica_1_alone_reads(spdk_dir, node, &p, &s, &work, &c, "(the writes it missed)").await;
 }
 
 /// The revert scenario: a revert to a snapshot makes every replica's head
@@ -368,20 +395,13 @@ async fn missed_writes(spdk_dir: &Path, node: &Node, mut p: Producer, s: Served)
 /// ```
 async fn reverted(spdk_dir: &Path, node: &Node, mut p: Producer, s: Served) {
     let what = p.what();
-    let work = node.dir.path().join(format!("dd-rev-{}", p.raid()));
-    std::fs::create_dir_all(&work).expect("dd dir");
+    let work = work_dir(node, &p, "rev");
     let a = pattern(LEN, 11);
     dd(spdk_dir, &work, &s, Some(a.clone()), &format!("{what}: write a")).await;
     p.snapshot("s1").await;
     let b = pattern(LEN, 12);
     dd(spdk_dir, &work, &s, Some(b), &format!("{what}: write b")).await;
-    for k in 0..2 {
-        let p = &p;
-        eventually(&format!("{what}: replica {k} in service"), WAIT, || async move {
-            p.in_service(k).await.then_some(())
-        })
-        .await;
-    }
+    both_in_service(&p).await;
 
     p.revert("s1").await;
     let read = dd(
@@ -417,19 +437,7 @@ async fn reverted(spdk_dir: &Path, node: &Node, mut p: Producer, s: Served) {
     }
 
     // replica 0 leaves: replica 1 alone holds the reverted data
-    leaves(&node.spdk, &p, 0).await;
-    let read = dd(
-        spdk_dir,
-        &work,
-        &s,
-        None,
-        &format!("{what}: read, replica 1 alone"),
-    )
-    .await;
-    assert!(
-        read == a,
-        "{what}: replica 1 alone does not read s1's data after the revert"
-    );
+    replica_1_alone_reads(spdk_dir, node, &p, &s, &work, &a, "(s1's data, after the revert)").await;
 }
 
 /// The snapshot-delete scenario: a snapshot deleted from the middle of the
@@ -444,8 +452,7 @@ async fn reverted(spdk_dir: &Path, node: &Node, mut p: Producer, s: Served) {
 /// ```
 async fn snapshot_deleted(spdk_dir: &Path, node: &Node, mut p: Producer, s: Served) {
     let what = p.what();
-    let work = node.dir.path().join(format!("dd-del-{}", p.raid()));
-    std::fs::create_dir_all(&work).expect("dd dir");
+    let work = work_dir(node, &p, "del");
     let a = pattern(LEN, 21);
     dd(spdk_dir, &work, &s, Some(a.clone()), &format!("{what}: write a")).await;
     p.snapshot("s1").await;
@@ -454,13 +461,7 @@ async fn snapshot_deleted(spdk_dir: &Path, node: &Node, mut p: Producer, s: Serv
     p.snapshot("s2").await;
     let mut expected = b;
     expected.extend_from_slice(&a[LEN / 2..]);
-    for k in 0..2 {
-        let p = &p;
-        eventually(&format!("{what}: replica {k} in service"), WAIT, || async move {
-            p.in_service(k).await.then_some(())
-        })
-        .await;
-    }
+    both_in_service(&p).await;
 
     p.delete_snapshot("s1").await;
     let snaps = |k: usize| {
@@ -498,19 +499,7 @@ async fn snapshot_deleted(spdk_dir: &Path, node: &Node, mut p: Producer, s: Serv
     )
     .await;
     assert!(read == expected, "{what}: the data changed when s1 was deleted");
-    leaves(&node.spdk, &p, 0).await;
-    let read = dd(
-        spdk_dir,
-        &work,
-        &s,
-        None,
-        &format!("{what}: read, replica 1 alone"),
-    )
-    .await;
-    assert!(
-        read == expected,
-        "{what}: replica 1 alone does not read the data after s1 was deleted"
-    );
+    replica_1_alone_reads(spdk_dir, node, &p, &s, &work, &expected, "(after s1 was deleted)").await;
 }
 
 /// One talon node with real spdk_tgt and both producers' engines, each in

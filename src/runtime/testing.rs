@@ -90,6 +90,39 @@ where
     }
 }
 
+/// Waits until gRPC port `url` (a `talon serve` task's Longhorn listener)
+/// takes a connection, within `timeout`. A daemon that ended first (a port
+/// taken, a store it could not open) panics with what it ended with,
+/// instead of waiting for a port that never comes.
+pub async fn until_listening<T: std::fmt::Debug>(
+    url: &str,
+    task: &mut tokio::task::JoinHandle<T>,
+    timeout: Duration,
+) {
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        if tonic::transport::Channel::from_shared(url.to_owned())
+            .expect("url")
+            .connect()
+            .await
+            .is_ok()
+        {
+            return;
+        }
+        if task.is_finished() {
+            panic!(
+                "talon serve ended before its port {url} answered: {:?}",
+                task.await
+            );
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{url} did not answer within {timeout:?}; talon serve still runs"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// Ports a test's listeners may use, reserved among every test process on
 /// this machine: a block of [`PORT_BLOCK`] consecutive ports below the
 /// kernel's ephemeral range (as Longhorn's own instance ports, 20001-30000),

@@ -58,33 +58,12 @@ impl Daemon {
             limits,
             overcommit_percent: LonghornOptions::DEFAULT_OVERCOMMIT_PERCENT,
         };
-        let task = tokio::spawn(serve_with(opts, Some(lh), async move {
+        let mut task = tokio::spawn(serve_with(opts, Some(lh), async move {
             let _ = rx.await;
         }));
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
         let url = format!("http://127.0.0.1:{}", base + 3);
-        loop {
-            if Channel::from_shared(url.clone())
-                .expect("url")
-                .connect()
-                .await
-                .is_ok()
-            {
-                return Daemon { stop, task, base };
-            }
-            // a daemon that ended (a port taken, a store it could not open) says why
-            if task.is_finished() {
-                panic!(
-                    "talon serve ended before its Longhorn ports at {url} answered: {:?}",
-                    task.await
-                );
-            }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "the Longhorn ports at {url} did not answer within 30 s; talon serve still runs"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        talon::runtime::testing::until_listening(&url, &mut task, Duration::from_secs(30)).await;
+        Daemon { stop, task, base }
     }
 
     /// The URL of listener `i` (0 to 4).

@@ -195,27 +195,8 @@ impl Node {
         )));
         self.stop = Some(stop);
         let url = self.url(3);
-        let deadline = tokio::time::Instant::now() + WAIT;
-        loop {
-            if Channel::from_shared(url.clone())
-                .expect("url")
-                .connect()
-                .await
-                .is_ok()
-            {
-                return;
-            }
-            // a daemon that ended (a port taken, a store it refused) says why
-            if self.task.as_ref().is_some_and(|t| t.is_finished()) {
-                let ended = self.task.take().expect("the task").await;
-                panic!("talon serve ended before its Longhorn ports at {url} answered: {ended:?}");
-            }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "the Longhorn ports at {url} did not answer within {WAIT:?}; talon serve still runs"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        let task = self.task.as_mut().expect("just spawned");
+        talon::runtime::testing::until_listening(&url, task, WAIT).await;
     }
 
     pub async fn stop(&mut self) {

@@ -340,8 +340,10 @@ impl Job {
         };
         if let Some(r) = &reader {
             match r.mapped() {
-                Some(b) => tracing::info!(backup = %self.name, mapped_mib = b >> 20, volume_mib = self.volume_size >> 20,
-                    "the backup reads what its snapshot's chain holds (allocation map)"),
+                Some(b) => {
+                    tracing::info!(backup = %self.name, mapped_mib = b >> 20, volume_mib = self.volume_size >> 20,
+                    "the backup reads what its snapshot's chain holds (allocation map)")
+                }
                 None => tracing::info!(backup = %self.name, volume_mib = self.volume_size >> 20,
                     "the backup reads every block (no allocation map)"),
             }

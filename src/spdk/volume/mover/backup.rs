@@ -177,7 +177,11 @@ impl BackupReader {
     /// chain holds data ([`super::map`]; a map that cannot be made is
     /// logged and every block read). Nothing is left when it fails; a bdev
     /// too small for `data_offset + size` is refused.
-    pub async fn open(client: &SpdkClient, inv: &Inventory, read: BackupRead) -> Result<BackupReader, MoverError> {
+    pub async fn open(
+        client: &SpdkClient,
+        inv: &Inventory,
+        read: BackupRead,
+    ) -> Result<BackupReader, MoverError> {
         let snapshot = Session::open(client, &read.snapshot, Purpose::Backup, DEPTH).await?;
         let base = match &read.base {
             Some(b) => match Session::open(client, b, Purpose::Backup, DEPTH).await {
