@@ -10,7 +10,8 @@
 //!   map:             full: the snapshot's whole chain; incremental: the lvols
 //!                    after the base (a cluster none of them holds reads as the
 //!                    base does); none (an external snapshot at the chain's
-//!                    bottom, a base outside it, the map failed): every block
+//!                    bottom, a base outside it, a chain so full that the map's
+//!                    copy would move more than it saves, the map failed): every block
 //!   full (no base):  Session::open(snapshot, Backup)
 //!                    each mapped block, BLOCKS_AHEAD in flight: a non-zero byte? taken
 //!   incremental:     also Session::open(base snapshot, Backup): the snapshot the
@@ -141,9 +142,9 @@ impl BackupRead {
     /// The lvols whose own clusters are all a backup must look at: the
     /// snapshot's whole chain for a full backup, the lvols after the base
     /// for an incremental one (a cluster none of them holds reads as the
-    /// base does). `None`: not known from the chain, every block is read (a
-    /// chain that ends in an external snapshot or a parent not listed, a
-    /// base outside the chain).
+    /// base does). `None`: every block is read, when the chain does not say
+    /// (it ends in an external snapshot or a parent not listed, the base is
+    /// outside it) or a map would move more than it saves ([`map_pays`]).
     pub fn map_lvols(&self, inv: &Inventory) -> Option<Vec<String>> {
         let mut chain = inv.chain(&self.snapshot);
         chain.push(self.snapshot.clone());
@@ -151,14 +152,34 @@ impl BackupRead {
         if bottom.is_esnap_clone || bottom.is_clone {
             return None;
         }
-        match &self.base {
-            None => Some(chain),
+        let lvols = match &self.base {
+            None => chain,
             Some(base) => {
                 let at = chain.iter().position(|l| l == base)?;
-                Some(chain.split_off(at + 1))
+                chain.split_off(at + 1)
             }
-        }
+        };
+        // the bytes the map's copy moves: SPDK says how many clusters each holds
+        let held: u64 = lvols
+            .iter()
+            .filter_map(|l| {
+                let l = inv.lvols.get(l)?;
+                let cluster = inv.lvstores.iter().find(|s| s.name == l.lvs.name)?.cluster_size;
+                Some(l.num_allocated_clusters * cluster)
+            })
+            .sum();
+        map_pays(held, self.size, self.base.is_some()).then_some(lvols)
     }
+}
+
+/// Whether mapping pays: a map moves the `held` bytes of the mapped lvols
+/// once (the shallow copy) and the backup then reads them (twice for an
+/// incremental one: the snapshot and the base), against reading the whole
+/// `size` (twice for an incremental one). A dense volume's full backup is
+/// read without a map, which would double what crosses loopback.
+pub fn map_pays(held: u64, size: u64, incremental: bool) -> bool {
+    let reads = if incremental { 2 } else { 1 };
+    held.saturating_mul(1 + reads) < size.saturating_mul(reads)
 }
 
 /// The open exports of a [`BackupRead`], and where its chain holds data.
@@ -323,6 +344,20 @@ mod tests {
             data_offset: 0,
             size: 4 << 20,
         }
+    }
+
+    #[test]
+    fn a_map_is_made_when_it_moves_less_than_reading_the_whole_volume() {
+        const G: u64 = 1 << 30;
+        // full: map + read of the data against one read of the volume
+        assert!(map_pays(10 * G, 1024 * G, false));
+        assert!(map_pays(400 * G, 1024 * G, false));
+        assert!(!map_pays(512 * G, 1024 * G, false), "half full: the same bytes either way");
+        assert!(!map_pays(1024 * G, 1024 * G, false), "dense: no map");
+        // incremental: map + two reads of the change against two reads of the volume
+        assert!(map_pays(64 << 20, 4 * G, true));
+        assert!(map_pays(600 * G, 1024 * G, true));
+        assert!(!map_pays(700 * G, 1024 * G, true));
     }
 
     #[test]
