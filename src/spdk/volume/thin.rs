@@ -202,6 +202,60 @@ pub(super) async fn copy_state(client: &SpdkClient, op: u32) -> Result<CopyState
         .map(CopyState::from)
 }
 
+/// Why [`copy_each`] stopped.
+#[derive(Debug)]
+pub(super) enum EachError {
+    /// Starting the copy of `lvol` was refused.
+    Start { lvol: String, source: ClientError },
+    /// The state of copy `op` of `lvol` could not be read.
+    State {
+        lvol: String,
+        op: u32,
+        source: ClientError,
+    },
+    /// The copy of `lvol` failed, in SPDK's words.
+    Failed { lvol: String, message: String },
+}
+
+/// Shallow-copies each of `lvols` into bdev `dst` in turn (oldest first: a
+/// newer lvol's clusters over the older's), each polled every `poll` until
+/// it is done.
+pub(super) async fn copy_each(
+    client: &SpdkClient,
+    lvols: &[String],
+    dst: &str,
+    poll: std::time::Duration,
+) -> Result<(), EachError> {
+    for lvol in lvols {
+        let op = start_copy(client, lvol, dst)
+            .await
+            .map_err(|source| EachError::Start {
+                lvol: lvol.clone(),
+                source,
+            })?;
+        loop {
+            match copy_state(client, op).await {
+                Ok(CopyState::Done) => break,
+                Ok(CopyState::Running(_)) => tokio::time::sleep(poll).await,
+                Ok(CopyState::Failed(message)) => {
+                    return Err(EachError::Failed {
+                        lvol: lvol.clone(),
+                        message,
+                    });
+                }
+                Err(source) => {
+                    return Err(EachError::State {
+                        lvol: lvol.clone(),
+                        op,
+                        source,
+                    });
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
 impl super::VolumeOps {
     /// Starts copying the clusters snapshot lvol `src` holds of its own
     /// into bdev `dst` ([`start_copy`]); answers the operation id.

@@ -27,7 +27,6 @@ use super::super::client::{ClientError, SpdkClient};
 use super::super::error::ErrorKind;
 use super::super::rpc::{AioCreate, ByName};
 use super::Inventory;
-use super::thin::CopyState;
 
 /// How often a running copy is polled.
 const POLL: Duration = Duration::from_millis(100);
@@ -199,32 +198,22 @@ pub async fn remove_bdev(client: &SpdkClient, bdev: &str) -> Result<(), ClientEr
 }
 
 async fn copy_chain(client: &SpdkClient, chain: &Chain, bdev: &str) -> Result<(), StagingError> {
-    for src in &chain.lvols {
-        let op = super::thin::start_copy(client, src, bdev)
-            .await
-            .map_err(|source| StagingError::Rpc {
-                step: format!("copying {src}'s clusters to {bdev}"),
+    use super::thin::EachError;
+    super::thin::copy_each(client, &chain.lvols, bdev, POLL)
+        .await
+        .map_err(|e| match e {
+            EachError::Start { lvol, source } => StagingError::Rpc {
+                step: format!("copying {lvol}'s clusters to {bdev}"),
                 source,
-            })?;
-        loop {
-            let s = super::thin::copy_state(client, op)
-                .await
-                .map_err(|source| StagingError::Rpc {
-                    step: format!("copying {src}: copy {op}"),
-                    source,
-                })?;
-            match s {
-                CopyState::Done => break,
-                CopyState::Failed(message) => {
-                    return Err(StagingError::Copy {
-                        src: src.clone(),
-                        bdev: bdev.to_owned(),
-                        message,
-                    });
-                }
-                CopyState::Running(_) => tokio::time::sleep(POLL).await,
-            }
-        }
-    }
-    Ok(())
+            },
+            EachError::State { lvol, op, source } => StagingError::Rpc {
+                step: format!("copying {lvol}: copy {op}"),
+                source,
+            },
+            EachError::Failed { lvol, message } => StagingError::Copy {
+                src: lvol,
+                bdev: bdev.to_owned(),
+                message,
+            },
+        })
 }

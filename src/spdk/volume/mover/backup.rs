@@ -127,8 +127,7 @@ impl BackupRead {
         let Some(base) = &self.base else {
             return false;
         };
-        let mut chain = inv.chain(&self.snapshot);
-        chain.push(self.snapshot.clone());
+        let chain = self.chain(inv);
         let Some(at) = chain.iter().position(|l| l == base) else {
             return false;
         };
@@ -139,6 +138,13 @@ impl BackupRead {
 }
 
 impl BackupRead {
+    /// The snapshot's chain, oldest first, the snapshot last.
+    fn chain(&self, inv: &Inventory) -> Vec<String> {
+        let mut chain = inv.chain(&self.snapshot);
+        chain.push(self.snapshot.clone());
+        chain
+    }
+
     /// The lvols whose own clusters are all a backup must look at: the
     /// snapshot's whole chain for a full backup, the lvols after the base
     /// for an incremental one (a cluster none of them holds reads as the
@@ -146,8 +152,7 @@ impl BackupRead {
     /// (it ends in an external snapshot or a parent not listed, the base is
     /// outside it) or a map would move more than it saves ([`map_pays`]).
     pub fn map_lvols(&self, inv: &Inventory) -> Option<Vec<String>> {
-        let mut chain = inv.chain(&self.snapshot);
-        chain.push(self.snapshot.clone());
+        let mut chain = self.chain(inv);
         let bottom = inv.lvols.get(chain.first()?)?;
         if bottom.is_esnap_clone || bottom.is_clone {
             return None;
@@ -352,7 +357,10 @@ mod tests {
         // full: map + read of the data against one read of the volume
         assert!(map_pays(10 * G, 1024 * G, false));
         assert!(map_pays(400 * G, 1024 * G, false));
-        assert!(!map_pays(512 * G, 1024 * G, false), "half full: the same bytes either way");
+        assert!(
+            !map_pays(512 * G, 1024 * G, false),
+            "half full: the same bytes either way"
+        );
         assert!(!map_pays(1024 * G, 1024 * G, false), "dense: no map");
         // incremental: map + two reads of the change against two reads of the volume
         assert!(map_pays(64 << 20, 4 * G, true));

@@ -35,6 +35,7 @@ use tokio::net::{TcpListener, TcpStream};
 
 use super::pdu::{
     self, CAPSULE_CMD, CAPSULE_RESP, CH_LEN, DATA_LEN, FLAG_LAST, H2C_DATA, Header, IC_LEN, IC_REQ, IC_RESP,
+    u16_at, u32_at,
 };
 use crate::spdk::client::{ClientError, SpdkClient};
 use crate::spdk::rpc::AttachController;
@@ -244,34 +245,23 @@ pub async fn allocated(
 pub const PREFIX: &str = "talon-map-";
 
 async fn copy_all(client: &SpdkClient, lvols: &[String], dst: &str) -> Result<(), MapError> {
-    for lvol in lvols {
-        let op = super::super::thin::start_copy(client, lvol, dst)
-            .await
-            .map_err(|source| MapError::Spdk {
+    use super::super::thin::EachError;
+    super::super::thin::copy_each(client, lvols, dst, Duration::from_millis(10))
+        .await
+        .map_err(|e| match e {
+            EachError::Start { lvol, source } => MapError::Spdk {
                 what: format!("shallow copy of {lvol} into {dst}"),
                 source,
-            })?;
-        let mut delay = crate::util::Backoff::new(Duration::from_millis(2), Duration::from_millis(50));
-        loop {
-            match super::super::thin::copy_state(client, op).await {
-                Ok(super::super::thin::CopyState::Done) => break,
-                Ok(super::super::thin::CopyState::Running(_)) => tokio::time::sleep(delay.next_delay()).await,
-                Ok(super::super::thin::CopyState::Failed(reason)) => {
-                    return Err(MapError::Copy {
-                        lvol: lvol.clone(),
-                        reason,
-                    });
-                }
-                Err(source) => {
-                    return Err(MapError::Spdk {
-                        what: format!("state of the shallow copy of {lvol}"),
-                        source,
-                    });
-                }
-            }
-        }
-    }
-    Ok(())
+            },
+            EachError::State { lvol, source, .. } => MapError::Spdk {
+                what: format!("state of the shallow copy of {lvol}"),
+                source,
+            },
+            EachError::Failed { lvol, message } => MapError::Copy {
+                lvol,
+                reason: message,
+            },
+        })
 }
 
 /// Detaches the map controllers another run than `client`'s left (a talon
@@ -389,14 +379,6 @@ fn record(t: &Shared, lba: u64, len: u32) {
         .lock()
         .unwrap_or_else(PoisonError::into_inner)
         .add(lba * b, lba * b + u64::from(len));
-}
-
-fn u16_at(b: &[u8], at: usize) -> u16 {
-    u16::from_le_bytes([b[at], b[at + 1]])
-}
-
-fn u32_at(b: &[u8], at: usize) -> u32 {
-    u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
 }
 
 fn ic_resp() -> [u8; IC_LEN] {

@@ -100,11 +100,13 @@ impl Header {
     }
 }
 
-fn u16_at(b: &[u8], at: usize) -> u16 {
+/// The little-endian u16 at byte `at`.
+pub(super) fn u16_at(b: &[u8], at: usize) -> u16 {
     u16::from_le_bytes([b[at], b[at + 1]])
 }
 
-fn u32_at(b: &[u8], at: usize) -> u32 {
+/// The little-endian u32 at byte `at`.
+pub(super) fn u32_at(b: &[u8], at: usize) -> u32 {
     u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
 }
 
