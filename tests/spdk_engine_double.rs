@@ -139,11 +139,13 @@ async fn disk_is_created_then_imported_after_a_target_restart() {
     }
     // the pass that meets the restart says why the disk is not ready: the
     // lvstore loading again, or (when that pass's call met the target going
-    // down) the failed call, after which the next pass loads it: Failed is not
-    // Ready either, so no placement trusts the disk meanwhile
+    // down: a connect refused on spdk.sock, or a call whose connection was
+    // reset) the failed call, after which the next pass loads it: Failed is
+    // not Ready either, so no placement trusts the disk meanwhile
     let loading = seen.iter().position(|(s, m)| {
         (*s == ObjectState::Creating && m.contains("again (the bdev was gone"))
-            || (*s == ObjectState::Failed && m.contains("spdk.sock"))
+            || (*s == ObjectState::Failed
+                && (m.contains("spdk.sock") || m.contains("The SPDK connection closed")))
     });
     let ready = seen.iter().rposition(|(s, _)| *s == ObjectState::Ready);
     assert!(
