@@ -33,7 +33,9 @@
 //! Then a backup of that lvol's snapshots out of spdk_tgt, in full and
 //! incrementally, both ways side by side: staged in a file (the shallow
 //! copy talon used before) and streamed through the data mover (what a
-//! backup does now; see `backups_of_lvol`).
+//! backup does now; see `backups_of_lvol`), every block read and only what
+//! the allocation map names; and Longhorn's snapshot hash of the first
+//! snapshot, every chunk read and mapped.
 //! The last column, peak MiB: for a talon row, how far the bench process's
 //! peak RSS rose during the operation above what it held before (freed
 //! memory given back first; talon and the in-process S3 server together, so
@@ -622,5 +624,27 @@ async fn backups_of_lvol(
             t0.elapsed().as_secs_f64(),
             st.blocks_uploaded,
         );
+    }
+
+    // Longhorn's snapshot hash of s1 (issue 55), once: every 1 MiB chunk
+    // read, and only the chunks the chain's map names; the size column is
+    // the snapshot's (what a hash covers), the blocks column the chunks read
+    if method == Compression::Lz4.as_str() {
+        use talon::longhorn::snaphash::{hash_lvol, map_of};
+        let chain = to_file::Chain::of(&listed, s1).expect("chain of s1");
+        let mut sums = Vec::new();
+        for (way, map) in [("every chunk", None), ("mapped", map_of(&listed, &chain))] {
+            let t0 = clock();
+            let h = hash_lvol(c, s1, size, map).await.expect("snapshot hash");
+            row(
+                &format!("snapshot hash, {way}"),
+                "-",
+                size,
+                t0.elapsed().as_secs_f64(),
+                h.read / MIB,
+            );
+            sums.push(h.checksum);
+        }
+        assert_eq!(sums[0], sums[1], "one checksum either way");
     }
 }

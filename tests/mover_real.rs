@@ -694,6 +694,42 @@ async fn real_spdk_the_allocation_map_names_the_clusters_each_snapshot_holds() {
         assert_eq!(took[0].1, took[1].1, "the same blocks taken over base {base:?}");
     }
 
+    // a snapshot hash reads only the chunks the map names, and gives the
+    // checksum of every chunk read, which is that of the same data in a file
+    use talon::longhorn::snaphash::{checksum, hash_lvol, map_of};
+    let chain = talon::spdk::volume::to_file::Chain::of(&inv, "talon-m/s2").expect("s2's chain");
+    let lvols = map_of(&inv, &chain).expect("a sparse chain is mapped");
+    assert_eq!(lvols, ["talon-m/s1", "talon-m/s2"]);
+    let mapped = hash_lvol(&c, "talon-m/s2", 64 * MIB, Some(lvols))
+        .await
+        .expect("hash, mapped");
+    let every = hash_lvol(&c, "talon-m/s2", 64 * MIB, None)
+        .await
+        .expect("hash, every chunk");
+    assert_eq!((mapped.read, every.read), (4 * MIB, 64 * MIB), "the bytes read");
+    assert_eq!(mapped.checksum, every.checksum, "one checksum either way");
+    let f = tempfile::NamedTempFile::new().expect("temp file");
+    {
+        use std::os::unix::fs::FileExt as _;
+        f.as_file().set_len(64 * MIB).expect("size");
+        for (at, data) in [
+            (3 * MIB + 4096, pattern(1, 8192)),
+            (10 * MIB, pattern(2, 2 * MIB as usize)),
+            (20 * MIB + MIB / 2, pattern(3, 4096)),
+        ] {
+            f.as_file().write_all_at(&data, at).expect("write");
+        }
+    }
+    assert_eq!(
+        mapped.checksum,
+        checksum(f.path(), 64 * MIB).expect("checksum of the file"),
+        "the snapshot hashes as the same data in a file"
+    );
+    assert!(
+        mover_subsystems(&c).await.is_empty(),
+        "the hash's exports are gone"
+    );
+
     // a map an earlier run left (talon killed mid-map: its target gone, the
     // controller left reconnecting): the sweep detaches it
     let nqn = format!("{}:map:earlier:test", talon::names::NQN_PREFIX);

@@ -10,7 +10,9 @@
 //!     the snapshot lvol <lvs>/<replica>-snap-<s> read through the data mover
 //!     (spdk::volume::mover: a temporary export on 127.0.0.1, talon's own
 //!     NVMe/TCP host; no file, no copy): 1 MiB chunks, in order, 4 ahead
-//!     (the lvol reads through its chain, so it reads as s reads)
+//!     (the lvol reads through its chain, so it reads as s reads); of a
+//!     sparse chain only the chunks its allocation map names (mover::map:
+//!     the others read as zeros, which the checksum skips anyway)
 //!     SHA-256 over them as they stream (checksum); the export removed
 //!   SnapshotHashStatus ──> {replica ip:port: "" | in_progress | complete + checksum | error}
 //! ```
@@ -47,6 +49,7 @@ use crate::spdk::SpdkClient;
 use crate::spdk::volume::Inventory;
 use crate::spdk::volume::ReplicaLvols;
 use crate::spdk::volume::mover;
+use crate::spdk::volume::mover::backup::map_pays;
 use crate::spdk::volume::to_file::{self, Chain};
 
 /// The states Longhorn's snapshot monitor reads (`SnapshotHashStatus` in
@@ -345,8 +348,9 @@ enum HashError {
 }
 
 /// One job: the snapshot read through the mover (a temporary loopback
-/// export, no file) and hashed as it streams; the export removed again on
-/// every path (a job stopped drops its session, which removes it).
+/// export, no file) and hashed as it streams ([`hash_lvol`], mapped when
+/// that pays: [`map_of`]); the export removed again on every path (a job
+/// stopped drops its session, which removes it).
 async fn run(client: &SpdkClient, lvs: &str, replica: &str, snap: &str) -> Result<String, HashError> {
     let (r, sn) = (replica.to_owned(), snap.to_owned());
     let gone = || HashError::Gone {
@@ -360,39 +364,105 @@ async fn run(client: &SpdkClient, lvs: &str, replica: &str, snap: &str) -> Resul
     })?;
     let plan = plan_of(&inv, lvs, replica, snap).ok_or_else(gone)?;
     let alias = format!("{lvs}/{}", snapshot_lvol(replica, snap));
-    let sum = async {
-        let s = mover::Session::open(client, &alias, mover::Purpose::Hash, mover::DEPTH).await?;
-        if s.size() != plan.size {
-            let reason = format!("its export holds {} bytes, the snapshot {}", s.size(), plan.size);
-            let _ = s.close().await;
-            return Err(mover::MoverError::Invalid {
-                bdev: alias.clone(),
-                reason,
-            });
-        }
-        let mut sum = Sum::new(plan.size);
-        s.read_in_order(CHUNK as usize, AHEAD, |at, d| {
-            sum.chunk(at, d);
-            Ok(())
-        })
-        .await?;
-        s.close().await?;
-        Ok(sum.finish())
-    }
-    .await;
+    let sum = hash_lvol(client, &alias, plan.size, map_of(&inv, &plan)).await;
     // a snapshot deleted meanwhile (its read may have failed for it, or
     // ended before): no checksum of it
     let now = Inventory::load(client).await.ok();
     let still = now.as_ref().and_then(|inv| plan_of(inv, lvs, replica, snap));
     match (sum, still) {
         (_, None) if now.is_some() => Err(gone()),
-        (Ok(s), _) => Ok(s),
+        (Ok(h), _) => {
+            tracing::debug!(
+                replica,
+                snapshot = snap,
+                read = h.read,
+                size = h.size,
+                "snapshot read for its hash"
+            );
+            Ok(h.checksum)
+        }
         (Err(source), _) => Err(HashError::Read {
             replica: r,
             snap: sn,
             source,
         }),
     }
+}
+
+/// The lvols whose allocation map tells a hash of `chain`'s snapshot which
+/// chunks to read: the whole chain, when its own clusters are all that
+/// reads as data ([`mover::map::names_all_data`]) and the map's copy of
+/// them costs less than reading the snapshot ([`map_pays`]); `None`: every
+/// chunk is read.
+pub fn map_of<'a>(inv: &Inventory, chain: &'a Chain) -> Option<&'a [String]> {
+    let held: u64 = chain.held.iter().sum();
+    (mover::map::names_all_data(inv, &chain.lvols) && map_pays(held, chain.size, false))
+        .then_some(chain.lvols.as_slice())
+}
+
+/// What a hash read: the checksum, the bytes read and the snapshot's size.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Hashed {
+    /// The checksum ([`checksum`] of the same data gives the same).
+    pub checksum: String,
+    /// The bytes read from spdk_tgt (the chunks the map names, or all).
+    pub read: u64,
+    /// The snapshot's size.
+    pub size: u64,
+}
+
+/// The checksum of lvol `alias` (`lvs/name`, `size` bytes) as it reads,
+/// streamed through the mover: 1 MiB chunks, in order, [`AHEAD`] in flight.
+/// With `map` (the lvols of its chain, oldest first, as [`map_of`] gives
+/// them) only the chunks their allocation map meets are read: the others
+/// read as zeros, which the checksum skips, so it is the same either way. A
+/// map that cannot be made is logged and every chunk read.
+pub async fn hash_lvol(
+    client: &SpdkClient,
+    alias: &str,
+    size: u64,
+    map: Option<&[String]>,
+) -> Result<Hashed, mover::MoverError> {
+    let s = mover::Session::open(client, alias, mover::Purpose::Hash, mover::DEPTH).await?;
+    if s.size() != size {
+        let reason = format!("its export holds {} bytes, the snapshot {size}", s.size());
+        let _ = s.close().await;
+        return Err(mover::MoverError::Invalid {
+            bdev: alias.to_owned(),
+            reason,
+        });
+    }
+    let ranges = match map {
+        Some(lvols) => match mover::map::allocated(client, lvols, size, s.block_size()).await {
+            Ok(m) => Some(m),
+            Err(e) => {
+                tracing::warn!(snapshot = alias, error = %crate::util::error_chain(&e),
+                    "no allocation map of the snapshot's chain: its hash reads every chunk");
+                None
+            }
+        },
+        None => None,
+    };
+    let mut sum = Sum::new(size);
+    let mut read = 0u64;
+    let wanted = |start: u64, end: u64| ranges.as_ref().is_none_or(|m| m.touches(start, end));
+    let streamed = s
+        .read_in_order_where(CHUNK as usize, AHEAD, wanted, |at, d| {
+            read += d.len() as u64;
+            sum.chunk(at, d);
+            Ok(())
+        })
+        .await;
+    if let Err(e) = streamed {
+        let _ = s.close().await;
+        return Err(e);
+    }
+    s.close().await?;
+    Ok(Hashed {
+        checksum: sum.finish(),
+        read,
+        size,
+    })
 }
 
 pub(super) fn status_message(job: Option<Job>) -> spdkrpc::ReplicaSnapshotHashStatusResponse {

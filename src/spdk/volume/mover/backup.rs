@@ -153,8 +153,7 @@ impl BackupRead {
     /// outside it) or a map would move more than it saves ([`map_pays`]).
     pub fn map_lvols(&self, inv: &Inventory) -> Option<Vec<String>> {
         let mut chain = self.chain(inv);
-        let bottom = inv.lvols.get(chain.first()?)?;
-        if bottom.is_esnap_clone || bottom.is_clone {
+        if !super::map::names_all_data(inv, &chain) {
             return None;
         }
         let lvols = match &self.base {
@@ -164,15 +163,7 @@ impl BackupRead {
                 chain.split_off(at + 1)
             }
         };
-        // the bytes the map's copy moves: SPDK says how many clusters each holds
-        let held: u64 = lvols
-            .iter()
-            .filter_map(|l| {
-                let l = inv.lvols.get(l)?;
-                let cluster = inv.lvstores.iter().find(|s| s.name == l.lvs.name)?.cluster_size;
-                Some(l.num_allocated_clusters * cluster)
-            })
-            .sum();
+        let held = super::map::held(inv, &lvols);
         map_pays(held, self.size, self.base.is_some()).then_some(lvols)
     }
 }

@@ -39,6 +39,7 @@ use super::pdu::{
 };
 use crate::spdk::client::{ClientError, SpdkClient};
 use crate::spdk::rpc::AttachController;
+use crate::spdk::volume::Inventory;
 
 /// The most data one command moves (MDTS 5: 2^5 pages of 4 KiB).
 const MDTS: u8 = 5;
@@ -239,6 +240,29 @@ pub async fn allocated(
     copied?;
     detached?;
     Ok(target.written())
+}
+
+/// Whether the own clusters of `chain`'s lvols (`lvs/name`, the oldest
+/// first) are all that reads as data in its last one: its bottom is an lvol
+/// of its own, not a clone of another lvol or of an external snapshot
+/// (whose data no shallow copy of the chain names), and every lvol is listed.
+pub fn names_all_data(inv: &Inventory, chain: &[String]) -> bool {
+    let listed = chain.iter().all(|l| inv.lvols.contains_key(l));
+    let bottom = chain.first().and_then(|l| inv.lvols.get(l));
+    listed && bottom.is_some_and(|b| !b.is_esnap_clone && !b.is_clone)
+}
+
+/// The bytes `lvols` hold of their own, as SPDK counts their clusters: what
+/// a map of them moves over loopback.
+pub fn held(inv: &Inventory, lvols: &[String]) -> u64 {
+    lvols
+        .iter()
+        .filter_map(|l| {
+            let l = inv.lvols.get(l)?;
+            let cluster = inv.lvstores.iter().find(|s| s.name == l.lvs.name)?.cluster_size;
+            Some(l.num_allocated_clusters.saturating_mul(cluster))
+        })
+        .sum()
 }
 
 /// The prefix of the NVMe controllers [`allocated`] attaches.

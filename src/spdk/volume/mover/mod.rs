@@ -361,8 +361,25 @@ impl Session {
     /// Reads the whole bdev in chunks of `chunk` bytes (the last one
     /// shorter), `ahead` chunks in flight, and gives them to `each` in
     /// order with their offsets: at most `ahead` chunks in memory.
-    pub async fn read_in_order<F>(&self, chunk: usize, ahead: usize, mut each: F) -> Result<(), MoverError>
+    pub async fn read_in_order<F>(&self, chunk: usize, ahead: usize, each: F) -> Result<(), MoverError>
     where
+        F: FnMut(u64, &[u8]) -> Result<(), MoverError>,
+    {
+        self.read_in_order_where(chunk, ahead, |_, _| true, each).await
+    }
+
+    /// [`Session::read_in_order`] of the chunks `wanted(start, end)` keeps
+    /// only: the others are not read and `each` does not see them (a map
+    /// says they read as zeros).
+    pub async fn read_in_order_where<W, F>(
+        &self,
+        chunk: usize,
+        ahead: usize,
+        wanted: W,
+        mut each: F,
+    ) -> Result<(), MoverError>
+    where
+        W: Fn(u64, u64) -> bool,
         F: FnMut(u64, &[u8]) -> Result<(), MoverError>,
     {
         let size = self.size();
@@ -374,8 +391,11 @@ impl Session {
             while next < size && inflight.len() < ahead.max(1) {
                 let len = chunk.min(size - next) as usize;
                 let at = next;
-                inflight.push_back(async move { self.read(at, len).await.map(|d| (at, d)) });
                 next += len as u64;
+                if !wanted(at, next) {
+                    continue;
+                }
+                inflight.push_back(async move { self.read(at, len).await.map(|d| (at, d)) });
             }
             let Some(r) = inflight.next().await else {
                 return Ok(());
