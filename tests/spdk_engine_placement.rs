@@ -315,3 +315,64 @@ async fn an_export_left_frozen_by_a_stop_is_thawed_at_the_next_start() {
     .await;
     rt.stop().await;
 }
+
+/// The replicas of a volume share one block size (SPDK's raid1 refuses
+/// members of two): a 512 B disk with the most free room is passed over
+/// for two 4 KiB disks, and a volume listing a 512 B and a 4 KiB disk waits,
+/// saying why, with nothing made.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_volumes_replicas_go_to_disks_of_one_block_size() {
+    let d = tempfile::tempdir().expect("tempdir");
+    let _double = SpdkDouble::start(d.path().join("spdk.sock"))
+        .await
+        .expect("double");
+    let rt = start(d.path());
+    let st = rt.state.clone();
+    let client = SpdkClient::new(d.path().join("spdk.sock"));
+    let disk = |name: &str, mib: u64, block: u32| Disk {
+        block_size: Some(block),
+        ..file_disk(&d.path().join(format!("{name}.img")), Some(mib * MIB))
+    };
+    st.create_typed("k4a", "", &disk("k4a", 64, 4096)).expect("disk");
+    st.create_typed("b512", "", &disk("b512", 512, 512))
+        .expect("disk");
+    st.create_typed("k4b", "", &disk("k4b", 64, 4096)).expect("disk");
+    for (id, bs) in [("k4a", 4096), ("b512", 512), ("k4b", 4096)] {
+        let s = disk_is(&st, id, ObjectState::Ready).await;
+        assert!(s.free_bytes > 0, "{s:?}");
+        let lvs = client
+            .bdev_lvol_get_lvstores(&talon::spdk::rpc::LvstoreSelector::default())
+            .await
+            .expect("lvstores");
+        let l = lvs.iter().find(|l| l.name == s.lvstore).expect("its lvstore");
+        assert_eq!(l.block_size, bs, "{id}");
+    }
+
+    st.create_typed("m", "", &volume(2, &[])).expect("volume");
+    served(&st, "m").await;
+    let mut disks: Vec<String> = ["m-r0", "m-r1"]
+        .iter()
+        .map(|r| {
+            st.get_typed::<ReplicaStatus>(r)
+                .expect("get")
+                .expect("replica")
+                .spec
+                .disk
+        })
+        .collect();
+    disks.sort();
+    assert_eq!(disks, ["k4a", "k4b"], "the two 4 KiB disks, not the freest");
+
+    st.create_typed("x", "", &volume(2, &["b512", "k4a"]))
+        .expect("volume");
+    let waiting = eventually("x waits, naming the block sizes", WAIT, || async {
+        engine(&st, "x").filter(|e| {
+            e.message
+                .contains("k4a has 4096-byte blocks, not the 512-byte blocks of the volume's replicas")
+        })
+    })
+    .await;
+    assert_ne!(waiting.state, ObjectState::Ready, "{waiting:?}");
+    assert!(lvols_of(&client, "x").await.is_empty(), "nothing made for x");
+    rt.stop().await;
+}

@@ -6,6 +6,7 @@
 //! ```text
 //!   ready disks (lvstore present, free bytes) ─┐
 //!   disks away (not ready yet, or failed: why) ┤
+//!   each disk's block size ────────────────────┤
 //!   disks the volume lists (empty: any) ───────┼─> place ─> replica k: Exists(d) | Create(d)
 //!   replicas that exist (k -> disk) ───────────┤                      | WaitFor(d) | Unplaced
 //!   replicas placed before (k -> disk) ────────┤            + Blocked {which, why, a disk failed?}
@@ -22,6 +23,13 @@
 //!   bound: what its thin replicas promise), and only on a listed
 //!   disk when the volume lists disks; among those, the most free bytes wins
 //!   (ties: the first name);
+//! - every replica of a volume has one block size: SPDK's raid1 refuses
+//!   members of different block sizes (`bdev_raid_create` -22 on a real
+//!   v26.05 target), so a volume on a 512 B disk and a 4 KiB disk could
+//!   never be served. A new replica goes to a disk of the block size of the
+//!   replicas that exist; a new volume takes the block size whose disks
+//!   can hold all its replicas (the one of the disk with the most free
+//!   bytes among those that can);
 //! - a volume that has no replica yet is placed whole or not at all: it
 //!   waits until every replica has its own disk, rather than starting with
 //!   fewer replicas (which would then be rebuilt block by block);
@@ -99,6 +107,9 @@ pub struct Request<'a> {
     pub listed: &'a [String],
     /// Disks whose lvstore is present, with free bytes.
     pub ready: &'a BTreeMap<String, u64>,
+    /// The block size of each disk's lvstore (a disk not listed: not known,
+    /// any block size goes).
+    pub block_size: &'a BTreeMap<String, u32>,
     /// Configured disks that are not ready, and why.
     pub away: &'a BTreeMap<String, DiskAway>,
     /// Ready disks that cannot take a new replica (the overcommit bound), and why.
@@ -131,6 +142,14 @@ pub fn place(req: &Request<'_>) -> Placement {
     }
     let fresh = slots.is_empty();
     let allowed = |d: &str| req.listed.is_empty() || req.listed.iter().any(|l| l == d);
+    let known = |d: &str| req.block_size.get(d).copied();
+    // the volume's block size: its replicas' (the first known), else the
+    // one whose disks can take every replica
+    let mut want = slots.values().filter_map(Slot::disk).find_map(known);
+    if want.is_none() && req.clone_of.is_none() {
+        want = block_size_for(req, &taken, open.len(), &allowed);
+    }
+    let fits = |d: &str, want: Option<u32>| want.is_none_or(|w| known(d).is_none_or(|b| b == w));
     let mut unplaced = Vec::new();
     for k in open {
         if let Some(pins) = req.clone_of {
@@ -143,10 +162,13 @@ pub fn place(req: &Request<'_>) -> Placement {
         let best = req
             .ready
             .iter()
-            .filter(|(d, _)| allowed(d) && !taken.contains_key(*d) && !req.full.contains_key(*d))
-            .max_by(|(da, fa), (db, fb)| fa.cmp(fb).then_with(|| db.cmp(da)));
+            .filter(|(d, _)| {
+                allowed(d) && !taken.contains_key(*d) && !req.full.contains_key(*d) && fits(d, want)
+            })
+            .max_by(|(da, fa), (db, fb)| most_free((da, fa), (db, fb)));
         match best {
             Some((d, _)) => {
+                want = want.or_else(|| known(d));
                 slots.insert(k, Slot::Create(d.clone()));
                 taken.insert(d.clone(), k);
             }
@@ -166,11 +188,54 @@ pub fn place(req: &Request<'_>) -> Placement {
         }
         unplaced = slots.keys().copied().collect();
     }
-    let blocked = blocked(req, &slots, &taken, unplaced);
+    let blocked = blocked(req, &slots, &taken, unplaced, want);
     Placement {
         slots,
         blocked: Some(blocked),
     }
+}
+
+/// The order in which free disks are taken: the most free bytes, then the
+/// first name.
+fn most_free(a: (&String, &u64), b: (&String, &u64)) -> std::cmp::Ordering {
+    a.1.cmp(b.1).then_with(|| b.0.cmp(a.0))
+}
+
+/// The block size a volume with no replica takes for its `n` new ones: of
+/// the block sizes whose free disks (allowed, not taken, not full) number
+/// `n` or more, the one of the disk taken first ([`most_free`]); when none
+/// has enough, that of the disk taken first (the volume then waits, saying
+/// so). `None`: no disk's block size is known.
+fn block_size_for(
+    req: &Request<'_>,
+    taken: &BTreeMap<String, usize>,
+    n: usize,
+    allowed: &dyn Fn(&str) -> bool,
+) -> Option<u32> {
+    let mut groups: BTreeMap<u32, Vec<(&String, &u64)>> = BTreeMap::new();
+    for (d, free) in req.ready {
+        if allowed(d) && !taken.contains_key(d) && !req.full.contains_key(d) {
+            if let Some(b) = req.block_size.get(d) {
+                groups.entry(*b).or_default().push((d, free));
+            }
+        }
+    }
+    // each block size: its disk taken first, and how many it has
+    let firsts: Vec<(u32, usize, (&String, &u64))> = groups
+        .iter()
+        .filter_map(|(b, v)| {
+            let first = v.iter().copied().max_by(|x, y| most_free(*x, *y))?;
+            Some((*b, v.len(), first))
+        })
+        .collect();
+    let by_first =
+        |x: &&(u32, usize, (&String, &u64)), y: &&(u32, usize, (&String, &u64))| most_free(x.2, y.2);
+    firsts
+        .iter()
+        .filter(|(_, len, _)| *len >= n)
+        .max_by(by_first)
+        .or_else(|| firsts.iter().max_by(by_first))
+        .map(|(b, _, _)| *b)
 }
 
 fn blocked(
@@ -178,6 +243,7 @@ fn blocked(
     slots: &BTreeMap<usize, Slot>,
     taken: &BTreeMap<String, usize>,
     unplaced: Vec<usize>,
+    want: Option<u32>,
 ) -> Blocked {
     let names: Vec<String> = unplaced.iter().map(|k| format!("r{k}")).collect();
     let need = slots.len();
@@ -196,6 +262,13 @@ fn blocked(
         let what = match (holder, req.ready.contains_key(*d), req.away.get(*d)) {
             (Some(k), _, _) => format!("{d} holds r{k}"),
             (None, true, _) if req.full.contains_key(*d) => format!("{d} is full: {}", req.full[*d]),
+            (None, true, _) if want.is_some_and(|w| req.block_size.get(*d).is_some_and(|b| *b != w)) => {
+                format!(
+                    "{d} has {}-byte blocks, not the {}-byte blocks of the volume's replicas",
+                    req.block_size[*d],
+                    want.unwrap_or_default()
+                )
+            }
             (None, true, _) => format!("{d} is ready"),
             (None, false, Some(DiskAway::Failed(m))) => {
                 failed = true;
@@ -218,7 +291,7 @@ fn blocked(
     };
     Blocked {
         reason: format!(
-            "{} of {need} replica(s) ({}) cannot be placed: every replica needs its own ready disk among the {scope}, and {disks}",
+            "{} of {need} replica(s) ({}) cannot be placed: every replica needs its own ready disk, all of one block size, among the {scope}, and {disks}",
             unplaced.len(),
             names.join(", "),
         ),
@@ -245,6 +318,7 @@ mod tests {
             wanted: &[0, 1],
             listed: &listed,
             ready: &ready,
+            block_size: &BTreeMap::new(),
             away: &away,
             full: &BTreeMap::new(),
             existing: &none,
@@ -259,16 +333,78 @@ mod tests {
     }
 
     #[test]
+    fn the_replicas_of_a_volume_have_one_block_size() {
+        // b has the most free bytes but 512 B blocks; a and c have 4 KiB
+        let ready = BTreeMap::from([
+            ("a".to_string(), 50),
+            ("b".to_string(), 900),
+            ("c".to_string(), 10),
+        ]);
+        let bs = BTreeMap::from([
+            ("a".to_string(), 4096),
+            ("b".to_string(), 512),
+            ("c".to_string(), 4096),
+        ]);
+        let none = BTreeMap::new();
+        let req = |wanted: &'static [usize], existing: &'static [(usize, &'static str)]| {
+            let existing: BTreeMap<usize, String> =
+                existing.iter().map(|(k, d)| (*k, d.to_string())).collect();
+            place(&Request {
+                wanted,
+                listed: &[],
+                ready: &ready,
+                block_size: &bs,
+                away: &none_away(),
+                full: &BTreeMap::new(),
+                existing: &existing,
+                placed: &none,
+                clone_of: None,
+            })
+        };
+        // a new volume of two: the block size two disks have, not the freest disk's
+        let p = req(&[0, 1], &[]);
+        assert_eq!(p.slots[&0], Slot::Create("a".into()), "{p:?}");
+        assert_eq!(p.slots[&1], Slot::Create("c".into()), "{p:?}");
+        // of one: the freest disk
+        assert_eq!(req(&[0], &[]).slots[&0], Slot::Create("b".into()));
+        // a replica added beside one on b: no other 512 B disk, so it waits, saying why
+        let p = req(&[0, 1], &[(0, "b")]);
+        assert_eq!(p.slots[&1], Slot::Unplaced);
+        let reason = p.blocked.expect("blocked").reason;
+        assert!(
+            reason.contains("a has 4096-byte blocks, not the 512-byte blocks of the volume's replicas"),
+            "{reason}"
+        );
+        // beside one on c: a (4 KiB), although b has more free bytes
+        assert_eq!(req(&[0, 1], &[(0, "c")]).slots[&1], Slot::Create("a".into()));
+        // a new volume of three: no block size has three disks, so it waits whole
+        let p = req(&[0, 1, 2], &[]);
+        assert!(p.slots.values().all(|s| *s == Slot::Unplaced), "{p:?}");
+        assert!(
+            p.blocked
+                .expect("blocked")
+                .reason
+                .contains("all of one block size")
+        );
+    }
+
+    fn none_away() -> BTreeMap<String, DiskAway> {
+        BTreeMap::new()
+    }
+
+    #[test]
     fn a_full_disk_takes_no_new_replica_and_is_named() {
         // the most free bytes, but its thin replicas already promise past the bound
         let ready = BTreeMap::from([("a".to_string(), 900), ("b".to_string(), 10)]);
         let full = BTreeMap::from([("a".to_string(), "the replicas would promise 6 GiB".to_string())]);
         let none = BTreeMap::new();
         let away = BTreeMap::new();
+        let sizes = BTreeMap::new();
         let req = |wanted: &'static [usize]| Request {
             wanted,
             listed: &[],
             ready: &ready,
+            block_size: &sizes,
             away: &away,
             full: &full,
             existing: &none,
@@ -296,6 +432,7 @@ mod tests {
             wanted: &[0, 1, 2],
             listed: &[],
             ready: &ready,
+            block_size: &BTreeMap::new(),
             away: &away,
             full: &BTreeMap::new(),
             existing: &existing,
@@ -319,6 +456,7 @@ mod tests {
             wanted: &[0],
             listed: &[],
             ready: &ready,
+            block_size: &BTreeMap::new(),
             away: &BTreeMap::new(),
             full: &BTreeMap::new(),
             existing: &none,
@@ -337,6 +475,7 @@ mod tests {
             wanted: &[0, 1],
             listed: &[],
             ready: &ready,
+            block_size: &BTreeMap::new(),
             away: &BTreeMap::new(),
             full: &BTreeMap::new(),
             existing: &none,
@@ -372,6 +511,8 @@ mod tests {
     struct Case {
         replicas: usize,
         listed: Vec<String>,
+        /// Each disk's block size (`None`: not known, as before the rule).
+        sizes: Option<[u32; 3]>,
     }
 
     /// One simulated node: disk states, replicas made so far (k -> disk).
@@ -404,10 +545,24 @@ mod tests {
             .collect();
         let wanted: Vec<usize> = (0..case.replicas).collect();
         let before = w.placed.clone();
+        let sizes: BTreeMap<String, u32> = case
+            .sizes
+            .map(|b| {
+                (0..3)
+                    .filter(|i| w.disks[*i] == St::Ready)
+                    .map(|i| (DISKS[i].to_owned(), b[i]))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let size_of = |d: &str| {
+            case.sizes
+                .map(|b| b[DISKS.iter().position(|x| *x == d).expect("disk")])
+        };
         let p = place(&Request {
             wanted: &wanted,
             listed: &case.listed,
             ready: &ready,
+            block_size: &sizes,
             away: &away,
             full: &BTreeMap::new(),
             existing: &existing,
@@ -457,6 +612,9 @@ mod tests {
             "two replicas on one disk: {}",
             ctx()
         );
+        // the rule: every replica of the volume of one block size
+        let placed_sizes: BTreeSet<Option<u32>> = w.placed.values().map(|d| size_of(d)).collect();
+        assert!(placed_sizes.len() <= 1, "replicas of two block sizes: {}", ctx());
         // whole or nothing for a new volume
         if before.is_empty() {
             assert!(
@@ -496,10 +654,22 @@ mod tests {
         }
         // liveness: once enough eligible disks are ready (and nothing waited for
         // is away), every replica has a disk
-        let eligible_ready = ready
-            .keys()
-            .filter(|d| case.listed.is_empty() || case.listed.contains(d))
-            .count();
+        // (of the volume's block size, or of any one for a new volume)
+        let of_size = |b: Option<u32>| {
+            ready
+                .keys()
+                .filter(|d| case.listed.is_empty() || case.listed.contains(d))
+                .filter(|d| b.is_none() || size_of(d) == b)
+                .count()
+        };
+        let eligible_ready = match before.values().next() {
+            Some(d) => of_size(size_of(d)),
+            None => [4096, 512]
+                .iter()
+                .map(|b| of_size(case.sizes.map(|_| *b)))
+                .max()
+                .unwrap_or(0),
+        };
         let waits = p.slots.values().any(|s| matches!(s, Slot::WaitFor(_)));
         if !waits && eligible_ready >= case.replicas {
             assert!(unplaced.is_empty(), "placeable but not placed: {}", ctx());
@@ -529,8 +699,9 @@ mod tests {
 
     /// Every sequence of 5 disk events (each of 3 disks comes up, fails or
     /// goes away, in every order: 9^5 sequences), for 2- and 3-replica
-    /// volumes that list no disk, two of the three, or all three; after
-    /// every event the placement keeps the rules.
+    /// volumes that list no disk, two of the three, or all three, with the
+    /// disks of one block size and with one of another; after every event
+    /// the placement keeps the rules.
     #[test]
     fn every_order_of_disk_events_keeps_the_rules() {
         let cases = [
@@ -542,8 +713,17 @@ mod tests {
             (3, s(&["d0", "d1", "d2"])),
             (3, s(&["d0", "d2"])),
         ];
-        for (replicas, listed) in cases {
-            let case = Case { replicas, listed };
+        // every disk of one (unknown) block size, then d1 of 512 B beside two of 4 KiB
+        let sizes = [None, Some([4096, 512, 4096])];
+        for ((replicas, listed), sizes) in sizes
+            .iter()
+            .flat_map(|z| cases.iter().cloned().map(move |c| (c, *z)))
+        {
+            let case = Case {
+                replicas,
+                listed,
+                sizes,
+            };
             let w = World {
                 disks: [St::Unknown; 3],
                 placed: BTreeMap::new(),

@@ -798,6 +798,83 @@ class Scenario:
         finally:
             writer.kill()
 
+    def relocate_cancel(self, node, back, data):
+        """A relocation taken back (issue 53): engineNodeID patched to `node`, and back to `back`
+        in the same look that finds the manager's new engine CR on `node` (before the
+        engine-frontend is pointed at it). The manager then sees engineNodeID equal to the current
+        engine's node with two engines and removes the extra one ("Removing extra engine ...",
+        processEngineSwitchover's cleanup). Expected: the new engine gone, from the cluster and from
+        `node`'s spdk_tgt (no raid1 of it); the old engine serving on `back`; the switch-over state
+        empty; the same engine-frontend targeting the old engine; the volume attached and healthy;
+        a host writing and verifying throughout with no failed I/O; `back`'s engine on its local
+        replica directly again (the new engine had it share it); `data` reads back."""
+        sel = f"longhornvolume={self.vol}"
+        efs = self.list("enginefrontends", sel)
+        if len(efs) != 1:
+            raise AssertionError(f"one engine-frontend expected before the move, not {len(efs)}")
+        ef_uid = efs[0]["metadata"]["uid"]
+        first = sorted(e["metadata"]["name"] for e in self.list("engines", sel))
+        seen = {}
+
+        def attached():
+            st = self.get("volumes", self.vol).get("status", {})
+            seen.setdefault("switchoverState", [])
+            if (st.get("switchoverState") or "") not in seen["switchoverState"]:
+                seen["switchoverState"].append(st.get("switchoverState") or "")
+            if st.get("state") != "attached":
+                raise AssertionError(f"the volume left attached during the move taken back: "
+                                     f"{st.get('state')}; seen {seen}")
+            return st
+
+        with self.writing(f"a move to {node} taken back") as writer:
+            self.patch("volumes", self.vol, {"spec": {"engineNodeID": node}})
+
+            def made():
+                attached()
+                new = [e for e in self.list("engines", sel)
+                       if e["metadata"]["name"] not in first and e["spec"].get("nodeID") == node]
+                if not new:
+                    return None
+                self.patch("volumes", self.vol, {"spec": {"engineNodeID": back}})
+                ef = self.list("enginefrontends", sel)[0]
+                return new[0]["metadata"]["name"], ef["spec"].get("engineName"), \
+                    (new[0].get("status") or {}).get("currentState")
+
+            new, ef_engine, new_state = self.wait(f"the manager's new engine on {node}", made, 120)
+            say(f"the new engine {new} on {node} ({new_state or 'no state yet'}): engineNodeID set back "
+                f"to {back}; the engine-frontend then targeted {ef_engine}")
+            if ef_engine not in first:
+                raise AssertionError(f"the engine-frontend already targeted the new engine ({ef_engine}) "
+                                     f"when the move was taken back")
+
+            def taken_back():
+                st = attached()
+                engines = sorted(e["metadata"]["name"] for e in self.list("engines", sel))
+                return not st.get("switchoverState") and engines == first
+
+            self.wait(f"the move taken back: only {first} left, switch-over state empty", taken_back, 300)
+            ef = self.list("enginefrontends", sel)[0]
+            old = self.list("engines", sel)[0]
+            want = f"{old['status'].get('storageIP')}:{old['status'].get('port')}"
+            fs = ef.get("status", {})
+            if ef["metadata"]["uid"] != ef_uid or ef["spec"].get("engineName") != first[0] \
+                    or f"{fs.get('targetIP')}:{fs.get('targetPort')}" != want:
+                raise AssertionError(f"the engine-frontend after the move taken back: spec "
+                                     f"{ef['spec'].get('engineName')}, target {fs.get('targetIP')}:"
+                                     f"{fs.get('targetPort')} (want {first[0]} at {want}, the same object)")
+            self.wait_healthy(f"healthy with the engine on {back} after the move taken back")
+            pod = self.im[node]
+            rpc = [sys.executable, f"{self.spdk_dir}/scripts/rpc.py", "-s", f"{self.c.work}/{pod}/run/spdk.sock"]
+            self.wait(f"{node}'s spdk_tgt without a raid1 of {new}",
+                      lambda: new not in [r["name"] for r in json.loads(lh.run(*rpc, "bdev_raid_get_bdevs",
+                                                                                 "all").stdout)], 60)
+            direct_s = self.direct_again(back)
+        r = writer.result
+        say(f"move to {node} taken back: switch-over states {seen['switchoverState']}, the writer "
+            f"{r['iops']:.0f} IOPS, longest I/O {r['max_latency_us'] / 1000:.1f} ms, direct again after "
+            f"{direct_s:.1f} s")
+        self.check(data, f"the data after the move to {node} taken back")
+
     def direct_again(self, node):
         """Waits until `node`'s engine reaches its local replicas directly again, not through a
         loopback attach of their exports (held for the node's replicaShareHoldSecs after the
@@ -1337,6 +1414,9 @@ def main():
             if os.environ.get("TALON_E2E_RELOCATE", "1") != "0":
                 s.step("relocate-node-2", lambda: s.relocate(nodes[1], first))
                 s.step("relocate-back", lambda: s.relocate(NODE, first))
+                # a move the user takes back before the frontend switches: the manager removes the
+                # new engine; the old one serves on, directly again
+                s.step("relocate-cancel", lambda: s.relocate_cancel(nodes[1], NODE, first))
                 # kill -9 of a talon mid-move (its spdk_tgt serves on): the new engine's node
                 # while that engine is made, then the serving engine's node. When the manager
                 # sees node 2's replica down as it makes the new engine, it gives that engine

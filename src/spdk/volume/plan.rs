@@ -422,10 +422,16 @@ pub fn local_for(
                 .map(|why| (d.clone(), why))
         })
         .collect();
+    let block_size: BTreeMap<String, u32> = inv
+        .lvstores
+        .iter()
+        .filter_map(|l| Some((l.name.strip_prefix(LVS_PREFIX)?.to_owned(), l.block_size)))
+        .collect();
     let decided = placement::place(&placement::Request {
         wanted: ks,
         listed: &plan.disks,
         ready: &ready,
+        block_size: &block_size,
         away: &plan.disk_away,
         full: &full,
         existing: &existing,
