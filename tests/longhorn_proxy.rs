@@ -1758,7 +1758,7 @@ fn spdk_dir(test: &str) -> Option<PathBuf> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_being_added_is_listed_wo_until_its_rebuild_starts_never_err() {
     let TwoNodes {
-        a: _a, // held: node A serves the engine until the test ends
+        a, // held: node A serves the engine until the test ends
         b,
         addr_b,
         mut p,
@@ -1784,12 +1784,20 @@ async fn a_replica_being_added_is_listed_wo_until_its_rebuild_starts_never_err()
         async move { replica_add(&p, "vol-r-b", &addr_b).await }
     });
     let mut seen = Vec::new();
+    let inst = InstanceServiceClient::new(a.channel(3).await);
     while !adding.is_finished() {
         let m = modes(&mut p).await;
-        assert!(
-            !m.contains(&(tb.clone(), ERR)),
-            "the replica being added was listed ERR: {m:?} (seen before: {seen:?})"
-        );
+        if m.contains(&(tb.clone(), ERR)) {
+            // what the engine's status said then (all ERR: not running)
+            let now = inst
+                .clone()
+                .instance_get(longhorn_nodes::get_request("vol-e-0", "engine"))
+                .await
+                .map(|r| r.into_inner().status);
+            panic!(
+                "the replica being added was listed ERR: {m:?} (seen before: {seen:?}); the engine: {now:?}"
+            );
+        }
         if !seen.contains(&m) {
             seen.push(m);
         }
