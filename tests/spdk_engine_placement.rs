@@ -115,15 +115,22 @@ async fn lvols_of(c: &SpdkClient, vol: &str) -> Vec<String> {
     v
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn two_replicas_wait_for_two_disks_and_never_share_one() {
+/// A run dir with the double on its socket, the controllers started on it,
+/// and a client of the double.
+async fn on_double() -> (tempfile::TempDir, SpdkDouble, TestRuntime, SpdkClient) {
     let d = tempfile::tempdir().expect("tempdir");
-    let _double = SpdkDouble::start(d.path().join("spdk.sock"))
+    let double = SpdkDouble::start(d.path().join("spdk.sock"))
         .await
         .expect("double");
     let rt = start(d.path());
-    let st = rt.state.clone();
     let client = SpdkClient::new(d.path().join("spdk.sock"));
+    (d, double, rt, client)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_replicas_wait_for_two_disks_and_never_share_one() {
+    let (d, _double, rt, client) = on_double().await;
+    let st = rt.state.clone();
     // both disks fail: files that are not there and no size to make them with
     let (img0, img1) = (d.path().join("ram0.img"), d.path().join("ram1.img"));
     st.create_typed("ram0", "", &file_disk(&img0, None))
@@ -322,13 +329,8 @@ async fn an_export_left_frozen_by_a_stop_is_thawed_at_the_next_start() {
 /// saying why, with nothing made.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_volumes_replicas_go_to_disks_of_one_block_size() {
-    let d = tempfile::tempdir().expect("tempdir");
-    let _double = SpdkDouble::start(d.path().join("spdk.sock"))
-        .await
-        .expect("double");
-    let rt = start(d.path());
+    let (d, _double, rt, client) = on_double().await;
     let st = rt.state.clone();
-    let client = SpdkClient::new(d.path().join("spdk.sock"));
     let disk = |name: &str, mib: u64, block: u32| Disk {
         block_size: Some(block),
         ..file_disk(&d.path().join(format!("{name}.img")), Some(mib * MIB))

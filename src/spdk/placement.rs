@@ -214,10 +214,12 @@ fn block_size_for(
 ) -> Option<u32> {
     let mut groups: BTreeMap<u32, Vec<(&String, &u64)>> = BTreeMap::new();
     for (d, free) in req.ready {
-        if allowed(d) && !taken.contains_key(d) && !req.full.contains_key(d) {
-            if let Some(b) = req.block_size.get(d) {
-                groups.entry(*b).or_default().push((d, free));
-            }
+        if allowed(d)
+            && !taken.contains_key(d)
+            && !req.full.contains_key(d)
+            && let Some(b) = req.block_size.get(d)
+        {
+            groups.entry(*b).or_default().push((d, free));
         }
     }
     // each block size: its disk taken first, and how many it has
