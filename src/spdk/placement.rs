@@ -87,6 +87,19 @@ pub struct Blocked {
     pub reason: String,
     /// A failed disk is among the candidates (its error is in `reason`).
     pub disk_failed: bool,
+    /// A ready disk of another block size than the volume's is among the
+    /// candidates (named in `reason`).
+    pub other_block_size: bool,
+}
+
+impl Blocked {
+    /// Whether a wait for the placement fails at once rather than running
+    /// into its timeout: a candidate disk failed, or is of another block
+    /// size (either needs the operator; the volume is still placed as soon
+    /// as a disk that fits is ready).
+    pub fn fails_now(&self) -> bool {
+        self.disk_failed || self.other_block_size
+    }
 }
 
 /// What [`place`] decided.
@@ -256,6 +269,7 @@ fn blocked(
         candidates.retain(|d| req.listed.iter().any(|l| l == d));
     }
     let mut failed = false;
+    let mut other_size = false;
     let mut parts = Vec::new();
     for d in &candidates {
         let holder = taken
@@ -265,6 +279,7 @@ fn blocked(
             (Some(k), _, _) => format!("{d} holds r{k}"),
             (None, true, _) if req.full.contains_key(*d) => format!("{d} is full: {}", req.full[*d]),
             (None, true, _) if want.is_some_and(|w| req.block_size.get(*d).is_some_and(|b| *b != w)) => {
+                other_size = true;
                 format!(
                     "{d} has {}-byte blocks, not the {}-byte blocks of the volume's replicas",
                     req.block_size[*d],
@@ -291,14 +306,21 @@ fn blocked(
     } else {
         parts.join("; ")
     };
+    let hint = if other_size {
+        " (SPDK's raid1 takes no members of two block sizes: add a disk of the volume's block size, \
+         or list disks of one block size in the volume's `disks`)"
+    } else {
+        ""
+    };
     Blocked {
         reason: format!(
-            "{} of {need} replica(s) ({}) cannot be placed: every replica needs its own ready disk, all of one block size, among the {scope}, and {disks}",
+            "{} of {need} replica(s) ({}) cannot be placed: every replica needs its own ready disk, all of one block size, among the {scope}, and {disks}{hint}",
             unplaced.len(),
             names.join(", "),
         ),
         replicas: unplaced,
         disk_failed: failed,
+        other_block_size: other_size,
     }
 }
 

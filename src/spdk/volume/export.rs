@@ -558,6 +558,7 @@ impl VolumeOps {
                 replicas: vec![k],
                 reason: format!("replica r{k} has no disk"),
                 disk_failed: false,
+                other_block_size: false,
             });
             return Err(no_placement(vol, &b));
         };

@@ -118,7 +118,7 @@ fn no_placement(volume: &str, b: &Blocked) -> VolumeError {
     VolumeError::NoPlacement {
         volume: volume.to_owned(),
         reason: b.reason.clone(),
-        disk_failed: b.disk_failed,
+        disk_failed: b.fails_now(),
     }
 }
 

@@ -536,7 +536,7 @@ pub fn local_for(
         return Err(VolumeError::NoPlacement {
             volume: vol.to_owned(),
             reason: b.reason.clone(),
-            disk_failed: b.disk_failed,
+            disk_failed: b.fails_now(),
         });
     }
     out.unplaced = decided.blocked;
