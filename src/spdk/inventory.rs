@@ -167,6 +167,15 @@ impl Inventory {
             .collect()
     }
 
+    /// The bytes lvol `alias` (`lvs/name`) holds of its own: its allocated
+    /// clusters times its lvstore's cluster size (`None`: the lvol or its
+    /// lvstore is not listed).
+    pub fn held_bytes(&self, alias: &str) -> Option<u64> {
+        let l = self.lvols.get(alias)?;
+        let cluster = self.lvstores.iter().find(|s| s.name == l.lvs.name)?.cluster_size;
+        Some(l.num_allocated_clusters.saturating_mul(cluster))
+    }
+
     /// The bytes the thin lvols (heads and clones, not snapshots) in `disk`'s lvstore promise,
     /// added up; `None` when a figure makes no sense (past 2^64 bytes).
     pub fn committed(&self, disk: &str) -> Option<u64> {

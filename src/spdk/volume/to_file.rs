@@ -52,19 +52,7 @@ impl Chain {
         let bdev = inv.bdevs.get(&inv.lvols.get(alias)?.uuid)?;
         let mut lvols = inv.chain(alias);
         lvols.push(alias.to_owned());
-        let held = lvols
-            .iter()
-            .map(|a| {
-                inv.lvols.get(a).map_or(0, |l| {
-                    let cluster = inv
-                        .lvstores
-                        .iter()
-                        .find(|s| s.name == l.lvs.name)
-                        .map_or(0, |s| s.cluster_size);
-                    l.num_allocated_clusters.saturating_mul(cluster)
-                })
-            })
-            .collect();
+        let held = lvols.iter().map(|a| inv.held_bytes(a).unwrap_or(0)).collect();
         Some(Chain {
             lvols,
             size: bdev.num_blocks.checked_mul(u64::from(bdev.block_size))?,

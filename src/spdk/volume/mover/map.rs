@@ -255,14 +255,7 @@ pub fn names_all_data(inv: &Inventory, chain: &[String]) -> bool {
 /// The bytes `lvols` hold of their own, as SPDK counts their clusters: what
 /// a map of them moves over loopback.
 pub fn held(inv: &Inventory, lvols: &[String]) -> u64 {
-    lvols
-        .iter()
-        .filter_map(|l| {
-            let l = inv.lvols.get(l)?;
-            let cluster = inv.lvstores.iter().find(|s| s.name == l.lvs.name)?.cluster_size;
-            Some(l.num_allocated_clusters.saturating_mul(cluster))
-        })
-        .sum()
+    lvols.iter().filter_map(|l| inv.held_bytes(l)).sum()
 }
 
 /// The prefix of the NVMe controllers [`allocated`] attaches.
