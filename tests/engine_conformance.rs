@@ -1,8 +1,11 @@
 //! The V2 engine's conformance: scenarios with one set of assertions each,
 //! run through both producers of an engine on one talon node with a real
 //! spdk_tgt (skipped, saying so, without `TALON_SPDK_DIR`): a replica that
-//! missed writes (below), a revert ([`reverted`]) and a snapshot deleted
-//! from the middle of the chain ([`snapshot_deleted`]). The producers:
+//! missed writes (below), a revert ([`reverted`]), a snapshot deleted
+//! from the middle of the chain ([`snapshot_deleted`]), and talon killed
+//! (`TALON_FAILPOINT`, SIGKILL) at each step of a thin rebuild's switch
+//! ([`crashed_in_switch`]: the node runs as its own `talon serve` process,
+//! started again on the spdk_tgt it left). The producers:
 //! - talon's own volume (`volume_create` on the admin API, two replicas on
 //!   the node's disks `t1`, `t2`), whose controller rebuilds a replica that
 //!   fell behind by itself;
@@ -52,9 +55,7 @@ use talon::spdk::rpc::ByName;
 use talon::spdk::volume::Inventory;
 use tonic::transport::Channel;
 
-use longhorn_nodes::{
-    ERR, Node, RW, engine, free_base, modes, pattern, replica_add, replica_remove, running,
-};
+use longhorn_nodes::{ERR, Node, RW, engine, free_base, pattern, replica_add, replica_remove, running};
 
 const MIB: u64 = 1 << 20;
 /// The data written: spdk_dd's blocks of 64 KiB.
@@ -197,36 +198,96 @@ impl Producer {
                 .ok()
                 .and_then(|r| r.spec["inSync"].as_array().cloned())
                 .is_some_and(|s| s.iter().any(|x| x.as_u64() == Some(k as u64))),
-            Producer::Longhorn { proxy, replicas } => {
-                let at = format!("tcp://{}", replicas[k].1);
-                modes(&mut proxy.clone())
-                    .await
-                    .iter()
-                    .any(|(a, m)| *a == at && *m == RW)
-            }
+            Producer::Longhorn { .. } => self.mode(k).await == Some(RW),
         }
+    }
+
+    /// Longhorn: replica `k`'s mode in `ReplicaList`, if it lists it (a
+    /// talon just started answers UNAVAILABLE until its first pass: None).
+    async fn mode(&self, k: usize) -> Option<i32> {
+        let Producer::Longhorn { proxy, replicas } = self else {
+            return None;
+        };
+        let at = format!("tcp://{}", replicas[k].1);
+        let list = proxy
+            .clone()
+            .replica_list(longhorn_nodes::req("vol-e-0"))
+            .await
+            .ok()?;
+        list.into_inner()
+            .replica_list?
+            .replicas
+            .into_iter()
+            .find(|r| r.address.as_ref().is_some_and(|a| a.address == at))
+            .map(|r| r.mode)
+    }
+
+    /// The clients again, after talon was started again.
+    async fn reconnect(&mut self, node: &Node) {
+        match self {
+            Producer::Talon { admin } => {
+                *admin = talon::client::Client::connect_unix(&node.dir.path().join("run/talon.sock"))
+                    .await
+                    .expect("talon's API");
+            }
+            Producer::Longhorn { proxy, .. } => *proxy = ProxyEngineServiceClient::new(node.channel(1).await),
+        }
+    }
+
+    /// Replica `k` back in service after talon was started again in the
+    /// middle of its rebuild: talon's controller rebuilds it by itself; the
+    /// test plays longhorn-manager, which adds a replica listed ERR (removed
+    /// first) or not listed back, and waits while it is WO.
+    async fn back_after_crash(&mut self, k: usize) {
+        let t = std::time::Instant::now();
+        while t.elapsed() < WAIT {
+            if self.in_service(k).await {
+                return;
+            }
+            let mode = self.mode(k).await;
+            if let Producer::Longhorn { proxy, replicas } = self {
+                let (name, at) = (&replicas[k].0, &replicas[k].1);
+                if mode == Some(ERR) {
+                    replica_remove(proxy, name).await;
+                }
+                if mode.is_none_or(|m| m == ERR)
+                    && let Err(e) = replica_add(proxy, name, at).await
+                {
+                    eprintln!("ReplicaAdd {name} after the crash: {e} (tried again)");
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        panic!(
+            "{}: replica {k} not in service {WAIT:?} after talon started again",
+            self.what()
+        );
     }
 
     /// What the control plane does once replica `k` fell out: talon's
     /// controller rebuilds it by itself; longhorn-manager sees it ERR,
     /// removes it and adds it back.
     async fn bring_back(&mut self, k: usize) {
-        if let Producer::Longhorn { proxy, replicas } = self {
-            let at = format!("tcp://{}", replicas[k].1);
-            eventually(&format!("{} ERR", replicas[k].0), WAIT, || async {
-                let mut p = proxy.clone();
-                modes(&mut p)
-                    .await
-                    .iter()
-                    .any(|(a, m)| *a == at && *m == ERR)
-                    .then_some(())
+        if let Err(e) = self.try_bring_back(k).await {
+            panic!("ReplicaAdd {}: {e}", self.head(k));
+        }
+    }
+
+    /// [`Producer::bring_back`], the `ReplicaAdd`'s error returned (one
+    /// cut by a talon killed in the rebuild it waits for).
+    async fn try_bring_back(&mut self, k: usize) -> Result<(), tonic::Status> {
+        if let Producer::Longhorn { .. } = self {
+            let me = &*self;
+            eventually(&format!("{} ERR", me.head(k)), WAIT, || async move {
+                (me.mode(k).await == Some(ERR)).then_some(())
             })
             .await;
-            replica_remove(proxy, &replicas[k].0).await;
-            replica_add(proxy, &replicas[k].0, &replicas[k].1)
-                .await
-                .unwrap_or_else(|e| panic!("ReplicaAdd {}: {e}", replicas[k].0));
         }
+        if let Producer::Longhorn { proxy, replicas } = self {
+            replica_remove(proxy, &replicas[k].0).await;
+            return replica_add(proxy, &replicas[k].0, &replicas[k].1).await;
+        }
+        Ok(())
     }
 }
 
@@ -384,6 +445,95 @@ async fn missed_writes(spdk_dir: &Path, node: &Node, mut p: Producer, s: Served)
     replica_1_alone_reads(spdk_dir, node, &p, &s, &work, &c, "(the writes it missed)").await;
 }
 
+/// The crash scenario: talon killed (SIGKILL, `TALON_FAILPOINT`) at one
+/// step of a thin rebuild's switch (`point`, see `talon::util::failpoint`),
+/// then started again on the spdk_tgt it left, which it adopts.
+///
+/// ```text
+///   write a, snapshot s1            both replicas in service
+///   talon stopped (SIGTERM)         spdk_tgt serves on
+///   replica 1 leaves, write c       replica 0 alone takes c
+///   talon started, armed            the control plane rebuilds replica 1;
+///                                   talon kills itself at `point`
+///   talon started again             the engine serves c; replica 1 counts as
+///                                   up to date only once rebuilt (again)
+///   replica 0 leaves the raid1      replica 1 alone serves: it reads c
+/// ```
+async fn crashed_in_switch(spdk_dir: &Path, node: &mut Node, mut p: Producer, s: Served, point: &str) {
+    let what = p.what();
+    let work = work_dir(node, &p, point);
+    let a = pattern(LEN, 21);
+    dd(spdk_dir, &work, &s, Some(a), &format!("{what}: write a")).await;
+    p.snapshot("s1").await;
+    both_in_service(&p).await;
+
+    // talon stopped (its spdk_tgt serves on); replica 1 leaves and misses c
+    node.stop().await;
+    leaves(&node.spdk, &p, 1).await;
+    let c = pattern(LEN, 23);
+    dd(spdk_dir, &work, &s, Some(c.clone()), &format!("{what}: write c")).await;
+    // started again, armed: the control plane rebuilds replica 1
+    node.set_failpoint(Some(point));
+    node.start().await;
+    p.reconnect(node).await;
+    if let Err(e) = p.try_bring_back(1).await {
+        // Longhorn's ReplicaAdd waits for the rebuild: talon killed in it
+        eprintln!("{what}: ReplicaAdd cut: {}", e.message());
+    }
+    assert!(
+        node.killed_itself(WAIT).await,
+        "{what}: talon did not reach {point} within {WAIT:?} of the rebuild\n{}",
+        node.log_tail()
+    );
+
+    node.set_failpoint(None);
+    node.start().await;
+    p.reconnect(node).await;
+    let t = std::time::Instant::now();
+    p.back_after_crash(1).await;
+    eventually(
+        &format!("{what}: replica 1 a member of the raid1"),
+        WAIT,
+        || async { member(&node.spdk, p.raid(), &p.head(1)).await },
+    )
+    .await;
+    eprintln!(
+        "{what}: killed at {point}; replica 1 in service {:?} after the restart",
+        t.elapsed()
+    );
+    let read = dd(
+        spdk_dir,
+        &work,
+        &s,
+        None,
+        &format!("{what}: read after the restart"),
+    )
+    .await;
+    assert!(
+        read == c,
+        "{what}: the engine does not read c after talon was killed at {point}"
+    );
+    replica_1_alone_reads(
+        spdk_dir,
+        node,
+        &p,
+        &s,
+        &work,
+        &c,
+        &format!("(the writes it missed; talon killed at {point})"),
+    )
+    .await;
+    // talon's controller rebuilds replica 0 by itself: done before the next
+    // producer arms the failpoint, which this rebuild's switch would meet
+    if let Producer::Talon { .. } = p {
+        eventually(&format!("{what}: replica 0 rebuilt"), WAIT, || async {
+            member(&node.spdk, p.raid(), &p.head(0)).await?;
+            p.in_service(0).await.then_some(())
+        })
+        .await;
+    }
+}
+
 /// The revert scenario: a revert to a snapshot makes every replica's head
 /// again from its own copy of the snapshot, and the writes after the
 /// snapshot are gone from each.
@@ -514,6 +664,12 @@ struct Both {
 }
 
 async fn both(test: &str) -> Option<Both> {
+    both_on(test, false).await
+}
+
+/// [`both`] on a node of its own `talon serve` process (`spawned`), which
+/// a crash scenario kills and starts again.
+async fn both_on(test: &str, spawned: bool) -> Option<Both> {
     let spdk = spdk_real::spdk_dir_with(test, &["spdk_dd"])?;
     let ip = IpAddr::from([127, 0, 0, 1]);
     let base = free_base(&[ip]);
@@ -527,7 +683,11 @@ async fn both(test: &str) -> Option<Both> {
         file("t2").display(),
         256 * MIB
     );
-    let node = Node::with_config(ip, base, Some(&spdk), "0x1", &extra).await;
+    let node = if spawned {
+        Node::spawned(ip, base, &spdk, "0x1", &extra).await
+    } else {
+        Node::with_config(ip, base, Some(&spdk), "0x1", &extra).await
+    };
     let admin = talon::client::Client::connect_unix(&node.dir.path().join("run/talon.sock"))
         .await
         .expect("talon's API");
@@ -600,4 +760,40 @@ async fn real_spdk_a_snapshot_deleted_from_the_chain_conforms_on_both_producers(
     };
     snapshot_deleted(&b.spdk, &b.node, b.talon.0, b.talon.1).await;
     snapshot_deleted(&b.spdk, &b.node, b.longhorn.0, b.longhorn.1).await;
+}
+
+/// talon killed at `point` of a thin rebuild's switch, on both producers.
+async fn crash_conforms(test: &str, point: &str) {
+    let Some(mut b) = both_on(test, true).await else {
+        return;
+    };
+    crashed_in_switch(&b.spdk, &mut b.node, b.talon.0, b.talon.1, point).await;
+    crashed_in_switch(&b.spdk, &mut b.node, b.longhorn.0, b.longhorn.1, point).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_spdk_talon_killed_with_the_switch_closed_conforms_on_both_producers() {
+    crash_conforms(
+        "real_spdk_talon_killed_with_the_switch_closed_conforms_on_both_producers",
+        "rebuild-switch-closed",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_spdk_talon_killed_with_the_switch_copied_conforms_on_both_producers() {
+    crash_conforms(
+        "real_spdk_talon_killed_with_the_switch_copied_conforms_on_both_producers",
+        "rebuild-switch-copied",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_spdk_talon_killed_with_the_switch_joined_conforms_on_both_producers() {
+    crash_conforms(
+        "real_spdk_talon_killed_with_the_switch_joined_conforms_on_both_producers",
+        "rebuild-switch-joined",
+    )
+    .await;
 }

@@ -21,6 +21,7 @@
 //! which changes across boots.
 
 use super::{HostIoError, HostRoot, modules};
+use crate::util::failpoint;
 use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::io::Read;
@@ -917,17 +918,6 @@ fn move_driver(root: &HostRoot, bdf: &Bdf, to: &str) -> Result<(), PciError> {
         .inspect(|()| failpoint("pci-after-probe"));
     let cleared = clear_override(root, bdf);
     res.and(cleared)
-}
-
-/// Crash tests: with `TALON_FAILPOINT=<name>` the process kills itself with
-/// SIGKILL at that point (as `kill -9` would), so a test can cut a rebind
-/// short at each step. Named points: `pci-after-intent` (the controller,
-/// intent persisted), `pci-after-override`, `pci-after-unbind`, `pci-after-probe`.
-pub fn failpoint(name: &str) {
-    if std::env::var_os("TALON_FAILPOINT").is_some_and(|v| v == name) {
-        eprintln!("TALON_FAILPOINT={name}: killing this process");
-        let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGKILL);
-    }
 }
 
 fn wait_for_driver(root: &HostRoot, bdf: &Bdf, want: &str) -> Result<(), PciError> {

@@ -122,6 +122,12 @@ pub struct Node {
     pub cpumask: String,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     task: Option<tokio::task::JoinHandle<Result<(), talon::serve::ServeError>>>,
+    /// A node run as its own `talon serve` process ([`Node::spawned`]), so a
+    /// test can kill it: the process while it runs.
+    child: Option<std::process::Child>,
+    process: bool,
+    /// `TALON_FAILPOINT` of the next start of a process node.
+    failpoint: Option<String>,
 }
 
 impl Node {
@@ -139,6 +145,26 @@ impl Node {
     /// [`Node::with_cpumask`] with `extra` among its node settings
     /// (`node-extra.yaml`, lines of `  key: value`).
     pub async fn with_config(ip: IpAddr, base: u16, real: Option<&Path>, cpumask: &str, extra: &str) -> Node {
+        Node::made(ip, base, real, cpumask, extra, false).await
+    }
+
+    /// [`Node::with_config`] as its own `talon serve` process (this build,
+    /// its log in `<dir>/talon.log`, shown when a test fails), on a real
+    /// spdk_tgt only: a crash test kills it ([`Node::set_failpoint`],
+    /// [`Node::killed_itself`]) and starts it again on the spdk_tgt it left,
+    /// which the next talon adopts.
+    pub async fn spawned(ip: IpAddr, base: u16, real: &Path, cpumask: &str, extra: &str) -> Node {
+        Node::made(ip, base, Some(real), cpumask, extra, true).await
+    }
+
+    async fn made(
+        ip: IpAddr,
+        base: u16,
+        real: Option<&Path>,
+        cpumask: &str,
+        extra: &str,
+        process: bool,
+    ) -> Node {
         // the daemons' logs (they run in this process), shown when a test fails
         talon::runtime::testing::capture_logs();
         let dir = tempfile::tempdir().expect("tempdir");
@@ -162,26 +188,36 @@ impl Node {
             cpumask: cpumask.into(),
             stop: None,
             task: None,
+            child: None,
+            process,
+            failpoint: None,
         };
         n.start().await;
         n
     }
 
+    /// The instance ports of this node's Longhorn listeners: each node its
+    /// own range (one machine here).
+    fn instance_ports(&self) -> std::ops::RangeInclusive<u16> {
+        let first = self.base
+            + 5
+            + if self.ip == IpAddr::from([127, 0, 0, 1]) {
+                0
+            } else {
+                INSTANCE_PORTS
+            };
+        first..=first + INSTANCE_PORTS - 1
+    }
+
     pub async fn start(&mut self) {
+        if self.process {
+            return self.start_process().await;
+        }
         let (stop, rx) = tokio::sync::oneshot::channel::<()>();
         let lh = LonghornOptions {
             listen: SocketAddr::new(self.ip, self.base),
             // instance ports: each node its own range (one machine here)
-            ports: {
-                let first = self.base
-                    + 5
-                    + if self.ip == IpAddr::from([127, 0, 0, 1]) {
-                        0
-                    } else {
-                        INSTANCE_PORTS
-                    };
-                first..=first + INSTANCE_PORTS - 1
-            },
+            ports: self.instance_ports(),
             limits: Default::default(),
             overcommit_percent: LonghornOptions::DEFAULT_OVERCOMMIT_PERCENT,
         };
@@ -199,7 +235,132 @@ impl Node {
         talon::runtime::testing::until_listening(&url, task, WAIT).await;
     }
 
+    /// `talon serve` of this build with the settings [`opts`] gives an
+    /// in-process node, `TALON_FAILPOINT` set when a test asked for one.
+    async fn start_process(&mut self) {
+        let dir = self.dir.path();
+        let real = self
+            .real
+            .as_deref()
+            .expect("a process node runs on a real spdk_tgt");
+        opts(dir, &self.ip.to_string(), Some(real), &self.cpumask);
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(dir.join("talon.log"))
+            .expect("talon.log");
+        let ports = self.instance_ports();
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_talon"));
+        cmd.arg("--socket")
+            .arg(dir.join("run/talon.sock"))
+            .args(["serve", "--data-dir"])
+            .arg(dir.join("data"))
+            .arg("--run-dir")
+            .arg(dir.join("run"))
+            .arg("--config")
+            .arg(dir.join("node.yaml"))
+            .args([
+                "--no-huge",
+                "--no-huge-mem-mib",
+                "1024",
+                "--spdk-cpumask",
+                &self.cpumask,
+            ])
+            .arg("--spdk-arg=--disable-cpumask-locks")
+            .arg("--longhorn-listen")
+            .arg(SocketAddr::new(self.ip, self.base).to_string())
+            .arg("--longhorn-port-range")
+            .arg(format!("{}-{}", ports.start(), ports.end()))
+            .env("TALON_SPDK_DIR", real)
+            .env_remove("TALON_FAILPOINT")
+            .stdout(std::process::Stdio::null())
+            .stderr(log);
+        if let Some(f) = &self.failpoint {
+            cmd.env("TALON_FAILPOINT", f);
+        }
+        let mut child = cmd.spawn().expect("spawn talon serve");
+        let url = self.url(3);
+        let deadline = std::time::Instant::now() + WAIT;
+        loop {
+            if Channel::from_shared(url.clone())
+                .expect("url")
+                .connect()
+                .await
+                .is_ok()
+            {
+                break;
+            }
+            if let Some(st) = child.try_wait().expect("talon serve") {
+                panic!(
+                    "talon serve ended before {url} answered: {st}\n{}",
+                    self.log_tail()
+                );
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{url} did not answer within {WAIT:?}\n{}",
+                self.log_tail()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        self.child = Some(child);
+    }
+
+    /// `TALON_FAILPOINT` of this process node's next start.
+    pub fn set_failpoint(&mut self, point: Option<&str>) {
+        self.failpoint = point.map(str::to_owned);
+    }
+
+    /// Waits up to `within` for this process node to kill itself at its
+    /// failpoint: true once it is gone by SIGKILL (reaped; the spdk_tgt it
+    /// ran keeps serving), false if it still runs.
+    pub async fn killed_itself(&mut self, within: Duration) -> bool {
+        use std::os::unix::process::ExitStatusExt;
+        let deadline = std::time::Instant::now() + within;
+        let child = self.child.as_mut().expect("a process node that runs");
+        loop {
+            if let Some(st) = child.try_wait().expect("talon serve") {
+                self.child = None;
+                let _ = std::fs::remove_file(self.dir.path().join("run/talon.sock"));
+                assert_eq!(st.signal(), Some(9), "talon serve ended otherwise: {st}");
+                return true;
+            }
+            if std::time::Instant::now() >= deadline {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// The last lines of a process node's log, newest last: talon's own,
+    /// and spdk_tgt's errors once per message.
+    pub fn log_tail(&self) -> String {
+        let log = std::fs::read_to_string(self.dir.path().join("talon.log")).unwrap_or_default();
+        let mut seen = std::collections::HashSet::new();
+        let lines: Vec<&str> = log
+            .lines()
+            .filter(|l| {
+                !l.contains("spdk_tgt:")
+                    || (l.contains("*ERROR*") && seen.insert(l.rsplit("*ERROR*").next().unwrap_or(l)))
+            })
+            .collect();
+        format!(
+            "talon.log (last lines):\n{}",
+            lines[lines.len().saturating_sub(60)..].join("\n")
+        )
+    }
+
     pub async fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            // SIGTERM: talon stops, its spdk_tgt keeps serving (adopted next)
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(c.id() as i32),
+                nix::sys::signal::Signal::SIGTERM,
+            );
+            let st = c.wait().expect("wait for talon serve");
+            assert!(st.success(), "talon serve exits cleanly on SIGTERM: {st}");
+            return;
+        }
         if let Some(s) = self.stop.take() {
             let _ = s.send(());
         }
@@ -291,6 +452,37 @@ impl Node {
             .unwrap_or_else(|e| panic!("create {name}: {e}"));
         let st = running(&inst, name, "replica").await;
         format!("{}:{}", self.ip, st.port_start)
+    }
+}
+
+impl Drop for Node {
+    /// A process node: talon killed, and the spdk_tgt of its run dir (which
+    /// outlives talon by design).
+    fn drop(&mut self) {
+        if !self.process {
+            return;
+        }
+        if std::thread::panicking() {
+            eprintln!("{}", self.log_tail());
+        }
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        let sock = self.dir.path().join("run/spdk.sock").display().to_string();
+        for pid in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+            let Some(pid) = pid.file_name().to_str().and_then(|p| p.parse::<i32>().ok()) else {
+                continue;
+            };
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            let cmdline = String::from_utf8_lossy(&cmdline);
+            if cmdline.contains("spdk_tgt") && cmdline.contains(&sock) {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+            }
+        }
     }
 }
 

@@ -197,7 +197,7 @@ impl PciBindController {
         };
         // persisted before the first sysfs write
         Self::record(ctx, &bdf, &intent)?;
-        pci::failpoint("pci-after-intent");
+        crate::util::failpoint("pci-after-intent");
         intents.insert(bdf.clone(), intent.clone());
         tracing::info!(disk = %id, %bdf, from = ?dev.driver, to = %driver, "binding the disk's NVMe device");
         let opts = BindOptions {
@@ -317,7 +317,7 @@ impl PciBindController {
             intent.phase = BindPhase::Releasing;
             Self::record(ctx, bdf, &intent)?;
             intents.insert(bdf.to_string(), intent.clone());
-            pci::failpoint("pci-after-intent");
+            crate::util::failpoint("pci-after-intent");
         }
         let before = current_driver(&self.host, &b)?;
         match pci::set_driver(

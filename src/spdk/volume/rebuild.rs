@@ -436,6 +436,16 @@ impl TalonEnds<'_> {
 impl thin::Ends for TalonEnds<'_> {
     type Error = VolumeError;
 
+    /// The volume's ledger ([`VolumePlan::in_sync`], as persisted before
+    /// this pass) has the dest out.
+    fn dest_recorded_out(&self) -> bool {
+        self.r
+            .plan
+            .in_sync
+            .as_ref()
+            .is_some_and(|s| !s.contains(&self.r.dst.k))
+    }
+
     fn of(&self) -> &str {
         self.r.vol()
     }

@@ -433,6 +433,18 @@ pub trait Ends: Send + Sync {
     async fn writable(&self) -> Result<bool, Self::Error> {
         Ok(true)
     }
+    /// Whether the engine's persisted record of its current replicas has
+    /// the dest out. The switch deletes the raid with its superblock, which
+    /// is the target's own record that the dest fell behind: talon killed
+    /// between the switch's close and join must find that in the engine's
+    /// record, or the next talon makes the raid again over a dest that
+    /// missed writes. false: the switch waits for a step after the record
+    /// was written (talon's ledger is written after the pass that saw the
+    /// dest go; a Longhorn engine's dest is a replica added, never current
+    /// until it joins).
+    fn dest_recorded_out(&self) -> bool {
+        true
+    }
     /// Starts copying snapshot `j` of the chain into the dest's head.
     async fn start_copy(&self, j: usize) -> Result<Copier, Self::Error>;
     /// Where copy `run` stands, or `None` when it is not known (the target
@@ -537,6 +549,14 @@ pub async fn step<E: Ends + ?Sized>(ends: &E, runs: &Runs) -> Result<Step, E::Er
             ends.round().await?;
             Ok(copying(shared, 0))
         }
+        Next::Switch if !ends.dest_recorded_out() => {
+            tracing::info!(
+                of,
+                replica = dest,
+                "rebuild: the switch waits until the dest is recorded out of service"
+            );
+            Ok(copying(shared, 0))
+        }
         Next::Switch => {
             switch(ends).await?;
             runs.remove(of, dest);
@@ -559,6 +579,7 @@ pub async fn switch<E: Ends + ?Sized>(ends: &E) -> Result<(), E::Error> {
     );
     let switched = async {
         ends.close().await?;
+        crate::util::failpoint("rebuild-switch-closed");
         let snap = ends.round().await?;
         let run = Run {
             copier: ends.start_last_copy(&snap).await?,
@@ -577,7 +598,10 @@ pub async fn switch<E: Ends + ?Sized>(ends: &E) -> Result<(), E::Error> {
             return Err(ends.copy_failed(&run, m).await);
         }
         ends.keep(&run.snap).await?;
-        ends.join(&run.snap).await
+        crate::util::failpoint("rebuild-switch-copied");
+        ends.join(&run.snap).await?;
+        crate::util::failpoint("rebuild-switch-joined");
+        Ok(())
     };
     match switched.await {
         Ok(()) => {

@@ -1,0 +1,26 @@
+//! Crash tests: with `TALON_FAILPOINT=<name>` the process kills itself with
+//! SIGKILL when it reaches the point `name` (as `kill -9` would: no
+//! destructor runs, nothing is flushed), so a test can cut a sequence short
+//! at each of its steps and check what the next talon makes of it. Without
+//! the variable a point costs one environment lookup.
+//!
+//! The named points:
+//!
+//! | point                    | where                                                   |
+//! |--------------------------|---------------------------------------------------------|
+//! | `pci-after-intent`       | a rebind's intent persisted (`controllers::host`)       |
+//! | `pci-after-override`     | `driver_override` written                               |
+//! | `pci-after-unbind`       | the old driver unbound                                  |
+//! | `pci-after-probe`        | the new driver bound                                    |
+//! | `rebuild-switch-closed`  | a thin rebuild's switch: hosts off, raid deleted        |
+//! | `rebuild-switch-copied`  | the switch's last copy kept in the dest, no raid yet    |
+//! | `rebuild-switch-joined`  | the raid made again with the dest and exported, before  |
+//! |                          | the engine records the dest current                     |
+
+/// Kills this process (SIGKILL) when `TALON_FAILPOINT` names `name`.
+pub fn failpoint(name: &str) {
+    if std::env::var_os("TALON_FAILPOINT").is_some_and(|v| v == name) {
+        eprintln!("TALON_FAILPOINT={name}: killing this process");
+        let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGKILL);
+    }
+}
