@@ -2,7 +2,9 @@
 //! run through both producers of an engine on one talon node with a real
 //! spdk_tgt (skipped, saying so, without `TALON_SPDK_DIR`): a replica that
 //! missed writes (below), a revert ([`reverted`]), a snapshot deleted
-//! from the middle of the chain ([`snapshot_deleted`]), and talon killed
+//! from the middle of the chain ([`snapshot_deleted`]), snapshots taken
+//! under writes ([`snapshots_under_writes`]: one instant on both
+//! replicas), and talon killed
 //! (`TALON_FAILPOINT`, SIGKILL) at each step of a thin rebuild's switch
 //! ([`crashed_in_switch`]: the node runs as its own `talon serve` process,
 //! started again on the spdk_tgt it left). The producers:
@@ -103,6 +105,14 @@ impl Producer {
         match self {
             Producer::Talon { .. } => format!("cv-r{k}"),
             Producer::Longhorn { replicas, .. } => replicas[k].0.clone(),
+        }
+    }
+
+    /// Replica `k`'s lvol of snapshot `name`.
+    fn snapshot_lvol(&self, k: usize, name: &str) -> String {
+        match self {
+            Producer::Talon { .. } => talon::spdk::naming::snapshot_lvol("cv", k, name),
+            Producer::Longhorn { replicas, .. } => format!("{}-snap-{name}", replicas[k].0),
         }
     }
 
@@ -534,6 +544,76 @@ async fn crashed_in_switch(spdk_dir: &Path, node: &mut Node, mut p: Producer, s:
     }
 }
 
+/// The one-instant scenario: snapshots taken while spdk_nvme_perf writes
+/// hold the same data on both replicas (each producer freezes the export
+/// for the snapshot: no write lands in one replica's snapshot and not the
+/// other's). Sequential writes at QD 31, as `spdk_volume_real`'s deeper
+/// test explains: SPDK's raid1 does not order concurrent writes to one
+/// block, and 31 does not divide the volume's blocks, so each pass writes a
+/// block from another queue slot and the data moves between snapshots.
+///
+/// ```text
+///   perf writes (sequential, QD 31)   both replicas in service
+///   snapshots w0..w3, 300 ms apart    perf still writing after the last
+///   each snapshot's lvol on replica 0 and on replica 1: one checksum
+///   two consecutive snapshots differ  (the check could see two instants)
+/// ```
+async fn snapshots_under_writes(spdk_dir: &Path, node: &Node, mut p: Producer, s: Served) {
+    const SNAPSHOTS: usize = 4;
+    let what = p.what();
+    both_in_service(&p).await;
+    let writer = spdk_perf::Writer::start(spdk_dir, s.port, &s.nqn, "write -q 31", 60);
+    // perf connects (seconds on a loaded machine) and writes
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let mut names = Vec::new();
+    for i in 0..SNAPSHOTS {
+        let name = format!("w{i}");
+        p.snapshot(&name).await;
+        names.push(name);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    let still = !writer.is_finished();
+    let out = writer.stop();
+    let report = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(still, "{what}: the writer ran through the snapshots: {report}");
+    let iops = spdk_perf::total_iops(&report);
+    assert!(iops > 0.0, "{what}: writes went on: {report}");
+
+    let inv = Inventory::load(&node.spdk).await.expect("inventory");
+    let (mut previous, mut moved) = (None::<String>, 0);
+    for name in &names {
+        let mut sums = Vec::new();
+        for k in 0..2 {
+            let lvol = p.snapshot_lvol(k, name);
+            let l = inv
+                .find_lvol(&lvol)
+                .unwrap_or_else(|| panic!("{what}: no snapshot lvol {lvol}"));
+            let size = inv.bdev_size(&l.uuid).expect("snapshot size");
+            let h = talon::longhorn::snaphash::hash_lvol(&node.spdk, &l.alias, size, None)
+                .await
+                .unwrap_or_else(|e| panic!("{what}: hashing {}: {e}", l.alias));
+            sums.push(h.checksum);
+        }
+        assert_eq!(
+            sums[0], sums[1],
+            "{what}: snapshot {name} holds other data on replica 0 than on replica 1"
+        );
+        if previous.as_ref().is_some_and(|x| *x != sums[0]) {
+            moved += 1;
+        }
+        previous = Some(sums[0].clone());
+    }
+    eprintln!(
+        "{what}: {SNAPSHOTS} snapshots under writes ({iops:.0} IOPS), each one checksum on both replicas; \
+         the data moved between {moved} of {} consecutive snapshots",
+        SNAPSHOTS - 1
+    );
+    assert!(
+        moved > 0,
+        "{what}: the writer never changed the data between two snapshots"
+    );
+}
+
 /// The revert scenario: a revert to a snapshot makes every replica's head
 /// again from its own copy of the snapshot, and the writes after the
 /// snapshot are gone from each.
@@ -670,7 +750,7 @@ async fn both(test: &str) -> Option<Both> {
 /// [`both`] on a node of its own `talon serve` process (`spawned`), which
 /// a crash scenario kills and starts again.
 async fn both_on(test: &str, spawned: bool) -> Option<Both> {
-    let spdk = spdk_real::spdk_dir_with(test, &["spdk_dd"])?;
+    let spdk = spdk_real::spdk_dir_with(test, &["spdk_dd", "spdk_nvme_perf"])?;
     let ip = IpAddr::from([127, 0, 0, 1]);
     let base = free_base(&[ip]);
     let port = spdk_real::free_port();
@@ -742,6 +822,15 @@ async fn real_spdk_a_replica_that_missed_writes_conforms_on_both_producers() {
     };
     missed_writes(&b.spdk, &b.node, b.talon.0, b.talon.1).await;
     missed_writes(&b.spdk, &b.node, b.longhorn.0, b.longhorn.1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_spdk_snapshots_under_writes_are_one_instant_on_both_producers() {
+    let Some(b) = both("real_spdk_snapshots_under_writes_are_one_instant_on_both_producers").await else {
+        return;
+    };
+    snapshots_under_writes(&b.spdk, &b.node, b.talon.0, b.talon.1).await;
+    snapshots_under_writes(&b.spdk, &b.node, b.longhorn.0, b.longhorn.1).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
