@@ -4,10 +4,11 @@
 //! missed writes (below), a revert ([`reverted`]), a snapshot deleted
 //! from the middle of the chain ([`snapshot_deleted`]), snapshots taken
 //! under writes ([`snapshots_under_writes`]: one instant on both
-//! replicas), and talon killed
-//! (`TALON_FAILPOINT`, SIGKILL) at each step of a thin rebuild's switch
-//! ([`crashed_in_switch`]: the node runs as its own `talon serve` process,
-//! started again on the spdk_tgt it left). The producers:
+//! replicas), and talon killed (`TALON_FAILPOINT`, SIGKILL) at each step
+//! of a thin rebuild's switch ([`crashed_in_switch`]) and in a snapshot with
+//! the export frozen ([`crashed_in_snapshot`]): for these the node runs as
+//! its own `talon serve` process, started again on the spdk_tgt it left.
+//! The producers:
 //! - talon's own volume (`volume_create` on the admin API, two replicas on
 //!   the node's disks `t1`, `t2`), whose controller rebuilds a replica that
 //!   fell behind by itself;
@@ -114,6 +115,44 @@ impl Producer {
             Producer::Talon { .. } => talon::spdk::naming::snapshot_lvol("cv", k, name),
             Producer::Longhorn { replicas, .. } => format!("{}-snap-{name}", replicas[k].0),
         }
+    }
+
+    /// Asks for snapshot `name` once, its answer returned (a call a killed
+    /// talon cut is an error).
+    async fn try_snapshot(&mut self, name: &str) -> Result<(), String> {
+        match self {
+            Producer::Talon { admin } => {
+                let r: Result<Value, _> = admin
+                    .call(
+                        "snapshot_create",
+                        json!({"volume": "cv", "name": name, "wait": true}),
+                    )
+                    .await;
+                r.map(|_| ()).map_err(|e| e.to_string())
+            }
+            Producer::Longhorn { proxy, .. } => longhorn_nodes::snapshot(proxy, name)
+                .await
+                .map(|_| ())
+                .map_err(|e| e.to_string()),
+        }
+    }
+
+    /// The checksums of the two replicas' lvols of snapshot `name`.
+    async fn snapshot_checksums(&self, node: &Node, name: &str) -> Vec<String> {
+        let inv = Inventory::load(&node.spdk).await.expect("inventory");
+        let mut sums = Vec::new();
+        for k in 0..2 {
+            let lvol = self.snapshot_lvol(k, name);
+            let l = inv
+                .find_lvol(&lvol)
+                .unwrap_or_else(|| panic!("{}: no snapshot lvol {lvol}", self.what()));
+            let size = inv.bdev_size(&l.uuid).expect("snapshot size");
+            let h = talon::longhorn::snaphash::hash_lvol(&node.spdk, &l.alias, size, None)
+                .await
+                .unwrap_or_else(|e| panic!("{}: hashing {}: {e}", self.what(), l.alias));
+            sums.push(h.checksum);
+        }
+        sums
     }
 
     async fn snapshot(&mut self, name: &str) {
@@ -579,21 +618,9 @@ async fn snapshots_under_writes(spdk_dir: &Path, node: &Node, mut p: Producer, s
     let iops = spdk_perf::total_iops(&report);
     assert!(iops > 0.0, "{what}: writes went on: {report}");
 
-    let inv = Inventory::load(&node.spdk).await.expect("inventory");
     let (mut previous, mut moved) = (None::<String>, 0);
     for name in &names {
-        let mut sums = Vec::new();
-        for k in 0..2 {
-            let lvol = p.snapshot_lvol(k, name);
-            let l = inv
-                .find_lvol(&lvol)
-                .unwrap_or_else(|| panic!("{what}: no snapshot lvol {lvol}"));
-            let size = inv.bdev_size(&l.uuid).expect("snapshot size");
-            let h = talon::longhorn::snaphash::hash_lvol(&node.spdk, &l.alias, size, None)
-                .await
-                .unwrap_or_else(|e| panic!("{what}: hashing {}: {e}", l.alias));
-            sums.push(h.checksum);
-        }
+        let sums = p.snapshot_checksums(node, name).await;
         assert_eq!(
             sums[0], sums[1],
             "{what}: snapshot {name} holds other data on replica 0 than on replica 1"
@@ -612,6 +639,95 @@ async fn snapshots_under_writes(spdk_dir: &Path, node: &Node, mut p: Producer, s
         moved > 0,
         "{what}: the writer never changed the data between two snapshots"
     );
+}
+
+/// The snapshot crash scenario: talon killed (`TALON_FAILPOINT`) in a
+/// snapshot, with the export frozen (`snapshot-frozen`: nothing taken yet;
+/// `snapshot-taken`: every replica's snapshot taken, not thawed), then
+/// started again.
+///
+/// ```text
+///   write a                        both replicas in service
+///   talon started again, armed; the snapshot s1 asked  talon kills itself
+///   talon started again            the export serves (thawed): write b, read b
+///   the snapshot asked again       (Longhorn: VolumeSnapshot s1 again, as a
+///                                   retrying manager would; talon: the request
+///                                   it persisted is carried out)
+///   s1 on both replicas            one checksum: one instant (before b
+///                                   when it was taken before the kill)
+/// ```
+async fn crashed_in_snapshot(spdk_dir: &Path, node: &mut Node, mut p: Producer, s: Served, point: &str) {
+    let what = p.what();
+    let work = work_dir(node, &p, point);
+    let a = pattern(LEN, 31);
+    dd(spdk_dir, &work, &s, Some(a.clone()), &format!("{what}: write a")).await;
+    both_in_service(&p).await;
+    node.stop().await;
+    node.set_failpoint(Some(point));
+    node.start().await;
+    p.reconnect(node).await;
+    both_in_service(&p).await;
+    // the call is cut by the kill
+    let asked = p.try_snapshot("s1").await;
+    assert!(
+        node.killed_itself(WAIT).await,
+        "{what}: talon did not reach {point} in a snapshot (the call said {asked:?})\n{}",
+        node.log_tail()
+    );
+    node.set_failpoint(None);
+    node.start().await;
+    p.reconnect(node).await;
+    let t = std::time::Instant::now();
+    // served again: the freeze the killed talon left is thawed
+    let b = pattern(LEN, 33);
+    dd(
+        spdk_dir,
+        &work,
+        &s,
+        Some(b.clone()),
+        &format!("{what}: write b after the restart"),
+    )
+    .await;
+    let read = dd(spdk_dir, &work, &s, None, &format!("{what}: read b")).await;
+    assert!(
+        read == b,
+        "{what}: the engine does not read b after talon was killed at {point}"
+    );
+    eprintln!(
+        "{what}: killed at {point}; written and read again {:?} after the restart",
+        t.elapsed()
+    );
+    // the snapshot: the manager asks again; talon's request is carried out
+    if let Producer::Longhorn { .. } = p {
+        p.snapshot("s1").await;
+    }
+    eventually(&format!("{what}: s1 on both replicas"), WAIT, || async {
+        let inv = Inventory::load(&node.spdk).await.ok()?;
+        (0..2)
+            .all(|k| inv.find_lvol(&p.snapshot_lvol(k, "s1")).is_some())
+            .then_some(())
+    })
+    .await;
+    let s1 = p.snapshot_checksums(node, "s1").await;
+    assert_eq!(
+        s1[0], s1[1],
+        "{what}: s1 holds other data on replica 0 than on replica 1 after talon was killed at {point}"
+    );
+    // a snapshot now holds b, one instant too; s1 taken before the kill
+    // (`snapshot-taken`) is the instant before b: it differs. One the kill
+    // cut before it was taken is taken after the restart, before or after b
+    p.snapshot("s2").await;
+    let s2 = p.snapshot_checksums(node, "s2").await;
+    assert_eq!(
+        s2[0], s2[1],
+        "{what}: s2 holds other data on replica 0 than on replica 1"
+    );
+    if point == "snapshot-taken" {
+        assert_ne!(
+            s2[0], s1[0],
+            "{what}: s1, taken before the kill, holds b, written after the restart"
+        );
+    }
 }
 
 /// The revert scenario: a revert to a snapshot makes every replica's head
@@ -849,6 +965,33 @@ async fn real_spdk_a_snapshot_deleted_from_the_chain_conforms_on_both_producers(
     };
     snapshot_deleted(&b.spdk, &b.node, b.talon.0, b.talon.1).await;
     snapshot_deleted(&b.spdk, &b.node, b.longhorn.0, b.longhorn.1).await;
+}
+
+/// talon killed at `point` of a snapshot, on both producers.
+async fn snapshot_crash_conforms(test: &str, point: &str) {
+    let Some(mut b) = both_on(test, true).await else {
+        return;
+    };
+    crashed_in_snapshot(&b.spdk, &mut b.node, b.talon.0, b.talon.1, point).await;
+    crashed_in_snapshot(&b.spdk, &mut b.node, b.longhorn.0, b.longhorn.1, point).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_spdk_talon_killed_in_a_frozen_snapshot_conforms_on_both_producers() {
+    snapshot_crash_conforms(
+        "real_spdk_talon_killed_in_a_frozen_snapshot_conforms_on_both_producers",
+        "snapshot-frozen",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_spdk_talon_killed_with_a_snapshot_taken_not_thawed_conforms_on_both_producers() {
+    snapshot_crash_conforms(
+        "real_spdk_talon_killed_with_a_snapshot_taken_not_thawed_conforms_on_both_producers",
+        "snapshot-taken",
+    )
+    .await;
 }
 
 /// talon killed at `point` of a thin rebuild's switch, on both producers.

@@ -16,6 +16,8 @@
 //! | `rebuild-switch-copied`  | the switch's last copy kept in the dest, no raid yet    |
 //! | `rebuild-switch-joined`  | the raid made again with the dest and exported, before  |
 //! |                          | the engine records the dest current                     |
+//! | `snapshot-frozen`        | a snapshot's export frozen, nothing taken yet           |
+//! | `snapshot-taken`         | every replica's snapshot taken, the export still frozen |
 
 /// Kills this process (SIGKILL) when `TALON_FAILPOINT` names `name`.
 pub fn failpoint(name: &str) {

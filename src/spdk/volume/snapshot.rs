@@ -271,6 +271,7 @@ impl VolumeOps {
                 }
             }
         }
+        crate::util::failpoint("snapshot-frozen");
         let mut left_out = BTreeSet::new();
         if let Some(raid) = &raid {
             let live = match self.raid_serves(raid).await {
@@ -338,6 +339,7 @@ impl VolumeOps {
             }
         }
         let (results, remote_results) = futures::future::join(join_all(local), join_all(remote)).await;
+        crate::util::failpoint("snapshot-taken");
         let thawed = self.freezes.thaw(&self.client, &frozen).await;
         let mut err = None;
         let mut taken = Taken {
