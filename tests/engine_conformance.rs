@@ -5,8 +5,9 @@
 //! from the middle of the chain ([`snapshot_deleted`]), snapshots taken
 //! under writes ([`snapshots_under_writes`]: one instant on both
 //! replicas), and talon killed (`TALON_FAILPOINT`, SIGKILL) at each step
-//! of a thin rebuild's switch ([`crashed_in_switch`]) and in a snapshot with
-//! the export frozen ([`crashed_in_snapshot`]): for these the node runs as
+//! of a thin rebuild's switch ([`crashed_in_switch`]), in a snapshot with
+//! the export frozen ([`crashed_in_snapshot`]) and in a revert
+//! ([`crashed_in_revert`]): for these the node runs as
 //! its own `talon serve` process, started again on the spdk_tgt it left.
 //! The producers:
 //! - talon's own volume (`volume_create` on the admin API, two replicas on
@@ -114,6 +115,27 @@ impl Producer {
         match self {
             Producer::Talon { .. } => talon::spdk::naming::snapshot_lvol("cv", k, name),
             Producer::Longhorn { replicas, .. } => format!("{}-snap-{name}", replicas[k].0),
+        }
+    }
+
+    /// Asks for a revert to `name` once, its answer returned (talon's
+    /// request is only written: it never fails for a kill).
+    async fn try_revert(&mut self, name: &str) -> Result<(), String> {
+        match self {
+            Producer::Talon { admin } => {
+                let r: Result<Value, _> = admin
+                    .call("volume_revert", json!({"volume": "cv", "name": name}))
+                    .await;
+                r.map(|_| ()).map_err(|e| e.to_string())
+            }
+            Producer::Longhorn { proxy, .. } => proxy
+                .snapshot_revert(imrpc::EngineSnapshotRevertRequest {
+                    proxy_engine_request: Some(longhorn_nodes::req("vol-e-0")),
+                    name: name.into(),
+                })
+                .await
+                .map(|_| ())
+                .map_err(|e| e.to_string()),
         }
     }
 
@@ -730,6 +752,138 @@ async fn crashed_in_snapshot(spdk_dir: &Path, node: &mut Node, mut p: Producer, 
     }
 }
 
+/// The revert crash scenario: talon killed (`TALON_FAILPOINT`) in a revert
+/// (`revert-taken-down`: the export and raid gone, no head made again yet;
+/// `revert-head-remade`: one replica's head a clone of its s1, the other's
+/// still holding b), then started again.
+///
+/// ```text
+///   write a, snapshot s1, write b   both replicas in service
+///   talon started again, armed; revert to s1   talon kills itself
+///   talon started again             never a raid1 over a reverted head and one
+///                                   that is not; talon's request is carried out; the
+///                                   test plays longhorn-manager, which asks
+///                                   for the revert again when it failed
+///   the engine reads a              both heads clones of their s1
+///   replica 0 leaves the raid1      replica 1 alone reads a: never b
+/// ```
+async fn crashed_in_revert(spdk_dir: &Path, node: &mut Node, mut p: Producer, s: Served, point: &str) {
+    let what = p.what();
+    let work = work_dir(node, &p, point);
+    let a = pattern(LEN, 41);
+    dd(spdk_dir, &work, &s, Some(a.clone()), &format!("{what}: write a")).await;
+    p.snapshot("s1").await;
+    let b = pattern(LEN, 42);
+    dd(spdk_dir, &work, &s, Some(b), &format!("{what}: write b")).await;
+    both_in_service(&p).await;
+    node.stop().await;
+    node.set_failpoint(Some(point));
+    node.start().await;
+    p.reconnect(node).await;
+    both_in_service(&p).await;
+    let asked = p.try_revert("s1").await;
+    assert!(
+        node.killed_itself(WAIT).await,
+        "{what}: talon did not reach {point} in a revert (the call said {asked:?})\n{}",
+        node.log_tail()
+    );
+    node.set_failpoint(None);
+    node.start().await;
+    p.reconnect(node).await;
+    // before the revert is carried out (again): never a raid1 over a head
+    // made again from s1 and one that was not (one holds a, the other b)
+    let t = std::time::Instant::now();
+    while t.elapsed() < Duration::from_secs(3) {
+        let mut reverted = Vec::new();
+        for k in 0..2 {
+            if member(&node.spdk, p.raid(), &p.head(k)).await.is_some() {
+                let of = parent(node, &p.head(k)).await;
+                reverted.push(of.is_some_and(|o| o.ends_with("s1")));
+            }
+        }
+        assert!(
+            reverted.len() < 2 || reverted[0] == reverted[1],
+            "{what}: after talon was killed at {point}, the raid1 serves one head reverted and one not"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // talon's persisted request goes on by itself; Longhorn's manager asks
+    // again for a revert whose call failed
+    match &p {
+        Producer::Talon { admin } => {
+            let done = "reverted to cv@s1 (generation 1)";
+            eventually(&format!("cv {done}"), WAIT, || async {
+                let st = admin.get("EngineStatus", "cv").await.ok()?.spec;
+                (st["state"] == "ready" && st["message"].as_str()?.contains(done)).then_some(())
+            })
+            .await;
+        }
+        Producer::Longhorn { .. } => {
+            // refused while the engine is not running again (FailedPrecondition)
+            let t = std::time::Instant::now();
+            loop {
+                match p.try_revert("s1").await {
+                    Ok(()) => break,
+                    Err(e) if t.elapsed() < WAIT => {
+                        eprintln!("{what}: SnapshotRevert s1 after the restart: {e} (asked again)");
+                        tokio::time::sleep(Duration::from_millis(500)).await;
+                    }
+                    Err(e) => panic!("{what}: SnapshotRevert s1 refused for {WAIT:?} after the restart: {e}"),
+                }
+            }
+        }
+    }
+    let node = &*node;
+    let read = dd(
+        spdk_dir,
+        &work,
+        &s,
+        None,
+        &format!("{what}: read after the revert"),
+    )
+    .await;
+    assert!(
+        read == a,
+        "{what}: the engine does not read s1's data after talon was killed at {point}"
+    );
+    for k in 0..2 {
+        let head = p.head(k);
+        let of = parent(node, &head).await;
+        assert!(
+            of.as_deref()
+                .is_some_and(|o| o.starts_with(&head) && o.ends_with("s1")),
+            "{what}: replica {k}'s head {head} is no clone of its own s1 after the revert: {of:?}"
+        );
+        let p = &p;
+        eventually(
+            &format!("{what}: replica {k} in service after the revert"),
+            WAIT,
+            || async move {
+                (p.in_service(k).await && member(&node.spdk, p.raid(), &p.head(k)).await.is_some())
+                    .then_some(())
+            },
+        )
+        .await;
+    }
+    replica_1_alone_reads(
+        spdk_dir,
+        node,
+        &p,
+        &s,
+        &work,
+        &a,
+        &format!("(s1's data; talon killed at {point})"),
+    )
+    .await;
+    if let Producer::Talon { .. } = p {
+        eventually(&format!("{what}: replica 0 rebuilt"), WAIT, || async {
+            member(&node.spdk, p.raid(), &p.head(0)).await?;
+            p.in_service(0).await.then_some(())
+        })
+        .await;
+    }
+}
+
 /// The revert scenario: a revert to a snapshot makes every replica's head
 /// again from its own copy of the snapshot, and the writes after the
 /// snapshot are gone from each.
@@ -965,6 +1119,33 @@ async fn real_spdk_a_snapshot_deleted_from_the_chain_conforms_on_both_producers(
     };
     snapshot_deleted(&b.spdk, &b.node, b.talon.0, b.talon.1).await;
     snapshot_deleted(&b.spdk, &b.node, b.longhorn.0, b.longhorn.1).await;
+}
+
+/// talon killed at `point` of a revert, on both producers.
+async fn revert_crash_conforms(test: &str, point: &str) {
+    let Some(mut b) = both_on(test, true).await else {
+        return;
+    };
+    crashed_in_revert(&b.spdk, &mut b.node, b.talon.0, b.talon.1, point).await;
+    crashed_in_revert(&b.spdk, &mut b.node, b.longhorn.0, b.longhorn.1, point).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_spdk_talon_killed_in_a_revert_taken_down_conforms_on_both_producers() {
+    revert_crash_conforms(
+        "real_spdk_talon_killed_in_a_revert_taken_down_conforms_on_both_producers",
+        "revert-taken-down",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_spdk_talon_killed_in_a_revert_one_head_remade_conforms_on_both_producers() {
+    revert_crash_conforms(
+        "real_spdk_talon_killed_in_a_revert_one_head_remade_conforms_on_both_producers",
+        "revert-head-remade",
+    )
+    .await;
 }
 
 /// talon killed at `point` of a snapshot, on both producers.

@@ -18,6 +18,8 @@
 //! |                          | the engine records the dest current                     |
 //! | `snapshot-frozen`        | a snapshot's export frozen, nothing taken yet           |
 //! | `snapshot-taken`         | every replica's snapshot taken, the export still frozen |
+//! | `revert-taken-down`      | a revert's export and raid gone, no head made again yet |
+//! | `revert-head-remade`     | a revert's first head made again from its snapshot      |
 
 /// Kills this process (SIGKILL) when `TALON_FAILPOINT` names `name`.
 pub fn failpoint(name: &str) {

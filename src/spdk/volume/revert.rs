@@ -210,6 +210,7 @@ impl VolumeOps {
         m: &RevertMembers<'_, E>,
     ) -> Result<Reverted, E> {
         self.take_down(&m.take_down).await?;
+        crate::util::failpoint("revert-taken-down");
         let mut waiting = Vec::new();
         for p in &m.peers {
             if !p.revert(m.snapshot).await? {
@@ -238,6 +239,7 @@ impl VolumeOps {
                 .await
                 .map_err(|f| rpc(id, format!("{} for revert", f.doing))(f.source))?;
             made.push(uuid);
+            crate::util::failpoint("revert-head-remade");
         }
         Ok(made)
     }
