@@ -433,6 +433,52 @@ fn work_dir(node: &Node, p: &Producer, tag: &str) -> PathBuf {
     work
 }
 
+/// Starts a process node again with `point` armed (or none) and connects
+/// the producer's clients to it.
+async fn arm(node: &mut Node, p: &mut Producer, point: Option<&str>) {
+    node.set_failpoint(point);
+    node.start().await;
+    p.reconnect(node).await;
+}
+
+/// A talon volume whose replica 0 left (the end of a scenario) is rebuilt
+/// by talon's controller: waited for, so that the next producer's armed
+/// failpoint is not met by this rebuild. A Longhorn engine waits for its
+/// manager: nothing to wait for.
+async fn whole_again(node: &Node, p: &Producer) {
+    if let Producer::Talon { .. } = p {
+        eventually(&format!("{}: replica 0 rebuilt", p.what()), WAIT, || async {
+            member(&node.spdk, p.raid(), &p.head(0)).await?;
+            p.in_service(0).await.then_some(())
+        })
+        .await;
+    }
+}
+
+/// After a revert to s1: each replica's head a clone of its own s1, in
+/// service and a member of the raid1.
+async fn heads_of_s1_in_service(node: &Node, p: &Producer) {
+    let what = p.what();
+    for k in 0..2 {
+        let head = p.head(k);
+        let of = parent(node, &head).await;
+        assert!(
+            of.as_deref()
+                .is_some_and(|o| o.starts_with(&head) && o.ends_with("s1")),
+            "{what}: replica {k}'s head {head} is no clone of its own s1 after the revert: {of:?}"
+        );
+        eventually(
+            &format!("{what}: replica {k} in service after the revert"),
+            WAIT,
+            || async move {
+                (p.in_service(k).await && member(&node.spdk, p.raid(), &p.head(k)).await.is_some())
+                    .then_some(())
+            },
+        )
+        .await;
+    }
+}
+
 /// Waits until both replicas count as up to date.
 async fn both_in_service(p: &Producer) {
     for k in 0..2 {
@@ -544,9 +590,7 @@ async fn crashed_in_switch(spdk_dir: &Path, node: &mut Node, mut p: Producer, s:
     let c = pattern(LEN, 23);
     dd(spdk_dir, &work, &s, Some(c.clone()), &format!("{what}: write c")).await;
     // started again, armed: the control plane rebuilds replica 1
-    node.set_failpoint(Some(point));
-    node.start().await;
-    p.reconnect(node).await;
+    arm(node, &mut p, Some(point)).await;
     if let Err(e) = p.try_bring_back(1).await {
         // Longhorn's ReplicaAdd waits for the rebuild: talon killed in it
         eprintln!("{what}: ReplicaAdd cut: {}", e.message());
@@ -557,9 +601,7 @@ async fn crashed_in_switch(spdk_dir: &Path, node: &mut Node, mut p: Producer, s:
         node.log_tail()
     );
 
-    node.set_failpoint(None);
-    node.start().await;
-    p.reconnect(node).await;
+    arm(node, &mut p, None).await;
     let t = std::time::Instant::now();
     p.back_after_crash(1).await;
     eventually(
@@ -594,15 +636,7 @@ async fn crashed_in_switch(spdk_dir: &Path, node: &mut Node, mut p: Producer, s:
         &format!("(the writes it missed; talon killed at {point})"),
     )
     .await;
-    // talon's controller rebuilds replica 0 by itself: done before the next
-    // producer arms the failpoint, which this rebuild's switch would meet
-    if let Producer::Talon { .. } = p {
-        eventually(&format!("{what}: replica 0 rebuilt"), WAIT, || async {
-            member(&node.spdk, p.raid(), &p.head(0)).await?;
-            p.in_service(0).await.then_some(())
-        })
-        .await;
-    }
+    whole_again(node, &p).await;
 }
 
 /// The one-instant scenario: snapshots taken while spdk_nvme_perf writes
@@ -685,9 +719,7 @@ async fn crashed_in_snapshot(spdk_dir: &Path, node: &mut Node, mut p: Producer, 
     dd(spdk_dir, &work, &s, Some(a.clone()), &format!("{what}: write a")).await;
     both_in_service(&p).await;
     node.stop().await;
-    node.set_failpoint(Some(point));
-    node.start().await;
-    p.reconnect(node).await;
+    arm(node, &mut p, Some(point)).await;
     both_in_service(&p).await;
     // the call is cut by the kill
     let asked = p.try_snapshot("s1").await;
@@ -696,9 +728,7 @@ async fn crashed_in_snapshot(spdk_dir: &Path, node: &mut Node, mut p: Producer, 
         "{what}: talon did not reach {point} in a snapshot (the call said {asked:?})\n{}",
         node.log_tail()
     );
-    node.set_failpoint(None);
-    node.start().await;
-    p.reconnect(node).await;
+    arm(node, &mut p, None).await;
     let t = std::time::Instant::now();
     // served again: the freeze the killed talon left is thawed
     let b = pattern(LEN, 33);
@@ -777,9 +807,7 @@ async fn crashed_in_revert(spdk_dir: &Path, node: &mut Node, mut p: Producer, s:
     dd(spdk_dir, &work, &s, Some(b), &format!("{what}: write b")).await;
     both_in_service(&p).await;
     node.stop().await;
-    node.set_failpoint(Some(point));
-    node.start().await;
-    p.reconnect(node).await;
+    arm(node, &mut p, Some(point)).await;
     both_in_service(&p).await;
     let asked = p.try_revert("s1").await;
     assert!(
@@ -787,9 +815,7 @@ async fn crashed_in_revert(spdk_dir: &Path, node: &mut Node, mut p: Producer, s:
         "{what}: talon did not reach {point} in a revert (the call said {asked:?})\n{}",
         node.log_tail()
     );
-    node.set_failpoint(None);
-    node.start().await;
-    p.reconnect(node).await;
+    arm(node, &mut p, None).await;
     // before the revert is carried out (again): never a raid1 over a head
     // made again from s1 and one that was not (one holds a, the other b)
     let t = std::time::Instant::now();
@@ -846,25 +872,7 @@ async fn crashed_in_revert(spdk_dir: &Path, node: &mut Node, mut p: Producer, s:
         read == a,
         "{what}: the engine does not read s1's data after talon was killed at {point}"
     );
-    for k in 0..2 {
-        let head = p.head(k);
-        let of = parent(node, &head).await;
-        assert!(
-            of.as_deref()
-                .is_some_and(|o| o.starts_with(&head) && o.ends_with("s1")),
-            "{what}: replica {k}'s head {head} is no clone of its own s1 after the revert: {of:?}"
-        );
-        let p = &p;
-        eventually(
-            &format!("{what}: replica {k} in service after the revert"),
-            WAIT,
-            || async move {
-                (p.in_service(k).await && member(&node.spdk, p.raid(), &p.head(k)).await.is_some())
-                    .then_some(())
-            },
-        )
-        .await;
-    }
+    heads_of_s1_in_service(node, &p).await;
     replica_1_alone_reads(
         spdk_dir,
         node,
@@ -875,13 +883,7 @@ async fn crashed_in_revert(spdk_dir: &Path, node: &mut Node, mut p: Producer, s:
         &format!("(s1's data; talon killed at {point})"),
     )
     .await;
-    if let Producer::Talon { .. } = p {
-        eventually(&format!("{what}: replica 0 rebuilt"), WAIT, || async {
-            member(&node.spdk, p.raid(), &p.head(0)).await?;
-            p.in_service(0).await.then_some(())
-        })
-        .await;
-    }
+    whole_again(node, &p).await;
 }
 
 /// The revert scenario: a revert to a snapshot makes every replica's head
@@ -916,25 +918,7 @@ async fn reverted(spdk_dir: &Path, node: &Node, mut p: Producer, s: Served) {
         read == a,
         "{what}: the engine does not read s1's data after the revert"
     );
-    for k in 0..2 {
-        let head = p.head(k);
-        let of = parent(node, &head).await;
-        assert!(
-            of.as_deref()
-                .is_some_and(|o| o.starts_with(&head) && o.ends_with("s1")),
-            "{what}: replica {k}'s head {head} is no clone of its own s1 after the revert: {of:?}"
-        );
-        let p = &p;
-        eventually(
-            &format!("{what}: replica {k} in service after the revert"),
-            WAIT,
-            || async move {
-                (p.in_service(k).await && member(&node.spdk, p.raid(), &p.head(k)).await.is_some())
-                    .then_some(())
-            },
-        )
-        .await;
-    }
+    heads_of_s1_in_service(node, &p).await;
 
     // replica 0 leaves: replica 1 alone holds the reverted data
     replica_1_alone_reads(spdk_dir, node, &p, &s, &work, &a, "(s1's data, after the revert)").await;
@@ -1121,18 +1105,9 @@ async fn real_spdk_a_snapshot_deleted_from_the_chain_conforms_on_both_producers(
     snapshot_deleted(&b.spdk, &b.node, b.longhorn.0, b.longhorn.1).await;
 }
 
-/// talon killed at `point` of a revert, on both producers.
-async fn revert_crash_conforms(test: &str, point: &str) {
-    let Some(mut b) = both_on(test, true).await else {
-        return;
-    };
-    crashed_in_revert(&b.spdk, &mut b.node, b.talon.0, b.talon.1, point).await;
-    crashed_in_revert(&b.spdk, &mut b.node, b.longhorn.0, b.longhorn.1, point).await;
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn real_spdk_talon_killed_in_a_revert_taken_down_conforms_on_both_producers() {
-    revert_crash_conforms(
+    crash_conforms(
         "real_spdk_talon_killed_in_a_revert_taken_down_conforms_on_both_producers",
         "revert-taken-down",
     )
@@ -1141,25 +1116,16 @@ async fn real_spdk_talon_killed_in_a_revert_taken_down_conforms_on_both_producer
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn real_spdk_talon_killed_in_a_revert_one_head_remade_conforms_on_both_producers() {
-    revert_crash_conforms(
+    crash_conforms(
         "real_spdk_talon_killed_in_a_revert_one_head_remade_conforms_on_both_producers",
         "revert-head-remade",
     )
     .await;
 }
 
-/// talon killed at `point` of a snapshot, on both producers.
-async fn snapshot_crash_conforms(test: &str, point: &str) {
-    let Some(mut b) = both_on(test, true).await else {
-        return;
-    };
-    crashed_in_snapshot(&b.spdk, &mut b.node, b.talon.0, b.talon.1, point).await;
-    crashed_in_snapshot(&b.spdk, &mut b.node, b.longhorn.0, b.longhorn.1, point).await;
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn real_spdk_talon_killed_in_a_frozen_snapshot_conforms_on_both_producers() {
-    snapshot_crash_conforms(
+    crash_conforms(
         "real_spdk_talon_killed_in_a_frozen_snapshot_conforms_on_both_producers",
         "snapshot-frozen",
     )
@@ -1168,20 +1134,27 @@ async fn real_spdk_talon_killed_in_a_frozen_snapshot_conforms_on_both_producers(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn real_spdk_talon_killed_with_a_snapshot_taken_not_thawed_conforms_on_both_producers() {
-    snapshot_crash_conforms(
+    crash_conforms(
         "real_spdk_talon_killed_with_a_snapshot_taken_not_thawed_conforms_on_both_producers",
         "snapshot-taken",
     )
     .await;
 }
 
-/// talon killed at `point` of a thin rebuild's switch, on both producers.
+/// talon killed at `point` (its step names the scenario), on both producers.
 async fn crash_conforms(test: &str, point: &str) {
     let Some(mut b) = both_on(test, true).await else {
         return;
     };
-    crashed_in_switch(&b.spdk, &mut b.node, b.talon.0, b.talon.1, point).await;
-    crashed_in_switch(&b.spdk, &mut b.node, b.longhorn.0, b.longhorn.1, point).await;
+    let (node, spdk) = (&mut b.node, b.spdk.as_path());
+    for (p, s) in [b.talon, b.longhorn] {
+        match point.split('-').next() {
+            Some("rebuild") => crashed_in_switch(spdk, node, p, s, point).await,
+            Some("snapshot") => crashed_in_snapshot(spdk, node, p, s, point).await,
+            Some("revert") => crashed_in_revert(spdk, node, p, s, point).await,
+            _ => panic!("no crash scenario for {point}"),
+        }
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
