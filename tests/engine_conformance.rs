@@ -120,7 +120,7 @@ impl Producer {
 
     /// Asks for a revert to `name` once, its answer returned (talon's
     /// request is only written: it never fails for a kill).
-    async fn try_revert(&mut self, name: &str) -> Result<(), String> {
+    async fn try_revert(&self, name: &str) -> Result<(), String> {
         match self {
             Producer::Talon { admin } => {
                 let r: Result<Value, _> = admin
@@ -129,6 +129,7 @@ impl Producer {
                 r.map(|_| ()).map_err(|e| e.to_string())
             }
             Producer::Longhorn { proxy, .. } => proxy
+                .clone()
                 .snapshot_revert(imrpc::EngineSnapshotRevertRequest {
                     proxy_engine_request: Some(longhorn_nodes::req("vol-e-0")),
                     name: name.into(),
@@ -141,7 +142,7 @@ impl Producer {
 
     /// Asks for snapshot `name` once, its answer returned (a call a killed
     /// talon cut is an error).
-    async fn try_snapshot(&mut self, name: &str) -> Result<(), String> {
+    async fn try_snapshot(&self, name: &str) -> Result<(), String> {
         match self {
             Producer::Talon { admin } => {
                 let r: Result<Value, _> = admin
@@ -152,7 +153,7 @@ impl Producer {
                     .await;
                 r.map(|_| ()).map_err(|e| e.to_string())
             }
-            Producer::Longhorn { proxy, .. } => longhorn_nodes::snapshot(proxy, name)
+            Producer::Longhorn { proxy, .. } => longhorn_nodes::snapshot(&mut proxy.clone(), name)
                 .await
                 .map(|_| ())
                 .map_err(|e| e.to_string()),
@@ -431,6 +432,27 @@ fn work_dir(node: &Node, p: &Producer, tag: &str) -> PathBuf {
     let work = node.dir.path().join(format!("dd-{tag}-{}", p.raid()));
     std::fs::create_dir_all(&work).expect("dd dir");
     work
+}
+
+/// Asks `call` until it is answered, as longhorn-manager asks again: a
+/// talon just started refuses it while the engine is not running yet
+/// (FailedPrecondition), for up to [`WAIT`].
+async fn asked_again<F: std::future::Future<Output = Result<(), String>>>(
+    what: &str,
+    call_name: &str,
+    mut call: impl FnMut() -> F,
+) {
+    let t = std::time::Instant::now();
+    loop {
+        match call().await {
+            Ok(()) => return,
+            Err(e) if t.elapsed() < WAIT => {
+                eprintln!("{what}: {call_name} after the restart: {e} (asked again)");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            Err(e) => panic!("{what}: {call_name} refused for {WAIT:?} after the restart: {e}"),
+        }
+    }
 }
 
 /// Starts a process node again with `point` armed (or none) and connects
@@ -751,7 +773,7 @@ async fn crashed_in_snapshot(spdk_dir: &Path, node: &mut Node, mut p: Producer, 
     );
     // the snapshot: the manager asks again; talon's request is carried out
     if let Producer::Longhorn { .. } = p {
-        p.snapshot("s1").await;
+        asked_again(what, "VolumeSnapshot s1", || p.try_snapshot("s1")).await;
     }
     eventually(&format!("{what}: s1 on both replicas"), WAIT, || async {
         let inv = Inventory::load(&node.spdk).await.ok()?;
@@ -844,20 +866,7 @@ async fn crashed_in_revert(spdk_dir: &Path, node: &mut Node, mut p: Producer, s:
             })
             .await;
         }
-        Producer::Longhorn { .. } => {
-            // refused while the engine is not running again (FailedPrecondition)
-            let t = std::time::Instant::now();
-            loop {
-                match p.try_revert("s1").await {
-                    Ok(()) => break,
-                    Err(e) if t.elapsed() < WAIT => {
-                        eprintln!("{what}: SnapshotRevert s1 after the restart: {e} (asked again)");
-                        tokio::time::sleep(Duration::from_millis(500)).await;
-                    }
-                    Err(e) => panic!("{what}: SnapshotRevert s1 refused for {WAIT:?} after the restart: {e}"),
-                }
-            }
-        }
+        Producer::Longhorn { .. } => asked_again(what, "SnapshotRevert s1", || p.try_revert("s1")).await,
     }
     let node = &*node;
     let read = dd(
