@@ -226,7 +226,16 @@ async fn clone_status(
 /// ""), `SnapshotClone` from `snap` of "vol", polled to complete; the clone
 /// is thin; its data is checked by snapshotting and hashing it: answers the
 /// checksum. The clone's engine and replica are deleted after.
-async fn clone_from(a: &Node, p: &mut ProxyEngineServiceClient<Channel>, size: u64, snap: &str) -> String {
+/// `linked`: Longhorn's linked clone (`CloneMode` linked-clone, the clone's
+/// replica paired with `vol-r-a`, on the same disk): nothing is copied, the
+/// clone's replica holds no cluster, and the entrypoint it reads goes with it.
+async fn clone_from(
+    a: &Node,
+    p: &mut ProxyEngineServiceClient<Channel>,
+    size: u64,
+    snap: &str,
+    linked: bool,
+) -> String {
     let mut inst =
         talon::proto::imrpc::instance_service_client::InstanceServiceClient::new(a.channel(3).await);
     let spec = |name: &str, ty: &str, s: imrpc::SpdkInstanceSpec| longhorn_req::create(name, ty, "clone", s);
@@ -271,7 +280,16 @@ async fn clone_from(a: &Node, p: &mut ProxyEngineServiceClient<Channel>, size: u
         from_engine_name: "vol-e-0".into(),
         from_volume_name: "vol".into(),
         grpc_timeout_seconds: 60,
-        clone_mode: imrpc::CloneMode::FullCopy as i32,
+        clone_mode: if linked {
+            imrpc::CloneMode::LinkedClone as i32
+        } else {
+            imrpc::CloneMode::FullCopy as i32
+        },
+        dst_replica_src_replica_pair_map: if linked {
+            [("clone-r-a".to_owned(), "vol-r-a".to_owned())].into()
+        } else {
+            Default::default()
+        },
         ..Default::default()
     };
     let e = p
@@ -308,6 +326,20 @@ async fn clone_from(a: &Node, p: &mut ProxyEngineServiceClient<Channel>, size: u
         held <= size / 2,
         "the clone is thin: {held} bytes allocated of {size}"
     );
+    let entrypoint = format!("talon-disk-a/vol-r-a-clone-ep-{snap}");
+    if linked {
+        assert_eq!(held, 0, "a linked clone copies nothing");
+        let lvols = a
+            .spdk
+            .bdev_lvol_get_lvols(&Default::default())
+            .await
+            .expect("lvols");
+        assert!(
+            lvols.iter().any(|l| l.alias == entrypoint && l.is_snapshot),
+            "the entrypoint {entrypoint} is a snapshot: {:?}",
+            lvols.iter().map(|l| &l.alias).collect::<Vec<_>>()
+        );
+    }
 
     p.volume_snapshot(imrpc::EngineVolumeSnapshotRequest {
         proxy_engine_request: Some(clone_req()),
@@ -349,6 +381,11 @@ async fn clone_from(a: &Node, p: &mut ProxyEngineServiceClient<Channel>, size: u
             .unwrap_or_else(|e| panic!("delete {name}: {e}"));
         gone(&inst, name, ty).await;
     }
+    talon::runtime::testing::eventually("no entrypoint left", WAIT, || async {
+        let lvols = a.spdk.bdev_lvol_get_lvols(&Default::default()).await.ok()?;
+        lvols.iter().all(|l| l.alias != entrypoint).then_some(())
+    })
+    .await;
     sum
 }
 
@@ -450,8 +487,17 @@ async fn real_spdk_snapshot_hashes_agree_across_two_nodes() {
     assert_eq!(e.code(), Code::NotFound, "{e:?}");
 
     // issue 55, Longhorn's SnapshotClone: volume "clone" (one replica on A) made from s1
-    let c1 = clone_from(&a, &mut p, size, "s1").await;
+    let c1 = clone_from(&a, &mut p, size, "s1", false).await;
     assert_eq!(c1, s1, "the clone reads as s1 reads");
+    // and as a linked clone (Longhorn's fast clone): the same data, nothing copied
+    let c2 = clone_from(&a, &mut p, size, "s2", true).await;
+    assert_eq!(c2, s2, "the linked clone reads as s2 reads");
+    // the source's snapshots are as they were
+    hash(&mut p, "s2", true).await.expect("rehash s2");
+    assert_eq!(
+        one_checksum(&settled(&p, "s2", WAIT).await, &[&addr_a, &addr_b]),
+        s2
+    );
 
     // issue 55: the hashes streamed, nothing was staged on the data dir
     for n in [&a, &b] {

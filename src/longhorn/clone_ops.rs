@@ -34,6 +34,21 @@ struct Target {
     export: Option<(crate::names::Nqn, std::net::SocketAddr)>,
 }
 
+/// One replica of a linked clone and what it is linked to.
+#[derive(Debug)]
+struct LinkPair {
+    /// The clone's replica.
+    dst: String,
+    /// Its source replica.
+    src: String,
+    /// The clone replica's head (alias).
+    head: String,
+    /// The source's snapshot (alias).
+    snapshot: String,
+    /// The entrypoint's name.
+    entrypoint: String,
+}
+
 /// A source snapshot: on this node (`alias`, the lvol's), or held by
 /// `replica` of another node (`alias` empty) and exposed by it for the copy.
 #[derive(Debug, Clone)]
@@ -292,6 +307,14 @@ impl Longhorn {
         let inv = Inventory::load(self.client())
             .await
             .map_err(|x| LonghornError::spdk(format!("engine {}: reading spdk_tgt", e.id()), x))?;
+        if mode == imrpc::CloneMode::LinkedClone {
+            match self.link_pairs(&inv, e, req, from_volume, snap) {
+                Ok(pairs) => return self.link_now(e, req, &inv, from_volume, snap, &pairs).await,
+                Err(why) => {
+                    tracing::info!(engine = %e.id(), %why, "a linked clone cannot be made here; the snapshot's data is copied");
+                }
+            }
+        }
         let src = match self.clone_source(&inv, from_volume, snap) {
             Ok(s) => s,
             Err(here) if req.from_engine_address.is_empty() => return Err(here),
@@ -393,6 +416,136 @@ impl Longhorn {
         };
         tokio::spawn(run.run());
         Ok(())
+    }
+
+    /// The links of a linked clone into engine `e` (Longhorn's
+    /// `DstReplicaSrcReplicaPairMap`): each replica of the engine with its
+    /// source replica, both of this node, on one disk, the source a replica
+    /// of `from_volume` holding snapshot `snap`. Why not, in words, when one
+    /// pair is not so (the data is then copied through the engine).
+    fn link_pairs(
+        &self,
+        inv: &Inventory,
+        e: &Typed<LonghornEngine>,
+        req: &imrpc::EngineSnapshotCloneRequest,
+        from_volume: &str,
+        snap: &str,
+    ) -> Result<Vec<LinkPair>, String> {
+        let pairs = &req.dst_replica_src_replica_pair_map;
+        if pairs.is_empty() {
+            return Err("the manager sent no replica pairs".to_owned());
+        }
+        let mut out = Vec::new();
+        for dst in e.spec.replica_address_map.keys() {
+            let src = pairs
+                .get(dst)
+                .ok_or_else(|| format!("replica {dst} has no source replica in the pair map"))?;
+            let src = naming::instance_name("replica", src).map_err(|x| x.to_string())?;
+            let d = self
+                .local_replica(dst)
+                .ok_or_else(|| format!("replica {dst} is not on this node"))?;
+            let s = self
+                .local_replica(src.as_str())
+                .ok_or_else(|| format!("source replica {src} of {dst} is not on this node"))?;
+            if s.volume != from_volume {
+                return Err(format!(
+                    "source replica {src} is of volume {}, not {from_volume}",
+                    s.volume
+                ));
+            }
+            if s.disk != d.disk {
+                return Err(format!(
+                    "replica {dst} is on disk {}, its source {src} on disk {}",
+                    d.disk, s.disk
+                ));
+            }
+            let snapshot = format!("{}/{}", lvstore(&s.disk), snapshot_lvol(src.as_str(), snap));
+            if !inv.lvols.contains_key(&snapshot) {
+                return Err(format!("source replica {src} holds no snapshot {snap}"));
+            }
+            out.push(LinkPair {
+                dst: dst.clone(),
+                src: src.to_string(),
+                head: naming::replica_alias(&d.disk, dst),
+                snapshot,
+                entrypoint: naming::clone_entrypoint(src.as_str(), snap),
+            });
+        }
+        Ok(out)
+    }
+
+    /// The linked clone into engine `e`: each pair linked now (see
+    /// [`crate::spdk::volume::Link`]), the clone recorded complete. Asked
+    /// again (a restart, the manager's retry): the links made are found.
+    async fn link_now(
+        &self,
+        e: &Typed<LonghornEngine>,
+        req: &imrpc::EngineSnapshotCloneRequest,
+        inv: &Inventory,
+        from_volume: &str,
+        snap: &str,
+        pairs: &[LinkPair],
+    ) -> Result<(), LonghornError> {
+        let mut ledger = LonghornCloneLedger {
+            volume: e.spec.volume.clone(),
+            snapshot: snap.to_owned(),
+            from_volume: from_volume.to_owned(),
+            from_engine: req.from_engine_name.clone(),
+            from_engine_address: req.from_engine_address.clone(),
+            mode: req.clone_mode,
+            from: pairs.iter().map(|p| p.src.as_str()).collect::<Vec<_>>().join(","),
+            how: "linked".to_owned(),
+            state: IN_PROGRESS.to_owned(),
+            error: String::new(),
+            copy_op: None,
+        };
+        self.state()
+            .upsert_typed(e.id(), &ledger)
+            .map_err(LonghornError::Store)?;
+        let mut failed = Vec::new();
+        for p in pairs {
+            let link = crate::spdk::volume::Link {
+                snapshot: &p.snapshot,
+                entrypoint: &p.entrypoint,
+                head: &p.head,
+            };
+            match self.ops().link_clone(inv, &link).await {
+                Ok(how) => {
+                    tracing::info!(engine = %e.id(), replica = %p.dst, from = %p.src, snapshot = %snap, ?how, "cloned a snapshot: linked");
+                }
+                Err(x) => failed.push(crate::util::error_chain(&x)),
+            }
+        }
+        let size = e.spec.size_bytes;
+        let outcome = if failed.is_empty() {
+            ledger.state = COMPLETE.to_owned();
+            Outcome::Complete
+        } else {
+            ledger.state = ERROR.to_owned();
+            ledger.error = failed.join("; ");
+            Outcome::Failed(ledger.error.clone())
+        };
+        record(self.state(), e.id(), &ledger);
+        self.clones().jobs().insert(
+            e.id().to_owned(),
+            Job {
+                volume: e.spec.volume.clone(),
+                snapshot: snap.to_owned(),
+                from: ledger.from.clone(),
+                size,
+                copied: Arc::new(AtomicU64::new(if failed.is_empty() { size } else { 0 })),
+                outcome: Arc::new(Mutex::new(outcome)),
+            },
+        );
+        if failed.is_empty() {
+            Ok(())
+        } else {
+            Err(LonghornError::Failed(format!(
+                "engine {}: {}",
+                e.id(),
+                ledger.error
+            )))
+        }
     }
 
     /// `SnapshotCloneStatus`: the clone into engine `e` as each member in
@@ -673,6 +826,23 @@ fn ledger_status(l: &LonghornCloneLedger) -> ptypes::SnapshotCloneStatusResponse
 fn record(state: &State, engine: &str, l: &LonghornCloneLedger) {
     if let Err(e) = state.upsert_typed(engine, l) {
         tracing::warn!(%engine, error = %crate::util::error_chain(&e), "recording a clone");
+    }
+}
+
+impl Longhorn {
+    /// Forgets the clone into engine `engine`, deleted: its job and its
+    /// ledger (an engine made again under the name is a new clone's).
+    pub(super) fn forget_clone(&self, engine: &str) {
+        self.clones().jobs().remove(engine);
+        match self.state().destroy(
+            LonghornCloneLedger::NAMESPACE,
+            LonghornCloneLedger::TYPE,
+            engine,
+            "",
+        ) {
+            Ok(_) | Err(StateError::NotFound { .. }) => {}
+            Err(e) => tracing::warn!(%engine, error = %crate::util::error_chain(&e), "forgetting a clone"),
+        }
     }
 }
 

@@ -1122,6 +1122,9 @@ impl Longhorn {
             Err(e) => return Err(LonghornError::State(e)),
         }
         self.settle_gone(ty, n.as_str()).await;
+        if kind == InstanceKind::Engine {
+            self.forget_clone(n.as_str());
+        }
         Ok(())
     }
 

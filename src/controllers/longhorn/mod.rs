@@ -488,6 +488,11 @@ impl LonghornController {
         // and the lvols of a restore a restart or a failure cut off
         let restore = naming::restore_lvols(name.as_str()).map(|n| naming::replica_alias(&r.spec.disk, &n));
         let mine = |a: &String| *a == head || a.starts_with(&snaps) || restore.contains(a);
+        // a linked clone's entrypoint, which goes with its last clone
+        let lvs = crate::spdk::volume::naming::lvstore(&r.spec.disk);
+        let base = crate::spdk::volume::ReplicaLvols::from_inventory(inv, &lvs, name.as_str())
+            .base
+            .map(|b| format!("{lvs}/{b}"));
         let mut left: Vec<String> = inv.lvols.keys().filter(|a| mine(a)).cloned().collect();
         while !left.is_empty() {
             // the lvols no other lvol of the replica is a clone of
@@ -516,6 +521,18 @@ impl LonghornController {
         }
         for a in inv.lvols.keys().filter(|a| mine(a)).cloned().collect::<Vec<_>>() {
             inv.lvols.remove(&a);
+        }
+        if let Some(ep) = base {
+            match self.ops.drop_entrypoint_if_unused(inv, &ep).await {
+                Ok(true) => {
+                    inv.lvols.remove(&ep);
+                }
+                Ok(false) => {}
+                // nothing of the replica is left; the entrypoint is an orphan
+                Err(x) => {
+                    tracing::warn!(replica = %name, entrypoint = %ep, error = %crate::util::error_chain(&x), "deleting the linked clone's entrypoint")
+                }
+            }
         }
         Ok(())
     }

@@ -7,6 +7,8 @@
 //!   remote replica <r> of engine <e>       NVMe controller <r>, bdev <r>n1
 //!   snapshot of <r> a clone into <e> on another node reads
 //!                  lvol talon-<disk>/<r>-snap-<s>  subsystem nqn.2023-01.io.longhorn.spdk:clone-src:<r>:<e>
+//!   linked clone of <r>'s snapshot <s>: entrypoint talon-<disk>/<r>-clone-ep-<s> (an empty
+//!                  snapshot, a clone of <r>-snap-<s>), the parent of the clone replica's chain
 //! ```
 
 use crate::names::{InvalidName, Nqn, ObjectName};
@@ -94,6 +96,30 @@ pub fn restore_lvols(replica: &str) -> [String; 3] {
         restore_target(replica),
         restored_snapshot(replica),
     ]
+}
+
+/// The infix of a clone entrypoint's name (Longhorn's
+/// `ReplicaCloneEntrypointLvolInfix`).
+const ENTRYPOINT_INFIX: &str = "-clone-ep-";
+
+/// The entrypoint of a linked clone of snapshot `snapshot` of replica
+/// `replica`: an empty snapshot lvol whose parent is the replica's snapshot,
+/// and the parent of every linked clone's chain made of it (Longhorn's
+/// `GetCloneEntrypointLvolName`, `<replica>-clone-ep-<snapshot>`).
+pub fn clone_entrypoint(replica: &str, snapshot: &str) -> String {
+    format!("{replica}{ENTRYPOINT_INFIX}{snapshot}")
+}
+
+/// The writable lvol an entrypoint is made from (cloned from the snapshot,
+/// snapshotted as the entrypoint, deleted): Longhorn's
+/// `GetCloneEntrypointTmpHeadLvolName`.
+pub fn clone_entrypoint_tmp_head(entrypoint: &str) -> String {
+    format!("{entrypoint}-tmp-head")
+}
+
+/// Whether lvol name `name` is a clone entrypoint ([`clone_entrypoint`]).
+pub fn is_clone_entrypoint(name: &str) -> bool {
+    name.contains(ENTRYPOINT_INFIX) && !name.ends_with("-tmp-head")
 }
 
 /// The NQN of a replica's export.

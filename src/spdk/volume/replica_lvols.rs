@@ -26,6 +26,12 @@ pub struct ReplicaLvols {
     pub head_bytes: u64,
     /// Snapshot name -> (its parent snapshot, bytes of its own).
     pub snapshots: BTreeMap<String, (Option<String>, u64)>,
+    /// The lvol below the replica's own chain that is not one of its
+    /// snapshots (its name): a linked clone's entrypoint, whose data the
+    /// replica reads where it holds none. `None`: the chain starts empty.
+    /// A thin rebuild copies the replica's own snapshots only, so a replica
+    /// with a base is never its source.
+    pub base: Option<String>,
 }
 
 impl ReplicaLvols {
@@ -50,7 +56,12 @@ impl ReplicaLvols {
                 break;
             }
             let bytes = l.num_allocated_clusters.saturating_mul(cluster);
-            let parent = inv.parent_of(alias).and_then(|p| snap_of(&p));
+            let raw = inv.parent_of(alias);
+            let parent = raw.as_deref().and_then(snap_of);
+            let mine = l.name == replica || snap_of(alias).is_some();
+            if mine && parent.is_none() {
+                out.base = raw.map(|p| p.strip_prefix(&format!("{lvs}/")).unwrap_or(&p).to_owned());
+            }
             if l.name == replica {
                 out.head = true;
                 out.head_parent = parent;
@@ -187,6 +198,7 @@ mod tests {
                 .iter()
                 .map(|(s, p)| ((*s).to_owned(), (p.map(str::to_owned), 0)))
                 .collect(),
+            base: None,
         }
     }
 

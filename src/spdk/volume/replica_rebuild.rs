@@ -430,6 +430,14 @@ impl VolumeOps {
         let have_src = lvols_of(&src).await?;
         let have_dst = lvols_of(&r.dst).await?;
         let chain_src = have_src.chain();
+        if let Some(base) = &have_src.base {
+            // the copies would hold the clone's own data without what it
+            // reads of its base: SPDK's raid rebuild copies every block
+            return Ok(Thin::Unsupported(format!(
+                "source replica {} is a linked clone (its chain starts on {base}); a thin copy would leave out the data it reads there",
+                src.replica()
+            )));
+        }
         if let Some(bad) = chain_src
             .iter()
             .find(|s| naming::replica_snapshot_name(s).is_err())
