@@ -229,8 +229,11 @@ async fn clone_status(
 /// `linked`: Longhorn's linked clone (`CloneMode` linked-clone, the clone's
 /// replica paired with `vol-r-a`, on the same disk): nothing is copied, the
 /// clone's replica holds no cluster, and the entrypoint it reads goes with it.
+/// With `b`, the clone has a second replica on node B paired with `vol-r-b`,
+/// which B links when A's engine asks it (`ReplicaSnapshotCloneDstStart`).
 async fn clone_from(
     a: &Node,
+    b: Option<&Node>,
     p: &mut ProxyEngineServiceClient<Channel>,
     size: u64,
     snap: &str,
@@ -255,11 +258,33 @@ async fn clone_from(
         a.ip,
         running(&inst, "clone-r-a", "replica").await.port_start
     );
+    let mut members = vec![("clone-r-a".to_owned(), addr.clone())];
+    let mut inst_b = match b {
+        Some(b) => {
+            Some(talon::proto::imrpc::instance_service_client::InstanceServiceClient::new(b.channel(3).await))
+        }
+        None => None,
+    };
+    if let (Some(b), Some(ib)) = (b, inst_b.as_mut()) {
+        ib.instance_create(spec(
+            "clone-r-b",
+            "replica",
+            imrpc::SpdkInstanceSpec {
+                disk_name: "disk-b".into(),
+                size,
+                ..Default::default()
+            },
+        ))
+        .await
+        .expect("create the clone's replica on B");
+        let port = running(ib, "clone-r-b", "replica").await.port_start;
+        members.push(("clone-r-b".to_owned(), format!("{}:{port}", b.ip)));
+    }
     inst.instance_create(spec(
         "clone-e-0",
         "engine",
         imrpc::SpdkInstanceSpec {
-            replica_address_map: [("clone-r-a".to_owned(), addr.clone())].into(),
+            replica_address_map: members.iter().cloned().collect(),
             size,
             frontend: "spdk-tcp-nvmf".into(),
             ..Default::default()
@@ -286,7 +311,13 @@ async fn clone_from(
             imrpc::CloneMode::FullCopy as i32
         },
         dst_replica_src_replica_pair_map: if linked {
-            [("clone-r-a".to_owned(), "vol-r-a".to_owned())].into()
+            [
+                ("clone-r-a".to_owned(), "vol-r-a".to_owned()),
+                ("clone-r-b".to_owned(), "vol-r-b".to_owned()),
+            ]
+            .into_iter()
+            .take(members.len())
+            .collect()
         } else {
             Default::default()
         },
@@ -326,19 +357,33 @@ async fn clone_from(
         held <= size / 2,
         "the clone is thin: {held} bytes allocated of {size}"
     );
-    let entrypoint = format!("talon-disk-a/vol-r-a-clone-ep-{snap}");
+    let entrypoints = [
+        (a, format!("talon-disk-a/vol-r-a-clone-ep-{snap}"), "clone-r-a"),
+        (
+            b.unwrap_or(a),
+            format!("talon-disk-b/vol-r-b-clone-ep-{snap}"),
+            "clone-r-b",
+        ),
+    ];
+    let entrypoints = &entrypoints[..members.len()];
     if linked {
-        assert_eq!(held, 0, "a linked clone copies nothing");
-        let lvols = a
-            .spdk
-            .bdev_lvol_get_lvols(&Default::default())
-            .await
-            .expect("lvols");
-        assert!(
-            lvols.iter().any(|l| l.alias == entrypoint && l.is_snapshot),
-            "the entrypoint {entrypoint} is a snapshot: {:?}",
-            lvols.iter().map(|l| &l.alias).collect::<Vec<_>>()
-        );
+        for (n, entrypoint, replica) in entrypoints {
+            assert_eq!(
+                allocated_bytes(n, replica).await,
+                0,
+                "a linked clone copies nothing into {replica}"
+            );
+            let lvols = n
+                .spdk
+                .bdev_lvol_get_lvols(&Default::default())
+                .await
+                .expect("lvols");
+            assert!(
+                lvols.iter().any(|l| l.alias == *entrypoint && l.is_snapshot),
+                "the entrypoint {entrypoint} is a snapshot: {:?}",
+                lvols.iter().map(|l| &l.alias).collect::<Vec<_>>()
+            );
+        }
     }
 
     p.volume_snapshot(imrpc::EngineVolumeSnapshotRequest {
@@ -381,11 +426,19 @@ async fn clone_from(
             .unwrap_or_else(|e| panic!("delete {name}: {e}"));
         gone(&inst, name, ty).await;
     }
-    talon::runtime::testing::eventually("no entrypoint left", WAIT, || async {
-        let lvols = a.spdk.bdev_lvol_get_lvols(&Default::default()).await.ok()?;
-        lvols.iter().all(|l| l.alias != entrypoint).then_some(())
-    })
-    .await;
+    if let Some(ib) = inst_b.as_mut() {
+        ib.instance_delete(delete_request("clone-r-b", "replica"))
+            .await
+            .expect("delete clone-r-b");
+        gone(ib, "clone-r-b", "replica").await;
+    }
+    for (n, entrypoint, _) in entrypoints {
+        talon::runtime::testing::eventually("no entrypoint left", WAIT, || async {
+            let lvols = n.spdk.bdev_lvol_get_lvols(&Default::default()).await.ok()?;
+            lvols.iter().all(|l| l.alias != *entrypoint).then_some(())
+        })
+        .await;
+    }
     sum
 }
 
@@ -487,11 +540,14 @@ async fn real_spdk_snapshot_hashes_agree_across_two_nodes() {
     assert_eq!(e.code(), Code::NotFound, "{e:?}");
 
     // issue 55, Longhorn's SnapshotClone: volume "clone" (one replica on A) made from s1
-    let c1 = clone_from(&a, &mut p, size, "s1", false).await;
+    let c1 = clone_from(&a, None, &mut p, size, "s1", false).await;
     assert_eq!(c1, s1, "the clone reads as s1 reads");
     // and as a linked clone (Longhorn's fast clone): the same data, nothing copied
-    let c2 = clone_from(&a, &mut p, size, "s2", true).await;
+    let c2 = clone_from(&a, None, &mut p, size, "s2", true).await;
     assert_eq!(c2, s2, "the linked clone reads as s2 reads");
+    // of two replicas, one on each node: B links its own when A's engine asks
+    let c3 = clone_from(&a, Some(&b), &mut p, size, "s1", true).await;
+    assert_eq!(c3, s1, "the linked clone of two replicas reads as s1 reads");
     // the source's snapshots are as they were
     hash(&mut p, "s2", true).await.expect("rehash s2");
     assert_eq!(

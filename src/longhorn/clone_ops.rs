@@ -34,6 +34,35 @@ struct Target {
     export: Option<(crate::names::Nqn, std::net::SocketAddr)>,
 }
 
+/// Where one replica of a linked clone is linked.
+#[derive(Debug)]
+enum LinkAt {
+    /// On this node.
+    Here(LinkPair),
+    /// By the node of replica `dst` (at `address`).
+    Peer {
+        dst: String,
+        src: String,
+        address: String,
+    },
+}
+
+impl LinkAt {
+    fn dst(&self) -> &str {
+        match self {
+            Self::Here(p) => &p.dst,
+            Self::Peer { dst, .. } => dst,
+        }
+    }
+
+    fn src(&self) -> &str {
+        match self {
+            Self::Here(p) => &p.src,
+            Self::Peer { src, .. } => src,
+        }
+    }
+}
+
 /// One replica of a linked clone and what it is linked to.
 #[derive(Debug)]
 struct LinkPair {
@@ -308,10 +337,14 @@ impl Longhorn {
             .await
             .map_err(|x| LonghornError::spdk(format!("engine {}: reading spdk_tgt", e.id()), x))?;
         if mode == imrpc::CloneMode::LinkedClone {
-            match self.link_pairs(&inv, e, req, from_volume, snap) {
-                Ok(pairs) => return self.link_now(e, req, &inv, from_volume, snap, &pairs).await,
+            let linked = match self.link_pairs(&inv, e, req, from_volume, snap) {
+                Ok(pairs) => self.link_now(e, req, &inv, from_volume, snap, &pairs).await,
+                Err(why) => Err(why),
+            };
+            match linked {
+                Ok(()) => return Ok(()),
                 Err(why) => {
-                    tracing::info!(engine = %e.id(), %why, "a linked clone cannot be made here; the snapshot's data is copied");
+                    tracing::info!(engine = %e.id(), %why, "a linked clone cannot be made; the snapshot's data is copied");
                 }
             }
         }
@@ -420,9 +453,9 @@ impl Longhorn {
 
     /// The links of a linked clone into engine `e` (Longhorn's
     /// `DstReplicaSrcReplicaPairMap`): each replica of the engine with its
-    /// source replica, both of this node, on one disk, the source a replica
-    /// of `from_volume` holding snapshot `snap`. Why not, in words, when one
-    /// pair is not so (the data is then copied through the engine).
+    /// source replica, a replica of this node checked here ([`Self::local_link`]),
+    /// one of another node asked of its node. Why not, in words, when a pair
+    /// is not so (the data is then copied through the engine).
     fn link_pairs(
         &self,
         inv: &Inventory,
@@ -430,53 +463,123 @@ impl Longhorn {
         req: &imrpc::EngineSnapshotCloneRequest,
         from_volume: &str,
         snap: &str,
-    ) -> Result<Vec<LinkPair>, String> {
+    ) -> Result<Vec<LinkAt>, String> {
         let pairs = &req.dst_replica_src_replica_pair_map;
         if pairs.is_empty() {
             return Err("the manager sent no replica pairs".to_owned());
         }
         let mut out = Vec::new();
-        for dst in e.spec.replica_address_map.keys() {
+        for (dst, address) in &e.spec.replica_address_map {
             let src = pairs
                 .get(dst)
                 .ok_or_else(|| format!("replica {dst} has no source replica in the pair map"))?;
-            let src = naming::instance_name("replica", src).map_err(|x| x.to_string())?;
-            let d = self
-                .local_replica(dst)
-                .ok_or_else(|| format!("replica {dst} is not on this node"))?;
-            let s = self
-                .local_replica(src.as_str())
-                .ok_or_else(|| format!("source replica {src} of {dst} is not on this node"))?;
-            if s.volume != from_volume {
-                return Err(format!(
-                    "source replica {src} is of volume {}, not {from_volume}",
-                    s.volume
+            if self.local_replica(dst).is_some() {
+                out.push(LinkAt::Here(
+                    self.local_link(inv, dst, src, Some(from_volume), snap)
+                        .map_err(|x| x.to_string())?,
                 ));
+            } else {
+                out.push(LinkAt::Peer {
+                    dst: dst.clone(),
+                    src: src.clone(),
+                    address: address.strip_prefix("tcp://").unwrap_or(address).to_owned(),
+                });
             }
-            if s.disk != d.disk {
-                return Err(format!(
-                    "replica {dst} is on disk {}, its source {src} on disk {}",
-                    d.disk, s.disk
-                ));
-            }
-            let snapshot = format!("{}/{}", lvstore(&s.disk), snapshot_lvol(src.as_str(), snap));
-            if !inv.lvols.contains_key(&snapshot) {
-                return Err(format!("source replica {src} holds no snapshot {snap}"));
-            }
-            out.push(LinkPair {
-                dst: dst.clone(),
-                src: src.to_string(),
-                head: naming::replica_alias(&d.disk, dst),
-                snapshot,
-                entrypoint: naming::clone_entrypoint(src.as_str(), snap),
-            });
         }
         Ok(out)
     }
 
-    /// The linked clone into engine `e`: each pair linked now (see
-    /// [`crate::spdk::volume::Link`]), the clone recorded complete. Asked
-    /// again (a restart, the manager's retry): the links made are found.
+    /// Replica `dst` of this node linked to snapshot `snap` of replica `src`
+    /// (of volume `from_volume` when given): both on one disk, the snapshot
+    /// there.
+    fn local_link(
+        &self,
+        inv: &Inventory,
+        dst: &str,
+        src: &str,
+        from_volume: Option<&str>,
+        snap: &str,
+    ) -> Result<LinkPair, LonghornError> {
+        let refused = |m: String| LonghornError::Refused(format!("linked clone into replica {dst}: {m}"));
+        let (dst, d) = self.stored_replica(dst)?;
+        let src = naming::instance_name("replica", src).map_err(|x| refused(x.to_string()))?;
+        let s = self
+            .local_replica(src.as_str())
+            .ok_or_else(|| refused(format!("source replica {src} is not on this node")))?;
+        if let Some(v) = from_volume.filter(|v| *v != s.volume) {
+            return Err(refused(format!(
+                "source replica {src} is of volume {}, not {v}",
+                s.volume
+            )));
+        }
+        if s.disk != d.spec.disk {
+            return Err(refused(format!(
+                "it is on disk {}, its source {src} on disk {}",
+                d.spec.disk, s.disk
+            )));
+        }
+        let snapshot = format!("{}/{}", lvstore(&s.disk), snapshot_lvol(src.as_str(), snap));
+        if !inv.lvols.contains_key(&snapshot) {
+            return Err(refused(format!("source replica {src} holds no snapshot {snap}")));
+        }
+        Ok(LinkPair {
+            dst: dst.to_string(),
+            src: src.to_string(),
+            head: naming::replica_alias(&d.spec.disk, dst.as_str()),
+            snapshot,
+            entrypoint: naming::clone_entrypoint(src.as_str(), snap),
+        })
+    }
+
+    /// Links `p` in this node's target.
+    async fn link_here(
+        &self,
+        inv: &Inventory,
+        p: &LinkPair,
+    ) -> Result<crate::spdk::volume::Linked, LonghornError> {
+        let link = crate::spdk::volume::Link {
+            snapshot: &p.snapshot,
+            entrypoint: &p.entrypoint,
+            head: &p.head,
+        };
+        self.ops()
+            .link_clone(inv, &link)
+            .await
+            .map_err(|x| LonghornError::Refused(crate::util::error_chain(&x)))
+    }
+
+    /// `ReplicaSnapshotCloneDstStart` from another node's engine: this
+    /// node's replica `req.name` made a linked clone of snapshot
+    /// `req.snapshot_name` of replica `req.src_replica_name`, which Longhorn
+    /// places on the same disk. A full copy is the engine's
+    /// (`SnapshotClone`), not a replica's.
+    pub(super) async fn clone_dst_start(
+        &self,
+        req: spdkrpc::ReplicaSnapshotCloneDstStartRequest,
+    ) -> Result<(), LonghornError> {
+        if req.clone_mode != spdkrpc::CloneMode::LinkedClone as i32 {
+            return Err(LonghornError::Unimplemented(format!(
+                "replica {}: talon copies a full clone through its engine (SnapshotClone), not replica by replica",
+                req.name
+            )));
+        }
+        let snap = naming::replica_snapshot_name(&req.snapshot_name)
+            .map_err(|x| LonghornError::Invalid(format!("snapshot_name: {x}")))?;
+        let inv = Inventory::load(self.client())
+            .await
+            .map_err(|x| LonghornError::spdk(format!("replica {}: reading spdk_tgt", req.name), x))?;
+        let p = self.local_link(&inv, &req.name, &req.src_replica_name, None, snap.as_str())?;
+        let how = self.link_here(&inv, &p).await?;
+        tracing::info!(replica = %p.dst, from = %p.src, snapshot = %snap, ?how, "cloned a snapshot: linked (asked by the engine's node)");
+        Ok(())
+    }
+
+    /// The linked clone into engine `e`: each pair linked, here or by its
+    /// replica's node, then the clone recorded complete. Asked again (a
+    /// restart, the manager's retry): the links made are found. A pair that
+    /// fails: why, and the caller copies the data through the engine, which
+    /// leaves every member reading the same (a linked one reads the snapshot
+    /// where the copy writes nothing).
     async fn link_now(
         &self,
         e: &Typed<LonghornEngine>,
@@ -484,68 +587,81 @@ impl Longhorn {
         inv: &Inventory,
         from_volume: &str,
         snap: &str,
-        pairs: &[LinkPair],
-    ) -> Result<(), LonghornError> {
-        let mut ledger = LonghornCloneLedger {
+        pairs: &[LinkAt],
+    ) -> Result<(), String> {
+        let mut failed = Vec::new();
+        for p in pairs {
+            let done = match p {
+                LinkAt::Here(p) => self.link_here(inv, p).await.map(|how| format!("{how:?}")),
+                LinkAt::Peer { dst, src, address } => self
+                    .link_on_peer(dst, src, address, snap)
+                    .await
+                    .map(|()| format!("on its node {address}")),
+            };
+            match done {
+                Ok(how) => {
+                    tracing::info!(engine = %e.id(), replica = %p.dst(), from = %p.src(), snapshot = %snap, %how, "cloned a snapshot: linked");
+                }
+                Err(x) => failed.push(format!("replica {}: {x}", p.dst())),
+            }
+        }
+        if !failed.is_empty() {
+            return Err(failed.join("; "));
+        }
+        let from = pairs.iter().map(LinkAt::src).collect::<Vec<_>>().join(",");
+        let ledger = LonghornCloneLedger {
             volume: e.spec.volume.clone(),
             snapshot: snap.to_owned(),
             from_volume: from_volume.to_owned(),
             from_engine: req.from_engine_name.clone(),
             from_engine_address: req.from_engine_address.clone(),
             mode: req.clone_mode,
-            from: pairs.iter().map(|p| p.src.as_str()).collect::<Vec<_>>().join(","),
+            from: from.clone(),
             how: "linked".to_owned(),
-            state: IN_PROGRESS.to_owned(),
+            state: COMPLETE.to_owned(),
             error: String::new(),
             copy_op: None,
         };
-        self.state()
-            .upsert_typed(e.id(), &ledger)
-            .map_err(LonghornError::Store)?;
-        let mut failed = Vec::new();
-        for p in pairs {
-            let link = crate::spdk::volume::Link {
-                snapshot: &p.snapshot,
-                entrypoint: &p.entrypoint,
-                head: &p.head,
-            };
-            match self.ops().link_clone(inv, &link).await {
-                Ok(how) => {
-                    tracing::info!(engine = %e.id(), replica = %p.dst, from = %p.src, snapshot = %snap, ?how, "cloned a snapshot: linked");
-                }
-                Err(x) => failed.push(crate::util::error_chain(&x)),
-            }
-        }
-        let size = e.spec.size_bytes;
-        let outcome = if failed.is_empty() {
-            ledger.state = COMPLETE.to_owned();
-            Outcome::Complete
-        } else {
-            ledger.state = ERROR.to_owned();
-            ledger.error = failed.join("; ");
-            Outcome::Failed(ledger.error.clone())
-        };
         record(self.state(), e.id(), &ledger);
+        let size = e.spec.size_bytes;
         self.clones().jobs().insert(
             e.id().to_owned(),
             Job {
                 volume: e.spec.volume.clone(),
                 snapshot: snap.to_owned(),
-                from: ledger.from.clone(),
+                from,
                 size,
-                copied: Arc::new(AtomicU64::new(if failed.is_empty() { size } else { 0 })),
-                outcome: Arc::new(Mutex::new(outcome)),
+                copied: Arc::new(AtomicU64::new(size)),
+                outcome: Arc::new(Mutex::new(Outcome::Complete)),
             },
         );
-        if failed.is_empty() {
-            Ok(())
-        } else {
-            Err(LonghornError::Failed(format!(
-                "engine {}: {}",
-                e.id(),
-                ledger.error
-            )))
-        }
+        Ok(())
+    }
+
+    /// Asks the node at `address` to make its replica `dst` a linked clone
+    /// of snapshot `snap` of its replica `src` (`ReplicaSnapshotCloneDstStart`).
+    async fn link_on_peer(
+        &self,
+        dst: &str,
+        src: &str,
+        address: &str,
+        snap: &str,
+    ) -> Result<(), LonghornError> {
+        let mut c = self
+            .peers()
+            .client(address, self.peer_port(), REMOTE_TIMEOUT)
+            .await
+            .map_err(|x| LonghornError::Unavailable(crate::util::error_chain(&x)))?;
+        c.replica_snapshot_clone_dst_start(spdkrpc::ReplicaSnapshotCloneDstStartRequest {
+            name: dst.to_owned(),
+            snapshot_name: snap.to_owned(),
+            src_replica_name: src.to_owned(),
+            src_replica_address: String::new(),
+            clone_mode: spdkrpc::CloneMode::LinkedClone as i32,
+        })
+        .await
+        .map(|_| ())
+        .map_err(|x| LonghornError::Relayed(Box::new(x)))
     }
 
     /// `SnapshotCloneStatus`: the clone into engine `e` as each member in

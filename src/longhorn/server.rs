@@ -2144,6 +2144,14 @@ impl spdk_service_server::SpdkService for Longhorn {
         Ok(Response::new(()))
     }
 
+    async fn replica_snapshot_clone_dst_start(
+        &self,
+        req: Request<spdkrpc::ReplicaSnapshotCloneDstStartRequest>,
+    ) -> Result<Response<()>, Status> {
+        self.clone_dst_start(req.into_inner()).await?;
+        Ok(Response::new(()))
+    }
+
     async fn replica_rebuilding_dst_set_qos_limit(
         &self,
         req: Request<spdkrpc::ReplicaRebuildingDstSetQosLimitRequest>,

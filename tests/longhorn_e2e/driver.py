@@ -496,37 +496,53 @@ class Scenario:
         finally:
             self.vol = VOLUME
 
-    def clone(self, first, snap="e2e-snap-1"):
+    def clone(self, first, snap="e2e-snap-1", linked=False):
         """A volume made from snapshot `snap` of the volume (`dataSource: snap://<vol>/<snap>`, what
         a PVC with a VolumeSnapshot dataSource becomes): the manager attaches both, calls talon's
         proxy SnapshotClone on the new volume's engine and polls SnapshotCloneStatus until it
         reports complete; the clone's state goes to completed. Attached, it reads the snapshot's
-        pattern; then it is detached and deleted. The volume's endpoint is kept for the steps after."""
-        self.vol = CLONE
+        pattern; then it is detached and deleted. The volume's endpoint is kept for the steps after.
+        `linked`: Longhorn's fast clone (`cloneMode: linked-clone`): the manager places each new
+        replica beside a source replica (`LinkedCloneSrcReplicaName`) and sends the pairs; talon
+        links them, copying nothing (its log says so)."""
+        name = CLONE + ("-linked" if linked else "")
+        self.vol = name
         endpoint = (self.addr, self.port, self.nqn)
         try:
+            spec = {"size": str(SIZE), "numberOfReplicas": self.replicas, "dataEngine": "v2",
+                    "frontend": "nvmf", "accessMode": "rwo", "dataSource": f"snap://{VOLUME}/{snap}"}
+            if linked:
+                spec["cloneMode"] = "linked-clone"
             self.c.custom.create_namespaced_custom_object(GROUP, VERSION, NS, "volumes", {
-                "apiVersion": f"{GROUP}/{VERSION}", "kind": "Volume", "metadata": {"name": CLONE},
-                "spec": {"size": str(SIZE), "numberOfReplicas": self.replicas, "dataEngine": "v2",
-                         "frontend": "nvmf", "accessMode": "rwo", "dataSource": f"snap://{VOLUME}/{snap}"}})
+                "apiVersion": f"{GROUP}/{VERSION}", "kind": "Volume", "metadata": {"name": name},
+                "spec": spec})
 
             def cloned():
-                st = (self.get("volumes", CLONE).get("status") or {}).get("cloneStatus") or {}
+                st = (self.get("volumes", name).get("status") or {}).get("cloneStatus") or {}
                 if st.get("state") == "failed":
-                    raise AssertionError(f"volume {CLONE}: the clone failed: {json.dumps(st)}")
+                    raise AssertionError(f"volume {name}: the clone failed: {json.dumps(st)}")
                 return st.get("state") == "completed" and st
-            st = self.wait(f"volume {CLONE} cloned from {VOLUME}/{snap}", cloned, T_MANAGER)
+            st = self.wait(f"volume {name} cloned from {VOLUME}/{snap}", cloned, T_MANAGER)
             say(f"cloned: {json.dumps(st)[:400]}")
             # which way talon copied it (a snapshot of this node: shallow copies inside spdk_tgt)
-            for name in sorted(self.c.procs):
-                if name.startswith("talon-"):
+            ways = []
+            for proc in sorted(self.c.procs):
+                if proc.startswith("talon-"):
                     try:
-                        with open(self.c.logfile(name), errors="replace") as f:
-                            ways = [l.strip()[:300] for l in f if "cloned a snapshot" in l]
+                        with open(self.c.logfile(proc), errors="replace") as f:
+                            ways += [l.strip()[:300] for l in f if "cloned a snapshot" in l and name in l]
                     except OSError:
-                        ways = []
-                    for w in ways:
-                        say(f"{name}: {w}")
+                        pass
+            for w in ways:
+                say(w)
+            if linked:
+                assert any("cloned a snapshot: linked" in w for w in ways), \
+                    f"volume {name}: talon linked no replica (its log: {ways})"
+                for r in self.list("replicas"):
+                    if (r.get("spec") or {}).get("volumeName") == name:
+                        src = (r.get("spec") or {}).get("linkedCloneSrcReplicaName")
+                        assert src, f"replica {r['metadata']['name']}: no linkedCloneSrcReplicaName"
+                        say(f"replica {r['metadata']['name']} linked to {src}")
             self.attach()
             self.check(first, f"the data of the volume cloned from {snap}")
             self.detach()
@@ -1380,6 +1396,7 @@ def main():
         s.step("snapshot", s.snapshot)
         if not two:
             s.step("clone", lambda: s.clone(first))
+            s.step("clone-linked", lambda: s.clone(first, linked=True))
         s.step("backup-target", s.backup_target)
         s.step("backup", s.backup)
         if not two:
