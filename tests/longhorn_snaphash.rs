@@ -420,6 +420,93 @@ async fn clone_from(
     })
     .await;
     eprintln!("clone of {snap}: {held} bytes allocated, checksum {sum}");
+    let mut b_replica = "clone-r-b";
+    if let (Some(b), Some(ib)) = (b, inst_b.as_mut()) {
+        // B's replica lost and rebuilt from A's, a linked clone: a thin copy of A's own
+        // snapshots would leave out what A reads of its entrypoint; the rebuilt replica
+        // reads as the snapshot all the same
+        p.replica_remove(imrpc::EngineReplicaRemoveRequest {
+            proxy_engine_request: Some(clone_req()),
+            replica_name: "clone-r-b".into(),
+            replica_address: String::new(),
+        })
+        .await
+        .expect("ReplicaRemove clone-r-b");
+        ib.instance_delete(delete_request("clone-r-b", "replica"))
+            .await
+            .expect("delete clone-r-b");
+        gone(ib, "clone-r-b", "replica").await;
+        b_replica = "clone-r-b2";
+        ib.instance_create(spec(
+            b_replica,
+            "replica",
+            imrpc::SpdkInstanceSpec {
+                disk_name: "disk-b".into(),
+                size,
+                ..Default::default()
+            },
+        ))
+        .await
+        .expect("create clone-r-b2");
+        let port = running(ib, b_replica, "replica").await.port_start;
+        let addr_b = format!("{}:{port}", b.ip);
+        p.replica_add(imrpc::EngineReplicaAddRequest {
+            proxy_engine_request: Some(clone_req()),
+            replica_name: b_replica.into(),
+            replica_address: format!("tcp://{addr_b}"),
+            ..Default::default()
+        })
+        .await
+        .expect("ReplicaAdd clone-r-b2");
+        talon::runtime::testing::eventually("clone-r-b2 rebuilt", WAIT * 2, || async {
+            let list = p
+                .clone()
+                .replica_list(clone_req())
+                .await
+                .ok()?
+                .into_inner()
+                .replica_list?
+                .replicas;
+            (list.len() == 2 && list.iter().all(|r| r.mode == ptypes::ReplicaMode::Rw as i32)).then_some(())
+        })
+        .await;
+        p.volume_snapshot(imrpc::EngineVolumeSnapshotRequest {
+            proxy_engine_request: Some(clone_req()),
+            snapshot_volume: Some(ptypes::VolumeSnapshotRequest {
+                name: "c2".into(),
+                ..Default::default()
+            }),
+        })
+        .await
+        .expect("snapshot the clone after the rebuild");
+        p.snapshot_hash(imrpc::EngineSnapshotHashRequest {
+            proxy_engine_request: Some(clone_req()),
+            snapshot_name: "c2".into(),
+            rehash: false,
+        })
+        .await
+        .expect("hash c2");
+        let sums = talon::runtime::testing::eventually("c2 hashed on both", WAIT, || async {
+            let s = p
+                .clone()
+                .snapshot_hash_status(imrpc::EngineSnapshotHashStatusRequest {
+                    proxy_engine_request: Some(clone_req()),
+                    snapshot_name: "c2".into(),
+                })
+                .await
+                .ok()?
+                .into_inner()
+                .status;
+            (s.len() == 2 && s.values().all(|x| x.state == "complete")).then_some(s)
+        })
+        .await;
+        for (at, x) in &sums {
+            assert_eq!(
+                x.checksum, sum,
+                "{at} reads as the snapshot after the rebuild: {sums:?}"
+            );
+        }
+    }
     for (name, ty) in [("clone-e-0", "engine"), ("clone-r-a", "replica")] {
         inst.instance_delete(delete_request(name, ty))
             .await
@@ -427,10 +514,10 @@ async fn clone_from(
         gone(&inst, name, ty).await;
     }
     if let Some(ib) = inst_b.as_mut() {
-        ib.instance_delete(delete_request("clone-r-b", "replica"))
+        ib.instance_delete(delete_request(b_replica, "replica"))
             .await
-            .expect("delete clone-r-b");
-        gone(ib, "clone-r-b", "replica").await;
+            .expect("delete B's replica");
+        gone(ib, b_replica, "replica").await;
     }
     for (n, entrypoint, _) in entrypoints {
         talon::runtime::testing::eventually("no entrypoint left", WAIT, || async {
