@@ -14,6 +14,9 @@
 //!                `mover::copy::within`, talon's Longhorn clone of a local snapshot
 //!   (c) chain into a raid1 of two new lvols (a Longhorn engine's bdev, no superblock)
 //!   (d) linked:  bdev_lvol_clone of s2 (nothing copied: the clone depends on s2)
+//!   (e) Longhorn's linked clone (`CloneMode` linked-clone): an empty replica lvol made
+//!       a clone of s2's entrypoint (`VolumeOps::link_clone`: the entrypoint made, then
+//!       bdev_lvol_set_parent), timed with the listing it starts from
 //! ```
 //!
 //! Each result is read back whole through the mover and compared with s2
@@ -174,6 +177,30 @@ async fn shape(c: &SpdkClient, k: u32, size: u64, stride: u64) {
         secs,
         clusters(c, &[&n("d")]).await,
         hash(c, &at("d")).await == want,
+    );
+
+    // (e) Longhorn's linked clone as talon makes it: the replica (an empty thin lvol, made
+    // before, as the manager creates it) linked to s2's entrypoint
+    make(c, &n("e"), size).await;
+    let t0 = Instant::now();
+    let ops = talon::spdk::volume::VolumeOps::new(c.clone());
+    let inv = talon::spdk::volume::Inventory::load(c).await.expect("listing");
+    ops.link_clone(
+        &inv,
+        &talon::spdk::volume::Link {
+            snapshot: &at("s2"),
+            entrypoint: &n("src-clone-ep-s2"),
+            head: &at("e"),
+        },
+    )
+    .await
+    .expect("link");
+    let secs = t0.elapsed().as_secs_f64();
+    row(
+        "(e) linked via an entrypoint",
+        secs,
+        clusters(c, &[&n("e")]).await,
+        hash(c, &at("e")).await == want,
     );
 }
 
