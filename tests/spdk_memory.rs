@@ -9,8 +9,11 @@
 //!        └──> data/spdk-memory.json {"spdk_tgt": {peakMib, volumes}} ──> sized_mem_mib(...) for the next start
 //! ```
 
+#[path = "support/serve_cmd.rs"]
+mod serve_cmd;
+
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::{Signal, kill};
@@ -32,20 +35,9 @@ impl Drop for Talon {
 }
 
 fn spawn(dir: &Path) -> Talon {
-    let log = std::fs::File::create(dir.join("talon.log")).expect("log");
-    let child = Command::new(env!("CARGO_BIN_EXE_talon"))
-        .arg("--socket")
-        .arg(dir.join("run/talon.sock"))
-        .args(["serve", "--data-dir"])
-        .arg(dir.join("data"))
-        .arg("--run-dir")
-        .arg(dir.join("run"))
-        .arg("--config")
-        .arg(dir.join("talon.yaml"))
+    let child = serve_cmd::serve(Path::new(env!("CARGO_BIN_EXE_talon")), dir, "talon.yaml")
         .args(["--engine", "v2", "--no-huge", "--no-huge-mem-mib", "1024"])
         .args(["--spdk-arg=--disable-cpumask-locks", "--stop-targets-on-exit"])
-        .stdout(Stdio::null())
-        .stderr(log)
         .spawn()
         .expect("spawn talon");
     Talon(child, dir.to_path_buf())

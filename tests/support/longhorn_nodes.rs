@@ -15,6 +15,9 @@
 
 #![allow(dead_code)] // each includer uses a part
 
+#[path = "serve_cmd.rs"]
+mod serve_cmd;
+
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::os::unix::fs::PermissionsExt;
@@ -244,22 +247,9 @@ impl Node {
             .as_deref()
             .expect("a process node runs on a real spdk_tgt");
         opts(dir, &self.ip.to_string(), Some(real), &self.cpumask);
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(dir.join("talon.log"))
-            .expect("talon.log");
         let ports = self.instance_ports();
-        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_talon"));
-        cmd.arg("--socket")
-            .arg(dir.join("run/talon.sock"))
-            .args(["serve", "--data-dir"])
-            .arg(dir.join("data"))
-            .arg("--run-dir")
-            .arg(dir.join("run"))
-            .arg("--config")
-            .arg(dir.join("node.yaml"))
-            .args([
+        let mut cmd = serve_cmd::serve(Path::new(env!("CARGO_BIN_EXE_talon")), dir, "node.yaml");
+        cmd.args([
                 "--no-huge",
                 "--no-huge-mem-mib",
                 "1024",
@@ -272,9 +262,7 @@ impl Node {
             .arg("--longhorn-port-range")
             .arg(format!("{}-{}", ports.start(), ports.end()))
             .env("TALON_SPDK_DIR", real)
-            .env_remove("TALON_FAILPOINT")
-            .stdout(std::process::Stdio::null())
-            .stderr(log);
+            .env_remove("TALON_FAILPOINT");
         if let Some(f) = &self.failpoint {
             cmd.env("TALON_FAILPOINT", f);
         }

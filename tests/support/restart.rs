@@ -15,6 +15,9 @@
 //! ```
 #![allow(dead_code)] // each includer uses a part
 
+#[path = "serve_cmd.rs"]
+mod serve_cmd;
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
@@ -89,23 +92,8 @@ pub fn spawn_talon(dir: &Path, extra: &[&str]) -> Child {
 /// `program serve` (this talon, or an earlier build) on the dirs under `dir`;
 /// its log goes to `<dir>/talon.log`.
 pub fn spawn_program(program: &Path, dir: &Path, extra: &[&str]) -> Child {
-    let log = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(dir.join("talon.log"))
-        .expect("talon.log");
-    Command::new(program)
-        .arg("--socket")
-        .arg(dir.join("run/talon.sock"))
-        .args(["serve", "--data-dir"])
-        .arg(dir.join("data"))
-        .arg("--run-dir")
-        .arg(dir.join("run"))
-        .arg("--config")
-        .arg(dir.join("talon.yaml"))
+    serve_cmd::serve(program, dir, "talon.yaml")
         .args(extra)
-        .stdout(Stdio::null())
-        .stderr(log)
         .spawn()
         .expect("spawn talon")
 }
