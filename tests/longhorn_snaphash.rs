@@ -226,6 +226,45 @@ async fn clone_status(
 /// ""), `SnapshotClone` from `snap` of "vol", polled to complete; the clone
 /// is thin; its data is checked by snapshotting and hashing it: answers the
 /// checksum. The clone's engine and replica are deleted after.
+/// Snapshot `name` of the clone taken and hashed: the statuses of its
+/// `members` replicas once all are complete.
+async fn snapshot_hashed(
+    p: &mut ProxyEngineServiceClient<Channel>,
+    name: &str,
+    members: usize,
+) -> HashMap<String, ptypes::SnapshotHashStatusResponse> {
+    p.volume_snapshot(imrpc::EngineVolumeSnapshotRequest {
+        proxy_engine_request: Some(clone_req()),
+        snapshot_volume: Some(ptypes::VolumeSnapshotRequest {
+            name: name.into(),
+            ..Default::default()
+        }),
+    })
+    .await
+    .unwrap_or_else(|e| panic!("snapshot {name} of the clone: {e}"));
+    p.snapshot_hash(imrpc::EngineSnapshotHashRequest {
+        proxy_engine_request: Some(clone_req()),
+        snapshot_name: name.into(),
+        rehash: false,
+    })
+    .await
+    .unwrap_or_else(|e| panic!("hash {name}: {e}"));
+    talon::runtime::testing::eventually(&format!("{name} hashed on every replica"), WAIT, || async {
+        let s = p
+            .clone()
+            .snapshot_hash_status(imrpc::EngineSnapshotHashStatusRequest {
+                proxy_engine_request: Some(clone_req()),
+                snapshot_name: name.into(),
+            })
+            .await
+            .ok()?
+            .into_inner()
+            .status;
+        (s.len() == members && s.values().all(|x| x.state == "complete")).then_some(s)
+    })
+    .await
+}
+
 /// `linked`: Longhorn's linked clone (`CloneMode` linked-clone, the clone's
 /// replica paired with `vol-r-a`, on the same disk): nothing is copied, the
 /// clone's replica holds no cluster, and the entrypoint it reads goes with it.
@@ -386,39 +425,9 @@ async fn clone_from(
         }
     }
 
-    p.volume_snapshot(imrpc::EngineVolumeSnapshotRequest {
-        proxy_engine_request: Some(clone_req()),
-        snapshot_volume: Some(ptypes::VolumeSnapshotRequest {
-            name: "c1".into(),
-            ..Default::default()
-        }),
-    })
-    .await
-    .expect("snapshot the clone");
-    p.snapshot_hash(imrpc::EngineSnapshotHashRequest {
-        proxy_engine_request: Some(clone_req()),
-        snapshot_name: "c1".into(),
-        rehash: false,
-    })
-    .await
-    .expect("hash the clone");
-    let sum = talon::runtime::testing::eventually("the clone hashed", WAIT, || async {
-        let s = p
-            .clone()
-            .snapshot_hash_status(imrpc::EngineSnapshotHashStatusRequest {
-                proxy_engine_request: Some(clone_req()),
-                snapshot_name: "c1".into(),
-            })
-            .await
-            .ok()?
-            .into_inner()
-            .status;
-        // keyed tcp://ip:port, the replica URL longhorn-manager's ReplicaModeUpdate takes
-        s.get(&format!("tcp://{addr}"))
-            .filter(|x| x.state == "complete")
-            .map(|x| x.checksum.clone())
-    })
-    .await;
+    // keyed tcp://ip:port, the replica URL longhorn-manager's ReplicaModeUpdate takes
+    let sums = snapshot_hashed(p, "c1", members.len()).await;
+    let sum = sums[&format!("tcp://{addr}")].checksum.clone();
     eprintln!("clone of {snap}: {held} bytes allocated, checksum {sum}");
     let mut b_replica = "clone-r-b";
     if let (Some(b), Some(ib)) = (b, inst_b.as_mut()) {
@@ -470,36 +479,7 @@ async fn clone_from(
             (list.len() == 2 && list.iter().all(|r| r.mode == ptypes::ReplicaMode::Rw as i32)).then_some(())
         })
         .await;
-        p.volume_snapshot(imrpc::EngineVolumeSnapshotRequest {
-            proxy_engine_request: Some(clone_req()),
-            snapshot_volume: Some(ptypes::VolumeSnapshotRequest {
-                name: "c2".into(),
-                ..Default::default()
-            }),
-        })
-        .await
-        .expect("snapshot the clone after the rebuild");
-        p.snapshot_hash(imrpc::EngineSnapshotHashRequest {
-            proxy_engine_request: Some(clone_req()),
-            snapshot_name: "c2".into(),
-            rehash: false,
-        })
-        .await
-        .expect("hash c2");
-        let sums = talon::runtime::testing::eventually("c2 hashed on both", WAIT, || async {
-            let s = p
-                .clone()
-                .snapshot_hash_status(imrpc::EngineSnapshotHashStatusRequest {
-                    proxy_engine_request: Some(clone_req()),
-                    snapshot_name: "c2".into(),
-                })
-                .await
-                .ok()?
-                .into_inner()
-                .status;
-            (s.len() == 2 && s.values().all(|x| x.state == "complete")).then_some(s)
-        })
-        .await;
+        let sums = snapshot_hashed(p, "c2", 2).await;
         for (at, x) in &sums {
             assert_eq!(
                 x.checksum, sum,

@@ -408,17 +408,16 @@ impl Longhorn {
             .filter(|l| l.volume == e.spec.volume)
             .and_then(|l| l.copy_op);
         let ledger = LonghornCloneLedger {
-            volume: e.spec.volume.clone(),
-            snapshot: snap.to_owned(),
-            from_volume: from_volume.to_owned(),
-            from_engine: req.from_engine_name.clone(),
-            from_engine_address: req.from_engine_address.clone(),
-            mode: req.clone_mode,
-            from: src.address.clone(),
-            how: src.how(),
-            state: IN_PROGRESS.to_owned(),
-            error: String::new(),
             copy_op,
+            ..new_ledger(
+                e,
+                req,
+                from_volume,
+                snap,
+                src.address.clone(),
+                src.how(),
+                IN_PROGRESS,
+            )
         };
         if let Err(x) = self.state().upsert_typed(e.id(), &ledger) {
             self.clones().jobs().remove(e.id());
@@ -609,19 +608,15 @@ impl Longhorn {
             return Err(failed.join("; "));
         }
         let from = pairs.iter().map(LinkAt::src).collect::<Vec<_>>().join(",");
-        let ledger = LonghornCloneLedger {
-            volume: e.spec.volume.clone(),
-            snapshot: snap.to_owned(),
-            from_volume: from_volume.to_owned(),
-            from_engine: req.from_engine_name.clone(),
-            from_engine_address: req.from_engine_address.clone(),
-            mode: req.clone_mode,
-            from: from.clone(),
-            how: "linked".to_owned(),
-            state: COMPLETE.to_owned(),
-            error: String::new(),
-            copy_op: None,
-        };
+        let ledger = new_ledger(
+            e,
+            req,
+            from_volume,
+            snap,
+            from.clone(),
+            "linked".to_owned(),
+            COMPLETE,
+        );
         record(self.state(), e.id(), &ledger);
         let size = e.spec.size_bytes;
         self.clones().jobs().insert(
@@ -939,6 +934,32 @@ fn ledger_status(l: &LonghornCloneLedger) -> ptypes::SnapshotCloneStatusResponse
 
 /// Writes ledger `l` of engine `engine` (a failure is logged: the clone's
 /// outcome stays in memory for this serve).
+/// The ledger of a clone of snapshot `snap` of `from_volume` into engine `e`
+/// as `req` asks it, read from `from` (`how`), in `state`.
+fn new_ledger(
+    e: &Typed<LonghornEngine>,
+    req: &imrpc::EngineSnapshotCloneRequest,
+    from_volume: &str,
+    snap: &str,
+    from: String,
+    how: String,
+    state: &str,
+) -> LonghornCloneLedger {
+    LonghornCloneLedger {
+        volume: e.spec.volume.clone(),
+        snapshot: snap.to_owned(),
+        from_volume: from_volume.to_owned(),
+        from_engine: req.from_engine_name.clone(),
+        from_engine_address: req.from_engine_address.clone(),
+        mode: req.clone_mode,
+        from,
+        how,
+        state: state.to_owned(),
+        error: String::new(),
+        copy_op: None,
+    }
+}
+
 fn record(state: &State, engine: &str, l: &LonghornCloneLedger) {
     if let Err(e) = state.upsert_typed(engine, l) {
         tracing::warn!(%engine, error = %crate::util::error_chain(&e), "recording a clone");
