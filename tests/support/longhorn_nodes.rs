@@ -250,19 +250,19 @@ impl Node {
         let ports = self.instance_ports();
         let mut cmd = serve_cmd::serve(Path::new(env!("CARGO_BIN_EXE_talon")), dir, "node.yaml");
         cmd.args([
-                "--no-huge",
-                "--no-huge-mem-mib",
-                "1024",
-                "--spdk-cpumask",
-                &self.cpumask,
-            ])
-            .arg("--spdk-arg=--disable-cpumask-locks")
-            .arg("--longhorn-listen")
-            .arg(SocketAddr::new(self.ip, self.base).to_string())
-            .arg("--longhorn-port-range")
-            .arg(format!("{}-{}", ports.start(), ports.end()))
-            .env("TALON_SPDK_DIR", real)
-            .env_remove("TALON_FAILPOINT");
+            "--no-huge",
+            "--no-huge-mem-mib",
+            "1024",
+            "--spdk-cpumask",
+            &self.cpumask,
+        ])
+        .arg("--spdk-arg=--disable-cpumask-locks")
+        .arg("--longhorn-listen")
+        .arg(SocketAddr::new(self.ip, self.base).to_string())
+        .arg("--longhorn-port-range")
+        .arg(format!("{}-{}", ports.start(), ports.end()))
+        .env("TALON_SPDK_DIR", real)
+        .env_remove("TALON_FAILPOINT");
         if let Some(f) = &self.failpoint {
             cmd.env("TALON_FAILPOINT", f);
         }
