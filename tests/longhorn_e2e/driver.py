@@ -1396,7 +1396,8 @@ def main():
         s.step("snapshot", s.snapshot)
         if not two:
             s.step("clone", lambda: s.clone(first))
-            s.step("clone-linked", lambda: s.clone(first, linked=True))
+        # a linked clone of two replicas is linked on both nodes (each by its own node)
+        s.step("clone-linked", lambda: s.clone(first, linked=True))
         s.step("backup-target", s.backup_target)
         s.step("backup", s.backup)
         if not two:
