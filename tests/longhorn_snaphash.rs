@@ -226,6 +226,31 @@ async fn clone_status(
 /// ""), `SnapshotClone` from `snap` of "vol", polled to complete; the clone
 /// is thin; its data is checked by snapshotting and hashing it: answers the
 /// checksum. The clone's engine and replica are deleted after.
+/// Replica `name` of volume "clone" made on `n`'s disk `disk` through
+/// `inst` (`n`'s InstanceService): its address once running.
+async fn clone_replica(
+    n: &Node,
+    inst: &talon::proto::imrpc::instance_service_client::InstanceServiceClient<Channel>,
+    name: &str,
+    disk: &str,
+    size: u64,
+) -> String {
+    inst.clone()
+        .instance_create(longhorn_req::create(
+            name,
+            "replica",
+            "clone",
+            imrpc::SpdkInstanceSpec {
+                disk_name: disk.into(),
+                size,
+                ..Default::default()
+            },
+        ))
+        .await
+        .unwrap_or_else(|e| panic!("create the clone's replica {name}: {e}"));
+    format!("{}:{}", n.ip, running(inst, name, "replica").await.port_start)
+}
+
 /// Snapshot `name` of the clone taken and hashed: the statuses of its
 /// `members` replicas once all are complete.
 async fn snapshot_hashed(
@@ -281,22 +306,7 @@ async fn clone_from(
     let mut inst =
         talon::proto::imrpc::instance_service_client::InstanceServiceClient::new(a.channel(3).await);
     let spec = |name: &str, ty: &str, s: imrpc::SpdkInstanceSpec| longhorn_req::create(name, ty, "clone", s);
-    inst.instance_create(spec(
-        "clone-r-a",
-        "replica",
-        imrpc::SpdkInstanceSpec {
-            disk_name: "disk-a".into(),
-            size,
-            ..Default::default()
-        },
-    ))
-    .await
-    .expect("create the clone's replica");
-    let addr = format!(
-        "{}:{}",
-        a.ip,
-        running(&inst, "clone-r-a", "replica").await.port_start
-    );
+    let addr = clone_replica(a, &inst, "clone-r-a", "disk-a", size).await;
     let mut members = vec![("clone-r-a".to_owned(), addr.clone())];
     let mut inst_b = match b {
         Some(b) => {
@@ -304,20 +314,11 @@ async fn clone_from(
         }
         None => None,
     };
-    if let (Some(b), Some(ib)) = (b, inst_b.as_mut()) {
-        ib.instance_create(spec(
-            "clone-r-b",
-            "replica",
-            imrpc::SpdkInstanceSpec {
-                disk_name: "disk-b".into(),
-                size,
-                ..Default::default()
-            },
-        ))
-        .await
-        .expect("create the clone's replica on B");
-        let port = running(ib, "clone-r-b", "replica").await.port_start;
-        members.push(("clone-r-b".to_owned(), format!("{}:{port}", b.ip)));
+    if let (Some(b), Some(ib)) = (b, inst_b.as_ref()) {
+        members.push((
+            "clone-r-b".to_owned(),
+            clone_replica(b, ib, "clone-r-b", "disk-b", size).await,
+        ));
     }
     inst.instance_create(spec(
         "clone-e-0",
@@ -446,19 +447,7 @@ async fn clone_from(
             .expect("delete clone-r-b");
         gone(ib, "clone-r-b", "replica").await;
         b_replica = "clone-r-b2";
-        ib.instance_create(spec(
-            b_replica,
-            "replica",
-            imrpc::SpdkInstanceSpec {
-                disk_name: "disk-b".into(),
-                size,
-                ..Default::default()
-            },
-        ))
-        .await
-        .expect("create clone-r-b2");
-        let port = running(ib, b_replica, "replica").await.port_start;
-        let addr_b = format!("{}:{port}", b.ip);
+        let addr_b = clone_replica(b, ib, b_replica, "disk-b", size).await;
         p.replica_add(imrpc::EngineReplicaAddRequest {
             proxy_engine_request: Some(clone_req()),
             replica_name: b_replica.into(),

@@ -932,8 +932,6 @@ fn ledger_status(l: &LonghornCloneLedger) -> ptypes::SnapshotCloneStatusResponse
     }
 }
 
-/// Writes ledger `l` of engine `engine` (a failure is logged: the clone's
-/// outcome stays in memory for this serve).
 /// The ledger of a clone of snapshot `snap` of `from_volume` into engine `e`
 /// as `req` asks it, read from `from` (`how`), in `state`.
 fn new_ledger(
@@ -960,6 +958,8 @@ fn new_ledger(
     }
 }
 
+/// Writes ledger `l` of engine `engine` (a failure is logged: the clone's
+/// outcome stays in memory for this serve).
 fn record(state: &State, engine: &str, l: &LonghornCloneLedger) {
     if let Err(e) = state.upsert_typed(engine, l) {
         tracing::warn!(%engine, error = %crate::util::error_chain(&e), "recording a clone");
@@ -971,15 +971,21 @@ impl Longhorn {
     /// ledger (an engine made again under the name is a new clone's).
     pub(super) fn forget_clone(&self, engine: &str) {
         self.clones().jobs().remove(engine);
-        match self.state().destroy(
-            LonghornCloneLedger::NAMESPACE,
-            LonghornCloneLedger::TYPE,
-            engine,
-            "",
-        ) {
-            Ok(_) | Err(StateError::NotFound { .. }) => {}
-            Err(e) => tracing::warn!(%engine, error = %crate::util::error_chain(&e), "forgetting a clone"),
-        }
+        forget_ledger(self.state(), engine);
+    }
+}
+
+/// Destroys the clone ledger of engine `engine` (none is no error; a
+/// failure is logged).
+fn forget_ledger(state: &State, engine: &str) {
+    match state.destroy(
+        LonghornCloneLedger::NAMESPACE,
+        LonghornCloneLedger::TYPE,
+        engine,
+        "",
+    ) {
+        Ok(_) | Err(StateError::NotFound { .. }) => {}
+        Err(e) => tracing::warn!(%engine, error = %crate::util::error_chain(&e), "forgetting a clone"),
     }
 }
 
@@ -989,17 +995,7 @@ fn forget_ledgers(state: &State, engines: &std::collections::BTreeSet<String>) {
         return;
     };
     for l in all.iter().filter(|l| !engines.contains(l.id())) {
-        match state.destroy(
-            LonghornCloneLedger::NAMESPACE,
-            LonghornCloneLedger::TYPE,
-            l.id(),
-            "",
-        ) {
-            Ok(_) | Err(StateError::NotFound { .. }) => {}
-            Err(e) => {
-                tracing::warn!(engine = %l.id(), error = %crate::util::error_chain(&e), "forgetting a clone")
-            }
-        }
+        forget_ledger(state, l.id());
     }
 }
 

@@ -107,6 +107,15 @@ impl Inventory {
         Some(format!("{}/{parent}", l.lvs.name))
     }
 
+    /// The lvols that are clones of lvol `alias` (their parent is it).
+    pub fn clones_of(&self, alias: &str) -> Vec<String> {
+        self.lvols
+            .keys()
+            .filter(|o| self.parent_of(o).as_deref() == Some(alias))
+            .cloned()
+            .collect()
+    }
+
     /// The snapshots below lvol `alias`, oldest first.
     pub fn chain(&self, alias: &str) -> Vec<String> {
         let mut out = Vec::new();

@@ -96,12 +96,7 @@ pub fn find(inv: &Inventory, owners: &Owners) -> BTreeMap<String, OrphanLvol> {
             .iter()
             .find(|s| s.name == l.lvs.name)
             .map_or(0, |s| s.cluster_size);
-        let clones = inv
-            .lvols
-            .keys()
-            .filter(|o| inv.parent_of(o).as_deref() == Some(l.alias.as_str()))
-            .cloned()
-            .collect();
+        let clones = inv.clones_of(&l.alias);
         out.insert(
             l.alias.clone(),
             OrphanLvol {

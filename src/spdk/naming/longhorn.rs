@@ -101,6 +101,9 @@ pub fn restore_lvols(replica: &str) -> [String; 3] {
 /// The infix of a clone entrypoint's name (Longhorn's
 /// `ReplicaCloneEntrypointLvolInfix`).
 const ENTRYPOINT_INFIX: &str = "-clone-ep-";
+/// The suffix of the writable lvol an entrypoint is made from (Longhorn's
+/// `ReplicaCloneEntrypointTmpHeadSuffix`).
+const TMP_HEAD_SUFFIX: &str = "-tmp-head";
 
 /// The entrypoint of a linked clone of snapshot `snapshot` of replica
 /// `replica`: an empty snapshot lvol whose parent is the replica's snapshot,
@@ -114,12 +117,12 @@ pub fn clone_entrypoint(replica: &str, snapshot: &str) -> String {
 /// snapshotted as the entrypoint, deleted): Longhorn's
 /// `GetCloneEntrypointTmpHeadLvolName`.
 pub fn clone_entrypoint_tmp_head(entrypoint: &str) -> String {
-    format!("{entrypoint}-tmp-head")
+    format!("{entrypoint}{TMP_HEAD_SUFFIX}")
 }
 
 /// Whether lvol name `name` is a clone entrypoint ([`clone_entrypoint`]).
 pub fn is_clone_entrypoint(name: &str) -> bool {
-    name.contains(ENTRYPOINT_INFIX) && !name.ends_with("-tmp-head")
+    name.contains(ENTRYPOINT_INFIX) && !name.ends_with(TMP_HEAD_SUFFIX)
 }
 
 /// The NQN of a replica's export.

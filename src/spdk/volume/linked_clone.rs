@@ -22,6 +22,7 @@
 //! clone more however many replicas link to it. When the last clone of an
 //! entrypoint is gone, the entrypoint goes too ([`VolumeOps::drop_entrypoint_if_unused`]).
 
+use super::rebuild::{lvs_of, sibling};
 use super::{Inventory, VolumeOps, lvol};
 use crate::spdk::ClientError;
 use crate::spdk::naming::longhorn::{clone_entrypoint_tmp_head, is_clone_entrypoint};
@@ -140,20 +141,6 @@ pub enum LinkError {
     },
 }
 
-/// The lvstore of alias `lvs/name`.
-fn lvs_of(alias: &str) -> &str {
-    alias.split_once('/').map_or("", |(l, _)| l)
-}
-
-/// The lvols whose parent is `alias`.
-fn clones_of(inv: &Inventory, alias: &str) -> Vec<String> {
-    inv.lvols
-        .keys()
-        .filter(|o| inv.parent_of(o).as_deref() == Some(alias))
-        .cloned()
-        .collect()
-}
-
 impl Link<'_> {
     fn spdk(&self, doing: String) -> impl FnOnce(ClientError) -> LinkError + '_ {
         move |source| LinkError::Spdk {
@@ -178,8 +165,7 @@ impl VolumeOps {
     /// entrypoint found or made, then the head's parent. `inv` is a listing
     /// taken before; the head is checked in it.
     pub async fn link_clone(&self, inv: &Inventory, l: &Link<'_>) -> Result<Linked, LinkError> {
-        let lvs = lvs_of(l.snapshot);
-        let ep = format!("{lvs}/{}", l.entrypoint);
+        let ep = sibling(l.snapshot, l.entrypoint);
         if l.entrypoint.len() > LVOL_NAME_MAX || clone_entrypoint_tmp_head(l.entrypoint).len() > LVOL_NAME_MAX
         {
             return Err(LinkError::NameTooLong {
@@ -187,7 +173,7 @@ impl VolumeOps {
                 entrypoint: l.entrypoint.to_owned(),
             });
         }
-        if lvs_of(l.head) != lvs {
+        if lvs_of(l.head) != lvs_of(l.snapshot) {
             return Err(LinkError::OtherLvstore {
                 snapshot: l.snapshot.to_owned(),
                 head: l.head.to_owned(),
@@ -229,7 +215,7 @@ impl VolumeOps {
     /// The entrypoint `ep` of `l.snapshot`, found (a clone of the snapshot)
     /// or made; a tmp head an earlier try left is deleted either way.
     async fn ensure_entrypoint(&self, inv: &Inventory, l: &Link<'_>, ep: &str) -> Result<(), LinkError> {
-        let tmp = format!("{}/{}", lvs_of(ep), clone_entrypoint_tmp_head(l.entrypoint));
+        let tmp = sibling(ep, &clone_entrypoint_tmp_head(l.entrypoint));
         lvol::delete_lvol(&self.client, &tmp)
             .await
             .map_err(l.spdk(format!("deleting {tmp}, left by an earlier try")))?;
@@ -239,7 +225,7 @@ impl VolumeOps {
                 return Ok(());
             }
             // over an older snapshot of the name (deleted since, or merged into it)
-            if !clones_of(inv, ep).is_empty() {
+            if !inv.clones_of(ep).is_empty() {
                 return Err(LinkError::StaleEntrypoint {
                     snapshot: l.snapshot.to_owned(),
                     entrypoint: ep.to_owned(),
@@ -271,7 +257,7 @@ impl VolumeOps {
         let Some(l) = inv.lvols.get(alias) else {
             return Ok(false);
         };
-        if !l.is_snapshot || !is_clone_entrypoint(&l.name) || !clones_of(inv, alias).is_empty() {
+        if !l.is_snapshot || !is_clone_entrypoint(&l.name) || !inv.clones_of(alias).is_empty() {
             return Ok(false);
         }
         lvol::delete_lvol(&self.client, alias).await?;

@@ -126,12 +126,12 @@ fn allocated(inv: &Inventory, alias: &str) -> u64 {
 }
 
 /// The lvstore of lvol `alias` (`lvs/name`).
-fn lvs_of(alias: &str) -> &str {
+pub(super) fn lvs_of(alias: &str) -> &str {
     alias.split_once('/').map_or("", |(l, _)| l)
 }
 
 /// `lvs/name` of an lvol named `name` in the lvstore of `alias`.
-fn sibling(alias: &str, name: &str) -> String {
+pub(super) fn sibling(alias: &str, name: &str) -> String {
     format!("{}/{name}", lvs_of(alias))
 }
 
