@@ -251,6 +251,76 @@ async fn clone_replica(
     format!("{}:{}", n.ip, running(inst, name, "replica").await.port_start)
 }
 
+/// Replica `old` (on node `n`, disk `disk`) of the clone's engine removed and deleted, and
+/// a new one, `new`, added and rebuilt in its place (`beside`: a linked clone's, the source
+/// volume's replica beside it, as longhorn-manager's `ReplicaAdd` names it); checked to be
+/// thin: a linked clone's new chain starts on `n`'s own entrypoint of `snap` and holds the
+/// clone's own snapshot. Returns `new`.
+async fn rebuilt<'a>(
+    p: &mut ProxyEngineServiceClient<Channel>,
+    n: &Node,
+    inst: &mut talon::proto::imrpc::instance_service_client::InstanceServiceClient<Channel>,
+    (old, new, disk): (&str, &'a str, &str),
+    beside: Option<&str>,
+    (size, snap): (u64, &str),
+) -> &'a str {
+    p.replica_remove(imrpc::EngineReplicaRemoveRequest {
+        proxy_engine_request: Some(clone_req()),
+        replica_name: old.into(),
+        replica_address: String::new(),
+    })
+    .await
+    .unwrap_or_else(|e| panic!("ReplicaRemove {old}: {e}"));
+    inst.instance_delete(delete_request(old, "replica"))
+        .await
+        .unwrap_or_else(|e| panic!("delete {old}: {e}"));
+    gone(inst, old, "replica").await;
+    let addr = clone_replica(n, inst, new, disk, size).await;
+    p.replica_add(imrpc::EngineReplicaAddRequest {
+        proxy_engine_request: Some(clone_req()),
+        replica_name: new.into(),
+        replica_address: format!("tcp://{addr}"),
+        linked_clone_source: beside.map(|r| imrpc::LinkedCloneSource {
+            replica_name: r.into(),
+            engine_name: "vol-e-0".into(),
+            engine_address: String::new(),
+        }),
+        ..Default::default()
+    })
+    .await
+    .unwrap_or_else(|e| panic!("ReplicaAdd {new}: {e}"));
+    talon::runtime::testing::eventually(&format!("{new} rebuilt"), WAIT * 2, || async {
+        let list = p
+            .clone()
+            .replica_list(clone_req())
+            .await
+            .ok()?
+            .into_inner()
+            .replica_list?
+            .replicas;
+        (list.len() == 2 && list.iter().all(|r| r.mode == ptypes::ReplicaMode::Rw as i32)).then_some(())
+    })
+    .await;
+    if let Some(r) = beside {
+        // once the rebuild's own snapshot is merged away (after the switch)
+        let ep = format!("{r}-clone-ep-{snap}");
+        let lvs = format!("talon-{disk}");
+        talon::runtime::testing::eventually(&format!("{new}'s chain on {ep}"), WAIT, || async {
+            let inv = talon::spdk::volume::Inventory::load(&n.spdk).await.ok()?;
+            let have = talon::spdk::volume::ReplicaLvols::from_inventory(&inv, &lvs, new);
+            // the clone's own snapshot copied, its chain on the entrypoint beside it
+            (have.base.as_deref() == Some(ep.as_str()) && have.chain() == ["c1"]).then_some(())
+        })
+        .await;
+        let held = allocated_bytes(n, new).await;
+        assert!(
+            held <= 4 << 20,
+            "only the clone's own data is copied: {held} bytes in {new}"
+        );
+    }
+    new
+}
+
 /// Snapshot `name` of the clone taken and hashed: the statuses of its
 /// `members` replicas once all are complete.
 async fn snapshot_hashed(
@@ -430,53 +500,43 @@ async fn clone_from(
     let sums = snapshot_hashed(p, "c1", members.len()).await;
     let sum = sums[&format!("tcp://{addr}")].checksum.clone();
     eprintln!("clone of {snap}: {held} bytes allocated, checksum {sum}");
-    let mut b_replica = "clone-r-b";
+    let (mut a_replica, mut b_replica) = ("clone-r-a", "clone-r-b");
     if let (Some(b), Some(ib)) = (b, inst_b.as_mut()) {
-        // B's replica lost and rebuilt from A's, a linked clone: a thin copy of A's own
-        // snapshots would leave out what A reads of its entrypoint; the rebuilt replica
-        // reads as the snapshot all the same
-        p.replica_remove(imrpc::EngineReplicaRemoveRequest {
-            proxy_engine_request: Some(clone_req()),
-            replica_name: "clone-r-b".into(),
-            replica_address: String::new(),
-        })
-        .await
-        .expect("ReplicaRemove clone-r-b");
-        ib.instance_delete(delete_request("clone-r-b", "replica"))
-            .await
-            .expect("delete clone-r-b");
-        gone(ib, "clone-r-b", "replica").await;
-        b_replica = "clone-r-b2";
-        let addr_b = clone_replica(b, ib, b_replica, "disk-b", size).await;
-        p.replica_add(imrpc::EngineReplicaAddRequest {
-            proxy_engine_request: Some(clone_req()),
-            replica_name: b_replica.into(),
-            replica_address: format!("tcp://{addr_b}"),
-            ..Default::default()
-        })
-        .await
-        .expect("ReplicaAdd clone-r-b2");
-        talon::runtime::testing::eventually("clone-r-b2 rebuilt", WAIT * 2, || async {
-            let list = p
-                .clone()
-                .replica_list(clone_req())
-                .await
-                .ok()?
-                .into_inner()
-                .replica_list?
-                .replicas;
-            (list.len() == 2 && list.iter().all(|r| r.mode == ptypes::ReplicaMode::Rw as i32)).then_some(())
-        })
+        // each replica lost and rebuilt from the other, as longhorn-manager asks it for a
+        // linked clone (`linked_clone_source`: the source volume's replica beside the new
+        // one): B's first (the engine's node copies into B's node), then A's (B's node
+        // copies into the engine's node). Each new chain starts on its own node's
+        // entrypoint and only the clone's own snapshots are copied (a thin copy of them
+        // over nothing would leave out what the source reads of its entrypoint); both
+        // read as the snapshot
+        let beside = |s: &'static str| linked.then_some(s);
+        b_replica = rebuilt(
+            p,
+            b,
+            ib,
+            ("clone-r-b", "clone-r-b2", "disk-b"),
+            beside("vol-r-b"),
+            (size, snap),
+        )
+        .await;
+        a_replica = rebuilt(
+            p,
+            a,
+            &mut inst,
+            ("clone-r-a", "clone-r-a2", "disk-a"),
+            beside("vol-r-a"),
+            (size, snap),
+        )
         .await;
         let sums = snapshot_hashed(p, "c2", 2).await;
         for (at, x) in &sums {
             assert_eq!(
                 x.checksum, sum,
-                "{at} reads as the snapshot after the rebuild: {sums:?}"
+                "{at} reads as the snapshot after the rebuilds: {sums:?}"
             );
         }
     }
-    for (name, ty) in [("clone-e-0", "engine"), ("clone-r-a", "replica")] {
+    for (name, ty) in [("clone-e-0", "engine"), (a_replica, "replica")] {
         inst.instance_delete(delete_request(name, ty))
             .await
             .unwrap_or_else(|e| panic!("delete {name}: {e}"));

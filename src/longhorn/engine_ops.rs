@@ -474,17 +474,26 @@ impl Longhorn {
 
     /// `ReplicaAdd`: replica `replica` at `address` joins engine `e`'s raid1;
     /// returns once its rebuild runs (WO; the manager then waits for RW or
-    /// ERR).
+    /// ERR). `beside`: a linked clone's replica, the replica of the clone's
+    /// source volume beside it (`linked_clone_source`), whose entrypoint its
+    /// rebuilt chain starts on.
     pub(super) async fn replica_add(
         &self,
         e: &Typed<LonghornEngine>,
         replica: &str,
         address: &str,
+        beside: Option<&str>,
     ) -> Result<(), LonghornError> {
         let what = format!("adding replica {replica} to engine {}", e.id());
         let replica = naming::instance_name("replica", replica)
             .map_err(|x| LonghornError::Invalid(format!("{what}: {x}")))?;
         let replica = replica.as_str();
+        let beside = beside
+            .map(|b| {
+                naming::instance_name("replica", b)
+                    .map_err(|x| LonghornError::Invalid(format!("{what}: linked clone source: {x}")))
+            })
+            .transpose()?;
         let address = address.strip_prefix("tcp://").unwrap_or(address);
         address.parse::<SocketAddr>().map_err(|_| {
             LonghornError::Invalid(format!("{what}: address {address:?} is not [tcp://]ip:port"))
@@ -556,6 +565,10 @@ impl Longhorn {
             s.replica_address_map
                 .insert(replica.to_owned(), address.to_owned());
             s.rebuild_requests.insert(replica.to_owned(), request);
+            match &beside {
+                Some(b) => s.rebuild_links.insert(replica.to_owned(), b.to_string()),
+                None => s.rebuild_links.remove(replica),
+            };
             // a replica set ERR comes back only through this rebuild
             s.failed_replicas.remove(replica);
         })?;
@@ -749,6 +762,7 @@ impl Longhorn {
         let version = self.change_engine(e, |s| {
             s.replica_address_map.remove(&replica);
             s.rebuild_requests.remove(&replica);
+            s.rebuild_links.remove(&replica);
             // a replica set ERR stays marked: the manager may add it back
             // (reused), and its snapshots must go before its rebuild
         })?;

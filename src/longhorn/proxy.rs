@@ -1291,7 +1291,12 @@ impl proxy_engine_service_server::ProxyEngineService for Longhorn {
                 e.id()
             )));
         }
-        self.replica_add(&e, &req.replica_name, &req.replica_address)
+        let beside = req
+            .linked_clone_source
+            .as_ref()
+            .map(|l| l.replica_name.as_str())
+            .filter(|r| !r.is_empty());
+        self.replica_add(&e, &req.replica_name, &req.replica_address, beside)
             .await?;
         Ok(Response::new(()))
     }
@@ -1531,6 +1536,7 @@ mod tests {
             snapshot_max_count: 0,
             rebuild_qos_mbps: 0,
             rebuild_requests: [("rb".to_string(), 3)].into(),
+            rebuild_links: Default::default(),
             removed_snapshots: Default::default(),
             failed_replicas: Default::default(),
             purge_request: 0,

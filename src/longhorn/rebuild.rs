@@ -27,8 +27,9 @@ use std::time::{Duration, Instant};
 
 use super::error::LonghornError;
 use super::service::Longhorn;
+use crate::names::InvalidName;
 use crate::proto::spdkrpc;
-use crate::resources::longhorn::{DstStartRequest, LonghornReplica, snapshot_lvol};
+use crate::resources::longhorn::{CloneBase, DstStartRequest, LonghornReplica, snapshot_lvol};
 use crate::spdk::ErrorKind;
 use crate::spdk::naming::longhorn as naming;
 use crate::spdk::rpc::CheckShallowCopy;
@@ -86,16 +87,39 @@ impl Longhorn {
             "replica {replica}: starting a rebuild from {}",
             req.src_replica_name
         );
+        // a linked clone's dest: its chain starts on the entrypoint of the
+        // source volume's replica beside it
+        let base = match req
+            .linked_clone_source
+            .as_ref()
+            .filter(|l| !l.replica_name.is_empty())
+        {
+            None => None,
+            Some(l) => {
+                let invalid =
+                    |x: InvalidName| LonghornError::Invalid(format!("{what}: linked clone source: {x}"));
+                naming::instance_name("replica", &l.replica_name).map_err(invalid)?;
+                naming::replica_snapshot_name(&l.snapshot_name).map_err(invalid)?;
+                Some(CloneBase {
+                    replica: l.replica_name.clone(),
+                    snapshot: l.snapshot_name.clone(),
+                })
+            }
+        };
+        let ep = base
+            .as_ref()
+            .map(|b| naming::clone_entrypoint(&b.replica, &b.snapshot));
         let have = self.replica_lvols_now(replica.as_str(), &t.spec.disk).await?;
         let nqn = naming::replica_nqn(&replica).map_err(|x| LonghornError::Invalid(x.to_string()))?;
-        if !have.ready_over(&chain, have.shared(&chain)) {
+        if !have.ready_over(ep.as_deref(), &chain, have.shared(ep.as_deref(), &chain)) {
             // the controller takes the export down, makes the head again
             // and exports it again
             let last = self.status_of(replica.as_str()).and_then(|s| s.dst_start);
             let done = last.as_ref().map_or(0, |d| d.request);
             let asked = t.spec.dst_start.as_ref();
-            let pending =
-                asked.is_some_and(|d| d.request > done && d.session == self.session() && d.chain == chain);
+            let pending = asked.is_some_and(|d| {
+                d.request > done && d.session == self.session() && d.chain == chain && d.base == base
+            });
             if at_once && pending {
                 return Ok(not_yet);
             }
@@ -105,6 +129,7 @@ impl Longhorn {
                     request,
                     session: self.session(),
                     chain: chain.clone(),
+                    base: base.clone(),
                 }),
                 ..t.spec.clone()
             };

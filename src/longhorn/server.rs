@@ -1057,6 +1057,7 @@ impl Longhorn {
                 snapshot_max_count: sp.snapshot_max_count.max(0),
                 rebuild_qos_mbps: 0,
                 rebuild_requests: BTreeMap::new(),
+                rebuild_links: BTreeMap::new(),
                 removed_snapshots: BTreeSet::new(),
                 failed_replicas: Default::default(),
                 purge_request: 0,

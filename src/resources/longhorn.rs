@@ -91,6 +91,24 @@ pub struct DstStartRequest {
     pub session: u64,
     /// The source's snapshots, oldest first (Longhorn snapshot names).
     pub chain: Vec<String>,
+    /// A linked clone's rebuild: the chain starts on this entrypoint beside
+    /// the replica (made if missing). Absent: on nothing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub base: Option<CloneBase>,
+}
+
+/// Where a linked clone's rebuilt replica starts: the entrypoint of
+/// snapshot `snapshot` of `replica`, the replica of the clone's source
+/// volume beside it (same node, same lvstore; Longhorn's
+/// `LinkedCloneSource`). Its source reads the same snapshot through its own
+/// entrypoint beside it, so the dest needs only the source's own snapshots.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct CloneBase {
+    /// The source volume's replica beside the dest.
+    pub replica: String,
+    /// The snapshot the clone reads.
+    pub snapshot: String,
 }
 
 /// What the controller made of a [`DstStartRequest`].
@@ -193,6 +211,11 @@ pub struct LonghornEngine {
     /// stays failed (mode ERR) until the next `ReplicaAdd`.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub rebuild_requests: BTreeMap<String, u64>,
+    /// Replicas of a linked clone that `ReplicaAdd` asked to join (replica
+    /// -> the replica of the clone's source volume beside it, its
+    /// `linked_clone_source`): rebuilt over that replica's entrypoint, thin.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub rebuild_links: BTreeMap<String, String>,
     /// Snapshots `SnapshotRemove` marked removed (SPDK keeps a snapshot with
     /// more than one child): `SnapshotPurge` deletes them once it can.
     #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]

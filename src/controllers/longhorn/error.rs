@@ -179,6 +179,14 @@ pub enum InstanceError {
     /// A rebuild dest's head was not made again.
     #[error(transparent)]
     ResetHead(#[from] crate::spdk::volume::ResetHeadError),
+    /// A linked clone's rebuild dest: the entrypoint its chain starts on
+    /// was not found or made.
+    #[error("replica {replica}: the linked clone's entrypoint beside it")]
+    CloneBase {
+        replica: String,
+        #[source]
+        source: Box<crate::spdk::volume::LinkError>,
+    },
     /// The task that attaches or detaches did not finish.
     #[error("{what} task")]
     Task {

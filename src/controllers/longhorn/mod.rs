@@ -1702,6 +1702,7 @@ mod tests {
             snapshot_max_count: 0,
             rebuild_qos_mbps: 0,
             rebuild_requests: Default::default(),
+            rebuild_links: Default::default(),
             removed_snapshots: Default::default(),
             failed_replicas: Default::default(),
             purge_request: 0,

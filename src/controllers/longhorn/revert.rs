@@ -321,14 +321,28 @@ impl LonghornController {
                 naming::replica_snapshot_name(s)?;
             }
             let have = ReplicaLvols::from_inventory(inv, &lvs, name.as_str());
-            if have.ready_over(&rq.chain, have.shared(&rq.chain)) {
+            let base = rq
+                .base
+                .as_ref()
+                .map(|b| naming::clone_entrypoint(&b.replica, &b.snapshot));
+            let base = base.as_deref();
+            if have.ready_over(base, &rq.chain, have.shared(base, &rq.chain)) {
                 return Ok(());
+            }
+            if let Some(b) = &rq.base {
+                self.ops
+                    .clone_base_for(inv, &lvs, name.as_str(), b)
+                    .await
+                    .map_err(|source| InstanceError::CloneBase {
+                        replica: name.to_string(),
+                        source: Box::new(source),
+                    })?;
             }
             let nqn = naming::replica_nqn(name)?;
             self.unexport(inv, nqn.as_str()).await?;
             let kept = self
                 .ops
-                .reset_head(&lvs, name.as_str(), r.size_bytes, &have, &rq.chain)
+                .reset_head(&lvs, name.as_str(), r.size_bytes, &have, base, &rq.chain)
                 .await;
             *inv = Inventory::load(&self.client)
                 .await
@@ -341,6 +355,7 @@ impl LonghornController {
                 replica = name.as_str(),
                 request = rq.request,
                 kept,
+                entrypoint = base,
                 "rebuild dest head made again"
             );
             Ok::<(), InstanceError>(())

@@ -15,7 +15,7 @@ use tonic::transport::Channel;
 use super::{InstanceError, LonghornController, Serving};
 use crate::proto::spdkrpc;
 use crate::proto::spdkrpc::spdk_service_client::SpdkServiceClient;
-use crate::resources::longhorn::{LonghornEngine, LonghornReplica, SnapshotInfo};
+use crate::resources::longhorn::{CloneBase, LonghornEngine, LonghornReplica, SnapshotInfo};
 use crate::runtime::Typed;
 use crate::spdk::naming::longhorn as naming;
 use crate::spdk::volume::naming::lvstore;
@@ -151,6 +151,7 @@ impl LonghornController {
                     in_service,
                     dst,
                     qos: u64::try_from(e.spec.rebuild_qos_mbps).unwrap_or(0),
+                    beside: e.spec.rebuild_links.get(dst_name).cloned(),
                 },
             )
             .await
@@ -248,6 +249,7 @@ impl ReplicaPeers for LonghornController {
         address: &str,
         src: &ReplicaEnd,
         chain: &[String],
+        base: Option<&CloneBase>,
     ) -> Result<bool, ThinError> {
         let list = chain
             .iter()
@@ -269,6 +271,11 @@ impl ReplicaPeers for LonghornController {
             src_replica_name: src.replica().to_owned(),
             src_replica_address: src_address,
             rebuilding_snapshot_list: list,
+            linked_clone_source: base.map(|b| spdkrpc::LinkedCloneSource {
+                snapshot_name: b.snapshot.clone(),
+                replica_name: b.replica.clone(),
+                ..Default::default()
+            }),
             ..Default::default()
         });
         self.peer_of(replica, address)

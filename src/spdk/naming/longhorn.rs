@@ -125,6 +125,19 @@ pub fn is_clone_entrypoint(name: &str) -> bool {
     name.contains(ENTRYPOINT_INFIX) && !name.ends_with(TMP_HEAD_SUFFIX)
 }
 
+/// The snapshot name of clone entrypoint `name` ([`clone_entrypoint`]): what
+/// follows the first infix (a Longhorn replica name, `<volume>-r-<8 hex>`,
+/// holds none). `None`: not an entrypoint. A name read wrong names a
+/// snapshot the replica beside does not have: the caller finds it missing.
+pub fn clone_entrypoint_snapshot(name: &str) -> Option<&str> {
+    if !is_clone_entrypoint(name) {
+        return None;
+    }
+    name.split_once(ENTRYPOINT_INFIX)
+        .map(|(_, s)| s)
+        .filter(|s| !s.is_empty())
+}
+
 /// The NQN of a replica's export.
 pub fn replica_nqn(replica: &ObjectName) -> Result<Nqn, InvalidName> {
     Nqn::parse(&format!("{NQN_PREFIX}:{replica}"))
@@ -213,6 +226,16 @@ pub fn tcp(address: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_entrypoint_names_its_snapshot() {
+        let ep = clone_entrypoint("vol-r-1a2b3c4d", "snap-1");
+        assert_eq!(ep, "vol-r-1a2b3c4d-clone-ep-snap-1");
+        assert_eq!(clone_entrypoint_snapshot(&ep), Some("snap-1"));
+        assert_eq!(clone_entrypoint_snapshot(&clone_entrypoint_tmp_head(&ep)), None);
+        assert_eq!(clone_entrypoint_snapshot("vol-r-1a2b3c4d-snap-1"), None);
+        assert_eq!(clone_entrypoint_snapshot("vol-r-1-clone-ep-"), None);
+    }
 
     #[test]
     fn rebuild_snapshots_are_named_talon_rb_and_a_number() {

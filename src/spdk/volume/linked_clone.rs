@@ -165,27 +165,7 @@ impl VolumeOps {
     /// entrypoint found or made, then the head's parent. `inv` is a listing
     /// taken before; the head is checked in it.
     pub async fn link_clone(&self, inv: &Inventory, l: &Link<'_>) -> Result<Linked, LinkError> {
-        let ep = sibling(l.snapshot, l.entrypoint);
-        if l.entrypoint.len() > LVOL_NAME_MAX || clone_entrypoint_tmp_head(l.entrypoint).len() > LVOL_NAME_MAX
-        {
-            return Err(LinkError::NameTooLong {
-                snapshot: l.snapshot.to_owned(),
-                entrypoint: l.entrypoint.to_owned(),
-            });
-        }
-        if lvs_of(l.head) != lvs_of(l.snapshot) {
-            return Err(LinkError::OtherLvstore {
-                snapshot: l.snapshot.to_owned(),
-                head: l.head.to_owned(),
-            });
-        }
-        let snap = inv.lvols.get(l.snapshot).ok_or_else(|| l.missing(l.snapshot))?;
-        if !snap.is_snapshot {
-            return Err(LinkError::NotSnapshot {
-                snapshot: l.snapshot.to_owned(),
-                head: l.head.to_owned(),
-            });
-        }
+        let ep = Self::check_source(inv, l).map_err(|e| *e)?;
         let head = inv.lvols.get(l.head).ok_or_else(|| l.missing(l.head))?;
         match inv.parent_of(l.head) {
             Some(p) if p == ep => return Ok(Linked::Already),
@@ -210,6 +190,46 @@ impl VolumeOps {
             .await
             .map_err(l.spdk(format!("making {ep} the parent of {}", l.head)))?;
         Ok(Linked::Now)
+    }
+
+    /// The entrypoint of `l.snapshot` found or made, for a head made later
+    /// as its clone (a linked clone's replica rebuilt: its chain starts on
+    /// the entrypoint beside it; [`VolumeOps::reset_head`]). `l.head` is
+    /// not looked at but must be in the snapshot's lvstore. Returns the
+    /// entrypoint's alias.
+    pub async fn clone_base(&self, inv: &Inventory, l: &Link<'_>) -> Result<String, LinkError> {
+        let ep = Self::check_source(inv, l).map_err(|e| *e)?;
+        self.ensure_entrypoint(inv, l, &ep).await?;
+        Ok(ep)
+    }
+
+    /// What every link checks first: names SPDK takes, one lvstore, the
+    /// source a snapshot. Returns the entrypoint's alias.
+    fn check_source(inv: &Inventory, l: &Link<'_>) -> Result<String, Box<LinkError>> {
+        if l.entrypoint.len() > LVOL_NAME_MAX || clone_entrypoint_tmp_head(l.entrypoint).len() > LVOL_NAME_MAX
+        {
+            return Err(Box::new(LinkError::NameTooLong {
+                snapshot: l.snapshot.to_owned(),
+                entrypoint: l.entrypoint.to_owned(),
+            }));
+        }
+        if lvs_of(l.head) != lvs_of(l.snapshot) {
+            return Err(Box::new(LinkError::OtherLvstore {
+                snapshot: l.snapshot.to_owned(),
+                head: l.head.to_owned(),
+            }));
+        }
+        let snap = inv
+            .lvols
+            .get(l.snapshot)
+            .ok_or_else(|| Box::new(l.missing(l.snapshot)))?;
+        if !snap.is_snapshot {
+            return Err(Box::new(LinkError::NotSnapshot {
+                snapshot: l.snapshot.to_owned(),
+                head: l.head.to_owned(),
+            }));
+        }
+        Ok(sibling(l.snapshot, l.entrypoint))
     }
 
     /// The entrypoint `ep` of `l.snapshot`, found (a clone of the snapshot)

@@ -51,6 +51,8 @@ impl ReplicaLvols {
                 .map(str::to_owned)
         };
         let mut out = Self::default();
+        // below each own lvol that has no own parent: the lvol it starts on
+        let mut bases: BTreeMap<Option<String>, String> = BTreeMap::new();
         for (alias, l) in inv.lvols.range(format!("{lvs}/")..) {
             if !alias.starts_with(&format!("{lvs}/")) {
                 break;
@@ -59,8 +61,14 @@ impl ReplicaLvols {
             let raw = inv.parent_of(alias);
             let parent = raw.as_deref().and_then(snap_of);
             let mine = l.name == replica || snap_of(alias).is_some();
-            if mine && parent.is_none() {
-                out.base = raw.map(|p| p.strip_prefix(&format!("{lvs}/")).unwrap_or(&p).to_owned());
+            if mine
+                && parent.is_none()
+                && let Some(p) = raw
+            {
+                bases.insert(
+                    snap_of(alias),
+                    p.strip_prefix(&format!("{lvs}/")).unwrap_or(&p).to_owned(),
+                );
             }
             if l.name == replica {
                 out.head = true;
@@ -70,6 +78,9 @@ impl ReplicaLvols {
                 out.snapshots.insert(s, (parent, bytes));
             }
         }
+        // the chain's: below its oldest snapshot, or the head's own
+        let root = out.chain().first().cloned();
+        out.base = bases.remove(&root);
         out
     }
 
@@ -89,8 +100,13 @@ impl ReplicaLvols {
     }
 
     /// How many snapshots of `chain` (oldest first) this replica holds, each
-    /// over the one before: the copies a rebuild keeps.
-    pub fn shared(&self, chain: &[String]) -> usize {
+    /// over the one before, the first over `base` (an entrypoint's name, or
+    /// nothing below): the copies a rebuild keeps. Over another base, none:
+    /// the same names hold other data.
+    pub fn shared(&self, base: Option<&str>, chain: &[String]) -> usize {
+        if self.base.as_deref() != base {
+            return 0;
+        }
         let mut prev: Option<&String> = None;
         for (i, s) in chain.iter().enumerate() {
             match self.snapshots.get(s) {
@@ -102,10 +118,12 @@ impl ReplicaLvols {
     }
 
     /// Whether the head is empty right above the first `j` snapshots of
-    /// `chain` and holds no other copy of them: ready for the next copy.
-    pub fn ready_over(&self, chain: &[String], j: usize) -> bool {
+    /// `chain` (over `base`, see [`Self::shared`]) and holds no other copy of
+    /// them: ready for the next copy.
+    pub fn ready_over(&self, base: Option<&str>, chain: &[String], j: usize) -> bool {
         self.head
             && self.head_bytes == 0
+            && self.base.as_deref() == base
             && self.head_parent.as_ref() == j.checked_sub(1).map(|i| &chain[i])
             && chain[j..].iter().all(|s| !self.snapshots.contains_key(s))
     }
@@ -125,9 +143,11 @@ pub struct ResetHeadError {
 
 impl super::VolumeOps {
     /// Makes replica `replica`'s head (in lvstore `lvs`, `size` bytes) empty
-    /// right above the snapshots of `chain` it shares: the head and every
-    /// snapshot it does not share are deleted (the newest first), the head made
-    /// again as a clone of the last shared one (or empty). Returns how many it
+    /// right above the snapshots of `chain` it shares over `base` (an
+    /// entrypoint of the same lvstore, there already; see
+    /// [`ReplicaLvols::shared`]): the head and every snapshot it does not
+    /// share are deleted (the newest first), the head made again as a clone
+    /// of the last shared one (or of `base`, or empty). Returns how many it
     /// shares.
     pub async fn reset_head(
         &self,
@@ -135,10 +155,11 @@ impl super::VolumeOps {
         replica: &str,
         size: u64,
         have: &ReplicaLvols,
+        base: Option<&str>,
         chain: &[String],
     ) -> Result<usize, ResetHeadError> {
         let client = &self.client;
-        let j = have.shared(chain);
+        let j = have.shared(base, chain);
         let shared = &chain[..j];
         let alias = |name: &str| format!("{lvs}/{name}");
         let delete = |a: String| async move {
@@ -170,7 +191,10 @@ impl super::VolumeOps {
         for s in stale {
             delete(alias(&snapshot_lvol(replica, s))).await?;
         }
-        let parent = shared.last().map(|p| alias(&snapshot_lvol(replica, p)));
+        let parent = match shared.last() {
+            Some(p) => Some(alias(&snapshot_lvol(replica, p))),
+            None => base.map(alias),
+        };
         let from = match &parent {
             Some(p) => HeadFrom::Snapshot(p),
             None => HeadFrom::Fresh(size.div_ceil(MIB)),
@@ -206,16 +230,46 @@ mod tests {
     fn a_dest_shares_the_prefix_of_the_chain_it_holds_in_the_same_order() {
         let chain: Vec<String> = ["a", "b", "c"].map(String::from).to_vec();
         let d = lvols(Some("b"), 4096, &[("a", None), ("b", Some("a"))]);
-        assert_eq!(d.shared(&chain), 2);
+        assert_eq!(d.shared(None, &chain), 2);
         assert_eq!(d.chain(), vec!["a", "b"]);
-        assert!(!d.ready_over(&chain, 2), "its head holds data");
+        assert!(!d.ready_over(None, &chain, 2), "its head holds data");
         let d = lvols(Some("b"), 0, &[("a", None), ("b", Some("a"))]);
-        assert!(d.ready_over(&chain, 2));
+        assert!(d.ready_over(None, &chain, 2));
         // b over another parent: only a is shared; a stale copy of c is in the way
         let d = lvols(Some("a"), 0, &[("a", None), ("b", Some("x")), ("c", Some("a"))]);
-        assert_eq!(d.shared(&chain), 1);
-        assert!(!d.ready_over(&chain, 1));
-        assert_eq!(lvols(None, 0, &[]).shared(&chain), 0);
-        assert!(lvols(None, 0, &[]).ready_over(&chain, 0));
+        assert_eq!(d.shared(None, &chain), 1);
+        assert!(!d.ready_over(None, &chain, 1));
+        assert_eq!(lvols(None, 0, &[]).shared(None, &chain), 0);
+        assert!(lvols(None, 0, &[]).ready_over(None, &chain, 0));
+    }
+
+    #[test]
+    fn a_linked_clones_copies_are_shared_only_over_the_same_entrypoint() {
+        let chain: Vec<String> = ["a", "b"].map(String::from).to_vec();
+        let ep = "src-r-1-clone-ep-x";
+        let on =
+            |base: Option<&str>, head_parent: Option<&str>, snaps: &[(&str, Option<&str>)]| ReplicaLvols {
+                base: base.map(str::to_owned),
+                ..lvols(head_parent, 0, snaps)
+            };
+        let d = on(Some(ep), Some("b"), &[("a", None), ("b", Some("a"))]);
+        assert_eq!(d.shared(Some(ep), &chain), 2);
+        assert!(d.ready_over(Some(ep), &chain, 2));
+        // the same names over nothing (a copy made without the entrypoint),
+        // or over another entrypoint: other data, nothing shared
+        let d = on(None, Some("b"), &[("a", None), ("b", Some("a"))]);
+        assert_eq!(d.shared(Some(ep), &chain), 0);
+        assert!(!d.ready_over(Some(ep), &chain, 0));
+        let d = on(
+            Some("other-clone-ep-x"),
+            Some("b"),
+            &[("a", None), ("b", Some("a"))],
+        );
+        assert_eq!(d.shared(Some(ep), &chain), 0);
+        // a head right on the entrypoint is ready for the first copy; an
+        // empty head over nothing is not, nor one on it when the source has none
+        assert!(on(Some(ep), None, &[]).ready_over(Some(ep), &chain, 0));
+        assert!(!on(None, None, &[]).ready_over(Some(ep), &chain, 0));
+        assert!(!on(Some(ep), None, &[]).ready_over(None, &chain, 0));
     }
 }

@@ -36,7 +36,7 @@ use super::{
     VolumeOps,
 };
 use crate::names::{InvalidName, Nqn};
-use crate::resources::longhorn::{SnapshotInfo, snapshot_lvol};
+use crate::resources::longhorn::{CloneBase, SnapshotInfo, snapshot_lvol};
 use crate::spdk::ClientError;
 use crate::spdk::naming::longhorn::{self as naming, REBUILD_SNAP_PREFIX, is_rebuild_snap};
 use crate::spdk::rpc::RaidBdev;
@@ -139,6 +139,16 @@ pub enum ThinError {
         /// How long it was waited for.
         secs: u64,
     },
+    /// A linked clone's dest: the entrypoint its chain starts on was not
+    /// found or made beside it.
+    #[error("replica {replica}: the linked clone's entrypoint beside it")]
+    CloneBase {
+        /// The dest.
+        replica: String,
+        /// Why.
+        #[source]
+        source: super::LinkError,
+    },
     /// A copy failed (SPDK's words, or its node's).
     #[error("copying snapshot {snapshot} to replica {replica}: {message}")]
     CopyFailed {
@@ -187,6 +197,33 @@ impl ReplicaEnd {
     }
 }
 
+/// A linked clone's base's entrypoint name.
+fn entrypoint(b: &CloneBase) -> String {
+    naming::clone_entrypoint(&b.replica, &b.snapshot)
+}
+
+impl VolumeOps {
+    /// The entrypoint `base` names, found or made in lvstore `lvs` for dest
+    /// `dst` (a replica of this node, rebuilt next with
+    /// [`VolumeOps::reset_head`] over it). Returns its name.
+    pub async fn clone_base_for(
+        &self,
+        inv: &Inventory,
+        lvs: &str,
+        dst: &str,
+        base: &CloneBase,
+    ) -> Result<String, super::LinkError> {
+        let ep = entrypoint(base);
+        let link = super::Link {
+            snapshot: &format!("{lvs}/{}", snapshot_lvol(&base.replica, &base.snapshot)),
+            entrypoint: &ep,
+            head: &format!("{lvs}/{dst}"),
+        };
+        self.clone_base(inv, &link).await?;
+        Ok(ep)
+    }
+}
+
 /// What only the node of a replica elsewhere can do for its rebuild, and
 /// what the protocol keeps about a switch: implemented by the protocol's
 /// layer. Every error is the step's [`ThinError`], in that layer's words.
@@ -208,7 +245,8 @@ pub trait ReplicaPeers: Send + Sync {
     /// Attaches its export here; answers the bdev this node writes it through.
     async fn attach(&self, inv: &Inventory, replica: &str, address: &str) -> Result<String, ThinError>;
     /// Asks its node to make its head empty right above the snapshots of
-    /// `chain` (the source's, oldest first) it shares, for a copy from
+    /// `chain` (the source's, oldest first) it shares over `base` (a linked
+    /// clone's: the chain starts on that entrypoint), for a copy from
     /// `src`; answers whether it is so (false: its node is still at it).
     async fn dst_start(
         &self,
@@ -216,6 +254,7 @@ pub trait ReplicaPeers: Send + Sync {
         address: &str,
         src: &ReplicaEnd,
         chain: &[String],
+        base: Option<&CloneBase>,
     ) -> Result<bool, ThinError>;
     /// Asks its node to copy its snapshot `snap`'s own clusters into
     /// `dst`'s head, exported at `to`.
@@ -387,6 +426,11 @@ pub struct ReplicaRebuild<'a> {
     pub src_info: BTreeMap<String, SnapshotInfo>,
     /// The cap the copies run at, MB/s (0: none).
     pub qos: u64,
+    /// A linked clone's dest: the replica of the clone's source volume
+    /// beside it (Longhorn's `ReplicaAdd` `linked_clone_source`), whose
+    /// entrypoint its chain starts on. Without it, a source that is a
+    /// linked clone is rebuilt by SPDK's raid rebuild (every block).
+    pub beside: Option<String>,
 }
 
 impl VolumeOps {
@@ -430,14 +474,30 @@ impl VolumeOps {
         let have_src = lvols_of(&src).await?;
         let have_dst = lvols_of(&r.dst).await?;
         let chain_src = have_src.chain();
-        if let Some(base) = &have_src.base {
-            // the copies would hold the clone's own data without what it
-            // reads of its base: SPDK's raid rebuild copies every block
-            return Ok(Thin::Unsupported(format!(
-                "source replica {} is a linked clone (its chain starts on {base}); a thin copy would leave out the data it reads there",
-                src.replica()
-            )));
-        }
+        // a linked clone's copies hold its own data only: the dest's chain
+        // starts on the same snapshot's entrypoint beside it, or SPDK's
+        // raid rebuild copies every block
+        let dst_base = match (&have_src.base, r.beside) {
+            (None, _) => None,
+            (Some(base), beside) => match (naming::clone_entrypoint_snapshot(base), beside) {
+                (Some(snapshot), Some(replica)) => Some(CloneBase {
+                    replica,
+                    snapshot: snapshot.to_owned(),
+                }),
+                (Some(_), None) => {
+                    return Ok(Thin::Unsupported(format!(
+                        "source replica {} is a linked clone (its chain starts on {base}) and no replica of the clone's source volume beside the dest was named; a thin copy would leave out the data it reads there",
+                        src.replica()
+                    )));
+                }
+                (None, _) => {
+                    return Ok(Thin::Unsupported(format!(
+                        "source replica {}'s chain starts on {base}, not on a linked clone's entrypoint; a thin copy would leave out the data it reads there",
+                        src.replica()
+                    )));
+                }
+            },
+        };
         if let Some(bad) = chain_src
             .iter()
             .find(|s| naming::replica_snapshot_name(s).is_err())
@@ -475,6 +535,8 @@ impl VolumeOps {
             names: r.names,
             spec: r.spec,
             qos: r.qos,
+            dst_ep: dst_base.as_ref().map(entrypoint),
+            dst_base,
         };
         Ok(match thin::step(&ends, &rebuilds.runs).await? {
             thin::Step::Copying { copied, total } => Thin::Copying { copied, total },
@@ -511,6 +573,9 @@ struct ReplicaEnds<'a> {
     names: &'a EngineNames,
     spec: &'a ExportSpec,
     qos: u64,
+    /// A linked clone's dest: where its chain starts, and that entrypoint's name.
+    dst_base: Option<CloneBase>,
+    dst_ep: Option<String>,
 }
 
 impl ReplicaEnds<'_> {
@@ -638,15 +703,32 @@ impl ReplicaEnds<'_> {
     /// false while that node is still at it (asked again at the next step).
     async fn reset_dst(&self) -> Result<bool, ThinError> {
         match &self.dst {
-            ReplicaEnd::Here { replica, lvs, size } => self
-                .ops
-                .reset_head(lvs, replica, *size, &self.have_dst, &self.chain_src)
-                .await
-                .map(|_| true)
-                .map_err(|source| ThinError::ResetHead {
-                    replica: replica.clone(),
-                    source,
-                }),
+            ReplicaEnd::Here { replica, lvs, size } => {
+                if let Some(b) = &self.dst_base {
+                    self.ops
+                        .clone_base_for(self.inv, lvs, replica, b)
+                        .await
+                        .map_err(|source| ThinError::CloneBase {
+                            replica: replica.clone(),
+                            source,
+                        })?;
+                }
+                self.ops
+                    .reset_head(
+                        lvs,
+                        replica,
+                        *size,
+                        &self.have_dst,
+                        self.dst_ep.as_deref(),
+                        &self.chain_src,
+                    )
+                    .await
+                    .map(|_| true)
+                    .map_err(|source| ThinError::ResetHead {
+                        replica: replica.clone(),
+                        source,
+                    })
+            }
             ReplicaEnd::Peer { replica, address } => {
                 // this node's controller of it goes: the head is a new namespace
                 if self.inv.controllers.iter().any(|c| c == replica) {
@@ -658,7 +740,13 @@ impl ReplicaEnds<'_> {
                         )))?;
                 }
                 self.peers
-                    .dst_start(replica, address, &self.src, &self.chain_src)
+                    .dst_start(
+                        replica,
+                        address,
+                        &self.src,
+                        &self.chain_src,
+                        self.dst_base.as_ref(),
+                    )
                     .await
             }
         }
@@ -725,21 +813,24 @@ impl thin::Ends for ReplicaEnds<'_> {
     }
 
     async fn at(&self) -> Result<thin::At, ThinError> {
-        let j = self.have_dst.shared(&self.chain_src);
+        let base = self.dst_ep.as_deref();
+        let j = self.have_dst.shared(base, &self.chain_src);
         // a dest's node still making its head ready is asked again first
         let waiting = matches!(self.dst, ReplicaEnd::Peer { .. })
             && self.rebuilds.lock().dst_waiting.contains_key(&self.key());
         Ok(thin::At::Holds {
             shared: j,
-            ready: self.have_dst.ready_over(&self.chain_src, j) && !waiting,
+            ready: self.have_dst.ready_over(base, &self.chain_src, j) && !waiting,
         })
     }
 
     async fn make_ready(&self, j: usize) -> Result<(), ThinError> {
         let (engine, dst_name) = (self.engine, self.dst.replica());
-        if self.remote_into_here {
+        if self.remote_into_here && self.inv.subsystem(self.dst_nqn.as_str()).is_some() {
             // its export goes while its head is made again (made again
-            // by the replica's controller at the next reconcile)
+            // by the replica's controller at the next reconcile); none yet
+            // (a new replica its engine took before it was exported): SPDK
+            // answers a missing subsystem's delete as invalid parameters
             self.ops.unexport(dst_name, self.dst_nqn.as_str()).await?;
         }
         let ready = self.reset_dst().await?;
@@ -755,13 +846,23 @@ impl thin::Ends for ReplicaEnds<'_> {
             }
         };
         if let Some(by) = by {
-            tracing::info!(
-                engine,
-                replica = dst_name,
-                source = self.src.replica(),
-                shared = j,
-                "rebuilding replica thin: {by} over the snapshots it shares"
-            );
+            match &self.dst_ep {
+                None => tracing::info!(
+                    engine,
+                    replica = dst_name,
+                    source = self.src.replica(),
+                    shared = j,
+                    "rebuilding replica thin: {by} over the snapshots it shares"
+                ),
+                Some(ep) => tracing::info!(
+                    engine,
+                    replica = dst_name,
+                    source = self.src.replica(),
+                    shared = j,
+                    entrypoint = ep.as_str(),
+                    "rebuilding a linked clone's replica thin: {by} over the snapshots it shares, on the entrypoint beside it"
+                ),
+            }
         }
         Ok(())
     }
