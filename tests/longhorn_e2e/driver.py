@@ -545,11 +545,50 @@ class Scenario:
                         say(f"replica {r['metadata']['name']} linked to {src}")
             self.attach()
             self.check(first, f"the data of the volume cloned from {snap}")
+            if linked and self.replicas > 1:
+                self.clone_replica_rebuilt(name, first, snap)
             self.detach()
             self.delete()
         finally:
             self.vol = VOLUME
             self.addr, self.port, self.nqn = endpoint
+
+    def clone_replica_rebuilt(self, name, first, snap):
+        """A linked clone's replica on the second node lost (its Replica CR deleted while the
+        clone is attached): the manager makes a new one beside a source replica
+        (`linkedCloneSrcReplicaName`) and ReplicaAdds it with that replica as its
+        `linked_clone_source`; talon rebuilds it thin over the entrypoint beside it (its log says
+        so), copying only the clone's own data. The clone reads the snapshot's pattern after."""
+        lost = [r for r in self.list("replicas", f"longhornvolume={name}")
+                if (r.get("spec") or {}).get("nodeID") != NODE]
+        assert lost, f"volume {name}: no replica on another node than {NODE}"
+        old = lost[0]["metadata"]["name"]
+        say(f"deleting replica {old} of the linked clone {name}")
+        self.c.custom.delete_namespaced_custom_object(GROUP, VERSION, NS, "replicas", old)
+        self.wait(f"replica {old} gone", lambda: old not in {
+            r["metadata"]["name"] for r in self.list("replicas", f"longhornvolume={name}")}, T_MANAGER)
+        self.rebuilt()
+        new = [r for r in self.list("replicas", f"longhornvolume={name}")
+               if r["metadata"]["name"] != old and (r.get("spec") or {}).get("nodeID") != NODE]
+        assert new, f"volume {name}: no new replica on the second node"
+        new_name = new[0]["metadata"]["name"]
+        src = (new[0].get("spec") or {}).get("linkedCloneSrcReplicaName")
+        assert src, f"replica {new_name}: no linkedCloneSrcReplicaName"
+        thin = []
+        for proc in sorted(self.c.procs):
+            if proc.startswith("talon-"):
+                try:
+                    with open(self.c.logfile(proc), errors="replace") as f:
+                        thin += [l.strip()[:400] for l in f
+                                 if "rebuilding a linked clone's replica thin" in l and new_name in l]
+                except OSError:
+                    pass
+        for t in thin[:3]:
+            say(t)
+        assert any(f"{src}-clone-ep-{snap}" in t for t in thin), \
+            f"replica {new_name}: not rebuilt thin over {src}'s entrypoint (talon's log: {thin[:3]})"
+        say(f"replica {new_name} rebuilt over {src}-clone-ep-{snap}")
+        self.check(first, f"the data of the linked clone after its replica {new_name} was rebuilt")
 
     def dr_restored(self, backup):
         """Waits until the DR volume's engine reports `backup` restored by every replica (the
@@ -1396,7 +1435,8 @@ def main():
         s.step("snapshot", s.snapshot)
         if not two:
             s.step("clone", lambda: s.clone(first))
-        # a linked clone of two replicas is linked on both nodes (each by its own node)
+        # a linked clone of two replicas is linked on both nodes (each by its own node); with
+        # two, the second node's replica is then lost and rebuilt thin over its entrypoint
         s.step("clone-linked", lambda: s.clone(first, linked=True))
         s.step("backup-target", s.backup_target)
         s.step("backup", s.backup)

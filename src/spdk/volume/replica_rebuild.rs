@@ -828,9 +828,9 @@ impl thin::Ends for ReplicaEnds<'_> {
         let (engine, dst_name) = (self.engine, self.dst.replica());
         if self.remote_into_here && self.inv.subsystem(self.dst_nqn.as_str()).is_some() {
             // its export goes while its head is made again (made again
-            // by the replica's controller at the next reconcile); none yet
-            // (a new replica its engine took before it was exported): SPDK
-            // answers a missing subsystem's delete as invalid parameters
+            // by the replica's controller at the next reconcile); already
+            // gone, it is not deleted again: SPDK answers a missing
+            // subsystem's delete as invalid parameters
             self.ops.unexport(dst_name, self.dst_nqn.as_str()).await?;
         }
         let ready = self.reset_dst().await?;
