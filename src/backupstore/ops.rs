@@ -372,25 +372,46 @@ async fn create_locked(
         .map(|b| {
             let (store, volume) = (store.clone(), req.volume.clone());
             let full = req.full;
-            async move {
+            // each block a task of its own: its checksum, compression and the
+            // upload's signing (a SHA-256 of the body) run on any core, not
+            // one after another in the task that polls the stream; dropped
+            // (the backup cancelled), the task is aborted
+            let task = tokio::spawn(async move {
                 let Block { offset, data } = b?;
                 let Some(data) = data else {
                     return Ok((offset, None, None));
                 };
-                let sum = format::checksum(&data);
+                // a full backup uploads every block: compressed beside its checksum
+                let (sum, data, z) = tokio::task::spawn_blocking(move || {
+                    let sum = format::checksum(&data);
+                    let z = full.then(|| method.compress(&data));
+                    (sum, data, z)
+                })
+                .await
+                .expect("checksumming a block");
                 let path = format::block_path(&volume, &sum);
-                let uploaded = if full || !store.exists(&path).await? {
-                    let z = tokio::task::spawn_blocking(move || method.compress(&data))
-                        .await
-                        .expect("compressing a block");
-                    let n = z.len() as u64;
-                    store.write(&path, z).await?;
-                    Some(n)
-                } else {
-                    None
+                let z = match z {
+                    Some(z) => Some(z),
+                    None if !store.exists(&path).await? => Some(
+                        tokio::task::spawn_blocking(move || method.compress(&data))
+                            .await
+                            .expect("compressing a block"),
+                    ),
+                    None => None,
+                };
+                let uploaded = match z {
+                    Some(z) => {
+                        let n = z.len() as u64;
+                        store.write(&path, z).await?;
+                        Some(n)
+                    }
+                    None => None,
                 };
                 Ok::<_, BackupError>((offset, Some(sum), uploaded))
-            }
+            });
+            futures::FutureExt::map(tokio_util::task::AbortOnDropHandle::new(task), |r| {
+                r.expect("a block's backup task")
+            })
         })
         .buffered(req.concurrency())
         .inspect(|r| {
