@@ -33,9 +33,9 @@ use crate::resources::longhorn::{CloneBase, DstStartRequest, LonghornReplica, sn
 use crate::spdk::ErrorKind;
 use crate::spdk::naming::longhorn as naming;
 use crate::spdk::rpc::CheckShallowCopy;
-use crate::spdk::volume::ReplicaLvols;
 use crate::spdk::volume::naming::lvstore;
 use crate::spdk::volume::{Inventory, RemoteAttach};
+use crate::spdk::volume::{ReplicaLvols, clone_base_entrypoint};
 
 /// How long DstStart waits for the controller to export the new head.
 const EXPORT_WAIT: Duration = Duration::from_secs(20);
@@ -106,9 +106,7 @@ impl Longhorn {
                 })
             }
         };
-        let ep = base
-            .as_ref()
-            .map(|b| naming::clone_entrypoint(&b.replica, &b.snapshot));
+        let ep = base.as_ref().map(clone_base_entrypoint);
         let have = self.replica_lvols_now(replica.as_str(), &t.spec.disk).await?;
         let nqn = naming::replica_nqn(&replica).map_err(|x| LonghornError::Invalid(x.to_string()))?;
         if !have.ready_over(ep.as_deref(), &chain, have.shared(ep.as_deref(), &chain)) {

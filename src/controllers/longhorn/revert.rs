@@ -35,9 +35,9 @@ use crate::resources::longhorn::{
 };
 use crate::runtime::{ControllerError, ReconcileContext, Typed};
 use crate::spdk::naming::longhorn as naming;
-use crate::spdk::volume::ReplicaLvols;
 use crate::spdk::volume::naming::lvstore;
 use crate::spdk::volume::{Inventory, RevertAsk, RevertHead, RevertMembers, RevertPeer, Reverted, TakeDown};
+use crate::spdk::volume::{ReplicaLvols, clone_base_entrypoint};
 
 impl LonghornController {
     /// Carries out engine `e`'s revert request unless it was (`prev` holds
@@ -321,10 +321,7 @@ impl LonghornController {
                 naming::replica_snapshot_name(s)?;
             }
             let have = ReplicaLvols::from_inventory(inv, &lvs, name.as_str());
-            let base = rq
-                .base
-                .as_ref()
-                .map(|b| naming::clone_entrypoint(&b.replica, &b.snapshot));
+            let base = rq.base.as_ref().map(clone_base_entrypoint);
             let base = base.as_deref();
             if have.ready_over(base, &rq.chain, have.shared(base, &rq.chain)) {
                 return Ok(());

@@ -83,7 +83,7 @@ use plan::Make;
 pub use plan::{ExportSpec, VolumePlan, point_in_time_set, superblock_room};
 pub use replica_lvols::{ReplicaLvols, ResetHeadError};
 pub use replica_rebuild::{
-    Failed, ReplicaEnd, ReplicaPeers, ReplicaRebuild, ReplicaRebuilds, Thin, ThinError,
+    Failed, ReplicaEnd, ReplicaPeers, ReplicaRebuild, ReplicaRebuilds, Thin, ThinError, clone_base_entrypoint,
 };
 pub use revert::{RevertAsk, RevertHead, RevertMembers, RevertPeer, RevertRefused, Reverted};
 pub use snapshot::{Member, PointInTime, Taken, Unfreezable};

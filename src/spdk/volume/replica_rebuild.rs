@@ -197,8 +197,8 @@ impl ReplicaEnd {
     }
 }
 
-/// A linked clone's base's entrypoint name.
-fn entrypoint(b: &CloneBase) -> String {
+/// The name of the entrypoint a linked clone's base names.
+pub fn clone_base_entrypoint(b: &CloneBase) -> String {
     naming::clone_entrypoint(&b.replica, &b.snapshot)
 }
 
@@ -213,7 +213,7 @@ impl VolumeOps {
         dst: &str,
         base: &CloneBase,
     ) -> Result<String, super::LinkError> {
-        let ep = entrypoint(base);
+        let ep = clone_base_entrypoint(base);
         let link = super::Link {
             snapshot: &format!("{lvs}/{}", snapshot_lvol(&base.replica, &base.snapshot)),
             entrypoint: &ep,
@@ -480,6 +480,17 @@ impl VolumeOps {
         let dst_base = match (&have_src.base, r.beside) {
             (None, _) => None,
             (Some(base), beside) => match (naming::clone_entrypoint_snapshot(base), beside) {
+                // a dest of this node whose replica beside has no such snapshot
+                // in its lvstore (another disk, or it is gone)
+                (Some(snapshot), Some(replica))
+                    if matches!(&r.dst, ReplicaEnd::Here { lvs, .. }
+                        if !inv.lvols.contains_key(&format!("{lvs}/{}", snapshot_lvol(&replica, snapshot)))) =>
+                {
+                    return Ok(Thin::Unsupported(format!(
+                        "source replica {} is a linked clone of snapshot {snapshot} and replica {replica} beside the dest holds no such snapshot in its lvstore",
+                        src.replica()
+                    )));
+                }
                 (Some(snapshot), Some(replica)) => Some(CloneBase {
                     replica,
                     snapshot: snapshot.to_owned(),
@@ -535,7 +546,7 @@ impl VolumeOps {
             names: r.names,
             spec: r.spec,
             qos: r.qos,
-            dst_ep: dst_base.as_ref().map(entrypoint),
+            dst_ep: dst_base.as_ref().map(clone_base_entrypoint),
             dst_base,
         };
         Ok(match thin::step(&ends, &rebuilds.runs).await? {
