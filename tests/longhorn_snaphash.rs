@@ -254,15 +254,15 @@ async fn clone_replica(
 /// Replica `old` (on node `n`, disk `disk`) of the clone's engine removed and deleted, and
 /// a new one, `new`, added and rebuilt in its place (`beside`: a linked clone's, the source
 /// volume's replica beside it, as longhorn-manager's `ReplicaAdd` names it); checked to be
-/// thin: a linked clone's new chain starts on `n`'s own entrypoint of `snap` and holds the
-/// clone's own snapshot. Returns `new`.
+/// thin when `linked`: the new chain starts on `n`'s own entrypoint of `snap` beside it and
+/// holds the clone's own snapshot. Returns `new`.
 async fn rebuilt<'a>(
     p: &mut ProxyEngineServiceClient<Channel>,
     n: &Node,
     inst: &mut talon::proto::imrpc::instance_service_client::InstanceServiceClient<Channel>,
     (old, new, disk): (&str, &'a str, &str),
     beside: Option<&str>,
-    (size, snap): (u64, &str),
+    (size, snap, linked): (u64, &str, bool),
 ) -> &'a str {
     p.replica_remove(imrpc::EngineReplicaRemoveRequest {
         proxy_engine_request: Some(clone_req()),
@@ -301,7 +301,7 @@ async fn rebuilt<'a>(
         (list.len() == 2 && list.iter().all(|r| r.mode == ptypes::ReplicaMode::Rw as i32)).then_some(())
     })
     .await;
-    if let Some(r) = beside {
+    if let Some(r) = beside.filter(|_| linked) {
         // once the rebuild's own snapshot is merged away (after the switch)
         let ep = format!("{r}-clone-ep-{snap}");
         let lvs = format!("talon-{disk}");
@@ -516,7 +516,7 @@ async fn clone_from(
             ib,
             ("clone-r-b", "clone-r-b2", "disk-b"),
             beside("vol-r-b"),
-            (size, snap),
+            (size, snap, linked),
         )
         .await;
         a_replica = rebuilt(
@@ -525,7 +525,7 @@ async fn clone_from(
             &mut inst,
             ("clone-r-a", "clone-r-a2", "disk-a"),
             beside("vol-r-a"),
-            (size, snap),
+            (size, snap, linked),
         )
         .await;
         let sums = snapshot_hashed(p, "c2", 2).await;
@@ -536,21 +536,25 @@ async fn clone_from(
             );
         }
         if linked {
-            // asked without `linked_clone_source` (an older manager): the source is a
-            // linked clone and no entrypoint is named for the dest, so SPDK's raid rebuild
-            // copies every block (a thin copy of the clone's own snapshots over nothing
-            // would leave out what it reads of its entrypoint); it reads as the snapshot
-            b_replica = rebuilt(p, b, ib, (b_replica, "clone-r-b3", "disk-b"), None, (size, snap)).await;
-            let held_b = allocated_bytes(b, b_replica).await;
-            assert!(
-                held_b >= size / 2,
-                "{b_replica} rebuilt whole by the raid: {held_b} bytes of {size}"
-            );
+            // a source that is a linked clone (A's) and no entrypoint the dest can start
+            // on: B's asked with a replica beside it that does not exist (its node refuses
+            // the base), then asked without `linked_clone_source` (an older manager).
+            // SPDK's raid rebuild copies every block (a thin copy of the clone's own
+            // snapshots over nothing would leave out what A reads of its entrypoint); each
+            // reads as the snapshot
+            for (new, beside) in [("clone-r-b3", Some("vol-r-nosuch")), ("clone-r-b4", None)] {
+                b_replica = rebuilt(p, b, ib, (b_replica, new, "disk-b"), beside, (size, snap, false)).await;
+                let held = allocated_bytes(b, b_replica).await;
+                assert!(
+                    held >= size / 2,
+                    "{b_replica} rebuilt whole by the raid: {held} bytes of {size}"
+                );
+            }
             let sums = snapshot_hashed(p, "c3", 2).await;
             for (at, x) in &sums {
                 assert_eq!(
                     x.checksum, sum,
-                    "{at} reads as the snapshot after a raid rebuild: {sums:?}"
+                    "{at} reads as the snapshot after the raid rebuilds: {sums:?}"
                 );
             }
         }

@@ -35,7 +35,7 @@ use crate::spdk::naming::longhorn as naming;
 use crate::spdk::rpc::CheckShallowCopy;
 use crate::spdk::volume::naming::lvstore;
 use crate::spdk::volume::{Inventory, RemoteAttach};
-use crate::spdk::volume::{ReplicaLvols, clone_base_entrypoint};
+use crate::spdk::volume::{ReplicaLvols, clone_base_entrypoint, clone_base_snapshot};
 
 /// How long DstStart waits for the controller to export the new head.
 const EXPORT_WAIT: Duration = Duration::from_secs(20);
@@ -107,7 +107,20 @@ impl Longhorn {
             }
         };
         let ep = base.as_ref().map(clone_base_entrypoint);
-        let have = self.replica_lvols_now(replica.as_str(), &t.spec.disk).await?;
+        let lvs = lvstore(&t.spec.disk);
+        let inv = Inventory::load(self.client())
+            .await
+            .map_err(|e| LonghornError::spdk(format!("replica {replica}: listing spdk_tgt"), e))?;
+        if let Some(b) = &base
+            && let Err(snap) = clone_base_snapshot(&inv, &lvs, b)
+        {
+            // the engine rebuilds it whole instead (SPDK's raid rebuild)
+            return Err(LonghornError::Refused(format!(
+                "{what}: its linked clone's base {snap} (replica {} beside it) does not exist",
+                b.replica
+            )));
+        }
+        let have = ReplicaLvols::from_inventory(&inv, &lvs, replica.as_str());
         let nqn = naming::replica_nqn(&replica).map_err(|x| LonghornError::Invalid(x.to_string()))?;
         if !have.ready_over(ep.as_deref(), &chain, have.shared(ep.as_deref(), &chain)) {
             // the controller takes the export down, makes the head again

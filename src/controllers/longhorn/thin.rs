@@ -283,7 +283,14 @@ impl ReplicaPeers for LonghornController {
             .replica_rebuilding_dst_start(req)
             .await
             .map(|r| !r.into_inner().dst_head_lvol_address.is_empty())
-            .map_err(peer_said(replica, "making its head again"))
+            .map_err(|s| match s.code() {
+                // the base asked for is not there: the rebuild copies every block
+                tonic::Code::FailedPrecondition if base.is_some() => ThinError::NoCloneBase {
+                    replica: replica.to_owned(),
+                    message: s.message().to_owned(),
+                },
+                _ => peer_said(replica, "making its head again")(s),
+            })
     }
 
     async fn src_copy_start(

@@ -149,6 +149,16 @@ pub enum ThinError {
         #[source]
         source: super::LinkError,
     },
+    /// A linked clone's dest of another node: its node cannot start its
+    /// chain on the base asked for (the replica beside it lacks the
+    /// snapshot); the rebuild copies every block instead.
+    #[error("replica {replica}: its node cannot start it on the linked clone's entrypoint: {message}")]
+    NoCloneBase {
+        /// The dest.
+        replica: String,
+        /// Its node's words.
+        message: String,
+    },
     /// A copy failed (SPDK's words, or its node's).
     #[error("copying snapshot {snapshot} to replica {replica}: {message}")]
     CopyFailed {
@@ -200,6 +210,16 @@ impl ReplicaEnd {
 /// The name of the entrypoint a linked clone's base names.
 pub fn clone_base_entrypoint(b: &CloneBase) -> String {
     naming::clone_entrypoint(&b.replica, &b.snapshot)
+}
+
+/// The alias of the snapshot a linked clone's base names in lvstore `lvs`,
+/// when it is there (its entrypoint can be found or made).
+pub fn clone_base_snapshot(inv: &Inventory, lvs: &str, b: &CloneBase) -> Result<String, String> {
+    let snap = format!("{lvs}/{}", snapshot_lvol(&b.replica, &b.snapshot));
+    match inv.lvols.get(&snap) {
+        Some(l) if l.is_snapshot => Ok(snap),
+        _ => Err(snap),
+    }
 }
 
 impl VolumeOps {
@@ -480,17 +500,6 @@ impl VolumeOps {
         let dst_base = match (&have_src.base, r.beside) {
             (None, _) => None,
             (Some(base), beside) => match (naming::clone_entrypoint_snapshot(base), beside) {
-                // a dest of this node whose replica beside has no such snapshot
-                // in its lvstore (another disk, or it is gone)
-                (Some(snapshot), Some(replica))
-                    if matches!(&r.dst, ReplicaEnd::Here { lvs, .. }
-                        if !inv.lvols.contains_key(&format!("{lvs}/{}", snapshot_lvol(&replica, snapshot)))) =>
-                {
-                    return Ok(Thin::Unsupported(format!(
-                        "source replica {} is a linked clone of snapshot {snapshot} and replica {replica} beside the dest holds no such snapshot in its lvstore",
-                        src.replica()
-                    )));
-                }
                 (Some(snapshot), Some(replica)) => Some(CloneBase {
                     replica,
                     snapshot: snapshot.to_owned(),
@@ -509,6 +518,16 @@ impl VolumeOps {
                 }
             },
         };
+        // a dest of this node whose replica beside has no such snapshot in its
+        // lvstore (another disk, or it is gone); one of another node: its node says so
+        if let (Some(b), ReplicaEnd::Here { lvs, .. }) = (&dst_base, &r.dst)
+            && let Err(snap) = clone_base_snapshot(inv, lvs, b)
+        {
+            return Ok(Thin::Unsupported(format!(
+                "source replica {} is a linked clone and {snap}, the base beside the dest, does not exist",
+                src.replica()
+            )));
+        }
         if let Some(bad) = chain_src
             .iter()
             .find(|s| naming::replica_snapshot_name(s).is_err())
@@ -549,9 +568,11 @@ impl VolumeOps {
             dst_ep: dst_base.as_ref().map(clone_base_entrypoint),
             dst_base,
         };
-        Ok(match thin::step(&ends, &rebuilds.runs).await? {
-            thin::Step::Copying { copied, total } => Thin::Copying { copied, total },
-            thin::Step::Joined => Thin::Joined,
+        Ok(match thin::step(&ends, &rebuilds.runs).await {
+            Ok(thin::Step::Copying { copied, total }) => Thin::Copying { copied, total },
+            Ok(thin::Step::Joined) => Thin::Joined,
+            Err(e @ ThinError::NoCloneBase { .. }) => Thin::Unsupported(e.to_string()),
+            Err(e) => return Err(e),
         })
     }
 }
