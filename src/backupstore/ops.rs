@@ -390,23 +390,19 @@ async fn create_locked(
                 .await
                 .expect("checksumming a block");
                 let path = format::block_path(&volume, &sum);
+                // an incremental one only a block the store lacks
                 let z = match z {
-                    Some(z) => Some(z),
-                    None if !store.exists(&path).await? => Some(
+                    Some(z) => z,
+                    None if !store.exists(&path).await? => {
                         tokio::task::spawn_blocking(move || method.compress(&data))
                             .await
-                            .expect("compressing a block"),
-                    ),
-                    None => None,
-                };
-                let uploaded = match z {
-                    Some(z) => {
-                        let n = z.len() as u64;
-                        store.write(&path, z).await?;
-                        Some(n)
+                            .expect("compressing a block")
                     }
-                    None => None,
+                    None => return Ok((offset, Some(sum), None)),
                 };
+                let n = z.len() as u64;
+                store.write(&path, z).await?;
+                let uploaded = Some(n);
                 Ok::<_, BackupError>((offset, Some(sum), uploaded))
             });
             futures::FutureExt::map(tokio_util::task::AbortOnDropHandle::new(task), |r| {

@@ -35,7 +35,7 @@ use crate::spdk::naming::longhorn as naming;
 use crate::spdk::rpc::CheckShallowCopy;
 use crate::spdk::volume::naming::lvstore;
 use crate::spdk::volume::{Inventory, RemoteAttach};
-use crate::spdk::volume::{ReplicaLvols, clone_base_entrypoint, clone_base_snapshot};
+use crate::spdk::volume::{ReplicaLvols, clone_base_entrypoint, clone_base_present};
 
 /// How long DstStart waits for the controller to export the new head.
 const EXPORT_WAIT: Duration = Duration::from_secs(20);
@@ -53,10 +53,15 @@ impl Longhorn {
         replica: &str,
         disk: &str,
     ) -> Result<ReplicaLvols, LonghornError> {
-        let inv = Inventory::load(self.client())
-            .await
-            .map_err(|e| LonghornError::spdk(format!("replica {replica}: listing spdk_tgt"), e))?;
+        let inv = self.listing_for(replica).await?;
         Ok(ReplicaLvols::from_inventory(&inv, &lvstore(disk), replica))
+    }
+
+    /// spdk_tgt's listing, read now for replica `replica`'s call.
+    async fn listing_for(&self, replica: &str) -> Result<Inventory, LonghornError> {
+        Inventory::load(self.client())
+            .await
+            .map_err(|e| LonghornError::spdk(format!("replica {replica}: listing spdk_tgt"), e))
     }
 
     /// `ReplicaRebuildingDstStart`: replica `name` becomes a rebuild's dest:
@@ -108,15 +113,14 @@ impl Longhorn {
         };
         let ep = base.as_ref().map(clone_base_entrypoint);
         let lvs = lvstore(&t.spec.disk);
-        let inv = Inventory::load(self.client())
-            .await
-            .map_err(|e| LonghornError::spdk(format!("replica {replica}: listing spdk_tgt"), e))?;
+        let inv = self.listing_for(replica.as_str()).await?;
         if let Some(b) = &base
-            && let Err(snap) = clone_base_snapshot(&inv, &lvs, b)
+            && !clone_base_present(&inv, &lvs, b)
         {
             // the engine rebuilds it whole instead (SPDK's raid rebuild)
             return Err(LonghornError::Refused(format!(
-                "{what}: its linked clone's base {snap} (replica {} beside it) does not exist",
+                "{what}: its linked clone's base {} (replica {} beside it) does not exist",
+                b.snapshot_in(&lvs),
                 b.replica
             )));
         }

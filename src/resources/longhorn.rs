@@ -111,6 +111,13 @@ pub struct CloneBase {
     pub snapshot: String,
 }
 
+impl CloneBase {
+    /// The alias of the snapshot it names in lvstore `lvs`.
+    pub fn snapshot_in(&self, lvs: &str) -> String {
+        format!("{lvs}/{}", snapshot_lvol(&self.replica, &self.snapshot))
+    }
+}
+
 /// What the controller made of a [`DstStartRequest`].
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]

@@ -84,7 +84,7 @@ pub use plan::{ExportSpec, VolumePlan, point_in_time_set, superblock_room};
 pub use replica_lvols::{ReplicaLvols, ResetHeadError};
 pub use replica_rebuild::{
     Failed, ReplicaEnd, ReplicaPeers, ReplicaRebuild, ReplicaRebuilds, Thin, ThinError,
-    clone_base_entrypoint, clone_base_snapshot,
+    clone_base_entrypoint, clone_base_present,
 };
 pub use revert::{RevertAsk, RevertHead, RevertMembers, RevertPeer, RevertRefused, Reverted};
 pub use snapshot::{Member, PointInTime, Taken, Unfreezable};

@@ -212,14 +212,10 @@ pub fn clone_base_entrypoint(b: &CloneBase) -> String {
     naming::clone_entrypoint(&b.replica, &b.snapshot)
 }
 
-/// The alias of the snapshot a linked clone's base names in lvstore `lvs`,
-/// when it is there (its entrypoint can be found or made).
-pub fn clone_base_snapshot(inv: &Inventory, lvs: &str, b: &CloneBase) -> Result<String, String> {
-    let snap = format!("{lvs}/{}", snapshot_lvol(&b.replica, &b.snapshot));
-    match inv.lvols.get(&snap) {
-        Some(l) if l.is_snapshot => Ok(snap),
-        _ => Err(snap),
-    }
+/// Whether the snapshot a linked clone's base names is in lvstore `lvs`
+/// (its entrypoint can be found or made there).
+pub fn clone_base_present(inv: &Inventory, lvs: &str, b: &CloneBase) -> bool {
+    inv.lvols.get(&b.snapshot_in(lvs)).is_some_and(|l| l.is_snapshot)
 }
 
 impl VolumeOps {
@@ -235,7 +231,7 @@ impl VolumeOps {
     ) -> Result<String, super::LinkError> {
         let ep = clone_base_entrypoint(base);
         let link = super::Link {
-            snapshot: &format!("{lvs}/{}", snapshot_lvol(&base.replica, &base.snapshot)),
+            snapshot: &base.snapshot_in(lvs),
             entrypoint: &ep,
             head: &format!("{lvs}/{dst}"),
         };
@@ -521,11 +517,12 @@ impl VolumeOps {
         // a dest of this node whose replica beside has no such snapshot in its
         // lvstore (another disk, or it is gone); one of another node: its node says so
         if let (Some(b), ReplicaEnd::Here { lvs, .. }) = (&dst_base, &r.dst)
-            && let Err(snap) = clone_base_snapshot(inv, lvs, b)
+            && !clone_base_present(inv, lvs, b)
         {
             return Ok(Thin::Unsupported(format!(
-                "source replica {} is a linked clone and {snap}, the base beside the dest, does not exist",
-                src.replica()
+                "source replica {} is a linked clone and {}, the base beside the dest, does not exist",
+                src.replica(),
+                b.snapshot_in(lvs)
             )));
         }
         if let Some(bad) = chain_src
