@@ -253,7 +253,9 @@ async fn clone_replica(
 
 /// Replica `old` (on node `n`, disk `disk`) of the clone's engine removed and deleted, and
 /// a new one, `new`, added and rebuilt in its place (`beside`: a linked clone's, the source
-/// volume's replica beside it, as longhorn-manager's `ReplicaAdd` names it); checked to be
+/// volume's replica beside it and the engine that holds it, as longhorn-manager's
+/// `ReplicaAdd` names them; the engine is on the node asked, which reads it there without
+/// its address); checked to be
 /// thin when `linked`: the new chain starts on `n`'s own entrypoint of `snap` beside it and
 /// holds the clone's own snapshot. Returns `new`.
 async fn rebuilt<'a>(
@@ -261,7 +263,7 @@ async fn rebuilt<'a>(
     n: &Node,
     inst: &mut talon::proto::imrpc::instance_service_client::InstanceServiceClient<Channel>,
     (old, new, disk): (&str, &'a str, &str),
-    beside: Option<&str>,
+    beside: Option<(&str, &str)>,
     (size, snap, linked): (u64, &str, bool),
 ) -> &'a str {
     p.replica_remove(imrpc::EngineReplicaRemoveRequest {
@@ -280,9 +282,9 @@ async fn rebuilt<'a>(
         proxy_engine_request: Some(clone_req()),
         replica_name: new.into(),
         replica_address: format!("tcp://{addr}"),
-        linked_clone_source: beside.map(|r| imrpc::LinkedCloneSource {
+        linked_clone_source: beside.map(|(r, e)| imrpc::LinkedCloneSource {
             replica_name: r.into(),
-            engine_name: "vol-e-0".into(),
+            engine_name: e.into(),
             engine_address: String::new(),
         }),
         ..Default::default()
@@ -301,7 +303,7 @@ async fn rebuilt<'a>(
         (list.len() == 2 && list.iter().all(|r| r.mode == ptypes::ReplicaMode::Rw as i32)).then_some(())
     })
     .await;
-    if let Some(r) = beside.filter(|_| linked) {
+    if let Some((r, _)) = beside.filter(|_| linked) {
         // once the rebuild's own snapshot is merged away (after the switch)
         let ep = format!("{r}-clone-ep-{snap}");
         let lvs = format!("talon-{disk}");
@@ -509,7 +511,7 @@ async fn clone_from(
         // entrypoint and only the clone's own snapshots are copied (a thin copy of them
         // over nothing would leave out what the source reads of its entrypoint); both
         // read as the snapshot
-        let beside = |s: &'static str| linked.then_some(s);
+        let beside = |s: &'static str| linked.then_some((s, "vol-e-0"));
         b_replica = rebuilt(
             p,
             b,
@@ -537,12 +539,18 @@ async fn clone_from(
         }
         if linked {
             // a source that is a linked clone (A's) and no entrypoint the dest can start
-            // on: B's asked with a replica beside it that does not exist (its node refuses
-            // the base), then asked without `linked_clone_source` (an older manager).
-            // SPDK's raid rebuild copies every block (a thin copy of the clone's own
-            // snapshots over nothing would leave out what A reads of its entrypoint); each
-            // reads as the snapshot
-            for (new, beside) in [("clone-r-b3", Some("vol-r-nosuch")), ("clone-r-b4", None)] {
+            // on: B's asked with a replica "beside" it that is on the other node (RW in its
+            // engine, but B's node has no such snapshot and refuses the base), then without `linked_clone_source` (an older manager), then with
+            // a replica beside it that holds the snapshot but is not RW in the engine named
+            // (Longhorn's check: a base voted corrupt is not linked to). SPDK's raid
+            // rebuild copies every block (a thin copy of the clone's own snapshots over
+            // nothing would leave out what A reads of its entrypoint); each reads as the
+            // snapshot
+            for (new, beside) in [
+                ("clone-r-b3", Some(("vol-r-a", "vol-e-0"))),
+                ("clone-r-b4", None),
+                ("clone-r-b5", Some(("vol-r-b", "clone-e-0"))),
+            ] {
                 b_replica = rebuilt(p, b, ib, (b_replica, new, "disk-b"), beside, (size, snap, false)).await;
                 let held = allocated_bytes(b, b_replica).await;
                 assert!(

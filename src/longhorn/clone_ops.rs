@@ -13,7 +13,9 @@ use super::snaphash::{COMPLETE, ERROR, IN_PROGRESS};
 use crate::names::ObjectName;
 use crate::proto::peer::PeerChannels;
 use crate::proto::{imrpc, ptypes, spdkrpc};
-use crate::resources::longhorn::{LonghornCloneLedger, LonghornEngine, LonghornReplica, snapshot_lvol};
+use crate::resources::longhorn::{
+    InstanceState, LonghornCloneLedger, LonghornEngine, LonghornReplica, snapshot_lvol,
+};
 use crate::runtime::{Spec as _, State, StateError, Typed};
 use crate::spdk::naming::longhorn::{self as naming, tcp};
 use crate::spdk::volume::mover;
@@ -905,6 +907,56 @@ impl Longhorn {
             frontend: e.spec.frontend.clone(),
             state: status.map(|s| s.state.as_str().to_owned()).unwrap_or_default(),
         })
+    }
+}
+
+impl Longhorn {
+    /// Why replica `replica` cannot be the base a linked clone's rebuilt
+    /// replica starts on now, as Longhorn checks it before such a rebuild
+    /// (longhorn-spdk-engine v1.12.1 `checkLinkedCloneSrcReplicaMode`):
+    /// `engine`, the source volume's engine (here, or at `address` through its
+    /// node's SPDKService `EngineGet`), is not running or does not hold the
+    /// replica RW (its data voted corrupt, being rebuilt, gone). `None`: it can.
+    pub(super) async fn linked_source_unfit(
+        &self,
+        replica: &str,
+        engine: &str,
+        address: &str,
+    ) -> Option<String> {
+        if engine.is_empty() {
+            return Some("no engine of the source volume was named to check it in".into());
+        }
+        let eng = if self.engine(engine).is_ok() {
+            self.engine_get_spdk(engine).await.map_err(|x| x.to_string())
+        } else {
+            async {
+                let node = peer_address(address).ok_or_else(|| {
+                    format!("engine address {address:?} is not ip, ip:port or tcp://ip:port")
+                })?;
+                let mut c = self
+                    .peers()
+                    .client(&node, self.peer_port(), REMOTE_TIMEOUT)
+                    .await
+                    .map_err(|x| crate::util::error_chain(&x))?;
+                c.engine_get(spdkrpc::EngineGetRequest {
+                    name: engine.to_owned(),
+                })
+                .await
+                .map(tonic::Response::into_inner)
+                .map_err(|x| format!("EngineGet: {}", x.message()))
+            }
+            .await
+        };
+        match eng {
+            Err(x) => Some(format!("engine {engine} at {address:?} could not be asked: {x}")),
+            Ok(e) if e.state != InstanceState::Running.as_str() => {
+                Some(format!("engine {engine} is not running ({:?})", e.state))
+            }
+            Ok(e) if e.replica_mode_map.get(replica) != Some(&(spdkrpc::ReplicaMode::Rw as i32)) => {
+                Some(format!("replica {replica} is not RW in engine {engine}"))
+            }
+            Ok(_) => None,
+        }
     }
 }
 

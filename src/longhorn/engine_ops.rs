@@ -475,22 +475,25 @@ impl Longhorn {
     /// `ReplicaAdd`: replica `replica` at `address` joins engine `e`'s raid1;
     /// returns once its rebuild runs (WO; the manager then waits for RW or
     /// ERR). `beside`: a linked clone's replica, the replica of the clone's
-    /// source volume beside it (`linked_clone_source`), whose entrypoint its
-    /// rebuilt chain starts on.
+    /// source volume beside it and that volume's engine
+    /// (`linked_clone_source`): its rebuilt chain starts on that replica's
+    /// entrypoint when the replica is RW in that engine; otherwise SPDK's
+    /// raid rebuild copies every block.
     pub(super) async fn replica_add(
         &self,
         e: &Typed<LonghornEngine>,
         replica: &str,
         address: &str,
-        beside: Option<&str>,
+        beside: Option<&imrpc::LinkedCloneSource>,
     ) -> Result<(), LonghornError> {
         let what = format!("adding replica {replica} to engine {}", e.id());
         let replica = naming::instance_name("replica", replica)
             .map_err(|x| LonghornError::Invalid(format!("{what}: {x}")))?;
         let replica = replica.as_str();
         let beside = beside
-            .map(|b| {
-                naming::instance_name("replica", b)
+            .map(|l| {
+                naming::instance_name("replica", &l.replica_name)
+                    .map(|b| (b, l))
                     .map_err(|x| LonghornError::Invalid(format!("{what}: linked clone source: {x}")))
             })
             .transpose()?;
@@ -550,6 +553,21 @@ impl Longhorn {
                 )
             })?;
         }
+        // a base whose data is not in service (voted corrupt, being rebuilt)
+        // is not linked to: the rebuild copies every block
+        let beside = match beside {
+            None => None,
+            Some((b, l)) => match self
+                .linked_source_unfit(b.as_str(), &l.engine_name, &l.engine_address)
+                .await
+            {
+                None => Some(b),
+                Some(why) => {
+                    tracing::warn!(engine = %e.id(), replica, beside = %b, "{what}: a linked clone's replica is rebuilt whole, not over the entrypoint beside it: {why}");
+                    None
+                }
+            },
+        };
         // request numbers never repeat (a status may still hold an older
         // request of the same replica)
         let used = e

@@ -1294,8 +1294,7 @@ impl proxy_engine_service_server::ProxyEngineService for Longhorn {
         let beside = req
             .linked_clone_source
             .as_ref()
-            .map(|l| l.replica_name.as_str())
-            .filter(|r| !r.is_empty());
+            .filter(|l| !l.replica_name.is_empty());
         self.replica_add(&e, &req.replica_name, &req.replica_address, beside)
             .await?;
         Ok(Response::new(()))
