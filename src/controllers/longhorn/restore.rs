@@ -50,8 +50,9 @@ use crate::resources::backup::{BackupState, LonghornRestore, LonghornRestoreLedg
 use crate::resources::longhorn::LonghornReplica;
 use crate::runtime::{Controller, ControllerError, Input, Output, ReconcileContext, Requeue};
 use crate::spdk::SpdkClient;
-use crate::spdk::naming::longhorn::{replica_alias, restore_snapshot, restore_target, restored_snapshot};
+use crate::spdk::naming::longhorn::{replica_alias, restore_snapshot, restored_snapshot};
 use crate::spdk::volume::Inventory;
+use crate::spdk::volume::mover::into_replica::{IntoReplica, IntoReplicaError, Settled};
 use crate::spdk::volume::naming::lvstore;
 use crate::spdk::volume::{VolumeOps, mover};
 
@@ -119,13 +120,8 @@ enum RestoreError {
         lvol_bytes: u64,
     },
     /// An SPDK step on the replica's lvols failed.
-    #[error("replica {replica}: {step}")]
-    Spdk {
-        replica: String,
-        step: String,
-        #[source]
-        source: Box<crate::spdk::ClientError>,
-    },
+    #[error(transparent)]
+    Lvols(#[from] IntoReplicaError),
     /// The restore's snapshot vanished right after it was made.
     #[error("{0} is gone after its making")]
     Gone(String),
@@ -249,58 +245,6 @@ impl LonghornRestoreController {
 /// volume, backup and base.
 type GroupKey = (String, String, String, Option<String>);
 
-/// A replica a restore writes, and its lvols.
-#[derive(Debug, Clone)]
-struct Member {
-    replica: String,
-    /// Its lvol, `lvs/<replica>`.
-    alias: String,
-    lvol_bytes: u64,
-}
-
-impl Member {
-    fn lvs(&self) -> &str {
-        self.alias.split_once('/').map_or("", |(l, _)| l)
-    }
-
-    /// `lvs/<name>` of one of its restore lvols.
-    fn beside(&self, name: String) -> String {
-        format!("{}/{name}", self.lvs())
-    }
-
-    /// The snapshot of the lvol an incremental restore takes (base).
-    fn base_snap(&self) -> String {
-        self.beside(restore_snapshot(&self.replica))
-    }
-
-    /// The lvol the mover writes.
-    fn target(&self) -> String {
-        self.beside(restore_target(&self.replica))
-    }
-
-    /// The target's snapshot, once it holds the whole restore.
-    fn restored(&self) -> String {
-        self.beside(restored_snapshot(&self.replica))
-    }
-
-    fn failed(&self, step: String) -> impl FnOnce(crate::spdk::ClientError) -> RestoreError + '_ {
-        move |source| RestoreError::Spdk {
-            replica: self.replica.clone(),
-            step,
-            source: Box::new(source),
-        }
-    }
-}
-
-/// Whether a replica's restore is in its lvol.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Settled {
-    /// The restore's whole data is the lvol's (merged into it).
-    Restored,
-    /// The lvol holds what it held before the restore.
-    AsBefore,
-}
-
 /// One restore into one or more replicas of this node (the same backup,
 /// onto the same base): each block fetched once, written into every
 /// replica's target lvol through the mover, then each target's data made
@@ -309,7 +253,7 @@ struct Job {
     ops: VolumeOps,
     /// The restore (its target, credentials, backup and base).
     restore: LonghornRestore,
-    members: Vec<Member>,
+    members: Vec<IntoReplica>,
     progress: Arc<Progress>,
 }
 
@@ -349,70 +293,6 @@ impl Job {
         }
     }
 
-    /// Brings `m`'s lvols to one of two ends, from wherever a run cut off
-    /// (or a failure) left them: its target deleted; then, once the
-    /// target's snapshot (made only when the target held the whole
-    /// restore) exists, it becomes the lvol's parent and is merged into it
-    /// with the base snapshot (`Restored`); else the base snapshot is
-    /// merged back into the lvol (`AsBefore`).
-    async fn settle(&self, m: &Member) -> Result<Settled, RestoreError> {
-        let (c, ops) = (self.ops.client(), &self.ops);
-        let (target, restored, base) = (m.target(), m.restored(), m.base_snap());
-        ops.delete_lvol(&target)
-            .await
-            .map_err(m.failed(format!("deleting {target}")))?;
-        let inv = Inventory::load(c)
-            .await
-            .map_err(m.failed("reading spdk_tgt".into()))?;
-        let end = if inv.lvols.contains_key(&restored) {
-            if inv.parent_of(&m.alias).as_deref() != Some(restored.as_str()) {
-                ops.set_parent(&m.alias, &restored)
-                    .await
-                    .map_err(m.failed(format!("making {restored} the parent of {}", m.alias)))?;
-            }
-            Settled::Restored
-        } else {
-            Settled::AsBefore
-        };
-        // the base's one clone is the lvol (as before) or the restored snapshot:
-        // either way the delete merges it into that clone
-        ops.delete_lvol(&base)
-            .await
-            .map_err(m.failed(format!("deleting {base}")))?;
-        ops.delete_lvol(&restored)
-            .await
-            .map_err(m.failed(format!("deleting {restored}")))?;
-        Ok(end)
-    }
-
-    /// The target lvol of `m` made: new and thin (a full restore), or a
-    /// clone of the lvol's snapshot (incremental: it reads the base).
-    async fn prepare(&self, m: &Member) -> Result<String, RestoreError> {
-        let ops = &self.ops;
-        let name = restore_target(&m.replica);
-        if name.len() > 63 {
-            return Err(RestoreError::Copy {
-                replica: m.replica.clone(),
-                step: "",
-                message: format!("lvol name {name} is longer than SPDK's 63 characters"),
-            });
-        }
-        if self.restore.base.is_none() {
-            let mib = m.lvol_bytes.div_ceil(1 << 20);
-            return ops
-                .create_thin(m.lvs(), &name, mib)
-                .await
-                .map_err(m.failed(format!("creating {}", m.target())));
-        }
-        let base = restore_snapshot(&m.replica);
-        ops.snapshot_lvol(&m.alias, &base)
-            .await
-            .map_err(m.failed(format!("snapshotting {} as {base}", m.alias)))?;
-        ops.clone_snapshot(&m.base_snap(), &name)
-            .await
-            .map_err(m.failed(format!("cloning {} as {}", m.base_snap(), m.target())))
-    }
-
     /// The restore into every member; the blocks it fetched.
     async fn run(self) -> Result<u64, RestoreError> {
         let named = self.backup_error();
@@ -420,7 +300,7 @@ impl Job {
         // what a run cut off left (talon restarted) is settled first
         let mut todo = Vec::new();
         for m in &self.members {
-            match self.settle(m).await? {
+            match self.ops.settle_restore(m).await? {
                 Settled::AsBefore => todo.push(m.clone()),
                 Settled::Restored => {
                     tracing::info!(replica = %m.replica, backup = %self.restore.backup,
@@ -436,7 +316,7 @@ impl Job {
             Err(e) => (Some(e), 0),
         };
         for m in &todo {
-            let settled = self.settle(m).await;
+            let settled = self.ops.settle_restore(m).await.map_err(RestoreError::from);
             failed = match (failed, settled) {
                 (None, Ok(Settled::Restored)) => None,
                 (None, Ok(Settled::AsBefore)) => Some(RestoreError::Gone(m.restored())),
@@ -452,12 +332,12 @@ impl Job {
 
     /// The targets made and written; each one's snapshot made (the mark
     /// that it holds the whole restore).
-    async fn fill(&self, store: &backupstore::Store, todo: &[Member]) -> Result<u64, RestoreError> {
+    async fn fill(&self, store: &backupstore::Store, todo: &[IntoReplica]) -> Result<u64, RestoreError> {
+        let r = &self.restore;
         let mut targets = Vec::new();
         for m in todo {
-            targets.push(self.prepare(m).await?);
+            targets.push(self.ops.prepare_restore(m, r.base.is_some()).await?);
         }
-        let r = &self.restore;
         let from = mover::restore::Onto {
             store,
             volume: &r.backup_volume,
@@ -482,11 +362,7 @@ impl Job {
         tracing::info!(backup = %r.backup, base = ?r.base, replicas = todo.len(),
             fetched = stats.blocks_downloaded, of = stats.blocks, "restored through the mover");
         for m in todo {
-            let name = restored_snapshot(&m.replica);
-            self.ops
-                .snapshot_lvol(&m.target(), &name)
-                .await
-                .map_err(m.failed(format!("snapshotting {} as {name}", m.target())))?;
+            self.ops.mark_restore_whole(m).await?;
         }
         Ok(stats.blocks_downloaded)
     }
@@ -528,7 +404,7 @@ impl Controller for LonghornRestoreController {
         let mut inv: Option<Inventory> = None;
         let mut waiting = false;
         // the restores to start, by what they restore: one job writes each group
-        let mut groups: BTreeMap<GroupKey, (LonghornRestore, Vec<Member>)> = BTreeMap::new();
+        let mut groups: BTreeMap<GroupKey, (LonghornRestore, Vec<IntoReplica>)> = BTreeMap::new();
         for r in &restores {
             let id = r.id().to_string();
             let backup = r.spec.backup.as_str();
@@ -661,7 +537,7 @@ impl Controller for LonghornRestoreController {
                 .entry(key)
                 .or_insert_with(|| (r.spec.clone(), Vec::new()))
                 .1
-                .push(Member {
+                .push(IntoReplica {
                     replica: id.clone(),
                     alias,
                     lvol_bytes,
@@ -709,7 +585,7 @@ mod tests {
             holds.text(),
             "replica r1 holds data (talon-d/r1: 3 clusters allocated, a clone): a backup restores into a new replica only"
         );
-        let spdk = RestoreError::Spdk {
+        let spdk = RestoreError::from(IntoReplicaError::Spdk {
             replica: "r1".into(),
             step: "deleting talon-d/r1.restore".into(),
             source: Box::new(crate::spdk::ClientError::Rpc(crate::spdk::SpdkError::new(
@@ -717,7 +593,7 @@ mod tests {
                 -16,
                 "Device or resource busy",
             ))),
-        };
+        });
         let copy = RestoreError::Copy {
             replica: "r1".into(),
             step: "copying out what it holds: ",

@@ -27,6 +27,7 @@
 
 pub mod backup;
 pub mod copy;
+pub mod into_replica;
 pub mod map;
 pub mod pdu;
 pub mod restore;
