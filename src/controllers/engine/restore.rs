@@ -50,6 +50,7 @@ use serde::{Deserialize, Serialize};
 use crate::backupstore::{self, Progress};
 use crate::resources::config::{BackupSource, Volume};
 use crate::spdk::naming;
+use crate::spdk::volume::mover::standby::{StandbyLvol, StandbyLvols, StandbyLvolsError};
 use crate::spdk::volume::plan::{RestoreFile, superblock_room};
 use crate::spdk::volume::{Inventory, VolumeOps};
 use crate::spdk::volume::{from_file, mover};
@@ -167,35 +168,9 @@ enum StandbyError {
         #[source]
         source: std::io::Error,
     },
-    /// An SPDK call failed.
-    #[error("{step}")]
-    Rpc {
-        /// The call and its object.
-        step: String,
-        /// SPDK's answer.
-        #[source]
-        source: crate::spdk::ClientError,
-    },
-    /// A replica's standby lvol name would pass SPDK's bound.
-    #[error("lvol name {name} (standby volume {volume}'s replica) is longer than SPDK's 63 characters")]
-    NameTooLong {
-        /// The name.
-        name: String,
-        /// The volume.
-        volume: String,
-    },
-    /// Nothing to restore into.
-    #[error("standby volume {0} has no lvol to restore into")]
-    NoLvol(String),
-    /// The backup's blocks could not be written into the lvols.
-    #[error("restoring into standby volume {volume}'s lvols")]
-    Fill {
-        /// The volume.
-        volume: String,
-        /// Why (naming the backup).
-        #[source]
-        source: Box<mover::restore::FillError>,
-    },
+    /// A step on its lvols failed.
+    #[error(transparent)]
+    Lvols(#[from] StandbyLvolsError),
 }
 
 /// One volume's restore, as [`Restores::step`] works on it.
@@ -214,20 +189,6 @@ struct Job<'a> {
     lvols: Vec<StandbyLvol>,
     /// The lvstores a first restore puts them on, best first.
     lvstores: Vec<String>,
-}
-
-/// One of a standby volume's lvols: `<lvs>/<replica k>.dr`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct StandbyLvol {
-    k: usize,
-    lvs: String,
-    uuid: String,
-}
-
-impl StandbyLvol {
-    fn alias(&self, vol: &str) -> String {
-        format!("{}/{}", self.lvs, naming::standby(&naming::replica(vol, self.k)))
-    }
 }
 
 /// What [`Restores::decide`] found.
@@ -357,10 +318,9 @@ impl Restores {
                 Ok(_) => {
                     // made from the backup before (or an activated standby's): the others
                     // are rebuilt from them; a standby lvol an activation left is dropped
-                    for l in standby_lvols(inv, vol) {
-                        if let Err(e) = delete_lvol(ops, &l.alias(vol)).await {
-                            return Step::Failed(format!("volume {vol}: {}", crate::util::error_chain(&e)));
-                        }
+                    let mut left = StandbyLvols::found(ops, inv, vol, 0);
+                    if let Err(e) = left.remove().await {
+                        return Step::Failed(format!("volume {vol}: {}", crate::util::error_chain(&e)));
                     }
                     self.finish(vol);
                     return Step::None;
@@ -395,7 +355,7 @@ impl Restores {
             dir,
             data_offset,
             ops,
-            lvols: standby_lvols(inv, vol),
+            lvols: StandbyLvols::found(ops, inv, vol, 0).lvols,
             lvstores,
         };
         // a finished task's result taken, then decided again (at most twice)
@@ -508,12 +468,12 @@ impl Restores {
                 let before = held.clone();
                 let progress = Arc::new(Progress::default());
                 let handle = tokio::spawn(follow(
-                    Lvols {
-                        ops: job.ops.clone(),
-                        vol: vol.to_owned(),
-                        lvols: job.lvols.clone(),
-                        mib: replica_mib(job.data_offset, spec.size_bytes),
-                    },
+                    StandbyLvols::of(
+                        job.ops,
+                        vol,
+                        job.lvols.clone(),
+                        replica_mib(job.data_offset, spec.size_bytes),
+                    ),
                     src.clone(),
                     before.clone(),
                     job.file.clone(),
@@ -592,12 +552,12 @@ impl Restores {
         let (src, size, p) = (job.src.clone(), job.spec.size_bytes, progress.clone());
         let (file, dir, data_offset) = (job.file.clone(), job.dir.to_owned(), job.data_offset);
         let n = (job.spec.replicas.max(1) as usize).min(job.lvstores.len());
-        let mut lvols = Lvols {
-            ops: job.ops.clone(),
-            vol: job.vol.to_owned(),
-            lvols: job.lvols.clone(),
-            mib: replica_mib(data_offset, size),
-        };
+        let mut lvols = StandbyLvols::of(
+            job.ops,
+            job.vol,
+            job.lvols.clone(),
+            replica_mib(data_offset, size),
+        );
         let on: Vec<String> = job.lvstores.iter().take(n).cloned().collect();
         let follows = job.spec.standby;
         let doing = src.backup.clone();
@@ -624,7 +584,7 @@ impl Restores {
                 newest if follows && !newest.is_empty() => newest.to_owned(),
                 _ => src.backup.clone(),
             };
-            lvols.remake(&on).await?;
+            lvols.remake(&on).await.map_err(StandbyError::from)?;
             let stats = lvols
                 .fill(&store, &src.backup_volume, None, &name, data_offset, &p)
                 .await;
@@ -633,7 +593,7 @@ impl Restores {
                 Err(e) => {
                     // nothing half-made stays: the next try makes them anew
                     let _ = lvols.remove().await;
-                    return Err(e.into());
+                    return Err(StandbyError::from(e).into());
                 }
             };
             let held = Held::of(&src, &name, data_offset, follows);
@@ -656,18 +616,11 @@ impl Restores {
     /// renamed to its replicas, then its record removed; the replicas are
     /// served at the next pass like any volume's.
     async fn activate(&self, job: &Job<'_>) -> Step {
-        let vol = job.vol;
-        for l in &job.lvols {
-            let alias = l.alias(vol);
-            let replica = naming::replica(vol, l.k);
-            if let Err(e) = job.ops.rename_lvol(&alias, &replica).await {
-                return Step::Failed(format!(
-                    "volume {vol}: renaming {alias} to {replica}: {}",
-                    crate::util::error_chain(&e)
-                ));
-            }
+        let lvols = StandbyLvols::of(job.ops, job.vol, job.lvols.clone(), 0);
+        if let Err(e) = lvols.make_replicas().await {
+            return Step::Failed(crate::util::error_chain(&e));
         }
-        self.finish(vol);
+        self.finish(job.vol);
         Step::Waiting(format!(
             "activating: {} replicas made from the standby's lvols",
             job.lvols.len()
@@ -759,120 +712,10 @@ async fn direct(job: &Job<'_>) -> Step {
     })
 }
 
-/// A standby volume's lvols, as a task works on them.
-struct Lvols {
-    ops: VolumeOps,
-    vol: String,
-    lvols: Vec<StandbyLvol>,
-    /// Each one's size.
-    mib: u64,
-}
-
-impl Lvols {
-    /// Deletes them all.
-    async fn remove(&mut self) -> Result<(), StandbyError> {
-        for l in std::mem::take(&mut self.lvols) {
-            delete_lvol(&self.ops, &l.alias(&self.vol)).await?;
-        }
-        Ok(())
-    }
-
-    /// Deletes them, then makes them anew (thin, reading zeros), one on each
-    /// lvstore of `on`.
-    async fn remake(&mut self, on: &[String]) -> Result<(), StandbyError> {
-        self.remove().await?;
-        for (k, lvs) in on.iter().enumerate() {
-            let name = naming::standby(&naming::replica(&self.vol, k));
-            if name.len() > 63 {
-                return Err(StandbyError::NameTooLong {
-                    name,
-                    volume: self.vol.clone(),
-                });
-            }
-            let made = self.ops.create_thin(lvs, &name, self.mib).await;
-            match made {
-                Ok(uuid) => self.lvols.push(StandbyLvol {
-                    k,
-                    lvs: lvs.clone(),
-                    uuid,
-                }),
-                Err(source) => {
-                    let _ = self.remove().await;
-                    return Err(StandbyError::Rpc {
-                        step: format!("creating lvol {lvs}/{name}"),
-                        source,
-                    });
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// Backup `name` written into them (onto `base` when given: see
-    /// [`mover::restore::fill_standby`]).
-    async fn fill(
-        &self,
-        store: &backupstore::Store,
-        volume: &str,
-        base: Option<&str>,
-        name: &str,
-        data_offset: u64,
-        progress: &Progress,
-    ) -> Result<backupstore::ops::RestoreStats, StandbyError> {
-        let bdevs: Vec<String> = self.lvols.iter().map(|l| l.uuid.clone()).collect();
-        if bdevs.is_empty() {
-            return Err(StandbyError::NoLvol(self.vol.clone()));
-        }
-        let from = mover::restore::Onto {
-            store,
-            volume,
-            backup: name,
-            base,
-            data_offset,
-        };
-        let stats = mover::restore::fill_standby(self.ops.client(), &from, &bdevs, progress)
-            .await
-            .map_err(|source| StandbyError::Fill {
-                volume: self.vol.clone(),
-                source: Box::new(source),
-            })?;
-        tracing::info!(volume = %self.vol, backup = %name, base = ?base, lvols = bdevs.len(),
-            fetched = stats.blocks_downloaded, of = stats.blocks, "standby restored");
-        Ok(stats)
-    }
-}
-
-/// Deletes lvol `alias` (gone already is fine).
-async fn delete_lvol(ops: &VolumeOps, alias: &str) -> Result<(), StandbyError> {
-    ops.delete_lvol(alias).await.map_err(|source| StandbyError::Rpc {
-        step: format!("deleting {alias}"),
-        source,
-    })
-}
-
 /// A replica lvol's size in MiB: the raid superblock's room, then the
 /// volume's whole MiB (as the volume plan makes it).
 fn replica_mib(data_offset: u64, size: u64) -> u64 {
     size.div_ceil(MIB) + data_offset.div_ceil(MIB)
-}
-
-/// Standby volume `vol`'s lvols (`<replica>.dr`) in talon's lvstores, by k.
-fn standby_lvols(inv: &Inventory, vol: &str) -> Vec<StandbyLvol> {
-    let mut out: Vec<StandbyLvol> = inv
-        .lvols
-        .values()
-        .filter(|l| l.lvs.name.starts_with(naming::LVS_PREFIX))
-        .filter_map(|l| match naming::parse_lvol(&l.name) {
-            Some(naming::LvolRole::Standby { volume, k }) if volume == vol => Some(StandbyLvol {
-                k,
-                lvs: l.lvs.name.clone(),
-                uuid: l.uuid.clone(),
-            }),
-            _ => None,
-        })
-        .collect();
-    out.sort_by_key(|l| l.k);
-    out
 }
 
 /// The lvstores a standby's lvols may go on, the most free first: talon's,
@@ -904,7 +747,7 @@ fn standby_lvstores(inv: &Inventory, spec: &Volume, superblock: bool, data_offse
 /// record that says they hold no backup. `standby` false: the
 /// activation's last look (the lvols become the replicas once it ends).
 async fn follow(
-    mut lvols: Lvols,
+    mut lvols: StandbyLvols,
     src: BackupSource,
     held: Held,
     file: PathBuf,

@@ -31,6 +31,7 @@ pub mod into_replica;
 pub mod map;
 pub mod pdu;
 pub mod restore;
+pub mod standby;
 pub mod tcp;
 
 use std::net::{Ipv4Addr, SocketAddr};
