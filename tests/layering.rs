@@ -163,6 +163,60 @@ fn spdk_write_methods(src: &Path) -> BTreeSet<String> {
     out
 }
 
+/// Calls of `methods` (`.m(`, and `"m"` when `by_name`) in the code of
+/// each file under `src/` outside `src/spdk` (its tests and comments left
+/// out): file -> (calls, the methods called).
+fn call_sites(
+    src: &Path,
+    methods: &BTreeSet<String>,
+    by_name: bool,
+) -> BTreeMap<String, (usize, BTreeSet<String>)> {
+    let mut files = Vec::new();
+    rust_files(src, &mut files);
+    let mut found: BTreeMap<String, (usize, BTreeSet<String>)> = BTreeMap::new();
+    for f in files {
+        let rel = f.strip_prefix(src).expect("under src").display().to_string();
+        if rel.starts_with("spdk/") || rel.starts_with("spdk.rs") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&f).expect("source");
+        let code = text.split("#[cfg(test)]\nmod tests").next().unwrap_or("");
+        for line in code.lines().filter(|l| !l.trim_start().starts_with("//")) {
+            for m in methods {
+                let named = if by_name {
+                    line.matches(&format!("\"{m}\"")).count()
+                } else {
+                    0
+                };
+                let n = line.matches(&format!(".{m}(")).count() + named;
+                if n > 0 {
+                    let e = found.entry(rel.clone()).or_default();
+                    e.0 += n;
+                    e.1.insert(m.clone());
+                }
+            }
+        }
+    }
+    found
+}
+
+/// The files of `found` with more calls than `allowed` gives them (none: 0).
+fn over_allowed(
+    found: &BTreeMap<String, (usize, BTreeSet<String>)>,
+    allowed: &BTreeMap<&str, usize>,
+) -> Vec<String> {
+    found
+        .iter()
+        .filter(|(f, (n, _))| *n > allowed.get(f.as_str()).copied().unwrap_or(0))
+        .map(|(f, (n, ms))| {
+            format!(
+                "{f}: {n} (allowed {}): {ms:?}",
+                allowed.get(f.as_str()).copied().unwrap_or(0)
+            )
+        })
+        .collect()
+}
+
 /// Issue 29 (one engine): only `spdk/` changes what spdk_tgt holds. Code
 /// elsewhere that calls an SPDK write method (`.bdev_raid_create(`, or by
 /// name, `"bdev_raid_create"`) fails here naming it: move the work into
@@ -177,27 +231,7 @@ fn spdk_writes_happen_only_under_spdk() {
         methods.contains("bdev_raid_create") && !methods.contains("bdev_get_bdevs"),
         "{methods:?}"
     );
-    let mut files = Vec::new();
-    rust_files(&src, &mut files);
-    let mut found: BTreeMap<String, (usize, BTreeSet<String>)> = BTreeMap::new();
-    for f in files {
-        let rel = f.strip_prefix(&src).expect("under src").display().to_string();
-        if rel.starts_with("spdk/") || rel.starts_with("spdk.rs") {
-            continue;
-        }
-        let text = std::fs::read_to_string(&f).expect("source");
-        let code = text.split("#[cfg(test)]\nmod tests").next().unwrap_or("");
-        for line in code.lines().filter(|l| !l.trim_start().starts_with("//")) {
-            for m in &methods {
-                let n = line.matches(&format!(".{m}(")).count() + line.matches(&format!("\"{m}\"")).count();
-                if n > 0 {
-                    let e = found.entry(rel.clone()).or_default();
-                    e.0 += n;
-                    e.1.insert(m.clone());
-                }
-            }
-        }
-    }
+    let found = call_sites(&src, &methods, true);
     let total: usize = found.values().map(|(n, _)| n).sum();
     eprintln!("SPDK write call sites outside src/spdk: {total}");
     for (f, (n, ms)) in &found {
@@ -206,16 +240,7 @@ fn spdk_writes_happen_only_under_spdk() {
             ms.iter().cloned().collect::<Vec<_>>().join(", ")
         );
     }
-    let over: Vec<String> = found
-        .iter()
-        .filter(|(f, (n, _))| *n > allowed.get(f.as_str()).copied().unwrap_or(0))
-        .map(|(f, (n, ms))| {
-            format!(
-                "{f}: {n} (allowed {}): {ms:?}",
-                allowed.get(f.as_str()).copied().unwrap_or(0)
-            )
-        })
-        .collect();
+    let over = over_allowed(&found, &allowed);
     assert!(
         over.is_empty(),
         "SPDK write methods called outside src/spdk beyond what is left to move (issue 29): \
@@ -265,47 +290,15 @@ fn pass_through_writes_only_go_down() {
         helpers.contains("delete_lvol") && helpers.contains("detach_controller"),
         "{helpers:?}"
     );
-    let mut files = Vec::new();
-    rust_files(&src, &mut files);
-    let mut found: BTreeMap<String, usize> = BTreeMap::new();
-    for f in files {
-        let rel = f.strip_prefix(&src).expect("under src").display().to_string();
-        if rel.starts_with("spdk/") {
-            continue;
-        }
-        let text = std::fs::read_to_string(&f).expect("source");
-        let code = text.split("#[cfg(test)]\nmod tests").next().unwrap_or("");
-        let n: usize = code
-            .lines()
-            .filter(|l| !l.trim_start().starts_with("//"))
-            .map(|l| {
-                helpers
-                    .iter()
-                    .map(|m| l.matches(&format!(".{m}(")).count())
-                    .sum::<usize>()
-            })
-            .sum();
-        if n > 0 {
-            found.insert(rel, n);
-        }
-    }
+    let found = call_sites(&src, &helpers, false);
     eprintln!(
         "pass-through write helpers called outside src/spdk: {}",
-        found.values().sum::<usize>()
+        found.values().map(|(n, _)| n).sum::<usize>()
     );
-    for (f, n) in &found {
+    for (f, (n, _)) in &found {
         eprintln!("  {n:3} {f}");
     }
-    let over: Vec<String> = found
-        .iter()
-        .filter(|(f, n)| **n > allowed.get(f.as_str()).copied().unwrap_or(0))
-        .map(|(f, n)| {
-            format!(
-                "{f}: {n} (allowed {})",
-                allowed.get(f.as_str()).copied().unwrap_or(0)
-            )
-        })
-        .collect();
+    let over = over_allowed(&found, &allowed);
     assert!(
         over.is_empty(),
         "spdk::volume's pass-through write helpers called more than before (issue 51): \
