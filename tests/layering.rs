@@ -282,7 +282,7 @@ fn pass_through_writes_only_go_down() {
         ("controllers/longhorn/rebuilds.rs", 2),
         ("controllers/longhorn/thin.rs", 1),
         ("longhorn/proxy.rs", 2),
-        ("longhorn/rebuild.rs", 4),
+        ("longhorn/rebuild.rs", 1),
     ]);
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
     let helpers = pass_through_helpers(&src);

@@ -148,6 +148,25 @@ fn join(all: &[LonghornError]) -> String {
         .join("; ")
 }
 
+impl From<crate::spdk::volume::SrcCopyError> for LonghornError {
+    /// A rebuild source's step: one asked before its start is refused.
+    fn from(e: crate::spdk::volume::SrcCopyError) -> Self {
+        use crate::spdk::volume::SrcCopyError as E;
+        match e {
+            E::NotStarted { .. } => Self::Refused(e.to_string()),
+            E::Attach { replica, dst, source } => Self::internal(
+                format!("replica {replica}: rebuilding {dst}"),
+                crate::util::error_chain(&*source),
+            ),
+            E::Spdk {
+                replica,
+                step,
+                source,
+            } => Self::spdk(format!("replica {replica}: {step}"), source),
+        }
+    }
+}
+
 impl LonghornError {
     /// [`LonghornError::Spdk`].
     pub fn spdk(what: impl Into<String>, source: ClientError) -> Self {

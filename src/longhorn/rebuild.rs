@@ -21,7 +21,6 @@
 //! chain. The calls keep Longhorn's names and field numbers; what each does
 //! on a talon node is talon's (Longhorn's own engine is not their caller).
 
-use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
@@ -33,18 +32,12 @@ use crate::resources::longhorn::{CloneBase, DstStartRequest, LonghornReplica, sn
 use crate::spdk::ErrorKind;
 use crate::spdk::naming::longhorn as naming;
 use crate::spdk::rpc::CheckShallowCopy;
+use crate::spdk::volume::Inventory;
 use crate::spdk::volume::naming::lvstore;
-use crate::spdk::volume::{Inventory, RemoteAttach};
 use crate::spdk::volume::{ReplicaLvols, clone_base_entrypoint, clone_base_present};
 
 /// How long DstStart waits for the controller to export the new head.
 const EXPORT_WAIT: Duration = Duration::from_secs(20);
-
-/// The controller this node attaches a rebuild's dest replica with (not the
-/// name an engine here attaches it with).
-fn src_controller(dst: &str) -> String {
-    format!("rb-{dst}")
-}
 
 impl Longhorn {
     /// The lvols of replica `replica` of this node, read from spdk_tgt.
@@ -246,49 +239,16 @@ impl Longhorn {
                     req.dst_replica_address
                 ))
             })?;
-        // a rebuild from this replica to another dest once at this address
-        // (a replica made since on that node took its port) is over: the
-        // copies find their dest by address (SrcShallowCopyStart names no
-        // dest), so it goes, with its controller
-        let address = sa.to_string();
-        let stale: Vec<String> = {
-            let mut copies = self.src_copies();
-            let gone: Vec<String> = copies
-                .iter()
-                .filter(|((s, d), c)| s == replica.as_str() && d != dst.as_str() && c.address == address)
-                .map(|((_, d), _)| d.clone())
-                .collect();
-            for d in &gone {
-                copies.remove(&(replica.as_str().to_owned(), d.clone()));
-            }
-            gone
-        };
-        for d in stale {
-            let old = src_controller(&d);
-            if let Err(e) = self.ops().detach_controller(&old).await {
-                tracing::warn!(replica = %replica, controller = %old, error = %e, "a stale rebuild's controller stays attached");
-            }
-        }
-        let ctrl = src_controller(dst.as_str());
-        self.ops()
-            .detach_controller(&ctrl)
-            .await
-            .map_err(|x| LonghornError::spdk(format!("{what}: detaching {ctrl}"), x))?;
         let nqn = naming::replica_nqn(&dst).map_err(|x| LonghornError::Invalid(x.to_string()))?;
-        let a = RemoteAttach::longhorn(&ctrl, sa, nqn.as_str());
-        let bdev = self
-            .ops()
-            .attach_remote(replica.as_str(), &a)
-            .await
-            .map_err(|x| LonghornError::internal(&what, crate::util::error_chain(&x)))?;
-        self.src_copies().insert(
-            (replica.as_str().to_owned(), dst.as_str().to_owned()),
-            super::service::SrcCopy {
-                address,
-                bdev,
-                ops: BTreeMap::new(),
-            },
-        );
+        self.ops()
+            .attach_copy_dest(
+                self.src_copies(),
+                replica.as_str(),
+                dst.as_str(),
+                sa,
+                nqn.as_str(),
+            )
+            .await?;
         Ok(spdkrpc::ReplicaRebuildingSrcStartResponse::default())
     }
 
@@ -307,33 +267,20 @@ impl Longhorn {
             .strip_prefix("tcp://")
             .unwrap_or(&req.dst_rebuilding_lvol_address)
             .to_owned();
-        let (dst, bdev) = self
-            .src_copies()
-            .iter()
-            .find(|((s, _), c)| s == replica.as_str() && c.address == address)
-            .map(|((_, d), c)| (d.clone(), c.bdev.clone()))
-            .ok_or_else(|| {
-                LonghornError::Refused(format!(
-                    "replica {replica}: no rebuild to {address} was started (ReplicaRebuildingSrcStart first)"
-                ))
-            })?;
         let src = format!(
             "{}/{}",
             lvstore(&t.spec.disk),
             snapshot_lvol(replica.as_str(), &req.snapshot_name)
         );
-        let op = self.ops().start_shallow_copy(&src, &bdev).await.map_err(|e| {
-            LonghornError::internal(
-                format!("replica {replica}"),
-                format!(
-                    "copying {src}'s clusters to {bdev}: {}",
-                    crate::util::error_chain(&e)
-                ),
+        self.ops()
+            .start_copy_to_dest(
+                self.src_copies(),
+                replica.as_str(),
+                &address,
+                &req.snapshot_name,
+                &src,
             )
-        })?;
-        if let Some(c) = self.src_copies().get_mut(&(replica.as_str().to_owned(), dst)) {
-            c.ops.insert(req.snapshot_name, op);
-        }
+            .await?;
         Ok(())
     }
 
@@ -343,11 +290,9 @@ impl Longhorn {
         &self,
         req: spdkrpc::ReplicaRebuildingSrcShallowCopyCheckRequest,
     ) -> Result<spdkrpc::ReplicaRebuildingSrcShallowCopyCheckResponse, LonghornError> {
-        let key = (req.name.clone(), req.dst_replica_name.clone());
         let op = self
             .src_copies()
-            .get(&key)
-            .and_then(|c| c.ops.get(&req.snapshot_name).copied())
+            .operation(&req.name, &req.dst_replica_name, &req.snapshot_name)
             .ok_or_else(|| {
                 LonghornError::Gone(format!(
                     "replica {}: no copy of snapshot {} to {} runs here",
@@ -381,12 +326,9 @@ impl Longhorn {
     ) -> Result<(), LonghornError> {
         self.clone_source_unexpose(&req.name, &req.dst_replica_name)
             .await?;
-        self.src_copies()
-            .remove(&(req.name.clone(), req.dst_replica_name.clone()));
-        let ctrl = src_controller(&req.dst_replica_name);
-        self.ops()
-            .detach_controller(&ctrl)
-            .await
-            .map_err(|x| LonghornError::spdk(format!("replica {}: detaching {ctrl}", req.name), x))
+        Ok(self
+            .ops()
+            .finish_copies_to(self.src_copies(), &req.name, &req.dst_replica_name)
+            .await?)
     }
 }

@@ -138,7 +138,7 @@ pub struct Longhorn {
     held: Arc<Mutex<BTreeSet<String>>>,
     /// The copies this node runs for other nodes' engines' rebuilds, by
     /// (source replica, dest replica).
-    src_copies: Arc<Mutex<BTreeMap<(String, String), SrcCopy>>>,
+    src_copies: Arc<crate::spdk::volume::SrcCopies>,
     /// The last listing of spdk_tgt that answered a poll or a pass of
     /// `engine.LonghornController` ([`Self::with_listing`]).
     listing: SharedListing,
@@ -234,8 +234,8 @@ impl Longhorn {
     }
 
     /// The copies this node runs for other nodes' rebuilds.
-    pub(super) fn src_copies(&self) -> MutexGuard<'_, BTreeMap<(String, String), SrcCopy>> {
-        lock(&self.src_copies)
+    pub(super) fn src_copies(&self) -> &crate::spdk::volume::SrcCopies {
+        &self.src_copies
     }
 
     /// The modes engine `e` had when a thin rebuild's switch of it started,
@@ -347,15 +347,6 @@ impl Drop for Hold {
     fn drop(&mut self) {
         lock(&self.held).remove(&self.name);
     }
-}
-
-/// A copy this node runs for another node's engine: source replica, dest
-/// replica -> the dest's export attached here and the copies by snapshot.
-#[derive(Debug, Default, Clone)]
-pub(super) struct SrcCopy {
-    pub(super) address: String,
-    pub(super) bdev: String,
-    pub(super) ops: BTreeMap<String, u32>,
 }
 
 /// NotFound in Longhorn's words: longhorn-manager goes on (creates the instance,

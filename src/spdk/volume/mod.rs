@@ -64,6 +64,7 @@ mod replica_rebuild;
 mod revert;
 mod share;
 mod snapshot;
+mod src_copies;
 mod switch;
 mod thin;
 pub mod to_file;
@@ -72,6 +73,7 @@ pub use export::{Export, NewSubsystem, RemoteAttach};
 pub use linked_clone::{Link, LinkError, Linked};
 pub use rebuild::{PeerError, PrepareError, RemoteDest};
 pub use share::{MemberPath, MemberSwap};
+pub use src_copies::{SrcCopies, SrcCopyError};
 pub use switch::{Switch, SwitchSide};
 
 pub use super::inventory::{Inventory, Owned, applied_revert, replica_heads};
