@@ -908,9 +908,7 @@ impl Longhorn {
             state: status.map(|s| s.state.as_str().to_owned()).unwrap_or_default(),
         })
     }
-}
 
-impl Longhorn {
     /// Why replica `replica` cannot be the base a linked clone's rebuilt
     /// replica starts on now, as Longhorn checks it before such a rebuild
     /// (longhorn-spdk-engine v1.12.1 `checkLinkedCloneSrcReplicaMode`):
