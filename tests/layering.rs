@@ -278,10 +278,9 @@ fn pass_through_writes_only_go_down() {
         ("controllers/engine/v1_volume.rs", 1),
         ("controllers/longhorn/members.rs", 2),
         ("controllers/longhorn/mod.rs", 5),
-        ("controllers/longhorn/purge.rs", 1),
         ("controllers/longhorn/rebuilds.rs", 2),
         ("controllers/longhorn/thin.rs", 1),
-        ("longhorn/proxy.rs", 2),
+        ("longhorn/proxy.rs", 1),
         ("longhorn/rebuild.rs", 1),
     ]);
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");

@@ -47,8 +47,8 @@ use crate::runtime::Typed;
 use crate::spdk::ErrorKind;
 use crate::spdk::naming::longhorn::{self as naming, is_rebuild_snap, tcp};
 use crate::spdk::volume::Inventory;
-use crate::spdk::volume::ReplicaLvols;
 use crate::spdk::volume::naming::lvstore;
+use crate::spdk::volume::{ReplicaLvols, SnapshotDeleteError};
 
 /// Longhorn's name of the head in a snapshot list.
 pub const VOLUME_HEAD: &str = "volume-head";
@@ -386,26 +386,6 @@ impl Longhorn {
             Err(e) if e.is(ErrorKind::AlreadyExists) => Ok(()),
             Err(e) => Err(LonghornError::spdk(
                 format!("replica {replica}: snapshotting {alias} as {lvol}"),
-                e,
-            )),
-        }
-    }
-
-    pub(super) async fn delete_local(
-        &self,
-        replica: &str,
-        r: &LonghornReplica,
-        lvol: &str,
-    ) -> Result<(), LonghornError> {
-        let target = format!("{}/{lvol}", lvstore(&r.disk));
-        match self.ops().delete_lvol(&target).await {
-            Ok(()) => Ok(()),
-            Err(e) if e.is(ErrorKind::Busy) => Err(LonghornError::Refused(format!(
-                "replica {replica}: SPDK refuses to delete {target} while more than one lvol depends on it: {}",
-                chain(&e)
-            ))),
-            Err(e) => Err(LonghornError::spdk(
-                format!("replica {replica}: deleting {target}"),
                 e,
             )),
         }
@@ -760,12 +740,17 @@ impl Longhorn {
         naming::replica_snapshot_name(&req.snapshot_name)
             .map_err(|x| LonghornError::Invalid(x.to_string()))?;
         let (replica, t) = self.stored_replica(&req.name)?;
-        self.delete_local(
-            replica.as_str(),
-            &t.spec,
-            &snapshot_lvol(replica.as_str(), &req.snapshot_name),
-        )
-        .await?;
+        self.ops()
+            .delete_replica_snapshot(&lvstore(&t.spec.disk), replica.as_str(), &req.snapshot_name)
+            .await
+            .map_err(|e| match e {
+                SnapshotDeleteError::Shared { .. } => {
+                    LonghornError::Refused(format!("replica {replica}: {}", crate::util::error_chain(&e)))
+                }
+                SnapshotDeleteError::Spdk { lvol, source } => {
+                    LonghornError::spdk(format!("replica {replica}: deleting {lvol}"), source)
+                }
+            })?;
         self.replica_snapshot_info(replica.as_str(), |m| {
             m.remove(&req.snapshot_name);
         })

@@ -18,15 +18,13 @@ use std::collections::BTreeMap;
 
 use super::{InstanceError, LonghornController};
 use crate::proto::spdkrpc;
-use crate::resources::longhorn::snapshot_lvol;
 use crate::resources::longhorn::{LonghornEngine, LonghornInstanceStatus, LonghornReplica, PurgeStatus};
 use crate::runtime::Typed;
-use crate::spdk::ErrorKind;
 use crate::spdk::naming::longhorn as naming;
 use crate::spdk::naming::longhorn::tcp;
 use crate::spdk::volume::Inventory;
-use crate::spdk::volume::ReplicaLvols;
 use crate::spdk::volume::naming::lvstore;
+use crate::spdk::volume::{ReplicaLvols, SnapshotDeleteError};
 
 impl LonghornController {
     /// Carries out engine `e`'s purge request unless it was (`prev` holds
@@ -127,20 +125,23 @@ impl LonghornController {
         r: &LonghornReplica,
         snap: &str,
     ) -> Result<(), InstanceError> {
-        let target = format!("{}/{}", lvstore(&r.disk), snapshot_lvol(replica, snap));
-        match self.ops.delete_lvol(&target).await {
-            Ok(()) => {
+        match self
+            .ops
+            .delete_replica_snapshot(&lvstore(&r.disk), replica, snap)
+            .await
+        {
+            Ok(target) => {
                 inv.lvols.remove(&target);
                 Ok(())
             }
-            Err(source) if source.is(ErrorKind::Busy) => Err(InstanceError::SnapshotShared {
+            Err(SnapshotDeleteError::Shared { lvol, source }) => Err(InstanceError::SnapshotShared {
                 replica: replica.to_owned(),
-                lvol: target,
+                lvol,
                 source,
             }),
-            Err(source) => Err(InstanceError::DeleteLvol {
+            Err(SnapshotDeleteError::Spdk { lvol, source }) => Err(InstanceError::DeleteLvol {
                 replica: replica.to_owned(),
-                alias: target,
+                alias: lvol,
                 source,
             }),
         }

@@ -83,7 +83,7 @@ pub use super::naming::{
 pub use error::VolumeError;
 use plan::Make;
 pub use plan::{ExportSpec, VolumePlan, point_in_time_set, superblock_room};
-pub use replica_lvols::{ReplicaLvols, ResetHeadError};
+pub use replica_lvols::{ReplicaLvols, ResetHeadError, SnapshotDeleteError};
 pub use replica_rebuild::{
     Failed, ReplicaEnd, ReplicaPeers, ReplicaRebuild, ReplicaRebuilds, Thin, ThinError,
     clone_base_entrypoint, clone_base_present,

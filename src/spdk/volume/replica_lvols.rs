@@ -141,6 +141,60 @@ pub struct ResetHeadError {
     pub source: ClientError,
 }
 
+/// Why a replica's snapshot was not deleted.
+#[derive(Debug, thiserror::Error)]
+pub enum SnapshotDeleteError {
+    /// SPDK refuses: more than one lvol reads it (it can go only by a merge
+    /// into its one clone).
+    #[error("SPDK refuses to delete {lvol} while more than one lvol depends on it")]
+    Shared {
+        /// The snapshot's lvol.
+        lvol: String,
+        /// SPDK's answer.
+        #[source]
+        source: ClientError,
+    },
+    /// SPDK failed the delete.
+    #[error("deleting {lvol}")]
+    Spdk {
+        /// The snapshot's lvol.
+        lvol: String,
+        /// SPDK's answer.
+        #[source]
+        source: ClientError,
+    },
+}
+
+impl SnapshotDeleteError {
+    /// The snapshot's lvol.
+    pub fn lvol(&self) -> &str {
+        match self {
+            Self::Shared { lvol, .. } | Self::Spdk { lvol, .. } => lvol,
+        }
+    }
+}
+
+impl super::VolumeOps {
+    /// Deletes snapshot `snap` of replica `replica` (`<lvs>/<replica>-snap-<snap>`;
+    /// SPDK merges it into its one clone); one that is not there is no
+    /// error. Answers its alias.
+    pub async fn delete_replica_snapshot(
+        &self,
+        lvs: &str,
+        replica: &str,
+        snap: &str,
+    ) -> Result<String, SnapshotDeleteError> {
+        let lvol = format!("{lvs}/{}", snapshot_lvol(replica, snap));
+        match crate::spdk::volume::lvol::delete_lvol(&self.client, &lvol).await {
+            Ok(()) => Ok(lvol),
+            Err(source) if source.is(crate::spdk::ErrorKind::Busy) => {
+                Err(SnapshotDeleteError::Shared { lvol, source })
+            }
+            Err(source) => Err(SnapshotDeleteError::Spdk { lvol, source }),
+        }
+    }
+}
+
 impl super::VolumeOps {
     /// Makes replica `replica`'s head (in lvstore `lvs`, `size` bytes) empty
     /// right above the snapshots of `chain` it shares over `base` (an

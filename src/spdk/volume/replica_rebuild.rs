@@ -32,8 +32,8 @@ use std::time::{Duration, Instant};
 
 use super::thin::{self, Copier, CopyState, Run};
 use super::{
-    EngineNames, ExportSpec, Inventory, ReplicaLvols, ResetHeadError, Switch, SwitchSide, VolumeError,
-    VolumeOps,
+    EngineNames, ExportSpec, Inventory, ReplicaLvols, ResetHeadError, SnapshotDeleteError, Switch,
+    SwitchSide, VolumeError, VolumeOps,
 };
 use crate::names::{InvalidName, Nqn};
 use crate::resources::longhorn::{CloneBase, SnapshotInfo, snapshot_lvol};
@@ -652,13 +652,17 @@ impl ReplicaEnds<'_> {
 
     async fn delete_snapshot_of(&self, end: &ReplicaEnd, snap: &str) -> Result<(), ThinError> {
         match end {
-            ReplicaEnd::Here { replica, lvs, .. } => {
-                let a = format!("{lvs}/{}", snapshot_lvol(replica, snap));
-                self.ops
-                    .delete_lvol(&a)
-                    .await
-                    .map_err(ThinError::spdk(format!("deleting {a}")))
-            }
+            ReplicaEnd::Here { replica, lvs, .. } => self
+                .ops
+                .delete_replica_snapshot(lvs, replica, snap)
+                .await
+                .map(|_| ())
+                .map_err(|e| match e {
+                    SnapshotDeleteError::Shared { lvol, source }
+                    | SnapshotDeleteError::Spdk { lvol, source } => {
+                        ThinError::spdk(format!("deleting {lvol}"))(source)
+                    }
+                }),
             ReplicaEnd::Peer { replica, address } => self.peers.delete_snapshot(replica, address, snap).await,
         }
     }
