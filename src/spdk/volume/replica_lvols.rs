@@ -165,15 +165,6 @@ pub enum SnapshotDeleteError {
     },
 }
 
-impl SnapshotDeleteError {
-    /// The snapshot's lvol.
-    pub fn lvol(&self) -> &str {
-        match self {
-            Self::Shared { lvol, .. } | Self::Spdk { lvol, .. } => lvol,
-        }
-    }
-}
-
 impl super::VolumeOps {
     /// Deletes snapshot `snap` of replica `replica` (`<lvs>/<replica>-snap-<snap>`;
     /// SPDK merges it into its one clone); one that is not there is no

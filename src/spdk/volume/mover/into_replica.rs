@@ -75,12 +75,12 @@ impl IntoReplica {
     }
 
     /// The snapshot of the lvol an incremental restore takes (its base).
-    pub fn base_snap(&self) -> String {
+    fn base_snap(&self) -> String {
         self.beside(naming::restore_snapshot(&self.replica))
     }
 
     /// The lvol the mover writes.
-    pub fn target(&self) -> String {
+    fn target(&self) -> String {
         self.beside(naming::restore_target(&self.replica))
     }
 
