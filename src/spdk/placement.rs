@@ -49,8 +49,11 @@ pub const DEFAULT_OVERCOMMIT_PERCENT: u32 = 500;
 /// Why a configured disk is not ready.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum DiskAway {
-    /// Coming up (no status yet, or being created/imported), or being removed.
+    /// Coming up (no status yet, or being created/imported): its lvstore
+    /// may be listed before all its lvols are opened.
     Pending(String),
+    /// Being removed (its lvols, all opened, stay listed until it is gone).
+    Removing(String),
     /// Failed; the disk's error.
     Failed(String),
 }
@@ -292,6 +295,7 @@ fn blocked(
                 format!("{d} failed: {m}")
             }
             (None, false, Some(DiskAway::Pending(m))) => format!("{d} is not ready yet ({m})"),
+            (None, false, Some(DiskAway::Removing(m))) => format!("{d} is {m}"),
             (None, false, None) => format!("{d} is not configured"),
         };
         parts.push(what);

@@ -367,18 +367,23 @@ impl SpdkVolumeController {
         };
         // the raid's superblock, or (a served replica) room for the engine's
         let superblock = job.spec.uses_superblock();
-        // a new volume from a backup: restored into a file first
-        let step = self
-            .restores
-            .step(
-                &self.ops,
-                inv,
-                &job.id,
-                &job.spec,
-                job.in_sync.is_some(),
-                superblock,
-            )
-            .await;
+        // a new volume from a backup (or a standby): what its lvols hold is
+        // judged once every disk they may be on has all its lvols open
+        let step = match restore_waits_for(&job.spec, &job.disk_away) {
+            Some(why) if job.spec.from_backup.is_some() && job.in_sync.is_none() => RestoreStep::Waiting(why),
+            _ => {
+                self.restores
+                    .step(
+                        &self.ops,
+                        inv,
+                        &job.id,
+                        &job.spec,
+                        job.in_sync.is_some(),
+                        superblock,
+                    )
+                    .await
+            }
+        };
         let restore = match restore_file(step, &job.spec) {
             Ok(f) => f,
             Err(r) => return *r,
@@ -865,6 +870,23 @@ fn remote_addresses(spec: &Volume) -> Result<Vec<(IpAddr, u16)>, String> {
 /// backup is not restored, what realizing gives: a wait (polled), a
 /// failure, or a standby volume, which is not served: it holds a backup
 /// until activated.
+/// Why a restore into `spec` (not served yet) waits: a disk its lvols may
+/// be on is coming up. Until its examine ends SPDK lists its lvstore before
+/// all its lvols are opened, so a replica or standby lvol missing from the
+/// listing may only not be opened yet; judged then, a standby's lvols would
+/// be made anew (its backup fetched again) and a restored replica restored
+/// twice.
+fn restore_waits_for(spec: &Volume, away: &BTreeMap<String, DiskAway>) -> Option<String> {
+    away.iter()
+        .filter(|(d, _)| spec.disks.is_empty() || spec.disks.contains(d))
+        .find_map(|(d, a)| match a {
+            DiskAway::Pending(why) => Some(format!(
+                "waiting for disk {d} ({why}): a restore looks for its lvols once every disk's are open"
+            )),
+            DiskAway::Removing(_) | DiskAway::Failed(_) => None,
+        })
+}
+
 fn restore_file(step: RestoreStep, spec: &Volume) -> Result<Option<RestoreFile>, Box<Realized>> {
     match step {
         RestoreStep::None => Ok(None),
@@ -1641,7 +1663,7 @@ fn disks_away(
     for d in disks {
         let id = d.id();
         if d.metadata.phase == Phase::TearingDown {
-            away.insert(id.to_owned(), DiskAway::Pending("being removed".into()));
+            away.insert(id.to_owned(), DiskAway::Removing("being removed".into()));
             continue;
         }
         let st = statuses.iter().find(|s| s.id() == id).map(|s| &s.spec);
@@ -2357,6 +2379,28 @@ mod tests {
             not_realized(no_placement(true), &j).status.state,
             ObjectState::Failed
         );
+    }
+
+    #[test]
+    fn a_restore_waits_while_a_disk_its_lvols_may_be_on_is_coming_up() {
+        let away = BTreeMap::from([
+            ("d1".into(), DiskAway::Removing("being removed".into())),
+            ("d2".into(), DiskAway::Failed("I/O error".into())),
+            (
+                "d3".into(),
+                DiskAway::Pending("its lvstore is loaded, its lvols may not all be opened yet".into()),
+            ),
+        ]);
+        let any = vol("a", serde_json::json!({})).spec;
+        let why = restore_waits_for(&any, &away).expect("d3 is coming up");
+        assert!(
+            why.contains("disk d3") && why.contains("may not all be opened"),
+            "{why}"
+        );
+        // a removed or failed disk is not waited for; nor a disk the volume does not use
+        let on = vol("a", serde_json::json!({"disks": ["d1", "d2"]})).spec;
+        assert_eq!(restore_waits_for(&on, &away), None);
+        assert_eq!(restore_waits_for(&any, &BTreeMap::new()), None);
     }
 
     #[test]
