@@ -48,6 +48,28 @@ enum LinkAt {
         address: String,
     },
 }
+/// Why a linked clone is not made (the snapshot's data is then copied
+/// through the engine).
+#[derive(Debug, thiserror::Error)]
+enum NotLinked {
+    /// No `DstReplicaSrcReplicaPairMap`.
+    #[error("the manager sent no replica pairs")]
+    NoPairs,
+    /// A replica of the engine has no pair.
+    #[error("replica {0} has no source replica in the pair map")]
+    NoSource(String),
+    /// A pair on this node cannot be linked.
+    #[error(transparent)]
+    Pair(LonghornError),
+    /// Links that failed, by replica.
+    #[error("{}", failed_pairs(.0))]
+    Failed(Vec<(String, LonghornError)>),
+}
+
+fn failed_pairs(failed: &[(String, LonghornError)]) -> String {
+    let each: Vec<String> = failed.iter().map(|(r, x)| format!("replica {r}: {x}")).collect();
+    each.join("; ")
+}
 
 impl LinkAt {
     fn dst(&self) -> &str {
@@ -464,20 +486,18 @@ impl Longhorn {
         req: &imrpc::EngineSnapshotCloneRequest,
         from_volume: &str,
         snap: &str,
-    ) -> Result<Vec<LinkAt>, String> {
+    ) -> Result<Vec<LinkAt>, NotLinked> {
         let pairs = &req.dst_replica_src_replica_pair_map;
         if pairs.is_empty() {
-            return Err("the manager sent no replica pairs".to_owned());
+            return Err(NotLinked::NoPairs);
         }
         let mut out = Vec::new();
         for (dst, address) in &e.spec.replica_address_map {
-            let src = pairs
-                .get(dst)
-                .ok_or_else(|| format!("replica {dst} has no source replica in the pair map"))?;
+            let src = pairs.get(dst).ok_or_else(|| NotLinked::NoSource(dst.clone()))?;
             if self.local_replica(dst).is_some() {
                 out.push(LinkAt::Here(
                     self.local_link(inv, dst, src, Some(from_volume), snap)
-                        .map_err(|x| x.to_string())?,
+                        .map_err(NotLinked::Pair)?,
                 ));
             } else {
                 out.push(LinkAt::Peer {
@@ -589,7 +609,7 @@ impl Longhorn {
         from_volume: &str,
         snap: &str,
         pairs: &[LinkAt],
-    ) -> Result<(), String> {
+    ) -> Result<(), NotLinked> {
         let mut failed = Vec::new();
         for p in pairs {
             let done = match p {
@@ -603,11 +623,11 @@ impl Longhorn {
                 Ok(how) => {
                     tracing::info!(engine = %e.id(), replica = %p.dst(), from = %p.src(), snapshot = %snap, %how, "cloned a snapshot: linked");
                 }
-                Err(x) => failed.push(format!("replica {}: {x}", p.dst())),
+                Err(x) => failed.push((p.dst().to_owned(), x)),
             }
         }
         if !failed.is_empty() {
-            return Err(failed.join("; "));
+            return Err(NotLinked::Failed(failed));
         }
         let from = pairs.iter().map(LinkAt::src).collect::<Vec<_>>().join(",");
         let ledger = new_ledger(

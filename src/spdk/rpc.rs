@@ -321,23 +321,26 @@ impl Lvstore {
     /// power of two and a multiple of the block size, no more free clusters
     /// than clusters, and byte counts that fit in 64 bits. Otherwise why not
     /// (a disk pulled under its lvstore was seen reporting such figures).
-    pub fn bytes(&self) -> Result<LvstoreBytes, String> {
-        let what = |why: String| format!("lvstore {} reports {why}", self.name);
+    pub fn bytes(&self) -> Result<LvstoreBytes, LvstoreFigures> {
+        let odd = |why: OddFigures| LvstoreFigures {
+            lvstore: self.name.clone(),
+            why,
+        };
         let (c, b) = (self.cluster_size, u64::from(self.block_size));
         if !c.is_power_of_two() || b == 0 || c % b != 0 {
-            return Err(what(format!("a cluster size of {c} bytes on {b}-byte blocks")));
+            return Err(odd(OddFigures::Cluster { cluster: c, block: b }));
         }
         if self.free_clusters > self.total_data_clusters {
-            return Err(what(format!(
-                "{} free clusters of {}",
-                self.free_clusters, self.total_data_clusters
-            )));
+            return Err(odd(OddFigures::MoreFree {
+                free: self.free_clusters,
+                total: self.total_data_clusters,
+            }));
         }
         let total = self.total_data_clusters.checked_mul(c).ok_or_else(|| {
-            what(format!(
-                "{} clusters of {c} bytes (more than 2^64 bytes)",
-                self.total_data_clusters
-            ))
+            odd(OddFigures::Overflow {
+                clusters: self.total_data_clusters,
+                cluster: c,
+            })
         })?;
         Ok(LvstoreBytes {
             total,
@@ -346,6 +349,45 @@ impl Lvstore {
             cluster: c,
         })
     }
+}
+
+/// An lvstore whose figures make no sense ([`Lvstore::bytes`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("lvstore {lvstore} reports {why}")]
+pub struct LvstoreFigures {
+    /// The lvstore.
+    pub lvstore: String,
+    /// What it reports.
+    pub why: OddFigures,
+}
+
+/// What an lvstore reports that makes no sense.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum OddFigures {
+    /// Not a power of two, or not a multiple of the block size.
+    #[error("a cluster size of {cluster} bytes on {block}-byte blocks")]
+    Cluster {
+        /// Its cluster size.
+        cluster: u64,
+        /// Its block size.
+        block: u64,
+    },
+    /// More free clusters than clusters.
+    #[error("{free} free clusters of {total}")]
+    MoreFree {
+        /// Free clusters.
+        free: u64,
+        /// All clusters.
+        total: u64,
+    },
+    /// More than 2^64 bytes.
+    #[error("{clusters} clusters of {cluster} bytes (more than 2^64 bytes)")]
+    Overflow {
+        /// Clusters.
+        clusters: u64,
+        /// Its cluster size.
+        cluster: u64,
+    },
 }
 
 /// `bdev_lvol_create` params.
@@ -1862,12 +1904,16 @@ mod tests {
             })
         );
         // seen: a disk pulled under its lvstore, free_clusters * cluster_size overflowed
-        let e = lvs(u64::MAX, u64::MAX, mib).bytes().expect_err("2^84 bytes");
+        let e = lvs(u64::MAX, u64::MAX, mib)
+            .bytes()
+            .expect_err("2^84 bytes")
+            .to_string();
         assert!(e.contains("talon-d1") && e.contains("2^64"), "{e}");
         assert!(
             lvs(10, 11, mib)
                 .bytes()
                 .expect_err("free > total")
+                .to_string()
                 .contains("11 free clusters of 10")
         );
         assert!(lvs(10, 1, 0).bytes().is_err(), "no cluster size");

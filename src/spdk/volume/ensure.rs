@@ -381,7 +381,7 @@ impl VolumeOps {
                 replica: r.alias.clone(),
                 disk: r.disk.clone(),
                 bytes: rooms.wanted(r),
-                reason,
+                reason: Box::new(reason),
             })?;
         }
         self.grow(vol, &grow, rooms.size_mib, &|r| rooms.room(r)).await?;

@@ -74,7 +74,7 @@ pub enum VolumeError {
         /// The size asked for.
         bytes: u64,
         /// The figures.
-        reason: String,
+        reason: Box<super::plan::NoRoom>,
     },
     /// A step of a thin rebuild's copy failed (it is tried again).
     #[error("volume {volume}: rebuilding replica {replica} from snapshot {snapshot}: {message}")]

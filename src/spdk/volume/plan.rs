@@ -222,18 +222,29 @@ pub fn commitment(total: u64, committed: u64, more: u64, percent: u32) -> Result
     Ok(())
 }
 
+/// Why a disk cannot promise more ([`within_overcommit`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NoRoom {
+    /// The disk has no lvstore in the listing.
+    #[error("it has no lvstore")]
+    NoLvstore,
+    /// Its lvstore's figures make no sense.
+    #[error(transparent)]
+    Figures(#[from] crate::spdk::rpc::LvstoreFigures),
+    /// What its lvols promise does not fit in 64 bits.
+    #[error("the sizes of its lvols add up past 2^64 bytes")]
+    Overflow,
+    /// Past the bound.
+    #[error("{0} (overcommitPercent)")]
+    Over(#[from] Overcommit),
+}
+
 /// Whether `disk` can promise `more` bytes within `percent` of its capacity, on top of what its
 /// thin lvols promise now ([`Inventory::committed`]); the error says why not, with the figures.
-pub fn within_overcommit(inv: &Inventory, disk: &str, more: u64, percent: u32) -> Result<(), String> {
-    let total = inv
-        .lvstore(disk)
-        .ok_or_else(|| "it has no lvstore".to_owned())?
-        .bytes()?
-        .total;
-    let committed = inv
-        .committed(disk)
-        .ok_or_else(|| "the sizes of its lvols add up past 2^64 bytes".to_owned())?;
-    commitment(total, committed, more, percent).map_err(|e| format!("{e} (overcommitPercent)"))
+pub fn within_overcommit(inv: &Inventory, disk: &str, more: u64, percent: u32) -> Result<(), NoRoom> {
+    let total = inv.lvstore(disk).ok_or(NoRoom::NoLvstore)?.bytes()?.total;
+    let committed = inv.committed(disk).ok_or(NoRoom::Overflow)?;
+    Ok(commitment(total, committed, more, percent)?)
 }
 
 /// Disks with a talon lvstore (free bytes), less those the plan says are away
@@ -419,7 +430,7 @@ pub fn local_for(
             let more = whole(lvol_mib(d).saturating_mul(MIB), d);
             within_overcommit(inv, d, more, plan.overcommit_percent)
                 .err()
-                .map(|why| (d.clone(), why))
+                .map(|why| (d.clone(), why.to_string()))
         })
         .collect();
     let block_size: BTreeMap<String, u32> = inv
