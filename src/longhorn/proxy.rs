@@ -44,7 +44,6 @@ use crate::resources::longhorn::{
     LonghornReplica, SnapshotInfo, SnapshotRequest,
 };
 use crate::runtime::Typed;
-use crate::spdk::ErrorKind;
 use crate::spdk::naming::longhorn::{self as naming, is_rebuild_snap, tcp};
 use crate::spdk::volume::Inventory;
 use crate::spdk::volume::naming::lvstore;
@@ -380,12 +379,11 @@ impl Longhorn {
         r: &LonghornReplica,
         lvol: &str,
     ) -> Result<(), LonghornError> {
-        let alias = naming::replica_alias(&r.disk, replica);
-        match self.ops().snapshot_lvol(&alias, lvol).await {
+        let lvs = crate::spdk::volume::naming::lvstore(&r.disk);
+        match self.ops().snapshot_replica_head(&lvs, replica, lvol).await {
             Ok(_) => Ok(()),
-            Err(e) if e.is(ErrorKind::AlreadyExists) => Ok(()),
             Err(e) => Err(LonghornError::spdk(
-                format!("replica {replica}: snapshotting {alias} as {lvol}"),
+                format!("replica {replica}: snapshotting {lvs}/{replica} as {lvol}"),
                 e,
             )),
         }

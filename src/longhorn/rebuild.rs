@@ -208,7 +208,7 @@ impl Longhorn {
             .map_err(|_| LonghornError::Invalid(format!("replica {replica}: negative QoS limit")))?;
         let head = naming::replica_alias(&t.spec.disk, replica.as_str());
         self.ops()
-            .set_qos_cap(&head, mbps)
+            .cap_rebuild_writes(&head, mbps)
             .await
             .map_err(|e| LonghornError::spdk(format!("replica {replica}: capping {head} at {mbps} MB/s"), e))
     }

@@ -97,6 +97,27 @@ impl Inventory {
         out
     }
 
+    /// Marks the slot of member `slot` of raid `raid` empty: taken out.
+    pub fn empty_slot(&mut self, raid: &str, slot: &str) {
+        for b in self
+            .raids
+            .iter_mut()
+            .filter(|r| r.name == raid)
+            .flat_map(|r| r.base_bdevs_list.iter_mut())
+            .filter(|b| b.name.as_deref() == Some(slot))
+        {
+            b.name = None;
+            b.is_configured = false;
+        }
+    }
+
+    /// Forgets NVMe-oF controller `controller` and its namespace's bdev
+    /// (`<controller>n1`): detached.
+    pub fn forget_controller(&mut self, controller: &str) {
+        self.controllers.retain(|c| c != controller);
+        self.bdevs.remove(&format!("{controller}n1"));
+    }
+
     /// The snapshot lvol `alias` is a clone of (its alias), from
     /// `bdev_get_bdevs`' `driver_specific.lvol.base_snapshot` (an lvol name
     /// in the same lvstore).

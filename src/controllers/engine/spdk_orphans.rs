@@ -174,7 +174,7 @@ impl Controller for SpdkOrphanController {
                 );
                 continue;
             }
-            match self.ops.delete_lvol(&alias).await {
+            match self.ops.delete_orphan_lvol(&alias).await {
                 Ok(()) => {
                     tracing::info!(lvol = %alias, uuid = %o.uuid, was = %o.was, "orphan lvol removed as asked");
                     found.remove(&alias);

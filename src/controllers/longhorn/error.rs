@@ -50,37 +50,15 @@ pub enum InstanceError {
         /// Its status's message, or that it has none yet.
         why: String,
     },
-    /// The replica's lvol could not be made.
-    #[error("creating lvol {alias}")]
-    CreateLvol {
-        alias: String,
-        #[source]
-        source: ClientError,
-    },
-    /// The replica's lvol could not grow to its spec's size.
-    #[error("growing lvol {alias} to {bytes} bytes")]
-    GrowLvol {
-        alias: String,
-        bytes: u64,
-        #[source]
-        source: ClientError,
-    },
-    /// The lvol vanished right after it grew.
-    #[error("lvol {0} is gone after growing it")]
-    GoneAfterGrow(String),
-    /// The lvol could not be read after it grew.
-    #[error("reading lvol {alias} after growing it")]
-    ReadAfterGrow {
-        alias: String,
-        #[source]
-        source: ClientError,
-    },
+    /// The replica's head could not be made or grown.
+    #[error(transparent)]
+    Head(#[from] crate::spdk::volume::ReplicaHeadError),
     /// An export could not be made or taken away.
     #[error(transparent)]
     Export(#[from] VolumeError),
-    /// A replica's lvols could not be deleted in order: none is a leaf.
-    #[error("replica {replica}: lvols {lvols:?} depend on each other")]
-    Circular { replica: String, lvols: Vec<String> },
+    /// A replica's lvols could not all be deleted.
+    #[error(transparent)]
+    Remove(#[from] crate::spdk::volume::ReplicaRemoveError),
     /// A replica's lvol could not be deleted.
     #[error("replica {replica}: deleting lvol {alias}")]
     DeleteLvol {

@@ -55,7 +55,7 @@ impl LonghornController {
             } else {
                 "left (ReplicaRemove)"
             };
-            if let Err(x) = self.ops.remove_raid_member(&slot).await {
+            if let Err(x) = self.ops.take_out_member(&slot).await {
                 left.failed(
                     e.id(),
                     format!(
@@ -65,16 +65,7 @@ impl LonghornController {
                 );
                 continue;
             }
-            for b in inv
-                .raids
-                .iter_mut()
-                .filter(|r| r.name == e.id())
-                .flat_map(|r| r.base_bdevs_list.iter_mut())
-                .filter(|b| b.name.as_deref() == Some(slot.as_str()))
-            {
-                b.name = None;
-                b.is_configured = false;
-            }
+            inv.empty_slot(e.id(), &slot);
             self.caps.forget(&member);
             self.caps.forget(&slot);
             tracing::info!(
@@ -93,7 +84,7 @@ impl LonghornController {
             .cloned()
             .collect();
         for replica in attached {
-            if let Err(x) = self.ops.detach_controller(&replica).await {
+            if let Err(x) = self.ops.detach_remote(inv, &replica).await {
                 left.failed(
                     e.id(),
                     format!("replica {replica} left: detaching it: {}", chain(&x)),
@@ -101,8 +92,6 @@ impl LonghornController {
                 left.attached.insert(replica);
                 continue;
             }
-            inv.controllers.retain(|c| *c != replica);
-            inv.bdevs.remove(&format!("{replica}n1"));
             tracing::info!(
                 engine = e.id(),
                 replica,

@@ -42,7 +42,7 @@ use crate::runtime::{
 };
 use crate::spdk::SpdkClient;
 use crate::spdk::naming::longhorn as naming;
-use crate::spdk::rpc::{Lvol, LvolStoreRef};
+use crate::spdk::rpc::LvolStoreRef;
 use crate::spdk::volume::{
     EngineNames, EnginePlan, Export, ExportSpec, Inventory, NewSubsystem, RemoteAttach, TakeDown,
     VolumeError, VolumeOps,
@@ -55,7 +55,6 @@ use crate::resources::engine::SPDK_STATUS_ID;
 pub use crate::resources::longhorn::CONTROLLER as NAME;
 /// Where engine-frontends put their device nodes.
 pub const DEV_DIR: &str = "/dev/longhorn";
-const MIB: u64 = 1 << 20;
 /// Status poll while instances exist (a remote replica that comes back, a
 /// device that appears).
 const POLL: Duration = Duration::from_secs(3);
@@ -385,60 +384,16 @@ impl LonghornController {
         {
             dst_start = Some(self.dst_start(inv, &name, spec, rq).await);
         }
-        let lvol = match inv.lvols.get(&alias) {
-            Some(l) => l.clone(),
-            None => {
-                // bdev_lvol_create answers the new lvol's UUID: the rest is known (thin,
-                // nothing allocated), so no listing of every lvol follows
-                let uuid = self
-                    .ops
-                    .create_thin(&disk.spec.lvstore, name.as_str(), spec.size_bytes.div_ceil(MIB))
-                    .await
-                    .map_err(|source| InstanceError::CreateLvol {
-                        alias: alias.clone(),
-                        source,
-                    })?;
-                let lvol = Lvol {
-                    alias: alias.clone(),
-                    uuid,
-                    name: name.as_str().to_owned(),
-                    is_thin_provisioned: true,
-                    is_snapshot: false,
-                    is_clone: false,
-                    is_esnap_clone: false,
-                    num_allocated_clusters: 0,
-                    lvs: LvolStoreRef {
-                        name: disk.spec.lvstore.clone(),
-                        uuid: disk.spec.lvstore_uuid.clone(),
-                    },
-                };
-                inv.lvols.insert(alias.clone(), lvol.clone());
-                lvol
-            }
+        // made thin when missing; grown when an expansion (ReplicaExpand, or
+        // the engine's on this node) grew the spec
+        let lvs = LvolStoreRef {
+            name: disk.spec.lvstore.clone(),
+            uuid: disk.spec.lvstore_uuid.clone(),
         };
-        // an expansion (ReplicaExpand, or the engine's on this node) grew the spec
-        let mut size = inv
-            .bdevs
-            .get(&lvol.uuid)
-            .map_or(spec.size_bytes, |b| u64::from(b.block_size) * b.num_blocks);
-        if size < spec.size_bytes {
-            self.ops
-                .resize_lvol(&alias, spec.size_bytes.div_ceil(MIB))
-                .await
-                .map_err(|source| InstanceError::GrowLvol {
-                    alias: alias.clone(),
-                    bytes: spec.size_bytes,
-                    source,
-                })?;
-            size = match self.client.bdev(&alias).await {
-                Ok(Some(b)) => b.size_bytes(),
-                Ok(None) => return Err(InstanceError::GoneAfterGrow(alias)),
-                Err(source) => return Err(InstanceError::ReadAfterGrow { alias, source }),
-            };
-            if let Some(b) = inv.bdevs.get_mut(&lvol.uuid) {
-                b.num_blocks = size / u64::from(b.block_size.max(1));
-            }
-        }
+        let (lvol, size) = self
+            .ops
+            .ensure_replica_head(inv, &lvs, name.as_str(), spec.size_bytes)
+            .await?;
         let nqn = naming::replica_nqn(&name)?;
         let addr: IpAddr = self.instance_ip(node)?;
         let mut st = status(InstanceKind::Replica, InstanceState::Running, "");
@@ -493,35 +448,8 @@ impl LonghornController {
         let base = crate::spdk::volume::ReplicaLvols::from_inventory(inv, &lvs, name.as_str())
             .base
             .map(|b| format!("{lvs}/{b}"));
-        let mut left: Vec<String> = inv.lvols.keys().filter(|a| mine(a)).cloned().collect();
-        while !left.is_empty() {
-            // the lvols no other lvol of the replica is a clone of
-            let leaves: Vec<String> = left
-                .iter()
-                .filter(|a| !left.iter().any(|o| inv.parent_of(o).is_some_and(|p| p == **a)))
-                .cloned()
-                .collect();
-            if leaves.is_empty() {
-                return Err(InstanceError::Circular {
-                    replica: name.to_string(),
-                    lvols: left,
-                });
-            }
-            for alias in leaves {
-                self.ops
-                    .delete_lvol(&alias)
-                    .await
-                    .map_err(|source| InstanceError::DeleteLvol {
-                        replica: name.to_string(),
-                        alias: alias.clone(),
-                        source,
-                    })?;
-                left.retain(|a| *a != alias);
-            }
-        }
-        for a in inv.lvols.keys().filter(|a| mine(a)).cloned().collect::<Vec<_>>() {
-            inv.lvols.remove(&a);
-        }
+        let lvols: Vec<String> = inv.lvols.keys().filter(|a| mine(a)).cloned().collect();
+        self.ops.remove_replica_lvols(inv, name.as_str(), lvols).await?;
         if let Some(ep) = base {
             match self.ops.drop_entrypoint_if_unused(inv, &ep).await {
                 Ok(true) => {
@@ -727,15 +655,12 @@ impl LonghornController {
             }
             None => {
                 if inv.controllers.iter().any(|c| c == replica) {
-                    self.ops
-                        .detach_controller(replica)
-                        .await
-                        .map_err(|source| InstanceError::DetachOld {
+                    self.ops.detach_remote(inv, replica).await.map_err(|source| {
+                        InstanceError::DetachOld {
                             replica: replica.to_owned(),
                             source,
-                        })?;
-                    inv.controllers.retain(|c| c != replica);
-                    inv.bdevs.remove(&format!("{replica}n1"));
+                        }
+                    })?;
                 }
                 let b = self.attach_remote(inv, replica, address).await?;
                 (b, None)
@@ -750,7 +675,7 @@ impl LonghornController {
         });
         if in_slot {
             self.ops
-                .remove_raid_member(&member)
+                .take_out_member(&member)
                 .await
                 .map_err(|source| InstanceError::LeaveSlot {
                     replica: replica.to_owned(),
@@ -809,8 +734,7 @@ impl LonghornController {
         inv.subsystems.retain(|s| s.nqn != nqn.as_str());
         inv.raids.retain(|r| r.name != e.id());
         for replica in &remotes {
-            inv.controllers.retain(|c| c != replica);
-            inv.bdevs.remove(&format!("{replica}n1"));
+            inv.forget_controller(replica);
         }
         Ok(())
     }
@@ -1745,7 +1669,7 @@ mod tests {
             engine_name: format!("{v}-e-0"),
             target_address: format!("127.0.0.1:{port}"),
             frontend: "spdk-tcp-nvmf".into(),
-            size_bytes: MIB,
+            size_bytes: 1 << 20,
             nr_io_queues: 0,
             switchover: None,
         };

@@ -297,7 +297,7 @@ impl LonghornController {
         // at the engine's cap (ReplicaRebuildingQosSet changes it)
         let want = u64::try_from(e.spec.rebuild_qos_mbps).unwrap_or(0);
         if self.caps.of(&target) != want {
-            match self.ops.set_qos_cap(&target, want).await {
+            match self.ops.cap_rebuild_writes(&target, want).await {
                 Ok(()) => {
                     self.caps.set(e.id(), &target, want);
                     self.caps.seen(&target);
@@ -314,7 +314,7 @@ impl LonghornController {
     async fn lift_caps(&self, raid: &str, all_capped: &[String], observed: &[(String, Option<String>)]) {
         let lift = caps::to_lift(self.caps.liftable(raid, CAP_GRACE), all_capped, observed);
         for member in lift {
-            match self.ops.set_qos_cap(&member, 0).await {
+            match self.ops.cap_rebuild_writes(&member, 0).await {
                 Ok(()) => self.caps.forget(&member),
                 Err(x) if x.is(ErrorKind::NotFound) => self.caps.forget(&member),
                 Err(x) => {

@@ -111,7 +111,7 @@ impl LonghornController {
                 if let Some(s) = slot.and_then(|s| s.name.clone()) {
                     // it left its slot's data behind when it fell out: out again
                     self.ops
-                        .remove_raid_member(&s)
+                        .take_out_member(&s)
                         .await
                         .map_err(|source| ThinError::Spdk {
                             doing: format!("taking {s} out of raid {engine}"),

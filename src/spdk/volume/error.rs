@@ -74,7 +74,7 @@ pub enum VolumeError {
         /// The size asked for.
         bytes: u64,
         /// The figures.
-        reason: Box<super::plan::NoRoom>,
+        reason: Box<NoRoom>,
     },
     /// A step of a thin rebuild's copy failed (it is tried again).
     #[error("volume {volume}: rebuilding replica {replica} from snapshot {snapshot}: {message}")]
@@ -272,4 +272,41 @@ pub enum VolumeError {
         /// Each member and its block size.
         members: String,
     },
+}
+
+/// A promise a disk cannot make: `more` bytes of thin lvols on top of the
+/// `committed` it has would pass `percent`% of its `total` bytes.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "its thin lvols promise {}, and {} more would pass {percent}% of its {}",
+    crate::util::size::Bytes(*committed),
+    crate::util::size::Bytes(*more),
+    crate::util::size::Bytes(*total)
+)]
+pub struct Overcommit {
+    /// The disk's capacity.
+    pub total: u64,
+    /// What its thin lvols promise now.
+    pub committed: u64,
+    /// What was asked for.
+    pub more: u64,
+    /// The bound, in percent of `total`.
+    pub percent: u32,
+}
+
+/// Why a disk cannot promise more ([`super::plan::within_overcommit`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NoRoom {
+    /// The disk has no lvstore in the listing.
+    #[error("it has no lvstore")]
+    NoLvstore,
+    /// Its lvstore's figures make no sense.
+    #[error(transparent)]
+    Figures(#[from] crate::spdk::rpc::LvstoreFigures),
+    /// What its lvols promise does not fit in 64 bits.
+    #[error("the sizes of its lvols add up past 2^64 bytes")]
+    Overflow,
+    /// Past the bound.
+    #[error("{0} (overcommitPercent)")]
+    Over(#[from] Overcommit),
 }

@@ -229,49 +229,42 @@ pub(super) async fn set_parent(client: &SpdkClient, lvol: &str, parent: &str) ->
         .map(|_| ())
 }
 
-/// The single writes of one object that the engine's users outside
-/// `spdk/volume` make (each as the function it calls above says).
+/// The single writes of one object, for the engine's own modules
+/// (`spdk/volume` and below); users outside it call `VolumeOps` methods
+/// with a meaning (each as the function it calls above says).
 impl VolumeOps {
     /// Deletes lvol `alias`; one not there is no error ([`delete_lvol`]).
-    pub async fn delete_lvol(&self, alias: &str) -> Result<(), ClientError> {
+    pub(super) async fn delete_lvol(&self, alias: &str) -> Result<(), ClientError> {
         delete_lvol(&self.client, alias).await
-    }
-    /// Takes bdev `member` out of its raid; none is no error ([`remove_raid_member`]).
-    pub async fn remove_raid_member(&self, member: &str) -> Result<(), ClientError> {
-        remove_raid_member(&self.client, member).await
     }
     /// Disables and detaches NVMe controller `name`; one not there is no
     /// error ([`detach_controller`]).
-    pub async fn detach_controller(&self, name: &str) -> Result<(), ClientError> {
+    pub(super) async fn detach_controller(&self, name: &str) -> Result<(), ClientError> {
         detach_controller(&self.client, name).await
     }
     /// Makes thin lvol `lvs/name` of `mib` MiB; answers its UUID.
-    pub async fn create_thin(&self, lvs: &str, name: &str, mib: u64) -> Result<String, ClientError> {
+    pub(super) async fn create_thin(&self, lvs: &str, name: &str, mib: u64) -> Result<String, ClientError> {
         create_thin(&self.client, lvs, name, mib).await
     }
     /// Renames lvol `alias` to `new_name` in its lvstore.
-    pub async fn rename_lvol(&self, alias: &str, new_name: &str) -> Result<(), ClientError> {
+    pub(super) async fn rename_lvol(&self, alias: &str, new_name: &str) -> Result<(), ClientError> {
         rename(&self.client, alias, new_name).await
     }
-    /// Grows lvol `lvol` to `mib` MiB ([`resize`]).
-    pub async fn resize_lvol(&self, lvol: &str, mib: u64) -> Result<(), ClientError> {
-        resize(&self.client, lvol, mib).await
-    }
     /// Snapshots lvol `lvol` as `snapshot` in its lvstore.
-    pub async fn snapshot_lvol(&self, lvol: &str, name: &str) -> Result<(), ClientError> {
+    pub(super) async fn snapshot_lvol(&self, lvol: &str, name: &str) -> Result<(), ClientError> {
         snapshot(&self.client, lvol, name).await
     }
     /// Caps (0 lifts) bdev `bdev`'s reads and writes at `mbps` MB/s; only
     /// on a bdev someone has open ([`set_qos_cap`]).
-    pub async fn set_qos_cap(&self, bdev: &str, mbps: u64) -> Result<(), ClientError> {
+    pub(super) async fn set_qos_cap(&self, bdev: &str, mbps: u64) -> Result<(), ClientError> {
         set_qos_cap(&self.client, bdev, mbps).await
     }
     /// Clones snapshot `snapshot` as thin lvol `name`; answers its UUID.
-    pub async fn clone_snapshot(&self, snapshot: &str, name: &str) -> Result<String, ClientError> {
+    pub(super) async fn clone_snapshot(&self, snapshot: &str, name: &str) -> Result<String, ClientError> {
         clone(&self.client, snapshot, name).await
     }
     /// Makes snapshot `parent` the parent of thin lvol `lvol` ([`set_parent`]).
-    pub async fn set_parent(&self, lvol: &str, parent: &str) -> Result<(), ClientError> {
+    pub(super) async fn set_parent(&self, lvol: &str, parent: &str) -> Result<(), ClientError> {
         set_parent(&self.client, lvol, parent).await
     }
 }

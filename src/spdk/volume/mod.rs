@@ -59,6 +59,7 @@ pub mod mover;
 pub mod plan;
 mod raid;
 mod rebuild;
+mod replica_life;
 mod replica_lvols;
 mod replica_rebuild;
 mod revert;
@@ -83,6 +84,7 @@ pub use super::naming::{
 pub use error::VolumeError;
 use plan::Make;
 pub use plan::{ExportSpec, VolumePlan, point_in_time_set, superblock_room};
+pub use replica_life::{ReplicaHeadError, ReplicaRemoveError};
 pub use replica_lvols::{ReplicaLvols, ResetHeadError, SnapshotDeleteError};
 pub use replica_rebuild::{
     Failed, ReplicaEnd, ReplicaPeers, ReplicaRebuild, ReplicaRebuilds, Thin, ThinError,
@@ -585,6 +587,13 @@ impl VolumeOps {
                 gone.insert(a);
             }
         }
+    }
+
+    /// Deletes lvol `alias`, which nothing of talon's or Longhorn's owns, as
+    /// its `OrphanLvolRemoval` asked (the caller checked its UUID and that
+    /// no lvol is its clone); one gone already is no error.
+    pub async fn delete_orphan_lvol(&self, alias: &str) -> Result<(), ClientError> {
+        lvol::delete_lvol(&self.client, alias).await
     }
 
     /// Deletes owned orphans; failures are logged and returned as text (the

@@ -185,25 +185,7 @@ impl VolumePlan {
     }
 }
 
-/// A promise a disk cannot make: `more` bytes of thin lvols on top of the
-/// `committed` it has would pass `percent`% of its `total` bytes.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error(
-    "its thin lvols promise {}, and {} more would pass {percent}% of its {}",
-    crate::util::size::Bytes(*committed),
-    crate::util::size::Bytes(*more),
-    crate::util::size::Bytes(*total)
-)]
-pub struct Overcommit {
-    /// The disk's capacity.
-    pub total: u64,
-    /// What its thin lvols promise now.
-    pub committed: u64,
-    /// What was asked for.
-    pub more: u64,
-    /// The bound, in percent of `total`.
-    pub percent: u32,
-}
+pub use super::error::{NoRoom, Overcommit};
 
 /// The one overcommit rule, for every thin lvol talon makes on a disk
 /// (talon's volumes and Longhorn's replicas alike): what the disk promises
@@ -220,23 +202,6 @@ pub fn commitment(total: u64, committed: u64, more: u64, percent: u32) -> Result
         });
     }
     Ok(())
-}
-
-/// Why a disk cannot promise more ([`within_overcommit`]).
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum NoRoom {
-    /// The disk has no lvstore in the listing.
-    #[error("it has no lvstore")]
-    NoLvstore,
-    /// Its lvstore's figures make no sense.
-    #[error(transparent)]
-    Figures(#[from] crate::spdk::rpc::LvstoreFigures),
-    /// What its lvols promise does not fit in 64 bits.
-    #[error("the sizes of its lvols add up past 2^64 bytes")]
-    Overflow,
-    /// Past the bound.
-    #[error("{0} (overcommitPercent)")]
-    Over(#[from] Overcommit),
 }
 
 /// Whether `disk` can promise `more` bytes within `percent` of its capacity, on top of what its

@@ -23,6 +23,31 @@ use crate::spdk::rpc::{
 const REBUILD_END_SETTLE: std::time::Duration = std::time::Duration::from_millis(250);
 
 impl VolumeOps {
+    /// Takes member `slot` out of its raid (one in none is no error); the
+    /// listing says so after [`Inventory::empty_slot`].
+    pub async fn take_out_member(&self, slot: &str) -> Result<(), ClientError> {
+        super::lvol::remove_raid_member(&self.client, slot).await
+    }
+
+    /// Caps (0 lifts) the reads and writes of bdev `member` at `mbps` MB/s:
+    /// a rebuild's writes into a raid member or a rebuild dest's head. Only
+    /// on a bdev someone has open (on v26.05 a cap set on a bdev nobody has
+    /// open cannot be lifted again): a raid member, or a head its export holds.
+    pub async fn cap_rebuild_writes(&self, member: &str, mbps: u64) -> Result<(), ClientError> {
+        super::lvol::set_qos_cap(&self.client, member, mbps).await
+    }
+
+    /// Detaches the NVMe-oF controller `controller` of a remote member (one
+    /// not there is no error) and drops it and its namespace's bdev
+    /// (`<controller>n1`) from `inv`.
+    pub async fn detach_remote(&self, inv: &mut Inventory, controller: &str) -> Result<(), ClientError> {
+        super::lvol::detach_controller(&self.client, controller).await?;
+        inv.forget_controller(controller);
+        Ok(())
+    }
+}
+
+impl VolumeOps {
     /// Raid `raid` listed again [`REBUILD_END_SETTLE`] after a listing that
     /// showed SPDK's rebuild of a member ended (the member configured, no
     /// process): the one judgement of how SPDK's rebuild ended, for talon's

@@ -166,6 +166,25 @@ pub enum SnapshotDeleteError {
 }
 
 impl super::VolumeOps {
+    /// Snapshots replica `replica`'s head (`<lvs>/<replica>`) as its snapshot
+    /// lvol `lvol`; one that exists already is kept (asked again). Answers
+    /// the snapshot's alias.
+    pub async fn snapshot_replica_head(
+        &self,
+        lvs: &str,
+        replica: &str,
+        lvol: &str,
+    ) -> Result<String, ClientError> {
+        let head = format!("{lvs}/{replica}");
+        match crate::spdk::volume::lvol::snapshot(&self.client, &head, lvol).await {
+            Ok(()) => Ok(format!("{lvs}/{lvol}")),
+            Err(e) if e.is(crate::spdk::ErrorKind::AlreadyExists) => Ok(format!("{lvs}/{lvol}")),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+impl super::VolumeOps {
     /// Deletes snapshot `snap` of replica `replica` (`<lvs>/<replica>-snap-<snap>`;
     /// SPDK merges it into its one clone); one that is not there is no
     /// error. Answers its alias.
