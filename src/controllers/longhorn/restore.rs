@@ -50,9 +50,8 @@ use crate::resources::backup::{BackupState, LonghornRestore, LonghornRestoreLedg
 use crate::resources::longhorn::LonghornReplica;
 use crate::runtime::{Controller, ControllerError, Input, Output, ReconcileContext, Requeue};
 use crate::spdk::SpdkClient;
-use crate::spdk::naming::longhorn::{replica_alias, restore_snapshot, restored_snapshot};
 use crate::spdk::volume::Inventory;
-use crate::spdk::volume::mover::into_replica::{IntoReplica, IntoReplicaError, Settled};
+use crate::spdk::volume::mover::into_replica::{IntoReplica, IntoReplicaError, RestoreParent, Settled};
 use crate::spdk::volume::naming::lvstore;
 use crate::spdk::volume::{VolumeOps, mover};
 
@@ -192,27 +191,28 @@ impl LonghornRestoreController {
         let _ = std::fs::remove_dir_all(self.credentials_dir.join(id));
     }
 
-    /// The replica's lvol, checked new (`fresh`) or checked to hold a
-    /// restore of its own (not a clone of anything); its alias and bdev's
-    /// block size and size in bytes.
+    /// The replica's lvol a restore writes, checked new (`fresh`) or checked
+    /// to hold a restore of its own (not a clone of anything else).
     fn replica_lvol(
         inv: &Inventory,
         id: &str,
         r: &LonghornReplica,
         fresh: bool,
-    ) -> Result<(String, u32, u64), RestoreError> {
-        let alias = format!("{}/{id}", lvstore(&r.disk));
+    ) -> Result<IntoReplica, RestoreError> {
+        let mut into = IntoReplica {
+            replica: id.to_owned(),
+            alias: format!("{}/{id}", lvstore(&r.disk)),
+            // read from its bdev below
+            lvol_bytes: 0,
+        };
+        let alias = into.alias.clone();
         let l = inv.lvols.get(&alias).ok_or_else(|| RestoreError::NotMade {
             replica: id.to_owned(),
             alias: alias.clone(),
         })?;
-        // the one clone of the snapshot a cut-off incremental restore took
-        // (its first step deletes that snapshot: merged back)
-        let parent = inv.parent_of(&alias);
-        let own = parent == Some(replica_alias(&r.disk, &restore_snapshot(id)));
-        // the snapshot of a whole restore a cut-off run made the lvol's parent
-        // (the restore's first step merges it in)
-        let restored = parent == Some(replica_alias(&r.disk, &restored_snapshot(id)));
+        let parent = into.restore_parent(inv.parent_of(&alias).as_deref());
+        let own = parent == Some(RestoreParent::Base);
+        let restored = parent == Some(RestoreParent::Restored);
         if !fresh && ((l.is_clone && !own && !restored) || l.is_esnap_clone || l.is_snapshot) {
             return Err(RestoreError::NotItsRestore {
                 replica: id.to_owned(),
@@ -237,7 +237,8 @@ impl LonghornRestoreController {
             uuid: l.uuid.clone(),
             alias: alias.clone(),
         })?;
-        Ok((alias, b.block_size, u64::from(b.block_size) * b.num_blocks))
+        into.lvol_bytes = u64::from(b.block_size) * b.num_blocks;
+        Ok(into)
     }
 }
 
@@ -510,7 +511,7 @@ impl Controller for LonghornRestoreController {
                 )?;
                 continue;
             }
-            let (alias, _, lvol_bytes) = match Self::replica_lvol(found, &id, &replica.spec, !incremental) {
+            let into = match Self::replica_lvol(found, &id, &replica.spec, !incremental) {
                 Ok(l) => l,
                 Err(why) => {
                     // after a restart of talon: a restore cut off in its copy touched the lvol
@@ -537,11 +538,7 @@ impl Controller for LonghornRestoreController {
                 .entry(key)
                 .or_insert_with(|| (r.spec.clone(), Vec::new()))
                 .1
-                .push(IntoReplica {
-                    replica: id.clone(),
-                    alias,
-                    lvol_bytes,
-                });
+                .push(into);
             ctx.apply(&id, of(status(BackupState::InProgress, 0, "")))?;
         }
         for (restore, members) in groups.into_values() {

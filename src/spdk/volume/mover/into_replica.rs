@@ -64,7 +64,32 @@ pub enum IntoReplicaError {
     NameTooLong { replica: String, name: String },
 }
 
+/// Which of a replica's restore snapshots an lvol's parent is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RestoreParent {
+    /// The snapshot an incremental restore took of the lvol (its base):
+    /// the lvol is that snapshot's one clone (the restore's first step
+    /// merges it back).
+    Base,
+    /// The snapshot of a whole restore, which a cut-off run made the lvol's
+    /// parent (the restore's first step merges it in).
+    Restored,
+}
+
 impl IntoReplica {
+    /// Which of its restore snapshots `parent` (an lvol's parent, by alias)
+    /// is; `None`: another lvol, or none.
+    pub fn restore_parent(&self, parent: Option<&str>) -> Option<RestoreParent> {
+        let parent = parent?;
+        if parent == self.base_snap() {
+            Some(RestoreParent::Base)
+        } else if parent == self.restored() {
+            Some(RestoreParent::Restored)
+        } else {
+            None
+        }
+    }
+
     fn lvs(&self) -> &str {
         self.alias.split_once('/').map_or("", |(l, _)| l)
     }
@@ -171,5 +196,36 @@ impl VolumeOps {
             .await
             .map_err(r.failed(format!("deleting {restored}")))?;
         Ok(end)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_parent_is_one_of_the_replicas_restore_snapshots_only_in_its_lvstore() {
+        let into = IntoReplica {
+            replica: "pvc-r-1".into(),
+            alias: "lvs-d1/pvc-r-1".into(),
+            lvol_bytes: 1 << 20,
+        };
+        assert_eq!(
+            into.restore_parent(Some("lvs-d1/pvc-r-1.restore")),
+            Some(RestoreParent::Base)
+        );
+        assert_eq!(
+            into.restore_parent(Some("lvs-d1/pvc-r-1.restored")),
+            Some(RestoreParent::Restored)
+        );
+        // another replica's, another lvstore's, a snapshot of the replica's own, none
+        for other in [
+            "lvs-d1/pvc-r-2.restore",
+            "lvs-d2/pvc-r-1.restored",
+            "lvs-d1/pvc-r-1-snap-s1",
+        ] {
+            assert_eq!(into.restore_parent(Some(other)), None, "{other}");
+        }
+        assert_eq!(into.restore_parent(None), None);
     }
 }
