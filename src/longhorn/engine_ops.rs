@@ -561,7 +561,13 @@ impl Longhorn {
                 .linked_source_unfit(b.as_str(), &l.engine_name, &l.engine_address)
                 .await
             {
-                None => Some(b),
+                None => Some((
+                    b,
+                    crate::resources::longhorn::LinkEngine {
+                        engine: l.engine_name.clone(),
+                        address: l.engine_address.clone(),
+                    },
+                )),
                 Some(why) => {
                     tracing::warn!(engine = %e.id(), replica, beside = %b, "{what}: a linked clone's replica is rebuilt whole, not over the entrypoint beside it: {why}");
                     None
@@ -584,8 +590,14 @@ impl Longhorn {
                 .insert(replica.to_owned(), address.to_owned());
             s.rebuild_requests.insert(replica.to_owned(), request);
             match &beside {
-                Some(b) => s.rebuild_links.insert(replica.to_owned(), b.to_string()),
-                None => s.rebuild_links.remove(replica),
+                Some((b, engine)) => {
+                    s.rebuild_links.insert(replica.to_owned(), b.to_string());
+                    s.rebuild_link_engines.insert(replica.to_owned(), engine.clone());
+                }
+                None => {
+                    s.rebuild_links.remove(replica);
+                    s.rebuild_link_engines.remove(replica);
+                }
             };
             // a replica set ERR comes back only through this rebuild
             s.failed_replicas.remove(replica);
@@ -781,6 +793,7 @@ impl Longhorn {
             s.replica_address_map.remove(&replica);
             s.rebuild_requests.remove(&replica);
             s.rebuild_links.remove(&replica);
+            s.rebuild_link_engines.remove(&replica);
             // a replica set ERR stays marked: the manager may add it back
             // (reused), and its snapshots must go before its rebuild
         })?;

@@ -1519,6 +1519,7 @@ mod tests {
             rebuild_qos_mbps: 0,
             rebuild_requests: [("rb".to_string(), 3)].into(),
             rebuild_links: Default::default(),
+            rebuild_link_engines: Default::default(),
             removed_snapshots: Default::default(),
             failed_replicas: Default::default(),
             purge_request: 0,

@@ -1058,6 +1058,7 @@ impl Longhorn {
                 rebuild_qos_mbps: 0,
                 rebuild_requests: BTreeMap::new(),
                 rebuild_links: BTreeMap::new(),
+                rebuild_link_engines: BTreeMap::new(),
                 removed_snapshots: BTreeSet::new(),
                 failed_replicas: Default::default(),
                 purge_request: 0,

@@ -97,6 +97,17 @@ pub struct DstStartRequest {
     pub base: Option<CloneBase>,
 }
 
+/// The engine a linked clone's base replica serves in (Longhorn's
+/// `LinkedCloneSource.engine_name`, `engine_address`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct LinkEngine {
+    /// The engine.
+    pub engine: String,
+    /// Its address (storage IP and port).
+    pub address: String,
+}
+
 /// Where a linked clone's rebuilt replica starts: the entrypoint of
 /// snapshot `snapshot` of `replica`, the replica of the clone's source
 /// volume beside it (same node, same lvstore; Longhorn's
@@ -223,6 +234,12 @@ pub struct LonghornEngine {
     /// `linked_clone_source`): rebuilt over that replica's entrypoint, thin.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub rebuild_links: BTreeMap<String, String>,
+    /// For each replica of `rebuild_links`: the engine that serves the
+    /// replica beside it, and that engine's address (`linked_clone_source`
+    /// `engine_name`, `engine_address`), asked again right before the
+    /// rebuild's switch.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub rebuild_link_engines: BTreeMap<String, LinkEngine>,
     /// Snapshots `SnapshotRemove` marked removed (SPDK keeps a snapshot with
     /// more than one child): `SnapshotPurge` deletes them once it can.
     #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]

@@ -1627,6 +1627,7 @@ mod tests {
             rebuild_qos_mbps: 0,
             rebuild_requests: Default::default(),
             rebuild_links: Default::default(),
+            rebuild_link_engines: Default::default(),
             removed_snapshots: Default::default(),
             failed_replicas: Default::default(),
             purge_request: 0,

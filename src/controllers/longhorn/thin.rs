@@ -152,6 +152,15 @@ impl LonghornController {
                     dst,
                     qos: u64::try_from(e.spec.rebuild_qos_mbps).unwrap_or(0),
                     beside: e.spec.rebuild_links.get(dst_name).cloned(),
+                    // no address: the engine is asked on this node (ReplicaAdd
+                    // found it here)
+                    beside_engine: e.spec.rebuild_link_engines.get(dst_name).map(|l| {
+                        let at = match l.address.as_str() {
+                            "" => std::net::SocketAddr::new(plan.spec.address, 0).to_string(),
+                            a => a.to_owned(),
+                        };
+                        (l.engine.clone(), at)
+                    }),
                 },
             )
             .await
@@ -388,5 +397,36 @@ impl ReplicaPeers for LonghornController {
 
     fn switch_done(&self, engine: &str) {
         self.session.switch_done(engine);
+    }
+
+    /// Asked of the engine's node (this one too) through its `EngineGet`, as
+    /// the `ReplicaAdd` asked it (`Longhorn::linked_source_unfit`).
+    async fn unfit_base(&self, replica: &str, engine: &str, address: &str) -> Option<String> {
+        let a = address.strip_prefix("tcp://").unwrap_or(address);
+        // an address of the IP alone: the port is the SPDKService's anyway
+        let a = match a.parse::<std::net::IpAddr>() {
+            Ok(ip) => std::net::SocketAddr::new(ip, 0).to_string(),
+            Err(_) => a.to_owned(),
+        };
+        let got = match self.peers.client(&a, self.peer_port, PEER_TIMEOUT).await {
+            Ok(mut c) => c
+                .engine_get(spdkrpc::EngineGetRequest {
+                    name: engine.to_owned(),
+                })
+                .await
+                .map(tonic::Response::into_inner)
+                .map_err(|x| format!("EngineGet: {}", x.message())),
+            Err(x) => Err(crate::util::error_chain(&x)),
+        };
+        match got {
+            Err(x) => Some(format!("engine {engine} at {address:?} could not be asked: {x}")),
+            Ok(e) if e.state != crate::resources::longhorn::InstanceState::Running.as_str() => {
+                Some(format!("engine {engine} is not running ({:?})", e.state))
+            }
+            Ok(e) if e.replica_mode_map.get(replica) != Some(&(spdkrpc::ReplicaMode::Rw as i32)) => {
+                Some(format!("replica {replica} is not RW in engine {engine}"))
+            }
+            Ok(_) => None,
+        }
     }
 }

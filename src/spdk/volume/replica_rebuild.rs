@@ -159,6 +159,19 @@ pub enum ThinError {
         /// Its node's words.
         message: String,
     },
+    /// A linked clone's dest, right before its switch: the replica beside
+    /// it, whose entrypoint its chain starts on, is no longer in service in
+    /// the source volume's engine (voted corrupt, being rebuilt, or that
+    /// engine is down). The rebuild copies every block instead.
+    #[error("replica {replica}: the linked clone's base {beside} is not in service at the switch: {why}")]
+    BaseUnfit {
+        /// The dest.
+        replica: String,
+        /// The replica beside it.
+        beside: String,
+        /// Why, in the engine's words.
+        why: String,
+    },
     /// A copy failed (SPDK's words, or its node's).
     #[error("copying snapshot {snapshot} to replica {replica}: {message}")]
     CopyFailed {
@@ -299,6 +312,10 @@ pub trait ReplicaPeers: Send + Sync {
     fn switch_started(&self, engine: &str, joining: &str, in_service: Vec<String>);
     /// The switch is over; the dest is a member.
     fn switch_done(&self, engine: &str);
+    /// Why replica `replica` is not in service in engine `engine` (at
+    /// `address`, its node's storage address) now: not running, or the
+    /// replica not RW there. `None`: it is.
+    async fn unfit_base(&self, replica: &str, engine: &str, address: &str) -> Option<String>;
 }
 
 /// Where a thin rebuild stands after one step.
@@ -447,6 +464,10 @@ pub struct ReplicaRebuild<'a> {
     /// entrypoint its chain starts on. Without it, a source that is a
     /// linked clone is rebuilt by SPDK's raid rebuild (every block).
     pub beside: Option<String>,
+    /// The engine the replica beside serves in, with its address
+    /// (`linked_clone_source.engine_name`/`engine_address`): asked again
+    /// right before the switch whether it still holds that replica RW.
+    pub beside_engine: Option<(String, String)>,
 }
 
 impl VolumeOps {
@@ -563,12 +584,15 @@ impl VolumeOps {
             spec: r.spec,
             qos: r.qos,
             dst_ep: dst_base.as_ref().map(clone_base_entrypoint),
+            base_engine: dst_base.as_ref().and(r.beside_engine),
             dst_base,
         };
         Ok(match thin::step(&ends, &rebuilds.runs).await {
             Ok(thin::Step::Copying { copied, total }) => Thin::Copying { copied, total },
             Ok(thin::Step::Joined) => Thin::Joined,
-            Err(e @ ThinError::NoCloneBase { .. }) => Thin::Unsupported(e.to_string()),
+            Err(e @ (ThinError::NoCloneBase { .. } | ThinError::BaseUnfit { .. })) => {
+                Thin::Unsupported(e.to_string())
+            }
             Err(e) => return Err(e),
         })
     }
@@ -605,6 +629,8 @@ struct ReplicaEnds<'a> {
     /// A linked clone's dest: where its chain starts, and that entrypoint's name.
     dst_base: Option<CloneBase>,
     dst_ep: Option<String>,
+    /// The engine that serves the replica of `dst_base`, and its address.
+    base_engine: Option<(String, String)>,
 }
 
 impl ReplicaEnds<'_> {
@@ -814,6 +840,24 @@ impl ReplicaEnds<'_> {
 #[async_trait::async_trait]
 impl thin::Ends for ReplicaEnds<'_> {
     type Error = ThinError;
+
+    /// A linked clone's dest: the replica beside it is asked again, in its
+    /// engine, as longhorn-spdk-engine asks at `RebuildingDstFinish`: one
+    /// voted corrupt, being rebuilt or whose engine is down since the
+    /// `ReplicaAdd` is not what the rebuilt replica reads below its own data.
+    async fn switch_allowed(&self) -> Result<(), ThinError> {
+        let (Some(base), Some((engine, address))) = (&self.dst_base, &self.base_engine) else {
+            return Ok(());
+        };
+        match self.peers.unfit_base(&base.replica, engine, address).await {
+            None => Ok(()),
+            Some(why) => Err(ThinError::BaseUnfit {
+                replica: self.dst.replica().to_owned(),
+                beside: base.replica.clone(),
+                why,
+            }),
+        }
+    }
 
     fn of(&self) -> &str {
         self.engine

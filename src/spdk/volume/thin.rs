@@ -445,6 +445,12 @@ pub trait Ends: Send + Sync {
     fn dest_recorded_out(&self) -> bool {
         true
     }
+    /// What must still hold for the switch, asked right before it (the
+    /// copies are done, no copy runs, nothing is closed yet): an error is
+    /// the step's, and nothing was touched.
+    async fn switch_allowed(&self) -> Result<(), Self::Error> {
+        Ok(())
+    }
     /// Starts copying snapshot `j` of the chain into the dest's head.
     async fn start_copy(&self, j: usize) -> Result<Copier, Self::Error>;
     /// Where copy `run` stands, or `None` when it is not known (the target
@@ -558,6 +564,7 @@ pub async fn step<E: Ends + ?Sized>(ends: &E, runs: &Runs) -> Result<Step, E::Er
             Ok(copying(shared, 0))
         }
         Next::Switch => {
+            ends.switch_allowed().await?;
             switch(ends).await?;
             runs.remove(of, dest);
             Ok(Step::Joined)
@@ -701,6 +708,7 @@ mod tests {
         writable: bool,
         busy_head: bool,
         join_refused: bool,
+        switch_refused: Option<&'static str>,
         state: Mutex<Option<CopyState>>,
         log: Mutex<Vec<String>>,
     }
@@ -714,6 +722,7 @@ mod tests {
                 writable: true,
                 busy_head: false,
                 join_refused: false,
+                switch_refused: None,
                 state: Mutex::new(Some(CopyState::Running(1))),
                 log: Mutex::new(Vec::new()),
             }
@@ -786,6 +795,12 @@ mod tests {
         async fn round(&self) -> Result<String, Refused> {
             self.did("round".into());
             Ok("rb.1".into())
+        }
+        async fn switch_allowed(&self) -> Result<(), Refused> {
+            match self.switch_refused {
+                Some(why) => Err(Refused(why.into())),
+                None => Ok(()),
+            }
         }
         async fn close(&self) -> Result<(), Refused> {
             self.did("close".into());
@@ -915,6 +930,37 @@ mod tests {
         assert_eq!(e.log(), ["round"]);
         e.busy_head = false;
         e.answer(Some(CopyState::Done));
+        assert_eq!(step(&e, &runs).await, Ok(Step::Joined));
+        assert_eq!(
+            e.log(),
+            ["close", "round", "last copy rb.1", "keep rb.1", "join with rb.1"]
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_switch_not_allowed_touches_nothing() {
+        let mut e = Scripted::new(
+            &["a"],
+            At::Holds {
+                shared: 1,
+                ready: true,
+            },
+        );
+        e.switch_refused = Some("the base is not RW in its engine");
+        e.answer(Some(CopyState::Done));
+        let runs = Runs::default();
+        assert_eq!(
+            step(&e, &runs).await,
+            Err(Refused("the base is not RW in its engine".into()))
+        );
+        assert_eq!(
+            e.log(),
+            Vec::<String>::new(),
+            "nothing closed, no round, no raid change"
+        );
+        assert!(!runs.any("vol"));
+        // allowed again: the switch goes as ever
+        e.switch_refused = None;
         assert_eq!(step(&e, &runs).await, Ok(Step::Joined));
         assert_eq!(
             e.log(),
