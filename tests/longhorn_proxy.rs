@@ -2716,6 +2716,124 @@ async fn real_spdk_an_engine_frontend_switches_over_to_another_nodes_engine() {
     an_engine_frontend_switches_over_to_another_nodes_engine(Some(&spdk)).await;
 }
 
+/// Issue 53: a relocation longhorn-manager v1.12.1 reverts on its own (its
+/// new engine in error): it deletes the new engine and points the
+/// engine-frontend's spec back at the old one, and calls nothing more (its
+/// engine-frontend controller sees spec and status agree). Node A's talon sees
+/// the switch-over's new engine gone from node B and gives the switch-over up:
+/// the old engine, made inaccessible by `switching`, is optimized again, and
+/// the frontend lists its one path; a move given up after `preparing` only
+/// drops the record (the old engine was never made inaccessible). The old
+/// engine serves throughout, its member on B kept.
+async fn a_switch_over_whose_new_engine_is_deleted_is_given_up(real: Option<&std::path::Path>) {
+    let (ip_a, ip_b) = (IpAddr::from([127, 0, 0, 1]), IpAddr::from([127, 0, 0, 2]));
+    let base = free_base(&[ip_a, ip_b]);
+    let mut a = Node::new(ip_a, base, real).await;
+    let mut b = Node::new(ip_b, base, real).await;
+    let size = 64 * MIB;
+    let addr_b = b.replica("disk-b", "vol-r-b", size).await;
+    engine(&a, &[("vol-r-b", &addr_b)], size, "spdk-tcp-nvmf").await;
+    let inst_a = InstanceServiceClient::new(a.channel(3).await);
+    let e0 = format!(
+        "{ip_a}:{}",
+        running(&inst_a, "vol-e-0", "engine").await.port_start
+    );
+    inst_a
+        .clone()
+        .instance_create(longhorn_req::frontend(
+            "vol-ef-0",
+            "vol",
+            "vol-e-0",
+            &e0,
+            size,
+            "spdk-tcp-nvmf",
+        ))
+        .await
+        .expect("the engine-frontend's create");
+    running(&inst_a, "vol-ef-0", "engine-frontend").await;
+    let only_e0 = vec![(e0.clone(), "optimized".to_owned())];
+
+    for (new, last) in [("vol-e-1", "switching"), ("vol-e-2", "preparing")] {
+        let inst_b =
+            longhorn_nodes::engine_create(&b, new, &[("vol-r-b", &addr_b)], size, "spdk-tcp-nvmf").await;
+        let to = format!("{ip_b}:{}", running(&inst_b, new, "engine").await.port_start);
+        for p in ["preparing", "switching"] {
+            inst_a
+                .clone()
+                .instance_switch_over_target(switch_over(&to, new, p))
+                .await
+                .unwrap_or_else(|e| panic!("{new}: phase {p}: {e:?}"));
+            if p == last {
+                break;
+            }
+        }
+        let made = if last == "switching" {
+            "inaccessible"
+        } else {
+            "optimized"
+        };
+        assert_eq!(listener_ana(&a).await, [made], "{new}: after {last}");
+        let (_, paths, _) = frontend_paths(&inst_a).await;
+        assert_eq!(
+            paths.len(),
+            2,
+            "{new}: both paths listed during the move: {paths:?}"
+        );
+        // the manager's revert: the new engine deleted on its node, nothing called on A
+        inst_b
+            .clone()
+            .instance_delete(longhorn_nodes::delete_request(new, "engine"))
+            .await
+            .expect("the new engine's delete");
+        longhorn_nodes::gone(&inst_b, new, "engine").await;
+        let paths = talon::runtime::testing::eventually(
+            &format!("{new}: the frontend back on its one engine"),
+            WAIT,
+            || async {
+                let (active, paths, _) = frontend_paths(&inst_a).await;
+                (paths == only_e0).then_some((active, paths))
+            },
+        )
+        .await;
+        assert_eq!(paths.0, e0, "{new}: the old engine is the active path");
+        assert_eq!(
+            listener_ana(&a).await,
+            ["optimized"],
+            "{new}: A serves optimized again"
+        );
+        assert_eq!(running(&inst_a, "vol-e-0", "engine").await.state, "running");
+        let modes = SpdkServiceClient::new(a.channel(4).await)
+            .engine_get(spdkrpc::EngineGetRequest {
+                name: "vol-e-0".into(),
+            })
+            .await
+            .expect("EngineGet of the old engine")
+            .into_inner()
+            .replica_mode_map;
+        assert_eq!(
+            modes.get("vol-r-b"),
+            Some(&(spdkrpc::ReplicaMode::Rw as i32)),
+            "{new}: the old engine keeps its member on B: {modes:?}"
+        );
+    }
+    a.stop().await;
+    b.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_switch_over_whose_new_engine_is_deleted_is_given_up_on_the_double() {
+    a_switch_over_whose_new_engine_is_deleted_is_given_up(None).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_spdk_a_switch_over_whose_new_engine_is_deleted_is_given_up() {
+    let test = "real_spdk_a_switch_over_whose_new_engine_is_deleted_is_given_up";
+    let Some(spdk) = spdk_dir(test) else {
+        return;
+    };
+    a_switch_over_whose_new_engine_is_deleted_is_given_up(Some(&spdk)).await;
+}
+
 /// The engine's current members as its persisted ledger
 /// (`LonghornMemberLedger`) holds them: replica -> request number.
 async fn ledger_of(n: &Node) -> Option<BTreeMap<String, u64>> {

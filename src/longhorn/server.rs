@@ -155,6 +155,8 @@ pub async fn serve(
     lh.hashes().sweep(lh.client()).await;
     // what a clone on another node left exposed here when talon stopped
     lh.clone_source_sweep().await;
+    // switch-overs the manager gave up (ends when the servers stop)
+    tokio::spawn(lh.clone().watch_switches());
     let (tx, rx) = tokio::sync::watch::channel(false);
     let counter = crate::util::conn::ConnCounter::default();
     let refusals = std::sync::Arc::new(super::bounds::AcceptLogs::default());

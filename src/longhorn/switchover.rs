@@ -12,6 +12,15 @@
 //!       Record(r)           ── LonghornEngineFrontend.switchover = r
 //!       Promote(new, old)   ── new optimized; failing: old optimized again, record done: preparing
 //!       Commit(new)         ── engineName, targetAddress = new; switchover cleared
+//!
+//!   every SWITCH_WATCH, each engine-frontend of this node with a switch-over record:
+//!     its new engine asked on its node (here: the state; else EngineGet at its address)
+//!       gone (NotFound, or tearing down here): the switch-over was given up (the
+//!         manager's revert deletes the new engine and calls nothing more) ──> the
+//!         same steps as a switch-over back to the target it has: the current engine
+//!         optimized again when `switching` made it inaccessible, record cleared
+//!       there, or its node not answering: nothing (a `promoting` that cannot reach
+//!         the new engine makes the old one optimized itself)
 //! ```
 
 use std::time::Duration;
@@ -28,6 +37,14 @@ use crate::runtime::Typed;
 /// How long another node may take to set its engine's ANA state (it waits
 /// for its controller).
 const ANA_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// How often the engine-frontends in a switch-over look whether their new
+/// engine is still there (Longhorn's own engine-frontend monitor polls every
+/// 5 s).
+const SWITCH_WATCH: Duration = Duration::from_secs(5);
+
+/// How long another node may take to say whether it has an engine.
+const GET_TIMEOUT: Duration = Duration::from_secs(10);
 
 impl Longhorn {
     /// Switches engine-frontend `ef` over to engine `engine_name` at
@@ -108,6 +125,109 @@ impl Longhorn {
             }
         }
         Ok(())
+    }
+
+    /// Until talon stops: every [`SWITCH_WATCH`], a switch-over whose new
+    /// engine is gone from its node is given up ([`Self::give_up_switch`]).
+    ///
+    /// longhorn-manager v1.12.1 reverts a relocation whose new engine failed
+    /// (in error, or its replicas no longer fit) by deleting that engine and
+    /// pointing the engine-frontend's spec back at the old one; its
+    /// engine-frontend controller then calls nothing, since the spec and the
+    /// status target agree again (`engine_frontend_controller.go`
+    /// `shouldExecuteEngineFrontendSwitchover`). An old engine that `switching`
+    /// made inaccessible would stay so, and the host would have no path left.
+    pub(super) async fn watch_switches(self) {
+        let mut stopping = self.stopping.subscribe();
+        // a look cut off by the stop leaves the record for the next serve
+        tokio::select! {
+            () = self.watch_switches_until_stopped() => {}
+            _ = stopping.wait_for(|s| *s) => {}
+        }
+    }
+
+    async fn watch_switches_until_stopped(&self) {
+        loop {
+            tokio::time::sleep(SWITCH_WATCH).await;
+            let in_switch = match self.state().list_typed::<LonghornEngineFrontend>() {
+                Ok(v) => v,
+                Err(e) => {
+                    tracing::warn!(error = %e, "listing the engine frontends in a switch-over");
+                    continue;
+                }
+            };
+            for ef in in_switch {
+                if ef.metadata.phase == crate::runtime::Phase::TearingDown {
+                    continue;
+                }
+                let Some(r) = ef.spec.switchover.clone() else {
+                    continue;
+                };
+                if !self.new_engine_gone(&r.engine_name, &r.target_address).await {
+                    continue;
+                }
+                if let Err(e) = self.give_up_switch(ef.id(), &r.engine_name).await {
+                    tracing::warn!(
+                        frontend = ef.id(),
+                        engine = r.engine_name,
+                        error = %crate::util::error_chain(&e),
+                        "giving up a switch-over whose new engine is gone (again in {SWITCH_WATCH:?})"
+                    );
+                }
+            }
+        }
+    }
+
+    /// Whether engine `name` at `address` is gone from its node: not in this
+    /// node's state (or tearing down) when it is here, else NOT_FOUND from its
+    /// node's `EngineGet`. A node that does not answer has not said so.
+    async fn new_engine_gone(&self, name: &str, address: &str) -> bool {
+        match self.state().get_typed::<LonghornEngine>(name) {
+            Ok(Some(e)) => return e.metadata.phase == crate::runtime::Phase::TearingDown,
+            Ok(None) => {}
+            Err(_) => return false,
+        }
+        let asked = match self.peers().client(address, self.peer_port(), GET_TIMEOUT).await {
+            Ok(mut c) => {
+                c.engine_get(spdkrpc::EngineGetRequest {
+                    name: name.to_owned(),
+                })
+                .await
+            }
+            Err(source) => {
+                tracing::debug!(engine = name, address, error = %crate::util::error_chain(&source),
+                    "a switch-over's new engine could not be asked");
+                return false;
+            }
+        };
+        matches!(asked, Err(s) if s.code() == Code::NotFound)
+    }
+
+    /// Engine-frontend `name`'s switch-over to engine `gone`, given up: the
+    /// steps of a switch-over back to the target it has (the current engine
+    /// optimized again when `switching` made it inaccessible, the record
+    /// dropped), unless the record names another engine by now.
+    async fn give_up_switch(&self, name: &str, gone: &str) -> Result<(), LonghornError> {
+        let Some(ef) = self
+            .state()
+            .get_typed::<LonghornEngineFrontend>(name)
+            .map_err(LonghornError::State)?
+            .filter(|f| f.spec.switchover.as_ref().is_some_and(|r| r.engine_name == gone))
+        else {
+            return Ok(());
+        };
+        let (target, engine) = (ef.spec.target_address.clone(), ef.spec.engine_name.clone());
+        tracing::warn!(
+            frontend = name,
+            gone,
+            serving = engine,
+            target,
+            done = ?ef.spec.switchover.as_ref().and_then(|r| r.done),
+            "the switch-over's new engine is gone from its node (the manager gave the move up): \
+             the engine the frontend has serves optimized again"
+        );
+        self.switch_over(name, Some(ef), &target, &engine, "preparing")
+            .await
     }
 
     /// Sets engine `e`'s listener ANA state on its node.
