@@ -162,7 +162,8 @@ fn one_node_volume_lifecycle() {
 /// the engine relocated to node 2 and back by `engineNodeID` while attached (the manager's
 /// three-phase switch-over of the same engine-frontend, each new engine listing every snapshot
 /// with its creation time, the data written after each move read back, a multipath host
-/// (bdevperf, verify) writing through each move with no I/O error, then the same two moves with
+/// (bdevperf, verify) writing through each move with no I/O error, a move the manager reverts
+/// (its new engine in error after `switching`: the old engine optimized again), then the same two moves with
 /// node 2's talon killed (-9) mid-move (`TALON_E2E_CRASH=0` leaves those two out,
 /// `TALON_E2E_RELOCATE=0` all the moves), a second, migratable volume live-migrated to node 2 by a second
 /// csi-attacher ticket and confirmed, then migrated back and rolled back (the data read through

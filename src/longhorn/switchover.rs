@@ -39,9 +39,10 @@ use crate::runtime::Typed;
 const ANA_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// How often the engine-frontends in a switch-over look whether their new
-/// engine is still there (Longhorn's own engine-frontend monitor polls every
-/// 5 s).
-const SWITCH_WATCH: Duration = Duration::from_secs(5);
+/// engine is still there: from a revert's deletion of it until the old
+/// engine is optimized again, the host has no usable path. Only a frontend
+/// with a switch-over recorded asks another node.
+const SWITCH_WATCH: Duration = Duration::from_secs(2);
 
 /// How long another node may take to say whether it has an engine.
 const GET_TIMEOUT: Duration = Duration::from_secs(10);
@@ -68,6 +69,11 @@ impl Longhorn {
             return Ok(());
         };
         let what = format!("engine frontend {}", ef.id());
+        if phase == SwitchoverPhase::Promoting.as_str() && crate::util::fault("longhorn-switch-promoting") {
+            return Err(LonghornError::Unavailable(format!(
+                "{what}: promoting refused: fault injected (TALON_FAULTS/longhorn-switch-promoting)"
+            )));
+        }
         let _one = self
             .try_hold(&format!("{}/switch-over", ef.id()))
             .ok_or_else(|| {

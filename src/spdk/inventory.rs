@@ -111,6 +111,11 @@ impl Inventory {
         }
     }
 
+    /// Forgets raid bdev `raid`: deleted.
+    pub fn forget_raid(&mut self, raid: &str) {
+        self.raids.retain(|r| r.name != raid);
+    }
+
     /// Forgets NVMe-oF controller `controller` and its namespace's bdev
     /// (`<controller>n1`): detached.
     pub fn forget_controller(&mut self, controller: &str) {

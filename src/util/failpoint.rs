@@ -21,6 +21,20 @@
 //! | `revert-taken-down`      | a revert's export and raid gone, no head made again yet |
 //! | `revert-head-remade`     | a revert's first head made again from its snapshot      |
 
+/// Faults a test turns on and off while talon runs: with `TALON_FAULTS=<dir>`,
+/// fault `name` is on while the file `<dir>/<name>` exists. Without the
+/// variable a fault costs one environment lookup.
+///
+/// | fault                        | while on                                             |
+/// |------------------------------|------------------------------------------------------|
+/// | `longhorn-switch-promoting`  | an engine-frontend's `promoting` phase is refused    |
+/// |                              | (UNAVAILABLE) before any of its steps                |
+/// | `longhorn-engine-error`      | every Longhorn engine of this node not going away is |
+/// |                              | reported in error, nothing of it made or changed     |
+pub fn fault(name: &str) -> bool {
+    std::env::var_os("TALON_FAULTS").is_some_and(|dir| std::path::Path::new(&dir).join(name).exists())
+}
+
 /// Kills this process (SIGKILL) when `TALON_FAILPOINT` names `name`.
 pub fn failpoint(name: &str) {
     if std::env::var_os("TALON_FAILPOINT").is_some_and(|v| v == name) {

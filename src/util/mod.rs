@@ -9,7 +9,8 @@
 //!   util::nvme_auth (DH-HMAC-CHAP and TLS PSK files)   util::private (0700 dirs, 0600 logs)
 //!   util::conn (connection bounds, idle sockets, descriptor limit)   util::size (sizes for people)
 //!   util::space (a filesystem's room; "no space left on <dir>" with the sizes)
-//!   util::failpoint (crash tests: TALON_FAILPOINT kills the process at a named point)
+//!   util::failpoint (crash tests: TALON_FAILPOINT kills the process at a named point;
+//!                    TALON_FAULTS turns named faults on and off while it runs)
 //! ```
 
 pub mod backoff;
@@ -24,7 +25,7 @@ pub mod space;
 
 pub use backoff::Backoff;
 pub use error::error_chain;
-pub use failpoint::failpoint;
+pub use failpoint::{failpoint, fault};
 pub use root::{HostIoError, HostRoot};
 
 /// Milliseconds since the Unix epoch, now (0 before it).

@@ -632,8 +632,9 @@ class Cluster:
                  "--config", f"{self.work}/{pod}/talon.yaml", "--engine", "v2",
                  "--no-huge", "--no-huge-mem-mib", memory, "--spdk-arg=--disable-cpumask-locks",
                  "--stop-targets-on-exit"]
+        # faults a step turns on and off while talon runs (src/util/failpoint.rs, `fault`)
         env = dict(os.environ, TALON_SPDK_DIR=self.spdk_dir, POD_IP=ip, NODE_NAME=node, TALON_LOG=os.environ.get("TALON_E2E_LOG", "info"),
-                   NO_COLOR="1")
+                   NO_COLOR="1", TALON_FAULTS=f"{self.work}/{pod}/faults")
         self.log(f"kubelet: instance-manager pod {pod} on {node} -> {' '.join(argv)}")
         return self.spawn(f"talon-{pod}", self.in_node(node, argv), env=env)
 

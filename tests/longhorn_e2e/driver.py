@@ -967,6 +967,150 @@ class Scenario:
             f"{direct_s:.1f} s")
         self.check(data, f"the data after the move to {node} taken back")
 
+    def fault(self, node, name, on):
+        """Turns talon fault `name` of `node` on or off (`TALON_FAULTS`, src/util/failpoint.rs):
+        on while its file exists."""
+        d = f"{self.c.work}/{self.im[node]}/faults"
+        os.makedirs(d, exist_ok=True)
+        if on:
+            open(f"{d}/{name}", "w").close()
+        elif os.path.exists(f"{d}/{name}"):
+            os.remove(f"{d}/{name}")
+        say(f"talon fault {name} of {node} {'on' if on else 'off'}")
+
+    def listener_ana(self, node):
+        """The ANA states of `node`'s listeners of the volume's subsystem, as its spdk_tgt has them."""
+        pod = self.im[node]
+        rpc = [sys.executable, f"{self.spdk_dir}/scripts/rpc.py", "-s", f"{self.c.work}/{pod}/run/spdk.sock"]
+        r = lh.run(*rpc, "nvmf_subsystem_get_listeners", self.nqn, check=False)
+        if r.returncode != 0:
+            return []
+        return sorted({a["ana_state"] for ls in json.loads(r.stdout) for a in ls.get("ana_states") or []})
+
+    def relocate_reverted(self, node, back, data):
+        """A relocation longhorn-manager reverts on its own (issue 53): engineNodeID patched to
+        `node` with `back`'s talon refusing the `promoting` phase (fault
+        longhorn-switch-promoting), so the switch-over holds after `switching`: `back`'s engine
+        inaccessible, the new engine on `node` the host's only path (non-optimized). Then
+        `node`'s talon reports its engines in error (fault longhorn-engine-error): the manager
+        reverts (deletes the new engine, points the engine-frontend's spec back) and calls
+        nothing more on the frontend; it keeps making new engines on `node`, each in error,
+        each reverted. Expected: `back`'s engine optimized again (talon's watch of the
+        switch-over's new engine), the host's I/O going on with none failed. Then engineNodeID
+        set back to `back` and the faults off: one engine, the old one, on `back`; the
+        switch-over state empty; the same engine-frontend targeting it; healthy; no raid1 of a
+        new engine left on `node`; `back`'s engine on its local replica directly again; `data`
+        reads back."""
+        sel = f"longhornvolume={self.vol}"
+        efs = self.list("enginefrontends", sel)
+        if len(efs) != 1:
+            raise AssertionError(f"one engine-frontend expected before the move, not {len(efs)}")
+        ef_uid = efs[0]["metadata"]["uid"]
+        first = sorted(e["metadata"]["name"] for e in self.list("engines", sel))
+        seen, made = {}, set()
+
+        def attached():
+            st = self.get("volumes", self.vol).get("status", {})
+            seen.setdefault("switchoverState", [])
+            if (st.get("switchoverState") or "") not in seen["switchoverState"]:
+                seen["switchoverState"].append(st.get("switchoverState") or "")
+            if st.get("state") != "attached":
+                raise AssertionError(f"the volume left attached during the reverted move: "
+                                     f"{st.get('state')}; seen {seen}")
+            return st
+
+        with self.writing(f"a move to {node} the manager reverts") as writer:
+            try:
+                self.fault(back, "longhorn-switch-promoting", True)
+                t0 = time.monotonic()
+                self.patch("volumes", self.vol, {"spec": {"engineNodeID": node}})
+
+                def held():
+                    attached()
+                    new = None
+                    for e in self.list("engines", sel):
+                        es = e.get("status") or {}
+                        if e["metadata"]["name"] in first or e["spec"].get("nodeID") != node:
+                            continue
+                        new = e["metadata"]["name"]
+                        made.add(new)
+                        if es.get("currentState") == "running" and es.get("storageIP") and es.get("port"):
+                            writer.add_path(es["storageIP"], es["port"])
+                    ef = self.list("enginefrontends", sel)[0]
+                    phase = (ef.get("status") or {}).get("switchoverPhase") or ""
+                    return new if new and phase == "switching" else None
+
+                new = self.wait(f"the switch-over to {node} held after switching ({back} refuses promoting)",
+                                held, 180)
+                held_ana = self.listener_ana(back)
+                say(f"the switch-over to {new} on {node} held after switching ({time.monotonic() - t0:.1f} s): "
+                    f"{back}'s listener {held_ana}")
+                if held_ana != ["inaccessible"]:
+                    raise AssertionError(f"{back}'s engine after switching: {held_ana}, not inaccessible")
+                self.fault(node, "longhorn-engine-error", True)
+                t1 = time.monotonic()
+
+                def reverted():
+                    st = attached()
+                    names = {e["metadata"]["name"] for e in self.list("engines", sel)}
+                    return new not in names and st
+
+                self.wait(f"the manager's revert: {new} deleted", reverted, 180)
+                reverted_s = time.monotonic() - t1
+                self.wait(f"{back}'s engine optimized again after the revert",
+                          lambda: attached() and self.listener_ana(back) == ["optimized"], 60)
+                optimized_s = time.monotonic() - t1
+                say(f"the manager reverted the move {reverted_s:.1f} s after {new} went in error; "
+                    f"{back}'s engine optimized again {optimized_s:.1f} s after it")
+                # the manager goes on making engines on `node`, each in error and reverted; the
+                # old engine keeps serving optimized meanwhile
+                t2 = time.monotonic()
+                while time.monotonic() - t2 < 15:
+                    attached()
+                    for e in self.list("engines", sel):
+                        if e["metadata"]["name"] not in first:
+                            made.add(e["metadata"]["name"])
+                    if self.listener_ana(back) != ["optimized"]:
+                        raise AssertionError(f"{back}'s engine no longer optimized while the manager "
+                                             f"retried the move: {self.listener_ana(back)}")
+                    time.sleep(1)
+                self.patch("volumes", self.vol, {"spec": {"engineNodeID": back}})
+            finally:
+                self.fault(node, "longhorn-engine-error", False)
+                self.fault(back, "longhorn-switch-promoting", False)
+
+            def taken_back():
+                st = attached()
+                engines = sorted(e["metadata"]["name"] for e in self.list("engines", sel))
+                return not st.get("switchoverState") and engines == first
+
+            self.wait(f"the move given up: only {first} left, switch-over state empty", taken_back, 300)
+            ef = self.list("enginefrontends", sel)[0]
+            old = self.list("engines", sel)[0]
+            want = f"{old['status'].get('storageIP')}:{old['status'].get('port')}"
+            fs = ef.get("status", {})
+            if ef["metadata"]["uid"] != ef_uid or ef["spec"].get("engineName") != first[0] \
+                    or f"{fs.get('targetIP')}:{fs.get('targetPort')}" != want:
+                raise AssertionError(f"the engine-frontend after the reverted move: spec "
+                                     f"{ef['spec'].get('engineName')}, target {fs.get('targetIP')}:"
+                                     f"{fs.get('targetPort')} (want {first[0]} at {want}, the same object)")
+            if self.listener_ana(back) != ["optimized"]:
+                raise AssertionError(f"{back}'s engine after the reverted move: {self.listener_ana(back)}")
+            self.wait_healthy(f"healthy with the engine on {back} after the reverted move")
+            pod = self.im[node]
+            rpc = [sys.executable, f"{self.spdk_dir}/scripts/rpc.py", "-s", f"{self.c.work}/{pod}/run/spdk.sock"]
+            self.wait(f"{node}'s spdk_tgt without a raid1 of {sorted(made)}",
+                      lambda: not made & {r["name"] for r in json.loads(lh.run(*rpc, "bdev_raid_get_bdevs",
+                                                                                  "all").stdout)}, 60)
+            direct_s = self.direct_again(back)
+        r = writer.result
+        say(f"move to {node} reverted by the manager: switch-over states {seen['switchoverState']}, engines "
+            f"made on {node} {sorted(made)}, the writer {r['iops']:.0f} IOPS, longest I/O "
+            f"{r['max_latency_us'] / 1000:.1f} ms, direct again after {direct_s:.1f} s")
+        print(f"REVERTED the move to {node}: reverted_s={reverted_s:.1f} optimized_again_s={optimized_s:.1f} "
+              f"longest_io_ms={r['max_latency_us'] / 1000:.1f}", flush=True)
+        self.check(data, f"the data after the move to {node} the manager reverted")
+
     def direct_again(self, node):
         """Waits until `node`'s engine reaches its local replicas directly again, not through a
         loopback attach of their exports (held for the node's replicaShareHoldSecs after the
@@ -1512,6 +1656,7 @@ def main():
                 # a move the user takes back before the frontend switches: the manager removes the
                 # new engine; the old one serves on, directly again
                 s.step("relocate-cancel", lambda: s.relocate_cancel(nodes[1], NODE, first))
+                s.step("relocate-reverted", lambda: s.relocate_reverted(nodes[1], NODE, first))
                 # kill -9 of a talon mid-move (its spdk_tgt serves on): the new engine's node
                 # while that engine is made, then the serving engine's node. When the manager
                 # sees node 2's replica down as it makes the new engine, it gives that engine

@@ -414,6 +414,8 @@ class Scale:
                 out += [f"{plural[:-1]} {x['metadata']['name']}" for x in self.s.list(plural)
                         if x["metadata"]["name"].startswith("scale-")
                         or x["metadata"].get("labels", {}).get("longhornvolume", "").startswith("scale-")]
+            # what a peer race of the scenario before left (its PEER line, driver.instance_gone)
+            out = [x for x in out if not any(r in x or (u and u in x) for r, u in self.s.peer_left.items())]
             left[:] = out
             return not out
 

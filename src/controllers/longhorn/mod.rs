@@ -732,7 +732,7 @@ impl LonghornController {
             })
             .await?;
         inv.subsystems.retain(|s| s.nqn != nqn.as_str());
-        inv.raids.retain(|r| r.name != e.id());
+        inv.forget_raid(e.id());
         for replica in &remotes {
             inv.forget_controller(replica);
         }
@@ -971,6 +971,20 @@ impl LonghornController {
         local: Local<'_>,
     ) -> Result<bool, ControllerError> {
         let prev = ctx.get::<LonghornInstanceStatus>(e.id())?.map(|s| s.spec);
+        if crate::util::fault("longhorn-engine-error") {
+            // a test's engine in error (TALON_FAULTS): nothing of it touched
+            let mut st = status(
+                InstanceKind::Engine,
+                InstanceState::Error,
+                "fault injected: longhorn-engine-error (TALON_FAULTS)",
+            );
+            if let Some(p) = prev {
+                keep_recorded(&mut st, p);
+            }
+            st.observed_version = e.metadata.version;
+            ctx.apply(e.id(), st)?;
+            return Ok(false);
+        }
         // the current members, recorded before the raid1 is first made
         let before = match ctx.get::<LonghornMemberLedger>(e.id())? {
             Some(l) => l.spec,

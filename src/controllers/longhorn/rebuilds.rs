@@ -237,7 +237,7 @@ impl LonghornController {
             .await?;
         let raid = all.into_iter().find(|r| r.name == name);
         if let Some(r) = raid.as_ref() {
-            inv.raids.retain(|x| x.name != r.name);
+            inv.forget_raid(&r.name);
             inv.raids.push(r.clone());
         }
         Ok(raid)

@@ -225,8 +225,10 @@ impl LonghornController {
                 heads,
             })
             .await;
-        inv.raids.retain(|r| r.name != e.id());
-        inv.controllers.retain(|c| !remotes.contains(c));
+        inv.forget_raid(e.id());
+        for c in &remotes {
+            inv.forget_controller(c);
+        }
         match reverted? {
             Reverted::Waiting(w) => Ok(w),
             Reverted::Done(_) => Ok(Vec::new()),

@@ -239,7 +239,7 @@ impl VolumeOps {
         // the listing as it is now: no raid, the export without namespace
         // and listeners
         let mut now = inv.clone();
-        now.raids.retain(|r| r.name != s.raid.name);
+        now.forget_raid(&s.raid.name);
         for sub in now.subsystems.iter_mut().filter(|x| x.nqn == nqn) {
             sub.namespaces.clear();
             sub.listen_addresses.clear();
@@ -313,8 +313,7 @@ impl VolumeOps {
                     super::lvol::detach_controller(&self.client, s.attach.controller)
                         .await
                         .map_err(rpc(s.of, format!("detaching {}", s.attach.controller)))?;
-                    now.controllers.retain(|c| c != s.attach.controller);
-                    now.bdevs.remove(&s.nvme_bdev());
+                    now.forget_controller(s.attach.controller);
                 }
                 if now.subsystem(enqn).is_some() {
                     self.unexport(s.of, enqn).await?;
