@@ -13,9 +13,7 @@ use super::snaphash::{COMPLETE, ERROR, IN_PROGRESS};
 use crate::names::ObjectName;
 use crate::proto::peer::PeerChannels;
 use crate::proto::{imrpc, ptypes, spdkrpc};
-use crate::resources::longhorn::{
-    InstanceState, LonghornCloneLedger, LonghornEngine, LonghornReplica, snapshot_lvol,
-};
+use crate::resources::longhorn::{LonghornCloneLedger, LonghornEngine, LonghornReplica, snapshot_lvol};
 use crate::runtime::{Spec as _, State, StateError, Typed};
 use crate::spdk::naming::longhorn::{self as naming, tcp};
 use crate::spdk::volume::mover;
@@ -947,34 +945,12 @@ impl Longhorn {
         let eng = if self.engine(engine).is_ok() {
             self.engine_get_spdk(engine).await.map_err(|x| x.to_string())
         } else {
-            async {
-                let node = peer_address(address).ok_or_else(|| {
-                    format!("engine address {address:?} is not ip, ip:port or tcp://ip:port")
-                })?;
-                let mut c = self
-                    .peers()
-                    .client(&node, self.peer_port(), REMOTE_TIMEOUT)
-                    .await
-                    .map_err(|x| crate::util::error_chain(&x))?;
-                c.engine_get(spdkrpc::EngineGetRequest {
-                    name: engine.to_owned(),
-                })
+            self.peers()
+                .engine_get(address, self.peer_port(), REMOTE_TIMEOUT, engine)
                 .await
-                .map(tonic::Response::into_inner)
-                .map_err(|x| format!("EngineGet: {}", x.message()))
-            }
-            .await
+                .map_err(|x| crate::util::error_chain(&x))
         };
-        match eng {
-            Err(x) => Some(format!("engine {engine} at {address:?} could not be asked: {x}")),
-            Ok(e) if e.state != InstanceState::Running.as_str() => {
-                Some(format!("engine {engine} is not running ({:?})", e.state))
-            }
-            Ok(e) if e.replica_mode_map.get(replica) != Some(&(spdkrpc::ReplicaMode::Rw as i32)) => {
-                Some(format!("replica {replica} is not RW in engine {engine}"))
-            }
-            Ok(_) => None,
-        }
+        crate::proto::peer::unfit_base(replica, engine, address, eng.as_ref().map_err(Clone::clone))
     }
 }
 

@@ -193,20 +193,19 @@ impl Longhorn {
             Ok(None) => {}
             Err(_) => return false,
         }
-        let asked = match self.peers().client(address, self.peer_port(), GET_TIMEOUT).await {
-            Ok(mut c) => {
-                c.engine_get(spdkrpc::EngineGetRequest {
-                    name: name.to_owned(),
-                })
-                .await
-            }
-            Err(source) => {
-                tracing::debug!(engine = name, address, error = %crate::util::error_chain(&source),
+        match self
+            .peers()
+            .engine_get(address, self.peer_port(), GET_TIMEOUT, name)
+            .await
+        {
+            Ok(_) => false,
+            Err(e) if e.not_found() => true,
+            Err(e) => {
+                tracing::debug!(engine = name, address, error = %crate::util::error_chain(&e),
                     "a switch-over's new engine could not be asked");
-                return false;
+                false
             }
-        };
-        matches!(asked, Err(s) if s.code() == Code::NotFound)
+        }
     }
 
     /// Engine-frontend `name`'s switch-over to engine `gone`, given up: the

@@ -62,7 +62,7 @@ pub fn asked_share_for(meta: &tonic::metadata::MetadataMap) -> Option<String> {
 /// replica: each caller names it once, in its own words.
 #[derive(Debug, thiserror::Error)]
 pub enum PeerError {
-    #[error("address {0:?} is not ip:port")]
+    #[error("address {0:?} is not ip, ip:port or tcp://ip:port")]
     Address(String),
     #[error("cannot reach its node at {url}")]
     Unreachable {
@@ -70,6 +70,47 @@ pub enum PeerError {
         #[source]
         source: tonic::transport::Error,
     },
+}
+
+/// Why another node did not say what an engine of it is ([`PeerChannels::engine_get`]).
+#[derive(Debug, thiserror::Error)]
+pub enum EngineAskError {
+    #[error(transparent)]
+    Peer(#[from] PeerError),
+    /// Its answer, an error (NOT_FOUND: no such engine there).
+    #[error("EngineGet: {}", .0.message())]
+    Answered(Box<tonic::Status>),
+}
+
+impl EngineAskError {
+    /// Whether the node answered it has no such engine.
+    pub fn not_found(&self) -> bool {
+        matches!(self, Self::Answered(s) if s.code() == tonic::Code::NotFound)
+    }
+}
+
+/// Why replica `replica` cannot be the base a linked clone's replica is
+/// rebuilt on, from what engine `engine` (at `address`), the source volume's
+/// engine, says of it: not running, or not holding the replica RW (its data
+/// voted corrupt, being rebuilt, gone). `None`: it can. Asked at the
+/// `ReplicaAdd` (`longhorn`) and again right before the thin rebuild's switch
+/// (`controllers::longhorn`), as longhorn-spdk-engine asks it twice.
+pub fn unfit_base(
+    replica: &str,
+    engine: &str,
+    address: &str,
+    said: Result<&spdkrpc::Engine, String>,
+) -> Option<String> {
+    match said {
+        Err(x) => Some(format!("engine {engine} at {address:?} could not be asked: {x}")),
+        Ok(e) if e.state != crate::resources::longhorn::InstanceState::Running.as_str() => {
+            Some(format!("engine {engine} is not running ({:?})", e.state))
+        }
+        Ok(e) if e.replica_mode_map.get(replica) != Some(&(spdkrpc::ReplicaMode::Rw as i32)) => {
+            Some(format!("replica {replica} is not RW in engine {engine}"))
+        }
+        Ok(_) => None,
+    }
 }
 
 /// The channels to other nodes' SPDKService, by URL and call timeout, kept once connected:
@@ -88,21 +129,23 @@ impl PeerChannels {
         self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// The SPDKService of the node that serves a replica at `address` (`ip:port`
-    /// of its export): the same IP, SPDKService port `port` (every instance
-    /// manager of a cluster listens on the same ports); calls time out after
-    /// `timeout`.
+    /// The SPDKService of the node that serves a replica or an engine at
+    /// `address` (`ip:port` of its export, `tcp://ip:port`, or the IP alone):
+    /// the same IP, SPDKService port `port` (every instance manager of a
+    /// cluster listens on the same ports); calls time out after `timeout`.
     pub async fn client(
         &self,
         address: &str,
         port: u16,
         timeout: Duration,
     ) -> Result<SpdkServiceClient<tonic::transport::Channel>, PeerError> {
-        let address = address.strip_prefix("tcp://").unwrap_or(address);
-        let sa: SocketAddr = address
-            .parse()
+        let a = address.strip_prefix("tcp://").unwrap_or(address);
+        let ip = a
+            .parse::<SocketAddr>()
+            .map(|sa| sa.ip())
+            .or_else(|_| a.parse::<std::net::IpAddr>())
             .map_err(|_| PeerError::Address(address.to_owned()))?;
-        let url = format!("http://{}", SocketAddr::new(sa.ip(), port));
+        let url = format!("http://{}", SocketAddr::new(ip, port));
         let key = (url.clone(), timeout);
         if let Some(ch) = self.lock().get(&key) {
             return Ok(SpdkServiceClient::new(ch.clone()));
@@ -120,6 +163,24 @@ impl PeerChannels {
             .map_err(unreachable)?;
         self.lock().insert(key, ch.clone());
         Ok(SpdkServiceClient::new(ch))
+    }
+
+    /// Engine `name` as its node (at `address`, as [`Self::client`] takes
+    /// it) answers its SPDKService `EngineGet`.
+    pub async fn engine_get(
+        &self,
+        address: &str,
+        port: u16,
+        timeout: Duration,
+        name: &str,
+    ) -> Result<spdkrpc::Engine, EngineAskError> {
+        let mut c = self.client(address, port, timeout).await?;
+        c.engine_get(spdkrpc::EngineGetRequest {
+            name: name.to_owned(),
+        })
+        .await
+        .map(tonic::Response::into_inner)
+        .map_err(|s| EngineAskError::Answered(Box::new(s)))
     }
 
     /// A replica of `map` (replica -> `ip:port`) as its node lists it (its
@@ -154,6 +215,33 @@ mod tests {
 
     /// The ask names the engine on the wire and is read back as sent; a
     /// plain request asks nothing.
+    #[test]
+    fn a_base_is_fit_only_in_a_running_engine_that_holds_it_rw() {
+        let e = |state: &str, mode: spdkrpc::ReplicaMode| spdkrpc::Engine {
+            state: state.into(),
+            replica_mode_map: [("r".to_owned(), mode as i32)].into(),
+            ..Default::default()
+        };
+        let rw = e("running", spdkrpc::ReplicaMode::Rw);
+        assert_eq!(unfit_base("r", "e", "10.0.0.1", Ok(&rw)), None);
+        assert_eq!(
+            unfit_base("r", "e", "10.0.0.1", Ok(&e("error", spdkrpc::ReplicaMode::Rw))).as_deref(),
+            Some("engine e is not running (\"error\")")
+        );
+        assert_eq!(
+            unfit_base("r", "e", "10.0.0.1", Ok(&e("running", spdkrpc::ReplicaMode::Wo))).as_deref(),
+            Some("replica r is not RW in engine e")
+        );
+        assert_eq!(
+            unfit_base("x", "e", "10.0.0.1", Ok(&rw)).as_deref(),
+            Some("replica x is not RW in engine e")
+        );
+        assert_eq!(
+            unfit_base("r", "e", "10.0.0.1", Err("EngineGet: gone".into())).as_deref(),
+            Some("engine e at \"10.0.0.1\" could not be asked: EngineGet: gone")
+        );
+    }
+
     #[test]
     fn a_share_ask_carries_the_engine() {
         let req = share_for((), "vol-e-1");

@@ -402,31 +402,11 @@ impl ReplicaPeers for LonghornController {
     /// Asked of the engine's node (this one too) through its `EngineGet`, as
     /// the `ReplicaAdd` asked it (`Longhorn::linked_source_unfit`).
     async fn unfit_base(&self, replica: &str, engine: &str, address: &str) -> Option<String> {
-        let a = address.strip_prefix("tcp://").unwrap_or(address);
-        // an address of the IP alone: the port is the SPDKService's anyway
-        let a = match a.parse::<std::net::IpAddr>() {
-            Ok(ip) => std::net::SocketAddr::new(ip, 0).to_string(),
-            Err(_) => a.to_owned(),
-        };
-        let got = match self.peers.client(&a, self.peer_port, PEER_TIMEOUT).await {
-            Ok(mut c) => c
-                .engine_get(spdkrpc::EngineGetRequest {
-                    name: engine.to_owned(),
-                })
-                .await
-                .map(tonic::Response::into_inner)
-                .map_err(|x| format!("EngineGet: {}", x.message())),
-            Err(x) => Err(crate::util::error_chain(&x)),
-        };
-        match got {
-            Err(x) => Some(format!("engine {engine} at {address:?} could not be asked: {x}")),
-            Ok(e) if e.state != crate::resources::longhorn::InstanceState::Running.as_str() => {
-                Some(format!("engine {engine} is not running ({:?})", e.state))
-            }
-            Ok(e) if e.replica_mode_map.get(replica) != Some(&(spdkrpc::ReplicaMode::Rw as i32)) => {
-                Some(format!("replica {replica} is not RW in engine {engine}"))
-            }
-            Ok(_) => None,
-        }
+        let got = self
+            .peers
+            .engine_get(address, self.peer_port, PEER_TIMEOUT, engine)
+            .await
+            .map_err(|x| crate::util::error_chain(&x));
+        crate::proto::peer::unfit_base(replica, engine, address, got.as_ref().map_err(Clone::clone))
     }
 }
