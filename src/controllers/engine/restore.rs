@@ -318,8 +318,7 @@ impl Restores {
                 Ok(_) => {
                     // made from the backup before (or an activated standby's): the others
                     // are rebuilt from them; a standby lvol an activation left is dropped
-                    let mut left = StandbyLvols::found(ops, inv, vol, 0);
-                    if let Err(e) = left.remove().await {
+                    if let Err(e) = StandbyLvols::remove_listed(ops, inv, vol).await {
                         return Step::Failed(format!("volume {vol}: {}", crate::util::error_chain(&e)));
                     }
                     self.finish(vol);
@@ -355,7 +354,7 @@ impl Restores {
             dir,
             data_offset,
             ops,
-            lvols: StandbyLvols::found(ops, inv, vol, 0).lvols,
+            lvols: StandbyLvols::listed(inv, vol),
             lvstores,
         };
         // a finished task's result taken, then decided again (at most twice)

@@ -369,9 +369,13 @@ impl SpdkVolumeController {
         let superblock = job.spec.uses_superblock();
         // a new volume from a backup (or a standby): what its lvols hold is
         // judged once every disk they may be on has all its lvols open
-        let step = match restore_waits_for(&job.spec, &job.disk_away) {
-            Some(why) if job.spec.from_backup.is_some() && job.in_sync.is_none() => RestoreStep::Waiting(why),
-            _ => {
+        let not_served = job.spec.from_backup.is_some() && job.in_sync.is_none();
+        let step = match not_served
+            .then(|| restore_waits_for(&job.spec, &job.disk_away))
+            .flatten()
+        {
+            Some(why) => RestoreStep::Waiting(why),
+            None => {
                 self.restores
                     .step(
                         &self.ops,

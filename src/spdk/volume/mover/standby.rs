@@ -72,6 +72,20 @@ pub enum StandbyLvolsError {
     },
 }
 
+/// Deletes `lvols` of standby volume `vol` (gone already is fine).
+async fn delete_all(ops: &VolumeOps, vol: &str, lvols: Vec<StandbyLvol>) -> Result<(), StandbyLvolsError> {
+    for l in lvols {
+        let alias = l.alias(vol);
+        ops.delete_lvol(&alias)
+            .await
+            .map_err(|source| StandbyLvolsError::Rpc {
+                step: format!("deleting {alias}"),
+                source,
+            })?;
+    }
+    Ok(())
+}
+
 /// A standby volume's lvols, as a restore works on them.
 #[derive(Debug)]
 pub struct StandbyLvols {
@@ -95,7 +109,7 @@ impl StandbyLvols {
     }
 
     /// Standby volume `vol`'s lvols in talon's lvstores of the listing, by k.
-    pub fn found(ops: &VolumeOps, inv: &Inventory, vol: &str, mib: u64) -> Self {
+    pub fn listed(inv: &Inventory, vol: &str) -> Vec<StandbyLvol> {
         let mut lvols: Vec<StandbyLvol> = inv
             .lvols
             .values()
@@ -110,22 +124,18 @@ impl StandbyLvols {
             })
             .collect();
         lvols.sort_by_key(|l| l.k);
-        Self::of(ops, vol, lvols, mib)
+        lvols
+    }
+
+    /// Deletes standby volume `vol`'s lvols in the listing (an activation's
+    /// leftovers; gone already is fine).
+    pub async fn remove_listed(ops: &VolumeOps, inv: &Inventory, vol: &str) -> Result<(), StandbyLvolsError> {
+        delete_all(ops, vol, Self::listed(inv, vol)).await
     }
 
     /// Deletes them all (gone already is fine).
     pub async fn remove(&mut self) -> Result<(), StandbyLvolsError> {
-        for l in std::mem::take(&mut self.lvols) {
-            let alias = l.alias(&self.vol);
-            self.ops
-                .delete_lvol(&alias)
-                .await
-                .map_err(|source| StandbyLvolsError::Rpc {
-                    step: format!("deleting {alias}"),
-                    source,
-                })?;
-        }
-        Ok(())
+        delete_all(&self.ops, &self.vol, std::mem::take(&mut self.lvols)).await
     }
 
     /// Deletes them, then makes them anew (thin, reading zeros), one on each
