@@ -2498,6 +2498,35 @@ async fn a_password_in_aws_endpoints_is_in_no_error_and_no_log_line() {
     assert!(!log.contains(PASS), "the password is in the log: {log}");
 }
 
+/// Two nodes, A (127.0.0.1) and B (127.0.0.2), and engine `vol-e-0` on A
+/// (`spdk-tcp-nvmf`) over replica `vol-r-b` of B (its address returned).
+async fn engine_on_a_over_bs_replica(real: Option<&std::path::Path>, size: u64) -> (Node, Node, String) {
+    let (ip_a, ip_b) = (IpAddr::from([127, 0, 0, 1]), IpAddr::from([127, 0, 0, 2]));
+    let base = free_base(&[ip_a, ip_b]);
+    let a = Node::new(ip_a, base, real).await;
+    let b = Node::new(ip_b, base, real).await;
+    let addr_b = b.replica("disk-b", "vol-r-b", size).await;
+    engine(&a, &[("vol-r-b", &addr_b)], size, "spdk-tcp-nvmf").await;
+    (a, b, addr_b)
+}
+
+/// Engine-frontend `vol-ef-0` (`spdk-tcp-nvmf`) of engine `vol-e-0` at
+/// `e0`, made through `inst` and running.
+async fn frontend_on(inst: &InstanceServiceClient<Channel>, e0: &str, size: u64) {
+    inst.clone()
+        .instance_create(longhorn_req::frontend(
+            "vol-ef-0",
+            "vol",
+            "vol-e-0",
+            e0,
+            size,
+            "spdk-tcp-nvmf",
+        ))
+        .await
+        .expect("the engine-frontend's create");
+    running(inst, "vol-ef-0", "engine-frontend").await;
+}
+
 /// `InstanceSwitchOverTarget` of engine-frontend `vol-ef-0` to engine `engine` at `target`, phase `phase`.
 fn switch_over(target: &str, engine: &str, phase: &str) -> imrpc::InstanceSwitchOverTargetRequest {
     imrpc::InstanceSwitchOverTargetRequest {
@@ -2541,13 +2570,9 @@ async fn frontend_paths(inst: &InstanceServiceClient<Channel>) -> (String, Vec<(
 /// the old one took with its creation time (kept with the replica), also
 /// once the old engine is deleted.
 async fn an_engine_frontend_switches_over_to_another_nodes_engine(real: Option<&std::path::Path>) {
-    let (ip_a, ip_b) = (IpAddr::from([127, 0, 0, 1]), IpAddr::from([127, 0, 0, 2]));
-    let base = free_base(&[ip_a, ip_b]);
-    let mut a = Node::new(ip_a, base, real).await;
-    let mut b = Node::new(ip_b, base, real).await;
     let size = 64 * MIB;
-    let addr_b = b.replica("disk-b", "vol-r-b", size).await;
-    engine(&a, &[("vol-r-b", &addr_b)], size, "spdk-tcp-nvmf").await;
+    let (mut a, mut b, addr_b) = engine_on_a_over_bs_replica(real, size).await;
+    let (ip_a, ip_b) = (a.ip, b.ip);
     let inst_a = InstanceServiceClient::new(a.channel(3).await);
     let e0 = format!(
         "{ip_a}:{}",
@@ -2559,19 +2584,7 @@ async fn an_engine_frontend_switches_over_to_another_nodes_engine(real: Option<&
     let created = snapshot_list(&mut pa).await["s1"].created.clone();
     assert!(!created.is_empty(), "the old engine lists its snapshot's time");
     // the frontend on A, attached to the old engine
-    inst_a
-        .clone()
-        .instance_create(longhorn_req::frontend(
-            "vol-ef-0",
-            "vol",
-            "vol-e-0",
-            &e0,
-            size,
-            "spdk-tcp-nvmf",
-        ))
-        .await
-        .expect("the engine-frontend's create");
-    running(&inst_a, "vol-ef-0", "engine-frontend").await;
+    frontend_on(&inst_a, &e0, size).await;
     // the new engine on B, over the same replica
     let inst_b =
         longhorn_nodes::engine_create(&b, "vol-e-1", &[("vol-r-b", &addr_b)], size, "spdk-tcp-nvmf").await;
@@ -2726,31 +2739,15 @@ async fn real_spdk_an_engine_frontend_switches_over_to_another_nodes_engine() {
 /// drops the record (the old engine was never made inaccessible). The old
 /// engine serves throughout, its member on B kept.
 async fn a_switch_over_whose_new_engine_is_deleted_is_given_up(real: Option<&std::path::Path>) {
-    let (ip_a, ip_b) = (IpAddr::from([127, 0, 0, 1]), IpAddr::from([127, 0, 0, 2]));
-    let base = free_base(&[ip_a, ip_b]);
-    let mut a = Node::new(ip_a, base, real).await;
-    let mut b = Node::new(ip_b, base, real).await;
     let size = 64 * MIB;
-    let addr_b = b.replica("disk-b", "vol-r-b", size).await;
-    engine(&a, &[("vol-r-b", &addr_b)], size, "spdk-tcp-nvmf").await;
+    let (mut a, mut b, addr_b) = engine_on_a_over_bs_replica(real, size).await;
+    let (ip_a, ip_b) = (a.ip, b.ip);
     let inst_a = InstanceServiceClient::new(a.channel(3).await);
     let e0 = format!(
         "{ip_a}:{}",
         running(&inst_a, "vol-e-0", "engine").await.port_start
     );
-    inst_a
-        .clone()
-        .instance_create(longhorn_req::frontend(
-            "vol-ef-0",
-            "vol",
-            "vol-e-0",
-            &e0,
-            size,
-            "spdk-tcp-nvmf",
-        ))
-        .await
-        .expect("the engine-frontend's create");
-    running(&inst_a, "vol-ef-0", "engine-frontend").await;
+    frontend_on(&inst_a, &e0, size).await;
     let only_e0 = vec![(e0.clone(), "optimized".to_owned())];
 
     for (new, last) in [("vol-e-1", "switching"), ("vol-e-2", "preparing")] {

@@ -28,7 +28,6 @@ import http.client
 import json
 import lzma
 import os
-import re
 import shutil
 import signal
 import ssl
@@ -411,7 +410,7 @@ class Cluster:
         hosts = f"{self.work}/hosts"
         with open(hosts, "w") as f:
             f.write("127.0.0.1 localhost\n")
-            f.write(f"10.96.0.1 kubernetes kubernetes.default kubernetes.default.svc\n")
+            f.write("10.96.0.1 kubernetes kubernetes.default kubernetes.default.svc\n")
             for name, (ip, _) in SERVICES.items():
                 f.write(f"{ip} {name} {name}.{NS} {name}.{NS}.svc {name}.{NS}.svc.cluster.local\n")
         # the pod's view: a chroot of bind mounts in a mount namespace of its own

@@ -901,22 +901,8 @@ class Scenario:
         a host writing and verifying throughout with no failed I/O; `back`'s engine on its local
         replica directly again (the new engine had it share it); `data` reads back."""
         sel = f"longhornvolume={self.vol}"
-        efs = self.list("enginefrontends", sel)
-        if len(efs) != 1:
-            raise AssertionError(f"one engine-frontend expected before the move, not {len(efs)}")
-        ef_uid = efs[0]["metadata"]["uid"]
-        first = sorted(e["metadata"]["name"] for e in self.list("engines", sel))
-        seen = {}
-
-        def attached():
-            st = self.get("volumes", self.vol).get("status", {})
-            seen.setdefault("switchoverState", [])
-            if (st.get("switchoverState") or "") not in seen["switchoverState"]:
-                seen["switchoverState"].append(st.get("switchoverState") or "")
-            if st.get("state") != "attached":
-                raise AssertionError(f"the volume left attached during the move taken back: "
-                                     f"{st.get('state')}; seen {seen}")
-            return st
+        ef_uid, first = self.one_frontend()
+        attached, seen = self.attached_watch("the move taken back")
 
         with self.writing(f"a move to {node} taken back") as writer:
             self.patch("volumes", self.vol, {"spec": {"engineNodeID": node}})
@@ -939,33 +925,64 @@ class Scenario:
                 raise AssertionError(f"the engine-frontend already targeted the new engine ({ef_engine}) "
                                      f"when the move was taken back")
 
-            def taken_back():
-                st = attached()
-                engines = sorted(e["metadata"]["name"] for e in self.list("engines", sel))
-                return not st.get("switchoverState") and engines == first
-
-            self.wait(f"the move taken back: only {first} left, switch-over state empty", taken_back, 300)
-            ef = self.list("enginefrontends", sel)[0]
-            old = self.list("engines", sel)[0]
-            want = f"{old['status'].get('storageIP')}:{old['status'].get('port')}"
-            fs = ef.get("status", {})
-            if ef["metadata"]["uid"] != ef_uid or ef["spec"].get("engineName") != first[0] \
-                    or f"{fs.get('targetIP')}:{fs.get('targetPort')}" != want:
-                raise AssertionError(f"the engine-frontend after the move taken back: spec "
-                                     f"{ef['spec'].get('engineName')}, target {fs.get('targetIP')}:"
-                                     f"{fs.get('targetPort')} (want {first[0]} at {want}, the same object)")
-            self.wait_healthy(f"healthy with the engine on {back} after the move taken back")
-            pod = self.im[node]
-            rpc = [sys.executable, f"{self.spdk_dir}/scripts/rpc.py", "-s", f"{self.c.work}/{pod}/run/spdk.sock"]
-            self.wait(f"{node}'s spdk_tgt without a raid1 of {new}",
-                      lambda: new not in [r["name"] for r in json.loads(lh.run(*rpc, "bdev_raid_get_bdevs",
-                                                                                 "all").stdout)], 60)
+            self.back_on(first, ef_uid, back, node, {new}, attached, "the move taken back")
             direct_s = self.direct_again(back)
         r = writer.result
         say(f"move to {node} taken back: switch-over states {seen['switchoverState']}, the writer "
             f"{r['iops']:.0f} IOPS, longest I/O {r['max_latency_us'] / 1000:.1f} ms, direct again after "
             f"{direct_s:.1f} s")
         self.check(data, f"the data after the move to {node} taken back")
+
+    def one_frontend(self):
+        """(uid of the volume's one engine-frontend, its engines' names sorted) before a move."""
+        sel = f"longhornvolume={self.vol}"
+        efs = self.list("enginefrontends", sel)
+        if len(efs) != 1:
+            raise AssertionError(f"one engine-frontend expected before the move, not {len(efs)}")
+        return efs[0]["metadata"]["uid"], sorted(e["metadata"]["name"] for e in self.list("engines", sel))
+
+    def attached_watch(self, what):
+        """(attached, seen): attached() reads the volume's status, fails `what` when the volume
+        left attached, notes each switch-over state it saw in seen["switchoverState"]."""
+        seen = {"switchoverState": []}
+
+        def attached():
+            st = self.get("volumes", self.vol).get("status", {})
+            if (st.get("switchoverState") or "") not in seen["switchoverState"]:
+                seen["switchoverState"].append(st.get("switchoverState") or "")
+            if st.get("state") != "attached":
+                raise AssertionError(f"the volume left attached during {what}: {st.get('state')}; seen {seen}")
+            return st
+
+        return attached, seen
+
+    def back_on(self, first, ef_uid, back, node, made, attached, what):
+        """After a move that did not happen (`what`): only the engines `first` left, the
+        switch-over state empty, the same engine-frontend (`ef_uid`) targeting the old engine,
+        healthy on `back`, no raid1 of the engines `made` left on `node`'s spdk_tgt."""
+        sel = f"longhornvolume={self.vol}"
+
+        def only_first():
+            st = attached()
+            engines = sorted(e["metadata"]["name"] for e in self.list("engines", sel))
+            return not st.get("switchoverState") and engines == first
+
+        self.wait(f"{what}: only {first} left, switch-over state empty", only_first, 300)
+        ef = self.list("enginefrontends", sel)[0]
+        old = self.list("engines", sel)[0]
+        want = f"{old['status'].get('storageIP')}:{old['status'].get('port')}"
+        fs = ef.get("status", {})
+        if ef["metadata"]["uid"] != ef_uid or ef["spec"].get("engineName") != first[0] \
+                or f"{fs.get('targetIP')}:{fs.get('targetPort')}" != want:
+            raise AssertionError(f"the engine-frontend after {what}: spec {ef['spec'].get('engineName')}, "
+                                 f"target {fs.get('targetIP')}:{fs.get('targetPort')} (want {first[0]} at "
+                                 f"{want}, the same object)")
+        self.wait_healthy(f"healthy with the engine on {back} after {what}")
+        pod = self.im[node]
+        rpc = [sys.executable, f"{self.spdk_dir}/scripts/rpc.py", "-s", f"{self.c.work}/{pod}/run/spdk.sock"]
+        self.wait(f"{node}'s spdk_tgt without a raid1 of {sorted(made)}",
+                  lambda: not set(made) & {r["name"] for r in json.loads(lh.run(*rpc, "bdev_raid_get_bdevs",
+                                                                                   "all").stdout)}, 60)
 
     def fault(self, node, name, on):
         """Turns talon fault `name` of `node` on or off (`TALON_FAULTS`, src/util/failpoint.rs):
@@ -1002,22 +1019,9 @@ class Scenario:
         new engine left on `node`; `back`'s engine on its local replica directly again; `data`
         reads back."""
         sel = f"longhornvolume={self.vol}"
-        efs = self.list("enginefrontends", sel)
-        if len(efs) != 1:
-            raise AssertionError(f"one engine-frontend expected before the move, not {len(efs)}")
-        ef_uid = efs[0]["metadata"]["uid"]
-        first = sorted(e["metadata"]["name"] for e in self.list("engines", sel))
-        seen, made = {}, set()
-
-        def attached():
-            st = self.get("volumes", self.vol).get("status", {})
-            seen.setdefault("switchoverState", [])
-            if (st.get("switchoverState") or "") not in seen["switchoverState"]:
-                seen["switchoverState"].append(st.get("switchoverState") or "")
-            if st.get("state") != "attached":
-                raise AssertionError(f"the volume left attached during the reverted move: "
-                                     f"{st.get('state')}; seen {seen}")
-            return st
+        ef_uid, first = self.one_frontend()
+        attached, seen = self.attached_watch("the reverted move")
+        made = set()
 
         with self.writing(f"a move to {node} the manager reverts") as writer:
             try:
@@ -1079,29 +1083,9 @@ class Scenario:
                 self.fault(node, "longhorn-engine-error", False)
                 self.fault(back, "longhorn-switch-promoting", False)
 
-            def taken_back():
-                st = attached()
-                engines = sorted(e["metadata"]["name"] for e in self.list("engines", sel))
-                return not st.get("switchoverState") and engines == first
-
-            self.wait(f"the move given up: only {first} left, switch-over state empty", taken_back, 300)
-            ef = self.list("enginefrontends", sel)[0]
-            old = self.list("engines", sel)[0]
-            want = f"{old['status'].get('storageIP')}:{old['status'].get('port')}"
-            fs = ef.get("status", {})
-            if ef["metadata"]["uid"] != ef_uid or ef["spec"].get("engineName") != first[0] \
-                    or f"{fs.get('targetIP')}:{fs.get('targetPort')}" != want:
-                raise AssertionError(f"the engine-frontend after the reverted move: spec "
-                                     f"{ef['spec'].get('engineName')}, target {fs.get('targetIP')}:"
-                                     f"{fs.get('targetPort')} (want {first[0]} at {want}, the same object)")
+            self.back_on(first, ef_uid, back, node, made, attached, "the reverted move")
             if self.listener_ana(back) != ["optimized"]:
                 raise AssertionError(f"{back}'s engine after the reverted move: {self.listener_ana(back)}")
-            self.wait_healthy(f"healthy with the engine on {back} after the reverted move")
-            pod = self.im[node]
-            rpc = [sys.executable, f"{self.spdk_dir}/scripts/rpc.py", "-s", f"{self.c.work}/{pod}/run/spdk.sock"]
-            self.wait(f"{node}'s spdk_tgt without a raid1 of {sorted(made)}",
-                      lambda: not made & {r["name"] for r in json.loads(lh.run(*rpc, "bdev_raid_get_bdevs",
-                                                                                  "all").stdout)}, 60)
             direct_s = self.direct_again(back)
         r = writer.result
         say(f"move to {node} reverted by the manager: switch-over states {seen['switchoverState']}, engines "

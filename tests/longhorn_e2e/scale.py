@@ -24,11 +24,10 @@ import re
 import signal
 import subprocess
 import sys
-import threading
 import time
 
 import cluster as lh
-from cluster import HOST_NQN, NS, wait_for
+from cluster import HOST_NQN, NS
 
 MIB = 1 << 20
 SIZE = 32 * MIB
