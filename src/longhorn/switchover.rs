@@ -155,7 +155,10 @@ impl Longhorn {
     async fn watch_switches_until_stopped(&self) {
         loop {
             tokio::time::sleep(SWITCH_WATCH).await;
-            let in_switch = match self.state().list_typed::<LonghornEngineFrontend>() {
+            // only those with a switch-over recorded are decoded
+            let in_switch = match self.state().list_typed_where::<LonghornEngineFrontend>(|spec| {
+                spec.get("switchover").is_some_and(|r| !r.is_null())
+            }) {
                 Ok(v) => v,
                 Err(e) => {
                     tracing::warn!(error = %e, "listing the engine frontends in a switch-over");

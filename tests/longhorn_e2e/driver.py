@@ -1069,7 +1069,7 @@ class Scenario:
                 # the manager goes on making engines on `node`, each in error and reverted; the
                 # old engine keeps serving optimized meanwhile
                 t2 = time.monotonic()
-                while time.monotonic() - t2 < 15:
+                while time.monotonic() - t2 < 8:
                     attached()
                     for e in self.list("engines", sel):
                         if e["metadata"]["name"] not in first:
