@@ -11,7 +11,7 @@ use super::proxy::REMOTE_TIMEOUT;
 use super::service::Longhorn;
 use super::snaphash::{COMPLETE, ERROR, IN_PROGRESS};
 use crate::names::ObjectName;
-use crate::proto::peer::PeerChannels;
+use crate::proto::peer::{EngineAskError, PeerChannels, PeerError};
 use crate::proto::{imrpc, ptypes, spdkrpc};
 use crate::resources::longhorn::{LonghornCloneLedger, LonghornEngine, LonghornReplica, snapshot_lvol};
 use crate::runtime::{Spec as _, State, StateError, Typed};
@@ -231,25 +231,16 @@ impl Longhorn {
     ) -> Result<Source, LonghornError> {
         let what =
             format!("snapshot {snap} of volume {from_volume} (engine {from_engine} at {from_address})");
-        let node = peer_address(from_address).ok_or_else(|| {
-            LonghornError::Invalid(format!(
-                "from_engine_address {from_address:?} is not ip, ip:port or tcp://ip:port"
-            ))
-        })?;
-        let mut c = self
+        let eng = self
             .peers()
-            .client(&node, self.peer_port(), REMOTE_TIMEOUT)
+            .engine_get(from_address, self.peer_port(), REMOTE_TIMEOUT, from_engine)
             .await
-            .map_err(|x| {
-                LonghornError::Unavailable(format!("cloning {what}: {}", crate::util::error_chain(&x)))
+            .map_err(|x| match x {
+                EngineAskError::Peer(PeerError::Address(_)) => LonghornError::Invalid(format!(
+                    "from_engine_address {from_address:?} is not ip, ip:port or tcp://ip:port"
+                )),
+                x => LonghornError::Unavailable(format!("cloning {what}: {}", crate::util::error_chain(&x))),
             })?;
-        let eng = c
-            .engine_get(spdkrpc::EngineGetRequest {
-                name: from_engine.to_owned(),
-            })
-            .await
-            .map_err(|x| LonghornError::Unavailable(format!("cloning {what}: EngineGet: {}", x.message())))?
-            .into_inner();
         if eng.volume_name != from_volume {
             return Err(LonghornError::Invalid(format!(
                 "cloning {what}: engine {from_engine} serves volume {}",
@@ -950,20 +941,8 @@ impl Longhorn {
                 .await
                 .map_err(|x| crate::util::error_chain(&x))
         };
-        crate::proto::peer::unfit_base(replica, engine, address, eng.as_ref().map_err(Clone::clone))
+        crate::proto::peer::unfit_base(replica, engine, address, eng)
     }
-}
-
-/// `ip:port` for [`PeerChannels::client`] (which keeps the IP and takes the
-/// SPDKService port) of a `from_engine_address`: `ip`, `ip:port` or `tcp://ip:port`.
-fn peer_address(address: &str) -> Option<String> {
-    let a = address.strip_prefix("tcp://").unwrap_or(address);
-    if let Ok(sa) = a.parse::<std::net::SocketAddr>() {
-        return Some(sa.to_string());
-    }
-    a.parse::<std::net::IpAddr>()
-        .ok()
-        .map(|ip| std::net::SocketAddr::new(ip, 0).to_string())
 }
 
 /// The status a ledger reports.

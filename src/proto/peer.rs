@@ -99,7 +99,7 @@ pub fn unfit_base(
     replica: &str,
     engine: &str,
     address: &str,
-    said: Result<&spdkrpc::Engine, String>,
+    said: Result<spdkrpc::Engine, String>,
 ) -> Option<String> {
     match said {
         Err(x) => Some(format!("engine {engine} at {address:?} could not be asked: {x}")),
@@ -213,8 +213,6 @@ impl PeerChannels {
 mod tests {
     use super::*;
 
-    /// The ask names the engine on the wire and is read back as sent; a
-    /// plain request asks nothing.
     #[test]
     fn a_base_is_fit_only_in_a_running_engine_that_holds_it_rw() {
         let e = |state: &str, mode: spdkrpc::ReplicaMode| spdkrpc::Engine {
@@ -223,17 +221,17 @@ mod tests {
             ..Default::default()
         };
         let rw = e("running", spdkrpc::ReplicaMode::Rw);
-        assert_eq!(unfit_base("r", "e", "10.0.0.1", Ok(&rw)), None);
+        assert_eq!(unfit_base("r", "e", "10.0.0.1", Ok(rw.clone())), None);
         assert_eq!(
-            unfit_base("r", "e", "10.0.0.1", Ok(&e("error", spdkrpc::ReplicaMode::Rw))).as_deref(),
+            unfit_base("r", "e", "10.0.0.1", Ok(e("error", spdkrpc::ReplicaMode::Rw))).as_deref(),
             Some("engine e is not running (\"error\")")
         );
         assert_eq!(
-            unfit_base("r", "e", "10.0.0.1", Ok(&e("running", spdkrpc::ReplicaMode::Wo))).as_deref(),
+            unfit_base("r", "e", "10.0.0.1", Ok(e("running", spdkrpc::ReplicaMode::Wo))).as_deref(),
             Some("replica r is not RW in engine e")
         );
         assert_eq!(
-            unfit_base("x", "e", "10.0.0.1", Ok(&rw)).as_deref(),
+            unfit_base("x", "e", "10.0.0.1", Ok(rw)).as_deref(),
             Some("replica x is not RW in engine e")
         );
         assert_eq!(
@@ -242,6 +240,8 @@ mod tests {
         );
     }
 
+    /// The ask names the engine on the wire and is read back as sent; a
+    /// plain request asks nothing.
     #[test]
     fn a_share_ask_carries_the_engine() {
         let req = share_for((), "vol-e-1");

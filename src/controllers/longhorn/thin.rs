@@ -407,6 +407,6 @@ impl ReplicaPeers for LonghornController {
             .engine_get(address, self.peer_port, PEER_TIMEOUT, engine)
             .await
             .map_err(|x| crate::util::error_chain(&x));
-        crate::proto::peer::unfit_base(replica, engine, address, got.as_ref().map_err(Clone::clone))
+        crate::proto::peer::unfit_base(replica, engine, address, got)
     }
 }
