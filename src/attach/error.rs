@@ -64,6 +64,18 @@ pub enum AttachError {
     },
 
     #[error(
+        "timed out waiting for NVMe controller {controller} of {nqn} at {addr} to become live after \
+         {waited:?} (state {state}); it was disconnected"
+    )]
+    NotLive {
+        controller: String,
+        nqn: String,
+        addr: String,
+        state: String,
+        waited: Duration,
+    },
+
+    #[error(
         "controller {controller} for {nqn} shows no namespace {nsid} after {waited:?}; it was disconnected"
     )]
     NamespaceNotFound {

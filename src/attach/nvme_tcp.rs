@@ -25,10 +25,10 @@
 //! needs the real kernel, [`fabrics_connect`], is a plain function so that it can later run inside
 //! the host mount namespace.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::io::{Read, Write};
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -561,6 +561,81 @@ pub fn attach_with(
         stable_path,
         reused,
     })
+}
+
+/// Connects one more path of `volume`'s subsystem: a controller of `target` (reused when one is
+/// live), waited for until the kernel says it is `live` (at most `opts.namespace_timeout`); its
+/// namespace is not waited for, as its listener may be inaccessible (Longhorn connects a
+/// switch-over's new path so, and its kernel shows the namespace under the multipath head the
+/// volume has). Returns the controller; one this call made is deleted again when it fails.
+pub fn connect_path(
+    root: &HostRoot,
+    data_dir: &Path,
+    volume: &ObjectName,
+    target: &NvmeTcpTarget,
+    opts: &ConnectOptions,
+) -> Result<String, AttachError> {
+    connect_path_with(root, data_dir, volume, target, opts, fabrics_connect)
+}
+
+/// [`connect_path`] through `connect`.
+pub fn connect_path_with(
+    root: &HostRoot,
+    data_dir: &Path,
+    volume: &ObjectName,
+    target: &NvmeTcpTarget,
+    opts: &ConnectOptions,
+    connect: Connector,
+) -> Result<String, AttachError> {
+    opts.validate()?;
+    let _lock = super::lock_volume(root, volume)?;
+    if let Some(c) = list_controllers(root)?
+        .into_iter()
+        .find(|c| c.matches(target) && c.state == "live")
+    {
+        return Ok(c.name);
+    }
+    let host = HostIdentity::load_or_create(root, data_dir)?;
+    let options = option_string(target, &host, opts)?;
+    let controller = connect_bounded(root, target, &options, opts.connect_timeout, connect)?.controller();
+    let (mut backoff, until) = (
+        kernel_backoff(),
+        std::time::Instant::now() + opts.namespace_timeout,
+    );
+    loop {
+        let state = read_controller(root, &controller)?.map(|c| c.state);
+        match state.as_deref() {
+            Some("live") => return Ok(controller),
+            Some(s) if !(s.starts_with("deleting") || s == "dead") && backoff.sleep_before(until) => {}
+            _ => {
+                if let Err(d) = delete_controller(root, &controller, Duration::from_secs(10)) {
+                    tracing::error!(%controller, error = %d, "cannot delete a path that did not come up");
+                }
+                return Err(AttachError::NotLive {
+                    controller,
+                    nqn: target.nqn.to_string(),
+                    addr: target.addr(),
+                    state: state.unwrap_or_else(|| "removed".into()),
+                    waited: opts.namespace_timeout,
+                });
+            }
+        }
+    }
+}
+
+/// The addresses of the TCP controllers of subsystem `nqn` the kernel has live: a volume's
+/// paths.
+pub fn live_paths(root: &HostRoot, nqn: &Nqn) -> Result<BTreeSet<SocketAddr>, AttachError> {
+    Ok(list_controllers(root)?
+        .into_iter()
+        .filter(|c| c.transport == "tcp" && c.subsysnqn == nqn.as_str() && c.state == "live")
+        .filter_map(|c| {
+            let kv = parse_kv(&c.address);
+            let ip = kv.get("traddr")?.parse::<IpAddr>().ok()?;
+            let port = kv.get("trsvcid")?.parse::<u16>().ok()?;
+            Some(SocketAddr::new(ip, port))
+        })
+        .collect())
 }
 
 /// Runs `connect` on a thread and waits at most `bound`. A connect that finishes after the

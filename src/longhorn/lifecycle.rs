@@ -15,9 +15,9 @@
 //!      │                      frontend lifecycle unimplemented" (Longhorn suspends only a
 //!      │                      dm-linear blockdev frontend; talon's has none)
 //!      │      switch-over to the target it has: OK (Longhorn's duplicate-request no-op);
-//!      │                      to another: the phase's steps (spdk-tcp-nvmf); a bad phase
-//!      │                      INVALID_ARGUMENT; spdk-tcp-blockdev FAILED_PRECONDITION (no
-//!      │                      second kernel path yet); ublk, "" FAILED_PRECONDITION
+//!      │                      to another: the phase's steps (spdk-tcp-nvmf, and
+//!      │                      spdk-tcp-blockdev with a second kernel path); a bad phase
+//!      │                      INVALID_ARGUMENT; ublk, "" FAILED_PRECONDITION
 //!      └─ other ──────────────> INVALID_ARGUMENT "unknown instance type <t>"
 //! ```
 //!
@@ -139,6 +139,11 @@ pub enum Step {
     /// The switch-over record written on the engine-frontend (`None`: no
     /// switch-over under way).
     Record(Option<FrontendSwitchover>),
+    /// A kernel path to the new engine's export beside the target's
+    /// (`spdk-tcp-blockdev`): connected by this node's engine-frontend
+    /// controller once the record names the engine, waited for until the
+    /// kernel has it live.
+    Path(EngineAt),
     /// The engine-frontend's target made the new engine (`engineName`,
     /// `targetAddress`), the record cleared, in one write.
     Commit(EngineAt),
@@ -157,7 +162,9 @@ pub enum Step {
 /// optimized or none usable:
 ///
 /// ```text
-///   preparing   new ─> non-optimized            record {new, done: preparing}
+///   preparing   spdk-tcp-blockdev, no path yet: new ─> inaccessible, record {new},
+///                 the kernel path to new connected (this node's controller) and live
+///               new ─> non-optimized            record {new, done: preparing}
 ///   switching   old ─> inaccessible (gone: ok)  record {new, done: switching}
 ///   promoting   new ─> optimized (else old ─> optimized, record done: preparing)
 ///               target := new, record cleared
@@ -219,23 +226,16 @@ pub fn switch_over(
             Some(_) => vec![Step::Record(None)],
         });
     }
-    match naming::FrontendMode::of(&ef.frontend) {
-        Ok(naming::FrontendMode::NvmfEndpoint) => {}
-        Ok(naming::FrontendMode::KernelBlockdev) => {
-            return Err(LonghornError::Refused(format!(
-                "failed to switch over target for engine frontend {name}: frontend {} cannot switch over \
-                 its target on talon yet: a second kernel NVMe/TCP path to {target_address} beside the one \
-                 to {} is not connected by talon's engine-frontend; it keeps its target",
-                ef.frontend, ef.target_address
-            )));
-        }
+    let kernel = match naming::FrontendMode::of(&ef.frontend) {
+        Ok(naming::FrontendMode::NvmfEndpoint) => false,
+        Ok(naming::FrontendMode::KernelBlockdev) => true,
         Ok(naming::FrontendMode::Disabled) | Err(_) => {
             return Err(LonghornError::Refused(format!(
                 "frontend {} does not support target switchover for engine frontend {name}",
                 ef.frontend
             )));
         }
-    }
+    };
     if engine_name.is_empty() {
         return Err(LonghornError::Invalid(format!(
             "failed to switch over target for engine frontend {name}: the engine name of target \
@@ -265,6 +265,28 @@ pub fn switch_over(
             continue;
         }
         match p {
+            SwitchoverPhase::Preparing if kernel => {
+                // Longhorn's order: the listener inaccessible while the host
+                // connects to it (no I/O routed there before the kernel knows
+                // its state), then non-optimized. A path connected before
+                // (the record says preparing ended) is not made inaccessible
+                // again: the old one may be so by now.
+                if done.is_none() {
+                    steps.push(Step::Ana {
+                        engine: new.clone(),
+                        state: AnaState::Inaccessible,
+                        gone_ok: false,
+                    });
+                    steps.push(record(None));
+                }
+                steps.push(Step::Path(new.clone()));
+                steps.push(Step::Ana {
+                    engine: new.clone(),
+                    state: AnaState::NonOptimized,
+                    gone_ok: false,
+                });
+                steps.push(record(done.max(Some(p))));
+            }
             SwitchoverPhase::Preparing => {
                 steps.push(Step::Ana {
                     engine: new.clone(),
@@ -432,10 +454,6 @@ mod tests {
                 "ublk",
                 "frontend ublk does not support target switchover for engine frontend f",
             ),
-            (
-                "spdk-tcp-blockdev",
-                "a second kernel NVMe/TCP path to 10.0.0.2:20001",
-            ),
         ] {
             let other = LonghornEngineFrontend {
                 frontend: frontend.into(),
@@ -475,6 +493,53 @@ mod tests {
                 Step::Commit(at("vol-e-1", NEW)),
             ]
         );
+    }
+
+    /// `spdk-tcp-blockdev` (Longhorn's `switchOverTargetBlockdevPhased`):
+    /// `preparing` connects a kernel path to the new engine while its
+    /// listener is inaccessible, then makes it non-optimized; a path
+    /// connected before is not made inaccessible again; `switching` and
+    /// `promoting` are the nvmf frontend's.
+    #[test]
+    fn a_kernel_frontend_connects_the_new_path_inaccessible_first() {
+        use AnaState::*;
+        use SwitchoverPhase::*;
+        let kernel = |done: Option<Option<SwitchoverPhase>>| LonghornEngineFrontend {
+            frontend: "spdk-tcp-blockdev".into(),
+            ..done.map(reached).unwrap_or_else(ef)
+        };
+        let connect = vec![
+            ana("vol-e-1", NEW, Inaccessible, false),
+            record(None),
+            Step::Path(at("vol-e-1", NEW)),
+            ana("vol-e-1", NEW, NonOptimized, false),
+            record(Some(Preparing)),
+        ];
+        assert_eq!(plan(&kernel(None), "preparing"), connect);
+        // a preparing cut off after the record: all again
+        assert_eq!(plan(&kernel(Some(None)), "preparing"), connect);
+        // asked again once switching made the old one inaccessible: the new
+        // path is never inaccessible at the same time
+        assert_eq!(
+            plan(&kernel(Some(Some(Switching))), "preparing"),
+            vec![
+                Step::Path(at("vol-e-1", NEW)),
+                ana("vol-e-1", NEW, NonOptimized, false),
+                record(Some(Switching)),
+            ]
+        );
+        assert_eq!(
+            plan(&kernel(Some(Some(Preparing))), "switching"),
+            plan(&reached(Some(Preparing)), "switching")
+        );
+        assert_eq!(
+            plan(&kernel(Some(Some(Switching))), "promoting"),
+            plan(&reached(Some(Switching)), "promoting")
+        );
+        // Longhorn's one-call switch-over: the three phases in order
+        let all = plan(&kernel(None), "");
+        assert_eq!(all[..5], connect[..]);
+        assert!(matches!(all.last(), Some(Step::Commit(_))), "{all:?}");
     }
 
     /// A phase asked again does its step again and never records less than

@@ -31,7 +31,9 @@ use super::error::LonghornError;
 use super::lifecycle::{self, EngineAt, Step};
 use super::service::Longhorn;
 use crate::proto::spdkrpc;
-use crate::resources::longhorn::{AnaState, LonghornEngine, LonghornEngineFrontend, SwitchoverPhase};
+use crate::resources::longhorn::{
+    AnaState, InstanceState, LonghornEngine, LonghornEngineFrontend, SwitchoverPhase,
+};
 use crate::runtime::Typed;
 
 /// How long another node may take to set its engine's ANA state (it waits
@@ -115,6 +117,10 @@ impl Longhorn {
                     }
                 }
                 Step::Record(r) => self.frontend_update(ef.id(), |f| f.switchover = r.clone())?,
+                Step::Path(new) => self
+                    .path_live(ef.id(), &new)
+                    .await
+                    .map_err(|e| in_phase(&what, phase, e))?,
                 Step::Commit(new) => {
                     self.frontend_update(ef.id(), |f| {
                         f.engine_name = new.name.clone();
@@ -267,6 +273,43 @@ impl Longhorn {
         .await
         .map(|_| ())
         .map_err(|s| LonghornError::Relayed(Box::new(s)))
+    }
+
+    /// Waits until engine-frontend `name`'s controller has the kernel path
+    /// to engine `new`'s export live (it connects it once the switch-over
+    /// record names the engine); what it says of a connect that failed
+    /// since the record was written ends the wait.
+    async fn path_live(&self, name: &str, new: &EngineAt) -> Result<(), LonghornError> {
+        // the status lists it as the kernel names it
+        let address = new
+            .address
+            .parse::<std::net::SocketAddr>()
+            .map(|a| a.to_string())
+            .unwrap_or_else(|_| new.address.clone());
+        let version = self
+            .state()
+            .get_typed::<LonghornEngineFrontend>(name)
+            .map_err(LonghornError::State)?
+            .map(|f| f.metadata.version)
+            .unwrap_or_default();
+        let what = format!(
+            "engine frontend {name}: the NVMe/TCP path to {address} of engine {}",
+            new.name
+        );
+        self.wait_status(name, &what, |st| {
+            if st.paths.contains(&address) {
+                return Some(Ok(()));
+            }
+            let failed = st.observed_version >= version
+                && (st.state != InstanceState::Running || !st.message.is_empty());
+            failed.then(|| {
+                Err(LonghornError::Unavailable(format!(
+                    "{what} is not live: {}",
+                    st.message
+                )))
+            })
+        })
+        .await
     }
 
     /// Changes engine-frontend `name`'s spec with `f`, over the newest

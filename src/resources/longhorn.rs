@@ -546,8 +546,9 @@ pub struct LonghornInstanceStatus {
     /// Engines: the rebuild running now (`<replica> <percent>% <bytes>/<total> bytes`).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub rebuild: String,
-    /// Engines: the version of the `LonghornEngine` this status was made
-    /// from (a call that changed the spec waits for it).
+    /// Engines and engine-frontends: the version of the `LonghornEngine`
+    /// (`LonghornEngineFrontend`) this status was made from (a call that
+    /// changed the spec waits for it).
     #[serde(default, skip_serializing_if = "is_zero_u64")]
     pub observed_version: u64,
     /// Engines: the replicas of the map served from other nodes (attached
@@ -577,6 +578,12 @@ pub struct LonghornInstanceStatus {
     /// `LonghornEngine.anaState` (the last try).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub ana_error: String,
+    /// Engine-frontends of `spdk-tcp-blockdev`: the NVMe/TCP paths of the
+    /// volume's subsystem (`ip:port`) the host's kernel has live: the
+    /// target's, and a switch-over's new engine's once `preparing`
+    /// connected it.
+    #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
+    pub paths: BTreeSet<String>,
 }
 
 /// What the controller made of a revert request ([`RevertRequest`]).
@@ -768,6 +775,7 @@ impl LonghornInstanceStatus {
             snapshots: BTreeMap::new(),
             ana_state: None,
             ana_error: String::new(),
+            paths: BTreeSet::new(),
         }
     }
 }

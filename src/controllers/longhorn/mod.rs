@@ -775,19 +775,46 @@ impl LonghornController {
             trsvcid: sa.port(),
             nqn,
         };
+        // a switch-over's new engine: a second path beside the target's
+        // (`preparing` waits for it), kept until the switch-over ends
+        let second = f
+            .spec
+            .switchover
+            .as_ref()
+            .filter(|r| r.target_address != f.spec.target_address)
+            .map(|r| {
+                r.target_address
+                    .parse::<SocketAddr>()
+                    .map_err(|_| InstanceError::TargetAddress(r.target_address.clone()))
+            })
+            .transpose()?
+            .map(|sa| NvmeTcpTarget {
+                traddr: sa.ip(),
+                trsvcid: sa.port(),
+                nqn: target.nqn.clone(),
+            });
         let v = volume.clone();
         let opts = connect_options(&f.spec);
-        let attached = tokio::task::spawn_blocking(move || {
+        let (attached, path_error, paths) = tokio::task::spawn_blocking(move || {
             let a = nvme_tcp::attach(&host, &data_dir, &v, &target, &opts)?;
             crate::attach::devpath::create_in(&host, DEV_DIR, &v, &a.device, a.dev)?;
-            Ok::<_, InstanceError>(a)
+            let path_error = second
+                .and_then(|t| nvme_tcp::connect_path(&host, &data_dir, &v, &t, &opts).err())
+                .map(|e| crate::util::error_chain(&e));
+            let paths = nvme_tcp::live_paths(&host, &target.nqn)?;
+            Ok::<_, InstanceError>((a, path_error, paths))
         })
         .await
         .map_err(|source| InstanceError::Task {
             what: "attach",
             source,
         })??;
-        let mut st = status(InstanceKind::EngineFrontend, InstanceState::Running, "");
+        // the volume is served through the target whatever the new path does
+        let message = path_error
+            .map(|e| format!("the switch-over's new path: {e}"))
+            .unwrap_or_default();
+        let mut st = status(InstanceKind::EngineFrontend, InstanceState::Running, message);
+        st.paths = paths.iter().map(SocketAddr::to_string).collect();
         st.bdev = attached.device;
         st.nqn = naming::volume_nqn(&volume)?.as_str().to_owned();
         st.endpoint = format!("{DEV_DIR}/{volume}");
@@ -820,10 +847,11 @@ impl LonghornController {
                 }
                 continue;
             }
-            let st = match self.ensure_frontend(f).await {
+            let mut st = match self.ensure_frontend(f).await {
                 Ok(s) => s,
                 Err(m) => status(InstanceKind::EngineFrontend, InstanceState::Error, m.text()),
             };
+            st.observed_version = f.metadata.version;
             ctx.apply(f.id(), st)?;
         }
         Ok(())
