@@ -209,6 +209,82 @@ fn attach_reuse_and_detach_on_a_fixture_tree() {
     drop(kernel);
 }
 
+/// A controller the kernel reconnects (its target's export closed a moment: state
+/// `connecting`) is the volume's still: an attach reuses it and a second path's connect waits
+/// for it instead of connecting a duplicate, which the kernel refuses ("a controller with these
+/// options already exists", EALREADY); its address is not among the live paths until it is live
+/// again. A dead one is connected anew.
+#[test]
+fn a_controller_the_kernel_reconnects_is_never_connected_twice() {
+    if !nix::unistd::Uid::effective().is_root() {
+        eprintln!(
+            "SKIP a_controller_the_kernel_reconnects_is_never_connected_twice: /dev/talon nodes need mknod (root)"
+        );
+        return;
+    }
+    fn no_connect(_: &HostRoot, o: &str) -> Result<String, FabricsError> {
+        panic!("a second controller of one target connected with {o}")
+    }
+    let (_d, root, data) = setup();
+    let opts = ConnectOptions {
+        namespace_timeout: Duration::from_secs(5),
+        ..ConnectOptions::default()
+    };
+    fake_kernel_connect(
+        &root,
+        &format!("transport=tcp,traddr=10.0.2.2,trsvcid=4420,nqn={NQN},nr_io_queues=4,"),
+    )
+    .expect("connect");
+    let nqn = Nqn::parse(NQN).expect("nqn");
+    let live: Vec<String> = nvme_tcp::live_paths(&root, &nqn)
+        .expect("paths")
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    assert_eq!(live, vec!["10.0.2.2:4420".to_string()]);
+    w(&root, "/sys/class/nvme/nvme3/state", "connecting\n");
+    assert!(nvme_tcp::live_paths(&root, &nqn).expect("paths").is_empty());
+    let a = attach_with(&root, &data, &vol("v1"), &target(NQN), &opts, no_connect).expect("attach");
+    assert_eq!(
+        (a.controller.as_str(), a.device.as_str(), a.reused),
+        ("nvme3", "nvme2n1", true)
+    );
+    // the kernel gets it back while the second path's connect waits
+    let r2 = root.clone();
+    let back = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(300));
+        w(&r2, "/sys/class/nvme/nvme3/state", "live\n");
+    });
+    let c =
+        nvme_tcp::connect_path_with(&root, &data, &vol("v1"), &target(NQN), &opts, no_connect).expect("path");
+    back.join().expect("join");
+    assert_eq!(c, "nvme3");
+    assert_eq!(nvme_tcp::live_paths(&root, &nqn).expect("paths").len(), 1);
+    // one that never comes back is named, and not deleted: the kernel's to give up
+    w(&root, "/sys/class/nvme/nvme3/state", "connecting\n");
+    let short = ConnectOptions {
+        namespace_timeout: Duration::from_millis(300),
+        ..opts.clone()
+    };
+    let e = nvme_tcp::connect_path_with(&root, &data, &vol("v1"), &target(NQN), &short, no_connect)
+        .expect_err("not live");
+    assert!(matches!(e, AttachError::NotLive { .. }), "{e}");
+    assert!(
+        e.to_string().contains("10.0.2.2:4420") && e.to_string().contains("connecting"),
+        "{e}"
+    );
+    assert!(
+        root.exists("/sys/class/nvme/nvme3"),
+        "a controller this call did not make is left"
+    );
+    // a dead one is no path: connected anew
+    w(&root, "/sys/class/nvme/nvme3/state", "dead\n");
+    let c = nvme_tcp::connect_path_with(&root, &data, &vol("v1"), &target(NQN), &opts, fake_kernel_connect)
+        .expect("connected anew");
+    assert_eq!(c, "nvme3");
+    assert_eq!(nvme_tcp::live_paths(&root, &nqn).expect("paths").len(), 1);
+}
+
 #[test]
 fn namespace_that_never_appears_disconnects_the_controller() {
     let (_d, root, data) = setup();

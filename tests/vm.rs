@@ -101,7 +101,10 @@ fn longhorn_client() {
 /// - `replica NAME VOLUME DISK SIZE`: InstanceCreate, running; `LH port=<port_start>`;
 /// - `engine NAME VOLUME SIZE R1=IP:PORT,R2=IP:PORT`: InstanceCreate, running; `LH port=<port>`;
 /// - `frontend NAME VOLUME ENGINE IP:PORT SIZE`: InstanceCreate, running; `LH endpoint=<endpoint>`;
-/// - `delete TYPE NAME [cleanup]`: InstanceDelete, then gone from InstanceGet; `LH gone=NAME`.
+/// - `delete TYPE NAME [cleanup]`: InstanceDelete, then gone from InstanceGet; `LH gone=NAME`;
+/// - `switchover NAME IP:PORT ENGINE PHASE`: InstanceSwitchOverTarget of engine-frontend NAME;
+///   `LH switched=PHASE`, or `LH failed=<code>: <message>` (the manager asks again);
+/// - `get TYPE NAME`: InstanceGet; `LH engine=<engine> active=<active path> paths=<ip:port/ana,..>`.
 async fn longhorn_call(base: std::net::SocketAddr, args: &[String]) {
     use std::time::{Duration, Instant};
     use talon::proto::imrpc::{
@@ -245,6 +248,44 @@ async fn longhorn_call(base: std::net::SocketAddr, args: &[String]) {
                 tokio::time::sleep(Duration::from_millis(200)).await;
             }
             println!("LH gone={}", a(2));
+        }
+        "switchover" => {
+            let mut c = InstanceServiceClient::new(channel(3).await);
+            let r = c
+                .instance_switch_over_target(imrpc::InstanceSwitchOverTargetRequest {
+                    data_engine: v2,
+                    name: a(1).into(),
+                    r#type: "engine-frontend".into(),
+                    target_address: a(2).into(),
+                    engine_name: a(3).into(),
+                    switchover_phase: a(4).into(),
+                })
+                .await;
+            match r {
+                Ok(_) => println!("LH switched={}", a(4)),
+                Err(e) => println!("LH failed={:?}: {}", e.code(), e.message()),
+            }
+        }
+        "get" => {
+            let mut c = InstanceServiceClient::new(channel(3).await);
+            let s = c
+                .instance_get(get(a(1), a(2)))
+                .await
+                .expect("InstanceGet")
+                .into_inner()
+                .status
+                .unwrap_or_default();
+            let paths: Vec<String> = s
+                .paths
+                .iter()
+                .map(|p| format!("{}:{}/{}", p.target_ip, p.target_port, p.ana_state))
+                .collect();
+            println!(
+                "LH engine={} active={} paths={}",
+                s.engine_name,
+                s.active_path,
+                paths.join(",")
+            );
         }
         other => panic!("unknown operation {other:?}"),
     }

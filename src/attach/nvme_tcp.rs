@@ -516,7 +516,8 @@ pub fn attach(
     attach_with(root, data_dir, volume, target, opts, fabrics_connect)
 }
 
-/// Attaches `volume`: reuses a live controller of `target` or connects one through `connect`,
+/// Attaches `volume`: reuses the controller of `target` the kernel has (live, or reconnecting
+/// after its target's export was closed a moment) or connects one through `connect`,
 /// waits for the namespace and makes `/dev/talon/<volume>`. On failure after a new connect, the
 /// controller is deleted again.
 pub fn attach_with(
@@ -530,12 +531,15 @@ pub fn attach_with(
     opts.validate()?;
     let _lock = super::lock_volume(root, volume)?;
     let nqn = &target.nqn;
-    let live = list_controllers(root)?
-        .into_iter()
-        .find(|c| c.matches(target) && c.state == "live");
-    let (controller, reused) = match live {
+    let (controller, reused) = match existing(root, target)? {
         Some(c) => {
-            tracing::info!(controller = %c.name, %nqn, "reusing the live controller");
+            if c.state == "live" {
+                tracing::debug!(controller = %c.name, %nqn, "reusing the live controller");
+            } else {
+                // the kernel reconnects it (its target's export was closed a
+                // moment); another connect would be refused as a duplicate
+                tracing::info!(controller = %c.name, %nqn, state = c.state, "reusing the controller the kernel reconnects");
+            }
             (c.name, true)
         }
         None => {
@@ -563,11 +567,13 @@ pub fn attach_with(
     })
 }
 
-/// Connects one more path of `volume`'s subsystem: a controller of `target` (reused when one is
-/// live), waited for until the kernel says it is `live` (at most `opts.namespace_timeout`); its
+/// Connects one more path of `volume`'s subsystem: a controller of `target` (reused when the
+/// kernel has one, live or reconnecting), waited for until the kernel says it is `live` (at most `opts.namespace_timeout`); its
 /// namespace is not waited for, as its listener may be inaccessible (Longhorn connects a
 /// switch-over's new path so, and its kernel shows the namespace under the multipath head the
 /// volume has). Returns the controller; one this call made is deleted again when it fails.
+/// A controller the kernel reconnects is never connected twice (the kernel refuses the
+/// duplicate: "a controller with these options already exists").
 pub fn connect_path(
     root: &HostRoot,
     data_dir: &Path,
@@ -589,15 +595,17 @@ pub fn connect_path_with(
 ) -> Result<String, AttachError> {
     opts.validate()?;
     let _lock = super::lock_volume(root, volume)?;
-    if let Some(c) = list_controllers(root)?
-        .into_iter()
-        .find(|c| c.matches(target) && c.state == "live")
-    {
-        return Ok(c.name);
-    }
-    let host = HostIdentity::load_or_create(root, data_dir)?;
-    let options = option_string(target, &host, opts)?;
-    let controller = connect_bounded(root, target, &options, opts.connect_timeout, connect)?.controller();
+    let (controller, made) = match existing(root, target)? {
+        Some(c) if c.state == "live" => return Ok(c.name),
+        // the kernel reconnects it: waited for, never connected twice
+        Some(c) => (c.name, false),
+        None => {
+            let host = HostIdentity::load_or_create(root, data_dir)?;
+            let options = option_string(target, &host, opts)?;
+            let c = connect_bounded(root, target, &options, opts.connect_timeout, connect)?.controller();
+            (c, true)
+        }
+    };
     let (mut backoff, until) = (
         kernel_backoff(),
         std::time::Instant::now() + opts.namespace_timeout,
@@ -608,7 +616,7 @@ pub fn connect_path_with(
             Some("live") => return Ok(controller),
             Some(s) if !(s.starts_with("deleting") || s == "dead") && backoff.sleep_before(until) => {}
             _ => {
-                if let Err(d) = delete_controller(root, &controller, Duration::from_secs(10)) {
+                if made && let Err(d) = delete_controller(root, &controller, Duration::from_secs(10)) {
                     tracing::error!(%controller, error = %d, "cannot delete a path that did not come up");
                 }
                 return Err(AttachError::NotLive {
@@ -621,6 +629,17 @@ pub fn connect_path_with(
             }
         }
     }
+}
+
+/// The controller of `target` the kernel has, live or reconnecting (one being deleted, or dead,
+/// is not): the live one first.
+fn existing(root: &HostRoot, target: &NvmeTcpTarget) -> Result<Option<Controller>, AttachError> {
+    let mut found: Vec<Controller> = list_controllers(root)?
+        .into_iter()
+        .filter(|c| c.matches(target) && !(c.state.starts_with("deleting") || c.state == "dead"))
+        .collect();
+    found.sort_by_key(|c| c.state != "live");
+    Ok(found.into_iter().next())
 }
 
 /// The addresses of the TCP controllers of subsystem `nqn` the kernel has live: a volume's

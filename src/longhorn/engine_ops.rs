@@ -696,12 +696,15 @@ impl Longhorn {
         }
     }
 
-    /// What instance `name` is (`engine`, `replica`) when it is being
+    /// What instance `name` is (`engine`, `replica`, `engine frontend`) when it is being
     /// deleted or gone; `None` while either kind of it is wanted. One gone
     /// from the store altogether is what its status said it was (`was`),
     /// else an engine.
     fn going(&self, name: &str, was: Option<InstanceKind>) -> Option<&'static str> {
         let phase = |p: Option<Phase>| p.map(|p| p == Phase::TearingDown);
+        if let Some(f) = self.state().get_typed::<LonghornEngineFrontend>(name).ok()? {
+            return (f.metadata.phase == Phase::TearingDown).then_some("engine frontend");
+        }
         let engine = self.state().get_typed::<LonghornEngine>(name).ok()?;
         let replica = self.state().get_typed::<LonghornReplica>(name).ok()?;
         match (
@@ -716,7 +719,7 @@ impl Longhorn {
     }
 
     /// Waits for the controller: until `done` makes something of instance
-    /// `engine`'s status (an engine's, or a replica's), at most
+    /// `engine`'s status (an engine's, a replica's, or an engine-frontend's), at most
     /// [`OP_TIMEOUT`]. An instance deleted (or being deleted) meanwhile
     /// carries out nothing more: the wait ends at once, ABORTED.
     pub(super) async fn wait_status<T>(

@@ -1,0 +1,138 @@
+#!/bin/sh
+# A Longhorn `spdk-tcp-blockdev` engine-frontend on the guest's kernel switched over between two
+# engines of one volume on two nodes while fio writes with verify through it (NVMe native
+# multipath). The host's two talons (node A 10.213.7.2, node B 10.213.7.3, each with its spdk_tgt,
+# see longhorn-switch.host) serve a replica each; the guest's `talon serve --longhorn-listen` (no
+# SPDK) holds the engine-frontend. Every instance is made through Longhorn's gRPC protocol in the
+# order longhorn-manager v1.12.1 relocates an engine: engine e-0 on A; the engine-frontend on it;
+# engine e-1 on B over the same replicas; InstanceSwitchOverTarget preparing, switching, promoting
+# (a phase that fails is asked again, as the manager does); e-0 deleted; then back to A the same
+# way (e-2), e-1 deleted. fio (libaio, direct, 4 KiB random writes, crc32c verify of what it
+# wrote, while it writes) runs throughout: no I/O error, no verify failure; the longest I/O is
+# reported. 2 MiB written before the first move read back after the last; /dev/longhorn/<volume>
+# keeps its major:minor; the frontend reports the new target after each move; its delete leaves no
+# controller. Skipped by the harness without SPDK on the host.
+# vm-timeout: 480
+set -u
+VOL=lhs
+SIZE=67108864
+A=$TALON_HOST_LHS_A
+B=$TALON_HOST_LHS_B
+DIR=$TALON_HOST_LHS_DIR
+D=/tmp/lhs-guest
+fail=0
+say() { echo "longhorn-switch: $*"; }
+ctrls() { for c in /sys/class/nvme/nvme*; do [ "$(cat $c/transport 2>/dev/null)" = tcp ] && basename $c; done; }
+# lh <node ip> <op> args..: one call of Longhorn's protocol; prints the answer's value
+lh() {
+	at=$1
+	shift
+	TALON_LH_ADDR=$at:8500 TALON_LH_CALL="$*" "$TALON_HOST_LH_CLIENT" --ignored --exact longhorn_client \
+		--nocapture >$D/call.out 2>&1
+	cat $D/call.out >>$D/client.log
+	sed -n 's/^LH [a-z]*=//p' $D/call.out | tail -n1
+}
+now_ms() { awk '{printf "%d", $1 * 1000}' /proc/uptime; }
+# move the engine-frontend to engine $1 at $2: the three phases, each asked again until it passes
+move() {
+	for phase in preparing switching promoting; do
+		t0=$(now_ms)
+		tries=0
+		until [ "$(lh 127.0.0.1 switchover $VOL-ef-0 $2 $1 $phase)" = $phase ]; do
+			tries=$((tries + 1))
+			say "$phase to $1 at $2 failed ($tries): $(grep '^LH failed' $D/call.out)"
+			[ $tries -lt 10 ] || return 1
+			sleep 2
+		done
+		say "$phase to $1: $(($(now_ms) - t0)) ms"
+	done
+	G=$(lh 127.0.0.1 get engine-frontend $VOL-ef-0)
+	say "frontend after the move: $(grep '^LH engine' $D/call.out)"
+	grep -q "^LH engine=$1 active=$2 " $D/call.out || { say "FAIL the frontend does not report $1 at $2"; return 1; }
+}
+fatal() {
+	say "FAIL $*"
+	tail -20 $D/client.log
+	tail -40 $D/serve.log
+	[ -n "${FIO:-}" ] && kill -INT $FIO 2>/dev/null
+	kill $PID 2>/dev/null
+	exit 1
+}
+mkdir -p $D/data/nvme
+echo "$TALON_HOST_LHS_GUEST_ID" >$D/data/nvme/hostid
+echo "nqn.2014-08.org.nvmexpress:uuid:$TALON_HOST_LHS_GUEST_ID" >$D/data/nvme/hostnqn
+cat >$D/config.yaml <<CFG
+node:
+  hugepages: "off"
+CFG
+[ "$(cat /sys/module/nvme_core/parameters/multipath 2>/dev/null)" = Y ] || say "nvme_core multipath is $(cat /sys/module/nvme_core/parameters/multipath 2>/dev/null)"
+talon serve --data-dir $D/data --run-dir $D/run --socket $D/talon.sock --config $D/config.yaml \
+	--longhorn-listen 127.0.0.1:8500 >$D/serve.log 2>&1 &
+PID=$!
+
+[ "$(lh $A disk lhs-a $DIR/A/disk.img)" = lhs-a ] || fatal "DiskCreate on node A"
+[ "$(lh $B disk lhs-b $DIR/B/disk.img)" = lhs-b ] || fatal "DiskCreate on node B"
+PA=$(lh $A replica $VOL-r-0000000a $VOL lhs-a $SIZE)
+PB=$(lh $B replica $VOL-r-0000000b $VOL lhs-b $SIZE)
+[ -n "$PA" ] && [ -n "$PB" ] || fatal "replicas: A port ${PA:-none}, B port ${PB:-none}"
+MAP=$VOL-r-0000000a=$A:$PA,$VOL-r-0000000b=$B:$PB
+E0=$(lh $A engine $VOL-e-0 $VOL $SIZE $MAP)
+[ -n "$E0" ] || fatal "engine e-0 on node A"
+EP=$(lh 127.0.0.1 frontend $VOL-ef-0 $VOL $VOL-e-0 $A:$E0 $SIZE)
+[ "$EP" = /dev/longhorn/$VOL ] && [ -b "$EP" ] || fatal "no block device at /dev/longhorn/$VOL"
+DEV0=$(stat -L -c %t:%T $EP)
+dd if=/dev/urandom of=/tmp/p bs=1M count=2 2>/dev/null
+dd if=/tmp/p of=$EP bs=1M seek=32 count=2 oflag=direct 2>/dev/null || fatal "writing the pattern"
+P0=$(md5sum </tmp/p | cut -c1-32)
+
+fio --name=switch --filename=$EP --rw=randwrite --bs=4k --iodepth=4 --ioengine=libaio --direct=1 \
+	--size=16M --verify=crc32c --verify_backlog=64 --time_based --runtime=1800 \
+	--output-format=json --output=$D/fio.json >$D/fio.out 2>&1 &
+FIO=$!
+sleep 3
+kill -0 $FIO 2>/dev/null || fatal "fio did not start: $(cat $D/fio.out)"
+
+T0=$(now_ms)
+E1=$(lh $B engine $VOL-e-1 $VOL $SIZE $MAP)
+[ -n "$E1" ] || fatal "engine e-1 on node B"
+say "engine e-1 on node B running: $(($(now_ms) - T0)) ms"
+move $VOL-e-1 $B:$E1 || fatal "the move to node B"
+[ "$(lh $A delete engine $VOL-e-0 cleanup)" = $VOL-e-0 ] || fatal "deleting e-0"
+say "moved to node B: $(($(now_ms) - T0)) ms; paths: $(ctrls | tr '\n' ' ')"
+sleep 3
+
+T1=$(now_ms)
+E2=$(lh $A engine $VOL-e-2 $VOL $SIZE $MAP)
+[ -n "$E2" ] || fatal "engine e-2 on node A"
+move $VOL-e-2 $A:$E2 || fatal "the move back to node A"
+[ "$(lh $B delete engine $VOL-e-1 cleanup)" = $VOL-e-1 ] || fatal "deleting e-1"
+say "moved back to node A: $(($(now_ms) - T1)) ms; paths: $(ctrls | tr '\n' ' ')"
+sleep 3
+
+# interrupted, fio exits non-zero; the job's error and its verify messages say how it went
+kill -INT $FIO
+wait $FIO
+rc=$?
+FIO=
+J=$(tr -d ' \n' <$D/fio.json)
+ERR=$(echo "$J" | sed -n 's/.*"error":\([0-9]*\),.*/\1/p')
+W=$(echo "$J" | sed -n 's/.*"write":{"io_bytes":\([0-9]*\),.*/\1/p')
+IOPS=$(echo "$J" | sed -n 's/.*"write":{[^}]*"iops":\([0-9.]*\),.*/\1/p')
+MAX=$(awk '/"write" : \{/ {w = 1} w && /^ *"lat_ns" : \{/ {l = 1} w && l && /"max"/ {gsub(/[^0-9]/, ""); print; exit}' $D/fio.json)
+grep -i "verify\|error" $D/fio.out | head -5
+say "fio rc=$rc error=${ERR:-?} write_bytes=${W:-?} iops=${IOPS:-?} longest I/O ${MAX:-?} ns"
+[ "$ERR" = 0 ] && [ -n "$W" ] && [ "$W" -gt 0 ] || { say "FAIL fio: $(tail -5 $D/fio.out)"; fail=1; }
+grep -qi "verify.*fail\|bad magic\|crc32c" $D/fio.out && { say "FAIL fio verify: $(grep -i verify $D/fio.out | head -3)"; fail=1; }
+
+P1=$(dd if=$EP bs=1M skip=32 count=2 iflag=direct 2>/dev/null | md5sum | cut -c1-32)
+DEV1=$(stat -L -c %t:%T $EP)
+[ "$P0" = "$P1" ] || { say "FAIL the pattern written before the moves reads back $P1, not $P0"; fail=1; }
+[ "$DEV0" = "$DEV1" ] || { say "FAIL /dev/longhorn/$VOL was $DEV0, is $DEV1"; fail=1; }
+[ "$(lh 127.0.0.1 delete engine-frontend $VOL-ef-0)" = $VOL-ef-0 ] || { say "FAIL delete of the engine-frontend"; fail=1; }
+[ -z "$(ctrls)" ] || { say "FAIL controllers left after the delete: $(ctrls)"; fail=1; }
+[ $fail = 0 ] && R=ok || R=failed
+echo "LHS_RESULT $R moves=2 fio_error=${ERR:-?} longest_io_ns=${MAX:-?} iops=${IOPS:-?} pattern=$P1"
+kill $PID 2>/dev/null
+wait $PID 2>/dev/null
+[ $fail = 0 ] || tail -30 $D/serve.log
+exit $fail
