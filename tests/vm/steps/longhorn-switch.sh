@@ -117,11 +117,13 @@ FIO=
 J=$(tr -d ' \n' <$D/fio.json)
 ERR=$(echo "$J" | sed -n 's/.*"error":\([0-9]*\),.*/\1/p')
 W=$(echo "$J" | sed -n 's/.*"write":{"io_bytes":\([0-9]*\),.*/\1/p')
+# the verify reads of what was written (verify_backlog)
+RB=$(echo "$J" | sed -n 's/.*"read":{"io_bytes":\([0-9]*\),.*/\1/p')
 IOPS=$(echo "$J" | sed -n 's/.*"write":{[^}]*"iops":\([0-9.]*\),.*/\1/p')
 MAX=$(awk '/"write" : \{/ {w = 1} w && /^ *"lat_ns" : \{/ {l = 1} w && l && /"max"/ {gsub(/[^0-9]/, ""); print; exit}' $D/fio.json)
 grep -i "verify\|error" $D/fio.out | head -5
-say "fio rc=$rc error=${ERR:-?} write_bytes=${W:-?} iops=${IOPS:-?} longest I/O ${MAX:-?} ns"
-[ "$ERR" = 0 ] && [ -n "$W" ] && [ "$W" -gt 0 ] || { say "FAIL fio: $(tail -5 $D/fio.out)"; fail=1; }
+say "fio rc=$rc error=${ERR:-?} write_bytes=${W:-?} verify_read_bytes=${RB:-?} iops=${IOPS:-?} longest I/O ${MAX:-?} ns"
+[ "$ERR" = 0 ] && [ -n "$W" ] && [ "$W" -gt 0 ] && [ -n "$RB" ] && [ "$RB" -gt 0 ] || { say "FAIL fio: $(tail -5 $D/fio.out)"; fail=1; }
 grep -qi "verify.*fail\|bad magic\|crc32c" $D/fio.out && { say "FAIL fio verify: $(grep -i verify $D/fio.out | head -3)"; fail=1; }
 
 P1=$(dd if=$EP bs=1M skip=32 count=2 iflag=direct 2>/dev/null | md5sum | cut -c1-32)
@@ -131,7 +133,7 @@ DEV1=$(stat -L -c %t:%T $EP)
 [ "$(lh 127.0.0.1 delete engine-frontend $VOL-ef-0)" = $VOL-ef-0 ] || { say "FAIL delete of the engine-frontend"; fail=1; }
 [ -z "$(ctrls)" ] || { say "FAIL controllers left after the delete: $(ctrls)"; fail=1; }
 [ $fail = 0 ] && R=ok || R=failed
-echo "LHS_RESULT $R moves=2 fio_error=${ERR:-?} longest_io_ns=${MAX:-?} iops=${IOPS:-?} pattern=$P1"
+echo "LHS_RESULT $R moves=2 fio_error=${ERR:-?} verified_bytes=${RB:-?} longest_io_ns=${MAX:-?} iops=${IOPS:-?} pattern=$P1"
 kill $PID 2>/dev/null
 wait $PID 2>/dev/null
 [ $fail = 0 ] || tail -30 $D/serve.log
