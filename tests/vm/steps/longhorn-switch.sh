@@ -7,7 +7,9 @@
 # order longhorn-manager v1.12.1 relocates an engine: engine e-0 on A; the engine-frontend on it;
 # engine e-1 on B over the same replicas; InstanceSwitchOverTarget preparing, switching, promoting
 # (a phase that fails is asked again, as the manager does); e-0 deleted; then back to A the same
-# way (e-2), e-1 deleted. fio (libaio, direct, 4 KiB random writes, crc32c verify of what it
+# way (e-2), with the guest's talon killed (SIGKILL) after preparing and after switching and
+# started again (the frontend keeps its target and the record; the next phase goes on), e-1
+# deleted. fio (libaio, direct, 4 KiB random writes, crc32c verify of what it
 # wrote, while it writes) runs throughout: no I/O error, no verify failure; the longest I/O is
 # reported. 2 MiB written before the first move read back after the last; /dev/longhorn/<volume>
 # keeps its major:minor; the frontend reports the new target after each move; its delete leaves no
@@ -33,9 +35,28 @@ lh() {
 	sed -n 's/^LH [a-z]*=//p' $D/call.out | tail -n1
 }
 now_ms() { awk '{printf "%d", $1 * 1000}' /proc/uptime; }
-# move the engine-frontend to engine $1 at $2: the three phases, each asked again until it passes
+# the guest's talon killed (SIGKILL) and started again on its state; the kernel's paths stay
+serve() {
+	talon serve --data-dir $D/data --run-dir $D/run --socket $D/talon.sock --config $D/config.yaml \
+		--longhorn-listen 127.0.0.1:8500 >>$D/serve.log 2>&1 &
+	PID=$!
+}
+crash() {
+	kill -9 $PID
+	wait $PID 2>/dev/null
+	say "talon of the frontend's node killed after $1; started again"
+	serve
+}
+# move the engine-frontend to engine $1 at $2: the three phases, each asked again until it
+# passes; with $3 = crash, the guest's talon is killed after preparing and after switching
 move() {
 	for phase in preparing switching promoting; do
+		if [ "${3:-}" = crash ] && [ $phase != preparing ]; then
+			crash "$last"
+			lh 127.0.0.1 get engine-frontend $VOL-ef-0 >/dev/null
+			grep -q "^LH engine=$OLD " $D/call.out || { say "FAIL after the restart: $(grep '^LH' $D/call.out)"; return 1; }
+		fi
+		last=$phase
 		t0=$(now_ms)
 		tries=0
 		until [ "$(lh 127.0.0.1 switchover $VOL-ef-0 $2 $1 $phase)" = $phase ]; do
@@ -66,9 +87,7 @@ node:
   hugepages: "off"
 CFG
 [ "$(cat /sys/module/nvme_core/parameters/multipath 2>/dev/null)" = Y ] || say "nvme_core multipath is $(cat /sys/module/nvme_core/parameters/multipath 2>/dev/null)"
-talon serve --data-dir $D/data --run-dir $D/run --socket $D/talon.sock --config $D/config.yaml \
-	--longhorn-listen 127.0.0.1:8500 >$D/serve.log 2>&1 &
-PID=$!
+serve
 
 [ "$(lh $A disk lhs-a $DIR/A/disk.img)" = lhs-a ] || fatal "DiskCreate on node A"
 [ "$(lh $B disk lhs-b $DIR/B/disk.img)" = lhs-b ] || fatal "DiskCreate on node B"
@@ -96,6 +115,7 @@ T0=$(now_ms)
 E1=$(lh $B engine $VOL-e-1 $VOL $SIZE $MAP)
 [ -n "$E1" ] || fatal "engine e-1 on node B"
 say "engine e-1 on node B running: $(($(now_ms) - T0)) ms"
+OLD=$VOL-e-0
 move $VOL-e-1 $B:$E1 || fatal "the move to node B"
 [ "$(lh $A delete engine $VOL-e-0 cleanup)" = $VOL-e-0 ] || fatal "deleting e-0"
 say "moved to node B: $(($(now_ms) - T0)) ms; paths: $(ctrls | tr '\n' ' ')"
@@ -104,7 +124,8 @@ sleep 3
 T1=$(now_ms)
 E2=$(lh $A engine $VOL-e-2 $VOL $SIZE $MAP)
 [ -n "$E2" ] || fatal "engine e-2 on node A"
-move $VOL-e-2 $A:$E2 || fatal "the move back to node A"
+OLD=$VOL-e-1
+move $VOL-e-2 $A:$E2 crash || fatal "the move back to node A"
 [ "$(lh $B delete engine $VOL-e-1 cleanup)" = $VOL-e-1 ] || fatal "deleting e-1"
 say "moved back to node A: $(($(now_ms) - T1)) ms; paths: $(ctrls | tr '\n' ' ')"
 sleep 3
