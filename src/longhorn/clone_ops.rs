@@ -895,6 +895,13 @@ impl Longhorn {
     /// on another node asks to find a replica holding its snapshot).
     pub(super) async fn engine_get_spdk(&self, name: &str) -> Result<spdkrpc::Engine, LonghornError> {
         let e = self.engine(name)?;
+        // deleted as far as any caller goes: Longhorn's EngineDelete ends
+        // with the engine out of its map, talon's InstanceDelete returns
+        // while the controller tears it down (a frontend whose switch-over
+        // it was learns so now, not after the teardown)
+        if e.metadata.phase == crate::runtime::Phase::TearingDown {
+            return Err(LonghornError::not_found("engine", name));
+        }
         let members = self.members_polled(&e).await?;
         let status = self.status_of(e.id());
         let ip = status

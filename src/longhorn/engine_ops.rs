@@ -1070,6 +1070,50 @@ mod tests {
     use crate::spdk::SpdkClient;
     use tonic::Code;
 
+    /// An engine being deleted (InstanceDelete returned, the controller
+    /// tears it down) is gone for SPDKService's `EngineGet`, as Longhorn's
+    /// engine is once its EngineDelete returned: a switch-over whose new
+    /// engine the manager deleted is given up without waiting for the
+    /// teardown.
+    #[tokio::test]
+    async fn an_engine_being_deleted_is_not_found_by_engine_get() {
+        let lh = Longhorn::new(State::in_memory(), SpdkClient::new("/nonexistent"), 1..=2);
+        let e = LonghornEngine {
+            volume: "vol".into(),
+            size_bytes: 1 << 20,
+            replica_address_map: [("vol-r-a".to_string(), "127.0.0.1:20001".to_string())].into(),
+            port: 20000,
+            frontend: String::new(),
+            snapshot_max_count: 0,
+            rebuild_qos_mbps: 0,
+            rebuild_requests: Default::default(),
+            rebuild_links: Default::default(),
+            rebuild_link_engines: Default::default(),
+            removed_snapshots: Default::default(),
+            failed_replicas: Default::default(),
+            purge_request: 0,
+            revert: None,
+            snapshot_requests: Default::default(),
+            snapshot_info: Default::default(),
+            ana_state: Default::default(),
+        };
+        use crate::runtime::Spec;
+        let st = lh.state();
+        st.create_typed("vol-e-1", "test", &e).expect("engine");
+        st.add_finalizer(
+            LonghornEngine::NAMESPACE,
+            LonghornEngine::TYPE,
+            "vol-e-1",
+            "test-controller",
+        )
+        .expect("finalizer");
+        st.destroy(LonghornEngine::NAMESPACE, LonghornEngine::TYPE, "vol-e-1", "test")
+            .expect("delete");
+        let err = lh.engine_get_spdk("vol-e-1").await.expect_err("being deleted");
+        assert_eq!(err.code(), Code::NotFound, "{}", err.message());
+        assert!(err.message().contains("vol-e-1"), "{}", err.message());
+    }
+
     /// An instance gone from the store altogether (no finalizer held it
     /// tearing down) is named as its status said it was.
     #[tokio::test]
