@@ -44,7 +44,7 @@ const ANA_TIMEOUT: Duration = Duration::from_secs(60);
 /// engine is still there: from a revert's deletion of it until the old
 /// engine is optimized again, the host has no usable path. Only a frontend
 /// with a switch-over recorded asks another node.
-const SWITCH_WATCH: Duration = Duration::from_secs(2);
+const SWITCH_WATCH: Duration = Duration::from_secs(1);
 
 /// How long another node may take to say whether it has an engine.
 const GET_TIMEOUT: Duration = Duration::from_secs(10);

@@ -8,6 +8,7 @@
 //!   LonghornEngine ──> members: local replica = its lvol, remote = bdev_nvme_attach_controller
 //!        │             ──> raid1 <e> (two or more) ──> export nqn...:volume-<v> on port
 //!   LonghornEngineFrontend ──> kernel NVMe/TCP attach of the engine's export, /dev/longhorn/<v>
+//!                              (+ a switch-over's new export: a second path, `paths`)
 //!   order: engines torn down, frontends torn down, replica exports a target restart took
 //!          away (all at once: `reexport`), the instances a call waits on (created,
 //!          or an engine of a new spec; again between engines for those created meanwhile),
@@ -60,6 +61,9 @@ pub const DEV_DIR: &str = "/dev/longhorn";
 const POLL: Duration = Duration::from_secs(3);
 /// The poll while a thin rebuild runs (a step per reconcile).
 const THIN_POLL: Duration = Duration::from_millis(200);
+/// The poll while an engine-frontend's second path is being connected (the
+/// switch-over's `preparing` waits for it live).
+const PATH_POLL: Duration = Duration::from_millis(500);
 /// A rebuild cap whose rebuild was never seen running is lifted this long
 /// after it was set (SPDK reports the rebuild a moment after the add).
 const CAP_GRACE: Duration = Duration::from_secs(10);
@@ -100,6 +104,9 @@ pub struct LonghornController {
     session: Session,
     /// When each member behind its export was last wanted (`shared`).
     wanted: shared::Wanted,
+    /// The second kernel paths of engine-frontends in a switch-over, being
+    /// connected (`paths`).
+    second_paths: paths::SecondPaths,
     /// Where each pass's listing is published for the Longhorn services'
     /// polls ([`Self::with_listing`]).
     listing: crate::spdk::inventory::SharedListing,
@@ -125,6 +132,7 @@ mod caps;
 mod error;
 mod ledger;
 mod members;
+mod paths;
 mod purge;
 mod rebuilds;
 mod reexport;
@@ -152,6 +160,7 @@ impl LonghornController {
             caps: caps::Caps::default(),
             session: crate::resources::longhorn::new_session(),
             wanted: Default::default(),
+            second_paths: Default::default(),
             listing: Default::default(),
             address: Default::default(),
         }
@@ -787,22 +796,15 @@ impl LonghornController {
                     .parse::<SocketAddr>()
                     .map_err(|_| InstanceError::TargetAddress(r.target_address.clone()))
             })
-            .transpose()?
-            .map(|sa| NvmeTcpTarget {
-                traddr: sa.ip(),
-                trsvcid: sa.port(),
-                nqn: target.nqn.clone(),
-            });
-        let v = volume.clone();
+            .transpose()?;
+        let (v, h, d) = (volume.clone(), host.clone(), data_dir.clone());
         let opts = connect_options(&f.spec);
-        let (attached, path_error, paths) = tokio::task::spawn_blocking(move || {
-            let a = nvme_tcp::attach(&host, &data_dir, &v, &target, &opts)?;
-            crate::attach::devpath::create_in(&host, DEV_DIR, &v, &a.device, a.dev)?;
-            let path_error = second
-                .and_then(|t| nvme_tcp::connect_path(&host, &data_dir, &v, &t, &opts).err())
-                .map(|e| crate::util::error_chain(&e));
-            let paths = nvme_tcp::live_paths(&host, &target.nqn)?;
-            Ok::<_, InstanceError>((a, path_error, paths))
+        let nqn = target.nqn.clone();
+        let (attached, paths) = tokio::task::spawn_blocking(move || {
+            let a = nvme_tcp::attach(&h, &d, &v, &target, &opts)?;
+            crate::attach::devpath::create_in(&h, DEV_DIR, &v, &a.device, a.dev)?;
+            let paths = nvme_tcp::live_paths(&h, &target.nqn)?;
+            Ok::<_, InstanceError>((a, paths))
         })
         .await
         .map_err(|source| InstanceError::Task {
@@ -810,9 +812,21 @@ impl LonghornController {
             source,
         })??;
         // the volume is served through the target whatever the new path does
-        let message = path_error
-            .map(|e| format!("the switch-over's new path: {e}"))
-            .unwrap_or_default();
+        let mut message = String::new();
+        if let Some(sa) = second {
+            let look = self.second_paths.look(f.id(), sa, paths.contains(&sa), || {
+                let t = NvmeTcpTarget {
+                    traddr: sa.ip(),
+                    trsvcid: sa.port(),
+                    nqn: nqn.clone(),
+                };
+                let (opts, v) = (connect_options(&f.spec), volume.clone());
+                tokio::task::spawn_blocking(move || nvme_tcp::connect_path(&host, &data_dir, &v, &t, &opts))
+            });
+            if let paths::Look::Failed(e) = look {
+                message = format!("the switch-over's new path: {e}");
+            }
+        }
         let mut st = status(InstanceKind::EngineFrontend, InstanceState::Running, message);
         st.paths = paths.iter().map(SocketAddr::to_string).collect();
         st.bdev = attached.device;
@@ -868,6 +882,8 @@ impl LonghornController {
         };
         let volume = ObjectName::parse("volume", &f.spec.volume)?;
         let nqn = naming::volume_nqn(&volume)?;
+        // a second path still being connected: what it makes goes too
+        self.second_paths.settle(f.id(), Duration::from_secs(40)).await;
         tokio::task::spawn_blocking(move || {
             crate::attach::devpath::remove_in(&host, DEV_DIR, &volume)?;
             nvme_tcp::detach(&host, &data_dir, &volume, Some(&nqn))?;
@@ -1557,7 +1573,14 @@ impl Controller for LonghornController {
                 ctx.apply(id, status(kind, InstanceState::Stopping, ""))?;
             }
         }
-        Ok(Requeue::After(if fast { THIN_POLL } else { POLL }))
+        Ok(Requeue::After(if fast {
+            THIN_POLL
+        } else if self.second_paths.any_running() {
+            // a second path being connected: its frontend's status soon after
+            PATH_POLL
+        } else {
+            POLL
+        }))
     }
 }
 
