@@ -531,24 +531,8 @@ pub fn attach_with(
     opts.validate()?;
     let _lock = super::lock_volume(root, volume)?;
     let nqn = &target.nqn;
-    let (controller, reused) = match existing(root, target)? {
-        Some(c) => {
-            if c.state == "live" {
-                tracing::debug!(controller = %c.name, %nqn, "reusing the live controller");
-            } else {
-                // the kernel reconnects it (its target's export was closed a
-                // moment); another connect would be refused as a duplicate
-                tracing::info!(controller = %c.name, %nqn, state = c.state, "reusing the controller the kernel reconnects");
-            }
-            (c.name, true)
-        }
-        None => {
-            let host = HostIdentity::load_or_create(root, data_dir)?;
-            let options = option_string(target, &host, opts)?;
-            let reply = connect_bounded(root, target, &options, opts.connect_timeout, connect)?;
-            (reply.controller(), false)
-        }
-    };
+    let (controller, state) = existing_or_connect(root, data_dir, target, opts, connect)?;
+    let reused = state.is_some();
     let undo = |e: AttachError| -> AttachError {
         if !reused && let Err(d) = delete_controller(root, &controller, Duration::from_secs(10)) {
             tracing::error!(%controller, error = %d, "cannot delete the controller of a failed attach");
@@ -568,8 +552,9 @@ pub fn attach_with(
 }
 
 /// Connects one more path of `volume`'s subsystem: a controller of `target` (reused when the
-/// kernel has one, live or reconnecting), waited for until the kernel says it is `live` (at most `opts.namespace_timeout`); its
-/// namespace is not waited for, as its listener may be inaccessible (Longhorn connects a
+/// kernel has one, live or reconnecting), waited for until the kernel says it is `live` (at
+/// most `opts.namespace_timeout`); its namespace is not waited for, as its listener may be
+/// inaccessible (Longhorn connects a
 /// switch-over's new path so, and its kernel shows the namespace under the multipath head the
 /// volume has). Returns the controller; one this call made is deleted again when it fails.
 /// A controller the kernel reconnects is never connected twice (the kernel refuses the
@@ -595,17 +580,12 @@ pub fn connect_path_with(
 ) -> Result<String, AttachError> {
     opts.validate()?;
     let _lock = super::lock_volume(root, volume)?;
-    let (controller, made) = match existing(root, target)? {
-        Some(c) if c.state == "live" => return Ok(c.name),
-        // the kernel reconnects it: waited for, never connected twice
-        Some(c) => (c.name, false),
-        None => {
-            let host = HostIdentity::load_or_create(root, data_dir)?;
-            let options = option_string(target, &host, opts)?;
-            let c = connect_bounded(root, target, &options, opts.connect_timeout, connect)?.controller();
-            (c, true)
-        }
-    };
+    let (controller, state) = existing_or_connect(root, data_dir, target, opts, connect)?;
+    if state.as_deref() == Some("live") {
+        return Ok(controller);
+    }
+    // one the kernel reconnects is waited for, never connected twice
+    let made = state.is_none();
     let (mut backoff, until) = (
         kernel_backoff(),
         std::time::Instant::now() + opts.namespace_timeout,
@@ -629,6 +609,31 @@ pub fn connect_path_with(
             }
         }
     }
+}
+
+/// The controller of `target`: the one the kernel has (with its state), else one connected
+/// through `connect` (state `None`).
+fn existing_or_connect(
+    root: &HostRoot,
+    data_dir: &Path,
+    target: &NvmeTcpTarget,
+    opts: &ConnectOptions,
+    connect: Connector,
+) -> Result<(String, Option<String>), AttachError> {
+    if let Some(c) = existing(root, target)? {
+        if c.state == "live" {
+            tracing::debug!(controller = %c.name, nqn = %target.nqn, "reusing the live controller");
+        } else {
+            // the kernel reconnects it (its target's export was closed a
+            // moment); another connect would be refused as a duplicate
+            tracing::info!(controller = %c.name, nqn = %target.nqn, state = c.state, "reusing the controller the kernel reconnects");
+        }
+        return Ok((c.name, Some(c.state)));
+    }
+    let host = HostIdentity::load_or_create(root, data_dir)?;
+    let options = option_string(target, &host, opts)?;
+    let reply = connect_bounded(root, target, &options, opts.connect_timeout, connect)?;
+    Ok((reply.controller(), None))
 }
 
 /// The controller of `target` the kernel has, live or reconnecting (one being deleted, or dead,
