@@ -134,8 +134,15 @@ pub enum Step {
     },
     /// The new engine made optimized; should that fail, the old one is made
     /// optimized again and the record goes back to `preparing` (the next
-    /// `promoting` runs `switching` first).
-    Promote { new: EngineAt, old: EngineAt },
+    /// `promoting` runs `switching` first). `path`: a kernel frontend, whose
+    /// path to the new engine must be live first (Longhorn loads the new
+    /// path's device at `promoting`); one that is not fails the promotion
+    /// the same way.
+    Promote {
+        new: EngineAt,
+        old: EngineAt,
+        path: bool,
+    },
     /// The switch-over record written on the engine-frontend (`None`: no
     /// switch-over under way).
     Record(Option<FrontendSwitchover>),
@@ -166,7 +173,8 @@ pub enum Step {
 ///                 the kernel path to new connected (this node's controller) and live
 ///               new ─> non-optimized            record {new, done: preparing}
 ///   switching   old ─> inaccessible (gone: ok)  record {new, done: switching}
-///   promoting   new ─> optimized (else old ─> optimized, record done: preparing)
+///   promoting   spdk-tcp-blockdev: the kernel path to new live (else as a failed promotion)
+///               new ─> optimized (else old ─> optimized, record done: preparing)
 ///               target := new, record cleared
 ///   same target as now, a record of another:  old (the current) ─> optimized when
 ///               it was made inaccessible, record cleared (a switch-over the
@@ -307,6 +315,7 @@ pub fn switch_over(
                 steps.push(Step::Promote {
                     new: new.clone(),
                     old: current.clone(),
+                    path: kernel,
                 });
                 steps.push(Step::Commit(new.clone()));
             }
@@ -489,6 +498,7 @@ mod tests {
                 Step::Promote {
                     new: at("vol-e-1", NEW),
                     old: at("vol-e-0", "10.0.0.1:20001"),
+                    path: false,
                 },
                 Step::Commit(at("vol-e-1", NEW)),
             ]
@@ -532,9 +542,17 @@ mod tests {
             plan(&kernel(Some(Some(Preparing))), "switching"),
             plan(&reached(Some(Preparing)), "switching")
         );
+        // promoting checks the kernel's path to the new engine first
         assert_eq!(
             plan(&kernel(Some(Some(Switching))), "promoting"),
-            plan(&reached(Some(Switching)), "promoting")
+            vec![
+                Step::Promote {
+                    new: at("vol-e-1", NEW),
+                    old: at("vol-e-0", "10.0.0.1:20001"),
+                    path: true,
+                },
+                Step::Commit(at("vol-e-1", NEW)),
+            ]
         );
         // Longhorn's one-call switch-over: the three phases in order
         let all = plan(&kernel(None), "");

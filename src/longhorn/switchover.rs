@@ -10,7 +10,10 @@
 //!       Ana(engine, state)  ── engine here? ──yes──> engine_ana_state_set (LonghornEngine.anaState)
 //!                                          └─no───> <engine ip>:8504 EngineSetTargetListenerANAState
 //!       Record(r)           ── LonghornEngineFrontend.switchover = r
-//!       Promote(new, old)   ── new optimized; failing: old optimized again, record done: preparing
+//!       Path(new)           ── the record names new: this node's controller connects the kernel
+//!                              path to it (spdk-tcp-blockdev); waited for until live
+//!       Promote(new, old)   ── (blockdev: new's path live first) new optimized; failing: old
+//!                              optimized again, record done: preparing
 //!       Commit(new)         ── engineName, targetAddress = new; switchover cleared
 //!
 //!   every SWITCH_WATCH, each engine-frontend of this node with a switch-over record:
@@ -45,6 +48,11 @@ const ANA_TIMEOUT: Duration = Duration::from_secs(60);
 /// engine is optimized again, the host has no usable path. Only a frontend
 /// with a switch-over recorded asks another node.
 const SWITCH_WATCH: Duration = Duration::from_secs(1);
+
+/// How long `promoting` waits for a kernel frontend's path to the new engine
+/// to be live (it was at `preparing`; the kernel reconnects a lost one every
+/// 2 s) while the old engine is inaccessible.
+const PROMOTE_PATH_WAIT: Duration = Duration::from_secs(10);
 
 /// How long another node may take to say whether it has an engine.
 const GET_TIMEOUT: Duration = Duration::from_secs(10);
@@ -97,8 +105,16 @@ impl Longhorn {
                     }
                     r => r.map_err(|e| in_phase(&what, phase, e))?,
                 },
-                Step::Promote { new, old } => {
-                    if let Err(e) = self.engine_ana(&new, AnaState::Optimized).await {
+                Step::Promote { new, old, path } => {
+                    let ready = match path {
+                        true => self.path_live_within(ef.id(), &new, PROMOTE_PATH_WAIT).await,
+                        false => Ok(()),
+                    };
+                    let promoted = match ready {
+                        Ok(()) => self.engine_ana(&new, AnaState::Optimized).await,
+                        Err(e) => Err(e),
+                    };
+                    if let Err(e) = promoted {
                         // the old one serves again; the next promoting demotes it first
                         if let Err(x) = self.engine_ana(&old, AnaState::Optimized).await {
                             tracing::warn!(
@@ -310,6 +326,22 @@ impl Longhorn {
             })
         })
         .await
+    }
+
+    /// [`Self::path_live`] for at most `bound`.
+    async fn path_live_within(
+        &self,
+        name: &str,
+        new: &EngineAt,
+        bound: Duration,
+    ) -> Result<(), LonghornError> {
+        match tokio::time::timeout(bound, self.path_live(name, new)).await {
+            Ok(r) => r,
+            Err(_) => Err(LonghornError::Unavailable(format!(
+                "engine frontend {name}: the NVMe/TCP path to {} of engine {} is not live after {bound:?}",
+                new.address, new.name
+            ))),
+        }
     }
 
     /// Changes engine-frontend `name`'s spec with `f`, over the newest
