@@ -1078,7 +1078,59 @@ mod tests {
     #[tokio::test]
     async fn an_engine_being_deleted_is_not_found_by_engine_get() {
         let lh = Longhorn::new(State::in_memory(), SpdkClient::new("/nonexistent"), 1..=2);
-        let e = LonghornEngine {
+        let e = engine();
+        use crate::runtime::Spec;
+        let st = lh.state();
+        st.create_typed("vol-e-1", "test", &e).expect("engine");
+        st.add_finalizer(
+            LonghornEngine::NAMESPACE,
+            LonghornEngine::TYPE,
+            "vol-e-1",
+            "test-controller",
+        )
+        .expect("finalizer");
+        st.destroy(LonghornEngine::NAMESPACE, LonghornEngine::TYPE, "vol-e-1", "test")
+            .expect("delete");
+        let err = lh.engine_get_spdk("vol-e-1").await.expect_err("being deleted");
+        assert_eq!(err.code(), Code::NotFound, "{}", err.message());
+        assert!(err.message().contains("vol-e-1"), "{}", err.message());
+    }
+
+    /// An engine deleted and made again under its name before the pass that
+    /// removed it dropped its status: the status left is the old engine's
+    /// and is not read as the new one's (it said running before the new one
+    /// was made); one written after is.
+    #[tokio::test]
+    async fn a_status_written_before_its_instance_was_made_is_its_predecessors() {
+        let lh = Longhorn::new(State::in_memory(), SpdkClient::new("/nonexistent"), 1..=2);
+        let st = LonghornInstanceStatus::new(InstanceKind::Engine, InstanceState::Running, "");
+        lh.state()
+            .create_typed("vol-e-0", "test", &st)
+            .expect("the old engine's status");
+        // no engine of that name: the status as it is
+        assert_eq!(
+            lh.status_of("vol-e-0").map(|s| s.state),
+            Some(InstanceState::Running)
+        );
+        std::thread::sleep(Duration::from_millis(3));
+        lh.state()
+            .create_typed("vol-e-0", "test", &engine())
+            .expect("the new engine");
+        assert_eq!(lh.status_of("vol-e-0"), None);
+        std::thread::sleep(Duration::from_millis(3));
+        let mut now = st.clone();
+        now.state = InstanceState::Starting;
+        lh.state()
+            .update_typed("vol-e-0", "test", None, &now)
+            .expect("the new engine's status");
+        assert_eq!(
+            lh.status_of("vol-e-0").map(|s| s.state),
+            Some(InstanceState::Starting)
+        );
+    }
+
+    fn engine() -> LonghornEngine {
+        LonghornEngine {
             volume: "vol".into(),
             size_bytes: 1 << 20,
             replica_address_map: [("vol-r-a".to_string(), "127.0.0.1:20001".to_string())].into(),
@@ -1096,22 +1148,7 @@ mod tests {
             snapshot_requests: Default::default(),
             snapshot_info: Default::default(),
             ana_state: Default::default(),
-        };
-        use crate::runtime::Spec;
-        let st = lh.state();
-        st.create_typed("vol-e-1", "test", &e).expect("engine");
-        st.add_finalizer(
-            LonghornEngine::NAMESPACE,
-            LonghornEngine::TYPE,
-            "vol-e-1",
-            "test-controller",
-        )
-        .expect("finalizer");
-        st.destroy(LonghornEngine::NAMESPACE, LonghornEngine::TYPE, "vol-e-1", "test")
-            .expect("delete");
-        let err = lh.engine_get_spdk("vol-e-1").await.expect_err("being deleted");
-        assert_eq!(err.code(), Code::NotFound, "{}", err.message());
-        assert!(err.message().contains("vol-e-1"), "{}", err.message());
+        }
     }
 
     /// An instance gone from the store altogether (no finalizer held it

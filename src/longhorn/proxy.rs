@@ -109,11 +109,40 @@ impl Longhorn {
     }
 
     pub(super) fn status_of(&self, name: &str) -> Option<LonghornInstanceStatus> {
-        self.state()
+        self.fresh_status(name).ok().flatten()
+    }
+
+    /// The status of instance `name`, unless it was last written before the
+    /// instance of that name was made: its predecessor's, which the
+    /// controller's pass that removed that one drops when it ends (an
+    /// instance deleted and made again under one name in between would be
+    /// reported running before it is). With no instance of that name, the
+    /// status as it is.
+    pub(super) fn fresh_status(&self, name: &str) -> Result<Option<LonghornInstanceStatus>, LonghornError> {
+        let state = self.state();
+        let Some(st) = state
             .get_typed::<LonghornInstanceStatus>(name)
-            .ok()
-            .flatten()
-            .map(|s| s.spec)
+            .map_err(LonghornError::State)?
+        else {
+            return Ok(None);
+        };
+        let created = match st.spec.kind {
+            InstanceKind::Engine => state
+                .get_typed::<LonghornEngine>(name)
+                .map(|r| r.map(|r| r.metadata.created)),
+            InstanceKind::Replica => state
+                .get_typed::<LonghornReplica>(name)
+                .map(|r| r.map(|r| r.metadata.created)),
+            InstanceKind::EngineFrontend => state
+                .get_typed::<LonghornEngineFrontend>(name)
+                .map(|r| r.map(|r| r.metadata.created)),
+        }
+        .map_err(LonghornError::State)?;
+        // RFC 3339 in UTC with the same precision: ordered as text
+        Ok(match created {
+            Some(c) if st.metadata.updated < c => None,
+            _ => Some(st.spec),
+        })
     }
 
     pub(super) fn local_replica(&self, name: &str) -> Option<LonghornReplica> {

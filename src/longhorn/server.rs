@@ -571,12 +571,7 @@ impl Longhorn {
     }
 
     fn observed(&self, name: &str, kind: InstanceKind) -> Result<Observed, LonghornError> {
-        let status = self
-            .state()
-            .get_typed::<LonghornInstanceStatus>(name)
-            .map_err(LonghornError::State)?
-            .map(|s| s.spec)
-            .filter(|s| s.kind == kind);
+        let status = self.fresh_status(name)?.filter(|s| s.kind == kind);
         Ok(Observed {
             state: status.as_ref().map_or(InstanceState::Starting, |s| s.state),
             status,
