@@ -843,15 +843,23 @@ async fn crashed_in_revert(spdk_dir: &Path, node: &mut Node, mut p: Producer, s:
     let t = std::time::Instant::now();
     while t.elapsed() < Duration::from_secs(3) {
         let mut reverted = Vec::new();
+        let mut seen = Vec::new();
         for k in 0..2 {
-            if member(&node.spdk, p.raid(), &p.head(k)).await.is_some() {
+            if let Some(m) = member(&node.spdk, p.raid(), &p.head(k)).await {
                 let of = parent(node, &p.head(k)).await;
-                reverted.push(of.is_some_and(|o| o.ends_with("s1")));
+                reverted.push(of.as_ref().is_some_and(|o| o.ends_with("s1")));
+                seen.push(format!("member {m}: {} of {of:?}", p.head(k)));
             }
         }
         assert!(
             reverted.len() < 2 || reverted[0] == reverted[1],
-            "{what}: after talon was killed at {point}, the raid1 serves one head reverted and one not"
+            "{what}: after talon was killed at {point}, the raid1 serves one head reverted and one not: \
+             {seen:?}; raid {:?}\n{}",
+            Inventory::load(&node.spdk)
+                .await
+                .ok()
+                .and_then(|i| i.raid(p.raid()).cloned()),
+            node.log_tail()
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
