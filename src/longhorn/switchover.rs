@@ -106,15 +106,13 @@ impl Longhorn {
                     r => r.map_err(|e| in_phase(&what, phase, e))?,
                 },
                 Step::Promote { new, old, path } => {
-                    let ready = match path {
-                        true => self.path_live_within(ef.id(), &new, PROMOTE_PATH_WAIT).await,
-                        false => Ok(()),
+                    let promoted = async {
+                        if path {
+                            self.path_live_within(ef.id(), &new, PROMOTE_PATH_WAIT).await?;
+                        }
+                        self.engine_ana(&new, AnaState::Optimized).await
                     };
-                    let promoted = match ready {
-                        Ok(()) => self.engine_ana(&new, AnaState::Optimized).await,
-                        Err(e) => Err(e),
-                    };
-                    if let Err(e) = promoted {
+                    if let Err(e) = promoted.await {
                         // the old one serves again; the next promoting demotes it first
                         if let Err(x) = self.engine_ana(&old, AnaState::Optimized).await {
                             tracing::warn!(

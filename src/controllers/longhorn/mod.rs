@@ -799,7 +799,7 @@ impl LonghornController {
             .transpose()?;
         let (v, h, d) = (volume.clone(), host.clone(), data_dir.clone());
         let opts = connect_options(&f.spec);
-        let nqn = target.nqn.clone();
+        let (path_opts, nqn) = (opts.clone(), target.nqn.clone());
         let (attached, paths) = tokio::task::spawn_blocking(move || {
             let a = nvme_tcp::attach(&h, &d, &v, &target, &opts)?;
             crate::attach::devpath::create_in(&h, DEV_DIR, &v, &a.device, a.dev)?;
@@ -820,8 +820,10 @@ impl LonghornController {
                     trsvcid: sa.port(),
                     nqn: nqn.clone(),
                 };
-                let (opts, v) = (connect_options(&f.spec), volume.clone());
-                tokio::task::spawn_blocking(move || nvme_tcp::connect_path(&host, &data_dir, &v, &t, &opts))
+                let v = volume.clone();
+                tokio::task::spawn_blocking(move || {
+                    nvme_tcp::connect_path(&host, &data_dir, &v, &t, &path_opts)
+                })
             });
             if let paths::Look::Failed(e) = look {
                 message = format!("the switch-over's new path: {e}");
