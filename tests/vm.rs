@@ -104,7 +104,9 @@ fn longhorn_client() {
 /// - `delete TYPE NAME [cleanup]`: InstanceDelete, then gone from InstanceGet; `LH gone=NAME`;
 /// - `switchover NAME IP:PORT ENGINE PHASE`: InstanceSwitchOverTarget of engine-frontend NAME;
 ///   `LH switched=PHASE`, or `LH failed=<code>: <message>` (the manager asks again);
-/// - `get TYPE NAME`: InstanceGet; `LH engine=<engine> active=<active path> paths=<ip:port/ana,..>`.
+/// - `get TYPE NAME`: InstanceGet; `LH engine=<engine> active=<active path> paths=<ip:port/ana,..>`;
+/// - `up`: whether the node's instance service takes a connection now (one try, 2 s at most):
+///   `LH up=yes|no`.
 async fn longhorn_call(base: std::net::SocketAddr, args: &[String]) {
     use std::time::{Duration, Instant};
     use talon::proto::imrpc::{
@@ -286,6 +288,15 @@ async fn longhorn_call(base: std::net::SocketAddr, args: &[String]) {
                 s.active_path,
                 paths.join(",")
             );
+        }
+        "up" => {
+            let url = format!("http://{}:{}", base.ip(), base.port() + 3);
+            let endpoint = Channel::from_shared(url).expect("url");
+            let up = matches!(
+                tokio::time::timeout(Duration::from_secs(2), endpoint.connect()).await,
+                Ok(Ok(_))
+            );
+            println!("LH up={}", if up { "yes" } else { "no" });
         }
         other => panic!("unknown operation {other:?}"),
     }

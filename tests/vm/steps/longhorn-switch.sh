@@ -47,14 +47,71 @@ crash() {
 	say "talon of the frontend's node killed after $1; started again"
 	serve
 }
+# the kernel's ANA state of its path to $1 (ip:port), as the guest's NVMe multipath sees it
+ana_of() {
+	for c in /sys/class/nvme/nvme*; do
+		case "$(cat $c/address 2>/dev/null)" in
+		*traddr=${1%:*},trsvcid=${1#*:}*)
+			for p in $c/nvme*c*n*/ana_state; do
+				[ -f $p ] && cat $p && return
+			done
+			;;
+		esac
+	done
+	echo none
+}
+# the host's talon of node $1 (A or B, at $2) killed (SIGKILL) and started again by the host's
+# watcher (longhorn-switch.host, on this line of the console); its spdk_tgt keeps serving. Waits
+# until it was seen down and is up again, then until it had time to apply its state.
+host_crash() {
+	echo "@@ LHS KILL $1"
+	t=$(now_ms)
+	n=0
+	until [ "$(lh $2 up)" = no ]; do
+		n=$((n + 1))
+		[ $n -lt 40 ] || { say "FAIL the talon of node $1 was not seen down"; return 1; }
+	done
+	n=0
+	until [ "$(lh $2 up)" = yes ]; do
+		n=$((n + 1))
+		[ $n -lt 120 ] || { say "FAIL the talon of node $1 is not up again"; return 1; }
+		sleep 0.5
+	done
+	sleep 5
+	say "talon of node $1 killed after $3; up again $(($(now_ms) - t)) ms later (+5 s)"
+}
+# the kernel's ANA state of the path to $1 is $2 (within 6 s: the kernel reads the ANA log on the
+# target's notice)
+ana_is() {
+	for _ in 1 2 3 4 5 6 7 8 9 10 11 12; do
+		got=$(ana_of $1)
+		[ "$got" = "$2" ] && return 0
+		sleep 0.5
+	done
+	say "FAIL $3: the path to $1 is $got, not $2"
+	return 1
+}
 # move the engine-frontend to engine $1 at $2: the three phases, each asked again until it
-# passes; with $3 = crash, the guest's talon is killed after preparing and after switching
+# passes. With $3 = crash, the guest's talon is killed after preparing and after switching; with
+# $3 = hostcrash, the new engine's node's talon (node $4 at $5) after preparing and the old
+# engine's (node $6 at $7, its engine at $8) after switching: the kernel's paths keep the ANA
+# states the phases set (the restarted talon applies its engine's, never optimized anew).
 move() {
 	for phase in preparing switching promoting; do
 		if [ "${3:-}" = crash ] && [ $phase != preparing ]; then
 			crash "$last"
 			lh 127.0.0.1 get engine-frontend $VOL-ef-0 >/dev/null
 			grep -q "^LH engine=$OLD " $D/call.out || { say "FAIL after the restart: $(grep '^LH' $D/call.out)"; return 1; }
+		fi
+		if [ "${3:-}" = hostcrash ] && [ $phase = switching ]; then
+			host_crash $4 $5 $last || return 1
+			ana_is $2 non-optimized "node $4 restarted after preparing" || return 1
+			ana_is $8 optimized "node $4 restarted after preparing" || return 1
+		fi
+		if [ "${3:-}" = hostcrash ] && [ $phase = promoting ]; then
+			host_crash $6 $7 $last || return 1
+			ana_is $8 inaccessible "node $6 restarted after switching" || return 1
+			ana_is $2 non-optimized "node $6 restarted after switching" || return 1
 		fi
 		last=$phase
 		t0=$(now_ms)
@@ -70,6 +127,7 @@ move() {
 	G=$(lh 127.0.0.1 get engine-frontend $VOL-ef-0)
 	say "frontend after the move: $(grep '^LH engine' $D/call.out)"
 	grep -q "^LH engine=$1 active=$2 " $D/call.out || { say "FAIL the frontend does not report $1 at $2"; return 1; }
+	ana_is $2 optimized "after the move" || return 1
 }
 fatal() {
 	say "FAIL $*"
@@ -130,6 +188,15 @@ move $VOL-e-2 $A:$E2 crash || fatal "the move back to node A"
 say "moved back to node A: $(($(now_ms) - T1)) ms; paths: $(ctrls | tr '\n' ' ')"
 sleep 3
 
+T2=$(now_ms)
+E3=$(lh $B engine $VOL-e-3 $VOL $SIZE $MAP)
+[ -n "$E3" ] || fatal "engine e-3 on node B"
+OLD=$VOL-e-2
+move $VOL-e-3 $B:$E3 hostcrash B $B A $A $A:$E2 || fatal "the move to node B with the engine nodes' talons killed"
+[ "$(lh $A delete engine $VOL-e-2 cleanup)" = $VOL-e-2 ] || fatal "deleting e-2"
+say "moved to node B again: $(($(now_ms) - T2)) ms; paths: $(ctrls | tr '\n' ' ')"
+sleep 3
+
 # interrupted, fio exits non-zero; the job's error and its verify messages say how it went
 kill -INT $FIO
 wait $FIO
@@ -154,7 +221,7 @@ DEV1=$(stat -L -c %t:%T $EP)
 [ "$(lh 127.0.0.1 delete engine-frontend $VOL-ef-0)" = $VOL-ef-0 ] || { say "FAIL delete of the engine-frontend"; fail=1; }
 [ -z "$(ctrls)" ] || { say "FAIL controllers left after the delete: $(ctrls)"; fail=1; }
 [ $fail = 0 ] && R=ok || R=failed
-echo "LHS_RESULT $R moves=2 fio_error=${ERR:-?} verified_bytes=${RB:-?} longest_io_ns=${MAX:-?} iops=${IOPS:-?} pattern=$P1"
+echo "LHS_RESULT $R moves=3 fio_error=${ERR:-?} verified_bytes=${RB:-?} longest_io_ns=${MAX:-?} iops=${IOPS:-?} pattern=$P1"
 kill $PID 2>/dev/null
 wait $PID 2>/dev/null
 [ $fail = 0 ] || tail -30 $D/serve.log
