@@ -45,8 +45,7 @@ use crate::spdk::SpdkClient;
 use crate::spdk::naming::longhorn as naming;
 use crate::spdk::rpc::LvolStoreRef;
 use crate::spdk::volume::{
-    EngineNames, EnginePlan, Export, ExportSpec, Inventory, NewSubsystem, RemoteAttach, TakeDown,
-    VolumeError, VolumeOps,
+    EnginePlan, Export, ExportSpec, Inventory, NewSubsystem, RemoteAttach, TakeDown, VolumeError, VolumeOps,
 };
 
 use crate::resources::engine::SPDK_STATUS_ID;
@@ -67,17 +66,6 @@ const PATH_POLL: Duration = Duration::from_millis(500);
 /// A rebuild cap whose rebuild was never seen running is lifted this long
 /// after it was set (SPDK reports the rebuild a moment after the add).
 const CAP_GRACE: Duration = Duration::from_secs(10);
-
-/// Longhorn's ANA state of an engine in SPDK's words.
-fn spdk_ana(a: crate::resources::longhorn::AnaState) -> crate::spdk::rpc::AnaState {
-    use crate::resources::longhorn::AnaState as Lh;
-    use crate::spdk::rpc::AnaState as Spdk;
-    match a {
-        Lh::Optimized => Spdk::Optimized,
-        Lh::NonOptimized => Spdk::NonOptimized,
-        Lh::Inaccessible => Spdk::Inaccessible,
-    }
-}
 
 /// Realizes Longhorn's instances.
 #[derive(Debug)]
@@ -129,6 +117,7 @@ struct LookedUp {
 const ADDRESS_AGE: Duration = Duration::from_secs(1);
 
 mod caps;
+mod desired;
 mod error;
 mod ledger;
 mod members;
@@ -258,62 +247,7 @@ fn chain(e: &crate::spdk::ClientError) -> String {
     crate::util::error_chain(e)
 }
 
-/// How an engine is served: its names in SPDK (Longhorn's) and its
-/// export, for its assembly and its thin rebuild's switch alike.
-pub(super) struct Serving {
-    names: EngineNames,
-    spec: ExportSpec,
-}
-
-impl Serving {
-    /// Engine `engine` of `volume`: raid1 `<engine>`, exported as
-    /// `naming::volume_nqn(volume)` with namespace id `volume-<volume>`.
-    /// Its listener is added in ANA state `ana`.
-    fn of(
-        engine: &ObjectName,
-        volume: &ObjectName,
-        spec: ExportSpec,
-        ana: crate::spdk::rpc::AnaState,
-    ) -> Result<Self, InstanceError> {
-        Ok(Self {
-            names: EngineNames {
-                raid: engine.as_str().to_owned(),
-                placeholder: format!("{}lh-{engine}-", crate::spdk::naming::NULL_PREFIX),
-                nqn: naming::volume_nqn(volume)?,
-                ns_uuid: naming::namespace_id(&format!("volume-{volume}")),
-                subsystem: NewSubsystem {
-                    model: "talon-longhorn-engine".into(),
-                    serial: None,
-                    ana: true,
-                    // its own controller IDs: a host that connects to two
-                    // engines of the volume (a move) sees no duplicate
-                    cntlid: Some(shared::engine_cntlid(engine.as_str())),
-                    listener_ana: Some(ana),
-                },
-            },
-            spec,
-        })
-    }
-
-    /// The export's subsystem.
-    fn nqn(&self) -> &Nqn {
-        &self.names.nqn
-    }
-
-    /// The plan that serves the engine from `slots` (see [`EnginePlan`]);
-    /// `bare`: its one replica's lvol, no raid1.
-    fn plan(&self, slots: Vec<Option<String>>, bare: bool) -> EnginePlan<'_> {
-        EnginePlan {
-            volume: &self.names.raid,
-            names: &self.names,
-            slots,
-            bare,
-            geometry: None,
-            superblock: None,
-            spec: &self.spec,
-        }
-    }
-}
+use desired::{Assembly, Member, Serving};
 
 impl LonghornController {
     /// Serves engine `plan` (see [`VolumeOps::serve_engine`]): returns the
@@ -474,28 +408,25 @@ impl LonghornController {
         Ok(())
     }
 
-    /// The member bdevs of an engine, in `replicaAddressMap` order: a local
-    /// replica's lvol, or a remote replica attached over NVMe/TCP. Members
-    /// that cannot be reached are listed in the second value.
-    async fn members(
+    /// The bdevs of an engine's `members` (see [`desired::assembly`]), in
+    /// order: a local replica's lvol, or a remote replica attached over
+    /// NVMe/TCP. Members that cannot be reached are added to `missing`.
+    async fn member_bdevs(
         &self,
         inv: &Inventory,
         engine: &str,
-        e: &LonghornEngine,
-        local: &BTreeMap<String, LonghornReplica>,
-    ) -> (Vec<String>, Vec<String>) {
+        members: &[Member],
+        missing: &mut Vec<String>,
+    ) -> Vec<String> {
         let mut bdevs = Vec::new();
-        let mut missing = Vec::new();
-        for (replica, address) in &e.replica_address_map {
-            if let Some(r) = local.get(replica) {
-                let alias = naming::replica_alias(&r.disk, replica);
-                if inv.lvols.contains_key(&alias) {
-                    bdevs.push(alias);
-                } else {
-                    missing.push(format!("local replica {replica}: lvol {alias} is missing"));
+        for m in members {
+            let (replica, address) = match m {
+                Member::Local { alias, .. } => {
+                    bdevs.push(alias.clone());
+                    continue;
                 }
-                continue;
-            }
+                Member::Remote { replica, address } => (replica, address),
+            };
             match self.attach_remote(inv, replica, address).await {
                 Ok(b) => bdevs.push(b),
                 // an engine there holds it directly: named, asked to share
@@ -510,7 +441,7 @@ impl LonghornController {
                 }),
             }
         }
-        (bdevs, missing)
+        bdevs
     }
 
     /// Remote replica `replica` at `address` as a member: see
@@ -541,46 +472,24 @@ impl LonghornController {
         prev: Option<&LonghornInstanceStatus>,
         current: &BTreeSet<String>,
     ) -> Result<LonghornInstanceStatus, InstanceError> {
-        let name = ObjectName::parse("engine", e.id())?;
-        let volume = ObjectName::parse("volume", &e.spec.volume)?;
         let addr: IpAddr = self.instance_ip(node)?;
+        let serving = Serving::of(e.id(), &e.spec, self.export_spec(node, addr, e.spec.port))?;
+        let name = serving.names.raid.clone();
         let left = self.drop_removed(inv, e, local.direct, prev).await;
-        let ana = spdk_ana(e.spec.ana_state);
-        let serving = Serving::of(&name, &volume, self.export_spec(node, addr, e.spec.port), ana)?;
-        let raid = inv
-            .raid(name.as_str())
-            .map(|r| r.uuid.clone().unwrap_or_default());
-        let plan = match raid {
-            // it serves: the rebuilds and removals below change its members
-            Some(_) => serving.plan(Vec::new(), false),
-            None => {
-                // only the members the ledger says are current: one that
-                // left the raid1 (missed writes) or whose rebuild was not
-                // seen to end (may hold half a rebuild) stays out, and
-                // Longhorn sees it ERR (see `ledger`)
-                let mut spec = e.spec.clone();
-                spec.replica_address_map
-                    .retain(|r, _| current.contains(r) && !e.spec.failed_replicas.contains(r));
-                let (members, missing) = self.members(&*inv, name.as_str(), &spec, local.direct).await;
-                if !missing.is_empty() || members.is_empty() {
+        let ana = desired::spdk_ana(e.spec.ana_state);
+        let raid = inv.raid(&name).map(|r| r.uuid.clone().unwrap_or_default());
+        let plan = match desired::assembly(&name, &e.spec, serving.nqn(), current, local.direct, inv) {
+            Assembly::Serving => serving.plan(Vec::new(), false),
+            Assembly::Make {
+                members,
+                mut missing,
+                bare,
+            } => {
+                let bdevs = self.member_bdevs(&*inv, &name, &members, &mut missing).await;
+                if !missing.is_empty() || bdevs.is_empty() {
                     return Err(InstanceError::WaitingForReplicas(missing));
                 }
-                // one member of several (the others held out, or not given
-                // by the manager, which makes an engine over the replicas it
-                // sees running): a raid1 still, so the others can be rebuilt
-                // into it (Longhorn's ReplicaAdd; a bare engine refuses it);
-                // its second slot is empty (held by a placeholder while it is
-                // made). Only an engine that already serves its one lvol bare
-                // (made so before) stays so.
-                let served_bare = inv
-                    .subsystem(serving.nqn().as_str())
-                    .is_some_and(|s| !s.namespaces.is_empty());
-                let bare = served_bare && members.len() == 1 && e.spec.replica_address_map.len() == 1;
-                let mut slots: Vec<Option<String>> = members.into_iter().map(Some).collect();
-                if slots.len() == 1 && !bare {
-                    slots.push(None);
-                }
-                serving.plan(slots, bare)
+                serving.plan(Assembly::slots(bdevs, bare), bare)
             }
         };
         let bdev = self.serve_plan(inv, &plan).await?;

@@ -314,16 +314,10 @@ impl LonghornController {
             let Some(lvol_uuid) = inv.lvols.get(&alias).map(|l| l.uuid.clone()) else {
                 continue;
             };
-            let (Ok(engine), Ok(volume), Ok(addr)) = (
-                ObjectName::parse("engine", e.id()),
-                ObjectName::parse("volume", &e.spec.volume),
-                self.instance_ip(node),
-            ) else {
+            let Ok(addr) = self.instance_ip(node) else {
                 continue;
             };
-            let ana = super::spdk_ana(e.spec.ana_state);
-            let Ok(serving) =
-                super::Serving::of(&engine, &volume, self.export_spec(node, addr, e.spec.port), ana)
+            let Ok(serving) = super::Serving::of(e.id(), &e.spec, self.export_spec(node, addr, e.spec.port))
             else {
                 continue;
             };
