@@ -429,3 +429,37 @@ fn controllers_never_use_the_longhorn_adapter() {
     }
     assert!(uses.is_empty(), "controllers use the Longhorn adapter: {uses:#?}");
 }
+
+/// Issue 51: the Longhorn transform (`controllers/longhorn/desired.rs`: a
+/// Longhorn engine's names, members and assembly, which replicas this node
+/// serves or holds, the statuses of what was done) decides and never acts:
+/// no async code, no SPDK client or volume operations, no host. What it
+/// decides is carried out by the controller's other files.
+#[test]
+fn the_longhorn_transform_never_touches_spdk() {
+    let file = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/controllers/longhorn/desired.rs");
+    let text = std::fs::read_to_string(&file).expect("source");
+    let code = text.split("#[cfg(test)]\nmod tests").next().unwrap_or("");
+    let acting = [
+        "async ",
+        ".await",
+        "SpdkClient",
+        "VolumeOps",
+        "crate::host",
+        "crate::attach",
+        "tokio::",
+    ];
+    let mut found = Vec::new();
+    for (n, line) in code.lines().enumerate() {
+        let l = line.trim_start();
+        if l.starts_with("//") {
+            continue;
+        }
+        for a in acting {
+            if l.contains(a) {
+                found.push(format!("{}:{}: {} ({a})", file.display(), n + 1, l));
+            }
+        }
+    }
+    assert!(found.is_empty(), "the Longhorn transform acts: {found:#?}");
+}
