@@ -182,6 +182,13 @@ impl Freezes {
     /// again (its listener added optimized) of an engine set otherwise.
     /// Returns how many it set (0 for an export that is not there).
     pub async fn thaw_leftover(&self, client: &SpdkClient, nqn: &str) -> Result<usize, ClientError> {
+        self.set_listeners(client, nqn, false).await
+    }
+
+    /// [`Self::thaw_leftover`]; `asked`: the state it serves in was just
+    /// changed (an engine's ANA state set by its frontend's node), so the
+    /// listeners set are told as that, not as something a stop left.
+    async fn set_listeners(&self, client: &SpdkClient, nqn: &str, asked: bool) -> Result<usize, ClientError> {
         if self.holds(nqn) {
             return Ok(0);
         }
@@ -206,7 +213,11 @@ impl Freezes {
         if left.listeners.is_empty() || self.holds(nqn) {
             return Ok(0);
         }
-        tracing::warn!(%nqn, listeners = left.listeners.len(), state = want, "export's listeners are not in the state it serves in: setting them");
+        if asked {
+            tracing::info!(%nqn, listeners = left.listeners.len(), state = want, "export's listeners set to the ANA state asked");
+        } else {
+            tracing::warn!(%nqn, listeners = left.listeners.len(), state = want, "export's listeners are not in the state it serves in: setting them");
+        }
         self.thaw(client, &left).await?;
         Ok(left.listeners.len())
     }
@@ -233,10 +244,12 @@ impl ThawOnce {
     /// checked again on the next call.
     pub async fn check(&self, ops: &super::VolumeOps, nqn: &str, state: AnaState) -> Result<(), ClientError> {
         ops.freezes().serve_as(nqn, state);
-        if state == AnaState::Optimized && self.checked().get(nqn) == Some(&state) {
+        let before = self.checked().get(nqn).copied();
+        if state == AnaState::Optimized && before == Some(state) {
             return Ok(());
         }
-        match ops.freezes().thaw_leftover(ops.client(), nqn).await {
+        let asked = before.is_some_and(|b| b != state);
+        match ops.freezes().set_listeners(ops.client(), nqn, asked).await {
             Ok(_) => {
                 self.checked().insert(nqn.to_owned(), state);
                 Ok(())
