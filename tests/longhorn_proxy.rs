@@ -2992,6 +2992,121 @@ async fn real_spdk_a_replica_that_missed_writes_is_err_after_a_restart() {
     a_replica_that_missed_writes_is_err_after_a_restart(Some(&spdk)).await;
 }
 
+/// The lvstores the engine's ledger noted for its replicas of this node.
+async fn ledger_lvstores(n: &Node) -> BTreeMap<String, String> {
+    let c = talon::client::Client::connect_unix(&n.dir.path().join("run/talon.sock"))
+        .await
+        .expect("talon's API");
+    let r = c
+        .get("LonghornMemberLedger", "vol-e-0")
+        .await
+        .expect("the ledger");
+    serde_json::from_value(r.spec["lvstores"].clone()).unwrap_or_default()
+}
+
+/// Issue 51 (a check talon's own volumes had, `Trust`: a replica made now
+/// is not trusted; now the Longhorn engine's too): a replica whose disk was
+/// formatted is made again, empty, in the new lvstore, and is never served
+/// as a current member. Engine `vol-e-0` on node A over `vol-r-a` (disk-a)
+/// and `vol-r-c` (disk-c); its ledger notes each replica's lvstore. Talon and
+/// its spdk_tgt stop; disk-c's device is overwritten (as a disk replaced);
+/// started again, talon refuses disk-c, the operator formats it
+/// (`disk_format`, yesDestroyData), the controller makes `vol-r-c`'s lvol
+/// again in the new lvstore: the engine comes back over `vol-r-a` only and
+/// ReplicaList says `vol-r-c` ERR (the manager rebuilds it). Before, the
+/// raid1 was made over both, the empty lvol served RW (reads alternate:
+/// silently wrong data).
+async fn a_replica_made_again_on_a_formatted_disk_is_err_never_rw(real: &std::path::Path) {
+    let ip = IpAddr::from([127, 0, 0, 1]);
+    let mut a = Node::new(ip, free_base(&[ip]), Some(real)).await;
+    let addr_a = a.replica("disk-a", "vol-r-a", 64 * MIB).await;
+    let addr_c = a.replica("disk-c", "vol-r-c", 64 * MIB).await;
+    engine(&a, &[("vol-r-a", &addr_a), ("vol-r-c", &addr_c)], 64 * MIB, "").await;
+    let mut p = ProxyEngineServiceClient::new(a.channel(1).await);
+    let (ta, tc) = (format!("tcp://{addr_a}"), format!("tcp://{addr_c}"));
+    let sorted = |mut v: Vec<(String, i32)>| {
+        v.sort();
+        v
+    };
+    assert_eq!(
+        modes(&mut p).await,
+        sorted(vec![(ta.clone(), RW), (tc.clone(), RW)])
+    );
+    let noted = talon::runtime::testing::eventually("both lvstores noted", WAIT, || async {
+        let l = ledger_lvstores(&a).await;
+        (l.len() == 2).then_some(l)
+    })
+    .await;
+
+    a.stop().await;
+    // disk-c replaced: its device holds other data
+    let img = a.dir.path().join("disk-c.img");
+    {
+        use std::io::{Seek, Write};
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&img)
+            .expect("disk-c");
+        f.seek(std::io::SeekFrom::Start(0)).expect("seek");
+        f.write_all(&vec![0xa5u8; MIB as usize])
+            .expect("overwrite disk-c");
+        f.sync_all().expect("sync");
+    }
+    a.start().await;
+    let api = talon::client::Client::connect_unix(&a.dir.path().join("run/talon.sock"))
+        .await
+        .expect("talon's API");
+    // refused for what its device holds, then formatted by the operator
+    talon::runtime::testing::eventually("disk-c refused", WAIT, || async {
+        let r = api.get("DiskStatus", "disk-c").await.ok()?;
+        (r.spec["state"] == "failed").then_some(())
+    })
+    .await;
+    let _: serde_json::Value = api
+        .call(
+            "disk_format",
+            serde_json::json!({"name": "disk-c", "yesDestroyData": true, "wait": true}),
+        )
+        .await
+        .expect("disk-c formatted");
+    let mut p = ProxyEngineServiceClient::new(a.channel(1).await);
+    let c_err = sorted(vec![(ta.clone(), RW), (tc.clone(), ERR)]);
+    talon::runtime::testing::eventually("the engine over vol-r-a, vol-r-c ERR", WAIT, || async {
+        let mut p = p.clone();
+        (modes(&mut p).await == c_err).then_some(())
+    })
+    .await;
+    let members = raid_members(&a).await;
+    let (in_a, in_c) = (
+        is_member(&a, &members, "talon-disk-a/vol-r-a").await,
+        is_member(&a, &members, "talon-disk-c/vol-r-c").await,
+    );
+    assert!(
+        in_a && !in_c,
+        "the raid1 runs over vol-r-a only, never the empty vol-r-c: {members:?}"
+    );
+    assert_eq!(
+        ledger_of(&a).await,
+        Some(BTreeMap::from([("vol-r-a".to_owned(), 0)])),
+        "vol-r-c written out of the ledger"
+    );
+    assert_eq!(
+        ledger_lvstores(&a).await,
+        BTreeMap::from([("vol-r-a".to_owned(), noted["vol-r-a"].clone())])
+    );
+    assert_eq!(modes(&mut p).await, c_err, "still ERR a pass later");
+    a.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_spdk_a_replica_made_again_on_a_formatted_disk_is_err_never_rw() {
+    let test = "real_spdk_a_replica_made_again_on_a_formatted_disk_is_err_never_rw";
+    let Some(spdk) = spdk_dir(test) else {
+        return;
+    };
+    a_replica_made_again_on_a_formatted_disk_is_err_never_rw(&spdk).await;
+}
+
 /// A talon started again under a serving engine (spdk_tgt serving on) never
 /// lists the engine's replicas ERR before its controller has looked at the
 /// engine: statuses are not persisted, and a ReplicaList that said ERR for

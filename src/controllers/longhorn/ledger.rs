@@ -12,6 +12,9 @@
 //!        replica rebuilt (rebuildsDone = its request) and configured in the raid1 ──> in, at that request
 //!   raid1 made again ──> only the current members; any other replica is out of it: ERR
 //!                        to longhorn-manager (`longhorn::proxy`), which removes and rebuilds it
+//!   a member of this node: the lvstore of its lvol noted (seeded, noted, the raid1 serving it);
+//!        its lvol now in another lvstore (disk formatted or replaced: made again, empty)
+//!        ──> not current (`moved`): out of a raid1 made again, ERR, rebuilt
 //!   engine deleted ──> ledger destroyed; a ledger without its engine ──> destroyed
 //! ```
 //!
@@ -64,7 +67,11 @@ impl LonghornController {
 /// map, at 0, but one a `ReplicaAdd` asked for that `prev` (the status of
 /// this talon, if it ran the engine before the ledger existed) does not say
 /// was rebuilt. A new engine is what longhorn-manager says: all RW.
-pub(super) fn seed(e: &LonghornEngine, prev: Option<&LonghornInstanceStatus>) -> LonghornMemberLedger {
+pub(super) fn seed(
+    e: &LonghornEngine,
+    prev: Option<&LonghornInstanceStatus>,
+    here: &dyn Fn(&str) -> Option<String>,
+) -> LonghornMemberLedger {
     let current: BTreeMap<String, u64> = e
         .replica_address_map
         .keys()
@@ -75,11 +82,71 @@ pub(super) fn seed(e: &LonghornEngine, prev: Option<&LonghornInstanceStatus>) ->
         })
         .collect();
     let reason = format!("engine created over {}", names(current.keys()));
+    let lvstores = current
+        .keys()
+        .filter_map(|r| Some((r.clone(), here(r)?)))
+        .collect();
     LonghornMemberLedger {
         volume: e.volume.clone(),
         current,
+        lvstores,
         reason,
     }
+}
+
+/// The ledger without the `moved` members (see [`moved`]); `None` when
+/// there is none.
+pub(super) fn without_moved(
+    l: &LonghornMemberLedger,
+    moved: &BTreeMap<String, (String, String)>,
+) -> Option<LonghornMemberLedger> {
+    if moved.is_empty() {
+        return None;
+    }
+    let mut after = l.clone();
+    after.current.retain(|r, _| !moved.contains_key(r));
+    after.lvstores.retain(|r, _| !moved.contains_key(r));
+    let what: Vec<String> = moved
+        .iter()
+        .map(|(r, (noted, now))| format!("{r} (lvstore {noted}, now {now})"))
+        .collect();
+    after.reason = format!(
+        "{}: lvol made again in another lvstore (its disk formatted or replaced), holds none of the data",
+        what.join(", ")
+    );
+    Some(after)
+}
+
+/// The UUID of the lvstore replica `r`'s lvol is listed in, for a replica
+/// of this node (`local`).
+pub(super) fn lvstore_of(
+    local: &BTreeMap<String, LonghornReplica>,
+    inv: &Inventory,
+    r: &str,
+) -> Option<String> {
+    let spec = local.get(r)?;
+    let lvol = inv.lvols.get(&naming::replica_alias(&spec.disk, r))?;
+    Some(lvol.lvs.uuid.clone())
+}
+
+/// The current members of this node whose lvol is not in the lvstore the
+/// ledger noted for it (`here`: the UUID of the lvstore replica `r`'s lvol
+/// is listed in, for a replica of this node), each with the noted and the
+/// listed lvstore: its disk was formatted or replaced and its lvol made
+/// again, empty. Not current: a raid1 made again leaves it out.
+pub(super) fn moved(
+    l: &LonghornMemberLedger,
+    current: &BTreeSet<String>,
+    here: &dyn Fn(&str) -> Option<String>,
+) -> BTreeMap<String, (String, String)> {
+    current
+        .iter()
+        .filter_map(|r| {
+            let noted = l.lvstores.get(r)?;
+            let now = here(r)?;
+            (*noted != now).then(|| (r.clone(), (noted.clone(), now)))
+        })
+        .collect()
 }
 
 /// The replicas of `e`'s map the ledger says are current: the only ones a
@@ -112,6 +179,7 @@ pub(super) fn observed(
     e: &LonghornEngine,
     st: &LonghornInstanceStatus,
     raid: RaidView<'_>,
+    here: &dyn Fn(&str) -> Option<String>,
 ) -> Option<LonghornMemberLedger> {
     let mut current: BTreeMap<String, u64> = before
         .current
@@ -126,6 +194,7 @@ pub(super) fn observed(
         .collect();
     let mut left = Vec::new();
     let mut joined = Vec::new();
+    let mut served = BTreeSet::new();
     if let RaidView::Raid(raid, names_of) = raid {
         let serves = |r: &str| {
             let names = names_of(r);
@@ -144,6 +213,7 @@ pub(super) fn observed(
             }
             keep
         });
+        served.extend(current.keys().cloned());
         for (r, n) in &e.rebuild_requests {
             if e.replica_address_map.contains_key(r)
                 && !current.contains_key(r)
@@ -152,10 +222,23 @@ pub(super) fn observed(
             {
                 current.insert(r.clone(), *n);
                 joined.push(r.clone());
+                served.insert(r.clone());
             }
         }
     }
-    if current == before.current {
+    // the lvstore of each current member of this node: the one the raid1
+    // serves it from, else the one noted, else (not noted yet) the listed one
+    let lvstores: BTreeMap<String, String> = current
+        .keys()
+        .filter_map(|r| {
+            let at = match before.lvstores.get(r) {
+                Some(noted) if !served.contains(r) => Some(noted.clone()),
+                _ => here(r),
+            };
+            Some((r.clone(), at?))
+        })
+        .collect();
+    if current == before.current && lvstores == before.lvstores {
         return None;
     }
     let mut why = Vec::new();
@@ -174,9 +257,13 @@ pub(super) fn observed(
     if !joined.is_empty() {
         why.push(format!("{} rebuilt and back in the raid1", names(&joined)));
     }
+    if why.is_empty() {
+        why.push("the lvstores of its replicas here noted".to_owned());
+    }
     Some(LonghornMemberLedger {
         volume: before.volume.clone(),
         current,
+        lvstores,
         reason: why.join("; "),
     })
 }
@@ -229,6 +316,7 @@ mod tests {
         LonghornMemberLedger {
             volume: "vol".into(),
             current: current.iter().map(|(r, n)| ((*r).to_owned(), *n)).collect(),
+            lvstores: BTreeMap::new(),
             reason: String::new(),
         }
     }
@@ -275,19 +363,27 @@ mod tests {
         vec![format!("{r}n1")]
     }
 
+    /// No replica of this node.
+    fn nowhere(_: &str) -> Option<String> {
+        None
+    }
+
     /// A new engine's replicas are all current; one a ReplicaAdd asked for
     /// is current only once this talon saw its rebuild end.
     #[test]
     fn a_new_engine_is_seeded_with_its_map_less_the_replicas_still_to_rebuild() {
         let e = engine(&["r1", "r2"], &[]);
-        assert_eq!(seed(&e, None).current, ledger(&[("r1", 0), ("r2", 0)]).current);
+        assert_eq!(
+            seed(&e, None, &nowhere).current,
+            ledger(&[("r1", 0), ("r2", 0)]).current
+        );
         let e = engine(&["r1", "r2", "r3"], &[("r2", 4), ("r3", 5)]);
         let prev = running(&[("r2", 4), ("r3", 2)]);
         assert_eq!(
-            seed(&e, Some(&prev)).current,
+            seed(&e, Some(&prev), &nowhere).current,
             ledger(&[("r1", 0), ("r2", 4)]).current
         );
-        assert_eq!(seed(&e, None).current, ledger(&[("r1", 0)]).current);
+        assert_eq!(seed(&e, None, &nowhere).current, ledger(&[("r1", 0)]).current);
     }
 
     /// Current: in the map, at the number of its latest ReplicaAdd.
@@ -309,20 +405,23 @@ mod tests {
         let e = engine(&["r1", "r2"], &[]);
         let st = running(&[]);
         let all = raid(&[("r1", true), ("r2", true)], None);
-        assert_eq!(observed(&before, &e, &st, RaidView::Raid(&all, &n1)), None);
+        assert_eq!(
+            observed(&before, &e, &st, RaidView::Raid(&all, &n1), &nowhere),
+            None
+        );
         let faulted = raid(&[("r1", true), ("r2", false)], None);
-        let after = observed(&before, &e, &st, RaidView::Raid(&faulted, &n1)).expect("r2 out");
+        let after = observed(&before, &e, &st, RaidView::Raid(&faulted, &n1), &nowhere).expect("r2 out");
         assert_eq!(after.current, ledger(&[("r1", 0)]).current);
         assert!(after.reason.contains("r2 left the raid1"), "{}", after.reason);
         let gone = raid(&[("r1", true)], None);
-        let after = observed(&before, &e, &st, RaidView::Raid(&gone, &n1)).expect("r2 out");
+        let after = observed(&before, &e, &st, RaidView::Raid(&gone, &n1), &nowhere).expect("r2 out");
         assert_eq!(after.current, ledger(&[("r1", 0)]).current);
         let written = raid(&[("r1", true), ("r2", true)], Some("r2"));
-        let after = observed(&before, &e, &st, RaidView::Raid(&written, &n1)).expect("r2 out");
+        let after = observed(&before, &e, &st, RaidView::Raid(&written, &n1), &nowhere).expect("r2 out");
         assert_eq!(after.current, ledger(&[("r1", 0)]).current);
         // ReplicaRemove: out of the map, with or without a raid to look at
         let e1 = engine(&["r1"], &[]);
-        let after = observed(&before, &e1, &st, RaidView::None).expect("r2 out");
+        let after = observed(&before, &e1, &st, RaidView::None, &nowhere).expect("r2 out");
         assert_eq!(after.current, ledger(&[("r1", 0)]).current);
         assert!(
             after.reason.contains("out of the replica map"),
@@ -339,27 +438,127 @@ mod tests {
         let before = ledger(&[("r1", 0)]);
         let e = engine(&["r1", "r2"], &[("r2", 5)]);
         let both = raid(&[("r1", true), ("r2", true)], None);
-        let after = observed(&before, &e, &running(&[("r2", 5)]), RaidView::Raid(&both, &n1)).expect("r2 in");
+        let after = observed(
+            &before,
+            &e,
+            &running(&[("r2", 5)]),
+            RaidView::Raid(&both, &n1),
+            &nowhere,
+        )
+        .expect("r2 in");
         assert_eq!(after.current, ledger(&[("r1", 0), ("r2", 5)]).current);
         assert!(after.reason.contains("r2 rebuilt"), "{}", after.reason);
         assert_eq!(
-            observed(&before, &e, &running(&[("r2", 4)]), RaidView::Raid(&both, &n1)),
+            observed(
+                &before,
+                &e,
+                &running(&[("r2", 4)]),
+                RaidView::Raid(&both, &n1),
+                &nowhere
+            ),
             None
         );
         let writing = raid(&[("r1", true), ("r2", true)], Some("r2"));
         assert_eq!(
-            observed(&before, &e, &running(&[("r2", 5)]), RaidView::Raid(&writing, &n1)),
+            observed(
+                &before,
+                &e,
+                &running(&[("r2", 5)]),
+                RaidView::Raid(&writing, &n1),
+                &nowhere
+            ),
             None
         );
         assert_eq!(
-            observed(&before, &e, &running(&[("r2", 5)]), RaidView::None),
+            observed(&before, &e, &running(&[("r2", 5)]), RaidView::None, &nowhere),
             None
         );
         // faulted after it joined: out, and not back from the same rebuild
         let joined = ledger(&[("r1", 0), ("r2", 5)]);
         let faulted = raid(&[("r1", true), ("r2", false)], None);
-        let after =
-            observed(&joined, &e, &running(&[("r2", 5)]), RaidView::Raid(&faulted, &n1)).expect("r2 out");
+        let after = observed(
+            &joined,
+            &e,
+            &running(&[("r2", 5)]),
+            RaidView::Raid(&faulted, &n1),
+            &nowhere,
+        )
+        .expect("r2 out");
         assert_eq!(after.current, ledger(&[("r1", 0)]).current);
+    }
+
+    /// A member of this node is noted with its lvol's lvstore when the
+    /// ledger is seeded; one whose lvol is now listed in another lvstore
+    /// (its disk formatted or replaced) is out at once, named with both; one
+    /// of another node, or not noted (a ledger of before), never.
+    #[test]
+    fn a_member_whose_lvol_was_made_again_in_another_lvstore_is_out() {
+        let e = engine(&["r1", "r2", "r3"], &[]);
+        let first = |r: &str| (r == "r1" || r == "r3").then(|| "lvs-1".to_owned());
+        let l = seed(&e, None, &first);
+        assert_eq!(
+            l.lvstores,
+            BTreeMap::from([
+                ("r1".to_owned(), "lvs-1".to_owned()),
+                ("r3".to_owned(), "lvs-1".to_owned())
+            ])
+        );
+        let current = current_members(&l, &e);
+        assert!(moved(&l, &current, &first).is_empty());
+        assert_eq!(without_moved(&l, &BTreeMap::new()), None);
+        // r1's disk formatted: its lvol made again in a new lvstore; r3's
+        // lvol not listed (its disk not loaded yet): nothing said of it
+        let now = |r: &str| (r == "r1").then(|| "lvs-2".to_owned());
+        let m = moved(&l, &current, &now);
+        assert_eq!(
+            m,
+            BTreeMap::from([("r1".to_owned(), ("lvs-1".to_owned(), "lvs-2".to_owned()))])
+        );
+        let after = without_moved(&l, &m).expect("r1 out");
+        assert_eq!(after.current, ledger(&[("r2", 0), ("r3", 0)]).current);
+        assert_eq!(
+            after.lvstores,
+            BTreeMap::from([("r3".to_owned(), "lvs-1".to_owned())])
+        );
+        assert!(
+            after.reason.contains("r1 (lvstore lvs-1, now lvs-2)"),
+            "{}",
+            after.reason
+        );
+        // a ledger written before lvstores were noted: noted by a pass, not judged
+        let old = ledger(&[("r1", 0), ("r2", 0)]);
+        assert!(moved(&old, &current_members(&old, &e), &now).is_empty());
+    }
+
+    /// A pass notes the lvstore of a member not noted yet; a raid1 serving a
+    /// member notes the one it serves it from (a rebuilt replica's); a noted
+    /// one not served stays as noted.
+    #[test]
+    fn the_lvstores_of_members_here_are_noted_and_follow_the_raid() {
+        let e = engine(&["r1", "r2"], &[("r2", 5)]);
+        let st = running(&[("r2", 5)]);
+        let here = |r: &str| Some(format!("lvs-of-{r}"));
+        // not noted yet (a ledger of before), no raid to look at
+        let old = ledger(&[("r1", 0)]);
+        let after = observed(&old, &e, &st, RaidView::None, &here).expect("noted");
+        assert_eq!(
+            after.lvstores,
+            BTreeMap::from([("r1".to_owned(), "lvs-of-r1".to_owned())])
+        );
+        assert_eq!(after.current, old.current);
+        assert_eq!(observed(&after, &e, &st, RaidView::None, &here), None);
+        // r2 rebuilt and served: in, with the lvstore the raid1 serves it from
+        let both = raid(&[("r1", true), ("r2", true)], None);
+        let joined = observed(&after, &e, &st, RaidView::Raid(&both, &n1), &here).expect("r2 in");
+        assert_eq!(
+            joined.lvstores,
+            BTreeMap::from([
+                ("r1".to_owned(), "lvs-of-r1".to_owned()),
+                ("r2".to_owned(), "lvs-of-r2".to_owned())
+            ])
+        );
+        // noted, not served (no raid): kept as noted, whatever is listed now
+        let elsewhere = |_: &str| Some("lvs-new".to_owned());
+        assert_eq!(observed(&joined, &e, &st, RaidView::None, &elsewhere), None);
     }
 }

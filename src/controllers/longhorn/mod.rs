@@ -947,11 +947,30 @@ impl LonghornController {
         let before = match ctx.get::<LonghornMemberLedger>(e.id())? {
             Some(l) => l.spec,
             None => {
-                let l = ledger::seed(&e.spec, prev.as_ref());
+                let l = ledger::seed(&e.spec, prev.as_ref(), &|r| ledger::lvstore_of(local.all, inv, r));
                 tracing::info!(engine = e.id(), current = ?l.current, "member ledger seeded");
                 ctx.apply(e.id(), l.clone())?;
                 l
             }
+        };
+        // a replica here whose lvol was made again elsewhere (its disk
+        // formatted or replaced) holds none of the engine's data: written
+        // out of the ledger at once
+        let here = |r: &str| ledger::lvstore_of(local.all, inv, r);
+        let moved = ledger::moved(&before, &ledger::current_members(&before, &e.spec), &here);
+        let before = match ledger::without_moved(&before, &moved) {
+            Some(after) => {
+                tracing::warn!(
+                    engine = e.id(),
+                    moved = ?moved,
+                    reason = after.reason,
+                    "member ledger written: replicas whose lvol is in another lvstore than when they \
+                     were current are out, to be rebuilt"
+                );
+                ctx.apply(e.id(), after.clone())?;
+                after
+            }
+            None => before,
         };
         let current = ledger::current_members(&before, &e.spec);
         // a revert first: the raid1 is made again over the reverted heads
@@ -976,7 +995,8 @@ impl LonghornController {
             Some(raid) if st.state == InstanceState::Running => ledger::RaidView::Raid(raid, &names_of),
             _ => ledger::RaidView::None,
         };
-        if let Some(after) = ledger::observed(&before, &e.spec, &st, view) {
+        let here = |r: &str| ledger::lvstore_of(local.all, inv, r);
+        if let Some(after) = ledger::observed(&before, &e.spec, &st, view, &here) {
             tracing::info!(engine = e.id(), current = ?after.current, reason = after.reason, "member ledger written");
             ctx.apply(e.id(), after)?;
         }
