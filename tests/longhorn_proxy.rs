@@ -909,6 +909,39 @@ async fn engine_snapshots_at_once_each_land_and_a_failed_one_leaves_nothing() {
         );
     }
 
+    // the thaw after the snapshot fails (the second ANA call on A: the
+    // freeze's, then the thaw's): the snapshot fails and is kept nowhere,
+    // and the export is optimized again by the next reconcile (a multipath
+    // host's I/O stays queued while it is inaccessible)
+    double(&a).fail_nth(
+        "nvmf_subsystem_listener_set_ana_state",
+        2,
+        -32603,
+        "Internal error (injected)",
+    );
+    let e = snapshot(&mut p.clone(), "thawless")
+        .await
+        .expect_err("the thaw failed");
+    assert!(e.message().contains("thawing"), "names the thaw: {e}");
+    assert!(
+        !snapshot_lvols(&a)
+            .await
+            .iter()
+            .any(|l| l.ends_with("-snap-thawless")),
+        "A's half of the snapshot whose thaw failed was deleted"
+    );
+    assert!(
+        !snapshot_lvols(&b)
+            .await
+            .iter()
+            .any(|l| l.ends_with("-snap-thawless")),
+        "B's half of the snapshot whose thaw failed was deleted"
+    );
+    talon::runtime::testing::eventually("the export optimized again", WAIT, || async {
+        (listener_ana(&a).await == ["optimized"]).then_some(())
+    })
+    .await;
+
     // B's node gone: its replica cannot be snapshotted, so A's is not kept
     b.stop().await;
     let e = snapshot(&mut p.clone(), "lost")

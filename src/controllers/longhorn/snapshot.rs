@@ -176,6 +176,9 @@ impl LonghornController {
                 Ok(())
             }
             Err(x) => {
+                // a thaw may have failed: the export's ANA state is looked
+                // at again at the next reconcile (as talon's volumes do)
+                self.thaw_checked.forget(nqn.as_str());
                 // this node's were deleted; another node's are asked to go
                 for k in remote {
                     let (replica, address) = replicas[k];

@@ -360,12 +360,17 @@ impl VolumeOps {
                 Err(e) => err = err.or(Some(e)),
             }
         }
+        // a thaw that failed fails the snapshot too, and nothing of it is
+        // kept here (the caller retries; a copy kept from this instant and
+        // one taken at the next would not be one point in time)
+        let err = err.or(thawed
+            .err()
+            .map(rpc(&id, format!("thawing {export} after the snapshot"))));
         if let Some(e) = err {
             self.undo(taken.local.into_iter().map(|(_, a)| Made::Lvol(a)).collect())
                 .await;
             return Err(e);
         }
-        thawed.map_err(rpc(&id, format!("thawing {export} after the snapshot")))?;
         Ok(taken)
     }
 
