@@ -2915,6 +2915,27 @@ async fn restart_node(a: &mut Node) {
     running(&inst, "vol-e-0", "engine").await;
 }
 
+/// Engine `vol-e-0` on node A over two replicas of A, `vol-r-a` (disk-a)
+/// and `vol-r-c` (disk-c), with its proxy and the replicas' `tcp://` addresses.
+struct OneNode {
+    a: Node,
+    addr_c: String,
+    p: ProxyEngineServiceClient<Channel>,
+    ta: String,
+    tc: String,
+}
+
+async fn engine_over_a_and_c(real: Option<&std::path::Path>) -> OneNode {
+    let ip = IpAddr::from([127, 0, 0, 1]);
+    let a = Node::new(ip, free_base(&[ip]), real).await;
+    let addr_a = a.replica("disk-a", "vol-r-a", 64 * MIB).await;
+    let addr_c = a.replica("disk-c", "vol-r-c", 64 * MIB).await;
+    engine(&a, &[("vol-r-a", &addr_a), ("vol-r-c", &addr_c)], 64 * MIB, "").await;
+    let p = ProxyEngineServiceClient::new(a.channel(1).await);
+    let (ta, tc) = (format!("tcp://{addr_a}"), format!("tcp://{addr_c}"));
+    OneNode { a, addr_c, p, ta, tc }
+}
+
 /// Issue 51: no replica that missed writes is ever served after a restart.
 /// Engine `vol-e-0` on node A over two replicas of A (`vol-r-a`, `vol-r-c`).
 /// `vol-r-c` leaves the raid1 (as SPDK takes out a member that fails) and
@@ -2927,13 +2948,13 @@ async fn restart_node(a: &mut Node) {
 /// case: `vol-r-c` removed and added again (ReplicaAdd), rebuilt, written in
 /// at its request, stays RW over the next restart.
 async fn a_replica_that_missed_writes_is_err_after_a_restart(real: Option<&std::path::Path>) {
-    let ip = IpAddr::from([127, 0, 0, 1]);
-    let mut a = Node::new(ip, free_base(&[ip]), real).await;
-    let addr_a = a.replica("disk-a", "vol-r-a", 64 * MIB).await;
-    let addr_c = a.replica("disk-c", "vol-r-c", 64 * MIB).await;
-    engine(&a, &[("vol-r-a", &addr_a), ("vol-r-c", &addr_c)], 64 * MIB, "").await;
-    let mut p = ProxyEngineServiceClient::new(a.channel(1).await);
-    let (ta, tc) = (format!("tcp://{addr_a}"), format!("tcp://{addr_c}"));
+    let OneNode {
+        mut a,
+        addr_c,
+        mut p,
+        ta,
+        tc,
+    } = engine_over_a_and_c(real).await;
     let sorted = |mut v: Vec<(String, i32)>| {
         v.sort();
         v
@@ -3050,13 +3071,9 @@ async fn ledger_lvstores(n: &Node) -> BTreeMap<String, String> {
 /// raid1 was made over both, the empty lvol served RW (reads alternate:
 /// silently wrong data).
 async fn a_replica_made_again_on_a_formatted_disk_is_err_never_rw(real: &std::path::Path) {
-    let ip = IpAddr::from([127, 0, 0, 1]);
-    let mut a = Node::new(ip, free_base(&[ip]), Some(real)).await;
-    let addr_a = a.replica("disk-a", "vol-r-a", 64 * MIB).await;
-    let addr_c = a.replica("disk-c", "vol-r-c", 64 * MIB).await;
-    engine(&a, &[("vol-r-a", &addr_a), ("vol-r-c", &addr_c)], 64 * MIB, "").await;
-    let mut p = ProxyEngineServiceClient::new(a.channel(1).await);
-    let (ta, tc) = (format!("tcp://{addr_a}"), format!("tcp://{addr_c}"));
+    let OneNode {
+        mut a, mut p, ta, tc, ..
+    } = engine_over_a_and_c(Some(real)).await;
     let sorted = |mut v: Vec<(String, i32)>| {
         v.sort();
         v
