@@ -689,6 +689,20 @@ impl RaidBdev {
             .iter()
             .any(|b| b.is_configured && b.name.as_deref().is_some_and(&is))
     }
+
+    /// The slot of the member `names` names (by its name or its UUID) when
+    /// it is in service: configured and not written by a raid process (SPDK
+    /// marks a rebuild's target configured before its rebuild starts).
+    pub fn slot_in_service(&self, names: &[String]) -> Option<&RaidBaseBdev> {
+        if self.process.as_ref().is_some_and(|p| names.contains(&p.target)) {
+            return None;
+        }
+        self.base_bdevs_list.iter().find(|b| {
+            b.is_configured
+                && (b.name.as_ref().is_some_and(|n| names.contains(n))
+                    || b.uuid.as_ref().is_some_and(|u| names.contains(u)))
+        })
+    }
 }
 
 /// A raid's background process, as `bdev_raid_get_bdevs` reports it.
@@ -1882,6 +1896,71 @@ impl SpdkClient {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    /// A member is in service in its configured slot, by name or UUID, but
+    /// never while a rebuild writes it.
+    #[test]
+    fn a_member_a_rebuild_writes_is_not_in_service() {
+        let slot = |name: &str, uuid: &str, configured| RaidBaseBdev {
+            name: Some(name.into()),
+            uuid: Some(uuid.into()),
+            is_configured: configured,
+            data_offset: 0,
+            data_size: 0,
+        };
+        let mut raid = RaidBdev {
+            name: "vol-e-0".into(),
+            uuid: None,
+            state: "online".into(),
+            raid_level: "raid1".into(),
+            superblock: false,
+            num_base_bdevs: 3,
+            num_base_bdevs_discovered: 3,
+            num_base_bdevs_operational: 3,
+            base_bdevs_list: vec![
+                slot("talon-d/r-a", "u-a", true),
+                slot("r-bn1", "u-b", true),
+                slot("r-cn1", "u-c", false),
+            ],
+            process: None,
+        };
+        let names = |v: &[&str]| v.iter().map(|n| n.to_string()).collect::<Vec<_>>();
+        assert_eq!(
+            raid.slot_in_service(&names(&["u-a"]))
+                .and_then(|b| b.name.clone()),
+            Some("talon-d/r-a".into())
+        );
+        assert_eq!(
+            raid.slot_in_service(&names(&["r-bn1"]))
+                .and_then(|b| b.name.clone()),
+            Some("r-bn1".into())
+        );
+        assert_eq!(
+            raid.slot_in_service(&names(&["r-cn1"]))
+                .and_then(|b| b.name.clone()),
+            None,
+            "not configured"
+        );
+        raid.process = Some(RaidProcess {
+            kind: "rebuild".into(),
+            target: "r-bn1".into(),
+            progress: RaidProgress {
+                blocks: 0,
+                percent: 10,
+            },
+        });
+        assert_eq!(
+            raid.slot_in_service(&names(&["r-bn1", "u-b"]))
+                .and_then(|b| b.name.clone()),
+            None,
+            "written by a rebuild"
+        );
+        assert_eq!(
+            raid.slot_in_service(&names(&["u-a"]))
+                .and_then(|b| b.name.clone()),
+            Some("talon-d/r-a".into())
+        );
+    }
 
     #[test]
     fn lvstore_figures_that_make_no_sense_are_refused_never_overflow() {

@@ -98,7 +98,7 @@ impl Serving {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) enum Member {
     /// A replica of this node the engine claims directly: its lvol (alias).
-    Local { replica: String, alias: String },
+    Local { alias: String },
     /// Any other replica: its export at `address` (`ip:port`), attached here
     /// over NVMe/TCP.
     Remote { replica: String, address: String },
@@ -156,17 +156,12 @@ pub(super) fn assembly(
         .filter(|(r, _)| current.contains(*r) && !e.failed_replicas.contains(*r));
     let mut members = Vec::new();
     let mut missing = Vec::new();
-    let mut count = 0;
     for (replica, address) in wanted {
-        count += 1;
         match direct.get(replica) {
             Some(r) => {
                 let alias = naming::replica_alias(&r.disk, replica);
                 if inv.lvols.contains_key(&alias) {
-                    members.push(Member::Local {
-                        replica: replica.clone(),
-                        alias,
-                    });
+                    members.push(Member::Local { alias });
                 } else {
                     missing.push(format!("local replica {replica}: lvol {alias} is missing"));
                 }
@@ -185,7 +180,7 @@ pub(super) fn assembly(
     let served_bare = inv
         .subsystem(nqn.as_str())
         .is_some_and(|s| !s.namespaces.is_empty());
-    let bare = served_bare && count == 1 && e.replica_address_map.len() == 1;
+    let bare = served_bare && members.len() + missing.len() == 1 && e.replica_address_map.len() == 1;
     Assembly::Make {
         members,
         missing,
@@ -381,10 +376,7 @@ mod tests {
             a,
             Assembly::Make {
                 members: vec![
-                    Member::Local {
-                        replica: "r-a".into(),
-                        alias
-                    },
+                    Member::Local { alias },
                     Member::Remote {
                         replica: "r-b".into(),
                         address: "10.0.0.2:20000".into()

@@ -196,16 +196,7 @@ pub(super) fn observed(
     let mut joined = Vec::new();
     let mut served = BTreeSet::new();
     if let RaidView::Raid(raid, names_of) = raid {
-        let serves = |r: &str| {
-            let names = names_of(r);
-            let configured = raid.base_bdevs_list.iter().any(|b| {
-                b.is_configured
-                    && (b.name.as_ref().is_some_and(|n| names.contains(n))
-                        || b.uuid.as_ref().is_some_and(|u| names.contains(u)))
-            });
-            let written = raid.process.as_ref().is_some_and(|p| names.contains(&p.target));
-            configured && !written
-        };
+        let serves = |r: &str| raid.slot_in_service(&names_of(r)).is_some();
         current.retain(|r, _| {
             let keep = serves(r);
             if !keep {

@@ -424,7 +424,7 @@ impl LonghornController {
         let mut bdevs = Vec::new();
         for m in members {
             let (replica, address) = match m {
-                Member::Local { alias, .. } => {
+                Member::Local { alias } => {
                     bdevs.push(alias.clone());
                     continue;
                 }

@@ -120,7 +120,7 @@ impl LonghornController {
                 }
                 continue;
             }
-            if let Some(s) = in_service_slot(raid, &names) {
+            if let Some(s) = raid.slot_in_service(&names).and_then(|b| b.name.clone()) {
                 // a source of this node is read here even when its raid
                 // reaches it through its export (another engine reads it
                 // too, or read it until lately): never through this
@@ -408,82 +408,5 @@ impl ReplicaPeers for LonghornController {
             .await
             .map_err(|x| crate::util::error_chain(&x));
         crate::proto::peer::unfit_base(replica, engine, address, got)
-    }
-}
-
-/// The slot of raid1 `raid` that serves a member known by `names`, when
-/// it is in service: configured and not written by a rebuild (SPDK marks a
-/// rebuild's target configured before its rebuild starts: a half-rebuilt
-/// member is neither a thin rebuild's source nor kept by its switch).
-fn in_service_slot(raid: &crate::spdk::rpc::RaidBdev, names: &[String]) -> Option<String> {
-    if raid.process.as_ref().is_some_and(|p| names.contains(&p.target)) {
-        return None;
-    }
-    raid.base_bdevs_list
-        .iter()
-        .find(|b| {
-            b.is_configured
-                && (b.name.as_ref().is_some_and(|n| names.contains(n))
-                    || b.uuid.as_ref().is_some_and(|u| names.contains(u)))
-        })
-        .and_then(|b| b.name.clone())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// A member is in service in its configured slot, by name or UUID, but
-    /// never while a rebuild writes it.
-    #[test]
-    fn a_member_a_rebuild_writes_is_not_in_service() {
-        use crate::spdk::rpc::{RaidBaseBdev, RaidBdev, RaidProcess, RaidProgress};
-        let slot = |name: &str, uuid: &str, configured| RaidBaseBdev {
-            name: Some(name.into()),
-            uuid: Some(uuid.into()),
-            is_configured: configured,
-            data_offset: 0,
-            data_size: 0,
-        };
-        let mut raid = RaidBdev {
-            name: "vol-e-0".into(),
-            uuid: None,
-            state: "online".into(),
-            raid_level: "raid1".into(),
-            superblock: false,
-            num_base_bdevs: 3,
-            num_base_bdevs_discovered: 3,
-            num_base_bdevs_operational: 3,
-            base_bdevs_list: vec![
-                slot("talon-d/r-a", "u-a", true),
-                slot("r-bn1", "u-b", true),
-                slot("r-cn1", "u-c", false),
-            ],
-            process: None,
-        };
-        let names = |v: &[&str]| v.iter().map(|n| n.to_string()).collect::<Vec<_>>();
-        assert_eq!(
-            in_service_slot(&raid, &names(&["u-a"])),
-            Some("talon-d/r-a".into())
-        );
-        assert_eq!(in_service_slot(&raid, &names(&["r-bn1"])), Some("r-bn1".into()));
-        assert_eq!(in_service_slot(&raid, &names(&["r-cn1"])), None, "not configured");
-        raid.process = Some(RaidProcess {
-            kind: "rebuild".into(),
-            target: "r-bn1".into(),
-            progress: RaidProgress {
-                blocks: 0,
-                percent: 10,
-            },
-        });
-        assert_eq!(
-            in_service_slot(&raid, &names(&["r-bn1", "u-b"])),
-            None,
-            "written by a rebuild"
-        );
-        assert_eq!(
-            in_service_slot(&raid, &names(&["u-a"])),
-            Some("talon-d/r-a".into())
-        );
     }
 }
