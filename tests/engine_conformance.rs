@@ -731,8 +731,10 @@ async fn snapshots_under_writes(spdk_dir: &Path, node: &Node, mut p: Producer, s
 ///   the snapshot asked again       (Longhorn: VolumeSnapshot s1 again, as a
 ///                                   retrying manager would; talon: the request
 ///                                   it persisted is carried out)
-///   s1 on both replicas            one checksum: one instant (before b
-///                                   when it was taken before the kill)
+///   s1 on both replicas            one checksum: one instant (talon's:
+///                                   before b when it was taken before the
+///                                   kill; Longhorn's, its call cut by the
+///                                   kill, undone and taken again: after b)
 /// ```
 async fn crashed_in_snapshot(spdk_dir: &Path, node: &mut Node, mut p: Producer, s: Served, point: &str) {
     let what = p.what();
@@ -787,9 +789,12 @@ async fn crashed_in_snapshot(spdk_dir: &Path, node: &mut Node, mut p: Producer, 
         s1[0], s1[1],
         "{what}: s1 holds other data on replica 0 than on replica 1 after talon was killed at {point}"
     );
-    // a snapshot now holds b, one instant too; s1 taken before the kill
-    // (`snapshot-taken`) is the instant before b: it differs. One the kill
-    // cut before it was taken is taken after the restart, before or after b
+    // a snapshot now holds b, one instant too. talon's s1 taken before the
+    // kill (`snapshot-taken`) is the instant before b, kept: it differs. A
+    // Longhorn take the kill cut before its call answered is undone on
+    // every replica (its record outlived the kill) and taken again when the
+    // manager asks again: after b. One the kill cut before it was taken is
+    // taken after the restart, before or after b
     p.snapshot("s2").await;
     let s2 = p.snapshot_checksums(node, "s2").await;
     assert_eq!(
@@ -797,10 +802,16 @@ async fn crashed_in_snapshot(spdk_dir: &Path, node: &mut Node, mut p: Producer, 
         "{what}: s2 holds other data on replica 0 than on replica 1"
     );
     if point == "snapshot-taken" {
-        assert_ne!(
-            s2[0], s1[0],
-            "{what}: s1, taken before the kill, holds b, written after the restart"
-        );
+        match p {
+            Producer::Talon { .. } => assert_ne!(
+                s2[0], s1[0],
+                "{what}: s1, taken before the kill, holds b, written after the restart"
+            ),
+            Producer::Longhorn { .. } => assert_eq!(
+                s2[0], s1[0],
+                "{what}: s1, cut by the kill before its call answered, was kept rather than taken again"
+            ),
+        }
     }
 }
 

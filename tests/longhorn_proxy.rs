@@ -3350,3 +3350,95 @@ on_the_double_and_real!(
     a_replica_set_err_by_the_manager_leaves_the_raid_until_rebuilt_on_the_double,
     real_spdk_a_replica_set_err_by_the_manager_leaves_the_raid_until_rebuilt
 );
+
+/// The UUID of lvol `alias` on node `n`'s target, if it is there.
+async fn lvol_uuid(n: &Node, alias: &str) -> Option<String> {
+    talon::spdk::volume::Inventory::load(&n.spdk)
+        .await
+        .expect("inventory")
+        .lvols
+        .get(alias)
+        .map(|l| l.uuid.clone())
+}
+
+/// Issue 51: talon killed in an engine snapshot once this node's replica is
+/// snapshotted, the other node's call not answered (`snapshot-local-taken`),
+/// leaves here a copy of that instant. Kept by a retry of the snapshot, as
+/// it was, it sat beside a copy of a later instant on the other node: one
+/// snapshot whose replicas differ, and a revert to it a raid1 over differing
+/// heads. The talon started again deletes what the cut take left on both
+/// nodes (its record outlived the kill) and refuses the name until no copy
+/// of it can land any more; the manager's retry then takes both anew.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_spdk_a_snapshot_cut_by_a_kill_is_deleted_on_both_nodes_and_taken_anew() {
+    let test = "real_spdk_a_snapshot_cut_by_a_kill_is_deleted_on_both_nodes_and_taken_anew";
+    let Some(spdk) = spdk_dir(test) else {
+        return;
+    };
+    let (ip_a, ip_b) = (IpAddr::from([127, 0, 0, 1]), IpAddr::from([127, 0, 0, 2]));
+    let base = free_base(&[ip_a, ip_b]);
+    let mut a = Node::spawned(ip_a, base, &spdk, "0x1", "").await;
+    let mut b = Node::new(ip_b, base, Some(&spdk)).await;
+    let addr_a = a.replica("disk-a", "vol-r-a", 64 * MIB).await;
+    let addr_b = b.replica("disk-b", "vol-r-b", 64 * MIB).await;
+    engine(&a, &[("vol-r-a", &addr_a), ("vol-r-b", &addr_b)], 64 * MIB, "").await;
+    let (on_a, on_b) = ("talon-disk-a/vol-r-a-snap-s1", "talon-disk-b/vol-r-b-snap-s1");
+
+    // armed: killed with A's copy made
+    a.stop().await;
+    a.set_failpoint(Some("snapshot-local-taken"));
+    a.start().await;
+    running(
+        &InstanceServiceClient::new(a.channel(3).await),
+        "vol-e-0",
+        "engine",
+    )
+    .await;
+    let asked = snapshot(&mut ProxyEngineServiceClient::new(a.channel(1).await), "s1").await;
+    assert!(
+        a.killed_itself(WAIT).await,
+        "talon did not reach snapshot-local-taken (the call said {asked:?})\n{}",
+        a.log_tail()
+    );
+    let stale = lvol_uuid(&a, on_a).await.expect("A's copy made before the kill");
+
+    // started again: the manager asks for s1 again until it is taken
+    a.set_failpoint(None);
+    a.start().await;
+    running(
+        &InstanceServiceClient::new(a.channel(3).await),
+        "vol-e-0",
+        "engine",
+    )
+    .await;
+    let mut p = ProxyEngineServiceClient::new(a.channel(1).await);
+    let t = std::time::Instant::now();
+    let mut refused = Vec::new();
+    loop {
+        match snapshot(&mut p, "s1").await {
+            Ok(_) => break,
+            Err(e) if t.elapsed() < Duration::from_secs(60) => {
+                refused.push(e.message().to_owned());
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+            Err(e) => panic!("s1 refused for 60 s after the restart: {e}\n{}", a.log_tail()),
+        }
+    }
+    eprintln!(
+        "{test}: s1 taken again {:?} after the restart; refused before: {:?}",
+        t.elapsed(),
+        refused.last()
+    );
+    let now = lvol_uuid(&a, on_a).await.expect("A's copy of s1");
+    assert_ne!(
+        now, stale,
+        "A's copy of s1 from the cut take was kept: another instant than B's"
+    );
+    assert!(lvol_uuid(&b, on_b).await.is_some(), "B's copy of s1");
+    assert_eq!(
+        modes(&mut p).await,
+        vec![(format!("tcp://{addr_a}"), RW), (format!("tcp://{addr_b}"), RW)]
+    );
+    a.stop().await;
+    b.stop().await;
+}

@@ -885,6 +885,62 @@ impl Spec for LonghornMemberLedger {
     const NAMESPACE: &'static str = "ledger";
 }
 
+/// A snapshot of an engine being taken (id: `<engine>@<snapshot>`),
+/// persisted: written before the engine's export is frozen, destroyed once
+/// the take has answered (its copies kept on every replica in service, or
+/// deleted from every one). One found at the start of a pass was left by a
+/// talon that stopped in between, or by a failed take whose copies could
+/// not all be deleted: its copies may be of two instants (this node's, made
+/// inside the freeze, and another node's that may still land after it, for
+/// up to the remote call's time-out). They are deleted on every replica it
+/// names, again at each pass until [`Self::settled_ms`] has passed, before
+/// a snapshot of that name is taken again.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct LonghornSnapshotTake {
+    /// The engine.
+    pub engine: String,
+    /// The Longhorn snapshot name.
+    pub snapshot: String,
+    /// This node's replicas taken -> their disk.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub local: BTreeMap<String, String>,
+    /// Other nodes' replicas taken -> their address (`ip:port`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub remote: BTreeMap<String, String>,
+    /// When the take began, milliseconds since the Unix epoch.
+    pub began_ms: u64,
+    /// When no copy of it can land any more (a remote node's call has timed
+    /// out), milliseconds since the Unix epoch: a clean-up done after this is
+    /// the last.
+    pub settled_ms: u64,
+    /// What the last clean-up left, in words (empty: none ran yet, or it
+    /// left nothing).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub left: String,
+    /// After a clean-up that left something: when the next may run,
+    /// milliseconds since the Unix epoch (a node that does not answer holds
+    /// a pass up to its connect time-out; 0: at the next pass).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub next_ms: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+impl LonghornSnapshotTake {
+    /// The id of engine `engine`'s take of `snapshot`.
+    pub fn id(engine: &str, snapshot: &str) -> String {
+        format!("{engine}@{snapshot}")
+    }
+}
+
+impl Spec for LonghornSnapshotTake {
+    const TYPE: &'static str = "LonghornSnapshotTake";
+    const NAMESPACE: &'static str = "ledger";
+}
+
 /// A snapshot clone into an engine of this node (id: the engine), persisted
 /// (`SnapshotClone`): written when the copy starts, its outcome when it
 /// ends. After a restart of talon `SnapshotCloneStatus` reports a finished

@@ -7,7 +7,7 @@
 //! | `host` | HugepagesSpec, HugepagesStatus, KernelModuleStatus, PciDevice, PciBindingStatus, HostCapabilities |
 //! | `engine` | BackupStatus, LonghornRestoreStatus, TargetStatus, DiskStatus, OrphanLvol, ReplicaStatus, EngineStatus, LonghornInstanceStatus, RebuildDest, RebuildDestStatus |
 //! | `frontend` | AttachmentStatus |
-//! | `ledger` | ReplicaLedger, DiskIdentity, HugepagesLedger, PciBindIntent, LonghornRestoreLedger, LonghornRevertLedger, LonghornSnapshotLedger, LonghornMemberLedger, LonghornCloneLedger (persisted) |
+//! | `ledger` | ReplicaLedger, DiskIdentity, HugepagesLedger, PciBindIntent, LonghornRestoreLedger, LonghornRevertLedger, LonghornSnapshotLedger, LonghornSnapshotTake, LonghornMemberLedger, LonghornCloneLedger (persisted) |
 
 pub mod backup;
 pub mod config;
@@ -162,6 +162,10 @@ pub fn register_types(reg: &mut TypeRegistry) {
     reg.register::<longhorn::LonghornCloneLedger>(
         "A snapshot clone into a Longhorn engine and how it ended (kept across restarts)",
         &[("SNAPSHOT", "/snapshot"), ("STATE", "/state"), ("HOW", "/how")],
+    );
+    reg.register::<longhorn::LonghornSnapshotTake>(
+        "A Longhorn engine's snapshot being taken, or whose copies a take that did not end left (kept across restarts)",
+        &[("ENGINE", "/engine"), ("SNAPSHOT", "/snapshot"), ("LEFT", "/left")],
     );
     reg.register::<longhorn::LonghornSnapshotLedger>(
         "The snapshot times of a Longhorn replica whose instance is deleted and lvol kept",

@@ -17,6 +17,8 @@
 //! | `rebuild-switch-joined`  | the raid made again with the dest and exported, before  |
 //! |                          | the engine records the dest current                     |
 //! | `snapshot-frozen`        | a snapshot's export frozen, nothing taken yet           |
+//! | `snapshot-local-taken`   | a snapshot's local replicas taken, the export frozen;   |
+//! |                          | another node's call may not have answered yet           |
 //! | `snapshot-taken`         | every replica's snapshot taken, the export still frozen |
 //! | `revert-taken-down`      | a revert's export and raid gone, no head made again yet |
 //! | `revert-head-remade`     | a revert's first head made again from its snapshot      |

@@ -98,6 +98,17 @@ pub enum InstanceError {
     /// No replica of the engine was left in service to snapshot.
     #[error("no replica is in service")]
     NoneInService,
+    /// A take of the snapshot under this name did not end (talon stopped
+    /// during it, or its copies could not all be deleted): they are deleted
+    /// first.
+    #[error(
+        "an earlier take of it did not end; its copies are being deleted on every replica first{}",
+        if .left.is_empty() { String::new() } else { format!(" (not yet: {})", .left) }
+    )]
+    TakeNotEnded {
+        /// What the last clean-up could not delete.
+        left: String,
+    },
     /// SPDK refuses to delete a snapshot two lvols depend on.
     #[error("replica {replica}: SPDK refuses to delete {lvol} while more than one lvol depends on it")]
     SnapshotShared {

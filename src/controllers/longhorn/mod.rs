@@ -36,7 +36,7 @@ use crate::resources::config::{Disk, NodeConfig};
 use crate::resources::engine::{DiskStatus, ObjectState, TargetStatus};
 use crate::resources::longhorn::{
     InstanceKind, InstanceState, LonghornEngine, LonghornEngineFrontend, LonghornInstanceStatus,
-    LonghornMemberLedger, LonghornReplica, LonghornRevertLedger, RevertStatus, Session,
+    LonghornMemberLedger, LonghornReplica, LonghornRevertLedger, LonghornSnapshotTake, RevertStatus, Session,
 };
 use crate::runtime::{
     Controller, ControllerError, Input, Output, Phase, ReconcileContext, Requeue, Spec, Typed,
@@ -1004,7 +1004,9 @@ impl LonghornController {
             InstanceState::Running if !waiting => Ok(()),
             _ => Err(st.message.as_str()),
         };
-        st.snapshots = self.snapshots(inv, e, local.direct, prev.as_ref(), running).await;
+        st.snapshots = self
+            .snapshots(ctx, inv, e, local.direct, prev.as_ref(), running)
+            .await;
         if st.state != InstanceState::Running
             && let Some(p) = prev
         {
@@ -1262,6 +1264,7 @@ impl Controller for LonghornController {
             Output::exclusive::<LonghornInstanceStatus>(),
             Output::exclusive::<LonghornRevertLedger>(),
             Output::exclusive::<LonghornMemberLedger>(),
+            Output::exclusive::<LonghornSnapshotTake>(),
         ]
     }
 
@@ -1273,6 +1276,7 @@ impl Controller for LonghornController {
         // detach takes every instance of a volume that is mid-revert
         revert::keep_revert_ledgers(ctx)?;
         ledger::keep_member_ledgers(ctx, &engines)?;
+        keep_snapshot_takes(ctx)?;
         if replicas.is_empty() && engines.is_empty() && frontends.is_empty() {
             return Ok(Requeue::OnInputChange);
         }
@@ -1306,6 +1310,8 @@ impl Controller for LonghornController {
         let mut inv = Inventory::clone(&*self.listing.fresh(&self.client).await?);
         let listed = started.elapsed();
         revert::drop_stale_revert_ledgers(ctx, &inv, &engines)?;
+        // copies a snapshot's take that did not end left, before any take
+        self.clean_takes(ctx, &mut inv).await?;
         self.remove_engines(ctx, &mut inv, &engines, &mut errored).await?;
 
         // 2. the replica exports a restart of spdk_tgt took away, all at once
@@ -1412,6 +1418,18 @@ impl Controller for LonghornController {
             POLL
         }))
     }
+}
+
+/// Keeps every record of a snapshot's take that did not end
+/// ([`LonghornSnapshotTake`]): applied again at every reconcile, so the
+/// runtime's clean-up of outputs not applied takes none before its copies
+/// are deleted (`snapshot::clean_takes`).
+fn keep_snapshot_takes(ctx: &mut ReconcileContext) -> Result<(), ControllerError> {
+    for t in ctx.list::<LonghornSnapshotTake>()? {
+        let id = t.id().to_owned();
+        ctx.apply(&id, t.spec)?;
+    }
+    Ok(())
 }
 
 fn kind_type(kind: InstanceKind) -> &'static str {

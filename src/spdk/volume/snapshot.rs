@@ -3,6 +3,7 @@
 
 use std::collections::BTreeSet;
 
+use futures::FutureExt;
 use futures::future::join_all;
 
 use super::freeze;
@@ -338,7 +339,10 @@ impl VolumeOps {
                 }),
             }
         }
-        let (results, remote_results) = futures::future::join(join_all(local), join_all(remote)).await;
+        // (a crash test's point: this node's copies made, another node's
+        // call not yet answered when the remote ones are slower)
+        let local = join_all(local).inspect(|_| crate::util::failpoint("snapshot-local-taken"));
+        let (results, remote_results) = futures::future::join(local, join_all(remote)).await;
         crate::util::failpoint("snapshot-taken");
         let thawed = self.freezes.thaw(&self.client, &frozen).await;
         let mut err = None;
