@@ -3361,6 +3361,19 @@ async fn lvol_uuid(n: &Node, alias: &str) -> Option<String> {
         .map(|l| l.uuid.clone())
 }
 
+/// Process node `a` started (failpoint `point` armed, or none), its engine
+/// `vol-e-0` running.
+async fn started_with(a: &mut Node, point: Option<&str>) {
+    a.set_failpoint(point);
+    a.start().await;
+    running(
+        &InstanceServiceClient::new(a.channel(3).await),
+        "vol-e-0",
+        "engine",
+    )
+    .await;
+}
+
 /// Issue 51: talon killed in an engine snapshot once this node's replica is
 /// snapshotted, the other node's call not answered (`snapshot-local-taken`),
 /// leaves here a copy of that instant. Kept by a retry of the snapshot, as
@@ -3386,14 +3399,7 @@ async fn real_spdk_a_snapshot_cut_by_a_kill_is_deleted_on_both_nodes_and_taken_a
 
     // armed: killed with A's copy made
     a.stop().await;
-    a.set_failpoint(Some("snapshot-local-taken"));
-    a.start().await;
-    running(
-        &InstanceServiceClient::new(a.channel(3).await),
-        "vol-e-0",
-        "engine",
-    )
-    .await;
+    started_with(&mut a, Some("snapshot-local-taken")).await;
     let asked = snapshot(&mut ProxyEngineServiceClient::new(a.channel(1).await), "s1").await;
     assert!(
         a.killed_itself(WAIT).await,
@@ -3403,14 +3409,7 @@ async fn real_spdk_a_snapshot_cut_by_a_kill_is_deleted_on_both_nodes_and_taken_a
     let stale = lvol_uuid(&a, on_a).await.expect("A's copy made before the kill");
 
     // started again: the manager asks for s1 again until it is taken
-    a.set_failpoint(None);
-    a.start().await;
-    running(
-        &InstanceServiceClient::new(a.channel(3).await),
-        "vol-e-0",
-        "engine",
-    )
-    .await;
+    started_with(&mut a, None).await;
     let mut p = ProxyEngineServiceClient::new(a.channel(1).await);
     let t = std::time::Instant::now();
     let mut refused = Vec::new();
