@@ -267,7 +267,7 @@ impl LonghornController {
         // gone, or a process runs again: judged at the next reconcile
         let again = self.ops.raid_after_rebuild_end(e.id()).await.ok().flatten();
         for (replica, request, names) in ended.into_iter().filter(|_| again.is_some()) {
-            if again.as_ref().is_some_and(|a| serves_one_of(a, &names)) {
+            if again.as_ref().is_some_and(|a| a.slot_in_service(&names).is_some()) {
                 st.rebuilds_done.insert(replica.clone(), *request);
             } else {
                 tracing::warn!(
@@ -421,11 +421,6 @@ fn in_a_slot(raid: Option<&RaidBdev>, names: &[String]) -> bool {
     })
 }
 
-/// Whether a configured slot of `r` holds a member `names` names.
-fn serves_one_of(r: &RaidBdev, names: &[String]) -> bool {
-    r.serves(|n| names.iter().any(|m| m == n))
-}
-
 /// The names an SPDK rebuild of `replica` is judged by: this node's lvol
 /// (alias and UUID), or the namespace `<replica>n1` of its controller.
 fn judged_names(inv: &Inventory, local: &BTreeMap<String, LonghornReplica>, replica: &str) -> Vec<String> {
@@ -440,7 +435,8 @@ fn judged_names(inv: &Inventory, local: &BTreeMap<String, LonghornReplica>, repl
 }
 
 /// The unsettled rebuilds whose SPDK rebuild ended in listing `r`: the
-/// member is configured and no process writes it (each with its names).
+/// member is in service (configured, by its name or UUID, and no process
+/// writes it; [`RaidBdev::slot_in_service`]), each with its names.
 fn ended<'a>(
     r: &RaidBdev,
     unsettled: &[Unsettled<'a>],
@@ -450,8 +446,7 @@ fn ended<'a>(
     let mut out = Vec::new();
     for (replica, request) in unsettled {
         let names = judged_names(inv, local, replica);
-        let writing = r.process.as_ref().is_some_and(|p| names.contains(&p.target));
-        if serves_one_of(r, &names) && !writing {
+        if r.slot_in_service(&names).is_some() {
             out.push((*replica, *request, names));
         }
     }
@@ -645,8 +640,8 @@ mod tests {
     }
 
     /// SPDK's rebuild of an unsettled replica ended once its member is in a
-    /// configured slot and no process writes it; a remote replica is judged
-    /// by its namespace's name only.
+    /// configured slot (by name or UUID) and no process writes it; a remote
+    /// replica is judged by its namespace's name.
     #[test]
     fn an_spdk_rebuild_ended_when_its_member_is_configured_and_no_process_writes_it() {
         let (inv, local) = (inv(), local());
@@ -671,6 +666,10 @@ mod tests {
             names(&raid(&[("u-a", false), ("u-b", true)], None)),
             Vec::<String>::new()
         );
+        // listed by another name, its UUID the lvol's (SPDK may list a slot so)
+        let mut by_uuid = raid(&[("x", true), ("r-bn1", false)], None);
+        by_uuid.base_bdevs_list[0].uuid = Some("u-a".into());
+        assert_eq!(names(&by_uuid), ["r-a"], "r-a by its UUID");
         let got = ended(&raid(&[("u-a", true)], None), &unsettled, &inv, &local);
         assert_eq!(got[0].2, [naming::replica_alias("d", "r-a"), "u-a".to_owned()]);
         assert_eq!(judged_names(&inv, &local, "r-b"), ["r-bn1"]);
