@@ -3058,6 +3058,40 @@ async fn ledger_lvstores(n: &Node) -> BTreeMap<String, String> {
     serde_json::from_value(r.spec["lvstores"].clone()).unwrap_or_default()
 }
 
+/// Stopped node `n` started again with disk `disk`'s device replaced (it
+/// holds other data): talon refuses the disk for what it holds, then the
+/// operator formats it (`disk_format`), its lvstore made anew.
+async fn started_with_disk_replaced(n: &mut Node, disk: &str) {
+    let img = n.dir.path().join(format!("{disk}.img"));
+    {
+        use std::io::{Seek, Write};
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&img)
+            .unwrap_or_else(|e| panic!("{disk}: {e}"));
+        f.seek(std::io::SeekFrom::Start(0)).expect("seek");
+        f.write_all(&vec![0xa5u8; MIB as usize])
+            .unwrap_or_else(|e| panic!("overwrite {disk}: {e}"));
+        f.sync_all().expect("sync");
+    }
+    n.start().await;
+    let api = talon::client::Client::connect_unix(&n.dir.path().join("run/talon.sock"))
+        .await
+        .expect("talon's API");
+    talon::runtime::testing::eventually(&format!("{disk} refused"), WAIT, || async {
+        let r = api.get("DiskStatus", disk).await.ok()?;
+        (r.spec["state"] == "failed").then_some(())
+    })
+    .await;
+    let _: serde_json::Value = api
+        .call(
+            "disk_format",
+            serde_json::json!({"name": disk, "yesDestroyData": true, "wait": true}),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{disk} formatted: {e}"));
+}
+
 /// Issue 51 (a check talon's own volumes had, `Trust`: a replica made now
 /// is not trusted; now the Longhorn engine's too): a replica whose disk was
 /// formatted is made again, empty, in the new lvstore, and is never served
@@ -3089,36 +3123,7 @@ async fn a_replica_made_again_on_a_formatted_disk_is_err_never_rw(real: &std::pa
     .await;
 
     a.stop().await;
-    // disk-c replaced: its device holds other data
-    let img = a.dir.path().join("disk-c.img");
-    {
-        use std::io::{Seek, Write};
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .open(&img)
-            .expect("disk-c");
-        f.seek(std::io::SeekFrom::Start(0)).expect("seek");
-        f.write_all(&vec![0xa5u8; MIB as usize])
-            .expect("overwrite disk-c");
-        f.sync_all().expect("sync");
-    }
-    a.start().await;
-    let api = talon::client::Client::connect_unix(&a.dir.path().join("run/talon.sock"))
-        .await
-        .expect("talon's API");
-    // refused for what its device holds, then formatted by the operator
-    talon::runtime::testing::eventually("disk-c refused", WAIT, || async {
-        let r = api.get("DiskStatus", "disk-c").await.ok()?;
-        (r.spec["state"] == "failed").then_some(())
-    })
-    .await;
-    let _: serde_json::Value = api
-        .call(
-            "disk_format",
-            serde_json::json!({"name": "disk-c", "yesDestroyData": true, "wait": true}),
-        )
-        .await
-        .expect("disk-c formatted");
+    started_with_disk_replaced(&mut a, "disk-c").await;
     let mut p = ProxyEngineServiceClient::new(a.channel(1).await);
     let c_err = sorted(vec![(ta.clone(), RW), (tc.clone(), ERR)]);
     talon::runtime::testing::eventually("the engine over vol-r-a, vol-r-c ERR", WAIT, || async {
@@ -3155,6 +3160,71 @@ async fn real_spdk_a_replica_made_again_on_a_formatted_disk_is_err_never_rw() {
         return;
     };
     a_replica_made_again_on_a_formatted_disk_is_err_never_rw(&spdk).await;
+}
+
+/// Issue 51, another node's replica: node B's disk is replaced and
+/// formatted while both nodes are down, and B makes `vol-r-b` again, empty,
+/// in the new lvstore. The engine on node A, made again, learns from B
+/// (`ReplicaGet`'s `lvs_uuid`) that its member's lvol is in another lvstore
+/// than the ledger noted: it is written out, left out of the raid1, and
+/// ERR to the manager (which rebuilds it). Before, it was served RW, empty.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_spdk_a_remote_replica_made_again_on_a_formatted_disk_is_err_never_rw() {
+    let test = "real_spdk_a_remote_replica_made_again_on_a_formatted_disk_is_err_never_rw";
+    let Some(spdk) = spdk_dir(test) else {
+        return;
+    };
+    let TwoNodes {
+        mut a, mut b, ta, tb, ..
+    } = two_nodes_on(64 * MIB, "", Some(&spdk)).await;
+    let noted = talon::runtime::testing::eventually("both lvstores noted", WAIT, || async {
+        let l = ledger_lvstores(&a).await;
+        (l.len() == 2).then_some(l)
+    })
+    .await;
+
+    a.stop().await;
+    b.stop().await;
+    started_with_disk_replaced(&mut b, "disk-b").await;
+    talon::runtime::testing::eventually("vol-r-b made again on B", WAIT, || async {
+        b.lvols()
+            .await
+            .contains(&"talon-disk-b/vol-r-b".to_owned())
+            .then_some(())
+    })
+    .await;
+    a.start().await;
+    running(
+        &InstanceServiceClient::new(a.channel(3).await),
+        "vol-e-0",
+        "engine",
+    )
+    .await;
+    let mut p = ProxyEngineServiceClient::new(a.channel(1).await);
+    let b_err = vec![(ta.clone(), RW), (tb.clone(), ERR)];
+    talon::runtime::testing::eventually("the engine over vol-r-a, vol-r-b ERR", WAIT, || async {
+        let mut p = p.clone();
+        (modes(&mut p).await == b_err).then_some(())
+    })
+    .await;
+    let members = raid_members(&a).await;
+    assert!(
+        is_member(&a, &members, "talon-disk-a/vol-r-a").await
+            && !members.iter().any(|m| m.starts_with("vol-r-b")),
+        "the raid1 runs over vol-r-a only, never B's empty vol-r-b: {members:?}"
+    );
+    assert_eq!(
+        ledger_of(&a).await,
+        Some(BTreeMap::from([("vol-r-a".to_owned(), 0)])),
+        "vol-r-b written out of the ledger"
+    );
+    assert_eq!(
+        ledger_lvstores(&a).await,
+        BTreeMap::from([("vol-r-a".to_owned(), noted["vol-r-a"].clone())])
+    );
+    assert_eq!(modes(&mut p).await, b_err, "still ERR a pass later");
+    a.stop().await;
+    b.stop().await;
 }
 
 /// A talon started again under a serving engine (spdk_tgt serving on) never

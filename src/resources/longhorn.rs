@@ -857,12 +857,13 @@ pub struct LonghornMemberLedger {
     /// the engine was created). A later `ReplicaAdd` of it (a greater
     /// number) makes the entry stale: not current until that rebuild ends.
     pub current: BTreeMap<String, u64>,
-    /// Replica of this node -> the UUID of the lvstore its lvol was in when
-    /// it was current here (noted when the ledger is seeded or a pass finds
-    /// it missing, and when the raid1 serves it). A current replica whose
-    /// lvol is now in another lvstore (its disk formatted or replaced: the
-    /// lvol made again, empty) is not current: left out of a raid1 made
-    /// again, and rebuilt. Another node's replica has no entry.
+    /// Replica -> the UUID of the lvstore its lvol was in when it was
+    /// current (noted when the ledger is seeded or a pass finds it missing,
+    /// and when the raid1 serves it; another node's replica as its node
+    /// reports it, asked when the raid1 is to be made or none is noted). A
+    /// current replica whose lvol is now in another lvstore (its disk
+    /// formatted or replaced: the lvol made again, empty) is not current:
+    /// left out of a raid1 made again, and rebuilt.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub lvstores: BTreeMap<String, String>,
     /// Why it last changed, in words.

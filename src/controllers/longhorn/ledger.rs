@@ -12,7 +12,8 @@
 //!        replica rebuilt (rebuildsDone = its request) and configured in the raid1 ──> in, at that request
 //!   raid1 made again ──> only the current members; any other replica is out of it: ERR
 //!                        to longhorn-manager (`longhorn::proxy`), which removes and rebuilds it
-//!   a member of this node: the lvstore of its lvol noted (seeded, noted, the raid1 serving it);
+//!   a member: the lvstore of its lvol noted (seeded, noted, the raid1 serving it; another
+//!        node's as its node reports it, asked when the raid1 is to be made or none is noted);
 //!        its lvol now in another lvstore (disk formatted or replaced: made again, empty)
 //!        ──> not current (`moved`): out of a raid1 made again, ERR, rebuilt
 //!   engine deleted ──> ledger destroyed; a ledger without its engine ──> destroyed
@@ -115,6 +116,53 @@ pub(super) fn without_moved(
         what.join(", ")
     );
     Some(after)
+}
+
+impl LonghornController {
+    /// The lvstore UUIDs of engine `e`'s remote members (replicas not in
+    /// `local`), as their nodes report them (`ReplicaGet`'s `lvs_uuid`),
+    /// asked only when the raid1 is to be made (none listed in `inv`) or a
+    /// current remote member has none noted in `ledger` (`None`: not
+    /// seeded yet, every one). A node that does not answer gives none (its
+    /// replica is not judged: reaching it fails the assembly anyway).
+    pub(super) async fn remote_lvstores(
+        &self,
+        inv: &Inventory,
+        e: &Typed<LonghornEngine>,
+        local: &BTreeMap<String, LonghornReplica>,
+        ledger: Option<&LonghornMemberLedger>,
+    ) -> BTreeMap<String, String> {
+        let making = inv.raid(e.id()).is_none();
+        let mut out = BTreeMap::new();
+        for (r, address) in &e.spec.replica_address_map {
+            if local.contains_key(r) {
+                continue;
+            }
+            let unnoted = ledger.is_none_or(|l| l.is_current(&e.spec, r) && !l.lvstores.contains_key(r));
+            if !making && !unnoted {
+                continue;
+            }
+            // asked briefly: a node that does not answer holds the pass
+            let ask = super::shared::ASK_TIMEOUT;
+            let Ok(mut c) = self.peers.client(address, self.peer_port, ask).await else {
+                continue;
+            };
+            let get = c.replica_get(crate::proto::spdkrpc::ReplicaGetRequest { name: r.clone() });
+            match tokio::time::timeout(ask, get).await {
+                Ok(Ok(x)) if !x.get_ref().lvs_uuid.is_empty() => {
+                    out.insert(r.clone(), x.into_inner().lvs_uuid);
+                }
+                Ok(Ok(_)) => {}
+                Ok(Err(s)) => {
+                    tracing::debug!(engine = e.id(), replica = %r, error = %s.message(), "lvstore of a remote member not known");
+                }
+                Err(_) => {
+                    tracing::debug!(engine = e.id(), replica = %r, "lvstore of a remote member not known: no answer in time");
+                }
+            }
+        }
+        out
+    }
 }
 
 /// The UUID of the lvstore replica `r`'s lvol is listed in, for a replica

@@ -943,20 +943,25 @@ impl LonghornController {
             ctx.apply(e.id(), st)?;
             return Ok(false);
         }
+        // the lvstores of the remote members, from their nodes, when the
+        // raid1 is to be made (or one current has none noted)
+        let recorded = ctx.get::<LonghornMemberLedger>(e.id())?.map(|l| l.spec);
+        let remote = self.remote_lvstores(inv, e, local.all, recorded.as_ref()).await;
+        // the lvstore each replica's lvol is in: listed here, or as its node says
+        let here = |r: &str| ledger::lvstore_of(local.all, inv, r).or_else(|| remote.get(r).cloned());
         // the current members, recorded before the raid1 is first made
-        let before = match ctx.get::<LonghornMemberLedger>(e.id())? {
-            Some(l) => l.spec,
+        let before = match recorded {
+            Some(l) => l,
             None => {
-                let l = ledger::seed(&e.spec, prev.as_ref(), &|r| ledger::lvstore_of(local.all, inv, r));
+                let l = ledger::seed(&e.spec, prev.as_ref(), &here);
                 tracing::info!(engine = e.id(), current = ?l.current, "member ledger seeded");
                 ctx.apply(e.id(), l.clone())?;
                 l
             }
         };
-        // a replica here whose lvol was made again elsewhere (its disk
-        // formatted or replaced) holds none of the engine's data: written
-        // out of the ledger at once
-        let here = |r: &str| ledger::lvstore_of(local.all, inv, r);
+        // a replica whose lvol was made again elsewhere (its disk formatted
+        // or replaced, here or on its node) holds none of the engine's data:
+        // written out of the ledger at once
         let moved = ledger::moved(&before, &ledger::current_members(&before, &e.spec), &here);
         let before = match ledger::without_moved(&before, &moved) {
             Some(after) => {
@@ -995,7 +1000,7 @@ impl LonghornController {
             Some(raid) if st.state == InstanceState::Running => ledger::RaidView::Raid(raid, &names_of),
             _ => ledger::RaidView::None,
         };
-        let here = |r: &str| ledger::lvstore_of(local.all, inv, r);
+        let here = |r: &str| ledger::lvstore_of(local.all, inv, r).or_else(|| remote.get(r).cloned());
         if let Some(after) = ledger::observed(&before, &e.spec, &st, view, &here) {
             tracing::info!(engine = e.id(), current = ?after.current, reason = after.reason, "member ledger written");
             ctx.apply(e.id(), after)?;

@@ -267,7 +267,10 @@ impl LonghornController {
         // gone, or a process runs again: judged at the next reconcile
         let again = self.ops.raid_after_rebuild_end(e.id()).await.ok().flatten();
         for (replica, request, names) in ended.into_iter().filter(|_| again.is_some()) {
-            if again.as_ref().is_some_and(|a| a.slot_in_service(&names).is_some()) {
+            if again
+                .as_ref()
+                .is_some_and(|a| a.slot_in_service(&names).is_some())
+            {
                 st.rebuilds_done.insert(replica.clone(), *request);
             } else {
                 tracing::warn!(

@@ -92,7 +92,7 @@ impl Wanted {
 
 /// How long an engine that waits asks a replica's node why it is not
 /// exported.
-const ASK_TIMEOUT: Duration = Duration::from_secs(2);
+pub(super) const ASK_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Controller IDs per engine ordinal: an engine's export hands out these
 /// many, from its own range.
