@@ -142,23 +142,11 @@ impl LonghornController {
             if !making && !unnoted {
                 continue;
             }
-            // asked briefly: a node that does not answer holds the pass
-            let ask = super::shared::ASK_TIMEOUT;
-            let Ok(mut c) = self.peers.client(address, self.peer_port, ask).await else {
-                continue;
-            };
-            let get = c.replica_get(crate::proto::spdkrpc::ReplicaGetRequest { name: r.clone() });
-            match tokio::time::timeout(ask, get).await {
-                Ok(Ok(x)) if !x.get_ref().lvs_uuid.is_empty() => {
-                    out.insert(r.clone(), x.into_inner().lvs_uuid);
-                }
-                Ok(Ok(_)) => {}
-                Ok(Err(s)) => {
-                    tracing::debug!(engine = e.id(), replica = %r, error = %s.message(), "lvstore of a remote member not known");
-                }
-                Err(_) => {
-                    tracing::debug!(engine = e.id(), replica = %r, "lvstore of a remote member not known: no answer in time");
-                }
+            let ask = tonic::Request::new(crate::proto::spdkrpc::ReplicaGetRequest { name: r.clone() });
+            if let Some(x) = self.replica_there(address, ask).await
+                && !x.lvs_uuid.is_empty()
+            {
+                out.insert(r.clone(), x.lvs_uuid);
             }
         }
         out

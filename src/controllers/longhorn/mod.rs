@@ -1279,9 +1279,14 @@ impl Controller for LonghornController {
         let frontends = ctx.list::<LonghornEngineFrontend>()?;
         // kept first, also through a reconcile with nothing to do: a
         // detach takes every instance of a volume that is mid-revert
-        revert::keep_revert_ledgers(ctx)?;
+        // a revert begun and not done stays recorded when its engine goes (a
+        // detach, or a delete after the revert failed): the engine made again
+        // carries it on before it serves (`revert::drop_stale_revert_ledgers`
+        // destroys one with nothing left to make one again); a snapshot's take
+        // that did not end stays until its copies are deleted (`clean_takes`)
+        keep_every::<LonghornRevertLedger>(ctx)?;
         ledger::keep_member_ledgers(ctx, &engines)?;
-        keep_snapshot_takes(ctx)?;
+        keep_every::<LonghornSnapshotTake>(ctx)?;
         if replicas.is_empty() && engines.is_empty() && frontends.is_empty() {
             return Ok(Requeue::OnInputChange);
         }
@@ -1425,14 +1430,13 @@ impl Controller for LonghornController {
     }
 }
 
-/// Keeps every record of a snapshot's take that did not end
-/// ([`LonghornSnapshotTake`]): applied again at every reconcile, so the
-/// runtime's clean-up of outputs not applied takes none before its copies
-/// are deleted (`snapshot::clean_takes`).
-fn keep_snapshot_takes(ctx: &mut ReconcileContext) -> Result<(), ControllerError> {
-    for t in ctx.list::<LonghornSnapshotTake>()? {
-        let id = t.id().to_owned();
-        ctx.apply(&id, t.spec)?;
+/// Keeps every record of kind `S`: applied again at every reconcile, also
+/// one that waits for the target, so the runtime's clean-up of outputs not
+/// applied takes none; what destroys one decides when it goes.
+fn keep_every<S: Spec>(ctx: &mut ReconcileContext) -> Result<(), ControllerError> {
+    for r in ctx.list::<S>()? {
+        let id = r.id().to_owned();
+        ctx.apply(&id, r.spec)?;
     }
     Ok(())
 }

@@ -63,7 +63,7 @@ impl LonghornController {
             for (replica, address) in &e.spec.replica_address_map {
                 let done = match local.get(replica) {
                     Some(r) => self.delete_snapshot_here(inv, replica, r, snap).await,
-                    None => self.delete_snapshot_there(replica, address, snap).await,
+                    None => self.delete_snapshot_there(replica, address, snap, false).await,
                 };
                 if let Err(m) = done {
                     all = false;
@@ -148,26 +148,32 @@ impl LonghornController {
     }
 
     /// Deletes snapshot `snap` of replica `replica` on the node that serves
-    /// it at `address` (its `ReplicaSnapshotDelete`).
+    /// it at `address` (its `ReplicaSnapshotDelete`). `gone_is_done`: a
+    /// replica its node no longer has is no error.
     pub(super) async fn delete_snapshot_there(
         &self,
         replica: &str,
         address: &str,
         snap: &str,
+        gone_is_done: bool,
     ) -> Result<(), InstanceError> {
         naming::instance_name("snapshot", snap)?;
         let mut c = self.peer(replica, address).await?;
-        c.replica_snapshot_delete(spdkrpc::SnapshotRequest {
-            name: replica.to_owned(),
-            snapshot_name: snap.to_owned(),
-            ..Default::default()
-        })
-        .await
-        .map(|_| ())
-        .map_err(|s| InstanceError::PeerRefused {
-            replica: replica.to_owned(),
-            message: s.message().to_owned(),
-        })
+        let asked = c
+            .replica_snapshot_delete(spdkrpc::SnapshotRequest {
+                name: replica.to_owned(),
+                snapshot_name: snap.to_owned(),
+                ..Default::default()
+            })
+            .await;
+        match asked {
+            Ok(_) => Ok(()),
+            Err(s) if gone_is_done && s.code() == tonic::Code::NotFound => Ok(()),
+            Err(s) => Err(InstanceError::PeerRefused {
+                replica: replica.to_owned(),
+                message: s.message().to_owned(),
+            }),
+        }
     }
 }
 

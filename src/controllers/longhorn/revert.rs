@@ -409,20 +409,6 @@ impl RevertPeer for ServicePeer<'_> {
     }
 }
 
-/// Keeps every revert ledger: applied again at every reconcile, also one
-/// that waits for the target, so the runtime's clean-up of outputs not
-/// applied takes none. A revert begun and not done stays recorded when its
-/// engine goes (a detach, or a delete after the revert failed): the engine
-/// made again carries it on before it serves. [`drop_stale_revert_ledgers`]
-/// destroys one with nothing left to make one again.
-pub(super) fn keep_revert_ledgers(ctx: &mut ReconcileContext) -> Result<(), ControllerError> {
-    for l in ctx.list::<LonghornRevertLedger>()? {
-        let id = l.id().to_owned();
-        ctx.apply(&id, l.spec)?;
-    }
-    Ok(())
-}
-
 /// Destroys the revert ledgers with no head left here to revert: of whose
 /// replicas this node lists no lvol, head or snapshot (deleted with their
 /// data; a volume made again under the same name has replicas of other

@@ -92,7 +92,7 @@ impl Wanted {
 
 /// How long an engine that waits asks a replica's node why it is not
 /// exported.
-pub(super) const ASK_TIMEOUT: Duration = Duration::from_secs(2);
+const ASK_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Controller IDs per engine ordinal: an engine's export hands out these
 /// many, from its own range.
@@ -217,23 +217,41 @@ impl LonghornController {
     /// The ask carries [`crate::proto::peer::SHARE_FOR`] `engine`: that
     /// engine puts its member behind the replica's export.
     pub(super) async fn holder_of(&self, engine: &str, replica: &str, address: &str) -> Option<String> {
+        let ask = crate::proto::peer::share_for(
+            spdkrpc::ReplicaGetRequest {
+                name: replica.to_owned(),
+            },
+            engine,
+        );
+        let r = self.replica_there(address, ask).await?;
+        r.error_msg.starts_with("held by engine").then_some(r.error_msg)
+    }
+
+    /// Replica `ask` names as the node at `address` answers `ReplicaGet`,
+    /// asked briefly ([`ASK_TIMEOUT`]: a node that does not answer holds
+    /// the pass). `None` when it does not answer, or refuses.
+    pub(super) async fn replica_there(
+        &self,
+        address: &str,
+        ask: tonic::Request<spdkrpc::ReplicaGetRequest>,
+    ) -> Option<spdkrpc::Replica> {
+        let replica = ask.get_ref().name.clone();
         let mut c = self
             .peers
             .client(address, self.peer_port, ASK_TIMEOUT)
             .await
             .ok()?;
-        let get = c.replica_get(crate::proto::peer::share_for(
-            spdkrpc::ReplicaGetRequest {
-                name: replica.to_owned(),
-            },
-            engine,
-        ));
-        let r = tokio::time::timeout(ASK_TIMEOUT, get)
-            .await
-            .ok()?
-            .ok()?
-            .into_inner();
-        r.error_msg.starts_with("held by engine").then_some(r.error_msg)
+        match tokio::time::timeout(ASK_TIMEOUT, c.replica_get(ask)).await {
+            Ok(Ok(r)) => Some(r.into_inner()),
+            Ok(Err(s)) => {
+                tracing::debug!(%replica, %address, error = %s.message(), "ReplicaGet refused");
+                None
+            }
+            Err(_) => {
+                tracing::debug!(%replica, %address, "ReplicaGet: no answer in time");
+                None
+            }
+        }
     }
 }
 

@@ -306,7 +306,7 @@ impl LonghornController {
             }
         }
         for (replica, address) in &take.remote {
-            if let Err(m) = self.forget_snapshot_there(replica, address, &snap).await {
+            if let Err(m) = self.delete_snapshot_there(replica, address, &snap, true).await {
                 left.push(m.text());
             }
         }
@@ -334,32 +334,6 @@ impl LonghornController {
             ctx.apply(id, take)?;
         }
         Ok(deleted)
-    }
-
-    /// Deletes snapshot `snap` of remote replica `replica` (at `address`) on
-    /// its node; a replica its node no longer has is no error.
-    async fn forget_snapshot_there(
-        &self,
-        replica: &str,
-        address: &str,
-        snap: &str,
-    ) -> Result<(), InstanceError> {
-        let mut c = self.peer(replica, address).await?;
-        let asked = c
-            .replica_snapshot_delete(spdkrpc::SnapshotRequest {
-                name: replica.to_owned(),
-                snapshot_name: snap.to_owned(),
-                ..Default::default()
-            })
-            .await;
-        match asked {
-            Ok(_) => Ok(()),
-            Err(s) if s.code() == tonic::Code::NotFound => Ok(()),
-            Err(s) => Err(InstanceError::PeerRefused {
-                replica: replica.to_owned(),
-                message: s.message().to_owned(),
-            }),
-        }
     }
 
     /// Has the node of remote replica `replica` (at `address`) snapshot it;
