@@ -235,7 +235,8 @@ fn run_scenario(test: &str, scenario: &str, extra: &[&str]) {
     let status = wait_bounded(&mut child, t0, BOUND);
     let steps = std::fs::read_to_string(&out).unwrap_or_default();
     eprintln!("{steps}wall time {:.0} s", t0.elapsed().as_secs_f64());
-    if !status.success() {
+    // TALON_E2E_KEEP_LOGS: a passed run's logs too (to see where its time went)
+    if !status.success() || std::env::var_os("TALON_E2E_KEEP_LOGS").is_some() {
         keep_logs(work.path(), &cache, scenario);
     }
     let failed: Vec<String> = std::fs::read_to_string(&err)
