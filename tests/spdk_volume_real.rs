@@ -301,13 +301,27 @@ async fn served_by_b(
     rtb: &State,
     id: &str,
     size: u64,
+    ports: (u16, u16),
+    api: Option<String>,
+) -> (String, EngineStatus, Volume) {
+    served_by_b_as(rta, rtb, id, size, ports, api, true).await
+}
+
+/// [`served_by_b`], with a raid superblock or (`superblock` false: a volume
+/// made before the superblock layout) without.
+async fn served_by_b_as(
+    rta: &State,
+    rtb: &State,
+    id: &str,
+    size: u64,
     (pa, pb): (u16, u16),
     api: Option<String>,
+    superblock: bool,
 ) -> (String, EngineStatus, Volume) {
     let mut served = volume(size, 1);
     served.serve_replica = Some(1);
     served.replica_hosts = vec![node_nqn(pa)];
-    served.raid_superblock = true;
+    served.raid_superblock = superblock;
     rtb.create_typed(id, "", &served).expect("served");
     let replica_nqn = ready(rtb, id).await.exports[0].name.clone();
     let mut engine_vol = volume(size, 1);
@@ -316,7 +330,7 @@ async fn served_by_b(
         port: pb,
         api,
     }];
-    engine_vol.raid_superblock = true;
+    engine_vol.raid_superblock = superblock;
     rta.create_typed(id, "", &engine_vol).expect("engine");
     (replica_nqn, ready(rta, id).await, engine_vol)
 }
@@ -1733,6 +1747,126 @@ async fn real_spdk_a_remote_replica_is_rebuilt_thin_through_its_node() {
     .await;
     delete_volume(&rta.state, "tr", "A").await;
     delete_volume(&rtb.state, "tr", "B").await;
+    rta.stop().await;
+    rtb.stop().await;
+    ta.stop(Duration::from_secs(5)).await.expect("stop A");
+    tb.stop(Duration::from_secs(5)).await.expect("stop B");
+}
+
+/// The lvol B serves as replica 1 of `id` (its ReplicaStatus), once B reports one.
+fn served_lvol(state: &State, id: &str) -> Option<String> {
+    state
+        .get_typed::<talon::resources::engine::ReplicaStatus>(&format!("{id}-r1"))
+        .ok()
+        .flatten()
+        .map(|r| r.spec.bdev)
+        .filter(|b| !b.is_empty())
+}
+
+/// What A's ledger of `id` noted of its remote replica 1's lvol.
+fn noted_lvol(state: &State, id: &str) -> Option<String> {
+    state
+        .get_typed::<talon::resources::engine::ReplicaLedger>(id)
+        .ok()
+        .flatten()
+        .and_then(|l| l.spec.lvols.get(&1).cloned())
+}
+
+/// B's disk replaced while A's engine is down: B makes replica 1 again, empty,
+/// in the new lvstore and exports it under the same NQN. When A's engine is
+/// made again it must not take that replica in as up to date (its ledger
+/// holds it so): A's ledger noted the lvol B served, B reports another now,
+/// so the replica is rebuilt from A's before it counts. Without the check a
+/// volume without a raid superblock was served over A's data and B's empty
+/// lvol (B's replica, read directly, held zeros; reads alternate between
+/// members), and one with a superblock was never served again (SPDK's raid
+/// from A's superblock waited for a member that never joins).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_spdk_a_remote_replica_made_again_on_a_new_disk_is_rebuilt_never_trusted() {
+    remote_replica_made_again(
+        "real_spdk_a_remote_replica_made_again_on_a_new_disk_is_rebuilt_never_trusted",
+        true,
+    )
+    .await;
+}
+
+/// [`real_spdk_a_remote_replica_made_again_on_a_new_disk_is_rebuilt_never_trusted`]
+/// for a volume made before the superblock layout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_spdk_a_remote_replica_made_again_without_a_superblock_is_rebuilt_never_served() {
+    remote_replica_made_again(
+        "real_spdk_a_remote_replica_made_again_without_a_superblock_is_rebuilt_never_served",
+        false,
+    )
+    .await;
+}
+
+async fn remote_replica_made_again(test: &str, superblock: bool) {
+    let Some(spdk) = spdk_dir_with(test, &["spdk_dd"]) else {
+        return;
+    };
+    let Node(da, cfg_a, ta, _reap_a, ca) = node(&spdk, &["da"], "spdk_tgt A").await;
+    let Node(db, cfg_b, tb, _reap_b, cb) = node(&spdk, &["db"], "spdk_tgt B").await;
+    let (pa, pb) = (free_port(), free_port());
+    let (rta, rtb) = (runtime(&ca, &["da"], pa), runtime(&cb, &["db"], pb));
+    let (api_b, _server_b) = peer_api::serve(&rtb.state, rtb.statuses(), "127.0.0.1:0").await;
+    let api = Some(api_b.to_string());
+    let (replica_nqn, st, _) =
+        served_by_b_as(&rta.state, &rtb.state, "nd", 256 * MIB, (pa, pb), api, superblock).await;
+    ledger_becomes(&rta.state, "nd", &[0, 1], "both replicas up to date").await;
+    let first = eventually("A's ledger notes the lvol B serves", WAIT, || async {
+        let n = noted_lvol(&rta.state, "nd")?;
+        (Some(&n) == served_lvol(&rtb.state, "nd").as_ref()).then_some(n)
+    })
+    .await;
+    let nqn = st.exports[0].name.clone();
+    let remote_room = remote_room(&ca, "nd").await;
+    let data = pattern(0x5a, 8 << 20);
+    dd(&spdk, da.path(), pa, &nqn, Some(&data), data.len());
+
+    // A's target down; B's disk replaced by an empty one (a new lvstore)
+    let (mut ta, mut tb) = (ta, tb);
+    kill9(&mut ta, "kill -9 A").await;
+    kill9(&mut tb, "kill -9 B").await;
+    std::fs::remove_file(db.path().join("db.img")).expect("B's old disk gone");
+    let tb = Target::start(&cfg_b).await.expect("B with a new disk");
+    let _reap_b2 = Reaper::new(&tb, &cfg_b);
+    attach_disks(&cb, db.path(), &["db"], true).await;
+    restarted(&rtb.state, 1, "B restarts");
+    let remade = eventually("B serves replica 1 from a new lvol", WAIT, || async {
+        served_lvol(&rtb.state, "nd").filter(|b| *b != first)
+    })
+    .await;
+    assert_eq!(
+        noted_lvol(&rta.state, "nd").as_deref(),
+        Some(first.as_str()),
+        "A's ledger, written while its target was down, still notes the lvol before"
+    );
+
+    // A back: replica 1 is rebuilt from replica 0, never taken in as it is
+    let (ta, _reap_a2) = restart(&cfg_a, &ca, da.path(), &["da"], "restart A").await;
+    restarted(&rta.state, 1, "A restarts");
+    let rebuilt = eventually("replica 1 rebuilt and noted again", WAIT, || async {
+        let n = noted_lvol(&rta.state, "nd").filter(|n| *n != first)?;
+        (ledger(&rta.state, "nd").as_deref() == Some(&[0, 1][..])
+            && Some(&n) == served_lvol(&rtb.state, "nd").as_ref())
+        .then_some(n)
+    })
+    .await;
+    eprintln!("{test}: B's lvol {first}, made again as {remade}, rebuilt into {rebuilt}");
+    let got = dd(&spdk, db.path(), pb, &replica_nqn, None, remote_room + data.len())[remote_room..].to_vec();
+    assert!(
+        got == data,
+        "B's replica holds the data after its rebuild: first difference at {:?}",
+        got.iter().zip(&data).position(|(x, y)| x != y)
+    );
+    assert!(
+        dd(&spdk, da.path(), pa, &nqn, None, data.len()) == data,
+        "A's export serves the data"
+    );
+
+    delete_volume(&rta.state, "nd", "A").await;
+    delete_volume(&rtb.state, "nd", "B").await;
     rta.stop().await;
     rtb.stop().await;
     ta.stop(Duration::from_secs(5)).await.expect("stop A");

@@ -234,6 +234,13 @@ pub struct ReplicaLedger {
     /// source (its lowest replica).
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub snapshots: std::collections::BTreeMap<String, Vec<u32>>,
+    /// Replica index -> the UUID of the lvol that another node serves as
+    /// that replica, as its node reported it while the replica was up to
+    /// date here (remote replicas with an `api`). A replica whose node now
+    /// reports another lvol was made again there (its disk replaced or
+    /// formatted): it holds none of the data and is rebuilt, never trusted.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub lvols: std::collections::BTreeMap<u32, String>,
 }
 
 impl ReplicaLedger {
@@ -242,6 +249,11 @@ impl ReplicaLedger {
         self.snapshots
             .get(snap)
             .map(|ks| ks.iter().map(|k| *k as usize).collect())
+    }
+
+    /// The noted lvol of each remote replica ([`ReplicaLedger::lvols`]).
+    pub fn lvol_notes(&self) -> std::collections::BTreeMap<usize, String> {
+        self.lvols.iter().map(|(k, u)| (*k as usize, u.clone())).collect()
     }
 
     /// The up-to-date replica indices.

@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::api::ErrorKind;
-use crate::api::volume::{ExpandParams, RebuildPrepareParams, SnapshotParams};
+use crate::api::volume::{ExpandParams, NameParams, RebuildPrepareParams, SnapshotParams};
 use crate::client::{Client, ClientError, TlsClient};
 use crate::resources::engine::RebuildDestStatus;
 use crate::spdk::volume::{PeerError, PrepareError, RemoteDest};
@@ -27,6 +27,10 @@ use crate::spdk::volume::{PeerError, PrepareError, RemoteDest};
 /// (its volume controller answers in its next reconcile; the engine's
 /// reconcile waits for it, so a node that is down is not waited for long).
 const PREPARE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How long a peer may take to say which lvol it serves a replica from (asked
+/// by the engine's reconcile when it is to make the raid1).
+const ASK_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// How long a peer may take to snapshot its replica: this node's export is
 /// frozen (hosts queue their I/O) while it does.
@@ -224,5 +228,70 @@ impl RemoteDest for PeerDest {
 
     async fn delete_snapshot(&self, snap: &str) -> Result<(), PeerError> {
         self.peers.delete_snapshot(&self.api, &self.volume, snap).await
+    }
+
+    async fn lvol(&self, k: usize) -> Result<Option<String>, PeerError> {
+        let replica = crate::spdk::volume::naming::replica(&self.volume, k);
+        let ask = async {
+            let c = self.peers.connect(&self.api).await?;
+            let params = NameParams {
+                name: self.volume.clone(),
+                wait: false,
+                timeout_seconds: None,
+            };
+            // read as JSON: a peer of another version may report more fields
+            let view = c
+                .call::<_, serde_json::Value>("volume_get", params)
+                .await
+                .map_err(|e| PeerError::Connect {
+                    node: self.api.clone(),
+                    message: format!("reading volume {}: {e}", self.volume),
+                })?;
+            Ok(served_lvol(&view, &replica))
+        };
+        tokio::time::timeout(ASK_TIMEOUT, ask)
+            .await
+            .map_err(|_| PeerError::NoAnswer {
+                node: self.api.clone(),
+                after: ASK_TIMEOUT,
+            })?
+    }
+}
+
+/// The lvol UUID a peer's `volume_get` answer (`view`) reports for replica
+/// lvol `replica` (its status's `bdev`, the lvol of `<lvstore>/<replica>`).
+fn served_lvol(view: &serde_json::Value, replica: &str) -> Option<String> {
+    view["replicas"]
+        .as_array()?
+        .iter()
+        .filter(|r| {
+            r["alias"]
+                .as_str()
+                .and_then(|a| a.rsplit_once('/'))
+                .is_some_and(|(_, l)| l == replica)
+        })
+        .find_map(|r| r["bdev"].as_str().filter(|b| !b.is_empty()).map(str::to_owned))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_served_lvol_is_the_status_bdev_of_that_replica_only() {
+        let view = serde_json::json!({
+            "name": "v",
+            "replicas": [
+                {"alias": "talon-d1/v-r0", "bdev": "u-0"},
+                {"alias": "talon-d2/v-r1", "bdev": "u-1", "newField": true},
+                {"alias": "talon-d3/v-r10", "bdev": "u-10"},
+                {"alias": "", "bdev": ""}
+            ]
+        });
+        assert_eq!(served_lvol(&view, "v-r1").as_deref(), Some("u-1"));
+        assert_eq!(served_lvol(&view, "v-r2"), None, "not reported");
+        let waiting = serde_json::json!({"replicas": [{"alias": "talon-d2/v-r1", "bdev": ""}]});
+        assert_eq!(served_lvol(&waiting, "v-r1"), None, "no lvol yet");
+        assert_eq!(served_lvol(&serde_json::json!({}), "v-r1"), None);
     }
 }

@@ -249,6 +249,8 @@ struct Job {
     disk_away: BTreeMap<String, DiskAway>,
     /// From the volume's ledger.
     in_sync: Option<BTreeSet<usize>>,
+    /// From the volume's ledger: the lvols its remote replicas' nodes reported.
+    noted_lvols: BTreeMap<usize, String>,
     /// The point-in-time set of the snapshot a revert or clone starts from
     /// (from the ledger of the snapshot's volume).
     snapshot_set: Option<BTreeSet<usize>>,
@@ -278,6 +280,8 @@ struct Realized {
     in_sync: Option<BTreeSet<usize>>,
     /// Where each replica lives (placed or waited for).
     disks: BTreeMap<usize, String>,
+    /// The lvol each up-to-date remote replica's node reported (for the ledger).
+    lvols: BTreeMap<usize, String>,
     /// A rebuild runs (poll for its progress).
     rebuilding: bool,
     /// The answer to the job's `dest_request`.
@@ -291,6 +295,7 @@ impl Realized {
             replicas: Vec::new(),
             in_sync: None,
             disks: BTreeMap::new(),
+            lvols: BTreeMap::new(),
             rebuilding: false,
             dest_answer: None,
         }
@@ -406,6 +411,7 @@ impl SpdkVolumeController {
             restore,
             in_sync,
             remote,
+            noted_lvols: job.noted_lvols.clone(),
             superblock,
             rebuild_mib_per_sec: job.rebuild_cap,
             overcommit_percent: job.overcommit_percent,
@@ -575,6 +581,7 @@ impl SpdkVolumeController {
         }
         // a served replica's engine (and ledger) is on another node
         let in_sync = job.spec.serve_replica.is_none().then(|| info.in_sync.clone());
+        let lvols = info.lvols.clone();
         let rebuilding = info.rebuilding.is_some();
         let disks = info
             .replicas
@@ -588,6 +595,7 @@ impl SpdkVolumeController {
             replicas,
             in_sync,
             disks,
+            lvols,
             rebuilding,
             dest_answer: None,
         }
@@ -1384,7 +1392,7 @@ fn persist_ledgers(
         if let Some(next) = r
             .in_sync
             .as_ref()
-            .and_then(|now| next_ledger(ledgers.get(id), now, &r.disks))
+            .and_then(|now| next_ledger(ledgers.get(id), now, &r.disks, &r.lvols))
         {
             tracing::info!(volume = %id, in_sync = ?next.in_sync, reason = %next.reason, "replica ledger");
             ctx.apply(id, next.clone())?;
@@ -1499,6 +1507,7 @@ fn make_jobs(want: &Desired, here: &Loaded, host_nqn: Option<&str>) -> Jobs {
             placed,
             disk_away: here.disk_away.clone(),
             in_sync: ledger.map(ReplicaLedger::in_sync_set),
+            noted_lvols: ledger.map(ReplicaLedger::lvol_notes).unwrap_or_default(),
             snapshot_set,
             hosts: export_hosts(node, &v.spec, attached_by),
             tls_port: node.replica_tls_port,
@@ -1693,28 +1702,41 @@ fn disks_away(
     away
 }
 
-/// The ledger to record when the up-to-date set or the placement differs from
-/// `before` (`None`: nothing changed). `changed` and `reason` move only with
-/// the up-to-date set.
+/// The ledger to record when the up-to-date set, the placement or the noted
+/// lvols of remote replicas differ from `before` (`None`: nothing changed).
+/// `changed` and `reason` move only with the up-to-date set. `lvols` is what
+/// the engine noted of its up-to-date remote replicas this pass; a replica
+/// not up to date loses its note (it is rebuilt, maybe into another lvol).
 fn next_ledger(
     before: Option<&ReplicaLedger>,
     in_sync: &BTreeSet<usize>,
     placed: &BTreeMap<usize, String>,
+    lvols: &BTreeMap<usize, String>,
 ) -> Option<ReplicaLedger> {
     let now: Vec<u32> = in_sync.iter().map(|k| *k as u32).collect();
     let len = placed.keys().max().map_or(0, |m| m + 1);
     let disks: Vec<String> = (0..len)
         .map(|k| placed.get(&k).cloned().unwrap_or_default())
         .collect();
+    let lvols: BTreeMap<u32, String> = lvols
+        .iter()
+        .filter(|(k, _)| in_sync.contains(k))
+        .map(|(k, u)| (*k as u32, u.clone()))
+        .collect();
     match before {
-        Some(b) if b.in_sync == now && b.disks == disks => None,
-        Some(b) if b.in_sync == now => Some(ReplicaLedger { disks, ..b.clone() }),
+        Some(b) if b.in_sync == now && b.disks == disks && b.lvols == lvols => None,
+        Some(b) if b.in_sync == now => Some(ReplicaLedger {
+            disks,
+            lvols,
+            ..b.clone()
+        }),
         _ => Some(ReplicaLedger {
             reason: ledger_reason(before.map(|b| b.in_sync.as_slice()), &now),
             changed: humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
             in_sync: now,
             disks,
             snapshots: before.map(|b| b.snapshots.clone()).unwrap_or_default(),
+            lvols,
         }),
     }
 }
@@ -1888,17 +1910,40 @@ mod tests {
     #[test]
     fn ledger_moves_its_reason_only_with_the_up_to_date_set() {
         let placed = BTreeMap::from([(0, "d1".to_string()), (1, "d2".to_string())]);
-        let first = next_ledger(None, &BTreeSet::from([0, 1]), &placed).expect("first");
+        let none = BTreeMap::new();
+        let first = next_ledger(None, &BTreeSet::from([0, 1]), &placed, &none).expect("first");
         assert_eq!(
             (first.in_sync.as_slice(), first.reason.as_str()),
             (&[0, 1][..], "first record")
         );
-        assert!(next_ledger(Some(&first), &BTreeSet::from([0, 1]), &placed).is_none());
+        assert!(next_ledger(Some(&first), &BTreeSet::from([0, 1]), &placed, &none).is_none());
         let moved = BTreeMap::from([(0, "d1".to_string()), (1, "d3".to_string())]);
-        let m = next_ledger(Some(&first), &BTreeSet::from([0, 1]), &moved).expect("placement");
+        let m = next_ledger(Some(&first), &BTreeSet::from([0, 1]), &moved, &none).expect("placement");
         assert_eq!((m.reason.as_str(), m.disks[1].as_str()), ("first record", "d3"));
-        let left = next_ledger(Some(&m), &BTreeSet::from([0]), &moved).expect("left");
+        let left = next_ledger(Some(&m), &BTreeSet::from([0]), &moved, &none).expect("left");
         assert!(left.reason.contains("r1 left"), "{}", left.reason);
+    }
+
+    #[test]
+    fn a_remote_replicas_lvol_is_noted_while_it_is_up_to_date_and_forgotten_when_it_leaves() {
+        let placed = BTreeMap::from([(0, "d1".to_string()), (1, "10.0.0.2:4420".to_string())]);
+        let none = BTreeMap::new();
+        let both = BTreeSet::from([0, 1]);
+        let first = next_ledger(None, &both, &placed, &none).expect("first");
+        assert!(first.lvols.is_empty());
+        // noted (the node answered): written, the reason kept
+        let lvols = BTreeMap::from([(1, "u-1".to_string())]);
+        let noted = next_ledger(Some(&first), &both, &placed, &lvols).expect("noted");
+        assert_eq!(noted.lvols, BTreeMap::from([(1, "u-1".to_string())]));
+        assert_eq!(noted.reason, "first record");
+        assert!(next_ledger(Some(&noted), &both, &placed, &lvols).is_none());
+        // r1 left: its note goes with it, even if the engine still named it
+        let left = next_ledger(Some(&noted), &BTreeSet::from([0]), &placed, &lvols).expect("left");
+        assert!(left.lvols.is_empty(), "{:?}", left.lvols);
+        // back after its rebuild, noted again with what its node reports then
+        let rebuilt = BTreeMap::from([(1, "u-2".to_string())]);
+        let back = next_ledger(Some(&left), &both, &placed, &rebuilt).expect("back");
+        assert_eq!(back.lvols, BTreeMap::from([(1, "u-2".to_string())]));
     }
 
     const ME: &str = "engine.SpdkVolumeController";
@@ -1946,6 +1991,7 @@ mod tests {
             changed: String::new(),
             reason: String::new(),
             snapshots: BTreeMap::new(),
+            lvols: BTreeMap::new(),
         }
     }
 

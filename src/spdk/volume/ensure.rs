@@ -22,6 +22,16 @@ use super::{
 use crate::names::Nqn;
 use crate::spdk::rpc::LvolSetParent;
 
+/// The remote replicas whose node serves another lvol (`now`) than the one
+/// the ledger noted while they were up to date (`noted`): made again there,
+/// empty, since.
+pub(super) fn remade(noted: &BTreeMap<usize, String>, now: &BTreeMap<usize, String>) -> BTreeSet<usize> {
+    now.iter()
+        .filter(|(k, u)| noted.get(k).is_some_and(|n| n != *u))
+        .map(|(k, _)| *k)
+        .collect()
+}
+
 /// The bytes each replica's lvol should have for the volume's size: the
 /// size in whole MiB plus the replica's superblock room.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -80,6 +90,9 @@ pub(super) struct Trust<'a> {
     clone_set: &'a BTreeSet<usize>,
     /// [`LocalPlan::restored`].
     restored: &'a BTreeSet<usize>,
+    /// Remote replicas made again on their node since the ledger noted them
+    /// ([`remade`]): never trusted.
+    pub(super) remade: BTreeSet<usize>,
 }
 
 impl<'a> Trust<'a> {
@@ -99,13 +112,14 @@ impl<'a> Trust<'a> {
             fresh: local.replicas.iter().all(|r| r.make.is_some()),
             clone_set: &local.clone_set,
             restored: &local.restored,
+            remade: BTreeSet::new(),
         }
     }
 
     /// Whether replica `k` holds the newest data.
     pub(super) fn trusts(&self, k: usize) -> bool {
         match self.in_sync {
-            Some(s) => s.contains(&k) && !self.created.contains(&k),
+            Some(s) => s.contains(&k) && !self.created.contains(&k) && !self.remade.contains(&k),
             // a new clone: only the replicas cloned from one point in time
             None if self.clone => self.clone_set.contains(&k),
             // a new volume from a backup: the replicas restored now, or by a run
@@ -300,6 +314,45 @@ impl VolumeOps {
         Ok(())
     }
 
+    /// The lvol each attached remote replica's node serves as it now (k ->
+    /// UUID), asked of the nodes talon can call for the replicas the ledger
+    /// holds up to date that it has no lvol noted for, or all of them when
+    /// the engine is to be made (`assembling`): then one made again on its
+    /// node (its disk replaced or formatted) is told from the lvol noted
+    /// ([`remade`]) before the raid1 trusts it. Asked after the attach: the
+    /// node's status names the lvol its export serves from the pass that
+    /// made it. A node that does not answer is not judged (logged).
+    pub(super) async fn remote_lvols(
+        &self,
+        plan: &VolumePlan,
+        attached: &[ReplicaInfo],
+        assembling: bool,
+    ) -> BTreeMap<usize, String> {
+        let Some(in_sync) = plan.in_sync.as_ref() else {
+            return BTreeMap::new();
+        };
+        let asks = plan.remote_dests.iter().enumerate().filter_map(|(i, d)| {
+            let k = plan.replicas + i;
+            let ask = in_sync.contains(&k)
+                && attached.iter().any(|r| r.k == k)
+                && (assembling || !plan.noted_lvols.contains_key(&k));
+            let d = d.as_ref().filter(|_| ask)?;
+            Some(async move { (k, d.lvol(k).await) })
+        });
+        let mut out = BTreeMap::new();
+        for (k, r) in join_all(asks).await {
+            match r {
+                Ok(Some(uuid)) => {
+                    out.insert(k, uuid);
+                }
+                Ok(None) => {}
+                Err(e) => tracing::warn!(volume = plan.name.as_str(), replica = k, error = %e,
+                    "remote replica's lvol not known: not judged"),
+            }
+        }
+        out
+    }
+
     /// Attaches remote replica `k` served at `at`: its facts, or `None`
     /// when its node does not answer.
     async fn remote_replica(
@@ -409,7 +462,7 @@ impl VolumeOps {
         if plan.replicas + plan.remote.len() <= 1 {
             lone_engine(plan, replicas, trust)
         } else {
-            self.ensure_raid(inv, plan, replicas, &|k| trust.trusts(k), made)
+            self.ensure_raid(inv, plan, replicas, &|k| trust.trusts(k), &trust.remade, made)
                 .await
         }
     }
@@ -598,6 +651,24 @@ mod tests {
             local_replica(2, 10 * MIB, 0, false),
         ]);
         assert_eq!(trusted(&Trust::new(&p, &l), 0..4), vec![0]);
+    }
+
+    #[test]
+    fn a_remote_replica_made_again_on_its_node_is_never_trusted() {
+        let mut p = vplan(10, 1, true);
+        p.remote = vec![([10, 0, 0, 2].into(), 4420), ([10, 0, 0, 3].into(), 4420)];
+        p.in_sync = Some(BTreeSet::from([0, 1, 2]));
+        let noted = BTreeMap::from([(1, "u-1".to_string()), (2, "u-2".to_string())]);
+        // r1's node serves another lvol now; r2's the same; r0 local has no note
+        let now = BTreeMap::from([(1, "u-1b".to_string()), (2, "u-2".to_string())]);
+        assert_eq!(remade(&noted, &now), BTreeSet::from([1]));
+        // nothing noted (a ledger from before), or the node not asked: not judged
+        assert!(remade(&BTreeMap::new(), &now).is_empty());
+        assert!(remade(&noted, &BTreeMap::new()).is_empty());
+        let l = local_plan(vec![local_replica(0, 10 * MIB, 0, false)]);
+        let mut t = Trust::new(&p, &l);
+        t.remade = remade(&noted, &now);
+        assert_eq!(trusted(&t, 0..3), vec![0, 2]);
     }
 
     #[test]

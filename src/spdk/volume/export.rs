@@ -3,7 +3,7 @@
 //! export made again over the bdev that serves now, a replica exported to
 //! another node's engine and another node's replica attached here.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
 use super::plan::{self, Make, check_len};
@@ -543,6 +543,7 @@ impl VolumeOps {
             wanted: 1,
             waiting: Vec::new(),
             in_sync: BTreeSet::new(),
+            lvols: BTreeMap::new(),
             rebuilding: None,
             stale: Vec::new(),
             unplaced: None,

@@ -32,7 +32,7 @@
 //! created. Objects whose names are not talon's (see [`Owned`]) are never
 //! touched.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use futures::future::try_join_all;
 
@@ -179,6 +179,9 @@ pub struct VolumeInfo {
     pub waiting: Vec<(usize, String)>,
     /// Replicas that hold the newest data (the engine serves from these).
     pub in_sync: BTreeSet<usize>,
+    /// The lvol each up-to-date remote replica's node serves as it (k ->
+    /// UUID; asked now, else as the ledger noted it): for the ledger.
+    pub lvols: BTreeMap<usize, String>,
     /// The replica being rebuilt and how far it is (percent).
     pub rebuilding: Option<(usize, u32)>,
     /// Replicas present but behind, waiting for their turn to be rebuilt.
@@ -357,7 +360,7 @@ impl VolumeOps {
         // no replica that can serve (every one present missed writes): refused
         // before anything is made, so a volume held back does not make and
         // undo its missing replicas on every pass
-        let trust = ensure::Trust::new(plan, &local);
+        let mut trust = ensure::Trust::new(plan, &local);
         let wanted = plan.replicas + plan.remote.len();
         let can_serve = |k: usize| k >= plan.replicas || local.replicas.iter().any(|r| r.k == k);
         if plan.in_sync.is_some()
@@ -374,6 +377,20 @@ impl VolumeOps {
         // one that does not answer is waited for like a disk that is away
         self.attach_remotes(inv, plan, &mut replicas, &mut waiting)
             .await?;
+        // a remote replica its node made again (empty) since the ledger noted
+        // it is not trusted: rebuilt, never served as up to date
+        let assembling = inv.raid(names.raid.as_str()).is_none_or(|r| r.state != "online");
+        let asked = self.remote_lvols(plan, &replicas, assembling).await;
+        trust.remade = ensure::remade(&plan.noted_lvols, &asked);
+        for k in &trust.remade {
+            tracing::warn!(
+                volume = vol,
+                replica = k,
+                noted = plan.noted_lvols.get(k).map(String::as_str),
+                now = asked.get(k).map(String::as_str),
+                "remote replica made again on its node since it was up to date here (disk replaced or formatted): rebuilt, not trusted"
+            );
+        }
         // grow local replicas that are smaller than asked (expand), then the engine
         // follows; a remote replica grows on its own node (the controller asks
         // it to), and the raid1 follows its smallest member
@@ -401,6 +418,12 @@ impl VolumeOps {
             replicas,
             wanted: plan.replicas + plan.remote.len(),
             waiting,
+            lvols: sync
+                .in_sync
+                .iter()
+                .filter(|k| **k >= plan.replicas)
+                .filter_map(|k| Some((*k, asked.get(k).or(plan.noted_lvols.get(k))?.clone())))
+                .collect(),
             in_sync: sync.in_sync,
             rebuilding: sync.rebuilding,
             stale: sync.stale,

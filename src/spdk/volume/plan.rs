@@ -88,6 +88,10 @@ pub struct VolumePlan {
     /// Replicas kept by other talon nodes: replica `replicas + i` is served
     /// at `remote[i]` (address, NVMe/TCP port).
     pub remote: Vec<(IpAddr, u16)>,
+    /// Remote replica k -> the lvol its node reported while it was up to
+    /// date here (the ledger's `lvols`): one whose node reports another
+    /// lvol now was made again there, empty, and is not trusted.
+    pub noted_lvols: BTreeMap<usize, String>,
     /// The raid1 keeps a superblock on its members (volumes made since the
     /// superblock layout; see [`superblock_room`]): each local replica lvol
     /// is one superblock room larger than the volume, and SPDK records a
@@ -163,6 +167,7 @@ impl VolumePlan {
             restore: None,
             in_sync: None,
             remote: Vec::new(),
+            noted_lvols: BTreeMap::new(),
             superblock: replicas >= 2,
             rebuild_mib_per_sec: None,
             remote_dests: Vec::new(),

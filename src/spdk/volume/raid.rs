@@ -80,15 +80,43 @@ impl VolumeOps {
         plan: &VolumePlan,
         replicas: &[ReplicaInfo],
         trusted: &(dyn Fn(usize) -> bool + Sync),
+        remade: &BTreeSet<usize>,
         made: &mut Vec<Made>,
     ) -> Result<(String, SyncState), VolumeError> {
         let vol = plan.name.as_str();
         let raid = naming::raid(vol);
+        // assembled by SPDK from a superblock that waits only for remote
+        // members made again on their nodes (empty, with no superblock: they
+        // never join it): given up, made below from the current members
+        let given_up = match inv.raid(&raid) {
+            Some(r) if r.state == "configuring" && self.waits_only_for(r, replicas, remade).await => {
+                tracing::warn!(volume = vol, raid = %raid, replicas = ?remade,
+                    "the raid's superblock waits for remote replicas made again on their nodes: made again without them");
+                // its superblock cleared on the members it has: SPDK refuses a
+                // member with another raid's superblock ("Superblock of a
+                // different raid bdev found", -EEXIST) in the raid made below
+                let delete = RaidDelete {
+                    name: raid.clone(),
+                    clear_sb: Some(true),
+                };
+                ignore_missing(self.client.bdev_raid_delete(&delete))
+                    .await
+                    .map_err(rpc(
+                        vol,
+                        format!("giving up raid {raid} that waits for replicas made again"),
+                    ))?;
+                true
+            }
+            _ => false,
+        };
         // assembled by SPDK from a superblock that names members not here:
         // what they hold is newer than what is here, so nothing is touched
-        check_assembling(vol, &raid, inv.raid(&raid))?;
+        if !given_up {
+            check_assembling(vol, &raid, inv.raid(&raid))?;
+        }
         let existing = inv
             .raid(&raid)
+            .filter(|_| !given_up)
             .filter(|r| r.serves(|n| member_k(replicas, n).is_some()));
         // held back: a replica taken out of SPDK's rebuild this call, rebuilt
         // thin from the next call
@@ -109,6 +137,21 @@ impl VolumeOps {
         self.next_rebuild(inv, plan, &raid, replicas, behind, &mut sync)
             .await;
         Ok((raid, sync))
+    }
+
+    /// Whether raid `r`, configuring from a superblock, waits only for
+    /// members among `remade` (remote replicas made again on their nodes):
+    /// every slot not in service names (by UUID) the bdev of one of them.
+    async fn waits_only_for(&self, r: &RaidBdev, replicas: &[ReplicaInfo], remade: &BTreeSet<usize>) -> bool {
+        let mut uuids = BTreeSet::new();
+        for m in replicas.iter().filter(|m| remade.contains(&m.k)) {
+            if let Ok(Some(b)) = self.client.bdev(&m.bdev).await
+                && let Some(u) = b.uuid
+            {
+                uuids.insert(u);
+            }
+        }
+        waits_only_for(r, &uuids)
     }
 
     /// How the replicas stand in raid `raid` as listed (`r`, serving one of
@@ -579,6 +622,13 @@ fn member_k(replicas: &[ReplicaInfo], member: &str) -> Option<usize> {
         .map(|r| r.k)
 }
 
+/// Whether raid `r` misses at least one member and every one it misses is
+/// one of the bdevs `uuids`.
+fn waits_only_for(r: &RaidBdev, uuids: &BTreeSet<String>) -> bool {
+    let mut missing = r.base_bdevs_list.iter().filter(|b| !b.is_configured).peekable();
+    missing.peek().is_some() && missing.all(|b| b.uuid.as_ref().is_some_and(|u| uuids.contains(u)))
+}
+
 /// A raid SPDK is still assembling from a superblock (`configuring`) is
 /// an error: members not here hold newer data.
 fn check_assembling(vol: &str, raid: &str, listed: Option<&RaidBdev>) -> Result<(), VolumeError> {
@@ -764,6 +814,27 @@ mod tests {
         assert_eq!(member_k(&replicas, "bdev-1"), Some(1));
         assert_eq!(member_k(&replicas, "talon-d0/v-r0"), Some(0));
         assert_eq!(member_k(&replicas, "talon-null-v-r1"), None);
+    }
+
+    #[test]
+    fn a_configuring_raid_is_given_up_only_when_it_waits_for_remade_members_alone() {
+        let mut r = raid(
+            "configuring",
+            &[(Some("bdev-0"), true), (None, false), (None, false)],
+            None,
+        );
+        r.base_bdevs_list[1].uuid = Some("u-1".into());
+        r.base_bdevs_list[2].uuid = Some("u-2".into());
+        let both = BTreeSet::from(["u-1".to_string(), "u-2".to_string()]);
+        assert!(waits_only_for(&r, &both));
+        // it waits for u-2 too, which was not made again: newer data there
+        assert!(!waits_only_for(&r, &BTreeSet::from(["u-1".to_string()])));
+        // a slot with no UUID listed is never given up
+        r.base_bdevs_list[2].uuid = None;
+        assert!(!waits_only_for(&r, &both));
+        // nothing missing: nothing to give up
+        let full = raid("configuring", &[(Some("bdev-0"), true)], None);
+        assert!(!waits_only_for(&full, &both));
     }
 
     #[test]

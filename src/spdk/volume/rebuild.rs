@@ -906,6 +906,10 @@ pub trait RemoteDest: Send + Sync + std::fmt::Debug {
     async fn snapshot(&self, snap: &str) -> Result<(), PeerError>;
     /// Deletes the served replica's snapshot `snap`.
     async fn delete_snapshot(&self, snap: &str) -> Result<(), PeerError>;
+    /// The UUID of the lvol its node serves as replica `k` now (`None`: it
+    /// reports none yet), to tell a replica made again there from the one
+    /// that was up to date.
+    async fn lvol(&self, k: usize) -> Result<Option<String>, PeerError>;
 }
 
 impl VolumeOps {
