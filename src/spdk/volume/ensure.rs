@@ -6,8 +6,8 @@
 //! functions, tested below without SPDK.
 //!
 //! ```text
-//!   make_missing ─> replica_facts ─> attach_remotes ─> grow_local ─> make_engine
-//!        ─> parent_heads ─> (export) ─> served_size
+//!   make_missing ─> replica_facts ─> attach_remotes ─> remote_lvols ─> grow_local
+//!        ─> make_engine ─> parent_heads ─> (export) ─> served_size
 //! ```
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
