@@ -44,7 +44,9 @@ per step on stdout: `STEP <name> <seconds>`; one per writer run through a move o
 
 By hand: TALON_E2E_HOLD=STEP:SECONDS holds the cluster after STEP (to look at it);
 TALON_E2E_FAIL_AFTER=STEP fails after STEP (to see a failure's report, the logs kept);
-TALON_E2E_OUTAGE=SECONDS is how long the killed node stays down (20).
+TALON_E2E_OUTAGE=SECONDS is how long the killed node stays down (20); TALON_E2E_KEEP_LOGS=1 (read
+by the Rust test) keeps a passed run's logs in target/tmp/longhorn-e2e/failed/<scenario>/ too
+(driver.err's timestamped lines say where the time went).
 """
 
 import argparse
