@@ -3140,17 +3140,30 @@ async fn a_replica_made_again_on_a_formatted_disk_is_err_never_rw(real: &std::pa
         in_a && !in_c,
         "the raid1 runs over vol-r-a only, never the empty vol-r-c: {members:?}"
     );
+    written_out(&a, &mut p, &c_err, "vol-r-c", &noted).await;
+    a.stop().await;
+}
+
+/// After a replica made again elsewhere (`gone`) was found: node `a`'s
+/// ledger keeps `vol-r-a` alone, with the lvstore `noted` for it, and the
+/// replicas' modes are still `want` a pass later.
+async fn written_out(
+    a: &Node,
+    p: &mut ProxyEngineServiceClient<tonic::transport::Channel>,
+    want: &[(String, i32)],
+    gone: &str,
+    noted: &BTreeMap<String, String>,
+) {
     assert_eq!(
-        ledger_of(&a).await,
+        ledger_of(a).await,
         Some(BTreeMap::from([("vol-r-a".to_owned(), 0)])),
-        "vol-r-c written out of the ledger"
+        "{gone} written out of the ledger"
     );
     assert_eq!(
-        ledger_lvstores(&a).await,
+        ledger_lvstores(a).await,
         BTreeMap::from([("vol-r-a".to_owned(), noted["vol-r-a"].clone())])
     );
-    assert_eq!(modes(&mut p).await, c_err, "still ERR a pass later");
-    a.stop().await;
+    assert_eq!(modes(p).await, want, "still ERR a pass later");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -3213,16 +3226,7 @@ async fn real_spdk_a_remote_replica_made_again_on_a_formatted_disk_is_err_never_
             && !members.iter().any(|m| m.starts_with("vol-r-b")),
         "the raid1 runs over vol-r-a only, never B's empty vol-r-b: {members:?}"
     );
-    assert_eq!(
-        ledger_of(&a).await,
-        Some(BTreeMap::from([("vol-r-a".to_owned(), 0)])),
-        "vol-r-b written out of the ledger"
-    );
-    assert_eq!(
-        ledger_lvstores(&a).await,
-        BTreeMap::from([("vol-r-a".to_owned(), noted["vol-r-a"].clone())])
-    );
-    assert_eq!(modes(&mut p).await, b_err, "still ERR a pass later");
+    written_out(&a, &mut p, &b_err, "vol-r-b", &noted).await;
     a.stop().await;
     b.stop().await;
 }

@@ -109,15 +109,11 @@ impl VolumeOps {
             }
             _ => false,
         };
+        let listed = inv.raid(&raid).filter(|_| !given_up);
         // assembled by SPDK from a superblock that names members not here:
         // what they hold is newer than what is here, so nothing is touched
-        if !given_up {
-            check_assembling(vol, &raid, inv.raid(&raid))?;
-        }
-        let existing = inv
-            .raid(&raid)
-            .filter(|_| !given_up)
-            .filter(|r| r.serves(|n| member_k(replicas, n).is_some()));
+        check_assembling(vol, &raid, listed)?;
+        let existing = listed.filter(|r| r.serves(|n| member_k(replicas, n).is_some()));
         // held back: a replica taken out of SPDK's rebuild this call, rebuilt
         // thin from the next call
         let (mut sync, held_back) = match existing {
