@@ -3206,13 +3206,7 @@ async fn real_spdk_a_remote_replica_made_again_on_a_formatted_disk_is_err_never_
             .then_some(())
     })
     .await;
-    a.start().await;
-    running(
-        &InstanceServiceClient::new(a.channel(3).await),
-        "vol-e-0",
-        "engine",
-    )
-    .await;
+    started_with(&mut a, None).await;
     let mut p = ProxyEngineServiceClient::new(a.channel(1).await);
     let b_err = vec![(ta.clone(), RW), (tb.clone(), ERR)];
     talon::runtime::testing::eventually("the engine over vol-r-a, vol-r-b ERR", WAIT, || async {
