@@ -1446,6 +1446,47 @@ async fn a_remote_replica_served_by_another_node_joins_the_raid1() {
     b.rt.stop().await;
 }
 
+/// Issue 51: a served replica whose lvol a pass makes (a new volume, or one
+/// made again on a new disk) is exported only by the next pass, once its
+/// status names the new lvol: an engine that attaches the export and asks
+/// which lvol it reads (`volume_get`) never gets the UUID of the lvol that was
+/// there before. The double holds the export's namespace for 1 s: while the
+/// subsystem exists without it, the status already names the lvol.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_served_replica_is_exported_only_once_its_status_names_its_lvol() {
+    let b = node("db", 4439).await;
+    b.double.inject(
+        "nvmf_subsystem_add_ns",
+        1,
+        talon::spdk::double::Fault::Delay(Duration::from_secs(1)),
+    );
+    b.state
+        .create_typed("rv", "", &served_replica("da"))
+        .expect("served");
+    let nqn = "nqn.2025-01.io.talon:replica:rv:r1".to_string();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !b.double.subsystem_nqns().contains(&nqn) {
+        assert!(tokio::time::Instant::now() < deadline, "never exported");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let lvol = b
+        .client
+        .bdev("talon-db/rv-r1")
+        .await
+        .expect("get")
+        .expect("the lvol");
+    let named = replica(&b.state, "rv-r1").map(|r| r.bdev);
+    assert_eq!(
+        named.as_deref(),
+        Some(lvol.name.as_str()),
+        "exported before its status named the lvol it serves"
+    );
+    assert_eq!(ready(&b.state, "rv", "served").await.exports[0].name, nqn);
+    delete_and_wait::<Volume>(&b.state, "rv").await;
+    assert_eq!(talon_objects(&b.client).await, Vec::<String>::new());
+    b.rt.stop().await;
+}
+
 /// Issue 12, remote replicas: a snapshot of a volume with a replica on
 /// another node takes that replica's snapshot there (through its admin
 /// API) inside the same freeze of the export; the point-in-time set counts

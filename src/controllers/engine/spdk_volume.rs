@@ -282,8 +282,9 @@ struct Realized {
     disks: BTreeMap<usize, String>,
     /// The lvol each up-to-date remote replica's node reported (for the ledger).
     lvols: BTreeMap<usize, String>,
-    /// A rebuild runs (poll for its progress).
-    rebuilding: bool,
+    /// Look again soon: a rebuild, a copy or a restore runs (poll for its
+    /// progress), or a served replica made now is exported by the next pass.
+    soon: bool,
     /// The answer to the job's `dest_request`.
     dest_answer: Option<RebuildDestStatus>,
 }
@@ -296,7 +297,7 @@ impl Realized {
             in_sync: None,
             disks: BTreeMap::new(),
             lvols: BTreeMap::new(),
-            rebuilding: false,
+            soon: false,
             dest_answer: None,
         }
     }
@@ -477,7 +478,7 @@ impl SpdkVolumeController {
         let mut r = Realized::failed(state, message);
         r.status.copy = Some(progress);
         // polled: its progress, or the next try
-        r.rebuilding = true;
+        r.soon = true;
         Err(Box::new(r))
     }
 
@@ -582,7 +583,7 @@ impl SpdkVolumeController {
         // a served replica's engine (and ledger) is on another node
         let in_sync = job.spec.serve_replica.is_none().then(|| info.in_sync.clone());
         let lvols = info.lvols.clone();
-        let rebuilding = info.rebuilding.is_some();
+        let soon = info.rebuilding.is_some() || info.export_next;
         let disks = info
             .replicas
             .iter()
@@ -596,7 +597,7 @@ impl SpdkVolumeController {
             in_sync,
             disks,
             lvols,
-            rebuilding,
+            soon,
             dest_answer: None,
         }
     }
@@ -741,8 +742,13 @@ fn status_of(
     export: &ExportSpec,
     mut message: String,
 ) -> (EngineStatus, Vec<(String, ReplicaStatus)>) {
-    let degraded = info.in_sync.len() < info.wanted;
-    if degraded {
+    // a served replica whose lvol this pass made: its status names the lvol
+    // before the next pass exports it
+    let made_now = info.export_next;
+    let degraded = !made_now && info.in_sync.len() < info.wanted;
+    if made_now {
+        message = "replica made; exported from the next pass, once this status names its lvol".into();
+    } else if degraded {
         let mut parts = Vec::new();
         if let Some((k, pct)) = info.rebuilding {
             parts.push(format!("rebuilding r{k} ({pct}%)"));
@@ -787,7 +793,9 @@ fn status_of(
                     alias: r.alias.clone(),
                     size_bytes: r.size_bytes,
                     allocated_bytes: r.allocated_bytes,
-                    state: if info.in_sync.contains(&r.k) {
+                    state: if made_now {
+                        ObjectState::Creating
+                    } else if info.in_sync.contains(&r.k) {
                         ObjectState::Ready
                     } else if info.rebuilding.is_some_and(|(k, _)| k == r.k) {
                         ObjectState::Rebuilding
@@ -795,6 +803,7 @@ fn status_of(
                         ObjectState::Stale
                     },
                     message: match info.rebuilding {
+                        _ if made_now => "made; exported from the next pass".into(),
                         Some((k, pct)) if k == r.k => format!("{pct}% rebuilt"),
                         _ if !info.in_sync.contains(&r.k) => {
                             "missed writes; rebuilt when its turn comes".into()
@@ -822,7 +831,9 @@ fn status_of(
         .collect();
     let status = EngineStatus {
         engine: Engine::V2,
-        state: if degraded {
+        state: if made_now {
+            ObjectState::Creating
+        } else if degraded {
             ObjectState::Degraded
         } else {
             ObjectState::Ready
@@ -906,7 +917,7 @@ fn restore_file(step: RestoreStep, spec: &Volume) -> Result<Option<RestoreFile>,
         RestoreStep::Failed(m) => Err(Box::new(Realized::failed(ObjectState::Failed, m))),
         RestoreStep::Waiting(m) => {
             let mut r = Realized::failed(ObjectState::Creating, m);
-            r.rebuilding = true;
+            r.soon = true;
             Err(Box::new(r))
         }
         // a standby volume is not served: it holds a backup until activated
@@ -918,7 +929,7 @@ fn restore_file(step: RestoreStep, spec: &Volume) -> Result<Option<RestoreFile>,
             let mut r = Realized::failed(ObjectState::Standby, message);
             r.status.size_bytes = spec.size_bytes;
             r.status.restored_backup = backup;
-            r.rebuilding = busy;
+            r.soon = busy;
             Err(Box::new(r))
         }
     }
@@ -1037,11 +1048,11 @@ impl Controller for SpdkVolumeController {
         for (id, st) in out {
             ctx.apply(&id, st)?;
         }
-        let rebuilding = apply_statuses(ctx, statuses)?;
+        let soon = apply_statuses(ctx, statuses)?;
         self.delete(ctx, &mut want, &mut here.inv, &jobs.deleting, &snap_deleting)
             .await?;
         // replica statuses of volumes that are not live are not re-applied: the runtime drops them
-        Ok(Requeue::After(requeue_after(rebuilding, &want.volumes)))
+        Ok(Requeue::After(requeue_after(soon, &want.volumes)))
     }
 }
 
@@ -1408,9 +1419,9 @@ fn apply_statuses(
     ctx: &mut ReconcileContext,
     statuses: Vec<(String, Realized)>,
 ) -> Result<bool, ControllerError> {
-    let mut rebuilding = false;
+    let mut soon = false;
     for (id, r) in statuses {
-        rebuilding |= r.rebuilding;
+        soon |= r.soon;
         ctx.apply(&id, r.status)?;
         if let Some(a) = r.dest_answer {
             ctx.apply(&id, a)?;
@@ -1419,7 +1430,7 @@ fn apply_statuses(
             ctx.apply(&rid, rs)?;
         }
     }
-    Ok(rebuilding)
+    Ok(soon)
 }
 
 /// The volumes this controller serves: V2 here ([`serves_v2`]), or still held
@@ -1611,13 +1622,14 @@ fn created(before: Option<String>) -> String {
 }
 
 /// How soon to look again. SPDK tells nobody when a raid loses a member:
-/// poll, quickly while a rebuild runs, and often enough with raids that the
-/// ledger learns of a replica that left before a restart could trust it again.
-fn requeue_after(rebuilding: bool, volumes: &[Typed<Volume>]) -> Duration {
+/// poll, quickly while a rebuild runs (or a volume asked to be looked at
+/// `soon`), and often enough with raids that the ledger learns of a replica
+/// that left before a restart could trust it again.
+fn requeue_after(soon: bool, volumes: &[Typed<Volume>]) -> Duration {
     let raids = volumes
         .iter()
         .any(|v| v.spec.replicas as usize + v.spec.remote_replicas.len() > 1);
-    if rebuilding {
+    if soon {
         // a thin rebuild takes one step per reconcile
         Duration::from_millis(300)
     } else if raids {
@@ -2380,7 +2392,7 @@ mod tests {
             Err(r) => (
                 r.status.state,
                 r.status.message,
-                r.rebuilding,
+                r.soon,
                 r.status.size_bytes,
                 r.status.restored_backup,
             ),

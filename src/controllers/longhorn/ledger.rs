@@ -133,23 +133,20 @@ impl LonghornController {
         ledger: Option<&LonghornMemberLedger>,
     ) -> BTreeMap<String, String> {
         let making = inv.raid(e.id()).is_none();
-        let mut out = BTreeMap::new();
-        for (r, address) in &e.spec.replica_address_map {
-            if local.contains_key(r) {
-                continue;
-            }
+        // every node at once: one that does not answer costs its time-out once
+        let asks = e.spec.replica_address_map.iter().filter_map(|(r, address)| {
             let unnoted = ledger.is_none_or(|l| l.is_current(&e.spec, r) && !l.lvstores.contains_key(r));
-            if !making && !unnoted {
-                continue;
+            if local.contains_key(r) || (!making && !unnoted) {
+                return None;
             }
             let ask = tonic::Request::new(crate::proto::spdkrpc::ReplicaGetRequest { name: r.clone() });
-            if let Some(x) = self.replica_there(address, ask).await
-                && !x.lvs_uuid.is_empty()
-            {
-                out.insert(r.clone(), x.lvs_uuid);
-            }
-        }
-        out
+            Some(async move { (r, self.replica_there(address, ask).await) })
+        });
+        futures::future::join_all(asks)
+            .await
+            .into_iter()
+            .filter_map(|(r, x)| Some((r.clone(), x?.lvs_uuid)).filter(|(_, u)| !u.is_empty()))
+            .collect()
     }
 }
 

@@ -547,6 +547,7 @@ impl VolumeOps {
             rebuilding: None,
             stale: Vec::new(),
             unplaced: None,
+            export_next: false,
         };
         // the lvol: the same pure plan as the engine's replicas, for k alone
         let lp = plan::local_for(inv, plan, &[k], plan.superblock)?;
@@ -578,7 +579,24 @@ impl VolumeOps {
                 };
                 let uuid = self.make_replica(vol, &disk, &name, make).await?;
                 made.push(Made::Lvol(alias.clone()));
-                (uuid, 0)
+                // exported from the next call: the engine node compares the
+                // lvol it attached with the one this replica's status names
+                // (a replica made again on a new disk is never trusted), and
+                // that status is written when this pass ends
+                info.export_next = true;
+                info.replicas.push(ReplicaInfo {
+                    k,
+                    name,
+                    disk,
+                    bdev: uuid,
+                    alias,
+                    size_bytes: match make {
+                        Make::Thin { mib } => mib.saturating_mul(MIB),
+                        _ => lp.wanted[&k],
+                    },
+                    allocated_bytes: 0,
+                });
+                return Ok(info);
             }
         };
         let want = lp.wanted[&k];

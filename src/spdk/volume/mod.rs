@@ -188,6 +188,11 @@ pub struct VolumeInfo {
     pub stale: Vec<usize>,
     /// Replicas no disk can take now, and why.
     pub unplaced: Option<Blocked>,
+    /// A served replica ([`VolumeOps::ensure_served`]) whose lvol this call
+    /// made: not exported yet. It is exported from the next call, once the
+    /// replica's status names the new lvol, so an engine that attaches it and
+    /// asks which lvol it reads never gets an older lvol's UUID.
+    pub export_next: bool,
 }
 
 /// How the engine's replicas stand after [`VolumeOps::ensure`].
@@ -428,6 +433,7 @@ impl VolumeOps {
             rebuilding: sync.rebuilding,
             stale: sync.stale,
             unplaced: local.unplaced,
+            export_next: false,
         })
     }
 
