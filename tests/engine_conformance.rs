@@ -170,9 +170,21 @@ impl Producer {
                 .find_lvol(&lvol)
                 .unwrap_or_else(|| panic!("{}: no snapshot lvol {lvol}", self.what()));
             let size = inv.bdev_size(&l.uuid).expect("snapshot size");
-            let h = talon::longhorn::snaphash::hash_lvol(&node.spdk, &l.alias, size, None)
-                .await
-                .unwrap_or_else(|e| panic!("{}: hashing {}: {e}", self.what(), l.alias));
+            // this test's mover export is another run's to the node's talon:
+            // a sweep of its orphan controller (at its start after a kill, then
+            // every 30 s) removes it mid-hash, and the hash is taken again
+            let mut tries = 0;
+            let h = loop {
+                tries += 1;
+                match talon::longhorn::snaphash::hash_lvol(&node.spdk, &l.alias, size, None).await {
+                    Ok(h) => break h,
+                    Err(e) if tries < 3 => {
+                        eprintln!("{}: hashing {} again: {e}", self.what(), l.alias);
+                        tokio::time::sleep(Duration::from_millis(500)).await;
+                    }
+                    Err(e) => panic!("{}: hashing {}: {e}", self.what(), l.alias),
+                }
+            };
             sums.push(h.checksum);
         }
         sums

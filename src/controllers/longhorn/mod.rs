@@ -33,7 +33,7 @@ use crate::host::HostRoot;
 use crate::host::longhorn_address::AddressError;
 use crate::names::{Nqn, ObjectName};
 use crate::resources::config::{Disk, NodeConfig};
-use crate::resources::engine::{DiskStatus, ObjectState, SpdkEvents, TargetStatus};
+use crate::resources::engine::{DiskStatus, ObjectState, TargetStatus};
 use crate::resources::longhorn::{
     InstanceKind, InstanceState, LonghornEngine, LonghornEngineFrontend, LonghornInstanceStatus,
     LonghornMemberLedger, LonghornReplica, LonghornRevertLedger, LonghornSnapshotTake, RevertStatus, Session,
@@ -1261,9 +1261,6 @@ impl Controller for LonghornController {
             Input::of::<DiskStatus>(),
             Input::of::<TargetStatus>(),
             Input::of::<NodeConfig>(),
-            // a bdev went away (a raid member): the member ledger learns it
-            // within the events' poll (~200 ms), not at the next status poll
-            Input::of::<SpdkEvents>(),
         ]
     }
 
