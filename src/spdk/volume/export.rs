@@ -570,14 +570,11 @@ impl VolumeOps {
             (None, Some(l)) => (l.uuid.clone(), l.num_allocated_clusters.saturating_mul(cluster)),
             (make, _) => {
                 // a served replica starts thin and empty (its engine rebuilds it)
-                let thin = Make::Thin {
-                    mib: lp.wanted[&k].div_ceil(MIB),
+                let mib = match make {
+                    Some(Make::Thin { mib }) => *mib,
+                    _ => lp.wanted[&k].div_ceil(MIB),
                 };
-                let make = match make {
-                    Some(m @ Make::Thin { .. }) => m,
-                    _ => &thin,
-                };
-                let uuid = self.make_replica(vol, &disk, &name, make).await?;
+                let uuid = self.make_replica(vol, &disk, &name, &Make::Thin { mib }).await?;
                 made.push(Made::Lvol(alias.clone()));
                 // exported from the next call: the engine node compares the
                 // lvol it attached with the one this replica's status names
@@ -590,10 +587,7 @@ impl VolumeOps {
                     disk,
                     bdev: uuid,
                     alias,
-                    size_bytes: match make {
-                        Make::Thin { mib } => mib.saturating_mul(MIB),
-                        _ => lp.wanted[&k],
-                    },
+                    size_bytes: mib.saturating_mul(MIB),
                     allocated_bytes: 0,
                 });
                 return Ok(info);
