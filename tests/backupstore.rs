@@ -514,3 +514,72 @@ async fn a_streamed_restore_gives_only_blocks_with_data_with_bounded_blocks_in_f
     .expect_err("larger than its target");
     assert!(e.to_string().contains("more than"), "{e}");
 }
+
+/// A backup whose caller took the lock (to open its reader during the
+/// lock's 2 s settle, as the backup controller does) commits only under a
+/// backup's lock on its own backup volume, and every lock is gone after:
+/// the one it committed under, and those it refused (another volume's, a
+/// deletion's), with nothing of the refused backups in the store.
+#[tokio::test]
+async fn a_backup_under_a_lock_its_caller_took_commits_only_under_its_own_lock() {
+    use futures::StreamExt as _;
+    use talon::backupstore::BackupError;
+    use talon::backupstore::lock::{Lock, LockKind};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let root = dir.path().join("vfs");
+    std::fs::create_dir(&root).expect("the target's folder");
+    let store = Store::open(&format!("vfs://{}", root.display()), &Credentials::none()).expect("none");
+    let size = 8 * MIB;
+    let bs = format::DEFAULT_BLOCK_SIZE;
+    let blocks = || {
+        futures::stream::iter([Ok(ops::Block {
+            offset: 2 * bs,
+            data: Some(pattern(5, bs as usize)),
+        })])
+        .boxed()
+    };
+    let p = Progress::default();
+    // the three locks settle together (2 s), not one after another
+    let (own, other, deletion) = futures::join!(
+        Lock::acquire(&store, "pvc-data", LockKind::Use),
+        Lock::acquire(&store, "pvc-other", LockKind::Use),
+        Lock::acquire(&store, "pvc-third", LockKind::Delete),
+    );
+    let (b, st) = ops::create_held(
+        &store,
+        own.expect("a backup's lock"),
+        &request("backup-held", "s1", size),
+        blocks(),
+        None,
+        &p,
+    )
+    .await
+    .expect("a backup under its own lock");
+    assert!(b.complete(), "{b:?}");
+    assert_eq!((st.blocks_read, st.blocks_uploaded), (1, 1), "{st:?}");
+    for (lock, name) in [
+        (other.expect("another volume's lock"), "backup-other"),
+        (deletion.expect("a deletion's lock"), "backup-deletion"),
+    ] {
+        let e = ops::create_held(&store, lock, &request(name, "s1", size), blocks(), None, &p)
+            .await
+            .expect_err("a lock not its own");
+        assert!(
+            matches!(&e, BackupError::Invalid(m) if m.contains(name) && m.contains("pvc-data")),
+            "{e}"
+        );
+        assert!(
+            !root.join(format::backup_cfg_path("pvc-data", name)).exists(),
+            "{name} wrote nothing"
+        );
+    }
+    assert_eq!(walk(&root, ".lck"), 0, "no lock left, taken or refused");
+    // what it committed restores
+    let out = dir.path().join("out.img");
+    ops::restore_to_file(&store, "pvc-data", "backup-held", &out, 0, &p)
+        .await
+        .expect("restore_to_file");
+    let mut want = vec![0u8; size as usize];
+    want[2 * bs as usize..3 * bs as usize].copy_from_slice(&pattern(5, bs as usize));
+    assert_eq!(std::fs::read(&out).expect("read"), want);
+}

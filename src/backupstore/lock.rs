@@ -59,6 +59,9 @@ struct LockFile {
 #[derive(Debug)]
 pub struct Lock {
     store: Store,
+    /// The backup volume it locks, and how.
+    volume: String,
+    kind: LockKind,
     path: String,
     heartbeat: Option<tokio::task::JoinHandle<()>>,
 }
@@ -78,6 +81,8 @@ impl Lock {
         store.write(&path, format::encode(&mine)).await?;
         let mut lock = Lock {
             store: store.clone(),
+            volume: volume.to_owned(),
+            kind,
             path: path.clone(),
             heartbeat: None,
         };
@@ -140,6 +145,11 @@ impl Lock {
         let out = work.await;
         lock.release().await;
         out
+    }
+
+    /// Whether it is a `kind` lock on backup volume `volume`.
+    pub fn covers(&self, volume: &str, kind: LockKind) -> bool {
+        self.volume == volume && self.kind == kind
     }
 
     /// Stops refreshing and removes the lock file.

@@ -241,7 +241,36 @@ pub async fn create_from(
     Lock::holding(store, &req.volume, LockKind::Use, work).await
 }
 
-fn check_request(req: &BackupRequest, base: Option<&BackupCfg>) -> Result<(), BackupError> {
+/// As [`create_from`], under `lock`, which the caller took (a `Use` lock on
+/// `req.volume`, from [`Lock::acquire`] after [`check_request`]) so that it
+/// can open its reader during the lock's 2 s settle; releases it whatever
+/// the backup returns. Nothing is written to the store before the lock is
+/// held either way: a reader only reads.
+pub async fn create_held(
+    store: &Store,
+    lock: Lock,
+    req: &BackupRequest,
+    blocks: Blocks<'_>,
+    base: Option<&BackupCfg>,
+    progress: &Progress,
+) -> Result<(BackupCfg, BackupStats), BackupError> {
+    let out = match check_request(req, base) {
+        Ok(()) if lock.covers(&req.volume, LockKind::Use) => {
+            create_locked(store, req, blocks, base, progress).await
+        }
+        Ok(()) => Err(BackupError::Invalid(format!(
+            "backup {}: the lock held is not a backup's lock on backup volume {}",
+            req.name, req.volume
+        ))),
+        Err(e) => Err(e),
+    };
+    lock.release().await;
+    out
+}
+
+/// Whether `req` is a backup the store takes, over `base` when given: its
+/// names, block size and volume size (before any lock is written).
+pub fn check_request(req: &BackupRequest, base: Option<&BackupCfg>) -> Result<(), BackupError> {
     format::check_backup_volume_name(&req.volume)?;
     format::check_backup_name(&req.name)?;
     let bs = req.block_size();

@@ -329,14 +329,43 @@ impl Job {
                 crate::util::error_chain(&e)
             ))
         };
+        let compression = match &self.backup.compression {
+            Some(c) => backupstore::format::Compression::parse(c).map_err(named)?,
+            None => Default::default(),
+        };
+        let req = BackupRequest {
+            snapshot_created_at: self.snapshot_created.clone(),
+            labels: self.backup.labels.clone(),
+            full: self.backup.full,
+            compression,
+            block_size: bs,
+            concurrency: self.backup.concurrency.map_or(0, |n| n as usize),
+            ..BackupRequest::v2(&bvol, &self.name, snap, self.volume_size.div_ceil(bs) * bs)
+        };
+        backupstore::ops::check_request(&req, base.as_ref()).map_err(named)?;
         // nothing changed since the base (an idle volume): no block to read
-        let reader = match read.same_as_base(&inv) {
-            true => None,
-            false => Some(
-                BackupReader::open(&self.client, &inv, read)
-                    .await
-                    .map_err(reading)?,
-            ),
+        let opening = async {
+            match read.same_as_base(&inv) {
+                true => Ok(None),
+                false => BackupReader::open(&self.client, &inv, read).await.map(Some),
+            }
+        };
+        // the reader opens (its exports, the allocation map's copies) while
+        // the lock settles: Longhorn's protocol waits 2 s before a lock
+        // counts, and the reader only reads, so nothing reaches the store
+        // before the lock is held
+        let (lock, reader) = futures::join!(
+            backupstore::lock::Lock::acquire(&store, &bvol, backupstore::lock::LockKind::Use),
+            opening
+        );
+        let reader = match reader {
+            Ok(r) => r,
+            Err(e) => {
+                if let Ok(l) = lock {
+                    l.release().await;
+                }
+                return Err(reading(e));
+            }
         };
         if let Some(r) = &reader {
             match r.mapped() {
@@ -348,32 +377,21 @@ impl Job {
                     "the backup reads every block (no allocation map)"),
             }
         }
-        let made = async {
-            let compression = match &self.backup.compression {
-                Some(c) => backupstore::format::Compression::parse(c).map_err(named)?,
-                None => Default::default(),
-            };
-            let req = BackupRequest {
-                snapshot_created_at: self.snapshot_created.clone(),
-                labels: self.backup.labels.clone(),
-                full: self.backup.full,
-                compression,
-                block_size: bs,
-                concurrency: self.backup.concurrency.map_or(0, |n| n as usize),
-                ..BackupRequest::v2(&bvol, &self.name, snap, self.volume_size.div_ceil(bs) * bs)
-            };
-            let blocks = match &reader {
-                Some(r) => r.blocks(bs),
-                None => futures::stream::empty().boxed(),
-            };
-            backupstore::ops::create_from(&store, &req, blocks, base.as_ref(), &self.progress)
-                .await
-                .map_err(|e| match e {
-                    e @ backupstore::BackupError::ReadSnapshot { .. } => Failed::Read(named(e)),
-                    e => Failed::Other(named(e)),
-                })
-        }
-        .await;
+        let made = match lock {
+            Err(e) => Err(Failed::Other(named(e))),
+            Ok(lock) => {
+                let blocks = match &reader {
+                    Some(r) => r.blocks(bs),
+                    None => futures::stream::empty().boxed(),
+                };
+                backupstore::ops::create_held(&store, lock, &req, blocks, base.as_ref(), &self.progress)
+                    .await
+                    .map_err(|e| match e {
+                        e @ backupstore::BackupError::ReadSnapshot { .. } => Failed::Read(named(e)),
+                        e => Failed::Other(named(e)),
+                    })
+            }
+        };
         // the exports go on every path (a stopped task drops the reader: its sessions remove them)
         if let Some(reader) = reader
             && let Err(e) = reader.close().await
