@@ -34,7 +34,9 @@
 //! incrementally, both ways side by side: staged in a file (the shallow
 //! copy talon used before) and streamed through the data mover (what a
 //! backup does now; see `backups_of_lvol`), every block read and only what
-//! the allocation map names; and Longhorn's snapshot hash of the first
+//! the allocation map names (the streamed ones as the backup controller
+//! runs them: the reader opened during the lock's 2 s settle, its open
+//! time printed below the row); and Longhorn's snapshot hash of the first
 //! snapshot, every chunk read and mapped.
 //! The last column, peak MiB: for a talon row, how far the bench process's
 //! peak RSS rose during the operation above what it held before (freed
