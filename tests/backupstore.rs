@@ -50,6 +50,15 @@ async fn s3_store(server: &S3Server, dir: &Path, secret: &str) -> Store {
     Store::open("s3://backups@us-east-1/cluster-a/", &creds).expect("open")
 }
 
+/// A folder target (made first: a folder target is never made by talon)
+/// in `dir`: its folder and the store on it.
+fn folder_store(dir: &Path) -> (std::path::PathBuf, Store) {
+    let root = dir.join("store");
+    std::fs::create_dir(&root).expect("the target's folder");
+    let store = Store::open(&format!("vfs://{}", root.display()), &Credentials::none()).expect("store");
+    (root, store)
+}
+
 fn request(name: &str, snapshot: &str, size: u64) -> BackupRequest {
     BackupRequest::v2("pvc-data", name, snapshot, size)
 }
@@ -357,9 +366,7 @@ async fn bad_credentials_damaged_blocks_and_unfinished_backups_are_refused() {
 #[tokio::test]
 async fn a_local_folder_target_holds_the_same_layout() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let target = format!("vfs://{}", dir.path().join("vfs").display());
-    std::fs::create_dir(dir.path().join("vfs")).expect("the target's folder");
-    let store = Store::open(&target, &Credentials::none()).expect("none");
+    let (root, store) = folder_store(dir.path());
     let size = 8 * MIB;
     let img = image(
         &dir.path().join("a.img"),
@@ -371,9 +378,7 @@ async fn a_local_folder_target_holds_the_same_layout() {
     req.compression = Compression::Gzip;
     ops::create(&store, &req, &img, None, &p).await.expect("create");
     assert!(
-        dir.path()
-            .join("vfs")
-            .join(format::backup_cfg_path("pvc-data", "backup-g"))
+        root.join(format::backup_cfg_path("pvc-data", "backup-g"))
             .is_file()
     );
     let out = dir.path().join("out.img");
@@ -440,9 +445,7 @@ async fn a_streamed_restore_gives_only_blocks_with_data_with_bounded_blocks_in_f
     use std::sync::Mutex;
     use std::sync::atomic::{AtomicUsize, Ordering};
     let dir = tempfile::tempdir().expect("tempdir");
-    let folder = dir.path().join("store");
-    std::fs::create_dir(&folder).expect("folder");
-    let store = Store::open(&format!("vfs://{}", folder.display()), &Credentials::none()).expect("store");
+    let (_, store) = folder_store(dir.path());
     const SIZE: u64 = 96 * MIB;
     // 40 blocks of data (some written twice: deduplicated in the store),
     // 2 MiB of written zeros, the rest holes
@@ -526,9 +529,7 @@ async fn a_backup_under_a_lock_its_caller_took_commits_only_under_its_own_lock()
     use talon::backupstore::BackupError;
     use talon::backupstore::lock::{Lock, LockKind};
     let dir = tempfile::tempdir().expect("tempdir");
-    let root = dir.path().join("vfs");
-    std::fs::create_dir(&root).expect("the target's folder");
-    let store = Store::open(&format!("vfs://{}", root.display()), &Credentials::none()).expect("none");
+    let (root, store) = folder_store(dir.path());
     let size = 8 * MIB;
     let bs = format::DEFAULT_BLOCK_SIZE;
     let blocks = || {
@@ -574,6 +575,15 @@ async fn a_backup_under_a_lock_its_caller_took_commits_only_under_its_own_lock()
         );
     }
     assert_eq!(walk(&root, ".lck"), 0, "no lock left, taken or refused");
+    // a lock's path is made of the backup volume's name: a bad one is refused by the lock itself
+    let e = Lock::acquire(&store, "../pvc-data", LockKind::Use)
+        .await
+        .expect_err("a backup volume name with a path in it");
+    assert!(
+        matches!(&e, BackupError::InvalidName { name, .. } if name == "../pvc-data"),
+        "{e}"
+    );
+    assert_eq!(walk(dir.path(), ".lck"), 0, "nothing written for it");
     // what it committed restores
     let out = dir.path().join("out.img");
     ops::restore_to_file(&store, "pvc-data", "backup-held", &out, 0, &p)

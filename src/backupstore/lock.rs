@@ -70,6 +70,8 @@ impl Lock {
     /// Takes a `kind` lock on backup volume `volume`, or fails at once with
     /// [`BackupError::Locked`] (as Longhorn does: no waiting).
     pub async fn acquire(store: &Store, volume: &str, kind: LockKind) -> Result<Lock, BackupError> {
+        // the lock's path is made of the name: checked here, whoever calls
+        format::check_backup_volume_name(volume)?;
         let name = format!("lock-{}", &uuid::Uuid::new_v4().simple().to_string()[..16]);
         let dir = format::locks_dir(volume);
         let path = format!("{dir}/{name}.lck");
