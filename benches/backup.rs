@@ -45,6 +45,12 @@
 //! mimalloc); for a Longhorn row, its program's peak RSS (`VmHWM`, its S3
 //! server's not in it).
 //!
+//! The first rows, "S3 PUTs alone", are the server's floor: the same bytes
+//! in 2 MiB objects PUT with nothing read, checksummed or compressed. The
+//! S3 server runs on a runtime of its own (`S3Server::start_apart`), as
+//! it would in another process: talon's tasks and Longhorn's program meet
+//! it alike, both on the same two cores.
+//!
 //! Run: `cargo bench --bench backup` (BACKUP_BENCH_GIB=4 by default).
 
 #[path = "../tests/support/longhorn_backupstore.rs"]
@@ -55,6 +61,7 @@ mod s3_server;
 #[path = "../tests/support/spdk_real.rs"]
 mod spdk_real;
 
+use futures::{StreamExt, TryStreamExt};
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::time::Instant;
@@ -160,7 +167,7 @@ async fn main() {
         .unwrap_or(4);
     let size = gib << 30;
     let dir = tempfile::tempdir().expect("tempdir");
-    let server = s3_server::S3Server::start(&dir.path().join("s3"), "bench").await;
+    let server = s3_server::S3Server::start_apart(&dir.path().join("s3"), "bench");
     let secret = dir.path().join("secret.yaml");
     std::fs::write(&secret, server.secret_manifest(s3_server::SECRET_KEY)).expect("secret");
     let creds = Credentials::from_secret(&secret).expect("creds");
@@ -183,6 +190,7 @@ async fn main() {
     }
     let longhorn = Longhorn::on(&server);
 
+    let floor_rows = floor(&store, written).await;
     let lvols = lvol_target(dir.path(), size).await;
     println!(
         "backup and restore of a {gib} GiB volume, {} MiB written, S3 on loopback (s3s-fs)",
@@ -190,6 +198,9 @@ async fn main() {
     );
     println!("| operation                   | comp. | data MiB  | seconds | MiB/s   | blocks  | peak MiB |");
     println!("|-----------------------------|-------|-----------|---------|---------|---------|----------|");
+    for (what, secs) in &floor_rows {
+        row(what, "-", written, *secs, written / (2 * MIB));
+    }
     for (i, method) in [Compression::Lz4, Compression::None].into_iter().enumerate() {
         let vol = format!("bench-{}", method.as_str());
         let req = |name: &str| BackupRequest {
@@ -296,6 +307,36 @@ async fn main() {
             .expect("stop spdk_tgt");
     }
     println!("(two cores; the 2 s of each operation's lock settle are included, as Longhorn waits them too)");
+}
+
+/// The S3 server's own floor: `bytes` in 2 MiB objects PUT (one
+/// incompressible block, signed as every upload is) with no reading,
+/// checksum or compression, 2 and 8 at once: what neither talon's backup
+/// nor Longhorn's can go below on this server and these cores.
+async fn floor(store: &Store, bytes: u64) -> Vec<(String, f64)> {
+    let mut block = vec![0u8; 2 * MIB as usize];
+    let mut x = 0x9E37_79B9_7F4A_7C15u64;
+    for b in block.chunks_exact_mut(8) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        b.copy_from_slice(&x.to_le_bytes());
+    }
+    let mut rows = Vec::new();
+    for n in [2usize, 8] {
+        let t = Instant::now();
+        futures::stream::iter(0..bytes / (2 * MIB))
+            .map(|i| {
+                let data = block.clone();
+                async move { store.write(&format!("floor/{n}/{i}.blk"), data).await }
+            })
+            .buffer_unordered(n)
+            .try_collect::<Vec<()>>()
+            .await
+            .expect("PUT");
+        rows.push((format!("S3 PUTs alone, {n} at once"), t.elapsed().as_secs_f64()));
+    }
+    rows
 }
 
 /// Longhorn's own backupstore library v1.12.1 on the same S3 server: its

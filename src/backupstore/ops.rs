@@ -397,48 +397,68 @@ async fn create_locked(
 
     // progress: how far through the volume the blocks taken are
     let total = req.size / bs;
+    // Two stages, each `concurrency` blocks wide and each block a task of
+    // its own (its work on any core, not one after another in the task that
+    // polls the stream; dropped, the backup cancelled, a task is aborted):
+    // a block's checksum and compression, then its upload. The next blocks'
+    // checksums run while the uploads before them wait on the store, so at
+    // a few uploads in flight neither the cores nor the link wait on the
+    // other; held at most: `concurrency` blocks in each stage.
+    let n = req.concurrency();
     let results: Vec<(u64, Option<String>, Option<u64>)> = blocks
         .map(|b| {
-            let (store, volume) = (store.clone(), req.volume.clone());
             let full = req.full;
-            // each block a task of its own: its checksum, compression and the
-            // upload's signing (a SHA-256 of the body) run on any core, not
-            // one after another in the task that polls the stream; dropped
-            // (the backup cancelled), the task is aborted
             let task = tokio::spawn(async move {
                 let Block { offset, data } = b?;
                 let Some(data) = data else {
-                    return Ok((offset, None, None));
+                    return Ok(Prepared::Gone { offset });
                 };
                 // a full backup uploads every block: compressed beside its checksum
-                let (sum, data, z) = tokio::task::spawn_blocking(move || {
+                Ok(tokio::task::spawn_blocking(move || {
                     let sum = format::checksum(&data);
-                    let z = full.then(|| method.compress(&data));
-                    (sum, data, z)
+                    match full {
+                        true => Prepared::Compressed {
+                            offset,
+                            z: method.compress(&data),
+                            sum,
+                        },
+                        false => Prepared::Read { offset, sum, data },
+                    }
                 })
                 .await
-                .expect("checksumming a block");
-                let path = format::block_path(&volume, &sum);
-                // an incremental one only a block the store lacks
-                let z = match z {
-                    Some(z) => z,
-                    None if !store.exists(&path).await? => {
-                        tokio::task::spawn_blocking(move || method.compress(&data))
-                            .await
-                            .expect("compressing a block")
-                    }
-                    None => return Ok((offset, Some(sum), None)),
-                };
-                let n = z.len() as u64;
-                store.write(&path, z).await?;
-                let uploaded = Some(n);
-                Ok::<_, BackupError>((offset, Some(sum), uploaded))
+                .expect("checksumming a block"))
             });
             futures::FutureExt::map(tokio_util::task::AbortOnDropHandle::new(task), |r| {
-                r.expect("a block's backup task")
+                r.expect("a block's checksum task")
             })
         })
-        .buffered(req.concurrency())
+        .buffered(n)
+        .map(|p| {
+            let (store, volume) = (store.clone(), req.volume.clone());
+            let task = tokio::spawn(async move {
+                let (offset, sum, z) = match p? {
+                    Prepared::Gone { offset } => return Ok((offset, None, None)),
+                    Prepared::Compressed { offset, sum, z } => (offset, sum, z),
+                    // an incremental backup uploads only a block the store lacks
+                    Prepared::Read { offset, sum, data } => {
+                        if store.exists(&format::block_path(&volume, &sum)).await? {
+                            return Ok((offset, Some(sum), None));
+                        }
+                        let z = tokio::task::spawn_blocking(move || method.compress(&data))
+                            .await
+                            .expect("compressing a block");
+                        (offset, sum, z)
+                    }
+                };
+                let n = z.len() as u64;
+                store.write(&format::block_path(&volume, &sum), z).await?;
+                Ok::<_, BackupError>((offset, Some(sum), Some(n)))
+            });
+            futures::FutureExt::map(tokio_util::task::AbortOnDropHandle::new(task), |r| {
+                r.expect("a block's upload task")
+            })
+        })
+        .buffered(n)
         .inspect(|r| {
             if let Ok((offset, ..)) = r {
                 progress.set(offset / bs + 1, total + 1)
@@ -510,6 +530,17 @@ async fn create_locked(
         .await?;
     progress.set(1, 1);
     Ok((cfg, stats))
+}
+
+/// A block through a backup's first stage.
+enum Prepared {
+    /// No data there any more (a block of the base the volume dropped).
+    Gone { offset: u64 },
+    /// A full backup's block: checksummed and compressed.
+    Compressed { offset: u64, sum: String, z: Vec<u8> },
+    /// An incremental backup's: checksummed, compressed only if the store
+    /// lacks it.
+    Read { offset: u64, sum: String, data: Vec<u8> },
 }
 
 /// Copies the hole ranges of `image`'s block at `offset` from `old`.

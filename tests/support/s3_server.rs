@@ -22,6 +22,8 @@ pub struct S3Server {
     /// Where its objects are files (`<root>/<bucket>/<key>`).
     pub root: PathBuf,
     task: tokio::task::JoinHandle<()>,
+    /// Its own runtime, when it has one ([`S3Server::start_apart`]).
+    runtime: Option<tokio::runtime::Runtime>,
 }
 
 impl S3Server {
@@ -29,6 +31,30 @@ impl S3Server {
     pub async fn start(root: &Path, bucket: &str) -> S3Server {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
         Self::start_on(listener, root, bucket)
+    }
+
+    /// Serves `root` with bucket `bucket` made, on 127.0.0.1, on a runtime of
+    /// its own (two worker threads), as a server in another process would:
+    /// its request handling (SigV4 checks, MD5s, file writes) never runs on
+    /// the caller's workers between the caller's own tasks. For benchmarks,
+    /// where talon's side and Longhorn's program (another process) should
+    /// meet the server alike.
+    #[allow(dead_code, reason = "benches/backup.rs's; the tests share the runtime")]
+    pub fn start_apart(root: &Path, bucket: &str) -> S3Server {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("s3-server")
+            .enable_all()
+            .build()
+            .expect("the S3 server's runtime");
+        let _in = runtime.enter();
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        listener.set_nonblocking(true).expect("nonblocking");
+        let listener = tokio::net::TcpListener::from_std(listener).expect("listener");
+        let mut server = Self::start_on(listener, root, bucket);
+        drop(_in);
+        server.runtime = Some(runtime);
+        server
     }
 
     /// Serves `root` with bucket `bucket` made, on `listener` (one bound in
@@ -57,6 +83,7 @@ impl S3Server {
             addr,
             root: root.to_owned(),
             task,
+            runtime: None,
         }
     }
 
@@ -77,6 +104,9 @@ impl S3Server {
 impl Drop for S3Server {
     fn drop(&mut self) {
         self.task.abort();
+        if let Some(runtime) = self.runtime.take() {
+            runtime.shutdown_background();
+        }
     }
 }
 
