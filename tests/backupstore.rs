@@ -593,3 +593,84 @@ async fn a_backup_under_a_lock_its_caller_took_commits_only_under_its_own_lock()
     want[2 * bs as usize..3 * bs as usize].copy_from_slice(&pattern(5, bs as usize));
     assert_eq!(std::fs::read(&out).expect("read"), want);
 }
+
+#[tokio::test]
+async fn over_tls_with_the_targets_own_ca_bodies_are_left_to_tls_and_over_http_they_are_signed() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let size = 16 * MIB;
+    let full = image(
+        &dir.path().join("s1.img"),
+        size,
+        &[
+            (2 * MIB, pattern(5, 3 * MIB as usize)),
+            (12 * MIB, pattern(6, MIB as usize)),
+        ],
+    );
+    let tls = S3Server::start_tls(&dir.path().join("s3-tls"), "backups").await;
+    let plain = S3Server::start(&dir.path().join("s3"), "backups").await;
+    let creds = |server: &S3Server, ca: Option<&str>| {
+        Credentials::from_pairs(
+            [
+                ("AWS_ACCESS_KEY_ID", s3_server::ACCESS_KEY),
+                ("AWS_SECRET_ACCESS_KEY", s3_server::SECRET_KEY),
+                ("AWS_ENDPOINTS", server.endpoint().as_str()),
+            ]
+            .into_iter()
+            .chain(ca.map(|c| ("AWS_CERT", c)))
+            .map(|(k, v)| (k.to_owned(), v.to_owned())),
+        )
+    };
+    let url = "s3://backups@us-east-1/cluster-a/";
+    let ca = tls.ca_pem.clone().expect("the TLS server's CA");
+    assert!(tls.endpoint().starts_with("https://"), "{}", tls.endpoint());
+
+    // without the CA the server's certificate is refused: nothing written
+    let untrusted = Store::open(url, &creds(&tls, None)).expect("open");
+    let refused = untrusted
+        .check()
+        .await
+        .expect_err("a certificate of an unknown CA was taken");
+    assert!(
+        format!("{refused:?}").to_lowercase().contains("certificate"),
+        "{refused:?}"
+    );
+    assert_eq!(tls.puts.counts(), (0, 0));
+
+    let p = Progress::default();
+    for (server, store) in [
+        (
+            &tls,
+            Store::open(url, &creds(&tls, Some(&ca))).expect("open over TLS"),
+        ),
+        (
+            &plain,
+            Store::open(url, &creds(&plain, None)).expect("open over HTTP"),
+        ),
+    ] {
+        store.check().await.expect("check");
+        let before = server.puts.counts();
+        let (b, stats) = ops::create(&store, &request("backup-one", "s1", size), &full, None, &p)
+            .await
+            .expect("backup");
+        assert!(b.complete());
+        assert_eq!(stats.blocks_uploaded, 3, "{stats:?}");
+        let (signed, unsigned) = server.puts.counts();
+        let puts = signed + unsigned - before.0 - before.1;
+        assert!(puts >= 3 + 2, "3 blocks and the cfgs: {puts} PUTs");
+        if std::ptr::eq(server, &tls) {
+            assert_eq!(signed, 0, "a body signed over TLS");
+        } else {
+            assert_eq!(unsigned, 0, "a body left unsigned over plain HTTP");
+        }
+        let out = dir.path().join("r.img");
+        ops::restore_to_file(&store, "pvc-data", "backup-one", &out, ROOM, &p)
+            .await
+            .expect("restore");
+        assert_eq!(
+            sha(&out, ROOM, size),
+            sha(&full.file, ROOM, size),
+            "{}",
+            server.endpoint()
+        );
+    }
+}

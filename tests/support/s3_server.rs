@@ -3,6 +3,8 @@
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto::Builder as ConnBuilder;
@@ -24,6 +26,32 @@ pub struct S3Server {
     task: tokio::task::JoinHandle<()>,
     /// Its own runtime, when it has one ([`S3Server::start_apart`]).
     runtime: Option<tokio::runtime::Runtime>,
+    /// With TLS ([`S3Server::start_tls`]): the PEM of the CA its
+    /// certificate is signed by (a secret's `AWS_CERT`).
+    pub ca_pem: Option<String>,
+    /// How the PUTs it took were signed.
+    pub puts: Arc<Puts>,
+}
+
+/// The PUTs a server took, by how SigV4 covered their bodies
+/// (`x-amz-content-sha256`).
+#[derive(Default)]
+pub struct Puts {
+    /// A SHA-256 of the body, checked by the server.
+    pub signed: AtomicU64,
+    /// `UNSIGNED-PAYLOAD`: the body left to the transport.
+    pub unsigned: AtomicU64,
+}
+
+impl Puts {
+    /// (signed, unsigned) so far.
+    #[allow(dead_code, reason = "the TLS tests'")]
+    pub fn counts(&self) -> (u64, u64) {
+        (
+            self.signed.load(Ordering::Relaxed),
+            self.unsigned.load(Ordering::Relaxed),
+        )
+    }
 }
 
 impl S3Server {
@@ -60,22 +88,78 @@ impl S3Server {
     /// Serves `root` with bucket `bucket` made, on `listener` (one bound in
     /// another network namespace, say).
     pub fn start_on(listener: tokio::net::TcpListener, root: &Path, bucket: &str) -> S3Server {
+        Self::serve(listener, root, bucket, None)
+    }
+
+    /// Serves `root` with bucket `bucket` made, on 127.0.0.1 over TLS: its
+    /// certificate (for 127.0.0.1) signed by a CA made here, whose PEM is
+    /// [`S3Server::ca_pem`] (the secret's `AWS_CERT`).
+    #[allow(dead_code, reason = "the TLS tests'")]
+    pub async fn start_tls(root: &Path, bucket: &str) -> S3Server {
+        use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair, SanType};
+        use tokio_rustls::rustls;
+        let mut ca = CertificateParams::new(Vec::new()).expect("CA params");
+        ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        ca.distinguished_name
+            .push(rcgen::DnType::CommonName, "talon test S3 CA");
+        let ca_key = KeyPair::generate().expect("CA key");
+        let ca_pem = ca.self_signed(&ca_key).expect("CA").pem();
+        let issuer = Issuer::new(ca, ca_key);
+        let mut leaf = CertificateParams::new(Vec::new()).expect("params");
+        leaf.subject_alt_names
+            .push(SanType::IpAddress("127.0.0.1".parse().expect("ip")));
+        let key = KeyPair::generate().expect("key");
+        let cert = leaf.signed_by(&key, &issuer).expect("certificate");
+        let config =
+            rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+                .with_safe_default_protocol_versions()
+                .expect("TLS versions")
+                .with_no_client_auth()
+                .with_single_cert(
+                    vec![cert.der().clone()],
+                    rustls_pki_types::PrivateKeyDer::try_from(key.serialize_der()).expect("key der"),
+                )
+                .expect("TLS config");
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let mut server = Self::serve(
+            listener,
+            root,
+            bucket,
+            Some(tokio_rustls::TlsAcceptor::from(Arc::new(config))),
+        );
+        server.ca_pem = Some(ca_pem);
+        server
+    }
+
+    fn serve(
+        listener: tokio::net::TcpListener,
+        root: &Path,
+        bucket: &str,
+        tls: Option<tokio_rustls::TlsAcceptor>,
+    ) -> S3Server {
         std::fs::create_dir_all(root.join(bucket)).expect("bucket folder");
         let fs = s3s_fs::FileSystem::new(root).expect("s3s-fs root");
-        let mut b = S3ServiceBuilder::new(AwsDelimiter(fs));
+        let puts = Arc::new(Puts::default());
+        let mut b = S3ServiceBuilder::new(AwsDelimiter(fs, puts.clone()));
         b.set_auth(SimpleAuth::from_single(ACCESS_KEY, SECRET_KEY));
         let service = b.build();
         let addr = listener.local_addr().expect("addr");
+        let tls_on = tls.is_some();
         let task = tokio::spawn(async move {
             loop {
                 let Ok((socket, _)) = listener.accept().await else {
                     continue;
                 };
-                let service = service.clone();
+                let (service, tls) = (service.clone(), tls.clone());
                 tokio::spawn(async move {
-                    let _ = ConnBuilder::new(TokioExecutor::new())
-                        .serve_connection(TokioIo::new(socket), service)
-                        .await;
+                    let conn = ConnBuilder::new(TokioExecutor::new());
+                    let _ = match tls {
+                        None => conn.serve_connection(TokioIo::new(socket), service).await,
+                        Some(tls) => match tls.accept(socket).await {
+                            Ok(socket) => conn.serve_connection(TokioIo::new(socket), service).await,
+                            Err(_) => return,
+                        },
+                    };
                 });
             }
         });
@@ -84,12 +168,17 @@ impl S3Server {
             root: root.to_owned(),
             task,
             runtime: None,
+            ca_pem: tls_on.then(String::new),
+            puts,
         }
     }
 
     /// Its endpoint URL.
     pub fn endpoint(&self) -> String {
-        format!("http://{}", self.addr)
+        match self.ca_pem {
+            Some(_) => format!("https://{}", self.addr),
+            None => format!("http://{}", self.addr),
+        }
     }
 
     /// A secret manifest with its credentials (or `secret` as the secret key).
@@ -114,7 +203,7 @@ impl Drop for S3Server {
 /// delimiter (AWS's behaviour; s3s-fs panics on it). Longhorn's backupstore
 /// lists with `delimiter=` before it deletes a prefix. Every other call goes
 /// to s3s-fs as it is.
-struct AwsDelimiter(s3s_fs::FileSystem);
+struct AwsDelimiter(s3s_fs::FileSystem, Arc<Puts>);
 
 macro_rules! aws_delimiter {
     ($($name:ident: $input:ty => $output:ty;)*) => {
@@ -125,6 +214,19 @@ macro_rules! aws_delimiter {
                     self.0.$name(req).await
                 }
             )*
+
+            async fn put_object(
+                &self,
+                req: S3Request<PutObjectInput>,
+            ) -> S3Result<S3Response<PutObjectOutput>> {
+                let unsigned = req
+                    .headers
+                    .get("x-amz-content-sha256")
+                    .is_some_and(|v| v.as_bytes().starts_with(b"UNSIGNED-PAYLOAD"));
+                let count = if unsigned { &self.1.unsigned } else { &self.1.signed };
+                count.fetch_add(1, Ordering::Relaxed);
+                self.0.put_object(req).await
+            }
 
             async fn list_objects(
                 &self,
@@ -155,7 +257,6 @@ aws_delimiter! {
     head_bucket: HeadBucketInput => HeadBucketOutput;
     head_object: HeadObjectInput => HeadObjectOutput;
     list_buckets: ListBucketsInput => ListBucketsOutput;
-    put_object: PutObjectInput => PutObjectOutput;
     create_multipart_upload: CreateMultipartUploadInput => CreateMultipartUploadOutput;
     upload_part: UploadPartInput => UploadPartOutput;
     complete_multipart_upload: CompleteMultipartUploadInput => CompleteMultipartUploadOutput;
