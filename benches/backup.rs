@@ -75,17 +75,23 @@ use talon::backupstore::{
 const MIB: u64 = 1 << 20;
 const RUN: u64 = 64 * MIB;
 
+/// Fills `buf` with incompressible bytes (xorshift64 from state `x`, which
+/// goes on where the last call left it).
+fn random(buf: &mut [u8], x: &mut u64) {
+    for b in buf.chunks_exact_mut(8) {
+        *x ^= *x << 13;
+        *x ^= *x >> 7;
+        *x ^= *x << 17;
+        b.copy_from_slice(&x.to_le_bytes());
+    }
+}
+
 fn fill(f: &std::fs::File, at: u64, len: u64, seed: u64) {
     let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
     let mut buf = vec![0u8; 8 * MIB as usize];
     let mut done = 0;
     while done < len {
-        for b in buf.chunks_exact_mut(8) {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            b.copy_from_slice(&x.to_le_bytes());
-        }
+        random(&mut buf, &mut x);
         let n = (len - done).min(buf.len() as u64) as usize;
         f.write_all_at(&buf[..n], at + done).expect("write");
         done += n as u64;
@@ -315,13 +321,7 @@ async fn main() {
 /// nor Longhorn's can go below on this server and these cores.
 async fn floor(store: &Store, bytes: u64) -> Vec<(String, f64)> {
     let mut block = vec![0u8; 2 * MIB as usize];
-    let mut x = 0x9E37_79B9_7F4A_7C15u64;
-    for b in block.chunks_exact_mut(8) {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        b.copy_from_slice(&x.to_le_bytes());
-    }
+    random(&mut block, &mut 0x9E37_79B9_7F4A_7C15u64);
     let mut rows = Vec::new();
     for n in [2usize, 8] {
         let t = Instant::now();

@@ -121,21 +121,15 @@ impl S3Server {
                 )
                 .expect("TLS config");
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let mut server = Self::serve(
-            listener,
-            root,
-            bucket,
-            Some(tokio_rustls::TlsAcceptor::from(Arc::new(config))),
-        );
-        server.ca_pem = Some(ca_pem);
-        server
+        let tls = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+        Self::serve(listener, root, bucket, Some((tls, ca_pem)))
     }
 
     fn serve(
         listener: tokio::net::TcpListener,
         root: &Path,
         bucket: &str,
-        tls: Option<tokio_rustls::TlsAcceptor>,
+        tls: Option<(tokio_rustls::TlsAcceptor, String)>,
     ) -> S3Server {
         std::fs::create_dir_all(root.join(bucket)).expect("bucket folder");
         let fs = s3s_fs::FileSystem::new(root).expect("s3s-fs root");
@@ -144,7 +138,7 @@ impl S3Server {
         b.set_auth(SimpleAuth::from_single(ACCESS_KEY, SECRET_KEY));
         let service = b.build();
         let addr = listener.local_addr().expect("addr");
-        let tls_on = tls.is_some();
+        let (tls, ca_pem) = tls.unzip();
         let task = tokio::spawn(async move {
             loop {
                 let Ok((socket, _)) = listener.accept().await else {
@@ -168,7 +162,7 @@ impl S3Server {
             root: root.to_owned(),
             task,
             runtime: None,
-            ca_pem: tls_on.then(String::new),
+            ca_pem,
             puts,
         }
     }
