@@ -12,7 +12,7 @@ use std::path::Path;
 
 use s3_server::S3Server;
 use talon::backupstore::{
-    BackupRequest, Compression, Credentials, Progress, SparseImage, Store, format, ops,
+    BackupError, BackupRequest, Compression, Credentials, Progress, SparseImage, Store, format, ops,
 };
 
 const MIB: u64 = 1 << 20;
@@ -526,7 +526,6 @@ async fn a_streamed_restore_gives_only_blocks_with_data_with_bounded_blocks_in_f
 #[tokio::test]
 async fn a_backup_under_a_lock_its_caller_took_commits_only_under_its_own_lock() {
     use futures::StreamExt as _;
-    use talon::backupstore::BackupError;
     use talon::backupstore::lock::{Lock, LockKind};
     let dir = tempfile::tempdir().expect("tempdir");
     let (root, store) = folder_store(dir.path());
@@ -624,16 +623,33 @@ async fn over_tls_with_the_targets_own_ca_bodies_are_left_to_tls_and_over_http_t
     let ca = tls.ca_pem.clone().expect("the TLS server's CA");
     assert!(tls.endpoint().starts_with("https://"), "{}", tls.endpoint());
 
-    // without the CA the server's certificate is refused: nothing written
-    let untrusted = Store::open(url, &creds(&tls, None)).expect("open");
-    let refused = untrusted
-        .check()
-        .await
-        .expect_err("a certificate of an unknown CA was taken");
-    assert!(
-        format!("{refused:?}").to_lowercase().contains("certificate"),
-        "{refused:?}"
-    );
+    // without the CA, or with another server's, the server's certificate is
+    // refused at the first connection (no retry can make it trusted), the
+    // error says what to fix, and nothing is written
+    let other = S3Server::start_tls(&dir.path().join("s3-other"), "backups").await;
+    let other_ca = other.ca_pem.clone().expect("the other server's CA");
+    for (ca, hint) in [
+        (None, "no AWS_CERT is given"),
+        (Some(other_ca.as_str()), "the CA in AWS_CERT did not sign it"),
+    ] {
+        let before = tls.accepted.load(std::sync::atomic::Ordering::Relaxed);
+        let untrusted = Store::open(url, &creds(&tls, ca)).expect("open");
+        let refused = untrusted
+            .check()
+            .await
+            .expect_err("a certificate of an unknown CA was taken");
+        let said = refused.to_string();
+        assert!(matches!(refused, BackupError::Target { .. }), "{refused:?}");
+        assert!(
+            said.contains("certificate is not trusted") && said.contains(hint),
+            "{said}"
+        );
+        let tried = tls.accepted.load(std::sync::atomic::Ordering::Relaxed) - before;
+        assert_eq!(
+            tried, 1,
+            "the untrusted certificate was tried {tried} times: {said}"
+        );
+    }
     assert_eq!(tls.puts.counts(), (0, 0));
 
     let p = Progress::default();

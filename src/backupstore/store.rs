@@ -357,6 +357,67 @@ fn payload_left_to_tls(endpoint: Option<&str>) -> bool {
     endpoint.is_none_or(|e| e.starts_with("https://"))
 }
 
+/// The HTTP client of an S3 target: object_store's own (reqwest), but a
+/// server certificate the roots do not trust fails the call at once.
+/// object_store counts it a connect error and retries those ten times with
+/// backoff, so a wrong or missing `AWS_CERT` took ~10 s to be told, on every
+/// call; no retry can make the certificate trusted.
+#[derive(Debug, Default)]
+struct UntrustedIsFinal;
+
+impl object_store::client::HttpConnector for UntrustedIsFinal {
+    fn connect(
+        &self,
+        options: &object_store::ClientOptions,
+    ) -> object_store::Result<object_store::client::HttpClient> {
+        let inner = object_store::client::ReqwestConnector::default().connect(options)?;
+        Ok(object_store::client::HttpClient::new(UntrustedIsFinalClient(
+            inner,
+        )))
+    }
+}
+
+#[derive(Debug)]
+struct UntrustedIsFinalClient(object_store::client::HttpClient);
+
+#[async_trait::async_trait]
+impl object_store::client::HttpService for UntrustedIsFinalClient {
+    async fn call(
+        &self,
+        req: object_store::client::HttpRequest,
+    ) -> Result<object_store::client::HttpResponse, object_store::client::HttpError> {
+        use object_store::client::{HttpError, HttpErrorKind};
+        self.0
+            .execute(req)
+            .await
+            .map_err(|e| match untrusted_certificate(&e) {
+                // `Unknown`: a kind object_store never retries
+                Some(_) => HttpError::new(HttpErrorKind::Unknown, e),
+                None => e,
+            })
+    }
+}
+
+/// rustls's refusal of the peer's certificate, when it is `e` or an error
+/// under it. rustls's error reaches reqwest inside `io::Error`s (two, as
+/// hyper-util wraps it), and an `io::Error`'s `source()` skips the error it
+/// wraps, so each `io::Error` met is opened too.
+fn untrusted_certificate(e: &(dyn std::error::Error + 'static)) -> Option<String> {
+    use tokio_rustls::rustls::Error as Tls;
+    let mut at = vec![e];
+    while let Some(x) = at.pop() {
+        if let Some(t @ (Tls::InvalidCertificate(_) | Tls::NoCertificatesPresented)) = x.downcast_ref::<Tls>()
+        {
+            return Some(t.to_string());
+        }
+        if let Some(wrapped) = x.downcast_ref::<std::io::Error>().and_then(|io| io.get_ref()) {
+            at.push(wrapped);
+        }
+        at.extend(x.source());
+    }
+    None
+}
+
 impl Store {
     /// Opens `url` with `creds`; nothing is called yet (see [`Store::check`]).
     /// A folder target's folder must exist: talon never makes one (a
@@ -403,7 +464,9 @@ impl Store {
                 if let Some(e) = endpoint {
                     b = b.with_endpoint(e).with_allow_http(e.starts_with("http://"));
                 }
-                b = b.with_unsigned_payload(payload_left_to_tls(endpoint));
+                b = b
+                    .with_unsigned_payload(payload_left_to_tls(endpoint))
+                    .with_http_connector(UntrustedIsFinal);
                 // Longhorn's rule: path-style with an endpoint, virtual-hosted on AWS
                 let virtual_hosted = match creds.get("VIRTUAL_HOSTED_STYLE") {
                     Some("true") => true,
@@ -490,6 +553,7 @@ impl Store {
     fn failed(&self, op: &'static str, path: &str) -> impl FnOnce(object_store::Error) -> BackupError {
         let path = path.to_owned();
         let creds = self.creds.clone();
+        let url = redact_urls(&self.url);
         move |source| {
             let mut chain = source.to_string();
             let mut cause = std::error::Error::source(&source);
@@ -498,6 +562,17 @@ impl Store {
                 cause = c.source();
             }
             let clean = creds.redact(&chain);
+            if let Some(refusal) = untrusted_certificate(&source) {
+                let ca = if creds.get("AWS_CERT").is_some() {
+                    "the CA in AWS_CERT did not sign it: AWS_CERT must hold the CA (PEM) that did"
+                } else {
+                    "no AWS_CERT is given: put the CA (PEM) that signed it in the secret's AWS_CERT"
+                };
+                return BackupError::Target {
+                    url,
+                    reason: format!("{op} {path}: the server's certificate is not trusted ({ca}): {refusal}"),
+                };
+            }
             let source = if clean == chain {
                 source
             } else {

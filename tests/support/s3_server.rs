@@ -31,6 +31,8 @@ pub struct S3Server {
     pub ca_pem: Option<String>,
     /// How the PUTs it took were signed.
     pub puts: Arc<Puts>,
+    /// The TCP connections it accepted.
+    pub accepted: Arc<AtomicU64>,
 }
 
 /// The PUTs a server took, by how SigV4 covered their bodies
@@ -139,11 +141,14 @@ impl S3Server {
         let service = b.build();
         let addr = listener.local_addr().expect("addr");
         let (tls, ca_pem) = tls.unzip();
+        let accepted = Arc::new(AtomicU64::new(0));
+        let counted = accepted.clone();
         let task = tokio::spawn(async move {
             loop {
                 let Ok((socket, _)) = listener.accept().await else {
                     continue;
                 };
+                counted.fetch_add(1, Ordering::Relaxed);
                 let (service, tls) = (service.clone(), tls.clone());
                 tokio::spawn(async move {
                     let conn = ConnBuilder::new(TokioExecutor::new());
@@ -164,6 +169,7 @@ impl S3Server {
             runtime: None,
             ca_pem,
             puts,
+            accepted,
         }
     }
 
