@@ -51,6 +51,10 @@
 //! it would in another process: talon's tasks and Longhorn's program meet
 //! it alike, both on the same two cores.
 //!
+//! The last rows, "TLS: ...", are the same server over TLS (its own CA in
+//! `AWS_CERT`): its floor, full backups and a restore, lz4, to read beside
+//! the plain-HTTP rows of the same names.
+//!
 //! Run: `cargo bench --bench backup` (BACKUP_BENCH_GIB=4 by default).
 
 #[path = "../tests/support/longhorn_backupstore.rs"]
@@ -307,12 +311,69 @@ async fn main() {
             .await;
         }
     }
+    over_tls(dir.path(), &full, size, written).await;
     if let Some(t) = lvols {
         t.0.stop(std::time::Duration::from_secs(5))
             .await
             .expect("stop spdk_tgt");
     }
     println!("(two cores; the 2 s of each operation's lock settle are included, as Longhorn waits them too)");
+}
+
+/// The same server over TLS (an `https://` endpoint, `AWS_CERT` its CA):
+/// its floor, the full backup at 2 and 4 at once and its restore, lz4, each
+/// to read beside the plain-HTTP row of the same name. Over TLS talon leaves
+/// request bodies unsigned (SigV4 `UNSIGNED-PAYLOAD`), so these rows carry
+/// TLS's encryption on both sides and no SHA-256 of any body.
+async fn over_tls(dir: &Path, full: &SparseImage, size: u64, written: u64) {
+    let server = s3_server::S3Server::start_apart_tls(&dir.join("s3-tls"), "bench");
+    let secret = dir.join("secret-tls.yaml");
+    std::fs::write(&secret, server.secret_manifest(s3_server::SECRET_KEY)).expect("secret");
+    let creds = Credentials::from_secret(&secret).expect("creds");
+    let store = Store::open("s3://bench@us-east-1/b/", &creds).expect("store over TLS");
+    for (what, secs) in floor(&store, written).await {
+        row(
+            &what.replace("S3 ", "TLS: "),
+            "-",
+            written,
+            secs,
+            written / (2 * MIB),
+        );
+    }
+    let vol = "bench-tls";
+    let p = Progress::default();
+    for n in [2usize, 4] {
+        let req = BackupRequest {
+            compression: Compression::Lz4,
+            concurrency: n,
+            full: true,
+            ..BackupRequest::v2(vol, &format!("full-{n}"), &format!("full-{n}"), size)
+        };
+        let t = clock();
+        let (_, s) = ops::create(&store, &req, full, None, &p)
+            .await
+            .expect("full backup over TLS");
+        row(
+            &format!("TLS: full backup, {n} at once"),
+            "lz4",
+            written,
+            t.elapsed().as_secs_f64(),
+            s.blocks_uploaded,
+        );
+    }
+    let out = dir.join("restore-tls.img");
+    let t = clock();
+    let r = ops::restore_to_file(&store, vol, "full-4", &out, 0, &p)
+        .await
+        .expect("restore over TLS");
+    row(
+        "TLS: restore",
+        "lz4",
+        r.bytes_written,
+        t.elapsed().as_secs_f64(),
+        r.blocks,
+    );
+    let _ = std::fs::remove_file(&out);
 }
 
 /// The S3 server's own floor: `bytes` in 2 MiB objects PUT (one

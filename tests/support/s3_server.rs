@@ -71,6 +71,16 @@ impl S3Server {
     /// meet the server alike.
     #[allow(dead_code, reason = "benches/backup.rs's; the tests share the runtime")]
     pub fn start_apart(root: &Path, bucket: &str) -> S3Server {
+        Self::apart(root, bucket, None)
+    }
+
+    /// [`S3Server::start_apart`] over TLS, as [`S3Server::start_tls`].
+    #[allow(dead_code, reason = "benches/backup.rs's")]
+    pub fn start_apart_tls(root: &Path, bucket: &str) -> S3Server {
+        Self::apart(root, bucket, Some(Self::tls()))
+    }
+
+    fn apart(root: &Path, bucket: &str, tls: Option<(tokio_rustls::TlsAcceptor, String)>) -> S3Server {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .thread_name("s3-server")
@@ -81,7 +91,7 @@ impl S3Server {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
         listener.set_nonblocking(true).expect("nonblocking");
         let listener = tokio::net::TcpListener::from_std(listener).expect("listener");
-        let mut server = Self::start_on(listener, root, bucket);
+        let mut server = Self::serve(listener, root, bucket, tls);
         drop(_in);
         server.runtime = Some(runtime);
         server
@@ -96,8 +106,15 @@ impl S3Server {
     /// Serves `root` with bucket `bucket` made, on 127.0.0.1 over TLS: its
     /// certificate (for 127.0.0.1) signed by a CA made here, whose PEM is
     /// [`S3Server::ca_pem`] (the secret's `AWS_CERT`).
-    #[allow(dead_code, reason = "the TLS tests'")]
+    #[allow(dead_code, reason = "tests/backupstore.rs's")]
     pub async fn start_tls(root: &Path, bucket: &str) -> S3Server {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        Self::serve(listener, root, bucket, Some(Self::tls()))
+    }
+
+    /// A TLS acceptor with a certificate for 127.0.0.1, and the PEM of the
+    /// CA (made here) that signed it.
+    fn tls() -> (tokio_rustls::TlsAcceptor, String) {
         use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair, SanType};
         use tokio_rustls::rustls;
         let mut ca = CertificateParams::new(Vec::new()).expect("CA params");
@@ -122,9 +139,7 @@ impl S3Server {
                     rustls_pki_types::PrivateKeyDer::try_from(key.serialize_der()).expect("key der"),
                 )
                 .expect("TLS config");
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let tls = tokio_rustls::TlsAcceptor::from(Arc::new(config));
-        Self::serve(listener, root, bucket, Some((tls, ca_pem)))
+        (tokio_rustls::TlsAcceptor::from(Arc::new(config)), ca_pem)
     }
 
     fn serve(
@@ -184,8 +199,13 @@ impl S3Server {
     /// A secret manifest with its credentials (or `secret` as the secret key).
     pub fn secret_manifest(&self, secret: &str) -> String {
         format!(
-            "apiVersion: v1\nkind: Secret\nmetadata:\n  name: s3\nstringData:\n  AWS_ACCESS_KEY_ID: {ACCESS_KEY}\n  AWS_SECRET_ACCESS_KEY: {secret}\n  AWS_ENDPOINTS: {}\n",
-            self.endpoint()
+            "apiVersion: v1\nkind: Secret\nmetadata:\n  name: s3\nstringData:\n  AWS_ACCESS_KEY_ID: {ACCESS_KEY}\n  AWS_SECRET_ACCESS_KEY: {secret}\n  AWS_ENDPOINTS: {}\n{}",
+            self.endpoint(),
+            self.ca_pem.as_ref().map_or(String::new(), |pem| {
+                // a block scalar: the PEM's lines, indented
+                let lines: String = pem.lines().map(|l| format!("    {l}\n")).collect();
+                format!("  AWS_CERT: |\n{lines}")
+            })
         )
     }
 }
