@@ -3058,6 +3058,28 @@ async fn ledger_lvstores(n: &Node) -> BTreeMap<String, String> {
     serde_json::from_value(r.spec["lvstores"].clone()).unwrap_or_default()
 }
 
+/// [`real_spdk_a_remote_replica_made_again_on_a_formatted_disk_is_err_never_rw`]
+/// with node B's SPDKService silent when the engine on A is made again
+/// (`longhorn-replica-get-down`: `ReplicaGet` UNAVAILABLE; B's replica
+/// export still serves). A cannot judge vol-r-b, whose lvstore it noted: it
+/// waits, saying why, and makes no raid1 over B's empty lvol. Before, a node
+/// that did not answer was not judged and its replica, reachable over
+/// NVMe/TCP, was taken in as current (seen once under load in the test
+/// above: vol-r-b stayed current in A's ledger, which dropped its note when
+/// B did not answer and then noted B's new lvstore; without the wait this
+/// test times out on it). Once B answers, vol-r-b is ERR as above.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_spdk_a_remote_member_whose_node_does_not_answer_is_waited_for_never_taken_in() {
+    let test = "real_spdk_a_remote_member_whose_node_does_not_answer_is_waited_for_never_taken_in";
+    let Some(spdk) = spdk_dir(test) else {
+        return;
+    };
+    let faults = tempfile::tempdir().expect("faults dir");
+    // SAFETY: set before any node of this test (its own process) starts
+    unsafe { std::env::set_var("TALON_FAULTS", faults.path()) };
+    remote_replica_made_again_on_a_formatted_disk(&spdk, Some(faults.path())).await;
+}
+
 /// Stopped node `n` started again with disk `disk`'s device replaced (it
 /// holds other data): talon refuses the disk for what it holds, then the
 /// operator formats it (`disk_format`), its lvstore made anew.
@@ -3187,9 +3209,19 @@ async fn real_spdk_a_remote_replica_made_again_on_a_formatted_disk_is_err_never_
     let Some(spdk) = spdk_dir(test) else {
         return;
     };
+    remote_replica_made_again_on_a_formatted_disk(&spdk, None).await;
+}
+
+/// The flow of [`real_spdk_a_remote_replica_made_again_on_a_formatted_disk_is_err_never_rw`];
+/// with `faults` (the `TALON_FAULTS` folder), node B's SPDKService is silent
+/// while A's engine is first made again, and A waits for it.
+async fn remote_replica_made_again_on_a_formatted_disk(
+    spdk: &std::path::Path,
+    faults: Option<&std::path::Path>,
+) {
     let TwoNodes {
         mut a, mut b, ta, tb, ..
-    } = two_nodes_on(64 * MIB, "", Some(&spdk)).await;
+    } = two_nodes_on(64 * MIB, "", Some(spdk)).await;
     let noted = talon::runtime::testing::eventually("both lvstores noted", WAIT, || async {
         let l = ledger_lvstores(&a).await;
         (l.len() == 2).then_some(l)
@@ -3206,7 +3238,37 @@ async fn real_spdk_a_remote_replica_made_again_on_a_formatted_disk_is_err_never_
             .then_some(())
     })
     .await;
-    started_with(&mut a, None).await;
+    match faults {
+        None => started_with(&mut a, None).await,
+        Some(dir) => {
+            let down = dir.join("longhorn-replica-get-down");
+            std::fs::write(&down, "").expect("fault on");
+            a.start().await;
+            let instances = InstanceServiceClient::new(a.channel(3).await);
+            let said =
+                talon::runtime::testing::eventually("the engine waits for B to answer", WAIT, || async {
+                    let mut c = instances.clone();
+                    let st = c
+                        .instance_get(longhorn_nodes::get_request("vol-e-0", "engine"))
+                        .await
+                        .ok()?;
+                    let st = st.into_inner().status?;
+                    st.error_msg
+                        .contains("vol-r-b: its node has not said")
+                        .then_some(st)
+                })
+                .await;
+            assert_ne!(said.state, "running", "{said:?}");
+            // a few passes later still no raid1 (the poll is 3 s)
+            tokio::time::sleep(Duration::from_secs(4)).await;
+            assert!(
+                raid_members(&a).await.is_empty(),
+                "a raid1 made over an unjudged member"
+            );
+            assert_eq!(ledger_lvstores(&a).await, noted, "the notes kept as they were");
+            std::fs::remove_file(&down).expect("fault off");
+        }
+    }
     let mut p = ProxyEngineServiceClient::new(a.channel(1).await);
     let b_err = vec![(ta.clone(), RW), (tb.clone(), ERR)];
     talon::runtime::testing::eventually("the engine over vol-r-a, vol-r-b ERR", WAIT, || async {

@@ -1408,6 +1408,117 @@ async fn real_spdk_replica_that_left_just_before_a_crash_is_never_trusted() {
     t.stop(Duration::from_secs(5)).await.expect("stop");
 }
 
+/// Where volume `id`'s ledger noted its local replicas' lvols (k -> lvstore UUID).
+fn noted_lvstores(state: &State, id: &str) -> std::collections::BTreeMap<u32, String> {
+    state
+        .get_typed::<talon::resources::engine::ReplicaLedger>(id)
+        .ok()
+        .flatten()
+        .map(|l| l.spec.lvstores)
+        .unwrap_or_default()
+}
+
+/// Issue 51 (the check Longhorn's engines had, now talon's volumes' too: one
+/// rule, `made_again`): a power cut (talon and spdk_tgt down at once) just
+/// after a pass made replica 1's lvol again, empty, on its formatted disk,
+/// before the ledger heard of it. The ledger still holds r1 up to date, and
+/// r1's lvol exists, so "made by this pass" no longer tells it apart: the
+/// ledger's note of the lvstore r1's lvol was in does (the format made a new
+/// one). r1 is rebuilt from r0, never taken in as it is. A volume of the
+/// layout before the raid superblock, where nothing in SPDK tells the
+/// members apart: before, its raid1 was made over both and reads alternated
+/// between r0's data and r1's zeros.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_spdk_a_replica_made_again_on_a_formatted_disk_before_the_ledger_heard_is_never_trusted() {
+    let test = "real_spdk_a_replica_made_again_on_a_formatted_disk_before_the_ledger_heard_is_never_trusted";
+    let Some(spdk) = spdk_dir_with(test, &["spdk_dd"]) else {
+        return;
+    };
+    const LEN: usize = 4 << 20;
+    let Node(dir, cfg, mut t, _reap, c) = node(&spdk, &["d1", "d2"], "spdk_tgt").await;
+    let port = free_port();
+    let rt = runtime(&c, &["d1", "d2"], port);
+    let state = rt.state.clone();
+    let vol: Volume = serde_json::from_value(json!({"sizeBytes": 16 * MIB, "replicas": 2, "engine": "v2"}))
+        .expect("volume");
+    state.create_typed("f", "", &vol).expect("f");
+    let nqn = ready(&state, "f").await.exports[0].name.clone();
+    ledger_becomes(&state, "f", &[0, 1], "both up to date").await;
+    let noted = eventually("both replicas' lvstores noted", WAIT, || async {
+        let n = noted_lvstores(&state, "f");
+        (n.len() == 2).then_some(n)
+    })
+    .await;
+    let data = pattern(0x3c, LEN);
+    dd(&spdk, dir.path(), port, &nqn, Some(&data), LEN);
+    let (d0, d1) = (replica_disk(&state, "f", 0), replica_disk(&state, "f", 1));
+
+    // the power cut; r1's disk comes back empty and formatted (a new
+    // lvstore), with r1's lvol made again in it as the cut-off pass left it
+    rt.stop().await;
+    kill9(&mut t, "kill -9 spdk_tgt").await;
+    std::fs::remove_file(dir.path().join(format!("{d1}.img"))).expect("r1's old disk gone");
+    let t = Target::start(&cfg).await.expect("restart spdk_tgt");
+    let _reap = Reaper::new(&t, &cfg);
+    attach_disks(&c, dir.path(), &[d0.as_str()], false).await;
+    attach_disks(&c, dir.path(), &[d1.as_str()], true).await;
+    c.bdev_lvol_create(&talon::spdk::rpc::LvolCreate::thin(
+        format!("talon-{d1}"),
+        "f-r1",
+        16,
+    ))
+    .await
+    .expect("r1's lvol made again, empty");
+    assert_eq!(
+        ledger(&state, "f"),
+        Some(vec![0, 1]),
+        "the ledger never heard of it"
+    );
+
+    let register = |c: SpdkClient| {
+        move |rt: &mut talon::runtime::Runtime| {
+            rt.register(SpdkVolumeController::new(c, false).with_host_nqn(Some(node_nqn(port))))
+        }
+    };
+    let rt = TestRuntime::start_on(state.clone(), register(c.clone())).expect("runtime");
+    restarted(&state, 1, "restarts");
+    let rebuilt = eventually(
+        "r1 rebuilt from r0 and noted in its new lvstore",
+        WAIT,
+        || async {
+            let n = noted_lvstores(&state, "f");
+            let again = n.get(&1).filter(|u| **u != noted[&1])?.clone();
+            (ledger(&state, "f").as_deref() == Some(&[0, 1][..]) && n.get(&0) == noted.get(&0))
+                .then_some(again)
+        },
+    )
+    .await;
+    ready(&state, "f").await;
+    eventually("the rebuild over", WAIT, || async {
+        let inv = Inventory::load(&c).await.ok()?;
+        let idle = inv.raid("talon-raid-f").is_some_and(|r| r.process.is_none());
+        (idle && !inv.lvols.keys().any(|a| a.contains(".s.rb."))).then_some(())
+    })
+    .await;
+    eprintln!(
+        "{test}: r1's lvstore {} before, {rebuilt} after the format",
+        noted[&1]
+    );
+
+    // r1 alone serves what r0 held
+    c.bdev_aio_delete(&ByName::new(format!("talon-disk-{d0}")))
+        .await
+        .expect("pull r0's disk");
+    let got = dd_retried(&spdk, dir.path(), port, &nqn, None, LEN, "r1 alone");
+    assert!(
+        got == data,
+        "r1, made again empty, holds r0's data only by its rebuild: first difference at {:?}",
+        got.iter().zip(&data).position(|(a, b)| a != b)
+    );
+    rt.stop().await;
+    t.stop(Duration::from_secs(5)).await.expect("stop");
+}
+
 /// A host removed from the node's `allowedHosts` loses its connection to a V2
 /// export, not only its next one: talon calls `nvmf_subsystem_remove_host`,
 /// which spdk_tgt v26.05 follows with `spdk_nvmf_subsystem_disconnect_host`

@@ -1975,6 +1975,12 @@ impl spdk_service_server::SpdkService for Longhorn {
         &self,
         req: Request<spdkrpc::ReplicaGetRequest>,
     ) -> Result<Response<spdkrpc::Replica>, Status> {
+        if crate::util::fault("longhorn-replica-get-down") {
+            // a test's node whose SPDKService does not answer (TALON_FAULTS)
+            return Err(Status::unavailable(
+                "fault injected: longhorn-replica-get-down (TALON_FAULTS)",
+            ));
+        }
         // another node's engine waits for it (see `share::share_asked`)
         let share_for = crate::proto::peer::asked_share_for(req.metadata());
         let name = req.into_inner().name;

@@ -241,6 +241,13 @@ pub struct ReplicaLedger {
     /// formatted): it holds none of the data and is rebuilt, never trusted.
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub lvols: std::collections::BTreeMap<u32, String>,
+    /// Replica index -> the UUID of the lvstore its lvol was in while the
+    /// replica was up to date (local replicas). A replica whose lvol is in
+    /// another lvstore now was made again there (its disk formatted or
+    /// replaced, perhaps by a pass cut off before this ledger heard of it):
+    /// rebuilt, never trusted.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub lvstores: std::collections::BTreeMap<u32, String>,
 }
 
 impl ReplicaLedger {
@@ -254,6 +261,14 @@ impl ReplicaLedger {
     /// The noted lvol of each remote replica ([`ReplicaLedger::lvols`]).
     pub fn lvol_notes(&self) -> std::collections::BTreeMap<usize, String> {
         self.lvols.iter().map(|(k, u)| (*k as usize, u.clone())).collect()
+    }
+
+    /// The noted lvstore of each local replica ([`ReplicaLedger::lvstores`]).
+    pub fn lvstore_notes(&self) -> std::collections::BTreeMap<usize, String> {
+        self.lvstores
+            .iter()
+            .map(|(k, u)| (*k as usize, u.clone()))
+            .collect()
     }
 
     /// The up-to-date replica indices.

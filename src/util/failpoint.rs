@@ -33,6 +33,8 @@
 /// |                              | (UNAVAILABLE) before any of its steps                |
 /// | `longhorn-engine-error`      | every Longhorn engine of this node not going away is |
 /// |                              | reported in error, nothing of it made or changed     |
+/// | `longhorn-replica-get-down`  | SPDKService's `ReplicaGet` answers UNAVAILABLE (the  |
+/// |                              | replica's export still serves): a slow node          |
 pub fn fault(name: &str) -> bool {
     std::env::var_os("TALON_FAULTS").is_some_and(|dir| std::path::Path::new(&dir).join(name).exists())
 }

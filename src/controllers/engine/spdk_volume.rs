@@ -45,8 +45,8 @@ use crate::spdk::SpdkClient;
 use crate::spdk::placement::DiskAway;
 use crate::spdk::volume::plan::RestoreFile;
 use crate::spdk::volume::{
-    ExportSpec, Inventory, PeerError, RemoteDest, RemoteSnapshot, RevertAsk, VolumeError, VolumeInfo,
-    VolumeOps, VolumePlan, applied_revert, replica_heads,
+    ExportSpec, Inventory, LvolNotes, PeerError, RemoteDest, RemoteSnapshot, RevertAsk, VolumeError,
+    VolumeInfo, VolumeOps, VolumePlan, applied_revert, replica_heads,
 };
 
 use super::peer::{PeerDest, Peers};
@@ -249,8 +249,8 @@ struct Job {
     disk_away: BTreeMap<String, DiskAway>,
     /// From the volume's ledger.
     in_sync: Option<BTreeSet<usize>>,
-    /// From the volume's ledger: the lvols its remote replicas' nodes reported.
-    noted_lvols: BTreeMap<usize, String>,
+    /// From the volume's ledger: where its up-to-date replicas' lvols were.
+    noted: LvolNotes,
     /// The point-in-time set of the snapshot a revert or clone starts from
     /// (from the ledger of the snapshot's volume).
     snapshot_set: Option<BTreeSet<usize>>,
@@ -280,8 +280,8 @@ struct Realized {
     in_sync: Option<BTreeSet<usize>>,
     /// Where each replica lives (placed or waited for).
     disks: BTreeMap<usize, String>,
-    /// The lvol each up-to-date remote replica's node reported (for the ledger).
-    lvols: BTreeMap<usize, String>,
+    /// Where the up-to-date replicas' lvols are (for the ledger).
+    notes: LvolNotes,
     /// Look again soon: a rebuild, a copy or a restore runs (poll for its
     /// progress), or a served replica made now is exported by the next pass.
     soon: bool,
@@ -296,7 +296,7 @@ impl Realized {
             replicas: Vec::new(),
             in_sync: None,
             disks: BTreeMap::new(),
-            lvols: BTreeMap::new(),
+            notes: LvolNotes::default(),
             soon: false,
             dest_answer: None,
         }
@@ -412,7 +412,7 @@ impl SpdkVolumeController {
             restore,
             in_sync,
             remote,
-            noted_lvols: job.noted_lvols.clone(),
+            noted: job.noted.clone(),
             superblock,
             rebuild_mib_per_sec: job.rebuild_cap,
             overcommit_percent: job.overcommit_percent,
@@ -582,7 +582,7 @@ impl SpdkVolumeController {
         }
         // a served replica's engine (and ledger) is on another node
         let in_sync = job.spec.serve_replica.is_none().then(|| info.in_sync.clone());
-        let lvols = info.lvols.clone();
+        let notes = info.notes.clone();
         let soon = info.rebuilding.is_some() || info.export_next;
         let disks = info
             .replicas
@@ -596,7 +596,7 @@ impl SpdkVolumeController {
             replicas,
             in_sync,
             disks,
-            lvols,
+            notes,
             soon,
             dest_answer: None,
         }
@@ -1403,7 +1403,7 @@ fn persist_ledgers(
         if let Some(next) = r
             .in_sync
             .as_ref()
-            .and_then(|now| next_ledger(ledgers.get(id), now, &r.disks, &r.lvols))
+            .and_then(|now| next_ledger(ledgers.get(id), now, &r.disks, &r.notes))
         {
             tracing::info!(volume = %id, in_sync = ?next.in_sync, reason = %next.reason, "replica ledger");
             ctx.apply(id, next.clone())?;
@@ -1518,7 +1518,12 @@ fn make_jobs(want: &Desired, here: &Loaded, host_nqn: Option<&str>) -> Jobs {
             placed,
             disk_away: here.disk_away.clone(),
             in_sync: ledger.map(ReplicaLedger::in_sync_set),
-            noted_lvols: ledger.map(ReplicaLedger::lvol_notes).unwrap_or_default(),
+            noted: ledger
+                .map(|l| LvolNotes {
+                    lvstores: l.lvstore_notes(),
+                    lvols: l.lvol_notes(),
+                })
+                .unwrap_or_default(),
             snapshot_set,
             hosts: export_hosts(node, &v.spec, attached_by),
             tls_port: node.replica_tls_port,
@@ -1714,32 +1719,36 @@ fn disks_away(
     away
 }
 
-/// The ledger to record when the up-to-date set, the placement or the noted
-/// lvols of remote replicas differ from `before` (`None`: nothing changed).
-/// `changed` and `reason` move only with the up-to-date set. `lvols` is what
-/// the engine noted of its up-to-date remote replicas this pass; a replica
-/// not up to date loses its note (it is rebuilt, maybe into another lvol).
+/// The ledger to record when the up-to-date set, the placement or the
+/// notes of where the replicas' lvols are differ from `before` (`None`:
+/// nothing changed). `changed` and `reason` move only with the up-to-date
+/// set. `notes` is what the engine noted of its up-to-date replicas this
+/// pass (a local one's lvstore, a remote one's lvol); a replica not up to
+/// date loses its notes (it is rebuilt, maybe into another lvol).
 fn next_ledger(
     before: Option<&ReplicaLedger>,
     in_sync: &BTreeSet<usize>,
     placed: &BTreeMap<usize, String>,
-    lvols: &BTreeMap<usize, String>,
+    notes: &LvolNotes,
 ) -> Option<ReplicaLedger> {
     let now: Vec<u32> = in_sync.iter().map(|k| *k as u32).collect();
     let len = placed.keys().max().map_or(0, |m| m + 1);
     let disks: Vec<String> = (0..len)
         .map(|k| placed.get(&k).cloned().unwrap_or_default())
         .collect();
-    let lvols: BTreeMap<u32, String> = lvols
-        .iter()
-        .filter(|(k, _)| in_sync.contains(k))
-        .map(|(k, u)| (*k as u32, u.clone()))
-        .collect();
+    let by_k = |m: &BTreeMap<usize, String>| -> BTreeMap<u32, String> {
+        m.iter()
+            .filter(|(k, _)| in_sync.contains(k))
+            .map(|(k, u)| (*k as u32, u.clone()))
+            .collect()
+    };
+    let (lvols, lvstores) = (by_k(&notes.lvols), by_k(&notes.lvstores));
     match before {
-        Some(b) if b.in_sync == now && b.disks == disks && b.lvols == lvols => None,
+        Some(b) if b.in_sync == now && b.disks == disks && b.lvols == lvols && b.lvstores == lvstores => None,
         Some(b) if b.in_sync == now => Some(ReplicaLedger {
             disks,
             lvols,
+            lvstores,
             ..b.clone()
         }),
         _ => Some(ReplicaLedger {
@@ -1749,6 +1758,7 @@ fn next_ledger(
             disks,
             snapshots: before.map(|b| b.snapshots.clone()).unwrap_or_default(),
             lvols,
+            lvstores,
         }),
     }
 }
@@ -1922,7 +1932,7 @@ mod tests {
     #[test]
     fn ledger_moves_its_reason_only_with_the_up_to_date_set() {
         let placed = BTreeMap::from([(0, "d1".to_string()), (1, "d2".to_string())]);
-        let none = BTreeMap::new();
+        let none = LvolNotes::default();
         let first = next_ledger(None, &BTreeSet::from([0, 1]), &placed, &none).expect("first");
         assert_eq!(
             (first.in_sync.as_slice(), first.reason.as_str()),
@@ -1937,25 +1947,36 @@ mod tests {
     }
 
     #[test]
-    fn a_remote_replicas_lvol_is_noted_while_it_is_up_to_date_and_forgotten_when_it_leaves() {
+    fn a_replicas_lvol_is_noted_while_it_is_up_to_date_and_forgotten_when_it_leaves() {
         let placed = BTreeMap::from([(0, "d1".to_string()), (1, "10.0.0.2:4420".to_string())]);
-        let none = BTreeMap::new();
+        let none = LvolNotes::default();
         let both = BTreeSet::from([0, 1]);
         let first = next_ledger(None, &both, &placed, &none).expect("first");
-        assert!(first.lvols.is_empty());
-        // noted (the node answered): written, the reason kept
-        let lvols = BTreeMap::from([(1, "u-1".to_string())]);
-        let noted = next_ledger(Some(&first), &both, &placed, &lvols).expect("noted");
+        assert!(first.lvols.is_empty() && first.lvstores.is_empty());
+        // noted (r0's lvstore listed, r1's node answered): written, the reason kept
+        let notes = LvolNotes {
+            lvstores: BTreeMap::from([(0, "lvs-1".to_string())]),
+            lvols: BTreeMap::from([(1, "u-1".to_string())]),
+        };
+        let noted = next_ledger(Some(&first), &both, &placed, &notes).expect("noted");
         assert_eq!(noted.lvols, BTreeMap::from([(1, "u-1".to_string())]));
+        assert_eq!(noted.lvstores, BTreeMap::from([(0, "lvs-1".to_string())]));
         assert_eq!(noted.reason, "first record");
-        assert!(next_ledger(Some(&noted), &both, &placed, &lvols).is_none());
+        assert!(next_ledger(Some(&noted), &both, &placed, &notes).is_none());
         // r1 left: its note goes with it, even if the engine still named it
-        let left = next_ledger(Some(&noted), &BTreeSet::from([0]), &placed, &lvols).expect("left");
+        let left = next_ledger(Some(&noted), &BTreeSet::from([0]), &placed, &notes).expect("left");
         assert!(left.lvols.is_empty(), "{:?}", left.lvols);
+        assert_eq!(left.lvstores.len(), 1);
         // back after its rebuild, noted again with what its node reports then
-        let rebuilt = BTreeMap::from([(1, "u-2".to_string())]);
+        let rebuilt = LvolNotes {
+            lvols: BTreeMap::from([(1, "u-2".to_string())]),
+            ..notes.clone()
+        };
         let back = next_ledger(Some(&left), &both, &placed, &rebuilt).expect("back");
         assert_eq!(back.lvols, BTreeMap::from([(1, "u-2".to_string())]));
+        // r0 left: its lvstore's note goes too
+        let r0_left = next_ledger(Some(&back), &BTreeSet::from([1]), &placed, &rebuilt).expect("r0 left");
+        assert!(r0_left.lvstores.is_empty(), "{:?}", r0_left.lvstores);
     }
 
     const ME: &str = "engine.SpdkVolumeController";
@@ -2004,6 +2025,7 @@ mod tests {
             reason: String::new(),
             snapshots: BTreeMap::new(),
             lvols: BTreeMap::new(),
+            lvstores: BTreeMap::new(),
         }
     }
 

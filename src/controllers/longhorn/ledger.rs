@@ -31,7 +31,7 @@ use crate::resources::longhorn::{
 use crate::runtime::{ControllerError, ReconcileContext, Typed};
 use crate::spdk::naming::longhorn as naming;
 use crate::spdk::rpc::RaidBdev;
-use crate::spdk::volume::Inventory;
+use crate::spdk::volume::{Inventory, made_again};
 
 impl LonghornController {
     /// The names each replica of `e`'s map may go by in its raid1: the
@@ -162,22 +162,48 @@ pub(super) fn lvstore_of(
     Some(lvol.lvs.uuid.clone())
 }
 
-/// The current members of this node whose lvol is not in the lvstore the
-/// ledger noted for it (`here`: the UUID of the lvstore replica `r`'s lvol
-/// is listed in, for a replica of this node), each with the noted and the
-/// listed lvstore: its disk was formatted or replaced and its lvol made
-/// again, empty. Not current: a raid1 made again leaves it out.
+/// The current members whose lvol is not in the lvstore the ledger noted
+/// for it (`here`: the UUID of the lvstore replica `r`'s lvol is in, listed
+/// for a replica of this node, reported by its node for another's), each
+/// with the noted and the listed lvstore: its disk was formatted or
+/// replaced and its lvol made again, empty. Not current: a raid1 made again
+/// leaves it out. The rule talon's volumes are judged by ([`made_again`]).
 pub(super) fn moved(
     l: &LonghornMemberLedger,
     current: &BTreeSet<String>,
     here: &dyn Fn(&str) -> Option<String>,
 ) -> BTreeMap<String, (String, String)> {
-    current
+    let noted: BTreeMap<String, String> = l
+        .lvstores
         .iter()
-        .filter_map(|r| {
-            let noted = l.lvstores.get(r)?;
-            let now = here(r)?;
-            (*noted != now).then(|| (r.clone(), (noted.clone(), now)))
+        .filter(|(r, _)| current.contains(*r))
+        .map(|(r, u)| (r.clone(), u.clone()))
+        .collect();
+    made_again(&noted, |r| here(r))
+}
+
+/// The current members of other nodes (`remote`) that the raid1 about to
+/// be made (`making`) cannot judge: an lvstore noted, and none known now
+/// (`here`: its node did not answer in time), each as a reason to wait.
+/// None when the raid1 is not being made (it holds its members).
+pub(super) fn unjudged(
+    l: &LonghornMemberLedger,
+    remote: &BTreeSet<String>,
+    making: bool,
+    here: &dyn Fn(&str) -> Option<String>,
+) -> Vec<String> {
+    if !making {
+        return Vec::new();
+    }
+    remote
+        .iter()
+        .filter(|r| l.lvstores.contains_key(*r) && here(r).is_none())
+        .map(|r| {
+            format!(
+                "replica {r}: its node has not said which lvstore its lvol is in (noted {}; a disk formatted \
+                 there would have made it again, empty)",
+                l.lvstores[r]
+            )
         })
         .collect()
 }
@@ -255,9 +281,11 @@ pub(super) fn observed(
     let lvstores: BTreeMap<String, String> = current
         .keys()
         .filter_map(|r| {
+            // served with none known now (its node did not answer): the
+            // note is kept, never dropped for the next answer to replace
             let at = match before.lvstores.get(r) {
                 Some(noted) if !served.contains(r) => Some(noted.clone()),
-                _ => here(r),
+                noted => here(r).or_else(|| noted.cloned()),
             };
             Some((r.clone(), at?))
         })
@@ -584,5 +612,38 @@ mod tests {
         // noted, not served (no raid): kept as noted, whatever is listed now
         let elsewhere = |_: &str| Some("lvs-new".to_owned());
         assert_eq!(observed(&joined, &e, &st, RaidView::None, &elsewhere), None);
+        // served, and its node did not answer: the note is kept, not dropped
+        // for the next answer (maybe a lvol made again there) to replace
+        let unknown = |r: &str| (r == "r1").then(|| "lvs-of-r1".to_owned());
+        assert_eq!(
+            observed(&joined, &e, &st, RaidView::Raid(&both, &n1), &unknown),
+            None
+        );
+    }
+
+    /// A raid1 about to be made waits for a noted member of another node
+    /// whose node did not say where its lvol is (not judged: it may have
+    /// been made again, empty); one not noted, or a raid1 that stands, does
+    /// not wait.
+    #[test]
+    fn a_raid1_is_not_made_over_a_noted_member_its_node_did_not_answer_for() {
+        let l = LonghornMemberLedger {
+            lvstores: BTreeMap::from([("r2".to_owned(), "lvs-2".to_owned())]),
+            ..ledger(&[("r2", 0), ("r3", 0)])
+        };
+        let remote = BTreeSet::from(["r2".to_owned(), "r3".to_owned()]);
+        let silent = |_: &str| None;
+        let waits = unjudged(&l, &remote, true, &silent);
+        assert_eq!(waits.len(), 1, "{waits:?}");
+        assert!(waits[0].contains("r2") && waits[0].contains("lvs-2"), "{waits:?}");
+        assert!(
+            unjudged(&l, &remote, false, &silent).is_empty(),
+            "the raid1 stands"
+        );
+        let answered = |r: &str| (r == "r2").then(|| "lvs-9".to_owned());
+        assert!(
+            unjudged(&l, &remote, true, &answered).is_empty(),
+            "judged by moved()"
+        );
     }
 }

@@ -978,6 +978,17 @@ impl LonghornController {
             None => before,
         };
         let current = ledger::current_members(&before, &e.spec);
+        // a current member of another node with an lvstore noted whose node
+        // did not say where its lvol is now is not judged: the raid1 is not
+        // made over it until it is (its NVMe/TCP export may answer while its
+        // node's SPDKService is slow; taken in unjudged, a replica made again
+        // empty there would serve RW)
+        let remote_current: BTreeSet<String> = current
+            .iter()
+            .filter(|r| !local.all.contains_key(*r))
+            .cloned()
+            .collect();
+        let unjudged = ledger::unjudged(&before, &remote_current, inv.raid(e.id()).is_none(), &here);
         // a revert first: the raid1 is made again over the reverted heads
         let revert = self.revert(ctx, inv, e, local.direct, prev.as_ref()).await?;
         let waiting = revert
@@ -986,6 +997,7 @@ impl LonghornController {
         let mut st = match revert.as_ref() {
             Some(r) if !r.error.is_empty() => revert::half_reverted(InstanceKind::Engine, r),
             Some(r) if waiting => revert::reverting(prev.as_ref(), r),
+            _ if !unjudged.is_empty() => engine_status(Err(InstanceError::WaitingForReplicas(unjudged))),
             _ => engine_status(
                 self.ensure_engine(inv, node, e, local, prev.as_ref(), &current)
                     .await,

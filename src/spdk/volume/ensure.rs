@@ -22,13 +22,43 @@ use super::{
 use crate::names::Nqn;
 use crate::spdk::rpc::LvolSetParent;
 
-/// The remote replicas whose node serves another lvol (`now`) than the one
-/// the ledger noted while they were up to date (`noted`): made again there,
-/// empty, since.
-pub(super) fn remade(noted: &BTreeMap<usize, String>, now: &BTreeMap<usize, String>) -> BTreeSet<usize> {
-    now.iter()
-        .filter(|(k, u)| noted.get(k).is_some_and(|n| n != *u))
-        .map(|(k, _)| *k)
+/// The replicas [`super::made_again`] finds between `noted` and `now`, each
+/// logged with both (`what`: which check): never trusted, rebuilt.
+pub(super) fn made_again_since(
+    vol: &str,
+    noted: &BTreeMap<usize, String>,
+    now: &BTreeMap<usize, String>,
+    what: &str,
+) -> BTreeSet<usize> {
+    let found = super::made_again(noted, |k| now.get(k).cloned());
+    for (k, (noted, now)) in &found {
+        tracing::warn!(
+            volume = vol,
+            replica = k,
+            noted = noted.as_str(),
+            now = now.as_str(),
+            "{what}: rebuilt, not trusted"
+        );
+    }
+    found.into_keys().collect()
+}
+
+/// Where each local replica's lvol is now (k -> the UUID of its lvstore):
+/// as listed, or, for one this call makes, its disk's lvstore.
+pub(super) fn local_lvstores(inv: &Inventory, local: &LocalPlan) -> BTreeMap<usize, String> {
+    local
+        .replicas
+        .iter()
+        .filter_map(|r| {
+            let uuid = match inv.lvols.get(&r.alias) {
+                Some(l) => l.lvs.uuid.clone(),
+                None => {
+                    let lvs = naming::lvstore(&r.disk);
+                    inv.lvstores.iter().find(|l| l.name == lvs)?.uuid.clone()
+                }
+            };
+            Some((r.k, uuid))
+        })
         .collect()
 }
 
@@ -91,8 +121,16 @@ pub(super) struct Trust<'a> {
     /// [`LocalPlan::restored`].
     restored: &'a BTreeSet<usize>,
     /// Remote replicas made again on their node since the ledger noted them
-    /// ([`remade`]): never trusted.
+    /// ([`super::made_again`] over [`super::LvolNotes::lvols`]): never trusted.
     pub(super) remade: BTreeSet<usize>,
+    /// Local replicas whose lvol is in another lvstore than the ledger noted
+    /// ([`super::made_again`] over [`super::LvolNotes::lvstores`]): made again
+    /// since, never trusted.
+    pub(super) moved: BTreeSet<usize>,
+    /// Remote replicas with a noted lvol whose node did not say which lvol
+    /// it serves as the engine is made ([`VolumeOps::remote_lvols`]): not
+    /// judged, never trusted.
+    pub(super) unjudged: BTreeSet<usize>,
 }
 
 impl<'a> Trust<'a> {
@@ -113,13 +151,21 @@ impl<'a> Trust<'a> {
             clone_set: &local.clone_set,
             restored: &local.restored,
             remade: BTreeSet::new(),
+            moved: BTreeSet::new(),
+            unjudged: BTreeSet::new(),
         }
     }
 
     /// Whether replica `k` holds the newest data.
     pub(super) fn trusts(&self, k: usize) -> bool {
         match self.in_sync {
-            Some(s) => s.contains(&k) && !self.created.contains(&k) && !self.remade.contains(&k),
+            Some(s) => {
+                s.contains(&k)
+                    && !self.created.contains(&k)
+                    && !self.remade.contains(&k)
+                    && !self.moved.contains(&k)
+                    && !self.unjudged.contains(&k)
+            }
             // a new clone: only the replicas cloned from one point in time
             None if self.clone => self.clone_set.contains(&k),
             // a new volume from a backup: the replicas restored now, or by a run
@@ -319,38 +365,57 @@ impl VolumeOps {
     /// holds up to date that it has no lvol noted for, or all of them when
     /// the engine is to be made (`assembling`): then one made again on its
     /// node (its disk replaced or formatted) is told from the lvol noted
-    /// ([`remade`]) before the raid1 trusts it. Asked after the attach: the
-    /// node's status names the lvol its export serves from the pass that
-    /// made it. A node that does not answer is not judged (logged).
+    /// ([`super::made_again`]) before the raid1 trusts it. Asked after the
+    /// attach: the node's status names the lvol its export serves from the
+    /// pass that made it. Also returns the replicas with a noted lvol whose
+    /// node did not say which lvol it serves now, when the engine is to be
+    /// made: not judged, so not trusted (its export may answer while its
+    /// admin API does not; taken in unjudged, a replica made again empty
+    /// would be served).
     pub(super) async fn remote_lvols(
         &self,
         plan: &VolumePlan,
         attached: &[ReplicaInfo],
         assembling: bool,
-    ) -> BTreeMap<usize, String> {
+    ) -> (BTreeMap<usize, String>, BTreeSet<usize>) {
         let Some(in_sync) = plan.in_sync.as_ref() else {
-            return BTreeMap::new();
+            return (BTreeMap::new(), BTreeSet::new());
         };
         let asks = plan.remote_dests.iter().enumerate().filter_map(|(i, d)| {
             let k = plan.replicas + i;
             let ask = in_sync.contains(&k)
                 && attached.iter().any(|r| r.k == k)
-                && (assembling || !plan.noted_lvols.contains_key(&k));
+                && (assembling || !plan.noted.lvols.contains_key(&k));
             let d = d.as_ref().filter(|_| ask)?;
             Some(async move { (k, d.lvol(k).await) })
         });
         let mut out = BTreeMap::new();
+        let mut unjudged = BTreeSet::new();
         for (k, r) in join_all(asks).await {
+            let noted = assembling && plan.noted.lvols.contains_key(&k);
             match r {
                 Ok(Some(uuid)) => {
                     out.insert(k, uuid);
                 }
+                Ok(None) if noted => {
+                    tracing::warn!(
+                        volume = plan.name.as_str(),
+                        replica = k,
+                        "remote replica's node serves no lvol as it: not trusted, rebuilt"
+                    );
+                    unjudged.insert(k);
+                }
                 Ok(None) => {}
+                Err(e) if noted => {
+                    tracing::warn!(volume = plan.name.as_str(), replica = k, error = %e,
+                        "remote replica's lvol not known as the engine is made: not trusted, rebuilt");
+                    unjudged.insert(k);
+                }
                 Err(e) => tracing::warn!(volume = plan.name.as_str(), replica = k, error = %e,
                     "remote replica's lvol not known: not judged"),
             }
         }
-        out
+        (out, unjudged)
     }
 
     /// Attaches remote replica `k` served at `at`: its facts, or `None`
@@ -661,7 +726,15 @@ mod tests {
         let noted = BTreeMap::from([(1, "u-1".to_string()), (2, "u-2".to_string())]);
         // r1's node serves another lvol now; r2's the same; r0 local has no note
         let now = BTreeMap::from([(1, "u-1b".to_string()), (2, "u-2".to_string())]);
-        assert_eq!(remade(&noted, &now), BTreeSet::from([1]));
+        let remade = |noted: &BTreeMap<usize, String>, now: &BTreeMap<usize, String>| -> BTreeSet<usize> {
+            super::super::made_again(noted, |k| now.get(k).cloned())
+                .into_keys()
+                .collect()
+        };
+        assert_eq!(
+            super::super::made_again(&noted, |k| now.get(k).cloned()),
+            BTreeMap::from([(1, ("u-1".to_string(), "u-1b".to_string()))])
+        );
         // nothing noted (a ledger from before), or the node not asked: not judged
         assert!(remade(&BTreeMap::new(), &now).is_empty());
         assert!(remade(&noted, &BTreeMap::new()).is_empty());
@@ -669,6 +742,56 @@ mod tests {
         let mut t = Trust::new(&p, &l);
         t.remade = remade(&noted, &now);
         assert_eq!(trusted(&t, 0..3), vec![0, 2]);
+        // r2's node did not say which lvol it serves as the engine is made: not judged, not trusted
+        t.unjudged = BTreeSet::from([2]);
+        assert_eq!(trusted(&t, 0..3), vec![0]);
+    }
+
+    /// A local replica whose lvol is in another lvstore than the ledger
+    /// noted (its disk formatted, the lvol made again there by a pass that
+    /// was cut off before the ledger heard of it) exists, is in the ledger,
+    /// and is still never trusted.
+    #[test]
+    fn a_local_replica_in_another_lvstore_than_noted_is_never_trusted() {
+        let mut p = vplan(10, 2, true);
+        p.in_sync = Some(BTreeSet::from([0, 1]));
+        // r0's lvol listed in its lvstore as noted; r1's disk formatted: its
+        // lvol (made by the pass cut off, or now) in a new lvstore
+        p.noted.lvstores = BTreeMap::from([(0, "u-talon-d0".to_string()), (1, "lvs-c".to_string())]);
+        let l = local_plan(vec![
+            local_replica(0, 10 * MIB, 0, false),
+            local_replica(1, 10 * MIB, 0, false),
+        ]);
+        let mut inv = Inventory::default();
+        crate::spdk::inventory::testing::add_lvol(
+            &mut inv,
+            crate::spdk::inventory::testing::TestLvol {
+                lvs: "talon-d0",
+                name: "v-r0",
+                bytes: 10 * MIB,
+                ..Default::default()
+            },
+        );
+        inv.lvstores.push(crate::spdk::rpc::Lvstore {
+            uuid: "lvs-c2".into(),
+            name: naming::lvstore("d1"),
+            base_bdev: "talon-disk-d1".into(),
+            total_data_clusters: 100,
+            free_clusters: 100,
+            block_size: 4096,
+            cluster_size: MIB,
+        });
+        let now = local_lvstores(&inv, &l);
+        assert_eq!(
+            now,
+            BTreeMap::from([(0, "u-talon-d0".to_string()), (1, "lvs-c2".to_string())])
+        );
+        let mut t = Trust::new(&p, &l);
+        assert_eq!(trusted(&t, 0..2), vec![0, 1], "before the notes are read");
+        t.moved = super::super::made_again(&p.noted.lvstores, |k| now.get(k).cloned())
+            .into_keys()
+            .collect();
+        assert_eq!(trusted(&t, 0..2), vec![0]);
     }
 
     #[test]

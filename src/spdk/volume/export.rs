@@ -3,10 +3,10 @@
 //! export made again over the bdev that serves now, a replica exported to
 //! another node's engine and another node's replica attached here.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::net::IpAddr;
 
-use super::plan::{self, Make, check_len};
+use super::plan::{self, LvolNotes, Make, check_len};
 use super::{
     ExportSpec, Inventory, MIB, Made, NSID, ReplicaInfo, VolumeError, VolumeInfo, VolumeOps, VolumePlan,
     ignore_missing, naming, no_placement, rpc,
@@ -543,7 +543,7 @@ impl VolumeOps {
             wanted: 1,
             waiting: Vec::new(),
             in_sync: BTreeSet::new(),
-            lvols: BTreeMap::new(),
+            notes: LvolNotes::default(),
             rebuilding: None,
             stale: Vec::new(),
             unplaced: None,

@@ -32,7 +32,7 @@
 //! created. Objects whose names are not talon's (see [`Owned`]) are never
 //! touched.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap};
 
 use futures::future::try_join_all;
 
@@ -83,7 +83,7 @@ pub use super::naming::{
 };
 pub use error::VolumeError;
 use plan::Make;
-pub use plan::{ExportSpec, VolumePlan, point_in_time_set, superblock_room};
+pub use plan::{ExportSpec, LvolNotes, VolumePlan, made_again, point_in_time_set, superblock_room};
 pub use replica_life::{ReplicaHeadError, ReplicaRemoveError};
 pub use replica_lvols::{ReplicaLvols, ResetHeadError, SnapshotDeleteError};
 pub use replica_rebuild::{
@@ -179,9 +179,10 @@ pub struct VolumeInfo {
     pub waiting: Vec<(usize, String)>,
     /// Replicas that hold the newest data (the engine serves from these).
     pub in_sync: BTreeSet<usize>,
-    /// The lvol each up-to-date remote replica's node serves as it (k ->
-    /// UUID; asked now, else as the ledger noted it): for the ledger.
-    pub lvols: BTreeMap<usize, String>,
+    /// Where the up-to-date replicas' lvols are (a local one's lvstore, a
+    /// remote one's lvol as its node serves it, asked now, else as the
+    /// ledger noted it): for the ledger.
+    pub notes: LvolNotes,
     /// The replica being rebuilt and how far it is (percent).
     pub rebuilding: Option<(usize, u32)>,
     /// Replicas present but behind, waiting for their turn to be rebuilt.
@@ -366,6 +367,16 @@ impl VolumeOps {
         // before anything is made, so a volume held back does not make and
         // undo its missing replicas on every pass
         let mut trust = ensure::Trust::new(plan, &local);
+        // a local replica whose lvol is in another lvstore than the ledger
+        // noted was made again, empty, since (its disk formatted or replaced;
+        // maybe by a pass cut off before the ledger heard of it): rebuilt
+        let lvstores = ensure::local_lvstores(inv, &local);
+        trust.moved = ensure::made_again_since(
+            vol,
+            &plan.noted.lvstores,
+            &lvstores,
+            "replica's lvol made again in another lvstore since it was up to date (disk formatted or replaced)",
+        );
         let wanted = plan.replicas + plan.remote.len();
         let can_serve = |k: usize| k >= plan.replicas || local.replicas.iter().any(|r| r.k == k);
         if plan.in_sync.is_some()
@@ -385,17 +396,14 @@ impl VolumeOps {
         // a remote replica its node made again (empty) since the ledger noted
         // it is not trusted: rebuilt, never served as up to date
         let assembling = inv.raid(names.raid.as_str()).is_none_or(|r| r.state != "online");
-        let asked = self.remote_lvols(plan, &replicas, assembling).await;
-        trust.remade = ensure::remade(&plan.noted_lvols, &asked);
-        for k in &trust.remade {
-            tracing::warn!(
-                volume = vol,
-                replica = k,
-                noted = plan.noted_lvols.get(k).map(String::as_str),
-                now = asked.get(k).map(String::as_str),
-                "remote replica made again on its node since it was up to date here (disk replaced or formatted): rebuilt, not trusted"
-            );
-        }
+        let (asked, unjudged) = self.remote_lvols(plan, &replicas, assembling).await;
+        trust.unjudged = unjudged;
+        trust.remade = ensure::made_again_since(
+            vol,
+            &plan.noted.lvols,
+            &asked,
+            "remote replica made again on its node since it was up to date here (disk replaced or formatted)",
+        );
         // grow local replicas that are smaller than asked (expand), then the engine
         // follows; a remote replica grows on its own node (the controller asks
         // it to), and the raid1 follows its smallest member
@@ -423,12 +431,13 @@ impl VolumeOps {
             replicas,
             wanted: plan.replicas + plan.remote.len(),
             waiting,
-            lvols: sync
-                .in_sync
-                .iter()
-                .filter(|k| **k >= plan.replicas)
-                .filter_map(|k| Some((*k, asked.get(k).or(plan.noted_lvols.get(k))?.clone())))
-                .collect(),
+            notes: LvolNotes {
+                lvstores,
+                lvols: (plan.replicas..wanted)
+                    .filter_map(|k| Some((k, asked.get(&k).or(plan.noted.lvols.get(&k))?.clone())))
+                    .collect(),
+            }
+            .only(&sync.in_sync),
             in_sync: sync.in_sync,
             rebuilding: sync.rebuilding,
             stale: sync.stale,

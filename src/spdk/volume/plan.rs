@@ -88,10 +88,9 @@ pub struct VolumePlan {
     /// Replicas kept by other talon nodes: replica `replicas + i` is served
     /// at `remote[i]` (address, NVMe/TCP port).
     pub remote: Vec<(IpAddr, u16)>,
-    /// Remote replica k -> the lvol its node reported while it was up to
-    /// date here (the ledger's `lvols`): one whose node reports another
-    /// lvol now was made again there, empty, and is not trusted.
-    pub noted_lvols: BTreeMap<usize, String>,
+    /// What the ledger noted of the lvols of its up-to-date replicas: one
+    /// made again since (empty) is not trusted ([`LvolNotes`]).
+    pub noted: LvolNotes,
     /// The raid1 keeps a superblock on its members (volumes made since the
     /// superblock layout; see [`superblock_room`]): each local replica lvol
     /// is one superblock room larger than the volume, and SPDK records a
@@ -108,6 +107,64 @@ pub struct VolumePlan {
     /// How far the thin replicas on one disk may promise past its capacity, percent
     /// (`NodeConfig.overcommitPercent`): a new replica or a growth past it is refused.
     pub overcommit_percent: u32,
+}
+
+/// Where the lvols of a volume's up-to-date replicas were, as the ledger
+/// noted them (each pass, for the replicas up to date in it), so that a
+/// replica whose lvol was made again since (empty: its disk formatted or
+/// replaced, and the lvol made again there, perhaps by a pass cut off before
+/// the ledger heard of it) is told by [`made_again`] and never trusted.
+///
+/// ```text
+///   local replica k:  the UUID of the lvstore its lvol is in (a revert remakes
+///                     a head in its lvstore; a format makes a new lvstore)
+///   remote replica k: the UUID of the lvol its node serves as it (asked of
+///                     the node, `RemoteDest::lvol`)
+/// ```
+///
+/// A Longhorn engine's ledger notes its members' lvstores and is judged by
+/// the same rule.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LvolNotes {
+    /// Local replica k -> the UUID of its lvol's lvstore.
+    pub lvstores: BTreeMap<usize, String>,
+    /// Remote replica k -> the UUID of the lvol its node serves as it.
+    pub lvols: BTreeMap<usize, String>,
+}
+
+impl LvolNotes {
+    /// Only the notes of the replicas in `keep`.
+    pub fn only(&self, keep: &BTreeSet<usize>) -> Self {
+        let only = |m: &BTreeMap<usize, String>| {
+            m.iter()
+                .filter(|(k, _)| keep.contains(k))
+                .map(|(k, v)| (*k, v.clone()))
+                .collect()
+        };
+        Self {
+            lvstores: only(&self.lvstores),
+            lvols: only(&self.lvols),
+        }
+    }
+}
+
+/// The members whose lvol is not where (or what) `noted` says it was while
+/// they held the newest data: `now(m)` is what is listed or reported now
+/// (`None`: not known, not judged). Each with (noted, now): made again
+/// since, empty (its disk formatted or replaced). A member with no note is
+/// not judged (a ledger from before the notes). One rule for talon's volumes
+/// ([`LvolNotes`]) and Longhorn's engines (their ledger's lvstores).
+pub fn made_again<K: Ord + Clone>(
+    noted: &BTreeMap<K, String>,
+    now: impl Fn(&K) -> Option<String>,
+) -> BTreeMap<K, (String, String)> {
+    noted
+        .iter()
+        .filter_map(|(m, was)| {
+            let is = now(m)?;
+            (*was != is).then(|| (m.clone(), (was.clone(), is)))
+        })
+        .collect()
 }
 
 /// The room a raid superblock takes at the start of an lvol member: SPDK
@@ -167,7 +224,7 @@ impl VolumePlan {
             restore: None,
             in_sync: None,
             remote: Vec::new(),
-            noted_lvols: BTreeMap::new(),
+            noted: LvolNotes::default(),
             superblock: replicas >= 2,
             rebuild_mib_per_sec: None,
             remote_dests: Vec::new(),
