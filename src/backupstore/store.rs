@@ -555,13 +555,6 @@ impl Store {
         let creds = self.creds.clone();
         let url = redact_urls(&self.url);
         move |source| {
-            let mut chain = source.to_string();
-            let mut cause = std::error::Error::source(&source);
-            while let Some(c) = cause {
-                chain.push_str(&format!(": {c}"));
-                cause = c.source();
-            }
-            let clean = creds.redact(&chain);
             if let Some(refusal) = untrusted_certificate(&source) {
                 let ca = if creds.get("AWS_CERT").is_some() {
                     "the CA in AWS_CERT did not sign it: AWS_CERT must hold the CA (PEM) that did"
@@ -573,6 +566,13 @@ impl Store {
                     reason: format!("{op} {path}: the server's certificate is not trusted ({ca}): {refusal}"),
                 };
             }
+            let mut chain = source.to_string();
+            let mut cause = std::error::Error::source(&source);
+            while let Some(c) = cause {
+                chain.push_str(&format!(": {c}"));
+                cause = c.source();
+            }
+            let clean = creds.redact(&chain);
             let source = if clean == chain {
                 source
             } else {

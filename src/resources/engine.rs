@@ -260,15 +260,12 @@ impl ReplicaLedger {
 
     /// The noted lvol of each remote replica ([`ReplicaLedger::lvols`]).
     pub fn lvol_notes(&self) -> std::collections::BTreeMap<usize, String> {
-        self.lvols.iter().map(|(k, u)| (*k as usize, u.clone())).collect()
+        by_index(&self.lvols)
     }
 
     /// The noted lvstore of each local replica ([`ReplicaLedger::lvstores`]).
     pub fn lvstore_notes(&self) -> std::collections::BTreeMap<usize, String> {
-        self.lvstores
-            .iter()
-            .map(|(k, u)| (*k as usize, u.clone()))
-            .collect()
+        by_index(&self.lvstores)
     }
 
     /// The up-to-date replica indices.
@@ -285,6 +282,11 @@ impl ReplicaLedger {
             .map(|(k, d)| (k, d.clone()))
             .collect()
     }
+}
+
+/// A ledger's notes (replica index as stored -> UUID), by index.
+fn by_index(m: &std::collections::BTreeMap<u32, String>) -> std::collections::BTreeMap<usize, String> {
+    m.iter().map(|(k, u)| (*k as usize, u.clone())).collect()
 }
 
 impl Spec for ReplicaLedger {

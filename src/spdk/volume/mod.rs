@@ -179,9 +179,9 @@ pub struct VolumeInfo {
     pub waiting: Vec<(usize, String)>,
     /// Replicas that hold the newest data (the engine serves from these).
     pub in_sync: BTreeSet<usize>,
-    /// Where the up-to-date replicas' lvols are (a local one's lvstore, a
-    /// remote one's lvol as its node serves it, asked now, else as the
-    /// ledger noted it): for the ledger.
+    /// Where the replicas' lvols are (a local one's lvstore, a remote one's
+    /// lvol as its node serves it, asked now, else as the ledger noted it):
+    /// for the ledger, which keeps those of the replicas in `in_sync`.
     pub notes: LvolNotes,
     /// The replica being rebuilt and how far it is (percent).
     pub rebuilding: Option<(usize, u32)>,
@@ -436,8 +436,7 @@ impl VolumeOps {
                 lvols: (plan.replicas..wanted)
                     .filter_map(|k| Some((k, asked.get(&k).or(plan.noted.lvols.get(&k))?.clone())))
                     .collect(),
-            }
-            .only(&sync.in_sync),
+            },
             in_sync: sync.in_sync,
             rebuilding: sync.rebuilding,
             stale: sync.stale,

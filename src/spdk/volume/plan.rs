@@ -132,22 +132,6 @@ pub struct LvolNotes {
     pub lvols: BTreeMap<usize, String>,
 }
 
-impl LvolNotes {
-    /// Only the notes of the replicas in `keep`.
-    pub fn only(&self, keep: &BTreeSet<usize>) -> Self {
-        let only = |m: &BTreeMap<usize, String>| {
-            m.iter()
-                .filter(|(k, _)| keep.contains(k))
-                .map(|(k, v)| (*k, v.clone()))
-                .collect()
-        };
-        Self {
-            lvstores: only(&self.lvstores),
-            lvols: only(&self.lvols),
-        }
-    }
-}
-
 /// The members whose lvol is not where (or what) `noted` says it was while
 /// they held the newest data: `now(m)` is what is listed or reported now
 /// (`None`: not known, not judged). Each with (noted, now): made again
