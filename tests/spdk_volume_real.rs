@@ -1430,7 +1430,30 @@ fn noted_lvstores(state: &State, id: &str) -> std::collections::BTreeMap<u32, St
 /// between r0's data and r1's zeros.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn real_spdk_a_replica_made_again_on_a_formatted_disk_before_the_ledger_heard_is_never_trusted() {
-    let test = "real_spdk_a_replica_made_again_on_a_formatted_disk_before_the_ledger_heard_is_never_trusted";
+    formatted_before_the_ledger_heard(
+        "real_spdk_a_replica_made_again_on_a_formatted_disk_before_the_ledger_heard_is_never_trusted",
+        false,
+    )
+    .await;
+}
+
+/// The same power cut on a volume with the raid superblock (every volume of
+/// two or more replicas the API makes): SPDK's examine assembles the raid1
+/// from r0's superblock and waits for r1's old lvol, which went with the
+/// format. Before, the volume stayed `RaidAssembling`, never served; now
+/// the raid that waits only for a replica made again is given up (r0's
+/// superblock cleared), made again from r0, and r1 rebuilt into it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_spdk_a_raid_that_waits_for_a_local_replica_made_again_on_a_formatted_disk_is_made_again_without_it()
+ {
+    formatted_before_the_ledger_heard(
+        "real_spdk_a_raid_that_waits_for_a_local_replica_made_again_on_a_formatted_disk_is_made_again_without_it",
+        true,
+    )
+    .await;
+}
+
+async fn formatted_before_the_ledger_heard(test: &str, superblock: bool) {
     let Some(spdk) = spdk_dir_with(test, &["spdk_dd"]) else {
         return;
     };
@@ -1439,11 +1462,23 @@ async fn real_spdk_a_replica_made_again_on_a_formatted_disk_before_the_ledger_he
     let port = free_port();
     let rt = runtime(&c, &["d1", "d2"], port);
     let state = rt.state.clone();
-    let vol: Volume = serde_json::from_value(json!({"sizeBytes": 16 * MIB, "replicas": 2, "engine": "v2"}))
-        .expect("volume");
+    let vol: Volume = serde_json::from_value(json!({
+        "sizeBytes": 16 * MIB, "replicas": 2, "engine": "v2", "raidSuperblock": superblock,
+    }))
+    .expect("volume");
     state.create_typed("f", "", &vol).expect("f");
     let nqn = ready(&state, "f").await.exports[0].name.clone();
     ledger_becomes(&state, "f", &[0, 1], "both up to date").await;
+    // r1's lvol as the pass made it (a superblock's room larger with one)
+    let r1_mib = {
+        let inv = Inventory::load(&c).await.expect("inventory");
+        let l = inv
+            .bdevs
+            .values()
+            .find(|b| b.aliases.iter().any(|a| a.ends_with("/f-r1")))
+            .expect("r1's lvol");
+        u64::from(l.block_size) * l.num_blocks / MIB
+    };
     let noted = eventually("both replicas' lvstores noted", WAIT, || async {
         let n = noted_lvstores(&state, "f");
         (n.len() == 2).then_some(n)
@@ -1465,7 +1500,7 @@ async fn real_spdk_a_replica_made_again_on_a_formatted_disk_before_the_ledger_he
     c.bdev_lvol_create(&talon::spdk::rpc::LvolCreate::thin(
         format!("talon-{d1}"),
         "f-r1",
-        16,
+        r1_mib,
     ))
     .await
     .expect("r1's lvol made again, empty");

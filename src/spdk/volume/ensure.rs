@@ -527,7 +527,11 @@ impl VolumeOps {
         if plan.replicas + plan.remote.len() <= 1 {
             lone_engine(plan, replicas, trust)
         } else {
-            self.ensure_raid(inv, plan, replicas, &|k| trust.trusts(k), &trust.remade, made)
+            let again = super::raid::MadeAgain {
+                remote: &trust.remade,
+                local: &trust.moved,
+            };
+            self.ensure_raid(inv, plan, replicas, &|k| trust.trusts(k), again, made)
                 .await
         }
     }

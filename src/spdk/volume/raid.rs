@@ -80,18 +80,19 @@ impl VolumeOps {
         plan: &VolumePlan,
         replicas: &[ReplicaInfo],
         trusted: &(dyn Fn(usize) -> bool + Sync),
-        remade: &BTreeSet<usize>,
+        again: MadeAgain<'_>,
         made: &mut Vec<Made>,
     ) -> Result<(String, SyncState), VolumeError> {
         let vol = plan.name.as_str();
         let raid = naming::raid(vol);
-        // assembled by SPDK from a superblock that waits only for remote
-        // members made again on their nodes (empty, with no superblock: they
-        // never join it): given up, made below from the current members
+        // assembled by SPDK from a superblock that waits only for members
+        // made again since (empty, with no superblock: they never join it;
+        // what it waits for went with their disk): given up, made below
+        // from the current members
         let given_up = match inv.raid(&raid) {
-            Some(r) if r.state == "configuring" && self.waits_only_for(r, replicas, remade).await => {
-                tracing::warn!(volume = vol, raid = %raid, replicas = ?remade,
-                    "the raid's superblock waits for remote replicas made again on their nodes: made again without them");
+            Some(r) if r.state == "configuring" && self.waits_only_for(r, replicas, again).await => {
+                tracing::warn!(volume = vol, raid = %raid, remote = ?again.remote, local = ?again.local,
+                    "the raid's superblock waits only for replicas made again since: made again without them");
                 // its superblock cleared on the members it has: SPDK refuses a
                 // member with another raid's superblock ("Superblock of a
                 // different raid bdev found", -EEXIST) in the raid made below
@@ -136,18 +137,24 @@ impl VolumeOps {
     }
 
     /// Whether raid `r`, configuring from a superblock, waits only for
-    /// members among `remade` (remote replicas made again on their nodes):
-    /// every slot not in service names (by UUID) the bdev of one of them.
-    async fn waits_only_for(&self, r: &RaidBdev, replicas: &[ReplicaInfo], remade: &BTreeSet<usize>) -> bool {
+    /// members made again since (see [`waits_only_for`]).
+    async fn waits_only_for(&self, r: &RaidBdev, replicas: &[ReplicaInfo], again: MadeAgain<'_>) -> bool {
         let mut uuids = BTreeSet::new();
-        for m in replicas.iter().filter(|m| remade.contains(&m.k)) {
+        for m in replicas.iter().filter(|m| again.remote.contains(&m.k)) {
             if let Ok(Some(b)) = self.client.bdev(&m.bdev).await
                 && let Some(u) = b.uuid
             {
                 uuids.insert(u);
             }
         }
-        waits_only_for(r, &uuids)
+        let configured: BTreeSet<usize> = r
+            .base_bdevs_list
+            .iter()
+            .filter(|b| b.is_configured)
+            .filter_map(|b| b.name.as_deref().and_then(|n| member_k(replicas, n)))
+            .collect();
+        let gone_local = again.local.iter().filter(|k| !configured.contains(k)).count();
+        waits_only_for(r, &uuids, gone_local)
     }
 
     /// How the replicas stand in raid `raid` as listed (`r`, serving one of
@@ -618,11 +625,31 @@ fn member_k(replicas: &[ReplicaInfo], member: &str) -> Option<usize> {
         .map(|r| r.k)
 }
 
+/// The replicas made again empty since the ledger noted them, which a raid's
+/// superblock may still wait for.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct MadeAgain<'a> {
+    /// Remote replicas made again on their nodes: their bdev here (the
+    /// export's namespace) keeps the UUID the superblock names.
+    pub remote: &'a BTreeSet<usize>,
+    /// Local replicas whose lvol is in another lvstore than noted (their
+    /// disk formatted): a new lvol, a new UUID; the one the superblock names
+    /// went with the old lvstore.
+    pub local: &'a BTreeSet<usize>,
+}
+
 /// Whether raid `r` misses at least one member and every one it misses is
-/// one of the bdevs `uuids`.
-fn waits_only_for(r: &RaidBdev, uuids: &BTreeSet<String>) -> bool {
-    let mut missing = r.base_bdevs_list.iter().filter(|b| !b.is_configured).peekable();
-    missing.peek().is_some() && missing.all(|b| b.uuid.as_ref().is_some_and(|u| uuids.contains(u)))
+/// a replica made again: the bdev of one of `uuids` (remote), or, for the
+/// rest, no more than `gone_local` (local replicas made again and not
+/// configured in `r`, whose old lvol is gone). A slot of a replica merely
+/// not loaded yet is one more than that count, and the raid waits.
+fn waits_only_for(r: &RaidBdev, uuids: &BTreeSet<String>, gone_local: usize) -> bool {
+    let missing: Vec<_> = r.base_bdevs_list.iter().filter(|b| !b.is_configured).collect();
+    let unmatched = missing
+        .iter()
+        .filter(|b| !b.uuid.as_ref().is_some_and(|u| uuids.contains(u)))
+        .count();
+    !missing.is_empty() && unmatched <= gone_local
 }
 
 /// A raid SPDK is still assembling from a superblock (`configuring`) is
@@ -822,15 +849,31 @@ mod tests {
         r.base_bdevs_list[1].uuid = Some("u-1".into());
         r.base_bdevs_list[2].uuid = Some("u-2".into());
         let both = BTreeSet::from(["u-1".to_string(), "u-2".to_string()]);
-        assert!(waits_only_for(&r, &both));
+        assert!(waits_only_for(&r, &both, 0));
         // it waits for u-2 too, which was not made again: newer data there
-        assert!(!waits_only_for(&r, &BTreeSet::from(["u-1".to_string()])));
-        // a slot with no UUID listed is never given up
+        assert!(!waits_only_for(&r, &BTreeSet::from(["u-1".to_string()]), 0));
+        // ... unless a local replica was made again (its old lvol, which u-2
+        // is, went with its disk's format)
+        assert!(waits_only_for(&r, &BTreeSet::from(["u-1".to_string()]), 1));
+        // a slot with no UUID listed is never matched to a remote member
         r.base_bdevs_list[2].uuid = None;
-        assert!(!waits_only_for(&r, &both));
+        assert!(!waits_only_for(&r, &both, 0));
         // nothing missing: nothing to give up
         let full = raid("configuring", &[(Some("bdev-0"), true)], None);
-        assert!(!waits_only_for(&full, &both));
+        assert!(!waits_only_for(&full, &both, 1));
+    }
+
+    #[test]
+    fn a_configuring_raid_waits_for_more_slots_than_local_replicas_made_again() {
+        // three replicas: r0 configured, r1 made again on its formatted disk,
+        // r2's disk not loaded yet: two slots missing, one accounted for
+        let r = raid(
+            "configuring",
+            &[(Some("bdev-0"), true), (None, false), (None, false)],
+            None,
+        );
+        assert!(!waits_only_for(&r, &BTreeSet::new(), 1));
+        assert!(waits_only_for(&r, &BTreeSet::new(), 2));
     }
 
     #[test]
