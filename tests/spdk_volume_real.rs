@@ -4,6 +4,8 @@
 //! size a host sees, read through an NVMe/TCP attach), clone, delete with no
 //! leftovers; and `kill -9` of spdk_tgt in the middle of 20 creates.
 
+#[path = "support/api_gate.rs"]
+mod api_gate;
 #[path = "support/disk_ready.rs"]
 mod disk_ready;
 #[path = "support/peer_api.rs"]
@@ -1932,6 +1934,7 @@ async fn real_spdk_a_remote_replica_made_again_on_a_new_disk_is_rebuilt_never_tr
     remote_replica_made_again(
         "real_spdk_a_remote_replica_made_again_on_a_new_disk_is_rebuilt_never_trusted",
         true,
+        false,
     )
     .await;
 }
@@ -1943,11 +1946,32 @@ async fn real_spdk_a_remote_replica_made_again_without_a_superblock_is_rebuilt_n
     remote_replica_made_again(
         "real_spdk_a_remote_replica_made_again_without_a_superblock_is_rebuilt_never_served",
         false,
+        false,
     )
     .await;
 }
 
-async fn remote_replica_made_again(test: &str, superblock: bool) {
+/// [`real_spdk_a_remote_replica_made_again_without_a_superblock_is_rebuilt_never_served`]
+/// with B's admin API silent as A's engine is made (B's talon down, its
+/// spdk_tgt serving B's new, empty replica on): A cannot ask which lvol B
+/// serves, so it cannot tell the replica made again. A replica with a noted
+/// lvol whose node does not answer then is not trusted (`Trust::unjudged`):
+/// A serves its own data, and reads through A's export never meet B's zeros.
+/// Before, such a replica was not judged and taken in as up to date. Once
+/// B answers, its replica is rebuilt and noted anew, as above.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_spdk_a_remote_replica_whose_node_is_silent_as_the_engine_is_made_is_never_trusted() {
+    remote_replica_made_again(
+        "real_spdk_a_remote_replica_whose_node_is_silent_as_the_engine_is_made_is_never_trusted",
+        false,
+        true,
+    )
+    .await;
+}
+
+/// `silent`: B's admin API does not answer from before A's target is back
+/// until A served its engine and the data read back through it.
+async fn remote_replica_made_again(test: &str, superblock: bool, silent: bool) {
     let Some(spdk) = spdk_dir_with(test, &["spdk_dd"]) else {
         return;
     };
@@ -1956,7 +1980,8 @@ async fn remote_replica_made_again(test: &str, superblock: bool) {
     let (pa, pb) = (free_port(), free_port());
     let (rta, rtb) = (runtime(&ca, &["da"], pa), runtime(&cb, &["db"], pb));
     let (api_b, _server_b) = peer_api::serve(&rtb.state, rtb.statuses(), "127.0.0.1:0").await;
-    let api = Some(api_b.to_string());
+    let gate = api_gate::Gate::start(api_b).await;
+    let api = Some(gate.addr.to_string());
     let (replica_nqn, st, _) =
         served_by_b_as(&rta.state, &rtb.state, "nd", 256 * MIB, (pa, pb), api, superblock).await;
     ledger_becomes(&rta.state, "nd", &[0, 1], "both replicas up to date").await;
@@ -1990,8 +2015,37 @@ async fn remote_replica_made_again(test: &str, superblock: bool) {
     );
 
     // A back: replica 1 is rebuilt from replica 0, never taken in as it is
+    if silent {
+        gate.silence();
+    }
     let (ta, _reap_a2) = restart(&cfg_a, &ca, da.path(), &["da"], "restart A").await;
     restarted(&rta.state, 1, "A restarts");
+    if silent {
+        // B's replica answers over NVMe/TCP, B's node not: A serves what it holds
+        eventually("A's engine made again and exported", WAIT, || async {
+            let inv = Inventory::load(&ca).await.ok()?;
+            let exported = inv
+                .subsystems
+                .iter()
+                .any(|s| s.nqn == nqn && !s.namespaces.is_empty());
+            (inv.raid("talon-raid-nd").is_some() && exported).then_some(())
+        })
+        .await;
+        for round in 0..3 {
+            let got = dd(&spdk, da.path(), pa, &nqn, None, data.len());
+            assert!(
+                got == data,
+                "read {round} through A's export with B's node silent: first difference at {:?}",
+                got.iter().zip(&data).position(|(x, y)| x != y)
+            );
+        }
+        assert_ne!(
+            noted_lvol(&rta.state, "nd").as_deref(),
+            Some(remade.as_str()),
+            "B's new lvol is never noted while B's node is silent"
+        );
+        gate.open();
+    }
     let rebuilt = eventually("replica 1 rebuilt and noted again", WAIT, || async {
         let n = noted_lvol(&rta.state, "nd").filter(|n| *n != first)?;
         (ledger(&rta.state, "nd").as_deref() == Some(&[0, 1][..])
