@@ -18,8 +18,9 @@ two-nodes: two nodes (two talon, two spdk_tgt), 2 replicas; talon and spdk_tgt o
   ticket on node 1: a second ticket for node 2 (a second engine and engine-frontend there over the
   same replicas, the data read through the new one), confirmed (node 1's ticket dropped: the old
   pair gone), then a migration back to node 1 rolled back (its ticket dropped: the new pair gone,
-  node 2 serving), the serving engine keeping every replica RW throughout (TALON_E2E_MIGRATE=0
-  leaves it out); detach, delete, nothing left on either node.
+  node 2 serving), the serving engine keeping every replica RW throughout, node 1's talon killed
+  (-9) in each start, as the serving and as the new engine's node (TALON_E2E_CRASH=0 leaves the
+  kills out, TALON_E2E_MIGRATE=0 the migration); detach, delete, nothing left on either node.
 both: after the first snapshot, an S3 backup target (the Rust test's S3 server in the hub
   namespace) that the manager finds available, and a backup of that snapshot that the manager
   takes through talon and records Completed; after the volume is deleted, a new volume restored
@@ -1419,26 +1420,33 @@ class Scenario:
         self.snapshot("e2e-mig-snap-1")
         return data
 
-    def migrate_start(self, data, ticket, node):
+    def migrate_start(self, data, ticket, node, crash=None):
         """A second csi-attacher ticket for `node`: the manager starts a live migration there (a
         second engine and a second engine-frontend over the same replicas). Waits for what the
         manager waits for: spec.migrationNodeID and status.currentMigrationNodeID `node`, the new
         engine running there with every replica RW, the new engine-frontend running with an
         endpoint, the ticket satisfied; the old pair still running. Then `data` reads back through
-        the new engine-frontend. Returns the old and new (engine, engine-frontend) names."""
+        the new engine-frontend. Returns the old and new (engine, engine-frontend) names.
+        `crash`: the node whose talon is killed (-9; its spdk_tgt serves on, the stand-in
+        kubelet starts it again 10 s later) as soon as the manager's new engine CR is there;
+        the serving engine must then still keep every member, and the migration get ready."""
         old_es, old_fs = self.pairs()
         # the serving pair's host writes on while the second engine is made (its members go
         # behind their exports for it): no I/O of it fails
         with self.writing(f"the start of the migration to {node}"):
-            return self.migrate_wait(data, ticket, node, old_es, old_fs)
+            return self.migrate_wait(data, ticket, node, old_es, old_fs, crash)
 
-    def migrate_wait(self, data, ticket, node, old_es, old_fs):
+    def migrate_wait(self, data, ticket, node, old_es, old_fs, crash=None):
         self.tickets({ticket: node})
         seen = []
+        crashed = {"at": None}
 
         def ready():
             v = self.get("volumes", self.vol)
             es, fs = self.pairs()
+            if crash and crashed["at"] is None and any(n not in old_es and nd == node for n, (nd, _) in es.items()):
+                self.kill_talon(crash, 10)
+                crashed["at"] = time.monotonic()
             va = self.get("volumeattachments", self.vol)
             sat = ((va.get("status", {}).get("attachmentTicketStatuses") or {}).get(ticket) or {}).get("satisfied")
             now = (v["spec"].get("migrationNodeID"), v.get("status", {}).get("currentMigrationNodeID"),
@@ -1446,12 +1454,13 @@ class Scenario:
             if not seen or seen[-1] != now:
                 seen.append(now)
             # the serving engine never loses a member to the migration: every replica stays RW
-            # in it and the volume healthy throughout
+            # in it and the volume healthy throughout (a talon killed meanwhile included)
             for n in old_es:
                 modes = self.get("engines", n).get("status", {}).get("replicaModeMap") or {}
                 rob = v.get("status", {}).get("robustness")
                 if len(modes) != self.replicas or any(m != "RW" for m in modes.values()) or rob != "healthy":
-                    raise AssertionError(f"the serving engine {n} lost a member during the migration: modes "
+                    raise AssertionError(f"the serving engine {n} lost a member during the migration"
+                                         f"{' (a talon killed)' if crashed['at'] else ''}: modes "
                                          f"{modes}, volume {rob}; seen {seen}")
             new_e = [n for n, (nd, st) in es.items() if n not in old_es and nd == node and st == "running"]
             new_f = [n for n, (nd, st) in fs.items() if n not in old_fs and nd == node and st == "running"]
@@ -1476,7 +1485,11 @@ class Scenario:
         except TimeoutError as e:
             raise TimeoutError(f"{e}\n(migrationNodeID, currentMigrationNodeID, state, engines, frontends, "
                                f"satisfied) seen: {seen}") from e
-        say(f"migration to {node} ready in {time.monotonic() - t0:.1f} s: {seen[-1]}")
+        if crash and crashed["at"] is None:
+            raise AssertionError(f"the migration to {node} got ready before its new engine CR was seen: "
+                                 f"no talon was killed")
+        killed = f", {time.monotonic() - crashed['at']:.1f} s after {crash}'s talon was killed" if crash else ""
+        say(f"migration to {node} ready in {time.monotonic() - t0:.1f} s{killed}: {seen[-1]}")
         # both engines list the same snapshots (what the manager's confirmation waits for)
         snaps = {n: sorted(k for k in (self.get("engines", n).get("status", {}).get("snapshots") or {})
                            if k != "volume-head") for n in [*old_es, new_e]}
@@ -1668,9 +1681,13 @@ def main():
             # then back to node 1 and rolled back. TALON_E2E_MIGRATE=0 leaves it out
             mv = lambda fn: lambda: s.on_volume(MIGRATE, fn)
             md = s.step("migrate-create", mv(s.migrate_create))
-            mig = s.step("migrate-start", mv(lambda: s.migrate_start(md, "csi-2", nodes[1])))
+            # with TALON_E2E_CRASH (the default), node 1's talon is killed (-9) in each start: the
+            # serving engine's node (asked to share its replica) going to node 2, the new
+            # engine's node coming back
+            crash = NODE if os.environ.get("TALON_E2E_CRASH", "1") != "0" else None
+            mig = s.step("migrate-start", mv(lambda: s.migrate_start(md, "csi-2", nodes[1], crash)))
             s.step("migrate-confirm", mv(lambda: s.migrate_confirm(md, mig, "csi-1", nodes[1], NODE)))
-            back = s.step("migrate-back-start", mv(lambda: s.migrate_start(md, "csi-3", NODE)))
+            back = s.step("migrate-back-start", mv(lambda: s.migrate_start(md, "csi-3", NODE, crash)))
             s.step("migrate-rollback", mv(lambda: s.migrate_rollback(md, back, "csi-3", nodes[1], NODE)))
             s.step("migrate-delete", mv(s.migrate_delete))
         s.step("detach", s.detach)
