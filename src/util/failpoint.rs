@@ -32,11 +32,31 @@
 /// | `longhorn-switch-promoting`  | an engine-frontend's `promoting` phase is refused    |
 /// |                              | (UNAVAILABLE) before any of its steps                |
 /// | `longhorn-engine-error`      | every Longhorn engine of this node not going away is |
-/// |                              | reported in error, nothing of it made or changed     |
+/// |                              | reported in error, nothing of it made or changed;    |
+/// |                              | a file with lines: only engines named with one of    |
+/// |                              | them as the start ([`fault_for`])                    |
 /// | `longhorn-replica-get-down`  | SPDKService's `ReplicaGet` answers UNAVAILABLE (the  |
 /// |                              | replica's export still serves): a slow node          |
 pub fn fault(name: &str) -> bool {
     std::env::var_os("TALON_FAULTS").is_some_and(|dir| std::path::Path::new(&dir).join(name).exists())
+}
+
+/// Whether fault `name` is on for object `id`: its file exists and is empty
+/// (every object), or one of its non-empty lines starts `id`.
+pub fn fault_for(name: &str, id: &str) -> bool {
+    let Some(dir) = std::env::var_os("TALON_FAULTS") else {
+        return false;
+    };
+    match std::fs::read_to_string(std::path::Path::new(&dir).join(name)) {
+        Ok(text) => scoped(&text, id),
+        Err(_) => false,
+    }
+}
+
+/// A fault file's `text` covers `id`: empty, or a line that starts `id`.
+fn scoped(text: &str, id: &str) -> bool {
+    let mut lines = text.lines().map(str::trim).filter(|l| !l.is_empty()).peekable();
+    lines.peek().is_none() || lines.any(|l| id.starts_with(l))
 }
 
 /// Kills this process (SIGKILL) when `TALON_FAILPOINT` names `name`.
@@ -44,5 +64,18 @@ pub fn failpoint(name: &str) {
     if std::env::var_os("TALON_FAILPOINT").is_some_and(|v| v == name) {
         eprintln!("TALON_FAILPOINT={name}: killing this process");
         let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGKILL);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::scoped;
+
+    #[test]
+    fn an_empty_fault_file_covers_every_object_one_with_lines_only_those_they_start() {
+        assert!(scoped("", "vol-e-1"));
+        assert!(scoped("\n  \n", "vol-e-1"));
+        assert!(scoped("other-\nvol-mig-e-\n", "vol-mig-e-3"));
+        assert!(!scoped("vol-mig-e-\n", "vol-e-1"));
     }
 }

@@ -25,7 +25,7 @@ pub mod space;
 
 pub use backoff::Backoff;
 pub use error::error_chain;
-pub use failpoint::{failpoint, fault};
+pub use failpoint::{failpoint, fault, fault_for};
 pub use root::{HostIoError, HostRoot};
 
 /// Milliseconds since the Unix epoch, now (0 before it).

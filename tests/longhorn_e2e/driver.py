@@ -20,7 +20,8 @@ two-nodes: two nodes (two talon, two spdk_tgt), 2 replicas; talon and spdk_tgt o
   pair gone), then a migration back to node 1 rolled back (its ticket dropped: the new pair gone,
   node 2 serving), the serving engine keeping every replica RW throughout, node 1's talon killed
   (-9) in each start, as the serving and as the new engine's node (TALON_E2E_CRASH=0 leaves the
-  kills out, TALON_E2E_MIGRATE=0 the migration); detach, delete, nothing left on either node.
+  kills out), then a migration whose new engine fails, given up (TALON_E2E_MIGRATE=0 leaves the
+  migrations out); detach, delete, nothing left on either node.
 both: after the first snapshot, an S3 backup target (the Rust test's S3 server in the hub
   namespace) that the manager finds available, and a backup of that snapshot that the manager
   takes through talon and records Completed; after the volume is deleted, a new volume restored
@@ -988,13 +989,15 @@ class Scenario:
                   lambda: not set(made) & {r["name"] for r in json.loads(lh.run(*rpc, "bdev_raid_get_bdevs",
                                                                                    "all").stdout)}, 60)
 
-    def fault(self, node, name, on):
+    def fault(self, node, name, on, only=None):
         """Turns talon fault `name` of `node` on or off (`TALON_FAULTS`, src/util/failpoint.rs):
-        on while its file exists."""
+        on while its file exists; `only`: for the objects whose names start so (a fault that
+        reads its file's lines)."""
         d = f"{self.c.work}/{self.im[node]}/faults"
         os.makedirs(d, exist_ok=True)
         if on:
-            open(f"{d}/{name}", "w").close()
+            with open(f"{d}/{name}", "w") as f:
+                f.write(f"{only}\n" if only else "")
         elif os.path.exists(f"{d}/{name}"):
             os.remove(f"{d}/{name}")
         say(f"talon fault {name} of {node} {'on' if on else 'off'}")
@@ -1570,6 +1573,55 @@ class Scenario:
             self.direct_again(node)
         self.check(data, f"the data after the rollback, on {node}")
 
+    def migrate_failed(self, data, ticket, node, serving_node):
+        """A migration whose new engine fails: `node`'s talon reports the migratable volume's
+        engines there in error (fault longhorn-engine-error, scoped to this volume's engines:
+        the other volume's engine on `node` serves on) when the ticket for `node` comes. The
+        serving pair on `serving_node` keeps every replica RW and the volume healthy at every
+        look while the manager holds the failed engine; then the ticket is dropped (KubeVirt
+        gives the migration up): the new pair goes, the old one serves on, the data reads back."""
+        old_es, old_fs = self.pairs()
+        if len(old_es) != 1 or len(old_fs) != 1:
+            raise AssertionError(f"one engine and one engine-frontend expected before, not {old_es} {old_fs}")
+        (keep_e,), (keep_f,) = list(old_es), list(old_fs)
+        self.use_frontend(self.get("enginefrontends", keep_f))
+        self.fault(node, "longhorn-engine-error", True, only=f"{self.vol}-e-")
+        seen = []
+        try:
+            with self.writing(f"a migration to {node} whose new engine fails"):
+                self.tickets({ticket: node})
+
+                def failed():
+                    v = self.get("volumes", self.vol)
+                    es, fs = self.pairs()
+                    now = (v["spec"].get("migrationNodeID"), v.get("status", {}).get("state"), es, fs)
+                    if not seen or seen[-1] != now:
+                        seen.append(now)
+                    modes = self.get("engines", keep_e).get("status", {}).get("replicaModeMap") or {}
+                    rob = v.get("status", {}).get("robustness")
+                    if len(modes) != self.replicas or any(m != "RW" for m in modes.values()) \
+                            or rob != "healthy" or es.get(keep_e) != (serving_node, "running"):
+                        raise AssertionError(f"the serving engine {keep_e} was touched by the failed migration: "
+                                             f"modes {modes}, volume {rob}; seen {seen}")
+                    return [n for n, (nd, st) in es.items() if n != keep_e and nd == node and st == "error"]
+
+                bad = self.wait(f"the new engine on {node} in error", failed, 120)
+                say(f"the new engine {bad} in error; the manager holds it ({seen[-1]})")
+                # the manager keeps the failed engine while the ticket stands: the serving pair
+                # must stay untouched for a while
+                t0 = time.monotonic()
+                while time.monotonic() - t0 < 10:
+                    failed()
+                    time.sleep(1)
+                new_es, new_fs = self.pairs()
+                self.tickets({ticket: None})
+                self.migrate_end(serving_node, keep_e, keep_f, [n for n in new_es if n != keep_e],
+                                 [n for n in new_fs if n != keep_f], node, "failed migration given up")
+        finally:
+            self.fault(node, "longhorn-engine-error", False)
+        say(f"what the manager did, as seen: {seen}")
+        self.check(data, f"the data after the failed migration to {node}, on {serving_node}")
+
     def migrate_delete(self):
         """The migratable volume detached (its last ticket dropped) and deleted."""
         va = self.get("volumeattachments", self.vol)
@@ -1689,6 +1741,8 @@ def main():
             s.step("migrate-confirm", mv(lambda: s.migrate_confirm(md, mig, "csi-1", nodes[1], NODE)))
             back = s.step("migrate-back-start", mv(lambda: s.migrate_start(md, "csi-3", NODE, crash)))
             s.step("migrate-rollback", mv(lambda: s.migrate_rollback(md, back, "csi-3", nodes[1], NODE)))
+            # a migration whose new engine fails (node 1's talon reports it in error), given up
+            s.step("migrate-failed", mv(lambda: s.migrate_failed(md, "csi-4", NODE, nodes[1])))
             s.step("migrate-delete", mv(s.migrate_delete))
         s.step("detach", s.detach)
         s.step("delete", s.delete)

@@ -929,7 +929,7 @@ impl LonghornController {
         local: Local<'_>,
     ) -> Result<bool, ControllerError> {
         let prev = ctx.get::<LonghornInstanceStatus>(e.id())?.map(|s| s.spec);
-        if crate::util::fault("longhorn-engine-error") {
+        if crate::util::fault_for("longhorn-engine-error", e.id()) {
             // a test's engine in error (TALON_FAULTS): nothing of it touched
             let mut st = status(
                 InstanceKind::Engine,
