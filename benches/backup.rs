@@ -282,11 +282,20 @@ async fn main() {
             t.elapsed().as_secs_f64(),
             r.blocks,
         );
-        // a DR volume's next restore: what holds "full" brought to "incremental",
-        // fetching only the blocks that changed
-        ops::restore_to_file(&store, &vol, "full", &out, 0, &p)
+        // the full backup restored (what the TLS rows' restore reads beside),
+        // then a DR volume's next restore: what holds "full" brought to
+        // "incremental", fetching only the blocks that changed
+        let t = clock();
+        let r = ops::restore_to_file(&store, &vol, "full", &out, 0, &p)
             .await
             .expect("restore of full");
+        row(
+            "restore of the full backup",
+            method.as_str(),
+            r.bytes_written,
+            t.elapsed().as_secs_f64(),
+            r.blocks,
+        );
         let t = clock();
         let r = ops::restore_delta_to_file(&store, &vol, "full", "incremental", &out, 0, &p)
             .await
@@ -367,7 +376,7 @@ async fn over_tls(dir: &Path, full: &SparseImage, size: u64, written: u64) {
         .await
         .expect("restore over TLS");
     row(
-        "TLS: restore",
+        "TLS: restore of the full backup",
         "lz4",
         r.bytes_written,
         t.elapsed().as_secs_f64(),
