@@ -1439,6 +1439,14 @@ class Scenario:
         with self.writing(f"the start of the migration to {node}"):
             return self.migrate_wait(data, ticket, node, old_es, old_fs, crash)
 
+    def serving_intact(self, v, engine, why):
+        """Fails unless `engine` holds every replica RW and volume `v` (as just read) is healthy:
+        a migration's serving engine never loses a member to it. `why` ends the error."""
+        modes = self.get("engines", engine).get("status", {}).get("replicaModeMap") or {}
+        rob = v.get("status", {}).get("robustness")
+        if len(modes) != self.replicas or any(m != "RW" for m in modes.values()) or rob != "healthy":
+            raise AssertionError(f"the serving engine {engine} lost a member {why}: modes {modes}, volume {rob}")
+
     def migrate_wait(self, data, ticket, node, old_es, old_fs, crash=None):
         self.tickets({ticket: node})
         seen = []
@@ -1459,12 +1467,8 @@ class Scenario:
             # the serving engine never loses a member to the migration: every replica stays RW
             # in it and the volume healthy throughout (a talon killed meanwhile included)
             for n in old_es:
-                modes = self.get("engines", n).get("status", {}).get("replicaModeMap") or {}
-                rob = v.get("status", {}).get("robustness")
-                if len(modes) != self.replicas or any(m != "RW" for m in modes.values()) or rob != "healthy":
-                    raise AssertionError(f"the serving engine {n} lost a member during the migration"
-                                         f"{' (a talon killed)' if crashed['at'] else ''}: modes "
-                                         f"{modes}, volume {rob}; seen {seen}")
+                self.serving_intact(v, n, f"during the migration{' (a talon killed)' if crashed['at'] else ''}"
+                                          f"; seen {seen}")
             new_e = [n for n, (nd, st) in es.items() if n not in old_es and nd == node and st == "running"]
             new_f = [n for n, (nd, st) in fs.items() if n not in old_fs and nd == node and st == "running"]
             if not (now[0] == now[1] == node and new_e and new_f and sat):
@@ -1597,12 +1601,10 @@ class Scenario:
                     now = (v["spec"].get("migrationNodeID"), v.get("status", {}).get("state"), es, fs)
                     if not seen or seen[-1] != now:
                         seen.append(now)
-                    modes = self.get("engines", keep_e).get("status", {}).get("replicaModeMap") or {}
-                    rob = v.get("status", {}).get("robustness")
-                    if len(modes) != self.replicas or any(m != "RW" for m in modes.values()) \
-                            or rob != "healthy" or es.get(keep_e) != (serving_node, "running"):
-                        raise AssertionError(f"the serving engine {keep_e} was touched by the failed migration: "
-                                             f"modes {modes}, volume {rob}; seen {seen}")
+                    self.serving_intact(v, keep_e, f"to the failed migration; seen {seen}")
+                    if es.get(keep_e) != (serving_node, "running"):
+                        raise AssertionError(f"the serving engine {keep_e} stopped in the failed migration: "
+                                             f"{es}; seen {seen}")
                     return [n for n, (nd, st) in es.items() if n != keep_e and nd == node and st == "error"]
 
                 bad = self.wait(f"the new engine on {node} in error", failed, 120)

@@ -147,12 +147,7 @@ impl VolumeOps {
                 uuids.insert(u);
             }
         }
-        let configured: BTreeSet<usize> = r
-            .base_bdevs_list
-            .iter()
-            .filter(|b| b.is_configured)
-            .filter_map(|b| b.name.as_deref().and_then(|n| member_k(replicas, n)))
-            .collect();
+        let configured: BTreeSet<usize> = configured(r, replicas).collect();
         let gone_local = again.local.iter().filter(|k| !configured.contains(k)).count();
         waits_only_for(r, &uuids, gone_local)
     }
@@ -673,14 +668,18 @@ fn listed_sync(r: &RaidBdev, replicas: &[ReplicaInfo]) -> (Option<(usize, u32)>,
         .process
         .as_ref()
         .and_then(|p| Some((member_k(replicas, &p.target)?, p.progress.percent)));
-    let in_sync = r
-        .base_bdevs_list
-        .iter()
-        .filter(|b| b.is_configured)
-        .filter_map(|b| member_k(replicas, b.name.as_deref()?))
+    let in_sync = configured(r, replicas)
         .filter(|k| target.is_none_or(|(t, _)| t != *k))
         .collect();
     (target, in_sync)
+}
+
+/// The replicas configured in raid `r` (a rebuild's target included).
+fn configured<'a>(r: &'a RaidBdev, replicas: &'a [ReplicaInfo]) -> impl Iterator<Item = usize> + 'a {
+    r.base_bdevs_list
+        .iter()
+        .filter(|b| b.is_configured)
+        .filter_map(|b| member_k(replicas, b.name.as_deref()?))
 }
 
 /// Whether replica `t`, rebuilt by SPDK, may be rebuilt thin instead: a
